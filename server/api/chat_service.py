@@ -1,0 +1,271 @@
+"""The ``turnwire.v1.ChatService`` servicer: validation, admission, streaming.
+
+Errors found before a turn starts end the call with a status and google.rpc
+details; errors during a turn end its stream with a TurnEnd event instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format, timestamp_pb2
+from grpc_status import rpc_status
+
+from server.api.validation import (
+    check_id,
+    check_message,
+    new_request_id,
+    raise_if_any,
+)
+from server.engine import TurnEngine, TurnHandle, TurnRequest
+from server.errors import TurnwireStatusError, build_status, invalid_argument
+from server.store.base import ConversationRecord, InvalidPageToken, Store, StoreError
+from turnwire.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
+
+log = logging.getLogger("turnwire.api")
+
+PARENT_REQUEST_METADATA = "turnwire-parent-request-id"
+"""Metadata a hook or tool server sets when it calls back from inside a turn."""
+
+_DEFAULT_PAGE_SIZE = 50
+_MAX_PAGE_SIZE = 1000
+
+
+async def abort(context: grpc.aio.ServicerContext[Any, Any], error: TurnwireStatusError) -> None:
+    """End the call with ``error``'s status and its google.rpc details."""
+    await context.abort_with_status(rpc_status.to_status(error.to_status()))
+
+
+def _timestamp(value: Any) -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(value)
+    return stamp
+
+
+def _conversation(record: ConversationRecord) -> chat_service_pb2.Conversation:
+    return chat_service_pb2.Conversation(
+        conversation_id=record.conversation_id,
+        create_time=_timestamp(record.create_time),
+        update_time=_timestamp(record.update_time),
+        message_count=record.message_count,
+    )
+
+
+def _not_found(conversation_id: str) -> TurnwireStatusError:
+    return TurnwireStatusError(
+        grpc.StatusCode.NOT_FOUND,
+        f"conversation {conversation_id!r} does not exist; start it with Chat or SaveMessages",
+        reason="CONVERSATION_NOT_FOUND",
+        metadata={"conversation_id": conversation_id},
+    )
+
+
+def _store_unavailable(error: StoreError) -> TurnwireStatusError:
+    return TurnwireStatusError(
+        grpc.StatusCode.UNAVAILABLE, f"store unavailable: {error}", reason="STORE_UNAVAILABLE",
+        retry_after=1.0,
+    )
+
+
+class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
+    """Implements ``turnwire.v1.ChatService`` on a :class:`~server.engine.TurnEngine`.
+
+    ``max_message_bytes`` bounds each input message (``limits.max_message_bytes``).
+    """
+
+    def __init__(self, engine: TurnEngine, store: Store, *, default_model: str, max_message_bytes: int) -> None:
+        self.engine = engine
+        self.store = store
+        self.default_model = default_model
+        self.max_message_bytes = max_message_bytes
+
+    # --- turn-running RPCs ---------------------------------------------------
+
+    async def Chat(  # noqa: N802 (gRPC method name)
+        self, request: chat_service_pb2.ChatRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
+        """Append one user message and stream the turn."""
+        try:
+            violations: list[tuple[str, str]] = []
+            self._check_common(request.conversation_id, request.request_id, violations)
+            if not request.HasField("message"):
+                violations.append(("message", "is required: a user message with at least one part"))
+            else:
+                check_message(
+                    request.message, "message", violations,
+                    max_bytes=self.max_message_bytes, default_role=message_pb2.ROLE_USER,
+                )
+                if request.message.role != message_pb2.ROLE_USER:
+                    violations.append(("message.role", "must be ROLE_USER (or unset) in Chat"))
+            raise_if_any(violations)
+            handle = self._start(
+                context, chat_service_pb2.ChatResponse, request.conversation_id, request.request_id,
+                [request.message], request.body, request.model, continuation=False,
+            )
+        except TurnwireStatusError as error:
+            await abort(context, error)
+            return
+        async for response in self._stream(handle):
+            yield response
+
+    async def SaveMessages(  # noqa: N802
+        self, request: chat_service_pb2.SaveMessagesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[chat_service_pb2.SaveMessagesResponse]:
+        """Append zero or more messages and stream the turn."""
+        try:
+            violations: list[tuple[str, str]] = []
+            self._check_common(request.conversation_id, request.request_id, violations)
+            seen: set[str] = set()
+            for index, message in enumerate(request.messages):
+                check_message(
+                    message, f"messages[{index}]", violations,
+                    max_bytes=self.max_message_bytes, default_role=None,
+                )
+                if message.id in seen:
+                    violations.append((f"messages[{index}].id", f"duplicates an earlier message id {message.id!r}"))
+                seen.add(message.id)
+            raise_if_any(violations)
+            handle = self._start(
+                context, chat_service_pb2.SaveMessagesResponse, request.conversation_id,
+                request.request_id, list(request.messages), request.body, request.model,
+                continuation=False,
+            )
+        except TurnwireStatusError as error:
+            await abort(context, error)
+            return
+        async for response in self._stream(handle):
+            yield response
+
+    async def ContinueLastTurn(  # noqa: N802
+        self, request: chat_service_pb2.ContinueLastTurnRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[chat_service_pb2.ContinueLastTurnResponse]:
+        """Let the model continue after the last assistant message (or end at once, SKIPPED)."""
+        try:
+            violations: list[tuple[str, str]] = []
+            self._check_common(request.conversation_id, request.request_id, violations)
+            raise_if_any(violations)
+            if await self._get_record(request.conversation_id) is None:
+                raise _not_found(request.conversation_id)
+            handle = self._start(
+                context, chat_service_pb2.ContinueLastTurnResponse, request.conversation_id,
+                request.request_id, [], request.body, request.model, continuation=True,
+            )
+        except TurnwireStatusError as error:
+            await abort(context, error)
+            return
+        async for response in self._stream(handle):
+            yield response
+
+    def _check_common(self, conversation_id: str, request_id: str, violations: list[tuple[str, str]]) -> None:
+        check_id(conversation_id, "conversation_id", violations, required=True)
+        check_id(request_id, "request_id", violations, required=False)
+
+    def _start(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        response_type: Callable[[], Any],
+        conversation_id: str,
+        request_id: str,
+        messages: list[message_pb2.Message],
+        body: Any,
+        model: str,
+        *,
+        continuation: bool,
+    ) -> TurnHandle:
+        parent = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == PARENT_REQUEST_METADATA:
+                parent = value if isinstance(value, str) else value.decode()
+        return self.engine.start(
+            TurnRequest(
+                conversation_id=conversation_id,
+                request_id=request_id or new_request_id(),
+                messages=messages,
+                body=json_format.MessageToDict(body) if body.ByteSize() else {},
+                model=model or self.default_model,
+                continuation=continuation,
+                response_type=response_type,
+                skip_unless_assistant_last=continuation,
+            ),
+            parent_request_id=parent,
+        )
+
+    @staticmethod
+    async def _stream(handle: TurnHandle) -> AsyncIterator[Any]:
+        try:
+            async for response in handle:
+                yield response
+        finally:
+            # The client went away (cancel, deadline) before the turn ended: abort it;
+            # the turn stores its partial reply on its own task.
+            handle.cancel()
+
+    # --- unary RPCs ----------------------------------------------------------
+
+    async def _get_record(self, conversation_id: str) -> ConversationRecord | None:
+        try:
+            return await self.store.get_conversation(conversation_id)
+        except StoreError as error:
+            raise _store_unavailable(error) from error
+
+    async def GetConversation(  # noqa: N802
+        self, request: chat_service_pb2.GetConversationRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> chat_service_pb2.GetConversationResponse:
+        """The conversation with its messages, oldest first."""
+        try:
+            violations: list[tuple[str, str]] = []
+            check_id(request.conversation_id, "conversation_id", violations, required=True)
+            raise_if_any(violations)
+            record = await self._get_record(request.conversation_id)
+            if record is None:
+                raise _not_found(request.conversation_id)
+            try:
+                messages = await self.store.load_messages(request.conversation_id)
+            except StoreError as error:
+                raise _store_unavailable(error) from error
+        except TurnwireStatusError as error:
+            await abort(context, error)
+            raise AssertionError("unreachable") from None
+        conversation = _conversation(record)
+        conversation.messages.extend(messages)
+        return chat_service_pb2.GetConversationResponse(conversation=conversation)
+
+    async def ListConversations(  # noqa: N802
+        self, request: chat_service_pb2.ListConversationsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> chat_service_pb2.ListConversationsResponse:
+        """One page of conversations, most recently updated first (AIP-158)."""
+        try:
+            if request.page_size < 0:
+                raise invalid_argument([("page_size", "must not be negative; 0 means the default of 50")])
+            page_size = min(request.page_size or _DEFAULT_PAGE_SIZE, _MAX_PAGE_SIZE)
+            try:
+                records, token = await self.store.list_conversations(page_size, request.page_token)
+            except InvalidPageToken:
+                raise invalid_argument(
+                    [("page_token", "is not a token this server issued; pass next_page_token unchanged or leave it empty")],
+                    reason="INVALID_PAGE_TOKEN",
+                ) from None
+            except StoreError as error:
+                raise _store_unavailable(error) from error
+        except TurnwireStatusError as error:
+            await abort(context, error)
+            raise AssertionError("unreachable") from None
+        return chat_service_pb2.ListConversationsResponse(
+            conversations=[_conversation(r) for r in records], next_page_token=token
+        )
+
+    async def CancelChat(  # noqa: N802
+        self, request: chat_service_pb2.CancelChatRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> chat_service_pb2.CancelChatResponse:
+        """Cancel a running or queued turn; a no-op for unknown or finished ones."""
+        violations: list[tuple[str, str]] = []
+        check_id(request.request_id, "request_id", violations, required=True)
+        if violations:
+            await abort(context, invalid_argument(violations))
+        return chat_service_pb2.CancelChatResponse(cancelled=self.engine.cancel(request.request_id))
+
+
+__all__ = ["PARENT_REQUEST_METADATA", "ChatService", "abort", "build_status"]

@@ -1,0 +1,196 @@
+"""Server-side tool calls of one step: validation, hooks, concurrent execution, results.
+
+Calls start in the order the model emitted them and run concurrently; result
+events and ``after_tool_call`` come in completion order; the stored message
+keeps emission order (THINK-SEMANTICS.md section 4). Decisions and error
+rules are section 3's ``before_tool_call`` table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections.abc
+import time
+from typing import TYPE_CHECKING, Any
+
+from middleware import ChunkContext, HookError, ToolCallContext, ToolCallResultContext
+from server.providers import base as chunks
+from server.tools.base import Tool, ToolError, ToolExecution
+
+if TYPE_CHECKING:
+    from server.engine.turn import TurnRun
+
+BLOCKED_TEXT = 'Tool "{name}" was blocked by beforeToolCall.'
+"""What the model sees for a block without a reason (Think's exact wording)."""
+
+
+class ToolCallRunner:
+    """Collects a step's complete tool calls, then runs them with their hooks."""
+
+    def __init__(self, turn: TurnRun) -> None:
+        self.turn = turn
+        self._pending: list[tuple[chunks.ToolCall, Tool]] = []
+        self._had_results = False
+
+    def accept(self, call: chunks.ToolCall, allowed: collections.abc.Set[str]) -> None:
+        """Record a complete call from the stream; invalid ones become input errors now."""
+        turn = self.turn
+        turn.assistant.complete_tool_call(call)
+        tool = turn.tools.get(call.tool_name)
+        error = call.error
+        if error is None and (tool is None or call.tool_name not in allowed):
+            available = ", ".join(sorted(allowed)) or "none"
+            error = f"Model tried to call unavailable tool '{call.tool_name}'. Available tools: {available}."
+            turn.assistant.set_error(call.tool_call_id, error)
+        if error is not None or tool is None:
+            self._had_results = True
+            event = turn.writer.new().tool_input_error
+            event.tool_call_id = call.tool_call_id
+            event.tool_name = call.tool_name
+            event.raw_input = call.raw_input
+            event.error_text = error or ""
+            return
+        event = turn.writer.new().tool_input_available
+        event.tool_call_id = call.tool_call_id
+        event.tool_name = call.tool_name
+        event.input.CopyFrom(turn.assistant.tool_call(call.tool_call_id).input)
+        self._pending.append((call, tool))
+
+    async def run_pending(self, step_number: int) -> bool:
+        """Run the step's accepted calls concurrently; True when the step produced any tool result."""
+        pending, self._pending = self._pending, []
+        had_results, self._had_results = self._had_results, False
+        if not pending:
+            return had_results
+        if len(pending) == 1:
+            await self._run(*pending[0], step_number)
+        else:
+            async with asyncio.TaskGroup() as group:
+                for call, tool in pending:
+                    group.create_task(self._run(call, tool, step_number))
+        return True
+
+    async def _run(self, call: chunks.ToolCall, tool: Tool, step_number: int) -> None:
+        turn = self.turn
+        request = turn.request
+        model_input: dict[str, Any] = call.input or {}
+        streaming = bool(getattr(tool, "streaming", False))
+        started = time.perf_counter()
+        success = True
+        output: Any = None
+        error_text: str | None = None
+        try:
+            decision = await turn.chain.before_tool_call(
+                ToolCallContext(
+                    conversation_id=request.conversation_id,
+                    request_id=request.request_id,
+                    tool_call_id=call.tool_call_id,
+                    tool_name=call.tool_name,
+                    input=model_input,
+                    step_number=step_number,
+                    messages=turn.assistant_history(),
+                    cancelled=turn.cancelled,
+                ),
+                turn.timeline,
+            )
+        except HookError as hook_error:
+            success, error_text = False, _describe(hook_error.__cause__ or hook_error)
+        else:
+            if decision.action == "block":
+                output = decision.reason or BLOCKED_TEXT.format(name=call.tool_name)
+                if streaming:
+                    await self._result(call, step_number, output, preliminary=True)
+            elif decision.action == "substitute":
+                output = decision.output
+                if streaming:
+                    await self._result(call, step_number, output, preliminary=True)
+            else:
+                run_input = dict(decision.input) if decision.input is not None else model_input
+                try:
+                    output = await self._execute(call, tool, run_input, step_number)
+                except Exception as tool_error:
+                    success, error_text = False, _describe(tool_error)
+        duration_ms = (time.perf_counter() - started) * 1000.0
+        if success:
+            try:
+                await self._result(call, step_number, output, preliminary=False)
+            except TypeError as not_json:
+                success, error_text = False, f"tool result is not JSON-serializable: {not_json}"
+        if not success:
+            await self._error(call, step_number, error_text or "tool failed")
+        await turn.chain.after_tool_call(
+            ToolCallResultContext(
+                conversation_id=request.conversation_id,
+                request_id=request.request_id,
+                tool_call_id=call.tool_call_id,
+                tool_name=call.tool_name,
+                input=model_input,
+                step_number=step_number,
+                duration_ms=duration_ms,
+                success=success,
+                output=output if success else None,
+                error=None if success else error_text,
+            ),
+            turn.timeline,
+        )
+
+    async def _execute(
+        self, call: chunks.ToolCall, tool: Tool, run_input: dict[str, Any], step_number: int
+    ) -> Any:
+        turn = self.turn
+        execution = ToolExecution(
+            tool_call_id=call.tool_call_id,
+            conversation_id=turn.request.conversation_id,
+            request_id=turn.request.request_id,
+            step_number=step_number,
+            cancelled=turn.cancelled,
+        )
+        timeout = turn.settings.tool_timeout_seconds
+        try:
+            async with asyncio.timeout(timeout):
+                result = await tool.execute(run_input, execution)
+                if isinstance(result, collections.abc.AsyncIterator):
+                    # A streaming tool: every yield is a preliminary result, the last one final.
+                    last: Any = None
+                    async for value in result:
+                        last = value
+                        await self._result(call, step_number, value, preliminary=True)
+                    return last
+                return result
+        except TimeoutError:
+            raise ToolError(f"tool {call.tool_name!r} timed out after {timeout:g} s") from None
+
+    async def _result(
+        self, call: chunks.ToolCall, step_number: int, output: Any, *, preliminary: bool
+    ) -> None:
+        turn = self.turn
+        part = turn.assistant.set_output(call.tool_call_id, output, preliminary=preliminary)
+        event = turn.writer.new().tool_output_available
+        event.tool_call_id = call.tool_call_id
+        event.output.CopyFrom(part.output)
+        event.preliminary = preliminary
+        await self._observe(part, step_number)
+
+    async def _error(self, call: chunks.ToolCall, step_number: int, error_text: str) -> None:
+        turn = self.turn
+        part = turn.assistant.set_error(call.tool_call_id, error_text)
+        event = turn.writer.new().tool_output_error
+        event.tool_call_id = call.tool_call_id
+        event.error_text = error_text
+        await self._observe(part, step_number)
+
+    async def _observe(self, part: Any, step_number: int) -> None:
+        turn = self.turn
+        if turn.chain.observes_chunks:
+            await turn.chain.on_chunk(
+                ChunkContext(turn.request.conversation_id, turn.request.request_id, step_number, part),
+                turn.timeline,
+            )
+
+
+def _describe(error: BaseException) -> str:
+    """The error text the model sees: a ToolError's message verbatim, else type and message."""
+    if isinstance(error, ToolError):
+        return str(error)
+    message = str(error)
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__

@@ -1,0 +1,1 @@
+"""Schema migrations, one directory per backend."""

@@ -1,0 +1,1 @@
+"""SQLite schema migrations: ``NNNN_name.sql``, applied in version order."""

@@ -1,0 +1,709 @@
+"""Tests for the Python client (``turnwire``) and the CLI renderers (``server.console``).
+
+They run the real client against an in-process grpc.aio ``ChatService`` fake that plays back
+scripted event streams and errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2, timestamp_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+from rich.console import Console
+
+from server.console import run_chat, run_history
+from turnwire import ProtocolError, TurnResult, TurnwireClient, TurnwireError, collect
+from turnwire.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
+
+CONV = "conv-1"
+REQ = "req-1"
+
+
+# -- building events -------------------------------------------------------------------------
+
+
+def _struct(data: dict[str, Any]) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    struct.update(data)
+    return struct
+
+
+def _value(data: Any) -> struct_pb2.Value:
+    value = struct_pb2.Value()
+    value.CopyFrom(_struct({"v": data}).fields["v"])
+    return value
+
+
+def events(*bodies: tuple[str, Any], start: int = 1) -> list[event_pb2.TurnEvent]:
+    """Number ``(oneof name, message)`` pairs into TurnEvents of one turn."""
+    out = []
+    for offset, (name, body) in enumerate(bodies):
+        event = event_pb2.TurnEvent(
+            conversation_id=CONV, request_id=REQ, sequence_number=start + offset
+        )
+        getattr(event, name).CopyFrom(body)
+        out.append(event)
+    return out
+
+
+USAGE = message_pb2.Usage(input_tokens=30, output_tokens=12, total_tokens=42)
+
+TOOL_CALL = message_pb2.ToolCallPart(
+    tool_call_id="call-1",
+    tool_name="get_weather",
+    input=_struct({"city": "Paris"}),
+    state=message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
+    output=_value({"temp_c": 21, "sky": "sunny"}),
+)
+
+ASSISTANT = message_pb2.Message(
+    id="msg-a",
+    role=message_pb2.ROLE_ASSISTANT,
+    parts=[
+        message_pb2.Part(step_start=message_pb2.StepStartPart()),
+        message_pb2.Part(text=message_pb2.TextPart(text="Let me check the weather. ")),
+        message_pb2.Part(tool_call=TOOL_CALL),
+        message_pb2.Part(step_start=message_pb2.StepStartPart()),
+        message_pb2.Part(text=message_pb2.TextPart(text="It is sunny in Paris.")),
+    ],
+)
+
+
+def weather_turn(
+    status: event_pb2.TurnStatus.ValueType = event_pb2.TURN_STATUS_COMPLETED,
+    error: status_pb2.Status | None = None,
+) -> list[event_pb2.TurnEvent]:
+    """A two-step turn: text, a get_weather call and its result, more text, TurnEnd."""
+    end = event_pb2.TurnEnd(status=status, message=ASSISTANT, usage=USAGE, step_count=2)
+    if error is not None:
+        end.error.CopyFrom(error)
+    return events(
+        ("turn_start", event_pb2.TurnStart(message_id="msg-a", model="scripted:test")),
+        ("step_start", event_pb2.StepStart(step_number=0)),
+        ("text_start", event_pb2.TextStart(id="t1")),
+        ("text_delta", event_pb2.TextDelta(id="t1", delta="Let me check")),
+        ("text_delta", event_pb2.TextDelta(id="t1", delta=" the weather. ")),
+        ("text_end", event_pb2.TextEnd(id="t1")),
+        (
+            "tool_input_start",
+            event_pb2.ToolInputStart(tool_call_id="call-1", tool_name="get_weather"),
+        ),
+        (
+            "tool_input_available",
+            event_pb2.ToolInputAvailable(
+                tool_call_id="call-1", tool_name="get_weather", input=_struct({"city": "Paris"})
+            ),
+        ),
+        (
+            "tool_output_available",
+            event_pb2.ToolOutputAvailable(
+                tool_call_id="call-1", output=_value({"temp_c": 21, "sky": "sunny"})
+            ),
+        ),
+        (
+            "step_finish",
+            event_pb2.StepFinish(step_number=0, finish_reason=event_pb2.FINISH_REASON_TOOL_CALLS),
+        ),
+        ("step_start", event_pb2.StepStart(step_number=1)),
+        ("text_start", event_pb2.TextStart(id="t2")),
+        ("text_delta", event_pb2.TextDelta(id="t2", delta="It is sunny in Paris.")),
+        ("text_end", event_pb2.TextEnd(id="t2")),
+        (
+            "step_finish",
+            event_pb2.StepFinish(step_number=1, finish_reason=event_pb2.FINISH_REASON_STOP),
+        ),
+        ("turn_end", end),
+    )
+
+
+def rich_status(
+    code: int,
+    message: str,
+    reason: str,
+    violations: Sequence[tuple[str, str]] = (),
+) -> status_pb2.Status:
+    """A google.rpc.Status with ErrorInfo (domain turnwire.dev) and optional BadRequest."""
+    status = status_pb2.Status(code=code, message=message)
+    status.details.add().Pack(
+        error_details_pb2.ErrorInfo(reason=reason, domain="turnwire.dev", metadata={"k": "v"})
+    )
+    if violations:
+        status.details.add().Pack(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(field=f, description=d)
+                    for f, d in violations
+                ]
+            )
+        )
+    return status
+
+
+INVALID = rich_status(
+    code_pb2.INVALID_ARGUMENT,
+    "invalid ChatRequest",
+    "INVALID_FIELD",
+    [
+        ("conversation_id", "must be 1-128 characters of [A-Za-z0-9._:-]"),
+        ("message.parts", "must not be empty"),
+    ],
+)
+
+
+# -- the fake service ------------------------------------------------------------------------
+
+
+@dataclass
+class FakeChatService(chat_service_pb2_grpc.ChatServiceServicer):
+    """Plays back ``stream`` for the turn-running RPCs, or aborts with ``abort_with``."""
+
+    stream: list[event_pb2.TurnEvent] = field(default_factory=list)
+    abort_with: status_pb2.Status | None = None
+    plain_abort: bool = False  # abort with abort_with's code and message but no details
+    hang_after: int | None = None  # block forever after this many events
+    requests: list[Any] = field(default_factory=list)
+    metadata: list[dict[str, str]] = field(default_factory=list)
+    conversations: dict[str, chat_service_pb2.Conversation] = field(default_factory=dict)
+    running: set[str] = field(default_factory=set)
+    stream_cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def _record(self, request: Any, context: grpc.aio.ServicerContext) -> None:
+        self.requests.append(request)
+        self.metadata.append({k: v for k, v in context.invocation_metadata() or ()})
+
+    async def _abort(self, context: grpc.aio.ServicerContext, status: status_pb2.Status) -> None:
+        grpc_status = rpc_status.to_status(status)
+        await context.abort(grpc_status.code, grpc_status.details, grpc_status.trailing_metadata)
+
+    async def _play(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        self._record(request, context)
+        if self.abort_with is not None and self.plain_abort:
+            await context.abort(rpc_status.to_status(self.abort_with).code, self.abort_with.message)
+        if self.abort_with is not None:
+            await self._abort(context, self.abort_with)
+        try:
+            for index, event in enumerate(self.stream):
+                if self.hang_after is not None and index >= self.hang_after:
+                    await asyncio.Event().wait()
+                yield event
+        except asyncio.CancelledError:
+            self.stream_cancelled.set()
+            raise
+
+    async def Chat(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        async for event in self._play(request, context):
+            yield chat_service_pb2.ChatResponse(event=event)
+
+    async def SaveMessages(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        async for event in self._play(request, context):
+            yield chat_service_pb2.SaveMessagesResponse(event=event)
+
+    async def ContinueLastTurn(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        async for event in self._play(request, context):
+            yield chat_service_pb2.ContinueLastTurnResponse(event=event)
+
+    async def GetConversation(self, request: Any, context: Any) -> Any:
+        self._record(request, context)
+        if request.conversation_id not in self.conversations:
+            await self._abort(
+                context,
+                rich_status(
+                    code_pb2.NOT_FOUND,
+                    f"conversation {request.conversation_id} not found",
+                    "CONVERSATION_NOT_FOUND",
+                ),
+            )
+        return chat_service_pb2.GetConversationResponse(
+            conversation=self.conversations[request.conversation_id]
+        )
+
+    async def ListConversations(self, request: Any, context: Any) -> Any:
+        self._record(request, context)
+        if request.page_token not in ("", "page-2"):
+            await self._abort(
+                context,
+                rich_status(code_pb2.INVALID_ARGUMENT, "bad page token", "INVALID_PAGE_TOKEN"),
+            )
+        ids = sorted(self.conversations)
+        size = request.page_size or 50
+        first = size if request.page_token == "page-2" else 0
+        page = [
+            chat_service_pb2.Conversation(
+                conversation_id=c, message_count=len(self.conversations[c].messages)
+            )
+            for c in ids[first : first + size]
+        ]
+        more = first + size < len(ids)
+        return chat_service_pb2.ListConversationsResponse(
+            conversations=page, next_page_token="page-2" if more else ""
+        )
+
+    async def CancelChat(self, request: Any, context: Any) -> Any:
+        self._record(request, context)
+        found = request.request_id in self.running
+        self.running.discard(request.request_id)
+        return chat_service_pb2.CancelChatResponse(cancelled=found)
+
+
+@pytest.fixture
+async def service() -> AsyncIterator[tuple[FakeChatService, str]]:
+    fake = FakeChatService()
+    server = grpc.aio.server()
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield fake, f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+async def agen(items: Iterable[event_pb2.TurnEvent]) -> AsyncIterator[event_pb2.TurnEvent]:
+    for item in items:
+        yield item
+
+
+def capture() -> tuple[Console, Callable[[], str]]:
+    buffer = io.StringIO()
+    return Console(file=buffer, width=100), buffer.getvalue
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+# -- client: streams -------------------------------------------------------------------------
+
+
+async def test_chat_sends_request_and_yields_events_in_order(
+    service: tuple[FakeChatService, str],
+) -> None:
+    fake, target = service
+    fake.stream = weather_turn()
+    async with TurnwireClient(target, metadata=[("x-tenant", "acme")]) as client:
+        got = [
+            e
+            async for e in client.chat(
+                CONV, "Weather in Paris?", request_id=REQ, body={"user": "ann"}, model="p:m"
+            )
+        ]
+    assert got == fake.stream
+    assert [e.sequence_number for e in got] == list(range(1, len(fake.stream) + 1))
+    (request,) = fake.requests
+    assert isinstance(request, chat_service_pb2.ChatRequest)
+    assert request.conversation_id == CONV
+    assert request.request_id == REQ
+    assert request.model == "p:m"
+    assert dict(request.body) == {"user": "ann"}
+    assert request.message.role == message_pb2.ROLE_USER
+    assert [p.text.text for p in request.message.parts] == ["Weather in Paris?"]
+    assert fake.metadata[0]["x-tenant"] == "acme"
+
+
+async def test_chat_defaults_leave_optional_fields_empty(
+    service: tuple[FakeChatService, str],
+) -> None:
+    fake, target = service
+    fake.stream = weather_turn()
+    async with TurnwireClient(target) as client:
+        await collect(client.chat(CONV, "hi"))
+    (request,) = fake.requests
+    assert request.request_id == ""
+    assert request.model == ""
+    assert not request.HasField("body")
+
+
+async def test_collect_reconstructs_turn_result(service: tuple[FakeChatService, str]) -> None:
+    fake, target = service
+    fake.stream = weather_turn()
+    async with TurnwireClient(target) as client:
+        result = await collect(client.chat(CONV, "Weather in Paris?"))
+    assert isinstance(result, TurnResult)
+    assert result.conversation_id == CONV
+    assert result.request_id == REQ
+    assert result.status == event_pb2.TURN_STATUS_COMPLETED
+    assert result.ok
+    assert result.status_name == "COMPLETED"
+    assert result.text == "Let me check the weather. It is sunny in Paris."
+    assert result.message == ASSISTANT
+    assert [(c.tool_name, dict(c.input)) for c in result.tool_calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert result.tool_calls[0].output.struct_value["sky"] == "sunny"
+    assert result.usage == USAGE
+    assert result.step_count == 2
+    assert result.error is None
+    assert result.events == fake.stream
+    result.raise_for_error()  # no error: no raise
+
+
+async def test_turn_error_is_returned_not_raised(service: tuple[FakeChatService, str]) -> None:
+    fake, target = service
+    failure = rich_status(code_pb2.UNAVAILABLE, "provider timed out", "PROVIDER_ERROR")
+    fake.stream = weather_turn(event_pb2.TURN_STATUS_ERROR, failure)
+    async with TurnwireClient(target) as client:
+        result = await collect(client.chat(CONV, "hi"))
+    assert result.status == event_pb2.TURN_STATUS_ERROR
+    assert not result.ok
+    assert result.error == failure
+    with pytest.raises(TurnwireError) as caught:
+        result.raise_for_error()
+    assert caught.value.code == grpc.StatusCode.UNAVAILABLE
+    assert caught.value.reason == "PROVIDER_ERROR"
+    assert caught.value.message == "provider timed out"
+
+
+async def test_save_messages_and_continue_last_turn(service: tuple[FakeChatService, str]) -> None:
+    fake, target = service
+    skipped = events(
+        ("turn_end", event_pb2.TurnEnd(status=event_pb2.TURN_STATUS_SKIPPED)),
+    )
+    user = message_pb2.Message(
+        role=message_pb2.ROLE_USER, parts=[message_pb2.Part(text=message_pb2.TextPart(text="a"))]
+    )
+    async with TurnwireClient(target) as client:
+        fake.stream = weather_turn()
+        saved = await collect(client.save_messages(CONV, [user, user], model="p:m"))
+        fake.stream = skipped
+        cont = await collect(client.continue_last_turn(CONV, request_id="r2", body={"n": 1}))
+    assert saved.ok
+    assert cont.status == event_pb2.TURN_STATUS_SKIPPED
+    assert cont.message is None
+    assert cont.text == ""
+    assert cont.tool_calls == []
+    save_request, continue_request = fake.requests
+    assert isinstance(save_request, chat_service_pb2.SaveMessagesRequest)
+    assert list(save_request.messages) == [user, user]
+    assert save_request.model == "p:m"
+    assert isinstance(continue_request, chat_service_pb2.ContinueLastTurnRequest)
+    assert continue_request.request_id == "r2"
+    assert dict(continue_request.body) == {"n": 1}
+
+
+async def test_leaving_the_stream_early_cancels_the_call(
+    service: tuple[FakeChatService, str],
+) -> None:
+    fake, target = service
+    fake.stream = weather_turn()
+    fake.hang_after = 2
+    async with TurnwireClient(target) as client:
+        stream = client.chat(CONV, "hi")
+        got = [await anext(stream), await anext(stream)]
+        await stream.aclose()  # type: ignore[attr-defined]
+        await asyncio.wait_for(fake.stream_cancelled.wait(), timeout=5)
+    assert [e.sequence_number for e in got] == [1, 2]
+
+
+# -- client: collect's protocol checks --------------------------------------------------------
+
+
+async def test_collect_rejects_a_sequence_gap() -> None:
+    stream = weather_turn()
+    del stream[3]
+    with pytest.raises(ProtocolError, match="expected sequence number 4, got 5"):
+        await collect(agen(stream))
+
+
+async def test_collect_rejects_a_gap_from_the_server(service: tuple[FakeChatService, str]) -> None:
+    fake, target = service
+    fake.stream = weather_turn()
+    fake.stream[0].sequence_number = 0
+    async with TurnwireClient(target) as client:
+        with pytest.raises(ProtocolError) as caught:
+            await collect(client.chat(CONV, "hi"))
+    assert isinstance(caught.value, TurnwireError)
+    assert caught.value.code == grpc.StatusCode.INTERNAL
+
+
+async def test_collect_requires_a_turn_end() -> None:
+    with pytest.raises(ProtocolError, match="without TurnEnd"):
+        await collect(agen(weather_turn()[:-1]))
+    with pytest.raises(ProtocolError, match="without TurnEnd"):
+        await collect(agen([]))
+
+
+async def test_collect_rejects_events_after_turn_end() -> None:
+    stream = weather_turn()
+    stream += events(("text_delta", event_pb2.TextDelta(delta="late")), start=len(stream) + 1)
+    with pytest.raises(ProtocolError, match="after TurnEnd"):
+        await collect(agen(stream))
+
+
+async def test_collect_rejects_mixed_turns() -> None:
+    stream = weather_turn()
+    stream[5].request_id = "someone-else"
+    with pytest.raises(ProtocolError, match="someone-else"):
+        await collect(agen(stream))
+
+
+# -- client: errors --------------------------------------------------------------------------
+
+
+async def test_rejected_turn_raises_turnwire_error_with_details(
+    service: tuple[FakeChatService, str],
+) -> None:
+    fake, target = service
+    fake.abort_with = INVALID
+    async with TurnwireClient(target) as client:
+        with pytest.raises(TurnwireError) as caught:
+            await collect(client.chat("bad id!", "hi"))
+    error = caught.value
+    assert not isinstance(error, ProtocolError)
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.message == "invalid ChatRequest"
+    assert error.reason == "INVALID_FIELD"
+    assert error.domain == "turnwire.dev"
+    assert error.error_metadata == {"k": "v"}
+    assert error.field_violations == [
+        ("conversation_id", "must be 1-128 characters of [A-Za-z0-9._:-]"),
+        ("message.parts", "must not be empty"),
+    ]
+    assert error.status == INVALID
+    assert isinstance(error.__cause__, grpc.aio.AioRpcError)
+    assert "INVALID_ARGUMENT [INVALID_FIELD]: invalid ChatRequest" in str(error)
+    assert "message.parts: must not be empty" in str(error)
+
+
+async def test_unary_errors_carry_details(service: tuple[FakeChatService, str]) -> None:
+    _, target = service
+    async with TurnwireClient(target) as client:
+        with pytest.raises(TurnwireError) as not_found:
+            await client.get_conversation("nope")
+        with pytest.raises(TurnwireError) as bad_token:
+            await client.list_conversations(page_token="forged")
+    assert not_found.value.code == grpc.StatusCode.NOT_FOUND
+    assert not_found.value.reason == "CONVERSATION_NOT_FOUND"
+    assert not_found.value.field_violations == []
+    assert bad_token.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad_token.value.reason == "INVALID_PAGE_TOKEN"
+
+
+async def test_error_without_details_has_empty_reason(
+    service: tuple[FakeChatService, str],
+) -> None:
+    fake, target = service
+    fake.abort_with = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message="busy")
+    fake.plain_abort = True
+    async with TurnwireClient(target) as client:
+        with pytest.raises(TurnwireError) as caught:
+            await collect(client.continue_last_turn(CONV))
+    assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert caught.value.message == "busy"
+    assert caught.value.reason == ""
+    assert caught.value.field_violations == []
+    assert caught.value.status is None
+
+
+async def test_unreachable_sidecar_raises_unavailable() -> None:
+    async with TurnwireClient(f"127.0.0.1:{free_port()}") as client:
+        with pytest.raises(TurnwireError) as caught:
+            await collect(client.chat(CONV, "hi"))
+    assert caught.value.code == grpc.StatusCode.UNAVAILABLE
+    assert caught.value.reason == ""
+
+
+# -- client: unary round trips ---------------------------------------------------------------
+
+
+async def test_cancel_get_list_round_trip(service: tuple[FakeChatService, str]) -> None:
+    fake, target = service
+    fake.running.add("r-running")
+    for cid in ("a", "b", "c"):
+        fake.conversations[cid] = chat_service_pb2.Conversation(
+            conversation_id=cid, message_count=1, messages=[ASSISTANT]
+        )
+    channel = grpc.aio.insecure_channel(target)
+    async with TurnwireClient(target, channel=channel) as client:
+        assert await client.cancel_chat("r-running") is True
+        assert await client.cancel_chat("r-running") is False
+        conversation = await client.get_conversation("b")
+        first = await client.list_conversations(page_size=2)
+        second = await client.list_conversations(page_size=2, page_token=first.next_page_token)
+    # The client leaves a channel it was given open.
+    assert channel.get_state() != grpc.ChannelConnectivity.SHUTDOWN
+    await channel.close()
+    assert conversation.conversation_id == "b"
+    assert list(conversation.messages) == [ASSISTANT]
+    assert [c.conversation_id for c in first.conversations] == ["a", "b"]
+    assert first.next_page_token == "page-2"
+    assert [c.conversation_id for c in second.conversations] == ["c"]
+    assert second.next_page_token == ""
+    assert [r.request_id for r in fake.requests[:2]] == ["r-running", "r-running"]
+
+
+# -- console: run_chat -----------------------------------------------------------------------
+
+
+async def test_run_chat_renders_turn_and_returns_0(service: tuple[FakeChatService, str]) -> None:
+    fake, target = service
+    fake.stream = weather_turn()
+    console, output = capture()
+    code = await run_chat(target, CONV, "Weather in Paris?", model="p:m", console=console)
+    text = output()
+    assert code == 0
+    assert "\x1b" not in text
+    lines = text.splitlines()
+    assert "Let me check the weather. " in lines
+    assert '→ get_weather {"city": "Paris"}' in lines
+    assert '← get_weather: {"sky": "sunny", "temp_c": 21}' in lines
+    assert "It is sunny in Paris." in lines
+    assert lines[-1].startswith("COMPLETED")
+    assert "2 steps" in lines[-1]
+    assert "tokens in 30 / out 12" in lines[-1]
+    # Order: text, call, result, second step's text, status.
+    order = [
+        text.index("Let me check"),
+        text.index("→ get_weather"),
+        text.index("← get_weather"),
+        text.index("It is sunny"),
+        text.index("COMPLETED"),
+    ]
+    assert order == sorted(order)
+    assert fake.requests[0].model == "p:m"
+
+
+async def test_run_chat_shows_reasoning_and_tool_errors(
+    service: tuple[FakeChatService, str],
+) -> None:
+    fake, target = service
+    fake.stream = events(
+        ("turn_start", event_pb2.TurnStart()),
+        ("reasoning_start", event_pb2.ReasoningStart(id="r")),
+        ("reasoning_delta", event_pb2.ReasoningDelta(id="r", delta="thinking hard")),
+        ("reasoning_end", event_pb2.ReasoningEnd(id="r")),
+        (
+            "tool_input_available",
+            event_pb2.ToolInputAvailable(tool_call_id="c", tool_name="lookup", input=_struct({})),
+        ),
+        ("tool_output_error", event_pb2.ToolOutputError(tool_call_id="c", error_text="boom")),
+        ("turn_end", event_pb2.TurnEnd(status=event_pb2.TURN_STATUS_COMPLETED, step_count=1)),
+    )
+    console, output = capture()
+    assert await run_chat(target, CONV, "hi", console=console) == 0
+    lines = output().splitlines()
+    assert "thinking hard" in lines
+    assert "→ lookup {}" in lines
+    assert "← lookup: error: boom" in lines
+    assert lines[-1] == "COMPLETED · 1 step"
+
+
+async def test_run_chat_turn_error_returns_1(service: tuple[FakeChatService, str]) -> None:
+    fake, target = service
+    failure = rich_status(code_pb2.UNAVAILABLE, "provider timed out", "PROVIDER_ERROR")
+    fake.stream = weather_turn(event_pb2.TURN_STATUS_ERROR, failure)
+    console, output = capture()
+    assert await run_chat(target, CONV, "hi", console=console) == 1
+    last = output().splitlines()[-1]
+    assert last.startswith("ERROR [PROVIDER_ERROR]: provider timed out · 2 steps")
+
+
+async def test_run_chat_aborted_returns_1(service: tuple[FakeChatService, str]) -> None:
+    fake, target = service
+    fake.stream = events(
+        ("turn_start", event_pb2.TurnStart()),
+        ("turn_end", event_pb2.TurnEnd(status=event_pb2.TURN_STATUS_ABORTED)),
+    )
+    console, output = capture()
+    assert await run_chat(target, CONV, "hi", console=console) == 1
+    assert output().splitlines()[-1].startswith("ABORTED")
+
+
+async def test_run_chat_protocol_error_returns_1(service: tuple[FakeChatService, str]) -> None:
+    fake, target = service
+    fake.stream = weather_turn()
+    del fake.stream[4]
+    console, output = capture()
+    assert await run_chat(target, CONV, "hi", console=console) == 1
+    assert "protocol error: expected sequence number 5, got 6" in output()
+
+
+async def test_run_chat_rejected_call_returns_2(service: tuple[FakeChatService, str]) -> None:
+    fake, target = service
+    fake.abort_with = INVALID
+    console, output = capture()
+    assert await run_chat(target, "bad id!", "hi", console=console) == 2
+    lines = output().splitlines()
+    assert lines[0] == "INVALID_ARGUMENT [INVALID_FIELD]: invalid ChatRequest"
+    assert "  conversation_id: must be 1-128 characters of [A-Za-z0-9._:-]" in lines
+    assert "  message.parts: must not be empty" in lines
+
+
+async def test_run_chat_unreachable_returns_3() -> None:
+    target = f"127.0.0.1:{free_port()}"
+    console, output = capture()
+    assert await run_chat(target, CONV, "hi", console=console) == 3
+    assert (
+        f"cannot reach the sidecar at {target}: is `turnwire serve` running?"
+        in output().splitlines()
+    )
+
+
+# -- console: run_history --------------------------------------------------------------------
+
+
+async def test_run_history_prints_messages(service: tuple[FakeChatService, str]) -> None:
+    fake, target = service
+    user = message_pb2.Message(
+        id="msg-u",
+        role=message_pb2.ROLE_USER,
+        parts=[message_pb2.Part(text=message_pb2.TextPart(text="Weather in Paris?"))],
+        create_time=timestamp_pb2.Timestamp(seconds=1_700_000_000),
+    )
+    assistant = message_pb2.Message()
+    assistant.CopyFrom(ASSISTANT)
+    assistant.parts.insert(
+        0, message_pb2.Part(reasoning=message_pb2.ReasoningPart(text="user wants weather"))
+    )
+    assistant.parts.append(
+        message_pb2.Part(
+            tool_call=message_pb2.ToolCallPart(
+                tool_name="book",
+                input=_struct({"n": 2}),
+                state=message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
+                error_text="sold out",
+            )
+        )
+    )
+    fake.conversations[CONV] = chat_service_pb2.Conversation(
+        conversation_id=CONV, message_count=2, messages=[user, assistant]
+    )
+    console, output = capture()
+    assert await run_history(target, CONV, console=console) == 0
+    text = output()
+    lines = text.splitlines()
+    assert "\x1b" not in text
+    assert lines[0] == f"conversation {CONV} · 2 messages"
+    assert "user · 2023-11-14 22:13:20 UTC · msg-u" in lines
+    assert "Weather in Paris?" in lines
+    assert "assistant · msg-a" in lines
+    assert "user wants weather" in lines
+    assert '→ get_weather {"city": "Paris"}' in lines
+    assert '← get_weather: {"sky": "sunny", "temp_c": 21}' in lines
+    assert '→ book {"n": 2}' in lines
+    assert "← book: error: sold out" in lines
+    assert text.index("Weather in Paris?") < text.index("It is sunny in Paris.")
+
+
+async def test_run_history_not_found_returns_2(service: tuple[FakeChatService, str]) -> None:
+    _, target = service
+    console, output = capture()
+    assert await run_history(target, "missing", console=console) == 2
+    assert "conversation 'missing' not found" in output()
+
+
+async def test_run_history_unreachable_returns_3() -> None:
+    console, output = capture()
+    assert await run_history(f"127.0.0.1:{free_port()}", CONV, console=console) == 3
+    assert "cannot reach the sidecar" in output()

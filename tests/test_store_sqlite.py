@@ -1,0 +1,647 @@
+"""The SQLite store backend: round trips, ordering, transactions, migrations, group commit."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf import struct_pb2
+
+from server.store import (
+    InvalidPageToken,
+    MessageIdConflict,
+    SqliteStore,
+    Store,
+    StoreError,
+    TurnRecord,
+    open_store,
+)
+from server.store.local_lock import LocalTurnLocks
+from turnwire.v1 import message_pb2
+
+T0 = dt.datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=dt.UTC)
+
+
+def _turn(
+    request_id: str = "req-1",
+    conversation_id: str = "conv-1",
+    *,
+    state: Any = "running",
+    assistant_message_id: str = "asst-1",
+) -> TurnRecord:
+    return TurnRecord(
+        request_id=request_id,
+        conversation_id=conversation_id,
+        assistant_message_id=assistant_message_id,
+        continuation=False,
+        model="openai/gpt-test",
+        state=state,
+        start_time=T0,
+    )
+
+
+def _text(message_id: str, text: str, role: int = message_pb2.ROLE_USER) -> message_pb2.Message:
+    message = message_pb2.Message(id=message_id, role=role)  # type: ignore[arg-type]
+    message.parts.add().text.text = text
+    return message
+
+
+def _struct(**fields: Any) -> struct_pb2.Struct:
+    value = struct_pb2.Struct()
+    value.update(fields)
+    return value
+
+
+def _full_message() -> message_pb2.Message:
+    """An assistant message using every Part kind and every field of each."""
+    m = message_pb2.Message(id="asst-1", role=message_pb2.ROLE_ASSISTANT)
+    m.create_time.seconds = 1_741_064_767
+    m.create_time.nanos = 123_456_789  # sub-microsecond precision must survive
+    m.metadata.update({"tenant": "acme", "n": 3, "nested": {"list": [1, "two", None, True]}})
+    m.parts.add().step_start.SetInParent()
+    reasoning = m.parts.add().reasoning
+    reasoning.text = "Let me think."
+    reasoning.signature = b"\x00\xffsig\x80"
+    reasoning.redacted = True
+    reasoning.provider_metadata.update({"anthropic": {"cache": "ephemeral"}})
+    m.parts.add().text.text = "Héllo ✓ wörld"
+    m.parts.add().text.text = ""  # empty text is still a part
+    for state in message_pb2.ToolCallState.values():
+        call = m.parts.add().tool_call
+        call.tool_call_id = f"call-{state}"
+        call.tool_name = "search"
+        call.input.update({"q": "weather", "limit": 5, "opts": {"exact": False}})
+        call.state = state
+        call.output.struct_value.update({"hits": [{"title": "t", "score": 0.5}]})
+        call.error_text = "boom" if state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR else ""
+        call.preliminary = state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
+        call.raw_input = '{"q": "weather", broken'
+    scalar_output = m.parts.add().tool_call
+    scalar_output.tool_call_id = "call-scalar"
+    scalar_output.output.string_value = "plain string result"
+    inline = m.parts.add().file
+    inline.media_type = "image/png"
+    inline.filename = "pixel.png"
+    inline.data = bytes(range(256))
+    by_url = m.parts.add().file
+    by_url.media_type = "application/pdf"
+    by_url.url = "https://example.com/doc.pdf"
+    source = m.parts.add().source
+    source.source_id = "src-1"
+    source.url = "https://example.com"
+    source.title = "Example"
+    source.media_type = "text/html"
+    source.filename = "index.html"
+    data = m.parts.add().data
+    data.type = "weather"
+    data.id = "w1"
+    data.data.list_value.values.add().number_value = 21.5
+    return m
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "db" / "turnwire.db")
+    await s.open()
+    yield s
+    await s.close()
+
+
+def _raw(path: Path, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    with sqlite3.connect(path) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+# ----------------------------------------------------------------------------- round trips
+
+
+async def test_every_part_kind_round_trips_losslessly(store: SqliteStore) -> None:
+    user = _text("user-1", "hi")
+    user.metadata.SetInParent()  # present but empty must stay present
+    full = _full_message()
+    await store.start_turn(_turn(), [user])
+    await store.finish_turn(_turn(state="completed"), full)
+
+    loaded = await store.load_messages("conv-1")
+
+    assert [m.id for m in loaded] == ["user-1", "asst-1"]
+    assert loaded[1] == full
+    assert loaded[1].SerializeToString(deterministic=True) == full.SerializeToString(
+        deterministic=True
+    )
+    assert loaded[1].create_time.nanos == 123_456_789
+    assert loaded[1].parts[1].reasoning.signature == b"\x00\xffsig\x80"
+    assert loaded[1].parts[-2].source.filename == "index.html"
+    assert loaded[0] == user
+    assert loaded[0].HasField("metadata")
+    assert not loaded[0].HasField("create_time")
+    kinds = _raw(
+        store.path,
+        "SELECT kind FROM parts WHERE message_id = 'asst-1' ORDER BY idx",
+    )
+    assert {k for (k,) in kinds} == {
+        "step_start",
+        "reasoning",
+        "text",
+        "tool_call",
+        "file",
+        "source",
+        "data",
+    }
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos"),
+    [(0, 0), (-1, 999_999_999), (-62_135_596_800, 0), (253_402_300_799, 999_999_999), (5, 1)],
+)
+async def test_create_time_round_trips_exactly(
+    store: SqliteStore, seconds: int, nanos: int
+) -> None:
+    message = _text("m", "x")
+    message.create_time.seconds = seconds
+    message.create_time.nanos = nanos
+    await store.save_message("c", message)
+    [loaded] = await store.load_messages("c")
+    assert loaded.HasField("create_time")
+    assert (loaded.create_time.seconds, loaded.create_time.nanos) == (seconds, nanos)
+
+
+async def test_unknown_role_number_round_trips(store: SqliteStore) -> None:
+    message = _text("m", "x")
+    message.role = 42  # type: ignore[assignment]  # proto3 enums are open
+    await store.save_message("c", message)
+    [loaded] = await store.load_messages("c")
+    assert loaded.role == 42
+
+
+async def test_invalid_arguments_raise_value_error(store: SqliteStore) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        await store.save_message("c", _text("", "x"))
+    bad = _text("m", "x")
+    bad.create_time.nanos = -1
+    with pytest.raises(ValueError, match="Timestamp"):
+        await store.save_message("c", bad)
+    naive = TurnRecord(
+        request_id="r",
+        conversation_id="c",
+        assistant_message_id="a",
+        continuation=False,
+        model="m",
+        state="running",
+        start_time=dt.datetime(2025, 1, 1),  # naive on purpose
+    )
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await store.start_turn(naive, [])
+    with pytest.raises(ValueError, match="state"):
+        await store.start_turn(_turn(state="bogus"), [])
+    assert await store.get_conversation("c") is None
+
+
+async def test_data_survives_close_and_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    first = SqliteStore(path)
+    await first.open()
+    await first.start_turn(_turn(), [_text("user-1", "hi")])
+    await first.finish_turn(_turn(state="completed"), _full_message())
+    before = await first.get_conversation("conv-1")
+    await first.close()
+
+    second = SqliteStore(path)
+    await second.open()
+    try:
+        assert await second.get_conversation("conv-1") == before
+        loaded = await second.load_messages("conv-1")
+        assert loaded == [_text("user-1", "hi"), _full_message()]
+        assert await second.running_turns() == []
+    finally:
+        await second.close()
+
+
+# ----------------------------------------------------------------------------- writes
+
+
+async def test_start_turn_is_committed_when_it_returns(store: SqliteStore) -> None:
+    await store.start_turn(_turn(), [_text("user-1", "hi")])
+    # A separate connection sees it: the transaction has committed.
+    assert _raw(store.path, "SELECT id, seq FROM messages") == [("user-1", 1)]
+    assert _raw(store.path, "SELECT request_id, state FROM turns") == [("req-1", "running")]
+    conversation = await store.get_conversation("conv-1")
+    assert conversation is not None
+    assert conversation.message_count == 1
+    assert conversation.create_time.tzinfo is dt.UTC
+    assert conversation.create_time <= conversation.update_time
+
+
+async def test_messages_keep_append_order(store: SqliteStore) -> None:
+    await store.start_turn(_turn("r1"), [_text("u1", "1"), _text("u2", "2")])
+    await store.save_message("conv-1", _text("a1", "3", message_pb2.ROLE_ASSISTANT))
+    await store.finish_turn(_turn("r1", state="completed"), None)
+    await store.start_turn(_turn("r2"), [_text("u3", "4")])
+    await store.finish_turn(
+        _turn("r2", state="completed"), _text("a2", "5", message_pb2.ROLE_ASSISTANT)
+    )
+
+    loaded = await store.load_messages("conv-1")
+    assert [m.id for m in loaded] == ["u1", "u2", "a1", "u3", "a2"]
+    assert [m.parts[0].text.text for m in loaded] == ["1", "2", "3", "4", "5"]
+    conversation = await store.get_conversation("conv-1")
+    assert conversation is not None
+    assert conversation.message_count == 5
+    assert await store.load_messages("nope") == []
+
+
+async def test_start_turn_conflict_stores_nothing(store: SqliteStore) -> None:
+    await store.start_turn(_turn("r1"), [_text("u1", "first")])
+    before = await store.get_conversation("conv-1")
+
+    with pytest.raises(MessageIdConflict) as info:
+        await store.start_turn(_turn("r2"), [_text("u2", "new"), _text("u1", "dup")])
+    assert (info.value.conversation_id, info.value.message_id) == ("conv-1", "u1")
+    assert isinstance(info.value, StoreError)
+
+    with pytest.raises(MessageIdConflict):  # repeated within the call
+        await store.start_turn(_turn("r3", "conv-2"), [_text("x", "a"), _text("x", "b")])
+
+    assert [m.id for m in await store.load_messages("conv-1")] == ["u1"]
+    assert (await store.load_messages("conv-1"))[0].parts[0].text.text == "first"
+    assert await store.get_conversation("conv-1") == before
+    assert await store.get_conversation("conv-2") is None
+    assert [t.request_id for t in await store.running_turns()] == ["r1"]
+    assert _raw(store.path, "SELECT COUNT(*) FROM parts") == [(1,)]
+
+
+async def test_duplicate_request_id_is_a_store_error(store: SqliteStore) -> None:
+    await store.start_turn(_turn("r1"), [_text("u1", "1")])
+    with pytest.raises(StoreError, match="already exists"):
+        await store.start_turn(_turn("r1"), [_text("u2", "2")])
+    assert [m.id for m in await store.load_messages("conv-1")] == ["u1"]
+
+
+async def test_save_message_replace_keeps_position(store: SqliteStore) -> None:
+    await store.start_turn(_turn(), [_text("u1", "question")])
+    reply = message_pb2.Message(id="a1", role=message_pb2.ROLE_ASSISTANT)
+    reply.parts.add().step_start.SetInParent()
+    reply.parts.add().text.text = "Hel"
+    reply.parts.add().text.text = "tail to drop later"
+    await store.save_message("conv-1", reply)
+    await store.save_message("conv-1", _text("u2", "later message"))
+
+    replaced = message_pb2.Message(id="a1", role=message_pb2.ROLE_ASSISTANT)
+    replaced.parts.add().step_start.SetInParent()
+    replaced.parts.add().text.text = "Hello, world"
+    replaced.metadata.update({"final": True})
+    await store.save_message("conv-1", replaced)
+
+    loaded = await store.load_messages("conv-1")
+    assert [m.id for m in loaded] == ["u1", "a1", "u2"]
+    assert loaded[1] == replaced
+    assert _raw(store.path, "SELECT COUNT(*) FROM parts WHERE message_id = 'a1'") == [(2,)]
+    conversation = await store.get_conversation("conv-1")
+    assert conversation is not None
+    assert conversation.message_count == 3
+
+
+async def test_save_message_bumps_update_time(store: SqliteStore) -> None:
+    await store.start_turn(_turn(), [_text("u1", "q")])
+    first = await store.get_conversation("conv-1")
+    await store.save_message("conv-1", _text("a1", "r", message_pb2.ROLE_ASSISTANT))
+    second = await store.get_conversation("conv-1")
+    assert first is not None and second is not None
+    assert second.update_time > first.update_time
+    assert second.create_time == first.create_time
+
+
+async def test_zero_part_messages_are_never_stored(store: SqliteStore) -> None:
+    await store.start_turn(_turn(), [_text("u1", "q")])
+    empty = message_pb2.Message(id="asst-1", role=message_pb2.ROLE_ASSISTANT)
+
+    await store.save_message("conv-1", empty)  # a checkpoint before the first part: no-op
+    with pytest.raises(ValueError, match="no parts"):
+        await store.start_turn(_turn("r2"), [empty])
+    await store.finish_turn(_turn(state="aborted"), empty)
+
+    assert [m.id for m in await store.load_messages("conv-1")] == ["u1"]
+    assert _raw(store.path, "SELECT state FROM turns WHERE request_id = 'req-1'") == [("aborted",)]
+
+
+async def test_finish_turn_records_end_state(store: SqliteStore) -> None:
+    await store.start_turn(_turn(), [_text("u1", "q")])
+    end = T0 + dt.timedelta(seconds=3, microseconds=7)
+    finished = TurnRecord(
+        request_id="req-1",
+        conversation_id="conv-1",
+        assistant_message_id="asst-1",
+        continuation=False,
+        model="openai/gpt-test",
+        state="error",
+        start_time=T0,
+        end_time=end,
+        error=b"\x08\x0e\x12\x04down",
+        recovery_count=2,
+    )
+    await store.finish_turn(finished, _text("asst-1", "partial", message_pb2.ROLE_ASSISTANT))
+    assert await store.running_turns() == []
+    assert _raw(
+        store.path,
+        "SELECT state, end_time, error, recovery_count FROM turns WHERE request_id = ?",
+        ("req-1",),
+    ) == [
+        (
+            "error",
+            (end - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1),
+            b"\x08\x0e\x12\x04down",
+            2,
+        )
+    ]
+    assert [m.id for m in await store.load_messages("conv-1")] == ["u1", "asst-1"]
+
+
+async def test_finish_unknown_turn_raises_and_stores_nothing(store: SqliteStore) -> None:
+    await store.start_turn(_turn(), [_text("u1", "q")])
+    with pytest.raises(StoreError, match="no turn"):
+        await store.finish_turn(_turn("missing", state="completed"), _text("a9", "x"))
+    assert [m.id for m in await store.load_messages("conv-1")] == ["u1"]
+
+
+async def test_running_turns_after_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "crash.db"
+    crashed = SqliteStore(path)
+    await crashed.open()
+    try:
+        await crashed.start_turn(_turn("r1", "c1"), [_text("u1", "q1")])
+        await crashed.start_turn(_turn("r2", "c2"), [_text("u2", "q2")])
+        await crashed.save_message("c2", _text("asst-1", "half a rep", message_pb2.ROLE_ASSISTANT))
+        await crashed.finish_turn(_turn("r1", "c1", state="completed"), _text("a1", "done"))
+        # "Crash": no finish_turn for r2. A new process opens the file meanwhile.
+        recovered = SqliteStore(path)
+        await recovered.open()
+        try:
+            running = await recovered.running_turns()
+            assert running == [_turn("r2", "c2")]
+            assert running[0].start_time == T0
+            assert running[0].start_time.tzinfo is dt.UTC
+            checkpoint = (await recovered.load_messages("c2"))[-1]
+            assert checkpoint.parts[0].text.text == "half a rep"
+        finally:
+            await recovered.close()
+    finally:
+        await crashed.close()
+
+
+async def test_failed_write_does_not_affect_others_in_the_same_batch(store: SqliteStore) -> None:
+    await store.start_turn(_turn("r1"), [_text("u1", "q")])
+    results = await asyncio.gather(
+        store.save_message("conv-1", _text("a1", "before")),
+        store.start_turn(_turn("r2"), [_text("u1", "conflict")]),
+        store.save_message("conv-1", _text("a2", "after")),
+        return_exceptions=True,
+    )
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], MessageIdConflict)
+    assert [m.id for m in await store.load_messages("conv-1")] == ["u1", "a1", "a2"]
+    assert [t.request_id for t in await store.running_turns()] == ["r1"]
+
+
+# ----------------------------------------------------------------------------- group commit
+
+
+async def test_concurrent_saves_land_in_call_order_in_few_transactions(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch_sizes: list[int] = []
+    original = store._apply_batch
+
+    async def spy(batch: list[Any]) -> None:
+        batch_sizes.append(len(batch))
+        await original(batch)
+
+    monkeypatch.setattr(store, "_apply_batch", spy)
+    await store.start_turn(_turn(), [_text("u0", "q")])
+
+    await asyncio.gather(*(store.save_message("conv-1", _text(f"m{i}", str(i))) for i in range(50)))
+    # Same id saved repeatedly: the last call wins.
+    await asyncio.gather(*(store.save_message("conv-1", _text("m0", f"v{i}")) for i in range(30)))
+
+    loaded = await store.load_messages("conv-1")
+    assert [m.id for m in loaded] == ["u0"] + [f"m{i}" for i in range(50)]
+    assert loaded[1].parts[0].text.text == "v29"
+    assert sum(batch_sizes) == 81
+    assert len(batch_sizes) < 10  # 80 saves shared a handful of transactions
+    conversation = await store.get_conversation("conv-1")
+    assert conversation is not None
+    assert conversation.message_count == 51
+
+
+async def test_checkpoint_batching_waits_but_turn_writes_do_not(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "b.db", checkpoint_batch_ms=60_000)
+    await store.open()
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        save = asyncio.create_task(store.save_message("c", _text("m1", "x")))
+        await asyncio.sleep(0.05)
+        assert not save.done()  # held back to gather more checkpoints
+        await store.start_turn(_turn("r1", "c"), [_text("u1", "y")])  # cuts the wait short
+        await save
+        assert loop.time() - started < 10
+        assert [m.id for m in await store.load_messages("c")] == ["m1", "u1"]
+        pending = asyncio.create_task(store.save_message("c", _text("m2", "z")))
+        await asyncio.sleep(0)
+    finally:
+        await store.close()  # flushes the held checkpoint without waiting the full minute
+    await pending
+    reopened = SqliteStore(tmp_path / "b.db")
+    await reopened.open()
+    try:
+        assert [m.id for m in await reopened.load_messages("c")] == ["m1", "u1", "m2"]
+    finally:
+        await reopened.close()
+
+
+# ----------------------------------------------------------------------------- reads
+
+
+async def test_list_conversations_pages_by_update_time(store: SqliteStore) -> None:
+    for i in range(7):
+        await store.start_turn(_turn(f"r{i}", f"conv-{i}"), [_text("u", str(i))])
+    await store.save_message("conv-2", _text("a", "bump"))  # conv-2 is now the newest
+
+    seen: list[str] = []
+    token = ""
+    tokens: list[str] = []
+    for expected in (3, 3, 1):
+        page, next_token = await store.list_conversations(3, token)
+        assert len(page) == expected
+        # The same token yields the same page and the same next token.
+        assert await store.list_conversations(3, token) == (page, next_token)
+        seen += [c.conversation_id for c in page]
+        token = next_token
+        tokens.append(token)
+    assert tokens[-1] == ""
+    assert all(tokens[:-1])
+    assert seen == ["conv-2", "conv-6", "conv-5", "conv-4", "conv-3", "conv-1", "conv-0"]
+
+    everything, last = await store.list_conversations(100, "")
+    assert last == ""
+    assert [c.conversation_id for c in everything] == seen
+    assert [c.update_time for c in everything] == sorted(
+        (c.update_time for c in everything), reverse=True
+    )
+
+
+async def test_list_conversations_empty_and_exact_fit(store: SqliteStore) -> None:
+    assert await store.list_conversations(10, "") == ([], "")
+    for i in range(3):
+        await store.start_turn(_turn(f"r{i}", f"c{i}"), [_text("u", "x")])
+    page, token = await store.list_conversations(3, "")
+    assert len(page) == 3
+    assert token == ""
+    with pytest.raises(ValueError):
+        await store.list_conversations(0, "")
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "garbage!",
+        "bm90IGpzb24",  # "not json"
+        "W10",  # []
+        "eyJ2IjoxLCJ1IjoiMSIsImlkIjoiYyJ9",  # {"v":1,"u":"1","id":"c"}
+        "eyJ2IjoyLCJ1IjoxLCJpZCI6ImMifQ",  # {"v":2,"u":1,"id":"c"}
+        "_-_-",
+        "a",
+    ],
+)
+async def test_invalid_page_token(store: SqliteStore, token: str) -> None:
+    with pytest.raises(InvalidPageToken):
+        await store.list_conversations(3, token)
+
+
+# ----------------------------------------------------------------------------- migrations
+
+
+async def test_migrations_run_once_and_are_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    for _ in range(3):
+        s = SqliteStore(path)
+        await s.open()
+        await s.close()
+    rows = _raw(path, "SELECT version, name, applied_at FROM schema_migrations")
+    assert [(v, n) for v, n, _ in rows] == [(1, "0001_init")]
+    assert isinstance(rows[0][2], int)
+    tables = {t for (t,) in _raw(path, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"conversations", "messages", "parts", "turns", "schema_migrations"} <= tables
+    assert _raw(path, "PRAGMA journal_mode") == [("wal",)]
+
+
+async def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "future.db"
+    s = SqliteStore(path)
+    await s.open()
+    await s.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO schema_migrations VALUES (999, '0999_future', 0)")
+    with pytest.raises(StoreError, match="newer"):
+        await SqliteStore(path).open()
+
+
+async def test_store_errors(tmp_path: Path) -> None:
+    not_open = SqliteStore(tmp_path / "x.db")
+    with pytest.raises(StoreError, match="not open"):
+        await not_open.save_message("c", _text("m", "x"))
+    with pytest.raises(StoreError, match="not open"):
+        await not_open.get_conversation("c")
+
+    (tmp_path / "dir.db").mkdir()
+    with pytest.raises(StoreError, match=r"opening .*dir\.db"):
+        await SqliteStore(tmp_path / "dir.db").open()
+
+    closed = SqliteStore(tmp_path / "y.db")
+    await closed.open()
+    await closed.close()
+    await closed.close()  # idempotent
+    with pytest.raises(StoreError):
+        await closed.start_turn(_turn(), [_text("u", "x")])
+    with pytest.raises(StoreError):
+        await closed.load_messages("c")
+
+
+# ----------------------------------------------------------------------------- turn lock
+
+
+async def test_turn_lock_is_fifo_and_forgets_idle_conversations(store: SqliteStore) -> None:
+    order: list[str] = []
+    a_holds = asyncio.Event()
+    release_a = asyncio.Event()
+
+    async def turn(name: str, hold: asyncio.Event | None = None) -> None:
+        async with store.turn_lock("conv-1"):
+            order.append(f"{name}+")
+            if name == "a":
+                a_holds.set()
+            if hold is not None:
+                await hold.wait()
+            await asyncio.sleep(0)
+            order.append(f"{name}-")
+
+    a = asyncio.create_task(turn("a", release_a))
+    await a_holds.wait()
+    b = asyncio.create_task(turn("b"))
+    await asyncio.sleep(0)
+    c = asyncio.create_task(turn("c"))
+    await asyncio.sleep(0.01)
+    assert order == ["a+"]  # b and c wait
+    release_a.set()
+    await asyncio.gather(a, b, c)
+    assert order == ["a+", "a-", "b+", "b-", "c+", "c-"]
+    assert len(store._locks) == 0
+
+
+async def test_local_turn_locks_cancelled_waiter_and_independent_keys() -> None:
+    locks = LocalTurnLocks()
+    async with locks.hold("k1"):
+        waiter = asyncio.create_task(locks.hold("k1").__aenter__())
+        await asyncio.sleep(0)
+        assert len(locks) == 1
+        async with locks.hold("k2"):  # another key does not wait
+            assert len(locks) == 2
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+    assert len(locks) == 0
+
+
+# ----------------------------------------------------------------------------- factory
+
+
+def test_open_store_parses_sqlite_urls(tmp_path: Path) -> None:
+    relative = open_store("sqlite:///data/turnwire.db")
+    assert isinstance(relative, SqliteStore)
+    assert relative.path == Path("data/turnwire.db")
+    absolute = open_store(f"sqlite:///{tmp_path}/t.db")  # tmp_path starts with "/"
+    assert isinstance(absolute, SqliteStore)
+    assert absolute.path == tmp_path / "t.db"
+    assert isinstance(absolute, Store)
+    assert not (tmp_path / "t.db").exists()  # not opened
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgres://u@h/db",
+        "sqlite://relative.db",
+        "sqlite:///",
+        "sqlite:///:memory:",
+        "sqlite:///x.db?mode=ro",
+        "turnwire.db",
+        "",
+    ],
+)
+def test_open_store_rejects_other_urls(url: str) -> None:
+    with pytest.raises(ValueError):
+        open_store(url)
