@@ -91,9 +91,7 @@ class HookTimeline:
             self._chunk_entries[middleware] = entry
             self.entries.append(entry)
             return
-        self.entries.append(
-            HookTiming(middleware, hook, (started - self.origin) * 1000.0, duration, failed)
-        )
+        self.entries.append(HookTiming(middleware, hook, (started - self.origin) * 1000.0, duration, failed))
 
     def as_dicts(self) -> list[dict[str, Any]]:
         """The timeline as JSON-ready dicts, in call order."""
@@ -140,9 +138,7 @@ class MiddlewareChain:
 
     def __init__(self, middlewares: Sequence[Middleware] = ()) -> None:
         self.middlewares = tuple(middlewares)
-        forward = {
-            hook: tuple(m for m in self.middlewares if implements(m, hook)) for hook in HOOKS
-        }
+        forward = {hook: tuple(m for m in self.middlewares if implements(m, hook)) for hook in HOOKS}
         self._forward = forward
         self._reverse = {hook: tuple(reversed(ms)) for hook, ms in forward.items()}
         self.error_counts: Counter[tuple[str, str]] = Counter()
@@ -153,7 +149,11 @@ class MiddlewareChain:
     def _swallow(self, middleware: Middleware, hook: str, error: BaseException) -> None:
         self.error_counts[(middleware.name, hook)] += 1
         log.warning(
-            "middleware %s.%s raised %s: %s", middleware.name, hook, type(error).__name__, error,
+            "middleware %s.%s raised %s: %s",
+            middleware.name,
+            hook,
+            type(error).__name__,
+            error,
             extra={"middleware": middleware.name, "hook": hook},
         )
 
@@ -195,9 +195,7 @@ class MiddlewareChain:
             )
         return ctx, merged
 
-    async def before_step(
-        self, ctx: StepContext, timeline: HookTimeline | None = None
-    ) -> StepConfig:
+    async def before_step(self, ctx: StepContext, timeline: HookTimeline | None = None) -> StepConfig:
         """First to last; each sees the earlier changes. Raises :class:`HookError`."""
         merged = StepConfig()
         for m in self._forward["before_step"]:
@@ -248,9 +246,7 @@ class MiddlewareChain:
                 ctx = dataclasses.replace(ctx, input=decision.input)
         return ToolCallDecision.allow(ctx.input)
 
-    async def _notify(
-        self, hook: str, arg: Any, timeline: HookTimeline | None
-    ) -> None:
+    async def _notify(self, hook: str, arg: Any, timeline: HookTimeline | None) -> None:
         for m in self._reverse[hook]:
             started = time.perf_counter()
             failed = False
@@ -262,9 +258,7 @@ class MiddlewareChain:
             if timeline is not None:
                 timeline.add(m.name, hook, started, time.perf_counter(), failed)
 
-    async def after_tool_call(
-        self, ctx: ToolCallResultContext, timeline: HookTimeline | None = None
-    ) -> None:
+    async def after_tool_call(self, ctx: ToolCallResultContext, timeline: HookTimeline | None = None) -> None:
         """Last to first; errors are logged and counted."""
         if self._reverse["after_tool_call"]:
             await self._notify("after_tool_call", ctx, timeline)
@@ -333,9 +327,7 @@ class MiddlewareChain:
         return current
 
 
-def active_tool_names(
-    tools: Mapping[str, Any], active: Sequence[str] | None
-) -> list[str]:
+def active_tool_names(tools: Mapping[str, Any], active: Sequence[str] | None) -> list[str]:
     """The tool names the model may call: all of ``tools``, limited to ``active`` when given."""
     if active is None:
         return list(tools)

@@ -49,7 +49,9 @@ def load_middlewares(entries: Sequence[MiddlewareEntry]) -> list[Middleware]:
             factory = import_object(entry.path)
             middleware = factory(**entry.options)
         except Exception as error:
-            raise StartupError(f"middleware[{index}] {entry.path}: {type(error).__name__}: {error}") from error
+            raise StartupError(
+                f"middleware[{index}] {entry.path}: {type(error).__name__}: {error}"
+            ) from error
         if not isinstance(middleware, Middleware):
             raise StartupError(f"middleware[{index}] {entry.path} is not a middleware.Middleware")
         middlewares.append(middleware)
@@ -157,7 +159,9 @@ async def start(settings: Settings) -> Sidecar:
         )
         chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
             ChatService(
-                engine, store, default_model=settings.default_model,
+                engine,
+                store,
+                default_model=settings.default_model,
                 max_message_bytes=settings.limits.max_message_bytes,
             ),
             server,
@@ -165,7 +169,11 @@ async def start(settings: Settings) -> Sidecar:
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
             server,
         )
         try:
@@ -181,7 +189,13 @@ async def start(settings: Settings) -> Sidecar:
     for service in ("", SERVICE_NAME):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
     host = settings.listen.rpartition(":")[0]
-    log.info("turnwire listening on %s:%d (store %s, default model %s)", host, port, settings.store.url, settings.default_model)
+    log.info(
+        "turnwire listening on %s:%d (store %s, default model %s)",
+        host,
+        port,
+        settings.store.url,
+        settings.default_model,
+    )
     return Sidecar(server, engine, store, providers, health, port, settings)
 
 

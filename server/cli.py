@@ -35,9 +35,7 @@ def _configure_logging(level: str) -> None:
 @app.command()
 def serve(
     listen: Annotated[str | None, typer.Option(help="Address to listen on, HOST:PORT.")] = None,
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="YAML configuration file.")
-    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file.")] = None,
     store: Annotated[str | None, typer.Option(help="Store URL, e.g. sqlite:///turnwire.db.")] = None,
 ) -> None:
     """Run the sidecar until SIGTERM or SIGINT (then stop gracefully and exit 0)."""
@@ -105,6 +103,8 @@ def demo(
     """Start the sidecar on its embedded defaults, hold a conversation that calls tools, stop it."""
     from server.demo import run_demo
 
+    workdir = workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
     raise typer.Exit(asyncio.run(run_demo(workdir)))
 
 

@@ -97,9 +97,7 @@ class StoreCheckpointSettings(_Section):
 class Settings(BaseSettings):
     """Everything the sidecar reads at start."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="TURNWIRE_", env_nested_delimiter="__", extra="forbid"
-    )
+    model_config = SettingsConfigDict(env_prefix="TURNWIRE_", env_nested_delimiter="__", extra="forbid")
     _yaml_file: ClassVar[Path | None] = None
 
     listen: str = "127.0.0.1:50051"

@@ -161,9 +161,7 @@ class _TurnRenderer:
         self.model = ""
         self.events_seen = 0
 
-    async def tee(
-        self, events: AsyncIterator[event_pb2.TurnEvent]
-    ) -> AsyncIterator[event_pb2.TurnEvent]:
+    async def tee(self, events: AsyncIterator[event_pb2.TurnEvent]) -> AsyncIterator[event_pb2.TurnEvent]:
         """Pass ``events`` through, rendering each once the consumer has accepted it."""
         try:
             async for event in events:
@@ -179,9 +177,7 @@ class _TurnRenderer:
         """Print inline text without wrapping or markup; tracks whether a line is open."""
         if not text:
             return
-        self.console.print(
-            Text(text, style=style), end="", soft_wrap=True, highlight=False, markup=False
-        )
+        self.console.print(Text(text, style=style), end="", soft_wrap=True, highlight=False, markup=False)
         self.at_line_start = text.endswith("\n")
 
     def end_line(self) -> None:
@@ -278,9 +274,7 @@ def _print_status_line(out: Console, result: TurnResult, model: str) -> None:
     out.print(line, soft_wrap=True, highlight=False)
 
 
-def _print_call_error(
-    out: Console, target: str, error: TurnwireError, *, mid_turn: bool = False
-) -> int:
+def _print_call_error(out: Console, target: str, error: TurnwireError, *, mid_turn: bool = False) -> int:
     if error.code == grpc.StatusCode.UNAVAILABLE and not error.reason:
         problem = (
             f"lost the connection to the sidecar at {target}"

@@ -34,9 +34,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def wait_until_serving(target: str, timeout: float = 30.0) -> None:
+async def wait_until_serving(target: str, limit_s: float = 30.0) -> None:
     """Poll the standard health service until SERVING. Raises TimeoutError."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + limit_s
     async with grpc.aio.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
@@ -47,22 +47,30 @@ async def wait_until_serving(target: str, timeout: float = 30.0) -> None:
             except grpc.aio.AioRpcError:
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the sidecar at {target} did not become SERVING in {timeout:g} s")
+                raise TimeoutError(f"the sidecar at {target} did not become SERVING in {limit_s:g} s")
             await asyncio.sleep(0.1)
 
 
 async def run_demo(workdir: Path) -> int:
-    """Run the demo; returns a process exit code (0 when every step worked)."""
+    """Run the demo in ``workdir`` (an existing directory); returns a process exit code."""
     console = Console()
-    workdir.mkdir(parents=True, exist_ok=True)
     target = f"127.0.0.1:{free_port()}"
     log_path = workdir / "turnwire-demo.log"
     console.rule("[bold]Turnwire demo")
-    console.print(f"starting [bold]turnwire serve --listen {target}[/] in {workdir.resolve()} (log: {log_path})")
+    console.print(
+        f"starting [bold]turnwire serve --listen {target}[/] in {workdir} (log: {log_path})"
+    )
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "server", "serve", "--listen", target,
-            cwd=workdir, stdout=log, stderr=log,
+            sys.executable,
+            "-m",
+            "server",
+            "serve",
+            "--listen",
+            target,
+            cwd=workdir,
+            stdout=log,
+            stderr=log,
         )
         code = 1
         try:

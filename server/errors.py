@@ -56,7 +56,9 @@ class TurnwireStatusError(Exception):
         )
 
 
-def invalid_argument(violations: Sequence[tuple[str, str]], reason: str = "INVALID_FIELD") -> TurnwireStatusError:
+def invalid_argument(
+    violations: Sequence[tuple[str, str]], reason: str = "INVALID_FIELD"
+) -> TurnwireStatusError:
     """INVALID_ARGUMENT whose message lists each (field, what to fix) pair."""
     message = "; ".join(f"{field}: {description}" for field, description in violations)
     return TurnwireStatusError(

@@ -65,7 +65,9 @@ def _not_found(conversation_id: str) -> TurnwireStatusError:
 
 def _store_unavailable(error: StoreError) -> TurnwireStatusError:
     return TurnwireStatusError(
-        grpc.StatusCode.UNAVAILABLE, f"store unavailable: {error}", reason="STORE_UNAVAILABLE",
+        grpc.StatusCode.UNAVAILABLE,
+        f"store unavailable: {error}",
+        reason="STORE_UNAVAILABLE",
         retry_after=1.0,
     )
 
@@ -76,7 +78,9 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
     ``max_message_bytes`` bounds each input message (``limits.max_message_bytes``).
     """
 
-    def __init__(self, engine: TurnEngine, store: Store, *, default_model: str, max_message_bytes: int) -> None:
+    def __init__(
+        self, engine: TurnEngine, store: Store, *, default_model: str, max_message_bytes: int
+    ) -> None:
         self.engine = engine
         self.store = store
         self.default_model = default_model
@@ -84,7 +88,7 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
 
     # --- turn-running RPCs ---------------------------------------------------
 
-    async def Chat(  # noqa: N802 (gRPC method name)
+    async def Chat(
         self, request: chat_service_pb2.ChatRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
         """Append one user message and stream the turn."""
@@ -95,42 +99,23 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
                 violations.append(("message", "is required: a user message with at least one part"))
             else:
                 check_message(
-                    request.message, "message", violations,
-                    max_bytes=self.max_message_bytes, default_role=message_pb2.ROLE_USER,
+                    request.message,
+                    "message",
+                    violations,
+                    max_bytes=self.max_message_bytes,
+                    default_role=message_pb2.ROLE_USER,
                 )
                 if request.message.role != message_pb2.ROLE_USER:
                     violations.append(("message.role", "must be ROLE_USER (or unset) in Chat"))
             raise_if_any(violations)
             handle = self._start(
-                context, chat_service_pb2.ChatResponse, request.conversation_id, request.request_id,
-                [request.message], request.body, request.model, continuation=False,
-            )
-        except TurnwireStatusError as error:
-            await abort(context, error)
-            return
-        async for response in self._stream(handle):
-            yield response
-
-    async def SaveMessages(  # noqa: N802
-        self, request: chat_service_pb2.SaveMessagesRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[chat_service_pb2.SaveMessagesResponse]:
-        """Append zero or more messages and stream the turn."""
-        try:
-            violations: list[tuple[str, str]] = []
-            self._check_common(request.conversation_id, request.request_id, violations)
-            seen: set[str] = set()
-            for index, message in enumerate(request.messages):
-                check_message(
-                    message, f"messages[{index}]", violations,
-                    max_bytes=self.max_message_bytes, default_role=None,
-                )
-                if message.id in seen:
-                    violations.append((f"messages[{index}].id", f"duplicates an earlier message id {message.id!r}"))
-                seen.add(message.id)
-            raise_if_any(violations)
-            handle = self._start(
-                context, chat_service_pb2.SaveMessagesResponse, request.conversation_id,
-                request.request_id, list(request.messages), request.body, request.model,
+                context,
+                response_type=chat_service_pb2.ChatResponse,
+                conversation_id=request.conversation_id,
+                request_id=request.request_id,
+                messages=[request.message],
+                body=request.body,
+                model=request.model,
                 continuation=False,
             )
         except TurnwireStatusError as error:
@@ -139,8 +124,53 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
         async for response in self._stream(handle):
             yield response
 
-    async def ContinueLastTurn(  # noqa: N802
-        self, request: chat_service_pb2.ContinueLastTurnRequest, context: grpc.aio.ServicerContext[Any, Any]
+    async def SaveMessages(
+        self,
+        request: chat_service_pb2.SaveMessagesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[chat_service_pb2.SaveMessagesResponse]:
+        """Append zero or more messages and stream the turn."""
+        try:
+            violations: list[tuple[str, str]] = []
+            self._check_common(request.conversation_id, request.request_id, violations)
+            seen: set[str] = set()
+            for index, message in enumerate(request.messages):
+                check_message(
+                    message,
+                    f"messages[{index}]",
+                    violations,
+                    max_bytes=self.max_message_bytes,
+                    default_role=None,
+                )
+                if message.id in seen:
+                    violations.append(
+                        (
+                            f"messages[{index}].id",
+                            f"duplicates an earlier message id {message.id!r}",
+                        )
+                    )
+                seen.add(message.id)
+            raise_if_any(violations)
+            handle = self._start(
+                context,
+                response_type=chat_service_pb2.SaveMessagesResponse,
+                conversation_id=request.conversation_id,
+                request_id=request.request_id,
+                messages=list(request.messages),
+                body=request.body,
+                model=request.model,
+                continuation=False,
+            )
+        except TurnwireStatusError as error:
+            await abort(context, error)
+            return
+        async for response in self._stream(handle):
+            yield response
+
+    async def ContinueLastTurn(
+        self,
+        request: chat_service_pb2.ContinueLastTurnRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[chat_service_pb2.ContinueLastTurnResponse]:
         """Let the model continue after the last assistant message (or end at once, SKIPPED)."""
         try:
@@ -150,8 +180,14 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
             if await self._get_record(request.conversation_id) is None:
                 raise _not_found(request.conversation_id)
             handle = self._start(
-                context, chat_service_pb2.ContinueLastTurnResponse, request.conversation_id,
-                request.request_id, [], request.body, request.model, continuation=True,
+                context,
+                response_type=chat_service_pb2.ContinueLastTurnResponse,
+                conversation_id=request.conversation_id,
+                request_id=request.request_id,
+                messages=[],
+                body=request.body,
+                model=request.model,
+                continuation=True,
             )
         except TurnwireStatusError as error:
             await abort(context, error)
@@ -166,13 +202,13 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
     def _start(
         self,
         context: grpc.aio.ServicerContext[Any, Any],
+        *,
         response_type: Callable[[], Any],
         conversation_id: str,
         request_id: str,
         messages: list[message_pb2.Message],
         body: Any,
         model: str,
-        *,
         continuation: bool,
     ) -> TurnHandle:
         parent = ""
@@ -211,8 +247,10 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
         except StoreError as error:
             raise _store_unavailable(error) from error
 
-    async def GetConversation(  # noqa: N802
-        self, request: chat_service_pb2.GetConversationRequest, context: grpc.aio.ServicerContext[Any, Any]
+    async def GetConversation(
+        self,
+        request: chat_service_pb2.GetConversationRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> chat_service_pb2.GetConversationResponse:
         """The conversation with its messages, oldest first."""
         try:
@@ -233,8 +271,10 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
         conversation.messages.extend(messages)
         return chat_service_pb2.GetConversationResponse(conversation=conversation)
 
-    async def ListConversations(  # noqa: N802
-        self, request: chat_service_pb2.ListConversationsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    async def ListConversations(
+        self,
+        request: chat_service_pb2.ListConversationsRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> chat_service_pb2.ListConversationsResponse:
         """One page of conversations, most recently updated first (AIP-158)."""
         try:
@@ -245,7 +285,13 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
                 records, token = await self.store.list_conversations(page_size, request.page_token)
             except InvalidPageToken:
                 raise invalid_argument(
-                    [("page_token", "is not a token this server issued; pass next_page_token unchanged or leave it empty")],
+                    [
+                        (
+                            "page_token",
+                            "is not a token this server issued; "
+                            "pass next_page_token unchanged or leave it empty",
+                        )
+                    ],
                     reason="INVALID_PAGE_TOKEN",
                 ) from None
             except StoreError as error:
@@ -257,8 +303,10 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
             conversations=[_conversation(r) for r in records], next_page_token=token
         )
 
-    async def CancelChat(  # noqa: N802
-        self, request: chat_service_pb2.CancelChatRequest, context: grpc.aio.ServicerContext[Any, Any]
+    async def CancelChat(
+        self,
+        request: chat_service_pb2.CancelChatRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> chat_service_pb2.CancelChatResponse:
         """Cancel a running or queued turn; a no-op for unknown or finished ones."""
         violations: list[tuple[str, str]] = []

@@ -30,9 +30,7 @@ def check_id(value: str, field: str, violations: list[tuple[str, str]], *, requi
         return
     if not ID_PATTERN.match(value):
         shown = value if len(value) <= 40 else value[:40] + "…"
-        violations.append(
-            (field, f"{shown!r} is not a valid id; use 1-128 characters of [A-Za-z0-9._:-]")
-        )
+        violations.append((field, f"{shown!r} is not a valid id; use 1-128 characters of [A-Za-z0-9._:-]"))
 
 
 def new_request_id() -> str:
@@ -73,7 +71,10 @@ def check_message(
     size = message.ByteSize()
     if size > max_bytes:
         violations.append(
-            (field, f"is {size:,} bytes; the limit is {max_bytes:,} bytes (limits.max_message_bytes)")
+            (
+                field,
+                f"is {size:,} bytes; the limit is {max_bytes:,} bytes (limits.max_message_bytes)",
+            )
         )
     check_id(message.id, f"{field}.id", violations, required=False)
     if not message.id:

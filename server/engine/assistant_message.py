@@ -118,9 +118,7 @@ class AssistantMessage:
         """Record a complete call (input available, or an input error when ``chunk.error``)."""
         part = self._tool_parts.get(chunk.tool_call_id)
         call = (
-            part.tool_call
-            if part is not None
-            else self.start_tool_call(chunk.tool_call_id, chunk.tool_name)
+            part.tool_call if part is not None else self.start_tool_call(chunk.tool_call_id, chunk.tool_name)
         )
         call.tool_name = chunk.tool_name
         if chunk.input is not None:
@@ -139,7 +137,9 @@ class AssistantMessage:
         """The stored part of call ``tool_call_id``."""
         return self._tool_parts[tool_call_id].tool_call
 
-    def set_output(self, tool_call_id: str, output: Any, *, preliminary: bool = False) -> message_pb2.ToolCallPart:
+    def set_output(
+        self, tool_call_id: str, output: Any, *, preliminary: bool = False
+    ) -> message_pb2.ToolCallPart:
         """Record a (preliminary) result. Raises TypeError when ``output`` is not JSON-serializable."""
         call = self._tool_parts[tool_call_id].tool_call
         call.output.CopyFrom(to_value(output))
@@ -160,11 +160,15 @@ class AssistantMessage:
         """Give every call still without a result an error (cancel, failure)."""
         for part in self._tool_parts.values():
             call = part.tool_call
-            if call.state not in (
-                message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
-                message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
-                message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED,
-            ) or call.preliminary:
+            if (
+                call.state
+                not in (
+                    message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
+                    message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
+                    message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED,
+                )
+                or call.preliminary
+            ):
                 self.set_error(call.tool_call_id, error_text)
 
     def add_source(self, chunk: chunks.Source) -> None:

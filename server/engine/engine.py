@@ -178,7 +178,9 @@ class TurnEngine:
             self.providers.resolve(request.model)
         except UnknownModel as error:
             raise TurnwireStatusError(
-                grpc.StatusCode.INVALID_ARGUMENT, str(error), reason="UNKNOWN_MODEL",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                str(error),
+                reason="UNKNOWN_MODEL",
                 field_violations=[("model", str(error))],
             ) from None
 
@@ -201,7 +203,11 @@ class TurnEngine:
         for task in pending:
             task.cancel()
         if pending:
-            log.warning("shutdown: cancelled %d turn(s) still running after %.1f s", len(pending), grace_seconds)
+            log.warning(
+                "shutdown: cancelled %d turn(s) still running after %.1f s",
+                len(pending),
+                grace_seconds,
+            )
             await asyncio.wait(pending)
 
     async def recover(self) -> int:
@@ -225,6 +231,8 @@ class TurnEngine:
             await self.store.finish_turn(record, reply)
             log.warning(
                 "recovered turn %s of conversation %s as interrupted (reply %s)",
-                turn.request_id, turn.conversation_id, "kept" if reply is not None else "none",
+                turn.request_id,
+                turn.conversation_id,
+                "kept" if reply is not None else "none",
             )
         return len(turns)

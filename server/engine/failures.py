@@ -8,7 +8,7 @@ from google.rpc import status_pb2
 from middleware import ErrorStage, HookError
 from server.errors import TurnwireStatusError, build_status
 from server.providers import ProviderError, UnknownModel
-from server.store.base import MessageIdConflict, StoreError
+from server.store.base import MessageIdConflict, StoreError, TurnAlreadyExists
 
 
 class TurnFailure(Exception):
@@ -41,8 +41,11 @@ def _provider_status(error: ProviderError) -> status_pb2.Status:
         metadata["provider_error_code"] = error.code
     retry_after = error.retry_after if error.retry_after is not None else (1.0 if error.retryable else None)
     return build_status(
-        code, f"model provider error: {error.message}", reason="PROVIDER_ERROR",
-        retry_after=retry_after, metadata=metadata,
+        code,
+        f"model provider error: {error.message}",
+        reason="PROVIDER_ERROR",
+        retry_after=retry_after,
+        metadata=metadata,
     )
 
 
@@ -54,25 +57,44 @@ def status_of(error: BaseException, stage: ErrorStage) -> status_pb2.Status:
         return _provider_status(error)
     if isinstance(error, UnknownModel):
         return build_status(
-            grpc.StatusCode.INVALID_ARGUMENT, str(error), reason="UNKNOWN_MODEL",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            str(error),
+            reason="UNKNOWN_MODEL",
             field_violations=[("model", str(error))],
         )
     if isinstance(error, HookError):
         return build_status(
-            grpc.StatusCode.INTERNAL, str(error), reason="HOOK_FAILED",
+            grpc.StatusCode.INTERNAL,
+            str(error),
+            reason="HOOK_FAILED",
             metadata={"middleware": error.middleware, "hook": error.hook, "stage": stage},
         )
     if isinstance(error, MessageIdConflict):
         return build_status(
-            grpc.StatusCode.ALREADY_EXISTS, str(error), reason="INVALID_FIELD",
-            field_violations=[("message.id", "choose an id not used in this conversation, or leave it empty")],
+            grpc.StatusCode.ALREADY_EXISTS,
+            str(error),
+            reason="INVALID_FIELD",
+            field_violations=[
+                ("message.id", "choose an id not used in this conversation, or leave it empty")
+            ],
+        )
+    if isinstance(error, TurnAlreadyExists):
+        return build_status(
+            grpc.StatusCode.ALREADY_EXISTS,
+            str(error),
+            reason="INVALID_FIELD",
+            field_violations=[("request_id", "already used by an earlier turn; use a new request_id")],
         )
     if isinstance(error, StoreError):
         return build_status(
-            grpc.StatusCode.UNAVAILABLE, f"store unavailable: {error}", reason="STORE_UNAVAILABLE",
+            grpc.StatusCode.UNAVAILABLE,
+            f"store unavailable: {error}",
+            reason="STORE_UNAVAILABLE",
             retry_after=1.0,
         )
     return build_status(
-        grpc.StatusCode.INTERNAL, f"internal error at stage {stage}: {type(error).__name__}: {error}",
-        reason="INTERNAL", metadata={"stage": stage},
+        grpc.StatusCode.INTERNAL,
+        f"internal error at stage {stage}: {type(error).__name__}: {error}",
+        reason="INTERNAL",
+        metadata={"stage": stage},
     )

@@ -39,21 +39,21 @@ class ToolCallRunner:
         tool = turn.tools.get(call.tool_name)
         error = call.error
         if error is None and (tool is None or call.tool_name not in allowed):
-            available = ", ".join(sorted(allowed)) or "none"
-            error = f"Model tried to call unavailable tool '{call.tool_name}'. Available tools: {available}."
+            names = ", ".join(sorted(allowed)) or "none"
+            error = f"Model tried to call unavailable tool '{call.tool_name}'. Available tools: {names}."
             turn.assistant.set_error(call.tool_call_id, error)
         if error is not None or tool is None:
             self._had_results = True
-            event = turn.writer.new().tool_input_error
-            event.tool_call_id = call.tool_call_id
-            event.tool_name = call.tool_name
-            event.raw_input = call.raw_input
-            event.error_text = error or ""
+            input_error = turn.writer.new().tool_input_error
+            input_error.tool_call_id = call.tool_call_id
+            input_error.tool_name = call.tool_name
+            input_error.raw_input = call.raw_input
+            input_error.error_text = error or ""
             return
-        event = turn.writer.new().tool_input_available
-        event.tool_call_id = call.tool_call_id
-        event.tool_name = call.tool_name
-        event.input.CopyFrom(turn.assistant.tool_call(call.tool_call_id).input)
+        available = turn.writer.new().tool_input_available
+        available.tool_call_id = call.tool_call_id
+        available.tool_name = call.tool_name
+        available.input.CopyFrom(turn.assistant.tool_call(call.tool_call_id).input)
         self._pending.append((call, tool))
 
     async def run_pending(self, step_number: int) -> bool:

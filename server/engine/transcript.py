@@ -64,7 +64,9 @@ def from_value(value: struct_pb2.Value) -> Any:
     return json_format.MessageToDict(value)
 
 
-def repair_unresolved_tool_calls(messages: Sequence[message_pb2.Message]) -> list[message_pb2.Message]:
+def repair_unresolved_tool_calls(
+    messages: Sequence[message_pb2.Message],
+) -> list[message_pb2.Message]:
     """Give every tool call without a result an errored result, in place.
 
     Returns the messages that changed (to be stored). A call whose input is

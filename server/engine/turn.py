@@ -41,6 +41,7 @@ from middleware import (
     TurnContext,
 )
 from middleware.chain import active_tool_names
+from middleware.context import TurnOutcome
 from server.engine.assistant_message import AssistantMessage
 from server.engine.events import EventWriter
 from server.engine.failures import TurnFailure, status_of
@@ -69,6 +70,12 @@ _FINISH_REASONS = {
 }
 
 ABORTED_TOOL_ERROR = "The tool call was aborted before it finished."
+
+_OUTCOMES: dict[str, TurnOutcome] = {
+    "completed": "completed",
+    "error": "error",
+    "aborted": "aborted",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +207,8 @@ class TurnRun:
                 state="running",
                 start_time=self.assistant.message.create_time.ToDatetime(dt.UTC),
             )
+            for message in request.messages:
+                message.create_time.CopyFrom(self.assistant.message.create_time)
             try:
                 await self.store.start_turn(self._record, request.messages)
             except Exception as error:
@@ -224,9 +233,7 @@ class TurnRun:
     async def _store_result(self) -> None:
         if self._record is None or not self.messages_persisted:
             return
-        if self.state == "aborted":
-            self.assistant.fail_unresolved(ABORTED_TOOL_ERROR)
-        elif self.state == "error":
+        if self.state in ("aborted", "error"):
             self.assistant.fail_unresolved(ABORTED_TOOL_ERROR)
         message = self.assistant.finalize()
         if self._checkpoint is not None:
@@ -259,22 +266,21 @@ class TurnRun:
         request = self.request
         if self.state == "error":
             await self._surface_error()
-        if self.state in ("completed", "aborted") or (
-            self.state == "error" and self.stored_message is not None
-        ):
-            if self.state == "completed" or self.stored_message is not None:
-                message = self.stored_message or self.assistant.message
-                await self.chain.on_chat_response(
-                    ChatResponseResult(
-                        conversation_id=request.conversation_id,
-                        request_id=request.request_id,
-                        message=message,
-                        continuation=request.continuation,
-                        status="completed" if self.state == "completed" else self.state,  # type: ignore[arg-type]
-                        error=self.error,
-                    ),
-                    self.timeline,
-                )
+        # on_chat_response: every completed turn, and an errored or aborted one
+        # whose partial reply was stored (THINK-SEMANTICS.md section 3).
+        outcome = _OUTCOMES.get(self.state)
+        if outcome is not None and (outcome == "completed" or self.stored_message is not None):
+            await self.chain.on_chat_response(
+                ChatResponseResult(
+                    conversation_id=request.conversation_id,
+                    request_id=request.request_id,
+                    message=self.stored_message or self.assistant.message,
+                    continuation=request.continuation,
+                    status=outcome,
+                    error=self.error,
+                ),
+                self.timeline,
+            )
         self._end_event()
 
     def _end_event(self) -> None:
@@ -406,25 +412,18 @@ class TurnRun:
                 provider, model_name = self.providers.resolve(model_id)
             except LookupError as error:
                 raise TurnFailure("step", error) from error
-            active = (
-                step_config.active_tools
-                if step_config.active_tools is not None
-                else config.active_tools
-            )
+            active = step_config.active_tools if step_config.active_tools is not None else config.active_tools
             allowed = active_tool_names(self.tools, active)
             step_settings = settings
             if step_config.provider_options:
                 step_settings = dataclasses.replace(
-                    settings, provider_options={**settings.provider_options, **step_config.provider_options}
+                    settings,
+                    provider_options={**settings.provider_options, **step_config.provider_options},
                 )
             model_request = ModelRequest(
                 model=model_name,
                 system=step_config.system if step_config.system is not None else ctx.system,
-                messages=(
-                    step_config.messages
-                    if step_config.messages is not None
-                    else step_ctx.messages
-                ),
+                messages=(step_config.messages if step_config.messages is not None else step_ctx.messages),
                 tools=[definition_of(self.tools[name]) for name in allowed],
                 tool_choice=step_config.tool_choice or config.tool_choice or "auto",
                 settings=step_settings,
@@ -434,7 +433,9 @@ class TurnRun:
             self._step_messages = model_request.messages
             self.assistant.start_step()
             self.writer.new().step_start.step_number = step_number
-            finish = await self._stream_step(provider.stream(model_request), step_number, set(allowed), runner)
+            finish = await self._stream_step(
+                provider.stream(model_request), step_number, set(allowed), runner
+            )
             had_tool_results = await runner.run_pending(step_number)
             self.assistant.close_all()
             result = StepResult(
@@ -444,8 +445,13 @@ class TurnRun:
                 reasoning_text="".join(r.text for r in self.assistant.step_reasoning()),
                 tool_calls=self.assistant.step_tool_calls(),
                 tool_results=[
-                    c for c in self.assistant.step_tool_calls()
-                    if c.state in (message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE, message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR)
+                    c
+                    for c in self.assistant.step_tool_calls()
+                    if c.state
+                    in (
+                        message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
+                        message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
+                    )
                 ],
                 finish_reason=finish.finish_reason,
                 raw_finish_reason=finish.raw_finish_reason,
@@ -516,9 +522,9 @@ class TurnRun:
                             assistant.append(chunk.id, chunk.delta)
                             writer.reasoning_delta(chunk.id, chunk.delta)
                     elif kind is chunks.ToolInputDelta:
-                        event = writer.new().tool_input_delta
-                        event.tool_call_id = chunk.tool_call_id
-                        event.input_text_delta = chunk.delta
+                        input_delta = writer.new().tool_input_delta
+                        input_delta.tool_call_id = chunk.tool_call_id
+                        input_delta.input_text_delta = chunk.delta
                     elif kind is chunks.TextStart:
                         assistant.open_block(chunk.id, "text")
                         writer.new().text_start.id = chunk.id
@@ -535,9 +541,9 @@ class TurnRun:
                             writer.new().reasoning_end.id = chunk.id
                     elif kind is chunks.ToolInputStart:
                         assistant.start_tool_call(chunk.tool_call_id, chunk.tool_name)
-                        event = writer.new().tool_input_start
-                        event.tool_call_id = chunk.tool_call_id
-                        event.tool_name = chunk.tool_name
+                        input_start = writer.new().tool_input_start
+                        input_start.tool_call_id = chunk.tool_call_id
+                        input_start.tool_name = chunk.tool_name
                     elif kind is chunks.ToolCall:
                         runner.accept(chunk, allowed)
                     elif kind is chunks.Source:

@@ -123,7 +123,8 @@ class StaticScript:
         return self.steps[min(request.step_number, len(self.steps) - 1)]
 
 
-_ARITHMETIC = re.compile(r"(-?\d+(?:\.\d+)?(?:\s*[-+*/x×]\s*-?\d+(?:\.\d+)?)+)")
+_ARITHMETIC = re.compile(r"[-\d(][\d\s.+\-*/()%×x]*[\d)]")
+_OPERATOR = re.compile(r"\d\s*[-+*/%×x]\s*[-\d(]")
 _WEATHER = re.compile(r"weather\s+(?:in|for|at)\s+([A-Za-zÀ-ÿ .'-]+?)(?:[?.!,]|$)", re.IGNORECASE)
 _TIME = re.compile(r"\b(time|clock|date|today)\b", re.IGNORECASE)
 _ZONE = re.compile(r"\b(?:in|for)\s+([A-Za-z]+/[A-Za-z_]+|UTC)\b")
@@ -136,7 +137,9 @@ def _last_user_text(messages: Sequence[message_pb2.Message]) -> str:
     return ""
 
 
-def _trailing_tool_results(messages: Sequence[message_pb2.Message]) -> list[message_pb2.ToolCallPart]:
+def _trailing_tool_results(
+    messages: Sequence[message_pb2.Message],
+) -> list[message_pb2.ToolCallPart]:
     """Tool calls with results in the current turn's assistant message (after its last step start)."""
     if not messages or messages[-1].role != message_pb2.ROLE_ASSISTANT:
         return []
@@ -178,8 +181,9 @@ class DemoScript:
     def _tool_call(text: str, tools: set[str]) -> ScriptedToolCall | None:
         if (match := _WEATHER.search(text)) and "get_weather" in tools:
             return ScriptedToolCall(name="get_weather", input={"city": match.group(1).strip()})
-        if (match := _ARITHMETIC.search(text)) and "calculator" in tools:
-            expression = match.group(1).replace("x", "*").replace("×", "*")
+        arithmetic = [m for m in _ARITHMETIC.findall(text) if _OPERATOR.search(m)]
+        if arithmetic and "calculator" in tools:
+            expression = max(arithmetic, key=len).strip().replace("x", "*").replace("×", "*")
             return ScriptedToolCall(name="calculator", input={"expression": expression})
         if _TIME.search(text) and "get_current_time" in tools:
             zone = _ZONE.search(text)
@@ -253,7 +257,9 @@ class ScriptedProvider:
         if script is None:
             raise ProviderError(
                 f"scripted model {request.model!r} has no script; known: {sorted(self.scripts)}",
-                status=404, type="not_found_error", provider=self.name,
+                status=404,
+                type="not_found_error",
+                provider=self.name,
             )
         step = script.step(request)
         delay = step.delay_ms / 1000.0
@@ -264,9 +270,13 @@ class ScriptedProvider:
             nonlocal sent
             if step.error is not None and sent >= step.error.after_chunks:
                 raise ProviderError(
-                    step.error.message, status=step.error.status, type=step.error.type,
-                    code=step.error.code, retryable=step.error.retryable,
-                    retry_after=step.error.retry_after, provider=self.name,
+                    step.error.message,
+                    status=step.error.status,
+                    type=step.error.type,
+                    code=step.error.code,
+                    retryable=step.error.retryable,
+                    retry_after=step.error.retry_after,
+                    provider=self.name,
                     body={"error": {"type": step.error.type, "message": step.error.message}},
                 )
             sent += 1

@@ -8,6 +8,7 @@ from server.store.base import (
     MessageIdConflict,
     Store,
     StoreError,
+    TurnAlreadyExists,
     TurnRecord,
     TurnState,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "SqliteStore",
     "Store",
     "StoreError",
+    "TurnAlreadyExists",
     "TurnRecord",
     "TurnState",
     "open_store",

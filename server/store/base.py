@@ -34,11 +34,17 @@ class MessageIdConflict(StoreError):
     """A message with the same id already exists in the conversation."""
 
     def __init__(self, conversation_id: str, message_id: str) -> None:
-        super().__init__(
-            f"message id {message_id!r} already exists in conversation {conversation_id!r}"
-        )
+        super().__init__(f"message id {message_id!r} already exists in conversation {conversation_id!r}")
         self.conversation_id = conversation_id
         self.message_id = message_id
+
+
+class TurnAlreadyExists(StoreError):
+    """A turn with the same request id was already recorded."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"a turn with request_id {request_id!r} already exists")
+        self.request_id = request_id
 
 
 class InvalidPageToken(StoreError):

@@ -38,6 +38,7 @@ from server.store.base import (
     InvalidPageToken,
     MessageIdConflict,
     StoreError,
+    TurnAlreadyExists,
     TurnRecord,
     TurnState,
 )
@@ -157,14 +158,11 @@ def _message_row(message: message_pb2.Message) -> _MessageRow:
         create_us = ts.seconds * 1_000_000 + ts.nanos // 1000
         create_nanos = ts.nanos % 1000
     metadata = (
-        message.metadata.SerializeToString(deterministic=True)
-        if message.HasField("metadata")
-        else None
+        message.metadata.SerializeToString(deterministic=True) if message.HasField("metadata") else None
     )
     # Deterministic bytes, so an unchanged part compares equal and is not rewritten.
     parts = tuple(
-        (part.WhichOneof("kind"), part.SerializeToString(deterministic=True))
-        for part in message.parts
+        (part.WhichOneof("kind"), part.SerializeToString(deterministic=True)) for part in message.parts
     )
     return _MessageRow(message.id, int(message.role), create_us, create_nanos, metadata, parts)
 
@@ -217,9 +215,7 @@ def _conversation_from_row(row: Any) -> ConversationRecord:
 
 
 def _encode_page_token(update_us: int, conversation_id: str) -> str:
-    payload = json.dumps(
-        {"v": _TOKEN_VERSION, "u": update_us, "id": conversation_id}, separators=(",", ":")
-    )
+    payload = json.dumps({"v": _TOKEN_VERSION, "u": update_us, "id": conversation_id}, separators=(",", ":"))
     return base64.urlsafe_b64encode(payload.encode()).decode("ascii").rstrip("=")
 
 
@@ -472,8 +468,7 @@ class SqliteStore:
                     for statement in migration.statements:
                         await db.execute(statement)
                     await db.execute(
-                        "INSERT INTO schema_migrations (version, name, applied_at)"
-                        " VALUES (?, ?, ?)",
+                        "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                         (migration.version, migration.name, self._now_us()),
                     )
                 await db.execute("COMMIT")
@@ -614,12 +609,9 @@ class SqliteStore:
                         raise MessageIdConflict(conversation_id, row.id)
             await _touch_conversation(db, conversation_id, now_us, len(rows))
             if rows:
+                await db.executemany(_INSERT_MESSAGE, [_insert_params(conversation_id, row) for row in rows])
                 await db.executemany(
-                    _INSERT_MESSAGE, [_insert_params(conversation_id, row) for row in rows]
-                )
-                await db.executemany(
-                    "INSERT INTO parts (conversation_id, message_id, idx, kind, data)"
-                    " VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (?, ?, ?, ?, ?)",
                     [
                         (conversation_id, row.id, idx, kind, data)
                         for row in rows
@@ -634,7 +626,7 @@ class SqliteStore:
                     turn_params,
                 )
             except sqlite3.IntegrityError as exc:
-                raise StoreError(f"turn {turn.request_id!r} already exists") from exc
+                raise TurnAlreadyExists(turn.request_id) from exc
 
         await self._submit(apply, f"start_turn({turn.request_id!r})", urgent=True)
 
@@ -782,9 +774,7 @@ class SqliteStore:
                 await db.execute("ROLLBACK")
 
     @staticmethod
-    async def _fetch_one(
-        db: aiosqlite.Connection, sql: str, params: Iterable[Any] = ()
-    ) -> Any | None:
+    async def _fetch_one(db: aiosqlite.Connection, sql: str, params: Iterable[Any] = ()) -> Any | None:
         rows = list(await db.execute_fetchall(sql, params))
         return rows[0] if rows else None
 

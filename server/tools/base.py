@@ -50,9 +50,7 @@ class Tool(Protocol):
     description: str
     input_schema: Mapping[str, Any]
 
-    async def execute(
-        self, input: dict[str, Any], execution: ToolExecution
-    ) -> Any | AsyncIterator[Any]:
+    async def execute(self, input: dict[str, Any], execution: ToolExecution) -> Any | AsyncIterator[Any]:
         """Run the tool on ``input`` (already a JSON object)."""
         ...
 

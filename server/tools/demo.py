@@ -35,7 +35,11 @@ async def get_current_time(input: TimeInput, execution: ToolExecution) -> dict[s
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
         raise ToolError(f"unknown time zone {input.timezone!r}; use an IANA name like Europe/Paris") from None
     now = dt.datetime.now(zone)
-    return {"timezone": input.timezone, "iso": now.isoformat(timespec="seconds"), "weekday": now.strftime("%A")}
+    return {
+        "timezone": input.timezone,
+        "iso": now.isoformat(timespec="seconds"),
+        "weekday": now.strftime("%A"),
+    }
 
 
 class CalculatorInput(BaseModel):
@@ -61,7 +65,11 @@ def _evaluate(node: ast.AST) -> float | int:
     # A whitelist walk of the AST: never eval() model input.
     if isinstance(node, ast.Expression):
         return _evaluate(node.body)
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
+    ):
         return node.value
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
         left, right = _evaluate(node.left), _evaluate(node.right)

@@ -62,8 +62,7 @@ class PythonTool:
                 argument = self.input_model.model_validate(input)
             except ValidationError as error:
                 problems = "; ".join(
-                    f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}"
-                    for e in error.errors()
+                    f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in error.errors()
                 )
                 raise ToolError(f"invalid input for tool {self.name!r}: {problems}") from None
         result = self.function(argument, execution)

@@ -230,9 +230,7 @@ class _TurnCollector:
     def add(self, event: event_pb2.TurnEvent) -> None:
         expected = len(self.events) + 1
         if self.end is not None:
-            raise ProtocolError(
-                f"event {event.sequence_number} ({event.WhichOneof('event')}) after TurnEnd"
-            )
+            raise ProtocolError(f"event {event.sequence_number} ({event.WhichOneof('event')}) after TurnEnd")
         if event.sequence_number != expected:
             raise ProtocolError(f"expected sequence number {expected}, got {event.sequence_number}")
         if self.events:
@@ -325,9 +323,7 @@ class TurnwireClient:
         """Open (or adopt) the channel; see the class docstring for the arguments."""
         self.target = target
         self._owns_channel = channel is None
-        self._channel: grpc.aio.Channel = (
-            grpc.aio.insecure_channel(target) if channel is None else channel
-        )
+        self._channel: grpc.aio.Channel = grpc.aio.insecure_channel(target) if channel is None else channel
         self._metadata: tuple[tuple[str, str], ...] = tuple(metadata)
         # The stub's aio overload is not picked while grpc is untyped; say what it is.
         self._stub = cast(
@@ -497,9 +493,7 @@ class TurnwireClient:
             TurnwireError: ``INVALID_ARGUMENT`` (reason ``INVALID_PAGE_TOKEN``) for a foreign
                 token, or any call failure.
         """
-        request = chat_service_pb2.ListConversationsRequest(
-            page_size=page_size, page_token=page_token
-        )
+        request = chat_service_pb2.ListConversationsRequest(page_size=page_size, page_token=page_token)
         response: chat_service_pb2.ListConversationsResponse = await self._unary(
             self._stub.ListConversations, request, timeout
         )

@@ -1,0 +1,58 @@
+# Turnwire developer commands. Everything installs from this repo's own files:
+# Python packages into .venv/ (pinned by constraints.txt), buf and the Node.js
+# gRPC packages into node_modules/ (pinned by package-lock.json).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BUF := node_modules/.bin/buf
+
+.PHONY: setup demo test test-python test-node lint protos check-protos breaking bench clean
+
+setup: $(VENV)/.installed node_modules/.installed
+
+$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "Python 3.11+ is required (set PYTHON=...)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e clients/python -e '.[dev]'
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+## demo: start the sidecar on its embedded defaults, hold a conversation that calls tools, stop it.
+demo: setup
+	$(VENV)/bin/turnwire demo
+
+## test: every test (Python unit + end-to-end, Node.js client end-to-end).
+test: setup
+	$(PY) -m pytest -q
+	node --test tests/node/
+
+## lint: ruff, mypy, buf lint, buf breaking, generated-code drift.
+lint: setup check-protos breaking
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(BUF) lint
+
+## protos: regenerate clients/python/turnwire/v1 from protos/.
+protos: setup
+	$(BUF) generate
+
+## check-protos: fail when the committed generated code differs from the protos.
+check-protos: setup
+	bash tools/check-generated.sh
+
+## breaking: buf breaking against the previous commit's contract (FILE rules).
+breaking: setup
+	bash tools/check-breaking.sh
+
+## bench: benchmarks (tables, no pass/fail).
+bench: setup
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,217 @@
+"""Run a real ``turnwire serve`` process for end-to-end tests.
+
+:class:`SidecarProcess` writes the YAML config (if any) into a directory, picks
+a free port, starts ``python -m server serve`` there with its own SQLite file,
+and waits until the standard health service says SERVING. Output goes to a
+log file in the same directory, shown in every failure message.
+
+Several processes may run one after the other on the same directory (and so
+the same database) to test restarts; each gets its own log file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+START_TIMEOUT_SECONDS = 20.0
+STOP_TIMEOUT_SECONDS = 20.0
+CONFIG_FILE_NAME = "turnwire.yaml"
+DB_FILE_NAME = "turnwire.db"
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1 (free when asked; the server binds it soon after)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class SidecarError(RuntimeError):
+    """The sidecar did not start or stop as expected; the message holds its log."""
+
+
+class SidecarProcess:
+    """One ``turnwire serve`` child process.
+
+    Args:
+        workdir: Directory for the config file, the SQLite database
+            (``turnwire.db``) and the log files; also the process's working directory.
+        config: The YAML configuration as a dict, written to ``turnwire.yaml``;
+            None starts without ``--config`` (embedded defaults).
+        env: Extra environment variables (e.g. ``TURNWIRE_LOG_LEVEL``). Inherited
+            ``TURNWIRE_*`` variables are dropped so the host cannot leak settings in.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        config: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.extra_env = dict(env or {})
+        self.port = free_port()
+        self.db_path = self.workdir / DB_FILE_NAME
+        self.config_path: Path | None = None
+        if config is not None:
+            self.config_path = self.workdir / CONFIG_FILE_NAME
+            self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.log_path = _next_log_path(self.workdir)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    # -- addresses ------------------------------------------------------------------------
+
+    @property
+    def target(self) -> str:
+        """``127.0.0.1:PORT``, for a gRPC channel."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def command(self) -> list[str]:
+        """The command line the process runs."""
+        command = [
+            sys.executable, "-m", "server", "serve",
+            "--listen", self.target,
+            "--store", f"sqlite:///{self.db_path}",
+        ]
+        if self.config_path is not None:
+            command += ["--config", str(self.config_path)]
+        return command
+
+    @property
+    def pid(self) -> int:
+        """The child's process id (after :meth:`start`)."""
+        return self._running().pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once the process ended, else None."""
+        return None if self.process is None else self.process.poll()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, timeout: float = START_TIMEOUT_SECONDS) -> SidecarProcess:  # noqa: ASYNC109
+        """Start the process and wait until health Check says SERVING; returns ``self``.
+
+        Raises:
+            SidecarError: the process exited, or was not SERVING within ``timeout``
+                seconds (the process is killed); the message includes its log.
+        """
+        if self.process is not None:
+            raise SidecarError("this SidecarProcess was already started; create a new one")
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("TURNWIRE_")}
+        environment["PYTHONUNBUFFERED"] = "1"
+        environment.update(self.extra_env)
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                cwd=self.workdir,
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout
+        async with grpc.aio.insecure_channel(self.target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise SidecarError(
+                        f"the sidecar exited with code {code} while starting:\n{self.log_text()}"
+                    )
+                try:
+                    reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return self
+                except grpc.aio.AioRpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise SidecarError(
+                        f"the sidecar at {self.target} was not SERVING after {timeout:g} s:\n"
+                        f"{self.log_text()}"
+                    )
+                await asyncio.sleep(0.05)
+
+    def start_blocking(self, timeout: float = START_TIMEOUT_SECONDS) -> SidecarProcess:
+        """:meth:`start` for synchronous code (e.g. a module-scoped fixture): runs it on a
+        private event loop in a worker thread, so it works whether or not a loop is running."""
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sidecar-start") as pool:
+            return pool.submit(asyncio.run, self.start(timeout)).result()
+
+    def send_signal(self, signum: int) -> None:
+        """Send ``signum`` without waiting (e.g. SIGTERM while a turn streams)."""
+        process = self._running()
+        if process.poll() is None:
+            process.send_signal(signum)
+
+    async def wait(self, timeout: float = STOP_TIMEOUT_SECONDS) -> int:  # noqa: ASYNC109
+        """Wait (without blocking the event loop) for the process to exit; its exit code.
+
+        Raises:
+            SidecarError: still running after ``timeout`` seconds (it is then killed).
+        """
+        process = self._running()
+        deadline = time.monotonic() + timeout
+        while (code := process.poll()) is None:
+            if time.monotonic() > deadline:
+                self.kill()
+                raise SidecarError(
+                    f"the sidecar did not exit within {timeout:g} s:\n{self.log_text()}"
+                )
+            await asyncio.sleep(0.02)
+        return code
+
+    async def terminate(self, timeout: float = STOP_TIMEOUT_SECONDS) -> int:  # noqa: ASYNC109
+        """SIGTERM (graceful stop), then wait for the exit; returns the exit code."""
+        self.send_signal(signal.SIGTERM)
+        return await self.wait(timeout)
+
+    def kill(self) -> int | None:
+        """SIGKILL and reap the process; its exit code (None if it never started)."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.kill()
+        return self.process.wait()
+
+    def log_text(self) -> str:
+        """Everything the process wrote to stdout and stderr so far."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _running(self) -> subprocess.Popen[bytes]:
+        if self.process is None:
+            raise SidecarError("the sidecar was not started; await start() first")
+        return self.process
+
+    def __repr__(self) -> str:
+        state = "not started" if self.process is None else f"pid {self.process.pid}"
+        return f"SidecarProcess({self.target}, {state}, workdir={self.workdir})"
+
+
+def _next_log_path(workdir: Path) -> Path:
+    index = 1
+    while (path := workdir / f"sidecar-{index}.log").exists():
+        index += 1
+    # Reserve the name now so two processes on one directory never share a log.
+    path.touch()
+    return path

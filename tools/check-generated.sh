@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Regenerates the Python code from protos/ into a scratch directory and fails
+# when it differs from what is committed in clients/python/turnwire/v1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+node_modules/.bin/buf generate -o "$scratch"
+if ! diff -r -x __init__.py -x __pycache__ "$scratch/clients/python/turnwire/v1" clients/python/turnwire/v1; then
+  echo "generated code is out of date: run 'make protos' and commit the result" >&2
+  exit 1
+fi
+echo "generated code matches protos/"
