@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support.sidecar import SidecarProcess
-
-SidecarFactory = Callable[..., SidecarProcess]
+from support.sidecar import SidecarFactory, SidecarProcess
 
 
 @pytest.fixture

@@ -50,7 +50,7 @@ class TurnHandle:
 
     def cancel(self) -> None:
         """Cancel the turn; it stores its partial reply and ends with TURN_STATUS_ABORTED."""
-        if not self.task.done():
+        if not self.run.ended and not self.task.done():
             self.run.cancelled.set()
             self.task.cancel()
 
@@ -187,7 +187,7 @@ class TurnEngine:
     def cancel(self, request_id: str) -> bool:
         """Cancel a running or queued turn; False when none has that id (a no-op)."""
         handle = self._turns.get(request_id)
-        if handle is None or handle.task.done():
+        if handle is None or handle.run.ended or handle.task.done():
             return False
         handle.cancel()
         return True

@@ -151,6 +151,8 @@ class TurnRun:
         self.stored_message: message_pb2.Message | None = None
         self.messages_persisted = False
         self.cancelled = asyncio.Event()
+        #: Set once the TurnEnd event is queued; cancelling after that is a no-op.
+        self.ended = False
         self._record: TurnRecord | None = None
         self._checkpoint: asyncio.Task[None] | None = None
         self._last_checkpoint = time.monotonic()
@@ -178,6 +180,7 @@ class TurnRun:
                     self._fail_status(TurnFailure("persist", error))
             await self._after_lock()
         finally:
+            self.ended = True
             self.writer.close()
 
     def _start_event(self) -> None:
@@ -348,17 +351,17 @@ class TurnRun:
                 replaced.message = str(surfaced)
                 self.status_error = replaced
         # Think's chat:request:failed: one structured record per failed turn.
+        fields = {
+            "event": "chat:request:failed",
+            "request_id": self.request.request_id,
+            "conversation_id": self.request.conversation_id,
+            "stage": stage,
+            "messages_persisted": self.messages_persisted,
+            "classification": self._classification,
+            "error": str(original),
+        }
         log.warning(
-            "chat request failed",
-            extra={
-                "event": "chat:request:failed",
-                "request_id": self.request.request_id,
-                "conversation_id": self.request.conversation_id,
-                "stage": stage,
-                "messages_persisted": self.messages_persisted,
-                "classification": self._classification,
-                "error": str(original),
-            },
+            "chat request failed %s", " ".join(f"{k}={v!r}" for k, v in fields.items()), extra=fields
         )
 
     # --- the step loop -----------------------------------------------------

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +208,23 @@ class SidecarProcess:
     def __repr__(self) -> str:
         state = "not started" if self.process is None else f"pid {self.process.pid}"
         return f"SidecarProcess({self.target}, {state}, workdir={self.workdir})"
+
+
+SidecarFactory = Callable[..., SidecarProcess]
+"""The ``sidecar_factory`` fixture: ``(config=None, env=None, workdir=None) -> SidecarProcess``."""
+
+
+@contextlib.contextmanager
+def running_sidecar(
+    workdir: Path, config: dict[str, Any] | None = None, env: dict[str, str] | None = None
+) -> Iterator[SidecarProcess]:
+    """A started :class:`SidecarProcess` for synchronous code (module-scoped fixtures);
+    killed on exit."""
+    sidecar = SidecarProcess(workdir, config, env)
+    try:
+        yield sidecar.start_blocking()
+    finally:
+        sidecar.kill()
 
 
 def _next_log_path(workdir: Path) -> Path:
