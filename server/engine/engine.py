@@ -157,7 +157,11 @@ class TurnEngine:
         current = _current_turn.get()
         parent = self._turns.get(parent_request_id) if parent_request_id else None
         for active in (current, parent.run if parent is not None else None):
-            if active is not None and active.request.conversation_id == request.conversation_id:
+            if (
+                active is not None
+                and not active.lock_released
+                and active.request.conversation_id == request.conversation_id
+            ):
                 raise TurnwireStatusError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     "cannot be called from inside an active turn; use SubmitMessages or AddMessages",
@@ -196,12 +200,12 @@ class TurnEngine:
         """Stop admitting; let running turns finish for ``grace_seconds``, then cancel the rest
         (they store their partial replies) and wait for them to end."""
         self._accepting = False
-        tasks = [h.task for h in self._turns.values()]
-        if not tasks:
+        handles = {h.task: h for h in self._turns.values()}
+        if not handles:
             return
-        _, pending = await asyncio.wait(tasks, timeout=grace_seconds)
+        _, pending = await asyncio.wait(handles, timeout=grace_seconds)
         for task in pending:
-            task.cancel()
+            handles[task].cancel()
         if pending:
             log.warning(
                 "shutdown: cancelled %d turn(s) still running after %.1f s",

@@ -39,7 +39,9 @@ def _provider_status(error: ProviderError) -> status_pb2.Status:
         metadata["provider_error_type"] = error.type
     if error.code:
         metadata["provider_error_code"] = error.code
-    retry_after = error.retry_after if error.retry_after is not None else (1.0 if error.retryable else None)
+    retry_after = error.retry_after
+    if retry_after is None and (error.retryable or error.status == 429):
+        retry_after = 1.0
     return build_status(
         code,
         f"model provider error: {error.message}",

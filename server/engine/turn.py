@@ -153,6 +153,8 @@ class TurnRun:
         self.cancelled = asyncio.Event()
         #: Set once the TurnEnd event is queued; cancelling after that is a no-op.
         self.ended = False
+        #: Set once the turn lock is released: on_chat_response may start the next turn.
+        self.lock_released = False
         self._record: TurnRecord | None = None
         self._checkpoint: asyncio.Task[None] | None = None
         self._last_checkpoint = time.monotonic()
@@ -169,6 +171,7 @@ class TurnRun:
                 async with self.store.turn_lock(self.request.conversation_id):
                     self._on_lock_acquired()
                     await self._locked()
+                self.lock_released = True
             except asyncio.CancelledError:
                 # Cancelled while queued for the lock: nothing was stored.
                 if self.state == "running":
@@ -360,9 +363,7 @@ class TurnRun:
             "classification": self._classification,
             "error": str(original),
         }
-        log.warning(
-            "chat request failed %s", " ".join(f"{k}={v!r}" for k, v in fields.items()), extra=fields
-        )
+        log.warning("chat request failed %s", " ".join(f"{k}={v!r}" for k, v in fields.items()), extra=fields)
 
     # --- the step loop -----------------------------------------------------
 

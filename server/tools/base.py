@@ -44,6 +44,10 @@ class Tool(Protocol):
     (dict, list, str, number, bool or None), or returns an async iterator of
     JSON values for a streaming tool. Any exception is the call's error: the
     model sees its message and the turn goes on.
+
+    A tool may also set ``streaming = True`` to say it streams preliminary
+    results; the engine then emits one preliminary result even when a hook
+    blocks or substitutes the call (THINK-SEMANTICS.md section 3).
     """
 
     name: str

@@ -41,6 +41,8 @@ class PythonTool:
         self.name = name
         self.description = description
         self.function = function
+        #: True for an async-generator function: its yields are preliminary results.
+        self.streaming = inspect.isasyncgenfunction(function)
         self.input_model = input_model
         if input_model is not None:
             schema = input_model.model_json_schema()

@@ -14,8 +14,8 @@ import grpc
 import pytest
 from google.protobuf import json_format
 from google.rpc import error_details_pb2
-
 from support.sidecar import SidecarFactory, SidecarProcess, running_sidecar
+
 from turnwire import TurnResult, TurnwireClient, TurnwireError, collect
 from turnwire.v1 import event_pb2, message_pb2
 
@@ -57,9 +57,7 @@ CONFIG = {
                     }
                 ],
                 # Fails before any output: nothing of the assistant is stored.
-                "fails-at-once": [
-                    {"error": {"message": "bad gateway", "status": 502, "after_chunks": 0}}
-                ],
+                "fails-at-once": [{"error": {"message": "bad gateway", "status": 502, "after_chunks": 0}}],
             }
         }
     }
@@ -167,7 +165,9 @@ async def test_tool_call_turn_streams_every_event_and_stores_the_transcript(
         available = next(e.tool_input_available for e in result.events if e.HasField("tool_input_available"))
         assert available.tool_name == "get_weather"
         assert json_format.MessageToDict(available.input) == {"city": "Paris"}
-        output_event = next(e.tool_output_available for e in result.events if e.HasField("tool_output_available"))
+        output_event = next(
+            e.tool_output_available for e in result.events if e.HasField("tool_output_available")
+        )
         assert output_event.tool_call_id == available.tool_call_id
         assert not output_event.preliminary
 
@@ -177,7 +177,11 @@ async def test_tool_call_turn_streams_every_event_and_stores_the_transcript(
         assert message.id == start.message_id
         assert message.role == message_pb2.ROLE_ASSISTANT
         assert [p.WhichOneof("kind") for p in message.parts] == [
-            "step_start", "text", "tool_call", "step_start", "text",
+            "step_start",
+            "text",
+            "tool_call",
+            "step_start",
+            "text",
         ]
         (call,) = result.tool_calls
         assert call.tool_call_id == available.tool_call_id
@@ -213,13 +217,22 @@ async def test_parallel_tool_calls_run_and_usage_is_summed(sidecar: SidecarProce
     assert squeezed_kinds(result) == [
         "turn_start",
         "step_start",
-        "text_start", "text_delta+", "text_end",
-        "tool_input_start", "tool_input_delta", "tool_input_available",
-        "tool_input_start", "tool_input_delta", "tool_input_available",
-        "tool_output_available", "tool_output_available",
+        "text_start",
+        "text_delta+",
+        "text_end",
+        "tool_input_start",
+        "tool_input_delta",
+        "tool_input_available",
+        "tool_input_start",
+        "tool_input_delta",
+        "tool_input_available",
+        "tool_output_available",
+        "tool_output_available",
         "step_finish",
         "step_start",
-        "text_start", "text_delta+", "text_end",
+        "text_start",
+        "text_delta+",
+        "text_end",
         "step_finish",
         "turn_end",
     ]

@@ -87,9 +87,14 @@ class SidecarProcess:
     def command(self) -> list[str]:
         """The command line the process runs."""
         command = [
-            sys.executable, "-m", "server", "serve",
-            "--listen", self.target,
-            "--store", f"sqlite:///{self.db_path}",
+            sys.executable,
+            "-m",
+            "server",
+            "serve",
+            "--listen",
+            self.target,
+            "--store",
+            f"sqlite:///{self.db_path}",
         ]
         if self.config_path is not None:
             command += ["--config", str(self.config_path)]
@@ -114,25 +119,12 @@ class SidecarProcess:
             SidecarError: the process exited, or was not SERVING within ``timeout``
                 seconds (the process is killed); the message includes its log.
         """
-        if self.process is not None:
-            raise SidecarError("this SidecarProcess was already started; create a new one")
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("TURNWIRE_")}
-        environment["PYTHONUNBUFFERED"] = "1"
-        environment.update(self.extra_env)
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                self.command,
-                cwd=self.workdir,
-                env=environment,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        process = self._spawn()
         deadline = time.monotonic() + timeout
         async with grpc.aio.insecure_channel(self.target) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
-                code = self.process.poll()
+                code = process.poll()
                 if code is not None:
                     raise SidecarError(
                         f"the sidecar exited with code {code} while starting:\n{self.log_text()}"
@@ -150,6 +142,24 @@ class SidecarProcess:
                         f"{self.log_text()}"
                     )
                 await asyncio.sleep(0.05)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        # Popen returns once the child is forked; it does not wait for it.
+        if self.process is not None:
+            raise SidecarError("this SidecarProcess was already started; create a new one")
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("TURNWIRE_")}
+        environment["PYTHONUNBUFFERED"] = "1"
+        environment.update(self.extra_env)
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                cwd=self.workdir,
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return self.process
 
     def start_blocking(self, timeout: float = START_TIMEOUT_SECONDS) -> SidecarProcess:
         """:meth:`start` for synchronous code (e.g. a module-scoped fixture): runs it on a
@@ -174,9 +184,7 @@ class SidecarProcess:
         while (code := process.poll()) is None:
             if time.monotonic() > deadline:
                 self.kill()
-                raise SidecarError(
-                    f"the sidecar did not exit within {timeout:g} s:\n{self.log_text()}"
-                )
+                raise SidecarError(f"the sidecar did not exit within {timeout:g} s:\n{self.log_text()}")
             await asyncio.sleep(0.02)
         return code
 

@@ -1,0 +1,86 @@
+"""A load-generating client process: S streams running Chat turns back to back.
+
+Used by the diagnostics that run the server in-process (``turn_phases.py``),
+so the client gets its own process and core. Prints one JSON line:
+events/s, turns/s, and time-to-first-event percentiles (ms) of the turns
+started inside the window.
+
+    python bench/_load.py --target 127.0.0.1:50051 --streams 100 --warm 1 --seconds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import CHAT_METHOD, CLIENT_OPTIONS, chat_request, own_cpu_seconds, percentile  # noqa: E402
+
+from turnwire.v1 import chat_service_pb2  # noqa: E402
+
+
+async def load(target: str, streams: int, warm: float, seconds: float, tag: str) -> dict[str, float]:
+    counts = {"events": 0, "turns": 0}
+    first_event: list[tuple[float, float]] = []  # (call start, seconds to first message)
+    stop = asyncio.Event()
+    async with grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS) as channel:
+        chat = channel.unary_stream(
+            CHAT_METHOD,
+            request_serializer=chat_service_pb2.ChatRequest.SerializeToString,
+            response_deserializer=None,
+        )
+
+        async def worker(w: int) -> None:
+            k = 0
+            while not stop.is_set():
+                start = time.perf_counter()
+                call = chat(chat_request(f"{tag}-{w}-{k}"))
+                if await call.read() is grpc.aio.EOF:
+                    raise RuntimeError(f"empty stream: {await call.code()}")
+                first_event.append((start, time.perf_counter() - start))
+                counts["events"] += 1
+                while await call.read() is not grpc.aio.EOF:
+                    counts["events"] += 1
+                counts["turns"] += 1
+                k += 1
+
+        tasks = [asyncio.create_task(worker(w)) for w in range(streams)]
+        await asyncio.sleep(warm)
+        e0, n0, t0, c0 = counts["events"], counts["turns"], time.perf_counter(), own_cpu_seconds()
+        await asyncio.sleep(seconds)
+        e1, n1, t1, c1 = counts["events"], counts["turns"], time.perf_counter(), own_cpu_seconds()
+        stop.set()
+        await asyncio.gather(*tasks)
+    in_window = [d for s, d in first_event if t0 <= s <= t1]
+    return {
+        "events_per_s": (e1 - e0) / (t1 - t0),
+        "turns_per_s": (n1 - n0) / (t1 - t0),
+        "client_cores": (c1 - c0) / (t1 - t0),
+        "ttfe_p50_ms": percentile(in_window, 50) * 1000,
+        "ttfe_p99_ms": percentile(in_window, 99) * 1000,
+        "window_start": t0,
+        "window_end": t1,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--streams", type=int, default=100)
+    parser.add_argument("--warm", type=float, default=1.0)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--tag", default="load")
+    args = parser.parse_args()
+    result = asyncio.run(load(args.target, args.streams, args.warm, args.seconds, args.tag))
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Durability end to end: restarts, SIGKILL mid-turn, and SIGTERM during a turn.
+
+Every test runs sidecar processes one after the other on the same directory, so
+they share one SQLite database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+import grpc
+from google.protobuf import json_format
+from support.sidecar import SidecarFactory, SidecarProcess
+
+from turnwire import TurnwireClient, TurnwireError, collect
+from turnwire.v1 import event_pb2, message_pb2
+
+WORDS = [f"w{i}" for i in range(60)]
+RESOLVED = (
+    message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
+    message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
+    message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED,
+)
+
+
+def config(*, grace: float = 10.0) -> dict[str, object]:
+    return {
+        "providers": {
+            "scripted": {
+                "scripts": {
+                    # 10 words, 30 ms before each chunk: about 0.35 s.
+                    "short": [{"text": " ".join(WORDS[:10]), "delay_ms": 30}],
+                    # 60 words, 50 ms before each chunk: about 3 s.
+                    "long": [{"text": " ".join(WORDS), "delay_ms": 50}],
+                    # Text, then a tool call; 150 ms before each chunk.
+                    "slow-tool": [
+                        {
+                            "text": "checking the numbers",
+                            "tool_calls": [{"name": "calculator", "input": {"expression": "1 + 1"}}],
+                            "delay_ms": 150,
+                        },
+                        {"text": "it is 2"},
+                    ],
+                    # A complete tool call, then the model pauses 1.2 s before finishing.
+                    "pause-after-call": [
+                        {
+                            "tool_calls": [{"name": "calculator", "input": {"expression": "1 + 1"}}],
+                            "delay_ms": 1200,
+                        },
+                        {"text": "it is 2"},
+                    ],
+                }
+            }
+        },
+        "limits": {"shutdown_grace_seconds": grace},
+        "checkpoint": {"interval_ms": 20},
+    }
+
+
+def text_of(message: message_pb2.Message) -> str:
+    return "".join(p.text.text for p in message.parts if p.WhichOneof("kind") == "text")
+
+
+def streamed_text(events: list[event_pb2.TurnEvent]) -> str:
+    return "".join(e.text_delta.delta for e in events if e.WhichOneof("event") == "text_delta")
+
+
+async def test_conversation_survives_a_graceful_restart(sidecar_factory: SidecarFactory) -> None:
+    first = await sidecar_factory(config()).start()
+    async with TurnwireClient(first.target) as client:
+        result = await collect(client.chat("durable", "What's the weather in Paris?"))
+        assert result.ok, result.error
+        before = await client.get_conversation("durable")
+        listed_before = await client.list_conversations()
+    assert await first.terminate() == 0, first.log_text()
+
+    second = await sidecar_factory(config()).start()
+    async with TurnwireClient(second.target) as client:
+        after = await client.get_conversation("durable")
+        assert after == before
+        assert await client.list_conversations() == listed_before
+        assert after.messages[1] == result.message
+
+        again = await collect(client.chat("durable", "And what is 12 * 7?"))
+        assert again.ok, again.error
+        assert [c.tool_name for c in again.tool_calls] == ["calculator"]
+        final = await client.get_conversation("durable")
+    assert list(final.messages[:2]) == list(before.messages)
+    assert [m.role for m in final.messages[2:]] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
+    assert final.messages[3] == again.message
+    assert await second.terminate() == 0, second.log_text()
+
+
+async def test_sigkill_mid_turn_keeps_the_user_message_and_the_conversation_usable(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    first = await sidecar_factory(config()).start()
+    events: list[event_pb2.TurnEvent] = []
+    async with TurnwireClient(first.target) as client:
+        try:
+            async for event in client.chat("crash", "count for me", model="scripted:slow-tool"):
+                events.append(event)
+                if event.HasField("tool_input_available"):
+                    # Let a checkpoint holding the call (without its result) reach the disk.
+                    await asyncio.sleep(0.1)
+                    first.kill()
+        except TurnwireError as error:
+            assert error.code == grpc.StatusCode.UNAVAILABLE, error
+        else:
+            raise AssertionError(f"the stream should break when the server dies: {events[-1]}")
+    assert not any(e.HasField("turn_end") for e in events)
+    assert first.returncode == -signal.SIGKILL
+
+    second = await sidecar_factory(config()).start()
+    async with TurnwireClient(second.target) as client:
+        stored = await client.get_conversation("crash")
+        assert stored.messages[0].role == message_pb2.ROLE_USER
+        assert text_of(stored.messages[0]) == "count for me"
+        partials = list(stored.messages[1:])
+        assert len(partials) <= 1
+        for partial in partials:
+            assert partial.role == message_pb2.ROLE_ASSISTANT
+            assert "checking the numbers".startswith(text_of(partial))
+            for part in partial.parts:
+                if part.WhichOneof("kind") == "tool_call":
+                    assert part.tool_call.state in RESOLVED, part.tool_call
+
+        result = await collect(client.chat("crash", "What's the weather in Paris?"))
+        assert result.ok, result.error
+        final = await client.get_conversation("crash")
+    assert list(final.messages[: len(stored.messages)]) == list(stored.messages)
+    assert [m.role for m in final.messages[len(stored.messages) :]] == [
+        message_pb2.ROLE_USER,
+        message_pb2.ROLE_ASSISTANT,
+    ]
+    assert final.messages[-1] == result.message
+    assert await second.terminate() == 0, second.log_text()
+
+
+async def test_sigkill_loses_at_most_the_last_few_hundred_ms_of_output(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    """THINK-SEMANTICS.md section 8: a streaming reply is checkpointed often enough that a
+    crash loses at most the last few hundred milliseconds of output. Here the model streamed
+    a complete tool call, then paused; the process dies 700 ms later (the checkpoint interval
+    is 20 ms), so the stored partial must hold the call with its input."""
+    first = await sidecar_factory(config()).start()
+    streamed_input = None
+    async with TurnwireClient(first.target) as client:
+        with contextlib.suppress(TurnwireError):
+            async for event in client.chat("pause", "add", model="scripted:pause-after-call"):
+                if event.HasField("tool_input_available"):
+                    streamed_input = json_format.MessageToDict(event.tool_input_available.input)
+                    await asyncio.sleep(0.7)
+                    first.kill()
+    assert streamed_input == {"expression": "1 + 1"}
+
+    second = await sidecar_factory(config()).start()
+    async with TurnwireClient(second.target) as client:
+        stored = await client.get_conversation("pause")
+    assert len(stored.messages) == 2, "the partial reply was checkpointed"
+    calls = [p.tool_call for p in stored.messages[1].parts if p.WhichOneof("kind") == "tool_call"]
+    assert len(calls) == 1
+    assert calls[0].tool_name == "calculator"
+    assert calls[0].state in RESOLVED, "recovery gives the interrupted call a result"
+    assert json_format.MessageToDict(calls[0].input) == streamed_input, (
+        "the call's input, streamed 700 ms before the crash, was not checkpointed"
+    )
+
+
+async def sigterm_during_turn(
+    sidecar: SidecarProcess, model: str
+) -> tuple[list[event_pb2.TurnEvent], TurnwireError | None]:
+    """Chat; send SIGTERM after the third text delta. The events and the call's error, if any."""
+    events: list[event_pb2.TurnEvent] = []
+    async with TurnwireClient(sidecar.target) as client:
+        try:
+            async for event in client.chat("shutdown", "talk", model=model, timeout=20):
+                events.append(event)
+                if sum(e.HasField("text_delta") for e in events) == 3 and event.HasField("text_delta"):
+                    sidecar.send_signal(signal.SIGTERM)
+        except TurnwireError as error:
+            return events, error
+    return events, None
+
+
+async def test_sigterm_lets_a_turn_within_the_grace_period_complete(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    first = await sidecar_factory(config(grace=10)).start()
+    events, error = await sigterm_during_turn(first, "scripted:short")
+    assert error is None, f"{error}\n{first.log_text()}"
+    end = events[-1]
+    assert end.HasField("turn_end")
+    assert end.turn_end.status == event_pb2.TURN_STATUS_COMPLETED
+    assert text_of(end.turn_end.message) == " ".join(WORDS[:10])
+    assert await first.wait() == 0, first.log_text()
+
+    second = await sidecar_factory(config(grace=10)).start()
+    async with TurnwireClient(second.target) as client:
+        stored = await client.get_conversation("shutdown")
+    assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
+    assert stored.messages[1] == end.turn_end.message
+
+
+async def test_sigterm_past_the_grace_period_aborts_the_turn_and_stores_the_partial(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    first = await sidecar_factory(config(grace=0.3)).start()
+    events, error = await sigterm_during_turn(first, "scripted:long")
+    assert await first.wait() == 0, first.log_text()
+    delivered = streamed_text(events)
+
+    second = await sidecar_factory(config(grace=0.3)).start()
+    async with TurnwireClient(second.target) as client:
+        stored = await client.get_conversation("shutdown")
+        assert [m.role for m in stored.messages] == [
+            message_pb2.ROLE_USER,
+            message_pb2.ROLE_ASSISTANT,
+        ]
+        partial = stored.messages[1]
+        full = " ".join(WORDS)
+        assert text_of(partial).startswith(delivered)
+        assert full.startswith(text_of(partial))
+        assert len(text_of(partial)) < len(full), "the turn was cut short"
+
+        # The conversation goes on after the aborted turn.
+        assert (await collect(client.chat("shutdown", "hello again"))).ok
+
+    # The client is told how its turn ended, even though the server is going away.
+    assert error is None, (
+        f"the stream failed with {error} instead of ending with a TurnEnd "
+        f"(last event: {events[-1].WhichOneof('event') if events else None})"
+    )
+    end = events[-1]
+    assert end.HasField("turn_end")
+    assert end.turn_end.status == event_pb2.TURN_STATUS_ABORTED
+    assert end.turn_end.message == partial
