@@ -34,6 +34,8 @@ from turnwire.v1 import chat_service_pb2, chat_service_pb2_grpc
 
 log = logging.getLogger("turnwire.server")
 
+_TURN_END_MARGIN_SECONDS = 5.0
+
 SERVICE_NAME = chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"].full_name
 
 
@@ -85,7 +87,9 @@ class Sidecar:
         await self.health.enter_graceful_shutdown()
         # The engine's drain waits for the turn tasks themselves: they store
         # partial replies even after gRPC has cancelled their calls.
-        await asyncio.gather(self.server.stop(grace), self.engine.drain(grace))
+        # gRPC gets a little longer than the engine so that turns cancelled at
+        # the end of the grace period can still send their TurnEnd(ABORTED).
+        await asyncio.gather(self.server.stop(grace + _TURN_END_MARGIN_SECONDS), self.engine.drain(grace))
         await self.store.close()
         await self.providers.aclose()
         log.info("stopped")

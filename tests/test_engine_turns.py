@@ -68,6 +68,9 @@ class RecordingProvider:
     def calls(self) -> int:
         return len(self.requests)
 
+    def has_model(self, model: str) -> bool:
+        return self.inner.has_model(model)
+
     async def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
         recorded = ModelRequest(
             model=request.model,

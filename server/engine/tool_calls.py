@@ -181,6 +181,7 @@ class ToolCallRunner:
 
     async def _observe(self, part: Any, step_number: int) -> None:
         turn = self.turn
+        turn.checkpoints.progress()
         if turn.chain.observes_chunks:
             await turn.chain.on_chunk(
                 ChunkContext(turn.request.conversation_id, turn.request.request_id, step_number, part),

@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,7 @@ from middleware import (
 from middleware.chain import active_tool_names
 from middleware.context import TurnOutcome
 from server.engine.assistant_message import AssistantMessage
+from server.engine.checkpoints import Checkpointer
 from server.engine.events import EventWriter
 from server.engine.failures import TurnFailure, status_of
 from server.engine.tool_calls import ToolCallRunner
@@ -156,9 +156,12 @@ class TurnRun:
         #: Set once the turn lock is released: on_chat_response may start the next turn.
         self.lock_released = False
         self._record: TurnRecord | None = None
-        self._checkpoint: asyncio.Task[None] | None = None
-        self._last_checkpoint = time.monotonic()
-        self._checkpoint_interval = settings.checkpoint_interval_ms / 1000.0
+        self.checkpoints = Checkpointer(
+            lambda message: self.store.save_message(request.conversation_id, message),
+            lambda: self.assistant.snapshot() if self.assistant.has_parts else None,
+            settings.checkpoint_interval_ms / 1000.0,
+            request.request_id,
+        )
         self._send_reasoning = True
         self._step_messages: Sequence[message_pb2.Message] = ()
 
@@ -242,9 +245,7 @@ class TurnRun:
         if self.state in ("aborted", "error"):
             self.assistant.fail_unresolved(ABORTED_TOOL_ERROR)
         message = self.assistant.finalize()
-        if self._checkpoint is not None:
-            with contextlib.suppress(Exception):
-                await self._checkpoint
+        await self.checkpoints.close()
         error_bytes = None
         if self.state == "error" and self.error is not None:
             stage = self.error.stage if isinstance(self.error, TurnFailure) else "turn"
@@ -470,7 +471,7 @@ class TurnRun:
             self.usage.add(finish.usage)
             self._step_finish_event(result, finish)
             await self.chain.on_step_finish(result, self.timeline)
-            self._schedule_checkpoint()
+            self.checkpoints.now()
             if not had_tool_results or _should_stop(config, result, step_number + 1):
                 break
 
@@ -562,8 +563,7 @@ class TurnRun:
                             ChunkContext(request.conversation_id, request.request_id, step_number, chunk),
                             self.timeline,
                         )
-                    if time.monotonic() - self._last_checkpoint >= self._checkpoint_interval:
-                        self._schedule_checkpoint()
+                    self.checkpoints.progress()
         except chunks.ProviderError as error:
             raise TurnFailure("stream", error) from error
         if finish is None:
@@ -572,26 +572,6 @@ class TurnRun:
                 chunks.ProviderError("the model stream ended without a finish", provider="engine"),
             )
         return finish
-
-    # --- checkpoints ---------------------------------------------------------
-
-    def _schedule_checkpoint(self) -> None:
-        """Save the reply so far without waiting (group-committed by the store)."""
-        self._last_checkpoint = time.monotonic()
-        if self._checkpoint is not None and not self._checkpoint.done():
-            return  # one in flight; the next one will carry the newer state
-        if not self.assistant.has_parts:
-            return
-        snapshot = self.assistant.snapshot()
-        self._checkpoint = asyncio.create_task(
-            self._save_checkpoint(snapshot), name=f"checkpoint {self.request.request_id}"
-        )
-
-    async def _save_checkpoint(self, snapshot: message_pb2.Message) -> None:
-        try:
-            await self.store.save_message(self.request.conversation_id, snapshot)
-        except Exception as error:  # the final write reports store failures
-            log.warning("checkpoint of %s failed: %s", self.request.request_id, error)
 
 
 def _root(error: BaseException) -> BaseException:

@@ -284,6 +284,10 @@ class Provider(Protocol):
 
     name: str
 
+    def has_model(self, model: str) -> bool:
+        """False when ``model`` is known not to exist (checked at admission); True when unsure."""
+        ...
+
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream one step of model output for ``request``."""
         ...

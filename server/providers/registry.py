@@ -34,6 +34,8 @@ class ProviderRegistry:
                 f"model {model_id!r} names provider {provider_name!r}, which is not configured; "
                 f"configured: {sorted(self.providers)}"
             )
+        if not provider.has_model(model):
+            raise UnknownModel(f"model {model_id!r}: provider {provider_name!r} has no model {model!r}")
         return provider, model
 
     async def aclose(self) -> None:

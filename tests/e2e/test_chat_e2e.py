@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from google.protobuf import json_format
-from google.rpc import error_details_pb2
+from google.rpc import error_details_pb2, status_pb2
 from support.sidecar import SidecarFactory, SidecarProcess, running_sidecar
 
 from turnwire import TurnResult, TurnwireClient, TurnwireError, collect
@@ -101,8 +101,8 @@ def streamed_text(events: list[event_pb2.TurnEvent]) -> str:
     return "".join(e.text_delta.delta for e in events if e.WhichOneof("event") == "text_delta")
 
 
-def error_info(status: object) -> error_details_pb2.ErrorInfo:
-    for detail in status.details:  # type: ignore[attr-defined]
+def error_info(status: status_pb2.Status) -> error_details_pb2.ErrorInfo:
+    for detail in status.details:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)

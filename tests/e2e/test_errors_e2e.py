@@ -78,9 +78,7 @@ def user_message(*parts: message_pb2.Part) -> message_pb2.Message:
     return message_pb2.Message(role=message_pb2.ROLE_USER, parts=list(parts))
 
 
-async def raw_chat(
-    client: TurnwireClient, sidecar: SidecarProcess, request: chat_service_pb2.ChatRequest
-) -> None:
+async def raw_chat(sidecar: SidecarProcess, request: chat_service_pb2.ChatRequest) -> None:
     """Send a ChatRequest the client's helpers cannot build; raise TurnwireError on failure."""
     async with grpc.aio.insecure_channel(sidecar.target) as channel:
         stub = chat_service_pb2_grpc.ChatServiceStub(channel)
@@ -112,7 +110,7 @@ async def test_message_without_parts_is_invalid_argument(
     client: TurnwireClient, sidecar: SidecarProcess
 ) -> None:
     request = chat_service_pb2.ChatRequest(conversation_id=EXISTING, message=user_message())
-    error = await rejected(client, raw_chat(client, sidecar, request))
+    error = await rejected(client, raw_chat(sidecar, request))
     assert error.code == grpc.StatusCode.INVALID_ARGUMENT
     assert error.reason == "INVALID_FIELD"
     assert [field for field, _ in error.field_violations] == ["message.parts"]
@@ -121,7 +119,7 @@ async def test_message_without_parts_is_invalid_argument(
 
 async def test_missing_message_is_invalid_argument(client: TurnwireClient, sidecar: SidecarProcess) -> None:
     request = chat_service_pb2.ChatRequest(conversation_id="brand-new")
-    error = await rejected(client, raw_chat(client, sidecar, request))
+    error = await rejected(client, raw_chat(sidecar, request))
     assert error.code == grpc.StatusCode.INVALID_ARGUMENT
     assert [field for field, _ in error.field_violations] == ["message"]
     assert "required" in error.field_violations[0][1]

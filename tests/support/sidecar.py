@@ -30,6 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 START_TIMEOUT_SECONDS = 20.0
 STOP_TIMEOUT_SECONDS = 20.0
+PORT_ATTEMPTS = 3
 CONFIG_FILE_NAME = "turnwire.yaml"
 DB_FILE_NAME = "turnwire.db"
 
@@ -115,31 +116,45 @@ class SidecarProcess:
     async def start(self, timeout: float = START_TIMEOUT_SECONDS) -> SidecarProcess:  # noqa: ASYNC109
         """Start the process and wait until health Check says SERVING; returns ``self``.
 
+        When another process took the chosen port in the meantime, retries on a new one.
+
         Raises:
             SidecarError: the process exited, or was not SERVING within ``timeout``
                 seconds (the process is killed); the message includes its log.
         """
-        process = self._spawn()
         deadline = time.monotonic() + timeout
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            process = self._spawn()
+            code = await self._wait_serving(process, deadline, timeout)
+            if code is None:
+                return self
+            if attempt < PORT_ATTEMPTS and f"cannot listen on {self.target}" in self.log_text():
+                self.process = None
+                self.port = free_port()
+                continue
+            raise SidecarError(f"the sidecar exited with code {code} while starting:\n{self.log_text()}")
+        raise AssertionError("unreachable")
+
+    async def _wait_serving(
+        self, process: subprocess.Popen[bytes], deadline: float, budget: float
+    ) -> int | None:
+        """None once SERVING; the exit code if the process ended first."""
         async with grpc.aio.insecure_channel(self.target) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 code = process.poll()
                 if code is not None:
-                    raise SidecarError(
-                        f"the sidecar exited with code {code} while starting:\n{self.log_text()}"
-                    )
+                    return code
                 try:
                     reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return self
+                        return None
                 except grpc.aio.AioRpcError:
                     pass
                 if time.monotonic() > deadline:
                     self.kill()
                     raise SidecarError(
-                        f"the sidecar at {self.target} was not SERVING after {timeout:g} s:\n"
-                        f"{self.log_text()}"
+                        f"the sidecar at {self.target} was not SERVING after {budget:g} s:\n{self.log_text()}"
                     )
                 await asyncio.sleep(0.05)
 

@@ -73,13 +73,16 @@ class TurnwireError(Exception):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        """``CODE [REASON]: message`` followed by ``; field: description`` for each violation."""
+        """``CODE [REASON]: message``, plus ``; field: description`` for each violation the
+        message does not already state."""
         head = self.code.name if isinstance(self.code, grpc.StatusCode) else str(self.code)
         if self.reason:
             head += f" [{self.reason}]"
         text = f"{head}: {self.message}" if self.message else head
         for field_path, description in self.field_violations:
-            text += f"; {field_path}: {description}"
+            violation = f"{field_path}: {description}"
+            if violation not in self.message:
+                text += f"; {violation}"
         return text
 
     @classmethod
