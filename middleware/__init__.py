@@ -22,6 +22,7 @@ from middleware.context import (
     ToolCallResultContext,
     TurnConfig,
     TurnContext,
+    TurnTimeout,
 )
 
 __all__ = [
@@ -44,4 +45,5 @@ __all__ = [
     "ToolCallResultContext",
     "TurnConfig",
     "TurnContext",
+    "TurnTimeout",
 ]

@@ -8,7 +8,7 @@ Think's, snake_cased (THINK-SEMANTICS.md section 3).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -16,6 +16,7 @@ from turnwire.v1 import message_pb2
 
 if TYPE_CHECKING:
     from server.providers.base import ModelChunk, ToolChoice, Usage
+    from server.providers.base import ToolCall as ModelToolCall
     from server.tools.base import Tool
 
 ErrorStage = Literal["parse", "persist", "turn", "step", "stream", "recovery"]
@@ -38,6 +39,30 @@ class StopWhen:
 
     tool_called: str | None = None
     step_count: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnTimeout:
+    """Time limits of a turn's model calls, in seconds (AI SDK ``timeout``: total, step, chunk).
+
+    ``total`` bounds the whole step loop (tools included); ``step`` each model
+    call; ``chunk`` the gap between two chunks of a model stream. Expiry ends
+    the turn in error (DEADLINE_EXCEEDED). A plain number in
+    ``TurnConfig.timeout`` means ``total``.
+    """
+
+    total: float | None = None
+    step: float | None = None
+    chunk: float | None = None
+
+
+RepairToolCall = Callable[["ModelToolCall", str], "ModelToolCall | Awaitable[ModelToolCall | None] | None"]
+"""``repair_tool_call(call, error)``: return a fixed call (same id) or None to keep the error.
+
+Called for a call whose input is not a JSON object, or that names an unknown or
+inactive tool, never for one cut off by the output limit (in-process only;
+AI SDK ``experimental_repairToolCall``).
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +111,12 @@ class TurnConfig:
     stop_sequences: Sequence[str] | None = None
     seed: int | None = None
     max_retries: int | None = None
-    timeout: float | None = None
-    stream_stall_timeout_ms: int | None = None
+    timeout: float | TurnTimeout | None = None
+    stream_stall_timeout_ms: float | None = None
     headers: Mapping[str, str] | None = None
     provider_options: Mapping[str, Any] | None = None
     output: Mapping[str, Any] | None = None
-    repair_tool_call: Any = None
+    repair_tool_call: RepairToolCall | None = None
 
 
 @dataclass(frozen=True, slots=True)

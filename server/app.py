@@ -152,6 +152,8 @@ async def start(settings: Settings) -> Sidecar:
                 text_coalesce_ms=settings.events.text_coalesce_ms,
                 checkpoint_interval_ms=settings.checkpoint.interval_ms,
                 tool_timeout_seconds=settings.limits.tool_timeout_seconds,
+                stream_stall_timeout_ms=settings.limits.stream_stall_timeout_ms,
+                hook_timeline=settings.events.hook_timeline,
             ),
         )
         recovered = await engine.recover()

@@ -79,13 +79,19 @@ class LimitsSettings(_Section):
     max_queued_turns_per_conversation: int = Field(32, ge=1)
     shutdown_grace_seconds: float = Field(10.0, ge=0)
     tool_timeout_seconds: float = Field(60.0, gt=0)
+    stream_stall_timeout_ms: float = Field(
+        0.0, ge=0, description="stall watchdog: no event for this long ends a turn INTERRUPTED (0: off)"
+    )
 
 
 class EventsSettings(_Section):
     """The event stream. ``text_coalesce_ms`` merges consecutive text and reasoning deltas of
-    one block arriving within that many milliseconds into one event (0: off)."""
+    one block arriving within that many milliseconds into one event (0: off);
+    ``hook_timeline`` adds which hook of which middleware ran, when and for how long, to
+    ``TurnEnd.metadata["hook_timeline"]``."""
 
     text_coalesce_ms: float = Field(0.0, ge=0, le=1000)
+    hook_timeline: bool = Field(False, description="put each turn's hook timeline in TurnEnd.metadata")
 
 
 class StoreCheckpointSettings(_Section):

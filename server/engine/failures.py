@@ -11,6 +11,10 @@ from server.providers import ProviderError, UnknownModel
 from server.store.base import MessageIdConflict, StoreError, TurnAlreadyExists
 
 
+class ModelTimeout(Exception):
+    """A model call ran past a ``TurnConfig.timeout`` limit."""
+
+
 class TurnFailure(Exception):
     """A turn failed at ``stage``; ``__cause__`` is the original error."""
 
@@ -55,6 +59,10 @@ def status_of(error: BaseException, stage: ErrorStage) -> status_pb2.Status:
     """The status a client sees for ``error`` raised at ``stage``."""
     if isinstance(error, TurnwireStatusError):
         return error.to_status()
+    if isinstance(error, ModelTimeout):
+        return build_status(
+            grpc.StatusCode.DEADLINE_EXCEEDED, str(error), reason="MODEL_TIMEOUT", retry_after=1.0
+        )
     if isinstance(error, ProviderError):
         return _provider_status(error)
     if isinstance(error, UnknownModel):

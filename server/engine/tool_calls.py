@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import dataclasses
+import inspect
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from middleware import ChunkContext, HookError, ToolCallContext, ToolCallResultContext
+from middleware.context import RepairToolCall
 from server.providers import base as chunks
 from server.tools.base import Tool, ToolError, ToolExecution
 
 if TYPE_CHECKING:
     from server.engine.turn import TurnRun
+
+log = logging.getLogger("turnwire.tools")
 
 BLOCKED_TEXT = 'Tool "{name}" was blocked by beforeToolCall.'
 """What the model sees for a block without a reason (Think's exact wording)."""
@@ -27,34 +33,70 @@ BLOCKED_TEXT = 'Tool "{name}" was blocked by beforeToolCall.'
 class ToolCallRunner:
     """Collects a step's complete tool calls, then runs them with their hooks."""
 
-    def __init__(self, turn: TurnRun) -> None:
+    def __init__(self, turn: TurnRun, repair: RepairToolCall | None = None) -> None:
         self.turn = turn
+        self._repair = repair
         self._pending: list[tuple[chunks.ToolCall, Tool]] = []
+        self._invalid: list[tuple[chunks.ToolCall, str, collections.abc.Set[str]]] = []
         self._had_results = False
 
     def accept(self, call: chunks.ToolCall, allowed: collections.abc.Set[str]) -> None:
-        """Record a complete call from the stream; invalid ones become input errors now."""
+        """Record a complete call from the stream; invalid ones become input errors (or wait for
+        :meth:`repair_invalid` when a ``repair_tool_call`` hook is set)."""
         turn = self.turn
         turn.assistant.complete_tool_call(call)
-        tool = turn.tools.get(call.tool_name)
-        error = call.error
-        if error is None and (tool is None or call.tool_name not in allowed):
+        error = self._problem(call, allowed)
+        if error is None:
+            self._available(call, allowed)
+        elif self._repair is not None:
+            self._invalid.append((call, error, allowed))
+        else:
+            self._input_error(call, error)
+
+    def _problem(self, call: chunks.ToolCall, allowed: collections.abc.Set[str]) -> str | None:
+        if call.error is not None:
+            return call.error
+        if call.tool_name not in self.turn.tools or call.tool_name not in allowed:
             names = ", ".join(sorted(allowed)) or "none"
-            error = f"Model tried to call unavailable tool '{call.tool_name}'. Available tools: {names}."
-            turn.assistant.set_error(call.tool_call_id, error)
-        if error is not None or tool is None:
-            self._had_results = True
-            input_error = turn.writer.new().tool_input_error
-            input_error.tool_call_id = call.tool_call_id
-            input_error.tool_name = call.tool_name
-            input_error.raw_input = call.raw_input
-            input_error.error_text = error or ""
-            return
-        available = turn.writer.new().tool_input_available
-        available.tool_call_id = call.tool_call_id
-        available.tool_name = call.tool_name
-        available.input.CopyFrom(turn.assistant.tool_call(call.tool_call_id).input)
-        self._pending.append((call, tool))
+            return f"Model tried to call unavailable tool '{call.tool_name}'. Available tools: {names}."
+        return None
+
+    def _available(self, call: chunks.ToolCall, allowed: collections.abc.Set[str]) -> None:
+        turn = self.turn
+        event = turn.writer.new().tool_input_available
+        event.tool_call_id = call.tool_call_id
+        event.tool_name = call.tool_name
+        event.input.CopyFrom(turn.assistant.tool_call(call.tool_call_id).input)
+        self._pending.append((call, turn.tools[call.tool_name]))
+
+    def _input_error(self, call: chunks.ToolCall, error: str) -> None:
+        turn = self.turn
+        turn.assistant.set_error(call.tool_call_id, error)
+        self._had_results = True
+        event = turn.writer.new().tool_input_error
+        event.tool_call_id = call.tool_call_id
+        event.tool_name = call.tool_name
+        event.raw_input = call.raw_input
+        event.error_text = error
+
+    async def repair_invalid(self, finish_reason: str) -> None:
+        """Give invalid calls to ``repair_tool_call`` once the stream ended, except after an output
+        limit (a cut-off call is never run with repaired, partial input)."""
+        invalid, self._invalid = self._invalid, []
+        for call, error, allowed in invalid:
+            repaired: chunks.ToolCall | None = None
+            if finish_reason != "length" and self._repair is not None:
+                try:
+                    outcome = self._repair(call, error)
+                    repaired = await outcome if inspect.isawaitable(outcome) else outcome
+                except Exception as repair_error:
+                    log.warning("repair_tool_call raised for %s: %s", call.tool_call_id, repair_error)
+            if repaired is not None and self._problem(repaired, allowed) is None:
+                fixed = dataclasses.replace(repaired, tool_call_id=call.tool_call_id)
+                self.turn.assistant.complete_tool_call(fixed)
+                self._available(fixed, allowed)
+            else:
+                self._input_error(call, error)
 
     async def run_pending(self, step_number: int) -> bool:
         """Run the step's accepted calls concurrently; True when the step produced any tool result."""
@@ -88,7 +130,7 @@ class ToolCallRunner:
                     tool_name=call.tool_name,
                     input=model_input,
                     step_number=step_number,
-                    messages=turn.assistant_history(),
+                    messages=turn.step_messages,
                     cancelled=turn.cancelled,
                 ),
                 turn.timeline,

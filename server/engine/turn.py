@@ -14,7 +14,6 @@ Cancellation: store partial (unfinished tool calls errored) → on_chat_response
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import datetime as dt
 import logging
@@ -29,45 +28,26 @@ from middleware import (
     ChatErrorClassification,
     ChatErrorContext,
     ChatResponseResult,
-    ChunkContext,
     ErrorStage,
-    HookError,
     HookTimeline,
     MiddlewareChain,
-    StepContext,
     StepResult,
-    TurnConfig,
-    TurnContext,
 )
-from middleware.chain import active_tool_names
 from middleware.context import TurnOutcome
 from server.engine.assistant_message import AssistantMessage
 from server.engine.checkpoints import Checkpointer
 from server.engine.events import EventWriter
 from server.engine.failures import TurnFailure, status_of
-from server.engine.tool_calls import ToolCallRunner
-from server.engine.transcript import (
-    CONTINUATION_PROMPT,
-    repair_unresolved_tool_calls,
-)
+from server.engine.step_loop import StepLoop
 from server.errors import TurnwireStatusError
-from server.providers import ModelRequest, ProviderRegistry
-from server.providers import base as chunks
-from server.providers.base import ModelSettings, Usage
+from server.providers import ProviderRegistry
+from server.providers.base import Usage
 from server.store.base import Store, TurnRecord, TurnState
-from server.tools.base import Tool, definition_of
+from server.tools.base import Tool
 from turnwire.v1 import event_pb2, message_pb2
 
 log = logging.getLogger("turnwire.turn")
 
-_FINISH_REASONS = {
-    "stop": event_pb2.FINISH_REASON_STOP,
-    "length": event_pb2.FINISH_REASON_LENGTH,
-    "tool-calls": event_pb2.FINISH_REASON_TOOL_CALLS,
-    "content-filter": event_pb2.FINISH_REASON_CONTENT_FILTER,
-    "error": event_pb2.FINISH_REASON_ERROR,
-    "other": event_pb2.FINISH_REASON_OTHER,
-}
 
 ABORTED_TOOL_ERROR = "The tool call was aborted before it finished."
 
@@ -75,6 +55,7 @@ _OUTCOMES: dict[str, TurnOutcome] = {
     "completed": "completed",
     "error": "error",
     "aborted": "aborted",
+    "interrupted": "aborted",  # cut short by the watchdog: on_chat_response sees an abort
 }
 
 
@@ -99,8 +80,9 @@ class TurnRequest:
 
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
-    """Engine-wide defaults. Times: ``checkpoint_interval_ms`` and ``text_coalesce_ms`` in
-    milliseconds, ``tool_timeout_seconds`` in seconds."""
+    """Engine-wide defaults. Times: ``checkpoint_interval_ms``, ``text_coalesce_ms`` and
+    ``stream_stall_timeout_ms`` (0: watchdog off) in milliseconds, ``tool_timeout_seconds`` in
+    seconds. ``hook_timeline`` puts each turn's hook timeline in ``TurnEnd.metadata``."""
 
     default_model: str = "scripted:demo"
     system_prompt: str = "You are a helpful assistant."
@@ -109,6 +91,8 @@ class EngineSettings:
     text_coalesce_ms: float = 0.0
     checkpoint_interval_ms: float = 250.0
     tool_timeout_seconds: float = 60.0
+    stream_stall_timeout_ms: float = 0.0
+    hook_timeline: bool = False
 
 
 def _now() -> timestamp_pb2.Timestamp:
@@ -162,13 +146,18 @@ class TurnRun:
             settings.checkpoint_interval_ms / 1000.0,
             request.request_id,
         )
-        self._send_reasoning = True
-        self._step_messages: Sequence[message_pb2.Message] = ()
+        #: False when before_turn said send_reasoning=False: reasoning is neither sent nor stored.
+        self.send_reasoning = True
+        #: What the model was sent in the current step (ToolCallContext.messages).
+        self.step_messages: Sequence[message_pb2.Message] = ()
+        self._interrupted: str | None = None
+        self._task: asyncio.Task[Any] | None = None
 
     # --- the whole turn ----------------------------------------------------
 
     async def run(self) -> None:
         """Run to the end; never raises. The stream always ends with one TurnEnd."""
+        self._task = asyncio.current_task()
         try:
             try:
                 async with self.store.turn_lock(self.request.conversation_id):
@@ -226,7 +215,7 @@ class TurnRun:
             await self._run_steps()
             self.state = "completed"
         except asyncio.CancelledError:
-            self.state = "aborted"
+            self.state = "interrupted" if self._interrupted is not None else "aborted"
             self.cancelled.set()
         except TurnFailure as failure:
             self.state = "error"
@@ -242,7 +231,7 @@ class TurnRun:
     async def _store_result(self) -> None:
         if self._record is None or not self.messages_persisted:
             return
-        if self.state in ("aborted", "error"):
+        if self.state in ("aborted", "interrupted", "error"):
             self.assistant.fail_unresolved(ABORTED_TOOL_ERROR)
         message = self.assistant.finalize()
         await self.checkpoints.close()
@@ -313,6 +302,8 @@ class TurnRun:
         usage.cached_input_tokens = self.usage.cached_input_tokens
         usage.cache_write_input_tokens = self.usage.cache_write_input_tokens
         end.step_count = len(self.steps)
+        if self.timeline is not None and self.settings.hook_timeline:
+            end.metadata.update({"hook_timeline": self.timeline.as_dicts()})
 
     # --- errors ------------------------------------------------------------
 
@@ -369,238 +360,16 @@ class TurnRun:
     # --- the step loop -----------------------------------------------------
 
     async def _run_steps(self) -> None:
-        request = self.request
-        history = await self.store.load_messages(request.conversation_id)
-        repaired = repair_unresolved_tool_calls(history)
-        for message in repaired:
-            await self.store.save_message(request.conversation_id, message)
-        base_ctx = TurnContext(
-            conversation_id=request.conversation_id,
-            request_id=request.request_id,
-            system=self.settings.system_prompt,
-            messages=history,
-            tools=self.tools,
-            model=request.model,
-            continuation=request.continuation,
-            body=request.body,
-        )
-        try:
-            ctx, config = await self.chain.before_turn(base_ctx, self.timeline)
-        except HookError as error:
-            raise TurnFailure("turn", error) from error
-        self.tools = dict(ctx.tools)
-        self._send_reasoning = config.send_reasoning is not False
-        max_steps = config.max_steps or self.settings.max_steps
-        base_messages = list(ctx.messages)
-        if base_messages and base_messages[-1].role == message_pb2.ROLE_ASSISTANT:
-            prompt = message_pb2.Message(id="continuation-prompt", role=message_pb2.ROLE_USER)
-            prompt.parts.add().text.text = CONTINUATION_PROMPT
-            base_messages.append(prompt)
-        settings = _model_settings(config)
-        runner = ToolCallRunner(self)
-        for step_number in range(max_steps):
-            step_ctx = StepContext(
-                conversation_id=request.conversation_id,
-                request_id=request.request_id,
-                step_number=step_number,
-                steps=tuple(self.steps),
-                model=ctx.model,
-                system=ctx.system,
-                messages=self._model_messages(base_messages),
-            )
-            try:
-                step_config = await self.chain.before_step(step_ctx, self.timeline)
-            except HookError as error:
-                raise TurnFailure("step", error) from error
-            model_id = step_config.model or ctx.model
-            try:
-                provider, model_name = self.providers.resolve(model_id)
-            except LookupError as error:
-                raise TurnFailure("step", error) from error
-            active = step_config.active_tools if step_config.active_tools is not None else config.active_tools
-            allowed = active_tool_names(self.tools, active)
-            step_settings = settings
-            if step_config.provider_options:
-                step_settings = dataclasses.replace(
-                    settings,
-                    provider_options={**settings.provider_options, **step_config.provider_options},
-                )
-            model_request = ModelRequest(
-                model=model_name,
-                system=step_config.system if step_config.system is not None else ctx.system,
-                messages=(step_config.messages if step_config.messages is not None else step_ctx.messages),
-                tools=[definition_of(self.tools[name]) for name in allowed],
-                tool_choice=step_config.tool_choice or config.tool_choice or "auto",
-                settings=step_settings,
-                output_schema=config.output,
-                step_number=step_number,
-            )
-            self._step_messages = model_request.messages
-            self.assistant.start_step()
-            self.writer.new().step_start.step_number = step_number
-            finish = await self._stream_step(
-                provider.stream(model_request), step_number, set(allowed), runner
-            )
-            had_tool_results = await runner.run_pending(step_number)
-            self.assistant.close_all()
-            result = StepResult(
-                step_number=step_number,
-                text=self.assistant.step_text(),
-                reasoning=self.assistant.step_reasoning(),
-                reasoning_text="".join(r.text for r in self.assistant.step_reasoning()),
-                tool_calls=self.assistant.step_tool_calls(),
-                tool_results=[
-                    c
-                    for c in self.assistant.step_tool_calls()
-                    if c.state
-                    in (
-                        message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
-                        message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
-                    )
-                ],
-                finish_reason=finish.finish_reason,
-                raw_finish_reason=finish.raw_finish_reason,
-                usage=finish.usage,
-                response_id=finish.response_id,
-                response_model=finish.response_model,
-                provider_metadata=finish.provider_metadata,
-                conversation_id=request.conversation_id,
-                request_id=request.request_id,
-            )
-            self.steps.append(result)
-            self.usage.add(finish.usage)
-            self._step_finish_event(result, finish)
-            await self.chain.on_step_finish(result, self.timeline)
-            self.checkpoints.now()
-            if not had_tool_results or _should_stop(config, result, step_number + 1):
-                break
+        await StepLoop(self).run()
 
-    def assistant_history(self) -> Sequence[message_pb2.Message]:
-        """The messages sent to the model in the current step (for tool-call contexts)."""
-        return self._step_messages
-
-    def _model_messages(self, base: list[message_pb2.Message]) -> list[message_pb2.Message]:
-        # A snapshot: the provider must not see the live message change under it.
-        if self.assistant.has_parts:
-            return [*base, self.assistant.snapshot()]
-        return base
-
-    def _step_finish_event(self, result: StepResult, finish: chunks.FinishStep) -> None:
-        event = self.writer.new().step_finish
-        event.step_number = result.step_number
-        event.finish_reason = _FINISH_REASONS.get(finish.finish_reason, event_pb2.FINISH_REASON_OTHER)
-        event.raw_finish_reason = finish.raw_finish_reason
-        usage = event.usage
-        usage.input_tokens = finish.usage.input_tokens
-        usage.output_tokens = finish.usage.output_tokens
-        usage.total_tokens = finish.usage.total_tokens
-        usage.reasoning_tokens = finish.usage.reasoning_tokens
-        usage.cached_input_tokens = finish.usage.cached_input_tokens
-        usage.cache_write_input_tokens = finish.usage.cache_write_input_tokens
-        event.response_id = finish.response_id
-        event.response_model = finish.response_model
-
-    async def _stream_step(
-        self,
-        stream: Any,
-        step_number: int,
-        allowed: set[str],
-        runner: ToolCallRunner,
-    ) -> chunks.FinishStep:
-        """Consume one model stream: events, message parts, on_chunk. Returns its FinishStep."""
-        writer = self.writer
-        assistant = self.assistant
-        observe = self.chain.observes_chunks
-        send_reasoning = self._send_reasoning
-        finish: chunks.FinishStep | None = None
-        request = self.request
-        try:
-            async with contextlib.aclosing(stream) as model_stream:
-                async for chunk in model_stream:
-                    kind = type(chunk)
-                    # Ordered by frequency: deltas dominate.
-                    if kind is chunks.TextDelta:
-                        assistant.append(chunk.id, chunk.delta)
-                        writer.text_delta(chunk.id, chunk.delta)
-                    elif kind is chunks.ReasoningDelta:
-                        if send_reasoning:
-                            assistant.append(chunk.id, chunk.delta)
-                            writer.reasoning_delta(chunk.id, chunk.delta)
-                    elif kind is chunks.ToolInputDelta:
-                        input_delta = writer.new().tool_input_delta
-                        input_delta.tool_call_id = chunk.tool_call_id
-                        input_delta.input_text_delta = chunk.delta
-                    elif kind is chunks.TextStart:
-                        assistant.open_block(chunk.id, "text")
-                        writer.new().text_start.id = chunk.id
-                    elif kind is chunks.TextEnd:
-                        assistant.close_block(chunk.id)
-                        writer.new().text_end.id = chunk.id
-                    elif kind is chunks.ReasoningStart:
-                        if send_reasoning:
-                            assistant.open_block(chunk.id, "reasoning")
-                            writer.new().reasoning_start.id = chunk.id
-                    elif kind is chunks.ReasoningEnd:
-                        if send_reasoning:
-                            assistant.close_block(chunk.id, chunk)
-                            writer.new().reasoning_end.id = chunk.id
-                    elif kind is chunks.ToolInputStart:
-                        assistant.start_tool_call(chunk.tool_call_id, chunk.tool_name)
-                        input_start = writer.new().tool_input_start
-                        input_start.tool_call_id = chunk.tool_call_id
-                        input_start.tool_name = chunk.tool_name
-                    elif kind is chunks.ToolCall:
-                        runner.accept(chunk, allowed)
-                    elif kind is chunks.Source:
-                        assistant.add_source(chunk)
-                        self.writer.new().source.CopyFrom(assistant.message.parts[-1].source)
-                    elif kind is chunks.File:
-                        self.writer.new().file.CopyFrom(assistant.add_file(chunk))
-                    elif kind is chunks.FinishStep:
-                        finish = chunk
-                    if observe:
-                        await self.chain.on_chunk(
-                            ChunkContext(request.conversation_id, request.request_id, step_number, chunk),
-                            self.timeline,
-                        )
-                    self.checkpoints.progress()
-        except chunks.ProviderError as error:
-            raise TurnFailure("stream", error) from error
-        if finish is None:
-            raise TurnFailure(
-                "stream",
-                chunks.ProviderError("the model stream ended without a finish", provider="engine"),
-            )
-        return finish
+    def interrupt(self, reason: str) -> None:
+        """End the turn INTERRUPTED (stall watchdog): like a cancel, with its own status."""
+        log.warning("turn %s interrupted: %s", self.request.request_id, reason)
+        self._interrupted = reason
+        if self._task is not None and not self.ended:
+            self.cancelled.set()
+            self._task.cancel()
 
 
 def _root(error: BaseException) -> BaseException:
     return error.error if isinstance(error, TurnFailure) else error
-
-
-def _model_settings(config: TurnConfig) -> ModelSettings:
-    return ModelSettings(
-        max_output_tokens=config.max_output_tokens,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        top_k=config.top_k,
-        presence_penalty=config.presence_penalty,
-        frequency_penalty=config.frequency_penalty,
-        stop_sequences=config.stop_sequences,
-        seed=config.seed,
-        max_retries=config.max_retries,
-        timeout=config.timeout,
-        headers=dict(config.headers or {}),
-        provider_options=dict(config.provider_options or {}),
-    )
-
-
-def _should_stop(config: TurnConfig, result: StepResult, steps_run: int) -> bool:
-    for condition in config.stop_when or ():
-        if condition.step_count is not None and steps_run >= condition.step_count:
-            return True
-        if condition.tool_called is not None and any(
-            call.tool_name == condition.tool_called for call in result.tool_calls
-        ):
-            return True
-    return False

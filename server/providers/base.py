@@ -12,7 +12,7 @@ Chunk names follow the AI SDK's stream parts (``text-start``, ``text-delta``,
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -288,7 +288,7 @@ class Provider(Protocol):
         """False when ``model`` is known not to exist (checked at admission); True when unsure."""
         ...
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+    def stream(self, request: ModelRequest) -> AsyncGenerator[ModelChunk, None]:
         """Stream one step of model output for ``request``."""
         ...
 

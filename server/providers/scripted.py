@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import orjson
@@ -251,7 +251,7 @@ class ScriptedProvider:
         """True when ``model`` names a script."""
         return model in self.scripts
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelChunk, None]:
         """Stream the scripted step for ``request``."""
         script = self.scripts.get(request.model)
         if script is None:

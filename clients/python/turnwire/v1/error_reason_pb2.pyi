@@ -50,6 +50,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The server is shutting down and takes no new turns."""
     ERROR_REASON_INTERNAL: _ErrorReason.ValueType  # 12
     """An unexpected internal failure."""
+    ERROR_REASON_MODEL_TIMEOUT: _ErrorReason.ValueType  # 13
+    """A model call ran past the turn's timeout (total, step or chunk)."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnwire sends,
@@ -85,4 +87,6 @@ ERROR_REASON_SHUTTING_DOWN: ErrorReason.ValueType  # 11
 """The server is shutting down and takes no new turns."""
 ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 12
 """An unexpected internal failure."""
+ERROR_REASON_MODEL_TIMEOUT: ErrorReason.ValueType  # 13
+"""A model call ran past the turn's timeout (total, step or chunk)."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -1,0 +1,358 @@
+"""The step loop of one turn (THINK-SEMANTICS.md sections 2-3).
+
+``before_turn`` → for each step: ``before_step`` → model stream (``on_chunk``
+per chunk, events to the client) → tool calls → ``on_step_finish``; until a
+step produces no tool result, a ``stop_when`` condition holds, or
+``max_steps`` model calls ran.
+
+Timeouts (``TurnConfig.timeout``) end the turn in error (DEADLINE_EXCEEDED);
+the stall watchdog (``stream_stall_timeout_ms``) ends it INTERRUPTED
+(section 5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncGenerator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from middleware import ChunkContext, HookError, StepContext, StepResult, TurnConfig, TurnContext
+from middleware.chain import active_tool_names
+from middleware.context import TurnTimeout
+from server.engine.failures import ModelTimeout, TurnFailure
+from server.engine.tool_calls import ToolCallRunner
+from server.engine.transcript import CONTINUATION_PROMPT, repair_unresolved_tool_calls
+from server.providers import ModelRequest
+from server.providers import base as chunks
+from server.providers.base import ModelSettings
+from server.tools.base import definition_of
+from turnwire.v1 import event_pb2, message_pb2
+
+if TYPE_CHECKING:
+    from server.engine.turn import TurnRun
+
+_FINISH_REASONS = {
+    "stop": event_pb2.FINISH_REASON_STOP,
+    "length": event_pb2.FINISH_REASON_LENGTH,
+    "tool-calls": event_pb2.FINISH_REASON_TOOL_CALLS,
+    "content-filter": event_pb2.FINISH_REASON_CONTENT_FILTER,
+    "error": event_pb2.FINISH_REASON_ERROR,
+    "other": event_pb2.FINISH_REASON_OTHER,
+}
+
+_RESOLVED = (message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE, message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR)
+
+
+class StepLoop:
+    """Runs ``before_turn`` and the steps of one attempt of ``turn``."""
+
+    def __init__(self, turn: TurnRun) -> None:
+        self.turn = turn
+
+    async def run(self) -> None:
+        """Assemble, ``before_turn``, then the steps. Raises :class:`TurnFailure`."""
+        turn = self.turn
+        request = turn.request
+        history = await turn.store.load_messages(request.conversation_id)
+        for message in repair_unresolved_tool_calls(history):
+            await turn.store.save_message(request.conversation_id, message)
+        try:
+            ctx, config = await turn.chain.before_turn(
+                TurnContext(
+                    conversation_id=request.conversation_id,
+                    request_id=request.request_id,
+                    system=turn.settings.system_prompt,
+                    messages=history,
+                    tools=turn.tools,
+                    model=request.model,
+                    continuation=request.continuation,
+                    body=request.body,
+                ),
+                turn.timeline,
+            )
+        except HookError as error:
+            raise TurnFailure("turn", error) from error
+        turn.tools = dict(ctx.tools)
+        turn.send_reasoning = config.send_reasoning is not False
+        timeout = _timeout(config.timeout)
+        stall_ms = (
+            config.stream_stall_timeout_ms
+            if config.stream_stall_timeout_ms is not None
+            else turn.settings.stream_stall_timeout_ms
+        )
+        watchdog = (
+            asyncio.create_task(self._watch_stalls(stall_ms / 1000.0), name="stall watchdog")
+            if stall_ms
+            else None
+        )
+        try:
+            async with asyncio.timeout(timeout.total):
+                await self._steps(ctx, config, timeout)
+        except TimeoutError:
+            raise TurnFailure(
+                "stream", ModelTimeout(f"the turn exceeded its total timeout of {timeout.total:g} s")
+            ) from None
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+
+    async def _watch_stalls(self, stall: float) -> None:
+        """Interrupt the turn when no event was sent for ``stall`` seconds (tool time included)."""
+        writer = self.turn.writer
+        last_sequence = writer.sequence_number
+        last_change = time.monotonic()
+        # Polling the event counter costs nothing per event; it fires within stall * 1.25.
+        while True:
+            await asyncio.sleep(stall / 4)
+            now = time.monotonic()
+            if writer.sequence_number != last_sequence:
+                last_sequence, last_change = writer.sequence_number, now
+            elif now - last_change >= stall:
+                self.turn.interrupt(f"no event for {stall:g} s (stream_stall_timeout_ms)")
+                return
+
+    async def _steps(self, ctx: TurnContext, config: TurnConfig, limits: TurnTimeout) -> None:
+        turn = self.turn
+        request = turn.request
+        max_steps = config.max_steps or turn.settings.max_steps
+        base_messages = list(ctx.messages)
+        if base_messages and base_messages[-1].role == message_pb2.ROLE_ASSISTANT:
+            prompt = message_pb2.Message(id="continuation-prompt", role=message_pb2.ROLE_USER)
+            prompt.parts.add().text.text = CONTINUATION_PROMPT
+            base_messages.append(prompt)
+        settings = _model_settings(config, limits)
+        runner = ToolCallRunner(turn, config.repair_tool_call)
+        for step_number in range(max_steps):
+            step_ctx = StepContext(
+                conversation_id=request.conversation_id,
+                request_id=request.request_id,
+                step_number=step_number,
+                steps=tuple(turn.steps),
+                model=ctx.model,
+                system=ctx.system,
+                messages=self._model_messages(base_messages),
+            )
+            try:
+                step_config = await turn.chain.before_step(step_ctx, turn.timeline)
+            except HookError as error:
+                raise TurnFailure("step", error) from error
+            try:
+                provider, model_name = turn.providers.resolve(step_config.model or ctx.model)
+            except LookupError as error:
+                raise TurnFailure("step", error) from error
+            active = step_config.active_tools if step_config.active_tools is not None else config.active_tools
+            allowed = active_tool_names(turn.tools, active)
+            step_settings = settings
+            if step_config.provider_options:
+                step_settings = dataclasses.replace(
+                    settings,
+                    provider_options={**settings.provider_options, **step_config.provider_options},
+                )
+            model_request = ModelRequest(
+                model=model_name,
+                system=step_config.system if step_config.system is not None else ctx.system,
+                messages=step_config.messages if step_config.messages is not None else step_ctx.messages,
+                tools=[definition_of(turn.tools[name]) for name in allowed],
+                tool_choice=step_config.tool_choice or config.tool_choice or "auto",
+                settings=step_settings,
+                output_schema=config.output,
+                step_number=step_number,
+            )
+            turn.step_messages = model_request.messages
+            turn.assistant.start_step()
+            turn.writer.new().step_start.step_number = step_number
+            try:
+                async with asyncio.timeout(limits.step):
+                    finish = await self._stream(
+                        provider.stream(model_request), step_number, set(allowed), runner, limits.chunk
+                    )
+            except TimeoutError:
+                raise TurnFailure(
+                    "stream", ModelTimeout(f"model step {step_number} exceeded {limits.step:g} s")
+                ) from None
+            await runner.repair_invalid(finish.finish_reason)
+            had_tool_results = await runner.run_pending(step_number)
+            result = self._step_result(step_number, finish)
+            turn.steps.append(result)
+            turn.usage.add(finish.usage)
+            self._step_finish_event(result, finish)
+            await turn.chain.on_step_finish(result, turn.timeline)
+            turn.checkpoints.now()
+            if not had_tool_results or _should_stop(config, result, step_number + 1):
+                break
+
+    def _model_messages(self, base: list[message_pb2.Message]) -> list[message_pb2.Message]:
+        # A snapshot: the provider must not see the live message change under it.
+        assistant = self.turn.assistant
+        if assistant.has_parts:
+            return [*base, assistant.snapshot()]
+        return base
+
+    def _step_result(self, step_number: int, finish: chunks.FinishStep) -> StepResult:
+        turn = self.turn
+        assistant = turn.assistant
+        assistant.close_all()
+        calls = assistant.step_tool_calls()
+        reasoning = assistant.step_reasoning()
+        return StepResult(
+            step_number=step_number,
+            text=assistant.step_text(),
+            reasoning=reasoning,
+            reasoning_text="".join(r.text for r in reasoning),
+            tool_calls=calls,
+            tool_results=[c for c in calls if c.state in _RESOLVED],
+            finish_reason=finish.finish_reason,
+            raw_finish_reason=finish.raw_finish_reason,
+            usage=finish.usage,
+            response_id=finish.response_id,
+            response_model=finish.response_model,
+            provider_metadata=finish.provider_metadata,
+            conversation_id=turn.request.conversation_id,
+            request_id=turn.request.request_id,
+        )
+
+    def _step_finish_event(self, result: StepResult, finish: chunks.FinishStep) -> None:
+        event = self.turn.writer.new().step_finish
+        event.step_number = result.step_number
+        event.finish_reason = _FINISH_REASONS.get(finish.finish_reason, event_pb2.FINISH_REASON_OTHER)
+        event.raw_finish_reason = finish.raw_finish_reason
+        usage = event.usage
+        usage.input_tokens = finish.usage.input_tokens
+        usage.output_tokens = finish.usage.output_tokens
+        usage.total_tokens = finish.usage.total_tokens
+        usage.reasoning_tokens = finish.usage.reasoning_tokens
+        usage.cached_input_tokens = finish.usage.cached_input_tokens
+        usage.cache_write_input_tokens = finish.usage.cache_write_input_tokens
+        event.response_id = finish.response_id
+        event.response_model = finish.response_model
+
+    async def _stream(
+        self,
+        stream: AsyncGenerator[Any, None],
+        step_number: int,
+        allowed: set[str],
+        runner: ToolCallRunner,
+        chunk_timeout: float | None,
+    ) -> chunks.FinishStep:
+        """Consume one model stream: events, message parts, on_chunk. Returns its FinishStep.
+
+        Chunks are dispatched on their exact type (cheaper than isinstance or
+        match on the hot path), hence ``Any`` for the stream's items.
+        """
+        turn = self.turn
+        writer = turn.writer
+        assistant = turn.assistant
+        chain = turn.chain
+        observe = chain.observes_chunks
+        send_reasoning = turn.send_reasoning
+        progress = turn.checkpoints.progress
+        request = turn.request
+        finish: chunks.FinishStep | None = None
+        loop = asyncio.get_running_loop()
+        try:
+            async with contextlib.aclosing(stream) as model_stream, asyncio.timeout(chunk_timeout) as gap:
+                async for chunk in model_stream:
+                    if chunk_timeout is not None:
+                        gap.reschedule(loop.time() + chunk_timeout)
+                    kind = type(chunk)
+                    # Ordered by frequency: deltas dominate.
+                    if kind is chunks.TextDelta:
+                        assistant.append(chunk.id, chunk.delta)
+                        writer.text_delta(chunk.id, chunk.delta)
+                    elif kind is chunks.ReasoningDelta:
+                        if send_reasoning:
+                            assistant.append(chunk.id, chunk.delta)
+                            writer.reasoning_delta(chunk.id, chunk.delta)
+                    elif kind is chunks.ToolInputDelta:
+                        input_delta = writer.new().tool_input_delta
+                        input_delta.tool_call_id = chunk.tool_call_id
+                        input_delta.input_text_delta = chunk.delta
+                    elif kind is chunks.TextStart:
+                        assistant.open_block(chunk.id, "text")
+                        writer.new().text_start.id = chunk.id
+                    elif kind is chunks.TextEnd:
+                        assistant.close_block(chunk.id)
+                        writer.new().text_end.id = chunk.id
+                    elif kind is chunks.ReasoningStart:
+                        if send_reasoning:
+                            assistant.open_block(chunk.id, "reasoning")
+                            writer.new().reasoning_start.id = chunk.id
+                    elif kind is chunks.ReasoningEnd:
+                        if send_reasoning:
+                            assistant.close_block(chunk.id, chunk)
+                            writer.new().reasoning_end.id = chunk.id
+                    elif kind is chunks.ToolInputStart:
+                        assistant.start_tool_call(chunk.tool_call_id, chunk.tool_name)
+                        input_start = writer.new().tool_input_start
+                        input_start.tool_call_id = chunk.tool_call_id
+                        input_start.tool_name = chunk.tool_name
+                    elif kind is chunks.ToolCall:
+                        runner.accept(chunk, allowed)
+                    elif kind is chunks.Source:
+                        assistant.add_source(chunk)
+                        writer.new().source.CopyFrom(assistant.message.parts[-1].source)
+                    elif kind is chunks.File:
+                        writer.new().file.CopyFrom(assistant.add_file(chunk))
+                    elif kind is chunks.FinishStep:
+                        finish = chunk
+                    if observe:
+                        await chain.on_chunk(
+                            ChunkContext(request.conversation_id, request.request_id, step_number, chunk),
+                            turn.timeline,
+                        )
+                    progress()
+        except chunks.ProviderError as error:
+            raise TurnFailure("stream", error) from error
+        except TimeoutError:
+            if chunk_timeout is None:
+                raise
+            raise TurnFailure(
+                "stream", ModelTimeout(f"no model output for {chunk_timeout:g} s (chunk timeout)")
+            ) from None
+        if finish is None:
+            raise TurnFailure(
+                "stream", chunks.ProviderError("the model stream ended without a finish", provider="engine")
+            )
+        return finish
+
+
+def _timeout(value: float | TurnTimeout | None) -> TurnTimeout:
+    if value is None:
+        return TurnTimeout()
+    if isinstance(value, TurnTimeout):
+        return value
+    return TurnTimeout(total=float(value))
+
+
+def _model_settings(config: TurnConfig, timeout: TurnTimeout) -> ModelSettings:
+    return ModelSettings(
+        max_output_tokens=config.max_output_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        presence_penalty=config.presence_penalty,
+        frequency_penalty=config.frequency_penalty,
+        stop_sequences=config.stop_sequences,
+        seed=config.seed,
+        max_retries=config.max_retries,
+        timeout=timeout.step or timeout.total,
+        headers=dict(config.headers or {}),
+        provider_options=dict(config.provider_options or {}),
+    )
+
+
+def _should_stop(config: TurnConfig, result: StepResult, steps_run: int) -> bool:
+    for condition in config.stop_when or ():
+        if condition.step_count is not None and steps_run >= condition.step_count:
+            return True
+        if condition.tool_called is not None and any(
+            call.tool_name == condition.tool_called for call in result.tool_calls
+        ):
+            return True
+    return False
+
+
+__all__: Sequence[str] = ("StepLoop",)
