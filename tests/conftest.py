@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.engine_harness import EngineFactory, engine_factory
 from support.sidecar import SidecarFactory, SidecarProcess
 
 
@@ -28,3 +29,11 @@ def sidecar_factory(tmp_path: Path) -> Iterator[SidecarFactory]:
     yield factory
     for sidecar in created:
         sidecar.kill()
+
+
+@pytest.fixture
+async def make_engine(tmp_path: Path) -> AsyncIterator[EngineFactory]:
+    """``await make_engine(scripts=..., tools=..., middlewares=..., **EngineSettings fields)``:
+    an in-process engine on a SQLite store in ``tmp_path`` (see ``support.engine_harness``)."""
+    async with engine_factory(tmp_path) as factory:
+        yield factory

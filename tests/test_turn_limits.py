@@ -1,0 +1,216 @@
+"""Turn limits and repairs: timeouts, the stall watchdog, repair_tool_call, the hook timeline.
+
+THINK-SEMANTICS.md section 3 (TurnConfig: timeout, stream_stall_timeout_ms,
+repair_tool_call) and section 5 (stall watchdog → INTERRUPTED).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from support.engine_harness import CONV, EngineFactory, detail, end_of, kinds, make_tool, text_of, tool_parts
+
+from middleware import Middleware, TurnConfig, TurnContext, TurnTimeout
+from server.providers.base import ToolCall
+from server.providers.scripted import ScriptedToolCall, ScriptStep
+from server.tools import ToolExecution
+from turnwire.v1 import event_pb2, message_pb2
+
+
+class Configure(Middleware):
+    """Returns a fixed TurnConfig from before_turn."""
+
+    def __init__(self, config: TurnConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    async def before_turn(self, ctx: TurnContext) -> TurnConfig:
+        return self.config
+
+
+SLOW_TEXT = {"main": [ScriptStep(text="one two three four five six", delay_ms=60)]}
+
+
+@pytest.mark.parametrize(
+    ("limit", "words"),
+    [
+        (0.15, "total timeout of 0.15 s"),
+        (TurnTimeout(step=0.15), "model step 0 exceeded 0.15 s"),
+        (TurnTimeout(chunk=0.03), "no model output for 0.03 s"),
+    ],
+)
+async def test_a_timeout_ends_the_turn_deadline_exceeded_and_keeps_the_partial(
+    make_engine: EngineFactory, limit: float | TurnTimeout, words: str
+) -> None:
+    h = await make_engine(scripts=SLOW_TEXT, middlewares=[Configure(TurnConfig(timeout=limit))])
+    end = end_of(await h.run())
+    assert end.status == event_pb2.TURN_STATUS_ERROR
+    assert end.error.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+    assert words in end.error.message
+    info = detail(end.error, error_details_pb2.ErrorInfo)
+    assert info.reason == "MODEL_TIMEOUT"
+    stored = await h.store.load_messages(CONV)
+    if isinstance(limit, TurnTimeout) and limit.chunk:
+        assert len(stored) == 1  # the first chunk never came in time: nothing to keep
+    else:
+        assert text_of(stored[-1]).startswith("one ")  # what streamed before the deadline
+
+
+async def test_a_generous_timeout_changes_nothing(make_engine: EngineFactory) -> None:
+    h = await make_engine(
+        scripts=SLOW_TEXT,
+        middlewares=[Configure(TurnConfig(timeout=TurnTimeout(total=5, step=5, chunk=1)))],
+    )
+    end = end_of(await h.run())
+    assert end.status == event_pb2.TURN_STATUS_COMPLETED
+    assert text_of(end.message) == "one two three four five six"
+
+
+async def test_stall_watchdog_interrupts_a_silent_tool_and_stores_the_partial(
+    make_engine: EngineFactory,
+) -> None:
+    cancelled = asyncio.Event()
+
+    async def hang(input: dict[str, Any], execution: ToolExecution) -> str:
+        try:
+            await asyncio.sleep(10)
+        finally:
+            cancelled.set()
+        return "never"
+
+    h = await make_engine(
+        scripts={"main": [ScriptStep(text="Waiting.", tool_calls=[ScriptedToolCall(name="hang")])]},
+        tools=[make_tool("hang", hang)],
+        stream_stall_timeout_ms=150,
+    )
+    started = asyncio.get_running_loop().time()
+    events = await h.run()
+    elapsed = asyncio.get_running_loop().time() - started
+    end = end_of(events)
+    assert end.status == event_pb2.TURN_STATUS_INTERRUPTED
+    assert cancelled.is_set()
+    assert elapsed < 2  # fired after ~0.15-0.2 s, not after the tool's 10 s
+    stored = await h.store.load_messages(CONV)
+    assert text_of(stored[-1]) == "Waiting."
+    call = tool_parts(stored[-1])[0]
+    assert call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
+    assert end.message == stored[-1]
+
+
+async def test_stall_timeout_from_before_turn_overrides_the_default(make_engine: EngineFactory) -> None:
+    h = await make_engine(
+        scripts={"main": [ScriptStep(text="a b c", delay_ms=100)]},
+        middlewares=[Configure(TurnConfig(stream_stall_timeout_ms=40))],
+    )
+    assert end_of(await h.run()).status == event_pb2.TURN_STATUS_INTERRUPTED
+    h2 = await make_engine(
+        scripts={"main": [ScriptStep(text="a b c", delay_ms=20)]},
+        middlewares=[Configure(TurnConfig(stream_stall_timeout_ms=0))],
+        stream_stall_timeout_ms=5,
+        db="second.db",
+    )
+    assert end_of(await h2.run()).status == event_pb2.TURN_STATUS_COMPLETED
+
+
+def _fix_json(call: ToolCall, error: str) -> ToolCall | None:
+    """A repair hook that strips a markdown fence around JSON."""
+    raw = call.raw_input.strip().removeprefix("```json").removesuffix("```").strip()
+    return ToolCall(call.tool_call_id, call.tool_name, {"q": raw.split('"')[3]}, raw_input=raw)
+
+
+async def _echo(input: dict[str, Any], execution: ToolExecution) -> dict[str, Any]:
+    return {"echo": input}
+
+
+FENCED = '```json {"q": "fenced"} ```'
+
+
+async def test_repair_tool_call_fixes_invalid_input_and_the_tool_runs(make_engine: EngineFactory) -> None:
+    seen: list[str] = []
+
+    async def repair(call: ToolCall, error: str) -> ToolCall | None:
+        seen.append(error)
+        return _fix_json(call, error)
+
+    h = await make_engine(
+        scripts={
+            "main": [
+                ScriptStep(tool_calls=[ScriptedToolCall(name="echo", raw_input=FENCED)]),
+                ScriptStep(text="ok"),
+            ]
+        },
+        tools=[make_tool("echo", _echo)],
+        middlewares=[Configure(TurnConfig(repair_tool_call=repair))],
+    )
+    events = await h.run()
+    assert "tool_input_error" not in kinds(events)
+    assert "tool_output_available" in kinds(events)
+    assert seen and "not a JSON object" in seen[0]
+    call = tool_parts(end_of(events).message)[0]
+    assert call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
+    assert call.input["q"] == "fenced"
+
+
+async def test_repair_tool_call_returning_none_keeps_the_input_error(make_engine: EngineFactory) -> None:
+    h = await make_engine(
+        scripts={
+            "main": [
+                ScriptStep(tool_calls=[ScriptedToolCall(name="echo", raw_input=FENCED)]),
+                ScriptStep(text="ok"),
+            ]
+        },
+        tools=[make_tool("echo", _echo)],
+        middlewares=[Configure(TurnConfig(repair_tool_call=lambda call, error: None))],
+    )
+    events = await h.run()
+    assert "tool_input_error" in kinds(events)
+    assert tool_parts(end_of(events).message)[0].state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
+
+
+async def test_a_call_cut_off_by_the_output_limit_is_never_repaired(make_engine: EngineFactory) -> None:
+    calls: list[str] = []
+
+    def repair(call: ToolCall, error: str) -> ToolCall | None:
+        calls.append(call.tool_call_id)
+        return _fix_json(call, error)
+
+    ran: list[Any] = []
+
+    async def record(input: dict[str, Any], execution: ToolExecution) -> str:
+        ran.append(input)
+        return "ran"
+
+    h = await make_engine(
+        scripts={
+            "main": [
+                ScriptStep(
+                    tool_calls=[ScriptedToolCall(name="echo", raw_input='{"q": "trunc')],
+                    finish_reason="length",
+                ),
+                ScriptStep(text="ok"),
+            ]
+        },
+        tools=[make_tool("echo", record)],
+        middlewares=[Configure(TurnConfig(repair_tool_call=repair))],
+    )
+    events = await h.run()
+    assert calls == [] and ran == []
+    assert "tool_input_error" in kinds(events)
+
+
+async def test_hook_timeline_is_in_turn_end_metadata_when_enabled(make_engine: EngineFactory) -> None:
+    class Slow(Middleware):
+        async def before_turn(self, ctx: TurnContext) -> None:
+            await asyncio.sleep(0.01)
+
+    h = await make_engine(middlewares=[Slow()], hook_timeline=True)
+    end = end_of(await h.run())
+    timeline = [dict(entry) for entry in end.metadata["hook_timeline"]]
+    assert [(e["middleware"], e["hook"]) for e in timeline] == [("Slow", "before_turn")]
+    assert timeline[0]["duration_ms"] >= 10
+    h2 = await make_engine(middlewares=[Slow()], db="other.db")
+    assert "hook_timeline" not in end_of(await h2.run()).metadata
