@@ -15,18 +15,40 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import CHAT_METHOD, CLIENT_OPTIONS, chat_request, own_cpu_seconds, percentile  # noqa: E402
+from _common import (  # noqa: E402
+    CHAT_METHOD,
+    CLIENT_OPTIONS,
+    STREAM_MODEL,
+    chat_request,
+    own_cpu_seconds,
+    percentile,
+)
 
 from turnwire.v1 import chat_service_pb2  # noqa: E402
 
 
-async def load(target: str, streams: int, warm: float, seconds: float, tag: str) -> dict[str, float]:
+async def load(
+    target: str,
+    streams: int,
+    warm: float,
+    seconds: float,
+    tag: str,
+    *,
+    model: str = "",
+    on_window: Callable[[str], None] | None = None,
+) -> dict[str, float]:
+    """Run ``streams`` workers for ``warm`` + ``seconds``; count what arrives in the window.
+
+    ``on_window("start")`` / ``on_window("end")`` run exactly at the window's edges (to
+    sample the server's CPU time there).
+    """
     counts = {"events": 0, "turns": 0}
     first_event: list[tuple[float, float]] = []  # (call start, seconds to first message)
     stop = asyncio.Event()
@@ -41,7 +63,7 @@ async def load(target: str, streams: int, warm: float, seconds: float, tag: str)
             k = 0
             while not stop.is_set():
                 start = time.perf_counter()
-                call = chat(chat_request(f"{tag}-{w}-{k}"))
+                call = chat(chat_request(f"{tag}-{w}-{k}", model or STREAM_MODEL))
                 if await call.read() is grpc.aio.EOF:
                     raise RuntimeError(f"empty stream: {await call.code()}")
                 first_event.append((start, time.perf_counter() - start))
@@ -54,12 +76,17 @@ async def load(target: str, streams: int, warm: float, seconds: float, tag: str)
         tasks = [asyncio.create_task(worker(w)) for w in range(streams)]
         await asyncio.sleep(warm)
         e0, n0, t0, c0 = counts["events"], counts["turns"], time.perf_counter(), own_cpu_seconds()
+        if on_window is not None:
+            on_window("start")
         await asyncio.sleep(seconds)
         e1, n1, t1, c1 = counts["events"], counts["turns"], time.perf_counter(), own_cpu_seconds()
+        if on_window is not None:
+            on_window("end")
         stop.set()
         await asyncio.gather(*tasks)
     in_window = [d for s, d in first_event if t0 <= s <= t1]
     return {
+        "events": e1 - e0,
         "events_per_s": (e1 - e0) / (t1 - t0),
         "turns_per_s": (n1 - n0) / (t1 - t0),
         "client_cores": (c1 - c0) / (t1 - t0),
@@ -77,8 +104,11 @@ def main() -> None:
     parser.add_argument("--warm", type=float, default=1.0)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--tag", default="load")
+    parser.add_argument("--model", default=STREAM_MODEL)
     args = parser.parse_args()
-    result = asyncio.run(load(args.target, args.streams, args.warm, args.seconds, args.tag))
+    result = asyncio.run(
+        load(args.target, args.streams, args.warm, args.seconds, args.tag, model=args.model)
+    )
     print(json.dumps(result), flush=True)
 
 

@@ -8,23 +8,28 @@ pre-built ``ChatResponse`` messages, of the same shapes and sizes, from a
 bare grpc.aio server.
 
 Every server runs in its own process (Turnwire as ``python -m server serve
---config ...`` with SQLite in a temp dir); this process is the client. One
-server runs at a time, so on a 2-core machine the server has a core to itself
-and the client the other. The client does not deserialize responses in the
-timing runs (raw bytes; it is the same client for the floor and Turnwire);
+--config ...`` with SQLite in a temp dir); this process is the client. The
+servers under test are started together and measured in turn, interleaved
+round by round (floor, Turnwire, Turnwire+coalescing, floor, ...), so drift
+and other load on the machine hit them alike; while one is measured the
+others are idle. The client does not deserialize responses in the timing
+runs (raw bytes; the same client for the floor and Turnwire); the
 correctness runs parse every event and check the reconstructed text.
 
 Measured:
   (a) time to first event (call start -> first message), sequential turns, a
       new conversation per turn; p50/p99 floor vs Turnwire and the difference;
-  (b) events/s with 1 stream and with C concurrent streams (each stream runs
-      turns back to back, each turn on its own new conversation); server CPU
-      per event from psutil;
+  (b) events/s with 1, 10 and C concurrent streams (each stream runs turns
+      back to back, each turn on its own new conversation), with the server's
+      CPU time per event (psutil), the client's and the rest of the machine's
+      CPU use, and the time to first event under that load;
   (c) server RSS per open stream: S concurrent Chat calls held open by a
-      script with a one-hour delay_ms (and the floor holding S calls, for
-      gRPC's own share);
-  (d) the throughput rows again with ``events.text_coalesce_ms: 2``, with the
-      reconstructed text checked against the script's text.
+      script with a one-hour delay_ms, measured on a fresh server process;
+      the floor holding S calls gives gRPC's own share; the streams are then
+      closed and opened again (a leak would show as growth);
+  (d) the throughput rows with ``events.text_coalesce_ms: 2``, and the
+      reconstructed text checked against the script's text, also with a paced
+      script (0.5 ms between deltas) where only some deltas merge.
 
 Run alone (``python bench/stream_overhead.py [--quick] [--streams N]``) or via
 ``bench/run.py``.
@@ -34,10 +39,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,18 +57,23 @@ from _common import (  # noqa: E402
     CHAT_METHOD,
     CLIENT_OPTIONS,
     HOLD_MODEL,
+    PACED_DELAY_MS,
+    PACED_MODEL,
+    STREAM_MODEL,
     ServerProcess,
     Table,
     chat_request,
     events_per_turn,
     fmt_ms,
-    own_cpu_seconds,
+    machine_busy_seconds,
+    machine_summary,
     percentile,
     print_tables,
     stream_text,
     verdict,
     write_markdown,
 )
+from _load import load  # noqa: E402
 
 from turnwire.v1 import chat_service_pb2, event_pb2  # noqa: E402
 
@@ -70,6 +82,9 @@ TARGET_TTFE_P99_MS = 3.0
 TARGET_THROUGHPUT_RATIO = 0.70
 TARGET_KB_PER_STREAM = 64.0
 
+FLOOR = "floor"
+TURNWIRE = "turnwire"
+
 
 @dataclass
 class Options:
@@ -77,9 +92,10 @@ class Options:
     chunk_size: int = 4
     ttfe_turns: int = 200
     warmup_turns: int = 30
-    window: float = 4.0  # seconds measured per throughput row
+    rounds: int = 2  # interleaved rounds; TTFE turns are split across them
+    window: float = 3.0  # seconds measured per throughput row and round
     warm: float = 1.0  # seconds run before the window opens
-    concurrency: int = 100
+    levels: tuple[int, ...] = (1, 10, 100)  # concurrent streams
     streams: int = 5000
     coalesce_ms: float = 2.0
     verify_turns: int = 300
@@ -87,7 +103,22 @@ class Options:
 
     @classmethod
     def quick(cls) -> Options:
-        return cls(ttfe_turns=60, warmup_turns=10, window=1.5, warm=0.5, streams=1000, verify_turns=150)
+        return cls(
+            ttfe_turns=60, warmup_turns=10, rounds=1, window=1.5, warm=0.5, levels=(1, 100),
+            streams=1000, verify_turns=100,
+        )
+
+    @property
+    def concurrency(self) -> int:
+        return max(self.levels)
+
+    def describe(self) -> str:
+        return (
+            f"deltas={self.deltas} chunk_size={self.chunk_size} ttfe_turns={self.ttfe_turns} "
+            f"rounds={self.rounds} window={self.window:g}s warm={self.warm:g}s "
+            f"levels={','.join(map(str, self.levels))} streams={self.streams} "
+            f"coalesce_ms={self.coalesce_ms:g} verify_turns={self.verify_turns}"
+        )
 
 
 def _multi(channel: grpc.aio.Channel, *, parse: bool) -> Any:
@@ -112,7 +143,8 @@ async def time_to_first_event(target: str, turns: int, warmup: int, tag: str) ->
             call = chat(request)
             first = await call.read()
             elapsed = time.perf_counter() - start
-            assert first is not grpc.aio.EOF
+            if first is grpc.aio.EOF:
+                raise RuntimeError(f"{target}: empty stream: {await call.code()}")
             while await call.read() is not grpc.aio.EOF:
                 pass
             if i >= warmup:
@@ -131,45 +163,33 @@ class Throughput:
     server_cpu_us_per_event: float
     server_cpu_util: float  # cores
     client_cpu_util: float  # cores
-    server_threads: int
+    other_cpu_util: float  # cores used by everything else on the machine
+    ttfe_p50_ms: float  # first event of the turns started in the window
+    ttfe_p99_ms: float
 
 
 async def throughput(server: ServerProcess, streams: int, opts: Options, tag: str) -> Throughput:
     """Each of ``streams`` workers runs turns back to back; count events in a steady window."""
-    counts = {"events": 0, "turns": 0}
-    stop = asyncio.Event()
-    async with grpc.aio.insecure_channel(server.target, options=CLIENT_OPTIONS) as channel:
-        chat = _multi(channel, parse=False)
+    edges: dict[str, tuple[float, float]] = {}
 
-        async def worker(w: int) -> None:
-            k = 0
-            while not stop.is_set():
-                call = chat(chat_request(f"{tag}-tp{streams}-{w}-{k}"))
-                async for _ in call:
-                    counts["events"] += 1
-                counts["turns"] += 1
-                k += 1
+    def on_window(edge: str) -> None:
+        edges[edge] = (server.cpu_seconds(), machine_busy_seconds())
 
-        tasks = [asyncio.create_task(worker(w)) for w in range(streams)]
-        await asyncio.sleep(opts.warm)
-        e0, n0, t0 = counts["events"], counts["turns"], time.perf_counter()
-        s0, c0 = server.cpu_seconds(), own_cpu_seconds()
-        await asyncio.sleep(opts.window)
-        e1, n1, t1 = counts["events"], counts["turns"], time.perf_counter()
-        s1, c1 = server.cpu_seconds(), own_cpu_seconds()
-        threads = server.threads()
-        stop.set()
-        await asyncio.gather(*tasks)
-    elapsed = t1 - t0
-    events = e1 - e0
+    result = await load(server.target, streams, opts.warm, opts.window, tag, on_window=on_window)
+    elapsed = result["window_end"] - result["window_start"]
+    server_cpu = edges["end"][0] - edges["start"][0]
+    machine_cpu = edges["end"][1] - edges["start"][1]
+    client_cores = result["client_cores"]
     return Throughput(
         streams=streams,
-        events_per_s=events / elapsed,
-        turns_per_s=(n1 - n0) / elapsed,
-        server_cpu_us_per_event=(s1 - s0) / max(events, 1) * 1e6,
-        server_cpu_util=(s1 - s0) / elapsed,
-        client_cpu_util=(c1 - c0) / elapsed,
-        server_threads=threads,
+        events_per_s=result["events_per_s"],
+        turns_per_s=result["turns_per_s"],
+        server_cpu_us_per_event=server_cpu / max(result["events"], 1) * 1e6,
+        server_cpu_util=server_cpu / elapsed,
+        client_cpu_util=client_cores,
+        other_cpu_util=max(0.0, machine_cpu / elapsed - server_cpu / elapsed - client_cores),
+        ttfe_p50_ms=result["ttfe_p50_ms"],
+        ttfe_p99_ms=result["ttfe_p99_ms"],
     )
 
 
@@ -185,7 +205,9 @@ class Check:
     first_problem: str
 
 
-async def check_streams(target: str, expected: str, turns: int, concurrency: int, tag: str) -> Check:
+async def check_streams(
+    target: str, expected: str, turns: int, concurrency: int, tag: str, model: str = STREAM_MODEL
+) -> Check:
     """Parse every event of ``turns`` turns (``concurrency`` at a time) and check each turn:
     sequence numbers 1..n, TurnStart first, one TurnEnd (COMPLETED) last, and the text
     rebuilt from the deltas equal to the script's text and to the stored message's text."""
@@ -200,7 +222,7 @@ async def check_streams(target: str, expected: str, turns: int, concurrency: int
             nonlocal events_total, bytes_total
             async with semaphore:
                 events: list[event_pb2.TurnEvent] = []
-                async for response in chat(chat_request(f"{tag}-check-{i}")):
+                async for response in chat(chat_request(f"{tag}-check-{i}", model)):
                     events.append(response.event)
                     bytes_total += response.ByteSize()
             events_total += len(events)
@@ -248,7 +270,8 @@ class Memory:
     rss_before: int
     rss_open: int
     rss_closed: int
-    milestones: list[tuple[int, int]]  # (open streams, rss)
+    rss_reopen: int
+    milestones: list[tuple[int, int]]  # (open streams, rss) while opening the first time
     open_seconds: float
 
     @property
@@ -262,7 +285,8 @@ class Memory:
 
 
 async def memory_per_stream(server: ServerProcess, streams: int, name: str) -> Memory:
-    """Open ``streams`` Chat calls that stay open (HOLD_MODEL); RSS before, while open, after."""
+    """Open ``streams`` Chat calls that stay open (HOLD_MODEL) and read the server's RSS
+    before, while open, after closing them all, and with as many open again."""
     batch = 250
     async with grpc.aio.insecure_channel(server.target, options=CLIENT_OPTIONS) as channel:
         chat = _multi(channel, parse=False)
@@ -276,248 +300,317 @@ async def memory_per_stream(server: ServerProcess, streams: int, name: str) -> M
                 if await call.read() is grpc.aio.EOF:
                     raise RuntimeError(f"{name}: stream {key} ended early: {await call.code()}")
 
-        # Warm up: the code paths, the store and the allocator see a few calls first.
+        async def open_all(prefix: str, milestones: list[tuple[int, int]] | None) -> None:
+            step = max(streams // 5, batch)
+            for first in range(0, streams, batch):
+                count = min(batch, streams - first)
+                await asyncio.gather(*(open_one(f"{prefix}-{first + i}") for i in range(count)))
+                done = first + count
+                if milestones is not None and (done % step == 0 or done == streams):
+                    milestones.append((done, server.rss()))
+
+        async def close_all() -> None:
+            for call in calls:
+                call.cancel()
+            calls.clear()
+            await asyncio.sleep(2.0)  # the server aborts and stores the turns
+
+        # Warm up: code paths, the store and the allocator see some held calls first.
         await asyncio.gather(*(open_one(f"warm-{i}") for i in range(100)))
-        for call in calls:
-            call.cancel()
-        calls.clear()
-        await asyncio.sleep(1.5)
+        await close_all()
         rss_before = server.rss()
         milestones: list[tuple[int, int]] = []
         start = time.perf_counter()
-        for first in range(0, streams, batch):
-            count = min(batch, streams - first)
-            await asyncio.gather(*(open_one(f"hold-{first + i}") for i in range(count)))
-            if (first + count) % max(streams // 5, batch) == 0 or first + count == streams:
-                milestones.append((first + count, server.rss()))
+        await open_all("hold", milestones)
         open_seconds = time.perf_counter() - start
         await asyncio.sleep(1.0)
         rss_open = server.rss()
         milestones[-1] = (streams, rss_open)
-        for call in calls:
-            call.cancel()
-        await asyncio.sleep(2.0)
+        await close_all()
         rss_closed = server.rss()
-    return Memory(name, streams, rss_before, rss_open, rss_closed, milestones, open_seconds)
+        await open_all("again", None)
+        await asyncio.sleep(1.0)
+        rss_reopen = server.rss()
+        await close_all()
+    return Memory(name, streams, rss_before, rss_open, rss_closed, rss_reopen, milestones, open_seconds)
 
 
 # ----------------------------------------------------------------------------- the run
 
 
+@dataclass
+class Results:
+    opts: Options
+    ttfe: dict[str, list[float]] = field(default_factory=dict)
+    tput: dict[tuple[str, int], list[Throughput]] = field(default_factory=dict)
+    checks: dict[str, Check] = field(default_factory=dict)
+    mem: dict[str, Memory] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
 async def run(opts: Options) -> list[Table]:
+    """Run every measurement; return the result tables."""
+    started = time.perf_counter()
+    res = Results(opts)
     expected = stream_text(opts.deltas, opts.chunk_size)
-    n_events = events_per_turn(opts.deltas)
-    ttfe: dict[str, list[float]] = {}
-    tput: dict[str, list[Throughput]] = {}
-    checks: dict[str, Check] = {}
-    mem: dict[str, Memory] = {}
+    coalesced = f"turnwire coalesce {opts.coalesce_ms:g} ms"
+    factories: dict[str, Callable[[Path], ServerProcess]] = {
+        FLOOR: lambda d: ServerProcess.floor(d, deltas=opts.deltas, chunk_size=opts.chunk_size),
+        TURNWIRE: lambda d: ServerProcess.turnwire(d, deltas=opts.deltas, chunk_size=opts.chunk_size),
+        coalesced: lambda d: ServerProcess.turnwire(
+            d, deltas=opts.deltas, chunk_size=opts.chunk_size, coalesce_ms=opts.coalesce_ms
+        ),
+    }
     with tempfile.TemporaryDirectory(prefix="turnwire-bench-") as tmp:
         root = Path(tmp)
-        setups = [
-            ("floor", lambda d: ServerProcess.floor(d, deltas=opts.deltas, chunk_size=opts.chunk_size)),
-            ("turnwire", lambda d: ServerProcess.turnwire(d, deltas=opts.deltas, chunk_size=opts.chunk_size)),
-            (
-                f"turnwire coalesce {opts.coalesce_ms:g} ms",
-                lambda d: ServerProcess.turnwire(
-                    d, deltas=opts.deltas, chunk_size=opts.chunk_size, coalesce_ms=opts.coalesce_ms
-                ),
-            ),
-        ]
-        for index, (name, make) in enumerate(setups):
-            workdir = root / f"s{index}"
-            workdir.mkdir()
-            server = make(workdir)
-            _log(f"{name}: starting {' '.join(server.argv[1:4])}...")
-            await server.start()
-            try:
-                tag = f"r{index}"
-                if not name.startswith("turnwire coalesce"):
-                    _log(f"{name}: time to first event, {opts.ttfe_turns} sequential turns")
-                    ttfe[name] = await time_to_first_event(
-                        server.target, opts.ttfe_turns, opts.warmup_turns, tag
+        servers: dict[str, ServerProcess] = {}
+        try:
+            for index, (name, make) in enumerate(factories.items()):
+                workdir = root / f"s{index}"
+                workdir.mkdir()
+                servers[name] = make(workdir)
+                _log(f"starting {name}: {' '.join(servers[name].argv[1:])}")
+                await servers[name].start()
+            # (a) interleaved: floor, turnwire, floor, turnwire ...
+            per_round = max(1, opts.ttfe_turns // opts.rounds)
+            for r in range(opts.rounds):
+                for name in (FLOOR, TURNWIRE):
+                    _log(f"(a) {name}: time to first event, {per_round} sequential turns, round {r + 1}")
+                    warmup = opts.warmup_turns if r == 0 else 5
+                    res.ttfe.setdefault(name, []).extend(
+                        await time_to_first_event(servers[name].target, per_round, warmup, f"a{r}")
                     )
-                tput[name] = []
-                for streams in (1, opts.concurrency):
-                    _log(f"{name}: throughput, {streams} stream(s), {opts.window:g} s window")
-                    tput[name].append(await throughput(server, streams, opts, tag))
-                if name != "floor":
-                    _log(f"{name}: checking {opts.verify_turns} turns ({opts.concurrency} at a time)")
-                    checks[name] = await check_streams(
-                        server.target, expected, opts.verify_turns, opts.concurrency, tag
-                    )
-                elif opts.deltas:
-                    checks[name] = await check_streams(server.target, expected, 20, 10, tag)
-            finally:
+            # (b)/(d) interleaved by round and concurrency level
+            for r in range(opts.rounds):
+                for streams in opts.levels:
+                    for name, server in servers.items():
+                        _log(f"(b) {name}: {streams} stream(s), {opts.window:g} s window, round {r + 1}")
+                        res.tput.setdefault((name, streams), []).append(
+                            await throughput(server, streams, opts, f"b{r}")
+                        )
+            # correctness
+            _log("checking the streams")
+            res.checks[FLOOR] = await check_streams(servers[FLOOR].target, expected, 20, 10, "c")
+            for name in (TURNWIRE, coalesced):
+                target = servers[name].target
+                res.checks[name] = await check_streams(
+                    target, expected, opts.verify_turns, opts.concurrency, "c"
+                )
+                res.checks[f"{name}, paced {PACED_DELAY_MS:g} ms"] = await check_streams(
+                    target, expected, opts.verify_turns, opts.concurrency, "p", PACED_MODEL
+                )
+        finally:
+            for server in servers.values():
                 server.stop()
+        # (c) on fresh processes, one at a time
         if not opts.skip_memory:
-            for index, (name, make) in enumerate(setups[:2]):
+            for index, name in enumerate((FLOOR, TURNWIRE)):
                 workdir = root / f"m{index}"
                 workdir.mkdir()
-                server = make(workdir)
+                server = factories[name](workdir)
                 await server.start()
                 try:
-                    _log(f"{name}: memory, opening {opts.streams} streams")
-                    mem[name] = await memory_per_stream(server, opts.streams, name)
+                    _log(f"(c) {name}: memory, {opts.streams} open streams")
+                    res.mem[name] = await memory_per_stream(server, opts.streams, name)
                 finally:
-                    _log(f"{name}: stopping")
                     server.stop()
-    return _tables(opts, n_events, ttfe, tput, checks, mem)
+    res.seconds = time.perf_counter() - started
+    return tables(res, coalesced)
 
 
-def _tables(
-    opts: Options,
-    n_events: int,
-    ttfe: dict[str, list[float]],
-    tput: dict[str, list[Throughput]],
-    checks: dict[str, Check],
-    mem: dict[str, Memory],
-) -> list[Table]:
-    tables: list[Table] = []
+def _median(rows: list[Throughput], key: str) -> float:
+    return statistics.median(getattr(r, key) for r in rows)
+
+
+def tables(res: Results, coalesced: str) -> list[Table]:
+    opts = res.opts
+    n_events = events_per_turn(opts.deltas)
     workload = (
         f"{opts.deltas} text deltas of {opts.chunk_size} chars per turn = {n_events} events/turn, "
         "no provider delay"
     )
+    out: list[Table] = []
 
     # (a)
     t = Table(
-        "(a) Time to first event (client-observed, ms)",
+        "(a) Time to first event, sequential turns (client-observed, ms)",
         ["server", "turns", "p50", "p90", "p99", "max", "target", "verdict"],
     )
-    floor = ttfe.get("floor", [])
-    for name, samples in ttfe.items():
+    for name, samples in res.ttfe.items():
         t.add(
             name, len(samples), fmt_ms(percentile(samples, 50)), fmt_ms(percentile(samples, 90)),
             fmt_ms(percentile(samples, 99)), fmt_ms(max(samples)), "", "",
         )
-    if floor and "turnwire" in ttfe:
-        tw = ttfe["turnwire"]
+    if FLOOR in res.ttfe and TURNWIRE in res.ttfe:
+        floor, tw = res.ttfe[FLOOR], res.ttfe[TURNWIRE]
         d50 = percentile(tw, 50) - percentile(floor, 50)
         d99 = percentile(tw, 99) - percentile(floor, 99)
-        t.add("added p50 (turnwire - floor)", "", fmt_ms(d50), "", "", "",
+        t.add("added (turnwire - floor) p50", "", fmt_ms(d50), "", "", "",
               f"<= {TARGET_TTFE_P50_MS:g} ms", verdict(d50 * 1000 <= TARGET_TTFE_P50_MS))
-        t.add("added p99 (turnwire - floor)", "", "", "", fmt_ms(d99), "",
+        t.add("added (turnwire - floor) p99", "", "", "", fmt_ms(d99), "",
               f"<= {TARGET_TTFE_P99_MS:g} ms", verdict(d99 * 1000 <= TARGET_TTFE_P99_MS))
     t.notes.append(
-        f"{workload}; sequential turns, each on a new conversation, after "
-        f"{opts.warmup_turns} warm-up turns; server and client in separate processes."
+        f"{workload}. One turn at a time, each on a new conversation, after warm-up turns; "
+        f"floor and Turnwire interleaved in {opts.rounds} round(s). The first event is TurnStart, "
+        "which Turnwire sends before it writes anything to SQLite."
     )
-    tables.append(t)
+    out.append(t)
 
-    # (b) + (d)
+    # (b)/(d) throughput
     t = Table(
-        "(b)/(d) Throughput (events received per second by the client)",
-        ["server", "streams", "events/s", "turns/s", "vs floor", "srv CPU us/event",
-         "srv cores", "client cores", "target", "verdict"],
+        "(b)/(d) Throughput: events received per second by the client",
+        ["server", "streams", "events/s", "min..max", "turns/s", "vs floor", "target", "verdict"],
     )
-    floor_rows = {r.streams: r for r in tput.get("floor", [])}
-    for name, rows in tput.items():
-        for row in rows:
-            base = floor_rows.get(row.streams)
-            coalesced = name.startswith("turnwire coalesce")
-            # With coalescing a turn has fewer events, so compare delivered turns (same text each).
-            if base is None or name == "floor":
-                ratio_txt, target, ok_txt = "", "", ""
+    floor_rows = {s: rows for (n, s), rows in res.tput.items() if n == FLOOR}
+    for (name, streams), rows in res.tput.items():
+        ev = _median(rows, "events_per_s")
+        turns = _median(rows, "turns_per_s")
+        ratio_txt = target = ok = ""
+        base = floor_rows.get(streams)
+        if name != FLOOR and base:
+            if name == coalesced:
+                # Fewer, larger events per turn: compare delivered turns (the same text each).
+                ratio = turns / _median(base, "turns_per_s")
+                ratio_txt = f"{ratio:.0%} (turns/s)"
             else:
-                ratio = (row.turns_per_s / base.turns_per_s) if coalesced else (
-                    row.events_per_s / base.events_per_s)
-                ratio_txt = f"{ratio:.0%}" + (" (turns)" if coalesced else "")
-                target, ok_txt = "", ""
-                if row.streams == opts.concurrency:
-                    target = f">= {TARGET_THROUGHPUT_RATIO:.0%}"
-                    ok_txt = verdict(ratio >= TARGET_THROUGHPUT_RATIO)
-            t.add(
-                name, row.streams, f"{row.events_per_s:,.0f}", f"{row.turns_per_s:,.1f}", ratio_txt,
-                f"{row.server_cpu_us_per_event:.1f}", f"{row.server_cpu_util:.2f}",
-                f"{row.client_cpu_util:.2f}", target, ok_txt,
-            )
+                ratio = ev / _median(base, "events_per_s")
+                ratio_txt = f"{ratio:.0%}"
+            if streams == opts.concurrency:
+                target, ok = f">= {TARGET_THROUGHPUT_RATIO:.0%}", verdict(ratio >= TARGET_THROUGHPUT_RATIO)
+        spread = f"{min(r.events_per_s for r in rows):,.0f}..{max(r.events_per_s for r in rows):,.0f}"
+        t.add(name, streams, f"{ev:,.0f}", spread, f"{turns:,.1f}", ratio_txt, target, ok)
     t.notes.append(
         f"{workload}. Each stream runs turns back to back, each turn on a new conversation; "
-        f"{opts.warm:g} s warm-up, then a {opts.window:g} s window."
+        f"{opts.warm:g} s warm-up then a {opts.window:g} s window, median of {opts.rounds} "
+        "interleaved round(s). Client and server are separate processes on the same machine."
     )
     t.notes.append(
-        "srv CPU us/event = server process CPU time (all threads) / events in the window: the "
-        "client-independent cost. 'cores' = CPU seconds per wall second (2 cores on this machine)."
+        "Coalesced row: 'vs floor' compares turns/s (the same text per turn in fewer, larger "
+        "events); its events/s counts merged messages."
+    )
+    out.append(t)
+
+    # server cost and latency under load
+    t = Table(
+        "(b) Where the CPU goes under load, and time to first event under load",
+        ["server", "streams", "srv CPU us/event", "capacity vs floor", "srv cores", "client cores",
+         "other cores", "TTFE p50 ms", "TTFE p99 ms", "verdict (capacity)"],
+    )
+    for (name, streams), rows in res.tput.items():
+        cpu = _median(rows, "server_cpu_us_per_event")
+        capacity = ok = ""
+        base = floor_rows.get(streams)
+        if name == TURNWIRE and base:
+            ratio = _median(base, "server_cpu_us_per_event") / cpu
+            capacity = f"{ratio:.0%}"
+            if streams == opts.concurrency:
+                ok = verdict(ratio >= TARGET_THROUGHPUT_RATIO)
+        t.add(
+            name, streams, f"{cpu:.1f}", capacity, f"{_median(rows, 'server_cpu_util'):.2f}",
+            f"{_median(rows, 'client_cpu_util'):.2f}", f"{_median(rows, 'other_cpu_util'):.2f}",
+            f"{_median(rows, 'ttfe_p50_ms'):.2f}", f"{_median(rows, 'ttfe_p99_ms'):.2f}", ok,
+        )
+    t.notes.append(
+        "srv CPU us/event: server process CPU time (all its threads) / events, in the window. "
+        "capacity vs floor = floor's us/event / Turnwire's: the events/s ratio a server-bound "
+        "run would show (the client needs about 30 us/event too, so on 2 cores the client-observed "
+        "ratio above understates the server's overhead when the floor is client-bound)."
     )
     t.notes.append(
-        "Coalesced row: 'vs floor' compares turns/s (the same text per turn, fewer, larger "
-        "events), since its events/s counts merged messages."
+        "cores = CPU seconds per second; 'other' = the rest of the machine (idle servers, other "
+        "users) - should be near 0 for clean numbers. TTFE under load: first event of the turns "
+        "started in the window (queueing in client and server included)."
     )
-    tables.append(t)
+    out.append(t)
 
     # correctness
     t = Table(
-        "Correctness of the streams (every event parsed)",
-        ["server", "turns", "events/turn", "bytes/turn", "bad turns", "rebuilt text == script text"],
+        "(d) Stream correctness (every event parsed)",
+        ["server / script", "turns", "events/turn", "bytes/turn", "bad turns", "text == script text"],
     )
-    for name, check in checks.items():
+    for name, check in res.checks.items():
         t.add(name, check.turns, f"{check.events_per_turn:.1f}", f"{check.bytes_per_turn:,.0f}",
               check.bad, "yes" if check.bad == 0 else f"NO: {check.first_problem}")
     t.notes.append(
-        f"Turnwire rows: {opts.concurrency} turns at a time. Checks sequence numbers 1..n, "
-        "TurnStart first, one COMPLETED TurnEnd last, text from the deltas == script text == "
-        "TurnEnd.message text. The floor row shows its stream is the same size as Turnwire's."
+        f"Turnwire rows: {opts.concurrency} turns at a time. Checked per turn: sequence numbers "
+        "1..n, TurnStart first, one COMPLETED TurnEnd last, text rebuilt from the deltas == the "
+        "script's text == the TurnEnd message's text. 'paced' = the same script with "
+        f"{PACED_DELAY_MS:g} ms before each delta, so coalescing merges only some deltas. The floor "
+        "row shows its stream has the size of Turnwire's."
     )
-    tables.append(t)
+    out.append(t)
 
     # (c)
-    if mem:
+    if res.mem:
         t = Table(
-            "(c) Server memory per open Chat stream",
+            "(c) Server memory per open Chat stream (RSS)",
             ["server", "open streams", "RSS before MB", "RSS open MB", "KB/stream",
-             "marginal KB/stream", "RSS after close MB", "open time s", "target", "verdict"],
+             "marginal KB/stream", "after close MB", "reopened MB", "open time s", "target",
+             "verdict"],
         )
-        for name, m in mem.items():
-            is_tw = name == "turnwire"
+        for name, m in res.mem.items():
+            is_tw = name == TURNWIRE
             t.add(
                 name, m.streams, f"{m.rss_before / 2**20:.1f}", f"{m.rss_open / 2**20:.1f}",
                 f"{m.kb_per_stream:.1f}", f"{m.marginal_kb_per_stream:.1f}",
-                f"{m.rss_closed / 2**20:.1f}", f"{m.open_seconds:.1f}",
+                f"{m.rss_closed / 2**20:.1f}", f"{m.rss_reopen / 2**20:.1f}", f"{m.open_seconds:.1f}",
                 f"<= {TARGET_KB_PER_STREAM:g} KB" if is_tw else "",
                 verdict(m.kb_per_stream <= TARGET_KB_PER_STREAM) if is_tw else "",
             )
-        if "turnwire" in mem and "floor" in mem:
-            extra = mem["turnwire"].kb_per_stream - mem["floor"].kb_per_stream
-            t.add("turnwire - floor", "", "", "", f"{extra:.1f}", "", "", "", "", "")
+        if TURNWIRE in res.mem and FLOOR in res.mem:
+            extra = res.mem[TURNWIRE].kb_per_stream - res.mem[FLOOR].kb_per_stream
+            t.add("turnwire - floor", "", "", "", f"{extra:.1f}", "", "", "", "", "", "")
         t.notes.append(
             "Each stream is a Chat call whose script sleeps (delay_ms = 1 h) after TurnStart and "
-            "StepStart were received, i.e. a turn admitted, persisted and waiting on the model. "
-            "Turnwire runs as `python -m server serve --config` in its own process; RSS via "
-            "psutil after 100 warm-up calls. Marginal = slope between the first and last "
-            "milestone (excludes one-off growth)."
+            "StepStart were received: a turn admitted, persisted and waiting on the model. Fresh "
+            "server process (Turnwire: `python -m server serve --config`), RSS via psutil after "
+            "100 warm-up calls. Marginal = slope between the first and last fifth. 'reopened' = "
+            "RSS with the same number open again after closing all: no growth over 'RSS open' "
+            "means the memory kept after close is reused, not leaked."
         )
-        tables.append(t)
-    return tables
+        out.append(t)
+    return out
 
 
 def _log(message: str) -> None:
     print(f"[stream_overhead] {message}", file=sys.stderr, flush=True)
 
 
-def options_from_args(argv: list[str] | None = None) -> Options:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="~30 s smoke run")
     parser.add_argument("--streams", type=int, help="open streams for (c) (default 5000, quick 1000)")
     parser.add_argument("--deltas", type=int, help="text deltas per turn (default 200)")
     parser.add_argument("--chunk-size", type=int, help="characters per delta (default 4)")
-    parser.add_argument("--concurrency", type=int, help="concurrent streams for (b) (default 100)")
+    parser.add_argument("--levels", help="concurrent streams for (b), comma-separated (default 1,10,100)")
     parser.add_argument("--ttfe-turns", type=int, help="sequential turns for (a) (default 200)")
-    parser.add_argument("--window", type=float, help="seconds measured per throughput row")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 2)")
+    parser.add_argument("--window", type=float, help="seconds measured per throughput row and round")
     parser.add_argument("--skip-memory", action="store_true", help="skip (c)")
-    args, _ = parser.parse_known_args(argv)
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
     opts = Options.quick() if args.quick else Options()
-    for key in ("streams", "deltas", "chunk_size", "concurrency", "ttfe_turns", "window"):
-        value = getattr(args, key)
+    for key in ("streams", "deltas", "chunk_size", "ttfe_turns", "rounds", "window"):
+        value = getattr(args, key, None)
         if value is not None:
             setattr(opts, key, value)
-    opts.skip_memory = args.skip_memory
+    if getattr(args, "levels", None):
+        opts.levels = tuple(int(x) for x in args.levels.split(","))
+    opts.skip_memory = bool(getattr(args, "skip_memory", False))
     return opts
 
 
 def main() -> None:
-    opts = options_from_args()
-    tables = asyncio.run(run(opts))
-    print_tables(tables)
-    write_markdown(BENCH_DIR / "results.md", "# stream_overhead results", tables)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    opts = options_from_args(parser.parse_args())
+    result_tables = asyncio.run(run(opts))
+    print_tables(result_tables)
+    header = (
+        "# stream_overhead results\n\n"
+        f"`python bench/stream_overhead.py` ({opts.describe()}); {machine_summary()}."
+    )
+    write_markdown(BENCH_DIR / "results.md", header, result_tables)
 
 
 if __name__ == "__main__":

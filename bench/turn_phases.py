@@ -1,21 +1,30 @@
-"""Diagnostic: where a turn's wall time goes, with the real server in-process and instrumented.
+"""Diagnostic: where a turn's wall time goes, and what two proposed store fixes would gain.
 
 Runs Turnwire in this process through ``server.app.start(settings)`` (SQLite in
-a temp dir) and wraps, from the outside and without changing server code:
+a temp dir) and instruments it from the outside, without changing server code:
 
 * the store's ``start_turn`` / ``save_message`` (checkpoints) / ``finish_turn`` /
-  ``load_messages`` calls (caller-observed latency),
-* the SQLite writer task's batches (writes per batch, statements = aiosqlite
-  thread round trips per batch, batch duration),
-* every aiosqlite thread round trip of the writer connection,
-* event-loop lag (how late a 1 ms timer fires: the time one loop iteration takes).
+  ``load_messages`` calls (latency seen by the turn, queueing included),
+* the SQLite writer task's batches (writes per batch, aiosqlite thread round
+  trips per batch, batch duration) and every round trip of the writer connection,
+* event-loop lag (how late a 1 ms timer fires).
 
-The load comes from ``bench/_load.py`` in a separate process (1 and C streams,
-turns back to back, a new conversation each). Only samples inside the
-client's measurement window are counted. Not part of ``run.py``; run it when
-``stream_overhead.py`` shows a miss:
+The load comes from ``bench/_load.py`` in a separate process (turns back to
+back, a new conversation each; 1, 10 and 100 streams). Only samples inside the
+client's measurement window count.
 
-    python bench/turn_phases.py [--streams 100] [--seconds 4] [--coalesce-ms 0]
+``--variants`` also runs *prototypes* of the proposed fixes, patched in at run
+time (bench-only code; the server source is untouched):
+
+* ``one-hop``: the writer applies a whole batch in ONE aiosqlite thread round
+  trip (the unchanged write functions are driven synchronously inside the
+  worker thread against the raw sqlite3 connection) instead of one round trip
+  per SQL statement;
+* ``no-final-ckpt``: no checkpoint is written at the end of the last step (the
+  final ``finish_turn`` write stores the same message right after);
+* ``both``.
+
+    python bench/turn_phases.py [--levels 1,10,100] [--seconds 3] [--variants baseline,one-hop,both]
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +54,8 @@ from _common import (  # noqa: E402
     stream_text,
 )
 
+VARIANTS = ("baseline", "one-hop", "no-final-ckpt", "both")
+
 
 class Recorder:
     def __init__(self) -> None:
@@ -58,6 +69,115 @@ class Recorder:
 
     def clear(self) -> None:
         self.samples.clear()
+
+
+# ----------------------------------------------------------------------------- prototypes
+
+
+class _SyncDb:
+    """The aiosqlite calls the store's write functions make, done synchronously on the
+    raw sqlite3 connection (used inside the worker thread; never really suspends)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    async def execute(self, sql: str, params: Any = ()) -> Any:
+        return self.conn.execute(sql, params)
+
+    async def executemany(self, sql: str, seq: Any) -> Any:
+        return self.conn.executemany(sql, seq)
+
+    async def execute_fetchall(self, sql: str, params: Any = ()) -> Any:
+        return self.conn.execute(sql, params).fetchall()
+
+
+def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("a store write suspended inside the one-hop batch")
+
+
+def patch_one_hop_writer(store: Any) -> None:
+    """Prototype: ``SqliteStore._apply_batch`` with one thread round trip per batch."""
+    from server.store import sqlite as sqlite_mod
+
+    async def apply_batch(batch: list[Any]) -> None:
+        db = store._writer_db
+        nows = [store._now_us() for _ in batch]
+
+        def run() -> list[BaseException | None]:  # in the aiosqlite worker thread
+            conn = db._conn
+            shim = _SyncDb(conn)
+            outcomes: list[BaseException | None] = []
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for write, now in zip(batch, nows, strict=True):
+                    conn.execute("SAVEPOINT write")
+                    try:
+                        _drive(write.apply(shim, now))
+                    except Exception as exc:
+                        conn.execute("ROLLBACK TO write")
+                        outcomes.append(exc)
+                    else:
+                        outcomes.append(None)
+                    conn.execute("RELEASE write")
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return outcomes
+
+        try:
+            outcomes = await db._execute(run)
+        except Exception as exc:
+            what = f"writing {len(batch)} queued write(s) ({batch[0].what}, ...)"
+            for write in batch:
+                if not write.future.done():
+                    write.future.set_exception(sqlite_mod._store_error(exc, what))
+            return
+        for write, outcome in zip(batch, outcomes, strict=True):
+            if write.future.done():
+                continue
+            if outcome is None:
+                write.future.set_result(None)
+            elif isinstance(outcome, sqlite_mod._DB_ERRORS):
+                write.future.set_exception(sqlite_mod._store_error(outcome, write.what))
+            else:
+                write.future.set_exception(outcome)
+
+    store._apply_batch = apply_batch
+
+
+def patch_no_final_checkpoint() -> Callable[[], None]:
+    """Prototype: skip ``turn.checkpoints.now()`` at the end of the last step
+    (``step_loop.py``: only checkpoint when another step follows). Returns an undo."""
+    from server.engine import checkpoints, step_loop
+
+    original = checkpoints.Checkpointer.now
+    steps_code = step_loop.StepLoop._steps.__code__
+
+    def now(self: Any) -> None:
+        caller = sys._getframe(1)
+        if caller.f_code is steps_code and not caller.f_locals.get("had_tool_results", True):
+            if self._timer is not None:  # what the final write supersedes
+                self._timer.cancel()
+                self._timer = None
+            return
+        original(self)
+
+    checkpoints.Checkpointer.now = now  # type: ignore[method-assign]
+
+    def undo() -> None:
+        checkpoints.Checkpointer.now = original  # type: ignore[method-assign]
+
+    return undo
+
+
+# ----------------------------------------------------------------------------- instrumentation
 
 
 def _timed_async(rec: Recorder, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -122,92 +242,153 @@ async def loop_lag(rec: Recorder, stop: asyncio.Event) -> None:
         rec.add("loop.lag", time.monotonic() - start - 0.001)
 
 
-async def run(streams_list: list[int], seconds: float, deltas: int, chunk_size: int, coalesce_ms: float) -> list[Table]:
+# ----------------------------------------------------------------------------- the run
+
+PHASES = (
+    ("turn.wall", "ms", 1e3),
+    ("store.start_turn", "ms", 1e3),
+    ("store.load_messages", "ms", 1e3),
+    ("store.save_message", "ms", 1e3),
+    ("store.finish_turn", "ms", 1e3),
+    ("writer.batch_s", "ms", 1e3),
+    ("writer.batch_writes", "writes", 1),
+    ("writer.batch_hops", "round trips", 1),
+    ("writer.hop", "ms", 1e3),
+    ("loop.lag", "ms", 1e3),
+)
+
+
+async def run_variant(
+    variant: str, levels: list[int], seconds: float, deltas: int, chunk_size: int, coalesce_ms: float
+) -> tuple[list[Table], list[dict[str, Any]]]:
     from server.app import start
     from server.config import Settings
 
-    tables = []
-    with tempfile.TemporaryDirectory(prefix="turnwire-phases-") as tmp:
-        port = free_port()
-        settings = Settings(
-            listen=f"127.0.0.1:{port}",
-            default_model=STREAM_MODEL,
-            log_level="warning",
-            store={"url": f"sqlite:///{Path(tmp) / 'turnwire.db'}"},
-            providers={"scripted": {"scripts": {
-                "bench": [{"text": stream_text(deltas, chunk_size), "chunk_size": chunk_size}],
-                "hold": [{"text": "held", "delay_ms": HOLD_DELAY_MS}],
-            }}},
-            tools={"demo": False},
-            events={"text_coalesce_ms": coalesce_ms},
-            limits={"shutdown_grace_seconds": 1},
-        )
-        sidecar = await start(settings)
-        rec = Recorder()
-        instrument(sidecar, rec)
-        stop = asyncio.Event()
-        lag_task = asyncio.create_task(loop_lag(rec, stop))
-        try:
-            for streams in streams_list:
-                rec.clear()
-                proc = await asyncio.create_subprocess_exec(
-                    PYTHON, str(BENCH_DIR / "_load.py"), "--target", f"127.0.0.1:{port}",
-                    "--streams", str(streams), "--warm", "1", "--seconds", str(seconds),
-                    "--tag", f"ph{streams}", stdout=asyncio.subprocess.PIPE,
-                )
-                out, _ = await proc.communicate()
-                result = json.loads(out.decode().strip().splitlines()[-1])
-                t0, t1 = result["window_start"], result["window_end"]
-                table = Table(
-                    f"Turn phases, {streams} stream(s): {result['events_per_s']:,.0f} events/s, "
-                    f"{result['turns_per_s']:.1f} turns/s, client TTFE p50 "
-                    f"{result['ttfe_p50_ms']:.2f} ms / p99 {result['ttfe_p99_ms']:.2f} ms",
-                    ["what", "count", "p50", "p90", "p99", "mean", "unit"],
-                )
-                for name, unit, scale in (
-                    ("turn.wall", "ms", 1e3),
-                    ("store.start_turn", "ms", 1e3),
-                    ("store.load_messages", "ms", 1e3),
-                    ("store.save_message", "ms", 1e3),
-                    ("store.finish_turn", "ms", 1e3),
-                    ("writer.batch_s", "ms", 1e3),
-                    ("writer.batch_writes", "writes", 1),
-                    ("writer.batch_hops", "round trips", 1),
-                    ("writer.hop", "ms", 1e3),
-                    ("loop.lag", "ms", 1e3),
-                ):
-                    values = rec.window(name, t0, t1)
-                    if not values:
-                        continue
-                    mean = sum(values) / len(values)
-                    table.add(
-                        name, len(values), f"{percentile(values, 50) * scale:.3f}",
-                        f"{percentile(values, 90) * scale:.3f}", f"{percentile(values, 99) * scale:.3f}",
-                        f"{mean * scale:.3f}", unit,
+    phase_tables: list[Table] = []
+    summary: list[dict[str, Any]] = []
+    undo = patch_no_final_checkpoint() if variant in ("no-final-ckpt", "both") else None
+    try:
+        with tempfile.TemporaryDirectory(prefix="turnwire-phases-") as tmp:
+            port = free_port()
+            settings = Settings(
+                listen=f"127.0.0.1:{port}",
+                default_model=STREAM_MODEL,
+                log_level="warning",
+                store={"url": f"sqlite:///{Path(tmp) / 'turnwire.db'}"},
+                providers={"scripted": {"scripts": {
+                    "bench": [{"text": stream_text(deltas, chunk_size), "chunk_size": chunk_size}],
+                    "hold": [{"text": "held", "delay_ms": HOLD_DELAY_MS}],
+                }}},
+                tools={"demo": False},
+                events={"text_coalesce_ms": coalesce_ms},
+                limits={"shutdown_grace_seconds": 1},
+            )
+            sidecar = await start(settings)
+            if variant in ("one-hop", "both"):
+                patch_one_hop_writer(sidecar.store)
+            rec = Recorder()
+            instrument(sidecar, rec)
+            stop = asyncio.Event()
+            lag_task = asyncio.create_task(loop_lag(rec, stop))
+            try:
+                for streams in levels:
+                    rec.clear()
+                    proc = await asyncio.create_subprocess_exec(
+                        PYTHON, str(BENCH_DIR / "_load.py"), "--target", f"127.0.0.1:{port}",
+                        "--streams", str(streams), "--warm", "1", "--seconds", str(seconds),
+                        "--tag", f"ph{streams}", stdout=asyncio.subprocess.PIPE,
                     )
-                table.notes.append(
-                    "store.* = latency seen by the turn (queueing for the single writer task "
-                    "included); writer.hop = one aiosqlite thread round trip of the writer "
-                    "connection; loop.lag = how late a 1 ms timer fires."
-                )
-                tables.append(table)
-        finally:
-            stop.set()
-            await lag_task
-            await sidecar.stop()
-    return tables
+                    out, _ = await proc.communicate()
+                    result = json.loads(out.decode().strip().splitlines()[-1])
+                    t0, t1 = result["window_start"], result["window_end"]
+                    table = Table(
+                        f"[{variant}] {streams} stream(s): {result['events_per_s']:,.0f} events/s, "
+                        f"{result['turns_per_s']:.1f} turns/s, client TTFE p50 "
+                        f"{result['ttfe_p50_ms']:.2f} ms / p99 {result['ttfe_p99_ms']:.2f} ms",
+                        ["what", "count", "p50", "p90", "p99", "mean", "unit"],
+                    )
+                    row: dict[str, Any] = {"variant": variant, "streams": streams, **result}
+                    for name, unit, scale in PHASES:
+                        values = rec.window(name, t0, t1)
+                        if not values:
+                            continue
+                        mean = sum(values) / len(values)
+                        row[name] = (percentile(values, 50) * scale, percentile(values, 99) * scale, mean * scale)
+                        table.add(
+                            name, len(values), f"{percentile(values, 50) * scale:.3f}",
+                            f"{percentile(values, 90) * scale:.3f}",
+                            f"{percentile(values, 99) * scale:.3f}", f"{mean * scale:.3f}", unit,
+                        )
+                    phase_tables.append(table)
+                    summary.append(row)
+            finally:
+                stop.set()
+                await lag_task
+                await sidecar.stop()
+    finally:
+        if undo is not None:
+            undo()
+    return phase_tables, summary
+
+
+def summary_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(
+        "Prototype comparison (server in-process + instrumentation; client in its own process)",
+        ["variant", "streams", "events/s", "turns/s", "vs baseline", "turn wall p50 ms",
+         "start_turn p50/p99 ms", "finish_turn p50/p99 ms", "round trips/batch", "client TTFE p50/p99 ms"],
+    )
+    base = {r["streams"]: r for r in rows if r["variant"] == "baseline"}
+    for r in rows:
+        b = base.get(r["streams"])
+        ratio = f"{r['events_per_s'] / b['events_per_s']:.2f}x" if b and r is not b else ""
+
+        def pair(key: str, row: dict[str, Any] = r) -> str:
+            v = row.get(key)
+            return f"{v[0]:.2f} / {v[1]:.2f}" if v else ""
+
+        hops = r.get("writer.batch_hops")
+        table.add(
+            r["variant"], r["streams"], f"{r['events_per_s']:,.0f}", f"{r['turns_per_s']:.1f}", ratio,
+            f"{r['turn.wall'][0]:.2f}" if "turn.wall" in r else "",
+            pair("store.start_turn"), pair("store.finish_turn"), f"{hops[2]:.1f}" if hops else "",
+            f"{r['ttfe_p50_ms']:.2f} / {r['ttfe_p99_ms']:.2f}",
+        )
+    table.notes.append(
+        "Prototypes are patched in at run time by this script (server code unchanged): one-hop = "
+        "the SQLite writer applies each batch in one aiosqlite thread round trip; no-final-ckpt "
+        "= no checkpoint at the end of the last step. Absolute numbers are lower than "
+        "stream_overhead.py's (instrumentation, server in this process); compare variants."
+    )
+    return table
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--streams", type=int, default=100)
-    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--levels", default="1,10,100", help="concurrent streams, comma-separated")
+    parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--deltas", type=int, default=200)
     parser.add_argument("--chunk-size", type=int, default=4)
     parser.add_argument("--coalesce-ms", type=float, default=0.0)
+    parser.add_argument("--variants", default="baseline", help=f"comma-separated: {', '.join(VARIANTS)}")
+    parser.add_argument("--details", action="store_true", help="print every phase table")
     args = parser.parse_args()
-    tables = asyncio.run(run([1, args.streams], args.seconds, args.deltas, args.chunk_size, args.coalesce_ms))
-    print_tables(tables)
+    levels = [int(x) for x in args.levels.split(",")]
+    variants = [v.strip() for v in args.variants.split(",")]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    phase_tables: list[Table] = []
+    rows: list[dict[str, Any]] = []
+    for variant in variants:
+        print(f"[turn_phases] {variant} ...", file=sys.stderr, flush=True)
+        tables, summary = asyncio.run(
+            run_variant(variant, levels, args.seconds, args.deltas, args.chunk_size, args.coalesce_ms)
+        )
+        phase_tables.extend(tables)
+        rows.extend(summary)
+    if args.details or len(variants) == 1:
+        print_tables(phase_tables)
+    print_tables([summary_table(rows)])
 
 
 if __name__ == "__main__":

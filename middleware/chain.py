@@ -270,7 +270,15 @@ class MiddlewareChain:
 
     async def on_chunk(self, ctx: ChunkContext, timeline: HookTimeline | None = None) -> None:
         """Last to first; errors are logged and counted. Call only when :attr:`observes_chunks`."""
-        await self._notify("on_chunk", ctx, timeline)
+        if timeline is not None:
+            await self._notify("on_chunk", ctx, timeline)
+            return
+        # Per token: no clock reads when nobody records a timeline.
+        for m in self._reverse["on_chunk"]:
+            try:
+                await m.on_chunk(ctx)
+            except Exception as error:
+                self._swallow(m, "on_chunk", error)
 
     async def on_chat_response(
         self, result: ChatResponseResult, timeline: HookTimeline | None = None

@@ -212,6 +212,10 @@ class ToolCallDecision:
         return cls(action="substitute", output=output)
 
 
+ToolCallOutcome = Literal["executed", "blocked", "substituted", "failed"]
+"""How a tool call's result came about (``ToolCallResultContext.outcome``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCallResultContext:
     """Input of ``after_tool_call``: a call's outcome.
@@ -219,6 +223,8 @@ class ToolCallResultContext:
     ``input`` is the model's input; ``duration_ms`` the wall time of the
     execution in milliseconds; ``success`` is true for real results, blocks
     and substitutes, false when the tool or ``before_tool_call`` raised.
+    ``outcome`` says which: ``executed`` (the tool ran and returned),
+    ``blocked`` or ``substituted`` (a ``before_tool_call`` decision), ``failed``.
     """
 
     conversation_id: str
@@ -231,6 +237,7 @@ class ToolCallResultContext:
     success: bool
     output: Any = None
     error: str | None = None
+    outcome: ToolCallOutcome = "executed"
 
 
 @dataclass(frozen=True, slots=True)

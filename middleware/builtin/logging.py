@@ -24,7 +24,10 @@ also attached to the record as ``record.hook`` and ``record.hook_fields`` (a dic
 for JSON log formatters.
 
 Where to list it: last, to log each request-path context with the earlier
-middlewares' changes applied (and to see response-path hooks first).
+middlewares' changes applied (response-path hooks then reach it first). A call
+that an earlier middleware blocks or substitutes ends the ``before_tool_call``
+chain before the logger (section 4), so only its ``after_tool_call`` is logged;
+list the logger first to see every ``before_tool_call``.
 """
 
 from __future__ import annotations
@@ -92,9 +95,8 @@ class HookLogger(Middleware):
         The chain decides per class whether a middleware implements a hook, so a
         logger without chunk counting must be of a class without ``on_chunk``.
         """
-        if cls is HookLogger and include_chunks:
-            cls = _ChunkCountingHookLogger
-        return super().__new__(cls)
+        chosen = _ChunkCountingHookLogger if cls is HookLogger and include_chunks else cls
+        return super().__new__(chosen)
 
     def __init__(
         self, *, level: str | int = "info", logger: str = "turnwire.hooks", include_chunks: bool = True
@@ -124,7 +126,9 @@ class HookLogger(Middleware):
     async def configure_session(self) -> None:
         """Log that the session started (once per process)."""
         if self._enabled():
-            self.log.log(self.level, "configure_session", extra={"hook": "configure_session", "hook_fields": {}})
+            self.log.log(
+                self.level, "configure_session", extra={"hook": "configure_session", "hook_fields": {}}
+            )
 
     async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
         """Start this turn's clock; log model, continuation, sizes and the body's keys."""
@@ -261,6 +265,8 @@ class HookLogger(Middleware):
 
 class _ChunkCountingHookLogger(HookLogger):
     """:class:`HookLogger` with ``include_chunks``: counts chunks in memory, no I/O per chunk."""
+
+    name = "HookLogger"
 
     async def on_chunk(self, ctx: ChunkContext) -> None:
         """Count this chunk by kind; the counts are logged at ``on_step_finish``."""

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from middleware import ChunkContext, HookError, ToolCallContext, ToolCallResultContext
-from middleware.context import RepairToolCall
+from middleware.context import RepairToolCall, ToolCallOutcome
 from server.providers import base as chunks
 from server.tools.base import Tool, ToolError, ToolExecution
 
@@ -119,6 +119,7 @@ class ToolCallRunner:
         streaming = bool(getattr(tool, "streaming", False))
         started = time.perf_counter()
         success = True
+        outcome: ToolCallOutcome = "executed"
         output: Any = None
         error_text: str | None = None
         try:
@@ -139,10 +140,12 @@ class ToolCallRunner:
             success, error_text = False, _describe(hook_error.__cause__ or hook_error)
         else:
             if decision.action == "block":
+                outcome = "blocked"
                 output = decision.reason or BLOCKED_TEXT.format(name=call.tool_name)
                 if streaming:
                     await self._result(call, step_number, output, preliminary=True)
             elif decision.action == "substitute":
+                outcome = "substituted"
                 output = decision.output
                 if streaming:
                     await self._result(call, step_number, output, preliminary=True)
@@ -159,6 +162,7 @@ class ToolCallRunner:
             except TypeError as not_json:
                 success, error_text = False, f"tool result is not JSON-serializable: {not_json}"
         if not success:
+            outcome = "failed"
             await self._error(call, step_number, error_text or "tool failed")
         await turn.chain.after_tool_call(
             ToolCallResultContext(
@@ -172,6 +176,7 @@ class ToolCallRunner:
                 success=success,
                 output=output if success else None,
                 error=None if success else error_text,
+                outcome=outcome,
             ),
             turn.timeline,
         )

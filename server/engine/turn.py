@@ -124,7 +124,8 @@ class TurnRun:
         self.settings = settings
         self.writer = writer
         self._on_lock_acquired = on_lock_acquired
-        self.timeline = HookTimeline() if chain.middlewares else None
+        # Recorded only when asked for (events.hook_timeline): it costs clock reads per hook call.
+        self.timeline = HookTimeline() if chain.middlewares and settings.hook_timeline else None
         self.message_id = f"msg_{request.request_id}"
         self.assistant = AssistantMessage(self.message_id, _now())
         self.usage = Usage()

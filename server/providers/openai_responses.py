@@ -1,0 +1,473 @@
+"""The OpenAI Responses adapter (``openai`` SDK, ``AsyncOpenAI.responses``).
+
+Follows https://platform.openai.com/docs/api-reference/responses-streaming. The SDK
+sends the request (``responses.with_streaming_response.create``); the typed SSE
+events (``event:`` + ``data:``, no ``[DONE]``) are decoded here with orjson.
+
+Request (:func:`build_request`): ``instructions`` = system prompt; ``input`` items:
+user messages (``input_text``, ``input_image``, ``input_file``), transcript system
+messages, and per assistant step, in order: ``reasoning`` items (replayed with
+their ``encrypted_content`` when ``store`` is false, by id when it is true,
+dropped when neither can work), assistant text, ``function_call`` items and then
+one ``function_call_output`` per call with the same ``call_id``. Tools are sent
+with ``strict: false`` (strict mode rejects ordinary schemas); ``text.format``
+``json_schema`` for structured output; ``include: ["reasoning.encrypted_content"]``
+for reasoning models when ``store`` is false. ``seed``, ``stop``, ``top_k`` and the
+penalties do not exist in this API: dropped with a warning.
+
+Stream: ``response.created`` (id, model) → ``response.output_item.added`` per item
+(reasoning → ReasoningStart, function_call → ToolInputStart with its ``call_id``)
+→ ``response.output_text.delta`` / ``response.reasoning_summary_text.delta`` /
+``response.function_call_arguments.delta`` (routed by ``item_id``) →
+``response.output_item.done`` (reasoning → ReasoningEnd with the encrypted content
+as signature and ``provider_metadata={"openai": {"item_id"}}``; the call's final
+arguments) → ``response.completed`` | ``response.incomplete`` | ``response.failed``;
+an ``error`` event (top-level or nested ``error`` object) is a ProviderError.
+
+Finish: completed → stop, or tool-calls when calls were made (raw ``completed``);
+incomplete ``max_output_tokens`` → length (every call errored, never run),
+``content_filter`` → content-filter; refusals → content-filter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any, Literal
+
+import openai
+import orjson
+
+from server.providers import errors
+from server.providers.base import (
+    FinishReason,
+    ModelChunk,
+    ModelRequest,
+    ReasoningDelta,
+    ReasoningEnd,
+    ReasoningStart,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ToolInputDelta,
+    ToolInputStart,
+    Usage,
+)
+from server.providers.convert import (
+    EMPTY_USER_TEXT,
+    PendingCall,
+    as_int,
+    assistant_steps,
+    check_structured_output,
+    dumps,
+    file_text,
+    file_url,
+    finish_step,
+    finish_tool_calls,
+    provider_options,
+    tool_input,
+    tool_result,
+)
+from server.providers.openai_common import drop_sampling, is_reasoning_model, map_openai_error
+from server.providers.streaming import NOTHING, run_stream
+from turnwire.v1 import message_pb2
+
+EncryptedReasoning = Literal["auto", "always", "never"]
+
+
+def _user_item(message: message_pb2.Message, warnings: list[str]) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    for part in message.parts:
+        kind = part.WhichOneof("kind")
+        if kind == "text" and part.text.text:
+            content.append({"type": "input_text", "text": part.text.text})
+        elif kind == "file":
+            file = part.file
+            by_url = file.WhichOneof("content") == "url"
+            if file.media_type.startswith("image/"):
+                content.append({"type": "input_image", "image_url": file_url(file), "detail": "auto"})
+            elif file.media_type == "application/pdf":
+                item = {"type": "input_file", "file_url" if by_url else "file_data": file_url(file)}
+                if not by_url:
+                    item["filename"] = file.filename or "document.pdf"
+                content.append(item)
+            elif (text := file_text(file)) is not None:
+                content.append({"type": "input_text", "text": text})
+            else:
+                warnings.append(
+                    f"a {file.media_type or 'untyped'} file was not sent: Responses does not take it"
+                )
+    return {"role": "user", "content": content or [{"type": "input_text", "text": EMPTY_USER_TEXT}]}
+
+
+def _reasoning_item(part: message_pb2.ReasoningPart, store: bool) -> dict[str, Any] | None:
+    meta = part.provider_metadata.fields.get("openai")
+    if meta is None or meta.WhichOneof("kind") != "struct_value":
+        return None
+    item_id = meta.struct_value.fields.get("item_id")
+    if item_id is None or not item_id.string_value:
+        return None
+    summary = [{"type": "summary_text", "text": part.text}] if part.text else []
+    item: dict[str, Any] = {"type": "reasoning", "id": item_id.string_value, "summary": summary}
+    if part.signature:
+        item["encrypted_content"] = part.signature.decode("utf-8")
+    elif not store:
+        return None  # neither stored server-side nor carried: the API could not resolve it
+    return item
+
+
+def convert_input(
+    messages: Sequence[message_pb2.Message], store: bool, warnings: list[str]
+) -> list[dict[str, Any]]:
+    """Responses ``input`` items for the transcript (see the module docstring)."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.role
+        if role == message_pb2.ROLE_SYSTEM:
+            text = "".join(p.text.text for p in message.parts if p.WhichOneof("kind") == "text")
+            if text.strip():
+                items.append({"role": "system", "content": text})
+        elif role == message_pb2.ROLE_USER:
+            items.append(_user_item(message, warnings))
+        elif role == message_pb2.ROLE_ASSISTANT:
+            for step in assistant_steps(message):
+                outputs: list[dict[str, Any]] = []
+                for part in step:
+                    kind = part.WhichOneof("kind")
+                    if kind == "text" and part.text.text:
+                        items.append({"role": "assistant", "content": part.text.text})
+                    elif kind == "reasoning":
+                        reasoning = _reasoning_item(part.reasoning, store)
+                        if reasoning is not None:
+                            items.append(reasoning)
+                    elif kind == "tool_call":
+                        call = part.tool_call
+                        items.append(
+                            {
+                                "type": "function_call",
+                                "call_id": call.tool_call_id,
+                                "name": call.tool_name,
+                                "arguments": dumps(tool_input(call)),
+                            }
+                        )
+                        content, _ = tool_result(call)
+                        outputs.append(
+                            {"type": "function_call_output", "call_id": call.tool_call_id, "output": content}
+                        )
+                items.extend(outputs)
+    return items
+
+
+def build_request(
+    request: ModelRequest, *, provider: str, store: bool, encrypted_reasoning: EncryptedReasoning
+) -> tuple[dict[str, Any], list[str]]:
+    """``(body, warnings)``: the ``responses.create`` arguments. Raises ProviderError for a request the API
+    would reject (max output tokens < 1, an unknown named tool)."""
+    settings = request.settings
+    warnings: list[str] = []
+    options = provider_options(settings.provider_options, provider, "openai-responses")
+    store = bool(options.get("store", store))
+    body: dict[str, Any] = {
+        "model": request.model,
+        "input": convert_input(request.messages, store, warnings),
+        "store": store,
+    }
+    if request.system.strip():
+        body["instructions"] = request.system
+    reasoning = is_reasoning_model(request.model) or "reasoning" in options
+    if not store and (encrypted_reasoning == "always" or (encrypted_reasoning == "auto" and reasoning)):
+        body["include"] = ["reasoning.encrypted_content"]
+    if settings.max_output_tokens is not None:
+        if settings.max_output_tokens < 1:
+            raise errors.invalid_request(
+                provider, f"max_output_tokens must be at least 1, got {settings.max_output_tokens}"
+            )
+        body["max_output_tokens"] = settings.max_output_tokens
+    dropped = drop_sampling(settings, request.model, ("temperature", "top_p"), warnings)
+    for name in ("temperature", "top_p"):
+        value = getattr(settings, name)
+        if value is not None and name not in dropped:
+            body[name] = value
+    for name in ("top_k", "seed", "presence_penalty", "frequency_penalty", "stop_sequences"):
+        if getattr(settings, name):
+            warnings.append(f"{name} is not part of the Responses API and was not sent")
+    if request.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "name": tool.name,
+                "parameters": dict(tool.input_schema) or {"type": "object", "properties": {}},
+                "strict": False,
+                **({"description": tool.description} if tool.description else {}),
+            }
+            for tool in request.tools
+        ]
+        choice = request.tool_choice
+        if choice in ("auto", "none", "required"):
+            body["tool_choice"] = choice
+        elif choice in {tool.name for tool in request.tools}:
+            body["tool_choice"] = {"type": "function", "name": choice}
+        else:
+            raise errors.invalid_request(
+                provider, f"tool_choice names tool {choice!r}, which is not among the tools"
+            )
+    if request.output_schema is not None:
+        body["text"] = {
+            "format": {
+                "type": "json_schema",
+                "name": "output",
+                "schema": dict(request.output_schema),
+                "strict": False,
+            }
+        }
+    body.update(options)
+    return body, warnings
+
+
+class ResponsesDecoder:
+    """Responses stream events → chunks (see the module docstring)."""
+
+    def __init__(
+        self, provider: str, prefix: str, output_schema: Mapping[str, Any] | None, warnings: list[str]
+    ):
+        self.provider = provider
+        self.prefix = prefix
+        self.output_schema = output_schema
+        self.warnings = warnings
+        self.done = False
+        self.texts: dict[str, str] = {}  # open text blocks: "item_id:content_index" → block id
+        self.reasoning: dict[str, tuple[str, int]] = {}  # item id → (block id, last summary index)
+        self.calls: dict[str, PendingCall] = {}  # function_call item id → call
+        self.text: list[str] | None = [] if output_schema is not None else None
+        self.refused = False
+        self.response_id = ""
+        self.model = ""
+
+    def feed(self, event: bytes, data: bytes) -> Sequence[ModelChunk]:
+        """Chunks for one event; raises ProviderError for ``error`` / ``response.failed``."""
+        obj = orjson.loads(data)
+        kind = obj.get("type")
+        if kind in {"response.output_text.delta", "response.refusal.delta"}:
+            delta = obj.get("delta") or ""
+            if not delta:
+                return NOTHING
+            key = f"{obj.get('item_id')}:{obj.get('content_index', 0)}"
+            block_id = self.texts.get(key)
+            if kind == "response.refusal.delta":
+                self.refused = True
+            elif self.text is not None:
+                self.text.append(delta)
+            if block_id is None:
+                block_id = self.texts[key] = (
+                    f"{self.prefix}-{obj.get('output_index', 0)}-{obj.get('content_index', 0)}"
+                )
+                return (TextStart(block_id), TextDelta(block_id, delta))
+            return (TextDelta(block_id, delta),)
+        if kind == "response.function_call_arguments.delta":
+            call = self.calls.get(obj.get("item_id") or "")
+            delta = obj.get("delta") or ""
+            if call is None or not delta:
+                return NOTHING
+            call.parts.append(delta)
+            return (ToolInputDelta(call.tool_call_id, delta),)
+        if kind in {"response.reasoning_summary_text.delta", "response.reasoning_text.delta"}:
+            return self._reasoning_delta(obj)
+        if kind in ("response.output_text.done", "response.refusal.done"):
+            block_id = self.texts.pop(f"{obj.get('item_id')}:{obj.get('content_index', 0)}", None)
+            return (TextEnd(block_id),) if block_id else NOTHING
+        if kind == "response.output_item.added":
+            return self._item_added(obj.get("item") or {}, obj.get("output_index", 0))
+        if kind == "response.output_item.done":
+            return self._item_done(obj.get("item") or {})
+        if kind == "response.function_call_arguments.done":
+            call = self.calls.get(obj.get("item_id") or "")
+            if call is not None and isinstance(obj.get("arguments"), str):
+                call.final = obj["arguments"]
+            return NOTHING
+        if kind == "response.created":
+            response = obj.get("response") or {}
+            self.response_id, self.model = response.get("id") or "", response.get("model") or ""
+            return NOTHING
+        if kind in ("response.completed", "response.incomplete"):
+            self.done = True
+            return self._finish(obj.get("response") or {})
+        if kind == "response.failed":
+            response = obj.get("response") or {}
+            raise errors.from_stream_error(self.provider, {"error": response.get("error") or {}, **obj})
+        if kind == "error":
+            raise errors.from_stream_error(self.provider, obj)
+        return NOTHING
+
+    def _reasoning_delta(self, obj: Mapping[str, Any]) -> Sequence[ModelChunk]:
+        item_id = obj.get("item_id") or ""
+        delta = obj.get("delta") or ""
+        entry = self.reasoning.get(item_id)
+        out: list[ModelChunk] = []
+        if entry is None:
+            entry = (f"{self.prefix}-r-{item_id}", -1)
+            out.append(ReasoningStart(entry[0]))
+        block_id, last = entry
+        index = obj.get("summary_index", obj.get("content_index", 0))
+        if last >= 0 and index != last:
+            out.append(ReasoningDelta(block_id, "\n\n"))
+        self.reasoning[item_id] = (block_id, index)
+        if delta:
+            out.append(ReasoningDelta(block_id, delta))
+        return out
+
+    def _item_added(self, item: Mapping[str, Any], output_index: int) -> Sequence[ModelChunk]:
+        itype = item.get("type")
+        if itype == "function_call":
+            call = PendingCall(item.get("call_id") or item.get("id") or "", item.get("name") or "")
+            self.calls[item.get("id") or call.tool_call_id] = call
+            return (ToolInputStart(call.tool_call_id, call.tool_name),)
+        if itype == "reasoning":
+            item_id = item.get("id") or ""
+            block_id = f"{self.prefix}-{output_index}"
+            self.reasoning[item_id] = (block_id, -1)
+            return (ReasoningStart(block_id),)
+        return NOTHING
+
+    def _item_done(self, item: Mapping[str, Any]) -> Sequence[ModelChunk]:
+        itype = item.get("type")
+        item_id = item.get("id") or ""
+        if itype == "function_call":
+            call = self.calls.get(item_id)
+            if call is not None and isinstance(item.get("arguments"), str):
+                call.final = item["arguments"]
+            return NOTHING
+        if itype == "reasoning":
+            entry = self.reasoning.pop(item_id, None)
+            out: list[ModelChunk] = []
+            if entry is None:
+                entry = (f"{self.prefix}-r-{item_id}", -1)
+                out.append(ReasoningStart(entry[0]))
+            encrypted = item.get("encrypted_content") or ""
+            has_text = entry[1] >= 0 or any(s.get("text") for s in item.get("summary") or ())
+            out.append(
+                ReasoningEnd(
+                    entry[0],
+                    signature=encrypted.encode(),
+                    redacted=bool(encrypted) and not has_text,
+                    provider_metadata={"openai": {"item_id": item_id}},
+                )
+            )
+            return out
+        if itype == "message":
+            ends = [key for key in self.texts if key.startswith(f"{item_id}:")]
+            return [TextEnd(self.texts.pop(key)) for key in ends]
+        return NOTHING
+
+    def _finish(self, response: Mapping[str, Any]) -> Sequence[ModelChunk]:
+        out: list[ModelChunk] = [TextEnd(block_id) for block_id in self.texts.values()]
+        self.texts.clear()
+        status = response.get("status") or ""
+        incomplete = (response.get("incomplete_details") or {}).get("reason") or ""
+        raw = incomplete or status
+        calls = list(self.calls.values())
+        out.extend(finish_tool_calls(calls, incomplete == "max_output_tokens"))
+        reason: FinishReason
+        if incomplete == "max_output_tokens":
+            reason = "length"
+        elif incomplete == "content_filter" or self.refused:
+            reason = "content-filter"
+        elif incomplete:
+            reason = "other"
+        else:
+            reason = "tool-calls" if calls else "stop"
+        if self.text is not None and reason == "stop" and self.output_schema is not None:
+            check_structured_output(self.provider, "".join(self.text), self.output_schema)
+        usage = response.get("usage") or {}
+        input_tokens = as_int(usage.get("input_tokens"))
+        output_tokens = as_int(usage.get("output_tokens"))
+        out.append(
+            finish_step(
+                reason,
+                raw_reason=raw,
+                usage=Usage(
+                    input_tokens=input_tokens,
+                    output_tokens=output_tokens,
+                    total_tokens=as_int(usage.get("total_tokens")) or input_tokens + output_tokens,
+                    reasoning_tokens=as_int(
+                        (usage.get("output_tokens_details") or {}).get("reasoning_tokens")
+                    ),
+                    cached_input_tokens=as_int(
+                        (usage.get("input_tokens_details") or {}).get("cached_tokens")
+                    ),
+                ),
+                response_id=response.get("id") or self.response_id,
+                response_model=response.get("model") or self.model,
+                metadata={"openai": {"usage": usage}} if usage else {},
+                warnings=self.warnings,
+            )
+        )
+        return out
+
+    def end(self) -> Sequence[ModelChunk]:
+        """EOF before ``response.completed`` / ``incomplete`` / ``failed``: the step failed."""
+        raise errors.incomplete_stream(self.provider, "response.completed")
+
+
+class OpenAIResponsesProvider:
+    """Streams steps from the Responses API through ``client`` (an ``AsyncOpenAI``).
+
+    ``store`` is sent as is (default false: Turnwire keeps the transcript, and
+    reasoning round-trips as encrypted content); ``encrypted_reasoning`` says when
+    to ask for it (``auto``: reasoning models only)."""
+
+    type = "openai-responses"
+
+    def __init__(
+        self,
+        name: str,
+        client: openai.AsyncOpenAI,
+        *,
+        models: Sequence[str] = (),
+        store: bool = False,
+        encrypted_reasoning: EncryptedReasoning = "auto",
+        retry_delay: float = 0.5,
+    ) -> None:
+        self.name = name
+        self.client = client
+        self.models = frozenset(models)
+        self.store = store
+        self.encrypted_reasoning: EncryptedReasoning = encrypted_reasoning
+        self.retry_delay = retry_delay
+
+    def has_model(self, model: str) -> bool:
+        """True unless an allow-list is configured and ``model`` is not on it."""
+        return not self.models or model in self.models
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelChunk, None]:
+        """Stream one step. Raises ProviderError (see :mod:`server.providers.errors`)."""
+        body, warnings = build_request(
+            request, provider=self.name, store=self.store, encrypted_reasoning=self.encrypted_reasoning
+        )
+        settings = request.settings
+        client = self.client
+        if settings.max_retries is not None:
+            client = client.with_options(max_retries=settings.max_retries)
+        model, items = body.pop("model"), body.pop("input")
+        extra: dict[str, Any] = {"extra_body": body} if body else {}
+        if settings.headers:
+            extra["extra_headers"] = dict(settings.headers)
+        if settings.timeout is not None:
+            extra["timeout"] = settings.timeout
+        create = client.responses.with_streaming_response.create
+        prefix, name, schema = f"s{request.step_number}", self.name, request.output_schema
+
+        def open_response() -> Any:
+            return create(model=model, input=items, stream=True, **extra)
+
+        async for chunk in run_stream(
+            name,
+            open_response,
+            lambda: ResponsesDecoder(name, prefix, schema, warnings),
+            lambda error: map_openai_error(name, error),
+            retries=client.max_retries,
+            retry_delay=self.retry_delay,
+        ):
+            yield chunk
+
+    async def aclose(self) -> None:
+        """Close the SDK client and its connections."""
+        await self.client.close()

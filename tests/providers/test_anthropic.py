@@ -1,0 +1,426 @@
+"""The Anthropic Messages adapter: what it sends (recorded by the replay server) and what it streams."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from providers.helpers import (
+    Stored,
+    a_block,
+    a_delta,
+    a_end,
+    a_json,
+    a_start,
+    a_stop,
+    a_text,
+    a_text_stream,
+    anthropic_sse,
+    assistant,
+    collect,
+    image,
+    reasoning,
+    request,
+    system,
+    text,
+    tool_call,
+    user,
+)
+from providers.replay import Reply, ReplayServer
+from server.providers import base
+from server.providers.anthropic_messages import AnthropicMessagesProvider
+from server.providers.anthropic_request import OUTPUT_TOOL
+from server.providers.base import ModelSettings, ToolDefinition
+from server.providers.convert import EMPTY_USER_TEXT, TRUNCATED_TOOL_CALL_ERROR
+from turnwire.v1 import message_pb2
+
+WEATHER = ToolDefinition(
+    "get_weather",
+    "Current weather for a city",
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
+CLOCK = ToolDefinition("get_time", "", {"type": "object", "properties": {}})
+
+
+async def test_text_only(replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider) -> None:
+    replay.enqueue(Reply.sse(a_text_stream("Hello there.")))
+    result = await collect(anthropic_provider, request(user("hi")))
+    kinds = [type(c).__name__ for c in result.chunks]
+    assert kinds == ["TextStart", "TextDelta", "TextEnd", "FinishStep"]
+    assert result.text == "Hello there."
+    finish = result.finish
+    assert (finish.finish_reason, finish.raw_finish_reason) == ("stop", "end_turn")
+    assert (finish.response_id, finish.response_model) == ("msg_1", "claude-test")
+    assert (finish.usage.input_tokens, finish.usage.output_tokens, finish.usage.total_tokens) == (10, 5, 15)
+    sent = replay.requests[0]
+    assert (sent.method, sent.path) == ("POST", "/v1/messages")
+    assert sent.headers["authorization"] == "Bearer test-key"
+    assert sent.headers["anthropic-version"] == "2026-10-21"
+    assert sent.json == {
+        "model": "m",
+        "max_tokens": 8192,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "system": "You are terse.",
+        "stream": True,
+    }
+
+
+async def test_one_tool_call(replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider) -> None:
+    replay.enqueue(
+        Reply.sse(
+            anthropic_sse(
+                a_start(),
+                a_block(0, {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}),
+                a_json(0, ""),
+                a_json(0, '{"ci'),
+                a_json(0, 'ty": "Oslo"}'),
+                a_stop(0),
+                *a_end("tool_use"),
+            )
+        )
+    )
+    result = await collect(anthropic_provider, request(user("weather?"), tools=[WEATHER]))
+    assert [type(c).__name__ for c in result.chunks] == [
+        "ToolInputStart", "ToolInputDelta", "ToolInputDelta", "ToolCall", "FinishStep",
+    ]  # fmt: skip
+    assert result.calls == [base.ToolCall("toolu_1", "get_weather", {"city": "Oslo"}, raw_input='{"city": "Oslo"}')]
+    assert result.finish.finish_reason == "tool-calls"
+    assert replay.requests[0].json["tools"] == [
+        {"name": "get_weather", "input_schema": dict(WEATHER.input_schema), "description": WEATHER.description}
+    ]
+    assert replay.requests[0].json["tool_choice"] == {"type": "auto"}
+
+
+async def test_no_argument_tool(replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider) -> None:
+    block = {"type": "tool_use", "id": "toolu_2", "name": "get_time", "input": {}}
+    replay.enqueue(Reply.sse(anthropic_sse(a_start(), a_block(0, block), a_stop(0), *a_end("tool_use"))))
+    result = await collect(anthropic_provider, request(tools=[CLOCK]))
+    assert result.calls == [base.ToolCall("toolu_2", "get_time", {}, raw_input="{}")]
+
+
+async def test_max_tokens_mid_tool_call_is_never_runnable(
+    replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider
+) -> None:
+    replay.enqueue(
+        Reply.sse(
+            anthropic_sse(
+                a_start(),
+                a_block(0, {"type": "tool_use", "id": "toolu_1", "name": "write_file", "input": {}}),
+                a_json(0, '{"path": "a.md", "content": "# Title\\n\\nSome'),
+                a_stop(0),
+                *a_end("max_tokens", 64),
+            )
+        )
+    )
+    result = await collect(anthropic_provider, request())
+    (call,) = result.calls
+    assert call.input is None and call.error == TRUNCATED_TOOL_CALL_ERROR
+    assert call.raw_input == '{"path": "a.md", "content": "# Title\\n\\nSome'
+    assert (result.finish.finish_reason, result.finish.raw_finish_reason) == ("length", "max_tokens")
+
+
+async def test_complete_call_before_the_limit_is_not_run_either(
+    replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider
+) -> None:
+    replay.enqueue(
+        Reply.sse(
+            anthropic_sse(
+                a_start(),
+                a_block(0, {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}),
+                a_json(0, '{"city": "Oslo"}'),
+                a_stop(0),
+                a_block(1, {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {}}),
+                a_json(1, '{"city": "Ber'),
+                *a_end("max_tokens"),
+            )
+        )
+    )
+    result = await collect(anthropic_provider, request(tools=[WEATHER]))
+    assert [c.error for c in result.calls] == [TRUNCATED_TOOL_CALL_ERROR] * 2
+    assert result.finish.finish_reason == "length"
+
+
+THINKING_CASE = "anthropic_thinking_signature_then_tool_use.sse"
+SIGNATURE = (
+    "EpYCCkYICxgCKkC7Qk1VbZr3a9Xc2fE4hJ6kL8mN0pR2tV4xZ6bD8fH0jL2nP4rT6vX8zB0dF2hJ4lN6pR8tV0xZ2bD4fH6jL8nEgzK9mQ3rW7tY1uI5oP9aSGgxHk4lJ8nM2qR6vY0cF3iK7oDAXJ5u"
+)
+
+
+async def test_thinking_round_trips_with_its_signature(
+    replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider
+) -> None:
+    stat = ToolDefinition("stat_file", "", {"type": "object", "properties": {"path": {"type": "string"}}})
+    replay.enqueue(Reply.sse(THINKING_CASE), Reply.sse(a_text_stream("It is 2.5 MB.")))
+    question = user("How big is reports/q3.pdf in MB?")
+    first = await collect(anthropic_provider, request(question, tools=[stat]))
+    stored = Stored().step(first.chunks, {"toolu_01Dk3fJ6hL9gK2jM5nB8vC1x": {"bytes": 2621440}}).build()
+    second = await collect(anthropic_provider, request(question, stored, tools=[stat], step_number=1))
+    assert second.text == "It is 2.5 MB."
+    messages = replay.requests[1].json["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[1]["content"] == [
+        {
+            "type": "thinking",
+            "thinking": "The user wants the file size in megabytes. I should stat the file first, then convert "
+            "bytes to MB.",
+            "signature": SIGNATURE,
+        },
+        {"type": "text", "text": "Let me look up that file."},
+        {"type": "tool_use", "id": "toolu_01Dk3fJ6hL9gK2jM5nB8vC1x", "name": "stat_file",
+         "input": {"path": "reports/q3.pdf"}},
+    ]  # fmt: skip
+    assert messages[2]["content"] == [
+        {"type": "tool_result", "tool_use_id": "toolu_01Dk3fJ6hL9gK2jM5nB8vC1x", "content": '{"bytes":2621440}'}
+    ]
+
+
+async def test_redacted_thinking_round_trips_opaque(
+    replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider
+) -> None:
+    data = "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIwxtE3rAFBa8cr3qpP"
+    replay.enqueue(
+        Reply.sse(
+            anthropic_sse(
+                a_start(),
+                a_block(0, {"type": "redacted_thinking", "data": data}),
+                a_stop(0),
+                a_block(1, {"type": "text", "text": ""}),
+                a_text(1, "Done."),
+                a_stop(1),
+                *a_end(),
+            )
+        ),
+        Reply.sse(a_text_stream()),
+    )
+    first = await collect(anthropic_provider, request())
+    (end,) = first.of(base.ReasoningEnd)
+    assert end.redacted and end.signature == data.encode()
+    stored = Stored().step(first.chunks).build()
+    await collect(anthropic_provider, request(user("hi"), stored, user("again")))
+    assistant_turn = replay.requests[1].json["messages"][1]
+    assert assistant_turn["content"] == [
+        {"type": "redacted_thinking", "data": data},
+        {"type": "text", "text": "Done."},
+    ]
+
+
+async def test_transcript_rules(replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider) -> None:
+    """Merged same-role turns, tool_result first, no empty text, foreign reasoning dropped, every part kind."""
+    pdf = message_pb2.FilePart(media_type="application/pdf", data=b"%PDF-1.7", filename="q3.pdf")
+    notes = message_pb2.FilePart(media_type="text/plain", data=b"line one")
+    by_url = message_pb2.FilePart(media_type="image/jpeg", url="https://example.com/cat.jpg")
+    history = [
+        system("Answer in English."),
+        user("Look:", image(b"PNG"), pdf, notes, by_url),
+        user(""),  # an empty Chat message still counts
+        assistant(
+            [
+                reasoning("foreign", b"sig", metadata={"openai": {"item_id": "rs_1"}}),
+                text(""),
+                text("   "),
+                text("Checking."),
+                tool_call("t1", "get_weather", {"city": "Oslo", "days": 3}, output={"temp": 3}),
+                tool_call("t2", "get_weather", {"city": "Rome"}, error="timeout"),
+                tool_call("t3", "get_weather", {"city": "Paris"}),  # no result: interrupted
+            ],
+            [text("Oslo is cold.")],
+        ),
+        user("Thanks"),
+    ]
+    replay.enqueue(Reply.sse(a_text_stream()))
+    await collect(anthropic_provider, request(*history, tools=[WEATHER]))
+    body = replay.requests[0].json
+    assert body["system"] == "You are terse.\n\nAnswer in English."
+    messages = body["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant", "user"]
+    assert messages[0]["content"] == [
+        {"type": "text", "text": "Look:"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "UE5H"}},
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjc="},
+         "title": "q3.pdf"},
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "line one"}},
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.jpg"}},
+        {"type": "text", "text": EMPTY_USER_TEXT},
+    ]  # fmt: skip
+    assert messages[1]["content"] == [
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Oslo", "days": 3}},
+        {"type": "tool_use", "id": "t2", "name": "get_weather", "input": {"city": "Rome"}},
+        {"type": "tool_use", "id": "t3", "name": "get_weather", "input": {"city": "Paris"}},
+    ]
+    assert messages[2]["content"] == [
+        {"type": "tool_result", "tool_use_id": "t1", "content": '{"temp":3}'},
+        {"type": "tool_result", "tool_use_id": "t2", "content": "timeout", "is_error": True},
+        {"type": "tool_result", "tool_use_id": "t3", "is_error": True,
+         "content": "The tool call was interrupted before a result was recorded."},
+    ]  # fmt: skip
+    assert messages[3]["content"] == [{"type": "text", "text": "Oslo is cold."}]
+    assert messages[4]["content"] == [{"type": "text", "text": "Thanks"}]
+
+
+async def test_tool_results_come_before_user_text_in_a_merged_turn(
+    replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider
+) -> None:
+    history = [user("go"), assistant([tool_call("t1", "get_time", {}, output="12:00")]), user("and now?")]
+    replay.enqueue(Reply.sse(a_text_stream()))
+    await collect(anthropic_provider, request(*history, tools=[CLOCK]))
+    last = replay.requests[0].json["messages"][-1]
+    assert last == {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": "12:00"},
+            {"type": "text", "text": "and now?"},
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        ("auto", {"type": "auto"}),
+        ("none", {"type": "none"}),
+        ("required", {"type": "any"}),
+        ("get_time", {"type": "tool", "name": "get_time"}),
+    ],
+)
+async def test_tool_choice(
+    choice: str, expected: dict[str, Any], replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider
+) -> None:
+    replay.enqueue(Reply.sse(a_text_stream()))
+    await collect(anthropic_provider, request(tools=[WEATHER, CLOCK], tool_choice=choice))
+    body = replay.requests[0].json
+    assert body["tool_choice"] == expected
+    assert [t["name"] for t in body["tools"]] == ["get_weather", "get_time"]
+
+
+async def test_settings_and_passthrough(replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider) -> None:
+    settings = ModelSettings(
+        max_output_tokens=300,
+        temperature=0.2,
+        top_p=0.9,
+        top_k=40,
+        seed=7,
+        stop_sequences=["END", "  "],
+        headers={"x-trace": "abc"},
+        timeout=30,
+        provider_options={
+            "anthropic": {"metadata": {"user_id": "u1"}, "thinking": {"type": "adaptive"}, "speed": "fast",
+                          "context_management": {"edits": []}},
+            "openai": {"seed": 1},
+        },
+    )  # fmt: skip
+    replay.enqueue(Reply.sse(a_text_stream()))
+    result = await collect(anthropic_provider, request(settings=settings))
+    sent = replay.requests[0]
+    body = sent.json
+    assert body["max_tokens"] == 300
+    assert body["stop_sequences"] == ["END"]
+    for absent in ("temperature", "top_p", "top_k", "seed"):
+        assert absent not in body  # rejected by API version 2026-10-21
+    assert body["metadata"] == {"user_id": "u1"}
+    assert body["thinking"] == {"type": "adaptive"}
+    assert body["speed"] == "fast"
+    assert body["context_management"] == {"edits": []}  # not an SDK parameter: sent through extra_body
+    assert sent.headers["x-trace"] == "abc"
+    assert sent.headers["x-stainless-read-timeout"] == "30"
+    warnings = result.finish.provider_metadata["warnings"]  # type: ignore[index]
+    assert any("temperature" in w for w in warnings) and any("top_k" in w for w in warnings)
+
+
+@pytest.mark.parametrize(
+    ("settings", "kwargs", "message"),
+    [
+        (ModelSettings(max_output_tokens=0), {}, "max_tokens must be at least 1"),
+        (ModelSettings(), {"tool_choice": "nope"}, "not among"),
+        (ModelSettings(provider_options={"anthropic": {"thinking": {"type": "adaptive"}}}),
+         {"tool_choice": "required"}, "thinking"),
+        (ModelSettings(max_output_tokens=2000,
+                       provider_options={"anthropic": {"thinking": {"type": "enabled", "budget_tokens": 4000}}}),
+         {}, "budget_tokens"),
+    ],
+)  # fmt: skip
+async def test_requests_the_api_would_reject_are_not_sent(
+    settings: ModelSettings,
+    kwargs: dict[str, Any],
+    message: str,
+    replay: ReplayServer,
+    anthropic_provider: AnthropicMessagesProvider,
+) -> None:
+    result = await collect(anthropic_provider, request(settings=settings, tools=[WEATHER], **kwargs))
+    assert result.error is not None and message in result.error.message
+    assert (result.error.status, result.error.retryable) == (0, False)
+    assert replay.requests == []
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "temp_c": {"type": "number"}},
+    "required": ["city", "temp_c"],
+    "additionalProperties": False,
+}
+
+
+def _output_stream(fragments: list[str]) -> bytes:
+    block = {"type": "tool_use", "id": "toolu_9", "name": OUTPUT_TOOL, "input": {}}
+    deltas = [a_json(0, f) for f in fragments]
+    return anthropic_sse(a_start(), a_block(0, block), *deltas, a_stop(0), *a_end("tool_use"))
+
+
+async def test_structured_output_through_a_forced_tool(
+    replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider
+) -> None:
+    replay.enqueue(Reply.sse(_output_stream(['{"city": "Oslo",', ' "temp_c": -3.5}'])))
+    result = await collect(anthropic_provider, request(output_schema=SCHEMA))
+    assert result.error is None
+    assert result.text == '{"city": "Oslo", "temp_c": -3.5}'
+    assert result.calls == []
+    assert result.finish.finish_reason == "stop"
+    body = replay.requests[0].json
+    assert body["tool_choice"] == {"type": "tool", "name": OUTPUT_TOOL}
+    assert body["tools"][0]["name"] == OUTPUT_TOOL and body["tools"][0]["input_schema"] == SCHEMA
+
+
+async def test_structured_output_not_matching_the_schema_fails(
+    replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider
+) -> None:
+    replay.enqueue(Reply.sse(_output_stream(['{"city": 5}'])))
+    result = await collect(anthropic_provider, request(output_schema=SCHEMA))
+    assert result.error is not None and result.error.type == "structured_output_invalid"
+    assert "missing required property 'temp_c'" in result.error.message
+    assert "/city: expected string" in result.error.message
+
+
+async def test_structured_output_native_when_thinking(
+    replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider
+) -> None:
+    answer = anthropic_sse(
+        a_start(), a_block(0, {"type": "text", "text": ""}), a_text(0, '{"city": "Oslo", "temp_c": 1}'), a_stop(0),
+        *a_end(),
+    )  # fmt: skip
+    replay.enqueue(Reply.sse(answer))
+    options = {"anthropic": {"thinking": {"type": "adaptive"}}}
+    result = await collect(
+        anthropic_provider, request(output_schema=SCHEMA, settings=ModelSettings(provider_options=options))
+    )
+    assert result.error is None and result.finish.finish_reason == "stop"
+    body = replay.requests[0].json
+    assert body["output_config"] == {"format": {"type": "json_schema", "schema": SCHEMA}}
+    assert "tools" not in body and "tool_choice" not in body
+
+
+async def test_citations_become_sources(replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider) -> None:
+    citation = {"type": "web_search_result_location", "url": "https://example.com/a", "title": "A",
+                "cited_text": "x", "encrypted_index": "e"}  # fmt: skip
+    replay.enqueue(
+        Reply.sse(
+            anthropic_sse(
+                a_start(), a_block(0, {"type": "text", "text": ""}),
+                a_delta(0, {"type": "citations_delta", "citation": citation}),
+                a_delta(0, {"type": "citations_delta", "citation": citation}),
+                a_text(0, "Cited."), a_stop(0), *a_end(),
+            )
+        )
+    )  # fmt: skip
+    result = await collect(anthropic_provider, request())
+    assert result.of(base.Source) == [base.Source("https://example.com/a", url="https://example.com/a", title="A")]

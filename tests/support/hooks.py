@@ -1,0 +1,102 @@
+"""Test-only middlewares, loaded by a real server process as ``support.hooks:ClassName``.
+
+The sidecar runs with its working directory in a temp dir, so an end-to-end
+test passes ``PYTHONPATH`` with this repo's ``tests/`` (see
+:func:`pythonpath_env`). Each middleware acts only when the request's ``body``
+asks, so one server process serves every test.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from middleware import (
+    ChatErrorClassification,
+    ChatErrorContext,
+    ChatResponseResult,
+    ChunkContext,
+    Middleware,
+    StepConfig,
+    StepContext,
+    StepResult,
+    ToolCallContext,
+    ToolCallDecision,
+    ToolCallResultContext,
+    TurnConfig,
+    TurnContext,
+)
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+
+
+def pythonpath_env() -> dict[str, str]:
+    """``{"PYTHONPATH": …}`` with ``tests/`` first, so a server process can import ``support.hooks``."""
+    inherited = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(TESTS_DIR), inherited) if p)}
+
+
+class ModelFromBody(Middleware):
+    """``before_turn``: use ``body["use_model"]`` (``provider:model``) as the turn's model."""
+
+    async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
+        """``TurnConfig(model=body["use_model"])`` when the body names one."""
+        model = ctx.body.get("use_model")
+        return TurnConfig(model=str(model)) if model else None
+
+
+class ActiveToolsFromBody(Middleware):
+    """``before_turn``: limit the model to ``body["active_tools"]`` (a list of tool names)."""
+
+    async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
+        """``TurnConfig(active_tools=…)`` when the body has the key."""
+        if "active_tools" not in ctx.body:
+            return None
+        return TurnConfig(active_tools=[str(name) for name in ctx.body["active_tools"]])
+
+
+class EveryHook(Middleware):
+    """Implements every hook as a no-op, so a hook timeline shows where it ran; ``label`` names it."""
+
+    def __init__(self, *, label: str = "") -> None:
+        """``label``: the middleware's name in timelines and logs (default: the class name)."""
+        super().__init__(label=label)
+        if label:
+            self.name = label
+
+    async def configure_session(self) -> None:
+        """No-op."""
+
+    async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
+        """No change."""
+        return None
+
+    async def before_step(self, ctx: StepContext) -> StepConfig | None:
+        """No change."""
+        return None
+
+    async def before_tool_call(self, ctx: ToolCallContext) -> ToolCallDecision | None:
+        """No decision."""
+        return None
+
+    async def after_tool_call(self, ctx: ToolCallResultContext) -> None:
+        """No-op."""
+
+    async def on_step_finish(self, ctx: StepResult) -> None:
+        """No-op."""
+
+    async def on_chunk(self, ctx: ChunkContext) -> None:
+        """No-op."""
+
+    async def on_chat_response(self, result: ChatResponseResult) -> None:
+        """No-op."""
+
+    async def on_chat_error(self, error: BaseException, ctx: ChatErrorContext) -> BaseException | str:
+        """The error unchanged."""
+        return error
+
+    async def classify_chat_error(
+        self, error: BaseException | str, ctx: ChatErrorContext
+    ) -> ChatErrorClassification | None:
+        """No classification."""
+        return None
