@@ -191,9 +191,7 @@ class ServerProcess:
         cls, workdir: Path, *, deltas: int, chunk_size: int, coalesce_ms: float = 0.0
     ) -> ServerProcess:
         port = free_port()
-        config = turnwire_config(
-            workdir, port, deltas=deltas, chunk_size=chunk_size, coalesce_ms=coalesce_ms
-        )
+        config = turnwire_config(workdir, port, deltas=deltas, chunk_size=chunk_size, coalesce_ms=coalesce_ms)
         name = "turnwire" if not coalesce_ms else f"turnwire-coalesce{coalesce_ms:g}"
         return cls([PYTHON, "-m", "server", "serve", "--config", str(config)], port, workdir, name)
 
@@ -201,20 +199,31 @@ class ServerProcess:
     def floor(cls, workdir: Path, *, deltas: int, chunk_size: int) -> ServerProcess:
         port = free_port()
         argv = [
-            PYTHON, str(BENCH_DIR / "floor_server.py"),
-            "--port", str(port), "--deltas", str(deltas), "--chunk-size", str(chunk_size),
+            PYTHON,
+            str(BENCH_DIR / "floor_server.py"),
+            "--port",
+            str(port),
+            "--deltas",
+            str(deltas),
+            "--chunk-size",
+            str(chunk_size),
         ]
         return cls(argv, port, workdir, "floor")
 
-    async def start(self, timeout: float = 30.0) -> None:
-        env = dict(os.environ)
-        env.pop("TURNWIRE_LISTEN", None)
+    def spawn(self) -> None:
+        """Start the process (without waiting for it to serve)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TURNWIRE_")}
         with self.log_path.open("wb") as log:
             self.popen = subprocess.Popen(
                 self.argv, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=env
             )
         self.ps = psutil.Process(self.popen.pid)
-        deadline = time.monotonic() + timeout
+
+    async def start(self, startup_seconds: float = 30.0) -> None:
+        """Spawn the process and wait until it accepts connections."""
+        self.spawn()
+        assert self.popen is not None
+        deadline = time.monotonic() + startup_seconds
         async with grpc.aio.insecure_channel(self.target) as channel:
             while True:
                 if self.popen.poll() is not None:
@@ -224,7 +233,7 @@ class ServerProcess:
                     return
                 except TimeoutError:
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"{self.name} did not start in {timeout} s") from None
+                        raise RuntimeError(f"{self.name} did not start in {startup_seconds} s") from None
 
     def rss(self) -> int:
         assert self.ps is not None
@@ -239,6 +248,15 @@ class ServerProcess:
     def threads(self) -> int:
         assert self.ps is not None
         return int(self.ps.num_threads())
+
+    async def settle(self, quiet_for: float = 0.3, max_wait: float = 5.0) -> None:
+        """Wait until the server has used (almost) no CPU for ``quiet_for`` seconds."""
+        deadline = time.monotonic() + max_wait
+        while time.monotonic() < deadline:
+            before = self.cpu_seconds()
+            await asyncio.sleep(quiet_for)
+            if self.cpu_seconds() - before < 0.02 * quiet_for:
+                return
 
     def stop(self, timeout: float = 15.0) -> None:
         if self.popen is None or self.popen.poll() is not None:
@@ -294,6 +312,28 @@ async def wait_for_quiet(
         other = max(0.0, (machine_busy_seconds() - busy0 - (_cpu_of(mine) - own0)) / elapsed)
         if other < limit or time.monotonic() >= deadline:
             return other
+
+
+class QuietGate:
+    """Calls :func:`wait_for_quiet` before each measurement, within a total time budget."""
+
+    def __init__(self, budget: float, per_wait: float = 5.0, limit: float = 0.25) -> None:
+        self.budget = budget
+        self.per_wait = per_wait
+        self.limit = limit
+        self.waited = 0.0
+        self.noisy = 0  # measurements started while the machine was still busy
+        self.exclude: list[psutil.Process] = []
+
+    async def __call__(self) -> None:
+        left = self.budget - self.waited
+        start = time.monotonic()
+        other = await wait_for_quiet(
+            self.exclude, limit=self.limit, max_wait=max(0.0, min(self.per_wait, left))
+        )
+        self.waited += time.monotonic() - start
+        if other >= self.limit:
+            self.noisy += 1
 
 
 def _cpu_of(processes: Sequence[psutil.Process]) -> float:
@@ -360,16 +400,13 @@ def print_tables(tables: Sequence[Table]) -> None:
     from rich.console import Console
     from rich.table import Table as RichTable
 
-    console = Console(width=max(140, Console().width), highlight=False)
+    console = Console(width=max(180, Console().width), highlight=False)
     for table in tables:
         rich_table = RichTable(title=table.title, box=box.SIMPLE_HEAVY, title_justify="left")
         for index, column in enumerate(table.columns):
-            rich_table.add_column(column, justify="left" if index == 0 else "right")
+            rich_table.add_column(column, justify="left" if index == 0 else "right", no_wrap=index == 0)
         for row in table.rows:
-            styled = [
-                f"[green]{c}[/]" if c == "PASS" else f"[red]{c}[/]" if c == "MISS" else c
-                for c in row
-            ]
+            styled = [f"[green]{c}[/]" if c == "PASS" else f"[red]{c}[/]" if c == "MISS" else c for c in row]
             rich_table.add_row(*styled)
         console.print(rich_table)
         for note in table.notes:

@@ -22,7 +22,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (  # noqa: E402
+from _common import (
     CHAT_METHOD,
     CLIENT_OPTIONS,
     STREAM_MODEL,
@@ -31,7 +31,7 @@ from _common import (  # noqa: E402
     percentile,
 )
 
-from turnwire.v1 import chat_service_pb2  # noqa: E402
+from turnwire.v1 import chat_service_pb2
 
 
 async def load(
@@ -43,20 +43,23 @@ async def load(
     *,
     model: str = "",
     on_window: Callable[[str], None] | None = None,
+    count_text: bool = False,
 ) -> dict[str, float]:
     """Run ``streams`` workers for ``warm`` + ``seconds``; count what arrives in the window.
 
     ``on_window("start")`` / ``on_window("end")`` run exactly at the window's edges (to
-    sample the server's CPU time there).
+    sample the server's CPU time there). ``count_text`` parses every response and
+    counts the characters of text deltas (for coalesced streams, whose events vary in
+    size); otherwise responses stay raw bytes.
     """
-    counts = {"events": 0, "turns": 0}
+    counts = {"events": 0, "turns": 0, "text": 0}
     first_event: list[tuple[float, float]] = []  # (call start, seconds to first message)
     stop = asyncio.Event()
     async with grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS) as channel:
         chat = channel.unary_stream(
             CHAT_METHOD,
             request_serializer=chat_service_pb2.ChatRequest.SerializeToString,
-            response_deserializer=None,
+            response_deserializer=chat_service_pb2.ChatResponse.FromString if count_text else None,
         )
 
         async def worker(w: int) -> None:
@@ -64,22 +67,27 @@ async def load(
             while not stop.is_set():
                 start = time.perf_counter()
                 call = chat(chat_request(f"{tag}-{w}-{k}", model or STREAM_MODEL))
-                if await call.read() is grpc.aio.EOF:
+                response = await call.read()
+                if response is grpc.aio.EOF:
                     raise RuntimeError(f"empty stream: {await call.code()}")
                 first_event.append((start, time.perf_counter() - start))
-                counts["events"] += 1
-                while await call.read() is not grpc.aio.EOF:
+                while response is not grpc.aio.EOF:
                     counts["events"] += 1
+                    if count_text and response.event.HasField("text_delta"):
+                        counts["text"] += len(response.event.text_delta.delta)
+                    response = await call.read()
                 counts["turns"] += 1
                 k += 1
 
         tasks = [asyncio.create_task(worker(w)) for w in range(streams)]
         await asyncio.sleep(warm)
-        e0, n0, t0, c0 = counts["events"], counts["turns"], time.perf_counter(), own_cpu_seconds()
+        e0, n0, x0 = counts["events"], counts["turns"], counts["text"]
+        t0, c0 = time.perf_counter(), own_cpu_seconds()
         if on_window is not None:
             on_window("start")
         await asyncio.sleep(seconds)
-        e1, n1, t1, c1 = counts["events"], counts["turns"], time.perf_counter(), own_cpu_seconds()
+        e1, n1, x1 = counts["events"], counts["turns"], counts["text"]
+        t1, c1 = time.perf_counter(), own_cpu_seconds()
         if on_window is not None:
             on_window("end")
         stop.set()
@@ -89,6 +97,7 @@ async def load(
         "events": e1 - e0,
         "events_per_s": (e1 - e0) / (t1 - t0),
         "turns_per_s": (n1 - n0) / (t1 - t0),
+        "text_chars_per_s": (x1 - x0) / (t1 - t0),
         "client_cores": (c1 - c0) / (t1 - t0),
         "ttfe_p50_ms": percentile(in_window, 50) * 1000,
         "ttfe_p99_ms": percentile(in_window, 99) * 1000,
@@ -106,9 +115,7 @@ def main() -> None:
     parser.add_argument("--tag", default="load")
     parser.add_argument("--model", default=STREAM_MODEL)
     args = parser.parse_args()
-    result = asyncio.run(
-        load(args.target, args.streams, args.warm, args.seconds, args.tag, model=args.model)
-    )
+    result = asyncio.run(load(args.target, args.streams, args.warm, args.seconds, args.tag, model=args.model))
     print(json.dumps(result), flush=True)
 
 

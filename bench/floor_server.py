@@ -25,9 +25,9 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import HOLD_MODEL, floor_responses  # noqa: E402
+from _common import HOLD_MODEL, floor_responses
 
-from turnwire.v1 import chat_service_pb2_grpc  # noqa: E402
+from turnwire.v1 import chat_service_pb2_grpc
 
 
 class FloorChat(chat_service_pb2_grpc.ChatServiceServicer):
@@ -36,7 +36,7 @@ class FloorChat(chat_service_pb2_grpc.ChatServiceServicer):
     def __init__(self, responses: list[Any]) -> None:
         self.responses = responses
 
-    async def Chat(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def Chat(self, request: Any, context: Any) -> Any:
         if request.model == HOLD_MODEL:
             yield self.responses[0]
             yield self.responses[1]

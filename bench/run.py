@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import stream_overhead  # noqa: E402
-from _common import BENCH_DIR, Table, machine_summary, print_tables, write_markdown  # noqa: E402
+import stream_overhead
+from _common import BENCH_DIR, Table, machine_summary, print_tables, write_markdown
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (  # noqa: E402
+from _common import (
     BENCH_DIR,
     CHAT_METHOD,
     CLIENT_OPTIONS,
@@ -60,6 +60,7 @@ from _common import (  # noqa: E402
     PACED_DELAY_MS,
     PACED_MODEL,
     STREAM_MODEL,
+    QuietGate,
     ServerProcess,
     Table,
     chat_request,
@@ -73,9 +74,9 @@ from _common import (  # noqa: E402
     verdict,
     write_markdown,
 )
-from _load import load  # noqa: E402
+from _load import load
 
-from turnwire.v1 import chat_service_pb2, event_pb2  # noqa: E402
+from turnwire.v1 import chat_service_pb2, event_pb2
 
 TARGET_TTFE_P50_MS = 1.0
 TARGET_TTFE_P99_MS = 3.0
@@ -100,12 +101,20 @@ class Options:
     coalesce_ms: float = 2.0
     verify_turns: int = 300
     skip_memory: bool = False
+    quiet_budget: float = 30.0  # seconds, in total, to wait for other load on the machine to stop
 
     @classmethod
     def quick(cls) -> Options:
         return cls(
-            ttfe_turns=60, warmup_turns=10, rounds=1, window=1.5, warm=0.5, levels=(1, 100),
-            streams=1000, verify_turns=100,
+            ttfe_turns=60,
+            warmup_turns=10,
+            rounds=1,
+            window=1.0,
+            warm=0.5,
+            levels=(1, 100),
+            streams=1000,
+            verify_turns=60,
+            quiet_budget=2.0,
         )
 
     @property
@@ -159,7 +168,8 @@ async def time_to_first_event(target: str, turns: int, warmup: int, tag: str) ->
 class Throughput:
     streams: int
     events_per_s: float
-    turns_per_s: float
+    turns_per_s: float  # turns completed in the window (coarse: turns end in bursts)
+    turn_equiv_per_s: float  # events/s / events per turn, or text/s / text per turn (coalesced)
     server_cpu_us_per_event: float
     server_cpu_util: float  # cores
     client_cpu_util: float  # cores
@@ -168,14 +178,26 @@ class Throughput:
     ttfe_p99_ms: float
 
 
-async def throughput(server: ServerProcess, streams: int, opts: Options, tag: str) -> Throughput:
-    """Each of ``streams`` workers runs turns back to back; count events in a steady window."""
+async def throughput(
+    server: ServerProcess, streams: int, opts: Options, tag: str, *, coalesced: bool = False
+) -> Throughput:
+    """Each of ``streams`` workers runs turns back to back; count events in a steady window.
+
+    ``coalesced``: events differ in size, so the client parses them and counts text; turn
+    equivalents are then text per second over the text of one turn.
+    """
     edges: dict[str, tuple[float, float]] = {}
 
     def on_window(edge: str) -> None:
         edges[edge] = (server.cpu_seconds(), machine_busy_seconds())
 
-    result = await load(server.target, streams, opts.warm, opts.window, tag, on_window=on_window)
+    result = await load(
+        server.target, streams, opts.warm, opts.window, tag, on_window=on_window, count_text=coalesced
+    )
+    if coalesced:
+        turn_equiv = result["text_chars_per_s"] / (opts.deltas * opts.chunk_size)
+    else:
+        turn_equiv = result["events_per_s"] / events_per_turn(opts.deltas)
     elapsed = result["window_end"] - result["window_start"]
     server_cpu = edges["end"][0] - edges["start"][0]
     machine_cpu = edges["end"][1] - edges["start"][1]
@@ -184,6 +206,7 @@ async def throughput(server: ServerProcess, streams: int, opts: Options, tag: st
         streams=streams,
         events_per_s=result["events_per_s"],
         turns_per_s=result["turns_per_s"],
+        turn_equiv_per_s=turn_equiv,
         server_cpu_us_per_event=server_cpu / max(result["events"], 1) * 1e6,
         server_cpu_util=server_cpu / elapsed,
         client_cpu_util=client_cores,
@@ -206,7 +229,7 @@ class Check:
 
 
 async def check_streams(
-    target: str, expected: str, turns: int, concurrency: int, tag: str, model: str = STREAM_MODEL
+    target: str, expected: str, *, turns: int, concurrency: int, tag: str, model: str = STREAM_MODEL
 ) -> Check:
     """Parse every event of ``turns`` turns (``concurrency`` at a time) and check each turn:
     sequence numbers 1..n, TurnStart first, one TurnEnd (COMPLETED) last, and the text
@@ -313,7 +336,8 @@ async def memory_per_stream(server: ServerProcess, streams: int, name: str) -> M
             for call in calls:
                 call.cancel()
             calls.clear()
-            await asyncio.sleep(2.0)  # the server aborts and stores the turns
+            await asyncio.sleep(0.2)
+            await server.settle()  # the server aborts and stores the turns
 
         # Warm up: code paths, the store and the allocator see some held calls first.
         await asyncio.gather(*(open_one(f"warm-{i}") for i in range(100)))
@@ -323,13 +347,13 @@ async def memory_per_stream(server: ServerProcess, streams: int, name: str) -> M
         start = time.perf_counter()
         await open_all("hold", milestones)
         open_seconds = time.perf_counter() - start
-        await asyncio.sleep(1.0)
+        await server.settle()
         rss_open = server.rss()
         milestones[-1] = (streams, rss_open)
         await close_all()
         rss_closed = server.rss()
         await open_all("again", None)
-        await asyncio.sleep(1.0)
+        await server.settle()
         rss_reopen = server.rss()
         await close_all()
     return Memory(name, streams, rss_before, rss_open, rss_closed, rss_reopen, milestones, open_seconds)
@@ -346,6 +370,9 @@ class Results:
     checks: dict[str, Check] = field(default_factory=dict)
     mem: dict[str, Memory] = field(default_factory=dict)
     seconds: float = 0.0
+    quiet_waited: float = 0.0
+    noisy: int = 0
+    measurements: int = 0
 
 
 async def run(opts: Options) -> list[Table]:
@@ -361,6 +388,7 @@ async def run(opts: Options) -> list[Table]:
             d, deltas=opts.deltas, chunk_size=opts.chunk_size, coalesce_ms=opts.coalesce_ms
         ),
     }
+    quiet = QuietGate(opts.quiet_budget)
     with tempfile.TemporaryDirectory(prefix="turnwire-bench-") as tmp:
         root = Path(tmp)
         servers: dict[str, ServerProcess] = {}
@@ -371,12 +399,15 @@ async def run(opts: Options) -> list[Table]:
                 servers[name] = make(workdir)
                 _log(f"starting {name}: {' '.join(servers[name].argv[1:])}")
                 await servers[name].start()
+                assert servers[name].ps is not None
+                quiet.exclude.append(servers[name].ps)
             # (a) interleaved: floor, turnwire, floor, turnwire ...
             per_round = max(1, opts.ttfe_turns // opts.rounds)
             for r in range(opts.rounds):
                 for name in (FLOOR, TURNWIRE):
                     _log(f"(a) {name}: time to first event, {per_round} sequential turns, round {r + 1}")
                     warmup = opts.warmup_turns if r == 0 else 5
+                    await quiet()
                     res.ttfe.setdefault(name, []).extend(
                         await time_to_first_event(servers[name].target, per_round, warmup, f"a{r}")
                     )
@@ -385,19 +416,29 @@ async def run(opts: Options) -> list[Table]:
                 for streams in opts.levels:
                     for name, server in servers.items():
                         _log(f"(b) {name}: {streams} stream(s), {opts.window:g} s window, round {r + 1}")
+                        await quiet()
                         res.tput.setdefault((name, streams), []).append(
-                            await throughput(server, streams, opts, f"b{r}")
+                            await throughput(server, streams, opts, f"b{r}", coalesced=name == coalesced)
                         )
+            res.quiet_waited, res.noisy = quiet.waited, quiet.noisy
+            res.measurements = opts.rounds * (2 + len(opts.levels) * len(servers))
             # correctness
             _log("checking the streams")
-            res.checks[FLOOR] = await check_streams(servers[FLOOR].target, expected, 20, 10, "c")
+            res.checks[FLOOR] = await check_streams(
+                servers[FLOOR].target, expected, turns=20, concurrency=10, tag="c"
+            )
             for name in (TURNWIRE, coalesced):
                 target = servers[name].target
                 res.checks[name] = await check_streams(
-                    target, expected, opts.verify_turns, opts.concurrency, "c"
+                    target, expected, turns=opts.verify_turns, concurrency=opts.concurrency, tag="c"
                 )
                 res.checks[f"{name}, paced {PACED_DELAY_MS:g} ms"] = await check_streams(
-                    target, expected, opts.verify_turns, opts.concurrency, "p", PACED_MODEL
+                    target,
+                    expected,
+                    turns=opts.verify_turns,
+                    concurrency=opts.concurrency,
+                    tag="p",
+                    model=PACED_MODEL,
                 )
         finally:
             for server in servers.values():
@@ -438,17 +479,39 @@ def tables(res: Results, coalesced: str) -> list[Table]:
     )
     for name, samples in res.ttfe.items():
         t.add(
-            name, len(samples), fmt_ms(percentile(samples, 50)), fmt_ms(percentile(samples, 90)),
-            fmt_ms(percentile(samples, 99)), fmt_ms(max(samples)), "", "",
+            name,
+            len(samples),
+            fmt_ms(percentile(samples, 50)),
+            fmt_ms(percentile(samples, 90)),
+            fmt_ms(percentile(samples, 99)),
+            fmt_ms(max(samples)),
+            "",
+            "",
         )
     if FLOOR in res.ttfe and TURNWIRE in res.ttfe:
         floor, tw = res.ttfe[FLOOR], res.ttfe[TURNWIRE]
         d50 = percentile(tw, 50) - percentile(floor, 50)
         d99 = percentile(tw, 99) - percentile(floor, 99)
-        t.add("added (turnwire - floor) p50", "", fmt_ms(d50), "", "", "",
-              f"<= {TARGET_TTFE_P50_MS:g} ms", verdict(d50 * 1000 <= TARGET_TTFE_P50_MS))
-        t.add("added (turnwire - floor) p99", "", "", "", fmt_ms(d99), "",
-              f"<= {TARGET_TTFE_P99_MS:g} ms", verdict(d99 * 1000 <= TARGET_TTFE_P99_MS))
+        t.add(
+            "added (turnwire - floor) p50",
+            "",
+            fmt_ms(d50),
+            "",
+            "",
+            "",
+            f"<= {TARGET_TTFE_P50_MS:g} ms",
+            verdict(d50 * 1000 <= TARGET_TTFE_P50_MS),
+        )
+        t.add(
+            "added (turnwire - floor) p99",
+            "",
+            "",
+            "",
+            fmt_ms(d99),
+            "",
+            f"<= {TARGET_TTFE_P99_MS:g} ms",
+            verdict(d99 * 1000 <= TARGET_TTFE_P99_MS),
+        )
     t.notes.append(
         f"{workload}. One turn at a time, each on a new conversation, after warm-up turns; "
         f"floor and Turnwire interleaved in {opts.rounds} round(s). The first event is TurnStart, "
@@ -464,13 +527,13 @@ def tables(res: Results, coalesced: str) -> list[Table]:
     floor_rows = {s: rows for (n, s), rows in res.tput.items() if n == FLOOR}
     for (name, streams), rows in res.tput.items():
         ev = _median(rows, "events_per_s")
-        turns = _median(rows, "turns_per_s")
+        turns = _median(rows, "turn_equiv_per_s")
         ratio_txt = target = ok = ""
         base = floor_rows.get(streams)
         if name != FLOOR and base:
             if name == coalesced:
                 # Fewer, larger events per turn: compare delivered turns (the same text each).
-                ratio = turns / _median(base, "turns_per_s")
+                ratio = turns / _median(base, "turn_equiv_per_s")
                 ratio_txt = f"{ratio:.0%} (turns/s)"
             else:
                 ratio = ev / _median(base, "events_per_s")
@@ -485,16 +548,28 @@ def tables(res: Results, coalesced: str) -> list[Table]:
         "interleaved round(s). Client and server are separate processes on the same machine."
     )
     t.notes.append(
-        "Coalesced row: 'vs floor' compares turns/s (the same text per turn in fewer, larger "
-        "events); its events/s counts merged messages."
+        f"turns/s = events/s / {n_events} (for the coalesced rows: text characters/s received / "
+        f"{opts.deltas * opts.chunk_size}, counted by parsing every event). The coalesced rows' "
+        "'vs floor' compares these turns/s (the same text in fewer, larger events); their events/s "
+        "counts merged messages."
     )
     out.append(t)
 
     # server cost and latency under load
     t = Table(
         "(b) Where the CPU goes under load, and time to first event under load",
-        ["server", "streams", "srv CPU us/event", "capacity vs floor", "srv cores", "client cores",
-         "other cores", "TTFE p50 ms", "TTFE p99 ms", "verdict (capacity)"],
+        [
+            "server",
+            "streams",
+            "srv CPU us/event",
+            "capacity vs floor",
+            "srv cores",
+            "client cores",
+            "other cores",
+            "TTFE p50 ms",
+            "TTFE p99 ms",
+            "verdict (capacity)",
+        ],
     )
     for (name, streams), rows in res.tput.items():
         cpu = _median(rows, "server_cpu_us_per_event")
@@ -506,9 +581,16 @@ def tables(res: Results, coalesced: str) -> list[Table]:
             if streams == opts.concurrency:
                 ok = verdict(ratio >= TARGET_THROUGHPUT_RATIO)
         t.add(
-            name, streams, f"{cpu:.1f}", capacity, f"{_median(rows, 'server_cpu_util'):.2f}",
-            f"{_median(rows, 'client_cpu_util'):.2f}", f"{_median(rows, 'other_cpu_util'):.2f}",
-            f"{_median(rows, 'ttfe_p50_ms'):.2f}", f"{_median(rows, 'ttfe_p99_ms'):.2f}", ok,
+            name,
+            streams,
+            f"{cpu:.1f}",
+            capacity,
+            f"{_median(rows, 'server_cpu_util'):.2f}",
+            f"{_median(rows, 'client_cpu_util'):.2f}",
+            f"{_median(rows, 'other_cpu_util'):.2f}",
+            f"{_median(rows, 'ttfe_p50_ms'):.2f}",
+            f"{_median(rows, 'ttfe_p99_ms'):.2f}",
+            ok,
         )
     t.notes.append(
         "srv CPU us/event: server process CPU time (all its threads) / events, in the window. "
@@ -521,6 +603,11 @@ def tables(res: Results, coalesced: str) -> list[Table]:
         "users) - should be near 0 for clean numbers. TTFE under load: first event of the turns "
         "started in the window (queueing in client and server included)."
     )
+    t.notes.append(
+        f"Before each measurement the run waited for other load on the machine to stop "
+        f"({res.quiet_waited:.0f} s waited in total); {res.noisy} of {res.measurements} "
+        "measurements still started with other load above 0.25 cores."
+    )
     out.append(t)
 
     # correctness
@@ -529,8 +616,14 @@ def tables(res: Results, coalesced: str) -> list[Table]:
         ["server / script", "turns", "events/turn", "bytes/turn", "bad turns", "text == script text"],
     )
     for name, check in res.checks.items():
-        t.add(name, check.turns, f"{check.events_per_turn:.1f}", f"{check.bytes_per_turn:,.0f}",
-              check.bad, "yes" if check.bad == 0 else f"NO: {check.first_problem}")
+        t.add(
+            name,
+            check.turns,
+            f"{check.events_per_turn:.1f}",
+            f"{check.bytes_per_turn:,.0f}",
+            check.bad,
+            "yes" if check.bad == 0 else f"NO: {check.first_problem}",
+        )
     t.notes.append(
         f"Turnwire rows: {opts.concurrency} turns at a time. Checked per turn: sequence numbers "
         "1..n, TurnStart first, one COMPLETED TurnEnd last, text rebuilt from the deltas == the "
@@ -544,16 +637,32 @@ def tables(res: Results, coalesced: str) -> list[Table]:
     if res.mem:
         t = Table(
             "(c) Server memory per open Chat stream (RSS)",
-            ["server", "open streams", "RSS before MB", "RSS open MB", "KB/stream",
-             "marginal KB/stream", "after close MB", "reopened MB", "open time s", "target",
-             "verdict"],
+            [
+                "server",
+                "open streams",
+                "RSS before MB",
+                "RSS open MB",
+                "KB/stream",
+                "marginal KB/stream",
+                "after close MB",
+                "reopened MB",
+                "open time s",
+                "target",
+                "verdict",
+            ],
         )
         for name, m in res.mem.items():
             is_tw = name == TURNWIRE
             t.add(
-                name, m.streams, f"{m.rss_before / 2**20:.1f}", f"{m.rss_open / 2**20:.1f}",
-                f"{m.kb_per_stream:.1f}", f"{m.marginal_kb_per_stream:.1f}",
-                f"{m.rss_closed / 2**20:.1f}", f"{m.rss_reopen / 2**20:.1f}", f"{m.open_seconds:.1f}",
+                name,
+                m.streams,
+                f"{m.rss_before / 2**20:.1f}",
+                f"{m.rss_open / 2**20:.1f}",
+                f"{m.kb_per_stream:.1f}",
+                f"{m.marginal_kb_per_stream:.1f}",
+                f"{m.rss_closed / 2**20:.1f}",
+                f"{m.rss_reopen / 2**20:.1f}",
+                f"{m.open_seconds:.1f}",
                 f"<= {TARGET_KB_PER_STREAM:g} KB" if is_tw else "",
                 verdict(m.kb_per_stream <= TARGET_KB_PER_STREAM) if is_tw else "",
             )

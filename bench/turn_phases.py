@@ -22,7 +22,9 @@ time (bench-only code; the server source is untouched):
   per SQL statement;
 * ``no-final-ckpt``: no checkpoint is written at the end of the last step (the
   final ``finish_turn`` write stores the same message right after);
-* ``both``.
+* ``both``;
+* ``null-store``: every store call returns at once without touching SQLite (not a
+  fix: the bound on what any store work could cost).
 
     python bench/turn_phases.py [--levels 1,10,100] [--seconds 3] [--variants baseline,one-hop,both]
 """
@@ -42,19 +44,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (  # noqa: E402
+from _common import (
     BENCH_DIR,
     HOLD_DELAY_MS,
     PYTHON,
     STREAM_MODEL,
     Table,
     free_port,
+    own_cpu_seconds,
     percentile,
     print_tables,
     stream_text,
 )
 
-VARIANTS = ("baseline", "one-hop", "no-final-ckpt", "both")
+VARIANTS = ("baseline", "one-hop", "no-final-ckpt", "both", "null-store")
 
 
 class Recorder:
@@ -152,6 +155,20 @@ def patch_one_hop_writer(store: Any) -> None:
     store._apply_batch = apply_batch
 
 
+def patch_null_store(store: Any) -> None:
+    """Bound, not a fix: the store's per-turn calls do nothing (no SQLite, no threads)."""
+
+    async def nothing(*_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    async def no_messages(*_args: Any, **_kwargs: Any) -> list[Any]:
+        return []
+
+    for name in ("start_turn", "save_message", "finish_turn"):
+        setattr(store, name, nothing)
+    store.load_messages = no_messages
+
+
 def patch_no_final_checkpoint() -> Callable[[], None]:
     """Prototype: skip ``turn.checkpoints.now()`` at the end of the last step
     (``step_loop.py``: only checkpoint when another step follows). Returns an undo."""
@@ -236,10 +253,25 @@ def instrument(sidecar: Any, rec: Recorder) -> None:
 
 
 async def loop_lag(rec: Recorder, stop: asyncio.Event) -> None:
+    """Loop lag every ~1 ms; this process's CPU time (the server's: the client is a
+    subprocess) every ~50 ms, for CPU per event over the client's window."""
+    last_cpu = 0.0
     while not stop.is_set():
         start = time.monotonic()
         await asyncio.sleep(0.001)
-        rec.add("loop.lag", time.monotonic() - start - 0.001)
+        now = time.monotonic()
+        rec.add("loop.lag", now - start - 0.001)
+        if now - last_cpu >= 0.05:
+            last_cpu = now
+            rec.samples["cpu"].append((now, own_cpu_seconds()))
+
+
+def cpu_between(rec: Recorder, t0: float, t1: float) -> float:
+    """Process CPU seconds between the samples nearest to ``t0`` and ``t1``."""
+    samples = rec.samples.get("cpu", [])
+    start = min(samples, key=lambda s: abs(s[0] - t0))
+    end = min(samples, key=lambda s: abs(s[0] - t1))
+    return end[1] - start[1] if end[0] > start[0] else float("nan")
 
 
 # ----------------------------------------------------------------------------- the run
@@ -259,7 +291,7 @@ PHASES = (
 
 
 async def run_variant(
-    variant: str, levels: list[int], seconds: float, deltas: int, chunk_size: int, coalesce_ms: float
+    variant: str, levels: list[int], *, seconds: float, deltas: int, chunk_size: int, coalesce_ms: float
 ) -> tuple[list[Table], list[dict[str, Any]]]:
     from server.app import start
     from server.config import Settings
@@ -275,10 +307,14 @@ async def run_variant(
                 default_model=STREAM_MODEL,
                 log_level="warning",
                 store={"url": f"sqlite:///{Path(tmp) / 'turnwire.db'}"},
-                providers={"scripted": {"scripts": {
-                    "bench": [{"text": stream_text(deltas, chunk_size), "chunk_size": chunk_size}],
-                    "hold": [{"text": "held", "delay_ms": HOLD_DELAY_MS}],
-                }}},
+                providers={
+                    "scripted": {
+                        "scripts": {
+                            "bench": [{"text": stream_text(deltas, chunk_size), "chunk_size": chunk_size}],
+                            "hold": [{"text": "held", "delay_ms": HOLD_DELAY_MS}],
+                        }
+                    }
+                },
                 tools={"demo": False},
                 events={"text_coalesce_ms": coalesce_ms},
                 limits={"shutdown_grace_seconds": 1},
@@ -286,6 +322,8 @@ async def run_variant(
             sidecar = await start(settings)
             if variant in ("one-hop", "both"):
                 patch_one_hop_writer(sidecar.store)
+            if variant == "null-store":
+                patch_null_store(sidecar.store)
             rec = Recorder()
             instrument(sidecar, rec)
             stop = asyncio.Event()
@@ -294,9 +332,19 @@ async def run_variant(
                 for streams in levels:
                     rec.clear()
                     proc = await asyncio.create_subprocess_exec(
-                        PYTHON, str(BENCH_DIR / "_load.py"), "--target", f"127.0.0.1:{port}",
-                        "--streams", str(streams), "--warm", "1", "--seconds", str(seconds),
-                        "--tag", f"ph{streams}", stdout=asyncio.subprocess.PIPE,
+                        PYTHON,
+                        str(BENCH_DIR / "_load.py"),
+                        "--target",
+                        f"127.0.0.1:{port}",
+                        "--streams",
+                        str(streams),
+                        "--warm",
+                        "1",
+                        "--seconds",
+                        str(seconds),
+                        "--tag",
+                        f"ph{streams}",
+                        stdout=asyncio.subprocess.PIPE,
                     )
                     out, _ = await proc.communicate()
                     result = json.loads(out.decode().strip().splitlines()[-1])
@@ -308,16 +356,25 @@ async def run_variant(
                         ["what", "count", "p50", "p90", "p99", "mean", "unit"],
                     )
                     row: dict[str, Any] = {"variant": variant, "streams": streams, **result}
+                    row["cpu_us_per_event"] = cpu_between(rec, t0, t1) / max(result["events"], 1) * 1e6
                     for name, unit, scale in PHASES:
                         values = rec.window(name, t0, t1)
                         if not values:
                             continue
                         mean = sum(values) / len(values)
-                        row[name] = (percentile(values, 50) * scale, percentile(values, 99) * scale, mean * scale)
+                        row[name] = (
+                            percentile(values, 50) * scale,
+                            percentile(values, 99) * scale,
+                            mean * scale,
+                        )
                         table.add(
-                            name, len(values), f"{percentile(values, 50) * scale:.3f}",
+                            name,
+                            len(values),
+                            f"{percentile(values, 50) * scale:.3f}",
                             f"{percentile(values, 90) * scale:.3f}",
-                            f"{percentile(values, 99) * scale:.3f}", f"{mean * scale:.3f}", unit,
+                            f"{percentile(values, 99) * scale:.3f}",
+                            f"{mean * scale:.3f}",
+                            unit,
                         )
                     phase_tables.append(table)
                     summary.append(row)
@@ -334,13 +391,30 @@ async def run_variant(
 def summary_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(
         "Prototype comparison (server in-process + instrumentation; client in its own process)",
-        ["variant", "streams", "events/s", "turns/s", "vs baseline", "turn wall p50 ms",
-         "start_turn p50/p99 ms", "finish_turn p50/p99 ms", "round trips/batch", "client TTFE p50/p99 ms"],
+        [
+            "variant",
+            "streams",
+            "events/s",
+            "turns/s",
+            "vs baseline",
+            "srv CPU us/event",
+            "client cores",
+            "turn wall p50 ms",
+            "start_turn p50/p99 ms",
+            "finish_turn p50/p99 ms",
+            "round trips/batch",
+            "client TTFE p50/p99 ms",
+        ],
     )
-    base = {r["streams"]: r for r in rows if r["variant"] == "baseline"}
+    base: dict[int, list[float]] = defaultdict(list)
     for r in rows:
-        b = base.get(r["streams"])
-        ratio = f"{r['events_per_s'] / b['events_per_s']:.2f}x" if b and r is not b else ""
+        if r["variant"] == "baseline":
+            base[r["streams"]].append(r["events_per_s"])
+    for r in rows:
+        ref = base.get(r["streams"])
+        ratio = ""
+        if ref and r["variant"] != "baseline":
+            ratio = f"{r['events_per_s'] / (sum(ref) / len(ref)):.2f}x"
 
         def pair(key: str, row: dict[str, Any] = r) -> str:
             v = row.get(key)
@@ -348,11 +422,20 @@ def summary_table(rows: list[dict[str, Any]]) -> Table:
 
         hops = r.get("writer.batch_hops")
         table.add(
-            r["variant"], r["streams"], f"{r['events_per_s']:,.0f}", f"{r['turns_per_s']:.1f}", ratio,
+            r["variant"],
+            r["streams"],
+            f"{r['events_per_s']:,.0f}",
+            f"{r['turns_per_s']:.1f}",
+            ratio,
+            f"{r['cpu_us_per_event']:.1f}",
+            f"{r['client_cores']:.2f}",
             f"{r['turn.wall'][0]:.2f}" if "turn.wall" in r else "",
-            pair("store.start_turn"), pair("store.finish_turn"), f"{hops[2]:.1f}" if hops else "",
+            pair("store.start_turn"),
+            pair("store.finish_turn"),
+            f"{hops[2]:.1f}" if hops else "",
             f"{r['ttfe_p50_ms']:.2f} / {r['ttfe_p99_ms']:.2f}",
         )
+    table.notes.append("vs baseline: events/s over the mean of the baseline rows with as many streams.")
     table.notes.append(
         "Prototypes are patched in at run time by this script (server code unchanged): one-hop = "
         "the SQLite writer applies each batch in one aiosqlite thread round trip; no-final-ckpt "
@@ -382,7 +465,14 @@ def main() -> None:
     for variant in variants:
         print(f"[turn_phases] {variant} ...", file=sys.stderr, flush=True)
         tables, summary = asyncio.run(
-            run_variant(variant, levels, args.seconds, args.deltas, args.chunk_size, args.coalesce_ms)
+            run_variant(
+                variant,
+                levels,
+                seconds=args.seconds,
+                deltas=args.deltas,
+                chunk_size=args.chunk_size,
+                coalesce_ms=args.coalesce_ms,
+            )
         )
         phase_tables.extend(tables)
         rows.extend(summary)

@@ -27,7 +27,7 @@ from server.engine import EngineSettings, TurnEngine
 from server.importing import import_object
 from server.providers import ProviderRegistry
 from server.providers.base import Provider
-from server.providers.scripted import ScriptedProvider
+from server.providers.settings import ProviderConfigError, build_provider
 from server.store import Store, open_store
 from server.tools import load_tools
 from turnwire.v1 import chat_service_pb2, chat_service_pb2_grpc
@@ -64,7 +64,10 @@ def build_providers(settings: Settings) -> ProviderRegistry:
     """The configured providers by name."""
     providers: dict[str, Provider] = {}
     for name, config in settings.providers.items():
-        providers[name] = ScriptedProvider(config.scripts)
+        try:
+            providers[name] = build_provider(name, config)
+        except ProviderConfigError as error:
+            raise StartupError(str(error)) from error
     return ProviderRegistry(providers)
 
 

@@ -20,7 +20,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from server.providers.scripted import ScriptStep
+from server.providers.settings import ProviderSettings, default_providers, entry_location
 
 
 class _Section(BaseModel):
@@ -38,13 +38,6 @@ class StoreSettings(_Section):
         if not value.startswith("sqlite:///"):
             raise ValueError("must be sqlite:///PATH (for example sqlite:///turnwire.db)")
         return value
-
-
-class ScriptedProviderSettings(_Section):
-    """The offline scripted model. ``scripts`` maps a script name to its steps."""
-
-    type: Literal["scripted"] = "scripted"
-    scripts: dict[str, list[ScriptStep]] = Field(default_factory=dict)
 
 
 class ToolsSettings(_Section):
@@ -111,9 +104,7 @@ class Settings(BaseSettings):
     system_prompt: str = "You are a helpful assistant."
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     store: StoreSettings = Field(default_factory=StoreSettings)
-    providers: dict[str, ScriptedProviderSettings] = Field(
-        default_factory=lambda: {"scripted": ScriptedProviderSettings()}
-    )
+    providers: dict[str, ProviderSettings] = Field(default_factory=default_providers)
     tools: ToolsSettings = Field(default_factory=ToolsSettings)
     middleware: list[MiddlewareEntry] = Field(default_factory=list)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
@@ -158,7 +149,7 @@ class ConfigError(Exception):
 def _describe(error: ValidationError, origin: str) -> str:
     lines = [f"invalid configuration ({origin}):"]
     for item in error.errors():
-        location = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        location = ".".join(str(part) for part in entry_location(item["loc"])) or "(top level)"
         message = item["msg"]
         if item["type"] == "extra_forbidden":
             message = "unknown field (check its spelling and its section)"

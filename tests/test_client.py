@@ -47,9 +47,7 @@ def events(*bodies: tuple[str, Any], start: int = 1) -> list[event_pb2.TurnEvent
     """Number ``(oneof name, message)`` pairs into TurnEvents of one turn."""
     out = []
     for offset, (name, body) in enumerate(bodies):
-        event = event_pb2.TurnEvent(
-            conversation_id=CONV, request_id=REQ, sequence_number=start + offset
-        )
+        event = event_pb2.TurnEvent(conversation_id=CONV, request_id=REQ, sequence_number=start + offset)
         getattr(event, name).CopyFrom(body)
         out.append(event)
     return out
@@ -140,8 +138,7 @@ def rich_status(
         status.details.add().Pack(
             error_details_pb2.BadRequest(
                 field_violations=[
-                    error_details_pb2.BadRequest.FieldViolation(field=f, description=d)
-                    for f, d in violations
+                    error_details_pb2.BadRequest.FieldViolation(field=f, description=d) for f, d in violations
                 ]
             )
         )
@@ -338,9 +335,7 @@ async def test_collect_reconstructs_turn_result(service: tuple[FakeChatService, 
     assert result.status_name == "COMPLETED"
     assert result.text == "Let me check the weather. It is sunny in Paris."
     assert result.message == ASSISTANT
-    assert [(c.tool_name, dict(c.input)) for c in result.tool_calls] == [
-        ("get_weather", {"city": "Paris"})
-    ]
+    assert [(c.tool_name, dict(c.input)) for c in result.tool_calls] == [("get_weather", {"city": "Paris"})]
     assert result.tool_calls[0].output.struct_value["sky"] == "sunny"
     assert result.usage == USAGE
     assert result.step_count == 2
@@ -644,10 +639,7 @@ async def test_run_chat_unreachable_returns_3() -> None:
     target = f"127.0.0.1:{free_port()}"
     console, output = capture()
     assert await run_chat(target, CONV, "hi", console=console) == 3
-    assert (
-        f"cannot reach the sidecar at {target}: is `turnwire serve` running?"
-        in output().splitlines()
-    )
+    assert f"cannot reach the sidecar at {target}: is `turnwire serve` running?" in output().splitlines()
 
 
 # -- console: run_history --------------------------------------------------------------------

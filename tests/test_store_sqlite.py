@@ -131,9 +131,7 @@ async def test_every_part_kind_round_trips_losslessly(store: SqliteStore) -> Non
 
     assert [m.id for m in loaded] == ["user-1", "asst-1"]
     assert loaded[1] == full
-    assert loaded[1].SerializeToString(deterministic=True) == full.SerializeToString(
-        deterministic=True
-    )
+    assert loaded[1].SerializeToString(deterministic=True) == full.SerializeToString(deterministic=True)
     assert loaded[1].create_time.nanos == 123_456_789
     assert loaded[1].parts[1].reasoning.signature == b"\x00\xffsig\x80"
     assert loaded[1].parts[-2].source.filename == "index.html"
@@ -159,9 +157,7 @@ async def test_every_part_kind_round_trips_losslessly(store: SqliteStore) -> Non
     ("seconds", "nanos"),
     [(0, 0), (-1, 999_999_999), (-62_135_596_800, 0), (253_402_300_799, 999_999_999), (5, 1)],
 )
-async def test_create_time_round_trips_exactly(
-    store: SqliteStore, seconds: int, nanos: int
-) -> None:
+async def test_create_time_round_trips_exactly(store: SqliteStore, seconds: int, nanos: int) -> None:
     message = _text("m", "x")
     message.create_time.seconds = seconds
     message.create_time.nanos = nanos
@@ -242,9 +238,7 @@ async def test_messages_keep_append_order(store: SqliteStore) -> None:
     await store.save_message("conv-1", _text("a1", "3", message_pb2.ROLE_ASSISTANT))
     await store.finish_turn(_turn("r1", state="completed"), None)
     await store.start_turn(_turn("r2"), [_text("u3", "4")])
-    await store.finish_turn(
-        _turn("r2", state="completed"), _text("a2", "5", message_pb2.ROLE_ASSISTANT)
-    )
+    await store.finish_turn(_turn("r2", state="completed"), _text("a2", "5", message_pb2.ROLE_ASSISTANT))
 
     loaded = await store.load_messages("conv-1")
     assert [m.id for m in loaded] == ["u1", "u2", "a1", "u3", "a2"]
@@ -489,9 +483,7 @@ async def test_list_conversations_pages_by_update_time(store: SqliteStore) -> No
     everything, last = await store.list_conversations(100, "")
     assert last == ""
     assert [c.conversation_id for c in everything] == seen
-    assert [c.update_time for c in everything] == sorted(
-        (c.update_time for c in everything), reverse=True
-    )
+    assert [c.update_time for c in everything] == sorted((c.update_time for c in everything), reverse=True)
 
 
 async def test_list_conversations_empty_and_exact_fit(store: SqliteStore) -> None:

@@ -214,3 +214,34 @@ async def test_hook_timeline_is_in_turn_end_metadata_when_enabled(make_engine: E
     assert timeline[0]["duration_ms"] >= 10
     h2 = await make_engine(middlewares=[Slow()], db="other.db")
     assert "hook_timeline" not in end_of(await h2.run()).metadata
+
+
+async def test_hidden_reasoning_goes_back_to_the_model_within_the_turn_but_is_never_stored(
+    make_engine: EngineFactory,
+) -> None:
+    # Anthropic rejects a tool-use continuation without its signed thinking, so
+    # send_reasoning=False hides reasoning from the client and the store only.
+    h = await make_engine(
+        scripts={
+            "main": [
+                ScriptStep(
+                    reasoning="private plan",
+                    reasoning_signature="sig-1",
+                    tool_calls=[ScriptedToolCall(name="echo", input={"q": 1})],
+                ),
+                ScriptStep(text="done"),
+            ]
+        },
+        tools=[make_tool("echo", _echo)],
+        middlewares=[Configure(TurnConfig(send_reasoning=False))],
+        checkpoint_interval_ms=10,
+    )
+    events = await h.run()
+    assert not [k for k in kinds(events) if k.startswith("reasoning")]
+    second_request = h.provider.requests[1]
+    sent = second_request.messages[-1]
+    reasoning = [p.reasoning for p in sent.parts if p.WhichOneof("kind") == "reasoning"]
+    assert [(r.text, r.signature) for r in reasoning] == [("private plan", b"sig-1")]
+    stored = (await h.store.load_messages(CONV))[-1]
+    assert "reasoning" not in [p.WhichOneof("kind") for p in stored.parts]
+    assert stored == end_of(events).message

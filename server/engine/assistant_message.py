@@ -37,6 +37,9 @@ class AssistantMessage:
         self._open: dict[str, tuple[message_pb2.Part, list[str], str]] = {}
         self._tool_parts: dict[str, message_pb2.Part] = {}
         self._step = _StepParts()
+        #: False when send_reasoning=False: reasoning goes back to the model within this
+        #: turn (Anthropic needs signed thinking with tool use) but is never stored.
+        self.store_reasoning = True
 
     @property
     def has_parts(self) -> bool:
@@ -97,11 +100,18 @@ class AssistantMessage:
             self.close_block(block_id)
 
     def snapshot(self) -> message_pb2.Message:
-        """A copy of the message as it stands, open blocks included (for checkpoints)."""
+        """A copy of the message as it stands, open blocks included (what the model is sent)."""
         self.materialize()
         copy = message_pb2.Message()
         copy.CopyFrom(self.message)
         return copy
+
+    def snapshot_to_store(self) -> message_pb2.Message | None:
+        """A copy for a checkpoint: like :meth:`snapshot`, without hidden reasoning; None when empty."""
+        copy = self.snapshot()
+        if not self.store_reasoning:
+            _drop_reasoning(copy)
+        return copy if _has_content(copy) else None
 
     def start_tool_call(self, tool_call_id: str, tool_name: str) -> message_pb2.ToolCallPart:
         """Add a tool call whose input is streaming."""
@@ -204,10 +214,29 @@ class AssistantMessage:
         return [p.tool_call for p in self._step.tool_calls]
 
     def finalize(self) -> message_pb2.Message | None:
-        """Close blocks, drop empty trailing markers; the message to store, or None when it has no content."""
+        """Close blocks, drop hidden reasoning and empty trailing markers; the message to store,
+        or None when it has no content."""
         self.close_all()
+        if not self.store_reasoning:
+            _drop_reasoning(self.message)
         parts = self.message.parts
         # A trailing step marker with nothing after it (a failed or aborted step) carries nothing.
         while len(parts) and parts[-1].WhichOneof("kind") == "step_start":
             del parts[-1]
         return self.message if self.has_parts else None
+
+
+def _has_content(message: message_pb2.Message) -> bool:
+    return any(p.WhichOneof("kind") != "step_start" for p in message.parts)
+
+
+def _drop_reasoning(message: message_pb2.Message) -> None:
+    kept = [p for p in message.parts if p.WhichOneof("kind") != "reasoning"]
+    if len(kept) != len(message.parts):
+        copies = []
+        for part in kept:
+            copy = message_pb2.Part()
+            copy.CopyFrom(part)
+            copies.append(copy)
+        del message.parts[:]
+        message.parts.extend(copies)

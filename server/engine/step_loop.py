@@ -77,6 +77,7 @@ class StepLoop:
             raise TurnFailure("turn", error) from error
         turn.tools = dict(ctx.tools)
         turn.send_reasoning = config.send_reasoning is not False
+        turn.assistant.store_reasoning = turn.send_reasoning
         timeout = _timeout(config.timeout)
         stall_ms = (
             config.stream_stall_timeout_ms
@@ -196,7 +197,8 @@ class StepLoop:
         assistant = turn.assistant
         assistant.close_all()
         calls = assistant.step_tool_calls()
-        reasoning = assistant.step_reasoning()
+        # Hidden reasoning stays between the engine and the model: hooks do not see it either.
+        reasoning = assistant.step_reasoning() if turn.send_reasoning else []
         return StepResult(
             step_number=step_number,
             text=assistant.step_text(),
@@ -210,6 +212,7 @@ class StepLoop:
             response_id=finish.response_id,
             response_model=finish.response_model,
             provider_metadata=finish.provider_metadata,
+            warnings=tuple(finish.warnings),
             conversation_id=turn.request.conversation_id,
             request_id=turn.request.request_id,
         )
@@ -263,8 +266,10 @@ class StepLoop:
                         assistant.append(chunk.id, chunk.delta)
                         writer.text_delta(chunk.id, chunk.delta)
                     elif kind is chunks.ReasoningDelta:
+                        # Hidden reasoning (send_reasoning=False) is kept for the model's
+                        # next step but neither streamed nor stored.
+                        assistant.append(chunk.id, chunk.delta)
                         if send_reasoning:
-                            assistant.append(chunk.id, chunk.delta)
                             writer.reasoning_delta(chunk.id, chunk.delta)
                     elif kind is chunks.ToolInputDelta:
                         input_delta = writer.new().tool_input_delta
@@ -277,12 +282,12 @@ class StepLoop:
                         assistant.close_block(chunk.id)
                         writer.new().text_end.id = chunk.id
                     elif kind is chunks.ReasoningStart:
+                        assistant.open_block(chunk.id, "reasoning")
                         if send_reasoning:
-                            assistant.open_block(chunk.id, "reasoning")
                             writer.new().reasoning_start.id = chunk.id
                     elif kind is chunks.ReasoningEnd:
+                        assistant.close_block(chunk.id, chunk)
                         if send_reasoning:
-                            assistant.close_block(chunk.id, chunk)
                             writer.new().reasoning_end.id = chunk.id
                     elif kind is chunks.ToolInputStart:
                         assistant.start_tool_call(chunk.tool_call_id, chunk.tool_name)

@@ -143,7 +143,7 @@ class TurnRun:
         self._record: TurnRecord | None = None
         self.checkpoints = Checkpointer(
             lambda message: self.store.save_message(request.conversation_id, message),
-            lambda: self.assistant.snapshot() if self.assistant.has_parts else None,
+            self.assistant.snapshot_to_store,
             settings.checkpoint_interval_ms / 1000.0,
             request.request_id,
         )

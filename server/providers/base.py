@@ -211,7 +211,11 @@ class File:
 
 @dataclass(slots=True)
 class FinishStep:
-    """The step ended. Always the last chunk of a successful stream."""
+    """The step ended. Always the last chunk of a successful stream.
+
+    ``warnings`` lists settings the provider could not honour (e.g. a sampling
+    setting the model rejects), surfaced in ``StepResult.warnings``.
+    """
 
     finish_reason: FinishReason
     raw_finish_reason: str = ""
@@ -219,6 +223,7 @@ class FinishStep:
     response_id: str = ""
     response_model: str = ""
     provider_metadata: Mapping[str, Any] | None = None
+    warnings: Sequence[str] = ()
 
 
 ModelChunk = (

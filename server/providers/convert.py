@@ -206,9 +206,7 @@ def finish_step(
     metadata: dict[str, Any],
     warnings: Sequence[str],
 ) -> FinishStep:
-    """The FinishStep chunk; ``warnings`` (settings the API has no field for) go in ``provider_metadata``."""
-    if warnings:
-        metadata = {**metadata, "warnings": list(warnings)}
+    """The FinishStep chunk; ``warnings`` are settings the API has no field for."""
     return FinishStep(
         finish_reason=reason,
         raw_finish_reason=raw_reason,
@@ -216,6 +214,7 @@ def finish_step(
         response_id=response_id,
         response_model=response_model,
         provider_metadata=metadata or None,
+        warnings=tuple(warnings),
     )
 
 

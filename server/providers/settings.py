@@ -182,3 +182,19 @@ def build_provider(
         store=settings.store,
         encrypted_reasoning=settings.encrypted_reasoning,
     )
+
+
+def default_providers() -> dict[str, ProviderSettings]:
+    """The ``providers:`` default: only the offline scripted model, named ``scripted``."""
+    return {"scripted": ScriptedProviderSettings()}
+
+
+PROVIDER_TYPES = frozenset({"scripted", "anthropic", "openai", "openai-responses"})
+
+
+def entry_location(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """A validation error location without the union tag pydantic inserts after ``providers.<name>``
+    (``providers.claude.anthropic.base_url`` → ``providers.claude.base_url``)."""
+    if len(loc) > 2 and loc[0] == "providers" and loc[2] in PROVIDER_TYPES:
+        return (*loc[:2], *loc[3:])
+    return loc

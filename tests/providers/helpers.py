@@ -204,10 +204,22 @@ def anthropic_sse(*events: dict[str, Any]) -> bytes:
 
 
 def a_start(message_id: str = "msg_1", model: str = "claude-test", input_tokens: int = 10) -> dict[str, Any]:
-    usage = {"input_tokens": input_tokens, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
-             "output_tokens": 1}  # fmt: skip
-    message = {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
-               "stop_reason": None, "stop_sequence": None, "usage": usage}  # fmt: skip
+    usage = {
+        "input_tokens": input_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 1,
+    }
+    message = {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage,
+    }
     return {"type": "message_start", "message": message}
 
 
@@ -233,10 +245,13 @@ def a_stop(index: int) -> dict[str, Any]:
 
 def a_end(stop_reason: str = "end_turn", output_tokens: int = 5) -> list[dict[str, Any]]:
     return [
-        {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-         "usage": {"output_tokens": output_tokens}},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+            "usage": {"output_tokens": output_tokens},
+        },
         {"type": "message_stop"},
-    ]  # fmt: skip
+    ]
 
 
 def a_text_stream(value: str = "Hello there.") -> bytes:
@@ -253,9 +268,13 @@ def chat_sse(*chunks: dict[str, Any], done: bool = True) -> bytes:
 
 
 def c_chunk(
-    delta: dict[str, Any] | None = None, finish: str | None = None, *, usage: dict[str, Any] | None = None,
-    chunk_id: str | None = "chatcmpl-1", empty: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+    delta: dict[str, Any] | None = None,
+    finish: str | None = None,
+    *,
+    usage: dict[str, Any] | None = None,
+    chunk_id: str | None = "chatcmpl-1",
+    empty: bool = False,
+) -> dict[str, Any]:
     """One ``chat.completion.chunk`` (``empty``: ``choices: []``, for the usage chunk)."""
     chunk: dict[str, Any] = {"object": "chat.completion.chunk", "created": 1, "model": "gpt-test"}
     if chunk_id is not None:
@@ -283,11 +302,17 @@ def responses_sse(*events: dict[str, Any]) -> bytes:
     """Responses ``event:`` + ``data:`` pairs, numbered."""
     out = []
     for number, event in enumerate(events):
-        event = {**event, "sequence_number": number}
-        out.append(b"event: %s\ndata: %s\n\n" % (event["type"].encode(), orjson.dumps(event)))
+        numbered = {**event, "sequence_number": number}
+        out.append(b"event: %s\ndata: %s\n\n" % (event["type"].encode(), orjson.dumps(numbered)))
     return b"".join(out)
 
 
 def r_response(status: str = "in_progress", **fields: Any) -> dict[str, Any]:
-    return {"id": "resp_1", "object": "response", "model": "gpt-5.1-test", "status": status, "output": [],
-            **fields}  # fmt: skip
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "model": "gpt-5.1-test",
+        "status": status,
+        "output": [],
+        **fields,
+    }

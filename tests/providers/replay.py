@@ -149,6 +149,17 @@ def _handler(owner: ReplayServer) -> type[http.server.BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             pass
 
+        def setup(self) -> None:
+            super().setup()
+            # Like real API servers: no Nagle delay between the headers and the first small event.
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def handle(self) -> None:
+            try:
+                super().handle()
+            except OSError:  # the client hung up between requests
+                owner.disconnected.set()
+
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             body = self.rfile.read(length) if length else b""

@@ -27,7 +27,7 @@ from providers.helpers import (
     tool_call,
     user,
 )
-from providers.replay import Reply, ReplayServer
+from providers.replay import ReplayServer, Reply
 from server.providers import base
 from server.providers.anthropic_messages import AnthropicMessagesProvider
 from server.providers.anthropic_request import OUTPUT_TOOL
@@ -82,12 +82,22 @@ async def test_one_tool_call(replay: ReplayServer, anthropic_provider: Anthropic
     )
     result = await collect(anthropic_provider, request(user("weather?"), tools=[WEATHER]))
     assert [type(c).__name__ for c in result.chunks] == [
-        "ToolInputStart", "ToolInputDelta", "ToolInputDelta", "ToolCall", "FinishStep",
-    ]  # fmt: skip
-    assert result.calls == [base.ToolCall("toolu_1", "get_weather", {"city": "Oslo"}, raw_input='{"city": "Oslo"}')]
+        "ToolInputStart",
+        "ToolInputDelta",
+        "ToolInputDelta",
+        "ToolCall",
+        "FinishStep",
+    ]
+    assert result.calls == [
+        base.ToolCall("toolu_1", "get_weather", {"city": "Oslo"}, raw_input='{"city": "Oslo"}')
+    ]
     assert result.finish.finish_reason == "tool-calls"
     assert replay.requests[0].json["tools"] == [
-        {"name": "get_weather", "input_schema": dict(WEATHER.input_schema), "description": WEATHER.description}
+        {
+            "name": "get_weather",
+            "input_schema": dict(WEATHER.input_schema),
+            "description": WEATHER.description,
+        }
     ]
     assert replay.requests[0].json["tool_choice"] == {"type": "auto"}
 
@@ -143,7 +153,8 @@ async def test_complete_call_before_the_limit_is_not_run_either(
 
 THINKING_CASE = "anthropic_thinking_signature_then_tool_use.sse"
 SIGNATURE = (
-    "EpYCCkYICxgCKkC7Qk1VbZr3a9Xc2fE4hJ6kL8mN0pR2tV4xZ6bD8fH0jL2nP4rT6vX8zB0dF2hJ4lN6pR8tV0xZ2bD4fH6jL8nEgzK9mQ3rW7tY1uI5oP9aSGgxHk4lJ8nM2qR6vY0cF3iK7oDAXJ5u"
+    "EpYCCkYICxgCKkC7Qk1VbZr3a9Xc2fE4hJ6kL8mN0pR2tV4xZ6bD8fH0jL2nP4rT6vX8zB0dF2hJ4lN6pR8tV0xZ2bD4fH6jL8n"
+    "EgzK9mQ3rW7tY1uI5oP9aSGgxHk4lJ8nM2qR6vY0cF3iK7oDAXJ5u"
 )
 
 
@@ -162,16 +173,24 @@ async def test_thinking_round_trips_with_its_signature(
     assert messages[1]["content"] == [
         {
             "type": "thinking",
-            "thinking": "The user wants the file size in megabytes. I should stat the file first, then convert "
-            "bytes to MB.",
+            "thinking": "The user wants the file size in megabytes. "
+            "I should stat the file first, then convert bytes to MB.",
             "signature": SIGNATURE,
         },
         {"type": "text", "text": "Let me look up that file."},
-        {"type": "tool_use", "id": "toolu_01Dk3fJ6hL9gK2jM5nB8vC1x", "name": "stat_file",
-         "input": {"path": "reports/q3.pdf"}},
-    ]  # fmt: skip
+        {
+            "type": "tool_use",
+            "id": "toolu_01Dk3fJ6hL9gK2jM5nB8vC1x",
+            "name": "stat_file",
+            "input": {"path": "reports/q3.pdf"},
+        },
+    ]
     assert messages[2]["content"] == [
-        {"type": "tool_result", "tool_use_id": "toolu_01Dk3fJ6hL9gK2jM5nB8vC1x", "content": '{"bytes":2621440}'}
+        {
+            "type": "tool_result",
+            "tool_use_id": "toolu_01Dk3fJ6hL9gK2jM5nB8vC1x",
+            "content": '{"bytes":2621440}',
+        }
     ]
 
 
@@ -206,7 +225,7 @@ async def test_redacted_thinking_round_trips_opaque(
 
 
 async def test_transcript_rules(replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider) -> None:
-    """Merged same-role turns, tool_result first, no empty text, foreign reasoning dropped, every part kind."""
+    """Merged same-role turns, tool_result first, no empty text, foreign reasoning dropped, all part kinds."""
     pdf = message_pb2.FilePart(media_type="application/pdf", data=b"%PDF-1.7", filename="q3.pdf")
     notes = message_pb2.FilePart(media_type="text/plain", data=b"line one")
     by_url = message_pb2.FilePart(media_type="image/jpeg", url="https://example.com/cat.jpg")
@@ -237,12 +256,15 @@ async def test_transcript_rules(replay: ReplayServer, anthropic_provider: Anthro
     assert messages[0]["content"] == [
         {"type": "text", "text": "Look:"},
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "UE5H"}},
-        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjc="},
-         "title": "q3.pdf"},
+        {
+            "type": "document",
+            "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjc="},
+            "title": "q3.pdf",
+        },
         {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "line one"}},
         {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.jpg"}},
         {"type": "text", "text": EMPTY_USER_TEXT},
-    ]  # fmt: skip
+    ]
     assert messages[1]["content"] == [
         {"type": "text", "text": "Checking."},
         {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Oslo", "days": 3}},
@@ -252,9 +274,13 @@ async def test_transcript_rules(replay: ReplayServer, anthropic_provider: Anthro
     assert messages[2]["content"] == [
         {"type": "tool_result", "tool_use_id": "t1", "content": '{"temp":3}'},
         {"type": "tool_result", "tool_use_id": "t2", "content": "timeout", "is_error": True},
-        {"type": "tool_result", "tool_use_id": "t3", "is_error": True,
-         "content": "The tool call was interrupted before a result was recorded."},
-    ]  # fmt: skip
+        {
+            "type": "tool_result",
+            "tool_use_id": "t3",
+            "is_error": True,
+            "content": "The tool call was interrupted before a result was recorded.",
+        },
+    ]
     assert messages[3]["content"] == [{"type": "text", "text": "Oslo is cold."}]
     assert messages[4]["content"] == [{"type": "text", "text": "Thanks"}]
 
@@ -294,7 +320,9 @@ async def test_tool_choice(
     assert [t["name"] for t in body["tools"]] == ["get_weather", "get_time"]
 
 
-async def test_settings_and_passthrough(replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider) -> None:
+async def test_settings_and_passthrough(
+    replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider
+) -> None:
     settings = ModelSettings(
         max_output_tokens=300,
         temperature=0.2,
@@ -305,11 +333,15 @@ async def test_settings_and_passthrough(replay: ReplayServer, anthropic_provider
         headers={"x-trace": "abc"},
         timeout=30,
         provider_options={
-            "anthropic": {"metadata": {"user_id": "u1"}, "thinking": {"type": "adaptive"}, "speed": "fast",
-                          "context_management": {"edits": []}},
+            "anthropic": {
+                "metadata": {"user_id": "u1"},
+                "thinking": {"type": "adaptive"},
+                "speed": "fast",
+                "context_management": {"edits": []},
+            },
             "openai": {"seed": 1},
         },
-    )  # fmt: skip
+    )
     replay.enqueue(Reply.sse(a_text_stream()))
     result = await collect(anthropic_provider, request(settings=settings))
     sent = replay.requests[0]
@@ -324,7 +356,7 @@ async def test_settings_and_passthrough(replay: ReplayServer, anthropic_provider
     assert body["context_management"] == {"edits": []}  # not an SDK parameter: sent through extra_body
     assert sent.headers["x-trace"] == "abc"
     assert sent.headers["x-stainless-read-timeout"] == "30"
-    warnings = result.finish.provider_metadata["warnings"]  # type: ignore[index]
+    warnings = result.finish.warnings
     assert any("temperature" in w for w in warnings) and any("top_k" in w for w in warnings)
 
 
@@ -333,13 +365,21 @@ async def test_settings_and_passthrough(replay: ReplayServer, anthropic_provider
     [
         (ModelSettings(max_output_tokens=0), {}, "max_tokens must be at least 1"),
         (ModelSettings(), {"tool_choice": "nope"}, "not among"),
-        (ModelSettings(provider_options={"anthropic": {"thinking": {"type": "adaptive"}}}),
-         {"tool_choice": "required"}, "thinking"),
-        (ModelSettings(max_output_tokens=2000,
-                       provider_options={"anthropic": {"thinking": {"type": "enabled", "budget_tokens": 4000}}}),
-         {}, "budget_tokens"),
+        (
+            ModelSettings(provider_options={"anthropic": {"thinking": {"type": "adaptive"}}}),
+            {"tool_choice": "required"},
+            "thinking",
+        ),
+        (
+            ModelSettings(
+                max_output_tokens=2000,
+                provider_options={"anthropic": {"thinking": {"type": "enabled", "budget_tokens": 4000}}},
+            ),
+            {},
+            "budget_tokens",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_requests_the_api_would_reject_are_not_sent(
     settings: ModelSettings,
     kwargs: dict[str, Any],
@@ -395,9 +435,12 @@ async def test_structured_output_native_when_thinking(
     replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider
 ) -> None:
     answer = anthropic_sse(
-        a_start(), a_block(0, {"type": "text", "text": ""}), a_text(0, '{"city": "Oslo", "temp_c": 1}'), a_stop(0),
+        a_start(),
+        a_block(0, {"type": "text", "text": ""}),
+        a_text(0, '{"city": "Oslo", "temp_c": 1}'),
+        a_stop(0),
         *a_end(),
-    )  # fmt: skip
+    )
     replay.enqueue(Reply.sse(answer))
     options = {"anthropic": {"thinking": {"type": "adaptive"}}}
     result = await collect(
@@ -409,18 +452,30 @@ async def test_structured_output_native_when_thinking(
     assert "tools" not in body and "tool_choice" not in body
 
 
-async def test_citations_become_sources(replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider) -> None:
-    citation = {"type": "web_search_result_location", "url": "https://example.com/a", "title": "A",
-                "cited_text": "x", "encrypted_index": "e"}  # fmt: skip
+async def test_citations_become_sources(
+    replay: ReplayServer, anthropic_provider: AnthropicMessagesProvider
+) -> None:
+    citation = {
+        "type": "web_search_result_location",
+        "url": "https://example.com/a",
+        "title": "A",
+        "cited_text": "x",
+        "encrypted_index": "e",
+    }
     replay.enqueue(
         Reply.sse(
             anthropic_sse(
-                a_start(), a_block(0, {"type": "text", "text": ""}),
+                a_start(),
+                a_block(0, {"type": "text", "text": ""}),
                 a_delta(0, {"type": "citations_delta", "citation": citation}),
                 a_delta(0, {"type": "citations_delta", "citation": citation}),
-                a_text(0, "Cited."), a_stop(0), *a_end(),
+                a_text(0, "Cited."),
+                a_stop(0),
+                *a_end(),
             )
         )
-    )  # fmt: skip
+    )
     result = await collect(anthropic_provider, request())
-    assert result.of(base.Source) == [base.Source("https://example.com/a", url="https://example.com/a", title="A")]
+    assert result.of(base.Source) == [
+        base.Source("https://example.com/a", url="https://example.com/a", title="A")
+    ]

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from providers.helpers import anthropic_http, collect, request
-from providers.replay import CASES, Reply, ReplayServer
+from providers.replay import CASES, ReplayServer, Reply
 from server.providers import base, errors
 from server.providers.anthropic_messages import AnthropicMessagesProvider
 
@@ -101,37 +101,82 @@ async def test_provider_error_entry(entry_id: str, replay: ReplayServer, adapter
 
 
 @pytest.mark.parametrize(
-    ("status", "body", "headers", "retryable", "retry_after", "type_"),
+    "case",
     [
-        (400, {"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}, {}, False, None,
-         "invalid_request_error"),
-        (401, {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}, {},
-         False, None, "authentication_error"),
-        (403, {"type": "error", "error": {"type": "permission_error", "message": "no"}}, {}, False, None,
-         "permission_error"),
-        (404, {"type": "error", "error": {"type": "not_found_error", "message": "model: x"}}, {}, False, None,
-         "not_found_error"),
-        (429, {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}},
-         {"retry-after": "7"}, True, 7.0, "rate_limit_error"),
-        (429, {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}},
-         {"retry-after-ms": "1500", "retry-after": "7"}, True, 1.5, "rate_limit_error"),
-        (500, {"type": "error", "error": {"type": "api_error", "message": "Internal server error"}}, {}, True,
-         None, "api_error"),
-        (529, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, {}, True, None,
-         "overloaded_error"),
+        (
+            400,
+            {"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}},
+            {},
+            False,
+            None,
+            "invalid_request_error",
+        ),
+        (
+            401,
+            {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}},
+            {},
+            False,
+            None,
+            "authentication_error",
+        ),
+        (
+            403,
+            {"type": "error", "error": {"type": "permission_error", "message": "no"}},
+            {},
+            False,
+            None,
+            "permission_error",
+        ),
+        (
+            404,
+            {"type": "error", "error": {"type": "not_found_error", "message": "model: x"}},
+            {},
+            False,
+            None,
+            "not_found_error",
+        ),
+        (
+            429,
+            {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}},
+            {"retry-after": "7"},
+            True,
+            7.0,
+            "rate_limit_error",
+        ),
+        (
+            429,
+            {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}},
+            {"retry-after-ms": "1500", "retry-after": "7"},
+            True,
+            1.5,
+            "rate_limit_error",
+        ),
+        (
+            500,
+            {"type": "error", "error": {"type": "api_error", "message": "Internal server error"}},
+            {},
+            True,
+            None,
+            "api_error",
+        ),
+        (
+            529,
+            {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+            {},
+            True,
+            None,
+            "overloaded_error",
+        ),
         (503, "upstream connect error", {"x-should-retry": "false"}, False, None, ""),
     ],
-)  # fmt: skip
+)
 async def test_anthropic_status_errors(
-    status: int,
-    body: Any,
-    headers: dict[str, str],
-    retryable: bool,
-    retry_after: float | None,
-    type_: str,
+    case: tuple[int, Any, dict[str, str], bool, float | None, str],
     replay: ReplayServer,
     anthropic_provider: AnthropicMessagesProvider,
 ) -> None:
+    """(status, body, headers, retryable, retry_after, type)."""
+    status, body, headers, retryable, retry_after, type_ = case
     replay.enqueue(Reply.error(status, body, headers))
     result = await collect(anthropic_provider, request())
     error = result.error
@@ -166,8 +211,14 @@ async def test_sdk_retries_error_statuses_before_the_stream(status: int, replay:
 
 
 async def test_openai_quota_429_is_not_retryable(replay: ReplayServer, chat_provider: Any) -> None:
-    body = {"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "param": None,
-                      "code": "insufficient_quota"}}  # fmt: skip
+    body = {
+        "error": {
+            "message": "You exceeded your current quota",
+            "type": "insufficient_quota",
+            "param": None,
+            "code": "insufficient_quota",
+        }
+    }
     replay.enqueue(Reply.error(429, body))
     result = await collect(chat_provider, request())
     assert result.error is not None

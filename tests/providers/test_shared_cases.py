@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from providers.helpers import collect, request
-from providers.replay import CASES, Reply, ReplayServer
+from providers.replay import CASES, ReplayServer, Reply
 from server.providers import base
 
 CASE_NAMES = sorted(path.name.removesuffix(".sse") for path in (CASES / "sse").glob("*.sse"))

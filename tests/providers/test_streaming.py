@@ -23,7 +23,7 @@ from providers.helpers import (
     request,
     responses_sse,
 )
-from providers.replay import Reply, ReplayServer
+from providers.replay import ReplayServer, Reply
 from server.providers import base
 from server.providers.base import ModelSettings
 from server.providers.sse import iter_sse
@@ -61,22 +61,36 @@ def _endless(kind: str) -> Reply:
     """A stream that never ends: text deltas every 5 ms until the client hangs up."""
     if kind == "anthropic_provider":
         head = anthropic_sse(a_start(), a_block(0, {"type": "text", "text": ""}))
-        return Reply(headers={"content-type": "text/event-stream"}, delay=0.005,
-                     endless=lambda n: head if n == 0 else anthropic_sse(a_text(0, "tok ")))  # fmt: skip
+        return Reply(
+            headers={"content-type": "text/event-stream"},
+            delay=0.005,
+            endless=lambda n: head if n == 0 else anthropic_sse(a_text(0, "tok ")),
+        )
     if kind == "chat_provider":
-        return Reply(headers={"content-type": "text/event-stream"}, delay=0.005,
-                     endless=lambda n: chat_sse(c_chunk({"content": "tok "}), done=False))  # fmt: skip
-    delta = {"type": "response.output_text.delta", "item_id": "m", "output_index": 0, "content_index": 0,
-             "delta": "tok "}  # fmt: skip
-    return Reply(headers={"content-type": "text/event-stream"}, delay=0.005,
-                 endless=lambda n: responses_sse(delta))  # fmt: skip
+        return Reply(
+            headers={"content-type": "text/event-stream"},
+            delay=0.005,
+            endless=lambda n: chat_sse(c_chunk({"content": "tok "}), done=False),
+        )
+    delta = {
+        "type": "response.output_text.delta",
+        "item_id": "m",
+        "output_index": 0,
+        "content_index": 0,
+        "delta": "tok ",
+    }
+    return Reply(
+        headers={"content-type": "text/event-stream"}, delay=0.005, endless=lambda n: responses_sse(delta)
+    )
 
 
 ADAPTERS = ["anthropic_provider", "chat_provider", "responses_provider"]
 
 
 @pytest.mark.parametrize("kind", ADAPTERS)
-async def test_aclose_closes_the_http_stream_at_once(kind: str, replay: ReplayServer, adapters: dict[str, Any]) -> None:
+async def test_aclose_closes_the_http_stream_at_once(
+    kind: str, replay: ReplayServer, adapters: dict[str, Any]
+) -> None:
     replay.enqueue(_endless(kind))
     stream = adapters[kind].stream(request())
     deltas = 0
@@ -92,7 +106,9 @@ async def test_aclose_closes_the_http_stream_at_once(kind: str, replay: ReplaySe
 
 
 @pytest.mark.parametrize("kind", ADAPTERS)
-async def test_cancelling_the_consumer_closes_the_stream(kind: str, replay: ReplayServer, adapters: dict[str, Any]) -> None:
+async def test_cancelling_the_consumer_closes_the_stream(
+    kind: str, replay: ReplayServer, adapters: dict[str, Any]
+) -> None:
     replay.enqueue(_endless(kind))
     seen = asyncio.Event()
 
@@ -111,17 +127,30 @@ async def test_cancelling_the_consumer_closes_the_stream(kind: str, replay: Repl
 
 DROPPED = {
     "anthropic_provider": Reply.sse(a_text_stream("one two three"), drop_after=3),
-    "chat_provider": Reply.sse(chat_sse(c_chunk({"content": "one"}), c_chunk({"content": " two"}),
-                                        c_chunk({}, "stop")), drop_after=2),
-    "responses_provider": Reply.sse(responses_sse(
-        {"type": "response.created", "response": r_response()},
-        {"type": "response.output_text.delta", "item_id": "m", "output_index": 0, "content_index": 0, "delta": "one"},
-        {"type": "response.completed", "response": r_response("completed")}), drop_after=2),
-}  # fmt: skip
+    "chat_provider": Reply.sse(
+        chat_sse(c_chunk({"content": "one"}), c_chunk({"content": " two"}), c_chunk({}, "stop")), drop_after=2
+    ),
+    "responses_provider": Reply.sse(
+        responses_sse(
+            {"type": "response.created", "response": r_response()},
+            {
+                "type": "response.output_text.delta",
+                "item_id": "m",
+                "output_index": 0,
+                "content_index": 0,
+                "delta": "one",
+            },
+            {"type": "response.completed", "response": r_response("completed")},
+        ),
+        drop_after=2,
+    ),
+}
 
 
 @pytest.mark.parametrize("kind", ADAPTERS)
-async def test_connection_dropped_mid_stream(kind: str, replay: ReplayServer, adapters: dict[str, Any]) -> None:
+async def test_connection_dropped_mid_stream(
+    kind: str, replay: ReplayServer, adapters: dict[str, Any]
+) -> None:
     replay.enqueue(DROPPED[kind])
     settings = ModelSettings(max_retries=3)  # must not retry: a chunk already reached the engine
     result = await collect(adapters[kind], request(settings=settings))
@@ -138,21 +167,27 @@ OVERLOADED_FIRST = anthropic_sse(
 )
 
 
-async def test_error_before_the_first_chunk_is_retried(replay: ReplayServer, adapters: dict[str, Any]) -> None:
+async def test_error_before_the_first_chunk_is_retried(
+    replay: ReplayServer, adapters: dict[str, Any]
+) -> None:
     replay.enqueue(Reply.sse(OVERLOADED_FIRST), Reply.sse(a_text_stream("Recovered.")))
     result = await collect(adapters["anthropic_provider"], request(settings=ModelSettings(max_retries=1)))
     assert result.error is None and result.text == "Recovered."
     assert len(replay.requests) == 2
 
 
-async def test_error_before_the_first_chunk_without_retries_left(replay: ReplayServer, adapters: dict[str, Any]) -> None:
+async def test_error_before_the_first_chunk_without_retries_left(
+    replay: ReplayServer, adapters: dict[str, Any]
+) -> None:
     replay.enqueue(Reply.sse(OVERLOADED_FIRST))
     result = await collect(adapters["anthropic_provider"], request())  # the client's max_retries is 0
     assert result.error is not None and result.error.type == "overloaded_error" and result.error.retryable
     assert len(replay.requests) == 1
 
 
-async def test_error_after_the_first_chunk_is_not_retried(replay: ReplayServer, adapters: dict[str, Any]) -> None:
+async def test_error_after_the_first_chunk_is_not_retried(
+    replay: ReplayServer, adapters: dict[str, Any]
+) -> None:
     replay.enqueue(Reply.sse("anthropic_overloaded_error_midstream.sse"), Reply.sse(a_text_stream()))
     result = await collect(adapters["anthropic_provider"], request(settings=ModelSettings(max_retries=2)))
     assert result.error is not None and result.text == "Sure. First, open the settings page and"

@@ -1,0 +1,112 @@
+"""Provider config entries (``server.providers.settings``) and the factory, through the replay server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from providers.helpers import a_text_stream, c_chunk, chat_sse, collect, request
+from providers.replay import ReplayServer, Reply
+from server.providers.anthropic_messages import AnthropicMessagesProvider
+from server.providers.openai_chat import OpenAIChatProvider
+from server.providers.openai_responses import OpenAIResponsesProvider
+from server.providers.scripted import ScriptedProvider
+from server.providers.settings import ProviderConfigError, ProviderSettings, build_provider
+
+ENTRIES = TypeAdapter(dict[str, ProviderSettings])
+
+
+def test_entries_parse_by_type_and_scripted_is_the_default() -> None:
+    parsed = ENTRIES.validate_python(
+        {
+            "scripted": {"scripts": {}},
+            "claude": {"type": "anthropic", "models": ["claude-sonnet-4-5"], "default_max_tokens": 1024},
+            "local": {"type": "openai", "base_url": "http://127.0.0.1:11434/v1", "api_key_env": None},
+            "gpt": {"type": "openai-responses", "timeout_seconds": 30, "max_retries": 0},
+        }
+    )
+    assert [entry.type for entry in parsed.values()] == [
+        "scripted",
+        "anthropic",
+        "openai",
+        "openai-responses",
+    ]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"type": "anthropic", "api_key": "sk-inline"},  # keys never inline: only the variable's name
+        {"type": "openai", "max_retries": -1},
+        {"type": "openai-responses", "timeout_seconds": 0},
+        {"type": "gemini"},
+        {"scripts": {}, "base_url": "http://x"},
+    ],
+)
+def test_invalid_entries_are_refused(entry: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        ENTRIES.validate_python({"p": entry})
+
+
+def test_missing_key_variable_is_a_clear_error() -> None:
+    entry = ENTRIES.validate_python({"claude": {"type": "anthropic", "api_key_env": "MY_CLAUDE_KEY"}})[
+        "claude"
+    ]
+    with pytest.raises(ProviderConfigError, match="MY_CLAUDE_KEY"):
+        build_provider("claude", entry, environ={})
+
+
+async def test_built_providers_talk_through_the_sdks(replay: ReplayServer) -> None:
+    entries = ENTRIES.validate_python(
+        {
+            "claude": {
+                "type": "anthropic",
+                "base_url": replay.url,
+                "api_key_env": "K",
+                "max_retries": 0,
+                "default_headers": {"x-team": "a"},
+                "models": ["claude-x"],
+            },
+            "local": {"type": "openai", "base_url": f"{replay.url}/v1", "api_key_env": None},
+            "gpt": {"type": "openai-responses", "base_url": f"{replay.url}/v1", "api_key_env": "K"},
+            "scripted": {},
+        }
+    )
+    providers = {
+        name: build_provider(name, entry, environ={"K": "sk-test"}) for name, entry in entries.items()
+    }
+    assert isinstance(providers["claude"], AnthropicMessagesProvider)
+    assert isinstance(providers["local"], OpenAIChatProvider)
+    assert isinstance(providers["gpt"], OpenAIResponsesProvider)
+    assert isinstance(providers["scripted"], ScriptedProvider)
+    assert providers["claude"].has_model("claude-x") and not providers["claude"].has_model("claude-y")
+    assert providers["local"].has_model("anything")
+    replay.enqueue(
+        Reply.sse(a_text_stream("A")), Reply.sse(chat_sse(c_chunk({"content": "B"}), c_chunk({}, "stop")))
+    )
+    claude = await collect(providers["claude"], request(model="claude-x"))
+    local = await collect(providers["local"], request(model="qwen3", settings=_limit(10)))
+    for provider in providers.values():
+        await provider.aclose()
+    assert (claude.text, local.text) == ("A", "B")
+    first, second = replay.requests
+    assert first.headers["authorization"] == "Bearer sk-test" and first.headers["x-team"] == "a"
+    assert second.headers["authorization"] == "Bearer no-key"
+    assert second.json["max_tokens"] == 10  # "auto": a compatible server gets max_tokens
+
+
+def _limit(tokens: int) -> Any:
+    from server.providers.base import ModelSettings
+
+    return ModelSettings(max_output_tokens=tokens)
+
+
+def test_config_errors_name_the_field_without_the_union_tag(tmp_path: Any) -> None:
+    from server.config import ConfigError, load_settings
+
+    path = tmp_path / "c.yaml"
+    path.write_text("providers:\n  claude:\n    type: anthropic\n    max_retries: -1\n")
+    with pytest.raises(ConfigError, match=r"providers\.claude\.max_retries: Input should be greater"):
+        load_settings(path)
