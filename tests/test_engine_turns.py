@@ -10,23 +10,36 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import json_format
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2
+from support.engine_harness import (
+    CONV,
+    MODEL,
+    EngineFactory,
+    Harness,
+    collect,
+    detail,
+    echo,
+    end_of,
+    kinds,
+    make_tool,
+    of_kind,
+    text_of,
+    tool_parts,
+    value,
+)
 
-from middleware import Middleware, MiddlewareChain
+from middleware import Middleware
 from middleware.context import ChatResponseResult
-from server.engine import EngineSettings, TurnEngine, TurnHandle, TurnRequest
 from server.engine.transcript import CONTINUATION_PROMPT, INTERRUPTED_TOOL_ERROR
 from server.engine.turn import ABORTED_TOOL_ERROR
 from server.errors import TurnwireStatusError
-from server.providers import ModelRequest, ProviderRegistry
+from server.providers import ModelRequest
 from server.providers.scripted import (
     ScriptedError,
     ScriptedProvider,
@@ -36,197 +49,7 @@ from server.providers.scripted import (
 )
 from server.store import SqliteStore, TurnRecord
 from server.tools import PythonTool, ToolError, ToolExecution
-from turnwire.v1 import chat_service_pb2, event_pb2, message_pb2
-
-# --------------------------------------------------------------------------- harness
-
-MODEL = "scripted:main"
-CONV = "conv-1"
-
-
-def _copy(message: message_pb2.Message) -> message_pb2.Message:
-    copy = message_pb2.Message()
-    copy.CopyFrom(message)
-    return copy
-
-
-class RecordingProvider:
-    """Wraps the scripted provider; keeps a deep copy of every request.
-
-    ``before_stream`` (optional) is awaited inside ``stream()`` before the model's
-    first chunk, e.g. to read the store while the model is "called".
-    """
-
-    name = "scripted"
-
-    def __init__(self, inner: ScriptedProvider) -> None:
-        self.inner = inner
-        self.requests: list[ModelRequest] = []
-        self.before_stream: Callable[[ModelRequest], Awaitable[None]] | None = None
-
-    @property
-    def calls(self) -> int:
-        return len(self.requests)
-
-    def has_model(self, model: str) -> bool:
-        return self.inner.has_model(model)
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
-        recorded = ModelRequest(
-            model=request.model,
-            system=request.system,
-            messages=[_copy(m) for m in request.messages],
-            tools=list(request.tools),
-            tool_choice=request.tool_choice,
-            settings=request.settings,
-            output_schema=request.output_schema,
-            step_number=request.step_number,
-        )
-        self.requests.append(recorded)
-        if self.before_stream is not None:
-            await self.before_stream(request)
-        async for chunk in self.inner.stream(request):
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-@dataclass
-class Harness:
-    engine: TurnEngine
-    store: SqliteStore
-    provider: RecordingProvider
-    chain: MiddlewareChain
-    counter: list[int] = field(default_factory=lambda: [0])
-
-    def request(
-        self,
-        text: str | None = "hi",
-        *,
-        conversation_id: str = CONV,
-        request_id: str | None = None,
-        message_id: str | None = None,
-        model: str = MODEL,
-        continuation: bool = False,
-        body: Mapping[str, Any] | None = None,
-    ) -> TurnRequest:
-        self.counter[0] += 1
-        n = self.counter[0]
-        messages: list[message_pb2.Message] = []
-        if text is not None:
-            message = message_pb2.Message(id=message_id or f"u{n}", role=message_pb2.ROLE_USER)
-            message.parts.add().text.text = text
-            messages.append(message)
-        return TurnRequest(
-            conversation_id=conversation_id,
-            request_id=request_id or f"r{n}",
-            messages=messages,
-            body=body or {},
-            model=model,
-            continuation=continuation,
-            response_type=chat_service_pb2.ChatResponse,
-            skip_unless_assistant_last=continuation,
-        )
-
-    def start(self, text: str | None = "hi", **kwargs: Any) -> TurnHandle:
-        return self.engine.start(self.request(text, **kwargs))
-
-    async def run(self, text: str | None = "hi", **kwargs: Any) -> list[event_pb2.TurnEvent]:
-        return await collect(self.start(text, **kwargs))
-
-
-async def collect(handle: TurnHandle) -> list[event_pb2.TurnEvent]:
-    events = [response.event for response in [r async for r in handle]]
-    await asyncio.wait_for(handle.task, 5)
-    return events
-
-
-def kinds(events: Sequence[event_pb2.TurnEvent]) -> list[str]:
-    return [e.WhichOneof("event") or "" for e in events]
-
-
-def of_kind(events: Sequence[event_pb2.TurnEvent], kind: str) -> list[Any]:
-    return [getattr(e, kind) for e in events if e.WhichOneof("event") == kind]
-
-
-def end_of(events: Sequence[event_pb2.TurnEvent]) -> event_pb2.TurnEnd:
-    assert events, "no events"
-    assert events[-1].WhichOneof("event") == "turn_end", kinds(events)
-    assert kinds(events).count("turn_end") == 1
-    return events[-1].turn_end
-
-
-def text_of(message: message_pb2.Message) -> str:
-    return "".join(p.text.text for p in message.parts if p.WhichOneof("kind") == "text")
-
-
-def tool_parts(message: message_pb2.Message) -> list[message_pb2.ToolCallPart]:
-    return [p.tool_call for p in message.parts if p.WhichOneof("kind") == "tool_call"]
-
-
-def value(v: Any) -> Any:
-    return json_format.MessageToDict(v)
-
-
-def detail(status: status_pb2.Status, kind: type) -> Any:
-    for packed in status.details:
-        if packed.Is(kind.DESCRIPTOR):
-            out = kind()
-            packed.Unpack(out)
-            return out
-    return None
-
-
-def make_tool(
-    name: str,
-    function: Callable[[dict[str, Any], ToolExecution], Any],
-    schema: Mapping[str, Any] | None = None,
-) -> PythonTool:
-    return PythonTool(name, f"the {name} tool", function, input_schema=schema or {"type": "object"})
-
-
-async def _echo(input: dict[str, Any], execution: ToolExecution) -> dict[str, Any]:
-    return {"echo": input}
-
-
-EngineFactory = Callable[..., Awaitable[Harness]]
-
-
-@pytest.fixture
-async def make_engine(tmp_path: Path) -> AsyncIterator[EngineFactory]:
-    """``await make_engine(scripts=..., tools=..., middlewares=..., **EngineSettings fields)``."""
-    stores: list[SqliteStore] = []
-    engines: list[TurnEngine] = []
-
-    async def factory(
-        scripts: Mapping[str, Sequence[ScriptStep]] | None = None,
-        tools: Sequence[Any] = (),
-        middlewares: Sequence[Middleware] = (),
-        db: str = "turnwire.db",
-        **settings: Any,
-    ) -> Harness:
-        store = SqliteStore(tmp_path / db)
-        await store.open()
-        stores.append(store)
-        provider = RecordingProvider(ScriptedProvider(scripts or {"main": [ScriptStep(text="hello")]}))
-        chain = MiddlewareChain(list(middlewares))
-        engine = TurnEngine(
-            store=store,
-            providers=ProviderRegistry({"scripted": provider}),
-            tools={t.name: t for t in tools},
-            chain=chain,
-            settings=EngineSettings(default_model=MODEL, **settings),
-        )
-        engines.append(engine)
-        return Harness(engine, store, provider, chain)
-
-    yield factory
-    for engine in engines:
-        await engine.drain(1.0)
-    for store in stores:
-        await store.close()
-
+from turnwire.v1 import event_pb2, message_pb2
 
 # --------------------------------------------------------------------------- basic turns
 
@@ -564,7 +387,7 @@ async def test_usage_is_summed_over_steps(make_engine: EngineFactory) -> None:
                 ),
             ]
         },
-        tools=[make_tool("echo", _echo)],
+        tools=[make_tool("echo", echo)],
     )
     events = await h.run()
     per_step = [(f.usage.input_tokens, f.usage.output_tokens) for f in of_kind(events, "step_finish")]
@@ -732,7 +555,7 @@ async def test_cancel_during_a_tool_stores_it_as_errored(make_engine: EngineFact
                 )
             ]
         },
-        tools=[make_tool("slow", slow), make_tool("quick", _echo)],
+        tools=[make_tool("slow", slow), make_tool("quick", echo)],
     )
     handle = h.start("go")
     await asyncio.wait_for(started.wait(), 5)

@@ -8,22 +8,34 @@ TurnConfig fields that act today.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import json_format
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2
+from support.engine_harness import (
+    CONV,
+    MODEL,
+    EngineFactory,
+    Harness,
+    collect,
+    detail,
+    end_of,
+    kinds,
+    make_tool,
+    of_kind,
+    text_of,
+    tool_parts,
+    value,
+)
 
 from middleware import (
     ChatErrorContext,
     ChatResponseResult,
     ChunkContext,
     Middleware,
-    MiddlewareChain,
     StepConfig,
     StepContext,
     StepResult,
@@ -34,186 +46,16 @@ from middleware import (
     TurnConfig,
     TurnContext,
 )
-from server.engine import EngineSettings, TurnEngine, TurnHandle, TurnRequest
 from server.errors import TurnwireStatusError
-from server.providers import ModelRequest, ProviderRegistry
 from server.providers.scripted import (
     ScriptedError,
-    ScriptedProvider,
     ScriptedToolCall,
     ScriptStep,
 )
-from server.store import SqliteStore
 from server.tools import PythonTool, ToolExecution
-from turnwire.v1 import chat_service_pb2, event_pb2, message_pb2
+from turnwire.v1 import event_pb2, message_pb2
 
-# --------------------------------------------------------------------------- harness
-
-MODEL = "scripted:main"
-CONV = "conv-1"
 BLOCKED = 'Tool "{name}" was blocked by beforeToolCall.'
-
-
-def _copy(message: message_pb2.Message) -> message_pb2.Message:
-    copy = message_pb2.Message()
-    copy.CopyFrom(message)
-    return copy
-
-
-class RecordingProvider:
-    """The scripted provider, keeping a deep copy of every ModelRequest."""
-
-    name = "scripted"
-
-    def __init__(self, inner: ScriptedProvider) -> None:
-        self.inner = inner
-        self.requests: list[ModelRequest] = []
-
-    @property
-    def calls(self) -> int:
-        return len(self.requests)
-
-    def has_model(self, model: str) -> bool:
-        return self.inner.has_model(model)
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
-        self.requests.append(
-            ModelRequest(
-                model=request.model,
-                system=request.system,
-                messages=[_copy(m) for m in request.messages],
-                tools=list(request.tools),
-                tool_choice=request.tool_choice,
-                settings=request.settings,
-                output_schema=request.output_schema,
-                step_number=request.step_number,
-            )
-        )
-        async for chunk in self.inner.stream(request):
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-@dataclass
-class Harness:
-    engine: TurnEngine
-    store: SqliteStore
-    provider: RecordingProvider
-    chain: MiddlewareChain
-
-    def request(
-        self,
-        text: str = "hi",
-        *,
-        request_id: str = "r1",
-        message_id: str | None = None,
-        conversation_id: str = CONV,
-        model: str = MODEL,
-    ) -> TurnRequest:
-        message = message_pb2.Message(id=message_id or f"u-{request_id}", role=message_pb2.ROLE_USER)
-        message.parts.add().text.text = text
-        return TurnRequest(
-            conversation_id=conversation_id,
-            request_id=request_id,
-            messages=[message],
-            body={"from": "test"},
-            model=model,
-            continuation=False,
-            response_type=chat_service_pb2.ChatResponse,
-        )
-
-    def start(self, text: str = "hi", **kwargs: Any) -> TurnHandle:
-        return self.engine.start(self.request(text, **kwargs))
-
-    async def run(self, text: str = "hi", **kwargs: Any) -> list[event_pb2.TurnEvent]:
-        return await collect(self.start(text, **kwargs))
-
-
-async def collect(handle: TurnHandle, on_event: Callable[[str], None] | None = None) -> list[Any]:
-    events = []
-    async for response in handle:
-        events.append(response.event)
-        if on_event is not None:
-            on_event(response.event.WhichOneof("event"))
-    await asyncio.wait_for(handle.task, 5)
-    return events
-
-
-def kinds(events: Sequence[event_pb2.TurnEvent]) -> list[str]:
-    return [e.WhichOneof("event") or "" for e in events]
-
-
-def of_kind(events: Sequence[event_pb2.TurnEvent], kind: str) -> list[Any]:
-    return [getattr(e, kind) for e in events if e.WhichOneof("event") == kind]
-
-
-def end_of(events: Sequence[event_pb2.TurnEvent]) -> event_pb2.TurnEnd:
-    assert events and events[-1].WhichOneof("event") == "turn_end", kinds(events)
-    assert kinds(events).count("turn_end") == 1
-    return events[-1].turn_end
-
-
-def text_of(message: message_pb2.Message) -> str:
-    return "".join(p.text.text for p in message.parts if p.WhichOneof("kind") == "text")
-
-
-def tool_parts(message: message_pb2.Message) -> list[message_pb2.ToolCallPart]:
-    return [p.tool_call for p in message.parts if p.WhichOneof("kind") == "tool_call"]
-
-
-def value(v: Any) -> Any:
-    return json_format.MessageToDict(v)
-
-
-def detail(status: status_pb2.Status, kind: type) -> Any:
-    for packed in status.details:
-        if packed.Is(kind.DESCRIPTOR):
-            out = kind()
-            packed.Unpack(out)
-            return out
-    return None
-
-
-def make_tool(name: str, function: Callable[[dict[str, Any], ToolExecution], Any]) -> PythonTool:
-    return PythonTool(name, f"the {name} tool", function, input_schema={"type": "object"})
-
-
-EngineFactory = Callable[..., Awaitable[Harness]]
-
-
-@pytest.fixture
-async def make_engine(tmp_path: Path) -> AsyncIterator[EngineFactory]:
-    stores: list[SqliteStore] = []
-    engines: list[TurnEngine] = []
-
-    async def factory(
-        scripts: Mapping[str, Sequence[ScriptStep]] | None = None,
-        tools: Sequence[Any] = (),
-        middlewares: Sequence[Middleware] = (),
-        **settings: Any,
-    ) -> Harness:
-        store = SqliteStore(tmp_path / f"db{len(stores)}.sqlite")
-        await store.open()
-        stores.append(store)
-        provider = RecordingProvider(ScriptedProvider(scripts or {"main": [ScriptStep(text="hello")]}))
-        chain = MiddlewareChain(list(middlewares))
-        engine = TurnEngine(
-            store=store,
-            providers=ProviderRegistry({"scripted": provider}),
-            tools={t.name: t for t in tools},
-            chain=chain,
-            settings=EngineSettings(default_model=MODEL, **settings),
-        )
-        engines.append(engine)
-        return Harness(engine, store, provider, chain)
-
-    yield factory
-    for engine in engines:
-        await engine.drain(1.0)
-    for store in stores:
-        await store.close()
 
 
 Entry = tuple[Any, ...]
@@ -319,7 +161,8 @@ async def test_hook_order_for_a_turn_with_one_tool_call(make_engine: EngineFacto
     )
     holder["h"] = h
     events = await collect(
-        h.start(), lambda kind: log.append(("client", kind, None)) if kind == "turn_end" else None
+        h.start(body={"from": "test"}),
+        lambda kind: log.append(("client", kind, None)) if kind == "turn_end" else None,
     )
     assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
 
@@ -338,7 +181,7 @@ async def test_hook_order_for_a_turn_with_one_tool_call(make_engine: EngineFacto
         *chunks("TextStart", "TextDelta", "TextEnd", "FinishStep"),
         *both("on_step_finish", 1, reverse=True),
         ("B", "on_chat_response", "completed"),
-        ("check", "stored", ["u-r1", "msg_r1"]),
+        ("check", "stored", ["u1", "msg_r1"]),
         ("check", "lock", "free"),
         ("A", "on_chat_response", "completed"),
         ("client", "turn_end", None),
@@ -349,7 +192,7 @@ async def test_hook_order_for_a_turn_with_one_tool_call(make_engine: EngineFacto
     turn_ctx: TurnContext = a.contexts["before_turn"][0]
     assert (turn_ctx.conversation_id, turn_ctx.request_id, turn_ctx.model) == (CONV, "r1", MODEL)
     assert turn_ctx.system == "You are a helpful assistant."
-    assert [m.id for m in turn_ctx.messages] == ["u-r1"]
+    assert [m.id for m in turn_ctx.messages] == ["u1"]
     assert set(turn_ctx.tools) == {"lookup"}
     assert turn_ctx.continuation is False
     assert dict(turn_ctx.body) == {"from": "test"}
@@ -360,7 +203,7 @@ async def test_hook_order_for_a_turn_with_one_tool_call(make_engine: EngineFacto
 
     call_ctx: ToolCallContext = a.contexts["before_tool_call"][0]
     assert (call_ctx.tool_call_id, call_ctx.step_number, dict(call_ctx.input)) == ("call_0_0", 0, {"q": 1})
-    assert [m.id for m in call_ctx.messages] == ["u-r1"]
+    assert [m.id for m in call_ctx.messages] == ["u1"]
 
     result_ctx: ToolCallResultContext = a.contexts["after_tool_call"][0]
     assert result_ctx.success is True
@@ -784,6 +627,7 @@ async def test_on_chat_error_can_replace_what_the_client_sees(make_engine: Engin
     h2 = await make_engine(
         scripts={"main": [ScriptStep(error=ScriptedError(message="upstream exploded", status=500))]},
         middlewares=[Status()],
+        db="second.db",
     )
     end2 = end_of(await h2.run())
     assert end2.status == event_pb2.TURN_STATUS_ERROR
@@ -1150,7 +994,7 @@ async def test_on_chat_response_may_start_the_next_turn_on_the_same_conversation
     assert "error" not in holder, holder.get("error")
     follow = await collect(holder["next"])
     assert end_of(follow).status == event_pb2.TURN_STATUS_COMPLETED
-    assert [m.id for m in await h.store.load_messages(CONV)] == ["u-r1", "msg_r1", "u-r2", "msg_r2"]
+    assert [m.id for m in await h.store.load_messages(CONV)] == ["u1", "msg_r1", "u2", "msg_r2"]
 
 
 async def test_on_chat_response_fires_for_a_completed_turn_with_an_empty_message(

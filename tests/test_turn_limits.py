@@ -12,7 +12,17 @@ from typing import Any
 import grpc
 import pytest
 from google.rpc import error_details_pb2
-from support.engine_harness import CONV, EngineFactory, detail, end_of, kinds, make_tool, text_of, tool_parts
+from support.engine_harness import (
+    CONV,
+    EngineFactory,
+    detail,
+    echo,
+    end_of,
+    kinds,
+    make_tool,
+    text_of,
+    tool_parts,
+)
 
 from middleware import Middleware, TurnConfig, TurnContext, TurnTimeout
 from server.providers.base import ToolCall
@@ -122,10 +132,6 @@ def _fix_json(call: ToolCall, error: str) -> ToolCall | None:
     return ToolCall(call.tool_call_id, call.tool_name, {"q": raw.split('"')[3]}, raw_input=raw)
 
 
-async def _echo(input: dict[str, Any], execution: ToolExecution) -> dict[str, Any]:
-    return {"echo": input}
-
-
 FENCED = '```json {"q": "fenced"} ```'
 
 
@@ -143,7 +149,7 @@ async def test_repair_tool_call_fixes_invalid_input_and_the_tool_runs(make_engin
                 ScriptStep(text="ok"),
             ]
         },
-        tools=[make_tool("echo", _echo)],
+        tools=[make_tool("echo", echo)],
         middlewares=[Configure(TurnConfig(repair_tool_call=repair))],
     )
     events = await h.run()
@@ -163,7 +169,7 @@ async def test_repair_tool_call_returning_none_keeps_the_input_error(make_engine
                 ScriptStep(text="ok"),
             ]
         },
-        tools=[make_tool("echo", _echo)],
+        tools=[make_tool("echo", echo)],
         middlewares=[Configure(TurnConfig(repair_tool_call=lambda call, error: None))],
     )
     events = await h.run()
@@ -232,7 +238,7 @@ async def test_hidden_reasoning_goes_back_to_the_model_within_the_turn_but_is_ne
                 ScriptStep(text="done"),
             ]
         },
-        tools=[make_tool("echo", _echo)],
+        tools=[make_tool("echo", echo)],
         middlewares=[Configure(TurnConfig(send_reasoning=False))],
         checkpoint_interval_ms=10,
     )

@@ -181,7 +181,8 @@ def make_tool(
     return PythonTool(name, f"the {name} tool", function, input_schema=schema or {"type": "object"})
 
 
-async def _echo(input: dict[str, Any], execution: ToolExecution) -> dict[str, Any]:
+async def echo(input: dict[str, Any], execution: ToolExecution) -> dict[str, Any]:
+    """A tool function returning ``{"echo": input}`` (use with ``make_tool``)."""
     return {"echo": input}
 
 
