@@ -85,6 +85,7 @@ TARGET_KB_PER_STREAM = 64.0
 
 FLOOR = "floor"
 TURNWIRE = "turnwire"
+PROTOTYPE = "turnwire + proposed fixes (prototype)"
 
 
 @dataclass
@@ -102,6 +103,7 @@ class Options:
     verify_turns: int = 300
     skip_memory: bool = False
     quiet_budget: float = 30.0  # seconds, in total, to wait for other load on the machine to stop
+    with_prototype: bool = False  # also measure bench/proto_server.py (the store fixes patched in)
 
     @classmethod
     def quick(cls) -> Options:
@@ -127,6 +129,7 @@ class Options:
             f"rounds={self.rounds} window={self.window:g}s warm={self.warm:g}s "
             f"levels={','.join(map(str, self.levels))} streams={self.streams} "
             f"coalesce_ms={self.coalesce_ms:g} verify_turns={self.verify_turns}"
+            + (" with_prototype" if self.with_prototype else "")
         )
 
 
@@ -388,6 +391,10 @@ async def run(opts: Options) -> list[Table]:
             d, deltas=opts.deltas, chunk_size=opts.chunk_size, coalesce_ms=opts.coalesce_ms
         ),
     }
+    if opts.with_prototype:
+        factories[PROTOTYPE] = lambda d: ServerProcess.prototype(
+            d, deltas=opts.deltas, chunk_size=opts.chunk_size
+        )
     quiet = QuietGate(opts.quiet_budget)
     with tempfile.TemporaryDirectory(prefix="turnwire-bench-") as tmp:
         root = Path(tmp)
@@ -403,8 +410,9 @@ async def run(opts: Options) -> list[Table]:
                 quiet.exclude.append(servers[name].ps)
             # (a) interleaved: floor, turnwire, floor, turnwire ...
             per_round = max(1, opts.ttfe_turns // opts.rounds)
+            ttfe_servers = [FLOOR, TURNWIRE] + ([PROTOTYPE] if opts.with_prototype else [])
             for r in range(opts.rounds):
-                for name in (FLOOR, TURNWIRE):
+                for name in ttfe_servers:
                     _log(f"(a) {name}: time to first event, {per_round} sequential turns, round {r + 1}")
                     warmup = opts.warmup_turns if r == 0 else 5
                     await quiet()
@@ -421,13 +429,13 @@ async def run(opts: Options) -> list[Table]:
                             await throughput(server, streams, opts, f"b{r}", coalesced=name == coalesced)
                         )
             res.quiet_waited, res.noisy = quiet.waited, quiet.noisy
-            res.measurements = opts.rounds * (2 + len(opts.levels) * len(servers))
+            res.measurements = opts.rounds * (len(ttfe_servers) + len(opts.levels) * len(servers))
             # correctness
             _log("checking the streams")
             res.checks[FLOOR] = await check_streams(
                 servers[FLOOR].target, expected, turns=20, concurrency=10, tag="c"
             )
-            for name in (TURNWIRE, coalesced):
+            for name in (TURNWIRE, coalesced, *([PROTOTYPE] if opts.with_prototype else [])):
                 target = servers[name].target
                 res.checks[name] = await check_streams(
                     target, expected, turns=opts.verify_turns, concurrency=opts.concurrency, tag="c"
@@ -512,6 +520,18 @@ def tables(res: Results, coalesced: str) -> list[Table]:
             f"<= {TARGET_TTFE_P99_MS:g} ms",
             verdict(d99 * 1000 <= TARGET_TTFE_P99_MS),
         )
+    if FLOOR in res.ttfe and PROTOTYPE in res.ttfe:
+        floor, proto = res.ttfe[FLOOR], res.ttfe[PROTOTYPE]
+        t.add(
+            "added (prototype - floor) p50 / p99",
+            "",
+            fmt_ms(percentile(proto, 50) - percentile(floor, 50)),
+            "",
+            fmt_ms(percentile(proto, 99) - percentile(floor, 99)),
+            "",
+            "",
+            "",
+        )
     t.notes.append(
         f"{workload}. One turn at a time, each on a new conversation, after warm-up turns; "
         f"floor and Turnwire interleaved in {opts.rounds} round(s). The first event is TurnStart, "
@@ -540,6 +560,8 @@ def tables(res: Results, coalesced: str) -> list[Table]:
                 ratio_txt = f"{ratio:.0%}"
             if streams == opts.concurrency:
                 target, ok = f">= {TARGET_THROUGHPUT_RATIO:.0%}", verdict(ratio >= TARGET_THROUGHPUT_RATIO)
+                if name == PROTOTYPE:
+                    ok = f"({ok})"
         spread = f"{min(r.events_per_s for r in rows):,.0f}..{max(r.events_per_s for r in rows):,.0f}"
         t.add(name, streams, f"{ev:,.0f}", spread, f"{turns:,.1f}", ratio_txt, target, ok)
     t.notes.append(
@@ -575,11 +597,13 @@ def tables(res: Results, coalesced: str) -> list[Table]:
         cpu = _median(rows, "server_cpu_us_per_event")
         capacity = ok = ""
         base = floor_rows.get(streams)
-        if name == TURNWIRE and base:
+        if name in (TURNWIRE, PROTOTYPE) and base:
             ratio = _median(base, "server_cpu_us_per_event") / cpu
             capacity = f"{ratio:.0%}"
             if streams == opts.concurrency:
                 ok = verdict(ratio >= TARGET_THROUGHPUT_RATIO)
+                if name == PROTOTYPE:
+                    ok = f"({ok})"
         t.add(
             name,
             streams,
@@ -695,6 +719,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 2)")
     parser.add_argument("--window", type=float, help="seconds measured per throughput row and round")
     parser.add_argument("--skip-memory", action="store_true", help="skip (c)")
+    parser.add_argument(
+        "--with-prototype",
+        action="store_true",
+        help="also measure Turnwire with the proposed store fixes patched in (bench/proto_server.py)",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -706,6 +735,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     if getattr(args, "levels", None):
         opts.levels = tuple(int(x) for x in args.levels.split(","))
     opts.skip_memory = bool(getattr(args, "skip_memory", False))
+    opts.with_prototype = bool(getattr(args, "with_prototype", False))
     return opts
 
 

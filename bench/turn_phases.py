@@ -51,10 +51,12 @@ from _common import (
     STREAM_MODEL,
     Table,
     free_port,
+    machine_busy_seconds,
     own_cpu_seconds,
     percentile,
     print_tables,
     stream_text,
+    wait_for_quiet,
 )
 
 VARIANTS = ("baseline", "one-hop", "no-final-ckpt", "both", "null-store")
@@ -264,11 +266,13 @@ async def loop_lag(rec: Recorder, stop: asyncio.Event) -> None:
         if now - last_cpu >= 0.05:
             last_cpu = now
             rec.samples["cpu"].append((now, own_cpu_seconds()))
+            rec.samples["machine"].append((now, machine_busy_seconds()))
 
 
-def cpu_between(rec: Recorder, t0: float, t1: float) -> float:
-    """Process CPU seconds between the samples nearest to ``t0`` and ``t1``."""
-    samples = rec.samples.get("cpu", [])
+def cpu_between(rec: Recorder, t0: float, t1: float, series: str = "cpu") -> float:
+    """CPU seconds (this process, or ``series="machine"``) between the samples nearest to
+    ``t0`` and ``t1``."""
+    samples = rec.samples.get(series, [])
     start = min(samples, key=lambda s: abs(s[0] - t0))
     end = min(samples, key=lambda s: abs(s[0] - t1))
     return end[1] - start[1] if end[0] > start[0] else float("nan")
@@ -330,6 +334,7 @@ async def run_variant(
             lag_task = asyncio.create_task(loop_lag(rec, stop))
             try:
                 for streams in levels:
+                    await wait_for_quiet(max_wait=5.0)
                     rec.clear()
                     proc = await asyncio.create_subprocess_exec(
                         PYTHON,
@@ -356,7 +361,10 @@ async def run_variant(
                         ["what", "count", "p50", "p90", "p99", "mean", "unit"],
                     )
                     row: dict[str, Any] = {"variant": variant, "streams": streams, **result}
-                    row["cpu_us_per_event"] = cpu_between(rec, t0, t1) / max(result["events"], 1) * 1e6
+                    server_cpu = cpu_between(rec, t0, t1)
+                    row["cpu_us_per_event"] = server_cpu / max(result["events"], 1) * 1e6
+                    machine = cpu_between(rec, t0, t1, "machine")
+                    row["other_cores"] = max(0.0, (machine - server_cpu) / (t1 - t0) - result["client_cores"])
                     for name, unit, scale in PHASES:
                         values = rec.window(name, t0, t1)
                         if not values:
@@ -399,6 +407,7 @@ def summary_table(rows: list[dict[str, Any]]) -> Table:
             "vs baseline",
             "srv CPU us/event",
             "client cores",
+            "other cores",
             "turn wall p50 ms",
             "start_turn p50/p99 ms",
             "finish_turn p50/p99 ms",
@@ -429,13 +438,18 @@ def summary_table(rows: list[dict[str, Any]]) -> Table:
             ratio,
             f"{r['cpu_us_per_event']:.1f}",
             f"{r['client_cores']:.2f}",
+            f"{r['other_cores']:.2f}",
             f"{r['turn.wall'][0]:.2f}" if "turn.wall" in r else "",
             pair("store.start_turn"),
             pair("store.finish_turn"),
             f"{hops[2]:.1f}" if hops else "",
             f"{r['ttfe_p50_ms']:.2f} / {r['ttfe_p99_ms']:.2f}",
         )
-    table.notes.append("vs baseline: events/s over the mean of the baseline rows with as many streams.")
+    table.notes.append(
+        "vs baseline: events/s over the mean of the baseline rows with as many streams. other cores: "
+        "the rest of the machine during the window (other users); rows with more than ~0.2 are "
+        "disturbed - compare srv CPU us/event and the latencies, which suffer less."
+    )
     table.notes.append(
         "Prototypes are patched in at run time by this script (server code unchanged): one-hop = "
         "the SQLite writer applies each batch in one aiosqlite thread round trip; no-final-ckpt "

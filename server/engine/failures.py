@@ -28,11 +28,14 @@ class TurnFailure(Exception):
 def _provider_status(error: ProviderError) -> status_pb2.Status:
     # The caller did nothing wrong when the provider is down or rate-limited:
     # those map to retryable codes; a rejected request maps to INVALID_ARGUMENT.
+    # An error without an HTTP status (in-stream, dropped connection, or raised by the adapter
+    # itself) is UNAVAILABLE only when retrying can help; a request the adapter refused to send
+    # is the caller's.
     if error.status == 429:
         code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    elif error.retryable or error.status >= 500 or error.status == 0:
+    elif error.retryable or error.status >= 500:
         code = grpc.StatusCode.UNAVAILABLE
-    elif error.status in (400, 413, 422):
+    elif error.status in (400, 413, 422) or (error.status == 0 and error.type == "invalid_request_error"):
         code = grpc.StatusCode.INVALID_ARGUMENT
     elif error.status == 404:
         code = grpc.StatusCode.NOT_FOUND

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -63,6 +64,29 @@ class AnthropicPlan:
     output_schema: Mapping[str, Any] | None = None
     output_tool: bool = False  # structured output arrives as the OUTPUT_TOOL's input
     output_wrapped: bool = False  # a non-object schema wrapped as {"value": …}
+
+
+_TOOL_ID_INVALID = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+class _ToolUseIds:
+    """``tool_use`` ids the Messages API accepts: only ``[a-zA-Z0-9_-]``, each once per request (it
+    answers 400 otherwise). Ids from other providers may break both rules: the scripted model numbers
+    calls ``call_<step>_<index>`` afresh every turn, and OpenAI-compatible servers send ids such as
+    ``functions.get_weather:0``. Valid, unused ids pass unchanged; others get a deterministic stand-in,
+    used for the call and its result alike (the stored transcript keeps the originals)."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def __call__(self, original: str) -> str:
+        base = _TOOL_ID_INVALID.sub("_", original) or "toolu"
+        candidate, count = base, 1
+        while candidate in self.used:
+            count += 1
+            candidate = f"{base}_{count}"
+        self.used.add(candidate)
+        return candidate
 
 
 def _text_block(text: str) -> dict[str, Any] | None:
@@ -129,6 +153,7 @@ def convert_messages(
     """``(system texts, turns)`` for the Messages API (see the module docstring for the rules)."""
     system: list[str] = []
     turns: list[dict[str, Any]] = []
+    tool_use_id = _ToolUseIds()
 
     def add(role: str, blocks: list[dict[str, Any]]) -> None:
         if not blocks:
@@ -158,14 +183,15 @@ def convert_messages(
                         block = _reasoning_block(part.reasoning)
                     elif kind == "tool_call":
                         call = part.tool_call
+                        call_id = tool_use_id(call.tool_call_id)
                         block = {
                             "type": "tool_use",
-                            "id": call.tool_call_id,
+                            "id": call_id,
                             "name": call.tool_name,
                             "input": tool_input(call),
                         }
                         content, is_error = tool_result(call)
-                        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call.tool_call_id}
+                        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id}
                         if content:
                             result["content"] = content
                         if is_error:

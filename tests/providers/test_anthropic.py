@@ -30,7 +30,7 @@ from providers.helpers import (
 from providers.replay import ReplayServer, Reply
 from server.providers import base
 from server.providers.anthropic_messages import AnthropicMessagesProvider
-from server.providers.anthropic_request import OUTPUT_TOOL
+from server.providers.anthropic_request import OUTPUT_TOOL, convert_messages
 from server.providers.base import ModelSettings, ToolDefinition
 from server.providers.convert import EMPTY_USER_TEXT, TRUNCATED_TOOL_CALL_ERROR
 from turnwire.v1 import message_pb2
@@ -479,3 +479,22 @@ async def test_citations_become_sources(
     assert result.of(base.Source) == [
         base.Source("https://example.com/a", url="https://example.com/a", title="A")
     ]
+
+
+def test_tool_use_ids_are_made_valid_and_unique_for_the_messages_api() -> None:
+    """Ids from other providers (the scripted model's per-turn ``call_0_0``, ``functions.get_weather:0``
+    from OpenAI-compatible servers) would get a 400; each call and its result get the same stand-in."""
+    messages = [
+        user("weather?"),
+        assistant([tool_call("call_0_0", "get_weather", {"city": "Paris"}, output="sunny")]),
+        user("and the time?"),
+        assistant([tool_call("call_0_0", "get_time", {}, output="noon")]),
+        user("and Oslo?"),
+        assistant([tool_call("functions.get_weather:0", "get_weather", {"city": "Oslo"}, output="rain")]),
+        user("thanks"),
+    ]
+    _, turns = convert_messages(messages, [])
+    uses = [b["id"] for t in turns for b in t["content"] if b["type"] == "tool_use"]
+    results = [b["tool_use_id"] for t in turns for b in t["content"] if b["type"] == "tool_result"]
+    assert uses == ["call_0_0", "call_0_0_2", "functions_get_weather_0"]
+    assert results == uses
