@@ -181,9 +181,9 @@ class StepLoop:
             turn.usage.add(finish.usage)
             self._step_finish_event(result, finish)
             await turn.chain.on_step_finish(result, turn.timeline)
-            turn.checkpoints.now()
             if not had_tool_results or _should_stop(config, result, step_number + 1):
-                break
+                break  # the final write follows at once: no checkpoint of the last step
+            turn.checkpoints.now()
 
     def _model_messages(self, base: list[message_pb2.Message]) -> list[message_pb2.Message]:
         # A snapshot: the provider must not see the live message change under it.
