@@ -25,11 +25,11 @@ from server.api.chat_service import ChatService
 from server.config import MiddlewareEntry, Settings
 from server.engine import EngineSettings, TurnEngine
 from server.importing import import_object
-from server.providers import ProviderRegistry
+from server.providers import ProviderRegistry, UnknownModel
 from server.providers.base import Provider
 from server.providers.settings import ProviderConfigError, build_provider
 from server.store import Store, open_store
-from server.tools import load_tools
+from server.tools import ToolLoadError, load_tools
 from turnwire.v1 import chat_service_pb2, chat_service_pb2_grpc
 
 log = logging.getLogger("turnwire.server")
@@ -122,10 +122,26 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
 
 
 async def start(settings: Settings) -> Sidecar:
-    """Open the store, recover crashed turns, build the chain and start serving.
+    """Check the configuration, open the store, recover crashed turns and start serving.
 
-    Raises :class:`StartupError` with a message that says what to fix.
+    Everything that can be checked without the store is checked first, so a
+    bad configuration touches no file. Raises :class:`StartupError` with a
+    message that says what to fix.
     """
+    try:
+        tools = load_tools(settings.tools.demo, settings.tools.python)
+    except ToolLoadError as error:
+        raise StartupError(f"tools.python: {error}") from error
+    providers = build_providers(settings)
+    try:
+        providers.resolve(settings.default_model)
+    except UnknownModel as error:
+        raise StartupError(f"default_model: {error}") from error
+    chain = MiddlewareChain(load_middlewares(settings.middleware))
+    try:
+        await chain.configure_session()
+    except Exception as error:
+        raise StartupError(f"configure_session failed: {error}") from error
     try:
         store = open_store(settings.store.url)
     except ValueError as error:
@@ -135,13 +151,6 @@ async def start(settings: Settings) -> Sidecar:
     except Exception as error:
         raise StartupError(f"cannot open the store {settings.store.url}: {error}") from error
     try:
-        tools = load_tools(settings.tools.demo, settings.tools.python)
-        chain = MiddlewareChain(load_middlewares(settings.middleware))
-        try:
-            await chain.configure_session()
-        except Exception as error:
-            raise StartupError(f"configure_session failed: {error}") from error
-        providers = build_providers(settings)
         engine = TurnEngine(
             store=store,
             providers=providers,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
@@ -167,12 +168,12 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     if config_file is not None and not config_file.is_file():
         raise ConfigError(f"config file {config_file} does not exist")
     Settings._yaml_file = config_file
-    origin = f"{config_file} and TURNWIRE_* variables" if config_file else "TURNWIRE_* variables"
+    origin = "flags, TURNWIRE_* variables" + (f" and {config_file}" if config_file else "")
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as error:
         raise ConfigError(_describe(error, origin)) from None
-    except (OSError, ValueError) as error:  # YAML syntax errors surface as ValueError subclasses
+    except (OSError, ValueError, yaml.YAMLError) as error:
         raise ConfigError(f"cannot read {config_file}: {error}") from None
     finally:
         Settings._yaml_file = None

@@ -57,7 +57,8 @@ async def run_demo(workdir: Path) -> int:
     target = f"127.0.0.1:{free_port()}"
     log_path = workdir / "turnwire-demo.log"
     console.rule("[bold]Turnwire demo")
-    console.print(f"starting [bold]turnwire serve --listen {target}[/] in {workdir} (log: {log_path})")
+    console.print(f"starting [bold]turnwire serve --listen {target}[/] in {workdir}")
+    console.print(f"sidecar log: {log_path}", soft_wrap=True)
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
             sys.executable,

@@ -165,6 +165,7 @@ class StepLoop:
             turn.step_messages = model_request.messages
             turn.assistant.start_step()
             turn.writer.new().step_start.step_number = step_number
+            turn.steps_started = step_number + 1
             try:
                 async with asyncio.timeout(limits.step):
                     finish = await self._stream(

@@ -130,6 +130,7 @@ class TurnRun:
         self.assistant = AssistantMessage(self.message_id, _now())
         self.usage = Usage()
         self.steps: list[StepResult] = []
+        self.steps_started = 0
         self.state: TurnState = "running"
         self.status_error: status_pb2.Status | None = None
         self.error: BaseException | None = None
@@ -302,7 +303,7 @@ class TurnRun:
         usage.reasoning_tokens = self.usage.reasoning_tokens
         usage.cached_input_tokens = self.usage.cached_input_tokens
         usage.cache_write_input_tokens = self.usage.cache_write_input_tokens
-        end.step_count = len(self.steps)
+        end.step_count = self.steps_started  # a step cut short by a cancel or an error counts too
         if self.timeline is not None and self.settings.hook_timeline:
             end.metadata.update({"hook_timeline": self.timeline.as_dicts()})
 

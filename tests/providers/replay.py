@@ -29,8 +29,10 @@ from typing import Any
 
 import orjson
 
-CASES = Path(__file__).resolve().parents[3] / "shared" / "cases" / "providers"
-"""The shared provider cases (``/work/shared/cases/providers``)."""
+CASES = Path(__file__).resolve().parent / "cases"
+"""The provider cases: a copy of the planning folder's ``shared/cases/providers`` (kept identical by
+``test_shared_cases.py::test_the_cases_copy_matches_the_shared_folder`` wherever that folder is beside
+the repository), so the suite runs from a clone alone."""
 
 
 def split_events(body: bytes) -> list[bytes]:

@@ -3,6 +3,7 @@ produces the outcome its ``.expected.json`` gives (text, reasoning, tool calls, 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -115,3 +116,18 @@ def _check_usage(usage: base.Usage, expected: dict[str, Any] | None) -> None:
     assert usage.cache_write_input_tokens == cache_write
     assert usage.total_tokens == expected.get("total_tokens", usage.input_tokens + usage.output_tokens)
     assert usage.reasoning_tokens == expected.get("reasoning_tokens", 0)
+
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "cases" / "providers"
+
+
+def test_the_cases_copy_matches_the_shared_folder() -> None:
+    """The repository's copy of the cases equals the planning folder's, where that folder exists.
+
+    CI lays ``shared/`` beside the clone; a plain clone has no such folder and checks nothing here.
+    """
+    if not SHARED.is_dir():
+        return
+    shared = {p.relative_to(SHARED): p.read_bytes() for p in SHARED.rglob("*") if p.is_file()}
+    copied = {p.relative_to(CASES): p.read_bytes() for p in CASES.rglob("*") if p.is_file()}
+    assert copied == shared, "tests/providers/cases differs from shared/cases/providers: copy it again"

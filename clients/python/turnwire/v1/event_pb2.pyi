@@ -790,7 +790,7 @@ class TurnEnd(_message.Message):
     status: Global___TurnStatus.ValueType
     """How the turn ended."""
     step_count: _builtins.int
-    """Number of model steps the turn ran."""
+    """Number of model steps the turn started (one cut short counts)."""
     @_builtins.property
     def error(self) -> _status_pb2.Status:
         """Why it failed, for TURN_STATUS_ERROR: a google.rpc.Status with
