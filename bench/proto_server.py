@@ -4,8 +4,6 @@ Like ``python -m server serve --config FILE`` (same settings, same
 ``server.app.start``), but before serving it patches in, at run time, the
 prototypes from ``turn_phases.py``:
 
-* ``one-hop``: the SQLite writer applies each batch in one aiosqlite thread round
-  trip instead of one per SQL statement;
 * ``no-final-ckpt``: no checkpoint at the end of the last step (``finish_turn``
   stores the same message right after);
 * ``null-store`` (diagnosis only, not a fix): store calls return at once.
@@ -14,7 +12,7 @@ The server source is not changed; this exists so ``stream_overhead.py
 --with-prototype`` can measure what the fixes would gain, in the same run and
 under the same conditions as the floor and unpatched Turnwire.
 
-    python bench/proto_server.py --config turnwire.yaml [--variants one-hop,no-final-ckpt]
+    python bench/proto_server.py --config turnwire.yaml [--variants no-final-ckpt]
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from turn_phases import patch_no_final_checkpoint, patch_null_store, patch_one_hop_writer
+from turn_phases import patch_no_final_checkpoint, patch_null_store
 
 
 async def serve(config: Path, variants: set[str]) -> None:
@@ -40,8 +38,6 @@ async def serve(config: Path, variants: set[str]) -> None:
     if "no-final-ckpt" in variants:
         patch_no_final_checkpoint()
     sidecar = await start(settings)
-    if "one-hop" in variants:
-        patch_one_hop_writer(sidecar.store)
     if "null-store" in variants:  # a bound for diagnosis, not a fix
         patch_null_store(sidecar.store)
     stop = asyncio.Event()
@@ -55,7 +51,7 @@ async def serve(config: Path, variants: set[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--variants", default="one-hop,no-final-ckpt")
+    parser.add_argument("--variants", default="no-final-ckpt")
     args = parser.parse_args()
     asyncio.run(serve(args.config, {v.strip() for v in args.variants.split(",") if v.strip()}))
 

@@ -1,12 +1,12 @@
-"""Diagnostic: where a turn's wall time goes, and what two proposed store fixes would gain.
+"""Diagnostic: where a turn's wall time goes, and what proposed fixes would gain.
 
 Runs Turnwire in this process through ``server.app.start(settings)`` (SQLite in
 a temp dir) and instruments it from the outside, without changing server code:
 
 * the store's ``start_turn`` / ``save_message`` (checkpoints) / ``finish_turn`` /
   ``load_messages`` calls (latency seen by the turn, queueing included),
-* the SQLite writer task's batches (writes per batch, aiosqlite thread round
-  trips per batch, batch duration) and every round trip of the writer connection,
+* the SQLite writer's batches (writes per batch, writer-thread round trips per
+  batch, batch duration) and every round trip to the writer thread,
 * event-loop lag (how late a 1 ms timer fires).
 
 The load comes from ``bench/_load.py`` in a separate process (turns back to
@@ -16,17 +16,12 @@ client's measurement window count.
 ``--variants`` also runs *prototypes* of the proposed fixes, patched in at run
 time (bench-only code; the server source is untouched):
 
-* ``one-hop``: the writer applies a whole batch in ONE aiosqlite thread round
-  trip (the unchanged write functions are driven synchronously inside the
-  worker thread against the raw sqlite3 connection) instead of one round trip
-  per SQL statement;
 * ``no-final-ckpt``: no checkpoint is written at the end of the last step (the
   final ``finish_turn`` write stores the same message right after);
-* ``both``;
 * ``null-store``: every store call returns at once without touching SQLite (not a
   fix: the bound on what any store work could cost).
 
-    python bench/turn_phases.py [--levels 1,10,100] [--seconds 3] [--variants baseline,one-hop,both]
+    python bench/turn_phases.py [--levels 1,10,100] [--seconds 3] [--variants baseline,no-final-ckpt]
 """
 
 from __future__ import annotations
@@ -38,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +54,7 @@ from _common import (
     wait_for_quiet,
 )
 
-VARIANTS = ("baseline", "one-hop", "no-final-ckpt", "both", "null-store")
+VARIANTS = ("baseline", "no-final-ckpt", "null-store")
 
 
 class Recorder:
@@ -77,84 +72,6 @@ class Recorder:
 
 
 # ----------------------------------------------------------------------------- prototypes
-
-
-class _SyncDb:
-    """The aiosqlite calls the store's write functions make, done synchronously on the
-    raw sqlite3 connection (used inside the worker thread; never really suspends)."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    async def execute(self, sql: str, params: Any = ()) -> Any:
-        return self.conn.execute(sql, params)
-
-    async def executemany(self, sql: str, seq: Any) -> Any:
-        return self.conn.executemany(sql, seq)
-
-    async def execute_fetchall(self, sql: str, params: Any = ()) -> Any:
-        return self.conn.execute(sql, params).fetchall()
-
-
-def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        return stop.value
-    coro.close()
-    raise RuntimeError("a store write suspended inside the one-hop batch")
-
-
-def patch_one_hop_writer(store: Any) -> None:
-    """Prototype: ``SqliteStore._apply_batch`` with one thread round trip per batch."""
-    from server.store import sqlite as sqlite_mod
-
-    async def apply_batch(batch: list[Any]) -> None:
-        db = store._writer_db
-        nows = [store._now_us() for _ in batch]
-
-        def run() -> list[BaseException | None]:  # in the aiosqlite worker thread
-            conn = db._conn
-            shim = _SyncDb(conn)
-            outcomes: list[BaseException | None] = []
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for write, now in zip(batch, nows, strict=True):
-                    conn.execute("SAVEPOINT write")
-                    try:
-                        _drive(write.apply(shim, now))
-                    except Exception as exc:
-                        conn.execute("ROLLBACK TO write")
-                        outcomes.append(exc)
-                    else:
-                        outcomes.append(None)
-                    conn.execute("RELEASE write")
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            return outcomes
-
-        try:
-            outcomes = await db._execute(run)
-        except Exception as exc:
-            what = f"writing {len(batch)} queued write(s) ({batch[0].what}, ...)"
-            for write in batch:
-                if not write.future.done():
-                    write.future.set_exception(sqlite_mod._store_error(exc, what))
-            return
-        for write, outcome in zip(batch, outcomes, strict=True):
-            if write.future.done():
-                continue
-            if outcome is None:
-                write.future.set_result(None)
-            elif isinstance(outcome, sqlite_mod._DB_ERRORS):
-                write.future.set_exception(sqlite_mod._store_error(outcome, write.what))
-            else:
-                write.future.set_exception(outcome)
-
-    store._apply_batch = apply_batch
 
 
 def patch_null_store(store: Any) -> None:
@@ -215,20 +132,20 @@ def instrument(sidecar: Any, rec: Recorder) -> None:
     for name in ("start_turn", "save_message", "finish_turn", "load_messages"):
         setattr(store, name, _timed_async(rec, f"store.{name}", getattr(store, name)))
 
-    writer_db = store._writer_db
+    writer = store._writer
+    executor = writer._executor
     hops = {"n": 0}
-    original_execute = writer_db._execute
+    original_submit = executor.submit
 
-    async def counted_execute(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def counted_submit(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         hops["n"] += 1
         start = time.monotonic()
-        try:
-            return await original_execute(fn, *args, **kwargs)
-        finally:
-            rec.add("writer.hop", time.monotonic() - start)
+        future = original_submit(fn, *args, **kwargs)
+        future.add_done_callback(lambda _f: rec.add("writer.hop", time.monotonic() - start))
+        return future
 
-    writer_db._execute = counted_execute
-    original_batch = store._apply_batch
+    executor.submit = counted_submit
+    original_batch = writer._apply_batch
 
     async def counted_batch(batch: list[Any]) -> None:
         before = hops["n"]
@@ -240,7 +157,7 @@ def instrument(sidecar: Any, rec: Recorder) -> None:
             rec.add("writer.batch_writes", len(batch))
             rec.add("writer.batch_hops", hops["n"] - before)
 
-    store._apply_batch = counted_batch
+    writer._apply_batch = counted_batch
 
     engine = sidecar.engine
     original_start = engine.start
@@ -302,7 +219,7 @@ async def run_variant(
 
     phase_tables: list[Table] = []
     summary: list[dict[str, Any]] = []
-    undo = patch_no_final_checkpoint() if variant in ("no-final-ckpt", "both") else None
+    undo = patch_no_final_checkpoint() if variant == "no-final-ckpt" else None
     try:
         with tempfile.TemporaryDirectory(prefix="turnwire-phases-") as tmp:
             port = free_port()
@@ -324,8 +241,6 @@ async def run_variant(
                 limits={"shutdown_grace_seconds": 1},
             )
             sidecar = await start(settings)
-            if variant in ("one-hop", "both"):
-                patch_one_hop_writer(sidecar.store)
             if variant == "null-store":
                 patch_null_store(sidecar.store)
             rec = Recorder()
@@ -451,8 +366,7 @@ def summary_table(rows: list[dict[str, Any]]) -> Table:
         "disturbed - compare srv CPU us/event and the latencies, which suffer less."
     )
     table.notes.append(
-        "Prototypes are patched in at run time by this script (server code unchanged): one-hop = "
-        "the SQLite writer applies each batch in one aiosqlite thread round trip; no-final-ckpt "
+        "Prototypes are patched in at run time by this script (server code unchanged): no-final-ckpt "
         "= no checkpoint at the end of the last step. Absolute numbers are lower than "
         "stream_overhead.py's (instrumentation, server in this process); compare variants."
     )

@@ -408,13 +408,13 @@ async def test_concurrent_saves_land_in_call_order_in_few_transactions(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     batch_sizes: list[int] = []
-    original = store._apply_batch
+    original = store._writer._apply_batch
 
     async def spy(batch: list[Any]) -> None:
         batch_sizes.append(len(batch))
         await original(batch)
 
-    monkeypatch.setattr(store, "_apply_batch", spy)
+    monkeypatch.setattr(store._writer, "_apply_batch", spy)
     await store.start_turn(_turn(), [_text("u0", "q")])
 
     await asyncio.gather(*(store.save_message("conv-1", _text(f"m{i}", str(i))) for i in range(50)))
@@ -429,6 +429,56 @@ async def test_concurrent_saves_land_in_call_order_in_few_transactions(
     conversation = await store.get_conversation("conv-1")
     assert conversation is not None
     assert conversation.message_count == 51
+
+
+async def test_a_batch_costs_one_writer_thread_round_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Checkpoints wait for the urgent start_turn, so all 21 writes form one batch.
+    store = SqliteStore(tmp_path / "hops.db", checkpoint_batch_ms=60_000)
+    await store.open()
+    try:
+        executor = store._writer._executor
+        assert executor is not None
+        submitted: list[Any] = []
+        original_submit = executor.submit
+
+        def counting_submit(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            submitted.append(fn)
+            return original_submit(fn, *args, **kwargs)
+
+        monkeypatch.setattr(executor, "submit", counting_submit)
+        batch_sizes: list[int] = []
+        original_batch = store._writer._apply_batch
+
+        async def spy(batch: list[Any]) -> None:
+            batch_sizes.append(len(batch))
+            await original_batch(batch)
+
+        monkeypatch.setattr(store._writer, "_apply_batch", spy)
+        saves = [asyncio.create_task(store.save_message("c", _text(f"m{i}", str(i)))) for i in range(20)]
+        await asyncio.sleep(0.01)
+        await store.start_turn(_turn("r1", "c"), [_text("u1", "q")])
+        await asyncio.gather(*saves)
+
+        assert batch_sizes == [21]
+        assert len(submitted) == 1  # BEGIN, 21 savepoints and writes, COMMIT: one hop
+        assert [m.id for m in await store.load_messages("c")] == [f"m{i}" for i in range(20)] + ["u1"]
+
+        # A batch with a failing write still costs one hop, and only that write is undone.
+        results = await asyncio.gather(
+            store.save_message("c", _text("m0", "replaced")),
+            store.start_turn(_turn("r2", "c"), [_text("u1", "dup")]),
+            store.finish_turn(_turn("r1", "c", state="completed"), None),
+            return_exceptions=True,
+        )
+        assert isinstance(results[1], MessageIdConflict)
+        assert results[0] is None and results[2] is None
+        assert batch_sizes == [21, 3]
+        assert len(submitted) == 2
+        assert (await store.load_messages("c"))[0].parts[0].text.text == "replaced"
+    finally:
+        await store.close()
 
 
 async def test_checkpoint_batching_waits_but_turn_writes_do_not(tmp_path: Path) -> None:
@@ -559,6 +609,8 @@ async def test_store_errors(tmp_path: Path) -> None:
     await closed.close()  # idempotent
     with pytest.raises(StoreError):
         await closed.start_turn(_turn(), [_text("u", "x")])
+    with pytest.raises(StoreError, match="closed"):
+        await closed.open()
     with pytest.raises(StoreError):
         await closed.load_messages("c")
 
