@@ -223,13 +223,7 @@ class StepLoop:
         event.step_number = result.step_number
         event.finish_reason = _FINISH_REASONS.get(finish.finish_reason, event_pb2.FINISH_REASON_OTHER)
         event.raw_finish_reason = finish.raw_finish_reason
-        usage = event.usage
-        usage.input_tokens = finish.usage.input_tokens
-        usage.output_tokens = finish.usage.output_tokens
-        usage.total_tokens = finish.usage.total_tokens
-        usage.reasoning_tokens = finish.usage.reasoning_tokens
-        usage.cached_input_tokens = finish.usage.cached_input_tokens
-        usage.cache_write_input_tokens = finish.usage.cache_write_input_tokens
+        finish.usage.copy_to(event.usage)
         event.response_id = finish.response_id
         event.response_model = finish.response_model
 

@@ -296,13 +296,7 @@ class TurnRun:
             end.error.CopyFrom(self.status_error)
         if self.stored_message is not None:
             end.message.CopyFrom(self.stored_message)
-        usage = end.usage
-        usage.input_tokens = self.usage.input_tokens
-        usage.output_tokens = self.usage.output_tokens
-        usage.total_tokens = self.usage.total_tokens
-        usage.reasoning_tokens = self.usage.reasoning_tokens
-        usage.cached_input_tokens = self.usage.cached_input_tokens
-        usage.cache_write_input_tokens = self.usage.cache_write_input_tokens
+        self.usage.copy_to(end.usage)
         end.step_count = self.steps_started  # a step cut short by a cancel or an error counts too
         if self.timeline is not None and self.settings.hook_timeline:
             end.metadata.update({"hook_timeline": self.timeline.as_dicts()})

@@ -91,6 +91,15 @@ class Usage:
     cached_input_tokens: int = 0
     cache_write_input_tokens: int = 0
 
+    def copy_to(self, target: message_pb2.Usage) -> None:
+        """Write these counts into the proto ``target`` (in place)."""
+        target.input_tokens = self.input_tokens
+        target.output_tokens = self.output_tokens
+        target.total_tokens = self.total_tokens
+        target.reasoning_tokens = self.reasoning_tokens
+        target.cached_input_tokens = self.cached_input_tokens
+        target.cache_write_input_tokens = self.cache_write_input_tokens
+
     def add(self, other: Usage) -> None:
         """Add ``other``'s counts to this one, in place."""
         self.input_tokens += other.input_tokens
