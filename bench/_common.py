@@ -196,15 +196,6 @@ class ServerProcess:
         return cls([PYTHON, "-m", "server", "serve", "--config", str(config)], port, workdir, name)
 
     @classmethod
-    def prototype(cls, workdir: Path, *, deltas: int, chunk_size: int) -> ServerProcess:
-        """Turnwire with the proposed store fixes patched in at run time (bench/proto_server.py)."""
-        port = free_port()
-        config = turnwire_config(workdir, port, deltas=deltas, chunk_size=chunk_size)
-        return cls(
-            [PYTHON, str(BENCH_DIR / "proto_server.py"), "--config", str(config)], port, workdir, "proto"
-        )
-
-    @classmethod
     def floor(cls, workdir: Path, *, deltas: int, chunk_size: int) -> ServerProcess:
         port = free_port()
         argv = [

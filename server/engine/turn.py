@@ -148,7 +148,7 @@ class TurnRun:
             settings.checkpoint_interval_ms / 1000.0,
             request.request_id,
         )
-        #: False when before_turn said send_reasoning=False: reasoning is neither sent nor stored.
+        #: False when before_turn said send_reasoning=False: reasoning is neither streamed nor stored.
         self.send_reasoning = True
         #: What the model was sent in the current step (ToolCallContext.messages).
         self.step_messages: Sequence[message_pb2.Message] = ()
@@ -235,8 +235,9 @@ class TurnRun:
             return
         if self.state in ("aborted", "interrupted", "error"):
             self.assistant.fail_unresolved(ABORTED_TOOL_ERROR)
-        message = self.assistant.finalize()
+        # No checkpoint may land after (and overwrite) the final write.
         await self.checkpoints.close()
+        message = self.assistant.finalize()
         error_bytes = None
         if self.state == "error" and self.error is not None:
             stage = self.error.stage if isinstance(self.error, TurnFailure) else "turn"
