@@ -36,7 +36,7 @@ import logging
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from middleware.base import Middleware
 from middleware.context import (
@@ -63,6 +63,31 @@ class _TurnClock:
     started: float
     step_started: float
     chunks: Counter[type] = field(default_factory=Counter)
+
+
+class _Ids(Protocol):
+    """What every hook context carries that each line logs."""
+
+    @property
+    def conversation_id(self) -> str: ...
+
+    @property
+    def request_id(self) -> str: ...
+
+
+def _ms_since(start: float) -> float:
+    """Milliseconds from ``start`` (a ``time.perf_counter`` value) to now, to the microsecond."""
+    return round((time.perf_counter() - start) * 1000.0, 3)
+
+
+def _error_text(error: BaseException | str) -> str:
+    """An error as logged: a text as is, an exception as ``Type: message``."""
+    return error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+
+
+def _call_fields(ctx: ToolCallContext | ToolCallResultContext) -> dict[str, Any]:
+    """The fields that name a tool call in its lines: ``step``, ``tool``, ``tool_call_id``."""
+    return {"step": ctx.step_number, "tool": ctx.tool_name, "tool_call_id": ctx.tool_call_id}
 
 
 def _kind_name(kind: type) -> str:
@@ -109,11 +134,12 @@ class HookLogger(Middleware):
 
     # --- output ----------------------------------------------------------------------
 
-    def _emit(self, hook: str, conversation_id: str, request_id: str, **fields: Any) -> None:
+    def _emit(self, hook: str, ctx: _Ids, **fields: Any) -> None:
+        request_id = ctx.request_id
         turn = self._turns.get(request_id)
-        record: dict[str, Any] = {"conversation_id": conversation_id, "request_id": request_id}
+        record: dict[str, Any] = {"conversation_id": ctx.conversation_id, "request_id": request_id}
         if turn is not None:
-            record["t_ms"] = round((time.perf_counter() - turn.started) * 1000.0, 3)
+            record["t_ms"] = _ms_since(turn.started)
         record.update(fields)
         text = " ".join(f"{key}={value!r}" for key, value in record.items())
         self.log.log(self.level, "%s %s", hook, text, extra={"hook": hook, "hook_fields": record})
@@ -140,8 +166,7 @@ class HookLogger(Middleware):
         if self._enabled():
             self._emit(
                 "before_turn",
-                ctx.conversation_id,
-                ctx.request_id,
+                ctx,
                 model=ctx.model,
                 continuation=ctx.continuation,
                 messages=len(ctx.messages),
@@ -157,43 +182,23 @@ class HookLogger(Middleware):
         if turn is not None:
             turn.step_started = time.perf_counter()
         if self._enabled():
-            self._emit(
-                "before_step",
-                ctx.conversation_id,
-                ctx.request_id,
-                step=ctx.step_number,
-                model=ctx.model,
-                messages=len(ctx.messages),
-            )
+            self._emit("before_step", ctx, step=ctx.step_number, model=ctx.model, messages=len(ctx.messages))
         return None
 
     async def before_tool_call(self, ctx: ToolCallContext) -> ToolCallDecision | None:
         """Log the call (tool, id, step, the input's keys; never the input's values)."""
         if self._enabled():
-            self._emit(
-                "before_tool_call",
-                ctx.conversation_id,
-                ctx.request_id,
-                step=ctx.step_number,
-                tool=ctx.tool_name,
-                tool_call_id=ctx.tool_call_id,
-                input_keys=sorted(ctx.input),
-            )
+            self._emit("before_tool_call", ctx, **_call_fields(ctx), input_keys=sorted(ctx.input))
         return None
 
     async def after_tool_call(self, ctx: ToolCallResultContext) -> None:
         """Log the outcome: success, ``duration_ms`` and the error text on failure."""
         if self._enabled():
-            fields: dict[str, Any] = {
-                "step": ctx.step_number,
-                "tool": ctx.tool_name,
-                "tool_call_id": ctx.tool_call_id,
-                "success": ctx.success,
-                "duration_ms": round(ctx.duration_ms, 3),
-            }
+            fields = _call_fields(ctx)
+            fields.update(success=ctx.success, duration_ms=round(ctx.duration_ms, 3))
             if not ctx.success:
                 fields["error"] = ctx.error
-            self._emit("after_tool_call", ctx.conversation_id, ctx.request_id, **fields)
+            self._emit("after_tool_call", ctx, **fields)
 
     async def on_step_finish(self, ctx: StepResult) -> None:
         """Log the step's finish reason, usage, tool calls, ``step_ms`` and the chunk counts."""
@@ -202,7 +207,7 @@ class HookLogger(Middleware):
         step_ms = None
         if turn is not None:
             counts, turn.chunks = turn.chunks, Counter()
-            step_ms = round((time.perf_counter() - turn.step_started) * 1000.0, 3)
+            step_ms = _ms_since(turn.step_started)
         if self._enabled():
             fields: dict[str, Any] = {
                 "step": ctx.step_number,
@@ -216,17 +221,16 @@ class HookLogger(Middleware):
             if self.options["include_chunks"]:
                 fields["chunks"] = sum(counts.values())
                 fields["chunk_kinds"] = {_kind_name(kind): n for kind, n in counts.items()}
-            self._emit("on_step_finish", ctx.conversation_id, ctx.request_id, **fields)
+            self._emit("on_step_finish", ctx, **fields)
 
     async def on_chat_response(self, result: ChatResponseResult) -> None:
         """Log how the turn ended (status, parts, ``turn_ms``); drop its clock."""
         turn = self._turns.get(result.request_id)
         if self._enabled():
-            turn_ms = None if turn is None else round((time.perf_counter() - turn.started) * 1000.0, 3)
+            turn_ms = None if turn is None else _ms_since(turn.started)
             self._emit(
                 "on_chat_response",
-                result.conversation_id,
-                result.request_id,
+                result,
                 status=result.status,
                 continuation=result.continuation,
                 parts=len(result.message.parts),
@@ -239,13 +243,7 @@ class HookLogger(Middleware):
     ) -> ChatErrorClassification | None:
         """Log the error being classified; classify nothing (``None``)."""
         if self._enabled():
-            self._emit(
-                "classify_chat_error",
-                ctx.conversation_id,
-                ctx.request_id,
-                stage=ctx.stage,
-                error=error if isinstance(error, str) else f"{type(error).__name__}: {error}",
-            )
+            self._emit("classify_chat_error", ctx, stage=ctx.stage, error=_error_text(error))
         return None
 
     async def on_chat_error(self, error: BaseException, ctx: ChatErrorContext) -> BaseException | str:
@@ -253,12 +251,11 @@ class HookLogger(Middleware):
         if self._enabled():
             self._emit(
                 "on_chat_error",
-                ctx.conversation_id,
-                ctx.request_id,
+                ctx,
                 stage=ctx.stage,
                 messages_persisted=ctx.messages_persisted,
                 classification=ctx.classification,
-                error=f"{type(error).__name__}: {error}",
+                error=_error_text(error),
             )
         return error
 

@@ -30,7 +30,7 @@ this API); reasoning = ``output_tokens_details.thinking_tokens``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anthropic
@@ -62,7 +62,7 @@ from server.providers.convert import (
     finish_tool_calls,
     parse_tool_input,
 )
-from server.providers.streaming import NOTHING, run_stream
+from server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
 
 _FINISH: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -293,23 +293,10 @@ class AnthropicDecoder:
 
 def map_anthropic_error(provider: str, error: BaseException) -> ProviderError | None:
     """The SDK's exceptions → ProviderError (None for anything else)."""
-    if isinstance(error, anthropic.APIStatusError):
-        response = error.response
-        try:
-            body = errors.parse_body(response.content)
-        except Exception:  # the body was not read
-            body = error.body
-        return errors.from_status(
-            provider, error.status_code, response.headers, body, fallback_message=error.message
-        )
-    if isinstance(error, anthropic.APITimeoutError):
-        return errors.connection_error(provider, error, timeout=True)
-    if isinstance(error, anthropic.APIConnectionError):
-        return errors.connection_error(provider, error.__cause__ or error)
-    return None
+    return errors.from_sdk_error(provider, error, anthropic)
 
 
-class AnthropicMessagesProvider:
+class AnthropicMessagesProvider(SdkProvider[anthropic.AsyncAnthropic]):
     """Streams steps from the Anthropic Messages API through ``client`` (an ``AsyncAnthropic``).
 
     ``models`` is an optional allow-list for :meth:`has_model`; ``default_max_tokens``
@@ -329,53 +316,22 @@ class AnthropicMessagesProvider:
         structured_output: StructuredMode = "tool",
         retry_delay: float = 0.5,
     ) -> None:
-        self.name = name
-        self.client = client
-        self.models = frozenset(models)
+        super().__init__(name, client, models=models, retry_delay=retry_delay)
         self.default_max_tokens = default_max_tokens
         self.structured_output: StructuredMode = structured_output
-        self.retry_delay = retry_delay
 
-    def has_model(self, model: str) -> bool:
-        """True unless an allow-list is configured and ``model`` is not on it."""
-        return not self.models or model in self.models
-
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelChunk, None]:
-        """Stream one step. Raises ProviderError (see :mod:`server.providers.errors`)."""
+    def _prepare(self, request: ModelRequest) -> SdkCall:
         plan = build_request(
             request,
             provider=self.name,
             default_max_tokens=self.default_max_tokens,
             structured_output=self.structured_output,
         )
-        settings = request.settings
-        client = self.client
-        if settings.max_retries is not None:
-            client = client.with_options(max_retries=settings.max_retries)
-        extra: dict[str, Any] = {}
-        if settings.headers:
-            extra["extra_headers"] = dict(settings.headers)
-        if plan.extra_body:
-            extra["extra_body"] = plan.extra_body
-        if settings.timeout is not None:
-            extra["timeout"] = settings.timeout
-        create = client.messages.with_streaming_response.create
-        prefix = f"s{request.step_number}"
-        name = self.name
+        prefix, name = f"s{request.step_number}", self.name
+        return SdkCall(plan.kwargs, plan.extra_body, lambda: AnthropicDecoder(name, prefix, plan))
 
-        def open_response() -> Any:
-            return create(stream=True, **plan.kwargs, **extra)
+    def _create(self, client: anthropic.AsyncAnthropic) -> OpenStream:
+        return client.messages.with_streaming_response.create
 
-        async for chunk in run_stream(
-            name,
-            open_response,
-            lambda: AnthropicDecoder(name, prefix, plan),
-            lambda error: map_anthropic_error(name, error),
-            retries=client.max_retries,
-            retry_delay=self.retry_delay,
-        ):
-            yield chunk
-
-    async def aclose(self) -> None:
-        """Close the SDK client and its connections."""
-        await self.client.close()
+    def _map_error(self, error: BaseException) -> ProviderError | None:
+        return map_anthropic_error(self.name, error)

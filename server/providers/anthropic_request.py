@@ -43,6 +43,7 @@ from server.providers.convert import (
     file_base64,
     file_text,
     provider_options,
+    text_of,
     tool_input,
     tool_result,
 )
@@ -166,7 +167,7 @@ def convert_messages(
     for message in messages:
         role = message.role
         if role == message_pb2.ROLE_SYSTEM:
-            text = "".join(p.text.text for p in message.parts if p.WhichOneof("kind") == "text")
+            text = text_of(message.parts)
             if text.strip():
                 system.append(text)
         elif role == message_pb2.ROLE_USER:

@@ -17,7 +17,7 @@ off by the output limit is never run with partial input), and the finish step.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,11 @@ def assistant_steps(message: message_pb2.Message) -> list[list[message_pb2.Part]
         else:
             steps[-1].append(part)
     return [step for step in steps if step]
+
+
+def text_of(parts: Iterable[message_pb2.Part]) -> str:
+    """The text of the text parts among ``parts``, joined as is (other parts are skipped)."""
+    return "".join(p.text.text for p in parts if p.WhichOneof("kind") == "text")
 
 
 def tool_result(call: message_pb2.ToolCallPart) -> tuple[str, bool]:

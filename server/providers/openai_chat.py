@@ -31,7 +31,7 @@ kept in ``provider_metadata["openai"]["refusal"]``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import openai
@@ -51,18 +51,11 @@ from server.providers.base import (
     TextStart,
     ToolInputDelta,
     ToolInputStart,
-    Usage,
 )
-from server.providers.convert import (
-    PendingCall,
-    as_int,
-    check_structured_output,
-    finish_step,
-    finish_tool_calls,
-)
+from server.providers.convert import PendingCall, finish_tool_calls
 from server.providers.openai_chat_request import MaxTokensParam, build_request
-from server.providers.openai_common import map_openai_error
-from server.providers.streaming import NOTHING, run_stream
+from server.providers.openai_common import OpenAIDecoder, map_openai_error, openai_usage
+from server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -86,27 +79,20 @@ class _Call(PendingCall):
         self.started = False
 
 
-class ChatDecoder:
+class ChatDecoder(OpenAIDecoder):
     """``chat.completion.chunk`` events → chunks (see the module docstring)."""
 
     def __init__(
         self, provider: str, prefix: str, output_schema: Mapping[str, Any] | None, warnings: list[str]
     ):
-        self.provider = provider
-        self.prefix = prefix
-        self.output_schema = output_schema
-        self.warnings = warnings
-        self.done = False
+        super().__init__(provider, prefix, output_schema, warnings)
         self.text_id: str | None = None
         self.reasoning_id: str | None = None
         self.blocks = 0
         self.by_index: dict[int, _Call] = {}
         self.calls: list[_Call] = []
-        self.text: list[str] | None = [] if output_schema is not None else None
         self.refusal: list[str] = []
         self.finish: str | None = None
-        self.response_id = ""
-        self.model = ""
         self.usage: dict[str, Any] | None = None
 
     def feed(self, event: bytes, data: bytes) -> Sequence[ModelChunk]:
@@ -223,32 +209,17 @@ class ChatDecoder:
         if self.refusal:
             reason = "content-filter"
             metadata["refusal"] = "".join(self.refusal)
-        if self.text is not None and reason == "stop" and self.output_schema is not None:
-            check_structured_output(self.provider, "".join(self.text), self.output_schema)
         usage = self.usage or {}
-        input_tokens = as_int(usage.get("prompt_tokens"))
-        output_tokens = as_int(usage.get("completion_tokens"))
         if usage:
             metadata["usage"] = usage
         out.append(
-            finish_step(
+            self._finish_step(
                 reason,
-                raw_reason=raw,
-                usage=Usage(
-                    input_tokens=input_tokens,
-                    output_tokens=output_tokens,
-                    total_tokens=as_int(usage.get("total_tokens")) or input_tokens + output_tokens,
-                    reasoning_tokens=as_int(
-                        (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
-                    ),
-                    cached_input_tokens=as_int(
-                        (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-                    ),
-                ),
+                raw,
+                openai_usage(usage, "prompt", "completion"),
+                metadata,
                 response_id=self.response_id,
                 response_model=self.model,
-                metadata={"openai": metadata} if metadata else {},
-                warnings=self.warnings,
             )
         )
         return out
@@ -261,7 +232,7 @@ class ChatDecoder:
         return self._finish()
 
 
-class OpenAIChatProvider:
+class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
     """Streams steps from Chat Completions through ``client`` (an ``AsyncOpenAI``; ``base_url`` for
     OpenAI-compatible servers). ``max_tokens_param`` names the output limit field
     (``max_completion_tokens`` for OpenAI, ``max_tokens`` for most compatible servers);
@@ -279,51 +250,23 @@ class OpenAIChatProvider:
         include_usage: bool = True,
         retry_delay: float = 0.5,
     ) -> None:
-        self.name = name
-        self.client = client
-        self.models = frozenset(models)
+        super().__init__(name, client, models=models, retry_delay=retry_delay)
         self.max_tokens_param: MaxTokensParam = max_tokens_param
         self.include_usage = include_usage
-        self.retry_delay = retry_delay
 
-    def has_model(self, model: str) -> bool:
-        """True unless an allow-list is configured and ``model`` is not on it."""
-        return not self.models or model in self.models
-
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelChunk, None]:
-        """Stream one step. Raises ProviderError (see :mod:`server.providers.errors`)."""
+    def _prepare(self, request: ModelRequest) -> SdkCall:
         body, warnings = build_request(
             request,
             provider=self.name,
             max_tokens_param=self.max_tokens_param,
             include_usage=self.include_usage,
         )
-        settings = request.settings
-        client = self.client
-        if settings.max_retries is not None:
-            client = client.with_options(max_retries=settings.max_retries)
-        model, messages = body.pop("model"), body.pop("messages")
-        extra: dict[str, Any] = {"extra_body": body} if body else {}
-        if settings.headers:
-            extra["extra_headers"] = dict(settings.headers)
-        if settings.timeout is not None:
-            extra["timeout"] = settings.timeout
-        create = client.chat.completions.with_streaming_response.create
+        kwargs = {"model": body.pop("model"), "messages": body.pop("messages")}
         prefix, name, schema = f"s{request.step_number}", self.name, request.output_schema
+        return SdkCall(kwargs, body, lambda: ChatDecoder(name, prefix, schema, warnings))
 
-        def open_response() -> Any:
-            return create(model=model, messages=messages, stream=True, **extra)
+    def _create(self, client: openai.AsyncOpenAI) -> OpenStream:
+        return client.chat.completions.with_streaming_response.create
 
-        async for chunk in run_stream(
-            name,
-            open_response,
-            lambda: ChatDecoder(name, prefix, schema, warnings),
-            lambda error: map_openai_error(name, error),
-            retries=client.max_retries,
-            retry_delay=self.retry_delay,
-        ):
-            yield chunk
-
-    async def aclose(self) -> None:
-        """Close the SDK client and its connections."""
-        await self.client.close()
+    def _map_error(self, error: BaseException) -> ProviderError | None:
+        return map_openai_error(self.name, error)

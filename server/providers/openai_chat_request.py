@@ -20,10 +20,11 @@ from server.providers.convert import (
     file_text,
     file_url,
     provider_options,
+    text_of,
     tool_input,
     tool_result,
 )
-from server.providers.openai_common import drop_sampling
+from server.providers.openai_common import sampling
 from turnwire.v1 import message_pb2
 
 MaxTokensParam = Literal["max_completion_tokens", "max_tokens"]
@@ -72,14 +73,14 @@ def convert_messages(
     for message in messages:
         role = message.role
         if role == message_pb2.ROLE_SYSTEM:
-            text = "".join(p.text.text for p in message.parts if p.WhichOneof("kind") == "text")
+            text = text_of(message.parts)
             if text.strip():
                 result.append({"role": "system", "content": text})
         elif role == message_pb2.ROLE_USER:
             result.append({"role": "user", "content": _user_content(message, warnings)})
         elif role == message_pb2.ROLE_ASSISTANT:
             for step in assistant_steps(message):
-                text = "".join(p.text.text for p in step if p.WhichOneof("kind") == "text")
+                text = text_of(step)
                 calls = [p.tool_call for p in step if p.WhichOneof("kind") == "tool_call"]
                 if not text and not calls:
                     continue
@@ -121,12 +122,8 @@ def build_request(
                 provider, f"max tokens must be at least 1, got {settings.max_output_tokens}"
             )
         body[max_tokens_param] = settings.max_output_tokens
-    sampling = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
-    dropped = drop_sampling(settings, request.model, sampling, warnings)
-    for name in sampling:
-        value = getattr(settings, name)
-        if value is not None and name not in dropped:
-            body[name] = value
+    fields = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+    body.update(sampling(settings, request.model, fields, warnings))
     if settings.seed is not None:
         body["seed"] = settings.seed
     if settings.stop_sequences:

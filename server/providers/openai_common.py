@@ -1,13 +1,17 @@
-"""Pieces both OpenAI adapters (Chat Completions, Responses) share: error mapping and model traits."""
+"""Pieces both OpenAI adapters (Chat Completions, Responses) share: error mapping, model traits, the
+decoders' common state and their finish step."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 import openai
 
 from server.providers import errors
-from server.providers.base import ModelSettings, ProviderError
+from server.providers.base import FinishReason, FinishStep, ModelSettings, ProviderError, Usage
+from server.providers.convert import as_int, check_structured_output, finish_step
 
 _REASONING_MODEL = re.compile(r"^(o\d|gpt-5|codex)", re.IGNORECASE)
 
@@ -30,23 +34,81 @@ def drop_sampling(
     return dropped
 
 
+def sampling(
+    settings: ModelSettings, model: str, fields: tuple[str, ...], warnings: list[str]
+) -> dict[str, Any]:
+    """The sampling fields of ``fields`` to send to ``model``: those set, less the ones it rejects
+    (:func:`drop_sampling`, which warns)."""
+    dropped = drop_sampling(settings, model, fields, warnings)
+    values = {name: getattr(settings, name) for name in fields if name not in dropped}
+    return {name: value for name, value in values.items() if value is not None}
+
+
 def map_openai_error(provider: str, error: BaseException) -> ProviderError | None:
     """The ``openai`` SDK's exceptions → ProviderError (None for anything else).
 
     The SDK keeps only the inner ``error`` object in ``.body``; the whole body as
     received is re-read from the response for ``ProviderError.body``.
     """
-    if isinstance(error, openai.APIStatusError):
-        response = error.response
-        try:
-            body = errors.parse_body(response.content)
-        except Exception:  # the body was not read
-            body = error.body
-        return errors.from_status(
-            provider, error.status_code, response.headers, body, fallback_message=error.message
+    return errors.from_sdk_error(provider, error, openai)
+
+
+def openai_usage(usage: Mapping[str, Any], inputs: str, outputs: str) -> Usage:
+    """An OpenAI usage object as :class:`Usage`. Its counts are ``<inputs>_tokens`` and
+    ``<outputs>_tokens`` (Chat Completions: ``prompt`` / ``completion``; Responses: ``input`` /
+    ``output``), ``total_tokens`` (their sum when absent), ``<outputs>_tokens_details.reasoning_tokens``
+    and ``<inputs>_tokens_details.cached_tokens``."""
+    input_tokens = as_int(usage.get(f"{inputs}_tokens"))
+    output_tokens = as_int(usage.get(f"{outputs}_tokens"))
+    return Usage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        total_tokens=as_int(usage.get("total_tokens")) or input_tokens + output_tokens,
+        reasoning_tokens=as_int((usage.get(f"{outputs}_tokens_details") or {}).get("reasoning_tokens")),
+        cached_input_tokens=as_int((usage.get(f"{inputs}_tokens_details") or {}).get("cached_tokens")),
+    )
+
+
+class OpenAIDecoder:
+    """The state both OpenAI stream decoders keep, and their finish step.
+
+    ``prefix`` starts every block id of the step; ``text`` collects the output
+    text when ``output_schema`` asks for structured output (checked at the finish);
+    ``warnings`` (from the request builder) go into the FinishStep.
+    """
+
+    def __init__(
+        self, provider: str, prefix: str, output_schema: Mapping[str, Any] | None, warnings: list[str]
+    ):
+        self.provider = provider
+        self.prefix = prefix
+        self.output_schema = output_schema
+        self.warnings = warnings
+        self.done = False
+        self.text: list[str] | None = [] if output_schema is not None else None
+        self.response_id = ""
+        self.model = ""
+
+    def _finish_step(
+        self,
+        reason: FinishReason,
+        raw: str,
+        usage: Usage,
+        metadata: dict[str, Any],
+        *,
+        response_id: str,
+        response_model: str,
+    ) -> FinishStep:
+        """The FinishStep, ``metadata`` under ``provider_metadata["openai"]``; checks the structured
+        output of a ``stop`` (raises ProviderError when it does not match the schema)."""
+        if self.text is not None and reason == "stop" and self.output_schema is not None:
+            check_structured_output(self.provider, "".join(self.text), self.output_schema)
+        return finish_step(
+            reason,
+            raw_reason=raw,
+            usage=usage,
+            response_id=response_id,
+            response_model=response_model,
+            metadata={"openai": metadata} if metadata else {},
+            warnings=self.warnings,
         )
-    if isinstance(error, openai.APITimeoutError):
-        return errors.connection_error(provider, error, timeout=True)
-    if isinstance(error, openai.APIConnectionError):
-        return errors.connection_error(provider, error.__cause__ or error)
-    return None

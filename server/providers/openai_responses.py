@@ -31,7 +31,7 @@ incomplete ``max_output_tokens`` → length (every call errored, never run),
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import openai
@@ -42,6 +42,7 @@ from server.providers.base import (
     FinishReason,
     ModelChunk,
     ModelRequest,
+    ProviderError,
     ReasoningDelta,
     ReasoningEnd,
     ReasoningStart,
@@ -50,38 +51,24 @@ from server.providers.base import (
     TextStart,
     ToolInputDelta,
     ToolInputStart,
-    Usage,
 )
-from server.providers.convert import (
-    PendingCall,
-    as_int,
-    check_structured_output,
-    finish_step,
-    finish_tool_calls,
-)
-from server.providers.openai_common import map_openai_error
+from server.providers.convert import PendingCall, finish_tool_calls
+from server.providers.openai_common import OpenAIDecoder, map_openai_error, openai_usage
 from server.providers.openai_responses_request import EncryptedReasoning, build_request
-from server.providers.streaming import NOTHING, run_stream
+from server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
 
 
-class ResponsesDecoder:
+class ResponsesDecoder(OpenAIDecoder):
     """Responses stream events → chunks (see the module docstring)."""
 
     def __init__(
         self, provider: str, prefix: str, output_schema: Mapping[str, Any] | None, warnings: list[str]
     ):
-        self.provider = provider
-        self.prefix = prefix
-        self.output_schema = output_schema
-        self.warnings = warnings
-        self.done = False
+        super().__init__(provider, prefix, output_schema, warnings)
         self.texts: dict[str, str] = {}  # open text blocks: "item_id:content_index" → block id
         self.reasoning: dict[str, tuple[str, int]] = {}  # item id → (block id, last summary index)
         self.calls: dict[str, PendingCall] = {}  # function_call item id → call
-        self.text: list[str] | None = [] if output_schema is not None else None
         self.refused = False
-        self.response_id = ""
-        self.model = ""
 
     def feed(self, event: bytes, data: bytes) -> Sequence[ModelChunk]:
         """Chunks for one event; raises ProviderError for ``error`` / ``response.failed``."""
@@ -215,30 +202,15 @@ class ResponsesDecoder:
             reason = "other"
         else:
             reason = "tool-calls" if calls else "stop"
-        if self.text is not None and reason == "stop" and self.output_schema is not None:
-            check_structured_output(self.provider, "".join(self.text), self.output_schema)
         usage = response.get("usage") or {}
-        input_tokens = as_int(usage.get("input_tokens"))
-        output_tokens = as_int(usage.get("output_tokens"))
         out.append(
-            finish_step(
+            self._finish_step(
                 reason,
-                raw_reason=raw,
-                usage=Usage(
-                    input_tokens=input_tokens,
-                    output_tokens=output_tokens,
-                    total_tokens=as_int(usage.get("total_tokens")) or input_tokens + output_tokens,
-                    reasoning_tokens=as_int(
-                        (usage.get("output_tokens_details") or {}).get("reasoning_tokens")
-                    ),
-                    cached_input_tokens=as_int(
-                        (usage.get("input_tokens_details") or {}).get("cached_tokens")
-                    ),
-                ),
+                raw,
+                openai_usage(usage, "input", "output"),
+                {"usage": usage} if usage else {},
                 response_id=response.get("id") or self.response_id,
                 response_model=response.get("model") or self.model,
-                metadata={"openai": {"usage": usage}} if usage else {},
-                warnings=self.warnings,
             )
         )
         return out
@@ -248,7 +220,7 @@ class ResponsesDecoder:
         raise errors.incomplete_stream(self.provider, "response.completed")
 
 
-class OpenAIResponsesProvider:
+class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
     """Streams steps from the Responses API through ``client`` (an ``AsyncOpenAI``).
 
     ``store`` is sent as is (default false: Turnwire keeps the transcript, and
@@ -267,48 +239,20 @@ class OpenAIResponsesProvider:
         encrypted_reasoning: EncryptedReasoning = "auto",
         retry_delay: float = 0.5,
     ) -> None:
-        self.name = name
-        self.client = client
-        self.models = frozenset(models)
+        super().__init__(name, client, models=models, retry_delay=retry_delay)
         self.store = store
         self.encrypted_reasoning: EncryptedReasoning = encrypted_reasoning
-        self.retry_delay = retry_delay
 
-    def has_model(self, model: str) -> bool:
-        """True unless an allow-list is configured and ``model`` is not on it."""
-        return not self.models or model in self.models
-
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelChunk, None]:
-        """Stream one step. Raises ProviderError (see :mod:`server.providers.errors`)."""
+    def _prepare(self, request: ModelRequest) -> SdkCall:
         body, warnings = build_request(
             request, provider=self.name, store=self.store, encrypted_reasoning=self.encrypted_reasoning
         )
-        settings = request.settings
-        client = self.client
-        if settings.max_retries is not None:
-            client = client.with_options(max_retries=settings.max_retries)
-        model, items = body.pop("model"), body.pop("input")
-        extra: dict[str, Any] = {"extra_body": body} if body else {}
-        if settings.headers:
-            extra["extra_headers"] = dict(settings.headers)
-        if settings.timeout is not None:
-            extra["timeout"] = settings.timeout
-        create = client.responses.with_streaming_response.create
+        kwargs = {"model": body.pop("model"), "input": body.pop("input")}
         prefix, name, schema = f"s{request.step_number}", self.name, request.output_schema
+        return SdkCall(kwargs, body, lambda: ResponsesDecoder(name, prefix, schema, warnings))
 
-        def open_response() -> Any:
-            return create(model=model, input=items, stream=True, **extra)
+    def _create(self, client: openai.AsyncOpenAI) -> OpenStream:
+        return client.responses.with_streaming_response.create
 
-        async for chunk in run_stream(
-            name,
-            open_response,
-            lambda: ResponsesDecoder(name, prefix, schema, warnings),
-            lambda error: map_openai_error(name, error),
-            retries=client.max_retries,
-            retry_delay=self.retry_delay,
-        ):
-            yield chunk
-
-    async def aclose(self) -> None:
-        """Close the SDK client and its connections."""
-        await self.client.close()
+    def _map_error(self, error: BaseException) -> ProviderError | None:
+        return map_openai_error(self.name, error)

@@ -19,10 +19,11 @@ from server.providers.convert import (
     file_text,
     file_url,
     provider_options,
+    text_of,
     tool_input,
     tool_result,
 )
-from server.providers.openai_common import drop_sampling, is_reasoning_model
+from server.providers.openai_common import is_reasoning_model, sampling
 from turnwire.v1 import message_pb2
 
 EncryptedReasoning = Literal["auto", "always", "never"]
@@ -77,7 +78,7 @@ def convert_input(
     for message in messages:
         role = message.role
         if role == message_pb2.ROLE_SYSTEM:
-            text = "".join(p.text.text for p in message.parts if p.WhichOneof("kind") == "text")
+            text = text_of(message.parts)
             if text.strip():
                 items.append({"role": "system", "content": text})
         elif role == message_pb2.ROLE_USER:
@@ -136,11 +137,7 @@ def build_request(
                 provider, f"max_output_tokens must be at least 1, got {settings.max_output_tokens}"
             )
         body["max_output_tokens"] = settings.max_output_tokens
-    dropped = drop_sampling(settings, request.model, ("temperature", "top_p"), warnings)
-    for name in ("temperature", "top_p"):
-        value = getattr(settings, name)
-        if value is not None and name not in dropped:
-            body[name] = value
+    body.update(sampling(settings, request.model, ("temperature", "top_p"), warnings))
     for name in ("top_k", "seed", "presence_penalty", "frequency_penalty", "stop_sequences"):
         if getattr(settings, name):
             warnings.append(f"{name} is not part of the Responses API and was not sent")

@@ -22,6 +22,11 @@ Rules it enforces (issue 3):
   the SDK's context manager, which closes the HTTP response at once.
 - After the terminal event the rest of the body is drained (≤ 0.25 s) so the
   connection can be reused.
+
+:class:`SdkProvider` is the provider side every SDK adapter shares: the
+allow-list, the per-request SDK options (retries, headers, timeout, extra body)
+and the call to :func:`run_stream`; an adapter supplies its request
+(:meth:`SdkProvider._prepare`), its SDK method and its error mapping.
 """
 
 from __future__ import annotations
@@ -31,12 +36,12 @@ import contextlib
 import random
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, ClassVar, Generic, NamedTuple, Protocol, Self, TypeVar
 
 import httpx2
 
 from server.providers import errors
-from server.providers.base import ModelChunk, ProviderError
+from server.providers.base import ModelChunk, ModelRequest, ProviderError
 from server.providers.sse import iter_sse
 
 DRAIN_SECONDS = 0.25
@@ -121,3 +126,98 @@ async def run_stream(
             delay = min(retry_delay * (2**attempt), MAX_RETRY_DELAY) * (0.75 + random.random() / 4)
         attempt += 1
         await asyncio.sleep(delay)
+
+
+class SdkClient(Protocol):
+    """What :class:`SdkProvider` uses of an SDK client (``AsyncAnthropic``, ``AsyncOpenAI``)."""
+
+    max_retries: int
+
+    def with_options(self, *, max_retries: int) -> Self:
+        """A copy with other options (here: the retry count)."""
+        ...
+
+    async def close(self) -> None:
+        """Close the client and its connections."""
+        ...
+
+
+ClientT = TypeVar("ClientT", bound=SdkClient)
+
+OpenStream = Callable[..., AbstractAsyncContextManager[Any]]
+"""An SDK's ``with_streaming_response.create``: called with the request's arguments and ``stream=True``."""
+
+
+class SdkCall(NamedTuple):
+    """One step's request, as an adapter prepares it: the SDK method's own arguments (``kwargs``), the
+    fields the SDK does not know (``extra_body``, sent as is) and the decoder factory for its stream."""
+
+    kwargs: dict[str, Any]
+    extra_body: dict[str, Any]
+    new_decoder: Callable[[], Decoder]
+
+
+class SdkProvider(Generic[ClientT]):
+    """An official-SDK provider: streams steps through ``client`` with :func:`run_stream`.
+
+    ``models`` is an optional allow-list for :meth:`has_model`; ``retry_delay`` the
+    base delay (seconds) between in-stream retries. Subclasses set ``type`` and
+    implement :meth:`_prepare`, :meth:`_create` and :meth:`_map_error`.
+    """
+
+    type: ClassVar[str]
+
+    def __init__(
+        self, name: str, client: ClientT, *, models: Sequence[str] = (), retry_delay: float = 0.5
+    ) -> None:
+        self.name = name
+        self.client = client
+        self.models = frozenset(models)
+        self.retry_delay = retry_delay
+
+    def has_model(self, model: str) -> bool:
+        """True unless an allow-list is configured and ``model`` is not on it."""
+        return not self.models or model in self.models
+
+    def _prepare(self, request: ModelRequest) -> SdkCall:
+        """The SDK call for ``request``; raises ProviderError for a request the API would reject."""
+        raise NotImplementedError
+
+    def _create(self, client: ClientT) -> OpenStream:
+        """The SDK's ``with_streaming_response.create`` of this API on ``client``."""
+        raise NotImplementedError
+
+    def _map_error(self, error: BaseException) -> ProviderError | None:
+        """The SDK's exceptions → ProviderError (None for anything else)."""
+        raise NotImplementedError
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelChunk, None]:
+        """Stream one step. Raises ProviderError (see :mod:`server.providers.errors`)."""
+        kwargs, extra_body, new_decoder = self._prepare(request)
+        settings = request.settings
+        client = self.client
+        if settings.max_retries is not None:
+            client = client.with_options(max_retries=settings.max_retries)
+        extra: dict[str, Any] = {"extra_body": extra_body} if extra_body else {}
+        if settings.headers:
+            extra["extra_headers"] = dict(settings.headers)
+        if settings.timeout is not None:
+            extra["timeout"] = settings.timeout
+        create = self._create(client)
+
+        def open_response() -> AbstractAsyncContextManager[Any]:
+            return create(stream=True, **kwargs, **extra)
+
+        async for chunk in run_stream(
+            self.name,
+            open_response,
+            new_decoder,
+            self._map_error,
+            retries=client.max_retries,
+            retry_delay=self.retry_delay,
+        ):
+            yield chunk
+
+    async def aclose(self) -> None:
+        """Close the SDK client and its connections."""
+        await self.client.close()
