@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 import signal
@@ -417,7 +418,17 @@ def print_tables(tables: Sequence[Table]) -> None:
 def write_markdown(path: Path, header: str, tables: Sequence[Table]) -> None:
     body = [header.rstrip(), ""]
     body.extend(table.to_markdown() for table in tables)
-    path.write_text("\n".join(body))
+    path.write_text("\n".join(body), encoding="utf-8")
+
+
+def write_tables_json(path: Path, tables: Sequence[Table]) -> None:
+    """``tables`` as JSON: how a benchmark run by bench/run.py in its own process hands them back."""
+    path.write_text(json.dumps([table.to_dict() for table in tables], ensure_ascii=False), encoding="utf-8")
+
+
+def read_tables_json(path: Path) -> list[Table]:
+    """The tables :func:`write_tables_json` wrote."""
+    return [Table.from_dict(data) for data in json.loads(path.read_text(encoding="utf-8"))]
 
 
 def verdict(ok: bool) -> str:

@@ -22,9 +22,12 @@ with 5, (c) <= 0.5 ms with 5; verdicts use the in-turn numbers.
 
 Configurations are interleaved round by round and medians taken, so drift
 (CPU frequency, SQLite file growth) hits every configuration alike. Prints an
-aligned table and writes it as markdown to ``bench/middleware_chain.md``.
+aligned table and writes it as markdown to ``bench/middleware_chain.md``; with
+``--json PATH`` it writes the table as JSON to PATH instead (how ``bench/run.py``
+runs it, putting the table in ``bench/results.md``).
 
     python bench/middleware_chain.py [--rounds 15] [--small 200] [--large 4200] [--turns 40]
+        [--isolated-chunks 200000] [--json PATH]
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BENCH_DIR, Table, print_tables, verdict, write_markdown
+from _common import BENCH_DIR, Table, print_tables, verdict, write_markdown, write_tables_json
 
 from middleware import (
     ChatErrorClassification,
@@ -76,7 +79,7 @@ COUNTS = (0, 1, 5, 20)
 TARGET_CHUNK_US = 5.0  # (a) with 5 on_chunk middlewares
 TARGET_SKIPPED_CHUNK_US = 0.2  # (b) with 5 middlewares without on_chunk
 TARGET_TURN_MS = 0.5  # (c) whole chain of 5
-ISOLATED_CHUNKS = 200_000
+ISOLATED_CHUNKS = 200_000  # default of --isolated-chunks
 
 
 # ----------------------------------------------------------------------------- middlewares
@@ -249,9 +252,9 @@ def added(per_round: dict[str, list[float]], label: str) -> float:
 # ----------------------------------------------------------------------------- isolated chunk path
 
 
-async def isolated_per_chunk(chain: MiddlewareChain) -> float:
+async def isolated_per_chunk(chain: MiddlewareChain, count: int = ISOLATED_CHUNKS) -> float:
     """Microseconds per chunk of the engine's per-chunk hook statements, minus an empty loop."""
-    chunks = [TextDelta("t", "x")] * ISOLATED_CHUNKS
+    chunks = [TextDelta("t", "x")] * count
     timeline = HookTimeline() if chain.middlewares else None
     best = float("inf")
     for _ in range(5):
@@ -265,7 +268,7 @@ async def isolated_per_chunk(chain: MiddlewareChain) -> float:
             if chain.observes_chunks:
                 await chain.on_chunk(ChunkContext("conv", "req", 0, chunk), timeline)
         hooked = time.perf_counter() - started
-        best = min(best, (hooked - empty) / ISOLATED_CHUNKS * 1e6)
+        best = min(best, (hooked - empty) / count * 1e6)
     return max(best, 0.0)
 
 
@@ -351,7 +354,9 @@ async def measure(args: argparse.Namespace) -> Table:
             small = await interleaved(runner, chunk_configs, "scripted:small", args.rounds, 3)
             large = await interleaved(runner, chunk_configs, "scripted:large", args.rounds, 3)
             per_turn = await interleaved(runner, turn_configs, "scripted:tool", args.rounds, args.turns)
-            isolated = {c.label: await isolated_per_chunk(c.chain) for c in chunk_configs}
+            isolated = {
+                c.label: await isolated_per_chunk(c.chain, args.isolated_chunks) for c in chunk_configs
+            }
             counter = ChunkCounter()
             await runner.turn(runner.engine(MiddlewareChain([counter])), "scripted:tool")
             chunks_per_step = [counter.per_step[step] for step in sorted(counter.per_step)]
@@ -436,7 +441,7 @@ async def measure(args: argparse.Namespace) -> Table:
         "size and configuration. The '0 again' row is a second empty chain measured the same way: "
         "its values are the run's noise (machine load), and negative values are noise.",
         f"Isolated: `if chain.observes_chunks: await chain.on_chunk(ChunkContext(...), timeline)` "
-        f"over {ISOLATED_CHUNKS:,} chunks minus an empty loop, best of 5; includes the hook timeline "
+        f"over {args.isolated_chunks:,} chunks minus an empty loop, best of 5; includes the hook timeline "
         "(the engine records one when the chain is not empty).",
         f"Per turn: the configuration's median minus the baseline's in the same round, median over "
         f"{args.rounds} rounds of {args.turns} turns; each turn on a new conversation.",
@@ -448,7 +453,8 @@ async def measure(args: argparse.Namespace) -> Table:
 
 
 def main() -> None:
-    """Parse the options, measure, print the table and write ``bench/middleware_chain.md``."""
+    """Parse the options, measure, print the table and write ``bench/middleware_chain.md``
+    (or, with ``--json``, only write the table as JSON)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -458,13 +464,30 @@ def main() -> None:
     parser.add_argument(
         "--turns", type=int, default=40, help="1-tool turns per round and config (default 40)"
     )
+    parser.add_argument(
+        "--isolated-chunks",
+        type=int,
+        default=ISOLATED_CHUNKS,
+        help=f"chunks per isolated per-chunk loop (default {ISOLATED_CHUNKS})",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help="write the table as JSON to PATH (for bench/run.py) instead of printing it and "
+        "writing bench/middleware_chain.md",
+    )
     args = parser.parse_args()
     table = asyncio.run(measure(args))
+    if args.json is not None:
+        write_tables_json(args.json, [table])
+        return
     print_tables([table])
     header = (
         "# middleware_chain results\n\n"
         f"`python bench/middleware_chain.py --rounds {args.rounds} --small {args.small} "
-        f"--large {args.large} --turns {args.turns}` on {time.strftime('%Y-%m-%d')}, "
+        f"--large {args.large} --turns {args.turns} --isolated-chunks {args.isolated_chunks}` "
+        f"on {time.strftime('%Y-%m-%d')}, "
         f"Python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.machine()}.\n"
     )
     write_markdown(BENCH_DIR / "middleware_chain.md", header, [table])

@@ -17,7 +17,10 @@ CPU of the whole request / events, median over R). Targets (issue 3): adapter
 CPU ≤ 25 µs per event on this lean path; added time to first event over the
 bare SDK ≤ 0.5 ms p50.
 
-    .venv/bin/python bench/provider_adapters.py [--deltas 500] [--requests 30]
+Prints the table; ``bench/run.py`` runs it with ``--json PATH`` (the table as
+JSON, not printed) and puts the table in ``bench/results.md``.
+
+    .venv/bin/python bench/provider_adapters.py [--deltas 500] [--requests 30] [--json PATH]
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(REPO))
 
-from _common import Table, percentile, print_tables, verdict  # noqa: E402
+from _common import Table, percentile, print_tables, verdict, write_tables_json  # noqa: E402
 
 from server.providers.anthropic_messages import AnthropicMessagesProvider  # noqa: E402
 from server.providers.base import ModelRequest  # noqa: E402
@@ -391,8 +394,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--deltas", type=int, default=500, help="text deltas per stream")
     parser.add_argument("--requests", type=int, default=30, help="requests per variant per API")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help="write the table as JSON to PATH (for bench/run.py), not print it",
+    )
     args = parser.parse_args()
-    print_tables([asyncio.run(run(args.deltas, args.requests))])
+    table = asyncio.run(run(args.deltas, args.requests))
+    if args.json is not None:
+        write_tables_json(args.json, [table])
+    else:
+        print_tables([table])
 
 
 if __name__ == "__main__":

@@ -164,7 +164,9 @@ def _log(message: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="~30 s smoke run")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: fewer turns, 1 s windows, 1,000 held streams"
+    )
     parser.add_argument("--streams", type=int, help="open streams for (c) (default 5000, quick 1000)")
     parser.add_argument("--deltas", type=int, help="text deltas per turn (default 200)")
     parser.add_argument("--chunk-size", type=int, help="characters per delta (default 4)")

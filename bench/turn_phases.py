@@ -1,4 +1,4 @@
-"""Diagnostic: where a turn's wall time goes, and what proposed fixes would gain.
+"""Diagnostic: where a turn's wall time goes, and what the store costs at most.
 
 Runs Turnwire in this process through ``server.app.start(settings)`` (SQLite in
 a temp dir) and instruments it from the outside, without changing server code:
@@ -13,15 +13,12 @@ The load comes from ``bench/_load.py`` in a separate process (turns back to
 back, a new conversation each; 1, 10 and 100 streams). Only samples inside the
 client's measurement window count.
 
-``--variants`` also runs *prototypes* of the proposed fixes, patched in at run
-time (bench-only code; the server source is untouched):
+``--variants`` picks what runs: ``baseline`` (the server as it is) and
+``null-store``, where every store call returns at once without touching SQLite,
+patched in at run time (bench-only code; the server source is untouched). Not a
+fix: the bound on what any store work could cost.
 
-* ``no-final-ckpt``: no checkpoint is written at the end of the last step (the
-  final ``finish_turn`` write stores the same message right after);
-* ``null-store``: every store call returns at once without touching SQLite (not a
-  fix: the bound on what any store work could cost).
-
-    python bench/turn_phases.py [--levels 1,10,100] [--seconds 3] [--variants baseline,no-final-ckpt]
+    python bench/turn_phases.py [--levels 1,10,100] [--seconds 3] [--variants baseline,null-store]
 """
 
 from __future__ import annotations
@@ -54,7 +51,7 @@ from _common import (
     wait_for_quiet,
 )
 
-VARIANTS = ("baseline", "no-final-ckpt", "null-store")
+VARIANTS = ("baseline", "null-store")
 
 
 class Recorder:
@@ -71,7 +68,7 @@ class Recorder:
         self.samples.clear()
 
 
-# ----------------------------------------------------------------------------- prototypes
+# ----------------------------------------------------------------------------- the null-store bound
 
 
 def patch_null_store(store: Any) -> None:
@@ -86,31 +83,6 @@ def patch_null_store(store: Any) -> None:
     for name in ("start_turn", "save_message", "finish_turn"):
         setattr(store, name, nothing)
     store.load_messages = no_messages
-
-
-def patch_no_final_checkpoint() -> Callable[[], None]:
-    """Prototype: skip ``turn.checkpoints.now()`` at the end of the last step
-    (``step_loop.py``: only checkpoint when another step follows). Returns an undo."""
-    from server.engine import checkpoints, step_loop
-
-    original = checkpoints.Checkpointer.now
-    steps_code = step_loop.StepLoop._steps.__code__
-
-    def now(self: Any) -> None:
-        caller = sys._getframe(1)
-        if caller.f_code is steps_code and not caller.f_locals.get("had_tool_results", True):
-            if self._timer is not None:  # what the final write supersedes
-                self._timer.cancel()
-                self._timer = None
-            return
-        original(self)
-
-    checkpoints.Checkpointer.now = now  # type: ignore[method-assign]
-
-    def undo() -> None:
-        checkpoints.Checkpointer.now = original  # type: ignore[method-assign]
-
-    return undo
 
 
 # ----------------------------------------------------------------------------- instrumentation
@@ -219,101 +191,96 @@ async def run_variant(
 
     phase_tables: list[Table] = []
     summary: list[dict[str, Any]] = []
-    undo = patch_no_final_checkpoint() if variant == "no-final-ckpt" else None
-    try:
-        with tempfile.TemporaryDirectory(prefix="turnwire-phases-") as tmp:
-            port = free_port()
-            settings = Settings(
-                listen=f"127.0.0.1:{port}",
-                default_model=STREAM_MODEL,
-                log_level="warning",
-                store={"url": f"sqlite:///{Path(tmp) / 'turnwire.db'}"},
-                providers={
-                    "scripted": {
-                        "scripts": {
-                            "bench": [{"text": stream_text(deltas, chunk_size), "chunk_size": chunk_size}],
-                            "hold": [{"text": "held", "delay_ms": HOLD_DELAY_MS}],
-                        }
+    with tempfile.TemporaryDirectory(prefix="turnwire-phases-") as tmp:
+        port = free_port()
+        settings = Settings(
+            listen=f"127.0.0.1:{port}",
+            default_model=STREAM_MODEL,
+            log_level="warning",
+            store={"url": f"sqlite:///{Path(tmp) / 'turnwire.db'}"},
+            providers={
+                "scripted": {
+                    "scripts": {
+                        "bench": [{"text": stream_text(deltas, chunk_size), "chunk_size": chunk_size}],
+                        "hold": [{"text": "held", "delay_ms": HOLD_DELAY_MS}],
                     }
-                },
-                tools={"demo": False},
-                events={"text_coalesce_ms": coalesce_ms},
-                limits={"shutdown_grace_seconds": 1},
-            )
-            sidecar = await start(settings)
-            if variant == "null-store":
-                patch_null_store(sidecar.store)
-            rec = Recorder()
-            instrument(sidecar, rec)
-            stop = asyncio.Event()
-            lag_task = asyncio.create_task(loop_lag(rec, stop))
-            try:
-                for streams in levels:
-                    await wait_for_quiet(max_wait=5.0)
-                    rec.clear()
-                    proc = await asyncio.create_subprocess_exec(
-                        PYTHON,
-                        str(BENCH_DIR / "_load.py"),
-                        "--target",
-                        f"127.0.0.1:{port}",
-                        "--streams",
-                        str(streams),
-                        "--warm",
-                        "1",
-                        "--seconds",
-                        str(seconds),
-                        "--tag",
-                        f"ph{streams}",
-                        stdout=asyncio.subprocess.PIPE,
+                }
+            },
+            tools={"demo": False},
+            events={"text_coalesce_ms": coalesce_ms},
+            limits={"shutdown_grace_seconds": 1},
+        )
+        sidecar = await start(settings)
+        if variant == "null-store":
+            patch_null_store(sidecar.store)
+        rec = Recorder()
+        instrument(sidecar, rec)
+        stop = asyncio.Event()
+        lag_task = asyncio.create_task(loop_lag(rec, stop))
+        try:
+            for streams in levels:
+                await wait_for_quiet(max_wait=5.0)
+                rec.clear()
+                proc = await asyncio.create_subprocess_exec(
+                    PYTHON,
+                    str(BENCH_DIR / "_load.py"),
+                    "--target",
+                    f"127.0.0.1:{port}",
+                    "--streams",
+                    str(streams),
+                    "--warm",
+                    "1",
+                    "--seconds",
+                    str(seconds),
+                    "--tag",
+                    f"ph{streams}",
+                    stdout=asyncio.subprocess.PIPE,
+                )
+                out, _ = await proc.communicate()
+                result = json.loads(out.decode().strip().splitlines()[-1])
+                t0, t1 = result["window_start"], result["window_end"]
+                table = Table(
+                    f"[{variant}] {streams} stream(s): {result['events_per_s']:,.0f} events/s, "
+                    f"{result['turns_per_s']:.1f} turns/s, client TTFE p50 "
+                    f"{result['ttfe_p50_ms']:.2f} ms / p99 {result['ttfe_p99_ms']:.2f} ms",
+                    ["what", "count", "p50", "p90", "p99", "mean", "unit"],
+                )
+                row: dict[str, Any] = {"variant": variant, "streams": streams, **result}
+                server_cpu = cpu_between(rec, t0, t1)
+                row["cpu_us_per_event"] = server_cpu / max(result["events"], 1) * 1e6
+                machine = cpu_between(rec, t0, t1, "machine")
+                row["other_cores"] = max(0.0, (machine - server_cpu) / (t1 - t0) - result["client_cores"])
+                for name, unit, scale in PHASES:
+                    values = rec.window(name, t0, t1)
+                    if not values:
+                        continue
+                    mean = sum(values) / len(values)
+                    row[name] = (
+                        percentile(values, 50) * scale,
+                        percentile(values, 99) * scale,
+                        mean * scale,
                     )
-                    out, _ = await proc.communicate()
-                    result = json.loads(out.decode().strip().splitlines()[-1])
-                    t0, t1 = result["window_start"], result["window_end"]
-                    table = Table(
-                        f"[{variant}] {streams} stream(s): {result['events_per_s']:,.0f} events/s, "
-                        f"{result['turns_per_s']:.1f} turns/s, client TTFE p50 "
-                        f"{result['ttfe_p50_ms']:.2f} ms / p99 {result['ttfe_p99_ms']:.2f} ms",
-                        ["what", "count", "p50", "p90", "p99", "mean", "unit"],
+                    table.add(
+                        name,
+                        len(values),
+                        f"{percentile(values, 50) * scale:.3f}",
+                        f"{percentile(values, 90) * scale:.3f}",
+                        f"{percentile(values, 99) * scale:.3f}",
+                        f"{mean * scale:.3f}",
+                        unit,
                     )
-                    row: dict[str, Any] = {"variant": variant, "streams": streams, **result}
-                    server_cpu = cpu_between(rec, t0, t1)
-                    row["cpu_us_per_event"] = server_cpu / max(result["events"], 1) * 1e6
-                    machine = cpu_between(rec, t0, t1, "machine")
-                    row["other_cores"] = max(0.0, (machine - server_cpu) / (t1 - t0) - result["client_cores"])
-                    for name, unit, scale in PHASES:
-                        values = rec.window(name, t0, t1)
-                        if not values:
-                            continue
-                        mean = sum(values) / len(values)
-                        row[name] = (
-                            percentile(values, 50) * scale,
-                            percentile(values, 99) * scale,
-                            mean * scale,
-                        )
-                        table.add(
-                            name,
-                            len(values),
-                            f"{percentile(values, 50) * scale:.3f}",
-                            f"{percentile(values, 90) * scale:.3f}",
-                            f"{percentile(values, 99) * scale:.3f}",
-                            f"{mean * scale:.3f}",
-                            unit,
-                        )
-                    phase_tables.append(table)
-                    summary.append(row)
-            finally:
-                stop.set()
-                await lag_task
-                await sidecar.stop()
-    finally:
-        if undo is not None:
-            undo()
+                phase_tables.append(table)
+                summary.append(row)
+        finally:
+            stop.set()
+            await lag_task
+            await sidecar.stop()
     return phase_tables, summary
 
 
 def summary_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(
-        "Prototype comparison (server in-process + instrumentation; client in its own process)",
+        "Variant comparison (server in-process + instrumentation; client in its own process)",
         [
             "variant",
             "streams",
@@ -366,8 +333,8 @@ def summary_table(rows: list[dict[str, Any]]) -> Table:
         "disturbed - compare srv CPU us/event and the latencies, which suffer less."
     )
     table.notes.append(
-        "Prototypes are patched in at run time by this script (server code unchanged): no-final-ckpt "
-        "= no checkpoint at the end of the last step. Absolute numbers are lower than "
+        "null-store is patched in at run time by this script (server code unchanged): every store "
+        "call returns at once, a bound, not a fix. Absolute numbers are lower than "
         "stream_overhead.py's (instrumentation, server in this process); compare variants."
     )
     return table
