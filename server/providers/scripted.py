@@ -264,6 +264,8 @@ class ScriptedProvider:
         step = script.step(request)
         delay = step.delay_ms / 1000.0
         sent = 0
+        # Without a delay or a scripted error there is nothing to pace: skip the call per chunk.
+        paced = bool(delay) or step.error is not None
         prefix = f"s{request.step_number}"
 
         async def pace() -> None:
@@ -284,23 +286,28 @@ class ScriptedProvider:
                 await asyncio.sleep(delay)
 
         if step.reasoning:
-            await pace()
+            if paced:
+                await pace()
             yield ReasoningStart(f"{prefix}-r")
             for piece in _split(step.reasoning, step.chunk_size):
-                await pace()
+                if paced:
+                    await pace()
                 yield ReasoningDelta(f"{prefix}-r", piece)
             yield ReasoningEnd(f"{prefix}-r", signature=step.reasoning_signature.encode())
         if step.text:
-            await pace()
+            if paced:
+                await pace()
             yield TextStart(f"{prefix}-t")
             for piece in _split(step.text, step.chunk_size):
-                await pace()
+                if paced:
+                    await pace()
                 yield TextDelta(f"{prefix}-t", piece)
             yield TextEnd(f"{prefix}-t")
         for index, call in enumerate(step.tool_calls):
             call_id = call.id or f"call_{request.step_number}_{index}"
             raw = call.raw_input if call.raw_input is not None else orjson.dumps(call.input).decode()
-            await pace()
+            if paced:
+                await pace()
             yield ToolInputStart(call_id, call.name)
             yield ToolInputDelta(call_id, raw)
             parsed: dict[str, Any] | None
@@ -313,7 +320,8 @@ class ScriptedProvider:
             if parsed is None:
                 error = f"tool input is not a JSON object: {raw[:200]!r}"
             yield ToolCall(call_id, call.name, parsed, raw_input=raw, error=error)
-        await pace()
+        if paced:
+            await pace()
         output_tokens = step.usage.output_tokens
         if output_tokens is None:
             output_tokens = len((step.text + step.reasoning).split()) + 8 * len(step.tool_calls)
