@@ -29,6 +29,8 @@ To render events as they arrive, iterate the stream instead of collecting it::
             print(event.text_delta.delta, end="", flush=True)
 """
 
-from turnwire.client import ProtocolError, TurnResult, TurnwireClient, TurnwireError, collect
+from turnwire.client import TurnwireClient
+from turnwire.errors import ERROR_DOMAIN, ProtocolError, TurnwireError
+from turnwire.result import TurnResult, collect
 
-__all__ = ["ProtocolError", "TurnResult", "TurnwireClient", "TurnwireError", "collect"]
+__all__ = ["ERROR_DOMAIN", "ProtocolError", "TurnResult", "TurnwireClient", "TurnwireError", "collect"]
