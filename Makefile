@@ -11,11 +11,11 @@ BUF := node_modules/.bin/buf
 
 setup: $(VENV)/.installed node_modules/.installed
 
-$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml middleware/pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "Python 3.11+ is required (set PYTHON=...)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e clients/python -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e clients/python -e middleware -e '.[dev]'
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -40,7 +40,7 @@ lint: setup check-protos breaking
 
 ## protos: regenerate clients/python/turnwire/v1 from protos/.
 protos: setup
-	$(BUF) generate
+	bash tools/generate-python.sh
 
 ## check-protos: fail when the committed generated code differs from the protos.
 check-protos: setup

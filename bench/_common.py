@@ -1,7 +1,7 @@
 """Shared pieces of the benchmarks: the workload, server processes, clients, stats, tables.
 
 Nothing here imports the server package: the servers under test run in their
-own processes (``python -m server serve`` for Turnwire, ``bench/floor_server.py``
+own processes (``python -m turnwire_server serve`` for Turnwire, ``bench/floor_server.py``
 for the floor) and the code here only talks gRPC to them and reads their
 CPU time and RSS with psutil.
 """
@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 import psutil
 
-from turnwire.v1 import chat_service_pb2, event_pb2, message_pb2
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent

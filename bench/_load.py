@@ -31,7 +31,7 @@ from _common import (
     percentile,
 )
 
-from turnwire.v1 import chat_service_pb2
+from turnwire_client.v1 import chat_service_pb2
 
 
 async def load(

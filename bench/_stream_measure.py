@@ -31,7 +31,7 @@ from _common import (
 )
 from _load import load
 
-from turnwire.v1 import chat_service_pb2, event_pb2
+from turnwire_client.v1 import chat_service_pb2, event_pb2
 
 # The servers' names: keys of Results and rows of the tables (the coalescing server's name
 # depends on the options: see stream_overhead.run).

@@ -117,7 +117,7 @@ def tables(res: Results, coalesced: str) -> list[Table]:
     t = Table(
         "(b) Where the CPU goes under load, and time to first event under load",
         [
-            "server",
+            "turnwire_server",
             "streams",
             "srv CPU us/event",
             "capacity vs floor",
@@ -196,7 +196,7 @@ def tables(res: Results, coalesced: str) -> list[Table]:
         t = Table(
             "(c) Server memory per open Chat stream (RSS)",
             [
-                "server",
+                "turnwire_server",
                 "open streams",
                 "RSS before MB",
                 "RSS open MB",
@@ -230,7 +230,7 @@ def tables(res: Results, coalesced: str) -> list[Table]:
         t.notes.append(
             "Each stream is a Chat call whose script sleeps (delay_ms = 1 h) after TurnStart and "
             "StepStart were received: a turn admitted, persisted and waiting on the model. Fresh "
-            "server process (Turnwire: `python -m server serve --config`), RSS via psutil after "
+            "server process (Turnwire: `python -m turnwire_server serve --config`), RSS via psutil after "
             "100 warm-up calls. Marginal = slope between the first and last fifth. 'reopened' = "
             "RSS with the same number open again after closing all: no growth over 'RSS open' "
             "means the memory kept after close is reused, not leaked."

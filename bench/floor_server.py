@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import HOLD_MODEL, floor_responses
 
-from turnwire.v1 import chat_service_pb2_grpc
+from turnwire_client.v1 import chat_service_pb2_grpc
 
 
 class FloorChat(chat_service_pb2_grpc.ChatServiceServicer):

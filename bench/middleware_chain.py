@@ -50,30 +50,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import BENCH_DIR, Table, print_tables, verdict, write_markdown, write_tables_json
 
-from middleware import (
+from turnwire.hooks import (
     ChatErrorClassification,
     ChatErrorContext,
-    ChatResponseResult,
+    ChatResponseContext,
     ChunkContext,
-    HookTimeline,
     Middleware,
-    MiddlewareChain,
+    SessionContext,
     StepConfig,
     StepContext,
-    StepResult,
+    StepFinishContext,
     ToolCallContext,
     ToolCallDecision,
     ToolCallResultContext,
     TurnConfig,
     TurnContext,
 )
-from server.engine import EngineSettings, TurnEngine, TurnRequest
-from server.providers import ProviderRegistry
-from server.providers.base import TextDelta, Usage
-from server.providers.scripted import ScriptedProvider, ScriptedToolCall, ScriptStep
-from server.store import SqliteStore
-from server.tools import PythonTool, ToolExecution
-from turnwire.v1 import chat_service_pb2, message_pb2
+from turnwire.testing import ScriptedProvider, ScriptedToolCall, ScriptStep
+from turnwire.tools import PythonTool, ToolExecution
+from turnwire.types import TextDelta, Usage
+from turnwire_client.v1 import chat_service_pb2, message_pb2
+from turnwire_server.engine import EngineSettings, TurnEngine, TurnRequest
+from turnwire_server.hooks.timeline import HookTimeline, MiddlewareChain
+from turnwire_server.providers.registry import ProviderRegistry
+from turnwire_server.store import SqliteStore
 
 COUNTS = (0, 1, 5, 20)
 TARGET_CHUNK_US = 5.0  # (a) with 5 on_chunk middlewares
@@ -96,7 +96,7 @@ class ChunkNoop(Middleware):
 class AllButChunk(Middleware):
     """Implements every hook except ``on_chunk``, each a no-op."""
 
-    async def configure_session(self) -> None:
+    async def configure_session(self, ctx: SessionContext) -> None:
         """No-op."""
         return None
 
@@ -116,21 +116,19 @@ class AllButChunk(Middleware):
         """No-op."""
         return None
 
-    async def on_step_finish(self, ctx: StepResult) -> None:
+    async def on_step_finish(self, ctx: StepFinishContext) -> None:
         """No-op."""
         return None
 
-    async def on_chat_response(self, result: ChatResponseResult) -> None:
+    async def on_chat_response(self, result: ChatResponseContext) -> None:
         """No-op."""
         return None
 
-    async def on_chat_error(self, error: BaseException, ctx: ChatErrorContext) -> BaseException | str:
+    async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
         """No-op."""
-        return error
+        return ctx.error
 
-    async def classify_chat_error(
-        self, error: BaseException | str, ctx: ChatErrorContext
-    ) -> ChatErrorClassification | None:
+    async def classify_chat_error(self, ctx: ChatErrorContext) -> ChatErrorClassification | None:
         """No-op."""
         return None
 
@@ -298,8 +296,8 @@ async def isolated_per_turn(
     step_ctx = StepContext("conv", "req", 0, (), "scripted:tool", "system", [message])
     call_ctx = ToolCallContext("conv", "req", "call_0_0", "echo", {"q": "a"}, 0, [message])
     result_ctx = ToolCallResultContext("conv", "req", "call_0_0", "echo", {"q": "a"}, 0, 0.01, True, {"e": 1})
-    step_result = StepResult(0, "text", (), "", (), (), "stop", "stop", Usage())
-    response = ChatResponseResult("conv", "req", message, False, "completed")
+    step_result = StepFinishContext(0, "text", (), "", (), (), "stop", "stop", Usage())
+    response = ChatResponseContext("conv", "req", message, False, "completed")
     chunk = TextDelta("t", "x")
     best = float("inf")
     for _ in range(5):

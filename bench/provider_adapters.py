@@ -48,11 +48,11 @@ sys.path.insert(0, str(REPO))
 
 from _common import Table, percentile, print_tables, verdict, write_tables_json  # noqa: E402
 
-from server.providers.anthropic_messages import AnthropicMessagesProvider  # noqa: E402
-from server.providers.base import ModelRequest  # noqa: E402
-from server.providers.openai_chat import OpenAIChatProvider  # noqa: E402
-from server.providers.openai_responses import OpenAIResponsesProvider  # noqa: E402
-from turnwire.v1 import message_pb2  # noqa: E402
+from turnwire.types import ModelRequest  # noqa: E402
+from turnwire_client.v1 import message_pb2  # noqa: E402
+from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider  # noqa: E402
+from turnwire_server.providers.openai_chat import OpenAIChatProvider  # noqa: E402
+from turnwire_server.providers.openai_responses import OpenAIResponsesProvider  # noqa: E402
 
 CPU_TARGET_US = 25.0
 TTFE_TARGET_MS = 0.5

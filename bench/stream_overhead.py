@@ -7,7 +7,7 @@ stored message). The floor (``bench/floor_server.py``) streams the same N + 6
 pre-built ``ChatResponse`` messages, of the same shapes and sizes, from a
 bare grpc.aio server.
 
-Every server runs in its own process (Turnwire as ``python -m server serve
+Every server runs in its own process (Turnwire as ``python -m turnwire_server serve
 --config ...`` with SQLite in a temp dir); this process is the client. The
 servers under test are started together and measured in turn, interleaved
 round by round (floor, Turnwire, Turnwire+coalescing, floor, ...), so drift

@@ -1,6 +1,6 @@
 """Diagnostic: where a turn's wall time goes, and what the store costs at most.
 
-Runs Turnwire in this process through ``server.app.start(settings)`` (SQLite in
+Runs Turnwire in this process through ``turnwire_server.app.start(settings)`` (SQLite in
 a temp dir) and instruments it from the outside, without changing server code:
 
 * the store's ``start_turn`` / ``save_message`` (checkpoints) / ``finish_turn`` /
@@ -186,8 +186,8 @@ PHASES = (
 async def run_variant(
     variant: str, levels: list[int], *, seconds: float, deltas: int, chunk_size: int, coalesce_ms: float
 ) -> tuple[list[Table], list[dict[str, Any]]]:
-    from server.app import start
-    from server.config import Settings
+    from turnwire_server.app import start
+    from turnwire_server.config import Settings
 
     phase_tables: list[Table] = []
     summary: list[dict[str, Any]] = []

@@ -1,4 +1,4 @@
-"""The built-in middlewares (``middleware.builtin``) driven by a real engine.
+"""The built-in middlewares (``turnwire.middlewares``) driven by a real engine.
 
 Each test builds an in-process engine (``make_engine``: SQLite in ``tmp_path``,
 the scripted provider wrapped in a recorder of every ``ModelRequest``; see
@@ -28,17 +28,17 @@ from support.engine_harness import (
     value,
 )
 
-from middleware import (
+from turnwire.hooks import (
     ChunkContext,
     Middleware,
-    StepResult,
+    StepFinishContext,
     ToolCallContext,
     ToolCallDecision,
     ToolCallResultContext,
     TurnConfig,
     TurnContext,
 )
-from middleware.builtin import (
+from turnwire.middlewares import (
     CheaperModelOnContinuation,
     HideReasoningOnContinuation,
     HookLogger,
@@ -48,11 +48,11 @@ from middleware.builtin import (
     ToolPolicy,
     ToolResultCache,
 )
-from server.app import StartupError, load_middlewares
-from server.config import MiddlewareEntry
-from server.providers.scripted import ScriptedError, ScriptedToolCall, ScriptStep
-from server.tools import PythonTool, ToolError, ToolExecution
-from turnwire.v1 import event_pb2, message_pb2
+from turnwire.testing import ScriptedError, ScriptedToolCall, ScriptStep
+from turnwire.tools import PythonTool, ToolError, ToolExecution
+from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.app import StartupError, load_middlewares
+from turnwire_server.config import MiddlewareEntry
 
 # --------------------------------------------------------------------------- helpers
 
@@ -557,10 +557,10 @@ async def test_selected_file_appends_to_the_system_an_earlier_middleware_set(
 
 
 async def test_hide_reasoning_on_continuation(make_engine: EngineFactory) -> None:
-    steps: list[StepResult] = []
+    steps: list[StepFinishContext] = []
 
     class Steps(Middleware):
-        async def on_step_finish(self, ctx: StepResult) -> None:
+        async def on_step_finish(self, ctx: StepFinishContext) -> None:
             steps.append(ctx)
 
     h = await make_engine(
@@ -610,18 +610,18 @@ async def test_structured_answer_with_a_custom_mode_field(make_engine: EngineFac
 
 def test_every_builtin_loads_from_config_entries() -> None:
     entries = [
-        MiddlewareEntry(path="middleware.builtin:HookLogger", options={"level": "debug"}),
-        MiddlewareEntry(path="middleware.builtin:ToolPolicy", options={"deny": ["delete"]}),
+        MiddlewareEntry(path="turnwire.middlewares:HookLogger", options={"level": "debug"}),
+        MiddlewareEntry(path="turnwire.middlewares:ToolPolicy", options={"deny": ["delete"]}),
         MiddlewareEntry(
-            path="middleware.builtin:ToolResultCache", options={"tools": ["w"], "ttl_seconds": 5}
+            path="turnwire.middlewares:ToolResultCache", options={"tools": ["w"], "ttl_seconds": 5}
         ),
         MiddlewareEntry(
-            path="middleware.builtin:CheaperModelOnContinuation", options={"model": "scripted:c"}
+            path="turnwire.middlewares:CheaperModelOnContinuation", options={"model": "scripted:c"}
         ),
-        MiddlewareEntry(path="middleware.builtin:LimitActiveTools", options={"tools": ["a"]}),
-        MiddlewareEntry(path="middleware.builtin:SelectedFileInSystemPrompt"),
-        MiddlewareEntry(path="middleware.builtin:HideReasoningOnContinuation"),
-        MiddlewareEntry(path="middleware.builtin:StructuredAnswer", options={"schema": SEVERITY}),
+        MiddlewareEntry(path="turnwire.middlewares:LimitActiveTools", options={"tools": ["a"]}),
+        MiddlewareEntry(path="turnwire.middlewares:SelectedFileInSystemPrompt"),
+        MiddlewareEntry(path="turnwire.middlewares:HideReasoningOnContinuation"),
+        MiddlewareEntry(path="turnwire.middlewares:StructuredAnswer", options={"schema": SEVERITY}),
     ]
     loaded = load_middlewares(entries)
     assert [m.name for m in loaded] == [e.path.rpartition(":")[2] for e in entries]
@@ -630,11 +630,11 @@ def test_every_builtin_loads_from_config_entries() -> None:
 @pytest.mark.parametrize(
     ("path", "options", "message"),
     [
-        ("middleware.builtin:ToolPolicy", {"read_only": True}, "read_only: needs write_tools"),
-        ("middleware.builtin:ToolPolicy", {"denied": ["x"]}, "unexpected keyword argument 'denied'"),
-        ("middleware.builtin:ToolResultCache", {"max_entries": 0}, "max_entries: must be at least 1"),
-        ("middleware.builtin:CheaperModelOnContinuation", {}, "missing 1 required keyword-only argument"),
-        ("middleware.builtin:CheaperModelOnContinuation", {"model": "cheap"}, "must be provider:model"),
+        ("turnwire.middlewares:ToolPolicy", {"read_only": True}, "read_only: needs write_tools"),
+        ("turnwire.middlewares:ToolPolicy", {"denied": ["x"]}, "unexpected keyword argument 'denied'"),
+        ("turnwire.middlewares:ToolResultCache", {"max_entries": 0}, "max_entries: must be at least 1"),
+        ("turnwire.middlewares:CheaperModelOnContinuation", {}, "missing 1 required keyword-only argument"),
+        ("turnwire.middlewares:CheaperModelOnContinuation", {"model": "cheap"}, "must be provider:model"),
     ],
 )
 def test_bad_options_fail_start_up_with_the_reason(path: str, options: dict[str, Any], message: str) -> None:

@@ -1,4 +1,4 @@
-"""Tests for the Python client (``turnwire``) and the CLI renderers (``server.console``).
+"""Tests for the Python client (``turnwire``) and the CLI renderers (``turnwire_server.console``).
 
 They run the real client against an in-process grpc.aio ``ChatService`` fake that plays back
 scripted event streams and errors.
@@ -20,9 +20,9 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from rich.console import Console
 
-from server.console import run_chat, run_history
-from turnwire import ProtocolError, TurnResult, TurnwireClient, TurnwireError, collect
-from turnwire.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
+from turnwire_client import ProtocolError, TurnResult, TurnwireClient, TurnwireError, collect
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
+from turnwire_server.console import run_chat, run_history
 
 CONV = "conv-1"
 REQ = "req-1"

@@ -34,22 +34,29 @@ from support.engine_harness import (
     value,
 )
 
-from middleware import Middleware
-from middleware.context import ChatResponseResult
-from server.engine.transcript import CONTINUATION_PROMPT, INTERRUPTED_TOOL_ERROR
-from server.engine.turn import ABORTED_TOOL_ERROR
-from server.errors import TurnwireStatusError
-from server.providers import ModelRequest
-from server.providers.scripted import (
+from turnwire.hooks import ChatResponseContext, Middleware
+from turnwire.providers import ModelRequest
+from turnwire.testing import (
     ScriptedError,
     ScriptedProvider,
     ScriptedToolCall,
     ScriptedUsage,
     ScriptStep,
 )
-from server.store import SqliteStore, TurnRecord
-from server.tools import PythonTool, ToolError, ToolExecution
-from turnwire.v1 import event_pb2, message_pb2
+from turnwire.tools import PythonTool, ToolError, ToolExecution
+from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.api.status import status_error_of
+from turnwire_server.engine.errors import (
+    AdmissionRefused,
+    NestedTurn,
+    QueueFull,
+    RequestIdInUse,
+    ShuttingDown,
+)
+from turnwire_server.engine.transcript import CONTINUATION_PROMPT, INTERRUPTED_TOOL_ERROR
+from turnwire_server.engine.turn import ABORTED_TOOL_ERROR
+from turnwire_server.providers.registry import UnknownModel
+from turnwire_server.store import SqliteStore, TurnRecord
 
 # --------------------------------------------------------------------------- basic turns
 
@@ -449,10 +456,11 @@ async def test_full_queue_is_refused_with_resource_exhausted(make_engine: Engine
         if response.event.WhichOneof("event") == "step_start":
             break
     second = h.start("second", request_id="r-second")  # waits: 1 in the queue
-    with pytest.raises(TurnwireStatusError) as refused:
+    with pytest.raises(QueueFull) as refused:
         h.start("third", request_id="r-third")
-    assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    status = refused.value.to_status()
+    mapped = status_error_of(refused.value)
+    assert mapped.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    status = mapped.to_status()
     assert detail(status, error_details_pb2.ErrorInfo).reason == "OVERLOADED"
     assert detail(status, error_details_pb2.RetryInfo) is not None
     # Another conversation is not affected.
@@ -476,10 +484,12 @@ async def test_nested_blocking_turn_from_a_tool_fails_with_failed_precondition(
         h = holder["h"]
         try:
             h.engine.start(h.request("nested", conversation_id=execution.conversation_id))
-        except TurnwireStatusError as error:
-            outcome["code"] = error.code
-            outcome["message"] = error.message
-            outcome["reason"] = error.reason
+        except AdmissionRefused as error:
+            assert isinstance(error, NestedTurn)
+            mapped = status_error_of(error)
+            outcome["code"] = mapped.code
+            outcome["message"] = mapped.message
+            outcome["reason"] = mapped.reason
             return "refused"
         outcome["code"] = None
         return "started"
@@ -503,10 +513,10 @@ async def test_nested_blocking_turn_from_a_tool_fails_with_failed_precondition(
 
 
 async def test_cancel_mid_stream_aborts_and_stores_the_partial_text(make_engine: EngineFactory) -> None:
-    responses: list[ChatResponseResult] = []
+    responses: list[ChatResponseContext] = []
 
     class Observe(Middleware):
-        async def on_chat_response(self, result: ChatResponseResult) -> None:
+        async def on_chat_response(self, result: ChatResponseContext) -> None:
             responses.append(result)
 
     long_text = " ".join(f"w{i}" for i in range(200))
@@ -819,7 +829,7 @@ async def test_cancelling_a_queued_turn_aborts_it_and_stores_nothing(make_engine
     responses: list[str] = []
 
     class Observe(Middleware):
-        async def on_chat_response(self, result: ChatResponseResult) -> None:
+        async def on_chat_response(self, result: ChatResponseContext) -> None:
             responses.append(result.request_id)
 
     h = await make_engine(
@@ -843,13 +853,13 @@ async def test_cancelling_a_queued_turn_aborts_it_and_stores_nothing(make_engine
 async def test_admission_errors(make_engine: EngineFactory) -> None:
     h = await make_engine(scripts={"main": [ScriptStep(text="slow words here", delay_ms=20)]})
     running = h.start("x", request_id="dup")
-    with pytest.raises(TurnwireStatusError) as duplicate:
+    with pytest.raises(RequestIdInUse) as duplicate:
         h.start("y", request_id="dup", conversation_id="conv-2")
-    assert duplicate.value.code == grpc.StatusCode.ALREADY_EXISTS
-    with pytest.raises(TurnwireStatusError) as unknown:
+    assert status_error_of(duplicate.value).code == grpc.StatusCode.ALREADY_EXISTS
+    with pytest.raises(UnknownModel) as unknown:
         h.start("z", model="nosuch:model")
-    assert unknown.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert unknown.value.reason == "UNKNOWN_MODEL"
+    assert status_error_of(unknown.value).code == grpc.StatusCode.INVALID_ARGUMENT
+    assert status_error_of(unknown.value).reason == "UNKNOWN_MODEL"
     assert end_of(await collect(running)).status == event_pb2.TURN_STATUS_COMPLETED
     assert [m.id for m in await h.store.load_messages(CONV)] == ["u1", "msg_dup"]
 
@@ -919,8 +929,8 @@ async def test_drain_cancels_running_turns_after_the_grace_period(make_engine: E
     stored = (await h.store.load_messages(CONV))[-1]
     assert text_of(stored) == "working"
     assert tool_parts(stored)[0].error_text == ABORTED_TOOL_ERROR
-    with pytest.raises(TurnwireStatusError) as refused:
+    with pytest.raises(ShuttingDown) as refused:
         h.start("after drain")
-    assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    assert status_error_of(refused.value).code == grpc.StatusCode.UNAVAILABLE
     # Running tools get the turn's cancellation signal, as with CancelChat.
     assert saw == {"cancelled_flag": True}

@@ -13,18 +13,18 @@ from typing import Any
 import pytest
 from support.engine_harness import CONV, EngineFactory, Harness, end_of, make_tool
 
-from middleware import (
-    ChatResponseResult,
+from turnwire.hooks import (
+    ChatResponseContext,
     Middleware,
     StepContext,
-    StepResult,
+    StepFinishContext,
     ToolCallContext,
     ToolCallResultContext,
     TurnContext,
 )
-from server.providers.scripted import ScriptedToolCall, ScriptStep
-from server.tools import ToolExecution
-from turnwire.v1 import chat_service_pb2, event_pb2, message_pb2
+from turnwire.testing import ScriptedToolCall, ScriptStep
+from turnwire.tools import ToolExecution
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 
 SCRIPT = {
     "main": [
@@ -75,10 +75,10 @@ class Log(Middleware):
     async def after_tool_call(self, ctx: ToolCallResultContext) -> None:
         self.log.append((self.name, "after_tool_call", ctx.tool_name))
 
-    async def on_step_finish(self, ctx: StepResult) -> None:
+    async def on_step_finish(self, ctx: StepFinishContext) -> None:
         self.log.append((self.name, "on_step_finish", ctx.step_number))
 
-    async def on_chat_response(self, result: ChatResponseResult) -> None:
+    async def on_chat_response(self, result: ChatResponseContext) -> None:
         self.log.append((self.name, "on_chat_response", result.status))
 
 

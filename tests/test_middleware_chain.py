@@ -31,29 +31,32 @@ from support.engine_harness import (
     value,
 )
 
-from middleware import (
+from turnwire.hooks import (
+    ChatError,
     ChatErrorContext,
-    ChatResponseResult,
+    ChatResponseContext,
     ChunkContext,
     Middleware,
     StepConfig,
     StepContext,
-    StepResult,
+    StepFinishContext,
     StopWhen,
     ToolCallContext,
     ToolCallDecision,
     ToolCallResultContext,
     TurnConfig,
     TurnContext,
+    TurnTimeout,
 )
-from server.errors import TurnwireStatusError
-from server.providers.scripted import (
+from turnwire.testing import (
     ScriptedError,
     ScriptedToolCall,
     ScriptStep,
 )
-from server.tools import PythonTool, ToolExecution
-from turnwire.v1 import event_pb2, message_pb2
+from turnwire.tools import PythonTool, ToolExecution
+from turnwire.types import ModelSettings
+from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.api.status import TurnwireStatusError
 
 BLOCKED = 'Tool "{name}" was blocked by beforeToolCall.'
 
@@ -97,17 +100,17 @@ class Recorder(Middleware):
     async def after_tool_call(self, ctx: ToolCallResultContext) -> None:
         self._add("after_tool_call", ctx, ctx.tool_name)
 
-    async def on_step_finish(self, ctx: StepResult) -> None:
+    async def on_step_finish(self, ctx: StepFinishContext) -> None:
         self._add("on_step_finish", ctx, ctx.step_number)
 
-    async def on_chat_response(self, result: ChatResponseResult) -> None:
+    async def on_chat_response(self, result: ChatResponseContext) -> None:
         self._add("on_chat_response", result, result.status)
 
-    async def on_chat_error(self, error: BaseException, ctx: ChatErrorContext) -> BaseException | str:
+    async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
         self._add("on_chat_error", ctx, ctx.stage)
-        return error
+        return ctx.error
 
-    async def classify_chat_error(self, error: BaseException | str, ctx: ChatErrorContext) -> Any:
+    async def classify_chat_error(self, ctx: ChatErrorContext) -> Any:
         self._add("classify_chat_error", ctx)
         return None
 
@@ -137,7 +140,7 @@ async def test_hook_order_for_a_turn_with_one_tool_call(make_engine: EngineFacto
         return "found"
 
     class Last(Recorder):
-        async def on_chat_response(self, result: ChatResponseResult) -> None:
+        async def on_chat_response(self, result: ChatResponseContext) -> None:
             await super().on_chat_response(result)
             h = holder["h"]
             # The assistant message is stored and the lock released before this runs.
@@ -212,14 +215,14 @@ async def test_hook_order_for_a_turn_with_one_tool_call(make_engine: EngineFacto
     assert result_ctx.step_number == 0
     assert result_ctx.duration_ms >= 0
 
-    step0: StepResult = a.contexts["on_step_finish"][0]
+    step0: StepFinishContext = a.contexts["on_step_finish"][0]
     assert step0.text == "Checking."
     assert step0.finish_reason == "tool-calls"
     assert [c.tool_name for c in step0.tool_calls] == ["lookup"]
     assert [c.state for c in step0.tool_results] == [message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE]
     assert a.contexts["on_step_finish"][1].finish_reason == "stop"
 
-    response: ChatResponseResult = a.contexts["on_chat_response"][0]
+    response: ChatResponseContext = a.contexts["on_chat_response"][0]
     stored = await h.store.load_messages(CONV)
     assert response.message == stored[-1]
     assert response.continuation is False and response.error is None
@@ -275,7 +278,7 @@ async def test_hook_order_for_two_parallel_tool_calls_of_different_speeds(make_e
         *both("on_chat_response", "completed", reverse=True),
     ]
     assert log == expected
-    step0: StepResult = a.contexts["on_step_finish"][0]
+    step0: StepFinishContext = a.contexts["on_step_finish"][0]
     assert [c.tool_name for c in step0.tool_calls] == ["slow", "fast"]  # emission order
     durations = {c.tool_name: c.duration_ms for c in a.contexts["after_tool_call"]}
     assert durations["slow"] >= 100 and durations["fast"] < durations["slow"]
@@ -489,15 +492,15 @@ class Raise(Middleware):
     async def on_chunk(self, ctx: ChunkContext) -> None:
         self._maybe("on_chunk")
 
-    async def on_step_finish(self, ctx: StepResult) -> None:
+    async def on_step_finish(self, ctx: StepFinishContext) -> None:
         self._maybe("on_step_finish")
 
-    async def on_chat_response(self, result: ChatResponseResult) -> None:
+    async def on_chat_response(self, result: ChatResponseContext) -> None:
         self._maybe("on_chat_response")
 
-    async def on_chat_error(self, error: BaseException, ctx: ChatErrorContext) -> BaseException | str:
-        self.errors.append((error, ctx))
-        return error
+    async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
+        self.errors.append((ctx.error, ctx))
+        return ctx.error
 
 
 TOOL_SCRIPT = {
@@ -597,16 +600,16 @@ async def test_observer_hook_errors_are_logged_and_counted_and_the_turn_complete
 
 async def test_on_chat_error_can_replace_what_the_client_sees(make_engine: EngineFactory) -> None:
     class Friendly(Middleware):
-        async def on_chat_error(self, error: BaseException, ctx: ChatErrorContext) -> BaseException | str:
+        async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
             return f"Sorry, the assistant is unavailable ({ctx.stage})."
 
     class Coded(Middleware):
         seen: list[str] = []
 
-        async def on_chat_error(self, error: BaseException, ctx: ChatErrorContext) -> BaseException | str:
+        async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
             # runs first (last in the list): the original error
-            self.seen.append(str(error))
-            return error
+            self.seen.append(str(ctx.error))
+            return ctx.error
 
     coded = Coded()
     h = await make_engine(
@@ -619,10 +622,8 @@ async def test_on_chat_error_can_replace_what_the_client_sees(make_engine: Engin
     assert coded.seen == ["upstream exploded"]
 
     class Status(Middleware):
-        async def on_chat_error(self, error: BaseException, ctx: ChatErrorContext) -> BaseException | str:
-            return TurnwireStatusError(
-                grpc.StatusCode.FAILED_PRECONDITION, "quota used up", reason="QUOTA", metadata={"k": "v"}
-            )
+        async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
+            return ChatError("quota used up", code="FAILED_PRECONDITION", reason="QUOTA", metadata={"k": "v"})
 
     h2 = await make_engine(
         scripts={"main": [ScriptStep(error=ScriptedError(message="upstream exploded", status=500))]},
@@ -646,15 +647,15 @@ async def test_classify_chat_error_first_non_none_wins_last_to_first(make_engine
             super().__init__()
             self.result = result
 
-        async def classify_chat_error(self, error: BaseException | str, ctx: ChatErrorContext) -> Any:
+        async def classify_chat_error(self, ctx: ChatErrorContext) -> Any:
             calls.append(self.name)
             if isinstance(self.result, BaseException):
                 raise self.result
             return self.result
 
-        async def on_chat_error(self, error: BaseException, ctx: ChatErrorContext) -> BaseException | str:
+        async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
             seen.append((self.name, ctx.classification))
-            return error
+            return ctx.error
 
     h = await make_engine(
         scripts={"main": [ScriptStep(error=ScriptedError(message="429 tokens per minute", status=429))]},
@@ -700,21 +701,23 @@ async def test_turn_config_merge_with_two_middlewares(make_engine: EngineFactory
         "m1",
         TurnConfig(
             system="system one",
-            temperature=0.1,
-            top_p=0.5,
+            model_settings=ModelSettings(
+                temperature=0.1,
+                top_p=0.5,
+                headers={"a": "1", "b": "1"},
+                provider_options={"x": 1, "nested": {"keep": True}},
+            ),
             tools={"t1": _tool("t1")},
-            headers={"a": "1", "b": "1"},
-            provider_options={"x": 1, "nested": {"keep": True}},
         ),
     )
     m2 = Configure(
         "m2",
         TurnConfig(
             system="system two",
-            temperature=0.2,
+            model_settings=ModelSettings(
+                temperature=0.2, headers={"b": "2"}, provider_options={"y": 2, "nested": {"other": 1}}
+            ),
             tools={"t2": _tool("t2")},
-            headers={"b": "2"},
-            provider_options={"y": 2, "nested": {"other": 1}},
         ),
     )
     h = await make_engine(tools=[_tool("base")], middlewares=[m1, m2])
@@ -724,9 +727,9 @@ async def test_turn_config_merge_with_two_middlewares(make_engine: EngineFactory
     assert request.settings.temperature == 0.2
     assert request.settings.top_p == 0.5  # kept when the later one leaves it unset
     assert sorted(t.name for t in request.tools) == ["base", "t1", "t2"]  # additive
-    assert dict(request.settings.headers) == {"a": "1", "b": "2"}  # shallow merge
+    assert dict(request.settings.headers or {}) == {"a": "1", "b": "2"}  # shallow merge
     # shallow: a nested dict is replaced, not merged
-    assert dict(request.settings.provider_options) == {"x": 1, "y": 2, "nested": {"other": 1}}
+    assert dict(request.settings.provider_options or {}) == {"x": 1, "y": 2, "nested": {"other": 1}}
     # m2 saw m1's changes applied
     assert m2.seen[0].system == "system one"
     assert set(m2.seen[0].tools) == {"base", "t1"}
@@ -746,9 +749,7 @@ async def test_turn_config_merge_with_three_middlewares(make_engine: EngineFacto
             model="scripted:first",
             max_steps=7,
             stop_when=[StopWhen(step_count=3)],
-            headers={"a": "1"},
-            provider_options={"p": 1},
-            seed=1,
+            model_settings=ModelSettings(headers={"a": "1"}, provider_options={"p": 1}, seed=1),
         ),
     )
     m2 = Configure("m2", None)  # returning None changes nothing
@@ -757,8 +758,7 @@ async def test_turn_config_merge_with_three_middlewares(make_engine: EngineFacto
         TurnConfig(
             model="scripted:third",
             stop_when=[StopWhen(tool_called="never-called")],
-            headers={"c": "3"},
-            provider_options={"q": 2},
+            model_settings=ModelSettings(headers={"c": "3"}, provider_options={"q": 2}),
         ),
     )
     h = await make_engine(
@@ -777,8 +777,8 @@ async def test_turn_config_merge_with_three_middlewares(make_engine: EngineFacto
     assert h.provider.calls == 3 and end.step_count == 3
     assert calls == ["ping"] * 3
     settings = h.provider.requests[0].settings
-    assert dict(settings.headers) == {"a": "1", "c": "3"}
-    assert dict(settings.provider_options) == {"p": 1, "q": 2}
+    assert dict(settings.headers or {}) == {"a": "1", "c": "3"}
+    assert dict(settings.provider_options or {}) == {"p": 1, "q": 2}
     assert settings.seed == 1
     assert m2.seen[0].model == "scripted:first"
     assert m3.seen[0].model == "scripted:first"
@@ -799,17 +799,28 @@ async def test_step_config_merge_and_per_step_changes(make_engine: EngineFactory
     s1 = Step(
         "s1",
         lambda ctx: (
-            StepConfig(system=f"step {ctx.step_number}", provider_options={"a": 1, "b": 1})
+            StepConfig(
+                system=f"step {ctx.step_number}",
+                model_settings=ModelSettings(provider_options={"a": 1, "b": 1}),
+            )
             if ctx.step_number == 1
             else None
         ),
     )
-    s2 = Step("s2", lambda ctx: StepConfig(provider_options={"b": 2}, tool_choice="none"))
+    s2 = Step(
+        "s2",
+        lambda ctx: StepConfig(model_settings=ModelSettings(provider_options={"b": 2}), tool_choice="none"),
+    )
     h = await make_engine(
         scripts={"main": [ScriptStep(tool_calls=[ScriptedToolCall(name="ping")]), ScriptStep(text="done")]},
         tools=[_tool("ping")],
         middlewares=[
-            Configure("turn", TurnConfig(provider_options={"t": 0, "b": 0}, tool_choice="required")),
+            Configure(
+                "turn",
+                TurnConfig(
+                    model_settings=ModelSettings(provider_options={"t": 0, "b": 0}), tool_choice="required"
+                ),
+            ),
             s1,
             s2,
         ],
@@ -818,8 +829,8 @@ async def test_step_config_merge_and_per_step_changes(make_engine: EngineFactory
     r0, r1 = h.provider.requests
     assert r0.system == "You are a helpful assistant."
     assert r1.system == "step 1"
-    assert dict(r0.settings.provider_options) == {"t": 0, "b": 2}
-    assert dict(r1.settings.provider_options) == {"t": 0, "a": 1, "b": 2}
+    assert dict(r0.settings.provider_options or {}) == {"t": 0, "b": 2}
+    assert dict(r1.settings.provider_options or {}) == {"t": 0, "a": 1, "b": 2}
     assert r0.tool_choice == "none" and r1.tool_choice == "none"  # step overrides turn
     assert s2.seen[1].system == "step 1"  # s2 saw s1's change
 
@@ -831,18 +842,20 @@ async def test_turn_config_model_system_and_sampling_reach_the_request(make_engi
     config = TurnConfig(
         model="scripted:other",
         system="Be terse.",
-        max_output_tokens=123,
-        temperature=0.7,
-        top_p=0.9,
-        top_k=40,
-        presence_penalty=0.1,
-        frequency_penalty=0.2,
-        stop_sequences=["END"],
-        seed=42,
-        max_retries=2,
-        timeout=12.5,
-        headers={"x-h": "v"},
-        provider_options={"anthropic": {"thinking": {"budget": 1000}}},
+        model_settings=ModelSettings(
+            max_output_tokens=123,
+            temperature=0.7,
+            top_p=0.9,
+            top_k=40,
+            presence_penalty=0.1,
+            frequency_penalty=0.2,
+            stop_sequences=["END"],
+            seed=42,
+            max_retries=2,
+            headers={"x-h": "v"},
+            provider_options={"anthropic": {"thinking": {"budget": 1000}}},
+        ),
+        timeout=TurnTimeout(total_seconds=12.5),
     )
     steps: list[StepContext] = []
 
@@ -863,9 +876,9 @@ async def test_turn_config_model_system_and_sampling_reach_the_request(make_engi
     s = request.settings
     assert (s.max_output_tokens, s.temperature, s.top_p, s.top_k) == (123, 0.7, 0.9, 40)
     assert (s.presence_penalty, s.frequency_penalty, list(s.stop_sequences or [])) == (0.1, 0.2, ["END"])
-    assert (s.seed, s.max_retries, s.timeout) == (42, 2, 12.5)
-    assert dict(s.headers) == {"x-h": "v"}
-    assert dict(s.provider_options) == {"anthropic": {"thinking": {"budget": 1000}}}
+    assert (s.seed, s.max_retries, s.timeout_seconds) == (42, 2, 12.5)
+    assert dict(s.headers or {}) == {"x-h": "v"}
+    assert dict(s.provider_options or {}) == {"anthropic": {"thinking": {"budget": 1000}}}
     assert "".join(d.delta for d in of_kind(events, "text_delta")) == "from other"
 
 
@@ -947,10 +960,10 @@ async def test_stop_when(make_engine: EngineFactory, stop: StopWhen, expected_ca
 
 
 async def test_send_reasoning_false_neither_streams_nor_stores_reasoning(make_engine: EngineFactory) -> None:
-    steps: list[StepResult] = []
+    steps: list[StepFinishContext] = []
 
     class Watch(Middleware):
-        async def on_step_finish(self, ctx: StepResult) -> None:
+        async def on_step_finish(self, ctx: StepFinishContext) -> None:
             steps.append(ctx)
 
     h = await make_engine(
@@ -979,7 +992,7 @@ async def test_on_chat_response_may_start_the_next_turn_on_the_same_conversation
     holder: dict[str, Any] = {}
 
     class FollowUp(Middleware):
-        async def on_chat_response(self, result: ChatResponseResult) -> None:
+        async def on_chat_response(self, result: ChatResponseContext) -> None:
             if result.request_id != "r1":
                 return
             h: Harness = holder["h"]
@@ -1007,7 +1020,7 @@ async def test_on_chat_response_fires_for_a_completed_turn_with_an_empty_message
     assert end.status == event_pb2.TURN_STATUS_COMPLETED
     assert not end.HasField("message")
     assert [m.role for m in await h.store.load_messages(CONV)] == [message_pb2.ROLE_USER]
-    responses: list[ChatResponseResult] = rec.contexts["on_chat_response"]
+    responses: list[ChatResponseContext] = rec.contexts["on_chat_response"]
     assert [r.status for r in responses] == ["completed"]
     assert len(responses[0].message.parts) == 0
 
@@ -1033,7 +1046,7 @@ async def test_on_chat_response_for_an_errored_turn_with_a_partial(make_engine: 
         "on_chat_error",
         "on_chat_response",
     ]
-    response: ChatResponseResult = rec.contexts["on_chat_response"][0]
+    response: ChatResponseContext = rec.contexts["on_chat_response"][0]
     assert response.status == "error"
     assert response.error is not None
     assert text_of(response.message) == "a "

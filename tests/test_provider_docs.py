@@ -1,8 +1,8 @@
-"""The provider guide (``server/providers/README.md``) cannot rot.
+"""The provider guide (``docs/providers.md``) cannot rot.
 
 Every ```yaml block in it is a complete config file: it must load with
-``server.config.load_settings`` and its providers must build with
-``server.app.build_providers`` (the named API key variables set to dummy values),
+``turnwire_server.config.load_settings`` and its providers must build with
+``turnwire_server.app.build_providers`` (the named API key variables set to dummy values),
 and its ``default_model`` must resolve. The field tables must list every field of
 every entry type with its real default, and the guide must keep a working example
 for each provider type and for a local OpenAI-compatible server.
@@ -19,20 +19,20 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from server.app import build_providers
-from server.config import Settings, load_settings
-from server.providers.anthropic_messages import AnthropicMessagesProvider
-from server.providers.openai_chat import OpenAIChatProvider
-from server.providers.openai_responses import OpenAIResponsesProvider
-from server.providers.scripted import ScriptedProvider
-from server.providers.settings import (
+from turnwire.testing import ScriptedProvider
+from turnwire_server.app import build_providers
+from turnwire_server.config import Settings, load_settings
+from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider
+from turnwire_server.providers.openai_chat import OpenAIChatProvider
+from turnwire_server.providers.openai_responses import OpenAIResponsesProvider
+from turnwire_server.providers.settings import (
     AnthropicProviderSettings,
     OpenAIProviderSettings,
     OpenAIResponsesProviderSettings,
     ScriptedProviderSettings,
 )
 
-GUIDE = Path(__file__).resolve().parents[1] / "server" / "providers" / "README.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "providers.md"
 TEXT = GUIDE.read_text()
 YAML_BLOCKS = re.findall(r"^```yaml\n(.*?)^```", TEXT, flags=re.MULTILINE | re.DOTALL)
 

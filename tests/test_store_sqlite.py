@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from google.protobuf import struct_pb2
 
-from server.store import (
+from turnwire_client.v1 import message_pb2
+from turnwire_server.store import (
     InvalidPageToken,
     MessageIdConflict,
     SqliteStore,
@@ -21,8 +22,7 @@ from server.store import (
     TurnRecord,
     open_store,
 )
-from server.store.local_lock import LocalTurnLocks
-from turnwire.v1 import message_pb2
+from turnwire_server.store.local_lock import LocalTurnLocks
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=dt.UTC)
 

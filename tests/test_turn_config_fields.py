@@ -6,10 +6,10 @@ from typing import Any
 
 from support.engine_harness import CONV, EngineFactory, end_of, make_tool, text_of, tool_parts
 
-from middleware import Middleware, TurnConfig, TurnContext
-from server.providers.scripted import ScriptedToolCall, ScriptStep
-from server.tools import ToolExecution
-from turnwire.v1 import event_pb2, message_pb2
+from turnwire.hooks import Middleware, TurnConfig, TurnContext
+from turnwire.testing import ScriptedToolCall, ScriptStep
+from turnwire.tools import ToolExecution
+from turnwire_client.v1 import event_pb2, message_pb2
 
 
 class Returns(Middleware):

@@ -24,11 +24,11 @@ from support.engine_harness import (
     tool_parts,
 )
 
-from middleware import Middleware, TurnConfig, TurnContext, TurnTimeout
-from server.providers.base import ToolCall
-from server.providers.scripted import ScriptedToolCall, ScriptStep
-from server.tools import ToolExecution
-from turnwire.v1 import event_pb2, message_pb2
+from turnwire.hooks import Middleware, TurnConfig, TurnContext, TurnTimeout
+from turnwire.testing import ScriptedToolCall, ScriptStep
+from turnwire.tools import ToolExecution
+from turnwire.types import ToolCall
+from turnwire_client.v1 import event_pb2, message_pb2
 
 
 class Configure(Middleware):
@@ -48,13 +48,13 @@ SLOW_TEXT = {"main": [ScriptStep(text="one two three four five six", delay_ms=60
 @pytest.mark.parametrize(
     ("limit", "words"),
     [
-        (0.15, "total timeout of 0.15 s"),
-        (TurnTimeout(step=0.15), "model step 0 exceeded 0.15 s"),
-        (TurnTimeout(chunk=0.03), "no model output for 0.03 s"),
+        (TurnTimeout(total_seconds=0.15), "total timeout of 0.15 s"),
+        (TurnTimeout(step_seconds=0.15), "model step 0 exceeded 0.15 s"),
+        (TurnTimeout(chunk_seconds=0.03), "no model output for 0.03 s"),
     ],
 )
 async def test_a_timeout_ends_the_turn_deadline_exceeded_and_keeps_the_partial(
-    make_engine: EngineFactory, limit: float | TurnTimeout, words: str
+    make_engine: EngineFactory, limit: TurnTimeout, words: str
 ) -> None:
     h = await make_engine(scripts=SLOW_TEXT, middlewares=[Configure(TurnConfig(timeout=limit))])
     end = end_of(await h.run())
@@ -64,7 +64,7 @@ async def test_a_timeout_ends_the_turn_deadline_exceeded_and_keeps_the_partial(
     info = detail(end.error, error_details_pb2.ErrorInfo)
     assert info.reason == "MODEL_TIMEOUT"
     stored = await h.store.load_messages(CONV)
-    if isinstance(limit, TurnTimeout) and limit.chunk:
+    if isinstance(limit, TurnTimeout) and limit.chunk_seconds:
         assert len(stored) == 1  # the first chunk never came in time: nothing to keep
     else:
         assert text_of(stored[-1]).startswith("one ")  # what streamed before the deadline
@@ -73,7 +73,9 @@ async def test_a_timeout_ends_the_turn_deadline_exceeded_and_keeps_the_partial(
 async def test_a_generous_timeout_changes_nothing(make_engine: EngineFactory) -> None:
     h = await make_engine(
         scripts=SLOW_TEXT,
-        middlewares=[Configure(TurnConfig(timeout=TurnTimeout(total=5, step=5, chunk=1)))],
+        middlewares=[
+            Configure(TurnConfig(timeout=TurnTimeout(total_seconds=5, step_seconds=5, chunk_seconds=1)))
+        ],
     )
     end = end_of(await h.run())
     assert end.status == event_pb2.TURN_STATUS_COMPLETED
@@ -95,7 +97,7 @@ async def test_stall_watchdog_interrupts_a_silent_tool_and_stores_the_partial(
     h = await make_engine(
         scripts={"main": [ScriptStep(text="Waiting.", tool_calls=[ScriptedToolCall(name="hang")])]},
         tools=[make_tool("hang", hang)],
-        stream_stall_timeout_ms=150,
+        stream_stall_timeout_seconds=0.15,
     )
     started = asyncio.get_running_loop().time()
     events = await h.run()
@@ -114,13 +116,13 @@ async def test_stall_watchdog_interrupts_a_silent_tool_and_stores_the_partial(
 async def test_stall_timeout_from_before_turn_overrides_the_default(make_engine: EngineFactory) -> None:
     h = await make_engine(
         scripts={"main": [ScriptStep(text="a b c", delay_ms=100)]},
-        middlewares=[Configure(TurnConfig(stream_stall_timeout_ms=40))],
+        middlewares=[Configure(TurnConfig(stream_stall_timeout_seconds=0.04))],
     )
     assert end_of(await h.run()).status == event_pb2.TURN_STATUS_INTERRUPTED
     h2 = await make_engine(
         scripts={"main": [ScriptStep(text="a b c", delay_ms=20)]},
-        middlewares=[Configure(TurnConfig(stream_stall_timeout_ms=0))],
-        stream_stall_timeout_ms=5,
+        middlewares=[Configure(TurnConfig(stream_stall_timeout_seconds=0.0))],
+        stream_stall_timeout_seconds=0.005,
         db="second.db",
     )
     assert end_of(await h2.run()).status == event_pb2.TURN_STATUS_COMPLETED

@@ -16,8 +16,8 @@ from google.protobuf import json_format
 from google.rpc import error_details_pb2, status_pb2
 from support.sidecar import SidecarFactory, SidecarProcess, running_sidecar
 
-from turnwire import TurnResult, TurnwireClient, TurnwireError, collect
-from turnwire.v1 import event_pb2, message_pb2
+from turnwire_client import TurnResult, TurnwireClient, TurnwireError, collect
+from turnwire_client.v1 import event_pb2, message_pb2
 
 SLOW_WORDS = [f"word{i}" for i in range(20)]
 

@@ -14,8 +14,8 @@ import grpc
 from google.protobuf import json_format
 from support.sidecar import SidecarFactory, SidecarProcess
 
-from turnwire import TurnwireClient, TurnwireError, collect
-from turnwire.v1 import event_pb2, message_pb2
+from turnwire_client import TurnwireClient, TurnwireError, collect
+from turnwire_client.v1 import event_pb2, message_pb2
 
 WORDS = [f"w{i}" for i in range(60)]
 RESOLVED = (

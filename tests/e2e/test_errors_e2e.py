@@ -16,8 +16,8 @@ import pytest
 import yaml
 from support.sidecar import SidecarProcess, free_port, running_sidecar
 
-from turnwire import TurnResult, TurnwireClient, TurnwireError, collect
-from turnwire.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
+from turnwire_client import TurnResult, TurnwireClient, TurnwireError, collect
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 
 MAX_MESSAGE_BYTES = 2048
 CONFIG = {"limits": {"max_message_bytes": MAX_MESSAGE_BYTES}}
@@ -201,7 +201,7 @@ def test_invalid_config_file_stops_serve_with_the_field_named(
     command = [
         sys.executable,
         "-m",
-        "server",
+        "turnwire_server",
         "serve",
         "--listen",
         f"127.0.0.1:{free_port()}",

@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from support.sidecar import SidecarProcess, running_sidecar
 
-from turnwire.v1 import chat_service_pb2
+from turnwire_client.v1 import chat_service_pb2
 
 CHAT_SERVICE = "turnwire.v1.ChatService"
 HEALTH_SERVICE = "grpc.health.v1.Health"

@@ -21,8 +21,8 @@ from google.protobuf import json_format
 from support.hooks import pythonpath_env
 from support.sidecar import SidecarProcess, running_sidecar
 
-from turnwire import TurnResult, TurnwireClient, collect
-from turnwire.v1 import event_pb2, message_pb2
+from turnwire_client import TurnResult, TurnwireClient, collect
+from turnwire_client.v1 import event_pb2, message_pb2
 
 DENIED = 'Tool "get_weather" is blocked by the tool policy\'s deny list.'
 
@@ -49,9 +49,9 @@ CONFIG = {
         {"path": "support.hooks:EveryHook", "options": {"label": "outer"}},
         {"path": "support.hooks:ModelFromBody"},
         {"path": "support.hooks:ActiveToolsFromBody"},
-        {"path": "middleware.builtin:CheaperModelOnContinuation", "options": {"model": "scripted:cheap"}},
-        {"path": "middleware.builtin:ToolPolicy", "options": {"deny": ["get_weather"]}},
-        {"path": "middleware.builtin:HookLogger", "options": {"logger": "e2e.hooks"}},
+        {"path": "turnwire.middlewares:CheaperModelOnContinuation", "options": {"model": "scripted:cheap"}},
+        {"path": "turnwire.middlewares:ToolPolicy", "options": {"deny": ["get_weather"]}},
+        {"path": "turnwire.middlewares:HookLogger", "options": {"logger": "e2e.hooks"}},
     ],
 }
 

@@ -15,8 +15,8 @@ import grpc
 import pytest
 from support.sidecar import SidecarFactory
 
-from turnwire import TurnwireClient, TurnwireError, collect
-from turnwire.v1 import event_pb2
+from turnwire_client import TurnwireClient, TurnwireError, collect
+from turnwire_client.v1 import event_pb2
 
 SLOW = {"providers": {"scripted": {"scripts": {"slow": [{"text": "a b c d e f g h", "delay_ms": 100}]}}}}
 

@@ -34,10 +34,10 @@ from google.protobuf import json_format
 from providers.replay import Recorded, ReplayServer, Reply
 from support.sidecar import SidecarProcess, running_sidecar
 
-from server.tools import load_tools
-from server.tools.base import ToolExecution
-from turnwire import TurnResult, TurnwireClient, collect
-from turnwire.v1 import event_pb2, message_pb2
+from turnwire.tools import ToolExecution
+from turnwire_client import TurnResult, TurnwireClient, collect
+from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.tools.loading import load_tools
 
 SYSTEM_PROMPT = "You are the Turnwire end-to-end weather assistant."
 QUESTION = "What's the weather in Paris?"

@@ -10,10 +10,10 @@ import pytest
 
 from providers.helpers import anthropic_http, openai_http
 from providers.replay import ReplayServer
-from server.providers.anthropic_messages import AnthropicMessagesProvider
-from server.providers.base import Provider
-from server.providers.openai_chat import OpenAIChatProvider
-from server.providers.openai_responses import OpenAIResponsesProvider
+from turnwire.providers import Provider
+from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider
+from turnwire_server.providers.openai_chat import OpenAIChatProvider
+from turnwire_server.providers.openai_responses import OpenAIResponsesProvider
 
 
 @pytest.fixture

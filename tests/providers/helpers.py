@@ -11,9 +11,10 @@ import openai
 import orjson
 from google.protobuf import struct_pb2
 
-from server.providers import base
-from server.providers.base import ModelChunk, ModelRequest, Provider, ProviderError
-from turnwire.v1 import message_pb2
+from turnwire import types as base
+from turnwire.providers import ModelRequest, Provider, ProviderError
+from turnwire.types import ModelChunk
+from turnwire_client.v1 import message_pb2
 
 
 def anthropic_http() -> anthropic.DefaultAsyncHttpxClient:
@@ -161,7 +162,7 @@ class Stored:
     def __init__(self) -> None:
         from google.protobuf import timestamp_pb2
 
-        from server.engine.assistant_message import AssistantMessage
+        from turnwire_server.engine.assistant_message import AssistantMessage
 
         self.message = AssistantMessage("msg_test", timestamp_pb2.Timestamp())
 

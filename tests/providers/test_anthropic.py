@@ -28,12 +28,12 @@ from providers.helpers import (
     user,
 )
 from providers.replay import ReplayServer, Reply
-from server.providers import base
-from server.providers.anthropic_messages import AnthropicMessagesProvider
-from server.providers.anthropic_request import OUTPUT_TOOL, convert_messages
-from server.providers.base import ModelSettings, ToolDefinition
-from server.providers.convert import EMPTY_USER_TEXT, TRUNCATED_TOOL_CALL_ERROR
-from turnwire.v1 import message_pb2
+from turnwire import types as base
+from turnwire.types import ModelSettings, ToolDefinition
+from turnwire_client.v1 import message_pb2
+from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider
+from turnwire_server.providers.anthropic_request import OUTPUT_TOOL, convert_messages
+from turnwire_server.providers.convert import EMPTY_USER_TEXT, TRUNCATED_TOOL_CALL_ERROR
 
 WEATHER = ToolDefinition(
     "get_weather",
@@ -331,7 +331,7 @@ async def test_settings_and_passthrough(
         seed=7,
         stop_sequences=["END", "  "],
         headers={"x-trace": "abc"},
-        timeout=30,
+        timeout_seconds=30,
         provider_options={
             "anthropic": {
                 "metadata": {"user_id": "u1"},

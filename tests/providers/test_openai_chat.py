@@ -24,11 +24,11 @@ from providers.helpers import (
     user,
 )
 from providers.replay import ReplayServer, Reply
-from server.providers import base
-from server.providers.base import ModelSettings, ToolDefinition
-from server.providers.convert import EMPTY_USER_TEXT, TRUNCATED_TOOL_CALL_ERROR
-from server.providers.openai_chat import OpenAIChatProvider
-from turnwire.v1 import message_pb2
+from turnwire import types as base
+from turnwire.types import ModelSettings, ToolDefinition
+from turnwire_client.v1 import message_pb2
+from turnwire_server.providers.convert import EMPTY_USER_TEXT, TRUNCATED_TOOL_CALL_ERROR
+from turnwire_server.providers.openai_chat import OpenAIChatProvider
 
 WEATHER = ToolDefinition(
     "get_weather",

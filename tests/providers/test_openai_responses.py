@@ -19,10 +19,10 @@ from providers.helpers import (
     user,
 )
 from providers.replay import ReplayServer, Reply
-from server.providers import base
-from server.providers.base import ModelSettings, ToolDefinition
-from server.providers.convert import TRUNCATED_TOOL_CALL_ERROR
-from server.providers.openai_responses import OpenAIResponsesProvider
+from turnwire import types as base
+from turnwire.types import ModelSettings, ToolDefinition
+from turnwire_server.providers.convert import TRUNCATED_TOOL_CALL_ERROR
+from turnwire_server.providers.openai_responses import OpenAIResponsesProvider
 
 WEATHER = ToolDefinition(
     "get_weather", "Weather", {"type": "object", "properties": {"city": {"type": "string"}}}

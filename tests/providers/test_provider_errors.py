@@ -12,8 +12,9 @@ import pytest
 
 from providers.helpers import anthropic_http, collect, request
 from providers.replay import CASES, ReplayServer, Reply
-from server.providers import base, errors
-from server.providers.anthropic_messages import AnthropicMessagesProvider
+from turnwire import types as base
+from turnwire_server.providers import errors
+from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider
 
 ENTRIES: list[dict[str, Any]] = orjson.loads((CASES / "provider_errors.json").read_bytes())
 BY_ID = {entry["id"]: entry for entry in ENTRIES}

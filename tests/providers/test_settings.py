@@ -1,4 +1,4 @@
-"""Provider config entries (``server.providers.settings``) and the factory, through the replay server."""
+"""Provider config entries (``turnwire_server.providers.settings``) and the factory, via the replay server."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pydantic import TypeAdapter, ValidationError
 
 from providers.helpers import a_text_stream, c_chunk, chat_sse, collect, request
 from providers.replay import ReplayServer, Reply
-from server.providers.anthropic_messages import AnthropicMessagesProvider
-from server.providers.openai_chat import OpenAIChatProvider
-from server.providers.openai_responses import OpenAIResponsesProvider
-from server.providers.scripted import ScriptedProvider
-from server.providers.settings import ProviderConfigError, ProviderSettings, build_provider
+from turnwire.testing import ScriptedProvider
+from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider
+from turnwire_server.providers.openai_chat import OpenAIChatProvider
+from turnwire_server.providers.openai_responses import OpenAIResponsesProvider
+from turnwire_server.providers.settings import ProviderConfigError, ProviderSettings, build_provider
 
 ENTRIES = TypeAdapter(dict[str, ProviderSettings])
 
@@ -98,13 +98,13 @@ async def test_built_providers_talk_through_the_sdks(replay: ReplayServer) -> No
 
 
 def _limit(tokens: int) -> Any:
-    from server.providers.base import ModelSettings
+    from turnwire.types import ModelSettings
 
     return ModelSettings(max_output_tokens=tokens)
 
 
 def test_config_errors_name_the_field_without_the_union_tag(tmp_path: Any) -> None:
-    from server.config import ConfigError, load_settings
+    from turnwire_server.config import ConfigError, load_settings
 
     path = tmp_path / "c.yaml"
     path.write_text("providers:\n  claude:\n    type: anthropic\n    max_retries: -1\n")

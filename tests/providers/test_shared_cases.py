@@ -11,7 +11,7 @@ import pytest
 
 from providers.helpers import collect, request
 from providers.replay import CASES, ReplayServer, Reply
-from server.providers import base
+from turnwire import types as base
 
 CASE_NAMES = sorted(path.name.removesuffix(".sse") for path in (CASES / "sse").glob("*.sse"))
 

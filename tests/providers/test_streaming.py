@@ -24,9 +24,9 @@ from providers.helpers import (
     responses_sse,
 )
 from providers.replay import ReplayServer, Reply
-from server.providers import base
-from server.providers.base import ModelSettings
-from server.providers.sse import iter_sse
+from turnwire import types as base
+from turnwire.types import ModelSettings
+from turnwire_server.providers.sse import iter_sse
 
 
 async def _chunks(*parts: bytes) -> AsyncIterator[bytes]:
@@ -197,7 +197,7 @@ async def test_error_after_the_first_chunk_is_not_retried(
 async def test_connection_refused(adapters: dict[str, Any]) -> None:
     import anthropic
 
-    from server.providers.anthropic_messages import AnthropicMessagesProvider
+    from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider
 
     client = anthropic.AsyncAnthropic(api_key="k", base_url="http://127.0.0.1:9", max_retries=0)
     provider = AnthropicMessagesProvider("anthropic", client)
@@ -209,6 +209,8 @@ async def test_connection_refused(adapters: dict[str, Any]) -> None:
 
 async def test_read_timeout_is_a_retryable_timeout(replay: ReplayServer, adapters: dict[str, Any]) -> None:
     replay.enqueue(Reply.sse(a_text_stream(), delay=0.5))
-    result = await collect(adapters["anthropic_provider"], request(settings=ModelSettings(timeout=0.1)))
+    result = await collect(
+        adapters["anthropic_provider"], request(settings=ModelSettings(timeout_seconds=0.1))
+    )
     assert result.error is not None
     assert (result.error.status, result.error.type, result.error.retryable) == (0, "timeout", True)

@@ -18,13 +18,16 @@ from typing import Any
 from google.protobuf import json_format
 from google.rpc import status_pb2
 
-from middleware import Middleware, MiddlewareChain
-from server.engine import EngineSettings, TurnEngine, TurnHandle, TurnRequest
-from server.providers import ModelRequest, ProviderRegistry
-from server.providers.scripted import ScriptedProvider, ScriptStep
-from server.store import SqliteStore
-from server.tools import PythonTool, ToolExecution
-from turnwire.v1 import chat_service_pb2, event_pb2, message_pb2
+from turnwire.hooks import Middleware
+from turnwire.providers import ModelRequest
+from turnwire.testing import ScriptedProvider, ScriptStep
+from turnwire.tools import PythonTool, ToolExecution
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
+from turnwire_server.api.status import status_of
+from turnwire_server.engine import EngineSettings, TurnEngine, TurnHandle, TurnRequest
+from turnwire_server.hooks.chain import MiddlewareChain
+from turnwire_server.providers.registry import ProviderRegistry
+from turnwire_server.store import SqliteStore
 
 # --------------------------------------------------------------------------- harness
 
@@ -213,6 +216,7 @@ async def engine_factory(tmp_path: Path) -> AsyncIterator[EngineFactory]:
             tools={t.name: t for t in tools},
             chain=chain,
             settings=EngineSettings(default_model=MODEL, **settings),
+            error_status=status_of,
         )
         engines.append(engine)
         return Harness(engine, store, provider, chain)

@@ -11,15 +11,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from middleware import (
+from turnwire.hooks import (
     ChatErrorClassification,
     ChatErrorContext,
-    ChatResponseResult,
+    ChatResponseContext,
     ChunkContext,
     Middleware,
+    SessionContext,
     StepConfig,
     StepContext,
-    StepResult,
+    StepFinishContext,
     ToolCallContext,
     ToolCallDecision,
     ToolCallResultContext,
@@ -64,7 +65,7 @@ class EveryHook(Middleware):
         if label:
             self.name = label
 
-    async def configure_session(self) -> None:
+    async def configure_session(self, ctx: SessionContext) -> None:
         """No-op."""
 
     async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
@@ -82,21 +83,19 @@ class EveryHook(Middleware):
     async def after_tool_call(self, ctx: ToolCallResultContext) -> None:
         """No-op."""
 
-    async def on_step_finish(self, ctx: StepResult) -> None:
+    async def on_step_finish(self, ctx: StepFinishContext) -> None:
         """No-op."""
 
     async def on_chunk(self, ctx: ChunkContext) -> None:
         """No-op."""
 
-    async def on_chat_response(self, result: ChatResponseResult) -> None:
+    async def on_chat_response(self, result: ChatResponseContext) -> None:
         """No-op."""
 
-    async def on_chat_error(self, error: BaseException, ctx: ChatErrorContext) -> BaseException | str:
+    async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
         """The error unchanged."""
-        return error
+        return ctx.error
 
-    async def classify_chat_error(
-        self, error: BaseException | str, ctx: ChatErrorContext
-    ) -> ChatErrorClassification | None:
+    async def classify_chat_error(self, ctx: ChatErrorContext) -> ChatErrorClassification | None:
         """No classification."""
         return None

@@ -1,7 +1,7 @@
 """Run a real ``turnwire serve`` process for end-to-end tests.
 
 :class:`SidecarProcess` writes the YAML config (if any) into a directory, picks
-a free port, starts ``python -m server serve`` there with its own SQLite file,
+a free port, starts ``python -m turnwire_server serve`` there with its own SQLite file,
 and waits until the standard health service says SERVING. Output goes to a
 log file in the same directory, shown in every failure message.
 
@@ -90,7 +90,7 @@ class SidecarProcess:
         command = [
             sys.executable,
             "-m",
-            "server",
+            "turnwire_server",
             "serve",
             "--listen",
             self.target,

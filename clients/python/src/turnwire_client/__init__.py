@@ -1,0 +1,36 @@
+"""Python client for the Turnwire sidecar.
+
+``turnwire_client.v1`` holds the generated protobuf/gRPC code; this package adds a small asyncio
+client on top::
+
+    import asyncio
+
+    from turnwire_client import TurnwireClient, TurnwireError, collect
+
+
+    async def main() -> None:
+        async with TurnwireClient("localhost:50051") as client:
+            try:
+                result = await collect(client.chat("conv-1", "What's the weather in Paris?"))
+            except TurnwireError as error:  # rejected before the turn started
+                print(error.code, error.reason, error.field_violations)
+                return
+            print(result.status_name, result.text)
+            for call in result.tool_calls:
+                print(call.tool_name, call.input, call.output)
+
+
+    asyncio.run(main())
+
+To render events as they arrive, iterate the stream instead of collecting it::
+
+    async for event in client.chat("conv-1", "Hi"):
+        if event.WhichOneof("event") == "text_delta":
+            print(event.text_delta.delta, end="", flush=True)
+"""
+
+from turnwire_client.client import TurnwireClient
+from turnwire_client.errors import ERROR_DOMAIN, ProtocolError, TurnwireError
+from turnwire_client.result import TurnResult, collect
+
+__all__ = ["ERROR_DOMAIN", "ProtocolError", "TurnResult", "TurnwireClient", "TurnwireError", "collect"]

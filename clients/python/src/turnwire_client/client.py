@@ -1,0 +1,258 @@
+"""A small asyncio client for the Turnwire ``ChatService``.
+
+The turn-running calls (:meth:`TurnwireClient.chat`, :meth:`TurnwireClient.save_messages`,
+:meth:`TurnwireClient.continue_last_turn`) are async generators of
+:class:`turnwire_client.v1.event_pb2.TurnEvent`; :func:`collect` folds such a stream into a
+:class:`TurnResult`. Every gRPC failure surfaces as :class:`TurnwireError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self, cast
+
+import grpc
+from google.protobuf import struct_pb2
+
+from turnwire_client.errors import TurnwireError
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
+
+__all__ = ["TurnwireClient"]
+
+
+class TurnwireClient:
+    """Async client for a Turnwire sidecar's ``turnwire.v1.ChatService``.
+
+    Use it as an async context manager, or call :meth:`close` when done::
+
+        async with TurnwireClient("localhost:50051") as client:
+            result = await collect(client.chat("conv-1", "Hello!"))
+
+    Args:
+        target: The sidecar's address, e.g. ``"localhost:50051"``; an insecure channel is
+            opened to it unless ``channel`` is given.
+        channel: An existing ``grpc.aio.Channel`` to use instead; the client does not close
+            a channel it did not open.
+        metadata: ``(key, value)`` pairs sent with every call (e.g. authorization).
+
+    Create the client inside a running event loop; grpc.aio channels bind to it.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        channel: grpc.aio.Channel | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """Open (or adopt) the channel; see the class docstring for the arguments."""
+        self.target = target
+        self._owns_channel = channel is None
+        self._channel: grpc.aio.Channel = grpc.aio.insecure_channel(target) if channel is None else channel
+        self._metadata: tuple[tuple[str, str], ...] = tuple(metadata)
+        # The stub's aio overload is not picked while grpc is untyped; say what it is.
+        self._stub = cast(
+            "chat_service_pb2_grpc.ChatServiceAsyncStub",
+            chat_service_pb2_grpc.ChatServiceStub(self._channel),
+        )
+
+    async def __aenter__(self) -> Self:
+        """Return the client itself."""
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the client (see :meth:`close`)."""
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel if the client opened it; calls in flight are cancelled."""
+        if self._owns_channel:
+            await self._channel.close()
+
+    # -- turn-running calls -------------------------------------------------------------
+
+    def chat(
+        self,
+        conversation_id: str,
+        text: str,
+        *,
+        request_id: str | None = None,
+        body: Mapping[str, Any] | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[event_pb2.TurnEvent]:
+        """Append a user message with one text part and stream the turn it runs.
+
+        Args:
+            conversation_id: The conversation (created on first use).
+            text: The user's text.
+            request_id: Optional client-chosen turn id (to cancel it with :meth:`cancel_chat`).
+            body: Optional JSON-like data for lifecycle hooks (sent as a ``Struct``).
+            model: Optional ``provider:model`` for this turn.
+            timeout: Optional deadline in seconds for the whole call.
+
+        Returns:
+            An async iterator of the turn's ``TurnEvent``\\ s as they arrive, ``TurnEnd`` last.
+            Leaving the iteration early cancels the call (the server aborts the turn).
+
+        Raises:
+            TurnwireError: while iterating, if the call fails (e.g. ``INVALID_ARGUMENT`` with
+                field violations, ``UNAVAILABLE`` when the sidecar cannot be reached).
+        """
+        message = message_pb2.Message(
+            role=message_pb2.ROLE_USER,
+            parts=[message_pb2.Part(text=message_pb2.TextPart(text=text))],
+        )
+        request = chat_service_pb2.ChatRequest(
+            conversation_id=conversation_id,
+            message=message,
+            request_id=request_id or "",
+            model=model or "",
+        )
+        if body is not None:
+            request.body.CopyFrom(_struct(body))
+        return self._stream(self._stub.Chat, request, timeout)
+
+    def save_messages(
+        self,
+        conversation_id: str,
+        messages: Sequence[message_pb2.Message],
+        *,
+        request_id: str | None = None,
+        body: Mapping[str, Any] | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[event_pb2.TurnEvent]:
+        """Append ``messages`` (possibly none) and stream the turn run on the history.
+
+        Arguments, return value and errors are as for :meth:`chat`.
+        """
+        request = chat_service_pb2.SaveMessagesRequest(
+            conversation_id=conversation_id,
+            messages=list(messages),
+            request_id=request_id or "",
+            model=model or "",
+        )
+        if body is not None:
+            request.body.CopyFrom(_struct(body))
+        return self._stream(self._stub.SaveMessages, request, timeout)
+
+    def continue_last_turn(
+        self,
+        conversation_id: str,
+        *,
+        request_id: str | None = None,
+        body: Mapping[str, Any] | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[event_pb2.TurnEvent]:
+        """Let the model continue after the last assistant message, streaming that turn.
+
+        When the last message is not an assistant message the stream is a lone ``TurnEnd``
+        with ``TURN_STATUS_SKIPPED``. The conversation must exist (else ``NOT_FOUND``).
+        Arguments, return value and errors are otherwise as for :meth:`chat`.
+        """
+        request = chat_service_pb2.ContinueLastTurnRequest(
+            conversation_id=conversation_id,
+            request_id=request_id or "",
+            model=model or "",
+        )
+        if body is not None:
+            request.body.CopyFrom(_struct(body))
+        return self._stream(self._stub.ContinueLastTurn, request, timeout)
+
+    async def _stream(
+        self, method: Any, request: Any, deadline: float | None
+    ) -> AsyncIterator[event_pb2.TurnEvent]:
+        call = method(request, timeout=deadline, metadata=self._metadata or None)
+        try:
+            async for response in call:
+                yield response.event
+        except grpc.aio.AioRpcError as error:
+            raise TurnwireError.from_rpc_error(error) from error
+        finally:
+            call.cancel()  # no-op once the call has finished
+
+    # -- unary calls --------------------------------------------------------------------
+
+    async def get_conversation(
+        self,
+        conversation_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
+    ) -> chat_service_pb2.Conversation:
+        """Fetch a conversation with its messages, oldest first.
+
+        Raises:
+            TurnwireError: ``NOT_FOUND`` (reason ``CONVERSATION_NOT_FOUND``) for an unknown
+                conversation, ``INVALID_ARGUMENT`` for a malformed id, or any call failure.
+        """
+        request = chat_service_pb2.GetConversationRequest(conversation_id=conversation_id)
+        response: chat_service_pb2.GetConversationResponse = await self._unary(
+            self._stub.GetConversation, request, timeout
+        )
+        return response.conversation
+
+    async def list_conversations(
+        self,
+        page_size: int = 0,
+        page_token: str = "",
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
+    ) -> chat_service_pb2.ListConversationsResponse:
+        """List conversations, most recently updated first, without their messages.
+
+        Args:
+            page_size: 1-1000; 0 means the server default (50).
+            page_token: ``next_page_token`` of the previous page; ``""`` for the first.
+
+        Returns:
+            The page; its ``next_page_token`` is ``""`` on the last page.
+
+        Raises:
+            TurnwireError: ``INVALID_ARGUMENT`` (reason ``INVALID_PAGE_TOKEN``) for a foreign
+                token, or any call failure.
+        """
+        request = chat_service_pb2.ListConversationsRequest(page_size=page_size, page_token=page_token)
+        response: chat_service_pb2.ListConversationsResponse = await self._unary(
+            self._stub.ListConversations, request, timeout
+        )
+        return response
+
+    async def cancel_chat(
+        self,
+        request_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
+    ) -> bool:
+        """Cancel a running or queued turn by its request id.
+
+        Returns:
+            True when a turn was found and cancelled; False for an unknown or finished turn.
+
+        Raises:
+            TurnwireError: if the call fails.
+        """
+        request = chat_service_pb2.CancelChatRequest(request_id=request_id)
+        response: chat_service_pb2.CancelChatResponse = await self._unary(
+            self._stub.CancelChat, request, timeout
+        )
+        return response.cancelled
+
+    async def _unary(self, method: Any, request: Any, deadline: float | None) -> Any:
+        try:
+            return await method(request, timeout=deadline, metadata=self._metadata or None)
+        except grpc.aio.AioRpcError as error:
+            raise TurnwireError.from_rpc_error(error) from error
+
+
+def _struct(data: Mapping[str, Any]) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    struct.update(dict(data))
+    return struct

@@ -1,0 +1,422 @@
+"""The lifecycle-hook contract: the :class:`Middleware` base class and one context type per hook.
+
+Subclass :class:`Middleware` and override only the hooks you need; each hook
+takes exactly one context object (Temporal-interceptor style), so fields can
+be added later without breaking anyone's middleware. Hook names are Think's,
+snake_cased; order, merge and error rules are in ``docs/semantics.md``
+("Hooks" and "Hook order and merging").
+
+======================  ===========================  ===============================
+hook                    context                      returns
+======================  ===========================  ===============================
+``configure_session``   :class:`SessionContext`      ``None``
+``before_turn``         :class:`TurnContext`         :class:`TurnConfig` or ``None``
+``before_step``         :class:`StepContext`         :class:`StepConfig` or ``None``
+``before_tool_call``    :class:`ToolCallContext`     :class:`ToolCallDecision` or ``None``
+``after_tool_call``     :class:`ToolCallResultContext`  ``None``
+``on_step_finish``      :class:`StepFinishContext`   ``None``
+``on_chunk``            :class:`ChunkContext`        ``None``
+``on_chat_response``    :class:`ChatResponseContext` ``None``
+``classify_chat_error`` :class:`ChatErrorContext`    a classification or ``None``
+``on_chat_error``       :class:`ChatErrorContext`    the error (or message) to surface
+======================  ===========================  ===============================
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from turnwire.tools import Tool
+from turnwire.types import FinishReason, ModelChunk, ModelSettings, ToolChoice, Usage
+from turnwire.types import ToolCall as ModelToolCall
+from turnwire_client.v1 import message_pb2
+
+ErrorStage = Literal["parse", "persist", "turn", "step", "stream", "recovery"]
+"""Where a turn failed (ChatErrorContext.stage)."""
+
+ChatErrorClassification = Literal["context_overflow", "rate_limit", "transient", "fatal", "unknown"]
+"""What ``classify_chat_error`` may return."""
+
+TurnOutcome = Literal["completed", "error", "aborted"]
+"""ChatResponseContext.status."""
+
+
+@dataclass(frozen=True, slots=True)
+class StopWhen:
+    """A declarative stop condition, checked after each step.
+
+    ``tool_called``: stop once a step called this tool. ``step_count``: stop
+    once this many steps ran. The ``max_steps`` bound always applies too.
+    """
+
+    tool_called: str | None = None
+    step_count: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnTimeout:
+    """Time limits of a turn's model calls (AI SDK ``timeout``: total, step, chunk), in seconds.
+
+    ``total_seconds`` bounds the whole step loop (tools included);
+    ``step_seconds`` each model call; ``chunk_seconds`` the gap between two
+    chunks of a model stream. Expiry ends the turn in error
+    (DEADLINE_EXCEEDED, reason ``MODEL_TIMEOUT``).
+    """
+
+    total_seconds: float | None = None
+    step_seconds: float | None = None
+    chunk_seconds: float | None = None
+
+
+RepairToolCall = Callable[["ModelToolCall", str], "ModelToolCall | Awaitable[ModelToolCall | None] | None"]
+"""``repair_tool_call(call, error)``: return a fixed call (same id) or None to keep the error.
+
+Called for a call whose input is not a JSON object, or that names an unknown or
+inactive tool, never for one cut off by the output limit (in-process only;
+AI SDK ``experimental_repairToolCall``).
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnContext:
+    """Input of ``before_turn``: the assembled turn, before the first step.
+
+    ``tools`` maps name to tool (the merged set); ``model`` is
+    ``provider:model``; ``body`` is the request's free-form JSON.
+    """
+
+    conversation_id: str
+    request_id: str
+    system: str
+    messages: Sequence[message_pb2.Message]
+    tools: Mapping[str, Tool]
+    model: str
+    continuation: bool
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnConfig:
+    """Output of ``before_turn``: only the fields set (not ``None``) change the turn.
+
+    ``model_settings`` carries sampling and transport settings (temperature,
+    max output tokens, headers, provider options …; see
+    :class:`turnwire.types.ModelSettings`); ``timeout`` the turn's time
+    limits; ``stream_stall_timeout_seconds`` the stall watchdog (0 turns it
+    off). Merge rules across middlewares (docs/semantics.md, "Hook order and
+    merging"): ``tools`` and ``stop_when`` add to what earlier middlewares
+    returned; ``model_settings`` and ``timeout`` merge field by field
+    (``headers`` and ``provider_options`` inside it shallowly); every other
+    field replaces.
+    """
+
+    model: str | None = None
+    system: str | None = None
+    messages: Sequence[message_pb2.Message] | None = None
+    tools: Mapping[str, Tool] | None = None
+    active_tools: Sequence[str] | None = None
+    tool_choice: ToolChoice | None = None
+    max_steps: int | None = None
+    stop_when: Sequence[StopWhen] | None = None
+    send_reasoning: bool | None = None
+    model_settings: ModelSettings | None = None
+    timeout: TurnTimeout | None = None
+    stream_stall_timeout_seconds: float | None = None
+    output: Mapping[str, Any] | None = None
+    repair_tool_call: RepairToolCall | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepFinishContext:
+    """Input of ``on_step_finish``: one finished step, the AI SDK's step-finish record.
+
+    Also the element type of ``StepContext.steps`` (the steps so far).
+    """
+
+    step_number: int
+    text: str
+    reasoning: Sequence[message_pb2.ReasoningPart]
+    reasoning_text: str
+    tool_calls: Sequence[message_pb2.ToolCallPart]
+    tool_results: Sequence[message_pb2.ToolCallPart]
+    finish_reason: FinishReason
+    raw_finish_reason: str
+    usage: Usage
+    response_id: str = ""
+    response_model: str = ""
+    warnings: Sequence[str] = ()
+    provider_metadata: Mapping[str, Any] | None = None
+    conversation_id: str = ""
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """Input of ``before_step``: the step about to run.
+
+    ``step_number`` is 0-based; ``steps`` are the results so far;
+    ``messages`` is what will be sent to the model.
+    """
+
+    conversation_id: str
+    request_id: str
+    step_number: int
+    steps: Sequence[StepFinishContext]
+    model: str
+    system: str
+    messages: Sequence[message_pb2.Message]
+
+
+@dataclass(frozen=True, slots=True)
+class StepConfig:
+    """Output of ``before_step``; only the fields set change this step.
+
+    ``model_settings`` merges field by field over the turn's (``headers`` and
+    ``provider_options`` shallowly); the other fields replace.
+    """
+
+    model: str | None = None
+    tool_choice: ToolChoice | None = None
+    active_tools: Sequence[str] | None = None
+    system: str | None = None
+    messages: Sequence[message_pb2.Message] | None = None
+    model_settings: ModelSettings | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallContext:
+    """Input of ``before_tool_call``: a server-executed call about to run.
+
+    ``input`` is the parsed JSON object (after any earlier middleware's
+    ``allow(input=…)``); ``cancelled`` is set when the turn is cancelled.
+    """
+
+    conversation_id: str
+    request_id: str
+    tool_call_id: str
+    tool_name: str
+    input: Mapping[str, Any]
+    step_number: int
+    messages: Sequence[message_pb2.Message]
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDecision:
+    """Output of ``before_tool_call``. Build it with :meth:`allow`, :meth:`block` or :meth:`substitute`."""
+
+    action: Literal["allow", "block", "substitute"]
+    input: Mapping[str, Any] | None = None
+    reason: str | None = None
+    output: Any = None
+
+    @classmethod
+    def allow(cls, input: Mapping[str, Any] | None = None) -> ToolCallDecision:
+        """Run the tool, with ``input`` instead of the model's when given (not re-validated)."""
+        return cls(action="allow", input=input)
+
+    @classmethod
+    def block(cls, reason: str | None = None) -> ToolCallDecision:
+        """Do not run it; the model sees ``reason`` or ``Tool "<name>" was blocked by beforeToolCall.``."""
+        return cls(action="block", reason=reason)
+
+    @classmethod
+    def substitute(cls, output: Any) -> ToolCallDecision:
+        """Do not run it; the model sees ``output`` as the result."""
+        return cls(action="substitute", output=output)
+
+
+ToolCallOutcome = Literal["executed", "blocked", "substituted", "failed"]
+"""How a tool call's result came about (``ToolCallResultContext.outcome``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallResultContext:
+    """Input of ``after_tool_call``: a call's outcome.
+
+    ``input`` is the model's input; ``duration_ms`` the wall time of the
+    execution in milliseconds; ``success`` is true for real results, blocks
+    and substitutes, false when the tool or ``before_tool_call`` raised.
+    ``outcome`` says which: ``executed`` (the tool ran and returned),
+    ``blocked`` or ``substituted`` (a ``before_tool_call`` decision), ``failed``.
+    """
+
+    conversation_id: str
+    request_id: str
+    tool_call_id: str
+    tool_name: str
+    input: Mapping[str, Any]
+    step_number: int
+    duration_ms: float
+    success: bool
+    output: Any = None
+    error: str | None = None
+    outcome: ToolCallOutcome = "executed"
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkContext:
+    """Input of ``on_chunk``: one model stream chunk, or a tool result.
+
+    ``chunk`` is a :data:`turnwire.types.ModelChunk`, or a
+    ``ToolCallPart`` for tool results (``preliminary`` set on streaming
+    ones).
+    """
+
+    conversation_id: str
+    request_id: str
+    step_number: int
+    chunk: ModelChunk | message_pb2.ToolCallPart
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResponseContext:
+    """Input of ``on_chat_response``: the stored assistant message and how the turn ended.
+
+    ``error`` is the turn's error when ``status`` is ``error``.
+    """
+
+    conversation_id: str
+    request_id: str
+    message: message_pb2.Message
+    continuation: bool
+    status: TurnOutcome
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatErrorContext:
+    """Input of ``classify_chat_error`` and ``on_chat_error``: the error and where the turn failed.
+
+    ``error`` is the error as the previous middleware in the chain left it
+    (``on_chat_error`` may return another one, or a message); ``stage`` is
+    where it happened; ``messages_persisted`` whether the input was stored;
+    ``classification`` what ``classify_chat_error`` decided (``None`` when
+    nobody classified it).
+    """
+
+    conversation_id: str
+    request_id: str
+    error: BaseException
+    stage: ErrorStage
+    messages_persisted: bool
+    classification: ChatErrorClassification | None = None
+
+
+class ChatError(Exception):
+    """An error with the status the client should see: return it from ``on_chat_error``.
+
+    ``code`` is a ``google.rpc.Code`` name (``"UNAVAILABLE"``, ``"PERMISSION_DENIED"`` …);
+    ``reason`` an ``ErrorReason`` name for the ``ErrorInfo`` detail; ``retry_after_seconds``
+    adds a ``RetryInfo`` detail; ``metadata`` goes into ``ErrorInfo.metadata``. The
+    client sees ``message`` in ``TurnEnd.error`` (docs/semantics.md, "Errors").
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "INTERNAL",
+        reason: str = "INTERNAL",
+        retry_after_seconds: float | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.reason = reason
+        self.retry_after_seconds = retry_after_seconds
+        self.metadata = dict(metadata or {})
+
+
+@dataclass(frozen=True, slots=True)
+class SessionContext:
+    """Input of ``configure_session``: the sidecar's configuration, once at process start.
+
+    ``tools`` maps name to every configured server tool; ``default_model`` is
+    ``provider:model``; ``system`` the configured default system prompt.
+    """
+
+    default_model: str
+    system: str
+    tools: Mapping[str, Tool]
+
+
+HOOK_NAMES = (
+    "configure_session",
+    "before_turn",
+    "before_step",
+    "before_tool_call",
+    "after_tool_call",
+    "on_step_finish",
+    "on_chunk",
+    "on_chat_response",
+    "on_chat_error",
+    "classify_chat_error",
+)
+"""Every hook name, in lifecycle order."""
+
+
+class Middleware:
+    """Base class of a lifecycle middleware; every hook is a no-op by default.
+
+    ``name`` identifies the middleware in logs and hook timelines (defaults to
+    the class name). ``options`` are the ones given in the config file. The
+    chain calls a hook only on middlewares whose :meth:`implemented_hooks`
+    include it, so an unimplemented ``on_chunk`` costs nothing per chunk.
+    """
+
+    name: str = ""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        if not self.name:
+            self.name = type(self).__name__
+
+    def implemented_hooks(self) -> frozenset[str]:
+        """The hooks the chain must call on this middleware: by default, those its class overrides.
+
+        Override to leave out an overridden hook depending on options (for
+        example a logger whose chunk counting is off leaves out ``on_chunk``).
+        """
+        return frozenset(
+            hook for hook in HOOK_NAMES if getattr(type(self), hook) is not getattr(Middleware, hook)
+        )
+
+    async def configure_session(self, ctx: SessionContext) -> None:
+        """Once at process start. Raising aborts start-up with a clear message."""
+
+    async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
+        """Once per attempt before the first step; return a TurnConfig to change the turn."""
+        return None
+
+    async def before_step(self, ctx: StepContext) -> StepConfig | None:
+        """Before every step (step 0 included); return a StepConfig to change this step."""
+        return None
+
+    async def before_tool_call(self, ctx: ToolCallContext) -> ToolCallDecision | None:
+        """Before each server-executed tool call: allow, allow with new input, block or substitute."""
+        return None
+
+    async def after_tool_call(self, ctx: ToolCallResultContext) -> None:
+        """After each call's outcome is known (real, blocked, substituted or failed)."""
+
+    async def on_step_finish(self, ctx: StepFinishContext) -> None:
+        """After each step, once all its tool calls are done."""
+
+    async def on_chunk(self, ctx: ChunkContext) -> None:
+        """Per model stream chunk and tool result; awaited, so keep it fast."""
+
+    async def on_chat_response(self, ctx: ChatResponseContext) -> None:
+        """After the assistant message is stored and the turn lock released."""
+
+    async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
+        """Once per turn that ends in error; return the error (or message) the client sees."""
+        return ctx.error
+
+    async def classify_chat_error(self, ctx: ChatErrorContext) -> ChatErrorClassification | None:
+        """Map ``ctx.error`` to a provider-neutral classification, or None to leave it to others."""
+        return None

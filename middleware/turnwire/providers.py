@@ -1,0 +1,98 @@
+"""The provider interface: stream one model step from a normalized request.
+
+A provider adapter turns a :class:`ModelRequest` (provider-neutral transcript,
+tool definitions, settings) into the provider's wire request, and the
+provider's stream into :data:`turnwire.types.ModelChunk` values. The engine
+consumes only these types; it never imports a concrete provider. Every stream
+ends with exactly one :class:`~turnwire.types.FinishStep` unless it raises
+:class:`ProviderError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from turnwire.types import ModelChunk, ModelSettings, ToolChoice, ToolDefinition
+from turnwire_client.v1 import message_pb2
+
+
+@dataclass(slots=True)
+class ModelRequest:
+    """Everything one model step needs.
+
+    ``model`` is the provider-local model name (the part after ``provider:``).
+    ``messages`` is the provider-neutral transcript (proto ``Message``s, oldest
+    first, already repaired so every tool call has its result); the adapter
+    converts it to its wire format. ``step_number`` is the 0-based step within
+    the turn (adapters may ignore it; the scripted model uses it).
+    """
+
+    model: str
+    system: str
+    messages: Sequence[message_pb2.Message]
+    tools: Sequence[ToolDefinition] = ()
+    tool_choice: ToolChoice = "auto"
+    settings: ModelSettings = field(default_factory=ModelSettings)
+    output_schema: Mapping[str, Any] | None = None
+    step_number: int = 0
+
+
+class ProviderError(Exception):
+    """A provider call failed, normalized across providers.
+
+    ``status`` is the HTTP status (0 when none, e.g. an in-stream error or a
+    dropped connection), ``type``/``code`` the provider's own error type and
+    code, ``retryable`` whether the same request may succeed later,
+    ``retry_after`` seconds to wait when the provider said so, ``body`` the raw
+    error body for ``classify_chat_error``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 0,
+        type: str = "",
+        code: str = "",
+        retryable: bool = False,
+        retry_after: float | None = None,
+        body: Any = None,
+        provider: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type
+        self.code = code
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.body = body
+        self.provider = provider
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """A model provider: streams one model step.
+
+    Implementations: ``turnwire.testing.ScriptedProvider`` (offline);
+    the official-SDK adapters follow. ``stream`` yields :data:`ModelChunk`s,
+    ending with one :class:`FinishStep`, and raises :class:`ProviderError` on
+    failure. Closing the iterator (``aclose``) must stop the underlying HTTP
+    stream at once.
+    """
+
+    name: str
+
+    def has_model(self, model: str) -> bool:
+        """False when ``model`` is known not to exist (checked at admission); True when unsure."""
+        ...
+
+    def stream(self, request: ModelRequest) -> AsyncGenerator[ModelChunk, None]:
+        """Stream one step of model output for ``request``."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release clients and connections."""
+        ...

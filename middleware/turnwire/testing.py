@@ -1,0 +1,351 @@
+"""The offline scripted model: deterministic output driven by a script.
+
+It is the embedded default (no API keys needed) and the test double for
+everything above the provider interface. A script is a list of steps; step
+``n`` of a turn plays ``steps[n]`` (the last step repeats when a turn runs
+longer). A step streams reasoning, then text, then tool calls, then finishes
+with the given finish reason and usage, or raises the given error; ``delay_ms``
+sleeps between chunks.
+
+The built-in ``demo`` script is rule-based instead: it calls a demo tool when
+the user asks for something one answers (the time, the weather, arithmetic),
+then answers with the tool's result. Every text it writes says it is an
+offline model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any, Literal, Protocol
+
+import orjson
+from google.protobuf import json_format
+from pydantic import BaseModel, ConfigDict, Field
+
+from turnwire.providers import ModelRequest, ProviderError
+from turnwire.types import (
+    FinishReason,
+    FinishStep,
+    ModelChunk,
+    ReasoningDelta,
+    ReasoningEnd,
+    ReasoningStart,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ToolCall,
+    ToolInputDelta,
+    ToolInputStart,
+    Usage,
+)
+from turnwire_client.v1 import message_pb2
+
+OFFLINE_NOTICE = "[offline scripted model, no LLM connected]"
+
+
+class ScriptedToolCall(BaseModel):
+    """A tool call a script step makes. ``raw_input`` (not JSON) overrides ``input``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+    raw_input: str | None = None
+    id: str | None = None
+
+
+class ScriptedError(BaseModel):
+    """An error a script step raises, as a provider would (see ProviderError)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    message: str
+    status: int = 500
+    type: str = "api_error"
+    code: str = ""
+    retryable: bool = False
+    retry_after: float | None = None
+    after_chunks: int = Field(0, ge=0, description="chunks to stream before failing")
+
+
+class ScriptedUsage(BaseModel):
+    """Token counts a script step reports; missing ones are estimated from the text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int = 0
+    cached_input_tokens: int = 0
+
+
+class ScriptStep(BaseModel):
+    """One model step of a script.
+
+    ``chunk_size`` splits text into deltas of that many characters (0: one
+    delta per word); ``delay_ms`` is slept before every chunk.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = ""
+    reasoning: str = ""
+    reasoning_signature: str = ""
+    tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
+    finish_reason: Literal["stop", "length", "tool-calls", "content-filter", "error", "other"] | None = None
+    raw_finish_reason: str | None = None
+    usage: ScriptedUsage = Field(default_factory=ScriptedUsage)
+    error: ScriptedError | None = None
+    chunk_size: int = Field(0, ge=0)
+    delay_ms: float = Field(0.0, ge=0)
+
+
+class Script(Protocol):
+    """Chooses the step to play for a request."""
+
+    def step(self, request: ModelRequest) -> ScriptStep:
+        """The step to stream for ``request``."""
+        ...
+
+
+class StaticScript:
+    """Plays ``steps[request.step_number]`` (the last step repeats)."""
+
+    def __init__(self, steps: Sequence[ScriptStep]) -> None:
+        if not steps:
+            raise ValueError("a script needs at least one step")
+        self.steps = tuple(steps)
+
+    def step(self, request: ModelRequest) -> ScriptStep:
+        """Step ``request.step_number``, or the last one."""
+        return self.steps[min(request.step_number, len(self.steps) - 1)]
+
+
+_ARITHMETIC = re.compile(r"[-\d(][\d\s.+\-*/()%×x]*[\d)]")
+_OPERATOR = re.compile(r"\d\s*[-+*/%×x]\s*[-\d(]")
+_WEATHER = re.compile(r"weather\s+(?:in|for|at)\s+([A-Za-zÀ-ÿ .'-]+?)(?:[?.!,]|$)", re.IGNORECASE)
+_TIME = re.compile(r"\b(time|clock|date|today)\b", re.IGNORECASE)
+_ZONE = re.compile(r"\b(?:in|for)\s+([A-Za-z]+/[A-Za-z_]+|UTC)\b")
+
+
+def _last_user_text(messages: Sequence[message_pb2.Message]) -> str:
+    for message in reversed(messages):
+        if message.role == message_pb2.ROLE_USER:
+            return " ".join(p.text.text for p in message.parts if p.WhichOneof("kind") == "text")
+    return ""
+
+
+def _trailing_tool_results(
+    messages: Sequence[message_pb2.Message],
+) -> list[message_pb2.ToolCallPart]:
+    """Tool calls with results in the current turn's assistant message (after its last step start)."""
+    if not messages or messages[-1].role != message_pb2.ROLE_ASSISTANT:
+        return []
+    results: list[message_pb2.ToolCallPart] = []
+    for part in messages[-1].parts:
+        kind = part.WhichOneof("kind")
+        if kind == "step_start":
+            results = []
+        elif kind == "tool_call" and part.tool_call.state in (
+            message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
+            message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
+        ):
+            results.append(part.tool_call)
+    return results
+
+
+class DemoScript:
+    """The embedded default's rules: call a demo tool when one answers the question, then answer."""
+
+    def step(self, request: ModelRequest) -> ScriptStep:
+        """Decide the step from the transcript (deterministic)."""
+        tools = {t.name for t in request.tools}
+        if request.step_number > 0:
+            results = _trailing_tool_results(request.messages)
+            if results:
+                return ScriptStep(text=self._answer(results))
+        text = _last_user_text(request.messages)
+        call = self._tool_call(text, tools)
+        if call is not None and request.tool_choice != "none":
+            return ScriptStep(text=f"{OFFLINE_NOTICE} Let me use the {call.name} tool.", tool_calls=[call])
+        return ScriptStep(
+            text=(
+                f"{OFFLINE_NOTICE} You said: {text!r}. I can call the demo tools: "
+                "ask me the time, the weather in a city, or to calculate 12 * 7."
+            )
+        )
+
+    @staticmethod
+    def _tool_call(text: str, tools: set[str]) -> ScriptedToolCall | None:
+        if (match := _WEATHER.search(text)) and "get_weather" in tools:
+            return ScriptedToolCall(name="get_weather", input={"city": match.group(1).strip()})
+        arithmetic = [m for m in _ARITHMETIC.findall(text) if _OPERATOR.search(m)]
+        if arithmetic and "calculator" in tools:
+            expression = max(arithmetic, key=len).strip().replace("x", "*").replace("×", "*")
+            return ScriptedToolCall(name="calculator", input={"expression": expression})
+        if _TIME.search(text) and "get_current_time" in tools:
+            zone = _ZONE.search(text)
+            return ScriptedToolCall(
+                name="get_current_time", input={"timezone": zone.group(1) if zone else "UTC"}
+            )
+        return None
+
+    @staticmethod
+    def _answer(results: Sequence[message_pb2.ToolCallPart]) -> str:
+        lines = []
+        for result in results:
+            if result.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
+                lines.append(f"The {result.tool_name} tool failed: {result.error_text}")
+                continue
+            value = json_format.MessageToDict(result.output)
+            lines.append(_describe_result(result.tool_name, value))
+        return f"{OFFLINE_NOTICE} " + " ".join(lines)
+
+
+def _number(value: Any) -> str:
+    # Struct numbers are doubles: show 84.0 as 84.
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def _describe_result(tool_name: str, value: Any) -> str:
+    """A sentence about a demo tool's result (generic JSON for other tools)."""
+    if isinstance(value, dict):
+        if tool_name == "get_weather" and {"city", "condition", "temperature_c"} <= value.keys():
+            return (
+                f"In {value['city']} it is {value['condition']} and "
+                f"{_number(value['temperature_c'])} °C (the tool's offline demo data)."
+            )
+        if tool_name == "calculator" and {"expression", "result"} <= value.keys():
+            return f"{value['expression']} = {_number(value['result'])}."
+        if tool_name == "get_current_time" and {"iso", "timezone"} <= value.keys():
+            return f"It is {value['iso']} ({value.get('weekday', '')}) in {value['timezone']}."
+    return f"The {tool_name} tool returned {orjson.dumps(value).decode()}."
+
+
+def _split(text: str, chunk_size: int) -> list[str]:
+    if not text:
+        return []
+    if chunk_size > 0:
+        return [text[i : i + chunk_size] for i in range(0, len(text), chunk_size)]
+    return re.findall(r"\S+\s*|\s+", text)
+
+
+class ScriptedProvider:
+    """The offline provider. Model ``scripted:<name>`` plays script ``<name>``.
+
+    ``scripts`` maps names to step lists (from config); ``demo`` is built in
+    unless overridden. Raises :class:`ProviderError` (status 404) for an
+    unknown script name, and whatever error a step scripts.
+    """
+
+    name = "scripted"
+
+    def __init__(self, scripts: Mapping[str, Sequence[ScriptStep]] | None = None) -> None:
+        self.scripts: dict[str, Script] = {"demo": DemoScript()}
+        for script_name, steps in (scripts or {}).items():
+            self.scripts[script_name] = StaticScript(steps)
+
+    def has_model(self, model: str) -> bool:
+        """True when ``model`` names a script."""
+        return model in self.scripts
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelChunk, None]:
+        """Stream the scripted step for ``request``."""
+        script = self.scripts.get(request.model)
+        if script is None:
+            raise ProviderError(
+                f"scripted model {request.model!r} has no script; known: {sorted(self.scripts)}",
+                status=404,
+                type="not_found_error",
+                provider=self.name,
+            )
+        step = script.step(request)
+        delay = step.delay_ms / 1000.0
+        sent = 0
+        # Without a delay or a scripted error there is nothing to pace: skip the call per chunk.
+        paced = bool(delay) or step.error is not None
+        prefix = f"s{request.step_number}"
+
+        async def pace() -> None:
+            nonlocal sent
+            if step.error is not None and sent >= step.error.after_chunks:
+                raise ProviderError(
+                    step.error.message,
+                    status=step.error.status,
+                    type=step.error.type,
+                    code=step.error.code,
+                    retryable=step.error.retryable,
+                    retry_after=step.error.retry_after,
+                    provider=self.name,
+                    body={"error": {"type": step.error.type, "message": step.error.message}},
+                )
+            sent += 1
+            if delay:
+                await asyncio.sleep(delay)
+
+        if step.reasoning:
+            if paced:
+                await pace()
+            yield ReasoningStart(f"{prefix}-r")
+            for piece in _split(step.reasoning, step.chunk_size):
+                if paced:
+                    await pace()
+                yield ReasoningDelta(f"{prefix}-r", piece)
+            yield ReasoningEnd(f"{prefix}-r", signature=step.reasoning_signature.encode())
+        if step.text:
+            if paced:
+                await pace()
+            yield TextStart(f"{prefix}-t")
+            for piece in _split(step.text, step.chunk_size):
+                if paced:
+                    await pace()
+                yield TextDelta(f"{prefix}-t", piece)
+            yield TextEnd(f"{prefix}-t")
+        for index, call in enumerate(step.tool_calls):
+            call_id = call.id or f"call_{request.step_number}_{index}"
+            raw = call.raw_input if call.raw_input is not None else orjson.dumps(call.input).decode()
+            if paced:
+                await pace()
+            yield ToolInputStart(call_id, call.name)
+            yield ToolInputDelta(call_id, raw)
+            parsed: dict[str, Any] | None
+            error: str | None = None
+            try:
+                value = orjson.loads(raw or "{}")
+                parsed = value if isinstance(value, dict) else None
+            except orjson.JSONDecodeError:
+                parsed = None
+            if parsed is None:
+                error = f"tool input is not a JSON object: {raw[:200]!r}"
+            yield ToolCall(call_id, call.name, parsed, raw_input=raw, error=error)
+        if paced:
+            await pace()
+        output_tokens = step.usage.output_tokens
+        if output_tokens is None:
+            output_tokens = len((step.text + step.reasoning).split()) + 8 * len(step.tool_calls)
+        input_tokens = step.usage.input_tokens
+        if input_tokens is None:
+            input_tokens = sum(m.ByteSize() for m in request.messages) // 4 + len(request.system) // 4
+        finish = (
+            FinishReason(step.finish_reason)
+            if step.finish_reason
+            else (FinishReason.TOOL_CALLS if step.tool_calls else FinishReason.STOP)
+        )
+        yield FinishStep(
+            finish_reason=finish,
+            raw_finish_reason=step.raw_finish_reason or finish,
+            usage=Usage(
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                total_tokens=input_tokens + output_tokens,
+                reasoning_tokens=step.usage.reasoning_tokens,
+                cached_input_tokens=step.usage.cached_input_tokens,
+            ),
+            response_id=f"scripted-{request.step_number}",
+            response_model=f"scripted:{request.model}",
+        )
+
+    async def aclose(self) -> None:
+        """Nothing to release."""

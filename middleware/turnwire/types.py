@@ -1,0 +1,244 @@
+"""Types shared by hooks, tools and providers: usage, finish reasons, stream chunks, tool choice.
+
+Chunk names follow the AI SDK's stream parts (``text-start``, ``text-delta``,
+``tool-input-start``, ``finish-step`` …). A model stream is a sequence of
+:data:`ModelChunk` values that ends with exactly one :class:`FinishStep`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from turnwire_client.v1 import message_pb2
+
+
+class FinishReason(StrEnum):
+    """Why a step ended, normalized across providers (AI SDK finish reasons; docs/semantics.md, steps).
+
+    A ``StrEnum``: members compare equal to their AI SDK strings (``"tool-calls"`` …).
+    """
+
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool-calls"
+    CONTENT_FILTER = "content-filter"
+    ERROR = "error"
+    OTHER = "other"
+
+
+ToolChoice = Literal["auto", "none", "required"] | str
+"""``auto``, ``none``, ``required``, or the name of the one tool the model must call."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDefinition:
+    """A tool as the model sees it.
+
+    ``input_schema`` is a JSON Schema object describing the tool's input
+    (``{"type": "object", "properties": …}``).
+    """
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    """Sampling and transport settings of one model call; ``None`` means the provider's default.
+
+    Units: ``max_output_tokens`` in tokens, ``timeout_seconds`` per HTTP
+    request. ``headers`` are extra HTTP headers; ``provider_options`` maps a
+    provider name or type (``"anthropic"``, ``"openai"`` …) to extra request
+    fields for that provider only. In a ``TurnConfig`` or ``StepConfig`` only
+    the fields set change the call; ``headers`` and ``provider_options``
+    merge shallowly over earlier ones.
+    """
+
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop_sequences: Sequence[str] | None = None
+    seed: int | None = None
+    max_retries: int | None = None
+    timeout_seconds: float | None = None
+    headers: Mapping[str, str] | None = None
+    provider_options: Mapping[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts of one step (or a sum of steps); see ``turnwire_client.v1.Usage``."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_write_input_tokens: int = 0
+
+    def copy_to(self, target: message_pb2.Usage) -> None:
+        """Write these counts into the proto ``target`` (in place)."""
+        target.input_tokens = self.input_tokens
+        target.output_tokens = self.output_tokens
+        target.total_tokens = self.total_tokens
+        target.reasoning_tokens = self.reasoning_tokens
+        target.cached_input_tokens = self.cached_input_tokens
+        target.cache_write_input_tokens = self.cache_write_input_tokens
+
+    def add(self, other: Usage) -> None:
+        """Add ``other``'s counts to this one, in place."""
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.total_tokens += other.total_tokens
+        self.reasoning_tokens += other.reasoning_tokens
+        self.cached_input_tokens += other.cached_input_tokens
+        self.cache_write_input_tokens += other.cache_write_input_tokens
+
+
+# --- stream chunks ---------------------------------------------------------
+# Plain slotted classes: one is allocated per token, so they stay cheap.
+
+
+@dataclass(slots=True)
+class TextStart:
+    """A text block starts. ``id`` names the block for its deltas and end."""
+
+    id: str
+
+
+@dataclass(slots=True)
+class TextDelta:
+    """More text of block ``id``."""
+
+    id: str
+    delta: str
+
+
+@dataclass(slots=True)
+class TextEnd:
+    """Text block ``id`` ends."""
+
+    id: str
+
+
+@dataclass(slots=True)
+class ReasoningStart:
+    """A reasoning block starts."""
+
+    id: str
+
+
+@dataclass(slots=True)
+class ReasoningDelta:
+    """More reasoning text of block ``id``."""
+
+    id: str
+    delta: str
+
+
+@dataclass(slots=True)
+class ReasoningEnd:
+    """Reasoning block ``id`` ends.
+
+    ``signature`` is the provider's opaque signature (Anthropic) or encrypted
+    content (OpenAI Responses), returned to it verbatim on the next request;
+    ``redacted`` marks reasoning the provider returned only encrypted.
+    """
+
+    id: str
+    signature: bytes = b""
+    redacted: bool = False
+    provider_metadata: Mapping[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class ToolInputStart:
+    """The model starts a call of tool ``tool_name``."""
+
+    tool_call_id: str
+    tool_name: str
+
+
+@dataclass(slots=True)
+class ToolInputDelta:
+    """More input text (a JSON fragment) of call ``tool_call_id``."""
+
+    tool_call_id: str
+    delta: str
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """A complete tool call.
+
+    ``input`` is the parsed JSON object, or ``None`` when ``raw_input`` was not
+    a JSON object; then ``error`` says what was wrong and the call is not run.
+    """
+
+    tool_call_id: str
+    tool_name: str
+    input: dict[str, Any] | None
+    raw_input: str = ""
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class Source:
+    """A source the model cited."""
+
+    source_id: str
+    url: str = ""
+    title: str = ""
+    media_type: str = ""
+    filename: str = ""
+
+
+@dataclass(slots=True)
+class File:
+    """A file the model produced."""
+
+    media_type: str
+    data: bytes = b""
+    url: str = ""
+    filename: str = ""
+
+
+@dataclass(slots=True)
+class FinishStep:
+    """The step ended. Always the last chunk of a successful stream.
+
+    ``warnings`` lists settings the provider could not honour (e.g. a sampling
+    setting the model rejects), surfaced in ``StepResult.warnings``.
+    """
+
+    finish_reason: FinishReason
+    raw_finish_reason: str = ""
+    usage: Usage = field(default_factory=Usage)
+    response_id: str = ""
+    response_model: str = ""
+    provider_metadata: Mapping[str, Any] | None = None
+    warnings: Sequence[str] = ()
+
+
+ModelChunk = (
+    TextStart
+    | TextDelta
+    | TextEnd
+    | ReasoningStart
+    | ReasoningDelta
+    | ReasoningEnd
+    | ToolInputStart
+    | ToolInputDelta
+    | ToolCall
+    | Source
+    | File
+    | FinishStep
+)
+"""One normalized piece of a model's stream."""

@@ -1,0 +1,327 @@
+"""The ``turnwire.v1.ChatService`` servicer: validation, admission, streaming.
+
+Errors found before a turn starts end the call with a status and google.rpc
+details; errors during a turn end its stream with a TurnEnd event instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format, timestamp_pb2
+from grpc_status import rpc_status
+
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
+from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
+from turnwire_server.api.validation import (
+    check_id,
+    check_message,
+    new_request_id,
+    raise_if_any,
+)
+from turnwire_server.engine import TurnEngine, TurnHandle, TurnRequest
+from turnwire_server.engine.errors import AdmissionRefused
+from turnwire_server.providers.registry import UnknownModel
+from turnwire_server.store.base import ConversationRecord, InvalidPageToken, Store, StoreError
+
+log = logging.getLogger("turnwire.api")
+
+PARENT_REQUEST_METADATA = "turnwire-parent-request-id"
+"""Metadata a hook or tool server sets when it calls back from inside a turn."""
+
+_DEFAULT_PAGE_SIZE = 50
+_MAX_PAGE_SIZE = 1000
+
+
+async def abort(context: grpc.aio.ServicerContext[Any, Any], error: TurnwireStatusError) -> None:
+    """End the call with ``error``'s status and its google.rpc details."""
+    await context.abort_with_status(rpc_status.to_status(error.to_status()))
+
+
+def _timestamp(value: Any) -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(value)
+    return stamp
+
+
+def _conversation(record: ConversationRecord) -> chat_service_pb2.Conversation:
+    return chat_service_pb2.Conversation(
+        conversation_id=record.conversation_id,
+        create_time=_timestamp(record.create_time),
+        update_time=_timestamp(record.update_time),
+        message_count=record.message_count,
+    )
+
+
+def _not_found(conversation_id: str) -> TurnwireStatusError:
+    return TurnwireStatusError(
+        grpc.StatusCode.NOT_FOUND,
+        f"conversation {conversation_id!r} does not exist; start it with Chat or SaveMessages",
+        reason="CONVERSATION_NOT_FOUND",
+        metadata={"conversation_id": conversation_id},
+    )
+
+
+def _store_unavailable(error: StoreError) -> TurnwireStatusError:
+    return TurnwireStatusError(
+        grpc.StatusCode.UNAVAILABLE,
+        f"store unavailable: {error}",
+        reason="STORE_UNAVAILABLE",
+        retry_after=1.0,
+    )
+
+
+async def _stream_turn(
+    context: grpc.aio.ServicerContext[Any, Any], start: Callable[[], Awaitable[TurnHandle]]
+) -> AsyncIterator[Any]:
+    """Admit a turn with ``start`` and yield its responses.
+
+    A refusal before the turn starts ends the call with its status and
+    details. The client going away (cancel, deadline) cancels the turn, which
+    stores its partial reply on its own task. The channel is iterated
+    directly: one generator less per event.
+    """
+    try:
+        handle = await start()
+    except (TurnwireStatusError, AdmissionRefused, UnknownModel) as error:
+        await abort(context, status_error_of(error))
+        return
+    try:
+        async for response in handle.channel:
+            yield response
+    finally:
+        handle.cancel()
+
+
+class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
+    """Implements ``turnwire.v1.ChatService`` on a :class:`~turnwire_server.engine.TurnEngine`.
+
+    ``max_message_bytes`` bounds each input message (``limits.max_message_bytes``).
+    """
+
+    def __init__(
+        self, engine: TurnEngine, store: Store, *, default_model: str, max_message_bytes: int
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.default_model = default_model
+        self.max_message_bytes = max_message_bytes
+
+    # --- turn-running RPCs ---------------------------------------------------
+
+    async def Chat(
+        self, request: chat_service_pb2.ChatRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
+        """Append one user message and stream the turn."""
+
+        async def start() -> TurnHandle:
+            violations: list[tuple[str, str]] = []
+            self._check_common(request.conversation_id, request.request_id, violations)
+            if not request.HasField("message"):
+                violations.append(("message", "is required: a user message with at least one part"))
+            else:
+                check_message(
+                    request.message,
+                    "message",
+                    violations,
+                    max_bytes=self.max_message_bytes,
+                    default_role=message_pb2.ROLE_USER,
+                )
+                if request.message.role != message_pb2.ROLE_USER:
+                    violations.append(("message.role", "must be ROLE_USER (or unset) in Chat"))
+            raise_if_any(violations)
+            return self._start(
+                context,
+                response_type=chat_service_pb2.ChatResponse,
+                conversation_id=request.conversation_id,
+                request_id=request.request_id,
+                messages=[request.message],
+                body=request.body,
+                model=request.model,
+                continuation=False,
+            )
+
+        async for response in _stream_turn(context, start):
+            yield response
+
+    async def SaveMessages(
+        self,
+        request: chat_service_pb2.SaveMessagesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[chat_service_pb2.SaveMessagesResponse]:
+        """Append zero or more messages and stream the turn."""
+
+        async def start() -> TurnHandle:
+            violations: list[tuple[str, str]] = []
+            self._check_common(request.conversation_id, request.request_id, violations)
+            seen: set[str] = set()
+            for index, message in enumerate(request.messages):
+                check_message(
+                    message,
+                    f"messages[{index}]",
+                    violations,
+                    max_bytes=self.max_message_bytes,
+                    default_role=None,
+                )
+                if message.id in seen:
+                    violations.append(
+                        (f"messages[{index}].id", f"duplicates an earlier message id {message.id!r}")
+                    )
+                seen.add(message.id)
+            raise_if_any(violations)
+            return self._start(
+                context,
+                response_type=chat_service_pb2.SaveMessagesResponse,
+                conversation_id=request.conversation_id,
+                request_id=request.request_id,
+                messages=list(request.messages),
+                body=request.body,
+                model=request.model,
+                continuation=False,
+            )
+
+        async for response in _stream_turn(context, start):
+            yield response
+
+    async def ContinueLastTurn(
+        self,
+        request: chat_service_pb2.ContinueLastTurnRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[chat_service_pb2.ContinueLastTurnResponse]:
+        """Let the model continue after the last assistant message (or end at once, SKIPPED)."""
+
+        async def start() -> TurnHandle:
+            violations: list[tuple[str, str]] = []
+            self._check_common(request.conversation_id, request.request_id, violations)
+            raise_if_any(violations)
+            if await self._get_record(request.conversation_id) is None:
+                raise _not_found(request.conversation_id)
+            return self._start(
+                context,
+                response_type=chat_service_pb2.ContinueLastTurnResponse,
+                conversation_id=request.conversation_id,
+                request_id=request.request_id,
+                messages=[],
+                body=request.body,
+                model=request.model,
+                continuation=True,
+            )
+
+        async for response in _stream_turn(context, start):
+            yield response
+
+    def _check_common(self, conversation_id: str, request_id: str, violations: list[tuple[str, str]]) -> None:
+        check_id(conversation_id, "conversation_id", violations, required=True)
+        check_id(request_id, "request_id", violations, required=False)
+
+    def _start(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        *,
+        response_type: Callable[[], Any],
+        conversation_id: str,
+        request_id: str,
+        messages: list[message_pb2.Message],
+        body: Any,
+        model: str,
+        continuation: bool,
+    ) -> TurnHandle:
+        parent = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == PARENT_REQUEST_METADATA:
+                parent = value if isinstance(value, str) else value.decode()
+        return self.engine.start(
+            TurnRequest(
+                conversation_id=conversation_id,
+                request_id=request_id or new_request_id(),
+                messages=messages,
+                body=json_format.MessageToDict(body) if body.ByteSize() else {},
+                model=model or self.default_model,
+                continuation=continuation,
+                response_type=response_type,
+                skip_unless_assistant_last=continuation,
+            ),
+            parent_request_id=parent,
+        )
+
+    # --- unary RPCs ----------------------------------------------------------
+
+    async def _get_record(self, conversation_id: str) -> ConversationRecord | None:
+        try:
+            return await self.store.get_conversation(conversation_id)
+        except StoreError as error:
+            raise _store_unavailable(error) from error
+
+    async def GetConversation(
+        self,
+        request: chat_service_pb2.GetConversationRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> chat_service_pb2.GetConversationResponse:
+        """The conversation with its messages, oldest first."""
+        try:
+            violations: list[tuple[str, str]] = []
+            check_id(request.conversation_id, "conversation_id", violations, required=True)
+            raise_if_any(violations)
+            record = await self._get_record(request.conversation_id)
+            if record is None:
+                raise _not_found(request.conversation_id)
+            try:
+                messages = await self.store.load_messages(request.conversation_id)
+            except StoreError as error:
+                raise _store_unavailable(error) from error
+        except TurnwireStatusError as error:
+            await abort(context, error)
+            raise AssertionError("unreachable") from None
+        conversation = _conversation(record)
+        conversation.messages.extend(messages)
+        return chat_service_pb2.GetConversationResponse(conversation=conversation)
+
+    async def ListConversations(
+        self,
+        request: chat_service_pb2.ListConversationsRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> chat_service_pb2.ListConversationsResponse:
+        """One page of conversations, most recently updated first (AIP-158)."""
+        try:
+            if request.page_size < 0:
+                raise invalid_argument([("page_size", "must not be negative; 0 means the default of 50")])
+            page_size = min(request.page_size or _DEFAULT_PAGE_SIZE, _MAX_PAGE_SIZE)
+            try:
+                records, token = await self.store.list_conversations(page_size, request.page_token)
+            except InvalidPageToken:
+                raise invalid_argument(
+                    [
+                        (
+                            "page_token",
+                            "is not a token this server issued; "
+                            "pass next_page_token unchanged or leave it empty",
+                        )
+                    ],
+                    reason="INVALID_PAGE_TOKEN",
+                ) from None
+            except StoreError as error:
+                raise _store_unavailable(error) from error
+        except TurnwireStatusError as error:
+            await abort(context, error)
+            raise AssertionError("unreachable") from None
+        return chat_service_pb2.ListConversationsResponse(
+            conversations=[_conversation(r) for r in records], next_page_token=token
+        )
+
+    async def CancelChat(
+        self,
+        request: chat_service_pb2.CancelChatRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> chat_service_pb2.CancelChatResponse:
+        """Cancel a running or queued turn; a no-op for unknown or finished ones."""
+        violations: list[tuple[str, str]] = []
+        check_id(request.request_id, "request_id", violations, required=True)
+        if violations:
+            await abort(context, invalid_argument(violations))
+        return chat_service_pb2.CancelChatResponse(cancelled=self.engine.cancel(request.request_id))
+
+
+__all__ = ["PARENT_REQUEST_METADATA", "ChatService", "abort"]

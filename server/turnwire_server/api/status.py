@@ -1,0 +1,251 @@
+"""Domain errors to gRPC statuses with ``google.rpc`` details (AIP-193): the one place that maps them.
+
+Every error Turnwire returns carries a ``google.rpc.ErrorInfo`` with domain
+``turnwire.dev`` and an UPPER_SNAKE reason from ``turnwire.v1.ErrorReason``;
+field problems add ``google.rpc.BadRequest``; errors worth retrying later add
+``google.rpc.RetryInfo``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from turnwire.hooks import ChatError, ErrorStage
+from turnwire.providers import ProviderError
+from turnwire_server.engine.errors import (
+    ModelTimeout,
+    NestedTurn,
+    QueueFull,
+    RequestIdInUse,
+    ShuttingDown,
+)
+from turnwire_server.hooks.chain import HookError
+from turnwire_server.providers.registry import UnknownModel
+from turnwire_server.store.base import MessageIdConflict, StoreError, TurnAlreadyExists
+
+DOMAIN = "turnwire.dev"
+
+
+class TurnwireStatusError(Exception):
+    """An error that maps to one gRPC status with details.
+
+    ``code`` is a :class:`grpc.StatusCode`; ``reason`` an ``ErrorReason`` name
+    without its prefix (``CONVERSATION_NOT_FOUND``); ``field_violations`` pairs
+    of (field path, what to fix); ``retry_after`` seconds for ``RetryInfo``;
+    ``metadata`` extra ErrorInfo metadata.
+    """
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        *,
+        reason: str,
+        field_violations: Sequence[tuple[str, str]] = (),
+        retry_after: float | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason
+        self.field_violations = tuple(field_violations)
+        self.retry_after = retry_after
+        self.metadata = dict(metadata or {})
+
+    def to_status(self) -> status_pb2.Status:
+        """The ``google.rpc.Status`` of this error, details included."""
+        return build_status(
+            self.code,
+            self.message,
+            reason=self.reason,
+            field_violations=self.field_violations,
+            retry_after=self.retry_after,
+            metadata=self.metadata,
+        )
+
+
+def invalid_argument(
+    violations: Sequence[tuple[str, str]], reason: str = "INVALID_FIELD"
+) -> TurnwireStatusError:
+    """INVALID_ARGUMENT whose message lists each (field, what to fix) pair."""
+    message = "; ".join(f"{field}: {description}" for field, description in violations)
+    return TurnwireStatusError(
+        grpc.StatusCode.INVALID_ARGUMENT, message, reason=reason, field_violations=violations
+    )
+
+
+def build_status(
+    code: grpc.StatusCode,
+    message: str,
+    *,
+    reason: str,
+    field_violations: Sequence[tuple[str, str]] = (),
+    retry_after: float | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> status_pb2.Status:
+    """A ``google.rpc.Status`` with ErrorInfo (always), BadRequest and RetryInfo (when given)."""
+    details: list[any_pb2.Any] = []
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=dict(metadata or {}))
+    packed = any_pb2.Any()
+    packed.Pack(info)
+    details.append(packed)
+    if field_violations:
+        bad_request = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field=f, description=d)
+                for f, d in field_violations
+            ]
+        )
+        packed = any_pb2.Any()
+        packed.Pack(bad_request)
+        details.append(packed)
+    if retry_after is not None:
+        delay = duration_pb2.Duration()
+        delay.FromMilliseconds(int(retry_after * 1000))
+        packed = any_pb2.Any()
+        packed.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+        details.append(packed)
+    return status_pb2.Status(code=code.value[0], message=message, details=details)
+
+
+def _provider_status(error: ProviderError) -> TurnwireStatusError:
+    # The caller did nothing wrong when the provider is down or rate-limited:
+    # those map to retryable codes; a rejected request maps to INVALID_ARGUMENT.
+    # An error without an HTTP status (in-stream, dropped connection, or raised by the adapter
+    # itself) is UNAVAILABLE only when retrying can help; a request the adapter refused to send
+    # is the caller's.
+    if error.status == 429:
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    elif error.retryable or error.status >= 500:
+        code = grpc.StatusCode.UNAVAILABLE
+    elif error.status in (400, 413, 422) or (error.status == 0 and error.type == "invalid_request_error"):
+        code = grpc.StatusCode.INVALID_ARGUMENT
+    elif error.status == 404:
+        code = grpc.StatusCode.NOT_FOUND
+    else:
+        code = grpc.StatusCode.INTERNAL
+    metadata = {"provider": error.provider, "http_status": str(error.status)}
+    if error.type:
+        metadata["provider_error_type"] = error.type
+    if error.code:
+        metadata["provider_error_code"] = error.code
+    retry_after = error.retry_after
+    if retry_after is None and (error.retryable or error.status == 429):
+        retry_after = 1.0
+    return TurnwireStatusError(
+        code,
+        f"model provider error: {error.message}",
+        reason="PROVIDER_ERROR",
+        retry_after=retry_after,
+        metadata=metadata,
+    )
+
+
+def status_error_of(error: BaseException, stage: ErrorStage = "turn") -> TurnwireStatusError:
+    """The status a client sees for ``error`` raised at ``stage``: the code, message and details.
+
+    Admission refusals, store, provider, hook and timeout errors each map to
+    their code and ``ErrorReason``; a :class:`~turnwire.hooks.ChatError`
+    returned by ``on_chat_error`` keeps its own; anything else is INTERNAL.
+    """
+    if isinstance(error, TurnwireStatusError):
+        return error
+    if isinstance(error, ChatError):
+        code = getattr(grpc.StatusCode, error.code, grpc.StatusCode.UNKNOWN)
+        return TurnwireStatusError(
+            code,
+            error.message,
+            reason=error.reason,
+            retry_after=error.retry_after_seconds,
+            metadata=error.metadata,
+        )
+    if isinstance(error, ShuttingDown):
+        return TurnwireStatusError(
+            grpc.StatusCode.UNAVAILABLE, str(error), reason="SHUTTING_DOWN", retry_after=1.0
+        )
+    if isinstance(error, RequestIdInUse):
+        return TurnwireStatusError(
+            grpc.StatusCode.ALREADY_EXISTS,
+            str(error),
+            reason="INVALID_FIELD",
+            field_violations=[("request_id", "already used by a running turn")],
+        )
+    if isinstance(error, NestedTurn):
+        return TurnwireStatusError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            str(error),
+            reason="NESTED_TURN",
+            metadata={"parent_request_id": error.parent_request_id},
+        )
+    if isinstance(error, QueueFull):
+        return TurnwireStatusError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            str(error),
+            reason="OVERLOADED",
+            retry_after=1.0,
+            metadata={"limit": str(error.limit)},
+        )
+    return _status_of(error, stage)
+
+
+def status_of(error: BaseException, stage: ErrorStage) -> status_pb2.Status:
+    """The ``google.rpc.Status`` (with details) a client sees for ``error`` raised at ``stage``:
+    in a ``TurnEnd`` event, or as the call's status before a turn starts."""
+    return status_error_of(error, stage).to_status()
+
+
+def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
+    if isinstance(error, ModelTimeout):
+        return TurnwireStatusError(
+            grpc.StatusCode.DEADLINE_EXCEEDED, str(error), reason="MODEL_TIMEOUT", retry_after=1.0
+        )
+    if isinstance(error, ProviderError):
+        return _provider_status(error)
+    if isinstance(error, UnknownModel):
+        return TurnwireStatusError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            str(error),
+            reason="UNKNOWN_MODEL",
+            field_violations=[("model", str(error))],
+        )
+    if isinstance(error, HookError):
+        return TurnwireStatusError(
+            grpc.StatusCode.INTERNAL,
+            str(error),
+            reason="HOOK_FAILED",
+            metadata={"middleware": error.middleware, "hook": error.hook, "stage": stage},
+        )
+    if isinstance(error, MessageIdConflict):
+        return TurnwireStatusError(
+            grpc.StatusCode.ALREADY_EXISTS,
+            str(error),
+            reason="INVALID_FIELD",
+            field_violations=[
+                ("message.id", "choose an id not used in this conversation, or leave it empty")
+            ],
+        )
+    if isinstance(error, TurnAlreadyExists):
+        return TurnwireStatusError(
+            grpc.StatusCode.ALREADY_EXISTS,
+            str(error),
+            reason="INVALID_FIELD",
+            field_violations=[("request_id", "already used by an earlier turn; use a new request_id")],
+        )
+    if isinstance(error, StoreError):
+        return TurnwireStatusError(
+            grpc.StatusCode.UNAVAILABLE,
+            f"store unavailable: {error}",
+            reason="STORE_UNAVAILABLE",
+            retry_after=1.0,
+        )
+    return TurnwireStatusError(
+        grpc.StatusCode.INTERNAL,
+        f"internal error at stage {stage}: {type(error).__name__}: {error}",
+        reason="INTERNAL",
+        metadata={"stage": stage},
+    )

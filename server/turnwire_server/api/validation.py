@@ -1,0 +1,95 @@
+"""Request validation: every problem becomes a BadRequest field violation saying what to fix.
+
+Runs before anything is stored, so a rejected request changes nothing
+(THINK-SEMANTICS.md section 2, admission).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from turnwire_client.v1 import message_pb2
+from turnwire_server.api.status import TurnwireStatusError, invalid_argument
+
+ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+"""Conversation, request and message ids: 1-128 of letters, digits, ``.``, ``_``, ``:``, ``-``."""
+
+_ROLE_NAMES = {
+    message_pb2.ROLE_USER: "ROLE_USER",
+    message_pb2.ROLE_ASSISTANT: "ROLE_ASSISTANT",
+    message_pb2.ROLE_SYSTEM: "ROLE_SYSTEM",
+}
+
+
+def check_id(value: str, field: str, violations: list[tuple[str, str]], *, required: bool) -> None:
+    """Add a violation when ``value`` is not a valid id (or is empty and ``required``)."""
+    if not value:
+        if required:
+            violations.append((field, "must not be empty; give 1-128 characters of [A-Za-z0-9._:-]"))
+        return
+    if not ID_PATTERN.match(value):
+        shown = value if len(value) <= 40 else value[:40] + "…"
+        violations.append((field, f"{shown!r} is not a valid id; use 1-128 characters of [A-Za-z0-9._:-]"))
+
+
+def new_request_id() -> str:
+    """A fresh server-assigned request id."""
+    return f"req_{uuid.uuid4().hex}"
+
+
+def new_message_id() -> str:
+    """A fresh server-assigned message id."""
+    return f"msg_{uuid.uuid4().hex}"
+
+
+def check_message(
+    message: message_pb2.Message,
+    field: str,
+    violations: list[tuple[str, str]],
+    *,
+    max_bytes: int,
+    default_role: int | None,
+) -> None:
+    """Validate one input message in place: role, parts, id and size.
+
+    ``default_role`` fills an unset role (Chat: user); when None an unset role
+    is a violation. Assigns an id when empty and clears output-only fields.
+    """
+    if message.role == message_pb2.ROLE_UNSPECIFIED:
+        if default_role is None:
+            violations.append((f"{field}.role", "must be set (ROLE_USER, ROLE_ASSISTANT or ROLE_SYSTEM)"))
+        else:
+            message.role = default_role  # type: ignore[assignment]
+    elif message.role not in _ROLE_NAMES:
+        violations.append((f"{field}.role", f"unknown role {message.role}"))
+    if not message.parts:
+        violations.append((f"{field}.parts", "must contain at least one part (for example a text part)"))
+    for index, part in enumerate(message.parts):
+        if part.WhichOneof("kind") is None:
+            violations.append((f"{field}.parts[{index}]", "has no content; set one of text, file, data, …"))
+    size = message.ByteSize()
+    if size > max_bytes:
+        violations.append(
+            (
+                field,
+                f"is {size:,} bytes; the limit is {max_bytes:,} bytes (limits.max_message_bytes)",
+            )
+        )
+    check_id(message.id, f"{field}.id", violations, required=False)
+    if not message.id:
+        message.id = new_message_id()
+    message.ClearField("create_time")  # output only: the server sets it when storing
+
+
+def raise_if_any(violations: list[tuple[str, str]]) -> None:
+    """Raise INVALID_ARGUMENT listing all ``violations`` (MESSAGE_TOO_LARGE when only size is wrong)."""
+    if not violations:
+        return
+    reason = (
+        "MESSAGE_TOO_LARGE"
+        if all("limits.max_message_bytes" in description for _, description in violations)
+        else "INVALID_FIELD"
+    )
+    error: TurnwireStatusError = invalid_argument(violations, reason=reason)
+    raise error

@@ -1,0 +1,233 @@
+"""Assemble and run the sidecar: store, providers, tools, middleware, engine, gRPC server.
+
+This is the only place that names concrete implementations; the engine sees
+interfaces. ``serve`` runs until SIGTERM or SIGINT, then shuts down
+gracefully: health goes NOT_SERVING, no new calls are accepted, running turns
+get ``limits.shutdown_grace_seconds`` to finish, the rest are cancelled and
+store their partial replies, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from turnwire.hooks import Middleware, SessionContext
+from turnwire.providers import Provider
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc
+from turnwire_server.api.chat_service import ChatService
+from turnwire_server.api.status import status_of
+from turnwire_server.config import MiddlewareEntry, Settings
+from turnwire_server.engine import EngineSettings, TurnEngine
+from turnwire_server.hooks.chain import MiddlewareChain
+from turnwire_server.importing import import_object
+from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
+from turnwire_server.providers.settings import ProviderConfigError, build_provider
+from turnwire_server.store import Store, open_store
+from turnwire_server.tools.loading import ToolLoadError, load_tools
+
+log = logging.getLogger("turnwire.server")
+
+_TURN_END_MARGIN_SECONDS = 5.0
+
+SERVICE_NAME = chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"].full_name
+
+
+class StartupError(Exception):
+    """The sidecar cannot start; the message says what to fix."""
+
+
+def load_middlewares(entries: Sequence[MiddlewareEntry]) -> list[Middleware]:
+    """Instantiate the configured middlewares in order. Raises :class:`StartupError`."""
+    middlewares: list[Middleware] = []
+    for index, entry in enumerate(entries):
+        try:
+            factory = import_object(entry.path)
+            middleware = factory(**entry.options)
+        except Exception as error:
+            raise StartupError(
+                f"middleware[{index}] {entry.path}: {type(error).__name__}: {error}"
+            ) from error
+        if not isinstance(middleware, Middleware):
+            raise StartupError(f"middleware[{index}] {entry.path} is not a turnwire.hooks.Middleware")
+        middlewares.append(middleware)
+    return middlewares
+
+
+def build_providers(settings: Settings) -> ProviderRegistry:
+    """The configured providers by name."""
+    providers: dict[str, Provider] = {}
+    for name, config in settings.providers.items():
+        try:
+            providers[name] = build_provider(name, config)
+        except ProviderConfigError as error:
+            raise StartupError(str(error)) from error
+    return ProviderRegistry(providers)
+
+
+@dataclass
+class Sidecar:
+    """A started sidecar: its gRPC server, engine and store. Use :func:`start`."""
+
+    server: grpc.aio.Server
+    engine: TurnEngine
+    store: Store
+    providers: ProviderRegistry
+    health: health_aio.HealthServicer
+    port: int
+    settings: Settings
+
+    async def stop(self) -> None:
+        """Graceful stop (see the module docstring)."""
+        grace = self.settings.limits.shutdown_grace_seconds
+        log.info("shutting down: running turns have %.1f s to finish", grace)
+        await self.health.enter_graceful_shutdown()
+        # The engine's drain waits for the turn tasks themselves: they store
+        # partial replies even after gRPC has cancelled their calls.
+        # gRPC gets a little longer than the engine so that turns cancelled at
+        # the end of the grace period can still send their TurnEnd(ABORTED).
+        await asyncio.gather(self.server.stop(grace + _TURN_END_MARGIN_SECONDS), self.engine.drain(grace))
+        await self.store.close()
+        await self.providers.aclose()
+        log.info("stopped")
+
+
+def grpc_options(settings: Settings) -> list[tuple[str, int]]:
+    """Server channel arguments, each set on purpose.
+
+    Python gRPC servers silently cancel calls beyond
+    ``grpc.server.max_pending_requests`` and calls not picked up within
+    ``grpc.server_max_unrequested_time_in_server`` seconds; we raise the pending
+    limit to the concurrency limit (beyond which ``maximum_concurrent_rpcs``
+    rejects with RESOURCE_EXHAUSTED instead) and keep the 30 s pickup bound.
+    ``so_reuseport`` is off so a second server on the same port fails loudly.
+    """
+    limits = settings.limits
+    return [
+        ("grpc.max_receive_message_length", limits.max_receive_message_bytes),
+        ("grpc.max_send_message_length", limits.max_receive_message_bytes),
+        ("grpc.server.max_pending_requests", limits.max_concurrent_rpcs),
+        ("grpc.server.max_pending_requests_hard_limit", limits.max_concurrent_rpcs * 2),
+        ("grpc.server_max_unrequested_time_in_server", 30),
+        ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ]
+
+
+async def start(settings: Settings) -> Sidecar:
+    """Check the configuration, open the store, recover crashed turns and start serving.
+
+    Everything that can be checked without the store is checked first, so a
+    bad configuration touches no file. Raises :class:`StartupError` with a
+    message that says what to fix.
+    """
+    try:
+        tools = load_tools(settings.tools.demo, settings.tools.python)
+    except ToolLoadError as error:
+        raise StartupError(f"tools.python: {error}") from error
+    providers = build_providers(settings)
+    try:
+        providers.resolve(settings.default_model)
+    except UnknownModel as error:
+        raise StartupError(f"default_model: {error}") from error
+    chain = MiddlewareChain(load_middlewares(settings.middleware))
+    try:
+        await chain.configure_session(
+            SessionContext(default_model=settings.default_model, system=settings.system_prompt, tools=tools)
+        )
+    except Exception as error:
+        raise StartupError(f"configure_session failed: {error}") from error
+    try:
+        store = open_store(settings.store.url)
+    except ValueError as error:
+        raise StartupError(f"store.url: {error}") from error
+    try:
+        await store.open()
+    except Exception as error:
+        raise StartupError(f"cannot open the store {settings.store.url}: {error}") from error
+    try:
+        engine = TurnEngine(
+            store=store,
+            providers=providers,
+            tools=tools,
+            chain=chain,
+            settings=EngineSettings(
+                default_model=settings.default_model,
+                system_prompt=settings.system_prompt,
+                max_steps=settings.limits.max_steps,
+                max_queued_turns_per_conversation=settings.limits.max_queued_turns_per_conversation,
+                text_coalesce_ms=settings.events.text_coalesce_ms,
+                checkpoint_interval_ms=settings.checkpoint.interval_ms,
+                tool_timeout_seconds=settings.limits.tool_timeout_seconds,
+                stream_stall_timeout_seconds=settings.limits.stream_stall_timeout_seconds,
+                hook_timeline=settings.events.hook_timeline,
+            ),
+            error_status=status_of,
+        )
+        recovered = await engine.recover()
+        if recovered:
+            log.warning("recovered %d turn(s) interrupted by a previous crash", recovered)
+        server = grpc.aio.server(
+            options=grpc_options(settings),
+            maximum_concurrent_rpcs=settings.limits.max_concurrent_rpcs,
+        )
+        chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
+            ChatService(
+                engine,
+                store,
+                default_model=settings.default_model,
+                max_message_bytes=settings.limits.max_message_bytes,
+            ),
+            server,
+        )
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        try:
+            port = server.add_insecure_port(settings.listen)
+        except RuntimeError as error:
+            raise StartupError(f"cannot listen on {settings.listen}: {error}") from error
+        if port == 0:
+            raise StartupError(f"cannot listen on {settings.listen}: the address is in use or not local")
+        await server.start()
+    except BaseException:
+        await store.close()
+        raise
+    for service in ("", SERVICE_NAME):
+        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    host = settings.listen.rpartition(":")[0]
+    log.info(
+        "turnwire listening on %s:%d (store %s, default model %s)",
+        host,
+        port,
+        settings.store.url,
+        settings.default_model,
+    )
+    return Sidecar(server, engine, store, providers, health, port, settings)
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM/SIGINT, then stop gracefully. Raises :class:`StartupError`."""
+    sidecar = await start(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await sidecar.stop()

@@ -1,0 +1,113 @@
+"""The ``turnwire`` command: ``serve`` the sidecar, ``chat`` with it, read ``history``, run the ``demo``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(
+    name="turnwire",
+    help="Turnwire: a gRPC sidecar that runs persisted, multi-step LLM chat turns.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+TargetOption = Annotated[
+    str, typer.Option("--target", "-t", envvar="TURNWIRE_TARGET", help="Sidecar address HOST:PORT.")
+]
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@app.command()
+def serve(
+    listen: Annotated[str | None, typer.Option(help="Address to listen on, HOST:PORT.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file.")] = None,
+    store: Annotated[str | None, typer.Option(help="Store URL, e.g. sqlite:///turnwire.db.")] = None,
+) -> None:
+    """Run the sidecar until SIGTERM or SIGINT (then stop gracefully and exit 0)."""
+    from turnwire_server.app import StartupError
+    from turnwire_server.app import serve as run_server
+    from turnwire_server.config import ConfigError, load_settings
+
+    overrides: dict[str, Any] = {"listen": listen}
+    if store is not None:
+        overrides["store"] = {"url": store}
+    try:
+        settings = load_settings(config, **overrides)
+    except ConfigError as error:
+        typer.echo(f"turnwire: {error}", err=True)
+        raise typer.Exit(2) from None
+    _configure_logging(settings.log_level)
+    try:
+        asyncio.run(run_server(settings))
+    except StartupError as error:
+        typer.echo(f"turnwire: cannot start: {error}", err=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def chat(
+    conversation: Annotated[str, typer.Argument(help="Conversation id (created on first use).")],
+    text: Annotated[str, typer.Argument(help="The user message.")],
+    target: TargetOption = "127.0.0.1:50051",
+    model: Annotated[str | None, typer.Option(help="Model for this turn, provider:model.")] = None,
+    body: Annotated[str | None, typer.Option(help="Per-turn JSON object for hooks.")] = None,
+) -> None:
+    """Send one message and stream the reply, tool calls and results included."""
+    from turnwire_server.console import run_chat
+
+    parsed_body = None
+    if body is not None:
+        try:
+            parsed_body = json.loads(body)
+        except json.JSONDecodeError as error:
+            typer.echo(f"turnwire: --body is not JSON: {error}", err=True)
+            raise typer.Exit(2) from None
+        if not isinstance(parsed_body, dict):
+            typer.echo("turnwire: --body must be a JSON object", err=True)
+            raise typer.Exit(2)
+    raise typer.Exit(asyncio.run(run_chat(target, conversation, text, model=model, body=parsed_body)))
+
+
+@app.command()
+def history(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    target: TargetOption = "127.0.0.1:50051",
+) -> None:
+    """Print a conversation's stored messages."""
+    from turnwire_server.console import run_history
+
+    raise typer.Exit(asyncio.run(run_history(target, conversation)))
+
+
+@app.command()
+def demo(
+    workdir: Annotated[
+        Path, typer.Option(help="Working directory of the sidecar (its SQLite file lives there).")
+    ] = Path("."),
+) -> None:
+    """Start the sidecar on its embedded defaults, hold a conversation that calls tools, stop it."""
+    from turnwire_server.demo import run_demo
+
+    workdir = workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    raise typer.Exit(asyncio.run(run_demo(workdir)))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,179 @@
+"""Configuration: one YAML file plus ``TURNWIRE_*`` environment variables.
+
+Precedence, highest first: command-line flags, environment variables
+(``TURNWIRE_LISTEN``, nested fields with ``__``: ``TURNWIRE_LIMITS__MAX_STEPS``),
+the YAML file (``--config``), the defaults below. With no file and no keys the
+sidecar runs on SQLite in the working directory with the offline scripted model.
+Validation errors name the field and what is wrong (:func:`load_settings`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from turnwire_server.providers.settings import ProviderSettings, default_providers, entry_location
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StoreSettings(_Section):
+    """Where conversations live. ``sqlite:///PATH`` (relative to the working directory)."""
+
+    url: str = "sqlite:///turnwire.db"
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        if not value.startswith("sqlite:///"):
+            raise ValueError("must be sqlite:///PATH (for example sqlite:///turnwire.db)")
+        return value
+
+
+class ToolsSettings(_Section):
+    """Server-side tools. ``demo`` enables the demo tools; ``python`` lists dotted paths
+    (``package.module:attribute``) of Tool objects, or of callables returning one or a list."""
+
+    demo: bool = True
+    python: list[str] = Field(default_factory=list)
+
+
+class MiddlewareEntry(_Section):
+    """One middleware of the chain: a dotted path (``package.module:Class``) and its options."""
+
+    path: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("path")
+    @classmethod
+    def _dotted(cls, value: str) -> str:
+        if ":" not in value:
+            raise ValueError("must be package.module:ClassName")
+        return value
+
+
+class LimitsSettings(_Section):
+    """Bounds. Sizes in bytes, times in seconds."""
+
+    max_steps: int = Field(10, ge=1, le=1000)
+    max_message_bytes: int = Field(1 << 20, ge=1024)
+    max_receive_message_bytes: int = Field(16 << 20, ge=4096)
+    max_concurrent_rpcs: int = Field(10_000, ge=1)
+    max_queued_turns_per_conversation: int = Field(32, ge=1)
+    shutdown_grace_seconds: float = Field(10.0, ge=0)
+    tool_timeout_seconds: float = Field(60.0, gt=0)
+    stream_stall_timeout_seconds: float = Field(
+        0.0, ge=0, description="stall watchdog: no event for this long ends a turn INTERRUPTED (0: off)"
+    )
+
+
+class EventsSettings(_Section):
+    """The event stream. ``text_coalesce_ms`` merges consecutive text and reasoning deltas of
+    one block arriving within that many milliseconds into one event (0: off);
+    ``hook_timeline`` adds which hook of which middleware ran, when and for how long, to
+    ``TurnEnd.metadata["hook_timeline"]``."""
+
+    text_coalesce_ms: float = Field(0.0, ge=0, le=1000)
+    hook_timeline: bool = Field(False, description="put each turn's hook timeline in TurnEnd.metadata")
+
+
+class StoreCheckpointSettings(_Section):
+    """How often a streaming reply is checkpointed, in milliseconds (besides step ends)."""
+
+    interval_ms: float = Field(250.0, ge=10)
+
+
+class Settings(BaseSettings):
+    """Everything the sidecar reads at start."""
+
+    model_config = SettingsConfigDict(env_prefix="TURNWIRE_", env_nested_delimiter="__", extra="forbid")
+    _yaml_file: ClassVar[Path | None] = None
+
+    listen: str = "127.0.0.1:50051"
+    default_model: str = "scripted:demo"
+    system_prompt: str = "You are a helpful assistant."
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    providers: dict[str, ProviderSettings] = Field(default_factory=default_providers)
+    tools: ToolsSettings = Field(default_factory=ToolsSettings)
+    middleware: list[MiddlewareEntry] = Field(default_factory=list)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    events: EventsSettings = Field(default_factory=EventsSettings)
+    checkpoint: StoreCheckpointSettings = Field(default_factory=StoreCheckpointSettings)
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError("must be HOST:PORT, for example 127.0.0.1:50051")
+        return value
+
+    @field_validator("default_model")
+    @classmethod
+    def _model_id(cls, value: str) -> str:
+        if ":" not in value:
+            raise ValueError("must be provider:model, for example scripted:demo")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags, then environment, then the YAML file given to :func:`load_settings`."""
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if cls._yaml_file is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=cls._yaml_file))
+        return tuple(sources)
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names each bad field and what is wrong."""
+
+
+def _describe(error: ValidationError, origin: str) -> str:
+    lines = [f"invalid configuration ({origin}):"]
+    for item in error.errors():
+        location = ".".join(str(part) for part in entry_location(item["loc"])) or "(top level)"
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown field (check its spelling and its section)"
+        lines.append(f"  {location}: {message}")
+    return "\n".join(lines)
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Read and validate the configuration.
+
+    ``overrides`` (command-line flags) win over everything else. Raises
+    :class:`ConfigError` when the file is missing or unreadable, or any field is
+    invalid.
+    """
+    if config_file is not None and not config_file.is_file():
+        raise ConfigError(f"config file {config_file} does not exist")
+    Settings._yaml_file = config_file
+    origin = "flags, TURNWIRE_* variables" + (f" and {config_file}" if config_file else "")
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as error:
+        raise ConfigError(_describe(error, origin)) from None
+    except (OSError, ValueError, yaml.YAMLError) as error:
+        raise ConfigError(f"cannot read {config_file}: {error}") from None
+    finally:
+        Settings._yaml_file = None

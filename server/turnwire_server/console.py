@@ -1,0 +1,418 @@
+"""Terminal rendering for the ``turnwire chat`` and ``turnwire history`` commands.
+
+Both commands talk to a running sidecar through :class:`turnwire.TurnwireClient` and print
+with rich. Output stays plain text (no control codes) when it is not a terminal, so it can be
+captured by tests and piped into files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC
+from typing import Any
+
+import grpc
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from rich.console import Console
+from rich.text import Text
+
+from turnwire_client import ProtocolError, TurnResult, TurnwireClient, TurnwireError, collect
+from turnwire_client.v1 import event_pb2, message_pb2
+
+__all__ = [
+    "EXIT_CALL_FAILED",
+    "EXIT_OK",
+    "EXIT_TURN_FAILED",
+    "EXIT_UNREACHABLE",
+    "run_chat",
+    "run_history",
+]
+
+EXIT_OK = 0
+"""Exit code: the turn completed (``run_chat``) or the history was printed."""
+EXIT_TURN_FAILED = 1
+"""Exit code: the turn ended other than COMPLETED (ERROR, ABORTED, INTERRUPTED, SKIPPED)."""
+EXIT_CALL_FAILED = 2
+"""Exit code: the sidecar rejected the call (bad input, not found, overloaded, ...)."""
+EXIT_UNREACHABLE = 3
+"""Exit code: the sidecar could not be reached."""
+
+_MAX_JSON = 300  # characters of tool input/output shown before eliding
+
+_STATUS_STYLES: dict[int, str] = {
+    event_pb2.TURN_STATUS_COMPLETED: "bold green",
+    event_pb2.TURN_STATUS_ERROR: "bold red",
+    event_pb2.TURN_STATUS_ABORTED: "bold yellow",
+    event_pb2.TURN_STATUS_INTERRUPTED: "bold yellow",
+    event_pb2.TURN_STATUS_SKIPPED: "bold",
+}
+
+_ROLE_STYLES: dict[int, str] = {
+    message_pb2.ROLE_USER: "bold cyan",
+    message_pb2.ROLE_ASSISTANT: "bold magenta",
+    message_pb2.ROLE_SYSTEM: "bold yellow",
+}
+
+
+async def run_chat(
+    target: str,
+    conversation_id: str,
+    text: str,
+    *,
+    model: str | None = None,
+    body: Mapping[str, Any] | None = None,
+    console: Console | None = None,
+) -> int:
+    """Send ``text`` to ``conversation_id`` on the sidecar at ``target`` and render the turn live.
+
+    Text deltas are printed as they arrive, reasoning dimmed, tool calls as
+    ``→ name {input}`` and results as ``← name: {output}`` (failures in red); later steps
+    get a dim ``step N`` marker, and one status line ends the output (status, the error for
+    ERROR turns, steps, token usage).
+
+    Args:
+        target: The sidecar's address, e.g. ``"localhost:50051"``.
+        conversation_id: The conversation to append to (created on first use).
+        text: The user message.
+        model: Optional ``provider:model`` for this turn.
+        body: Optional JSON-like data for lifecycle hooks.
+        console: Where to print; a default stdout ``Console`` when ``None``.
+
+    Returns:
+        The process exit code: 0 when the turn COMPLETED; 1 when it ended otherwise (or the
+        stream broke the protocol); 2 when the sidecar rejected the call (code, message and
+        field violations are printed); 3 when the sidecar cannot be reached.
+
+    Never raises :class:`turnwire.TurnwireError`; other exceptions (e.g. cancellation) pass.
+    """
+    out = console if console is not None else Console()
+    renderer = _TurnRenderer(out)
+    try:
+        async with TurnwireClient(target) as client:
+            events = client.chat(conversation_id, text, body=body, model=model)
+            result = await collect(renderer.tee(events))
+    except ProtocolError as error:
+        renderer.end_line()
+        out.print(Text(f"protocol error: {error.message}", style="bold red"), soft_wrap=True)
+        return EXIT_TURN_FAILED
+    except TurnwireError as error:
+        renderer.end_line()
+        return _print_call_error(out, target, error, mid_turn=renderer.events_seen > 0)
+    renderer.end_line()
+    _print_status_line(out, result, renderer.model)
+    return EXIT_OK if result.ok else EXIT_TURN_FAILED
+
+
+async def run_history(target: str, conversation_id: str, *, console: Console | None = None) -> int:
+    """Print a conversation's messages, oldest first.
+
+    Each message gets a header (role, id and time in UTC), then its parts: text, reasoning
+    dimmed, tool calls as ``→ name {input}`` with their result (``← name: {output}``) or
+    error (red), files, sources and data parts as dim one-liners.
+
+    Args:
+        target: The sidecar's address.
+        conversation_id: The conversation to show.
+        console: Where to print; a default stdout ``Console`` when ``None``.
+
+    Returns:
+        0 on success; 2 when the conversation does not exist (a clear message is printed) or
+        the call is rejected otherwise; 3 when the sidecar cannot be reached.
+
+    Never raises :class:`turnwire.TurnwireError`.
+    """
+    out = console if console is not None else Console()
+    try:
+        async with TurnwireClient(target) as client:
+            conversation = await client.get_conversation(conversation_id)
+    except TurnwireError as error:
+        if error.code == grpc.StatusCode.NOT_FOUND:
+            out.print(Text(f"conversation {conversation_id!r} not found", style="bold red"))
+            return EXIT_CALL_FAILED
+        return _print_call_error(out, target, error)
+
+    header = Text.assemble(
+        ("conversation ", "dim"),
+        (conversation.conversation_id, "bold"),
+        (f" · {_plural(conversation.message_count, 'message')}", "dim"),
+    )
+    if conversation.HasField("update_time"):
+        header.append(f" · updated {_time(conversation.update_time)}", style="dim")
+    out.print(header)
+    if not conversation.messages:
+        out.print(Text("(no messages)", style="dim"))
+    for message in conversation.messages:
+        out.print()
+        _print_message(out, message)
+    return EXIT_OK
+
+
+# -- live turn rendering ---------------------------------------------------------------------
+
+
+class _TurnRenderer:
+    """Prints one turn's events as they arrive."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.at_line_start = True
+        self.tool_names: dict[str, str] = {}
+        self.model = ""
+        self.events_seen = 0
+
+    async def tee(self, events: AsyncIterator[event_pb2.TurnEvent]) -> AsyncIterator[event_pb2.TurnEvent]:
+        """Pass ``events`` through, rendering each once the consumer has accepted it."""
+        try:
+            async for event in events:
+                self.events_seen += 1
+                yield event
+                self.render(event)
+        finally:
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def write(self, text: str, style: str = "") -> None:
+        """Print inline text without wrapping or markup; tracks whether a line is open."""
+        if not text:
+            return
+        self.console.print(Text(text, style=style), end="", soft_wrap=True, highlight=False, markup=False)
+        self.at_line_start = text.endswith("\n")
+
+    def end_line(self) -> None:
+        """Close an open line, if any."""
+        if not self.at_line_start:
+            self.console.print()
+            self.at_line_start = True
+
+    def line(self, text: Text) -> None:
+        """Print a whole line, closing an open one first."""
+        self.end_line()
+        self.console.print(text, soft_wrap=True, highlight=False)
+
+    def render(self, event: event_pb2.TurnEvent) -> None:
+        kind = event.WhichOneof("event")
+        if kind == "turn_start":
+            self.model = event.turn_start.model
+        elif kind == "step_start":
+            if event.step_start.step_number > 0:
+                self.line(Text(f"· step {event.step_start.step_number + 1}", style="dim"))
+        elif kind == "text_delta":
+            self.write(event.text_delta.delta)
+        elif kind == "reasoning_delta":
+            self.write(event.reasoning_delta.delta, style="dim italic")
+        elif kind in ("text_end", "reasoning_end"):
+            self.end_line()
+        elif kind == "tool_input_start":
+            start = event.tool_input_start
+            self.tool_names[start.tool_call_id] = start.tool_name
+        elif kind == "tool_input_available":
+            call = event.tool_input_available
+            self.tool_names[call.tool_call_id] = call.tool_name
+            self.line(_call_line(call.tool_name, _struct_json(call.input)))
+        elif kind == "tool_input_error":
+            bad = event.tool_input_error
+            self.tool_names[bad.tool_call_id] = bad.tool_name
+            self.line(_call_line(bad.tool_name, _short(bad.raw_input), style="red"))
+            self.line(_error_line(bad.tool_name, f"invalid input: {bad.error_text}"))
+        elif kind == "tool_approval_request":
+            name = self._name(event.tool_approval_request.tool_call_id)
+            self.line(Text(f"? {name} awaits approval", style="yellow"))
+        elif kind == "tool_output_available":
+            output = event.tool_output_available
+            if not output.preliminary:
+                self.line(_result_line(self._name(output.tool_call_id), output.output))
+        elif kind == "tool_output_error":
+            failed = event.tool_output_error
+            self.line(_error_line(self._name(failed.tool_call_id), failed.error_text))
+        elif kind == "tool_output_denied":
+            name = self._name(event.tool_output_denied.tool_call_id)
+            self.line(Text(f"← {name}: denied", style="yellow"))
+        elif kind == "source":
+            self.line(_source_line(event.source))
+        elif kind == "file":
+            self.line(_file_line(event.file))
+        elif kind == "step_finish":
+            reason = event.step_finish.finish_reason
+            if reason in (
+                event_pb2.FINISH_REASON_LENGTH,
+                event_pb2.FINISH_REASON_CONTENT_FILTER,
+                event_pb2.FINISH_REASON_ERROR,
+            ):
+                name = event_pb2.FinishReason.Name(reason).removeprefix("FINISH_REASON_")
+                self.line(Text(f"(step stopped: {name.lower()})", style="yellow"))
+        elif kind == "context_compacted":
+            self.line(Text("(context compacted)", style="dim"))
+        elif kind == "turn_end":
+            self.end_line()
+
+    def _name(self, tool_call_id: str) -> str:
+        return self.tool_names.get(tool_call_id, tool_call_id or "tool")
+
+
+def _print_status_line(out: Console, result: TurnResult, model: str) -> None:
+    line = Text()
+    line.append(result.status_name, style=_STATUS_STYLES.get(result.status, "bold"))
+    if result.error is not None:
+        error = TurnwireError.from_status(result.error)
+        if error.reason:
+            line.append(f" [{error.reason}]", style="red")
+        line.append(f": {error.message}", style="red")
+    facts = [_plural(result.step_count, "step")]
+    usage = result.usage
+    if usage.input_tokens or usage.output_tokens or usage.total_tokens:
+        tokens = f"tokens in {usage.input_tokens} / out {usage.output_tokens}"
+        if usage.reasoning_tokens:
+            tokens += f" (reasoning {usage.reasoning_tokens})"
+        if usage.cached_input_tokens:
+            tokens += f" · cached {usage.cached_input_tokens}"
+        facts.append(tokens)
+    if model:
+        facts.append(model)
+    line.append(" · " + " · ".join(facts), style="dim")
+    out.print(line, soft_wrap=True, highlight=False)
+
+
+def _print_call_error(out: Console, target: str, error: TurnwireError, *, mid_turn: bool = False) -> int:
+    if error.code == grpc.StatusCode.UNAVAILABLE and not error.reason:
+        problem = (
+            f"lost the connection to the sidecar at {target}"
+            if mid_turn
+            else f"cannot reach the sidecar at {target}: is `turnwire serve` running?"
+        )
+        out.print(Text(problem, style="bold red"), soft_wrap=True)
+        if error.message:
+            out.print(Text(f"  ({error.message})", style="dim"), soft_wrap=True)
+        return EXIT_UNREACHABLE
+    head = Text()
+    head.append(error.code.name, style="bold red")
+    if error.reason:
+        head.append(f" [{error.reason}]", style="red")
+    head.append(f": {error.message}")
+    out.print(head, soft_wrap=True, highlight=False)
+    for field_path, description in error.field_violations:
+        out.print(Text.assemble("  ", (field_path, "bold"), f": {description}"), soft_wrap=True)
+    return EXIT_CALL_FAILED
+
+
+# -- history rendering -----------------------------------------------------------------------
+
+
+def _print_message(out: Console, message: message_pb2.Message) -> None:
+    role = message_pb2.Role.Name(message.role).removeprefix("ROLE_").lower()
+    header = Text(role, style=_ROLE_STYLES.get(message.role, "bold"))
+    if message.HasField("create_time"):
+        header.append(f" · {_time(message.create_time)}", style="dim")
+    if message.id:
+        header.append(f" · {message.id}", style="dim")
+    out.print(header, soft_wrap=True, highlight=False)
+    steps = 0
+    for part in message.parts:
+        kind = part.WhichOneof("kind")
+        if kind == "text":
+            if part.text.text:
+                out.print(Text(part.text.text), soft_wrap=True, highlight=False)
+        elif kind == "reasoning":
+            reasoning = part.reasoning
+            shown = "(redacted reasoning)" if reasoning.redacted else reasoning.text
+            if shown:
+                out.print(Text(shown, style="dim italic"), soft_wrap=True, highlight=False)
+        elif kind == "tool_call":
+            _print_tool_call(out, part.tool_call)
+        elif kind == "step_start":
+            steps += 1
+            if steps > 1:
+                out.print(Text(f"· step {steps}", style="dim"))
+        elif kind == "file":
+            out.print(_file_line(part.file), soft_wrap=True, highlight=False)
+        elif kind == "source":
+            out.print(_source_line(part.source), soft_wrap=True, highlight=False)
+        elif kind == "data":
+            data = _short(_json(json_format.MessageToDict(part.data.data)))
+            out.print(Text(f"[data {part.data.type}] {data}", style="dim"), soft_wrap=True)
+
+
+def _print_tool_call(out: Console, call: message_pb2.ToolCallPart) -> None:
+    if call.HasField("input") or not call.raw_input:
+        out.print(_call_line(call.tool_name, _struct_json(call.input)), soft_wrap=True)
+    else:
+        out.print(_call_line(call.tool_name, _short(call.raw_input), style="red"), soft_wrap=True)
+    state = call.state
+    if state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
+        line = _result_line(call.tool_name, call.output)
+        if call.preliminary:
+            line.append(" (preliminary)", style="dim")
+        out.print(line, soft_wrap=True)
+    elif state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
+        out.print(_error_line(call.tool_name, call.error_text), soft_wrap=True)
+    elif state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED:
+        out.print(Text(f"← {call.tool_name}: denied", style="yellow"), soft_wrap=True)
+    elif state in (
+        message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED,
+        message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED,
+    ):
+        out.print(Text(f"? {call.tool_name} awaits approval", style="yellow"), soft_wrap=True)
+    else:
+        out.print(Text(f"← {call.tool_name}: (no result)", style="dim"), soft_wrap=True)
+
+
+# -- shared helpers --------------------------------------------------------------------------
+
+
+def _call_line(name: str, payload: str, *, style: str = "") -> Text:
+    return Text.assemble(("→ ", "cyan"), (name, "bold cyan"), " ", (payload, style))
+
+
+def _result_line(name: str, value: struct_pb2.Value) -> Text:
+    payload = _short(_json(json_format.MessageToDict(value)))
+    return Text.assemble(("← ", "green"), (name, "bold green"), ": ", payload)
+
+
+def _error_line(name: str, error_text: str) -> Text:
+    return Text(f"← {name}: error: {error_text}", style="red")
+
+
+def _source_line(source: message_pb2.SourcePart) -> Text:
+    label = source.title or source.filename or source.source_id
+    where = source.url or source.media_type
+    return Text(" ".join(s for s in ("[source]", label, where) if s), style="dim")
+
+
+def _file_line(file: message_pb2.FilePart) -> Text:
+    where = file.url if file.WhichOneof("content") == "url" else f"{len(file.data)} bytes"
+    bits = ("[file]", file.filename, file.media_type, where)
+    return Text(" ".join(s for s in bits if s), style="dim")
+
+
+def _struct_json(struct: struct_pb2.Struct) -> str:
+    return _short(_json(json_format.MessageToDict(struct)))
+
+
+def _json(value: object) -> str:
+    # Struct maps have no order; sort keys so the same data always prints the same.
+    return json.dumps(_plain(value), ensure_ascii=False, sort_keys=True)
+
+
+def _plain(value: object) -> object:
+    """Undo protobuf's number widening for display: ``21.0`` becomes ``21``."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _short(text: str, limit: int = _MAX_JSON) -> str:
+    text = " ".join(text.split()) if "\n" in text else text
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _time(stamp: timestamp_pb2.Timestamp) -> str:
+    return stamp.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

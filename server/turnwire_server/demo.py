@@ -1,0 +1,96 @@
+"""``turnwire demo``: the main job end to end on a fresh machine.
+
+Starts ``turnwire serve`` as a real child process on a free port with the
+embedded defaults (SQLite in ``workdir``, the offline scripted model, the demo
+tools), holds a short conversation whose turns call tools, prints the stored
+transcript, then stops the sidecar with SIGTERM and checks it exited cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rich.console import Console
+
+from turnwire_server.console import run_chat, run_history
+
+DEMO_MESSAGES = (
+    "What's the weather in Paris?",
+    "And what is (12 + 30) * 7?",
+)
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def wait_until_serving(target: str, limit_s: float = 30.0) -> None:
+    """Poll the standard health service until SERVING. Raises TimeoutError."""
+    deadline = time.monotonic() + limit_s
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the sidecar at {target} did not become SERVING in {limit_s:g} s")
+            await asyncio.sleep(0.1)
+
+
+async def run_demo(workdir: Path) -> int:
+    """Run the demo in ``workdir`` (an existing directory); returns a process exit code."""
+    console = Console()
+    target = f"127.0.0.1:{free_port()}"
+    log_path = workdir / "turnwire-demo.log"
+    console.rule("[bold]Turnwire demo")
+    console.print(f"starting [bold]turnwire serve --listen {target}[/] in {workdir}")
+    console.print(f"sidecar log: {log_path}", soft_wrap=True)
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "server",
+            "serve",
+            "--listen",
+            target,
+            cwd=workdir,
+            stdout=log,
+            stderr=log,
+        )
+        code = 1
+        try:
+            await wait_until_serving(target)
+            console.print("[green]sidecar is SERVING[/] (grpc.health.v1)\n")
+            conversation = f"demo-{int(time.time())}"
+            code = 0
+            for text in DEMO_MESSAGES:
+                console.print(f"[bold cyan]you>[/] {text}")
+                result = await run_chat(target, conversation, text, console=console)
+                code = code or result
+                console.print()
+            console.rule(f"stored transcript of {conversation}")
+            code = code or await run_history(target, conversation, console=console)
+        finally:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+            exit_code = await process.wait()
+        console.rule()
+        if exit_code != 0:
+            console.print(f"[red]the sidecar exited with {exit_code}; see {log_path}[/]")
+            return exit_code or 1
+        console.print("sidecar stopped cleanly (SIGTERM, exit 0)")
+    return code

@@ -1,0 +1,242 @@
+"""Accumulates the assistant message of a turn from model chunks and tool results.
+
+Text and reasoning deltas are kept as fragment lists and joined once per block
+(appending to a protobuf string field would copy the whole text per token).
+The message's parts keep emission order; tool results fill their call's part
+in place, whatever order they complete in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf import timestamp_pb2
+
+from turnwire import types as chunks
+from turnwire_client.v1 import message_pb2
+from turnwire_server.engine.transcript import to_struct, to_value
+
+
+@dataclass(slots=True)
+class _StepParts:
+    text: list[message_pb2.Part] = field(default_factory=list)
+    reasoning: list[message_pb2.Part] = field(default_factory=list)
+    tool_calls: list[message_pb2.Part] = field(default_factory=list)
+
+
+class AssistantMessage:
+    """The assistant message being built; ``message`` is the proto (parts may lag open blocks).
+
+    Call :meth:`materialize` before reading ``message`` while blocks are open.
+    """
+
+    def __init__(self, message_id: str, create_time: timestamp_pb2.Timestamp) -> None:
+        self.message = message_pb2.Message(id=message_id, role=message_pb2.ROLE_ASSISTANT)
+        self.message.create_time.CopyFrom(create_time)
+        self._open: dict[str, tuple[message_pb2.Part, list[str], str]] = {}
+        self._tool_parts: dict[str, message_pb2.Part] = {}
+        self._step = _StepParts()
+        #: False when send_reasoning=False: reasoning goes back to the model within this
+        #: turn (Anthropic needs signed thinking with tool use) but is never stored.
+        self.store_reasoning = True
+
+    @property
+    def has_parts(self) -> bool:
+        """True once anything besides step markers was added."""
+        return any(p.WhichOneof("kind") != "step_start" for p in self.message.parts)
+
+    def start_step(self) -> None:
+        """Mark a new model step."""
+        self.message.parts.add().step_start.SetInParent()
+        self._step = _StepParts()
+
+    def open_block(self, block_id: str, kind: str) -> None:
+        """Open a text (``kind="text"``) or reasoning block."""
+        part = self.message.parts.add()
+        if kind == "text":
+            part.text.SetInParent()
+            self._step.text.append(part)
+        else:
+            part.reasoning.SetInParent()
+            self._step.reasoning.append(part)
+        self._open[block_id] = (part, [], kind)
+
+    def append(self, block_id: str, delta: str) -> None:
+        """Append ``delta`` to an open block (opening it as text when the provider skipped the start)."""
+        entry = self._open.get(block_id)
+        if entry is None:
+            self.open_block(block_id, "text")
+            entry = self._open[block_id]
+        entry[1].append(delta)
+
+    def close_block(self, block_id: str, end: chunks.ReasoningEnd | None = None) -> None:
+        """Close a block, joining its fragments; a reasoning end brings its signature."""
+        entry = self._open.pop(block_id, None)
+        if entry is None:
+            return
+        part, fragments, kind = entry
+        if kind == "text":
+            part.text.text = "".join(fragments)
+        else:
+            part.reasoning.text = "".join(fragments)
+            if end is not None:
+                part.reasoning.signature = end.signature
+                part.reasoning.redacted = end.redacted
+                if end.provider_metadata:
+                    part.reasoning.provider_metadata.CopyFrom(to_struct(end.provider_metadata))
+
+    def materialize(self) -> None:
+        """Write open blocks' text so far into their parts (blocks stay open)."""
+        for part, fragments, kind in self._open.values():
+            if kind == "text":
+                part.text.text = "".join(fragments)
+            else:
+                part.reasoning.text = "".join(fragments)
+
+    def close_all(self) -> None:
+        """Close every open block (end of a step or of the turn)."""
+        for block_id in list(self._open):
+            self.close_block(block_id)
+
+    def snapshot(self) -> message_pb2.Message:
+        """A copy of the message as it stands, open blocks included (what the model is sent)."""
+        self.materialize()
+        copy = message_pb2.Message()
+        copy.CopyFrom(self.message)
+        return copy
+
+    def snapshot_to_store(self) -> message_pb2.Message | None:
+        """A copy for a checkpoint: like :meth:`snapshot`, without hidden reasoning; None when empty."""
+        copy = self.snapshot()
+        if not self.store_reasoning:
+            _drop_reasoning(copy)
+        return copy if _has_content(copy) else None
+
+    def start_tool_call(self, tool_call_id: str, tool_name: str) -> message_pb2.ToolCallPart:
+        """Add a tool call whose input is streaming."""
+        part = self.message.parts.add()
+        call = part.tool_call
+        call.tool_call_id = tool_call_id
+        call.tool_name = tool_name
+        call.state = message_pb2.TOOL_CALL_STATE_INPUT_STREAMING
+        self._tool_parts[tool_call_id] = part
+        self._step.tool_calls.append(part)
+        return call
+
+    def complete_tool_call(self, chunk: chunks.ToolCall) -> message_pb2.ToolCallPart:
+        """Record a complete call (input available, or an input error when ``chunk.error``)."""
+        part = self._tool_parts.get(chunk.tool_call_id)
+        call = (
+            part.tool_call if part is not None else self.start_tool_call(chunk.tool_call_id, chunk.tool_name)
+        )
+        call.tool_name = chunk.tool_name
+        if chunk.input is not None:
+            call.input.CopyFrom(to_struct(chunk.input))
+        else:
+            call.raw_input = chunk.raw_input
+        if chunk.error is not None:
+            call.state = message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
+            call.error_text = chunk.error
+            call.raw_input = chunk.raw_input
+        else:
+            call.state = message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE
+        return call
+
+    def tool_call(self, tool_call_id: str) -> message_pb2.ToolCallPart:
+        """The stored part of call ``tool_call_id``."""
+        return self._tool_parts[tool_call_id].tool_call
+
+    def set_output(
+        self, tool_call_id: str, output: Any, *, preliminary: bool = False
+    ) -> message_pb2.ToolCallPart:
+        """Record a (preliminary) result. Raises TypeError when ``output`` is not JSON-serializable."""
+        call = self._tool_parts[tool_call_id].tool_call
+        call.output.CopyFrom(to_value(output))
+        call.preliminary = preliminary
+        call.state = message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
+        return call
+
+    def set_error(self, tool_call_id: str, error_text: str) -> message_pb2.ToolCallPart:
+        """Record a failed call."""
+        call = self._tool_parts[tool_call_id].tool_call
+        call.ClearField("output")
+        call.preliminary = False
+        call.error_text = error_text
+        call.state = message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
+        return call
+
+    def fail_unresolved(self, error_text: str) -> None:
+        """Give every call still without a result an error (cancel, failure)."""
+        for part in self._tool_parts.values():
+            call = part.tool_call
+            if (
+                call.state
+                not in (
+                    message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
+                    message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
+                    message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED,
+                )
+                or call.preliminary
+            ):
+                self.set_error(call.tool_call_id, error_text)
+
+    def add_source(self, chunk: chunks.Source) -> None:
+        """Record a cited source."""
+        source = self.message.parts.add().source
+        source.source_id = chunk.source_id
+        source.url = chunk.url
+        source.title = chunk.title
+        source.media_type = chunk.media_type
+        source.filename = chunk.filename
+
+    def add_file(self, chunk: chunks.File) -> message_pb2.FilePart:
+        """Record a file the model produced."""
+        file = self.message.parts.add().file
+        file.media_type = chunk.media_type
+        file.filename = chunk.filename
+        if chunk.url:
+            file.url = chunk.url
+        else:
+            file.data = chunk.data
+        return file
+
+    def step_text(self) -> str:
+        """The current step's text."""
+        return "".join(p.text.text for p in self._step.text)
+
+    def step_reasoning(self) -> list[message_pb2.ReasoningPart]:
+        """The current step's reasoning parts."""
+        return [p.reasoning for p in self._step.reasoning]
+
+    def step_tool_calls(self) -> list[message_pb2.ToolCallPart]:
+        """The current step's tool calls, in emission order."""
+        return [p.tool_call for p in self._step.tool_calls]
+
+    def finalize(self) -> message_pb2.Message | None:
+        """Close blocks, drop hidden reasoning and empty trailing markers; the message to store,
+        or None when it has no content."""
+        self.close_all()
+        if not self.store_reasoning:
+            _drop_reasoning(self.message)
+        parts = self.message.parts
+        # A trailing step marker with nothing after it (a failed or aborted step) carries nothing.
+        while len(parts) and parts[-1].WhichOneof("kind") == "step_start":
+            del parts[-1]
+        return self.message if self.has_parts else None
+
+
+def _has_content(message: message_pb2.Message) -> bool:
+    return any(p.WhichOneof("kind") != "step_start" for p in message.parts)
+
+
+def _drop_reasoning(message: message_pb2.Message) -> None:
+    kept = [p for p in message.parts if p.WhichOneof("kind") != "reasoning"]
+    if len(kept) != len(message.parts):
+        copies = []
+        for part in kept:
+            copy = message_pb2.Part()
+            copy.CopyFrom(part)
+            copies.append(copy)
+        del message.parts[:]
+        message.parts.extend(copies)

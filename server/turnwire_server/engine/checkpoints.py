@@ -1,0 +1,90 @@
+"""Checkpoints of a streaming reply: at least every ``interval`` while output arrives.
+
+A crash loses at most about one interval of output (THINK-SEMANTICS.md
+section 8). Writes never block the stream: one checkpoint is in flight at a
+time; progress made meanwhile is written as soon as it lands, and a trailing
+timer catches output followed by a pause. :meth:`Checkpointer.close` stops all
+of it before the final write, so no late checkpoint can overwrite it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from turnwire_client.v1 import message_pb2
+
+log = logging.getLogger("turnwire.checkpoints")
+
+
+class Checkpointer:
+    """Schedules ``save(snapshot())`` calls for one turn.
+
+    ``snapshot`` returns a copy of the reply so far, or None when there is
+    nothing to store yet; ``interval`` is in seconds.
+    """
+
+    def __init__(
+        self,
+        save: Callable[[message_pb2.Message], Awaitable[None]],
+        snapshot: Callable[[], message_pb2.Message | None],
+        interval: float,
+        name: str,
+    ) -> None:
+        self._save = save
+        self._snapshot = snapshot
+        self._interval = interval
+        self._name = name
+        self._last = time.monotonic()
+        self._in_flight: asyncio.Task[None] | None = None
+        self._dirty = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def progress(self) -> None:
+        """The reply changed: write it now if the interval has passed, else arm the trailing timer.
+
+        Cheap enough to call per chunk: one clock read unless a write is due.
+        """
+        elapsed = time.monotonic() - self._last
+        if elapsed >= self._interval:
+            self.now()
+        elif self._timer is None and not self._closed:
+            self._timer = asyncio.get_running_loop().call_later(self._interval - elapsed, self.now)
+
+    def now(self) -> None:
+        """Write the current state without waiting (coalesced with a write in flight)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._closed:
+            return
+        self._last = time.monotonic()
+        if self._in_flight is not None and not self._in_flight.done():
+            self._dirty = True
+            return
+        snapshot = self._snapshot()
+        if snapshot is None:
+            return
+        self._dirty = False
+        self._in_flight = asyncio.create_task(self._write(snapshot), name=f"checkpoint {self._name}")
+
+    async def _write(self, snapshot: message_pb2.Message) -> None:
+        try:
+            await self._save(snapshot)
+        except Exception as error:  # the final write reports store failures
+            log.warning("checkpoint of %s failed: %s", self._name, error)
+        if self._dirty and not self._closed:
+            self._in_flight = None
+            self.now()
+
+    async def close(self) -> None:
+        """Stop checkpointing and wait for the write in flight (its errors are logged, not raised)."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._in_flight is not None and not self._in_flight.done():
+            await asyncio.shield(self._in_flight)

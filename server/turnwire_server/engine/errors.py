@@ -1,0 +1,62 @@
+"""The engine's domain errors. The API layer (``turnwire_server.api.status``) alone maps them
+to gRPC status codes and ``google.rpc`` details."""
+
+from __future__ import annotations
+
+from turnwire.hooks import ErrorStage
+
+
+class ModelTimeout(Exception):
+    """A model call ran past a ``TurnConfig.timeout`` limit."""
+
+
+class TurnFailure(Exception):
+    """A turn failed at ``stage``; ``error`` (also ``__cause__``) is the original error."""
+
+    def __init__(self, stage: ErrorStage, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.stage = stage
+        self.error = error
+        self.__cause__ = error
+
+
+class AdmissionRefused(Exception):
+    """A turn was not admitted; nothing was stored. Subclasses say why."""
+
+
+class ShuttingDown(AdmissionRefused):
+    """The engine is draining for shutdown and takes no new turns."""
+
+    def __init__(self) -> None:
+        super().__init__("the sidecar is shutting down and takes no new turns; retry on another replica")
+
+
+class RequestIdInUse(AdmissionRefused):
+    """A turn with this request id is already running."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"a turn with request_id {request_id!r} is already running; use a new request_id for a new turn"
+        )
+        self.request_id = request_id
+
+
+class NestedTurn(AdmissionRefused):
+    """A blocking turn was requested from inside an active turn of the same conversation
+    (it would wait for its own parent's lock forever)."""
+
+    def __init__(self, parent_request_id: str) -> None:
+        super().__init__("cannot be called from inside an active turn; use SubmitMessages or AddMessages")
+        self.parent_request_id = parent_request_id
+
+
+class QueueFull(AdmissionRefused):
+    """The conversation already has ``limit`` turns waiting."""
+
+    def __init__(self, conversation_id: str, limit: int) -> None:
+        super().__init__(
+            f"conversation {conversation_id!r} already has {limit} turns waiting; "
+            "retry after the running turns finish"
+        )
+        self.conversation_id = conversation_id
+        self.limit = limit

@@ -1,0 +1,49 @@
+"""What the engine is asked to run (:class:`TurnRequest`) and its defaults (:class:`EngineSettings`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from turnwire_client.v1 import message_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """An admitted request for one turn.
+
+    ``messages`` are the new messages to append (validated, ids assigned);
+    ``continuation`` is true for ContinueLastTurn; ``response_type`` is the
+    RPC's response class (it wraps ``TurnEvent`` in field ``event``);
+    ``skip_unless_assistant_last`` ends the turn SKIPPED when the stored
+    history does not end with an assistant message (ContinueLastTurn).
+    """
+
+    conversation_id: str
+    request_id: str
+    messages: Sequence[message_pb2.Message]
+    body: Mapping[str, Any]
+    model: str
+    continuation: bool
+    response_type: Callable[[], Any]
+    skip_unless_assistant_last: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """Engine-wide defaults; every duration carries its unit in its name.
+
+    ``stream_stall_timeout_seconds`` 0 turns the stall watchdog off.
+    ``hook_timeline`` puts each turn's hook timeline in ``TurnEnd.metadata``.
+    """
+
+    default_model: str = "scripted:demo"
+    system_prompt: str = "You are a helpful assistant."
+    max_steps: int = 10
+    max_queued_turns_per_conversation: int = 32
+    text_coalesce_ms: float = 0.0
+    checkpoint_interval_ms: float = 250.0
+    tool_timeout_seconds: float = 60.0
+    stream_stall_timeout_seconds: float = 0.0
+    hook_timeline: bool = False

@@ -1,0 +1,355 @@
+"""The step loop of one turn (docs/semantics.md, "The turn" and "Steps").
+
+``before_turn`` → for each step: ``before_step`` → model stream (``on_chunk``
+per chunk, events to the client) → tool calls → ``on_step_finish``; until a
+step produces no tool result, a ``stop_when`` condition holds, or
+``max_steps`` model calls ran.
+
+Timeouts (``TurnConfig.timeout``) end the turn in error (DEADLINE_EXCEEDED);
+the stall watchdog (``stream_stall_timeout_seconds``) ends it INTERRUPTED
+(docs/semantics.md, "Stalls").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from typing import Any
+
+from turnwire import types as chunks
+from turnwire.hooks import ChunkContext, StepContext, StepFinishContext, TurnConfig, TurnContext, TurnTimeout
+from turnwire.providers import ModelRequest, ProviderError
+from turnwire.tools import definition_of
+from turnwire.types import ModelSettings
+from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.engine.errors import ModelTimeout, TurnFailure
+from turnwire_server.engine.request import EngineSettings
+from turnwire_server.engine.tool_calls import ToolCallRunner
+from turnwire_server.engine.transcript import CONTINUATION_PROMPT, repair_unresolved_tool_calls
+from turnwire_server.engine.turn_state import TurnState
+from turnwire_server.hooks.chain import HookError, merge_config
+from turnwire_server.providers.registry import ProviderRegistry
+from turnwire_server.store.base import Store
+
+_FINISH_REASONS = {
+    "stop": event_pb2.FINISH_REASON_STOP,
+    "length": event_pb2.FINISH_REASON_LENGTH,
+    "tool-calls": event_pb2.FINISH_REASON_TOOL_CALLS,
+    "content-filter": event_pb2.FINISH_REASON_CONTENT_FILTER,
+    "error": event_pb2.FINISH_REASON_ERROR,
+    "other": event_pb2.FINISH_REASON_OTHER,
+}
+
+_RESOLVED = (message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE, message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR)
+
+
+class StepLoop:
+    """Runs ``before_turn`` and the steps of one attempt of a turn.
+
+    ``on_stall(reason)`` is called when the stall watchdog fires (the turn then
+    ends INTERRUPTED).
+    """
+
+    def __init__(
+        self,
+        state: TurnState,
+        *,
+        store: Store,
+        providers: ProviderRegistry,
+        settings: EngineSettings,
+        on_stall: Callable[[str], None],
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.providers = providers
+        self.settings = settings
+        self.on_stall = on_stall
+
+    async def run(self) -> None:
+        """Assemble, ``before_turn``, then the steps. Raises :class:`TurnFailure`."""
+        turn = self.state
+        request = turn.request
+        history = await self.store.load_messages(request.conversation_id)
+        for message in repair_unresolved_tool_calls(history):
+            await self.store.save_message(request.conversation_id, message)
+        try:
+            ctx, config = await turn.hooks.before_turn(
+                TurnContext(
+                    conversation_id=request.conversation_id,
+                    request_id=request.request_id,
+                    system=self.settings.system_prompt,
+                    messages=history,
+                    tools=turn.tools,
+                    model=request.model,
+                    continuation=request.continuation,
+                    body=request.body,
+                )
+            )
+        except HookError as error:
+            raise TurnFailure("turn", error) from error
+        turn.tools = dict(ctx.tools)
+        turn.send_reasoning = config.send_reasoning is not False
+        turn.assistant.store_reasoning = turn.send_reasoning
+        timeout = config.timeout or TurnTimeout()
+        stall_seconds = (
+            config.stream_stall_timeout_seconds
+            if config.stream_stall_timeout_seconds is not None
+            else self.settings.stream_stall_timeout_seconds
+        )
+        watchdog = (
+            asyncio.create_task(self._watch_stalls(stall_seconds), name="stall watchdog")
+            if stall_seconds
+            else None
+        )
+        try:
+            async with asyncio.timeout(timeout.total_seconds):
+                await self._steps(ctx, config, timeout)
+        except TimeoutError:
+            raise TurnFailure(
+                "stream",
+                ModelTimeout(f"the turn exceeded its total timeout of {timeout.total_seconds:g} s"),
+            ) from None
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+
+    async def _watch_stalls(self, stall: float) -> None:
+        """Interrupt the turn when no event was sent for ``stall`` seconds (tool time included)."""
+        writer = self.state.writer
+        last_sequence = writer.sequence_number
+        last_change = time.monotonic()
+        # Polling the event counter costs nothing per event; it fires within stall * 1.25.
+        while True:
+            await asyncio.sleep(stall / 4)
+            now = time.monotonic()
+            if writer.sequence_number != last_sequence:
+                last_sequence, last_change = writer.sequence_number, now
+            elif now - last_change >= stall:
+                self.on_stall(f"no event for {stall:g} s (stream_stall_timeout_seconds)")
+                return
+
+    async def _steps(self, ctx: TurnContext, config: TurnConfig, limits: TurnTimeout) -> None:
+        turn = self.state
+        request = turn.request
+        max_steps = config.max_steps or self.settings.max_steps
+        base_messages = list(ctx.messages)
+        if base_messages and base_messages[-1].role == message_pb2.ROLE_ASSISTANT:
+            prompt = message_pb2.Message(id="continuation-prompt", role=message_pb2.ROLE_USER)
+            prompt.parts.add().text.text = CONTINUATION_PROMPT
+            base_messages.append(prompt)
+        settings = merge_config(
+            ModelSettings(timeout_seconds=limits.step_seconds or limits.total_seconds),
+            config.model_settings or ModelSettings(),
+        )
+        runner = ToolCallRunner(turn, self.settings.tool_timeout_seconds, config.repair_tool_call)
+        for step_number in range(max_steps):
+            step_ctx = StepContext(
+                conversation_id=request.conversation_id,
+                request_id=request.request_id,
+                step_number=step_number,
+                steps=tuple(turn.steps),
+                model=ctx.model,
+                system=ctx.system,
+                messages=self._model_messages(base_messages),
+            )
+            try:
+                step_config = await turn.hooks.before_step(step_ctx)
+            except HookError as error:
+                raise TurnFailure("step", error) from error
+            try:
+                provider, model_name = self.providers.resolve(step_config.model or ctx.model)
+            except LookupError as error:
+                raise TurnFailure("step", error) from error
+            active = step_config.active_tools if step_config.active_tools is not None else config.active_tools
+            allowed = active_tool_names(turn.tools, active)
+            step_settings = (
+                merge_config(settings, step_config.model_settings) if step_config.model_settings else settings
+            )
+            model_request = ModelRequest(
+                model=model_name,
+                system=step_config.system if step_config.system is not None else ctx.system,
+                messages=step_config.messages if step_config.messages is not None else step_ctx.messages,
+                tools=[definition_of(turn.tools[name]) for name in allowed],
+                tool_choice=step_config.tool_choice or config.tool_choice or "auto",
+                settings=step_settings,
+                output_schema=config.output,
+                step_number=step_number,
+            )
+            turn.step_messages = model_request.messages
+            turn.assistant.start_step()
+            turn.writer.new().step_start.step_number = step_number
+            turn.steps_started = step_number + 1
+            try:
+                async with asyncio.timeout(limits.step_seconds):
+                    finish = await self._stream(
+                        provider.stream(model_request),
+                        step_number,
+                        set(allowed),
+                        runner,
+                        limits.chunk_seconds,
+                    )
+            except TimeoutError:
+                raise TurnFailure(
+                    "stream", ModelTimeout(f"model step {step_number} exceeded {limits.step_seconds:g} s")
+                ) from None
+            await runner.repair_invalid(finish.finish_reason)
+            had_tool_results = await runner.run_pending(step_number)
+            result = self._step_result(step_number, finish)
+            turn.steps.append(result)
+            turn.usage.add(finish.usage)
+            self._step_finish_event(result, finish)
+            await turn.hooks.on_step_finish(result)
+            if not had_tool_results or _should_stop(config, result, step_number + 1):
+                break  # the final write follows at once: no checkpoint of the last step
+            turn.checkpoints.now()
+
+    def _model_messages(self, base: list[message_pb2.Message]) -> list[message_pb2.Message]:
+        # A snapshot: the provider must not see the live message change under it.
+        assistant = self.state.assistant
+        if assistant.has_parts:
+            return [*base, assistant.snapshot()]
+        return base
+
+    def _step_result(self, step_number: int, finish: chunks.FinishStep) -> StepFinishContext:
+        turn = self.state
+        assistant = turn.assistant
+        assistant.close_all()
+        calls = assistant.step_tool_calls()
+        # Hidden reasoning stays between the engine and the model: hooks do not see it either.
+        reasoning = assistant.step_reasoning() if turn.send_reasoning else []
+        return StepFinishContext(
+            step_number=step_number,
+            text=assistant.step_text(),
+            reasoning=reasoning,
+            reasoning_text="".join(r.text for r in reasoning),
+            tool_calls=calls,
+            tool_results=[c for c in calls if c.state in _RESOLVED],
+            finish_reason=finish.finish_reason,
+            raw_finish_reason=finish.raw_finish_reason,
+            usage=finish.usage,
+            response_id=finish.response_id,
+            response_model=finish.response_model,
+            provider_metadata=finish.provider_metadata,
+            warnings=tuple(finish.warnings),
+            conversation_id=turn.request.conversation_id,
+            request_id=turn.request.request_id,
+        )
+
+    def _step_finish_event(self, result: StepFinishContext, finish: chunks.FinishStep) -> None:
+        event = self.state.writer.new().step_finish
+        event.step_number = result.step_number
+        event.finish_reason = _FINISH_REASONS.get(finish.finish_reason, event_pb2.FINISH_REASON_OTHER)
+        event.raw_finish_reason = finish.raw_finish_reason
+        finish.usage.copy_to(event.usage)
+        event.response_id = finish.response_id
+        event.response_model = finish.response_model
+
+    async def _stream(
+        self,
+        stream: AsyncGenerator[Any, None],
+        step_number: int,
+        allowed: set[str],
+        runner: ToolCallRunner,
+        chunk_timeout: float | None,
+    ) -> chunks.FinishStep:
+        """Consume one model stream: events, message parts, on_chunk. Returns its FinishStep.
+
+        Chunks are dispatched on their exact type (cheaper than isinstance or
+        match on the hot path), hence ``Any`` for the stream's items.
+        """
+        turn = self.state
+        writer = turn.writer
+        assistant = turn.assistant
+        hooks = turn.hooks
+        observe = hooks.observes_chunks
+        send_reasoning = turn.send_reasoning
+        progress = turn.checkpoints.progress
+        request = turn.request
+        finish: chunks.FinishStep | None = None
+        loop = asyncio.get_running_loop()
+        try:
+            async with contextlib.aclosing(stream) as model_stream, asyncio.timeout(chunk_timeout) as gap:
+                async for chunk in model_stream:
+                    if chunk_timeout is not None:
+                        gap.reschedule(loop.time() + chunk_timeout)
+                    kind = type(chunk)
+                    # Ordered by frequency: deltas dominate.
+                    if kind is chunks.TextDelta:
+                        assistant.append(chunk.id, chunk.delta)
+                        writer.text_delta(chunk.id, chunk.delta)
+                    elif kind is chunks.ReasoningDelta:
+                        # Hidden reasoning (send_reasoning=False) is kept for the model's
+                        # next step but neither streamed nor stored.
+                        assistant.append(chunk.id, chunk.delta)
+                        if send_reasoning:
+                            writer.reasoning_delta(chunk.id, chunk.delta)
+                    elif kind is chunks.ToolInputDelta:
+                        input_delta = writer.new().tool_input_delta
+                        input_delta.tool_call_id = chunk.tool_call_id
+                        input_delta.input_text_delta = chunk.delta
+                    elif kind is chunks.TextStart:
+                        assistant.open_block(chunk.id, "text")
+                        writer.new().text_start.id = chunk.id
+                    elif kind is chunks.TextEnd:
+                        assistant.close_block(chunk.id)
+                        writer.new().text_end.id = chunk.id
+                    elif kind is chunks.ReasoningStart:
+                        assistant.open_block(chunk.id, "reasoning")
+                        if send_reasoning:
+                            writer.new().reasoning_start.id = chunk.id
+                    elif kind is chunks.ReasoningEnd:
+                        assistant.close_block(chunk.id, chunk)
+                        if send_reasoning:
+                            writer.new().reasoning_end.id = chunk.id
+                    elif kind is chunks.ToolInputStart:
+                        assistant.start_tool_call(chunk.tool_call_id, chunk.tool_name)
+                        input_start = writer.new().tool_input_start
+                        input_start.tool_call_id = chunk.tool_call_id
+                        input_start.tool_name = chunk.tool_name
+                    elif kind is chunks.ToolCall:
+                        runner.accept(chunk, allowed)
+                    elif kind is chunks.Source:
+                        assistant.add_source(chunk)
+                        writer.new().source.CopyFrom(assistant.message.parts[-1].source)
+                    elif kind is chunks.File:
+                        writer.new().file.CopyFrom(assistant.add_file(chunk))
+                    elif kind is chunks.FinishStep:
+                        finish = chunk
+                    if observe:
+                        await hooks.on_chunk(
+                            ChunkContext(request.conversation_id, request.request_id, step_number, chunk)
+                        )
+                    progress()
+        except ProviderError as error:
+            raise TurnFailure("stream", error) from error
+        except TimeoutError:
+            if chunk_timeout is None:
+                raise
+            raise TurnFailure(
+                "stream", ModelTimeout(f"no model output for {chunk_timeout:g} s (chunk timeout)")
+            ) from None
+        if finish is None:
+            raise TurnFailure(
+                "stream", ProviderError("the model stream ended without a finish", provider="engine")
+            )
+        return finish
+
+
+def active_tool_names(tools: Mapping[str, Any], active: Sequence[str] | None) -> list[str]:
+    """The tool names the model may call: all of ``tools``, limited to ``active`` when given."""
+    if active is None:
+        return list(tools)
+    return [name for name in active if name in tools]
+
+
+def _should_stop(config: TurnConfig, result: StepFinishContext, steps_run: int) -> bool:
+    for condition in config.stop_when or ():
+        if condition.step_count is not None and steps_run >= condition.step_count:
+            return True
+        if condition.tool_called is not None and any(
+            call.tool_name == condition.tool_called for call in result.tool_calls
+        ):
+            return True
+    return False

@@ -1,0 +1,252 @@
+"""Server-side tool calls of one step: validation, hooks, concurrent execution, results.
+
+Calls start in the order the model emitted them and run concurrently; result
+events and ``after_tool_call`` come in completion order; the stored message
+keeps emission order (docs/semantics.md, "Tool calls"). Decisions and error
+rules are that section's ``before_tool_call`` table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections.abc
+import dataclasses
+import inspect
+import logging
+import time
+from typing import Any
+
+from turnwire import types as chunks
+from turnwire.hooks import (
+    ChunkContext,
+    RepairToolCall,
+    ToolCallContext,
+    ToolCallOutcome,
+    ToolCallResultContext,
+)
+from turnwire.tools import Tool, ToolError, ToolExecution
+from turnwire_server.engine.turn_state import TurnState
+from turnwire_server.hooks.chain import HookError
+
+log = logging.getLogger("turnwire.tools")
+
+BLOCKED_TEXT = 'Tool "{name}" was blocked by beforeToolCall.'
+"""What the model sees for a block without a reason (Think's exact wording)."""
+
+
+class ToolCallRunner:
+    """Collects a step's complete tool calls, then runs them with their hooks.
+
+    ``tool_timeout_seconds`` bounds each execution; ``repair`` is the turn's
+    ``repair_tool_call`` (or None).
+    """
+
+    def __init__(
+        self, state: TurnState, tool_timeout_seconds: float, repair: RepairToolCall | None = None
+    ) -> None:
+        self.turn = state  # the turn's working state
+        self._tool_timeout_seconds = tool_timeout_seconds
+        self._repair = repair
+        self._pending: list[tuple[chunks.ToolCall, Tool]] = []
+        self._invalid: list[tuple[chunks.ToolCall, str, collections.abc.Set[str]]] = []
+        self._had_results = False
+
+    def accept(self, call: chunks.ToolCall, allowed: collections.abc.Set[str]) -> None:
+        """Record a complete call from the stream; invalid ones become input errors (or wait for
+        :meth:`repair_invalid` when a ``repair_tool_call`` hook is set)."""
+        turn = self.turn
+        turn.assistant.complete_tool_call(call)
+        error = self._problem(call, allowed)
+        if error is None:
+            self._available(call, allowed)
+        elif self._repair is not None:
+            self._invalid.append((call, error, allowed))
+        else:
+            self._input_error(call, error)
+
+    def _problem(self, call: chunks.ToolCall, allowed: collections.abc.Set[str]) -> str | None:
+        if call.error is not None:
+            return call.error
+        if call.tool_name not in self.turn.tools or call.tool_name not in allowed:
+            names = ", ".join(sorted(allowed)) or "none"
+            return f"Model tried to call unavailable tool '{call.tool_name}'. Available tools: {names}."
+        return None
+
+    def _available(self, call: chunks.ToolCall, allowed: collections.abc.Set[str]) -> None:
+        turn = self.turn
+        event = turn.writer.new().tool_input_available
+        event.tool_call_id = call.tool_call_id
+        event.tool_name = call.tool_name
+        event.input.CopyFrom(turn.assistant.tool_call(call.tool_call_id).input)
+        self._pending.append((call, turn.tools[call.tool_name]))
+
+    def _input_error(self, call: chunks.ToolCall, error: str) -> None:
+        turn = self.turn
+        turn.assistant.set_error(call.tool_call_id, error)
+        self._had_results = True
+        event = turn.writer.new().tool_input_error
+        event.tool_call_id = call.tool_call_id
+        event.tool_name = call.tool_name
+        event.raw_input = call.raw_input
+        event.error_text = error
+
+    async def repair_invalid(self, finish_reason: str) -> None:
+        """Give invalid calls to ``repair_tool_call`` once the stream ended, except after an output
+        limit (a cut-off call is never run with repaired, partial input)."""
+        invalid, self._invalid = self._invalid, []
+        for call, error, allowed in invalid:
+            repaired: chunks.ToolCall | None = None
+            if finish_reason != "length" and self._repair is not None:
+                try:
+                    outcome = self._repair(call, error)
+                    repaired = await outcome if inspect.isawaitable(outcome) else outcome
+                except Exception as repair_error:
+                    log.warning("repair_tool_call raised for %s: %s", call.tool_call_id, repair_error)
+            if repaired is not None and self._problem(repaired, allowed) is None:
+                fixed = dataclasses.replace(repaired, tool_call_id=call.tool_call_id)
+                self.turn.assistant.complete_tool_call(fixed)
+                self._available(fixed, allowed)
+            else:
+                self._input_error(call, error)
+
+    async def run_pending(self, step_number: int) -> bool:
+        """Run the step's accepted calls concurrently; True when the step produced any tool result."""
+        pending, self._pending = self._pending, []
+        had_results, self._had_results = self._had_results, False
+        if not pending:
+            return had_results
+        if len(pending) == 1:
+            await self._run(*pending[0], step_number)
+        else:
+            async with asyncio.TaskGroup() as group:
+                for call, tool in pending:
+                    group.create_task(self._run(call, tool, step_number))
+        return True
+
+    async def _run(self, call: chunks.ToolCall, tool: Tool, step_number: int) -> None:
+        turn = self.turn
+        request = turn.request
+        model_input: dict[str, Any] = call.input or {}
+        streaming = bool(getattr(tool, "streaming", False))
+        started = time.perf_counter()
+        success = True
+        outcome: ToolCallOutcome = "executed"
+        output: Any = None
+        error_text: str | None = None
+        try:
+            decision = await turn.hooks.before_tool_call(
+                ToolCallContext(
+                    conversation_id=request.conversation_id,
+                    request_id=request.request_id,
+                    tool_call_id=call.tool_call_id,
+                    tool_name=call.tool_name,
+                    input=model_input,
+                    step_number=step_number,
+                    messages=turn.step_messages,
+                    cancelled=turn.cancelled,
+                )
+            )
+        except HookError as hook_error:
+            success, error_text = False, _describe(hook_error.__cause__ or hook_error)
+        else:
+            if decision.action == "block":
+                outcome = "blocked"
+                output = decision.reason or BLOCKED_TEXT.format(name=call.tool_name)
+                if streaming:
+                    await self._result(call, step_number, output, preliminary=True)
+            elif decision.action == "substitute":
+                outcome = "substituted"
+                output = decision.output
+                if streaming:
+                    await self._result(call, step_number, output, preliminary=True)
+            else:
+                run_input = dict(decision.input) if decision.input is not None else model_input
+                try:
+                    output = await self._execute(call, tool, run_input, step_number)
+                except Exception as tool_error:
+                    success, error_text = False, _describe(tool_error)
+        duration_ms = (time.perf_counter() - started) * 1000.0
+        if success:
+            try:
+                await self._result(call, step_number, output, preliminary=False)
+            except TypeError as not_json:
+                success, error_text = False, f"tool result is not JSON-serializable: {not_json}"
+        if not success:
+            outcome = "failed"
+            await self._error(call, step_number, error_text or "tool failed")
+        await turn.hooks.after_tool_call(
+            ToolCallResultContext(
+                conversation_id=request.conversation_id,
+                request_id=request.request_id,
+                tool_call_id=call.tool_call_id,
+                tool_name=call.tool_name,
+                input=model_input,
+                step_number=step_number,
+                duration_ms=duration_ms,
+                success=success,
+                output=output if success else None,
+                error=None if success else error_text,
+                outcome=outcome,
+            )
+        )
+
+    async def _execute(
+        self, call: chunks.ToolCall, tool: Tool, run_input: dict[str, Any], step_number: int
+    ) -> Any:
+        turn = self.turn
+        execution = ToolExecution(
+            tool_call_id=call.tool_call_id,
+            conversation_id=turn.request.conversation_id,
+            request_id=turn.request.request_id,
+            step_number=step_number,
+            cancelled=turn.cancelled,
+        )
+        timeout = self._tool_timeout_seconds
+        try:
+            async with asyncio.timeout(timeout):
+                result = await tool.execute(run_input, execution)
+                if isinstance(result, collections.abc.AsyncIterator):
+                    # A streaming tool: every yield is a preliminary result, the last one final.
+                    last: Any = None
+                    async for value in result:
+                        last = value
+                        await self._result(call, step_number, value, preliminary=True)
+                    return last
+                return result
+        except TimeoutError:
+            raise ToolError(f"tool {call.tool_name!r} timed out after {timeout:g} s") from None
+
+    async def _result(
+        self, call: chunks.ToolCall, step_number: int, output: Any, *, preliminary: bool
+    ) -> None:
+        turn = self.turn
+        part = turn.assistant.set_output(call.tool_call_id, output, preliminary=preliminary)
+        event = turn.writer.new().tool_output_available
+        event.tool_call_id = call.tool_call_id
+        event.output.CopyFrom(part.output)
+        event.preliminary = preliminary
+        await self._observe(part, step_number)
+
+    async def _error(self, call: chunks.ToolCall, step_number: int, error_text: str) -> None:
+        turn = self.turn
+        part = turn.assistant.set_error(call.tool_call_id, error_text)
+        event = turn.writer.new().tool_output_error
+        event.tool_call_id = call.tool_call_id
+        event.error_text = error_text
+        await self._observe(part, step_number)
+
+    async def _observe(self, part: Any, step_number: int) -> None:
+        turn = self.turn
+        turn.checkpoints.progress()
+        if turn.hooks.observes_chunks:
+            await turn.hooks.on_chunk(
+                ChunkContext(turn.request.conversation_id, turn.request.request_id, step_number, part)
+            )
+
+
+def _describe(error: BaseException) -> str:
+    """The error text the model sees: a ToolError's message verbatim, else type and message."""
+    if isinstance(error, ToolError):
+        return str(error)
+    message = str(error)
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__

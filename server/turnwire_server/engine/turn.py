@@ -1,0 +1,356 @@
+"""One turn: persist input, assemble, run the step loop, store the reply, end the stream.
+
+The pipeline and hook order are docs/semantics.md's "The turn" and "Hooks":
+
+    turn lock ─ TurnStart ─ persist input ─ assemble ─ repair ─ before_turn
+      step loop: before_step → model stream (on_chunk) → tool calls → on_step_finish
+      store assistant message ─ release lock ─ on_chat_response ─ TurnEnd
+
+Failures: classify_chat_error → store partial → on_chat_error → TurnEnd(ERROR).
+Cancellation: store partial (unfinished tool calls errored) → on_chat_response
+(aborted) → TurnEnd(ABORTED).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from google.protobuf import timestamp_pb2
+from google.rpc import status_pb2
+
+from turnwire.hooks import (
+    ChatError,
+    ChatErrorClassification,
+    ChatErrorContext,
+    ChatResponseContext,
+    ErrorStage,
+    TurnOutcome,
+)
+from turnwire.tools import Tool
+from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.engine.assistant_message import AssistantMessage
+from turnwire_server.engine.checkpoints import Checkpointer
+from turnwire_server.engine.errors import TurnFailure
+from turnwire_server.engine.events import EventWriter
+from turnwire_server.engine.request import EngineSettings, TurnRequest
+from turnwire_server.engine.step_loop import StepLoop
+from turnwire_server.engine.turn_state import TurnState
+from turnwire_server.hooks.chain import MiddlewareChain
+from turnwire_server.hooks.timeline import HookTimeline
+from turnwire_server.providers.registry import ProviderRegistry
+from turnwire_server.store.base import Store, TurnRecord
+from turnwire_server.store.base import TurnState as StoredTurnState
+
+log = logging.getLogger("turnwire.turn")
+
+
+ABORTED_TOOL_ERROR = "The tool call was aborted before it finished."
+
+_OUTCOMES: dict[str, TurnOutcome] = {
+    "completed": "completed",
+    "error": "error",
+    "aborted": "aborted",
+    "interrupted": "aborted",  # cut short by the watchdog: on_chat_response sees an abort
+}
+
+ErrorStatus = Callable[[BaseException, ErrorStage], status_pb2.Status]
+"""Maps a turn's error and stage to the ``google.rpc.Status`` of its TurnEnd (given by the API layer)."""
+
+
+def _now() -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.GetCurrentTime()
+    return stamp
+
+
+class TurnRun:
+    """Runs one turn in its own task: the lifecycle around the step loop; events go to ``writer``.
+
+    The working state the step loop and tool runner share is :attr:`state`
+    (:class:`~turnwire_server.engine.turn_state.TurnState`); this object keeps
+    only the turn's outcome: ``outcome`` (running, completed, error, aborted,
+    interrupted, skipped), the error and its status, the stored reply.
+    ``error_status`` maps an error to the status of the TurnEnd event.
+    """
+
+    def __init__(
+        self,
+        request: TurnRequest,
+        *,
+        store: Store,
+        providers: ProviderRegistry,
+        tools: Mapping[str, Tool],
+        chain: MiddlewareChain,
+        settings: EngineSettings,
+        writer: EventWriter,
+        error_status: ErrorStatus,
+        on_lock_acquired: Callable[[], None],
+    ) -> None:
+        self.request = request
+        self.store = store
+        self.providers = providers
+        self.settings = settings
+        self.writer = writer
+        self._error_status = error_status
+        self._on_lock_acquired = on_lock_acquired
+        # Recorded only when asked for (events.hook_timeline): it costs clock reads per hook call.
+        self.timeline = HookTimeline() if chain.middlewares and settings.hook_timeline else None
+        self.hooks = chain.for_turn(self.timeline)
+        self.message_id = f"msg_{request.request_id}"
+        assistant = AssistantMessage(self.message_id, _now())
+        self.state = TurnState(
+            request=request,
+            hooks=self.hooks,
+            writer=writer,
+            assistant=assistant,
+            checkpoints=Checkpointer(
+                lambda message: self.store.save_message(request.conversation_id, message),
+                assistant.snapshot_to_store,
+                settings.checkpoint_interval_ms / 1000.0,
+                request.request_id,
+            ),
+            tools=dict(tools),
+        )
+        self.outcome: StoredTurnState = "running"
+        self.status_error: status_pb2.Status | None = None
+        self.error: BaseException | None = None
+        self.stored_message: message_pb2.Message | None = None
+        self.messages_persisted = False
+        #: Set once the TurnEnd event is queued; cancelling after that is a no-op.
+        self.ended = False
+        #: Set once the turn lock is released: on_chat_response may start the next turn.
+        self.lock_released = False
+        self._record: TurnRecord | None = None
+        self._classification: ChatErrorClassification | None = None
+        self._interrupted: str | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    @property
+    def cancelled(self) -> asyncio.Event:
+        """Set when the turn is cancelled or interrupted."""
+        return self.state.cancelled
+
+    # --- the whole turn ----------------------------------------------------
+
+    async def run(self) -> None:
+        """Run to the end; never raises. The stream always ends with one TurnEnd."""
+        self._task = asyncio.current_task()
+        try:
+            try:
+                async with self.store.turn_lock(self.request.conversation_id):
+                    self._on_lock_acquired()
+                    await self._locked()
+                self.lock_released = True
+            except asyncio.CancelledError:
+                # Cancelled while queued for the lock: nothing was stored.
+                if self.outcome == "running":
+                    self.outcome = "aborted"
+                    self._start_event()
+            except Exception as error:  # the lock itself failed (shared-store backends)
+                if self.outcome == "running":
+                    self._start_event()
+                    self._fail_status(TurnFailure("persist", error))
+            await self._after_lock()
+        finally:
+            self.ended = True
+            self.writer.close()
+
+    def _start_event(self) -> None:
+        if self.writer.sequence_number:
+            return
+        event = self.writer.new()
+        start = event.turn_start
+        start.message_id = self.message_id
+        start.continuation = self.request.continuation
+        start.model = self.request.model
+
+    async def _locked(self) -> None:
+        request = self.request
+        self._start_event()
+        try:
+            if request.skip_unless_assistant_last:
+                history = await self.store.load_messages(request.conversation_id)
+                if not history or history[-1].role != message_pb2.ROLE_ASSISTANT:
+                    self.outcome = "skipped"
+                    return
+            self._record = TurnRecord(
+                request_id=request.request_id,
+                conversation_id=request.conversation_id,
+                assistant_message_id=self.message_id,
+                continuation=request.continuation,
+                model=request.model,
+                state="running",
+                start_time=self.state.assistant.message.create_time.ToDatetime(dt.UTC),
+            )
+            for message in request.messages:
+                message.create_time.CopyFrom(self.state.assistant.message.create_time)
+            try:
+                await self.store.start_turn(self._record, request.messages)
+            except Exception as error:
+                raise TurnFailure("persist", error) from error
+            self.messages_persisted = True
+            await self._run_steps()
+            self.outcome = "completed"
+        except asyncio.CancelledError:
+            self.outcome = "interrupted" if self._interrupted is not None else "aborted"
+            self.state.cancelled.set()
+        except TurnFailure as failure:
+            self.outcome = "error"
+            self.error = failure
+        except Exception as error:  # a bug: still end the turn cleanly
+            log.exception("turn %s failed unexpectedly", request.request_id)
+            self.outcome = "error"
+            self.error = TurnFailure("turn", error)
+        if self.outcome == "error" and isinstance(self.error, TurnFailure):
+            self._classification = await self._classify(self.error)
+        await self._store_result()
+
+    async def _store_result(self) -> None:
+        if self._record is None or not self.messages_persisted:
+            return
+        state = self.state
+        if self.outcome in ("aborted", "interrupted", "error"):
+            state.assistant.fail_unresolved(ABORTED_TOOL_ERROR)
+        # No checkpoint may land after (and overwrite) the final write.
+        await state.checkpoints.close()
+        message = state.assistant.finalize()
+        error_bytes = None
+        if self.outcome == "error" and self.error is not None:
+            stage = self.error.stage if isinstance(self.error, TurnFailure) else "turn"
+            self.status_error = self._error_status(_root(self.error), stage)
+            error_bytes = self.status_error.SerializeToString()
+        record = dataclasses.replace(
+            self._record,
+            state=self.outcome,
+            end_time=dt.datetime.now(dt.UTC),
+            error=error_bytes,
+        )
+        try:
+            # Shielded: a second cancel (client gone, shutdown) must not lose the reply.
+            await asyncio.shield(self.store.finish_turn(record, message))
+            self.stored_message = message
+        except Exception as error:
+            log.error("turn %s: storing the assistant message failed: %s", self.request.request_id, error)
+            if self.outcome != "error":
+                self.outcome = "error"
+                self.error = TurnFailure("persist", error)
+                self.status_error = self._error_status(error, "persist")
+
+    async def _after_lock(self) -> None:
+        """on_chat_error / on_chat_response (lock released), then the TurnEnd event."""
+        request = self.request
+        if self.outcome == "error":
+            await self._surface_error()
+        # on_chat_response: every completed turn, and an errored or aborted one
+        # whose partial reply was stored (THINK-SEMANTICS.md section 3).
+        outcome = _OUTCOMES.get(self.outcome)
+        if outcome is not None and (outcome == "completed" or self.stored_message is not None):
+            await self.hooks.on_chat_response(
+                ChatResponseContext(
+                    conversation_id=request.conversation_id,
+                    request_id=request.request_id,
+                    message=self.stored_message or self.state.assistant.message,
+                    continuation=request.continuation,
+                    status=outcome,
+                    error=self.error,
+                )
+            )
+        self._end_event()
+
+    def _end_event(self) -> None:
+        event = self.writer.new()
+        end = event.turn_end
+        end.status = {
+            "completed": event_pb2.TURN_STATUS_COMPLETED,
+            "error": event_pb2.TURN_STATUS_ERROR,
+            "aborted": event_pb2.TURN_STATUS_ABORTED,
+            "interrupted": event_pb2.TURN_STATUS_INTERRUPTED,
+            "skipped": event_pb2.TURN_STATUS_SKIPPED,
+            "running": event_pb2.TURN_STATUS_ERROR,
+        }[self.outcome]
+        if self.status_error is not None:
+            end.error.CopyFrom(self.status_error)
+        if self.stored_message is not None:
+            end.message.CopyFrom(self.stored_message)
+        self.state.usage.copy_to(end.usage)
+        end.step_count = self.state.steps_started  # a step cut short by a cancel or an error counts too
+        if self.timeline is not None and self.settings.hook_timeline:
+            end.metadata.update({"hook_timeline": self.timeline.as_dicts()})
+
+    # --- errors ------------------------------------------------------------
+
+    def _error_context(self, error: BaseException, stage: ErrorStage) -> ChatErrorContext:
+        return ChatErrorContext(
+            conversation_id=self.request.conversation_id,
+            request_id=self.request.request_id,
+            error=error,
+            stage=stage,
+            messages_persisted=self.messages_persisted,
+            classification=self._classification,
+        )
+
+    async def _classify(self, failure: TurnFailure) -> ChatErrorClassification | None:
+        return await self.hooks.classify_chat_error(self._error_context(_root(failure), failure.stage))
+
+    def _fail_status(self, failure: TurnFailure) -> None:
+        self.outcome = "error"
+        self.error = failure
+        self.status_error = self._error_status(_root(failure), failure.stage)
+
+    async def _surface_error(self) -> None:
+        failure = self.error
+        if not isinstance(failure, TurnFailure):
+            return
+        stage = failure.stage
+        original = _root(failure)
+        if self.status_error is None:
+            self.status_error = self._error_status(original, stage)
+        surfaced = await self.hooks.on_chat_error(self._error_context(original, stage))
+        if surfaced is not original:
+            if isinstance(surfaced, ChatError):
+                self.status_error = self._error_status(surfaced, stage)
+            else:
+                replaced = status_pb2.Status()
+                replaced.CopyFrom(self.status_error)
+                replaced.message = str(surfaced)
+                self.status_error = replaced
+        # Think's chat:request:failed: one structured record per failed turn.
+        fields = {
+            "event": "chat:request:failed",
+            "request_id": self.request.request_id,
+            "conversation_id": self.request.conversation_id,
+            "stage": stage,
+            "messages_persisted": self.messages_persisted,
+            "classification": self._classification,
+            "error": str(original),
+        }
+        log.warning("chat request failed %s", " ".join(f"{k}={v!r}" for k, v in fields.items()), extra=fields)
+
+    # --- the step loop -----------------------------------------------------
+
+    async def _run_steps(self) -> None:
+        loop = StepLoop(
+            self.state,
+            store=self.store,
+            providers=self.providers,
+            settings=self.settings,
+            on_stall=self.interrupt,
+        )
+        await loop.run()
+
+    def interrupt(self, reason: str) -> None:
+        """End the turn INTERRUPTED (stall watchdog): like a cancel, with its own status."""
+        log.warning("turn %s interrupted: %s", self.request.request_id, reason)
+        self._interrupted = reason
+        if self._task is not None and not self.ended:
+            self.state.cancelled.set()
+            self._task.cancel()
+
+
+def _root(error: BaseException) -> BaseException:
+    return error.error if isinstance(error, TurnFailure) else error

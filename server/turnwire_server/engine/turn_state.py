@@ -1,0 +1,47 @@
+"""The mutable state of one running turn, shared by the turn, its step loop and its tool runner.
+
+One explicit type instead of collaborators reaching into the turn object:
+what the step loop and the tool runner read and write is exactly these fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from turnwire.hooks import StepFinishContext
+from turnwire.tools import Tool
+from turnwire.types import Usage
+from turnwire_client.v1 import message_pb2
+from turnwire_server.engine.assistant_message import AssistantMessage
+from turnwire_server.engine.checkpoints import Checkpointer
+from turnwire_server.engine.events import EventWriter
+from turnwire_server.engine.request import TurnRequest
+from turnwire_server.hooks.chain import TurnHooks
+
+
+@dataclass(slots=True)
+class TurnState:
+    """One turn's working state.
+
+    ``tools`` is the turn's tool set (``before_turn`` may add to it);
+    ``cancelled`` is set when the turn is cancelled or interrupted (tools and
+    hooks see it); ``steps`` are the finished steps; ``steps_started`` counts
+    started steps (a step cut short counts); ``send_reasoning`` is false when
+    ``before_turn`` hid reasoning; ``step_messages`` is what the model was sent
+    in the current step (``ToolCallContext.messages``).
+    """
+
+    request: TurnRequest
+    hooks: TurnHooks
+    writer: EventWriter
+    assistant: AssistantMessage
+    checkpoints: Checkpointer
+    tools: dict[str, Tool]
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    usage: Usage = field(default_factory=Usage)
+    steps: list[StepFinishContext] = field(default_factory=list)
+    steps_started: int = 0
+    send_reasoning: bool = True
+    step_messages: Sequence[message_pb2.Message] = ()

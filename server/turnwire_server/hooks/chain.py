@@ -1,0 +1,270 @@
+"""The ordered middleware chain: the onion of docs/semantics.md ("Hook order and merging").
+
+Request-path hooks (``configure_session``, ``before_turn``, ``before_step``,
+``before_tool_call``) run first to last; response-path hooks
+(``after_tool_call``, ``on_chunk``, ``on_step_finish``, ``on_chat_response``,
+``classify_chat_error``, ``on_chat_error``) run last to first. The chain is
+built once per process; per hook it keeps only the middlewares that implement
+it, so an unimplemented hook costs nothing. Each turn works through a
+:class:`TurnHooks` view bound to its (optional) :class:`HookTimeline`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from turnwire.hooks import (
+    HOOK_NAMES,
+    ChatErrorClassification,
+    ChatErrorContext,
+    ChatResponseContext,
+    ChunkContext,
+    Middleware,
+    SessionContext,
+    StepConfig,
+    StepContext,
+    StepFinishContext,
+    ToolCallContext,
+    ToolCallDecision,
+    ToolCallResultContext,
+    TurnConfig,
+    TurnContext,
+)
+from turnwire.types import ModelSettings
+from turnwire_server.hooks.timeline import HookTimeline
+
+log = logging.getLogger("turnwire.middleware")
+
+_ADDITIVE = frozenset({"tools", "stop_when"})
+_FIELDWISE = frozenset({"model_settings", "timeout"})
+_SHALLOW_MERGED = frozenset({"headers", "provider_options"})
+
+_Config = TypeVar("_Config", TurnConfig, StepConfig, ModelSettings)
+
+
+class HookError(Exception):
+    """A hook raised where the error ends the turn or the call (``before_turn``, ``before_step``,
+    ``before_tool_call``, ``configure_session``).
+
+    ``middleware`` and ``hook`` name where; ``__cause__`` is the original error.
+    """
+
+    def __init__(self, middleware: str, hook: str, error: BaseException) -> None:
+        super().__init__(f"{middleware}.{hook} failed: {error}")
+        self.middleware = middleware
+        self.hook = hook
+        self.__cause__ = error
+
+
+def merge_config(base: _Config, update: _Config) -> _Config:
+    """Merge ``update`` over ``base`` field by field (docs/semantics.md, "Hook order and merging").
+
+    ``None`` leaves a field as it was; ``tools`` and ``stop_when`` add;
+    ``model_settings`` and ``timeout`` merge field by field; ``headers`` and
+    ``provider_options`` merge shallowly; anything else replaces.
+    """
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(update):
+        value: Any = getattr(update, f.name)
+        if value is None:
+            continue
+        previous: Any = getattr(base, f.name)
+        if previous is not None:
+            if f.name in _ADDITIVE:
+                value = {**previous, **value} if f.name == "tools" else (*previous, *value)
+            elif f.name in _SHALLOW_MERGED:
+                value = {**previous, **value}
+            elif f.name in _FIELDWISE:
+                value = merge_config(previous, value)
+        changes[f.name] = value
+    return dataclasses.replace(base, **changes) if changes else base
+
+
+class MiddlewareChain:
+    """An ordered list of middlewares and the rules for calling their hooks.
+
+    Errors swallowed by the rules of docs/semantics.md ("Hook errors") are
+    logged with the middleware's name and counted in :attr:`error_counts` by
+    ``(middleware, hook)``.
+    """
+
+    def __init__(self, middlewares: Sequence[Middleware] = ()) -> None:
+        self.middlewares = tuple(middlewares)
+        implemented = [(m, m.implemented_hooks()) for m in self.middlewares]
+        self.forward = {hook: tuple(m for m, hooks in implemented if hook in hooks) for hook in HOOK_NAMES}
+        self.reverse = {hook: tuple(reversed(ms)) for hook, ms in self.forward.items()}
+        self.error_counts: Counter[tuple[str, str]] = Counter()
+        #: True when some middleware implements ``on_chunk``; the engine skips
+        #: building chunk contexts entirely otherwise.
+        self.observes_chunks = bool(self.forward["on_chunk"])
+        self._untimed = TurnHooks(self, None)
+
+    def for_turn(self, timeline: HookTimeline | None = None) -> TurnHooks:
+        """The hooks as one turn calls them, recording into ``timeline`` when given."""
+        return self._untimed if timeline is None else TurnHooks(self, timeline)
+
+    async def configure_session(self, ctx: SessionContext) -> None:
+        """Run every ``configure_session`` once, first to last. Raises :class:`HookError`."""
+        for m in self.forward["configure_session"]:
+            try:
+                await m.configure_session(ctx)
+            except Exception as error:
+                raise HookError(m.name, "configure_session", error) from error
+
+    def swallowed(self, middleware: Middleware, hook: str, error: BaseException) -> None:
+        """Log and count an error that the rules swallow."""
+        self.error_counts[(middleware.name, hook)] += 1
+        log.warning(
+            "middleware %s.%s raised %s: %s",
+            middleware.name,
+            hook,
+            type(error).__name__,
+            error,
+            extra={"middleware": middleware.name, "hook": hook},
+        )
+
+
+class TurnHooks:
+    """The chain's hooks for one turn: every call timed into the turn's timeline (when kept)."""
+
+    __slots__ = ("_chain", "_timeline")
+
+    def __init__(self, chain: MiddlewareChain, timeline: HookTimeline | None) -> None:
+        self._chain = chain
+        self._timeline = timeline
+
+    @property
+    def observes_chunks(self) -> bool:
+        """True when some middleware implements ``on_chunk``."""
+        return self._chain.observes_chunks
+
+    async def _call(self, m: Middleware, hook: str, ctx: Any, *, swallow: bool) -> Any:
+        """Run ``m.<hook>(ctx)``: time it into the timeline, and either raise :class:`HookError`
+        or (``swallow``) log, count and return ``None`` when it raises."""
+        timeline = self._timeline
+        started = time.perf_counter() if timeline is not None else 0.0
+        failed = False
+        try:
+            return await getattr(m, hook)(ctx)
+        except Exception as error:
+            failed = True
+            if not swallow:
+                raise HookError(m.name, hook, error) from error
+            self._chain.swallowed(m, hook, error)
+            return None
+        finally:
+            if timeline is not None:
+                timeline.add(m.name, hook, started, time.perf_counter(), failed)
+
+    async def before_turn(self, ctx: TurnContext) -> tuple[TurnContext, TurnConfig]:
+        """First to last; each sees the earlier changes. Returns the final context and merged config.
+
+        Raises :class:`HookError` when a middleware raises.
+        """
+        merged = TurnConfig()
+        for m in self._chain.forward["before_turn"]:
+            update: TurnConfig | None = await self._call(m, "before_turn", ctx, swallow=False)
+            if update is None:
+                continue
+            merged = merge_config(merged, update)
+            ctx = dataclasses.replace(
+                ctx,
+                model=update.model if update.model is not None else ctx.model,
+                system=update.system if update.system is not None else ctx.system,
+                messages=update.messages if update.messages is not None else ctx.messages,
+                tools={**ctx.tools, **update.tools} if update.tools else ctx.tools,
+            )
+        return ctx, merged
+
+    async def before_step(self, ctx: StepContext) -> StepConfig:
+        """First to last; each sees the earlier changes. Raises :class:`HookError`."""
+        merged = StepConfig()
+        for m in self._chain.forward["before_step"]:
+            update: StepConfig | None = await self._call(m, "before_step", ctx, swallow=False)
+            if update is None:
+                continue
+            merged = merge_config(merged, update)
+            ctx = dataclasses.replace(
+                ctx,
+                model=update.model if update.model is not None else ctx.model,
+                system=update.system if update.system is not None else ctx.system,
+                messages=update.messages if update.messages is not None else ctx.messages,
+            )
+        return merged
+
+    async def before_tool_call(self, ctx: ToolCallContext) -> ToolCallDecision:
+        """First to last. ``allow(input=…)`` feeds the next middleware; the first block or
+        substitute ends the chain. Returns the final decision (``allow`` with the input to run).
+
+        Raises :class:`HookError` when a middleware raises (the engine turns it
+        into that call's error result).
+        """
+        for m in self._chain.forward["before_tool_call"]:
+            decision: ToolCallDecision | None = await self._call(m, "before_tool_call", ctx, swallow=False)
+            if decision is None:
+                continue
+            if decision.action != "allow":
+                return decision
+            if decision.input is not None:
+                ctx = dataclasses.replace(ctx, input=decision.input)
+        return ToolCallDecision.allow(ctx.input)
+
+    async def _notify(self, hook: str, ctx: Any) -> None:
+        for m in self._chain.reverse[hook]:
+            await self._call(m, hook, ctx, swallow=True)
+
+    async def after_tool_call(self, ctx: ToolCallResultContext) -> None:
+        """Last to first; errors are logged and counted."""
+        if self._chain.reverse["after_tool_call"]:
+            await self._notify("after_tool_call", ctx)
+
+    async def on_step_finish(self, ctx: StepFinishContext) -> None:
+        """Last to first; errors are logged and counted."""
+        if self._chain.reverse["on_step_finish"]:
+            await self._notify("on_step_finish", ctx)
+
+    async def on_chunk(self, ctx: ChunkContext) -> None:
+        """Last to first; errors are logged and counted. Call only when :attr:`observes_chunks`."""
+        if self._timeline is not None:
+            await self._notify("on_chunk", ctx)
+            return
+        # Per token: no clock reads and no closures when nobody records a timeline.
+        for m in self._chain.reverse["on_chunk"]:
+            try:
+                await m.on_chunk(ctx)
+            except Exception as error:
+                self._chain.swallowed(m, "on_chunk", error)
+
+    async def on_chat_response(self, ctx: ChatResponseContext) -> None:
+        """Last to first; errors are logged and counted; the outcome is unchanged."""
+        if self._chain.reverse["on_chat_response"]:
+            await self._notify("on_chat_response", ctx)
+
+    async def classify_chat_error(self, ctx: ChatErrorContext) -> ChatErrorClassification | None:
+        """Last to first; the first non-None classification wins. A raising hook counts as None."""
+        for m in self._chain.reverse["classify_chat_error"]:
+            result: ChatErrorClassification | None = await self._call(
+                m, "classify_chat_error", ctx, swallow=True
+            )
+            if result is not None:
+                return result
+        return None
+
+    async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
+        """Last to first; each gets (as ``ctx.error``) the error the one before returned. A raising
+        hook leaves the error as it was. Returns what the client should see."""
+        current: BaseException | str = ctx.error
+        for m in self._chain.reverse["on_chat_error"]:
+            error = current if isinstance(current, BaseException) else Exception(current)
+            step_ctx = dataclasses.replace(ctx, error=error)
+            returned: BaseException | str | None = await self._call(
+                m, "on_chat_error", step_ctx, swallow=True
+            )
+            if returned is not None:
+                current = returned
+        return current

@@ -1,0 +1,341 @@
+"""The Anthropic Messages adapter (``anthropic`` SDK 2.x, ``AsyncAnthropic``).
+
+Request: :mod:`turnwire_server.providers.anthropic_request`. The SDK sends it
+(``messages.with_streaming_response.create(stream=True)``: auth, retries of error
+statuses, typed errors, the HTTP client); the SSE body is decoded here with
+orjson instead of the SDK's typed events (measured in bench/provider_adapters.py).
+
+Stream (https://platform.claude.com/docs/en/build-with-claude/streaming):
+``message_start`` (id, model, input usage) → per content block
+``content_block_start`` / ``content_block_delta`` (``text_delta``,
+``thinking_delta``, ``signature_delta``, ``input_json_delta``, ``citations_delta``)
+/ ``content_block_stop`` → ``message_delta`` (stop reason, cumulative usage) →
+``message_stop``; ``ping`` anywhere; ``error`` (e.g. ``overloaded_error``) may
+arrive mid-stream, after which the connection closes.
+
+Chunks: text blocks → TextStart/Delta/End; ``thinking`` → ReasoningStart/Delta/End
+with the signature (``provider_metadata={"anthropic": {...}}`` marks it for
+replay); ``redacted_thinking`` → ReasoningStart/End(redacted, signature=data);
+``tool_use`` → ToolInputStart/Delta, and its ToolCall once the stop reason is known
+(``max_tokens`` → every call errored, never run); ``citations_delta`` → Source;
+server tools (``server_tool_use`` …) are not client calls: reported in
+``FinishStep.provider_metadata["anthropic"]["server_tool_calls"]``.
+
+Finish reasons: ``end_turn``/``stop_sequence`` → stop, ``max_tokens`` and
+``model_context_window_exceeded`` → length, ``tool_use`` → tool-calls,
+``refusal`` → content-filter, ``pause_turn`` and others → other (raw kept).
+Usage: input = ``input_tokens`` + cache reads + cache writes (they are disjoint in
+this API); reasoning = ``output_tokens_details.thinking_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anthropic
+import orjson
+
+from turnwire.providers import ModelRequest, ProviderError
+from turnwire.types import (
+    FinishReason,
+    ModelChunk,
+    ReasoningDelta,
+    ReasoningEnd,
+    ReasoningStart,
+    Source,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ToolInputDelta,
+    ToolInputStart,
+    Usage,
+)
+from turnwire_server.providers import errors
+from turnwire_server.providers.anthropic_request import (
+    OUTPUT_TOOL,
+    AnthropicPlan,
+    StructuredMode,
+    build_request,
+)
+from turnwire_server.providers.convert import (
+    PendingCall,
+    as_int,
+    check_structured_output,
+    finish_step,
+    finish_tool_calls,
+    parse_tool_input,
+)
+from turnwire_server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
+
+_FINISH: dict[str, FinishReason] = {
+    "end_turn": FinishReason.STOP,
+    "stop_sequence": FinishReason.STOP,
+    "max_tokens": FinishReason.LENGTH,
+    "model_context_window_exceeded": FinishReason.LENGTH,
+    "tool_use": FinishReason.TOOL_CALLS,
+    "refusal": FinishReason.CONTENT_FILTER,
+}
+_TRUNCATED = frozenset({"max_tokens", "model_context_window_exceeded"})
+
+# Block kinds.
+_TEXT, _THINKING, _REDACTED, _TOOL, _OUTPUT, _SERVER, _OTHER = range(7)
+
+
+class _Block:
+    __slots__ = ("call", "data", "id", "kind")
+
+    def __init__(self, kind: int, block_id: str, data: str = "", call: PendingCall | None = None) -> None:
+        self.kind = kind
+        self.id = block_id
+        self.data = data  # signature, or redacted data
+        self.call = call
+
+
+class AnthropicDecoder:
+    """Messages SSE events → chunks (see the module docstring)."""
+
+    def __init__(self, provider: str, prefix: str, plan: AnthropicPlan) -> None:
+        self.provider = provider
+        self.prefix = prefix
+        self.plan = plan
+        self.done = False
+        self.blocks: dict[int, _Block] = {}
+        self.calls: list[PendingCall] = []
+        self.server_calls: list[dict[str, Any]] = []
+        self.sources: set[str] = set()
+        # The structured output text: text blocks in native mode, the output tool's input in tool mode.
+        self.text: list[str] | None = [] if plan.output_schema is not None and not plan.output_tool else None
+        self.output: list[str] = []
+        self.message_id = ""
+        self.model = ""
+        self.usage: dict[str, Any] = {}
+        self.stop_reason = ""
+        self.stop_sequence: str | None = None
+
+    def feed(self, event: bytes, data: bytes) -> Sequence[ModelChunk]:
+        """Chunks for one event; raises ProviderError for an ``error`` event."""
+        obj = orjson.loads(data)
+        kind = obj.get("type")
+        if kind == "content_block_delta":
+            block = self.blocks.get(obj["index"])
+            if block is None:
+                return NOTHING
+            delta = obj["delta"]
+            dtype = delta.get("type")
+            if dtype == "text_delta":
+                text = delta["text"]
+                if not text:
+                    return NOTHING
+                if self.text is not None:
+                    self.text.append(text)
+                return (TextDelta(block.id, text),)
+            if dtype == "input_json_delta":
+                fragment = delta.get("partial_json") or ""
+                if not fragment or block.call is None:
+                    return NOTHING
+                block.call.parts.append(fragment)
+                if block.kind == _TOOL:
+                    return (ToolInputDelta(block.id, fragment),)
+                if block.kind == _OUTPUT and not self.plan.output_wrapped:
+                    self.output.append(fragment)
+                    return (TextDelta(block.id, fragment),)
+                return NOTHING
+            if dtype == "thinking_delta":
+                thinking = delta.get("thinking") or ""
+                return (ReasoningDelta(block.id, thinking),) if thinking else NOTHING
+            if dtype == "signature_delta":
+                block.data += delta.get("signature") or ""
+                return NOTHING
+            if dtype == "citations_delta":
+                return self._citation(delta.get("citation") or {})
+            return NOTHING
+        if kind == "content_block_start":
+            return self._start(obj["index"], obj.get("content_block") or {})
+        if kind == "content_block_stop":
+            return self._stop(obj["index"])
+        if kind == "ping":
+            return NOTHING
+        if kind == "message_start":
+            message = obj.get("message") or {}
+            self.message_id = message.get("id") or ""
+            self.model = message.get("model") or ""
+            self.usage.update(message.get("usage") or {})
+            return NOTHING
+        if kind == "message_delta":
+            delta = obj.get("delta") or {}
+            self.stop_reason = delta.get("stop_reason") or self.stop_reason
+            self.stop_sequence = delta.get("stop_sequence")
+            self.usage.update({k: v for k, v in (obj.get("usage") or {}).items() if v is not None})
+            return NOTHING
+        if kind == "message_stop":
+            self.done = True
+            return self._finish()
+        if kind == "error":
+            raise errors.from_stream_error(self.provider, obj)
+        return NOTHING
+
+    def _start(self, index: int, content: Mapping[str, Any]) -> Sequence[ModelChunk]:
+        ctype = content.get("type")
+        block_id = f"{self.prefix}-{index}"
+        if ctype == "text":
+            self.blocks[index] = _Block(_TEXT, block_id)
+            text = content.get("text") or ""
+            if text and self.text is not None:
+                self.text.append(text)
+            return (TextStart(block_id), TextDelta(block_id, text)) if text else (TextStart(block_id),)
+        if ctype == "thinking":
+            self.blocks[index] = _Block(_THINKING, block_id, content.get("signature") or "")
+            thinking = content.get("thinking") or ""
+            start = ReasoningStart(block_id)
+            return (start, ReasoningDelta(block_id, thinking)) if thinking else (start,)
+        if ctype == "redacted_thinking":
+            self.blocks[index] = _Block(_REDACTED, block_id, content.get("data") or "")
+            return (ReasoningStart(block_id),)
+        if ctype == "tool_use":
+            call_id, name = content.get("id") or block_id, content.get("name") or ""
+            call = PendingCall(call_id, name)
+            initial = content.get("input")
+            if isinstance(initial, dict) and initial:
+                call.final = orjson.dumps(initial).decode()
+            if self.plan.output_tool and name == OUTPUT_TOOL:
+                self.blocks[index] = _Block(_OUTPUT, block_id, call=call)
+                return (TextStart(block_id),)
+            self.blocks[index] = _Block(_TOOL, call_id, call=call)
+            self.calls.append(call)
+            return (ToolInputStart(call_id, name),)
+        if ctype == "server_tool_use":
+            call = PendingCall(content.get("id") or block_id, content.get("name") or "")
+            self.blocks[index] = _Block(_SERVER, block_id, call=call)
+            return NOTHING
+        self.blocks[index] = _Block(_OTHER, block_id)
+        return NOTHING
+
+    def _stop(self, index: int) -> Sequence[ModelChunk]:
+        block = self.blocks.get(index)
+        if block is None:
+            return NOTHING
+        kind = block.kind
+        if kind == _TEXT:
+            return (TextEnd(block.id),)
+        if kind == _THINKING:
+            meta = {"anthropic": {"type": "thinking"}}
+            return (ReasoningEnd(block.id, signature=block.data.encode(), provider_metadata=meta),)
+        if kind == _REDACTED:
+            meta = {"anthropic": {"type": "redacted_thinking"}}
+            return (
+                ReasoningEnd(block.id, signature=block.data.encode(), redacted=True, provider_metadata=meta),
+            )
+        if kind == _OUTPUT and block.call is not None:
+            if not self.plan.output_wrapped:
+                if block.call.parts or block.call.final is None:
+                    return (TextEnd(block.id),)
+                self.output.append(block.call.final)  # the input came whole in content_block_start
+                return (TextDelta(block.id, block.call.final), TextEnd(block.id))
+            value, _ = parse_tool_input(block.call.raw())
+            text = orjson.dumps(value.get("value") if value else None).decode()
+            self.output.append(text)
+            return (TextDelta(block.id, text), TextEnd(block.id))
+        if kind == _SERVER and block.call is not None:
+            value, _ = parse_tool_input(block.call.raw())
+            self.server_calls.append(
+                {"id": block.call.tool_call_id, "name": block.call.tool_name, "input": value}
+            )
+        return NOTHING
+
+    def _citation(self, citation: Mapping[str, Any]) -> Sequence[ModelChunk]:
+        url = citation.get("url") or ""
+        key = url or f"{citation.get('document_index', '')}:{citation.get('cited_text', '')[:50]}"
+        if key in self.sources:
+            return NOTHING
+        self.sources.add(key)
+        title = citation.get("title") or citation.get("document_title") or ""
+        return (Source(source_id=key, url=url, title=title),)
+
+    def _finish(self) -> Sequence[ModelChunk]:
+        raw = self.stop_reason
+        calls = list(finish_tool_calls(self.calls, raw in _TRUNCATED))
+        reason: FinishReason = _FINISH.get(raw, FinishReason.OTHER)
+        if reason == "tool-calls" and not self.calls:
+            reason = FinishReason.STOP  # only the structured-output tool was called
+        if reason == "stop" and self.plan.output_schema is not None:
+            text = self.output if self.plan.output_tool else self.text
+            check_structured_output(self.provider, "".join(text or ()), self.plan.output_schema)
+        usage = self.usage
+        cache_read = as_int(usage.get("cache_read_input_tokens"))
+        cache_write = as_int(usage.get("cache_creation_input_tokens"))
+        input_tokens = as_int(usage.get("input_tokens")) + cache_read + cache_write
+        output_tokens = as_int(usage.get("output_tokens"))
+        details = usage.get("output_tokens_details") or {}
+        metadata: dict[str, Any] = {"usage": usage}
+        if self.stop_sequence:
+            metadata["stop_sequence"] = self.stop_sequence
+        if self.server_calls:
+            metadata["server_tool_calls"] = self.server_calls
+        step = finish_step(
+            reason,
+            raw_reason=raw,
+            usage=Usage(
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                total_tokens=input_tokens + output_tokens,
+                reasoning_tokens=as_int(details.get("thinking_tokens")),
+                cached_input_tokens=cache_read,
+                cache_write_input_tokens=cache_write,
+            ),
+            response_id=self.message_id,
+            response_model=self.model,
+            metadata={"anthropic": metadata},
+            warnings=self.plan.warnings,
+        )
+        return (*calls, step)
+
+    def end(self) -> Sequence[ModelChunk]:
+        """EOF before ``message_stop``: the step failed."""
+        raise errors.incomplete_stream(self.provider, "message_stop")
+
+
+def map_anthropic_error(provider: str, error: BaseException) -> ProviderError | None:
+    """The SDK's exceptions → ProviderError (None for anything else)."""
+    return errors.from_sdk_error(provider, error, anthropic)
+
+
+class AnthropicMessagesProvider(SdkProvider[anthropic.AsyncAnthropic]):
+    """Streams steps from the Anthropic Messages API through ``client`` (an ``AsyncAnthropic``).
+
+    ``models`` is an optional allow-list for :meth:`has_model`; ``default_max_tokens``
+    is sent when a turn sets no ``max_output_tokens``; ``structured_output`` picks
+    the forced-tool (``tool``) or ``output_config.format`` (``native``) way.
+    """
+
+    type = "anthropic"
+
+    def __init__(
+        self,
+        name: str,
+        client: anthropic.AsyncAnthropic,
+        *,
+        models: Sequence[str] = (),
+        default_max_tokens: int = 8192,
+        structured_output: StructuredMode = "tool",
+        retry_delay: float = 0.5,
+    ) -> None:
+        super().__init__(name, client, models=models, retry_delay=retry_delay)
+        self.default_max_tokens = default_max_tokens
+        self.structured_output: StructuredMode = structured_output
+
+    def _prepare(self, request: ModelRequest) -> SdkCall:
+        plan = build_request(
+            request,
+            provider=self.name,
+            default_max_tokens=self.default_max_tokens,
+            structured_output=self.structured_output,
+        )
+        prefix, name = f"s{request.step_number}", self.name
+        return SdkCall(plan.kwargs, plan.extra_body, lambda: AnthropicDecoder(name, prefix, plan))
+
+    def _create(self, client: anthropic.AsyncAnthropic) -> OpenStream:
+        return client.messages.with_streaming_response.create
+
+    def _map_error(self, error: BaseException) -> ProviderError | None:
+        return map_anthropic_error(self.name, error)

@@ -1,0 +1,328 @@
+"""Anthropic Messages request building (API version 2026-10-21, ``anthropic`` SDK 2.x).
+
+Follows https://platform.claude.com/docs/en/api/messages and the migration
+guide to 2026-10-21. :func:`build_request` returns the keyword arguments for
+``client.messages.create`` (plus ``extra_body`` for provider options the SDK
+does not name) and the warnings for settings the API cannot take.
+
+Transcript rules (each avoids a 400):
+
+- System prompt and transcript ``ROLE_SYSTEM`` messages go in top-level ``system``.
+- Every assistant step is one assistant turn (``thinking`` / ``redacted_thinking``
+  blocks byte-for-byte with their signatures, ``text``, ``tool_use``), followed
+  by one user turn whose ``tool_result`` blocks come first, one per ``tool_use``.
+  Consecutive same-role turns are merged.
+- No empty or whitespace-only text blocks; a user message with nothing to send
+  becomes :data:`EMPTY_USER_TEXT`; an assistant step with nothing is dropped.
+- Reasoning is replayed only when Anthropic signed it (``provider_metadata.anthropic``);
+  other providers' reasoning would fail signature checks.
+- Files: images (base64 or URL), PDFs and text documents in user turns only (the
+  API rejects documents in assistant turns).
+- ``temperature``, ``top_p``, ``top_k``, ``seed`` and the penalties do not exist in
+  2026-10-21 (sending any is a 400): they are dropped with a warning.
+- ``max_tokens`` is required: the setting, else the provider default; < 1 is refused.
+- Structured output: a forced tool (``tool_choice`` = the output tool, its input
+  streamed back as the text), or with ``structured_output="native"`` (or thinking
+  on, which forbids forced tools) ``output_config.format``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from turnwire.providers import ModelRequest
+from turnwire.types import ToolDefinition
+from turnwire_client.v1 import message_pb2
+from turnwire_server.providers import errors
+from turnwire_server.providers.convert import (
+    EMPTY_USER_TEXT,
+    assistant_steps,
+    file_base64,
+    file_text,
+    provider_options,
+    text_of,
+    tool_input,
+    tool_result,
+)
+
+OUTPUT_TOOL = "turnwire_structured_output"
+"""The forced tool that carries structured output in ``tool`` mode."""
+
+StructuredMode = Literal["tool", "native"]
+
+
+@dataclass(slots=True)
+class AnthropicPlan:
+    """What one request sends, and what the decoder must know about it."""
+
+    kwargs: dict[str, Any]
+    extra_body: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+    output_schema: Mapping[str, Any] | None = None
+    output_tool: bool = False  # structured output arrives as the OUTPUT_TOOL's input
+    output_wrapped: bool = False  # a non-object schema wrapped as {"value": …}
+
+
+_TOOL_ID_INVALID = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+class _ToolUseIds:
+    """``tool_use`` ids the Messages API accepts: only ``[a-zA-Z0-9_-]``, each once per request (it
+    answers 400 otherwise). Ids from other providers may break both rules: the scripted model numbers
+    calls ``call_<step>_<index>`` afresh every turn, and OpenAI-compatible servers send ids such as
+    ``functions.get_weather:0``. Valid, unused ids pass unchanged; others get a deterministic stand-in,
+    used for the call and its result alike (the stored transcript keeps the originals)."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def __call__(self, original: str) -> str:
+        base = _TOOL_ID_INVALID.sub("_", original) or "toolu"
+        candidate, count = base, 1
+        while candidate in self.used:
+            count += 1
+            candidate = f"{base}_{count}"
+        self.used.add(candidate)
+        return candidate
+
+
+def _text_block(text: str) -> dict[str, Any] | None:
+    return {"type": "text", "text": text} if text and not text.isspace() else None
+
+
+def _user_blocks(message: message_pb2.Message, warnings: list[str]) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    for part in message.parts:
+        kind = part.WhichOneof("kind")
+        if kind == "text":
+            block = _text_block(part.text.text)
+            if block is not None:
+                blocks.append(block)
+        elif kind == "file":
+            file_block = _file_block(part.file, warnings)
+            if file_block is not None:
+                blocks.append(file_block)
+    return blocks
+
+
+def _file_block(file: message_pb2.FilePart, warnings: list[str]) -> dict[str, Any] | None:
+    media = file.media_type
+    by_url = file.WhichOneof("content") == "url"
+    if media.startswith("image/"):
+        source = (
+            {"type": "url", "url": file.url}
+            if by_url
+            else {"type": "base64", "media_type": media, "data": file_base64(file)}
+        )
+        return {"type": "image", "source": source}
+    if media == "application/pdf":
+        source = (
+            {"type": "url", "url": file.url}
+            if by_url
+            else {"type": "base64", "media_type": media, "data": file_base64(file)}
+        )
+        block: dict[str, Any] = {"type": "document", "source": source}
+        if file.filename:
+            block["title"] = file.filename
+        return block
+    text = file_text(file)
+    if text is not None:
+        block = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": text}}
+        if file.filename:
+            block["title"] = file.filename
+        return block
+    warnings.append(f"a {media or 'untyped'} file was not sent: the Messages API does not take it")
+    return None
+
+
+def _reasoning_block(part: message_pb2.ReasoningPart) -> dict[str, Any] | None:
+    if not part.signature or "anthropic" not in part.provider_metadata.fields:
+        return None
+    signature = part.signature.decode("utf-8")
+    if part.redacted:
+        return {"type": "redacted_thinking", "data": signature}
+    return {"type": "thinking", "thinking": part.text, "signature": signature}
+
+
+def convert_messages(
+    messages: Sequence[message_pb2.Message], warnings: list[str]
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """``(system texts, turns)`` for the Messages API (see the module docstring for the rules)."""
+    system: list[str] = []
+    turns: list[dict[str, Any]] = []
+    tool_use_id = _ToolUseIds()
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if not blocks:
+            return
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+
+    for message in messages:
+        role = message.role
+        if role == message_pb2.ROLE_SYSTEM:
+            text = text_of(message.parts)
+            if text.strip():
+                system.append(text)
+        elif role == message_pb2.ROLE_USER:
+            add("user", _user_blocks(message, warnings) or [{"type": "text", "text": EMPTY_USER_TEXT}])
+        elif role == message_pb2.ROLE_ASSISTANT:
+            for step in assistant_steps(message):
+                blocks: list[dict[str, Any]] = []
+                results: list[dict[str, Any]] = []
+                for part in step:
+                    kind = part.WhichOneof("kind")
+                    if kind == "text":
+                        block = _text_block(part.text.text)
+                    elif kind == "reasoning":
+                        block = _reasoning_block(part.reasoning)
+                    elif kind == "tool_call":
+                        call = part.tool_call
+                        call_id = tool_use_id(call.tool_call_id)
+                        block = {
+                            "type": "tool_use",
+                            "id": call_id,
+                            "name": call.tool_name,
+                            "input": tool_input(call),
+                        }
+                        content, is_error = tool_result(call)
+                        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id}
+                        if content:
+                            result["content"] = content
+                        if is_error:
+                            result["is_error"] = True
+                        results.append(result)
+                    else:
+                        block = None
+                    if block is not None:
+                        blocks.append(block)
+                add("assistant", blocks)
+                add("user", results)
+    for turn in turns:  # tool_result blocks first in every user turn
+        content = turn["content"]
+        if turn["role"] == "user" and len(content) > 1 and content[0]["type"] != "tool_result":
+            content.sort(key=lambda block: block["type"] != "tool_result")
+    return system, turns
+
+
+def _tool(tool: ToolDefinition) -> dict[str, Any]:
+    schema = dict(tool.input_schema) or {"type": "object", "properties": {}}
+    schema.setdefault("type", "object")
+    result: dict[str, Any] = {"name": tool.name, "input_schema": schema}
+    if tool.description:
+        result["description"] = tool.description
+    return result
+
+
+def _tool_choice(choice: str, tool_names: set[str], provider: str) -> dict[str, Any]:
+    if choice == "auto":
+        return {"type": "auto"}
+    if choice == "none":
+        return {"type": "none"}
+    if choice == "required":
+        return {"type": "any"}
+    if choice not in tool_names:
+        raise errors.invalid_request(
+            provider, f"tool_choice names tool {choice!r}, which is not among the request's tools"
+        )
+    return {"type": "tool", "name": choice}
+
+
+@functools.cache
+def _sdk_params() -> frozenset[str]:
+    """Parameter names of ``AsyncMessages.create`` (the rest of provider options go in ``extra_body``)."""
+    from anthropic.resources.messages import AsyncMessages
+
+    return frozenset(inspect.signature(AsyncMessages.create).parameters) - {"self"}
+
+
+_DROPPED = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "seed")
+
+
+def build_request(
+    request: ModelRequest,
+    *,
+    provider: str,
+    default_max_tokens: int,
+    structured_output: StructuredMode,
+) -> AnthropicPlan:
+    """The ``messages.create`` arguments for ``request``. Raises ProviderError for a request the API
+    would reject (max tokens < 1, a forced tool with thinking on, an unknown named tool)."""
+    settings = request.settings
+    warnings: list[str] = []
+    options = provider_options(settings.provider_options or {}, provider, "anthropic")
+    mode: StructuredMode = options.pop("structured_output", structured_output)
+    max_tokens = settings.max_output_tokens if settings.max_output_tokens is not None else default_max_tokens
+    if max_tokens < 1:
+        raise errors.invalid_request(provider, f"max_tokens must be at least 1, got {max_tokens}")
+    system, turns = convert_messages(request.messages, warnings)
+    if request.system.strip():
+        system.insert(0, request.system)
+    kwargs: dict[str, Any] = {"model": request.model, "max_tokens": max_tokens, "messages": turns}
+    if system:
+        kwargs["system"] = "\n\n".join(system)
+    for name in _DROPPED:
+        if getattr(settings, name) is not None:
+            warnings.append(f"{name} is not part of the Messages API (2026-10-21) and was not sent")
+    if settings.stop_sequences:
+        stops = [s for s in settings.stop_sequences if s and not s.isspace()]
+        if len(stops) < len(settings.stop_sequences):
+            warnings.append("whitespace-only stop sequences were not sent")
+        if stops:
+            kwargs["stop_sequences"] = stops
+    tools = [_tool(t) for t in request.tools]
+    names = {t.name for t in request.tools}
+    choice = request.tool_choice
+    thinking = options.get("thinking")
+    thinking_on = isinstance(thinking, Mapping) and thinking.get("type") not in (None, "disabled")
+    plan = AnthropicPlan(kwargs=kwargs, extra_body={}, warnings=warnings, output_schema=request.output_schema)
+    tool_choice: dict[str, Any] | None = _tool_choice(choice, names, provider) if tools else None
+    schema = request.output_schema
+    if schema is not None and (mode == "native" or thinking_on):
+        kwargs["output_config"] = {"format": {"type": "json_schema", "schema": dict(schema)}}
+    elif schema is not None:
+        plan.output_tool = True
+        input_schema = dict(schema)
+        if input_schema.get("type") != "object":
+            plan.output_wrapped = True
+            input_schema = {"type": "object", "properties": {"value": input_schema}, "required": ["value"]}
+        output = {
+            "name": OUTPUT_TOOL,
+            "description": "Give the final answer as JSON matching this tool's input schema.",
+            "input_schema": input_schema,
+        }
+        if not tools or choice == "none":
+            tools, tool_choice = [output], {"type": "tool", "name": OUTPUT_TOOL}
+        else:
+            tools.append(output)
+            if choice == "auto":
+                tool_choice = {"type": "any"}
+    if tools:
+        kwargs["tools"] = tools
+        if tool_choice is not None:
+            if thinking_on and tool_choice["type"] in ("any", "tool"):
+                raise errors.invalid_request(
+                    provider,
+                    "thinking cannot be on when tool_choice forces a tool (required or a named tool)",
+                )
+            kwargs["tool_choice"] = tool_choice
+    if thinking_on and isinstance(thinking, Mapping):
+        budget = thinking.get("budget_tokens")
+        if isinstance(budget, int) and budget >= max_tokens:
+            raise errors.invalid_request(
+                provider, f"thinking.budget_tokens ({budget}) must be below max_tokens ({max_tokens})"
+            )
+    known = _sdk_params()
+    for key, value in options.items():
+        if key in known and key not in ("model", "messages", "stream"):
+            kwargs[key] = value
+        else:
+            plan.extra_body[key] = value
+    return plan

@@ -1,0 +1,249 @@
+"""Helpers shared by the adapters' request builders and stream decoders.
+
+The transcript arrives as proto ``Message``s (``protos/turnwire/v1/message.proto``):
+an assistant message holds all steps of one turn, each starting with a
+``step_start`` part; a ``tool_call`` part carries the call and, once known, its
+result (``output`` or ``error_text``). :func:`assistant_steps` cuts such a message
+into steps, so each adapter can emit "assistant turn, then its tool results" per
+step as its API requires.
+
+Also here: proto ``Struct``/``Value`` → plain JSON (integral doubles become ints
+again, since ``Struct`` stores every number as a double), tool results as text,
+files as base64 / data URLs, the deferred tool-call finalization every adapter
+uses (a call is parsed only when the step's finish reason is known, so a call cut
+off by the output limit is never run with partial input), and the finish step.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from google.protobuf import struct_pb2
+
+from turnwire.providers import ProviderError
+from turnwire.types import FinishReason, FinishStep, ModelChunk, ToolCall, Usage
+from turnwire_client.v1 import message_pb2
+from turnwire_server.providers.json_schema import validate
+
+TRUNCATED_TOOL_CALL_ERROR = (
+    "The tool call was cut off by the output token limit before its input was complete, "
+    "so it was not run. Call the tool again with complete input."
+)
+"""The error a tool call gets when its step stopped at the output limit (never repaired, never run)."""
+
+INTERRUPTED_TOOL_ERROR = "The tool call was interrupted before a result was recorded."
+"""Sent as the result of a call that reaches an adapter without one (the engine normally repairs these)."""
+
+DENIED_TOOL_ERROR = "The tool call was denied."
+
+EMPTY_USER_TEXT = "(empty message)"
+"""Stands in for a user turn with no content at all (an empty ``Chat`` text): APIs reject empty turns."""
+
+_RESOLVED = frozenset(
+    {
+        message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
+        message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
+        message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED,
+    }
+)
+
+
+# --- proto → JSON ------------------------------------------------------------
+
+
+def value_to_json(value: struct_pb2.Value) -> Any:
+    """A ``google.protobuf.Value`` as plain JSON; integral numbers come back as ints."""
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "number_value":
+        number = value.number_value
+        return int(number) if number.is_integer() and abs(number) < 2**53 else number
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return struct_to_json(value.struct_value)
+    if kind == "list_value":
+        return [value_to_json(item) for item in value.list_value.values]
+    return None
+
+
+def struct_to_json(struct: struct_pb2.Struct) -> dict[str, Any]:
+    """A ``Struct`` as a dict (see :func:`value_to_json`)."""
+    return {key: value_to_json(item) for key, item in struct.fields.items()}
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text."""
+    return orjson.dumps(value).decode()
+
+
+# --- transcript --------------------------------------------------------------
+
+
+def assistant_steps(message: message_pb2.Message) -> list[list[message_pb2.Part]]:
+    """The parts of an assistant message grouped by step (``step_start`` parts dropped, empty steps too)."""
+    steps: list[list[message_pb2.Part]] = [[]]
+    for part in message.parts:
+        if part.WhichOneof("kind") == "step_start":
+            if steps[-1]:
+                steps.append([])
+        else:
+            steps[-1].append(part)
+    return [step for step in steps if step]
+
+
+def text_of(parts: Iterable[message_pb2.Part]) -> str:
+    """The text of the text parts among ``parts``, joined as is (other parts are skipped)."""
+    return "".join(p.text.text for p in parts if p.WhichOneof("kind") == "text")
+
+
+def tool_result(call: message_pb2.ToolCallPart) -> tuple[str, bool]:
+    """``(content, is_error)`` to send back for a call: its output as text (JSON unless a string),
+    its error text, or an interruption error when it has no result."""
+    state = call.state
+    if state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
+        if call.output.WhichOneof("kind") == "string_value":
+            return call.output.string_value, False
+        return dumps(value_to_json(call.output)), False
+    if state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
+        return call.error_text or "The tool call failed.", True
+    if state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED:
+        return call.error_text or DENIED_TOOL_ERROR, True
+    return INTERRUPTED_TOOL_ERROR, True
+
+
+def is_resolved(call: message_pb2.ToolCallPart) -> bool:
+    """True when the call has a final result (output, error or denial)."""
+    return call.state in _RESOLVED and not call.preliminary
+
+
+def tool_input(call: message_pb2.ToolCallPart) -> dict[str, Any]:
+    """The call's input as a JSON object (``{}`` when it was invalid and only ``raw_input`` is kept)."""
+    return struct_to_json(call.input)
+
+
+def file_base64(file: message_pb2.FilePart) -> str:
+    """The file's bytes as base64 text."""
+    return base64.b64encode(file.data).decode("ascii")
+
+
+def file_url(file: message_pb2.FilePart) -> str:
+    """The file's URL, or a ``data:`` URL of its bytes."""
+    if file.WhichOneof("content") == "url":
+        return file.url
+    return f"data:{file.media_type or 'application/octet-stream'};base64,{file_base64(file)}"
+
+
+def file_text(file: message_pb2.FilePart) -> str | None:
+    """The text of an inline ``text/*`` (or JSON) file, None for other files."""
+    media = file.media_type
+    if file.WhichOneof("content") == "data" and (media.startswith("text/") or media == "application/json"):
+        return file.data.decode("utf-8", "replace")
+    return None
+
+
+def provider_options(options: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    """The request's ``provider_options`` for this adapter: the entries under each of ``keys`` merged in
+    order (configured provider name, then the provider type). Other providers' entries are ignored."""
+    merged: dict[str, Any] = {}
+    for key in keys:
+        entry = options.get(key)
+        if isinstance(entry, Mapping):
+            merged.update(entry)
+    return merged
+
+
+# --- stream state --------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PendingCall:
+    """A tool call whose input is streaming. ``parts`` are the raw JSON fragments."""
+
+    tool_call_id: str
+    tool_name: str
+    parts: list[str] = field(default_factory=list)
+    final: str | None = None  # the complete input text, when the provider sends it at the end
+
+    def raw(self) -> str:
+        """The complete input text."""
+        return self.final if self.final is not None else "".join(self.parts)
+
+
+def parse_tool_input(raw: str) -> tuple[dict[str, Any] | None, str | None]:
+    """``(input, error)``: ``""`` and whitespace are ``{}``; anything not a JSON object is an error."""
+    if not raw or raw.isspace():
+        return {}, None
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        return None, f"The tool input is not valid JSON ({error}): {raw[:200]!r}"
+    if not isinstance(value, dict):
+        return None, f"The tool input is not a JSON object: {raw[:200]!r}"
+    return value, None
+
+
+def finish_tool_calls(calls: Sequence[PendingCall], truncated: bool) -> Iterator[ModelChunk]:
+    """The ToolCall chunks of a finished step; when ``truncated`` (an output limit stopped the step) every
+    call gets :data:`TRUNCATED_TOOL_CALL_ERROR` and no input, so none is run."""
+    for call in calls:
+        raw = call.raw()
+        if truncated:
+            yield ToolCall(
+                call.tool_call_id, call.tool_name, None, raw_input=raw, error=TRUNCATED_TOOL_CALL_ERROR
+            )
+            continue
+        parsed, error = parse_tool_input(raw)
+        yield ToolCall(call.tool_call_id, call.tool_name, parsed, raw_input=raw or "{}", error=error)
+
+
+def finish_step(
+    reason: FinishReason,
+    *,
+    raw_reason: str,
+    usage: Usage,
+    response_id: str,
+    response_model: str,
+    metadata: dict[str, Any],
+    warnings: Sequence[str],
+) -> FinishStep:
+    """The FinishStep chunk; ``warnings`` are settings the API has no field for."""
+    return FinishStep(
+        finish_reason=reason,
+        raw_finish_reason=raw_reason,
+        usage=usage,
+        response_id=response_id,
+        response_model=response_model,
+        provider_metadata=metadata or None,
+        warnings=tuple(warnings),
+    )
+
+
+def as_int(value: Any) -> int:
+    """An int from a usage field that may be missing or null."""
+    return value if isinstance(value, int) else 0
+
+
+def check_structured_output(provider: str, text: str, schema: Mapping[str, Any]) -> None:
+    """Raise ProviderError (type ``structured_output_invalid``) unless ``text`` is JSON that ``schema``
+    accepts."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        problems = [f"not valid JSON: {error}"]
+    else:
+        problems = validate(value, schema)
+    if problems:
+        raise ProviderError(
+            f"{provider}: the structured output does not match the schema: {'; '.join(problems)}",
+            status=0,
+            type="structured_output_invalid",
+            retryable=False,
+            body=text,
+            provider=provider,
+        )

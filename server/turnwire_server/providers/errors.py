@@ -1,0 +1,236 @@
+"""Provider failures → one normalized :class:`ProviderError`.
+
+Both official SDKs (``anthropic``, ``openai``) raise ``APIStatusError`` for an
+HTTP error status, ``APIConnectionError`` / ``APITimeoutError`` when no
+response arrived, and let ``httpx2`` errors through while a stream is read.
+Each adapter catches its SDK's types and calls one of the builders here, so the
+mapping rules live in one place:
+
+- ``status``: the HTTP status; 0 for an error inside an HTTP 200 stream, a
+  dropped connection or a timeout.
+- ``type`` / ``code``: the provider's error type and code, from the body shapes
+  seen in the wild: Anthropic ``{"type":"error","error":{"type","message",
+  "details":{"error_code"}}}``, OpenAI ``{"error":{"message","type","param",
+  "code"}}``, vLLM/FastChat ``{"object":"error","type","code":400}``, Google
+  ``{"error":{"code":400,"status":"INVALID_ARGUMENT"}}``, Bedrock's
+  ``x-amzn-ErrorType`` header, and plain text. ``code`` is always a string.
+- ``retryable``: the same request may succeed later (408, 409, 429 unless it is
+  a quota or a request larger than the limit, 5xx, 529, overloaded, timeouts,
+  dropped connections); the ``x-should-retry`` header wins when present.
+- ``retry_after``: seconds, from ``retry-after-ms`` or ``retry-after``
+  (seconds or an HTTP date).
+- ``body``: the whole error body as received (parsed JSON, or the text) for
+  ``classify_chat_error``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+import orjson
+
+from turnwire.providers import ProviderError
+
+_RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+_RETRYABLE_TYPES = frozenset(
+    {
+        "overloaded_error",
+        "api_error",
+        "server_error",
+        "rate_limit_error",
+        "rate_limit_exceeded",
+        "timeout_error",
+        "service_unavailable",
+        "internal_error",
+    }
+)
+# A 429 that waiting does not fix: a spent quota, or one request above the whole limit.
+_NOT_RETRYABLE_429 = re.compile(
+    r"insufficient_quota|billing|quota|per day|credit|request too large|spend limit", re.IGNORECASE
+)
+
+
+def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` / ``retry-after`` (seconds or HTTP date); None when absent."""
+    if not headers:
+        return None
+    value = headers.get("retry-after-ms")
+    if value:
+        try:
+            return max(float(value) / 1000.0, 0.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    parsed = email.utils.parsedate_tz(value)
+    if parsed is None:
+        return None
+    return max(float(email.utils.mktime_tz(parsed)) - time.time(), 0.0)
+
+
+def parse_body(raw: bytes | str | None) -> Any:
+    """The body as JSON when it is JSON, else the stripped text (None when empty)."""
+    if raw is None:
+        return None
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    text = text.strip()
+    if not text:
+        return None
+    if text[0] in "{[":
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return text
+
+
+def _fields(body: Any) -> tuple[str, str, str]:
+    """(message, type, code) from any of the known error body shapes."""
+    if not isinstance(body, dict):
+        return (str(body) if body is not None else ""), "", ""
+    error = body.get("error")
+    if isinstance(error, str):  # {"error": "text", ...}
+        return error, str(body.get("type") or ""), _code(body.get("code"))
+    source: dict[str, Any] = error if isinstance(error, dict) else body
+    message = source.get("message") or body.get("message") or ""
+    type_ = source.get("type") or source.get("status") or body.get("type") or ""
+    code = source.get("code")
+    details = source.get("details")
+    if code is None and isinstance(details, dict):
+        code = details.get("error_code")
+    if code is None:
+        code = body.get("code")
+    return str(message), str(type_), _code(code)
+
+
+def _code(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def from_status(
+    provider: str,
+    status: int,
+    headers: Mapping[str, str] | None,
+    body: Any,
+    *,
+    fallback_message: str = "",
+) -> ProviderError:
+    """An error HTTP response (status ≥ 400) as a ProviderError; ``body`` is already parsed (parse_body)."""
+    message, type_, code = _fields(body)
+    if not type_ and headers:
+        amz = headers.get("x-amzn-errortype") or headers.get("x-amzn-ErrorType")
+        if amz:
+            type_ = amz.split(":", 1)[0]
+    retryable = status in _RETRYABLE_STATUS or status >= 500 or type_ in _RETRYABLE_TYPES
+    if status == 429 and _NOT_RETRYABLE_429.search(f"{type_} {code} {message}"):
+        retryable = False
+    if status in (400, 401, 403, 404, 413, 422):
+        retryable = False
+    if headers:
+        should_retry = headers.get("x-should-retry")
+        if should_retry in ("true", "false"):
+            retryable = should_retry == "true"
+    text = message or fallback_message or f"HTTP {status}"
+    return ProviderError(
+        f"{provider}: HTTP {status}: {text}",
+        status=status,
+        type=type_,
+        code=code,
+        retryable=retryable,
+        retry_after=retry_after_seconds(headers),
+        body=body,
+        provider=provider,
+    )
+
+
+def from_stream_error(provider: str, body: Any) -> ProviderError:
+    """An error event inside an HTTP 200 stream (Anthropic ``error``, OpenAI ``{"error":…}``, Responses
+    ``error``).
+
+    ``status`` is 0; ``retryable`` follows the provider's error type (overloaded, server errors, rate limits).
+    """
+    message, type_, code = _fields(body)
+    if isinstance(body, dict) and type_ == "error" and not isinstance(body.get("error"), dict):
+        type_ = ""  # Responses' top-level {"type":"error","code":…}: "error" is the event type
+    retryable = type_ in _RETRYABLE_TYPES or code in _RETRYABLE_TYPES
+    label = type_ or code or "error"
+    return ProviderError(
+        f"{provider}: error in the stream: {label}: {message or '(no message)'}",
+        status=0,
+        type=type_,
+        code=code,
+        retryable=retryable,
+        body=body,
+        provider=provider,
+    )
+
+
+def connection_error(provider: str, error: BaseException, *, timeout: bool = False) -> ProviderError:
+    """No (complete) response: refused, reset, dropped mid-stream, or timed out. Retryable, status 0."""
+    kind = "timeout" if timeout else "connection_error"
+    detail = str(error) or type(error).__name__
+    return ProviderError(
+        f"{provider}: {kind.replace('_', ' ')}: {detail}",
+        status=0,
+        type=kind,
+        retryable=True,
+        body=None,
+        provider=provider,
+    )
+
+
+def from_sdk_error(provider: str, error: BaseException, sdk: ModuleType) -> ProviderError | None:
+    """One of ``sdk``'s exceptions → ProviderError (None for anything else); ``sdk`` is the ``anthropic``
+    or ``openai`` module (both generated by Stainless, with the same error classes).
+
+    ``APIStatusError.body`` may be only part of the body (``openai`` keeps the
+    inner ``error`` object), so the whole body as received is re-read from the
+    response for ``ProviderError.body``.
+    """
+    if isinstance(error, sdk.APIStatusError):
+        response = error.response
+        try:
+            body = parse_body(response.content)
+        except Exception:  # the body was not read
+            body = error.body
+        return from_status(
+            provider, error.status_code, response.headers, body, fallback_message=error.message
+        )
+    if isinstance(error, sdk.APITimeoutError):
+        return connection_error(provider, error, timeout=True)
+    if isinstance(error, sdk.APIConnectionError):
+        return connection_error(provider, error.__cause__ or error)
+    return None
+
+
+def incomplete_stream(provider: str, what: str) -> ProviderError:
+    """The stream ended before its terminal event (and without an error event). Retryable, status 0."""
+    return ProviderError(
+        f"{provider}: the stream ended before {what}",
+        status=0,
+        type="incomplete_stream",
+        retryable=True,
+        provider=provider,
+    )
+
+
+def invalid_request(provider: str, message: str, *, code: str = "") -> ProviderError:
+    """A request the adapter refuses to send because the provider would reject its shape. Not retryable."""
+    return ProviderError(
+        f"{provider}: {message}",
+        status=0,
+        type="invalid_request_error",
+        code=code,
+        retryable=False,
+        provider=provider,
+    )

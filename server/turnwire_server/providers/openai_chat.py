@@ -1,0 +1,271 @@
+"""The OpenAI Chat Completions adapter, also for OpenAI-compatible servers (``openai`` SDK, ``AsyncOpenAI``).
+
+Follows https://platform.openai.com/docs/api-reference/chat/create-stream. The SDK
+sends the request (``chat.completions.with_streaming_response.create``); the SSE
+body (``data: {chat.completion.chunk}`` lines, then ``data: [DONE]``) is decoded
+here with orjson.
+
+Request (:func:`build_request`): ``system`` message first; user text, images
+(``image_url``), PDFs (``file``), audio (``input_audio``) and text files; each
+assistant step as one assistant message (text + ``tool_calls``) followed at once
+by one ``tool`` message per call, with the matching ``tool_call_id``; reasoning is
+not sent (the API has no field for it). Tools from JSON Schema, ``tool_choice``,
+``stream_options.include_usage``, ``response_format`` ``json_schema`` for
+structured output, sampling settings (``top_k`` only via provider options, for
+servers such as vLLM that take it), ``provider_options`` merged into the body.
+
+Stream tolerance (vLLM, llama.cpp, Ollama, LiteLLM, OpenRouter): tool-call
+fragments are keyed by ``index`` (never by name or position in the chunk); a call
+whose id is missing gets one; a new id at a used index opens a new call;
+``reasoning_content`` / ``reasoning`` deltas become reasoning; a chunk with a
+top-level ``error`` (or ``finish_reason: "error"``) is a ProviderError; usage may
+come in a final chunk with ``choices: []``, or never; a missing finish reason is
+``stop`` (or ``tool-calls`` when calls were made); a stream that ends after a
+finish reason without ``[DONE]`` is accepted, one that ends before is an error.
+
+Finish: ``stop`` → stop (tool-calls when calls were made), ``length`` → length
+(every call errored, never run), ``tool_calls`` → tool-calls, ``content_filter``
+and refusals → content-filter, others → other. Refusal text is streamed as text and
+kept in ``provider_metadata["openai"]["refusal"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import openai
+import orjson
+
+from turnwire.providers import ModelRequest, ProviderError
+from turnwire.types import (
+    FinishReason,
+    ModelChunk,
+    ReasoningDelta,
+    ReasoningEnd,
+    ReasoningStart,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ToolInputDelta,
+    ToolInputStart,
+)
+from turnwire_server.providers import errors
+from turnwire_server.providers.convert import PendingCall, finish_tool_calls
+from turnwire_server.providers.openai_chat_request import MaxTokensParam, build_request
+from turnwire_server.providers.openai_common import OpenAIDecoder, map_openai_error, openai_usage
+from turnwire_server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
+
+_FINISH: dict[str, FinishReason] = {
+    "stop": FinishReason.STOP,
+    "eos": FinishReason.STOP,
+    "end_turn": FinishReason.STOP,
+    "stop_sequence": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    "max_tokens": FinishReason.LENGTH,
+    "tool_calls": FinishReason.TOOL_CALLS,
+    "function_call": FinishReason.TOOL_CALLS,
+    "content_filter": FinishReason.CONTENT_FILTER,
+}
+_TRUNCATED = frozenset({"length", "max_tokens"})
+
+
+class _Call(PendingCall):
+    __slots__ = ("started",)
+
+    def __init__(self, tool_call_id: str, tool_name: str) -> None:
+        super().__init__(tool_call_id, tool_name)
+        self.started = False
+
+
+class ChatDecoder(OpenAIDecoder):
+    """``chat.completion.chunk`` events → chunks (see the module docstring)."""
+
+    def __init__(
+        self, provider: str, prefix: str, output_schema: Mapping[str, Any] | None, warnings: list[str]
+    ):
+        super().__init__(provider, prefix, output_schema, warnings)
+        self.text_id: str | None = None
+        self.reasoning_id: str | None = None
+        self.blocks = 0
+        self.by_index: dict[int, _Call] = {}
+        self.calls: list[_Call] = []
+        self.refusal: list[str] = []
+        self.finish: str | None = None
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, event: bytes, data: bytes) -> Sequence[ModelChunk]:
+        """Chunks for one ``data:`` line; raises ProviderError for an error chunk."""
+        if data == b"[DONE]":
+            self.done = True
+            return self._finish()
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise ProviderError(
+                f"{self.provider}: the stream sent a line that is not JSON: "
+                f"{data[:300].decode('utf-8', 'replace')}",
+                type="invalid_stream_data",
+                body=data.decode("utf-8", "replace"),
+                provider=self.provider,
+            ) from None
+        if not isinstance(obj, dict):
+            return NOTHING
+        if obj.get("error") is not None:
+            raise errors.from_stream_error(self.provider, obj)
+        if not self.response_id:
+            self.response_id = obj.get("id") or ""
+            self.model = obj.get("model") or ""
+        usage = obj.get("usage")
+        if usage:
+            self.usage = usage
+        choices = obj.get("choices")
+        if not choices:
+            return NOTHING
+        choice = choices[0]
+        delta = choice.get("delta") or {}
+        out: list[ModelChunk] = []
+        content = delta.get("content")
+        if content:
+            if self.reasoning_id is not None:
+                out.append(ReasoningEnd(self.reasoning_id))
+                self.reasoning_id = None
+            if self.text_id is None:
+                self.text_id = self._block_id()
+                out.append(TextStart(self.text_id))
+            if self.text is not None:
+                self.text.append(content)
+            out.append(TextDelta(self.text_id, content))
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if reasoning and isinstance(reasoning, str):
+            if self.reasoning_id is None:
+                self.reasoning_id = self._block_id()
+                out.append(ReasoningStart(self.reasoning_id))
+            out.append(ReasoningDelta(self.reasoning_id, reasoning))
+        refusal = delta.get("refusal")
+        if refusal:
+            self.refusal.append(refusal)
+            if self.text_id is None:
+                self.text_id = self._block_id()
+                out.append(TextStart(self.text_id))
+            out.append(TextDelta(self.text_id, refusal))
+        tool_calls = delta.get("tool_calls")
+        if tool_calls:
+            self._tool_calls(tool_calls, out)
+        finish = choice.get("finish_reason")
+        if finish:
+            if finish == "error":
+                raise errors.from_stream_error(self.provider, obj)
+            self.finish = finish
+        return out
+
+    def _block_id(self) -> str:
+        self.blocks += 1
+        return f"{self.prefix}-{self.blocks}"
+
+    def _tool_calls(self, fragments: list[dict[str, Any]], out: list[ModelChunk]) -> None:
+        for fragment in fragments:
+            index = fragment.get("index", 0)
+            call_id = fragment.get("id")
+            function = fragment.get("function") or {}
+            call = self.by_index.get(index)
+            if call is None or (call_id and call_id != call.tool_call_id):
+                call = _Call(call_id or f"call_{self.prefix}_{len(self.calls)}", function.get("name") or "")
+                self.by_index[index] = call
+                self.calls.append(call)
+            elif function.get("name") and not call.tool_name:
+                call.tool_name = function["name"]
+            arguments = function.get("arguments")
+            if arguments:
+                call.parts.append(arguments)
+            if not call.started and call.tool_name:
+                call.started = True
+                if self.text_id is not None:
+                    out.append(TextEnd(self.text_id))
+                    self.text_id = None
+                out.append(ToolInputStart(call.tool_call_id, call.tool_name))
+                if call.parts:
+                    out.append(ToolInputDelta(call.tool_call_id, "".join(call.parts)))
+            elif call.started and arguments:
+                out.append(ToolInputDelta(call.tool_call_id, arguments))
+
+    def _finish(self) -> Sequence[ModelChunk]:
+        out: list[ModelChunk] = []
+        if self.reasoning_id is not None:
+            out.append(ReasoningEnd(self.reasoning_id))
+        if self.text_id is not None:
+            out.append(TextEnd(self.text_id))
+        raw = self.finish or ""
+        calls = [c for c in self.calls if c.tool_name]
+        for call in calls:
+            if not call.started:
+                out.append(ToolInputStart(call.tool_call_id, call.tool_name))
+        out.extend(finish_tool_calls(calls, raw in _TRUNCATED))
+        reason: FinishReason = _FINISH.get(raw, FinishReason.OTHER) if raw else FinishReason.STOP
+        if reason == "stop" and calls:
+            reason = FinishReason.TOOL_CALLS
+        metadata: dict[str, Any] = {}
+        if self.refusal:
+            reason = FinishReason.CONTENT_FILTER
+            metadata["refusal"] = "".join(self.refusal)
+        usage = self.usage or {}
+        if usage:
+            metadata["usage"] = usage
+        out.append(
+            self._finish_step(
+                reason,
+                raw,
+                openai_usage(usage, "prompt", "completion"),
+                metadata,
+                response_id=self.response_id,
+                response_model=self.model,
+            )
+        )
+        return out
+
+    def end(self) -> Sequence[ModelChunk]:
+        """EOF without ``[DONE]``: fine after a finish reason (some servers omit it), an error before."""
+        if self.finish is None:
+            raise errors.incomplete_stream(self.provider, "a finish reason")
+        self.done = True
+        return self._finish()
+
+
+class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
+    """Streams steps from Chat Completions through ``client`` (an ``AsyncOpenAI``; ``base_url`` for
+    OpenAI-compatible servers). ``max_tokens_param`` names the output limit field
+    (``max_completion_tokens`` for OpenAI, ``max_tokens`` for most compatible servers);
+    ``include_usage`` asks for the usage chunk."""
+
+    type = "openai"
+
+    def __init__(
+        self,
+        name: str,
+        client: openai.AsyncOpenAI,
+        *,
+        models: Sequence[str] = (),
+        max_tokens_param: MaxTokensParam = "max_completion_tokens",
+        include_usage: bool = True,
+        retry_delay: float = 0.5,
+    ) -> None:
+        super().__init__(name, client, models=models, retry_delay=retry_delay)
+        self.max_tokens_param: MaxTokensParam = max_tokens_param
+        self.include_usage = include_usage
+
+    def _prepare(self, request: ModelRequest) -> SdkCall:
+        body, warnings = build_request(
+            request,
+            provider=self.name,
+            max_tokens_param=self.max_tokens_param,
+            include_usage=self.include_usage,
+        )
+        kwargs = {"model": body.pop("model"), "messages": body.pop("messages")}
+        prefix, name, schema = f"s{request.step_number}", self.name, request.output_schema
+        return SdkCall(kwargs, body, lambda: ChatDecoder(name, prefix, schema, warnings))
+
+    def _create(self, client: openai.AsyncOpenAI) -> OpenStream:
+        return client.chat.completions.with_streaming_response.create
+
+    def _map_error(self, error: BaseException) -> ProviderError | None:
+        return map_openai_error(self.name, error)

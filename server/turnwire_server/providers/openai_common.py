@@ -1,0 +1,115 @@
+"""Pieces both OpenAI adapters (Chat Completions, Responses) share: error mapping, model traits, the
+decoders' common state and their finish step."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import openai
+
+from turnwire.providers import ProviderError
+from turnwire.types import FinishReason, FinishStep, ModelSettings, Usage
+from turnwire_server.providers import errors
+from turnwire_server.providers.convert import as_int, check_structured_output, finish_step
+
+_REASONING_MODEL = re.compile(r"^(o\d|gpt-5|codex)", re.IGNORECASE)
+
+
+def is_reasoning_model(model: str) -> bool:
+    """OpenAI reasoning models (o-series, gpt-5 family, codex): they reject temperature, top_p and the
+    penalties, and return encrypted reasoning. A ``vendor/`` prefix (OpenRouter style) is ignored."""
+    return bool(_REASONING_MODEL.match(model.rsplit("/", 1)[-1]))
+
+
+def drop_sampling(
+    settings: ModelSettings, model: str, fields: tuple[str, ...], warnings: list[str]
+) -> set[str]:
+    """The sampling fields of ``fields`` not to send to ``model`` (reasoning models reject them)."""
+    if not is_reasoning_model(model):
+        return set()
+    dropped = {name for name in fields if getattr(settings, name) is not None}
+    for name in sorted(dropped):
+        warnings.append(f"{name} is not supported by reasoning model {model} and was not sent")
+    return dropped
+
+
+def sampling(
+    settings: ModelSettings, model: str, fields: tuple[str, ...], warnings: list[str]
+) -> dict[str, Any]:
+    """The sampling fields of ``fields`` to send to ``model``: those set, less the ones it rejects
+    (:func:`drop_sampling`, which warns)."""
+    dropped = drop_sampling(settings, model, fields, warnings)
+    values = {name: getattr(settings, name) for name in fields if name not in dropped}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def map_openai_error(provider: str, error: BaseException) -> ProviderError | None:
+    """The ``openai`` SDK's exceptions → ProviderError (None for anything else).
+
+    The SDK keeps only the inner ``error`` object in ``.body``; the whole body as
+    received is re-read from the response for ``ProviderError.body``.
+    """
+    return errors.from_sdk_error(provider, error, openai)
+
+
+def openai_usage(usage: Mapping[str, Any], inputs: str, outputs: str) -> Usage:
+    """An OpenAI usage object as :class:`Usage`. Its counts are ``<inputs>_tokens`` and
+    ``<outputs>_tokens`` (Chat Completions: ``prompt`` / ``completion``; Responses: ``input`` /
+    ``output``), ``total_tokens`` (their sum when absent), ``<outputs>_tokens_details.reasoning_tokens``
+    and ``<inputs>_tokens_details.cached_tokens``."""
+    input_tokens = as_int(usage.get(f"{inputs}_tokens"))
+    output_tokens = as_int(usage.get(f"{outputs}_tokens"))
+    return Usage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        total_tokens=as_int(usage.get("total_tokens")) or input_tokens + output_tokens,
+        reasoning_tokens=as_int((usage.get(f"{outputs}_tokens_details") or {}).get("reasoning_tokens")),
+        cached_input_tokens=as_int((usage.get(f"{inputs}_tokens_details") or {}).get("cached_tokens")),
+    )
+
+
+class OpenAIDecoder:
+    """The state both OpenAI stream decoders keep, and their finish step.
+
+    ``prefix`` starts every block id of the step; ``text`` collects the output
+    text when ``output_schema`` asks for structured output (checked at the finish);
+    ``warnings`` (from the request builder) go into the FinishStep.
+    """
+
+    def __init__(
+        self, provider: str, prefix: str, output_schema: Mapping[str, Any] | None, warnings: list[str]
+    ):
+        self.provider = provider
+        self.prefix = prefix
+        self.output_schema = output_schema
+        self.warnings = warnings
+        self.done = False
+        self.text: list[str] | None = [] if output_schema is not None else None
+        self.response_id = ""
+        self.model = ""
+
+    def _finish_step(
+        self,
+        reason: FinishReason,
+        raw: str,
+        usage: Usage,
+        metadata: dict[str, Any],
+        *,
+        response_id: str,
+        response_model: str,
+    ) -> FinishStep:
+        """The FinishStep, ``metadata`` under ``provider_metadata["openai"]``; checks the structured
+        output of a ``stop`` (raises ProviderError when it does not match the schema)."""
+        if self.text is not None and reason == "stop" and self.output_schema is not None:
+            check_structured_output(self.provider, "".join(self.text), self.output_schema)
+        return finish_step(
+            reason,
+            raw_reason=raw,
+            usage=usage,
+            response_id=response_id,
+            response_model=response_model,
+            metadata={"openai": metadata} if metadata else {},
+            warnings=self.warnings,
+        )

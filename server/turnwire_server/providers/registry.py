@@ -1,0 +1,44 @@
+"""Model ids (``provider:model``) resolved to a provider and its model name."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from turnwire.providers import Provider
+
+
+class UnknownModel(LookupError):
+    """The model id names no configured provider, or is not ``provider:model``."""
+
+
+class ProviderRegistry:
+    """The configured providers by name.
+
+    ``resolve("anthropic:claude-sonnet-4-5")`` returns the ``anthropic``
+    provider and ``"claude-sonnet-4-5"``.
+    """
+
+    def __init__(self, providers: Mapping[str, Provider]) -> None:
+        self.providers = dict(providers)
+
+    def resolve(self, model_id: str) -> tuple[Provider, str]:
+        """Split ``model_id`` and find its provider. Raises :class:`UnknownModel`."""
+        provider_name, sep, model = model_id.partition(":")
+        if not sep or not provider_name or not model:
+            raise UnknownModel(
+                f"model {model_id!r} is not of the form provider:model (for example scripted:demo)"
+            )
+        provider = self.providers.get(provider_name)
+        if provider is None:
+            raise UnknownModel(
+                f"model {model_id!r} names provider {provider_name!r}, which is not configured; "
+                f"configured: {sorted(self.providers)}"
+            )
+        if not provider.has_model(model):
+            raise UnknownModel(f"model {model_id!r}: provider {provider_name!r} has no model {model!r}")
+        return provider, model
+
+    async def aclose(self) -> None:
+        """Close every provider."""
+        for provider in self.providers.values():
+            await provider.aclose()

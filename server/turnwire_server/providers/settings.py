@@ -1,0 +1,200 @@
+"""Provider entries of the configuration, and the factory that builds a provider from one.
+
+``providers:`` in the YAML maps a name (the ``provider`` part of model ids
+``provider:model``) to one entry; ``type`` picks the adapter:
+
+============================ ==================================================
+``scripted`` (the default)   the offline scripted model (``scripts``)
+``anthropic``                Anthropic Messages (:mod:`.anthropic_messages`)
+``openai``                   OpenAI Chat Completions, and OpenAI-compatible
+                             servers through ``base_url`` (:mod:`.openai_chat`)
+``openai-responses``         OpenAI Responses (:mod:`.openai_responses`)
+============================ ==================================================
+
+Every SDK entry has ``api_key_env`` (the *name* of the environment variable that
+holds the key; ``null`` for servers that need none), ``base_url``,
+``default_headers``, ``timeout_seconds`` (per request, and per read while
+streaming), ``max_retries`` (the SDK's retry count, also the bound for retrying
+an in-stream failure before the first chunk) and ``models`` (an allow-list for
+admission; empty: any model). :func:`build_provider` raises
+:class:`ProviderConfigError` at start when the key variable is missing or empty.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+from turnwire.providers import Provider
+from turnwire.testing import ScriptStep
+
+NO_KEY = "no-key"
+"""Sent as the API key to servers configured with ``api_key_env: null`` (the SDKs require one)."""
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ScriptedProviderSettings(_Entry):
+    """The offline scripted model. ``scripts`` maps a script name to its steps."""
+
+    type: Literal["scripted"] = "scripted"
+    scripts: dict[str, list[ScriptStep]] = Field(default_factory=dict)
+
+
+class _SdkProviderSettings(_Entry):
+    """Fields every official-SDK provider has. Times in seconds."""
+
+    api_key_env: str | None = Field(
+        None, description="name of the environment variable holding the API key; null: no key needed"
+    )
+    base_url: str | None = Field(
+        None, description="API base URL; the SDK's default (the vendor's API) when unset"
+    )
+    default_headers: dict[str, str] = Field(default_factory=dict)
+    timeout_seconds: float = Field(600.0, gt=0)
+    max_retries: int = Field(2, ge=0, le=10)
+    models: list[str] = Field(default_factory=list, description="allowed model names; empty: any")
+
+
+class AnthropicProviderSettings(_SdkProviderSettings):
+    """Anthropic Messages. ``default_max_tokens`` is sent when a turn sets no ``max_output_tokens``
+    (the API requires one); ``structured_output`` is ``tool`` (a forced tool) or ``native``
+    (``output_config.format``)."""
+
+    type: Literal["anthropic"]
+    api_key_env: str | None = "ANTHROPIC_API_KEY"
+    default_max_tokens: int = Field(8192, ge=1)
+    structured_output: Literal["tool", "native"] = "tool"
+
+
+class OpenAIProviderSettings(_SdkProviderSettings):
+    """OpenAI Chat Completions or an OpenAI-compatible server (vLLM, Ollama, llama.cpp, LiteLLM,
+    OpenRouter) at ``base_url``. ``max_tokens_param``: ``auto`` sends ``max_completion_tokens`` to
+    OpenAI and ``max_tokens`` to other servers. ``include_usage`` asks for the final usage chunk."""
+
+    type: Literal["openai"]
+    api_key_env: str | None = "OPENAI_API_KEY"
+    max_tokens_param: Literal["auto", "max_completion_tokens", "max_tokens"] = "auto"
+    include_usage: bool = True
+
+
+class OpenAIResponsesProviderSettings(_SdkProviderSettings):
+    """OpenAI Responses. ``store`` false (the default) keeps nothing at OpenAI and round-trips reasoning
+    as encrypted content; ``encrypted_reasoning`` says when to request it (``auto``: reasoning models)."""
+
+    type: Literal["openai-responses"]
+    api_key_env: str | None = "OPENAI_API_KEY"
+    store: bool = False
+    encrypted_reasoning: Literal["auto", "always", "never"] = "auto"
+
+
+def _entry_type(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return str(value.get("type", "scripted"))
+    return str(getattr(value, "type", "scripted"))
+
+
+ProviderSettings = Annotated[
+    Annotated[ScriptedProviderSettings, Tag("scripted")]
+    | Annotated[AnthropicProviderSettings, Tag("anthropic")]
+    | Annotated[OpenAIProviderSettings, Tag("openai")]
+    | Annotated[OpenAIResponsesProviderSettings, Tag("openai-responses")],
+    Discriminator(_entry_type),
+]
+"""One ``providers:`` entry; ``type`` defaults to ``scripted``."""
+
+
+class ProviderConfigError(ValueError):
+    """A provider entry cannot be used (for example its API key variable is not set)."""
+
+
+def _api_key(name: str, settings: _SdkProviderSettings, environ: Mapping[str, str]) -> str:
+    if settings.api_key_env is None:
+        return NO_KEY
+    key = environ.get(settings.api_key_env, "")
+    if not key:
+        raise ProviderConfigError(
+            f"provider {name!r}: environment variable {settings.api_key_env} (its api_key_env) is not set; "
+            "set it, or set api_key_env to null for a server that needs no key"
+        )
+    return key
+
+
+def build_provider(
+    name: str, settings: ProviderSettings, environ: Mapping[str, str] | None = None
+) -> Provider:
+    """The provider for one config entry. Raises :class:`ProviderConfigError` when its key is missing.
+
+    The SDKs are imported only for the types configured.
+    """
+    env = os.environ if environ is None else environ
+    if isinstance(settings, ScriptedProviderSettings):
+        from turnwire.testing import ScriptedProvider
+
+        return ScriptedProvider(settings.scripts)
+    key = _api_key(name, settings, env)
+    common: dict[str, Any] = {
+        "api_key": key,
+        "base_url": settings.base_url,
+        "timeout": settings.timeout_seconds,
+        "max_retries": settings.max_retries,
+        "default_headers": settings.default_headers or None,
+    }
+    if isinstance(settings, AnthropicProviderSettings):
+        import anthropic
+
+        from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider
+
+        return AnthropicMessagesProvider(
+            name,
+            anthropic.AsyncAnthropic(**common),
+            models=settings.models,
+            default_max_tokens=settings.default_max_tokens,
+            structured_output=settings.structured_output,
+        )
+    import openai
+
+    if isinstance(settings, OpenAIProviderSettings):
+        from turnwire_server.providers.openai_chat import OpenAIChatProvider
+
+        param = settings.max_tokens_param
+        if param == "auto":
+            official = settings.base_url is None or "api.openai.com" in settings.base_url
+            param = "max_completion_tokens" if official else "max_tokens"
+        return OpenAIChatProvider(
+            name,
+            openai.AsyncOpenAI(**common),
+            models=settings.models,
+            max_tokens_param=param,
+            include_usage=settings.include_usage,
+        )
+    from turnwire_server.providers.openai_responses import OpenAIResponsesProvider
+
+    return OpenAIResponsesProvider(
+        name,
+        openai.AsyncOpenAI(**common),
+        models=settings.models,
+        store=settings.store,
+        encrypted_reasoning=settings.encrypted_reasoning,
+    )
+
+
+def default_providers() -> dict[str, ProviderSettings]:
+    """The ``providers:`` default: only the offline scripted model, named ``scripted``."""
+    return {"scripted": ScriptedProviderSettings()}
+
+
+PROVIDER_TYPES = frozenset({"scripted", "anthropic", "openai", "openai-responses"})
+
+
+def entry_location(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """A validation error location without the union tag pydantic inserts after ``providers.<name>``
+    (``providers.claude.anthropic.base_url`` → ``providers.claude.base_url``)."""
+    if len(loc) > 2 and loc[0] == "providers" and loc[2] in PROVIDER_TYPES:
+        return (*loc[:2], *loc[3:])
+    return loc

@@ -1,0 +1,224 @@
+"""The streaming loop every SDK adapter shares.
+
+An adapter gives :func:`run_stream`:
+
+- ``open_response``: an async context manager that sends the request through
+  the SDK (``client.<api>.with_streaming_response.create(..., stream=True)``),
+  so the SDK builds the HTTP request, authenticates, applies its retries to
+  error statuses and connection failures, and raises its typed errors; entering
+  it yields the SDK's ``AsyncAPIResponse`` once a 2xx status arrived;
+- a :class:`Decoder` that turns ``(event, data)`` SSE pairs (:mod:`turnwire_server.providers.sse`)
+  into :data:`ModelChunk`s, raising :class:`ProviderError` for error events;
+- ``map_error``: its SDK's exceptions → :class:`ProviderError`.
+
+Rules it enforces (issue 3):
+
+- Retries happen only before the first chunk reaches the engine. The SDK retries
+  failed HTTP attempts; a failure after the 2xx response opened (an ``error``
+  event such as Anthropic ``overloaded_error``, a dropped connection) is retried
+  here, up to ``retries`` times, only while nothing was yielded. After that the
+  error ends the step.
+- Closing the returned iterator (``aclose``, or cancelling its consumer) leaves
+  the SDK's context manager, which closes the HTTP response at once.
+- After the terminal event the rest of the body is drained (≤ 0.25 s) so the
+  connection can be reused.
+
+:class:`SdkProvider` is the provider side every SDK adapter shares: the
+allow-list, the per-request SDK options (retries, headers, timeout, extra body)
+and the call to :func:`run_stream`; an adapter supplies its request
+(:meth:`SdkProvider._prepare`), its SDK method and its error mapping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, ClassVar, Generic, NamedTuple, Protocol, Self, TypeVar
+
+import httpx2
+
+from turnwire.providers import ModelRequest, ProviderError
+from turnwire.types import ModelChunk
+from turnwire_server.providers import errors
+from turnwire_server.providers.sse import iter_sse
+
+DRAIN_SECONDS = 0.25
+MAX_RETRY_DELAY = 8.0
+NOTHING: tuple[ModelChunk, ...] = ()
+
+
+class Decoder(Protocol):
+    """Turns one provider's SSE events into chunks. ``done`` is set by the terminal event."""
+
+    done: bool
+
+    def feed(self, event: bytes, data: bytes) -> Sequence[ModelChunk]:
+        """Chunks for one event. Raises ProviderError for an error event."""
+        ...
+
+    def end(self) -> Sequence[ModelChunk]:
+        """The stream ended without a terminal event: the final chunks, or raise ProviderError."""
+        ...
+
+
+def map_transport_error(provider: str, error: BaseException) -> ProviderError | None:
+    """``httpx2`` errors raised while reading a stream (drop, reset, read timeout) → ProviderError."""
+    if isinstance(error, httpx2.TimeoutException):
+        return errors.connection_error(provider, error, timeout=True)
+    if isinstance(error, httpx2.HTTPError | httpx2.StreamError | OSError):
+        return errors.connection_error(provider, error)
+    return None
+
+
+async def run_stream(
+    provider: str,
+    open_response: Callable[[], AbstractAsyncContextManager[Any]],
+    new_decoder: Callable[[], Decoder],
+    map_error: Callable[[BaseException], ProviderError | None],
+    *,
+    retries: int,
+    retry_delay: float = 0.5,
+) -> AsyncGenerator[ModelChunk, None]:
+    """Stream one step; see the module docstring for the retry, cancel and drain rules."""
+    attempt = 0
+    while True:
+        decoder = new_decoder()
+        sent = False
+        opened = False
+        try:
+            async with open_response() as response:
+                opened = True
+                events = iter_sse(response.http_response.aiter_bytes())
+                async for event, data in events:
+                    chunks = decoder.feed(event, data)
+                    if chunks:
+                        sent = True
+                        for chunk in chunks:
+                            yield chunk
+                    if decoder.done:
+                        break
+                if not decoder.done:
+                    for chunk in decoder.end():
+                        sent = True
+                        yield chunk
+                    return
+                # Drain what follows the terminal event (usually nothing) so the connection is reused.
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(DRAIN_SECONDS):
+                        async for _ in events:
+                            pass
+            return
+        except ProviderError as error:
+            failure = error
+        except Exception as exc:
+            mapped = map_error(exc) or map_transport_error(provider, exc)
+            if mapped is None:
+                raise
+            if sent or not opened or not mapped.retryable or attempt >= retries:
+                raise mapped from exc
+            failure = mapped
+        if sent or not opened or not failure.retryable or attempt >= retries:
+            raise failure
+        delay = failure.retry_after
+        if delay is None:
+            delay = min(retry_delay * (2**attempt), MAX_RETRY_DELAY) * (0.75 + random.random() / 4)
+        attempt += 1
+        await asyncio.sleep(delay)
+
+
+class SdkClient(Protocol):
+    """What :class:`SdkProvider` uses of an SDK client (``AsyncAnthropic``, ``AsyncOpenAI``)."""
+
+    max_retries: int
+
+    def with_options(self, *, max_retries: int) -> Self:
+        """A copy with other options (here: the retry count)."""
+        ...
+
+    async def close(self) -> None:
+        """Close the client and its connections."""
+        ...
+
+
+ClientT = TypeVar("ClientT", bound=SdkClient)
+
+OpenStream = Callable[..., AbstractAsyncContextManager[Any]]
+"""An SDK's ``with_streaming_response.create``: called with the request's arguments and ``stream=True``."""
+
+
+class SdkCall(NamedTuple):
+    """One step's request, as an adapter prepares it: the SDK method's own arguments (``kwargs``), the
+    fields the SDK does not know (``extra_body``, sent as is) and the decoder factory for its stream."""
+
+    kwargs: dict[str, Any]
+    extra_body: dict[str, Any]
+    new_decoder: Callable[[], Decoder]
+
+
+class SdkProvider(Generic[ClientT]):
+    """An official-SDK provider: streams steps through ``client`` with :func:`run_stream`.
+
+    ``models`` is an optional allow-list for :meth:`has_model`; ``retry_delay`` the
+    base delay (seconds) between in-stream retries. Subclasses set ``type`` and
+    implement :meth:`_prepare`, :meth:`_create` and :meth:`_map_error`.
+    """
+
+    type: ClassVar[str]
+
+    def __init__(
+        self, name: str, client: ClientT, *, models: Sequence[str] = (), retry_delay: float = 0.5
+    ) -> None:
+        self.name = name
+        self.client = client
+        self.models = frozenset(models)
+        self.retry_delay = retry_delay
+
+    def has_model(self, model: str) -> bool:
+        """True unless an allow-list is configured and ``model`` is not on it."""
+        return not self.models or model in self.models
+
+    def _prepare(self, request: ModelRequest) -> SdkCall:
+        """The SDK call for ``request``; raises ProviderError for a request the API would reject."""
+        raise NotImplementedError
+
+    def _create(self, client: ClientT) -> OpenStream:
+        """The SDK's ``with_streaming_response.create`` of this API on ``client``."""
+        raise NotImplementedError
+
+    def _map_error(self, error: BaseException) -> ProviderError | None:
+        """The SDK's exceptions → ProviderError (None for anything else)."""
+        raise NotImplementedError
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelChunk, None]:
+        """Stream one step. Raises ProviderError (see :mod:`turnwire_server.providers.errors`)."""
+        kwargs, extra_body, new_decoder = self._prepare(request)
+        settings = request.settings
+        client = self.client
+        if settings.max_retries is not None:
+            client = client.with_options(max_retries=settings.max_retries)
+        extra: dict[str, Any] = {"extra_body": extra_body} if extra_body else {}
+        if settings.headers:
+            extra["extra_headers"] = dict(settings.headers)
+        if settings.timeout_seconds is not None:
+            extra["timeout"] = settings.timeout_seconds
+        create = self._create(client)
+
+        def open_response() -> AbstractAsyncContextManager[Any]:
+            return create(stream=True, **kwargs, **extra)
+
+        async for chunk in run_stream(
+            self.name,
+            open_response,
+            new_decoder,
+            self._map_error,
+            retries=client.max_retries,
+            retry_delay=self.retry_delay,
+        ):
+            yield chunk
+
+    async def aclose(self) -> None:
+        """Close the SDK client and its connections."""
+        await self.client.close()

@@ -1,0 +1,148 @@
+"""The store interface: conversations, messages and turn records.
+
+One interface, several backends: SQLite (WAL, one process) is the embedded
+default; a PostgreSQL backend shared by several replicas implements the same
+methods, carrying the cross-replica turn lock in :meth:`Store.turn_lock`.
+The engine calls only what is here.
+
+Durability rules (THINK-SEMANTICS.md section 8): :meth:`Store.start_turn`
+returns only once the user's messages are durable; :meth:`Store.finish_turn`
+returns only once the assistant message is durable. Checkpoints
+(:meth:`Store.save_message`) may be batched by the backend (group commit) but
+are applied in call order.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from turnwire_client.v1 import message_pb2
+
+TurnState = Literal["running", "completed", "error", "aborted", "interrupted", "skipped"]
+"""A turn record's state; ``running`` until the turn ends."""
+
+
+class StoreError(Exception):
+    """The store could not read or write (I/O, database unavailable)."""
+
+
+class MessageIdConflict(StoreError):
+    """A message with the same id already exists in the conversation."""
+
+    def __init__(self, conversation_id: str, message_id: str) -> None:
+        super().__init__(f"message id {message_id!r} already exists in conversation {conversation_id!r}")
+        self.conversation_id = conversation_id
+        self.message_id = message_id
+
+
+class TurnAlreadyExists(StoreError):
+    """A turn with the same request id was already recorded."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"a turn with request_id {request_id!r} already exists")
+        self.request_id = request_id
+
+
+class InvalidPageToken(StoreError):
+    """A page token was not issued by this store, or is for another query."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRecord:
+    """A conversation's metadata. Times are timezone-aware UTC."""
+
+    conversation_id: str
+    create_time: dt.datetime
+    update_time: dt.datetime
+    message_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """One turn as the store knows it.
+
+    ``error`` is a serialized ``google.rpc.Status`` when ``state`` is
+    ``error``; ``recovery_count`` counts crash recoveries spent on this turn.
+    """
+
+    request_id: str
+    conversation_id: str
+    assistant_message_id: str
+    continuation: bool
+    model: str
+    state: TurnState
+    start_time: dt.datetime
+    end_time: dt.datetime | None = None
+    error: bytes | None = None
+    recovery_count: int = 0
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Persistence for conversations, messages and turns.
+
+    All methods raise :class:`StoreError` (or a subclass) when the backend
+    fails. Messages are ``turnwire.v1.Message`` protos and round-trip
+    losslessly.
+    """
+
+    async def open(self) -> None:
+        """Connect and run pending schema migrations."""
+        ...
+
+    async def close(self) -> None:
+        """Flush pending writes and disconnect."""
+        ...
+
+    async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
+        """The conversation's record, or ``None`` when it does not exist."""
+        ...
+
+    async def list_conversations(
+        self, page_size: int, page_token: str
+    ) -> tuple[list[ConversationRecord], str]:
+        """One page of conversations, most recently updated first.
+
+        Returns the records and the next page token ("" on the last page).
+        Raises :class:`InvalidPageToken` for a token it did not issue.
+        """
+        ...
+
+    async def load_messages(self, conversation_id: str) -> list[message_pb2.Message]:
+        """All messages of the conversation, oldest first ([] when none)."""
+        ...
+
+    async def start_turn(self, turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> None:
+        """Durably create the conversation if needed, append ``messages`` and record ``turn``.
+
+        One transaction. Raises :class:`MessageIdConflict` (and stores
+        nothing) when a message id already exists in the conversation.
+        """
+        ...
+
+    async def save_message(self, conversation_id: str, message: message_pb2.Message) -> None:
+        """Insert or replace ``message`` (by id): the checkpoint of a streaming reply."""
+        ...
+
+    async def finish_turn(
+        self,
+        turn: TurnRecord,
+        message: message_pb2.Message | None,
+    ) -> None:
+        """Durably store the final assistant ``message`` (when given) and ``turn``'s end state."""
+        ...
+
+    async def running_turns(self) -> list[TurnRecord]:
+        """Turns still recorded as ``running`` (after a crash, to recover)."""
+        ...
+
+    def turn_lock(self, conversation_id: str) -> AbstractAsyncContextManager[None]:
+        """Hold the conversation's turn lock: one turn at a time, first in, first out.
+
+        Backends shared by several replicas hold it in the database.
+        """
+        ...

@@ -1,0 +1,265 @@
+"""The SQLite store backend: one process, WAL mode, group-committed writes.
+
+Two connections to one database file: a writer, a plain ``sqlite3`` connection
+on its own thread that applies queued writes in call order and batches
+everything pending into one transaction (group commit; see
+:mod:`turnwire_server.store.sqlite_writer`), and a read-only aiosqlite reader. In WAL mode
+the reader sees only committed data and never waits for the writer.
+
+The schema lives in ``server/store/migrations/sqlite/NNNN_name.sql``; pending
+migrations run at :meth:`SqliteStore.open` (see :mod:`turnwire_server.store.sqlite_migrations`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, suppress
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+from google.protobuf.message import DecodeError
+
+from turnwire_client.v1 import message_pb2
+from turnwire_server.store.base import ConversationRecord, StoreError, TurnRecord
+from turnwire_server.store.local_lock import LocalTurnLocks
+from turnwire_server.store.sqlite_migrations import Migration, load_migrations
+from turnwire_server.store.sqlite_rows import (
+    DB_ERRORS,
+    build_message,
+    conversation_from_row,
+    decode_page_token,
+    encode_page_token,
+    store_error,
+    turn_from_row,
+)
+from turnwire_server.store.sqlite_writer import BUSY_TIMEOUT_MS, SqliteWriter
+from turnwire_server.store.sqlite_writes import finish_turn_write, save_message_write, start_turn_write
+
+__all__ = ["Migration", "SqliteStore", "load_migrations"]
+
+
+class SqliteStore:
+    """:class:`~turnwire_server.store.base.Store` on one SQLite database file, for one process.
+
+    ``path`` is the database file; missing parent directories are created at
+    :meth:`open`. ``checkpoint_batch_ms`` (milliseconds, >= 0) is how long the
+    writer may wait after a :meth:`save_message` to gather more writes into the
+    same transaction; :meth:`start_turn` and :meth:`finish_turn` cut the wait
+    short. 0 commits as soon as the writer is free (writes that queued while it
+    was busy still share one transaction).
+
+    Durability: a write's coroutine returns once its transaction has committed.
+    With ``synchronous=NORMAL`` a commit survives a process crash; an OS crash
+    or power loss may lose the last commits. A cancelled write call may still
+    be applied.
+
+    Methods raise :class:`StoreError` when the database fails or the store is
+    not open, and :class:`ValueError` for arguments no backend could store
+    (empty message id, naive datetime, invalid Timestamp, unknown turn state).
+    All calls must come from the event loop that ran :meth:`open`. Not for
+    ``:memory:`` databases: the reader needs to share the writer's file.
+    """
+
+    def __init__(self, path: str | Path, *, checkpoint_batch_ms: float = 0) -> None:
+        if str(path) in ("", ":memory:") or str(path).startswith("file:"):
+            raise ValueError(f"SqliteStore needs a database file path, got {str(path)!r}")
+        if checkpoint_batch_ms < 0:
+            raise ValueError(f"checkpoint_batch_ms must be >= 0, got {checkpoint_batch_ms}")
+        self._path = Path(path)
+        self._writer = SqliteWriter(self._path, batch_s=checkpoint_batch_ms / 1000)
+        self._reader_db: aiosqlite.Connection | None = None
+        self._opened = False
+        self._closing = False
+        self._locks = LocalTurnLocks()
+
+    @property
+    def path(self) -> Path:
+        """The database file."""
+        return self._path
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def open(self) -> None:
+        """Connect, enable WAL, run pending migrations and start the writer.
+
+        Raises :class:`StoreError` when the file cannot be opened, a migration
+        fails, or the database's schema is newer than this code knows. A no-op
+        when already open; a closed store cannot be reopened (make a new one).
+        """
+        if self._opened:
+            return
+        if self._closing:
+            raise StoreError("sqlite store: closed; create a new SqliteStore to reopen")
+        await self._writer.open(load_migrations())
+        reader: aiosqlite.Connection | None = None
+        try:
+            reader = await aiosqlite.connect(self._path, isolation_level=None)
+            await reader.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            await reader.execute("PRAGMA query_only=ON")
+        except BaseException as exc:
+            if reader is not None:
+                with suppress(Exception):
+                    await reader.close()
+            with suppress(Exception):
+                await self._writer.close()
+            if isinstance(exc, DB_ERRORS):
+                raise store_error(exc, f"opening {self._path}") from exc
+            raise
+        self._reader_db = reader
+        self._opened = True
+
+    async def close(self) -> None:
+        """Apply every queued write, then close both connections. Idempotent."""
+        self._closing = True
+        self._opened = False
+        errors: list[BaseException] = []
+        try:
+            await self._writer.close()
+        except StoreError as exc:
+            errors.append(exc)
+        reader, self._reader_db = self._reader_db, None
+        if reader is not None:
+            try:
+                await reader.close()
+            except DB_ERRORS as exc:
+                errors.append(exc)
+        if errors:
+            raise store_error(errors[0], f"closing {self._path}")
+
+    # ------------------------------------------------------------------ reads
+
+    async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
+        """The conversation's record (times tz-aware UTC), or ``None`` when it does not exist."""
+        rows = await self._read(
+            "get_conversation",
+            "SELECT id, create_time, update_time, message_count FROM conversations WHERE id = ?",
+            (conversation_id,),
+        )
+        return conversation_from_row(rows[0]) if rows else None
+
+    async def list_conversations(
+        self, page_size: int, page_token: str
+    ) -> tuple[list[ConversationRecord], str]:
+        """Up to ``page_size`` (>= 1) conversations, most recently updated first.
+
+        Ties on update time are ordered by id, descending. Returns the records
+        and the token of the next page ("" on the last page); pass "" for the
+        first page. Pagination is by key, so a conversation updated between
+        pages moves to the front and is not seen again. Raises
+        :class:`InvalidPageToken` for a token this store did not issue and
+        :class:`ValueError` when ``page_size`` < 1.
+        """
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        columns = "SELECT id, create_time, update_time, message_count FROM conversations"
+        order = " ORDER BY update_time DESC, id DESC LIMIT ?"
+        if page_token:
+            update_us, after_id = decode_page_token(page_token)
+            rows = await self._read(
+                "list_conversations",
+                columns + " WHERE (update_time, id) < (?, ?)" + order,
+                (update_us, after_id, page_size + 1),
+            )
+        else:
+            rows = await self._read("list_conversations", columns + order, (page_size + 1,))
+        records = [conversation_from_row(row) for row in rows[:page_size]]
+        next_token = ""
+        if len(rows) > page_size:
+            last = rows[page_size - 1]
+            next_token = encode_page_token(last[2], last[0])
+        return records, next_token
+
+    async def load_messages(self, conversation_id: str) -> list[message_pb2.Message]:
+        """All messages of the conversation in append order ([] when none or no conversation)."""
+        # One statement, so messages and parts come from one consistent snapshot.
+        rows = await self._read(
+            "load_messages",
+            "SELECT m.id, m.role, m.create_time, m.create_time_nanos, m.metadata, p.data"
+            " FROM messages AS m LEFT JOIN parts AS p"
+            " ON p.conversation_id = m.conversation_id AND p.message_id = m.id"
+            " WHERE m.conversation_id = ? ORDER BY m.seq, p.idx",
+            (conversation_id,),
+        )
+        messages: list[message_pb2.Message] = []
+        current: message_pb2.Message | None = None
+        try:
+            for message_id, role, create_us, create_nanos, metadata, part in rows:
+                if current is None or current.id != message_id:
+                    current = build_message(message_id, role, create_us, create_nanos, metadata)
+                    messages.append(current)
+                if part is not None:
+                    current.parts.add().MergeFromString(part)
+        except DecodeError as exc:
+            raise StoreError(
+                f"sqlite store: conversation {conversation_id!r} has a corrupt message: {exc}"
+            ) from exc
+        return messages
+
+    async def running_turns(self) -> list[TurnRecord]:
+        """Turns whose state is ``running``, oldest start first."""
+        rows = await self._read(
+            "running_turns",
+            "SELECT request_id, conversation_id, assistant_message_id, continuation, model,"
+            " state, start_time, end_time, error, recovery_count FROM turns"
+            " WHERE state = 'running' ORDER BY start_time, request_id",
+            (),
+        )
+        return [turn_from_row(row) for row in rows]
+
+    # ------------------------------------------------------------------ writes
+
+    async def start_turn(self, turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> None:
+        """Durably create the conversation if missing, append ``messages`` and insert ``turn``.
+
+        One transaction, committed when this returns. ``messages`` get the next
+        positions in order. Raises :class:`MessageIdConflict` (storing nothing)
+        when a message id already exists in ``turn.conversation_id`` or repeats
+        within ``messages``; :class:`TurnAlreadyExists` (a :class:`StoreError`)
+        when ``turn.request_id`` already exists; :class:`ValueError` for a
+        message without parts (never stored) or an invalid argument.
+        """
+        apply = start_turn_write(turn, messages)
+        await self._writer.submit(apply, f"start_turn({turn.request_id!r})", urgent=True)
+
+    async def save_message(self, conversation_id: str, message: message_pb2.Message) -> None:
+        """Insert ``message``, or replace the one with its id in place (same position).
+
+        The checkpoint of a streaming reply: group-committed with other queued
+        writes, applied in call order, committed when this returns. Creates the
+        conversation if missing and bumps its update time. A message without
+        parts is not stored (the call is a no-op). Raises :class:`ValueError`
+        for an empty id or invalid create_time.
+        """
+        apply = save_message_write(conversation_id, message)
+        if apply is None:
+            return
+        what = f"save_message({conversation_id!r}, {message.id!r})"
+        await self._writer.submit(apply, what, urgent=False)
+
+    async def finish_turn(self, turn: TurnRecord, message: message_pb2.Message | None) -> None:
+        """Durably upsert the assistant ``message`` and record ``turn``'s end.
+
+        One transaction, committed when this returns. ``message`` (when given
+        and it has parts; a message without parts is never stored) is inserted
+        or replaced as by :meth:`save_message`. Updates the turn row's state,
+        end_time, error and recovery_count. Raises :class:`StoreError` when no
+        turn ``turn.request_id`` exists (nothing is stored then).
+        """
+        apply = finish_turn_write(turn, message)
+        await self._writer.submit(apply, f"finish_turn({turn.request_id!r})", urgent=True)
+
+    def turn_lock(self, conversation_id: str) -> AbstractAsyncContextManager[None]:
+        """Hold the conversation's in-process turn lock (FIFO); see :class:`LocalTurnLocks`."""
+        return self._locks.hold(conversation_id)
+
+    # ------------------------------------------------------------------ internals
+
+    async def _read(self, what: str, sql: str, params: Iterable[Any]) -> list[Any]:
+        db = self._reader_db
+        if db is None:
+            raise StoreError(f"sqlite store: {what}: store is not open")
+        try:
+            return list(await db.execute_fetchall(sql, params))
+        except DB_ERRORS as exc:
+            raise store_error(exc, what) from exc

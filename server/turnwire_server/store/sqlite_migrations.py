@@ -1,0 +1,131 @@
+"""The SQLite store's schema migrations: loading the packaged scripts and applying them.
+
+The schema lives in ``server/store/migrations/sqlite/NNNN_name.sql``. Pending
+migrations run when the store opens, each in its own transaction, and are
+recorded in ``schema_migrations``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import sqlite3
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Final
+
+from turnwire_server.store.base import StoreError
+from turnwire_server.store.sqlite_rows import DB_ERRORS, store_error
+
+__all__ = ["Migration", "apply_migrations", "load_migrations"]
+
+_log = logging.getLogger("turnwire_server.store.sqlite")
+
+_MIGRATIONS_PACKAGE: Final = "turnwire_server.store.migrations.sqlite"
+_MIGRATION_FILE: Final = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One schema migration: ``version`` (from 1), ``name`` (file stem) and its statements."""
+
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+def _split_statements(script: str, name: str) -> tuple[str, ...]:
+    """Split a migration script into statements (one or more lines each, ``;``-terminated).
+
+    ``sqlite3.complete_statement`` understands quoting and ``CREATE TRIGGER ... END;``,
+    so a statement may span lines; two statements must not share a line.
+    """
+    statements: list[str] = []
+    buffer: list[str] = []
+    for line in script.splitlines(keepends=True):
+        buffer.append(line)
+        text = "".join(buffer)
+        if sqlite3.complete_statement(text):
+            statements.append(text.strip())
+            buffer = []
+    leftover = [ln for ln in "".join(buffer).splitlines() if ln.strip()]
+    if any(not ln.lstrip().startswith("--") for ln in leftover):
+        raise StoreError(f"migration {name}: unterminated statement at the end of the file")
+    return tuple(statements)
+
+
+@functools.cache
+def load_migrations() -> tuple[Migration, ...]:
+    """The packaged SQLite migrations, in version order.
+
+    Raises :class:`StoreError` when a file name does not match ``NNNN_name.sql``
+    or versions are not 1, 2, 3, ... without gaps (a packaging mistake).
+    """
+    found: list[Migration] = []
+    for entry in resources.files(_MIGRATIONS_PACKAGE).iterdir():
+        if not entry.name.endswith(".sql"):
+            continue
+        match = _MIGRATION_FILE.match(entry.name)
+        if match is None:
+            raise StoreError(f"migration file {entry.name!r} is not named NNNN_name.sql")
+        name = entry.name.removesuffix(".sql")
+        statements = _split_statements(entry.read_text(encoding="utf-8"), name)
+        found.append(Migration(int(match.group(1)), name, statements))
+    found.sort(key=lambda m: m.version)
+    if [m.version for m in found] != list(range(1, len(found) + 1)):
+        raise StoreError(f"migration versions are not 1..n: {[m.name for m in found]}")
+    return tuple(found)
+
+
+def apply_migrations(
+    conn: sqlite3.Connection, migrations: Sequence[Migration], path: Path, now_us: Callable[[], int]
+) -> None:
+    """Apply the ``migrations`` not yet recorded in ``conn``'s database, each in its own transaction.
+
+    ``conn`` must be in autocommit mode (``isolation_level=None``) and outside a
+    transaction; blocking, so call it on the thread that owns ``conn``. ``path``
+    is for messages only; ``now_us()`` gives ``applied_at`` (µs since the
+    epoch). Raises :class:`StoreError` when a migration fails (that migration
+    is rolled back; earlier ones stay) or the database's schema is newer than
+    the newest of ``migrations``.
+    """
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations ("
+        " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+    )
+    known = migrations[-1].version if migrations else 0
+    newest = conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0] or 0
+    if newest > known:
+        raise StoreError(
+            f"sqlite store {path}: database schema version {newest} is newer than"
+            f" version {known}, the newest this build of turnwire knows; upgrade turnwire"
+        )
+    for migration in migrations:
+        if migration.version <= newest:
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Re-check under the write lock: another process may have migrated meanwhile.
+            done = conn.execute(
+                "SELECT 1 FROM schema_migrations WHERE version = ?", (migration.version,)
+            ).fetchone()
+            if done is None:
+                for statement in migration.statements:
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    (migration.version, migration.name, now_us()),
+                )
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                with suppress(sqlite3.Error):  # the original error is the one to report
+                    conn.execute("ROLLBACK")
+            if isinstance(exc, DB_ERRORS):
+                raise store_error(exc, f"migration {migration.name}") from exc
+            raise
+        _log.info("sqlite store %s: applied migration %s", path, migration.name)

@@ -1,0 +1,217 @@
+"""How the SQLite store encodes values in rows: times, messages, turn and conversation rows,
+page tokens, and how database errors become :class:`StoreError`.
+
+Pure functions with no connection of their own; used by the store (reads, on the
+event loop) and by the writes (on the writer thread).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import json
+import re
+import sqlite3
+from dataclasses import dataclass
+from typing import Any, Final, get_args
+
+from turnwire_client.v1 import message_pb2
+from turnwire_server.store.base import ConversationRecord, InvalidPageToken, StoreError, TurnRecord, TurnState
+
+__all__ = [
+    "DB_ERRORS",
+    "MessageRow",
+    "build_message",
+    "check_turn",
+    "conversation_from_row",
+    "decode_page_token",
+    "encode_page_token",
+    "message_row",
+    "store_error",
+    "to_us",
+    "turn_from_row",
+]
+
+_TURN_STATES: Final[frozenset[str]] = frozenset(get_args(TurnState))
+_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_ONE_US: Final = dt.timedelta(microseconds=1)
+# google.protobuf.Timestamp's valid range: 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59Z.
+_TS_MIN_SECONDS: Final = -62_135_596_800
+_TS_MAX_SECONDS: Final = 253_402_300_799
+_TOKEN_ALPHABET: Final = re.compile(r"^[A-Za-z0-9_-]+$")
+_TOKEN_VERSION: Final = 1
+
+DB_ERRORS: Final = (sqlite3.Error, ValueError, OSError)
+"""Errors of the database layer (aiosqlite raises ValueError on a closed connection)."""
+
+
+# --------------------------------------------------------------------------- times
+
+
+def to_us(value: dt.datetime, what: str) -> int:
+    """``value`` as integer microseconds since the Unix epoch.
+
+    Raises :class:`ValueError` naming ``what`` when ``value`` is naive.
+    """
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{what} must be a timezone-aware datetime, got {value!r}")
+    return (value - _EPOCH) // _ONE_US
+
+
+def _from_us(us: int) -> dt.datetime:
+    return _EPOCH + dt.timedelta(microseconds=us)
+
+
+def _opt_from_us(us: int | None) -> dt.datetime | None:
+    return None if us is None else _from_us(us)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRow:
+    """A message ready to write: validated and serialized in the caller's task.
+
+    ``create_time_us`` is microseconds since the epoch (``None`` when unset) and
+    ``create_time_nanos`` the sub-microsecond remainder (0..999); ``metadata``
+    is the serialized Struct (``None`` when unset); ``parts`` are
+    ``(oneof name or None, serialized Part)`` in order.
+    """
+
+    id: str
+    role: int
+    create_time_us: int | None
+    create_time_nanos: int
+    metadata: bytes | None
+    parts: tuple[tuple[str | None, bytes], ...]
+
+
+def message_row(message: message_pb2.Message) -> MessageRow:
+    """``message`` as a :class:`MessageRow`.
+
+    Raises :class:`ValueError` for an empty id or a create_time outside
+    ``google.protobuf.Timestamp``'s range.
+    """
+    if not message.id:
+        raise ValueError("message id must not be empty")
+    create_us: int | None = None
+    create_nanos = 0
+    if message.HasField("create_time"):
+        ts = message.create_time
+        if not (0 <= ts.nanos < 1_000_000_000 and _TS_MIN_SECONDS <= ts.seconds <= _TS_MAX_SECONDS):
+            raise ValueError(f"message {message.id!r}: create_time is not a valid Timestamp")
+        create_us = ts.seconds * 1_000_000 + ts.nanos // 1000
+        create_nanos = ts.nanos % 1000
+    metadata = (
+        message.metadata.SerializeToString(deterministic=True) if message.HasField("metadata") else None
+    )
+    # Deterministic bytes, so an unchanged part compares equal and is not rewritten.
+    parts = tuple(
+        (part.WhichOneof("kind"), part.SerializeToString(deterministic=True)) for part in message.parts
+    )
+    return MessageRow(message.id, int(message.role), create_us, create_nanos, metadata, parts)
+
+
+def build_message(
+    message_id: str, role: int, create_us: int | None, create_nanos: int, metadata: bytes | None
+) -> message_pb2.Message:
+    """A message without parts from its ``messages`` row columns (the inverse of :func:`message_row`).
+
+    Raises :class:`google.protobuf.message.DecodeError` for corrupt metadata.
+    """
+    message = message_pb2.Message(id=message_id, role=message_pb2.Role.ValueType(role))
+    if create_us is not None:
+        seconds, micros = divmod(create_us, 1_000_000)
+        message.create_time.SetInParent()
+        message.create_time.seconds = seconds
+        message.create_time.nanos = micros * 1000 + create_nanos
+    if metadata is not None:
+        message.metadata.SetInParent()
+        message.metadata.MergeFromString(metadata)
+    return message
+
+
+# --------------------------------------------------------------------------- turns, conversations
+
+
+def check_turn(turn: TurnRecord) -> None:
+    """Raise :class:`ValueError` when ``turn.state`` is not a :data:`TurnState`."""
+    if turn.state not in _TURN_STATES:
+        raise ValueError(f"turn {turn.request_id!r}: unknown state {turn.state!r}")
+
+
+def turn_from_row(row: Any) -> TurnRecord:
+    """A ``turns`` row (columns in table order) as a :class:`TurnRecord` (times tz-aware UTC).
+
+    Raises :class:`StoreError` for a state this code does not know.
+    """
+    state = row[5]
+    if state not in _TURN_STATES:
+        raise StoreError(f"turn {row[0]!r} has unknown state {state!r} in the database")
+    return TurnRecord(
+        request_id=row[0],
+        conversation_id=row[1],
+        assistant_message_id=row[2],
+        continuation=bool(row[3]),
+        model=row[4],
+        state=state,
+        start_time=_from_us(row[6]),
+        end_time=_opt_from_us(row[7]),
+        error=row[8],
+        recovery_count=row[9],
+    )
+
+
+def conversation_from_row(row: Any) -> ConversationRecord:
+    """A ``conversations`` row ``(id, create_time, update_time, message_count)`` as a record."""
+    return ConversationRecord(
+        conversation_id=row[0],
+        create_time=_from_us(row[1]),
+        update_time=_from_us(row[2]),
+        message_count=row[3],
+    )
+
+
+# --------------------------------------------------------------------------- page tokens
+
+
+def encode_page_token(update_us: int, conversation_id: str) -> str:
+    """The opaque token of the page after the conversation ``(update_us, conversation_id)``."""
+    payload = json.dumps({"v": _TOKEN_VERSION, "u": update_us, "id": conversation_id}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(payload.encode()).decode("ascii").rstrip("=")
+
+
+def decode_page_token(token: str) -> tuple[int, str]:
+    """``(update_us, conversation_id)`` from :func:`encode_page_token`'s ``token``.
+
+    Raises :class:`InvalidPageToken` for anything else.
+    """
+    invalid = InvalidPageToken(f"invalid page token {token[:64]!r}")
+    if not _TOKEN_ALPHABET.match(token):
+        raise invalid
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    except (ValueError, binascii.Error) as exc:  # JSON and UTF-8 errors are ValueErrors
+        raise invalid from exc
+    if not isinstance(payload, dict) or payload.get("v") != _TOKEN_VERSION:
+        raise invalid
+    update_us, conversation_id = payload.get("u"), payload.get("id")
+    if type(update_us) is not int or type(conversation_id) is not str:
+        raise invalid
+    return update_us, conversation_id
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def store_error(exc: BaseException, what: str) -> StoreError:
+    """``exc`` as a :class:`StoreError` saying what failed (``exc`` itself when it is one)."""
+    if isinstance(exc, StoreError):
+        return exc
+    code = getattr(exc, "sqlite_errorname", None)
+    detail = f"{code}: {exc}" if code else str(exc) or type(exc).__name__
+    err = StoreError(f"sqlite store: {what} failed: {detail}")
+    err.__cause__ = exc
+    return err

@@ -1,0 +1,239 @@
+"""The SQLite store's group-commit writer: one thread, one connection, one transaction per batch.
+
+Writes queue on the event loop in call order. A writer task takes everything
+pending as a batch and applies it in ONE round trip to a dedicated thread:
+``BEGIN IMMEDIATE``, each write under its own savepoint, ``COMMIT``. Then it
+resolves the callers' futures on the loop. A round trip per statement (as with
+aiosqlite) cost ~9 thread hand-offs per write and made the loop lag under load.
+
+The thread is a one-worker :class:`~concurrent.futures.ThreadPoolExecutor`; the
+plain ``sqlite3`` connection is created, used and closed only on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import sqlite3
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from turnwire_server.store.base import StoreError
+from turnwire_server.store.sqlite_migrations import Migration, apply_migrations
+from turnwire_server.store.sqlite_rows import DB_ERRORS, store_error
+from turnwire_server.store.sqlite_writes import WriteFn
+
+__all__ = ["BUSY_TIMEOUT_MS", "SqliteWriter"]
+
+_log = logging.getLogger("turnwire_server.store.sqlite")
+
+BUSY_TIMEOUT_MS: Final = 5000
+"""How long a connection waits for another process's lock before failing (ms)."""
+
+
+@dataclass(slots=True)
+class _Write:
+    apply: WriteFn  # runs on the writer thread inside the batch transaction
+    future: asyncio.Future[None]
+    what: str  # for error messages
+    urgent: bool  # a caller waits on durability: do not hold the batch open for more
+
+
+class SqliteWriter:
+    """Applies writes to the database file ``path``, group-committed, on its own thread.
+
+    ``batch_s`` (seconds, >= 0) is how long a batch of only non-urgent writes
+    may wait for more; an urgent write ends the wait. Use from one event loop:
+    :meth:`open`, then :meth:`submit` any number of times, then :meth:`close`.
+    """
+
+    def __init__(self, path: Path, *, batch_s: float) -> None:
+        self._path = path
+        self._batch_s = batch_s
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None  # touched only on the executor's thread
+        self._task: asyncio.Task[None] | None = None
+        self._pending: collections.deque[_Write] = collections.deque()
+        self._has_work = asyncio.Event()
+        self._urgent = asyncio.Event()
+        self._closing = False
+        self._last_us = 0  # the writer thread's clock; see _now_us
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def open(self, migrations: Sequence[Migration]) -> None:
+        """Create the parent directories, connect (WAL, ``synchronous=NORMAL``), run pending
+        ``migrations`` and start the writer task.
+
+        Raises :class:`StoreError` when the file cannot be opened or a migration
+        fails (nothing is left running then). After :meth:`close` it starts afresh.
+        """
+        self._closing = False
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store-writer")
+        try:
+            await asyncio.get_running_loop().run_in_executor(executor, self._connect, migrations)
+        except BaseException as exc:
+            # Queued behind _connect even when this task was cancelled mid-way.
+            executor.submit(self._close_connection)
+            executor.shutdown(wait=False)
+            if isinstance(exc, DB_ERRORS):
+                raise store_error(exc, f"opening {self._path}") from exc
+            raise
+        self._executor = executor
+        self._task = asyncio.create_task(self._run(), name="sqlite-store-writer")
+
+    async def close(self) -> None:
+        """Apply every queued write, stop the task, close the connection and the thread.
+
+        Idempotent. Raises :class:`StoreError` when closing the connection fails.
+        """
+        self._closing = True
+        self._has_work.set()
+        self._urgent.set()  # end any checkpoint batching wait now
+        task, self._task = self._task, None
+        if task is not None:
+            await task
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(executor, self._close_connection)
+        except DB_ERRORS as exc:
+            raise store_error(exc, f"closing {self._path}") from exc
+        finally:
+            executor.shutdown(wait=False)  # idle now: its thread exits at once
+
+    def _connect(self, migrations: Sequence[Migration]) -> None:  # on the writer thread
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self._path, isolation_level=None)  # we issue BEGIN/COMMIT
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            if mode is None or str(mode[0]).lower() != "wal":
+                # Still correct, only slower: readers then wait for the writer.
+                _log.warning("sqlite store %s: WAL unavailable, journal_mode=%s", self._path, mode)
+            # A commit survives a process crash; an OS crash may lose the last ones.
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            apply_migrations(conn, migrations, self._path, self._now_us)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def _close_connection(self) -> None:  # on the writer thread
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    # ------------------------------------------------------------------ writes
+
+    async def submit(self, apply: WriteFn, what: str, *, urgent: bool) -> None:
+        """Queue ``apply`` and return once its batch has committed.
+
+        ``what`` names the write in error messages; ``urgent`` ends any batching
+        wait. Raises :class:`StoreError` when the writer is not running or the
+        batch failed, or what ``apply`` raised (database errors wrapped in
+        :class:`StoreError`; the write is then undone, the rest of its batch not).
+        A cancelled call may still be applied.
+        """
+        task = self._task
+        if task is None or task.done() or self._closing:
+            raise StoreError(f"sqlite store: {what}: store is not open")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Write(apply, future, what, urgent))
+        self._has_work.set()
+        if urgent:
+            self._urgent.set()
+        await future
+
+    def _now_us(self) -> int:  # on the writer thread only, so no lock
+        # Strictly increasing within the writer, so update order is total.
+        now = time.time_ns() // 1000
+        self._last_us = now if now > self._last_us else self._last_us + 1
+        return self._last_us
+
+    async def _run(self) -> None:
+        """Apply queued writes in call order, everything pending in one transaction."""
+        batch: list[_Write] = []
+        try:
+            while True:
+                if not self._pending:
+                    if self._closing:
+                        return
+                    self._has_work.clear()
+                    await self._has_work.wait()
+                    continue
+                if self._batch_s > 0 and not self._urgent.is_set():
+                    with suppress(TimeoutError):
+                        await asyncio.wait_for(self._urgent.wait(), self._batch_s)
+                batch = list(self._pending)
+                self._pending.clear()
+                self._urgent.clear()
+                await self._apply_batch(batch)
+                batch = []
+        finally:
+            # Empty after a normal close; on cancellation, fail whoever still waits.
+            err = StoreError("sqlite store: writer stopped before the write was applied")
+            for write in (*batch, *self._pending):
+                if not write.future.done():
+                    write.future.set_exception(err)
+            self._pending.clear()
+
+    async def _apply_batch(self, batch: list[_Write]) -> None:
+        """Commit ``batch`` in one thread round trip, then settle each write's future."""
+        assert self._executor is not None
+        applies = [write.apply for write in batch]
+        try:
+            outcomes = await asyncio.get_running_loop().run_in_executor(self._executor, self._commit, applies)
+        except Exception as exc:
+            what = f"writing {len(batch)} queued write(s) ({batch[0].what}, ...)"
+            for write in batch:
+                if not write.future.done():
+                    write.future.set_exception(store_error(exc, what))
+            return
+        for write, outcome in zip(batch, outcomes, strict=True):
+            if write.future.done():  # the caller was cancelled; the write still happened
+                continue
+            if outcome is None:
+                write.future.set_result(None)
+            elif isinstance(outcome, DB_ERRORS):
+                write.future.set_exception(store_error(outcome, write.what))
+            else:
+                write.future.set_exception(outcome)
+
+    def _commit(self, applies: list[WriteFn]) -> list[Exception | None]:  # on the writer thread
+        """One transaction: each write under its own savepoint; what each raised (None: applied).
+
+        Raises (after rolling back everything) when the transaction itself fails.
+        """
+        conn = self._conn
+        if conn is None:
+            raise StoreError("sqlite store: the writer's connection is closed")
+        outcomes: list[Exception | None] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for apply in applies:
+                # A savepoint per write: one failing write (an id conflict) leaves the others.
+                conn.execute("SAVEPOINT write")
+                try:
+                    apply(conn, self._now_us())
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO write")
+                    outcomes.append(exc)
+                else:
+                    outcomes.append(None)
+                conn.execute("RELEASE write")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        return outcomes

@@ -1,0 +1,214 @@
+"""What each SQLite store write does, in SQL.
+
+Each ``*_write`` function validates and serializes its arguments in the caller's
+task (raising there, before anything is queued) and returns a :data:`WriteFn`:
+a synchronous function the writer thread runs inside the batch transaction,
+under the write's own savepoint. A :data:`WriteFn` raises to undo its write
+(:class:`MessageIdConflict`, :class:`TurnAlreadyExists`, :class:`StoreError`,
+or a ``sqlite3`` error); the writer rolls back to the savepoint and hands the
+exception to the caller.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from turnwire_client.v1 import message_pb2
+from turnwire_server.store.base import MessageIdConflict, StoreError, TurnAlreadyExists, TurnRecord
+from turnwire_server.store.sqlite_rows import MessageRow, check_turn, message_row, to_us
+
+__all__ = ["WriteFn", "finish_turn_write", "save_message_write", "start_turn_write"]
+
+WriteFn = Callable[[sqlite3.Connection, int], None]
+"""``apply(conn, now_us)``: one write's SQL on the writer's connection, inside the batch
+transaction; ``now_us`` is the write's time (µs since the epoch, strictly increasing)."""
+
+_INSERT_MESSAGE: Final = (
+    "INSERT INTO messages"
+    " (conversation_id, id, seq, role, create_time, create_time_nanos, metadata)"
+    " VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE conversation_id = ?),"
+    " ?, ?, ?, ?)"
+)
+
+
+def _insert_params(conversation_id: str, row: MessageRow) -> tuple[Any, ...]:
+    return (
+        conversation_id,
+        row.id,
+        conversation_id,
+        row.role,
+        row.create_time_us,
+        row.create_time_nanos,
+        row.metadata,
+    )
+
+
+def _put_parts(conn: sqlite3.Connection, conversation_id: str, row: MessageRow) -> None:
+    """Make the message's parts exactly ``row.parts``, rewriting only changed ones."""
+    conn.executemany(
+        "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (?, ?, ?, ?, ?)"
+        " ON CONFLICT (conversation_id, message_id, idx) DO UPDATE"
+        " SET kind = excluded.kind, data = excluded.data"
+        " WHERE parts.data IS NOT excluded.data",
+        [(conversation_id, row.id, idx, kind, data) for idx, (kind, data) in enumerate(row.parts)],
+    )
+    conn.execute(
+        "DELETE FROM parts WHERE conversation_id = ? AND message_id = ? AND idx >= ?",
+        (conversation_id, row.id, len(row.parts)),
+    )
+
+
+def _touch_conversation(conn: sqlite3.Connection, conversation_id: str, now_us: int, added: int) -> None:
+    """Create the conversation if missing; set its update time and add ``added`` to its count."""
+    conn.execute(
+        "INSERT INTO conversations (id, create_time, update_time, message_count)"
+        " VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (id) DO UPDATE SET update_time = excluded.update_time,"
+        " message_count = message_count + excluded.message_count",
+        (conversation_id, now_us, now_us, added),
+    )
+
+
+def _upsert_message(conn: sqlite3.Connection, conversation_id: str, row: MessageRow, now_us: int) -> None:
+    """Insert ``row`` at the end, or replace it in place (same seq) when its id exists."""
+    exists = (
+        conn.execute(
+            "SELECT 1 FROM messages WHERE conversation_id = ? AND id = ?", (conversation_id, row.id)
+        ).fetchone()
+        is not None
+    )
+    _touch_conversation(conn, conversation_id, now_us, 0 if exists else 1)
+    if exists:
+        conn.execute(
+            "UPDATE messages SET role = ?, create_time = ?, create_time_nanos = ?, metadata = ?"
+            " WHERE conversation_id = ? AND id = ?",
+            (
+                row.role,
+                row.create_time_us,
+                row.create_time_nanos,
+                row.metadata,
+                conversation_id,
+                row.id,
+            ),
+        )
+    else:
+        conn.execute(_INSERT_MESSAGE, _insert_params(conversation_id, row))
+    _put_parts(conn, conversation_id, row)
+
+
+def start_turn_write(turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> WriteFn:
+    """The write of :meth:`SqliteStore.start_turn`: conversation, ``messages`` appended, ``turn`` row.
+
+    Raises :class:`ValueError` for an invalid argument or a message without
+    parts, and :class:`MessageIdConflict` when a message id repeats within
+    ``messages``. The returned function raises :class:`MessageIdConflict` when a
+    message id already exists in the conversation and :class:`TurnAlreadyExists`
+    when ``turn.request_id`` does.
+    """
+    check_turn(turn)
+    conversation_id = turn.conversation_id
+    rows = [message_row(m) for m in messages]
+    seen: set[str] = set()
+    for row in rows:
+        if not row.parts:
+            raise ValueError(f"message {row.id!r} has no parts; such messages are not stored")
+        if row.id in seen:
+            raise MessageIdConflict(conversation_id, row.id)
+        seen.add(row.id)
+    turn_params = (
+        turn.request_id,
+        conversation_id,
+        turn.assistant_message_id,
+        int(turn.continuation),
+        turn.model,
+        turn.state,
+        to_us(turn.start_time, "start_time"),
+        None if turn.end_time is None else to_us(turn.end_time, "end_time"),
+        turn.error,
+        turn.recovery_count,
+    )
+
+    def apply(conn: sqlite3.Connection, now_us: int) -> None:
+        if rows:
+            marks = ", ".join("?" * len(rows))
+            taken = {
+                r[0]
+                for r in conn.execute(
+                    f"SELECT id FROM messages WHERE conversation_id = ? AND id IN ({marks})",
+                    (conversation_id, *(row.id for row in rows)),
+                )
+            }
+            for row in rows:
+                if row.id in taken:
+                    raise MessageIdConflict(conversation_id, row.id)
+        _touch_conversation(conn, conversation_id, now_us, len(rows))
+        if rows:
+            conn.executemany(_INSERT_MESSAGE, [_insert_params(conversation_id, row) for row in rows])
+            conn.executemany(
+                "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (?, ?, ?, ?, ?)",
+                [
+                    (conversation_id, row.id, idx, kind, data)
+                    for row in rows
+                    for idx, (kind, data) in enumerate(row.parts)
+                ],
+            )
+        try:
+            conn.execute(
+                "INSERT INTO turns (request_id, conversation_id, assistant_message_id,"
+                " continuation, model, state, start_time, end_time, error, recovery_count)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                turn_params,
+            )
+        except sqlite3.IntegrityError as exc:
+            raise TurnAlreadyExists(turn.request_id) from exc
+
+    return apply
+
+
+def save_message_write(conversation_id: str, message: message_pb2.Message) -> WriteFn | None:
+    """The write of :meth:`SqliteStore.save_message` (insert, or replace in place by id).
+
+    ``None`` when ``message`` has no parts (such messages are not stored).
+    Raises :class:`ValueError` for an empty id or invalid create_time.
+    """
+    row = message_row(message)
+    if not row.parts:
+        return None
+
+    def apply(conn: sqlite3.Connection, now_us: int) -> None:
+        _upsert_message(conn, conversation_id, row, now_us)
+
+    return apply
+
+
+def finish_turn_write(turn: TurnRecord, message: message_pb2.Message | None) -> WriteFn:
+    """The write of :meth:`SqliteStore.finish_turn`: upsert ``message`` (when it has parts), end ``turn``.
+
+    Raises :class:`ValueError` for an invalid argument. The returned function
+    raises :class:`StoreError` when no turn ``turn.request_id`` exists.
+    """
+    check_turn(turn)
+    row = message_row(message) if message is not None else None
+    if row is not None and not row.parts:
+        row = None
+    params = (
+        turn.state,
+        None if turn.end_time is None else to_us(turn.end_time, "end_time"),
+        turn.error,
+        turn.recovery_count,
+        turn.request_id,
+    )
+
+    def apply(conn: sqlite3.Connection, now_us: int) -> None:
+        if row is not None:
+            _upsert_message(conn, turn.conversation_id, row, now_us)
+        cursor = conn.execute(
+            "UPDATE turns SET state = ?, end_time = ?, error = ?, recovery_count = ? WHERE request_id = ?",
+            params,
+        )
+        if cursor.rowcount != 1:
+            raise StoreError(f"no turn {turn.request_id!r} to finish")
+
+    return apply

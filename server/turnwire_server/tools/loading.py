@@ -1,0 +1,44 @@
+"""Build the server-side tool set from configuration."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from turnwire.tools import Tool
+from turnwire_server.importing import import_object
+from turnwire_server.tools.demo import DEMO_TOOLS
+
+
+class ToolLoadError(Exception):
+    """A configured tool path does not resolve to a tool."""
+
+
+def _as_tools(value: Any, path: str) -> list[Tool]:
+    if isinstance(value, Tool):
+        return [value]
+    if callable(value):
+        return _as_tools(value(), path)
+    if isinstance(value, Iterable) and not isinstance(value, str | bytes):
+        tools = list(value)
+        if all(isinstance(t, Tool) for t in tools):
+            return tools
+    raise ToolLoadError(f"{path} is not a Tool, a list of Tools, or a callable returning them")
+
+
+def load_tools(demo: bool, paths: Iterable[str]) -> dict[str, Tool]:
+    """The server's tools by name: the demo tools (when ``demo``), then each path's tools.
+
+    A later tool replaces an earlier one of the same name. Raises
+    :class:`ToolLoadError` naming the path that failed.
+    """
+    tools: dict[str, Tool] = {}
+    if demo:
+        tools.update((t.name, t) for t in DEMO_TOOLS)
+    for path in paths:
+        try:
+            value = import_object(path)
+        except (ImportError, AttributeError, ValueError) as error:
+            raise ToolLoadError(f"cannot import tool {path!r}: {error}") from error
+        tools.update((t.name, t) for t in _as_tools(value, path))
+    return tools
