@@ -315,7 +315,7 @@ async def test_invalid_tool_input_and_unknown_tool_are_input_errors(make_engine:
     bad = input_errors["call_0_0"]
     assert bad.tool_name == "real"
     assert bad.raw_input == "{not json"
-    assert "not a JSON object" in bad.error_text
+    assert bad.error_text.startswith("The tool input is not valid JSON") and "{not json" in bad.error_text
     unknown = input_errors["call_0_1"]
     assert unknown.tool_name == "nope"
     assert "unavailable tool 'nope'" in unknown.error_text

@@ -21,7 +21,6 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import orjson
-from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field
 
 from turnwire.providers import ModelRequest, ProviderError
@@ -40,6 +39,7 @@ from turnwire.types import (
     ToolInputStart,
     Usage,
 )
+from turnwire.values import from_value, parse_tool_input
 from turnwire_client.v1 import message_pb2
 
 OFFLINE_NOTICE = "[offline scripted model, no LLM connected]"
@@ -199,14 +199,9 @@ class DemoScript:
             if result.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
                 lines.append(f"The {result.tool_name} tool failed: {result.error_text}")
                 continue
-            value = json_format.MessageToDict(result.output)
+            value = from_value(result.output)
             lines.append(_describe_result(result.tool_name, value))
         return f"{OFFLINE_NOTICE} " + " ".join(lines)
-
-
-def _number(value: Any) -> str:
-    # Struct numbers are doubles: show 84.0 as 84.
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def _describe_result(tool_name: str, value: Any) -> str:
@@ -215,10 +210,10 @@ def _describe_result(tool_name: str, value: Any) -> str:
         if tool_name == "get_weather" and {"city", "condition", "temperature_c"} <= value.keys():
             return (
                 f"In {value['city']} it is {value['condition']} and "
-                f"{_number(value['temperature_c'])} °C (the tool's offline demo data)."
+                f"{value['temperature_c']} °C (the tool's offline demo data)."
             )
         if tool_name == "calculator" and {"expression", "result"} <= value.keys():
-            return f"{value['expression']} = {_number(value['result'])}."
+            return f"{value['expression']} = {value['result']}."
         if tool_name == "get_current_time" and {"iso", "timezone"} <= value.keys():
             return f"It is {value['iso']} ({value.get('weekday', '')}) in {value['timezone']}."
     return f"The {tool_name} tool returned {orjson.dumps(value).decode()}."
@@ -310,15 +305,7 @@ class ScriptedProvider:
                 await pace()
             yield ToolInputStart(call_id, call.name)
             yield ToolInputDelta(call_id, raw)
-            parsed: dict[str, Any] | None
-            error: str | None = None
-            try:
-                value = orjson.loads(raw or "{}")
-                parsed = value if isinstance(value, dict) else None
-            except orjson.JSONDecodeError:
-                parsed = None
-            if parsed is None:
-                error = f"tool input is not a JSON object: {raw[:200]!r}"
+            parsed, error = parse_tool_input(raw)
             yield ToolCall(call_id, call.name, parsed, raw_input=raw, error=error)
         if paced:
             await pace()

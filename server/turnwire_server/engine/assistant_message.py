@@ -14,8 +14,8 @@ from typing import Any
 from google.protobuf import timestamp_pb2
 
 from turnwire import types as chunks
+from turnwire.values import to_struct, to_value
 from turnwire_client.v1 import message_pb2
-from turnwire_server.engine.transcript import to_struct, to_value
 
 
 @dataclass(slots=True)

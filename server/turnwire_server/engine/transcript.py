@@ -1,12 +1,8 @@
-"""Transcript helpers: JSON ↔ protobuf values, repair, and the continuation prompt."""
+"""Transcript rules: repairing unresolved tool calls, and the continuation prompt."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-import orjson
-from google.protobuf import json_format, struct_pb2
+from collections.abc import Sequence
 
 from turnwire_client.v1 import message_pb2
 
@@ -27,41 +23,6 @@ _UNRESOLVED = frozenset(
         message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED,
     }
 )
-
-
-def to_json_compatible(value: Any) -> Any:
-    """``value`` as plain JSON types (dict, list, str, float/int, bool, None).
-
-    Raises :class:`TypeError` when it cannot be serialized (orjson's rules:
-    dataclasses, datetimes and pydantic-dumped values are fine).
-    """
-    if value is None or isinstance(value, str | bool | int | float):
-        return value
-    return orjson.loads(orjson.dumps(value))
-
-
-def to_value(value: Any) -> struct_pb2.Value:
-    """A JSON value as ``google.protobuf.Value``. Raises :class:`TypeError` if not JSON-serializable."""
-    result = struct_pb2.Value()
-    json_format.ParseDict(to_json_compatible(value), result)
-    return result
-
-
-def to_struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
-    """A JSON object as ``google.protobuf.Struct``."""
-    result = struct_pb2.Struct()
-    result.update(to_json_compatible(dict(value)))
-    return result
-
-
-def from_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
-    """A ``Struct`` as a dict (numbers come back as floats, as JSON has no ints)."""
-    return json_format.MessageToDict(struct)
-
-
-def from_value(value: struct_pb2.Value) -> Any:
-    """A ``Value`` as a plain JSON value."""
-    return json_format.MessageToDict(value)
 
 
 def repair_unresolved_tool_calls(
@@ -89,8 +50,3 @@ def repair_unresolved_tool_calls(
         if touched:
             changed.append(message)
     return changed
-
-
-def text_of(message: message_pb2.Message) -> str:
-    """The concatenated text parts of ``message``."""
-    return "".join(p.text.text for p in message.parts if p.WhichOneof("kind") == "text")

@@ -51,6 +51,7 @@ from turnwire.types import (
     ToolInputStart,
     Usage,
 )
+from turnwire.values import parse_tool_input
 from turnwire_server.providers import errors
 from turnwire_server.providers.anthropic_request import (
     OUTPUT_TOOL,
@@ -64,7 +65,6 @@ from turnwire_server.providers.convert import (
     check_structured_output,
     finish_step,
     finish_tool_calls,
-    parse_tool_input,
 )
 from turnwire_server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
 

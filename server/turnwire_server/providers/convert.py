@@ -7,8 +7,7 @@ result (``output`` or ``error_text``). :func:`assistant_steps` cuts such a messa
 into steps, so each adapter can emit "assistant turn, then its tool results" per
 step as its API requires.
 
-Also here: proto ``Struct``/``Value`` → plain JSON (integral doubles become ints
-again, since ``Struct`` stores every number as a double), tool results as text,
+Also here: tool results as text (JSON values by :mod:`turnwire.values`),
 files as base64 / data URLs, the deferred tool-call finalization every adapter
 uses (a call is parsed only when the step's finish reason is known, so a call cut
 off by the output limit is never run with partial input), and the finish step.
@@ -22,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from google.protobuf import struct_pb2
 
 from turnwire.providers import ProviderError
 from turnwire.types import FinishReason, FinishStep, ModelChunk, ToolCall, Usage
+from turnwire.values import dumps, from_struct, from_value, parse_tool_input
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers.json_schema import validate
 
@@ -42,44 +41,6 @@ DENIED_TOOL_ERROR = "The tool call was denied."
 
 EMPTY_USER_TEXT = "(empty message)"
 """Stands in for a user turn with no content at all (an empty ``Chat`` text): APIs reject empty turns."""
-
-_RESOLVED = frozenset(
-    {
-        message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
-        message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
-        message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED,
-    }
-)
-
-
-# --- proto → JSON ------------------------------------------------------------
-
-
-def value_to_json(value: struct_pb2.Value) -> Any:
-    """A ``google.protobuf.Value`` as plain JSON; integral numbers come back as ints."""
-    kind = value.WhichOneof("kind")
-    if kind == "string_value":
-        return value.string_value
-    if kind == "number_value":
-        number = value.number_value
-        return int(number) if number.is_integer() and abs(number) < 2**53 else number
-    if kind == "bool_value":
-        return value.bool_value
-    if kind == "struct_value":
-        return struct_to_json(value.struct_value)
-    if kind == "list_value":
-        return [value_to_json(item) for item in value.list_value.values]
-    return None
-
-
-def struct_to_json(struct: struct_pb2.Struct) -> dict[str, Any]:
-    """A ``Struct`` as a dict (see :func:`value_to_json`)."""
-    return {key: value_to_json(item) for key, item in struct.fields.items()}
-
-
-def dumps(value: Any) -> str:
-    """Compact JSON text."""
-    return orjson.dumps(value).decode()
 
 
 # --- transcript --------------------------------------------------------------
@@ -109,7 +70,7 @@ def tool_result(call: message_pb2.ToolCallPart) -> tuple[str, bool]:
     if state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
         if call.output.WhichOneof("kind") == "string_value":
             return call.output.string_value, False
-        return dumps(value_to_json(call.output)), False
+        return dumps(from_value(call.output)), False
     if state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
         return call.error_text or "The tool call failed.", True
     if state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED:
@@ -117,14 +78,9 @@ def tool_result(call: message_pb2.ToolCallPart) -> tuple[str, bool]:
     return INTERRUPTED_TOOL_ERROR, True
 
 
-def is_resolved(call: message_pb2.ToolCallPart) -> bool:
-    """True when the call has a final result (output, error or denial)."""
-    return call.state in _RESOLVED and not call.preliminary
-
-
 def tool_input(call: message_pb2.ToolCallPart) -> dict[str, Any]:
     """The call's input as a JSON object (``{}`` when it was invalid and only ``raw_input`` is kept)."""
-    return struct_to_json(call.input)
+    return from_struct(call.input)
 
 
 def file_base64(file: message_pb2.FilePart) -> str:
@@ -173,19 +129,6 @@ class PendingCall:
     def raw(self) -> str:
         """The complete input text."""
         return self.final if self.final is not None else "".join(self.parts)
-
-
-def parse_tool_input(raw: str) -> tuple[dict[str, Any] | None, str | None]:
-    """``(input, error)``: ``""`` and whitespace are ``{}``; anything not a JSON object is an error."""
-    if not raw or raw.isspace():
-        return {}, None
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError as error:
-        return None, f"The tool input is not valid JSON ({error}): {raw[:200]!r}"
-    if not isinstance(value, dict):
-        return None, f"The tool input is not a JSON object: {raw[:200]!r}"
-    return value, None
 
 
 def finish_tool_calls(calls: Sequence[PendingCall], truncated: bool) -> Iterator[ModelChunk]:

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from turnwire.providers import ModelRequest
+from turnwire.values import dumps
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import (
     EMPTY_USER_TEXT,
     assistant_steps,
-    dumps,
     file_text,
     file_url,
     provider_options,
