@@ -36,6 +36,7 @@ lint: setup check-protos breaking
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	$(BUF) lint
 
 ## protos: regenerate clients/python/turnwire/v1 from protos/.

@@ -73,7 +73,7 @@ from turnwire_client.v1 import chat_service_pb2, message_pb2
 from turnwire_server.engine import EngineSettings, TurnEngine, TurnRequest
 from turnwire_server.hooks.timeline import HookTimeline, MiddlewareChain
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store import SqliteStore
+from turnwire_server.store.sqlite import SqliteStore
 
 COUNTS = (0, 1, 5, 20)
 TARGET_CHUNK_US = 5.0  # (a) with 5 on_chunk middlewares

@@ -56,7 +56,8 @@ from turnwire_server.engine.errors import (
 from turnwire_server.engine.transcript import CONTINUATION_PROMPT, INTERRUPTED_TOOL_ERROR
 from turnwire_server.engine.turn import ABORTED_TOOL_ERROR
 from turnwire_server.providers.registry import UnknownModel
-from turnwire_server.store import SqliteStore, TurnRecord
+from turnwire_server.store import TurnRecord
+from turnwire_server.store.sqlite import SqliteStore
 
 # --------------------------------------------------------------------------- basic turns
 

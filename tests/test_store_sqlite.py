@@ -16,13 +16,13 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.store import (
     InvalidPageToken,
     MessageIdConflict,
-    SqliteStore,
     Store,
     StoreError,
     TurnRecord,
     open_store,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
+from turnwire_server.store.sqlite import SqliteStore
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=dt.UTC)
 

@@ -27,7 +27,7 @@ from turnwire_server.api.status import status_of
 from turnwire_server.engine import EngineSettings, TurnEngine, TurnHandle, TurnRequest
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store import SqliteStore
+from turnwire_server.store.sqlite import SqliteStore
 
 # --------------------------------------------------------------------------- harness
 

@@ -1,4 +1,7 @@
-"""Persistence for conversations, messages and turns: the interface and its backends."""
+"""Persistence for conversations, messages and turns: the interface and its backends.
+
+Importing this package loads no backend: :func:`open_store` imports the one a URL names.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +15,11 @@ from turnwire_server.store.base import (
     TurnRecord,
     TurnState,
 )
-from turnwire_server.store.sqlite import SqliteStore
 
 __all__ = [
     "ConversationRecord",
     "InvalidPageToken",
     "MessageIdConflict",
-    "SqliteStore",
     "Store",
     "StoreError",
     "TurnAlreadyExists",
@@ -46,4 +47,6 @@ def open_store(url: str) -> Store:
         raise ValueError(f"store URL {url!r} has no database path")
     if "?" in path or "#" in path:
         raise ValueError(f"store URL {url!r}: query strings and fragments are not supported")
+    from turnwire_server.store.sqlite import SqliteStore  # only the backend the URL names
+
     return SqliteStore(path)

@@ -29,8 +29,32 @@ To render events as they arrive, iterate the stream instead of collecting it::
             print(event.text_delta.delta, end="", flush=True)
 """
 
-from turnwire_client.client import TurnwireClient
-from turnwire_client.errors import ERROR_DOMAIN, ProtocolError, TurnwireError
-from turnwire_client.result import TurnResult, collect
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from turnwire_client.client import TurnwireClient
+    from turnwire_client.errors import ERROR_DOMAIN, ProtocolError, TurnwireError
+    from turnwire_client.result import TurnResult, collect
 
 __all__ = ["ERROR_DOMAIN", "ProtocolError", "TurnResult", "TurnwireClient", "TurnwireError", "collect"]
+
+_HOMES = {
+    "TurnwireClient": "client",
+    "ERROR_DOMAIN": "errors",
+    "ProtocolError": "errors",
+    "TurnwireError": "errors",
+    "TurnResult": "result",
+    "collect": "result",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use (PEP 562): importing only the generated messages
+    # (turnwire_client.v1.message_pb2, as the sidecar's engine does) loads no gRPC channel code.
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)

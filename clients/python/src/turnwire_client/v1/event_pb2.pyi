@@ -209,7 +209,9 @@ class TurnEvent(_message.Message):
 
     @_builtins.property
     def tool_approval_request(self) -> Global___ToolApprovalRequest:
-        """A tool call waits for the client's approval."""
+        """A tool call waits for the client's approval. Declared, not emitted yet:
+        tool approvals are planned (docs/semantics.md §6).
+        """
 
     @_builtins.property
     def tool_output_available(self) -> Global___ToolOutputAvailable:
@@ -221,7 +223,9 @@ class TurnEvent(_message.Message):
 
     @_builtins.property
     def tool_output_denied(self) -> Global___ToolOutputDenied:
-        """The client denied a tool call."""
+        """The client denied a tool call. Declared, not emitted yet: tool
+        approvals are planned (docs/semantics.md §6).
+        """
 
     @_builtins.property
     def source(self) -> _message_pb2.SourcePart:
@@ -237,7 +241,9 @@ class TurnEvent(_message.Message):
 
     @_builtins.property
     def context_compacted(self) -> Global___ContextCompacted:
-        """The history was compacted to fit the context window."""
+        """The history was compacted to fit the context window. Declared, not
+        emitted yet: context-overflow compaction is planned (docs/semantics.md §9).
+        """
 
     @_builtins.property
     def turn_end(self) -> Global___TurnEnd:
@@ -595,7 +601,9 @@ Global___ToolInputError: _TypeAlias = ToolInputError  # noqa: Y015
 
 @_typing.final
 class ToolApprovalRequest(_message.Message):
-    """ToolApprovalRequest says a tool call waits for the client's approval."""
+    """ToolApprovalRequest says a tool call waits for the client's approval.
+    Not emitted yet: tool approvals are planned (docs/semantics.md §6).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -681,7 +689,9 @@ Global___ToolOutputError: _TypeAlias = ToolOutputError  # noqa: Y015
 
 @_typing.final
 class ToolOutputDenied(_message.Message):
-    """ToolOutputDenied says the client denied a tool call."""
+    """ToolOutputDenied says the client denied a tool call.
+    Not emitted yet: tool approvals are planned (docs/semantics.md §6).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -747,7 +757,9 @@ Global___StepFinish: _TypeAlias = StepFinish  # noqa: Y015
 
 @_typing.final
 class ContextCompacted(_message.Message):
-    """ContextCompacted says the history sent to the model was compacted."""
+    """ContextCompacted says the history sent to the model was compacted.
+    Not emitted yet: context-overflow compaction is planned (docs/semantics.md §9).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
