@@ -601,7 +601,11 @@ async def test_cancel_during_a_tool_stores_it_as_errored(make_engine: EngineFact
         ),
         (
             ScriptedError(
-                message="rate limited", status=429, type="rate_limit_error", retry_after=2.5, after_chunks=3
+                message="rate limited",
+                status=429,
+                type="rate_limit_error",
+                retry_after_seconds=2.5,
+                after_chunks=3,
             ),
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             2.5,

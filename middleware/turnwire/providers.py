@@ -45,7 +45,7 @@ class ProviderError(Exception):
     ``status`` is the HTTP status (0 when none, e.g. an in-stream error or a
     dropped connection), ``type``/``code`` the provider's own error type and
     code, ``retryable`` whether the same request may succeed later,
-    ``retry_after`` seconds to wait when the provider said so, ``body`` the raw
+    ``retry_after_seconds`` how long to wait when the provider said so, ``body`` the raw
     error body for ``classify_chat_error``.
     """
 
@@ -57,7 +57,7 @@ class ProviderError(Exception):
         type: str = "",
         code: str = "",
         retryable: bool = False,
-        retry_after: float | None = None,
+        retry_after_seconds: float | None = None,
         body: Any = None,
         provider: str = "",
     ) -> None:
@@ -67,7 +67,7 @@ class ProviderError(Exception):
         self.type = type
         self.code = code
         self.retryable = retryable
-        self.retry_after = retry_after
+        self.retry_after_seconds = retry_after_seconds
         self.body = body
         self.provider = provider
 

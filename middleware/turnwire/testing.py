@@ -66,7 +66,7 @@ class ScriptedError(BaseModel):
     type: str = "api_error"
     code: str = ""
     retryable: bool = False
-    retry_after: float | None = None
+    retry_after_seconds: float | None = None
     after_chunks: int = Field(0, ge=0, description="chunks to stream before failing")
 
 
@@ -272,7 +272,7 @@ class ScriptedProvider:
                     type=step.error.type,
                     code=step.error.code,
                     retryable=step.error.retryable,
-                    retry_after=step.error.retry_after,
+                    retry_after_seconds=step.error.retry_after_seconds,
                     provider=self.name,
                     body={"error": {"type": step.error.type, "message": step.error.message}},
                 )

@@ -70,7 +70,7 @@ def _store_unavailable(error: StoreError) -> TurnwireStatusError:
         grpc.StatusCode.UNAVAILABLE,
         f"store unavailable: {error}",
         reason="STORE_UNAVAILABLE",
-        retry_after=1.0,
+        retry_after_seconds=1.0,
     )
 
 

@@ -35,7 +35,7 @@ class TurnwireStatusError(Exception):
 
     ``code`` is a :class:`grpc.StatusCode`; ``reason`` an ``ErrorReason`` name
     without its prefix (``CONVERSATION_NOT_FOUND``); ``field_violations`` pairs
-    of (field path, what to fix); ``retry_after`` seconds for ``RetryInfo``;
+    of (field path, what to fix); ``retry_after_seconds`` the ``RetryInfo`` delay;
     ``metadata`` extra ErrorInfo metadata.
     """
 
@@ -46,7 +46,7 @@ class TurnwireStatusError(Exception):
         *,
         reason: str,
         field_violations: Sequence[tuple[str, str]] = (),
-        retry_after: float | None = None,
+        retry_after_seconds: float | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
@@ -54,7 +54,7 @@ class TurnwireStatusError(Exception):
         self.message = message
         self.reason = reason
         self.field_violations = tuple(field_violations)
-        self.retry_after = retry_after
+        self.retry_after_seconds = retry_after_seconds
         self.metadata = dict(metadata or {})
 
     def to_status(self) -> status_pb2.Status:
@@ -64,7 +64,7 @@ class TurnwireStatusError(Exception):
             self.message,
             reason=self.reason,
             field_violations=self.field_violations,
-            retry_after=self.retry_after,
+            retry_after_seconds=self.retry_after_seconds,
             metadata=self.metadata,
         )
 
@@ -85,7 +85,7 @@ def build_status(
     *,
     reason: str,
     field_violations: Sequence[tuple[str, str]] = (),
-    retry_after: float | None = None,
+    retry_after_seconds: float | None = None,
     metadata: Mapping[str, str] | None = None,
 ) -> status_pb2.Status:
     """A ``google.rpc.Status`` with ErrorInfo (always), BadRequest and RetryInfo (when given)."""
@@ -104,9 +104,9 @@ def build_status(
         packed = any_pb2.Any()
         packed.Pack(bad_request)
         details.append(packed)
-    if retry_after is not None:
+    if retry_after_seconds is not None:
         delay = duration_pb2.Duration()
-        delay.FromMilliseconds(int(retry_after * 1000))
+        delay.FromMilliseconds(int(retry_after_seconds * 1000))
         packed = any_pb2.Any()
         packed.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
         details.append(packed)
@@ -134,14 +134,14 @@ def _provider_status(error: ProviderError) -> TurnwireStatusError:
         metadata["provider_error_type"] = error.type
     if error.code:
         metadata["provider_error_code"] = error.code
-    retry_after = error.retry_after
-    if retry_after is None and (error.retryable or error.status == 429):
-        retry_after = 1.0
+    retry_after_seconds = error.retry_after_seconds
+    if retry_after_seconds is None and (error.retryable or error.status == 429):
+        retry_after_seconds = 1.0
     return TurnwireStatusError(
         code,
         f"model provider error: {error.message}",
         reason="PROVIDER_ERROR",
-        retry_after=retry_after,
+        retry_after_seconds=retry_after_seconds,
         metadata=metadata,
     )
 
@@ -161,12 +161,12 @@ def status_error_of(error: BaseException, stage: ErrorStage = "turn") -> Turnwir
             code,
             error.message,
             reason=error.reason,
-            retry_after=error.retry_after_seconds,
+            retry_after_seconds=error.retry_after_seconds,
             metadata=error.metadata,
         )
     if isinstance(error, ShuttingDown):
         return TurnwireStatusError(
-            grpc.StatusCode.UNAVAILABLE, str(error), reason="SHUTTING_DOWN", retry_after=1.0
+            grpc.StatusCode.UNAVAILABLE, str(error), reason="SHUTTING_DOWN", retry_after_seconds=1.0
         )
     if isinstance(error, RequestIdInUse):
         return TurnwireStatusError(
@@ -187,7 +187,7 @@ def status_error_of(error: BaseException, stage: ErrorStage = "turn") -> Turnwir
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             str(error),
             reason="OVERLOADED",
-            retry_after=1.0,
+            retry_after_seconds=1.0,
             metadata={"limit": str(error.limit)},
         )
     return _status_of(error, stage)
@@ -202,7 +202,7 @@ def status_of(error: BaseException, stage: ErrorStage) -> status_pb2.Status:
 def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
     if isinstance(error, ModelTimeout):
         return TurnwireStatusError(
-            grpc.StatusCode.DEADLINE_EXCEEDED, str(error), reason="MODEL_TIMEOUT", retry_after=1.0
+            grpc.StatusCode.DEADLINE_EXCEEDED, str(error), reason="MODEL_TIMEOUT", retry_after_seconds=1.0
         )
     if isinstance(error, ProviderError):
         return _provider_status(error)
@@ -241,7 +241,7 @@ def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
             grpc.StatusCode.UNAVAILABLE,
             f"store unavailable: {error}",
             reason="STORE_UNAVAILABLE",
-            retry_after=1.0,
+            retry_after_seconds=1.0,
         )
     return TurnwireStatusError(
         grpc.StatusCode.INTERNAL,

@@ -17,7 +17,7 @@ mapping rules live in one place:
 - ``retryable``: the same request may succeed later (408, 409, 429 unless it is
   a quota or a request larger than the limit, 5xx, 529, overloaded, timeouts,
   dropped connections); the ``x-should-retry`` header wins when present.
-- ``retry_after``: seconds, from ``retry-after-ms`` or ``retry-after``
+- ``retry_after_seconds``: seconds, from ``retry-after-ms`` or ``retry-after``
   (seconds or an HTTP date).
 - ``body``: the whole error body as received (parsed JSON, or the text) for
   ``classify_chat_error``.
@@ -147,7 +147,7 @@ def from_status(
         type=type_,
         code=code,
         retryable=retryable,
-        retry_after=retry_after_seconds(headers),
+        retry_after_seconds=retry_after_seconds(headers),
         body=body,
         provider=provider,
     )

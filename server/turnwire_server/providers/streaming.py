@@ -122,7 +122,7 @@ async def run_stream(
             failure = mapped
         if sent or not opened or not failure.retryable or attempt >= retries:
             raise failure
-        delay = failure.retry_after
+        delay = failure.retry_after_seconds
         if delay is None:
             delay = min(retry_delay * (2**attempt), MAX_RETRY_DELAY) * (0.75 + random.random() / 4)
         attempt += 1
