@@ -505,7 +505,7 @@ async def test_nested_blocking_turn_from_a_tool_fails_with_failed_precondition(
     assert outcome["code"] == grpc.StatusCode.FAILED_PRECONDITION
     assert outcome["reason"] == "NESTED_TURN"
     assert "cannot be called from inside an active turn" in outcome["message"]
-    assert "SubmitMessages or AddMessages" in outcome["message"]
+    assert "it would wait for that turn to end" in outcome["message"]
     stored = await h.store.load_messages(CONV)
     assert len(stored) == 2  # the nested turn stored nothing
 

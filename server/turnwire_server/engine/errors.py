@@ -46,7 +46,10 @@ class NestedTurn(AdmissionRefused):
     (it would wait for its own parent's lock forever)."""
 
     def __init__(self, parent_request_id: str) -> None:
-        super().__init__("cannot be called from inside an active turn; use SubmitMessages or AddMessages")
+        super().__init__(
+            "cannot be called from inside an active turn of the same conversation: "
+            "it would wait for that turn to end"
+        )
         self.parent_request_id = parent_request_id
 
 

@@ -1,9 +1,9 @@
 """The store interface: conversations, messages and turn records.
 
-One interface, several backends: SQLite (WAL, one process) is the embedded
-default; a PostgreSQL backend shared by several replicas implements the same
-methods, carrying the cross-replica turn lock in :meth:`Store.turn_lock`.
-The engine calls only what is here.
+One interface; today's backend is SQLite (WAL, one process), the embedded
+default. A backend shared by several processes would implement the same
+methods and carry the turn lock of :meth:`Store.turn_lock` across them. The
+engine calls only what is here.
 
 Durability rules (THINK-SEMANTICS.md section 8): :meth:`Store.start_turn`
 returns only once the user's messages are durable; :meth:`Store.finish_turn`
@@ -143,6 +143,6 @@ class Store(Protocol):
     def turn_lock(self, conversation_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the conversation's turn lock: one turn at a time, first in, first out.
 
-        Backends shared by several replicas hold it in the database.
+        The SQLite backend holds it in the process (one process per database file).
         """
         ...
