@@ -1,9 +1,9 @@
 """Tools: the interface every tool home implements, and in-process Python tools.
 
-Every tool home (in-process Python, remote tool hosts, MCP servers) exposes
-:class:`Tool`; the engine sees nothing else. A tool either returns its result
-(any JSON value) or is an async generator whose yields are preliminary
-results and whose last yield is the final one (THINK-SEMANTICS.md section 3,
+Every tool home exposes :class:`Tool` (today: in-process Python tools, this
+module's :class:`PythonTool`); the engine sees nothing else. A tool either
+returns its result (any JSON value) or is an async generator whose yields are
+preliminary results and whose last yield is the final one (THINK-SEMANTICS.md section 3,
 streaming tools).
 
 In-process Python tools take their schema from a pydantic model (``@tool(Model)``)
