@@ -33,6 +33,7 @@ from support.engine_harness import (
     tool_parts,
     value,
 )
+from support.waiting import wait_until
 
 from turnwire.hooks import ChatResponseContext, Middleware
 from turnwire.providers import ModelRequest
@@ -81,7 +82,7 @@ async def test_text_only_turn_event_order_status_and_transcript(make_engine: Eng
     assert [e.sequence_number for e in events] == list(range(1, len(events) + 1))
     assert {(e.conversation_id, e.request_id) for e in events} == {(CONV, "req-a")}
     start = events[0].turn_start
-    assert start.message_id == "msg_req-a"
+    assert start.message_id == "tw-a-req-a"
     assert start.continuation is False
     assert start.model == MODEL
     assert "".join(d.delta for d in of_kind(events, "text_delta")) == "Hello there, friend."
@@ -97,7 +98,7 @@ async def test_text_only_turn_event_order_status_and_transcript(make_engine: Eng
     stored = await h.store.load_messages(CONV)
     assert [(m.id, m.role) for m in stored] == [
         ("user-a", message_pb2.ROLE_USER),
-        ("msg_req-a", message_pb2.ROLE_ASSISTANT),
+        ("tw-a-req-a", message_pb2.ROLE_ASSISTANT),
     ]
     assert text_of(stored[0]) == "hi"
     assert text_of(stored[1]) == "Hello there, friend."
@@ -437,12 +438,12 @@ async def test_turns_on_one_conversation_run_fifo_and_never_interleave(make_engi
     assert [end_of(e).status for e in results] == [event_pb2.TURN_STATUS_COMPLETED] * 3
 
     stored = await h.store.load_messages(CONV)
-    assert [m.id for m in stored] == ["u1", "msg_r1", "u2", "msg_r2", "u3", "msg_r3"]
+    assert [m.id for m in stored] == ["u1", "tw-a-r1", "u2", "tw-a-r2", "u3", "tw-a-r3"]
     # Each model call saw exactly the transcript before it: no interleaving.
     assert [[m.id for m in r.messages] for r in h.provider.requests] == [
         ["u1"],
-        ["u1", "msg_r1", "u2"],
-        ["u1", "msg_r1", "u2", "msg_r2", "u3"],
+        ["u1", "tw-a-r1", "u2"],
+        ["u1", "tw-a-r1", "u2", "tw-a-r2", "u3"],
     ]
 
 
@@ -472,7 +473,7 @@ async def test_full_queue_is_refused_with_resource_exhausted(make_engine: Engine
     assert end_of(await collect(second)).status == event_pb2.TURN_STATUS_COMPLETED
     assert end_of(await collect(other)).status == event_pb2.TURN_STATUS_COMPLETED
     ids = [m.id for m in await h.store.load_messages(CONV)]
-    assert "u3" not in ids and ids == ["u1", "msg_r-first", "u2", "msg_r-second"]
+    assert "u3" not in ids and ids == ["u1", "tw-a-r-first", "u2", "tw-a-r-second"]
 
 
 async def test_nested_blocking_turn_from_a_tool_fails_with_failed_precondition(
@@ -570,9 +571,15 @@ async def test_cancel_during_a_tool_stores_it_as_errored(make_engine: EngineFact
     )
     handle = h.start("go")
     await asyncio.wait_for(started.wait(), 5)
-    await asyncio.sleep(0.02)  # let the quick one finish
-    assert h.engine.cancel(handle.request_id) is True
-    events = await collect(handle)
+    cancelled: list[bool] = []
+
+    def cancel_once_quick_is_done(kind: str) -> None:
+        # Only "quick" can produce a result: "slow" sleeps until it is cancelled.
+        if kind == "tool_output_available" and not cancelled:
+            cancelled.append(h.engine.cancel(handle.request_id))
+
+    events = await collect(handle, on_event=cancel_once_quick_is_done)
+    assert cancelled == [True]
     end = end_of(events)
     assert end.status == event_pb2.TURN_STATUS_ABORTED
     assert saw == {"cancelled_flag": True}
@@ -709,13 +716,13 @@ async def test_continue_last_turn_sends_the_prompt_and_stores_a_new_message(
     assert events[0].turn_start.continuation is True
 
     sent = h.provider.requests[-1].messages
-    assert [m.id for m in sent[:-1]] == ["u-first", "msg_r-first"]
+    assert [m.id for m in sent[:-1]] == ["u-first", "tw-a-r-first"]
     prompt = sent[-1]
     assert prompt.role == message_pb2.ROLE_USER
     assert text_of(prompt) == CONTINUATION_PROMPT
 
     stored = await h.store.load_messages(CONV)
-    assert [m.id for m in stored] == ["u-first", "msg_r-first", "msg_r-cont"]
+    assert [m.id for m in stored] == ["u-first", "tw-a-r-first", "tw-a-r-cont"]
     assert text_of(stored[1]) == "part one"  # the previous one is untouched
     assert text_of(stored[2]) == "part two"
     assert all(text_of(m) != CONTINUATION_PROMPT for m in stored)  # the prompt is never stored
@@ -778,14 +785,14 @@ async def test_recover_marks_running_turns_interrupted_and_repairs_tool_calls(
     record = TurnRecord(
         request_id="r-crash",
         conversation_id=CONV,
-        assistant_message_id="msg_r-crash",
+        assistant_message_id="tw-a-r-crash",
         continuation=False,
         model=MODEL,
         state="running",
         start_time=dt.datetime.now(dt.UTC),
     )
     await crashed.start_turn(record, [_user("u-crash", "look it up")])
-    await crashed.save_message(CONV, _unresolved_reply("msg_r-crash"))
+    await crashed.save_message(CONV, _unresolved_reply("tw-a-r-crash"))
     await crashed.close()
 
     h = await make_engine()
@@ -797,7 +804,7 @@ async def test_recover_marks_running_turns_interrupted_and_repairs_tool_calls(
             "SELECT state, recovery_count FROM turns WHERE request_id = 'r-crash'"
         ).fetchall() == [("interrupted", 1)]
     stored = await h.store.load_messages(CONV)
-    assert [m.id for m in stored] == ["u-crash", "msg_r-crash"]
+    assert [m.id for m in stored] == ["u-crash", "tw-a-r-crash"]
     assert text_of(stored[1]) == "Let me look."
     call = tool_parts(stored[1])[0]
     assert call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
@@ -821,7 +828,7 @@ async def test_transcript_repair_runs_before_the_next_turn(make_engine: EngineFa
     assert call.error_text == INTERRUPTED_TOOL_ERROR
     # the repair is stored
     stored = await h.store.load_messages(CONV)
-    assert [m.id for m in stored] == ["u-old", "a-old", "u-new", "msg_r1"]
+    assert [m.id for m in stored] == ["u-old", "a-old", "u-new", "tw-a-r1"]
     repaired = tool_parts(stored[1])[0]
     assert repaired.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
     assert repaired.error_text == INTERRUPTED_TOOL_ERROR
@@ -842,14 +849,20 @@ async def test_cancelling_a_queued_turn_aborts_it_and_stores_nothing(make_engine
     )
     first = h.start("first", request_id="r-first", message_id="u-first")
     queued = h.start("queued", request_id="r-queued", message_id="u-queued")
-    await asyncio.sleep(0.01)
+
+    def queued_behind_first() -> bool:
+        # "first" holds the conversation's lock (it left the queue), "queued" waits for it.
+        lock = h.store._locks._entries.get(CONV)
+        return h.engine._queued[CONV] == 1 and lock is not None and lock.users == 2
+
+    await wait_until(queued_behind_first, what="the second turn waits for the first's lock")
     assert h.engine.cancel("r-queued") is True
     queued_events = await collect(queued)
     assert kinds(queued_events) == ["turn_start", "turn_end"]
     assert end_of(queued_events).status == event_pb2.TURN_STATUS_ABORTED
     assert not end_of(queued_events).HasField("message")
     assert end_of(await collect(first)).status == event_pb2.TURN_STATUS_COMPLETED
-    assert [m.id for m in await h.store.load_messages(CONV)] == ["u-first", "msg_r-first"]
+    assert [m.id for m in await h.store.load_messages(CONV)] == ["u-first", "tw-a-r-first"]
     assert responses == ["r-first"]
     # the queue slot was given back
     assert h.engine._queued[CONV] == 0
@@ -866,7 +879,7 @@ async def test_admission_errors(make_engine: EngineFactory) -> None:
     assert status_error_of(unknown.value).code == grpc.StatusCode.INVALID_ARGUMENT
     assert status_error_of(unknown.value).reason == "UNKNOWN_MODEL"
     assert end_of(await collect(running)).status == event_pb2.TURN_STATUS_COMPLETED
-    assert [m.id for m in await h.store.load_messages(CONV)] == ["u1", "msg_dup"]
+    assert [m.id for m in await h.store.load_messages(CONV)] == ["u1", "tw-a-dup"]
 
 
 async def test_reply_is_checkpointed_while_it_streams(make_engine: EngineFactory) -> None:
@@ -875,15 +888,19 @@ async def test_reply_is_checkpointed_while_it_streams(make_engine: EngineFactory
     handle = h.start("go")
     checkpoints: list[str] = []
     streamed = ""
+
+    async def checkpointed() -> str:
+        """The stored reply's text; empty while none is stored."""
+        stored = await h.store.load_messages(CONV)
+        return text_of(stored[1]) if len(stored) == 2 else ""
+
     async for response in handle:
         event = response.event
         if event.WhichOneof("event") == "text_delta":
             streamed += event.text_delta.delta
             if len(streamed.split()) == 30:
-                await asyncio.sleep(0.05)  # the turn keeps streaming meanwhile
-                stored = await h.store.load_messages(CONV)
-                if len(stored) == 2:
-                    checkpoints.append(text_of(stored[1]))
+                # The turn keeps streaming while the first checkpoint of the reply is awaited.
+                checkpoints.append(await wait_until(checkpointed, interval=0.002, what="a checkpoint"))
     await asyncio.wait_for(handle.task, 5)
     assert checkpoints, "no checkpoint of the streaming reply was stored mid-stream"
     assert checkpoints[0] and text.startswith(checkpoints[0]) and checkpoints[0] != text

@@ -184,7 +184,7 @@ async def test_hook_order_for_a_turn_with_one_tool_call(make_engine: EngineFacto
         *chunks("TextStart", "TextDelta", "TextEnd", "FinishStep"),
         *both("on_step_finish", 1, reverse=True),
         ("B", "on_chat_response", "completed"),
-        ("check", "stored", ["u1", "msg_r1"]),
+        ("check", "stored", ["u1", "tw-a-r1"]),
         ("check", "lock", "free"),
         ("A", "on_chat_response", "completed"),
         ("client", "turn_end", None),
@@ -1007,7 +1007,7 @@ async def test_on_chat_response_may_start_the_next_turn_on_the_same_conversation
     assert "error" not in holder, holder.get("error")
     follow = await collect(holder["next"])
     assert end_of(follow).status == event_pb2.TURN_STATUS_COMPLETED
-    assert [m.id for m in await h.store.load_messages(CONV)] == ["u1", "msg_r1", "u2", "msg_r2"]
+    assert [m.id for m in await h.store.load_messages(CONV)] == ["u1", "tw-a-r1", "u2", "tw-a-r2"]
 
 
 async def test_on_chat_response_fires_for_a_completed_turn_with_an_empty_message(

@@ -19,11 +19,11 @@ from turnwire_server.api.status import TurnwireStatusError, invalid_argument, st
 from turnwire_server.api.validation import (
     check_id,
     check_message,
-    new_request_id,
     raise_if_any,
 )
 from turnwire_server.engine import TurnEngine, TurnHandle, TurnRequest
 from turnwire_server.engine.errors import AdmissionRefused
+from turnwire_server.engine.ids import new_request_id
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.base import ConversationRecord, InvalidPageToken, Store, StoreError
 
@@ -215,7 +215,7 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
 
     def _check_common(self, conversation_id: str, request_id: str, violations: list[tuple[str, str]]) -> None:
         check_id(conversation_id, "conversation_id", violations, required=True)
-        check_id(request_id, "request_id", violations, required=False)
+        check_id(request_id, "request_id", violations, required=False, client_chosen=True)
 
     def _start(
         self,

@@ -1,19 +1,20 @@
 """Request validation: every problem becomes a BadRequest field violation saying what to fix.
 
 Runs before anything is stored, so a rejected request changes nothing
-(THINK-SEMANTICS.md section 2, admission).
+(docs/semantics.md §2, admission).
 """
 
 from __future__ import annotations
 
 import re
-import uuid
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument
+from turnwire_server.engine.ids import RESERVED_PREFIX, is_reserved, new_message_id
 
-ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-"""Conversation, request and message ids: 1-128 of letters, digits, ``.``, ``_``, ``:``, ``-``."""
+ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+"""Conversation, request and message ids: 1-128 of letters, digits, ``.``, ``_``, ``:``, ``-``
+(matched against the whole value: ``fullmatch``, so a trailing newline is refused too)."""
 
 _ROLE_NAMES = {
     message_pb2.ROLE_USER: "ROLE_USER",
@@ -22,25 +23,36 @@ _ROLE_NAMES = {
 }
 
 
-def check_id(value: str, field: str, violations: list[tuple[str, str]], *, required: bool) -> None:
-    """Add a violation when ``value`` is not a valid id (or is empty and ``required``)."""
+def check_id(
+    value: str,
+    field: str,
+    violations: list[tuple[str, str]],
+    *,
+    required: bool,
+    client_chosen: bool = False,
+) -> None:
+    """Add a violation when ``value`` is not a valid id (or is empty and ``required``).
+
+    ``client_chosen``: the id names something new the client creates (a request id, an input
+    message id), so the server's reserved namespace (``tw-``, see
+    :mod:`turnwire_server.engine.ids`) is refused; ids that refer to existing things
+    (``CancelChat.request_id``) may be the server's.
+    """
     if not value:
         if required:
             violations.append((field, "must not be empty; give 1-128 characters of [A-Za-z0-9._:-]"))
         return
-    if not ID_PATTERN.match(value):
+    if not ID_PATTERN.fullmatch(value):
         shown = value if len(value) <= 40 else value[:40] + "…"
         violations.append((field, f"{shown!r} is not a valid id; use 1-128 characters of [A-Za-z0-9._:-]"))
-
-
-def new_request_id() -> str:
-    """A fresh server-assigned request id."""
-    return f"req_{uuid.uuid4().hex}"
-
-
-def new_message_id() -> str:
-    """A fresh server-assigned message id."""
-    return f"msg_{uuid.uuid4().hex}"
+    elif client_chosen and is_reserved(value):
+        violations.append(
+            (
+                field,
+                f"ids starting with {RESERVED_PREFIX!r} are reserved for ids the server assigns; "
+                "choose another id or leave it empty",
+            )
+        )
 
 
 def check_message(
@@ -76,7 +88,7 @@ def check_message(
                 f"is {size:,} bytes; the limit is {max_bytes:,} bytes (limits.max_message_bytes)",
             )
         )
-    check_id(message.id, f"{field}.id", violations, required=False)
+    check_id(message.id, f"{field}.id", violations, required=False, client_chosen=True)
     if not message.id:
         message.id = new_message_id()
     message.ClearField("create_time")  # output only: the server sets it when storing

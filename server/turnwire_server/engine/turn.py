@@ -37,6 +37,7 @@ from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.checkpoints import Checkpointer
 from turnwire_server.engine.errors import TurnFailure
 from turnwire_server.engine.events import EventWriter
+from turnwire_server.engine.ids import assistant_message_id
 from turnwire_server.engine.request import EngineSettings, TurnRequest
 from turnwire_server.engine.step_loop import StepLoop
 from turnwire_server.engine.turn_state import TurnState
@@ -101,7 +102,7 @@ class TurnRun:
         # Recorded only when asked for (events.hook_timeline): it costs clock reads per hook call.
         self.timeline = HookTimeline() if chain.middlewares and settings.hook_timeline else None
         self.hooks = chain.for_turn(self.timeline)
-        self.message_id = f"msg_{request.request_id}"
+        self.message_id = assistant_message_id(request.request_id)
         assistant = AssistantMessage(self.message_id, _now())
         self.state = TurnState(
             request=request,

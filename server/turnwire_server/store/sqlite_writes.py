@@ -72,13 +72,18 @@ def _touch_conversation(conn: sqlite3.Connection, conversation_id: str, now_us: 
 
 
 def _upsert_message(conn: sqlite3.Connection, conversation_id: str, row: MessageRow, now_us: int) -> None:
-    """Insert ``row`` at the end, or replace it in place (same seq) when its id exists."""
-    exists = (
-        conn.execute(
-            "SELECT 1 FROM messages WHERE conversation_id = ? AND id = ?", (conversation_id, row.id)
-        ).fetchone()
-        is not None
-    )
+    """Insert ``row`` at the end, or replace it in place (same seq) when its id exists.
+
+    Raises :class:`MessageIdConflict` when the stored message of that id has another role:
+    a reply never overwrites someone else's message (ids of a turn's replies are the
+    server's own, see ``turnwire_server.engine.ids``; this is the store's second line).
+    """
+    found = conn.execute(
+        "SELECT role FROM messages WHERE conversation_id = ? AND id = ?", (conversation_id, row.id)
+    ).fetchone()
+    exists = found is not None
+    if found is not None and found[0] != row.role:
+        raise MessageIdConflict(conversation_id, row.id)
     _touch_conversation(conn, conversation_id, now_us, 0 if exists else 1)
     if exists:
         conn.execute(

@@ -1,0 +1,45 @@
+"""Ids the server assigns, in a namespace no client-chosen id can enter.
+
+docs/semantics.md §5 (Decision: server-assigned ids never collide with
+client-chosen ones). Every id the server makes starts with
+:data:`RESERVED_PREFIX`; the API refuses client-chosen request and message ids
+with that prefix, so a client's message can never take (and overwrite) the id
+of a stored assistant message, and the other way round. The kinds are
+disjoint too: ``tw-r-`` request ids, ``tw-u-`` input message ids, ``tw-a-``
+assistant message ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+RESERVED_PREFIX = "tw-"
+"""Ids starting with this are the server's; clients may refer to them but never choose them."""
+
+_MAX_ID_LENGTH = 128
+
+
+def new_request_id() -> str:
+    """A fresh request id, for a request that came without one."""
+    return f"{RESERVED_PREFIX}r-{uuid.uuid4().hex}"
+
+
+def new_message_id() -> str:
+    """A fresh message id, for an input message that came without one."""
+    return f"{RESERVED_PREFIX}u-{uuid.uuid4().hex}"
+
+
+def assistant_message_id(request_id: str) -> str:
+    """The id of the assistant message a turn writes: ``tw-a-<request_id>``, or a digest of a
+    request id too long to fit 128 characters. Deterministic, so a turn's reply id follows from
+    its request id."""
+    candidate = f"{RESERVED_PREFIX}a-{request_id}"
+    if len(candidate) <= _MAX_ID_LENGTH:
+        return candidate
+    return f"{RESERVED_PREFIX}a-{hashlib.sha256(request_id.encode()).hexdigest()}"
+
+
+def is_reserved(value: str) -> bool:
+    """True for an id in the server's namespace."""
+    return value.startswith(RESERVED_PREFIX)
