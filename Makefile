@@ -39,7 +39,7 @@ lint: setup check-protos breaking
 	$(VENV)/bin/lint-imports
 	$(BUF) lint
 
-## protos: regenerate clients/python/turnwire/v1 from protos/.
+## protos: regenerate clients/python/src/turnwire_client/v1 from protos/.
 protos: setup
 	bash tools/generate-python.sh
 

@@ -1,4 +1,4 @@
-"""Every entry path fires the same hooks in the same order (THINK-SEMANTICS.md section 1).
+"""Every entry path fires the same hooks in the same order (docs/semantics.md §1).
 
 Chat, SaveMessages (with messages and with none) and ContinueLastTurn all run
 the same pipeline: a turn with one tool call produces the same hook log on

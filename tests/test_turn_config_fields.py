@@ -1,4 +1,4 @@
-"""TurnConfig fields not covered elsewhere: messages, tools (additive), output (THINK-SEMANTICS.md §3)."""
+"""TurnConfig fields not covered elsewhere: messages, tools (additive), output (docs/semantics.md §3)."""
 
 from __future__ import annotations
 

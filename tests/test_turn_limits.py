@@ -1,6 +1,6 @@
 """Turn limits and repairs: timeouts, the stall watchdog, repair_tool_call, the hook timeline.
 
-THINK-SEMANTICS.md section 3 (TurnConfig: timeout, stream_stall_timeout_ms,
+docs/semantics.md §3 (TurnConfig: timeout, stream_stall_timeout_ms,
 repair_tool_call) and section 5 (stall watchdog → INTERRUPTED).
 """
 

@@ -106,9 +106,8 @@ class TurnConfig:
     max output tokens, headers, provider options …; see
     :class:`turnwire.types.ModelSettings`); ``timeout`` the turn's time
     limits; ``stream_stall_timeout_seconds`` the stall watchdog (0 turns it
-    off). Merge rules across middlewares (docs/semantics.md, "Hook order and
-    merging"): ``tools`` and ``stop_when`` add to what earlier middlewares
-    returned; ``model_settings`` and ``timeout`` merge field by field
+    off). Merge rules across middlewares (docs/semantics.md §4): ``tools``
+    and ``stop_when`` add to what earlier middlewares returned; ``model_settings`` and ``timeout`` merge field by field
     (``headers`` and ``provider_options`` inside it shallowly); every other
     field replaces.
     """
@@ -312,7 +311,7 @@ class ChatError(Exception):
     ``code`` is a ``google.rpc.Code`` name (``"UNAVAILABLE"``, ``"PERMISSION_DENIED"`` …);
     ``reason`` an ``ErrorReason`` name for the ``ErrorInfo`` detail; ``retry_after_seconds``
     adds a ``RetryInfo`` detail; ``metadata`` goes into ``ErrorInfo.metadata``. The
-    client sees ``message`` in ``TurnEnd.error`` (docs/semantics.md, "Errors").
+    client sees ``message`` in ``TurnEnd.error`` (docs/semantics.md §10).
     """
 
     def __init__(

@@ -3,7 +3,7 @@
 Every tool home exposes :class:`Tool` (today: in-process Python tools, this
 module's :class:`PythonTool`); the engine sees nothing else. A tool either
 returns its result (any JSON value) or is an async generator whose yields are
-preliminary results and whose last yield is the final one (THINK-SEMANTICS.md section 3,
+preliminary results and whose last yield is the final one (docs/semantics.md §3,
 streaming tools).
 
 In-process Python tools take their schema from a pydantic model (``@tool(Model)``)
@@ -55,7 +55,7 @@ class Tool(Protocol):
 
     A tool may also set ``streaming = True`` to say it streams preliminary
     results; the engine then emits one preliminary result even when a hook
-    blocks or substitutes the call (THINK-SEMANTICS.md section 3).
+    blocks or substitutes the call (docs/semantics.md §3).
     """
 
     name: str

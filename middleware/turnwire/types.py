@@ -16,7 +16,7 @@ from turnwire_client.v1 import message_pb2
 
 
 class FinishReason(StrEnum):
-    """Why a step ended, normalized across providers (AI SDK finish reasons; docs/semantics.md, steps).
+    """Why a step ended, normalized across providers (AI SDK finish reasons; docs/semantics.md §2).
 
     A ``StrEnum``: members compare equal to their AI SDK strings (``"tool-calls"`` …).
     """

@@ -6,13 +6,14 @@ they share one SQLite database.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
+from collections.abc import Awaitable, Callable
 
 import grpc
 from google.protobuf import json_format
 from support.sidecar import SidecarFactory, SidecarProcess
+from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import event_pb2, message_pb2
@@ -67,6 +68,25 @@ def streamed_text(events: list[event_pb2.TurnEvent]) -> str:
     return "".join(e.text_delta.delta for e in events if e.WhichOneof("event") == "text_delta")
 
 
+def tool_calls_of(message: message_pb2.Message) -> list[message_pb2.ToolCallPart]:
+    return [p.tool_call for p in message.parts if p.WhichOneof("kind") == "tool_call"]
+
+
+def call_checkpointed(
+    client: TurnwireClient, conversation_id: str, streamed_input: object
+) -> Callable[[], Awaitable[bool]]:
+    """A check for :func:`wait_until`: the stored (checkpointed) reply holds a tool call whose
+    input is ``streamed_input``. A checkpoint can hold the call before its input is complete
+    (``{}``), so the input is compared, not just the call's presence."""
+
+    async def check() -> bool:
+        stored = await client.get_conversation(conversation_id)
+        calls = tool_calls_of(stored.messages[1]) if len(stored.messages) == 2 else []
+        return bool(calls) and json_format.MessageToDict(calls[0].input) == streamed_input
+
+    return check
+
+
 async def test_conversation_survives_a_graceful_restart(sidecar_factory: SidecarFactory) -> None:
     first = await sidecar_factory(config()).start()
     async with TurnwireClient(first.target) as client:
@@ -103,8 +123,12 @@ async def test_sigkill_mid_turn_keeps_the_user_message_and_the_conversation_usab
             async for event in client.chat("crash", "count for me", model="scripted:slow-tool"):
                 events.append(event)
                 if event.HasField("tool_input_available"):
-                    # Let a checkpoint holding the call (without its result) reach the disk.
-                    await asyncio.sleep(0.1)
+                    # Wait for a checkpoint holding the call (without its result) to reach the disk.
+                    streamed_input = json_format.MessageToDict(event.tool_input_available.input)
+                    await wait_until(
+                        call_checkpointed(client, "crash", streamed_input),
+                        what="the call and its input are checkpointed",
+                    )
                     first.kill()
         except TurnwireError as error:
             assert error.code == grpc.StatusCode.UNAVAILABLE, error
@@ -119,13 +143,13 @@ async def test_sigkill_mid_turn_keeps_the_user_message_and_the_conversation_usab
         assert stored.messages[0].role == message_pb2.ROLE_USER
         assert text_of(stored.messages[0]) == "count for me"
         partials = list(stored.messages[1:])
-        assert len(partials) <= 1
-        for partial in partials:
-            assert partial.role == message_pb2.ROLE_ASSISTANT
-            assert "checking the numbers".startswith(text_of(partial))
-            for part in partial.parts:
-                if part.WhichOneof("kind") == "tool_call":
-                    assert part.tool_call.state in RESOLVED, part.tool_call
+        assert len(partials) == 1, "the checkpointed partial reply survives the crash"
+        partial = partials[0]
+        assert partial.role == message_pb2.ROLE_ASSISTANT
+        assert "checking the numbers".startswith(text_of(partial))
+        calls = tool_calls_of(partial)
+        assert [c.tool_name for c in calls] == ["calculator"]
+        assert calls[0].state in RESOLVED, calls[0]
 
         result = await collect(client.chat("crash", "What's the weather in Paris?"))
         assert result.ok, result.error
@@ -142,10 +166,10 @@ async def test_sigkill_mid_turn_keeps_the_user_message_and_the_conversation_usab
 async def test_sigkill_loses_at_most_the_last_few_hundred_ms_of_output(
     sidecar_factory: SidecarFactory,
 ) -> None:
-    """THINK-SEMANTICS.md section 8: a streaming reply is checkpointed often enough that a
+    """docs/semantics.md §8: a streaming reply is checkpointed often enough that a
     crash loses at most the last few hundred milliseconds of output. Here the model streamed
-    a complete tool call, then paused; the process dies 700 ms later (the checkpoint interval
-    is 20 ms), so the stored partial must hold the call with its input."""
+    a complete tool call, then paused (1.2 s); the checkpoint holding the call must be on disk
+    within 700 ms (the checkpoint interval is 20 ms), and it must survive a SIGKILL."""
     first = await sidecar_factory(config()).start()
     streamed_input = None
     async with TurnwireClient(first.target) as client:
@@ -153,7 +177,11 @@ async def test_sigkill_loses_at_most_the_last_few_hundred_ms_of_output(
             async for event in client.chat("pause", "add", model="scripted:pause-after-call"):
                 if event.HasField("tool_input_available"):
                     streamed_input = json_format.MessageToDict(event.tool_input_available.input)
-                    await asyncio.sleep(0.7)
+                    await wait_until(
+                        call_checkpointed(client, "pause", streamed_input),
+                        timeout=0.7,
+                        what="the call and its input are checkpointed",
+                    )
                     first.kill()
     assert streamed_input == {"expression": "1 + 1"}
 
@@ -166,7 +194,7 @@ async def test_sigkill_loses_at_most_the_last_few_hundred_ms_of_output(
     assert calls[0].tool_name == "calculator"
     assert calls[0].state in RESOLVED, "recovery gives the interrupted call a result"
     assert json_format.MessageToDict(calls[0].input) == streamed_input, (
-        "the call's input, streamed 700 ms before the crash, was not checkpointed"
+        "the call's input, checkpointed before the crash, did not survive it"
     )
 
 

@@ -4,8 +4,8 @@ middlewares by dotted path, driven by the Python client.
 As the client sees them: a hook changes the model (``before_turn`` → ``model``),
 a hook restricts the tools (``active_tools``: a call of another tool is a
 ``tool_input_error``), and the tool policy blocks a call (the model's result is
-the block reason, stored as ``output-available``). THINK-SEMANTICS.md sections
-3 and 4. The hook timeline in ``TurnEnd.metadata`` shows the onion order of
+the block reason, stored as ``output-available``). docs/semantics.md §3
+and §4. The hook timeline in ``TurnEnd.metadata`` shows the onion order of
 the configured chain. Test-only middlewares live in ``tests/support/hooks.py``;
 the process imports them through ``PYTHONPATH``.
 """

@@ -1,7 +1,7 @@
 """The five ``beforeTurn`` examples of Think's lifecycle-hooks page, as runnable middlewares.
 
 Each returns a :class:`~middleware.TurnConfig` with only the fields it changes
-(THINK-SEMANTICS.md section 3: "only what is returned changes"), or ``None``.
+(docs/semantics.md §3: "only what is returned changes"), or ``None``.
 
 * ``CheaperModelOnContinuation(model)``: on a continuation turn (ContinueLastTurn,
   automatic continuation) → ``model``.

@@ -11,7 +11,7 @@ Options (config ``options:``):
     the ``on_step_finish`` line. ``false`` leaves ``on_chunk`` unimplemented, so
     the logger costs nothing per chunk.
 
-Rule (THINK-SEMANTICS.md section 3, ``on_chunk``: "never do I/O per call in it
+Rule (docs/semantics.md §3, ``on_chunk``: "never do I/O per call in it
 without batching"): never one line per chunk; chunks are counted in memory and
 summarized at ``on_step_finish``. The logger wraps nothing and changes nothing:
 its decision hooks return ``None`` and ``on_chat_error`` returns the error it got.

@@ -9,7 +9,7 @@ Options (config ``options:``):
 ``ttl_seconds`` (``300``)
     A result is reused for this many seconds after it was stored; ``null``: no expiry.
 
-Rule (Think's ``beforeToolCall`` cache example and THINK-SEMANTICS.md section 3):
+Rule (Think's ``beforeToolCall`` cache example and docs/semantics.md §3):
 a call whose tool and input (canonical JSON: sorted keys, no spaces) match a
 stored result ends with ``substitute(output)``: the tool does not run, the model
 sees the stored output, ``after_tool_call`` gets ``success=True``, and a

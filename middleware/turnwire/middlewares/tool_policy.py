@@ -14,7 +14,7 @@ Options (config ``options:``):
     The block reason for read-only mode; ``{name}`` is replaced by the tool's name.
     Default: ``Tool "{name}" is disabled in read-only mode.``
 
-Rule (THINK-SEMANTICS.md section 3, ``ToolCallDecision``, and Think's
+Rule (docs/semantics.md §3, ``ToolCallDecision``, and Think's
 ``beforeToolCall`` read-only example): a disallowed call is not run; it ends
 with ``block(reason)``, so the model sees the reason as the tool's (successful)
 result, ``after_tool_call`` gets ``success=True`` and the stored part is

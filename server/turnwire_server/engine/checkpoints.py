@@ -1,7 +1,7 @@
 """Checkpoints of a streaming reply: at least every ``interval`` while output arrives.
 
-A crash loses at most about one interval of output (THINK-SEMANTICS.md
-section 8). Writes never block the stream: one checkpoint is in flight at a
+A crash loses at most about one interval of output (docs/semantics.md
+§8). Writes never block the stream: one checkpoint is in flight at a
 time; progress made meanwhile is written as soon as it lands, and a trailing
 timer catches output followed by a pause. :meth:`Checkpointer.close` stops all
 of it before the final write, so no late checkpoint can overwrite it.

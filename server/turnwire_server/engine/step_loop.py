@@ -1,4 +1,4 @@
-"""The step loop of one turn (docs/semantics.md, "The turn" and "Steps").
+"""The step loop of one turn (docs/semantics.md §2 and "Steps").
 
 ``before_turn`` → for each step: ``before_step`` → model stream (``on_chunk``
 per chunk, events to the client) → tool calls → ``on_step_finish``; until a
@@ -7,7 +7,7 @@ step produces no tool result, a ``stop_when`` condition holds, or
 
 Timeouts (``TurnConfig.timeout``) end the turn in error (DEADLINE_EXCEEDED);
 the stall watchdog (``stream_stall_timeout_seconds``) ends it INTERRUPTED
-(docs/semantics.md, "Stalls").
+(docs/semantics.md §5).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Calls start in the order the model emitted them and run concurrently; result
 events and ``after_tool_call`` come in completion order; the stored message
-keeps emission order (docs/semantics.md, "Tool calls"). Decisions and error
+keeps emission order (docs/semantics.md §3). Decisions and error
 rules are that section's ``before_tool_call`` table.
 """
 

@@ -9,10 +9,10 @@ from turnwire_client.v1 import message_pb2
 CONTINUATION_PROMPT = (
     "Continue your previous response from exactly where it left off. Do not repeat any of it."
 )
-"""Sent (never stored) after a history ending in an assistant message (THINK-SEMANTICS.md section 1)."""
+"""Sent (never stored) after a history ending in an assistant message (docs/semantics.md §1)."""
 
 INTERRUPTED_TOOL_ERROR = "The tool call was interrupted before a result was recorded."
-"""The result given to a tool call that has none (THINK-SEMANTICS.md section 8)."""
+"""The result given to a tool call that has none (docs/semantics.md §8)."""
 
 _UNRESOLVED = frozenset(
     {

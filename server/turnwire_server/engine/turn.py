@@ -1,6 +1,6 @@
 """One turn: persist input, assemble, run the step loop, store the reply, end the stream.
 
-The pipeline and hook order are docs/semantics.md's "The turn" and "Hooks":
+The pipeline and hook order are docs/semantics.md §2 and §3:
 
     turn lock ─ TurnStart ─ persist input ─ assemble ─ repair ─ before_turn
       step loop: before_step → model stream (on_chunk) → tool calls → on_step_finish
@@ -248,7 +248,7 @@ class TurnRun:
         if self.outcome == "error":
             await self._surface_error()
         # on_chat_response: every completed turn, and an errored or aborted one
-        # whose partial reply was stored (THINK-SEMANTICS.md section 3).
+        # whose partial reply was stored (docs/semantics.md §3).
         outcome = _OUTCOMES.get(self.outcome)
         if outcome is not None and (outcome == "completed" or self.stored_message is not None):
             await self.hooks.on_chat_response(

@@ -1,4 +1,4 @@
-"""The ordered middleware chain: the onion of docs/semantics.md ("Hook order and merging").
+"""The ordered middleware chain: the onion of docs/semantics.md §4.
 
 Request-path hooks (``configure_session``, ``before_turn``, ``before_step``,
 ``before_tool_call``) run first to last; response-path hooks
@@ -62,7 +62,7 @@ class HookError(Exception):
 
 
 def merge_config(base: _Config, update: _Config) -> _Config:
-    """Merge ``update`` over ``base`` field by field (docs/semantics.md, "Hook order and merging").
+    """Merge ``update`` over ``base`` field by field (docs/semantics.md §4).
 
     ``None`` leaves a field as it was; ``tools`` and ``stop_when`` add;
     ``model_settings`` and ``timeout`` merge field by field; ``headers`` and
@@ -88,7 +88,7 @@ def merge_config(base: _Config, update: _Config) -> _Config:
 class MiddlewareChain:
     """An ordered list of middlewares and the rules for calling their hooks.
 
-    Errors swallowed by the rules of docs/semantics.md ("Hook errors") are
+    Errors swallowed by the rules of docs/semantics.md §3 are
     logged with the middleware's name and counted in :attr:`error_counts` by
     ``(middleware, hook)``.
     """

@@ -5,7 +5,7 @@ default. A backend shared by several processes would implement the same
 methods and carry the turn lock of :meth:`Store.turn_lock` across them. The
 engine calls only what is here.
 
-Durability rules (THINK-SEMANTICS.md section 8): :meth:`Store.start_turn`
+Durability rules (docs/semantics.md §8): :meth:`Store.start_turn`
 returns only once the user's messages are durable; :meth:`Store.finish_turn`
 returns only once the assistant message is durable. Checkpoints
 (:meth:`Store.save_message`) may be batched by the backend (group commit) but
