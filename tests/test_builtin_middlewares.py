@@ -3,7 +3,7 @@
 Each test builds an in-process engine (``make_engine``: SQLite in ``tmp_path``,
 the scripted provider wrapped in a recorder of every ``ModelRequest``; see
 ``support.engine_harness``) and asserts what the client sees (events), what is
-stored, and what the model was sent (docs/semantics.md §3–§4).
+stored, and what the model was sent (docs/semantics.md §3-§4).
 """
 
 from __future__ import annotations

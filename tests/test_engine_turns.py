@@ -1,4 +1,4 @@
-"""The turn engine's step loop, in process (docs/semantics.md §1–§5, 8 and 10).
+"""The turn engine's step loop, in process (docs/semantics.md §1-§5, §8 and §10).
 
 Every test builds a real :class:`TurnEngine` on a SQLite store in ``tmp_path``
 with the scripted provider wrapped in a recorder that keeps every

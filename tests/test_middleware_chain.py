@@ -1,4 +1,4 @@
-"""The middleware chain driven by a real engine (docs/semantics.md §3–§4).
+"""The middleware chain driven by a real engine (docs/semantics.md §3-§4).
 
 Hook order (the onion: request path first to last, response path last to
 first), tool-call decisions, hook error rules, config merge rules, and the

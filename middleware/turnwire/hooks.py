@@ -107,9 +107,9 @@ class TurnConfig:
     :class:`turnwire.types.ModelSettings`); ``timeout`` the turn's time
     limits; ``stream_stall_timeout_seconds`` the stall watchdog (0 turns it
     off). Merge rules across middlewares (docs/semantics.md §4): ``tools``
-    and ``stop_when`` add to what earlier middlewares returned; ``model_settings`` and ``timeout`` merge field by field
-    (``headers`` and ``provider_options`` inside it shallowly); every other
-    field replaces.
+    and ``stop_when`` add to what earlier middlewares returned;
+    ``model_settings`` and ``timeout`` merge field by field (``headers`` and
+    ``provider_options`` inside it shallowly); every other field replaces.
     """
 
     model: str | None = None

@@ -220,7 +220,7 @@ def responses_stream(
     emit("response.created", response=response)
     emit("response.in_progress", response=response)
     output: list[dict[str, Any]] = []
-    message_id = f"tw-a-{response_id[5:]}"
+    message_id = f"msg_{response_id[5:]}"
     message = {
         "id": message_id,
         "type": "message",
@@ -333,15 +333,15 @@ CASES = [
         model="anthropic:claude-sonnet-4-5",
         call_id=ANTHROPIC_CALL_ID,
         raw_finish=("tool_use", "end_turn"),
-        response_ids=("tw-a-01XFDUDYJgAACzvnptvVoYEL", "tw-a-01Rr7AkVFmBCwXeD8nqN9cKp"),
+        response_ids=("msg_01XFDUDYJgAACzvnptvVoYEL", "msg_01Rr7AkVFmBCwXeD8nqN9cKp"),
         response_model="claude-sonnet-4-5-20250929",
         replies=(
             anthropic_stream(
-                "tw-a-01XFDUDYJgAACzvnptvVoYEL",
+                "msg_01XFDUDYJgAACzvnptvVoYEL",
                 [{"text": PREAMBLE}, {"tool_use": (ANTHROPIC_CALL_ID, "get_weather", WEATHER_ARGS)}],
                 STEP_USAGE[0],
             ),
-            anthropic_stream("tw-a-01Rr7AkVFmBCwXeD8nqN9cKp", [{"text": ANSWER}], STEP_USAGE[1]),
+            anthropic_stream("msg_01Rr7AkVFmBCwXeD8nqN9cKp", [{"text": ANSWER}], STEP_USAGE[1]),
         ),
         path="/v1/messages",
     ),
@@ -771,7 +771,7 @@ async def test_a_conversation_started_on_scripted_continues_on_a_real_provider(
     follow_up = "Thanks! Do I need a coat?"
     reply = "Yes: take a warm coat."
     stream = {
-        "anthropic": lambda: anthropic_stream("tw-a-01Coat", [{"text": reply}], (300, 9, 309, 0)),
+        "anthropic": lambda: anthropic_stream("msg_01Coat", [{"text": reply}], (300, 9, 309, 0)),
         "openai": lambda: chat_stream("chatcmpl-coat", reply, [], (300, 9, 309, 0)),
         "openai-responses": lambda: responses_stream("resp_coat0000", reply, [], (300, 9, 309, 0)),
     }[case.name]()
@@ -869,7 +869,7 @@ async def test_tool_call_ids_from_earlier_turns_are_valid_for_anthropic(
                 chat_stream("chatcmpl-k2", ANSWER, [], (1, 1, 2, 0)),
             )
             earlier.append(await collect(client.chat(conversation, QUESTION, model=chat.model)))
-        replay = harness.replay(anthropic, anthropic_stream("tw-a-01Ids", [{"text": "Noted."}], (9, 2, 11, 0)))
+        replay = harness.replay(anthropic, anthropic_stream("msg_01Ids", [{"text": "Noted."}], (9, 2, 11, 0)))
         last = await collect(client.chat(conversation, "Thanks.", model=anthropic.model))
 
     assert all(turn.ok and turn.tool_calls for turn in earlier), [t.error for t in earlier]
