@@ -55,7 +55,7 @@ from turnwire_server.engine.errors import (
     ShuttingDown,
 )
 from turnwire_server.engine.transcript import CONTINUATION_PROMPT, INTERRUPTED_TOOL_ERROR
-from turnwire_server.engine.turn import ABORTED_TOOL_ERROR
+from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store import TurnRecord
 from turnwire_server.store.sqlite import SqliteStore
@@ -273,11 +273,11 @@ async def test_raising_tool_gives_the_model_its_error_and_the_loop_goes_on(
     assert h.provider.calls == 2
 
     errors = {e.tool_call_id: e.error_text for e in of_kind(events, "tool_output_error")}
-    assert errors == {"call_0_0": "RuntimeError: disk on fire", "call_0_1": "try again tomorrow"}
+    assert errors == {"call_0_0": "disk on fire", "call_0_1": "try again tomorrow"}
 
     sent = tool_parts(h.provider.requests[1].messages[-1])
     assert [(c.tool_name, c.state, c.error_text) for c in sent] == [
-        ("broken", message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR, "RuntimeError: disk on fire"),
+        ("broken", message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR, "disk on fire"),
         ("polite", message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR, "try again tomorrow"),
     ]
     stored = (await h.store.load_messages(CONV))[-1]
@@ -680,8 +680,10 @@ async def test_continue_last_turn_skips_when_the_last_message_is_not_the_assista
     # No conversation at all.
     events = await h.run(None, conversation_id="empty", continuation=True)
     assert end_of(events).status == event_pb2.TURN_STATUS_SKIPPED
-    assert kinds(events) == ["turn_start", "turn_end"]
-    assert events[0].turn_start.continuation is True
+    # Nothing was stored, so nothing is acknowledged: no TurnStart, and the end says why.
+    assert kinds(events) == ["turn_end"]
+    assert detail(end_of(events).error, error_details_pb2.ErrorInfo).reason == "NOTHING_TO_CONTINUE"
+    assert "the conversation has no messages" in end_of(events).error.message
     assert await h.store.load_messages("empty") == []
 
     # Only a user message (its turn failed before any output).
@@ -696,6 +698,8 @@ async def test_continue_last_turn_skips_when_the_last_message_is_not_the_assista
     end = end_of(events)
     assert end.status == event_pb2.TURN_STATUS_SKIPPED
     assert not end.HasField("message")
+    assert end.error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert "the last message is not the assistant's" in end.error.message
     assert h.provider.calls == calls  # no model call
     assert hooks == []  # no hooks
     assert await h.store.load_messages(CONV) == before
@@ -858,8 +862,10 @@ async def test_cancelling_a_queued_turn_aborts_it_and_stores_nothing(make_engine
     await wait_until(queued_behind_first, what="the second turn waits for the first's lock")
     assert h.engine.cancel("r-queued") is True
     queued_events = await collect(queued)
-    assert kinds(queued_events) == ["turn_start", "turn_end"]
+    # Its input was never stored: no TurnStart (the acknowledgement), and the end says so.
+    assert kinds(queued_events) == ["turn_end"]
     assert end_of(queued_events).status == event_pb2.TURN_STATUS_ABORTED
+    assert detail(end_of(queued_events).error, error_details_pb2.ErrorInfo).reason == "INPUT_NOT_STORED"
     assert not end_of(queued_events).HasField("message")
     assert end_of(await collect(first)).status == event_pb2.TURN_STATUS_COMPLETED
     assert [m.id for m in await h.store.load_messages(CONV)] == ["u-first", "tw-a-r-first"]

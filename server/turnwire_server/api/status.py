@@ -17,11 +17,15 @@ from google.rpc import error_details_pb2, status_pb2
 from turnwire.hooks import ChatError, ErrorStage
 from turnwire.providers import ProviderError
 from turnwire_server.engine.errors import (
+    InputNotStored,
     ModelTimeout,
     NestedTurn,
+    NothingToContinue,
     QueueFull,
     RequestIdInUse,
     ShuttingDown,
+    SlowConsumer,
+    StreamStalled,
 )
 from turnwire_server.hooks.chain import HookError
 from turnwire_server.providers.registry import UnknownModel
@@ -200,6 +204,20 @@ def status_of(error: BaseException, stage: ErrorStage) -> status_pb2.Status:
 
 
 def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
+    if isinstance(error, InputNotStored):
+        return TurnwireStatusError(grpc.StatusCode.CANCELLED, str(error), reason="INPUT_NOT_STORED")
+    if isinstance(error, StreamStalled):
+        return TurnwireStatusError(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"the turn was interrupted: {error}",
+            reason="STREAM_STALLED",
+        )
+    if isinstance(error, SlowConsumer):
+        return TurnwireStatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error), reason="SLOW_CONSUMER")
+    if isinstance(error, NothingToContinue):
+        return TurnwireStatusError(
+            grpc.StatusCode.FAILED_PRECONDITION, str(error), reason="NOTHING_TO_CONTINUE"
+        )
     if isinstance(error, ModelTimeout):
         return TurnwireStatusError(
             grpc.StatusCode.DEADLINE_EXCEEDED, str(error), reason="MODEL_TIMEOUT", retry_after_seconds=1.0

@@ -49,11 +49,12 @@ class TurnHandle:
     def __aiter__(self) -> AsyncIterator[Any]:
         return self.channel.__aiter__()
 
-    def cancel(self) -> None:
-        """Cancel the turn; it stores its partial reply and ends with TURN_STATUS_ABORTED."""
-        if not self.run.ended and not self.task.done():
-            self.run.cancelled.set()
-            self.task.cancel()
+    def cancel(self) -> bool:
+        """Cancel the turn; it stores its partial reply and ends with TURN_STATUS_ABORTED.
+
+        False when that changes nothing (already stopped, or the reply is being stored).
+        """
+        return self.run.cancel()
 
 
 class TurnEngine:
@@ -167,10 +168,7 @@ class TurnEngine:
     def cancel(self, request_id: str) -> bool:
         """Cancel a running or queued turn; False when none has that id (a no-op)."""
         handle = self._turns.get(request_id)
-        if handle is None or handle.run.ended or handle.task.done():
-            return False
-        handle.cancel()
-        return True
+        return handle is not None and handle.cancel()
 
     async def drain(self, grace_seconds: float) -> None:
         """Stop admitting; let running turns finish for ``grace_seconds``, then cancel the rest

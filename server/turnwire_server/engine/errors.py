@@ -63,3 +63,37 @@ class QueueFull(AdmissionRefused):
         )
         self.conversation_id = conversation_id
         self.limit = limit
+
+
+class InputNotStored(Exception):
+    """The turn ended before its input was stored: nothing of it is kept; resend to run it.
+
+    docs/semantics.md §5 (Decision: the start event is an acknowledgement).
+    """
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"the turn did not run and its input was not stored: {why}; resend it to run it")
+        self.why = why
+
+
+class StreamStalled(Exception):
+    """The stall watchdog stopped the turn: no event for ``stream_stall_timeout_seconds``."""
+
+
+class SlowConsumer(Exception):
+    """The client read nothing of a full stream buffer for ``seconds``; the turn was stopped."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            f"the client read no event for {seconds:g} s while the stream's buffer was full "
+            "(limits.slow_reader_timeout_seconds); the turn was stopped and its partial reply stored"
+        )
+        self.seconds = seconds
+
+
+class NothingToContinue(Exception):
+    """ContinueLastTurn found no assistant message at the end of the conversation (SKIPPED)."""
+
+    def __init__(self, has_history: bool) -> None:
+        why = "the last message is not the assistant's" if has_history else "the conversation has no messages"
+        super().__init__(f"nothing to continue: {why}; the turn was skipped and nothing was stored")

@@ -25,6 +25,7 @@ from turnwire.hooks import (
     ToolCallResultContext,
 )
 from turnwire.tools import Tool, ToolError, ToolExecution
+from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR
 from turnwire_server.engine.turn_state import TurnState
 from turnwire_server.hooks.chain import HookError
 
@@ -133,38 +134,44 @@ class ToolCallRunner:
         outcome: ToolCallOutcome = "executed"
         output: Any = None
         error_text: str | None = None
+        cancelled = False
         try:
-            decision = await turn.hooks.before_tool_call(
-                ToolCallContext(
-                    conversation_id=request.conversation_id,
-                    request_id=request.request_id,
-                    tool_call_id=call.tool_call_id,
-                    tool_name=call.tool_name,
-                    input=model_input,
-                    step_number=step_number,
-                    messages=turn.step_messages,
-                    cancelled=turn.cancelled,
+            try:
+                decision = await turn.hooks.before_tool_call(
+                    ToolCallContext(
+                        conversation_id=request.conversation_id,
+                        request_id=request.request_id,
+                        tool_call_id=call.tool_call_id,
+                        tool_name=call.tool_name,
+                        input=model_input,
+                        step_number=step_number,
+                        messages=turn.step_messages,
+                        cancelled=turn.cancelled,
+                    )
                 )
-            )
-        except HookError as hook_error:
-            success, error_text = False, _describe(hook_error.__cause__ or hook_error)
-        else:
-            if decision.action == "block":
-                outcome = "blocked"
-                output = decision.reason or BLOCKED_TEXT.format(name=call.tool_name)
-                if streaming:
-                    await self._result(call, step_number, output, preliminary=True)
-            elif decision.action == "substitute":
-                outcome = "substituted"
-                output = decision.output
-                if streaming:
-                    await self._result(call, step_number, output, preliminary=True)
+            except HookError as hook_error:
+                success, error_text = False, _describe(hook_error.__cause__ or hook_error)
             else:
-                run_input = dict(decision.input) if decision.input is not None else model_input
-                try:
-                    output = await self._execute(call, tool, run_input, step_number)
-                except Exception as tool_error:
-                    success, error_text = False, _describe(tool_error)
+                if decision.action == "block":
+                    outcome = "blocked"
+                    output = decision.reason or BLOCKED_TEXT.format(name=call.tool_name)
+                    if streaming:
+                        await self._result(call, step_number, output, preliminary=True)
+                elif decision.action == "substitute":
+                    outcome = "substituted"
+                    output = decision.output
+                    if streaming:
+                        await self._result(call, step_number, output, preliminary=True)
+                else:
+                    run_input = dict(decision.input) if decision.input is not None else model_input
+                    try:
+                        output = await self._execute(call, tool, run_input, step_number)
+                    except Exception as tool_error:
+                        success, error_text = False, _describe(tool_error)
+        except asyncio.CancelledError:
+            # Cut off by a cancel: the call still gets its after_tool_call, with the error
+            # (docs/semantics.md §5); the cancel goes on once the hooks have run.
+            cancelled, success, error_text = True, False, ABORTED_TOOL_ERROR
         duration_ms = (time.perf_counter() - started) * 1000.0
         if success:
             try:
@@ -189,6 +196,8 @@ class ToolCallRunner:
                 outcome=outcome,
             )
         )
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _execute(
         self, call: chunks.ToolCall, tool: Tool, run_input: dict[str, Any], step_number: int
@@ -202,8 +211,11 @@ class ToolCallRunner:
             cancelled=turn.cancelled,
         )
         timeout = self._tool_timeout_seconds
+        # Expiry cancels the awaiting call: a process-isolated tool's worker process is killed,
+        # a sync tool's thread is abandoned (it cannot be stopped), an async tool is cancelled.
+        deadline = asyncio.timeout(timeout)
         try:
-            async with asyncio.timeout(timeout):
+            async with deadline:
                 result = await tool.execute(run_input, execution)
                 if isinstance(result, collections.abc.AsyncIterator):
                     # A streaming tool: every yield is a preliminary result, the last one final.
@@ -214,6 +226,8 @@ class ToolCallRunner:
                     return last
                 return result
         except TimeoutError:
+            if not deadline.expired():
+                raise  # the tool's own TimeoutError (a socket's, say): an ordinary tool error
             raise ToolError(f"tool {call.tool_name!r} timed out after {timeout:g} s") from None
 
     async def _result(
@@ -245,8 +259,6 @@ class ToolCallRunner:
 
 
 def _describe(error: BaseException) -> str:
-    """The error text the model sees: a ToolError's message verbatim, else type and message."""
-    if isinstance(error, ToolError):
-        return str(error)
-    message = str(error)
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+    """The error text the model sees: the exception's message as raised (``"boom"`` for
+    ``Exception("boom")``; docs/semantics.md §11), its type name only when it has no message."""
+    return str(error) or type(error).__name__

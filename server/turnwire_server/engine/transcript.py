@@ -11,6 +11,9 @@ CONTINUATION_PROMPT = (
 )
 """Sent (never stored) after a history ending in an assistant message (docs/semantics.md §1)."""
 
+ABORTED_TOOL_ERROR = "The tool call was aborted before it finished."
+"""The result of a tool call cut off by a cancel, a stall or a failed turn (docs/semantics.md §5)."""
+
 INTERRUPTED_TOOL_ERROR = "The tool call was interrupted before a result was recorded."
 """The result given to a tool call that has none (docs/semantics.md §8)."""
 

@@ -18,7 +18,7 @@ import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from google.protobuf import timestamp_pb2
 from google.rpc import status_pb2
@@ -35,11 +35,18 @@ from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.checkpoints import Checkpointer
-from turnwire_server.engine.errors import TurnFailure
+from turnwire_server.engine.errors import (
+    InputNotStored,
+    NothingToContinue,
+    SlowConsumer,
+    StreamStalled,
+    TurnFailure,
+)
 from turnwire_server.engine.events import EventWriter
 from turnwire_server.engine.ids import assistant_message_id
 from turnwire_server.engine.request import EngineSettings, TurnRequest
 from turnwire_server.engine.step_loop import StepLoop
+from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR
 from turnwire_server.engine.turn_state import TurnState
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.hooks.timeline import HookTimeline
@@ -50,14 +57,23 @@ from turnwire_server.store.base import TurnState as StoredTurnState
 log = logging.getLogger("turnwire.turn")
 
 
-ABORTED_TOOL_ERROR = "The tool call was aborted before it finished."
-
 _OUTCOMES: dict[str, TurnOutcome] = {
     "completed": "completed",
     "error": "error",
     "aborted": "aborted",
     "interrupted": "aborted",  # cut short by the watchdog: on_chat_response sees an abort
 }
+
+_Phase = Literal["created", "queued", "storing", "running", "finishing", "after", "ended"]
+"""Where a turn is. ``created``: its task has not run yet; ``queued``: waiting for the
+conversation's lock; ``storing``: writing its input; ``running``: input stored, steps
+running; ``finishing``: storing the reply; ``after``: reply stored, lock released
+(on_chat_error / on_chat_response, TurnEnd)."""
+
+_CANCELLABLE: frozenset[_Phase] = frozenset({"created", "queued", "storing", "running"})
+_DEFERRED: frozenset[_Phase] = frozenset({"created", "storing"})
+"""Phases in which a stop is only recorded and acted on at the next phase: before the task
+first runs, and while the input is written (so "stored" and "acknowledged" never disagree)."""
 
 ErrorStatus = Callable[[BaseException, ErrorStage], status_pb2.Status]
 """Maps a turn's error and stage to the ``google.rpc.Status`` of its TurnEnd (given by the API layer)."""
@@ -124,11 +140,11 @@ class TurnRun:
         self.messages_persisted = False
         #: Set once the TurnEnd event is queued; cancelling after that is a no-op.
         self.ended = False
-        #: Set once the turn lock is released: on_chat_response may start the next turn.
-        self.lock_released = False
         self._record: TurnRecord | None = None
         self._classification: ChatErrorClassification | None = None
-        self._interrupted: str | None = None
+        self._phase: _Phase = "created"
+        #: Why the turn was stopped from outside (set once; see :meth:`cancel`).
+        self._stop: BaseException | None = None
         self._task: asyncio.Task[Any] | None = None
 
     @property
@@ -138,32 +154,67 @@ class TurnRun:
 
     # --- the whole turn ----------------------------------------------------
 
+    @property
+    def lock_released(self) -> bool:
+        """True once the turn lock is released: on_chat_response may start the next turn."""
+        return self._phase in ("after", "ended")
+
+    def cancel(self, stop: BaseException | None = None) -> bool:
+        """Stop the turn: a cancel (``stop`` None), the stall watchdog (:class:`StreamStalled`)
+        or a client that stopped reading (:class:`SlowConsumer`). Returns False when it had no
+        effect.
+
+        docs/semantics.md §5 (Decision: exactly one terminal event, whatever the timing): only
+        the first stop counts and the task is cancelled at most once, so a second cancel can
+        never interrupt the clean-up; a turn whose task has not run yet is stopped when it
+        starts (a task cancelled before it first runs would skip every ``finally``); once the
+        reply is being stored, stopping changes nothing.
+        """
+        if self._phase not in _CANCELLABLE or self.state.cancelled.is_set():
+            return False
+        self._stop = stop
+        self.state.cancelled.set()
+        if self._phase not in _DEFERRED and self._task is not None:
+            self._task.cancel()
+        return True
+
+    def interrupt(self, reason: str) -> None:
+        """End the turn INTERRUPTED (stall watchdog): like a cancel, with its own status."""
+        log.warning("turn %s interrupted: %s", self.request.request_id, reason)
+        self.cancel(StreamStalled(reason))
+
     async def run(self) -> None:
-        """Run to the end; never raises. The stream always ends with one TurnEnd."""
+        """Run to the end; never raises. The stream always ends with exactly one TurnEnd."""
         self._task = asyncio.current_task()
         try:
-            try:
-                async with self.store.turn_lock(self.request.conversation_id):
-                    self._on_lock_acquired()
-                    await self._locked()
-                self.lock_released = True
-            except asyncio.CancelledError:
-                # Cancelled while queued for the lock: nothing was stored.
-                if self.outcome == "running":
+            if self.state.cancelled.is_set():  # stopped before the task first ran
+                self.outcome = "aborted"
+                self._not_stored("it was cancelled before it ran")
+            else:
+                self._phase = "queued"
+                try:
+                    async with self.store.turn_lock(self.request.conversation_id):
+                        self._on_lock_acquired()
+                        await self._locked()
+                except asyncio.CancelledError:
+                    # Stopped while queued for the lock: nothing was stored.
                     self.outcome = "aborted"
-                    self._start_event()
-            except Exception as error:  # the lock itself failed (shared-store backends)
-                if self.outcome == "running":
-                    self._start_event()
+                    self._not_stored("it was cancelled while it waited for the turn before it")
+                except Exception as error:  # the lock itself failed (shared-store backends)
                     self._fail_status(TurnFailure("persist", error))
+            self._phase = "after"
             await self._after_lock()
         finally:
+            self._phase = "ended"
             self.ended = True
             self.writer.close()
 
+    def _not_stored(self, why: str) -> None:
+        """The turn ends before its input was stored: its TurnEnd says so (no TurnStart was sent)."""
+        self.status_error = self._error_status(InputNotStored(why), "persist")
+
     def _start_event(self) -> None:
-        if self.writer.sequence_number:
-            return
+        """TurnStart: sent once the turn's input is durable, so it acknowledges that input."""
         event = self.writer.new()
         start = event.turn_start
         start.message_id = self.message_id
@@ -172,12 +223,12 @@ class TurnRun:
 
     async def _locked(self) -> None:
         request = self.request
-        self._start_event()
         try:
             if request.skip_unless_assistant_last:
                 history = await self.store.load_messages(request.conversation_id)
                 if not history or history[-1].role != message_pb2.ROLE_ASSISTANT:
                     self.outcome = "skipped"
+                    self.status_error = self._error_status(NothingToContinue(bool(history)), "turn")
                     return
             self._record = TurnRecord(
                 request_id=request.request_id,
@@ -190,16 +241,20 @@ class TurnRun:
             )
             for message in request.messages:
                 message.create_time.CopyFrom(self.state.assistant.message.create_time)
+            self._phase = "storing"
             try:
                 await self.store.start_turn(self._record, request.messages)
             except Exception as error:
                 raise TurnFailure("persist", error) from error
             self.messages_persisted = True
+            self._phase = "running"
+            self._start_event()
+            if self.state.cancelled.is_set():  # stopped while the input was written
+                raise asyncio.CancelledError
             await self._run_steps()
             self.outcome = "completed"
         except asyncio.CancelledError:
-            self.outcome = "interrupted" if self._interrupted is not None else "aborted"
-            self.state.cancelled.set()
+            self._cancelled_outcome()
         except TurnFailure as failure:
             self.outcome = "error"
             self.error = failure
@@ -207,9 +262,25 @@ class TurnRun:
             log.exception("turn %s failed unexpectedly", request.request_id)
             self.outcome = "error"
             self.error = TurnFailure("turn", error)
+        self._phase = "finishing"
         if self.outcome == "error" and isinstance(self.error, TurnFailure):
             self._classification = await self._classify(self.error)
         await self._store_result()
+
+    def _cancelled_outcome(self) -> None:
+        stop = self._stop
+        self.state.cancelled.set()
+        if not self.messages_persisted:
+            self.outcome = "aborted"
+            self._not_stored("it was cancelled before its input was stored")
+        elif isinstance(stop, StreamStalled):
+            self.outcome = "interrupted"
+            self.status_error = self._error_status(stop, "stream")
+        elif isinstance(stop, SlowConsumer):
+            self.outcome = "aborted"
+            self.status_error = self._error_status(stop, "stream")
+        else:
+            self.outcome = "aborted"
 
     async def _store_result(self) -> None:
         if self._record is None or not self.messages_persisted:
@@ -343,14 +414,6 @@ class TurnRun:
             on_stall=self.interrupt,
         )
         await loop.run()
-
-    def interrupt(self, reason: str) -> None:
-        """End the turn INTERRUPTED (stall watchdog): like a cancel, with its own status."""
-        log.warning("turn %s interrupted: %s", self.request.request_id, reason)
-        self._interrupted = reason
-        if self._task is not None and not self.ended:
-            self.state.cancelled.set()
-            self._task.cancel()
 
 
 def _root(error: BaseException) -> BaseException:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eturnwire/v1/error_reason.proto\x12\x0bturnwire.v1*\xd6\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x45RROR_REASON_INVALID_FIELD\x10\x01\x12\"\n\x1e\x45RROR_REASON_MESSAGE_TOO_LARGE\x10\x02\x12\'\n#ERROR_REASON_CONVERSATION_NOT_FOUND\x10\x03\x12\x1b\n\x17\x45RROR_REASON_OVERLOADED\x10\x04\x12\x1c\n\x18\x45RROR_REASON_NESTED_TURN\x10\x05\x12\x1f\n\x1b\x45RROR_REASON_PROVIDER_ERROR\x10\x06\x12\x1e\n\x1a\x45RROR_REASON_UNKNOWN_MODEL\x10\x07\x12\x1c\n\x18\x45RROR_REASON_HOOK_FAILED\x10\x08\x12\"\n\x1e\x45RROR_REASON_STORE_UNAVAILABLE\x10\t\x12#\n\x1f\x45RROR_REASON_INVALID_PAGE_TOKEN\x10\n\x12\x1e\n\x1a\x45RROR_REASON_SHUTTING_DOWN\x10\x0b\x12\x19\n\x15\x45RROR_REASON_INTERNAL\x10\x0c\x12\x1e\n\x1a\x45RROR_REASON_MODEL_TIMEOUT\x10\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eturnwire/v1/error_reason.proto\x12\x0bturnwire.v1*\xe0\x04\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x45RROR_REASON_INVALID_FIELD\x10\x01\x12\"\n\x1e\x45RROR_REASON_MESSAGE_TOO_LARGE\x10\x02\x12\'\n#ERROR_REASON_CONVERSATION_NOT_FOUND\x10\x03\x12\x1b\n\x17\x45RROR_REASON_OVERLOADED\x10\x04\x12\x1c\n\x18\x45RROR_REASON_NESTED_TURN\x10\x05\x12\x1f\n\x1b\x45RROR_REASON_PROVIDER_ERROR\x10\x06\x12\x1e\n\x1a\x45RROR_REASON_UNKNOWN_MODEL\x10\x07\x12\x1c\n\x18\x45RROR_REASON_HOOK_FAILED\x10\x08\x12\"\n\x1e\x45RROR_REASON_STORE_UNAVAILABLE\x10\t\x12#\n\x1f\x45RROR_REASON_INVALID_PAGE_TOKEN\x10\n\x12\x1e\n\x1a\x45RROR_REASON_SHUTTING_DOWN\x10\x0b\x12\x19\n\x15\x45RROR_REASON_INTERNAL\x10\x0c\x12\x1e\n\x1a\x45RROR_REASON_MODEL_TIMEOUT\x10\r\x12!\n\x1d\x45RROR_REASON_INPUT_NOT_STORED\x10\x0e\x12\x1f\n\x1b\x45RROR_REASON_STREAM_STALLED\x10\x0f\x12\x1e\n\x1a\x45RROR_REASON_SLOW_CONSUMER\x10\x10\x12$\n ERROR_REASON_NOTHING_TO_CONTINUE\x10\x11\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,5 +32,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'turnwire.v1.error_reason_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ERRORREASON']._serialized_start=48
-  _globals['_ERRORREASON']._serialized_end=518
+  _globals['_ERRORREASON']._serialized_end=656
 # @@protoc_insertion_point(module_scope)

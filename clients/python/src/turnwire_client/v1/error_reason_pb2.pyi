@@ -52,6 +52,18 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """An unexpected internal failure."""
     ERROR_REASON_MODEL_TIMEOUT: _ErrorReason.ValueType  # 13
     """A model call ran past the turn's timeout (total, step or chunk)."""
+    ERROR_REASON_INPUT_NOT_STORED: _ErrorReason.ValueType  # 14
+    """The turn ended before its input was stored (no TurnStart was sent): nothing
+    of it is kept; resend the request to run it.
+    """
+    ERROR_REASON_STREAM_STALLED: _ErrorReason.ValueType  # 15
+    """The stall watchdog stopped the turn: no event for the configured time."""
+    ERROR_REASON_SLOW_CONSUMER: _ErrorReason.ValueType  # 16
+    """The client read nothing of a full stream buffer for the configured time;
+    the turn was stopped and its partial reply stored.
+    """
+    ERROR_REASON_NOTHING_TO_CONTINUE: _ErrorReason.ValueType  # 17
+    """ContinueLastTurn found no assistant message to continue (TURN_STATUS_SKIPPED)."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnwire sends,
@@ -89,4 +101,16 @@ ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 12
 """An unexpected internal failure."""
 ERROR_REASON_MODEL_TIMEOUT: ErrorReason.ValueType  # 13
 """A model call ran past the turn's timeout (total, step or chunk)."""
+ERROR_REASON_INPUT_NOT_STORED: ErrorReason.ValueType  # 14
+"""The turn ended before its input was stored (no TurnStart was sent): nothing
+of it is kept; resend the request to run it.
+"""
+ERROR_REASON_STREAM_STALLED: ErrorReason.ValueType  # 15
+"""The stall watchdog stopped the turn: no event for the configured time."""
+ERROR_REASON_SLOW_CONSUMER: ErrorReason.ValueType  # 16
+"""The client read nothing of a full stream buffer for the configured time;
+the turn was stopped and its partial reply stored.
+"""
+ERROR_REASON_NOTHING_TO_CONTINUE: ErrorReason.ValueType  # 17
+"""ContinueLastTurn found no assistant message to continue (TURN_STATUS_SKIPPED)."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
