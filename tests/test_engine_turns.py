@@ -54,8 +54,7 @@ from turnwire_server.engine.errors import (
     RequestIdInUse,
     ShuttingDown,
 )
-from turnwire_server.engine.transcript import CONTINUATION_PROMPT, INTERRUPTED_TOOL_ERROR
-from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR
+from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR, CONTINUATION_PROMPT, INTERRUPTED_TOOL_ERROR
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store import TurnRecord
 from turnwire_server.store.sqlite import SqliteStore
