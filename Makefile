@@ -47,7 +47,7 @@ protos: setup
 check-protos: setup
 	bash tools/check-generated.sh
 
-## breaking: buf breaking against the previous commit's contract (FILE rules).
+## breaking: buf breaking (FILE rules) against the released contract, protos/released/ (and main, on a branch).
 breaking: setup
 	bash tools/check-breaking.sh
 

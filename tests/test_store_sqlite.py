@@ -7,10 +7,11 @@ import datetime as dt
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from google.protobuf import struct_pb2
+from support.waiting import wait_until
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import (
@@ -457,7 +458,7 @@ async def test_a_batch_costs_one_writer_thread_round_trip(
 
         monkeypatch.setattr(store._writer, "_apply_batch", spy)
         saves = [asyncio.create_task(store.save_message("c", _text(f"m{i}", str(i)))) for i in range(20)]
-        await asyncio.sleep(0.01)
+        await wait_until(lambda: len(store._writer._pending) == 20, what="the 20 saves are queued")
         await store.start_turn(_turn("r1", "c"), [_text("u1", "q")])
         await asyncio.gather(*saves)
 
@@ -481,21 +482,39 @@ async def test_a_batch_costs_one_writer_thread_round_trip(
         await store.close()
 
 
+class _WatchedEvent(asyncio.Event):
+    """An :class:`asyncio.Event` whose ``waited_on`` is set once somebody waits on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited_on = asyncio.Event()
+
+    async def wait(self) -> Literal[True]:
+        self.waited_on.set()
+        return await super().wait()
+
+
 async def test_checkpoint_batching_waits_but_turn_writes_do_not(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "b.db", checkpoint_batch_ms=60_000)
     await store.open()
     try:
         loop = asyncio.get_running_loop()
         started = loop.time()
+        urgent = _WatchedEvent()
+        store._writer._urgent = urgent
         save = asyncio.create_task(store.save_message("c", _text("m1", "x")))
-        await asyncio.sleep(0.05)
+        # The writer has the save and waits for more (or an urgent write) instead of committing it.
+        await wait_until(
+            lambda: urgent.waited_on.is_set() and len(store._writer._pending) == 1,
+            what="the writer holds the save back, waiting for more",
+        )
         assert not save.done()  # held back to gather more checkpoints
         await store.start_turn(_turn("r1", "c"), [_text("u1", "y")])  # cuts the wait short
         await save
         assert loop.time() - started < 10
         assert [m.id for m in await store.load_messages("c")] == ["m1", "u1"]
         pending = asyncio.create_task(store.save_message("c", _text("m2", "z")))
-        await asyncio.sleep(0)
+        await wait_until(lambda: store._writer._pending, what="the save of m2 is queued")
     finally:
         await store.close()  # flushes the held checkpoint without waiting the full minute
     await pending
@@ -633,12 +652,18 @@ async def test_turn_lock_is_fifo_and_forgets_idle_conversations(store: SqliteSto
             await asyncio.sleep(0)
             order.append(f"{name}-")
 
+    def users() -> int:
+        """Tasks holding or waiting for conv-1's lock."""
+        entry = store._locks._entries.get("conv-1")
+        return 0 if entry is None else entry.users
+
     a = asyncio.create_task(turn("a", release_a))
     await a_holds.wait()
     b = asyncio.create_task(turn("b"))
-    await asyncio.sleep(0)
+    # b queues before c is created. (With a broken lock, b gets in: then the order shows it.)
+    await wait_until(lambda: users() == 2 or "b+" in order, what="b waits for the lock")
     c = asyncio.create_task(turn("c"))
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: users() == 3 or "c+" in order, what="c waits for the lock")
     assert order == ["a+"]  # b and c wait
     release_a.set()
     await asyncio.gather(a, b, c)
@@ -650,7 +675,7 @@ async def test_local_turn_locks_cancelled_waiter_and_independent_keys() -> None:
     locks = LocalTurnLocks()
     async with locks.hold("k1"):
         waiter = asyncio.create_task(locks.hold("k1").__aenter__())
-        await asyncio.sleep(0)
+        await wait_until(lambda: locks._entries["k1"].users == 2, what="the waiter queues for k1")
         assert len(locks) == 1
         async with locks.hold("k2"):  # another key does not wait
             assert len(locks) == 2

@@ -69,12 +69,26 @@ class LimitsSettings(_Section):
     max_steps: int = Field(10, ge=1, le=1000)
     max_message_bytes: int = Field(1 << 20, ge=1024)
     max_receive_message_bytes: int = Field(16 << 20, ge=4096)
-    max_concurrent_rpcs: int = Field(10_000, ge=1)
+    max_concurrent_rpcs: int = Field(
+        10_000,
+        ge=1,
+        description=(
+            "turn calls (Chat, SaveMessages, ContinueLastTurn) running at once; past it a call gets "
+            "RESOURCE_EXHAUSTED (reason OVERLOADED, with RetryInfo). Health checks, reflection and the "
+            "unary ChatService calls do not count"
+        ),
+    )
     max_queued_turns_per_conversation: int = Field(32, ge=1)
     shutdown_grace_seconds: float = Field(10.0, ge=0)
     tool_timeout_seconds: float = Field(60.0, gt=0)
     stream_stall_timeout_seconds: float = Field(
         0.0, ge=0, description="stall watchdog: no event for this long ends a turn INTERRUPTED (0: off)"
+    )
+    stream_buffer_events: int = Field(
+        1024, ge=16, description="events one stream holds for a slow client before its turn waits"
+    )
+    slow_reader_timeout_seconds: float = Field(
+        30.0, gt=0, description="a client that reads nothing of a full buffer this long has its turn stopped"
     )
 
 

@@ -176,17 +176,17 @@ async def test_anthropic_status_errors(
     replay: ReplayServer,
     anthropic_provider: AnthropicMessagesProvider,
 ) -> None:
-    """(status, body, headers, retryable, retry_after, type)."""
-    status, body, headers, retryable, retry_after, type_ = case
+    """(status, body, headers, retryable, retry_after_seconds, type)."""
+    status, body, headers, retryable, retry_after_seconds, type_ = case
     replay.enqueue(Reply.error(status, body, headers))
     result = await collect(anthropic_provider, request())
     error = result.error
     assert error is not None and not result.chunks
-    assert (error.status, error.type, error.retryable, error.retry_after) == (
+    assert (error.status, error.type, error.retryable, error.retry_after_seconds) == (
         status,
         type_,
         retryable,
-        retry_after,
+        retry_after_seconds,
     )
     assert error.body == body
     assert error.provider == "anthropic"

@@ -1,9 +1,13 @@
 """A single-consumer event channel between a turn's task and the RPC streaming it.
 
 Cheaper than :class:`asyncio.Queue` on the hot path: ``put`` is a deque append
-plus, at most, one future wake-up; the consumer takes everything pending at
-once. Unbounded on purpose: a turn never waits on a slow client (model output
-is small), and a client that stops reading is cancelled by gRPC.
+plus, at most, one future wake-up, and never blocks (events are filled in place
+right after). Bounded by cooperation instead: past ``high_water`` items the
+channel is :attr:`~EventChannel.backlogged`, and the producer awaits
+:meth:`~EventChannel.drained` at its next safe point (the next model chunk or
+tool result), which returns once the consumer has taken the backlog down to half
+(docs/semantics.md §5, backpressure). A client that stops reading therefore holds
+at most about ``high_water`` events in the server, not the whole reply.
 """
 
 from __future__ import annotations
@@ -17,14 +21,35 @@ T = TypeVar("T")
 
 
 class EventChannel(Generic[T]):
-    """FIFO of items from one producer to one consumer; :meth:`close` ends iteration."""
+    """FIFO of items from one producer to one consumer; :meth:`close` ends iteration.
 
-    __slots__ = ("_closed", "_items", "_waiter")
+    ``high_water`` (items; 0: unbounded) is the backlog past which the producer should wait.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_closed", "_drain_waiter", "_high_water", "_items", "_low_water", "_waiter")
+
+    def __init__(self, high_water: int = 0) -> None:
         self._items: deque[T] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._drain_waiter: asyncio.Future[None] | None = None
         self._closed = False
+        self._high_water = high_water
+        self._low_water = high_water // 2
+
+    @property
+    def backlogged(self) -> bool:
+        """True when the consumer is ``high_water`` items or more behind."""
+        return 0 < self._high_water <= len(self._items)
+
+    async def drained(self) -> None:
+        """Wait until the backlog is down to half of ``high_water`` (at once when it is)."""
+        if len(self._items) <= self._low_water:
+            return
+        self._drain_waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._drain_waiter
+        finally:
+            self._drain_waiter = None
 
     def put(self, item: T) -> None:
         """Append ``item`` and wake the consumer if it waits."""
@@ -48,7 +73,11 @@ class EventChannel(Generic[T]):
         items = self._items
         while True:
             while items:
-                yield items.popleft()
+                item = items.popleft()
+                drain_waiter = self._drain_waiter
+                if drain_waiter is not None and len(items) <= self._low_water and not drain_waiter.done():
+                    drain_waiter.set_result(None)
+                yield item
             if self._closed:
                 return
             self._waiter = asyncio.get_running_loop().create_future()

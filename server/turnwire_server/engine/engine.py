@@ -98,7 +98,7 @@ class TurnEngine:
     def start(self, request: TurnRequest, *, parent_request_id: str = "") -> TurnHandle:
         """Admit ``request`` and start its turn in a new task (it queues for the conversation's lock)."""
         self._admit(request, parent_request_id)
-        channel: EventChannel[Any] = EventChannel()
+        channel: EventChannel[Any] = EventChannel(self.settings.stream_buffer_events)
         writer = EventWriter(
             request.conversation_id,
             request.request_id,

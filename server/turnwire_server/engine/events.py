@@ -140,6 +140,21 @@ class EventWriter:
             event.reasoning_delta.id = self._pending_id
             event.reasoning_delta.delta = text
 
+    @property
+    def backlogged(self) -> bool:
+        """True when the client is ``high_water`` events behind (see :class:`EventChannel`)."""
+        return self.channel.backlogged
+
+    async def drained(self, timeout_seconds: float) -> bool:
+        """Wait for the client to catch up with a backlog; False when it read nothing that
+        brought the backlog down within ``timeout_seconds``."""
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                await self.channel.drained()
+        except TimeoutError:
+            return False
+        return True
+
     def close(self) -> None:
         """Send anything coalesced and end the stream."""
         self._flush()

@@ -35,6 +35,10 @@ class EngineSettings:
     """Engine-wide defaults; every duration carries its unit in its name.
 
     ``stream_stall_timeout_seconds`` 0 turns the stall watchdog off.
+    ``stream_buffer_events``: events a stream may hold for a client that reads slower than
+    the turn writes; past it the turn waits for the client, and a client that brings the
+    backlog down by nothing for ``slow_reader_timeout_seconds`` has its turn stopped
+    (partial reply stored, ``SLOW_CONSUMER``).
     ``hook_timeline`` puts each turn's hook timeline in ``TurnEnd.metadata``.
     """
 
@@ -46,4 +50,6 @@ class EngineSettings:
     checkpoint_interval_ms: float = 250.0
     tool_timeout_seconds: float = 60.0
     stream_stall_timeout_seconds: float = 0.0
+    stream_buffer_events: int = 1024
+    slow_reader_timeout_seconds: float = 30.0
     hook_timeline: bool = False

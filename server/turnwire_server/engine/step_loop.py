@@ -24,7 +24,7 @@ from turnwire.providers import ModelRequest, ProviderError
 from turnwire.tools import definition_of
 from turnwire.types import ModelSettings
 from turnwire_client.v1 import event_pb2, message_pb2
-from turnwire_server.engine.errors import ModelTimeout, TurnFailure
+from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
 from turnwire_server.engine.request import EngineSettings
 from turnwire_server.engine.tool_calls import ToolCallRunner
 from turnwire_server.engine.transcript import CONTINUATION_PROMPT, repair_unresolved_tool_calls
@@ -48,8 +48,9 @@ _RESOLVED = (message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE, message_pb2.TOOL_CALL
 class StepLoop:
     """Runs ``before_turn`` and the steps of one attempt of a turn.
 
-    ``on_stall(reason)`` is called when the stall watchdog fires (the turn then
-    ends INTERRUPTED).
+    ``stop(error)`` stops the turn from inside: the stall watchdog passes a
+    :class:`~turnwire_server.engine.errors.StreamStalled` (the turn ends
+    INTERRUPTED), a client too slow to read a :class:`SlowConsumer`.
     """
 
     def __init__(
@@ -59,13 +60,13 @@ class StepLoop:
         store: Store,
         providers: ProviderRegistry,
         settings: EngineSettings,
-        on_stall: Callable[[str], None],
+        stop: Callable[[BaseException], object],
     ) -> None:
         self.state = state
         self.store = store
         self.providers = providers
         self.settings = settings
-        self.on_stall = on_stall
+        self.stop = stop
 
     async def run(self) -> None:
         """Assemble, ``before_turn``, then the steps. Raises :class:`TurnFailure`."""
@@ -127,7 +128,7 @@ class StepLoop:
             if writer.sequence_number != last_sequence:
                 last_sequence, last_change = writer.sequence_number, now
             elif now - last_change >= stall:
-                self.on_stall(f"no event for {stall:g} s (stream_stall_timeout_seconds)")
+                self.stop(StreamStalled(f"no event for {stall:g} s (stream_stall_timeout_seconds)"))
                 return
 
     async def _steps(self, ctx: TurnContext, config: TurnConfig, limits: TurnTimeout) -> None:
@@ -143,7 +144,9 @@ class StepLoop:
             ModelSettings(timeout_seconds=limits.step_seconds or limits.total_seconds),
             config.model_settings or ModelSettings(),
         )
-        runner = ToolCallRunner(turn, self.settings.tool_timeout_seconds, config.repair_tool_call)
+        runner = ToolCallRunner(
+            turn, self.settings.tool_timeout_seconds, self.wait_for_reader, config.repair_tool_call
+        )
         for step_number in range(max_steps):
             step_ctx = StepContext(
                 conversation_id=request.conversation_id,
@@ -204,6 +207,14 @@ class StepLoop:
             if not had_tool_results or _should_stop(config, result, step_number + 1):
                 break  # the final write follows at once: no checkpoint of the last step
             turn.checkpoints.now()
+
+    async def wait_for_reader(self) -> None:
+        """Backpressure: wait for the client to read a backlog; stop the turn (SLOW_CONSUMER) when
+        it reads nothing that helps within ``slow_reader_timeout_seconds``."""
+        timeout = self.settings.slow_reader_timeout_seconds
+        if not await self.state.writer.drained(timeout):
+            self.stop(SlowConsumer(timeout))
+            await asyncio.sleep(0)  # the stop cancels this task: let it land here
 
     def _model_messages(self, base: list[message_pb2.Message]) -> list[message_pb2.Message]:
         # A snapshot: the provider must not see the live message change under it.
@@ -322,6 +333,8 @@ class StepLoop:
                             ChunkContext(request.conversation_id, request.request_id, step_number, chunk)
                         )
                     progress()
+                    if writer.backlogged:
+                        await self.wait_for_reader()
         except ProviderError as error:
             raise TurnFailure("stream", error) from error
         except TimeoutError:

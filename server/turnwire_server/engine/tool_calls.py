@@ -14,6 +14,7 @@ import dataclasses
 import inspect
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from turnwire import types as chunks
@@ -38,15 +39,21 @@ BLOCKED_TEXT = 'Tool "{name}" was blocked by beforeToolCall.'
 class ToolCallRunner:
     """Collects a step's complete tool calls, then runs them with their hooks.
 
-    ``tool_timeout_seconds`` bounds each execution; ``repair`` is the turn's
-    ``repair_tool_call`` (or None).
+    ``tool_timeout_seconds`` bounds each execution; ``wait_for_reader`` is awaited
+    after a result when the client is behind (backpressure); ``repair`` is the
+    turn's ``repair_tool_call`` (or None).
     """
 
     def __init__(
-        self, state: TurnState, tool_timeout_seconds: float, repair: RepairToolCall | None = None
+        self,
+        state: TurnState,
+        tool_timeout_seconds: float,
+        wait_for_reader: Callable[[], Awaitable[None]],
+        repair: RepairToolCall | None = None,
     ) -> None:
         self.turn = state  # the turn's working state
         self._tool_timeout_seconds = tool_timeout_seconds
+        self._wait_for_reader = wait_for_reader
         self._repair = repair
         self._pending: list[tuple[chunks.ToolCall, Tool]] = []
         self._invalid: list[tuple[chunks.ToolCall, str, collections.abc.Set[str]]] = []
@@ -252,6 +259,8 @@ class ToolCallRunner:
     async def _observe(self, part: Any, step_number: int) -> None:
         turn = self.turn
         turn.checkpoints.progress()
+        if turn.writer.backlogged:
+            await self._wait_for_reader()
         if turn.hooks.observes_chunks:
             await turn.hooks.on_chunk(
                 ChunkContext(turn.request.conversation_id, turn.request.request_id, step_number, part)

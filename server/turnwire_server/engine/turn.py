@@ -172,16 +172,13 @@ class TurnRun:
         """
         if self._phase not in _CANCELLABLE or self.state.cancelled.is_set():
             return False
+        if stop is not None:
+            log.warning("turn %s stopped: %s", self.request.request_id, stop)
         self._stop = stop
         self.state.cancelled.set()
         if self._phase not in _DEFERRED and self._task is not None:
             self._task.cancel()
         return True
-
-    def interrupt(self, reason: str) -> None:
-        """End the turn INTERRUPTED (stall watchdog): like a cancel, with its own status."""
-        log.warning("turn %s interrupted: %s", self.request.request_id, reason)
-        self.cancel(StreamStalled(reason))
 
     async def run(self) -> None:
         """Run to the end; never raises. The stream always ends with exactly one TurnEnd."""
@@ -411,7 +408,7 @@ class TurnRun:
             store=self.store,
             providers=self.providers,
             settings=self.settings,
-            on_stall=self.interrupt,
+            stop=self.cancel,
         )
         await loop.run()
 
