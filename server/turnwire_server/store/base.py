@@ -30,6 +30,16 @@ class StoreError(Exception):
     """The store could not read or write (I/O, database unavailable)."""
 
 
+class StoreInUse(StoreError):
+    """The database file is already served by another process (the embedded store serves one)."""
+
+    def __init__(self, path: object) -> None:
+        super().__init__(
+            f"the database {path} is in use by another turnwire process; the embedded SQLite store "
+            "serves one process: stop that one, or give this one its own store.url"
+        )
+
+
 class MessageIdConflict(StoreError):
     """A message with the same id already exists in the conversation."""
 

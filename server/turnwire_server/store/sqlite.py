@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import filelock
 from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import ConversationRecord, StoreError, TurnRecord
+from turnwire_server.store.base import ConversationRecord, StoreError, StoreInUse, TurnRecord
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.sqlite_migrations import Migration, load_migrations
 from turnwire_server.store.sqlite_rows import (
@@ -67,6 +68,8 @@ class SqliteStore:
         if checkpoint_batch_ms < 0:
             raise ValueError(f"checkpoint_batch_ms must be >= 0, got {checkpoint_batch_ms}")
         self._path = Path(path)
+        # One server process per database file: its turn lock lives in the process.
+        self._process_lock = filelock.FileLock(f"{self._path}.lock", timeout=0)
         self._writer = SqliteWriter(self._path, batch_s=checkpoint_batch_ms / 1000)
         self._reader_db: aiosqlite.Connection | None = None
         self._opened = False
@@ -81,17 +84,35 @@ class SqliteStore:
     # ------------------------------------------------------------------ lifecycle
 
     async def open(self) -> None:
-        """Connect, enable WAL, run pending migrations and start the writer.
+        """Take the database's process lock, connect, enable WAL, run pending migrations and start
+        the writer.
 
-        Raises :class:`StoreError` when the file cannot be opened, a migration
-        fails, or the database's schema is newer than this code knows. A no-op
+        The embedded store serves one process (its turn lock and its crash recovery are that
+        process's): a second process opening the same file gets :class:`StoreInUse` before
+        anything is read or written, instead of marking the first one's live turns as crashed.
+        The lock is an OS file lock on ``<path>.lock``, released by the OS when the process
+        dies, SIGKILL included.
+
+        Raises :class:`StoreInUse`, or :class:`StoreError` when the file cannot be opened, a
+        migration fails, or the database's schema is newer than this code knows. A no-op
         when already open; a closed store cannot be reopened (make a new one).
         """
         if self._opened:
             return
         if self._closing:
             raise StoreError("sqlite store: closed; create a new SqliteStore to reopen")
-        await self._writer.open(load_migrations())
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._process_lock.acquire()
+        except filelock.Timeout:
+            raise StoreInUse(self._path) from None
+        except OSError as exc:
+            raise store_error(exc, f"locking {self._path}") from exc
+        try:
+            await self._writer.open(load_migrations())
+        except BaseException:
+            self._process_lock.release()
+            raise
         reader: aiosqlite.Connection | None = None
         try:
             reader = await aiosqlite.connect(self._path, isolation_level=None)
@@ -124,6 +145,7 @@ class SqliteStore:
                 await reader.close()
             except DB_ERRORS as exc:
                 errors.append(exc)
+        self._process_lock.release()
         if errors:
             raise store_error(errors[0], f"closing {self._path}")
 
