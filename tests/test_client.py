@@ -396,7 +396,7 @@ async def test_leaving_the_stream_early_cancels_the_call(
     async with TurnwireClient(target) as client:
         stream = client.chat(CONV, "hi")
         got = [await anext(stream), await anext(stream)]
-        await stream.aclose()  # type: ignore[attr-defined]
+        await stream.aclose()
         await asyncio.wait_for(fake.stream_cancelled.wait(), timeout=5)
     assert [e.sequence_number for e in got] == [1, 2]
 

@@ -38,8 +38,17 @@ if TYPE_CHECKING:
     from turnwire_client.client import TurnwireClient
     from turnwire_client.errors import ERROR_DOMAIN, ProtocolError, TurnwireError
     from turnwire_client.result import TurnResult, collect
+    from turnwire_client.stream import TurnStream
 
-__all__ = ["ERROR_DOMAIN", "ProtocolError", "TurnResult", "TurnwireClient", "TurnwireError", "collect"]
+__all__ = [
+    "ERROR_DOMAIN",
+    "ProtocolError",
+    "TurnResult",
+    "TurnStream",
+    "TurnwireClient",
+    "TurnwireError",
+    "collect",
+]
 
 _HOMES = {
     "TurnwireClient": "client",
@@ -48,6 +57,7 @@ _HOMES = {
     "TurnwireError": "errors",
     "TurnResult": "result",
     "collect": "result",
+    "TurnStream": "stream",
 }
 
 

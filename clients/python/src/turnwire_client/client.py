@@ -1,14 +1,14 @@
 """A small asyncio client for the Turnwire ``ChatService``.
 
 The turn-running calls (:meth:`TurnwireClient.chat`, :meth:`TurnwireClient.save_messages`,
-:meth:`TurnwireClient.continue_last_turn`) are async generators of
-:class:`turnwire_client.v1.event_pb2.TurnEvent`; :func:`collect` folds such a stream into a
+:meth:`TurnwireClient.continue_last_turn`) return a :class:`~turnwire_client.stream.TurnStream`
+of :class:`turnwire_client.v1.event_pb2.TurnEvent`; :func:`collect` folds such a stream into a
 :class:`TurnResult`. Every gRPC failure surfaces as :class:`TurnwireError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, cast
 
@@ -16,7 +16,8 @@ import grpc
 from google.protobuf import struct_pb2
 
 from turnwire_client.errors import TurnwireError
-from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
+from turnwire_client.stream import TurnStream
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 
 __all__ = ["TurnwireClient"]
 
@@ -86,7 +87,7 @@ class TurnwireClient:
         body: Mapping[str, Any] | None = None,
         model: str | None = None,
         timeout: float | None = None,
-    ) -> AsyncIterator[event_pb2.TurnEvent]:
+    ) -> TurnStream:
         """Append a user message with one text part and stream the turn it runs.
 
         Args:
@@ -98,8 +99,10 @@ class TurnwireClient:
             timeout: Optional deadline in seconds for the whole call.
 
         Returns:
-            An async iterator of the turn's ``TurnEvent``\\ s as they arrive, ``TurnEnd`` last.
-            Leaving the iteration early cancels the call (the server aborts the turn).
+            A :class:`TurnStream`: the turn's ``TurnEvent``\\ s as they arrive, ``TurnEnd``
+            last. Leaving it early cancels the call and the server aborts the turn: on
+            ``async with`` exit, :meth:`TurnStream.cancel`, or when the stream is dropped
+            (``async for event in client.chat(...): break``).
 
         Raises:
             TurnwireError: while iterating, if the call fails (e.g. ``INVALID_ARGUMENT`` with
@@ -128,7 +131,7 @@ class TurnwireClient:
         body: Mapping[str, Any] | None = None,
         model: str | None = None,
         timeout: float | None = None,
-    ) -> AsyncIterator[event_pb2.TurnEvent]:
+    ) -> TurnStream:
         """Append ``messages`` (possibly none) and stream the turn run on the history.
 
         Arguments, return value and errors are as for :meth:`chat`.
@@ -151,7 +154,7 @@ class TurnwireClient:
         body: Mapping[str, Any] | None = None,
         model: str | None = None,
         timeout: float | None = None,
-    ) -> AsyncIterator[event_pb2.TurnEvent]:
+    ) -> TurnStream:
         """Let the model continue after the last assistant message, streaming that turn.
 
         When the last message is not an assistant message the stream is a lone ``TurnEnd``
@@ -167,17 +170,8 @@ class TurnwireClient:
             request.body.CopyFrom(_struct(body))
         return self._stream(self._stub.ContinueLastTurn, request, timeout)
 
-    async def _stream(
-        self, method: Any, request: Any, deadline: float | None
-    ) -> AsyncIterator[event_pb2.TurnEvent]:
-        call = method(request, timeout=deadline, metadata=self._metadata or None)
-        try:
-            async for response in call:
-                yield response.event
-        except grpc.aio.AioRpcError as error:
-            raise TurnwireError.from_rpc_error(error) from error
-        finally:
-            call.cancel()  # no-op once the call has finished
+    def _stream(self, method: Any, request: Any, deadline: float | None) -> TurnStream:
+        return TurnStream(method(request, timeout=deadline, metadata=self._metadata or None))
 
     # -- unary calls --------------------------------------------------------------------
 
