@@ -8,6 +8,7 @@ asks, so one server process serves every test.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -99,3 +100,32 @@ class EveryHook(Middleware):
     async def classify_chat_error(self, ctx: ChatErrorContext) -> ChatErrorClassification | None:
         """No classification."""
         return None
+
+
+class RecordResponses(Middleware):
+    """``on_chat_response``: append ``"<label> <request_id> <status>"`` to the file ``path``
+    (one line per call), so a test can see from outside that this middleware's hook ran."""
+
+    def __init__(self, *, label: str, path: str) -> None:
+        """``label`` names the lines; ``path`` is the file to append to."""
+        super().__init__(label=label, path=path)
+        self.name = label
+        self.path = Path(path)
+
+    async def on_chat_response(self, ctx: ChatResponseContext) -> None:
+        """Record the call."""
+        with self.path.open("a") as out:
+            out.write(f"{self.name} {ctx.request_id} {ctx.status}\n")
+
+
+class SlowResponse(Middleware):
+    """``on_chat_response`` that takes ``seconds``: a window for cancels to land in it."""
+
+    def __init__(self, *, seconds: float) -> None:
+        """``seconds``: how long the hook takes."""
+        super().__init__(seconds=seconds)
+        self.seconds = seconds
+
+    async def on_chat_response(self, ctx: ChatResponseContext) -> None:
+        """Take a while."""
+        await asyncio.sleep(self.seconds)
