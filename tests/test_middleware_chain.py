@@ -533,7 +533,13 @@ async def test_before_turn_raising_fails_the_turn_without_a_model_call(make_engi
     assert info.metadata["hook"] == "before_turn"
     assert info.metadata["middleware"] == "broken"
     assert info.metadata["stage"] == "turn"
-    assert "broken.before_turn broke" in end.error.message
+    # The client and on_chat_error see the hook's own exception, not a wrapper around it;
+    # the context names the hook (docs/semantics.md §11).
+    assert end.error.message == "broken.before_turn broke"
+    assert not end.error.message.startswith("broken.before_turn failed")
+    original, context = broken.errors[0]
+    assert type(original) is RuntimeError and str(original) == "broken.before_turn broke"
+    assert (context.middleware, context.hook) == ("broken", "before_turn")
     # the later middleware's before_turn never ran; on_chat_error ran once, stage turn
     assert ("rec", "before_turn", None) not in log
     assert [c.stage for _, c in broken.errors] == ["turn"]

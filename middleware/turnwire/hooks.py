@@ -290,10 +290,12 @@ class ChatResponseContext:
 class ChatErrorContext:
     """Input of ``classify_chat_error`` and ``on_chat_error``: the error and where the turn failed.
 
-    ``error`` is the error as the previous middleware in the chain left it
-    (``on_chat_error`` may return another one, or a message); ``stage`` is
-    where it happened; ``messages_persisted`` whether the input was stored;
-    ``classification`` what ``classify_chat_error`` decided (``None`` when
+    ``error`` is the original exception (a hook's own exception when a hook
+    raised it, not a wrapper), or what the previous middleware in the chain
+    returned (``on_chat_error`` may return another one, or a message);
+    ``middleware`` and ``hook`` name the hook that raised it (empty when no
+    hook did; docs/semantics.md §11); ``stage`` is where it happened;
+    ``messages_persisted`` whether the input was stored; ``classification`` what ``classify_chat_error`` decided (``None`` when
     nobody classified it).
     """
 
@@ -303,6 +305,8 @@ class ChatErrorContext:
     stage: ErrorStage
     messages_persisted: bool
     classification: ChatErrorClassification | None = None
+    middleware: str = ""
+    hook: str = ""
 
 
 class ChatError(Exception):

@@ -39,7 +39,7 @@ from turnwire.types import (
     ToolInputStart,
     Usage,
 )
-from turnwire.values import from_value, parse_tool_input
+from turnwire.values import dumps, from_value, parse_tool_input
 from turnwire_client.v1 import message_pb2
 
 OFFLINE_NOTICE = "[offline scripted model, no LLM connected]"
@@ -300,7 +300,7 @@ class ScriptedProvider:
             yield TextEnd(f"{prefix}-t")
         for index, call in enumerate(step.tool_calls):
             call_id = call.id or f"call_{request.step_number}_{index}"
-            raw = call.raw_input if call.raw_input is not None else orjson.dumps(call.input).decode()
+            raw = call.raw_input if call.raw_input is not None else dumps(call.input)
             if paced:
                 await pace()
             yield ToolInputStart(call_id, call.name)

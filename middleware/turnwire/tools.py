@@ -1,28 +1,60 @@
 """Tools: the interface every tool home implements, and in-process Python tools.
 
-Every tool home exposes :class:`Tool` (today: in-process Python tools, this
-module's :class:`PythonTool`); the engine sees nothing else. A tool either
-returns its result (any JSON value) or is an async generator whose yields are
-preliminary results and whose last yield is the final one (docs/semantics.md §3,
+Every tool home exposes :class:`Tool` (today: Python tools, this module's
+:class:`PythonTool`); the engine sees nothing else. A tool either returns its
+result (any JSON value) or is an async generator whose yields are preliminary
+results and whose last yield is the final one (THINK-SEMANTICS.md section 3,
 streaming tools).
 
-In-process Python tools take their schema from a pydantic model (``@tool(Model)``)
-or are given one explicitly (:class:`PythonTool`); with a model, the input is
+Python tools take their schema from a pydantic model (``@tool(Model)``) or are
+given one explicitly (:class:`PythonTool`); with a model, the input is
 validated before the function runs and a validation error becomes the call's
 error text, which the model sees.
+
+Where a Python tool runs (``isolation``):
+
+- A plain synchronous function (``def``) runs in a worker thread (the event
+  loop's default executor), never on the event loop, so a slow or blocking
+  call does not stall the sidecar. A thread cannot be stopped: when the tool
+  timeout expires the call fails at once, but the thread runs on until the
+  function returns (and a graceful shutdown waits for it). Give a function
+  that might never return ``isolation="process"``.
+- ``async def`` functions and async generators run on the event loop, which
+  every turn, health check and RPC of the process shares. **An async tool must
+  not block**: no blocking I/O, no ``time.sleep``, no long computation between
+  its ``await``\\ s. Hand blocking work to a thread (``await
+  asyncio.to_thread(...)``) and CPU-heavy work to a process-isolated tool.
+- ``isolation="process"`` runs a synchronous, module-level function in a pool
+  of worker processes. Use it for CPU-heavy work: CPython holds the GIL during
+  a single long operation (a big-integer power, a regex with catastrophic
+  backtracking), so such work stalls the event loop even from a thread. When
+  the call times out or its turn is cancelled, the worker process running it
+  is killed (and replaced), so the work really stops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
+import multiprocessing
+import pickle
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 
 from turnwire.types import ToolDefinition
+
+if TYPE_CHECKING:
+    from pebble import ProcessPool
+
+Isolation = Literal["thread", "process"]
+"""Where a :class:`PythonTool`'s synchronous function runs: a worker thread, or a worker process."""
+
+DEFAULT_MAX_WORKERS = 2
+"""Worker processes per process-isolated tool, unless ``max_workers`` says otherwise."""
 
 
 @dataclass(slots=True)
@@ -30,7 +62,9 @@ class ToolExecution:
     """What a tool gets besides its input.
 
     ``cancelled`` is set when the turn is cancelled; long-running tools
-    should check it (they are also cancelled as asyncio tasks).
+    should check it (they are also cancelled as asyncio tasks). A
+    process-isolated tool gets a copy whose ``cancelled`` is never set: its
+    worker process is killed instead.
     """
 
     tool_call_id: str
@@ -53,9 +87,13 @@ class Tool(Protocol):
     JSON values for a streaming tool. Any exception is the call's error: the
     model sees its message and the turn goes on.
 
+    ``execute`` runs on the event loop that serves every turn of the process,
+    so it must not block: it awaits, and moves blocking or CPU-heavy work to a
+    thread or a process (see the module docstring).
+
     A tool may also set ``streaming = True`` to say it streams preliminary
     results; the engine then emits one preliminary result even when a hook
-    blocks or substitutes the call (docs/semantics.md §3).
+    blocks or substitutes the call (THINK-SEMANTICS.md section 3).
     """
 
     name: str
@@ -72,14 +110,51 @@ def definition_of(tool: Tool) -> ToolDefinition:
     return ToolDefinition(name=tool.name, description=tool.description, input_schema=tool.input_schema)
 
 
+def _is_async(function: Callable[..., Any]) -> bool:
+    """True when calling ``function`` gives a coroutine or an async generator (it runs on the loop);
+    an object whose ``__call__`` is async counts."""
+    callable_object: Any = function
+    return any(
+        inspect.iscoroutinefunction(candidate) or inspect.isasyncgenfunction(candidate)
+        for candidate in (function, callable_object.__call__)
+    )
+
+
 class PythonTool:
     """A tool backed by a Python callable.
 
     ``function(input, execution)`` receives the validated input (an instance of
     ``input_model``, or the raw dict when only ``input_schema`` is given) and
-    the :class:`ToolExecution`. It may be sync, async, or an async generator
-    (a streaming tool). Raises :class:`ValueError` when neither or both of
-    ``input_model`` and ``input_schema`` are given.
+    the :class:`ToolExecution`. It may be:
+
+    - synchronous: it runs in a worker thread (``isolation="thread"``, the
+      default) or in a worker process (``isolation="process"``), never on the
+      event loop;
+    - async, or an async generator (a streaming tool): it runs on the event
+      loop and **must not block it** (await I/O; move blocking calls to
+      ``asyncio.to_thread`` and CPU-heavy work to a process-isolated tool).
+
+    With ``isolation="process"`` the function runs in one of ``max_workers``
+    worker processes (started on the first call, with the ``spawn`` method)
+    and must be a synchronous function defined at module level: the worker
+    imports it by module and qualified name (decorating it with :func:`tool`
+    is fine). The input (the ``input_model`` instance, so the model class must
+    be importable too) is pickled to the worker; a copy of the
+    :class:`ToolExecution` without its ``cancelled`` event is rebuilt there.
+    The result (a pydantic model dumped to JSON there) is pickled back. An
+    exception raised there is the call's error, as for any other tool (a
+    :class:`ToolError`'s message verbatim). When the awaiting call is
+    cancelled (the tool timeout, ``limits.tool_timeout_seconds``, or a
+    cancelled turn), the worker process running it is killed and replaced.
+    Calls beyond ``max_workers`` wait for a free worker (the wait counts
+    toward the tool timeout). Module state may persist between calls that run
+    in the same worker. As with any spawned process, a program that embeds the
+    engine must guard its main module with ``if __name__ == "__main__":``
+    (``turnwire serve`` does).
+
+    Raises :class:`ValueError` when neither or both of ``input_model`` and
+    ``input_schema`` are given, and when ``isolation="process"`` is given an
+    async function or one that is not a module-level function.
     """
 
     def __init__(
@@ -90,14 +165,28 @@ class PythonTool:
         *,
         input_model: type[BaseModel] | None = None,
         input_schema: Mapping[str, Any] | None = None,
+        isolation: Isolation = "thread",
+        max_workers: int = DEFAULT_MAX_WORKERS,
     ) -> None:
         if (input_model is None) == (input_schema is None):
             raise ValueError(f"tool {name!r}: give exactly one of input_model or input_schema")
+        if isolation not in ("thread", "process"):
+            raise ValueError(f"tool {name!r}: isolation must be 'thread' or 'process', not {isolation!r}")
+        if max_workers < 1:
+            raise ValueError(f"tool {name!r}: max_workers must be at least 1, not {max_workers!r}")
         self.name = name
         self.description = description
         self.function = function
         #: True for an async-generator function: its yields are preliminary results.
         self.streaming = inspect.isasyncgenfunction(function)
+        #: Where a synchronous function runs: "thread" or "process".
+        self.isolation: Isolation = isolation
+        self.max_workers = max_workers
+        self._runs_on_loop = _is_async(function)
+        self._reference: tuple[str, str] | None = None
+        self._pool: ProcessPool | None = None
+        if isolation == "process":
+            self._reference = _module_level_reference(name, function)
         self.input_model = input_model
         if input_model is not None:
             schema = input_model.model_json_schema()
@@ -108,10 +197,12 @@ class PythonTool:
             self.input_schema = input_schema
 
     async def execute(self, input: dict[str, Any], execution: ToolExecution) -> Any:
-        """Validate ``input`` and call the function; returns its result (or async iterator).
+        """Validate ``input`` and run the function where ``isolation`` says; returns its result
+        (or async iterator).
 
         Raises :class:`ToolError` with pydantic's message when ``input`` does not
-        match ``input_model``.
+        match ``input_model``, and when a process-isolated call cannot reach or
+        lost its worker process.
         """
         argument: Any = input
         if self.input_model is not None:
@@ -122,23 +213,136 @@ class PythonTool:
                     f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in error.errors()
                 )
                 raise ToolError(f"invalid input for tool {self.name!r}: {problems}") from None
-        result = self.function(argument, execution)
+        if self._reference is not None:
+            return await self._execute_in_process(self._reference, argument, execution)
+        if self._runs_on_loop:
+            result = self.function(argument, execution)
+        else:
+            result = await asyncio.to_thread(self.function, argument, execution)
         if inspect.isawaitable(result):
             result = await result
         if isinstance(result, BaseModel):
             return result.model_dump(mode="json")
         return result
 
+    async def _execute_in_process(
+        self, reference: tuple[str, str], argument: Any, execution: ToolExecution
+    ) -> Any:
+        from concurrent.futures.process import BrokenProcessPool
+
+        from pebble import ProcessExpired
+
+        copy = (
+            execution.tool_call_id,
+            execution.conversation_id,
+            execution.request_id,
+            execution.step_number,
+        )
+        try:
+            payload = pickle.dumps((argument, copy))
+        except Exception as error:  # pickle raises PicklingError, TypeError or AttributeError
+            raise ToolError(
+                f"tool {self.name!r}: its input cannot be sent to a worker process: {error}"
+            ) from None
+        try:
+            future = self._process_pool().schedule(_run_in_worker, args=(reference, payload))
+        except RuntimeError as error:  # the pool broke or was closed: start a new one next time
+            self._pool = None
+            raise ToolError(f"tool {self.name!r}: its worker processes are unavailable ({error})") from None
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.cancel()  # type: ignore[no-untyped-call]  # a started call: its worker is killed
+            raise
+        except ProcessExpired as error:
+            raise ToolError(
+                f"tool {self.name!r}: its worker process ended unexpectedly (exit code {error.exitcode})"
+            ) from None
+        except BrokenProcessPool as error:
+            self._pool = None
+            raise ToolError(f"tool {self.name!r}: its worker processes failed ({error})") from None
+
+    def _process_pool(self) -> ProcessPool:
+        from pebble import ProcessPool
+
+        if self._pool is None or not self._pool.active:
+            # spawn, not fork: the sidecar runs threads (gRPC, the store), and a forked child
+            # inherits their locks in whatever state they were.
+            self._pool = ProcessPool(
+                max_workers=self.max_workers, context=multiprocessing.get_context("spawn")
+            )
+        return self._pool
+
+    def close(self) -> None:
+        """Stop this tool's worker processes, if any (blocking; a call needs new ones again).
+
+        Without it they end when the interpreter exits.
+        """
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()  # type: ignore[no-untyped-call]
+            pool.join()
+
     def __repr__(self) -> str:
         return f"PythonTool({self.name!r})"
 
 
+def _module_level_reference(name: str, function: Callable[..., Any]) -> tuple[str, str]:
+    """``(module, qualified name)`` by which a worker process imports ``function``."""
+    if _is_async(function):
+        raise ValueError(
+            f"tool {name!r}: isolation='process' needs a synchronous function; an async tool runs "
+            "on the event loop (move its CPU-heavy part into a synchronous process-isolated tool)"
+        )
+    module = getattr(function, "__module__", None)
+    qualified = getattr(function, "__qualname__", "")
+    if not inspect.isfunction(function) or not module or "<" in qualified:
+        raise ValueError(
+            f"tool {name!r}: isolation='process' needs a function defined at module level "
+            f"(a worker process imports it by name), not {function!r}"
+        )
+    return module, qualified
+
+
+def _run_in_worker(reference: tuple[str, str], payload: bytes) -> Any:
+    """In a worker process: import the tool's function, call it, return its result."""
+    module_name, qualified = reference
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in qualified.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as error:
+        raise ToolError(f"cannot load {module_name}.{qualified} in the worker process: {error}") from None
+    function = target.function if isinstance(target, PythonTool) else target
+    try:
+        argument, copy = pickle.loads(payload)
+    except Exception as error:  # a class the worker cannot import, for example
+        raise ToolError(f"the tool input cannot be read in the worker process: {error}") from None
+    result = function(argument, ToolExecution(*copy))
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json")
+    try:
+        pickle.dumps(result)  # said here, not as a pickling failure inside the pool
+    except Exception as error:
+        raise ToolError(f"the tool result cannot be sent back from the worker process: {error}") from None
+    return result
+
+
 def tool(
-    input_model: type[BaseModel], *, name: str | None = None, description: str | None = None
+    input_model: type[BaseModel],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    isolation: Isolation = "thread",
+    max_workers: int = DEFAULT_MAX_WORKERS,
 ) -> Callable[[Callable[[Any, ToolExecution], Any]], PythonTool]:
-    """Decorator: turn ``async def f(input: Model, execution) -> ...`` into a :class:`PythonTool`.
+    """Decorator: turn ``def f(input: Model, execution) -> ...`` (or ``async def``) into a
+    :class:`PythonTool`.
 
     The name defaults to the function's name, the description to its docstring.
+    A synchronous function runs in a worker thread, or with
+    ``isolation="process"`` in a worker process that a timeout kills; an async
+    one runs on the event loop and must not block it (see :class:`PythonTool`).
     """
 
     def wrap(function: Callable[[Any, ToolExecution], Any]) -> PythonTool:
@@ -147,6 +351,8 @@ def tool(
             description or inspect.getdoc(function) or "",
             function,
             input_model=input_model,
+            isolation=isolation,
+            max_workers=max_workers,
         )
 
     return wrap

@@ -81,6 +81,12 @@ class LimitsSettings(_Section):
     max_queued_turns_per_conversation: int = Field(32, ge=1)
     shutdown_grace_seconds: float = Field(10.0, ge=0)
     tool_timeout_seconds: float = Field(60.0, gt=0)
+    max_tool_output_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        le=3 << 20,
+        description="a tool result with more JSON than this becomes an error the model is told about",
+    )
     stream_stall_timeout_seconds: float = Field(
         0.0, ge=0, description="stall watchdog: no event for this long ends a turn INTERRUPTED (0: off)"
     )

@@ -29,7 +29,12 @@ from turnwire_server.engine.errors import (
 )
 from turnwire_server.hooks.chain import HookError
 from turnwire_server.providers.registry import UnknownModel
-from turnwire_server.store.base import MessageIdConflict, StoreError, TurnAlreadyExists
+from turnwire_server.store.base import (
+    MessageAlreadyAnswered,
+    MessageIdConflict,
+    StoreError,
+    TurnAlreadyExists,
+)
 
 DOMAIN = "turnwire.dev"
 
@@ -232,11 +237,19 @@ def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
             field_violations=[("model", str(error))],
         )
     if isinstance(error, HookError):
+        # The client sees the hook's own error message; which hook raised it is in the metadata.
         return TurnwireStatusError(
             grpc.StatusCode.INTERNAL,
-            str(error),
+            str(error.__cause__ or error),
             reason="HOOK_FAILED",
             metadata={"middleware": error.middleware, "hook": error.hook, "stage": stage},
+        )
+    if isinstance(error, MessageAlreadyAnswered):
+        return TurnwireStatusError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            str(error),
+            reason="ALREADY_ANSWERED",
+            metadata={"message_id": error.message_id},
         )
     if isinstance(error, MessageIdConflict):
         return TurnwireStatusError(

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from google.protobuf import timestamp_pb2
+from google.protobuf import struct_pb2, timestamp_pb2
 
 from turnwire import types as chunks
-from turnwire.values import to_struct, to_value
+from turnwire.values import NotJsonError, dumps, normalize, parse_tool_input, struct_view, value_view
 from turnwire_client.v1 import message_pb2
 
 
@@ -84,7 +84,7 @@ class AssistantMessage:
                 part.reasoning.signature = end.signature
                 part.reasoning.redacted = end.redacted
                 if end.provider_metadata:
-                    part.reasoning.provider_metadata.CopyFrom(to_struct(end.provider_metadata))
+                    part.reasoning.provider_metadata.CopyFrom(_metadata_view(end.provider_metadata))
 
     def materialize(self) -> None:
         """Write open blocks' text so far into their parts (blocks stay open)."""
@@ -132,7 +132,16 @@ class AssistantMessage:
         )
         call.tool_name = chunk.tool_name
         if chunk.input is not None:
-            call.input.CopyFrom(to_struct(chunk.input))
+            # The model's own text when it is this input (exact, docs/semantics.md §11); a
+            # repaired call's new input otherwise.
+            raw = chunk.raw_input
+            same = bool(raw) and not raw.isspace() and parse_tool_input(raw)[0] == chunk.input
+            call.input_json = raw if same else dumps(chunk.input)
+            view = struct_view(chunk.input)
+            if view is not None:
+                call.input.CopyFrom(view)
+            else:
+                call.ClearField("input")
         else:
             call.raw_input = chunk.raw_input
         if chunk.error is not None:
@@ -148,11 +157,27 @@ class AssistantMessage:
         return self._tool_parts[tool_call_id].tool_call
 
     def set_output(
-        self, tool_call_id: str, output: Any, *, preliminary: bool = False
+        self, tool_call_id: str, output: Any, *, preliminary: bool = False, max_bytes: int = 0
     ) -> message_pb2.ToolCallPart:
-        """Record a (preliminary) result. Raises TypeError when ``output`` is not JSON-serializable."""
+        """Record a (preliminary) result, kept exactly as JSON text (and a ``Value`` view when exact).
+
+        Raises :class:`~turnwire.values.NotJsonError` (naming the path) when ``output`` has no
+        JSON form (NaN, Infinity, an object that cannot be serialized), and
+        :class:`OutputTooLarge` when its JSON text is over ``max_bytes`` (0: no limit). The
+        part is unchanged then.
+        """
+        normalized = normalize(output)
+        text = dumps(normalized)
+        size = len(text.encode())
+        if max_bytes and size > max_bytes:
+            raise OutputTooLarge(size, max_bytes)
         call = self._tool_parts[tool_call_id].tool_call
-        call.output.CopyFrom(to_value(output))
+        call.output_json = text
+        view = value_view(normalized)
+        if view is not None:
+            call.output.CopyFrom(view)
+        else:
+            call.ClearField("output")
         call.preliminary = preliminary
         call.state = message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
         return call
@@ -161,6 +186,7 @@ class AssistantMessage:
         """Record a failed call."""
         call = self._tool_parts[tool_call_id].tool_call
         call.ClearField("output")
+        call.ClearField("output_json")
         call.preliminary = False
         call.error_text = error_text
         call.state = message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
@@ -224,6 +250,27 @@ class AssistantMessage:
         while len(parts) and parts[-1].WhichOneof("kind") == "step_start":
             del parts[-1]
         return self.message if self.has_parts else None
+
+
+def _metadata_view(metadata: Any) -> struct_pb2.Struct:
+    """Provider metadata as a Struct; empty when it has no exact view (it is informational)."""
+    try:
+        view = struct_view(normalize(dict(metadata)))
+    except NotJsonError:
+        view = None
+    return view if view is not None else struct_pb2.Struct()
+
+
+class OutputTooLarge(ValueError):
+    """A tool result's JSON text is over the limit (``limits.max_tool_output_bytes``)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"the tool's result is {size:,} bytes of JSON; the limit is {limit:,} bytes "
+            "(limits.max_tool_output_bytes), so it was not kept"
+        )
+        self.size = size
+        self.limit = limit
 
 
 def _has_content(message: message_pb2.Message) -> bool:

@@ -35,6 +35,9 @@ class EngineSettings:
     """Engine-wide defaults; every duration carries its unit in its name.
 
     ``stream_stall_timeout_seconds`` 0 turns the stall watchdog off.
+    ``max_tool_output_bytes``: a tool result whose JSON text is larger becomes the call's
+    error (the model is told the size), so every stored message stays readable by clients
+    with gRPC's default 4 MiB message limit (docs/semantics.md §12, big outputs).
     ``stream_buffer_events``: events a stream may hold for a client that reads slower than
     the turn writes; past it the turn waits for the client, and a client that brings the
     backlog down by nothing for ``slow_reader_timeout_seconds`` has its turn stopped
@@ -49,6 +52,7 @@ class EngineSettings:
     text_coalesce_ms: float = 0.0
     checkpoint_interval_ms: float = 250.0
     tool_timeout_seconds: float = 60.0
+    max_tool_output_bytes: int = 1 << 20
     stream_stall_timeout_seconds: float = 0.0
     stream_buffer_events: int = 1024
     slow_reader_timeout_seconds: float = 30.0

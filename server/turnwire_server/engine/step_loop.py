@@ -145,7 +145,11 @@ class StepLoop:
             config.model_settings or ModelSettings(),
         )
         runner = ToolCallRunner(
-            turn, self.settings.tool_timeout_seconds, self.wait_for_reader, config.repair_tool_call
+            turn,
+            self.settings.tool_timeout_seconds,
+            self.wait_for_reader,
+            config.repair_tool_call,
+            max_output_bytes=self.settings.max_tool_output_bytes,
         )
         for step_number in range(max_steps):
             step_ctx = StepContext(

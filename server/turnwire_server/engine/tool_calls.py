@@ -26,6 +26,8 @@ from turnwire.hooks import (
     ToolCallResultContext,
 )
 from turnwire.tools import Tool, ToolError, ToolExecution
+from turnwire.values import NotJsonError, parse_tool_input
+from turnwire_server.engine.assistant_message import OutputTooLarge
 from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR
 from turnwire_server.engine.turn_state import TurnState
 from turnwire_server.hooks.chain import HookError
@@ -41,7 +43,8 @@ class ToolCallRunner:
 
     ``tool_timeout_seconds`` bounds each execution; ``wait_for_reader`` is awaited
     after a result when the client is behind (backpressure); ``repair`` is the
-    turn's ``repair_tool_call`` (or None).
+    turn's ``repair_tool_call`` (or None); ``max_output_bytes`` bounds a result's
+    JSON text (0: no bound; a larger result becomes the call's error).
     """
 
     def __init__(
@@ -50,10 +53,13 @@ class ToolCallRunner:
         tool_timeout_seconds: float,
         wait_for_reader: Callable[[], Awaitable[None]],
         repair: RepairToolCall | None = None,
+        *,
+        max_output_bytes: int = 0,
     ) -> None:
         self.turn = state  # the turn's working state
         self._tool_timeout_seconds = tool_timeout_seconds
         self._wait_for_reader = wait_for_reader
+        self._max_output_bytes = max_output_bytes
         self._repair = repair
         self._pending: list[tuple[chunks.ToolCall, Tool]] = []
         self._invalid: list[tuple[chunks.ToolCall, str, collections.abc.Set[str]]] = []
@@ -85,7 +91,10 @@ class ToolCallRunner:
         event = turn.writer.new().tool_input_available
         event.tool_call_id = call.tool_call_id
         event.tool_name = call.tool_name
-        event.input.CopyFrom(turn.assistant.tool_call(call.tool_call_id).input)
+        part = turn.assistant.tool_call(call.tool_call_id)
+        event.input_json = part.input_json
+        if part.HasField("input"):
+            event.input.CopyFrom(part.input)
         self._pending.append((call, turn.tools[call.tool_name]))
 
     def _input_error(self, call: chunks.ToolCall, error: str) -> None:
@@ -110,6 +119,10 @@ class ToolCallRunner:
                     repaired = await outcome if inspect.isawaitable(outcome) else outcome
                 except Exception as repair_error:
                     log.warning("repair_tool_call raised for %s: %s", call.tool_call_id, repair_error)
+            if repaired is not None and repaired.input is None and repaired.error is None:
+                # A repair that gave only the input text: use it when it is a JSON object.
+                parsed, problem = parse_tool_input(repaired.raw_input)
+                repaired = dataclasses.replace(repaired, input=parsed, error=problem)
             if repaired is not None and self._problem(repaired, allowed) is None:
                 fixed = dataclasses.replace(repaired, tool_call_id=call.tool_call_id)
                 self.turn.assistant.complete_tool_call(fixed)
@@ -183,8 +196,10 @@ class ToolCallRunner:
         if success:
             try:
                 await self._result(call, step_number, output, preliminary=False)
-            except TypeError as not_json:
-                success, error_text = False, f"tool result is not JSON-serializable: {not_json}"
+            except NotJsonError as not_json:
+                success, error_text = False, f"the tool's result is not JSON: {not_json}"
+            except OutputTooLarge as too_large:
+                success, error_text = False, str(too_large)
         if not success:
             outcome = "failed"
             await self._error(call, step_number, error_text or "tool failed")
@@ -241,10 +256,14 @@ class ToolCallRunner:
         self, call: chunks.ToolCall, step_number: int, output: Any, *, preliminary: bool
     ) -> None:
         turn = self.turn
-        part = turn.assistant.set_output(call.tool_call_id, output, preliminary=preliminary)
+        part = turn.assistant.set_output(
+            call.tool_call_id, output, preliminary=preliminary, max_bytes=self._max_output_bytes
+        )
         event = turn.writer.new().tool_output_available
         event.tool_call_id = call.tool_call_id
-        event.output.CopyFrom(part.output)
+        event.output_json = part.output_json
+        if part.HasField("output"):
+            event.output.CopyFrom(part.output)
         event.preliminary = preliminary
         await self._observe(part, step_number)
 

@@ -48,7 +48,7 @@ from turnwire_server.engine.request import EngineSettings, TurnRequest
 from turnwire_server.engine.step_loop import StepLoop
 from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR
 from turnwire_server.engine.turn_state import TurnState
-from turnwire_server.hooks.chain import MiddlewareChain
+from turnwire_server.hooks.chain import HookError, MiddlewareChain
 from turnwire_server.hooks.timeline import HookTimeline
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.base import Store, TurnRecord
@@ -354,6 +354,12 @@ class TurnRun:
     # --- errors ------------------------------------------------------------
 
     def _error_context(self, error: BaseException, stage: ErrorStage) -> ChatErrorContext:
+        """The hooks' view of ``error``: a hook's own exception rather than the chain's wrapper,
+        with the hook named."""
+        middleware = hook = ""
+        if isinstance(error, HookError):
+            middleware, hook = error.middleware, error.hook
+            error = error.__cause__ or error
         return ChatErrorContext(
             conversation_id=self.request.conversation_id,
             request_id=self.request.request_id,
@@ -361,6 +367,8 @@ class TurnRun:
             stage=stage,
             messages_persisted=self.messages_persisted,
             classification=self._classification,
+            middleware=middleware,
+            hook=hook,
         )
 
     async def _classify(self, failure: TurnFailure) -> ChatErrorClassification | None:
@@ -379,8 +387,9 @@ class TurnRun:
         original = _root(failure)
         if self.status_error is None:
             self.status_error = self._error_status(original, stage)
-        surfaced = await self.hooks.on_chat_error(self._error_context(original, stage))
-        if surfaced is not original:
+        context = self._error_context(original, stage)
+        surfaced = await self.hooks.on_chat_error(context)
+        if surfaced is not context.error:
             if isinstance(surfaced, ChatError):
                 self.status_error = self._error_status(surfaced, stage)
             else:

@@ -24,7 +24,7 @@ import orjson
 
 from turnwire.providers import ProviderError
 from turnwire.types import FinishReason, FinishStep, ModelChunk, ToolCall, Usage
-from turnwire.values import dumps, from_struct, from_value, parse_tool_input
+from turnwire.values import dumps, parse_tool_input, tool_call_input, tool_call_output
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers.json_schema import validate
 
@@ -41,6 +41,15 @@ DENIED_TOOL_ERROR = "The tool call was denied."
 
 EMPTY_USER_TEXT = "(empty message)"
 """Stands in for a user turn with no content at all (an empty ``Chat`` text): APIs reject empty turns."""
+
+EMPTY_TOOL_RESULT = "(empty result)"
+"""Stands in for a tool result that is empty or only whitespace (docs/semantics.md §11): Anthropic rejects
+whitespace-only text, and several OpenAI-compatible servers reject an empty ``tool`` message."""
+
+
+def is_blank(text: str) -> bool:
+    """True for "" and whitespace-only text, which the APIs refuse as a text block or a tool result."""
+    return not text or text.isspace()
 
 
 # --- transcript --------------------------------------------------------------
@@ -65,22 +74,32 @@ def text_of(parts: Iterable[message_pb2.Part]) -> str:
 
 def tool_result(call: message_pb2.ToolCallPart) -> tuple[str, bool]:
     """``(content, is_error)`` to send back for a call: its output as text (JSON unless a string),
-    its error text, or an interruption error when it has no result."""
+    its error text, or an interruption error when it has no result. Never blank: an empty or
+    whitespace-only result is :data:`EMPTY_TOOL_RESULT` (docs/semantics.md §11)."""
     state = call.state
     if state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
-        if call.output.WhichOneof("kind") == "string_value":
-            return call.output.string_value, False
-        return dumps(from_value(call.output)), False
+        output = tool_call_output(call)
+        if isinstance(output, str):
+            return (EMPTY_TOOL_RESULT if is_blank(output) else output), False
+        # Exactly the tool's JSON (docs/semantics.md §11), not a double-rounded view of it.
+        return call.output_json or dumps(output), False
     if state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
-        return call.error_text or "The tool call failed.", True
+        return ("The tool call failed." if is_blank(call.error_text) else call.error_text), True
     if state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED:
-        return call.error_text or DENIED_TOOL_ERROR, True
+        return (DENIED_TOOL_ERROR if is_blank(call.error_text) else call.error_text), True
     return INTERRUPTED_TOOL_ERROR, True
 
 
 def tool_input(call: message_pb2.ToolCallPart) -> dict[str, Any]:
-    """The call's input as a JSON object (``{}`` when it was invalid and only ``raw_input`` is kept)."""
-    return from_struct(call.input)
+    """The call's input as a JSON object, exactly (``{}`` when it was invalid and only
+    ``raw_input`` is kept)."""
+    return tool_call_input(call)
+
+
+def tool_arguments(call: message_pb2.ToolCallPart) -> str:
+    """The call's input as JSON text: the model's own text when kept (what the model sent is what
+    is replayed to it, docs/semantics.md §11)."""
+    return call.input_json or dumps(tool_input(call))
 
 
 def file_base64(file: message_pb2.FilePart) -> str:
@@ -112,6 +131,71 @@ def provider_options(options: Mapping[str, Any], *keys: str) -> dict[str, Any]:
         if isinstance(entry, Mapping):
             merged.update(entry)
     return merged
+
+
+def transcript_call_ids(messages: Iterable[message_pb2.Message]) -> set[str]:
+    """The tool call ids of every assistant message in ``messages`` (what a step's new calls must not
+    reuse)."""
+    return {
+        part.tool_call.tool_call_id
+        for message in messages
+        if message.role == message_pb2.ROLE_ASSISTANT
+        for part in message.parts
+        if part.WhichOneof("kind") == "tool_call"
+    }
+
+
+class CallIds:
+    """Gives every tool call of a step its own id (docs/semantics.md §11, tool call identity).
+
+    Providers may hand out one id twice: two parallel calls with the same id (OpenAI-compatible
+    servers), an id already used earlier in the transcript (servers that number calls ``call_0``
+    per response), or none at all. Each call keeps the provider's id unless ``taken`` (the ids in
+    the request's transcript) or an earlier call of this step has it; then it gets the first free
+    ``<id>_2``, ``<id>_3`` …, and ``renamed`` maps the new id to the provider's. The engine, the
+    client and every later request use the new id, so each call is paired with its own result; the
+    APIs match calls and results only within a request, so no API needs the provider's id back
+    (it is reported in ``FinishStep.provider_metadata[...]["tool_call_ids"]``).
+    """
+
+    __slots__ = ("renamed", "taken")
+
+    def __init__(self, taken: Iterable[str] = ()) -> None:
+        self.taken = set(taken)
+        self.renamed: dict[str, str] = {}
+
+    def assign(self, original: str, fallback: str) -> str:
+        """The id of a new call whose provider id is ``original`` (``fallback`` when it has none)."""
+        base = original or fallback
+        candidate, count = base, 1
+        while candidate in self.taken:
+            count += 1
+            candidate = f"{base}_{count}"
+        self.taken.add(candidate)
+        if original and candidate != original:
+            self.renamed[candidate] = original
+        return candidate
+
+
+class ReplayIds:
+    """Tool call ids for one request: each stored call gets an id used by no other call of the request
+    (the first holder keeps its own; a repeat gets ``<id>_2`` …), the same for the call and its result.
+    A transcript stored before ids were made unique, or moved from a provider that reuses ids, would
+    otherwise pair two calls with one result (docs/semantics.md §11)."""
+
+    __slots__ = ("used",)
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def __call__(self, original: str) -> str:
+        base = original or "call"
+        candidate, count = base, 1
+        while candidate in self.used:
+            count += 1
+            candidate = f"{base}_{count}"
+        self.used.add(candidate)
+        return candidate
 
 
 # --- stream state --------------------------------------------------------------

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from turnwire.providers import ModelRequest
-from turnwire.values import dumps
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import (
@@ -22,7 +21,7 @@ from turnwire_server.providers.convert import (
     file_url,
     provider_options,
     text_of,
-    tool_input,
+    tool_arguments,
     tool_result,
 )
 from turnwire_server.providers.openai_common import sampling
@@ -92,7 +91,7 @@ def convert_messages(
                         {
                             "id": call.tool_call_id,
                             "type": "function",
-                            "function": {"name": call.tool_name, "arguments": dumps(tool_input(call))},
+                            "function": {"name": call.tool_name, "arguments": tool_arguments(call)},
                         }
                         for call in calls
                     ]

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from turnwire.providers import ModelRequest
-from turnwire.values import dumps
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import (
@@ -21,7 +20,7 @@ from turnwire_server.providers.convert import (
     file_url,
     provider_options,
     text_of,
-    tool_input,
+    tool_arguments,
     tool_result,
 )
 from turnwire_server.providers.openai_common import is_reasoning_model, sampling
@@ -101,7 +100,7 @@ def convert_input(
                                 "type": "function_call",
                                 "call_id": call.tool_call_id,
                                 "name": call.tool_name,
-                                "arguments": dumps(tool_input(call)),
+                                "arguments": tool_arguments(call),
                             }
                         )
                         content, _ = tool_result(call)

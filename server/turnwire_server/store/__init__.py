@@ -8,6 +8,7 @@ from __future__ import annotations
 from turnwire_server.store.base import (
     ConversationRecord,
     InvalidPageToken,
+    MessageAlreadyAnswered,
     MessageIdConflict,
     Store,
     StoreError,
@@ -20,6 +21,7 @@ from turnwire_server.store.base import (
 __all__ = [
     "ConversationRecord",
     "InvalidPageToken",
+    "MessageAlreadyAnswered",
     "MessageIdConflict",
     "Store",
     "StoreError",

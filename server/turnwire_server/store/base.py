@@ -41,16 +41,35 @@ class StoreInUse(StoreError):
 
 
 class MessageIdConflict(StoreError):
-    """A message with the same id already exists in the conversation."""
+    """A message with the same id and other content (or role) already exists in the conversation."""
 
     def __init__(self, conversation_id: str, message_id: str) -> None:
-        super().__init__(f"message id {message_id!r} already exists in conversation {conversation_id!r}")
+        super().__init__(
+            f"message id {message_id!r} already exists in conversation {conversation_id!r} with other content"
+        )
+        self.conversation_id = conversation_id
+        self.message_id = message_id
+
+
+class MessageAlreadyAnswered(StoreError):
+    """A re-sent message (same id, same content) already has a completed reply; nothing was stored.
+
+    docs/semantics.md §12 (idempotency conflicts): re-sending the latest user message that has
+    no completed reply re-runs it; re-sending one that has a reply is refused.
+    """
+
+    def __init__(self, conversation_id: str, message_id: str) -> None:
+        super().__init__(
+            f"message {message_id!r} of conversation {conversation_id!r} was already answered; "
+            "send a new message (a new id) to ask again"
+        )
         self.conversation_id = conversation_id
         self.message_id = message_id
 
 
 class TurnAlreadyExists(StoreError):
-    """A turn with the same request id was already recorded."""
+    """A turn with the same request id was already recorded and did not fail (a failed,
+    aborted or interrupted turn may be retried under its request id)."""
 
     def __init__(self, request_id: str) -> None:
         super().__init__(f"a turn with request_id {request_id!r} already exists")
@@ -118,7 +137,8 @@ class Store(Protocol):
         """One page of conversations, most recently updated first.
 
         Returns the records and the next page token ("" on the last page).
-        Raises :class:`InvalidPageToken` for a token it did not issue.
+        Raises :class:`InvalidPageToken` for a token it did not issue, whatever the
+        token holds (never another error: the API reports it as the client's mistake).
         """
         ...
 

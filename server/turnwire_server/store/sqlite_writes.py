@@ -16,7 +16,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import MessageIdConflict, StoreError, TurnAlreadyExists, TurnRecord
+from turnwire_server.store.base import (
+    MessageAlreadyAnswered,
+    MessageIdConflict,
+    StoreError,
+    TurnAlreadyExists,
+    TurnRecord,
+)
 from turnwire_server.store.sqlite_rows import MessageRow, check_turn, message_row, to_us
 
 __all__ = ["WriteFn", "finish_turn_write", "save_message_write", "start_turn_write"]
@@ -106,11 +112,16 @@ def _upsert_message(conn: sqlite3.Connection, conversation_id: str, row: Message
 def start_turn_write(turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> WriteFn:
     """The write of :meth:`SqliteStore.start_turn`: conversation, ``messages`` appended, ``turn`` row.
 
+    Idempotent input (docs/semantics.md §11): a message whose id is already stored with the
+    same role and parts is not stored again; with other content it is
+    :class:`MessageIdConflict`; a re-sent message that already has a completed reply is
+    :class:`MessageAlreadyAnswered`. A request id whose earlier turn ended in error, aborted
+    or interrupted is retried (its record replaced); any other repeat is
+    :class:`TurnAlreadyExists`. Nothing is written when any of these is raised.
+
     Raises :class:`ValueError` for an invalid argument or a message without
     parts, and :class:`MessageIdConflict` when a message id repeats within
-    ``messages``. The returned function raises :class:`MessageIdConflict` when a
-    message id already exists in the conversation and :class:`TurnAlreadyExists`
-    when ``turn.request_id`` does.
+    ``messages`` (at once; the returned function raises the others).
     """
     check_turn(turn)
     conversation_id = turn.conversation_id
@@ -136,40 +147,66 @@ def start_turn_write(turn: TurnRecord, messages: Sequence[message_pb2.Message]) 
     )
 
     def apply(conn: sqlite3.Connection, now_us: int) -> None:
-        if rows:
-            marks = ", ".join("?" * len(rows))
-            taken = {
-                r[0]
-                for r in conn.execute(
-                    f"SELECT id FROM messages WHERE conversation_id = ? AND id IN ({marks})",
-                    (conversation_id, *(row.id for row in rows)),
-                )
-            }
-            for row in rows:
-                if row.id in taken:
-                    raise MessageIdConflict(conversation_id, row.id)
-        _touch_conversation(conn, conversation_id, now_us, len(rows))
-        if rows:
-            conn.executemany(_INSERT_MESSAGE, [_insert_params(conversation_id, row) for row in rows])
+        new_rows = [row for row in rows if not _stored_identically(conn, conversation_id, row)]
+        _touch_conversation(conn, conversation_id, now_us, len(new_rows))
+        if new_rows:
+            conn.executemany(_INSERT_MESSAGE, [_insert_params(conversation_id, row) for row in new_rows])
             conn.executemany(
                 "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (?, ?, ?, ?, ?)",
                 [
                     (conversation_id, row.id, idx, kind, data)
-                    for row in rows
+                    for row in new_rows
                     for idx, (kind, data) in enumerate(row.parts)
                 ],
             )
-        try:
-            conn.execute(
-                "INSERT INTO turns (request_id, conversation_id, assistant_message_id,"
-                " continuation, model, state, start_time, end_time, error, recovery_count)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                turn_params,
-            )
-        except sqlite3.IntegrityError as exc:
-            raise TurnAlreadyExists(turn.request_id) from exc
+        earlier = conn.execute("SELECT state FROM turns WHERE request_id = ?", (turn.request_id,)).fetchone()
+        if earlier is not None:
+            if earlier[0] not in _RETRYABLE_STATES:
+                raise TurnAlreadyExists(turn.request_id)
+            conn.execute("DELETE FROM turns WHERE request_id = ?", (turn.request_id,))
+        conn.execute(
+            "INSERT INTO turns (request_id, conversation_id, assistant_message_id,"
+            " continuation, model, state, start_time, end_time, error, recovery_count)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            turn_params,
+        )
 
     return apply
+
+
+_RETRYABLE_STATES = frozenset({"error", "aborted", "interrupted"})
+
+
+def _stored_identically(conn: sqlite3.Connection, conversation_id: str, row: MessageRow) -> bool:
+    """True when ``row`` is already stored (same id, role and parts); False when its id is free.
+
+    Raises :class:`MessageIdConflict` for the same id with other content, and
+    :class:`MessageAlreadyAnswered` for an identical message followed by a completed reply.
+    """
+    found = conn.execute(
+        "SELECT role, seq FROM messages WHERE conversation_id = ? AND id = ?", (conversation_id, row.id)
+    ).fetchone()
+    if found is None:
+        return False
+    role, seq = found
+    stored_parts = [
+        (kind, bytes(data))
+        for kind, data in conn.execute(
+            "SELECT kind, data FROM parts WHERE conversation_id = ? AND message_id = ? ORDER BY idx",
+            (conversation_id, row.id),
+        )
+    ]
+    if role != row.role or stored_parts != [(kind, bytes(data)) for kind, data in row.parts]:
+        raise MessageIdConflict(conversation_id, row.id)
+    answered = conn.execute(
+        "SELECT 1 FROM messages m JOIN turns t"
+        " ON t.conversation_id = m.conversation_id AND t.assistant_message_id = m.id"
+        " WHERE m.conversation_id = ? AND m.seq > ? AND t.state = 'completed' LIMIT 1",
+        (conversation_id, seq),
+    ).fetchone()
+    if answered is not None:
+        raise MessageAlreadyAnswered(conversation_id, row.id)
+    return True
 
 
 def save_message_write(conversation_id: str, message: message_pb2.Message) -> WriteFn | None:

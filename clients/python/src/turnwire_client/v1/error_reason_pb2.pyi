@@ -64,6 +64,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     ERROR_REASON_NOTHING_TO_CONTINUE: _ErrorReason.ValueType  # 17
     """ContinueLastTurn found no assistant message to continue (TURN_STATUS_SKIPPED)."""
+    ERROR_REASON_ALREADY_ANSWERED: _ErrorReason.ValueType  # 18
+    """The message was already answered: re-sending it (same id, same content)
+    runs a turn only while it has no completed reply.
+    """
+    ERROR_REASON_DATA_CORRUPTED: _ErrorReason.ValueType  # 19
+    """Something stored cannot be read back: a server bug, not worth retrying."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnwire sends,
@@ -113,4 +119,10 @@ the turn was stopped and its partial reply stored.
 """
 ERROR_REASON_NOTHING_TO_CONTINUE: ErrorReason.ValueType  # 17
 """ContinueLastTurn found no assistant message to continue (TURN_STATUS_SKIPPED)."""
+ERROR_REASON_ALREADY_ANSWERED: ErrorReason.ValueType  # 18
+"""The message was already answered: re-sending it (same id, same content)
+runs a turn only while it has no completed reply.
+"""
+ERROR_REASON_DATA_CORRUPTED: ErrorReason.ValueType  # 19
+"""Something stored cannot be read back: a server bug, not worth retrying."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -18,6 +18,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _FinishReason:
@@ -540,13 +545,19 @@ class ToolInputAvailable(_message.Message):
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     INPUT_FIELD_NUMBER: _builtins.int
+    INPUT_JSON_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id."""
     tool_name: _builtins.str
     """The tool's name."""
+    input_json: _builtins.str
+    """The input as JSON text, exactly as the model produced it."""
     @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def input(self) -> _struct_pb2.Struct:
-        """The parsed input."""
+        """The parsed input as a Struct: a convenience view of `input_json`, set only
+        when it is exact. Deprecated: read `input_json`.
+        """
 
     def __init__(
         self,
@@ -554,10 +565,11 @@ class ToolInputAvailable(_message.Message):
         tool_call_id: _builtins.str = ...,
         tool_name: _builtins.str = ...,
         input: _struct_pb2.Struct | None = ...,
+        input_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "input_json", b"input_json", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -636,15 +648,21 @@ class ToolOutputAvailable(_message.Message):
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     OUTPUT_FIELD_NUMBER: _builtins.int
     PRELIMINARY_FIELD_NUMBER: _builtins.int
+    OUTPUT_JSON_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id."""
     preliminary: _builtins.bool
     """True for a preliminary result of a streaming tool; the final result
     follows.
     """
+    output_json: _builtins.str
+    """The result as JSON text, exactly as the tool returned it."""
     @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def output(self) -> _struct_pb2.Value:
-        """The result."""
+        """The result as a Value: a convenience view of `output_json`, set only when
+        it is exact. Deprecated: read `output_json`.
+        """
 
     def __init__(
         self,
@@ -652,10 +670,11 @@ class ToolOutputAvailable(_message.Message):
         tool_call_id: _builtins.str = ...,
         output: _struct_pb2.Value | None = ...,
         preliminary: _builtins.bool = ...,
+        output_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["output", b"output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["output", b"output", "preliminary", b"preliminary", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "tool_call_id", b"tool_call_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,17 +26,21 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19turnwire/v1/message.proto\x12\x0bturnwire.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\x01\n\x07Message\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12%\n\x04role\x18\x02 \x01(\x0e\x32\x11.turnwire.v1.RoleR\x04role\x12\'\n\x05parts\x18\x03 \x03(\x0b\x32\x11.turnwire.v1.PartR\x05parts\x12;\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ncreateTime\x12\x33\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.StructR\x08metadata\"\xfb\x02\n\x04Part\x12+\n\x04text\x18\x01 \x01(\x0b\x32\x15.turnwire.v1.TextPartH\x00R\x04text\x12:\n\treasoning\x18\x02 \x01(\x0b\x32\x1a.turnwire.v1.ReasoningPartH\x00R\treasoning\x12\x38\n\ttool_call\x18\x03 \x01(\x0b\x32\x19.turnwire.v1.ToolCallPartH\x00R\x08toolCall\x12+\n\x04\x66ile\x18\x04 \x01(\x0b\x32\x15.turnwire.v1.FilePartH\x00R\x04\x66ile\x12\x31\n\x06source\x18\x05 \x01(\x0b\x32\x17.turnwire.v1.SourcePartH\x00R\x06source\x12+\n\x04\x64\x61ta\x18\x06 \x01(\x0b\x32\x15.turnwire.v1.DataPartH\x00R\x04\x64\x61ta\x12;\n\nstep_start\x18\x07 \x01(\x0b\x32\x1a.turnwire.v1.StepStartPartH\x00R\tstepStartB\x06\n\x04kind\"\x1e\n\x08TextPart\x12\x12\n\x04text\x18\x01 \x01(\tR\x04text\"\xa3\x01\n\rReasoningPart\x12\x12\n\x04text\x18\x01 \x01(\tR\x04text\x12\x1c\n\tsignature\x18\x02 \x01(\x0cR\tsignature\x12\x1a\n\x08redacted\x18\x03 \x01(\x08R\x08redacted\x12\x44\n\x11provider_metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructR\x10providerMetadata\"\xbc\x02\n\x0cToolCallPart\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1b\n\ttool_name\x18\x02 \x01(\tR\x08toolName\x12-\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructR\x05input\x12\x30\n\x05state\x18\x04 \x01(\x0e\x32\x1a.turnwire.v1.ToolCallStateR\x05state\x12.\n\x06output\x18\x05 \x01(\x0b\x32\x16.google.protobuf.ValueR\x06output\x12\x1d\n\nerror_text\x18\x06 \x01(\tR\terrorText\x12 \n\x0bpreliminary\x18\x07 \x01(\x08R\x0bpreliminary\x12\x1b\n\traw_input\x18\x08 \x01(\tR\x08rawInput\"z\n\x08\x46ilePart\x12\x1d\n\nmedia_type\x18\x01 \x01(\tR\tmediaType\x12\x1a\n\x08\x66ilename\x18\x02 \x01(\tR\x08\x66ilename\x12\x14\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00R\x04\x64\x61ta\x12\x12\n\x03url\x18\x04 \x01(\tH\x00R\x03urlB\t\n\x07\x63ontent\"\x8c\x01\n\nSourcePart\x12\x1b\n\tsource_id\x18\x01 \x01(\tR\x08sourceId\x12\x10\n\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n\x05title\x18\x03 \x01(\tR\x05title\x12\x1d\n\nmedia_type\x18\x04 \x01(\tR\tmediaType\x12\x1a\n\x08\x66ilename\x18\x05 \x01(\tR\x08\x66ilename\"Z\n\x08\x44\x61taPart\x12\x12\n\x04type\x18\x01 \x01(\tR\x04type\x12\x0e\n\x02id\x18\x02 \x01(\tR\x02id\x12*\n\x04\x64\x61ta\x18\x03 \x01(\x0b\x32\x16.google.protobuf.ValueR\x04\x64\x61ta\"\x0f\n\rStepStartPart\"\x86\x02\n\x05Usage\x12!\n\x0cinput_tokens\x18\x01 \x01(\x03R\x0binputTokens\x12#\n\routput_tokens\x18\x02 \x01(\x03R\x0coutputTokens\x12!\n\x0ctotal_tokens\x18\x03 \x01(\x03R\x0btotalTokens\x12)\n\x10reasoning_tokens\x18\x04 \x01(\x03R\x0freasoningTokens\x12.\n\x13\x63\x61\x63hed_input_tokens\x18\x05 \x01(\x03R\x11\x63\x61\x63hedInputTokens\x12\x37\n\x18\x63\x61\x63he_write_input_tokens\x18\x06 \x01(\x03R\x15\x63\x61\x63heWriteInputTokens*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x12\n\x0eROLE_ASSISTANT\x10\x02\x12\x0f\n\x0bROLE_SYSTEM\x10\x03*\xb5\x02\n\rToolCallState\x12\x1f\n\x1bTOOL_CALL_STATE_UNSPECIFIED\x10\x00\x12#\n\x1fTOOL_CALL_STATE_INPUT_STREAMING\x10\x01\x12#\n\x1fTOOL_CALL_STATE_INPUT_AVAILABLE\x10\x02\x12&\n\"TOOL_CALL_STATE_APPROVAL_REQUESTED\x10\x03\x12&\n\"TOOL_CALL_STATE_APPROVAL_RESPONDED\x10\x04\x12$\n TOOL_CALL_STATE_OUTPUT_AVAILABLE\x10\x05\x12 \n\x1cTOOL_CALL_STATE_OUTPUT_ERROR\x10\x06\x12!\n\x1dTOOL_CALL_STATE_OUTPUT_DENIED\x10\x07\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19turnwire/v1/message.proto\x12\x0bturnwire.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\x01\n\x07Message\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12%\n\x04role\x18\x02 \x01(\x0e\x32\x11.turnwire.v1.RoleR\x04role\x12\'\n\x05parts\x18\x03 \x03(\x0b\x32\x11.turnwire.v1.PartR\x05parts\x12;\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ncreateTime\x12\x33\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.StructR\x08metadata\"\xfb\x02\n\x04Part\x12+\n\x04text\x18\x01 \x01(\x0b\x32\x15.turnwire.v1.TextPartH\x00R\x04text\x12:\n\treasoning\x18\x02 \x01(\x0b\x32\x1a.turnwire.v1.ReasoningPartH\x00R\treasoning\x12\x38\n\ttool_call\x18\x03 \x01(\x0b\x32\x19.turnwire.v1.ToolCallPartH\x00R\x08toolCall\x12+\n\x04\x66ile\x18\x04 \x01(\x0b\x32\x15.turnwire.v1.FilePartH\x00R\x04\x66ile\x12\x31\n\x06source\x18\x05 \x01(\x0b\x32\x17.turnwire.v1.SourcePartH\x00R\x06source\x12+\n\x04\x64\x61ta\x18\x06 \x01(\x0b\x32\x15.turnwire.v1.DataPartH\x00R\x04\x64\x61ta\x12;\n\nstep_start\x18\x07 \x01(\x0b\x32\x1a.turnwire.v1.StepStartPartH\x00R\tstepStartB\x06\n\x04kind\"\x1e\n\x08TextPart\x12\x12\n\x04text\x18\x01 \x01(\tR\x04text\"\xa3\x01\n\rReasoningPart\x12\x12\n\x04text\x18\x01 \x01(\tR\x04text\x12\x1c\n\tsignature\x18\x02 \x01(\x0cR\tsignature\x12\x1a\n\x08redacted\x18\x03 \x01(\x08R\x08redacted\x12\x44\n\x11provider_metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructR\x10providerMetadata\"\x84\x03\n\x0cToolCallPart\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1b\n\ttool_name\x18\x02 \x01(\tR\x08toolName\x12\x31\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructB\x02\x18\x01R\x05input\x12\x30\n\x05state\x18\x04 \x01(\x0e\x32\x1a.turnwire.v1.ToolCallStateR\x05state\x12\x32\n\x06output\x18\x05 \x01(\x0b\x32\x16.google.protobuf.ValueB\x02\x18\x01R\x06output\x12\x1d\n\nerror_text\x18\x06 \x01(\tR\terrorText\x12 \n\x0bpreliminary\x18\x07 \x01(\x08R\x0bpreliminary\x12\x1b\n\traw_input\x18\x08 \x01(\tR\x08rawInput\x12\x1d\n\ninput_json\x18\t \x01(\tR\tinputJson\x12\x1f\n\x0boutput_json\x18\n \x01(\tR\noutputJson\"z\n\x08\x46ilePart\x12\x1d\n\nmedia_type\x18\x01 \x01(\tR\tmediaType\x12\x1a\n\x08\x66ilename\x18\x02 \x01(\tR\x08\x66ilename\x12\x14\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00R\x04\x64\x61ta\x12\x12\n\x03url\x18\x04 \x01(\tH\x00R\x03urlB\t\n\x07\x63ontent\"\x8c\x01\n\nSourcePart\x12\x1b\n\tsource_id\x18\x01 \x01(\tR\x08sourceId\x12\x10\n\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n\x05title\x18\x03 \x01(\tR\x05title\x12\x1d\n\nmedia_type\x18\x04 \x01(\tR\tmediaType\x12\x1a\n\x08\x66ilename\x18\x05 \x01(\tR\x08\x66ilename\"Z\n\x08\x44\x61taPart\x12\x12\n\x04type\x18\x01 \x01(\tR\x04type\x12\x0e\n\x02id\x18\x02 \x01(\tR\x02id\x12*\n\x04\x64\x61ta\x18\x03 \x01(\x0b\x32\x16.google.protobuf.ValueR\x04\x64\x61ta\"\x0f\n\rStepStartPart\"\x86\x02\n\x05Usage\x12!\n\x0cinput_tokens\x18\x01 \x01(\x03R\x0binputTokens\x12#\n\routput_tokens\x18\x02 \x01(\x03R\x0coutputTokens\x12!\n\x0ctotal_tokens\x18\x03 \x01(\x03R\x0btotalTokens\x12)\n\x10reasoning_tokens\x18\x04 \x01(\x03R\x0freasoningTokens\x12.\n\x13\x63\x61\x63hed_input_tokens\x18\x05 \x01(\x03R\x11\x63\x61\x63hedInputTokens\x12\x37\n\x18\x63\x61\x63he_write_input_tokens\x18\x06 \x01(\x03R\x15\x63\x61\x63heWriteInputTokens*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x12\n\x0eROLE_ASSISTANT\x10\x02\x12\x0f\n\x0bROLE_SYSTEM\x10\x03*\xb5\x02\n\rToolCallState\x12\x1f\n\x1bTOOL_CALL_STATE_UNSPECIFIED\x10\x00\x12#\n\x1fTOOL_CALL_STATE_INPUT_STREAMING\x10\x01\x12#\n\x1fTOOL_CALL_STATE_INPUT_AVAILABLE\x10\x02\x12&\n\"TOOL_CALL_STATE_APPROVAL_REQUESTED\x10\x03\x12&\n\"TOOL_CALL_STATE_APPROVAL_RESPONDED\x10\x04\x12$\n TOOL_CALL_STATE_OUTPUT_AVAILABLE\x10\x05\x12 \n\x1cTOOL_CALL_STATE_OUTPUT_ERROR\x10\x06\x12!\n\x1dTOOL_CALL_STATE_OUTPUT_DENIED\x10\x07\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'turnwire.v1.message_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=1867
-  _globals['_ROLE']._serialized_end=1947
-  _globals['_TOOLCALLSTATE']._serialized_start=1950
-  _globals['_TOOLCALLSTATE']._serialized_end=2259
+  _globals['_TOOLCALLPART'].fields_by_name['input']._loaded_options = None
+  _globals['_TOOLCALLPART'].fields_by_name['input']._serialized_options = b'\030\001'
+  _globals['_TOOLCALLPART'].fields_by_name['output']._loaded_options = None
+  _globals['_TOOLCALLPART'].fields_by_name['output']._serialized_options = b'\030\001'
+  _globals['_ROLE']._serialized_start=1939
+  _globals['_ROLE']._serialized_end=2019
+  _globals['_TOOLCALLSTATE']._serialized_start=2022
+  _globals['_TOOLCALLSTATE']._serialized_end=2331
   _globals['_MESSAGE']._serialized_start=106
   _globals['_MESSAGE']._serialized_end=325
   _globals['_PART']._serialized_start=328
@@ -46,15 +50,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REASONINGPART']._serialized_start=742
   _globals['_REASONINGPART']._serialized_end=905
   _globals['_TOOLCALLPART']._serialized_start=908
-  _globals['_TOOLCALLPART']._serialized_end=1224
-  _globals['_FILEPART']._serialized_start=1226
-  _globals['_FILEPART']._serialized_end=1348
-  _globals['_SOURCEPART']._serialized_start=1351
-  _globals['_SOURCEPART']._serialized_end=1491
-  _globals['_DATAPART']._serialized_start=1493
-  _globals['_DATAPART']._serialized_end=1583
-  _globals['_STEPSTARTPART']._serialized_start=1585
-  _globals['_STEPSTARTPART']._serialized_end=1600
-  _globals['_USAGE']._serialized_start=1603
-  _globals['_USAGE']._serialized_end=1865
+  _globals['_TOOLCALLPART']._serialized_end=1296
+  _globals['_FILEPART']._serialized_start=1298
+  _globals['_FILEPART']._serialized_end=1420
+  _globals['_SOURCEPART']._serialized_start=1423
+  _globals['_SOURCEPART']._serialized_end=1563
+  _globals['_DATAPART']._serialized_start=1565
+  _globals['_DATAPART']._serialized_end=1655
+  _globals['_STEPSTARTPART']._serialized_start=1657
+  _globals['_STEPSTARTPART']._serialized_end=1672
+  _globals['_USAGE']._serialized_start=1675
+  _globals['_USAGE']._serialized_end=1937
 # @@protoc_insertion_point(module_scope)

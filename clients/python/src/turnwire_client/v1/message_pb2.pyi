@@ -19,6 +19,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _Role:
@@ -280,6 +285,8 @@ class ToolCallPart(_message.Message):
     ERROR_TEXT_FIELD_NUMBER: _builtins.int
     PRELIMINARY_FIELD_NUMBER: _builtins.int
     RAW_INPUT_FIELD_NUMBER: _builtins.int
+    INPUT_JSON_FIELD_NUMBER: _builtins.int
+    OUTPUT_JSON_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The provider's id for the call; results refer to it."""
     tool_name: _builtins.str
@@ -294,15 +301,30 @@ class ToolCallPart(_message.Message):
     """The input text exactly as the model produced it, kept when it was not a
     valid JSON object.
     """
+    input_json: _builtins.str
+    """The call's input: a JSON object, as JSON text, exactly as the model
+    produced it (the model's input, before any hook rewrote it). Integers of
+    any size are kept exactly. Empty when the input was not a JSON object
+    (see `raw_input`).
+    """
+    output_json: _builtins.str
+    """The result, when `state` is TOOL_CALL_STATE_OUTPUT_AVAILABLE: any JSON
+    value, as JSON text, exactly as the tool returned it.
+    """
     @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def input(self) -> _struct_pb2.Struct:
-        """The call's input as a JSON object (the model's input, before any hook
-        rewrote it).
+        """The call's input as a Struct: a convenience view of `input_json`, set only
+        when it is exact (every number a finite double that holds it exactly,
+        nesting at most 20 deep). Deprecated: read `input_json`.
         """
 
     @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def output(self) -> _struct_pb2.Value:
-        """The result, when `state` is TOOL_CALL_STATE_OUTPUT_AVAILABLE."""
+        """The result as a Value: a convenience view of `output_json`, set only when
+        it is exact (as for `input`). Deprecated: read `output_json`.
+        """
 
     def __init__(
         self,
@@ -315,10 +337,12 @@ class ToolCallPart(_message.Message):
         error_text: _builtins.str = ...,
         preliminary: _builtins.bool = ...,
         raw_input: _builtins.str = ...,
+        input_json: _builtins.str = ...,
+        output_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "output", b"output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_text", b"error_text", "input", b"input", "output", b"output", "preliminary", b"preliminary", "raw_input", b"raw_input", "state", b"state", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_text", b"error_text", "input", b"input", "input_json", b"input_json", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "raw_input", b"raw_input", "state", b"state", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
