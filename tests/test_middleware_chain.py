@@ -173,7 +173,14 @@ async def test_hook_order_for_a_turn_with_one_tool_call(make_engine: EngineFacto
         *both("before_turn"),
         *both("before_step", 0),
         *chunks(
-            "TextStart", "TextDelta", "TextEnd", "ToolInputStart", "ToolInputDelta", "ToolCall", "FinishStep"
+            "UsageUpdate",
+            "TextStart",
+            "TextDelta",
+            "TextEnd",
+            "ToolInputStart",
+            "ToolInputDelta",
+            "ToolCall",
+            "FinishStep",
         ),
         *both("before_tool_call", "lookup"),
         ("tool", "execute", "lookup"),
@@ -181,7 +188,7 @@ async def test_hook_order_for_a_turn_with_one_tool_call(make_engine: EngineFacto
         *both("after_tool_call", "lookup", reverse=True),
         *both("on_step_finish", 0, reverse=True),
         *both("before_step", 1),
-        *chunks("TextStart", "TextDelta", "TextEnd", "FinishStep"),
+        *chunks("UsageUpdate", "TextStart", "TextDelta", "TextEnd", "FinishStep"),
         *both("on_step_finish", 1, reverse=True),
         ("B", "on_chat_response", "completed"),
         ("check", "stored", ["u1", "tw-a-r1"]),
@@ -257,7 +264,7 @@ async def test_hook_order_for_two_parallel_tool_calls_of_different_speeds(make_e
     expected = [
         *both("before_turn"),
         *both("before_step", 0),
-        *chunks(*tool_input, *tool_input, "FinishStep"),
+        *chunks("UsageUpdate", *tool_input, *tool_input, "FinishStep"),
         # started in emission order ...
         *both("before_tool_call", "slow"),
         ("tool", "execute", "slow"),
@@ -273,7 +280,7 @@ async def test_hook_order_for_two_parallel_tool_calls_of_different_speeds(make_e
         # once, after both
         *both("on_step_finish", 0, reverse=True),
         *both("before_step", 1),
-        *chunks("TextStart", "TextDelta", "TextEnd", "FinishStep"),
+        *chunks("UsageUpdate", "TextStart", "TextDelta", "TextEnd", "FinishStep"),
         *both("on_step_finish", 1, reverse=True),
         *both("on_chat_response", "completed", reverse=True),
     ]
@@ -593,9 +600,9 @@ async def test_observer_hook_errors_are_logged_and_counted_and_the_turn_complete
         "after_tool_call": 1,
         "on_step_finish": 2,
         "on_chat_response": 1,
-        # step 0: text start, 3 word deltas, text end, tool input start/delta,
-        # tool call, finish (9) + 1 tool result; step 1: 4 model chunks
-        "on_chunk": 14,
+        # step 0: usage update, text start, 3 word deltas, text end, tool input
+        # start/delta, tool call, finish (10) + 1 tool result; step 1: 5 model chunks
+        "on_chunk": 16,
     }[hook]
     assert len(observed) == expected_calls
     assert h.chain.error_counts[("broken", hook)] == expected_calls

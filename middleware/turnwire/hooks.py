@@ -295,8 +295,8 @@ class ChatErrorContext:
     returned (``on_chat_error`` may return another one, or a message);
     ``middleware`` and ``hook`` name the hook that raised it (empty when no
     hook did; docs/semantics.md §11); ``stage`` is where it happened;
-    ``messages_persisted`` whether the input was stored; ``classification`` what ``classify_chat_error`` decided (``None`` when
-    nobody classified it).
+    ``messages_persisted`` whether the input was stored; ``classification``
+    what ``classify_chat_error`` decided (``None`` when nobody classified it).
     """
 
     conversation_id: str

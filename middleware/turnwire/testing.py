@@ -38,6 +38,7 @@ from turnwire.types import (
     ToolInputDelta,
     ToolInputStart,
     Usage,
+    UsageUpdate,
 )
 from turnwire.values import dumps, from_value, parse_tool_input
 from turnwire_client.v1 import message_pb2
@@ -280,6 +281,11 @@ class ScriptedProvider:
             if delay:
                 await asyncio.sleep(delay)
 
+        input_tokens = step.usage.input_tokens
+        if input_tokens is None:
+            input_tokens = sum(m.ByteSize() for m in request.messages) // 4 + len(request.system) // 4
+        # As providers do at stream start: the input is counted before any output.
+        yield UsageUpdate(Usage(input_tokens=input_tokens, total_tokens=input_tokens))
         if step.reasoning:
             if paced:
                 await pace()
@@ -312,9 +318,6 @@ class ScriptedProvider:
         output_tokens = step.usage.output_tokens
         if output_tokens is None:
             output_tokens = len((step.text + step.reasoning).split()) + 8 * len(step.tool_calls)
-        input_tokens = step.usage.input_tokens
-        if input_tokens is None:
-            input_tokens = sum(m.ByteSize() for m in request.messages) // 4 + len(request.system) // 4
         finish = (
             FinishReason(step.finish_reason)
             if step.finish_reason

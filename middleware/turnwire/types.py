@@ -211,6 +211,18 @@ class File:
 
 
 @dataclass(slots=True)
+class UsageUpdate:
+    """Usage the provider reported so far in this step (cumulative), before the step finished.
+
+    The last one counts when the step is cut short (a cancel, a stall, an in-stream error),
+    so every model call's usage is kept (docs/semantics.md §11); a :class:`FinishStep`'s
+    usage replaces it. Anthropic reports input tokens at ``message_start``, for example.
+    """
+
+    usage: Usage
+
+
+@dataclass(slots=True)
 class FinishStep:
     """The step ended. Always the last chunk of a successful stream.
 
@@ -239,6 +251,7 @@ ModelChunk = (
     | ToolCall
     | Source
     | File
+    | UsageUpdate
     | FinishStep
 )
 """One normalized piece of a model's stream."""

@@ -283,6 +283,7 @@ class StepLoop:
         progress = turn.checkpoints.progress
         request = turn.request
         finish: chunks.FinishStep | None = None
+        partial: chunks.Usage | None = None
         loop = asyncio.get_running_loop()
         try:
             async with contextlib.aclosing(stream) as model_stream, asyncio.timeout(chunk_timeout) as gap:
@@ -330,6 +331,8 @@ class StepLoop:
                         writer.new().source.CopyFrom(assistant.message.parts[-1].source)
                     elif kind is chunks.File:
                         writer.new().file.CopyFrom(assistant.add_file(chunk))
+                    elif kind is chunks.UsageUpdate:
+                        partial = chunk.usage
                     elif kind is chunks.FinishStep:
                         finish = chunk
                     if observe:
@@ -339,14 +342,18 @@ class StepLoop:
                     progress()
                     if writer.backlogged:
                         await self.wait_for_reader()
-        except ProviderError as error:
-            raise TurnFailure("stream", error) from error
-        except TimeoutError:
-            if chunk_timeout is None:
-                raise
-            raise TurnFailure(
-                "stream", ModelTimeout(f"no model output for {chunk_timeout:g} s (chunk timeout)")
-            ) from None
+        except BaseException as error:
+            # Cut short (cancel, stall, in-stream error, timeout): the usage the provider
+            # reported so far still counts (docs/semantics.md §11).
+            if finish is None and partial is not None:
+                turn.usage.add(partial)
+            if isinstance(error, ProviderError):
+                raise TurnFailure("stream", error) from error
+            if isinstance(error, TimeoutError) and chunk_timeout is not None:
+                raise TurnFailure(
+                    "stream", ModelTimeout(f"no model output for {chunk_timeout:g} s (chunk timeout)")
+                ) from None
+            raise
         if finish is None:
             raise TurnFailure(
                 "stream", ProviderError("the model stream ended without a finish", provider="engine")
