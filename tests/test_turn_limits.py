@@ -113,6 +113,28 @@ async def test_stall_watchdog_interrupts_a_silent_tool_and_stores_the_partial(
     assert end.message == stored[-1]
 
 
+async def test_a_stall_before_the_first_chunk_says_why_and_continuing_it_says_why_not(
+    make_engine: EngineFactory,
+) -> None:
+    """docs/semantics.md §5 and §12: an INTERRUPTED or SKIPPED end carries a status saying why.
+
+    Before: a stall before the first chunk ended INTERRUPTED with no error and only the user
+    message stored; ContinueLastTurn then answered SKIPPED with no reason."""
+    h = await make_engine(
+        scripts={"main": [ScriptStep(text="late", delay_ms=3000)]}, stream_stall_timeout_seconds=0.1
+    )
+    end = end_of(await h.run())
+    assert end.status == event_pb2.TURN_STATUS_INTERRUPTED
+    assert end.error.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+    assert detail(end.error, error_details_pb2.ErrorInfo).reason == "STREAM_STALLED"
+    assert "stream_stall_timeout_seconds" in end.error.message
+    assert [m.role for m in await h.store.load_messages(CONV)] == [message_pb2.ROLE_USER]
+    skipped = end_of(await h.run(None, continuation=True))
+    assert skipped.status == event_pb2.TURN_STATUS_SKIPPED
+    assert detail(skipped.error, error_details_pb2.ErrorInfo).reason == "NOTHING_TO_CONTINUE"
+    assert "the last message is not the assistant's" in skipped.error.message
+
+
 async def test_stall_timeout_from_before_turn_overrides_the_default(make_engine: EngineFactory) -> None:
     h = await make_engine(
         scripts={"main": [ScriptStep(text="a b c", delay_ms=100)]},
