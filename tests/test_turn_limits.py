@@ -185,6 +185,33 @@ async def test_repair_tool_call_fixes_invalid_input_and_the_tool_runs(make_engin
     assert call.input["q"] == "fenced"
 
 
+async def test_a_repair_that_gives_only_the_input_text_is_parsed(make_engine: EngineFactory) -> None:
+    """Before: a repaired call whose input existed only as raw JSON text ran with input ``{}``."""
+    got: list[dict[str, Any]] = []
+
+    async def record(input: dict[str, Any], execution: ToolExecution) -> str:
+        got.append(input)
+        return "ok"
+
+    def unfence(call: ToolCall, error: str) -> ToolCall:
+        raw = call.raw_input.strip().removeprefix("```json").removesuffix("```").strip()
+        return ToolCall(call.tool_call_id, call.tool_name, None, raw_input=raw)
+
+    h = await make_engine(
+        scripts={
+            "main": [
+                ScriptStep(tool_calls=[ScriptedToolCall(name="record", raw_input=FENCED)]),
+                ScriptStep(text="ok"),
+            ]
+        },
+        tools=[make_tool("record", record)],
+        middlewares=[Configure(TurnConfig(repair_tool_call=unfence))],
+    )
+    events = await h.run()
+    assert got == [{"q": "fenced"}]
+    assert tool_parts(end_of(events).message)[0].input_json == '{"q": "fenced"}'
+
+
 async def test_repair_tool_call_returning_none_keeps_the_input_error(make_engine: EngineFactory) -> None:
     h = await make_engine(
         scripts={
