@@ -69,6 +69,45 @@ def test_invalid_ids_name_the_field_and_the_allowed_characters(value: str) -> No
     assert description == f"{value!r} is not a valid id; use 1-128 characters of {VALID_CHARS}"
 
 
+# Every id the API checks, checked the way its RPC checks it (see ChatService): (field, check).
+ID_CHECKS: dict[str, Callable[[str, Violations], None]] = {
+    "conversation_id": lambda value, violations: check_id(
+        value, "conversation_id", violations, required=True
+    ),
+    "request_id": lambda value, violations: check_id(
+        value, "request_id", violations, required=False, client_chosen=True
+    ),
+    "message.id": lambda value, violations: check_message(
+        text_message(message_id=value), "message", violations, max_bytes=10_000, default_role=None
+    ),
+    "CancelChat.request_id": lambda value, violations: check_id(
+        value, "request_id", violations, required=True
+    ),
+}
+
+
+@pytest.mark.parametrize("check", ID_CHECKS.values(), ids=ID_CHECKS.keys())
+@pytest.mark.parametrize("value", ["conv-1\n", "conv-1\r\n", "\nconv-1", "conv\n-1", "conv-1 "])
+def test_every_id_must_match_as_a_whole_so_a_trailing_newline_is_refused(
+    check: Callable[[str, Violations], None], value: str
+) -> None:
+    # re.match with "$" would accept "conv-1\n": "$" also matches before a final newline.
+    violations: Violations = []
+    check(value, violations)
+    [(field, description)] = violations
+    assert field.endswith("id")
+    assert description.startswith(f"{value!r} is not a valid id")
+    without: Violations = []
+    check("conv-1", without)  # the same id without the stray character passes
+    assert without == []
+
+
+def test_the_id_pattern_is_used_with_fullmatch() -> None:
+    assert ID_PATTERN.match("conv-1\n")  # a prefix matches ...
+    assert not ID_PATTERN.fullmatch("conv-1\n")  # ... the whole value does not
+    assert id_violations("conv-1\n") != []
+
+
 def test_an_id_longer_than_128_characters_is_refused() -> None:
     assert id_violations("a" * 128) == []
     [(field, description)] = id_violations("a" * 129)
@@ -267,21 +306,7 @@ FIX_CASES: list[tuple[Callable[[Violations], None], str, tuple[str, ...]]] = [
 
 @pytest.mark.parametrize(
     ("make", "field", "fix"),
-    [
-        pytest.param(
-            *case,
-            id=case[0].__name__.strip("_"),
-            marks=[
-                pytest.mark.xfail(
-                    strict=True,
-                    reason="check_message says only 'unknown role N', not which roles to use instead",
-                )
-            ]
-            if case[0] is _unknown_role
-            else [],
-        )
-        for case in FIX_CASES
-    ],
+    [pytest.param(*case, id=case[0].__name__.strip("_")) for case in FIX_CASES],
 )
 def test_every_violation_names_its_field_and_says_what_to_fix(
     make: Callable[[Violations], None], field: str, fix: tuple[str, ...]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,6 +12,9 @@ from typing import Any, Literal
 
 import pytest
 from google.protobuf import struct_pb2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.page_tokens import CRAFTED_TOKENS, ISSUE_9_TOKENS, TOKENS_OF_ANY_KIND, v2
 from support.waiting import wait_until
 
 from turnwire_client.v1 import message_pb2
@@ -19,11 +23,13 @@ from turnwire_server.store import (
     MessageIdConflict,
     Store,
     StoreError,
+    StoreInUse,
     TurnRecord,
     open_store,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.sqlite import SqliteStore
+from turnwire_server.store.sqlite_rows import decode_page_token, encode_page_token, to_us
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=dt.UTC)
 
@@ -367,25 +373,40 @@ async def test_running_turns_after_a_crash(tmp_path: Path) -> None:
     path = tmp_path / "crash.db"
     crashed = SqliteStore(path)
     await crashed.open()
+    await crashed.start_turn(_turn("r1", "c1"), [_text("u1", "q1")])
+    await crashed.start_turn(_turn("r2", "c2"), [_text("u2", "q2")])
+    await crashed.save_message("c2", _text("asst-1", "half a rep", message_pb2.ROLE_ASSISTANT))
+    await crashed.finish_turn(_turn("r1", "c1", state="completed"), _text("a1", "done"))
+    # "Crash": no finish_turn for r2; the process goes away (its file lock with it).
+    await crashed.close()
+    recovered = SqliteStore(path)
+    await recovered.open()
     try:
-        await crashed.start_turn(_turn("r1", "c1"), [_text("u1", "q1")])
-        await crashed.start_turn(_turn("r2", "c2"), [_text("u2", "q2")])
-        await crashed.save_message("c2", _text("asst-1", "half a rep", message_pb2.ROLE_ASSISTANT))
-        await crashed.finish_turn(_turn("r1", "c1", state="completed"), _text("a1", "done"))
-        # "Crash": no finish_turn for r2. A new process opens the file meanwhile.
-        recovered = SqliteStore(path)
-        await recovered.open()
-        try:
-            running = await recovered.running_turns()
-            assert running == [_turn("r2", "c2")]
-            assert running[0].start_time == T0
-            assert running[0].start_time.tzinfo is dt.UTC
-            checkpoint = (await recovered.load_messages("c2"))[-1]
-            assert checkpoint.parts[0].text.text == "half a rep"
-        finally:
-            await recovered.close()
+        running = await recovered.running_turns()
+        assert running == [_turn("r2", "c2")]
+        assert running[0].start_time == T0
+        assert running[0].start_time.tzinfo is dt.UTC
+        checkpoint = (await recovered.load_messages("c2"))[-1]
+        assert checkpoint.parts[0].text.text == "half a rep"
     finally:
-        await crashed.close()
+        await recovered.close()
+
+
+async def test_a_second_store_on_an_open_file_is_refused_before_touching_it(tmp_path: Path) -> None:
+    path = tmp_path / "one.db"
+    first = SqliteStore(path)
+    await first.open()
+    try:
+        await first.start_turn(_turn("r1", "c1"), [_text("u1", "q1")])
+        second = SqliteStore(path)
+        with pytest.raises(StoreInUse, match="in use by another turnwire process"):
+            await second.open()
+        assert [t.request_id for t in await first.running_turns()] == ["r1"]
+    finally:
+        await first.close()
+    again = SqliteStore(path)  # free once the first has closed
+    await again.open()
+    await again.close()
 
 
 async def test_failed_write_does_not_affect_others_in_the_same_batch(store: SqliteStore) -> None:
@@ -576,11 +597,73 @@ async def test_list_conversations_empty_and_exact_fit(store: SqliteStore) -> Non
         "eyJ2IjoyLCJ1IjoxLCJpZCI6ImMifQ",  # {"v":2,"u":1,"id":"c"}
         "_-_-",
         "a",
+        *CRAFTED_TOKENS.values(),
     ],
+    ids=lambda token: next((name for name, t in CRAFTED_TOKENS.items() if t == token), token),
 )
 async def test_invalid_page_token(store: SqliteStore, token: str) -> None:
+    await store.start_turn(_turn(), [_text("u", "x")])  # something to list after
     with pytest.raises(InvalidPageToken):
         await store.list_conversations(3, token)
+
+
+@pytest.mark.parametrize("name", ISSUE_9_TOKENS)
+async def test_issue_9_crafted_page_tokens_are_invalid_page_tokens(store: SqliteStore, name: str) -> None:
+    # Once OverflowError, RecursionError and a StoreError (UNAVAILABLE, "retry"): now all
+    # InvalidPageToken, which is not only a StoreError but exactly the error for a bad token.
+    await store.start_turn(_turn(), [_text("u", "x")])
+    with pytest.raises(InvalidPageToken) as raised:
+        await store.list_conversations(3, ISSUE_9_TOKENS[name])
+    assert type(raised.value) is InvalidPageToken
+    assert await store.list_conversations(3, "") == ([await store.get_conversation("conv-1")], "")
+
+
+@given(
+    update_us=st.integers(min_value=-62_135_596_800_000_000, max_value=253_402_300_799_999_999),
+    conversation_id=st.text(min_size=1).filter(lambda t: not any("\ud800" <= c <= "\udfff" for c in t)),
+)
+def test_page_tokens_round_trip_and_are_url_safe(update_us: int, conversation_id: str) -> None:
+    token = encode_page_token(update_us, conversation_id)
+    assert re.fullmatch(r"[A-Za-z0-9_-]+", token)
+    assert decode_page_token(token) == (update_us, conversation_id)
+
+
+async def test_a_well_formed_forged_token_only_moves_where_the_listing_starts(store: SqliteStore) -> None:
+    for i in range(4):
+        await store.start_turn(_turn(f"r{i}", f"conv-{i}"), [_text("u", str(i))])
+    everything, _ = await store.list_conversations(10, "")
+    third = everything[2]
+    forged = v2(to_us(third.update_time, "update_time"), third.conversation_id.encode())
+    assert await store.list_conversations(10, forged) == (everything[3:], "")
+
+
+def _stored_rows(path: Path) -> dict[str, list[Any]]:
+    tables = ("conversations", "messages", "parts", "turns", "schema_migrations")
+    return {table: _raw(path, f"SELECT * FROM {table} ORDER BY 1, 2") for table in tables}
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(token=TOKENS_OF_ANY_KIND)
+async def test_any_page_token_lists_or_is_refused_and_changes_nothing(store: SqliteStore, token: str) -> None:
+    if await store.get_conversation("conv-0") is None:  # the store is shared by every example
+        for i in range(3):
+            await store.start_turn(_turn(f"r{i}", f"conv-{i}"), [_text("u", str(i))])
+    before = _stored_rows(store.path)
+    stored = {c.conversation_id for c in (await store.list_conversations(10, ""))[0]}
+    try:
+        records, next_token = await store.list_conversations(2, token)
+    except InvalidPageToken:
+        pass
+    else:  # a well-formed token, forged or not: some stored conversations, and a token or ""
+        assert {r.conversation_id for r in records} <= stored
+        if next_token:  # and the store takes the token it issued
+            await store.list_conversations(2, next_token)
+    assert _stored_rows(store.path) == before
 
 
 # ----------------------------------------------------------------------------- migrations

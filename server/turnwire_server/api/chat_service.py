@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import struct_pb2, timestamp_pb2
 from grpc_status import rpc_status
 
+from turnwire.values import NotJsonError, from_struct, normalize
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
 from turnwire_server.api.validation import (
@@ -65,15 +66,6 @@ def _not_found(conversation_id: str) -> TurnwireStatusError:
     )
 
 
-def _store_unavailable(error: StoreError) -> TurnwireStatusError:
-    return TurnwireStatusError(
-        grpc.StatusCode.UNAVAILABLE,
-        f"store unavailable: {error}",
-        reason="STORE_UNAVAILABLE",
-        retry_after_seconds=1.0,
-    )
-
-
 async def _stream_turn(
     context: grpc.aio.ServicerContext[Any, Any], start: Callable[[], Awaitable[TurnHandle]]
 ) -> AsyncIterator[Any]:
@@ -94,6 +86,19 @@ async def _stream_turn(
             yield response
     finally:
         handle.cancel()
+
+
+def _body(body: struct_pb2.Struct) -> dict[str, Any]:
+    """The request's ``body`` as plain JSON for the hooks. Raises INVALID_ARGUMENT (naming the
+    path) for a number JSON has no form for (NaN, Infinity): hooks and the store get JSON only."""
+    if not body.ByteSize():
+        return {}
+    value = from_struct(body)
+    try:
+        return normalize(value)  # type: ignore[no-any-return]
+    except NotJsonError as error:
+        path = "body" + error.path.removeprefix("$")
+        raise invalid_argument([(path, "NaN and Infinity have no JSON form; send a finite number")]) from None
 
 
 class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
@@ -238,7 +243,7 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
                 conversation_id=conversation_id,
                 request_id=request_id or new_request_id(),
                 messages=messages,
-                body=json_format.MessageToDict(body) if body.ByteSize() else {},
+                body=_body(body),
                 model=model or self.default_model,
                 continuation=continuation,
                 response_type=response_type,
@@ -253,7 +258,7 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
         try:
             return await self.store.get_conversation(conversation_id)
         except StoreError as error:
-            raise _store_unavailable(error) from error
+            raise status_error_of(error) from error
 
     async def GetConversation(
         self,
@@ -271,7 +276,7 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
             try:
                 messages = await self.store.load_messages(request.conversation_id)
             except StoreError as error:
-                raise _store_unavailable(error) from error
+                raise status_error_of(error) from error
         except TurnwireStatusError as error:
             await abort(context, error)
             raise AssertionError("unreachable") from None
@@ -303,7 +308,7 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
                     reason="INVALID_PAGE_TOKEN",
                 ) from None
             except StoreError as error:
-                raise _store_unavailable(error) from error
+                raise status_error_of(error) from error
         except TurnwireStatusError as error:
             await abort(context, error)
             raise AssertionError("unreachable") from None

@@ -21,6 +21,8 @@ _ROLE_NAMES = {
     message_pb2.ROLE_ASSISTANT: "ROLE_ASSISTANT",
     message_pb2.ROLE_SYSTEM: "ROLE_SYSTEM",
 }
+_ROLE_CHOICES = ", ".join(list(_ROLE_NAMES.values())[:-1]) + " or " + list(_ROLE_NAMES.values())[-1]
+"""The roles a client may set, for violations to name: ``ROLE_USER, ROLE_ASSISTANT or ROLE_SYSTEM``."""
 
 
 def check_id(
@@ -70,11 +72,11 @@ def check_message(
     """
     if message.role == message_pb2.ROLE_UNSPECIFIED:
         if default_role is None:
-            violations.append((f"{field}.role", "must be set (ROLE_USER, ROLE_ASSISTANT or ROLE_SYSTEM)"))
+            violations.append((f"{field}.role", f"must be set ({_ROLE_CHOICES})"))
         else:
             message.role = default_role  # type: ignore[assignment]
     elif message.role not in _ROLE_NAMES:
-        violations.append((f"{field}.role", f"unknown role {message.role}"))
+        violations.append((f"{field}.role", f"unknown role {message.role}; use {_ROLE_CHOICES}"))
     if not message.parts:
         violations.append((f"{field}.parts", "must contain at least one part (for example a text part)"))
     for index, part in enumerate(message.parts):

@@ -1,159 +1,65 @@
-"""A small JSON Schema validator for structured output (``TurnConfig.output``).
+"""JSON Schema validation of structured output (``TurnConfig.output``), by the ``jsonschema`` library.
 
-Covers the keywords that structured-output schemas use (the subset OpenAI's
-strict mode and Anthropic's JSON outputs accept, plus a few common ones):
-``type`` (string or list), ``enum``, ``const``, ``properties``, ``required``,
-``additionalProperties`` (bool or schema), ``items``, ``prefixItems``,
-``minItems``/``maxItems``, ``minLength``/``maxLength``, ``pattern``,
-``minimum``/``maximum``/``exclusiveMinimum``/``exclusiveMaximum``,
-``anyOf``/``oneOf``/``allOf``, and local ``$ref`` (``#/$defs/…``,
-``#/definitions/…``, ``#``). Unknown keywords (``format``, ``description`` …)
-are ignored, as JSON Schema says annotations are.
+The whole of Draft 2020-12 (the dialect the providers' structured-output modes
+speak), whatever ``$schema`` says. ``format`` and other annotations are not
+asserted, as the draft's default is. ``$ref`` resolves within the schema (and to
+the meta-schemas the library ships): nothing is fetched, so a remote ``$ref`` is
+unresolvable.
 
-:func:`validate` returns a list of problems (empty when valid), each naming the
-JSON pointer of the offending value, at most ``limit`` of them.
+:func:`validate` returns a list of problems (empty when valid), each the RFC 6901
+JSON pointer of the offending value, then what is wrong: ``/items/0/name: 3 is
+not of type 'string'``.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from itertools import islice
 from typing import Any
 
-_TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,),
-    "array": (list,),
-    "string": (str,),
-    "boolean": (bool,),
-    "null": (type(None),),
-}
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from referencing import Registry
+from referencing.exceptions import Unresolvable
 
-
-def _is_type(value: Any, name: str) -> bool:
-    if name == "integer":
-        return (isinstance(value, int) and not isinstance(value, bool)) or (
-            isinstance(value, float) and value.is_integer()
-        )
-    if name == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    return isinstance(value, _TYPES.get(name, ()))
-
-
-def _resolve(root: Mapping[str, Any], ref: str) -> Mapping[str, Any]:
-    if ref == "#":
-        return root
-    if not ref.startswith("#/"):
-        raise ValueError(f"only local $ref is supported, not {ref!r}")
-    node: Any = root
-    for token in ref[2:].split("/"):
-        node = node[token.replace("~1", "/").replace("~0", "~")]
-    if not isinstance(node, Mapping):
-        raise ValueError(f"$ref {ref!r} does not point at a schema")
-    return node
-
-
-class _Run:
-    """One validation: the root schema (for ``$ref``), the problems found, and how many to collect."""
-
-    __slots__ = ("errors", "limit", "root")
-
-    def __init__(self, root: Mapping[str, Any], limit: int) -> None:
-        self.root = root
-        self.errors: list[str] = []
-        self.limit = limit
+_MAX_MESSAGE_CHARS = 200
+"""Messages quote the offending value: a longer one loses its middle, so what is wrong (at the end) stays."""
 
 
 def validate(value: Any, schema: Mapping[str, Any] | bool, *, limit: int = 10) -> list[str]:
-    """Problems of ``value`` against ``schema`` (empty list: valid)."""
-    run = _Run(schema if isinstance(schema, Mapping) else {}, limit)
-    _check(value, schema, "", run)
-    return run.errors[:limit]
+    """Problems of ``value`` against ``schema`` (empty list: valid), at most ``limit`` of them.
+
+    Each problem is ``"POINTER: message"``; the pointer escapes ``~`` as ``~0`` and
+    ``/`` as ``~1`` (RFC 6901); the whole value is shown as ``/`` (RFC 6901 writes it
+    as the empty string, which reads badly before the colon).
+
+    Raises :class:`ValueError` when ``schema`` is not a valid Draft 2020-12 schema
+    (say a misspelt type or a broken ``pattern``) or has a ``$ref`` that does not
+    resolve within it; the message says which.
+    """
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as error:
+        raise ValueError(f"invalid JSON Schema at {error.json_path}: {_shorten(error.message)}") from None
+    # An empty registry: a $ref outside the schema is unresolvable rather than fetched.
+    validator = Draft202012Validator(schema, registry=Registry())
+    try:
+        return [
+            f"{_pointer(error.absolute_path)}: {_shorten(error.message)}"
+            for error in islice(validator.iter_errors(value), limit)
+        ]
+    except Unresolvable as error:
+        raise ValueError(f"$ref {error.ref!r} does not resolve within the schema (none is fetched)") from None
+    except RecursionError:  # a value nested deeper than Python recurses, or $refs that loop
+        return ["/: nested too deeply to check (or the schema's $refs loop without end)"]
 
 
-def _matches(value: Any, schema: Mapping[str, Any] | bool, run: _Run) -> bool:
-    sub = _Run(run.root, 1)
-    _check(value, schema, "", sub)
-    return not sub.errors
+def _pointer(path: Iterable[str | int]) -> str:
+    return "/" + "/".join(str(part).replace("~", "~0").replace("/", "~1") for part in path)
 
 
-def _check(value: Any, schema: Mapping[str, Any] | bool, path: str, run: _Run) -> None:
-    errors = run.errors
-    if len(errors) >= run.limit or schema is True:
-        return
-    if schema is False:
-        errors.append(f"{path or '/'}: no value is allowed here")
-        return
-    where = path or "/"
-    if "$ref" in schema:
-        _check(value, _resolve(run.root, schema["$ref"]), path, run)
-    expected = schema.get("type")
-    if expected is not None:
-        names = [expected] if isinstance(expected, str) else list(expected)
-        if not any(_is_type(value, name) for name in names):
-            errors.append(f"{where}: expected {' or '.join(names)}, got {type(value).__name__}")
-            return
-    if "enum" in schema and value not in schema["enum"]:
-        errors.append(f"{where}: {value!r} is not one of {schema['enum']!r}")
-    if "const" in schema and value != schema["const"]:
-        errors.append(f"{where}: expected {schema['const']!r}")
-    for sub in schema.get("allOf", ()):
-        _check(value, sub, path, run)
-    for keyword in ("anyOf", "oneOf"):
-        options = schema.get(keyword)
-        if options:
-            matches = sum(1 for sub in options if _matches(value, sub, run))
-            if matches == 0 or (keyword == "oneOf" and matches > 1):
-                errors.append(f"{where}: matches {matches} of the {keyword} schemas")
-    if isinstance(value, dict):
-        _check_object(value, schema, path, run)
-    elif isinstance(value, list):
-        _check_array(value, schema, path, run)
-    elif isinstance(value, str):
-        if "minLength" in schema and len(value) < schema["minLength"]:
-            errors.append(f"{where}: shorter than {schema['minLength']}")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            errors.append(f"{where}: longer than {schema['maxLength']}")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            errors.append(f"{where}: does not match {schema['pattern']!r}")
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            errors.append(f"{where}: below the minimum {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errors.append(f"{where}: above the maximum {schema['maximum']}")
-        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-            errors.append(f"{where}: not above {schema['exclusiveMinimum']}")
-        if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
-            errors.append(f"{where}: not below {schema['exclusiveMaximum']}")
-
-
-def _check_object(value: dict[str, Any], schema: Mapping[str, Any], path: str, run: _Run) -> None:
-    errors = run.errors
-    properties: Mapping[str, Any] = schema.get("properties") or {}
-    for name in schema.get("required", ()):
-        if name not in value:
-            errors.append(f"{path or '/'}: missing required property {name!r}")
-    additional = schema.get("additionalProperties", True)
-    for name, item in value.items():
-        child = f"{path}/{name}"
-        if name in properties:
-            _check(item, properties[name], child, run)
-        elif additional is False:
-            errors.append(f"{child}: property is not allowed")
-        elif isinstance(additional, Mapping):
-            _check(item, additional, child, run)
-
-
-def _check_array(value: list[Any], schema: Mapping[str, Any], path: str, run: _Run) -> None:
-    errors = run.errors
-    where = path or "/"
-    if "minItems" in schema and len(value) < schema["minItems"]:
-        errors.append(f"{where}: fewer than {schema['minItems']} items")
-    if "maxItems" in schema and len(value) > schema["maxItems"]:
-        errors.append(f"{where}: more than {schema['maxItems']} items")
-    prefix = schema.get("prefixItems") or ()
-    for index, sub in enumerate(prefix[: len(value)]):
-        _check(value[index], sub, f"{path}/{index}", run)
-    items = schema.get("items")
-    if items is not None:
-        for index in range(len(prefix), len(value)):
-            _check(value[index], items, f"{path}/{index}", run)
+def _shorten(message: str) -> str:
+    if len(message) <= _MAX_MESSAGE_CHARS:
+        return message
+    half = (_MAX_MESSAGE_CHARS - 1) // 2
+    return f"{message[:half]}…{message[-half:]}"

@@ -30,6 +30,11 @@ class StoreError(Exception):
     """The store could not read or write (I/O, database unavailable)."""
 
 
+class StoreCorrupted(StoreError):
+    """Something stored cannot be read back: a bug or a damaged file, not a passing failure
+    (docs/semantics.md §11: never reported as a retryable ``UNAVAILABLE``)."""
+
+
 class StoreInUse(StoreError):
     """The database file is already served by another process (the embedded store serves one)."""
 

@@ -22,7 +22,13 @@ import filelock
 from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import ConversationRecord, StoreError, StoreInUse, TurnRecord
+from turnwire_server.store.base import (
+    ConversationRecord,
+    StoreCorrupted,
+    StoreError,
+    StoreInUse,
+    TurnRecord,
+)
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.sqlite_migrations import Migration, load_migrations
 from turnwire_server.store.sqlite_rows import (
@@ -212,9 +218,9 @@ class SqliteStore:
                     messages.append(current)
                 if part is not None:
                     current.parts.add().MergeFromString(part)
-        except DecodeError as exc:
-            raise StoreError(
-                f"sqlite store: conversation {conversation_id!r} has a corrupt message: {exc}"
+        except (DecodeError, RecursionError) as exc:
+            raise StoreCorrupted(
+                f"sqlite store: conversation {conversation_id!r} has a message that cannot be decoded: {exc}"
             ) from exc
         return messages
 
