@@ -49,3 +49,36 @@ async def test_an_id_with_a_trailing_newline_is_refused_by_every_rpc(sidecar_fac
         assert (await client.list_conversations()).conversations == []
         # The same ids without the newline are fine.
         assert (await collect(client.chat("id-1", "hi", request_id="id-1"))).ok
+
+
+async def test_a_client_message_id_never_takes_a_reply_of_the_server(sidecar_factory: SidecarFactory) -> None:
+    """Before: ``Chat(request_id="r1", message.id="msg_r1")`` stored only the assistant message
+    ``msg_r1`` (the user text was gone), and turn 1 with ``message.id="msg_a2"`` then turn 2
+    with ``request_id="a2"`` left ``[assistant, assistant, user]`` (docs/semantics.md §5)."""
+    sidecar = await sidecar_factory().start()
+    async with TurnwireClient(sidecar.target) as client:
+        user = _user_message("msg_r1")
+        assert (await collect(client.save_messages("c1", [user], request_id="r1"))).ok
+        first = await client.get_conversation("c1")
+        assert [(m.id, m.role) for m in first.messages] == [
+            ("msg_r1", message_pb2.ROLE_USER),
+            ("tw-a-r1", message_pb2.ROLE_ASSISTANT),
+        ]
+        assert (await collect(client.save_messages("c2", [_user_message("msg_a2")]))).ok
+        assert (await collect(client.chat("c2", "again", request_id="a2"))).ok
+        roles = [m.role for m in (await client.get_conversation("c2")).messages]
+        assert roles == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT] * 2
+        # The server's namespace is refused for ids a client chooses ...
+        for call in (
+            lambda: collect(client.chat("c3", "hi", request_id="tw-a-x")),
+            lambda: collect(client.save_messages("c3", [_user_message("tw-a-r1")])),
+        ):
+            try:
+                await call()
+            except TurnwireError as error:
+                assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+                assert "reserved for ids the server assigns" in error.field_violations[0][1]
+            else:
+                raise AssertionError("a client chose an id in the server's namespace")
+        # ... but refers to them freely.
+        assert (await client.cancel_chat("tw-r-0123")) is False
