@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BUF := node_modules/.bin/buf
 
-.PHONY: setup demo test test-python test-node lint protos check-protos breaking bench clean
+.PHONY: setup demo test test-python test-node lint protos check-protos breaking bench stress clean
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -50,6 +50,10 @@ check-protos: setup
 ## breaking: buf breaking (FILE rules) against the released contract, protos/released/ (and main, on a branch).
 breaking: setup
 	bash tools/check-breaking.sh
+
+## stress: the stress, crash and fuzz suites at full size (make test runs them small).
+stress: setup
+	TURNWIRE_STRESS_SCALE=10 $(PY) -m pytest -q tests/stress
 
 ## bench: benchmarks (tables, no pass/fail).
 bench: setup
