@@ -37,14 +37,28 @@ async def test_retrying_a_failed_turn_with_the_same_message_id_stores_the_questi
 
 
 async def test_retrying_under_the_same_request_id_reruns_a_failed_turn(make_engine: EngineFactory) -> None:
-    h = await make_engine(scripts=SCRIPTS)
-    assert end_of(await h.run("hi", message_id="q1", request_id="r1", model="scripted:down")).status == (
-        event_pb2.TURN_STATUS_ERROR
+    h = await make_engine(
+        scripts={
+            **SCRIPTS,
+            "half": [
+                ScriptStep(
+                    text="Half an ans",
+                    error=ScriptedError(message="gone", status=529, retryable=True, after_chunks=3),
+                )
+            ],
+        }
     )
+    failed = end_of(await h.run("hi", message_id="q1", request_id="r1", model="scripted:half"))
+    assert failed.status == event_pb2.TURN_STATUS_ERROR and text_of(failed.message).startswith("Half")
     again = await h.run("hi", message_id="q1", request_id="r1")
     assert end_of(again).status == event_pb2.TURN_STATUS_COMPLETED
     assert kinds(again)[0] == "turn_start"
-    assert [m.id for m in await h.store.load_messages(CONV)] == ["q1", "tw-a-r1"]
+    # The retry answers the question (not a continuation of the failed partial) and replaces it.
+    sent = h.provider.requests[-1].messages
+    assert [m.id for m in sent] == ["q1"]
+    stored = await h.store.load_messages(CONV)
+    assert [m.id for m in stored] == ["q1", "tw-a-r1"]
+    assert text_of(stored[-1]) == "The answer."
 
 
 async def test_the_same_id_with_other_content_is_refused_before_anything_is_stored(

@@ -75,6 +75,10 @@ class StepLoop:
         history = await self.store.load_messages(request.conversation_id)
         for message in repair_unresolved_tool_calls(history):
             await self.store.save_message(request.conversation_id, message)
+        # A retry under a failed turn's request id replaces that turn's partial reply (same id):
+        # the model answers the question again rather than continuing the failed attempt.
+        reply_id = turn.assistant.message.id
+        history = [message for message in history if message.id != reply_id]
         try:
             ctx, config = await turn.hooks.before_turn(
                 TurnContext(
