@@ -317,3 +317,38 @@ def r_response(status: str = "in_progress", **fields: Any) -> dict[str, Any]:
         "output": [],
         **fields,
     }
+
+
+def c_text_stream(value: str = "ok") -> bytes:
+    """A whole text-only Chat Completions stream."""
+    return chat_sse(c_chunk({"role": "assistant", "content": value}), c_chunk({}, "stop"))
+
+
+def r_text_stream(value: str = "ok") -> bytes:
+    """A whole text-only Responses stream (one message item)."""
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+    where = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+    return responses_sse(
+        {"type": "response.created", "response": r_response()},
+        {"type": "response.output_item.added", "output_index": 0, "item": message},
+        {"type": "response.output_text.delta", **where, "delta": value},
+        {"type": "response.output_text.done", **where, "text": value},
+        {"type": "response.output_item.done", "output_index": 0, "item": {**message, "status": "completed"}},
+        {"type": "response.completed", "response": r_response("completed")},
+    )
+
+
+TEXT_STREAMS = {
+    "anthropic_provider": a_text_stream,
+    "chat_provider": c_text_stream,
+    "responses_provider": r_text_stream,
+}
+"""A text-only stream for each adapter fixture, by fixture name."""
+
+
+def escaped(body: bytes, escapes: dict[str, str]) -> bytes:
+    """``body`` with each marker (a key of ``escapes``) replaced by its raw JSON text, e.g.
+    ``{"HIGH": "\\\\ud83d"}``: what a server writes that orjson cannot produce (lone surrogates)."""
+    for marker, raw in escapes.items():
+        body = body.replace(marker.encode(), raw.encode())
+    return body

@@ -27,7 +27,7 @@ from providers.replay import ReplayServer, Reply
 from turnwire import types as base
 from turnwire.types import ModelSettings, ToolDefinition
 from turnwire_client.v1 import message_pb2
-from turnwire_server.providers.convert import EMPTY_USER_TEXT, TRUNCATED_TOOL_CALL_ERROR
+from turnwire_server.providers.convert import TRUNCATED_TOOL_CALL_ERROR
 from turnwire_server.providers.openai_chat import OpenAIChatProvider
 
 WEATHER = ToolDefinition(
@@ -296,9 +296,10 @@ async def test_transcript(replay: ReplayServer, chat_provider: OpenAIChatProvide
     replay.enqueue(Reply.sse(chat_sse(c_chunk({"content": "ok"}), c_chunk({}, "stop"))))
     await collect(chat_provider, request(*history, tools=[WEATHER, CLOCK]))
     messages = replay.requests[0].json["messages"]
+    # Same-role neighbours are merged (docs/semantics.md §11): the two system prompts, and the empty user
+    # message into the one before it (its placeholder is only needed when nothing else is there).
     assert messages == [
-        {"role": "system", "content": "You are terse."},
-        {"role": "system", "content": "Be nice."},
+        {"role": "system", "content": "You are terse.\n\nBe nice."},
         {
             "role": "user",
             "content": [
@@ -311,7 +312,6 @@ async def test_transcript(replay: ReplayServer, chat_provider: OpenAIChatProvide
                 },
             ],
         },
-        {"role": "user", "content": EMPTY_USER_TEXT},
         {
             "role": "assistant",
             "content": "Let me check.",

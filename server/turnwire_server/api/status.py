@@ -32,6 +32,7 @@ from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.base import (
     MessageAlreadyAnswered,
     MessageIdConflict,
+    StoreCorrupted,
     StoreError,
     TurnAlreadyExists,
 )
@@ -123,29 +124,36 @@ def build_status(
 
 
 def _provider_status(error: ProviderError) -> TurnwireStatusError:
-    # The caller did nothing wrong when the provider is down or rate-limited:
-    # those map to retryable codes; a rejected request maps to INVALID_ARGUMENT.
-    # An error without an HTTP status (in-stream, dropped connection, or raised by the adapter
-    # itself) is UNAVAILABLE only when retrying can help; a request the adapter refused to send
-    # is the caller's.
-    if error.status == 429:
+    # One provider error, one status, whatever the shape of its body (docs/semantics.md §11): the
+    # code follows the error's class (providers/errors.py: HTTP status, error type and code first,
+    # message text last). The caller did nothing wrong when the provider is down or rate-limited:
+    # those map to retryable codes; a request the provider rejected, or one over a limit (context
+    # window, output cap, payload bytes; whatever HTTP status it came with, or inside a 200 stream),
+    # maps to INVALID_ARGUMENT and is never retryable.
+    from turnwire_server.providers import errors as provider_errors
+
+    kind = provider_errors.classify(error)
+    never = provider_errors.never_retryable(error)
+    if kind in ("rate_limit", "quota_or_billing", "server_capacity"):
         code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    elif error.retryable or error.status >= 500:
-        code = grpc.StatusCode.UNAVAILABLE
-    elif error.status in (400, 413, 422) or (error.status == 0 and error.type == "invalid_request_error"):
+    elif kind in provider_errors.OVER_LIMIT or kind in ("invalid_request_transcript", "invalid_request"):
         code = grpc.StatusCode.INVALID_ARGUMENT
-    elif error.status == 404:
+    elif kind == "not_found":
         code = grpc.StatusCode.NOT_FOUND
+    elif (error.retryable and not never) or kind in ("overloaded", "server_error", "transient"):
+        code = grpc.StatusCode.UNAVAILABLE
     else:
         code = grpc.StatusCode.INTERNAL
-    metadata = {"provider": error.provider, "http_status": str(error.status)}
+    metadata = {"provider": error.provider, "http_status": str(error.status), "provider_error_class": kind}
     if error.type:
         metadata["provider_error_type"] = error.type
     if error.code:
         metadata["provider_error_code"] = error.code
-    retry_after_seconds = error.retry_after_seconds
-    if retry_after_seconds is None and (error.retryable or error.status == 429):
-        retry_after_seconds = 1.0
+    # RetryInfo only when the same request may succeed later; a rate limit always may, unless it is
+    # a request above the whole limit.
+    retry_after_seconds = None
+    if not never and (error.retryable or kind == "rate_limit"):
+        retry_after_seconds = 1.0 if error.retry_after_seconds is None else error.retry_after_seconds
     return TurnwireStatusError(
         code,
         f"model provider error: {error.message}",
@@ -266,6 +274,10 @@ def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
             str(error),
             reason="INVALID_FIELD",
             field_violations=[("request_id", "already used by an earlier turn; use a new request_id")],
+        )
+    if isinstance(error, StoreCorrupted):
+        return TurnwireStatusError(
+            grpc.StatusCode.INTERNAL, f"stored data cannot be read: {error}", reason="DATA_CORRUPTED"
         )
     if isinstance(error, StoreError):
         return TurnwireStatusError(

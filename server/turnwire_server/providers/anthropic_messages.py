@@ -19,7 +19,11 @@ replay); ``redacted_thinking`` → ReasoningStart/End(redacted, signature=data);
 ``tool_use`` → ToolInputStart/Delta, and its ToolCall once the stop reason is known
 (``max_tokens`` → every call errored, never run); ``citations_delta`` → Source;
 server tools (``server_tool_use`` …) are not client calls: reported in
-``FinishStep.provider_metadata["anthropic"]["server_tool_calls"]``.
+``FinishStep.provider_metadata["anthropic"]["server_tool_calls"]``; a refusal's
+``stop_details`` (category, explanation) in ``...["stop_details"]``. A ``tool_use``
+id the turn already has gets ``<id>_2`` (docs/semantics.md §11); a character split
+between two deltas is joined (:mod:`turnwire_server.providers.wire`); a whole
+``message`` body instead of a stream is one step (:meth:`AnthropicDecoder.whole`).
 
 Finish reasons: ``end_turn``/``stop_sequence`` → stop, ``max_tokens`` and
 ``model_context_window_exceeded`` → length, ``tool_use`` → tool-calls,
@@ -30,7 +34,7 @@ this API); reasoning = ``output_tokens_details.thinking_tokens``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import anthropic
@@ -60,13 +64,16 @@ from turnwire_server.providers.anthropic_request import (
     build_request,
 )
 from turnwire_server.providers.convert import (
+    CallIds,
     PendingCall,
     as_int,
     check_structured_output,
     finish_step,
     finish_tool_calls,
+    transcript_call_ids,
 )
 from turnwire_server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
+from turnwire_server.providers.wire import TextJoiner, clean_strings, load_json
 
 _FINISH: dict[str, FinishReason] = {
     "end_turn": FinishReason.STOP,
@@ -95,11 +102,15 @@ class _Block:
 class AnthropicDecoder:
     """Messages SSE events → chunks (see the module docstring)."""
 
-    def __init__(self, provider: str, prefix: str, plan: AnthropicPlan) -> None:
+    def __init__(
+        self, provider: str, prefix: str, plan: AnthropicPlan, taken_ids: Collection[str] = ()
+    ) -> None:
         self.provider = provider
         self.prefix = prefix
         self.plan = plan
         self.done = False
+        self.ids = CallIds(taken_ids)
+        self.join = TextJoiner()
         self.blocks: dict[int, _Block] = {}
         self.calls: list[PendingCall] = []
         self.server_calls: list[dict[str, Any]] = []
@@ -112,10 +123,16 @@ class AnthropicDecoder:
         self.usage: dict[str, Any] = {}
         self.stop_reason = ""
         self.stop_sequence: str | None = None
+        self.stop_details: Any = None
 
     def feed(self, event: bytes, data: bytes) -> Sequence[ModelChunk]:
-        """Chunks for one event; raises ProviderError for an ``error`` event."""
-        obj = orjson.loads(data)
+        """Chunks for one event; raises ProviderError for an ``error`` event or a line that is not JSON."""
+        obj = load_json(self.provider, data)
+        if not isinstance(obj, dict):
+            return NOTHING
+        return self._event(obj)
+
+    def _event(self, obj: dict[str, Any]) -> Sequence[ModelChunk]:
         kind = obj.get("type")
         if kind == "content_block_delta":
             block = self.blocks.get(obj["index"])
@@ -124,7 +141,8 @@ class AnthropicDecoder:
             delta = obj["delta"]
             dtype = delta.get("type")
             if dtype == "text_delta":
-                text = delta["text"]
+                # A character split across deltas is held until its second half arrives (wire.py).
+                text = self.join.push(block.id, delta["text"] or "")
                 if not text:
                     return NOTHING
                 if self.text is not None:
@@ -134,6 +152,9 @@ class AnthropicDecoder:
                 fragment = delta.get("partial_json") or ""
                 if not fragment or block.call is None:
                     return NOTHING
+                fragment = self.join.push(block.id, fragment)
+                if not fragment:
+                    return NOTHING
                 block.call.parts.append(fragment)
                 if block.kind == _TOOL:
                     return (ToolInputDelta(block.id, fragment),)
@@ -142,7 +163,7 @@ class AnthropicDecoder:
                     return (TextDelta(block.id, fragment),)
                 return NOTHING
             if dtype == "thinking_delta":
-                thinking = delta.get("thinking") or ""
+                thinking = self.join.push(block.id, delta.get("thinking") or "")
                 return (ReasoningDelta(block.id, thinking),) if thinking else NOTHING
             if dtype == "signature_delta":
                 block.data += delta.get("signature") or ""
@@ -166,6 +187,8 @@ class AnthropicDecoder:
             delta = obj.get("delta") or {}
             self.stop_reason = delta.get("stop_reason") or self.stop_reason
             self.stop_sequence = delta.get("stop_sequence")
+            # A refusal's category and explanation (docs/semantics.md §11): kept in provider_metadata.
+            self.stop_details = delta.get("stop_details") or self.stop_details
             self.usage.update({k: v for k, v in (obj.get("usage") or {}).items() if v is not None})
             return NOTHING
         if kind == "message_stop":
@@ -180,32 +203,34 @@ class AnthropicDecoder:
         block_id = f"{self.prefix}-{index}"
         if ctype == "text":
             self.blocks[index] = _Block(_TEXT, block_id)
-            text = content.get("text") or ""
+            text = self.join.push(block_id, content.get("text") or "")
             if text and self.text is not None:
                 self.text.append(text)
             return (TextStart(block_id), TextDelta(block_id, text)) if text else (TextStart(block_id),)
         if ctype == "thinking":
             self.blocks[index] = _Block(_THINKING, block_id, content.get("signature") or "")
-            thinking = content.get("thinking") or ""
+            thinking = self.join.push(block_id, content.get("thinking") or "")
             start = ReasoningStart(block_id)
             return (start, ReasoningDelta(block_id, thinking)) if thinking else (start,)
         if ctype == "redacted_thinking":
             self.blocks[index] = _Block(_REDACTED, block_id, content.get("data") or "")
             return (ReasoningStart(block_id),)
         if ctype == "tool_use":
-            call_id, name = content.get("id") or block_id, content.get("name") or ""
-            call = PendingCall(call_id, name)
-            initial = content.get("input")
-            if isinstance(initial, dict) and initial:
-                call.final = orjson.dumps(initial).decode()
+            name = content.get("name") or ""
+            call = PendingCall(content.get("id") or block_id, name)
+            _initial_input(call, content.get("input"))
             if self.plan.output_tool and name == OUTPUT_TOOL:
                 self.blocks[index] = _Block(_OUTPUT, block_id, call=call)
                 return (TextStart(block_id),)
+            # Every call of the turn gets its own id, even when the stream repeats one (docs/semantics.md
+            # §11); anthropic_request makes the ids the API receives unique per request as well.
+            call.tool_call_id = call_id = self.ids.assign(content.get("id") or "", block_id)
             self.blocks[index] = _Block(_TOOL, call_id, call=call)
             self.calls.append(call)
             return (ToolInputStart(call_id, name),)
         if ctype == "server_tool_use":
             call = PendingCall(content.get("id") or block_id, content.get("name") or "")
+            _initial_input(call, content.get("input"))
             self.blocks[index] = _Block(_SERVER, block_id, call=call)
             return NOTHING
         self.blocks[index] = _Block(_OTHER, block_id)
@@ -216,19 +241,30 @@ class AnthropicDecoder:
         if block is None:
             return NOTHING
         kind = block.kind
+        rest = self.join.flush(block.id)  # an unfinished character: U+FFFD
         if kind == _TEXT:
-            return (TextEnd(block.id),)
+            if rest and self.text is not None:
+                self.text.append(rest)
+            return (TextDelta(block.id, rest), TextEnd(block.id)) if rest else (TextEnd(block.id),)
         if kind == _THINKING:
             meta = {"anthropic": {"type": "thinking"}}
-            return (ReasoningEnd(block.id, signature=block.data.encode(), provider_metadata=meta),)
+            end = ReasoningEnd(block.id, signature=block.data.encode(), provider_metadata=meta)
+            return (ReasoningDelta(block.id, rest), end) if rest else (end,)
         if kind == _REDACTED:
             meta = {"anthropic": {"type": "redacted_thinking"}}
             return (
                 ReasoningEnd(block.id, signature=block.data.encode(), redacted=True, provider_metadata=meta),
             )
+        if rest and block.call is not None:
+            block.call.parts.append(rest)
+        if kind == _TOOL and rest:
+            return (ToolInputDelta(block.id, rest),)
         if kind == _OUTPUT and block.call is not None:
             if not self.plan.output_wrapped:
                 if block.call.parts or block.call.final is None:
+                    if rest:
+                        self.output.append(rest)
+                        return (TextDelta(block.id, rest), TextEnd(block.id))
                     return (TextEnd(block.id),)
                 self.output.append(block.call.final)  # the input came whole in content_block_start
                 return (TextDelta(block.id, block.call.final), TextEnd(block.id))
@@ -270,8 +306,12 @@ class AnthropicDecoder:
         metadata: dict[str, Any] = {"usage": usage}
         if self.stop_sequence:
             metadata["stop_sequence"] = self.stop_sequence
+        if self.stop_details:
+            metadata["stop_details"] = self.stop_details
         if self.server_calls:
             metadata["server_tool_calls"] = self.server_calls
+        if self.ids.renamed:
+            metadata["tool_call_ids"] = dict(self.ids.renamed)
         step = finish_step(
             reason,
             raw_reason=raw,
@@ -293,6 +333,41 @@ class AnthropicDecoder:
     def end(self) -> Sequence[ModelChunk]:
         """EOF before ``message_stop``: the step failed."""
         raise errors.incomplete_stream(self.provider, "message_stop")
+
+    def whole(self, body: bytes) -> Sequence[ModelChunk]:
+        """A complete (non-streamed) ``message`` object answered to the streaming request, as one step:
+        the same chunks its stream would have given. Raises ProviderError (not retryable) when the body
+        is not a message; an ``error`` object is the provider's error."""
+        obj = clean_strings(load_json(self.provider, body, "the response was a body"))
+        if isinstance(obj, dict) and (obj.get("type") == "error" or isinstance(obj.get("error"), dict)):
+            raise errors.from_stream_error(self.provider, obj)
+        content = obj.get("content") if isinstance(obj, dict) else None
+        if not isinstance(obj, dict) or not isinstance(content, list):
+            raise errors.invalid_response(
+                self.provider, "a JSON body that is not a Messages API message (no content list)", body
+            )
+        out: list[ModelChunk] = []
+        out.extend(self._event({"type": "message_start", "message": {**obj, "content": []}}))
+        for index, block in enumerate(content):
+            if not isinstance(block, dict):
+                raise errors.invalid_response(self.provider, f"content block {index} is not an object", body)
+            out.extend(self._start(index, block))
+            for citation in block.get("citations") or ():
+                if isinstance(citation, dict):
+                    out.extend(self._citation(citation))
+            out.extend(self._stop(index))
+        self.stop_reason = obj.get("stop_reason") or ("tool_use" if self.calls else "end_turn")
+        self.stop_sequence = obj.get("stop_sequence")
+        self.stop_details = obj.get("stop_details")
+        self.done = True
+        out.extend(self._finish())
+        return out
+
+
+def _initial_input(call: PendingCall, initial: Any) -> None:
+    """A tool_use block's ``input`` given whole in its start (non-empty): the call's final input text."""
+    if isinstance(initial, dict) and initial:
+        call.final = orjson.dumps(clean_strings(initial)).decode()
 
 
 def map_anthropic_error(provider: str, error: BaseException) -> ProviderError | None:
@@ -332,7 +407,8 @@ class AnthropicMessagesProvider(SdkProvider[anthropic.AsyncAnthropic]):
             structured_output=self.structured_output,
         )
         prefix, name = f"s{request.step_number}", self.name
-        return SdkCall(plan.kwargs, plan.extra_body, lambda: AnthropicDecoder(name, prefix, plan))
+        taken = transcript_call_ids(request.messages)
+        return SdkCall(plan.kwargs, plan.extra_body, lambda: AnthropicDecoder(name, prefix, plan, taken))
 
     def _create(self, client: anthropic.AsyncAnthropic) -> OpenStream:
         return client.messages.with_streaming_response.create

@@ -12,8 +12,10 @@ Transcript rules (each avoids a 400):
   blocks byte-for-byte with their signatures, ``text``, ``tool_use``), followed
   by one user turn whose ``tool_result`` blocks come first, one per ``tool_use``.
   Consecutive same-role turns are merged.
-- No empty or whitespace-only text blocks; a user message with nothing to send
-  becomes :data:`EMPTY_USER_TEXT`; an assistant step with nothing is dropped.
+- No empty or whitespace-only text blocks (or empty text documents); a user
+  message with nothing to send becomes :data:`EMPTY_USER_TEXT`; an assistant step
+  with nothing is dropped; a blank tool result is ``(empty result)``
+  (docs/semantics.md §11).
 - Reasoning is replayed only when Anthropic signed it (``provider_metadata.anthropic``);
   other providers' reasoning would fail signature checks.
 - Files: images (base64 or URL), PDFs and text documents in user turns only (the
@@ -44,6 +46,7 @@ from turnwire_server.providers.convert import (
     assistant_steps,
     file_base64,
     file_text,
+    is_blank,
     provider_options,
     text_of,
     tool_input,
@@ -131,6 +134,9 @@ def _file_block(file: message_pb2.FilePart, warnings: list[str]) -> dict[str, An
             block["title"] = file.filename
         return block
     text = file_text(file)
+    if text is not None and is_blank(text):
+        warnings.append(f"an empty {media or 'text'} file was not sent: the Messages API rejects blank text")
+        return None
     if text is not None:
         block = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": text}}
         if file.filename:

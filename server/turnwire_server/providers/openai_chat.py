@@ -9,7 +9,11 @@ Request (:func:`build_request`): ``system`` message first; user text, images
 (``image_url``), PDFs (``file``), audio (``input_audio``) and text files; each
 assistant step as one assistant message (text + ``tool_calls``) followed at once
 by one ``tool`` message per call, with the matching ``tool_call_id``; reasoning is
-not sent (the API has no field for it). Tools from JSON Schema, ``tool_choice``,
+not sent (the API has no field for it). Provider-valid history (docs/semantics.md
+§11): no blank text, a blank tool result is ``(empty result)``, same-role runs
+of ``system`` / ``user`` / ``assistant`` messages merged (chat templates of many
+compatible servers require alternation), each call id unique in the request.
+Tools from JSON Schema, ``tool_choice``,
 ``stream_options.include_usage``, ``response_format`` ``json_schema`` for
 structured output, sampling settings (``top_k`` only via provider options, for
 servers such as vLLM that take it), ``provider_options`` merged into the body.
@@ -21,17 +25,21 @@ whose id is missing gets one; a new id at a used index opens a new call;
 top-level ``error`` (or ``finish_reason: "error"``) is a ProviderError; usage may
 come in a final chunk with ``choices: []``, or never; a missing finish reason is
 ``stop`` (or ``tool-calls`` when calls were made); a stream that ends after a
-finish reason without ``[DONE]`` is accepted, one that ends before is an error.
+finish reason without ``[DONE]`` is accepted, one that ends before is an error;
+two calls with one id each get their own (``<id>_2``, docs/semantics.md §11); a
+character split between two deltas is joined (:mod:`turnwire_server.providers.wire`);
+a whole ``chat.completion`` body instead of a stream is one step (:meth:`ChatDecoder.whole`).
 
 Finish: ``stop`` → stop (tool-calls when calls were made), ``length`` → length
 (every call errored, never run), ``tool_calls`` → tool-calls, ``content_filter``
 and refusals → content-filter, others → other. Refusal text is streamed as text and
-kept in ``provider_metadata["openai"]["refusal"]``.
+kept in ``provider_metadata["openai"]["refusal"]``, Azure's ``content_filter_results``
+in ``provider_metadata["openai"]["content_filter_results"]``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import openai
@@ -51,10 +59,11 @@ from turnwire.types import (
     ToolInputStart,
 )
 from turnwire_server.providers import errors
-from turnwire_server.providers.convert import PendingCall, finish_tool_calls
+from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls, transcript_call_ids
 from turnwire_server.providers.openai_chat_request import MaxTokensParam, build_request
 from turnwire_server.providers.openai_common import OpenAIDecoder, map_openai_error, openai_usage
 from turnwire_server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
+from turnwire_server.providers.wire import TextJoiner, clean_strings, load_json
 
 _FINISH: dict[str, FinishReason] = {
     "stop": FinishReason.STOP,
@@ -71,10 +80,11 @@ _TRUNCATED = frozenset({"length", "max_tokens"})
 
 
 class _Call(PendingCall):
-    __slots__ = ("started",)
+    __slots__ = ("provider_id", "started")
 
-    def __init__(self, tool_call_id: str, tool_name: str) -> None:
+    def __init__(self, tool_call_id: str, tool_name: str, provider_id: str) -> None:
         super().__init__(tool_call_id, tool_name)
+        self.provider_id = provider_id  # the id the server sent (tool_call_id is unique in the turn)
         self.started = False
 
 
@@ -82,9 +92,17 @@ class ChatDecoder(OpenAIDecoder):
     """``chat.completion.chunk`` events → chunks (see the module docstring)."""
 
     def __init__(
-        self, provider: str, prefix: str, output_schema: Mapping[str, Any] | None, warnings: list[str]
+        self,
+        provider: str,
+        prefix: str,
+        output_schema: Mapping[str, Any] | None,
+        warnings: list[str],
+        taken_ids: Collection[str] = (),
     ):
         super().__init__(provider, prefix, output_schema, warnings)
+        self.ids = CallIds(taken_ids)
+        self.join = TextJoiner()
+        self.filter_results: Any = None
         self.text_id: str | None = None
         self.reasoning_id: str | None = None
         self.blocks = 0
@@ -99,18 +117,12 @@ class ChatDecoder(OpenAIDecoder):
         if data == b"[DONE]":
             self.done = True
             return self._finish()
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise ProviderError(
-                f"{self.provider}: the stream sent a line that is not JSON: "
-                f"{data[:300].decode('utf-8', 'replace')}",
-                type="invalid_stream_data",
-                body=data.decode("utf-8", "replace"),
-                provider=self.provider,
-            ) from None
+        obj = load_json(self.provider, data)
         if not isinstance(obj, dict):
             return NOTHING
+        return self._chunk(obj)
+
+    def _chunk(self, obj: dict[str, Any]) -> Sequence[ModelChunk]:
         if obj.get("error") is not None:
             raise errors.from_stream_error(self.provider, obj)
         if not self.response_id:
@@ -125,11 +137,10 @@ class ChatDecoder(OpenAIDecoder):
         choice = choices[0]
         delta = choice.get("delta") or {}
         out: list[ModelChunk] = []
+        # A character split across two deltas is held until its second half arrives (wire.py).
         content = delta.get("content")
-        if content:
-            if self.reasoning_id is not None:
-                out.append(ReasoningEnd(self.reasoning_id))
-                self.reasoning_id = None
+        if content and isinstance(content, str) and (content := self.join.push("content", content)):
+            self._end_reasoning(out)
             if self.text_id is None:
                 self.text_id = self._block_id()
                 out.append(TextStart(self.text_id))
@@ -137,13 +148,13 @@ class ChatDecoder(OpenAIDecoder):
                 self.text.append(content)
             out.append(TextDelta(self.text_id, content))
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-        if reasoning and isinstance(reasoning, str):
+        if reasoning and isinstance(reasoning, str) and (reasoning := self.join.push("reasoning", reasoning)):
             if self.reasoning_id is None:
                 self.reasoning_id = self._block_id()
                 out.append(ReasoningStart(self.reasoning_id))
             out.append(ReasoningDelta(self.reasoning_id, reasoning))
         refusal = delta.get("refusal")
-        if refusal:
+        if refusal and isinstance(refusal, str) and (refusal := self.join.push("refusal", refusal)):
             self.refusal.append(refusal)
             if self.text_id is None:
                 self.text_id = self._block_id()
@@ -157,11 +168,37 @@ class ChatDecoder(OpenAIDecoder):
             if finish == "error":
                 raise errors.from_stream_error(self.provider, obj)
             self.finish = finish
+        if choice.get("content_filter_results"):  # Azure: why a content filter stopped the step
+            self.filter_results = choice["content_filter_results"]
         return out
 
     def _block_id(self) -> str:
         self.blocks += 1
         return f"{self.prefix}-{self.blocks}"
+
+    def _end_text(self, out: list[ModelChunk]) -> None:
+        """Close the open text block, after what the joiner still held for it."""
+        if self.text_id is None:
+            return
+        rest = self.join.flush("content")
+        if rest and self.text is not None:
+            self.text.append(rest)
+        refused = self.join.flush("refusal")
+        if refused:
+            self.refusal.append(refused)
+        if rest or refused:
+            out.append(TextDelta(self.text_id, rest + refused))
+        out.append(TextEnd(self.text_id))
+        self.text_id = None
+
+    def _end_reasoning(self, out: list[ModelChunk]) -> None:
+        if self.reasoning_id is None:
+            return
+        rest = self.join.flush("reasoning")
+        if rest:
+            out.append(ReasoningDelta(self.reasoning_id, rest))
+        out.append(ReasoningEnd(self.reasoning_id))
+        self.reasoning_id = None
 
     def _tool_calls(self, fragments: list[dict[str, Any]], out: list[ModelChunk]) -> None:
         for fragment in fragments:
@@ -169,20 +206,27 @@ class ChatDecoder(OpenAIDecoder):
             call_id = fragment.get("id")
             function = fragment.get("function") or {}
             call = self.by_index.get(index)
-            if call is None or (call_id and call_id != call.tool_call_id):
-                call = _Call(call_id or f"call_{self.prefix}_{len(self.calls)}", function.get("name") or "")
+            if call is None or (call_id and call_id != call.provider_id):
+                # Two calls of one step may carry the same id (some servers): each gets its own
+                # (docs/semantics.md §11); a call without one gets one.
+                unique = self.ids.assign(call_id or "", f"call_{self.prefix}_{len(self.calls)}")
+                call = _Call(unique, function.get("name") or "", call_id or "")
                 self.by_index[index] = call
                 self.calls.append(call)
             elif function.get("name") and not call.tool_name:
                 call.tool_name = function["name"]
             arguments = function.get("arguments")
+            if isinstance(arguments, dict):  # an object instead of JSON text (some servers)
+                arguments = orjson.dumps(arguments).decode()
+            if arguments and isinstance(arguments, str):
+                arguments = self.join.push(call.tool_call_id, arguments)
+            else:
+                arguments = None
             if arguments:
                 call.parts.append(arguments)
             if not call.started and call.tool_name:
                 call.started = True
-                if self.text_id is not None:
-                    out.append(TextEnd(self.text_id))
-                    self.text_id = None
+                self._end_text(out)
                 out.append(ToolInputStart(call.tool_call_id, call.tool_name))
                 if call.parts:
                     out.append(ToolInputDelta(call.tool_call_id, "".join(call.parts)))
@@ -191,15 +235,18 @@ class ChatDecoder(OpenAIDecoder):
 
     def _finish(self) -> Sequence[ModelChunk]:
         out: list[ModelChunk] = []
-        if self.reasoning_id is not None:
-            out.append(ReasoningEnd(self.reasoning_id))
-        if self.text_id is not None:
-            out.append(TextEnd(self.text_id))
+        self._end_reasoning(out)
+        self._end_text(out)
         raw = self.finish or ""
         calls = [c for c in self.calls if c.tool_name]
         for call in calls:
+            rest = self.join.flush(call.tool_call_id)
+            if rest:
+                call.parts.append(rest)
             if not call.started:
                 out.append(ToolInputStart(call.tool_call_id, call.tool_name))
+            elif rest:
+                out.append(ToolInputDelta(call.tool_call_id, rest))
         out.extend(finish_tool_calls(calls, raw in _TRUNCATED))
         reason: FinishReason = _FINISH.get(raw, FinishReason.OTHER) if raw else FinishReason.STOP
         if reason == "stop" and calls:
@@ -208,6 +255,10 @@ class ChatDecoder(OpenAIDecoder):
         if self.refusal:
             reason = FinishReason.CONTENT_FILTER
             metadata["refusal"] = "".join(self.refusal)
+        if self.filter_results:
+            metadata["content_filter_results"] = self.filter_results
+        if self.ids.renamed:
+            metadata["tool_call_ids"] = dict(self.ids.renamed)
         usage = self.usage or {}
         if usage:
             metadata["usage"] = usage
@@ -229,6 +280,42 @@ class ChatDecoder(OpenAIDecoder):
             raise errors.incomplete_stream(self.provider, "a finish reason")
         self.done = True
         return self._finish()
+
+    def whole(self, body: bytes) -> Sequence[ModelChunk]:
+        """A complete ``chat.completion`` answered to the streaming request (some compatible servers do,
+        e.g. when tools are offered): one step, the same chunks as the equivalent stream. Raises
+        ProviderError, not retryable, when the body is not a chat completion; an ``error`` object is
+        the server's error."""
+        obj = clean_strings(load_json(self.provider, body, "the response was a body"))
+        if isinstance(obj, dict) and obj.get("error") is not None:
+            raise errors.from_stream_error(self.provider, obj)
+        choices = obj.get("choices") if isinstance(obj, dict) else None
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(obj, dict) or not isinstance(choice, dict) or not isinstance(message, dict):
+            raise errors.invalid_response(
+                self.provider, "a JSON body that is not a chat completion (no choices[0].message)", body
+            )
+        delta: dict[str, Any] = {k: message.get(k) for k in ("reasoning_content", "reasoning", "refusal")}
+        content = message.get("content")
+        if isinstance(content, list):  # content parts instead of a string
+            content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+        delta["content"] = content
+        calls = message.get("tool_calls")
+        if not calls and isinstance(message.get("function_call"), dict):  # the legacy single call
+            calls = [{"function": message["function_call"]}]
+        if isinstance(calls, list):
+            delta["tool_calls"] = [{**c, "index": i} for i, c in enumerate(calls) if isinstance(c, dict)]
+        as_chunk = {
+            "id": obj.get("id"),
+            "model": obj.get("model"),
+            "usage": obj.get("usage"),
+            "choices": [{**choice, "delta": delta, "finish_reason": choice.get("finish_reason")}],
+        }
+        out = list(self._chunk(as_chunk))
+        self.done = True
+        out.extend(self._finish())
+        return out
 
 
 class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
@@ -262,7 +349,8 @@ class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
         )
         kwargs = {"model": body.pop("model"), "messages": body.pop("messages")}
         prefix, name, schema = f"s{request.step_number}", self.name, request.output_schema
-        return SdkCall(kwargs, body, lambda: ChatDecoder(name, prefix, schema, warnings))
+        taken = transcript_call_ids(request.messages)
+        return SdkCall(kwargs, body, lambda: ChatDecoder(name, prefix, schema, warnings, taken))
 
     def _create(self, client: openai.AsyncOpenAI) -> OpenStream:
         return client.chat.completions.with_streaming_response.create

@@ -15,10 +15,12 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import (
     EMPTY_USER_TEXT,
+    ReplayIds,
     assistant_steps,
     file_base64,
     file_text,
     file_url,
+    is_blank,
     provider_options,
     text_of,
     tool_arguments,
@@ -36,7 +38,7 @@ def _user_content(message: message_pb2.Message, warnings: list[str]) -> str | li
     for part in message.parts:
         kind = part.WhichOneof("kind")
         if kind == "text":
-            if part.text.text:
+            if not is_blank(part.text.text):  # several compatible servers refuse blank text
                 parts.append({"type": "text", "text": part.text.text})
         elif kind == "file":
             file = part.file
@@ -50,7 +52,10 @@ def _user_content(message: message_pb2.Message, warnings: list[str]) -> str | li
                 audio = {"data": file_base64(file), "format": _AUDIO[media]}
                 parts.append({"type": "input_audio", "input_audio": audio})
             elif (text := file_text(file)) is not None:
-                parts.append({"type": "text", "text": text})
+                if is_blank(text):
+                    warnings.append(f"an empty {media or 'text'} file was not sent")
+                else:
+                    parts.append({"type": "text", "text": text})
             else:
                 warnings.append(
                     f"a {media or 'untyped'} file was not sent: Chat Completions does not take it"
@@ -67,6 +72,7 @@ def convert_messages(
 ) -> list[dict[str, Any]]:
     """Chat messages for the transcript (see the module docstring)."""
     result: list[dict[str, Any]] = []
+    call_id = ReplayIds()
     if system.strip():
         result.append({"role": "system", "content": system})
     for message in messages:
@@ -80,26 +86,68 @@ def convert_messages(
         elif role == message_pb2.ROLE_ASSISTANT:
             for step in assistant_steps(message):
                 text = text_of(step)
+                text = "" if is_blank(text) else text
                 calls = [p.tool_call for p in step if p.WhichOneof("kind") == "tool_call"]
                 if not text and not calls:
                     continue
                 assistant: dict[str, Any] = {"role": "assistant"}
                 if text:
                     assistant["content"] = text
+                ids = [call_id(call.tool_call_id) for call in calls]  # one id per call, and its result's
                 if calls:
                     assistant["tool_calls"] = [
                         {
-                            "id": call.tool_call_id,
+                            "id": unique,
                             "type": "function",
                             "function": {"name": call.tool_name, "arguments": tool_arguments(call)},
                         }
-                        for call in calls
+                        for call, unique in zip(calls, ids, strict=True)
                     ]
                 result.append(assistant)
-                for call in calls:
+                for call, unique in zip(calls, ids, strict=True):
                     content, _ = tool_result(call)
-                    result.append({"role": "tool", "tool_call_id": call.tool_call_id, "content": content})
-    return result
+                    result.append({"role": "tool", "tool_call_id": unique, "content": content})
+    return alternate(result)
+
+
+def alternate(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each run of same-role ``system``, ``user`` or ``assistant`` messages merged
+    into one (docs/semantics.md §11): many OpenAI-compatible servers (chat templates of Mistral,
+    Llama, Gemma …) refuse roles that do not alternate. User and system texts are joined with a blank
+    line, assistant texts as they are (a continued reply goes on where it stopped, as Anthropic's
+    adjacent text blocks do), content parts kept in order. An assistant message with ``tool_calls``
+    ends a run, since its ``tool`` messages follow it: every call keeps exactly one result, right
+    after it."""
+    merged: list[dict[str, Any]] = []
+    for message in messages:
+        previous = merged[-1] if merged else None
+        role = message["role"]
+        if previous is None or previous["role"] != role or role == "tool" or previous.get("tool_calls"):
+            merged.append(message)
+            continue
+        combined = dict(previous)
+        separator = "" if role == "assistant" else "\n\n"
+        combined["content"] = _join_content(previous.get("content"), message.get("content"), separator)
+        if message.get("tool_calls"):
+            combined["tool_calls"] = message["tool_calls"]
+        if combined["content"] is None:
+            del combined["content"]
+        merged[-1] = combined
+    return merged
+
+
+def _join_content(
+    first: str | list[dict[str, Any]] | None, second: str | list[dict[str, Any]] | None, separator: str
+) -> str | list[dict[str, Any]] | None:
+    if first is None or first == EMPTY_USER_TEXT:
+        return second if second is not None else first
+    if second is None or second == EMPTY_USER_TEXT:
+        return first
+    if isinstance(first, str) and isinstance(second, str):
+        return f"{first}{separator}{second}"
+    parts = [{"type": "text", "text": first}] if isinstance(first, str) else list(first)
+    parts.extend([{"type": "text", "text": second}] if isinstance(second, str) else second)
+    return parts
 
 
 def build_request(
@@ -126,7 +174,11 @@ def build_request(
     if settings.seed is not None:
         body["seed"] = settings.seed
     if settings.stop_sequences:
-        body["stop"] = list(settings.stop_sequences)
+        stops = [stop for stop in settings.stop_sequences if stop]
+        if len(stops) < len(settings.stop_sequences):
+            warnings.append("empty stop sequences were not sent")
+        if stops:
+            body["stop"] = stops
     if settings.top_k is not None:
         warnings.append("top_k is not part of Chat Completions and was not sent (set it in provider_options)")
     if request.tools:

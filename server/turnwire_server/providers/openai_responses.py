@@ -26,16 +26,22 @@ an ``error`` event (top-level or nested ``error`` object) is a ProviderError.
 
 Finish: completed → stop, or tool-calls when calls were made (raw ``completed``);
 incomplete ``max_output_tokens`` → length (every call errored, never run),
-``content_filter`` → content-filter; refusals → content-filter.
+``content_filter`` → content-filter; refusals → content-filter (the refusal text
+and ``incomplete_details`` kept in ``provider_metadata["openai"]``).
+
+Tolerance (docs/semantics.md §11): a ``call_id`` the turn already has gets
+``<id>_2``, and calls are routed by output index so a repeated item id does not
+merge two calls; a character split between two deltas is joined
+(:mod:`turnwire_server.providers.wire`); a whole ``response`` body instead of a
+stream is one step (:meth:`ResponsesDecoder.whole`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import openai
-import orjson
 
 from turnwire.providers import ModelRequest, ProviderError
 from turnwire.types import (
@@ -51,36 +57,57 @@ from turnwire.types import (
     ToolInputStart,
 )
 from turnwire_server.providers import errors
-from turnwire_server.providers.convert import PendingCall, finish_tool_calls
+from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls, transcript_call_ids
 from turnwire_server.providers.openai_common import OpenAIDecoder, map_openai_error, openai_usage
 from turnwire_server.providers.openai_responses_request import EncryptedReasoning, build_request
 from turnwire_server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
+from turnwire_server.providers.wire import TextJoiner, clean_strings, clean_text, load_json
 
 
 class ResponsesDecoder(OpenAIDecoder):
     """Responses stream events → chunks (see the module docstring)."""
 
     def __init__(
-        self, provider: str, prefix: str, output_schema: Mapping[str, Any] | None, warnings: list[str]
+        self,
+        provider: str,
+        prefix: str,
+        output_schema: Mapping[str, Any] | None,
+        warnings: list[str],
+        taken_ids: Collection[str] = (),
     ):
         super().__init__(provider, prefix, output_schema, warnings)
         self.texts: dict[str, str] = {}  # open text blocks: "item_id:content_index" → block id
         self.reasoning: dict[str, tuple[str, int]] = {}  # item id → (block id, last summary index)
-        self.calls: dict[str, PendingCall] = {}  # function_call item id → call
+        self.calls: list[PendingCall] = []  # function calls, in order
+        # Calls by output index (what deltas and done events name first) and by item id: a repeated item
+        # id must not merge two calls into one (docs/semantics.md §11).
+        self.call_at: dict[int, PendingCall] = {}
+        self.call_of_item: dict[str, PendingCall] = {}
         self.refused = False
+        self.refusal: list[str] = []
+        self.ids = CallIds(taken_ids)
+        self.join = TextJoiner()  # keyed by text key, reasoning item id, or call item id
 
     def feed(self, event: bytes, data: bytes) -> Sequence[ModelChunk]:
-        """Chunks for one event; raises ProviderError for ``error`` / ``response.failed``."""
-        obj = orjson.loads(data)
+        """Chunks for one event; raises ProviderError for ``error`` / ``response.failed`` or a line that
+        is not JSON."""
+        obj = load_json(self.provider, data)
+        if not isinstance(obj, dict):
+            return NOTHING
+        return self._event(obj)
+
+    def _event(self, obj: dict[str, Any]) -> Sequence[ModelChunk]:
         kind = obj.get("type")
         if kind in {"response.output_text.delta", "response.refusal.delta"}:
-            delta = obj.get("delta") or ""
+            key = f"{obj.get('item_id')}:{obj.get('content_index', 0)}"
+            # A character split across two deltas is held until its second half arrives (wire.py).
+            delta = self.join.push(key, obj.get("delta") or "")
             if not delta:
                 return NOTHING
-            key = f"{obj.get('item_id')}:{obj.get('content_index', 0)}"
             block_id = self.texts.get(key)
             if kind == "response.refusal.delta":
                 self.refused = True
+                self.refusal.append(delta)
             elif self.text is not None:
                 self.text.append(delta)
             if block_id is None:
@@ -90,25 +117,24 @@ class ResponsesDecoder(OpenAIDecoder):
                 return (TextStart(block_id), TextDelta(block_id, delta))
             return (TextDelta(block_id, delta),)
         if kind == "response.function_call_arguments.delta":
-            call = self.calls.get(obj.get("item_id") or "")
+            call = self._call(obj.get("output_index"), obj.get("item_id"))
             delta = obj.get("delta") or ""
-            if call is None or not delta:
+            if call is None or not delta or not (delta := self.join.push(call.tool_call_id, delta)):
                 return NOTHING
             call.parts.append(delta)
             return (ToolInputDelta(call.tool_call_id, delta),)
         if kind in {"response.reasoning_summary_text.delta", "response.reasoning_text.delta"}:
             return self._reasoning_delta(obj)
         if kind in ("response.output_text.done", "response.refusal.done"):
-            block_id = self.texts.pop(f"{obj.get('item_id')}:{obj.get('content_index', 0)}", None)
-            return (TextEnd(block_id),) if block_id else NOTHING
+            return self._end_text(f"{obj.get('item_id')}:{obj.get('content_index', 0)}")
         if kind == "response.output_item.added":
             return self._item_added(obj.get("item") or {}, obj.get("output_index", 0))
         if kind == "response.output_item.done":
-            return self._item_done(obj.get("item") or {})
+            return self._item_done(obj.get("item") or {}, obj.get("output_index"))
         if kind == "response.function_call_arguments.done":
-            call = self.calls.get(obj.get("item_id") or "")
-            if call is not None and isinstance(obj.get("arguments"), str):
-                call.final = obj["arguments"]
+            call = self._call(obj.get("output_index"), obj.get("item_id"))
+            if call is not None:
+                self._final_arguments(call, obj.get("arguments"))
             return NOTHING
         if kind == "response.created":
             response = obj.get("response") or {}
@@ -124,9 +150,21 @@ class ResponsesDecoder(OpenAIDecoder):
             raise errors.from_stream_error(self.provider, obj)
         return NOTHING
 
+    def _end_text(self, key: str) -> Sequence[ModelChunk]:
+        """TextEnd of the block ``key`` (after what the joiner still held for it), if it is open."""
+        block_id = self.texts.pop(key, None)
+        rest = self.join.flush(key)
+        if block_id is None:
+            return NOTHING
+        if not rest:
+            return (TextEnd(block_id),)
+        if self.text is not None:
+            self.text.append(rest)
+        return (TextDelta(block_id, rest), TextEnd(block_id))
+
     def _reasoning_delta(self, obj: Mapping[str, Any]) -> Sequence[ModelChunk]:
         item_id = obj.get("item_id") or ""
-        delta = obj.get("delta") or ""
+        delta = self.join.push(item_id, obj.get("delta") or "")
         entry = self.reasoning.get(item_id)
         out: list[ModelChunk] = []
         if entry is None:
@@ -144,8 +182,14 @@ class ResponsesDecoder(OpenAIDecoder):
     def _item_added(self, item: Mapping[str, Any], output_index: int) -> Sequence[ModelChunk]:
         itype = item.get("type")
         if itype == "function_call":
-            call = PendingCall(item.get("call_id") or item.get("id") or "", item.get("name") or "")
-            self.calls[item.get("id") or call.tool_call_id] = call
+            # Every call of the turn gets its own id, even when a call_id repeats (docs/semantics.md §11).
+            call_id = self.ids.assign(
+                item.get("call_id") or item.get("id") or "", f"call_{self.prefix}_{len(self.calls)}"
+            )
+            call = PendingCall(call_id, item.get("name") or "")
+            self.calls.append(call)
+            self.call_at[output_index] = call
+            self.call_of_item[item.get("id") or call_id] = call
             return (ToolInputStart(call.tool_call_id, call.tool_name),)
         if itype == "reasoning":
             item_id = item.get("id") or ""
@@ -154,13 +198,27 @@ class ResponsesDecoder(OpenAIDecoder):
             return (ReasoningStart(block_id),)
         return NOTHING
 
-    def _item_done(self, item: Mapping[str, Any]) -> Sequence[ModelChunk]:
+    def _call(self, output_index: Any, item_id: Any) -> PendingCall | None:
+        """The function call an event names: by its output index when known, else by its item id."""
+        if isinstance(output_index, int) and output_index in self.call_at:
+            return self.call_at[output_index]
+        return self.call_of_item.get(item_id or "")
+
+    def _final_arguments(self, call: PendingCall, arguments: Any) -> None:
+        """The complete arguments a done event carries replace the deltas (unless it carries none)."""
+        rest = self.join.flush(call.tool_call_id)
+        if isinstance(arguments, str) and (arguments or not call.parts):
+            call.final = clean_text(arguments)
+        elif rest:
+            call.parts.append(rest)
+
+    def _item_done(self, item: Mapping[str, Any], output_index: Any = None) -> Sequence[ModelChunk]:
         itype = item.get("type")
         item_id = item.get("id") or ""
         if itype == "function_call":
-            call = self.calls.get(item_id)
-            if call is not None and isinstance(item.get("arguments"), str):
-                call.final = item["arguments"]
+            call = self._call(output_index, item_id)
+            if call is not None:
+                self._final_arguments(call, item.get("arguments"))
             return NOTHING
         if itype == "reasoning":
             entry = self.reasoning.pop(item_id, None)
@@ -168,6 +226,9 @@ class ResponsesDecoder(OpenAIDecoder):
             if entry is None:
                 entry = (f"{self.prefix}-r-{item_id}", -1)
                 out.append(ReasoningStart(entry[0]))
+            rest = self.join.flush(item_id)
+            if rest:
+                out.append(ReasoningDelta(entry[0], rest))
             encrypted = item.get("encrypted_content") or ""
             has_text = entry[1] >= 0 or any(s.get("text") for s in item.get("summary") or ())
             out.append(
@@ -181,16 +242,15 @@ class ResponsesDecoder(OpenAIDecoder):
             return out
         if itype == "message":
             ends = [key for key in self.texts if key.startswith(f"{item_id}:")]
-            return [TextEnd(self.texts.pop(key)) for key in ends]
+            return [chunk for key in ends for chunk in self._end_text(key)]
         return NOTHING
 
     def _finish(self, response: Mapping[str, Any]) -> Sequence[ModelChunk]:
-        out: list[ModelChunk] = [TextEnd(block_id) for block_id in self.texts.values()]
-        self.texts.clear()
+        out: list[ModelChunk] = [chunk for key in list(self.texts) for chunk in self._end_text(key)]
         status = response.get("status") or ""
         incomplete = (response.get("incomplete_details") or {}).get("reason") or ""
         raw = incomplete or status
-        calls = list(self.calls.values())
+        calls = self.calls
         out.extend(finish_tool_calls(calls, incomplete == "max_output_tokens"))
         reason: FinishReason
         if incomplete == "max_output_tokens":
@@ -202,12 +262,19 @@ class ResponsesDecoder(OpenAIDecoder):
         else:
             reason = FinishReason.TOOL_CALLS if calls else FinishReason.STOP
         usage = response.get("usage") or {}
+        metadata: dict[str, Any] = {"usage": usage} if usage else {}
+        if self.refusal:
+            metadata["refusal"] = "".join(self.refusal)
+        if response.get("incomplete_details"):
+            metadata["incomplete_details"] = response["incomplete_details"]
+        if self.ids.renamed:
+            metadata["tool_call_ids"] = dict(self.ids.renamed)
         out.append(
             self._finish_step(
                 reason,
                 raw,
                 openai_usage(usage, "input", "output"),
-                {"usage": usage} if usage else {},
+                metadata,
                 response_id=response.get("id") or self.response_id,
                 response_model=response.get("model") or self.model,
             )
@@ -217,6 +284,54 @@ class ResponsesDecoder(OpenAIDecoder):
     def end(self) -> Sequence[ModelChunk]:
         """EOF before ``response.completed`` / ``incomplete`` / ``failed``: the step failed."""
         raise errors.incomplete_stream(self.provider, "response.completed")
+
+    def whole(self, body: bytes) -> Sequence[ModelChunk]:
+        """A complete ``response`` object answered to the streaming request: one step, the same chunks
+        its stream would have given. Raises ProviderError (not retryable) when the body is not a
+        response; an ``error`` object (or a failed response) is the provider's error."""
+        obj = clean_strings(load_json(self.provider, body, "the response was a body"))
+        output = obj.get("output") if isinstance(obj, dict) else None
+        if isinstance(obj, dict) and obj.get("status") == "failed":
+            return self._event({"type": "response.failed", "response": obj})
+        if isinstance(obj, dict) and isinstance(obj.get("error"), dict) and output is None:
+            raise errors.from_stream_error(self.provider, obj)
+        if not isinstance(obj, dict) or not isinstance(output, list):
+            raise errors.invalid_response(
+                self.provider, "a JSON body that is not a Responses API response (no output list)", body
+            )
+        out: list[ModelChunk] = list(self._event({"type": "response.created", "response": obj}))
+        for index, item in enumerate(output):
+            if not isinstance(item, dict):
+                raise errors.invalid_response(self.provider, f"output item {index} is not an object", body)
+            out.extend(self._whole_item({**item, "id": item.get("id") or f"item_{index}"}, index))
+        status = obj.get("status")
+        self.done = True
+        kind = "response.incomplete" if status == "incomplete" else "response.completed"
+        out.extend(self._event({"type": kind, "response": obj}))
+        return out
+
+    def _whole_item(self, item: dict[str, Any], index: int) -> list[ModelChunk]:
+        """One output item of a whole response as the events that would have streamed it."""
+        item_id = item["id"]
+        out = list(self._item_added(item, index))
+        if item.get("type") == "message":
+            for part_index, part in enumerate(item.get("content") or ()):
+                if not isinstance(part, dict):
+                    continue
+                refusal = part.get("type") == "refusal"
+                text = part.get("refusal") if refusal else part.get("text")
+                if isinstance(text, str) and text:
+                    kind = "response.refusal.delta" if refusal else "response.output_text.delta"
+                    event = {"type": kind, "item_id": item_id, "output_index": index}
+                    out.extend(self._event({**event, "content_index": part_index, "delta": text}))
+        elif item.get("type") == "reasoning":
+            for summary_index, summary in enumerate(item.get("summary") or ()):
+                text = summary.get("text") if isinstance(summary, dict) else None
+                if isinstance(text, str) and text:
+                    event = {"type": "response.reasoning_summary_text.delta", "item_id": item_id}
+                    out.extend(self._event({**event, "summary_index": summary_index, "delta": text}))
+        out.extend(self._item_done(item, index))
+        return out
 
 
 class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
@@ -248,7 +363,8 @@ class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
         )
         kwargs = {"model": body.pop("model"), "input": body.pop("input")}
         prefix, name, schema = f"s{request.step_number}", self.name, request.output_schema
-        return SdkCall(kwargs, body, lambda: ResponsesDecoder(name, prefix, schema, warnings))
+        taken = transcript_call_ids(request.messages)
+        return SdkCall(kwargs, body, lambda: ResponsesDecoder(name, prefix, schema, warnings, taken))
 
     def _create(self, client: openai.AsyncOpenAI) -> OpenStream:
         return client.responses.with_streaming_response.create

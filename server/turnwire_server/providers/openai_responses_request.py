@@ -3,6 +3,9 @@
 Follows https://platform.openai.com/docs/api-reference/responses/create. :func:`build_request`
 returns the body for ``responses.create`` and warnings for settings the API cannot
 take (see :mod:`turnwire_server.providers.openai_responses` for the input item rules).
+Provider-valid history (docs/semantics.md §11): no blank text, a blank tool output
+is ``(empty result)``, each ``call_id`` unique in the request; items of one role
+are not merged, since the API needs no alternation.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import (
     EMPTY_USER_TEXT,
+    ReplayIds,
     assistant_steps,
     file_text,
     file_url,
+    is_blank,
     provider_options,
     text_of,
     tool_arguments,
@@ -32,7 +37,7 @@ def _user_item(message: message_pb2.Message, warnings: list[str]) -> dict[str, A
     content: list[dict[str, Any]] = []
     for part in message.parts:
         kind = part.WhichOneof("kind")
-        if kind == "text" and part.text.text:
+        if kind == "text" and not is_blank(part.text.text):
             content.append({"type": "input_text", "text": part.text.text})
         elif kind == "file":
             file = part.file
@@ -45,7 +50,10 @@ def _user_item(message: message_pb2.Message, warnings: list[str]) -> dict[str, A
                     item["filename"] = file.filename or "document.pdf"
                 content.append(item)
             elif (text := file_text(file)) is not None:
-                content.append({"type": "input_text", "text": text})
+                if is_blank(text):
+                    warnings.append(f"an empty {file.media_type or 'text'} file was not sent")
+                else:
+                    content.append({"type": "input_text", "text": text})
             else:
                 warnings.append(
                     f"a {file.media_type or 'untyped'} file was not sent: Responses does not take it"
@@ -74,6 +82,7 @@ def convert_input(
 ) -> list[dict[str, Any]]:
     """Responses ``input`` items for the transcript (see the module docstring)."""
     items: list[dict[str, Any]] = []
+    call_id = ReplayIds()  # each call and its output share an id no other call of the request has
     for message in messages:
         role = message.role
         if role == message_pb2.ROLE_SYSTEM:
@@ -87,7 +96,7 @@ def convert_input(
                 outputs: list[dict[str, Any]] = []
                 for part in step:
                     kind = part.WhichOneof("kind")
-                    if kind == "text" and part.text.text:
+                    if kind == "text" and not is_blank(part.text.text):
                         items.append({"role": "assistant", "content": part.text.text})
                     elif kind == "reasoning":
                         reasoning = _reasoning_item(part.reasoning, store)
@@ -95,18 +104,17 @@ def convert_input(
                             items.append(reasoning)
                     elif kind == "tool_call":
                         call = part.tool_call
+                        unique = call_id(call.tool_call_id)
                         items.append(
                             {
                                 "type": "function_call",
-                                "call_id": call.tool_call_id,
+                                "call_id": unique,
                                 "name": call.tool_name,
                                 "arguments": tool_arguments(call),
                             }
                         )
                         content, _ = tool_result(call)
-                        outputs.append(
-                            {"type": "function_call_output", "call_id": call.tool_call_id, "output": content}
-                        )
+                        outputs.append({"type": "function_call_output", "call_id": unique, "output": content})
                 items.extend(outputs)
     return items
 

@@ -22,6 +22,12 @@ Rules it enforces (issue 3):
   the SDK's context manager, which closes the HTTP response at once.
 - After the terminal event the rest of the body is drained (≤ 0.25 s) so the
   connection can be reused.
+- A server that answers the streaming request with one complete JSON response
+  (``content-type: application/json``, or a body that starts with ``{``, which
+  no event stream does; some OpenAI-compatible servers do when tools are
+  offered) gets it read whole and handed to :meth:`Decoder.whole`: one step
+  with the same chunks its stream would have given, or a ProviderError at once,
+  never retried, when the body is not the API's response object.
 
 :class:`SdkProvider` is the provider side every SDK adapter shares: the
 allow-list, the per-request SDK options (retries, headers, timeout, extra body)
@@ -34,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, Generic, NamedTuple, Protocol, Self, TypeVar
 
@@ -61,6 +67,10 @@ class Decoder(Protocol):
 
     def end(self) -> Sequence[ModelChunk]:
         """The stream ended without a terminal event: the final chunks, or raise ProviderError."""
+        ...
+
+    def whole(self, body: bytes) -> Sequence[ModelChunk]:
+        """A complete non-streamed response body: all chunks of the step, or raise ProviderError."""
         ...
 
 
@@ -91,7 +101,14 @@ async def run_stream(
         try:
             async with open_response() as response:
                 opened = True
-                events = iter_sse(response.http_response.aiter_bytes())
+                http = response.http_response
+                whole, body = await _whole_json(http.aiter_bytes(), http.headers.get("content-type"))
+                if whole is not None:
+                    for chunk in decoder.whole(whole):
+                        sent = True
+                        yield chunk
+                    return
+                events = iter_sse(body)
                 async for event, data in events:
                     chunks = decoder.feed(event, data)
                     if chunks:
@@ -127,6 +144,31 @@ async def run_stream(
             delay = min(retry_delay * (2**attempt), MAX_RETRY_DELAY) * (0.75 + random.random() / 4)
         attempt += 1
         await asyncio.sleep(delay)
+
+
+async def _whole_json(
+    body: AsyncIterator[bytes], content_type: str | None
+) -> tuple[bytes | None, AsyncIterator[bytes]]:
+    """``(the whole body, _)`` when the response is one JSON document (its content type says JSON, or
+    it starts with ``{``, which no event stream does: SSE lines start with a field name, ``:`` or a
+    line break); else ``(None, the body to read as SSE)``, the bytes already read put back in front."""
+    if content_type is not None and "json" in content_type.lower():
+        return b"".join([chunk async for chunk in body]), body
+    first = b""
+    async for chunk in body:
+        first += chunk
+        if first.strip():
+            break
+    if first.lstrip()[:1] == b"{":
+        return first + b"".join([chunk async for chunk in body]), body
+    return None, _prepend(first, body)
+
+
+async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in rest:
+        yield chunk
 
 
 class SdkClient(Protocol):
