@@ -118,9 +118,11 @@ def request(*messages: message_pb2.Message, **kwargs: Any) -> ModelRequest:
 
 @dataclass
 class Collected:
-    """Everything one stream produced."""
+    """Everything one stream produced: ``usage_updates`` apart from the other ``chunks`` (they
+    come between any of them, so the other chunks' order is what tests compare)."""
 
     chunks: list[ModelChunk] = field(default_factory=list)
+    usage_updates: list[base.Usage] = field(default_factory=list)
     error: ProviderError | None = None
 
     @property
@@ -149,7 +151,10 @@ async def collect(provider: Provider, model_request: ModelRequest) -> Collected:
     result = Collected()
     try:
         async for chunk in provider.stream(model_request):
-            result.chunks.append(chunk)
+            if isinstance(chunk, base.UsageUpdate):
+                result.usage_updates.append(chunk.usage)
+            else:
+                result.chunks.append(chunk)
     except ProviderError as error:
         result.error = error
     return result

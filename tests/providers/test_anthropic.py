@@ -53,6 +53,8 @@ async def test_text_only(replay: ReplayServer, anthropic_provider: AnthropicMess
     assert (finish.finish_reason, finish.raw_finish_reason) == ("stop", "end_turn")
     assert (finish.response_id, finish.response_model) == ("msg_1", "claude-test")
     assert (finish.usage.input_tokens, finish.usage.output_tokens, finish.usage.total_tokens) == (10, 5, 15)
+    # Usage as it was reported: message_start's input, then message_delta's cumulative total.
+    assert [(u.input_tokens, u.output_tokens) for u in result.usage_updates] == [(10, 1), (10, 5)]
     sent = replay.requests[0]
     assert (sent.method, sent.path) == ("POST", "/v1/messages")
     assert sent.headers["authorization"] == "Bearer test-key"

@@ -174,6 +174,10 @@ async def test_error_before_the_first_chunk_is_retried(
     result = await collect(adapters["anthropic_provider"], request(settings=ModelSettings(max_retries=1)))
     assert result.error is None and result.text == "Recovered."
     assert len(replay.requests) == 2
+    # The failed attempt's reported usage counts too (docs/semantics.md §11): it is carried
+    # into the retry's usage.
+    first_attempt = result.usage_updates[0]
+    assert result.finish.usage.input_tokens == first_attempt.input_tokens + 10
 
 
 async def test_error_before_the_first_chunk_without_retries_left(

@@ -54,6 +54,7 @@ from turnwire.types import (
     ToolInputDelta,
     ToolInputStart,
     Usage,
+    UsageUpdate,
 )
 from turnwire.values import parse_tool_input
 from turnwire_server.providers import errors
@@ -182,7 +183,8 @@ class AnthropicDecoder:
             self.message_id = message.get("id") or ""
             self.model = message.get("model") or ""
             self.usage.update(message.get("usage") or {})
-            return NOTHING
+            # Input tokens are known now: if the step is cut short they still count (§11).
+            return (UsageUpdate(self._usage()),)
         if kind == "message_delta":
             delta = obj.get("delta") or {}
             self.stop_reason = delta.get("stop_reason") or self.stop_reason
@@ -190,7 +192,7 @@ class AnthropicDecoder:
             # A refusal's category and explanation (docs/semantics.md §11): kept in provider_metadata.
             self.stop_details = delta.get("stop_details") or self.stop_details
             self.usage.update({k: v for k, v in (obj.get("usage") or {}).items() if v is not None})
-            return NOTHING
+            return (UsageUpdate(self._usage()),)
         if kind == "message_stop":
             self.done = True
             return self._finish()
@@ -288,6 +290,23 @@ class AnthropicDecoder:
         title = citation.get("title") or citation.get("document_title") or ""
         return (Source(source_id=key, url=url, title=title),)
 
+    def _usage(self) -> Usage:
+        """The usage reported so far (``message_start``, then cumulative ``message_delta``s)."""
+        usage = self.usage
+        cache_read = as_int(usage.get("cache_read_input_tokens"))
+        cache_write = as_int(usage.get("cache_creation_input_tokens"))
+        input_tokens = as_int(usage.get("input_tokens")) + cache_read + cache_write
+        output_tokens = as_int(usage.get("output_tokens"))
+        details = usage.get("output_tokens_details") or {}
+        return Usage(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            total_tokens=input_tokens + output_tokens,
+            reasoning_tokens=as_int(details.get("thinking_tokens")),
+            cached_input_tokens=cache_read,
+            cache_write_input_tokens=cache_write,
+        )
+
     def _finish(self) -> Sequence[ModelChunk]:
         raw = self.stop_reason
         calls = list(finish_tool_calls(self.calls, raw in _TRUNCATED))
@@ -298,11 +317,6 @@ class AnthropicDecoder:
             text = self.output if self.plan.output_tool else self.text
             check_structured_output(self.provider, "".join(text or ()), self.plan.output_schema)
         usage = self.usage
-        cache_read = as_int(usage.get("cache_read_input_tokens"))
-        cache_write = as_int(usage.get("cache_creation_input_tokens"))
-        input_tokens = as_int(usage.get("input_tokens")) + cache_read + cache_write
-        output_tokens = as_int(usage.get("output_tokens"))
-        details = usage.get("output_tokens_details") or {}
         metadata: dict[str, Any] = {"usage": usage}
         if self.stop_sequence:
             metadata["stop_sequence"] = self.stop_sequence
@@ -315,14 +329,7 @@ class AnthropicDecoder:
         step = finish_step(
             reason,
             raw_reason=raw,
-            usage=Usage(
-                input_tokens=input_tokens,
-                output_tokens=output_tokens,
-                total_tokens=input_tokens + output_tokens,
-                reasoning_tokens=as_int(details.get("thinking_tokens")),
-                cached_input_tokens=cache_read,
-                cache_write_input_tokens=cache_write,
-            ),
+            usage=self._usage(),
             response_id=self.message_id,
             response_model=self.model,
             metadata={"anthropic": metadata},

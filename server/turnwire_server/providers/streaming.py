@@ -47,7 +47,7 @@ from typing import Any, ClassVar, Generic, NamedTuple, Protocol, Self, TypeVar
 import httpx2
 
 from turnwire.providers import ModelRequest, ProviderError
-from turnwire.types import ModelChunk
+from turnwire.types import FinishStep, ModelChunk, Usage, UsageUpdate
 from turnwire_server.providers import errors
 from turnwire_server.providers.sse import iter_sse
 
@@ -92,8 +92,14 @@ async def run_stream(
     retries: int,
     retry_delay: float = 0.5,
 ) -> AsyncGenerator[ModelChunk, None]:
-    """Stream one step; see the module docstring for the retry, cancel and drain rules."""
+    """Stream one step; see the module docstring for the retry, cancel and drain rules.
+
+    Usage reported by attempts that failed and were retried is carried into the next attempt's
+    usage (its ``UsageUpdate``\\ s and ``FinishStep``): every model call counts
+    (docs/semantics.md §11). A ``UsageUpdate`` alone does not stop a retry: it is not content.
+    """
     attempt = 0
+    carry = _UsageCarry()
     while True:
         decoder = new_decoder()
         sent = False
@@ -105,22 +111,20 @@ async def run_stream(
                 whole, body = await _whole_json(http.aiter_bytes(), http.headers.get("content-type"))
                 if whole is not None:
                     for chunk in decoder.whole(whole):
-                        sent = True
-                        yield chunk
+                        sent = sent or carry.is_content(chunk)
+                        yield carry.apply(chunk)
                     return
                 events = iter_sse(body)
                 async for event, data in events:
-                    chunks = decoder.feed(event, data)
-                    if chunks:
-                        sent = True
-                        for chunk in chunks:
-                            yield chunk
+                    for chunk in decoder.feed(event, data):
+                        sent = sent or carry.is_content(chunk)
+                        yield carry.apply(chunk)
                     if decoder.done:
                         break
                 if not decoder.done:
                     for chunk in decoder.end():
-                        sent = True
-                        yield chunk
+                        sent = sent or carry.is_content(chunk)
+                        yield carry.apply(chunk)
                     return
                 # Drain what follows the terminal event (usually nothing) so the connection is reused.
                 with contextlib.suppress(Exception):
@@ -139,11 +143,44 @@ async def run_stream(
             failure = mapped
         if sent or not opened or not failure.retryable or attempt >= retries:
             raise failure
+        carry.next_attempt()
         delay = failure.retry_after_seconds
         if delay is None:
             delay = min(retry_delay * (2**attempt), MAX_RETRY_DELAY) * (0.75 + random.random() / 4)
         attempt += 1
         await asyncio.sleep(delay)
+
+
+class _UsageCarry:
+    """The usage of retried attempts, added to what the next attempt reports."""
+
+    __slots__ = ("_attempt", "_carried")
+
+    def __init__(self) -> None:
+        self._carried = Usage()
+        self._attempt = Usage()
+
+    @staticmethod
+    def is_content(chunk: ModelChunk) -> bool:
+        return not isinstance(chunk, UsageUpdate)
+
+    def apply(self, chunk: ModelChunk) -> ModelChunk:
+        if isinstance(chunk, UsageUpdate):
+            self._attempt = chunk.usage
+            return UsageUpdate(self._plus(chunk.usage)) if self._carried.total_tokens else chunk
+        if isinstance(chunk, FinishStep) and self._carried.total_tokens:
+            chunk.usage = self._plus(chunk.usage)
+        return chunk
+
+    def next_attempt(self) -> None:
+        self._carried = self._plus(self._attempt)
+        self._attempt = Usage()
+
+    def _plus(self, usage: Usage) -> Usage:
+        total = Usage()
+        total.add(self._carried)
+        total.add(usage)
+        return total
 
 
 async def _whole_json(
