@@ -4,7 +4,9 @@ This is the only place that names concrete implementations; the engine sees
 interfaces. ``serve`` runs until SIGTERM or SIGINT, then shuts down
 gracefully: health goes NOT_SERVING, no new calls are accepted, running turns
 get ``limits.shutdown_grace_seconds`` to finish, the rest are cancelled and
-store their partial replies, and the process exits 0.
+store their partial replies; once every ChatService call has ended, the streams
+that never end on their own (health ``Watch``, reflection) are cancelled, and
+the process exits 0.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from grpc_reflection.v1alpha import reflection
 from turnwire.hooks import Middleware, SessionContext
 from turnwire.providers import Provider
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc
+from turnwire_server.api.admission import CallGate
 from turnwire_server.api.chat_service import ChatService
+from turnwire_server.api.rpc_logging import quiet_grpc_call_noise
 from turnwire_server.api.status import status_of
 from turnwire_server.config import MiddlewareEntry, Settings
 from turnwire_server.engine import EngineSettings, TurnEngine
@@ -37,6 +41,8 @@ from turnwire_server.tools.loading import ToolLoadError, load_tools
 log = logging.getLogger("turnwire.server")
 
 _TURN_END_MARGIN_SECONDS = 5.0
+
+_UNBOUNDED = 2**31 - 1
 
 SERVICE_NAME = chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"].full_name
 
@@ -84,17 +90,33 @@ class Sidecar:
     health: health_aio.HealthServicer
     port: int
     settings: Settings
+    gate: CallGate
 
     async def stop(self) -> None:
         """Graceful stop (see the module docstring)."""
         grace = self.settings.limits.shutdown_grace_seconds
         log.info("shutting down: running turns have %.1f s to finish", grace)
         await self.health.enter_graceful_shutdown()
-        # The engine's drain waits for the turn tasks themselves: they store
-        # partial replies even after gRPC has cancelled their calls.
-        # gRPC gets a little longer than the engine so that turns cancelled at
-        # the end of the grace period can still send their TurnEnd(ABORTED).
-        await asyncio.gather(self.server.stop(grace + _TURN_END_MARGIN_SECONDS), self.engine.drain(grace))
+        # gRPC takes no new call from here on. Its grace is only the backstop: it
+        # gets a little longer than the engine so that turns cancelled at the end
+        # of the grace period can still send their TurnEnd(ABORTED).
+        stopping = asyncio.ensure_future(self.server.stop(grace + _TURN_END_MARGIN_SECONDS))
+        try:
+            # The engine's drain waits for the turn tasks themselves: they store
+            # partial replies even after gRPC has cancelled their calls.
+            await self.engine.drain(grace)
+            # Every turn has ended; its call may still be sending its last events.
+            if not await self.gate.wait_idle(_TURN_END_MARGIN_SECONDS):
+                log.warning(
+                    "shutdown: %d ChatService call(s) still open %.1f s after the turns ended",
+                    self.gate.tracked_calls,
+                    _TURN_END_MARGIN_SECONDS,
+                )
+            if self.gate.open_calls:
+                # What is left never ends on its own (health Watch, reflection): end it now.
+                await self.server.stop(None)
+        finally:
+            await stopping
         await self.store.close()
         await self.providers.aclose()
         log.info("stopped")
@@ -103,19 +125,30 @@ class Sidecar:
 def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     """Server channel arguments, each set on purpose.
 
-    Python gRPC servers silently cancel calls beyond
-    ``grpc.server.max_pending_requests`` and calls not picked up within
-    ``grpc.server_max_unrequested_time_in_server`` seconds; we raise the pending
-    limit to the concurrency limit (beyond which ``maximum_concurrent_rpcs``
-    rejects with RESOURCE_EXHAUSTED instead) and keep the 30 s pickup bound.
+    Admission is the product's (:class:`~turnwire_server.api.admission.CallGate`:
+    RESOURCE_EXHAUSTED with ErrorInfo and RetryInfo past
+    ``limits.max_concurrent_rpcs`` turn calls), so gRPC core must hand every
+    call of a burst to it rather than drop any first. Core parks the calls the
+    application has not asked for yet in a pending queue, and the asyncio server
+    asks for one call at a time (per method), so a burst waits there even though
+    each call is answered in microseconds once picked up. Past
+    ``grpc.server.max_pending_requests`` (default 1000) core starts failing
+    queued calls at random, and past ``..._hard_limit`` (default 3000) all of
+    them; the client sees CANCELLED, without details. Both are therefore
+    unbounded. What bounds the queue instead: it drains as fast as the gate
+    answers; a call not picked up within
+    ``grpc.server_max_unrequested_time_in_server`` (30 s, only when the event
+    loop is stuck) is still failed; and core's resource quota bounds its memory.
+    There is no ``grpc.max_pending_requests`` and no ``maximum_concurrent_rpcs``
+    here: the latter counts every call, health checks included.
     ``so_reuseport`` is off so a second server on the same port fails loudly.
     """
     limits = settings.limits
     return [
         ("grpc.max_receive_message_length", limits.max_receive_message_bytes),
         ("grpc.max_send_message_length", limits.max_receive_message_bytes),
-        ("grpc.server.max_pending_requests", limits.max_concurrent_rpcs),
-        ("grpc.server.max_pending_requests_hard_limit", limits.max_concurrent_rpcs * 2),
+        ("grpc.server.max_pending_requests", _UNBOUNDED),
+        ("grpc.server.max_pending_requests_hard_limit", _UNBOUNDED),
         ("grpc.server_max_unrequested_time_in_server", 30),
         ("grpc.so_reuseport", 0),
         ("grpc.keepalive_permit_without_calls", 1),
@@ -168,7 +201,10 @@ async def start(settings: Settings) -> Sidecar:
                 text_coalesce_ms=settings.events.text_coalesce_ms,
                 checkpoint_interval_ms=settings.checkpoint.interval_ms,
                 tool_timeout_seconds=settings.limits.tool_timeout_seconds,
+                max_tool_output_bytes=settings.limits.max_tool_output_bytes,
                 stream_stall_timeout_seconds=settings.limits.stream_stall_timeout_seconds,
+                stream_buffer_events=settings.limits.stream_buffer_events,
+                slow_reader_timeout_seconds=settings.limits.slow_reader_timeout_seconds,
                 hook_timeline=settings.events.hook_timeline,
             ),
             error_status=status_of,
@@ -176,10 +212,9 @@ async def start(settings: Settings) -> Sidecar:
         recovered = await engine.recover()
         if recovered:
             log.warning("recovered %d turn(s) interrupted by a previous crash", recovered)
-        server = grpc.aio.server(
-            options=grpc_options(settings),
-            maximum_concurrent_rpcs=settings.limits.max_concurrent_rpcs,
-        )
+        gate = CallGate(settings.limits.max_concurrent_rpcs)
+        quiet_grpc_call_noise()
+        server = grpc.aio.server(interceptors=[gate], options=grpc_options(settings))
         chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
             ChatService(
                 engine,
@@ -219,7 +254,7 @@ async def start(settings: Settings) -> Sidecar:
         settings.store.url,
         settings.default_model,
     )
-    return Sidecar(server, engine, store, providers, health, port, settings)
+    return Sidecar(server, engine, store, providers, health, port, settings, gate)
 
 
 async def serve(settings: Settings) -> None:

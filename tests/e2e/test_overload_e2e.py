@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from support.sidecar import SidecarFactory
+from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import event_pb2
@@ -47,13 +48,31 @@ async def test_calls_beyond_max_concurrent_rpcs_get_resource_exhausted(
         assert result.status == event_pb2.TURN_STATUS_COMPLETED
 
 
+async def _admitted(client: TurnwireClient, request_id: str) -> bool:
+    """Whether the server has admitted a turn with ``request_id`` (it is running or queued).
+
+    Asks with a Chat that reuses the id on another conversation and a model that does not
+    exist: admission checks the id before the model, so the probe is refused either as
+    ALREADY_EXISTS (the turn is there) or as INVALID_ARGUMENT (it is not); it never runs.
+    """
+    with pytest.raises(TurnwireError) as probe:
+        await collect(client.chat("queue-probe", "probe", request_id=request_id, model="absent:probe"))
+    refused = probe.value
+    if refused.code == grpc.StatusCode.ALREADY_EXISTS:
+        return True
+    assert (refused.code, refused.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "UNKNOWN_MODEL"), refused
+    return False
+
+
 async def test_a_full_conversation_queue_is_refused_with_details(sidecar_factory: SidecarFactory) -> None:
     sidecar = await sidecar_factory({**SLOW, "limits": {"max_queued_turns_per_conversation": 1}}).start()
     async with TurnwireClient(sidecar.target) as client:
         running = client.chat("queue", "first", model="scripted:slow")
         assert (await _started(running)).HasField("turn_start")
-        queued = asyncio.ensure_future(collect(client.chat("queue", "second", model="scripted:slow")))
-        await asyncio.sleep(0.2)  # let the second call reach the queue behind the first
+        queued = asyncio.ensure_future(
+            collect(client.chat("queue", "second", request_id="second", model="scripted:slow"))
+        )
+        await wait_until(lambda: _admitted(client, "second"), what="the second call is queued")
         with pytest.raises(TurnwireError) as refused:
             await collect(client.chat("queue", "third", model="scripted:slow"))
         assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED

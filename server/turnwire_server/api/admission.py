@@ -1,0 +1,362 @@
+"""Which calls get to the servicers: the turn limit, malformed requests, and the calls shutdown waits for.
+
+:class:`CallGate` is a ``grpc.aio.ServerInterceptor`` in front of every service.
+
+* **The turn limit.** The turn-running calls (``Chat``, ``SaveMessages``,
+  ``ContinueLastTurn``) count against ``limits.max_concurrent_rpcs`` from the
+  moment their handler starts until the call ends. Past the limit a call ends at
+  once with ``RESOURCE_EXHAUSTED``, ``ErrorInfo`` reason ``OVERLOADED`` and a
+  ``RetryInfo``; it never reaches the engine. Nothing else counts: health checks
+  and reflection must answer while the server is saturated (a liveness probe
+  must not restart a busy, healthy sidecar), and so must the short unary
+  ChatService calls (``CancelChat`` most of all: it is how a client sheds load).
+  This is the product's limit, not gRPC's: ``grpc.aio.server(maximum_concurrent_rpcs=...)``
+  counts every call, health checks included, and refuses without details.
+* **Malformed requests.** A request that does not decode as the method's
+  request message (of any service: health and reflection too) ends with
+  ``INVALID_ARGUMENT``, reason ``INVALID_FIELD`` and a ``BadRequest`` on
+  ``(request)`` naming the message type, and one throttled log line
+  (:mod:`turnwire_server.api.rpc_logging`), instead of gRPC's ``UNKNOWN`` and
+  an ERROR traceback per request. (A handler whose own decoder already answers
+  undecodable requests, as the ChatService registration's does, never hands
+  the gate a decoding failure; the gate covers every other service.)
+* **Draining.** ChatService calls are tracked so that shutdown can wait for
+  them, and only them (:meth:`CallGate.wait_idle`): a health ``Watch`` or a
+  reflection stream never ends on its own and must not hold shutdown up.
+
+Only asyncio handlers are wrapped (every service of the sidecar is one); a
+synchronous handler is passed through unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import inspect
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_status import rpc_status
+
+from turnwire_server.api.rpc_logging import Throttled, malformed_requests, short
+from turnwire_server.api.status import TurnwireStatusError, invalid_argument
+
+log = logging.getLogger("turnwire.api")
+
+CHAT_SERVICE = "turnwire.v1.ChatService"
+TURN_METHODS = frozenset(f"/{CHAT_SERVICE}/{name}" for name in ("Chat", "SaveMessages", "ContinueLastTurn"))
+"""The methods that run a turn: the ones ``limits.max_concurrent_rpcs`` counts."""
+
+RETRY_AFTER_SECONDS = 1.0
+"""The ``RetryInfo`` delay of a call refused for overload."""
+
+Context = Any  # grpc.aio.ServicerContext; grpc is untyped
+
+
+class CallKind(enum.Enum):
+    """How :class:`CallGate` treats a method."""
+
+    TURN = "turn"
+    """Counted against the turn limit, and waited for at shutdown."""
+    TRACKED = "tracked"
+    """Not limited; waited for at shutdown (the unary ChatService calls)."""
+    FREE = "free"
+    """Neither limited nor waited for (health, reflection)."""
+
+
+def kind_of(method: str) -> CallKind:
+    """The :class:`CallKind` of a full method name (``/package.Service/Method``)."""
+    if method in TURN_METHODS:
+        return CallKind.TURN
+    if method.startswith(f"/{CHAT_SERVICE}/"):
+        return CallKind.TRACKED
+    return CallKind.FREE
+
+
+class _Undecodable:
+    """Stands in for a request that failed to decode, so the handler wrapper can refuse it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class _MalformedStream(Exception):
+    """A message of a request stream failed to decode."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _tolerant(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def parse(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception as error:  # whatever the deserializer raises on bad bytes
+            return _Undecodable(error)
+
+    return parse
+
+
+def _request_type(deserializer: Callable[[bytes], Any] | None) -> str:
+    message_class = getattr(deserializer, "__self__", None)
+    descriptor = getattr(message_class, "DESCRIPTOR", None)
+    name = getattr(descriptor, "full_name", None)
+    return name if isinstance(name, str) else "request"
+
+
+class _Slot:
+    """One admitted call's share of the counts; released exactly once."""
+
+    __slots__ = ("_gate", "_kind", "_released")
+
+    def __init__(self, gate: CallGate, kind: CallKind) -> None:
+        self._gate = gate
+        self._kind = kind
+        self._released = False
+
+    def release(self, *_ignored: object) -> None:
+        if not self._released:
+            self._released = True
+            self._gate._release(self._kind)
+
+
+class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is untyped
+    """Admission for the sidecar's calls (see the module docstring).
+
+    ``max_turn_calls`` is ``limits.max_concurrent_rpcs``. The counts live on
+    the server's event loop; the gate is not thread-safe and need not be.
+    """
+
+    def __init__(self, max_turn_calls: int, *, retry_after_seconds: float = RETRY_AFTER_SECONDS) -> None:
+        if max_turn_calls < 1:
+            raise ValueError(f"max_turn_calls must be at least 1, not {max_turn_calls}")
+        self.max_turn_calls = max_turn_calls
+        self.retry_after_seconds = retry_after_seconds
+        self.turn_calls = 0
+        """Turn calls running now."""
+        self.tracked_calls = 0
+        """ChatService calls running now (turn calls included)."""
+        self.open_calls = 0
+        """Calls of any service running now."""
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._overload_reports = Throttled(log)
+
+    # --- counts ------------------------------------------------------------------------
+
+    def _admit(self, kind: CallKind) -> _Slot | None:
+        """A slot for a call of ``kind``, or None when it is over the limit."""
+        if kind is CallKind.TURN:
+            if self.turn_calls >= self.max_turn_calls:
+                return None
+            self.turn_calls += 1
+        if kind is not CallKind.FREE:
+            self.tracked_calls += 1
+            self._idle.clear()
+        self.open_calls += 1
+        return _Slot(self, kind)
+
+    def _release(self, kind: CallKind) -> None:
+        self.open_calls -= 1
+        if kind is CallKind.TURN:
+            self.turn_calls -= 1
+        if kind is not CallKind.FREE:
+            self.tracked_calls -= 1
+            if self.tracked_calls == 0:
+                self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:  # noqa: ASYNC109
+        """Wait until no ChatService call runs, for at most ``timeout`` seconds; whether none does."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    # --- refusals ----------------------------------------------------------------------
+
+    def overloaded(self) -> TurnwireStatusError:
+        """The error a turn call past the limit ends with."""
+        return TurnwireStatusError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"the server is running its limit of {self.max_turn_calls} turn calls "
+            f"(limits.max_concurrent_rpcs); retry after {self.retry_after_seconds:g} s",
+            reason="OVERLOADED",
+            retry_after_seconds=self.retry_after_seconds,
+            metadata={"limit": str(self.max_turn_calls)},
+        )
+
+    async def _refuse_overloaded(self, context: Context, method: str) -> None:
+        self._overload_reports.event(
+            "refused a %s call: %d turn calls are running, the limit (limits.max_concurrent_rpcs)",
+            method,
+            self.max_turn_calls,
+        )
+        await context.abort_with_status(rpc_status.to_status(self.overloaded().to_status()))
+
+    @staticmethod
+    async def _refuse_malformed(context: Context, method: str, request_type: str, error: Exception) -> None:
+        malformed_requests.event(
+            "malformed request: %s from %s is not a valid %s: %s",
+            method,
+            _peer(context),
+            request_type,
+            short(error),
+        )
+        refusal = invalid_argument(
+            [
+                (
+                    "(request)",
+                    f"is not a valid {request_type} ({short(error)}); send a serialized message of "
+                    "that type (valid UTF-8 in string fields, nesting within protobuf's limit)",
+                )
+            ]
+        )
+        await context.abort_with_status(rpc_status.to_status(refusal.to_status()))
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, context: Context, method: str, kind: CallKind) -> AsyncIterator[None]:
+        """Hold a slot for the call's handler; refuse the call (abort) when there is none."""
+        slot = self._admit(kind)
+        if slot is None:
+            await self._refuse_overloaded(context, method)
+            raise AssertionError("unreachable: abort raises")
+        # The call's end releases the slot even when the handler is never resumed again.
+        context.add_done_callback(slot.release)
+        try:
+            yield
+        finally:
+            slot.release()
+
+    # --- the interceptor -----------------------------------------------------------------
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[Any], Awaitable[Any]],
+        handler_call_details: Any,
+    ) -> Any:
+        """The method's handler, wrapped (see the module docstring); None for an unknown method."""
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        return self._wrap(handler, handler_call_details.method)
+
+    def _wrap(self, handler: Any, method: str) -> Any:
+        kind = kind_of(method)
+        deserializer = handler.request_deserializer
+        request_type = _request_type(deserializer)
+        parse = _tolerant(deserializer) if deserializer is not None else None
+        serializer = handler.response_serializer
+
+        async def checked(request: Any, context: Context) -> None:
+            if isinstance(request, _Undecodable):
+                await self._refuse_malformed(context, method, request_type, request.error)
+
+        if not handler.request_streaming and not handler.response_streaming:
+            unary_unary = handler.unary_unary
+            if not inspect.iscoroutinefunction(unary_unary):
+                return handler
+
+            async def guarded_unary_unary(request: Any, context: Context) -> Any:
+                await checked(request, context)
+                async with self._admitted(context, method, kind):
+                    return await unary_unary(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                guarded_unary_unary, request_deserializer=parse, response_serializer=serializer
+            )
+
+        if not handler.request_streaming:
+            unary_stream = handler.unary_stream
+            if not _is_async_stream(unary_stream):
+                return handler
+
+            async def guarded_unary_stream(request: Any, context: Context) -> None:
+                await checked(request, context)
+                async with self._admitted(context, method, kind):
+                    await _respond(unary_stream, request, context)
+
+            return grpc.unary_stream_rpc_method_handler(
+                guarded_unary_stream, request_deserializer=parse, response_serializer=serializer
+            )
+
+        # Request streams: messages decode as the handler reads them; a bad one is refused there.
+        if handler.response_streaming:
+            stream_stream = handler.stream_stream
+            if not _is_async_stream(stream_stream):
+                return handler
+
+            async def guarded_stream_stream(requests: AsyncIterable[Any], context: Context) -> None:
+                try:
+                    async with self._admitted(context, method, kind):
+                        await _respond(stream_stream, _decoded(requests), context)
+                except _MalformedStream as bad:
+                    await self._refuse_malformed(context, method, request_type, bad.error)
+
+            return grpc.stream_stream_rpc_method_handler(
+                guarded_stream_stream, request_deserializer=deserializer, response_serializer=serializer
+            )
+
+        stream_unary = handler.stream_unary
+        if not inspect.iscoroutinefunction(stream_unary):
+            return handler
+
+        async def guarded_stream_unary(requests: AsyncIterable[Any], context: Context) -> Any:
+            try:
+                async with self._admitted(context, method, kind):
+                    return await stream_unary(_decoded(requests), context)
+            except _MalformedStream as bad:
+                await self._refuse_malformed(context, method, request_type, bad.error)
+
+        return grpc.stream_unary_rpc_method_handler(
+            guarded_stream_unary, request_deserializer=deserializer, response_serializer=serializer
+        )
+
+
+def _is_async_stream(behavior: Any) -> bool:
+    return inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)
+
+
+async def _respond(behavior: Any, request: Any, context: Context) -> None:
+    """Run a response-streaming handler, writing what it yields.
+
+    A handler written as an async generator is driven here (as gRPC would drive
+    it) and closed as soon as the call ends, however it ends, so its cleanup
+    (cancelling the turn) runs at once rather than whenever it is collected.
+    """
+    if inspect.iscoroutinefunction(behavior):
+        await behavior(request, context)
+        return
+    async with contextlib.aclosing(behavior(request, context)) as responses:
+        async for response in responses:
+            await context.write(response)
+
+
+async def _decoded(requests: AsyncIterable[Any]) -> AsyncIterator[Any]:
+    """``requests``, with a message that fails to decode raised as :class:`_MalformedStream`."""
+    iterator = aiter(requests)
+    while True:
+        try:
+            request = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except DecodeError as error:
+            raise _MalformedStream(error) from None
+        yield request
+
+
+def _peer(context: Context) -> str:
+    try:
+        return short(context.peer())
+    except Exception:  # the call is already gone
+        return "a client"
+
+
+__all__ = ["CHAT_SERVICE", "RETRY_AFTER_SECONDS", "TURN_METHODS", "CallGate", "CallKind", "kind_of"]
