@@ -194,7 +194,7 @@ class ServerProcess:
         port = free_port()
         config = turnwire_config(workdir, port, deltas=deltas, chunk_size=chunk_size, coalesce_ms=coalesce_ms)
         name = "turnwire" if not coalesce_ms else f"turnwire-coalesce{coalesce_ms:g}"
-        return cls([PYTHON, "-m", "server", "serve", "--config", str(config)], port, workdir, name)
+        return cls([PYTHON, "-m", "turnwire_server", "serve", "--config", str(config)], port, workdir, name)
 
     @classmethod
     def floor(cls, workdir: Path, *, deltas: int, chunk_size: int) -> ServerProcess:

@@ -117,7 +117,7 @@ def tables(res: Results, coalesced: str) -> list[Table]:
     t = Table(
         "(b) Where the CPU goes under load, and time to first event under load",
         [
-            "turnwire_server",
+            "server",
             "streams",
             "srv CPU us/event",
             "capacity vs floor",
@@ -196,7 +196,7 @@ def tables(res: Results, coalesced: str) -> list[Table]:
         t = Table(
             "(c) Server memory per open Chat stream (RSS)",
             [
-                "turnwire_server",
+                "server",
                 "open streams",
                 "RSS before MB",
                 "RSS open MB",
