@@ -1,7 +1,8 @@
 """Overload is rejected with RESOURCE_EXHAUSTED, never by silently dropping calls.
 
-Two bounds: the server-wide ``limits.max_concurrent_rpcs`` (enforced by gRPC
-itself) and the per-conversation turn queue
+Two bounds: the server-wide ``limits.max_concurrent_rpcs`` (turn calls at once,
+enforced by the sidecar's call gate, ``turnwire_server.api.admission``) and the
+per-conversation turn queue
 (``limits.max_queued_turns_per_conversation``, enforced at admission with
 google.rpc details). Both run against a real ``turnwire serve`` process.
 """
