@@ -105,3 +105,26 @@ async def test_a_result_over_the_size_limit_is_an_error_the_model_is_told(make_e
     assert "5,000,002 bytes" in error.error_text and "limits.max_tool_output_bytes" in error.error_text
     stored = (await h.store.load_messages(CONV))[-1]
     assert stored.ByteSize() < 4 * 1024 * 1024
+
+
+async def test_results_that_together_would_outgrow_a_readable_reply_are_errors(
+    make_engine: EngineFactory,
+) -> None:
+    """Each result is under the per-result limit, but five together would make a reply no client
+    with gRPC's default 4 MiB limit could read: the ones past the reply's budget are errors."""
+
+    async def chunky(input: dict[str, Any], execution: ToolExecution) -> str:
+        return "y" * 900_000
+
+    calls = [ScriptedToolCall(name="lookup", id=f"c{i}") for i in range(5)]
+    h = await make_engine(
+        scripts={"main": [ScriptStep(tool_calls=calls), ScriptStep(text="done")]},
+        tools=[make_tool("lookup", chunky)],
+    )
+    events = await h.run("many")
+    errors = [e.tool_output_error for e in events if e.HasField("tool_output_error")]
+    assert errors and all("3 MiB per reply" in e.error_text for e in errors)
+    stored = (await h.store.load_messages(CONV))[-1]
+    assert stored.ByteSize() < 4 * 1024 * 1024
+    end = end_of(events)
+    assert end.ByteSize() < 4 * 1024 * 1024  # the terminal event carries the reply: readable too

@@ -163,14 +163,16 @@ class AssistantMessage:
 
         Raises :class:`~turnwire.values.NotJsonError` (naming the path) when ``output`` has no
         JSON form (NaN, Infinity, an object that cannot be serialized), and
-        :class:`OutputTooLarge` when its JSON text is over ``max_bytes`` (0: no limit). The
-        part is unchanged then.
+        :class:`OutputTooLarge` when its JSON text is over ``max_bytes`` (0: no per-result
+        limit) or over what is left of :data:`REPLY_BUDGET_BYTES`. The part is unchanged then.
         """
         normalized = normalize(output)
         text = dumps(normalized)
         size = len(text.encode())
-        if max_bytes and size > max_bytes:
-            raise OutputTooLarge(size, max_bytes)
+        room = REPLY_BUDGET_BYTES - self.message.ByteSize()
+        limit = min(max_bytes, room) if max_bytes else room
+        if size > limit:
+            raise OutputTooLarge(size, max(limit, 0))
         call = self._tool_parts[tool_call_id].tool_call
         call.output_json = text
         view = value_view(normalized)
@@ -261,13 +263,19 @@ def _metadata_view(metadata: Any) -> struct_pb2.Struct:
     return view if view is not None else struct_pb2.Struct()
 
 
+REPLY_BUDGET_BYTES = 3 << 20
+"""The most a stored reply may grow to through tool results: with its event envelope it stays
+under gRPC's default 4 MiB message limit, so any client can read it back (docs/semantics.md §11)."""
+
+
 class OutputTooLarge(ValueError):
-    """A tool result's JSON text is over the limit (``limits.max_tool_output_bytes``)."""
+    """A tool result's JSON text is over what it may take: ``limits.max_tool_output_bytes`` per
+    result, and what is left of :data:`REPLY_BUDGET_BYTES` in the turn's reply."""
 
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(
-            f"the tool's result is {size:,} bytes of JSON; the limit is {limit:,} bytes "
-            "(limits.max_tool_output_bytes), so it was not kept"
+            f"the tool's result is {size:,} bytes of JSON; only {limit:,} bytes may be kept for it "
+            "(limits.max_tool_output_bytes per result, 3 MiB per reply), so it was not kept"
         )
         self.size = size
         self.limit = limit
