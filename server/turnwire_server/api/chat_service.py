@@ -16,6 +16,7 @@ from grpc_status import rpc_status
 
 from turnwire.values import NotJsonError, from_struct, normalize
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
+from turnwire_server.api.message_pages import decode_token, encode_token, page_of
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
 from turnwire_server.api.validation import (
     check_id,
@@ -265,11 +266,28 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
         request: chat_service_pb2.GetConversationRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> chat_service_pb2.GetConversationResponse:
-        """The conversation with its messages, oldest first."""
+        """The conversation with one page of its messages, oldest first (AIP-158)."""
         try:
             violations: list[tuple[str, str]] = []
             check_id(request.conversation_id, "conversation_id", violations, required=True)
+            if request.page_size < 0:
+                violations.append(("page_size", "must not be negative; 0 means as many as fit"))
             raise_if_any(violations)
+            start = 0
+            if request.page_token:
+                try:
+                    start = decode_token(request.page_token, request.conversation_id)
+                except InvalidPageToken:
+                    raise invalid_argument(
+                        [
+                            (
+                                "page_token",
+                                "is not a token this server issued for this conversation; "
+                                "pass next_page_token unchanged or leave it empty",
+                            )
+                        ],
+                        reason="INVALID_PAGE_TOKEN",
+                    ) from None
             record = await self._get_record(request.conversation_id)
             if record is None:
                 raise _not_found(request.conversation_id)
@@ -280,9 +298,11 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
         except TurnwireStatusError as error:
             await abort(context, error)
             raise AssertionError("unreachable") from None
+        page, following = page_of(messages, start, request.page_size)
         conversation = _conversation(record)
-        conversation.messages.extend(messages)
-        return chat_service_pb2.GetConversationResponse(conversation=conversation)
+        conversation.messages.extend(page)
+        token = "" if following is None else encode_token(request.conversation_id, following)
+        return chat_service_pb2.GetConversationResponse(conversation=conversation, next_page_token=token)
 
     async def ListConversations(
         self,

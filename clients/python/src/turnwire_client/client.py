@@ -181,7 +181,7 @@ class TurnwireClient:
         *,
         timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
     ) -> chat_service_pb2.Conversation:
-        """Fetch a conversation with its messages, oldest first.
+        """Fetch a conversation with all its messages, oldest first (every page, fetched in turn).
 
         Raises:
             TurnwireError: ``NOT_FOUND`` (reason ``CONVERSATION_NOT_FOUND``) for an unknown
@@ -191,7 +191,12 @@ class TurnwireClient:
         response: chat_service_pb2.GetConversationResponse = await self._unary(
             self._stub.GetConversation, request, timeout
         )
-        return response.conversation
+        conversation = response.conversation
+        while response.next_page_token:
+            request.page_token = response.next_page_token
+            response = await self._unary(self._stub.GetConversation, request, timeout)
+            conversation.messages.extend(response.conversation.messages)
+        return conversation
 
     async def list_conversations(
         self,

@@ -277,16 +277,29 @@ class GetConversationRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to read."""
+    page_size: _builtins.int
+    """Maximum number of messages to return, oldest first: 0 means as many as
+    fit one response under 3 MiB (so a client with gRPC's default 4 MiB limit
+    can always read it); the server may return fewer (AIP-158).
+    """
+    page_token: _builtins.str
+    """A `next_page_token` from an earlier response with the same
+    `conversation_id`; empty for the first page.
+    """
     def __init__(
         self,
         *,
         conversation_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -299,18 +312,24 @@ class GetConversationResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CONVERSATION_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token for the next page of messages; empty when this page holds the last
+    message (AIP-158).
+    """
     @_builtins.property
     def conversation(self) -> Global___Conversation:
-        """The conversation with its messages."""
+        """The conversation with one page of its messages, oldest first."""
 
     def __init__(
         self,
         *,
         conversation: Global___Conversation | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
