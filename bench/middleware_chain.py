@@ -15,9 +15,9 @@ middleware:
 Per chunk "in turn": the slope of turn time against chunk count (turns of
 ``--small`` and ``--large`` one-character text deltas), minus the slope with no
 middleware: per-turn costs cancel out. Per chunk "isolated": the exact
-statements the engine runs per chunk for the hook (``if chain.observes_chunks:
-await chain.on_chunk(ChunkContext(...), timeline)``) in a tight loop, minus an
-empty loop. Targets (issue 4): (a) <= 5 us with 5 middlewares, (b) <= 0.2 us
+statements the engine runs per chunk for the hook (``if hooks.observes_chunks:
+await hooks.on_chunk(ChunkContext(...))``, ``hooks = chain.for_turn(timeline)``)
+in a tight loop, minus an empty loop. Targets (issue 4): (a) <= 5 us with 5 middlewares, (b) <= 0.2 us
 with 5, (c) <= 0.5 ms with 5; verdicts use the in-turn numbers.
 
 Configurations are interleaved round by round and medians taken, so drift
@@ -70,8 +70,10 @@ from turnwire.testing import ScriptedProvider, ScriptedToolCall, ScriptStep
 from turnwire.tools import PythonTool, ToolExecution
 from turnwire.types import TextDelta, Usage
 from turnwire_client.v1 import chat_service_pb2, message_pb2
+from turnwire_server.api.status import status_of
 from turnwire_server.engine import EngineSettings, TurnEngine, TurnRequest
-from turnwire_server.hooks.timeline import HookTimeline, MiddlewareChain
+from turnwire_server.hooks.chain import MiddlewareChain
+from turnwire_server.hooks.timeline import HookTimeline
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.sqlite import SqliteStore
 
@@ -197,6 +199,7 @@ class Runner:
             tools=self.tools,
             chain=chain,
             settings=EngineSettings(default_model="scripted:small"),
+            error_status=status_of,
         )
 
     async def turn(self, engine: TurnEngine, model: str) -> float:
@@ -253,7 +256,7 @@ def added(per_round: dict[str, list[float]], label: str) -> float:
 async def isolated_per_chunk(chain: MiddlewareChain, count: int = ISOLATED_CHUNKS) -> float:
     """Microseconds per chunk of the engine's per-chunk hook statements, minus an empty loop."""
     chunks = [TextDelta("t", "x")] * count
-    timeline = HookTimeline() if chain.middlewares else None
+    hooks = chain.for_turn(HookTimeline() if chain.middlewares else None)
     best = float("inf")
     for _ in range(5):
         gc.collect()
@@ -263,8 +266,8 @@ async def isolated_per_chunk(chain: MiddlewareChain, count: int = ISOLATED_CHUNK
         empty = time.perf_counter() - started
         started = time.perf_counter()
         for chunk in chunks:
-            if chain.observes_chunks:
-                await chain.on_chunk(ChunkContext("conv", "req", 0, chunk), timeline)
+            if hooks.observes_chunks:
+                await hooks.on_chunk(ChunkContext("conv", "req", 0, chunk))
         hooked = time.perf_counter() - started
         best = min(best, (hooked - empty) / count * 1e6)
     return max(best, 0.0)
@@ -304,18 +307,18 @@ async def isolated_per_turn(
         gc.collect()
         started = time.perf_counter()
         for _ in range(reps):
-            timeline = HookTimeline() if chain.middlewares else None
-            await chain.before_turn(turn_ctx, timeline)
+            hooks = chain.for_turn(HookTimeline() if chain.middlewares else None)
+            await hooks.before_turn(turn_ctx)
             for step, chunks in enumerate(chunks_per_step):
-                await chain.before_step(step_ctx, timeline)
+                await hooks.before_step(step_ctx)
                 for _ in range(chunks):
-                    if chain.observes_chunks:
-                        await chain.on_chunk(ChunkContext("conv", "req", step, chunk), timeline)
+                    if hooks.observes_chunks:
+                        await hooks.on_chunk(ChunkContext("conv", "req", step, chunk))
                 if step == 0:
-                    await chain.before_tool_call(call_ctx, timeline)
-                    await chain.after_tool_call(result_ctx, timeline)
-                await chain.on_step_finish(step_result, timeline)
-            await chain.on_chat_response(response, timeline)
+                    await hooks.before_tool_call(call_ctx)
+                    await hooks.after_tool_call(result_ctx)
+                await hooks.on_step_finish(step_result)
+            await hooks.on_chat_response(response)
         best = min(best, (time.perf_counter() - started) / reps * 1000.0)
     return best
 
@@ -438,9 +441,10 @@ async def measure(args: argparse.Namespace) -> Table:
         f"minus the baseline's slope in the same round; median over {args.rounds} rounds of 3 turns per "
         "size and configuration. The '0 again' row is a second empty chain measured the same way: "
         "its values are the run's noise (machine load), and negative values are noise.",
-        f"Isolated: `if chain.observes_chunks: await chain.on_chunk(ChunkContext(...), timeline)` "
+        f"Isolated: `if hooks.observes_chunks: await hooks.on_chunk(ChunkContext(...))` "
         f"over {args.isolated_chunks:,} chunks minus an empty loop, best of 5; includes the hook timeline "
-        "(the engine records one when the chain is not empty).",
+        "(hooks = chain.for_turn(HookTimeline())), which the engine records only with "
+        "events.hook_timeline on (off by default, so not in the in-turn numbers).",
         f"Per turn: the configuration's median minus the baseline's in the same round, median over "
         f"{args.rounds} rounds of {args.turns} turns; each turn on a new conversation.",
         f"Per turn isolated: the chain calls of that turn ({' + '.join(map(str, chunks_per_step))} on_chunk "

@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 
 from _common import Table, percentile, print_tables, verdict, write_tables_json  # noqa: E402
 
-from turnwire.types import ModelRequest  # noqa: E402
+from turnwire.providers import ModelRequest  # noqa: E402
 from turnwire_client.v1 import message_pb2  # noqa: E402
 from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider  # noqa: E402
 from turnwire_server.providers.openai_chat import OpenAIChatProvider  # noqa: E402

@@ -1,7 +1,7 @@
 """Run the Turnwire benchmarks, print their tables and write them all to bench/results.md.
 
-    .venv/bin/python bench/run.py            # full run, about 3-4 minutes on 2 cores
-    .venv/bin/python bench/run.py --quick    # smoke run, under a minute
+    .venv/bin/python bench/run.py            # full run, about 4 minutes on 2 cores
+    .venv/bin/python bench/run.py --quick    # smoke run, about 1.5 minutes
     .venv/bin/python bench/run.py --streams 2000 --skip-memory --skip-middleware ...
 
 The suite, in this order:
@@ -9,10 +9,12 @@ The suite, in this order:
 * ``stream_overhead.py`` (Turnwire vs a bare grpc.aio floor: time to first
   event, throughput, CPU per event, memory per open stream, text coalescing),
   run in this process; its options are accepted here too (``--help``);
-* ``middleware_chain.py`` (the middleware chain's cost per chunk and per turn)
-  and ``provider_adapters.py`` (provider adapters vs the bare SDKs), each in its
-  own process as when run alone, with their defaults (``--quick``: fewer rounds
-  and requests); they hand their tables back as JSON (``--json``).
+* ``middleware_chain.py`` (the middleware chain's cost per chunk and per turn),
+  ``provider_adapters.py`` (provider adapters vs the bare SDKs) and
+  ``slow_readers.py`` (server memory per stream for readers that stop reading or
+  read slowly, and the stuck turns stopped), each in its own process as when
+  run alone, with their defaults (``--quick``: fewer rounds, requests and
+  readers); they hand their tables back as JSON (``--json``).
 
 The diagnostic ``turn_phases.py`` is not part of the suite; see bench/README.md.
 """
@@ -65,6 +67,7 @@ SUITES = (
         quick=("--rounds", "3", "--turns", "10", "--isolated-chunks", "20000"),
     ),
     Suite("provider_adapters.py", "--skip-providers", full=(), quick=("--requests", "10")),
+    Suite("slow_readers.py", "--skip-slow-readers", full=(), quick=("--quick",)),
 )
 
 
@@ -118,8 +121,9 @@ def main() -> None:
         + "".join(f"- {line}\n" for line in lines)
         + "\nTargets: added time to first event <= 1 ms p50 and <= 3 ms p99; events/s at "
         f"{opts.concurrency} concurrent streams >= 70 % of the floor; memory <= 64 KB per open "
-        "stream at 5,000 streams; the middleware chain's and the provider adapters' targets are in "
-        "their tables. PASS/MISS are reported, not asserted. How to read the tables: bench/README.md."
+        "stream at 5,000 streams; the middleware chain's, the provider adapters' and the slow "
+        "readers' targets are in their tables. PASS/MISS are reported, not asserted. How to read "
+        "the tables: bench/README.md."
     )
     write_markdown(args.output, header, tables)
     print(f"took {elapsed:.0f} s; wrote {args.output}")
