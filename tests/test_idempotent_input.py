@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import grpc
 from google.rpc import error_details_pb2
-from support.engine_harness import CONV, EngineFactory, detail, end_of, kinds, text_of
+from support.engine_harness import CONV, EngineFactory, collect, detail, end_of, kinds, text_of
 
 from turnwire.testing import ScriptedError, ScriptStep
 from turnwire_client.v1 import event_pb2, message_pb2
@@ -87,3 +87,22 @@ async def test_resending_an_answered_message_is_a_failed_precondition(make_engin
     # A completed turn's request id stays taken.
     end = end_of(await h.run("new", message_id="q2", request_id="r1"))
     assert end.error.code == grpc.StatusCode.ALREADY_EXISTS.value[0]
+
+
+async def test_new_input_under_the_request_id_of_an_aborted_turn_is_refused(
+    make_engine: EngineFactory,
+) -> None:
+    """A retry re-sends the same input; another question under an old request id would have
+    replaced the stored partial reply and put the new answer before its question."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="first answer", delay_ms=30)]})
+    handle = h.start("first question", message_id="q1", request_id="req-a")
+
+    def on_event(kind: str) -> None:
+        if kind == "text_delta":
+            handle.cancel()
+
+    assert end_of(await collect(handle, on_event)).status == event_pb2.TURN_STATUS_ABORTED
+    before = await h.store.load_messages(CONV)
+    end = end_of(await h.run("second question", message_id="q2", request_id="req-a"))
+    assert end.error.code == grpc.StatusCode.ALREADY_EXISTS.value[0]
+    assert await h.store.load_messages(CONV) == before

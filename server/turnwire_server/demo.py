@@ -34,8 +34,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def wait_until_serving(target: str, limit_s: float = 30.0) -> None:
-    """Poll the standard health service until SERVING. Raises TimeoutError."""
+class SidecarExited(RuntimeError):
+    """The sidecar process ended before it was SERVING."""
+
+
+async def wait_until_serving(
+    target: str, process: asyncio.subprocess.Process | None = None, limit_s: float = 30.0
+) -> None:
+    """Poll the standard health service until SERVING.
+
+    Raises :class:`SidecarExited` as soon as ``process`` (when given) has ended, and
+    TimeoutError after ``limit_s`` seconds.
+    """
     deadline = time.monotonic() + limit_s
     async with grpc.aio.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
@@ -46,6 +56,10 @@ async def wait_until_serving(target: str, limit_s: float = 30.0) -> None:
                     return
             except grpc.aio.AioRpcError:
                 pass
+            if process is not None and process.returncode is not None:
+                raise SidecarExited(
+                    f"the sidecar exited with code {process.returncode} before it was serving"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the sidecar at {target} did not become SERVING in {limit_s:g} s")
             await asyncio.sleep(0.1)
@@ -63,7 +77,7 @@ async def run_demo(workdir: Path) -> int:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "server",
+            "turnwire_server",
             "serve",
             "--listen",
             target,
@@ -73,7 +87,12 @@ async def run_demo(workdir: Path) -> int:
         )
         code = 1
         try:
-            await wait_until_serving(target)
+            try:
+                await wait_until_serving(target, process)
+            except (SidecarExited, TimeoutError) as error:
+                console.print(f"[red]{error}[/]; its log says:")
+                console.print(log_path.read_text(errors="replace")[-2000:], markup=False, highlight=False)
+                return 1
             console.print("[green]sidecar is SERVING[/] (grpc.health.v1)\n")
             conversation = f"demo-{int(time.time())}"
             code = 0

@@ -82,3 +82,20 @@ async def test_a_client_message_id_never_takes_a_reply_of_the_server(sidecar_fac
                 raise AssertionError("a client chose an id in the server's namespace")
         # ... but refers to them freely.
         assert (await client.cancel_chat("tw-r-0123")) is False
+
+
+async def test_a_refusal_after_admission_still_ends_the_call_with_its_status(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    """An id conflict found when the input is written (no TurnStart) is a refusal like any other:
+    the call ends with its status, so ``collect`` raises (before: a lone TurnEnd with ERROR)."""
+    sidecar = await sidecar_factory().start()
+    async with TurnwireClient(sidecar.target) as client:
+        assert (await collect(client.chat("c1", "hi", request_id="r-done"))).ok
+        try:
+            await collect(client.chat("c2", "hi", request_id="r-done"))
+        except TurnwireError as error:
+            assert error.code == grpc.StatusCode.ALREADY_EXISTS
+            assert "already exists" in error.message
+        else:
+            raise AssertionError("a completed turn's request id was accepted again")

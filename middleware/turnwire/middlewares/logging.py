@@ -207,7 +207,7 @@ class HookLogger(Middleware):
         if self._enabled():
             fields: dict[str, Any] = {
                 "step": ctx.step_number,
-                "finish_reason": ctx.finish_reason,
+                "finish_reason": str(ctx.finish_reason),
                 "input_tokens": ctx.usage.input_tokens,
                 "output_tokens": ctx.usage.output_tokens,
                 "tool_calls": [call.tool_name for call in ctx.tool_calls],

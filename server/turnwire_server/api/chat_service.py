@@ -15,7 +15,7 @@ from google.protobuf import struct_pb2, timestamp_pb2
 from grpc_status import rpc_status
 
 from turnwire.values import NotJsonError, from_struct, normalize
-from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
 from turnwire_server.api.message_pages import decode_token, encode_token, page_of
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
 from turnwire_server.api.validation import (
@@ -73,8 +73,10 @@ async def _stream_turn(
     """Admit a turn with ``start`` and yield its responses.
 
     A refusal before the turn starts ends the call with its status and
-    details. The client going away (cancel, deadline) cancels the turn, which
-    stores its partial reply on its own task. The channel is iterated
+    details: at admission, or when the turn fails before its input is stored
+    (an id conflict, an answered message, the store unavailable). The client
+    going away (cancel, deadline) cancels the turn, which stores its partial
+    reply on its own task. The channel is iterated
     directly: one generator less per event.
     """
     try:
@@ -83,7 +85,15 @@ async def _stream_turn(
         await abort(context, status_error_of(error))
         return
     try:
+        first = True
         async for response in handle.channel:
+            if first:
+                first = False
+                event = response.event
+                if event.HasField("turn_end") and event.turn_end.status == event_pb2.TURN_STATUS_ERROR:
+                    # Failed before its input was stored (no TurnStart): the request was refused,
+                    # so the call ends with that status, as every refusal does.
+                    await context.abort_with_status(rpc_status.to_status(event.turn_end.error))
             yield response
     finally:
         handle.cancel()

@@ -34,7 +34,8 @@ def assistant_message_id(request_id: str) -> str:
     """The id of the assistant message a turn writes: ``tw-a-<request_id>``, or a digest of a
     request id too long to fit 128 characters. Deterministic, so a turn's reply id follows from
     its request id."""
-    candidate = f"{RESERVED_PREFIX}a-{request_id}"
+    # A request id the server made (tw-r-<hex>) gives tw-a-<hex>: both are the server's, no clash.
+    candidate = f"{RESERVED_PREFIX}a-{request_id.removeprefix(f'{RESERVED_PREFIX}r-')}"
     if len(candidate) <= _MAX_ID_LENGTH:
         return candidate
     return f"{RESERVED_PREFIX}a-{hashlib.sha256(request_id.encode()).hexdigest()}"

@@ -73,8 +73,8 @@ class MessageAlreadyAnswered(StoreError):
 
 
 class TurnAlreadyExists(StoreError):
-    """A turn with the same request id was already recorded and did not fail (a failed,
-    aborted or interrupted turn may be retried under its request id)."""
+    """A turn with the same request id was already recorded, and this is not a retry of a failed,
+    aborted or interrupted one with the same input."""
 
     def __init__(self, request_id: str) -> None:
         super().__init__(f"a turn with request_id {request_id!r} already exists")

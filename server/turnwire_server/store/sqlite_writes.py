@@ -116,8 +116,8 @@ def start_turn_write(turn: TurnRecord, messages: Sequence[message_pb2.Message]) 
     same role and parts is not stored again; with other content it is
     :class:`MessageIdConflict`; a re-sent message that already has a completed reply is
     :class:`MessageAlreadyAnswered`. A request id whose earlier turn ended in error, aborted
-    or interrupted is retried (its record replaced); any other repeat is
-    :class:`TurnAlreadyExists`. Nothing is written when any of these is raised.
+    or interrupted is retried (its record replaced) when the request re-sends the same
+    input; any other repeat is :class:`TurnAlreadyExists`. Nothing is written when any of these is raised.
 
     Raises :class:`ValueError` for an invalid argument or a message without
     parts, and :class:`MessageIdConflict` when a message id repeats within
@@ -148,6 +148,13 @@ def start_turn_write(turn: TurnRecord, messages: Sequence[message_pb2.Message]) 
 
     def apply(conn: sqlite3.Connection, now_us: int) -> None:
         new_rows = [row for row in rows if not _stored_identically(conn, conversation_id, row)]
+        earlier = conn.execute("SELECT state FROM turns WHERE request_id = ?", (turn.request_id,)).fetchone()
+        if earlier is not None:
+            # A retry re-sends the same input (all of it stored already); new input under an
+            # old request id is another request, and the id is taken.
+            if earlier[0] not in _RETRYABLE_STATES or new_rows:
+                raise TurnAlreadyExists(turn.request_id)
+            conn.execute("DELETE FROM turns WHERE request_id = ?", (turn.request_id,))
         _touch_conversation(conn, conversation_id, now_us, len(new_rows))
         if new_rows:
             conn.executemany(_INSERT_MESSAGE, [_insert_params(conversation_id, row) for row in new_rows])
@@ -159,11 +166,6 @@ def start_turn_write(turn: TurnRecord, messages: Sequence[message_pb2.Message]) 
                     for idx, (kind, data) in enumerate(row.parts)
                 ],
             )
-        earlier = conn.execute("SELECT state FROM turns WHERE request_id = ?", (turn.request_id,)).fetchone()
-        if earlier is not None:
-            if earlier[0] not in _RETRYABLE_STATES:
-                raise TurnAlreadyExists(turn.request_id)
-            conn.execute("DELETE FROM turns WHERE request_id = ?", (turn.request_id,))
         conn.execute(
             "INSERT INTO turns (request_id, conversation_id, assistant_message_id,"
             " continuation, model, state, start_time, end_time, error, recovery_count)"
