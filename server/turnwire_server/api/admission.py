@@ -17,9 +17,7 @@
   ``INVALID_ARGUMENT``, reason ``INVALID_FIELD`` and a ``BadRequest`` on
   ``(request)`` naming the message type, and one throttled log line
   (:mod:`turnwire_server.api.rpc_logging`), instead of gRPC's ``UNKNOWN`` and
-  an ERROR traceback per request. (A handler whose own decoder already answers
-  undecodable requests, as the ChatService registration's does, never hands
-  the gate a decoding failure; the gate covers every other service.)
+  an ERROR traceback per request.
 * **Draining.** ChatService calls are tracked so that shutdown can wait for
   them, and only them (:meth:`CallGate.wait_idle`): a health ``Watch`` or a
   reflection stream never ends on its own and must not hold shutdown up.
