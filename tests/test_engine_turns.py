@@ -8,6 +8,7 @@ with the scripted provider wrapped in a recorder that keeps every
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -249,8 +250,10 @@ async def test_parallel_tool_calls_run_concurrently(make_engine: EngineFactory) 
 
 
 async def test_raising_tool_gives_the_model_its_error_and_the_loop_goes_on(
-    make_engine: EngineFactory,
+    make_engine: EngineFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="turnwire.tools")
+
     async def broken(input: dict[str, Any], execution: ToolExecution) -> Any:
         raise RuntimeError("disk on fire")
 
@@ -282,6 +285,8 @@ async def test_raising_tool_gives_the_model_its_error_and_the_loop_goes_on(
     stored = (await h.store.load_messages(CONV))[-1]
     assert [c.state for c in tool_parts(stored)] == [message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR] * 2
     assert text_of(stored) == "sorry"
+    # The model sees the message alone; the exception's type is in the log (docs/semantics.md §11).
+    assert any("raised RuntimeError: disk on fire" in r.getMessage() for r in caplog.records)
 
 
 async def test_invalid_tool_input_and_unknown_tool_are_input_errors(make_engine: EngineFactory) -> None:

@@ -188,6 +188,14 @@ class ToolCallRunner:
                         output = await self._execute(call, tool, run_input, step_number)
                     except Exception as tool_error:
                         success, error_text = False, _describe(tool_error)
+                        # The model sees the message alone; the type goes to the log (§11).
+                        log.info(
+                            "tool %s (call %s) raised %s: %s",
+                            call.tool_name,
+                            call.tool_call_id,
+                            type(tool_error).__name__,
+                            error_text,
+                        )
         except asyncio.CancelledError:
             # Cut off by a cancel: the call still gets its after_tool_call, with the error
             # (docs/semantics.md §5); the cancel goes on once the hooks have run.
