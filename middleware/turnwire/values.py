@@ -156,20 +156,6 @@ def struct_view(value: Mapping[str, Any]) -> struct_pb2.Struct | None:
     return result
 
 
-def to_value(value: Any) -> struct_pb2.Value:
-    """Any JSON value as ``google.protobuf.Value`` (numbers become doubles). Raises :class:`NotJsonError`."""
-    result = struct_pb2.Value()
-    _fill(result, normalize(value))
-    return result
-
-
-def to_struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
-    """A JSON object as ``google.protobuf.Struct`` (numbers become doubles). Raises :class:`NotJsonError`."""
-    result = struct_pb2.Struct()
-    result.update(normalize(dict(value)))
-    return result
-
-
 def _fill(target: struct_pb2.Value, value: Any) -> None:
     if value is None:
         target.null_value = struct_pb2.NULL_VALUE
