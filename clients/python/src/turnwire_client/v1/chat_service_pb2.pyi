@@ -9,6 +9,8 @@ from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.rpc import status_pb2 as _status_pb2
 from turnwire_client.v1 import event_pb2 as _event_pb2
 from turnwire_client.v1 import message_pb2 as _message_pb2
 import builtins as _builtins
@@ -22,6 +24,138 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _DisconnectPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DisconnectPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DisconnectPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DISCONNECT_POLICY_UNSPECIFIED: _DisconnectPolicy.ValueType  # 0
+    """DISCONNECT_POLICY_CANCEL."""
+    DISCONNECT_POLICY_CANCEL: _DisconnectPolicy.ValueType  # 1
+    """Cancel the turn: it stores its partial reply and ends TURN_STATUS_ABORTED."""
+    DISCONNECT_POLICY_CONTINUE: _DisconnectPolicy.ValueType  # 2
+    """Let the turn finish without its caller; re-attach with ResumeTurn."""
+
+class DisconnectPolicy(_DisconnectPolicy, metaclass=_DisconnectPolicyEnumTypeWrapper):
+    """DisconnectPolicy is what happens to a turn when its caller goes away
+    (cancels the call, hits its deadline, or loses the connection).
+    """
+
+DISCONNECT_POLICY_UNSPECIFIED: DisconnectPolicy.ValueType  # 0
+"""DISCONNECT_POLICY_CANCEL."""
+DISCONNECT_POLICY_CANCEL: DisconnectPolicy.ValueType  # 1
+"""Cancel the turn: it stores its partial reply and ends TURN_STATUS_ABORTED."""
+DISCONNECT_POLICY_CONTINUE: DisconnectPolicy.ValueType  # 2
+"""Let the turn finish without its caller; re-attach with ResumeTurn."""
+Global___DisconnectPolicy: _TypeAlias = DisconnectPolicy  # noqa: Y015
+
+class _SubmissionState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SubmissionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SubmissionState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SUBMISSION_STATE_UNSPECIFIED: _SubmissionState.ValueType  # 0
+    """Not set."""
+    SUBMISSION_STATE_PENDING: _SubmissionState.ValueType  # 1
+    """Accepted; its turn has not started."""
+    SUBMISSION_STATE_RUNNING: _SubmissionState.ValueType  # 2
+    """Its turn is running (its messages are stored)."""
+    SUBMISSION_STATE_COMPLETED: _SubmissionState.ValueType  # 3
+    """Its turn completed."""
+    SUBMISSION_STATE_ERROR: _SubmissionState.ValueType  # 4
+    """Its turn failed, or it could not run; see `Submission.error`."""
+    SUBMISSION_STATE_ABORTED: _SubmissionState.ValueType  # 5
+    """It was cancelled."""
+    SUBMISSION_STATE_SKIPPED: _SubmissionState.ValueType  # 6
+    """Its turn had nothing to do."""
+
+class SubmissionState(_SubmissionState, metaclass=_SubmissionStateEnumTypeWrapper):
+    """SubmissionState is where a submission is in its life."""
+
+SUBMISSION_STATE_UNSPECIFIED: SubmissionState.ValueType  # 0
+"""Not set."""
+SUBMISSION_STATE_PENDING: SubmissionState.ValueType  # 1
+"""Accepted; its turn has not started."""
+SUBMISSION_STATE_RUNNING: SubmissionState.ValueType  # 2
+"""Its turn is running (its messages are stored)."""
+SUBMISSION_STATE_COMPLETED: SubmissionState.ValueType  # 3
+"""Its turn completed."""
+SUBMISSION_STATE_ERROR: SubmissionState.ValueType  # 4
+"""Its turn failed, or it could not run; see `Submission.error`."""
+SUBMISSION_STATE_ABORTED: SubmissionState.ValueType  # 5
+"""It was cancelled."""
+SUBMISSION_STATE_SKIPPED: SubmissionState.ValueType  # 6
+"""Its turn had nothing to do."""
+Global___SubmissionState: _TypeAlias = SubmissionState  # noqa: Y015
+
+class _AddMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AddModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AddMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ADD_MODE_UNSPECIFIED: _AddMode.ValueType  # 0
+    """ADD_MODE_APPEND."""
+    ADD_MODE_APPEND: _AddMode.ValueType  # 1
+    """Append new messages; one already stored with the same content is left
+    as it is; the same id with other content is ALREADY_EXISTS.
+    """
+    ADD_MODE_UPSERT: _AddMode.ValueType  # 2
+    """Append new messages; replace stored ones (same id) in place."""
+
+class AddMode(_AddMode, metaclass=_AddModeEnumTypeWrapper):
+    """AddMode is how AddMessages treats a message whose id is already stored."""
+
+ADD_MODE_UNSPECIFIED: AddMode.ValueType  # 0
+"""ADD_MODE_APPEND."""
+ADD_MODE_APPEND: AddMode.ValueType  # 1
+"""Append new messages; one already stored with the same content is left
+as it is; the same id with other content is ALREADY_EXISTS.
+"""
+ADD_MODE_UPSERT: AddMode.ValueType  # 2
+"""Append new messages; replace stored ones (same id) in place."""
+Global___AddMode: _TypeAlias = AddMode  # noqa: Y015
+
+@_typing.final
+class ClientTool(_message.Message):
+    """ClientTool is a tool the client runs itself, offered to the model for one
+    turn. A call of it ends the turn with the call in
+    TOOL_CALL_STATE_INPUT_AVAILABLE; send its result with SubmitToolResults (or
+    a tool-call part in SaveMessages).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    INPUT_SCHEMA_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The tool's name: 1-64 characters of [A-Za-z0-9_-]."""
+    description: _builtins.str
+    """What the tool does, for the model."""
+    @_builtins.property
+    def input_schema(self) -> _struct_pb2.Struct:
+        """JSON Schema of the tool's input (an object schema); `{"type": "object"}`
+        when unset.
+        """
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        input_schema: _struct_pb2.Struct | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input_schema", b"input_schema"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "input_schema", b"input_schema", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClientTool: _TypeAlias = ClientTool  # noqa: Y015
+
 @_typing.final
 class ChatRequest(_message.Message):
     """ChatRequest is the input of ChatService.Chat."""
@@ -33,6 +167,8 @@ class ChatRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    DISCONNECT_POLICY_FIELD_NUMBER: _builtins.int
+    CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to append to; created on first use. 1-128 characters
     of [A-Za-z0-9._:-].
@@ -45,6 +181,8 @@ class ChatRequest(_message.Message):
     """Optional model for this turn, as `provider:model`; the configured
     default when empty.
     """
+    disconnect_policy: Global___DisconnectPolicy.ValueType
+    """What happens to the turn when the caller goes away."""
     @_builtins.property
     def message(self) -> _message_pb2.Message:
         """The user message. Its role must be ROLE_USER or unset; it needs at
@@ -55,6 +193,10 @@ class ChatRequest(_message.Message):
     def body(self) -> _struct_pb2.Struct:
         """Free-form per-turn data for lifecycle hooks (Think's `body`)."""
 
+    @_builtins.property
+    def client_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientTool]:
+        """Tools the client runs itself, offered to the model for this turn."""
+
     def __init__(
         self,
         *,
@@ -63,10 +205,12 @@ class ChatRequest(_message.Message):
         request_id: _builtins.str = ...,
         body: _struct_pb2.Struct | None = ...,
         model: _builtins.str = ...,
+        disconnect_policy: Global___DisconnectPolicy.ValueType = ...,
+        client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "conversation_id", b"conversation_id", "message", b"message", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "message", b"message", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -107,19 +251,30 @@ class SaveMessagesRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    DISCONNECT_POLICY_FIELD_NUMBER: _builtins.int
+    CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to append to; created on first use."""
     request_id: _builtins.str
     """Optional client-chosen id of this turn."""
     model: _builtins.str
     """Optional model for this turn, as `provider:model`."""
+    disconnect_policy: Global___DisconnectPolicy.ValueType
+    """What happens to the turn when the caller goes away."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]:
-        """Messages to append, in order; may be empty."""
+        """Messages to append, in order; may be empty. An assistant message holding
+        only tool-call parts with results for stored calls (by tool_call_id) is a
+        client tool result: it completes those calls instead of being appended.
+        """
 
     @_builtins.property
     def body(self) -> _struct_pb2.Struct:
         """Free-form per-turn data for lifecycle hooks."""
+
+    @_builtins.property
+    def client_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientTool]:
+        """Tools the client runs itself, offered to the model for this turn."""
 
     def __init__(
         self,
@@ -129,10 +284,12 @@ class SaveMessagesRequest(_message.Message):
         request_id: _builtins.str = ...,
         body: _struct_pb2.Struct | None = ...,
         model: _builtins.str = ...,
+        disconnect_policy: Global___DisconnectPolicy.ValueType = ...,
+        client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "conversation_id", b"conversation_id", "messages", b"messages", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "messages", b"messages", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -174,15 +331,23 @@ class ContinueLastTurnRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    DISCONNECT_POLICY_FIELD_NUMBER: _builtins.int
+    CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to continue; it must exist."""
     request_id: _builtins.str
     """Optional client-chosen id of this turn."""
     model: _builtins.str
     """Optional model for this turn, as `provider:model`."""
+    disconnect_policy: Global___DisconnectPolicy.ValueType
+    """What happens to the turn when the caller goes away."""
     @_builtins.property
     def body(self) -> _struct_pb2.Struct:
         """Free-form per-turn data for lifecycle hooks."""
+
+    @_builtins.property
+    def client_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientTool]:
+        """Tools the client runs itself, offered to the model for this turn."""
 
     def __init__(
         self,
@@ -191,10 +356,12 @@ class ContinueLastTurnRequest(_message.Message):
         request_id: _builtins.str = ...,
         body: _struct_pb2.Struct | None = ...,
         model: _builtins.str = ...,
+        disconnect_policy: Global___DisconnectPolicy.ValueType = ...,
+        client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "conversation_id", b"conversation_id", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -434,3 +601,699 @@ class CancelChatResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelChatResponse: _TypeAlias = CancelChatResponse  # noqa: Y015
+
+@_typing.final
+class ResumeTurnRequest(_message.Message):
+    """ResumeTurnRequest is the input of ChatService.ResumeTurn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    AFTER_SEQUENCE_NUMBER_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """The turn's request id."""
+    after_sequence_number: _builtins.int
+    """The last sequence number the client saw; 0 replays from the start."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        after_sequence_number: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_sequence_number", b"after_sequence_number", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeTurnRequest: _TypeAlias = ResumeTurnRequest  # noqa: Y015
+
+@_typing.final
+class ResumeTurnResponse(_message.Message):
+    """ResumeTurnResponse is one event of a resumed turn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def event(self) -> _event_pb2.TurnEvent:
+        """The event."""
+
+    def __init__(
+        self,
+        *,
+        event: _event_pb2.TurnEvent | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeTurnResponse: _TypeAlias = ResumeTurnResponse  # noqa: Y015
+
+@_typing.final
+class Submission(_message.Message):
+    """Submission is a durably accepted request for a turn (docs/semantics.md §7)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBMISSION_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    ASSISTANT_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
+    submission_id: _builtins.str
+    """The submission's id; also the request id of its turn."""
+    conversation_id: _builtins.str
+    """The conversation it runs on."""
+    idempotency_key: _builtins.str
+    """The client's idempotency key, when it gave one."""
+    state: Global___SubmissionState.ValueType
+    """Where it is."""
+    assistant_message_id: _builtins.str
+    """The id of the assistant message its turn writes."""
+    message_count: _builtins.int
+    """How many messages it carries."""
+    @_builtins.property
+    def metadata(self) -> _struct_pb2.Struct:
+        """The client's metadata, as given."""
+
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was accepted."""
+
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """When its turn started; unset while pending."""
+
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp:
+        """When it ended; unset until then."""
+
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """Why it failed or was aborted, when it did."""
+
+    def __init__(
+        self,
+        *,
+        submission_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
+        state: Global___SubmissionState.ValueType = ...,
+        metadata: _struct_pb2.Struct | None = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
+        error: _status_pb2.Status | None = ...,
+        assistant_message_id: _builtins.str = ...,
+        message_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "error", b"error", "metadata", b"metadata", "start_time", b"start_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_message_id", b"assistant_message_id", "conversation_id", b"conversation_id", "create_time", b"create_time", "end_time", b"end_time", "error", b"error", "idempotency_key", b"idempotency_key", "message_count", b"message_count", "metadata", b"metadata", "start_time", b"start_time", "state", b"state", "submission_id", b"submission_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Submission: _TypeAlias = Submission  # noqa: Y015
+
+@_typing.final
+class SubmitMessagesRequest(_message.Message):
+    """SubmitMessagesRequest is the input of ChatService.SubmitMessages."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    SUBMISSION_ID_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    BODY_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The conversation to run on; created when the turn runs."""
+    submission_id: _builtins.str
+    """Optional client-chosen submission id (1-128 characters of
+    [A-Za-z0-9._:-]); assigned when empty.
+    """
+    idempotency_key: _builtins.str
+    """Optional idempotency key: a repeat with the same key returns the first
+    submission.
+    """
+    model: _builtins.str
+    """Optional model for the turn, as `provider:model`."""
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]:
+        """The messages to append when the turn starts; at least one."""
+
+    @_builtins.property
+    def metadata(self) -> _struct_pb2.Struct:
+        """Free-form data kept with the submission."""
+
+    @_builtins.property
+    def body(self) -> _struct_pb2.Struct:
+        """Free-form per-turn data for lifecycle hooks."""
+
+    @_builtins.property
+    def client_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientTool]:
+        """Tools the client runs itself, offered to the model for the turn."""
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        messages: _abc.Iterable[_message_pb2.Message] | None = ...,
+        submission_id: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
+        metadata: _struct_pb2.Struct | None = ...,
+        body: _struct_pb2.Struct | None = ...,
+        model: _builtins.str = ...,
+        client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "metadata", b"metadata"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "conversation_id", b"conversation_id", "idempotency_key", b"idempotency_key", "messages", b"messages", "metadata", b"metadata", "model", b"model", "submission_id", b"submission_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitMessagesRequest: _TypeAlias = SubmitMessagesRequest  # noqa: Y015
+
+@_typing.final
+class SubmitMessagesResponse(_message.Message):
+    """SubmitMessagesResponse is the output of ChatService.SubmitMessages."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBMISSION_FIELD_NUMBER: _builtins.int
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    accepted: _builtins.bool
+    """True when this call created the submission."""
+    @_builtins.property
+    def submission(self) -> Global___Submission:
+        """The submission (the existing one when `accepted` is false)."""
+
+    def __init__(
+        self,
+        *,
+        submission: Global___Submission | None = ...,
+        accepted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["submission", b"submission"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "submission", b"submission"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitMessagesResponse: _TypeAlias = SubmitMessagesResponse  # noqa: Y015
+
+@_typing.final
+class GetSubmissionRequest(_message.Message):
+    """GetSubmissionRequest is the input of ChatService.GetSubmission."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBMISSION_ID_FIELD_NUMBER: _builtins.int
+    submission_id: _builtins.str
+    """The submission's id."""
+    def __init__(
+        self,
+        *,
+        submission_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["submission_id", b"submission_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSubmissionRequest: _TypeAlias = GetSubmissionRequest  # noqa: Y015
+
+@_typing.final
+class ListSubmissionsRequest(_message.Message):
+    """ListSubmissionsRequest is the input of ChatService.ListSubmissions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Maximum number to return: 1-1000; 0 means 50; larger values are coerced
+    to 1000.
+    """
+    page_token: _builtins.str
+    """The `next_page_token` of a previous call with the same filters; empty
+    for the first page.
+    """
+    conversation_id: _builtins.str
+    """Only submissions of this conversation, when set."""
+    state: Global___SubmissionState.ValueType
+    """Only submissions in this state, when set."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        state: Global___SubmissionState.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSubmissionsRequest: _TypeAlias = ListSubmissionsRequest  # noqa: Y015
+
+@_typing.final
+class ListSubmissionsResponse(_message.Message):
+    """ListSubmissionsResponse is the output of ChatService.ListSubmissions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBMISSIONS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token for the next page; empty when there are no more."""
+    @_builtins.property
+    def submissions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Submission]:
+        """The submissions, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        submissions: _abc.Iterable[Global___Submission] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "submissions", b"submissions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSubmissionsResponse: _TypeAlias = ListSubmissionsResponse  # noqa: Y015
+
+@_typing.final
+class CancelSubmissionRequest(_message.Message):
+    """CancelSubmissionRequest is the input of ChatService.CancelSubmission."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBMISSION_ID_FIELD_NUMBER: _builtins.int
+    submission_id: _builtins.str
+    """The submission's id."""
+    def __init__(
+        self,
+        *,
+        submission_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["submission_id", b"submission_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelSubmissionRequest: _TypeAlias = CancelSubmissionRequest  # noqa: Y015
+
+@_typing.final
+class WatchSubmissionRequest(_message.Message):
+    """WatchSubmissionRequest is the input of ChatService.WatchSubmission."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBMISSION_ID_FIELD_NUMBER: _builtins.int
+    AFTER_SEQUENCE_NUMBER_FIELD_NUMBER: _builtins.int
+    submission_id: _builtins.str
+    """The submission's id."""
+    after_sequence_number: _builtins.int
+    """The last sequence number the client saw; 0 for all events."""
+    def __init__(
+        self,
+        *,
+        submission_id: _builtins.str = ...,
+        after_sequence_number: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_sequence_number", b"after_sequence_number", "submission_id", b"submission_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchSubmissionRequest: _TypeAlias = WatchSubmissionRequest  # noqa: Y015
+
+@_typing.final
+class WatchSubmissionResponse(_message.Message):
+    """WatchSubmissionResponse is one event of a watched submission's turn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def event(self) -> _event_pb2.TurnEvent:
+        """The event."""
+
+    def __init__(
+        self,
+        *,
+        event: _event_pb2.TurnEvent | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchSubmissionResponse: _TypeAlias = WatchSubmissionResponse  # noqa: Y015
+
+@_typing.final
+class AddMessagesRequest(_message.Message):
+    """AddMessagesRequest is the input of ChatService.AddMessages."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    ALLOW_MISSING_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The conversation to write to. It must exist unless `allow_missing`."""
+    mode: Global___AddMode.ValueType
+    """How to treat ids already stored."""
+    allow_missing: _builtins.bool
+    """Create the conversation when it does not exist."""
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]:
+        """The messages, in order; at least one."""
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        messages: _abc.Iterable[_message_pb2.Message] | None = ...,
+        mode: Global___AddMode.ValueType = ...,
+        allow_missing: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_missing", b"allow_missing", "conversation_id", b"conversation_id", "messages", b"messages", "mode", b"mode"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddMessagesRequest: _TypeAlias = AddMessagesRequest  # noqa: Y015
+
+@_typing.final
+class AddMessagesResponse(_message.Message):
+    """AddMessagesResponse is the output of ChatService.AddMessages."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_FIELD_NUMBER: _builtins.int
+    ADDED_COUNT_FIELD_NUMBER: _builtins.int
+    UPDATED_COUNT_FIELD_NUMBER: _builtins.int
+    UNCHANGED_COUNT_FIELD_NUMBER: _builtins.int
+    added_count: _builtins.int
+    """Messages appended."""
+    updated_count: _builtins.int
+    """Messages replaced in place (ADD_MODE_UPSERT)."""
+    unchanged_count: _builtins.int
+    """Messages already stored with the same content."""
+    @_builtins.property
+    def conversation(self) -> Global___Conversation:
+        """The conversation after the write, without its messages."""
+
+    def __init__(
+        self,
+        *,
+        conversation: Global___Conversation | None = ...,
+        added_count: _builtins.int = ...,
+        updated_count: _builtins.int = ...,
+        unchanged_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_count", b"added_count", "conversation", b"conversation", "unchanged_count", b"unchanged_count", "updated_count", b"updated_count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddMessagesResponse: _TypeAlias = AddMessagesResponse  # noqa: Y015
+
+@_typing.final
+class DeleteConversationRequest(_message.Message):
+    """DeleteConversationRequest is the input of ChatService.DeleteConversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    ALLOW_MISSING_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The conversation to delete."""
+    allow_missing: _builtins.bool
+    """Succeed when the conversation does not exist (AIP-135)."""
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        allow_missing: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_missing", b"allow_missing", "conversation_id", b"conversation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteConversationRequest: _TypeAlias = DeleteConversationRequest  # noqa: Y015
+
+@_typing.final
+class ToolResult(_message.Message):
+    """ToolResult is the result of one client-side tool call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_JSON_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    ERROR_TEXT_FIELD_NUMBER: _builtins.int
+    tool_call_id: _builtins.str
+    """The call's id, as in ToolInputAvailable.tool_call_id."""
+    output_json: _builtins.str
+    """The result: any JSON value, as JSON text. Used when `error` is false."""
+    error: _builtins.bool
+    """True when the tool failed; the model sees `error_text`."""
+    error_text: _builtins.str
+    """Why it failed; `Tool execution denied by user` when empty."""
+    def __init__(
+        self,
+        *,
+        tool_call_id: _builtins.str = ...,
+        output_json: _builtins.str = ...,
+        error: _builtins.bool = ...,
+        error_text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "error_text", b"error_text", "output_json", b"output_json", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolResult: _TypeAlias = ToolResult  # noqa: Y015
+
+@_typing.final
+class SubmitToolResultsRequest(_message.Message):
+    """SubmitToolResultsRequest is the input of ChatService.SubmitToolResults."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    RESULTS_FIELD_NUMBER: _builtins.int
+    AUTO_CONTINUE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    BODY_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    DISCONNECT_POLICY_FIELD_NUMBER: _builtins.int
+    CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The conversation holding the calls."""
+    auto_continue: _builtins.bool
+    """Run one continuation turn once every pending call of the message has a
+    result.
+    """
+    request_id: _builtins.str
+    """Optional client-chosen id of the continuation turn."""
+    model: _builtins.str
+    """Optional model for the continuation, as `provider:model`."""
+    disconnect_policy: Global___DisconnectPolicy.ValueType
+    """What happens to the continuation when the caller goes away."""
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolResult]:
+        """The results; at least one."""
+
+    @_builtins.property
+    def body(self) -> _struct_pb2.Struct:
+        """Free-form per-turn data for the continuation's hooks."""
+
+    @_builtins.property
+    def client_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientTool]:
+        """Client tools offered to the model in the continuation."""
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        results: _abc.Iterable[Global___ToolResult] | None = ...,
+        auto_continue: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
+        body: _struct_pb2.Struct | None = ...,
+        model: _builtins.str = ...,
+        disconnect_policy: Global___DisconnectPolicy.ValueType = ...,
+        client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auto_continue", b"auto_continue", "body", b"body", "client_tools", b"client_tools", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "model", b"model", "request_id", b"request_id", "results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitToolResultsRequest: _TypeAlias = SubmitToolResultsRequest  # noqa: Y015
+
+@_typing.final
+class SubmitToolResultsResponse(_message.Message):
+    """SubmitToolResultsResponse is one event of the continuation turn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def event(self) -> _event_pb2.TurnEvent:
+        """The event."""
+
+    def __init__(
+        self,
+        *,
+        event: _event_pb2.TurnEvent | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitToolResultsResponse: _TypeAlias = SubmitToolResultsResponse  # noqa: Y015
+
+@_typing.final
+class ToolApproval(_message.Message):
+    """ToolApproval answers one approval request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    APPROVED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    tool_call_id: _builtins.str
+    """The call's id."""
+    approved: _builtins.bool
+    """True to let the call run (before_tool_call still decides)."""
+    reason: _builtins.str
+    """Why, for a denial; the model is told."""
+    def __init__(
+        self,
+        *,
+        tool_call_id: _builtins.str = ...,
+        approved: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approved", b"approved", "reason", b"reason", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolApproval: _TypeAlias = ToolApproval  # noqa: Y015
+
+@_typing.final
+class SubmitToolApprovalsRequest(_message.Message):
+    """SubmitToolApprovalsRequest is the input of ChatService.SubmitToolApprovals."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    APPROVALS_FIELD_NUMBER: _builtins.int
+    AUTO_CONTINUE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    BODY_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    DISCONNECT_POLICY_FIELD_NUMBER: _builtins.int
+    CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The conversation holding the calls."""
+    auto_continue: _builtins.bool
+    """Run one continuation turn once no call of the message waits any more."""
+    request_id: _builtins.str
+    """Optional client-chosen id of the continuation turn."""
+    model: _builtins.str
+    """Optional model for the continuation, as `provider:model`."""
+    disconnect_policy: Global___DisconnectPolicy.ValueType
+    """What happens to the continuation when the caller goes away."""
+    @_builtins.property
+    def approvals(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolApproval]:
+        """The answers; at least one."""
+
+    @_builtins.property
+    def body(self) -> _struct_pb2.Struct:
+        """Free-form per-turn data for the continuation's hooks."""
+
+    @_builtins.property
+    def client_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientTool]:
+        """Client tools offered to the model in the continuation."""
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        approvals: _abc.Iterable[Global___ToolApproval] | None = ...,
+        auto_continue: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
+        body: _struct_pb2.Struct | None = ...,
+        model: _builtins.str = ...,
+        disconnect_policy: Global___DisconnectPolicy.ValueType = ...,
+        client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approvals", b"approvals", "auto_continue", b"auto_continue", "body", b"body", "client_tools", b"client_tools", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitToolApprovalsRequest: _TypeAlias = SubmitToolApprovalsRequest  # noqa: Y015
+
+@_typing.final
+class SubmitToolApprovalsResponse(_message.Message):
+    """SubmitToolApprovalsResponse is one event of the continuation turn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def event(self) -> _event_pb2.TurnEvent:
+        """The event."""
+
+    def __init__(
+        self,
+        *,
+        event: _event_pb2.TurnEvent | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitToolApprovalsResponse: _TypeAlias = SubmitToolApprovalsResponse  # noqa: Y015

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from google.protobuf import empty_pb2 as google_dot_protobuf_dot_empty__pb2
 from turnwire_client.v1 import chat_service_pb2 as turnwire_dot_v1_dot_chat__service__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -73,6 +74,56 @@ class ChatServiceStub:
                 request_serializer=turnwire_dot_v1_dot_chat__service__pb2.CancelChatRequest.SerializeToString,
                 response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.CancelChatResponse.FromString,
                 _registered_method=True)
+        self.ResumeTurn = channel.unary_stream(
+                '/turnwire.v1.ChatService/ResumeTurn',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.ResumeTurnRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ResumeTurnResponse.FromString,
+                _registered_method=True)
+        self.SubmitMessages = channel.unary_unary(
+                '/turnwire.v1.ChatService/SubmitMessages',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitMessagesRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitMessagesResponse.FromString,
+                _registered_method=True)
+        self.GetSubmission = channel.unary_unary(
+                '/turnwire.v1.ChatService/GetSubmission',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.GetSubmissionRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.Submission.FromString,
+                _registered_method=True)
+        self.ListSubmissions = channel.unary_unary(
+                '/turnwire.v1.ChatService/ListSubmissions',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.ListSubmissionsRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ListSubmissionsResponse.FromString,
+                _registered_method=True)
+        self.CancelSubmission = channel.unary_unary(
+                '/turnwire.v1.ChatService/CancelSubmission',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.CancelSubmissionRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.Submission.FromString,
+                _registered_method=True)
+        self.WatchSubmission = channel.unary_stream(
+                '/turnwire.v1.ChatService/WatchSubmission',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.WatchSubmissionRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.WatchSubmissionResponse.FromString,
+                _registered_method=True)
+        self.AddMessages = channel.unary_unary(
+                '/turnwire.v1.ChatService/AddMessages',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.AddMessagesRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.AddMessagesResponse.FromString,
+                _registered_method=True)
+        self.DeleteConversation = channel.unary_unary(
+                '/turnwire.v1.ChatService/DeleteConversation',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.DeleteConversationRequest.SerializeToString,
+                response_deserializer=google_dot_protobuf_dot_empty__pb2.Empty.FromString,
+                _registered_method=True)
+        self.SubmitToolResults = channel.unary_stream(
+                '/turnwire.v1.ChatService/SubmitToolResults',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitToolResultsRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitToolResultsResponse.FromString,
+                _registered_method=True)
+        self.SubmitToolApprovals = channel.unary_stream(
+                '/turnwire.v1.ChatService/SubmitToolApprovals',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitToolApprovalsRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitToolApprovalsResponse.FromString,
+                _registered_method=True)
 
 
 class ChatServiceServicer:
@@ -135,6 +186,93 @@ class ChatServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResumeTurn(self, request, context):
+        """ResumeTurn re-attaches to a turn's stream: the events after
+        `after_sequence_number`, then the live ones until its TurnEnd. Works for a
+        running turn and for one that ended within the configured event retention;
+        never runs the turn again. NOT_FOUND when the request id is unknown or its
+        events are past retention.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitMessages(self, request, context):
+        """SubmitMessages durably accepts messages for a turn that runs later, in
+        order with the conversation's other turns (docs/semantics.md §7). It
+        answers at once; repeating a submission id or idempotency key returns the
+        existing record with `accepted` false.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSubmission(self, request, context):
+        """GetSubmission returns one submission.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSubmissions(self, request, context):
+        """ListSubmissions lists submissions, oldest first (AIP-158 pagination),
+        optionally of one conversation and in one state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelSubmission(self, request, context):
+        """CancelSubmission cancels a pending or running submission; it ends
+        SUBMISSION_STATE_ABORTED. Cancelling a finished one changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchSubmission(self, request, context):
+        """WatchSubmission streams a submission's turn: its events once it runs
+        (from `after_sequence_number`), then its TurnEnd.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddMessages(self, request, context):
+        """AddMessages writes messages to a transcript without running a turn: no
+        turn lock, no hooks. Idempotent by message id; ADD_MODE_UPSERT replaces a
+        stored message in place.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteConversation(self, request, context):
+        """DeleteConversation deletes a conversation with its messages, turns,
+        stored events and submissions. A running turn on it is cancelled first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitToolResults(self, request, context):
+        """SubmitToolResults stores the results of client-side tool calls at once.
+        With `auto_continue`, once every pending call of that assistant message
+        has a result, exactly one continuation turn runs and streams here;
+        otherwise the stream ends with TURN_STATUS_SKIPPED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitToolApprovals(self, request, context):
+        """SubmitToolApprovals approves or denies tool calls waiting in
+        TOOL_CALL_STATE_APPROVAL_REQUESTED, then continues as SubmitToolResults.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChatServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -167,6 +305,56 @@ def add_ChatServiceServicer_to_server(servicer, server):
                     servicer.CancelChat,
                     request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.CancelChatRequest.FromString,
                     response_serializer=turnwire_dot_v1_dot_chat__service__pb2.CancelChatResponse.SerializeToString,
+            ),
+            'ResumeTurn': grpc.unary_stream_rpc_method_handler(
+                    servicer.ResumeTurn,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ResumeTurnRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.ResumeTurnResponse.SerializeToString,
+            ),
+            'SubmitMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitMessages,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitMessagesRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitMessagesResponse.SerializeToString,
+            ),
+            'GetSubmission': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSubmission,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.GetSubmissionRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.Submission.SerializeToString,
+            ),
+            'ListSubmissions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSubmissions,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ListSubmissionsRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.ListSubmissionsResponse.SerializeToString,
+            ),
+            'CancelSubmission': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelSubmission,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.CancelSubmissionRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.Submission.SerializeToString,
+            ),
+            'WatchSubmission': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchSubmission,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.WatchSubmissionRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.WatchSubmissionResponse.SerializeToString,
+            ),
+            'AddMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddMessages,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.AddMessagesRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.AddMessagesResponse.SerializeToString,
+            ),
+            'DeleteConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteConversation,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.DeleteConversationRequest.FromString,
+                    response_serializer=google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
+            ),
+            'SubmitToolResults': grpc.unary_stream_rpc_method_handler(
+                    servicer.SubmitToolResults,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitToolResultsRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitToolResultsResponse.SerializeToString,
+            ),
+            'SubmitToolApprovals': grpc.unary_stream_rpc_method_handler(
+                    servicer.SubmitToolApprovals,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitToolApprovalsRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitToolApprovalsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -340,6 +528,276 @@ class ChatService:
             '/turnwire.v1.ChatService/CancelChat',
             turnwire_dot_v1_dot_chat__service__pb2.CancelChatRequest.SerializeToString,
             turnwire_dot_v1_dot_chat__service__pb2.CancelChatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/turnwire.v1.ChatService/ResumeTurn',
+            turnwire_dot_v1_dot_chat__service__pb2.ResumeTurnRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.ResumeTurnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/SubmitMessages',
+            turnwire_dot_v1_dot_chat__service__pb2.SubmitMessagesRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.SubmitMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSubmission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/GetSubmission',
+            turnwire_dot_v1_dot_chat__service__pb2.GetSubmissionRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.Submission.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSubmissions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/ListSubmissions',
+            turnwire_dot_v1_dot_chat__service__pb2.ListSubmissionsRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.ListSubmissionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelSubmission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/CancelSubmission',
+            turnwire_dot_v1_dot_chat__service__pb2.CancelSubmissionRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.Submission.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchSubmission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/turnwire.v1.ChatService/WatchSubmission',
+            turnwire_dot_v1_dot_chat__service__pb2.WatchSubmissionRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.WatchSubmissionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/AddMessages',
+            turnwire_dot_v1_dot_chat__service__pb2.AddMessagesRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.AddMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/DeleteConversation',
+            turnwire_dot_v1_dot_chat__service__pb2.DeleteConversationRequest.SerializeToString,
+            google_dot_protobuf_dot_empty__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitToolResults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/turnwire.v1.ChatService/SubmitToolResults',
+            turnwire_dot_v1_dot_chat__service__pb2.SubmitToolResultsRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.SubmitToolResultsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitToolApprovals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/turnwire.v1.ChatService/SubmitToolApprovals',
+            turnwire_dot_v1_dot_chat__service__pb2.SubmitToolApprovalsRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.SubmitToolApprovalsResponse.FromString,
             options,
             channel_credentials,
             insecure,

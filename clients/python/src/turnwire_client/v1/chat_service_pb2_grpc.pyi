@@ -4,6 +4,7 @@ isort:skip_file
 """
 
 from collections import abc as _abc
+from google.protobuf import empty_pb2 as _empty_pb2
 from grpc import aio as _aio
 from turnwire_client.v1 import chat_service_pb2 as _chat_service_pb2
 import abc as _abc_1
@@ -65,6 +66,52 @@ class ChatServiceStub:
     """CancelChat cancels a running or queued turn. Cancelling an unknown or
     finished turn is a no-op.
     """
+    ResumeTurn: _grpc.UnaryStreamMultiCallable[_chat_service_pb2.ResumeTurnRequest, _chat_service_pb2.ResumeTurnResponse]
+    """ResumeTurn re-attaches to a turn's stream: the events after
+    `after_sequence_number`, then the live ones until its TurnEnd. Works for a
+    running turn and for one that ended within the configured event retention;
+    never runs the turn again. NOT_FOUND when the request id is unknown or its
+    events are past retention.
+    """
+    SubmitMessages: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.SubmitMessagesRequest, _chat_service_pb2.SubmitMessagesResponse]
+    """SubmitMessages durably accepts messages for a turn that runs later, in
+    order with the conversation's other turns (docs/semantics.md §7). It
+    answers at once; repeating a submission id or idempotency key returns the
+    existing record with `accepted` false.
+    """
+    GetSubmission: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.GetSubmissionRequest, _chat_service_pb2.Submission]
+    """GetSubmission returns one submission."""
+    ListSubmissions: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.ListSubmissionsRequest, _chat_service_pb2.ListSubmissionsResponse]
+    """ListSubmissions lists submissions, oldest first (AIP-158 pagination),
+    optionally of one conversation and in one state.
+    """
+    CancelSubmission: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.CancelSubmissionRequest, _chat_service_pb2.Submission]
+    """CancelSubmission cancels a pending or running submission; it ends
+    SUBMISSION_STATE_ABORTED. Cancelling a finished one changes nothing.
+    """
+    WatchSubmission: _grpc.UnaryStreamMultiCallable[_chat_service_pb2.WatchSubmissionRequest, _chat_service_pb2.WatchSubmissionResponse]
+    """WatchSubmission streams a submission's turn: its events once it runs
+    (from `after_sequence_number`), then its TurnEnd.
+    """
+    AddMessages: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.AddMessagesRequest, _chat_service_pb2.AddMessagesResponse]
+    """AddMessages writes messages to a transcript without running a turn: no
+    turn lock, no hooks. Idempotent by message id; ADD_MODE_UPSERT replaces a
+    stored message in place.
+    """
+    DeleteConversation: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.DeleteConversationRequest, _empty_pb2.Empty]
+    """DeleteConversation deletes a conversation with its messages, turns,
+    stored events and submissions. A running turn on it is cancelled first.
+    """
+    SubmitToolResults: _grpc.UnaryStreamMultiCallable[_chat_service_pb2.SubmitToolResultsRequest, _chat_service_pb2.SubmitToolResultsResponse]
+    """SubmitToolResults stores the results of client-side tool calls at once.
+    With `auto_continue`, once every pending call of that assistant message
+    has a result, exactly one continuation turn runs and streams here;
+    otherwise the stream ends with TURN_STATUS_SKIPPED.
+    """
+    SubmitToolApprovals: _grpc.UnaryStreamMultiCallable[_chat_service_pb2.SubmitToolApprovalsRequest, _chat_service_pb2.SubmitToolApprovalsResponse]
+    """SubmitToolApprovals approves or denies tool calls waiting in
+    TOOL_CALL_STATE_APPROVAL_REQUESTED, then continues as SubmitToolResults.
+    """
 
 @_typing.type_check_only
 class ChatServiceAsyncStub(ChatServiceStub):
@@ -102,6 +149,52 @@ class ChatServiceAsyncStub(ChatServiceStub):
     CancelChat: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.CancelChatRequest, _chat_service_pb2.CancelChatResponse]  # type: ignore[assignment]
     """CancelChat cancels a running or queued turn. Cancelling an unknown or
     finished turn is a no-op.
+    """
+    ResumeTurn: _aio.UnaryStreamMultiCallable[_chat_service_pb2.ResumeTurnRequest, _chat_service_pb2.ResumeTurnResponse]  # type: ignore[assignment]
+    """ResumeTurn re-attaches to a turn's stream: the events after
+    `after_sequence_number`, then the live ones until its TurnEnd. Works for a
+    running turn and for one that ended within the configured event retention;
+    never runs the turn again. NOT_FOUND when the request id is unknown or its
+    events are past retention.
+    """
+    SubmitMessages: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.SubmitMessagesRequest, _chat_service_pb2.SubmitMessagesResponse]  # type: ignore[assignment]
+    """SubmitMessages durably accepts messages for a turn that runs later, in
+    order with the conversation's other turns (docs/semantics.md §7). It
+    answers at once; repeating a submission id or idempotency key returns the
+    existing record with `accepted` false.
+    """
+    GetSubmission: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.GetSubmissionRequest, _chat_service_pb2.Submission]  # type: ignore[assignment]
+    """GetSubmission returns one submission."""
+    ListSubmissions: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.ListSubmissionsRequest, _chat_service_pb2.ListSubmissionsResponse]  # type: ignore[assignment]
+    """ListSubmissions lists submissions, oldest first (AIP-158 pagination),
+    optionally of one conversation and in one state.
+    """
+    CancelSubmission: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.CancelSubmissionRequest, _chat_service_pb2.Submission]  # type: ignore[assignment]
+    """CancelSubmission cancels a pending or running submission; it ends
+    SUBMISSION_STATE_ABORTED. Cancelling a finished one changes nothing.
+    """
+    WatchSubmission: _aio.UnaryStreamMultiCallable[_chat_service_pb2.WatchSubmissionRequest, _chat_service_pb2.WatchSubmissionResponse]  # type: ignore[assignment]
+    """WatchSubmission streams a submission's turn: its events once it runs
+    (from `after_sequence_number`), then its TurnEnd.
+    """
+    AddMessages: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.AddMessagesRequest, _chat_service_pb2.AddMessagesResponse]  # type: ignore[assignment]
+    """AddMessages writes messages to a transcript without running a turn: no
+    turn lock, no hooks. Idempotent by message id; ADD_MODE_UPSERT replaces a
+    stored message in place.
+    """
+    DeleteConversation: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.DeleteConversationRequest, _empty_pb2.Empty]  # type: ignore[assignment]
+    """DeleteConversation deletes a conversation with its messages, turns,
+    stored events and submissions. A running turn on it is cancelled first.
+    """
+    SubmitToolResults: _aio.UnaryStreamMultiCallable[_chat_service_pb2.SubmitToolResultsRequest, _chat_service_pb2.SubmitToolResultsResponse]  # type: ignore[assignment]
+    """SubmitToolResults stores the results of client-side tool calls at once.
+    With `auto_continue`, once every pending call of that assistant message
+    has a result, exactly one continuation turn runs and streams here;
+    otherwise the stream ends with TURN_STATUS_SKIPPED.
+    """
+    SubmitToolApprovals: _aio.UnaryStreamMultiCallable[_chat_service_pb2.SubmitToolApprovalsRequest, _chat_service_pb2.SubmitToolApprovalsResponse]  # type: ignore[assignment]
+    """SubmitToolApprovals approves or denies tool calls waiting in
+    TOOL_CALL_STATE_APPROVAL_REQUESTED, then continues as SubmitToolResults.
     """
 
 class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -173,6 +266,112 @@ class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_chat_service_pb2.CancelChatResponse, _abc.Awaitable[_chat_service_pb2.CancelChatResponse]]:
         """CancelChat cancels a running or queued turn. Cancelling an unknown or
         finished turn is a no-op.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeTurn(
+        self,
+        request: _chat_service_pb2.ResumeTurnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_chat_service_pb2.ResumeTurnResponse], _abc.AsyncIterator[_chat_service_pb2.ResumeTurnResponse]]:
+        """ResumeTurn re-attaches to a turn's stream: the events after
+        `after_sequence_number`, then the live ones until its TurnEnd. Works for a
+        running turn and for one that ended within the configured event retention;
+        never runs the turn again. NOT_FOUND when the request id is unknown or its
+        events are past retention.
+        """
+
+    @_abc_1.abstractmethod
+    def SubmitMessages(
+        self,
+        request: _chat_service_pb2.SubmitMessagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.SubmitMessagesResponse, _abc.Awaitable[_chat_service_pb2.SubmitMessagesResponse]]:
+        """SubmitMessages durably accepts messages for a turn that runs later, in
+        order with the conversation's other turns (docs/semantics.md §7). It
+        answers at once; repeating a submission id or idempotency key returns the
+        existing record with `accepted` false.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSubmission(
+        self,
+        request: _chat_service_pb2.GetSubmissionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.Submission, _abc.Awaitable[_chat_service_pb2.Submission]]:
+        """GetSubmission returns one submission."""
+
+    @_abc_1.abstractmethod
+    def ListSubmissions(
+        self,
+        request: _chat_service_pb2.ListSubmissionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.ListSubmissionsResponse, _abc.Awaitable[_chat_service_pb2.ListSubmissionsResponse]]:
+        """ListSubmissions lists submissions, oldest first (AIP-158 pagination),
+        optionally of one conversation and in one state.
+        """
+
+    @_abc_1.abstractmethod
+    def CancelSubmission(
+        self,
+        request: _chat_service_pb2.CancelSubmissionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.Submission, _abc.Awaitable[_chat_service_pb2.Submission]]:
+        """CancelSubmission cancels a pending or running submission; it ends
+        SUBMISSION_STATE_ABORTED. Cancelling a finished one changes nothing.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchSubmission(
+        self,
+        request: _chat_service_pb2.WatchSubmissionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_chat_service_pb2.WatchSubmissionResponse], _abc.AsyncIterator[_chat_service_pb2.WatchSubmissionResponse]]:
+        """WatchSubmission streams a submission's turn: its events once it runs
+        (from `after_sequence_number`), then its TurnEnd.
+        """
+
+    @_abc_1.abstractmethod
+    def AddMessages(
+        self,
+        request: _chat_service_pb2.AddMessagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.AddMessagesResponse, _abc.Awaitable[_chat_service_pb2.AddMessagesResponse]]:
+        """AddMessages writes messages to a transcript without running a turn: no
+        turn lock, no hooks. Idempotent by message id; ADD_MODE_UPSERT replaces a
+        stored message in place.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteConversation(
+        self,
+        request: _chat_service_pb2.DeleteConversationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_empty_pb2.Empty, _abc.Awaitable[_empty_pb2.Empty]]:
+        """DeleteConversation deletes a conversation with its messages, turns,
+        stored events and submissions. A running turn on it is cancelled first.
+        """
+
+    @_abc_1.abstractmethod
+    def SubmitToolResults(
+        self,
+        request: _chat_service_pb2.SubmitToolResultsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_chat_service_pb2.SubmitToolResultsResponse], _abc.AsyncIterator[_chat_service_pb2.SubmitToolResultsResponse]]:
+        """SubmitToolResults stores the results of client-side tool calls at once.
+        With `auto_continue`, once every pending call of that assistant message
+        has a result, exactly one continuation turn runs and streams here;
+        otherwise the stream ends with TURN_STATUS_SKIPPED.
+        """
+
+    @_abc_1.abstractmethod
+    def SubmitToolApprovals(
+        self,
+        request: _chat_service_pb2.SubmitToolApprovalsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_chat_service_pb2.SubmitToolApprovalsResponse], _abc.AsyncIterator[_chat_service_pb2.SubmitToolApprovalsResponse]]:
+        """SubmitToolApprovals approves or denies tool calls waiting in
+        TOOL_CALL_STATE_APPROVAL_REQUESTED, then continues as SubmitToolResults.
         """
 
 def add_ChatServiceServicer_to_server(servicer: ChatServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -70,6 +70,30 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     ERROR_REASON_DATA_CORRUPTED: _ErrorReason.ValueType  # 19
     """Something stored cannot be read back: a server bug, not worth retrying."""
+    ERROR_REASON_TURN_NOT_FOUND: _ErrorReason.ValueType  # 20
+    """No turn has this request id (ResumeTurn), or it ended longer ago than the
+    event retention keeps its events.
+    """
+    ERROR_REASON_SUBMISSION_NOT_FOUND: _ErrorReason.ValueType  # 21
+    """No submission has this id."""
+    ERROR_REASON_SUBMISSION_CONFLICT: _ErrorReason.ValueType  # 22
+    """A submission id and an idempotency key name different submissions, or an
+    id is reused with other messages.
+    """
+    ERROR_REASON_SERVER_RESTARTED: _ErrorReason.ValueType  # 23
+    """The turn was cut short by a server restart (crash) and not recovered."""
+    ERROR_REASON_TOOL_CALL_NOT_FOUND: _ErrorReason.ValueType  # 24
+    """A tool result or approval names no tool call of the conversation."""
+    ERROR_REASON_TOOL_CALL_NOT_PENDING: _ErrorReason.ValueType  # 25
+    """A tool result or approval names a call that does not wait for one."""
+    ERROR_REASON_EXPIRED: _ErrorReason.ValueType  # 26
+    """A pending client tool call, approval or submission waited longer than
+    the configured expiry.
+    """
+    ERROR_REASON_CONVERSATION_DELETED: _ErrorReason.ValueType  # 27
+    """The conversation was deleted while the turn or submission waited or ran."""
+    ERROR_REASON_RECOVERY_EXHAUSTED: _ErrorReason.ValueType  # 28
+    """The recovery budget of the turn is spent; it stays interrupted."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnwire sends,
@@ -125,4 +149,28 @@ runs a turn only while it has no completed reply.
 """
 ERROR_REASON_DATA_CORRUPTED: ErrorReason.ValueType  # 19
 """Something stored cannot be read back: a server bug, not worth retrying."""
+ERROR_REASON_TURN_NOT_FOUND: ErrorReason.ValueType  # 20
+"""No turn has this request id (ResumeTurn), or it ended longer ago than the
+event retention keeps its events.
+"""
+ERROR_REASON_SUBMISSION_NOT_FOUND: ErrorReason.ValueType  # 21
+"""No submission has this id."""
+ERROR_REASON_SUBMISSION_CONFLICT: ErrorReason.ValueType  # 22
+"""A submission id and an idempotency key name different submissions, or an
+id is reused with other messages.
+"""
+ERROR_REASON_SERVER_RESTARTED: ErrorReason.ValueType  # 23
+"""The turn was cut short by a server restart (crash) and not recovered."""
+ERROR_REASON_TOOL_CALL_NOT_FOUND: ErrorReason.ValueType  # 24
+"""A tool result or approval names no tool call of the conversation."""
+ERROR_REASON_TOOL_CALL_NOT_PENDING: ErrorReason.ValueType  # 25
+"""A tool result or approval names a call that does not wait for one."""
+ERROR_REASON_EXPIRED: ErrorReason.ValueType  # 26
+"""A pending client tool call, approval or submission waited longer than
+the configured expiry.
+"""
+ERROR_REASON_CONVERSATION_DELETED: ErrorReason.ValueType  # 27
+"""The conversation was deleted while the turn or submission waited or ran."""
+ERROR_REASON_RECOVERY_EXHAUSTED: ErrorReason.ValueType  # 28
+"""The recovery budget of the turn is spent; it stays interrupted."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

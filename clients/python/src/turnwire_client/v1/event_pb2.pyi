@@ -158,6 +158,7 @@ class TurnEvent(_message.Message):
     STEP_FINISH_FIELD_NUMBER: _builtins.int
     CONTEXT_COMPACTED_FIELD_NUMBER: _builtins.int
     TURN_END_FIELD_NUMBER: _builtins.int
+    ATTEMPT_START_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation the turn runs on."""
     request_id: _builtins.str
@@ -214,9 +215,7 @@ class TurnEvent(_message.Message):
 
     @_builtins.property
     def tool_approval_request(self) -> Global___ToolApprovalRequest:
-        """A tool call waits for the client's approval. Declared, not emitted yet:
-        tool approvals are planned (docs/semantics.md §6).
-        """
+        """A tool call waits for the client's approval."""
 
     @_builtins.property
     def tool_output_available(self) -> Global___ToolOutputAvailable:
@@ -228,9 +227,7 @@ class TurnEvent(_message.Message):
 
     @_builtins.property
     def tool_output_denied(self) -> Global___ToolOutputDenied:
-        """The client denied a tool call. Declared, not emitted yet: tool
-        approvals are planned (docs/semantics.md §6).
-        """
+        """The client denied a tool call."""
 
     @_builtins.property
     def source(self) -> _message_pb2.SourcePart:
@@ -253,6 +250,12 @@ class TurnEvent(_message.Message):
     @_builtins.property
     def turn_end(self) -> Global___TurnEnd:
         """The turn ended. Always the last event."""
+
+    @_builtins.property
+    def attempt_start(self) -> Global___AttemptStart:
+        """A new attempt of the turn started (stall or crash recovery): discard
+        what the previous attempt showed after its TurnStart.
+        """
 
     def __init__(
         self,
@@ -281,12 +284,13 @@ class TurnEvent(_message.Message):
         step_finish: Global___StepFinish | None = ...,
         context_compacted: Global___ContextCompacted | None = ...,
         turn_end: Global___TurnEnd | None = ...,
+        attempt_start: Global___AttemptStart | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["context_compacted", b"context_compacted", "event", b"event", "file", b"file", "reasoning_delta", b"reasoning_delta", "reasoning_end", b"reasoning_end", "reasoning_start", b"reasoning_start", "source", b"source", "step_finish", b"step_finish", "step_start", b"step_start", "text_delta", b"text_delta", "text_end", b"text_end", "text_start", b"text_start", "tool_approval_request", b"tool_approval_request", "tool_input_available", b"tool_input_available", "tool_input_delta", b"tool_input_delta", "tool_input_error", b"tool_input_error", "tool_input_start", b"tool_input_start", "tool_output_available", b"tool_output_available", "tool_output_denied", b"tool_output_denied", "tool_output_error", b"tool_output_error", "turn_end", b"turn_end", "turn_start", b"turn_start"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_start", b"attempt_start", "context_compacted", b"context_compacted", "event", b"event", "file", b"file", "reasoning_delta", b"reasoning_delta", "reasoning_end", b"reasoning_end", "reasoning_start", b"reasoning_start", "source", b"source", "step_finish", b"step_finish", "step_start", b"step_start", "text_delta", b"text_delta", "text_end", b"text_end", "text_start", b"text_start", "tool_approval_request", b"tool_approval_request", "tool_input_available", b"tool_input_available", "tool_input_delta", b"tool_input_delta", "tool_input_error", b"tool_input_error", "tool_input_start", b"tool_input_start", "tool_output_available", b"tool_output_available", "tool_output_denied", b"tool_output_denied", "tool_output_error", b"tool_output_error", "turn_end", b"turn_end", "turn_start", b"turn_start"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_compacted", b"context_compacted", "conversation_id", b"conversation_id", "event", b"event", "file", b"file", "reasoning_delta", b"reasoning_delta", "reasoning_end", b"reasoning_end", "reasoning_start", b"reasoning_start", "request_id", b"request_id", "sequence_number", b"sequence_number", "source", b"source", "step_finish", b"step_finish", "step_start", b"step_start", "text_delta", b"text_delta", "text_end", b"text_end", "text_start", b"text_start", "tool_approval_request", b"tool_approval_request", "tool_input_available", b"tool_input_available", "tool_input_delta", b"tool_input_delta", "tool_input_error", b"tool_input_error", "tool_input_start", b"tool_input_start", "tool_output_available", b"tool_output_available", "tool_output_denied", b"tool_output_denied", "tool_output_error", b"tool_output_error", "turn_end", b"turn_end", "turn_start", b"turn_start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_start", b"attempt_start", "context_compacted", b"context_compacted", "conversation_id", b"conversation_id", "event", b"event", "file", b"file", "reasoning_delta", b"reasoning_delta", "reasoning_end", b"reasoning_end", "reasoning_start", b"reasoning_start", "request_id", b"request_id", "sequence_number", b"sequence_number", "source", b"source", "step_finish", b"step_finish", "step_start", b"step_start", "text_delta", b"text_delta", "text_end", b"text_end", "text_start", b"text_start", "tool_approval_request", b"tool_approval_request", "tool_input_available", b"tool_input_available", "tool_input_delta", b"tool_input_delta", "tool_input_error", b"tool_input_error", "tool_input_start", b"tool_input_start", "tool_output_available", b"tool_output_available", "tool_output_denied", b"tool_output_denied", "tool_output_error", b"tool_output_error", "turn_end", b"turn_end", "turn_start", b"turn_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["turn_start", "step_start", "text_start", "text_delta", "text_end", "reasoning_start", "reasoning_delta", "reasoning_end", "tool_input_start", "tool_input_delta", "tool_input_available", "tool_input_error", "tool_approval_request", "tool_output_available", "tool_output_error", "tool_output_denied", "source", "file", "step_finish", "context_compacted", "turn_end"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["turn_start", "step_start", "text_start", "text_delta", "text_end", "reasoning_start", "reasoning_delta", "reasoning_end", "tool_input_start", "tool_input_delta", "tool_input_available", "tool_input_error", "tool_approval_request", "tool_output_available", "tool_output_error", "tool_output_denied", "source", "file", "step_finish", "context_compacted", "turn_end", "attempt_start"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -613,8 +617,8 @@ Global___ToolInputError: _TypeAlias = ToolInputError  # noqa: Y015
 
 @_typing.final
 class ToolApprovalRequest(_message.Message):
-    """ToolApprovalRequest says a tool call waits for the client's approval.
-    Not emitted yet: tool approvals are planned (docs/semantics.md §6).
+    """ToolApprovalRequest says a tool call waits for the client's approval
+    (answer with SubmitToolApprovals).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -708,27 +712,74 @@ Global___ToolOutputError: _TypeAlias = ToolOutputError  # noqa: Y015
 
 @_typing.final
 class ToolOutputDenied(_message.Message):
-    """ToolOutputDenied says the client denied a tool call.
-    Not emitted yet: tool approvals are planned (docs/semantics.md §6).
-    """
+    """ToolOutputDenied says the client denied a tool call."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id."""
+    reason: _builtins.str
+    """The reason the model was given."""
     def __init__(
         self,
         *,
         tool_call_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "tool_call_id", b"tool_call_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ToolOutputDenied: _TypeAlias = ToolOutputDenied  # noqa: Y015
+
+@_typing.final
+class AttemptStart(_message.Message):
+    """AttemptStart opens a new attempt of a turn: a recovery after a stall or a
+    crash (docs/semantics.md §12). Events after it replace what the previous
+    attempt showed: when `appends` is true the new attempt continues the same
+    assistant message (keep what it stored: `message`), otherwise it starts the
+    reply again.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    APPENDS_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    attempt: _builtins.int
+    """The attempt, from 2."""
+    message_id: _builtins.str
+    """The assistant message the attempt writes."""
+    appends: _builtins.bool
+    """True when it continues the stored partial reply."""
+    reason: _builtins.str
+    """Why the previous attempt ended (`STREAM_STALLED`, `SERVER_RESTARTED`)."""
+    @_builtins.property
+    def message(self) -> _message_pb2.Message:
+        """The reply as stored when the attempt started (when `appends`)."""
+
+    def __init__(
+        self,
+        *,
+        attempt: _builtins.int = ...,
+        message_id: _builtins.str = ...,
+        appends: _builtins.bool = ...,
+        message: _message_pb2.Message | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["appends", b"appends", "attempt", b"attempt", "message", b"message", "message_id", b"message_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttemptStart: _TypeAlias = AttemptStart  # noqa: Y015
 
 @_typing.final
 class StepFinish(_message.Message):

@@ -287,6 +287,8 @@ class ToolCallPart(_message.Message):
     RAW_INPUT_FIELD_NUMBER: _builtins.int
     INPUT_JSON_FIELD_NUMBER: _builtins.int
     OUTPUT_JSON_FIELD_NUMBER: _builtins.int
+    APPROVAL_FIELD_NUMBER: _builtins.int
+    CLIENT_EXECUTED_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The provider's id for the call; results refer to it."""
     tool_name: _builtins.str
@@ -311,6 +313,8 @@ class ToolCallPart(_message.Message):
     """The result, when `state` is TOOL_CALL_STATE_OUTPUT_AVAILABLE: any JSON
     value, as JSON text, exactly as the tool returned it.
     """
+    client_executed: _builtins.bool
+    """True for a call of a client-side tool: the client runs it."""
     @_builtins.property
     @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def input(self) -> _struct_pb2.Struct:
@@ -326,6 +330,10 @@ class ToolCallPart(_message.Message):
         it is exact (as for `input`). Deprecated: read `output_json`.
         """
 
+    @_builtins.property
+    def approval(self) -> Global___ToolCallApproval:
+        """The approval request and its answer, for a tool that needs approval."""
+
     def __init__(
         self,
         *,
@@ -339,14 +347,46 @@ class ToolCallPart(_message.Message):
         raw_input: _builtins.str = ...,
         input_json: _builtins.str = ...,
         output_json: _builtins.str = ...,
+        approval: Global___ToolCallApproval | None = ...,
+        client_executed: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "output", b"output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "input", b"input", "output", b"output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_text", b"error_text", "input", b"input", "input_json", b"input_json", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "raw_input", b"raw_input", "state", b"state", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "client_executed", b"client_executed", "error_text", b"error_text", "input", b"input", "input_json", b"input_json", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "raw_input", b"raw_input", "state", b"state", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ToolCallPart: _TypeAlias = ToolCallPart  # noqa: Y015
+
+@_typing.final
+class ToolCallApproval(_message.Message):
+    """ToolCallApproval is a tool call's approval request and the client's answer."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    APPROVED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """The approval request's id."""
+    approved: _builtins.bool
+    """The answer, once given (TOOL_CALL_STATE_APPROVAL_RESPONDED or later)."""
+    reason: _builtins.str
+    """Why, as the client gave it."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        approved: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approved", b"approved", "id", b"id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCallApproval: _TypeAlias = ToolCallApproval  # noqa: Y015
 
 @_typing.final
 class FilePart(_message.Message):
