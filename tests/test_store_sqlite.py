@@ -676,10 +676,19 @@ async def test_migrations_run_once_and_are_recorded(tmp_path: Path) -> None:
         await s.open()
         await s.close()
     rows = _raw(path, "SELECT version, name, applied_at FROM schema_migrations")
-    assert [(v, n) for v, n, _ in rows] == [(1, "0001_init")]
+    assert [(v, n) for v, n, _ in rows] == [(1, "0001_init"), (2, "0002_durable_turns")]
     assert isinstance(rows[0][2], int)
     tables = {t for (t,) in _raw(path, "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert {"conversations", "messages", "parts", "turns", "schema_migrations"} <= tables
+    assert {
+        "conversations",
+        "messages",
+        "parts",
+        "turns",
+        "schema_migrations",
+        "turn_streams",
+        "turn_events",
+        "submissions",
+    } <= tables
     assert _raw(path, "PRAGMA journal_mode") == [("wal",)]
 
 
