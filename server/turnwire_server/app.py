@@ -206,6 +206,10 @@ async def start(settings: Settings) -> Sidecar:
                 stream_buffer_events=settings.limits.stream_buffer_events,
                 slow_reader_timeout_seconds=settings.limits.slow_reader_timeout_seconds,
                 hook_timeline=settings.events.hook_timeline,
+                event_retention_seconds=settings.durability.event_retention_seconds,
+                recovery_budget=settings.durability.recovery_budget,
+                stall_recovery=settings.durability.stall_recovery,
+                pending_expiry_seconds=settings.durability.pending_expiry_seconds,
             ),
             error_status=status_of,
         )

@@ -108,6 +108,34 @@ class EventsSettings(_Section):
     hook_timeline: bool = Field(False, description="put each turn's hook timeline in TurnEnd.metadata")
 
 
+class DurabilitySettings(_Section):
+    """Resume, recovery, expiry and retention (docs/semantics.md §5, §7, §8, §12). Times in seconds;
+    0 turns a retention or expiry off."""
+
+    event_retention_seconds: float = Field(
+        3600.0, ge=0, description="how long a finished turn's events stay re-attachable with ResumeTurn"
+    )
+    recover_on_start: bool = Field(
+        True, description="finish turns a crash interrupted when the sidecar starts (within recovery_budget)"
+    )
+    recovery_budget: int = Field(
+        2, ge=0, le=100, description="recoveries one turn may get (crash and stall), counted in the store"
+    )
+    stall_recovery: bool = Field(
+        False, description="after the stall watchdog interrupts a turn, recover it in the same stream"
+    )
+    pending_expiry_seconds: float = Field(
+        86400.0, ge=0, description="pending client tool calls, approvals and submissions expire after this"
+    )
+    conversation_retention_seconds: float = Field(
+        0.0, ge=0, description="conversations not updated for this long are deleted (0: kept forever)"
+    )
+    sweep_interval_seconds: float = Field(60.0, gt=0, description="how often expiry and retention run")
+    max_pending_submissions_per_conversation: int = Field(
+        1000, ge=1, description="past it SubmitMessages answers RESOURCE_EXHAUSTED"
+    )
+
+
 class StoreCheckpointSettings(_Section):
     """How often a streaming reply is checkpointed, in milliseconds (besides step ends)."""
 
@@ -131,6 +159,7 @@ class Settings(BaseSettings):
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     events: EventsSettings = Field(default_factory=EventsSettings)
     checkpoint: StoreCheckpointSettings = Field(default_factory=StoreCheckpointSettings)
+    durability: DurabilitySettings = Field(default_factory=DurabilitySettings)
 
     @field_validator("listen")
     @classmethod

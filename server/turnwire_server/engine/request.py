@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from turnwire_client.v1 import message_pb2
 
@@ -18,6 +18,8 @@ class TurnRequest:
     RPC's response class (it wraps ``TurnEvent`` in field ``event``);
     ``skip_unless_assistant_last`` ends the turn SKIPPED when the stored
     history does not end with an assistant message (ContinueLastTurn).
+    ``disconnect`` is what the caller going away does: ``cancel`` the turn, or let it
+    ``continue`` detached (re-attach with ResumeTurn; docs/semantics.md §5).
     """
 
     conversation_id: str
@@ -28,6 +30,7 @@ class TurnRequest:
     continuation: bool
     response_type: Callable[[], Any]
     skip_unless_assistant_last: bool = False
+    disconnect: Literal["cancel", "continue"] = "cancel"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,11 @@ class EngineSettings:
     backlog down by nothing for ``slow_reader_timeout_seconds`` has its turn stopped
     (partial reply stored, ``SLOW_CONSUMER``).
     ``hook_timeline`` puts each turn's hook timeline in ``TurnEnd.metadata``.
+    ``event_retention_seconds``: how long a finished turn's events stay re-attachable.
+    ``recovery_budget``: recoveries (crash, stall) one turn may get, counted in the store;
+    ``stall_recovery`` recovers a stalled turn in its own stream.
+    ``pending_expiry_seconds``: pending client tool calls, approvals and submissions older
+    than this expire (0: never).
     """
 
     default_model: str = "scripted:demo"
@@ -57,3 +65,7 @@ class EngineSettings:
     stream_buffer_events: int = 1024
     slow_reader_timeout_seconds: float = 30.0
     hook_timeline: bool = False
+    event_retention_seconds: float = 3600.0
+    recovery_budget: int = 2
+    stall_recovery: bool = False
+    pending_expiry_seconds: float = 86400.0
