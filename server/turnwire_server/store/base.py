@@ -25,6 +25,10 @@ from turnwire_client.v1 import message_pb2
 TurnState = Literal["running", "completed", "error", "aborted", "interrupted", "skipped"]
 """A turn record's state; ``running`` until the turn ends."""
 
+SubmissionState = Literal["pending", "running", "completed", "error", "aborted", "skipped"]
+"""A submission's state (docs/semantics.md §7): ``pending → running → completed | error |
+aborted | skipped``; ``aborted`` is final even against a late completion."""
+
 
 class StoreError(Exception):
     """The store could not read or write (I/O, database unavailable)."""
@@ -85,6 +89,37 @@ class InvalidPageToken(StoreError):
     """A page token was not issued by this store, or is for another query."""
 
 
+class SubmissionConflict(StoreError):
+    """A submission id and an idempotency key name different submissions, or a submission id is
+    reused with other content (docs/semantics.md §7, §12: ``ALREADY_EXISTS``)."""
+
+    def __init__(self, message: str, submission_id: str) -> None:
+        super().__init__(message)
+        self.submission_id = submission_id
+
+
+class SubmissionNotPending(StoreError):
+    """A submission's turn tried to start after the submission stopped being pending (it was
+    cancelled, or its conversation deleted); nothing was stored."""
+
+    def __init__(self, submission_id: str, state: str) -> None:
+        super().__init__(f"submission {submission_id!r} is {state}, so its turn does not run")
+        self.submission_id = submission_id
+        self.state = state
+
+
+class TooManySubmissions(StoreError):
+    """The conversation already has ``limit`` pending or running submissions."""
+
+    def __init__(self, conversation_id: str, limit: int) -> None:
+        super().__init__(
+            f"conversation {conversation_id!r} already has {limit} submissions waiting "
+            "(durability.max_pending_submissions_per_conversation); retry once some have run"
+        )
+        self.conversation_id = conversation_id
+        self.limit = limit
+
+
 @dataclass(frozen=True, slots=True)
 class ConversationRecord:
     """A conversation's metadata. Times are timezone-aware UTC."""
@@ -100,7 +135,10 @@ class TurnRecord:
     """One turn as the store knows it.
 
     ``error`` is a serialized ``google.rpc.Status`` when ``state`` is
-    ``error``; ``recovery_count`` counts crash recoveries spent on this turn.
+    ``error``; ``recovery_count`` counts recoveries (crash, stall) spent on this turn;
+    ``spec`` is what a recovery needs to run the turn again (JSON text: body, client
+    tools, disconnect policy; see ``turnwire_server.engine.turn_spec``), None for turns
+    stored before it existed.
     """
 
     request_id: str
@@ -113,6 +151,44 @@ class TurnRecord:
     end_time: dt.datetime | None = None
     error: bytes | None = None
     recovery_count: int = 0
+    spec: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecord:
+    """A turn's stored event stream (for ResumeTurn). Times tz-aware UTC.
+
+    ``last_sequence_number`` is the highest stored event's; ``end_time`` is set once its
+    TurnEnd is stored; ``events_expired`` once retention removed its events.
+    """
+
+    request_id: str
+    conversation_id: str
+    last_sequence_number: int
+    create_time: dt.datetime
+    end_time: dt.datetime | None
+    events_expired: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionRecord:
+    """One submission (docs/semantics.md §7). Times tz-aware UTC.
+
+    ``request`` is the accepted request, serialized by the API layer (opaque to the store);
+    ``seq`` its order of acceptance (assigned by the store, from 1); ``error`` a serialized
+    ``google.rpc.Status`` when it failed or was aborted.
+    """
+
+    submission_id: str
+    conversation_id: str
+    idempotency_key: str | None
+    state: SubmissionState
+    request: bytes
+    create_time: dt.datetime
+    start_time: dt.datetime | None = None
+    end_time: dt.datetime | None = None
+    error: bytes | None = None
+    seq: int = 0
 
 
 @runtime_checkable
@@ -173,6 +249,71 @@ class Store(Protocol):
 
     async def running_turns(self) -> list[TurnRecord]:
         """Turns still recorded as ``running`` (after a crash, to recover)."""
+        ...
+
+    # --- event streams (ResumeTurn) ------------------------------------------
+
+    async def append_events(
+        self,
+        conversation_id: str,
+        request_id: str,
+        events: Sequence[tuple[int, bytes]],
+        *,
+        ended: bool,
+    ) -> None:
+        """Durably store ``events`` (``(sequence_number, serialized TurnEvent)``, ascending) of
+        a turn's stream, creating the stream on its first batch; ``ended`` marks the batch
+        holding its TurnEnd. A batch starting at sequence number 1 for a stream that already
+        ended replaces it (a retry under the same request id)."""
+        ...
+
+    async def get_stream(self, request_id: str) -> StreamRecord | None:
+        """The stream of ``request_id``, or None when none was stored (or it was deleted)."""
+        ...
+
+    async def load_events(self, request_id: str, after: int, before: int | None = None) -> list[bytes]:
+        """Serialized events with ``after < sequence_number < before`` (no upper bound when
+        ``before`` is None), in order."""
+        ...
+
+    # --- submissions (docs/semantics.md §7) -----------------------------------
+
+    async def create_submission(
+        self, submission: SubmissionRecord, *, max_open: int
+    ) -> tuple[SubmissionRecord, bool]:
+        """Store ``submission`` (state ``pending``) unless it repeats one: returns the stored
+        record and True when created, the existing one and False when the id or the
+        (conversation, idempotency key) is already stored with the same request.
+
+        Raises :class:`SubmissionConflict` when the id and the key name different
+        submissions or the id is stored with another request, :class:`TooManySubmissions`
+        past ``max_open`` pending or running submissions on the conversation. One
+        transaction: concurrent duplicates create one submission.
+        """
+        ...
+
+    async def get_submission(self, submission_id: str) -> SubmissionRecord | None:
+        """The submission, or None."""
+        ...
+
+    async def list_submissions(
+        self, page_size: int, page_token: str, *, conversation_id: str = "", state: str = ""
+    ) -> tuple[list[SubmissionRecord], str]:
+        """One page of submissions in acceptance order, optionally of one conversation and
+        state; the next page token ("" on the last page). Raises :class:`InvalidPageToken`
+        for a token not issued for these filters."""
+        ...
+
+    async def open_submissions(self) -> list[SubmissionRecord]:
+        """Pending and running submissions in acceptance order (to resume after a restart)."""
+        ...
+
+    async def end_submission(
+        self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]
+    ) -> SubmissionRecord | None:
+        """Set the submission's final ``state`` (and end time, error) when its current state is
+        in ``only_from``; returns the record as stored afterwards (changed or not), None when
+        it does not exist."""
         ...
 
     def turn_lock(self, conversation_id: str) -> AbstractAsyncContextManager[None]:

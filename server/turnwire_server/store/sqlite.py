@@ -27,6 +27,9 @@ from turnwire_server.store.base import (
     StoreCorrupted,
     StoreError,
     StoreInUse,
+    StreamRecord,
+    SubmissionRecord,
+    SubmissionState,
     TurnRecord,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
@@ -39,6 +42,15 @@ from turnwire_server.store.sqlite_rows import (
     encode_page_token,
     store_error,
     turn_from_row,
+)
+from turnwire_server.store.sqlite_streams import STREAM_COLUMNS, append_events_write, stream_from_row
+from turnwire_server.store.sqlite_submissions import (
+    SUBMISSION_COLUMNS,
+    create_submission_write,
+    decode_submission_token,
+    encode_submission_token,
+    end_submission_write,
+    submission_from_row,
 )
 from turnwire_server.store.sqlite_writer import BUSY_TIMEOUT_MS, SqliteWriter
 from turnwire_server.store.sqlite_writes import finish_turn_write, save_message_write, start_turn_write
@@ -229,11 +241,108 @@ class SqliteStore:
         rows = await self._read(
             "running_turns",
             "SELECT request_id, conversation_id, assistant_message_id, continuation, model,"
-            " state, start_time, end_time, error, recovery_count FROM turns"
+            " state, start_time, end_time, error, recovery_count, spec FROM turns"
             " WHERE state = 'running' ORDER BY start_time, request_id",
             (),
         )
         return [turn_from_row(row) for row in rows]
+
+    # ------------------------------------------------------------------ event streams
+
+    async def append_events(
+        self,
+        conversation_id: str,
+        request_id: str,
+        events: Sequence[tuple[int, bytes]],
+        *,
+        ended: bool,
+    ) -> None:
+        """Store a batch of a turn's events (see ``Store.append_events``); group-committed with
+        checkpoints, urgent when the batch ends the stream."""
+        apply = append_events_write(conversation_id, request_id, events, ended=ended)
+        await self._writer.submit(apply, f"append_events({request_id!r})", urgent=ended)
+
+    async def get_stream(self, request_id: str) -> StreamRecord | None:
+        """The stored stream of ``request_id``, or None."""
+        rows = await self._read(
+            "get_stream", f"SELECT {STREAM_COLUMNS} FROM turn_streams WHERE request_id = ?", (request_id,)
+        )
+        return stream_from_row(rows[0]) if rows else None
+
+    async def load_events(self, request_id: str, after: int, before: int | None = None) -> list[bytes]:
+        """Serialized events of ``request_id`` with ``after < sequence_number < before``, in order."""
+        rows = await self._read(
+            "load_events",
+            "SELECT data FROM turn_events WHERE request_id = ? AND sequence_number > ?"
+            " AND sequence_number < ? ORDER BY sequence_number",
+            (request_id, after, (1 << 62) if before is None else before),
+        )
+        return [bytes(row[0]) for row in rows]
+
+    # ------------------------------------------------------------------ submissions
+
+    async def create_submission(
+        self, submission: SubmissionRecord, *, max_open: int
+    ) -> tuple[SubmissionRecord, bool]:
+        """Store a new submission or return the one it repeats (see ``Store.create_submission``)."""
+        outcome: list[tuple[SubmissionRecord, bool]] = []
+        apply = create_submission_write(
+            submission, max_open, lambda record, created: outcome.append((record, created))
+        )
+        await self._writer.submit(apply, f"create_submission({submission.submission_id!r})", urgent=True)
+        return outcome[-1]
+
+    async def get_submission(self, submission_id: str) -> SubmissionRecord | None:
+        """The submission, or None."""
+        rows = await self._read(
+            "get_submission", f"SELECT {SUBMISSION_COLUMNS} FROM submissions WHERE id = ?", (submission_id,)
+        )
+        return submission_from_row(rows[0]) if rows else None
+
+    async def list_submissions(
+        self, page_size: int, page_token: str, *, conversation_id: str = "", state: str = ""
+    ) -> tuple[list[SubmissionRecord], str]:
+        """Up to ``page_size`` (>= 1) submissions in acceptance order, filtered; the next token."""
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        after = decode_submission_token(page_token, conversation_id, state) if page_token else 0
+        where = ["seq > ?"]
+        params: list[Any] = [after]
+        if conversation_id:
+            where.append("conversation_id = ?")
+            params.append(conversation_id)
+        if state:
+            where.append("state = ?")
+            params.append(state)
+        rows = await self._read(
+            "list_submissions",
+            f"SELECT {SUBMISSION_COLUMNS} FROM submissions WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?",
+            (*params, page_size + 1),
+        )
+        records = [submission_from_row(row) for row in rows[:page_size]]
+        token = ""
+        if len(rows) > page_size:
+            token = encode_submission_token(records[-1].seq, conversation_id, state)
+        return records, token
+
+    async def open_submissions(self) -> list[SubmissionRecord]:
+        """Pending and running submissions, in acceptance order."""
+        rows = await self._read(
+            "open_submissions",
+            f"SELECT {SUBMISSION_COLUMNS} FROM submissions"
+            " WHERE state IN ('pending', 'running') ORDER BY seq",
+            (),
+        )
+        return [submission_from_row(row) for row in rows]
+
+    async def end_submission(
+        self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]
+    ) -> SubmissionRecord | None:
+        """End the submission when its state is in ``only_from``; the record as stored afterwards."""
+        outcome: list[SubmissionRecord | None] = []
+        apply = end_submission_write(submission_id, state, error, only_from, outcome.append)
+        await self._writer.submit(apply, f"end_submission({submission_id!r})", urgent=True)
+        return outcome[-1]
 
     # ------------------------------------------------------------------ writes
 

@@ -13,6 +13,7 @@ import datetime as dt
 import re
 import sqlite3
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, get_args
 
@@ -22,6 +23,7 @@ from turnwire_server.store.base import ConversationRecord, InvalidPageToken, Sto
 __all__ = [
     "DB_ERRORS",
     "MessageRow",
+    "WriteFn",
     "build_message",
     "check_turn",
     "conversation_from_row",
@@ -39,6 +41,10 @@ _ONE_US: Final = dt.timedelta(microseconds=1)
 # google.protobuf.Timestamp's valid range: 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59Z.
 _TS_MIN_SECONDS: Final = -62_135_596_800
 _TS_MAX_SECONDS: Final = 253_402_300_799
+
+WriteFn = Callable[[sqlite3.Connection, int], None]
+"""``apply(conn, now_us)``: one write's SQL on the writer's connection, inside the batch
+transaction; ``now_us`` is the write's time (µs since the epoch, strictly increasing)."""
 
 DB_ERRORS: Final = (sqlite3.Error, ValueError, OSError)
 """Errors of the database layer (aiosqlite raises ValueError on a closed connection)."""
@@ -159,6 +165,7 @@ def turn_from_row(row: Any) -> TurnRecord:
         end_time=_opt_from_us(row[7]),
         error=row[8],
         recovery_count=row[9],
+        spec=row[10] if len(row) > 10 else None,
     )
 
 

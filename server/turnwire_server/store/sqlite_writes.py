@@ -12,7 +12,7 @@ exception to the caller.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
 from turnwire_client.v1 import message_pb2
@@ -23,13 +23,11 @@ from turnwire_server.store.base import (
     TurnAlreadyExists,
     TurnRecord,
 )
-from turnwire_server.store.sqlite_rows import MessageRow, check_turn, message_row, to_us
+from turnwire_server.store.sqlite_rows import MessageRow, WriteFn, check_turn, message_row, to_us
+from turnwire_server.store.sqlite_submissions import finish_submission, start_submission
 
 __all__ = ["WriteFn", "finish_turn_write", "save_message_write", "start_turn_write"]
 
-WriteFn = Callable[[sqlite3.Connection, int], None]
-"""``apply(conn, now_us)``: one write's SQL on the writer's connection, inside the batch
-transaction; ``now_us`` is the write's time (µs since the epoch, strictly increasing)."""
 
 _INSERT_MESSAGE: Final = (
     "INSERT INTO messages"
@@ -110,7 +108,8 @@ def _upsert_message(conn: sqlite3.Connection, conversation_id: str, row: Message
 
 
 def start_turn_write(turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> WriteFn:
-    """The write of :meth:`SqliteStore.start_turn`: conversation, ``messages`` appended, ``turn`` row.
+    """The write of :meth:`SqliteStore.start_turn`: conversation, ``messages`` appended, ``turn`` row,
+    and the submission of the same id (if any) marked running.
 
     Idempotent input (docs/semantics.md §11): a message whose id is already stored with the
     same role and parts is not stored again; with other content it is
@@ -144,9 +143,11 @@ def start_turn_write(turn: TurnRecord, messages: Sequence[message_pb2.Message]) 
         None if turn.end_time is None else to_us(turn.end_time, "end_time"),
         turn.error,
         turn.recovery_count,
+        turn.spec,
     )
 
     def apply(conn: sqlite3.Connection, now_us: int) -> None:
+        start_submission(conn, turn.request_id, now_us)
         new_rows = [row for row in rows if not _stored_identically(conn, conversation_id, row)]
         earlier = conn.execute("SELECT state FROM turns WHERE request_id = ?", (turn.request_id,)).fetchone()
         if earlier is not None:
@@ -168,8 +169,8 @@ def start_turn_write(turn: TurnRecord, messages: Sequence[message_pb2.Message]) 
             )
         conn.execute(
             "INSERT INTO turns (request_id, conversation_id, assistant_message_id,"
-            " continuation, model, state, start_time, end_time, error, recovery_count)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " continuation, model, state, start_time, end_time, error, recovery_count, spec)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             turn_params,
         )
 
@@ -254,5 +255,6 @@ def finish_turn_write(turn: TurnRecord, message: message_pb2.Message | None) -> 
         )
         if cursor.rowcount != 1:
             raise StoreError(f"no turn {turn.request_id!r} to finish")
+        finish_submission(conn, turn.request_id, turn.state, turn.error, now_us)
 
     return apply

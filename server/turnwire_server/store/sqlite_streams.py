@@ -1,0 +1,85 @@
+"""The SQLite store's event streams: a turn's events kept for ResumeTurn (docs/semantics.md §8).
+
+Same conventions as :mod:`turnwire_server.store.sqlite_writes`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+from collections.abc import Sequence
+from typing import Any, Final
+
+from turnwire_server.store.base import StreamRecord
+from turnwire_server.store.sqlite_rows import WriteFn
+
+__all__ = ["STREAM_COLUMNS", "append_events_write", "stream_from_row"]
+
+_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+STREAM_COLUMNS: Final = (
+    "request_id, conversation_id, last_sequence_number, create_time, end_time, events_expired"
+)
+"""The columns :func:`stream_from_row` reads, in its order."""
+
+
+def _time(us: int | None) -> dt.datetime | None:
+    return None if us is None else _EPOCH + dt.timedelta(microseconds=us)
+
+
+def append_events_write(
+    conversation_id: str, request_id: str, events: Sequence[tuple[int, bytes]], *, ended: bool
+) -> WriteFn:
+    """The write of ``Store.append_events``: create or extend the stream row, insert ``events``.
+
+    A first batch starting at 1 for a stream that already ended replaces that stream (the
+    request id was retried after a failed turn). Raises :class:`ValueError` for an empty
+    batch or sequence numbers that do not ascend.
+    """
+    if not events:
+        raise ValueError("append_events needs at least one event")
+    numbers = [number for number, _ in events]
+    if numbers != sorted(set(numbers)) or numbers[0] < 1:
+        raise ValueError(f"event sequence numbers must ascend from >= 1, got {numbers[:5]}…")
+    rows = [(request_id, number, data) for number, data in events]
+    last = numbers[-1]
+
+    def apply(conn: sqlite3.Connection, now_us: int) -> None:
+        found = conn.execute(
+            "SELECT end_time FROM turn_streams WHERE request_id = ?", (request_id,)
+        ).fetchone()
+        if found is not None and found[0] is not None and numbers[0] == 1:
+            conn.execute("DELETE FROM turn_streams WHERE request_id = ?", (request_id,))
+            found = None
+        if found is None:
+            conn.execute(
+                "INSERT INTO turn_streams (request_id, conversation_id, last_sequence_number, create_time)"
+                " VALUES (?, ?, 0, ?)",
+                (request_id, conversation_id, now_us),
+            )
+        # OR REPLACE: a batch retried after a failed commit may repeat numbers already stored.
+        conn.executemany(
+            "INSERT OR REPLACE INTO turn_events (request_id, sequence_number, data) VALUES (?, ?, ?)", rows
+        )
+        conn.execute(
+            "UPDATE turn_streams SET last_sequence_number = MAX(last_sequence_number, ?),"
+            " end_time = CASE WHEN ? THEN ? ELSE end_time END WHERE request_id = ?",
+            (last, ended, now_us, request_id),
+        )
+
+    return apply
+
+
+def stream_from_row(row: Any) -> StreamRecord:
+    """A ``turn_streams`` row ``(request_id, conversation_id, last_sequence_number, create_time,
+    end_time, events_expired)`` as a :class:`StreamRecord`."""
+    create = _time(row[3])
+    assert create is not None  # NOT NULL column
+    return StreamRecord(
+        request_id=row[0],
+        conversation_id=row[1],
+        last_sequence_number=row[2],
+        create_time=create,
+        end_time=_time(row[4]),
+        events_expired=bool(row[5]),
+    )
