@@ -26,7 +26,9 @@ class ModelRequest:
     ``messages`` is the provider-neutral transcript (proto ``Message``s, oldest
     first, already repaired so every tool call has its result); the adapter
     converts it to its wire format. ``step_number`` is the 0-based step within
-    the turn (adapters may ignore it; the scripted model uses it).
+    the turn (adapters may ignore it; the scripted model uses it). ``attempt`` is the
+    turn's attempt, from 1; a recovery after a stall or a crash runs attempt 2 and later
+    (docs/semantics.md §8, §12).
     """
 
     model: str
@@ -37,6 +39,7 @@ class ModelRequest:
     settings: ModelSettings = field(default_factory=ModelSettings)
     output_schema: Mapping[str, Any] | None = None
     step_number: int = 0
+    attempt: int = 1
 
 
 class ProviderError(Exception):

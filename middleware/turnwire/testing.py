@@ -86,7 +86,8 @@ class ScriptStep(BaseModel):
     """One model step of a script.
 
     ``chunk_size`` splits text into deltas of that many characters (0: one
-    delta per word); ``delay_ms`` is slept before every chunk.
+    delta per word); ``delay_ms`` is slept before every chunk; ``retry`` replaces the step
+    when the turn is recovered (``ModelRequest.attempt`` > 1).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -101,6 +102,9 @@ class ScriptStep(BaseModel):
     error: ScriptedError | None = None
     chunk_size: int = Field(0, ge=0)
     delay_ms: float = Field(0.0, ge=0)
+    retry: ScriptStep | None = Field(
+        None, description="played instead on attempt 2 and later (a recovery after a stall or a crash)"
+    )
 
 
 class Script(Protocol):
@@ -258,6 +262,8 @@ class ScriptedProvider:
                 provider=self.name,
             )
         step = script.step(request)
+        if request.attempt > 1 and step.retry is not None:
+            step = step.retry
         delay = step.delay_ms / 1000.0
         sent = 0
         # Without a delay or a scripted error there is nothing to pace: skip the call per chunk.

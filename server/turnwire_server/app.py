@@ -213,9 +213,9 @@ async def start(settings: Settings) -> Sidecar:
             ),
             error_status=status_of,
         )
-        recovered = await engine.recover()
+        recovered = await engine.recover(resume=settings.durability.recover_on_start)
         if recovered:
-            log.warning("recovered %d turn(s) interrupted by a previous crash", recovered)
+            log.warning("found %d turn(s) interrupted by a previous crash", recovered)
         gate = CallGate(settings.limits.max_concurrent_rpcs)
         quiet_grpc_call_noise()
         server = grpc.aio.server(interceptors=[gate], options=grpc_options(settings))

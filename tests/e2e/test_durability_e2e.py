@@ -27,7 +27,10 @@ RESOLVED = (
 
 
 def config(*, grace: float = 10.0) -> dict[str, object]:
+    """Recovery on start is off here: these tests check what a crash leaves stored (recovery
+    itself is tests/e2e/test_recovery_e2e.py)."""
     return {
+        "durability": {"recover_on_start": False},
         "providers": {
             "scripted": {
                 "scripts": {

@@ -2,8 +2,9 @@
 
 :class:`CallGate` is a ``grpc.aio.ServerInterceptor`` in front of every service.
 
-* **The turn limit.** The turn-running calls (``Chat``, ``SaveMessages``,
-  ``ContinueLastTurn``) count against ``limits.max_concurrent_rpcs`` from the
+* **The turn limit.** The turn-running and turn-streaming calls (``Chat``, ``SaveMessages``,
+  ``ContinueLastTurn``, ``SubmitToolResults``, ``SubmitToolApprovals``, ``ResumeTurn``,
+  ``WatchSubmission``) count against ``limits.max_concurrent_rpcs`` from the
   moment their handler starts until the call ends. Past the limit a call ends at
   once with ``RESOURCE_EXHAUSTED``, ``ErrorInfo`` reason ``OVERLOADED`` and a
   ``RetryInfo``; it never reaches the engine. Nothing else counts: health checks
@@ -46,8 +47,19 @@ from turnwire_server.api.status import TurnwireStatusError, invalid_argument
 log = logging.getLogger("turnwire.api")
 
 CHAT_SERVICE = "turnwire.v1.ChatService"
-TURN_METHODS = frozenset(f"/{CHAT_SERVICE}/{name}" for name in ("Chat", "SaveMessages", "ContinueLastTurn"))
-"""The methods that run a turn: the ones ``limits.max_concurrent_rpcs`` counts."""
+TURN_METHODS = frozenset(
+    f"/{CHAT_SERVICE}/{name}"
+    for name in (
+        "Chat",
+        "SaveMessages",
+        "ContinueLastTurn",
+        "SubmitToolResults",
+        "SubmitToolApprovals",
+        "ResumeTurn",
+        "WatchSubmission",
+    )
+)
+"""The methods that run or stream a turn: the ones ``limits.max_concurrent_rpcs`` counts."""
 
 RETRY_AFTER_SECONDS = 1.0
 """The ``RetryInfo`` delay of a call refused for overload."""

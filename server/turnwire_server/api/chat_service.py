@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
@@ -17,6 +17,7 @@ from grpc_status import rpc_status
 from turnwire.values import NotJsonError, from_struct, normalize
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
 from turnwire_server.api.message_pages import decode_token, encode_token, page_of
+from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
 from turnwire_server.api.validation import (
     check_id,
@@ -76,7 +77,8 @@ async def _stream_turn(
     details: at admission, or when the turn fails before its input is stored
     (an id conflict, an answered message, the store unavailable). The client
     going away (cancel, deadline) cancels the turn, which stores its partial
-    reply on its own task. The channel is iterated
+    reply on its own task, unless the request's disconnect policy is CONTINUE:
+    then the turn finishes without it. The channel is iterated
     directly: one generator less per event.
     """
     try:
@@ -96,7 +98,12 @@ async def _stream_turn(
                     await context.abort_with_status(rpc_status.to_status(event.turn_end.error))
             yield response
     finally:
-        handle.cancel()
+        handle.release()  # cancels the turn, or lets it go on (disconnect policy CONTINUE)
+
+
+def _disconnect(policy: int) -> Literal["cancel", "continue"]:
+    """The engine's disconnect policy for a request's ``DisconnectPolicy`` (unset: cancel)."""
+    return "continue" if policy == chat_service_pb2.DISCONNECT_POLICY_CONTINUE else "cancel"
 
 
 def _body(body: struct_pb2.Struct) -> dict[str, Any]:
@@ -158,6 +165,7 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
                 body=request.body,
                 model=request.model,
                 continuation=False,
+                disconnect_policy=request.disconnect_policy,
             )
 
         async for response in _stream_turn(context, start):
@@ -197,6 +205,7 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
                 body=request.body,
                 model=request.model,
                 continuation=False,
+                disconnect_policy=request.disconnect_policy,
             )
 
         async for response in _stream_turn(context, start):
@@ -224,6 +233,7 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
                 body=request.body,
                 model=request.model,
                 continuation=True,
+                disconnect_policy=request.disconnect_policy,
             )
 
         async for response in _stream_turn(context, start):
@@ -244,6 +254,7 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
         body: Any,
         model: str,
         continuation: bool,
+        disconnect_policy: int = 0,
     ) -> TurnHandle:
         parent = ""
         for key, value in context.invocation_metadata() or ():
@@ -259,6 +270,7 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
                 continuation=continuation,
                 response_type=response_type,
                 skip_unless_assistant_last=continuation,
+                disconnect=_disconnect(disconnect_policy),
             ),
             parent_request_id=parent,
         )
@@ -345,6 +357,22 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
         return chat_service_pb2.ListConversationsResponse(
             conversations=[_conversation(r) for r in records], next_page_token=token
         )
+
+    async def ResumeTurn(
+        self,
+        request: chat_service_pb2.ResumeTurnRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[chat_service_pb2.ResumeTurnResponse]:
+        """Re-attach to a turn's stream from ``after_sequence_number`` (docs/semantics.md §8)."""
+        violations: list[tuple[str, str]] = []
+        check_id(request.request_id, "request_id", violations, required=True)
+        if request.after_sequence_number < 0:
+            violations.append(("after_sequence_number", "must not be negative; 0 replays from the start"))
+        if violations:
+            await abort(context, invalid_argument(violations))
+        events = self.engine.replay(request.request_id, request.after_sequence_number)
+        async for event in replay_stream(events, context):
+            yield chat_service_pb2.ResumeTurnResponse(event=event)
 
     async def CancelChat(
         self,

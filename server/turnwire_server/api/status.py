@@ -23,9 +23,13 @@ from turnwire_server.engine.errors import (
     NothingToContinue,
     QueueFull,
     RequestIdInUse,
+    ServerRestarted,
     ShuttingDown,
     SlowConsumer,
     StreamStalled,
+    SubmissionNotFound,
+    TurnNotFound,
+    TurnNotHere,
 )
 from turnwire_server.hooks.chain import HookError
 from turnwire_server.providers.registry import UnknownModel
@@ -34,6 +38,9 @@ from turnwire_server.store.base import (
     MessageIdConflict,
     StoreCorrupted,
     StoreError,
+    SubmissionConflict,
+    SubmissionNotPending,
+    TooManySubmissions,
     TurnAlreadyExists,
 )
 
@@ -207,6 +214,14 @@ def status_error_of(error: BaseException, stage: ErrorStage = "turn") -> Turnwir
             retry_after_seconds=1.0,
             metadata={"limit": str(error.limit)},
         )
+    if isinstance(error, TooManySubmissions):
+        return TurnwireStatusError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            str(error),
+            reason="OVERLOADED",
+            retry_after_seconds=5.0,
+            metadata={"limit": str(error.limit)},
+        )
     return _status_of(error, stage)
 
 
@@ -224,6 +239,44 @@ def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
             grpc.StatusCode.DEADLINE_EXCEEDED,
             f"the turn was interrupted: {error}",
             reason="STREAM_STALLED",
+        )
+    if isinstance(error, ServerRestarted):
+        return TurnwireStatusError(
+            grpc.StatusCode.UNAVAILABLE,
+            str(error),
+            reason="RECOVERY_EXHAUSTED" if error.exhausted else "SERVER_RESTARTED",
+        )
+    if isinstance(error, TurnNotFound):
+        return TurnwireStatusError(
+            grpc.StatusCode.NOT_FOUND,
+            str(error),
+            reason="TURN_NOT_FOUND",
+            metadata={"request_id": error.request_id, "expired": str(error.expired).lower()},
+        )
+    if isinstance(error, TurnNotHere):
+        return TurnwireStatusError(
+            grpc.StatusCode.UNAVAILABLE, str(error), reason="SERVER_RESTARTED", retry_after_seconds=1.0
+        )
+    if isinstance(error, SubmissionNotFound):
+        return TurnwireStatusError(
+            grpc.StatusCode.NOT_FOUND,
+            str(error),
+            reason="SUBMISSION_NOT_FOUND",
+            metadata={"submission_id": error.submission_id},
+        )
+    if isinstance(error, SubmissionConflict):
+        return TurnwireStatusError(
+            grpc.StatusCode.ALREADY_EXISTS,
+            str(error),
+            reason="SUBMISSION_CONFLICT",
+            metadata={"submission_id": error.submission_id},
+        )
+    if isinstance(error, SubmissionNotPending):
+        return TurnwireStatusError(
+            grpc.StatusCode.ABORTED if error.state == "aborted" else grpc.StatusCode.FAILED_PRECONDITION,
+            str(error),
+            reason="INPUT_NOT_STORED",
+            metadata={"submission_id": error.submission_id, "state": error.state},
         )
     if isinstance(error, SlowConsumer):
         return TurnwireStatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error), reason="SLOW_CONSUMER")

@@ -41,6 +41,18 @@ class AssistantMessage:
         #: turn (Anthropic needs signed thinking with tool use) but is never stored.
         self.store_reasoning = True
 
+    def resume(self, stored: message_pb2.Message) -> None:
+        """Continue the stored partial reply ``stored`` (a crash recovery, docs/semantics.md §8):
+        its parts become this message's first parts, its tool calls are known by id. Call
+        before the first step; ``stored`` is copied."""
+        self.message.ClearField("parts")
+        self.message.parts.extend(stored.parts)
+        if stored.HasField("create_time"):
+            self.message.create_time.CopyFrom(stored.create_time)
+        for part in self.message.parts:
+            if part.WhichOneof("kind") == "tool_call":
+                self._tool_parts[part.tool_call.tool_call_id] = part
+
     @property
     def has_parts(self) -> bool:
         """True once anything besides step markers was added."""

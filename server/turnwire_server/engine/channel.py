@@ -26,13 +26,14 @@ class EventChannel(Generic[T]):
     ``high_water`` (items; 0: unbounded) is the backlog past which the producer should wait.
     """
 
-    __slots__ = ("_closed", "_drain_waiter", "_high_water", "_items", "_low_water", "_waiter")
+    __slots__ = ("_closed", "_detached", "_drain_waiter", "_high_water", "_items", "_low_water", "_waiter")
 
     def __init__(self, high_water: int = 0) -> None:
         self._items: deque[T] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._drain_waiter: asyncio.Future[None] | None = None
         self._closed = False
+        self._detached = False
         self._high_water = high_water
         self._low_water = high_water // 2
 
@@ -51,8 +52,19 @@ class EventChannel(Generic[T]):
         finally:
             self._drain_waiter = None
 
+    def detach(self) -> None:
+        """The consumer left for good (disconnect policy CONTINUE): drop what is queued and every
+        later item, never report a backlog, release a producer waiting for the drain."""
+        self._detached = True
+        self._items.clear()
+        waiter = self._drain_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     def put(self, item: T) -> None:
-        """Append ``item`` and wake the consumer if it waits."""
+        """Append ``item`` and wake the consumer if it waits (dropped once detached)."""
+        if self._detached:
+            return
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None:

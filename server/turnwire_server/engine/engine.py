@@ -19,12 +19,16 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from turnwire.tools import Tool
+from turnwire_client.v1 import event_pb2
 from turnwire_server.engine.channel import EventChannel
-from turnwire_server.engine.errors import NestedTurn, QueueFull, RequestIdInUse, ShuttingDown
-from turnwire_server.engine.events import EventWriter
+from turnwire_server.engine.errors import NestedTurn, QueueFull, RequestIdInUse, ServerRestarted, ShuttingDown
+from turnwire_server.engine.events import DetachedResponse, EventWriter
 from turnwire_server.engine.request import EngineSettings, TurnRequest
+from turnwire_server.engine.resume import replay
+from turnwire_server.engine.stream_log import RECOVERY_SEQUENCE_GAP, StreamLog, Subscription
 from turnwire_server.engine.transcript import repair_unresolved_tool_calls
-from turnwire_server.engine.turn import ErrorStatus, TurnRun
+from turnwire_server.engine.turn import ErrorStatus, Recovery, TurnRun
+from turnwire_server.engine.turn_spec import parse_spec
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.base import Store
@@ -39,10 +43,13 @@ _current_turn: contextvars.ContextVar[TurnRun | None] = contextvars.ContextVar(
 class TurnHandle:
     """A started turn: iterate it for its responses (each wraps a ``TurnEvent``)."""
 
-    def __init__(self, run: TurnRun, channel: EventChannel[Any], task: asyncio.Task[None]) -> None:
+    def __init__(
+        self, run: TurnRun, channel: EventChannel[Any], task: asyncio.Task[None], log: StreamLog
+    ) -> None:
         self.run = run
         self.channel = channel
         self.task = task
+        self.log = log
         self.request_id = run.request.request_id
         self.conversation_id = run.request.conversation_id
 
@@ -55,6 +62,19 @@ class TurnHandle:
         False when that changes nothing (already stopped, or the reply is being stored).
         """
         return self.run.cancel()
+
+    def detach(self) -> None:
+        """The caller left and the turn goes on without it (disconnect policy CONTINUE): its
+        events are no longer queued for the call, which no longer slows the turn."""
+        self.channel.detach()
+
+    def release(self) -> None:
+        """The caller's stream ended: cancel the turn, or detach it when its request asked
+        the turn to continue without its caller (docs/semantics.md §5)."""
+        if self.run.request.disconnect == "continue":
+            self.detach()
+        else:
+            self.cancel()
 
 
 class TurnEngine:
@@ -95,17 +115,44 @@ class TurnEngine:
         """Turns started and not yet ended (queued ones included)."""
         return len(self._turns)
 
-    def start(self, request: TurnRequest, *, parent_request_id: str = "") -> TurnHandle:
-        """Admit ``request`` and start its turn in a new task (it queues for the conversation's lock)."""
-        self._admit(request, parent_request_id)
+    def start(
+        self,
+        request: TurnRequest,
+        *,
+        parent_request_id: str = "",
+        detached: bool = False,
+        queue_limit: bool = True,
+        recovery: Recovery | None = None,
+        last_sequence_number: int = 0,
+    ) -> TurnHandle:
+        """Admit ``request`` and start its turn in a new task (it queues for the conversation's lock).
+
+        ``detached``: no caller reads the stream (a submission, a recovery); its events go only
+        to the stream log and to ResumeTurn readers. ``queue_limit`` False admits past
+        ``max_queued_turns_per_conversation`` (durably accepted work). ``recovery`` runs a
+        recovery of a crashed turn whose stored stream ends at ``last_sequence_number``.
+        """
+        self._admit(request, parent_request_id, queue_limit=queue_limit)
         channel: EventChannel[Any] = EventChannel(self.settings.stream_buffer_events)
+        if detached:
+            channel.detach()
+        log = StreamLog(
+            self.store,
+            request.conversation_id,
+            request.request_id,
+            interval=self.settings.checkpoint_interval_ms / 1000.0,
+            subscriber_limit=self.settings.stream_buffer_events,
+        )
         writer = EventWriter(
             request.conversation_id,
             request.request_id,
             request.response_type,
             channel,
             self.settings.text_coalesce_ms,
+            log=log,
         )
+        if recovery is not None:
+            writer.sequence_number = last_sequence_number + RECOVERY_SEQUENCE_GAP
         conversation_id = request.conversation_id
         self._queued[conversation_id] += 1
         acquired = False
@@ -125,6 +172,7 @@ class TurnEngine:
             writer=writer,
             error_status=self.error_status,
             on_lock_acquired=on_lock_acquired,
+            recovery=recovery,
         )
 
         async def main() -> None:
@@ -134,10 +182,14 @@ class TurnEngine:
             finally:
                 if not acquired:
                     self._dequeue(conversation_id)
-                self._turns.pop(request.request_id, None)
+                try:
+                    # Resume readers find the turn here until its last events are stored.
+                    await asyncio.shield(log.finish())
+                finally:
+                    self._turns.pop(request.request_id, None)
 
         task = asyncio.create_task(main(), name=f"turn {request.request_id}")
-        handle = TurnHandle(run, channel, task)
+        handle = TurnHandle(run, channel, task, log)
         self._turns[request.request_id] = handle
         return handle
 
@@ -146,7 +198,7 @@ class TurnEngine:
         if self._queued[conversation_id] <= 0:
             del self._queued[conversation_id]
 
-    def _admit(self, request: TurnRequest, parent_request_id: str) -> None:
+    def _admit(self, request: TurnRequest, parent_request_id: str, *, queue_limit: bool = True) -> None:
         if not self._accepting:
             raise ShuttingDown()
         if request.request_id in self._turns:
@@ -161,7 +213,7 @@ class TurnEngine:
             ):
                 raise NestedTurn(active.request.request_id)
         limit = self.settings.max_queued_turns_per_conversation
-        if self._queued[request.conversation_id] >= limit:
+        if queue_limit and self._queued[request.conversation_id] >= limit:
             raise QueueFull(request.conversation_id, limit)
         self.providers.resolve(request.model)  # UnknownModel before anything is stored
 
@@ -169,6 +221,27 @@ class TurnEngine:
         """Cancel a running or queued turn; False when none has that id (a no-op)."""
         handle = self._turns.get(request_id)
         return handle is not None and handle.cancel()
+
+    def handle(self, request_id: str) -> TurnHandle | None:
+        """The running or queued turn with that request id, if this process has it."""
+        return self._turns.get(request_id)
+
+    def replay(self, request_id: str, after_sequence_number: int) -> AsyncIterator[event_pb2.TurnEvent]:
+        """Re-attach to turn ``request_id``: its events after ``after_sequence_number``, then the
+        live ones until its TurnEnd (see :func:`turnwire_server.engine.resume.replay` for the
+        errors)."""
+        return replay(
+            request_id,
+            after_sequence_number,
+            store=self.store,
+            subscribe=self.subscribe,
+            retention_seconds=self.settings.event_retention_seconds,
+        )
+
+    def subscribe(self, request_id: str) -> Subscription | None:
+        """Attach a live reader to the turn ``request_id`` when it runs (or waits) here."""
+        handle = self._turns.get(request_id)
+        return None if handle is None else handle.log.subscribe()
 
     async def drain(self, grace_seconds: float) -> None:
         """Stop admitting; let running turns finish for ``grace_seconds``, then cancel the rest
@@ -188,11 +261,16 @@ class TurnEngine:
             )
             await asyncio.wait(pending)
 
-    async def recover(self) -> int:
-        """After a crash: end every turn still recorded as running as ``interrupted``.
+    async def recover(self, *, resume: bool = True) -> int:
+        """After a crash: recover every turn still recorded as running (docs/semantics.md §8).
 
-        Its checkpointed reply stays stored, with tool calls that have no result
-        given an errored one. Returns how many turns were recovered.
+        Each one's checkpointed reply is kept, its tool calls without a result given an
+        errored one. With ``resume`` and budget left (``recovery_budget``, counted in the
+        store before the recovery runs, so a crash during it cannot recover it twice), it is
+        recovered: a detached run that continues the stored reply, or re-runs the turn when
+        nothing was committed, its stream opening with an AttemptStart. Otherwise it ends
+        INTERRUPTED with a ServerRestarted error, and its stream gets that TurnEnd. Returns
+        how many turns were found.
         """
         turns = await self.store.running_turns()
         for turn in turns:
@@ -200,17 +278,83 @@ class TurnEngine:
             reply = next((m for m in messages if m.id == turn.assistant_message_id), None)
             if reply is not None:
                 repair_unresolved_tool_calls([reply])
+                if not any(p.WhichOneof("kind") != "step_start" for p in reply.parts):
+                    reply = None
+            stream = await self.store.get_stream(turn.request_id)
+            last_sequence = stream.last_sequence_number if stream is not None else 0
+            problem = self._unrecoverable(turn, resume)
+            if problem is None:
+                spec = parse_spec(turn.spec or "")
+                record = dataclasses.replace(turn, recovery_count=turn.recovery_count + 1)
+                await self.store.finish_turn(record, reply)
+                request = TurnRequest(
+                    conversation_id=turn.conversation_id,
+                    request_id=turn.request_id,
+                    messages=[],
+                    body=spec.body,
+                    model=turn.model,
+                    continuation=True if reply is not None else spec.continuation,
+                    response_type=DetachedResponse,
+                    disconnect="continue",
+                )
+                self.start(
+                    request,
+                    detached=True,
+                    queue_limit=False,
+                    recovery=Recovery(record, reply, attempt=record.recovery_count + 1),
+                    last_sequence_number=last_sequence,
+                )
+                log.warning(
+                    "recovering turn %s of conversation %s (recovery %d of %d, %s)",
+                    turn.request_id,
+                    turn.conversation_id,
+                    record.recovery_count,
+                    self.settings.recovery_budget,
+                    "continuing its reply" if reply is not None else "re-running it",
+                )
+                continue
+            error = self.error_status(problem, "turn")
             record = dataclasses.replace(
-                turn,
-                state="interrupted",
-                end_time=dt.datetime.now(dt.UTC),
-                recovery_count=turn.recovery_count + 1,
+                turn, state="interrupted", end_time=dt.datetime.now(dt.UTC), error=error.SerializeToString()
             )
             await self.store.finish_turn(record, reply)
+            end = event_pb2.TurnEvent(
+                conversation_id=turn.conversation_id,
+                request_id=turn.request_id,
+                sequence_number=last_sequence + RECOVERY_SEQUENCE_GAP,
+            )
+            end.turn_end.status = event_pb2.TURN_STATUS_INTERRUPTED
+            end.turn_end.error.CopyFrom(error)
+            if reply is not None:
+                end.turn_end.message.CopyFrom(reply)
+            await self.store.append_events(
+                turn.conversation_id,
+                turn.request_id,
+                [(end.sequence_number, end.SerializeToString())],
+                ended=True,
+            )
             log.warning(
-                "recovered turn %s of conversation %s as interrupted (reply %s)",
+                "turn %s of conversation %s left interrupted: %s",
                 turn.request_id,
                 turn.conversation_id,
-                "kept" if reply is not None else "none",
+                problem,
             )
         return len(turns)
+
+    def _unrecoverable(self, turn: Any, resume: bool) -> ServerRestarted | None:
+        """Why ``turn`` cannot be recovered, or None when it can."""
+        if not resume:
+            return ServerRestarted("recovery on start is off (durability.recover_on_start)")
+        if turn.recovery_count >= self.settings.recovery_budget:
+            return ServerRestarted(
+                f"its recovery budget of {self.settings.recovery_budget} is spent "
+                "(durability.recovery_budget)",
+                exhausted=True,
+            )
+        if turn.spec is None:
+            return ServerRestarted("it was stored by a version without recovery data")
+        try:
+            parse_spec(turn.spec)
+        except ValueError as error:
+            return ServerRestarted(f"its recovery data cannot be read: {error}")
+        return None

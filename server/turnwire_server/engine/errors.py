@@ -97,3 +97,42 @@ class NothingToContinue(Exception):
     def __init__(self, has_history: bool) -> None:
         why = "the last message is not the assistant's" if has_history else "the conversation has no messages"
         super().__init__(f"nothing to continue: {why}; the turn was skipped and nothing was stored")
+
+
+class ServerRestarted(Exception):
+    """A turn was cut short by a server restart (crash) and is not recovered: recovery is off, its
+    budget is spent (``exhausted``), or it was stored before recovery data existed."""
+
+    def __init__(self, why: str, *, exhausted: bool = False) -> None:
+        super().__init__(f"the turn was interrupted by a server restart and not recovered: {why}")
+        self.exhausted = exhausted
+
+
+class TurnNotFound(Exception):
+    """ResumeTurn / WatchSubmission found no stream for the request id (``expired``: it ended longer
+    ago than the event retention)."""
+
+    def __init__(self, message: str, *, request_id: str, expired: bool = False) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+        self.expired = expired
+
+
+class TurnNotHere(Exception):
+    """The turn's stream has not ended but the turn runs nowhere in this process (interrupted by a
+    crash and not recovered yet); retrying later may find it."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"turn {request_id!r} has not ended but is not running on this server "
+            "(interrupted by a crash, recovery pending); retry ResumeTurn shortly"
+        )
+        self.request_id = request_id
+
+
+class SubmissionNotFound(Exception):
+    """No submission has this id."""
+
+    def __init__(self, submission_id: str) -> None:
+        super().__init__(f"no submission {submission_id!r}; check the id returned by SubmitMessages")
+        self.submission_id = submission_id

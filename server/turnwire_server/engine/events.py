@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from turnwire_client.v1 import event_pb2
 from turnwire_server.engine.channel import EventChannel
+from turnwire_server.engine.stream_log import StreamLog
 
 
 class TurnResponse(Protocol):
@@ -30,10 +31,20 @@ class TurnResponse(Protocol):
         ...
 
 
+class DetachedResponse:
+    """The response wrapper of a turn no RPC streams (a submission, a recovery): only ``event``."""
+
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = event_pb2.TurnEvent()
+
+
 class EventWriter:
     """Numbers and sends one turn's events to its :class:`EventChannel`.
 
-    ``response_type`` is the RPC's response class; every method that sends an
+    ``response_type`` is the RPC's response class; ``log`` (when given) gets every event
+    too (resumable streams). Every method that sends an
     event returns the ``TurnEvent`` inside it (already queued) so the caller
     can fill its payload in place before the consumer runs.
     """
@@ -48,6 +59,7 @@ class EventWriter:
         "_response_type",
         "channel",
         "conversation_id",
+        "log",
         "request_id",
         "sequence_number",
     )
@@ -59,8 +71,11 @@ class EventWriter:
         response_type: Callable[[], Any],
         channel: EventChannel[Any],
         coalesce_ms: float = 0.0,
+        *,
+        log: StreamLog | None = None,
     ) -> None:
         self.conversation_id = conversation_id
+        self.log = log
         self.request_id = request_id
         self._response_type = response_type
         self.channel = channel
@@ -86,6 +101,8 @@ class EventWriter:
         event.request_id = self.request_id
         event.sequence_number = self.sequence_number
         self.channel.put(response)
+        if self.log is not None:
+            self.log.record(response)
         return event
 
     def text_delta(self, block_id: str, delta: str) -> None:
@@ -156,6 +173,8 @@ class EventWriter:
         return True
 
     def close(self) -> None:
-        """Send anything coalesced and end the stream."""
+        """Send anything coalesced and end the stream (its live readers too)."""
         self._flush()
         self.channel.close()
+        if self.log is not None:
+            self.log.end_live()

@@ -141,9 +141,7 @@ class StepLoop:
         max_steps = config.max_steps or self.settings.max_steps
         base_messages = list(ctx.messages)
         if base_messages and base_messages[-1].role == message_pb2.ROLE_ASSISTANT:
-            prompt = message_pb2.Message(id="continuation-prompt", role=message_pb2.ROLE_USER)
-            prompt.parts.add().text.text = CONTINUATION_PROMPT
-            base_messages.append(prompt)
+            base_messages.append(_continuation_prompt())
         settings = merge_config(
             ModelSettings(timeout_seconds=limits.step_seconds or limits.total_seconds),
             config.model_settings or ModelSettings(),
@@ -187,6 +185,7 @@ class StepLoop:
                 settings=step_settings,
                 output_schema=config.output,
                 step_number=step_number,
+                attempt=turn.attempt,
             )
             turn.step_messages = model_request.messages
             turn.assistant.start_step()
@@ -212,6 +211,7 @@ class StepLoop:
             turn.usage.add(finish.usage)
             self._step_finish_event(result, finish)
             await turn.hooks.on_step_finish(result)
+            turn.continue_reply = False
             if not had_tool_results or _should_stop(config, result, step_number + 1):
                 break  # the final write follows at once: no checkpoint of the last step
             turn.checkpoints.now()
@@ -227,9 +227,13 @@ class StepLoop:
     def _model_messages(self, base: list[message_pb2.Message]) -> list[message_pb2.Message]:
         # A snapshot: the provider must not see the live message change under it.
         assistant = self.state.assistant
-        if assistant.has_parts:
-            return [*base, assistant.snapshot()]
-        return base
+        if not assistant.has_parts:
+            return base
+        messages = [*base, assistant.snapshot()]
+        if self.state.continue_reply and _ends_in_content(messages[-1]):
+            # A recovery continues the stored partial reply in the same message (§1, §8).
+            messages.append(_continuation_prompt())
+        return messages
 
     def _step_result(self, step_number: int, finish: chunks.FinishStep) -> StepFinishContext:
         turn = self.state
@@ -363,6 +367,22 @@ class StepLoop:
                 "stream", ProviderError("the model stream ended without a finish", provider="engine")
             )
         return finish
+
+
+def _continuation_prompt() -> message_pb2.Message:
+    prompt = message_pb2.Message(id="continuation-prompt", role=message_pb2.ROLE_USER)
+    prompt.parts.add().text.text = CONTINUATION_PROMPT
+    return prompt
+
+
+def _ends_in_content(message: message_pb2.Message) -> bool:
+    """True when the last part (step markers aside) is text, reasoning or a file: a reply cut off
+    mid-answer, not one waiting on tool results."""
+    for part in reversed(message.parts):
+        kind = part.WhichOneof("kind")
+        if kind != "step_start":
+            return kind != "tool_call"
+    return False
 
 
 def active_tool_names(tools: Mapping[str, Any], active: Sequence[str] | None) -> list[str]:

@@ -47,6 +47,7 @@ from turnwire_server.engine.ids import assistant_message_id
 from turnwire_server.engine.request import EngineSettings, TurnRequest
 from turnwire_server.engine.step_loop import StepLoop
 from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR
+from turnwire_server.engine.turn_spec import spec_json
 from turnwire_server.engine.turn_state import TurnState
 from turnwire_server.hooks.chain import HookError, MiddlewareChain
 from turnwire_server.hooks.timeline import HookTimeline
@@ -92,7 +93,9 @@ class TurnRun:
     (:class:`~turnwire_server.engine.turn_state.TurnState`); this object keeps
     only the turn's outcome: ``outcome`` (running, completed, error, aborted,
     interrupted, skipped), the error and its status, the stored reply.
-    ``error_status`` maps an error to the status of the TurnEnd event.
+    ``error_status`` maps an error to the status of the TurnEnd event. ``recovery`` (when
+    given) makes this run a recovery of a turn a crash interrupted: it continues the stored
+    turn and stream instead of starting them (docs/semantics.md §8).
     """
 
     def __init__(
@@ -107,8 +110,10 @@ class TurnRun:
         writer: EventWriter,
         error_status: ErrorStatus,
         on_lock_acquired: Callable[[], None],
+        recovery: Recovery | None = None,
     ) -> None:
         self.request = request
+        self.recovery = recovery
         self.store = store
         self.providers = providers
         self.settings = settings
@@ -118,8 +123,12 @@ class TurnRun:
         # Recorded only when asked for (events.hook_timeline): it costs clock reads per hook call.
         self.timeline = HookTimeline() if chain.middlewares and settings.hook_timeline else None
         self.hooks = chain.for_turn(self.timeline)
-        self.message_id = assistant_message_id(request.request_id)
+        self.message_id = (
+            recovery.record.assistant_message_id if recovery else assistant_message_id(request.request_id)
+        )
         assistant = AssistantMessage(self.message_id, _now())
+        if recovery is not None and recovery.reply is not None:
+            assistant.resume(recovery.reply)
         self.state = TurnState(
             request=request,
             hooks=self.hooks,
@@ -132,6 +141,8 @@ class TurnRun:
                 request.request_id,
             ),
             tools=dict(tools),
+            attempt=recovery.attempt if recovery else 1,
+            continue_reply=recovery is not None and recovery.reply is not None,
         )
         self.outcome: StoredTurnState = "running"
         self.status_error: status_pb2.Status | None = None
@@ -221,35 +232,12 @@ class TurnRun:
     async def _locked(self) -> None:
         request = self.request
         try:
-            if request.skip_unless_assistant_last:
-                history = await self.store.load_messages(request.conversation_id)
-                if not history or history[-1].role != message_pb2.ROLE_ASSISTANT:
-                    self.outcome = "skipped"
-                    self.status_error = self._error_status(NothingToContinue(bool(history)), "turn")
-                    return
-            self._record = TurnRecord(
-                request_id=request.request_id,
-                conversation_id=request.conversation_id,
-                assistant_message_id=self.message_id,
-                continuation=request.continuation,
-                model=request.model,
-                state="running",
-                start_time=self.state.assistant.message.create_time.ToDatetime(dt.UTC),
-            )
-            for message in request.messages:
-                message.create_time.CopyFrom(self.state.assistant.message.create_time)
-            self._phase = "storing"
-            try:
-                await self.store.start_turn(self._record, request.messages)
-            except Exception as error:
-                raise TurnFailure("persist", error) from error
-            self.messages_persisted = True
-            self._phase = "running"
-            self._start_event()
-            if self.state.cancelled.is_set():  # stopped while the input was written
-                raise asyncio.CancelledError
-            await self._run_steps()
-            self.outcome = "completed"
+            if self.recovery is not None:
+                await self._recovered()
+            else:
+                await self._started()
+            if self.outcome == "running":  # not skipped
+                self.outcome = "completed"
         except asyncio.CancelledError:
             self._cancelled_outcome()
         except TurnFailure as failure:
@@ -263,6 +251,115 @@ class TurnRun:
         if self.outcome == "error" and isinstance(self.error, TurnFailure):
             self._classification = await self._classify(self.error)
         await self._store_result()
+
+    async def _recovered(self) -> None:
+        """A recovery: the turn and its input are stored already; its stream goes on."""
+        recovery = self.recovery
+        assert recovery is not None
+        self._record = recovery.record
+        self.messages_persisted = True
+        self._phase = "running"
+        self._attempt_event(recovery.reason, appends=recovery.reply is not None)
+        if self.state.cancelled.is_set():
+            raise asyncio.CancelledError
+        await self._attempts()
+
+    async def _started(self) -> None:
+        request = self.request
+        if request.skip_unless_assistant_last:
+            history = await self.store.load_messages(request.conversation_id)
+            if not history or history[-1].role != message_pb2.ROLE_ASSISTANT:
+                self.outcome = "skipped"
+                self.status_error = self._error_status(NothingToContinue(bool(history)), "turn")
+                return
+        self._record = TurnRecord(
+            request_id=request.request_id,
+            conversation_id=request.conversation_id,
+            assistant_message_id=self.message_id,
+            continuation=request.continuation,
+            model=request.model,
+            state="running",
+            start_time=self.state.assistant.message.create_time.ToDatetime(dt.UTC),
+            spec=spec_json(request),
+        )
+        for message in request.messages:
+            message.create_time.CopyFrom(self.state.assistant.message.create_time)
+        self._phase = "storing"
+        try:
+            await self.store.start_turn(self._record, request.messages)
+        except Exception as error:
+            raise TurnFailure("persist", error) from error
+        self.messages_persisted = True
+        self._phase = "running"
+        self._start_event()
+        if self.state.cancelled.is_set():  # stopped while the input was written
+            raise asyncio.CancelledError
+        await self._attempts()
+
+    async def _attempts(self) -> None:
+        """Run the steps; after a stall, recover in the same stream while the budget allows."""
+        while True:
+            try:
+                await self._run_steps()
+                return
+            except asyncio.CancelledError:
+                if not await self._recover_stall():
+                    raise
+
+    async def _recover_stall(self) -> bool:
+        """After the stall watchdog stopped the steps: start another attempt when stall recovery
+        is on and the turn's recovery budget (counted in the store) allows. docs/semantics.md
+        §5 (Decision): with nothing of the reply produced it re-runs the turn, otherwise it
+        continues the same message; the stream gets an AttemptStart (§12). False: end the
+        turn INTERRUPTED as before."""
+        record = self._record
+        if (
+            not isinstance(self._stop, StreamStalled)
+            or not self.settings.stall_recovery
+            or record is None
+            or record.recovery_count >= self.settings.recovery_budget
+        ):
+            return False
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        # A new stop may land from here on (CancelChat): it ends the turn ABORTED.
+        self._stop = None
+        self.state.cancelled = asyncio.Event()
+        assistant = self.state.assistant
+        assistant.close_all()
+        assistant.fail_unresolved(ABORTED_TOOL_ERROR)
+        appends = assistant.has_parts
+        self._record = record = dataclasses.replace(record, recovery_count=record.recovery_count + 1)
+        try:
+            # Counted before the attempt runs, so a crash during it cannot recover it again.
+            await self.store.finish_turn(record, assistant.snapshot_to_store())
+        except Exception as error:
+            raise TurnFailure("persist", error) from error
+        log.warning(
+            "turn %s stalled; recovery %d of %d (%s)",
+            self.request.request_id,
+            record.recovery_count,
+            self.settings.recovery_budget,
+            "continuing the reply" if appends else "re-running",
+        )
+        self.state.attempt += 1
+        self.state.continue_reply = appends
+        self._attempt_event("STREAM_STALLED", appends=appends)
+        return True
+
+    def _attempt_event(self, reason: str, *, appends: bool) -> None:
+        """AttemptStart: a new attempt of the turn; the client drops what the previous one showed
+        after its TurnStart, except the stored reply it continues (``appends``)."""
+        event = self.writer.new().attempt_start
+        event.attempt = self.state.attempt
+        event.message_id = self.message_id
+        event.appends = appends
+        event.reason = reason
+        if appends:
+            snapshot = self.state.assistant.snapshot_to_store()
+            if snapshot is not None:
+                event.message.CopyFrom(snapshot)
 
     def _cancelled_outcome(self) -> None:
         stop = self._stop
@@ -420,6 +517,22 @@ class TurnRun:
             stop=self.cancel,
         )
         await loop.run()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Recovery:
+    """How to recover a turn a crash interrupted (docs/semantics.md §8).
+
+    ``record`` is the stored turn, still ``running``, its ``recovery_count`` already counting
+    this recovery; ``reply`` the stored partial reply to continue (None: nothing was committed,
+    the turn re-runs); ``attempt`` the attempt this run is (from 2); ``reason`` goes in the
+    AttemptStart event.
+    """
+
+    record: TurnRecord
+    reply: message_pb2.Message | None
+    attempt: int
+    reason: str = "SERVER_RESTARTED"
 
 
 def _root(error: BaseException) -> BaseException:

@@ -30,7 +30,10 @@ class TurnState:
     hooks see it); ``steps`` are the finished steps; ``steps_started`` counts
     started steps (a step cut short counts); ``send_reasoning`` is false when
     ``before_turn`` hid reasoning; ``step_messages`` is what the model was sent
-    in the current step (``ToolCallContext.messages``).
+    in the current step (``ToolCallContext.messages``); ``attempt`` is the attempt being
+    run (from 1; a recovery runs 2 and later); ``continue_reply`` is true while a recovery
+    continues a stored partial reply and its first step has not finished (the model is
+    then asked to continue it, docs/semantics.md §1).
     """
 
     request: TurnRequest
@@ -45,3 +48,5 @@ class TurnState:
     steps_started: int = 0
     send_reasoning: bool = True
     step_messages: Sequence[message_pb2.Message] = ()
+    attempt: int = 1
+    continue_reply: bool = False

@@ -36,19 +36,19 @@ def append_events_write(
     request id was retried after a failed turn). Raises :class:`ValueError` for an empty
     batch or sequence numbers that do not ascend.
     """
-    if not events:
-        raise ValueError("append_events needs at least one event")
+    if not events and not ended:
+        raise ValueError("append_events needs events, or ended=True")
     numbers = [number for number, _ in events]
-    if numbers != sorted(set(numbers)) or numbers[0] < 1:
+    if numbers != sorted(set(numbers)) or (numbers and numbers[0] < 1):
         raise ValueError(f"event sequence numbers must ascend from >= 1, got {numbers[:5]}…")
     rows = [(request_id, number, data) for number, data in events]
-    last = numbers[-1]
+    last = numbers[-1] if numbers else 0
 
     def apply(conn: sqlite3.Connection, now_us: int) -> None:
         found = conn.execute(
             "SELECT end_time FROM turn_streams WHERE request_id = ?", (request_id,)
         ).fetchone()
-        if found is not None and found[0] is not None and numbers[0] == 1:
+        if found is not None and found[0] is not None and numbers and numbers[0] == 1:
             conn.execute("DELETE FROM turn_streams WHERE request_id = ?", (request_id,))
             found = None
         if found is None:

@@ -1,0 +1,91 @@
+"""Re-attaching to a turn's stream: what the reader missed, then the live events, exactly once.
+
+docs/semantics.md §8 (resumable streams). A reader gives the last sequence number it saw and
+gets every later event once, in order: from the store up to where the turn's in-memory backlog
+begins, then that backlog, then the live events (see
+:class:`~turnwire_server.engine.stream_log.StreamLog`). A reader that falls too far behind the
+live turn is dropped by the log and attaches again from where it was. A finished turn is
+read from the store alone, within the event retention. Re-attaching never runs a turn.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator, Callable
+
+from turnwire_client.v1 import event_pb2
+from turnwire_server.engine.errors import TurnNotFound, TurnNotHere
+from turnwire_server.engine.stream_log import Subscription
+from turnwire_server.store.base import Store
+
+
+async def replay(
+    request_id: str,
+    after: int,
+    *,
+    store: Store,
+    subscribe: Callable[[str], Subscription | None],
+    retention_seconds: float,
+) -> AsyncIterator[event_pb2.TurnEvent]:
+    """The events of turn ``request_id`` with sequence numbers above ``after``, then the live ones
+    until its TurnEnd.
+
+    ``subscribe`` attaches to the turn when it runs in this process (``TurnEngine.subscribe``).
+    Raises :class:`TurnNotFound` when no stream of that id is stored or running (never
+    started, deleted) or it ended more than ``retention_seconds`` ago (0: kept while stored),
+    :class:`TurnNotHere` when it has not ended and runs nowhere here (a crash not yet
+    recovered), and :class:`~turnwire_server.store.base.StoreError` when the store fails.
+    """
+    last = after
+    while True:
+        live = subscribe(request_id)
+        if live is None:
+            async for event in _stored(request_id, last, store, retention_seconds):
+                yield event
+            return
+        try:
+            for data in await store.load_events(request_id, last, before=live.first_unstored):
+                event = event_pb2.TurnEvent.FromString(data)
+                last = event.sequence_number
+                yield event
+            for response in live.backlog:
+                if response.event.sequence_number > last:
+                    last = response.event.sequence_number
+                    yield response.event
+            async for response in live.channel:
+                if response.event.sequence_number > last:
+                    last = response.event.sequence_number
+                    yield response.event
+        finally:
+            live.close()
+        if not live.overflowed:
+            return
+
+
+async def _stored(
+    request_id: str, after: int, store: Store, retention_seconds: float
+) -> AsyncIterator[event_pb2.TurnEvent]:
+    stream = await store.get_stream(request_id)
+    if stream is None:
+        raise TurnNotFound(
+            f"no turn with request_id {request_id!r} has a stream to resume: it never started "
+            "(its input was not stored), its conversation was deleted, or the id is wrong",
+            request_id=request_id,
+        )
+    expired = stream.events_expired
+    if stream.end_time is not None and retention_seconds > 0:
+        age = (dt.datetime.now(dt.UTC) - stream.end_time).total_seconds()
+        expired = expired or age > retention_seconds
+    if expired:
+        ended = stream.end_time.isoformat() if stream.end_time else "long ago"
+        raise TurnNotFound(
+            f"turn {request_id!r} ended at {ended}; its events are kept for {retention_seconds:g} s "
+            "after a turn ends (durability.event_retention_seconds) and are gone; read the stored "
+            "reply with GetConversation",
+            request_id=request_id,
+            expired=True,
+        )
+    for data in await store.load_events(request_id, after):
+        yield event_pb2.TurnEvent.FromString(data)
+    if stream.end_time is None:
+        raise TurnNotHere(request_id)

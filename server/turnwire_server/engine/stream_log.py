@@ -1,0 +1,180 @@
+"""Keeps one turn's event stream re-attachable (ResumeTurn, WatchSubmission).
+
+docs/semantics.md §8 (resumable streams). Every event a turn emits goes to its
+RPC's channel as before and, here, to live subscribers and to the store: in
+batches at checkpoint cadence (one write in flight at a time), and at once with
+the TurnEnd. Events stay in memory until their batch has committed, so a
+subscriber that attaches reads everything older from the store, the uncommitted
+rest from here, then the live events: each exactly once, in order.
+
+Only streams that started (their first event is a TurnStart or an AttemptStart)
+are stored: a turn refused before its input was stored has nothing to resume,
+and storing its lone TurnEnd under a request id that belongs to an earlier turn
+would replace that turn's stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnwire_server.engine.channel import EventChannel
+from turnwire_server.store.base import Store
+
+log = logging.getLogger("turnwire.stream_log")
+
+MAX_UNSTORED_EVENTS = 1 << 16
+"""Events kept in memory while the store fails; past it the stream stops being stored (logged)
+and a resume gets what was stored. Also the sequence gap a crash recovery leaves
+(see :data:`RECOVERY_SEQUENCE_GAP`)."""
+
+RECOVERY_SEQUENCE_GAP = MAX_UNSTORED_EVENTS
+"""After a crash, a recovered attempt numbers its events from the last stored one plus this: above
+any number the lost attempt could have sent (at most this many were unstored), so a client that
+saw lost events still receives the AttemptStart (docs/semantics.md §12)."""
+
+
+@dataclass(slots=True)
+class Subscription:
+    """A live reader of a running turn's stream.
+
+    ``first_unstored`` is the sequence number from which events were not yet stored when it
+    attached (everything below is in the store); ``backlog`` the events emitted but not yet
+    stored then; ``channel`` gets every later event. ``overflowed`` is set when the reader fell
+    ``limit`` events behind: its channel is closed, and it should attach again.
+    """
+
+    first_unstored: int
+    backlog: list[Any]
+    channel: EventChannel[Any]
+    limit: int
+    overflowed: bool = False
+    _log: StreamLog | None = field(default=None, repr=False)
+
+    def put(self, response: Any) -> None:
+        """Hand on one event; past ``limit`` unread ones, drop the reader (it re-attaches)."""
+        if self.channel.backlogged:
+            self.overflowed = True
+            self.close()
+            return
+        self.channel.put(response)
+
+    def close(self) -> None:
+        """Stop receiving events."""
+        self.channel.close()
+        if self._log is not None:
+            self._log.unsubscribe(self)
+            self._log = None
+
+
+class StreamLog:
+    """The stored, re-attachable copy of one turn's events.
+
+    ``interval`` (seconds) is the batch cadence; ``subscriber_limit`` the events a live reader
+    may fall behind before it is dropped (it re-attaches and reads from the store). The
+    event objects are the RPC's response messages, whose field ``event`` is the ``TurnEvent``;
+    they are serialized when their batch is written, once the turn has filled them.
+    """
+
+    def __init__(
+        self, store: Store, conversation_id: str, request_id: str, *, interval: float, subscriber_limit: int
+    ) -> None:
+        self._store = store
+        self.conversation_id = conversation_id
+        self.request_id = request_id
+        self._interval = interval
+        self._limit = subscriber_limit
+        self._unstored: list[Any] = []
+        self._subscribers: list[Subscription] = []
+        self._started: bool | None = None  # None until the first event says
+        self._recording = True
+        self._timer: asyncio.TimerHandle | None = None
+        self._in_flight: asyncio.Task[None] | None = None
+        self._ended = False
+        self.last_sequence_number = 0
+
+    def record(self, response: Any) -> None:
+        """Called by the turn's :class:`~turnwire_server.engine.events.EventWriter` for every
+        event, before the turn fills it in (it is read later, never here)."""
+        self.last_sequence_number = response.event.sequence_number
+        for subscriber in tuple(self._subscribers):
+            subscriber.put(response)
+        if not self._recording:
+            return
+        self._unstored.append(response)
+        if len(self._unstored) > MAX_UNSTORED_EVENTS:
+            log.error(
+                "turn %s: %d events could not be stored; the rest of its stream is not kept for resume",
+                self.request_id,
+                len(self._unstored),
+            )
+            self._recording = False
+            self._unstored.clear()
+            return
+        if self._timer is None and self._in_flight is None:
+            self._timer = asyncio.get_running_loop().call_later(self._interval, self._flush_soon)
+
+    def subscribe(self) -> Subscription:
+        """Attach a live reader (see :class:`Subscription`); synchronous, so nothing is emitted
+        between the snapshot of the backlog and the first live event."""
+        backlog = list(self._unstored)
+        first = backlog[0].event.sequence_number if backlog else self.last_sequence_number + 1
+        subscription = Subscription(first, backlog, EventChannel(self._limit), self._limit, _log=self)
+        if self._ended:
+            subscription.channel.close()
+            subscription._log = None
+        else:
+            self._subscribers.append(subscription)
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        """Detach a reader (a no-op when it is not attached)."""
+        if subscription in self._subscribers:
+            self._subscribers.remove(subscription)
+
+    def end_live(self) -> None:
+        """The stream ended (its TurnEnd is recorded): end every live reader's iteration."""
+        self._ended = True
+        for subscriber in tuple(self._subscribers):
+            subscriber.channel.close()
+        self._subscribers.clear()
+
+    def _flush_soon(self) -> None:
+        self._timer = None
+        if self._in_flight is None and self._unstored:
+            self._in_flight = asyncio.create_task(self._flush(ended=False), name=f"events {self.request_id}")
+
+    async def _flush(self, *, ended: bool) -> None:
+        try:
+            batch = list(self._unstored)
+            if self._started is None and batch:
+                first = batch[0].event
+                self._started = first.HasField("turn_start") or first.HasField("attempt_start")
+            if not self._started:
+                self._unstored.clear()  # never started: nothing to resume (see the module docstring)
+                return
+            if not batch and not ended:
+                return
+            events = [(r.event.sequence_number, r.event.SerializeToString()) for r in batch]
+            try:
+                await self._store.append_events(self.conversation_id, self.request_id, events, ended=ended)
+            except Exception as error:  # kept in memory; the next batch retries (bounded above)
+                log.warning("turn %s: storing %d events failed: %s", self.request_id, len(events), error)
+                return
+            del self._unstored[: len(batch)]
+        finally:
+            self._in_flight = None
+            if not ended and self._unstored and self._timer is None and not self._ended:
+                self._timer = asyncio.get_running_loop().call_later(self._interval, self._flush_soon)
+
+    async def finish(self) -> None:
+        """Store everything left, its TurnEnd included (marks the stream ended). Never raises."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._in_flight is not None:
+            await asyncio.shield(self._in_flight)
+        if self._recording and (self._unstored or self._started):
+            await self._flush(ended=True)

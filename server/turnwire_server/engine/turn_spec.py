@@ -1,0 +1,55 @@
+"""What a recovery needs to run a turn again, stored with the turn (``TurnRecord.spec``).
+
+The input messages are in the conversation and the model in the turn row; the rest of the
+request (hook ``body``, disconnect policy, whether it continued) is kept here as JSON text,
+so a turn a crash interrupted can be run again by a process that never saw its request
+(docs/semantics.md §8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnwire.values import dumps, loads
+from turnwire_server.engine.request import TurnRequest
+
+_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSpec:
+    """The stored part of a turn's request; ``body`` is JSON."""
+
+    body: Mapping[str, Any] = field(default_factory=dict)
+    continuation: bool = False
+    disconnect: str = "cancel"
+
+
+def spec_json(request: TurnRequest) -> str:
+    """``request``'s :class:`TurnSpec` as JSON text."""
+    return dumps(
+        {
+            "version": _VERSION,
+            "body": dict(request.body),
+            "continuation": request.continuation,
+            "disconnect": request.disconnect,
+        }
+    )
+
+
+def parse_spec(text: str) -> TurnSpec:
+    """The :class:`TurnSpec` in ``text``. Raises :class:`ValueError` when it is not one this code
+    wrote (an unknown version, not JSON, a field of the wrong type)."""
+    value = loads(text)
+    if not isinstance(value, dict) or value.get("version") != _VERSION:
+        raise ValueError("not a version-1 turn spec")
+    body = value.get("body", {})
+    if not isinstance(body, dict):
+        raise ValueError("turn spec body is not an object")
+    return TurnSpec(
+        body=body,
+        continuation=bool(value.get("continuation", False)),
+        disconnect=str(value.get("disconnect", "cancel")),
+    )
