@@ -810,7 +810,7 @@ async def test_recover_marks_running_turns_interrupted_and_repairs_tool_calls(
     with sqlite3.connect(h.store.path) as db:
         assert db.execute(
             "SELECT state, recovery_count FROM turns WHERE request_id = 'r-crash'"
-        ).fetchall() == [("interrupted", 1)]
+        ).fetchall() == [("interrupted", 0)], "no recovery data (spec): left interrupted, no recovery spent"
     stored = await h.store.load_messages(CONV)
     assert [m.id for m in stored] == ["u-crash", "tw-a-r-crash"]
     assert text_of(stored[1]) == "Let me look."

@@ -29,8 +29,10 @@ from turnwire_server.api.admission import CallGate
 from turnwire_server.api.chat_service import ChatService
 from turnwire_server.api.rpc_logging import quiet_grpc_call_noise
 from turnwire_server.api.status import status_of
+from turnwire_server.api.submission_rpcs import turn_request_of
 from turnwire_server.config import MiddlewareEntry, Settings
 from turnwire_server.engine import EngineSettings, TurnEngine
+from turnwire_server.engine.submissions import Submissions
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.importing import import_object
 from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
@@ -216,6 +218,16 @@ async def start(settings: Settings) -> Sidecar:
         recovered = await engine.recover(resume=settings.durability.recover_on_start)
         if recovered:
             log.warning("found %d turn(s) interrupted by a previous crash", recovered)
+        submissions = Submissions(
+            engine,
+            store,
+            turn_request=lambda record: turn_request_of(record, settings.default_model),
+            max_open=settings.durability.max_pending_submissions_per_conversation,
+            error_status=status_of,
+        )
+        restarted = await submissions.restart_pending()
+        if restarted:
+            log.info("restarted %d pending submission(s)", restarted)
         gate = CallGate(settings.limits.max_concurrent_rpcs)
         quiet_grpc_call_noise()
         server = grpc.aio.server(interceptors=[gate], options=grpc_options(settings))
@@ -223,6 +235,7 @@ async def start(settings: Settings) -> Sidecar:
             ChatService(
                 engine,
                 store,
+                submissions,
                 default_model=settings.default_model,
                 max_message_bytes=settings.limits.max_message_bytes,
             ),

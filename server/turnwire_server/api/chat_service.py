@@ -11,22 +11,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 import grpc
-from google.protobuf import struct_pb2, timestamp_pb2
+from google.protobuf import timestamp_pb2
 from grpc_status import rpc_status
 
-from turnwire.values import NotJsonError, from_struct, normalize
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
 from turnwire_server.api.message_pages import decode_token, encode_token, page_of
 from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
+from turnwire_server.api.submission_rpcs import SubmissionRpcs
 from turnwire_server.api.validation import (
     check_id,
     check_message,
+    json_object,
     raise_if_any,
 )
 from turnwire_server.engine import TurnEngine, TurnHandle, TurnRequest
 from turnwire_server.engine.errors import AdmissionRefused
 from turnwire_server.engine.ids import new_request_id
+from turnwire_server.engine.submissions import Submissions
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.base import ConversationRecord, InvalidPageToken, Store, StoreError
 
@@ -106,30 +108,26 @@ def _disconnect(policy: int) -> Literal["cancel", "continue"]:
     return "continue" if policy == chat_service_pb2.DISCONNECT_POLICY_CONTINUE else "cancel"
 
 
-def _body(body: struct_pb2.Struct) -> dict[str, Any]:
-    """The request's ``body`` as plain JSON for the hooks. Raises INVALID_ARGUMENT (naming the
-    path) for a number JSON has no form for (NaN, Infinity): hooks and the store get JSON only."""
-    if not body.ByteSize():
-        return {}
-    value = from_struct(body)
-    try:
-        return normalize(value)  # type: ignore[no-any-return]
-    except NotJsonError as error:
-        path = "body" + error.path.removeprefix("$")
-        raise invalid_argument([(path, "NaN and Infinity have no JSON form; send a finite number")]) from None
-
-
-class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
+class ChatService(SubmissionRpcs, chat_service_pb2_grpc.ChatServiceServicer):
     """Implements ``turnwire.v1.ChatService`` on a :class:`~turnwire_server.engine.TurnEngine`.
 
+    The turn-running RPCs, reads, CancelChat and ResumeTurn are here; each other group of
+    RPCs is a mixin in its own module (:class:`SubmissionRpcs`, …).
     ``max_message_bytes`` bounds each input message (``limits.max_message_bytes``).
     """
 
     def __init__(
-        self, engine: TurnEngine, store: Store, *, default_model: str, max_message_bytes: int
+        self,
+        engine: TurnEngine,
+        store: Store,
+        submissions: Submissions,
+        *,
+        default_model: str,
+        max_message_bytes: int,
     ) -> None:
         self.engine = engine
         self.store = store
+        self.submissions = submissions
         self.default_model = default_model
         self.max_message_bytes = max_message_bytes
 
@@ -265,7 +263,7 @@ class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
                 conversation_id=conversation_id,
                 request_id=request_id or new_request_id(),
                 messages=messages,
-                body=_body(body),
+                body=json_object(body, "body"),
                 model=model or self.default_model,
                 continuation=continuation,
                 response_type=response_type,

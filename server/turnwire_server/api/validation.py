@@ -7,7 +7,11 @@ Runs before anything is stored, so a rejected request changes nothing
 from __future__ import annotations
 
 import re
+from typing import Any
 
+from google.protobuf import struct_pb2
+
+from turnwire.values import NotJsonError, from_struct, normalize
 from turnwire_client.v1 import message_pb2
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument
 from turnwire_server.engine.ids import RESERVED_PREFIX, is_reserved, new_message_id
@@ -107,3 +111,18 @@ def raise_if_any(violations: list[tuple[str, str]]) -> None:
     )
     error: TurnwireStatusError = invalid_argument(violations, reason=reason)
     raise error
+
+
+def json_object(value: struct_pb2.Struct, field: str) -> dict[str, Any]:
+    """A request's ``Struct`` field (``body``, ``metadata``) as plain JSON for hooks and the store.
+
+    Raises INVALID_ARGUMENT naming the path (``body.a[2]``) for a number JSON has no form for
+    (NaN, Infinity).
+    """
+    if not value.ByteSize():
+        return {}
+    try:
+        return normalize(from_struct(value))  # type: ignore[no-any-return]
+    except NotJsonError as error:
+        path = field + error.path.removeprefix("$")
+        raise invalid_argument([(path, "NaN and Infinity have no JSON form; send a finite number")]) from None

@@ -44,3 +44,11 @@ def assistant_message_id(request_id: str) -> str:
 def is_reserved(value: str) -> bool:
     """True for an id in the server's namespace."""
     return value.startswith(RESERVED_PREFIX)
+
+
+def submission_message_id(submission_id: str, index: int) -> str:
+    """The id of message ``index`` of submission ``submission_id`` when the client gave none:
+    derived from the submission, so a submission run again after a restart stores the same ids
+    (and so never stores its messages twice)."""
+    digest = hashlib.sha256(submission_id.encode()).hexdigest()[:32]
+    return f"{RESERVED_PREFIX}u-{digest}-{index}"

@@ -1,0 +1,311 @@
+"""The submission RPCs of ``turnwire.v1.ChatService`` (docs/semantics.md §7).
+
+``SubmitMessages`` validates and durably accepts; ``GetSubmission``, ``ListSubmissions`` and
+``CancelSubmission`` read and move the record; ``WatchSubmission`` streams its turn like
+``ResumeTurn``. The stored request is the client's, without its submission id and
+idempotency key, serialized deterministically: so a repeat with the same content is
+recognized whichever of the two it names.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import grpc
+from google.protobuf import timestamp_pb2
+from google.rpc import status_pb2
+
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
+from turnwire_server.api.replays import replay_stream
+from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
+from turnwire_server.api.validation import check_id, check_message, json_object, raise_if_any
+from turnwire_server.engine import TurnEngine, TurnRequest
+from turnwire_server.engine.errors import SubmissionNotFound, TurnNotFound
+from turnwire_server.engine.ids import assistant_message_id, new_request_id, submission_message_id
+from turnwire_server.engine.submissions import Submissions
+from turnwire_server.providers.registry import UnknownModel
+from turnwire_server.store.base import InvalidPageToken, Store, StoreError, SubmissionRecord
+
+_STATES: dict[str, int] = {
+    "pending": chat_service_pb2.SUBMISSION_STATE_PENDING,
+    "running": chat_service_pb2.SUBMISSION_STATE_RUNNING,
+    "completed": chat_service_pb2.SUBMISSION_STATE_COMPLETED,
+    "error": chat_service_pb2.SUBMISSION_STATE_ERROR,
+    "aborted": chat_service_pb2.SUBMISSION_STATE_ABORTED,
+    "skipped": chat_service_pb2.SUBMISSION_STATE_SKIPPED,
+}
+_STATE_NAMES = {number: name for name, number in _STATES.items()}
+_TURN_STATUS = {
+    "completed": event_pb2.TURN_STATUS_COMPLETED,
+    "error": event_pb2.TURN_STATUS_ERROR,
+    "aborted": event_pb2.TURN_STATUS_ABORTED,
+    "skipped": event_pb2.TURN_STATUS_SKIPPED,
+}
+_DEFAULT_PAGE_SIZE = 50
+_MAX_PAGE_SIZE = 1000
+
+
+class _Servicer(Protocol):
+    engine: TurnEngine
+    store: Store
+    submissions: Submissions
+    default_model: str
+    max_message_bytes: int
+
+
+def _timestamp(value: dt.datetime | None) -> timestamp_pb2.Timestamp | None:
+    if value is None:
+        return None
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(value)
+    return stamp
+
+
+def submission_proto(record: SubmissionRecord) -> chat_service_pb2.Submission:
+    """The API's view of a stored submission."""
+    request = chat_service_pb2.SubmitMessagesRequest.FromString(record.request)
+    proto = chat_service_pb2.Submission(
+        submission_id=record.submission_id,
+        conversation_id=record.conversation_id,
+        idempotency_key=record.idempotency_key or "",
+        state=_STATES[record.state],  # type: ignore[arg-type]
+        create_time=_timestamp(record.create_time),
+        start_time=_timestamp(record.start_time),
+        end_time=_timestamp(record.end_time),
+        assistant_message_id=assistant_message_id(record.submission_id),
+        message_count=len(request.messages),
+    )
+    if request.HasField("metadata"):
+        proto.metadata.CopyFrom(request.metadata)
+    if record.error is not None:
+        proto.error.CopyFrom(status_pb2.Status.FromString(record.error))
+    return proto
+
+
+def turn_request_of(record: SubmissionRecord, default_model: str) -> TurnRequest:
+    """The turn of a stored submission: its messages (an unset role is the user's, a missing id
+    derived from the submission id, see ``submission_message_id``), body and model."""
+    request = chat_service_pb2.SubmitMessagesRequest.FromString(record.request)
+    messages = []
+    for index, message in enumerate(request.messages):
+        if message.role == message_pb2.ROLE_UNSPECIFIED:
+            message.role = message_pb2.ROLE_USER
+        if not message.id:
+            message.id = submission_message_id(record.submission_id, index)
+        messages.append(message)
+    return TurnRequest(
+        conversation_id=record.conversation_id,
+        request_id=record.submission_id,
+        messages=messages,
+        body=json_object(request.body, "body"),
+        model=request.model or default_model,
+        continuation=False,
+        response_type=chat_service_pb2.WatchSubmissionResponse,
+        disconnect="continue",
+    )
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: BaseException) -> None:
+    from grpc_status import rpc_status
+
+    await context.abort_with_status(rpc_status.to_status(status_error_of(error).to_status()))
+
+
+class SubmissionRpcs:
+    """``SubmitMessages``, ``GetSubmission``, ``ListSubmissions``, ``CancelSubmission``,
+    ``WatchSubmission``: a mixin of the ChatService servicer (it supplies ``engine``, ``store``,
+    ``submissions``, ``default_model`` and ``max_message_bytes``)."""
+
+    async def SubmitMessages(
+        self: Any,
+        request: chat_service_pb2.SubmitMessagesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> chat_service_pb2.SubmitMessagesResponse:
+        """Durably accept messages for a later turn; a repeat returns the first (``accepted`` false)."""
+        try:
+            violations: list[tuple[str, str]] = []
+            check_id(request.conversation_id, "conversation_id", violations, required=True)
+            check_id(request.submission_id, "submission_id", violations, required=False, client_chosen=True)
+            if len(request.idempotency_key) > 256:
+                violations.append(("idempotency_key", "must be at most 256 characters"))
+            if not request.messages:
+                violations.append(("messages", "must contain at least one message"))
+            stored = chat_service_pb2.SubmitMessagesRequest()
+            stored.CopyFrom(request)
+            stored.ClearField("submission_id")
+            stored.ClearField("idempotency_key")
+            seen: set[str] = set()
+            for index, message in enumerate(stored.messages):
+                message.ClearField("create_time")  # output only
+                probe = message_pb2.Message()
+                probe.CopyFrom(message)
+                check_message(
+                    probe,
+                    f"messages[{index}]",
+                    violations,
+                    max_bytes=self.max_message_bytes,
+                    default_role=message_pb2.ROLE_USER,
+                )
+                if message.id and message.id in seen:
+                    violations.append(
+                        (f"messages[{index}].id", f"duplicates an earlier message id {message.id!r}")
+                    )
+                seen.add(message.id)
+            raise_if_any(violations)
+            json_object(request.body, "body")
+            json_object(request.metadata, "metadata")
+            self.engine.providers.resolve(request.model or self.default_model)
+            record = SubmissionRecord(
+                submission_id=request.submission_id or new_request_id(),
+                conversation_id=request.conversation_id,
+                idempotency_key=request.idempotency_key or None,
+                state="pending",
+                request=stored.SerializeToString(deterministic=True),
+                create_time=dt.datetime.now(dt.UTC),
+            )
+            record, created = await self.submissions.submit(record)
+        except (TurnwireStatusError, UnknownModel, StoreError) as error:
+            await _abort(context, error)
+            raise AssertionError("unreachable") from None
+        return chat_service_pb2.SubmitMessagesResponse(submission=submission_proto(record), accepted=created)
+
+    async def GetSubmission(
+        self: Any,
+        request: chat_service_pb2.GetSubmissionRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> chat_service_pb2.Submission:
+        """One submission; NOT_FOUND when there is none."""
+        record = await _found(self, request.submission_id, context)
+        return submission_proto(record)
+
+    async def ListSubmissions(
+        self: Any,
+        request: chat_service_pb2.ListSubmissionsRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> chat_service_pb2.ListSubmissionsResponse:
+        """Submissions in acceptance order, filtered by conversation and state (AIP-158)."""
+        violations: list[tuple[str, str]] = []
+        if request.page_size < 0:
+            violations.append(("page_size", "must not be negative; 0 means the default of 50"))
+        if request.conversation_id:
+            check_id(request.conversation_id, "conversation_id", violations, required=False)
+        if request.state and request.state not in _STATE_NAMES:
+            violations.append(("state", f"unknown state {request.state}"))
+        if violations:
+            await _abort(context, invalid_argument(violations))
+        state = _STATE_NAMES.get(request.state, "")
+        try:
+            records, token = await self.store.list_submissions(
+                min(request.page_size or _DEFAULT_PAGE_SIZE, _MAX_PAGE_SIZE),
+                request.page_token,
+                conversation_id=request.conversation_id,
+                state=state,
+            )
+        except InvalidPageToken:
+            await _abort(
+                context,
+                invalid_argument(
+                    [
+                        (
+                            "page_token",
+                            "is not a token this server issued for these filters; pass next_page_token "
+                            "unchanged with the same conversation_id and state, or leave it empty",
+                        )
+                    ],
+                    reason="INVALID_PAGE_TOKEN",
+                ),
+            )
+            raise AssertionError("unreachable") from None
+        except StoreError as error:
+            await _abort(context, error)
+            raise AssertionError("unreachable") from None
+        return chat_service_pb2.ListSubmissionsResponse(
+            submissions=[submission_proto(r) for r in records], next_page_token=token
+        )
+
+    async def CancelSubmission(
+        self: Any,
+        request: chat_service_pb2.CancelSubmissionRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> chat_service_pb2.Submission:
+        """Cancel a pending or running submission; a finished one is returned unchanged."""
+        await _check_submission_id(request.submission_id, context)
+        try:
+            record = await self.submissions.cancel(request.submission_id)
+        except (SubmissionNotFound, StoreError) as error:
+            await _abort(context, error)
+            raise AssertionError("unreachable") from None
+        return submission_proto(record)
+
+    async def WatchSubmission(
+        self: Any,
+        request: chat_service_pb2.WatchSubmissionRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[chat_service_pb2.WatchSubmissionResponse]:
+        """The submission's turn events from ``after_sequence_number``, then its TurnEnd."""
+        if request.after_sequence_number < 0:
+            await _abort(
+                context,
+                invalid_argument(
+                    [("after_sequence_number", "must not be negative; 0 streams from the start")]
+                ),
+            )
+        record = await _found(self, request.submission_id, context)
+        events = _watch(self, record, request.after_sequence_number)
+        async for event in replay_stream(events, context):
+            yield chat_service_pb2.WatchSubmissionResponse(event=event)
+
+
+async def _watch(
+    servicer: _Servicer, record: SubmissionRecord, after: int
+) -> AsyncIterator[event_pb2.TurnEvent]:
+    """The turn's stream; for a submission that ended without running (cancelled while pending,
+    refused when it started) a single TurnEnd made from its record."""
+    try:
+        async for event in servicer.engine.replay(record.submission_id, after):
+            yield event
+        return
+    except TurnNotFound as missing:
+        if missing.expired:
+            raise
+    current = await servicer.store.get_submission(record.submission_id) or record
+    status = _TURN_STATUS.get(current.state)
+    if status is None:
+        # Pending and not queued here: it starts on this server's next restart_pending.
+        raise TurnNotFound(
+            f"submission {record.submission_id!r} is {current.state} and not running on this server",
+            request_id=record.submission_id,
+        )
+    if after >= 1:
+        return
+    end = event_pb2.TurnEvent(
+        conversation_id=current.conversation_id, request_id=current.submission_id, sequence_number=1
+    )
+    end.turn_end.status = status
+    if current.error is not None:
+        end.turn_end.error.CopyFrom(status_pb2.Status.FromString(current.error))
+    yield end
+
+
+async def _check_submission_id(submission_id: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    violations: list[tuple[str, str]] = []
+    check_id(submission_id, "submission_id", violations, required=True)
+    if violations:
+        await _abort(context, invalid_argument(violations))
+
+
+async def _found(
+    servicer: _Servicer, submission_id: str, context: grpc.aio.ServicerContext[Any, Any]
+) -> SubmissionRecord:
+    await _check_submission_id(submission_id, context)
+    try:
+        record = await servicer.store.get_submission(submission_id)
+    except StoreError as error:
+        await _abort(context, error)
+        raise AssertionError("unreachable") from None
+    if record is None:
+        await _abort(context, SubmissionNotFound(submission_id))
+        raise AssertionError("unreachable")
+    return record
