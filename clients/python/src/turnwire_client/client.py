@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self, cast
+from typing import Any, Literal, Self, cast
 
 import grpc
 from google.protobuf import struct_pb2
@@ -87,6 +87,7 @@ class TurnwireClient:
         body: Mapping[str, Any] | None = None,
         model: str | None = None,
         timeout: float | None = None,
+        disconnect: DisconnectPolicy = "cancel",
     ) -> TurnStream:
         """Append a user message with one text part and stream the turn it runs.
 
@@ -97,10 +98,14 @@ class TurnwireClient:
             body: Optional JSON-like data for lifecycle hooks (sent as a ``Struct``).
             model: Optional ``provider:model`` for this turn.
             timeout: Optional deadline in seconds for the whole call.
+            disconnect: What the turn does when this call ends early: ``"cancel"`` (abort it)
+                or ``"continue"`` (it finishes without the caller; re-attach with
+                :meth:`resume_turn`).
 
         Returns:
             A :class:`TurnStream`: the turn's ``TurnEvent``\\ s as they arrive, ``TurnEnd``
-            last. Leaving it early cancels the call and the server aborts the turn: on
+            last. Leaving it early cancels the call and (unless ``disconnect="continue"``) the
+            server aborts the turn: on
             ``async with`` exit, :meth:`TurnStream.cancel`, or when the stream is dropped
             (``async for event in client.chat(...): break``).
 
@@ -117,6 +122,7 @@ class TurnwireClient:
             message=message,
             request_id=request_id or "",
             model=model or "",
+            disconnect_policy=_POLICIES[disconnect],
         )
         if body is not None:
             request.body.CopyFrom(_struct(body))
@@ -131,6 +137,7 @@ class TurnwireClient:
         body: Mapping[str, Any] | None = None,
         model: str | None = None,
         timeout: float | None = None,
+        disconnect: DisconnectPolicy = "cancel",
     ) -> TurnStream:
         """Append ``messages`` (possibly none) and stream the turn run on the history.
 
@@ -141,6 +148,7 @@ class TurnwireClient:
             messages=list(messages),
             request_id=request_id or "",
             model=model or "",
+            disconnect_policy=_POLICIES[disconnect],
         )
         if body is not None:
             request.body.CopyFrom(_struct(body))
@@ -154,6 +162,7 @@ class TurnwireClient:
         body: Mapping[str, Any] | None = None,
         model: str | None = None,
         timeout: float | None = None,
+        disconnect: DisconnectPolicy = "cancel",
     ) -> TurnStream:
         """Let the model continue after the last assistant message, streaming that turn.
 
@@ -165,10 +174,36 @@ class TurnwireClient:
             conversation_id=conversation_id,
             request_id=request_id or "",
             model=model or "",
+            disconnect_policy=_POLICIES[disconnect],
         )
         if body is not None:
             request.body.CopyFrom(_struct(body))
         return self._stream(self._stub.ContinueLastTurn, request, timeout)
+
+    def resume_turn(
+        self, request_id: str, after_sequence_number: int = 0, *, timeout: float | None = None
+    ) -> TurnStream:
+        """Re-attach to a running or recently finished turn: the events after
+        ``after_sequence_number`` (the last one you saw; 0 for all), then the live ones.
+
+        Leaving the stream early never affects the turn. Raises (while iterating)
+        :class:`TurnwireError` ``NOT_FOUND`` (reason ``TURN_NOT_FOUND``) for an unknown request
+        id or a turn whose events are past the retention.
+        """
+        request = chat_service_pb2.ResumeTurnRequest(
+            request_id=request_id, after_sequence_number=after_sequence_number
+        )
+        return self._stream(self._stub.ResumeTurn, request, timeout)
+
+    def watch_submission(
+        self, submission_id: str, after_sequence_number: int = 0, *, timeout: float | None = None
+    ) -> TurnStream:
+        """Stream a submission's turn (once it runs) from ``after_sequence_number``, ``TurnEnd``
+        last. Raises (while iterating) :class:`TurnwireError` ``NOT_FOUND`` for an unknown id."""
+        request = chat_service_pb2.WatchSubmissionRequest(
+            submission_id=submission_id, after_sequence_number=after_sequence_number
+        )
+        return self._stream(self._stub.WatchSubmission, request, timeout)
 
     def _stream(self, method: Any, request: Any, deadline: float | None) -> TurnStream:
         return TurnStream(method(request, timeout=deadline, metadata=self._metadata or None))
@@ -244,11 +279,115 @@ class TurnwireClient:
         )
         return response.cancelled
 
+    # -- submissions --------------------------------------------------------------------
+
+    async def submit_messages(
+        self,
+        conversation_id: str,
+        messages: str | Sequence[message_pb2.Message],
+        *,
+        submission_id: str | None = None,
+        idempotency_key: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        body: Mapping[str, Any] | None = None,
+        model: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
+    ) -> chat_service_pb2.SubmitMessagesResponse:
+        """Durably submit messages for a turn that runs later, in order with the conversation's
+        other turns. ``messages`` may be a plain text (one user message).
+
+        Returns:
+            The response: ``submission`` (its id is the turn's request id) and ``accepted``
+            (False when ``submission_id`` or ``idempotency_key`` repeats an earlier one: the
+            earlier submission is returned).
+
+        Raises:
+            TurnwireError: ``ALREADY_EXISTS`` (reason ``SUBMISSION_CONFLICT``) when the id and
+                key name different submissions or the id is reused with other messages,
+                ``INVALID_ARGUMENT`` for an empty list or a bad message, any call failure.
+        """
+        if isinstance(messages, str):
+            messages = [
+                message_pb2.Message(
+                    role=message_pb2.ROLE_USER,
+                    parts=[message_pb2.Part(text=message_pb2.TextPart(text=messages))],
+                )
+            ]
+        request = chat_service_pb2.SubmitMessagesRequest(
+            conversation_id=conversation_id,
+            messages=list(messages),
+            submission_id=submission_id or "",
+            idempotency_key=idempotency_key or "",
+            model=model or "",
+        )
+        if metadata is not None:
+            request.metadata.CopyFrom(_struct(metadata))
+        if body is not None:
+            request.body.CopyFrom(_struct(body))
+        response: chat_service_pb2.SubmitMessagesResponse = await self._unary(
+            self._stub.SubmitMessages, request, timeout
+        )
+        return response
+
+    async def get_submission(
+        self,
+        submission_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
+    ) -> chat_service_pb2.Submission:
+        """One submission. Raises :class:`TurnwireError` ``NOT_FOUND`` for an unknown id."""
+        request = chat_service_pb2.GetSubmissionRequest(submission_id=submission_id)
+        submission: chat_service_pb2.Submission = await self._unary(
+            self._stub.GetSubmission, request, timeout
+        )
+        return submission
+
+    async def list_submissions(
+        self,
+        *,
+        conversation_id: str = "",
+        state: chat_service_pb2.SubmissionState.ValueType = chat_service_pb2.SUBMISSION_STATE_UNSPECIFIED,
+        page_size: int = 0,
+        page_token: str = "",
+        timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
+    ) -> chat_service_pb2.ListSubmissionsResponse:
+        """One page of submissions in acceptance order, optionally of one conversation and state."""
+        request = chat_service_pb2.ListSubmissionsRequest(
+            conversation_id=conversation_id, state=state, page_size=page_size, page_token=page_token
+        )
+        response: chat_service_pb2.ListSubmissionsResponse = await self._unary(
+            self._stub.ListSubmissions, request, timeout
+        )
+        return response
+
+    async def cancel_submission(
+        self,
+        submission_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
+    ) -> chat_service_pb2.Submission:
+        """Cancel a pending or running submission; returns it as stored afterwards (a finished
+        one unchanged). Raises :class:`TurnwireError` ``NOT_FOUND`` for an unknown id."""
+        request = chat_service_pb2.CancelSubmissionRequest(submission_id=submission_id)
+        submission: chat_service_pb2.Submission = await self._unary(
+            self._stub.CancelSubmission, request, timeout
+        )
+        return submission
+
     async def _unary(self, method: Any, request: Any, deadline: float | None) -> Any:
         try:
             return await method(request, timeout=deadline, metadata=self._metadata or None)
         except grpc.aio.AioRpcError as error:
             raise TurnwireError.from_rpc_error(error) from error
+
+
+DisconnectPolicy = Literal["cancel", "continue"]
+"""What a turn does when its call ends early (``ChatRequest.disconnect_policy``)."""
+
+_POLICIES: dict[str, chat_service_pb2.DisconnectPolicy.ValueType] = {
+    "cancel": chat_service_pb2.DISCONNECT_POLICY_CANCEL,
+    "continue": chat_service_pb2.DISCONNECT_POLICY_CONTINUE,
+}
 
 
 def _struct(data: Mapping[str, Any]) -> struct_pb2.Struct:
