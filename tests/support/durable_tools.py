@@ -1,0 +1,43 @@
+"""Test-only tools for the durable-turn tests, loaded by a real server as ``support.durable_tools:…``.
+
+``wait`` sleeps (a tool a crash can land in); ``submit_followup`` calls the sidecar it runs in,
+with the turn's request id as the parent (``turnwire-parent-request-id``), to submit a message
+to its own conversation: the target comes from ``TURNWIRE_TEST_TARGET`` in the server's
+environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from pydantic import BaseModel
+
+from turnwire.tools import ToolExecution, tool
+from turnwire_client import TurnwireClient
+
+PARENT_HEADER = "turnwire-parent-request-id"
+
+
+class WaitInput(BaseModel):
+    seconds: float
+
+
+@tool(WaitInput)
+async def wait(args: WaitInput, execution: ToolExecution) -> dict[str, float]:
+    """Wait ``seconds``, then answer."""
+    await asyncio.sleep(args.seconds)
+    return {"waited": args.seconds}
+
+
+class FollowupInput(BaseModel):
+    text: str
+
+
+@tool(FollowupInput)
+async def submit_followup(args: FollowupInput, execution: ToolExecution) -> dict[str, object]:
+    """Submit ``text`` to this conversation; it runs after the current turn."""
+    metadata = ((PARENT_HEADER, execution.request_id),)
+    async with TurnwireClient(os.environ["TURNWIRE_TEST_TARGET"], metadata=metadata) as client:
+        response = await client.submit_messages(execution.conversation_id, args.text)
+    return {"submission_id": response.submission.submission_id, "accepted": response.accepted}
