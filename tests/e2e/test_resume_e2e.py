@@ -99,7 +99,9 @@ async def test_a_second_reader_sees_the_live_turn_while_the_caller_reads_it(
     assert await sidecar.terminate() == 0, sidecar.log_text()
 
 
-async def test_resume_of_an_unknown_request_is_not_found_and_says_why(sidecar_factory: SidecarFactory) -> None:
+async def test_resume_of_an_unknown_request_is_not_found_and_says_why(
+    sidecar_factory: SidecarFactory,
+) -> None:
     sidecar = await sidecar_factory(config()).start()
     async with TurnwireClient(sidecar.target) as client:
         try:

@@ -23,7 +23,13 @@ from turnwire_server.api.status import TurnwireStatusError, invalid_argument, st
 from turnwire_server.api.validation import check_id, check_message, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
 from turnwire_server.engine.errors import SubmissionNotFound, TurnNotFound
-from turnwire_server.engine.ids import assistant_message_id, new_request_id, submission_message_id
+from turnwire_server.engine.ids import (
+    RESERVED_PREFIX,
+    assistant_message_id,
+    is_reserved,
+    new_request_id,
+    submission_message_id,
+)
 from turnwire_server.engine.submissions import Submissions
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.base import InvalidPageToken, Store, StoreError, SubmissionRecord
@@ -127,7 +133,19 @@ class SubmissionRpcs:
         try:
             violations: list[tuple[str, str]] = []
             check_id(request.conversation_id, "conversation_id", violations, required=True)
-            check_id(request.submission_id, "submission_id", violations, required=False, client_chosen=True)
+            # A server-assigned id may be sent back (a retry by id), never used for a new submission.
+            check_id(request.submission_id, "submission_id", violations, required=False)
+            if (
+                is_reserved(request.submission_id)
+                and await self.store.get_submission(request.submission_id) is None
+            ):
+                violations.append(
+                    (
+                        "submission_id",
+                        f"ids starting with {RESERVED_PREFIX!r} are the server's and this one names no "
+                        "submission; choose another id or leave it empty",
+                    )
+                )
             if len(request.idempotency_key) > 256:
                 violations.append(("idempotency_key", "must be at most 256 characters"))
             if not request.messages:

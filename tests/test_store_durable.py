@@ -1,0 +1,174 @@
+"""The SQLite store's durable-turn tables: event streams and submissions (docs/semantics.md §7, §8)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from turnwire_client.v1 import message_pb2
+from turnwire_server.store import InvalidPageToken, TurnRecord
+from turnwire_server.store.base import (
+    SubmissionConflict,
+    SubmissionNotPending,
+    SubmissionRecord,
+    TooManySubmissions,
+)
+from turnwire_server.store.sqlite import SqliteStore
+
+T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "durable.db")
+    await s.open()
+    yield s
+    await s.close()
+
+
+def _submission(
+    sid: str, conversation: str = "c", *, key: str | None = None, body: bytes = b"r"
+) -> SubmissionRecord:
+    return SubmissionRecord(
+        submission_id=sid,
+        conversation_id=conversation,
+        idempotency_key=key,
+        state="pending",
+        request=body,
+        create_time=T0,
+    )
+
+
+def _turn(request_id: str, conversation: str = "c", state: str = "running") -> TurnRecord:
+    return TurnRecord(
+        request_id=request_id,
+        conversation_id=conversation,
+        assistant_message_id=f"tw-a-{request_id}",
+        continuation=False,
+        model="scripted:x",
+        state=state,  # type: ignore[arg-type]
+        start_time=T0,
+    )
+
+
+def _user(message_id: str) -> message_pb2.Message:
+    message = message_pb2.Message(id=message_id, role=message_pb2.ROLE_USER)
+    message.parts.add().text.text = message_id
+    return message
+
+
+# ----------------------------------------------------------------------------- event streams
+
+
+async def test_events_round_trip_in_order_and_between_bounds(store: SqliteStore) -> None:
+    await store.append_events("c", "r1", [(1, b"a"), (2, b"b")], ended=False)
+    await store.append_events("c", "r1", [(3, b"c")], ended=False)
+    stream = await store.get_stream("r1")
+    assert stream is not None and stream.last_sequence_number == 3 and stream.end_time is None
+    assert await store.load_events("r1", 0) == [b"a", b"b", b"c"]
+    assert await store.load_events("r1", 1, before=3) == [b"b"]
+    await store.append_events("c", "r1", [], ended=True)  # the end alone
+    ended = await store.get_stream("r1")
+    assert ended is not None and ended.end_time is not None and ended.last_sequence_number == 3
+    assert await store.get_stream("nope") is None
+
+
+async def test_a_retried_request_id_replaces_its_ended_stream(store: SqliteStore) -> None:
+    await store.append_events("c", "r1", [(1, b"old1"), (2, b"old2"), (3, b"old3")], ended=True)
+    await store.append_events("c", "r1", [(1, b"new1")], ended=False)
+    assert await store.load_events("r1", 0) == [b"new1"]
+    stream = await store.get_stream("r1")
+    assert stream is not None and stream.end_time is None and stream.last_sequence_number == 1
+
+
+async def test_event_batches_that_do_not_ascend_are_refused(store: SqliteStore) -> None:
+    with pytest.raises(ValueError, match="ascend"):
+        await store.append_events("c", "r1", [(2, b"x"), (1, b"y")], ended=False)
+    with pytest.raises(ValueError, match="needs events"):
+        await store.append_events("c", "r1", [], ended=False)
+    assert await store.get_stream("r1") is None
+
+
+# ----------------------------------------------------------------------------- submissions
+
+
+async def test_repeats_by_id_or_key_return_the_stored_submission(store: SqliteStore) -> None:
+    created, fresh = await store.create_submission(_submission("s1", key="k"), max_open=10)
+    assert fresh and created.seq == 1 and created.state == "pending"
+    by_key, fresh = await store.create_submission(_submission("s-other", key="k"), max_open=10)
+    assert not fresh and by_key.submission_id == "s1"
+    by_id, fresh = await store.create_submission(_submission("s1", key="k"), max_open=10)
+    assert not fresh and by_id == created
+
+
+async def test_conflicting_ids_keys_and_contents_are_refused(store: SqliteStore) -> None:
+    await store.create_submission(_submission("s1", key="k1"), max_open=10)
+    await store.create_submission(_submission("s2", key="k2"), max_open=10)
+    with pytest.raises(SubmissionConflict, match="name different submissions"):
+        await store.create_submission(_submission("s1", key="k2"), max_open=10)
+    with pytest.raises(SubmissionConflict, match="other content"):
+        await store.create_submission(_submission("s1", key="k1", body=b"changed"), max_open=10)
+    with pytest.raises(SubmissionConflict, match="other content"):
+        await store.create_submission(_submission("s1", "other-conversation", key="k1"), max_open=10)
+    assert [r.submission_id for r in (await store.list_submissions(10, ""))[0]] == ["s1", "s2"]
+
+
+async def test_twenty_concurrent_duplicates_create_one_submission(store: SqliteStore) -> None:
+    results = await asyncio.gather(
+        *(store.create_submission(_submission(f"s{i}", key="same"), max_open=100) for i in range(20))
+    )
+    assert sum(created for _, created in results) == 1
+    assert len({record.submission_id for record, _ in results}) == 1
+
+
+async def test_open_submissions_are_bounded_per_conversation(store: SqliteStore) -> None:
+    for index in range(3):
+        await store.create_submission(_submission(f"s{index}"), max_open=3)
+    with pytest.raises(TooManySubmissions):
+        await store.create_submission(_submission("s3"), max_open=3)
+    await store.create_submission(_submission("elsewhere", "c2"), max_open=3)  # another conversation
+
+
+async def test_start_and_finish_turn_move_the_submission_and_never_overwrite_aborted(
+    store: SqliteStore,
+) -> None:
+    await store.create_submission(_submission("s1"), max_open=10)
+    await store.start_turn(_turn("s1"), [_user("u1")])
+    running = await store.get_submission("s1")
+    assert running is not None and running.state == "running" and running.start_time is not None
+    aborted = await store.end_submission("s1", "aborted", None, only_from=("pending", "running"))
+    assert aborted is not None and aborted.state == "aborted"
+    # The turn completes after the cancel landed: the submission stays aborted.
+    await store.finish_turn(dataclasses.replace(_turn("s1"), state="completed", end_time=T0), None)
+    final = await store.get_submission("s1")
+    assert final is not None and final.state == "aborted"
+
+
+async def test_a_cancelled_submission_never_stores_its_input(store: SqliteStore) -> None:
+    await store.create_submission(_submission("s1"), max_open=10)
+    await store.end_submission("s1", "aborted", b"why", only_from=("pending",))
+    with pytest.raises(SubmissionNotPending):
+        await store.start_turn(_turn("s1"), [_user("u1")])
+    assert await store.load_messages("c") == []
+    assert await store.running_turns() == []
+
+
+async def test_submission_pages_follow_acceptance_order_and_their_filters(store: SqliteStore) -> None:
+    for index in range(5):
+        await store.create_submission(_submission(f"s{index}", "c" if index % 2 == 0 else "d"), max_open=10)
+    page, token = await store.list_submissions(2, "", conversation_id="c")
+    assert [r.submission_id for r in page] == ["s0", "s2"] and token
+    rest, last = await store.list_submissions(2, token, conversation_id="c")
+    assert [r.submission_id for r in rest] == ["s4"] and last == ""
+    with pytest.raises(InvalidPageToken):
+        await store.list_submissions(2, token, conversation_id="d")  # another filter
+    with pytest.raises(InvalidPageToken):
+        await store.list_submissions(2, "garbage!!", conversation_id="c")
+    pending, _ = await store.list_submissions(10, "", state="pending")
+    assert len(pending) == 5
+    assert [r.submission_id for r in await store.open_submissions()] == [f"s{i}" for i in range(5)]
