@@ -43,7 +43,12 @@ from turnwire_server.store.sqlite_rows import (
     store_error,
     turn_from_row,
 )
-from turnwire_server.store.sqlite_streams import STREAM_COLUMNS, append_events_write, stream_from_row
+from turnwire_server.store.sqlite_streams import (
+    STREAM_COLUMNS,
+    append_events_write,
+    stream_from_row,
+    unpack_events,
+)
 from turnwire_server.store.sqlite_submissions import (
     SUBMISSION_COLUMNS,
     create_submission_write,
@@ -270,14 +275,24 @@ class SqliteStore:
         return stream_from_row(rows[0]) if rows else None
 
     async def load_events(self, request_id: str, after: int, before: int | None = None) -> list[bytes]:
-        """Serialized events of ``request_id`` with ``after < sequence_number < before``, in order."""
+        """Serialized events of ``request_id`` with ``after < sequence_number < before``, in order.
+
+        Raises :class:`StoreCorrupted` for a stored batch that cannot be read back."""
         rows = await self._read(
             "load_events",
-            "SELECT data FROM turn_events WHERE request_id = ? AND sequence_number > ?"
-            " AND sequence_number < ? ORDER BY sequence_number",
+            "SELECT data FROM turn_events WHERE request_id = ? AND last_sequence_number > ?"
+            " AND first_sequence_number < ? ORDER BY first_sequence_number",
             (request_id, after, (1 << 62) if before is None else before),
         )
-        return [bytes(row[0]) for row in rows]
+        events: list[bytes] = []
+        try:
+            for (data,) in rows:
+                events.extend(unpack_events(bytes(data), after, before))
+        except ValueError as exc:
+            raise StoreCorrupted(
+                f"sqlite store: the events of turn {request_id!r} cannot be read: {exc}"
+            ) from exc
+        return events
 
     # ------------------------------------------------------------------ submissions
 

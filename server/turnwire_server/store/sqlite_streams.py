@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import datetime as dt
 import sqlite3
+import struct
 from collections.abc import Sequence
 from typing import Any, Final
 
 from turnwire_server.store.base import StreamRecord
 from turnwire_server.store.sqlite_rows import WriteFn
 
-__all__ = ["STREAM_COLUMNS", "append_events_write", "stream_from_row"]
+__all__ = ["STREAM_COLUMNS", "append_events_write", "pack_events", "stream_from_row", "unpack_events"]
 
 _EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
@@ -41,7 +42,7 @@ def append_events_write(
     numbers = [number for number, _ in events]
     if numbers != sorted(set(numbers)) or (numbers and numbers[0] < 1):
         raise ValueError(f"event sequence numbers must ascend from >= 1, got {numbers[:5]}…")
-    rows = [(request_id, number, data) for number, data in events]
+    batch = pack_events(events) if events else b""
     last = numbers[-1] if numbers else 0
 
     def apply(conn: sqlite3.Connection, now_us: int) -> None:
@@ -57,10 +58,13 @@ def append_events_write(
                 " VALUES (?, ?, 0, ?)",
                 (request_id, conversation_id, now_us),
             )
-        # OR REPLACE: a batch retried after a failed commit may repeat numbers already stored.
-        conn.executemany(
-            "INSERT OR REPLACE INTO turn_events (request_id, sequence_number, data) VALUES (?, ?, ?)", rows
-        )
+        if events:
+            # OR REPLACE: a batch retried after a failed commit starts at the same number.
+            conn.execute(
+                "INSERT OR REPLACE INTO turn_events"
+                " (request_id, first_sequence_number, last_sequence_number, data) VALUES (?, ?, ?, ?)",
+                (request_id, numbers[0], last, batch),
+            )
         conn.execute(
             "UPDATE turn_streams SET last_sequence_number = MAX(last_sequence_number, ?),"
             " end_time = CASE WHEN ? THEN ? ELSE end_time END WHERE request_id = ?",
@@ -68,6 +72,33 @@ def append_events_write(
         )
 
     return apply
+
+
+_FRAME: Final = struct.Struct(">qI")
+
+
+def pack_events(events: Sequence[tuple[int, bytes]]) -> bytes:
+    """One ``turn_events.data`` value: each event framed as (sequence number, length, bytes)."""
+    return b"".join(_FRAME.pack(number, len(data)) + data for number, data in events)
+
+
+def unpack_events(data: bytes, after: int, before: int | None) -> list[bytes]:
+    """The serialized events of a packed batch with ``after < sequence_number < before``.
+
+    Raises :class:`ValueError` for a value :func:`pack_events` did not make (a damaged row)."""
+    found: list[bytes] = []
+    offset, end = 0, len(data)
+    while offset < end:
+        if end - offset < _FRAME.size:
+            raise ValueError("truncated event frame")
+        number, length = _FRAME.unpack_from(data, offset)
+        offset += _FRAME.size
+        if end - offset < length:
+            raise ValueError("truncated event")
+        if number > after and (before is None or number < before):
+            found.append(data[offset : offset + length])
+        offset += length
+    return found
 
 
 def stream_from_row(row: Any) -> StreamRecord:

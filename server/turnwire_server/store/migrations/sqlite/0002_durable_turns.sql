@@ -21,13 +21,16 @@ CREATE TABLE turn_streams (
 CREATE INDEX turn_streams_by_conversation ON turn_streams (conversation_id);
 CREATE INDEX turn_streams_by_end ON turn_streams (end_time) WHERE end_time IS NOT NULL AND events_expired = 0;
 
--- A stream's events, stored in batches at checkpoint cadence.
+-- A stream's events, one row per batch (stored at checkpoint cadence): a row per event
+-- would cost an insert per token.
 CREATE TABLE turn_events (
-    request_id      TEXT    NOT NULL REFERENCES turn_streams (request_id) ON DELETE CASCADE,
-    sequence_number INTEGER NOT NULL,
-    -- Serialized turnwire.v1.TurnEvent.
-    data            BLOB    NOT NULL,
-    PRIMARY KEY (request_id, sequence_number)
+    request_id            TEXT    NOT NULL REFERENCES turn_streams (request_id) ON DELETE CASCADE,
+    first_sequence_number INTEGER NOT NULL,
+    last_sequence_number  INTEGER NOT NULL,
+    -- The batch's events in order, each framed as its sequence number (8 bytes, big-endian),
+    -- its length (4 bytes, big-endian) and the serialized turnwire.v1.TurnEvent.
+    data                  BLOB    NOT NULL,
+    PRIMARY KEY (request_id, first_sequence_number)
 ) WITHOUT ROWID;
 
 -- Durable submissions (docs/semantics.md §7). No foreign key to conversations: the
