@@ -24,6 +24,7 @@ from turnwire_server.engine.errors import (
     QueueFull,
     RequestIdInUse,
     ServerRestarted,
+    ServerStopping,
     ShuttingDown,
     SlowConsumer,
     StreamStalled,
@@ -245,6 +246,10 @@ def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
             grpc.StatusCode.UNAVAILABLE,
             str(error),
             reason="RECOVERY_EXHAUSTED" if error.exhausted else "SERVER_RESTARTED",
+        )
+    if isinstance(error, ServerStopping):
+        return TurnwireStatusError(
+            grpc.StatusCode.UNAVAILABLE, str(error), reason="SHUTTING_DOWN", retry_after_seconds=1.0
         )
     if isinstance(error, TurnNotFound):
         return TurnwireStatusError(

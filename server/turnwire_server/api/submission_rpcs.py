@@ -193,10 +193,10 @@ class SubmissionRpcs:
         self: Any,
         request: chat_service_pb2.GetSubmissionRequest,
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> chat_service_pb2.Submission:
+    ) -> chat_service_pb2.GetSubmissionResponse:
         """One submission; NOT_FOUND when there is none."""
         record = await _found(self, request.submission_id, context)
-        return submission_proto(record)
+        return chat_service_pb2.GetSubmissionResponse(submission=submission_proto(record))
 
     async def ListSubmissions(
         self: Any,
@@ -247,7 +247,7 @@ class SubmissionRpcs:
         self: Any,
         request: chat_service_pb2.CancelSubmissionRequest,
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> chat_service_pb2.Submission:
+    ) -> chat_service_pb2.CancelSubmissionResponse:
         """Cancel a pending or running submission; a finished one is returned unchanged."""
         await _check_submission_id(request.submission_id, context)
         try:
@@ -255,7 +255,7 @@ class SubmissionRpcs:
         except (SubmissionNotFound, StoreError) as error:
             await _abort(context, error)
             raise AssertionError("unreachable") from None
-        return submission_proto(record)
+        return chat_service_pb2.CancelSubmissionResponse(submission=submission_proto(record))
 
     async def WatchSubmission(
         self: Any,

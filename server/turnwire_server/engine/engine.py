@@ -21,7 +21,14 @@ from typing import Any
 from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2
 from turnwire_server.engine.channel import EventChannel
-from turnwire_server.engine.errors import NestedTurn, QueueFull, RequestIdInUse, ServerRestarted, ShuttingDown
+from turnwire_server.engine.errors import (
+    NestedTurn,
+    QueueFull,
+    RequestIdInUse,
+    ServerRestarted,
+    ServerStopping,
+    ShuttingDown,
+)
 from turnwire_server.engine.events import DetachedResponse, EventWriter
 from turnwire_server.engine.request import EngineSettings, TurnRequest
 from turnwire_server.engine.resume import replay
@@ -111,6 +118,11 @@ class TurnEngine:
         self._accepting = True
 
     @property
+    def draining(self) -> bool:
+        """True once :meth:`drain` began: no turn is admitted any more."""
+        return not self._accepting
+
+    @property
     def running(self) -> int:
         """Turns started and not yet ended (queued ones included)."""
         return len(self._turns)
@@ -184,7 +196,7 @@ class TurnEngine:
                     self._dequeue(conversation_id)
                 try:
                     # Resume readers find the turn here until its last events are stored.
-                    await asyncio.shield(log.finish())
+                    await asyncio.shield(log.finish(ended=not run.left_running))
                 finally:
                     self._turns.pop(request.request_id, None)
 
@@ -245,14 +257,21 @@ class TurnEngine:
 
     async def drain(self, grace_seconds: float) -> None:
         """Stop admitting; let running turns finish for ``grace_seconds``, then cancel the rest
-        (they store their partial replies) and wait for them to end."""
+        (they store their partial replies) and wait for them to end. A turn that runs without
+        its caller (disconnect policy CONTINUE, a submission, a recovery) is not cancelled but
+        stopped with :class:`ServerStopping`: its partial reply is stored and it stays running
+        in the store, so the next start recovers it."""
         self._accepting = False
         handles = {h.task: h for h in self._turns.values()}
         if not handles:
             return
         _, pending = await asyncio.wait(handles, timeout=grace_seconds)
         for task in pending:
-            handles[task].cancel()
+            handle = handles[task]
+            if handle.run.request.disconnect == "continue" and handle.run.messages_persisted:
+                handle.run.cancel(ServerStopping())  # no caller waits: recovered at the next start
+            else:
+                handle.cancel()
         if pending:
             log.warning(
                 "shutdown: cancelled %d turn(s) still running after %.1f s",

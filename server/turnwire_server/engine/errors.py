@@ -136,3 +136,15 @@ class SubmissionNotFound(Exception):
     def __init__(self, submission_id: str) -> None:
         super().__init__(f"no submission {submission_id!r}; check the id returned by SubmitMessages")
         self.submission_id = submission_id
+
+
+class ServerStopping(Exception):
+    """Shutdown stopped a turn that runs without its caller (a submission, disconnect policy
+    CONTINUE, a recovery) after the grace period: it is left running in the store and the next
+    start recovers it (docs/semantics.md §5, shutdown)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the server stopped before the turn finished; it is recovered when the server starts "
+            "again (ResumeTurn then shows the rest)"
+        )

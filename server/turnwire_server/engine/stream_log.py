@@ -169,12 +169,16 @@ class StreamLog:
             if not ended and self._unstored and self._timer is None and not self._ended:
                 self._timer = asyncio.get_running_loop().call_later(self._interval, self._flush_soon)
 
-    async def finish(self) -> None:
-        """Store everything left, its TurnEnd included (marks the stream ended). Never raises."""
+    async def finish(self, *, ended: bool = True) -> None:
+        """Store everything left, its TurnEnd included, and mark the stream ended. With ``ended``
+        False (a turn left running for the next start to recover) the TurnEnd is not stored and
+        the stream stays open. Never raises."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         while self._in_flight is not None:
             await asyncio.shield(self._in_flight)
-        if self._recording and (self._unstored or self._started):
-            await self._flush(ended=True)
+        if not ended and self._unstored and self._unstored[-1].event.HasField("turn_end"):
+            self._unstored.pop()
+        if self._recording and (self._unstored or (self._started and ended)):
+            await self._flush(ended=ended)

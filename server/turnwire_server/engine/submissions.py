@@ -78,7 +78,9 @@ class Submissions:
         await asyncio.shield(handle.task)
         run = handle.run
         if run.messages_persisted:
-            return  # finish_turn ended it
+            return  # finish_turn ended it (or, at shutdown, left it for the recovery)
+        if self._engine.draining:
+            return  # stopped by the shutdown before it ran: it stays pending for the next start
         state: SubmissionState = "aborted" if run.outcome == "aborted" else "error"
         error = run.status_error.SerializeToString() if run.status_error is not None else None
         try:

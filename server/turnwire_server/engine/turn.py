@@ -38,6 +38,7 @@ from turnwire_server.engine.checkpoints import Checkpointer
 from turnwire_server.engine.errors import (
     InputNotStored,
     NothingToContinue,
+    ServerStopping,
     SlowConsumer,
     StreamStalled,
     TurnFailure,
@@ -151,6 +152,8 @@ class TurnRun:
         self.messages_persisted = False
         #: Set once the TurnEnd event is queued; cancelling after that is a no-op.
         self.ended = False
+        #: Stopped by a shutdown and left ``running`` in the store for the next start to recover.
+        self.left_running = False
         self._record: TurnRecord | None = None
         self._classification: ChatErrorClassification | None = None
         self._phase: _Phase = "created"
@@ -370,6 +373,11 @@ class TurnRun:
         elif isinstance(stop, StreamStalled):
             self.outcome = "interrupted"
             self.status_error = self._error_status(stop, "stream")
+        elif isinstance(stop, ServerStopping):
+            # Left running in the store, as a crash would: the next start recovers it (§8).
+            self.outcome = "interrupted"
+            self.left_running = True
+            self.status_error = self._error_status(stop, "stream")
         elif isinstance(stop, SlowConsumer):
             self.outcome = "aborted"
             self.status_error = self._error_status(stop, "stream")
@@ -380,6 +388,15 @@ class TurnRun:
         if self._record is None or not self.messages_persisted:
             return
         state = self.state
+        if self.left_running:
+            await state.checkpoints.close()
+            snapshot = state.assistant.snapshot_to_store()
+            if snapshot is not None:
+                try:
+                    await asyncio.shield(self.store.save_message(self.request.conversation_id, snapshot))
+                except Exception as error:
+                    log.error("turn %s: storing the partial reply failed: %s", self.request.request_id, error)
+            return
         if self.outcome in ("aborted", "interrupted", "error"):
             state.assistant.fail_unresolved(ABORTED_TOOL_ERROR)
         # No checkpoint may land after (and overwrite) the final write.
@@ -415,6 +432,8 @@ class TurnRun:
         # on_chat_response: every completed turn, and an errored or aborted one
         # whose partial reply was stored (docs/semantics.md §3).
         outcome = _OUTCOMES.get(self.outcome)
+        if self.left_running:
+            outcome = None  # not over: its recovery will end it
         if outcome is not None and (outcome == "completed" or self.stored_message is not None):
             await self.hooks.on_chat_response(
                 ChatResponseContext(

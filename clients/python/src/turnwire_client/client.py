@@ -337,10 +337,10 @@ class TurnwireClient:
     ) -> chat_service_pb2.Submission:
         """One submission. Raises :class:`TurnwireError` ``NOT_FOUND`` for an unknown id."""
         request = chat_service_pb2.GetSubmissionRequest(submission_id=submission_id)
-        submission: chat_service_pb2.Submission = await self._unary(
+        response: chat_service_pb2.GetSubmissionResponse = await self._unary(
             self._stub.GetSubmission, request, timeout
         )
-        return submission
+        return response.submission
 
     async def list_submissions(
         self,
@@ -369,10 +369,10 @@ class TurnwireClient:
         """Cancel a pending or running submission; returns it as stored afterwards (a finished
         one unchanged). Raises :class:`TurnwireError` ``NOT_FOUND`` for an unknown id."""
         request = chat_service_pb2.CancelSubmissionRequest(submission_id=submission_id)
-        submission: chat_service_pb2.Submission = await self._unary(
+        response: chat_service_pb2.CancelSubmissionResponse = await self._unary(
             self._stub.CancelSubmission, request, timeout
         )
-        return submission
+        return response.submission
 
     async def _unary(self, method: Any, request: Any, deadline: float | None) -> Any:
         try:

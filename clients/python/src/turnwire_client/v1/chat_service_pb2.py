@@ -22,7 +22,6 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from google.protobuf import empty_pb2 as google_dot_protobuf_dot_empty__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
@@ -30,87 +29,93 @@ from turnwire_client.v1 import event_pb2 as turnwire_dot_v1_dot_event__pb2
 from turnwire_client.v1 import message_pb2 as turnwire_dot_v1_dot_message__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eturnwire/v1/chat_service.proto\x12\x0bturnwire.v1\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\x1a\x17turnwire/v1/event.proto\x1a\x19turnwire/v1/message.proto\"~\n\nClientTool\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12 \n\x0b\x64\x65scription\x18\x02 \x01(\tR\x0b\x64\x65scription\x12:\n\x0cinput_schema\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructR\x0binputSchema\"\xd0\x02\n\x0b\x43hatRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12.\n\x07message\x18\x02 \x01(\x0b\x32\x14.turnwire.v1.MessageR\x07message\x12\x1d\n\nrequest_id\x18\x03 \x01(\tR\trequestId\x12+\n\x04\x62ody\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructR\x04\x62ody\x12\x14\n\x05model\x18\x05 \x01(\tR\x05model\x12J\n\x11\x64isconnect_policy\x18\x06 \x01(\x0e\x32\x1d.turnwire.v1.DisconnectPolicyR\x10\x64isconnectPolicy\x12:\n\x0c\x63lient_tools\x18\x07 \x03(\x0b\x32\x17.turnwire.v1.ClientToolR\x0b\x63lientTools\"<\n\x0c\x43hatResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.turnwire.v1.TurnEventR\x05\x65vent\"\xda\x02\n\x13SaveMessagesRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x30\n\x08messages\x18\x02 \x03(\x0b\x32\x14.turnwire.v1.MessageR\x08messages\x12\x1d\n\nrequest_id\x18\x03 \x01(\tR\trequestId\x12+\n\x04\x62ody\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructR\x04\x62ody\x12\x14\n\x05model\x18\x05 \x01(\tR\x05model\x12J\n\x11\x64isconnect_policy\x18\x06 \x01(\x0e\x32\x1d.turnwire.v1.DisconnectPolicyR\x10\x64isconnectPolicy\x12:\n\x0c\x63lient_tools\x18\x07 \x03(\x0b\x32\x17.turnwire.v1.ClientToolR\x0b\x63lientTools\"D\n\x14SaveMessagesResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.turnwire.v1.TurnEventR\x05\x65vent\"\xac\x02\n\x17\x43ontinueLastTurnRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x1d\n\nrequest_id\x18\x02 \x01(\tR\trequestId\x12+\n\x04\x62ody\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructR\x04\x62ody\x12\x14\n\x05model\x18\x04 \x01(\tR\x05model\x12J\n\x11\x64isconnect_policy\x18\x05 \x01(\x0e\x32\x1d.turnwire.v1.DisconnectPolicyR\x10\x64isconnectPolicy\x12:\n\x0c\x63lient_tools\x18\x06 \x03(\x0b\x32\x17.turnwire.v1.ClientToolR\x0b\x63lientTools\"H\n\x18\x43ontinueLastTurnResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.turnwire.v1.TurnEventR\x05\x65vent\"\x88\x02\n\x0c\x43onversation\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12;\n\x0b\x63reate_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ncreateTime\x12;\n\x0bupdate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nupdateTime\x12#\n\rmessage_count\x18\x04 \x01(\x03R\x0cmessageCount\x12\x30\n\x08messages\x18\x05 \x03(\x0b\x32\x14.turnwire.v1.MessageR\x08messages\"}\n\x16GetConversationRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x1b\n\tpage_size\x18\x02 \x01(\x05R\x08pageSize\x12\x1d\n\npage_token\x18\x03 \x01(\tR\tpageToken\"\x80\x01\n\x17GetConversationResponse\x12=\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x19.turnwire.v1.ConversationR\x0c\x63onversation\x12&\n\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"V\n\x18ListConversationsRequest\x12\x1b\n\tpage_size\x18\x01 \x01(\x05R\x08pageSize\x12\x1d\n\npage_token\x18\x02 \x01(\tR\tpageToken\"\x84\x01\n\x19ListConversationsResponse\x12?\n\rconversations\x18\x01 \x03(\x0b\x32\x19.turnwire.v1.ConversationR\rconversations\x12&\n\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"2\n\x11\x43\x61ncelChatRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\"2\n\x12\x43\x61ncelChatResponse\x12\x1c\n\tcancelled\x18\x01 \x01(\x08R\tcancelled\"f\n\x11ResumeTurnRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x32\n\x15\x61\x66ter_sequence_number\x18\x02 \x01(\x03R\x13\x61\x66terSequenceNumber\"B\n\x12ResumeTurnResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.turnwire.v1.TurnEventR\x05\x65vent\"\x9c\x04\n\nSubmission\x12#\n\rsubmission_id\x18\x01 \x01(\tR\x0csubmissionId\x12\'\n\x0f\x63onversation_id\x18\x02 \x01(\tR\x0e\x63onversationId\x12\'\n\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\x12\x32\n\x05state\x18\x04 \x01(\x0e\x32\x1c.turnwire.v1.SubmissionStateR\x05state\x12\x33\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.StructR\x08metadata\x12;\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ncreateTime\x12\x39\n\nstart_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tstartTime\x12\x35\n\x08\x65nd_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x07\x65ndTime\x12(\n\x05\x65rror\x18\t \x01(\x0b\x32\x12.google.rpc.StatusR\x05\x65rror\x12\x30\n\x14\x61ssistant_message_id\x18\n \x01(\tR\x12\x61ssistantMessageId\x12#\n\rmessage_count\x18\x0b \x01(\x05R\x0cmessageCount\"\xf4\x02\n\x15SubmitMessagesRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x30\n\x08messages\x18\x02 \x03(\x0b\x32\x14.turnwire.v1.MessageR\x08messages\x12#\n\rsubmission_id\x18\x03 \x01(\tR\x0csubmissionId\x12\'\n\x0fidempotency_key\x18\x04 \x01(\tR\x0eidempotencyKey\x12\x33\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.StructR\x08metadata\x12+\n\x04\x62ody\x18\x06 \x01(\x0b\x32\x17.google.protobuf.StructR\x04\x62ody\x12\x14\n\x05model\x18\x07 \x01(\tR\x05model\x12:\n\x0c\x63lient_tools\x18\x08 \x03(\x0b\x32\x17.turnwire.v1.ClientToolR\x0b\x63lientTools\"m\n\x16SubmitMessagesResponse\x12\x37\n\nsubmission\x18\x01 \x01(\x0b\x32\x17.turnwire.v1.SubmissionR\nsubmission\x12\x1a\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08R\x08\x61\x63\x63\x65pted\";\n\x14GetSubmissionRequest\x12#\n\rsubmission_id\x18\x01 \x01(\tR\x0csubmissionId\"\xb1\x01\n\x16ListSubmissionsRequest\x12\x1b\n\tpage_size\x18\x01 \x01(\x05R\x08pageSize\x12\x1d\n\npage_token\x18\x02 \x01(\tR\tpageToken\x12\'\n\x0f\x63onversation_id\x18\x03 \x01(\tR\x0e\x63onversationId\x12\x32\n\x05state\x18\x04 \x01(\x0e\x32\x1c.turnwire.v1.SubmissionStateR\x05state\"|\n\x17ListSubmissionsResponse\x12\x39\n\x0bsubmissions\x18\x01 \x03(\x0b\x32\x17.turnwire.v1.SubmissionR\x0bsubmissions\x12&\n\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\">\n\x17\x43\x61ncelSubmissionRequest\x12#\n\rsubmission_id\x18\x01 \x01(\tR\x0csubmissionId\"q\n\x16WatchSubmissionRequest\x12#\n\rsubmission_id\x18\x01 \x01(\tR\x0csubmissionId\x12\x32\n\x15\x61\x66ter_sequence_number\x18\x02 \x01(\x03R\x13\x61\x66terSequenceNumber\"G\n\x17WatchSubmissionResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.turnwire.v1.TurnEventR\x05\x65vent\"\xbe\x01\n\x12\x41\x64\x64MessagesRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x30\n\x08messages\x18\x02 \x03(\x0b\x32\x14.turnwire.v1.MessageR\x08messages\x12(\n\x04mode\x18\x03 \x01(\x0e\x32\x14.turnwire.v1.AddModeR\x04mode\x12#\n\rallow_missing\x18\x04 \x01(\x08R\x0c\x61llowMissing\"\xc3\x01\n\x13\x41\x64\x64MessagesResponse\x12=\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x19.turnwire.v1.ConversationR\x0c\x63onversation\x12\x1f\n\x0b\x61\x64\x64\x65\x64_count\x18\x02 \x01(\x05R\naddedCount\x12#\n\rupdated_count\x18\x03 \x01(\x05R\x0cupdatedCount\x12\'\n\x0funchanged_count\x18\x04 \x01(\x05R\x0eunchangedCount\"i\n\x19\x44\x65leteConversationRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12#\n\rallow_missing\x18\x02 \x01(\x08R\x0c\x61llowMissing\"\x84\x01\n\nToolResult\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1f\n\x0boutput_json\x18\x02 \x01(\tR\noutputJson\x12\x14\n\x05\x65rror\x18\x03 \x01(\x08R\x05\x65rror\x12\x1d\n\nerror_text\x18\x04 \x01(\tR\terrorText\"\x85\x03\n\x18SubmitToolResultsRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x31\n\x07results\x18\x02 \x03(\x0b\x32\x17.turnwire.v1.ToolResultR\x07results\x12#\n\rauto_continue\x18\x03 \x01(\x08R\x0c\x61utoContinue\x12\x1d\n\nrequest_id\x18\x04 \x01(\tR\trequestId\x12+\n\x04\x62ody\x18\x05 \x01(\x0b\x32\x17.google.protobuf.StructR\x04\x62ody\x12\x14\n\x05model\x18\x06 \x01(\tR\x05model\x12J\n\x11\x64isconnect_policy\x18\x07 \x01(\x0e\x32\x1d.turnwire.v1.DisconnectPolicyR\x10\x64isconnectPolicy\x12:\n\x0c\x63lient_tools\x18\x08 \x03(\x0b\x32\x17.turnwire.v1.ClientToolR\x0b\x63lientTools\"I\n\x19SubmitToolResultsResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.turnwire.v1.TurnEventR\x05\x65vent\"d\n\x0cToolApproval\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1a\n\x08\x61pproved\x18\x02 \x01(\x08R\x08\x61pproved\x12\x16\n\x06reason\x18\x03 \x01(\tR\x06reason\"\x8d\x03\n\x1aSubmitToolApprovalsRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x37\n\tapprovals\x18\x02 \x03(\x0b\x32\x19.turnwire.v1.ToolApprovalR\tapprovals\x12#\n\rauto_continue\x18\x03 \x01(\x08R\x0c\x61utoContinue\x12\x1d\n\nrequest_id\x18\x04 \x01(\tR\trequestId\x12+\n\x04\x62ody\x18\x05 \x01(\x0b\x32\x17.google.protobuf.StructR\x04\x62ody\x12\x14\n\x05model\x18\x06 \x01(\tR\x05model\x12J\n\x11\x64isconnect_policy\x18\x07 \x01(\x0e\x32\x1d.turnwire.v1.DisconnectPolicyR\x10\x64isconnectPolicy\x12:\n\x0c\x63lient_tools\x18\x08 \x03(\x0b\x32\x17.turnwire.v1.ClientToolR\x0b\x63lientTools\"K\n\x1bSubmitToolApprovalsResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.turnwire.v1.TurnEventR\x05\x65vent*s\n\x10\x44isconnectPolicy\x12!\n\x1d\x44ISCONNECT_POLICY_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44ISCONNECT_POLICY_CANCEL\x10\x01\x12\x1e\n\x1a\x44ISCONNECT_POLICY_CONTINUE\x10\x02*\xe7\x01\n\x0fSubmissionState\x12 \n\x1cSUBMISSION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18SUBMISSION_STATE_PENDING\x10\x01\x12\x1c\n\x18SUBMISSION_STATE_RUNNING\x10\x02\x12\x1e\n\x1aSUBMISSION_STATE_COMPLETED\x10\x03\x12\x1a\n\x16SUBMISSION_STATE_ERROR\x10\x04\x12\x1c\n\x18SUBMISSION_STATE_ABORTED\x10\x05\x12\x1c\n\x18SUBMISSION_STATE_SKIPPED\x10\x06*M\n\x07\x41\x64\x64Mode\x12\x18\n\x14\x41\x44\x44_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41\x44\x44_MODE_APPEND\x10\x01\x12\x13\n\x0f\x41\x44\x44_MODE_UPSERT\x10\x02\x32\x9b\x0b\n\x0b\x43hatService\x12=\n\x04\x43hat\x12\x18.turnwire.v1.ChatRequest\x1a\x19.turnwire.v1.ChatResponse0\x01\x12U\n\x0cSaveMessages\x12 .turnwire.v1.SaveMessagesRequest\x1a!.turnwire.v1.SaveMessagesResponse0\x01\x12\x61\n\x10\x43ontinueLastTurn\x12$.turnwire.v1.ContinueLastTurnRequest\x1a%.turnwire.v1.ContinueLastTurnResponse0\x01\x12\\\n\x0fGetConversation\x12#.turnwire.v1.GetConversationRequest\x1a$.turnwire.v1.GetConversationResponse\x12\x62\n\x11ListConversations\x12%.turnwire.v1.ListConversationsRequest\x1a&.turnwire.v1.ListConversationsResponse\x12M\n\nCancelChat\x12\x1e.turnwire.v1.CancelChatRequest\x1a\x1f.turnwire.v1.CancelChatResponse\x12O\n\nResumeTurn\x12\x1e.turnwire.v1.ResumeTurnRequest\x1a\x1f.turnwire.v1.ResumeTurnResponse0\x01\x12Y\n\x0eSubmitMessages\x12\".turnwire.v1.SubmitMessagesRequest\x1a#.turnwire.v1.SubmitMessagesResponse\x12K\n\rGetSubmission\x12!.turnwire.v1.GetSubmissionRequest\x1a\x17.turnwire.v1.Submission\x12\\\n\x0fListSubmissions\x12#.turnwire.v1.ListSubmissionsRequest\x1a$.turnwire.v1.ListSubmissionsResponse\x12Q\n\x10\x43\x61ncelSubmission\x12$.turnwire.v1.CancelSubmissionRequest\x1a\x17.turnwire.v1.Submission\x12^\n\x0fWatchSubmission\x12#.turnwire.v1.WatchSubmissionRequest\x1a$.turnwire.v1.WatchSubmissionResponse0\x01\x12P\n\x0b\x41\x64\x64Messages\x12\x1f.turnwire.v1.AddMessagesRequest\x1a .turnwire.v1.AddMessagesResponse\x12T\n\x12\x44\x65leteConversation\x12&.turnwire.v1.DeleteConversationRequest\x1a\x16.google.protobuf.Empty\x12\x64\n\x11SubmitToolResults\x12%.turnwire.v1.SubmitToolResultsRequest\x1a&.turnwire.v1.SubmitToolResultsResponse0\x01\x12j\n\x13SubmitToolApprovals\x12\'.turnwire.v1.SubmitToolApprovalsRequest\x1a(.turnwire.v1.SubmitToolApprovalsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eturnwire/v1/chat_service.proto\x12\x0bturnwire.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\x1a\x17turnwire/v1/event.proto\x1a\x19turnwire/v1/message.proto\"~\n\nClientTool\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12 \n\x0b\x64\x65scription\x18\x02 \x01(\tR\x0b\x64\x65scription\x12:\n\x0cinput_schema\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructR\x0binputSchema\"\xd0\x02\n\x0b\x43hatRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12.\n\x07message\x18\x02 \x01(\x0b\x32\x14.turnwire.v1.MessageR\x07message\x12\x1d\n\nrequest_id\x18\x03 \x01(\tR\trequestId\x12+\n\x04\x62ody\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructR\x04\x62ody\x12\x14\n\x05model\x18\x05 \x01(\tR\x05model\x12J\n\x11\x64isconnect_policy\x18\x06 \x01(\x0e\x32\x1d.turnwire.v1.DisconnectPolicyR\x10\x64isconnectPolicy\x12:\n\x0c\x63lient_tools\x18\x07 \x03(\x0b\x32\x17.turnwire.v1.ClientToolR\x0b\x63lientTools\"<\n\x0c\x43hatResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.turnwire.v1.TurnEventR\x05\x65vent\"\xda\x02\n\x13SaveMessagesRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x30\n\x08messages\x18\x02 \x03(\x0b\x32\x14.turnwire.v1.MessageR\x08messages\x12\x1d\n\nrequest_id\x18\x03 \x01(\tR\trequestId\x12+\n\x04\x62ody\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructR\x04\x62ody\x12\x14\n\x05model\x18\x05 \x01(\tR\x05model\x12J\n\x11\x64isconnect_policy\x18\x06 \x01(\x0e\x32\x1d.turnwire.v1.DisconnectPolicyR\x10\x64isconnectPolicy\x12:\n\x0c\x63lient_tools\x18\x07 \x03(\x0b\x32\x17.turnwire.v1.ClientToolR\x0b\x63lientTools\"D\n\x14SaveMessagesResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.turnwire.v1.TurnEventR\x05\x65vent\"\xac\x02\n\x17\x43ontinueLastTurnRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x1d\n\nrequest_id\x18\x02 \x01(\tR\trequestId\x12+\n\x04\x62ody\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructR\x04\x62ody\x12\x14\n\x05model\x18\x04 \x01(\tR\x05model\x12J\n\x11\x64isconnect_policy\x18\x05 \x01(\x0e\x32\x1d.turnwire.v1.DisconnectPolicyR\x10\x64isconnectPolicy\x12:\n\x0c\x63lient_tools\x18\x06 \x03(\x0b\x32\x17.turnwire.v1.ClientToolR\x0b\x63lientTools\"H\n\x18\x43ontinueLastTurnResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.turnwire.v1.TurnEventR\x05\x65vent\"\x88\x02\n\x0c\x43onversation\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12;\n\x0b\x63reate_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ncreateTime\x12;\n\x0bupdate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nupdateTime\x12#\n\rmessage_count\x18\x04 \x01(\x03R\x0cmessageCount\x12\x30\n\x08messages\x18\x05 \x03(\x0b\x32\x14.turnwire.v1.MessageR\x08messages\"}\n\x16GetConversationRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x1b\n\tpage_size\x18\x02 \x01(\x05R\x08pageSize\x12\x1d\n\npage_token\x18\x03 \x01(\tR\tpageToken\"\x80\x01\n\x17GetConversationResponse\x12=\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x19.turnwire.v1.ConversationR\x0c\x63onversation\x12&\n\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"V\n\x18ListConversationsRequest\x12\x1b\n\tpage_size\x18\x01 \x01(\x05R\x08pageSize\x12\x1d\n\npage_token\x18\x02 \x01(\tR\tpageToken\"\x84\x01\n\x19ListConversationsResponse\x12?\n\rconversations\x18\x01 \x03(\x0b\x32\x19.turnwire.v1.ConversationR\rconversations\x12&\n\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"2\n\x11\x43\x61ncelChatRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\"2\n\x12\x43\x61ncelChatResponse\x12\x1c\n\tcancelled\x18\x01 \x01(\x08R\tcancelled\"f\n\x11ResumeTurnRequest\x12\x1d\n\nrequest_id\x18\x01 \x01(\tR\trequestId\x12\x32\n\x15\x61\x66ter_sequence_number\x18\x02 \x01(\x03R\x13\x61\x66terSequenceNumber\"B\n\x12ResumeTurnResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.turnwire.v1.TurnEventR\x05\x65vent\"\x9c\x04\n\nSubmission\x12#\n\rsubmission_id\x18\x01 \x01(\tR\x0csubmissionId\x12\'\n\x0f\x63onversation_id\x18\x02 \x01(\tR\x0e\x63onversationId\x12\'\n\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\x12\x32\n\x05state\x18\x04 \x01(\x0e\x32\x1c.turnwire.v1.SubmissionStateR\x05state\x12\x33\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.StructR\x08metadata\x12;\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ncreateTime\x12\x39\n\nstart_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tstartTime\x12\x35\n\x08\x65nd_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x07\x65ndTime\x12(\n\x05\x65rror\x18\t \x01(\x0b\x32\x12.google.rpc.StatusR\x05\x65rror\x12\x30\n\x14\x61ssistant_message_id\x18\n \x01(\tR\x12\x61ssistantMessageId\x12#\n\rmessage_count\x18\x0b \x01(\x05R\x0cmessageCount\"\xf4\x02\n\x15SubmitMessagesRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x30\n\x08messages\x18\x02 \x03(\x0b\x32\x14.turnwire.v1.MessageR\x08messages\x12#\n\rsubmission_id\x18\x03 \x01(\tR\x0csubmissionId\x12\'\n\x0fidempotency_key\x18\x04 \x01(\tR\x0eidempotencyKey\x12\x33\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.StructR\x08metadata\x12+\n\x04\x62ody\x18\x06 \x01(\x0b\x32\x17.google.protobuf.StructR\x04\x62ody\x12\x14\n\x05model\x18\x07 \x01(\tR\x05model\x12:\n\x0c\x63lient_tools\x18\x08 \x03(\x0b\x32\x17.turnwire.v1.ClientToolR\x0b\x63lientTools\"m\n\x16SubmitMessagesResponse\x12\x37\n\nsubmission\x18\x01 \x01(\x0b\x32\x17.turnwire.v1.SubmissionR\nsubmission\x12\x1a\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08R\x08\x61\x63\x63\x65pted\";\n\x14GetSubmissionRequest\x12#\n\rsubmission_id\x18\x01 \x01(\tR\x0csubmissionId\"P\n\x15GetSubmissionResponse\x12\x37\n\nsubmission\x18\x01 \x01(\x0b\x32\x17.turnwire.v1.SubmissionR\nsubmission\"\xb1\x01\n\x16ListSubmissionsRequest\x12\x1b\n\tpage_size\x18\x01 \x01(\x05R\x08pageSize\x12\x1d\n\npage_token\x18\x02 \x01(\tR\tpageToken\x12\'\n\x0f\x63onversation_id\x18\x03 \x01(\tR\x0e\x63onversationId\x12\x32\n\x05state\x18\x04 \x01(\x0e\x32\x1c.turnwire.v1.SubmissionStateR\x05state\"|\n\x17ListSubmissionsResponse\x12\x39\n\x0bsubmissions\x18\x01 \x03(\x0b\x32\x17.turnwire.v1.SubmissionR\x0bsubmissions\x12&\n\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\">\n\x17\x43\x61ncelSubmissionRequest\x12#\n\rsubmission_id\x18\x01 \x01(\tR\x0csubmissionId\"S\n\x18\x43\x61ncelSubmissionResponse\x12\x37\n\nsubmission\x18\x01 \x01(\x0b\x32\x17.turnwire.v1.SubmissionR\nsubmission\"q\n\x16WatchSubmissionRequest\x12#\n\rsubmission_id\x18\x01 \x01(\tR\x0csubmissionId\x12\x32\n\x15\x61\x66ter_sequence_number\x18\x02 \x01(\x03R\x13\x61\x66terSequenceNumber\"G\n\x17WatchSubmissionResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.turnwire.v1.TurnEventR\x05\x65vent\"\xbe\x01\n\x12\x41\x64\x64MessagesRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x30\n\x08messages\x18\x02 \x03(\x0b\x32\x14.turnwire.v1.MessageR\x08messages\x12(\n\x04mode\x18\x03 \x01(\x0e\x32\x14.turnwire.v1.AddModeR\x04mode\x12#\n\rallow_missing\x18\x04 \x01(\x08R\x0c\x61llowMissing\"\xc3\x01\n\x13\x41\x64\x64MessagesResponse\x12=\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x19.turnwire.v1.ConversationR\x0c\x63onversation\x12\x1f\n\x0b\x61\x64\x64\x65\x64_count\x18\x02 \x01(\x05R\naddedCount\x12#\n\rupdated_count\x18\x03 \x01(\x05R\x0cupdatedCount\x12\'\n\x0funchanged_count\x18\x04 \x01(\x05R\x0eunchangedCount\"i\n\x19\x44\x65leteConversationRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12#\n\rallow_missing\x18\x02 \x01(\x08R\x0c\x61llowMissing\"6\n\x1a\x44\x65leteConversationResponse\x12\x18\n\x07\x64\x65leted\x18\x01 \x01(\x08R\x07\x64\x65leted\"\x84\x01\n\nToolResult\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1f\n\x0boutput_json\x18\x02 \x01(\tR\noutputJson\x12\x14\n\x05\x65rror\x18\x03 \x01(\x08R\x05\x65rror\x12\x1d\n\nerror_text\x18\x04 \x01(\tR\terrorText\"\x85\x03\n\x18SubmitToolResultsRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x31\n\x07results\x18\x02 \x03(\x0b\x32\x17.turnwire.v1.ToolResultR\x07results\x12#\n\rauto_continue\x18\x03 \x01(\x08R\x0c\x61utoContinue\x12\x1d\n\nrequest_id\x18\x04 \x01(\tR\trequestId\x12+\n\x04\x62ody\x18\x05 \x01(\x0b\x32\x17.google.protobuf.StructR\x04\x62ody\x12\x14\n\x05model\x18\x06 \x01(\tR\x05model\x12J\n\x11\x64isconnect_policy\x18\x07 \x01(\x0e\x32\x1d.turnwire.v1.DisconnectPolicyR\x10\x64isconnectPolicy\x12:\n\x0c\x63lient_tools\x18\x08 \x03(\x0b\x32\x17.turnwire.v1.ClientToolR\x0b\x63lientTools\"I\n\x19SubmitToolResultsResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.turnwire.v1.TurnEventR\x05\x65vent\"d\n\x0cToolApproval\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1a\n\x08\x61pproved\x18\x02 \x01(\x08R\x08\x61pproved\x12\x16\n\x06reason\x18\x03 \x01(\tR\x06reason\"\x8d\x03\n\x1aSubmitToolApprovalsRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x37\n\tapprovals\x18\x02 \x03(\x0b\x32\x19.turnwire.v1.ToolApprovalR\tapprovals\x12#\n\rauto_continue\x18\x03 \x01(\x08R\x0c\x61utoContinue\x12\x1d\n\nrequest_id\x18\x04 \x01(\tR\trequestId\x12+\n\x04\x62ody\x18\x05 \x01(\x0b\x32\x17.google.protobuf.StructR\x04\x62ody\x12\x14\n\x05model\x18\x06 \x01(\tR\x05model\x12J\n\x11\x64isconnect_policy\x18\x07 \x01(\x0e\x32\x1d.turnwire.v1.DisconnectPolicyR\x10\x64isconnectPolicy\x12:\n\x0c\x63lient_tools\x18\x08 \x03(\x0b\x32\x17.turnwire.v1.ClientToolR\x0b\x63lientTools\"K\n\x1bSubmitToolApprovalsResponse\x12,\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.turnwire.v1.TurnEventR\x05\x65vent*s\n\x10\x44isconnectPolicy\x12!\n\x1d\x44ISCONNECT_POLICY_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44ISCONNECT_POLICY_CANCEL\x10\x01\x12\x1e\n\x1a\x44ISCONNECT_POLICY_CONTINUE\x10\x02*\xe7\x01\n\x0fSubmissionState\x12 \n\x1cSUBMISSION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18SUBMISSION_STATE_PENDING\x10\x01\x12\x1c\n\x18SUBMISSION_STATE_RUNNING\x10\x02\x12\x1e\n\x1aSUBMISSION_STATE_COMPLETED\x10\x03\x12\x1a\n\x16SUBMISSION_STATE_ERROR\x10\x04\x12\x1c\n\x18SUBMISSION_STATE_ABORTED\x10\x05\x12\x1c\n\x18SUBMISSION_STATE_SKIPPED\x10\x06*M\n\x07\x41\x64\x64Mode\x12\x18\n\x14\x41\x44\x44_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41\x44\x44_MODE_APPEND\x10\x01\x12\x13\n\x0f\x41\x44\x44_MODE_UPSERT\x10\x02\x32\xc5\x0b\n\x0b\x43hatService\x12=\n\x04\x43hat\x12\x18.turnwire.v1.ChatRequest\x1a\x19.turnwire.v1.ChatResponse0\x01\x12U\n\x0cSaveMessages\x12 .turnwire.v1.SaveMessagesRequest\x1a!.turnwire.v1.SaveMessagesResponse0\x01\x12\x61\n\x10\x43ontinueLastTurn\x12$.turnwire.v1.ContinueLastTurnRequest\x1a%.turnwire.v1.ContinueLastTurnResponse0\x01\x12\\\n\x0fGetConversation\x12#.turnwire.v1.GetConversationRequest\x1a$.turnwire.v1.GetConversationResponse\x12\x62\n\x11ListConversations\x12%.turnwire.v1.ListConversationsRequest\x1a&.turnwire.v1.ListConversationsResponse\x12M\n\nCancelChat\x12\x1e.turnwire.v1.CancelChatRequest\x1a\x1f.turnwire.v1.CancelChatResponse\x12O\n\nResumeTurn\x12\x1e.turnwire.v1.ResumeTurnRequest\x1a\x1f.turnwire.v1.ResumeTurnResponse0\x01\x12Y\n\x0eSubmitMessages\x12\".turnwire.v1.SubmitMessagesRequest\x1a#.turnwire.v1.SubmitMessagesResponse\x12V\n\rGetSubmission\x12!.turnwire.v1.GetSubmissionRequest\x1a\".turnwire.v1.GetSubmissionResponse\x12\\\n\x0fListSubmissions\x12#.turnwire.v1.ListSubmissionsRequest\x1a$.turnwire.v1.ListSubmissionsResponse\x12_\n\x10\x43\x61ncelSubmission\x12$.turnwire.v1.CancelSubmissionRequest\x1a%.turnwire.v1.CancelSubmissionResponse\x12^\n\x0fWatchSubmission\x12#.turnwire.v1.WatchSubmissionRequest\x1a$.turnwire.v1.WatchSubmissionResponse0\x01\x12P\n\x0b\x41\x64\x64Messages\x12\x1f.turnwire.v1.AddMessagesRequest\x1a .turnwire.v1.AddMessagesResponse\x12\x65\n\x12\x44\x65leteConversation\x12&.turnwire.v1.DeleteConversationRequest\x1a\'.turnwire.v1.DeleteConversationResponse\x12\x64\n\x11SubmitToolResults\x12%.turnwire.v1.SubmitToolResultsRequest\x1a&.turnwire.v1.SubmitToolResultsResponse0\x01\x12j\n\x13SubmitToolApprovals\x12\'.turnwire.v1.SubmitToolApprovalsRequest\x1a(.turnwire.v1.SubmitToolApprovalsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'turnwire.v1.chat_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DISCONNECTPOLICY']._serialized_start=5892
-  _globals['_DISCONNECTPOLICY']._serialized_end=6007
-  _globals['_SUBMISSIONSTATE']._serialized_start=6010
-  _globals['_SUBMISSIONSTATE']._serialized_end=6241
-  _globals['_ADDMODE']._serialized_start=6243
-  _globals['_ADDMODE']._serialized_end=6320
-  _globals['_CLIENTTOOL']._serialized_start=216
-  _globals['_CLIENTTOOL']._serialized_end=342
-  _globals['_CHATREQUEST']._serialized_start=345
-  _globals['_CHATREQUEST']._serialized_end=681
-  _globals['_CHATRESPONSE']._serialized_start=683
-  _globals['_CHATRESPONSE']._serialized_end=743
-  _globals['_SAVEMESSAGESREQUEST']._serialized_start=746
-  _globals['_SAVEMESSAGESREQUEST']._serialized_end=1092
-  _globals['_SAVEMESSAGESRESPONSE']._serialized_start=1094
-  _globals['_SAVEMESSAGESRESPONSE']._serialized_end=1162
-  _globals['_CONTINUELASTTURNREQUEST']._serialized_start=1165
-  _globals['_CONTINUELASTTURNREQUEST']._serialized_end=1465
-  _globals['_CONTINUELASTTURNRESPONSE']._serialized_start=1467
-  _globals['_CONTINUELASTTURNRESPONSE']._serialized_end=1539
-  _globals['_CONVERSATION']._serialized_start=1542
-  _globals['_CONVERSATION']._serialized_end=1806
-  _globals['_GETCONVERSATIONREQUEST']._serialized_start=1808
-  _globals['_GETCONVERSATIONREQUEST']._serialized_end=1933
-  _globals['_GETCONVERSATIONRESPONSE']._serialized_start=1936
-  _globals['_GETCONVERSATIONRESPONSE']._serialized_end=2064
-  _globals['_LISTCONVERSATIONSREQUEST']._serialized_start=2066
-  _globals['_LISTCONVERSATIONSREQUEST']._serialized_end=2152
-  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_start=2155
-  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_end=2287
-  _globals['_CANCELCHATREQUEST']._serialized_start=2289
-  _globals['_CANCELCHATREQUEST']._serialized_end=2339
-  _globals['_CANCELCHATRESPONSE']._serialized_start=2341
-  _globals['_CANCELCHATRESPONSE']._serialized_end=2391
-  _globals['_RESUMETURNREQUEST']._serialized_start=2393
-  _globals['_RESUMETURNREQUEST']._serialized_end=2495
-  _globals['_RESUMETURNRESPONSE']._serialized_start=2497
-  _globals['_RESUMETURNRESPONSE']._serialized_end=2563
-  _globals['_SUBMISSION']._serialized_start=2566
-  _globals['_SUBMISSION']._serialized_end=3106
-  _globals['_SUBMITMESSAGESREQUEST']._serialized_start=3109
-  _globals['_SUBMITMESSAGESREQUEST']._serialized_end=3481
-  _globals['_SUBMITMESSAGESRESPONSE']._serialized_start=3483
-  _globals['_SUBMITMESSAGESRESPONSE']._serialized_end=3592
-  _globals['_GETSUBMISSIONREQUEST']._serialized_start=3594
-  _globals['_GETSUBMISSIONREQUEST']._serialized_end=3653
-  _globals['_LISTSUBMISSIONSREQUEST']._serialized_start=3656
-  _globals['_LISTSUBMISSIONSREQUEST']._serialized_end=3833
-  _globals['_LISTSUBMISSIONSRESPONSE']._serialized_start=3835
-  _globals['_LISTSUBMISSIONSRESPONSE']._serialized_end=3959
-  _globals['_CANCELSUBMISSIONREQUEST']._serialized_start=3961
-  _globals['_CANCELSUBMISSIONREQUEST']._serialized_end=4023
-  _globals['_WATCHSUBMISSIONREQUEST']._serialized_start=4025
-  _globals['_WATCHSUBMISSIONREQUEST']._serialized_end=4138
-  _globals['_WATCHSUBMISSIONRESPONSE']._serialized_start=4140
-  _globals['_WATCHSUBMISSIONRESPONSE']._serialized_end=4211
-  _globals['_ADDMESSAGESREQUEST']._serialized_start=4214
-  _globals['_ADDMESSAGESREQUEST']._serialized_end=4404
-  _globals['_ADDMESSAGESRESPONSE']._serialized_start=4407
-  _globals['_ADDMESSAGESRESPONSE']._serialized_end=4602
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=4604
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=4709
-  _globals['_TOOLRESULT']._serialized_start=4712
-  _globals['_TOOLRESULT']._serialized_end=4844
-  _globals['_SUBMITTOOLRESULTSREQUEST']._serialized_start=4847
-  _globals['_SUBMITTOOLRESULTSREQUEST']._serialized_end=5236
-  _globals['_SUBMITTOOLRESULTSRESPONSE']._serialized_start=5238
-  _globals['_SUBMITTOOLRESULTSRESPONSE']._serialized_end=5311
-  _globals['_TOOLAPPROVAL']._serialized_start=5313
-  _globals['_TOOLAPPROVAL']._serialized_end=5413
-  _globals['_SUBMITTOOLAPPROVALSREQUEST']._serialized_start=5416
-  _globals['_SUBMITTOOLAPPROVALSREQUEST']._serialized_end=5813
-  _globals['_SUBMITTOOLAPPROVALSRESPONSE']._serialized_start=5815
-  _globals['_SUBMITTOOLAPPROVALSRESPONSE']._serialized_end=5890
-  _globals['_CHATSERVICE']._serialized_start=6323
-  _globals['_CHATSERVICE']._serialized_end=7758
+  _globals['_DISCONNECTPOLICY']._serialized_start=6086
+  _globals['_DISCONNECTPOLICY']._serialized_end=6201
+  _globals['_SUBMISSIONSTATE']._serialized_start=6204
+  _globals['_SUBMISSIONSTATE']._serialized_end=6435
+  _globals['_ADDMODE']._serialized_start=6437
+  _globals['_ADDMODE']._serialized_end=6514
+  _globals['_CLIENTTOOL']._serialized_start=187
+  _globals['_CLIENTTOOL']._serialized_end=313
+  _globals['_CHATREQUEST']._serialized_start=316
+  _globals['_CHATREQUEST']._serialized_end=652
+  _globals['_CHATRESPONSE']._serialized_start=654
+  _globals['_CHATRESPONSE']._serialized_end=714
+  _globals['_SAVEMESSAGESREQUEST']._serialized_start=717
+  _globals['_SAVEMESSAGESREQUEST']._serialized_end=1063
+  _globals['_SAVEMESSAGESRESPONSE']._serialized_start=1065
+  _globals['_SAVEMESSAGESRESPONSE']._serialized_end=1133
+  _globals['_CONTINUELASTTURNREQUEST']._serialized_start=1136
+  _globals['_CONTINUELASTTURNREQUEST']._serialized_end=1436
+  _globals['_CONTINUELASTTURNRESPONSE']._serialized_start=1438
+  _globals['_CONTINUELASTTURNRESPONSE']._serialized_end=1510
+  _globals['_CONVERSATION']._serialized_start=1513
+  _globals['_CONVERSATION']._serialized_end=1777
+  _globals['_GETCONVERSATIONREQUEST']._serialized_start=1779
+  _globals['_GETCONVERSATIONREQUEST']._serialized_end=1904
+  _globals['_GETCONVERSATIONRESPONSE']._serialized_start=1907
+  _globals['_GETCONVERSATIONRESPONSE']._serialized_end=2035
+  _globals['_LISTCONVERSATIONSREQUEST']._serialized_start=2037
+  _globals['_LISTCONVERSATIONSREQUEST']._serialized_end=2123
+  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_start=2126
+  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_end=2258
+  _globals['_CANCELCHATREQUEST']._serialized_start=2260
+  _globals['_CANCELCHATREQUEST']._serialized_end=2310
+  _globals['_CANCELCHATRESPONSE']._serialized_start=2312
+  _globals['_CANCELCHATRESPONSE']._serialized_end=2362
+  _globals['_RESUMETURNREQUEST']._serialized_start=2364
+  _globals['_RESUMETURNREQUEST']._serialized_end=2466
+  _globals['_RESUMETURNRESPONSE']._serialized_start=2468
+  _globals['_RESUMETURNRESPONSE']._serialized_end=2534
+  _globals['_SUBMISSION']._serialized_start=2537
+  _globals['_SUBMISSION']._serialized_end=3077
+  _globals['_SUBMITMESSAGESREQUEST']._serialized_start=3080
+  _globals['_SUBMITMESSAGESREQUEST']._serialized_end=3452
+  _globals['_SUBMITMESSAGESRESPONSE']._serialized_start=3454
+  _globals['_SUBMITMESSAGESRESPONSE']._serialized_end=3563
+  _globals['_GETSUBMISSIONREQUEST']._serialized_start=3565
+  _globals['_GETSUBMISSIONREQUEST']._serialized_end=3624
+  _globals['_GETSUBMISSIONRESPONSE']._serialized_start=3626
+  _globals['_GETSUBMISSIONRESPONSE']._serialized_end=3706
+  _globals['_LISTSUBMISSIONSREQUEST']._serialized_start=3709
+  _globals['_LISTSUBMISSIONSREQUEST']._serialized_end=3886
+  _globals['_LISTSUBMISSIONSRESPONSE']._serialized_start=3888
+  _globals['_LISTSUBMISSIONSRESPONSE']._serialized_end=4012
+  _globals['_CANCELSUBMISSIONREQUEST']._serialized_start=4014
+  _globals['_CANCELSUBMISSIONREQUEST']._serialized_end=4076
+  _globals['_CANCELSUBMISSIONRESPONSE']._serialized_start=4078
+  _globals['_CANCELSUBMISSIONRESPONSE']._serialized_end=4161
+  _globals['_WATCHSUBMISSIONREQUEST']._serialized_start=4163
+  _globals['_WATCHSUBMISSIONREQUEST']._serialized_end=4276
+  _globals['_WATCHSUBMISSIONRESPONSE']._serialized_start=4278
+  _globals['_WATCHSUBMISSIONRESPONSE']._serialized_end=4349
+  _globals['_ADDMESSAGESREQUEST']._serialized_start=4352
+  _globals['_ADDMESSAGESREQUEST']._serialized_end=4542
+  _globals['_ADDMESSAGESRESPONSE']._serialized_start=4545
+  _globals['_ADDMESSAGESRESPONSE']._serialized_end=4740
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=4742
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=4847
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=4849
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=4903
+  _globals['_TOOLRESULT']._serialized_start=4906
+  _globals['_TOOLRESULT']._serialized_end=5038
+  _globals['_SUBMITTOOLRESULTSREQUEST']._serialized_start=5041
+  _globals['_SUBMITTOOLRESULTSREQUEST']._serialized_end=5430
+  _globals['_SUBMITTOOLRESULTSRESPONSE']._serialized_start=5432
+  _globals['_SUBMITTOOLRESULTSRESPONSE']._serialized_end=5505
+  _globals['_TOOLAPPROVAL']._serialized_start=5507
+  _globals['_TOOLAPPROVAL']._serialized_end=5607
+  _globals['_SUBMITTOOLAPPROVALSREQUEST']._serialized_start=5610
+  _globals['_SUBMITTOOLAPPROVALSREQUEST']._serialized_end=6007
+  _globals['_SUBMITTOOLAPPROVALSRESPONSE']._serialized_start=6009
+  _globals['_SUBMITTOOLAPPROVALSRESPONSE']._serialized_end=6084
+  _globals['_CHATSERVICE']._serialized_start=6517
+  _globals['_CHATSERVICE']._serialized_end=7994
 # @@protoc_insertion_point(module_scope)

@@ -837,6 +837,30 @@ class GetSubmissionRequest(_message.Message):
 Global___GetSubmissionRequest: _TypeAlias = GetSubmissionRequest  # noqa: Y015
 
 @_typing.final
+class GetSubmissionResponse(_message.Message):
+    """GetSubmissionResponse is the output of ChatService.GetSubmission."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBMISSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def submission(self) -> Global___Submission:
+        """The submission."""
+
+    def __init__(
+        self,
+        *,
+        submission: Global___Submission | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["submission", b"submission"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["submission", b"submission"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSubmissionResponse: _TypeAlias = GetSubmissionResponse  # noqa: Y015
+
+@_typing.final
 class ListSubmissionsRequest(_message.Message):
     """ListSubmissionsRequest is the input of ChatService.ListSubmissions."""
 
@@ -923,6 +947,30 @@ class CancelSubmissionRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelSubmissionRequest: _TypeAlias = CancelSubmissionRequest  # noqa: Y015
+
+@_typing.final
+class CancelSubmissionResponse(_message.Message):
+    """CancelSubmissionResponse is the output of ChatService.CancelSubmission."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBMISSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def submission(self) -> Global___Submission:
+        """The submission as stored after the cancel (a finished one unchanged)."""
+
+    def __init__(
+        self,
+        *,
+        submission: Global___Submission | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["submission", b"submission"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["submission", b"submission"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelSubmissionResponse: _TypeAlias = CancelSubmissionResponse  # noqa: Y015
 
 @_typing.final
 class WatchSubmissionRequest(_message.Message):
@@ -1071,6 +1119,28 @@ class DeleteConversationRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteConversationRequest: _TypeAlias = DeleteConversationRequest  # noqa: Y015
+
+@_typing.final
+class DeleteConversationResponse(_message.Message):
+    """DeleteConversationResponse is the output of ChatService.DeleteConversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_FIELD_NUMBER: _builtins.int
+    deleted: _builtins.bool
+    """True when a conversation was deleted (false only with `allow_missing`)."""
+    def __init__(
+        self,
+        *,
+        deleted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteConversationResponse: _TypeAlias = DeleteConversationResponse  # noqa: Y015
 
 @_typing.final
 class ToolResult(_message.Message):

@@ -3,7 +3,6 @@
 import grpc
 import warnings
 
-from google.protobuf import empty_pb2 as google_dot_protobuf_dot_empty__pb2
 from turnwire_client.v1 import chat_service_pb2 as turnwire_dot_v1_dot_chat__service__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -87,7 +86,7 @@ class ChatServiceStub:
         self.GetSubmission = channel.unary_unary(
                 '/turnwire.v1.ChatService/GetSubmission',
                 request_serializer=turnwire_dot_v1_dot_chat__service__pb2.GetSubmissionRequest.SerializeToString,
-                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.Submission.FromString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.GetSubmissionResponse.FromString,
                 _registered_method=True)
         self.ListSubmissions = channel.unary_unary(
                 '/turnwire.v1.ChatService/ListSubmissions',
@@ -97,7 +96,7 @@ class ChatServiceStub:
         self.CancelSubmission = channel.unary_unary(
                 '/turnwire.v1.ChatService/CancelSubmission',
                 request_serializer=turnwire_dot_v1_dot_chat__service__pb2.CancelSubmissionRequest.SerializeToString,
-                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.Submission.FromString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.CancelSubmissionResponse.FromString,
                 _registered_method=True)
         self.WatchSubmission = channel.unary_stream(
                 '/turnwire.v1.ChatService/WatchSubmission',
@@ -112,7 +111,7 @@ class ChatServiceStub:
         self.DeleteConversation = channel.unary_unary(
                 '/turnwire.v1.ChatService/DeleteConversation',
                 request_serializer=turnwire_dot_v1_dot_chat__service__pb2.DeleteConversationRequest.SerializeToString,
-                response_deserializer=google_dot_protobuf_dot_empty__pb2.Empty.FromString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.DeleteConversationResponse.FromString,
                 _registered_method=True)
         self.SubmitToolResults = channel.unary_stream(
                 '/turnwire.v1.ChatService/SubmitToolResults',
@@ -319,7 +318,7 @@ def add_ChatServiceServicer_to_server(servicer, server):
             'GetSubmission': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSubmission,
                     request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.GetSubmissionRequest.FromString,
-                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.Submission.SerializeToString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.GetSubmissionResponse.SerializeToString,
             ),
             'ListSubmissions': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSubmissions,
@@ -329,7 +328,7 @@ def add_ChatServiceServicer_to_server(servicer, server):
             'CancelSubmission': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelSubmission,
                     request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.CancelSubmissionRequest.FromString,
-                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.Submission.SerializeToString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.CancelSubmissionResponse.SerializeToString,
             ),
             'WatchSubmission': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchSubmission,
@@ -344,7 +343,7 @@ def add_ChatServiceServicer_to_server(servicer, server):
             'DeleteConversation': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteConversation,
                     request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.DeleteConversationRequest.FromString,
-                    response_serializer=google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.DeleteConversationResponse.SerializeToString,
             ),
             'SubmitToolResults': grpc.unary_stream_rpc_method_handler(
                     servicer.SubmitToolResults,
@@ -608,7 +607,7 @@ class ChatService:
             target,
             '/turnwire.v1.ChatService/GetSubmission',
             turnwire_dot_v1_dot_chat__service__pb2.GetSubmissionRequest.SerializeToString,
-            turnwire_dot_v1_dot_chat__service__pb2.Submission.FromString,
+            turnwire_dot_v1_dot_chat__service__pb2.GetSubmissionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -662,7 +661,7 @@ class ChatService:
             target,
             '/turnwire.v1.ChatService/CancelSubmission',
             turnwire_dot_v1_dot_chat__service__pb2.CancelSubmissionRequest.SerializeToString,
-            turnwire_dot_v1_dot_chat__service__pb2.Submission.FromString,
+            turnwire_dot_v1_dot_chat__service__pb2.CancelSubmissionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -743,7 +742,7 @@ class ChatService:
             target,
             '/turnwire.v1.ChatService/DeleteConversation',
             turnwire_dot_v1_dot_chat__service__pb2.DeleteConversationRequest.SerializeToString,
-            google_dot_protobuf_dot_empty__pb2.Empty.FromString,
+            turnwire_dot_v1_dot_chat__service__pb2.DeleteConversationResponse.FromString,
             options,
             channel_credentials,
             insecure,

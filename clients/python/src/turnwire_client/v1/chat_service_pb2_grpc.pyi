@@ -4,7 +4,6 @@ isort:skip_file
 """
 
 from collections import abc as _abc
-from google.protobuf import empty_pb2 as _empty_pb2
 from grpc import aio as _aio
 from turnwire_client.v1 import chat_service_pb2 as _chat_service_pb2
 import abc as _abc_1
@@ -79,13 +78,13 @@ class ChatServiceStub:
     answers at once; repeating a submission id or idempotency key returns the
     existing record with `accepted` false.
     """
-    GetSubmission: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.GetSubmissionRequest, _chat_service_pb2.Submission]
+    GetSubmission: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.GetSubmissionRequest, _chat_service_pb2.GetSubmissionResponse]
     """GetSubmission returns one submission."""
     ListSubmissions: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.ListSubmissionsRequest, _chat_service_pb2.ListSubmissionsResponse]
     """ListSubmissions lists submissions, oldest first (AIP-158 pagination),
     optionally of one conversation and in one state.
     """
-    CancelSubmission: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.CancelSubmissionRequest, _chat_service_pb2.Submission]
+    CancelSubmission: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.CancelSubmissionRequest, _chat_service_pb2.CancelSubmissionResponse]
     """CancelSubmission cancels a pending or running submission; it ends
     SUBMISSION_STATE_ABORTED. Cancelling a finished one changes nothing.
     """
@@ -98,7 +97,7 @@ class ChatServiceStub:
     turn lock, no hooks. Idempotent by message id; ADD_MODE_UPSERT replaces a
     stored message in place.
     """
-    DeleteConversation: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.DeleteConversationRequest, _empty_pb2.Empty]
+    DeleteConversation: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.DeleteConversationRequest, _chat_service_pb2.DeleteConversationResponse]
     """DeleteConversation deletes a conversation with its messages, turns,
     stored events and submissions. A running turn on it is cancelled first.
     """
@@ -163,13 +162,13 @@ class ChatServiceAsyncStub(ChatServiceStub):
     answers at once; repeating a submission id or idempotency key returns the
     existing record with `accepted` false.
     """
-    GetSubmission: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.GetSubmissionRequest, _chat_service_pb2.Submission]  # type: ignore[assignment]
+    GetSubmission: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.GetSubmissionRequest, _chat_service_pb2.GetSubmissionResponse]  # type: ignore[assignment]
     """GetSubmission returns one submission."""
     ListSubmissions: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.ListSubmissionsRequest, _chat_service_pb2.ListSubmissionsResponse]  # type: ignore[assignment]
     """ListSubmissions lists submissions, oldest first (AIP-158 pagination),
     optionally of one conversation and in one state.
     """
-    CancelSubmission: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.CancelSubmissionRequest, _chat_service_pb2.Submission]  # type: ignore[assignment]
+    CancelSubmission: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.CancelSubmissionRequest, _chat_service_pb2.CancelSubmissionResponse]  # type: ignore[assignment]
     """CancelSubmission cancels a pending or running submission; it ends
     SUBMISSION_STATE_ABORTED. Cancelling a finished one changes nothing.
     """
@@ -182,7 +181,7 @@ class ChatServiceAsyncStub(ChatServiceStub):
     turn lock, no hooks. Idempotent by message id; ADD_MODE_UPSERT replaces a
     stored message in place.
     """
-    DeleteConversation: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.DeleteConversationRequest, _empty_pb2.Empty]  # type: ignore[assignment]
+    DeleteConversation: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.DeleteConversationRequest, _chat_service_pb2.DeleteConversationResponse]  # type: ignore[assignment]
     """DeleteConversation deletes a conversation with its messages, turns,
     stored events and submissions. A running turn on it is cancelled first.
     """
@@ -298,7 +297,7 @@ class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _chat_service_pb2.GetSubmissionRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_chat_service_pb2.Submission, _abc.Awaitable[_chat_service_pb2.Submission]]:
+    ) -> _typing.Union[_chat_service_pb2.GetSubmissionResponse, _abc.Awaitable[_chat_service_pb2.GetSubmissionResponse]]:
         """GetSubmission returns one submission."""
 
     @_abc_1.abstractmethod
@@ -316,7 +315,7 @@ class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _chat_service_pb2.CancelSubmissionRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_chat_service_pb2.Submission, _abc.Awaitable[_chat_service_pb2.Submission]]:
+    ) -> _typing.Union[_chat_service_pb2.CancelSubmissionResponse, _abc.Awaitable[_chat_service_pb2.CancelSubmissionResponse]]:
         """CancelSubmission cancels a pending or running submission; it ends
         SUBMISSION_STATE_ABORTED. Cancelling a finished one changes nothing.
         """
@@ -347,7 +346,7 @@ class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _chat_service_pb2.DeleteConversationRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_empty_pb2.Empty, _abc.Awaitable[_empty_pb2.Empty]]:
+    ) -> _typing.Union[_chat_service_pb2.DeleteConversationResponse, _abc.Awaitable[_chat_service_pb2.DeleteConversationResponse]]:
         """DeleteConversation deletes a conversation with its messages, turns,
         stored events and submissions. A running turn on it is cancelled first.
         """
