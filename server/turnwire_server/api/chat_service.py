@@ -18,6 +18,7 @@ from turnwire.values import NotJsonError, from_struct, normalize
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
 from turnwire_server.api.message_pages import decode_token, encode_token, page_of
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
+from turnwire_server.api.transcript_rpcs import TranscriptRpcs
 from turnwire_server.api.validation import (
     check_id,
     check_message,
@@ -112,7 +113,7 @@ def _body(body: struct_pb2.Struct) -> dict[str, Any]:
         raise invalid_argument([(path, "NaN and Infinity have no JSON form; send a finite number")]) from None
 
 
-class ChatService(chat_service_pb2_grpc.ChatServiceServicer):
+class ChatService(TranscriptRpcs, chat_service_pb2_grpc.ChatServiceServicer):
     """Implements ``turnwire.v1.ChatService`` on a :class:`~turnwire_server.engine.TurnEngine`.
 
     ``max_message_bytes`` bounds each input message (``limits.max_message_bytes``).

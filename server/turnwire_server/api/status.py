@@ -17,6 +17,7 @@ from google.rpc import error_details_pb2, status_pb2
 from turnwire.hooks import ChatError, ErrorStage
 from turnwire.providers import ProviderError
 from turnwire_server.engine.errors import (
+    ConversationDeleted,
     InputNotStored,
     ModelTimeout,
     NestedTurn,
@@ -30,7 +31,9 @@ from turnwire_server.engine.errors import (
 from turnwire_server.hooks.chain import HookError
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.base import (
+    ConversationNotFound,
     MessageAlreadyAnswered,
+    MessageBeingWritten,
     MessageIdConflict,
     StoreCorrupted,
     StoreError,
@@ -227,6 +230,27 @@ def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
         )
     if isinstance(error, SlowConsumer):
         return TurnwireStatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error), reason="SLOW_CONSUMER")
+    if isinstance(error, ConversationDeleted):
+        return TurnwireStatusError(
+            grpc.StatusCode.ABORTED,
+            str(error),
+            reason="CONVERSATION_DELETED",
+            metadata={"conversation_id": error.conversation_id},
+        )
+    if isinstance(error, ConversationNotFound):
+        return TurnwireStatusError(
+            grpc.StatusCode.NOT_FOUND,
+            str(error),
+            reason="CONVERSATION_NOT_FOUND",
+            metadata={"conversation_id": error.conversation_id},
+        )
+    if isinstance(error, MessageBeingWritten):
+        return TurnwireStatusError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            str(error),
+            reason="INVALID_FIELD",
+            metadata={"message_id": error.message_id, "request_id": error.request_id},
+        )
     if isinstance(error, NothingToContinue):
         return TurnwireStatusError(
             grpc.StatusCode.FAILED_PRECONDITION, str(error), reason="NOTHING_TO_CONTINUE"

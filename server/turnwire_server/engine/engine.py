@@ -20,7 +20,13 @@ from typing import Any
 
 from turnwire.tools import Tool
 from turnwire_server.engine.channel import EventChannel
-from turnwire_server.engine.errors import NestedTurn, QueueFull, RequestIdInUse, ShuttingDown
+from turnwire_server.engine.errors import (
+    ConversationDeleted,
+    NestedTurn,
+    QueueFull,
+    RequestIdInUse,
+    ShuttingDown,
+)
 from turnwire_server.engine.events import EventWriter
 from turnwire_server.engine.request import EngineSettings, TurnRequest
 from turnwire_server.engine.transcript import repair_unresolved_tool_calls
@@ -169,6 +175,27 @@ class TurnEngine:
         """Cancel a running or queued turn; False when none has that id (a no-op)."""
         handle = self._turns.get(request_id)
         return handle is not None and handle.cancel()
+
+    def active_turns(self, conversation_id: str) -> int:
+        """How many turns of ``conversation_id`` are started and not yet ended (queued included)."""
+        return sum(1 for handle in self._turns.values() if handle.conversation_id == conversation_id)
+
+    async def cancel_conversation(self, conversation_id: str) -> int:
+        """Stop every running or queued turn of ``conversation_id`` and wait until each has ended.
+
+        For deleting the conversation (docs/semantics.md §12, deleting): each turn ends
+        ``ABORTED`` with reason ``CONVERSATION_DELETED`` (or ``INPUT_NOT_STORED`` when its input
+        was not stored yet), after its final write, so nothing of it is written once this
+        returns. Turns admitted while it waits are stopped too. Returns how many turns it waited
+        for (0: none was active).
+        """
+        ended = 0
+        while handles := [h for h in self._turns.values() if h.conversation_id == conversation_id]:
+            for handle in handles:
+                handle.run.cancel(ConversationDeleted(conversation_id))
+            await asyncio.wait([handle.task for handle in handles])
+            ended += len(handles)
+        return ended
 
     async def drain(self, grace_seconds: float) -> None:
         """Stop admitting; let running turns finish for ``grace_seconds``, then cancel the rest

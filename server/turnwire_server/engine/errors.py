@@ -76,6 +76,15 @@ class InputNotStored(Exception):
         self.why = why
 
 
+class ConversationDeleted(Exception):
+    """The turn's conversation was deleted (DeleteConversation, retention): the turn was stopped
+    first, and nothing of it is kept (docs/semantics.md §12, deleting)."""
+
+    def __init__(self, conversation_id: str) -> None:
+        super().__init__(f"conversation {conversation_id!r} was deleted; the turn was stopped")
+        self.conversation_id = conversation_id
+
+
 class StreamStalled(Exception):
     """The stall watchdog stopped the turn: no event for ``stream_stall_timeout_seconds``."""
 
