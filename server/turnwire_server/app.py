@@ -32,6 +32,7 @@ from turnwire_server.api.status import status_of
 from turnwire_server.api.submission_rpcs import turn_request_of
 from turnwire_server.config import MiddlewareEntry, Settings
 from turnwire_server.engine import EngineSettings, TurnEngine
+from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.submissions import Submissions
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.importing import import_object
@@ -93,9 +94,12 @@ class Sidecar:
     port: int
     settings: Settings
     gate: CallGate
+    maintenance: Maintenance
 
     async def stop(self) -> None:
-        """Graceful stop (see the module docstring)."""
+        """Graceful stop (see the module docstring). The maintenance loop stops first, so no
+        sweep deletes or expires anything while turns drain."""
+        await self.maintenance.stop()
         grace = self.settings.limits.shutdown_grace_seconds
         log.info("shutting down: running turns have %.1f s to finish", grace)
         await self.health.enter_graceful_shutdown()
@@ -261,6 +265,19 @@ async def start(settings: Settings) -> Sidecar:
     except BaseException:
         await store.close()
         raise
+    durability = settings.durability
+    # Other features add their expiry sweeps with maintenance.add_hook (docs/semantics.md §12).
+    maintenance = Maintenance(
+        engine,
+        interval_seconds=durability.sweep_interval_seconds,
+        conversation_retention_seconds=durability.conversation_retention_seconds,
+        event_retention_seconds=durability.event_retention_seconds,
+    )
+    maintenance.add_hook(
+        "expired submissions",
+        lambda now: submissions.expire(now, expiry_seconds=durability.pending_expiry_seconds),
+    )
+    maintenance.start()
     for service in ("", SERVICE_NAME):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
     host = settings.listen.rpartition(":")[0]
@@ -271,7 +288,7 @@ async def start(settings: Settings) -> Sidecar:
         settings.store.url,
         settings.default_model,
     )
-    return Sidecar(server, engine, store, providers, health, port, settings, gate)
+    return Sidecar(server, engine, store, providers, health, port, settings, gate, maintenance)
 
 
 async def serve(settings: Settings) -> None:

@@ -19,6 +19,7 @@ from turnwire_server.api.message_pages import decode_token, encode_token, page_o
 from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
 from turnwire_server.api.submission_rpcs import SubmissionRpcs
+from turnwire_server.api.transcript_rpcs import TranscriptRpcs
 from turnwire_server.api.validation import (
     check_id,
     check_message,
@@ -108,7 +109,7 @@ def _disconnect(policy: int) -> Literal["cancel", "continue"]:
     return "continue" if policy == chat_service_pb2.DISCONNECT_POLICY_CONTINUE else "cancel"
 
 
-class ChatService(SubmissionRpcs, chat_service_pb2_grpc.ChatServiceServicer):
+class ChatService(SubmissionRpcs, TranscriptRpcs, chat_service_pb2_grpc.ChatServiceServicer):
     """Implements ``turnwire.v1.ChatService`` on a :class:`~turnwire_server.engine.TurnEngine`.
 
     The turn-running RPCs, reads, CancelChat and ResumeTurn are here; each other group of

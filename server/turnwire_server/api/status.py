@@ -17,6 +17,7 @@ from google.rpc import error_details_pb2, status_pb2
 from turnwire.hooks import ChatError, ErrorStage
 from turnwire.providers import ProviderError
 from turnwire_server.engine.errors import (
+    ConversationDeleted,
     InputNotStored,
     ModelTimeout,
     NestedTurn,
@@ -28,6 +29,7 @@ from turnwire_server.engine.errors import (
     ShuttingDown,
     SlowConsumer,
     StreamStalled,
+    SubmissionExpired,
     SubmissionNotFound,
     TurnNotFound,
     TurnNotHere,
@@ -35,7 +37,9 @@ from turnwire_server.engine.errors import (
 from turnwire_server.hooks.chain import HookError
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.base import (
+    ConversationNotFound,
     MessageAlreadyAnswered,
+    MessageBeingWritten,
     MessageIdConflict,
     StoreCorrupted,
     StoreError,
@@ -262,6 +266,8 @@ def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
         return TurnwireStatusError(
             grpc.StatusCode.UNAVAILABLE, str(error), reason="SERVER_RESTARTED", retry_after_seconds=1.0
         )
+    if isinstance(error, SubmissionExpired):
+        return TurnwireStatusError(grpc.StatusCode.DEADLINE_EXCEEDED, str(error), reason="EXPIRED")
     if isinstance(error, SubmissionNotFound):
         return TurnwireStatusError(
             grpc.StatusCode.NOT_FOUND,
@@ -285,6 +291,27 @@ def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
         )
     if isinstance(error, SlowConsumer):
         return TurnwireStatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error), reason="SLOW_CONSUMER")
+    if isinstance(error, ConversationDeleted):
+        return TurnwireStatusError(
+            grpc.StatusCode.ABORTED,
+            str(error),
+            reason="CONVERSATION_DELETED",
+            metadata={"conversation_id": error.conversation_id},
+        )
+    if isinstance(error, ConversationNotFound):
+        return TurnwireStatusError(
+            grpc.StatusCode.NOT_FOUND,
+            str(error),
+            reason="CONVERSATION_NOT_FOUND",
+            metadata={"conversation_id": error.conversation_id},
+        )
+    if isinstance(error, MessageBeingWritten):
+        return TurnwireStatusError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            str(error),
+            reason="INVALID_FIELD",
+            metadata={"message_id": error.message_id, "request_id": error.request_id},
+        )
     if isinstance(error, NothingToContinue):
         return TurnwireStatusError(
             grpc.StatusCode.FAILED_PRECONDITION, str(error), reason="NOTHING_TO_CONTINUE"

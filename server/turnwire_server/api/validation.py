@@ -68,11 +68,14 @@ def check_message(
     *,
     max_bytes: int,
     default_role: int | None,
+    client_chosen_id: bool = True,
 ) -> None:
     """Validate one input message in place: role, parts, id and size.
 
     ``default_role`` fills an unset role (Chat: user); when None an unset role
-    is a violation. Assigns an id when empty and clears output-only fields.
+    is a violation. ``client_chosen_id`` False lets the id be one of the server's (``tw-``):
+    for AddMessages' upsert, which may replace a stored message but never add one under such
+    an id (the store enforces that). Assigns an id when empty and clears output-only fields.
     """
     if message.role == message_pb2.ROLE_UNSPECIFIED:
         if default_role is None:
@@ -94,7 +97,7 @@ def check_message(
                 f"is {size:,} bytes; the limit is {max_bytes:,} bytes (limits.max_message_bytes)",
             )
         )
-    check_id(message.id, f"{field}.id", violations, required=False, client_chosen=True)
+    check_id(message.id, f"{field}.id", violations, required=False, client_chosen=client_chosen_id)
     if not message.id:
         message.id = new_message_id()
     message.ClearField("create_time")  # output only: the server sets it when storing

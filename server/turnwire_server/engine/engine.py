@@ -22,6 +22,7 @@ from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2
 from turnwire_server.engine.channel import EventChannel
 from turnwire_server.engine.errors import (
+    ConversationDeleted,
     NestedTurn,
     QueueFull,
     RequestIdInUse,
@@ -254,6 +255,27 @@ class TurnEngine:
         """Attach a live reader to the turn ``request_id`` when it runs (or waits) here."""
         handle = self._turns.get(request_id)
         return None if handle is None else handle.log.subscribe()
+
+    def active_turns(self, conversation_id: str) -> int:
+        """How many turns of ``conversation_id`` are started and not yet ended (queued included)."""
+        return sum(1 for handle in self._turns.values() if handle.conversation_id == conversation_id)
+
+    async def cancel_conversation(self, conversation_id: str) -> int:
+        """Stop every running or queued turn of ``conversation_id`` and wait until each has ended.
+
+        For deleting the conversation (docs/semantics.md §12, deleting): each turn ends
+        ``ABORTED`` with reason ``CONVERSATION_DELETED`` (or ``INPUT_NOT_STORED`` when its input
+        was not stored yet), after its final write, so nothing of it is written once this
+        returns. Turns admitted while it waits are stopped too. Returns how many turns it waited
+        for (0: none was active).
+        """
+        ended = 0
+        while handles := [h for h in self._turns.values() if h.conversation_id == conversation_id]:
+            for handle in handles:
+                handle.run.cancel(ConversationDeleted(conversation_id))
+            await asyncio.wait([handle.task for handle in handles])
+            ended += len(handles)
+        return ended
 
     async def drain(self, grace_seconds: float) -> None:
         """Stop admitting; let running turns finish for ``grace_seconds``, then cancel the rest

@@ -76,6 +76,15 @@ class InputNotStored(Exception):
         self.why = why
 
 
+class ConversationDeleted(Exception):
+    """The turn's conversation was deleted (DeleteConversation, retention): the turn was stopped
+    first, and nothing of it is kept (docs/semantics.md §12, deleting)."""
+
+    def __init__(self, conversation_id: str) -> None:
+        super().__init__(f"conversation {conversation_id!r} was deleted; the turn was stopped")
+        self.conversation_id = conversation_id
+
+
 class StreamStalled(Exception):
     """The stall watchdog stopped the turn: no event for ``stream_stall_timeout_seconds``."""
 
@@ -148,3 +157,14 @@ class ServerStopping(Exception):
             "the server stopped before the turn finished; it is recovered when the server starts "
             "again (ResumeTurn then shows the rest)"
         )
+
+
+class SubmissionExpired(Exception):
+    """A submission waited pending longer than ``durability.pending_expiry_seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            f"the submission waited more than {seconds:g} s (durability.pending_expiry_seconds) "
+            "without running; its messages were not stored: submit them again"
+        )
+        self.seconds = seconds

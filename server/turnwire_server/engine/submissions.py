@@ -11,11 +11,17 @@ acceptance order, and a running one is recovered with its turn (``TurnEngine.rec
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 from collections.abc import Callable
 
 from turnwire_server.engine.engine import TurnEngine, TurnHandle
-from turnwire_server.engine.errors import AdmissionRefused, InputNotStored, SubmissionNotFound
+from turnwire_server.engine.errors import (
+    AdmissionRefused,
+    InputNotStored,
+    SubmissionExpired,
+    SubmissionNotFound,
+)
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.turn import ErrorStatus
 from turnwire_server.store.base import Store, SubmissionRecord, SubmissionState
@@ -106,6 +112,23 @@ class Submissions:
         if updated is None:
             raise SubmissionNotFound(submission_id)
         return updated
+
+    async def expire(self, now: dt.datetime, *, expiry_seconds: float, batch: int = 500) -> int:
+        """End the submissions pending for more than ``expiry_seconds`` as ``error`` (reason
+        ``EXPIRED``) and stop their queued turns; a maintenance sweep (docs/semantics.md §12).
+        Returns how many expired."""
+        if expiry_seconds <= 0:
+            return 0
+        error = self._error_status(SubmissionExpired(expiry_seconds), "persist").SerializeToString()
+        cutoff = now - dt.timedelta(seconds=expiry_seconds)
+        expired = 0
+        while ids := await self._store.expire_submissions(cutoff, batch, error):
+            for submission_id in ids:
+                self._engine.cancel(submission_id)
+            expired += len(ids)
+            if len(ids) < batch:
+                break
+        return expired
 
     async def restart_pending(self) -> int:
         """After a start: run the submissions still pending, in acceptance order. Running ones

@@ -36,6 +36,7 @@ from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.checkpoints import Checkpointer
 from turnwire_server.engine.errors import (
+    ConversationDeleted,
     InputNotStored,
     NothingToContinue,
     ServerStopping,
@@ -53,7 +54,7 @@ from turnwire_server.engine.turn_state import TurnState
 from turnwire_server.hooks.chain import HookError, MiddlewareChain
 from turnwire_server.hooks.timeline import HookTimeline
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import Store, TurnRecord
+from turnwire_server.store.base import Store, TurnNotFound, TurnRecord
 from turnwire_server.store.base import TurnState as StoredTurnState
 
 log = logging.getLogger("turnwire.turn")
@@ -136,7 +137,9 @@ class TurnRun:
             writer=writer,
             assistant=assistant,
             checkpoints=Checkpointer(
-                lambda message: self.store.save_message(request.conversation_id, message),
+                lambda message: self.store.save_message(
+                    request.conversation_id, message, turn_request_id=request.request_id
+                ),
                 assistant.snapshot_to_store,
                 settings.checkpoint_interval_ms / 1000.0,
                 request.request_id,
@@ -378,7 +381,7 @@ class TurnRun:
             self.outcome = "interrupted"
             self.left_running = True
             self.status_error = self._error_status(stop, "stream")
-        elif isinstance(stop, SlowConsumer):
+        elif isinstance(stop, SlowConsumer | ConversationDeleted):
             self.outcome = "aborted"
             self.status_error = self._error_status(stop, "stream")
         else:
@@ -417,6 +420,15 @@ class TurnRun:
             # Shielded: a second cancel (client gone, shutdown) must not lose the reply.
             await asyncio.shield(self.store.finish_turn(record, message))
             self.stored_message = message
+        except TurnNotFound:
+            # Its conversation was deleted under it: the store wrote nothing, and must not bring
+            # the conversation back (docs/semantics.md §12, deleting). Not a failure of the turn.
+            log.info("turn %s: conversation deleted; the reply is not stored", self.request.request_id)
+            if self.outcome != "error":
+                self.outcome = "aborted"
+                self.status_error = self._error_status(
+                    ConversationDeleted(self.request.conversation_id), "persist"
+                )
         except Exception as error:
             log.error("turn %s: storing the assistant message failed: %s", self.request.request_id, error)
             if self.outcome != "error":

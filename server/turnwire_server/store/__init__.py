@@ -6,31 +6,43 @@ Importing this package loads no backend: :func:`open_store` imports the one a UR
 from __future__ import annotations
 
 from turnwire_server.store.base import (
+    AddMode,
+    AddResult,
+    ConversationNotFound,
     ConversationRecord,
     InvalidPageToken,
     MessageAlreadyAnswered,
+    MessageBeingWritten,
     MessageIdConflict,
     Store,
     StoreCorrupted,
     StoreError,
     StoreInUse,
     TurnAlreadyExists,
+    TurnNotFound,
     TurnRecord,
     TurnState,
+    UnknownMessage,
 )
 
 __all__ = [
+    "AddMode",
+    "AddResult",
+    "ConversationNotFound",
     "ConversationRecord",
     "InvalidPageToken",
     "MessageAlreadyAnswered",
+    "MessageBeingWritten",
     "MessageIdConflict",
     "Store",
     "StoreCorrupted",
     "StoreError",
     "StoreInUse",
     "TurnAlreadyExists",
+    "TurnNotFound",
     "TurnRecord",
     "TurnState",
+    "UnknownMessage",
     "open_store",
 ]
 

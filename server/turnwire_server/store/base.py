@@ -15,7 +15,7 @@ are applied in call order.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
@@ -28,6 +28,11 @@ TurnState = Literal["running", "completed", "error", "aborted", "interrupted", "
 SubmissionState = Literal["pending", "running", "completed", "error", "aborted", "skipped"]
 """A submission's state (docs/semantics.md §7): ``pending → running → completed | error |
 aborted | skipped``; ``aborted`` is final even against a late completion."""
+
+AddMode = Literal["append", "upsert"]
+"""How :meth:`Store.add_messages` treats a message whose id is stored (docs/semantics.md §1):
+``append`` leaves one with the same content as it is and refuses other content; ``upsert``
+replaces it in place."""
 
 
 class StoreError(Exception):
@@ -83,6 +88,54 @@ class TurnAlreadyExists(StoreError):
     def __init__(self, request_id: str) -> None:
         super().__init__(f"a turn with request_id {request_id!r} already exists")
         self.request_id = request_id
+
+
+class TurnNotFound(StoreError):
+    """No turn with this request id is recorded (:meth:`Store.finish_turn`): its conversation
+    was deleted while it ran, or the id was never started. Nothing was stored."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"no turn {request_id!r} to finish (its conversation was deleted, or it never started)"
+        )
+        self.request_id = request_id
+
+
+class ConversationNotFound(StoreError):
+    """The conversation does not exist and the write may not create it (:meth:`Store.add_messages`
+    without ``allow_missing``). Nothing was stored."""
+
+    def __init__(self, conversation_id: str) -> None:
+        super().__init__(
+            f"conversation {conversation_id!r} does not exist; set allow_missing to create it, "
+            "or start it with Chat or SaveMessages"
+        )
+        self.conversation_id = conversation_id
+
+
+class MessageBeingWritten(StoreError):
+    """An upsert would replace the assistant message a running turn is still writing
+    (docs/semantics.md §1); nothing was stored. Retry once that turn has ended."""
+
+    def __init__(self, conversation_id: str, message_id: str, request_id: str) -> None:
+        super().__init__(
+            f"message {message_id!r} of conversation {conversation_id!r} is being written by the "
+            f"running turn {request_id!r}; wait for that turn to end (or cancel it), then retry"
+        )
+        self.conversation_id = conversation_id
+        self.message_id = message_id
+        self.request_id = request_id
+
+
+class UnknownMessage(StoreError):
+    """:meth:`Store.add_messages` was given an id that may only replace a stored message (one in
+    the server's reserved namespace, docs/semantics.md §5) and no message has it. Nothing was
+    stored."""
+
+    def __init__(self, conversation_id: str, message_id: str) -> None:
+        super().__init__(f"conversation {conversation_id!r} has no message {message_id!r} to replace")
+        self.conversation_id = conversation_id
+        self.message_id = message_id
 
 
 class InvalidPageToken(StoreError):
@@ -191,6 +244,18 @@ class SubmissionRecord:
     seq: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class AddResult:
+    """What :meth:`Store.add_messages` did: the conversation after the write and how many messages
+    were appended (``added``), replaced in place (``updated``) or already stored with the same
+    content (``unchanged``); the three add up to the number of messages given."""
+
+    conversation: ConversationRecord
+    added: int
+    updated: int
+    unchanged: int
+
+
 @runtime_checkable
 class Store(Protocol):
     """Persistence for conversations, messages and turns.
@@ -235,8 +300,15 @@ class Store(Protocol):
         """
         ...
 
-    async def save_message(self, conversation_id: str, message: message_pb2.Message) -> None:
-        """Insert or replace ``message`` (by id): the checkpoint of a streaming reply."""
+    async def save_message(
+        self, conversation_id: str, message: message_pb2.Message, *, turn_request_id: str = ""
+    ) -> None:
+        """Insert or replace ``message`` (by id): the checkpoint of a streaming reply.
+
+        With ``turn_request_id`` the write belongs to that turn and is a no-op once no turn of that
+        id is recorded: a checkpoint that lands after its conversation was deleted never brings
+        the conversation back (docs/semantics.md §12, deleting).
+        """
         ...
 
     async def finish_turn(
@@ -244,7 +316,11 @@ class Store(Protocol):
         turn: TurnRecord,
         message: message_pb2.Message | None,
     ) -> None:
-        """Durably store the final assistant ``message`` (when given) and ``turn``'s end state."""
+        """Durably store the final assistant ``message`` (when given) and ``turn``'s end state.
+
+        Raises :class:`TurnNotFound` (storing nothing) when no turn ``turn.request_id`` is
+        recorded, e.g. because its conversation was deleted while it ran.
+        """
         ...
 
     async def running_turns(self) -> list[TurnRecord]:
@@ -314,6 +390,57 @@ class Store(Protocol):
         """Set the submission's final ``state`` (and end time, error) when its current state is
         in ``only_from``; returns the record as stored afterwards (changed or not), None when
         it does not exist."""
+        ...
+
+    async def expire_submissions(self, before: dt.datetime, limit: int, error: bytes) -> list[str]:
+        """End up to ``limit`` (>= 1) submissions still ``pending`` that were accepted before
+        ``before`` (tz-aware) as ``error`` with ``error`` (a serialized ``google.rpc.Status``);
+        returns their ids (docs/semantics.md §12: pending submissions expire)."""
+        ...
+
+    # --- transcript writes without a turn, deletion, retention --------------------
+
+    async def add_messages(
+        self,
+        conversation_id: str,
+        messages: Sequence[message_pb2.Message],
+        *,
+        mode: AddMode,
+        allow_missing: bool,
+        replace_only: Collection[str] = (),
+    ) -> AddResult:
+        """Write ``messages`` into the transcript without a turn (docs/semantics.md §1, AddMessages).
+
+        One transaction, all or nothing. New ids are appended in order. A stored id with the same
+        role and parts counts as unchanged; with other content it is :class:`MessageIdConflict`
+        in ``append`` mode and replaced in place (same position) in ``upsert`` mode, except the
+        assistant message of a ``running`` turn (:class:`MessageBeingWritten`). Raises
+        :class:`ConversationNotFound` when the conversation does not exist and not
+        ``allow_missing`` (then it is created), :class:`ValueError` for a message without parts
+        or an id repeated within ``messages``, and :class:`UnknownMessage` when an id of
+        ``replace_only`` is not stored (those may replace, never be appended). Takes no turn lock.
+        """
+        ...
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        """Delete the conversation with its messages, parts, turns, turn streams and their events,
+        and submissions, in one transaction. False when there was nothing to delete.
+
+        Rows of other tables that name the conversation (streams, submissions) go even when the
+        conversation row itself is missing. The caller stops the conversation's turns first
+        (docs/semantics.md §12, deleting).
+        """
+        ...
+
+    async def expired_conversations(self, before: dt.datetime, limit: int) -> list[str]:
+        """Ids of up to ``limit`` (>= 1) conversations last updated before ``before`` (tz-aware)
+        that have no ``running`` turn, least recently updated first (retention, §12)."""
+        ...
+
+    async def expire_events(self, before: dt.datetime, limit: int) -> int:
+        """Delete the stored events of up to ``limit`` (>= 1) turn streams that ended before
+        ``before`` (tz-aware) and mark them ``events_expired`` (the stream row stays, so a resume
+        can say it is past retention). Returns how many streams were expired."""
         ...
 
     def turn_lock(self, conversation_id: str) -> AbstractAsyncContextManager[None]:

@@ -12,7 +12,8 @@ migrations run at :meth:`SqliteStore.open` (see :mod:`turnwire_server.store.sqli
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import datetime as dt
+from collections.abc import Collection, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, suppress
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import (
+    AddMode,
+    AddResult,
     ConversationRecord,
     StoreCorrupted,
     StoreError,
@@ -41,6 +44,7 @@ from turnwire_server.store.sqlite_rows import (
     decode_page_token,
     encode_page_token,
     store_error,
+    to_us,
     turn_from_row,
 )
 from turnwire_server.store.sqlite_streams import (
@@ -55,7 +59,14 @@ from turnwire_server.store.sqlite_submissions import (
     decode_submission_token,
     encode_submission_token,
     end_submission_write,
+    expire_submissions_write,
     submission_from_row,
+)
+from turnwire_server.store.sqlite_transcript import (
+    AddOutcome,
+    add_messages_write,
+    delete_conversation_write,
+    expire_events_write,
 )
 from turnwire_server.store.sqlite_writer import BUSY_TIMEOUT_MS, SqliteWriter
 from turnwire_server.store.sqlite_writes import finish_turn_write, save_message_write, start_turn_write
@@ -359,6 +370,13 @@ class SqliteStore:
         await self._writer.submit(apply, f"end_submission({submission_id!r})", urgent=True)
         return outcome[-1]
 
+    async def expire_submissions(self, before: dt.datetime, limit: int, error: bytes) -> list[str]:
+        """End up to ``limit`` pending submissions accepted before ``before`` as ``error``."""
+        outcome: list[list[str]] = []
+        apply = expire_submissions_write(to_us(before, "before"), limit, error, outcome.append)
+        await self._writer.submit(apply, "expire_submissions", urgent=False)
+        return outcome[-1]
+
     # ------------------------------------------------------------------ writes
 
     async def start_turn(self, turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> None:
@@ -374,16 +392,19 @@ class SqliteStore:
         apply = start_turn_write(turn, messages)
         await self._writer.submit(apply, f"start_turn({turn.request_id!r})", urgent=True)
 
-    async def save_message(self, conversation_id: str, message: message_pb2.Message) -> None:
+    async def save_message(
+        self, conversation_id: str, message: message_pb2.Message, *, turn_request_id: str = ""
+    ) -> None:
         """Insert ``message``, or replace the one with its id in place (same position).
 
         The checkpoint of a streaming reply: group-committed with other queued
         writes, applied in call order, committed when this returns. Creates the
         conversation if missing and bumps its update time. A message without
-        parts is not stored (the call is a no-op). Raises :class:`ValueError`
-        for an empty id or invalid create_time.
+        parts is not stored (the call is a no-op), and neither is one whose
+        ``turn_request_id`` names no recorded turn (its conversation was deleted).
+        Raises :class:`ValueError` for an empty id or invalid create_time.
         """
-        apply = save_message_write(conversation_id, message)
+        apply = save_message_write(conversation_id, message, turn_request_id)
         if apply is None:
             return
         what = f"save_message({conversation_id!r}, {message.id!r})"
@@ -395,11 +416,70 @@ class SqliteStore:
         One transaction, committed when this returns. ``message`` (when given
         and it has parts; a message without parts is never stored) is inserted
         or replaced as by :meth:`save_message`. Updates the turn row's state,
-        end_time, error and recovery_count. Raises :class:`StoreError` when no
-        turn ``turn.request_id`` exists (nothing is stored then).
+        end_time, error and recovery_count. Raises :class:`TurnNotFound` (a
+        :class:`StoreError`) when no turn ``turn.request_id`` exists (nothing is stored then).
         """
         apply = finish_turn_write(turn, message)
         await self._writer.submit(apply, f"finish_turn({turn.request_id!r})", urgent=True)
+
+    async def add_messages(
+        self,
+        conversation_id: str,
+        messages: Sequence[message_pb2.Message],
+        *,
+        mode: AddMode,
+        allow_missing: bool,
+        replace_only: Collection[str] = (),
+    ) -> AddResult:
+        """Write ``messages`` into the transcript, one transaction, all or nothing; see
+        :meth:`~turnwire_server.store.base.Store.add_messages` and
+        :func:`~turnwire_server.store.sqlite_transcript.add_messages_write` for the rules and the
+        errors (:class:`ConversationNotFound`, :class:`MessageIdConflict`,
+        :class:`MessageBeingWritten`, :class:`UnknownMessage`, :class:`ValueError`)."""
+        outcome = AddOutcome()
+        apply = add_messages_write(
+            conversation_id,
+            messages,
+            mode=mode,
+            allow_missing=allow_missing,
+            replace_only=replace_only,
+            outcome=outcome,
+        )
+        await self._writer.submit(apply, f"add_messages({conversation_id!r})", urgent=True)
+        assert outcome.result is not None  # set by the applied write
+        return outcome.result
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        """Delete every row of the conversation (messages, parts, turns, turn streams and events,
+        submissions) in one transaction; False when there was none."""
+        outcome: list[bool] = []
+        apply = delete_conversation_write(conversation_id, outcome)
+        await self._writer.submit(apply, f"delete_conversation({conversation_id!r})", urgent=True)
+        return outcome[0]
+
+    async def expired_conversations(self, before: dt.datetime, limit: int) -> list[str]:
+        """Up to ``limit`` (>= 1) ids of conversations updated before ``before`` with no running
+        turn, least recently updated first. Raises :class:`ValueError` for a naive ``before`` or
+        ``limit`` < 1."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        rows = await self._read(
+            "expired_conversations",
+            "SELECT c.id FROM conversations AS c WHERE c.update_time < ? AND NOT EXISTS"
+            " (SELECT 1 FROM turns AS t WHERE t.conversation_id = c.id AND t.state = 'running')"
+            " ORDER BY c.update_time, c.id LIMIT ?",
+            (to_us(before, "before"), limit),
+        )
+        return [row[0] for row in rows]
+
+    async def expire_events(self, before: dt.datetime, limit: int) -> int:
+        """Delete the events of up to ``limit`` (>= 1) streams that ended before ``before`` and
+        mark them ``events_expired``, in one transaction; returns how many streams. Raises
+        :class:`ValueError` for a naive ``before`` or ``limit`` < 1."""
+        outcome: list[int] = []
+        apply = expire_events_write(to_us(before, "before"), limit, outcome)
+        await self._writer.submit(apply, "expire_events", urgent=False)
+        return outcome[0]
 
     def turn_lock(self, conversation_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the conversation's in-process turn lock (FIFO); see :class:`LocalTurnLocks`."""

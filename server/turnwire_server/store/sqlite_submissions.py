@@ -32,6 +32,7 @@ __all__ = [
     "decode_submission_token",
     "encode_submission_token",
     "end_submission_write",
+    "expire_submissions_write",
     "finish_submission",
     "start_submission",
     "submission_from_row",
@@ -213,6 +214,32 @@ def end_submission_write(
             (state, now_us, error, submission_id, *allowed),
         )
         result(_select(conn, "id = ?", (submission_id,)))
+
+    return apply
+
+
+def expire_submissions_write(
+    before_us: int, limit: int, error: bytes, result: Callable[[list[str]], None]
+) -> WriteFn:
+    """The write of ``Store.expire_submissions``: up to ``limit`` pending submissions accepted
+    before ``before_us`` end ``error`` with ``error``; hands their ids to ``result``."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+
+    def apply(conn: sqlite3.Connection, now_us: int) -> None:
+        ids = [
+            row[0]
+            for row in conn.execute(
+                "SELECT id FROM submissions WHERE state = 'pending' AND create_time < ? ORDER BY seq LIMIT ?",
+                (before_us, limit),
+            )
+        ]
+        conn.executemany(
+            "UPDATE submissions SET state = 'error', end_time = ?, error = ?"
+            " WHERE id = ? AND state = 'pending'",
+            [(now_us, error, submission_id) for submission_id in ids],
+        )
+        result(ids)
 
     return apply
 

@@ -19,8 +19,8 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import (
     MessageAlreadyAnswered,
     MessageIdConflict,
-    StoreError,
     TurnAlreadyExists,
+    TurnNotFound,
     TurnRecord,
 )
 from turnwire_server.store.sqlite_rows import MessageRow, WriteFn, check_turn, message_row, to_us
@@ -212,10 +212,14 @@ def _stored_identically(conn: sqlite3.Connection, conversation_id: str, row: Mes
     return True
 
 
-def save_message_write(conversation_id: str, message: message_pb2.Message) -> WriteFn | None:
+def save_message_write(
+    conversation_id: str, message: message_pb2.Message, turn_request_id: str = ""
+) -> WriteFn | None:
     """The write of :meth:`SqliteStore.save_message` (insert, or replace in place by id).
 
-    ``None`` when ``message`` has no parts (such messages are not stored).
+    ``None`` when ``message`` has no parts (such messages are not stored). With
+    ``turn_request_id`` the write does nothing unless that turn is recorded (a late checkpoint
+    of a turn whose conversation was deleted; docs/semantics.md §12, deleting).
     Raises :class:`ValueError` for an empty id or invalid create_time.
     """
     row = message_row(message)
@@ -223,6 +227,8 @@ def save_message_write(conversation_id: str, message: message_pb2.Message) -> Wr
         return None
 
     def apply(conn: sqlite3.Connection, now_us: int) -> None:
+        if turn_request_id and not _turn_recorded(conn, turn_request_id):
+            return
         _upsert_message(conn, conversation_id, row, now_us)
 
     return apply
@@ -232,7 +238,8 @@ def finish_turn_write(turn: TurnRecord, message: message_pb2.Message | None) -> 
     """The write of :meth:`SqliteStore.finish_turn`: upsert ``message`` (when it has parts), end ``turn``.
 
     Raises :class:`ValueError` for an invalid argument. The returned function
-    raises :class:`StoreError` when no turn ``turn.request_id`` exists.
+    raises :class:`TurnNotFound` (writing nothing) when no turn ``turn.request_id`` exists:
+    its conversation was deleted while it ran, and the reply must not bring it back.
     """
     check_turn(turn)
     row = message_row(message) if message is not None else None
@@ -247,14 +254,19 @@ def finish_turn_write(turn: TurnRecord, message: message_pb2.Message | None) -> 
     )
 
     def apply(conn: sqlite3.Connection, now_us: int) -> None:
+        # Checked first: the reply of a turn whose conversation was deleted is not written at all.
+        if not _turn_recorded(conn, turn.request_id):
+            raise TurnNotFound(turn.request_id)
         if row is not None:
             _upsert_message(conn, turn.conversation_id, row, now_us)
-        cursor = conn.execute(
+        conn.execute(
             "UPDATE turns SET state = ?, end_time = ?, error = ?, recovery_count = ? WHERE request_id = ?",
             params,
         )
-        if cursor.rowcount != 1:
-            raise StoreError(f"no turn {turn.request_id!r} to finish")
         finish_submission(conn, turn.request_id, turn.state, turn.error, now_us)
 
     return apply
+
+
+def _turn_recorded(conn: sqlite3.Connection, request_id: str) -> bool:
+    return conn.execute("SELECT 1 FROM turns WHERE request_id = ?", (request_id,)).fetchone() is not None

@@ -374,6 +374,85 @@ class TurnwireClient:
         )
         return response.submission
 
+    # -- transcript writes and deletion ---------------------------------------------------
+
+    async def add_messages(
+        self,
+        conversation_id: str,
+        messages: Sequence[message_pb2.Message],
+        *,
+        upsert: bool = False,
+        allow_missing: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
+    ) -> chat_service_pb2.AddMessagesResponse:
+        """Write ``messages`` into the conversation's transcript without running a turn.
+
+        No turn lock and no hooks: a tool may call it from inside a running turn of the same
+        conversation. Idempotent by message id: a message already stored with the same content
+        counts as unchanged. All or nothing.
+
+        Args:
+            conversation_id: The conversation; it must exist unless ``allow_missing``.
+            messages: At least one message, each with a role and at least one part; an empty
+                id gets a server id.
+            upsert: Replace stored messages with the same id in place (``ADD_MODE_UPSERT``)
+                instead of refusing other content under a stored id (``ADD_MODE_APPEND``).
+            allow_missing: Create the conversation when it does not exist.
+            timeout: Optional deadline in seconds.
+
+        Returns:
+            The response: ``conversation`` (without messages) and ``added_count``,
+            ``updated_count``, ``unchanged_count``.
+
+        Raises:
+            TurnwireError: ``INVALID_ARGUMENT`` with field violations, ``NOT_FOUND`` (reason
+                ``CONVERSATION_NOT_FOUND``), ``ALREADY_EXISTS`` (a stored id with other
+                content), ``FAILED_PRECONDITION`` (upserting the reply a running turn writes),
+                or any call failure.
+        """
+        request = chat_service_pb2.AddMessagesRequest(
+            conversation_id=conversation_id,
+            messages=list(messages),
+            mode=chat_service_pb2.ADD_MODE_UPSERT if upsert else chat_service_pb2.ADD_MODE_APPEND,
+            allow_missing=allow_missing,
+        )
+        response: chat_service_pb2.AddMessagesResponse = await self._unary(
+            self._stub.AddMessages, request, timeout
+        )
+        return response
+
+    async def delete_conversation(
+        self,
+        conversation_id: str,
+        *,
+        allow_missing: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
+    ) -> bool:
+        """Delete a conversation with its messages, turns, stored events and submissions.
+
+        A running or queued turn on it is cancelled first (its stream ends ``ABORTED``) and
+        writes nothing afterwards. A later :meth:`chat` on the same id starts afresh.
+
+        Args:
+            conversation_id: The conversation to delete.
+            allow_missing: Succeed when it does not exist.
+            timeout: Optional deadline in seconds.
+
+        Returns:
+            True when something was deleted (False only with ``allow_missing``).
+
+        Raises:
+            TurnwireError: ``NOT_FOUND`` (reason ``CONVERSATION_NOT_FOUND``) unless
+                ``allow_missing``, ``INVALID_ARGUMENT`` for a malformed id, or any call failure.
+        """
+        request = chat_service_pb2.DeleteConversationRequest(
+            conversation_id=conversation_id, allow_missing=allow_missing
+        )
+        response: chat_service_pb2.DeleteConversationResponse = await self._unary(
+            self._stub.DeleteConversation, request, timeout
+        )
+        return response.deleted
+
     async def _unary(self, method: Any, request: Any, deadline: float | None) -> Any:
         try:
             return await method(request, timeout=deadline, metadata=self._metadata or None)

@@ -1,0 +1,40 @@
+"""Deleting a conversation: its turns are stopped first, then its rows go in one store transaction.
+
+docs/semantics.md §12 (deleting, retention). Shared by the ``DeleteConversation`` RPC and the
+retention sweep (:mod:`turnwire_server.engine.maintenance`), so both delete the same way.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from turnwire_server.engine.engine import TurnEngine
+
+
+async def delete_conversation(
+    engine: TurnEngine, conversation_id: str, *, updated_before: dt.datetime | None = None
+) -> bool:
+    """Delete ``conversation_id`` with everything stored of it; False when nothing was stored.
+
+    Without ``updated_before`` (DeleteConversation): every running or queued turn of the
+    conversation is cancelled and waited for (:meth:`TurnEngine.cancel_conversation`), so its
+    final write lands before the delete and nothing of it is written after. With
+    ``updated_before`` (retention, tz-aware): nothing is cancelled; a conversation with an active
+    turn, or updated since ``updated_before``, is left alone (False).
+
+    The delete runs under the conversation's turn lock, so no turn can store input into it
+    meanwhile; a turn admitted later starts a fresh conversation. Raises
+    :class:`~turnwire_server.store.base.StoreError` when the store fails.
+    """
+    store = engine.store
+    if updated_before is None:
+        await engine.cancel_conversation(conversation_id)
+    elif engine.active_turns(conversation_id):
+        return False
+    # No await between the check above and taking the lock: no turn of it can slip in between.
+    async with store.turn_lock(conversation_id):
+        if updated_before is not None:
+            record = await store.get_conversation(conversation_id)
+            if record is None or record.update_time >= updated_before:
+                return False
+        return await store.delete_conversation(conversation_id)
