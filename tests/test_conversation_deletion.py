@@ -177,7 +177,10 @@ async def test_sweep_expires_events_and_runs_hooks_even_when_one_fails(
             " VALUES ('r-old', 'c1', 0, ?)",
             (to_us(now - dt.timedelta(hours=2), "t"),),
         )
-        conn.execute("INSERT INTO turn_events (request_id, sequence_number, data) VALUES ('r-old', 1, x'00')")
+        conn.execute(
+            "INSERT INTO turn_events (request_id, first_sequence_number, last_sequence_number, data)"
+            " VALUES ('r-old', 1, 1, x'00')"
+        )
     seen: list[dt.datetime] = []
 
     async def expire_pending(at: dt.datetime) -> int:

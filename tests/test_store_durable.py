@@ -66,6 +66,7 @@ def _user(message_id: str) -> message_pb2.Message:
 
 
 async def test_events_round_trip_in_order_and_between_bounds(store: SqliteStore) -> None:
+    await store.start_turn(_turn("r1"), [_user("u1")])
     await store.append_events("c", "r1", [(1, b"a"), (2, b"b")], ended=False)
     await store.append_events("c", "r1", [(3, b"c")], ended=False)
     stream = await store.get_stream("r1")
@@ -79,11 +80,18 @@ async def test_events_round_trip_in_order_and_between_bounds(store: SqliteStore)
 
 
 async def test_a_retried_request_id_replaces_its_ended_stream(store: SqliteStore) -> None:
+    await store.start_turn(_turn("r1"), [_user("u1")])
     await store.append_events("c", "r1", [(1, b"old1"), (2, b"old2"), (3, b"old3")], ended=True)
     await store.append_events("c", "r1", [(1, b"new1")], ended=False)
     assert await store.load_events("r1", 0) == [b"new1"]
     stream = await store.get_stream("r1")
     assert stream is not None and stream.end_time is None and stream.last_sequence_number == 1
+
+
+async def test_events_of_an_unrecorded_turn_are_not_kept(store: SqliteStore) -> None:
+    """A turn whose conversation was deleted while it streamed writes no stream back."""
+    await store.append_events("c", "gone", [(1, b"a")], ended=True)
+    assert await store.get_stream("gone") is None
 
 
 async def test_event_batches_that_do_not_ascend_are_refused(store: SqliteStore) -> None:

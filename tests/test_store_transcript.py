@@ -21,6 +21,7 @@ from turnwire_server.store import (
     UnknownMessage,
 )
 from turnwire_server.store.sqlite import SqliteStore
+from turnwire_server.store.sqlite_streams import pack_events
 from turnwire_server.store.sqlite_rows import to_us
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
@@ -92,9 +93,11 @@ def _add_stream(
             " end_time) VALUES (?, ?, ?, ?, ?)",
             (request_id, conversation_id, events, to_us(T0, "t"), None if end is None else to_us(end, "t")),
         )
+        # One batch row per event here (the store writes a batch per flush).
         conn.executemany(
-            "INSERT INTO turn_events (request_id, sequence_number, data) VALUES (?, ?, ?)",
-            [(request_id, n, b"event") for n in range(1, events + 1)],
+            "INSERT INTO turn_events (request_id, first_sequence_number, last_sequence_number, data)"
+            " VALUES (?, ?, ?, ?)",
+            [(request_id, n, n, pack_events([(n, b"event")])) for n in range(1, events + 1)],
         )
 
 

@@ -34,7 +34,8 @@ def append_events_write(
     """The write of ``Store.append_events``: create or extend the stream row, insert ``events``.
 
     A first batch starting at 1 for a stream that already ended replaces that stream (the
-    request id was retried after a failed turn). Raises :class:`ValueError` for an empty
+    request id was retried after a failed turn). Nothing is written when no turn
+    ``request_id`` is recorded (its conversation was deleted while it ran). Raises :class:`ValueError` for an empty
     batch or sequence numbers that do not ascend.
     """
     if not events and not ended:
@@ -46,6 +47,8 @@ def append_events_write(
     last = numbers[-1] if numbers else 0
 
     def apply(conn: sqlite3.Connection, now_us: int) -> None:
+        if conn.execute("SELECT 1 FROM turns WHERE request_id = ?", (request_id,)).fetchone() is None:
+            return  # its conversation was deleted (or it never stored input): nothing to keep
         found = conn.execute(
             "SELECT end_time FROM turn_streams WHERE request_id = ?", (request_id,)
         ).fetchone()
