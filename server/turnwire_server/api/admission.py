@@ -46,7 +46,10 @@ from turnwire_server.api.status import TurnwireStatusError, invalid_argument
 log = logging.getLogger("turnwire.api")
 
 CHAT_SERVICE = "turnwire.v1.ChatService"
-TURN_METHODS = frozenset(f"/{CHAT_SERVICE}/{name}" for name in ("Chat", "SaveMessages", "ContinueLastTurn"))
+TURN_METHODS = frozenset(
+    f"/{CHAT_SERVICE}/{name}"
+    for name in ("Chat", "SaveMessages", "ContinueLastTurn", "SubmitToolResults", "SubmitToolApprovals")
+)
 """The methods that run a turn: the ones ``limits.max_concurrent_rpcs`` counts."""
 
 RETRY_AFTER_SECONDS = 1.0

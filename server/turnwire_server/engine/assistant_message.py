@@ -41,6 +41,17 @@ class AssistantMessage:
         #: turn (Anthropic needs signed thinking with tool use) but is never stored.
         self.store_reasoning = True
 
+    @classmethod
+    def resume(cls, message: message_pb2.Message) -> AssistantMessage:
+        """Wrap a stored assistant ``message`` (the object itself, not a copy) so tool results can
+        be recorded into it: the approved calls a continuation runs (docs/semantics.md §6)."""
+        resumed = cls(message.id, message.create_time)
+        resumed.message = message
+        for part in message.parts:
+            if part.WhichOneof("kind") == "tool_call":
+                resumed._tool_parts[part.tool_call.tool_call_id] = part
+        return resumed
+
     @property
     def has_parts(self) -> bool:
         """True once anything besides step markers was added."""

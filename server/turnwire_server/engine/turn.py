@@ -35,6 +35,7 @@ from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.checkpoints import Checkpointer
+from turnwire_server.engine.client_tools import turn_tools
 from turnwire_server.engine.errors import (
     InputNotStored,
     NothingToContinue,
@@ -131,7 +132,7 @@ class TurnRun:
                 settings.checkpoint_interval_ms / 1000.0,
                 request.request_id,
             ),
-            tools=dict(tools),
+            tools=turn_tools(tools, request.client_tools),
         )
         self.outcome: StoredTurnState = "running"
         self.status_error: status_pb2.Status | None = None

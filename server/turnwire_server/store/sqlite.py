@@ -12,6 +12,7 @@ migrations run at :meth:`SqliteStore.open` (see :mod:`turnwire_server.store.sqli
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, suppress
 from pathlib import Path
@@ -23,10 +24,12 @@ from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import (
+    AnsweredToolCalls,
     ConversationRecord,
     StoreCorrupted,
     StoreError,
     StoreInUse,
+    ToolCallAnswer,
     TurnRecord,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
@@ -40,6 +43,7 @@ from turnwire_server.store.sqlite_rows import (
     store_error,
     turn_from_row,
 )
+from turnwire_server.store.sqlite_tool_writes import AnswerWrite, ExpireWrite
 from turnwire_server.store.sqlite_writer import BUSY_TIMEOUT_MS, SqliteWriter
 from turnwire_server.store.sqlite_writes import finish_turn_write, save_message_write, start_turn_write
 
@@ -276,6 +280,33 @@ class SqliteStore:
         """
         apply = finish_turn_write(turn, message)
         await self._writer.submit(apply, f"finish_turn({turn.request_id!r})", urgent=True)
+
+    async def answer_tool_calls(
+        self,
+        conversation_id: str,
+        answers: Sequence[ToolCallAnswer],
+        *,
+        expired_before: dt.datetime | None,
+    ) -> AnsweredToolCalls:
+        """Record the client's answers to waiting tool calls in one read-modify-write on the writer
+        thread (see :meth:`Store.answer_tool_calls`), committed when this returns.
+
+        Raises what that method documents, storing nothing then.
+        """
+        write = AnswerWrite(conversation_id, answers, expired_before)
+        await self._writer.submit(write.apply, f"answer_tool_calls({conversation_id!r})", urgent=True)
+        assert write.outcome is not None  # set by the write that committed
+        return write.outcome
+
+    async def expire_pending_tool_calls(self, cutoff: dt.datetime) -> int:
+        """Close every call waiting for the client whose message was created before ``cutoff``
+        (timezone-aware) with an errored result naming the expiry; returns how many. One write.
+
+        Raises :class:`ValueError` for a naive ``cutoff``.
+        """
+        write = ExpireWrite(cutoff)
+        await self._writer.submit(write.apply, "expire_pending_tool_calls", urgent=True)
+        return write.expired
 
     def turn_lock(self, conversation_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the conversation's in-process turn lock (FIFO); see :class:`LocalTurnLocks`."""

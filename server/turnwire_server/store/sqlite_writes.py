@@ -25,7 +25,7 @@ from turnwire_server.store.base import (
 )
 from turnwire_server.store.sqlite_rows import MessageRow, check_turn, message_row, to_us
 
-__all__ = ["WriteFn", "finish_turn_write", "save_message_write", "start_turn_write"]
+__all__ = ["WriteFn", "finish_turn_write", "save_message_write", "start_turn_write", "upsert_message"]
 
 WriteFn = Callable[[sqlite3.Connection, int], None]
 """``apply(conn, now_us)``: one write's SQL on the writer's connection, inside the batch
@@ -77,7 +77,7 @@ def _touch_conversation(conn: sqlite3.Connection, conversation_id: str, now_us: 
     )
 
 
-def _upsert_message(conn: sqlite3.Connection, conversation_id: str, row: MessageRow, now_us: int) -> None:
+def upsert_message(conn: sqlite3.Connection, conversation_id: str, row: MessageRow, now_us: int) -> None:
     """Insert ``row`` at the end, or replace it in place (same seq) when its id exists.
 
     Raises :class:`MessageIdConflict` when the stored message of that id has another role:
@@ -222,7 +222,7 @@ def save_message_write(conversation_id: str, message: message_pb2.Message) -> Wr
         return None
 
     def apply(conn: sqlite3.Connection, now_us: int) -> None:
-        _upsert_message(conn, conversation_id, row, now_us)
+        upsert_message(conn, conversation_id, row, now_us)
 
     return apply
 
@@ -247,7 +247,7 @@ def finish_turn_write(turn: TurnRecord, message: message_pb2.Message | None) -> 
 
     def apply(conn: sqlite3.Connection, now_us: int) -> None:
         if row is not None:
-            _upsert_message(conn, turn.conversation_id, row, now_us)
+            upsert_message(conn, turn.conversation_id, row, now_us)
         cursor = conn.execute(
             "UPDATE turns SET state = ?, end_time = ?, error = ?, recovery_count = ? WHERE request_id = ?",
             params,
