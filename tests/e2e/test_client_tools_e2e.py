@@ -525,3 +525,24 @@ async def test_an_expired_pending_call_refuses_a_late_result_and_becomes_an_erro
         assert call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR and "expired" in call.error_text
         sent = tool_parts(requests_of(records, conversation_id)[-1])[call_id]
         assert "expired" in sent["errorText"], "the model is told the call expired"
+
+
+async def test_save_messages_with_an_approval_part_runs_the_approved_call(
+    channel: grpc.aio.Channel, sidecar: SidecarProcess
+) -> None:
+    conversation_id, call_id, first = await approval_turn(channel)
+    assert first.message is not None
+    answer = message_pb2.Message(id=first.message.id, role=message_pb2.ROLE_ASSISTANT)
+    part = answer.parts.add().tool_call
+    part.CopyFrom(calls_of(first.message)[call_id])
+    part.state = message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED
+    part.approval.approved = True
+    request = chat_service_pb2.SaveMessagesRequest(
+        conversation_id=conversation_id, messages=[answer], model="scripted:answer"
+    )
+    result = await collect(TurnStream(stub(channel).SaveMessages(request)))
+    assert result.ok and result.events[0].turn_start.continuation, result
+    assert "tool_output_available" in kinds(result)
+    call = calls_of((await stored(sidecar, conversation_id))[1])[call_id]
+    assert call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
+    assert json.loads(call.output_json)["result"] == 42
