@@ -21,8 +21,8 @@ from turnwire_server.store import (
     UnknownMessage,
 )
 from turnwire_server.store.sqlite import SqliteStore
-from turnwire_server.store.sqlite_streams import pack_events
 from turnwire_server.store.sqlite_rows import to_us
+from turnwire_server.store.sqlite_streams import pack_events
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
 CONVERSATION_TABLES = {

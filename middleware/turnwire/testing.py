@@ -21,6 +21,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import orjson
+from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field
 
 from turnwire.providers import ModelRequest, ProviderError
@@ -236,13 +237,19 @@ class ScriptedProvider:
     """The offline provider. Model ``scripted:<name>`` plays script ``<name>``.
 
     ``scripts`` maps names to step lists (from config); ``demo`` is built in
-    unless overridden. Raises :class:`ProviderError` (status 404) for an
-    unknown script name, and whatever error a step scripts.
+    unless overridden. ``record_path``: every request is appended to that file
+    as one JSON line (``model``, ``step_number``, ``system``, ``tools`` by name,
+    ``messages`` in protobuf's JSON form), so a test can see what the model was
+    told. Raises :class:`ProviderError` (status 404) for an unknown script name,
+    and whatever error a step scripts.
     """
 
     name = "scripted"
 
-    def __init__(self, scripts: Mapping[str, Sequence[ScriptStep]] | None = None) -> None:
+    def __init__(
+        self, scripts: Mapping[str, Sequence[ScriptStep]] | None = None, *, record_path: str | None = None
+    ) -> None:
+        self.record_path = record_path
         self.scripts: dict[str, Script] = {"demo": DemoScript()}
         for script_name, steps in (scripts or {}).items():
             self.scripts[script_name] = StaticScript(steps)
@@ -261,6 +268,8 @@ class ScriptedProvider:
                 type="not_found_error",
                 provider=self.name,
             )
+        if self.record_path is not None:
+            self._record(request)
         step = script.step(request)
         if request.attempt > 1 and step.retry is not None:
             step = step.retry
@@ -342,6 +351,20 @@ class ScriptedProvider:
             response_id=f"scripted-{request.step_number}",
             response_model=f"scripted:{request.model}",
         )
+
+    def _record(self, request: ModelRequest) -> None:
+        assert self.record_path is not None
+        line = orjson.dumps(
+            {
+                "model": request.model,
+                "step_number": request.step_number,
+                "system": request.system,
+                "tools": [tool.name for tool in request.tools],
+                "messages": [json_format.MessageToDict(message) for message in request.messages],
+            }
+        )
+        with open(self.record_path, "ab") as out:
+            out.write(line + b"\n")
 
     async def aclose(self) -> None:
         """Nothing to release."""

@@ -50,6 +50,10 @@ from turnwire.types import ToolDefinition
 if TYPE_CHECKING:
     from pebble import ProcessPool
 
+NeedsApproval = bool | Callable[[Mapping[str, Any]], bool]
+"""Whether a call of a tool waits for the client's approval: always (``True``), never (``False``), or
+as a function of the call's input (docs/semantics.md §6)."""
+
 Isolation = Literal["thread", "process"]
 """Where a :class:`PythonTool`'s synchronous function runs: a worker thread, or a worker process."""
 
@@ -94,6 +98,12 @@ class Tool(Protocol):
     A tool may also set ``streaming = True`` to say it streams preliminary
     results; the engine then emits one preliminary result even when a hook
     blocks or substitutes the call (THINK-SEMANTICS.md section 3).
+
+    Two more optional attributes (docs/semantics.md §6), read with
+    :func:`requires_approval` and :func:`is_client_executed`:
+    ``needs_approval`` (a :data:`NeedsApproval`: a call then stops in
+    ``approval-requested`` until the client approves or denies it), and
+    ``client_executed = True`` for a tool the client runs (:class:`ClientTool`).
     """
 
     name: str
@@ -103,6 +113,53 @@ class Tool(Protocol):
     async def execute(self, input: dict[str, Any], execution: ToolExecution) -> Any | AsyncIterator[Any]:
         """Run the tool on ``input`` (already a JSON object)."""
         ...
+
+
+def requires_approval(tool: Tool, input: Mapping[str, Any]) -> bool:
+    """True when a call of ``tool`` with ``input`` must wait for the client's approval: the tool's
+    ``needs_approval`` attribute, called with the input when it is a function (absent: False).
+
+    A ``needs_approval`` function that raises asks for approval (the safe answer).
+    docs/semantics.md §6.
+    """
+    rule = getattr(tool, "needs_approval", False)
+    if callable(rule):
+        try:
+            return bool(rule(input))
+        except Exception:
+            return True
+    return bool(rule)
+
+
+def is_client_executed(tool: Tool) -> bool:
+    """True for a tool the client runs itself (``client_executed = True``, :class:`ClientTool`)."""
+    return bool(getattr(tool, "client_executed", False))
+
+
+class ClientTool:
+    """A tool the client runs itself, offered to the model for one turn (docs/semantics.md §6).
+
+    A call of it is streamed to the client and stored in ``input-available`` with
+    ``client_executed`` set; the step ends and the turn completes with the call pending.
+    ``before_tool_call`` and ``after_tool_call`` never run for it, and the server never
+    calls :meth:`execute`.
+    """
+
+    client_executed = True
+    needs_approval = False
+    streaming = False
+
+    def __init__(self, name: str, description: str, input_schema: Mapping[str, Any]) -> None:
+        self.name = name
+        self.description = description
+        self.input_schema = input_schema
+
+    async def execute(self, input: dict[str, Any], execution: ToolExecution) -> Any:
+        """Never called by the engine; raises :class:`ToolError` if something does."""
+        raise ToolError(f"tool {self.name!r} runs on the client; send its result with SubmitToolResults")
+
+    def __repr__(self) -> str:
+        return f"ClientTool({self.name!r})"
 
 
 def definition_of(tool: Tool) -> ToolDefinition:
@@ -152,6 +209,10 @@ class PythonTool:
     engine must guard its main module with ``if __name__ == "__main__":``
     (``turnwire serve`` does).
 
+    ``needs_approval`` (a bool, or a function of the call's input returning one) makes a
+    call wait in ``approval-requested`` for the client's answer before it runs
+    (docs/semantics.md §6).
+
     Raises :class:`ValueError` when neither or both of ``input_model`` and
     ``input_schema`` are given, and when ``isolation="process"`` is given an
     async function or one that is not a module-level function.
@@ -167,6 +228,7 @@ class PythonTool:
         input_schema: Mapping[str, Any] | None = None,
         isolation: Isolation = "thread",
         max_workers: int = DEFAULT_MAX_WORKERS,
+        needs_approval: NeedsApproval = False,
     ) -> None:
         if (input_model is None) == (input_schema is None):
             raise ValueError(f"tool {name!r}: give exactly one of input_model or input_schema")
@@ -182,6 +244,8 @@ class PythonTool:
         #: Where a synchronous function runs: "thread" or "process".
         self.isolation: Isolation = isolation
         self.max_workers = max_workers
+        #: Whether a call waits for the client's approval (docs/semantics.md §6).
+        self.needs_approval: NeedsApproval = needs_approval
         self._runs_on_loop = _is_async(function)
         self._reference: tuple[str, str] | None = None
         self._pool: ProcessPool | None = None
@@ -335,6 +399,7 @@ def tool(
     description: str | None = None,
     isolation: Isolation = "thread",
     max_workers: int = DEFAULT_MAX_WORKERS,
+    needs_approval: NeedsApproval = False,
 ) -> Callable[[Callable[[Any, ToolExecution], Any]], PythonTool]:
     """Decorator: turn ``def f(input: Model, execution) -> ...`` (or ``async def``) into a
     :class:`PythonTool`.
@@ -343,6 +408,7 @@ def tool(
     A synchronous function runs in a worker thread, or with
     ``isolation="process"`` in a worker process that a timeout kills; an async
     one runs on the event loop and must not block it (see :class:`PythonTool`).
+    ``needs_approval`` makes its calls wait for the client's approval (docs/semantics.md §6).
     """
 
     def wrap(function: Callable[[Any, ToolExecution], Any]) -> PythonTool:
@@ -353,6 +419,7 @@ def tool(
             input_model=input_model,
             isolation=isolation,
             max_workers=max_workers,
+            needs_approval=needs_approval,
         )
 
     return wrap

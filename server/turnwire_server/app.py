@@ -170,9 +170,9 @@ async def start(settings: Settings) -> Sidecar:
     message that says what to fix.
     """
     try:
-        tools = load_tools(settings.tools.demo, settings.tools.python)
+        tools = load_tools(settings.tools.demo, settings.tools.python, settings.tools.require_approval)
     except ToolLoadError as error:
-        raise StartupError(f"tools.python: {error}") from error
+        raise StartupError(f"tools: {error}") from error
     providers = build_providers(settings)
     try:
         providers.resolve(settings.default_model)

@@ -43,10 +43,15 @@ class StoreSettings(_Section):
 
 class ToolsSettings(_Section):
     """Server-side tools. ``demo`` enables the demo tools; ``python`` lists dotted paths
-    (``package.module:attribute``) of Tool objects, or of callables returning one or a list."""
+    (``package.module:attribute``) of Tool objects, or of callables returning one or a list;
+    ``require_approval`` names loaded tools whose every call waits for the client's approval
+    (docs/semantics.md §6)."""
 
     demo: bool = True
     python: list[str] = Field(default_factory=list)
+    require_approval: list[str] = Field(
+        default_factory=list, description="tools whose calls wait for the client's approval"
+    )
 
 
 class MiddlewareEntry(_Section):

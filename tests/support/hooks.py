@@ -129,3 +129,33 @@ class SlowResponse(Middleware):
     async def on_chat_response(self, ctx: ChatResponseContext) -> None:
         """Take a while."""
         await asyncio.sleep(self.seconds)
+
+
+class BlockToolsFromBody(Middleware):
+    """``before_tool_call``: block the tools named in the turn's ``body["block_tools"]`` (with the
+    reason ``"blocked by the test policy"``). The body is kept per request id from ``before_turn``,
+    since a tool call's context does not carry it."""
+
+    REASON = "blocked by the test policy"
+
+    def __init__(self) -> None:
+        """No options."""
+        super().__init__()
+        self._blocked: dict[str, set[str]] = {}
+
+    async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
+        """Remember which tools this turn blocks."""
+        names = ctx.body.get("block_tools")
+        if names:
+            self._blocked[ctx.request_id] = {str(name) for name in names}
+        return None
+
+    async def before_tool_call(self, ctx: ToolCallContext) -> ToolCallDecision | None:
+        """Block a named tool."""
+        if ctx.tool_name in self._blocked.get(ctx.request_id, ()):
+            return ToolCallDecision.block(self.REASON)
+        return None
+
+    async def on_chat_response(self, ctx: ChatResponseContext) -> None:
+        """Forget the turn."""
+        self._blocked.pop(ctx.request_id, None)

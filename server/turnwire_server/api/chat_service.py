@@ -7,19 +7,29 @@ details; errors during a turn end its stream with a TurnEnd event instead.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import grpc
 from google.protobuf import timestamp_pb2
-from grpc_status import rpc_status
 
-from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
+from turnwire.tools import Tool
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
+from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.message_pages import decode_token, encode_token, page_of
 from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
 from turnwire_server.api.submission_rpcs import SubmissionRpcs
+from turnwire_server.api.tool_result_rpcs import ToolResultRpcs
 from turnwire_server.api.transcript_rpcs import TranscriptRpcs
+from turnwire_server.api.turn_streams import (
+    PARENT_REQUEST_METADATA,
+    Started,
+    abort,
+    disconnect_of,
+    parent_request_id,
+)
+from turnwire_server.api.turn_streams import stream_turn as _stream_turn
 from turnwire_server.api.validation import (
     check_id,
     check_message,
@@ -27,24 +37,14 @@ from turnwire_server.api.validation import (
     raise_if_any,
 )
 from turnwire_server.engine import TurnEngine, TurnHandle, TurnRequest
-from turnwire_server.engine.errors import AdmissionRefused
 from turnwire_server.engine.ids import new_request_id
 from turnwire_server.engine.submissions import Submissions
-from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.base import ConversationRecord, InvalidPageToken, Store, StoreError
 
 log = logging.getLogger("turnwire.api")
 
-PARENT_REQUEST_METADATA = "turnwire-parent-request-id"
-"""Metadata a hook or tool server sets when it calls back from inside a turn."""
-
 _DEFAULT_PAGE_SIZE = 50
 _MAX_PAGE_SIZE = 1000
-
-
-async def abort(context: grpc.aio.ServicerContext[Any, Any], error: TurnwireStatusError) -> None:
-    """End the call with ``error``'s status and its google.rpc details."""
-    await context.abort_with_status(rpc_status.to_status(error.to_status()))
 
 
 def _timestamp(value: Any) -> timestamp_pb2.Timestamp:
@@ -71,45 +71,7 @@ def _not_found(conversation_id: str) -> TurnwireStatusError:
     )
 
 
-async def _stream_turn(
-    context: grpc.aio.ServicerContext[Any, Any], start: Callable[[], Awaitable[TurnHandle]]
-) -> AsyncIterator[Any]:
-    """Admit a turn with ``start`` and yield its responses.
-
-    A refusal before the turn starts ends the call with its status and
-    details: at admission, or when the turn fails before its input is stored
-    (an id conflict, an answered message, the store unavailable). The client
-    going away (cancel, deadline) cancels the turn, which stores its partial
-    reply on its own task, unless the request's disconnect policy is CONTINUE:
-    then the turn finishes without it. The channel is iterated
-    directly: one generator less per event.
-    """
-    try:
-        handle = await start()
-    except (TurnwireStatusError, AdmissionRefused, UnknownModel) as error:
-        await abort(context, status_error_of(error))
-        return
-    try:
-        first = True
-        async for response in handle.channel:
-            if first:
-                first = False
-                event = response.event
-                if event.HasField("turn_end") and event.turn_end.status == event_pb2.TURN_STATUS_ERROR:
-                    # Failed before its input was stored (no TurnStart): the request was refused,
-                    # so the call ends with that status, as every refusal does.
-                    await context.abort_with_status(rpc_status.to_status(event.turn_end.error))
-            yield response
-    finally:
-        handle.release()  # cancels the turn, or lets it go on (disconnect policy CONTINUE)
-
-
-def _disconnect(policy: int) -> Literal["cancel", "continue"]:
-    """The engine's disconnect policy for a request's ``DisconnectPolicy`` (unset: cancel)."""
-    return "continue" if policy == chat_service_pb2.DISCONNECT_POLICY_CONTINUE else "cancel"
-
-
-class ChatService(SubmissionRpcs, TranscriptRpcs, chat_service_pb2_grpc.ChatServiceServicer):
+class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_pb2_grpc.ChatServiceServicer):
     """Implements ``turnwire.v1.ChatService`` on a :class:`~turnwire_server.engine.TurnEngine`.
 
     The turn-running RPCs, reads, CancelChat and ResumeTurn are here; each other group of
@@ -154,6 +116,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, chat_service_pb2_grpc.ChatServ
                 )
                 if request.message.role != message_pb2.ROLE_USER:
                     violations.append(("message.role", "must be ROLE_USER (or unset) in Chat"))
+            client_tools = check_client_tools(request.client_tools, "client_tools", violations)
             raise_if_any(violations)
             return self._start(
                 context,
@@ -165,6 +128,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, chat_service_pb2_grpc.ChatServ
                 model=request.model,
                 continuation=False,
                 disconnect_policy=request.disconnect_policy,
+                client_tools=client_tools,
             )
 
         async for response in _stream_turn(context, start):
@@ -177,11 +141,13 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, chat_service_pb2_grpc.ChatServ
     ) -> AsyncIterator[chat_service_pb2.SaveMessagesResponse]:
         """Append zero or more messages and stream the turn."""
 
-        async def start() -> TurnHandle:
+        async def start() -> Started:
             violations: list[tuple[str, str]] = []
             self._check_common(request.conversation_id, request.request_id, violations)
+            # Tool results and approvals for stored calls complete them instead of being appended.
+            answers, plain = await self.tool_answers_in(request.conversation_id, request.messages, violations)
             seen: set[str] = set()
-            for index, message in enumerate(request.messages):
+            for index, message in plain:
                 check_message(
                     message,
                     f"messages[{index}]",
@@ -194,7 +160,22 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, chat_service_pb2_grpc.ChatServ
                         (f"messages[{index}].id", f"duplicates an earlier message id {message.id!r}")
                     )
                 seen.add(message.id)
+            client_tools = check_client_tools(request.client_tools, "client_tools", violations)
             raise_if_any(violations)
+            if answers:
+                return await self.answer_and_continue(
+                    context,
+                    chat_service_pb2.SaveMessagesResponse,
+                    conversation_id=request.conversation_id,
+                    answers=answers,
+                    auto_continue=True,
+                    request_id=request.request_id,
+                    body=request.body,
+                    model=request.model,
+                    client_tools=client_tools,
+                    messages=[message for _, message in plain],
+                    disconnect_policy=request.disconnect_policy,
+                )
             return self._start(
                 context,
                 response_type=chat_service_pb2.SaveMessagesResponse,
@@ -205,6 +186,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, chat_service_pb2_grpc.ChatServ
                 model=request.model,
                 continuation=False,
                 disconnect_policy=request.disconnect_policy,
+                client_tools=client_tools,
             )
 
         async for response in _stream_turn(context, start):
@@ -220,6 +202,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, chat_service_pb2_grpc.ChatServ
         async def start() -> TurnHandle:
             violations: list[tuple[str, str]] = []
             self._check_common(request.conversation_id, request.request_id, violations)
+            client_tools = check_client_tools(request.client_tools, "client_tools", violations)
             raise_if_any(violations)
             if await self._get_record(request.conversation_id) is None:
                 raise _not_found(request.conversation_id)
@@ -233,6 +216,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, chat_service_pb2_grpc.ChatServ
                 model=request.model,
                 continuation=True,
                 disconnect_policy=request.disconnect_policy,
+                client_tools=client_tools,
             )
 
         async for response in _stream_turn(context, start):
@@ -254,11 +238,8 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, chat_service_pb2_grpc.ChatServ
         model: str,
         continuation: bool,
         disconnect_policy: int = 0,
+        client_tools: Sequence[Tool] = (),
     ) -> TurnHandle:
-        parent = ""
-        for key, value in context.invocation_metadata() or ():
-            if key == PARENT_REQUEST_METADATA:
-                parent = value if isinstance(value, str) else value.decode()
         return self.engine.start(
             TurnRequest(
                 conversation_id=conversation_id,
@@ -269,9 +250,10 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, chat_service_pb2_grpc.ChatServ
                 continuation=continuation,
                 response_type=response_type,
                 skip_unless_assistant_last=continuation,
-                disconnect=_disconnect(disconnect_policy),
+                disconnect=disconnect_of(disconnect_policy),
+                client_tools=client_tools,
             ),
-            parent_request_id=parent,
+            parent_request_id=parent_request_id(context),
         )
 
     # --- unary RPCs ----------------------------------------------------------

@@ -45,6 +45,10 @@ from turnwire_server.store.base import (
     StoreError,
     SubmissionConflict,
     SubmissionNotPending,
+    ToolCallExpired,
+    ToolCallNotFound,
+    ToolCallNotPending,
+    ToolCallsSpanMessages,
     TooManySubmissions,
     TurnAlreadyExists,
 )
@@ -171,6 +175,32 @@ def _provider_status(error: ProviderError) -> TurnwireStatusError:
         f"model provider error: {error.message}",
         reason="PROVIDER_ERROR",
         retry_after_seconds=retry_after_seconds,
+        metadata=metadata,
+    )
+
+
+def _tool_call_status(
+    error: ToolCallNotFound | ToolCallNotPending | ToolCallExpired | ToolCallsSpanMessages,
+) -> TurnwireStatusError:
+    """A refused tool result or approval (docs/semantics.md §6, §12): nothing was stored."""
+    metadata = {"tool_call_id": error.tool_call_id}
+    if isinstance(error, ToolCallNotFound):
+        return TurnwireStatusError(
+            grpc.StatusCode.NOT_FOUND, str(error), reason="TOOL_CALL_NOT_FOUND", metadata=metadata
+        )
+    if isinstance(error, ToolCallNotPending):
+        return TurnwireStatusError(
+            grpc.StatusCode.FAILED_PRECONDITION, str(error), reason="TOOL_CALL_NOT_PENDING", metadata=metadata
+        )
+    if isinstance(error, ToolCallExpired):
+        return TurnwireStatusError(
+            grpc.StatusCode.FAILED_PRECONDITION, str(error), reason="EXPIRED", metadata=metadata
+        )
+    return TurnwireStatusError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        str(error),
+        reason="INVALID_FIELD",
+        field_violations=[("tool_call_id", "answer the calls of one assistant message per request")],
         metadata=metadata,
     )
 
@@ -360,6 +390,8 @@ def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
             reason="INVALID_FIELD",
             field_violations=[("request_id", "already used by an earlier turn; use a new request_id")],
         )
+    if isinstance(error, ToolCallNotFound | ToolCallNotPending | ToolCallExpired | ToolCallsSpanMessages):
+        return _tool_call_status(error)
     if isinstance(error, StoreCorrupted):
         return TurnwireStatusError(
             grpc.StatusCode.INTERNAL, f"stored data cannot be read: {error}", reason="DATA_CORRUPTED"

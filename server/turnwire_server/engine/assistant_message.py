@@ -41,7 +41,7 @@ class AssistantMessage:
         #: turn (Anthropic needs signed thinking with tool use) but is never stored.
         self.store_reasoning = True
 
-    def resume(self, stored: message_pb2.Message) -> None:
+    def continue_from(self, stored: message_pb2.Message) -> None:
         """Continue the stored partial reply ``stored`` (a crash recovery, docs/semantics.md §8):
         its parts become this message's first parts, its tool calls are known by id. Call
         before the first step; ``stored`` is copied."""
@@ -52,6 +52,17 @@ class AssistantMessage:
         for part in self.message.parts:
             if part.WhichOneof("kind") == "tool_call":
                 self._tool_parts[part.tool_call.tool_call_id] = part
+
+    @classmethod
+    def resume(cls, message: message_pb2.Message) -> AssistantMessage:
+        """Wrap a stored assistant ``message`` (the object itself, not a copy) so tool results can
+        be recorded into it: the approved calls a continuation runs (docs/semantics.md §6)."""
+        resumed = cls(message.id, message.create_time)
+        resumed.message = message
+        for part in message.parts:
+            if part.WhichOneof("kind") == "tool_call":
+                resumed._tool_parts[part.tool_call.tool_call_id] = part
+        return resumed
 
     @property
     def has_parts(self) -> bool:

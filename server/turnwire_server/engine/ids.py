@@ -30,6 +30,11 @@ def new_message_id() -> str:
     return f"{RESERVED_PREFIX}u-{uuid.uuid4().hex}"
 
 
+def new_approval_id() -> str:
+    """A fresh id for a tool call's approval request (``ToolCallApproval.id``)."""
+    return f"{RESERVED_PREFIX}ap-{uuid.uuid4().hex}"
+
+
 def assistant_message_id(request_id: str) -> str:
     """The id of the assistant message a turn writes: ``tw-a-<request_id>``, or a digest of a
     request id too long to fit 128 characters. Deterministic, so a turn's reply id follows from

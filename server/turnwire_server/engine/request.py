@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from turnwire.tools import Tool
 from turnwire_client.v1 import message_pb2
 
 
@@ -20,6 +21,10 @@ class TurnRequest:
     history does not end with an assistant message (ContinueLastTurn).
     ``disconnect`` is what the caller going away does: ``cancel`` the turn, or let it
     ``continue`` detached (re-attach with ResumeTurn; docs/semantics.md §5).
+    ``client_tools`` are the request's client-side tools (:class:`turnwire.tools.ClientTool`),
+    added after the server's tools and overriding those of the same name (docs/semantics.md §2, §6).
+    ``tool_denials`` are ``(tool_call_id, reason)`` of calls the client denied just before this
+    continuation: its stream announces them with ``ToolOutputDenied`` (docs/semantics.md §6).
     """
 
     conversation_id: str
@@ -31,6 +36,8 @@ class TurnRequest:
     response_type: Callable[[], Any]
     skip_unless_assistant_last: bool = False
     disconnect: Literal["cancel", "continue"] = "cancel"
+    client_tools: Sequence[Tool] = ()
+    tool_denials: Sequence[tuple[str, str]] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
@@ -24,10 +25,12 @@ from turnwire.providers import ModelRequest, ProviderError
 from turnwire.tools import definition_of
 from turnwire.types import ModelSettings
 from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.engine.approvals import announce_denials, run_approved_calls
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
+from turnwire_server.engine.pending_calls import repair_pending, with_pending_placeholders
 from turnwire_server.engine.request import EngineSettings
 from turnwire_server.engine.tool_calls import ToolCallRunner
-from turnwire_server.engine.transcript import CONTINUATION_PROMPT, repair_unresolved_tool_calls
+from turnwire_server.engine.transcript import CONTINUATION_PROMPT
 from turnwire_server.engine.turn_state import TurnState
 from turnwire_server.hooks.chain import HookError, merge_config
 from turnwire_server.providers.registry import ProviderRegistry
@@ -73,7 +76,11 @@ class StepLoop:
         turn = self.state
         request = turn.request
         history = await self.store.load_messages(request.conversation_id)
-        for message in repair_unresolved_tool_calls(history):
+        # Calls the client may still answer are kept (docs/semantics.md §8, pending_calls).
+        repaired = repair_pending(
+            history, now=dt.datetime.now(dt.UTC), expiry_seconds=self.settings.pending_expiry_seconds
+        )
+        for message in repaired:
             await self.store.save_message(request.conversation_id, message)
         # A retry under a failed turn's request id replaces that turn's partial reply (same id):
         # the model answers the question again rather than continuing the failed attempt.
@@ -110,6 +117,9 @@ class StepLoop:
         )
         try:
             async with asyncio.timeout(timeout.total_seconds):
+                # Answered approvals first: denials announced, approved calls run (§6).
+                announce_denials(turn)
+                await run_approved_calls(turn, self.store, history, self._runner_for(config))
                 await self._steps(ctx, config, timeout)
         except TimeoutError:
             raise TurnFailure(
@@ -139,20 +149,14 @@ class StepLoop:
         turn = self.state
         request = turn.request
         max_steps = config.max_steps or self.settings.max_steps
-        base_messages = list(ctx.messages)
+        base_messages = with_pending_placeholders(ctx.messages)
         if base_messages and base_messages[-1].role == message_pb2.ROLE_ASSISTANT:
             base_messages.append(_continuation_prompt())
         settings = merge_config(
             ModelSettings(timeout_seconds=limits.step_seconds or limits.total_seconds),
             config.model_settings or ModelSettings(),
         )
-        runner = ToolCallRunner(
-            turn,
-            self.settings.tool_timeout_seconds,
-            self.wait_for_reader,
-            config.repair_tool_call,
-            max_output_bytes=self.settings.max_tool_output_bytes,
-        )
+        runner = self._runner_for(config)(turn)
         for step_number in range(max_steps):
             step_ctx = StepContext(
                 conversation_id=request.conversation_id,
@@ -212,9 +216,23 @@ class StepLoop:
             self._step_finish_event(result, finish)
             await turn.hooks.on_step_finish(result)
             turn.continue_reply = False
-            if not had_tool_results or _should_stop(config, result, step_number + 1):
-                break  # the final write follows at once: no checkpoint of the last step
+            if not had_tool_results or runner.waiting or _should_stop(config, result, step_number + 1):
+                # A call waiting for the client ends the turn after its step (§6). The final
+                # write follows at once: no checkpoint of the last step.
+                break
             turn.checkpoints.now()
+
+    def _runner_for(self, config: TurnConfig) -> Callable[[TurnState], ToolCallRunner]:
+        def runner(state: TurnState) -> ToolCallRunner:
+            return ToolCallRunner(
+                state,
+                self.settings.tool_timeout_seconds,
+                self.wait_for_reader,
+                config.repair_tool_call,
+                max_output_bytes=self.settings.max_tool_output_bytes,
+            )
+
+        return runner
 
     async def wait_for_reader(self) -> None:
         """Backpressure: wait for the client to read a backlog; stop the turn (SLOW_CONSUMER) when

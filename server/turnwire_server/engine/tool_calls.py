@@ -28,6 +28,7 @@ from turnwire.hooks import (
 from turnwire.tools import Tool, ToolError, ToolExecution
 from turnwire.values import NotJsonError, parse_tool_input
 from turnwire_server.engine.assistant_message import OutputTooLarge
+from turnwire_server.engine.client_tools import hold_call
 from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR
 from turnwire_server.engine.turn_state import TurnState
 from turnwire_server.hooks.chain import HookError
@@ -64,6 +65,9 @@ class ToolCallRunner:
         self._pending: list[tuple[chunks.ToolCall, Tool]] = []
         self._invalid: list[tuple[chunks.ToolCall, str, collections.abc.Set[str]]] = []
         self._had_results = False
+        #: True once a call of this turn waits for the client (a client tool's call, an approval
+        #: request): the step loop then ends the turn after the current step (docs/semantics.md §6).
+        self.waiting = False
 
     def accept(self, call: chunks.ToolCall, allowed: collections.abc.Set[str]) -> None:
         """Record a complete call from the stream; invalid ones become input errors (or wait for
@@ -95,7 +99,16 @@ class ToolCallRunner:
         event.input_json = part.input_json
         if part.HasField("input"):
             event.input.CopyFrom(part.input)
-        self._pending.append((call, turn.tools[call.tool_name]))
+        tool = turn.tools[call.tool_name]
+        if hold_call(turn, call.tool_call_id, tool, call.input or {}):
+            self.waiting = True
+            return
+        self._pending.append((call, tool))
+
+    def queue(self, call: chunks.ToolCall, tool: Tool) -> None:
+        """Queue a call to run with the next :meth:`run_pending` without announcing it: an approved
+        call resumed by a continuation (docs/semantics.md §6)."""
+        self._pending.append((call, tool))
 
     def _input_error(self, call: chunks.ToolCall, error: str) -> None:
         turn = self.turn

@@ -35,6 +35,7 @@ from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.checkpoints import Checkpointer
+from turnwire_server.engine.client_tools import turn_tools
 from turnwire_server.engine.errors import (
     ConversationDeleted,
     InputNotStored,
@@ -130,7 +131,7 @@ class TurnRun:
         )
         assistant = AssistantMessage(self.message_id, _now())
         if recovery is not None and recovery.reply is not None:
-            assistant.resume(recovery.reply)
+            assistant.continue_from(recovery.reply)
         self.state = TurnState(
             request=request,
             hooks=self.hooks,
@@ -144,7 +145,7 @@ class TurnRun:
                 settings.checkpoint_interval_ms / 1000.0,
                 request.request_id,
             ),
-            tools=dict(tools),
+            tools=turn_tools(tools, request.client_tools),
             attempt=recovery.attempt if recovery else 1,
             continue_reply=recovery is not None and recovery.reply is not None,
         )

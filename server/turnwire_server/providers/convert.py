@@ -37,7 +37,8 @@ TRUNCATED_TOOL_CALL_ERROR = (
 INTERRUPTED_TOOL_ERROR = "The tool call was interrupted before a result was recorded."
 """Sent as the result of a call that reaches an adapter without one (the engine normally repairs these)."""
 
-DENIED_TOOL_ERROR = "The tool call was denied."
+DENIED_TOOL_ERROR = "Tool execution denied by user"
+"""Sent as the (error) result of a denied call that has no reason of its own (docs/semantics.md §6)."""
 
 EMPTY_USER_TEXT = "(empty message)"
 """Stands in for a user turn with no content at all (an empty ``Chat`` text): APIs reject empty turns."""

@@ -40,10 +40,14 @@ class _Entry(BaseModel):
 
 
 class ScriptedProviderSettings(_Entry):
-    """The offline scripted model. ``scripts`` maps a script name to its steps."""
+    """The offline scripted model. ``scripts`` maps a script name to its steps; ``record_requests``
+    (a file path) appends every request the model gets as one JSON line, for tests."""
 
     type: Literal["scripted"] = "scripted"
     scripts: dict[str, list[ScriptStep]] = Field(default_factory=dict)
+    record_requests: str | None = Field(
+        None, description="append each model request as a JSON line to this file (tests)"
+    )
 
 
 class _SdkProviderSettings(_Entry):
@@ -136,7 +140,7 @@ def build_provider(
     if isinstance(settings, ScriptedProviderSettings):
         from turnwire.testing import ScriptedProvider
 
-        return ScriptedProvider(settings.scripts)
+        return ScriptedProvider(settings.scripts, record_path=settings.record_requests)
     key = _api_key(name, settings, env)
     common: dict[str, Any] = {
         "api_key": key,

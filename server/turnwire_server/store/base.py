@@ -173,6 +173,82 @@ class TooManySubmissions(StoreError):
         self.limit = limit
 
 
+class ToolCallNotFound(StoreError):
+    """A tool result or approval names no tool call of the conversation; nothing was stored."""
+
+    def __init__(self, conversation_id: str, tool_call_id: str) -> None:
+        super().__init__(f"conversation {conversation_id!r} has no tool call {tool_call_id!r}")
+        self.conversation_id = conversation_id
+        self.tool_call_id = tool_call_id
+
+
+class ToolCallNotPending(StoreError):
+    """A tool result or approval names a call that does not wait for it (it has a result, waits for
+    the other kind of answer, or the user moved past it); nothing was stored."""
+
+    def __init__(self, tool_call_id: str, why: str) -> None:
+        super().__init__(f"tool call {tool_call_id!r} does not wait for this answer: {why}")
+        self.tool_call_id = tool_call_id
+        self.why = why
+
+
+class ToolCallExpired(StoreError):
+    """A tool result or approval came after the call's pending expiry; nothing was stored."""
+
+    def __init__(self, tool_call_id: str) -> None:
+        super().__init__(
+            f"tool call {tool_call_id!r} expired before its answer arrived "
+            "(durability.pending_expiry_seconds); it gets an errored result instead"
+        )
+        self.tool_call_id = tool_call_id
+
+
+class ToolCallsSpanMessages(StoreError):
+    """One request answered calls of different assistant messages; nothing was stored."""
+
+    def __init__(self, tool_call_id: str) -> None:
+        super().__init__(
+            f"tool call {tool_call_id!r} belongs to another assistant message than the first one "
+            "answered; answer each message's calls in their own request"
+        )
+        self.tool_call_id = tool_call_id
+
+
+ToolCallAnswerKind = Literal["output", "error", "approve", "deny"]
+"""What the client answered: a result (``output``), a failed result (``error``), an approval or a
+denial."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallAnswer:
+    """The client's answer to one waiting tool call (docs/semantics.md §6).
+
+    ``output`` needs ``output_json`` (JSON text, stored exactly) and answers a client call;
+    ``error`` answers a client call with ``text`` as the error (``Tool execution denied by
+    user`` when empty); ``approve`` and ``deny`` answer an approval request, ``text`` being
+    the denial's reason (default ``Tool execution denied by user``).
+    """
+
+    tool_call_id: str
+    kind: ToolCallAnswerKind
+    output_json: str = ""
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AnsweredToolCalls:
+    """The outcome of :meth:`Store.answer_tool_calls`.
+
+    ``message`` is the assistant message holding the calls, as stored now; ``waiting`` the
+    ids of its calls that still wait for the client. ``completed`` is true for exactly one
+    write per message: the one that answered its last waiting call.
+    """
+
+    message: message_pb2.Message
+    waiting: tuple[str, ...]
+    completed: bool
+
+
 @dataclass(frozen=True, slots=True)
 class ConversationRecord:
     """A conversation's metadata. Times are timezone-aware UTC."""
@@ -321,6 +397,36 @@ class Store(Protocol):
         Raises :class:`TurnNotFound` (storing nothing) when no turn ``turn.request_id`` is
         recorded, e.g. because its conversation was deleted while it ran.
         """
+        ...
+
+    async def answer_tool_calls(
+        self,
+        conversation_id: str,
+        answers: Sequence[ToolCallAnswer],
+        *,
+        expired_before: dt.datetime | None,
+    ) -> AnsweredToolCalls:
+        """Record the client's ``answers`` into the assistant message holding the calls, atomically
+        (docs/semantics.md §6, §12).
+
+        One read-modify-write, applied alone: of concurrent calls answering the calls of one
+        message, exactly one gets ``completed`` (the one that answered the last waiting call),
+        so exactly one continuation runs. A client result needs a client call in
+        ``input-available``; an approval answer a call in ``approval-requested``; either way no
+        user message may follow the call's message (moved past). ``expired_before``: a call
+        whose message was created before it has expired (None: no expiry).
+
+        Raises, storing nothing: :class:`ToolCallNotFound`, :class:`ToolCallNotPending`,
+        :class:`ToolCallExpired`, :class:`ToolCallsSpanMessages`; :class:`ValueError` for an
+        empty ``answers``.
+        """
+        ...
+
+    async def expire_pending_tool_calls(self, cutoff: dt.datetime) -> int:
+        """Give every call still waiting for the client (a client call without a result, an
+        approval request) whose assistant message was created before ``cutoff`` an errored
+        result naming the expiry, so the model is told (docs/semantics.md §12). Returns how many
+        calls expired. The maintenance loop calls it periodically."""
         ...
 
     async def running_turns(self) -> list[TurnRecord]:

@@ -26,6 +26,7 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import (
     AddMode,
     AddResult,
+    AnsweredToolCalls,
     ConversationRecord,
     StoreCorrupted,
     StoreError,
@@ -33,6 +34,7 @@ from turnwire_server.store.base import (
     StreamRecord,
     SubmissionRecord,
     SubmissionState,
+    ToolCallAnswer,
     TurnRecord,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
@@ -62,6 +64,7 @@ from turnwire_server.store.sqlite_submissions import (
     expire_submissions_write,
     submission_from_row,
 )
+from turnwire_server.store.sqlite_tool_writes import AnswerWrite, ExpireWrite
 from turnwire_server.store.sqlite_transcript import (
     AddOutcome,
     add_messages_write,
@@ -480,6 +483,33 @@ class SqliteStore:
         apply = expire_events_write(to_us(before, "before"), limit, outcome)
         await self._writer.submit(apply, "expire_events", urgent=False)
         return outcome[0]
+
+    async def answer_tool_calls(
+        self,
+        conversation_id: str,
+        answers: Sequence[ToolCallAnswer],
+        *,
+        expired_before: dt.datetime | None,
+    ) -> AnsweredToolCalls:
+        """Record the client's answers to waiting tool calls in one read-modify-write on the writer
+        thread (see :meth:`Store.answer_tool_calls`), committed when this returns.
+
+        Raises what that method documents, storing nothing then.
+        """
+        write = AnswerWrite(conversation_id, answers, expired_before)
+        await self._writer.submit(write.apply, f"answer_tool_calls({conversation_id!r})", urgent=True)
+        assert write.outcome is not None  # set by the write that committed
+        return write.outcome
+
+    async def expire_pending_tool_calls(self, cutoff: dt.datetime) -> int:
+        """Close every call waiting for the client whose message was created before ``cutoff``
+        (timezone-aware) with an errored result naming the expiry; returns how many. One write.
+
+        Raises :class:`ValueError` for a naive ``cutoff``.
+        """
+        write = ExpireWrite(cutoff)
+        await self._writer.submit(write.apply, "expire_pending_tool_calls", urgent=True)
+        return write.expired
 
     def turn_lock(self, conversation_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the conversation's in-process turn lock (FIFO); see :class:`LocalTurnLocks`."""

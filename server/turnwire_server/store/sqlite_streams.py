@@ -35,8 +35,9 @@ def append_events_write(
 
     A first batch starting at 1 for a stream that already ended replaces that stream (the
     request id was retried after a failed turn). Nothing is written when no turn
-    ``request_id`` is recorded (its conversation was deleted while it ran). Raises :class:`ValueError` for an empty
-    batch or sequence numbers that do not ascend.
+    ``request_id`` is recorded (its conversation was deleted while it ran). Raises
+    :class:`ValueError` for an empty batch without ``ended``, or sequence numbers that do
+    not ascend.
     """
     if not events and not ended:
         raise ValueError("append_events needs events, or ended=True")

@@ -26,7 +26,7 @@ from turnwire_server.store.base import (
 from turnwire_server.store.sqlite_rows import MessageRow, WriteFn, check_turn, message_row, to_us
 from turnwire_server.store.sqlite_submissions import finish_submission, start_submission
 
-__all__ = ["WriteFn", "finish_turn_write", "save_message_write", "start_turn_write"]
+__all__ = ["WriteFn", "finish_turn_write", "save_message_write", "start_turn_write", "upsert_message"]
 
 
 _INSERT_MESSAGE: Final = (
@@ -75,7 +75,7 @@ def _touch_conversation(conn: sqlite3.Connection, conversation_id: str, now_us: 
     )
 
 
-def _upsert_message(conn: sqlite3.Connection, conversation_id: str, row: MessageRow, now_us: int) -> None:
+def upsert_message(conn: sqlite3.Connection, conversation_id: str, row: MessageRow, now_us: int) -> None:
     """Insert ``row`` at the end, or replace it in place (same seq) when its id exists.
 
     Raises :class:`MessageIdConflict` when the stored message of that id has another role:
@@ -229,7 +229,7 @@ def save_message_write(
     def apply(conn: sqlite3.Connection, now_us: int) -> None:
         if turn_request_id and not _turn_recorded(conn, turn_request_id):
             return
-        _upsert_message(conn, conversation_id, row, now_us)
+        upsert_message(conn, conversation_id, row, now_us)
 
     return apply
 
@@ -258,7 +258,7 @@ def finish_turn_write(turn: TurnRecord, message: message_pb2.Message | None) -> 
         if not _turn_recorded(conn, turn.request_id):
             raise TurnNotFound(turn.request_id)
         if row is not None:
-            _upsert_message(conn, turn.conversation_id, row, now_us)
+            upsert_message(conn, turn.conversation_id, row, now_us)
         conn.execute(
             "UPDATE turns SET state = ?, end_time = ?, error = ?, recovery_count = ? WHERE request_id = ?",
             params,

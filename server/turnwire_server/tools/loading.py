@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
-from turnwire.tools import Tool
+from turnwire.tools import Tool, ToolExecution
 from turnwire_server.importing import import_object
 from turnwire_server.tools.demo import DEMO_TOOLS
 
@@ -26,11 +26,34 @@ def _as_tools(value: Any, path: str) -> list[Tool]:
     raise ToolLoadError(f"{path} is not a Tool, a list of Tools, or a callable returning them")
 
 
-def load_tools(demo: bool, paths: Iterable[str]) -> dict[str, Tool]:
+class ApprovalRequired:
+    """A configured tool whose every call waits for the client's approval
+    (``tools.require_approval``; docs/semantics.md §6). Delegates everything else to ``tool``."""
+
+    needs_approval = True
+
+    def __init__(self, tool: Tool) -> None:
+        self.tool = tool
+        self.name = tool.name
+        self.description = tool.description
+        self.input_schema: Mapping[str, Any] = tool.input_schema
+        self.streaming = bool(getattr(tool, "streaming", False))
+
+    async def execute(self, input: dict[str, Any], execution: ToolExecution) -> Any | AsyncIterator[Any]:
+        """Run the wrapped tool."""
+        return await self.tool.execute(input, execution)
+
+    def __repr__(self) -> str:
+        return f"ApprovalRequired({self.tool!r})"
+
+
+def load_tools(demo: bool, paths: Iterable[str], require_approval: Iterable[str] = ()) -> dict[str, Tool]:
     """The server's tools by name: the demo tools (when ``demo``), then each path's tools.
 
-    A later tool replaces an earlier one of the same name. Raises
-    :class:`ToolLoadError` naming the path that failed.
+    A later tool replaces an earlier one of the same name. The tools named in
+    ``require_approval`` wait for the client's approval before each call
+    (docs/semantics.md §6). Raises :class:`ToolLoadError` naming the path that
+    failed, or a ``require_approval`` name that is no loaded tool.
     """
     tools: dict[str, Tool] = {}
     if demo:
@@ -41,4 +64,9 @@ def load_tools(demo: bool, paths: Iterable[str]) -> dict[str, Tool]:
         except (ImportError, AttributeError, ValueError) as error:
             raise ToolLoadError(f"cannot import tool {path!r}: {error}") from error
         tools.update((t.name, t) for t in _as_tools(value, path))
+    for name in require_approval:
+        if name not in tools:
+            known = ", ".join(sorted(tools)) or "none"
+            raise ToolLoadError(f"require_approval names {name!r}, which is no loaded tool (loaded: {known})")
+        tools[name] = ApprovalRequired(tools[name])
     return tools

@@ -94,6 +94,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The conversation was deleted while the turn or submission waited or ran."""
     ERROR_REASON_RECOVERY_EXHAUSTED: _ErrorReason.ValueType  # 28
     """The recovery budget of the turn is spent; it stays interrupted."""
+    ERROR_REASON_TOOL_RESULTS_INCOMPLETE: _ErrorReason.ValueType  # 29
+    """Tool results or approvals were stored, but other calls of the same
+    assistant message still wait for theirs, so no continuation ran
+    (TURN_STATUS_SKIPPED); ErrorInfo metadata `waiting_tool_call_ids` lists them.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnwire sends,
@@ -173,4 +178,9 @@ ERROR_REASON_CONVERSATION_DELETED: ErrorReason.ValueType  # 27
 """The conversation was deleted while the turn or submission waited or ran."""
 ERROR_REASON_RECOVERY_EXHAUSTED: ErrorReason.ValueType  # 28
 """The recovery budget of the turn is spent; it stays interrupted."""
+ERROR_REASON_TOOL_RESULTS_INCOMPLETE: ErrorReason.ValueType  # 29
+"""Tool results or approvals were stored, but other calls of the same
+assistant message still wait for theirs, so no continuation ran
+(TURN_STATUS_SKIPPED); ErrorInfo metadata `waiting_tool_call_ids` lists them.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

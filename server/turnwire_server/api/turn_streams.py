@@ -1,0 +1,84 @@
+"""Streaming one turn to a caller: admission errors as call statuses, the turn's responses, and
+the disconnect policy. Shared by the turn-running RPCs of
+:class:`~turnwire_server.api.chat_service.ChatService` and its mixins."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Literal
+
+import grpc
+from grpc_status import rpc_status
+
+from turnwire_client.v1 import chat_service_pb2, event_pb2
+from turnwire_server.api.status import TurnwireStatusError, status_error_of
+from turnwire_server.engine import TurnHandle
+from turnwire_server.engine.errors import AdmissionRefused
+from turnwire_server.providers.registry import UnknownModel
+from turnwire_server.store.base import StoreError
+
+PARENT_REQUEST_METADATA = "turnwire-parent-request-id"
+"""Metadata a hook or tool server sets when it calls back from inside a turn."""
+
+Started = TurnHandle | Sequence[Any]
+"""What a ``start`` function gives :func:`stream_turn`: a started turn, or the complete list of
+responses of a call that runs no turn (a SKIPPED answer built by the API)."""
+
+
+async def abort(context: grpc.aio.ServicerContext[Any, Any], error: TurnwireStatusError) -> None:
+    """End the call with ``error``'s status and its google.rpc details."""
+    await context.abort_with_status(rpc_status.to_status(error.to_status()))
+
+
+async def stream_turn(
+    context: grpc.aio.ServicerContext[Any, Any], start: Callable[[], Awaitable[Started]]
+) -> AsyncIterator[Any]:
+    """Admit a turn with ``start`` and yield its responses.
+
+    A refusal before the turn starts ends the call with its status and
+    details: at admission (a domain or store error raised by ``start``), or
+    when the turn fails before its input is stored (an id conflict, an answered
+    message, the store unavailable). The client going away (cancel, deadline)
+    cancels the turn, which stores its partial reply on its own task, unless the
+    request's disconnect policy is CONTINUE: then the turn finishes without it. The
+    channel is iterated directly: one generator less per event. When ``start``
+    returns a list of responses instead of a turn, they are sent as they are.
+    """
+    try:
+        started = await start()
+    except (TurnwireStatusError, AdmissionRefused, UnknownModel, StoreError) as error:
+        await abort(context, status_error_of(error))
+        return
+    if not isinstance(started, TurnHandle):
+        for response in started:
+            yield response
+        return
+    handle = started
+    try:
+        first = True
+        async for response in handle.channel:
+            if first:
+                first = False
+                event = response.event
+                if event.HasField("turn_end") and event.turn_end.status == event_pb2.TURN_STATUS_ERROR:
+                    # Failed before its input was stored (no TurnStart): the request was refused,
+                    # so the call ends with that status, as every refusal does.
+                    await context.abort_with_status(rpc_status.to_status(event.turn_end.error))
+            yield response
+    finally:
+        handle.release()  # cancels the turn, or lets it go on (disconnect policy CONTINUE)
+
+
+def disconnect_of(policy: int) -> Literal["cancel", "continue"]:
+    """The engine's disconnect policy for a request's ``DisconnectPolicy`` (unset: cancel)."""
+    return "continue" if policy == chat_service_pb2.DISCONNECT_POLICY_CONTINUE else "cancel"
+
+
+def parent_request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The request id in the call's ``turnwire-parent-request-id`` metadata ("" when absent):
+    the turn a nested call comes from (docs/semantics.md §5)."""
+    parent = ""
+    for key, value in context.invocation_metadata() or ():
+        if key == PARENT_REQUEST_METADATA:
+            parent = value if isinstance(value, str) else value.decode()
+    return parent

@@ -1,0 +1,83 @@
+"""What a turn does first with answered approvals: announce denials, run approved calls.
+
+docs/semantics.md §6. Before a turn's first model call (after ``before_turn``), every
+approved call still waiting to run (``approval-responded``, approved) is run like any
+server tool call: ``before_tool_call`` still decides (a block wins), ``after_tool_call``
+fires, the ``ToolOutputAvailable``/``ToolOutputError`` events stream in this turn's
+stream. Each result is recorded in the assistant message that holds the call (not this
+turn's new reply) and that message is stored; the model then sees the results, and is
+told about denied calls (their ``output-denied`` results). Calls denied just before this
+turn (``TurnRequest.tool_denials``) are announced first with ``ToolOutputDenied``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from turnwire import types as chunks
+from turnwire.values import tool_call_input
+from turnwire_client.v1 import message_pb2
+from turnwire_server.engine.assistant_message import AssistantMessage
+from turnwire_server.engine.pending_calls import is_approved
+from turnwire_server.engine.tool_calls import ToolCallRunner
+from turnwire_server.engine.turn_state import TurnState
+from turnwire_server.store.base import Store
+
+RunnerFactory = Callable[[TurnState], ToolCallRunner]
+"""Makes the tool runner for a turn state (the step loop's settings: timeout, backpressure, limits)."""
+
+
+def announce_denials(state: TurnState) -> None:
+    """Send ``ToolOutputDenied`` for each call the request says was just denied."""
+    for tool_call_id, reason in state.request.tool_denials:
+        event = state.writer.new().tool_output_denied
+        event.tool_call_id = tool_call_id
+        event.reason = reason
+
+
+async def run_approved_calls(
+    state: TurnState,
+    store: Store,
+    messages: Sequence[message_pb2.Message],
+    runner_for: RunnerFactory,
+) -> None:
+    """Run the approved calls of ``messages`` (in place: their results land in these message
+    objects) and store each message that held one, even when the turn is cancelled meanwhile.
+
+    A call whose tool is no longer in the turn's tool set gets an error result naming it.
+    Raises ``asyncio.CancelledError`` when the turn is cancelled (after storing).
+    """
+    for message in messages:
+        if message.role != message_pb2.ROLE_ASSISTANT:
+            continue
+        approved = [
+            part.tool_call
+            for part in message.parts
+            if part.WhichOneof("kind") == "tool_call" and is_approved(part.tool_call)
+        ]
+        if not approved:
+            continue
+        original = AssistantMessage.resume(message)
+        runner = runner_for(dataclasses.replace(state, assistant=original, step_messages=messages))
+        for call in approved:
+            chunk = chunks.ToolCall(
+                call.tool_call_id, call.tool_name, tool_call_input(call), raw_input=call.input_json
+            )
+            tool = state.tools.get(call.tool_name)
+            if tool is None:
+                original.set_error(
+                    call.tool_call_id,
+                    f"The approved tool '{call.tool_name}' is no longer available, so it was not run.",
+                )
+                event = state.writer.new().tool_output_error
+                event.tool_call_id = call.tool_call_id
+                event.error_text = call.error_text
+                continue
+            runner.queue(chunk, tool)
+        try:
+            await runner.run_pending(0)
+        finally:
+            # Shielded: the results (or the abort errors of a cancel) must reach the store.
+            await asyncio.shield(store.save_message(state.request.conversation_id, message))
