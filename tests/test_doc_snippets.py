@@ -50,11 +50,12 @@ def test_the_documents_have_python_snippets() -> None:
 
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    # The hooks guide reads a hook timeline (a middleware and events.hook_timeline);
-    # everything else is the embedded default.
+    # The hooks guide reads a hook timeline (a middleware and events.hook_timeline); the
+    # README's approval example needs an approval tool; everything else is the embedded default.
     config = {
         "middleware": [{"path": "turnwire.middlewares:HookLogger"}],
         "events": {"hook_timeline": True},
+        "tools": {"require_approval": ["get_current_time"]},
     }
     process = SidecarProcess(workdir=tmp_path_factory.mktemp("snippets"), config=config)
     process.start_blocking()

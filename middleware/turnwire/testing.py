@@ -41,7 +41,7 @@ from turnwire.types import (
     Usage,
     UsageUpdate,
 )
-from turnwire.values import dumps, from_value, parse_tool_input
+from turnwire.values import dumps, from_value, loads, parse_tool_input
 from turnwire_client.v1 import message_pb2
 
 OFFLINE_NOTICE = "[offline scripted model, no LLM connected]"
@@ -157,6 +157,7 @@ def _trailing_tool_results(
         elif kind == "tool_call" and part.tool_call.state in (
             message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
             message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
+            message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED,
         ):
             results.append(part.tool_call)
     return results
@@ -168,10 +169,10 @@ class DemoScript:
     def step(self, request: ModelRequest) -> ScriptStep:
         """Decide the step from the transcript (deterministic)."""
         tools = {t.name for t in request.tools}
-        if request.step_number > 0:
-            results = _trailing_tool_results(request.messages)
-            if results:
-                return ScriptStep(text=self._answer(results))
+        # Results end the history in a later step, or in a continuation after client results.
+        results = _trailing_tool_results(request.messages)
+        if results:
+            return ScriptStep(text=self._answer(results))
         text = _last_user_text(request.messages)
         call = self._tool_call(text, tools)
         if call is not None and request.tool_choice != "none":
@@ -205,7 +206,12 @@ class DemoScript:
             if result.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
                 lines.append(f"The {result.tool_name} tool failed: {result.error_text}")
                 continue
-            value = from_value(result.output)
+            if result.state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED:
+                lines.append(
+                    f"The {result.tool_name} call was denied: {result.error_text or 'no reason given'}"
+                )
+                continue
+            value = loads(result.output_json) if result.output_json else from_value(result.output)
             lines.append(_describe_result(result.tool_name, value))
         return f"{OFFLINE_NOTICE} " + " ".join(lines)
 

@@ -16,7 +16,7 @@ from support.sidecar import SidecarFactory, SidecarProcess
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, TurnwireError
-from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 
 WORDS = [f"w{i}" for i in range(50)]
 REST = "and that is the end."
@@ -229,3 +229,46 @@ async def test_a_stall_before_the_first_chunk_reruns_the_turn_in_the_same_stream
         assert [e.sequence_number for e in events] == list(range(1, len(events) + 1))
         assert turn_row(sidecar, "r-stall") == ("completed", 1)
     assert await sidecar.terminate() == 0, sidecar.log_text()
+
+
+async def test_sigterm_leaves_a_continue_turn_and_pending_submissions_for_the_next_start(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    """Shutdown: a turn with no caller waiting (disconnect policy CONTINUE, a submission) that
+    outlives the grace period is not aborted but left running, its partial reply stored; the next
+    start finishes it in the same message. A pending submission stays pending and runs then."""
+    cfg = config(retry_delay_ms=0)
+    cfg["limits"] = {"shutdown_grace_seconds": 0.2}
+    first = await start(sidecar_factory, cfg)
+    async with TurnwireClient(first.target) as client:
+        seen = 0
+        async with client.chat(
+            "crash", "a story", request_id="r-term", model="scripted:story", disconnect="continue"
+        ) as stream:
+            async for event in stream:
+                seen += event.HasField("text_delta")
+                if seen == 3:
+                    break  # the caller leaves; the turn goes on
+        queued = await client.submit_messages("crash", "and after that?", submission_id="s-after")
+        assert queued.accepted
+    assert await first.terminate() == 0, first.log_text()
+    assert turn_row(first, "r-term")[0] == "running", "left for the next start, not aborted"
+
+    second = await start(sidecar_factory, cfg)
+    async with TurnwireClient(second.target) as client:
+        events = [event async for event in client.resume_turn("r-term")]
+        assert events[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
+        assert any(e.HasField("attempt_start") for e in events)
+        stored = await client.get_conversation("crash")
+        assert text_of(stored.messages[1]).endswith(REST)
+        assert turn_row(second, "r-term") == ("completed", 1)
+
+        async def submission_done() -> bool:
+            return (
+                await client.get_submission("s-after")
+            ).state == chat_service_pb2.SUBMISSION_STATE_COMPLETED
+
+        await wait_until(submission_done, what="the pending submission runs after the restart")
+        stored = await client.get_conversation("crash")
+        assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT] * 2
+    assert await second.terminate() == 0, second.log_text()

@@ -18,6 +18,7 @@ from google.protobuf import timestamp_pb2
 from google.rpc import status_pb2
 
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
+from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
 from turnwire_server.api.validation import check_id, check_message, json_object, raise_if_any
@@ -110,6 +111,7 @@ def turn_request_of(record: SubmissionRecord, default_model: str) -> TurnRequest
         continuation=False,
         response_type=chat_service_pb2.WatchSubmissionResponse,
         disconnect="continue",
+        client_tools=check_client_tools(request.client_tools, "client_tools", []),
     )
 
 
@@ -171,6 +173,7 @@ class SubmissionRpcs:
                         (f"messages[{index}].id", f"duplicates an earlier message id {message.id!r}")
                     )
                 seen.add(message.id)
+            check_client_tools(request.client_tools, "client_tools", violations)
             raise_if_any(violations)
             json_object(request.body, "body")
             json_object(request.metadata, "metadata")

@@ -337,6 +337,7 @@ class TurnEngine:
                     continuation=True if reply is not None else spec.continuation,
                     response_type=DetachedResponse,
                     disconnect="continue",
+                    client_tools=spec.client_tools,
                 )
                 self.start(
                     request,

@@ -150,7 +150,13 @@ class StepLoop:
         request = turn.request
         max_steps = config.max_steps or self.settings.max_steps
         base_messages = with_pending_placeholders(ctx.messages)
-        if base_messages and base_messages[-1].role == message_pb2.ROLE_ASSISTANT:
+        if (
+            base_messages
+            and base_messages[-1].role == message_pb2.ROLE_ASSISTANT
+            and _ends_in_content(base_messages[-1])
+        ):
+            # A reply that ends in tool results (a continuation after client results or
+            # approvals) is answered as it is: the results are the model's next input.
             base_messages.append(_continuation_prompt())
         settings = merge_config(
             ModelSettings(timeout_seconds=limits.step_seconds or limits.total_seconds),

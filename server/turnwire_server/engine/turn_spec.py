@@ -1,7 +1,8 @@
 """What a recovery needs to run a turn again, stored with the turn (``TurnRecord.spec``).
 
 The input messages are in the conversation and the model in the turn row; the rest of the
-request (hook ``body``, disconnect policy, whether it continued) is kept here as JSON text,
+request (hook ``body``, client tools, disconnect policy, whether it continued) is kept here
+as JSON text,
 so a turn a crash interrupted can be run again by a process that never saw its request
 (docs/semantics.md §8).
 """
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from turnwire.tools import ClientTool
 from turnwire.values import dumps, loads
 from turnwire_server.engine.request import TurnRequest
 
@@ -20,11 +22,13 @@ _VERSION = 1
 
 @dataclass(frozen=True, slots=True)
 class TurnSpec:
-    """The stored part of a turn's request; ``body`` is JSON."""
+    """The stored part of a turn's request; ``body`` is JSON; ``client_tools`` the tools the
+    client offered (a recovery offers them again)."""
 
     body: Mapping[str, Any] = field(default_factory=dict)
     continuation: bool = False
     disconnect: str = "cancel"
+    client_tools: tuple[ClientTool, ...] = ()
 
 
 def spec_json(request: TurnRequest) -> str:
@@ -35,6 +39,11 @@ def spec_json(request: TurnRequest) -> str:
             "body": dict(request.body),
             "continuation": request.continuation,
             "disconnect": request.disconnect,
+            "client_tools": [
+                {"name": tool.name, "description": tool.description, "input_schema": dict(tool.input_schema)}
+                for tool in request.client_tools
+                if isinstance(tool, ClientTool)
+            ],
         }
     )
 
@@ -48,8 +57,14 @@ def parse_spec(text: str) -> TurnSpec:
     body = value.get("body", {})
     if not isinstance(body, dict):
         raise ValueError("turn spec body is not an object")
+    tools = []
+    for entry in value.get("client_tools", []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("input_schema"), dict):
+            raise ValueError("turn spec client tool is not an object with an input_schema")
+        tools.append(ClientTool(str(entry["name"]), str(entry.get("description", "")), entry["input_schema"]))
     return TurnSpec(
         body=body,
         continuation=bool(value.get("continuation", False)),
         disconnect=str(value.get("disconnect", "cancel")),
+        client_tools=tuple(tools),
     )

@@ -8,6 +8,7 @@ of :class:`turnwire_client.v1.event_pb2.TurnEvent`; :func:`collect` folds such a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, Self, cast
@@ -88,6 +89,7 @@ class TurnwireClient:
         model: str | None = None,
         timeout: float | None = None,
         disconnect: DisconnectPolicy = "cancel",
+        client_tools: Sequence[ClientToolSpec] = (),
     ) -> TurnStream:
         """Append a user message with one text part and stream the turn it runs.
 
@@ -101,6 +103,10 @@ class TurnwireClient:
             disconnect: What the turn does when this call ends early: ``"cancel"`` (abort it)
                 or ``"continue"`` (it finishes without the caller; re-attach with
                 :meth:`resume_turn`).
+            client_tools: Tools this client runs itself, offered to the model for this turn:
+                ``ClientTool`` messages or mappings with ``name``, ``description`` and
+                ``input_schema`` (a JSON Schema object). A call of one ends the turn with the
+                call pending; answer it with :meth:`submit_tool_results`.
 
         Returns:
             A :class:`TurnStream`: the turn's ``TurnEvent``\\ s as they arrive, ``TurnEnd``
@@ -123,6 +129,7 @@ class TurnwireClient:
             request_id=request_id or "",
             model=model or "",
             disconnect_policy=_POLICIES[disconnect],
+            client_tools=_client_tools(client_tools),
         )
         if body is not None:
             request.body.CopyFrom(_struct(body))
@@ -138,6 +145,7 @@ class TurnwireClient:
         model: str | None = None,
         timeout: float | None = None,
         disconnect: DisconnectPolicy = "cancel",
+        client_tools: Sequence[ClientToolSpec] = (),
     ) -> TurnStream:
         """Append ``messages`` (possibly none) and stream the turn run on the history.
 
@@ -149,6 +157,7 @@ class TurnwireClient:
             request_id=request_id or "",
             model=model or "",
             disconnect_policy=_POLICIES[disconnect],
+            client_tools=_client_tools(client_tools),
         )
         if body is not None:
             request.body.CopyFrom(_struct(body))
@@ -163,6 +172,7 @@ class TurnwireClient:
         model: str | None = None,
         timeout: float | None = None,
         disconnect: DisconnectPolicy = "cancel",
+        client_tools: Sequence[ClientToolSpec] = (),
     ) -> TurnStream:
         """Let the model continue after the last assistant message, streaming that turn.
 
@@ -175,6 +185,7 @@ class TurnwireClient:
             request_id=request_id or "",
             model=model or "",
             disconnect_policy=_POLICIES[disconnect],
+            client_tools=_client_tools(client_tools),
         )
         if body is not None:
             request.body.CopyFrom(_struct(body))
@@ -204,6 +215,94 @@ class TurnwireClient:
             submission_id=submission_id, after_sequence_number=after_sequence_number
         )
         return self._stream(self._stub.WatchSubmission, request, timeout)
+
+    def submit_tool_results(
+        self,
+        conversation_id: str,
+        results: Mapping[str, Any],
+        *,
+        errors: Mapping[str, str] | None = None,
+        auto_continue: bool = True,
+        request_id: str | None = None,
+        body: Mapping[str, Any] | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+        disconnect: DisconnectPolicy = "cancel",
+        client_tools: Sequence[ClientToolSpec] = (),
+    ) -> TurnStream:
+        """Send the results of client tool calls, stored at once; stream the continuation.
+
+        Args:
+            results: ``{tool_call_id: output}``: each output any JSON value (sent as JSON text).
+            errors: ``{tool_call_id: error_text}`` for calls that failed (``""``: the model
+                reads ``Tool execution denied by user``).
+            auto_continue: Once no call of that assistant message waits any more, run one
+                continuation turn and stream it here; otherwise (or while other calls still
+                wait) the stream is a lone ``TurnEnd`` with ``TURN_STATUS_SKIPPED``.
+            The other arguments are as for :meth:`chat`.
+
+        Raises (while iterating) :class:`TurnwireError`: ``NOT_FOUND`` (``TOOL_CALL_NOT_FOUND``),
+        ``FAILED_PRECONDITION`` (``TOOL_CALL_NOT_PENDING``, ``EXPIRED``), ``INVALID_ARGUMENT``
+        (an output with no JSON form); nothing is stored then.
+        """
+        entries = [
+            chat_service_pb2.ToolResult(tool_call_id=call_id, output_json=_json(output))
+            for call_id, output in results.items()
+        ]
+        entries += [
+            chat_service_pb2.ToolResult(tool_call_id=call_id, error=True, error_text=text)
+            for call_id, text in (errors or {}).items()
+        ]
+        request = chat_service_pb2.SubmitToolResultsRequest(
+            conversation_id=conversation_id,
+            results=entries,
+            auto_continue=auto_continue,
+            request_id=request_id or "",
+            model=model or "",
+            disconnect_policy=_POLICIES[disconnect],
+            client_tools=_client_tools(client_tools),
+        )
+        if body is not None:
+            request.body.CopyFrom(_struct(body))
+        return self._stream(self._stub.SubmitToolResults, request, timeout)
+
+    def submit_tool_approvals(
+        self,
+        conversation_id: str,
+        approvals: Mapping[str, bool],
+        *,
+        reasons: Mapping[str, str] | None = None,
+        auto_continue: bool = True,
+        request_id: str | None = None,
+        body: Mapping[str, Any] | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+        disconnect: DisconnectPolicy = "cancel",
+        client_tools: Sequence[ClientToolSpec] = (),
+    ) -> TurnStream:
+        """Approve (True) or deny (False) tool calls waiting for approval, by tool call id; stream
+        the continuation, in which approved calls run first (``before_tool_call`` still
+        decides) and denied ones reach the model as denied, with ``reasons[id]`` when given.
+
+        Other arguments, the result and errors are as for :meth:`submit_tool_results`.
+        """
+        request = chat_service_pb2.SubmitToolApprovalsRequest(
+            conversation_id=conversation_id,
+            approvals=[
+                chat_service_pb2.ToolApproval(
+                    tool_call_id=call_id, approved=approved, reason=(reasons or {}).get(call_id, "")
+                )
+                for call_id, approved in approvals.items()
+            ],
+            auto_continue=auto_continue,
+            request_id=request_id or "",
+            model=model or "",
+            disconnect_policy=_POLICIES[disconnect],
+            client_tools=_client_tools(client_tools),
+        )
+        if body is not None:
+            request.body.CopyFrom(_struct(body))
+        return self._stream(self._stub.SubmitToolApprovals, request, timeout)
 
     def _stream(self, method: Any, request: Any, deadline: float | None) -> TurnStream:
         return TurnStream(method(request, timeout=deadline, metadata=self._metadata or None))
@@ -291,6 +390,7 @@ class TurnwireClient:
         metadata: Mapping[str, Any] | None = None,
         body: Mapping[str, Any] | None = None,
         model: str | None = None,
+        client_tools: Sequence[ClientToolSpec] = (),
         timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
     ) -> chat_service_pb2.SubmitMessagesResponse:
         """Durably submit messages for a turn that runs later, in order with the conversation's
@@ -319,6 +419,7 @@ class TurnwireClient:
             submission_id=submission_id or "",
             idempotency_key=idempotency_key or "",
             model=model or "",
+            client_tools=_client_tools(client_tools),
         )
         if metadata is not None:
             request.metadata.CopyFrom(_struct(metadata))
@@ -467,6 +568,28 @@ _POLICIES: dict[str, chat_service_pb2.DisconnectPolicy.ValueType] = {
     "cancel": chat_service_pb2.DISCONNECT_POLICY_CANCEL,
     "continue": chat_service_pb2.DISCONNECT_POLICY_CONTINUE,
 }
+
+
+ClientToolSpec = chat_service_pb2.ClientTool | Mapping[str, Any]
+"""A client tool: the proto, or ``{"name": …, "description": …, "input_schema": {…}}``."""
+
+
+def _client_tools(tools: Sequence[ClientToolSpec]) -> list[chat_service_pb2.ClientTool]:
+    converted = []
+    for tool in tools:
+        if isinstance(tool, chat_service_pb2.ClientTool):
+            converted.append(tool)
+            continue
+        proto = chat_service_pb2.ClientTool(name=tool["name"], description=tool.get("description", ""))
+        if tool.get("input_schema") is not None:
+            proto.input_schema.CopyFrom(_struct(tool["input_schema"]))
+        converted.append(proto)
+    return converted
+
+
+def _json(value: Any) -> str:
+    """``value`` as JSON text; NaN and Infinity are refused (they have no JSON form)."""
+    return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 
 
 def _struct(data: Mapping[str, Any]) -> struct_pb2.Struct:
