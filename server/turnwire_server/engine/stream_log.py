@@ -99,8 +99,9 @@ class StreamLog:
         """Called by the turn's :class:`~turnwire_server.engine.events.EventWriter` for every
         event, before the turn fills it in (it is read later, never here)."""
         self.last_sequence_number = response.event.sequence_number
-        for subscriber in tuple(self._subscribers):
-            subscriber.put(response)
+        if self._subscribers:
+            for subscriber in tuple(self._subscribers):  # a put may drop the subscriber
+                subscriber.put(response)
         if not self._recording:
             return
         self._unstored.append(response)
