@@ -12,6 +12,7 @@ the process exits 0.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import signal
 from collections.abc import Sequence
@@ -266,7 +267,7 @@ async def start(settings: Settings) -> Sidecar:
         await store.close()
         raise
     durability = settings.durability
-    # Other features add their expiry sweeps with maintenance.add_hook (docs/semantics.md §12).
+    # Retention, and the expiry of pending submissions and tool calls (docs/semantics.md §12).
     maintenance = Maintenance(
         engine,
         interval_seconds=durability.sweep_interval_seconds,
@@ -277,6 +278,9 @@ async def start(settings: Settings) -> Sidecar:
         "expired submissions",
         lambda now: submissions.expire(now, expiry_seconds=durability.pending_expiry_seconds),
     )
+    if durability.pending_expiry_seconds > 0:
+        expiry = dt.timedelta(seconds=durability.pending_expiry_seconds)
+        maintenance.add_hook("expired tool calls", lambda now: store.expire_pending_tool_calls(now - expiry))
     maintenance.start()
     for service in ("", SERVICE_NAME):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -248,3 +248,46 @@ async def test_pending_submissions_survive_sigkill_and_run_after_restart(
         assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT] * 3
         assert [text_of(m) for m in stored.messages][::2] == ["q0", "q1", "q2"]
     assert await second.terminate() == 0, second.log_text()
+
+
+async def test_pending_submissions_and_client_calls_expire_in_the_sweep(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    """docs/semantics.md §12: pending submissions and client tool calls expire after
+    durability.pending_expiry_seconds; the maintenance sweep ends them without any request."""
+    cfg = config(pending_expiry_seconds=1.0, sweep_interval_seconds=0.2)
+    cfg["providers"]["scripted"]["scripts"]["very-slow"] = [  # type: ignore[index]
+        {"text": " ".join(f"w{i}" for i in range(40)), "delay_ms": 100}
+    ]
+    cfg["providers"]["scripted"]["scripts"]["client-call"] = [  # type: ignore[index]
+        {"tool_calls": [{"name": "lookup", "input": {"q": "x"}}]}
+    ]
+    sidecar = await sidecar_factory(cfg, env=pythonpath_env()).start()
+    async with TurnwireClient(sidecar.target) as client:
+        await client.submit_messages("exp", "long", submission_id="e-run", model="scripted:very-slow")
+        await client.submit_messages("exp", "waits too long", submission_id="e-wait")
+        tool = {"name": "lookup", "description": "look it up", "input_schema": {"type": "object"}}
+        pending = await collect(
+            client.chat("exp-call", "look", model="scripted:client-call", client_tools=[tool])
+        )
+        assert pending.tool_calls[0].state == message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE
+
+        async def submission_expired() -> bool:
+            return (await client.get_submission("e-wait")).state == chat_service_pb2.SUBMISSION_STATE_ERROR
+
+        await wait_until(submission_expired, timeout=15, what="the waiting submission expires")
+        expired = await client.get_submission("e-wait")
+        assert "pending_expiry_seconds" in expired.error.message
+
+        async def call_expired() -> bool:
+            stored = await client.get_conversation("exp-call")
+            calls = [p.tool_call for p in stored.messages[-1].parts if p.WhichOneof("kind") == "tool_call"]
+            return calls[0].state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
+
+        await wait_until(call_expired, timeout=15, what="the pending client call expires")
+        await client.cancel_submission("e-run")
+        stored = await client.get_conversation("exp")
+        assert "waits too long" not in [text_of(m) for m in stored.messages], (
+            "an expired submission stores nothing"
+        )
+    assert await sidecar.terminate() == 0, sidecar.log_text()
