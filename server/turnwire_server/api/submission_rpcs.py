@@ -51,7 +51,10 @@ _TURN_STATUS = {
     "skipped": event_pb2.TURN_STATUS_SKIPPED,
 }
 _DEFAULT_PAGE_SIZE = 50
-_MAX_PAGE_SIZE = 1000
+_MAX_PAGE_SIZE = 100
+MAX_METADATA_BYTES = 16 << 10
+"""A submission's ``metadata`` limit: a full ListSubmissions page (100) stays under gRPC's default
+4 MiB message limit (docs/semantics.md §11, readable back)."""
 
 
 class _Servicer(Protocol):
@@ -150,6 +153,14 @@ class SubmissionRpcs:
                 )
             if len(request.idempotency_key) > 256:
                 violations.append(("idempotency_key", "must be at most 256 characters"))
+            if request.metadata.ByteSize() > MAX_METADATA_BYTES:
+                violations.append(
+                    (
+                        "metadata",
+                        f"is {request.metadata.ByteSize():,} bytes; the limit is {MAX_METADATA_BYTES:,} bytes "
+                        "(keep large data in the messages or your own store)",
+                    )
+                )
             if not request.messages:
                 violations.append(("messages", "must contain at least one message"))
             stored = chat_service_pb2.SubmitMessagesRequest()

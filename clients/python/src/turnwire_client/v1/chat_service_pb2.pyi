@@ -756,7 +756,7 @@ class SubmitMessagesRequest(_message.Message):
 
     @_builtins.property
     def metadata(self) -> _struct_pb2.Struct:
-        """Free-form data kept with the submission."""
+        """Free-form data kept with the submission; at most 16 KiB."""
 
     @_builtins.property
     def body(self) -> _struct_pb2.Struct:
@@ -871,8 +871,8 @@ class ListSubmissionsRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
-    """Maximum number to return: 1-1000; 0 means 50; larger values are coerced
-    to 1000.
+    """Maximum number to return: 1-100; 0 means 50; larger values are coerced
+    to 100 (so a page stays under 4 MiB).
     """
     page_token: _builtins.str
     """The `next_page_token` of a previous call with the same filters; empty
