@@ -157,8 +157,8 @@ class SubmissionRpcs:
                 violations.append(
                     (
                         "metadata",
-                        f"is {request.metadata.ByteSize():,} bytes; the limit is {MAX_METADATA_BYTES:,} bytes "
-                        "(keep large data in the messages or your own store)",
+                        f"is {request.metadata.ByteSize():,} bytes; the limit is "
+                        f"{MAX_METADATA_BYTES:,} bytes (keep large data in the messages or your own store)",
                     )
                 )
             if not request.messages:
