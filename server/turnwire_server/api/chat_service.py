@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
-from google.protobuf import timestamp_pb2
 
 from turnwire.tools import Tool
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.message_pages import decode_token, encode_token, page_of
 from turnwire_server.api.replays import replay_stream
+from turnwire_server.api.resources import conversation_proto
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
 from turnwire_server.api.submission_rpcs import SubmissionRpcs
 from turnwire_server.api.tool_result_rpcs import ToolResultRpcs
@@ -45,21 +45,6 @@ log = logging.getLogger("turnwire.api")
 
 _DEFAULT_PAGE_SIZE = 50
 _MAX_PAGE_SIZE = 1000
-
-
-def _timestamp(value: Any) -> timestamp_pb2.Timestamp:
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(value)
-    return stamp
-
-
-def _conversation(record: ConversationRecord) -> chat_service_pb2.Conversation:
-    return chat_service_pb2.Conversation(
-        conversation_id=record.conversation_id,
-        create_time=_timestamp(record.create_time),
-        update_time=_timestamp(record.update_time),
-        message_count=record.message_count,
-    )
 
 
 def _not_found(conversation_id: str) -> TurnwireStatusError:
@@ -302,7 +287,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
             await abort(context, error)
             raise AssertionError("unreachable") from None
         page, following = page_of(messages, start, request.page_size)
-        conversation = _conversation(record)
+        conversation = conversation_proto(record)
         conversation.messages.extend(page)
         token = "" if following is None else encode_token(request.conversation_id, following)
         return chat_service_pb2.GetConversationResponse(conversation=conversation, next_page_token=token)
@@ -336,7 +321,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
             await abort(context, error)
             raise AssertionError("unreachable") from None
         return chat_service_pb2.ListConversationsResponse(
-            conversations=[_conversation(r) for r in records], next_page_token=token
+            conversations=[conversation_proto(r) for r in records], next_page_token=token
         )
 
     async def ResumeTurn(

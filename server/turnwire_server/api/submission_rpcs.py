@@ -20,7 +20,9 @@ from google.rpc import status_pb2
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.replays import replay_stream
+from turnwire_server.api.resources import timestamp
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
+from turnwire_server.api.turn_streams import abort
 from turnwire_server.api.validation import check_id, check_message, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
 from turnwire_server.engine.errors import SubmissionNotFound, TurnNotFound
@@ -66,11 +68,7 @@ class _Servicer(Protocol):
 
 
 def _timestamp(value: dt.datetime | None) -> timestamp_pb2.Timestamp | None:
-    if value is None:
-        return None
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(value)
-    return stamp
+    return None if value is None else timestamp(value)
 
 
 def submission_proto(record: SubmissionRecord) -> chat_service_pb2.Submission:
@@ -119,9 +117,7 @@ def turn_request_of(record: SubmissionRecord, default_model: str) -> TurnRequest
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: BaseException) -> None:
-    from grpc_status import rpc_status
-
-    await context.abort_with_status(rpc_status.to_status(status_error_of(error).to_status()))
+    await abort(context, status_error_of(error))
 
 
 class SubmissionRpcs:

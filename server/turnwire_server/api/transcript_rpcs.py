@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-from google.protobuf import timestamp_pb2
-from grpc_status import rpc_status
 
 from turnwire_client.v1 import chat_service_pb2
+from turnwire_server.api.resources import conversation_proto
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
+from turnwire_server.api.turn_streams import abort
 from turnwire_server.api.validation import check_id, check_message, raise_if_any
 from turnwire_server.engine import TurnEngine
 from turnwire_server.engine.deletion import delete_conversation
@@ -29,29 +29,14 @@ _MODES: dict[int, AddMode] = {
 }
 
 
-def _timestamp(value: Any) -> timestamp_pb2.Timestamp:
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(value)
-    return stamp
-
-
 def _response(result: AddResult) -> chat_service_pb2.AddMessagesResponse:
     record = result.conversation
     return chat_service_pb2.AddMessagesResponse(
-        conversation=chat_service_pb2.Conversation(
-            conversation_id=record.conversation_id,
-            create_time=_timestamp(record.create_time),
-            update_time=_timestamp(record.update_time),
-            message_count=record.message_count,
-        ),
+        conversation=conversation_proto(record),
         added_count=result.added,
         updated_count=result.updated,
         unchanged_count=result.unchanged,
     )
-
-
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: TurnwireStatusError) -> None:
-    await context.abort_with_status(rpc_status.to_status(error.to_status()))
 
 
 class TranscriptRpcs:
@@ -135,7 +120,7 @@ class TranscriptRpcs:
             except StoreError as error:
                 raise status_error_of(error) from error
         except TurnwireStatusError as error:
-            await _abort(context, error)
+            await abort(context, error)
             raise AssertionError("unreachable") from None
         return _response(result)
 
@@ -173,6 +158,6 @@ class TranscriptRpcs:
             except StoreError as error:
                 raise status_error_of(error) from error
         except TurnwireStatusError as error:
-            await _abort(context, error)
+            await abort(context, error)
             raise AssertionError("unreachable") from None
         return chat_service_pb2.DeleteConversationResponse(deleted=deleted)

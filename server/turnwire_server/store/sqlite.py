@@ -20,7 +20,6 @@ from typing import Any
 
 import aiosqlite
 import filelock
-from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import (
@@ -41,10 +40,11 @@ from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.sqlite_migrations import Migration, load_migrations
 from turnwire_server.store.sqlite_rows import (
     DB_ERRORS,
-    build_message,
+    LOAD_MESSAGES_SQL,
     conversation_from_row,
     decode_page_token,
     encode_page_token,
+    messages_from_rows,
     store_error,
     to_us,
     turn_from_row,
@@ -231,29 +231,8 @@ class SqliteStore:
 
     async def load_messages(self, conversation_id: str) -> list[message_pb2.Message]:
         """All messages of the conversation in append order ([] when none or no conversation)."""
-        # One statement, so messages and parts come from one consistent snapshot.
-        rows = await self._read(
-            "load_messages",
-            "SELECT m.id, m.role, m.create_time, m.create_time_nanos, m.metadata, p.data"
-            " FROM messages AS m LEFT JOIN parts AS p"
-            " ON p.conversation_id = m.conversation_id AND p.message_id = m.id"
-            " WHERE m.conversation_id = ? ORDER BY m.seq, p.idx",
-            (conversation_id,),
-        )
-        messages: list[message_pb2.Message] = []
-        current: message_pb2.Message | None = None
-        try:
-            for message_id, role, create_us, create_nanos, metadata, part in rows:
-                if current is None or current.id != message_id:
-                    current = build_message(message_id, role, create_us, create_nanos, metadata)
-                    messages.append(current)
-                if part is not None:
-                    current.parts.add().MergeFromString(part)
-        except (DecodeError, RecursionError) as exc:
-            raise StoreCorrupted(
-                f"sqlite store: conversation {conversation_id!r} has a message that cannot be decoded: {exc}"
-            ) from exc
-        return messages
+        rows = await self._read("load_messages", LOAD_MESSAGES_SQL, (conversation_id,))
+        return messages_from_rows(conversation_id, rows)
 
     async def running_turns(self) -> list[TurnRecord]:
         """Turns whose state is ``running``, oldest start first."""

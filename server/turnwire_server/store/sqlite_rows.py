@@ -13,15 +13,25 @@ import datetime as dt
 import re
 import sqlite3
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, get_args
 
+from google.protobuf.message import DecodeError
+
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import ConversationRecord, InvalidPageToken, StoreError, TurnRecord, TurnState
+from turnwire_server.store.base import (
+    ConversationRecord,
+    InvalidPageToken,
+    StoreCorrupted,
+    StoreError,
+    TurnRecord,
+    TurnState,
+)
 
 __all__ = [
     "DB_ERRORS",
+    "LOAD_MESSAGES_SQL",
     "MessageRow",
     "WriteFn",
     "build_message",
@@ -30,7 +40,9 @@ __all__ = [
     "decode_page_token",
     "encode_page_token",
     "message_row",
+    "messages_from_rows",
     "store_error",
+    "time_from_us",
     "to_us",
     "turn_from_row",
 ]
@@ -135,6 +147,40 @@ def build_message(
         message.metadata.SetInParent()
         message.metadata.MergeFromString(metadata)
     return message
+
+
+LOAD_MESSAGES_SQL: Final = (
+    "SELECT m.id, m.role, m.create_time, m.create_time_nanos, m.metadata, p.data"
+    " FROM messages AS m LEFT JOIN parts AS p"
+    " ON p.conversation_id = m.conversation_id AND p.message_id = m.id"
+    " WHERE m.conversation_id = ? ORDER BY m.seq, p.idx"
+)
+"""A conversation's messages with their parts, in one statement (one consistent snapshot);
+the parameter is the conversation id. Rows for :func:`messages_from_rows`."""
+
+
+def messages_from_rows(conversation_id: str, rows: Iterable[Any]) -> list[message_pb2.Message]:
+    """The messages of :data:`LOAD_MESSAGES_SQL`'s rows, in order. Raises :class:`StoreCorrupted`
+    for a part that cannot be decoded."""
+    messages: list[message_pb2.Message] = []
+    current: message_pb2.Message | None = None
+    try:
+        for message_id, role, create_us, create_nanos, metadata, part in rows:
+            if current is None or current.id != message_id:
+                current = build_message(message_id, role, create_us, create_nanos, metadata)
+                messages.append(current)
+            if part is not None:
+                current.parts.add().MergeFromString(part)
+    except (DecodeError, RecursionError) as exc:
+        raise StoreCorrupted(
+            f"sqlite store: conversation {conversation_id!r} has a message that cannot be decoded: {exc}"
+        ) from exc
+    return messages
+
+
+def time_from_us(us: int | None) -> dt.datetime | None:
+    """Microseconds since the epoch as a tz-aware UTC datetime; None stays None."""
+    return _opt_from_us(us)
 
 
 # --------------------------------------------------------------------------- turns, conversations

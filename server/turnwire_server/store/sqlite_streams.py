@@ -5,27 +5,21 @@ Same conventions as :mod:`turnwire_server.store.sqlite_writes`.
 
 from __future__ import annotations
 
-import datetime as dt
 import sqlite3
 import struct
 from collections.abc import Sequence
 from typing import Any, Final
 
 from turnwire_server.store.base import StreamRecord
-from turnwire_server.store.sqlite_rows import WriteFn
+from turnwire_server.store.sqlite_rows import WriteFn, time_from_us
 
 __all__ = ["STREAM_COLUMNS", "append_events_write", "pack_events", "stream_from_row", "unpack_events"]
 
-_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 STREAM_COLUMNS: Final = (
     "request_id, conversation_id, last_sequence_number, create_time, end_time, events_expired"
 )
 """The columns :func:`stream_from_row` reads, in its order."""
-
-
-def _time(us: int | None) -> dt.datetime | None:
-    return None if us is None else _EPOCH + dt.timedelta(microseconds=us)
 
 
 def append_events_write(
@@ -108,13 +102,13 @@ def unpack_events(data: bytes, after: int, before: int | None) -> list[bytes]:
 def stream_from_row(row: Any) -> StreamRecord:
     """A ``turn_streams`` row ``(request_id, conversation_id, last_sequence_number, create_time,
     end_time, events_expired)`` as a :class:`StreamRecord`."""
-    create = _time(row[3])
+    create = time_from_us(row[3])
     assert create is not None  # NOT NULL column
     return StreamRecord(
         request_id=row[0],
         conversation_id=row[1],
         last_sequence_number=row[2],
         create_time=create,
-        end_time=_time(row[4]),
+        end_time=time_from_us(row[4]),
         events_expired=bool(row[5]),
     )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import datetime as dt
 import hashlib
 import sqlite3
 import struct
@@ -24,7 +23,7 @@ from turnwire_server.store.base import (
     SubmissionState,
     TooManySubmissions,
 )
-from turnwire_server.store.sqlite_rows import WriteFn, to_us
+from turnwire_server.store.sqlite_rows import WriteFn, time_from_us, to_us
 
 __all__ = [
     "SUBMISSION_COLUMNS",
@@ -38,7 +37,6 @@ __all__ = [
     "submission_from_row",
 ]
 
-_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _SUBMISSION_STATES: Final[frozenset[str]] = frozenset(get_args(SubmissionState))
 _OPEN: Final = ("pending", "running")
 
@@ -48,16 +46,12 @@ SUBMISSION_COLUMNS: Final = (
 """The columns :func:`submission_from_row` reads, in its order."""
 
 
-def _time(us: int | None) -> dt.datetime | None:
-    return None if us is None else _EPOCH + dt.timedelta(microseconds=us)
-
-
 # --------------------------------------------------------------------------- submissions
 
 
 def submission_from_row(row: Any) -> SubmissionRecord:
     """A row of :data:`SUBMISSION_COLUMNS` as a :class:`SubmissionRecord`."""
-    create = _time(row[5])
+    create = time_from_us(row[5])
     assert create is not None  # NOT NULL column
     state = row[3]
     if state not in _SUBMISSION_STATES:
@@ -69,8 +63,8 @@ def submission_from_row(row: Any) -> SubmissionRecord:
         state=state,
         request=bytes(row[4]),
         create_time=create,
-        start_time=_time(row[6]),
-        end_time=_time(row[7]),
+        start_time=time_from_us(row[6]),
+        end_time=time_from_us(row[7]),
         error=None if row[8] is None else bytes(row[8]),
         seq=row[9],
     )

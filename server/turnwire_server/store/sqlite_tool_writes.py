@@ -16,7 +16,13 @@ from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import AnsweredToolCalls, StoreCorrupted, ToolCallAnswer
-from turnwire_server.store.sqlite_rows import build_message, message_row, to_us
+from turnwire_server.store.sqlite_rows import (
+    LOAD_MESSAGES_SQL,
+    build_message,
+    message_row,
+    messages_from_rows,
+    to_us,
+)
 from turnwire_server.store.sqlite_writes import upsert_message
 from turnwire_server.store.tool_answers import answer_calls, close_call, expired_text, is_waiting
 
@@ -29,27 +35,7 @@ _MAYBE_WAITING = "(instr(p.data, X'2002') > 0 OR instr(p.data, X'2003') > 0)"
 
 
 def _load_messages(conn: sqlite3.Connection, conversation_id: str) -> list[message_pb2.Message]:
-    rows = conn.execute(
-        "SELECT m.id, m.role, m.create_time, m.create_time_nanos, m.metadata, p.data"
-        " FROM messages AS m LEFT JOIN parts AS p"
-        " ON p.conversation_id = m.conversation_id AND p.message_id = m.id"
-        " WHERE m.conversation_id = ? ORDER BY m.seq, p.idx",
-        (conversation_id,),
-    )
-    messages: list[message_pb2.Message] = []
-    current: message_pb2.Message | None = None
-    try:
-        for message_id, role, create_us, create_nanos, metadata, part in rows:
-            if current is None or current.id != message_id:
-                current = build_message(message_id, role, create_us, create_nanos, metadata)
-                messages.append(current)
-            if part is not None:
-                current.parts.add().MergeFromString(part)
-    except (DecodeError, RecursionError) as exc:
-        raise StoreCorrupted(
-            f"sqlite store: conversation {conversation_id!r} has a message that cannot be decoded: {exc}"
-        ) from exc
-    return messages
+    return messages_from_rows(conversation_id, conn.execute(LOAD_MESSAGES_SQL, (conversation_id,)))
 
 
 class AnswerWrite:
