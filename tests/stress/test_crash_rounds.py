@@ -1,5 +1,6 @@
 """SIGKILL at random points of a turn, many rounds on one database: no acknowledged message is
-lost or duplicated, and no turn is left running after a restart (docs/semantics.md §5 and §8).
+lost or duplicated, every turn left running is recovered (within its budget) and ends after a
+restart (docs/semantics.md §5 and §8).
 
 Each round starts the server (which recovers what the previous round's crash left), sends one
 message with a client-chosen id, reads the stream up to a random point (the start event, a text
@@ -21,6 +22,7 @@ from collections import Counter
 
 import grpc
 from support.sidecar import SidecarFactory
+from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc
@@ -81,6 +83,16 @@ async def test_sigkill_at_random_points_loses_no_acknowledged_message(
             sidecar.kill()
 
     final = await sidecar_factory(CONFIG).start()  # recovers the last round's crash
+    assert db_path is not None
+
+    def running_turns() -> list[tuple[str, int]]:
+        with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
+            return db.execute(
+                "SELECT request_id, recovery_count FROM turns WHERE state = 'running'"
+            ).fetchall()
+
+    # Recoveries run in the background after the start; each finishes its answer.
+    await wait_until(lambda: not running_turns(), timeout=30, what="the recovered turns end")
     async with TurnwireClient(final.target) as client:
         stored: dict[str, list[str]] = {}
         for conversation in {c for c, _ in sent}:
@@ -91,8 +103,7 @@ async def test_sigkill_at_random_points_loses_no_acknowledged_message(
     for conversation, ids in stored.items():
         duplicated = [i for i, n in Counter(ids).items() if n > 1]
         assert not duplicated, f"seed {seed}: {conversation} stores {duplicated} more than once"
-    assert db_path is not None
     with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
-        running = db.execute("SELECT request_id FROM turns WHERE state = 'running'").fetchall()
-    assert not running, f"seed {seed}: turns left running after recovery: {running}"
+        budget_spent = db.execute("SELECT request_id FROM turns WHERE recovery_count > 2").fetchall()
+    assert not budget_spent, f"seed {seed}: turns recovered past the budget: {budget_spent}"
     assert acknowledged, "no round got as far as the start event"
