@@ -56,6 +56,7 @@ class Subscription:
     def put(self, response: Any) -> None:
         """Hand on one event; past ``limit`` unread ones, drop the reader (it re-attaches)."""
         if self.channel.backlogged:
+            log.debug("a resume reader fell %d events behind; it re-attaches", self.limit)
             self.overflowed = True
             self.close()
             return
