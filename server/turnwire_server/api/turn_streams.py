@@ -56,17 +56,32 @@ async def stream_turn(
     handle = started
     try:
         first = True
+        last = 0
         async for response in handle.channel:
+            event = response.event
             if first:
                 first = False
-                event = response.event
                 if event.HasField("turn_end") and event.turn_end.status == event_pb2.TURN_STATUS_ERROR:
                     # Failed before its input was stored (no TurnStart): the request was refused,
                     # so the call ends with that status, as every refusal does.
                     await context.abort_with_status(rpc_status.to_status(event.turn_end.error))
+            last = event.sequence_number
             yield response
+        if handle.channel.detached_by is not None:
+            # Too slow a reader of a CONTINUE turn: the turn goes on, this call ends.
+            await abort(context, _let_go(handle.request_id, last, handle.channel.detached_by))
     finally:
         handle.release()  # cancels the turn, or lets it go on (disconnect policy CONTINUE)
+
+
+def _let_go(request_id: str, last: int, why: BaseException) -> TurnwireStatusError:
+    return TurnwireStatusError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"{why}; the turn goes on without this call (disconnect policy CONTINUE): re-attach with "
+        f"ResumeTurn(request_id={request_id!r}, after_sequence_number={last})",
+        reason="SLOW_CONSUMER",
+        metadata={"request_id": request_id, "after_sequence_number": str(last)},
+    )
 
 
 def disconnect_of(policy: int) -> Literal["cancel", "continue"]:

@@ -26,7 +26,16 @@ class EventChannel(Generic[T]):
     ``high_water`` (items; 0: unbounded) is the backlog past which the producer should wait.
     """
 
-    __slots__ = ("_closed", "_detached", "_drain_waiter", "_high_water", "_items", "_low_water", "_waiter")
+    __slots__ = (
+        "_closed",
+        "_detached",
+        "_drain_waiter",
+        "_high_water",
+        "_items",
+        "_low_water",
+        "_waiter",
+        "detached_by",
+    )
 
     def __init__(self, high_water: int = 0) -> None:
         self._items: deque[T] = deque()
@@ -34,6 +43,7 @@ class EventChannel(Generic[T]):
         self._drain_waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._detached = False
+        self.detached_by: BaseException | None = None
         self._high_water = high_water
         self._low_water = high_water // 2
 
@@ -52,14 +62,18 @@ class EventChannel(Generic[T]):
         finally:
             self._drain_waiter = None
 
-    def detach(self) -> None:
-        """The consumer left for good (disconnect policy CONTINUE): drop what is queued and every
-        later item, never report a backlog, release a producer waiting for the drain."""
+    def detach(self, reason: BaseException | None = None) -> None:
+        """Let the consumer go for good (disconnect policy CONTINUE): drop what is queued and every
+        later item, never report a backlog, release a producer waiting for the drain, and end the
+        consumer's iteration. ``reason`` (kept in :attr:`detached_by`) says why when the
+        producer let a consumer that is still there go (it read too slowly)."""
         self._detached = True
+        self.detached_by = reason
         self._items.clear()
         waiter = self._drain_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        self.close()
 
     def put(self, item: T) -> None:
         """Append ``item`` and wake the consumer if it waits (dropped once detached)."""

@@ -90,14 +90,17 @@ class StreamStalled(Exception):
 
 
 class SlowConsumer(Exception):
-    """The client read nothing of a full stream buffer for ``seconds``; the turn was stopped."""
+    """The client read nothing of a full stream buffer for ``seconds``; the turn was stopped
+    (``stopped``), or, with disconnect policy CONTINUE, goes on without that call."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, *, stopped: bool = True) -> None:
+        what = "the turn was stopped and its partial reply stored" if stopped else "the call was let go"
         super().__init__(
             f"the client read no event for {seconds:g} s while the stream's buffer was full "
-            "(limits.slow_reader_timeout_seconds); the turn was stopped and its partial reply stored"
+            f"(limits.slow_reader_timeout_seconds); {what}"
         )
         self.seconds = seconds
+        self.stopped = stopped
 
 
 class NothingToContinue(Exception):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
@@ -35,6 +36,8 @@ from turnwire_server.engine.turn_state import TurnState
 from turnwire_server.hooks.chain import HookError, merge_config
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.base import Store
+
+log = logging.getLogger("turnwire.turn")
 
 _FINISH_REASONS = {
     "stop": event_pb2.FINISH_REASON_STOP,
@@ -241,10 +244,17 @@ class StepLoop:
         return runner
 
     async def wait_for_reader(self) -> None:
-        """Backpressure: wait for the client to read a backlog; stop the turn (SLOW_CONSUMER) when
-        it reads nothing that helps within ``slow_reader_timeout_seconds``."""
+        """Backpressure: wait for the client to read a backlog. One that reads nothing that helps
+        within ``slow_reader_timeout_seconds`` has its turn stopped (SLOW_CONSUMER), or, with
+        disconnect policy CONTINUE, is let go: its call ends and the turn goes on without it
+        (it re-attaches with ResumeTurn; docs/semantics.md §5)."""
         timeout = self.settings.slow_reader_timeout_seconds
         if not await self.state.writer.drained(timeout):
+            if self.state.request.disconnect == "continue":
+                reason = SlowConsumer(timeout, stopped=False)
+                log.warning("turn %s goes on without its caller: %s", self.state.request.request_id, reason)
+                self.state.writer.channel.detach(reason)
+                return
             self.stop(SlowConsumer(timeout))
             await asyncio.sleep(0)  # the stop cancels this task: let it land here
 
