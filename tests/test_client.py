@@ -699,3 +699,27 @@ async def test_run_history_unreachable_returns_3() -> None:
     console, output = capture()
     assert await run_history(f"127.0.0.1:{free_port()}", CONV, console=console) == 3
     assert "cannot reach the sidecar" in output()
+
+
+async def test_collect_takes_a_resumed_stream_and_the_jump_of_a_crash_recovery() -> None:
+    """A resumed stream starts after the number asked for, and an AttemptStart after a crash
+    recovery is numbered far above the lost attempt's events (docs/semantics.md §8)."""
+    stream = weather_turn()
+    resumed = stream[3:]
+    result = await collect(agen(resumed))
+    assert result.status == event_pb2.TURN_STATUS_COMPLETED
+    assert [e.sequence_number for e in result.events] == [e.sequence_number for e in resumed]
+
+    recovered = [stream[0], stream[1]]
+    attempt = event_pb2.TurnEvent(conversation_id=CONV, request_id=stream[0].request_id)
+    attempt.sequence_number = 65_539
+    attempt.attempt_start.attempt = 2
+    end = event_pb2.TurnEvent()
+    end.CopyFrom(stream[-1])
+    end.sequence_number = 65_540
+    result = await collect(agen([*recovered, attempt, end]))
+    assert result.status == end.turn_end.status
+
+    gap = [stream[0], stream[1], end]  # a jump to anything but an AttemptStart is still a gap
+    with pytest.raises(ProtocolError, match="expected sequence number 3"):
+        await collect(agen(gap))

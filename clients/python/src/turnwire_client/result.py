@@ -91,10 +91,13 @@ class _TurnCollector:
         self.end: event_pb2.TurnEnd | None = None
 
     def add(self, event: event_pb2.TurnEvent) -> None:
-        expected = len(self.events) + 1
         if self.end is not None:
             raise ProtocolError(f"event {event.sequence_number} ({event.WhichOneof('event')}) after TurnEnd")
-        if event.sequence_number != expected:
+        # A resumed stream starts after the number it was asked for; an AttemptStart after a crash
+        # recovery jumps past every number the lost attempt can have sent (docs/semantics.md §8).
+        expected = self.events[-1].sequence_number + 1 if self.events else event.sequence_number
+        jump = event.WhichOneof("event") == "attempt_start" and event.sequence_number > expected
+        if event.sequence_number != expected and not jump:
             raise ProtocolError(f"expected sequence number {expected}, got {event.sequence_number}")
         if self.events:
             first = self.events[0]
@@ -132,15 +135,17 @@ async def collect(events: AsyncIterable[event_pb2.TurnEvent]) -> TurnResult:
     """Consume a turn's event stream and fold it into a :class:`TurnResult`.
 
     Args:
-        events: The stream, e.g. ``client.chat(...)``.
+        events: The stream, e.g. ``client.chat(...)`` or ``client.resume_turn(...)``.
 
     Returns:
         The turn's result. A turn that ended in ``TURN_STATUS_ERROR`` is returned, not
         raised; call :meth:`TurnResult.raise_for_error` to turn it into an exception.
 
     Raises:
-        ProtocolError: sequence numbers are not ``1, 2, 3, ...`` without gaps, events name
-            different turns, an event follows the ``TurnEnd``, or there is no ``TurnEnd``.
+        ProtocolError: sequence numbers do not follow each other without gaps (the first may be
+            any number, for a resumed stream; an ``AttemptStart`` after a crash recovery may jump
+            ahead), events name different turns, an event follows the ``TurnEnd``, or there is
+            no ``TurnEnd``.
         TurnwireError: the call itself failed (propagated from the stream).
 
     When ``events`` has an ``aclose`` method (async generators such as ``client.chat(...)``)
