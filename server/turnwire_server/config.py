@@ -18,6 +18,7 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     YamlConfigSettingsSource,
 )
 
@@ -227,6 +228,12 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as error:
         raise ConfigError(_describe(error, origin)) from None
+    except SettingsError as error:
+        # pydantic-settings: an environment value it could not parse (a list or mapping needs JSON).
+        raise ConfigError(
+            f"invalid configuration ({origin}): {error}; a list or mapping in a TURNWIRE_* variable "
+            """is JSON, e.g. TURNWIRE_TOOLS__REQUIRE_APPROVAL='["get_current_time"]'"""
+        ) from None
     except (OSError, ValueError, yaml.YAMLError) as error:
         raise ConfigError(f"cannot read {config_file}: {error}") from None
     finally:

@@ -110,3 +110,13 @@ def test_config_errors_name_the_field_without_the_union_tag(tmp_path: Any) -> No
     path.write_text("providers:\n  claude:\n    type: anthropic\n    max_retries: -1\n")
     with pytest.raises(ConfigError, match=r"providers\.claude\.max_retries: Input should be greater"):
         load_settings(path)
+
+
+def test_an_environment_list_that_is_not_json_says_how_to_write_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from turnwire_server.config import ConfigError, load_settings
+
+    monkeypatch.setenv("TURNWIRE_TOOLS__REQUIRE_APPROVAL", "get_current_time")
+    with pytest.raises(ConfigError, match=r"TURNWIRE_\* variable is JSON"):
+        load_settings(None)
+    monkeypatch.setenv("TURNWIRE_TOOLS__REQUIRE_APPROVAL", '["get_current_time"]')
+    assert load_settings(None).tools.require_approval == ["get_current_time"]
