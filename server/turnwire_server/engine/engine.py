@@ -52,9 +52,17 @@ class TurnHandle:
     """A started turn: iterate it for its responses (each wraps a ``TurnEvent``)."""
 
     def __init__(
-        self, run: TurnRun, channel: EventChannel[Any], task: asyncio.Task[None], log: StreamLog
+        self,
+        run: TurnRun,
+        channel: EventChannel[Any],
+        task: asyncio.Task[None],
+        log: StreamLog,
+        *,
+        detached: bool = False,
     ) -> None:
         self.run = run
+        #: Started without a caller (a submission, a recovery): it runs again after a restart.
+        self.detached = detached
         self.channel = channel
         self.task = task
         self.log = log
@@ -202,7 +210,7 @@ class TurnEngine:
                     self._turns.pop(request.request_id, None)
 
         task = asyncio.create_task(main(), name=f"turn {request.request_id}")
-        handle = TurnHandle(run, channel, task, log)
+        handle = TurnHandle(run, channel, task, log, detached=detached)
         self._turns[request.request_id] = handle
         return handle
 
@@ -290,8 +298,11 @@ class TurnEngine:
         _, pending = await asyncio.wait(handles, timeout=grace_seconds)
         for task in pending:
             handle = handles[task]
-            if handle.run.request.disconnect == "continue" and handle.run.messages_persisted:
-                handle.run.cancel(ServerStopping())  # no caller waits: recovered at the next start
+            run = handle.run
+            if (run.request.disconnect == "continue" and run.messages_persisted) or handle.detached:
+                # No caller waits: a started turn is recovered at the next start, a submission
+                # that has not started runs then (its watchers are told why it stopped).
+                run.cancel(ServerStopping())
             else:
                 handle.cancel()
         if pending:

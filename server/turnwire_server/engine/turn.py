@@ -225,7 +225,11 @@ class TurnRun:
             self.writer.close()
 
     def _not_stored(self, why: str) -> None:
-        """The turn ends before its input was stored: its TurnEnd says so (no TurnStart was sent)."""
+        """The turn ends before its input was stored: its TurnEnd says so (no TurnStart was sent).
+        A shutdown says so instead: such a turn (a submission) runs when the server starts again."""
+        if isinstance(self._stop, ServerStopping):
+            self.status_error = self._error_status(self._stop, "persist")
+            return
         self.status_error = self._error_status(InputNotStored(why), "persist")
 
     def _start_event(self) -> None:
