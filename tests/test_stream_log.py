@@ -1,18 +1,26 @@
-"""The stream log and re-attaching (engine level): exactly once across the store, the in-memory
-backlog and live events; a reader that falls behind re-attaches (docs/semantics.md §8)."""
+"""The stream log, re-attaching and recovery at start (engine level): exactly once across the
+store, the in-memory backlog and live events; a reader that falls behind re-attaches; crash
+recoveries are bounded (docs/semantics.md §8)."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
+from pathlib import Path
+from typing import Any
 
 import pytest
-from support.engine_harness import EngineFactory, collect, end_of
+from support.engine_harness import EngineFactory, collect, end_of, text_of
 from support.waiting import wait_until
 
 from turnwire.testing import ScriptStep
-from turnwire_client.v1 import event_pb2
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.engine.errors import TurnNotFound
+from turnwire_server.engine.request import TurnRequest
+from turnwire_server.engine.turn_spec import spec_json
+from turnwire_server.store import TurnRecord
+from turnwire_server.store.sqlite import SqliteStore
 
 WORDS = [f"w{i}" for i in range(120)]
 SLOW = {"slow": [ScriptStep(text=" ".join(WORDS), delay_ms=2)]}
@@ -59,3 +67,64 @@ async def test_a_finished_turn_is_read_from_the_store_and_an_unstarted_one_is_no
     with pytest.raises(TurnNotFound, match="never started"):
         async for _ in h.engine.replay("r-skip", 0):
             pass
+
+
+async def test_recoveries_at_start_are_bounded_and_each_finishes_its_answer(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    """docs/semantics.md §8: turns a crash left running are recovered at start, at most
+    ``max_concurrent_recoveries`` calling the model at once; each continues its own stored reply."""
+    crashed = SqliteStore(tmp_path / "turnwire.db")
+    await crashed.open()
+    for n in range(5):
+        request = TurnRequest(
+            conversation_id=f"c{n}",
+            request_id=f"r-crash-{n}",
+            messages=[],
+            body={},
+            model="scripted:slow",
+            continuation=False,
+            response_type=chat_service_pb2.ChatResponse,
+        )
+        record = TurnRecord(
+            request_id=request.request_id,
+            conversation_id=request.conversation_id,
+            assistant_message_id=f"tw-a-r-crash-{n}",
+            continuation=False,
+            model="scripted:slow",
+            state="running",
+            start_time=dt.datetime.now(dt.UTC),
+            spec=spec_json(request),
+        )
+        user = message_pb2.Message(id=f"u{n}", role=message_pb2.ROLE_USER)
+        user.parts.add().text.text = "tell me"
+        await crashed.start_turn(record, [user])
+        partial = message_pb2.Message(id=record.assistant_message_id, role=message_pb2.ROLE_ASSISTANT)
+        partial.parts.add().text.text = "once upon"
+        await crashed.save_message(record.conversation_id, partial)
+    await crashed.close()
+
+    h = await make_engine(scripts=SLOW, max_concurrent_recoveries=2)
+    in_flight = peak = 0
+    release = asyncio.Event()
+
+    async def hold(request: Any) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await release.wait()
+        in_flight -= 1
+
+    h.provider.before_stream = hold
+    assert await h.engine.recover() == 5
+    await wait_until(lambda: in_flight == 2, what="two recoveries call the model")
+    for _ in range(100):  # every other recovery task gets its turn to run meanwhile
+        await asyncio.sleep(0)
+    assert (in_flight, h.provider.calls) == (2, 2), "the other three wait for a slot"
+    release.set()
+    await wait_until(lambda: h.engine.running == 0, timeout=20, what="every recovery ends")
+    assert peak == 2
+    for n in range(5):
+        messages = await h.store.load_messages(f"c{n}")
+        assert [m.id for m in messages] == [f"u{n}", f"tw-a-r-crash-{n}"], "one stored answer each"
+        assert text_of(messages[1]).startswith("once upon") and len(text_of(messages[1])) > len("once upon")

@@ -215,6 +215,7 @@ async def start(settings: Settings) -> Sidecar:
                 hook_timeline=settings.events.hook_timeline,
                 event_retention_seconds=settings.durability.event_retention_seconds,
                 recovery_budget=settings.durability.recovery_budget,
+                max_concurrent_recoveries=settings.durability.max_concurrent_recoveries,
                 stall_recovery=settings.durability.stall_recovery,
                 pending_expiry_seconds=settings.durability.pending_expiry_seconds,
             ),

@@ -127,6 +127,9 @@ class DurabilitySettings(_Section):
     recovery_budget: int = Field(
         2, ge=0, le=100, description="recoveries one turn may get (crash and stall), counted in the store"
     )
+    max_concurrent_recoveries: int = Field(
+        16, ge=1, le=10_000, description="crash recoveries that call the model at once after a start"
+    )
     stall_recovery: bool = Field(
         False, description="after the stall watchdog interrupts a turn, recover it in the same stream"
     )

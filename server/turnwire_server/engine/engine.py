@@ -325,6 +325,7 @@ class TurnEngine:
         how many turns were found.
         """
         turns = await self.store.running_turns()
+        slots = asyncio.Semaphore(self.settings.max_concurrent_recoveries)
         for turn in turns:
             messages = await self.store.load_messages(turn.conversation_id)
             reply = next((m for m in messages if m.id == turn.assistant_message_id), None)
@@ -354,7 +355,7 @@ class TurnEngine:
                     request,
                     detached=True,
                     queue_limit=False,
-                    recovery=Recovery(record, reply, attempt=record.recovery_count + 1),
+                    recovery=Recovery(record, reply, attempt=record.recovery_count + 1, slots=slots),
                     last_sequence_number=last_sequence,
                 )
                 log.warning(

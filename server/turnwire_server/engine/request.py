@@ -55,7 +55,8 @@ class EngineSettings:
     ``hook_timeline`` puts each turn's hook timeline in ``TurnEnd.metadata``.
     ``event_retention_seconds``: how long a finished turn's events stay re-attachable.
     ``recovery_budget``: recoveries (crash, stall) one turn may get, counted in the store;
-    ``stall_recovery`` recovers a stalled turn in its own stream.
+    ``stall_recovery`` recovers a stalled turn in its own stream;
+    ``max_concurrent_recoveries`` bounds the crash recoveries that run their steps at once.
     ``pending_expiry_seconds``: pending client tool calls, approvals and submissions older
     than this expire (0: never).
     """
@@ -74,5 +75,6 @@ class EngineSettings:
     hook_timeline: bool = False
     event_retention_seconds: float = 3600.0
     recovery_budget: int = 2
+    max_concurrent_recoveries: int = 16
     stall_recovery: bool = False
     pending_expiry_seconds: float = 86400.0

@@ -273,7 +273,9 @@ class TurnRun:
         self._attempt_event(recovery.reason, appends=recovery.reply is not None)
         if self.state.cancelled.is_set():
             raise asyncio.CancelledError
-        await self._attempts()
+        # Bounded: a start that finds many interrupted turns does not call the model for all at once.
+        async with recovery.slots:
+            await self._attempts()
 
     async def _started(self) -> None:
         request = self.request
@@ -561,13 +563,15 @@ class Recovery:
 
     ``record`` is the stored turn, still ``running``, its ``recovery_count`` already counting
     this recovery; ``reply`` the stored partial reply to continue (None: nothing was committed,
-    the turn re-runs); ``attempt`` the attempt this run is (from 2); ``reason`` goes in the
-    AttemptStart event.
+    the turn re-runs); ``attempt`` the attempt this run is (from 2); ``slots`` bounds how many
+    recoveries run their steps at once (``durability.max_concurrent_recoveries``); ``reason``
+    goes in the AttemptStart event.
     """
 
     record: TurnRecord
     reply: message_pb2.Message | None
     attempt: int
+    slots: asyncio.Semaphore
     reason: str = "SERVER_RESTARTED"
 
 
