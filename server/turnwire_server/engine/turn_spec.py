@@ -1,8 +1,7 @@
 """What a recovery needs to run a turn again, stored with the turn (``TurnRecord.spec``).
 
 The input messages are in the conversation and the model in the turn row; the rest of the
-request (hook ``body``, client tools, disconnect policy, whether it continued) is kept here
-as JSON text,
+request (hook ``body``, client tools, whether it continued) is kept here as JSON text,
 so a turn a crash interrupted can be run again by a process that never saw its request
 (docs/semantics.md §8).
 """
@@ -27,7 +26,6 @@ class TurnSpec:
 
     body: Mapping[str, Any] = field(default_factory=dict)
     continuation: bool = False
-    disconnect: str = "cancel"
     client_tools: tuple[ClientTool, ...] = ()
 
 
@@ -38,7 +36,6 @@ def spec_json(request: TurnRequest) -> str:
             "version": _VERSION,
             "body": dict(request.body),
             "continuation": request.continuation,
-            "disconnect": request.disconnect,
             "client_tools": [
                 {"name": tool.name, "description": tool.description, "input_schema": dict(tool.input_schema)}
                 for tool in request.client_tools
@@ -65,6 +62,5 @@ def parse_spec(text: str) -> TurnSpec:
     return TurnSpec(
         body=body,
         continuation=bool(value.get("continuation", False)),
-        disconnect=str(value.get("disconnect", "cancel")),
         client_tools=tuple(tools),
     )

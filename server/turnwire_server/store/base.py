@@ -266,7 +266,7 @@ class TurnRecord:
     ``error`` is a serialized ``google.rpc.Status`` when ``state`` is
     ``error``; ``recovery_count`` counts recoveries (crash, stall) spent on this turn;
     ``spec`` is what a recovery needs to run the turn again (JSON text: body, client
-    tools, disconnect policy; see ``turnwire_server.engine.turn_spec``), None for turns
+    tools, continuation; see ``turnwire_server.engine.turn_spec``), None for turns
     stored before it existed.
     """
 

@@ -2,7 +2,7 @@
 -- Times are integer microseconds since the Unix epoch, UTC.
 
 -- What a recovery needs to run the turn again: the request's body, client tools
--- and disconnect policy as JSON text (the model is in `model`, the input in
+-- and whether it continued, as JSON text (the model is in `model`, the input in
 -- `messages`). NULL for turns recorded before this migration.
 ALTER TABLE turns ADD COLUMN spec TEXT;
 
