@@ -180,3 +180,23 @@ async def test_submission_pages_follow_acceptance_order_and_their_filters(store:
     pending, _ = await store.list_submissions(10, "", state="pending")
     assert len(pending) == 5
     assert [r.submission_id for r in await store.open_submissions()] == [f"s{i}" for i in range(5)]
+
+
+# ----------------------------------------------------------------------------- leases
+
+
+async def test_leases_are_renewed_in_one_write_and_interrupted_turns_claimed_once(store: SqliteStore) -> None:
+    lease = T0 + dt.timedelta(seconds=30)
+    mine = dataclasses.replace(_turn("r-mine"), owner="me", lease_until=lease)
+    theirs = dataclasses.replace(_turn("r-theirs", "c2"), owner="dead", lease_until=lease)
+    await store.start_turn(mine, [_user("u1")])
+    await store.start_turn(theirs, [_user("u2")])
+    later = T0 + dt.timedelta(minutes=5)
+    assert await store.renew_leases("me", later) == 1
+    (renewed,) = [t for t in await store.running_turns() if t.request_id == "r-mine"]
+    assert renewed.owner == "me" and renewed.lease_until == later
+    # One process per SQLite file: the other owner is dead, whatever its lease says.
+    claimed = await store.claim_interrupted_turns("me", T0, later, 10)
+    assert [(t.request_id, t.owner, t.lease_until) for t in claimed] == [("r-theirs", "me", later)]
+    again = await store.claim_interrupted_turns("me", T0, later, 10)
+    assert again == [], "a turn this owner holds is never claimed again by it"

@@ -33,6 +33,7 @@ from turnwire_server.api.status import status_of
 from turnwire_server.api.submission_rpcs import turn_request_of
 from turnwire_server.config import MiddlewareEntry, Settings
 from turnwire_server.engine import EngineSettings, TurnEngine
+from turnwire_server.engine.leases import LeaseKeeper
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.submissions import Submissions
 from turnwire_server.hooks.chain import MiddlewareChain
@@ -96,6 +97,7 @@ class Sidecar:
     settings: Settings
     gate: CallGate
     maintenance: Maintenance
+    leases: LeaseKeeper
 
     async def stop(self) -> None:
         """Graceful stop (see the module docstring). The maintenance loop stops first, so no
@@ -124,6 +126,8 @@ class Sidecar:
                 await self.server.stop(None)
         finally:
             await stopping
+        # Renewed until the turns ended; those left running (for the next start) lapse.
+        await self.leases.stop()
         await self.store.close()
         await self.providers.aclose()
         log.info("stopped")
@@ -216,6 +220,7 @@ async def start(settings: Settings) -> Sidecar:
                 event_retention_seconds=settings.durability.event_retention_seconds,
                 recovery_budget=settings.durability.recovery_budget,
                 max_concurrent_recoveries=settings.durability.max_concurrent_recoveries,
+                lease_seconds=settings.durability.lease_seconds,
                 stall_recovery=settings.durability.stall_recovery,
                 pending_expiry_seconds=settings.durability.pending_expiry_seconds,
             ),
@@ -283,6 +288,8 @@ async def start(settings: Settings) -> Sidecar:
         expiry = dt.timedelta(seconds=durability.pending_expiry_seconds)
         maintenance.add_hook("expired tool calls", lambda now: store.expire_pending_tool_calls(now - expiry))
     maintenance.start()
+    leases = LeaseKeeper(engine, resume=durability.recover_on_start)
+    leases.start()
     for service in ("", SERVICE_NAME):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
     host = settings.listen.rpartition(":")[0]
@@ -293,7 +300,7 @@ async def start(settings: Settings) -> Sidecar:
         settings.store.url,
         settings.default_model,
     )
-    return Sidecar(server, engine, store, providers, health, port, settings, gate, maintenance)
+    return Sidecar(server, engine, store, providers, health, port, settings, gate, maintenance, leases)
 
 
 async def serve(settings: Settings) -> None:

@@ -130,6 +130,12 @@ class DurabilitySettings(_Section):
     max_concurrent_recoveries: int = Field(
         16, ge=1, le=10_000, description="crash recoveries that call the model at once after a start"
     )
+    lease_seconds: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        description="a running turn's lease; renewed every third of it; a lapsed one is recovered elsewhere",
+    )
     stall_recovery: bool = Field(
         False, description="after the stall watchdog interrupts a turn, recover it in the same stream"
     )

@@ -3,7 +3,7 @@
 Several turns run at once with disconnect policy CONTINUE. Each caller reads a random number
 of events, hangs up, re-attaches with ResumeTurn from the last number it saw, and repeats until
 the TurnEnd (docs/semantics.md §8). A reader that falls behind the live turn is
-tests/test_stream_log.py's. Checked per turn: sequence numbers 1..n without gap or repeat, the text
+tests/test_durable_engine.py's. Checked per turn: sequence numbers 1..n without gap or repeat, the text
 rebuilt from the deltas equals the script's, and it equals the stored reply's.
 
 Size: ``TURNWIRE_STRESS_SCALE`` (default 1: 6 turns of 300 deltas).

@@ -15,7 +15,7 @@ import dataclasses
 import datetime as dt
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from turnwire.tools import Tool
@@ -39,7 +39,7 @@ from turnwire_server.engine.turn import ErrorStatus, Recovery, TurnRun
 from turnwire_server.engine.turn_spec import parse_spec
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import Store
+from turnwire_server.store.base import Store, TurnRecord
 
 log = logging.getLogger("turnwire.engine")
 
@@ -125,6 +125,7 @@ class TurnEngine:
         self._turns: dict[str, TurnHandle] = {}
         self._queued: Counter[str] = Counter()
         self._accepting = True
+        self._recovery_slots = asyncio.Semaphore(settings.max_concurrent_recoveries)
 
     @property
     def draining(self) -> bool:
@@ -314,8 +315,11 @@ class TurnEngine:
             await asyncio.wait(pending)
 
     async def recover(self, *, resume: bool = True) -> int:
-        """After a crash: recover every turn still recorded as running (docs/semantics.md §8).
+        """After a crash: claim and recover the turns whose process died (docs/semantics.md §8).
 
+        The store decides which running turns are interrupted (``Store.claim_interrupted_turns``:
+        with SQLite every turn another process ran; with a shared store those whose lease
+        lapsed) and gives them to this replica atomically, so each is recovered once.
         Each one's checkpointed reply is kept, its tool calls without a result given an
         errored one. With ``resume`` and budget left (``recovery_budget``, counted in the
         store before the recovery runs, so a crash during it cannot recover it twice), it is
@@ -324,8 +328,19 @@ class TurnEngine:
         INTERRUPTED with a ServerRestarted error, and its stream gets that TurnEnd. Returns
         how many turns were found.
         """
-        turns = await self.store.running_turns()
-        slots = asyncio.Semaphore(self.settings.max_concurrent_recoveries)
+        now = dt.datetime.now(dt.UTC)
+        lease = now + dt.timedelta(seconds=self.settings.lease_seconds)
+        turns: list[TurnRecord] = []
+        while batch := await self.store.claim_interrupted_turns(self.settings.replica_id, now, lease, 500):
+            turns.extend(batch)
+            if len(batch) < 500:
+                break
+        await self.recover_turns(turns, resume=resume)
+        return len(turns)
+
+    async def recover_turns(self, turns: Sequence[TurnRecord], *, resume: bool = True) -> None:
+        """Recover ``turns``, claimed by this replica (see :meth:`recover`)."""
+        slots = self._recovery_slots
         for turn in turns:
             messages = await self.store.load_messages(turn.conversation_id)
             reply = next((m for m in messages if m.id == turn.assistant_message_id), None)
@@ -393,9 +408,8 @@ class TurnEngine:
                 turn.conversation_id,
                 problem,
             )
-        return len(turns)
 
-    def _unrecoverable(self, turn: Any, resume: bool) -> ServerRestarted | None:
+    def _unrecoverable(self, turn: TurnRecord, resume: bool) -> ServerRestarted | None:
         """Why ``turn`` cannot be recovered, or None when it can."""
         if not resume:
             return ServerRestarted("recovery on start is off (durability.recover_on_start)")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from turnwire.tools import Tool
@@ -57,6 +58,9 @@ class EngineSettings:
     ``recovery_budget``: recoveries (crash, stall) one turn may get, counted in the store;
     ``stall_recovery`` recovers a stalled turn in its own stream;
     ``max_concurrent_recoveries`` bounds the crash recoveries that run their steps at once.
+    ``replica_id`` names this process as the owner of the turns it runs; it renews their
+    leases so they last ``lease_seconds`` past each renewal (a lapsed lease marks a turn whose
+    process died, for another replica to recover).
     ``pending_expiry_seconds``: pending client tool calls, approvals and submissions older
     than this expire (0: never).
     """
@@ -76,5 +80,7 @@ class EngineSettings:
     event_retention_seconds: float = 3600.0
     recovery_budget: int = 2
     max_concurrent_recoveries: int = 16
+    replica_id: str = field(default_factory=lambda: f"replica-{uuid.uuid4().hex[:12]}")
+    lease_seconds: float = 30.0
     stall_recovery: bool = False
     pending_expiry_seconds: float = 86400.0

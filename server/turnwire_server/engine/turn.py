@@ -294,6 +294,8 @@ class TurnRun:
             state="running",
             start_time=self.state.assistant.message.create_time.ToDatetime(dt.UTC),
             spec=spec_json(request),
+            owner=self.settings.replica_id,
+            lease_until=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self.settings.lease_seconds),
         )
         for message in request.messages:
             message.create_time.CopyFrom(self.state.assistant.message.create_time)

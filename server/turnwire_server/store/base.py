@@ -267,7 +267,8 @@ class TurnRecord:
     ``error``; ``recovery_count`` counts recoveries (crash, stall) spent on this turn;
     ``spec`` is what a recovery needs to run the turn again (JSON text: body, client
     tools, continuation; see ``turnwire_server.engine.turn_spec``), None for turns
-    stored before it existed.
+    stored before it existed. ``owner`` is the replica running it and ``lease_until`` when its
+    lease lapses unless renewed (a lapsed running turn is recovered by another replica).
     """
 
     request_id: str
@@ -281,6 +282,8 @@ class TurnRecord:
     error: bytes | None = None
     recovery_count: int = 0
     spec: str | None = None
+    owner: str = ""
+    lease_until: dt.datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,6 +434,24 @@ class Store(Protocol):
 
     async def running_turns(self) -> list[TurnRecord]:
         """Turns still recorded as ``running`` (after a crash, to recover)."""
+        ...
+
+    async def renew_leases(self, owner: str, until: dt.datetime) -> int:
+        """Extend to ``until`` the lease of every running turn ``owner`` runs, in one statement
+        (docs/semantics.md §8: a replica renews its leases in a batch, not per turn). Returns how
+        many turns it holds."""
+        ...
+
+    async def claim_interrupted_turns(
+        self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
+    ) -> list[TurnRecord]:
+        """Take over up to ``limit`` (>= 1) running turns whose process died, for recovery: each is
+        given ``owner`` and ``lease_until`` atomically, so a turn is claimed by one replica only.
+
+        A turn is interrupted when its lease lapsed before ``now`` (or it has none). The embedded
+        SQLite store serves one process (its file lock proves the others dead), so there every
+        running turn another owner holds is interrupted, whatever its lease.
+        """
         ...
 
     # --- event streams (ResumeTurn) ------------------------------------------

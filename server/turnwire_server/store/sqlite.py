@@ -41,6 +41,7 @@ from turnwire_server.store.sqlite_migrations import Migration, load_migrations
 from turnwire_server.store.sqlite_rows import (
     DB_ERRORS,
     LOAD_MESSAGES_SQL,
+    TURN_COLUMNS,
     conversation_from_row,
     decode_page_token,
     encode_page_token,
@@ -72,7 +73,13 @@ from turnwire_server.store.sqlite_transcript import (
     expire_events_write,
 )
 from turnwire_server.store.sqlite_writer import BUSY_TIMEOUT_MS, SqliteWriter
-from turnwire_server.store.sqlite_writes import finish_turn_write, save_message_write, start_turn_write
+from turnwire_server.store.sqlite_writes import (
+    claim_turns_write,
+    finish_turn_write,
+    renew_leases_write,
+    save_message_write,
+    start_turn_write,
+)
 
 __all__ = ["Migration", "SqliteStore", "load_migrations"]
 
@@ -238,10 +245,36 @@ class SqliteStore:
         """Turns whose state is ``running``, oldest start first."""
         rows = await self._read(
             "running_turns",
-            "SELECT request_id, conversation_id, assistant_message_id, continuation, model,"
-            " state, start_time, end_time, error, recovery_count, spec FROM turns"
-            " WHERE state = 'running' ORDER BY start_time, request_id",
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE state = 'running' ORDER BY start_time, request_id",
             (),
+        )
+        return [turn_from_row(row) for row in rows]
+
+    async def renew_leases(self, owner: str, until: dt.datetime) -> int:
+        """Extend the leases of ``owner``'s running turns to ``until`` in one statement."""
+        outcome: list[int] = []
+        apply = renew_leases_write(owner, to_us(until, "until"), outcome.append)
+        await self._writer.submit(apply, "renew_leases", urgent=False)
+        return outcome[-1]
+
+    async def claim_interrupted_turns(
+        self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
+    ) -> list[TurnRecord]:
+        """Claim up to ``limit`` running turns of other (dead: one process per file) owners.
+
+        ``now`` is not consulted: the process lock taken at :meth:`open` proves every other
+        owner dead, so a lease that has not lapsed yet (a crash a moment ago) does not matter.
+        """
+        claimed: list[list[str]] = []
+        apply = claim_turns_write(owner, to_us(lease_until, "lease_until"), limit, claimed.append)
+        await self._writer.submit(apply, "claim_interrupted_turns", urgent=True)
+        if not claimed[-1]:
+            return []
+        marks = ", ".join("?" * len(claimed[-1]))
+        rows = await self._read(
+            "claim_interrupted_turns",
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE request_id IN ({marks}) ORDER BY start_time, request_id",
+            claimed[-1],
         )
         return [turn_from_row(row) for row in rows]
 

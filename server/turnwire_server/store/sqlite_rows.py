@@ -32,6 +32,7 @@ from turnwire_server.store.base import (
 __all__ = [
     "DB_ERRORS",
     "LOAD_MESSAGES_SQL",
+    "TURN_COLUMNS",
     "MessageRow",
     "WriteFn",
     "build_message",
@@ -192,6 +193,13 @@ def check_turn(turn: TurnRecord) -> None:
         raise ValueError(f"turn {turn.request_id!r}: unknown state {turn.state!r}")
 
 
+TURN_COLUMNS: Final = (
+    "request_id, conversation_id, assistant_message_id, continuation, model, state, start_time,"
+    " end_time, error, recovery_count, spec, owner, lease_until"
+)
+"""The ``turns`` columns :func:`turn_from_row` reads, in its order."""
+
+
 def turn_from_row(row: Any) -> TurnRecord:
     """A ``turns`` row (columns in table order) as a :class:`TurnRecord` (times tz-aware UTC).
 
@@ -212,6 +220,8 @@ def turn_from_row(row: Any) -> TurnRecord:
         error=row[8],
         recovery_count=row[9],
         spec=row[10] if len(row) > 10 else None,
+        owner=(row[11] or "") if len(row) > 11 else "",
+        lease_until=_opt_from_us(row[12]) if len(row) > 12 else None,
     )
 
 

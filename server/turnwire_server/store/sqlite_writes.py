@@ -12,7 +12,7 @@ exception to the caller.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from turnwire_client.v1 import message_pb2
@@ -144,6 +144,8 @@ def start_turn_write(turn: TurnRecord, messages: Sequence[message_pb2.Message]) 
         turn.error,
         turn.recovery_count,
         turn.spec,
+        turn.owner or None,
+        None if turn.lease_until is None else to_us(turn.lease_until, "lease_until"),
     )
 
     def apply(conn: sqlite3.Connection, now_us: int) -> None:
@@ -169,8 +171,8 @@ def start_turn_write(turn: TurnRecord, messages: Sequence[message_pb2.Message]) 
             )
         conn.execute(
             "INSERT INTO turns (request_id, conversation_id, assistant_message_id,"
-            " continuation, model, state, start_time, end_time, error, recovery_count, spec)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " continuation, model, state, start_time, end_time, error, recovery_count, spec, owner,"
+            " lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             turn_params,
         )
 
@@ -270,3 +272,41 @@ def finish_turn_write(turn: TurnRecord, message: message_pb2.Message | None) -> 
 
 def _turn_recorded(conn: sqlite3.Connection, request_id: str) -> bool:
     return conn.execute("SELECT 1 FROM turns WHERE request_id = ?", (request_id,)).fetchone() is not None
+
+
+def renew_leases_write(owner: str, until_us: int, result: Callable[[int], None]) -> WriteFn:
+    """The write of ``Store.renew_leases``: one UPDATE for every running turn of ``owner``."""
+
+    def apply(conn: sqlite3.Connection, now_us: int) -> None:
+        cursor = conn.execute(
+            "UPDATE turns SET lease_until = ? WHERE owner = ? AND state = 'running'", (until_us, owner)
+        )
+        result(cursor.rowcount)
+
+    return apply
+
+
+def claim_turns_write(
+    owner: str, lease_until_us: int, limit: int, result: Callable[[list[str]], None]
+) -> WriteFn:
+    """The write of ``SqliteStore.claim_interrupted_turns``: running turns another owner holds get
+    ``owner`` (one process per SQLite file: those owners are dead, whatever their leases say)."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+
+    def apply(conn: sqlite3.Connection, now_us: int) -> None:
+        ids = [
+            row[0]
+            for row in conn.execute(
+                "SELECT request_id FROM turns WHERE state = 'running' AND (owner IS NULL OR owner != ?)"
+                " ORDER BY start_time, request_id LIMIT ?",
+                (owner, limit),
+            )
+        ]
+        conn.executemany(
+            "UPDATE turns SET owner = ?, lease_until = ? WHERE request_id = ?",
+            [(owner, lease_until_us, request_id) for request_id in ids],
+        )
+        result(ids)
+
+    return apply

@@ -1,6 +1,6 @@
-"""The stream log, re-attaching and recovery at start (engine level): exactly once across the
-store, the in-memory backlog and live events; a reader that falls behind re-attaches; crash
-recoveries are bounded (docs/semantics.md §8)."""
+"""Durable turns at engine level: re-attaching (exactly once across the store, the in-memory
+backlog and live events; a reader that falls behind re-attaches), bounded crash recoveries and
+turn leases (docs/semantics.md §8)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from support.waiting import wait_until
 from turnwire.testing import ScriptStep
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.engine.errors import TurnNotFound
+from turnwire_server.engine.leases import LeaseKeeper
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.turn_spec import spec_json
 from turnwire_server.store import TurnRecord
@@ -128,3 +129,18 @@ async def test_recoveries_at_start_are_bounded_and_each_finishes_its_answer(
         messages = await h.store.load_messages(f"c{n}")
         assert [m.id for m in messages] == [f"u{n}", f"tw-a-r-crash-{n}"], "one stored answer each"
         assert text_of(messages[1]).startswith("once upon") and len(text_of(messages[1])) > len("once upon")
+
+
+async def test_the_lease_keeper_renews_the_leases_of_running_turns(make_engine: EngineFactory) -> None:
+    """A replica renews its turns' leases in one batch per tick (docs/semantics.md §8)."""
+    h = await make_engine(scripts=SLOW, lease_seconds=30)
+    handle = h.start("go", model="scripted:slow", request_id="r-lease")
+    caller = asyncio.ensure_future(collect(handle))
+    await wait_until(lambda: handle.run.messages_persisted, what="the turn is recorded")
+    (before,) = await h.store.running_turns()
+    assert before.owner == h.engine.settings.replica_id and before.lease_until is not None
+    keeper = LeaseKeeper(h.engine, resume=True)
+    assert await keeper.tick() == 0, "nothing to take over: the only running turn is ours"
+    (after,) = await h.store.running_turns()
+    assert after.lease_until is not None and after.lease_until > before.lease_until
+    await caller

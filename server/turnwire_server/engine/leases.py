@@ -1,0 +1,76 @@
+"""Turn leases: this replica renews the leases of the turns it runs, and takes over the turns of
+replicas that died (docs/semantics.md §8).
+
+Every ``lease_seconds / 3`` one store call renews the leases of all of this replica's running
+turns (a batch, never a statement per turn), then one claims running turns whose lease lapsed
+(their process died: SIGKILL, a lost node) and recovers them here. Claiming is atomic in the
+store, so with several survivors each turn is recovered by one of them. With the embedded
+SQLite store one process serves the file: the claim at start finds every interrupted turn and
+later claims find none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+
+from turnwire_server.engine.engine import TurnEngine
+
+log = logging.getLogger("turnwire.leases")
+
+_CLAIM_BATCH = 100
+
+
+class LeaseKeeper:
+    """Renews this replica's turn leases and recovers lapsed turns, until :meth:`stop`.
+
+    ``resume`` is ``durability.recover_on_start`` (False: lapsed turns are ended INTERRUPTED).
+    """
+
+    def __init__(self, engine: TurnEngine, *, resume: bool) -> None:
+        self._engine = engine
+        self._resume = resume
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def interval_seconds(self) -> float:
+        """Seconds between renewals: a third of the lease, so two renewals can fail in a row."""
+        return self._engine.settings.lease_seconds / 3
+
+    def start(self) -> None:
+        """Start the loop (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="turn leases")
+
+    async def stop(self) -> None:
+        """Stop the loop; turns still running keep their last lease until it lapses."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def tick(self) -> int:
+        """One renewal and one claim; returns how many lapsed turns were taken over."""
+        engine = self._engine
+        settings = engine.settings
+        now = dt.datetime.now(dt.UTC)
+        until = now + dt.timedelta(seconds=settings.lease_seconds)
+        await engine.store.renew_leases(settings.replica_id, until)
+        if engine.draining:
+            return 0  # a stopping replica takes on no new work
+        claimed = await engine.store.claim_interrupted_turns(settings.replica_id, now, until, _CLAIM_BATCH)
+        if claimed:
+            log.warning("took over %d turn(s) whose replica stopped renewing its leases", len(claimed))
+            await engine.recover_turns(claimed, resume=self._resume)
+        return len(claimed)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_seconds)
+            try:
+                await self.tick()
+            except Exception as error:  # the next tick retries; a lease lasts three intervals
+                log.error("renewing turn leases failed: %s", error)
