@@ -676,7 +676,11 @@ async def test_migrations_run_once_and_are_recorded(tmp_path: Path) -> None:
         await s.open()
         await s.close()
     rows = _raw(path, "SELECT version, name, applied_at FROM schema_migrations")
-    assert [(v, n) for v, n, _ in rows] == [(1, "0001_init"), (2, "0002_durable_turns")]
+    assert [(v, n) for v, n, _ in rows] == [
+        (1, "0001_init"),
+        (2, "0002_durable_turns"),
+        (3, "0003_turn_leases"),
+    ]
     assert isinstance(rows[0][2], int)
     tables = {t for (t,) in _raw(path, "SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {
