@@ -350,7 +350,12 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
         check_id(request.request_id, "request_id", violations, required=True)
         if violations:
             await abort(context, invalid_argument(violations))
-        return chat_service_pb2.CancelChatResponse(cancelled=self.engine.cancel(request.request_id))
+        try:
+            cancelled = await self.engine.cancel_anywhere(request.request_id)
+        except StoreError as error:
+            await abort(context, status_error_of(error))
+            raise AssertionError("unreachable") from None
+        return chat_service_pb2.CancelChatResponse(cancelled=cancelled)
 
 
 __all__ = ["PARENT_REQUEST_METADATA", "ChatService", "abort"]

@@ -244,6 +244,20 @@ class TurnEngine:
         handle = self._turns.get(request_id)
         return handle is not None and handle.cancel()
 
+    async def cancel_anywhere(self, request_id: str) -> bool:
+        """Cancel turn ``request_id`` here, or ask the replica running it to (``CancelChat``).
+        True when a running or queued turn was found (here, or elsewhere through the store)."""
+        if self.cancel(request_id):
+            return True
+        return await self.store.request_cancel(request_id)
+
+    async def serve_cancel_requests(self) -> None:
+        """Cancel the turns other replicas were asked to cancel, as the requests come (runs until
+        cancelled; a store served by one process sends none)."""
+        async for request_id in self.store.cancel_requests():
+            if self.cancel(request_id):
+                log.info("turn %s cancelled at another replica's request", request_id)
+
     def handle(self, request_id: str) -> TurnHandle | None:
         """The running or queued turn with that request id, if this process has it."""
         return self._turns.get(request_id)
@@ -258,6 +272,7 @@ class TurnEngine:
             store=self.store,
             subscribe=self.subscribe,
             retention_seconds=self.settings.event_retention_seconds,
+            follow_seconds=self.settings.lease_seconds,
         )
 
     def subscribe(self, request_id: str) -> Subscription | None:

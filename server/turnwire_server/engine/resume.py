@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from turnwire_client.v1 import event_pb2
 from turnwire_server.engine.errors import TurnNotFound, TurnNotHere
 from turnwire_server.engine.stream_log import Subscription
-from turnwire_server.store.base import Store
+from turnwire_server.store.base import Store, StreamRecord
 
 
 async def replay(
@@ -26,45 +26,55 @@ async def replay(
     store: Store,
     subscribe: Callable[[str], Subscription | None],
     retention_seconds: float,
+    follow_seconds: float = 10.0,
 ) -> AsyncIterator[event_pb2.TurnEvent]:
     """The events of turn ``request_id`` with sequence numbers above ``after``, then the live ones
     until its TurnEnd.
 
     ``subscribe`` attaches to the turn when it runs in this process (``TurnEngine.subscribe``).
-    Raises :class:`TurnNotFound` when no stream of that id is stored or running (never
-    started, deleted) or it ended more than ``retention_seconds`` ago (0: kept while stored),
-    :class:`TurnNotHere` when it has not ended and runs nowhere here (a crash not yet
-    recovered), and :class:`~turnwire_server.store.base.StoreError` when the store fails.
+    A turn that runs on another replica is followed through the store (``wait_for_events``, up
+    to ``follow_seconds`` per wait), switching to the live feed if it comes to run here (a
+    recovery). Raises :class:`TurnNotFound` when no stream of that id is stored or running
+    (never started, deleted) or it ended more than ``retention_seconds`` ago (0: kept while
+    stored), :class:`TurnNotHere` when it has not ended and nothing can follow it (one process
+    per store: a crash not yet recovered), and
+    :class:`~turnwire_server.store.base.StoreError` when the store fails.
     """
     last = after
     while True:
         live = subscribe(request_id)
-        if live is None:
-            async for event in _stored(request_id, last, store, retention_seconds):
-                yield event
+        if live is not None:
+            try:
+                for data in await store.load_events(request_id, last, before=live.first_unstored):
+                    event = event_pb2.TurnEvent.FromString(data)
+                    last = event.sequence_number
+                    yield event
+                for response in live.backlog:
+                    if response.event.sequence_number > last:
+                        last = response.event.sequence_number
+                        yield response.event
+                async for response in live.channel:
+                    if response.event.sequence_number > last:
+                        last = response.event.sequence_number
+                        yield response.event
+            finally:
+                live.close()
+            if not live.overflowed:
+                return
+            continue
+        stream = await _stream(request_id, store, retention_seconds)
+        for data in await store.load_events(request_id, last):
+            event = event_pb2.TurnEvent.FromString(data)
+            last = event.sequence_number
+            yield event
+        if stream.end_time is not None:
             return
-        try:
-            for data in await store.load_events(request_id, last, before=live.first_unstored):
-                event = event_pb2.TurnEvent.FromString(data)
-                last = event.sequence_number
-                yield event
-            for response in live.backlog:
-                if response.event.sequence_number > last:
-                    last = response.event.sequence_number
-                    yield response.event
-            async for response in live.channel:
-                if response.event.sequence_number > last:
-                    last = response.event.sequence_number
-                    yield response.event
-        finally:
-            live.close()
-        if not live.overflowed:
-            return
+        # Not ended and not here: another replica runs it (or a crash awaits its recovery).
+        if not await store.wait_for_events(request_id, last, follow_seconds):
+            raise TurnNotHere(request_id)
 
 
-async def _stored(
-    request_id: str, after: int, store: Store, retention_seconds: float
-) -> AsyncIterator[event_pb2.TurnEvent]:
+async def _stream(request_id: str, store: Store, retention_seconds: float) -> StreamRecord:
     stream = await store.get_stream(request_id)
     if stream is None:
         raise TurnNotFound(
@@ -85,7 +95,4 @@ async def _stored(
             request_id=request_id,
             expired=True,
         )
-    for data in await store.load_events(request_id, after):
-        yield event_pb2.TurnEvent.FromString(data)
-    if stream.end_time is None:
-        raise TurnNotHere(request_id)
+    return stream

@@ -15,7 +15,7 @@ are applied in call order.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
@@ -452,6 +452,25 @@ class Store(Protocol):
         SQLite store serves one process (its file lock proves the others dead), so there every
         running turn another owner holds is interrupted, whatever its lease.
         """
+        ...
+
+    # --- replicas sharing the store ------------------------------------------
+
+    async def request_cancel(self, request_id: str) -> bool:
+        """Ask whichever replica runs or queues turn ``request_id`` to cancel it (``CancelChat``
+        reaching another replica). True when such a turn was found elsewhere; a store served by
+        one process has no elsewhere and answers False."""
+        ...
+
+    def cancel_requests(self) -> AsyncIterator[str]:
+        """The request ids other replicas asked to cancel, as they come (never ends; nothing for a
+        store served by one process)."""
+        ...
+
+    async def wait_for_events(self, request_id: str, after: int, timeout_seconds: float) -> bool:
+        """Wait until turn ``request_id`` has stored events past ``after`` or ended, at most
+        ``timeout_seconds`` (a reader following a turn another replica runs). False when this
+        store cannot follow other processes (one process per store: nothing else writes)."""
         ...
 
     # --- event streams (ResumeTurn) ------------------------------------------

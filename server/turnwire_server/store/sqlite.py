@@ -12,8 +12,9 @@ migrations run at :meth:`SqliteStore.open` (see :mod:`turnwire_server.store.sqli
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, suppress
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,21 @@ class SqliteStore:
             claimed[-1],
         )
         return [turn_from_row(row) for row in rows]
+
+    # ------------------------------------------------------------------ one process per file
+
+    async def request_cancel(self, request_id: str) -> bool:
+        """False: this store serves one process, so no turn runs elsewhere."""
+        return False
+
+    async def cancel_requests(self) -> AsyncIterator[str]:
+        """Nothing ever comes (one process per file); waits until cancelled."""
+        await asyncio.Event().wait()
+        yield ""  # never reached: makes this an async generator
+
+    async def wait_for_events(self, request_id: str, after: int, timeout_seconds: float) -> bool:
+        """False: no other process writes this file, so there is nothing to wait for."""
+        return False
 
     # ------------------------------------------------------------------ event streams
 
