@@ -111,6 +111,9 @@ class PostgresStore:
         self._pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
         self._closed = False
         self._locks = LocalTurnLocks()
+        # Writes of one conversation are applied in call order (Store: checkpoints are applied in
+        # call order): taken before the first await, FIFO, so concurrent calls keep their order.
+        self._write_order = LocalTurnLocks()
         self._last_us = 0
 
     @property
@@ -221,11 +224,25 @@ class PostgresStore:
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise self._error(exc, what) from None
 
-    async def _write(self, what: str, body: Callable[[Conn, int], Awaitable[T]]) -> T:
+    async def _write(
+        self, what: str, body: Callable[[Conn, int], Awaitable[T]], *, conversation_id: str | None = None
+    ) -> T:
         """Run ``body(conn, now_us)`` in one transaction, committed when this returns; retried
         (from the start) when the database aborted it to resolve a race. Domain errors raised
-        by ``body`` roll back and propagate as they are."""
+        by ``body`` roll back and propagate as they are. Writes naming the same
+        ``conversation_id`` are applied in call order."""
         pool = self._require_pool(what)
+        if conversation_id is None:
+            return await self._transaction(pool, what, body)
+        async with self._write_order.hold(conversation_id):
+            return await self._transaction(pool, what, body)
+
+    async def _transaction(
+        self,
+        pool: psycopg_pool.AsyncConnectionPool[Any],
+        what: str,
+        body: Callable[[Conn, int], Awaitable[T]],
+    ) -> T:
         for attempt in range(_RETRIES):
             try:
                 async with pool.connection() as conn, conn.transaction():
@@ -261,11 +278,16 @@ class PostgresStore:
         order = " ORDER BY update_time DESC, id DESC LIMIT %s"
         if page_token:
             update_us, after_id = decode_page_token(page_token)
-            rows = await self._read(
-                "list_conversations",
-                columns + " WHERE (update_time, id) < (%s, %s)" + order,
-                (update_us, after_id, page_size + 1),
+            # TEXT cannot hold NUL, so no stored id does: for a (forged) token id p + NUL + rest,
+            # the stored ids below it in code-point order are exactly those <= p.
+            prefix, nul, _ = after_id.partition("\x00")
+            after = (
+                " WHERE (update_time < %s OR (update_time = %s AND id <= %s))"
+                if nul
+                else (" WHERE (update_time, id) < (%s, %s)")
             )
+            params = (update_us, update_us, prefix) if nul else (update_us, after_id)
+            rows = await self._read("list_conversations", columns + after + order, (*params, page_size + 1))
         else:
             rows = await self._read("list_conversations", columns + order, (page_size + 1,))
         records = [conversation_from_row(row) for row in rows[:page_size]]
@@ -317,6 +339,7 @@ class PostgresStore:
             lambda conn, now_us: writes.append_events(
                 conn, conversation_id, request_id, batch, ended=ended, now_us=now_us
             ),
+            conversation_id=conversation_id,
         )
 
     async def get_stream(self, request_id: str) -> StreamRecord | None:
@@ -439,6 +462,7 @@ class PostgresStore:
         await self._write(
             f"start_turn({turn.request_id!r})",
             lambda conn, now_us: writes.start_turn(conn, turn, rows, now_us),
+            conversation_id=turn.conversation_id,
         )
 
     async def save_message(
@@ -453,6 +477,7 @@ class PostgresStore:
         await self._write(
             f"save_message({conversation_id!r}, {message.id!r})",
             lambda conn, now_us: writes.save_message(conn, conversation_id, row, turn_request_id, now_us),
+            conversation_id=conversation_id,
         )
 
     async def finish_turn(self, turn: TurnRecord, message: message_pb2.Message | None) -> None:
@@ -468,6 +493,7 @@ class PostgresStore:
         await self._write(
             f"finish_turn({turn.request_id!r})",
             lambda conn, now_us: writes.finish_turn(conn, turn, row, now_us),
+            conversation_id=turn.conversation_id,
         )
 
     # ------------------------------------------------------------------ transcript, retention
@@ -496,6 +522,7 @@ class PostgresStore:
                 replace_only=only,
                 now_us=now_us,
             ),
+            conversation_id=conversation_id,
         )
 
     async def delete_conversation(self, conversation_id: str) -> bool:
@@ -503,6 +530,7 @@ class PostgresStore:
         return await self._write(
             f"delete_conversation({conversation_id!r})",
             lambda conn, now_us: writes.delete_conversation(conn, conversation_id),
+            conversation_id=conversation_id,
         )
 
     async def expired_conversations(self, before: dt.datetime, limit: int) -> list[str]:
@@ -546,6 +574,7 @@ class PostgresStore:
             lambda conn, now_us: writes.answer_tool_calls(
                 conn, conversation_id, batch, expired_before, now_us
             ),
+            conversation_id=conversation_id,
         )
 
     async def expire_pending_tool_calls(self, cutoff: dt.datetime) -> int:
