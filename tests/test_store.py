@@ -22,6 +22,7 @@ from turnwire_server.store import (
     InvalidPageToken,
     MessageIdConflict,
     Store,
+    StoreCorrupted,
     StoreError,
     TurnRecord,
 )
@@ -607,3 +608,17 @@ async def test_local_turn_locks_cancelled_waiter_and_independent_keys() -> None:
 
 
 # ----------------------------------------------------------------------------- factory
+
+
+# ----------------------------------------------------------------------------- damaged data
+
+
+async def test_undecodable_rows_are_store_corrupted(store: Store, store_backend: StoreBackend) -> None:
+    await store.start_turn(_turn(), [_text("u1", "hi")])
+    await store.append_events("conv-1", "req-1", [(1, b"e1"), (2, b"e2")], ended=False)
+    store_backend.sql("UPDATE parts SET data = ? WHERE message_id = 'u1'", (b"\xff\xff\xff",))
+    store_backend.sql("UPDATE turn_events SET data = ?", (b"\x00\x01",))
+    with pytest.raises(StoreCorrupted, match="cannot be decoded"):
+        await store.load_messages("conv-1")
+    with pytest.raises(StoreCorrupted, match="cannot be read"):
+        await store.load_events("req-1", 0)

@@ -14,8 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 from support.stores import StoreBackend, postgres_database
+from typer.testing import CliRunner
 
 from turnwire_client.v1 import message_pb2
+from turnwire_server import cli
 from turnwire_server.config import ConfigError, load_settings
 from turnwire_server.store import StoreError, TurnRecord, open_store, redact_url
 from turnwire_server.store.base import ToolCallAnswer, ToolCallNotPending
@@ -254,3 +256,35 @@ async def test_concurrent_first_turns_of_one_new_conversation_keep_positions_gap
     finally:
         for store in stores:
             await store.close()
+
+
+# ----------------------------------------------------------------------------- turnwire migrate
+
+
+def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str) -> None:
+    runner = CliRunner()
+    url = pg_url.replace("postgresql://postgres@", f"postgresql://postgres:{SECRET}@")
+    first = runner.invoke(cli.app, ["migrate", "--store-url", url])
+    assert first.exit_code == 0, first.output
+    assert first.output.splitlines()[:2] == ["applied 0001_init", "applied 0002_durable_turns"]
+    assert "2 migration(s) applied" in first.output
+    again = runner.invoke(cli.app, ["migrate", "--store-url", url])
+    assert again.exit_code == 0, again.output
+    assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output
+    assert SECRET not in first.output + again.output
+    check = StoreBackend("postgres", url=pg_url)
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(2,)]
+    asyncio.run(check.close())
+
+
+def test_turnwire_migrate_fails_clearly_without_showing_the_password() -> None:
+    runner = CliRunner()
+    unreachable = runner.invoke(
+        cli.app, ["migrate", "--store-url", f"postgresql://app:{SECRET}@127.0.0.1:{_closed_port()}/db"]
+    )
+    assert unreachable.exit_code == 1
+    assert "cannot migrate postgresql://app:***@127.0.0.1:" in unreachable.output
+    bad = runner.invoke(cli.app, ["migrate", "--store-url", f"mysql://app:{SECRET}@h/db"])
+    assert bad.exit_code == 2
+    assert "mysql://app:***@h/db" in bad.output
+    assert SECRET not in unreachable.output + bad.output
