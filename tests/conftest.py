@@ -16,16 +16,18 @@ from turnwire_server.store import Store
 
 @pytest.fixture
 def sidecar_factory(tmp_path: Path) -> Iterator[SidecarFactory]:
-    """A factory ``(config=None, env=None, workdir=tmp_path) -> SidecarProcess`` (not started;
-    ``await sidecar.start()``). Every process it made is killed at teardown."""
+    """A factory ``(config=None, env=None, workdir=tmp_path, store_url=None) -> SidecarProcess``
+    (not started; ``await sidecar.start()``; ``store_url`` None: SQLite in ``workdir``). Every
+    process it made is killed at teardown."""
     created: list[SidecarProcess] = []
 
     def factory(
         config: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         workdir: Path | None = None,
+        store_url: str | None = None,
     ) -> SidecarProcess:
-        sidecar = SidecarProcess(workdir or tmp_path, config, env)
+        sidecar = SidecarProcess(workdir or tmp_path, config, env, store_url=store_url)
         created.append(sidecar)
         return sidecar
 
