@@ -1,4 +1,5 @@
-"""The SQLite store's durable-turn tables: event streams and submissions (docs/semantics.md §7, §8)."""
+"""The store's durable-turn tables, on every backend: event streams and submissions
+(docs/semantics.md §7, §8)."""
 
 from __future__ import annotations
 

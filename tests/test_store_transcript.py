@@ -1,4 +1,4 @@
-"""The SQLite store's transcript writes outside a turn: add_messages, delete_conversation and
+"""The store's transcript writes outside a turn (every backend): add_messages, delete_conversation and
 retention (expired_conversations, expire_events). docs/semantics.md §1 and §12."""
 
 from __future__ import annotations

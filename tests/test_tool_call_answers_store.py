@@ -1,6 +1,8 @@
-"""The store's atomic answers to waiting tool calls (docs/semantics.md §6, §12), on a real SQLite file.
+"""The store's atomic answers to waiting tool calls (docs/semantics.md §6, §12), on every backend
+(a real SQLite file, a real PostgreSQL database).
 
-``answer_tool_calls`` is one read-modify-write on the writer thread: of concurrent answers to one
+``answer_tool_calls`` is one atomic read-modify-write (SQLite: on the writer thread; PostgreSQL:
+one transaction holding the conversation's rows ``FOR UPDATE``): of concurrent answers to one
 assistant message, exactly one completes its batch (so exactly one continuation runs); refusals
 store nothing. ``expire_pending_tool_calls`` closes waiting calls older than a cutoff, which the
 maintenance loop calls periodically.

@@ -1,9 +1,9 @@
 """The store interface: conversations, messages and turn records.
 
-One interface; today's backend is SQLite (WAL, one process), the embedded
-default. A backend shared by several processes would implement the same
-methods and carry the turn lock of :meth:`Store.turn_lock` across them. The
-engine calls only what is here.
+One interface, two backends: SQLite (WAL, one process), the embedded default, and
+PostgreSQL (``store/postgres.py``). A backend shared by several processes must carry
+the turn lock of :meth:`Store.turn_lock` across them; the PostgreSQL backend does not
+yet (its lock is in-process: one replica per database). The engine calls only what is here.
 
 Durability rules (docs/semantics.md §8): :meth:`Store.start_turn`
 returns only once the user's messages are durable; :meth:`Store.finish_turn`
@@ -552,6 +552,7 @@ class Store(Protocol):
     def turn_lock(self, conversation_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the conversation's turn lock: one turn at a time, first in, first out.
 
-        The SQLite backend holds it in the process (one process per database file).
+        The SQLite backend holds it in the process (one process per database file); so does the
+        PostgreSQL backend for now (one replica per database).
         """
         ...
