@@ -1,34 +1,24 @@
-"""The SQLite store's durable-turn tables: event streams and submissions (docs/semantics.md §7, §8)."""
+"""The store's durable-turn tables, on every backend: event streams and submissions
+(docs/semantics.md §7, §8)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import datetime as dt
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store import InvalidPageToken, TurnRecord
+from turnwire_server.store import InvalidPageToken, Store, TurnRecord
 from turnwire_server.store.base import (
     SubmissionConflict,
     SubmissionNotPending,
     SubmissionRecord,
     TooManySubmissions,
 )
-from turnwire_server.store.sqlite import SqliteStore
 
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    s = SqliteStore(tmp_path / "durable.db")
-    await s.open()
-    yield s
-    await s.close()
 
 
 def _submission(
@@ -65,7 +55,7 @@ def _user(message_id: str) -> message_pb2.Message:
 # ----------------------------------------------------------------------------- event streams
 
 
-async def test_events_round_trip_in_order_and_between_bounds(store: SqliteStore) -> None:
+async def test_events_round_trip_in_order_and_between_bounds(store: Store) -> None:
     await store.start_turn(_turn("r1"), [_user("u1")])
     await store.append_events("c", "r1", [(1, b"a"), (2, b"b")], ended=False)
     await store.append_events("c", "r1", [(3, b"c")], ended=False)
@@ -79,7 +69,7 @@ async def test_events_round_trip_in_order_and_between_bounds(store: SqliteStore)
     assert await store.get_stream("nope") is None
 
 
-async def test_a_retried_request_id_replaces_its_ended_stream(store: SqliteStore) -> None:
+async def test_a_retried_request_id_replaces_its_ended_stream(store: Store) -> None:
     await store.start_turn(_turn("r1"), [_user("u1")])
     await store.append_events("c", "r1", [(1, b"old1"), (2, b"old2"), (3, b"old3")], ended=True)
     await store.append_events("c", "r1", [(1, b"new1")], ended=False)
@@ -88,13 +78,13 @@ async def test_a_retried_request_id_replaces_its_ended_stream(store: SqliteStore
     assert stream is not None and stream.end_time is None and stream.last_sequence_number == 1
 
 
-async def test_events_of_an_unrecorded_turn_are_not_kept(store: SqliteStore) -> None:
+async def test_events_of_an_unrecorded_turn_are_not_kept(store: Store) -> None:
     """A turn whose conversation was deleted while it streamed writes no stream back."""
     await store.append_events("c", "gone", [(1, b"a")], ended=True)
     assert await store.get_stream("gone") is None
 
 
-async def test_event_batches_that_do_not_ascend_are_refused(store: SqliteStore) -> None:
+async def test_event_batches_that_do_not_ascend_are_refused(store: Store) -> None:
     with pytest.raises(ValueError, match="ascend"):
         await store.append_events("c", "r1", [(2, b"x"), (1, b"y")], ended=False)
     with pytest.raises(ValueError, match="needs events"):
@@ -105,7 +95,7 @@ async def test_event_batches_that_do_not_ascend_are_refused(store: SqliteStore) 
 # ----------------------------------------------------------------------------- submissions
 
 
-async def test_repeats_by_id_or_key_return_the_stored_submission(store: SqliteStore) -> None:
+async def test_repeats_by_id_or_key_return_the_stored_submission(store: Store) -> None:
     created, fresh = await store.create_submission(_submission("s1", key="k"), max_open=10)
     assert fresh and created.seq == 1 and created.state == "pending"
     by_key, fresh = await store.create_submission(_submission("s-other", key="k"), max_open=10)
@@ -114,7 +104,7 @@ async def test_repeats_by_id_or_key_return_the_stored_submission(store: SqliteSt
     assert not fresh and by_id == created
 
 
-async def test_conflicting_ids_keys_and_contents_are_refused(store: SqliteStore) -> None:
+async def test_conflicting_ids_keys_and_contents_are_refused(store: Store) -> None:
     await store.create_submission(_submission("s1", key="k1"), max_open=10)
     await store.create_submission(_submission("s2", key="k2"), max_open=10)
     with pytest.raises(SubmissionConflict, match="name different submissions"):
@@ -126,7 +116,7 @@ async def test_conflicting_ids_keys_and_contents_are_refused(store: SqliteStore)
     assert [r.submission_id for r in (await store.list_submissions(10, ""))[0]] == ["s1", "s2"]
 
 
-async def test_twenty_concurrent_duplicates_create_one_submission(store: SqliteStore) -> None:
+async def test_twenty_concurrent_duplicates_create_one_submission(store: Store) -> None:
     results = await asyncio.gather(
         *(store.create_submission(_submission(f"s{i}", key="same"), max_open=100) for i in range(20))
     )
@@ -134,7 +124,7 @@ async def test_twenty_concurrent_duplicates_create_one_submission(store: SqliteS
     assert len({record.submission_id for record, _ in results}) == 1
 
 
-async def test_open_submissions_are_bounded_per_conversation(store: SqliteStore) -> None:
+async def test_open_submissions_are_bounded_per_conversation(store: Store) -> None:
     for index in range(3):
         await store.create_submission(_submission(f"s{index}"), max_open=3)
     with pytest.raises(TooManySubmissions):
@@ -143,7 +133,7 @@ async def test_open_submissions_are_bounded_per_conversation(store: SqliteStore)
 
 
 async def test_start_and_finish_turn_move_the_submission_and_never_overwrite_aborted(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     await store.create_submission(_submission("s1"), max_open=10)
     await store.start_turn(_turn("s1"), [_user("u1")])
@@ -157,7 +147,7 @@ async def test_start_and_finish_turn_move_the_submission_and_never_overwrite_abo
     assert final is not None and final.state == "aborted"
 
 
-async def test_a_cancelled_submission_never_stores_its_input(store: SqliteStore) -> None:
+async def test_a_cancelled_submission_never_stores_its_input(store: Store) -> None:
     await store.create_submission(_submission("s1"), max_open=10)
     await store.end_submission("s1", "aborted", b"why", only_from=("pending",))
     with pytest.raises(SubmissionNotPending):
@@ -166,7 +156,7 @@ async def test_a_cancelled_submission_never_stores_its_input(store: SqliteStore)
     assert await store.running_turns() == []
 
 
-async def test_submission_pages_follow_acceptance_order_and_their_filters(store: SqliteStore) -> None:
+async def test_submission_pages_follow_acceptance_order_and_their_filters(store: Store) -> None:
     for index in range(5):
         await store.create_submission(_submission(f"s{index}", "c" if index % 2 == 0 else "d"), max_open=10)
     page, token = await store.list_submissions(2, "", conversation_id="c")

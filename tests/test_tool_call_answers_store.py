@@ -1,6 +1,8 @@
-"""The store's atomic answers to waiting tool calls (docs/semantics.md §6, §12), on a real SQLite file.
+"""The store's atomic answers to waiting tool calls (docs/semantics.md §6, §12), on every backend
+(a real SQLite file, a real PostgreSQL database).
 
-``answer_tool_calls`` is one read-modify-write on the writer thread: of concurrent answers to one
+``answer_tool_calls`` is one atomic read-modify-write (SQLite: on the writer thread; PostgreSQL:
+one transaction holding the conversation's rows ``FOR UPDATE``): of concurrent answers to one
 assistant message, exactly one completes its batch (so exactly one continuation runs); refusals
 store nothing. ``expire_pending_tool_calls`` closes waiting calls older than a cutoff, which the
 maintenance loop calls periodically.
@@ -10,12 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from turnwire_client.v1 import message_pb2
+from turnwire_server.store import Store
 from turnwire_server.store.base import (
     ToolCallAnswer,
     ToolCallExpired,
@@ -23,19 +24,10 @@ from turnwire_server.store.base import (
     ToolCallNotPending,
     ToolCallsSpanMessages,
 )
-from turnwire_server.store.sqlite import SqliteStore
 from turnwire_server.store.tool_answers import DENIED_BY_USER_TEXT
 
 CONVERSATION = "conv-tools"
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    opened = SqliteStore(tmp_path / "tools.db")
-    await opened.open()
-    yield opened
-    await opened.close()
 
 
 def _user(message_id: str, text: str) -> message_pb2.Message:
@@ -67,7 +59,7 @@ def _reply(message_id: str, *calls: tuple[str, str], created: dt.datetime = T0) 
     return message
 
 
-async def _store(store: SqliteStore, *messages: message_pb2.Message) -> None:
+async def _store(store: Store, *messages: message_pb2.Message) -> None:
     for message in messages:
         await store.save_message(CONVERSATION, message)
 
@@ -78,14 +70,14 @@ def _calls(message: message_pb2.Message) -> dict[str, message_pb2.ToolCallPart]:
     }
 
 
-async def _stored_calls(store: SqliteStore) -> dict[str, message_pb2.ToolCallPart]:
+async def _stored_calls(store: Store) -> dict[str, message_pb2.ToolCallPart]:
     calls: dict[str, message_pb2.ToolCallPart] = {}
     for message in await store.load_messages(CONVERSATION):
         calls.update(_calls(message))
     return calls
 
 
-async def test_concurrent_answers_complete_the_batch_exactly_once(store: SqliteStore) -> None:
+async def test_concurrent_answers_complete_the_batch_exactly_once(store: Store) -> None:
     await _store(
         store,
         _user("u1", "where am I, and what is copied?"),
@@ -114,7 +106,7 @@ async def test_concurrent_answers_complete_the_batch_exactly_once(store: SqliteS
     assert _calls(last.message) == stored
 
 
-async def test_refused_answers_store_nothing(store: SqliteStore) -> None:
+async def test_refused_answers_store_nothing(store: Store) -> None:
     await _store(
         store,
         _user("u1", "go"),
@@ -145,7 +137,7 @@ async def test_refused_answers_store_nothing(store: SqliteStore) -> None:
     assert await store.load_messages(CONVERSATION) == before
 
 
-async def test_answers_record_results_errors_approvals_and_denials(store: SqliteStore) -> None:
+async def test_answers_record_results_errors_approvals_and_denials(store: Store) -> None:
     await _store(
         store, _user("u1", "go"), _reply("a1", ("c1", "client"), ("p1", "approval"), ("p2", "approval"))
     )
@@ -165,7 +157,7 @@ async def test_answers_record_results_errors_approvals_and_denials(store: Sqlite
     assert calls["p2"].error_text == DENIED_BY_USER_TEXT and not calls["p2"].approval.approved
 
 
-async def test_an_answer_after_a_later_user_message_or_the_expiry_is_refused(store: SqliteStore) -> None:
+async def test_an_answer_after_a_later_user_message_or_the_expiry_is_refused(store: Store) -> None:
     await _store(store, _user("u1", "go"), _reply("a1", ("c1", "client")))
     with pytest.raises(ToolCallExpired):
         await store.answer_tool_calls(
@@ -181,7 +173,7 @@ async def test_an_answer_after_a_later_user_message_or_the_expiry_is_refused(sto
     assert (await _stored_calls(store))["c1"].state == message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE
 
 
-async def test_expire_pending_tool_calls_closes_only_old_waiting_calls(store: SqliteStore) -> None:
+async def test_expire_pending_tool_calls_closes_only_old_waiting_calls(store: Store) -> None:
     old, recent = T0, T0 + dt.timedelta(hours=2)
     await _store(
         store,

@@ -40,7 +40,7 @@ from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.importing import import_object
 from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
 from turnwire_server.providers.settings import ProviderConfigError, build_provider
-from turnwire_server.store import Store, open_store
+from turnwire_server.store import Store, open_store, redact_url
 from turnwire_server.tools.loading import ToolLoadError, load_tools
 
 log = logging.getLogger("turnwire.server")
@@ -191,13 +191,15 @@ async def start(settings: Settings) -> Sidecar:
     except Exception as error:
         raise StartupError(f"configure_session failed: {error}") from error
     try:
-        store = open_store(settings.store.url)
+        store = open_store(
+            settings.store.url, pool_size=settings.store.pool_size, password_env=settings.store.password_env
+        )
     except ValueError as error:
         raise StartupError(f"store.url: {error}") from error
     try:
         await store.open()
     except Exception as error:
-        raise StartupError(f"cannot open the store {settings.store.url}: {error}") from error
+        raise StartupError(f"cannot open the store {redact_url(settings.store.url)}: {error}") from error
     try:
         engine = TurnEngine(
             store=store,
@@ -297,7 +299,7 @@ async def start(settings: Settings) -> Sidecar:
         "turnwire listening on %s:%d (store %s, default model %s)",
         host,
         port,
-        settings.store.url,
+        redact_url(settings.store.url),
         settings.default_model,
     )
     return Sidecar(server, engine, store, providers, health, port, settings, gate, maintenance, leases)

@@ -1,4 +1,5 @@
-"""The ``turnwire`` command: ``serve`` the sidecar, ``chat`` with it, read ``history``, run the ``demo``."""
+"""The ``turnwire`` command: ``serve`` the sidecar, ``migrate`` its store, ``chat`` with it, read
+``history``, run the ``demo``."""
 
 from __future__ import annotations
 
@@ -57,6 +58,55 @@ def serve(
     except StartupError as error:
         typer.echo(f"turnwire: cannot start: {error}", err=True)
         raise typer.Exit(1) from None
+
+
+@app.command()
+def migrate(
+    store_url: Annotated[
+        str | None,
+        typer.Option("--store-url", "--store", help="Store URL; default: the configured store.url."),
+    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file.")] = None,
+) -> None:
+    """Apply the store's pending schema migrations, print each one applied, and exit.
+
+    Exit status 0 when the schema is current afterwards, 1 when the store cannot be migrated,
+    2 for an invalid configuration.
+    """
+    from pydantic import ValidationError
+
+    from turnwire_server.config import ConfigError, StoreSettings, load_settings
+    from turnwire_server.migrate import migrate_store
+    from turnwire_server.store import StoreError, redact_url
+
+    try:
+        settings = load_settings(config)
+    except ConfigError as error:
+        typer.echo(f"turnwire: {error}", err=True)
+        raise typer.Exit(2) from None
+    store_settings = settings.store
+    if store_url is not None:
+        try:
+            store_settings = StoreSettings.model_validate({**store_settings.model_dump(), "url": store_url})
+        except ValidationError as error:  # its text would quote the URL, password included
+            reasons = "; ".join(item["msg"] for item in error.errors())
+            typer.echo(f"turnwire: --store-url {redact_url(store_url)}: {reasons}", err=True)
+            raise typer.Exit(2) from None
+    shown = redact_url(store_settings.url)
+    try:
+        applied = asyncio.run(
+            migrate_store(
+                store_settings.url,
+                pool_size=store_settings.pool_size,
+                password_env=store_settings.password_env,
+            )
+        )
+    except (StoreError, ValueError) as error:
+        typer.echo(f"turnwire: cannot migrate {shown}: {error}", err=True)
+        raise typer.Exit(1) from None
+    for name in applied:
+        typer.echo(f"applied {name}")
+    typer.echo(f"{shown}: {len(applied)} migration(s) applied; the schema is current")
 
 
 @app.command()

@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from turnwire_server.providers.settings import ProviderSettings, default_providers, entry_location
+from turnwire_server.store.postgres_url import is_postgres_url
 
 
 class _Section(BaseModel):
@@ -30,15 +31,28 @@ class _Section(BaseModel):
 
 
 class StoreSettings(_Section):
-    """Where conversations live. ``sqlite:///PATH`` (relative to the working directory)."""
+    """Where conversations live: ``sqlite:///PATH`` (relative to the working directory) or
+    ``postgresql://user[:password]@host[:port]/database`` (also ``postgres://``).
+
+    For PostgreSQL the password comes from the URL, else from the environment variable
+    ``password_env`` names, else libpq's ``PGPASSWORD``; it is never logged or shown in an
+    error. ``pool_size`` bounds the PostgreSQL store's connections (ignored by SQLite).
+    """
 
     url: str = "sqlite:///turnwire.db"
+    password_env: str | None = Field(
+        None, min_length=1, description="environment variable holding the PostgreSQL password"
+    )
+    pool_size: int = Field(10, ge=1, le=1000, description="PostgreSQL connections the store holds at most")
 
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
-        if not value.startswith("sqlite:///"):
-            raise ValueError("must be sqlite:///PATH (for example sqlite:///turnwire.db)")
+        if not value.startswith("sqlite:///") and not is_postgres_url(value):
+            raise ValueError(
+                "must be sqlite:///PATH (for example sqlite:///turnwire.db) or "
+                "postgresql://user@host:port/database"
+            )
         return value
 
 

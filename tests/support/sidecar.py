@@ -56,6 +56,7 @@ class SidecarProcess:
             None starts without ``--config`` (embedded defaults).
         env: Extra environment variables (e.g. ``TURNWIRE_LOG_LEVEL``). Inherited
             ``TURNWIRE_*`` variables are dropped so the host cannot leak settings in.
+        store_url: The store (``--store``); None: the SQLite file ``turnwire.db`` in ``workdir``.
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class SidecarProcess:
         workdir: Path,
         config: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
+        store_url: str | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -70,6 +72,7 @@ class SidecarProcess:
         self.extra_env = dict(env or {})
         self.port = free_port()
         self.db_path = self.workdir / DB_FILE_NAME
+        self.store_url = store_url or f"sqlite:///{self.db_path}"
         self.config_path: Path | None = None
         if config is not None:
             self.config_path = self.workdir / CONFIG_FILE_NAME
@@ -95,7 +98,7 @@ class SidecarProcess:
             "--listen",
             self.target,
             "--store",
-            f"sqlite:///{self.db_path}",
+            self.store_url,
         ]
         if self.config_path is not None:
             command += ["--config", str(self.config_path)]
@@ -234,7 +237,8 @@ class SidecarProcess:
 
 
 SidecarFactory = Callable[..., SidecarProcess]
-"""The ``sidecar_factory`` fixture: ``(config=None, env=None, workdir=None) -> SidecarProcess``."""
+"""The ``sidecar_factory`` fixture: ``(config=None, env=None, workdir=None, store_url=None) ->
+SidecarProcess``."""
 
 
 @contextlib.contextmanager

@@ -32,7 +32,10 @@ async def delete_conversation(
     elif engine.active_turns(conversation_id):
         return False
     # No await between the check above and taking the lock: no turn of it can slip in between.
-    async with store.turn_lock(conversation_id):
+    settings = engine.settings
+    async with store.turn_lock(
+        conversation_id, request_id="delete", owner=settings.replica_id, lease_seconds=settings.lease_seconds
+    ):
         if updated_before is not None:
             record = await store.get_conversation(conversation_id)
             if record is None or record.update_time >= updated_before:

@@ -208,7 +208,12 @@ class TurnRun:
             else:
                 self._phase = "queued"
                 try:
-                    async with self.store.turn_lock(self.request.conversation_id):
+                    async with self.store.turn_lock(
+                        self.request.conversation_id,
+                        request_id=self.request.request_id,
+                        owner=self.settings.replica_id,
+                        lease_seconds=self.settings.lease_seconds,
+                    ):
                         self._on_lock_acquired()
                         await self._locked()
                 except asyncio.CancelledError:

@@ -24,6 +24,7 @@ from turnwire_server.store.base import (
     TurnState,
     UnknownMessage,
 )
+from turnwire_server.store.postgres_url import is_postgres_url, redact_url
 
 __all__ = [
     "AddMode",
@@ -44,22 +45,36 @@ __all__ = [
     "TurnState",
     "UnknownMessage",
     "open_store",
+    "redact_url",
 ]
 
 _SQLITE_PREFIX = "sqlite:///"
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, pool_size: int = 10, password_env: str | None = None) -> Store:
     """The store a database URL names, constructed but not opened (call ``await store.open()``).
 
     Understood: ``sqlite:///relative/path.db`` (relative to the working
     directory) and ``sqlite:////absolute/path.db``, SQLAlchemy style; the path
-    is taken verbatim (no percent-decoding). Raises :class:`ValueError` for any
-    other scheme, a missing path, ``:memory:``, or a query string or fragment.
+    is taken verbatim (no percent-decoding). ``postgresql://user[:password]@host[:port]/db``
+    (or ``postgres://``) opens :class:`~turnwire_server.store.postgres.PostgresStore` with a
+    pool of ``pool_size`` connections, the password from the URL, else from the environment
+    variable ``password_env`` names, else ``PGPASSWORD``. Only the backend the URL names is
+    imported. Raises :class:`ValueError` (naming the URL with any password masked) for any
+    other scheme, a missing path, ``:memory:``, a query string or fragment on a SQLite URL,
+    or a malformed PostgreSQL URL.
     """
+    if is_postgres_url(url):
+        from turnwire_server.store.postgres import PostgresStore  # only the backend the URL names
+
+        return PostgresStore(url, pool_size=pool_size, password_env=password_env)
     if not url.startswith(_SQLITE_PREFIX):
-        scheme = url.partition("://")[0] if "://" in url else url
-        raise ValueError(f"unsupported store URL {url!r} (scheme {scheme!r}); use sqlite:///path")
+        shown = redact_url(url)
+        scheme = shown.partition("://")[0] if "://" in shown else shown
+        raise ValueError(
+            f"unsupported store URL {shown!r} (scheme {scheme!r}); use sqlite:///path or "
+            "postgresql://user@host:port/database"
+        )
     path = url.removeprefix(_SQLITE_PREFIX)
     if not path or path == "/":
         raise ValueError(f"store URL {url!r} has no database path")

@@ -1,8 +1,8 @@
 """The store interface: conversations, messages and turn records.
 
-One interface; today's backend is SQLite (WAL, one process), the embedded
-default. A backend shared by several processes would implement the same
-methods and carry the turn lock of :meth:`Store.turn_lock` across them. The
+One interface, two backends: SQLite (WAL, one process), the embedded default, and
+PostgreSQL (``store/postgres.py``), which several replicas share: it carries the turn lock of
+:meth:`Store.turn_lock`, turn leases, cancel requests and event wake-ups across them. The
 engine calls only what is here.
 
 Durability rules (docs/semantics.md §8): :meth:`Store.start_turn`
@@ -589,9 +589,14 @@ class Store(Protocol):
         can say it is past retention). Returns how many streams were expired."""
         ...
 
-    def turn_lock(self, conversation_id: str) -> AbstractAsyncContextManager[None]:
+    def turn_lock(
+        self, conversation_id: str, *, request_id: str = "", owner: str = "", lease_seconds: float = 30.0
+    ) -> AbstractAsyncContextManager[None]:
         """Hold the conversation's turn lock: one turn at a time, first in, first out.
 
-        The SQLite backend holds it in the process (one process per database file).
+        The SQLite backend holds it in the process (one process per database file). The
+        PostgreSQL backend holds it across replicas: a ticket for ``request_id`` held by
+        ``owner`` (whose leases :meth:`renew_leases` renews), lapsing ``lease_seconds`` after its
+        last renewal if the owner dies.
         """
         ...

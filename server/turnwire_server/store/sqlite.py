@@ -539,8 +539,11 @@ class SqliteStore:
         await self._writer.submit(write.apply, "expire_pending_tool_calls", urgent=True)
         return write.expired
 
-    def turn_lock(self, conversation_id: str) -> AbstractAsyncContextManager[None]:
-        """Hold the conversation's in-process turn lock (FIFO); see :class:`LocalTurnLocks`."""
+    def turn_lock(
+        self, conversation_id: str, *, request_id: str = "", owner: str = "", lease_seconds: float = 30.0
+    ) -> AbstractAsyncContextManager[None]:
+        """Hold the conversation's in-process turn lock (FIFO; see :class:`LocalTurnLocks`); one
+        process per file, so the ticket arguments are not needed."""
         return self._locks.hold(conversation_id)
 
     # ------------------------------------------------------------------ internals

@@ -1,0 +1,735 @@
+"""The PostgreSQL store backend: psycopg 3 (async) with a bounded connection pool.
+
+Same behaviour as the SQLite store (:mod:`turnwire_server.store.sqlite`): every write that
+SQLite applies as one write is one transaction here (:mod:`turnwire_server.store.postgres_writes`
+holds the SQL), reads are single statements (one snapshot each), the page tokens are the
+SQLite store's encoders, and undecodable data is :class:`StoreCorrupted`.
+
+The schema lives in ``migrations/postgres/NNNN_name.sql``; pending migrations run at
+:meth:`PostgresStore.open` in one transaction under an advisory lock
+(:mod:`turnwire_server.store.postgres_migrations`), so replicas may start together.
+
+**Several replicas share one database.** The turn lock is a cross-replica FIFO queue, cancel
+requests and event wake-ups travel by ``LISTEN``/``NOTIFY``, and turn leases let a survivor
+claim the turns of a replica that died (:mod:`turnwire_server.store.postgres_replicas`). The
+store's writes are safe under concurrency (conversation locks, ``SELECT … FOR UPDATE``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Final, TypeVar
+
+import psycopg
+import psycopg_pool
+from psycopg import errors as pg_errors
+
+from turnwire_client.v1 import message_pb2
+from turnwire_server.store import postgres_writes as writes
+from turnwire_server.store.base import (
+    AddMode,
+    AddResult,
+    AnsweredToolCalls,
+    ConversationRecord,
+    StoreCorrupted,
+    StoreError,
+    StreamRecord,
+    SubmissionRecord,
+    SubmissionState,
+    ToolCallAnswer,
+    TurnRecord,
+)
+from turnwire_server.store.local_lock import LocalTurnLocks
+from turnwire_server.store.postgres_migrations import apply_migrations, load_migrations
+from turnwire_server.store.postgres_replicas import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL, Listener
+from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
+from turnwire_server.store.postgres_writes import Conn
+from turnwire_server.store.sqlite_rows import (
+    TURN_COLUMNS,
+    check_turn,
+    conversation_from_row,
+    decode_page_token,
+    encode_page_token,
+    message_row,
+    to_us,
+    turn_from_row,
+)
+from turnwire_server.store.sqlite_streams import STREAM_COLUMNS, stream_from_row, unpack_events
+from turnwire_server.store.sqlite_submissions import (
+    SUBMISSION_COLUMNS,
+    decode_submission_token,
+    encode_submission_token,
+    submission_from_row,
+)
+
+__all__ = ["DEFAULT_POOL_SIZE", "PostgresStore"]
+
+DEFAULT_POOL_SIZE: Final = 10
+"""Connections the pool holds at most unless configured (``store.pool_size``)."""
+
+_CONNECT_TIMEOUT_S: Final = 10.0
+log = logging.getLogger("turnwire_server.store.postgres")
+
+_RETRIES: Final = 5
+"""Attempts of a transaction that lost a race the database resolved by aborting it
+(serialization failure, deadlock, a concurrent insert of the same key)."""
+_RACE_ERRORS: Final = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.UniqueViolation)
+
+T = TypeVar("T")
+
+
+class PostgresStore:
+    """:class:`~turnwire_server.store.base.Store` on a PostgreSQL database (psycopg 3, async).
+
+    ``url`` is ``postgresql://user[:password]@host[:port]/database`` (or ``postgres://``; libpq
+    query parameters pass through); ``password_env`` names an environment variable with the
+    password when the URL has none (else libpq's ``PGPASSWORD``). ``pool_size`` (>= 1) bounds
+    the connections the store holds; a call waits up to ``timeout_s`` seconds for one.
+
+    Errors: :class:`StoreError` when the database cannot be reached or fails (its message
+    names the URL with the password masked, never the password), :class:`StoreCorrupted` for
+    stored data that cannot be decoded, the domain errors of
+    :mod:`turnwire_server.store.base` as the SQLite store raises them, and
+    :class:`ValueError` for a malformed URL (at construction) or an argument no backend could
+    store. Besides the pool, the store holds one ``LISTEN`` connection.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        password_env: str | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+        self._target: PostgresTarget = parse_postgres_url(url, password_env=password_env)
+        self._pool_size = pool_size
+        self._timeout_s = timeout_s
+        self._pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
+        self._closed = False
+        self._tickets = LocalTurnLocks()  # this process's tickets of a conversation go in call order
+        self._listener = Listener(self._listen_connection)
+        # Writes of one conversation are applied in call order (Store: checkpoints are applied in
+        # call order): taken before the first await, FIFO, so concurrent calls keep their order.
+        self._write_order = LocalTurnLocks()
+        self._last_us = 0
+
+    @property
+    def display_url(self) -> str:
+        """The store URL with its password masked (for messages)."""
+        return self._target.display
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": int(_CONNECT_TIMEOUT_S)}
+        if self._target.password is not None:
+            kwargs["password"] = self._target.password
+        return kwargs
+
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations on a connection of its own (not the pool) and return the names
+        applied ([] when the schema is current). Used by :meth:`open` and ``turnwire migrate``.
+
+        Raises :class:`StoreError` when the database cannot be reached, a migration fails, or
+        the database's schema is newer than this code knows.
+        """
+        try:
+            conn = await psycopg.AsyncConnection.connect(self._target.conninfo, **self._connect_kwargs())
+        except psycopg.Error as exc:
+            raise self._error(exc, "connecting") from None
+        try:
+            return await apply_migrations(
+                conn, load_migrations(), where=self._target.display, now_us=self._now_us()
+            )
+        except psycopg.Error as exc:
+            raise self._error(exc, "migrating") from None
+        finally:
+            await conn.close()
+
+    async def open(self) -> None:
+        """Connect, run pending migrations (one transaction under an advisory lock, so replicas
+        starting together do not race), then open the connection pool.
+
+        Raises :class:`StoreError` when the database cannot be reached, a migration fails, or
+        the database's schema is newer than this code knows. A no-op when already open; a closed
+        store cannot be reopened.
+        """
+        if self._pool is not None:
+            return
+        if self._closed:
+            raise StoreError("postgres store: closed; create a new PostgresStore to reopen")
+        await self.migrate()
+        pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
+            self._target.conninfo,
+            kwargs=self._connect_kwargs(),
+            min_size=1,
+            max_size=self._pool_size,
+            timeout=self._timeout_s,
+            check=psycopg_pool.AsyncConnectionPool.check_connection,
+            name="turnwire-store",
+            open=False,
+        )
+        try:
+            await pool.open(wait=True, timeout=_CONNECT_TIMEOUT_S)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            await pool.close()
+            raise self._error(exc, "opening the connection pool") from None
+        self._pool = pool
+        self._listener.start()
+
+    async def _listen_connection(self) -> psycopg.AsyncConnection[Any]:
+        """A connection of its own for ``LISTEN`` (not from the pool)."""
+        return await psycopg.AsyncConnection.connect(self._target.conninfo, **self._connect_kwargs())
+
+    async def close(self) -> None:
+        """Close the pool (waiting for connections in use to come back). Idempotent."""
+        self._closed = True
+        await self._listener.stop()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _now_us(self) -> int:
+        """The write's time (µs since the epoch), strictly increasing within this store."""
+        now = time.time_ns() // 1000
+        self._last_us = now if now > self._last_us else self._last_us + 1
+        return self._last_us
+
+    def _error(self, exc: BaseException, what: str) -> StoreError:
+        """``exc`` as a :class:`StoreError` naming ``what`` and the (redacted) URL."""
+        if isinstance(exc, StoreError):
+            return exc
+        if isinstance(exc, psycopg_pool.PoolTimeout):
+            detail = f"no database connection within {self._timeout_s:g} s (pool of {self._pool_size})"
+        else:
+            sqlstate = getattr(exc, "sqlstate", None)
+            text = str(exc).strip() or type(exc).__name__
+            detail = f"{sqlstate}: {text}" if sqlstate else text
+        message = self._target.redact_text(f"postgres store {self._target.display}: {what} failed: {detail}")
+        err = StoreError(message)
+        err.__cause__ = None
+        return err
+
+    def _require_pool(self, what: str) -> psycopg_pool.AsyncConnectionPool[Any]:
+        pool = self._pool
+        if pool is None:
+            raise StoreError(f"postgres store: {what}: store is not open")
+        return pool
+
+    async def _read(self, what: str, sql: str, params: Sequence[Any]) -> list[Any]:
+        pool = self._require_pool(what)
+        try:
+            async with pool.connection() as conn:
+                cur = await conn.execute(sql.encode(), params)
+                return list(await cur.fetchall())
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise self._error(exc, what) from None
+
+    async def _write(
+        self, what: str, body: Callable[[Conn, int], Awaitable[T]], *, conversation_id: str | None = None
+    ) -> T:
+        """Run ``body(conn, now_us)`` in one transaction, committed when this returns; retried
+        (from the start) when the database aborted it to resolve a race. Domain errors raised
+        by ``body`` roll back and propagate as they are. Writes naming the same
+        ``conversation_id`` are applied in call order."""
+        pool = self._require_pool(what)
+        if conversation_id is None:
+            return await self._transaction(pool, what, body)
+        async with self._write_order.hold(conversation_id):
+            return await self._transaction(pool, what, body)
+
+    async def _transaction(
+        self,
+        pool: psycopg_pool.AsyncConnectionPool[Any],
+        what: str,
+        body: Callable[[Conn, int], Awaitable[T]],
+    ) -> T:
+        for attempt in range(_RETRIES):
+            try:
+                async with pool.connection() as conn, conn.transaction():
+                    return await body(conn, self._now_us())
+            except _RACE_ERRORS as exc:
+                if attempt + 1 == _RETRIES:
+                    raise self._error(exc, what) from None
+            except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+                raise self._error(exc, what) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # ------------------------------------------------------------------ reads
+
+    async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
+        """The conversation's record (times tz-aware UTC), or ``None`` when it does not exist."""
+        rows = await self._read(
+            "get_conversation",
+            "SELECT id, create_time, update_time, message_count FROM conversations WHERE id = %s",
+            (conversation_id,),
+        )
+        return conversation_from_row(rows[0]) if rows else None
+
+    async def list_conversations(
+        self, page_size: int, page_token: str
+    ) -> tuple[list[ConversationRecord], str]:
+        """Up to ``page_size`` (>= 1) conversations, most recently updated first (ties: id
+        descending, by code point); the next page token ("" on the last page). Raises
+        :class:`InvalidPageToken` for a token this store did not issue and :class:`ValueError`
+        when ``page_size`` < 1."""
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        columns = "SELECT id, create_time, update_time, message_count FROM conversations"
+        order = " ORDER BY update_time DESC, id DESC LIMIT %s"
+        if page_token:
+            update_us, after_id = decode_page_token(page_token)
+            # TEXT cannot hold NUL, so no stored id does: for a (forged) token id p + NUL + rest,
+            # the stored ids below it in code-point order are exactly those <= p.
+            prefix, nul, _ = after_id.partition("\x00")
+            after = (
+                " WHERE (update_time < %s OR (update_time = %s AND id <= %s))"
+                if nul
+                else (" WHERE (update_time, id) < (%s, %s)")
+            )
+            params = (update_us, update_us, prefix) if nul else (update_us, after_id)
+            rows = await self._read("list_conversations", columns + after + order, (*params, page_size + 1))
+        else:
+            rows = await self._read("list_conversations", columns + order, (page_size + 1,))
+        records = [conversation_from_row(row) for row in rows[:page_size]]
+        next_token = ""
+        if len(rows) > page_size:
+            last = rows[page_size - 1]
+            next_token = encode_page_token(last[2], last[0])
+        return records, next_token
+
+    async def load_messages(self, conversation_id: str) -> list[message_pb2.Message]:
+        """All messages of the conversation in append order ([] when none or no conversation).
+        Raises :class:`StoreCorrupted` for a message that cannot be decoded."""
+        rows = await self._read("load_messages", writes.LOAD_MESSAGES_SQL, (conversation_id,))
+        return writes.messages_from_rows(conversation_id, rows)
+
+    async def running_turns(self) -> list[TurnRecord]:
+        """Turns whose state is ``running``, oldest start first."""
+        rows = await self._read(
+            "running_turns",
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE state = 'running' ORDER BY start_time, request_id",
+            (),
+        )
+        return [turn_from_row(row) for row in rows]
+
+    # ------------------------------------------------------------------ event streams
+
+    async def append_events(
+        self,
+        conversation_id: str,
+        request_id: str,
+        events: Sequence[tuple[int, bytes]],
+        *,
+        ended: bool,
+    ) -> None:
+        """Store a batch of a turn's events (see ``Store.append_events``), one transaction.
+
+        Raises :class:`ValueError` for an empty batch without ``ended`` or sequence numbers
+        that do not ascend from >= 1."""
+        if not events and not ended:
+            raise ValueError("append_events needs events, or ended=True")
+        numbers = [number for number, _ in events]
+        if numbers != sorted(set(numbers)) or (numbers and numbers[0] < 1):
+            raise ValueError(f"event sequence numbers must ascend from >= 1, got {numbers[:5]}…")
+        batch = list(events)
+        await self._write(
+            f"append_events({request_id!r})",
+            lambda conn, now_us: writes.append_events(
+                conn, conversation_id, request_id, batch, ended=ended, now_us=now_us
+            ),
+            conversation_id=conversation_id,
+        )
+
+    async def get_stream(self, request_id: str) -> StreamRecord | None:
+        """The stored stream of ``request_id``, or None."""
+        rows = await self._read(
+            "get_stream", f"SELECT {STREAM_COLUMNS} FROM turn_streams WHERE request_id = %s", (request_id,)
+        )
+        return stream_from_row(rows[0]) if rows else None
+
+    async def load_events(self, request_id: str, after: int, before: int | None = None) -> list[bytes]:
+        """Serialized events of ``request_id`` with ``after < sequence_number < before``, in order.
+        Raises :class:`StoreCorrupted` for a stored batch that cannot be read back."""
+        rows = await self._read(
+            "load_events",
+            "SELECT data FROM turn_events WHERE request_id = %s AND last_sequence_number > %s"
+            " AND first_sequence_number < %s ORDER BY first_sequence_number",
+            (request_id, after, (1 << 62) if before is None else before),
+        )
+        events: list[bytes] = []
+        try:
+            for (data,) in rows:
+                events.extend(unpack_events(bytes(data), after, before))
+        except ValueError as exc:
+            raise StoreCorrupted(
+                f"postgres store: the events of turn {request_id!r} cannot be read: {exc}"
+            ) from exc
+        return events
+
+    # ------------------------------------------------------------------ submissions
+
+    async def create_submission(
+        self, submission: SubmissionRecord, *, max_open: int
+    ) -> tuple[SubmissionRecord, bool]:
+        """Store a new submission or return the one it repeats (see ``Store.create_submission``).
+        Raises :class:`ValueError` for a submission that is not ``pending``."""
+        if submission.state != "pending":
+            raise ValueError(f"a new submission is pending, not {submission.state!r}")
+        to_us(submission.create_time, "create_time")
+        return await self._write(
+            f"create_submission({submission.submission_id!r})",
+            lambda conn, now_us: writes.create_submission(conn, submission, max_open),
+        )
+
+    async def get_submission(self, submission_id: str) -> SubmissionRecord | None:
+        """The submission, or None."""
+        rows = await self._read(
+            "get_submission", f"SELECT {SUBMISSION_COLUMNS} FROM submissions WHERE id = %s", (submission_id,)
+        )
+        return submission_from_row(rows[0]) if rows else None
+
+    async def list_submissions(
+        self, page_size: int, page_token: str, *, conversation_id: str = "", state: str = ""
+    ) -> tuple[list[SubmissionRecord], str]:
+        """Up to ``page_size`` (>= 1) submissions in acceptance order, filtered; the next token.
+        Raises :class:`InvalidPageToken` for a token not issued for these filters."""
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        after = decode_submission_token(page_token, conversation_id, state) if page_token else 0
+        where = ["seq > %s"]
+        params: list[Any] = [after]
+        if conversation_id:
+            where.append("conversation_id = %s")
+            params.append(conversation_id)
+        if state:
+            where.append("state = %s")
+            params.append(state)
+        rows = await self._read(
+            "list_submissions",
+            f"SELECT {SUBMISSION_COLUMNS} FROM submissions WHERE {' AND '.join(where)} ORDER BY seq LIMIT %s",
+            (*params, page_size + 1),
+        )
+        records = [submission_from_row(row) for row in rows[:page_size]]
+        token = ""
+        if len(rows) > page_size:
+            token = encode_submission_token(records[-1].seq, conversation_id, state)
+        return records, token
+
+    async def open_submissions(self) -> list[SubmissionRecord]:
+        """Pending and running submissions, in acceptance order."""
+        rows = await self._read(
+            "open_submissions",
+            f"SELECT {SUBMISSION_COLUMNS} FROM submissions"
+            " WHERE state IN ('pending', 'running') ORDER BY seq",
+            (),
+        )
+        return [submission_from_row(row) for row in rows]
+
+    async def end_submission(
+        self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]
+    ) -> SubmissionRecord | None:
+        """End the submission when its state is in ``only_from``; the record as stored afterwards.
+        Raises :class:`ValueError` for an unknown ``state``."""
+        if state not in ("pending", "running", "completed", "error", "aborted", "skipped"):
+            raise ValueError(f"unknown submission state {state!r}")
+        allowed = tuple(only_from)
+        return await self._write(
+            f"end_submission({submission_id!r})",
+            lambda conn, now_us: writes.end_submission(
+                conn, submission_id, state, error, only_from=allowed, now_us=now_us
+            ),
+        )
+
+    async def expire_submissions(self, before: dt.datetime, limit: int, error: bytes) -> list[str]:
+        """End up to ``limit`` (>= 1) pending submissions accepted before ``before`` as ``error``."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        before_us = to_us(before, "before")
+        return await self._write(
+            "expire_submissions",
+            lambda conn, now_us: writes.expire_submissions(conn, before_us, limit, error, now_us),
+        )
+
+    # ------------------------------------------------------------------ turn writes
+
+    async def start_turn(self, turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> None:
+        """Durably create the conversation if missing, append ``messages`` and insert ``turn``;
+        one transaction, committed when this returns (rules and errors: ``Store.start_turn``
+        and :meth:`SqliteStore.start_turn <turnwire_server.store.sqlite.SqliteStore.start_turn>`)."""
+        rows = writes.prepare_turn(turn, messages)
+        await self._write(
+            f"start_turn({turn.request_id!r})",
+            lambda conn, now_us: writes.start_turn(conn, turn, rows, now_us),
+            conversation_id=turn.conversation_id,
+        )
+
+    async def save_message(
+        self, conversation_id: str, message: message_pb2.Message, *, turn_request_id: str = ""
+    ) -> None:
+        """Insert ``message`` or replace the one with its id in place; a no-op for a message
+        without parts or when ``turn_request_id`` names no recorded turn. Raises
+        :class:`ValueError` for an empty id or invalid create_time."""
+        row = message_row(message)
+        if not row.parts:
+            return
+        await self._write(
+            f"save_message({conversation_id!r}, {message.id!r})",
+            lambda conn, now_us: writes.save_message(conn, conversation_id, row, turn_request_id, now_us),
+            conversation_id=conversation_id,
+        )
+
+    async def finish_turn(self, turn: TurnRecord, message: message_pb2.Message | None) -> None:
+        """Durably upsert the assistant ``message`` (when it has parts) and record ``turn``'s end,
+        one transaction. Raises :class:`TurnNotFound` (storing nothing) when no turn
+        ``turn.request_id`` exists."""
+        check_turn(turn)
+        row = message_row(message) if message is not None else None
+        if row is not None and not row.parts:
+            row = None
+        if turn.end_time is not None:
+            to_us(turn.end_time, "end_time")
+        await self._write(
+            f"finish_turn({turn.request_id!r})",
+            lambda conn, now_us: writes.finish_turn(conn, turn, row, now_us),
+            conversation_id=turn.conversation_id,
+        )
+
+    # ------------------------------------------------------------------ transcript, retention
+
+    async def add_messages(
+        self,
+        conversation_id: str,
+        messages: Sequence[message_pb2.Message],
+        *,
+        mode: AddMode,
+        allow_missing: bool,
+        replace_only: Collection[str] = (),
+    ) -> AddResult:
+        """Write ``messages`` into the transcript, one transaction, all or nothing (rules and
+        errors: ``Store.add_messages``)."""
+        rows = writes.prepare_add(messages)
+        only = frozenset(replace_only)
+        return await self._write(
+            f"add_messages({conversation_id!r})",
+            lambda conn, now_us: writes.add_messages(
+                conn,
+                conversation_id,
+                rows,
+                mode=mode,
+                allow_missing=allow_missing,
+                replace_only=only,
+                now_us=now_us,
+            ),
+            conversation_id=conversation_id,
+        )
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        """Delete every row of the conversation in one transaction; False when there was none."""
+        return await self._write(
+            f"delete_conversation({conversation_id!r})",
+            lambda conn, now_us: writes.delete_conversation(conn, conversation_id),
+            conversation_id=conversation_id,
+        )
+
+    async def expired_conversations(self, before: dt.datetime, limit: int) -> list[str]:
+        """Up to ``limit`` (>= 1) ids of conversations updated before ``before`` with no running
+        turn, least recently updated first."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        rows = await self._read(
+            "expired_conversations",
+            "SELECT c.id FROM conversations AS c WHERE c.update_time < %s AND NOT EXISTS"
+            " (SELECT 1 FROM turns AS t WHERE t.conversation_id = c.id AND t.state = 'running')"
+            " ORDER BY c.update_time, c.id LIMIT %s",
+            (to_us(before, "before"), limit),
+        )
+        return [row[0] for row in rows]
+
+    async def expire_events(self, before: dt.datetime, limit: int) -> int:
+        """Delete the events of up to ``limit`` (>= 1) streams that ended before ``before`` and
+        mark them ``events_expired``, one transaction; returns how many streams."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        before_us = to_us(before, "before")
+        return await self._write(
+            "expire_events", lambda conn, now_us: writes.expire_events(conn, before_us, limit)
+        )
+
+    async def answer_tool_calls(
+        self,
+        conversation_id: str,
+        answers: Sequence[ToolCallAnswer],
+        *,
+        expired_before: dt.datetime | None,
+    ) -> AnsweredToolCalls:
+        """Record the client's answers in one read-modify-write transaction holding the
+        conversation's row and message rows ``FOR UPDATE`` (see ``Store.answer_tool_calls``)."""
+        if not answers:
+            raise ValueError("no tool call answers to record")
+        batch = tuple(answers)
+        return await self._write(
+            f"answer_tool_calls({conversation_id!r})",
+            lambda conn, now_us: writes.answer_tool_calls(
+                conn, conversation_id, batch, expired_before, now_us
+            ),
+            conversation_id=conversation_id,
+        )
+
+    async def expire_pending_tool_calls(self, cutoff: dt.datetime) -> int:
+        """Close every call waiting for the client whose message was created before ``cutoff``
+        (tz-aware) with an errored result naming the expiry; returns how many. One transaction."""
+        cutoff_us = to_us(cutoff, "cutoff")
+        return await self._write(
+            "expire_pending_tool_calls",
+            lambda conn, now_us: writes.expire_pending_tool_calls(conn, cutoff_us, now_us),
+        )
+
+    # ------------------------------------------------------------------ replicas
+
+    def turn_lock(
+        self, conversation_id: str, *, request_id: str = "", owner: str = "", lease_seconds: float = 30.0
+    ) -> AbstractAsyncContextManager[None]:
+        """Hold the conversation's turn lock across replicas: a ticket in ``turn_queue``, held once
+        it is the conversation's lowest live ticket (see
+        :mod:`turnwire_server.store.postgres_replicas`). Raises :class:`StoreError` when the
+        database fails while taking or waiting for it."""
+        return self._queue_lock(conversation_id, request_id, owner, lease_seconds)
+
+    @contextlib.asynccontextmanager
+    async def _queue_lock(
+        self, conversation_id: str, request_id: str, owner: str, lease_seconds: float
+    ) -> AsyncIterator[None]:
+        lease_us = int(lease_seconds * 1_000_000)
+        async with self._tickets.hold(conversation_id):  # this process's tickets in call order
+            rows = await self._write(
+                "turn_lock",
+                lambda conn, now_us: writes.fetch_one(
+                    conn,
+                    "INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
+                    " VALUES (%s, %s, %s, %s) RETURNING ticket",
+                    (conversation_id, request_id, owner, now_us + lease_us),
+                ),
+            )
+        ticket = rows[0]
+        try:
+            while True:
+                with self._listener.waiting(QUEUE_CHANNEL, conversation_id) as moved:
+                    if await self._head(conversation_id) == ticket:
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(max(lease_seconds / 3, 0.05)):
+                            await moved.wait()
+            yield
+        finally:
+            # Shielded: a cancelled turn must still give the lock up.
+            await asyncio.shield(self._release(conversation_id, ticket))
+
+    async def _head(self, conversation_id: str) -> int | None:
+        """The conversation's lowest live ticket, after deleting the lapsed ones (dead replicas)."""
+
+        async def body(conn: Any, now_us: int) -> int | None:
+            await writes.run(
+                conn,
+                "DELETE FROM turn_queue WHERE conversation_id = %s AND lease_until < %s",
+                (conversation_id, now_us),
+            )
+            row = await writes.fetch_one(
+                conn,
+                "SELECT ticket FROM turn_queue WHERE conversation_id = %s ORDER BY ticket LIMIT 1",
+                (conversation_id,),
+            )
+            return None if row is None else int(row[0])
+
+        return await self._write("turn_lock", body)
+
+    async def _release(self, conversation_id: str, ticket: int) -> None:
+        async def body(conn: Any, now_us: int) -> None:
+            await writes.run(conn, "DELETE FROM turn_queue WHERE ticket = %s", (ticket,))
+            await writes.run(conn, "SELECT pg_notify(%s, %s)", (QUEUE_CHANNEL, conversation_id))
+
+        try:
+            await self._write("turn_lock release", body)
+        except StoreError as error:  # its lease lapses; the others skip it then
+            log.error("releasing the turn lock of %s failed: %s", conversation_id, error)
+
+    async def renew_leases(self, owner: str, until: dt.datetime) -> int:
+        """Extend the leases of ``owner``'s running turns and queue tickets to ``until``: two
+        statements in one transaction, whatever the number of turns."""
+        until_us = to_us(until, "until")
+
+        async def body(conn: Any, now_us: int) -> int:
+            cur = await conn.execute(
+                b"UPDATE turns SET lease_until = %s WHERE owner = %s AND state = 'running'", (until_us, owner)
+            )
+            await conn.execute(b"UPDATE turn_queue SET lease_until = %s WHERE owner = %s", (until_us, owner))
+            return int(cur.rowcount)
+
+        return await self._write("renew_leases", body)
+
+    async def claim_interrupted_turns(
+        self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
+    ) -> list[TurnRecord]:
+        """Claim up to ``limit`` running turns whose lease lapsed before ``now`` (their replica
+        died): ``FOR UPDATE SKIP LOCKED``, so two survivors never claim the same turn."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        now_us, until_us = to_us(now, "now"), to_us(lease_until, "lease_until")
+
+        async def body(conn: Any, _: int) -> list[Any]:
+            cur = await conn.execute(
+                (
+                    "UPDATE turns SET owner = %s, lease_until = %s WHERE request_id IN ("
+                    " SELECT request_id FROM turns WHERE state = 'running'"
+                    " AND (lease_until IS NULL OR lease_until < %s) AND owner IS DISTINCT FROM %s"
+                    " ORDER BY start_time, request_id LIMIT %s FOR UPDATE SKIP LOCKED)"
+                    f" RETURNING {TURN_COLUMNS}"
+                ).encode(),
+                (owner, until_us, now_us, owner, limit),
+            )
+            return list(await cur.fetchall())
+
+        rows = await self._write("claim_interrupted_turns", body)
+        return sorted((turn_from_row(row) for row in rows), key=lambda t: (t.start_time, t.request_id))
+
+    async def request_cancel(self, request_id: str) -> bool:
+        """Notify every replica to cancel turn ``request_id``; True when it runs or waits somewhere."""
+
+        async def body(conn: Any, _: int) -> bool:
+            found = await writes.fetch_one(
+                conn,
+                "SELECT 1 FROM turns WHERE request_id = %s AND state = 'running'"
+                " UNION ALL SELECT 1 FROM turn_queue WHERE request_id = %s LIMIT 1",
+                (request_id, request_id),
+            )
+            await writes.run(conn, "SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, request_id))
+            return found is not None
+
+        return await self._write("request_cancel", body)
+
+    def cancel_requests(self) -> AsyncIterator[str]:
+        """Request ids any replica asked to cancel (from the ``LISTEN`` connection)."""
+        return self._listener.cancel_requests()
+
+    async def wait_for_events(self, request_id: str, after: int, timeout_seconds: float) -> bool:
+        """Wait (at most ``timeout_seconds``) until turn ``request_id`` stored events past ``after``
+        or ended; True (this store follows other replicas)."""
+        with self._listener.waiting(EVENTS_CHANNEL, request_id) as stored:
+            stream = await self.get_stream(request_id)
+            if stream is None or stream.end_time is not None or stream.last_sequence_number > after:
+                return True
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_seconds):
+                    await stored.wait()
+        return True

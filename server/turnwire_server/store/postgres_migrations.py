@@ -1,0 +1,116 @@
+"""The PostgreSQL store's schema migrations: loading the packaged scripts and applying them.
+
+The schema lives in ``server/turnwire_server/store/migrations/postgres/NNNN_name.sql``,
+mirroring the SQLite migrations version for version. :func:`apply_migrations` runs every
+pending one in ONE transaction that first takes a transaction-level advisory lock
+(``pg_advisory_xact_lock``), so replicas starting together against the same database
+serialize: the first applies, the others then find everything recorded in
+``schema_migrations`` and apply nothing. A failing migration rolls the whole run back.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Final
+
+import psycopg
+
+from turnwire_server.store.base import StoreError
+
+__all__ = ["MIGRATION_LOCK_KEY", "PgMigration", "apply_migrations", "load_migrations"]
+
+_log = logging.getLogger("turnwire_server.store.postgres")
+
+_MIGRATIONS_PACKAGE: Final = "turnwire_server.store.migrations.postgres"
+_MIGRATION_FILE: Final = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+MIGRATION_LOCK_KEY: Final = 0x7475726E_77697265  # "turnwire": the advisory lock of a migration run
+"""The ``pg_advisory_xact_lock`` key that serializes migration runs on one database."""
+
+
+@dataclass(frozen=True, slots=True)
+class PgMigration:
+    """One schema migration: ``version`` (from 1), ``name`` (file stem) and its SQL script (one
+    or more statements, sent as one simple query)."""
+
+    version: int
+    name: str
+    script: str
+
+
+@functools.cache
+def load_migrations() -> tuple[PgMigration, ...]:
+    """The packaged PostgreSQL migrations, in version order.
+
+    Raises :class:`StoreError` when a file name does not match ``NNNN_name.sql`` or the
+    versions are not 1, 2, 3, ... without gaps (a packaging mistake).
+    """
+    found: list[PgMigration] = []
+    for entry in resources.files(_MIGRATIONS_PACKAGE).iterdir():
+        if not entry.name.endswith(".sql"):
+            continue
+        match = _MIGRATION_FILE.match(entry.name)
+        if match is None:
+            raise StoreError(f"migration file {entry.name!r} is not named NNNN_name.sql")
+        found.append(
+            PgMigration(
+                int(match.group(1)), entry.name.removesuffix(".sql"), entry.read_text(encoding="utf-8")
+            )
+        )
+    found.sort(key=lambda m: m.version)
+    if [m.version for m in found] != list(range(1, len(found) + 1)):
+        raise StoreError(f"migration versions are not 1..n: {[m.name for m in found]}")
+    return tuple(found)
+
+
+async def apply_migrations(
+    conn: psycopg.AsyncConnection[tuple[object, ...]],
+    migrations: Sequence[PgMigration],
+    *,
+    where: str,
+    now_us: int,
+) -> list[str]:
+    """Apply the ``migrations`` not yet recorded in ``conn``'s database; returns the names applied
+    (in order; [] when the schema was current).
+
+    ``conn`` must be in autocommit mode and outside a transaction. Everything happens in one
+    transaction holding ``pg_advisory_xact_lock(MIGRATION_LOCK_KEY)``: creating
+    ``schema_migrations`` if missing, the version check and every pending migration.
+    ``where`` (the redacted URL) is for messages, ``now_us`` the ``applied_at`` value (µs
+    since the epoch). Raises :class:`StoreError` when the database's schema is newer than the
+    newest of ``migrations`` (nothing is changed) and :class:`psycopg.Error` when a statement
+    fails (the whole run is rolled back).
+    """
+    known = migrations[-1].version if migrations else 0
+    applied: list[str] = []
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)"
+        )
+        cur = await conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")
+        row = await cur.fetchone()
+        newest = int(row[0]) if row is not None else 0  # type: ignore[call-overload]
+        if newest > known:
+            raise StoreError(
+                f"postgres store {where}: database schema version {newest} is newer than"
+                f" version {known}, the newest this build of turnwire knows; upgrade turnwire"
+            )
+        for migration in migrations:
+            if migration.version <= newest:
+                continue
+            await conn.execute(migration.script.encode())  # several statements: a simple query
+            await conn.execute(
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (%s, %s, %s)",
+                (migration.version, migration.name, now_us),
+            )
+            applied.append(migration.name)
+    for name in applied:
+        _log.info("postgres store %s: applied migration %s", where, name)
+    return applied

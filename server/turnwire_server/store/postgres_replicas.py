@@ -1,0 +1,126 @@
+"""What several replicas sharing one PostgreSQL database need of each other (issue 11):
+a first-in-first-out turn lock per conversation, cancel requests, and wake-ups for readers
+following a turn another replica runs.
+
+**The turn queue.** ``turn_lock`` inserts a ticket (``turn_queue``, a ``BIGSERIAL``: the order
+of acceptance across replicas) and holds the lock once its ticket is the lowest *live* one of
+the conversation; it deletes the ticket on release and notifies ``turnwire_queue``. Tickets
+carry their replica's lease: a replica that dies stops renewing them, and the others skip and
+delete its lapsed tickets. No connection is held while a turn runs or waits: waiting is a
+``LISTEN`` on the replica's one listener connection plus a re-check every third of a lease.
+
+**The listener.** One dedicated connection per store ``LISTEN``\\ s on ``turnwire_queue``
+(payload: a conversation id), ``turnwire_cancel`` (a request id) and ``turnwire_events`` (a
+request id, sent with every stored batch of events) and wakes the waiters here. It reconnects
+when the connection drops; waiters re-check on their own timeout meanwhile, so a lost
+notification only delays them.
+
+Why not a queue library (procrastinate and the like): a turn is not a job to hand to any
+worker, it runs on the replica that received the call (its caller streams from there), so what
+is needed is a lock with an order, not a job queue; the two tables and one listener are less
+than a library's model to map onto.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import psycopg
+
+log = logging.getLogger("turnwire_server.store.postgres")
+
+QUEUE_CHANNEL = "turnwire_queue"
+CANCEL_CHANNEL = "turnwire_cancel"
+EVENTS_CHANNEL = "turnwire_events"
+_CHANNELS = (QUEUE_CHANNEL, CANCEL_CHANNEL, EVENTS_CHANNEL)
+_RECONNECT_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)
+_CANCEL_BACKLOG = 1024
+
+
+class Listener:
+    """The store's ``LISTEN`` connection: wakes queue waiters by conversation, event followers by
+    request id, and hands cancel requests to :meth:`cancel_requests`.
+
+    ``connect`` opens a new autocommit connection (its errors are retried with backoff).
+    """
+
+    def __init__(self, connect: Callable[[], Any]) -> None:
+        self._connect = connect
+        self._task: asyncio.Task[None] | None = None
+        self._waiters: dict[tuple[str, str], set[asyncio.Event]] = defaultdict(set)
+        self._cancels: asyncio.Queue[str] = asyncio.Queue(_CANCEL_BACKLOG)
+        self.connected = asyncio.Event()
+
+    def start(self) -> None:
+        """Start listening (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="postgres listener")
+
+    async def stop(self) -> None:
+        """Stop listening and close the connection."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @contextlib.contextmanager
+    def waiting(self, channel: str, key: str) -> Any:
+        """An event set when ``channel`` is notified with payload ``key`` while the block runs."""
+        event = asyncio.Event()
+        self._waiters[(channel, key)].add(event)
+        try:
+            yield event
+        finally:
+            waiters = self._waiters.get((channel, key))
+            if waiters is not None:
+                waiters.discard(event)
+                if not waiters:
+                    del self._waiters[(channel, key)]
+
+    async def cancel_requests(self) -> AsyncIterator[str]:
+        """Request ids other replicas asked to cancel, as they come (never ends)."""
+        while True:
+            yield await self._cancels.get()
+
+    def _dispatch(self, channel: str, payload: str) -> None:
+        if channel == CANCEL_CHANNEL:
+            with contextlib.suppress(asyncio.QueueFull):  # a flood of cancels: drop the overflow
+                self._cancels.put_nowait(payload)
+            return
+        for event in self._waiters.get((channel, payload), ()):
+            event.set()
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                conn: psycopg.AsyncConnection[Any] = await self._connect()
+            except psycopg.Error as error:
+                delay = _RECONNECT_SECONDS[min(failures, len(_RECONNECT_SECONDS) - 1)]
+                failures += 1
+                log.warning("postgres listener: cannot connect (%s); retrying in %.1f s", error, delay)
+                await asyncio.sleep(delay)
+                continue
+            try:
+                for channel in _CHANNELS:
+                    await conn.execute(f"LISTEN {channel}")
+                failures = 0
+                self.connected.set()
+                # Whatever was notified while not listening is missed: wake every waiter to re-check.
+                for waiters in self._waiters.values():
+                    for event in waiters:
+                        event.set()
+                async for notify in conn.notifies():
+                    self._dispatch(notify.channel, notify.payload)
+            except psycopg.Error as error:
+                log.warning("postgres listener: connection lost (%s); reconnecting", error)
+            finally:
+                self.connected.clear()
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()

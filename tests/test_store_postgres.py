@@ -1,0 +1,290 @@
+"""What only the PostgreSQL store does: migrations under an advisory lock, its URLs and password
+handling (never shown), connection failures, the bounded pool, and writers in separate pools
+(as separate processes would be) serializing on the database's row locks.
+
+Behaviour every backend shares is tested in ``test_store.py`` and the other store suites.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import socket
+from collections.abc import Iterator
+
+import pytest
+from support.stores import StoreBackend, postgres_database
+from typer.testing import CliRunner
+
+from turnwire_client.v1 import message_pb2
+from turnwire_server import cli
+from turnwire_server.config import ConfigError, load_settings
+from turnwire_server.store import StoreError, TurnRecord, open_store, redact_url
+from turnwire_server.store.base import ToolCallAnswer, ToolCallNotPending
+from turnwire_server.store.postgres import PostgresStore
+from turnwire_server.store.postgres_migrations import load_migrations
+
+T0 = dt.datetime(2025, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
+SECRET = "s3cr3t-Pa55"
+
+
+def _closed_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _turn(request_id: str, conversation_id: str) -> TurnRecord:
+    return TurnRecord(
+        request_id=request_id,
+        conversation_id=conversation_id,
+        assistant_message_id=f"a-{request_id}",
+        continuation=False,
+        model="scripted:x",
+        state="running",
+        start_time=T0,
+    )
+
+
+def _user(message_id: str) -> message_pb2.Message:
+    message = message_pb2.Message(id=message_id, role=message_pb2.ROLE_USER)
+    message.parts.add().text.text = message_id
+    return message
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh database of its own on the test server (dropped afterwards)."""
+    with postgres_database() as url:
+        yield url
+
+
+# ----------------------------------------------------------------------------- migrations
+
+
+async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> None:
+    with postgres_database() as url:
+        stores = [PostgresStore(url) for _ in range(4)]
+        try:
+            await asyncio.gather(*(store.open() for store in stores))
+            check = StoreBackend("postgres", url=url)
+            rows = check.sql("SELECT version, name FROM schema_migrations ORDER BY version")
+            assert rows == [(m.version, m.name) for m in load_migrations()]
+            assert rows == [(1, "0001_init"), (2, "0002_durable_turns")]
+            await stores[0].start_turn(_turn("r1", "c1"), [_user("u1")])
+            assert [m.id for m in await stores[3].load_messages("c1")] == ["u1"]
+            assert await stores[1].migrate() == []  # nothing left to apply
+            await check.close()
+        finally:
+            for store in stores:
+                await store.close()
+
+
+async def test_migrate_reports_what_it_applied() -> None:
+    with postgres_database() as url:
+        store = PostgresStore(url)
+        assert await store.migrate() == ["0001_init", "0002_durable_turns"]
+        assert await store.migrate() == []
+        await store.close()
+
+
+# ----------------------------------------------------------------------------- URLs and passwords
+
+
+def test_open_store_parses_postgres_urls_lazily() -> None:
+    store = open_store("postgresql://app:" + SECRET + "@db.internal:6543/turnwire", pool_size=3)
+    assert isinstance(store, PostgresStore)
+    assert store.display_url == "postgresql://app:***@db.internal:6543/turnwire"
+    assert isinstance(open_store("postgres://app@db.internal/turnwire"), PostgresStore)
+    assert SECRET not in repr(store._target)
+    with pytest.raises(ValueError, match="pool_size"):
+        open_store("postgresql://app@h/db", pool_size=0)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://",
+        "postgresql://u:" + SECRET + "@h:notaport/db",
+        "postgresql://u:" + SECRET + "@h/db#frag",
+    ],
+)
+def test_malformed_postgres_urls_are_value_errors_without_the_password(url: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        open_store(url)
+    assert SECRET not in str(raised.value)
+
+
+def test_redact_url_masks_only_the_password() -> None:
+    assert redact_url("postgresql://u:p%40ss@h:5432/db?sslmode=require") == (
+        "postgresql://u:***@h:5432/db?sslmode=require"
+    )
+    assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert redact_url("sqlite:///turnwire.db") == "sqlite:///turnwire.db"
+
+
+def test_password_env_names_the_variable_holding_the_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TW_TEST_DB_PASSWORD", SECRET)
+    store = open_store("postgresql://app@h/db", password_env="TW_TEST_DB_PASSWORD")
+    assert isinstance(store, PostgresStore)
+    assert store._target.password == SECRET
+    assert SECRET not in store._target.conninfo
+    monkeypatch.delenv("TW_TEST_DB_PASSWORD")
+    with pytest.raises(ValueError, match="TW_TEST_DB_PASSWORD"):
+        open_store("postgresql://app@h/db", password_env="TW_TEST_DB_PASSWORD")
+
+
+def test_settings_accept_postgres_urls_pool_size_and_password_env() -> None:
+    settings = load_settings(
+        store={"url": "postgresql://app@h:5432/db", "pool_size": 4, "password_env": "DB_PW"}
+    )
+    assert (settings.store.url, settings.store.pool_size, settings.store.password_env) == (
+        "postgresql://app@h:5432/db",
+        4,
+        "DB_PW",
+    )
+    assert load_settings().store.pool_size == 10
+    with pytest.raises(ConfigError, match=r"store\.pool_size"):
+        load_settings(store={"url": "postgresql://app@h/db", "pool_size": 0})
+    with pytest.raises(ConfigError, match=r"store\.url"):
+        load_settings(store={"url": "mysql://app@h/db"})
+
+
+async def test_an_unreachable_server_is_a_store_error_that_never_shows_the_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "2")
+    url = f"postgresql://app:{SECRET}@127.0.0.1:{_closed_port()}/turnwire"
+    store = PostgresStore(url)
+    with pytest.raises(StoreError) as raised:
+        await store.open()
+    message = str(raised.value)
+    assert "postgres store postgresql://app:***@127.0.0.1:" in message
+    assert "connecting failed" in message
+    assert SECRET not in message
+    assert raised.value.__cause__ is None  # the driver's exception (with its own text) is not chained
+    with pytest.raises(StoreError, match="not open"):
+        await store.get_conversation("c")
+
+
+async def test_a_closed_store_refuses_calls_and_cannot_reopen(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    await store.open()
+    await store.close()
+    await store.close()  # idempotent
+    with pytest.raises(StoreError, match="not open"):
+        await store.start_turn(_turn("r1", "c1"), [_user("u1")])
+    with pytest.raises(StoreError, match="closed"):
+        await store.open()
+
+
+# ----------------------------------------------------------------------------- pool, concurrency
+
+
+async def test_the_pool_is_bounded_and_serves_more_callers_than_connections(pg_url: str) -> None:
+    store = PostgresStore(pg_url, pool_size=2)
+    await store.open()
+    try:
+        assert store._pool is not None and store._pool.max_size == 2
+        await asyncio.gather(
+            *(store.start_turn(_turn(f"r{i}", f"c{i}"), [_user(f"u{i}")]) for i in range(20))
+        )
+        assert store._pool.get_stats()["pool_size"] <= 2
+        assert len(await store.running_turns()) == 20
+    finally:
+        await store.close()
+
+
+async def test_answers_through_separate_pools_complete_the_batch_exactly_once(pg_url: str) -> None:
+    """Two stores (two pools, as two processes would have) answer the same calls at once: the
+    conversation's row lock serializes them, so exactly one write completes the batch."""
+    stores = [PostgresStore(pg_url, pool_size=4) for _ in range(2)]
+    for store in stores:
+        await store.open()
+    try:
+        for round_ in range(5):
+            conversation = f"c{round_}"
+            await stores[0].start_turn(_turn(f"r{round_}", conversation), [_user(f"u{round_}")])
+            reply = message_pb2.Message(id=f"a{round_}", role=message_pb2.ROLE_ASSISTANT)
+            for n in range(3):
+                call = reply.parts.add().tool_call
+                call.tool_call_id = f"call-{n}"
+                call.tool_name = "client_tool"
+                call.client_executed = True
+                call.state = message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE
+            await stores[0].save_message(conversation, reply)
+            attempts = [
+                stores[i % 2].answer_tool_calls(
+                    conversation,
+                    [ToolCallAnswer(f"call-{i % 3}", "output", output_json=f'{{"n": {i}}}')],
+                    expired_before=None,
+                )
+                for i in range(12)
+            ]
+            results = await asyncio.gather(*attempts, return_exceptions=True)
+            answered = [r for r in results if not isinstance(r, BaseException)]
+            refused = [r for r in results if isinstance(r, BaseException)]
+            assert len(answered) == 3  # one per call
+            assert all(isinstance(r, ToolCallNotPending) for r in refused)
+            assert sum(r.completed for r in answered) == 1
+            [stored] = [m for m in await stores[1].load_messages(conversation) if m.id == reply.id]
+            assert all(
+                p.tool_call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE for p in stored.parts
+            )
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_concurrent_first_turns_of_one_new_conversation_keep_positions_gap_free(pg_url: str) -> None:
+    stores = [PostgresStore(pg_url) for _ in range(3)]
+    for store in stores:
+        await store.open()
+    try:
+        await asyncio.gather(
+            *(stores[i % 3].start_turn(_turn(f"r{i}", "new"), [_user(f"u{i}")]) for i in range(15))
+        )
+        check = StoreBackend("postgres", url=pg_url)
+        seqs = [
+            seq for (seq,) in check.sql("SELECT seq FROM messages WHERE conversation_id = 'new' ORDER BY seq")
+        ]
+        await check.close()
+        assert seqs == list(range(1, 16))
+        record = await stores[0].get_conversation("new")
+        assert record is not None and record.message_count == 15
+    finally:
+        for store in stores:
+            await store.close()
+
+
+# ----------------------------------------------------------------------------- turnwire migrate
+
+
+def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str) -> None:
+    runner = CliRunner()
+    url = pg_url.replace("postgresql://postgres@", f"postgresql://postgres:{SECRET}@")
+    first = runner.invoke(cli.app, ["migrate", "--store-url", url])
+    assert first.exit_code == 0, first.output
+    assert first.output.splitlines()[:2] == ["applied 0001_init", "applied 0002_durable_turns"]
+    assert "2 migration(s) applied" in first.output
+    again = runner.invoke(cli.app, ["migrate", "--store-url", url])
+    assert again.exit_code == 0, again.output
+    assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output
+    assert SECRET not in first.output + again.output
+    check = StoreBackend("postgres", url=pg_url)
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(2,)]
+    asyncio.run(check.close())
+
+
+def test_turnwire_migrate_fails_clearly_without_showing_the_password() -> None:
+    runner = CliRunner()
+    unreachable = runner.invoke(
+        cli.app, ["migrate", "--store-url", f"postgresql://app:{SECRET}@127.0.0.1:{_closed_port()}/db"]
+    )
+    assert unreachable.exit_code == 1
+    assert "cannot migrate postgresql://app:***@127.0.0.1:" in unreachable.output
+    bad = runner.invoke(cli.app, ["migrate", "--store-url", f"mysql://app:{SECRET}@h/db"])
+    assert bad.exit_code == 2
+    assert "mysql://app:***@h/db" in bad.output
+    assert SECRET not in unreachable.output + bad.output
