@@ -563,13 +563,17 @@ async def test_concurrent_saves_land_in_call_order(store: Store) -> None:
 # ----------------------------------------------------------------------------- turn lock
 
 
-async def test_turn_lock_is_fifo_and_forgets_idle_conversations(store: Store) -> None:
+async def test_turn_lock_is_fifo_and_forgets_idle_conversations(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    """One holder at a time, first in, first out; nothing is left once every holder is gone
+    (SQLite: the in-process lock's entry; PostgreSQL: the queue's tickets)."""
     order: list[str] = []
     a_holds = asyncio.Event()
     release_a = asyncio.Event()
 
     async def turn(name: str, hold: asyncio.Event | None = None) -> None:
-        async with store.turn_lock("conv-1"):
+        async with store.turn_lock("conv-1", request_id=name, owner="me"):
             order.append(f"{name}+")
             if name == "a":
                 a_holds.set()
@@ -580,8 +584,12 @@ async def test_turn_lock_is_fifo_and_forgets_idle_conversations(store: Store) ->
 
     def users() -> int:
         """Tasks holding or waiting for conv-1's lock."""
-        entry = store._locks._entries.get("conv-1")
-        return 0 if entry is None else entry.users
+        if store_backend.name == "postgres":
+            return int(
+                store_backend.sql("SELECT COUNT(*) FROM turn_queue WHERE conversation_id = 'conv-1'")[0][0]
+            )
+        entry = store._locks._entries.get("conv-1")  # type: ignore[attr-defined]
+        return 0 if entry is None else int(entry.users)
 
     a = asyncio.create_task(turn("a", release_a))
     await a_holds.wait()
@@ -594,7 +602,7 @@ async def test_turn_lock_is_fifo_and_forgets_idle_conversations(store: Store) ->
     release_a.set()
     await asyncio.gather(a, b, c)
     assert order == ["a+", "a-", "b+", "b-", "c+", "c-"]
-    assert len(store._locks) == 0
+    assert users() == 0
 
 
 async def test_local_turn_locks_cancelled_waiter_and_independent_keys() -> None:

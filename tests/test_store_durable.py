@@ -8,6 +8,7 @@ import dataclasses
 import datetime as dt
 
 import pytest
+from support.stores import StoreBackend
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import InvalidPageToken, Store, TurnRecord
@@ -175,7 +176,9 @@ async def test_submission_pages_follow_acceptance_order_and_their_filters(store:
 # ----------------------------------------------------------------------------- leases
 
 
-async def test_leases_are_renewed_in_one_write_and_interrupted_turns_claimed_once(store: SqliteStore) -> None:
+async def test_leases_are_renewed_in_one_write_and_interrupted_turns_claimed_once(
+    store: Store, store_backend: StoreBackend
+) -> None:
     lease = T0 + dt.timedelta(seconds=30)
     mine = dataclasses.replace(_turn("r-mine"), owner="me", lease_until=lease)
     theirs = dataclasses.replace(_turn("r-theirs", "c2"), owner="dead", lease_until=lease)
@@ -185,8 +188,25 @@ async def test_leases_are_renewed_in_one_write_and_interrupted_turns_claimed_onc
     assert await store.renew_leases("me", later) == 1
     (renewed,) = [t for t in await store.running_turns() if t.request_id == "r-mine"]
     assert renewed.owner == "me" and renewed.lease_until == later
-    # One process per SQLite file: the other owner is dead, whatever its lease says.
-    claimed = await store.claim_interrupted_turns("me", T0, later, 10)
+    if store_backend.name == "postgres":
+        # Replicas share the database: a lease that holds means a live replica; only a lapsed one
+        # (its replica stopped renewing) is claimed.
+        assert await store.claim_interrupted_turns("me", T0, later, 10) == []
+        now = lease + dt.timedelta(seconds=1)
+    else:
+        # One process per SQLite file: the other owner is dead, whatever its lease says.
+        now = T0
+    claimed = await store.claim_interrupted_turns("me", now, later, 10)
     assert [(t.request_id, t.owner, t.lease_until) for t in claimed] == [("r-theirs", "me", later)]
-    again = await store.claim_interrupted_turns("me", T0, later, 10)
-    assert again == [], "a turn this owner holds is never claimed again by it"
+    assert await store.claim_interrupted_turns("me", now, later, 10) == [], "claimed once"
+    if store_backend.name == "postgres":
+        # Three survivors claim at once after both leases lapsed: each turn goes to one of them.
+        expired = later + dt.timedelta(hours=1)
+        survivors = await asyncio.gather(
+            *(
+                store.claim_interrupted_turns(f"s{n}", expired, expired + dt.timedelta(seconds=30), 10)
+                for n in range(3)
+            )
+        )
+        ids = [t.request_id for batch in survivors for t in batch]
+        assert sorted(ids) == ["r-mine", "r-theirs"], ids
