@@ -71,7 +71,7 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
             check = StoreBackend("postgres", url=url)
             rows = check.sql("SELECT version, name FROM schema_migrations ORDER BY version")
             assert rows == [(m.version, m.name) for m in load_migrations()]
-            assert rows == [(1, "0001_init"), (2, "0002_durable_turns")]
+            assert rows == [(1, "0001_init"), (2, "0002_durable_turns"), (3, "0003_turn_leases")]
             await stores[0].start_turn(_turn("r1", "c1"), [_user("u1")])
             assert [m.id for m in await stores[3].load_messages("c1")] == ["u1"]
             assert await stores[1].migrate() == []  # nothing left to apply
@@ -84,7 +84,7 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
 async def test_migrate_reports_what_it_applied() -> None:
     with postgres_database() as url:
         store = PostgresStore(url)
-        assert await store.migrate() == ["0001_init", "0002_durable_turns"]
+        assert await store.migrate() == ["0001_init", "0002_durable_turns", "0003_turn_leases"]
         assert await store.migrate() == []
         await store.close()
 
@@ -266,14 +266,18 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
     url = pg_url.replace("postgresql://postgres@", f"postgresql://postgres:{SECRET}@")
     first = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert first.exit_code == 0, first.output
-    assert first.output.splitlines()[:2] == ["applied 0001_init", "applied 0002_durable_turns"]
-    assert "2 migration(s) applied" in first.output
+    assert first.output.splitlines()[:3] == [
+        "applied 0001_init",
+        "applied 0002_durable_turns",
+        "applied 0003_turn_leases",
+    ]
+    assert "3 migration(s) applied" in first.output
     again = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert again.exit_code == 0, again.output
     assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output
     assert SECRET not in first.output + again.output
     check = StoreBackend("postgres", url=pg_url)
-    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(2,)]
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(3,)]
     asyncio.run(check.close())
 
 
