@@ -17,7 +17,7 @@ from support.waiting import wait_until
 from turnwire.testing import ScriptStep
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.engine.errors import TurnNotFound
-from turnwire_server.engine.leases import LeaseKeeper
+from turnwire_server.engine.replica import Replica
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.turn_spec import spec_json
 from turnwire_server.store import TurnRecord
@@ -139,7 +139,7 @@ async def test_the_lease_keeper_renews_the_leases_of_running_turns(make_engine: 
     await wait_until(lambda: handle.run.messages_persisted, what="the turn is recorded")
     (before,) = await h.store.running_turns()
     assert before.owner == h.engine.settings.replica_id and before.lease_until is not None
-    keeper = LeaseKeeper(h.engine, resume=True)
+    keeper = Replica(h.engine, resume=True)
     assert await keeper.tick() == 0, "nothing to take over: the only running turn is ours"
     (after,) = await h.store.running_turns()
     assert after.lease_until is not None and after.lease_until > before.lease_until

@@ -33,8 +33,8 @@ from turnwire_server.api.status import status_of
 from turnwire_server.api.submission_rpcs import turn_request_of
 from turnwire_server.config import MiddlewareEntry, Settings
 from turnwire_server.engine import EngineSettings, TurnEngine
-from turnwire_server.engine.leases import LeaseKeeper
 from turnwire_server.engine.maintenance import Maintenance
+from turnwire_server.engine.replica import Replica
 from turnwire_server.engine.submissions import Submissions
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.importing import import_object
@@ -97,7 +97,7 @@ class Sidecar:
     settings: Settings
     gate: CallGate
     maintenance: Maintenance
-    leases: LeaseKeeper
+    replica: Replica
 
     async def stop(self) -> None:
         """Graceful stop (see the module docstring). The maintenance loop stops first, so no
@@ -127,7 +127,7 @@ class Sidecar:
         finally:
             await stopping
         # Renewed until the turns ended; those left running (for the next start) lapse.
-        await self.leases.stop()
+        await self.replica.stop()
         await self.store.close()
         await self.providers.aclose()
         log.info("stopped")
@@ -290,8 +290,8 @@ async def start(settings: Settings) -> Sidecar:
         expiry = dt.timedelta(seconds=durability.pending_expiry_seconds)
         maintenance.add_hook("expired tool calls", lambda now: store.expire_pending_tool_calls(now - expiry))
     maintenance.start()
-    leases = LeaseKeeper(engine, resume=durability.recover_on_start)
-    leases.start()
+    replica = Replica(engine, resume=durability.recover_on_start)
+    replica.start()
     for service in ("", SERVICE_NAME):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
     host = settings.listen.rpartition(":")[0]
@@ -302,7 +302,7 @@ async def start(settings: Settings) -> Sidecar:
         redact_url(settings.store.url),
         settings.default_model,
     )
-    return Sidecar(server, engine, store, providers, health, port, settings, gate, maintenance, leases)
+    return Sidecar(server, engine, store, providers, health, port, settings, gate, maintenance, replica)
 
 
 async def serve(settings: Settings) -> None:

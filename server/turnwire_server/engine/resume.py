@@ -63,6 +63,11 @@ async def replay(
                 return
             continue
         stream = await _stream(request_id, store, retention_seconds)
+        if stream is None:
+            # Started on another replica, its first events not stored yet: follow it.
+            if not await store.wait_for_events(request_id, last, follow_seconds):
+                raise TurnNotHere(request_id)
+            continue
         for data in await store.load_events(request_id, last):
             event = event_pb2.TurnEvent.FromString(data)
             last = event.sequence_number
@@ -74,9 +79,14 @@ async def replay(
             raise TurnNotHere(request_id)
 
 
-async def _stream(request_id: str, store: Store, retention_seconds: float) -> StreamRecord:
+async def _stream(request_id: str, store: Store, retention_seconds: float) -> StreamRecord | None:
+    """The turn's stored stream; None when it has none yet but runs (on another replica).
+    Raises :class:`TurnNotFound` as :func:`replay` says."""
     stream = await store.get_stream(request_id)
     if stream is None:
+        turn = await store.get_turn(request_id)
+        if turn is not None and turn.state == "running":
+            return None
         raise TurnNotFound(
             f"no turn with request_id {request_id!r} has a stream to resume: it never started "
             "(its input was not stored), its conversation was deleted, or the id is wrong",

@@ -436,6 +436,10 @@ class Store(Protocol):
         """Turns still recorded as ``running`` (after a crash, to recover)."""
         ...
 
+    async def get_turn(self, request_id: str) -> TurnRecord | None:
+        """The turn recorded under ``request_id``, or None."""
+        ...
+
     async def renew_leases(self, owner: str, until: dt.datetime) -> int:
         """Extend to ``until`` the lease of every running turn ``owner`` runs, in one statement
         (docs/semantics.md §8: a replica renews its leases in a batch, not per turn). Returns how

@@ -324,6 +324,13 @@ class PostgresStore:
         )
         return [turn_from_row(row) for row in rows]
 
+    async def get_turn(self, request_id: str) -> TurnRecord | None:
+        """The turn recorded under ``request_id``, or None."""
+        rows = await self._read(
+            "get_turn", f"SELECT {TURN_COLUMNS} FROM turns WHERE request_id = %s", (request_id,)
+        )
+        return turn_from_row(rows[0]) if rows else None
+
     # ------------------------------------------------------------------ event streams
 
     async def append_events(
@@ -727,7 +734,7 @@ class PostgresStore:
         or ended; True (this store follows other replicas)."""
         with self._listener.waiting(EVENTS_CHANNEL, request_id) as stored:
             stream = await self.get_stream(request_id)
-            if stream is None or stream.end_time is not None or stream.last_sequence_number > after:
+            if stream is not None and (stream.end_time is not None or stream.last_sequence_number > after):
                 return True
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_seconds):

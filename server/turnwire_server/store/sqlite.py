@@ -251,6 +251,13 @@ class SqliteStore:
         )
         return [turn_from_row(row) for row in rows]
 
+    async def get_turn(self, request_id: str) -> TurnRecord | None:
+        """The turn recorded under ``request_id``, or None."""
+        rows = await self._read(
+            "get_turn", f"SELECT {TURN_COLUMNS} FROM turns WHERE request_id = ?", (request_id,)
+        )
+        return turn_from_row(rows[0]) if rows else None
+
     async def renew_leases(self, owner: str, until: dt.datetime) -> int:
         """Extend the leases of ``owner``'s running turns to ``until`` in one statement."""
         outcome: list[int] = []

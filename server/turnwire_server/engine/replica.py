@@ -1,12 +1,13 @@
-"""Turn leases: this replica renews the leases of the turns it runs, and takes over the turns of
-replicas that died (docs/semantics.md §8).
+"""What this process does as one replica among several sharing a store: it renews the leases of
+the turns it runs, takes over the turns of replicas that died, and cancels its turns when
+another replica is asked to (docs/semantics.md §5, §8).
 
 Every ``lease_seconds / 3`` one store call renews the leases of all of this replica's running
 turns (a batch, never a statement per turn), then one claims running turns whose lease lapsed
 (their process died: SIGKILL, a lost node) and recovers them here. Claiming is atomic in the
 store, so with several survivors each turn is recovered by one of them. With the embedded
 SQLite store one process serves the file: the claim at start finds every interrupted turn and
-later claims find none.
+later claims find none, and no cancel request ever comes from elsewhere.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ log = logging.getLogger("turnwire.leases")
 _CLAIM_BATCH = 100
 
 
-class LeaseKeeper:
-    """Renews this replica's turn leases and recovers lapsed turns, until :meth:`stop`.
+class Replica:
+    """Renews this replica's turn leases, recovers lapsed turns and serves cancel requests from
+    other replicas, until :meth:`stop`.
 
     ``resume`` is ``durability.recover_on_start`` (False: lapsed turns are ended INTERRUPTED).
     """
@@ -32,7 +34,7 @@ class LeaseKeeper:
     def __init__(self, engine: TurnEngine, *, resume: bool) -> None:
         self._engine = engine
         self._resume = resume
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def interval_seconds(self) -> float:
@@ -40,15 +42,19 @@ class LeaseKeeper:
         return self._engine.settings.lease_seconds / 3
 
     def start(self) -> None:
-        """Start the loop (idempotent)."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="turn leases")
+        """Start the lease loop and the cancel listener (idempotent)."""
+        if not self._tasks:
+            self._tasks = [
+                asyncio.create_task(self._run(), name="turn leases"),
+                asyncio.create_task(self._engine.serve_cancel_requests(), name="cancel requests"),
+            ]
 
     async def stop(self) -> None:
-        """Stop the loop; turns still running keep their last lease until it lapses."""
-        task, self._task = self._task, None
-        if task is not None:
+        """Stop both; turns still running keep their last lease until it lapses."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
