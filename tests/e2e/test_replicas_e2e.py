@@ -84,12 +84,14 @@ async def test_one_conversation_over_three_replicas_runs_first_in_first_out(
             )
 
             def accepted(count: int = n + 1) -> bool:
-                (queued,) = sql(pg_url, "SELECT COUNT(*) FROM turn_queue WHERE conversation_id = 'shared'")[0]
-                (done,) = sql(
+                # Queued (a ticket) or already answered; UNION: the holder briefly has both.
+                (seen,) = sql(
                     pg_url,
-                    "SELECT COUNT(*) FROM turns WHERE conversation_id = 'shared' AND state <> 'running'",
+                    "SELECT COUNT(*) FROM (SELECT request_id FROM turn_queue WHERE conversation_id = 'shared'"
+                    " UNION SELECT request_id FROM turns WHERE conversation_id = 'shared'"
+                    " AND state <> 'running') AS accepted",
                 )[0]
-                return int(queued) + int(done) >= count  # type: ignore[call-overload]
+                return int(seen) >= count  # type: ignore[call-overload]
 
             await wait_until(accepted, what=f"call {n} is accepted (queued)")
         results = await asyncio.gather(*calls)
