@@ -210,3 +210,24 @@ async def test_leases_are_renewed_in_one_write_and_interrupted_turns_claimed_onc
         )
         ids = [t.request_id for batch in survivors for t in batch]
         assert sorted(ids) == ["r-mine", "r-theirs"], ids
+
+
+async def test_pending_submissions_of_a_dead_owner_are_claimed_once(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    lease = T0 + dt.timedelta(seconds=30)
+    for n in range(3):
+        record = dataclasses.replace(_submission(f"s{n}"), owner="dead", lease_until=lease)
+        await store.create_submission(record, max_open=10)
+    later = lease + dt.timedelta(seconds=30)
+    if store_backend.name == "postgres":
+        assert await store.claim_pending_submissions("me", T0, later, 10) == [], "the lease still holds"
+    now = lease + dt.timedelta(seconds=1)
+    claimed = await store.claim_pending_submissions("me", now, later, 2)
+    assert [(r.submission_id, r.owner) for r in claimed] == [("s0", "me"), ("s1", "me")], "in order, bounded"
+    rest = await store.claim_pending_submissions("me", now, later, 10)
+    assert [r.submission_id for r in rest] == ["s2"]
+    assert await store.claim_pending_submissions("me", now, later, 10) == []
+    assert await store.renew_leases("me", later + dt.timedelta(hours=1)) == 0  # no running turn
+    renewed = await store.get_submission("s0")
+    assert renewed is not None and renewed.lease_until == later + dt.timedelta(hours=1)

@@ -290,7 +290,7 @@ async def start(settings: Settings) -> Sidecar:
         expiry = dt.timedelta(seconds=durability.pending_expiry_seconds)
         maintenance.add_hook("expired tool calls", lambda now: store.expire_pending_tool_calls(now - expiry))
     maintenance.start()
-    replica = Replica(engine, resume=durability.recover_on_start)
+    replica = Replica(engine, resume=durability.recover_on_start, submissions=submissions)
     replica.start()
     for service in ("", SERVICE_NAME):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)

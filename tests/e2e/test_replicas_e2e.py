@@ -187,3 +187,29 @@ async def test_a_killed_replicas_turn_is_recovered_once_by_a_survivor(
         events = [event async for event in client.resume_turn("r-crash")]
         assert any(e.HasField("attempt_start") for e in events)
         assert events[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
+
+
+async def test_a_killed_replicas_submissions_run_on_a_survivor_in_order(
+    replicas: list[SidecarProcess], pg_url: str
+) -> None:
+    async with TurnwireClient(replicas[0].target) as client:
+        for n in range(3):
+            await client.submit_messages(
+                "subs", f"q{n}", submission_id=f"s{n}", model="scripted:slow" if n == 0 else "scripted:short"
+            )
+
+        def first_runs() -> bool:
+            return sql(pg_url, "SELECT state FROM submissions WHERE id = 's0'") == [("running",)]
+
+        await wait_until(first_runs, what="the first submission runs on replica 0")
+    replicas[0].kill()
+
+    def all_done() -> bool:
+        return sql(pg_url, "SELECT state FROM submissions ORDER BY seq") == [("completed",)] * 3
+
+    await wait_until(all_done, timeout=LEASE_SECONDS * 12, what="the survivors run every submission")
+    async with TurnwireClient(replicas[1].target) as client:
+        stored = await client.get_conversation("subs")
+    assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT] * 3
+    assert [text_of(m) for m in stored.messages[::2]] == ["q0", "q1", "q2"]
+    assert text_of(stored.messages[1]).endswith(REST), "the running one was recovered in place"

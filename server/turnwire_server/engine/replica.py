@@ -18,6 +18,7 @@ import datetime as dt
 import logging
 
 from turnwire_server.engine.engine import TurnEngine
+from turnwire_server.engine.submissions import Submissions
 
 log = logging.getLogger("turnwire.leases")
 
@@ -28,12 +29,14 @@ class Replica:
     """Renews this replica's turn leases, recovers lapsed turns and serves cancel requests from
     other replicas, until :meth:`stop`.
 
-    ``resume`` is ``durability.recover_on_start`` (False: lapsed turns are ended INTERRUPTED).
+    ``resume`` is ``durability.recover_on_start`` (False: lapsed turns are ended INTERRUPTED);
+    ``submissions`` (when given) takes over the pending submissions of replicas that died.
     """
 
-    def __init__(self, engine: TurnEngine, *, resume: bool) -> None:
+    def __init__(self, engine: TurnEngine, *, resume: bool, submissions: Submissions | None = None) -> None:
         self._engine = engine
         self._resume = resume
+        self._submissions = submissions
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -59,7 +62,8 @@ class Replica:
                 await task
 
     async def tick(self) -> int:
-        """One renewal and one claim; returns how many lapsed turns were taken over."""
+        """One renewal, then the claims of lapsed turns and pending submissions; returns how many
+        lapsed turns were taken over."""
         engine = self._engine
         settings = engine.settings
         now = dt.datetime.now(dt.UTC)
@@ -71,6 +75,8 @@ class Replica:
         if claimed:
             log.warning("took over %d turn(s) whose replica stopped renewing its leases", len(claimed))
             await engine.recover_turns(claimed, resume=self._resume)
+        if self._submissions is not None and (started := await self._submissions.restart_pending()):
+            log.warning("took over %d pending submission(s) whose replica stopped renewing them", started)
         return len(claimed)
 
     async def _run(self) -> None:

@@ -11,6 +11,7 @@ acceptance order, and a running one is recovered with its turn (``TurnEngine.rec
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from turnwire_server.store.base import Store, SubmissionRecord, SubmissionState
 log = logging.getLogger("turnwire.submissions")
 
 _OPEN = ("pending", "running")
+_CLAIM_BATCH = 500
 
 
 class Submissions:
@@ -63,6 +65,12 @@ class Submissions:
         :class:`~turnwire_server.store.base.TooManySubmissions` or
         :class:`~turnwire_server.store.base.StoreError`.
         """
+        settings = self._engine.settings
+        submission = dataclasses.replace(
+            submission,
+            owner=settings.replica_id,
+            lease_until=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=settings.lease_seconds),
+        )
         record, created = await self._store.create_submission(submission, max_open=self._max_open)
         if created:
             self._start(record)
@@ -131,11 +139,21 @@ class Submissions:
         return expired
 
     async def restart_pending(self) -> int:
-        """After a start: run the submissions still pending, in acceptance order. Running ones
-        are the recovery's (their turns are ``running`` in the store). Returns how many started."""
+        """Start the pending submissions whose replica died (at a start: with SQLite, every one a
+        previous process accepted), in acceptance order, claiming them for this replica; called
+        at start and on every lease tick (``engine.replica``). Running ones are the recovery's
+        (their turns are ``running`` in the store). Returns how many started."""
+        settings = self._engine.settings
         started = 0
-        for record in await self._store.open_submissions():
-            if record.state == "pending" and self._engine.handle(record.submission_id) is None:
-                self._start(record)
-                started += 1
-        return started
+        while True:
+            now = dt.datetime.now(dt.UTC)
+            until = now + dt.timedelta(seconds=settings.lease_seconds)
+            claimed = await self._store.claim_pending_submissions(
+                settings.replica_id, now, until, _CLAIM_BATCH
+            )
+            for record in claimed:
+                if self._engine.handle(record.submission_id) is None:
+                    self._start(record)
+                    started += 1
+            if len(claimed) < _CLAIM_BATCH:
+                return started

@@ -308,7 +308,8 @@ class SubmissionRecord:
 
     ``request`` is the accepted request, serialized by the API layer (opaque to the store);
     ``seq`` its order of acceptance (assigned by the store, from 1); ``error`` a serialized
-    ``google.rpc.Status`` when it failed or was aborted.
+    ``google.rpc.Status`` when it failed or was aborted; ``owner`` the replica that queued its
+    turn, holding it while ``lease_until`` is renewed.
     """
 
     submission_id: str
@@ -321,6 +322,8 @@ class SubmissionRecord:
     end_time: dt.datetime | None = None
     error: bytes | None = None
     seq: int = 0
+    owner: str = ""
+    lease_until: dt.datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,7 +444,8 @@ class Store(Protocol):
         ...
 
     async def renew_leases(self, owner: str, until: dt.datetime) -> int:
-        """Extend to ``until`` the lease of every running turn ``owner`` runs, in one statement
+        """Extend to ``until`` the lease of every running turn (and pending submission, queue
+        ticket) ``owner`` holds, in one statement each
         (docs/semantics.md §8: a replica renews its leases in a batch, not per turn). Returns how
         many turns it holds."""
         ...
@@ -456,6 +460,14 @@ class Store(Protocol):
         SQLite store serves one process (its file lock proves the others dead), so there every
         running turn another owner holds is interrupted, whatever its lease.
         """
+        ...
+
+    async def claim_pending_submissions(
+        self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
+    ) -> list[SubmissionRecord]:
+        """Take over up to ``limit`` (>= 1) pending submissions whose replica died (lease lapsed
+        before ``now``; with SQLite: any other owner), giving them ``owner`` and ``lease_until``
+        atomically; in acceptance order. The caller starts their turns."""
         ...
 
     # --- replicas sharing the store ------------------------------------------

@@ -672,8 +672,8 @@ class PostgresStore:
             log.error("releasing the turn lock of %s failed: %s", conversation_id, error)
 
     async def renew_leases(self, owner: str, until: dt.datetime) -> int:
-        """Extend the leases of ``owner``'s running turns and queue tickets to ``until``: two
-        statements in one transaction, whatever the number of turns."""
+        """Extend the leases of ``owner``'s running turns, queue tickets and pending submissions to
+        ``until``: three statements in one transaction, whatever their number."""
         until_us = to_us(until, "until")
 
         async def body(conn: Any, now_us: int) -> int:
@@ -681,6 +681,10 @@ class PostgresStore:
                 b"UPDATE turns SET lease_until = %s WHERE owner = %s AND state = 'running'", (until_us, owner)
             )
             await conn.execute(b"UPDATE turn_queue SET lease_until = %s WHERE owner = %s", (until_us, owner))
+            await conn.execute(
+                b"UPDATE submissions SET lease_until = %s WHERE owner = %s AND state = 'pending'",
+                (until_us, owner),
+            )
             return int(cur.rowcount)
 
         return await self._write("renew_leases", body)
@@ -709,6 +713,31 @@ class PostgresStore:
 
         rows = await self._write("claim_interrupted_turns", body)
         return sorted((turn_from_row(row) for row in rows), key=lambda t: (t.start_time, t.request_id))
+
+    async def claim_pending_submissions(
+        self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
+    ) -> list[SubmissionRecord]:
+        """Claim up to ``limit`` pending submissions whose replica stopped renewing them
+        (``FOR UPDATE SKIP LOCKED``: each goes to one claimant), in acceptance order."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        now_us, until_us = to_us(now, "now"), to_us(lease_until, "lease_until")
+
+        async def body(conn: Any, _: int) -> list[Any]:
+            cur = await conn.execute(
+                (
+                    "UPDATE submissions SET owner = %s, lease_until = %s WHERE id IN ("
+                    " SELECT id FROM submissions WHERE state = 'pending'"
+                    " AND (lease_until IS NULL OR lease_until < %s) AND owner IS DISTINCT FROM %s"
+                    " ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED)"
+                    f" RETURNING {SUBMISSION_COLUMNS}"
+                ).encode(),
+                (owner, until_us, now_us, owner, limit),
+            )
+            return list(await cur.fetchall())
+
+        rows = await self._write("claim_pending_submissions", body)
+        return sorted((submission_from_row(row) for row in rows), key=lambda r: r.seq)
 
     async def request_cancel(self, request_id: str) -> bool:
         """Notify every replica to cancel turn ``request_id``; True when it runs or waits somewhere."""

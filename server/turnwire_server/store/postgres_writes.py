@@ -642,8 +642,8 @@ async def create_submission(
     seq = (await fetch_one(conn, "SELECT COALESCE(MAX(seq), 0) + 1 FROM submissions"))[0]
     await run(
         conn,
-        "INSERT INTO submissions (id, conversation_id, idempotency_key, state, request, seq, create_time)"
-        " VALUES (%s, %s, %s, 'pending', %s, %s, %s)",
+        "INSERT INTO submissions (id, conversation_id, idempotency_key, state, request, seq, create_time,"
+        " owner, lease_until) VALUES (%s, %s, %s, 'pending', %s, %s, %s, %s, %s)",
         (
             submission.submission_id,
             submission.conversation_id,
@@ -651,6 +651,8 @@ async def create_submission(
             submission.request,
             seq,
             create_us,
+            submission.owner or None,
+            None if submission.lease_until is None else to_us(submission.lease_until, "lease_until"),
         ),
     )
     stored = await _select_submission(conn, "id = %s", (submission.submission_id,))

@@ -59,6 +59,7 @@ from turnwire_server.store.sqlite_streams import (
 )
 from turnwire_server.store.sqlite_submissions import (
     SUBMISSION_COLUMNS,
+    claim_submissions_write,
     create_submission_write,
     decode_submission_token,
     encode_submission_token,
@@ -250,6 +251,23 @@ class SqliteStore:
             (),
         )
         return [turn_from_row(row) for row in rows]
+
+    async def claim_pending_submissions(
+        self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
+    ) -> list[SubmissionRecord]:
+        """Claim up to ``limit`` pending submissions of other (dead: one process per file) owners."""
+        claimed: list[list[str]] = []
+        apply = claim_submissions_write(owner, to_us(lease_until, "lease_until"), limit, claimed.append)
+        await self._writer.submit(apply, "claim_pending_submissions", urgent=True)
+        if not claimed[-1]:
+            return []
+        marks = ", ".join("?" * len(claimed[-1]))
+        rows = await self._read(
+            "claim_pending_submissions",
+            f"SELECT {SUBMISSION_COLUMNS} FROM submissions WHERE id IN ({marks}) ORDER BY seq",
+            claimed[-1],
+        )
+        return [submission_from_row(row) for row in rows]
 
     async def get_turn(self, request_id: str) -> TurnRecord | None:
         """The turn recorded under ``request_id``, or None."""

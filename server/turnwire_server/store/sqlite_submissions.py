@@ -27,6 +27,7 @@ from turnwire_server.store.sqlite_rows import WriteFn, time_from_us, to_us
 
 __all__ = [
     "SUBMISSION_COLUMNS",
+    "claim_submissions_write",
     "create_submission_write",
     "decode_submission_token",
     "encode_submission_token",
@@ -41,7 +42,8 @@ _SUBMISSION_STATES: Final[frozenset[str]] = frozenset(get_args(SubmissionState))
 _OPEN: Final = ("pending", "running")
 
 SUBMISSION_COLUMNS: Final = (
-    "id, conversation_id, idempotency_key, state, request, create_time, start_time, end_time, error, seq"
+    "id, conversation_id, idempotency_key, state, request, create_time, start_time, end_time, error, seq,"
+    " owner, lease_until"
 )
 """The columns :func:`submission_from_row` reads, in its order."""
 
@@ -67,6 +69,8 @@ def submission_from_row(row: Any) -> SubmissionRecord:
         end_time=time_from_us(row[7]),
         error=None if row[8] is None else bytes(row[8]),
         seq=row[9],
+        owner=row[10] or "",
+        lease_until=time_from_us(row[11]),
     )
 
 
@@ -130,8 +134,8 @@ def create_submission_write(
             raise TooManySubmissions(submission.conversation_id, max_open)
         seq = conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM submissions").fetchone()[0]
         conn.execute(
-            "INSERT INTO submissions (id, conversation_id, idempotency_key, state, request, seq, create_time)"
-            " VALUES (?, ?, ?, 'pending', ?, ?, ?)",
+            "INSERT INTO submissions (id, conversation_id, idempotency_key, state, request, seq, create_time,"
+            " owner, lease_until) VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
             (
                 submission.submission_id,
                 submission.conversation_id,
@@ -139,6 +143,8 @@ def create_submission_write(
                 submission.request,
                 seq,
                 create_us,
+                submission.owner or None,
+                None if submission.lease_until is None else to_us(submission.lease_until, "lease_until"),
             ),
         )
         stored = _select(conn, "id = ?", (submission.submission_id,))
@@ -232,6 +238,32 @@ def expire_submissions_write(
             "UPDATE submissions SET state = 'error', end_time = ?, error = ?"
             " WHERE id = ? AND state = 'pending'",
             [(now_us, error, submission_id) for submission_id in ids],
+        )
+        result(ids)
+
+    return apply
+
+
+def claim_submissions_write(
+    owner: str, lease_until_us: int, limit: int, result: Callable[[list[str]], None]
+) -> WriteFn:
+    """The write of ``SqliteStore.claim_pending_submissions``: pending submissions another owner
+    holds get ``owner`` (one process per SQLite file: those owners are dead)."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+
+    def apply(conn: sqlite3.Connection, now_us: int) -> None:
+        ids = [
+            row[0]
+            for row in conn.execute(
+                "SELECT id FROM submissions WHERE state = 'pending' AND (owner IS NULL OR owner != ?)"
+                " ORDER BY seq LIMIT ?",
+                (owner, limit),
+            )
+        ]
+        conn.executemany(
+            "UPDATE submissions SET owner = ?, lease_until = ? WHERE id = ?",
+            [(owner, lease_until_us, submission_id) for submission_id in ids],
         )
         result(ids)
 

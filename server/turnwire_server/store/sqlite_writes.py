@@ -281,6 +281,9 @@ def renew_leases_write(owner: str, until_us: int, result: Callable[[int], None])
         cursor = conn.execute(
             "UPDATE turns SET lease_until = ? WHERE owner = ? AND state = 'running'", (until_us, owner)
         )
+        conn.execute(
+            "UPDATE submissions SET lease_until = ? WHERE owner = ? AND state = 'pending'", (until_us, owner)
+        )
         result(cursor.rowcount)
 
     return apply

@@ -23,3 +23,8 @@ CREATE TABLE turn_queue (
 
 CREATE INDEX turn_queue_by_conversation ON turn_queue (conversation_id, ticket);
 CREATE INDEX turn_queue_by_owner ON turn_queue (owner);
+
+-- Pending submissions belong to the replica that accepted them (it queued their turns); a
+-- replica that dies stops renewing, and another claims them.
+ALTER TABLE submissions ADD COLUMN owner TEXT COLLATE "C";
+ALTER TABLE submissions ADD COLUMN lease_until BIGINT;

@@ -6,3 +6,8 @@ ALTER TABLE turns ADD COLUMN owner TEXT;
 ALTER TABLE turns ADD COLUMN lease_until INTEGER;
 
 CREATE INDEX turns_by_owner ON turns (owner) WHERE state = 'running';
+
+-- Pending submissions belong to the replica that accepted them (it queued their turns); a
+-- replica that dies stops renewing, and another claims them.
+ALTER TABLE submissions ADD COLUMN owner TEXT;
+ALTER TABLE submissions ADD COLUMN lease_until INTEGER;
