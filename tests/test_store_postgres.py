@@ -22,7 +22,7 @@ from turnwire_server.config import ConfigError, load_settings
 from turnwire_server.store import StoreError, TurnRecord, open_store, redact_url
 from turnwire_server.store.base import ToolCallAnswer, ToolCallNotPending
 from turnwire_server.store.postgres import PostgresStore
-from turnwire_server.store.postgres_migrations import load_migrations
+from turnwire_server.store.postgres_migrations import apply_migrations, load_migrations
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
 SECRET = "s3cr3t-Pa55"
@@ -79,6 +79,39 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
         finally:
             for store in stores:
                 await store.close()
+
+
+async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept() -> None:
+    """Upgrading: a database at schema 2 (the previous release) gets migration 3 at open; what it
+    stored is read back unchanged, and its running turn (no owner, no lease) counts as lapsed."""
+    import psycopg
+
+    with postgres_database() as url:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            applied = await apply_migrations(conn, load_migrations()[:2], where="test", now_us=1)
+        assert applied == ["0001_init", "0002_durable_turns"]
+        old = PostgresStore(url)
+        # Rows as the previous release wrote them: without owner and lease.
+        check = StoreBackend("postgres", url=url)
+        check.sql(
+            "INSERT INTO conversations (id, create_time, update_time, message_count) VALUES ('c1', 1, 1, 0)"
+        )
+        check.sql(
+            "INSERT INTO turns (request_id, conversation_id, assistant_message_id, continuation, model,"
+            " state, start_time, recovery_count)"
+            " VALUES ('r-old', 'c1', 'tw-a-r-old', 0, 'scripted:x', 'running', 1, 0)"
+        )
+        await old.open()  # applies 0003
+        try:
+            assert [t.request_id for t in await old.running_turns()] == ["r-old"]
+            now = dt.datetime.now(dt.UTC)
+            claimed = await old.claim_interrupted_turns("me", now, now + dt.timedelta(seconds=30), 10)
+            assert [(t.request_id, t.owner) for t in claimed] == [("r-old", "me")]
+            versions = check.sql("SELECT version FROM schema_migrations ORDER BY version")
+            assert versions == [(1,), (2,), (3,)]
+        finally:
+            await old.close()
+            await check.close()
 
 
 async def test_migrate_reports_what_it_applied() -> None:
