@@ -67,12 +67,23 @@ def migrate(
         typer.Option("--store-url", "--store", help="Store URL; default: the configured store.url."),
     ] = None,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file.")] = None,
+    copy_from: Annotated[
+        str | None, typer.Option("--from", help="Copy everything from this sqlite:/// store ...")
+    ] = None,
+    copy_to: Annotated[
+        str | None, typer.Option("--to", help="... into this empty postgresql:// store.")
+    ] = None,
 ) -> None:
-    """Apply the store's pending schema migrations, print each one applied, and exit.
+    """Apply the store's pending schema migrations, print each one applied, and exit. With
+    ``--from sqlite:///… --to postgresql://…``: copy an SQLite store (stopped) into an empty
+    PostgreSQL database instead, for a sidecar that outgrew one process.
 
-    Exit status 0 when the schema is current afterwards, 1 when the store cannot be migrated,
-    2 for an invalid configuration.
+    Exit status 0 when the schema is current afterwards (or the copy landed), 1 when the store
+    cannot be migrated (or copied: nothing is copied then), 2 for an invalid configuration.
     """
+    if copy_from is not None or copy_to is not None:
+        _copy_store(copy_from, copy_to)
+        return
     from pydantic import ValidationError
 
     from turnwire_server.config import ConfigError, StoreSettings, load_settings
@@ -107,6 +118,23 @@ def migrate(
     for name in applied:
         typer.echo(f"applied {name}")
     typer.echo(f"{shown}: {len(applied)} migration(s) applied; the schema is current")
+
+
+def _copy_store(source: str | None, target: str | None) -> None:
+    from turnwire_server.migrate import copy_sqlite_to_postgres
+    from turnwire_server.store import StoreError, redact_url
+
+    if source is None or target is None:
+        typer.echo("turnwire: give both --from sqlite:///PATH and --to postgresql://…", err=True)
+        raise typer.Exit(2)
+    try:
+        copied = asyncio.run(copy_sqlite_to_postgres(source, target))
+    except (StoreError, ValueError) as error:
+        typer.echo(f"turnwire: cannot copy {source} to {redact_url(target)}: {error}", err=True)
+        raise typer.Exit(1) from None
+    for table, rows in copied.items():
+        typer.echo(f"copied {rows} {table}")
+    typer.echo(f"{source} -> {redact_url(target)}: copied; serve it with --store {redact_url(target)}")
 
 
 @app.command()

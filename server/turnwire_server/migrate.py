@@ -12,7 +12,7 @@ from pathlib import Path
 
 from turnwire_server.store import Store, StoreError, open_store
 
-__all__ = ["migrate_store"]
+__all__ = ["COPIED_TABLES", "copy_sqlite_to_postgres", "migrate_store"]
 
 
 def _sqlite_versions(path: Path) -> set[str]:
@@ -52,3 +52,89 @@ async def migrate_store(url: str, *, pool_size: int = 10, password_env: str | No
     await store.open()
     await store.close()
     return sorted(_sqlite_versions(path) - before)
+
+
+COPIED_TABLES: tuple[str, ...] = (
+    "conversations",
+    "messages",
+    "parts",
+    "turns",
+    "turn_streams",
+    "turn_events",
+    "submissions",
+)
+"""What ``turnwire migrate --from … --to …`` copies, parents first (foreign keys). Not copied:
+``schema_migrations`` (each store has its own) and ``turn_queue`` (live tickets of running
+processes; there are none once the source is stopped)."""
+
+
+async def copy_sqlite_to_postgres(
+    source: str, target: str, *, password_env: str | None = None
+) -> dict[str, int]:
+    """Copy everything an SQLite store holds into an empty PostgreSQL store; returns the rows
+    copied per table.
+
+    Both are migrated to the current schema first (the SQLite file through its store, which
+    also proves no other process serves it). The copy is one PostgreSQL transaction (``COPY``
+    per table): it lands whole or not at all. Raises :class:`StoreError` when the target
+    already holds conversations or submissions, either store fails, or a table's columns differ
+    (a schema this build does not know); :class:`ValueError` for URLs of other kinds.
+    """
+    import psycopg
+
+    from turnwire_server.store.postgres import PostgresStore
+    from turnwire_server.store.sqlite import SqliteStore
+
+    sqlite_store = open_store(source)
+    postgres_store = open_store(target, password_env=password_env)
+    if not isinstance(sqlite_store, SqliteStore) or not isinstance(postgres_store, PostgresStore):
+        raise ValueError("copying goes from an sqlite:/// store to a postgresql:// store")
+    await sqlite_store.open()  # migrates it, and fails when another process serves the file
+    await sqlite_store.close()
+    await postgres_store.migrate()
+    target_info = postgres_store.connection_info()
+    copied: dict[str, int] = {}
+    try:
+        source_db = closing(sqlite3.connect(f"file:{sqlite_store.path}?mode=ro", uri=True))
+        connection = await psycopg.AsyncConnection.connect(*target_info[0], **target_info[1])
+        with source_db as db:
+            async with connection as conn, conn.transaction():
+                for table in ("conversations", "submissions"):
+                    cur = await conn.execute(f"SELECT 1 FROM {table} LIMIT 1".encode())
+                    if await cur.fetchone() is not None:
+                        raise StoreError(
+                            f"the target {postgres_store.display_url} already holds {table}: copy into "
+                            "an empty database (a fresh one, migrated or not)"
+                        )
+                for table in COPIED_TABLES:
+                    copied[table] = await _copy_table(db, conn, table)
+    except (sqlite3.Error, psycopg.Error) as error:
+        raise StoreError(
+            postgres_store.redact(f"copying into {postgres_store.display_url} failed: {error}")
+        ) from None
+    return copied
+
+
+async def _copy_table(source: sqlite3.Connection, target: object, table: str) -> int:
+    """``COPY`` every row of ``table`` from ``source`` into ``target``; the rows copied."""
+    import psycopg
+
+    assert isinstance(target, psycopg.AsyncConnection)
+    columns = [row[1] for row in source.execute(f"PRAGMA table_info({table})")]
+    cur = await target.execute(
+        b"SELECT column_name FROM information_schema.columns"
+        b" WHERE table_name = %s AND table_schema = current_schema()",
+        (table,),
+    )
+    target_columns = {row[0] for row in await cur.fetchall()}
+    if set(columns) - target_columns:
+        raise StoreError(
+            f"table {table}: the target has no column(s) {sorted(set(columns) - target_columns)}"
+        )
+    names = ", ".join(columns)
+    count = 0
+    async with target.cursor() as cursor, cursor.copy(f"COPY {table} ({names}) FROM STDIN".encode()) as copy:
+        for row in source.execute(f"SELECT {names} FROM {table}"):
+            await copy.write_row(row)
+            count += 1
+    return count

@@ -122,6 +122,15 @@ class PostgresStore:
         self._write_order = LocalTurnLocks()
         self._last_us = 0
 
+    def connection_info(self) -> tuple[tuple[str], dict[str, Any]]:
+        """``(args, kwargs)`` for ``psycopg.AsyncConnection.connect`` to this store's database (a
+        connection of the caller's own, e.g. to copy data in); the password stays in ``kwargs``."""
+        return (self._target.conninfo,), self._connect_kwargs()
+
+    def redact(self, text: str) -> str:
+        """``text`` with this store's password masked."""
+        return self._target.redact_text(text)
+
     @property
     def display_url(self) -> str:
         """The store URL with its password masked (for messages)."""

@@ -1,0 +1,79 @@
+"""``turnwire migrate --from sqlite:///… --to postgresql://…``: a sidecar's SQLite store copied
+into PostgreSQL and served from there, every message, submission and stored stream identical."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from support.sidecar import SidecarFactory
+from support.stores import postgres_database
+
+from turnwire_client import TurnwireClient, collect
+
+CONFIG = {"providers": {"scripted": {"scripts": {"short": [{"text": "one two three"}]}}}}
+
+
+async def _turnwire(*args: str) -> tuple[int, str, str]:
+    """Run ``python -m turnwire_server ARGS``; (exit status, stdout, stderr)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "turnwire_server",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=120)
+    return int(process.returncode or 0), out.decode(), err.decode()
+
+
+async def _snapshot(target: str) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    async with TurnwireClient(target) as client:
+        conversations = [await client.get_conversation(c) for c in ("a", "b")]
+        submission = await client.get_submission("s-1")
+        events = [e async for e in client.resume_turn("r-a")]
+    return (
+        [c.SerializeToString(deterministic=True) for c in conversations],
+        [submission.SerializeToString(deterministic=True)],
+        [e.SerializeToString() for e in events],
+    )
+
+
+async def test_an_sqlite_store_copied_to_postgres_serves_the_same_data(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    first = await sidecar_factory(CONFIG, workdir=tmp_path / "sqlite").start()
+    async with TurnwireClient(first.target) as client:
+        assert (await collect(client.chat("a", "What is 6 * 7?", request_id="r-a"))).ok
+        assert (await collect(client.chat("b", "hello", model="scripted:short"))).ok
+        await client.submit_messages("b", "and then?", submission_id="s-1", model="scripted:short")
+        assert [e async for e in client.watch_submission("s-1")][-1].HasField("turn_end")
+    before = await _snapshot(first.target)
+    assert await first.terminate() == 0, first.log_text()
+
+    with postgres_database() as url:
+        copy = subprocess.run(
+            [sys.executable, "-m", "turnwire_server", "migrate", "--from", first.store_url, "--to", url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert copy.returncode == 0, copy.stderr
+        assert "copied 2 conversations" in copy.stdout and "copied 1 submissions" in copy.stdout
+        again = subprocess.run(
+            [sys.executable, "-m", "turnwire_server", "migrate", "--from", first.store_url, "--to", url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert again.returncode == 1 and "already holds conversations" in again.stderr, (
+            "never into a used store"
+        )
+
+        second = await sidecar_factory(CONFIG, workdir=tmp_path / "postgres", store_url=url).start()
+        assert await _snapshot(second.target) == before
+        async with TurnwireClient(second.target) as client:
+            assert (await collect(client.chat("a", "And 12 * 7?"))).ok, "it goes on from there"
+        assert await second.terminate() == 0, second.log_text()
