@@ -54,23 +54,11 @@ async def test_an_sqlite_store_copied_to_postgres_serves_the_same_data(
     assert await first.terminate() == 0, first.log_text()
 
     with postgres_database() as url:
-        copy = subprocess.run(
-            [sys.executable, "-m", "turnwire_server", "migrate", "--from", first.store_url, "--to", url],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert copy.returncode == 0, copy.stderr
-        assert "copied 2 conversations" in copy.stdout and "copied 1 submissions" in copy.stdout
-        again = subprocess.run(
-            [sys.executable, "-m", "turnwire_server", "migrate", "--from", first.store_url, "--to", url],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert again.returncode == 1 and "already holds conversations" in again.stderr, (
-            "never into a used store"
-        )
+        status, out, err = await _turnwire("migrate", "--from", first.store_url, "--to", url)
+        assert status == 0, err
+        assert "copied 2 conversations" in out and "copied 1 submissions" in out
+        status, out, err = await _turnwire("migrate", "--from", first.store_url, "--to", url)
+        assert status == 1 and "already holds conversations" in err, "never into a used store"
 
         second = await sidecar_factory(CONFIG, workdir=tmp_path / "postgres", store_url=url).start()
         assert await _snapshot(second.target) == before
