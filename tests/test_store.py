@@ -538,11 +538,37 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
     } <= store_backend.tables()
 
 
+async def test_a_newer_schema_that_only_expands_is_served_by_the_previous_build(
+    store_backend: StoreBackend,
+) -> None:
+    """Rolling upgrades (expand-then-contract): a migration marked readable by this build's
+    schema lets this build run on the newer database; one that is not marked does not."""
+    s = store_backend.new_store()
+    await s.open()
+    await s.close()
+    (known,) = store_backend.sql("SELECT MAX(version) FROM schema_migrations")[0]
+    store_backend.sql(
+        "INSERT INTO schema_migrations (version, name, applied_at, readable_by) VALUES (?, ?, 0, ?)",
+        (known + 1, f"{known + 1:04d}_expand", known),
+    )
+    older = store_backend.new_store()
+    await older.open()  # the newer, expand-only schema is served
+    await older.close()
+    store_backend.sql(
+        "INSERT INTO schema_migrations (version, name, applied_at, readable_by) VALUES (?, ?, 0, NULL)",
+        (known + 2, f"{known + 2:04d}_contract"),
+    )
+    with pytest.raises(StoreError, match=rf"migration\(s\) \[{known + 2}\] change what this build reads"):
+        await store_backend.new_store().open()
+
+
 async def test_newer_schema_is_refused(store_backend: StoreBackend) -> None:
     s = store_backend.new_store()
     await s.open()
     await s.close()
-    store_backend.sql("INSERT INTO schema_migrations VALUES (999, '0999_future', 0)")
+    store_backend.sql(
+        "INSERT INTO schema_migrations (version, name, applied_at) VALUES (999, '0999_future', 0)"
+    )
     with pytest.raises(StoreError, match="newer"):
         await store_backend.new_store().open()
 

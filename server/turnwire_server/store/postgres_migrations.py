@@ -21,6 +21,7 @@ from typing import Final
 import psycopg
 
 from turnwire_server.store.base import StoreError
+from turnwire_server.store.migration_rules import newer_schema_problem, readable_by
 
 __all__ = ["MIGRATION_LOCK_KEY", "PgMigration", "apply_migrations", "load_migrations"]
 
@@ -94,21 +95,29 @@ async def apply_migrations(
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
             " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)"
         )
+        await conn.execute("ALTER TABLE schema_migrations ADD COLUMN IF NOT EXISTS readable_by INTEGER")
         cur = await conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")
         row = await cur.fetchone()
         newest = int(row[0]) if row is not None else 0  # type: ignore[call-overload]
         if newest > known:
-            raise StoreError(
-                f"postgres store {where}: database schema version {newest} is newer than"
-                f" version {known}, the newest this build of turnwire knows; upgrade turnwire"
+            cur = await conn.execute(
+                "SELECT version, readable_by FROM schema_migrations WHERE version > %s", (known,)
+            )
+            newer = [(int(str(v)), None if r is None else int(str(r))) for v, r in await cur.fetchall()]
+            problem = newer_schema_problem(known, newer)
+            if problem is not None:
+                raise StoreError(f"postgres store {where}: {problem}")
+            _log.warning(
+                "postgres store %s: schema %d is newer but readable by this build (%d)", where, newest, known
             )
         for migration in migrations:
             if migration.version <= newest:
                 continue
             await conn.execute(migration.script.encode())  # several statements: a simple query
             await conn.execute(
-                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (%s, %s, %s)",
-                (migration.version, migration.name, now_us),
+                "INSERT INTO schema_migrations (version, name, applied_at, readable_by)"
+                " VALUES (%s, %s, %s, %s)",
+                (migration.version, migration.name, now_us, readable_by(migration.version, migration.script)),
             )
             applied.append(migration.name)
     for name in applied:

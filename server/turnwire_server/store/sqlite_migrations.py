@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from turnwire_server.store.base import StoreError
+from turnwire_server.store.migration_rules import newer_schema_problem, readable_by
 from turnwire_server.store.sqlite_rows import DB_ERRORS, store_error
 
 __all__ = ["Migration", "apply_migrations", "load_migrations"]
@@ -31,11 +32,13 @@ _MIGRATION_FILE: Final = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 @dataclass(frozen=True, slots=True)
 class Migration:
-    """One schema migration: ``version`` (from 1), ``name`` (file stem) and its statements."""
+    """One schema migration: ``version`` (from 1), ``name`` (file stem), its statements, and the
+    oldest schema version whose code may run on it (:mod:`turnwire_server.store.migration_rules`)."""
 
     version: int
     name: str
     statements: tuple[str, ...]
+    readable_by: int
 
 
 def _split_statements(script: str, name: str) -> tuple[str, ...]:
@@ -73,8 +76,9 @@ def load_migrations() -> tuple[Migration, ...]:
         if match is None:
             raise StoreError(f"migration file {entry.name!r} is not named NNNN_name.sql")
         name = entry.name.removesuffix(".sql")
-        statements = _split_statements(entry.read_text(encoding="utf-8"), name)
-        found.append(Migration(int(match.group(1)), name, statements))
+        script = entry.read_text(encoding="utf-8")
+        version = int(match.group(1))
+        found.append(Migration(version, name, _split_statements(script, name), readable_by(version, script)))
     found.sort(key=lambda m: m.version)
     if [m.version for m in found] != list(range(1, len(found) + 1)):
         raise StoreError(f"migration versions are not 1..n: {[m.name for m in found]}")
@@ -97,13 +101,15 @@ def apply_migrations(
         "CREATE TABLE IF NOT EXISTS schema_migrations ("
         " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
     )
+    if "readable_by" not in {row[1] for row in conn.execute("PRAGMA table_info(schema_migrations)")}:
+        conn.execute("ALTER TABLE schema_migrations ADD COLUMN readable_by INTEGER")
     known = migrations[-1].version if migrations else 0
     newest = conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0] or 0
     if newest > known:
-        raise StoreError(
-            f"sqlite store {path}: database schema version {newest} is newer than"
-            f" version {known}, the newest this build of turnwire knows; upgrade turnwire"
-        )
+        newer = conn.execute("SELECT version, readable_by FROM schema_migrations WHERE version > ?", (known,))
+        problem = newer_schema_problem(known, [(int(v), r) for v, r in newer])
+        if problem is not None:
+            raise StoreError(f"sqlite store {path}: {problem}")
     for migration in migrations:
         if migration.version <= newest:
             continue
@@ -117,8 +123,9 @@ def apply_migrations(
                 for statement in migration.statements:
                     conn.execute(statement)
                 conn.execute(
-                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-                    (migration.version, migration.name, now_us()),
+                    "INSERT INTO schema_migrations (version, name, applied_at, readable_by)"
+                    " VALUES (?, ?, ?, ?)",
+                    (migration.version, migration.name, now_us(), migration.readable_by),
                 )
             conn.execute("COMMIT")
         except BaseException as exc:

@@ -1,3 +1,4 @@
+-- turnwire: readable-by 1
 -- Durable turns (issue 10), mirroring migrations/sqlite/0002_durable_turns.sql: resumable
 -- event streams, submissions, recovery data. Times are BIGINT microseconds since the Unix
 -- epoch, UTC.

@@ -1,3 +1,4 @@
+-- turnwire: readable-by 2
 -- Turn ownership and the cross-replica turn queue (issue 11), mirroring
 -- migrations/sqlite/0003_turn_leases.sql for the turns columns. Times are BIGINT
 -- microseconds since the Unix epoch, UTC.

@@ -1,3 +1,4 @@
+-- turnwire: readable-by 1
 -- Durable turns (issue 10): resumable event streams, submissions, recovery data.
 -- Times are integer microseconds since the Unix epoch, UTC.
 

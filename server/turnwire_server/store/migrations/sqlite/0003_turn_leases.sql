@@ -1,3 +1,4 @@
+-- turnwire: readable-by 2
 -- Turn ownership (issue 11): which process runs a turn and until when its lease holds.
 -- A replica renews the leases of its running turns in one statement; a turn whose lease
 -- lapsed (its process died) is claimed by another for recovery (docs/semantics.md §8).
