@@ -54,6 +54,7 @@ class Listener:
         self._task: asyncio.Task[None] | None = None
         self._waiters: dict[tuple[str, str], set[asyncio.Event]] = defaultdict(set)
         self._cancels: asyncio.Queue[str] = asyncio.Queue(_CANCEL_BACKLOG)
+        self._stopping = False
         self.connected = asyncio.Event()
 
     def start(self) -> None:
@@ -63,6 +64,7 @@ class Listener:
 
     async def stop(self) -> None:
         """Stop listening and close the connection."""
+        self._stopping = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -119,6 +121,8 @@ class Listener:
                 async for notify in conn.notifies():
                     self._dispatch(notify.channel, notify.payload)
             except psycopg.Error as error:
+                if self._stopping:  # cancelling a wait for notifications can surface as this
+                    return
                 log.warning("postgres listener: connection lost (%s); reconnecting", error)
             finally:
                 self.connected.clear()
