@@ -48,12 +48,13 @@ async def load(
     """Run ``streams`` workers for ``warm`` + ``seconds``; count what arrives in the window.
 
     ``on_window("start")`` / ``on_window("end")`` run exactly at the window's edges (to
-    sample the server's CPU time there). ``count_text`` parses every response and
-    counts the characters of text deltas (for coalesced streams, whose events vary in
-    size); otherwise responses stay raw bytes.
+    sample the server's CPU time there). ``count_text`` parses every response, counts the
+    characters of text deltas (for coalesced streams, whose events vary in size) and times the
+    first text delta of each turn (time to first token); otherwise responses stay raw bytes.
     """
     counts = {"events": 0, "turns": 0, "text": 0}
     first_event: list[tuple[float, float]] = []  # (call start, seconds to first message)
+    first_token: list[tuple[float, float]] = []  # (call start, seconds to first text delta)
     stop = asyncio.Event()
     async with grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS) as channel:
         chat = channel.unary_stream(
@@ -71,10 +72,14 @@ async def load(
                 if response is grpc.aio.EOF:
                     raise RuntimeError(f"empty stream: {await call.code()}")
                 first_event.append((start, time.perf_counter() - start))
+                token_seen = False
                 while response is not grpc.aio.EOF:
                     counts["events"] += 1
                     if count_text and response.event.HasField("text_delta"):
                         counts["text"] += len(response.event.text_delta.delta)
+                        if not token_seen:
+                            token_seen = True
+                            first_token.append((start, time.perf_counter() - start))
                     response = await call.read()
                 counts["turns"] += 1
                 k += 1
@@ -93,6 +98,7 @@ async def load(
         stop.set()
         await asyncio.gather(*tasks)
     in_window = [d for s, d in first_event if t0 <= s <= t1]
+    tokens_in_window = [d for s, d in first_token if t0 <= s <= t1]
     return {
         "events": e1 - e0,
         "events_per_s": (e1 - e0) / (t1 - t0),
@@ -101,6 +107,8 @@ async def load(
         "client_cores": (c1 - c0) / (t1 - t0),
         "ttfe_p50_ms": percentile(in_window, 50) * 1000,
         "ttfe_p99_ms": percentile(in_window, 99) * 1000,
+        "ttft_p50_ms": percentile(tokens_in_window, 50) * 1000 if tokens_in_window else float("nan"),
+        "ttft_p99_ms": percentile(tokens_in_window, 99) * 1000 if tokens_in_window else float("nan"),
         "window_start": t0,
         "window_end": t1,
     }
@@ -114,8 +122,21 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--tag", default="load")
     parser.add_argument("--model", default=STREAM_MODEL)
+    parser.add_argument(
+        "--count-text", action="store_true", help="parse events: text and time to first token"
+    )
     args = parser.parse_args()
-    result = asyncio.run(load(args.target, args.streams, args.warm, args.seconds, args.tag, model=args.model))
+    result = asyncio.run(
+        load(
+            args.target,
+            args.streams,
+            args.warm,
+            args.seconds,
+            args.tag,
+            model=args.model,
+            count_text=args.count_text,
+        )
+    )
     print(json.dumps(result), flush=True)
 
 

@@ -628,21 +628,45 @@ class PostgresStore:
         self, conversation_id: str, request_id: str, owner: str, lease_seconds: float
     ) -> AsyncIterator[None]:
         lease_us = int(lease_seconds * 1_000_000)
-        async with self._tickets.hold(conversation_id):  # this process's tickets in call order
-            rows = await self._write(
-                "turn_lock",
-                lambda conn, now_us: writes.fetch_one(
+
+        async def enqueue(conn: Any, now_us: int) -> tuple[int, int | None]:
+            # One transaction: the ticket, and whether it is already the head (the common case,
+            # an idle conversation: one round trip before the turn's input is stored). A turn
+            # taken over from a dead replica keeps the ticket it had there: its place in line.
+            row = await writes.fetch_one(
+                conn,
+                "UPDATE turn_queue SET owner = %s, lease_until = %s"
+                " WHERE conversation_id = %s AND request_id = %s AND request_id <> '' RETURNING ticket",
+                (owner, now_us + lease_us, conversation_id, request_id),
+            )
+            if row is None:
+                row = await writes.fetch_one(
                     conn,
                     "INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
                     " VALUES (%s, %s, %s, %s) RETURNING ticket",
                     (conversation_id, request_id, owner, now_us + lease_us),
-                ),
-            )
-        ticket = rows[0]
+                )
+            return int(row[0]), await self._head_in(conn, conversation_id, now_us, lease_us)
+
+        async with self._tickets.hold(conversation_id):  # this process's tickets in call order
+            taking = asyncio.ensure_future(self._write("turn_lock", enqueue))
+            try:
+                ticket, head = await asyncio.shield(taking)
+            except asyncio.CancelledError:
+                # Cancelled while the ticket was being taken: give it up once it exists, or it
+                # would hold the conversation for as long as this replica renews its leases.
+                with contextlib.suppress(Exception):
+                    taken, _ = await taking
+                    await asyncio.shield(self._release(conversation_id, taken))
+                raise
         try:
-            while True:
+            while head != ticket:
                 with self._listener.waiting(QUEUE_CHANNEL, conversation_id) as moved:
-                    if await self._head(conversation_id) == ticket:
+                    head = await self._write(
+                        "turn_lock",
+                        lambda conn, now_us: self._head_in(conn, conversation_id, now_us, lease_us),
+                    )
+                    if head == ticket:
                         break
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(max(lease_seconds / 3, 0.05)):
@@ -652,23 +676,23 @@ class PostgresStore:
             # Shielded: a cancelled turn must still give the lock up.
             await asyncio.shield(self._release(conversation_id, ticket))
 
-    async def _head(self, conversation_id: str) -> int | None:
-        """The conversation's lowest live ticket, after deleting the lapsed ones (dead replicas)."""
-
-        async def body(conn: Any, now_us: int) -> int | None:
-            await writes.run(
-                conn,
-                "DELETE FROM turn_queue WHERE conversation_id = %s AND lease_until < %s",
-                (conversation_id, now_us),
-            )
-            row = await writes.fetch_one(
-                conn,
-                "SELECT ticket FROM turn_queue WHERE conversation_id = %s ORDER BY ticket LIMIT 1",
-                (conversation_id,),
-            )
-            return None if row is None else int(row[0])
-
-        return await self._write("turn_lock", body)
+    @staticmethod
+    async def _head_in(conn: Any, conversation_id: str, now_us: int, lease_us: int) -> int | None:
+        """The conversation's lowest ticket, after deleting those that lapsed a lease ago: a
+        lapsed ticket is first left for a survivor to take over with its turn or submission
+        (keeping its place in line); one nobody took over (a call whose caller died with its
+        replica) goes then."""
+        await writes.run(
+            conn,
+            "DELETE FROM turn_queue WHERE conversation_id = %s AND lease_until < %s",
+            (conversation_id, now_us - lease_us),
+        )
+        row = await writes.fetch_one(
+            conn,
+            "SELECT ticket FROM turn_queue WHERE conversation_id = %s ORDER BY ticket LIMIT 1",
+            (conversation_id,),
+        )
+        return None if row is None else int(row[0])
 
     async def _release(self, conversation_id: str, ticket: int) -> None:
         async def body(conn: Any, now_us: int) -> None:
@@ -718,7 +742,9 @@ class PostgresStore:
                 ).encode(),
                 (owner, until_us, now_us, owner, limit),
             )
-            return list(await cur.fetchall())
+            rows = list(await cur.fetchall())
+            await _take_over_tickets(conn, [row[0] for row in rows], owner, until_us)
+            return rows
 
         rows = await self._write("claim_interrupted_turns", body)
         return sorted((turn_from_row(row) for row in rows), key=lambda t: (t.start_time, t.request_id))
@@ -743,7 +769,9 @@ class PostgresStore:
                 ).encode(),
                 (owner, until_us, now_us, owner, limit),
             )
-            return list(await cur.fetchall())
+            rows = list(await cur.fetchall())
+            await _take_over_tickets(conn, [row[0] for row in rows], owner, until_us)
+            return rows
 
         rows = await self._write("claim_pending_submissions", body)
         return sorted((submission_from_row(row) for row in rows), key=lambda r: r.seq)
@@ -778,3 +806,14 @@ class PostgresStore:
                 async with asyncio.timeout(timeout_seconds):
                     await stored.wait()
         return True
+
+
+async def _take_over_tickets(conn: Any, request_ids: Sequence[str], owner: str, until_us: int) -> None:
+    """The queue tickets of turns (or submissions) taken over from a dead replica become
+    ``owner``'s, so the recovered work keeps its place in line (first in, first out)."""
+    if request_ids:
+        await writes.run(
+            conn,
+            "UPDATE turn_queue SET owner = %s, lease_until = %s WHERE request_id = ANY(%s)",
+            (owner, until_us, list(request_ids)),
+        )
