@@ -22,7 +22,7 @@ import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, TypeVar
 
@@ -236,7 +236,7 @@ class PostgresStore:
             raise StoreError(f"postgres store: {what}: store is not open")
         return pool
 
-    async def _read(self, what: str, sql: str, params: Sequence[Any]) -> list[Any]:
+    async def _read(self, what: str, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
         pool = self._require_pool(what)
         try:
             async with pool.connection() as conn:
@@ -628,28 +628,9 @@ class PostgresStore:
         self, conversation_id: str, request_id: str, owner: str, lease_seconds: float
     ) -> AsyncIterator[None]:
         lease_us = int(lease_seconds * 1_000_000)
-
-        async def enqueue(conn: Any, now_us: int) -> tuple[int, int | None]:
-            # One transaction: the ticket, and whether it is already the head (the common case,
-            # an idle conversation: one round trip before the turn's input is stored). A turn
-            # taken over from a dead replica keeps the ticket it had there: its place in line.
-            row = await writes.fetch_one(
-                conn,
-                "UPDATE turn_queue SET owner = %s, lease_until = %s"
-                " WHERE conversation_id = %s AND request_id = %s AND request_id <> '' RETURNING ticket",
-                (owner, now_us + lease_us, conversation_id, request_id),
-            )
-            if row is None:
-                row = await writes.fetch_one(
-                    conn,
-                    "INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
-                    " VALUES (%s, %s, %s, %s) RETURNING ticket",
-                    (conversation_id, request_id, owner, now_us + lease_us),
-                )
-            return int(row[0]), await self._head_in(conn, conversation_id, now_us, lease_us)
-
         async with self._tickets.hold(conversation_id):  # this process's tickets in call order
-            taking = asyncio.ensure_future(self._write("turn_lock", enqueue))
+            taking = asyncio.ensure_future(self._take_ticket(conversation_id, request_id, owner, lease_us))
+            head: int | None
             try:
                 ticket, head = await asyncio.shield(taking)
             except asyncio.CancelledError:
@@ -662,10 +643,7 @@ class PostgresStore:
         try:
             while head != ticket:
                 with self._listener.waiting(QUEUE_CHANNEL, conversation_id) as moved:
-                    head = await self._write(
-                        "turn_lock",
-                        lambda conn, now_us: self._head_in(conn, conversation_id, now_us, lease_us),
-                    )
+                    head = await self._head(conversation_id, lease_us)
                     if head == ticket:
                         break
                     with contextlib.suppress(TimeoutError):
@@ -676,31 +654,61 @@ class PostgresStore:
             # Shielded: a cancelled turn must still give the lock up.
             await asyncio.shield(self._release(conversation_id, ticket))
 
-    @staticmethod
-    async def _head_in(conn: Any, conversation_id: str, now_us: int, lease_us: int) -> int | None:
+    async def _take_ticket(
+        self, conversation_id: str, request_id: str, owner: str, lease_us: int
+    ) -> tuple[int, int]:
+        """Take (or, for work taken over from a dead replica, re-own) the ticket of
+        ``request_id``; returns it and the conversation's head ticket. One statement, so an idle
+        conversation costs one round trip before the turn's input is stored."""
+        now_us = self._now_us()
+        stale_us = now_us - lease_us
+        rows = await self._read(
+            "turn_lock",
+            "WITH old AS ("
+            " UPDATE turn_queue SET owner = %(owner)s, lease_until = %(until)s"
+            " WHERE conversation_id = %(c)s AND request_id = %(r)s AND request_id <> '' RETURNING ticket),"
+            " new AS ("
+            " INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
+            " SELECT %(c)s, %(r)s, %(owner)s, %(until)s WHERE NOT EXISTS (SELECT 1 FROM old)"
+            " RETURNING ticket),"
+            " gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s"
+            " AND request_id <> %(r)s)"
+            " SELECT (SELECT ticket FROM old UNION ALL SELECT ticket FROM new),"
+            " (SELECT MIN(ticket) FROM turn_queue"
+            " WHERE conversation_id = %(c)s AND lease_until >= %(stale)s)",
+            {
+                "owner": owner,
+                "until": now_us + lease_us,
+                "c": conversation_id,
+                "r": request_id,
+                "stale": stale_us,
+            },
+        )
+        mine, earliest = int(rows[0][0]), rows[0][1]
+        # The statement saw the queue as it was before it: a re-owned ticket is among those rows.
+        return mine, mine if earliest is None else min(mine, int(earliest))
+
+    async def _head(self, conversation_id: str, lease_us: int) -> int | None:
         """The conversation's lowest ticket, after deleting those that lapsed a lease ago: a
         lapsed ticket is first left for a survivor to take over with its turn or submission
         (keeping its place in line); one nobody took over (a call whose caller died with its
         replica) goes then."""
-        await writes.run(
-            conn,
-            "DELETE FROM turn_queue WHERE conversation_id = %s AND lease_until < %s",
-            (conversation_id, now_us - lease_us),
+        stale_us = self._now_us() - lease_us
+        rows = await self._read(
+            "turn_lock",
+            "WITH gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s)"
+            " SELECT MIN(ticket) FROM turn_queue WHERE conversation_id = %(c)s AND lease_until >= %(stale)s",
+            {"c": conversation_id, "stale": stale_us},
         )
-        row = await writes.fetch_one(
-            conn,
-            "SELECT ticket FROM turn_queue WHERE conversation_id = %s ORDER BY ticket LIMIT 1",
-            (conversation_id,),
-        )
-        return None if row is None else int(row[0])
+        return None if rows[0][0] is None else int(rows[0][0])
 
     async def _release(self, conversation_id: str, ticket: int) -> None:
-        async def body(conn: Any, now_us: int) -> None:
-            await writes.run(conn, "DELETE FROM turn_queue WHERE ticket = %s", (ticket,))
-            await writes.run(conn, "SELECT pg_notify(%s, %s)", (QUEUE_CHANNEL, conversation_id))
-
         try:
-            await self._write("turn_lock release", body)
+            await self._read(
+                "turn_lock release",
+                "WITH gone AS (DELETE FROM turn_queue WHERE ticket = %s) SELECT pg_notify(%s, %s)",
+                (ticket, QUEUE_CHANNEL, conversation_id),
+            )
         except StoreError as error:  # its lease lapses; the others skip it then
             log.error("releasing the turn lock of %s failed: %s", conversation_id, error)
 
