@@ -271,3 +271,34 @@ def test_open_store_parses_sqlite_urls(tmp_path: Path) -> None:
 def test_open_store_rejects_other_urls(url: str) -> None:
     with pytest.raises(ValueError):
         open_store(url)
+
+
+async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(tmp_path: Path) -> None:
+    """Upgrading: a file at schema 2 (the previous release) gets migration 3 at open; its rows are
+    read back, and its running turn (no owner, no lease) is claimed for recovery."""
+    from turnwire_server.store.sqlite_migrations import apply_migrations, load_migrations
+
+    path = tmp_path / "previous.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        apply_migrations(conn, load_migrations()[:2], path, lambda: 1)
+        conn.execute(
+            "INSERT INTO conversations (id, create_time, update_time, message_count) VALUES ('c1', 1, 1, 0)"
+        )
+        conn.execute(
+            "INSERT INTO turns (request_id, conversation_id, assistant_message_id, continuation, model,"
+            " state, start_time, recovery_count)"
+            " VALUES ('r-old', 'c1', 'tw-a-r-old', 0, 'm', 'running', 1, 0)"
+        )
+    finally:
+        conn.close()
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        assert [t.request_id for t in await store.running_turns()] == ["r-old"]
+        now = dt.datetime.now(dt.UTC)
+        claimed = await store.claim_interrupted_turns("me", now, now + dt.timedelta(seconds=30), 10)
+        assert [(t.request_id, t.owner) for t in claimed] == [("r-old", "me")]
+    finally:
+        await store.close()
+    assert [v for (v,) in _raw(path, "SELECT version FROM schema_migrations ORDER BY version")] == [1, 2, 3]
