@@ -20,7 +20,7 @@ from support.stores import postgres_database
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, collect
-from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 
 LEASE_SECONDS = 1.5
 WORDS = [f"w{i}" for i in range(40)]
@@ -213,3 +213,19 @@ async def test_a_killed_replicas_submissions_run_on_a_survivor_in_order(
     assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT] * 3
     assert [text_of(m) for m in stored.messages[::2]] == ["q0", "q1", "q2"]
     assert text_of(stored.messages[1]).endswith(REST), "the running one was recovered in place"
+
+
+async def test_watch_on_another_replica_follows_a_pending_submission_to_its_end(
+    replicas: list[SidecarProcess],
+) -> None:
+    a, b = TurnwireClient(replicas[0].target), TurnwireClient(replicas[1].target)
+    try:
+        await a.submit_messages("watched", "first", submission_id="w-0", model="scripted:slow")
+        await a.submit_messages("watched", "second", submission_id="w-1", model="scripted:short")
+        watched = await collect(b.watch_submission("w-1"))  # pending on A when the watch starts
+        assert watched.status_name == "COMPLETED"
+        assert watched.events[0].HasField("turn_start")
+        assert (await b.get_submission("w-1")).state == chat_service_pb2.SUBMISSION_STATE_COMPLETED
+    finally:
+        await a.close()
+        await b.close()

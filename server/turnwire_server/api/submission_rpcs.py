@@ -291,20 +291,29 @@ async def _watch(
 ) -> AsyncIterator[event_pb2.TurnEvent]:
     """The turn's stream; for a submission that ended without running (cancelled while pending,
     refused when it started) a single TurnEnd made from its record."""
-    try:
-        async for event in servicer.engine.replay(record.submission_id, after):
-            yield event
-        return
-    except TurnNotFound as missing:
-        if missing.expired:
-            raise
-    current = await servicer.store.get_submission(record.submission_id) or record
+    while True:
+        try:
+            async for event in servicer.engine.replay(record.submission_id, after):
+                after = event.sequence_number
+                yield event
+            return
+        except TurnNotFound as missing:
+            if missing.expired:
+                raise
+        current = await servicer.store.get_submission(record.submission_id) or record
+        if current.state not in ("pending", "running"):
+            break
+        # Waiting on another replica (or for a takeover): follow it until its turn starts.
+        follow = servicer.engine.settings.lease_seconds
+        if not await servicer.store.wait_for_events(record.submission_id, after, follow):
+            raise TurnNotFound(
+                f"submission {record.submission_id!r} is {current.state} and not running on this server",
+                request_id=record.submission_id,
+            )
     status = _TURN_STATUS.get(current.state)
-    if status is None:
-        # Pending and not queued here: it starts on this server's next restart_pending.
+    if status is None:  # pragma: no cover - the loop leaves only for a final state
         raise TurnNotFound(
-            f"submission {record.submission_id!r} is {current.state} and not running on this server",
-            request_id=record.submission_id,
+            f"submission {record.submission_id!r} is {current.state}", request_id=record.submission_id
         )
     if after >= 1:
         return
