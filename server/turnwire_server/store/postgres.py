@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -84,6 +85,16 @@ _RACE_ERRORS: Final = (pg_errors.SerializationFailure, pg_errors.DeadlockDetecte
 T = TypeVar("T")
 
 
+@dataclasses.dataclass(slots=True)
+class _Queued:
+    """A write waiting for the next group commit."""
+
+    conversation_id: str
+    what: str
+    body: Callable[[Any, int], Awaitable[None]]
+    future: asyncio.Future[None]
+
+
 class PostgresStore:
     """:class:`~turnwire_server.store.base.Store` on a PostgreSQL database (psycopg 3, async).
 
@@ -116,6 +127,8 @@ class PostgresStore:
         self._pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
         self._closed = False
         self._tickets = LocalTurnLocks()  # this process's tickets of a conversation go in call order
+        self._batch: list[_Queued] = []
+        self._flusher: asyncio.Task[None] | None = None
         self._listener = Listener(self._listen_connection)
         # Writes of one conversation are applied in call order (Store: checkpoints are applied in
         # call order): taken before the first await, FIFO, so concurrent calls keep their order.
@@ -275,6 +288,62 @@ class PostgresStore:
                 raise self._error(exc, what) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def _write_batched(
+        self, what: str, body: Callable[[Conn, int], Awaitable[None]], *, conversation_id: str
+    ) -> None:
+        """Group commit (as the SQLite writer does): ``body`` joins the writes queued meanwhile in
+        one transaction, each under its own savepoint (one failing undoes only itself); returns
+        once that transaction committed. For the hot, non-urgent writes (checkpoints, event
+        batches): with a hundred turns streaming, one commit serves many of them."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._batch.append(_Queued(conversation_id, what, body, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_batches(), name="postgres group commit")
+        await future
+
+    async def _flush_batches(self) -> None:
+        while self._batch:
+            # Stable sort: call order within a conversation, one lock order for every replica's
+            # batches (two batches taking conversation locks in other orders could deadlock).
+            batch, self._batch = sorted(self._batch, key=lambda q: q.conversation_id), []
+            await self._apply_batch(batch)
+
+    async def _apply_batch(self, batch: list[_Queued]) -> None:
+        outcomes: list[BaseException | None] = []
+        failure: BaseException | None = None
+        for _ in range(_RETRIES):
+            outcomes = []
+            try:
+                pool = self._require_pool("group commit")
+                async with pool.connection() as conn, conn.transaction():
+                    now_us = self._now_us()
+                    for queued in batch:
+                        try:
+                            async with conn.transaction():  # a savepoint per write
+                                await queued.body(conn, now_us)
+                            outcomes.append(None)
+                        except _RACE_ERRORS:
+                            raise  # the whole batch again
+                        except (psycopg.Error, StoreError, ValueError) as error:
+                            outcomes.append(
+                                self._error(error, queued.what) if isinstance(error, psycopg.Error) else error
+                            )
+                failure = None
+                break
+            except _RACE_ERRORS as exc:
+                failure = self._error(exc, "group commit")
+            except (psycopg.Error, psycopg_pool.PoolTimeout, StoreError) as exc:
+                failure = self._error(exc, "group commit")
+                break
+        for index, queued in enumerate(batch):
+            if queued.future.done():
+                continue
+            outcome = failure if failure is not None else outcomes[index]
+            if outcome is None:
+                queued.future.set_result(None)
+            else:
+                queued.future.set_exception(outcome)
+
     # ------------------------------------------------------------------ reads
 
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
@@ -360,7 +429,8 @@ class PostgresStore:
         if numbers != sorted(set(numbers)) or (numbers and numbers[0] < 1):
             raise ValueError(f"event sequence numbers must ascend from >= 1, got {numbers[:5]}…")
         batch = list(events)
-        await self._write(
+        write = self._write if ended else self._write_batched  # the end is awaited by the turn's stream
+        await write(
             f"append_events({request_id!r})",
             lambda conn, now_us: writes.append_events(
                 conn, conversation_id, request_id, batch, ended=ended, now_us=now_us
@@ -500,7 +570,7 @@ class PostgresStore:
         row = message_row(message)
         if not row.parts:
             return
-        await self._write(
+        await self._write_batched(
             f"save_message({conversation_id!r}, {message.id!r})",
             lambda conn, now_us: writes.save_message(conn, conversation_id, row, turn_request_id, now_us),
             conversation_id=conversation_id,
