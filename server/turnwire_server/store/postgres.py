@@ -555,11 +555,14 @@ class PostgresStore:
         one transaction, committed when this returns (rules and errors: ``Store.start_turn``
         and :meth:`SqliteStore.start_turn <turnwire_server.store.sqlite.SqliteStore.start_turn>`)."""
         rows = writes.prepare_turn(turn, messages)
-        await self._write(
-            f"start_turn({turn.request_id!r})",
-            lambda conn, now_us: writes.start_turn(conn, turn, rows, now_us),
-            conversation_id=turn.conversation_id,
-        )
+
+        async def body(conn: Conn, now_us: int) -> None:
+            # Pipeline mode: the inserts go out without a round trip each (the reads still wait).
+            # On the hot path: this commit is what a turn waits for before its model call.
+            async with conn.pipeline():
+                await writes.start_turn(conn, turn, rows, now_us)
+
+        await self._write(f"start_turn({turn.request_id!r})", body, conversation_id=turn.conversation_id)
 
     async def save_message(
         self, conversation_id: str, message: message_pb2.Message, *, turn_request_id: str = ""
