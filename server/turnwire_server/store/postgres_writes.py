@@ -36,7 +36,6 @@ from turnwire_server.store.base import (
     MessageBeingWritten,
     MessageIdConflict,
     StoreCorrupted,
-    SubmissionConflict,
     SubmissionNotPending,
     SubmissionRecord,
     SubmissionState,
@@ -57,6 +56,7 @@ from turnwire_server.store.sqlite_rows import (
 )
 from turnwire_server.store.sqlite_streams import pack_events
 from turnwire_server.store.sqlite_submissions import SUBMISSION_COLUMNS, submission_from_row
+from turnwire_server.store.submission_rules import repeated_submission
 from turnwire_server.store.tool_answers import answer_calls, close_call, expired_text, is_waiting
 
 __all__ = [
@@ -611,26 +611,8 @@ async def create_submission(
         if submission.idempotency_key
         else None
     )
-    if by_id is not None and by_key is not None and by_id.submission_id != by_key.submission_id:
-        raise SubmissionConflict(
-            f"submission id {submission.submission_id!r} and idempotency key "
-            f"{submission.idempotency_key!r} name different submissions "
-            f"({by_id.submission_id!r} and {by_key.submission_id!r})",
-            submission.submission_id,
-        )
-    existing = by_id or by_key
+    existing = repeated_submission(submission, by_id, by_key)
     if existing is not None:
-        same_key = (existing.idempotency_key or None) == (submission.idempotency_key or None)
-        if (
-            existing.conversation_id != submission.conversation_id
-            or existing.request != submission.request
-            or (by_id is not None and not same_key)
-        ):
-            raise SubmissionConflict(
-                f"submission {existing.submission_id!r} already exists with other content; "
-                "use a new submission id and idempotency key for new messages",
-                existing.submission_id,
-            )
         return existing, False
     waiting = await fetch_one(
         conn,

@@ -17,13 +17,13 @@ from typing import Any, Final, get_args
 
 from turnwire_server.store.base import (
     InvalidPageToken,
-    SubmissionConflict,
     SubmissionNotPending,
     SubmissionRecord,
     SubmissionState,
     TooManySubmissions,
 )
 from turnwire_server.store.sqlite_rows import WriteFn, time_from_us, to_us
+from turnwire_server.store.submission_rules import repeated_submission
 
 __all__ = [
     "SUBMISSION_COLUMNS",
@@ -104,26 +104,8 @@ def create_submission_write(
             if submission.idempotency_key
             else None
         )
-        if by_id is not None and by_key is not None and by_id.submission_id != by_key.submission_id:
-            raise SubmissionConflict(
-                f"submission id {submission.submission_id!r} and idempotency key "
-                f"{submission.idempotency_key!r} name different submissions "
-                f"({by_id.submission_id!r} and {by_key.submission_id!r})",
-                submission.submission_id,
-            )
-        existing = by_id or by_key
+        existing = repeated_submission(submission, by_id, by_key)
         if existing is not None:
-            same_key = (existing.idempotency_key or None) == (submission.idempotency_key or None)
-            if (
-                existing.conversation_id != submission.conversation_id
-                or existing.request != submission.request
-                or (by_id is not None and not same_key)
-            ):
-                raise SubmissionConflict(
-                    f"submission {existing.submission_id!r} already exists with other content; "
-                    "use a new submission id and idempotency key for new messages",
-                    existing.submission_id,
-                )
             result(existing, False)
             return
         waiting = conn.execute(
