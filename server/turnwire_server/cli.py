@@ -75,7 +75,7 @@ def migrate(
     ] = None,
 ) -> None:
     """Apply the store's pending schema migrations, print each one applied, and exit. With
-    ``--from sqlite:///… --to postgresql://…``: copy an SQLite store (stopped) into an empty
+    --from sqlite:///PATH --to postgresql://...: copy an SQLite store (stopped) into an empty
     PostgreSQL database instead, for a sidecar that outgrew one process.
 
     Exit status 0 when the schema is current afterwards (or the copy landed), 1 when the store

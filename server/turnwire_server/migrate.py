@@ -10,7 +10,7 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
-from turnwire_server.store import Store, StoreError, open_store
+from turnwire_server.store import Store, StoreError, StoreInUse, open_store
 
 __all__ = ["COPIED_TABLES", "copy_sqlite_to_postgres", "migrate_store"]
 
@@ -89,7 +89,14 @@ async def copy_sqlite_to_postgres(
     postgres_store = open_store(target, password_env=password_env)
     if not isinstance(sqlite_store, SqliteStore) or not isinstance(postgres_store, PostgresStore):
         raise ValueError("copying goes from an sqlite:/// store to a postgresql:// store")
-    await sqlite_store.open()  # migrates it, and fails when another process serves the file
+    if not sqlite_store.path.is_file():
+        raise StoreError(f"there is no SQLite store at {sqlite_store.path}: check the --from path")
+    try:
+        await sqlite_store.open()  # migrates it, and fails when another process serves the file
+    except StoreInUse:
+        raise StoreError(
+            f"the SQLite store {sqlite_store.path} is in use by a running sidecar: stop it before copying"
+        ) from None
     await sqlite_store.close()
     await postgres_store.migrate()
     target_info = postgres_store.connection_info()

@@ -54,6 +54,9 @@ async def test_an_sqlite_store_copied_to_postgres_serves_the_same_data(
     assert await first.terminate() == 0, first.log_text()
 
     with postgres_database() as url:
+        missing = tmp_path / "missing.db"
+        status, out, err = await _turnwire("migrate", "--from", f"sqlite:///{missing}", "--to", url)
+        assert status == 1 and "no SQLite store at" in err and not missing.exists(), "a typo creates nothing"
         status, out, err = await _turnwire("migrate", "--from", first.store_url, "--to", url)
         assert status == 0, err
         assert "copied 2 conversations" in out and "copied 1 submissions" in out
