@@ -589,7 +589,9 @@ class PostgresStore:
             row = None
         if turn.end_time is not None:
             to_us(turn.end_time, "end_time")
-        await self._write(
+        # Group-committed with the checkpoints and event batches queued meanwhile (as SQLite's
+        # writer does): the turn waits for this commit before its TurnEnd, but shares it.
+        await self._write_batched(
             f"finish_turn({turn.request_id!r})",
             lambda conn, now_us: writes.finish_turn(conn, turn, row, now_us),
             conversation_id=turn.conversation_id,
