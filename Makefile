@@ -28,7 +28,7 @@ demo: setup
 
 ## test: every test (Python unit + end-to-end, Node.js client end-to-end).
 test: setup
-	$(PY) -m pytest -q
+	bash tools/with-postgres.sh $(PY) -m pytest -q
 	node --test tests/node/
 
 ## lint: ruff, mypy, buf lint, buf breaking, generated-code drift.
@@ -53,7 +53,7 @@ breaking: setup
 
 ## stress: the stress, crash and fuzz suites at full size (make test runs them small).
 stress: setup
-	TURNWIRE_STRESS_SCALE=10 $(PY) -m pytest -q tests/stress
+	TURNWIRE_STRESS_SCALE=10 bash tools/with-postgres.sh $(PY) -m pytest -q tests/stress
 
 ## bench: benchmarks (tables, no pass/fail).
 bench: setup

@@ -54,7 +54,8 @@ def postgres_database() -> Iterator[str]:
     except psycopg.Error as exc:
         pytest.fail(
             f"the PostgreSQL store tests need a PostgreSQL server, and none is reachable at "
-            f"{server} ({exc}). Start one (.ci/run does: initdb + pg_ctl on a free port) or set "
+            f"{server} ({exc}). Start one (`make test` does when none listens: "
+            "tools/with-postgres.sh) or set "
             f"{POSTGRES_URL_ENV}=postgresql://user@host:port/database.",
             pytrace=False,
         )
