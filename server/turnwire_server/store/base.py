@@ -542,10 +542,6 @@ class Store(Protocol):
         for a token not issued for these filters."""
         ...
 
-    async def open_submissions(self) -> list[SubmissionRecord]:
-        """Pending and running submissions in acceptance order (to resume after a restart)."""
-        ...
-
     async def end_submission(
         self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]
     ) -> SubmissionRecord | None:

@@ -61,11 +61,11 @@ from turnwire_server.store.sqlite_submissions import (
     SUBMISSION_COLUMNS,
     claim_submissions_write,
     create_submission_write,
-    decode_submission_token,
-    encode_submission_token,
     end_submission_write,
     expire_submissions_write,
     submission_from_row,
+    submission_page,
+    submission_page_query,
 )
 from turnwire_server.store.sqlite_tool_writes import AnswerWrite, ExpireWrite
 from turnwire_server.store.sqlite_transcript import (
@@ -385,37 +385,9 @@ class SqliteStore:
         self, page_size: int, page_token: str, *, conversation_id: str = "", state: str = ""
     ) -> tuple[list[SubmissionRecord], str]:
         """Up to ``page_size`` (>= 1) submissions in acceptance order, filtered; the next token."""
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
-        after = decode_submission_token(page_token, conversation_id, state) if page_token else 0
-        where = ["seq > ?"]
-        params: list[Any] = [after]
-        if conversation_id:
-            where.append("conversation_id = ?")
-            params.append(conversation_id)
-        if state:
-            where.append("state = ?")
-            params.append(state)
-        rows = await self._read(
-            "list_submissions",
-            f"SELECT {SUBMISSION_COLUMNS} FROM submissions WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?",
-            (*params, page_size + 1),
-        )
-        records = [submission_from_row(row) for row in rows[:page_size]]
-        token = ""
-        if len(rows) > page_size:
-            token = encode_submission_token(records[-1].seq, conversation_id, state)
-        return records, token
-
-    async def open_submissions(self) -> list[SubmissionRecord]:
-        """Pending and running submissions, in acceptance order."""
-        rows = await self._read(
-            "open_submissions",
-            f"SELECT {SUBMISSION_COLUMNS} FROM submissions"
-            " WHERE state IN ('pending', 'running') ORDER BY seq",
-            (),
-        )
-        return [submission_from_row(row) for row in rows]
+        sql, params = submission_page_query(page_size, page_token, conversation_id, state, mark="?")
+        rows = await self._read("list_submissions", sql, params)
+        return submission_page(rows, page_size, conversation_id, state)
 
     async def end_submission(
         self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]

@@ -36,6 +36,8 @@ __all__ = [
     "finish_submission",
     "start_submission",
     "submission_from_row",
+    "submission_page",
+    "submission_page_query",
 ]
 
 _SUBMISSION_STATES: Final[frozenset[str]] = frozenset(get_args(SubmissionState))
@@ -250,6 +252,38 @@ def claim_submissions_write(
         result(ids)
 
     return apply
+
+
+def submission_page_query(
+    page_size: int, page_token: str, conversation_id: str, state: str, *, mark: str
+) -> tuple[str, list[Any]]:
+    """``Store.list_submissions``' statement and parameters, for either backend (``mark`` is its
+    placeholder, ``?`` or ``%s``): one row more than ``page_size``, to know whether a page
+    follows. Raises :class:`ValueError` for ``page_size`` < 1 and :class:`InvalidPageToken` for
+    a token not issued for these filters."""
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    after = decode_submission_token(page_token, conversation_id, state) if page_token else 0
+    where, params = [f"seq > {mark}"], list[Any]([after])
+    if conversation_id:
+        where.append(f"conversation_id = {mark}")
+        params.append(conversation_id)
+    if state:
+        where.append(f"state = {mark}")
+        params.append(state)
+    sql = (
+        f"SELECT {SUBMISSION_COLUMNS} FROM submissions WHERE {' AND '.join(where)} ORDER BY seq LIMIT {mark}"
+    )
+    return sql, [*params, page_size + 1]
+
+
+def submission_page(
+    rows: list[Any], page_size: int, conversation_id: str, state: str
+) -> tuple[list[SubmissionRecord], str]:
+    """The records of :func:`submission_page_query`'s rows and the next page token ("" when none)."""
+    records = [submission_from_row(row) for row in rows[:page_size]]
+    token = encode_submission_token(records[-1].seq, conversation_id, state) if len(rows) > page_size else ""
+    return records, token
 
 
 # --------------------------------------------------------------------------- page tokens
