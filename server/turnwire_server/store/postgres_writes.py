@@ -51,6 +51,7 @@ from turnwire_server.store.sqlite_rows import (
     build_message,
     check_turn,
     conversation_from_row,
+    message_insert_params,
     message_row,
     to_us,
 )
@@ -180,20 +181,8 @@ _INSERT_MESSAGE: Final = (
 )
 
 
-def _insert_params(conversation_id: str, row: MessageRow) -> tuple[Any, ...]:
-    return (
-        conversation_id,
-        row.id,
-        conversation_id,
-        row.role,
-        row.create_time_us,
-        row.create_time_nanos,
-        row.metadata,
-    )
-
-
 async def _insert_message(conn: Conn, conversation_id: str, row: MessageRow) -> None:
-    await run(conn, _INSERT_MESSAGE, _insert_params(conversation_id, row))
+    await run(conn, _INSERT_MESSAGE, message_insert_params(conversation_id, row))
     await _run_many(
         conn,
         "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (%s, %s, %s, %s, %s)",

@@ -40,6 +40,7 @@ __all__ = [
     "conversation_from_row",
     "decode_page_token",
     "encode_page_token",
+    "message_insert_params",
     "message_row",
     "messages_from_rows",
     "store_error",
@@ -129,6 +130,20 @@ def message_row(message: message_pb2.Message) -> MessageRow:
         (part.WhichOneof("kind"), part.SerializeToString(deterministic=True)) for part in message.parts
     )
     return MessageRow(message.id, int(message.role), create_us, create_nanos, metadata, parts)
+
+
+def message_insert_params(conversation_id: str, row: MessageRow) -> tuple[Any, ...]:
+    """The parameters of both backends' message INSERT: ``(conversation_id, id, conversation_id
+    (for the next-position subquery), role, create_time_us, create_time_nanos, metadata)``."""
+    return (
+        conversation_id,
+        row.id,
+        conversation_id,
+        row.role,
+        row.create_time_us,
+        row.create_time_nanos,
+        row.metadata,
+    )
 
 
 def build_message(

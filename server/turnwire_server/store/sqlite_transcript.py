@@ -25,11 +25,15 @@ from turnwire_server.store.base import (
     MessageIdConflict,
     UnknownMessage,
 )
-from turnwire_server.store.sqlite_rows import MessageRow, conversation_from_row, message_row
+from turnwire_server.store.sqlite_rows import (
+    MessageRow,
+    conversation_from_row,
+    message_insert_params,
+    message_row,
+)
 from turnwire_server.store.sqlite_writes import (
     _INSERT_MESSAGE,
     WriteFn,
-    _insert_params,
     _put_parts,
     _touch_conversation,
 )
@@ -119,7 +123,7 @@ def add_messages_write(
         if added or updated or exists is None:
             _touch_conversation(conn, conversation_id, now_us, len(added))
         for row in added:
-            conn.execute(_INSERT_MESSAGE, _insert_params(conversation_id, row))
+            conn.execute(_INSERT_MESSAGE, message_insert_params(conversation_id, row))
             _put_parts(conn, conversation_id, row)
         for row in updated:
             conn.execute(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Final
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import (
@@ -23,7 +23,14 @@ from turnwire_server.store.base import (
     TurnNotFound,
     TurnRecord,
 )
-from turnwire_server.store.sqlite_rows import MessageRow, WriteFn, check_turn, message_row, to_us
+from turnwire_server.store.sqlite_rows import (
+    MessageRow,
+    WriteFn,
+    check_turn,
+    message_insert_params,
+    message_row,
+    to_us,
+)
 from turnwire_server.store.sqlite_submissions import finish_submission, start_submission
 
 __all__ = ["WriteFn", "finish_turn_write", "save_message_write", "start_turn_write", "upsert_message"]
@@ -35,18 +42,6 @@ _INSERT_MESSAGE: Final = (
     " VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE conversation_id = ?),"
     " ?, ?, ?, ?)"
 )
-
-
-def _insert_params(conversation_id: str, row: MessageRow) -> tuple[Any, ...]:
-    return (
-        conversation_id,
-        row.id,
-        conversation_id,
-        row.role,
-        row.create_time_us,
-        row.create_time_nanos,
-        row.metadata,
-    )
 
 
 def _put_parts(conn: sqlite3.Connection, conversation_id: str, row: MessageRow) -> None:
@@ -103,7 +98,7 @@ def upsert_message(conn: sqlite3.Connection, conversation_id: str, row: MessageR
             ),
         )
     else:
-        conn.execute(_INSERT_MESSAGE, _insert_params(conversation_id, row))
+        conn.execute(_INSERT_MESSAGE, message_insert_params(conversation_id, row))
     _put_parts(conn, conversation_id, row)
 
 
@@ -160,7 +155,9 @@ def start_turn_write(turn: TurnRecord, messages: Sequence[message_pb2.Message]) 
             conn.execute("DELETE FROM turns WHERE request_id = ?", (turn.request_id,))
         _touch_conversation(conn, conversation_id, now_us, len(new_rows))
         if new_rows:
-            conn.executemany(_INSERT_MESSAGE, [_insert_params(conversation_id, row) for row in new_rows])
+            conn.executemany(
+                _INSERT_MESSAGE, [message_insert_params(conversation_id, row) for row in new_rows]
+            )
             conn.executemany(
                 "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (?, ?, ?, ?, ?)",
                 [
