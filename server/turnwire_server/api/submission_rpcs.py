@@ -310,11 +310,7 @@ async def _watch(
                 f"submission {record.submission_id!r} is {current.state} and not running on this server",
                 request_id=record.submission_id,
             )
-    status = _TURN_STATUS.get(current.state)
-    if status is None:  # pragma: no cover - the loop leaves only for a final state
-        raise TurnNotFound(
-            f"submission {record.submission_id!r} is {current.state}", request_id=record.submission_id
-        )
+    status = _TURN_STATUS[current.state]  # a final state: the loop leaves only for one
     if after >= 1:
         return
     end = event_pb2.TurnEvent(
