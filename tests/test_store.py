@@ -5,6 +5,7 @@ transactions, migrations, page tokens, the turn lock. Backend-specific tests liv
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import re
 from typing import Any
@@ -26,6 +27,7 @@ from turnwire_server.store import (
     StoreError,
     TurnRecord,
 )
+from turnwire_server.store.base import CompactionRecord, TurnNotFound
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.sqlite_rows import decode_page_token, encode_page_token, to_us
 
@@ -524,6 +526,7 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
         (1, "0001_init"),
         (2, "0002_durable_turns"),
         (3, "0003_turn_leases"),
+        (4, "0004_compactions"),
     ]
     assert isinstance(rows[0][2], int)
     assert {
@@ -535,6 +538,7 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
         "turn_streams",
         "turn_events",
         "submissions",
+        "compactions",
     } <= store_backend.tables()
 
 
@@ -660,3 +664,63 @@ async def test_undecodable_rows_are_store_corrupted(store: Store, store_backend:
         await store.load_messages("conv-1")
     with pytest.raises(StoreCorrupted, match="cannot be read"):
         await store.load_events("req-1", 0)
+
+
+# ----------------------------------------------------------------------------- compaction (§9)
+
+
+def _compaction(conversation_id: str = "conv-1", **changes: Any) -> CompactionRecord:
+    summary = _text("tw-c-u1", "Summary of the earlier conversation:\nthey said hello")
+    fields: dict[str, Any] = {
+        "conversation_id": conversation_id,
+        "through_message_id": "u1",
+        "summary": summary,
+        "elided_calls": (("a1", "call_0_0"), ("a1", "call_1_0")),
+        "reason": "reactive",
+        "strategy": "summarize",
+        "tokens_before": 12_000,
+        "tokens_after": 3_000,
+        "create_time": T0,
+    }
+    fields.update(changes)
+    return CompactionRecord(**fields)
+
+
+async def test_a_compaction_round_trips_and_the_latest_replaces_the_previous(store: Store) -> None:
+    await store.start_turn(_turn(), [_text("u1", "hello")])
+    assert await store.load_compaction("conv-1") is None
+    first = _compaction()
+    await store.save_compaction(first)
+    assert await store.load_compaction("conv-1") == first
+    second = _compaction(summary=None, through_message_id="", elided_calls=(), reason="proactive")
+    await store.save_compaction(second)
+    assert await store.load_compaction("conv-1") == second
+    # Non-destructive: the messages are untouched.
+    assert [m.id for m in await store.load_messages("conv-1")] == ["u1"]
+
+
+async def test_a_compaction_of_a_missing_conversation_is_not_stored_and_goes_with_a_deleted_one(
+    store: Store,
+) -> None:
+    await store.save_compaction(_compaction("nobody"))
+    assert await store.load_compaction("nobody") is None
+    assert await store.get_conversation("nobody") is None  # not created by the compaction
+    await store.start_turn(_turn(), [_text("u1", "hello")])
+    await store.save_compaction(_compaction())
+    assert await store.delete_conversation("conv-1")
+    assert await store.load_compaction("conv-1") is None
+
+
+async def test_discard_reply_removes_the_partial_and_moves_the_turn_to_its_new_reply(store: Store) -> None:
+    await store.start_turn(_turn(assistant_message_id="tw-a-1"), [_text("u1", "hello")])
+    await store.save_message("conv-1", _text("tw-a-1", "partial", message_pb2.ROLE_ASSISTANT))
+    assert (await store.get_conversation("conv-1")).message_count == 2  # type: ignore[union-attr]
+    moved = dataclasses.replace(_turn(assistant_message_id="tw-a2-1"), recovery_count=0)
+    await store.discard_reply(moved, "tw-a-1")
+    assert [m.id for m in await store.load_messages("conv-1")] == ["u1"]
+    assert (await store.get_conversation("conv-1")).message_count == 1  # type: ignore[union-attr]
+    turn = await store.get_turn("req-1")
+    assert turn is not None and turn.assistant_message_id == "tw-a2-1"
+    await store.discard_reply(moved, "tw-a-1")  # nothing left to remove: not an error
+    with pytest.raises(TurnNotFound):
+        await store.discard_reply(_turn("req-unknown", assistant_message_id="x"), "tw-a-1")

@@ -20,7 +20,7 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server import cli
 from turnwire_server.config import ConfigError, load_settings
 from turnwire_server.store import StoreError, TurnRecord, open_store, redact_url
-from turnwire_server.store.base import ToolCallAnswer, ToolCallNotPending
+from turnwire_server.store.base import CompactionRecord, ToolCallAnswer, ToolCallNotPending
 from turnwire_server.store.postgres import PostgresStore
 from turnwire_server.store.postgres_migrations import apply_migrations, load_migrations
 
@@ -71,7 +71,12 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
             check = StoreBackend("postgres", url=url)
             rows = check.sql("SELECT version, name FROM schema_migrations ORDER BY version")
             assert rows == [(m.version, m.name) for m in load_migrations()]
-            assert rows == [(1, "0001_init"), (2, "0002_durable_turns"), (3, "0003_turn_leases")]
+            assert rows == [
+                (1, "0001_init"),
+                (2, "0002_durable_turns"),
+                (3, "0003_turn_leases"),
+                (4, "0004_compactions"),
+            ]
             await stores[0].start_turn(_turn("r1", "c1"), [_user("u1")])
             assert [m.id for m in await stores[3].load_messages("c1")] == ["u1"]
             assert await stores[1].migrate() == []  # nothing left to apply
@@ -82,14 +87,15 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
 
 
 async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept() -> None:
-    """Upgrading: a database at schema 2 (the previous release) gets migration 3 at open; what it
-    stored is read back unchanged, and its running turn (no owner, no lease) counts as lapsed."""
+    """Upgrading: a database at schema 3 (the previous release) gets migration 4 at open; what it
+    stored is read back unchanged, its running turn (no lease renewed) counts as lapsed, and its
+    conversation takes a compaction."""
     import psycopg
 
     with postgres_database() as url:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-            applied = await apply_migrations(conn, load_migrations()[:2], where="test", now_us=1)
-        assert applied == ["0001_init", "0002_durable_turns"]
+            applied = await apply_migrations(conn, load_migrations()[:3], where="test", now_us=1)
+        assert applied == ["0001_init", "0002_durable_turns", "0003_turn_leases"]
         old = PostgresStore(url)
         # Rows as the previous release wrote them: without owner and lease.
         check = StoreBackend("postgres", url=url)
@@ -101,14 +107,17 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
             " state, start_time, recovery_count)"
             " VALUES ('r-old', 'c1', 'tw-a-r-old', 0, 'scripted:x', 'running', 1, 0)"
         )
-        await old.open()  # applies 0003
+        await old.open()  # applies 0004
         try:
             assert [t.request_id for t in await old.running_turns()] == ["r-old"]
             now = dt.datetime.now(dt.UTC)
             claimed = await old.claim_interrupted_turns("me", now, now + dt.timedelta(seconds=30), 10)
             assert [(t.request_id, t.owner) for t in claimed] == [("r-old", "me")]
             versions = check.sql("SELECT version FROM schema_migrations ORDER BY version")
-            assert versions == [(1,), (2,), (3,)]
+            assert versions == [(1,), (2,), (3,), (4,)]
+            record = CompactionRecord("c1", "", None, (("m", "call"),), "threshold", "drop", 9, 3, now)
+            await old.save_compaction(record)
+            assert await old.load_compaction("c1") == record
         finally:
             await old.close()
             await check.close()
@@ -117,7 +126,12 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
 async def test_migrate_reports_what_it_applied() -> None:
     with postgres_database() as url:
         store = PostgresStore(url)
-        assert await store.migrate() == ["0001_init", "0002_durable_turns", "0003_turn_leases"]
+        assert await store.migrate() == [
+            "0001_init",
+            "0002_durable_turns",
+            "0003_turn_leases",
+            "0004_compactions",
+        ]
         assert await store.migrate() == []
         await store.close()
 
@@ -299,18 +313,19 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
     url = pg_url.replace("postgresql://postgres@", f"postgresql://postgres:{SECRET}@")
     first = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert first.exit_code == 0, first.output
-    assert first.output.splitlines()[:3] == [
+    assert first.output.splitlines()[:4] == [
         "applied 0001_init",
         "applied 0002_durable_turns",
         "applied 0003_turn_leases",
+        "applied 0004_compactions",
     ]
-    assert "3 migration(s) applied" in first.output
+    assert "4 migration(s) applied" in first.output
     again = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert again.exit_code == 0, again.output
     assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output
     assert SECRET not in first.output + again.output
     check = StoreBackend("postgres", url=pg_url)
-    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(3,)]
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(4,)]
     asyncio.run(check.close())
 
 

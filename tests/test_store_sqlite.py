@@ -22,6 +22,7 @@ from turnwire_server.store import (
     TurnRecord,
     open_store,
 )
+from turnwire_server.store.base import CompactionRecord
 from turnwire_server.store.sqlite import SqliteStore
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=dt.UTC)
@@ -274,14 +275,15 @@ def test_open_store_rejects_other_urls(url: str) -> None:
 
 
 async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(tmp_path: Path) -> None:
-    """Upgrading: a file at schema 2 (the previous release) gets migration 3 at open; its rows are
-    read back, and its running turn (no owner, no lease) is claimed for recovery."""
+    """Upgrading: a file at schema 3 (the previous release) gets migration 4 at open; its rows are
+    read back, its running turn (no lease renewed) is claimed for recovery, and its conversation
+    takes a compaction."""
     from turnwire_server.store.sqlite_migrations import apply_migrations, load_migrations
 
     path = tmp_path / "previous.db"
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        apply_migrations(conn, load_migrations()[:2], path, lambda: 1)
+        apply_migrations(conn, load_migrations()[:3], path, lambda: 1)
         conn.execute(
             "INSERT INTO conversations (id, create_time, update_time, message_count) VALUES ('c1', 1, 1, 0)"
         )
@@ -299,6 +301,14 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
         now = dt.datetime.now(dt.UTC)
         claimed = await store.claim_interrupted_turns("me", now, now + dt.timedelta(seconds=30), 10)
         assert [(t.request_id, t.owner) for t in claimed] == [("r-old", "me")]
+        record = CompactionRecord("c1", "", None, (("m", "call"),), "threshold", "drop", 9, 3, now)
+        await store.save_compaction(record)
+        assert await store.load_compaction("c1") == record
     finally:
         await store.close()
-    assert [v for (v,) in _raw(path, "SELECT version FROM schema_migrations ORDER BY version")] == [1, 2, 3]
+    assert [v for (v,) in _raw(path, "SELECT version FROM schema_migrations ORDER BY version")] == [
+        1,
+        2,
+        3,
+        4,
+    ]

@@ -9,7 +9,7 @@ snake_cased; order, merge and error rules are in ``docs/semantics.md``
 ======================  ===========================  ===============================
 hook                    context                      returns
 ======================  ===========================  ===============================
-``configure_session``   :class:`SessionContext`      ``None``
+``configure_session``   :class:`SessionContext`      :class:`SessionConfig` or ``None``
 ``before_turn``         :class:`TurnContext`         :class:`TurnConfig` or ``None``
 ``before_step``         :class:`StepContext`         :class:`StepConfig` or ``None``
 ``before_tool_call``    :class:`ToolCallContext`     :class:`ToolCallDecision` or ``None``
@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from turnwire.compaction import CompactionConfig
 from turnwire.tools import Tool
 from turnwire.types import FinishReason, ModelChunk, ModelSettings, ToolChoice, Usage
 from turnwire.types import ToolCall as ModelToolCall
@@ -348,6 +349,18 @@ class SessionContext:
     tools: Mapping[str, Tool]
 
 
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """Output of ``configure_session``: the process-wide session setup (docs/semantics.md §3, §9).
+
+    ``compaction`` turns on context compaction (:class:`turnwire.compaction.CompactionConfig`:
+    the reactive overflow recovery, the proactive guard, ``compact_after``). Middlewares run
+    first to last; a later middleware's non-None field replaces an earlier one's.
+    """
+
+    compaction: CompactionConfig | None = None
+
+
 HOOK_NAMES = (
     "configure_session",
     "before_turn",
@@ -389,8 +402,10 @@ class Middleware:
             hook for hook in HOOK_NAMES if getattr(type(self), hook) is not getattr(Middleware, hook)
         )
 
-    async def configure_session(self, ctx: SessionContext) -> None:
-        """Once at process start. Raising aborts start-up with a clear message."""
+    async def configure_session(self, ctx: SessionContext) -> SessionConfig | None:
+        """Once at process start; return a SessionConfig to set up the session (compaction).
+        Raising aborts start-up with a clear message."""
+        return None
 
     async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
         """Once per attempt before the first step; return a TurnConfig to change the turn."""

@@ -24,6 +24,7 @@ import orjson
 from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field
 
+from turnwire.compaction import EstimateTokens
 from turnwire.providers import ModelRequest, ProviderError
 from turnwire.types import (
     FinishReason,
@@ -45,6 +46,7 @@ from turnwire.values import dumps, from_value, loads, parse_tool_input
 from turnwire_client.v1 import message_pb2
 
 OFFLINE_NOTICE = "[offline scripted model, no LLM connected]"
+_ESTIMATE = EstimateTokens()
 
 
 class ScriptedToolCall(BaseModel):
@@ -239,24 +241,66 @@ def _split(text: str, chunk_size: int) -> list[str]:
     return re.findall(r"\S+\s*|\s+", text)
 
 
+class SummaryScript:
+    """The built-in ``summarizer``: an extractive summary of the conversation it is sent (the
+    first sentence of each message, the tools called), deterministic and offline, for
+    ``SummarizeOlder(model="scripted:summarizer")``."""
+
+    def step(self, request: ModelRequest) -> ScriptStep:
+        """One text step summarizing every message but the last (the summary request)."""
+        lines = []
+        for message in request.messages[:-1]:
+            role = "user" if message.role == message_pb2.ROLE_USER else "assistant"
+            for part in message.parts:
+                kind = part.WhichOneof("kind")
+                if kind == "text" and part.text.text.strip():
+                    first = re.split(r"(?<=[.!?])\s", part.text.text.strip(), maxsplit=1)[0]
+                    lines.append(f"{role}: {first[:120]}")
+                elif kind == "tool_call":
+                    lines.append(f"{role} called {part.tool_call.tool_name}")
+        return ScriptStep(text=f"{OFFLINE_NOTICE} " + "; ".join(lines or ["nothing yet"]))
+
+
+def overflow_error(input_tokens: int, window: int) -> ProviderError:
+    """The error a model with a ``window``-token context gives a request of ``input_tokens``:
+    Anthropic's wording and body (HTTP 400 ``invalid_request_error``, "prompt is too long: N
+    tokens > M maximum"), so classifiers see a real overflow."""
+    message = f"prompt is too long: {input_tokens} tokens > {window} maximum"
+    return ProviderError(
+        message,
+        status=400,
+        type="invalid_request_error",
+        retryable=False,
+        provider="scripted",
+        body={"type": "error", "error": {"type": "invalid_request_error", "message": message}},
+    )
+
+
 class ScriptedProvider:
     """The offline provider. Model ``scripted:<name>`` plays script ``<name>``.
 
-    ``scripts`` maps names to step lists (from config); ``demo`` is built in
-    unless overridden. ``record_path``: every request is appended to that file
-    as one JSON line (``model``, ``step_number``, ``system``, ``tools`` by name,
-    ``messages`` in protobuf's JSON form), so a test can see what the model was
-    told. Raises :class:`ProviderError` (status 404) for an unknown script name,
-    and whatever error a step scripts.
+    ``scripts`` maps names to step lists (from config); ``demo`` and ``summarizer``
+    (:class:`SummaryScript`) are built in unless overridden. ``record_path``: every request is
+    appended to that file as one JSON line (``model``, ``step_number``, ``system``, ``tools``
+    by name, ``messages`` in protobuf's JSON form), so a test can see what the model was
+    told. ``context_window`` (tokens): a request whose input (estimated as
+    :class:`turnwire.compaction.EstimateTokens` does) is larger fails with :func:`overflow_error` before any output. Raises
+    :class:`ProviderError` (status 404) for an unknown script name, and whatever error a step
+    scripts.
     """
 
     name = "scripted"
 
     def __init__(
-        self, scripts: Mapping[str, Sequence[ScriptStep]] | None = None, *, record_path: str | None = None
+        self,
+        scripts: Mapping[str, Sequence[ScriptStep]] | None = None,
+        *,
+        record_path: str | None = None,
+        context_window: int | None = None,
     ) -> None:
         self.record_path = record_path
-        self.scripts: dict[str, Script] = {"demo": DemoScript()}
+        self.context_window = context_window
+        self.scripts: dict[str, Script] = {"demo": DemoScript(), "summarizer": SummaryScript()}
         for script_name, steps in (scripts or {}).items():
             self.scripts[script_name] = StaticScript(steps)
 
@@ -304,7 +348,10 @@ class ScriptedProvider:
 
         input_tokens = step.usage.input_tokens
         if input_tokens is None:
-            input_tokens = sum(m.ByteSize() for m in request.messages) // 4 + len(request.system) // 4
+            # What a model reads (texts, tool inputs and outputs), not the protobuf encoding.
+            input_tokens = _ESTIMATE.messages(request.messages) + len(request.system) // 4
+        if self.context_window is not None and input_tokens > self.context_window:
+            raise overflow_error(input_tokens, self.context_window)
         # As providers do at stream start: the input is counted before any output.
         yield UsageUpdate(Usage(input_tokens=input_tokens, total_tokens=input_tokens))
         if step.reasoning:

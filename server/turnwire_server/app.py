@@ -185,11 +185,17 @@ async def start(settings: Settings) -> Sidecar:
         raise StartupError(f"default_model: {error}") from error
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     try:
-        await chain.configure_session(
+        session = await chain.configure_session(
             SessionContext(default_model=settings.default_model, system=settings.system_prompt, tools=tools)
         )
     except Exception as error:
         raise StartupError(f"configure_session failed: {error}") from error
+    summary_model = getattr(session.compaction.strategy, "model", None) if session.compaction else None
+    if summary_model is not None:
+        try:
+            providers.resolve(summary_model)
+        except UnknownModel as error:
+            raise StartupError(f"compaction summary model: {error}") from error
     try:
         store = open_store(
             settings.store.url, pool_size=settings.store.pool_size, password_env=settings.store.password_env
@@ -225,6 +231,7 @@ async def start(settings: Settings) -> Sidecar:
                 lease_seconds=settings.durability.lease_seconds,
                 stall_recovery=settings.durability.stall_recovery,
                 pending_expiry_seconds=settings.durability.pending_expiry_seconds,
+                compaction=session.compaction,
             ),
             error_status=status_of,
         )

@@ -177,13 +177,20 @@ def demo(
     workdir: Annotated[
         Path, typer.Option(help="Working directory of the sidecar (its SQLite file lives there).")
     ] = Path("."),
+    overflow: Annotated[
+        bool,
+        typer.Option(
+            "--overflow",
+            help="Give the model a small context window and turn on compaction: a turn overflows and recovers.",
+        ),
+    ] = False,
 ) -> None:
     """Start the sidecar on its embedded defaults, hold a conversation that calls tools, stop it."""
     from turnwire_server.demo import run_demo
 
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    raise typer.Exit(asyncio.run(run_demo(workdir)))
+    raise typer.Exit(asyncio.run(run_demo(workdir, overflow=overflow)))
 
 
 def main() -> None:

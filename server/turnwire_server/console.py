@@ -243,7 +243,18 @@ class _TurnRenderer:
                 name = event_pb2.FinishReason.Name(reason).removeprefix("FINISH_REASON_")
                 self.line(Text(f"(step stopped: {name.lower()})", style="yellow"))
         elif kind == "context_compacted":
-            self.line(Text("(context compacted)", style="dim"))
+            c = event.context_compacted
+            why = event_pb2.CompactionReason.Name(c.reason).removeprefix("COMPACTION_REASON_").lower()
+            done = f"{c.tokens_before:,} → {c.tokens_after:,} tokens" if c.shortened else "nothing to shorten"
+            self.line(Text(f"(context compacted, {why}, {c.strategy}: {done})", style="yellow"))
+        elif kind == "attempt_start":
+            a = event.attempt_start
+            how = "continuing the reply" if a.appends else "starting the reply over"
+            self.line(
+                Text(
+                    f"(attempt {a.attempt} after {a.reason.lower().replace('_', ' ')}: {how})", style="yellow"
+                )
+            )
         elif kind == "turn_end":
             self.end_line()
 

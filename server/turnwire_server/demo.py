@@ -4,6 +4,11 @@ Starts ``turnwire serve`` as a real child process on a free port with the
 embedded defaults (SQLite in ``workdir``, the offline scripted model, the demo
 tools), holds a short conversation whose turns call tools, prints the stored
 transcript, then stops the sidecar with SIGTERM and checks it exited cleanly.
+
+``turnwire demo --overflow`` runs the same sidecar with :data:`OVERFLOW_CONFIG`: the scripted
+model gets a small context window and the built-in ``ContextCompaction`` middleware turns on
+reactive compaction (docs/semantics.md §9), so a longer conversation outgrows the window and
+the turn that overflows recovers in its own stream.
 """
 
 from __future__ import annotations
@@ -25,6 +30,30 @@ DEMO_MESSAGES = (
     "What's the weather in Paris?",
     "And what is (12 + 30) * 7?",
 )
+
+OVERFLOW_MESSAGES = (
+    "What's the weather in Paris?",
+    "What's the weather in Oslo?",
+    "What is 1234 * 5678?",
+    "What's the weather in Lima?",
+    "What's the weather in Tokyo?",
+)
+
+OVERFLOW_CONFIG = """\
+# turnwire demo --overflow: a model with a small context window, and compaction to recover.
+store:
+  url: sqlite:///turnwire-overflow-demo.db
+providers:
+  scripted:
+    context_window: 300          # tokens: a longer conversation overflows it
+middleware:
+  - path: turnwire.middlewares:ContextCompaction
+    options:
+      strategy: summarize
+      summary_model: scripted:summarizer
+      reactive: true             # compact and run the turn again after an overflow
+"""
+"""The sidecar's config for ``turnwire demo --overflow`` (written next to its database)."""
 
 
 def free_port() -> int:
@@ -65,13 +94,21 @@ async def wait_until_serving(
             await asyncio.sleep(0.1)
 
 
-async def run_demo(workdir: Path) -> int:
-    """Run the demo in ``workdir`` (an existing directory); returns a process exit code."""
+async def run_demo(workdir: Path, *, overflow: bool = False) -> int:
+    """Run the demo in ``workdir`` (an existing directory); returns a process exit code.
+    ``overflow``: the context-overflow demo (module docstring)."""
     console = Console()
     target = f"127.0.0.1:{free_port()}"
-    log_path = workdir / "turnwire-demo.log"
-    console.rule("[bold]Turnwire demo")
-    console.print(f"starting [bold]turnwire serve --listen {target}[/] in {workdir}")
+    log_path = workdir / ("turnwire-overflow-demo.log" if overflow else "turnwire-demo.log")
+    config: list[str] = []
+    messages = DEMO_MESSAGES
+    if overflow:
+        config_path = workdir / "turnwire-overflow-demo.yaml"
+        config_path.write_text(OVERFLOW_CONFIG)
+        config = ["--config", str(config_path)]
+        messages = OVERFLOW_MESSAGES
+    console.rule("[bold]Turnwire demo" + (": context-window overflow" if overflow else ""))
+    console.print(f"starting [bold]turnwire serve --listen {target} {' '.join(config)}[/] in {workdir}")
     console.print(f"sidecar log: {log_path}", soft_wrap=True)
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
@@ -81,6 +118,7 @@ async def run_demo(workdir: Path) -> int:
             "serve",
             "--listen",
             target,
+            *config,
             cwd=workdir,
             stdout=log,
             stderr=log,
@@ -96,7 +134,7 @@ async def run_demo(workdir: Path) -> int:
             console.print("[green]sidecar is SERVING[/] (grpc.health.v1)\n")
             conversation = f"demo-{int(time.time())}"
             code = 0
-            for text in DEMO_MESSAGES:
+            for text in messages:
                 console.print(f"[bold cyan]you>[/] {text}")
                 result = await run_chat(target, conversation, text, console=console)
                 code = code or result

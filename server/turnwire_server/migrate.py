@@ -62,6 +62,7 @@ COPIED_TABLES: tuple[str, ...] = (
     "turn_streams",
     "turn_events",
     "submissions",
+    "compactions",
 )
 """What ``turnwire migrate --from … --to …`` copies, parents first (foreign keys). Not copied:
 ``schema_migrations`` (each store has its own) and ``turn_queue`` (live tickets of running

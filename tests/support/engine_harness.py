@@ -72,6 +72,7 @@ class RecordingProvider:
             settings=request.settings,
             output_schema=request.output_schema,
             step_number=request.step_number,
+            attempt=request.attempt,
         )
         self.requests.append(recorded)
         if self.before_stream is not None:
@@ -194,7 +195,8 @@ EngineFactory = Callable[..., Awaitable[Harness]]
 
 @contextlib.asynccontextmanager
 async def engine_factory(tmp_path: Path) -> AsyncIterator[EngineFactory]:
-    """``await make_engine(scripts=..., tools=..., middlewares=..., **EngineSettings fields)``."""
+    """``await make_engine(scripts=..., tools=..., middlewares=..., context_window=...,
+    **EngineSettings fields)``; ``context_window`` is the scripted model's (tokens)."""
     stores: list[SqliteStore] = []
     engines: list[TurnEngine] = []
 
@@ -203,12 +205,15 @@ async def engine_factory(tmp_path: Path) -> AsyncIterator[EngineFactory]:
         tools: Sequence[Any] = (),
         middlewares: Sequence[Middleware] = (),
         db: str = "turnwire.db",
+        context_window: int | None = None,
         **settings: Any,
     ) -> Harness:
         store = SqliteStore(tmp_path / db)
         await store.open()
         stores.append(store)
-        provider = RecordingProvider(ScriptedProvider(scripts or {"main": [ScriptStep(text="hello")]}))
+        provider = RecordingProvider(
+            ScriptedProvider(scripts or {"main": [ScriptStep(text="hello")]}, context_window=context_window)
+        )
         chain = MiddlewareChain(list(middlewares))
         engine = TurnEngine(
             store=store,

@@ -11,11 +11,13 @@ List them in the config by dotted path with their options, e.g.::
 
 One module per middleware: :mod:`~turnwire.middlewares.logging` (hook logger),
 :mod:`~turnwire.middlewares.tool_policy` (allow / deny / read-only),
-:mod:`~turnwire.middlewares.tool_cache` (tool-result cache) and
+:mod:`~turnwire.middlewares.tool_cache` (tool-result cache),
+:mod:`~turnwire.middlewares.compaction` (context compaction from the config file) and
 :mod:`~turnwire.middlewares.examples` (the five ``beforeTurn`` examples of Think's
 lifecycle-hooks page). Each module's docstring gives its options and the rule it follows.
 """
 
+from turnwire.middlewares.compaction import ContextCompaction
 from turnwire.middlewares.examples import (
     CheaperModelOnContinuation,
     HideReasoningOnContinuation,
@@ -29,6 +31,7 @@ from turnwire.middlewares.tool_policy import ToolPolicy
 
 __all__ = [
     "CheaperModelOnContinuation",
+    "ContextCompaction",
     "HideReasoningOnContinuation",
     "HookLogger",
     "LimitActiveTools",

@@ -146,7 +146,7 @@ class HookLogger(Middleware):
         return hooks if self.include_chunks else hooks - {"on_chunk"}
 
     async def configure_session(self, ctx: SessionContext) -> None:
-        """Log that the session started (once per process)."""
+        """Log that the session started (once per process); set nothing up (``None``)."""
         if self._enabled():
             self.log.log(
                 self.level, "configure_session", extra={"hook": "configure_session", "hook_fields": {}}

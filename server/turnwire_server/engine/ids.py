@@ -6,7 +6,7 @@ client-chosen ones). Every id the server makes starts with
 with that prefix, so a client's message can never take (and overwrite) the id
 of a stored assistant message, and the other way round. The kinds are
 disjoint too: ``tw-r-`` request ids, ``tw-u-`` input message ids, ``tw-a-``
-assistant message ids.
+assistant message ids (``tw-a<n>-`` for attempt ``n`` of a turn run again after an overflow).
 """
 
 from __future__ import annotations
@@ -44,6 +44,19 @@ def assistant_message_id(request_id: str) -> str:
     if len(candidate) <= _MAX_ID_LENGTH:
         return candidate
     return f"{RESERVED_PREFIX}a-{hashlib.sha256(request_id.encode()).hexdigest()}"
+
+
+def attempt_message_id(request_id: str, attempt: int) -> str:
+    """The reply id of ``attempt`` (from 1) of a turn that runs again from scratch (after a
+    context overflow, docs/semantics.md §9): :func:`assistant_message_id` for attempt 1, else
+    ``tw-a<attempt>-…``, a kind of its own, so no attempt's id is another turn's."""
+    first = assistant_message_id(request_id)
+    if attempt <= 1:
+        return first
+    candidate = f"{RESERVED_PREFIX}a{attempt}-{first.removeprefix(f'{RESERVED_PREFIX}a-')}"
+    if len(candidate) <= _MAX_ID_LENGTH:
+        return candidate
+    return f"{RESERVED_PREFIX}a{attempt}-{hashlib.sha256(first.encode()).hexdigest()}"
 
 
 def is_reserved(value: str) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from turnwire.compaction import CompactionConfig
 from turnwire.tools import Tool
 from turnwire_client.v1 import message_pb2
 
@@ -63,6 +64,8 @@ class EngineSettings:
     process died, for another replica to recover).
     ``pending_expiry_seconds``: pending client tool calls, approvals and submissions older
     than this expire (0: never).
+    ``compaction``: the session's context compaction (from ``configure_session``; None: off,
+    docs/semantics.md §9).
     """
 
     default_model: str = "scripted:demo"
@@ -84,3 +87,4 @@ class EngineSettings:
     lease_seconds: float = 30.0
     stall_recovery: bool = False
     pending_expiry_seconds: float = 86400.0
+    compaction: CompactionConfig | None = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -21,12 +22,14 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
 from turnwire import types as chunks
+from turnwire.compaction import elide_outputs
 from turnwire.hooks import ChunkContext, StepContext, StepFinishContext, TurnConfig, TurnContext, TurnTimeout
 from turnwire.providers import ModelRequest, ProviderError
 from turnwire.tools import definition_of
 from turnwire.types import ModelSettings
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.approvals import announce_denials, run_approved_calls
+from turnwire_server.engine.compaction import Compactor, input_start
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
 from turnwire_server.engine.pending_calls import repair_pending, with_pending_placeholders
 from turnwire_server.engine.request import EngineSettings
@@ -56,7 +59,9 @@ class StepLoop:
 
     ``stop(error)`` stops the turn from inside: the stall watchdog passes a
     :class:`~turnwire_server.engine.errors.StreamStalled` (the turn ends
-    INTERRUPTED), a client too slow to read a :class:`SlowConsumer`.
+    INTERRUPTED), a client too slow to read a :class:`SlowConsumer`. ``compactor`` (when
+    compaction is configured) makes the history view and runs ``compact_after`` and the
+    proactive guard (docs/semantics.md §9).
     """
 
     def __init__(
@@ -67,12 +72,14 @@ class StepLoop:
         providers: ProviderRegistry,
         settings: EngineSettings,
         stop: Callable[[BaseException], object],
+        compactor: Compactor | None = None,
     ) -> None:
         self.state = state
         self.store = store
         self.providers = providers
         self.settings = settings
         self.stop = stop
+        self.compactor = compactor
 
     async def run(self) -> None:
         """Assemble, ``before_turn``, then the steps. Raises :class:`TurnFailure`."""
@@ -89,13 +96,14 @@ class StepLoop:
         # the model answers the question again rather than continuing the failed attempt.
         reply_id = turn.assistant.message.id
         history = [message for message in history if message.id != reply_id]
+        view = await self._view(history)
         try:
             ctx, config = await turn.hooks.before_turn(
                 TurnContext(
                     conversation_id=request.conversation_id,
                     request_id=request.request_id,
                     system=self.settings.system_prompt,
-                    messages=history,
+                    messages=view,
                     tools=turn.tools,
                     model=request.model,
                     continuation=request.continuation,
@@ -133,6 +141,70 @@ class StepLoop:
             if watchdog is not None:
                 watchdog.cancel()
 
+    async def _view(self, history: list[message_pb2.Message]) -> list[message_pb2.Message]:
+        """What the model is sent of ``history``: as stored, or its compacted view, compacted
+        again first when it passed ``compact_after`` tokens (between turns, §9)."""
+        turn = self.state
+        compactor = self.compactor
+        turn.keep_from = input_start(history, [m.id for m in turn.request.messages])
+        if compactor is None:
+            turn.view = history
+            return history
+        view = await compactor.load_view(history)
+        turn.keep_from = input_start(view, [m.id for m in turn.request.messages])
+        threshold = compactor.config.compact_after
+        if threshold is not None and await compactor.count(self.settings.system_prompt, view) > threshold:
+            compacted = await compactor.compact(
+                "threshold",
+                system=self.settings.system_prompt,
+                view=view,
+                keep_from=turn.keep_from,
+                current=None,
+                elided_current=frozenset(),
+                attempt=turn.attempt,
+                writer=turn.writer,
+            )
+            turn.usage.add(compacted.usage)
+            view, turn.keep_from = compacted.view, compacted.keep_from
+        turn.view = view
+        return view
+
+    async def _guard(self, step_number: int, ctx: TurnContext) -> list[message_pb2.Message] | None:
+        """The proactive guard before step ``step_number`` (§9): when the previous step's input
+        tokens (``total_tokens`` when the provider gave none) reached ``max_input_tokens *
+        headroom``, compact the history and return the new one (None: nothing to do). At most
+        ``max_compactions`` per attempt; one that shortened nothing still uses its slot."""
+        turn = self.state
+        compactor = self.compactor
+        if compactor is None or step_number == 0 or not turn.steps:
+            return None
+        guard = compactor.config.guard_tokens
+        if guard is None or turn.compactions >= compactor.config.max_compactions:
+            return None
+        previous = turn.steps[-1].usage
+        used = previous.input_tokens or previous.total_tokens
+        if used < guard:
+            return None
+        turn.compactions += 1
+        history = list(ctx.messages)
+        compacted = await compactor.compact(
+            "proactive",
+            system=ctx.system,
+            view=history,
+            keep_from=input_start(history, [m.id for m in turn.request.messages]),
+            current=turn.assistant.snapshot() if turn.assistant.has_parts else None,
+            elided_current=turn.elided_current,
+            attempt=turn.attempt,
+            writer=turn.writer,
+        )
+        turn.usage.add(compacted.usage)
+        turn.elided_current = compacted.elided_current
+        if not compacted.shortened:
+            return None
+        # A reactive compaction later in this attempt starts from this view.
+        turn.view, turn.keep_from = compacted.view, compacted.keep_from
+        return compacted.view
+
     async def _watch_stalls(self, stall: float) -> None:
         """Interrupt the turn when no event was sent for ``stall`` seconds (tool time included)."""
         writer = self.state.writer
@@ -152,21 +224,17 @@ class StepLoop:
         turn = self.state
         request = turn.request
         max_steps = config.max_steps or self.settings.max_steps
-        base_messages = with_pending_placeholders(ctx.messages)
-        if (
-            base_messages
-            and base_messages[-1].role == message_pb2.ROLE_ASSISTANT
-            and _ends_in_content(base_messages[-1])
-        ):
-            # A reply that ends in tool results (a continuation after client results or
-            # approvals) is answered as it is: the results are the model's next input.
-            base_messages.append(_continuation_prompt())
+        base_messages = _base_messages(ctx.messages)
         settings = merge_config(
             ModelSettings(timeout_seconds=limits.step_seconds or limits.total_seconds),
             config.model_settings or ModelSettings(),
         )
         runner = self._runner_for(config)(turn)
         for step_number in range(max_steps):
+            compacted = await self._guard(step_number, ctx)
+            if compacted is not None:
+                ctx = dataclasses.replace(ctx, messages=compacted)
+                base_messages = _base_messages(compacted)
             step_ctx = StepContext(
                 conversation_id=request.conversation_id,
                 request_id=request.request_id,
@@ -263,7 +331,7 @@ class StepLoop:
         assistant = self.state.assistant
         if not assistant.has_parts:
             return base
-        messages = [*base, assistant.snapshot()]
+        messages = [*base, elide_outputs(assistant.snapshot(), self.state.elided_current)]
         if self.state.continue_reply and _ends_in_content(messages[-1]):
             # A recovery continues the stored partial reply in the same message (§1, §8).
             messages.append(_continuation_prompt())
@@ -401,6 +469,18 @@ class StepLoop:
                 "stream", ProviderError("the model stream ended without a finish", provider="engine")
             )
         return finish
+
+
+def _base_messages(history: Sequence[message_pb2.Message]) -> list[message_pb2.Message]:
+    """What every step sends before this turn's reply: ``history`` with placeholders for calls
+    still waiting on the client, and the continuation prompt after a reply that ends in
+    content."""
+    base = with_pending_placeholders(history)
+    if base and base[-1].role == message_pb2.ROLE_ASSISTANT and _ends_in_content(base[-1]):
+        # A reply that ends in tool results (a continuation after client results or
+        # approvals) is answered as it is: the results are the model's next input.
+        base.append(_continuation_prompt())
+    return base
 
 
 def _continuation_prompt() -> message_pb2.Message:

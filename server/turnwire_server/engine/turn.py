@@ -6,7 +6,10 @@ The pipeline and hook order are docs/semantics.md §2 and §3:
       step loop: before_step → model stream (on_chunk) → tool calls → on_step_finish
       store assistant message ─ release lock ─ on_chat_response ─ TurnEnd
 
-Failures: classify_chat_error → store partial → on_chat_error → TurnEnd(ERROR).
+Failures: classify_chat_error → store partial → on_chat_error → TurnEnd(ERROR). A context
+overflow with reactive compaction on: compact → AttemptStart → the turn again (a new reply
+id), or, when that cannot help, the partial discarded → on_chat_error → TurnEnd(ERROR)
+(docs/semantics.md §9).
 Cancellation: store partial (unfinished tool calls errored) → on_chat_response
 (aborted) → TurnEnd(ABORTED).
 """
@@ -23,6 +26,7 @@ from typing import Any, Literal
 from google.protobuf import timestamp_pb2
 from google.rpc import status_pb2
 
+from turnwire.error_classes import overflow_remedy
 from turnwire.hooks import (
     ChatError,
     ChatErrorClassification,
@@ -33,9 +37,11 @@ from turnwire.hooks import (
 )
 from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.engine import metrics
 from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.checkpoints import Checkpointer
 from turnwire_server.engine.client_tools import turn_tools
+from turnwire_server.engine.compaction import Compactor
 from turnwire_server.engine.errors import (
     ConversationDeleted,
     InputNotStored,
@@ -46,7 +52,7 @@ from turnwire_server.engine.errors import (
     TurnFailure,
 )
 from turnwire_server.engine.events import EventWriter
-from turnwire_server.engine.ids import assistant_message_id
+from turnwire_server.engine.ids import assistant_message_id, attempt_message_id
 from turnwire_server.engine.request import EngineSettings, TurnRequest
 from turnwire_server.engine.step_loop import StepLoop
 from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR
@@ -137,18 +143,26 @@ class TurnRun:
             hooks=self.hooks,
             writer=writer,
             assistant=assistant,
-            checkpoints=Checkpointer(
-                lambda message: self.store.save_message(
-                    request.conversation_id, message, turn_request_id=request.request_id
-                ),
-                assistant.snapshot_to_store,
-                settings.checkpoint_interval_ms / 1000.0,
-                request.request_id,
-            ),
+            checkpoints=self._checkpointer(assistant),
             tools=turn_tools(tools, request.client_tools),
             attempt=recovery.attempt if recovery else 1,
             continue_reply=recovery is not None and recovery.reply is not None,
         )
+        self._tools = tools
+        self.compactor = (
+            Compactor(
+                settings.compaction,
+                store=store,
+                providers=providers,
+                conversation_id=request.conversation_id,
+                request_id=request.request_id,
+                model=request.model,
+            )
+            if settings.compaction is not None
+            else None
+        )
+        #: Re-runs after a context overflow so far (docs/semantics.md §9: at most overflow_retries).
+        self.overflow_retries = 0
         self.outcome: StoredTurnState = "running"
         self.status_error: status_pb2.Status | None = None
         self.error: BaseException | None = None
@@ -164,6 +178,17 @@ class TurnRun:
         #: Why the turn was stopped from outside (set once; see :meth:`cancel`).
         self._stop: BaseException | None = None
         self._task: asyncio.Task[Any] | None = None
+
+    def _checkpointer(self, assistant: AssistantMessage) -> Checkpointer:
+        request = self.request
+        return Checkpointer(
+            lambda message: self.store.save_message(
+                request.conversation_id, message, turn_request_id=request.request_id
+            ),
+            assistant.snapshot_to_store,
+            self.settings.checkpoint_interval_ms / 1000.0,
+            request.request_id,
+        )
 
     @property
     def cancelled(self) -> asyncio.Event:
@@ -265,7 +290,9 @@ class TurnRun:
             self.error = TurnFailure("turn", error)
         self._phase = "finishing"
         if self.outcome == "error" and isinstance(self.error, TurnFailure):
-            self._classification = await self._classify(self.error)
+            if self._classification is None:
+                self._classification = await self._classify(self.error)
+            metrics.CHAT_ERROR_CLASSIFICATIONS.labels(self._classification or "none").inc()
         await self._store_result()
 
     async def _recovered(self) -> None:
@@ -317,7 +344,8 @@ class TurnRun:
         await self._attempts()
 
     async def _attempts(self) -> None:
-        """Run the steps; after a stall, recover in the same stream while the budget allows."""
+        """Run the steps; after a stall, recover in the same stream while the budget allows;
+        after a context overflow, compact and run the turn again (docs/semantics.md §9)."""
         while True:
             try:
                 await self._run_steps()
@@ -325,6 +353,76 @@ class TurnRun:
             except asyncio.CancelledError:
                 if not await self._recover_stall():
                     raise
+            except TurnFailure as failure:
+                if not await self._recover_overflow(failure):
+                    raise
+
+    async def _recover_overflow(self, failure: TurnFailure) -> bool:
+        """Reactive compaction (docs/semantics.md §9): when the turn failed with
+        ``context_overflow`` and reactive compaction is on, not cancelled, within
+        ``overflow_retries`` and compaction can help (the remedy is not only a smaller output
+        reservation), compact; when that shortened the history, discard the partial reply and
+        start the turn again (a new reply id, the same request id; AttemptStart). False: the
+        turn ends in error as it would have."""
+        config = self.settings.compaction
+        compactor = self.compactor
+        if config is None or compactor is None or not config.reactive or self.state.cancelled.is_set():
+            return False
+        self._classification = await self._classify(failure)
+        if self._classification != "context_overflow":
+            return False
+        remedy = overflow_remedy(_root(failure))
+        if remedy == "reduce_max_tokens":
+            log.warning(
+                "turn %s: context overflow that only a smaller max_output_tokens can fix; not compacting",
+                self.request.request_id,
+            )
+            return False
+        if self.overflow_retries >= config.overflow_retries:
+            return False
+        state = self.state
+        compacted = await compactor.compact(
+            "reactive",
+            system=self.settings.system_prompt,
+            view=state.view,
+            keep_from=state.keep_from,
+            current=None,
+            elided_current=frozenset(),
+            attempt=state.attempt,
+            writer=self.writer,
+        )
+        state.usage.add(compacted.usage)
+        if not compacted.shortened or state.cancelled.is_set():
+            return False
+        self.overflow_retries += 1
+        await self._new_attempt_reply()
+        self._classification = None
+        self._attempt_event("CONTEXT_OVERFLOW", appends=False)
+        return True
+
+    async def _new_attempt_reply(self) -> None:
+        """Discard this attempt's partial reply (stored by checkpoints) and give the next attempt
+        a fresh one under a new id. Raises :class:`TurnFailure` (stage ``persist``)."""
+        state = self.state
+        await state.checkpoints.close()  # no checkpoint of the old reply may land after this
+        record = self._record
+        assert record is not None
+        discarded = self.message_id
+        state.attempt += 1
+        self.message_id = attempt_message_id(self.request.request_id, state.attempt)
+        self._record = record = dataclasses.replace(record, assistant_message_id=self.message_id)
+        try:
+            await self.store.discard_reply(record, discarded)
+        except Exception as error:
+            raise TurnFailure("persist", error) from error
+        assistant = AssistantMessage(self.message_id, _now())
+        state.assistant = assistant
+        state.checkpoints = self._checkpointer(assistant)
+        state.steps = []
+        state.compactions = 0
+        state.elided_current = frozenset()
+        state.continue_reply = False
+        state.tools = turn_tools(self._tools, self.request.client_tools)
 
     async def _recover_stall(self) -> bool:
         """After the stall watchdog stopped the steps: start another attempt when stall recovery
@@ -418,7 +516,15 @@ class TurnRun:
             state.assistant.fail_unresolved(ABORTED_TOOL_ERROR)
         # No checkpoint may land after (and overwrite) the final write.
         await state.checkpoints.close()
-        message = state.assistant.finalize()
+        message: message_pb2.Message | None = state.assistant.finalize()
+        if self._overflowed():
+            # An overflow reactive compaction could not recover: its partial reply is never
+            # kept (docs/semantics.md §9); checkpoints may have stored some of it.
+            message = None
+            try:
+                await asyncio.shield(self.store.discard_reply(self._record, self.message_id))
+            except Exception as error:
+                log.error("turn %s: discarding the partial reply failed: %s", self.request.request_id, error)
         error_bytes = None
         if self.outcome == "error" and self.error is not None:
             stage = self.error.stage if isinstance(self.error, TurnFailure) else "turn"
@@ -495,6 +601,16 @@ class TurnRun:
 
     # --- errors ------------------------------------------------------------
 
+    def _overflowed(self) -> bool:
+        """True for a turn that ends in a context overflow with reactive compaction on."""
+        config = self.settings.compaction
+        return (
+            self.outcome == "error"
+            and self._classification == "context_overflow"
+            and config is not None
+            and config.reactive
+        )
+
     def _error_context(self, error: BaseException, stage: ErrorStage) -> ChatErrorContext:
         """The hooks' view of ``error``: a hook's own exception rather than the chain's wrapper,
         with the hook named."""
@@ -560,6 +676,7 @@ class TurnRun:
             providers=self.providers,
             settings=self.settings,
             stop=self.cancel,
+            compactor=self.compactor,
         )
         await loop.run()
 

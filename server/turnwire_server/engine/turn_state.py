@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from turnwire.compaction import CallKey
 from turnwire.hooks import StepFinishContext
 from turnwire.tools import Tool
 from turnwire.types import Usage
@@ -34,6 +35,10 @@ class TurnState:
     run (from 1; a recovery runs 2 and later); ``continue_reply`` is true while a recovery
     continues a stored partial reply and its first step has not finished (the model is
     then asked to continue it, docs/semantics.md §1).
+    ``view`` is the history the model is sent this attempt (compacted: summary, tail, dropped
+    outputs) and ``keep_from`` where this turn's input starts in it; ``elided_current`` the
+    outputs of this reply's own calls the model is no longer sent; ``compactions`` counts the
+    proactive compactions of this attempt (docs/semantics.md §9).
     """
 
     request: TurnRequest
@@ -50,3 +55,7 @@ class TurnState:
     step_messages: Sequence[message_pb2.Message] = ()
     attempt: int = 1
     continue_reply: bool = False
+    view: list[message_pb2.Message] = field(default_factory=list)
+    keep_from: int = 0
+    elided_current: frozenset[CallKey] = frozenset()
+    compactions: int = 0

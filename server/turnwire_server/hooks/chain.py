@@ -25,6 +25,7 @@ from turnwire.hooks import (
     ChatResponseContext,
     ChunkContext,
     Middleware,
+    SessionConfig,
     SessionContext,
     StepConfig,
     StepContext,
@@ -108,13 +109,21 @@ class MiddlewareChain:
         """The hooks as one turn calls them, recording into ``timeline`` when given."""
         return self._untimed if timeline is None else TurnHooks(self, timeline)
 
-    async def configure_session(self, ctx: SessionContext) -> None:
-        """Run every ``configure_session`` once, first to last. Raises :class:`HookError`."""
+    async def configure_session(self, ctx: SessionContext) -> SessionConfig:
+        """Run every ``configure_session`` once, first to last; a later middleware's non-None
+        fields replace an earlier one's. Raises :class:`HookError` (a hook raised, or returned
+        something other than a SessionConfig or None)."""
+        merged = SessionConfig()
         for m in self.forward["configure_session"]:
             try:
-                await m.configure_session(ctx)
+                config = await m.configure_session(ctx)
+                if config is not None and not isinstance(config, SessionConfig):
+                    raise TypeError(f"configure_session returned {type(config).__name__}, not SessionConfig")
             except Exception as error:
                 raise HookError(m.name, "configure_session", error) from error
+            if config is not None and config.compaction is not None:
+                merged = dataclasses.replace(merged, compaction=config.compaction)
+        return merged
 
     def swallowed(self, middleware: Middleware, hook: str, error: BaseException) -> None:
         """Log and count an error that the rules swallow."""

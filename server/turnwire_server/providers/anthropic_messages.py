@@ -382,6 +382,10 @@ def map_anthropic_error(provider: str, error: BaseException) -> ProviderError | 
     return errors.from_sdk_error(provider, error, anthropic)
 
 
+_COUNTED = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config"})
+"""The ``messages.create`` arguments ``messages.count_tokens`` takes too."""
+
+
 class AnthropicMessagesProvider(SdkProvider[anthropic.AsyncAnthropic]):
     """Streams steps from the Anthropic Messages API through ``client`` (an ``AsyncAnthropic``).
 
@@ -419,6 +423,21 @@ class AnthropicMessagesProvider(SdkProvider[anthropic.AsyncAnthropic]):
 
     def _create(self, client: anthropic.AsyncAnthropic) -> OpenStream:
         return client.messages.with_streaming_response.create
+
+    async def count_tokens(self, request: ModelRequest) -> int | None:
+        """The input tokens of ``request`` by the API's ``POST /v1/messages/count_tokens``
+        (``messages.count_tokens``: the same system, messages and tools a step sends). Raises
+        ProviderError as :meth:`stream` does."""
+        kwargs = self._prepare(request).kwargs
+        counted = {k: v for k, v in kwargs.items() if k in _COUNTED}
+        try:
+            result = await self.client.messages.count_tokens(**counted)
+        except Exception as error:
+            mapped = self._map_error(error)
+            if mapped is None:
+                raise
+            raise mapped from error
+        return int(result.input_tokens)
 
     def _map_error(self, error: BaseException) -> ProviderError | None:
         return map_anthropic_error(self.name, error)

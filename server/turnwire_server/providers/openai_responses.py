@@ -334,6 +334,12 @@ class ResponsesDecoder(OpenAIDecoder):
         return out
 
 
+_COUNTED = frozenset(
+    {"instructions", "tools", "tool_choice", "reasoning", "text", "parallel_tool_calls", "truncation"}
+)
+"""The ``responses.create`` fields ``responses.input_tokens.count`` takes too (besides model and input)."""
+
+
 class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
     """Streams steps from the Responses API through ``client`` (an ``AsyncOpenAI``).
 
@@ -368,6 +374,21 @@ class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
 
     def _create(self, client: openai.AsyncOpenAI) -> OpenStream:
         return client.responses.with_streaming_response.create
+
+    async def count_tokens(self, request: ModelRequest) -> int | None:
+        """The input tokens of ``request`` by the API's ``POST /v1/responses/input_tokens``
+        (``responses.input_tokens.count``: the same instructions, input and tools a step sends).
+        Raises ProviderError as :meth:`stream` does."""
+        call = self._prepare(request)
+        counted = {**call.kwargs, **{k: v for k, v in call.extra_body.items() if k in _COUNTED}}
+        try:
+            result = await self.client.responses.input_tokens.count(**counted)
+        except Exception as error:
+            mapped = self._map_error(error)
+            if mapped is None:
+                raise
+            raise mapped from error
+        return int(result.input_tokens)
 
     def _map_error(self, error: BaseException) -> ProviderError | None:
         return map_openai_error(self.name, error)

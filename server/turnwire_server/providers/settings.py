@@ -41,12 +41,17 @@ class _Entry(BaseModel):
 
 class ScriptedProviderSettings(_Entry):
     """The offline scripted model. ``scripts`` maps a script name to its steps; ``record_requests``
-    (a file path) appends every request the model gets as one JSON line, for tests."""
+    (a file path) appends every request the model gets as one JSON line, for tests;
+    ``context_window`` (tokens) makes it refuse a request whose input is larger, as a real
+    model does (Anthropic's ``prompt is too long`` error), to try context compaction offline."""
 
     type: Literal["scripted"] = "scripted"
     scripts: dict[str, list[ScriptStep]] = Field(default_factory=dict)
     record_requests: str | None = Field(
         None, description="append each model request as a JSON line to this file (tests)"
+    )
+    context_window: int | None = Field(
+        None, ge=1, description="input tokens above which a request fails with a context overflow"
     )
 
 
@@ -140,7 +145,9 @@ def build_provider(
     if isinstance(settings, ScriptedProviderSettings):
         from turnwire.testing import ScriptedProvider
 
-        return ScriptedProvider(settings.scripts, record_path=settings.record_requests)
+        return ScriptedProvider(
+            settings.scripts, record_path=settings.record_requests, context_window=settings.context_window
+        )
     key = _api_key(name, settings, env)
     common: dict[str, Any] = {
         "api_key": key,

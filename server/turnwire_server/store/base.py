@@ -287,6 +287,30 @@ class TurnRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class CompactionRecord:
+    """The latest compaction of a conversation's history (docs/semantics.md §9): what the model
+    is sent instead of the stored messages, which never change.
+
+    The model sees ``summary`` (None: no summary) in place of the messages up to and including
+    ``through_message_id`` (``""`` with no summary), then the messages after it, with the
+    outputs of the tool calls ``elided_calls`` (``(message id, tool call id)`` pairs) replaced
+    by a placeholder. ``reason`` is
+    ``reactive``, ``proactive`` or ``threshold``; ``strategy`` the strategy's name;
+    ``tokens_before`` / ``tokens_after`` the counted tokens of the view before and after.
+    """
+
+    conversation_id: str
+    through_message_id: str
+    summary: message_pb2.Message | None
+    elided_calls: tuple[tuple[str, str], ...]
+    reason: str
+    strategy: str
+    tokens_before: int
+    tokens_after: int
+    create_time: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
 class StreamRecord:
     """A turn's stored event stream (for ResumeTurn). Times tz-aware UTC.
 
@@ -403,6 +427,24 @@ class Store(Protocol):
         Raises :class:`TurnNotFound` (storing nothing) when no turn ``turn.request_id`` is
         recorded, e.g. because its conversation was deleted while it ran.
         """
+        ...
+
+    async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
+        """Durably remove the partial reply ``message_id`` of ``turn`` (an overflowed attempt's,
+        docs/semantics.md §9: never kept) and record ``turn.assistant_message_id`` (the next
+        attempt's reply id) and ``turn.recovery_count``; one transaction. A missing message is
+        not an error. Raises :class:`TurnNotFound` (changing nothing) when no turn
+        ``turn.request_id`` is recorded."""
+        ...
+
+    async def save_compaction(self, record: CompactionRecord) -> None:
+        """Durably make ``record`` its conversation's compaction (replacing the previous one).
+        A no-op when the conversation no longer exists (it was deleted meanwhile)."""
+        ...
+
+    async def load_compaction(self, conversation_id: str) -> CompactionRecord | None:
+        """The conversation's latest compaction, None when it has none. Raises
+        :class:`StoreCorrupted` when it cannot be decoded."""
         ...
 
     async def answer_tool_calls(

@@ -32,11 +32,13 @@ import psycopg_pool
 from psycopg import errors as pg_errors
 
 from turnwire_client.v1 import message_pb2
+from turnwire_server.store import postgres_compactions as compaction_writes
 from turnwire_server.store import postgres_writes as writes
 from turnwire_server.store.base import (
     AddMode,
     AddResult,
     AnsweredToolCalls,
+    CompactionRecord,
     ConversationRecord,
     StoreCorrupted,
     StoreError,
@@ -52,8 +54,11 @@ from turnwire_server.store.postgres_replicas import CANCEL_CHANNEL, EVENTS_CHANN
 from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
 from turnwire_server.store.postgres_writes import Conn
 from turnwire_server.store.sqlite_rows import (
+    COMPACTION_COLUMNS,
     TURN_COLUMNS,
     check_turn,
+    compaction_from_row,
+    compaction_params,
     conversation_from_row,
     decode_page_token,
     encode_page_token,
@@ -392,6 +397,34 @@ class PostgresStore:
         Raises :class:`StoreCorrupted` for a message that cannot be decoded."""
         rows = await self._read("load_messages", writes.LOAD_MESSAGES_SQL, (conversation_id,))
         return writes.messages_from_rows(conversation_id, rows)
+
+    async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
+        """Remove the partial reply ``message_id`` and record ``turn``'s new reply id, one
+        transaction; see :meth:`~turnwire_server.store.base.Store.discard_reply`. Raises
+        :class:`TurnNotFound`."""
+        await self._write(
+            f"discard_reply({turn.request_id!r})",
+            lambda conn, now_us: compaction_writes.discard_reply(conn, turn, message_id, now_us),
+            conversation_id=turn.conversation_id,
+        )
+
+    async def save_compaction(self, record: CompactionRecord) -> None:
+        """Replace the conversation's compaction (a no-op once the conversation is gone)."""
+        compaction_params(record)  # invalid values fail here, before a connection is taken
+        await self._write(
+            f"save_compaction({record.conversation_id!r})",
+            lambda conn, _: compaction_writes.save_compaction(conn, record),
+            conversation_id=record.conversation_id,
+        )
+
+    async def load_compaction(self, conversation_id: str) -> CompactionRecord | None:
+        """The conversation's compaction, None when none. Raises :class:`StoreCorrupted`."""
+        rows = await self._read(
+            "load_compaction",
+            f"SELECT {COMPACTION_COLUMNS} FROM compactions WHERE conversation_id = %s",
+            (conversation_id,),
+        )
+        return compaction_from_row(rows[0]) if rows else None
 
     async def running_turns(self) -> list[TurnRecord]:
         """Turns whose state is ``running``, oldest start first."""

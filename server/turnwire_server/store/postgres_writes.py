@@ -475,6 +475,7 @@ _CONVERSATION_TABLES: Final = (
     " (SELECT request_id FROM turn_streams WHERE conversation_id = %s)",
     "DELETE FROM turn_streams WHERE conversation_id = %s",
     "DELETE FROM submissions WHERE conversation_id = %s",
+    "DELETE FROM compactions WHERE conversation_id = %s",
     "DELETE FROM parts WHERE conversation_id = %s",
     "DELETE FROM messages WHERE conversation_id = %s",
     "DELETE FROM turns WHERE conversation_id = %s",

@@ -27,6 +27,7 @@ from turnwire_server.store.base import (
     AddMode,
     AddResult,
     AnsweredToolCalls,
+    CompactionRecord,
     ConversationRecord,
     StoreCorrupted,
     StoreError,
@@ -38,11 +39,14 @@ from turnwire_server.store.base import (
     TurnRecord,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
+from turnwire_server.store.sqlite_compactions import discard_reply_write, save_compaction_write
 from turnwire_server.store.sqlite_migrations import Migration, load_migrations
 from turnwire_server.store.sqlite_rows import (
+    COMPACTION_COLUMNS,
     DB_ERRORS,
     LOAD_MESSAGES_SQL,
     TURN_COLUMNS,
+    compaction_from_row,
     conversation_from_row,
     decode_page_token,
     encode_page_token,
@@ -242,6 +246,26 @@ class SqliteStore:
         """All messages of the conversation in append order ([] when none or no conversation)."""
         rows = await self._read("load_messages", LOAD_MESSAGES_SQL, (conversation_id,))
         return messages_from_rows(conversation_id, rows)
+
+    async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
+        """Remove the partial reply ``message_id`` and record ``turn``'s new reply id; see
+        :meth:`~turnwire_server.store.base.Store.discard_reply`. Raises :class:`TurnNotFound`."""
+        apply = discard_reply_write(turn, message_id)
+        await self._writer.submit(apply, f"discard_reply({turn.request_id!r})", urgent=True)
+
+    async def save_compaction(self, record: CompactionRecord) -> None:
+        """Replace the conversation's compaction (a no-op once the conversation is gone)."""
+        apply = save_compaction_write(record)
+        await self._writer.submit(apply, f"save_compaction({record.conversation_id!r})", urgent=True)
+
+    async def load_compaction(self, conversation_id: str) -> CompactionRecord | None:
+        """The conversation's compaction, None when none. Raises :class:`StoreCorrupted`."""
+        rows = await self._read(
+            "load_compaction",
+            f"SELECT {COMPACTION_COLUMNS} FROM compactions WHERE conversation_id = ?",
+            (conversation_id,),
+        )
+        return compaction_from_row(rows[0]) if rows else None
 
     async def running_turns(self) -> list[TurnRecord]:
         """Turns whose state is ``running``, oldest start first."""

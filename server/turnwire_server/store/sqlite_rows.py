@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import json
 import re
 import sqlite3
 import struct
@@ -21,6 +22,7 @@ from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import (
+    CompactionRecord,
     ConversationRecord,
     InvalidPageToken,
     StoreCorrupted,
@@ -30,6 +32,7 @@ from turnwire_server.store.base import (
 )
 
 __all__ = [
+    "COMPACTION_COLUMNS",
     "DB_ERRORS",
     "LOAD_MESSAGES_SQL",
     "TURN_COLUMNS",
@@ -37,6 +40,8 @@ __all__ = [
     "WriteFn",
     "build_message",
     "check_turn",
+    "compaction_from_row",
+    "compaction_params",
     "conversation_from_row",
     "decode_page_token",
     "encode_page_token",
@@ -247,6 +252,61 @@ def conversation_from_row(row: Any) -> ConversationRecord:
         create_time=_from_us(row[1]),
         update_time=_from_us(row[2]),
         message_count=row[3],
+    )
+
+
+# --------------------------------------------------------------------------- compactions
+
+COMPACTION_COLUMNS: Final = (
+    "conversation_id, through_message_id, summary, elided_calls, reason, strategy,"
+    " tokens_before, tokens_after, create_time"
+)
+"""The ``compactions`` columns, in the order of :func:`compaction_params` and
+:func:`compaction_from_row`."""
+
+
+def compaction_params(record: CompactionRecord) -> tuple[Any, ...]:
+    """``record`` as the values of :data:`COMPACTION_COLUMNS`. Raises :class:`ValueError` for an
+    invalid create_time."""
+    return (
+        record.conversation_id,
+        record.through_message_id,
+        record.summary.SerializeToString() if record.summary is not None else None,
+        json.dumps([list(pair) for pair in record.elided_calls]),
+        record.reason,
+        record.strategy,
+        record.tokens_before,
+        record.tokens_after,
+        to_us(record.create_time, "create_time"),
+    )
+
+
+def compaction_from_row(row: Any) -> CompactionRecord:
+    """A ``compactions`` row (:data:`COMPACTION_COLUMNS`) as a record. Raises
+    :class:`StoreCorrupted` when its summary or call list cannot be decoded."""
+    summary = None
+    try:
+        if row[2] is not None:
+            summary = message_pb2.Message.FromString(bytes(row[2]))
+        elided = json.loads(row[3])
+        if not isinstance(elided, list) or not all(
+            isinstance(c, list) and len(c) == 2 and all(isinstance(i, str) for i in c) for c in elided
+        ):
+            raise ValueError("elided_calls is not a list of [message id, tool call id] pairs")
+    except (DecodeError, ValueError) as error:
+        raise StoreCorrupted(
+            f"the compaction of conversation {row[0]!r} cannot be decoded: {error}"
+        ) from error
+    return CompactionRecord(
+        conversation_id=row[0],
+        through_message_id=row[1],
+        summary=summary,
+        elided_calls=tuple((message_id, call_id) for message_id, call_id in elided),
+        reason=row[4],
+        strategy=row[5],
+        tokens_before=row[6],
+        tokens_after=row[7],
+        create_time=_from_us(row[8]),
     )
 
 

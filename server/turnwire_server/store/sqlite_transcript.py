@@ -46,6 +46,7 @@ _CONVERSATION_TABLES: Final = (
     " (SELECT request_id FROM turn_streams WHERE conversation_id = ?)",
     "DELETE FROM turn_streams WHERE conversation_id = ?",
     "DELETE FROM submissions WHERE conversation_id = ?",
+    "DELETE FROM compactions WHERE conversation_id = ?",
     "DELETE FROM parts WHERE conversation_id = ?",
     "DELETE FROM messages WHERE conversation_id = ?",
     "DELETE FROM turns WHERE conversation_id = ?",

@@ -77,6 +77,8 @@ class _CompactionReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Comp
     """After the provider said the context window overflowed."""
     COMPACTION_REASON_PROACTIVE: _CompactionReason.ValueType  # 2
     """Before a step whose input approached the window."""
+    COMPACTION_REASON_THRESHOLD: _CompactionReason.ValueType  # 3
+    """Between turns: the history passed the configured `compact_after` tokens."""
 
 class CompactionReason(_CompactionReason, metaclass=_CompactionReasonEnumTypeWrapper):
     """CompactionReason says why the history was compacted."""
@@ -87,6 +89,8 @@ COMPACTION_REASON_REACTIVE: CompactionReason.ValueType  # 1
 """After the provider said the context window overflowed."""
 COMPACTION_REASON_PROACTIVE: CompactionReason.ValueType  # 2
 """Before a step whose input approached the window."""
+COMPACTION_REASON_THRESHOLD: CompactionReason.ValueType  # 3
+"""Between turns: the history passed the configured `compact_after` tokens."""
 Global___CompactionReason: _TypeAlias = CompactionReason  # noqa: Y015
 
 class _TurnStatus:
@@ -755,11 +759,15 @@ class AttemptStart(_message.Message):
     attempt: _builtins.int
     """The attempt, from 2."""
     message_id: _builtins.str
-    """The assistant message the attempt writes."""
+    """The assistant message the attempt writes: a new id when the turn runs again
+    after a context overflow (the previous attempt's partial reply is discarded).
+    """
     appends: _builtins.bool
     """True when it continues the stored partial reply."""
     reason: _builtins.str
-    """Why the previous attempt ended (`STREAM_STALLED`, `SERVER_RESTARTED`)."""
+    """Why the previous attempt ended (`STREAM_STALLED`, `SERVER_RESTARTED`,
+    `CONTEXT_OVERFLOW`: it overflowed the context window and the history was compacted).
+    """
     @_builtins.property
     def message(self) -> _message_pb2.Message:
         """The reply as stored when the attempt started (when `appends`)."""
@@ -827,8 +835,11 @@ Global___StepFinish: _TypeAlias = StepFinish  # noqa: Y015
 
 @_typing.final
 class ContextCompacted(_message.Message):
-    """ContextCompacted says the history sent to the model was compacted.
-    Not emitted yet: context-overflow compaction is planned (docs/semantics.md §9).
+    """ContextCompacted says the history sent to the model was compacted
+    (docs/semantics.md §9). The stored messages are unchanged: the model is sent
+    a summary and the recent tail, or the history with its oldest tool outputs
+    dropped. A reactive compaction that shortened the history is followed by an
+    AttemptStart: the turn runs again.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -836,22 +847,36 @@ class ContextCompacted(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     SHORTENED_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    TOKENS_BEFORE_FIELD_NUMBER: _builtins.int
+    TOKENS_AFTER_FIELD_NUMBER: _builtins.int
+    STRATEGY_FIELD_NUMBER: _builtins.int
     reason: Global___CompactionReason.ValueType
     """Why."""
     shortened: _builtins.bool
-    """Whether the compaction shortened the history."""
+    """Whether the compaction shortened the history. False ends a reactive
+    recovery (the turn fails); a proactive one goes on with the history as it was.
+    """
     attempt: _builtins.int
     """The attempt (1-based) the compaction belongs to."""
+    tokens_before: _builtins.int
+    """Input tokens of the history before, as the session's token counter counts them."""
+    tokens_after: _builtins.int
+    """Input tokens after (equal to `tokens_before` when nothing was shortened)."""
+    strategy: _builtins.str
+    """The strategy that ran (`summarize`, `drop_tool_outputs`, or a custom one's name)."""
     def __init__(
         self,
         *,
         reason: Global___CompactionReason.ValueType = ...,
         shortened: _builtins.bool = ...,
         attempt: _builtins.int = ...,
+        tokens_before: _builtins.int = ...,
+        tokens_after: _builtins.int = ...,
+        strategy: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "reason", b"reason", "shortened", b"shortened"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "reason", b"reason", "shortened", b"shortened", "strategy", b"strategy", "tokens_after", b"tokens_after", "tokens_before", b"tokens_before"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
