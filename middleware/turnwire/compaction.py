@@ -231,7 +231,6 @@ class SummarizeOlder:
         summary.parts.add().text.text = self.summary_prefix + text
         return CompactionResult(replaced=cut, summary=summary)
 
-
     async def _fitting(
         self,
         ctx: CompactionContext,

@@ -284,9 +284,9 @@ class ScriptedProvider:
     appended to that file as one JSON line (``model``, ``step_number``, ``system``, ``tools``
     by name, ``messages`` in protobuf's JSON form), so a test can see what the model was
     told. ``context_window`` (tokens): a request whose input (estimated as
-    :class:`turnwire.compaction.EstimateTokens` does) is larger fails with :func:`overflow_error` before any output. Raises
-    :class:`ProviderError` (status 404) for an unknown script name, and whatever error a step
-    scripts.
+    :class:`turnwire.compaction.EstimateTokens` does) is larger fails with
+    :func:`overflow_error` before any output. Raises :class:`ProviderError` (status 404) for
+    an unknown script name, and whatever error a step scripts.
     """
 
     name = "scripted"

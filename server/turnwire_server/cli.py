@@ -181,7 +181,7 @@ def demo(
         bool,
         typer.Option(
             "--overflow",
-            help="Give the model a small context window and turn on compaction: a turn overflows and recovers.",
+            help="A small context window and compaction on: a turn overflows and recovers.",
         ),
     ] = False,
 ) -> None:

@@ -101,7 +101,7 @@ async def run_demo(workdir: Path, *, overflow: bool = False) -> int:
     target = f"127.0.0.1:{free_port()}"
     log_path = workdir / ("turnwire-overflow-demo.log" if overflow else "turnwire-demo.log")
     config: list[str] = []
-    messages = DEMO_MESSAGES
+    messages: tuple[str, ...] = DEMO_MESSAGES
     if overflow:
         config_path = workdir / "turnwire-overflow-demo.yaml"
         config_path.write_text(OVERFLOW_CONFIG)
