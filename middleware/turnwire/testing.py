@@ -24,6 +24,7 @@ import orjson
 from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field
 
+from turnwire.error_classes import never_retryable
 from turnwire.providers import ModelRequest, ProviderError
 from turnwire.types import (
     FinishReason,
@@ -69,7 +70,9 @@ class ScriptedError(BaseModel):
     code: str = ""
     retryable: bool = False
     retry_after_seconds: float | None = None
-    after_chunks: int = Field(0, ge=0, description="chunks to stream before failing")
+    after_chunks: int = Field(
+        0, ge=0, description="chunks to stream before failing (more than 0: the error is in_stream)"
+    )
 
 
 class ScriptedUsage(BaseModel):
@@ -288,7 +291,7 @@ class ScriptedProvider:
         async def pace() -> None:
             nonlocal sent
             if step.error is not None and sent >= step.error.after_chunks:
-                raise ProviderError(
+                error = ProviderError(
                     step.error.message,
                     status=step.error.status,
                     type=step.error.type,
@@ -297,7 +300,11 @@ class ScriptedProvider:
                     retry_after_seconds=step.error.retry_after_seconds,
                     provider=self.name,
                     body={"error": {"type": step.error.type, "message": step.error.message}},
+                    in_stream=step.error.after_chunks > 0,
                 )
+                # The adapters' rule: an overflow or a fatal error is never retryable.
+                error.retryable = error.retryable and not never_retryable(error)
+                raise error
             sent += 1
             if delay:
                 await asyncio.sleep(delay)

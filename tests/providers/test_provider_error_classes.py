@@ -29,6 +29,7 @@ from providers.helpers import (
 )
 from providers.replay import ReplayServer, Reply
 from providers.test_provider_errors import ENTRIES, _adapter_for, _reply
+from turnwire.error_classes import classify_error, classify_fields
 from turnwire.providers import ProviderError
 from turnwire_server.api.status import status_error_of
 from turnwire_server.providers import errors
@@ -126,7 +127,7 @@ async def test_each_error_gets_its_class_and_its_status(
     extra = entry_id.startswith("X")
     error = await (_extra_error if extra else _shared_error)(entry, replay, adapters)
     expected = entry["expected_classification"]
-    assert errors.classify(error) == expected, (entry_id, error)
+    assert classify_error(error) == expected, (entry_id, error)
     code, info, retry = _details(error)
     assert info.metadata["provider_error_class"] == expected
     if expected in CODE:
@@ -142,17 +143,17 @@ async def test_each_error_gets_its_class_and_its_status(
 def test_structured_fields_win_over_the_message() -> None:
     """The same words, different structured fields, different classes."""
     quota_words = "You exceeded your current quota, please check your plan and billing details."
-    assert errors.classify_fields(429, "RESOURCE_EXHAUSTED", "", quota_words) == "quota_or_billing"
+    assert classify_fields(429, "RESOURCE_EXHAUSTED", "", quota_words) == "quota_or_billing"
     hinted = {
         "error": {"details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "3s"}]}
     }
-    assert errors.classify_fields(429, "RESOURCE_EXHAUSTED", "", quota_words, hinted) == "rate_limit"
+    assert classify_fields(429, "RESOURCE_EXHAUSTED", "", quota_words, hinted) == "rate_limit"
     overflow_words = "Please reduce the length of the messages or completion."
-    assert errors.classify_fields(
-        400, "invalid_request_error", "context_length_exceeded", overflow_words
-    ) == ("context_overflow")
-    assert errors.classify_fields(429, "rate_limit_error", "", "reduce the prompt length") == "rate_limit"
-    assert errors.classify_fields(400, "", "", "the request exceeds the available context size") == (
+    assert classify_fields(400, "invalid_request_error", "context_length_exceeded", overflow_words) == (
+        "context_overflow"
+    )
+    assert classify_fields(429, "rate_limit_error", "", "reduce the prompt length") == "rate_limit"
+    assert classify_fields(400, "", "", "the request exceeds the available context size") == (
         "context_overflow"
     )
 
