@@ -153,9 +153,11 @@ _MAX_OUTPUT_TEXT = re.compile(
 # OpenRouter "maximum context length"; llama.cpp, Ollama "exceeds the available context size", "the
 # prompt is longer than the context length", "prompt too long; exceeded max context length"; Google
 # "input token count exceeds"; xAI "maximum prompt length"; Mistral "too large for model with N
-# maximum context length"; Together "longer than the model's context length".
+# maximum context length"; Together "longer than the model's context length", and (text-generation-
+# inference) "`inputs` tokens + `max_new_tokens` must be <= N".
 _OVERFLOW_TEXT = re.compile(
     r"prompt is too long|input is too long|context (?:length|window|size|limit)|maximum prompt length"
+    r"|tokens \+ `?max_new_tokens`? must be <="
     r"|input token count\b.{0,20}exceeds|(?:input|prompt) (?:length|tokens?)\b.{0,30}exceeds? the"
     r"|too many tokens in (?:the )?(?:prompt|input|messages)",
     re.IGNORECASE,
@@ -342,6 +344,13 @@ _TOKEN_WORDINGS = tuple(
         # llama.cpp server (tools/server), and Ollama passing its runner's error on: "request (P
         # tokens) exceeds the available context size (W tokens), try increasing it"
         rf"request \((?P<p>{_N}) tokens\) exceeds the available context size \((?P<w>{_N}) tokens\)",
+        # vLLM V1 engine (vllm-project/vllm#12165): "The prompt (total length P) is too long to fit into
+        # the model (context length W)."
+        rf"prompt \(total length (?P<p>{_N})\) is too long to fit into the model"
+        rf" \(context length (?P<w>{_N})\)",
+        # text-generation-inference (Together, Hugging Face): "`inputs` tokens + `max_new_tokens` must
+        # be <= W. Given: P `inputs` tokens and C `max_new_tokens`"
+        rf"must be <= (?P<w>{_N})\. Given: (?P<p>{_N}) `?inputs`? tokens and (?P<c>{_N}) `?max_new_tokens",
         # Ollama (older): "input length exceeds maximum context length (P > W)"
         rf"context length \((?P<p>{_N}) > (?P<w>{_N})\)",
     )
