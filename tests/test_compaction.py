@@ -26,7 +26,6 @@ from turnwire.compaction import (
     user_boundaries,
 )
 from turnwire.hooks import ChatErrorContext, ChatResponseContext, Middleware
-from turnwire.middlewares.error_classifier import ErrorClassifier
 from turnwire.testing import ScriptedToolCall, ScriptedUsage, ScriptStep
 from turnwire.tools import ToolExecution
 from turnwire_client.v1 import event_pb2, message_pb2
@@ -105,8 +104,8 @@ def model_calls(h: Harness, model: str = "main") -> int:
 
 
 async def engine(make_engine: EngineFactory, config: CompactionConfig, **kwargs: Any) -> Harness:
-    middlewares = [ErrorClassifier(), *kwargs.pop("middlewares", [])]
-    return await make_engine(compaction=config, middlewares=middlewares, **kwargs)
+    # No classifier listed: the default ErrorClassifier is in every chain.
+    return await make_engine(compaction=config, **kwargs)
 
 
 # --------------------------------------------------------------------------- reactive

@@ -687,6 +687,92 @@ async def test_classify_chat_error_first_non_none_wins_last_to_first(make_engine
     assert seen == [(n, "rate_limit") for n in ("m4", "m3", "m2", "m1")]
 
 
+# --------------------------------------------------------------------------- the default classifier
+
+OVERFLOW = {
+    "main": [
+        ScriptStep(
+            error=ScriptedError(
+                message="prompt is too long: 210000 tokens > 200000 maximum",
+                status=400,
+                type="invalid_request_error",
+            )
+        )
+    ]
+}
+
+
+class Seen(Middleware):
+    """Records the classification ``on_chat_error`` gets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.classifications: list[Any] = []
+
+    async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
+        self.classifications.append(ctx.classification)
+        return ctx.error
+
+
+class Gateway(Middleware):
+    """A user's classifier: its gateway's overflows are transient; everything else is left to others."""
+
+    async def classify_chat_error(self, ctx: ChatErrorContext) -> Any:
+        return "transient" if "prompt is too long" in str(ctx.error) else None
+
+
+async def test_the_default_chain_classifies_an_overflow(
+    make_engine: EngineFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No middleware configured: the chain holds the default classifier alone, and a provider's
+    overflow is classified ``context_overflow`` (the failed turn's record carries it)."""
+    h = await make_engine(scripts=OVERFLOW)
+    assert [m.name for m in h.chain.middlewares] == ["error_classifier"]
+    end = end_of(await h.run())
+    assert end.status == event_pb2.TURN_STATUS_ERROR
+    (failed,) = [r for r in caplog.records if getattr(r, "event", None) == "chat:request:failed"]
+    assert failed.__dict__["classification"] == "context_overflow"
+
+
+@pytest.mark.parametrize(
+    ("listed", "expected"),
+    [
+        ("gateway", "transient"),  # a user's classifier wins where it answers
+        ("abstaining", "context_overflow"),  # and leaves what it does not answer to the default
+        ("gateway, default", "context_overflow"),  # the default placed after it is asked first
+        ("default, gateway", "transient"),
+        ("subclass", "fatal"),  # a subclass replaces the default
+    ],
+)
+async def test_a_user_classifier_overrides_the_default(
+    make_engine: EngineFactory, listed: str, expected: str
+) -> None:
+    from turnwire.middlewares import ErrorClassifier
+
+    class Abstaining(Middleware):
+        async def classify_chat_error(self, ctx: ChatErrorContext) -> Any:
+            return None
+
+    class Stricter(ErrorClassifier):
+        async def classify_chat_error(self, ctx: ChatErrorContext) -> Any:
+            coarse = await super().classify_chat_error(ctx)
+            return "fatal" if coarse == "context_overflow" else coarse
+
+    seen = Seen()
+    make = {
+        "gateway": Gateway,
+        "abstaining": Abstaining,
+        "default": ErrorClassifier,
+        "subclass": Stricter,
+    }
+    middlewares = [make[name.strip()]() for name in listed.split(",")]
+    h = await make_engine(scripts=OVERFLOW, middlewares=[seen, *middlewares])
+    classifiers = [m for m in h.chain.middlewares if isinstance(m, ErrorClassifier)]
+    assert len(classifiers) == 1  # never a second default beside one the user placed
+    end_of(await h.run())
+    assert seen.classifications == [expected]
+
+
 # --------------------------------------------------------------------------- merge rules
 
 

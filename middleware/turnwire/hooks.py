@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from turnwire.compaction import CompactionConfig
+
+# Re-exported: part of the hook contract (defined beside the classifier to keep imports acyclic).
+from turnwire.error_classes import ChatErrorClassification as ChatErrorClassification  # noqa: PLC0414
 from turnwire.tools import Tool
 from turnwire.types import FinishReason, ModelChunk, ModelSettings, ToolChoice, Usage
 from turnwire.types import ToolCall as ModelToolCall
@@ -38,8 +41,6 @@ from turnwire_client.v1 import message_pb2
 ErrorStage = Literal["parse", "persist", "turn", "step", "stream", "recovery"]
 """Where a turn failed (ChatErrorContext.stage)."""
 
-ChatErrorClassification = Literal["context_overflow", "rate_limit", "transient", "fatal", "unknown"]
-"""What ``classify_chat_error`` may return."""
 
 TurnOutcome = Literal["completed", "error", "aborted"]
 """ChatResponseContext.status."""

@@ -49,7 +49,11 @@ class ProviderError(Exception):
     dropped connection), ``type``/``code`` the provider's own error type and
     code, ``retryable`` whether the same request may succeed later,
     ``retry_after_seconds`` how long to wait when the provider said so, ``body`` the raw
-    error body for ``classify_chat_error``.
+    error body for ``classify_chat_error``, ``in_stream`` whether it arrived inside a stream: in
+    the body of a 2xx response the provider had already begun (an error event, a stream cut short
+    or unreadable, a connection dropped while reading it) rather than as an error status before
+    any output. :mod:`turnwire.error_classes` reads these fields: the class, the coarse
+    classification and the overflow remedy of an error.
     """
 
     def __init__(
@@ -63,6 +67,7 @@ class ProviderError(Exception):
         retry_after_seconds: float | None = None,
         body: Any = None,
         provider: str = "",
+        in_stream: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -73,6 +78,7 @@ class ProviderError(Exception):
         self.retry_after_seconds = retry_after_seconds
         self.body = body
         self.provider = provider
+        self.in_stream = in_stream
 
 
 @runtime_checkable

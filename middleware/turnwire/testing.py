@@ -25,6 +25,7 @@ from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field
 
 from turnwire.compaction import EstimateTokens
+from turnwire.error_classes import never_retryable
 from turnwire.providers import ModelRequest, ProviderError
 from turnwire.types import (
     FinishReason,
@@ -71,7 +72,9 @@ class ScriptedError(BaseModel):
     code: str = ""
     retryable: bool = False
     retry_after_seconds: float | None = None
-    after_chunks: int = Field(0, ge=0, description="chunks to stream before failing")
+    after_chunks: int = Field(
+        0, ge=0, description="chunks to stream before failing (more than 0: the error is in_stream)"
+    )
 
 
 class ScriptedUsage(BaseModel):
@@ -332,7 +335,7 @@ class ScriptedProvider:
         async def pace() -> None:
             nonlocal sent
             if step.error is not None and sent >= step.error.after_chunks:
-                raise ProviderError(
+                error = ProviderError(
                     step.error.message,
                     status=step.error.status,
                     type=step.error.type,
@@ -341,7 +344,11 @@ class ScriptedProvider:
                     retry_after_seconds=step.error.retry_after_seconds,
                     provider=self.name,
                     body={"error": {"type": step.error.type, "message": step.error.message}},
+                    in_stream=step.error.after_chunks > 0,
                 )
+                # The adapters' rule: an overflow or a fatal error is never retryable.
+                error.retryable = error.retryable and not never_retryable(error)
+                raise error
             sent += 1
             if delay:
                 await asyncio.sleep(delay)

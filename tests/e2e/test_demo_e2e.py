@@ -27,3 +27,24 @@ def test_the_demo_calls_tools_and_stops_the_sidecar_cleanly(tmp_path: Path) -> N
     assert "= 294." in output  # (12 + 30) * 7, computed by the calculator tool
     assert "sidecar stopped cleanly" in output
     assert (tmp_path / "turnwire.db").exists()
+
+
+def test_the_overflow_demo_recovers_a_turn_that_outgrew_the_window(tmp_path: Path) -> None:
+    """``turnwire demo --overflow`` (the README's context-overflow demo): the scripted model's
+    small window overflows on a later turn, which is compacted and run again; every turn
+    completes and the stored transcript keeps every message."""
+    result = subprocess.run(
+        [sys.executable, "-m", "turnwire_server", "demo", "--overflow"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "(context compacted, reactive, summarize:" in output
+    assert "(attempt 2 after context overflow: starting the reply over)" in output
+    assert output.count("COMPLETED ·") == 5 and "ERROR" not in output
+    assert "10 messages" in output  # five questions, five replies: nothing lost, no partial kept
+    assert (tmp_path / "turnwire-overflow-demo.db").exists()

@@ -24,7 +24,6 @@ import pytest
 from providers.helpers import a_text_stream, c_text_stream, r_text_stream
 from providers.replay import ReplayServer, Reply
 from turnwire.compaction import CompactionConfig, DropOldestToolOutputs, SummarizeOlder
-from turnwire.middlewares.error_classifier import ErrorClassifier
 from turnwire.providers import Provider
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.api.status import status_of
@@ -82,7 +81,7 @@ async def rig(
             store=store,
             providers=ProviderRegistry({provider.name: provider}),
             tools={},
-            chain=MiddlewareChain([ErrorClassifier()]),
+            chain=MiddlewareChain([]),  # the default ErrorClassifier only
             settings=EngineSettings(default_model=f"{provider.name}:m", compaction=config),
             error_status=status_of,
         )

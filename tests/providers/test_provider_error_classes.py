@@ -1,9 +1,11 @@
-"""Provider errors decided from structured fields first (docs/semantics.md §11), replayed through the
-official SDKs: every entry of the shared ``provider_errors.json`` and of our own
-``cases_extra/provider_errors_extra.json`` gets its expected class, and one class maps to one gRPC
-status whatever the shape of the body (an overflow as a 400, 413, 422, 500, 503 or inside a 200 stream
-is INVALID_ARGUMENT, never retryable). Also: details a provider sends with a stop reason (a refusal's
-category and explanation) are kept in the step's provider metadata."""
+"""Provider errors decided from structured fields first (docs/semantics.md §3, §11), replayed through
+the official SDKs: every entry of the shared ``provider_errors.json`` and of our own
+``cases_extra/provider_errors_extra.json`` gets its expected class from ``turnwire.error_classes``, its
+coarse classification from the default ``classify_chat_error`` (``ErrorClassifier``), its overflow
+remedy, ``in_stream`` exactly when it arrived inside a stream, and one class maps to one gRPC status and
+one "retryable" whatever the shape of the body (an overflow as a 400, 413, 422, 500, 503 or inside a 200
+stream is INVALID_ARGUMENT, never retryable). Also: details a provider sends with a stop reason (a
+refusal's category and explanation) are kept in the step's provider metadata."""
 
 from __future__ import annotations
 
@@ -29,6 +31,15 @@ from providers.helpers import (
 )
 from providers.replay import ReplayServer, Reply
 from providers.test_provider_errors import ENTRIES, _adapter_for, _reply
+from turnwire.error_classes import (
+    classify_error,
+    classify_fields,
+    finish_overflows,
+    overflow_remedy,
+    overflow_tokens,
+)
+from turnwire.hooks import ChatErrorContext
+from turnwire.middlewares import ErrorClassifier
 from turnwire.providers import ProviderError
 from turnwire_server.api.status import status_error_of
 from turnwire_server.providers import errors
@@ -56,6 +67,22 @@ CODE = {
 """One gRPC status per class (api/status.py ``_provider_status``)."""
 
 NEVER_RETRYABLE = {"context_overflow", "max_output_tokens_invalid", "request_too_large", "quota_or_billing"}
+
+TRANSIENT = {"overloaded", "server_error", "transient"}
+FATAL = {
+    "quota_or_billing",
+    "max_output_tokens_invalid",
+    "request_too_large",
+    "invalid_request_transcript",
+    "invalid_request",
+    "authentication",
+    "not_found",
+    "invalid_response",
+    "server_capacity",
+}
+"""The documented coarse classes (turnwire/middlewares/error_classifier.py): the rest map to themselves."""
+
+REMEDIES = {"compact", "reduce_max_tokens", "compact_or_reduce_max_tokens"}
 
 
 async def _shared_error(
@@ -126,7 +153,7 @@ async def test_each_error_gets_its_class_and_its_status(
     extra = entry_id.startswith("X")
     error = await (_extra_error if extra else _shared_error)(entry, replay, adapters)
     expected = entry["expected_classification"]
-    assert errors.classify(error) == expected, (entry_id, error)
+    assert classify_error(error) == expected, (entry_id, error)
     code, info, retry = _details(error)
     assert info.metadata["provider_error_class"] == expected
     if expected in CODE:
@@ -137,22 +164,78 @@ async def test_each_error_gets_its_class_and_its_status(
         assert error.retryable
         assert error.retry_after_seconds == entry["expected_retry_after_seconds"]
         assert retry == entry["expected_retry_after_seconds"]
+    # Whether it came inside a stream (an error event, a line that is not JSON, a stream cut short).
+    assert error.in_stream is (entry["transport"] != "http_response"), entry_id
+    # The coarse classification, from the default classifier, with a real ChatErrorContext.
+    ctx = ChatErrorContext("c1", "r1", error, "stream", messages_persisted=True)
+    coarse = await ErrorClassifier().classify_chat_error(ctx)
+    assert coarse == ("transient" if expected in TRANSIENT else "fatal" if expected in FATAL else expected)
+    # The remedy where the entry gives one of ours; None for every other error.
+    remedy = entry.get("remedy")
+    expected_remedy = remedy if remedy in REMEDIES else None
+    assert overflow_remedy(error) == expected_remedy, (entry_id, overflow_tokens(error))
+    if expected == "context_overflow":
+        assert remedy in REMEDIES, entry_id
+    # Retryable and the status never disagree with the classification.
+    if coarse in ("fatal", "context_overflow"):
+        assert not error.retryable and retry is None, entry_id
+        assert code != grpc.StatusCode.UNAVAILABLE, entry_id
+    elif coarse == "transient":
+        assert code == grpc.StatusCode.UNAVAILABLE, entry_id
+    elif coarse == "rate_limit":
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, entry_id
+
+
+async def test_a_full_window_finish_is_an_overflow_not_an_error(
+    replay: ReplayServer, adapters: dict[str, Any]
+) -> None:
+    """E05: Anthropic ends a valid, truncated response with ``model_context_window_exceeded``: finish
+    ``length`` with the raw reason kept, which :func:`finish_overflows` names an overflow (compact
+    before the next call); a plain output limit is not."""
+    (entry,) = [e for e in ENTRIES if e["transport"] == "stream_stop_reason"]
+    replay.enqueue(_reply(entry))
+    result = await collect(adapters[_adapter_for(entry)], request())
+    assert result.error is None
+    assert result.finish.finish_reason == "length"
+    assert finish_overflows(result.finish.raw_finish_reason)
+    assert entry["expected_classification"] == "context_overflow"
+    assert not any(finish_overflows(raw) for raw in ("max_tokens", "length", "end_turn", "stop", ""))
+
+
+async def test_non_provider_errors() -> None:
+    """Timeouts (the engine's model timeouts are TimeoutErrors) and dropped connections are transient;
+    the default classifier leaves any other error (a hook's, a tool's) to others."""
+    from turnwire_server.engine.errors import ModelTimeout
+
+    assert classify_error(ModelTimeout("model step 0 exceeded 5 s")) == "transient"
+    assert classify_error(ConnectionResetError()) == "transient"
+    assert classify_error(ValueError("a hook broke")) == "unknown"
+    assert overflow_remedy(ValueError("prompt is too long: 5 tokens > 4 maximum")) is None
+    assert overflow_tokens(ValueError("x")) == (None, None, None)
+    classifier = ErrorClassifier()
+    for error, expected in [
+        (ModelTimeout("t"), "transient"),
+        (ValueError("a hook broke"), None),
+        (ProviderError("I'm a teapot", status=418), "unknown"),
+    ]:
+        ctx = ChatErrorContext("c", "r", error, "turn", messages_persisted=True)
+        assert await classifier.classify_chat_error(ctx) == expected
 
 
 def test_structured_fields_win_over_the_message() -> None:
     """The same words, different structured fields, different classes."""
     quota_words = "You exceeded your current quota, please check your plan and billing details."
-    assert errors.classify_fields(429, "RESOURCE_EXHAUSTED", "", quota_words) == "quota_or_billing"
+    assert classify_fields(429, "RESOURCE_EXHAUSTED", "", quota_words) == "quota_or_billing"
     hinted = {
         "error": {"details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "3s"}]}
     }
-    assert errors.classify_fields(429, "RESOURCE_EXHAUSTED", "", quota_words, hinted) == "rate_limit"
+    assert classify_fields(429, "RESOURCE_EXHAUSTED", "", quota_words, hinted) == "rate_limit"
     overflow_words = "Please reduce the length of the messages or completion."
-    assert errors.classify_fields(
-        400, "invalid_request_error", "context_length_exceeded", overflow_words
-    ) == ("context_overflow")
-    assert errors.classify_fields(429, "rate_limit_error", "", "reduce the prompt length") == "rate_limit"
-    assert errors.classify_fields(400, "", "", "the request exceeds the available context size") == (
+    assert classify_fields(400, "invalid_request_error", "context_length_exceeded", overflow_words) == (
+        "context_overflow"
+    )
+    assert classify_fields(429, "rate_limit_error", "", "reduce the prompt length") == "rate_limit"
+    assert classify_fields(400, "", "", "the request exceeds the available context size") == (
         "context_overflow"
     )
 

@@ -9,6 +9,10 @@ List them in the config by dotted path with their options, e.g.::
       - path: turnwire.middlewares:ToolResultCache
         options: {tools: [get_weather], ttl_seconds: 60}
 
+``ErrorClassifier`` (:mod:`~turnwire.middlewares.error_classifier`, the default
+``classify_chat_error``) is in every chain without being listed; list it (or a subclass) to
+place, wrap or replace it.
+
 One module per middleware: :mod:`~turnwire.middlewares.logging` (hook logger),
 :mod:`~turnwire.middlewares.tool_policy` (allow / deny / read-only),
 :mod:`~turnwire.middlewares.tool_cache` (tool-result cache),
@@ -18,6 +22,7 @@ lifecycle-hooks page). Each module's docstring gives its options and the rule it
 """
 
 from turnwire.middlewares.compaction import ContextCompaction
+from turnwire.middlewares.error_classifier import ErrorClassifier
 from turnwire.middlewares.examples import (
     CheaperModelOnContinuation,
     HideReasoningOnContinuation,
@@ -32,6 +37,7 @@ from turnwire.middlewares.tool_policy import ToolPolicy
 __all__ = [
     "CheaperModelOnContinuation",
     "ContextCompaction",
+    "ErrorClassifier",
     "HideReasoningOnContinuation",
     "HookLogger",
     "LimitActiveTools",

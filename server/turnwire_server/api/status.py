@@ -14,6 +14,7 @@ import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 
+from turnwire.error_classes import OVER_LIMIT, classify_error, never_retryable
 from turnwire.hooks import ChatError, ErrorStage
 from turnwire.providers import ProviderError
 from turnwire_server.engine.errors import (
@@ -141,18 +142,17 @@ def build_status(
 
 def _provider_status(error: ProviderError) -> TurnwireStatusError:
     # One provider error, one status, whatever the shape of its body (docs/semantics.md §11): the
-    # code follows the error's class (providers/errors.py: HTTP status, error type and code first,
-    # message text last). The caller did nothing wrong when the provider is down or rate-limited:
-    # those map to retryable codes; a request the provider rejected, or one over a limit (context
-    # window, output cap, payload bytes; whatever HTTP status it came with, or inside a 200 stream),
-    # maps to INVALID_ARGUMENT and is never retryable.
-    from turnwire_server.providers import errors as provider_errors
-
-    kind = provider_errors.classify(error)
-    never = provider_errors.never_retryable(error)
+    # code follows the error's class (turnwire.error_classes, the same function the adapters'
+    # "retryable" and classify_chat_error read: HTTP status, error type and code first, message
+    # text last). The caller did nothing wrong when the provider is down or rate-limited: those map
+    # to retryable codes; a request the provider rejected, or one over a limit (context window,
+    # output cap, payload bytes; whatever HTTP status it came with, or inside a 200 stream), maps to
+    # INVALID_ARGUMENT and is never retryable.
+    kind = classify_error(error)
+    never = never_retryable(error)
     if kind in ("rate_limit", "quota_or_billing", "server_capacity"):
         code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    elif kind in provider_errors.OVER_LIMIT or kind in ("invalid_request_transcript", "invalid_request"):
+    elif kind in OVER_LIMIT or kind in ("invalid_request_transcript", "invalid_request"):
         code = grpc.StatusCode.INVALID_ARGUMENT
     elif kind == "not_found":
         code = grpc.StatusCode.NOT_FOUND

@@ -6,8 +6,9 @@ from __future__ import annotations
 from turnwire.hooks import ErrorStage
 
 
-class ModelTimeout(Exception):
-    """A model call ran past a ``TurnConfig.timeout`` limit."""
+class ModelTimeout(TimeoutError):
+    """A model call ran past a ``TurnConfig.timeout`` limit (a ``TimeoutError``: classified
+    ``transient``, turnwire.error_classes)."""
 
 
 class TurnFailure(Exception):

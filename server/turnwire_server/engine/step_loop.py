@@ -23,6 +23,7 @@ from typing import Any
 
 from turnwire import types as chunks
 from turnwire.compaction import elide_outputs
+from turnwire.error_classes import finish_overflows
 from turnwire.hooks import ChunkContext, StepContext, StepFinishContext, TurnConfig, TurnContext, TurnTimeout
 from turnwire.providers import ModelRequest, ProviderError
 from turnwire.tools import definition_of
@@ -172,7 +173,8 @@ class StepLoop:
     async def _guard(self, step_number: int, ctx: TurnContext) -> list[message_pb2.Message] | None:
         """The proactive guard before step ``step_number`` (§9): when the previous step's input
         tokens (``total_tokens`` when the provider gave none) reached ``max_input_tokens *
-        headroom``, compact the history and return the new one (None: nothing to do). At most
+        headroom`` (or it ended because the window was full), compact the history and return the
+        new one (None: nothing to do). At most
         ``max_compactions`` per attempt; one that shortened nothing still uses its slot."""
         turn = self.state
         compactor = self.compactor
@@ -181,9 +183,11 @@ class StepLoop:
         guard = compactor.config.guard_tokens
         if guard is None or turn.compactions >= compactor.config.max_compactions:
             return None
-        previous = turn.steps[-1].usage
-        used = previous.input_tokens or previous.total_tokens
-        if used < guard:
+        previous = turn.steps[-1]
+        used = previous.usage.input_tokens or previous.usage.total_tokens
+        # A step the provider cut off because the window was full (Anthropic's
+        # model_context_window_exceeded) needs the compaction whatever its usage says.
+        if used < guard and not finish_overflows(previous.raw_finish_reason):
             return None
         turn.compactions += 1
         history = list(ctx.messages)
@@ -466,7 +470,8 @@ class StepLoop:
             raise
         if finish is None:
             raise TurnFailure(
-                "stream", ProviderError("the model stream ended without a finish", provider="engine")
+                "stream",
+                ProviderError("the model stream ended without a finish", provider="engine", in_stream=True),
             )
         return finish
 

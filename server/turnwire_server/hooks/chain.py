@@ -6,7 +6,9 @@ Request-path hooks (``configure_session``, ``before_turn``, ``before_step``,
 ``classify_chat_error``, ``on_chat_error``) run last to first. The chain is
 built once per process; per hook it keeps only the middlewares that implement
 it, so an unimplemented hook costs nothing. Each turn works through a
-:class:`TurnHooks` view bound to its (optional) :class:`HookTimeline`.
+:class:`TurnHooks` view bound to its (optional) :class:`HookTimeline`. The
+default classifier (``turnwire.middlewares.ErrorClassifier``) is in every
+chain unless the list places one itself (:func:`with_default_classifier`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from turnwire.hooks import (
     TurnConfig,
     TurnContext,
 )
+from turnwire.middlewares.error_classifier import ErrorClassifier
 from turnwire.types import ModelSettings
 from turnwire_server.hooks.timeline import HookTimeline
 
@@ -86,6 +89,15 @@ def merge_config(base: _Config, update: _Config) -> _Config:
     return dataclasses.replace(base, **changes) if changes else base
 
 
+def with_default_classifier(middlewares: Sequence[Middleware]) -> tuple[Middleware, ...]:
+    """``middlewares`` with the default ``classify_chat_error`` first, unless they hold an
+    :class:`ErrorClassifier` (or a subclass) already: first in the list, it is asked last, so any
+    other classifier wins where it answers (turnwire/middlewares/error_classifier.py)."""
+    if any(isinstance(m, ErrorClassifier) for m in middlewares):
+        return tuple(middlewares)
+    return (ErrorClassifier(), *middlewares)
+
+
 class MiddlewareChain:
     """An ordered list of middlewares and the rules for calling their hooks.
 
@@ -95,7 +107,7 @@ class MiddlewareChain:
     """
 
     def __init__(self, middlewares: Sequence[Middleware] = ()) -> None:
-        self.middlewares = tuple(middlewares)
+        self.middlewares = with_default_classifier(middlewares)
         implemented = [(m, m.implemented_hooks()) for m in self.middlewares]
         self.forward = {hook: tuple(m for m, hooks in implemented if hook in hooks) for hook in HOOK_NAMES}
         self.reverse = {hook: tuple(reversed(ms)) for hook, ms in self.forward.items()}

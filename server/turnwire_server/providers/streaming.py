@@ -74,12 +74,13 @@ class Decoder(Protocol):
         ...
 
 
-def map_transport_error(provider: str, error: BaseException) -> ProviderError | None:
-    """``httpx2`` errors raised while reading a stream (drop, reset, read timeout) → ProviderError."""
+def map_transport_error(provider: str, error: BaseException, *, in_stream: bool) -> ProviderError | None:
+    """``httpx2`` errors (drop, reset, read timeout) → ProviderError; ``in_stream`` when raised while
+    reading a 2xx response."""
     if isinstance(error, httpx2.TimeoutException):
-        return errors.connection_error(provider, error, timeout=True)
+        return errors.connection_error(provider, error, timeout=True, in_stream=in_stream)
     if isinstance(error, httpx2.HTTPError | httpx2.StreamError | OSError):
-        return errors.connection_error(provider, error)
+        return errors.connection_error(provider, error, in_stream=in_stream)
     return None
 
 
@@ -135,7 +136,7 @@ async def run_stream(
         except ProviderError as error:
             failure = error
         except Exception as exc:
-            mapped = map_error(exc) or map_transport_error(provider, exc)
+            mapped = map_error(exc) or map_transport_error(provider, exc, in_stream=opened)
             if mapped is None:
                 raise
             if sent or not opened or not mapped.retryable or attempt >= retries:

@@ -40,8 +40,8 @@ _ESCAPED_BYTES = re.compile("[\udc80-\udcff]+")
 
 def load_json(provider: str, data: bytes, what: str = "the stream sent a line") -> Any:
     """``data`` parsed as JSON; lone surrogates and invalid UTF-8 are kept for :class:`TextJoiner`
-    (see the module docstring). Raises ProviderError (type ``invalid_stream_data``, not retryable)
-    when it is not JSON at all."""
+    (see the module docstring). Raises ProviderError (type ``invalid_stream_data``, not retryable,
+    ``in_stream``: it is read from a 2xx response) when it is not JSON at all."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -55,6 +55,7 @@ def load_json(provider: str, data: bytes, what: str = "the stream sent a line") 
             type="invalid_stream_data",
             body=text,
             provider=provider,
+            in_stream=True,
         ) from None
 
 
