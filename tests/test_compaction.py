@@ -391,3 +391,25 @@ async def test_compact_after_compacts_between_turns(make_engine: EngineFactory) 
     assert h.provider.requests[-1].messages[0].id.startswith("tw-c-")
     record = await h.store.load_compaction(CONV)
     assert record is not None and record.reason == "threshold"
+
+
+async def test_a_step_cut_off_because_the_window_was_full_compacts_before_the_next(
+    make_engine: EngineFactory,
+) -> None:
+    """Anthropic's ``stop_reason: model_context_window_exceeded`` (shared case E05) is not an
+    error: the step's output is kept and the guard compacts before the next model call, whatever
+    the usage said."""
+    steps = _tool_steps([10, 10])
+    steps[0] = steps[0].model_copy(update={"raw_finish_reason": "model_context_window_exceeded"})
+    h = await engine(
+        make_engine,
+        CompactionConfig(strategy=TrimOldest(), proactive=True, max_input_tokens=100_000),
+        scripts={"main": steps},
+        tools=[_lookup_tool()],
+    )
+    await seed(h, 2)
+    events = await h.run("go")
+    assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
+    (compacted,) = compactions(events)
+    assert compacted.reason == event_pb2.COMPACTION_REASON_PROACTIVE and compacted.shortened
+    assert h.provider.requests[1].messages[0].id.startswith("tw-c-")
