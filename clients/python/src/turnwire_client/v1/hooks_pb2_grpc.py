@@ -34,7 +34,7 @@ class TurnHooksServiceStub:
     docs/semantics.md §4), only for the hooks it subscribes to, each call with
     a deadline. Every context is a snapshot: changing it does nothing; what a
     hook returns is what counts. Calls carry the metadata key
-    `turnwire-request-id` (the turn's request id), so a hook that calls back
+    `turnwire-parent-request-id` (the turn's request id), so a hook that calls back
     into the sidecar is subject to the nesting rule (docs/semantics.md §5).
     """
 
@@ -105,7 +105,7 @@ class TurnHooksServiceServicer:
     docs/semantics.md §4), only for the hooks it subscribes to, each call with
     a deadline. Every context is a snapshot: changing it does nothing; what a
     hook returns is what counts. Calls carry the metadata key
-    `turnwire-request-id` (the turn's request id), so a hook that calls back
+    `turnwire-parent-request-id` (the turn's request id), so a hook that calls back
     into the sidecar is subject to the nesting rule (docs/semantics.md §5).
     """
 
@@ -253,7 +253,7 @@ class TurnHooksService:
     docs/semantics.md §4), only for the hooks it subscribes to, each call with
     a deadline. Every context is a snapshot: changing it does nothing; what a
     hook returns is what counts. Calls carry the metadata key
-    `turnwire-request-id` (the turn's request id), so a hook that calls back
+    `turnwire-parent-request-id` (the turn's request id), so a hook that calls back
     into the sidecar is subject to the nesting rule (docs/semantics.md §5).
     """
 

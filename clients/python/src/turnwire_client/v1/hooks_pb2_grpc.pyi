@@ -35,7 +35,7 @@ class TurnHooksServiceStub:
     docs/semantics.md §4), only for the hooks it subscribes to, each call with
     a deadline. Every context is a snapshot: changing it does nothing; what a
     hook returns is what counts. Calls carry the metadata key
-    `turnwire-request-id` (the turn's request id), so a hook that calls back
+    `turnwire-parent-request-id` (the turn's request id), so a hook that calls back
     into the sidecar is subject to the nesting rule (docs/semantics.md §5).
     """
 
@@ -81,7 +81,7 @@ class TurnHooksServiceAsyncStub(TurnHooksServiceStub):
     docs/semantics.md §4), only for the hooks it subscribes to, each call with
     a deadline. Every context is a snapshot: changing it does nothing; what a
     hook returns is what counts. Calls carry the metadata key
-    `turnwire-request-id` (the turn's request id), so a hook that calls back
+    `turnwire-parent-request-id` (the turn's request id), so a hook that calls back
     into the sidecar is subject to the nesting rule (docs/semantics.md §5).
     """
 
@@ -123,7 +123,7 @@ class TurnHooksServiceServicer(metaclass=_abc_1.ABCMeta):
     docs/semantics.md §4), only for the hooks it subscribes to, each call with
     a deadline. Every context is a snapshot: changing it does nothing; what a
     hook returns is what counts. Calls carry the metadata key
-    `turnwire-request-id` (the turn's request id), so a hook that calls back
+    `turnwire-parent-request-id` (the turn's request id), so a hook that calls back
     into the sidecar is subject to the nesting rule (docs/semantics.md §5).
     """
 

@@ -32,7 +32,7 @@ class ToolExecutorServiceStub:
     then tool hosts and MCP servers in config order, then the request's client
     tools; a later source overrides an earlier one of the same name) and run in
     the host when the model calls them. Calls carry the metadata key
-    `turnwire-request-id` (the turn's request id), so a tool that calls back
+    `turnwire-parent-request-id` (the turn's request id), so a tool that calls back
     into the sidecar is subject to the nesting rule (docs/semantics.md §5).
     """
 
@@ -61,7 +61,7 @@ class ToolExecutorServiceServicer:
     then tool hosts and MCP servers in config order, then the request's client
     tools; a later source overrides an earlier one of the same name) and run in
     the host when the model calls them. Calls carry the metadata key
-    `turnwire-request-id` (the turn's request id), so a tool that calls back
+    `turnwire-parent-request-id` (the turn's request id), so a tool that calls back
     into the sidecar is subject to the nesting rule (docs/semantics.md §5).
     """
 
@@ -110,7 +110,7 @@ class ToolExecutorService:
     then tool hosts and MCP servers in config order, then the request's client
     tools; a later source overrides an earlier one of the same name) and run in
     the host when the model calls them. Calls carry the metadata key
-    `turnwire-request-id` (the turn's request id), so a tool that calls back
+    `turnwire-parent-request-id` (the turn's request id), so a tool that calls back
     into the sidecar is subject to the nesting rule (docs/semantics.md §5).
     """
 
