@@ -195,7 +195,11 @@ async def start(settings: Settings) -> Sidecar:
         try:
             providers.resolve(summary_model)
         except UnknownModel as error:
-            raise StartupError(f"compaction summary model: {error}") from error
+            raise StartupError(
+                f"compaction summary model: {error}; configure that provider under providers:, or set "
+                "the summary model (ContextCompaction's summary_model) to a configured one "
+                "(offline: scripted:summarizer)"
+            ) from error
     try:
         store = open_store(
             settings.store.url, pool_size=settings.store.pool_size, password_env=settings.store.password_env
