@@ -87,7 +87,8 @@ class TurnContext:
     """Input of ``before_turn``: the assembled turn, before the first step.
 
     ``tools`` maps name to tool (the merged set); ``model`` is
-    ``provider:model``; ``body`` is the request's free-form JSON.
+    ``provider:model``; ``body`` is the request's free-form JSON; ``attempt`` counts the runs
+    of the turn from 1 (a re-run after a stall, a crash or an overflow is 2 and later).
     """
 
     conversation_id: str
@@ -98,6 +99,7 @@ class TurnContext:
     model: str
     continuation: bool
     body: Mapping[str, Any]
+    attempt: int = 1
 
 
 @dataclass(frozen=True, slots=True)
