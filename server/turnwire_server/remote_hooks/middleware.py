@@ -124,10 +124,11 @@ class RemoteMiddleware(Middleware):
 
     ``settings`` is the config entry's ``remote`` section. :attr:`subscribed` is the set of
     hooks the server asked for (empty until ``configure_session``); :attr:`breaker` the server's
-    circuit breaker. Call :meth:`aclose` when the sidecar stops.
+    circuit breaker (``clock``: its monotonic clock in seconds, replaceable in tests). Call
+    :meth:`aclose` when the sidecar stops.
     """
 
-    def __init__(self, settings: RemoteHookSettings) -> None:
+    def __init__(self, settings: RemoteHookSettings, *, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.name = settings.name or f"remote:{settings.address}"
         self.settings = settings
@@ -135,7 +136,10 @@ class RemoteMiddleware(Middleware):
         self.subscribed: frozenset[str] = frozenset()
         self.include_messages = False
         self.breaker = CircuitBreaker(
-            settings.breaker.failure_threshold, settings.breaker.open_seconds, on_change=self._breaker_changed
+            settings.breaker.failure_threshold,
+            settings.breaker.open_seconds,
+            on_change=self._breaker_changed,
+            clock=clock,
         )
         metrics.BREAKER_STATE.labels(self.server).set(0)
         self._implemented: frozenset[str] = frozenset({"configure_session"})
@@ -270,7 +274,8 @@ class RemoteMiddleware(Middleware):
         self, hook: str, rpc: str, request: Any, request_id: str, read: Callable[[Any], _T]
     ) -> _T:
         """Send ``request`` with ``rpc`` and return ``read(response)``. Raises :class:`_Failed`
-        (counted, and fed to the breaker) for an open breaker, an RPC error or an unusable answer."""
+        (counted, and fed to the breaker) for an open breaker, an RPC error, an answer that does not
+        decode or cannot be used, or any other error of the call."""
         if not self.breaker.allow():
             metrics.ERRORS.labels(self.server, hook, "breaker_open").inc()
             raise _Failed("breaker_open", f"the circuit breaker of {self.server} is open")
@@ -281,6 +286,9 @@ class RemoteMiddleware(Middleware):
             response = await getattr(self._stub, rpc)(
                 request, timeout=self.settings.deadline_seconds, metadata=self._metadata(request_id)
             )
+            if response is None:
+                # grpc.aio logs a response that does not decode and hands back None.
+                raise convert.InvalidResponse("the response is not a decodable protobuf message")
             result = read(response)
         except grpc.aio.AioRpcError as error:
             self.breaker.failed()
@@ -291,9 +299,14 @@ class RemoteMiddleware(Middleware):
             self.breaker.failed()
             metrics.ERRORS.labels(self.server, hook, "invalid_response").inc()
             raise _Failed("invalid_response", f"{rpc} answered something unusable: {error}") from None
-        except BaseException:
-            self.breaker.released()
+        except asyncio.CancelledError:
+            self.breaker.released()  # the turn was cancelled: no outcome to count
             raise
+        except Exception as error:
+            # Anything else the call or the conversion raised: a failed call all the same.
+            self.breaker.failed()
+            metrics.ERRORS.labels(self.server, hook, "internal").inc()
+            raise _Failed("internal", f"{rpc} failed: {type(error).__name__}: {error}") from error
         finally:
             metrics.LATENCY.labels(self.server, hook).observe(time.perf_counter() - started)
         self.breaker.succeeded()
