@@ -400,6 +400,8 @@ class Middleware:
 
         Override to leave out an overridden hook depending on options (for
         example a logger whose chunk counting is off leaves out ``on_chunk``).
+        The chain reads it when built and again after ``configure_session``, so a
+        middleware may decide there (a remote hook server's subscriptions).
         """
         return frozenset(
             hook for hook in HOOK_NAMES if getattr(type(self), hook) is not getattr(Middleware, hook)
