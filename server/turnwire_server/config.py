@@ -22,6 +22,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from turnwire.hooks import HOOK_NAMES
 from turnwire_server.providers.settings import ProviderSettings, default_providers, entry_location
 from turnwire_server.store.postgres_url import is_postgres_url
 
@@ -73,31 +74,13 @@ FailureMode = Literal["open", "closed"]
 """What a failed remote hook call does (docs/semantics.md §4): ``open`` behaves as if the hook
 answered None; ``closed`` blocks the tool call (``before_tool_call``) or fails the turn."""
 
-RemoteHookName = Literal[
-    "before_turn",
-    "before_step",
-    "before_tool_call",
-    "after_tool_call",
-    "on_step_finish",
-    "on_chunk",
-    "on_chat_response",
-    "classify_chat_error",
-    "on_chat_error",
-]
-"""A hook a remote server can implement (docs/semantics.md §3; ``on_chunk`` is ``OnChunks``)."""
+REMOTE_HOOKS = tuple(hook for hook in HOOK_NAMES if hook != "configure_session")
+"""The hooks a remote server can implement (docs/semantics.md §3; ``on_chunk`` is ``OnChunks``)."""
 
 DECIDING_HOOKS = ("before_turn", "before_step", "before_tool_call")
 """The remote hooks whose failure mode can be ``closed``; every other hook only observes."""
 
-OBSERVING_HOOKS = (
-    "after_tool_call",
-    "on_step_finish",
-    "on_chunk",
-    "on_chunks",
-    "on_chat_response",
-    "classify_chat_error",
-    "on_chat_error",
-)
+OBSERVING_HOOKS = tuple(hook for hook in REMOTE_HOOKS if hook not in DECIDING_HOOKS)
 
 
 class RemoteTlsSettings(_Section):
@@ -192,9 +175,17 @@ class RemoteHookSettings(_Section):
     deadline_seconds: float = Field(5.0, gt=0, le=600)
     failure_mode: FailureModes = Field(default_factory=FailureModes)
     include_messages: bool | None = None
-    hooks: list[RemoteHookName] | None = None
+    hooks: list[str] | None = None
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
     chunks: ChunkBatchSettings = Field(default_factory=ChunkBatchSettings)
+
+    @field_validator("hooks")
+    @classmethod
+    def _hook_names(cls, value: list[str] | None) -> list[str] | None:
+        unknown = [name for name in value or () if name not in REMOTE_HOOKS]
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not a hook; hooks are {', '.join(REMOTE_HOOKS)}")
+        return value
 
     @field_validator("address")
     @classmethod

@@ -132,14 +132,15 @@ def before_tool_call_request(
     ctx: ToolCallContext, info: hooks_pb2.TurnInfo
 ) -> hooks_pb2.BeforeToolCallRequest:
     """``BeforeToolCallRequest``: the call with its input as JSON text (after earlier changes)."""
-    return hooks_pb2.BeforeToolCallRequest(
-        turn=info,
-        call=hooks_pb2.ToolCallInfo(
-            tool_call_id=ctx.tool_call_id,
-            tool_name=ctx.tool_name,
-            input_json=_json(ctx.input),
-            step_number=ctx.step_number,
-        ),
+    return hooks_pb2.BeforeToolCallRequest(turn=info, call=_call_info(ctx))
+
+
+def _call_info(ctx: ToolCallContext | ToolCallResultContext) -> hooks_pb2.ToolCallInfo:
+    return hooks_pb2.ToolCallInfo(
+        tool_call_id=ctx.tool_call_id,
+        tool_name=ctx.tool_name,
+        input_json=_json(ctx.input),
+        step_number=ctx.step_number,
     )
 
 
@@ -159,12 +160,7 @@ def after_tool_call_request(
     duration.FromMilliseconds(round(ctx.duration_ms))
     return hooks_pb2.AfterToolCallRequest(
         turn=info,
-        call=hooks_pb2.ToolCallInfo(
-            tool_call_id=ctx.tool_call_id,
-            tool_name=ctx.tool_name,
-            input_json=_json(ctx.input),
-            step_number=ctx.step_number,
-        ),
+        call=_call_info(ctx),
         duration=duration,
         success=ctx.success,
         output_json=_json(ctx.output) if ctx.success else "",

@@ -328,6 +328,9 @@ class RemoteMiddleware(Middleware):
         info = self._turns.get(request_id)
         return info if info is not None else convert.turn_info(conversation_id, request_id)
 
+    def _failure(self, ctx: ChatErrorContext) -> hooks_pb2.ChatErrorInfo:
+        return convert.chat_error_info(ctx, self._info(ctx.conversation_id, ctx.request_id))
+
     def _unavailable(self, hook: str, failure: _Failed) -> RemoteHookUnavailable:
         return RemoteHookUnavailable(
             f"the hook server {self.server} gave no usable {hook} answer ({failure}); "
@@ -347,13 +350,9 @@ class RemoteMiddleware(Middleware):
         if "before_turn" not in self.subscribed:
             return None
         request = convert.before_turn_request(ctx, info, include_messages=self.include_messages)
-        try:
-            return await self._call("before_turn", "BeforeTurn", request, ctx.request_id, convert.turn_config)
-        except _Failed as failure:
-            if self.settings.failure_mode.of("before_turn") == "closed":
-                raise self._unavailable("before_turn", failure) from None
-            self._failed_open("before_turn", failure)
-            return None
+        return await self._configure(
+            "before_turn", "BeforeTurn", request, ctx.request_id, convert.turn_config
+        )
 
     async def before_step(self, ctx: StepContext) -> StepConfig | None:
         """``BeforeStep``. Raises :class:`RemoteHookUnavailable` when it fails closed."""
@@ -362,12 +361,21 @@ class RemoteMiddleware(Middleware):
         request = convert.before_step_request(
             ctx, self._info(ctx.conversation_id, ctx.request_id), include_messages=self.include_messages
         )
+        return await self._configure(
+            "before_step", "BeforeStep", request, ctx.request_id, convert.step_config
+        )
+
+    async def _configure(
+        self, hook: str, rpc: str, request: Any, request_id: str, read: Callable[[Any], _T | None]
+    ) -> _T | None:
+        """A ``before_turn`` / ``before_step`` call: its config, None when it fails open;
+        raises :class:`RemoteHookUnavailable` when it fails closed."""
         try:
-            return await self._call("before_step", "BeforeStep", request, ctx.request_id, convert.step_config)
+            return await self._call(hook, rpc, request, request_id, read)
         except _Failed as failure:
-            if self.settings.failure_mode.of("before_step") == "closed":
-                raise self._unavailable("before_step", failure) from None
-            self._failed_open("before_step", failure)
+            if self.settings.failure_mode.of(hook) == "closed":
+                raise self._unavailable(hook, failure) from None
+            self._failed_open(hook, failure)
             return None
 
     async def before_tool_call(self, ctx: ToolCallContext) -> ToolCallDecision | None:
@@ -484,9 +492,7 @@ class RemoteMiddleware(Middleware):
         """``ClassifyChatError``; a failure counts as no classification."""
         if "classify_chat_error" not in self.subscribed:
             return None
-        request = hooks_pb2.ClassifyChatErrorRequest(
-            failure=convert.chat_error_info(ctx, self._info(ctx.conversation_id, ctx.request_id))
-        )
+        request = hooks_pb2.ClassifyChatErrorRequest(failure=self._failure(ctx))
         try:
             return await self._call(
                 "classify_chat_error", "ClassifyChatError", request, ctx.request_id, convert.classification
@@ -499,9 +505,7 @@ class RemoteMiddleware(Middleware):
         """``OnChatError``: the error the client sees; a failure leaves it as it was."""
         if "on_chat_error" not in self.subscribed:
             return ctx.error
-        request = hooks_pb2.OnChatErrorRequest(
-            failure=convert.chat_error_info(ctx, self._info(ctx.conversation_id, ctx.request_id))
-        )
+        request = hooks_pb2.OnChatErrorRequest(failure=self._failure(ctx))
         try:
             return await self._call(
                 "on_chat_error",
