@@ -40,6 +40,7 @@ from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.importing import import_object
 from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
 from turnwire_server.providers.settings import ProviderConfigError, build_provider
+from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, redact_url
 from turnwire_server.tools.loading import ToolLoadError, load_tools
 
@@ -57,9 +58,15 @@ class StartupError(Exception):
 
 
 def load_middlewares(entries: Sequence[MiddlewareEntry]) -> list[Middleware]:
-    """Instantiate the configured middlewares in order. Raises :class:`StartupError`."""
+    """Instantiate the configured middlewares in order: a ``path`` entry by importing its class,
+    a ``remote`` entry as a :class:`RemoteMiddleware` (connected in ``configure_session``).
+    Raises :class:`StartupError`."""
     middlewares: list[Middleware] = []
     for index, entry in enumerate(entries):
+        if entry.remote is not None:
+            middlewares.append(RemoteMiddleware(entry.remote))
+            continue
+        assert entry.path is not None  # MiddlewareEntry: exactly one of path and remote
         try:
             factory = import_object(entry.path)
             middleware = factory(**entry.options)
@@ -98,6 +105,7 @@ class Sidecar:
     gate: CallGate
     maintenance: Maintenance
     replica: Replica
+    remote_hooks: Sequence[RemoteMiddleware] = ()
 
     async def stop(self) -> None:
         """Graceful stop (see the module docstring). The maintenance loop stops first, so no
@@ -128,6 +136,8 @@ class Sidecar:
             await stopping
         # Renewed until the turns ended; those left running (for the next start) lapse.
         await self.replica.stop()
+        for remote in self.remote_hooks:
+            await remote.aclose()
         await self.store.close()
         await self.providers.aclose()
         log.info("stopped")
@@ -313,7 +323,10 @@ async def start(settings: Settings) -> Sidecar:
         redact_url(settings.store.url),
         settings.default_model,
     )
-    return Sidecar(server, engine, store, providers, health, port, settings, gate, maintenance, replica)
+    remote_hooks = [m for m in chain.middlewares if isinstance(m, RemoteMiddleware)]
+    return Sidecar(
+        server, engine, store, providers, health, port, settings, gate, maintenance, replica, remote_hooks
+    )
 
 
 async def serve(settings: Settings) -> None:
