@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
 import psycopg
@@ -278,24 +278,63 @@ def prepare_turn(turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> l
     return rows
 
 
+_START_READS: Final = (
+    # The submission and the earlier turn of this request id, locked; then each re-sent message
+    # as stored (role, parts in order) and whether a completed reply follows it. One flight.
+    "SELECT state FROM submissions WHERE id = %s FOR UPDATE",
+    "SELECT state FROM turns WHERE request_id = %s FOR UPDATE",
+    "SELECT m.id, m.role,"
+    " ARRAY(SELECT p.kind FROM parts AS p"
+    "  WHERE p.conversation_id = m.conversation_id AND p.message_id = m.id ORDER BY p.idx),"
+    " ARRAY(SELECT p.data FROM parts AS p"
+    "  WHERE p.conversation_id = m.conversation_id AND p.message_id = m.id ORDER BY p.idx),"
+    " EXISTS (SELECT 1 FROM messages AS later JOIN turns AS t"
+    "  ON t.conversation_id = later.conversation_id AND t.assistant_message_id = later.id"
+    "  WHERE later.conversation_id = m.conversation_id AND later.seq > m.seq AND t.state = 'completed')"
+    " FROM messages AS m WHERE m.conversation_id = %s AND m.id = ANY(%s)",
+)
+
+
 async def start_turn(conn: Conn, turn: TurnRecord, rows: Sequence[MessageRow], now_us: int) -> None:
     """``Store.start_turn``: the rules of :func:`~turnwire_server.store.sqlite_writes.start_turn_write`
     (idempotent input, retry of an ended request id, the submission marked running).
+
+    Meant for pipeline mode (``conn.pipeline()``): its reads go out together and wait for one
+    round trip, its writes for none (the caller's commit syncs them).
 
     Raises :class:`MessageIdConflict`, :class:`MessageAlreadyAnswered`,
     :class:`TurnAlreadyExists`, :class:`SubmissionNotPending`.
     """
     conversation_id = turn.conversation_id
-    await lock_conversation(conn, conversation_id)
-    await _start_submission(conn, turn.request_id, now_us)
-    new_rows = [row for row in rows if not await _stored_identically(conn, conversation_id, row)]
-    earlier = await fetch_one(
-        conn, "SELECT state FROM turns WHERE request_id = %s FOR UPDATE", (turn.request_id,)
+    # The conversation's lock (as lock_conversation takes it) without waiting for its result.
+    await conn.execute(
+        b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (CONVERSATION_LOCK_CLASS, conversation_id)
     )
-    if earlier is not None:
-        if earlier[0] not in _RETRYABLE_STATES or new_rows:
+    await conn.execute(b"SELECT 1 FROM conversations WHERE id = %s FOR UPDATE", (conversation_id,))
+    submission_sql, turn_sql, messages_sql = _START_READS
+    cursors = [
+        await conn.execute(submission_sql.encode(), (turn.request_id,)),
+        await conn.execute(turn_sql.encode(), (turn.request_id,)),
+        await conn.execute(messages_sql.encode(), (conversation_id, [row.id for row in rows])),
+    ]
+    submission, earlier, stored = [list(await cur.fetchall()) for cur in cursors]
+    if submission and submission[0][0] not in _OPEN:
+        raise SubmissionNotPending(turn.request_id, submission[0][0])
+    stored_by_id = {
+        message_id: (role, [(kind, bytes(data)) for kind, data in zip(kinds, datas, strict=True)], answered)
+        for message_id, role, kinds, datas, answered in stored
+    }
+    new_rows = [row for row in rows if not _stored_identically(conversation_id, row, stored_by_id)]
+    if earlier:
+        if earlier[0][0] not in _RETRYABLE_STATES or new_rows:
             raise TurnAlreadyExists(turn.request_id)
         await run(conn, "DELETE FROM turns WHERE request_id = %s", (turn.request_id,))
+    if submission:
+        await run(
+            conn,
+            "UPDATE submissions SET state = 'running', start_time = COALESCE(start_time, %s) WHERE id = %s",
+            (now_us, turn.request_id),
+        )
     await _touch_conversation(conn, conversation_id, now_us, len(new_rows))
     for row in new_rows:
         await _insert_message(conn, conversation_id, row)
@@ -322,25 +361,21 @@ async def start_turn(conn: Conn, turn: TurnRecord, rows: Sequence[MessageRow], n
     )
 
 
-async def _stored_identically(conn: Conn, conversation_id: str, row: MessageRow) -> bool:
-    found = await fetch_one(
-        conn,
-        "SELECT role, seq FROM messages WHERE conversation_id = %s AND id = %s",
-        (conversation_id, row.id),
-    )
+def _stored_identically(
+    conversation_id: str,
+    row: MessageRow,
+    stored: Mapping[str, tuple[int, list[tuple[str | None, bytes]], bool]],
+) -> bool:
+    """Whether ``row`` is stored already with the same role and parts (then it is not written
+    again). Raises :class:`MessageIdConflict` when stored otherwise, :class:`MessageAlreadyAnswered`
+    when a completed reply follows it."""
+    found = stored.get(row.id)
     if found is None:
         return False
-    role, seq = found
-    if role != row.role or await _stored_parts(conn, conversation_id, row.id) != list(row.parts):
+    role, parts, answered = found
+    if role != row.role or parts != list(row.parts):
         raise MessageIdConflict(conversation_id, row.id)
-    answered = await fetch_one(
-        conn,
-        "SELECT 1 FROM messages m JOIN turns t"
-        " ON t.conversation_id = m.conversation_id AND t.assistant_message_id = m.id"
-        " WHERE m.conversation_id = %s AND m.seq > %s AND t.state = 'completed' LIMIT 1",
-        (conversation_id, seq),
-    )
-    if answered is not None:
+    if answered:
         raise MessageAlreadyAnswered(conversation_id, row.id)
     return True
 
