@@ -341,19 +341,11 @@ class PostgresStore:
             outcomes = []
             try:
                 pool = self._require_pool("group commit")
-                async with pool.connection() as conn, conn.transaction():
-                    now_us = self._now_us()
-                    for queued in batch:
-                        try:
-                            async with conn.transaction():  # a savepoint per write
-                                await queued.body(conn, now_us)
-                            outcomes.append(None)
-                        except _RACE_ERRORS:
-                            raise  # the whole batch again
-                        except (psycopg.Error, StoreError, ValueError) as error:
-                            outcomes.append(
-                                self._error(error, queued.what) if isinstance(error, psycopg.Error) else error
-                            )
+                async with pool.connection() as conn:
+                    if await self._apply_pipelined(conn, batch):
+                        outcomes = [None] * len(batch)
+                    else:
+                        outcomes = await self._apply_one_by_one(conn, batch)
                 failure = None
                 break
             except _RACE_ERRORS as exc:
@@ -369,6 +361,43 @@ class PostgresStore:
                 queued.future.set_result(None)
             else:
                 queued.future.set_exception(outcome)
+
+    async def _apply_pipelined(self, conn: Conn, batch: list[_Queued]) -> bool:
+        """The batch in one pipelined transaction without a savepoint per write (they cost a
+        round trip each): statements go out without waiting, only reads do. True when it
+        committed; False when some write failed (all rolled back: the caller applies them again
+        one by one). Raises the race errors (the whole batch again)."""
+        try:
+            async with conn.pipeline(), conn.transaction():
+                now_us = self._now_us()
+                for queued in batch:
+                    await queued.body(conn, now_us)
+        except _RACE_ERRORS:
+            raise
+        except (psycopg.Error, StoreError, ValueError):
+            if conn.closed:
+                raise
+            return False
+        return True
+
+    async def _apply_one_by_one(self, conn: Conn, batch: list[_Queued]) -> list[BaseException | None]:
+        """The batch in one transaction, a savepoint per write (one failing undoes only itself);
+        each write's outcome. Raises the race errors (the whole batch again)."""
+        outcomes: list[BaseException | None] = []
+        async with conn.transaction():
+            now_us = self._now_us()
+            for queued in batch:
+                try:
+                    async with conn.transaction():  # a savepoint per write
+                        await queued.body(conn, now_us)
+                    outcomes.append(None)
+                except _RACE_ERRORS:
+                    raise
+                except (psycopg.Error, StoreError, ValueError) as error:
+                    outcomes.append(
+                        self._error(error, queued.what) if isinstance(error, psycopg.Error) else error
+                    )
+        return outcomes
 
     # ------------------------------------------------------------------ reads
 

@@ -164,13 +164,16 @@ async def lock_conversation(conn: Conn, conversation_id: str) -> bool:
     An advisory transaction lock on the id (so writers that create the conversation serialize
     too), then ``SELECT … FOR UPDATE`` of its row.
     """
+    return await (await _lock(conn, conversation_id)).fetchone() is not None
+
+
+async def _lock(conn: Conn, conversation_id: str) -> Any:
+    """:func:`lock_conversation` without waiting for it: in pipeline mode the statements go out
+    with the write's next ones. Returns the cursor of the row's ``SELECT … FOR UPDATE``."""
     await conn.execute(
         b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (CONVERSATION_LOCK_CLASS, conversation_id)
     )
-    return (
-        await fetch_one(conn, "SELECT 1 FROM conversations WHERE id = %s FOR UPDATE", (conversation_id,))
-        is not None
-    )
+    return await conn.execute(b"SELECT 1 FROM conversations WHERE id = %s FOR UPDATE", (conversation_id,))
 
 
 _INSERT_MESSAGE: Final = (
@@ -219,13 +222,19 @@ async def _touch_conversation(conn: Conn, conversation_id: str, now_us: int, add
     )
 
 
-async def _upsert_message(conn: Conn, conversation_id: str, row: MessageRow, now_us: int) -> None:
+_STORED_ROLE: Final = b"SELECT role FROM messages WHERE conversation_id = %s AND id = %s"
+
+
+async def _upsert_message(
+    conn: Conn, conversation_id: str, row: MessageRow, now_us: int, stored_role: Any = None
+) -> None:
     """Insert ``row`` at the end, or replace it in place (same seq) when its id exists; raises
     :class:`MessageIdConflict` when the stored message has another role. Caller holds the
-    conversation lock."""
-    found = await fetch_one(
-        conn, "SELECT role FROM messages WHERE conversation_id = %s AND id = %s", (conversation_id, row.id)
-    )
+    conversation lock. ``stored_role``: a cursor of :data:`_STORED_ROLE` the caller already
+    sent (pipeline mode: read with the caller's other reads in one round trip)."""
+    if stored_role is None:
+        stored_role = await conn.execute(_STORED_ROLE, (conversation_id, row.id))
+    found = await stored_role.fetchone()
     if found is not None and found[0] != row.role:
         raise MessageIdConflict(conversation_id, row.id)
     await _touch_conversation(conn, conversation_id, now_us, 0 if found is not None else 1)
@@ -241,8 +250,9 @@ async def _upsert_message(conn: Conn, conversation_id: str, row: MessageRow, now
         await _insert_message(conn, conversation_id, row)
 
 
-async def _turn_recorded(conn: Conn, request_id: str) -> bool:
-    return await fetch_one(conn, "SELECT 1 FROM turns WHERE request_id = %s", (request_id,)) is not None
+async def _turn_recorded(conn: Conn, request_id: str) -> Any:
+    """A cursor whose one row says whether turn ``request_id`` is recorded (not yet fetched)."""
+    return await conn.execute(b"SELECT EXISTS (SELECT 1 FROM turns WHERE request_id = %s)", (request_id,))
 
 
 async def _stored_parts(conn: Conn, conversation_id: str, message_id: str) -> list[tuple[str | None, bytes]]:
@@ -306,11 +316,7 @@ async def start_turn(conn: Conn, turn: TurnRecord, rows: Sequence[MessageRow], n
     :class:`TurnAlreadyExists`, :class:`SubmissionNotPending`.
     """
     conversation_id = turn.conversation_id
-    # The conversation's lock (as lock_conversation takes it) without waiting for its result.
-    await conn.execute(
-        b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (CONVERSATION_LOCK_CLASS, conversation_id)
-    )
-    await conn.execute(b"SELECT 1 FROM conversations WHERE id = %s FOR UPDATE", (conversation_id,))
+    await _lock(conn, conversation_id)
     submission_sql, turn_sql, messages_sql = _START_READS
     cursors = [
         await conn.execute(submission_sql.encode(), (turn.request_id,)),
@@ -385,10 +391,12 @@ async def save_message(
 ) -> None:
     """``Store.save_message``: upsert ``row`` (it has parts), a no-op when ``turn_request_id``
     names no recorded turn."""
-    await lock_conversation(conn, conversation_id)
-    if turn_request_id and not await _turn_recorded(conn, turn_request_id):
+    await _lock(conn, conversation_id)
+    recorded = await _turn_recorded(conn, turn_request_id) if turn_request_id else None
+    stored_role = await conn.execute(_STORED_ROLE, (conversation_id, row.id))
+    if recorded is not None and not (await recorded.fetchone())[0]:
         return
-    await _upsert_message(conn, conversation_id, row, now_us)
+    await _upsert_message(conn, conversation_id, row, now_us, stored_role)
 
 
 async def finish_turn(conn: Conn, turn: TurnRecord, row: MessageRow | None, now_us: int) -> None:
@@ -396,11 +404,13 @@ async def finish_turn(conn: Conn, turn: TurnRecord, row: MessageRow | None, now_
 
     Raises :class:`TurnNotFound` (writing nothing) when no turn ``turn.request_id`` exists.
     """
-    await lock_conversation(conn, turn.conversation_id)
-    if not await _turn_recorded(conn, turn.request_id):
+    await _lock(conn, turn.conversation_id)
+    recorded = await _turn_recorded(conn, turn.request_id)
+    stored_role = None if row is None else await conn.execute(_STORED_ROLE, (turn.conversation_id, row.id))
+    if not (await recorded.fetchone())[0]:
         raise TurnNotFound(turn.request_id)
     if row is not None:
-        await _upsert_message(conn, turn.conversation_id, row, now_us)
+        await _upsert_message(conn, turn.conversation_id, row, now_us, stored_role)
     await run(
         conn,
         "UPDATE turns SET state = %s, end_time = %s, error = %s, recovery_count = %s WHERE request_id = %s",
@@ -557,12 +567,14 @@ async def append_events(
     :func:`~turnwire_server.store.sqlite_streams.append_events_write` (arguments checked by the
     caller). Nothing is written when no turn ``request_id`` is recorded."""
     numbers = [number for number, _ in events]
-    await lock_conversation(conn, conversation_id)
-    if not await _turn_recorded(conn, request_id):
-        return
-    found = await fetch_one(
-        conn, "SELECT end_time FROM turn_streams WHERE request_id = %s FOR UPDATE", (request_id,)
+    await _lock(conn, conversation_id)
+    recorded = await _turn_recorded(conn, request_id)
+    stream = await conn.execute(
+        b"SELECT end_time FROM turn_streams WHERE request_id = %s FOR UPDATE", (request_id,)
     )
+    if not (await recorded.fetchone())[0]:
+        return
+    found = await stream.fetchone()
     if found is not None and found[0] is not None and numbers and numbers[0] == 1:
         await run(conn, "DELETE FROM turn_streams WHERE request_id = %s", (request_id,))
         found = None
@@ -599,19 +611,6 @@ async def append_events(
 async def _select_submission(conn: Conn, where: str, params: Sequence[Any]) -> SubmissionRecord | None:
     row = await fetch_one(conn, f"SELECT {SUBMISSION_COLUMNS} FROM submissions WHERE {where}", params)
     return None if row is None else submission_from_row(row)
-
-
-async def _start_submission(conn: Conn, request_id: str, now_us: int) -> None:
-    found = await fetch_one(conn, "SELECT state FROM submissions WHERE id = %s FOR UPDATE", (request_id,))
-    if found is None:
-        return
-    if found[0] not in _OPEN:
-        raise SubmissionNotPending(request_id, found[0])
-    await run(
-        conn,
-        "UPDATE submissions SET state = 'running', start_time = COALESCE(start_time, %s) WHERE id = %s",
-        (now_us, request_id),
-    )
 
 
 async def create_submission(
