@@ -772,7 +772,7 @@ class PostgresStore:
         stale_us = now_us - lease_us
         pool = self._require_pool("turn_lock")
         params = {
-            "lock": QUEUE_LOCK_CLASS,
+            "lock": writes.QUEUE_LOCK_CLASS,
             "owner": owner,
             "until": now_us + lease_us,
             "c": conversation_id,
@@ -909,6 +909,15 @@ class PostgresStore:
         """Request ids any replica asked to cancel (from the ``LISTEN`` connection)."""
         return self._listener.cancel_requests()
 
+    async def submission_offers(self) -> AsyncIterator[None]:
+        """Once per wake-up after a replica accepted submissions it left for others (several
+        notifications may fold into one; also after the listener reconnected). Never ends."""
+        offered = self._listener.offered
+        while True:
+            await offered.wait()
+            offered.clear()
+            yield None
+
     async def wait_for_events(self, request_id: str, after: int, timeout_seconds: float) -> bool:
         """Wait (at most ``timeout_seconds``) until turn ``request_id`` stored events past ``after``
         or ended; True (this store follows other replicas)."""
@@ -947,11 +956,6 @@ _TAKE_TICKET: Final = (
     b" WHERE conversation_id = %(c)s AND lease_until >= %(stale)s)"
 )
 """Take or re-own a ticket, drop lapsed ones; (the ticket, the lowest live ticket before it)."""
-
-QUEUE_LOCK_CLASS: Final = 0x7471  # "tq"
-"""First key of the advisory lock serializing a conversation's ticket takers (second:
-``hashtext(conversation_id)``); not the write lock, so taking a ticket never waits for a commit
-of the conversation's running turn."""
 
 
 async def _take_over_tickets(conn: Any, request_ids: Sequence[str], owner: str, until_us: int) -> None:

@@ -92,6 +92,22 @@ CONVERSATION_LOCK_CLASS: Final = 0x7477  # "tw"
 SUBMISSIONS_LOCK_KEY: Final = 0x7475726E_73756273  # "turnsubs"
 """The advisory lock key serializing :func:`create_submission` (global acceptance order)."""
 
+QUEUE_LOCK_CLASS: Final = 0x7471  # "tq"
+"""First key of the advisory lock serializing the ticket takers of a conversation's turn queue
+(second: ``hashtext(conversation_id)``); not the write lock, so taking a ticket never waits for a
+commit of the conversation's running turn."""
+
+UNOWNED_LEASE: Final = 1 << 62
+"""The lease of the queue ticket of a submission no replica claimed yet: it never lapses, so the
+submission keeps its place in line until a replica claims it (and the ticket gets its lease) or
+it ends without running (and the ticket goes)."""
+
+_FREE_UNOWNED_TICKETS: Final = (
+    "WITH gone AS (DELETE FROM turn_queue WHERE request_id = ANY(%s) AND owner = ''"
+    " RETURNING conversation_id) SELECT pg_notify('turnwire_queue', conversation_id) FROM gone"
+)
+"""Delete the unclaimed tickets of submissions that end without running; wake the line."""
+
 LOAD_MESSAGES_SQL: Final = (
     "SELECT m.id, m.role, m.create_time, m.create_time_nanos, m.metadata, p.data"
     " FROM messages AS m LEFT JOIN parts AS p"
@@ -516,6 +532,8 @@ async def add_messages(
 
 
 _CONVERSATION_TABLES: Final = (
+    # Tickets of its pending submissions no replica claimed (the others go with their turns).
+    "DELETE FROM turn_queue WHERE conversation_id = %s AND owner = ''",
     "DELETE FROM turn_events WHERE request_id IN"
     " (SELECT request_id FROM turn_streams WHERE conversation_id = %s)",
     "DELETE FROM turn_streams WHERE conversation_id = %s",
@@ -660,6 +678,23 @@ async def create_submission(
             None if submission.lease_until is None else to_us(submission.lease_until, "lease_until"),
         ),
     )
+    # Its place in the conversation's turn queue, taken now: first in, first out by acceptance
+    # whichever replica later runs it (that one's turn lock takes this ticket over).
+    await conn.execute(
+        b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (QUEUE_LOCK_CLASS, submission.conversation_id)
+    )
+    await run(
+        conn,
+        "INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until) VALUES (%s, %s, %s, %s)",
+        (
+            submission.conversation_id,
+            submission.submission_id,
+            submission.owner,
+            UNOWNED_LEASE if submission.lease_until is None else to_us(submission.lease_until, "lease_until"),
+        ),
+    )
+    if not submission.owner:  # replicas with a free slot claim it (delivered at commit)
+        await run(conn, "SELECT pg_notify('turnwire_submissions', '')")
     stored = await _select_submission(conn, "id = %s", (submission.submission_id,))
     assert stored is not None
     return stored, True
@@ -681,7 +716,10 @@ async def end_submission(
         "UPDATE submissions SET state = %s, end_time = %s, error = %s WHERE id = %s AND state = ANY(%s)",
         (state, now_us, error, submission_id, list(only_from)),
     )
-    return await _select_submission(conn, "id = %s", (submission_id,))
+    record = await _select_submission(conn, "id = %s", (submission_id,))
+    if record is not None and record.state not in _OPEN:
+        await run(conn, _FREE_UNOWNED_TICKETS, ([submission_id],))
+    return record
 
 
 async def expire_submissions(conn: Conn, before_us: int, limit: int, error: bytes, now_us: int) -> list[str]:
@@ -700,6 +738,7 @@ async def expire_submissions(conn: Conn, before_us: int, limit: int, error: byte
         " WHERE id = %s AND state = 'pending'",
         [(now_us, error, submission_id) for submission_id in ids],
     )
+    await run(conn, _FREE_UNOWNED_TICKETS, (ids,))
     return ids
 
 
