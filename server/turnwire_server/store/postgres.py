@@ -368,7 +368,11 @@ class PostgresStore:
         committed; False when some write failed (all rolled back: the caller applies them again
         one by one). Raises the race errors (the whole batch again)."""
         try:
-            async with conn.pipeline(), conn.transaction():
+            async with (
+                conn.pipeline(),
+                conn.transaction(),
+                writes.conversations_locked(conn, (q.conversation_id for q in batch)),
+            ):
                 now_us = self._now_us()
                 for queued in batch:
                     await queued.body(conn, now_us)

@@ -18,9 +18,11 @@ message positions gap-free. :func:`create_submission` serializes on one global a
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import datetime as dt
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
 import psycopg
@@ -141,7 +143,7 @@ async def _all(conn: Conn, sql: str, params: Sequence[Any] = ()) -> list[Any]:
     return list(await cur.fetchall())
 
 
-async def run(conn: Conn, sql: str, params: Sequence[Any] = ()) -> int:
+async def run(conn: Conn, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
     """Execute ``sql``; the number of rows it changed."""
     cur = await conn.execute(sql.encode(), params)
     return cur.rowcount
@@ -180,16 +182,48 @@ async def lock_conversation(conn: Conn, conversation_id: str) -> bool:
     An advisory transaction lock on the id (so writers that create the conversation serialize
     too), then ``SELECT … FOR UPDATE`` of its row.
     """
-    return await (await _lock(conn, conversation_id)).fetchone() is not None
-
-
-async def _lock(conn: Conn, conversation_id: str) -> Any:
-    """:func:`lock_conversation` without waiting for it: in pipeline mode the statements go out
-    with the write's next ones. Returns the cursor of the row's ``SELECT … FOR UPDATE``."""
     await conn.execute(
         b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (CONVERSATION_LOCK_CLASS, conversation_id)
     )
-    return await conn.execute(b"SELECT 1 FROM conversations WHERE id = %s FOR UPDATE", (conversation_id,))
+    return (
+        await fetch_one(conn, "SELECT 1 FROM conversations WHERE id = %s FOR UPDATE", (conversation_id,))
+        is not None
+    )
+
+
+_LOCKED: Final[contextvars.ContextVar[frozenset[str]]] = contextvars.ContextVar(
+    "turnwire_locked_conversations", default=frozenset()
+)
+"""Conversations whose locks the running group commit took up front (:func:`conversations_locked`)."""
+
+
+async def _lock(conn: Conn, conversation_id: str) -> None:
+    """:func:`lock_conversation` without waiting for it (in pipeline mode its statements go out
+    with the write's next ones), and nothing when the group commit holds the lock already."""
+    if conversation_id in _LOCKED.get():
+        return
+    await conn.execute(
+        b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (CONVERSATION_LOCK_CLASS, conversation_id)
+    )
+    await conn.execute(b"SELECT 1 FROM conversations WHERE id = %s FOR UPDATE", (conversation_id,))
+
+
+@contextlib.asynccontextmanager
+async def conversations_locked(conn: Conn, conversation_ids: Iterable[str]) -> AsyncIterator[None]:
+    """Take the write locks of ``conversation_ids`` for the rest of the transaction, in id order
+    and two statements for all of them (a group commit's writes would take them one by one);
+    the writes run inside the block do not take them again."""
+    ordered = sorted(set(conversation_ids))
+    await conn.execute(
+        b"SELECT pg_advisory_xact_lock(%s, hashtext(c)) FROM unnest(%s::text[]) AS c",
+        (CONVERSATION_LOCK_CLASS, ordered),
+    )
+    await conn.execute(b"SELECT 1 FROM conversations WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (ordered,))
+    token = _LOCKED.set(frozenset(ordered))
+    try:
+        yield
+    finally:
+        _LOCKED.reset(token)
 
 
 _INSERT_MESSAGE: Final = (
@@ -595,15 +629,21 @@ async def append_events(
     found = await stream.fetchone()
     if found is not None and found[0] is not None and numbers and numbers[0] == 1:
         await run(conn, "DELETE FROM turn_streams WHERE request_id = %s", (request_id,))
-        found = None
-    if found is None:
-        await run(
-            conn,
-            "INSERT INTO turn_streams (request_id, conversation_id, last_sequence_number, create_time)"
-            " VALUES (%s, %s, 0, %s)",
-            (request_id, conversation_id, now_us),
-        )
     last = numbers[-1] if numbers else 0
+    # The stream created or moved on, and readers following this turn from another replica woken
+    # (delivered at commit), in one statement.
+    await run(
+        conn,
+        "WITH stream AS (INSERT INTO turn_streams"
+        " (request_id, conversation_id, last_sequence_number, create_time, end_time)"
+        " VALUES (%(r)s, %(c)s, %(last)s, %(now)s, CASE WHEN %(ended)s THEN %(now)s END)"
+        " ON CONFLICT (request_id) DO UPDATE"
+        " SET last_sequence_number"
+        " = GREATEST(turn_streams.last_sequence_number, excluded.last_sequence_number),"
+        " end_time = COALESCE(excluded.end_time, turn_streams.end_time))"
+        " SELECT pg_notify('turnwire_events', %(r)s)",
+        {"r": request_id, "c": conversation_id, "last": last, "now": now_us, "ended": ended},
+    )
     if events:
         # A batch retried after a failed commit starts at the same number: replace it.
         await run(
@@ -613,14 +653,6 @@ async def append_events(
             " SET last_sequence_number = excluded.last_sequence_number, data = excluded.data",
             (request_id, numbers[0], last, pack_events(events)),
         )
-    await run(
-        conn,
-        "UPDATE turn_streams SET last_sequence_number = GREATEST(last_sequence_number, %s),"
-        " end_time = CASE WHEN %s THEN %s ELSE end_time END WHERE request_id = %s",
-        (last, ended, now_us, request_id),
-    )
-    # Readers following this turn from another replica wake up (delivered at commit).
-    await run(conn, "SELECT pg_notify('turnwire_events', %s)", (request_id,))
 
 
 # --------------------------------------------------------------------------- submissions
