@@ -488,8 +488,8 @@ class PostgresStore:
         if numbers != sorted(set(numbers)) or (numbers and numbers[0] < 1):
             raise ValueError(f"event sequence numbers must ascend from >= 1, got {numbers[:5]}…")
         batch = list(events)
-        write = self._write if ended else self._write_batched  # the end is awaited by the turn's stream
-        await write(
+        # Group-committed, the stream's end too (its turn waits for it, but shares the commit).
+        await self._write_batched(
             f"append_events({request_id!r})",
             lambda conn, now_us: writes.append_events(
                 conn, conversation_id, request_id, batch, ended=ended, now_us=now_us

@@ -234,29 +234,40 @@ _INSERT_MESSAGE: Final = (
 )
 
 
+_PARTS_OF_ROW: Final = (
+    # A message's parts from two arrays, one statement however many parts (idx from 0).
+    " INSERT INTO parts (conversation_id, message_id, idx, kind, data)"
+    " SELECT %(c)s, %(m)s, p.idx - 1, p.kind, p.data"
+    " FROM unnest(%(kinds)s::text[], %(datas)s::bytea[]) WITH ORDINALITY AS p(kind, data, idx)"
+)
+
+
+def _parts_params(conversation_id: str, row: MessageRow) -> dict[str, Any]:
+    return {
+        "c": conversation_id,
+        "m": row.id,
+        "n": len(row.parts),
+        "kinds": [kind for kind, _ in row.parts],
+        "datas": [data for _, data in row.parts],
+    }
+
+
 async def _insert_message(conn: Conn, conversation_id: str, row: MessageRow) -> None:
     await run(conn, _INSERT_MESSAGE, message_insert_params(conversation_id, row))
-    await _run_many(
-        conn,
-        "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (%s, %s, %s, %s, %s)",
-        [(conversation_id, row.id, idx, kind, data) for idx, (kind, data) in enumerate(row.parts)],
-    )
+    await run(conn, _PARTS_OF_ROW, _parts_params(conversation_id, row))
 
 
 async def _put_parts(conn: Conn, conversation_id: str, row: MessageRow) -> None:
     """Make the message's parts exactly ``row.parts``, rewriting only changed ones."""
-    await _run_many(
-        conn,
-        "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (%s, %s, %s, %s, %s)"
-        " ON CONFLICT (conversation_id, message_id, idx) DO UPDATE"
-        " SET kind = excluded.kind, data = excluded.data"
-        " WHERE parts.data IS DISTINCT FROM excluded.data",
-        [(conversation_id, row.id, idx, kind, data) for idx, (kind, data) in enumerate(row.parts)],
-    )
     await run(
         conn,
-        "DELETE FROM parts WHERE conversation_id = %s AND message_id = %s AND idx >= %s",
-        (conversation_id, row.id, len(row.parts)),
+        "WITH gone AS (DELETE FROM parts"
+        " WHERE conversation_id = %(c)s AND message_id = %(m)s AND idx >= %(n)s)"
+        + _PARTS_OF_ROW
+        + " ON CONFLICT (conversation_id, message_id, idx) DO UPDATE"
+        " SET kind = excluded.kind, data = excluded.data"
+        " WHERE parts.data IS DISTINCT FROM excluded.data",
+        _parts_params(conversation_id, row),
     )
 
 
