@@ -305,7 +305,7 @@ class PostgresStore:
     ) -> T:
         for attempt in range(_RETRIES):
             try:
-                async with pool.connection() as conn, _pipelined(conn, pipeline), conn.transaction():
+                async with pool.connection() as conn, _transaction(conn, pipeline):
                     return await body(conn, self._now_us())
             except _RACE_ERRORS as exc:
                 if attempt + 1 == _RETRIES:
@@ -369,8 +369,7 @@ class PostgresStore:
         one by one). Raises the race errors (the whole batch again)."""
         try:
             async with (
-                conn.pipeline(),
-                conn.transaction(),
+                _flight(conn),
                 writes.conversations_locked(conn, (q.conversation_id for q in batch)),
             ):
                 now_us = self._now_us()
@@ -935,9 +934,31 @@ class PostgresStore:
         return True
 
 
-def _pipelined(conn: Conn, on: bool) -> AbstractAsyncContextManager[Any]:
-    """``conn.pipeline()`` when ``on``, else nothing."""
-    return conn.pipeline() if on else contextlib.nullcontext()
+def _transaction(conn: Conn, pipeline: bool) -> AbstractAsyncContextManager[Any]:
+    """A transaction on ``conn``: :func:`_flight` when ``pipeline``, else ``conn.transaction()``."""
+    return _flight(conn) if pipeline else conn.transaction()
+
+
+@contextlib.asynccontextmanager
+async def _flight(conn: Conn) -> AsyncIterator[None]:
+    """A transaction in pipeline mode that waits for the server only where the block reads and
+    once at the end: ``BEGIN`` goes out with the first statements and ``COMMIT`` with the last
+    (psycopg's ``conn.transaction()`` would sync at its start and its end, one round trip each).
+    An exception in the block rolls back and propagates."""
+    async with conn.pipeline() as pipeline:
+        await conn.execute(b"BEGIN")
+        try:
+            yield
+        except BaseException:
+            # After a failed statement the server skips everything up to the next sync.
+            with contextlib.suppress(psycopg.Error):
+                await pipeline.sync()
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute(b"ROLLBACK")
+            raise
+        await conn.execute(b"COMMIT")
+    # Leaving the pipeline synced: the COMMIT's outcome (and any error of the block's statements)
+    # is in by now.
 
 
 _TAKE_TICKET: Final = (
