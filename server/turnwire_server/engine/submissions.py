@@ -77,11 +77,6 @@ class Submissions:
         self._missed = False
         self._wake = asyncio.Event()
 
-    @property
-    def running(self) -> int:
-        """Submission turns this replica runs (or queues) now, at most ``max_running``."""
-        return self._slots
-
     async def submit(self, submission: SubmissionRecord) -> tuple[SubmissionRecord, bool]:
         """Store ``submission`` (or find the one it repeats) and, when new, start its turn.
 

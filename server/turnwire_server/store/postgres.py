@@ -764,9 +764,9 @@ class PostgresStore:
         self, conversation_id: str, request_id: str, owner: str, lease_us: int
     ) -> tuple[int, int]:
         """Take (or, for work taken over from a dead replica, re-own) the ticket of
-        ``request_id``; returns it and the conversation's head ticket. One round trip (a
-        pipelined transaction), so an idle conversation costs one before the turn's input is
-        stored.
+        ``request_id``; returns it and the conversation's head ticket. One round trip (one
+        simple query, its statements one implicit transaction), so an idle conversation costs one
+        before the turn's input is stored.
 
         Takers of one conversation serialize on its queue lock: a ticket is numbered and
         committed before the next taker looks, so no two takers both find themselves at the head
