@@ -257,11 +257,12 @@ async def start(settings: Settings) -> Sidecar:
             store,
             turn_request=lambda record: turn_request_of(record, settings.default_model),
             max_open=settings.durability.max_pending_submissions_per_conversation,
+            max_running=settings.durability.max_running_submissions,
             error_status=status_of,
         )
-        restarted = await submissions.restart_pending()
+        restarted = await submissions.claim()
         if restarted:
-            log.info("restarted %d pending submission(s)", restarted)
+            log.info("started %d pending submission(s)", restarted)
         gate = CallGate(settings.limits.max_concurrent_rpcs)
         quiet_grpc_call_noise()
         server = grpc.aio.server(interceptors=[gate], options=grpc_options(settings))

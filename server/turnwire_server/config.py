@@ -299,6 +299,12 @@ class DurabilitySettings(_Section):
     max_pending_submissions_per_conversation: int = Field(
         1000, ge=1, description="past it SubmitMessages answers RESOURCE_EXHAUSTED"
     )
+    max_running_submissions: int = Field(
+        64,
+        ge=1,
+        le=100_000,
+        description="submission turns one replica runs at once; more wait for a replica with a free slot",
+    )
 
 
 class StoreCheckpointSettings(_Section):
