@@ -28,7 +28,7 @@ from turnwire_server.store import (
     TurnNotFound,
     TurnRecord,
 )
-from turnwire_server.store.base import CompactionRecord, TurnNotFound
+from turnwire_server.store.base import CompactionRecord
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.sqlite_rows import decode_page_token, encode_page_token, to_us
 
