@@ -25,7 +25,7 @@ from turnwire.hooks import (
     ToolCallOutcome,
     ToolCallResultContext,
 )
-from turnwire.tools import Tool, ToolError, ToolExecution
+from turnwire.tools import Tool, ToolError, ToolExecution, tool_timeout
 from turnwire.values import NotJsonError, parse_tool_input
 from turnwire_server.engine.assistant_message import OutputTooLarge
 from turnwire_server.engine.client_tools import hold_call
@@ -42,8 +42,8 @@ BLOCKED_TEXT = 'Tool "{name}" was blocked by beforeToolCall.'
 class ToolCallRunner:
     """Collects a step's complete tool calls, then runs them with their hooks.
 
-    ``tool_timeout_seconds`` bounds each execution; ``wait_for_reader`` is awaited
-    after a result when the client is behind (backpressure); ``repair`` is the
+    ``tool_timeout_seconds`` bounds each execution (a tool's own ``timeout_seconds`` replaces it);
+    ``wait_for_reader`` is awaited after a result when the client is behind (backpressure); ``repair`` is the
     turn's ``repair_tool_call`` (or None); ``max_output_bytes`` bounds a result's
     JSON text (0: no bound; a larger result becomes the call's error).
     """
@@ -253,7 +253,7 @@ class ToolCallRunner:
             step_number=step_number,
             cancelled=turn.cancelled,
         )
-        timeout = self._tool_timeout_seconds
+        timeout = tool_timeout(tool, self._tool_timeout_seconds)
         # Expiry cancels the awaiting call: a process-isolated tool's worker process is killed,
         # a sync tool's thread is abandoned (it cannot be stopped), an async tool is cancelled.
         deadline = asyncio.timeout(timeout)
