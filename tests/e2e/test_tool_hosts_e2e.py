@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,21 @@ async def hosts(tmp_path: Path) -> AsyncIterator[Callable[..., ToolHostProcess]]
         host.kill()
 
 
+OneHost = Callable[..., Awaitable[tuple[ToolHostProcess, SidecarProcess]]]
+
+
+@pytest.fixture
+def one_host(sidecar_factory: SidecarFactory, hosts: Callable[..., ToolHostProcess]) -> OneHost:
+    """``await one_host(**tools)``: a started host and a started sidecar using it (``tools``: more
+    ``tools`` config, e.g. ``require_approval``)."""
+
+    async def start(**tools: Any) -> tuple[ToolHostProcess, SidecarProcess]:
+        host = await hosts().start()
+        return host, await sidecar_factory(config(host.address, **tools)).start()
+
+    return start
+
+
 def outputs(result: TurnResult, *, preliminary: bool) -> list[Any]:
     """The JSON values of the turn's (preliminary or final) ToolOutputAvailable events."""
     return [
@@ -86,11 +101,8 @@ async def chat(sidecar: SidecarProcess, script: str, conversation: str = "c", **
         return await collect(client.chat(conversation, "go", model=f"scripted:{script}", **kwargs))
 
 
-async def test_a_host_tool_runs_with_exact_big_integers_both_ways(
-    sidecar_factory: SidecarFactory, hosts: Callable[..., ToolHostProcess]
-) -> None:
-    host = await hosts().start()
-    sidecar = await sidecar_factory(config(host.address)).start()
+async def test_a_host_tool_runs_with_exact_big_integers_both_ways(one_host: OneHost) -> None:
+    host, sidecar = await one_host()
     result = await chat(sidecar, "big")
     assert result.ok and result.text == "after"
     final = [
@@ -104,11 +116,8 @@ async def test_a_host_tool_runs_with_exact_big_integers_both_ways(
     assert started["parent"] == result.request_id == started["request_id"]
 
 
-async def test_a_streaming_host_tool_sends_preliminary_results_on_the_chat_stream(
-    sidecar_factory: SidecarFactory, hosts: Callable[..., ToolHostProcess]
-) -> None:
-    host = await hosts().start()
-    sidecar = await sidecar_factory(config(host.address)).start()
+async def test_a_streaming_host_tool_sends_preliminary_results_on_the_chat_stream(one_host: OneHost) -> None:
+    _host, sidecar = await one_host()
     result = await chat(sidecar, "count")
     assert result.ok
     # Each yield is preliminary, the final value last (as a Python streaming tool's, §3).
@@ -116,21 +125,17 @@ async def test_a_streaming_host_tool_sends_preliminary_results_on_the_chat_strea
     assert outputs(result, preliminary=False) == [{"done": 3}]
 
 
-async def test_a_host_error_is_a_tool_error_and_the_turn_goes_on(
-    sidecar_factory: SidecarFactory, hosts: Callable[..., ToolHostProcess]
-) -> None:
-    host = await hosts().start()
-    sidecar = await sidecar_factory(config(host.address)).start()
+async def test_a_host_error_is_a_tool_error_and_the_turn_goes_on(one_host: OneHost) -> None:
+    _host, sidecar = await one_host()
     result = await chat(sidecar, "fail")
     assert result.ok and result.text == "after"
     assert errors(result) == ["no luck today"]
 
 
 async def test_a_declared_timeout_ends_the_call_with_a_tool_error_and_cancels_it_on_the_host(
-    sidecar_factory: SidecarFactory, hosts: Callable[..., ToolHostProcess]
+    one_host: OneHost,
 ) -> None:
-    host = await hosts().start()
-    sidecar = await sidecar_factory(config(host.address)).start()
+    host, sidecar = await one_host()
     result = await chat(sidecar, "deadline")
     assert result.ok and result.text == "after"
     (error,) = errors(result)
@@ -138,11 +143,8 @@ async def test_a_declared_timeout_ends_the_call_with_a_tool_error_and_cancels_it
     await wait_until(lambda: host.events("cancelled", "quick_deadline"), what="the host saw the cancellation")
 
 
-async def test_cancelling_the_turn_cancels_the_remote_call(
-    sidecar_factory: SidecarFactory, hosts: Callable[..., ToolHostProcess]
-) -> None:
-    host = await hosts().start()
-    sidecar = await sidecar_factory(config(host.address)).start()
+async def test_cancelling_the_turn_cancels_the_remote_call(one_host: OneHost) -> None:
+    host, sidecar = await one_host()
     async with TurnwireClient(sidecar.target) as client:
         stream = client.chat("c", "go", model="scripted:wait")
         async for event in stream:
@@ -155,10 +157,9 @@ async def test_cancelling_the_turn_cancels_the_remote_call(
 
 
 async def test_a_host_that_dies_mid_call_gives_a_tool_error_and_its_tools_work_after_it_comes_back(
-    sidecar_factory: SidecarFactory, hosts: Callable[..., ToolHostProcess]
+    one_host: OneHost, hosts: Callable[..., ToolHostProcess]
 ) -> None:
-    host = await hosts().start()
-    sidecar = await sidecar_factory(config(host.address)).start()
+    host, sidecar = await one_host()
     async with TurnwireClient(sidecar.target) as client:
         turn = asyncio.ensure_future(collect(client.chat("c", "go", model="scripted:wait")))
         await wait_until(lambda: host.events("started", "wait"), what="the host runs the call")
@@ -196,11 +197,8 @@ async def test_a_host_down_at_start_up_joins_when_it_comes_up(
     await wait_until(works, timeout=20, interval=0.2, what="the host's tools are listed")
 
 
-async def test_a_later_source_overrides_an_earlier_tool_of_the_same_name(
-    sidecar_factory: SidecarFactory, hosts: Callable[..., ToolHostProcess]
-) -> None:
-    host = await hosts().start()
-    sidecar = await sidecar_factory(config(host.address)).start()
+async def test_a_later_source_overrides_an_earlier_tool_of_the_same_name(one_host: OneHost) -> None:
+    host, sidecar = await one_host()
     # The host's get_weather replaces the demo tool (server tools, then hosts).
     result = await chat(sidecar, "weather")
     assert outputs(result, preliminary=False) == [{"city": "Oslo", "source": "tool host"}]
@@ -227,11 +225,8 @@ async def test_a_later_host_overrides_an_earlier_one(
         second.kill()
 
 
-async def test_remote_tools_needing_approval_wait_for_it(
-    sidecar_factory: SidecarFactory, hosts: Callable[..., ToolHostProcess]
-) -> None:
-    host = await hosts().start()
-    sidecar = await sidecar_factory(config(host.address, require_approval=["add_big"])).start()
+async def test_remote_tools_needing_approval_wait_for_it(one_host: OneHost) -> None:
+    host, sidecar = await one_host(require_approval=["add_big"])
     for script, tool, output in (
         ("guarded", "guarded", {"guarded": "ran"}),
         ("big", "add_big", {"sum": A + B}),
