@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -262,10 +263,13 @@ class ToolCallRunner:
                 result = await tool.execute(run_input, execution)
                 if isinstance(result, collections.abc.AsyncIterator):
                     # A streaming tool: every yield is a preliminary result, the last one final.
+                    # Closed at once when cut short (a cancel between two yields), so the tool's
+                    # cleanup (a remote call's cancellation) does not wait for garbage collection.
                     last: Any = None
-                    async for value in result:
-                        last = value
-                        await self._result(call, step_number, value, preliminary=True)
+                    async with _closing(result):
+                        async for value in result:
+                            last = value
+                            await self._result(call, step_number, value, preliminary=True)
                     return last
                 return result
         except TimeoutError:
@@ -305,6 +309,17 @@ class ToolCallRunner:
             await turn.hooks.on_chunk(
                 ChunkContext(turn.request.conversation_id, turn.request.request_id, step_number, part)
             )
+
+
+@contextlib.asynccontextmanager
+async def _closing(iterator: collections.abc.AsyncIterator[Any]) -> collections.abc.AsyncIterator[None]:
+    """Close ``iterator`` on the way out when it can be closed (an async generator)."""
+    try:
+        yield
+    finally:
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def _describe(error: BaseException) -> str:
