@@ -413,3 +413,37 @@ async def test_a_step_cut_off_because_the_window_was_full_compacts_before_the_ne
     (compacted,) = compactions(events)
     assert compacted.reason == event_pb2.COMPACTION_REASON_PROACTIVE and compacted.shortened
     assert h.provider.requests[1].messages[0].id.startswith("tw-c-")
+
+
+async def test_a_conversation_with_an_unanswered_message_too_big_for_the_window_recovers(
+    make_engine: EngineFactory,
+) -> None:
+    """A user message larger than the window fails its own turn (this turn's input is never
+    compacted away) but is stored; the next turn summarizes it (a shortened copy: it does not fit
+    the summary request either) and completes, so the conversation is not stuck."""
+    h = await engine(make_engine, CompactionConfig(strategy=SUMMARIZE, reactive=True), context_window=500)
+    failed = await h.run(BIG * 2)
+    assert end_of(failed).status == event_pb2.TURN_STATUS_ERROR
+    assert [c.shortened for c in compactions(failed)] == [False]
+    events = await h.run("a short question")
+    assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED, end_of(events)
+    assert [(c.reason, c.shortened) for c in compactions(events)] == [
+        (event_pb2.COMPACTION_REASON_REACTIVE, True)
+    ]
+    stored = await h.store.load_messages(CONV)
+    assert text_of(stored[0]) == BIG * 2  # non-destructive: the big message is stored whole
+
+
+async def test_the_demo_model_answers_a_summary_request_with_a_summary(make_engine: EngineFactory) -> None:
+    """``scripted:demo`` (the offline default) as its own summary model: the summary it writes
+    names what was said, not a canned demo reply."""
+    h = await engine(
+        make_engine, CompactionConfig(strategy=SummarizeOlder(), reactive=True), context_window=2500
+    )
+    await seed(h, 3, "The secret word is avocado. " + BIG)
+    events = await h.run("What's the weather in Paris?", model="scripted:demo")
+    assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
+    summary = next(r for r in h.provider.requests if r.attempt == 2).messages[0]
+    assert "The secret word is avocado." in text_of(summary) and "I can call the demo tools" not in text_of(
+        summary
+    )

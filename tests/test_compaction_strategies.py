@@ -247,3 +247,45 @@ def test_each_attempt_of_a_turn_run_again_has_its_own_reply_id() -> None:
     long_id = "r" * 125
     assert len(attempt_message_id(long_id, 3)) <= 128
     assert attempt_message_id(long_id, 3) != attempt_message_id(long_id + "x", 3)
+
+
+async def test_drop_oldest_tool_outputs_leaves_outputs_too_short_to_gain_from_it() -> None:
+    small = message_pb2.Message(id="a0", role=ASSISTANT)
+    call = small.parts.add().tool_call
+    call.tool_call_id, call.tool_name, call.output_json = "tiny", "lookup", '{"ok":true}'
+    call.state = message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
+    history = [text("u0", USER), small, text("u1", USER), with_calls("a1", ["big"]), text("u2", USER)]
+    result = await DropOldestToolOutputs().compact(context(history, target=1))
+    assert result.elided_calls == {("a1", "big")}
+
+
+async def test_one_message_larger_than_the_summary_window_is_summarized_from_a_shortened_copy() -> None:
+    sent: list[Sequence[message_pb2.Message]] = []
+    huge = text("u0", USER, "start " + "middle " * 2000 + "end")
+    fits = 200
+    result = await SummarizeOlder().compact(
+        context([huge, text("a0", ASSISTANT), text("u1", USER)], summaries=sent, fits=fits)
+    )
+    assert result.replaced == 2
+    shortened = [m for batch in sent for m in batch if m.id == "u0"]
+    assert shortened and all(
+        "characters cut to fit the summary request" in m.parts[0].text.text for m in shortened
+    )
+    assert shortened[-1].parts[0].text.text.startswith("start ") and shortened[-1].parts[
+        0
+    ].text.text.endswith("end")
+
+
+async def test_context_compaction_says_what_to_fix(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(
+        ValueError, match=r"overflow_retry: unknown option; did you mean overflow_retries\? valid options: "
+    ):
+        ContextCompaction(overflow_retry=3)
+    ctx = SessionContext(default_model="scripted:demo", system="s", tools={})
+    with caplog.at_level("WARNING", logger="turnwire.compaction"):
+        await ContextCompaction().configure_session(ctx)
+    assert "all off, so nothing is ever compacted; set reactive: true" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="turnwire.compaction"):
+        await ContextCompaction(reactive=True).configure_session(ctx)
+    assert caplog.text == ""

@@ -29,9 +29,10 @@ usage reported by the provider drives the proactive guard.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from turnwire.error_classes import classify_error
 from turnwire.providers import ModelRequest
@@ -39,6 +40,10 @@ from turnwire_client.v1 import message_pb2
 
 SUMMARY_ID_PREFIX = "tw-c-"
 """Ids of messages compaction made (summaries): never stored in the transcript."""
+
+SUMMARY_REQUEST_ID = f"{SUMMARY_ID_PREFIX}request"
+"""The id of the last message of a summary request (what asks the model to write the summary):
+how a model double such as the scripted one tells a summary request from a turn."""
 
 ELIDED_OUTPUT = "[tool output omitted to fit the context window: {size} bytes]"
 """What the model sees instead of a tool output :class:`DropOldestToolOutputs` dropped."""
@@ -221,11 +226,22 @@ class SummarizeOlder:
     async def compact(self, ctx: CompactionContext) -> CompactionResult:
         """Summarize ``messages`` up to the last kept exchange; nothing when there is none."""
         cuts = user_boundaries(ctx.messages, ctx.keep_from + 1)
+        start = ctx.keep_from
+        if (
+            0 < start < len(ctx.messages)
+            and start not in cuts
+            and ctx.messages[start].role == message_pb2.ROLE_USER
+        ):
+            # This turn's input starts an exchange even after an unanswered message (one whose
+            # turn failed): what came before it may be summarized.
+            cuts.append(start)
         keep = max(self.keep_recent_exchanges, 1)
         if len(cuts) < keep:
             return CompactionResult()
         cut = cuts[-keep]
         older = ctx.messages[:cut]
+        if all(m.id.startswith(SUMMARY_ID_PREFIX) for m in older):
+            return CompactionResult()  # only an earlier summary: summarizing it again gains nothing
         text = (await self._fitting(ctx, older)).strip()
         summary = message_pb2.Message(id=f"{SUMMARY_ID_PREFIX}{older[-1].id}", role=message_pb2.ROLE_USER)
         summary.parts.add().text.text = self.summary_prefix + text
@@ -246,8 +262,15 @@ class SummarizeOlder:
         try:
             return await ctx.summarize(self.instructions, batch)
         except Exception as error:
-            if len(messages) < 2 or classify_error(error) != "context_overflow":
+            if classify_error(error) != "context_overflow":
                 raise
+            if len(messages) < 2:
+                # One message larger than the summary model's window: summarize a shortened
+                # copy (its beginning and end) rather than never being able to.
+                shorter = _shortened(messages[0]) if messages else None
+                if shorter is None:
+                    raise
+                return await self._fitting(ctx, [shorter], so_far)
         middle = len(messages) // 2
         first = await self._fitting(ctx, messages[:middle], so_far)
         carried = message_pb2.Message(id=f"{SUMMARY_ID_PREFIX}so-far", role=message_pb2.ROLE_USER)
@@ -255,21 +278,62 @@ class SummarizeOlder:
         return await self._fitting(ctx, messages[middle:], carried)
 
 
+_MIN_SHORTENED = 64
+"""Characters below which a text is not shortened further (the summary request then fails)."""
+
+
+def _shortened(message: message_pb2.Message) -> message_pb2.Message | None:
+    """A copy of ``message`` whose longest text, reasoning or tool output keeps only its first
+    and last quarter (with a marker saying how much was cut); None when nothing is long enough
+    to cut."""
+    copy = message_pb2.Message()
+    copy.CopyFrom(message)
+    fields: list[tuple[Any, str]] = []
+    for part in copy.parts:
+        kind = part.WhichOneof("kind")
+        if kind == "text":
+            fields.append((part.text, "text"))
+        elif kind == "reasoning":
+            fields.append((part.reasoning, "text"))
+        elif kind == "tool_call":
+            fields.append((part.tool_call, "output_json"))
+    if not fields:
+        return None
+    target, name = max(fields, key=lambda field: len(getattr(field[0], field[1])))
+    value = getattr(target, name)
+    if len(value) < _MIN_SHORTENED:
+        return None
+    quarter = len(value) // 4
+    cut = len(value) - 2 * quarter
+    shortened = f"{value[:quarter]} [… {cut} characters cut to fit the summary request …] {value[-quarter:]}"
+    if name == "output_json":
+        shortened = json.dumps(shortened)  # the output stays a JSON value (a string now)
+        target.ClearField("output")
+    setattr(target, name, shortened)
+    return copy
+
+
 @dataclass(frozen=True, slots=True)
 class DropOldestToolOutputs:
     """Deterministic: replace tool outputs by :data:`ELIDED_OUTPUT`, oldest first, until the
     view fits ``target_tokens`` (without a target: every output but those of the last
     ``keep_recent_steps`` steps of this turn). Calls, inputs and errors stay, so every call is
-    still paired with a result. Needs no model."""
+    still paired with a result. Needs no model. Outputs under ``min_output_bytes`` stay (the
+    placeholder would save nothing), so a history of short outputs and long texts cannot be
+    shortened by it: combine with ``SummarizeOlder`` (or ``compact_after``) for those."""
 
     keep_recent_steps: int = 1
+    min_output_bytes: int = 256
     name: str = "drop_tool_outputs"
 
     async def compact(self, ctx: CompactionContext) -> CompactionResult:
         """Drop outputs from the history first, then from this turn's earlier steps."""
-        candidates = [call for m in ctx.messages for call in _output_calls(m)]
+        least = self.min_output_bytes
+        candidates = [call for m in ctx.messages for call in _output_calls(m, min_bytes=least)]
         if ctx.current is not None:
-            candidates += _output_calls(ctx.current, keep_recent_steps=self.keep_recent_steps)
+            candidates += _output_calls(
+                ctx.current, keep_recent_steps=self.keep_recent_steps, min_bytes=least
+            )
         elided: set[CallKey] = set()
         if ctx.target_tokens is None:
             return CompactionResult(elided_calls=frozenset(candidates))
@@ -281,15 +345,21 @@ class DropOldestToolOutputs:
         return CompactionResult(elided_calls=frozenset(elided))
 
 
-def _output_calls(message: message_pb2.Message, *, keep_recent_steps: int = 0) -> list[CallKey]:
-    """Ids of ``message``'s tool calls that have an output not dropped yet, oldest first,
-    leaving out those of the last ``keep_recent_steps`` steps."""
+def _output_calls(
+    message: message_pb2.Message, *, keep_recent_steps: int = 0, min_bytes: int = 0
+) -> list[CallKey]:
+    """Ids of ``message``'s tool calls that have an output of at least ``min_bytes`` not dropped
+    yet, oldest first, leaving out those of the last ``keep_recent_steps`` steps."""
     steps: list[list[CallKey]] = [[]]
     for part in message.parts:
         kind = part.WhichOneof("kind")
         if kind == "step_start":
             steps.append([])
-        elif kind == "tool_call" and _has_output(part.tool_call):
+        elif (
+            kind == "tool_call"
+            and _has_output(part.tool_call)
+            and len(part.tool_call.output_json.encode()) >= min_bytes
+        ):
             steps[-1].append((message.id, part.tool_call.tool_call_id))
     if keep_recent_steps:
         steps = steps[: max(len(steps) - keep_recent_steps, 0)]

@@ -87,7 +87,8 @@ class TurnContext:
     """Input of ``before_turn``: the assembled turn, before the first step.
 
     ``tools`` maps name to tool (the merged set); ``model`` is
-    ``provider:model``; ``body`` is the request's free-form JSON.
+    ``provider:model``; ``body`` is the request's free-form JSON; ``attempt`` counts the runs
+    of the turn from 1 (a re-run after a stall, a crash or an overflow is 2 and later).
     """
 
     conversation_id: str
@@ -98,6 +99,7 @@ class TurnContext:
     model: str
     continuation: bool
     body: Mapping[str, Any]
+    attempt: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,6 +400,8 @@ class Middleware:
 
         Override to leave out an overridden hook depending on options (for
         example a logger whose chunk counting is off leaves out ``on_chunk``).
+        The chain reads it when built and again after ``configure_session``, so a
+        middleware may decide there (a remote hook server's subscriptions).
         """
         return frozenset(
             hook for hook in HOOK_NAMES if getattr(type(self), hook) is not getattr(Middleware, hook)

@@ -24,7 +24,7 @@ import orjson
 from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field
 
-from turnwire.compaction import EstimateTokens
+from turnwire.compaction import SUMMARY_REQUEST_ID, EstimateTokens
 from turnwire.error_classes import never_retryable
 from turnwire.providers import ModelRequest, ProviderError
 from turnwire.types import (
@@ -172,7 +172,10 @@ class DemoScript:
     """The embedded default's rules: call a demo tool when one answers the question, then answer."""
 
     def step(self, request: ModelRequest) -> ScriptStep:
-        """Decide the step from the transcript (deterministic)."""
+        """Decide the step from the transcript (deterministic); a compaction's summary request
+        gets the :class:`SummaryScript`'s summary (so ``scripted:demo`` can summarize)."""
+        if request.messages and request.messages[-1].id == SUMMARY_REQUEST_ID:
+            return SummaryScript().step(request)
         tools = {t.name for t in request.tools}
         # Results end the history in a later step, or in a continuation after client results.
         results = _trailing_tool_results(request.messages)

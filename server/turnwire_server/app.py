@@ -40,6 +40,7 @@ from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.importing import import_object
 from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
 from turnwire_server.providers.settings import ProviderConfigError, build_provider
+from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, redact_url
 from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
 from turnwire_server.tools.loading import ToolLoadError, load_tools
@@ -60,9 +61,15 @@ class StartupError(Exception):
 
 
 def load_middlewares(entries: Sequence[MiddlewareEntry]) -> list[Middleware]:
-    """Instantiate the configured middlewares in order. Raises :class:`StartupError`."""
+    """Instantiate the configured middlewares in order: a ``path`` entry by importing its class,
+    a ``remote`` entry as a :class:`RemoteMiddleware` (connected in ``configure_session``).
+    Raises :class:`StartupError`."""
     middlewares: list[Middleware] = []
     for index, entry in enumerate(entries):
+        if entry.remote is not None:
+            middlewares.append(RemoteMiddleware(entry.remote))
+            continue
+        assert entry.path is not None  # MiddlewareEntry: exactly one of path and remote
         try:
             factory = import_object(entry.path)
             middleware = factory(**entry.options)
@@ -102,6 +109,7 @@ class Sidecar:
     gate: CallGate
     maintenance: Maintenance
     replica: Replica
+    remote_hooks: Sequence[RemoteMiddleware] = ()
 
     async def stop(self) -> None:
         """Graceful stop (see the module docstring). The maintenance loop stops first, so no
@@ -132,6 +140,8 @@ class Sidecar:
             await stopping
         # Renewed until the turns ended; those left running (for the next start) lapse.
         await self.replica.stop()
+        for remote in self.remote_hooks:
+            await remote.aclose()
         await self.store.close()
         await self.providers.aclose()
         await self.tools.aclose()
@@ -248,7 +258,11 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
         try:
             providers.resolve(summary_model)
         except UnknownModel as error:
-            raise StartupError(f"compaction summary model: {error}") from error
+            raise StartupError(
+                f"compaction summary model: {error}; configure that provider under providers:, or set "
+                "the summary model (ContextCompaction's summary_model) to a configured one "
+                "(offline: scripted:summarizer)"
+            ) from error
     try:
         store = open_store(
             settings.store.url, pool_size=settings.store.pool_size, password_env=settings.store.password_env
@@ -362,8 +376,20 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
         redact_url(settings.store.url),
         settings.default_model,
     )
+    remote_hooks = [m for m in chain.middlewares if isinstance(m, RemoteMiddleware)]
     return Sidecar(
-        server, engine, store, providers, tools, health, port, settings, gate, maintenance, replica
+        server,
+        engine,
+        store,
+        providers,
+        tools,
+        health,
+        port,
+        settings,
+        gate,
+        maintenance,
+        replica,
+        remote_hooks,
     )
 
 

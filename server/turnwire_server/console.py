@@ -269,6 +269,9 @@ def _print_status_line(out: Console, result: TurnResult, model: str) -> None:
         error = TurnwireError.from_status(result.error)
         if error.reason:
             line.append(f" [{error.reason}]", style="red")
+        kind = error.error_metadata.get("provider_error_class")
+        if kind:
+            line.append(f" ({kind.replace('_', ' ')})", style="red")
         line.append(f": {error.message}", style="red")
     facts = [_plural(result.step_count, "step")]
     usage = result.usage

@@ -12,17 +12,22 @@ import sys
 from pathlib import Path
 
 
-def test_the_demo_calls_tools_and_stops_the_sidecar_cleanly(tmp_path: Path) -> None:
+def _demo(tmp_path: Path, *flags: str) -> tuple[int, str]:
+    """Run ``turnwire demo FLAGS`` in ``tmp_path``: its exit code and output."""
     result = subprocess.run(
-        [sys.executable, "-m", "turnwire_server", "demo"],
+        [sys.executable, "-m", "turnwire_server", "demo", *flags],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_the_demo_calls_tools_and_stops_the_sidecar_cleanly(tmp_path: Path) -> None:
+    returncode, output = _demo(tmp_path)
+    assert returncode == 0, output
     assert "→ get_weather" in output and "→ calculator" in output
     assert "= 294." in output  # (12 + 30) * 7, computed by the calculator tool
     assert "sidecar stopped cleanly" in output
@@ -33,16 +38,8 @@ def test_the_overflow_demo_recovers_a_turn_that_outgrew_the_window(tmp_path: Pat
     """``turnwire demo --overflow`` (the README's context-overflow demo): the scripted model's
     small window overflows on a later turn, which is compacted and run again; every turn
     completes and the stored transcript keeps every message."""
-    result = subprocess.run(
-        [sys.executable, "-m", "turnwire_server", "demo", "--overflow"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
+    returncode, output = _demo(tmp_path, "--overflow")
+    assert returncode == 0, output
     assert "(context compacted, reactive, summarize:" in output
     assert "(attempt 2 after context overflow: starting the reply over)" in output
     assert output.count("COMPLETED ·") == 5 and "ERROR" not in output

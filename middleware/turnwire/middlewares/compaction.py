@@ -10,6 +10,7 @@ Its ``configure_session`` returns a :class:`turnwire.hooks.SessionConfig` whose
           summary_model: scripted:summarizer   # default: the turn's model
           keep_recent_exchanges: 1     # summarize: exchanges kept whole
           keep_recent_steps: 1         # drop_tool_outputs: this turn's last steps kept whole
+          min_output_bytes: 256        # drop_tool_outputs: smaller outputs stay
           reactive: true               # compact and re-run a turn that overflowed
           overflow_retries: 1
           proactive: true              # compact before a step near the window
@@ -24,6 +25,8 @@ Unknown options and bad values fail start-up with a message naming the option.
 
 from __future__ import annotations
 
+import difflib
+import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -39,6 +42,8 @@ from turnwire.compaction import (
 )
 from turnwire.hooks import Middleware, SessionConfig, SessionContext
 
+log = logging.getLogger("turnwire.compaction")
+
 
 class _Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -47,6 +52,7 @@ class _Options(BaseModel):
     summary_model: str | None = None
     keep_recent_exchanges: int = Field(1, ge=1)
     keep_recent_steps: int = Field(1, ge=0)
+    min_output_bytes: int = Field(256, ge=0)
     reactive: bool = False
     overflow_retries: int = Field(1, ge=0)
     proactive: bool = False
@@ -68,14 +74,13 @@ class ContextCompaction(Middleware):
         try:
             parsed = _Options(**options)
         except ValidationError as error:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'options'}: {e['msg']}" for e in error.errors()
-            )
-            raise ValueError(f"ContextCompaction options: {problems}") from None
+            raise ValueError(f"ContextCompaction options: {_problems(error)}") from None
         strategy: CompactionStrategy = (
             SummarizeOlder(model=parsed.summary_model, keep_recent_exchanges=parsed.keep_recent_exchanges)
             if parsed.strategy == "summarize"
-            else DropOldestToolOutputs(keep_recent_steps=parsed.keep_recent_steps)
+            else DropOldestToolOutputs(
+                keep_recent_steps=parsed.keep_recent_steps, min_output_bytes=parsed.min_output_bytes
+            )
         )
         counter: TokenCounter = ProviderTokens() if parsed.token_counter == "provider" else EstimateTokens()
         self.config = CompactionConfig(
@@ -91,5 +96,28 @@ class ContextCompaction(Middleware):
         )
 
     async def configure_session(self, ctx: SessionContext) -> SessionConfig:
-        """The session's compaction, as the options say."""
-        return SessionConfig(compaction=self.config)
+        """The session's compaction, as the options say (a warning when every layer is off)."""
+        config = self.config
+        if not (config.reactive or config.proactive or config.compact_after):
+            log.warning(
+                "ContextCompaction: reactive, proactive and compact_after are all off, so nothing is "
+                "ever compacted; set reactive: true (and proactive: true with max_input_tokens, or "
+                "compact_after) to turn it on"
+            )
+        return SessionConfig(compaction=config)
+
+
+def _problems(error: ValidationError) -> str:
+    """What is wrong with the options, each naming the option; an unknown one with the closest
+    valid name and the list of valid ones."""
+    known = sorted(_Options.model_fields)
+    problems = []
+    for problem in error.errors():
+        name = ".".join(str(p) for p in problem["loc"]) or "options"
+        if problem["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            problems.append(f"{name}: unknown option; {hint}valid options: {', '.join(known)}")
+        else:
+            problems.append(f"{name}: {problem['msg']}")
+    return "; ".join(problems)

@@ -20,6 +20,7 @@ from typing import Literal
 from turnwire import types as chunks
 from turnwire.compaction import (
     SUMMARY_ID_PREFIX,
+    SUMMARY_REQUEST_ID,
     CallKey,
     CompactionConfig,
     CompactionContext,
@@ -282,7 +283,7 @@ class Compactor:
         """Ask ``model`` for a summary of ``messages``; returns its text and usage. Raises what the
         provider raises (``ProviderError``, ``UnknownModel``)."""
         provider, model_name = self.providers.resolve(model)
-        request_text = message_pb2.Message(id=f"{SUMMARY_ID_PREFIX}request", role=message_pb2.ROLE_USER)
+        request_text = message_pb2.Message(id=SUMMARY_REQUEST_ID, role=message_pb2.ROLE_USER)
         request_text.parts.add().text.text = _SUMMARY_REQUEST
         request = ModelRequest(model=model_name, system=instructions, messages=[*messages, request_text])
         pieces: list[str] = []

@@ -109,6 +109,7 @@ class StepLoop:
                     model=request.model,
                     continuation=request.continuation,
                     body=request.body,
+                    attempt=turn.attempt,
                 )
             )
         except HookError as error:

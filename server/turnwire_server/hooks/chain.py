@@ -108,14 +108,19 @@ class MiddlewareChain:
 
     def __init__(self, middlewares: Sequence[Middleware] = ()) -> None:
         self.middlewares = with_default_classifier(middlewares)
+        self.error_counts: Counter[tuple[str, str]] = Counter()
+        self._index()
+        self._untimed = TurnHooks(self, None)
+
+    def _index(self) -> None:
+        """Per hook, the middlewares that implement it (read again after ``configure_session``,
+        where a middleware may learn its hooks: a remote hook server's subscriptions)."""
         implemented = [(m, m.implemented_hooks()) for m in self.middlewares]
         self.forward = {hook: tuple(m for m, hooks in implemented if hook in hooks) for hook in HOOK_NAMES}
         self.reverse = {hook: tuple(reversed(ms)) for hook, ms in self.forward.items()}
-        self.error_counts: Counter[tuple[str, str]] = Counter()
         #: True when some middleware implements ``on_chunk``; the engine skips
         #: building chunk contexts entirely otherwise.
         self.observes_chunks = bool(self.forward["on_chunk"])
-        self._untimed = TurnHooks(self, None)
 
     def for_turn(self, timeline: HookTimeline | None = None) -> TurnHooks:
         """The hooks as one turn calls them, recording into ``timeline`` when given."""
@@ -123,7 +128,8 @@ class MiddlewareChain:
 
     async def configure_session(self, ctx: SessionContext) -> SessionConfig:
         """Run every ``configure_session`` once, first to last; a later middleware's non-None
-        fields replace an earlier one's. Raises :class:`HookError` (a hook raised, or returned
+        fields replace an earlier one's. Afterwards each middleware's ``implemented_hooks()`` is
+        read again (call this before the first turn). Raises :class:`HookError` (a hook raised, or returned
         something other than a SessionConfig or None)."""
         merged = SessionConfig()
         for m in self.forward["configure_session"]:
@@ -135,6 +141,7 @@ class MiddlewareChain:
                 raise HookError(m.name, "configure_session", error) from error
             if config is not None and config.compaction is not None:
                 merged = dataclasses.replace(merged, compaction=config.compaction)
+        self._index()
         return merged
 
     def swallowed(self, middleware: Middleware, hook: str, error: BaseException) -> None:

@@ -430,13 +430,7 @@ class AnthropicMessagesProvider(SdkProvider[anthropic.AsyncAnthropic]):
         ProviderError as :meth:`stream` does."""
         kwargs = self._prepare(request).kwargs
         counted = {k: v for k, v in kwargs.items() if k in _COUNTED}
-        try:
-            result = await self.client.messages.count_tokens(**counted)
-        except Exception as error:
-            mapped = self._map_error(error)
-            if mapped is None:
-                raise
-            raise mapped from error
+        result = await self._unary(self.client.messages.count_tokens(**counted))
         return int(result.input_tokens)
 
     def _map_error(self, error: BaseException) -> ProviderError | None:

@@ -381,13 +381,7 @@ class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
         Raises ProviderError as :meth:`stream` does."""
         call = self._prepare(request)
         counted = {**call.kwargs, **{k: v for k, v in call.extra_body.items() if k in _COUNTED}}
-        try:
-            result = await self.client.responses.input_tokens.count(**counted)
-        except Exception as error:
-            mapped = self._map_error(error)
-            if mapped is None:
-                raise
-            raise mapped from error
+        result = await self._unary(self.client.responses.input_tokens.count(**counted))
         return int(result.input_tokens)
 
     def _map_error(self, error: BaseException) -> ProviderError | None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, Generic, NamedTuple, Protocol, Self, TypeVar
 
@@ -224,6 +224,7 @@ class SdkClient(Protocol):
 
 
 ClientT = TypeVar("ClientT", bound=SdkClient)
+T = TypeVar("T")
 
 OpenStream = Callable[..., AbstractAsyncContextManager[Any]]
 """An SDK's ``with_streaming_response.create``: called with the request's arguments and ``stream=True``."""
@@ -271,6 +272,17 @@ class SdkProvider(Generic[ClientT]):
     def _map_error(self, error: BaseException) -> ProviderError | None:
         """The SDK's exceptions → ProviderError (None for anything else)."""
         raise NotImplementedError
+
+    async def _unary(self, call: Awaitable[T]) -> T:
+        """Await one non-streaming SDK call (token counting); its SDK errors raised as
+        ProviderError, like :meth:`stream`'s."""
+        try:
+            return await call
+        except Exception as error:
+            mapped = self._map_error(error)
+            if mapped is None:
+                raise
+            raise mapped from error
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelChunk, None]:
         """Stream one step. Raises ProviderError (see :mod:`turnwire_server.providers.errors`)."""

@@ -76,6 +76,38 @@ HOOK_ON_CHAT_ERROR: Hook.ValueType  # 9
 """OnChatError."""
 Global___Hook: _TypeAlias = Hook  # noqa: Y015
 
+class _ToolCallOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolCallOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolCallOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_CALL_OUTCOME_UNSPECIFIED: _ToolCallOutcome.ValueType  # 0
+    """Not set."""
+    TOOL_CALL_OUTCOME_EXECUTED: _ToolCallOutcome.ValueType  # 1
+    """The tool ran and returned."""
+    TOOL_CALL_OUTCOME_BLOCKED: _ToolCallOutcome.ValueType  # 2
+    """A before_tool_call decision blocked it."""
+    TOOL_CALL_OUTCOME_SUBSTITUTED: _ToolCallOutcome.ValueType  # 3
+    """A before_tool_call decision substituted its output."""
+    TOOL_CALL_OUTCOME_FAILED: _ToolCallOutcome.ValueType  # 4
+    """The tool (or before_tool_call) failed."""
+
+class ToolCallOutcome(_ToolCallOutcome, metaclass=_ToolCallOutcomeEnumTypeWrapper):
+    """ToolCallOutcome is how a tool call's result came about (docs/semantics.md §3)."""
+
+TOOL_CALL_OUTCOME_UNSPECIFIED: ToolCallOutcome.ValueType  # 0
+"""Not set."""
+TOOL_CALL_OUTCOME_EXECUTED: ToolCallOutcome.ValueType  # 1
+"""The tool ran and returned."""
+TOOL_CALL_OUTCOME_BLOCKED: ToolCallOutcome.ValueType  # 2
+"""A before_tool_call decision blocked it."""
+TOOL_CALL_OUTCOME_SUBSTITUTED: ToolCallOutcome.ValueType  # 3
+"""A before_tool_call decision substituted its output."""
+TOOL_CALL_OUTCOME_FAILED: ToolCallOutcome.ValueType  # 4
+"""The tool (or before_tool_call) failed."""
+Global___ToolCallOutcome: _TypeAlias = ToolCallOutcome  # noqa: Y015
+
 class _TurnOutcome:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -949,12 +981,15 @@ class AfterToolCallRequest(_message.Message):
     SUCCESS_FIELD_NUMBER: _builtins.int
     OUTPUT_JSON_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
     success: _builtins.bool
     """False when the tool (or before_tool_call) failed."""
     output_json: _builtins.str
     """The output, as JSON text, when it succeeded."""
     error: _builtins.str
     """The error text, when it failed."""
+    outcome: Global___ToolCallOutcome.ValueType
+    """How the result came about."""
     @_builtins.property
     def turn(self) -> Global___TurnInfo:
         """The turn."""
@@ -976,10 +1011,11 @@ class AfterToolCallRequest(_message.Message):
         success: _builtins.bool = ...,
         output_json: _builtins.str = ...,
         error: _builtins.str = ...,
+        outcome: Global___ToolCallOutcome.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "duration", b"duration", "turn", b"turn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "duration", b"duration", "error", b"error", "output_json", b"output_json", "success", b"success", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "duration", b"duration", "error", b"error", "outcome", b"outcome", "output_json", b"output_json", "success", b"success", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1079,7 +1115,12 @@ Global___OnStepFinishResponse: _TypeAlias = OnStepFinishResponse  # noqa: Y015
 class OnChunksRequest(_message.Message):
     """OnChunksRequest is one batch of a turn's streamed output: the turn's events
     (deltas, tool inputs, tool results, sources, files) in order. The first
-    request of a call names the turn; a call carries one turn.
+    request of a call names the turn; a call carries one turn. Events carry
+    their payload only (no ids, no sequence numbers); a `step_start` precedes
+    each step's first event. Batches are sent as they fill (by count and time),
+    so they may arrive after later unary hooks of the same turn; the call is
+    closed before the turn's OnChatResponse is sent. When the sidecar's buffer
+    is full (the server reads too slowly) events are dropped, not waited for.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -1,0 +1,519 @@
+"""RemoteMiddleware: a hook server (``turnwire.v1.TurnHooksService``) as one entry of the chain.
+
+docs/semantics.md §4 (remote middleware). At ``configure_session`` it asks the server's
+``GetHookSubscriptions`` and from then on implements only the hooks subscribed there
+(:meth:`RemoteMiddleware.implemented_hooks`), so an unsubscribed hook costs nothing. Each hook
+call converts the context to a request snapshot (:mod:`.convert`), carries the metadata
+``turnwire-parent-request-id: <request id>`` (a hook calling back into the sidecar meets the
+nesting rule, §5) and a deadline (``deadline_seconds``). A failed call (an RPC error, the
+deadline, an answer that cannot be used, or the open breaker) gets its hook's failure mode:
+
+* fail-open (every observing hook, and deciding hooks configured ``open``): logged on the
+  ``turnwire.middleware`` logger, counted in the metrics, and the hook behaves as if it answered
+  None (``on_chat_error``: the error stays as it was);
+* fail-closed: ``before_tool_call`` blocks the call with a reason naming the unavailable policy
+  hook; ``before_turn`` / ``before_step`` raise :class:`RemoteHookUnavailable`, so the turn fails
+  at stage ``turn`` / ``step`` (``INTERNAL``, reason ``HOOK_FAILED``).
+
+One :class:`~.breaker.CircuitBreaker` per server: while it is open no RPC is made. ``on_chunk``
+is fed to one ``OnChunks`` call per turn in batches (:mod:`.chunks`), closed before the turn's
+``OnChatResponse``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from turnwire.hooks import (
+    ChatErrorClassification,
+    ChatErrorContext,
+    ChatResponseContext,
+    ChunkContext,
+    Middleware,
+    SessionConfig,
+    SessionContext,
+    StepConfig,
+    StepContext,
+    StepFinishContext,
+    ToolCallContext,
+    ToolCallDecision,
+    ToolCallResultContext,
+    TurnConfig,
+    TurnContext,
+)
+from turnwire_client.v1 import hooks_pb2, hooks_pb2_grpc
+from turnwire_server.api.turn_streams import PARENT_REQUEST_METADATA
+from turnwire_server.config import RemoteHookSettings
+from turnwire_server.remote_hooks import convert, metrics
+from turnwire_server.remote_hooks.breaker import BreakerState, CircuitBreaker
+from turnwire_server.remote_hooks.chunks import ChunkStream, chunk_event
+
+log = logging.getLogger("turnwire.middleware")
+
+_T = TypeVar("_T")
+
+HOOKS_BY_ENUM = {
+    hooks_pb2.HOOK_BEFORE_TURN: "before_turn",
+    hooks_pb2.HOOK_BEFORE_STEP: "before_step",
+    hooks_pb2.HOOK_BEFORE_TOOL_CALL: "before_tool_call",
+    hooks_pb2.HOOK_AFTER_TOOL_CALL: "after_tool_call",
+    hooks_pb2.HOOK_ON_STEP_FINISH: "on_step_finish",
+    hooks_pb2.HOOK_ON_CHUNKS: "on_chunk",
+    hooks_pb2.HOOK_ON_CHAT_RESPONSE: "on_chat_response",
+    hooks_pb2.HOOK_CLASSIFY_CHAT_ERROR: "classify_chat_error",
+    hooks_pb2.HOOK_ON_CHAT_ERROR: "on_chat_error",
+}
+"""The ``Hook`` enum of GetHookSubscriptions → the chain's hook name (``OnChunks`` feeds ``on_chunk``)."""
+
+MAX_TRACKED_TURNS = 10_000
+"""Turns whose ``TurnInfo`` (body, continuation, attempt) is kept between ``before_turn`` and
+``on_chat_response``; past it the oldest is forgotten (a turn that never reached
+``on_chat_response``), and its later requests carry only the ids."""
+
+MAX_OPEN_CHUNK_CALLS = 1024
+"""``OnChunks`` calls open at once per server; past it the oldest is closed (a turn whose
+``on_chat_response`` never came, for example one cut short by a shutdown)."""
+
+_RECONNECT_OPTIONS = [
+    # A server that comes back is found within a second (gRPC's default backoff grows to 120 s),
+    # so the breaker's half-open probe meets a live connection rather than a stale backoff.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class RemoteHookUnavailable(Exception):
+    """A fail-closed ``before_turn`` / ``before_step`` could not get an answer: the turn fails."""
+
+
+class _Failed(Exception):
+    """A remote hook call failed; ``kind`` labels the metric (``deadline_exceeded``,
+    ``unavailable``, … ``invalid_response``, ``breaker_open``)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def channel_for(settings: RemoteHookSettings) -> grpc.aio.Channel:
+    """A channel to ``settings.address``: plaintext, or TLS with the configured files."""
+    tls = settings.tls
+    if tls is None:
+        return grpc.aio.insecure_channel(settings.address, options=_RECONNECT_OPTIONS)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=tls.ca_file.read_bytes() if tls.ca_file else None,
+        private_key=tls.key_file.read_bytes() if tls.key_file else None,
+        certificate_chain=tls.cert_file.read_bytes() if tls.cert_file else None,
+    )
+    options: list[tuple[str, Any]] = list(_RECONNECT_OPTIONS)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.aio.secure_channel(settings.address, credentials, options=options)
+
+
+class RemoteMiddleware(Middleware):
+    """One remote hook server in the chain (see the module docstring).
+
+    ``settings`` is the config entry's ``remote`` section. :attr:`subscribed` is the set of
+    hooks the server asked for (empty until ``configure_session``); :attr:`breaker` the server's
+    circuit breaker (``clock``: its monotonic clock in seconds, replaceable in tests). Call
+    :meth:`aclose` when the sidecar stops.
+    """
+
+    def __init__(self, settings: RemoteHookSettings, *, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.name = settings.name or f"remote:{settings.address}"
+        self.settings = settings
+        self.server = settings.address
+        self.subscribed: frozenset[str] = frozenset()
+        self.include_messages = False
+        self.breaker = CircuitBreaker(
+            settings.breaker.failure_threshold,
+            settings.breaker.open_seconds,
+            on_change=self._breaker_changed,
+            clock=clock,
+        )
+        metrics.BREAKER_STATE.labels(self.server).set(0)
+        self._implemented: frozenset[str] = frozenset({"configure_session"})
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: hooks_pb2_grpc.TurnHooksServiceStub | None = None
+        self._turns: OrderedDict[str, hooks_pb2.TurnInfo] = OrderedDict()
+        self._streams: OrderedDict[str, ChunkStream | None] = OrderedDict()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def implemented_hooks(self) -> frozenset[str]:
+        """``configure_session``, then the subscribed hooks, plus ``before_turn`` and
+        ``on_chat_response`` when other turn hooks are subscribed: they keep each turn's
+        ``TurnInfo`` and close its ``OnChunks`` call (local calls, no RPC unless subscribed)."""
+        return self._implemented
+
+    # --- session ----------------------------------------------------------------------------
+
+    async def configure_session(self, ctx: SessionContext) -> SessionConfig | None:
+        """Connect and ask ``GetHookSubscriptions`` (waiting up to the deadline for a server that
+        is still starting). Raises ``RuntimeError`` when it cannot be asked and the entry lists
+        no ``hooks`` to fall back on."""
+        self._channel = channel_for(self.settings)
+        self._stub = hooks_pb2_grpc.TurnHooksServiceStub(self._channel)
+        try:
+            subscriptions = await self._stub.GetHookSubscriptions(
+                hooks_pb2.GetHookSubscriptionsRequest(),
+                timeout=self.settings.deadline_seconds,
+                wait_for_ready=True,
+            )
+        except grpc.aio.AioRpcError as error:
+            if self.settings.hooks is None:
+                raise RuntimeError(
+                    f"cannot ask the hook server at {self.server} for its subscriptions "
+                    f"({error.code().name}: {error.details()}); start it first, or list its hooks "
+                    "under the entry's hooks: to start without it"
+                ) from None
+            log.warning(
+                "hook server %s unreachable at start (%s); calling the configured hooks %s",
+                self.server,
+                error.code().name,
+                ", ".join(self.settings.hooks),
+            )
+            self._subscribe(frozenset(self.settings.hooks), include_messages=False)
+            return None
+        self._subscribe(self._hooks_of(subscriptions), include_messages=subscriptions.include_messages)
+        return None
+
+    def _hooks_of(self, response: hooks_pb2.GetHookSubscriptionsResponse) -> frozenset[str]:
+        hooks = set()
+        for value in response.hooks:
+            name = HOOKS_BY_ENUM.get(value)
+            if name is None:
+                log.warning("hook server %s subscribed to unknown hook %d; ignored", self.server, value)
+            else:
+                hooks.add(name)
+        return frozenset(hooks)
+
+    def _subscribe(self, hooks: frozenset[str], *, include_messages: bool) -> None:
+        self.subscribed = hooks
+        configured = self.settings.include_messages
+        self.include_messages = include_messages if configured is None else configured
+        bookkeeping = {"before_turn", "on_chat_response"} if hooks - {"before_turn"} else set()
+        self._implemented = frozenset({"configure_session", *hooks, *bookkeeping})
+        log.info(
+            "hook server %s: calling %s%s",
+            self.server,
+            ", ".join(sorted(hooks)) or "no hooks",
+            " (with messages)" if self.include_messages else "",
+        )
+
+    async def _resubscribe(self) -> None:
+        """After the breaker closed again: ask the subscriptions again (the server may have been
+        replaced). Hooks it dropped stop being called; new ones need a restart (the chain's
+        tables are built at start)."""
+        if self._stub is None:
+            return
+        try:
+            response = await self._stub.GetHookSubscriptions(
+                hooks_pb2.GetHookSubscriptionsRequest(),
+                timeout=self.settings.deadline_seconds,
+                metadata=(),
+            )
+        except grpc.aio.AioRpcError as error:
+            log.warning(
+                "hook server %s: asking its subscriptions again failed: %s", self.server, error.code().name
+            )
+            return
+        hooks = self._hooks_of(response)
+        added = hooks - self.subscribed - self._implemented
+        if added:
+            log.warning(
+                "hook server %s now subscribes to %s; restart the sidecar to call them",
+                self.server,
+                ", ".join(sorted(added)),
+            )
+        self.subscribed = hooks & self._implemented
+        configured = self.settings.include_messages
+        self.include_messages = response.include_messages if configured is None else configured
+
+    async def aclose(self) -> None:
+        """Close the open ``OnChunks`` calls and the channel."""
+        streams = [s for s in self._streams.values() if s is not None]
+        self._streams.clear()
+        for stream in streams:
+            await stream.close()
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    # --- calls ------------------------------------------------------------------------------
+
+    def _breaker_changed(self, old: BreakerState, new: BreakerState) -> None:
+        metrics.BREAKER_STATE.labels(self.server).set(metrics.BREAKER_VALUES[new])
+        if new == "open":
+            log.warning(
+                "hook server %s: circuit breaker open for %g s after %d failure(s); its hooks get "
+                "their failure mode without a call",
+                self.server,
+                self.breaker.open_seconds,
+                self.breaker.failures,
+            )
+        elif new == "closed":
+            log.info("hook server %s: circuit breaker closed, the server answers again", self.server)
+            task = asyncio.get_running_loop().create_task(self._resubscribe())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    def _metadata(self, request_id: str) -> tuple[tuple[str, str], ...]:
+        return ((PARENT_REQUEST_METADATA, request_id),)
+
+    async def _call(
+        self, hook: str, rpc: str, request: Any, request_id: str, read: Callable[[Any], _T]
+    ) -> _T:
+        """Send ``request`` with ``rpc`` and return ``read(response)``. Raises :class:`_Failed`
+        (counted, and fed to the breaker) for an open breaker, an RPC error, an answer that does not
+        decode or cannot be used, or any other error of the call."""
+        if not self.breaker.allow():
+            metrics.ERRORS.labels(self.server, hook, "breaker_open").inc()
+            raise _Failed("breaker_open", f"the circuit breaker of {self.server} is open")
+        assert self._stub is not None, "configure_session was not run"
+        metrics.CALLS.labels(self.server, hook).inc()
+        started = time.perf_counter()
+        try:
+            response = await getattr(self._stub, rpc)(
+                request, timeout=self.settings.deadline_seconds, metadata=self._metadata(request_id)
+            )
+            if response is None:
+                # grpc.aio logs a response that does not decode and hands back None.
+                raise convert.InvalidResponse("the response is not a decodable protobuf message")
+            result = read(response)
+        except grpc.aio.AioRpcError as error:
+            self.breaker.failed()
+            kind = error.code().name.lower()
+            metrics.ERRORS.labels(self.server, hook, kind).inc()
+            raise _Failed(kind, f"{rpc} failed: {error.code().name}: {error.details()}") from None
+        except convert.InvalidResponse as error:
+            self.breaker.failed()
+            metrics.ERRORS.labels(self.server, hook, "invalid_response").inc()
+            raise _Failed("invalid_response", f"{rpc} answered something unusable: {error}") from None
+        except asyncio.CancelledError:
+            self.breaker.released()  # the turn was cancelled: no outcome to count
+            raise
+        except Exception as error:
+            # Anything else the call or the conversion raised: a failed call all the same.
+            self.breaker.failed()
+            metrics.ERRORS.labels(self.server, hook, "internal").inc()
+            raise _Failed("internal", f"{rpc} failed: {type(error).__name__}: {error}") from error
+        finally:
+            metrics.LATENCY.labels(self.server, hook).observe(time.perf_counter() - started)
+        self.breaker.succeeded()
+        return result
+
+    def _failed_open(self, hook: str, failure: _Failed) -> None:
+        # While the breaker is open every turn would log the same thing: the open is logged once.
+        level = logging.DEBUG if failure.kind == "breaker_open" else logging.WARNING
+        log.log(
+            level,
+            "middleware %s.%s failed open: %s",
+            self.name,
+            hook,
+            failure,
+            extra={"middleware": self.name, "hook": hook, "kind": failure.kind},
+        )
+
+    def _info(self, conversation_id: str, request_id: str) -> hooks_pb2.TurnInfo:
+        info = self._turns.get(request_id)
+        return info if info is not None else convert.turn_info(conversation_id, request_id)
+
+    def _failure(self, ctx: ChatErrorContext) -> hooks_pb2.ChatErrorInfo:
+        return convert.chat_error_info(ctx, self._info(ctx.conversation_id, ctx.request_id))
+
+    def _unavailable(self, hook: str, failure: _Failed) -> RemoteHookUnavailable:
+        return RemoteHookUnavailable(
+            f"the hook server {self.server} gave no usable {hook} answer ({failure}); "
+            "its failure mode is closed"
+        )
+
+    # --- deciding hooks ---------------------------------------------------------------------
+
+    async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
+        """Keep the turn's ``TurnInfo``; ``BeforeTurn`` when subscribed. Raises
+        :class:`RemoteHookUnavailable` when it fails closed."""
+        info = convert.turn_info_of(ctx)
+        self._turns[ctx.request_id] = info
+        self._turns.move_to_end(ctx.request_id)
+        while len(self._turns) > MAX_TRACKED_TURNS:
+            self._turns.popitem(last=False)
+        if "before_turn" not in self.subscribed:
+            return None
+        request = convert.before_turn_request(ctx, info, include_messages=self.include_messages)
+        return await self._configure(
+            "before_turn", "BeforeTurn", request, ctx.request_id, convert.turn_config
+        )
+
+    async def before_step(self, ctx: StepContext) -> StepConfig | None:
+        """``BeforeStep``. Raises :class:`RemoteHookUnavailable` when it fails closed."""
+        if "before_step" not in self.subscribed:
+            return None
+        request = convert.before_step_request(
+            ctx, self._info(ctx.conversation_id, ctx.request_id), include_messages=self.include_messages
+        )
+        return await self._configure(
+            "before_step", "BeforeStep", request, ctx.request_id, convert.step_config
+        )
+
+    async def _configure(
+        self, hook: str, rpc: str, request: Any, request_id: str, read: Callable[[Any], _T | None]
+    ) -> _T | None:
+        """A ``before_turn`` / ``before_step`` call: its config, None when it fails open;
+        raises :class:`RemoteHookUnavailable` when it fails closed."""
+        try:
+            return await self._call(hook, rpc, request, request_id, read)
+        except _Failed as failure:
+            if self.settings.failure_mode.of(hook) == "closed":
+                raise self._unavailable(hook, failure) from None
+            self._failed_open(hook, failure)
+            return None
+
+    async def before_tool_call(self, ctx: ToolCallContext) -> ToolCallDecision | None:
+        """``BeforeToolCall``; failing closed blocks the call, saying the policy hook was unavailable."""
+        if "before_tool_call" not in self.subscribed:
+            return None
+        request = convert.before_tool_call_request(ctx, self._info(ctx.conversation_id, ctx.request_id))
+        try:
+            return await self._call(
+                "before_tool_call", "BeforeToolCall", request, ctx.request_id, convert.tool_call_decision
+            )
+        except _Failed as failure:
+            if self.settings.failure_mode.of("before_tool_call") == "closed":
+                self._failed_open("before_tool_call", failure)
+                return ToolCallDecision.block(
+                    f'Tool "{ctx.tool_name}" was blocked: its policy hook ({self.name}) was unavailable.'
+                )
+            self._failed_open("before_tool_call", failure)
+            return None
+
+    # --- observing hooks (always fail open) -------------------------------------------------
+
+    async def _observe(self, hook: str, rpc: str, request: Any, request_id: str) -> None:
+        try:
+            await self._call(hook, rpc, request, request_id, lambda response: None)
+        except _Failed as failure:
+            self._failed_open(hook, failure)
+
+    async def after_tool_call(self, ctx: ToolCallResultContext) -> None:
+        """``AfterToolCall``."""
+        if "after_tool_call" in self.subscribed:
+            info = self._info(ctx.conversation_id, ctx.request_id)
+            request = convert.after_tool_call_request(ctx, info)
+            await self._observe("after_tool_call", "AfterToolCall", request, ctx.request_id)
+
+    async def on_step_finish(self, ctx: StepFinishContext) -> None:
+        """``OnStepFinish``."""
+        if "on_step_finish" in self.subscribed:
+            info = self._info(ctx.conversation_id, ctx.request_id)
+            request = convert.step_finish_request(ctx, info)
+            await self._observe("on_step_finish", "OnStepFinish", request, ctx.request_id)
+
+    async def on_chunk(self, ctx: ChunkContext) -> None:
+        """Queue the chunk on the turn's ``OnChunks`` call (opened on the turn's first chunk;
+        never an RPC per chunk, never waits)."""
+        if "on_chunk" not in self.subscribed:
+            return
+        request_id = ctx.request_id
+        if request_id in self._streams:
+            stream = self._streams[request_id]
+        else:
+            stream = self._open_chunks(ctx.conversation_id, request_id)
+        if stream is None:
+            metrics.CHUNK_EVENTS.labels(self.server, "dropped").inc()
+            return
+        event = chunk_event(ctx.chunk)
+        if event is not None:
+            stream.add(ctx.step_number, event)
+
+    def _open_chunks(self, conversation_id: str, request_id: str) -> ChunkStream | None:
+        stream: ChunkStream | None = None
+        if not self.breaker.allow():
+            metrics.ERRORS.labels(self.server, "on_chunk", "breaker_open").inc()
+        else:
+            assert self._stub is not None, "configure_session was not run"
+            stub = self._stub
+            batching = self.settings.chunks
+            metrics.CALLS.labels(self.server, "on_chunk").inc()
+            stream = ChunkStream(
+                lambda: stub.OnChunks(metadata=self._metadata(request_id)),
+                self._info(conversation_id, request_id),
+                server=self.server,
+                max_events=batching.max_events,
+                max_delay_ms=batching.max_delay_ms,
+                buffer_events=batching.buffer_events,
+                deadline_seconds=self.settings.deadline_seconds,
+                on_result=self._chunks_ended,
+            )
+        self._streams[request_id] = stream
+        while len(self._streams) > MAX_OPEN_CHUNK_CALLS:
+            _, oldest = self._streams.popitem(last=False)
+            if oldest is not None:
+                task = asyncio.get_running_loop().create_task(oldest.close())
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+        return stream
+
+    def _chunks_ended(self, error: BaseException | None) -> None:
+        if error is None:
+            self.breaker.succeeded()
+            return
+        self.breaker.failed()
+        kind = error.code().name.lower() if isinstance(error, grpc.aio.AioRpcError) else "deadline_exceeded"
+        if not isinstance(error, grpc.aio.AioRpcError | TimeoutError):
+            kind = "internal"
+        metrics.ERRORS.labels(self.server, "on_chunk", kind).inc()
+        self._failed_open("on_chunk", _Failed(kind, f"OnChunks failed: {error}"))
+
+    async def on_chat_response(self, ctx: ChatResponseContext) -> None:
+        """Close the turn's ``OnChunks`` call (so every chunk batch is sent first), then
+        ``OnChatResponse`` when subscribed; forget the turn."""
+        if self._streams:
+            stream = self._streams.pop(ctx.request_id, None)
+            if stream is not None:
+                await stream.close()
+        info = self._turns.pop(ctx.request_id, None) or convert.turn_info(
+            ctx.conversation_id, ctx.request_id, continuation=ctx.continuation
+        )
+        if "on_chat_response" in self.subscribed:
+            request = convert.chat_response_request(ctx, info)
+            await self._observe("on_chat_response", "OnChatResponse", request, ctx.request_id)
+
+    async def classify_chat_error(self, ctx: ChatErrorContext) -> ChatErrorClassification | None:
+        """``ClassifyChatError``; a failure counts as no classification."""
+        if "classify_chat_error" not in self.subscribed:
+            return None
+        request = hooks_pb2.ClassifyChatErrorRequest(failure=self._failure(ctx))
+        try:
+            return await self._call(
+                "classify_chat_error", "ClassifyChatError", request, ctx.request_id, convert.classification
+            )
+        except _Failed as failure:
+            self._failed_open("classify_chat_error", failure)
+            return None
+
+    async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
+        """``OnChatError``: the error the client sees; a failure leaves it as it was."""
+        if "on_chat_error" not in self.subscribed:
+            return ctx.error
+        request = hooks_pb2.OnChatErrorRequest(failure=self._failure(ctx))
+        try:
+            return await self._call(
+                "on_chat_error",
+                "OnChatError",
+                request,
+                ctx.request_id,
+                lambda response: convert.surfaced_error(response, ctx.error),
+            )
+        except _Failed as failure:
+            self._failed_open("on_chat_error", failure)
+            return ctx.error
