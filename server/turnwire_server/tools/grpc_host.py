@@ -28,15 +28,12 @@ import grpc
 
 from turnwire.tools import ToolError, ToolExecution
 from turnwire.values import dumps, from_struct, loads
+from turnwire_client.metadata import PARENT_REQUEST_METADATA
 from turnwire_client.v1 import tools_pb2, tools_pb2_grpc
 from turnwire_server.tools.listing import OBJECT_SCHEMA, listing_problem
 from turnwire_server.tools.settings import ToolHostSettings
 
 log = logging.getLogger("turnwire.tools")
-
-PARENT_REQUEST_METADATA = "turnwire-parent-request-id"
-"""The metadata key of the turn's request id on every ExecuteTool call; the API reads the same key
-(``api/turn_streams.py``) to refuse a nested blocking turn."""
 
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     # gRPC's reconnect backoff grows to 120 s by default; a tool host that comes back should be
