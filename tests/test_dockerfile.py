@@ -8,63 +8,19 @@ final stage, a non-root user, and a HEALTHCHECK through ``turnwire health``.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import tomllib
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
-from dockerfile_parse import DockerfileParser
+from support.dockerfile import REPO, Stage, exec_form, stages
 
-REPO = Path(__file__).resolve().parents[1]
-DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 
 PINNED_BASE = re.compile(r"^python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?$")
 """An exact patch tag of the 3.11 slim bookworm image, optionally with its digest."""
 
 BUILD_TOOLS = re.compile(r"\b(apt-get|apt|apk|gcc|g\+\+|build-essential|make|node|nodejs|npm)\b")
-
-
-@dataclass
-class Stage:
-    """One ``FROM`` and the instructions up to the next: ``(INSTRUCTION, value)`` pairs."""
-
-    base: str
-    name: str
-    instructions: list[tuple[str, str]] = field(default_factory=list)
-
-    def values(self, instruction: str) -> list[str]:
-        return [value for name, value in self.instructions if name == instruction]
-
-    def last(self, instruction: str) -> str:
-        values = self.values(instruction)
-        assert values, f"stage {self.name} has no {instruction}"
-        return values[-1]
-
-
-def stages() -> list[Stage]:
-    """The Dockerfile's stages in order, base images with build arguments substituted."""
-    parser = DockerfileParser(path=str(DOCKERFILE))
-    bases = iter(parser.parent_images)
-    result: list[Stage] = []
-    for item in parser.structure:
-        instruction, value = item["instruction"], item["value"]
-        if instruction == "FROM":
-            _, _, name = value.partition(" AS ")
-            result.append(Stage(next(bases), name.strip()))
-        elif instruction != "COMMENT" and result:
-            result[-1].instructions.append((instruction, value))
-    return result
-
-
-def exec_form(value: str) -> list[str]:
-    """The JSON argument list of an exec-form instruction (fails on the shell form)."""
-    parsed = json.loads(value)
-    assert isinstance(parsed, list) and all(isinstance(arg, str) for arg in parsed), value
-    return parsed
 
 
 def final_stage() -> Stage:
