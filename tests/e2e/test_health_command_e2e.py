@@ -7,17 +7,14 @@ exit status 0 only for SERVING, 1 for everything else (Docker reserves 2).
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
-from dataclasses import dataclass
 from importlib.metadata import version
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from support.sidecar import SidecarFactory, free_port
+from support.sidecar import SidecarFactory, free_port, run_turnwire
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, collect
@@ -33,59 +30,34 @@ SLOW_TURN_CONFIG = {
 }
 
 
-@dataclass
-class Run:
-    code: int
-    stdout: str
-    stderr: str
-
-
-async def turnwire(*args: str, env: dict[str, str] | None = None) -> Run:
-    """Run ``python -m turnwire_server ARGS`` (the ``turnwire`` command) to its end, with
-    ``env`` added to this environment less its ``TURNWIRE_*`` variables."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("TURNWIRE_")}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "turnwire_server",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**environment, **(env or {})},
-    )
-    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
-    assert process.returncode is not None
-    return Run(process.returncode, stdout.decode(), stderr.decode())
-
-
 async def test_version_prints_the_installed_package_version() -> None:
-    run = await turnwire("--version")
+    run = await run_turnwire("--version")
     assert (run.code, run.stdout) == (0, f"turnwire {version('turnwire')}\n"), run.stderr
 
 
 @pytest.mark.parametrize("service", ["", CHAT_SERVICE])
 async def test_a_serving_sidecar_is_serving(sidecar_factory: SidecarFactory, service: str) -> None:
     sidecar = await sidecar_factory().start()
-    run = await turnwire("health", "--target", sidecar.target, "--service", service)
+    run = await run_turnwire("health", "--target", sidecar.target, "--service", service)
     assert (run.code, run.stdout, run.stderr) == (0, "SERVING\n", "")
 
 
 async def test_the_target_comes_from_turnwire_target(sidecar_factory: SidecarFactory) -> None:
     sidecar = await sidecar_factory().start()
-    run = await turnwire("health", env={"TURNWIRE_TARGET": sidecar.target})
+    run = await run_turnwire("health", env={"TURNWIRE_TARGET": sidecar.target})
     assert (run.code, run.stdout) == (0, "SERVING\n"), run.stderr
 
 
 async def test_an_unknown_service_is_not_healthy(sidecar_factory: SidecarFactory) -> None:
     sidecar = await sidecar_factory().start()
-    run = await turnwire("health", "--target", sidecar.target, "--service", "no.such.Service")
+    run = await run_turnwire("health", "--target", sidecar.target, "--service", "no.such.Service")
     assert (run.code, run.stdout) == (1, "SERVICE_UNKNOWN\n")
     assert f"{sidecar.target}: the health service does not know service 'no.such.Service'" in run.stderr
 
 
 async def test_an_unreachable_target_names_the_target() -> None:
     target = f"127.0.0.1:{free_port()}"  # nothing listens there
-    run = await turnwire("health", "--target", target, "--timeout", "2")
+    run = await run_turnwire("health", "--target", target, "--timeout", "2")
     assert (run.code, run.stdout) == (1, "unreachable\n")
     assert run.stderr.startswith(f"turnwire: cannot reach {target} within 2 s (UNAVAILABLE:"), run.stderr
 
@@ -104,7 +76,7 @@ async def test_a_draining_sidecar_is_not_healthy_while_its_turn_finishes(
         sidecar.send_signal(signal.SIGTERM)
         await wait_until(lambda: "shutting down" in sidecar.log_text(), timeout=10, what="drain started")
 
-        run = await turnwire("health", "--target", sidecar.target, "--timeout", "2")
+        run = await run_turnwire("health", "--target", sidecar.target, "--timeout", "2")
         assert not rest.done(), "the turn ended before the check: nothing was draining"
         assert run.code == 1
         assert run.stdout in ("unreachable\n", "NOT_SERVING\n"), run.stdout
