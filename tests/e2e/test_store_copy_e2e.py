@@ -21,7 +21,7 @@ async def _snapshot(target: str) -> tuple[list[bytes], list[bytes], list[bytes]]
     return (
         [c.SerializeToString(deterministic=True) for c in conversations],
         [submission.SerializeToString(deterministic=True)],
-        [e.SerializeToString() for e in events],
+        [e.SerializeToString(deterministic=True) for e in events],
     )
 
 
