@@ -1,5 +1,5 @@
 """The ``turnwire`` command: ``serve`` the sidecar, ``migrate`` its store, ``chat`` with it, read
-``history``, run the ``demo``."""
+``history``, check its ``health``, run the ``demo``; ``--version``."""
 
 from __future__ import annotations
 
@@ -23,6 +23,29 @@ app = typer.Typer(
 TargetOption = Annotated[
     str, typer.Option("--target", "-t", envvar="TURNWIRE_TARGET", help="Sidecar address HOST:PORT.")
 ]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"turnwire {version('turnwire')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the installed version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Global options (``--version``), before the command."""
 
 
 def _configure_logging(level: str) -> None:
@@ -170,6 +193,23 @@ def history(
     from turnwire_server.console import run_history
 
     raise typer.Exit(asyncio.run(run_history(target, conversation)))
+
+
+@app.command()
+def health(
+    target: TargetOption = "127.0.0.1:50051",
+    service: Annotated[str, typer.Option(help="Service to ask about; empty: the whole server.")] = "",
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the answer.")] = 5.0,
+) -> None:
+    """Ask the standard gRPC health service; print SERVING, NOT_SERVING, SERVICE_UNKNOWN or
+    unreachable. Exit status 0 only when SERVING, else 1 (as Docker HEALTHCHECK expects)."""
+    from turnwire_server.health_check import check_health
+
+    answer = check_health(target, service, timeout)
+    typer.echo(answer.status)
+    if answer.detail:
+        typer.echo(f"turnwire: {answer.detail}", err=True)
+    raise typer.Exit(answer.exit_code)
 
 
 @app.command()

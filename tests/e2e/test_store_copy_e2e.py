@@ -3,30 +3,14 @@ into PostgreSQL and served from there, every message, submission and stored stre
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from pathlib import Path
 
-from support.sidecar import SidecarFactory
+from support.sidecar import SidecarFactory, run_turnwire
 from support.stores import postgres_database
 
 from turnwire_client import TurnwireClient, collect
 
 CONFIG = {"providers": {"scripted": {"scripts": {"short": [{"text": "one two three"}]}}}}
-
-
-async def _turnwire(*args: str) -> tuple[int, str, str]:
-    """Run ``python -m turnwire_server ARGS``; (exit status, stdout, stderr)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "turnwire_server",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout=120)
-    return int(process.returncode or 0), out.decode(), err.decode()
 
 
 async def _snapshot(target: str) -> tuple[list[bytes], list[bytes], list[bytes]]:
@@ -37,7 +21,7 @@ async def _snapshot(target: str) -> tuple[list[bytes], list[bytes], list[bytes]]
     return (
         [c.SerializeToString(deterministic=True) for c in conversations],
         [submission.SerializeToString(deterministic=True)],
-        [e.SerializeToString() for e in events],
+        [e.SerializeToString(deterministic=True) for e in events],
     )
 
 
@@ -55,12 +39,12 @@ async def test_an_sqlite_store_copied_to_postgres_serves_the_same_data(
 
     with postgres_database() as url:
         missing = tmp_path / "missing.db"
-        status, out, err = await _turnwire("migrate", "--from", f"sqlite:///{missing}", "--to", url)
+        status, out, err = await run_turnwire("migrate", "--from", f"sqlite:///{missing}", "--to", url)
         assert status == 1 and "no SQLite store at" in err and not missing.exists(), "a typo creates nothing"
-        status, out, err = await _turnwire("migrate", "--from", first.store_url, "--to", url)
+        status, out, err = await run_turnwire("migrate", "--from", first.store_url, "--to", url)
         assert status == 0, err
         assert "copied 2 conversations" in out and "copied 1 submissions" in out
-        status, out, err = await _turnwire("migrate", "--from", first.store_url, "--to", url)
+        status, out, err = await run_turnwire("migrate", "--from", first.store_url, "--to", url)
         assert status == 1 and "already holds conversations" in err, "never into a used store"
 
         second = await sidecar_factory(CONFIG, workdir=tmp_path / "postgres", store_url=url).start()

@@ -7,6 +7,9 @@ log file in the same directory, shown in every failure message.
 
 Several processes may run one after the other on the same directory (and so
 the same database) to test restarts; each gets its own log file.
+
+:func:`run_turnwire` runs one of the other ``turnwire`` commands (``migrate``,
+``health``, …) to its end.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import yaml
@@ -234,6 +237,47 @@ class SidecarProcess:
     def __repr__(self) -> str:
         state = "not started" if self.process is None else f"pid {self.process.pid}"
         return f"SidecarProcess({self.target}, {state}, workdir={self.workdir})"
+
+
+class CommandResult(NamedTuple):
+    """How a ``turnwire`` command ended: its exit status and what it printed."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+
+async def run_turnwire(
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 120.0,  # noqa: ASYNC109
+) -> CommandResult:
+    """Run ``python -m turnwire_server ARGS`` (the ``turnwire`` command) to its end without
+    blocking the event loop. Its environment is this one less the ``TURNWIRE_*`` variables
+    (as for :class:`SidecarProcess`), plus ``env``.
+
+    Raises:
+        TimeoutError: it ran longer than ``timeout`` seconds.
+    """
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TURNWIRE_")}
+    environment.update(env or {})
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "turnwire_server",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=environment,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout=timeout)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    assert process.returncode is not None
+    return CommandResult(process.returncode, out.decode(), err.decode())
 
 
 SidecarFactory = Callable[..., SidecarProcess]

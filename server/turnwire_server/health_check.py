@@ -1,0 +1,72 @@
+"""The ``turnwire health`` command: one Check call on the standard gRPC health service.
+
+Meant for Docker ``HEALTHCHECK``, Kubernetes ``exec`` probes and scripts: the answer is one
+word on stdout and the exit status is 0 only for SERVING. Docker reads 0 as healthy and 1 as
+unhealthy and reserves 2, so every other outcome exits 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+__all__ = ["EXIT_SERVING", "EXIT_UNHEALTHY", "HealthAnswer", "check_health"]
+
+EXIT_SERVING = 0
+"""Exit code: the service is SERVING."""
+EXIT_UNHEALTHY = 1
+"""Exit code: anything else (NOT_SERVING, unknown service, unreachable, another error)."""
+
+UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True)
+class HealthAnswer:
+    """What one health check found.
+
+    ``status`` is the word printed on stdout: ``SERVING``, ``NOT_SERVING``, ``SERVICE_UNKNOWN``
+    (the server does not know the service), ``UNKNOWN``, ``unreachable`` (no answer within the
+    timeout: refused, no route, deadline) or ``error`` (the server answered with another gRPC
+    error, e.g. UNIMPLEMENTED when it has no health service). ``detail`` is a sentence naming the
+    target for every status but SERVING, else empty.
+    """
+
+    status: str
+    detail: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        """:data:`EXIT_SERVING` for SERVING, else :data:`EXIT_UNHEALTHY`."""
+        return EXIT_SERVING if self.status == "SERVING" else EXIT_UNHEALTHY
+
+
+def check_health(target: str, service: str = "", timeout: float = 5.0) -> HealthAnswer:
+    """Ask ``target`` (``HOST:PORT``, plaintext) whether ``service`` (``""``: the whole
+    server) is serving, waiting at most ``timeout`` seconds. Never raises for an RPC outcome:
+    every failure is a :class:`HealthAnswer`."""
+    what = f"service {service!r}" if service else "the server"
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as error:
+            return _failed(target, what, timeout, error)
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+        return HealthAnswer(status)
+    return HealthAnswer(status, f"{target}: {what} is {status}")
+
+
+def _failed(target: str, what: str, timeout: float, error: grpc.RpcError) -> HealthAnswer:
+    code = error.code()
+    message = error.details() or ""
+    if code == grpc.StatusCode.NOT_FOUND:
+        return HealthAnswer("SERVICE_UNKNOWN", f"{target}: the health service does not know {what}")
+    # A refused connection is UNAVAILABLE at once; a silent host runs into the deadline.
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return HealthAnswer(
+            UNREACHABLE, f"cannot reach {target} within {timeout:g} s ({code.name}: {message})"
+        )
+    return HealthAnswer("error", f"{target}: health check of {what} failed ({code.name}: {message})")
