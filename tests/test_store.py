@@ -762,3 +762,19 @@ async def test_discard_reply_removes_the_partial_and_moves_the_turn_to_its_new_r
     await store.discard_reply(moved, "tw-a-1")  # nothing left to remove: not an error
     with pytest.raises(TurnNotFound):
         await store.discard_reply(_turn("req-unknown", assistant_message_id="x"), "tw-a-1")
+
+
+async def test_start_turn_gives_the_history_its_commit_left_where_it_costs_no_round_trip(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    """PostgreSQL reads the history in the commit's flight (the turn's model call then needs no
+    read of its own); SQLite answers None (its single writer must not read on behalf of turns)."""
+    await store.start_turn(_turn("r0"), [_text("u0", "first")])
+    await store.save_message("conv-1", _text("asst-1", "reply", message_pb2.ROLE_ASSISTANT))
+    history = await store.start_turn(_turn("r1", assistant_message_id="asst-2"), [_text("u1", "second")])
+    if store_backend.name == "sqlite":
+        assert history is None
+    else:
+        assert history is not None
+        assert [m.id for m in history] == ["u0", "asst-1", "u1"]
+        assert history == await store.load_messages("conv-1")

@@ -82,11 +82,14 @@ class StepLoop:
         self.stop = stop
         self.compactor = compactor
 
-    async def run(self) -> None:
-        """Assemble, ``before_turn``, then the steps. Raises :class:`TurnFailure`."""
+    async def run(self, history: list[message_pb2.Message] | None = None) -> None:
+        """Assemble, ``before_turn``, then the steps; ``history`` is the conversation as the
+        turn's input commit left it, when the store read it then (else it is loaded here).
+        Raises :class:`TurnFailure`."""
         turn = self.state
         request = turn.request
-        history = await self.store.load_messages(request.conversation_id)
+        if history is None:
+            history = await self.store.load_messages(request.conversation_id)
         # Calls the client may still answer are kept (docs/semantics.md §8, pending_calls).
         repaired = repair_pending(
             history, now=dt.datetime.now(dt.UTC), expiry_seconds=self.settings.pending_expiry_seconds

@@ -163,6 +163,8 @@ class TurnRun:
         )
         #: Re-runs after a context overflow so far (docs/semantics.md §9: at most overflow_retries).
         self.overflow_retries = 0
+        #: The history as start_turn's commit left it, when the store read it then (first attempt).
+        self._history: list[message_pb2.Message] | None = None
         self.outcome: StoredTurnState = "running"
         self.status_error: status_pb2.Status | None = None
         self.error: BaseException | None = None
@@ -333,7 +335,7 @@ class TurnRun:
             message.create_time.CopyFrom(self.state.assistant.message.create_time)
         self._phase = "storing"
         try:
-            await self.store.start_turn(self._record, request.messages)
+            self._history = await self.store.start_turn(self._record, request.messages)
         except Exception as error:
             raise TurnFailure("persist", error) from error
         self.messages_persisted = True
@@ -670,6 +672,7 @@ class TurnRun:
     # --- the step loop -----------------------------------------------------
 
     async def _run_steps(self) -> None:
+        history, self._history = self._history, None  # a later attempt reads the store again
         loop = StepLoop(
             self.state,
             store=self.store,
@@ -678,7 +681,7 @@ class TurnRun:
             stop=self.cancel,
             compactor=self.compactor,
         )
-        await loop.run()
+        await loop.run(history)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

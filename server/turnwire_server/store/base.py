@@ -398,11 +398,16 @@ class Store(Protocol):
         """All messages of the conversation, oldest first ([] when none)."""
         ...
 
-    async def start_turn(self, turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> None:
+    async def start_turn(
+        self, turn: TurnRecord, messages: Sequence[message_pb2.Message]
+    ) -> list[message_pb2.Message] | None:
         """Durably create the conversation if needed, append ``messages`` and record ``turn``.
 
-        One transaction. Raises :class:`MessageIdConflict` (and stores
-        nothing) when a message id already exists in the conversation.
+        One transaction. Returns the conversation's messages as it left them when the backend
+        reads them without a round trip of their own (PostgreSQL: in the commit's flight), else
+        None (SQLite: a read inside its single writer's transaction would hold up every other
+        write; the caller loads them). Raises :class:`MessageIdConflict` (and stores nothing)
+        when a message id already exists in the conversation.
         """
         ...
 

@@ -288,6 +288,7 @@ class PostgresStore:
         *,
         conversation_id: str | None = None,
         pipeline: bool = False,
+        then: Callable[[T], Awaitable[T]] | None = None,
     ) -> T:
         """Run ``body(conn, now_us)`` in one transaction, committed when this returns; retried
         (from the start) when the database aborted it to resolve a race. Domain errors raised
@@ -297,9 +298,9 @@ class PostgresStore:
         no round trip of their own)."""
         pool = self._require_pool(what)
         if conversation_id is None:
-            return await self._transaction(pool, what, body, pipeline)
+            return await self._transaction(pool, what, body, pipeline, then)
         async with self._write_order.hold(conversation_id):
-            return await self._transaction(pool, what, body, pipeline)
+            return await self._transaction(pool, what, body, pipeline, then)
 
     async def _transaction(
         self,
@@ -307,11 +308,16 @@ class PostgresStore:
         what: str,
         body: Callable[[Conn, int], Awaitable[T]],
         pipeline: bool = False,
+        then: Callable[[T], Awaitable[T]] | None = None,
     ) -> T:
         for attempt in range(_RETRIES):
             try:
-                async with pool.connection() as conn, _transaction(conn, pipeline):
-                    return await body(conn, self._now_us())
+                async with pool.connection() as conn:
+                    async with _transaction(conn, pipeline):
+                        result = await body(conn, self._now_us())
+                    # Committed, still on its connection: ``then`` reads what the last flight
+                    # brought back (a pipelined read sent with the COMMIT costs no round trip).
+                    return result if then is None else await then(result)
             except _RACE_ERRORS as exc:
                 if attempt + 1 == _RETRIES:
                     raise self._error(exc, what) from None
@@ -613,20 +619,35 @@ class PostgresStore:
 
     # ------------------------------------------------------------------ turn writes
 
-    async def start_turn(self, turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> None:
+    async def start_turn(
+        self, turn: TurnRecord, messages: Sequence[message_pb2.Message]
+    ) -> list[message_pb2.Message]:
         """Durably create the conversation if missing, append ``messages`` and insert ``turn``;
         one transaction, committed when this returns (rules and errors: ``Store.start_turn``
-        and :meth:`SqliteStore.start_turn <turnwire_server.store.sqlite.SqliteStore.start_turn>`)."""
+        and :meth:`SqliteStore.start_turn <turnwire_server.store.sqlite.SqliteStore.start_turn>`).
+        Returns the conversation's messages as that transaction left them, read in the same flight
+        as its commit."""
         rows = writes.prepare_turn(turn, messages)
+        conversation_id = turn.conversation_id
+
+        async def body(conn: Conn, now_us: int) -> Any:
+            await writes.start_turn(conn, turn, rows, now_us)
+            # Sent with the writes, answered with the COMMIT: the history costs no round trip.
+            return await conn.execute(writes.LOAD_MESSAGES_SQL.encode(), (conversation_id,))
+
+        async def history(cursor: Any) -> Any:
+            return writes.messages_from_rows(conversation_id, await cursor.fetchall())
 
         # On the hot path (a turn waits for this commit before its model call): pipelined, so it
-        # costs two round trips, the reads and the commit.
-        await self._write(
+        # costs two round trips, the reads and the commit (with the history).
+        result: list[message_pb2.Message] = await self._write(
             f"start_turn({turn.request_id!r})",
-            lambda conn, now_us: writes.start_turn(conn, turn, rows, now_us),
-            conversation_id=turn.conversation_id,
+            body,
+            conversation_id=conversation_id,
             pipeline=True,
+            then=history,
         )
+        return result
 
     async def save_message(
         self, conversation_id: str, message: message_pb2.Message, *, turn_request_id: str = ""

@@ -458,7 +458,8 @@ class SqliteStore:
     # ------------------------------------------------------------------ writes
 
     async def start_turn(self, turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> None:
-        """Durably create the conversation if missing, append ``messages`` and insert ``turn``.
+        """Durably create the conversation if missing, append ``messages`` and insert ``turn``;
+        returns None (the caller loads the history: see ``Store.start_turn``).
 
         One transaction, committed when this returns. ``messages`` get the next
         positions in order. Raises :class:`MessageIdConflict` (storing nothing)
