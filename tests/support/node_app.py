@@ -12,11 +12,11 @@ import asyncio
 import concurrent.futures
 import json
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
+from support.port_process import PortProcess
 from support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,30 +24,25 @@ SCRIPT = REPO / "tests" / "support" / "node_app.mjs"
 NODE = shutil.which("node") or "node"
 
 
-class NodeApp:
+class NodeApp(PortProcess):
     """``node tests/support/node_app.mjs`` listening on ``127.0.0.1:port``; ``sidecar`` is the
     sidecar's target for the app's own calls (follow-up turns, ``nested_chat``)."""
 
     def __init__(self, workdir: Path, port: int, sidecar: str) -> None:
+        super().__init__(port)
         self.workdir = workdir
-        self.port = port
         self.sidecar = sidecar
         self.journal_path = workdir / "node-app-journal.jsonl"
-        self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
     async def start(self) -> NodeApp:
         """Start the process and wait until it accepts connections."""
         self._spawn()
-        await wait_until(self._listening, timeout=20, what=f"the Node app listening on {self.address}")
+        await wait_until(self.listening, timeout=20, what=f"the Node app listening on {self.address}")
         return self
 
     def _spawn(self) -> None:
@@ -63,18 +58,8 @@ class NodeApp:
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="node-app-start") as pool:
             return pool.submit(asyncio.run, self.start()).result()
 
-    def _listening(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise AssertionError(f"the Node app exited with {self.process.returncode}:\n{self.log_text()}")
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", self.port)) == 0
-
-    def kill(self) -> None:
-        """SIGKILL: the process dies mid-call, as a crash would."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+    def exit_details(self) -> str:
+        return f"{super().exit_details()}\n{self.log_text()}"
 
     def journal(self, request_id: str | None = None) -> list[dict[str, Any]]:
         """The calls recorded so far (those of turn ``request_id``, when given)."""
