@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,26 +26,65 @@ from support.node_app import NodeApp
 from support.sidecar import SidecarProcess, free_port
 from support.waiting import wait_until
 
-from turnwire_client import TurnResult, TurnwireClient, TurnwireError, collect
-from turnwire_client.v1 import event_pb2
+from turnwire_client import TurnResult, TurnStream, TurnwireClient, TurnwireError, collect
+from turnwire_client.v1 import event_pb2, message_pb2
 
 DEADLINE_SECONDS = 2.0
 """Each hook call's deadline: what a hanging hook costs a test."""
 
+TOOL_HOSTS = importlib.util.find_spec("turnwire_server.tools.settings") is not None
+"""Whether this sidecar has ``tools.hosts`` (it arrives with the remote-tools branch)."""
+needs_tool_hosts = pytest.mark.skipif(not TOOL_HOSTS, reason="the sidecar has no tools.hosts yet")
+
 DEFAULT_SYSTEM = "You are a helpful assistant."
 
+ORDER = {"order_id": "A-17"}
+
 SCRIPTS: dict[str, list[dict[str, Any]]] = {
-    "weather": [
+    "weather": [  # a demo tool of the sidecar: the hooks alone are under test
         {"text": "Let me check.", "tool_calls": [{"name": "get_weather", "input": {"city": "Paris"}}]},
         {"text": "It is windy."},
+    ],
+    "lookup": [
+        {"text": "Let me check.", "tool_calls": [{"name": "lookup_order", "input": {"order_id": "A-17"}}]},
+        {"text": "It has shipped."},
+    ],
+    "decisions": [  # one call per policy decision (with the right body)
+        {
+            "tool_calls": [
+                {"name": "lookup_order", "input": {"order_id": " a-17"}},
+                {"name": "refund_order", "input": {"order_id": "A-17"}},
+                {"name": "pack_order", "input": {"order_id": "A-17", "items": 2, "delay_ms": 0}},
+            ]
+        },
+        {"text": "Done."},
+    ],
+    "pack_slowly": [  # runs until stopped: 1000 items, 50 ms each
+        {
+            "tool_calls": [
+                {"name": "pack_order", "input": {"order_id": "A-17", "items": 1000, "delay_ms": 50}}
+            ]
+        },
+        {"text": "Packed."},
+    ],
+    "nested": [
+        {"tool_calls": [{"name": "nested_chat", "input": {}}]},
+        {"text": "Done."},
     ],
 }
 
 
 def sidecar_config(app_address: str, failure_mode: str) -> dict[str, Any]:
+    tools: dict[str, Any] = {"demo": True}
+    if TOOL_HOSTS:
+        tools["hosts"] = [{"name": "node", "address": app_address}]
     return {
         "default_model": "scripted:weather",
         "providers": {"scripted": {"scripts": SCRIPTS}},
+        "tools": {
+            "demo": True,
+            **({"hosts": [{"name": "node", "address": app_address}]} if TOOL_HOSTS else {}),
+        },
         "middleware": [
             {
                 "remote": {
@@ -153,17 +193,88 @@ async def test_a_two_step_turn_calls_the_hooks_in_the_order_of_the_diagram(open_
     assert response["tools"] == ["get_weather"]
 
 
+# --- the policy's decisions ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "decisions", "outputs_by_tool"),
+    [
+        pytest.param(
+            {},
+            {"lookup_order": "allowWithInput", "refund_order": "block", "pack_order": "allow"},
+            {
+                # The host got the normalized id, though the stored call keeps the model's " a-17".
+                "lookup_order": {"order_id": "A-17", "status": "shipped", "carrier": "DHL"},
+                "refund_order": "Refunds need an admin: tell the user to contact support.",
+                "pack_order": {"order_id": "A-17", "packed": 2, "done": True},
+            },
+            id="allow-with-input,block,allow",
+        ),
+        pytest.param(
+            {"role": "admin", "dry_run": True},
+            {"lookup_order": "allowWithInput", "refund_order": "substitute", "pack_order": "substitute"},
+            {
+                "lookup_order": {"order_id": "A-17", "status": "shipped", "carrier": "DHL"},
+                "refund_order": {
+                    "dry_run": True,
+                    "would_call": "refund_order",
+                    "input": {"order_id": "A-17"},
+                },
+                "pack_order": {
+                    "dry_run": True,
+                    "would_call": "pack_order",
+                    "input": {"order_id": "A-17", "items": 2, "delay_ms": 0},
+                },
+            },
+            id="substitute",
+        ),
+    ],
+)
+@needs_tool_hosts
+async def test_each_before_tool_call_decision_of_the_node_policy(
+    open_system: System, body: dict[str, Any], decisions: dict[str, str], outputs_by_tool: dict[str, Any]
+) -> None:
+    request_id = f"decisions-{len(body)}"
+    result = await open_system.turn(request_id, body=body, model="scripted:decisions")
+    assert result.ok, result.error
+    assert {p.tool_name: json.loads(p.output_json) for p in result.tool_calls} == outputs_by_tool
+    assert json.loads(result.tool_calls[0].input_json) == {"order_id": " a-17"}
+    journal = open_system.app.journal(request_id)
+    assert {e["toolName"]: e["decision"] for e in journal if e["rpc"] == "BeforeToolCall"} == decisions
+    executed = {e["toolName"]: json.loads(e["input"]) for e in journal if e["rpc"] == "ExecuteTool"}
+    expected = {name for name, decision in decisions.items() if decision.startswith("allow")}
+    assert set(executed) == expected  # blocked and substituted calls never reach the host
+    assert executed["lookup_order"] == {"order_id": "A-17"}
+    for name in expected:  # before_tool_call → execute → after_tool_call, per call
+        of_call = [e["rpc"] for e in journal if e.get("toolName") == name]
+        assert of_call == ["BeforeToolCall", "ExecuteTool", "AfterToolCall"], of_call
+    outcomes = {e["toolName"]: e["outcome"] for e in journal if e["rpc"] == "AfterToolCall"}
+    assert outcomes == {
+        name: {"block": "TOOL_CALL_OUTCOME_BLOCKED", "substitute": "TOOL_CALL_OUTCOME_SUBSTITUTED"}.get(
+            decision, "TOOL_CALL_OUTCOME_EXECUTED"
+        )
+        for name, decision in decisions.items()
+    }
+
+
 # --- hooks that fail ------------------------------------------------------------------------
+
+
+async def faulted_turn(system: System, rpc: str, fault: str) -> tuple[TurnResult, list[dict[str, Any]]]:
+    """A turn whose hook ``rpc`` the Node app answers with ``fault``; its result and journal."""
+    request_id = f"{rpc}-{fault}-{system.failure_mode}"
+    result = await system.turn(request_id, body={"fault": {rpc: fault}})
+    journal = system.app.journal(request_id)
+    assert {"rpc": rpc, "fault": fault} in [{"rpc": e["rpc"], "fault": e.get("fault")} for e in journal]
+    return result, journal
 
 
 @pytest.mark.parametrize("fault", ["hang", "garbage"])
 async def test_a_before_tool_call_that_fails_blocks_when_closed_and_runs_the_tool_when_open(
     system: System, fault: str
 ) -> None:
-    request_id = f"btc-{fault}-{system.failure_mode}"
-    result = await system.turn(request_id, body={"fault": {"BeforeToolCall": fault}})
+    result, _ = await faulted_turn(system, "BeforeToolCall", fault)
     assert result.ok, result.error
-    assert {"rpc": "BeforeToolCall", "fault": fault}.items() <= system.app.journal(request_id)[2].items()
     if system.failure_mode == "closed":
         assert outputs(result) == [blocked("get_weather")]
     else:
@@ -174,10 +285,7 @@ async def test_a_before_tool_call_that_fails_blocks_when_closed_and_runs_the_too
 async def test_a_before_turn_that_fails_fails_the_turn_when_closed_and_changes_nothing_when_open(
     system: System, fault: str
 ) -> None:
-    request_id = f"bt-{fault}-{system.failure_mode}"
-    result = await system.turn(request_id, body={"fault": {"BeforeTurn": fault}})
-    journal = system.app.journal(request_id)
-    assert {"rpc": "BeforeTurn", "fault": fault}.items() <= journal[0].items()
+    result, journal = await faulted_turn(system, "BeforeTurn", fault)
     if system.failure_mode == "closed":
         assert result.status == event_pb2.TURN_STATUS_ERROR
         error = TurnwireError.from_status(result.error)
@@ -223,6 +331,73 @@ async def test_a_hook_server_killed_mid_call_gets_the_failure_mode_and_is_called
         return result.ok and app.rpcs(request_id)[:3] == ["BeforeTurn", "BeforeStep", "BeforeToolCall"]
 
     await wait_until(answered, timeout=20, interval=0.2, what="a turn whose hooks the restarted app answered")
+
+
+# --- the tool host --------------------------------------------------------------------------
+
+
+async def start_packing(client: TurnwireClient, request_id: str) -> TurnStream:
+    """A turn whose pack_order call runs until stopped; returns once its first progress arrived."""
+    stream = client.chat(f"conv-{request_id}", "pack", request_id=request_id, model="scripted:pack_slowly")
+    async for event in stream:
+        if event.WhichOneof("event") == "tool_output_available":
+            assert event.tool_output_available.preliminary
+            return stream
+    raise AssertionError("the turn ended before the tool reported progress")
+
+
+@needs_tool_hosts
+async def test_a_tool_host_that_dies_mid_call_fails_the_call_the_turn_goes_on_and_it_comes_back(
+    open_system: System,
+) -> None:
+    app = open_system.app
+    async with TurnwireClient(open_system.sidecar.target) as client:
+        stream = await start_packing(client, "host-dies")
+        try:
+            app.kill()
+            result = await collect(stream)
+        finally:
+            if not app.running:
+                await app.start()
+    assert result.ok, result.error
+    [call] = result.tool_calls
+    assert call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
+    assert "tool host 'node' is unavailable" in call.error_text
+    assert result.text.endswith("Packed.")  # the model was called again after the failed call
+
+    # Back: the sidecar lists the restarted host's tools again, and its calls run.
+    await wait_until(lambda: "ListTools" in [e["rpc"] for e in app.journal()[-50:]], timeout=20)
+    attempts = iter(range(1000))
+
+    async def ran() -> bool:
+        result = await open_system.turn(f"host-back-{next(attempts)}", model="scripted:lookup")
+        return result.ok and outputs(result) == [{"order_id": "A-17", "status": "shipped", "carrier": "DHL"}]
+
+    await wait_until(ran, timeout=20, interval=0.2, what="a call the restarted host answered")
+
+
+@needs_tool_hosts
+async def test_cancelling_the_turn_cancels_the_call_in_the_node_host(open_system: System) -> None:
+    async with TurnwireClient(open_system.sidecar.target) as client:
+        stream = await start_packing(client, "cancel-tool")
+        stream.cancel()  # the client cancels its call: the turn is cancelled (disconnect policy CANCEL)
+
+    def cancelled() -> list[dict[str, Any]]:
+        return [e for e in open_system.app.journal("cancel-tool") if e["rpc"] == "ExecuteTool:cancelled"]
+
+    [entry] = await wait_until(cancelled, what="the Node host seeing its call cancelled")
+    assert entry["toolName"] == "pack_order"
+
+
+@needs_tool_hosts
+async def test_a_remote_tool_calling_chat_on_its_own_conversation_gets_failed_precondition(
+    open_system: System,
+) -> None:
+    result = await open_system.turn("nested", model="scripted:nested")
+    assert result.ok, result.error
+    [output] = outputs(result)
+    assert output["parent"] == "nested"  # the host got the turn's request id in the metadata
+    assert output["code"] == "FAILED_PRECONDITION", output
 
 
 # --- calling back into the sidecar -----------------------------------------------------------
