@@ -860,8 +860,7 @@ async def test_cancelling_a_queued_turn_aborts_it_and_stores_nothing(make_engine
 
     def queued_behind_first() -> bool:
         # "first" holds the conversation's lock (it left the queue), "queued" waits for it.
-        lock = h.store._locks._entries.get(CONV)
-        return h.engine._queued[CONV] == 1 and lock is not None and lock.users == 2
+        return h.engine._queued[CONV] == 1 and h.store._locks.places(CONV) == 2
 
     await wait_until(queued_behind_first, what="the second turn waits for the first's lock")
     assert h.engine.cancel("r-queued") is True

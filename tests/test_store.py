@@ -25,9 +25,10 @@ from turnwire_server.store import (
     Store,
     StoreCorrupted,
     StoreError,
+    TurnNotFound,
     TurnRecord,
 )
-from turnwire_server.store.base import CompactionRecord, TurnNotFound
+from turnwire_server.store.base import CompactionRecord
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.sqlite_rows import decode_page_token, encode_page_token, to_us
 
@@ -392,6 +393,23 @@ async def test_failed_write_does_not_affect_others_in_the_same_batch(store: Stor
 # ----------------------------------------------------------------------------- group commit
 
 
+async def test_a_failing_write_in_a_group_commit_undoes_only_itself(store: Store) -> None:
+    """Checkpoints and turn ends share commits (PostgreSQL: one pipelined transaction, applied
+    again write by write when one fails)."""
+    await store.start_turn(_turn("r1"), [_text("u1", "q")])
+    unknown = _turn("nope", state="completed")
+    results = await asyncio.gather(
+        store.save_message("conv-1", _text("a1", "before")),
+        store.finish_turn(unknown, _text("a9", "never")),
+        store.append_events("conv-1", "r1", [(1, b"e1"), (2, b"e2")], ended=False),
+        store.save_message("conv-1", _text("a2", "after")),
+        return_exceptions=True,
+    )
+    assert [type(r) for r in results] == [type(None), TurnNotFound, type(None), type(None)]
+    assert [m.id for m in await store.load_messages("conv-1")] == ["u1", "a1", "a2"]
+    assert await store.load_events("r1", 0) == [b"e1", b"e2"]
+
+
 # ----------------------------------------------------------------------------- reads
 
 
@@ -618,8 +636,7 @@ async def test_turn_lock_is_fifo_and_forgets_idle_conversations(
             return int(
                 store_backend.sql("SELECT COUNT(*) FROM turn_queue WHERE conversation_id = 'conv-1'")[0][0]
             )
-        entry = store._locks._entries.get("conv-1")  # type: ignore[attr-defined]
-        return 0 if entry is None else int(entry.users)
+        return int(store._locks.places("conv-1"))  # type: ignore[attr-defined]
 
     a = asyncio.create_task(turn("a", release_a))
     await a_holds.wait()
@@ -639,13 +656,34 @@ async def test_local_turn_locks_cancelled_waiter_and_independent_keys() -> None:
     locks = LocalTurnLocks()
     async with locks.hold("k1"):
         waiter = asyncio.create_task(locks.hold("k1").__aenter__())
-        await wait_until(lambda: locks._entries["k1"].users == 2, what="the waiter queues for k1")
+        await wait_until(lambda: locks.places("k1") == 2, what="the waiter queues for k1")
         assert len(locks) == 1
         async with locks.hold("k2"):  # another key does not wait
             assert len(locks) == 2
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
+    assert len(locks) == 0
+
+
+async def test_local_turn_locks_reserved_places_keep_their_turn_or_give_it_up() -> None:
+    locks = LocalTurnLocks()
+    order: list[str] = []
+
+    async def hold(name: str, token: str = "") -> None:
+        async with locks.hold("k", token):
+            order.append(name)
+
+    locks.reserve("k", "sub")
+    locks.reserve("k", "gone")
+    later = asyncio.create_task(hold("later"))
+    await wait_until(lambda: locks.places("k") == 3, what="the later holder queues behind two reservations")
+    assert order == []
+    await hold("sub", "sub")  # from its reserved place, ahead of the later one
+    assert order == ["sub"] and not later.done()
+    locks.drop("gone")  # ended without running: the line moves on
+    await later
+    assert order == ["sub", "later"]
     assert len(locks) == 0
 
 

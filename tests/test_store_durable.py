@@ -233,3 +233,38 @@ async def test_pending_submissions_of_a_dead_owner_are_claimed_once(
     assert await store.renew_leases("me", later + dt.timedelta(hours=1)) == 0  # no running turn
     renewed = await store.get_submission("s0")
     assert renewed is not None and renewed.lease_until == later + dt.timedelta(hours=1)
+
+
+async def test_unclaimed_submissions_are_claimed_once_in_acceptance_order(store: Store) -> None:
+    """A submission accepted by a replica without a free slot has no owner: any may claim it,
+    at once (no lease to wait out), once."""
+    for n in range(3):
+        await store.create_submission(_submission(f"u{n}"), max_open=10)  # owner "": unclaimed
+    until = T0 + dt.timedelta(seconds=30)
+    first = await store.claim_pending_submissions("me", T0, until, 2)
+    second = await store.claim_pending_submissions("me", T0, until, 10)
+    assert [(r.submission_id, r.owner) for r in first + second] == [("u0", "me"), ("u1", "me"), ("u2", "me")]
+    assert await store.claim_pending_submissions("me", T0, until, 10) == []
+
+
+async def test_a_submission_takes_its_place_in_line_at_acceptance(store: Store) -> None:
+    """FIFO by acceptance whoever runs it: a turn queued after an unclaimed submission waits for
+    the submission's turn; a submission that ends without running gives its place up."""
+    order: list[str] = []
+
+    async def turn(request_id: str) -> None:
+        async with store.turn_lock("c", request_id=request_id, owner="me", lease_seconds=30):
+            order.append(request_id)
+
+    await store.create_submission(_submission("sub"), max_open=10)
+    later = asyncio.create_task(turn("later"))
+    await asyncio.sleep(0)  # let it take its ticket (after the submission's) before the claim
+    now = dt.datetime.now(dt.UTC)  # the claimed ticket's lease must hold while the turns run
+    await store.claim_pending_submissions("me", now, now + dt.timedelta(seconds=30), 10)
+    await asyncio.gather(turn("sub"), later)
+    assert order == ["sub", "later"]
+
+    await store.create_submission(_submission("gone"), max_open=10)
+    await store.end_submission("gone", "aborted", None, only_from=("pending", "running"))
+    await asyncio.wait_for(turn("after"), timeout=10)  # not blocked by the ended one's place
+    assert order[-1] == "after"

@@ -17,7 +17,10 @@ from support.engine_harness import EngineFactory, collect, end_of, kinds, of_kin
 from turnwire.testing import ScriptedToolCall, ScriptStep
 from turnwire.tools import ClientTool, PythonTool, ToolExecution, requires_approval, tool
 from turnwire_client.v1 import message_pb2
-from turnwire_server.tools.loading import ToolLoadError, load_tools
+from turnwire_server.app import StartupError, open_tools
+from turnwire_server.config import load_settings
+from turnwire_server.tools.loading import load_tools
+from turnwire_server.tools.tool_set import ToolSet
 
 
 class Transfer(BaseModel):
@@ -38,12 +41,12 @@ def test_needs_approval_may_depend_on_the_input() -> None:
     assert not requires_approval(plain, {})
 
 
-def test_require_approval_names_loaded_tools() -> None:
-    tools = load_tools(True, [], ["calculator"])
+async def test_require_approval_names_loaded_tools() -> None:
+    tools = ToolSet(load_tools(True, []), ["calculator"])
     assert requires_approval(tools["calculator"], {})
     assert not requires_approval(tools["get_weather"], {})
-    with pytest.raises(ToolLoadError, match="no_such_tool"):
-        load_tools(True, [], ["no_such_tool"])
+    with pytest.raises(StartupError, match="no_such_tool"):
+        await open_tools(load_settings(None, tools={"require_approval": ["no_such_tool"]}))
 
 
 async def test_only_the_call_over_the_limit_waits_for_approval(make_engine: EngineFactory) -> None:

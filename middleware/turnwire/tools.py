@@ -39,6 +39,7 @@ import importlib
 import inspect
 import multiprocessing
 import pickle
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
@@ -56,6 +57,10 @@ as a function of the call's input (docs/semantics.md §6)."""
 
 Isolation = Literal["thread", "process"]
 """Where a :class:`PythonTool`'s synchronous function runs: a worker thread, or a worker process."""
+
+TOOL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What a tool's name must match as a whole: what every provider API accepts (client tools and
+tools listed by tool hosts and MCP servers are checked against it)."""
 
 DEFAULT_MAX_WORKERS = 2
 """Worker processes per process-isolated tool, unless ``max_workers`` says otherwise."""
@@ -104,6 +109,9 @@ class Tool(Protocol):
     ``needs_approval`` (a :data:`NeedsApproval`: a call then stops in
     ``approval-requested`` until the client approves or denies it), and
     ``client_executed = True`` for a tool the client runs (:class:`ClientTool`).
+    And ``timeout_seconds`` (a float, read with :func:`tool_timeout`): how long one call may
+    run, instead of the sidecar's ``limits.tool_timeout_seconds`` (a remote tool's declared
+    timeout, for example).
     """
 
     name: str
@@ -129,6 +137,15 @@ def requires_approval(tool: Tool, input: Mapping[str, Any]) -> bool:
         except Exception:
             return True
     return bool(rule)
+
+
+def tool_timeout(tool: Tool, default: float) -> float:
+    """Seconds one call of ``tool`` may run: its ``timeout_seconds`` attribute when it is a positive
+    number, else ``default`` (the sidecar's ``limits.tool_timeout_seconds``)."""
+    value = getattr(tool, "timeout_seconds", None)
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return default
 
 
 def is_client_executed(tool: Tool) -> bool:

@@ -42,7 +42,10 @@ from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
 from turnwire_server.providers.settings import ProviderConfigError, build_provider
 from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, redact_url
+from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
 from turnwire_server.tools.loading import ToolLoadError, load_tools
+from turnwire_server.tools.mcp_server import McpServer
+from turnwire_server.tools.tool_set import ToolSet
 
 log = logging.getLogger("turnwire.server")
 
@@ -99,6 +102,7 @@ class Sidecar:
     engine: TurnEngine
     store: Store
     providers: ProviderRegistry
+    tools: ToolSet
     health: health_aio.HealthServicer
     port: int
     settings: Settings
@@ -140,6 +144,7 @@ class Sidecar:
             await remote.aclose()
         await self.store.close()
         await self.providers.aclose()
+        await self.tools.aclose()
         log.info("stopped")
 
 
@@ -184,10 +189,56 @@ async def start(settings: Settings) -> Sidecar:
     bad configuration touches no file. Raises :class:`StartupError` with a
     message that says what to fix.
     """
+    tools = await open_tools(settings)
     try:
-        tools = load_tools(settings.tools.demo, settings.tools.python, settings.tools.require_approval)
+        return await _start(settings, tools)
+    except BaseException:
+        await tools.aclose()
+        raise
+
+
+async def open_tools(settings: Settings) -> ToolSet:
+    """The tool set: in-process tools, then tool hosts and MCP servers in config order, each
+    listed once (concurrently) before serving (docs/semantics.md §2). A source that does not
+    answer is logged and joins once it does; a ``tools.require_approval`` name that no source
+    could list is an error only when every source answered. Raises :class:`StartupError`."""
+    config = settings.tools
+    try:
+        local = load_tools(config.demo, config.python)
     except ToolLoadError as error:
         raise StartupError(f"tools: {error}") from error
+    tool_set = ToolSet(local, config.require_approval)
+    timeout = settings.limits.tool_timeout_seconds
+    try:
+        tool_set.sources.extend(
+            ToolHost(entry, default_timeout_seconds=timeout, on_change=tool_set.refresh)
+            for entry in config.hosts
+        )
+    except ToolHostError as error:
+        await tool_set.aclose()
+        raise StartupError(f"tools.hosts: {error}") from error
+    tool_set.sources.extend(
+        McpServer(entry, default_timeout_seconds=timeout, on_change=tool_set.refresh) for entry in config.mcp
+    )
+    missing = await tool_set.start()
+    unknown = [name for name in config.require_approval if name not in tool_set]
+    if unknown and not missing:
+        known = ", ".join(sorted(tool_set)) or "none"
+        await tool_set.aclose()
+        raise StartupError(
+            f"tools: require_approval names {', '.join(map(repr, unknown))}, which is no loaded tool "
+            f"(loaded: {known})"
+        )
+    if unknown:
+        log.warning(
+            "tools.require_approval names %s, not listed yet (%s not answering); it applies once listed",
+            ", ".join(map(repr, unknown)),
+            ", ".join(f"{source.kind} {source.name!r}" for source in missing),
+        )
+    return tool_set
+
+
+async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
     providers = build_providers(settings)
     try:
         providers.resolve(settings.default_model)
@@ -196,7 +247,9 @@ async def start(settings: Settings) -> Sidecar:
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     try:
         session = await chain.configure_session(
-            SessionContext(default_model=settings.default_model, system=settings.system_prompt, tools=tools)
+            SessionContext(
+                default_model=settings.default_model, system=settings.system_prompt, tools=dict(tools)
+            )
         )
     except Exception as error:
         raise StartupError(f"configure_session failed: {error}") from error
@@ -257,11 +310,12 @@ async def start(settings: Settings) -> Sidecar:
             store,
             turn_request=lambda record: turn_request_of(record, settings.default_model),
             max_open=settings.durability.max_pending_submissions_per_conversation,
+            max_running=settings.durability.max_running_submissions,
             error_status=status_of,
         )
-        restarted = await submissions.restart_pending()
+        restarted = await submissions.claim()
         if restarted:
-            log.info("restarted %d pending submission(s)", restarted)
+            log.info("started %d pending submission(s)", restarted)
         gate = CallGate(settings.limits.max_concurrent_rpcs)
         quiet_grpc_call_noise()
         server = grpc.aio.server(interceptors=[gate], options=grpc_options(settings))
@@ -325,7 +379,18 @@ async def start(settings: Settings) -> Sidecar:
     )
     remote_hooks = [m for m in chain.middlewares if isinstance(m, RemoteMiddleware)]
     return Sidecar(
-        server, engine, store, providers, health, port, settings, gate, maintenance, replica, remote_hooks
+        server,
+        engine,
+        store,
+        providers,
+        tools,
+        health,
+        port,
+        settings,
+        gate,
+        maintenance,
+        replica,
+        remote_hooks,
     )
 
 

@@ -25,6 +25,7 @@ from pydantic_settings import (
 from turnwire.hooks import HOOK_NAMES
 from turnwire_server.providers.settings import ProviderSettings, default_providers, entry_location
 from turnwire_server.store.postgres_url import is_postgres_url
+from turnwire_server.tools.settings import McpServerSettings, ToolHostSettings
 
 
 class _Section(BaseModel):
@@ -60,14 +61,25 @@ class StoreSettings(_Section):
 class ToolsSettings(_Section):
     """Server-side tools. ``demo`` enables the demo tools; ``python`` lists dotted paths
     (``package.module:attribute``) of Tool objects, or of callables returning one or a list;
-    ``require_approval`` names loaded tools whose every call waits for the client's approval
-    (docs/semantics.md §6)."""
+    ``hosts`` lists ToolExecutorService hosts and ``mcp`` MCP servers, whose tools join after
+    those, in this order (docs/semantics.md §2, docs/tools.md); ``require_approval`` names tools
+    of any source whose every call waits for the client's approval (docs/semantics.md §6)."""
 
     demo: bool = True
     python: list[str] = Field(default_factory=list)
+    hosts: list[ToolHostSettings] = Field(default_factory=list)
+    mcp: list[McpServerSettings] = Field(default_factory=list)
     require_approval: list[str] = Field(
         default_factory=list, description="tools whose calls wait for the client's approval"
     )
+
+    @model_validator(mode="after")
+    def _unique_source_names(self) -> ToolsSettings:
+        names = [host.name for host in self.hosts] + [server.name for server in self.mcp]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"hosts and mcp entries need distinct names; repeated: {', '.join(repeated)}")
+        return self
 
 
 FailureMode = Literal["open", "closed"]
@@ -298,6 +310,12 @@ class DurabilitySettings(_Section):
     sweep_interval_seconds: float = Field(60.0, gt=0, description="how often expiry and retention run")
     max_pending_submissions_per_conversation: int = Field(
         1000, ge=1, description="past it SubmitMessages answers RESOURCE_EXHAUSTED"
+    )
+    max_running_submissions: int = Field(
+        64,
+        ge=1,
+        le=100_000,
+        description="submission turns one replica runs at once; more wait for a replica with a free slot",
     )
 
 

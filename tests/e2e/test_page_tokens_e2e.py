@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from support.page_tokens import CRAFTED_TOKENS, ISSUE_9_TOKENS, SENDABLE_TOKENS
 from support.sidecar import SidecarFactory, SidecarProcess
+from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, TurnwireError, collect
 
@@ -28,6 +29,13 @@ async def sidecar(sidecar_factory: SidecarFactory) -> AsyncIterator[SidecarProce
     async with TurnwireClient(process.target) as client:
         for conversation_id in CONVERSATIONS:
             assert (await collect(client.chat(conversation_id, "hello"))).ok
+
+    def streams_stored() -> bool:
+        # A turn's stream is stored just after its TurnEnd is sent: the tests compare stored rows.
+        ended = [row for row in stored_rows(process.db_path)["turn_streams"] if row[4] is not None]
+        return len(ended) == len(CONVERSATIONS)
+
+    await wait_until(streams_stored, what="every turn's stream is stored")
     yield process
 
 

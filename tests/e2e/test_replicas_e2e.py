@@ -229,3 +229,55 @@ async def test_watch_on_another_replica_follows_a_pending_submission_to_its_end(
     finally:
         await a.close()
         await b.close()
+
+
+async def test_submissions_a_saturated_replica_accepts_run_on_a_free_one_in_order(
+    sidecar_factory: SidecarFactory, pg_url: str, tmp_path: Path
+) -> None:
+    """Submissions run on whichever replica is free: A and B run one submission turn at most
+    (``durability.max_running_submissions: 1``), C the default. With A and B busy, what they
+    accept waits unclaimed and C runs it; consecutive submissions of one conversation on two
+    replicas still go first in, first out by acceptance."""
+
+    def bounded(limit: int | None) -> dict[str, object]:
+        settings = config()
+        if limit is not None:
+            settings["durability"] = {"lease_seconds": LEASE_SECONDS, "max_running_submissions": limit}
+        return settings
+
+    a, b, c = (
+        sidecar_factory(bounded(limit), workdir=tmp_path / name, store_url=pg_url)
+        for name, limit in (("a", 1), ("b", 1), ("c", None))
+    )
+    await asyncio.gather(a.start(), b.start(), c.start())
+    on_a, on_b = TurnwireClient(a.target), TurnwireClient(b.target)
+
+    def state(submission_id: str) -> object:
+        return sql(pg_url, "SELECT state FROM submissions WHERE id = %s", (submission_id,))[0][0]
+
+    try:
+        # A's one slot: a slow turn of another conversation; B's: the first of "shared".
+        await on_a.submit_messages("busy", "slow", submission_id="busy", model="scripted:slow")
+        await on_b.submit_messages("shared", "q0", submission_id="x0", model="scripted:slow")
+        await wait_until(lambda: state("busy") == "running", what="A runs its slow submission")
+        await wait_until(lambda: state("x0") == "running", what="B runs the first of the conversation")
+        # Accepted by the full replicas: left unclaimed, C claims them; x1 waits for x0 on B.
+        await on_a.submit_messages("shared", "q1", submission_id="x1", model="scripted:short")
+        await on_b.submit_messages("shared", "q2", submission_id="x2", model="scripted:short")
+        await on_a.submit_messages("other", "q3", submission_id="x3", model="scripted:short")
+
+        def all_done() -> bool:
+            return sql(pg_url, "SELECT DISTINCT state FROM submissions") == [("completed",)]
+
+        await wait_until(all_done, timeout=20, what="every submission completes")
+        owners = dict(sql(pg_url, "SELECT request_id, owner FROM turns"))
+        assert len({owners["busy"], owners["x0"], owners["x1"]}) == 3, owners
+        assert owners["x1"] == owners["x3"], "the free replica ran what A accepted"
+        assert owners["x2"] != owners["busy"], "never the full replica"
+        stored = await on_a.get_conversation("shared")
+        assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT] * 3
+        assert [text_of(m) for m in stored.messages[::2]] == ["q0", "q1", "q2"], "FIFO by acceptance"
+        assert sql(pg_url, "SELECT COUNT(*) FROM turn_queue") == [(0,)], "every ticket released"
+    finally:
+        await on_a.close()
+        await on_b.close()

@@ -291,3 +291,23 @@ async def test_pending_submissions_and_client_calls_expire_in_the_sweep(
             "an expired submission stores nothing"
         )
     assert await sidecar.terminate() == 0, sidecar.log_text()
+
+
+async def test_past_its_bound_a_process_leaves_submissions_waiting_in_their_place(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    """``durability.max_running_submissions: 1`` (the single-process store, the same path as
+    replicas): a second submission starts only when the first ends, and a call made after it on
+    its conversation still goes after it (its place was taken at acceptance)."""
+    sidecar = await sidecar_factory(config(max_running_submissions=1), env=pythonpath_env()).start()
+    async with TurnwireClient(sidecar.target) as client:
+        await client.submit_messages("first", "slow one", submission_id="b-0", model="scripted:slow")
+        await client.submit_messages("second", "q", submission_id="b-1")
+        after = asyncio.ensure_future(collect(client.chat("second", "after it", request_id="r-after")))
+        first, second = await settled(client, "b-0", "b-1")
+        assert [first.state, second.state] == [COMPLETED, COMPLETED]
+        assert second.start_time.ToDatetime() >= first.end_time.ToDatetime(), "one submission at a time"
+        assert (await after).ok
+        stored = await client.get_conversation("second")
+        assert [text_of(m) for m in stored.messages] == ["q", "answered", "after it", "answered"]
+    assert await sidecar.terminate() == 0, sidecar.log_text()

@@ -22,9 +22,8 @@ from pydantic import BaseModel
 
 from turnwire.hooks import Middleware, StepConfig, StepContext
 from turnwire.tools import ToolExecution, tool
+from turnwire_client.metadata import PARENT_REQUEST_METADATA
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
-
-PARENT_REQUEST_METADATA = "turnwire-parent-request-id"
 
 
 def _own_target() -> str:

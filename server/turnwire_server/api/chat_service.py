@@ -23,7 +23,6 @@ from turnwire_server.api.submission_rpcs import SubmissionRpcs
 from turnwire_server.api.tool_result_rpcs import ToolResultRpcs
 from turnwire_server.api.transcript_rpcs import TranscriptRpcs
 from turnwire_server.api.turn_streams import (
-    PARENT_REQUEST_METADATA,
     Started,
     abort,
     disconnect_of,
@@ -358,4 +357,4 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
         return chat_service_pb2.CancelChatResponse(cancelled=cancelled)
 
 
-__all__ = ["PARENT_REQUEST_METADATA", "ChatService", "abort"]
+__all__ = ["ChatService", "abort"]

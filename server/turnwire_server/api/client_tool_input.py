@@ -9,16 +9,12 @@ object (``"type": "object"``); an unset schema is ``{"type": "object"}``. Every 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
-from turnwire.tools import ClientTool
+from turnwire.tools import TOOL_NAME_PATTERN, ClientTool
 from turnwire.values import NotJsonError, from_struct, normalize
 from turnwire_client.v1 import chat_service_pb2
-from turnwire_server.providers.json_schema import validate
-
-TOOL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
-"""A client tool's name, matched against the whole value."""
+from turnwire_server.providers.json_schema import object_schema_problem
 
 
 def check_client_tools(
@@ -50,20 +46,10 @@ def check_client_tools(
             except NotJsonError as error:
                 violations.append((f"{where}.input_schema", f"is not JSON: {error}"))
                 continue
-            problem = _schema_problem(schema)
+            problem = object_schema_problem(schema)
             if problem is not None:
                 violations.append((f"{where}.input_schema", problem))
                 ok = False
         if ok:
             result.append(ClientTool(tool.name, tool.description, schema))
     return result
-
-
-def _schema_problem(schema: dict[str, object]) -> str | None:
-    if schema.get("type") != "object":
-        return 'must be a JSON Schema of an object: set "type": "object" (and its "properties")'
-    try:
-        validate({}, schema, limit=1)
-    except ValueError as error:
-        return f"is not a valid JSON Schema (Draft 2020-12): {error}"
-    return None

@@ -10,15 +10,13 @@ from typing import Any, Literal
 import grpc
 from grpc_status import rpc_status
 
+from turnwire_client.metadata import PARENT_REQUEST_METADATA
 from turnwire_client.v1 import chat_service_pb2, event_pb2
 from turnwire_server.api.status import TurnwireStatusError, status_error_of
 from turnwire_server.engine import TurnHandle
 from turnwire_server.engine.errors import AdmissionRefused
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.base import StoreError
-
-PARENT_REQUEST_METADATA = "turnwire-parent-request-id"
-"""Metadata a hook or tool server sets when it calls back from inside a turn."""
 
 Started = TurnHandle | Sequence[Any]
 """What a ``start`` function gives :func:`stream_turn`: a started turn, or the complete list of

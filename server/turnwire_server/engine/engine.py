@@ -119,7 +119,8 @@ class TurnEngine:
         self.store = store
         self.error_status = error_status
         self.providers = providers
-        self.tools = dict(tools)
+        # Kept as given, not copied: a live tool set (remote sources re-list) is read per turn.
+        self.tools = tools
         self.chain = chain
         self.settings = settings
         self._turns: dict[str, TurnHandle] = {}

@@ -30,7 +30,8 @@ class Replica:
     other replicas, until :meth:`stop`.
 
     ``resume`` is ``durability.recover_on_start`` (False: lapsed turns are ended INTERRUPTED);
-    ``submissions`` (when given) takes over the pending submissions of replicas that died.
+    ``submissions`` (when given) claims pending submissions no replica runs (left unclaimed by a
+    replica without a free slot, or of replicas that died): on each tick, and as offers come.
     """
 
     def __init__(self, engine: TurnEngine, *, resume: bool, submissions: Submissions | None = None) -> None:
@@ -45,15 +46,17 @@ class Replica:
         return self._engine.settings.lease_seconds / 3
 
     def start(self) -> None:
-        """Start the lease loop and the cancel listener (idempotent)."""
+        """Start the lease loop, the cancel listener and the submission claims (idempotent)."""
         if not self._tasks:
             self._tasks = [
                 asyncio.create_task(self._run(), name="turn leases"),
                 asyncio.create_task(self._engine.serve_cancel_requests(), name="cancel requests"),
             ]
+            if self._submissions is not None:
+                self._tasks.append(asyncio.create_task(self._submissions.serve(), name="submission claims"))
 
     async def stop(self) -> None:
-        """Stop both; turns still running keep their last lease until it lapses."""
+        """Stop them; turns still running keep their last lease until it lapses."""
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -75,8 +78,8 @@ class Replica:
         if claimed:
             log.warning("took over %d turn(s) whose replica stopped renewing its leases", len(claimed))
             await engine.recover_turns(claimed, resume=self._resume)
-        if self._submissions is not None and (started := await self._submissions.restart_pending()):
-            log.warning("took over %d pending submission(s) whose replica stopped renewing them", started)
+        if self._submissions is not None and (started := await self._submissions.claim()):
+            log.info("claimed %d pending submission(s) no replica ran", started)
         return len(claimed)
 
     async def _run(self) -> None:

@@ -1,16 +1,25 @@
 """Durable submissions: accepted at once, run later through the ordinary turn pipeline.
 
-docs/semantics.md §7. A submission is stored (``pending``) before it is acknowledged; its turn
-(request id = submission id) then queues on the conversation's turn lock like any other, so
-submissions and blocking calls run first in, first out together. The turn's ``start_turn``
-marks it ``running`` in the same transaction that appends its messages; its ``finish_turn``
-ends it, never over ``aborted``. After a restart, pending submissions are started again in
-acceptance order, and a running one is recovered with its turn (``TurnEngine.recover``).
+docs/semantics.md §7. A submission is stored (``pending``) before it is acknowledged, with its
+place in the conversation's turn queue; its turn (request id = submission id) holds the turn
+lock from that place, so submissions and blocking calls run first in, first out together,
+whichever replica runs the submission. The turn's ``start_turn`` marks it ``running`` in the
+same transaction that appends its messages; its ``finish_turn`` ends it, never over ``aborted``.
+
+**Whichever replica is free runs it.** A replica runs at most ``max_running`` submission turns
+at once (started, queued for their conversation, or running). With a free slot it claims a
+submission it accepts; without one it stores it unclaimed, and replicas with free slots claim
+unclaimed submissions in acceptance order (``FOR UPDATE SKIP LOCKED`` in the store): when told
+one was offered (``Store.submission_offers``), when a slot of theirs frees, and on every lease
+tick. A replica that died stops renewing its submissions' leases; the others claim those too.
+After a restart the same claim starts pending submissions; a running one is recovered with its
+turn (``TurnEngine.recover``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import logging
@@ -38,6 +47,7 @@ class Submissions:
 
     ``turn_request(record)`` builds the turn of a stored submission (the API layer decodes
     its request); ``max_open`` bounds pending and running submissions per conversation;
+    ``max_running`` (>= 1) bounds the submission turns this replica runs at once;
     ``error_status`` maps an error to the ``google.rpc.Status`` stored with a submission.
     """
 
@@ -48,14 +58,24 @@ class Submissions:
         *,
         turn_request: Callable[[SubmissionRecord], TurnRequest],
         max_open: int,
+        max_running: int,
         error_status: ErrorStatus,
     ) -> None:
+        if max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {max_running}")
         self._engine = engine
         self._store = store
         self._turn_request = turn_request
         self._max_open = max_open
+        self._max_running = max_running
         self._error_status = error_status
         self._settling: set[asyncio.Task[None]] = set()
+        self._slots = 0  # submission turns of this replica: running, queued, or being claimed
+        self._claiming = asyncio.Lock()
+        # Set when unclaimed submissions may wait (one was offered, or a claim filled every free
+        # slot): the next freed slot claims.
+        self._missed = False
+        self._wake = asyncio.Event()
 
     async def submit(self, submission: SubmissionRecord) -> tuple[SubmissionRecord, bool]:
         """Store ``submission`` (or find the one it repeats) and, when new, start its turn.
@@ -66,30 +86,57 @@ class Submissions:
         :class:`~turnwire_server.store.base.StoreError`.
         """
         settings = self._engine.settings
-        submission = dataclasses.replace(
-            submission,
-            owner=settings.replica_id,
-            lease_until=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=settings.lease_seconds),
-        )
-        record, created = await self._store.create_submission(submission, max_open=self._max_open)
-        if created:
+        # Claimed here only with a free slot (taken before the first await, so concurrent calls
+        # cannot overshoot the bound); else stored unclaimed for any replica with one.
+        mine = self._slots < self._max_running and not self._engine.draining
+        if mine:
+            self._slots += 1
+            submission = dataclasses.replace(
+                submission,
+                owner=settings.replica_id,
+                lease_until=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=settings.lease_seconds),
+            )
+        else:
+            submission = dataclasses.replace(submission, owner="", lease_until=None)
+        try:
+            record, created = await self._store.create_submission(submission, max_open=self._max_open)
+        except BaseException:
+            if mine:
+                self._free_slot()
+            raise
+        if mine and created:
             self._start(record)
+        elif mine:
+            self._free_slot()
+        elif created:
+            self._missed = True  # this replica's next free slot claims it, if nobody did
         return record, created
 
+    def _free_slot(self) -> None:
+        self._slots -= 1
+        if self._missed:
+            self._wake.set()
+
     def _start(self, record: SubmissionRecord) -> None:
+        """Start the turn of a submission this replica claimed; it holds one slot until it ends."""
         try:
             handle = self._engine.start(self._turn_request(record), detached=True, queue_limit=False)
         except AdmissionRefused as error:
-            # Shutting down: it stays pending and runs after the restart.
+            # Shutting down: it stays pending and runs after the restart (or on another replica).
             log.warning("submission %s stays pending: %s", record.submission_id, error)
+            self._free_slot()
             return
         task = asyncio.create_task(self._settle(record, handle), name=f"submission {record.submission_id}")
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
 
     async def _settle(self, record: SubmissionRecord, handle: TurnHandle) -> None:
-        """A turn that ended before storing its input never moved its submission: end it here."""
-        await asyncio.shield(handle.task)
+        """Free the turn's slot when it ended; a turn that ended before storing its input never
+        moved its submission: end it here."""
+        try:
+            await asyncio.shield(handle.task)
+        finally:
+            self._free_slot()
         run = handle.run
         if run.messages_persisted:
             return  # finish_turn ended it (or, at shutdown, left it for the recovery)
@@ -116,7 +163,7 @@ class Submissions:
             why = InputNotStored("its submission was cancelled before it ran")
             error = self._error_status(why, "persist").SerializeToString()
         updated = await self._store.end_submission(submission_id, "aborted", error, only_from=_OPEN)
-        self._engine.cancel(submission_id)
+        await self._engine.cancel_anywhere(submission_id)  # it may run or wait on another replica
         if updated is None:
             raise SubmissionNotFound(submission_id)
         return updated
@@ -138,22 +185,58 @@ class Submissions:
                 break
         return expired
 
-    async def restart_pending(self) -> int:
-        """Start the pending submissions whose replica died (at a start: with SQLite, every one a
-        previous process accepted), in acceptance order, claiming them for this replica; called
-        at start and on every lease tick (``engine.replica``). Running ones are the recovery's
-        (their turns are ``running`` in the store). Returns how many started."""
+    async def claim(self) -> int:
+        """Claim pending submissions no replica runs (left unclaimed, or their replica died), in
+        acceptance order, up to this replica's free slots, and start their turns; called at
+        start, on every lease tick (``engine.replica``) and by :meth:`serve`. Returns how many
+        started. Raises :class:`~turnwire_server.store.base.StoreError`."""
         settings = self._engine.settings
         started = 0
-        while True:
-            now = dt.datetime.now(dt.UTC)
-            until = now + dt.timedelta(seconds=settings.lease_seconds)
-            claimed = await self._store.claim_pending_submissions(
-                settings.replica_id, now, until, _CLAIM_BATCH
-            )
-            for record in claimed:
-                if self._engine.handle(record.submission_id) is None:
-                    self._start(record)
-                    started += 1
-            if len(claimed) < _CLAIM_BATCH:
-                return started
+        async with self._claiming:
+            while (free := min(self._max_running - self._slots, _CLAIM_BATCH)) > 0:
+                if self._engine.draining:
+                    break  # a stopping replica takes on no new work
+                self._slots += free  # held while the claim runs, so submit() cannot overshoot
+                try:
+                    now = dt.datetime.now(dt.UTC)
+                    until = now + dt.timedelta(seconds=settings.lease_seconds)
+                    claimed = await self._store.claim_pending_submissions(
+                        settings.replica_id, now, until, free
+                    )
+                finally:
+                    self._slots -= free
+                for record in claimed:
+                    if self._engine.handle(record.submission_id) is None:
+                        self._slots += 1
+                        self._start(record)
+                        started += 1
+                if len(claimed) < free:
+                    self._missed = False  # none left unclaimed
+                    break
+            else:
+                self._missed = True  # full: more may wait, the next free slot looks
+        return started
+
+    async def serve(self) -> None:
+        """Claim whenever another replica offers a submission or, after one was missed for want
+        of a slot, a slot frees (runs until cancelled; failures are logged, the lease tick
+        retries)."""
+        follow = asyncio.create_task(self._follow_offers(), name="submission offers")
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                try:
+                    if started := await self.claim():
+                        log.info("claimed %d pending submission(s)", started)
+                except Exception as error:
+                    log.error("claiming pending submissions failed: %s", error)
+        finally:
+            follow.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follow
+
+    async def _follow_offers(self) -> None:
+        async for _ in self._store.submission_offers():
+            self._missed = True
+            self._wake.set()

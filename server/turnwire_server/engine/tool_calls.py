@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -25,7 +26,7 @@ from turnwire.hooks import (
     ToolCallOutcome,
     ToolCallResultContext,
 )
-from turnwire.tools import Tool, ToolError, ToolExecution
+from turnwire.tools import Tool, ToolError, ToolExecution, tool_timeout
 from turnwire.values import NotJsonError, parse_tool_input
 from turnwire_server.engine.assistant_message import OutputTooLarge
 from turnwire_server.engine.client_tools import hold_call
@@ -42,8 +43,8 @@ BLOCKED_TEXT = 'Tool "{name}" was blocked by beforeToolCall.'
 class ToolCallRunner:
     """Collects a step's complete tool calls, then runs them with their hooks.
 
-    ``tool_timeout_seconds`` bounds each execution; ``wait_for_reader`` is awaited
-    after a result when the client is behind (backpressure); ``repair`` is the
+    ``tool_timeout_seconds`` bounds each execution (a tool's own ``timeout_seconds`` replaces it);
+    ``wait_for_reader`` is awaited after a result when the client is behind (backpressure); ``repair`` is the
     turn's ``repair_tool_call`` (or None); ``max_output_bytes`` bounds a result's
     JSON text (0: no bound; a larger result becomes the call's error).
     """
@@ -253,7 +254,7 @@ class ToolCallRunner:
             step_number=step_number,
             cancelled=turn.cancelled,
         )
-        timeout = self._tool_timeout_seconds
+        timeout = tool_timeout(tool, self._tool_timeout_seconds)
         # Expiry cancels the awaiting call: a process-isolated tool's worker process is killed,
         # a sync tool's thread is abandoned (it cannot be stopped), an async tool is cancelled.
         deadline = asyncio.timeout(timeout)
@@ -262,10 +263,13 @@ class ToolCallRunner:
                 result = await tool.execute(run_input, execution)
                 if isinstance(result, collections.abc.AsyncIterator):
                     # A streaming tool: every yield is a preliminary result, the last one final.
+                    # Closed at once when cut short (a cancel between two yields), so the tool's
+                    # cleanup (a remote call's cancellation) does not wait for garbage collection.
                     last: Any = None
-                    async for value in result:
-                        last = value
-                        await self._result(call, step_number, value, preliminary=True)
+                    async with _closing(result):
+                        async for value in result:
+                            last = value
+                            await self._result(call, step_number, value, preliminary=True)
                     return last
                 return result
         except TimeoutError:
@@ -305,6 +309,17 @@ class ToolCallRunner:
             await turn.hooks.on_chunk(
                 ChunkContext(turn.request.conversation_id, turn.request.request_id, step_number, part)
             )
+
+
+@contextlib.asynccontextmanager
+async def _closing(iterator: collections.abc.AsyncIterator[Any]) -> collections.abc.AsyncIterator[None]:
+    """Close ``iterator`` on the way out when it can be closed (an async generator)."""
+    try:
+        yield
+    finally:
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def _describe(error: BaseException) -> str:

@@ -63,3 +63,15 @@ def _shorten(message: str) -> str:
         return message
     half = (_MAX_MESSAGE_CHARS - 1) // 2
     return f"{message[:half]}…{message[-half:]}"
+
+
+def object_schema_problem(schema: Mapping[str, Any]) -> str | None:
+    """Why ``schema`` cannot be a tool's input schema (None: it can): it must be a valid Draft
+    2020-12 schema whose ``type`` is ``object`` (what every provider API accepts for a tool)."""
+    if schema.get("type") != "object":
+        return 'must be a JSON Schema of an object: set "type": "object" (and its "properties")'
+    try:
+        validate({}, schema, limit=1)
+    except ValueError as error:
+        return f"is not a valid JSON Schema (Draft 2020-12): {error}"
+    return None

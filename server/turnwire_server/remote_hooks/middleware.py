@@ -48,8 +48,8 @@ from turnwire.hooks import (
     TurnConfig,
     TurnContext,
 )
+from turnwire_client.metadata import PARENT_REQUEST_METADATA
 from turnwire_client.v1 import hooks_pb2, hooks_pb2_grpc
-from turnwire_server.api.turn_streams import PARENT_REQUEST_METADATA
 from turnwire_server.config import RemoteHookSettings
 from turnwire_server.remote_hooks import convert, metrics
 from turnwire_server.remote_hooks.breaker import BreakerState, CircuitBreaker

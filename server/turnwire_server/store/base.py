@@ -507,9 +507,10 @@ class Store(Protocol):
     async def claim_pending_submissions(
         self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
     ) -> list[SubmissionRecord]:
-        """Take over up to ``limit`` (>= 1) pending submissions whose replica died (lease lapsed
-        before ``now``; with SQLite: any other owner), giving them ``owner`` and ``lease_until``
-        atomically; in acceptance order. The caller starts their turns."""
+        """Take over up to ``limit`` (>= 1) pending submissions that no replica claimed (accepted
+        by one without a free slot) or whose replica died (lease lapsed before ``now``; with
+        SQLite: any other owner), giving them ``owner`` and ``lease_until`` atomically (each goes
+        to one claimant); in acceptance order. The caller starts their turns."""
         ...
 
     # --- replicas sharing the store ------------------------------------------
@@ -523,6 +524,12 @@ class Store(Protocol):
     def cancel_requests(self) -> AsyncIterator[str]:
         """The request ids other replicas asked to cancel, as they come (never ends; nothing for a
         store served by one process)."""
+        ...
+
+    def submission_offers(self) -> AsyncIterator[None]:
+        """A wake-up whenever another replica accepted a submission it left unclaimed (it had no
+        free slot), so a replica with one may claim it (never ends; nothing for a store served
+        by one process, which knows what it left unclaimed)."""
         ...
 
     async def wait_for_events(self, request_id: str, after: int, timeout_seconds: float) -> bool:
@@ -564,6 +571,14 @@ class Store(Protocol):
         """Store ``submission`` (state ``pending``) unless it repeats one: returns the stored
         record and True when created, the existing one and False when the id or the
         (conversation, idempotency key) is already stored with the same request.
+
+        A new submission takes its place in the conversation's turn queue at once (its turn's
+        :meth:`turn_lock`, passed its id as ``request_id``, holds from that place, whichever
+        replica runs it), so submissions run first in, first out by acceptance with the other
+        turns of the conversation. ``submission.owner`` empty: no replica runs it yet, any may
+        claim it (:meth:`claim_pending_submissions`); its place is kept meanwhile and given up
+        when it ends without running (:meth:`end_submission`, :meth:`expire_submissions`,
+        :meth:`delete_conversation`).
 
         Raises :class:`SubmissionConflict` when the id and the key name different
         submissions or the id is stored with another request, :class:`TooManySubmissions`

@@ -3,54 +3,100 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 
-class _Entry:
-    __slots__ = ("lock", "users")
+class _Place:
+    """A place in a key's line: a holder, a waiter, or a reservation nobody waits on yet."""
 
-    def __init__(self) -> None:
-        self.lock = asyncio.Lock()
-        # Holder plus waiters; asyncio.Lock does not expose its waiter count.
-        self.users = 0
+    __slots__ = ("key", "turn")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.turn = asyncio.Event()  # set once this place is first in line
 
 
 class LocalTurnLocks:
-    """One :class:`asyncio.Lock` per key (conversation id), created on demand.
+    """One first-in-first-out lock per key (conversation id), created on demand.
 
-    Waiters acquire in arrival order (``asyncio.Lock`` wakes them FIFO). A
-    key's lock is dropped as soon as nobody holds or waits for it, so the
-    table holds only conversations with a turn running or queued. Locks are
-    bound to the running event loop and protect nothing across processes.
+    Waiters acquire in arrival order. A place in line can also be reserved ahead of time under a
+    token (a submission's id, at acceptance): the later :meth:`hold` with that token takes the
+    reserved place, so it goes before everyone who came after the reservation. A key's line is
+    dropped as soon as nobody holds, waits for or reserved it, so the table holds only
+    conversations with a turn running or queued. Bound to the running event loop; protects
+    nothing across processes.
     """
 
     def __init__(self) -> None:
-        self._entries: dict[str, _Entry] = {}
+        self._lines: dict[str, deque[_Place]] = {}
+        self._reserved: dict[str, _Place] = {}
 
     def __len__(self) -> int:
-        """The number of keys currently held or waited for."""
-        return len(self._entries)
+        """The number of keys currently held, waited for or reserved."""
+        return len(self._lines)
 
-    def hold(self, key: str) -> AbstractAsyncContextManager[None]:
+    def places(self, key: str) -> int:
+        """How many hold, wait for or reserved ``key``'s lock (0: none)."""
+        line = self._lines.get(key)
+        return 0 if line is None else len(line)
+
+    def hold(self, key: str, token: str = "") -> AbstractAsyncContextManager[None]:
         """Async context manager holding ``key``'s lock for the ``async with`` body.
 
-        Waits (FIFO) while another task holds it. Cancelling a waiting task
-        leaves the queue cleanly. Not reentrant: a task holding ``key`` that
-        enters ``hold(key)`` again deadlocks.
+        Waits (FIFO) while another task holds it or an earlier place is reserved; with the
+        ``token`` of a reservation of ``key``, from that reserved place. Cancelling a waiting
+        task leaves the line cleanly. Not reentrant: a task holding ``key`` that enters
+        ``hold(key)`` again deadlocks.
         """
-        return self._hold(key)
+        return self._hold(key, token)
+
+    def reserve(self, key: str, token: str) -> None:
+        """Reserve the next place in ``key``'s line for the :meth:`hold` that names ``token``
+        (until then the lock waits at that place); a no-op when ``token`` holds one already."""
+        if token not in self._reserved:
+            self._reserved[token] = self._join(key)
+
+    def drop(self, token: str) -> None:
+        """Give up the place reserved under ``token`` if no :meth:`hold` took it (a no-op else)."""
+        place = self._reserved.pop(token, None)
+        if place is not None:
+            self._leave(place)
+
+    def drop_all(self, key: str) -> None:
+        """Give up every place reserved in ``key``'s line that no :meth:`hold` took."""
+        for token in [token for token, place in self._reserved.items() if place.key == key]:
+            self.drop(token)
 
     @asynccontextmanager
-    async def _hold(self, key: str) -> AsyncIterator[None]:
-        entry = self._entries.get(key)
-        if entry is None:
-            entry = self._entries[key] = _Entry()
-        entry.users += 1
+    async def _hold(self, key: str, token: str) -> AsyncIterator[None]:
+        place = self._reserved.get(token) if token else None
+        if place is not None and place.key == key:
+            del self._reserved[token]
+        else:
+            place = self._join(key)
         try:
-            async with entry.lock:
-                yield
+            await place.turn.wait()
+            yield
         finally:
-            entry.users -= 1
-            if entry.users == 0:
-                del self._entries[key]
+            self._leave(place)
+
+    def _join(self, key: str) -> _Place:
+        line = self._lines.get(key)
+        if line is None:
+            line = self._lines[key] = deque()
+        place = _Place(key)
+        line.append(place)
+        if len(line) == 1:
+            place.turn.set()
+        return place
+
+    def _leave(self, place: _Place) -> None:
+        line = self._lines[place.key]
+        first = line[0] is place
+        line.remove(place)
+        if not line:
+            del self._lines[place.key]
+        elif first:
+            line[0].turn.set()

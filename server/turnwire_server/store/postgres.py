@@ -23,6 +23,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, TypeVar
@@ -82,6 +83,10 @@ DEFAULT_POOL_SIZE: Final = 10
 _CONNECT_TIMEOUT_S: Final = 10.0
 log = logging.getLogger("turnwire_server.store.postgres")
 
+_CHECK_IDLE_S: Final = 2.0
+"""A pooled connection idle longer than this is checked (one round trip) before it is handed
+out; one back from use more recently is not, so the hot path pays no check per statement."""
+
 _RETRIES: Final = 5
 """Attempts of a transaction that lost a race the database resolved by aborting it
 (serialization failure, deadlock, a concurrent insert of the same key)."""
@@ -139,6 +144,7 @@ class PostgresStore:
         # call order): taken before the first await, FIFO, so concurrent calls keep their order.
         self._write_order = LocalTurnLocks()
         self._last_us = 0
+        self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 
     def connection_info(self) -> tuple[tuple[str], dict[str, Any]]:
         """``(args, kwargs)`` for ``psycopg.AsyncConnection.connect`` to this store's database (a
@@ -201,7 +207,8 @@ class PostgresStore:
             min_size=1,
             max_size=self._pool_size,
             timeout=self._timeout_s,
-            check=psycopg_pool.AsyncConnectionPool.check_connection,
+            check=self._check_idle,
+            reset=self._stamp_returned,
             name="turnwire-store",
             open=False,
         )
@@ -212,6 +219,17 @@ class PostgresStore:
             raise self._error(exc, "opening the connection pool") from None
         self._pool = pool
         self._listener.start()
+
+    async def _stamp_returned(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Pool ``reset`` callback: when ``conn`` came back (healthy) from use."""
+        self._returned[conn] = time.monotonic()
+
+    async def _check_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Pool ``check`` callback: a connection idle for a while (a restarted server, a firewall
+        may have dropped it) is checked with a round trip; raising makes the pool replace it."""
+        returned = self._returned.get(conn)
+        if returned is None or time.monotonic() - returned > _CHECK_IDLE_S:
+            await psycopg_pool.AsyncConnectionPool.check_connection(conn)
 
     async def _listen_connection(self) -> psycopg.AsyncConnection[Any]:
         """A connection of its own for ``LISTEN`` (not from the pool)."""
@@ -264,27 +282,35 @@ class PostgresStore:
             raise self._error(exc, what) from None
 
     async def _write(
-        self, what: str, body: Callable[[Conn, int], Awaitable[T]], *, conversation_id: str | None = None
+        self,
+        what: str,
+        body: Callable[[Conn, int], Awaitable[T]],
+        *,
+        conversation_id: str | None = None,
+        pipeline: bool = False,
     ) -> T:
         """Run ``body(conn, now_us)`` in one transaction, committed when this returns; retried
         (from the start) when the database aborted it to resolve a race. Domain errors raised
         by ``body`` roll back and propagate as they are. Writes naming the same
-        ``conversation_id`` are applied in call order."""
+        ``conversation_id`` are applied in call order. ``pipeline``: the transaction runs in
+        pipeline mode (``BEGIN`` and statements whose results ``body`` does not wait for cost
+        no round trip of their own)."""
         pool = self._require_pool(what)
         if conversation_id is None:
-            return await self._transaction(pool, what, body)
+            return await self._transaction(pool, what, body, pipeline)
         async with self._write_order.hold(conversation_id):
-            return await self._transaction(pool, what, body)
+            return await self._transaction(pool, what, body, pipeline)
 
     async def _transaction(
         self,
         pool: psycopg_pool.AsyncConnectionPool[Any],
         what: str,
         body: Callable[[Conn, int], Awaitable[T]],
+        pipeline: bool = False,
     ) -> T:
         for attempt in range(_RETRIES):
             try:
-                async with pool.connection() as conn, conn.transaction():
+                async with pool.connection() as conn, _transaction(conn, pipeline):
                     return await body(conn, self._now_us())
             except _RACE_ERRORS as exc:
                 if attempt + 1 == _RETRIES:
@@ -320,19 +346,11 @@ class PostgresStore:
             outcomes = []
             try:
                 pool = self._require_pool("group commit")
-                async with pool.connection() as conn, conn.transaction():
-                    now_us = self._now_us()
-                    for queued in batch:
-                        try:
-                            async with conn.transaction():  # a savepoint per write
-                                await queued.body(conn, now_us)
-                            outcomes.append(None)
-                        except _RACE_ERRORS:
-                            raise  # the whole batch again
-                        except (psycopg.Error, StoreError, ValueError) as error:
-                            outcomes.append(
-                                self._error(error, queued.what) if isinstance(error, psycopg.Error) else error
-                            )
+                async with pool.connection() as conn:
+                    if await self._apply_pipelined(conn, batch):
+                        outcomes = [None] * len(batch)
+                    else:
+                        outcomes = await self._apply_one_by_one(conn, batch)
                 failure = None
                 break
             except _RACE_ERRORS as exc:
@@ -348,6 +366,46 @@ class PostgresStore:
                 queued.future.set_result(None)
             else:
                 queued.future.set_exception(outcome)
+
+    async def _apply_pipelined(self, conn: Conn, batch: list[_Queued]) -> bool:
+        """The batch in one pipelined transaction without a savepoint per write (they cost a
+        round trip each): statements go out without waiting, only reads do. True when it
+        committed; False when some write failed (all rolled back: the caller applies them again
+        one by one). Raises the race errors (the whole batch again)."""
+        try:
+            async with (
+                _flight(conn),
+                writes.conversations_locked(conn, (q.conversation_id for q in batch)),
+            ):
+                now_us = self._now_us()
+                for queued in batch:
+                    await queued.body(conn, now_us)
+        except _RACE_ERRORS:
+            raise
+        except (psycopg.Error, StoreError, ValueError):
+            if conn.closed:
+                raise
+            return False
+        return True
+
+    async def _apply_one_by_one(self, conn: Conn, batch: list[_Queued]) -> list[BaseException | None]:
+        """The batch in one transaction, a savepoint per write (one failing undoes only itself);
+        each write's outcome. Raises the race errors (the whole batch again)."""
+        outcomes: list[BaseException | None] = []
+        async with conn.transaction():
+            now_us = self._now_us()
+            for queued in batch:
+                try:
+                    async with conn.transaction():  # a savepoint per write
+                        await queued.body(conn, now_us)
+                    outcomes.append(None)
+                except _RACE_ERRORS:
+                    raise
+                except (psycopg.Error, StoreError, ValueError) as error:
+                    outcomes.append(
+                        self._error(error, queued.what) if isinstance(error, psycopg.Error) else error
+                    )
+        return outcomes
 
     # ------------------------------------------------------------------ reads
 
@@ -462,8 +520,8 @@ class PostgresStore:
         if numbers != sorted(set(numbers)) or (numbers and numbers[0] < 1):
             raise ValueError(f"event sequence numbers must ascend from >= 1, got {numbers[:5]}…")
         batch = list(events)
-        write = self._write if ended else self._write_batched  # the end is awaited by the turn's stream
-        await write(
+        # Group-committed, the stream's end too (its turn waits for it, but shares the commit).
+        await self._write_batched(
             f"append_events({request_id!r})",
             lambda conn, now_us: writes.append_events(
                 conn, conversation_id, request_id, batch, ended=ended, now_us=now_us
@@ -561,13 +619,14 @@ class PostgresStore:
         and :meth:`SqliteStore.start_turn <turnwire_server.store.sqlite.SqliteStore.start_turn>`)."""
         rows = writes.prepare_turn(turn, messages)
 
-        async def body(conn: Conn, now_us: int) -> None:
-            # Pipeline mode: the inserts go out without a round trip each (the reads still wait).
-            # On the hot path: this commit is what a turn waits for before its model call.
-            async with conn.pipeline():
-                await writes.start_turn(conn, turn, rows, now_us)
-
-        await self._write(f"start_turn({turn.request_id!r})", body, conversation_id=turn.conversation_id)
+        # On the hot path (a turn waits for this commit before its model call): pipelined, so it
+        # costs two round trips, the reads and the commit.
+        await self._write(
+            f"start_turn({turn.request_id!r})",
+            lambda conn, now_us: writes.start_turn(conn, turn, rows, now_us),
+            conversation_id=turn.conversation_id,
+            pipeline=True,
+        )
 
     async def save_message(
         self, conversation_id: str, message: message_pb2.Message, *, turn_request_id: str = ""
@@ -738,32 +797,35 @@ class PostgresStore:
         self, conversation_id: str, request_id: str, owner: str, lease_us: int
     ) -> tuple[int, int]:
         """Take (or, for work taken over from a dead replica, re-own) the ticket of
-        ``request_id``; returns it and the conversation's head ticket. One statement, so an idle
-        conversation costs one round trip before the turn's input is stored."""
+        ``request_id``; returns it and the conversation's head ticket. One round trip (one
+        simple query, its statements one implicit transaction), so an idle conversation costs one
+        before the turn's input is stored.
+
+        Takers of one conversation serialize on its queue lock: a ticket is numbered and
+        committed before the next taker looks, so no two takers both find themselves at the head
+        and ticket order is commit order (first in, first out)."""
         now_us = self._now_us()
         stale_us = now_us - lease_us
-        rows = await self._read(
-            "turn_lock",
-            "WITH old AS ("
-            " UPDATE turn_queue SET owner = %(owner)s, lease_until = %(until)s"
-            " WHERE conversation_id = %(c)s AND request_id = %(r)s AND request_id <> '' RETURNING ticket),"
-            " new AS ("
-            " INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
-            " SELECT %(c)s, %(r)s, %(owner)s, %(until)s WHERE NOT EXISTS (SELECT 1 FROM old)"
-            " RETURNING ticket),"
-            " gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s"
-            " AND request_id <> %(r)s)"
-            " SELECT (SELECT ticket FROM old UNION ALL SELECT ticket FROM new),"
-            " (SELECT MIN(ticket) FROM turn_queue"
-            " WHERE conversation_id = %(c)s AND lease_until >= %(stale)s)",
-            {
-                "owner": owner,
-                "until": now_us + lease_us,
-                "c": conversation_id,
-                "r": request_id,
-                "stale": stale_us,
-            },
-        )
+        pool = self._require_pool("turn_lock")
+        params = {
+            "lock": writes.QUEUE_LOCK_CLASS,
+            "owner": owner,
+            "until": now_us + lease_us,
+            "c": conversation_id,
+            "r": request_id,
+            "stale": stale_us,
+        }
+        try:
+            async with pool.connection() as conn:
+                # The statements in one simple query (client-side binding): one round trip, one
+                # implicit transaction, so the lock is held until the ticket is committed.
+                cur = psycopg.AsyncClientCursor(conn)
+                await cur.execute(_TAKE_TICKET, params)
+                cur.nextset()
+                cur.nextset()
+                rows = list(await cur.fetchall())
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise self._error(exc, "turn_lock") from None
         mine, earliest = int(rows[0][0]), rows[0][1]
         # The statement saw the queue as it was before it: a re-owned ticket is among those rows.
         return mine, mine if earliest is None else min(mine, int(earliest))
@@ -883,6 +945,15 @@ class PostgresStore:
         """Request ids any replica asked to cancel (from the ``LISTEN`` connection)."""
         return self._listener.cancel_requests()
 
+    async def submission_offers(self) -> AsyncIterator[None]:
+        """Once per wake-up after a replica accepted submissions it left for others (several
+        notifications may fold into one; also after the listener reconnected). Never ends."""
+        offered = self._listener.offered
+        while True:
+            await offered.wait()
+            offered.clear()
+            yield None
+
     async def wait_for_events(self, request_id: str, after: int, timeout_seconds: float) -> bool:
         """Wait (at most ``timeout_seconds``) until turn ``request_id`` stored events past ``after``
         or ended; True (this store follows other replicas)."""
@@ -894,6 +965,55 @@ class PostgresStore:
                 async with asyncio.timeout(timeout_seconds):
                     await stored.wait()
         return True
+
+
+def _transaction(conn: Conn, pipeline: bool) -> AbstractAsyncContextManager[Any]:
+    """A transaction on ``conn``: :func:`_flight` when ``pipeline``, else ``conn.transaction()``."""
+    return _flight(conn) if pipeline else conn.transaction()
+
+
+@contextlib.asynccontextmanager
+async def _flight(conn: Conn) -> AsyncIterator[None]:
+    """A transaction in pipeline mode that waits for the server only where the block reads and
+    once at the end: ``BEGIN`` goes out with the first statements and ``COMMIT`` with the last
+    (psycopg's ``conn.transaction()`` would sync at its start and its end, one round trip each).
+    An exception in the block rolls back and propagates."""
+    async with conn.pipeline() as pipeline:
+        await conn.execute(b"BEGIN")
+        try:
+            yield
+        except BaseException:
+            # After a failed statement the server skips everything up to the next sync.
+            with contextlib.suppress(psycopg.Error):
+                await pipeline.sync()
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute(b"ROLLBACK")
+            raise
+        await conn.execute(b"COMMIT")
+    # Leaving the pipeline synced: the COMMIT's outcome (and any error of the block's statements)
+    # is in by now.
+
+
+_TAKE_TICKET: Final = (
+    # No WAL flush of its own: the ticket is visible to the other replicas at commit, and the
+    # turn's start_turn commit (which flushes the WAL up to itself) makes it durable before
+    # anything is sent to the client; a database crash before that loses the turn anyway.
+    b"SET LOCAL synchronous_commit = off;"
+    b" SELECT pg_advisory_xact_lock(%(lock)s, hashtext(%(c)s));"
+    b" WITH old AS ("
+    b" UPDATE turn_queue SET owner = %(owner)s, lease_until = %(until)s"
+    b" WHERE conversation_id = %(c)s AND request_id = %(r)s AND request_id <> '' RETURNING ticket),"
+    b" new AS ("
+    b" INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
+    b" SELECT %(c)s, %(r)s, %(owner)s, %(until)s WHERE NOT EXISTS (SELECT 1 FROM old)"
+    b" RETURNING ticket),"
+    b" gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s"
+    b" AND request_id <> %(r)s)"
+    b" SELECT (SELECT ticket FROM old UNION ALL SELECT ticket FROM new),"
+    b" (SELECT MIN(ticket) FROM turn_queue"
+    b" WHERE conversation_id = %(c)s AND lease_until >= %(stale)s)"
+)
+"""Take or re-own a ticket, drop lapsed ones; (the ticket, the lowest live ticket before it)."""
 
 
 async def _take_over_tickets(conn: Any, request_ids: Sequence[str], owner: str, until_us: int) -> None:

@@ -10,15 +10,18 @@ delete its lapsed tickets. No connection is held while a turn runs or waits: wai
 ``LISTEN`` on the replica's one listener connection plus a re-check every third of a lease.
 
 **The listener.** One dedicated connection per store ``LISTEN``\\ s on ``turnwire_queue``
-(payload: a conversation id), ``turnwire_cancel`` (a request id) and ``turnwire_events`` (a
-request id, sent with every stored batch of events) and wakes the waiters here. It reconnects
+(payload: a conversation id), ``turnwire_cancel`` (a request id), ``turnwire_events`` (a
+request id, sent with every stored batch of events) and ``turnwire_submissions`` (a submission
+was accepted that no replica claimed: its replica had no free slot) and wakes the waiters here. It reconnects
 when the connection drops; waiters re-check on their own timeout meanwhile, so a lost
 notification only delays them.
 
 Why not a queue library (procrastinate and the like): a turn is not a job to hand to any
 worker, it runs on the replica that received the call (its caller streams from there), so what
 is needed is a lock with an order, not a job queue; the two tables and one listener are less
-than a library's model to map onto.
+than a library's model to map onto. Submissions are the one kind of work any replica may run:
+their ``submissions`` rows are claimed with ``FOR UPDATE SKIP LOCKED`` in acceptance order, and
+their queue tickets are taken at acceptance, so whoever runs one keeps its place in line.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ log = logging.getLogger("turnwire_server.store.postgres")
 QUEUE_CHANNEL = "turnwire_queue"
 CANCEL_CHANNEL = "turnwire_cancel"
 EVENTS_CHANNEL = "turnwire_events"
-_CHANNELS = (QUEUE_CHANNEL, CANCEL_CHANNEL, EVENTS_CHANNEL)
+SUBMISSIONS_CHANNEL = "turnwire_submissions"
+_CHANNELS = (QUEUE_CHANNEL, CANCEL_CHANNEL, EVENTS_CHANNEL, SUBMISSIONS_CHANNEL)
 _RECONNECT_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)
 _CANCEL_BACKLOG = 1024
 
@@ -54,6 +58,7 @@ class Listener:
         self._task: asyncio.Task[None] | None = None
         self._waiters: dict[tuple[str, str], set[asyncio.Event]] = defaultdict(set)
         self._cancels: asyncio.Queue[str] = asyncio.Queue(_CANCEL_BACKLOG)
+        self.offered = asyncio.Event()  # set by a submission offered to any replica
         self._stopping = False
         self.connected = asyncio.Event()
 
@@ -91,6 +96,9 @@ class Listener:
             yield await self._cancels.get()
 
     def _dispatch(self, channel: str, payload: str) -> None:
+        if channel == SUBMISSIONS_CHANNEL:
+            self.offered.set()
+            return
         if channel == CANCEL_CHANNEL:
             with contextlib.suppress(asyncio.QueueFull):  # a flood of cancels: drop the overflow
                 self._cancels.put_nowait(payload)
@@ -115,6 +123,7 @@ class Listener:
                 failures = 0
                 self.connected.set()
                 # Whatever was notified while not listening is missed: wake every waiter to re-check.
+                self.offered.set()
                 for waiters in self._waiters.values():
                     for event in waiters:
                         event.set()

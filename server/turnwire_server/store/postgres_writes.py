@@ -18,9 +18,11 @@ message positions gap-free. :func:`create_submission` serializes on one global a
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import datetime as dt
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
 import psycopg
@@ -92,6 +94,22 @@ CONVERSATION_LOCK_CLASS: Final = 0x7477  # "tw"
 SUBMISSIONS_LOCK_KEY: Final = 0x7475726E_73756273  # "turnsubs"
 """The advisory lock key serializing :func:`create_submission` (global acceptance order)."""
 
+QUEUE_LOCK_CLASS: Final = 0x7471  # "tq"
+"""First key of the advisory lock serializing the ticket takers of a conversation's turn queue
+(second: ``hashtext(conversation_id)``); not the write lock, so taking a ticket never waits for a
+commit of the conversation's running turn."""
+
+UNOWNED_LEASE: Final = 1 << 62
+"""The lease of the queue ticket of a submission no replica claimed yet: it never lapses, so the
+submission keeps its place in line until a replica claims it (and the ticket gets its lease) or
+it ends without running (and the ticket goes)."""
+
+_FREE_UNOWNED_TICKETS: Final = (
+    "WITH gone AS (DELETE FROM turn_queue WHERE request_id = ANY(%s) AND owner = ''"
+    " RETURNING conversation_id) SELECT pg_notify('turnwire_queue', conversation_id) FROM gone"
+)
+"""Delete the unclaimed tickets of submissions that end without running; wake the line."""
+
 LOAD_MESSAGES_SQL: Final = (
     "SELECT m.id, m.role, m.create_time, m.create_time_nanos, m.metadata, p.data"
     " FROM messages AS m LEFT JOIN parts AS p"
@@ -125,7 +143,7 @@ async def _all(conn: Conn, sql: str, params: Sequence[Any] = ()) -> list[Any]:
     return list(await cur.fetchall())
 
 
-async def run(conn: Conn, sql: str, params: Sequence[Any] = ()) -> int:
+async def run(conn: Conn, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
     """Execute ``sql``; the number of rows it changed."""
     cur = await conn.execute(sql.encode(), params)
     return cur.rowcount
@@ -173,6 +191,41 @@ async def lock_conversation(conn: Conn, conversation_id: str) -> bool:
     )
 
 
+_LOCKED: Final[contextvars.ContextVar[frozenset[str]]] = contextvars.ContextVar(
+    "turnwire_locked_conversations", default=frozenset()
+)
+"""Conversations whose locks the running group commit took up front (:func:`conversations_locked`)."""
+
+
+async def _lock(conn: Conn, conversation_id: str) -> None:
+    """:func:`lock_conversation` without waiting for it (in pipeline mode its statements go out
+    with the write's next ones), and nothing when the group commit holds the lock already."""
+    if conversation_id in _LOCKED.get():
+        return
+    await conn.execute(
+        b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (CONVERSATION_LOCK_CLASS, conversation_id)
+    )
+    await conn.execute(b"SELECT 1 FROM conversations WHERE id = %s FOR UPDATE", (conversation_id,))
+
+
+@contextlib.asynccontextmanager
+async def conversations_locked(conn: Conn, conversation_ids: Iterable[str]) -> AsyncIterator[None]:
+    """Take the write locks of ``conversation_ids`` for the rest of the transaction, in id order
+    and two statements for all of them (a group commit's writes would take them one by one);
+    the writes run inside the block do not take them again."""
+    ordered = sorted(set(conversation_ids))
+    await conn.execute(
+        b"SELECT pg_advisory_xact_lock(%s, hashtext(c)) FROM unnest(%s::text[]) AS c",
+        (CONVERSATION_LOCK_CLASS, ordered),
+    )
+    await conn.execute(b"SELECT 1 FROM conversations WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (ordered,))
+    token = _LOCKED.set(frozenset(ordered))
+    try:
+        yield
+    finally:
+        _LOCKED.reset(token)
+
+
 _INSERT_MESSAGE: Final = (
     "INSERT INTO messages"
     " (conversation_id, id, seq, role, create_time, create_time_nanos, metadata)"
@@ -181,29 +234,40 @@ _INSERT_MESSAGE: Final = (
 )
 
 
+_PARTS_OF_ROW: Final = (
+    # A message's parts from two arrays, one statement however many parts (idx from 0).
+    " INSERT INTO parts (conversation_id, message_id, idx, kind, data)"
+    " SELECT %(c)s, %(m)s, p.idx - 1, p.kind, p.data"
+    " FROM unnest(%(kinds)s::text[], %(datas)s::bytea[]) WITH ORDINALITY AS p(kind, data, idx)"
+)
+
+
+def _parts_params(conversation_id: str, row: MessageRow) -> dict[str, Any]:
+    return {
+        "c": conversation_id,
+        "m": row.id,
+        "n": len(row.parts),
+        "kinds": [kind for kind, _ in row.parts],
+        "datas": [data for _, data in row.parts],
+    }
+
+
 async def _insert_message(conn: Conn, conversation_id: str, row: MessageRow) -> None:
     await run(conn, _INSERT_MESSAGE, message_insert_params(conversation_id, row))
-    await _run_many(
-        conn,
-        "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (%s, %s, %s, %s, %s)",
-        [(conversation_id, row.id, idx, kind, data) for idx, (kind, data) in enumerate(row.parts)],
-    )
+    await run(conn, _PARTS_OF_ROW, _parts_params(conversation_id, row))
 
 
 async def _put_parts(conn: Conn, conversation_id: str, row: MessageRow) -> None:
     """Make the message's parts exactly ``row.parts``, rewriting only changed ones."""
-    await _run_many(
-        conn,
-        "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (%s, %s, %s, %s, %s)"
-        " ON CONFLICT (conversation_id, message_id, idx) DO UPDATE"
-        " SET kind = excluded.kind, data = excluded.data"
-        " WHERE parts.data IS DISTINCT FROM excluded.data",
-        [(conversation_id, row.id, idx, kind, data) for idx, (kind, data) in enumerate(row.parts)],
-    )
     await run(
         conn,
-        "DELETE FROM parts WHERE conversation_id = %s AND message_id = %s AND idx >= %s",
-        (conversation_id, row.id, len(row.parts)),
+        "WITH gone AS (DELETE FROM parts"
+        " WHERE conversation_id = %(c)s AND message_id = %(m)s AND idx >= %(n)s)"
+        + _PARTS_OF_ROW
+        + " ON CONFLICT (conversation_id, message_id, idx) DO UPDATE"
+        " SET kind = excluded.kind, data = excluded.data"
+        " WHERE parts.data IS DISTINCT FROM excluded.data",
+        _parts_params(conversation_id, row),
     )
 
 
@@ -219,13 +283,19 @@ async def _touch_conversation(conn: Conn, conversation_id: str, now_us: int, add
     )
 
 
-async def _upsert_message(conn: Conn, conversation_id: str, row: MessageRow, now_us: int) -> None:
+_STORED_ROLE: Final = b"SELECT role FROM messages WHERE conversation_id = %s AND id = %s"
+
+
+async def _upsert_message(
+    conn: Conn, conversation_id: str, row: MessageRow, now_us: int, stored_role: Any = None
+) -> None:
     """Insert ``row`` at the end, or replace it in place (same seq) when its id exists; raises
     :class:`MessageIdConflict` when the stored message has another role. Caller holds the
-    conversation lock."""
-    found = await fetch_one(
-        conn, "SELECT role FROM messages WHERE conversation_id = %s AND id = %s", (conversation_id, row.id)
-    )
+    conversation lock. ``stored_role``: a cursor of :data:`_STORED_ROLE` the caller already
+    sent (pipeline mode: read with the caller's other reads in one round trip)."""
+    if stored_role is None:
+        stored_role = await conn.execute(_STORED_ROLE, (conversation_id, row.id))
+    found = await stored_role.fetchone()
     if found is not None and found[0] != row.role:
         raise MessageIdConflict(conversation_id, row.id)
     await _touch_conversation(conn, conversation_id, now_us, 0 if found is not None else 1)
@@ -241,8 +311,9 @@ async def _upsert_message(conn: Conn, conversation_id: str, row: MessageRow, now
         await _insert_message(conn, conversation_id, row)
 
 
-async def _turn_recorded(conn: Conn, request_id: str) -> bool:
-    return await fetch_one(conn, "SELECT 1 FROM turns WHERE request_id = %s", (request_id,)) is not None
+async def _turn_recorded(conn: Conn, request_id: str) -> Any:
+    """A cursor whose one row says whether turn ``request_id`` is recorded (not yet fetched)."""
+    return await conn.execute(b"SELECT EXISTS (SELECT 1 FROM turns WHERE request_id = %s)", (request_id,))
 
 
 async def _stored_parts(conn: Conn, conversation_id: str, message_id: str) -> list[tuple[str | None, bytes]]:
@@ -278,24 +349,59 @@ def prepare_turn(turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> l
     return rows
 
 
+_START_READS: Final = (
+    # The submission and the earlier turn of this request id, locked; then each re-sent message
+    # as stored (role, parts in order) and whether a completed reply follows it. One flight.
+    "SELECT state FROM submissions WHERE id = %s FOR UPDATE",
+    "SELECT state FROM turns WHERE request_id = %s FOR UPDATE",
+    "SELECT m.id, m.role,"
+    " ARRAY(SELECT p.kind FROM parts AS p"
+    "  WHERE p.conversation_id = m.conversation_id AND p.message_id = m.id ORDER BY p.idx),"
+    " ARRAY(SELECT p.data FROM parts AS p"
+    "  WHERE p.conversation_id = m.conversation_id AND p.message_id = m.id ORDER BY p.idx),"
+    " EXISTS (SELECT 1 FROM messages AS later JOIN turns AS t"
+    "  ON t.conversation_id = later.conversation_id AND t.assistant_message_id = later.id"
+    "  WHERE later.conversation_id = m.conversation_id AND later.seq > m.seq AND t.state = 'completed')"
+    " FROM messages AS m WHERE m.conversation_id = %s AND m.id = ANY(%s)",
+)
+
+
 async def start_turn(conn: Conn, turn: TurnRecord, rows: Sequence[MessageRow], now_us: int) -> None:
     """``Store.start_turn``: the rules of :func:`~turnwire_server.store.sqlite_writes.start_turn_write`
     (idempotent input, retry of an ended request id, the submission marked running).
+
+    Meant for pipeline mode (``conn.pipeline()``): its reads go out together and wait for one
+    round trip, its writes for none (the caller's commit syncs them).
 
     Raises :class:`MessageIdConflict`, :class:`MessageAlreadyAnswered`,
     :class:`TurnAlreadyExists`, :class:`SubmissionNotPending`.
     """
     conversation_id = turn.conversation_id
-    await lock_conversation(conn, conversation_id)
-    await _start_submission(conn, turn.request_id, now_us)
-    new_rows = [row for row in rows if not await _stored_identically(conn, conversation_id, row)]
-    earlier = await fetch_one(
-        conn, "SELECT state FROM turns WHERE request_id = %s FOR UPDATE", (turn.request_id,)
-    )
-    if earlier is not None:
-        if earlier[0] not in _RETRYABLE_STATES or new_rows:
+    await _lock(conn, conversation_id)
+    submission_sql, turn_sql, messages_sql = _START_READS
+    cursors = [
+        await conn.execute(submission_sql.encode(), (turn.request_id,)),
+        await conn.execute(turn_sql.encode(), (turn.request_id,)),
+        await conn.execute(messages_sql.encode(), (conversation_id, [row.id for row in rows])),
+    ]
+    submission, earlier, stored = [list(await cur.fetchall()) for cur in cursors]
+    if submission and submission[0][0] not in _OPEN:
+        raise SubmissionNotPending(turn.request_id, submission[0][0])
+    stored_by_id = {
+        message_id: (role, [(kind, bytes(data)) for kind, data in zip(kinds, datas, strict=True)], answered)
+        for message_id, role, kinds, datas, answered in stored
+    }
+    new_rows = [row for row in rows if not _stored_identically(conversation_id, row, stored_by_id)]
+    if earlier:
+        if earlier[0][0] not in _RETRYABLE_STATES or new_rows:
             raise TurnAlreadyExists(turn.request_id)
         await run(conn, "DELETE FROM turns WHERE request_id = %s", (turn.request_id,))
+    if submission:
+        await run(
+            conn,
+            "UPDATE submissions SET state = 'running', start_time = COALESCE(start_time, %s) WHERE id = %s",
+            (now_us, turn.request_id),
+        )
     await _touch_conversation(conn, conversation_id, now_us, len(new_rows))
     for row in new_rows:
         await _insert_message(conn, conversation_id, row)
@@ -322,25 +428,21 @@ async def start_turn(conn: Conn, turn: TurnRecord, rows: Sequence[MessageRow], n
     )
 
 
-async def _stored_identically(conn: Conn, conversation_id: str, row: MessageRow) -> bool:
-    found = await fetch_one(
-        conn,
-        "SELECT role, seq FROM messages WHERE conversation_id = %s AND id = %s",
-        (conversation_id, row.id),
-    )
+def _stored_identically(
+    conversation_id: str,
+    row: MessageRow,
+    stored: Mapping[str, tuple[int, list[tuple[str | None, bytes]], bool]],
+) -> bool:
+    """Whether ``row`` is stored already with the same role and parts (then it is not written
+    again). Raises :class:`MessageIdConflict` when stored otherwise, :class:`MessageAlreadyAnswered`
+    when a completed reply follows it."""
+    found = stored.get(row.id)
     if found is None:
         return False
-    role, seq = found
-    if role != row.role or await _stored_parts(conn, conversation_id, row.id) != list(row.parts):
+    role, parts, answered = found
+    if role != row.role or parts != list(row.parts):
         raise MessageIdConflict(conversation_id, row.id)
-    answered = await fetch_one(
-        conn,
-        "SELECT 1 FROM messages m JOIN turns t"
-        " ON t.conversation_id = m.conversation_id AND t.assistant_message_id = m.id"
-        " WHERE m.conversation_id = %s AND m.seq > %s AND t.state = 'completed' LIMIT 1",
-        (conversation_id, seq),
-    )
-    if answered is not None:
+    if answered:
         raise MessageAlreadyAnswered(conversation_id, row.id)
     return True
 
@@ -350,10 +452,12 @@ async def save_message(
 ) -> None:
     """``Store.save_message``: upsert ``row`` (it has parts), a no-op when ``turn_request_id``
     names no recorded turn."""
-    await lock_conversation(conn, conversation_id)
-    if turn_request_id and not await _turn_recorded(conn, turn_request_id):
+    await _lock(conn, conversation_id)
+    recorded = await _turn_recorded(conn, turn_request_id) if turn_request_id else None
+    stored_role = await conn.execute(_STORED_ROLE, (conversation_id, row.id))
+    if recorded is not None and not (await recorded.fetchone())[0]:
         return
-    await _upsert_message(conn, conversation_id, row, now_us)
+    await _upsert_message(conn, conversation_id, row, now_us, stored_role)
 
 
 async def finish_turn(conn: Conn, turn: TurnRecord, row: MessageRow | None, now_us: int) -> None:
@@ -361,11 +465,13 @@ async def finish_turn(conn: Conn, turn: TurnRecord, row: MessageRow | None, now_
 
     Raises :class:`TurnNotFound` (writing nothing) when no turn ``turn.request_id`` exists.
     """
-    await lock_conversation(conn, turn.conversation_id)
-    if not await _turn_recorded(conn, turn.request_id):
+    await _lock(conn, turn.conversation_id)
+    recorded = await _turn_recorded(conn, turn.request_id)
+    stored_role = None if row is None else await conn.execute(_STORED_ROLE, (turn.conversation_id, row.id))
+    if not (await recorded.fetchone())[0]:
         raise TurnNotFound(turn.request_id)
     if row is not None:
-        await _upsert_message(conn, turn.conversation_id, row, now_us)
+        await _upsert_message(conn, turn.conversation_id, row, now_us, stored_role)
     await run(
         conn,
         "UPDATE turns SET state = %s, end_time = %s, error = %s, recovery_count = %s WHERE request_id = %s",
@@ -471,6 +577,8 @@ async def add_messages(
 
 
 _CONVERSATION_TABLES: Final = (
+    # Tickets of its pending submissions no replica claimed (the others go with their turns).
+    "DELETE FROM turn_queue WHERE conversation_id = %s AND owner = ''",
     "DELETE FROM turn_events WHERE request_id IN"
     " (SELECT request_id FROM turn_streams WHERE conversation_id = %s)",
     "DELETE FROM turn_streams WHERE conversation_id = %s",
@@ -523,23 +631,31 @@ async def append_events(
     :func:`~turnwire_server.store.sqlite_streams.append_events_write` (arguments checked by the
     caller). Nothing is written when no turn ``request_id`` is recorded."""
     numbers = [number for number, _ in events]
-    await lock_conversation(conn, conversation_id)
-    if not await _turn_recorded(conn, request_id):
-        return
-    found = await fetch_one(
-        conn, "SELECT end_time FROM turn_streams WHERE request_id = %s FOR UPDATE", (request_id,)
+    await _lock(conn, conversation_id)
+    recorded = await _turn_recorded(conn, request_id)
+    stream = await conn.execute(
+        b"SELECT end_time FROM turn_streams WHERE request_id = %s FOR UPDATE", (request_id,)
     )
+    if not (await recorded.fetchone())[0]:
+        return
+    found = await stream.fetchone()
     if found is not None and found[0] is not None and numbers and numbers[0] == 1:
         await run(conn, "DELETE FROM turn_streams WHERE request_id = %s", (request_id,))
-        found = None
-    if found is None:
-        await run(
-            conn,
-            "INSERT INTO turn_streams (request_id, conversation_id, last_sequence_number, create_time)"
-            " VALUES (%s, %s, 0, %s)",
-            (request_id, conversation_id, now_us),
-        )
     last = numbers[-1] if numbers else 0
+    # The stream created or moved on, and readers following this turn from another replica woken
+    # (delivered at commit), in one statement.
+    await run(
+        conn,
+        "WITH stream AS (INSERT INTO turn_streams"
+        " (request_id, conversation_id, last_sequence_number, create_time, end_time)"
+        " VALUES (%(r)s, %(c)s, %(last)s, %(now)s, CASE WHEN %(ended)s THEN %(now)s END)"
+        " ON CONFLICT (request_id) DO UPDATE"
+        " SET last_sequence_number"
+        " = GREATEST(turn_streams.last_sequence_number, excluded.last_sequence_number),"
+        " end_time = COALESCE(excluded.end_time, turn_streams.end_time))"
+        " SELECT pg_notify('turnwire_events', %(r)s)",
+        {"r": request_id, "c": conversation_id, "last": last, "now": now_us, "ended": ended},
+    )
     if events:
         # A batch retried after a failed commit starts at the same number: replace it.
         await run(
@@ -549,14 +665,6 @@ async def append_events(
             " SET last_sequence_number = excluded.last_sequence_number, data = excluded.data",
             (request_id, numbers[0], last, pack_events(events)),
         )
-    await run(
-        conn,
-        "UPDATE turn_streams SET last_sequence_number = GREATEST(last_sequence_number, %s),"
-        " end_time = CASE WHEN %s THEN %s ELSE end_time END WHERE request_id = %s",
-        (last, ended, now_us, request_id),
-    )
-    # Readers following this turn from another replica wake up (delivered at commit).
-    await run(conn, "SELECT pg_notify('turnwire_events', %s)", (request_id,))
 
 
 # --------------------------------------------------------------------------- submissions
@@ -565,19 +673,6 @@ async def append_events(
 async def _select_submission(conn: Conn, where: str, params: Sequence[Any]) -> SubmissionRecord | None:
     row = await fetch_one(conn, f"SELECT {SUBMISSION_COLUMNS} FROM submissions WHERE {where}", params)
     return None if row is None else submission_from_row(row)
-
-
-async def _start_submission(conn: Conn, request_id: str, now_us: int) -> None:
-    found = await fetch_one(conn, "SELECT state FROM submissions WHERE id = %s FOR UPDATE", (request_id,))
-    if found is None:
-        return
-    if found[0] not in _OPEN:
-        raise SubmissionNotPending(request_id, found[0])
-    await run(
-        conn,
-        "UPDATE submissions SET state = 'running', start_time = COALESCE(start_time, %s) WHERE id = %s",
-        (now_us, request_id),
-    )
 
 
 async def create_submission(
@@ -627,6 +722,23 @@ async def create_submission(
             None if submission.lease_until is None else to_us(submission.lease_until, "lease_until"),
         ),
     )
+    # Its place in the conversation's turn queue, taken now: first in, first out by acceptance
+    # whichever replica later runs it (that one's turn lock takes this ticket over).
+    await conn.execute(
+        b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (QUEUE_LOCK_CLASS, submission.conversation_id)
+    )
+    await run(
+        conn,
+        "INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until) VALUES (%s, %s, %s, %s)",
+        (
+            submission.conversation_id,
+            submission.submission_id,
+            submission.owner,
+            UNOWNED_LEASE if submission.lease_until is None else to_us(submission.lease_until, "lease_until"),
+        ),
+    )
+    if not submission.owner:  # replicas with a free slot claim it (delivered at commit)
+        await run(conn, "SELECT pg_notify('turnwire_submissions', '')")
     stored = await _select_submission(conn, "id = %s", (submission.submission_id,))
     assert stored is not None
     return stored, True
@@ -648,7 +760,10 @@ async def end_submission(
         "UPDATE submissions SET state = %s, end_time = %s, error = %s WHERE id = %s AND state = ANY(%s)",
         (state, now_us, error, submission_id, list(only_from)),
     )
-    return await _select_submission(conn, "id = %s", (submission_id,))
+    record = await _select_submission(conn, "id = %s", (submission_id,))
+    if record is not None and record.state not in _OPEN:
+        await run(conn, _FREE_UNOWNED_TICKETS, ([submission_id],))
+    return record
 
 
 async def expire_submissions(conn: Conn, before_us: int, limit: int, error: bytes, now_us: int) -> list[str]:
@@ -667,6 +782,7 @@ async def expire_submissions(conn: Conn, before_us: int, limit: int, error: byte
         " WHERE id = %s AND state = 'pending'",
         [(now_us, error, submission_id) for submission_id in ids],
     )
+    await run(conn, _FREE_UNOWNED_TICKETS, (ids,))
     return ids
 
 

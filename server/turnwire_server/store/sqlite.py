@@ -179,6 +179,18 @@ class SqliteStore:
             raise
         self._reader_db = reader
         self._opened = True
+        # The turn queue of one process lives in memory: what a previous process left gets its
+        # place in line back, first the turns it ran (recovered, or ended, first), then pending
+        # submissions in acceptance order (their turns run when claimed).
+        for request_id, conversation_id in await self._read(
+            "open",
+            "SELECT request_id, conversation_id FROM turns WHERE state = 'running'"
+            " ORDER BY start_time, request_id",
+            (),
+        ) + await self._read(
+            "open", "SELECT id, conversation_id FROM submissions WHERE state = 'pending' ORDER BY seq", ()
+        ):
+            self._locks.reserve(conversation_id, request_id)
 
     async def close(self) -> None:
         """Apply every queued write, then close both connections. Idempotent."""
@@ -339,6 +351,12 @@ class SqliteStore:
         await asyncio.Event().wait()
         yield ""  # never reached: makes this an async generator
 
+    async def submission_offers(self) -> AsyncIterator[None]:
+        """Nothing ever comes (one process per file: it knows what it left unclaimed); waits
+        until cancelled."""
+        await asyncio.Event().wait()
+        yield None  # never reached: makes this an async generator
+
     async def wait_for_events(self, request_id: str, after: int, timeout_seconds: float) -> bool:
         """False: no other process writes this file, so there is nothing to wait for."""
         return False
@@ -396,7 +414,10 @@ class SqliteStore:
             submission, max_open, lambda record, created: outcome.append((record, created))
         )
         await self._writer.submit(apply, f"create_submission({submission.submission_id!r})", urgent=True)
-        return outcome[-1]
+        record, created = outcome[-1]
+        if created:  # its place in the conversation's line, taken at acceptance
+            self._locks.reserve(record.conversation_id, record.submission_id)
+        return record, created
 
     async def get_submission(self, submission_id: str) -> SubmissionRecord | None:
         """The submission, or None."""
@@ -420,13 +441,18 @@ class SqliteStore:
         outcome: list[SubmissionRecord | None] = []
         apply = end_submission_write(submission_id, state, error, only_from, outcome.append)
         await self._writer.submit(apply, f"end_submission({submission_id!r})", urgent=True)
-        return outcome[-1]
+        record = outcome[-1]
+        if record is not None and record.state not in ("pending", "running"):
+            self._locks.drop(submission_id)  # ended before its turn took the place
+        return record
 
     async def expire_submissions(self, before: dt.datetime, limit: int, error: bytes) -> list[str]:
         """End up to ``limit`` pending submissions accepted before ``before`` as ``error``."""
         outcome: list[list[str]] = []
         apply = expire_submissions_write(to_us(before, "before"), limit, error, outcome.append)
         await self._writer.submit(apply, "expire_submissions", urgent=False)
+        for submission_id in outcome[-1]:
+            self._locks.drop(submission_id)
         return outcome[-1]
 
     # ------------------------------------------------------------------ writes
@@ -472,7 +498,11 @@ class SqliteStore:
         :class:`StoreError`) when no turn ``turn.request_id`` exists (nothing is stored then).
         """
         apply = finish_turn_write(turn, message)
-        await self._writer.submit(apply, f"finish_turn({turn.request_id!r})", urgent=True)
+        try:
+            await self._writer.submit(apply, f"finish_turn({turn.request_id!r})", urgent=True)
+        finally:
+            if turn.state != "running":  # an interrupted turn ended without a recovery run
+                self._locks.drop(turn.request_id)
 
     async def add_messages(
         self,
@@ -507,6 +537,7 @@ class SqliteStore:
         outcome: list[bool] = []
         apply = delete_conversation_write(conversation_id, outcome)
         await self._writer.submit(apply, f"delete_conversation({conversation_id!r})", urgent=True)
+        self._locks.drop_all(conversation_id)  # the places of its deleted pending submissions
         return outcome[0]
 
     async def expired_conversations(self, before: dt.datetime, limit: int) -> list[str]:
@@ -563,9 +594,10 @@ class SqliteStore:
     def turn_lock(
         self, conversation_id: str, *, request_id: str = "", owner: str = "", lease_seconds: float = 30.0
     ) -> AbstractAsyncContextManager[None]:
-        """Hold the conversation's in-process turn lock (FIFO; see :class:`LocalTurnLocks`); one
-        process per file, so the ticket arguments are not needed."""
-        return self._locks.hold(conversation_id)
+        """Hold the conversation's in-process turn lock (FIFO; see :class:`LocalTurnLocks`), from
+        the place a submission ``request_id`` reserved at acceptance if it did; one process per
+        file, so owner and lease are not needed."""
+        return self._locks.hold(conversation_id, request_id)
 
     # ------------------------------------------------------------------ internals
 

@@ -38,6 +38,7 @@ class ApprovalRequired:
         self.description = tool.description
         self.input_schema: Mapping[str, Any] = tool.input_schema
         self.streaming = bool(getattr(tool, "streaming", False))
+        self.timeout_seconds: float | None = getattr(tool, "timeout_seconds", None)
 
     async def execute(self, input: dict[str, Any], execution: ToolExecution) -> Any | AsyncIterator[Any]:
         """Run the wrapped tool."""
@@ -47,13 +48,12 @@ class ApprovalRequired:
         return f"ApprovalRequired({self.tool!r})"
 
 
-def load_tools(demo: bool, paths: Iterable[str], require_approval: Iterable[str] = ()) -> dict[str, Tool]:
-    """The server's tools by name: the demo tools (when ``demo``), then each path's tools.
+def load_tools(demo: bool, paths: Iterable[str]) -> dict[str, Tool]:
+    """The server's in-process tools by name: the demo tools (when ``demo``), then each path's tools.
 
-    A later tool replaces an earlier one of the same name. The tools named in
-    ``require_approval`` wait for the client's approval before each call
-    (docs/semantics.md §6). Raises :class:`ToolLoadError` naming the path that
-    failed, or a ``require_approval`` name that is no loaded tool.
+    A later tool replaces an earlier one of the same name. ``tools.require_approval`` is applied
+    to the whole tool set (:class:`~turnwire_server.tools.tool_set.ToolSet`). Raises
+    :class:`ToolLoadError` naming the path that failed.
     """
     tools: dict[str, Tool] = {}
     if demo:
@@ -64,9 +64,4 @@ def load_tools(demo: bool, paths: Iterable[str], require_approval: Iterable[str]
         except (ImportError, AttributeError, ValueError) as error:
             raise ToolLoadError(f"cannot import tool {path!r}: {error}") from error
         tools.update((t.name, t) for t in _as_tools(value, path))
-    for name in require_approval:
-        if name not in tools:
-            known = ", ".join(sorted(tools)) or "none"
-            raise ToolLoadError(f"require_approval names {name!r}, which is no loaded tool (loaded: {known})")
-        tools[name] = ApprovalRequired(tools[name])
     return tools

@@ -37,11 +37,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from turnwire_client.client import TurnwireClient
     from turnwire_client.errors import ERROR_DOMAIN, ProtocolError, TurnwireError
+    from turnwire_client.metadata import PARENT_REQUEST_METADATA
     from turnwire_client.result import TurnResult, collect
     from turnwire_client.stream import TurnStream
 
 __all__ = [
     "ERROR_DOMAIN",
+    "PARENT_REQUEST_METADATA",
     "ProtocolError",
     "TurnResult",
     "TurnStream",
@@ -55,6 +57,7 @@ _HOMES = {
     "ERROR_DOMAIN": "errors",
     "ProtocolError": "errors",
     "TurnwireError": "errors",
+    "PARENT_REQUEST_METADATA": "metadata",
     "TurnResult": "result",
     "collect": "result",
     "TurnStream": "stream",

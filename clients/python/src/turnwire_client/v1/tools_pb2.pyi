@@ -136,8 +136,9 @@ class ExecuteToolRequest(_message.Message):
     tool_name: _builtins.str
     """The tool."""
     input_json: _builtins.str
-    """The input, a JSON object as text, exactly as the model produced it (or
-    as before_tool_call changed it). Integers of any size are kept.
+    """The input, a JSON object as text: the model's input (or what
+    before_tool_call changed it to), written compactly. Integers of any size
+    are kept; parse with a reader that keeps them if they matter to you.
     """
     step_number: _builtins.int
     """0-based step number."""

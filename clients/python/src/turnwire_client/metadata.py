@@ -1,0 +1,9 @@
+"""gRPC metadata keys of the Turnwire contract."""
+
+from __future__ import annotations
+
+PARENT_REQUEST_METADATA = "turnwire-parent-request-id"
+"""The request id of the turn a call comes from (docs/semantics.md §5, nesting). The sidecar
+sends it on every remote hook and tool host call; a hook or tool that calls back into the
+sidecar forwards it, so a blocking turn on its own conversation is refused with
+``FAILED_PRECONDITION`` instead of waiting forever for the turn that called it."""
