@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -105,10 +104,6 @@ CONFIGS = (
     Config("hooks in process, remote tool (Node)", remote_hooks=False, remote_tool=True),
     Config("remote hooks and remote tool (Node)", remote_hooks=True, remote_tool=True),
 )
-# The remote tool rows need tools.hosts, which arrives with the remote-tools branch.
-TOOL_HOSTS = importlib.util.find_spec("turnwire_server.tools.settings") is not None
-if not TOOL_HOSTS:
-    CONFIGS = tuple(config for config in CONFIGS if not config.remote_tool)
 BASELINE = CONFIGS[1]
 
 

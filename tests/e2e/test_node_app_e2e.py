@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,10 +30,6 @@ from turnwire_client.v1 import event_pb2, message_pb2
 
 DEADLINE_SECONDS = 2.0
 """Each hook call's deadline: what a hanging hook costs a test."""
-
-TOOL_HOSTS = importlib.util.find_spec("turnwire_server.tools.settings") is not None
-"""Whether this sidecar has ``tools.hosts`` (it arrives with the remote-tools branch)."""
-needs_tool_hosts = pytest.mark.skipif(not TOOL_HOSTS, reason="the sidecar has no tools.hosts yet")
 
 DEFAULT_SYSTEM = "You are a helpful assistant."
 
@@ -75,16 +70,10 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
 
 
 def sidecar_config(app_address: str, failure_mode: str) -> dict[str, Any]:
-    tools: dict[str, Any] = {"demo": True}
-    if TOOL_HOSTS:
-        tools["hosts"] = [{"name": "node", "address": app_address}]
     return {
         "default_model": "scripted:weather",
         "providers": {"scripted": {"scripts": SCRIPTS}},
-        "tools": {
-            "demo": True,
-            **({"hosts": [{"name": "node", "address": app_address}]} if TOOL_HOSTS else {}),
-        },
+        "tools": {"demo": True, "hosts": [{"name": "node", "address": app_address}]},
         "middleware": [
             {
                 "remote": {
@@ -230,7 +219,6 @@ async def test_a_two_step_turn_calls_the_hooks_in_the_order_of_the_diagram(open_
         ),
     ],
 )
-@needs_tool_hosts
 async def test_each_before_tool_call_decision_of_the_node_policy(
     open_system: System, body: dict[str, Any], decisions: dict[str, str], outputs_by_tool: dict[str, Any]
 ) -> None:
@@ -346,7 +334,6 @@ async def start_packing(client: TurnwireClient, request_id: str) -> TurnStream:
     raise AssertionError("the turn ended before the tool reported progress")
 
 
-@needs_tool_hosts
 async def test_a_tool_host_that_dies_mid_call_fails_the_call_the_turn_goes_on_and_it_comes_back(
     open_system: System,
 ) -> None:
@@ -376,7 +363,6 @@ async def test_a_tool_host_that_dies_mid_call_fails_the_call_the_turn_goes_on_an
     await wait_until(ran, timeout=20, interval=0.2, what="a call the restarted host answered")
 
 
-@needs_tool_hosts
 async def test_cancelling_the_turn_cancels_the_call_in_the_node_host(open_system: System) -> None:
     async with TurnwireClient(open_system.sidecar.target) as client:
         stream = await start_packing(client, "cancel-tool")
@@ -389,7 +375,6 @@ async def test_cancelling_the_turn_cancels_the_call_in_the_node_host(open_system
     assert entry["toolName"] == "pack_order"
 
 
-@needs_tool_hosts
 async def test_a_remote_tool_calling_chat_on_its_own_conversation_gets_failed_precondition(
     open_system: System,
 ) -> None:

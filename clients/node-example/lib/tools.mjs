@@ -90,7 +90,10 @@ export function createTools({ journal, extra = {}, extraSpecs = [] }) {
       const ids = { requestId, conversationId, toolCallId, toolName, stepNumber };
       journal.record({ rpc: 'ExecuteTool', ...ids, input: inputJson });
       const aborted = new AbortController();
+      let ended = false;
       call.on('cancelled', () => {
+        // grpc-js may also report a call the sidecar closed after the final result: not a cancel.
+        if (ended) return;
         journal.record({ rpc: 'ExecuteTool:cancelled', ...ids });
         aborted.abort();
       });
@@ -111,6 +114,7 @@ export function createTools({ journal, extra = {}, extraSpecs = [] }) {
         if (aborted.signal.aborted) return;
         call.write({ error: error.message });
       }
+      ended = true;
       call.end();
     },
   };
