@@ -10,9 +10,10 @@ The suite, in this order:
   event, throughput, CPU per event, memory per open stream, text coalescing),
   run in this process; its options are accepted here too (``--help``);
 * ``middleware_chain.py`` (the middleware chain's cost per chunk and per turn),
-  ``provider_adapters.py`` (provider adapters vs the bare SDKs) and
+  ``provider_adapters.py`` (provider adapters vs the bare SDKs),
   ``slow_readers.py`` (server memory per stream for readers that stop reading or
-  read slowly, and the stuck turns stopped), each in its own process as when
+  read slowly, and the stuck turns stopped) and ``remote_hooks.py`` (a remote
+  hook server and tool host, the Node.js example, vs in process), each in its own process as when
   run alone, with their defaults (``--quick``: fewer rounds, requests and
   readers); they hand their tables back as JSON (``--json``).
 
@@ -68,6 +69,7 @@ SUITES = (
     ),
     Suite("provider_adapters.py", "--skip-providers", full=(), quick=("--requests", "10")),
     Suite("slow_readers.py", "--skip-slow-readers", full=(), quick=("--quick",)),
+    Suite("remote_hooks.py", "--skip-remote-hooks", full=(), quick=("--rounds", "3", "--turns", "10")),
 )
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -26,6 +25,7 @@ import pytest
 from support.engine_harness import MODEL, EngineFactory, echo, end_of, make_tool, tool_parts
 from support.hook_server import RecordingHookServer, recorded, serving
 from support.hooks import TESTS_DIR, pythonpath_env
+from support.port_process import PortProcess
 from support.sidecar import SidecarFactory, free_port
 from support.waiting import wait_until
 
@@ -156,20 +156,19 @@ async def test_a_remote_on_chat_response_starts_the_next_turn_with_save_messages
 # --- a hook server process that dies --------------------------------------------------------
 
 
-class HookServerProcess:
+class HookServerProcess(PortProcess):
     """``python -m support.hook_server`` on a fixed port, recording into ``record``."""
 
     def __init__(self, workdir: Path, port: int) -> None:
+        super().__init__(port)
         self.workdir = workdir
-        self.port = port
-        self.process: subprocess.Popen[bytes] | None = None
         self.record = workdir / "none.jsonl"
         self.generation = 0
 
     async def start(self, *, sleep: str = "") -> None:
         """Start the process (``sleep``: RPCs that never answer) and wait until it listens."""
         self._spawn(sleep)
-        await wait_until(self._listening, timeout=20, what="the hook server process listening")
+        await wait_until(self.listening, timeout=20, what="the hook server process listening")
 
     def _spawn(self, sleep: str) -> None:
         self.generation += 1
@@ -181,16 +180,6 @@ class HookServerProcess:
             self.process = subprocess.Popen(
                 command, cwd=TESTS_DIR, env={**os.environ, **pythonpath_env()}, stdout=log, stderr=log
             )
-
-    def _listening(self) -> bool:
-        assert self.process is not None and self.process.poll() is None, "the hook server exited"
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", self.port)) == 0
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
     def rpcs(self) -> list[str]:
         return [line["rpc"] for line in recorded(self.record)]
