@@ -312,16 +312,17 @@ class RemoteMiddleware(Middleware):
         self.breaker.succeeded()
         return result
 
-    def _failed_open(self, hook: str, failure: _Failed) -> None:
+    def _failed_open(self, hook: str, failure: _Failed, *, mode: str = "open") -> None:
         # While the breaker is open every turn would log the same thing: the open is logged once.
         level = logging.DEBUG if failure.kind == "breaker_open" else logging.WARNING
         log.log(
             level,
-            "middleware %s.%s failed open: %s",
+            "middleware %s.%s failed %s: %s",
             self.name,
             hook,
+            mode,
             failure,
-            extra={"middleware": self.name, "hook": hook, "kind": failure.kind},
+            extra={"middleware": self.name, "hook": hook, "kind": failure.kind, "mode": mode},
         )
 
     def _info(self, conversation_id: str, request_id: str) -> hooks_pb2.TurnInfo:
@@ -389,7 +390,7 @@ class RemoteMiddleware(Middleware):
             )
         except _Failed as failure:
             if self.settings.failure_mode.of("before_tool_call") == "closed":
-                self._failed_open("before_tool_call", failure)
+                self._failed_open("before_tool_call", failure, mode="closed (the call is blocked)")
                 return ToolCallDecision.block(
                     f'Tool "{ctx.tool_name}" was blocked: its policy hook ({self.name}) was unavailable.'
                 )

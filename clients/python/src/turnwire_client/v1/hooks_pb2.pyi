@@ -561,7 +561,9 @@ class BeforeTurnResponse(_message.Message):
     model: _builtins.str
     """The model, as `provider:model`."""
     system: _builtins.str
-    """The system prompt."""
+    """The system prompt: replaces the one in the request (to add to it, send the
+    request's `system` with your addition).
+    """
     tool_choice: _builtins.str
     """`auto`, `none`, `required`, or a tool's name."""
     max_steps: _builtins.int
