@@ -28,7 +28,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -209,21 +208,29 @@ class ToolHostProcess:
 
     async def start(self, timeout: float = 20.0) -> ToolHostProcess:  # noqa: ASYNC109
         """Start it and wait until ListTools answers; returns ``self``."""
-        self.process = self._spawn()
-        deadline = time.monotonic() + timeout
+        # Imported here: this file also runs as the host's own script, where ``support`` is not
+        # a package on the path.
+        from support.waiting import wait_until
+
+        process = self.process = self._spawn()
         async with grpc.aio.insecure_channel(self.address) as channel:
             stub = tools_pb2_grpc.ToolExecutorServiceStub(channel)
-            while True:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"the tool host exited with {self.process.returncode}")
+
+            async def answers() -> bool:
+                if process.poll() is not None:
+                    raise RuntimeError(f"the tool host exited with {process.returncode}")
                 try:
                     await stub.ListTools(tools_pb2.ListToolsRequest(), timeout=0.5)
-                    return self
                 except grpc.aio.AioRpcError:
-                    if time.monotonic() > deadline:
-                        self.kill()
-                        raise RuntimeError("the tool host did not answer ListTools") from None
-                await asyncio.sleep(0.05)
+                    return False
+                return True
+
+            try:
+                await wait_until(answers, timeout, interval=0.05, what="the tool host answers ListTools")
+            except AssertionError:
+                self.kill()
+                raise RuntimeError("the tool host did not answer ListTools") from None
+        return self
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         # Popen returns once the child is forked; it does not wait for it.

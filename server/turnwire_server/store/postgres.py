@@ -41,7 +41,6 @@ from turnwire_server.store.base import (
     AnsweredToolCalls,
     CompactionRecord,
     ConversationRecord,
-    StoreCorrupted,
     StoreError,
     StreamRecord,
     SubmissionRecord,
@@ -67,7 +66,7 @@ from turnwire_server.store.sqlite_rows import (
     to_us,
     turn_from_row,
 )
-from turnwire_server.store.sqlite_streams import STREAM_COLUMNS, stream_from_row, unpack_events
+from turnwire_server.store.sqlite_streams import STREAM_COLUMNS, events_from_rows, stream_from_row
 from turnwire_server.store.sqlite_submissions import (
     SUBMISSION_COLUMNS,
     submission_from_row,
@@ -551,15 +550,7 @@ class PostgresStore:
             " AND first_sequence_number < %s ORDER BY first_sequence_number",
             (request_id, after, (1 << 62) if before is None else before),
         )
-        events: list[bytes] = []
-        try:
-            for (data,) in rows:
-                events.extend(unpack_events(bytes(data), after, before))
-        except ValueError as exc:
-            raise StoreCorrupted(
-                f"postgres store: the events of turn {request_id!r} cannot be read: {exc}"
-            ) from exc
-        return events
+        return events_from_rows(rows, request_id, after, before, "postgres")
 
     # ------------------------------------------------------------------ submissions
 

@@ -29,7 +29,6 @@ from turnwire_server.store.base import (
     AnsweredToolCalls,
     CompactionRecord,
     ConversationRecord,
-    StoreCorrupted,
     StoreError,
     StoreInUse,
     StreamRecord,
@@ -58,8 +57,8 @@ from turnwire_server.store.sqlite_rows import (
 from turnwire_server.store.sqlite_streams import (
     STREAM_COLUMNS,
     append_events_write,
+    events_from_rows,
     stream_from_row,
-    unpack_events,
 )
 from turnwire_server.store.sqlite_submissions import (
     SUBMISSION_COLUMNS,
@@ -393,15 +392,7 @@ class SqliteStore:
             " AND first_sequence_number < ? ORDER BY first_sequence_number",
             (request_id, after, (1 << 62) if before is None else before),
         )
-        events: list[bytes] = []
-        try:
-            for (data,) in rows:
-                events.extend(unpack_events(bytes(data), after, before))
-        except ValueError as exc:
-            raise StoreCorrupted(
-                f"sqlite store: the events of turn {request_id!r} cannot be read: {exc}"
-            ) from exc
-        return events
+        return events_from_rows(rows, request_id, after, before, "sqlite")
 
     # ------------------------------------------------------------------ submissions
 

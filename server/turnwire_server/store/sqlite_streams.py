@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import sqlite3
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from turnwire_server.store.base import StreamRecord
+from turnwire_server.store.base import StoreCorrupted, StreamRecord
 from turnwire_server.store.sqlite_rows import WriteFn, time_from_us
 
-__all__ = ["STREAM_COLUMNS", "append_events_write", "pack_events", "stream_from_row", "unpack_events"]
+__all__ = [
+    "STREAM_COLUMNS",
+    "append_events_write",
+    "events_from_rows",
+    "pack_events",
+    "stream_from_row",
+    "unpack_events",
+]
 
 
 STREAM_COLUMNS: Final = (
@@ -97,6 +104,23 @@ def unpack_events(data: bytes, after: int, before: int | None) -> list[bytes]:
             found.append(data[offset : offset + length])
         offset += length
     return found
+
+
+def events_from_rows(
+    rows: Iterable[Any], request_id: str, after: int, before: int | None, store: str
+) -> list[bytes]:
+    """The serialized events of ``turn_events`` rows ``(data,)`` (in order) with
+    ``after < sequence_number < before``; both stores' ``load_events``. Raises
+    :class:`StoreCorrupted` (naming ``store``) for a batch that cannot be read back."""
+    events: list[bytes] = []
+    try:
+        for (data,) in rows:
+            events.extend(unpack_events(bytes(data), after, before))
+    except ValueError as exc:
+        raise StoreCorrupted(
+            f"{store} store: the events of turn {request_id!r} cannot be read: {exc}"
+        ) from exc
+    return events
 
 
 def stream_from_row(row: Any) -> StreamRecord:
