@@ -1,13 +1,14 @@
 # Turnwire developer commands. Everything installs from this repo's own files:
-# Python packages into .venv/ (pinned by constraints.txt), buf and the Node.js
-# gRPC packages into node_modules/ (pinned by package-lock.json).
+# Python packages into .venv/ (pinned by constraints.txt), buf, the Node.js
+# gRPC packages and the TypeScript client's dependencies into node_modules/
+# (pinned by package-lock.json).
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 BUF := node_modules/.bin/buf
 
-.PHONY: setup demo test test-python test-node lint protos check-protos breaking bench stress clean
+.PHONY: setup demo test test-python test-node build-node lint protos check-protos breaking bench stress clean
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -18,7 +19,7 @@ $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml middleware/pypr
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e clients/python -e middleware -e '.[dev]'
 	touch $@
 
-node_modules/.installed: package.json package-lock.json
+node_modules/.installed: package.json package-lock.json clients/node/package.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
@@ -26,10 +27,17 @@ node_modules/.installed: package.json package-lock.json
 demo: setup
 	$(VENV)/bin/turnwire demo
 
-## test: every test (Python unit + end-to-end, Node.js client end-to-end).
-test: setup
+## test: every test (Python unit + end-to-end, Node.js end-to-end, the TypeScript client's).
+test: setup build-node
 	bash tools/with-postgres.sh $(PY) -m pytest -q
-	node --test tests/node/
+	node --test tests/node/ clients/node/tests/
+
+## build-node: compile the TypeScript client, clients/node/src -> dist/ (when a source changed).
+build-node: clients/node/dist/index.js
+
+clients/node/dist/index.js: node_modules/.installed clients/node/tsconfig.json $(shell find clients/node/src -name '*.ts')
+	node_modules/.bin/tsc -p clients/node/tsconfig.json
+	touch $@
 
 ## lint: ruff, mypy, buf lint, buf breaking, generated-code drift.
 lint: setup check-protos breaking
@@ -39,9 +47,10 @@ lint: setup check-protos breaking
 	$(VENV)/bin/lint-imports
 	$(BUF) lint
 
-## protos: regenerate clients/python/src/turnwire_client/v1 from protos/.
+## protos: regenerate clients/python/src/turnwire_client/v1 and clients/node/src/gen from protos/.
 protos: setup
 	bash tools/generate-python.sh
+	bash tools/generate-ts.sh
 
 ## check-protos: fail when the committed generated code differs from the protos.
 check-protos: setup
@@ -60,4 +69,4 @@ bench: setup
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) node_modules clients/node/dist .mypy_cache .ruff_cache .pytest_cache
