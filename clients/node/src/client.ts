@@ -27,14 +27,17 @@ import {
 } from "./gen/turnwire/v1/chat_service_pb.js";
 import { type MessageSchema, Role } from "./gen/turnwire/v1/message_pb.js";
 
-/** TLS settings; PEM text or buffers, as Node's `tls.connect` takes them. */
+/** PEM text, or its bytes (e.g. a `Buffer` from `readFileSync`). */
+export type Pem = string | Uint8Array;
+
+/** TLS settings, as Node's `tls.connect` takes them. */
 export interface TlsOptions {
   /** CA certificates to trust instead of Node's default roots (a private CA). */
-  ca?: string | Buffer | Array<string | Buffer>;
+  ca?: Pem | Pem[];
   /** Client certificate chain, for mutual TLS (with `key`). */
-  cert?: string | Buffer;
+  cert?: Pem;
   /** Client private key, for mutual TLS (with `cert`). */
-  key?: string | Buffer;
+  key?: Pem;
   /** The name to verify the server's certificate against when it differs from the address's host. */
   serverName?: string;
 }
@@ -118,9 +121,9 @@ export class TurnwireClient {
       : `${secure ? "https" : "http"}://${options.address}`;
     const tls = typeof options.tls === "object" ? options.tls : {};
     this.session = new Http2SessionManager(baseUrl, undefined, {
-      ca: tls.ca,
-      cert: tls.cert,
-      key: tls.key,
+      ca: Array.isArray(tls.ca) ? tls.ca.map(nodePem) : tls.ca && nodePem(tls.ca),
+      cert: tls.cert && nodePem(tls.cert),
+      key: tls.key && nodePem(tls.key),
       servername: tls.serverName,
     });
     const interceptors: Interceptor[] = [];
@@ -274,6 +277,10 @@ function turnFields(options: TurnOptions) {
     disconnectPolicy: options.disconnectPolicy,
     clientTools: options.clientTools ?? [],
   };
+}
+
+function nodePem(pem: Pem): string | Buffer {
+  return typeof pem === "string" ? pem : Buffer.from(pem);
 }
 
 /** Adds `authorization: Bearer <token>` (RFC 6750 §2.1) to every call. */

@@ -7,6 +7,7 @@ export type {
   ClientToolInit,
   ContinueOptions,
   MessageInit,
+  Pem,
   TlsOptions,
   ToolApprovalInit,
   ToolResultInit,
