@@ -142,12 +142,24 @@ export function plainUsage(usage: UsageMessage | undefined): Usage {
 
 /** The text parts of a stored message, one string per step (parts split at each step-start part). */
 export function messageSteps(message: Message): string[] {
-  const steps: string[] = [];
+  return storedSteps(message).map((step) => step.text);
+}
+
+/** A stored message's steps; what the message does not keep (finish reason, usage) is left empty. */
+function storedSteps(message: Message): Step[] {
+  const steps: Step[] = [];
   for (const part of message.parts) {
-    if (part.kind.case === "stepStart" || steps.length === 0) steps.push("");
-    if (part.kind.case === "text") steps[steps.length - 1] += part.kind.value.text;
+    if (part.kind.case === "stepStart" || steps.length === 0) steps.push(emptyStep(steps.length));
+    const step = steps[steps.length - 1]!;
+    if (part.kind.case === "text") step.text += part.kind.value.text;
+    if (part.kind.case === "reasoning") step.reasoning += part.kind.value.text;
+    if (part.kind.case === "toolCall") step.toolCallIds.push(part.kind.value.toolCallId);
   }
   return steps;
+}
+
+function emptyStep(stepNumber: number): Step {
+  return { stepNumber, text: "", reasoning: "", toolCallIds: [], finishReason: "UNSPECIFIED", usage: plainUsage(undefined) };
 }
 
 /** The tool-call parts of a stored message, inputs and results as plain JSON values. */
@@ -196,19 +208,17 @@ class TurnFolder {
     const step = this.steps.at(-1);
     switch (event.case) {
       case "stepStart":
-        this.steps.push({
-          stepNumber: event.value.stepNumber,
-          text: "",
-          reasoning: "",
-          toolCallIds: [],
-          finishReason: "UNSPECIFIED",
-          usage: plainUsage(undefined),
-        });
+        this.steps.push(emptyStep(event.value.stepNumber));
         break;
       case "attemptStart":
-        // A new attempt replays the turn: what the abandoned one streamed is gone.
+        // A recovery: its events replace what the previous attempt streamed; one that appends
+        // continues the reply as stored (docs/semantics.md §12).
         this.steps.length = 0;
         this.calls.clear();
+        if (event.value.appends && event.value.message) {
+          this.steps.push(...storedSteps(event.value.message));
+          for (const call of messageToolCalls(event.value.message)) this.calls.set(call.toolCallId, call);
+        }
         break;
       case "textDelta":
         if (step) step.text += event.value.delta;
