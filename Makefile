@@ -39,8 +39,9 @@ clients/node/dist/index.js: node_modules/.installed clients/node/tsconfig.json $
 	node_modules/.bin/tsc -p clients/node/tsconfig.json
 	touch $@
 
-## lint: ruff, mypy, buf lint, buf breaking, generated-code drift.
+## lint: ruff, mypy, buf lint, buf breaking, generated-code drift, prettier on the TypeScript client.
 lint: setup check-protos breaking
+	cd clients/node && ../../node_modules/.bin/prettier --check --log-level warn .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

@@ -3,14 +3,14 @@
 // RPC of turnwire.v1.ChatService is a method here; `rpc` is the generated
 // client itself for anything these methods leave out.
 
-import type { MessageInitShape } from "@bufbuild/protobuf";
-import { type CallOptions, type Client, type Interceptor, createClient } from "@connectrpc/connect";
-import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
+import type { MessageInitShape } from '@bufbuild/protobuf';
+import { type CallOptions, type Client, type Interceptor, createClient } from '@connectrpc/connect';
+import { Http2SessionManager, createGrpcTransport } from '@connectrpc/connect-node';
 
-import { TurnwireError } from "./errors.js";
-import type { JsonObject, JsonValue } from "./json.js";
-import { TurnStream } from "./turn.js";
-import type { TurnEvent } from "./gen/turnwire/v1/event_pb.js";
+import { TurnwireError } from './errors.js';
+import type { JsonObject, JsonValue } from './json.js';
+import { TurnStream } from './turn.js';
+import type { TurnEvent } from './gen/turnwire/v1/event_pb.js';
 import {
   type AddMessagesRequestSchema,
   type AddMessagesResponse,
@@ -24,8 +24,8 @@ import {
   type Submission,
   type SubmitMessagesRequestSchema,
   type SubmitMessagesResponse,
-} from "./gen/turnwire/v1/chat_service_pb.js";
-import { type MessageSchema, Role } from "./gen/turnwire/v1/message_pb.js";
+} from './gen/turnwire/v1/chat_service_pb.js';
+import { type MessageSchema, Role } from './gen/turnwire/v1/message_pb.js';
 
 /** PEM text, or its bytes (e.g. a `Buffer` from `readFileSync`). */
 export type Pem = string | Uint8Array;
@@ -115,11 +115,11 @@ export class TurnwireClient {
   private readonly timeoutMs: number | undefined;
 
   constructor(options: TurnwireClientOptions) {
-    const secure = Boolean(options.tls) || options.address.startsWith("https://");
-    const baseUrl = options.address.includes("://")
+    const secure = Boolean(options.tls) || options.address.startsWith('https://');
+    const baseUrl = options.address.includes('://')
       ? options.address
-      : `${secure ? "https" : "http"}://${options.address}`;
-    const tls = typeof options.tls === "object" ? options.tls : {};
+      : `${secure ? 'https' : 'http'}://${options.address}`;
+    const tls = typeof options.tls === 'object' ? options.tls : {};
     this.session = new Http2SessionManager(baseUrl, undefined, {
       ca: Array.isArray(tls.ca) ? tls.ca.map(nodePem) : tls.ca && nodePem(tls.ca),
       cert: tls.cert && nodePem(tls.cert),
@@ -145,18 +145,24 @@ export class TurnwireClient {
    * use) and runs a turn: iterate its events, or `await ….collect()`.
    */
   chat(conversationId: string, text: string, options: TurnOptions = {}): TurnStream {
-    const message: MessageInit = { role: Role.USER, parts: [{ kind: { case: "text", value: { text } } }] };
-    return this.turn(options, (call) => this.rpc.chat({ conversationId, message, ...turnFields(options) }, call));
+    const message: MessageInit = { role: Role.USER, parts: [{ kind: { case: 'text', value: { text } } }] };
+    return this.turn(options, (call) =>
+      this.rpc.chat({ conversationId, message, ...turnFields(options) }, call),
+    );
   }
 
   /** Appends zero or more messages and runs a turn on the resulting history (SaveMessages). */
   saveMessages(conversationId: string, messages: MessageInit[], options: TurnOptions = {}): TurnStream {
-    return this.turn(options, (call) => this.rpc.saveMessages({ conversationId, messages, ...turnFields(options) }, call));
+    return this.turn(options, (call) =>
+      this.rpc.saveMessages({ conversationId, messages, ...turnFields(options) }, call),
+    );
   }
 
   /** Lets the model continue after the last assistant message; SKIPPED when there is none. */
   continueLastTurn(conversationId: string, options: TurnOptions = {}): TurnStream {
-    return this.turn(options, (call) => this.rpc.continueLastTurn({ conversationId, ...turnFields(options) }, call));
+    return this.turn(options, (call) =>
+      this.rpc.continueLastTurn({ conversationId, ...turnFields(options) }, call),
+    );
   }
 
   /** Re-attaches to a turn: its events after `afterSequenceNumber` (0: all), then the live ones. */
@@ -166,13 +172,22 @@ export class TurnwireClient {
   }
 
   /** Streams a submission's turn once it runs (WatchSubmission). */
-  watchSubmission(submissionId: string, options: CallOpts & { afterSequenceNumber?: number } = {}): TurnStream {
+  watchSubmission(
+    submissionId: string,
+    options: CallOpts & { afterSequenceNumber?: number } = {},
+  ): TurnStream {
     const afterSequenceNumber = BigInt(options.afterSequenceNumber ?? 0);
-    return this.turn(options, (call) => this.rpc.watchSubmission({ submissionId, afterSequenceNumber }, call));
+    return this.turn(options, (call) =>
+      this.rpc.watchSubmission({ submissionId, afterSequenceNumber }, call),
+    );
   }
 
   /** Stores results of client-side tool calls; with `autoContinue` the continuation turn streams here. */
-  submitToolResults(conversationId: string, results: ToolResultInit[], options: ContinueOptions = {}): TurnStream {
+  submitToolResults(
+    conversationId: string,
+    results: ToolResultInit[],
+    options: ContinueOptions = {},
+  ): TurnStream {
     const wire = results.map(({ toolCallId, output, errorText }) =>
       errorText !== undefined
         ? { toolCallId, error: true, errorText }
@@ -180,14 +195,23 @@ export class TurnwireClient {
     );
     return this.turn(options, (call) =>
       this.rpc.submitToolResults(
-        { conversationId, results: wire, autoContinue: options.autoContinue ?? false, ...turnFields(options) },
+        {
+          conversationId,
+          results: wire,
+          autoContinue: options.autoContinue ?? false,
+          ...turnFields(options),
+        },
         call,
       ),
     );
   }
 
   /** Approves or denies tool calls waiting for approval, then continues as {@link submitToolResults}. */
-  submitToolApprovals(conversationId: string, approvals: ToolApprovalInit[], options: ContinueOptions = {}): TurnStream {
+  submitToolApprovals(
+    conversationId: string,
+    approvals: ToolApprovalInit[],
+    options: ContinueOptions = {},
+  ): TurnStream {
     return this.turn(options, (call) =>
       this.rpc.submitToolApprovals(
         { conversationId, approvals, autoContinue: options.autoContinue ?? false, ...turnFields(options) },
@@ -198,11 +222,14 @@ export class TurnwireClient {
 
   /** The conversation with all its messages, oldest first (follows GetConversation's pages). NOT_FOUND when unknown. */
   async getConversation(conversationId: string, options: CallOpts = {}): Promise<Conversation> {
-    let pageToken = "";
+    let pageToken = '';
     let conversation: Conversation | undefined;
     do {
-      const page = await this.unary(options, (call) => this.rpc.getConversation({ conversationId, pageToken }, call));
-      if (!page.conversation) throw new TurnwireError({ grpcCode: 13, message: "GetConversation answered without a conversation" });
+      const page = await this.unary(options, (call) =>
+        this.rpc.getConversation({ conversationId, pageToken }, call),
+      );
+      if (!page.conversation)
+        throw new TurnwireError({ grpcCode: 13, message: 'GetConversation answered without a conversation' });
       if (conversation) conversation.messages.push(...page.conversation.messages);
       else conversation = page.conversation;
       pageToken = page.nextPageToken;
@@ -211,8 +238,10 @@ export class TurnwireClient {
   }
 
   /** One page of conversations, most recently updated first (without their messages). */
-  listConversations(options: CallOpts & { pageSize?: number; pageToken?: string } = {}): Promise<ListConversationsResponse> {
-    const { pageSize = 0, pageToken = "" } = options;
+  listConversations(
+    options: CallOpts & { pageSize?: number; pageToken?: string } = {},
+  ): Promise<ListConversationsResponse> {
+    const { pageSize = 0, pageToken = '' } = options;
     return this.unary(options, (call) => this.rpc.listConversations({ pageSize, pageToken }, call));
   }
 
@@ -222,18 +251,29 @@ export class TurnwireClient {
   }
 
   /** Deletes a conversation with everything stored about it; false when it did not exist (with `allowMissing`). */
-  async deleteConversation(conversationId: string, options: CallOpts & { allowMissing?: boolean } = {}): Promise<boolean> {
+  async deleteConversation(
+    conversationId: string,
+    options: CallOpts & { allowMissing?: boolean } = {},
+  ): Promise<boolean> {
     const allowMissing = options.allowMissing ?? false;
-    return (await this.unary(options, (call) => this.rpc.deleteConversation({ conversationId, allowMissing }, call))).deleted;
+    return (
+      await this.unary(options, (call) => this.rpc.deleteConversation({ conversationId, allowMissing }, call))
+    ).deleted;
   }
 
   /** Writes messages to a transcript without running a turn (AddMessages). */
-  addMessages(request: MessageInitShape<typeof AddMessagesRequestSchema>, options: CallOpts = {}): Promise<AddMessagesResponse> {
+  addMessages(
+    request: MessageInitShape<typeof AddMessagesRequestSchema>,
+    options: CallOpts = {},
+  ): Promise<AddMessagesResponse> {
     return this.unary(options, (call) => this.rpc.addMessages(request, call));
   }
 
   /** Durably accepts messages for a turn that runs later (SubmitMessages). */
-  submitMessages(request: MessageInitShape<typeof SubmitMessagesRequestSchema>, options: CallOpts = {}): Promise<SubmitMessagesResponse> {
+  submitMessages(
+    request: MessageInitShape<typeof SubmitMessagesRequestSchema>,
+    options: CallOpts = {},
+  ): Promise<SubmitMessagesResponse> {
     return this.unary(options, (call) => this.rpc.submitMessages(request, call));
   }
 
@@ -243,16 +283,23 @@ export class TurnwireClient {
   }
 
   /** One page of submissions, oldest first. */
-  listSubmissions(request: MessageInitShape<typeof ListSubmissionsRequestSchema> = {}, options: CallOpts = {}): Promise<ListSubmissionsResponse> {
+  listSubmissions(
+    request: MessageInitShape<typeof ListSubmissionsRequestSchema> = {},
+    options: CallOpts = {},
+  ): Promise<ListSubmissionsResponse> {
     return this.unary(options, (call) => this.rpc.listSubmissions(request, call));
   }
 
   /** Cancels a pending or running submission; returns it as stored after the cancel. */
   async cancelSubmission(submissionId: string, options: CallOpts = {}): Promise<Submission | undefined> {
-    return (await this.unary(options, (call) => this.rpc.cancelSubmission({ submissionId }, call))).submission;
+    return (await this.unary(options, (call) => this.rpc.cancelSubmission({ submissionId }, call)))
+      .submission;
   }
 
-  private turn(options: CallOpts, open: (call: CallOptions) => AsyncIterable<{ event?: TurnEvent }>): TurnStream {
+  private turn(
+    options: CallOpts,
+    open: (call: CallOptions) => AsyncIterable<{ event?: TurnEvent }>,
+  ): TurnStream {
     return new TurnStream(async function* (signal) {
       for await (const response of open({ signal, timeoutMs: options.timeoutMs })) {
         if (response.event) yield response.event;
@@ -271,22 +318,22 @@ export class TurnwireClient {
 
 function turnFields(options: TurnOptions) {
   return {
-    model: options.model ?? "",
+    model: options.model ?? '',
     body: options.body,
-    requestId: options.requestId ?? "",
+    requestId: options.requestId ?? '',
     disconnectPolicy: options.disconnectPolicy,
     clientTools: options.clientTools ?? [],
   };
 }
 
 function nodePem(pem: Pem): string | Buffer {
-  return typeof pem === "string" ? pem : Buffer.from(pem);
+  return typeof pem === 'string' ? pem : Buffer.from(pem);
 }
 
 /** Adds `authorization: Bearer <token>` (RFC 6750 §2.1) to every call. */
 function bearer(token: string): Interceptor {
   return (next) => (request) => {
-    request.header.set("authorization", `Bearer ${token}`);
+    request.header.set('authorization', `Bearer ${token}`);
     return next(request);
   };
 }

@@ -5,43 +5,39 @@
 // always, BadRequest for field problems and RetryInfo when a retry may help
 // (docs: the "Errors" section of README.md; server side: api/status.py).
 
-import { Code, ConnectError } from "@connectrpc/connect";
-import { anyUnpack, durationMs } from "@bufbuild/protobuf/wkt";
-import type { Any } from "@bufbuild/protobuf/wkt";
+import { Code, ConnectError } from '@connectrpc/connect';
+import { anyUnpack, durationMs } from '@bufbuild/protobuf/wkt';
+import type { Any } from '@bufbuild/protobuf/wkt';
 
-import {
-  BadRequestSchema,
-  ErrorInfoSchema,
-  RetryInfoSchema,
-} from "./gen/google/rpc/error_details_pb.js";
-import type { BadRequest, ErrorInfo, RetryInfo } from "./gen/google/rpc/error_details_pb.js";
-import type { Status } from "./gen/google/rpc/status_pb.js";
+import { BadRequestSchema, ErrorInfoSchema, RetryInfoSchema } from './gen/google/rpc/error_details_pb.js';
+import type { BadRequest, ErrorInfo, RetryInfo } from './gen/google/rpc/error_details_pb.js';
+import type { Status } from './gen/google/rpc/status_pb.js';
 
 /** The `google.rpc.ErrorInfo.domain` of every error Turnwire sends. */
-export const ERROR_DOMAIN = "turnwire.dev";
+export const ERROR_DOMAIN = 'turnwire.dev';
 
 /**
  * gRPC status code names (https://grpc.github.io/grpc/core/md_doc_statuscodes.html),
  * indexed by their number; Connect's `Code` enum uses the same numbers.
  */
 const CODE_NAMES = [
-  "OK",
-  "CANCELLED",
-  "UNKNOWN",
-  "INVALID_ARGUMENT",
-  "DEADLINE_EXCEEDED",
-  "NOT_FOUND",
-  "ALREADY_EXISTS",
-  "PERMISSION_DENIED",
-  "RESOURCE_EXHAUSTED",
-  "FAILED_PRECONDITION",
-  "ABORTED",
-  "OUT_OF_RANGE",
-  "UNIMPLEMENTED",
-  "INTERNAL",
-  "UNAVAILABLE",
-  "DATA_LOSS",
-  "UNAUTHENTICATED",
+  'OK',
+  'CANCELLED',
+  'UNKNOWN',
+  'INVALID_ARGUMENT',
+  'DEADLINE_EXCEEDED',
+  'NOT_FOUND',
+  'ALREADY_EXISTS',
+  'PERMISSION_DENIED',
+  'RESOURCE_EXHAUSTED',
+  'FAILED_PRECONDITION',
+  'ABORTED',
+  'OUT_OF_RANGE',
+  'UNIMPLEMENTED',
+  'INTERNAL',
+  'UNAVAILABLE',
+  'DATA_LOSS',
+  'UNAUTHENTICATED',
 ] as const;
 
 /** A gRPC status code name, e.g. `"INVALID_ARGUMENT"`. */
@@ -80,7 +76,7 @@ export interface TurnwireErrorInit {
  * - `retryDelayMs`: `google.rpc.RetryInfo.retry_delay` in milliseconds, when sent.
  */
 export class TurnwireError extends Error {
-  override readonly name = "TurnwireError";
+  override readonly name = 'TurnwireError';
   readonly code: GrpcCodeName;
   readonly grpcCode: number;
   /** The status message alone (`message` adds the code, reason and violations). */
@@ -92,15 +88,15 @@ export class TurnwireError extends Error {
   readonly retryDelayMs: number | undefined;
 
   constructor(init: TurnwireErrorInit) {
-    const code = CODE_NAMES[init.grpcCode] ?? "UNKNOWN";
-    const rawMessage = init.message ?? "";
+    const code = CODE_NAMES[init.grpcCode] ?? 'UNKNOWN';
+    const rawMessage = init.message ?? '';
     const fieldViolations = init.fieldViolations ?? [];
-    super(describe(code, init.reason ?? "", rawMessage, fieldViolations), { cause: init.cause });
+    super(describe(code, init.reason ?? '', rawMessage, fieldViolations), { cause: init.cause });
     this.code = code;
     this.grpcCode = CODE_NAMES[init.grpcCode] === undefined ? Code.Unknown : init.grpcCode;
     this.rawMessage = rawMessage;
-    this.reason = init.reason ?? "";
-    this.domain = init.domain ?? "";
+    this.reason = init.reason ?? '';
+    this.domain = init.domain ?? '';
     this.metadata = init.metadata ?? {};
     this.fieldViolations = fieldViolations;
     this.retryDelayMs = init.retryDelayMs;
@@ -153,10 +149,10 @@ function unpackAll(details: Any[]): Details {
   return unpacked;
 }
 
-function fromDetails({ info, badRequests, retry }: Details): Omit<TurnwireErrorInit, "grpcCode"> {
+function fromDetails({ info, badRequests, retry }: Details): Omit<TurnwireErrorInit, 'grpcCode'> {
   return {
-    reason: info?.reason ?? "",
-    domain: info?.domain ?? "",
+    reason: info?.reason ?? '',
+    domain: info?.domain ?? '',
     metadata: { ...info?.metadata },
     fieldViolations: badRequests.flatMap((badRequest) =>
       badRequest.fieldViolations.map(({ field, description }) => ({ field, description })),

@@ -3,7 +3,7 @@
 // tool produced) and per-turn data as google.protobuf.Struct, which
 // protobuf-es v2 already maps to a plain `JsonObject`.
 
-import type { JsonObject, JsonValue } from "@bufbuild/protobuf";
+import type { JsonObject, JsonValue } from '@bufbuild/protobuf';
 
 export type { JsonObject, JsonValue };
 

@@ -3,12 +3,12 @@
 // protos/turnwire/v1/event.proto (a TurnStart, the turn's events, exactly one
 // TurnEnd; sequence numbers 1, 2, 3, … without gaps).
 
-import { TurnwireError } from "./errors.js";
-import { type JsonValue, parseJson } from "./json.js";
-import type { TurnEnd, TurnEvent } from "./gen/turnwire/v1/event_pb.js";
-import { FinishReason, TurnStatus } from "./gen/turnwire/v1/event_pb.js";
-import type { Message, Usage as UsageMessage } from "./gen/turnwire/v1/message_pb.js";
-import { ToolCallState } from "./gen/turnwire/v1/message_pb.js";
+import { TurnwireError } from './errors.js';
+import { type JsonValue, parseJson } from './json.js';
+import type { TurnEnd, TurnEvent } from './gen/turnwire/v1/event_pb.js';
+import { FinishReason, TurnStatus } from './gen/turnwire/v1/event_pb.js';
+import type { Message, Usage as UsageMessage } from './gen/turnwire/v1/message_pb.js';
+import { ToolCallState } from './gen/turnwire/v1/message_pb.js';
 
 /** A `TurnStatus` name without its prefix, e.g. `"COMPLETED"` or `"ABORTED"`. */
 export type TurnStatusName = keyof typeof TurnStatus;
@@ -91,21 +91,24 @@ export class TurnStream implements AsyncIterable<TurnEvent> {
   private started = false;
 
   /** @param open starts the call with the given signal and yields its events. */
-  constructor(private readonly open: (signal: AbortSignal) => AsyncIterable<TurnEvent>, private readonly signal?: AbortSignal) {}
+  constructor(
+    private readonly open: (signal: AbortSignal) => AsyncIterable<TurnEvent>,
+    private readonly signal?: AbortSignal,
+  ) {}
 
   async *[Symbol.asyncIterator](): AsyncGenerator<TurnEvent, void, undefined> {
-    if (this.started) throw new Error("a TurnStream can be iterated once");
+    if (this.started) throw new Error('a TurnStream can be iterated once');
     this.started = true;
     const controller = new AbortController();
     const abort = () => controller.abort(this.signal?.reason);
     if (this.signal?.aborted) abort();
-    this.signal?.addEventListener("abort", abort, { once: true });
+    this.signal?.addEventListener('abort', abort, { once: true });
     try {
       for await (const event of this.open(controller.signal)) yield event;
     } catch (error) {
       throw TurnwireError.from(error);
     } finally {
-      this.signal?.removeEventListener("abort", abort);
+      this.signal?.removeEventListener('abort', abort);
       // A no-op after the stream's end; cancels the call when the caller left early.
       controller.abort();
     }
@@ -149,23 +152,30 @@ export function messageSteps(message: Message): string[] {
 function storedSteps(message: Message): Step[] {
   const steps: Step[] = [];
   for (const part of message.parts) {
-    if (part.kind.case === "stepStart" || steps.length === 0) steps.push(emptyStep(steps.length));
+    if (part.kind.case === 'stepStart' || steps.length === 0) steps.push(emptyStep(steps.length));
     const step = steps[steps.length - 1]!;
-    if (part.kind.case === "text") step.text += part.kind.value.text;
-    if (part.kind.case === "reasoning") step.reasoning += part.kind.value.text;
-    if (part.kind.case === "toolCall") step.toolCallIds.push(part.kind.value.toolCallId);
+    if (part.kind.case === 'text') step.text += part.kind.value.text;
+    if (part.kind.case === 'reasoning') step.reasoning += part.kind.value.text;
+    if (part.kind.case === 'toolCall') step.toolCallIds.push(part.kind.value.toolCallId);
   }
   return steps;
 }
 
 function emptyStep(stepNumber: number): Step {
-  return { stepNumber, text: "", reasoning: "", toolCallIds: [], finishReason: "UNSPECIFIED", usage: plainUsage(undefined) };
+  return {
+    stepNumber,
+    text: '',
+    reasoning: '',
+    toolCallIds: [],
+    finishReason: 'UNSPECIFIED',
+    usage: plainUsage(undefined),
+  };
 }
 
 /** The tool-call parts of a stored message, inputs and results as plain JSON values. */
 export function messageToolCalls(message: Message): ToolCall[] {
   return message.parts.flatMap((part) => {
-    if (part.kind.case !== "toolCall") return [];
+    if (part.kind.case !== 'toolCall') return [];
     const call = part.kind.value;
     return [
       {
@@ -195,7 +205,7 @@ class TurnFolder {
     // jumps past the lost attempt's numbers (docs/semantics.md §8).
     if (previous) {
       const expected = previous.sequenceNumber + 1n;
-      const jump = event.event.case === "attemptStart" && event.sequenceNumber > expected;
+      const jump = event.event.case === 'attemptStart' && event.sequenceNumber > expected;
       if (event.sequenceNumber !== expected && !jump) {
         throw protocolError(`expected sequence number ${expected}, got ${event.sequenceNumber}`);
       }
@@ -207,10 +217,10 @@ class TurnFolder {
   private fold({ event }: TurnEvent): void {
     const step = this.steps.at(-1);
     switch (event.case) {
-      case "stepStart":
+      case 'stepStart':
         this.steps.push(emptyStep(event.value.stepNumber));
         break;
-      case "attemptStart":
+      case 'attemptStart':
         // A recovery: its events replace what the previous attempt streamed; one that appends
         // continues the reply as stored (docs/semantics.md §12).
         this.steps.length = 0;
@@ -220,46 +230,46 @@ class TurnFolder {
           for (const call of messageToolCalls(event.value.message)) this.calls.set(call.toolCallId, call);
         }
         break;
-      case "textDelta":
+      case 'textDelta':
         if (step) step.text += event.value.delta;
         break;
-      case "reasoningDelta":
+      case 'reasoningDelta':
         if (step) step.reasoning += event.value.delta;
         break;
-      case "toolInputStart":
-        this.call(event.value.toolCallId, event.value.toolName, "INPUT_STREAMING");
+      case 'toolInputStart':
+        this.call(event.value.toolCallId, event.value.toolName, 'INPUT_STREAMING');
         break;
-      case "toolInputAvailable": {
-        const call = this.call(event.value.toolCallId, event.value.toolName, "INPUT_AVAILABLE");
+      case 'toolInputAvailable': {
+        const call = this.call(event.value.toolCallId, event.value.toolName, 'INPUT_AVAILABLE');
         call.input = event.value.inputJson ? parseJson(event.value.inputJson) : undefined;
         break;
       }
-      case "toolInputError": {
-        const call = this.call(event.value.toolCallId, event.value.toolName, "OUTPUT_ERROR");
+      case 'toolInputError': {
+        const call = this.call(event.value.toolCallId, event.value.toolName, 'OUTPUT_ERROR');
         call.errorText = event.value.errorText;
         break;
       }
-      case "toolApprovalRequest":
-        this.call(event.value.toolCallId, "", "APPROVAL_REQUESTED");
+      case 'toolApprovalRequest':
+        this.call(event.value.toolCallId, '', 'APPROVAL_REQUESTED');
         break;
-      case "toolOutputAvailable": {
-        const call = this.call(event.value.toolCallId, "", "OUTPUT_AVAILABLE");
+      case 'toolOutputAvailable': {
+        const call = this.call(event.value.toolCallId, '', 'OUTPUT_AVAILABLE');
         call.output = event.value.outputJson ? parseJson(event.value.outputJson) : null;
         break;
       }
-      case "toolOutputError":
-        this.call(event.value.toolCallId, "", "OUTPUT_ERROR").errorText = event.value.errorText;
+      case 'toolOutputError':
+        this.call(event.value.toolCallId, '', 'OUTPUT_ERROR').errorText = event.value.errorText;
         break;
-      case "toolOutputDenied":
-        this.call(event.value.toolCallId, "", "OUTPUT_DENIED").errorText = event.value.reason;
+      case 'toolOutputDenied':
+        this.call(event.value.toolCallId, '', 'OUTPUT_DENIED').errorText = event.value.reason;
         break;
-      case "stepFinish":
+      case 'stepFinish':
         if (step) {
           step.finishReason = FinishReason[event.value.finishReason] as FinishReasonName;
           step.usage = plainUsage(event.value.usage);
         }
         break;
-      case "turnEnd":
+      case 'turnEnd':
         this.end = event.value;
         break;
     }
@@ -269,7 +279,15 @@ class TurnFolder {
   private call(toolCallId: string, toolName: string, state: ToolCallStateName): ToolCall {
     let call = this.calls.get(toolCallId);
     if (!call) {
-      call = { toolCallId, toolName, state, input: undefined, output: undefined, errorText: "", clientExecuted: false };
+      call = {
+        toolCallId,
+        toolName,
+        state,
+        input: undefined,
+        output: undefined,
+        errorText: '',
+        clientExecuted: false,
+      };
       this.calls.set(toolCallId, call);
       this.steps.at(-1)?.toolCallIds.push(toolCallId);
     }
@@ -281,7 +299,8 @@ class TurnFolder {
   result(): TurnResult {
     const end = this.end;
     const last = this.events.at(-1);
-    if (!end || !last) throw protocolError(`the stream ended after ${this.events.length} events without TurnEnd`);
+    if (!end || !last)
+      throw protocolError(`the stream ended after ${this.events.length} events without TurnEnd`);
     // The stored message knows which calls the client runs itself.
     if (end.message) {
       for (const stored of messageToolCalls(end.message)) {
@@ -297,7 +316,7 @@ class TurnFolder {
       text: this.steps
         .map((step) => step.text)
         .filter(Boolean)
-        .join("\n\n"),
+        .join('\n\n'),
       toolCalls: [...this.calls.values()],
       usage: plainUsage(end.usage),
       error: end.status === TurnStatus.ERROR && end.error ? TurnwireError.fromStatus(end.error) : undefined,

@@ -29,7 +29,12 @@ const CONFIG = {
         // About 5 s of text: long enough to cancel in the middle.
         long: [{ text: WORDS.join(' '), delay_ms: 50 }],
         // Calls a tool the client offers and runs itself; `answer` continues after its result.
-        locate: [{ text: 'Asking your device.', tool_calls: [{ name: 'get_location', input: { precision: 'city' } }] }],
+        locate: [
+          {
+            text: 'Asking your device.',
+            tool_calls: [{ name: 'get_location', input: { precision: 'city' } }],
+          },
+        ],
         answer: [{ text: 'You are in Paris.' }],
       },
     },
@@ -46,7 +51,8 @@ before(async () => {
 
 after(async () => {
   client?.close();
-  if (sidecar) assert.equal(await sidecar.stop(), 0, `turnwire exit code after SIGTERM${sidecar.stderrTail()}`);
+  if (sidecar)
+    assert.equal(await sidecar.stop(), 0, `turnwire exit code after SIGTERM${sidecar.stderrTail()}`);
 });
 
 /** The words of the stored assistant reply, or undefined while there is none. */
@@ -100,7 +106,10 @@ test('a chat whose model calls a tool: typed events, plain JSON input and output
     [Role.USER, Role.ASSISTANT, Role.USER, Role.ASSISTANT],
   );
   const stored = messageToolCalls(conversation.messages[3]);
-  assert.deepEqual(stored.map((call) => call.output), [{ expression: '6 * 7', result: 42 }]);
+  assert.deepEqual(
+    stored.map((call) => call.output),
+    [{ expression: '6 * 7', result: 42 }],
+  );
   assert.equal(conversation.messages[3].id, result.message.id);
 });
 
@@ -110,7 +119,11 @@ test('aborting the signal cancels the turn: the call ends CANCELLED, the server 
   const seen = [];
   await assert.rejects(
     async () => {
-      for await (const event of client.chat('ts-abort', 'go', { model: 'scripted:long', requestId, signal: controller.signal })) {
+      for await (const event of client.chat('ts-abort', 'go', {
+        model: 'scripted:long',
+        requestId,
+        signal: controller.signal,
+      })) {
         seen.push(event.event.case);
         if (event.event.case === 'textDelta') controller.abort();
       }
@@ -119,7 +132,10 @@ test('aborting the signal cancels the turn: the call ends CANCELLED, the server 
   );
   assert.ok(!seen.includes('turnEnd'), seen.join(' '));
   // A cancelled turn stores its partial reply at once; the whole reply takes about 5 s.
-  const words = await waitUntil(() => storedReplyWords('ts-abort'), { timeoutMs: 3000, what: 'the partial reply is stored' });
+  const words = await waitUntil(() => storedReplyWords('ts-abort'), {
+    timeoutMs: 3000,
+    what: 'the partial reply is stored',
+  });
   assert.ok(words.length > 0 && words.length < WORDS.length, `${words.length} words stored`);
   assert.equal(await storedStatus(requestId), 'ABORTED');
 });
@@ -129,14 +145,19 @@ test('leaving the iteration early cancels the turn too', async () => {
   for await (const event of client.chat('ts-break', 'go', { model: 'scripted:long', requestId })) {
     if (event.event.case === 'textDelta') break;
   }
-  const words = await waitUntil(() => storedReplyWords('ts-break'), { timeoutMs: 3000, what: 'the partial reply is stored' });
+  const words = await waitUntil(() => storedReplyWords('ts-break'), {
+    timeoutMs: 3000,
+    what: 'the partial reply is stored',
+  });
   assert.ok(words.length < WORDS.length, `${words.length} words stored`);
   assert.equal(await storedStatus(requestId), 'ABORTED');
 });
 
 test('cancelChat ends a running turn ABORTED; the stream gets its TurnEnd', async () => {
   const requestId = 'ts-cancel-turn';
-  const events = client.chat('ts-cancel', 'go', { model: 'scripted:long', requestId })[Symbol.asyncIterator]();
+  const events = client
+    .chat('ts-cancel', 'go', { model: 'scripted:long', requestId })
+    [Symbol.asyncIterator]();
   const kinds = [];
   for (;;) {
     const { value } = await events.next();
@@ -152,13 +173,22 @@ test('cancelChat ends a running turn ABORTED; the stream gets its TurnEnd', asyn
 });
 
 test('a client tool: the turn ends with the call pending; submitToolResults sends a plain JSON result and continues', async () => {
-  const clientTools = [{ name: 'get_location', description: "The user's location", inputSchema: { type: 'object' } }];
-  const pending = await client.chat('ts-client-tool', 'Where am I?', { model: 'scripted:locate', clientTools }).collect();
+  const clientTools = [
+    { name: 'get_location', description: "The user's location", inputSchema: { type: 'object' } },
+  ];
+  const pending = await client
+    .chat('ts-client-tool', 'Where am I?', { model: 'scripted:locate', clientTools })
+    .collect();
   assert.equal(pending.status, 'COMPLETED');
   const [call] = pending.toolCalls;
   assert.deepEqual(
     { toolName: call.toolName, state: call.state, input: call.input, clientExecuted: call.clientExecuted },
-    { toolName: 'get_location', state: 'INPUT_AVAILABLE', input: { precision: 'city' }, clientExecuted: true },
+    {
+      toolName: 'get_location',
+      state: 'INPUT_AVAILABLE',
+      input: { precision: 'city' },
+      clientExecuted: true,
+    },
   );
 
   const location = { city: 'Paris', lat: 48.8566, tags: ['capital', null] };
@@ -179,10 +209,13 @@ test('a client tool: the turn ends with the call pending; submitToolResults send
 });
 
 test('an invalid conversation id: INVALID_ARGUMENT with ErrorInfo and a field violation', async () => {
-  const error = await client.chat('not a valid id!', 'hi').collect().then(
-    () => assert.fail('the call succeeded'),
-    (thrown) => thrown,
-  );
+  const error = await client
+    .chat('not a valid id!', 'hi')
+    .collect()
+    .then(
+      () => assert.fail('the call succeeded'),
+      (thrown) => thrown,
+    );
   assert.ok(error instanceof TurnwireError, String(error));
   assert.equal(error.code, 'INVALID_ARGUMENT');
   assert.equal(error.grpcCode, 3);
@@ -214,7 +247,9 @@ test('continueLastTurn, listConversations, addMessages, deleteConversation', asy
 
   const added = await client.addMessages({
     conversationId: 'ts-rpcs',
-    messages: [{ id: 'ts-note', role: Role.USER, parts: [{ kind: { case: 'text', value: { text: 'a note' } } }] }],
+    messages: [
+      { id: 'ts-note', role: Role.USER, parts: [{ kind: { case: 'text', value: { text: 'a note' } } }] },
+    ],
   });
   assert.equal(added.addedCount, 1);
 
@@ -228,7 +263,10 @@ test('continueLastTurn, listConversations, addMessages, deleteConversation', asy
 test('a sidecar that is not there: UNAVAILABLE', async () => {
   const nowhere = new TurnwireClient({ address: '127.0.0.1:1', timeoutMs: 5000 });
   try {
-    await assert.rejects(nowhere.listConversations(), (error) => error instanceof TurnwireError && error.code === 'UNAVAILABLE');
+    await assert.rejects(
+      nowhere.listConversations(),
+      (error) => error instanceof TurnwireError && error.code === 'UNAVAILABLE',
+    );
   } finally {
     nowhere.close();
   }

@@ -37,7 +37,10 @@ test('the text of each step, the steps separated by a blank line', async () => {
     ['textDelta', { id: 'u', delta: 'Done.' }],
     END,
   ]).collect();
-  assert.deepEqual(result.steps.map((step) => step.text), ['Hello there.', 'Done.']);
+  assert.deepEqual(
+    result.steps.map((step) => step.text),
+    ['Hello there.', 'Done.'],
+  );
   assert.equal(result.text, 'Hello there.\n\nDone.');
   assert.equal(result.status, 'COMPLETED');
 });
@@ -47,10 +50,25 @@ test('an appending AttemptStart keeps the stored reply; one that does not starts
     parts: [
       { kind: { case: 'stepStart', value: {} } },
       ...text('Partial').parts,
-      { kind: { case: 'toolCall', value: { toolCallId: 'k', toolName: 'calculator', inputJson: '{"expression":"1+1"}', outputJson: '2', state: 5 } } },
+      {
+        kind: {
+          case: 'toolCall',
+          value: {
+            toolCallId: 'k',
+            toolName: 'calculator',
+            inputJson: '{"expression":"1+1"}',
+            outputJson: '2',
+            state: 5,
+          },
+        },
+      },
     ],
   };
-  const lost = [['turnStart', {}], ['stepStart', { stepNumber: 0 }], ['textDelta', { id: 't', delta: 'Lost' }]];
+  const lost = [
+    ['turnStart', {}],
+    ['stepStart', { stepNumber: 0 }],
+    ['textDelta', { id: 't', delta: 'Lost' }],
+  ];
   const appended = await stream([
     ...lost,
     ['attemptStart', { attempt: 2, appends: true, message: stored }],
@@ -58,10 +76,14 @@ test('an appending AttemptStart keeps the stored reply; one that does not starts
     ['textDelta', { id: 'u', delta: 'Resumed.' }],
     END,
   ]).collect();
-  assert.deepEqual(appended.steps.map((step) => step.text), ['Partial', 'Resumed.']);
-  assert.deepEqual(appended.toolCalls.map(({ input, output, state }) => ({ input, output, state })), [
-    { input: { expression: '1+1' }, output: 2, state: 'OUTPUT_AVAILABLE' },
-  ]);
+  assert.deepEqual(
+    appended.steps.map((step) => step.text),
+    ['Partial', 'Resumed.'],
+  );
+  assert.deepEqual(
+    appended.toolCalls.map(({ input, output, state }) => ({ input, output, state })),
+    [{ input: { expression: '1+1' }, output: 2, state: 'OUTPUT_AVAILABLE' }],
+  );
 
   const restarted = await stream([
     ...lost,
@@ -85,7 +107,11 @@ test('a stream that breaks the contract: INTERNAL', async () => {
     'no TurnEnd': () => stream([['turnStart', {}]]).collect(),
   };
   for (const [what, collect] of Object.entries(broken)) {
-    await assert.rejects(collect, (error) => error.code === 'INTERNAL' && /broke the contract/.test(error.message), what);
+    await assert.rejects(
+      collect,
+      (error) => error.code === 'INTERNAL' && /broke the contract/.test(error.message),
+      what,
+    );
   }
 });
 

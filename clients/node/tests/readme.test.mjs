@@ -21,13 +21,17 @@ before(async () => {
 });
 
 after(async () => {
-  if (sidecar) assert.equal(await sidecar.stop(), 0, `turnwire exit code after SIGTERM${sidecar.stderrTail()}`);
+  if (sidecar)
+    assert.equal(await sidecar.stop(), 0, `turnwire exit code after SIGTERM${sidecar.stderrTail()}`);
 });
 
 test("the README's first snippet chats and prints the tool call with plain JSON values", async () => {
   const readme = await readFile(path.join(PACKAGE, 'README.md'), 'utf8');
   const snippet = readme.match(/```js\n([\s\S]*?)```/)[1];
-  assert.ok(snippet.split('\n').filter((line) => line.trim()).length <= 10, 'the snippet is ten lines at most');
+  assert.ok(
+    snippet.split('\n').filter((line) => line.trim()).length <= 10,
+    'the snippet is ten lines at most',
+  );
   // Run from the package directory, where '@turnwire/client' resolves as it does in a project.
   const { stdout } = await promisify(execFile)(process.execPath, ['--input-type=module', '--eval', snippet], {
     cwd: PACKAGE,

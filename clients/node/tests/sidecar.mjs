@@ -32,7 +32,9 @@ export async function waitUntil(probe, { timeoutMs = 10_000, what = 'the conditi
       lastError = error;
     }
     if (Date.now() > giveUp) {
-      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastError ? `: ${lastError.message}` : ''}`);
+      throw new Error(
+        `timed out after ${timeoutMs} ms waiting for ${what}${lastError ? `: ${lastError.message}` : ''}`,
+      );
     }
     await delay(50); // the poll interval, not a guessed wait
   }
@@ -61,10 +63,20 @@ export async function startSidecar(config = {}, { startupTimeoutMs = 30_000 } = 
   const port = await freePort();
   const address = `127.0.0.1:${port}`;
   // The test owns the configuration: drop the caller's TURNWIRE_* settings.
-  const env = Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('TURNWIRE_')));
+  const env = Object.fromEntries(
+    Object.entries(process.env).filter(([name]) => !name.startsWith('TURNWIRE_')),
+  );
   const child = spawn(
     TURNWIRE_BIN,
-    ['serve', '--listen', address, '--store', `sqlite:///${path.join(dir, 'turnwire.db')}`, '--config', configPath],
+    [
+      'serve',
+      '--listen',
+      address,
+      '--store',
+      `sqlite:///${path.join(dir, 'turnwire.db')}`,
+      '--config',
+      configPath,
+    ],
     { cwd: dir, env, stdio: ['ignore', 'ignore', 'pipe'] },
   );
   let stderr = '';
@@ -84,7 +96,10 @@ export async function startSidecar(config = {}, { startupTimeoutMs = 30_000 } = 
       if (exited) return exited.code;
       child.kill('SIGTERM');
       const timer = new AbortController();
-      const result = await Promise.race([exit, delay(15_000, 'timeout', { signal: timer.signal }).catch(() => null)]);
+      const result = await Promise.race([
+        exit,
+        delay(15_000, 'timeout', { signal: timer.signal }).catch(() => null),
+      ]);
       timer.abort();
       if (result === 'timeout') {
         child.kill('SIGKILL');
@@ -102,7 +117,8 @@ export async function startSidecar(config = {}, { startupTimeoutMs = 30_000 } = 
       async () => exited ?? (await probe.listConversations({ pageSize: 1 }), 'ready'),
       { timeoutMs: startupTimeoutMs, what: `turnwire serve on ${address}` },
     );
-    if (ready !== 'ready') throw new Error(`turnwire (${TURNWIRE_BIN}) exited before it was ready: ${JSON.stringify(ready)}`);
+    if (ready !== 'ready')
+      throw new Error(`turnwire (${TURNWIRE_BIN}) exited before it was ready: ${JSON.stringify(ready)}`);
   } catch (error) {
     await stop();
     throw new Error(`${error.message}${stderrTail()}`);

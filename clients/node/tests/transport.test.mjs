@@ -32,18 +32,59 @@ function openssl(...args) {
 
 /** A key and a certificate for `name`, signed by the test CA. */
 function issue(name, extension) {
-  openssl('req', '-newkey', 'rsa:2048', '-nodes', '-keyout', `${name}.key`, '-out', `${name}.csr`, '-subj', `/CN=${name}`);
   openssl(
-    'x509', '-req', '-in', `${name}.csr`, '-CA', 'ca.pem', '-CAkey', 'ca.key', '-CAcreateserial',
-    '-days', '1', '-out', `${name}.pem`, '-extfile', 'ext.cnf', '-extensions', extension,
+    'req',
+    '-newkey',
+    'rsa:2048',
+    '-nodes',
+    '-keyout',
+    `${name}.key`,
+    '-out',
+    `${name}.csr`,
+    '-subj',
+    `/CN=${name}`,
+  );
+  openssl(
+    'x509',
+    '-req',
+    '-in',
+    `${name}.csr`,
+    '-CA',
+    'ca.pem',
+    '-CAkey',
+    'ca.key',
+    '-CAcreateserial',
+    '-days',
+    '1',
+    '-out',
+    `${name}.pem`,
+    '-extfile',
+    'ext.cnf',
+    '-extensions',
+    extension,
   );
 }
 
 before(async () => {
   dir = mkdtempSync(path.join(os.tmpdir(), 'turnwire-ts-tls-'));
-  const ext = '[server]\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n[client]\nextendedKeyUsage=clientAuth\n';
+  const ext =
+    '[server]\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n[client]\nextendedKeyUsage=clientAuth\n';
   execFileSync('sh', ['-c', `printf '${ext}' > ext.cnf`], { cwd: dir });
-  openssl('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', 'ca.key', '-out', 'ca.pem', '-days', '1', '-subj', '/CN=turnwire-test-ca');
+  openssl(
+    'req',
+    '-x509',
+    '-newkey',
+    'rsa:2048',
+    '-nodes',
+    '-keyout',
+    'ca.key',
+    '-out',
+    'ca.pem',
+    '-days',
+    '1',
+    '-subj',
+    '/CN=turnwire-test-ca',
+  );
   issue('server', 'server');
   issue('client', 'client');
   pem = (name) => readFileSync(path.join(dir, name));
@@ -54,7 +95,10 @@ before(async () => {
       code: 8,
       message: 'too many turns',
       details: [
-        anyPack(ErrorInfoSchema, create(ErrorInfoSchema, { reason: 'OVERLOADED', domain: 'turnwire.dev', metadata: { limit: '4' } })),
+        anyPack(
+          ErrorInfoSchema,
+          create(ErrorInfoSchema, { reason: 'OVERLOADED', domain: 'turnwire.dev', metadata: { limit: '4' } }),
+        ),
         anyPack(RetryInfoSchema, create(RetryInfoSchema, { retryDelay: durationFromMs(1500) })),
       ],
     }),
@@ -68,7 +112,11 @@ before(async () => {
   });
   server.on('stream', (stream, headers) => {
     const peer = stream.session.socket.getPeerCertificate();
-    seen.push({ path: headers[':path'], authorization: headers.authorization, clientCert: peer?.subject?.CN });
+    seen.push({
+      path: headers[':path'],
+      authorization: headers.authorization,
+      clientCert: peer?.subject?.CN,
+    });
     stream.resume();
     // A trailers-only response: the whole status in the headers (gRPC over HTTP/2, "Trailers-Only").
     stream.respond(
