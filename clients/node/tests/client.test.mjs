@@ -131,9 +131,10 @@ test('aborting the signal cancels the turn: the call ends CANCELLED, the server 
     (error) => error instanceof TurnwireError && error.code === 'CANCELLED',
   );
   assert.ok(!seen.includes('turnEnd'), seen.join(' '));
-  // A cancelled turn stores its partial reply at once; the whole reply takes about 5 s.
+  // A cancelled turn stores its partial reply; fewer than all the words and the ABORTED TurnEnd the
+  // server kept show that the cancel, not the end of the reply, ended it.
   const words = await waitUntil(() => storedReplyWords('ts-abort'), {
-    timeoutMs: 3000,
+    timeoutMs: 10_000,
     what: 'the partial reply is stored',
   });
   assert.ok(words.length > 0 && words.length < WORDS.length, `${words.length} words stored`);
@@ -146,7 +147,7 @@ test('leaving the iteration early cancels the turn too', async () => {
     if (event.event.case === 'textDelta') break;
   }
   const words = await waitUntil(() => storedReplyWords('ts-break'), {
-    timeoutMs: 3000,
+    timeoutMs: 10_000,
     what: 'the partial reply is stored',
   });
   assert.ok(words.length < WORDS.length, `${words.length} words stored`);
