@@ -4,7 +4,7 @@
 // client itself for anything these methods leave out.
 
 import type { MessageInitShape } from '@bufbuild/protobuf';
-import { type CallOptions, type Client, type Interceptor, createClient } from '@connectrpc/connect';
+import { type CallOptions, type Client, Code, type Interceptor, createClient } from '@connectrpc/connect';
 import { Http2SessionManager, createGrpcTransport } from '@connectrpc/connect-node';
 
 import { TurnwireError } from './errors.js';
@@ -229,7 +229,10 @@ export class TurnwireClient {
         this.rpc.getConversation({ conversationId, pageToken }, call),
       );
       if (!page.conversation)
-        throw new TurnwireError({ grpcCode: 13, message: 'GetConversation answered without a conversation' });
+        throw new TurnwireError({
+          grpcCode: Code.Internal,
+          message: 'GetConversation answered without a conversation',
+        });
       if (conversation) conversation.messages.push(...page.conversation.messages);
       else conversation = page.conversation;
       pageToken = page.nextPageToken;

@@ -3,6 +3,8 @@
 // protos/turnwire/v1/event.proto (a TurnStart, the turn's events, exactly one
 // TurnEnd; sequence numbers 1, 2, 3, … without gaps).
 
+import { Code } from '@connectrpc/connect';
+
 import { TurnwireError } from './errors.js';
 import { type JsonValue, parseJson } from './json.js';
 import type { TurnEnd, TurnEvent } from './gen/turnwire/v1/event_pb.js';
@@ -128,7 +130,10 @@ export class TurnStream implements AsyncIterable<TurnEvent> {
 }
 
 function protocolError(message: string): TurnwireError {
-  return new TurnwireError({ grpcCode: 13, message: `turn stream broke the contract: ${message}` });
+  return new TurnwireError({
+    grpcCode: Code.Internal,
+    message: `turn stream broke the contract: ${message}`,
+  });
 }
 
 /** Token usage as plain numbers; zeros when the server sent none. */
