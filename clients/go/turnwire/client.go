@@ -16,8 +16,10 @@ type Client struct {
 }
 
 // Dial connects to the sidecar at addr ("host:port", or any gRPC target such
-// as "unix:///run/turnwire.sock") and waits until the connection is up or ctx
-// ends; ctx bounds only the dial.
+// as "unix:///run/turnwire.sock") and returns once the connection is up. It
+// fails at once when nothing listens there (connection refused: retry Dial
+// to wait for a sidecar that is still starting), and when ctx ends first;
+// ctx bounds only the dial.
 //
 // opts are gRPC-Go dial options; one of them must choose the transport
 // security, as gRPC-Go requires: grpc.WithInsecure() for a plaintext
@@ -26,6 +28,7 @@ type Client struct {
 func Dial(ctx context.Context, addr string, opts ...grpc.DialOption) (*Client, error) {
 	opts = append(opts,
 		grpc.WithBlock(),
+		grpc.FailOnNonTempDialError(true),
 		grpc.WithChainUnaryInterceptor(unaryErrors),
 		grpc.WithChainStreamInterceptor(streamErrors),
 	)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"reflect"
 	"strings"
@@ -292,6 +293,24 @@ func TestInvalidConversationIdIsAFieldViolation(t *testing.T) {
 	// gRPC-Go's own helpers see the status through GRPCStatus.
 	if status.Code(stream.Err()) != codes.InvalidArgument {
 		t.Errorf("status.Code %v; want InvalidArgument", status.Code(stream.Err()))
+	}
+}
+
+func TestDialFailsAtOnceWhenNothingListens(t *testing.T) {
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := listener.Addr().String()
+	listener.Close()
+	started := time.Now()
+	c, err := turnwire.Dial(testContext(t), addr, grpc.WithInsecure())
+	if err == nil {
+		c.Close()
+		t.Fatalf("Dial of %s, where nothing listens, succeeded", addr)
+	}
+	if !strings.Contains(err.Error(), "connection refused") || time.Since(started) > callTimeout/2 {
+		t.Errorf("Dial of %s: %v after %s; want connection refused at once", addr, err, time.Since(started))
 	}
 }
 
