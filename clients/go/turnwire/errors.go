@@ -6,12 +6,12 @@ import (
 	"strings"
 	"time"
 
-	turnwirev1 "turnwire.dev/go/gen/turnwire/v1"
-
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	turnwirev1 "turnwire.dev/go/gen/turnwire/v1"
 )
 
 // Domain is the google.rpc.ErrorInfo domain of every error Turnwire sends.
