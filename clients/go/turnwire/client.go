@@ -63,11 +63,7 @@ func (c *Client) Service() turnwirev1.ChatServiceClient {
 func (c *Client) Chat(ctx context.Context, req *turnwirev1.ChatRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.Chat(ctx, req, opts...)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	return newStream(cancel, func() (eventResponse, error) { return call.Recv() }), nil
+	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // SaveMessages appends req.Messages (possibly none) and runs a turn on the
@@ -75,11 +71,7 @@ func (c *Client) Chat(ctx context.Context, req *turnwirev1.ChatRequest, opts ...
 func (c *Client) SaveMessages(ctx context.Context, req *turnwirev1.SaveMessagesRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.SaveMessages(ctx, req, opts...)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	return newStream(cancel, func() (eventResponse, error) { return call.Recv() }), nil
+	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // ContinueLastTurn lets the model continue after the last assistant message;
@@ -87,11 +79,7 @@ func (c *Client) SaveMessages(ctx context.Context, req *turnwirev1.SaveMessagesR
 func (c *Client) ContinueLastTurn(ctx context.Context, req *turnwirev1.ContinueLastTurnRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.ContinueLastTurn(ctx, req, opts...)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	return newStream(cancel, func() (eventResponse, error) { return call.Recv() }), nil
+	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // ResumeTurn re-attaches to the turn req.RequestId: its events after
@@ -100,11 +88,7 @@ func (c *Client) ContinueLastTurn(ctx context.Context, req *turnwirev1.ContinueL
 func (c *Client) ResumeTurn(ctx context.Context, req *turnwirev1.ResumeTurnRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.ResumeTurn(ctx, req, opts...)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	return newStream(cancel, func() (eventResponse, error) { return call.Recv() }), nil
+	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // SubmitToolResults stores the results of client-side tool calls; with
@@ -113,11 +97,7 @@ func (c *Client) ResumeTurn(ctx context.Context, req *turnwirev1.ResumeTurnReque
 func (c *Client) SubmitToolResults(ctx context.Context, req *turnwirev1.SubmitToolResultsRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.SubmitToolResults(ctx, req, opts...)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	return newStream(cancel, func() (eventResponse, error) { return call.Recv() }), nil
+	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // SubmitToolApprovals approves or denies tool calls waiting for approval,
@@ -125,11 +105,7 @@ func (c *Client) SubmitToolResults(ctx context.Context, req *turnwirev1.SubmitTo
 func (c *Client) SubmitToolApprovals(ctx context.Context, req *turnwirev1.SubmitToolApprovalsRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.SubmitToolApprovals(ctx, req, opts...)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	return newStream(cancel, func() (eventResponse, error) { return call.Recv() }), nil
+	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // WatchSubmission streams the turn of a submission once it runs (events
@@ -137,11 +113,7 @@ func (c *Client) SubmitToolApprovals(ctx context.Context, req *turnwirev1.Submit
 func (c *Client) WatchSubmission(ctx context.Context, req *turnwirev1.WatchSubmissionRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.WatchSubmission(ctx, req, opts...)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	return newStream(cancel, func() (eventResponse, error) { return call.Recv() }), nil
+	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // unaryErrors returns the errors of unary calls as *Error.

@@ -36,8 +36,14 @@ type Stream struct {
 	done   bool
 }
 
-func newStream(cancel context.CancelFunc, recv func() (eventResponse, error)) *Stream {
-	return &Stream{recv: recv, cancel: cancel}
+// openStream is the Stream of a call that started with err (and whose
+// context cancel cancels), receiving with recv.
+func openStream(cancel context.CancelFunc, err error, recv func() (eventResponse, error)) (*Stream, error) {
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &Stream{recv: recv, cancel: cancel}, nil
 }
 
 // Next receives the next event; false at the end of the stream or on an
