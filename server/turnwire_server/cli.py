@@ -17,6 +17,7 @@ app = typer.Typer(
     help="Turnwire: a gRPC sidecar that runs persisted, multi-step LLM chat turns.",
     no_args_is_help=True,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
 )
 
@@ -58,11 +59,31 @@ def _configure_logging(level: str) -> None:
 
 @app.command()
 def serve(
-    listen: Annotated[str | None, typer.Option(help="Address to listen on, HOST:PORT.")] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file.")] = None,
-    store: Annotated[str | None, typer.Option(help="Store URL, e.g. sqlite:///turnwire.db.")] = None,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            help="Address to listen on, HOST:PORT. Default: $TURNWIRE_LISTEN, else listen: in the "
+            "config, else 127.0.0.1:50051."
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", envvar="TURNWIRE_CONFIG", help="YAML configuration file."),
+    ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            help="Store URL: sqlite:///PATH or postgresql://... Default: $TURNWIRE_STORE__URL, else "
+            "store.url in the config, else sqlite:///turnwire.db."
+        ),
+    ] = None,
 ) -> None:
-    """Run the sidecar until SIGTERM or SIGINT (then stop gracefully and exit 0)."""
+    """Run the sidecar until SIGTERM or SIGINT (then stop gracefully and exit 0).
+
+    Every setting also comes from TURNWIRE_* variables, sections joined by __ (TURNWIRE_LIMITS__MAX_STEPS=20).
+
+    Flags win over variables, variables over the config file.
+    """
     from turnwire_server.app import StartupError
     from turnwire_server.app import serve as run_server
     from turnwire_server.config import ConfigError, load_settings
