@@ -47,11 +47,18 @@ def check_listen_address(listen: str) -> None:
 def _explain(listen: str, port: int, error: OSError) -> str:
     if error.errno == errno.EADDRINUSE:
         return (
-            f"cannot listen on {listen}: port {port} is in use (another turnwire? `ss -ltnp 'sport = :{port}'` "
-            "shows which process); stop it or choose another port with --listen or listen:"
+            f"cannot listen on {listen}: port {port} is in use (another turnwire? "
+            f"`ss -ltnp 'sport = :{port}'` shows which process); stop it or choose another port "
+            "with --listen or listen:"
         )
     if error.errno == errno.EADDRNOTAVAIL:
-        return f"cannot listen on {listen}: that host is not an address of this machine; use 127.0.0.1 or 0.0.0.0"
+        return (
+            f"cannot listen on {listen}: that host is not an address of this machine; "
+            "use 127.0.0.1 or 0.0.0.0"
+        )
     if error.errno == errno.EACCES:
-        return f"cannot listen on {listen}: permission denied (ports below 1024 need privileges); use a port ≥ 1024"
+        return (
+            f"cannot listen on {listen}: permission denied (ports below 1024 need privileges); "
+            "use a port ≥ 1024"
+        )
     return f"cannot listen on {listen}: {error.strerror or error}"

@@ -96,7 +96,10 @@ def read_only_problem(path: Path) -> str | None:
     exists) and its folder (the nearest existing one) must be writable; SQLite itself would only
     say ``unable to open database file``."""
     if path.exists() and not os.access(path, os.W_OK):
-        return f"store file {path} is read-only; make it writable (chmod u+w) or set store.url to a writable file"
+        return (
+            f"store file {path} is read-only; make it writable (chmod u+w) or set store.url "
+            "to a writable file"
+        )
     folder = path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent

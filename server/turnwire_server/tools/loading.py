@@ -32,8 +32,8 @@ def _as_tools(value: Any, path: str) -> list[Tool]:
     if callable(value) and not isinstance(value, type):
         if not _takes_no_arguments(value):
             raise ToolLoadError(
-                f"{path} is a plain function {getattr(value, '__name__', '')}{inspect.signature(value)}, not a tool: "
-                "decorate it with "
+                f"{path} is a plain function {getattr(value, '__name__', '')}{inspect.signature(value)}, "
+                "not a tool: decorate it with "
                 "@tool(InputModel) from turnwire.tools (docs/tools.md), or point to a zero-argument "
                 "function that returns tools"
             )
