@@ -424,7 +424,8 @@ def _top_level_problem(config_file: Path) -> str | None:
         return None  # reported with its own message when pydantic-settings reads the file
     if data is None or isinstance(data, dict):
         return None
-    kind = {list: "a list", str: "a single string"}.get(type(data), f"a {type(data).__name__}")
+    kinds: dict[type, str] = {list: "a list", str: "a single string"}
+    kind = kinds.get(type(data), f"a {type(data).__name__}")
     return (
         f"{config_file}: the top level is {kind}; it must be a mapping of sections, "
         "e.g. `listen: 127.0.0.1:50051` and `providers:` on their own lines, not `- item` entries"
