@@ -1,5 +1,6 @@
-"""The ``turnwire`` command: ``serve`` the sidecar, ``migrate`` its store, ``chat`` with it, read
-``history``, check its ``health``, run the ``demo``; ``--version``."""
+"""The ``turnwire`` command: ``serve`` the sidecar, ``migrate`` its store, ``chat`` with it,
+``continue`` or ``cancel`` a turn, list ``conversations``, read ``history``, check its ``health``,
+run the ``demo``; ``--version``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -202,7 +204,50 @@ def chat(
         if not isinstance(parsed_body, dict):
             typer.echo("turnwire: --body must be a JSON object", err=True)
             raise typer.Exit(2)
-    raise typer.Exit(asyncio.run(run_chat(target, conversation, text, model=model, body=parsed_body)))
+    raise typer.Exit(_interruptible(run_chat(target, conversation, text, model=model, body=parsed_body)))
+
+
+def _interruptible(turn: Coroutine[Any, Any, int]) -> int:
+    """Run a turn-rendering coroutine; Ctrl-C cancels it (the renderer says the turn was aborted)
+    and gives exit status 130, as shells expect of SIGINT."""
+    try:
+        return asyncio.run(turn)
+    except KeyboardInterrupt:
+        return 130
+
+
+@app.command("continue")
+def continue_(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    target: TargetOption = "127.0.0.1:50051",
+    model: Annotated[str | None, typer.Option(help="Model for this turn, provider:model.")] = None,
+) -> None:
+    """Let the model continue after the last assistant message (ContinueLastTurn), streaming it."""
+    from turnwire_server.console import run_continue
+
+    raise typer.Exit(_interruptible(run_continue(target, conversation, model=model)))
+
+
+@app.command()
+def cancel(
+    request_id: Annotated[str, typer.Argument(help="The turn's request id (turnwire chat shows it).")],
+    target: TargetOption = "127.0.0.1:50051",
+) -> None:
+    """Cancel a running or queued turn by its request id (exit status 1 when none is running)."""
+    from turnwire_server.console import run_cancel
+
+    raise typer.Exit(asyncio.run(run_cancel(target, request_id)))
+
+
+@app.command()
+def conversations(
+    target: TargetOption = "127.0.0.1:50051",
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 50,
+) -> None:
+    """List conversations, most recently updated first."""
+    from turnwire_server.console import run_conversations
+
+    raise typer.Exit(asyncio.run(run_conversations(target, limit=limit)))
 
 
 @app.command()
