@@ -80,3 +80,33 @@ def test_snippet_runs(code: str, sidecar: SidecarProcess, tmp_path: Path) -> Non
             assert value().implemented_hooks(), f"{value.__name__} implements no hook"
         if isinstance(value, PythonTool):
             assert isinstance(value, Tool) and value.input_schema.get("type") == "object"
+
+
+_SHELL_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def _buf_curl_commands() -> list[str]:
+    """The README's ``buf curl`` commands (continuation lines joined), as written."""
+    commands = []
+    for block in _SHELL_BLOCK.finditer((REPO / "README.md").read_text()):
+        for command in block.group(1).replace("\\\n", " ").splitlines():
+            if "buf curl" in command:
+                commands.append(command.strip())
+    return commands
+
+
+def test_the_readme_buf_curl_commands_run(sidecar: SidecarProcess) -> None:
+    """``buf curl`` against the sidecar: it lists the service and a Chat streams to its TurnEnd."""
+    import shlex
+    import subprocess
+
+    commands = _buf_curl_commands()
+    assert len(commands) >= 2
+    outputs = []
+    for command in commands:
+        argv = shlex.split(command.replace(_ADDRESS, sidecar.target))
+        run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+        assert run.returncode == 0, (command, run.stderr)
+        outputs.append(run.stdout)
+    assert "turnwire.v1.ChatService" in outputs[0].splitlines()
+    assert '"turnEnd"' in outputs[1] and "TURN_STATUS_COMPLETED" in outputs[1]
