@@ -358,7 +358,7 @@ class _TurnRenderer:
             if output.preliminary:
                 self.line(_preliminary_line(self._name(output.tool_call_id), output.output))
             else:
-                self.line(_result_line(self._name(output.tool_call_id), output.output))
+                self.line(_result_line(self._name(output.tool_call_id), output.output, output.decision))
         elif kind == "tool_output_error":
             failed = event.tool_output_error
             self.line(_error_line(self._name(failed.tool_call_id), failed.error_text))
@@ -490,7 +490,7 @@ def _print_tool_call(out: Console, call: message_pb2.ToolCallPart) -> None:
         out.print(_call_line(call.tool_name, _short(call.raw_input), style="red"), soft_wrap=True)
     state = call.state
     if state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
-        line = _result_line(call.tool_name, call.output)
+        line = _result_line(call.tool_name, call.output, call.decision)
         if call.preliminary:
             line.append(" (preliminary)", style="dim")
         out.print(line, soft_wrap=True)
@@ -514,9 +514,23 @@ def _call_line(name: str, payload: str, *, style: str = "") -> Text:
     return Text.assemble(("→ ", "cyan"), (name, "bold cyan"), " ", (payload, style))
 
 
-def _result_line(name: str, value: struct_pb2.Value) -> Text:
+def _result_line(
+    name: str,
+    value: struct_pb2.Value,
+    decision: message_pb2.ToolCallDecision.ValueType = message_pb2.TOOL_CALL_DECISION_UNSPECIFIED,
+) -> Text:
+    """``← name: output``; a result a ``before_tool_call`` hook decided is marked as such (the
+    model took it as a success, but the tool did not run)."""
     payload = _short(_json(json_format.MessageToDict(value)))
-    return Text.assemble(("← ", "green"), (name, "bold green"), ": ", payload)
+    if decision == message_pb2.TOOL_CALL_DECISION_BLOCKED:
+        shown = value.string_value if value.WhichOneof("kind") == "string_value" else payload
+        return Text.assemble(
+            ("← ", "yellow"), (name, "bold yellow"), (": blocked by a hook: ", "yellow"), shown
+        )
+    line = Text.assemble(("← ", "green"), (name, "bold green"), ": ", payload)
+    if decision == message_pb2.TOOL_CALL_DECISION_SUBSTITUTED:
+        line.append(" (substituted by a hook; the tool did not run)", style="yellow")
+    return line
 
 
 def _preliminary_line(name: str, value: struct_pb2.Value) -> Text:

@@ -22,11 +22,21 @@ from turnwire_client.v1 import message_pb2
 
 CONFIG = {
     "tools": {"python": ["support.durable_tools:countdown"]},
+    "middleware": [{"path": "support.hooks:BlockToolsFromBody"}],
     "providers": {
         "scripted": {
             "scripts": {
                 # 40 words, 100 ms apart: about 4 s, so a Ctrl-C lands mid-reply.
                 "slow": [{"text": " ".join(f"w{i}" for i in range(40)), "delay_ms": 100}],
+                "two-calcs": [
+                    {
+                        "tool_calls": [
+                            {"name": "calculator", "input": {"expression": "2 + 3"}},
+                            {"name": "get_weather", "input": {"city": "Oslo"}},
+                        ]
+                    },
+                    {"text": "Done."},
+                ],
                 "streaming-tool": [
                     {"tool_calls": [{"name": "countdown", "input": {"start": 2}}]},
                     {"text": "Done counting."},
@@ -132,3 +142,34 @@ def test_the_help_flag_has_a_short_form() -> None:
     )
     assert run.returncode == 0
     assert "TURNWIRE_CONFIG" in run.stdout and "127.0.0.1:50051" in run.stdout
+
+
+async def test_blocked_and_substituted_results_are_marked(sidecar: SidecarProcess) -> None:
+    body = '{"block_tools": ["calculator"], "substitute_tools": ["get_weather"]}'
+    run = await run_turnwire(
+        "chat",
+        "cli-blocked",
+        "calc",
+        "--target",
+        sidecar.target,
+        "--model",
+        "scripted:two-calcs",
+        "--body",
+        body,
+    )
+    assert run.code == 0, run
+    lines = run.stdout.splitlines()
+    assert "← calculator: blocked by a hook: blocked by the test policy" in lines, lines
+    assert '← get_weather: {"substituted": true} (substituted by a hook; the tool did not run)' in lines, (
+        lines
+    )
+
+    shown = await run_turnwire("history", "cli-blocked", "--target", sidecar.target)
+    assert "← calculator: blocked by a hook: blocked by the test policy" in shown.stdout.splitlines()
+    async with TurnwireClient(sidecar.target) as client:
+        conversation = await client.get_conversation("cli-blocked")
+    calls = {
+        p.tool_call.tool_name: p.tool_call for p in conversation.messages[-1].parts if p.HasField("tool_call")
+    }
+    assert calls["calculator"].decision == message_pb2.TOOL_CALL_DECISION_BLOCKED
+    assert calls["get_weather"].decision == message_pb2.TOOL_CALL_DECISION_SUBSTITUTED
