@@ -133,7 +133,8 @@ class SlowResponse(Middleware):
 
 class BlockToolsFromBody(Middleware):
     """``before_tool_call``: block the tools named in the turn's ``body["block_tools"]`` (with the
-    reason ``"blocked by the test policy"``), substitute those in ``body["substitute_tools"]``. The body is kept per request id from ``before_turn``,
+    reason ``"blocked by the test policy"``), substitute those in ``body["substitute_tools"]``.
+    The body is kept per request id from ``before_turn``,
     since a tool call's context does not carry it."""
 
     REASON = "blocked by the test policy"
