@@ -110,3 +110,43 @@ def test_the_readme_buf_curl_commands_run(sidecar: SidecarProcess) -> None:
         outputs.append(run.stdout)
     assert "turnwire.v1.ChatService" in outputs[0].splitlines()
     assert '"turnEnd"' in outputs[1] and "TURN_STATUS_COMPLETED" in outputs[1]
+
+
+_YAML_BLOCK = re.compile(r"^```yaml\n(.*?)^```", re.DOTALL | re.MULTILINE)
+_NOT_TURNWIRE = ("apiVersion", "services", "version")  # Kubernetes, compose: other tools' files
+
+
+def _config_snippets() -> list[Any]:
+    found = []
+    for document in DOCUMENTS:
+        if not document.exists():
+            continue
+        text = document.read_text()
+        for number, match in enumerate(_YAML_BLOCK.finditer(text), start=1):
+            line = text[: match.start()].count("\n") + 2
+            found.append(pytest.param(match.group(1), id=f"{document.relative_to(REPO)}:{line}#{number}"))
+    return found
+
+
+@pytest.mark.parametrize("text", _config_snippets())
+def test_config_snippet_is_a_valid_configuration(
+    text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every ``yaml`` block of the docs that is a Turnwire config loads as written (the files it
+    names, certificates say, are created empty beside it)."""
+    import yaml
+
+    from turnwire_server.config import load_settings
+
+    data = yaml.safe_load(text)
+    assert isinstance(data, dict), "a config snippet is a mapping of sections"
+    if any(key in data for key in _NOT_TURNWIRE):
+        return
+    monkeypatch.chdir(tmp_path)
+    for name in re.findall(r"[\w./-]+\.(?:pem|crt|key|json)\b", text):
+        if not name.startswith("/"):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text("")
+    path = tmp_path / "turnwire.yaml"
+    path.write_text(text)
+    load_settings(path)
