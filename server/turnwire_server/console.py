@@ -21,7 +21,7 @@ from rich.status import Status
 from rich.text import Text
 
 from turnwire_client import ProtocolError, TurnResult, TurnwireClient, TurnwireError, collect
-from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 
 __all__ = [
     "EXIT_CALL_FAILED",
@@ -194,9 +194,12 @@ async def run_history(target: str, conversation_id: str, *, console: Console | N
     out.print(header)
     if not conversation.messages:
         out.print(Text("(no messages)", style="dim"))
+    partial = {reply.message_id: reply for reply in conversation.partial_replies}
     for message in conversation.messages:
         out.print()
         _print_message(out, message)
+        if message.id in partial:
+            out.print(_partial_line(partial[message.id]), soft_wrap=True, highlight=False)
     return EXIT_OK
 
 
@@ -481,6 +484,17 @@ def _print_message(out: Console, message: message_pb2.Message) -> None:
         elif kind == "data":
             data = _short(_json(json_format.MessageToDict(part.data.data)))
             out.print(Text(f"[data {part.data.type}] {data}", style="dim"), soft_wrap=True)
+
+
+def _partial_line(reply: chat_service_pb2.PartialReply) -> Text:
+    """The mark under a reply whose turn did not complete (or is still running)."""
+    if reply.status == event_pb2.TURN_STATUS_UNSPECIFIED:
+        return Text(f"(partial: turn {reply.request_id} is still running)", style="yellow")
+    status = event_pb2.TurnStatus.Name(reply.status).removeprefix("TURN_STATUS_")
+    return Text(
+        f"(partial: turn {reply.request_id} ended {status})",
+        style=_STATUS_STYLES.get(reply.status, "bold"),
+    )
 
 
 def _print_tool_call(out: Console, call: message_pb2.ToolCallPart) -> None:

@@ -18,7 +18,7 @@ from support.sidecar import SidecarProcess, run_turnwire, running_sidecar
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, collect
-from turnwire_client.v1 import message_pb2
+from turnwire_client.v1 import event_pb2, message_pb2
 
 CONFIG = {
     "tools": {"python": ["support.durable_tools:countdown"]},
@@ -90,6 +90,16 @@ async def test_ctrl_c_aborts_the_turn_and_says_so(sidecar: SidecarProcess) -> No
         words = await wait_until(partial_stored, timeout=15)
     assert words and words[0].startswith("w0") and "w39" not in words[0]
 
+    shown = await run_turnwire("history", "cli-ctrl-c", "--target", sidecar.target)
+    assert shown.code == 0, shown
+    marks = [line for line in shown.stdout.splitlines() if line.startswith("(partial: turn cli-")]
+    assert len(marks) == 1 and marks[0].endswith(" ended ABORTED)"), shown.stdout
+    async with TurnwireClient(sidecar.target) as client:
+        conversation = await client.get_conversation("cli-ctrl-c")
+    (reply,) = conversation.partial_replies
+    assert reply.message_id == conversation.messages[-1].id
+    assert reply.status == event_pb2.TURN_STATUS_ABORTED
+
 
 async def test_a_streaming_tool_shows_its_preliminary_results(sidecar: SidecarProcess) -> None:
     run = await run_turnwire(
@@ -114,6 +124,8 @@ async def test_continue_cancel_and_conversations_commands(sidecar: SidecarProces
     continued = await run_turnwire("continue", "cli-listed", "--target", sidecar.target)
     assert continued.code == 0, continued
     assert continued.stdout.splitlines()[-1].startswith("COMPLETED")
+    complete = await run_turnwire("history", "cli-listed", "--target", sidecar.target)
+    assert "(partial" not in complete.stdout
 
     # A slow turn started by the client, cancelled by the command with its request id.
     async with TurnwireClient(sidecar.target) as client:

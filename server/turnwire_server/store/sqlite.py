@@ -37,8 +37,10 @@ from turnwire_server.store.base import (
     SubmissionState,
     ToolCallAnswer,
     TurnRecord,
+    TurnState,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
+from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql
 from turnwire_server.store.sqlite_compactions import discard_reply_write, save_compaction_write
 from turnwire_server.store.sqlite_migrations import Migration, load_migrations
 from turnwire_server.store.sqlite_rows import (
@@ -109,6 +111,9 @@ def read_only_problem(path: Path) -> str | None:
             "files there: make the folder writable or set store.url to a file in a writable folder"
         )
     return None
+
+
+_PARTIAL_REPLIES_SQL = partial_replies_sql("?")
 
 
 class SqliteStore:
@@ -281,6 +286,11 @@ class SqliteStore:
         """All messages of the conversation in append order ([] when none or no conversation)."""
         rows = await self._read("load_messages", LOAD_MESSAGES_SQL, (conversation_id,))
         return messages_from_rows(conversation_id, rows)
+
+    async def partial_replies(self, conversation_id: str) -> dict[str, tuple[str, TurnState]]:
+        """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
+        rows = await self._read("partial_replies", _PARTIAL_REPLIES_SQL, (conversation_id,))
+        return partial_replies_of(rows)
 
     async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
         """Remove the partial reply ``message_id`` and record ``turn``'s new reply id; see
