@@ -63,6 +63,7 @@ _PARTIAL_STATUS: dict[str, event_pb2.TurnStatus.ValueType] = {
 }
 """A partial reply's turn state (:mod:`turnwire_server.store.partial_replies`) → ``PartialReply.status``."""
 
+
 class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_pb2_grpc.ChatServiceServicer):
     """Implements ``turnwire.v1.ChatService`` on a :class:`~turnwire_server.engine.TurnEngine`.
 
