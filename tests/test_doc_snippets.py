@@ -29,13 +29,14 @@ _BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 _ADDRESS = "127.0.0.1:50051"
 
 
-def _snippets() -> list[Any]:
+def _snippets(block: re.Pattern[str] = _BLOCK) -> list[Any]:
+    """Every ``block`` of the documents, as a param named ``document:line#n``."""
     found = []
     for document in DOCUMENTS:
         if not document.exists():
             continue
         text = document.read_text()
-        for number, match in enumerate(_BLOCK.finditer(text), start=1):
+        for number, match in enumerate(block.finditer(text), start=1):
             line = text[: match.start()].count("\n") + 2
             found.append(pytest.param(match.group(1), id=f"{document.relative_to(REPO)}:{line}#{number}"))
     return found
@@ -116,19 +117,7 @@ _YAML_BLOCK = re.compile(r"^```yaml\n(.*?)^```", re.DOTALL | re.MULTILINE)
 _NOT_TURNWIRE = ("apiVersion", "services", "version")  # Kubernetes, compose: other tools' files
 
 
-def _config_snippets() -> list[Any]:
-    found = []
-    for document in DOCUMENTS:
-        if not document.exists():
-            continue
-        text = document.read_text()
-        for number, match in enumerate(_YAML_BLOCK.finditer(text), start=1):
-            line = text[: match.start()].count("\n") + 2
-            found.append(pytest.param(match.group(1), id=f"{document.relative_to(REPO)}:{line}#{number}"))
-    return found
-
-
-@pytest.mark.parametrize("text", _config_snippets())
+@pytest.mark.parametrize("text", _snippets(_YAML_BLOCK))
 def test_config_snippet_is_a_valid_configuration(
     text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,14 +7,13 @@ aborted, exits 130, and the sidecar has stored the partial reply (docs/semantics
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 from collections.abc import Iterator
 
 import pytest
 from support.hooks import pythonpath_env
-from support.sidecar import SidecarProcess, run_turnwire, running_sidecar
+from support.sidecar import SidecarProcess, run_turnwire, running_sidecar, spawn_turnwire
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, collect
@@ -54,21 +53,8 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
 
 
 async def test_ctrl_c_aborts_the_turn_and_says_so(sidecar: SidecarProcess) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNWIRE_")}
-    chat = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "turnwire_server",
-        "chat",
-        "cli-ctrl-c",
-        "Tell me a long story.",
-        "--target",
-        sidecar.target,
-        "--model",
-        "scripted:slow",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
+    chat = await spawn_turnwire(
+        "chat", "cli-ctrl-c", "Tell me a long story.", "--target", sidecar.target, "--model", "scripted:slow"
     )
     assert chat.stdout is not None
     first = await asyncio.wait_for(chat.stdout.read(2), timeout=30)  # the reply has begun
