@@ -7,8 +7,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 BUF := node_modules/.bin/buf
+# Debian 12 packages the Go client builds with (clients/go/README.md); protoc-gen-go and
+# protoc-gen-go-grpc only regenerate and check its generated code.
+GO_PACKAGES := golang-go golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev \
+	golang-google-genproto-dev protoc-gen-go protoc-gen-go-grpc
 
-.PHONY: setup demo test test-python test-node build-node lint protos check-protos breaking bench stress clean
+.PHONY: setup demo install-go test test-go test-python test-node build-node lint protos check-protos breaking bench stress clean
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -27,10 +31,23 @@ node_modules/.installed: package.json package-lock.json clients/node/package.jso
 demo: setup
 	$(VENV)/bin/turnwire demo
 
-## test: every test (Python unit + end-to-end, Node.js end-to-end, the TypeScript client's).
+## test: every test (Python unit + end-to-end, Node.js end-to-end, the TypeScript client's, the Go client when Go is installed).
 test: setup build-node
 	bash tools/with-postgres.sh $(PY) -m pytest -q
 	node --test tests/node/ clients/node/tests/
+	$(MAKE) --no-print-directory test-go
+
+## install-go: install the Debian packages of the Go client (as root, or through sudo); quick when present.
+install-go:
+	@if dpkg -s $(GO_PACKAGES) >/dev/null 2>&1; then echo "Go client packages installed"; else \
+	  sudo=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	  $$sudo apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $(GO_PACKAGES); fi
+
+## test-go: the Go client's tests (clients/go), in GOPATH mode on Debian's Go packages.
+test-go: setup
+	@if command -v go >/dev/null; then bash tools/go-test.sh; else \
+	  echo "Go not installed: skipping Go client tests (apt-get install $(GO_PACKAGES))"; fi
 
 ## build-node: compile the TypeScript client, clients/node/src -> dist/ (when a source changed).
 build-node: clients/node/dist/index.js
@@ -48,10 +65,13 @@ lint: setup check-protos breaking
 	$(VENV)/bin/lint-imports
 	$(BUF) lint
 
-## protos: regenerate clients/python/src/turnwire_client/v1 and clients/node/src/gen from protos/.
+## protos: regenerate clients/python/src/turnwire_client/v1 and clients/node/src/gen from protos/, and clients/go/gen when the Go plugins are installed.
 protos: setup
 	bash tools/generate-python.sh
 	bash tools/generate-ts.sh
+	@if command -v protoc-gen-go >/dev/null && command -v protoc-gen-go-grpc >/dev/null; then \
+	  bash tools/generate-go.sh; else \
+	  echo "protoc-gen-go or protoc-gen-go-grpc not installed: NOT regenerating clients/go/gen (apt-get install protoc-gen-go protoc-gen-go-grpc)"; fi
 
 ## check-protos: fail when the committed generated code differs from the protos.
 check-protos: setup

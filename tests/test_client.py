@@ -723,3 +723,27 @@ async def test_collect_takes_a_resumed_stream_and_the_jump_of_a_crash_recovery()
     gap = [stream[0], stream[1], end]  # a jump to anything but an AttemptStart is still a gap
     with pytest.raises(ProtocolError, match="expected sequence number 3"):
         await collect(agen(gap))
+
+
+async def test_run_chat_shows_a_spinner_on_a_terminal_until_output(
+    service: tuple[FakeChatService, str],
+) -> None:
+    fake, target = service
+    fake.stream = weather_turn()
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=100, force_terminal=True, color_system=None)
+    assert await run_chat(target, CONV, "Weather in Paris?", console=console) == 0
+    shown = buffer.getvalue()
+    assert "waiting for the model… · request cli-" in shown and "Ctrl-C cancels" in shown
+    assert "running the tool…" in shown
+    # The spinner is gone before the reply and the status line are printed.
+    assert shown.rindex("waiting for the model") < shown.index("It is sunny in Paris.")
+    assert "COMPLETED" in shown.splitlines()[-1]
+
+
+async def test_run_chat_piped_shows_no_spinner(service: tuple[FakeChatService, str]) -> None:
+    fake, target = service
+    fake.stream = weather_turn()
+    console, output = capture()
+    assert await run_chat(target, CONV, "hi", console=console) == 0
+    assert "waiting" not in output() and "\x1b" not in output()

@@ -29,13 +29,14 @@ _BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 _ADDRESS = "127.0.0.1:50051"
 
 
-def _snippets() -> list[Any]:
+def _snippets(block: re.Pattern[str] = _BLOCK) -> list[Any]:
+    """Every ``block`` of the documents, as a param named ``document:line#n``."""
     found = []
     for document in DOCUMENTS:
         if not document.exists():
             continue
         text = document.read_text()
-        for number, match in enumerate(_BLOCK.finditer(text), start=1):
+        for number, match in enumerate(block.finditer(text), start=1):
             line = text[: match.start()].count("\n") + 2
             found.append(pytest.param(match.group(1), id=f"{document.relative_to(REPO)}:{line}#{number}"))
     return found
@@ -80,3 +81,61 @@ def test_snippet_runs(code: str, sidecar: SidecarProcess, tmp_path: Path) -> Non
             assert value().implemented_hooks(), f"{value.__name__} implements no hook"
         if isinstance(value, PythonTool):
             assert isinstance(value, Tool) and value.input_schema.get("type") == "object"
+
+
+_SHELL_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def _buf_curl_commands() -> list[str]:
+    """The README's ``buf curl`` commands (continuation lines joined), as written."""
+    commands = []
+    for block in _SHELL_BLOCK.finditer((REPO / "README.md").read_text()):
+        for command in block.group(1).replace("\\\n", " ").splitlines():
+            if "buf curl" in command:
+                commands.append(command.strip())
+    return commands
+
+
+def test_the_readme_buf_curl_commands_run(sidecar: SidecarProcess) -> None:
+    """``buf curl`` against the sidecar: it lists the service and a Chat streams to its TurnEnd."""
+    import shlex
+    import subprocess
+
+    commands = _buf_curl_commands()
+    assert len(commands) >= 2
+    outputs = []
+    for command in commands:
+        argv = shlex.split(command.replace(_ADDRESS, sidecar.target))
+        run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+        assert run.returncode == 0, (command, run.stderr)
+        outputs.append(run.stdout)
+    assert "turnwire.v1.ChatService" in outputs[0].splitlines()
+    assert '"turnEnd"' in outputs[1] and "TURN_STATUS_COMPLETED" in outputs[1]
+
+
+_YAML_BLOCK = re.compile(r"^```yaml\n(.*?)^```", re.DOTALL | re.MULTILINE)
+_NOT_TURNWIRE = ("apiVersion", "services", "version")  # Kubernetes, compose: other tools' files
+
+
+@pytest.mark.parametrize("text", _snippets(_YAML_BLOCK))
+def test_config_snippet_is_a_valid_configuration(
+    text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every ``yaml`` block of the docs that is a Turnwire config loads as written (the files it
+    names, certificates say, are created empty beside it)."""
+    import yaml
+
+    from turnwire_server.config import load_settings
+
+    data = yaml.safe_load(text)
+    assert isinstance(data, dict), "a config snippet is a mapping of sections"
+    if any(key in data for key in _NOT_TURNWIRE):
+        return
+    monkeypatch.chdir(tmp_path)
+    for name in re.findall(r"[\w./-]+\.(?:pem|crt|key|json)\b", text):
+        if not name.startswith("/"):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text("")
+    path = tmp_path / "turnwire.yaml"
+    path.write_text(text)
+    load_settings(path)

@@ -347,6 +347,36 @@ async def test_finish_turn_records_end_state(store: Store, store_backend: StoreB
     assert [m.id for m in await store.load_messages("conv-1")] == ["u1", "asst-1"]
 
 
+async def test_partial_replies_are_those_whose_latest_turn_did_not_complete(store: Store) -> None:
+    reply = message_pb2.ROLE_ASSISTANT
+
+    async def turn(request_id: str, message_id: str, state: Any, seconds: int) -> None:
+        record = dataclasses.replace(
+            _turn(request_id, assistant_message_id=message_id),
+            start_time=T0 + dt.timedelta(seconds=seconds),
+        )
+        await store.start_turn(record, [_text(f"u-{request_id}", "q")] if seconds % 2 == 0 else [])
+        if state != "running":
+            ended = dataclasses.replace(
+                record, state=state, end_time=record.start_time + dt.timedelta(seconds=1)
+            )
+            await store.finish_turn(ended, _text(message_id, "a", reply))
+
+    assert await store.partial_replies("conv-1") == {}
+    await turn("r-done", "a-done", "completed", 0)
+    await turn("r-cut", "a-cut", "aborted", 2)
+    await turn("r-failed", "a-failed", "error", 4)
+    await turn("r-resumed", "a-cut-then-done", "aborted", 6)
+    await turn("r-continued", "a-cut-then-done", "completed", 7)  # a continuation completed it
+    await turn("r-live", "a-live", "running", 8)
+    assert await store.partial_replies("conv-1") == {
+        "a-cut": ("r-cut", "aborted"),
+        "a-failed": ("r-failed", "error"),
+        "a-live": ("r-live", "running"),
+    }
+    assert await store.partial_replies("no-such-conversation") == {}
+
+
 async def test_finish_unknown_turn_raises_and_stores_nothing(store: Store) -> None:
     await store.start_turn(_turn(), [_text("u1", "q")])
     with pytest.raises(StoreError, match="no turn"):

@@ -312,3 +312,27 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
         3,
         4,
     ]
+
+
+@pytest.mark.parametrize("read_only", ["file", "folder"])
+async def test_a_read_only_store_says_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_only: str
+) -> None:
+    # Root (as in CI) may write anything, so the permission check is what is simulated here.
+    import os
+
+    from turnwire_server.store import sqlite as sqlite_module
+
+    path = tmp_path / "data" / "turnwire.db"
+    path.parent.mkdir()
+    if read_only == "file":
+        path.write_bytes(b"")
+    target = path if read_only == "file" else path.parent
+    real_access = os.access
+    monkeypatch.setattr(
+        sqlite_module.os, "access", lambda p, mode: False if Path(p) == target else real_access(p, mode)
+    )
+    store = SqliteStore(path)
+    with pytest.raises(StoreError, match=f"store {read_only} {target} is read-only"):
+        await store.open()
+    assert not (path.parent / "turnwire.db.lock").exists()

@@ -38,6 +38,7 @@ from turnwire_server.engine.replica import Replica
 from turnwire_server.engine.submissions import Submissions
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.importing import import_object
+from turnwire_server.listen_check import ListenAddressError, check_listen_address
 from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
 from turnwire_server.providers.settings import ProviderConfigError, build_provider
 from turnwire_server.remote_hooks import RemoteMiddleware
@@ -84,13 +85,21 @@ def load_middlewares(entries: Sequence[MiddlewareEntry]) -> list[Middleware]:
 
 
 def build_providers(settings: Settings) -> ProviderRegistry:
-    """The configured providers by name."""
+    """The configured providers by name. Raises :class:`StartupError` listing every provider that
+    cannot be built (all missing API keys at once, not the first only)."""
     providers: dict[str, Provider] = {}
+    problems: list[str] = []
     for name, config in settings.providers.items():
         try:
             providers[name] = build_provider(name, config)
         except ProviderConfigError as error:
-            raise StartupError(str(error)) from error
+            problems.append(str(error))
+    if len(problems) == 1:
+        raise StartupError(problems[0])
+    if problems:
+        raise StartupError(
+            "\n".join([f"{len(problems)} providers cannot start:", *(f"  {p}" for p in problems)])
+        )
     return ProviderRegistry(providers)
 
 
@@ -263,6 +272,10 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
                 "the summary model (ContextCompaction's summary_model) to a configured one "
                 "(offline: scripted:summarizer)"
             ) from error
+    try:
+        check_listen_address(settings.listen)
+    except ListenAddressError as error:
+        raise StartupError(str(error)) from error
     try:
         store = open_store(
             settings.store.url, pool_size=settings.store.pool_size, password_env=settings.store.password_env

@@ -1,5 +1,6 @@
-"""The ``turnwire`` command: ``serve`` the sidecar, ``migrate`` its store, ``chat`` with it, read
-``history``, check its ``health``, run the ``demo``; ``--version``."""
+"""The ``turnwire`` command: ``serve`` the sidecar, ``migrate`` its store, ``chat`` with it,
+``continue`` or ``cancel`` a turn, list ``conversations``, read ``history``, check its ``health``,
+run the ``demo``; ``--version``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,6 +19,7 @@ app = typer.Typer(
     help="Turnwire: a gRPC sidecar that runs persisted, multi-step LLM chat turns.",
     no_args_is_help=True,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
 )
 
@@ -58,11 +61,31 @@ def _configure_logging(level: str) -> None:
 
 @app.command()
 def serve(
-    listen: Annotated[str | None, typer.Option(help="Address to listen on, HOST:PORT.")] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file.")] = None,
-    store: Annotated[str | None, typer.Option(help="Store URL, e.g. sqlite:///turnwire.db.")] = None,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            help="Address to listen on, HOST:PORT. Default: $TURNWIRE_LISTEN, else listen: in the "
+            "config, else 127.0.0.1:50051."
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", envvar="TURNWIRE_CONFIG", help="YAML configuration file."),
+    ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            help="Store URL: sqlite:///PATH or postgresql://... Default: $TURNWIRE_STORE__URL, else "
+            "store.url in the config, else sqlite:///turnwire.db."
+        ),
+    ] = None,
 ) -> None:
-    """Run the sidecar until SIGTERM or SIGINT (then stop gracefully and exit 0)."""
+    """Run the sidecar until SIGTERM or SIGINT (then stop gracefully and exit 0).
+
+    Every setting also comes from TURNWIRE_* variables, sections joined by __ (TURNWIRE_LIMITS__MAX_STEPS=20).
+
+    Flags win over variables, variables over the config file.
+    """
     from turnwire_server.app import StartupError
     from turnwire_server.app import serve as run_server
     from turnwire_server.config import ConfigError, load_settings
@@ -181,7 +204,50 @@ def chat(
         if not isinstance(parsed_body, dict):
             typer.echo("turnwire: --body must be a JSON object", err=True)
             raise typer.Exit(2)
-    raise typer.Exit(asyncio.run(run_chat(target, conversation, text, model=model, body=parsed_body)))
+    raise typer.Exit(_interruptible(run_chat(target, conversation, text, model=model, body=parsed_body)))
+
+
+def _interruptible(turn: Coroutine[Any, Any, int]) -> int:
+    """Run a turn-rendering coroutine; Ctrl-C cancels it (the renderer says the turn was aborted)
+    and gives exit status 130, as shells expect of SIGINT."""
+    try:
+        return asyncio.run(turn)
+    except KeyboardInterrupt:
+        return 130
+
+
+@app.command("continue")
+def continue_(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    target: TargetOption = "127.0.0.1:50051",
+    model: Annotated[str | None, typer.Option(help="Model for this turn, provider:model.")] = None,
+) -> None:
+    """Let the model continue after the last assistant message (ContinueLastTurn), streaming it."""
+    from turnwire_server.console import run_continue
+
+    raise typer.Exit(_interruptible(run_continue(target, conversation, model=model)))
+
+
+@app.command()
+def cancel(
+    request_id: Annotated[str, typer.Argument(help="The turn's request id (turnwire chat shows it).")],
+    target: TargetOption = "127.0.0.1:50051",
+) -> None:
+    """Cancel a running or queued turn by its request id (exit status 1 when none is running)."""
+    from turnwire_server.console import run_cancel
+
+    raise typer.Exit(asyncio.run(run_cancel(target, request_id)))
+
+
+@app.command()
+def conversations(
+    target: TargetOption = "127.0.0.1:50051",
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 50,
+) -> None:
+    """List conversations, most recently updated first."""
+    from turnwire_server.console import run_conversations
+
+    raise typer.Exit(asyncio.run(run_conversations(target, limit=limit)))
 
 
 @app.command()

@@ -9,6 +9,7 @@ Validation errors name the field and what is wrong (:func:`load_settings`).
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -23,7 +24,12 @@ from pydantic_settings import (
 )
 
 from turnwire.hooks import HOOK_NAMES
-from turnwire_server.providers.settings import ProviderSettings, default_providers, entry_location
+from turnwire_server.providers.settings import (
+    PROVIDER_TYPES,
+    ProviderSettings,
+    default_providers,
+    entry_location,
+)
 from turnwire_server.store.postgres_url import is_postgres_url
 from turnwire_server.tools.settings import McpServerSettings, ToolHostSettings
 
@@ -386,8 +392,44 @@ def _describe(error: ValidationError, origin: str) -> str:
         message = item["msg"]
         if item["type"] == "extra_forbidden":
             message = "unknown field (check its spelling and its section)"
+        elif item["type"] == "value_error":
+            message = str(message).removeprefix("Value error, ")
+        elif item["type"] in ("union_tag_invalid", "union_tag_not_found") and location.startswith(
+            "providers."
+        ):
+            message = _provider_type_problem(item)
         lines.append(f"  {location}: {message}")
     return "\n".join(lines)
+
+
+def _provider_type_problem(item: Any) -> str:
+    """What to fix in a ``providers:`` entry whose ``type`` is missing or unknown."""
+    known = sorted(PROVIDER_TYPES)
+    tag = (item.get("ctx") or {}).get("tag")
+    if tag is None:
+        name = str(item["loc"][1]) if len(item["loc"]) > 1 else ""
+        guess = name if name in PROVIDER_TYPES else "openai"
+        return f"no `type:` given; add `type: {guess}` (one of {', '.join(known)})"
+    close = difflib.get_close_matches(str(tag), known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown type {tag!r}; {hint}use one of {', '.join(known)}"
+
+
+def _top_level_problem(config_file: Path) -> str | None:
+    """Why ``config_file`` cannot be a configuration before pydantic reads it, or None: the top level
+    must be a mapping of sections (``listen:``, ``providers:``, ...)."""
+    try:
+        data = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None  # reported with its own message when pydantic-settings reads the file
+    if data is None or isinstance(data, dict):
+        return None
+    kinds: dict[type, str] = {list: "a list", str: "a single string"}
+    kind = kinds.get(type(data), f"a {type(data).__name__}")
+    return (
+        f"{config_file}: the top level is {kind}; it must be a mapping of sections, "
+        "e.g. `listen: 127.0.0.1:50051` and `providers:` on their own lines, not `- item` entries"
+    )
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
@@ -399,6 +441,8 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     """
     if config_file is not None and not config_file.is_file():
         raise ConfigError(f"config file {config_file} does not exist")
+    if config_file is not None and (problem := _top_level_problem(config_file)) is not None:
+        raise ConfigError(problem)
     Settings._yaml_file = config_file
     origin = "flags, TURNWIRE_* variables" + (f" and {config_file}" if config_file else "")
     try:

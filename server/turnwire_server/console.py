@@ -7,25 +7,31 @@ captured by tests and piped into files.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC
 from typing import Any
 
 import grpc
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from rich.console import Console
+from rich.status import Status
 from rich.text import Text
 
 from turnwire_client import ProtocolError, TurnResult, TurnwireClient, TurnwireError, collect
-from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 
 __all__ = [
     "EXIT_CALL_FAILED",
     "EXIT_OK",
     "EXIT_TURN_FAILED",
     "EXIT_UNREACHABLE",
+    "run_cancel",
     "run_chat",
+    "run_continue",
+    "run_conversations",
     "run_history",
 ]
 
@@ -86,19 +92,65 @@ async def run_chat(
 
     Never raises :class:`turnwire.TurnwireError`; other exceptions (e.g. cancellation) pass.
     """
+    request_id = f"cli-{uuid.uuid4().hex[:16]}"
+    return await _run_turn(
+        target,
+        request_id,
+        lambda client: client.chat(conversation_id, text, request_id=request_id, body=body, model=model),
+        console,
+    )
+
+
+async def run_continue(
+    target: str, conversation_id: str, *, model: str | None = None, console: Console | None = None
+) -> int:
+    """Let the model continue after the conversation's last assistant message (``ContinueLastTurn``)
+    and render that turn as :func:`run_chat` does; a conversation whose last message is not the
+    assistant's ends ``SKIPPED`` (exit code 1). Exit codes as for :func:`run_chat`."""
+    request_id = f"cli-{uuid.uuid4().hex[:16]}"
+    return await _run_turn(
+        target,
+        request_id,
+        lambda client: client.continue_last_turn(conversation_id, request_id=request_id, model=model),
+        console,
+    )
+
+
+async def _run_turn(
+    target: str,
+    request_id: str,
+    open_stream: Callable[[TurnwireClient], AsyncIterator[event_pb2.TurnEvent]],
+    console: Console | None,
+) -> int:
     out = console if console is not None else Console()
-    renderer = _TurnRenderer(out)
+    renderer = _TurnRenderer(out, request_id)
     try:
         async with TurnwireClient(target) as client:
-            events = client.chat(conversation_id, text, body=body, model=model)
-            result = await collect(renderer.tee(events))
+            result = await collect(renderer.tee(open_stream(client)))
+    except asyncio.CancelledError:
+        # Ctrl-C: asyncio.run cancels this task; leaving the stream cancels the turn on the
+        # sidecar (disconnect policy "cancel"), which stores the partial reply as ABORTED.
+        renderer.stop_waiting()
+        renderer.end_line()
+        out.print(
+            Text(
+                f"ABORTED by Ctrl-C · request {request_id}: the partial reply is stored as aborted",
+                style=_STATUS_STYLES[event_pb2.TURN_STATUS_ABORTED],
+            ),
+            soft_wrap=True,
+            highlight=False,
+        )
+        raise
     except ProtocolError as error:
+        renderer.stop_waiting()
         renderer.end_line()
         out.print(Text(f"protocol error: {error.message}", style="bold red"), soft_wrap=True)
         return EXIT_TURN_FAILED
     except TurnwireError as error:
+        renderer.stop_waiting()
         renderer.end_line()
         return _print_call_error(out, target, error, mid_turn=renderer.events_seen > 0)
+    renderer.stop_waiting()
     renderer.end_line()
     _print_status_line(out, result, renderer.model)
     return EXIT_OK if result.ok else EXIT_TURN_FAILED
@@ -142,24 +194,101 @@ async def run_history(target: str, conversation_id: str, *, console: Console | N
     out.print(header)
     if not conversation.messages:
         out.print(Text("(no messages)", style="dim"))
+    partial = {reply.message_id: reply for reply in conversation.partial_replies}
     for message in conversation.messages:
         out.print()
         _print_message(out, message)
+        if message.id in partial:
+            out.print(_partial_line(partial[message.id]), soft_wrap=True, highlight=False)
     return EXIT_OK
 
 
+async def run_conversations(target: str, *, limit: int = 50, console: Console | None = None) -> int:
+    """Print up to ``limit`` conversations, most recently updated first: id, message count, last
+    update (UTC); a last line says when more exist. Exit codes as for :func:`run_history`."""
+    out = console if console is not None else Console()
+    shown = 0
+    token = ""
+    try:
+        async with TurnwireClient(target) as client:
+            while shown < limit:
+                page = await client.list_conversations(page_size=min(limit - shown, 1000), page_token=token)
+                for conversation in page.conversations:
+                    line = Text(conversation.conversation_id, style="bold")
+                    line.append(f" · {_plural(conversation.message_count, 'message')}", style="dim")
+                    if conversation.HasField("update_time"):
+                        line.append(f" · updated {_time(conversation.update_time)}", style="dim")
+                    out.print(line, soft_wrap=True, highlight=False)
+                    shown += 1
+                token = page.next_page_token
+                if not token:
+                    break
+    except TurnwireError as error:
+        return _print_call_error(out, target, error)
+    if shown == 0:
+        out.print(Text("(no conversations)", style="dim"))
+    elif token:
+        out.print(Text(f"(more than {shown}; use --limit to see more)", style="dim"))
+    return EXIT_OK
+
+
+async def run_cancel(target: str, request_id: str, *, console: Console | None = None) -> int:
+    """Cancel the running or queued turn ``request_id`` (``CancelChat``; any replica). Prints
+    whether a turn was cancelled. Returns 0 when one was, 1 when no such turn is running, else as
+    for :func:`run_history`."""
+    out = console if console is not None else Console()
+    try:
+        async with TurnwireClient(target) as client:
+            cancelled = await client.cancel_chat(request_id)
+    except TurnwireError as error:
+        return _print_call_error(out, target, error)
+    if cancelled:
+        out.print(Text(f"cancelled {request_id}: its turn ends ABORTED", style="bold yellow"))
+        return EXIT_OK
+    out.print(Text(f"no running or queued turn {request_id} (finished, or never started)", style="dim"))
+    return EXIT_TURN_FAILED
+
+
 # -- live turn rendering ---------------------------------------------------------------------
+
+_WAITING_FOR: dict[str, str] = {
+    "turn_start": "waiting for the model",
+    "step_start": "waiting for the model",
+    "tool_input_available": "running the tool",
+}
+"""Events after which nothing shows until the model or a tool answers: a spinner says so."""
+
+_SILENT = frozenset({"text_start", "reasoning_start", "tool_input_start", "tool_input_delta", "step_finish"})
+"""Events that print nothing, so they leave the spinner up."""
 
 
 class _TurnRenderer:
     """Prints one turn's events as they arrive."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, request_id: str = "") -> None:
         self.console = console
+        self.request_id = request_id
         self.at_line_start = True
         self.tool_names: dict[str, str] = {}
         self.model = ""
         self.events_seen = 0
+        self.waiting: Status | None = None
+        self.wait("waiting for the sidecar")
+
+    def wait(self, what: str) -> None:
+        """Show a spinner saying ``what`` until the next visible output (terminals only: piped
+        output gets no control codes)."""
+        if not self.console.is_terminal or self.waiting is not None:
+            return
+        hint = f" · request {self.request_id} · Ctrl-C cancels" if self.request_id else ""
+        self.waiting = self.console.status(Text(f"{what}…{hint}", style="dim"), spinner="dots")
+        self.waiting.start()
+
+    def stop_waiting(self) -> None:
+        """Remove the spinner, if shown."""
+        if self.waiting is not None:
+            self.waiting.stop()
+            self.waiting = None
 
     async def tee(self, events: AsyncIterator[event_pb2.TurnEvent]) -> AsyncIterator[event_pb2.TurnEvent]:
         """Pass ``events`` through, rendering each once the consumer has accepted it."""
@@ -193,6 +322,14 @@ class _TurnRenderer:
 
     def render(self, event: event_pb2.TurnEvent) -> None:
         kind = event.WhichOneof("event")
+        if kind in _WAITING_FOR:
+            self.stop_waiting()
+            self.wait(_WAITING_FOR[kind])
+        elif kind not in _SILENT:
+            self.stop_waiting()
+        self._render(kind, event)
+
+    def _render(self, kind: str | None, event: event_pb2.TurnEvent) -> None:
         if kind == "turn_start":
             self.model = event.turn_start.model
         elif kind == "step_start":
@@ -221,8 +358,10 @@ class _TurnRenderer:
             self.line(Text(f"? {name} awaits approval", style="yellow"))
         elif kind == "tool_output_available":
             output = event.tool_output_available
-            if not output.preliminary:
-                self.line(_result_line(self._name(output.tool_call_id), output.output))
+            if output.preliminary:
+                self.line(_preliminary_line(self._name(output.tool_call_id), output.output))
+            else:
+                self.line(_result_line(self._name(output.tool_call_id), output.output, output.decision))
         elif kind == "tool_output_error":
             failed = event.tool_output_error
             self.line(_error_line(self._name(failed.tool_call_id), failed.error_text))
@@ -347,6 +486,17 @@ def _print_message(out: Console, message: message_pb2.Message) -> None:
             out.print(Text(f"[data {part.data.type}] {data}", style="dim"), soft_wrap=True)
 
 
+def _partial_line(reply: chat_service_pb2.PartialReply) -> Text:
+    """The mark under a reply whose turn did not complete (or is still running)."""
+    if reply.status == event_pb2.TURN_STATUS_UNSPECIFIED:
+        return Text(f"(partial: turn {reply.request_id} is still running)", style="yellow")
+    status = event_pb2.TurnStatus.Name(reply.status).removeprefix("TURN_STATUS_")
+    return Text(
+        f"(partial: turn {reply.request_id} ended {status})",
+        style=_STATUS_STYLES.get(reply.status, "bold"),
+    )
+
+
 def _print_tool_call(out: Console, call: message_pb2.ToolCallPart) -> None:
     if call.HasField("input") or not call.raw_input:
         out.print(_call_line(call.tool_name, _struct_json(call.input)), soft_wrap=True)
@@ -354,7 +504,7 @@ def _print_tool_call(out: Console, call: message_pb2.ToolCallPart) -> None:
         out.print(_call_line(call.tool_name, _short(call.raw_input), style="red"), soft_wrap=True)
     state = call.state
     if state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
-        line = _result_line(call.tool_name, call.output)
+        line = _result_line(call.tool_name, call.output, call.decision)
         if call.preliminary:
             line.append(" (preliminary)", style="dim")
         out.print(line, soft_wrap=True)
@@ -378,9 +528,28 @@ def _call_line(name: str, payload: str, *, style: str = "") -> Text:
     return Text.assemble(("→ ", "cyan"), (name, "bold cyan"), " ", (payload, style))
 
 
-def _result_line(name: str, value: struct_pb2.Value) -> Text:
+def _result_line(
+    name: str,
+    value: struct_pb2.Value,
+    decision: message_pb2.ToolCallDecision.ValueType = message_pb2.TOOL_CALL_DECISION_UNSPECIFIED,
+) -> Text:
+    """``← name: output``; a result a ``before_tool_call`` hook decided is marked as such (the
+    model took it as a success, but the tool did not run)."""
     payload = _short(_json(json_format.MessageToDict(value)))
-    return Text.assemble(("← ", "green"), (name, "bold green"), ": ", payload)
+    if decision == message_pb2.TOOL_CALL_DECISION_BLOCKED:
+        shown = value.string_value if value.WhichOneof("kind") == "string_value" else payload
+        return Text.assemble(
+            ("← ", "yellow"), (name, "bold yellow"), (": blocked by a hook: ", "yellow"), shown
+        )
+    line = Text.assemble(("← ", "green"), (name, "bold green"), ": ", payload)
+    if decision == message_pb2.TOOL_CALL_DECISION_SUBSTITUTED:
+        line.append(" (substituted by a hook; the tool did not run)", style="yellow")
+    return line
+
+
+def _preliminary_line(name: str, value: struct_pb2.Value) -> Text:
+    payload = _short(_json(json_format.MessageToDict(value)))
+    return Text.assemble(("… ", "dim"), (name, "bold dim"), ": ", (payload, "dim"), (" (preliminary)", "dim"))
 
 
 def _error_line(name: str, error_text: str) -> Text:

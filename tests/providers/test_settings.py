@@ -120,3 +120,55 @@ def test_an_environment_list_that_is_not_json_says_how_to_write_it(monkeypatch: 
         load_settings(None)
     monkeypatch.setenv("TURNWIRE_TOOLS__REQUIRE_APPROVAL", '["get_current_time"]')
     assert load_settings(None).tools.require_approval == ["get_current_time"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"base_url": "http://127.0.0.1:1/v1"}, "providers.openai: no `type:` given; add `type: openai`"),
+        ({"type": "antropic"}, "providers.openai: unknown type 'antropic'; did you mean 'anthropic'?"),
+        (
+            {"type": "openai", "default_headers": {"X-Team": "a "}},
+            "providers.openai.default_headers: header X-Team: value 'a ' has leading or trailing whitespace",
+        ),
+        (
+            {"type": "openai", "base_url": "localhost:8000/v1"},
+            "providers.openai.base_url: 'localhost:8000/v1' is not an http(s) URL with a host",
+        ),
+    ],
+)
+def test_a_bad_provider_entry_says_what_to_fix(tmp_path: Any, entry: dict[str, Any], message: str) -> None:
+    import yaml
+
+    from turnwire_server.config import ConfigError, load_settings
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"providers": {"openai": entry}}))
+    with pytest.raises(ConfigError) as raised:
+        load_settings(path)
+    assert message in str(raised.value)
+    assert "_entry_type" not in str(raised.value) and "Value error" not in str(raised.value)
+
+
+def test_an_entry_with_only_scripted_fields_needs_no_type() -> None:
+    parsed = ENTRIES.validate_python({"offline": {"scripts": {}, "context_window": 100}})
+    assert parsed["offline"].type == "scripted"
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+async def test_an_unreachable_upstream_names_its_endpoint(kind: str) -> None:
+    from support.sidecar import free_port
+
+    from turnwire_server.providers.errors import ProviderError
+
+    port = free_port()  # nothing listens there
+    base = f"http://127.0.0.1:{port}" + ("/v1" if kind == "openai" else "")
+    entry = ENTRIES.validate_python(
+        {"p": {"type": kind, "base_url": base, "api_key_env": None, "max_retries": 0}}
+    )
+    provider = build_provider("p", entry["p"], environ={})
+    result = await collect(provider, request(settings=_limit(5)))
+    await provider.aclose()
+    assert isinstance(result.error, ProviderError)
+    path = "/v1/chat/completions" if kind == "openai" else "/v1/messages"
+    assert f"p: connection error (POST http://127.0.0.1:{port}{path}):" in str(result.error)

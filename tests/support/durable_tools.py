@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -41,3 +42,15 @@ async def submit_followup(args: FollowupInput, execution: ToolExecution) -> dict
     async with TurnwireClient(os.environ["TURNWIRE_TEST_TARGET"], metadata=metadata) as client:
         response = await client.submit_messages(execution.conversation_id, args.text)
     return {"submission_id": response.submission.submission_id, "accepted": response.accepted}
+
+
+class CountdownInput(BaseModel):
+    start: int
+
+
+@tool(CountdownInput)
+async def countdown(args: CountdownInput, execution: ToolExecution) -> Any:
+    """A streaming tool: yields ``start``, ``start - 1`` … 1 as preliminary results, then ``"liftoff"``."""
+    for left in range(args.start, 0, -1):
+        yield {"left": left}
+    yield "liftoff"

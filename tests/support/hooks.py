@@ -133,7 +133,8 @@ class SlowResponse(Middleware):
 
 class BlockToolsFromBody(Middleware):
     """``before_tool_call``: block the tools named in the turn's ``body["block_tools"]`` (with the
-    reason ``"blocked by the test policy"``). The body is kept per request id from ``before_turn``,
+    reason ``"blocked by the test policy"``), substitute those in ``body["substitute_tools"]``.
+    The body is kept per request id from ``before_turn``,
     since a tool call's context does not carry it."""
 
     REASON = "blocked by the test policy"
@@ -142,20 +143,28 @@ class BlockToolsFromBody(Middleware):
         """No options."""
         super().__init__()
         self._blocked: dict[str, set[str]] = {}
+        self._substituted: dict[str, set[str]] = {}
 
     async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
         """Remember which tools this turn blocks."""
         names = ctx.body.get("block_tools")
         if names:
             self._blocked[ctx.request_id] = {str(name) for name in names}
+        substituted = ctx.body.get("substitute_tools")
+        if substituted:
+            self._substituted[ctx.request_id] = {str(name) for name in substituted}
         return None
 
     async def before_tool_call(self, ctx: ToolCallContext) -> ToolCallDecision | None:
-        """Block a named tool."""
+        """Block a named tool; substitute ``{"substituted": true}`` for one named in
+        ``body["substitute_tools"]``."""
         if ctx.tool_name in self._blocked.get(ctx.request_id, ()):
             return ToolCallDecision.block(self.REASON)
+        if ctx.tool_name in self._substituted.get(ctx.request_id, ()):
+            return ToolCallDecision.substitute({"substituted": True})
         return None
 
     async def on_chat_response(self, ctx: ChatResponseContext) -> None:
         """Forget the turn."""
         self._blocked.pop(ctx.request_id, None)
+        self._substituted.pop(ctx.request_id, None)

@@ -247,6 +247,22 @@ class CommandResult(NamedTuple):
     stderr: str
 
 
+async def spawn_turnwire(*args: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
+    """Start ``python -m turnwire_server ARGS`` with piped stdout and stderr, for a test that talks
+    to it while it runs (sends it a signal, say). Environment as for :func:`run_turnwire`."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TURNWIRE_")}
+    environment.update(env or {})
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "turnwire_server",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=environment,
+    )
+
+
 async def run_turnwire(
     *args: str,
     env: dict[str, str] | None = None,
@@ -259,17 +275,7 @@ async def run_turnwire(
     Raises:
         TimeoutError: it ran longer than ``timeout`` seconds.
     """
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("TURNWIRE_")}
-    environment.update(env or {})
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "turnwire_server",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=environment,
-    )
+    process = await spawn_turnwire(*args, env=env)
     try:
         out, err = await asyncio.wait_for(process.communicate(), timeout=timeout)
     except TimeoutError:

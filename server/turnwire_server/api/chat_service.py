@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from turnwire.tools import Tool
-from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
 from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.message_pages import decode_token, encode_token, page_of
 from turnwire_server.api.replays import replay_stream
@@ -53,6 +53,15 @@ def _not_found(conversation_id: str) -> TurnwireStatusError:
         reason="CONVERSATION_NOT_FOUND",
         metadata={"conversation_id": conversation_id},
     )
+
+
+_PARTIAL_STATUS: dict[str, event_pb2.TurnStatus.ValueType] = {
+    "running": event_pb2.TURN_STATUS_UNSPECIFIED,
+    "aborted": event_pb2.TURN_STATUS_ABORTED,
+    "error": event_pb2.TURN_STATUS_ERROR,
+    "interrupted": event_pb2.TURN_STATUS_INTERRUPTED,
+}
+"""A partial reply's turn state (:mod:`turnwire_server.store.partial_replies`) → ``PartialReply.status``."""
 
 
 class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_pb2_grpc.ChatServiceServicer):
@@ -280,6 +289,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 raise _not_found(request.conversation_id)
             try:
                 messages = await self.store.load_messages(request.conversation_id)
+                partial = await self.store.partial_replies(request.conversation_id)
             except StoreError as error:
                 raise status_error_of(error) from error
         except TurnwireStatusError as error:
@@ -288,6 +298,12 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
         page, following = page_of(messages, start, request.page_size)
         conversation = conversation_proto(record)
         conversation.messages.extend(page)
+        for message in page:
+            if message.id in partial:
+                request_id, state = partial[message.id]
+                conversation.partial_replies.add(
+                    message_id=message.id, request_id=request_id, status=_PARTIAL_STATUS[state]
+                )
         token = "" if following is None else encode_token(request.conversation_id, following)
         return chat_service_pb2.GetConversationResponse(conversation=conversation, next_page_token=token)
 

@@ -28,6 +28,7 @@ from turnwire.hooks import (
 )
 from turnwire.tools import Tool, ToolError, ToolExecution, tool_timeout
 from turnwire.values import NotJsonError, parse_tool_input
+from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.assistant_message import OutputTooLarge
 from turnwire_server.engine.client_tools import hold_call
 from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR
@@ -37,6 +38,10 @@ from turnwire_server.hooks.chain import HookError
 log = logging.getLogger("turnwire.tools")
 
 BLOCKED_TEXT = 'Tool "{name}" was blocked by beforeToolCall.'
+BLOCKED = message_pb2.TOOL_CALL_DECISION_BLOCKED
+SUBSTITUTED = message_pb2.TOOL_CALL_DECISION_SUBSTITUTED
+_DECISIONS = {"blocked": BLOCKED, "substituted": SUBSTITUTED}
+"""``after_tool_call`` outcomes that a hook's decision produced → the mark on the stored part."""
 """What the model sees for a block without a reason (Think's exact wording)."""
 
 
@@ -190,12 +195,12 @@ class ToolCallRunner:
                     outcome = "blocked"
                     output = decision.reason or BLOCKED_TEXT.format(name=call.tool_name)
                     if streaming:
-                        await self._result(call, step_number, output, preliminary=True)
+                        await self._result(call, step_number, output, preliminary=True, decided=BLOCKED)
                 elif decision.action == "substitute":
                     outcome = "substituted"
                     output = decision.output
                     if streaming:
-                        await self._result(call, step_number, output, preliminary=True)
+                        await self._result(call, step_number, output, preliminary=True, decided=SUBSTITUTED)
                 else:
                     run_input = dict(decision.input) if decision.input is not None else model_input
                     try:
@@ -217,7 +222,8 @@ class ToolCallRunner:
         duration_ms = (time.perf_counter() - started) * 1000.0
         if success:
             try:
-                await self._result(call, step_number, output, preliminary=False)
+                decided = _DECISIONS.get(outcome, message_pb2.TOOL_CALL_DECISION_UNSPECIFIED)
+                await self._result(call, step_number, output, preliminary=False, decided=decided)
             except NotJsonError as not_json:
                 success, error_text = False, f"the tool's result is not JSON: {not_json}"
             except OutputTooLarge as too_large:
@@ -278,18 +284,28 @@ class ToolCallRunner:
             raise ToolError(f"tool {call.tool_name!r} timed out after {timeout:g} s") from None
 
     async def _result(
-        self, call: chunks.ToolCall, step_number: int, output: Any, *, preliminary: bool
+        self,
+        call: chunks.ToolCall,
+        step_number: int,
+        output: Any,
+        *,
+        preliminary: bool,
+        decided: message_pb2.ToolCallDecision.ValueType = message_pb2.TOOL_CALL_DECISION_UNSPECIFIED,
     ) -> None:
+        """Store and stream one (preliminary or final) result; ``decided`` marks a result a
+        ``before_tool_call`` decision produced (blocked or substituted) on the part and the event."""
         turn = self.turn
         part = turn.assistant.set_output(
             call.tool_call_id, output, preliminary=preliminary, max_bytes=self._max_output_bytes
         )
+        part.decision = decided
         event = turn.writer.new().tool_output_available
         event.tool_call_id = call.tool_call_id
         event.output_json = part.output_json
         if part.HasField("output"):
             event.output.CopyFrom(part.output)
         event.preliminary = preliminary
+        event.decision = decided
         await self._observe(part, step_number)
 
     async def _error(self, call: chunks.ToolCall, step_number: int, error_text: str) -> None:

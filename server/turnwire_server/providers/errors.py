@@ -204,15 +204,42 @@ def from_stream_error(provider: str, body: Any) -> ProviderError:
     )
 
 
+def request_endpoint(error: BaseException) -> str | None:
+    """``"POST http://host:port/path"`` of the HTTP request ``error`` (an SDK ``APIConnectionError`` or
+    an ``httpx2`` error, or their cause) was raised for, without the query string; None when unknown.
+    A network error names the endpoint so a wrong ``base_url`` is visible at once."""
+    seen: BaseException | None = error
+    for _ in range(3):  # the error, its cause, the cause's cause
+        if seen is None:
+            return None
+        try:
+            request = getattr(seen, "request", None)
+        except RuntimeError:  # httpx: ".request" of an error raised without one
+            request = None
+        if request is not None and getattr(request, "url", None) is not None:
+            url = request.url
+            return f"{request.method} {url.scheme}://{url.netloc.decode('ascii', 'replace')}{url.path}"
+        seen = seen.__cause__
+    return None
+
+
 def connection_error(
-    provider: str, error: BaseException, *, timeout: bool = False, in_stream: bool = False
+    provider: str,
+    error: BaseException,
+    *,
+    timeout: bool = False,
+    in_stream: bool = False,
+    endpoint: str | None = None,
 ) -> ProviderError:
     """No (complete) response: refused, reset, dropped mid-stream (``in_stream``), or timed out.
-    Retryable, status 0."""
+    Retryable, status 0. The message names ``endpoint`` (default: :func:`request_endpoint` of
+    ``error``) so an unreachable or mistyped ``base_url`` shows."""
     kind = "timeout" if timeout else "connection_error"
     detail = str(error) or type(error).__name__
+    endpoint = endpoint or request_endpoint(error)
+    where = f" ({endpoint})" if endpoint else ""
     return ProviderError(
-        f"{provider}: {kind.replace('_', ' ')}: {detail}",
+        f"{provider}: {kind.replace('_', ' ')}{where}: {detail}",
         status=0,
         type=kind,
         retryable=True,
@@ -240,9 +267,9 @@ def from_sdk_error(provider: str, error: BaseException, sdk: ModuleType) -> Prov
             provider, error.status_code, response.headers, body, fallback_message=error.message
         )
     if isinstance(error, sdk.APITimeoutError):
-        return connection_error(provider, error, timeout=True)
+        return connection_error(provider, error, timeout=True, endpoint=request_endpoint(error))
     if isinstance(error, sdk.APIConnectionError):
-        return connection_error(provider, error.__cause__ or error)
+        return connection_error(provider, error.__cause__ or error, endpoint=request_endpoint(error))
     return None
 
 

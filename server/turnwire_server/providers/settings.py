@@ -23,13 +23,18 @@ admission; empty: any model). :func:`build_provider` raises
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from turnwire.providers import Provider
 from turnwire.testing import ScriptStep
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_FIELD_VALUE = re.compile(r"(?:[\x21-\x7e\x80-\xff](?:[\x20\x09\x21-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?")
 
 NO_KEY = "no-key"
 """Sent as the API key to servers configured with ``api_key_env: null`` (the SDKs require one)."""
@@ -69,6 +74,35 @@ class _SdkProviderSettings(_Entry):
     max_retries: int = Field(2, ge=0, le=10)
     models: list[str] = Field(default_factory=list, description="allowed model names; empty: any")
 
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"{value!r} is not an http(s) URL with a host; write it like https://api.example.com/v1"
+            )
+        return value
+
+    @field_validator("default_headers")
+    @classmethod
+    def _valid_headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        # RFC 9110 §5.1 (field-name = token) and §5.5 (field-value: no leading or trailing
+        # whitespace, no CR/LF/NUL): httpx would refuse such a header only at the first request.
+        for name, value in headers.items():
+            if not _TOKEN.fullmatch(name):
+                raise ValueError(
+                    f"header name {name!r} is not an HTTP token (letters, digits, !#$%&'*+-.^_`|~)"
+                )
+            if not _FIELD_VALUE.fullmatch(value):
+                raise ValueError(
+                    f"header {name}: value {value!r} has leading or trailing whitespace or a control "
+                    "character; remove them"
+                )
+        return headers
+
 
 class AnthropicProviderSettings(_SdkProviderSettings):
     """Anthropic Messages. ``default_max_tokens`` is sent when a turn sets no ``max_output_tokens``
@@ -102,10 +136,15 @@ class OpenAIResponsesProviderSettings(_SdkProviderSettings):
     encrypted_reasoning: Literal["auto", "always", "never"] = "auto"
 
 
-def _entry_type(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return str(value.get("type", "scripted"))
-    return str(getattr(value, "type", "scripted"))
+def _entry_type(value: Any) -> str | None:
+    """The entry's tag. No ``type:`` means ``scripted`` only when every key is a scripted field:
+    an entry with ``base_url`` or ``api_key_env`` but no ``type`` is a mistake to report
+    (None: pydantic's ``union_tag_not_found``), not a scripted model to start."""
+    if not isinstance(value, Mapping):
+        return str(getattr(value, "type", "scripted"))
+    if "type" in value:
+        return str(value["type"])
+    return "scripted" if set(value) <= set(ScriptedProviderSettings.model_fields) else None
 
 
 ProviderSettings = Annotated[

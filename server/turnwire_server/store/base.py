@@ -398,6 +398,12 @@ class Store(Protocol):
         """All messages of the conversation, oldest first ([] when none)."""
         ...
 
+    async def partial_replies(self, conversation_id: str) -> dict[str, tuple[str, TurnState]]:
+        """``{assistant message id: (request id, state)}`` for each reply whose latest turn (a
+        continuation writes the same message) is ``running``, ``aborted``, ``error`` or
+        ``interrupted``; complete replies are absent. One read."""
+        ...
+
     async def start_turn(
         self, turn: TurnRecord, messages: Sequence[message_pb2.Message]
     ) -> list[message_pb2.Message] | None:

@@ -47,8 +47,10 @@ from turnwire_server.store.base import (
     SubmissionState,
     ToolCallAnswer,
     TurnRecord,
+    TurnState,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
+from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql
 from turnwire_server.store.postgres_migrations import apply_migrations, load_migrations
 from turnwire_server.store.postgres_replicas import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL, Listener
 from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
@@ -102,6 +104,9 @@ class _Queued:
     what: str
     body: Callable[[Any, int], Awaitable[None]]
     future: asyncio.Future[None]
+
+
+_PARTIAL_REPLIES_SQL = partial_replies_sql("%s")
 
 
 class PostgresStore:
@@ -460,6 +465,11 @@ class PostgresStore:
         Raises :class:`StoreCorrupted` for a message that cannot be decoded."""
         rows = await self._read("load_messages", writes.LOAD_MESSAGES_SQL, (conversation_id,))
         return writes.messages_from_rows(conversation_id, rows)
+
+    async def partial_replies(self, conversation_id: str) -> dict[str, tuple[str, TurnState]]:
+        """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
+        rows = await self._read("partial_replies", _PARTIAL_REPLIES_SQL, (conversation_id,))
+        return partial_replies_of(rows)
 
     async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
         """Remove the partial reply ``message_id`` and record ``turn``'s new reply id, one

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, suppress
 from pathlib import Path
@@ -36,8 +37,10 @@ from turnwire_server.store.base import (
     SubmissionState,
     ToolCallAnswer,
     TurnRecord,
+    TurnState,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
+from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql
 from turnwire_server.store.sqlite_compactions import discard_reply_write, save_compaction_write
 from turnwire_server.store.sqlite_migrations import Migration, load_migrations
 from turnwire_server.store.sqlite_rows import (
@@ -87,6 +90,30 @@ from turnwire_server.store.sqlite_writes import (
 )
 
 __all__ = ["Migration", "SqliteStore", "load_migrations"]
+
+
+def read_only_problem(path: Path) -> str | None:
+    """Why the store at ``path`` cannot be written, or None. SQLite in WAL mode writes the file, its
+    ``-wal`` and ``-shm`` files and the sidecar's ``.lock`` beside it, so both the file (when it
+    exists) and its folder (the nearest existing one) must be writable; SQLite itself would only
+    say ``unable to open database file``."""
+    if path.exists() and not os.access(path, os.W_OK):
+        return (
+            f"store file {path} is read-only; make it writable (chmod u+w) or set store.url "
+            "to a writable file"
+        )
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return (
+            f"store folder {folder} is read-only; the store writes {path.name} and its -wal, -shm and .lock "
+            "files there: make the folder writable or set store.url to a file in a writable folder"
+        )
+    return None
+
+
+_PARTIAL_REPLIES_SQL = partial_replies_sql("?")
 
 
 class SqliteStore:
@@ -150,6 +177,8 @@ class SqliteStore:
             return
         if self._closing:
             raise StoreError("sqlite store: closed; create a new SqliteStore to reopen")
+        if (problem := read_only_problem(self._path)) is not None:
+            raise StoreError(problem)
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             self._process_lock.acquire()
@@ -257,6 +286,11 @@ class SqliteStore:
         """All messages of the conversation in append order ([] when none or no conversation)."""
         rows = await self._read("load_messages", LOAD_MESSAGES_SQL, (conversation_id,))
         return messages_from_rows(conversation_id, rows)
+
+    async def partial_replies(self, conversation_id: str) -> dict[str, tuple[str, TurnState]]:
+        """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
+        rows = await self._read("partial_replies", _PARTIAL_REPLIES_SQL, (conversation_id,))
+        return partial_replies_of(rows)
 
     async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
         """Remove the partial reply ``message_id`` and record ``turn``'s new reply id; see

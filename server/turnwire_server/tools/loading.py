@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
@@ -14,11 +15,35 @@ class ToolLoadError(Exception):
     """A configured tool path does not resolve to a tool."""
 
 
+def _takes_no_arguments(factory: Any) -> bool:
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: let the call decide
+        return True
+    return all(
+        p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        for p in signature.parameters.values()
+    )
+
+
 def _as_tools(value: Any, path: str) -> list[Tool]:
     if isinstance(value, Tool):
         return [value]
-    if callable(value):
-        return _as_tools(value(), path)
+    if callable(value) and not isinstance(value, type):
+        if not _takes_no_arguments(value):
+            raise ToolLoadError(
+                f"{path} is a plain function {getattr(value, '__name__', '')}{inspect.signature(value)}, "
+                "not a tool: decorate it with "
+                "@tool(InputModel) from turnwire.tools (docs/tools.md), or point to a zero-argument "
+                "function that returns tools"
+            )
+        try:
+            made = value()
+        except Exception as error:
+            raise ToolLoadError(
+                f"{path}(): the tool factory raised {type(error).__name__}: {error}"
+            ) from error
+        return _as_tools(made, path)
     if isinstance(value, Iterable) and not isinstance(value, str | bytes):
         tools = list(value)
         if all(isinstance(t, Tool) for t in tools):

@@ -404,6 +404,7 @@ class Conversation(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    PARTIAL_REPLIES_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation's id."""
     message_count: _builtins.int
@@ -420,6 +421,14 @@ class Conversation(_message.Message):
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]:
         """Its messages, oldest first; filled by GetConversation only."""
 
+    @_builtins.property
+    def partial_replies(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartialReply]:
+        """Output only, filled by GetConversation: the assistant messages among
+        `messages` that are partial because the turn that last wrote them is
+        still running or ended other than COMPLETED (cancelled, failed, cut
+        short). A complete reply is not listed.
+        """
+
     def __init__(
         self,
         *,
@@ -428,14 +437,47 @@ class Conversation(_message.Message):
         update_time: _timestamp_pb2.Timestamp | None = ...,
         message_count: _builtins.int = ...,
         messages: _abc.Iterable[_message_pb2.Message] | None = ...,
+        partial_replies: _abc.Iterable[Global___PartialReply] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "message_count", b"message_count", "messages", b"messages", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "message_count", b"message_count", "messages", b"messages", "partial_replies", b"partial_replies", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Conversation: _TypeAlias = Conversation  # noqa: Y015
+
+@_typing.final
+class PartialReply(_message.Message):
+    """PartialReply marks an assistant message whose turn did not complete."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    message_id: _builtins.str
+    """The assistant message's id."""
+    request_id: _builtins.str
+    """The turn that last wrote it."""
+    status: _event_pb2.TurnStatus.ValueType
+    """How that turn ended (ABORTED, ERROR or INTERRUPTED); TURN_STATUS_UNSPECIFIED
+    while it is still running.
+    """
+    def __init__(
+        self,
+        *,
+        message_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+        status: _event_pb2.TurnStatus.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id", "request_id", b"request_id", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartialReply: _TypeAlias = PartialReply  # noqa: Y015
 
 @_typing.final
 class GetConversationRequest(_message.Message):

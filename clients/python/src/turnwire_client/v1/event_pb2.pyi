@@ -657,6 +657,7 @@ class ToolOutputAvailable(_message.Message):
     OUTPUT_FIELD_NUMBER: _builtins.int
     PRELIMINARY_FIELD_NUMBER: _builtins.int
     OUTPUT_JSON_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id."""
     preliminary: _builtins.bool
@@ -665,6 +666,10 @@ class ToolOutputAvailable(_message.Message):
     """
     output_json: _builtins.str
     """The result as JSON text, exactly as the tool returned it."""
+    decision: _message_pb2.ToolCallDecision.ValueType
+    """BLOCKED or SUBSTITUTED when a before_tool_call hook decided the result
+    instead of the tool.
+    """
     @_builtins.property
     @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def output(self) -> _struct_pb2.Value:
@@ -679,10 +684,11 @@ class ToolOutputAvailable(_message.Message):
         output: _struct_pb2.Value | None = ...,
         preliminary: _builtins.bool = ...,
         output_json: _builtins.str = ...,
+        decision: _message_pb2.ToolCallDecision.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["output", b"output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "tool_call_id", b"tool_call_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -98,6 +98,32 @@ TOOL_CALL_STATE_OUTPUT_DENIED: ToolCallState.ValueType  # 7
 """The client denied the call."""
 Global___ToolCallState: _TypeAlias = ToolCallState  # noqa: Y015
 
+class _ToolCallDecision:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolCallDecisionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolCallDecision.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_CALL_DECISION_UNSPECIFIED: _ToolCallDecision.ValueType  # 0
+    """No such decision: the tool ran (or the client answered the call)."""
+    TOOL_CALL_DECISION_BLOCKED: _ToolCallDecision.ValueType  # 1
+    """The hook blocked the call; the result is the reason the model was given."""
+    TOOL_CALL_DECISION_SUBSTITUTED: _ToolCallDecision.ValueType  # 2
+    """The hook substituted the result; the tool did not run."""
+
+class ToolCallDecision(_ToolCallDecision, metaclass=_ToolCallDecisionEnumTypeWrapper):
+    """ToolCallDecision is a before_tool_call decision that produced a call's
+    result in place of the tool.
+    """
+
+TOOL_CALL_DECISION_UNSPECIFIED: ToolCallDecision.ValueType  # 0
+"""No such decision: the tool ran (or the client answered the call)."""
+TOOL_CALL_DECISION_BLOCKED: ToolCallDecision.ValueType  # 1
+"""The hook blocked the call; the result is the reason the model was given."""
+TOOL_CALL_DECISION_SUBSTITUTED: ToolCallDecision.ValueType  # 2
+"""The hook substituted the result; the tool did not run."""
+Global___ToolCallDecision: _TypeAlias = ToolCallDecision  # noqa: Y015
+
 @_typing.final
 class Message(_message.Message):
     """Message is one entry of a conversation's transcript: a user's input, or an
@@ -289,6 +315,7 @@ class ToolCallPart(_message.Message):
     OUTPUT_JSON_FIELD_NUMBER: _builtins.int
     APPROVAL_FIELD_NUMBER: _builtins.int
     CLIENT_EXECUTED_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The provider's id for the call; results refer to it."""
     tool_name: _builtins.str
@@ -315,6 +342,11 @@ class ToolCallPart(_message.Message):
     """
     client_executed: _builtins.bool
     """True for a call of a client-side tool: the client runs it."""
+    decision: Global___ToolCallDecision.ValueType
+    """BLOCKED or SUBSTITUTED when a before_tool_call hook decided the result
+    instead of the tool (docs/semantics.md §3); the model sees it as a
+    successful result either way.
+    """
     @_builtins.property
     @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def input(self) -> _struct_pb2.Struct:
@@ -349,10 +381,11 @@ class ToolCallPart(_message.Message):
         output_json: _builtins.str = ...,
         approval: Global___ToolCallApproval | None = ...,
         client_executed: _builtins.bool = ...,
+        decision: Global___ToolCallDecision.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "input", b"input", "output", b"output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "client_executed", b"client_executed", "error_text", b"error_text", "input", b"input", "input_json", b"input_json", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "raw_input", b"raw_input", "state", b"state", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "client_executed", b"client_executed", "decision", b"decision", "error_text", b"error_text", "input", b"input", "input_json", b"input_json", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "raw_input", b"raw_input", "state", b"state", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

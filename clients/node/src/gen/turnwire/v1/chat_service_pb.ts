@@ -8,7 +8,7 @@ import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Status } from "../../google/rpc/status_pb.js";
 import { file_google_rpc_status } from "../../google/rpc/status_pb.js";
-import type { TurnEvent } from "./event_pb.js";
+import type { TurnEvent, TurnStatus } from "./event_pb.js";
 import { file_turnwire_v1_event } from "./event_pb.js";
 import type { Message as Message$1 } from "./message_pb.js";
 import { file_turnwire_v1_message } from "./message_pb.js";
@@ -18,7 +18,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file turnwire/v1/chat_service.proto.
  */
 export const file_turnwire_v1_chat_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch50dXJud2lyZS92MS9jaGF0X3NlcnZpY2UucHJvdG8SC3R1cm53aXJlLnYxIl4KCkNsaWVudFRvb2wSDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRItCgxpbnB1dF9zY2hlbWEYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IoACCgtDaGF0UmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJQoHbWVzc2FnZRgCIAEoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USEgoKcmVxdWVzdF9pZBgDIAEoCRIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgFIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgGIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAcgAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbCI1CgxDaGF0UmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQiiQIKE1NhdmVNZXNzYWdlc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiYKCG1lc3NhZ2VzGAIgAygLMhQudHVybndpcmUudjEuTWVzc2FnZRISCgpyZXF1ZXN0X2lkGAMgASgJEiUKBGJvZHkYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eg0KBW1vZGVsGAUgASgJEjgKEWRpc2Nvbm5lY3RfcG9saWN5GAYgASgOMh0udHVybndpcmUudjEuRGlzY29ubmVjdFBvbGljeRItCgxjbGllbnRfdG9vbHMYByADKAsyFy50dXJud2lyZS52MS5DbGllbnRUb29sIj0KFFNhdmVNZXNzYWdlc1Jlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50IuUBChdDb250aW51ZUxhc3RUdXJuUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEgoKcmVxdWVzdF9pZBgCIAEoCRIlCgRib2R5GAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgEIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgFIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAYgAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbCJBChhDb250aW51ZUxhc3RUdXJuUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQiyAEKDENvbnZlcnNhdGlvbhIXCg9jb252ZXJzYXRpb25faWQYASABKAkSLwoLY3JlYXRlX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1tZXNzYWdlX2NvdW50GAQgASgDEiYKCG1lc3NhZ2VzGAUgAygLMhQudHVybndpcmUudjEuTWVzc2FnZSJYChZHZXRDb252ZXJzYXRpb25SZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJjChdHZXRDb252ZXJzYXRpb25SZXNwb25zZRIvCgxjb252ZXJzYXRpb24YASABKAsyGS50dXJud2lyZS52MS5Db252ZXJzYXRpb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIkEKGExpc3RDb252ZXJzYXRpb25zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJmChlMaXN0Q29udmVyc2F0aW9uc1Jlc3BvbnNlEjAKDWNvbnZlcnNhdGlvbnMYASADKAsyGS50dXJud2lyZS52MS5Db252ZXJzYXRpb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIicKEUNhbmNlbENoYXRSZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkiJwoSQ2FuY2VsQ2hhdFJlc3BvbnNlEhEKCWNhbmNlbGxlZBgBIAEoCCJGChFSZXN1bWVUdXJuUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEh0KFWFmdGVyX3NlcXVlbmNlX251bWJlchgCIAEoAyI7ChJSZXN1bWVUdXJuUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQilAMKClN1Ym1pc3Npb24SFQoNc3VibWlzc2lvbl9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAMgASgJEisKBXN0YXRlGAQgASgOMhwudHVybndpcmUudjEuU3VibWlzc2lvblN0YXRlEikKCG1ldGFkYXRhGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIvCgtjcmVhdGVfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kX3RpbWUYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiEKBWVycm9yGAkgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXMSHAoUYXNzaXN0YW50X21lc3NhZ2VfaWQYCiABKAkSFQoNbWVzc2FnZV9jb3VudBgLIAEoBSKYAgoVU3VibWl0TWVzc2FnZXNSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRImCghtZXNzYWdlcxgCIAMoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USFQoNc3VibWlzc2lvbl9pZBgDIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYBCABKAkSKQoIbWV0YWRhdGEYBSABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EiUKBGJvZHkYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eg0KBW1vZGVsGAcgASgJEi0KDGNsaWVudF90b29scxgIIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wiVwoWU3VibWl0TWVzc2FnZXNSZXNwb25zZRIrCgpzdWJtaXNzaW9uGAEgASgLMhcudHVybndpcmUudjEuU3VibWlzc2lvbhIQCghhY2NlcHRlZBgCIAEoCCItChRHZXRTdWJtaXNzaW9uUmVxdWVzdBIVCg1zdWJtaXNzaW9uX2lkGAEgASgJIkQKFUdldFN1Ym1pc3Npb25SZXNwb25zZRIrCgpzdWJtaXNzaW9uGAEgASgLMhcudHVybndpcmUudjEuU3VibWlzc2lvbiKFAQoWTGlzdFN1Ym1pc3Npb25zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAyABKAkSKwoFc3RhdGUYBCABKA4yHC50dXJud2lyZS52MS5TdWJtaXNzaW9uU3RhdGUiYAoXTGlzdFN1Ym1pc3Npb25zUmVzcG9uc2USLAoLc3VibWlzc2lvbnMYASADKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIwChdDYW5jZWxTdWJtaXNzaW9uUmVxdWVzdBIVCg1zdWJtaXNzaW9uX2lkGAEgASgJIkcKGENhbmNlbFN1Ym1pc3Npb25SZXNwb25zZRIrCgpzdWJtaXNzaW9uGAEgASgLMhcudHVybndpcmUudjEuU3VibWlzc2lvbiJOChZXYXRjaFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkSHQoVYWZ0ZXJfc2VxdWVuY2VfbnVtYmVyGAIgASgDIkAKF1dhdGNoU3VibWlzc2lvblJlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50IpABChJBZGRNZXNzYWdlc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiYKCG1lc3NhZ2VzGAIgAygLMhQudHVybndpcmUudjEuTWVzc2FnZRIiCgRtb2RlGAMgASgOMhQudHVybndpcmUudjEuQWRkTW9kZRIVCg1hbGxvd19taXNzaW5nGAQgASgIIosBChNBZGRNZXNzYWdlc1Jlc3BvbnNlEi8KDGNvbnZlcnNhdGlvbhgBIAEoCzIZLnR1cm53aXJlLnYxLkNvbnZlcnNhdGlvbhITCgthZGRlZF9jb3VudBgCIAEoBRIVCg11cGRhdGVkX2NvdW50GAMgASgFEhcKD3VuY2hhbmdlZF9jb3VudBgEIAEoBSJLChlEZWxldGVDb252ZXJzYXRpb25SZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIVCg1hbGxvd19taXNzaW5nGAIgASgIIi0KGkRlbGV0ZUNvbnZlcnNhdGlvblJlc3BvbnNlEg8KB2RlbGV0ZWQYASABKAgiWgoKVG9vbFJlc3VsdBIUCgx0b29sX2NhbGxfaWQYASABKAkSEwoLb3V0cHV0X2pzb24YAiABKAkSDQoFZXJyb3IYAyABKAgSEgoKZXJyb3JfdGV4dBgEIAEoCSKnAgoYU3VibWl0VG9vbFJlc3VsdHNSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIoCgdyZXN1bHRzGAIgAygLMhcudHVybndpcmUudjEuVG9vbFJlc3VsdBIVCg1hdXRvX2NvbnRpbnVlGAMgASgIEhIKCnJlcXVlc3RfaWQYBCABKAkSJQoEYm9keRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYBiABKAkSOAoRZGlzY29ubmVjdF9wb2xpY3kYByABKA4yHS50dXJud2lyZS52MS5EaXNjb25uZWN0UG9saWN5Ei0KDGNsaWVudF90b29scxgIIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wiQgoZU3VibWl0VG9vbFJlc3VsdHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCJGCgxUb29sQXBwcm92YWwSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhAKCGFwcHJvdmVkGAIgASgIEg4KBnJlYXNvbhgDIAEoCSKtAgoaU3VibWl0VG9vbEFwcHJvdmFsc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiwKCWFwcHJvdmFscxgCIAMoCzIZLnR1cm53aXJlLnYxLlRvb2xBcHByb3ZhbBIVCg1hdXRvX2NvbnRpbnVlGAMgASgIEhIKCnJlcXVlc3RfaWQYBCABKAkSJQoEYm9keRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYBiABKAkSOAoRZGlzY29ubmVjdF9wb2xpY3kYByABKA4yHS50dXJud2lyZS52MS5EaXNjb25uZWN0UG9saWN5Ei0KDGNsaWVudF90b29scxgIIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wiRAobU3VibWl0VG9vbEFwcHJvdmFsc1Jlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50KnMKEERpc2Nvbm5lY3RQb2xpY3kSIQodRElTQ09OTkVDVF9QT0xJQ1lfVU5TUEVDSUZJRUQQABIcChhESVNDT05ORUNUX1BPTElDWV9DQU5DRUwQARIeChpESVNDT05ORUNUX1BPTElDWV9DT05USU5VRRACKucBCg9TdWJtaXNzaW9uU3RhdGUSIAocU1VCTUlTU0lPTl9TVEFURV9VTlNQRUNJRklFRBAAEhwKGFNVQk1JU1NJT05fU1RBVEVfUEVORElORxABEhwKGFNVQk1JU1NJT05fU1RBVEVfUlVOTklORxACEh4KGlNVQk1JU1NJT05fU1RBVEVfQ09NUExFVEVEEAMSGgoWU1VCTUlTU0lPTl9TVEFURV9FUlJPUhAEEhwKGFNVQk1JU1NJT05fU1RBVEVfQUJPUlRFRBAFEhwKGFNVQk1JU1NJT05fU1RBVEVfU0tJUFBFRBAGKk0KB0FkZE1vZGUSGAoUQUREX01PREVfVU5TUEVDSUZJRUQQABITCg9BRERfTU9ERV9BUFBFTkQQARITCg9BRERfTU9ERV9VUFNFUlQQAjLFCwoLQ2hhdFNlcnZpY2USPQoEQ2hhdBIYLnR1cm53aXJlLnYxLkNoYXRSZXF1ZXN0GhkudHVybndpcmUudjEuQ2hhdFJlc3BvbnNlMAESVQoMU2F2ZU1lc3NhZ2VzEiAudHVybndpcmUudjEuU2F2ZU1lc3NhZ2VzUmVxdWVzdBohLnR1cm53aXJlLnYxLlNhdmVNZXNzYWdlc1Jlc3BvbnNlMAESYQoQQ29udGludWVMYXN0VHVybhIkLnR1cm53aXJlLnYxLkNvbnRpbnVlTGFzdFR1cm5SZXF1ZXN0GiUudHVybndpcmUudjEuQ29udGludWVMYXN0VHVyblJlc3BvbnNlMAESXAoPR2V0Q29udmVyc2F0aW9uEiMudHVybndpcmUudjEuR2V0Q29udmVyc2F0aW9uUmVxdWVzdBokLnR1cm53aXJlLnYxLkdldENvbnZlcnNhdGlvblJlc3BvbnNlEmIKEUxpc3RDb252ZXJzYXRpb25zEiUudHVybndpcmUudjEuTGlzdENvbnZlcnNhdGlvbnNSZXF1ZXN0GiYudHVybndpcmUudjEuTGlzdENvbnZlcnNhdGlvbnNSZXNwb25zZRJNCgpDYW5jZWxDaGF0Eh4udHVybndpcmUudjEuQ2FuY2VsQ2hhdFJlcXVlc3QaHy50dXJud2lyZS52MS5DYW5jZWxDaGF0UmVzcG9uc2USTwoKUmVzdW1lVHVybhIeLnR1cm53aXJlLnYxLlJlc3VtZVR1cm5SZXF1ZXN0Gh8udHVybndpcmUudjEuUmVzdW1lVHVyblJlc3BvbnNlMAESWQoOU3VibWl0TWVzc2FnZXMSIi50dXJud2lyZS52MS5TdWJtaXRNZXNzYWdlc1JlcXVlc3QaIy50dXJud2lyZS52MS5TdWJtaXRNZXNzYWdlc1Jlc3BvbnNlElYKDUdldFN1Ym1pc3Npb24SIS50dXJud2lyZS52MS5HZXRTdWJtaXNzaW9uUmVxdWVzdBoiLnR1cm53aXJlLnYxLkdldFN1Ym1pc3Npb25SZXNwb25zZRJcCg9MaXN0U3VibWlzc2lvbnMSIy50dXJud2lyZS52MS5MaXN0U3VibWlzc2lvbnNSZXF1ZXN0GiQudHVybndpcmUudjEuTGlzdFN1Ym1pc3Npb25zUmVzcG9uc2USXwoQQ2FuY2VsU3VibWlzc2lvbhIkLnR1cm53aXJlLnYxLkNhbmNlbFN1Ym1pc3Npb25SZXF1ZXN0GiUudHVybndpcmUudjEuQ2FuY2VsU3VibWlzc2lvblJlc3BvbnNlEl4KD1dhdGNoU3VibWlzc2lvbhIjLnR1cm53aXJlLnYxLldhdGNoU3VibWlzc2lvblJlcXVlc3QaJC50dXJud2lyZS52MS5XYXRjaFN1Ym1pc3Npb25SZXNwb25zZTABElAKC0FkZE1lc3NhZ2VzEh8udHVybndpcmUudjEuQWRkTWVzc2FnZXNSZXF1ZXN0GiAudHVybndpcmUudjEuQWRkTWVzc2FnZXNSZXNwb25zZRJlChJEZWxldGVDb252ZXJzYXRpb24SJi50dXJud2lyZS52MS5EZWxldGVDb252ZXJzYXRpb25SZXF1ZXN0GicudHVybndpcmUudjEuRGVsZXRlQ29udmVyc2F0aW9uUmVzcG9uc2USZAoRU3VibWl0VG9vbFJlc3VsdHMSJS50dXJud2lyZS52MS5TdWJtaXRUb29sUmVzdWx0c1JlcXVlc3QaJi50dXJud2lyZS52MS5TdWJtaXRUb29sUmVzdWx0c1Jlc3BvbnNlMAESagoTU3VibWl0VG9vbEFwcHJvdmFscxInLnR1cm53aXJlLnYxLlN1Ym1pdFRvb2xBcHByb3ZhbHNSZXF1ZXN0GigudHVybndpcmUudjEuU3VibWl0VG9vbEFwcHJvdmFsc1Jlc3BvbnNlMAFiBnByb3RvMw", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_google_rpc_status, file_turnwire_v1_event, file_turnwire_v1_message]);
+  fileDesc("Ch50dXJud2lyZS92MS9jaGF0X3NlcnZpY2UucHJvdG8SC3R1cm53aXJlLnYxIl4KCkNsaWVudFRvb2wSDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRItCgxpbnB1dF9zY2hlbWEYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IoACCgtDaGF0UmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJQoHbWVzc2FnZRgCIAEoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USEgoKcmVxdWVzdF9pZBgDIAEoCRIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgFIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgGIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAcgAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbCI1CgxDaGF0UmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQiiQIKE1NhdmVNZXNzYWdlc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiYKCG1lc3NhZ2VzGAIgAygLMhQudHVybndpcmUudjEuTWVzc2FnZRISCgpyZXF1ZXN0X2lkGAMgASgJEiUKBGJvZHkYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eg0KBW1vZGVsGAUgASgJEjgKEWRpc2Nvbm5lY3RfcG9saWN5GAYgASgOMh0udHVybndpcmUudjEuRGlzY29ubmVjdFBvbGljeRItCgxjbGllbnRfdG9vbHMYByADKAsyFy50dXJud2lyZS52MS5DbGllbnRUb29sIj0KFFNhdmVNZXNzYWdlc1Jlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50IuUBChdDb250aW51ZUxhc3RUdXJuUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEgoKcmVxdWVzdF9pZBgCIAEoCRIlCgRib2R5GAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgEIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgFIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAYgAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbCJBChhDb250aW51ZUxhc3RUdXJuUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQi/AEKDENvbnZlcnNhdGlvbhIXCg9jb252ZXJzYXRpb25faWQYASABKAkSLwoLY3JlYXRlX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1tZXNzYWdlX2NvdW50GAQgASgDEiYKCG1lc3NhZ2VzGAUgAygLMhQudHVybndpcmUudjEuTWVzc2FnZRIyCg9wYXJ0aWFsX3JlcGxpZXMYBiADKAsyGS50dXJud2lyZS52MS5QYXJ0aWFsUmVwbHkiXwoMUGFydGlhbFJlcGx5EhIKCm1lc3NhZ2VfaWQYASABKAkSEgoKcmVxdWVzdF9pZBgCIAEoCRInCgZzdGF0dXMYAyABKA4yFy50dXJud2lyZS52MS5UdXJuU3RhdHVzIlgKFkdldENvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJImMKF0dldENvbnZlcnNhdGlvblJlc3BvbnNlEi8KDGNvbnZlcnNhdGlvbhgBIAEoCzIZLnR1cm53aXJlLnYxLkNvbnZlcnNhdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiQQoYTGlzdENvbnZlcnNhdGlvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJImYKGUxpc3RDb252ZXJzYXRpb25zUmVzcG9uc2USMAoNY29udmVyc2F0aW9ucxgBIAMoCzIZLnR1cm53aXJlLnYxLkNvbnZlcnNhdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiJwoRQ2FuY2VsQ2hhdFJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCSInChJDYW5jZWxDaGF0UmVzcG9uc2USEQoJY2FuY2VsbGVkGAEgASgIIkYKEVJlc3VtZVR1cm5SZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkSHQoVYWZ0ZXJfc2VxdWVuY2VfbnVtYmVyGAIgASgDIjsKElJlc3VtZVR1cm5SZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCKUAwoKU3VibWlzc2lvbhIVCg1zdWJtaXNzaW9uX2lkGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYAyABKAkSKwoFc3RhdGUYBCABKA4yHC50dXJud2lyZS52MS5TdWJtaXNzaW9uU3RhdGUSKQoIbWV0YWRhdGEYBSABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei8KC2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpzdGFydF90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASIQoFZXJyb3IYCSABKAsyEi5nb29nbGUucnBjLlN0YXR1cxIcChRhc3Npc3RhbnRfbWVzc2FnZV9pZBgKIAEoCRIVCg1tZXNzYWdlX2NvdW50GAsgASgFIpgCChVTdWJtaXRNZXNzYWdlc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiYKCG1lc3NhZ2VzGAIgAygLMhQudHVybndpcmUudjEuTWVzc2FnZRIVCg1zdWJtaXNzaW9uX2lkGAMgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRIpCghtZXRhZGF0YRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSJQoEYm9keRgGIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYByABKAkSLQoMY2xpZW50X3Rvb2xzGAggAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbCJXChZTdWJtaXRNZXNzYWdlc1Jlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uEhAKCGFjY2VwdGVkGAIgASgIIi0KFEdldFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkiRAoVR2V0U3VibWlzc2lvblJlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uIoUBChZMaXN0U3VibWlzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLnR1cm53aXJlLnYxLlN1Ym1pc3Npb25TdGF0ZSJgChdMaXN0U3VibWlzc2lvbnNSZXNwb25zZRIsCgtzdWJtaXNzaW9ucxgBIAMoCzIXLnR1cm53aXJlLnYxLlN1Ym1pc3Npb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjAKF0NhbmNlbFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkiRwoYQ2FuY2VsU3VibWlzc2lvblJlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uIk4KFldhdGNoU3VibWlzc2lvblJlcXVlc3QSFQoNc3VibWlzc2lvbl9pZBgBIAEoCRIdChVhZnRlcl9zZXF1ZW5jZV9udW1iZXIYAiABKAMiQAoXV2F0Y2hTdWJtaXNzaW9uUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQikAEKEkFkZE1lc3NhZ2VzUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJgoIbWVzc2FnZXMYAiADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEiIKBG1vZGUYAyABKA4yFC50dXJud2lyZS52MS5BZGRNb2RlEhUKDWFsbG93X21pc3NpbmcYBCABKAgiiwEKE0FkZE1lc3NhZ2VzUmVzcG9uc2USLwoMY29udmVyc2F0aW9uGAEgASgLMhkudHVybndpcmUudjEuQ29udmVyc2F0aW9uEhMKC2FkZGVkX2NvdW50GAIgASgFEhUKDXVwZGF0ZWRfY291bnQYAyABKAUSFwoPdW5jaGFuZ2VkX2NvdW50GAQgASgFIksKGURlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhUKDWFsbG93X21pc3NpbmcYAiABKAgiLQoaRGVsZXRlQ29udmVyc2F0aW9uUmVzcG9uc2USDwoHZGVsZXRlZBgBIAEoCCJaCgpUb29sUmVzdWx0EhQKDHRvb2xfY2FsbF9pZBgBIAEoCRITCgtvdXRwdXRfanNvbhgCIAEoCRINCgVlcnJvchgDIAEoCBISCgplcnJvcl90ZXh0GAQgASgJIqcCChhTdWJtaXRUb29sUmVzdWx0c1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEigKB3Jlc3VsdHMYAiADKAsyFy50dXJud2lyZS52MS5Ub29sUmVzdWx0EhUKDWF1dG9fY29udGludWUYAyABKAgSEgoKcmVxdWVzdF9pZBgEIAEoCRIlCgRib2R5GAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgGIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgHIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAggAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbCJCChlTdWJtaXRUb29sUmVzdWx0c1Jlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50IkYKDFRvb2xBcHByb3ZhbBIUCgx0b29sX2NhbGxfaWQYASABKAkSEAoIYXBwcm92ZWQYAiABKAgSDgoGcmVhc29uGAMgASgJIq0CChpTdWJtaXRUb29sQXBwcm92YWxzUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSLAoJYXBwcm92YWxzGAIgAygLMhkudHVybndpcmUudjEuVG9vbEFwcHJvdmFsEhUKDWF1dG9fY29udGludWUYAyABKAgSEgoKcmVxdWVzdF9pZBgEIAEoCRIlCgRib2R5GAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgGIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgHIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAggAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbCJEChtTdWJtaXRUb29sQXBwcm92YWxzUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQqcwoQRGlzY29ubmVjdFBvbGljeRIhCh1ESVNDT05ORUNUX1BPTElDWV9VTlNQRUNJRklFRBAAEhwKGERJU0NPTk5FQ1RfUE9MSUNZX0NBTkNFTBABEh4KGkRJU0NPTk5FQ1RfUE9MSUNZX0NPTlRJTlVFEAIq5wEKD1N1Ym1pc3Npb25TdGF0ZRIgChxTVUJNSVNTSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHAoYU1VCTUlTU0lPTl9TVEFURV9QRU5ESU5HEAESHAoYU1VCTUlTU0lPTl9TVEFURV9SVU5OSU5HEAISHgoaU1VCTUlTU0lPTl9TVEFURV9DT01QTEVURUQQAxIaChZTVUJNSVNTSU9OX1NUQVRFX0VSUk9SEAQSHAoYU1VCTUlTU0lPTl9TVEFURV9BQk9SVEVEEAUSHAoYU1VCTUlTU0lPTl9TVEFURV9TS0lQUEVEEAYqTQoHQWRkTW9kZRIYChRBRERfTU9ERV9VTlNQRUNJRklFRBAAEhMKD0FERF9NT0RFX0FQUEVORBABEhMKD0FERF9NT0RFX1VQU0VSVBACMsULCgtDaGF0U2VydmljZRI9CgRDaGF0EhgudHVybndpcmUudjEuQ2hhdFJlcXVlc3QaGS50dXJud2lyZS52MS5DaGF0UmVzcG9uc2UwARJVCgxTYXZlTWVzc2FnZXMSIC50dXJud2lyZS52MS5TYXZlTWVzc2FnZXNSZXF1ZXN0GiEudHVybndpcmUudjEuU2F2ZU1lc3NhZ2VzUmVzcG9uc2UwARJhChBDb250aW51ZUxhc3RUdXJuEiQudHVybndpcmUudjEuQ29udGludWVMYXN0VHVyblJlcXVlc3QaJS50dXJud2lyZS52MS5Db250aW51ZUxhc3RUdXJuUmVzcG9uc2UwARJcCg9HZXRDb252ZXJzYXRpb24SIy50dXJud2lyZS52MS5HZXRDb252ZXJzYXRpb25SZXF1ZXN0GiQudHVybndpcmUudjEuR2V0Q29udmVyc2F0aW9uUmVzcG9uc2USYgoRTGlzdENvbnZlcnNhdGlvbnMSJS50dXJud2lyZS52MS5MaXN0Q29udmVyc2F0aW9uc1JlcXVlc3QaJi50dXJud2lyZS52MS5MaXN0Q29udmVyc2F0aW9uc1Jlc3BvbnNlEk0KCkNhbmNlbENoYXQSHi50dXJud2lyZS52MS5DYW5jZWxDaGF0UmVxdWVzdBofLnR1cm53aXJlLnYxLkNhbmNlbENoYXRSZXNwb25zZRJPCgpSZXN1bWVUdXJuEh4udHVybndpcmUudjEuUmVzdW1lVHVyblJlcXVlc3QaHy50dXJud2lyZS52MS5SZXN1bWVUdXJuUmVzcG9uc2UwARJZCg5TdWJtaXRNZXNzYWdlcxIiLnR1cm53aXJlLnYxLlN1Ym1pdE1lc3NhZ2VzUmVxdWVzdBojLnR1cm53aXJlLnYxLlN1Ym1pdE1lc3NhZ2VzUmVzcG9uc2USVgoNR2V0U3VibWlzc2lvbhIhLnR1cm53aXJlLnYxLkdldFN1Ym1pc3Npb25SZXF1ZXN0GiIudHVybndpcmUudjEuR2V0U3VibWlzc2lvblJlc3BvbnNlElwKD0xpc3RTdWJtaXNzaW9ucxIjLnR1cm53aXJlLnYxLkxpc3RTdWJtaXNzaW9uc1JlcXVlc3QaJC50dXJud2lyZS52MS5MaXN0U3VibWlzc2lvbnNSZXNwb25zZRJfChBDYW5jZWxTdWJtaXNzaW9uEiQudHVybndpcmUudjEuQ2FuY2VsU3VibWlzc2lvblJlcXVlc3QaJS50dXJud2lyZS52MS5DYW5jZWxTdWJtaXNzaW9uUmVzcG9uc2USXgoPV2F0Y2hTdWJtaXNzaW9uEiMudHVybndpcmUudjEuV2F0Y2hTdWJtaXNzaW9uUmVxdWVzdBokLnR1cm53aXJlLnYxLldhdGNoU3VibWlzc2lvblJlc3BvbnNlMAESUAoLQWRkTWVzc2FnZXMSHy50dXJud2lyZS52MS5BZGRNZXNzYWdlc1JlcXVlc3QaIC50dXJud2lyZS52MS5BZGRNZXNzYWdlc1Jlc3BvbnNlEmUKEkRlbGV0ZUNvbnZlcnNhdGlvbhImLnR1cm53aXJlLnYxLkRlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QaJy50dXJud2lyZS52MS5EZWxldGVDb252ZXJzYXRpb25SZXNwb25zZRJkChFTdWJtaXRUb29sUmVzdWx0cxIlLnR1cm53aXJlLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVxdWVzdBomLnR1cm53aXJlLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVzcG9uc2UwARJqChNTdWJtaXRUb29sQXBwcm92YWxzEicudHVybndpcmUudjEuU3VibWl0VG9vbEFwcHJvdmFsc1JlcXVlc3QaKC50dXJud2lyZS52MS5TdWJtaXRUb29sQXBwcm92YWxzUmVzcG9uc2UwAWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_google_rpc_status, file_turnwire_v1_event, file_turnwire_v1_message]);
 
 /**
  * ClientTool is a tool the client runs itself, offered to the model for one
@@ -352,6 +352,16 @@ export type Conversation = Message<"turnwire.v1.Conversation"> & {
    * @generated from field: repeated turnwire.v1.Message messages = 5;
    */
   messages: Message$1[];
+
+  /**
+   * Output only, filled by GetConversation: the assistant messages among
+   * `messages` that are partial because the turn that last wrote them is
+   * still running or ended other than COMPLETED (cancelled, failed, cut
+   * short). A complete reply is not listed.
+   *
+   * @generated from field: repeated turnwire.v1.PartialReply partial_replies = 6;
+   */
+  partialReplies: PartialReply[];
 };
 
 /**
@@ -360,6 +370,42 @@ export type Conversation = Message<"turnwire.v1.Conversation"> & {
  */
 export const ConversationSchema: GenMessage<Conversation> = /*@__PURE__*/
   messageDesc(file_turnwire_v1_chat_service, 7);
+
+/**
+ * PartialReply marks an assistant message whose turn did not complete.
+ *
+ * @generated from message turnwire.v1.PartialReply
+ */
+export type PartialReply = Message<"turnwire.v1.PartialReply"> & {
+  /**
+   * The assistant message's id.
+   *
+   * @generated from field: string message_id = 1;
+   */
+  messageId: string;
+
+  /**
+   * The turn that last wrote it.
+   *
+   * @generated from field: string request_id = 2;
+   */
+  requestId: string;
+
+  /**
+   * How that turn ended (ABORTED, ERROR or INTERRUPTED); TURN_STATUS_UNSPECIFIED
+   * while it is still running.
+   *
+   * @generated from field: turnwire.v1.TurnStatus status = 3;
+   */
+  status: TurnStatus;
+};
+
+/**
+ * Describes the message turnwire.v1.PartialReply.
+ * Use `create(PartialReplySchema)` to create a new message.
+ */
+export const PartialReplySchema: GenMessage<PartialReply> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_chat_service, 8);
 
 /**
  * GetConversationRequest is the input of ChatService.GetConversation.
@@ -397,7 +443,7 @@ export type GetConversationRequest = Message<"turnwire.v1.GetConversationRequest
  * Use `create(GetConversationRequestSchema)` to create a new message.
  */
 export const GetConversationRequestSchema: GenMessage<GetConversationRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 8);
+  messageDesc(file_turnwire_v1_chat_service, 9);
 
 /**
  * GetConversationResponse is the output of ChatService.GetConversation.
@@ -426,7 +472,7 @@ export type GetConversationResponse = Message<"turnwire.v1.GetConversationRespon
  * Use `create(GetConversationResponseSchema)` to create a new message.
  */
 export const GetConversationResponseSchema: GenMessage<GetConversationResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 9);
+  messageDesc(file_turnwire_v1_chat_service, 10);
 
 /**
  * ListConversationsRequest is the input of ChatService.ListConversations.
@@ -455,7 +501,7 @@ export type ListConversationsRequest = Message<"turnwire.v1.ListConversationsReq
  * Use `create(ListConversationsRequestSchema)` to create a new message.
  */
 export const ListConversationsRequestSchema: GenMessage<ListConversationsRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 10);
+  messageDesc(file_turnwire_v1_chat_service, 11);
 
 /**
  * ListConversationsResponse is the output of ChatService.ListConversations.
@@ -483,7 +529,7 @@ export type ListConversationsResponse = Message<"turnwire.v1.ListConversationsRe
  * Use `create(ListConversationsResponseSchema)` to create a new message.
  */
 export const ListConversationsResponseSchema: GenMessage<ListConversationsResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 11);
+  messageDesc(file_turnwire_v1_chat_service, 12);
 
 /**
  * CancelChatRequest is the input of ChatService.CancelChat.
@@ -504,7 +550,7 @@ export type CancelChatRequest = Message<"turnwire.v1.CancelChatRequest"> & {
  * Use `create(CancelChatRequestSchema)` to create a new message.
  */
 export const CancelChatRequestSchema: GenMessage<CancelChatRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 12);
+  messageDesc(file_turnwire_v1_chat_service, 13);
 
 /**
  * CancelChatResponse is the output of ChatService.CancelChat.
@@ -525,7 +571,7 @@ export type CancelChatResponse = Message<"turnwire.v1.CancelChatResponse"> & {
  * Use `create(CancelChatResponseSchema)` to create a new message.
  */
 export const CancelChatResponseSchema: GenMessage<CancelChatResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 13);
+  messageDesc(file_turnwire_v1_chat_service, 14);
 
 /**
  * ResumeTurnRequest is the input of ChatService.ResumeTurn.
@@ -553,7 +599,7 @@ export type ResumeTurnRequest = Message<"turnwire.v1.ResumeTurnRequest"> & {
  * Use `create(ResumeTurnRequestSchema)` to create a new message.
  */
 export const ResumeTurnRequestSchema: GenMessage<ResumeTurnRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 14);
+  messageDesc(file_turnwire_v1_chat_service, 15);
 
 /**
  * ResumeTurnResponse is one event of a resumed turn.
@@ -574,7 +620,7 @@ export type ResumeTurnResponse = Message<"turnwire.v1.ResumeTurnResponse"> & {
  * Use `create(ResumeTurnResponseSchema)` to create a new message.
  */
 export const ResumeTurnResponseSchema: GenMessage<ResumeTurnResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 15);
+  messageDesc(file_turnwire_v1_chat_service, 16);
 
 /**
  * Submission is a durably accepted request for a turn (docs/semantics.md §7).
@@ -665,7 +711,7 @@ export type Submission = Message<"turnwire.v1.Submission"> & {
  * Use `create(SubmissionSchema)` to create a new message.
  */
 export const SubmissionSchema: GenMessage<Submission> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 16);
+  messageDesc(file_turnwire_v1_chat_service, 17);
 
 /**
  * SubmitMessagesRequest is the input of ChatService.SubmitMessages.
@@ -737,7 +783,7 @@ export type SubmitMessagesRequest = Message<"turnwire.v1.SubmitMessagesRequest">
  * Use `create(SubmitMessagesRequestSchema)` to create a new message.
  */
 export const SubmitMessagesRequestSchema: GenMessage<SubmitMessagesRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 17);
+  messageDesc(file_turnwire_v1_chat_service, 18);
 
 /**
  * SubmitMessagesResponse is the output of ChatService.SubmitMessages.
@@ -765,7 +811,7 @@ export type SubmitMessagesResponse = Message<"turnwire.v1.SubmitMessagesResponse
  * Use `create(SubmitMessagesResponseSchema)` to create a new message.
  */
 export const SubmitMessagesResponseSchema: GenMessage<SubmitMessagesResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 18);
+  messageDesc(file_turnwire_v1_chat_service, 19);
 
 /**
  * GetSubmissionRequest is the input of ChatService.GetSubmission.
@@ -786,7 +832,7 @@ export type GetSubmissionRequest = Message<"turnwire.v1.GetSubmissionRequest"> &
  * Use `create(GetSubmissionRequestSchema)` to create a new message.
  */
 export const GetSubmissionRequestSchema: GenMessage<GetSubmissionRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 19);
+  messageDesc(file_turnwire_v1_chat_service, 20);
 
 /**
  * GetSubmissionResponse is the output of ChatService.GetSubmission.
@@ -807,7 +853,7 @@ export type GetSubmissionResponse = Message<"turnwire.v1.GetSubmissionResponse">
  * Use `create(GetSubmissionResponseSchema)` to create a new message.
  */
 export const GetSubmissionResponseSchema: GenMessage<GetSubmissionResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 20);
+  messageDesc(file_turnwire_v1_chat_service, 21);
 
 /**
  * ListSubmissionsRequest is the input of ChatService.ListSubmissions.
@@ -851,7 +897,7 @@ export type ListSubmissionsRequest = Message<"turnwire.v1.ListSubmissionsRequest
  * Use `create(ListSubmissionsRequestSchema)` to create a new message.
  */
 export const ListSubmissionsRequestSchema: GenMessage<ListSubmissionsRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 21);
+  messageDesc(file_turnwire_v1_chat_service, 22);
 
 /**
  * ListSubmissionsResponse is the output of ChatService.ListSubmissions.
@@ -879,7 +925,7 @@ export type ListSubmissionsResponse = Message<"turnwire.v1.ListSubmissionsRespon
  * Use `create(ListSubmissionsResponseSchema)` to create a new message.
  */
 export const ListSubmissionsResponseSchema: GenMessage<ListSubmissionsResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 22);
+  messageDesc(file_turnwire_v1_chat_service, 23);
 
 /**
  * CancelSubmissionRequest is the input of ChatService.CancelSubmission.
@@ -900,7 +946,7 @@ export type CancelSubmissionRequest = Message<"turnwire.v1.CancelSubmissionReque
  * Use `create(CancelSubmissionRequestSchema)` to create a new message.
  */
 export const CancelSubmissionRequestSchema: GenMessage<CancelSubmissionRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 23);
+  messageDesc(file_turnwire_v1_chat_service, 24);
 
 /**
  * CancelSubmissionResponse is the output of ChatService.CancelSubmission.
@@ -921,7 +967,7 @@ export type CancelSubmissionResponse = Message<"turnwire.v1.CancelSubmissionResp
  * Use `create(CancelSubmissionResponseSchema)` to create a new message.
  */
 export const CancelSubmissionResponseSchema: GenMessage<CancelSubmissionResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 24);
+  messageDesc(file_turnwire_v1_chat_service, 25);
 
 /**
  * WatchSubmissionRequest is the input of ChatService.WatchSubmission.
@@ -949,7 +995,7 @@ export type WatchSubmissionRequest = Message<"turnwire.v1.WatchSubmissionRequest
  * Use `create(WatchSubmissionRequestSchema)` to create a new message.
  */
 export const WatchSubmissionRequestSchema: GenMessage<WatchSubmissionRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 25);
+  messageDesc(file_turnwire_v1_chat_service, 26);
 
 /**
  * WatchSubmissionResponse is one event of a watched submission's turn.
@@ -970,7 +1016,7 @@ export type WatchSubmissionResponse = Message<"turnwire.v1.WatchSubmissionRespon
  * Use `create(WatchSubmissionResponseSchema)` to create a new message.
  */
 export const WatchSubmissionResponseSchema: GenMessage<WatchSubmissionResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 26);
+  messageDesc(file_turnwire_v1_chat_service, 27);
 
 /**
  * AddMessagesRequest is the input of ChatService.AddMessages.
@@ -1012,7 +1058,7 @@ export type AddMessagesRequest = Message<"turnwire.v1.AddMessagesRequest"> & {
  * Use `create(AddMessagesRequestSchema)` to create a new message.
  */
 export const AddMessagesRequestSchema: GenMessage<AddMessagesRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 27);
+  messageDesc(file_turnwire_v1_chat_service, 28);
 
 /**
  * AddMessagesResponse is the output of ChatService.AddMessages.
@@ -1054,7 +1100,7 @@ export type AddMessagesResponse = Message<"turnwire.v1.AddMessagesResponse"> & {
  * Use `create(AddMessagesResponseSchema)` to create a new message.
  */
 export const AddMessagesResponseSchema: GenMessage<AddMessagesResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 28);
+  messageDesc(file_turnwire_v1_chat_service, 29);
 
 /**
  * DeleteConversationRequest is the input of ChatService.DeleteConversation.
@@ -1082,7 +1128,7 @@ export type DeleteConversationRequest = Message<"turnwire.v1.DeleteConversationR
  * Use `create(DeleteConversationRequestSchema)` to create a new message.
  */
 export const DeleteConversationRequestSchema: GenMessage<DeleteConversationRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 29);
+  messageDesc(file_turnwire_v1_chat_service, 30);
 
 /**
  * DeleteConversationResponse is the output of ChatService.DeleteConversation.
@@ -1103,7 +1149,7 @@ export type DeleteConversationResponse = Message<"turnwire.v1.DeleteConversation
  * Use `create(DeleteConversationResponseSchema)` to create a new message.
  */
 export const DeleteConversationResponseSchema: GenMessage<DeleteConversationResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 30);
+  messageDesc(file_turnwire_v1_chat_service, 31);
 
 /**
  * ToolResult is the result of one client-side tool call.
@@ -1145,7 +1191,7 @@ export type ToolResult = Message<"turnwire.v1.ToolResult"> & {
  * Use `create(ToolResultSchema)` to create a new message.
  */
 export const ToolResultSchema: GenMessage<ToolResult> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 31);
+  messageDesc(file_turnwire_v1_chat_service, 32);
 
 /**
  * SubmitToolResultsRequest is the input of ChatService.SubmitToolResults.
@@ -1216,7 +1262,7 @@ export type SubmitToolResultsRequest = Message<"turnwire.v1.SubmitToolResultsReq
  * Use `create(SubmitToolResultsRequestSchema)` to create a new message.
  */
 export const SubmitToolResultsRequestSchema: GenMessage<SubmitToolResultsRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 32);
+  messageDesc(file_turnwire_v1_chat_service, 33);
 
 /**
  * SubmitToolResultsResponse is one event of the continuation turn.
@@ -1237,7 +1283,7 @@ export type SubmitToolResultsResponse = Message<"turnwire.v1.SubmitToolResultsRe
  * Use `create(SubmitToolResultsResponseSchema)` to create a new message.
  */
 export const SubmitToolResultsResponseSchema: GenMessage<SubmitToolResultsResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 33);
+  messageDesc(file_turnwire_v1_chat_service, 34);
 
 /**
  * ToolApproval answers one approval request.
@@ -1272,7 +1318,7 @@ export type ToolApproval = Message<"turnwire.v1.ToolApproval"> & {
  * Use `create(ToolApprovalSchema)` to create a new message.
  */
 export const ToolApprovalSchema: GenMessage<ToolApproval> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 34);
+  messageDesc(file_turnwire_v1_chat_service, 35);
 
 /**
  * SubmitToolApprovalsRequest is the input of ChatService.SubmitToolApprovals.
@@ -1342,7 +1388,7 @@ export type SubmitToolApprovalsRequest = Message<"turnwire.v1.SubmitToolApproval
  * Use `create(SubmitToolApprovalsRequestSchema)` to create a new message.
  */
 export const SubmitToolApprovalsRequestSchema: GenMessage<SubmitToolApprovalsRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 35);
+  messageDesc(file_turnwire_v1_chat_service, 36);
 
 /**
  * SubmitToolApprovalsResponse is one event of the continuation turn.
@@ -1363,7 +1409,7 @@ export type SubmitToolApprovalsResponse = Message<"turnwire.v1.SubmitToolApprova
  * Use `create(SubmitToolApprovalsResponseSchema)` to create a new message.
  */
 export const SubmitToolApprovalsResponseSchema: GenMessage<SubmitToolApprovalsResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 36);
+  messageDesc(file_turnwire_v1_chat_service, 37);
 
 /**
  * DisconnectPolicy is what happens to a turn when its caller goes away

@@ -1,0 +1,142 @@
+package turnwire
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+
+	turnwirev1 "turnwire.dev/go/gen/turnwire/v1"
+)
+
+// Client is a connection to a Turnwire sidecar. It is safe for concurrent
+// use; Close it when done.
+type Client struct {
+	conn    *grpc.ClientConn
+	service turnwirev1.ChatServiceClient
+}
+
+// Dial connects to the sidecar at addr ("host:port", or any gRPC target such
+// as "unix:///run/turnwire.sock") and returns once the connection is up. It
+// fails at once when nothing listens there (connection refused: retry Dial
+// to wait for a sidecar that is still starting), and when ctx ends first;
+// ctx bounds only the dial.
+//
+// opts are gRPC-Go dial options; one of them must choose the transport
+// security, as gRPC-Go requires: grpc.WithInsecure() for a plaintext
+// sidecar, grpc.WithTransportCredentials(credentials.NewTLS(cfg)) for TLS.
+// Errors of every call on the connection are *Error (see Error).
+func Dial(ctx context.Context, addr string, opts ...grpc.DialOption) (*Client, error) {
+	opts = append(opts,
+		grpc.WithBlock(),
+		grpc.FailOnNonTempDialError(true),
+		grpc.WithChainUnaryInterceptor(unaryErrors),
+		grpc.WithChainStreamInterceptor(streamErrors),
+	)
+	conn, err := grpc.DialContext(ctx, addr, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{conn: conn, service: turnwirev1.NewChatServiceClient(conn)}, nil
+}
+
+// Close closes the connection; calls in flight end with codes.Canceled.
+func (c *Client) Close() error {
+	return c.conn.Close()
+}
+
+// Conn is the underlying connection, e.g. for the health service
+// (grpc.health.v1) or turnwire.v1.ToolService clients.
+func (c *Client) Conn() *grpc.ClientConn {
+	return c.conn
+}
+
+// Service is the generated ChatService client on this connection, for the
+// RPCs this package does not wrap (GetConversation, ListConversations,
+// CancelChat, SubmitMessages, ...). Its errors are *Error too.
+func (c *Client) Service() turnwirev1.ChatServiceClient {
+	return c.service
+}
+
+// Chat appends req.Message to the conversation req.ConversationId (created
+// on first use) and runs a turn; the Stream yields its events, the last a
+// TurnEnd. Cancelling ctx, or Stream.Close, cancels the call.
+func (c *Client) Chat(ctx context.Context, req *turnwirev1.ChatRequest, opts ...grpc.CallOption) (*Stream, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	call, err := c.service.Chat(ctx, req, opts...)
+	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+}
+
+// SaveMessages appends req.Messages (possibly none) and runs a turn on the
+// resulting history; see Chat.
+func (c *Client) SaveMessages(ctx context.Context, req *turnwirev1.SaveMessagesRequest, opts ...grpc.CallOption) (*Stream, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	call, err := c.service.SaveMessages(ctx, req, opts...)
+	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+}
+
+// ContinueLastTurn lets the model continue after the last assistant message;
+// see Chat.
+func (c *Client) ContinueLastTurn(ctx context.Context, req *turnwirev1.ContinueLastTurnRequest, opts ...grpc.CallOption) (*Stream, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	call, err := c.service.ContinueLastTurn(ctx, req, opts...)
+	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+}
+
+// ResumeTurn re-attaches to the turn req.RequestId: its events after
+// req.AfterSequenceNumber, then the live ones until its TurnEnd. Cancelling
+// it never cancels the turn.
+func (c *Client) ResumeTurn(ctx context.Context, req *turnwirev1.ResumeTurnRequest, opts ...grpc.CallOption) (*Stream, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	call, err := c.service.ResumeTurn(ctx, req, opts...)
+	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+}
+
+// SubmitToolResults stores the results of client-side tool calls; with
+// req.AutoContinue the continuation turn streams here once every pending
+// call has a result, otherwise the stream is one TurnEnd (TURN_STATUS_SKIPPED).
+func (c *Client) SubmitToolResults(ctx context.Context, req *turnwirev1.SubmitToolResultsRequest, opts ...grpc.CallOption) (*Stream, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	call, err := c.service.SubmitToolResults(ctx, req, opts...)
+	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+}
+
+// SubmitToolApprovals approves or denies tool calls waiting for approval,
+// then continues as SubmitToolResults.
+func (c *Client) SubmitToolApprovals(ctx context.Context, req *turnwirev1.SubmitToolApprovalsRequest, opts ...grpc.CallOption) (*Stream, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	call, err := c.service.SubmitToolApprovals(ctx, req, opts...)
+	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+}
+
+// WatchSubmission streams the turn of a submission once it runs (events
+// after req.AfterSequenceNumber), then its TurnEnd.
+func (c *Client) WatchSubmission(ctx context.Context, req *turnwirev1.WatchSubmissionRequest, opts ...grpc.CallOption) (*Stream, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	call, err := c.service.WatchSubmission(ctx, req, opts...)
+	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+}
+
+// unaryErrors returns the errors of unary calls as *Error.
+func unaryErrors(ctx context.Context, method string, req, reply interface{}, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return fromCall(invoker(ctx, method, req, reply, cc, opts...))
+}
+
+// streamErrors returns the errors of streaming calls as *Error: at the start
+// and from RecvMsg (io.EOF, the clean end, stays io.EOF).
+func streamErrors(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	stream, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return nil, fromCall(err)
+	}
+	return errorStream{stream}, nil
+}
+
+type errorStream struct{ grpc.ClientStream }
+
+func (s errorStream) RecvMsg(m interface{}) error {
+	return fromCall(s.ClientStream.RecvMsg(m))
+}
+
+func (s errorStream) SendMsg(m interface{}) error {
+	return fromCall(s.ClientStream.SendMsg(m))
+}

@@ -1,0 +1,64 @@
+"""Check the listen address before anything is opened or written.
+
+gRPC core reports a port in use only when the server adds it, with a C-core log
+line on stderr, after the store would already have been created and migrated.
+Binding a plain socket first (``SO_REUSEADDR``, as gRPC core binds, and no
+``SO_REUSEPORT``, which the server turns off) finds the same faults with a
+message that says what to fix. A port taken between this check and the
+server's own bind is still reported, less kindly, by :func:`turnwire_server.app.start`.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+
+class ListenAddressError(Exception):
+    """The address cannot be listened on; the message says why and what to do."""
+
+
+def check_listen_address(listen: str) -> None:
+    """Bind and release every address ``listen`` (``HOST:PORT``; ``[v6]:PORT``) resolves to.
+
+    Port 0 (any free port) is not checked. Raises :class:`ListenAddressError` when the port is
+    in use, the host is not an address of this machine, or the name does not resolve.
+    """
+    host, _, port_text = listen.rpartition(":")
+    port = int(port_text)
+    if port == 0:
+        return
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise ListenAddressError(
+            f"cannot listen on {listen}: host {host!r} does not resolve ({error})"
+        ) from None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as error:
+                raise ListenAddressError(_explain(listen, port, error)) from None
+
+
+def _explain(listen: str, port: int, error: OSError) -> str:
+    if error.errno == errno.EADDRINUSE:
+        return (
+            f"cannot listen on {listen}: port {port} is in use (another turnwire? "
+            f"`ss -ltnp 'sport = :{port}'` shows which process); stop it or choose another port "
+            "with --listen or listen:"
+        )
+    if error.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"cannot listen on {listen}: that host is not an address of this machine; "
+            "use 127.0.0.1 or 0.0.0.0"
+        )
+    if error.errno == errno.EACCES:
+        return (
+            f"cannot listen on {listen}: permission denied (ports below 1024 need privileges); "
+            "use a port ≥ 1024"
+        )
+    return f"cannot listen on {listen}: {error.strerror or error}"

@@ -1,0 +1,173 @@
+"""``turnwire chat`` / ``continue`` / ``cancel`` / ``conversations`` as commands against a real sidecar.
+
+Ctrl-C is a real SIGINT to the ``turnwire chat`` process mid-reply: the command says the turn was
+aborted, exits 130, and the sidecar has stored the partial reply (docs/semantics.md §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Iterator
+
+import pytest
+from support.hooks import pythonpath_env
+from support.sidecar import SidecarProcess, run_turnwire, running_sidecar, spawn_turnwire
+from support.waiting import wait_until
+
+from turnwire_client import TurnwireClient, collect
+from turnwire_client.v1 import event_pb2, message_pb2
+
+CONFIG = {
+    "tools": {"python": ["support.durable_tools:countdown"]},
+    "middleware": [{"path": "support.hooks:BlockToolsFromBody"}],
+    "providers": {
+        "scripted": {
+            "scripts": {
+                # 40 words, 100 ms apart: about 4 s, so a Ctrl-C lands mid-reply.
+                "slow": [{"text": " ".join(f"w{i}" for i in range(40)), "delay_ms": 100}],
+                "two-calcs": [
+                    {
+                        "tool_calls": [
+                            {"name": "calculator", "input": {"expression": "2 + 3"}},
+                            {"name": "get_weather", "input": {"city": "Oslo"}},
+                        ]
+                    },
+                    {"text": "Done."},
+                ],
+                "streaming-tool": [
+                    {"tool_calls": [{"name": "countdown", "input": {"start": 2}}]},
+                    {"text": "Done counting."},
+                ],
+            }
+        }
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess]:
+    with running_sidecar(tmp_path_factory.mktemp("cli"), CONFIG, pythonpath_env()) as process:
+        yield process
+
+
+async def test_ctrl_c_aborts_the_turn_and_says_so(sidecar: SidecarProcess) -> None:
+    chat = await spawn_turnwire(
+        "chat", "cli-ctrl-c", "Tell me a long story.", "--target", sidecar.target, "--model", "scripted:slow"
+    )
+    assert chat.stdout is not None
+    first = await asyncio.wait_for(chat.stdout.read(2), timeout=30)  # the reply has begun
+    assert first.startswith(b"w")
+    chat.send_signal(signal.SIGINT)
+    rest, err = await asyncio.wait_for(chat.communicate(), timeout=30)
+    output = (first + rest).decode()
+    assert chat.returncode == 130, (output, err.decode())
+    assert "ABORTED by Ctrl-C · request cli-" in output
+    assert "Traceback" not in err.decode()
+
+    async with TurnwireClient(sidecar.target) as client:
+
+        async def partial_stored() -> list[str] | None:
+            conversation = await client.get_conversation("cli-ctrl-c")
+            replies = [m for m in conversation.messages if m.role == message_pb2.ROLE_ASSISTANT]
+            return [p.text.text for p in replies[-1].parts if p.HasField("text")] if replies else None
+
+        words = await wait_until(partial_stored, timeout=15)
+    assert words and words[0].startswith("w0") and "w39" not in words[0]
+
+    shown = await run_turnwire("history", "cli-ctrl-c", "--target", sidecar.target)
+    assert shown.code == 0, shown
+    marks = [line for line in shown.stdout.splitlines() if line.startswith("(partial: turn cli-")]
+    assert len(marks) == 1 and marks[0].endswith(" ended ABORTED)"), shown.stdout
+    async with TurnwireClient(sidecar.target) as client:
+        conversation = await client.get_conversation("cli-ctrl-c")
+    (reply,) = conversation.partial_replies
+    assert reply.message_id == conversation.messages[-1].id
+    assert reply.status == event_pb2.TURN_STATUS_ABORTED
+
+
+async def test_a_streaming_tool_shows_its_preliminary_results(sidecar: SidecarProcess) -> None:
+    run = await run_turnwire(
+        "chat", "cli-prelim", "count", "--target", sidecar.target, "--model", "scripted:streaming-tool"
+    )
+    assert run.code == 0, run
+    lines = run.stdout.splitlines()
+    assert any(line.startswith("… countdown: ") and line.endswith("(preliminary)") for line in lines), lines
+    final = [i for i, line in enumerate(lines) if line.startswith("← countdown: ")]
+    prelim = [i for i, line in enumerate(lines) if line.startswith("… countdown: ")]
+    assert final and prelim and max(prelim) < final[0]
+    assert "\x1b" not in run.stdout  # piped: no spinner, no control codes
+
+
+async def test_continue_cancel_and_conversations_commands(sidecar: SidecarProcess) -> None:
+    async with TurnwireClient(sidecar.target) as client:
+        await collect(client.chat("cli-listed", "hello"))
+    listed = await run_turnwire("conversations", "--target", sidecar.target)
+    assert listed.code == 0, listed
+    assert any(line.startswith("cli-listed · 2 messages · updated ") for line in listed.stdout.splitlines())
+
+    continued = await run_turnwire("continue", "cli-listed", "--target", sidecar.target)
+    assert continued.code == 0, continued
+    assert continued.stdout.splitlines()[-1].startswith("COMPLETED")
+    complete = await run_turnwire("history", "cli-listed", "--target", sidecar.target)
+    assert "(partial" not in complete.stdout
+
+    # A slow turn started by the client, cancelled by the command with its request id.
+    async with TurnwireClient(sidecar.target) as client:
+        stream = client.chat("cli-cancel", "story", request_id="cli-cancel-me", model="scripted:slow")
+        started = asyncio.ensure_future(collect(stream))
+        cancel = None
+
+        async def cancelled() -> bool:
+            nonlocal cancel
+            cancel = await run_turnwire("cancel", "cli-cancel-me", "--target", sidecar.target)
+            return cancel.code == 0
+
+        await wait_until(cancelled, timeout=30)
+        result = await started
+    assert cancel is not None and "cancelled cli-cancel-me" in cancel.stdout
+    assert result.status_name == "ABORTED"
+    again = await run_turnwire("cancel", "cli-cancel-me", "--target", sidecar.target)
+    assert again.code == 1 and "no running or queued turn cli-cancel-me" in again.stdout
+
+
+def test_the_help_flag_has_a_short_form() -> None:
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, "-m", "turnwire_server", "serve", "-h"], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0
+    assert "TURNWIRE_CONFIG" in run.stdout and "127.0.0.1:50051" in run.stdout
+
+
+async def test_blocked_and_substituted_results_are_marked(sidecar: SidecarProcess) -> None:
+    body = '{"block_tools": ["calculator"], "substitute_tools": ["get_weather"]}'
+    run = await run_turnwire(
+        "chat",
+        "cli-blocked",
+        "calc",
+        "--target",
+        sidecar.target,
+        "--model",
+        "scripted:two-calcs",
+        "--body",
+        body,
+    )
+    assert run.code == 0, run
+    lines = run.stdout.splitlines()
+    assert "← calculator: blocked by a hook: blocked by the test policy" in lines, lines
+    assert '← get_weather: {"substituted": true} (substituted by a hook; the tool did not run)' in lines, (
+        lines
+    )
+
+    shown = await run_turnwire("history", "cli-blocked", "--target", sidecar.target)
+    assert "← calculator: blocked by a hook: blocked by the test policy" in shown.stdout.splitlines()
+    async with TurnwireClient(sidecar.target) as client:
+        conversation = await client.get_conversation("cli-blocked")
+    calls = {
+        p.tool_call.tool_name: p.tool_call for p in conversation.messages[-1].parts if p.HasField("tool_call")
+    }
+    assert calls["calculator"].decision == message_pb2.TOOL_CALL_DECISION_BLOCKED
+    assert calls["get_weather"].decision == message_pb2.TOOL_CALL_DECISION_SUBSTITUTED
