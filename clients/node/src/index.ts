@@ -23,6 +23,7 @@ export type {
   FinishReasonName,
   Step,
   ToolCall,
+  ToolCallDecisionName,
   ToolCallStateName,
   TurnResult,
   TurnStatusName,
@@ -32,6 +33,6 @@ export { DisconnectPolicy, SubmissionState, AddMode } from './gen/turnwire/v1/ch
 export type { Conversation, Submission } from './gen/turnwire/v1/chat_service_pb.js';
 export { TurnStatus, FinishReason } from './gen/turnwire/v1/event_pb.js';
 export type { TurnEvent, TurnEnd } from './gen/turnwire/v1/event_pb.js';
-export { Role, ToolCallState } from './gen/turnwire/v1/message_pb.js';
+export { Role, ToolCallDecision, ToolCallState } from './gen/turnwire/v1/message_pb.js';
 export type { Message, Part } from './gen/turnwire/v1/message_pb.js';
 export { ErrorReason } from './gen/turnwire/v1/error_reason_pb.js';

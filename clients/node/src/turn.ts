@@ -10,12 +10,14 @@ import { type JsonValue, parseJson } from './json.js';
 import type { TurnEnd, TurnEvent } from './gen/turnwire/v1/event_pb.js';
 import { FinishReason, TurnStatus } from './gen/turnwire/v1/event_pb.js';
 import type { Message, Usage as UsageMessage } from './gen/turnwire/v1/message_pb.js';
-import { ToolCallState } from './gen/turnwire/v1/message_pb.js';
+import { ToolCallDecision, ToolCallState } from './gen/turnwire/v1/message_pb.js';
 
 /** A `TurnStatus` name without its prefix, e.g. `"COMPLETED"` or `"ABORTED"`. */
 export type TurnStatusName = keyof typeof TurnStatus;
 /** A `ToolCallState` name without its prefix, e.g. `"OUTPUT_AVAILABLE"`. */
 export type ToolCallStateName = keyof typeof ToolCallState;
+/** A `ToolCallDecision` name without its prefix: `"BLOCKED"` or `"SUBSTITUTED"` by a hook, else `"UNSPECIFIED"`. */
+export type ToolCallDecisionName = keyof typeof ToolCallDecision;
 /** A `FinishReason` name without its prefix, e.g. `"STOP"` or `"TOOL_CALLS"`. */
 export type FinishReasonName = keyof typeof FinishReason;
 
@@ -41,6 +43,8 @@ export interface ToolCall {
   output: JsonValue | undefined;
   /** Why the call failed or was denied; `""` otherwise. */
   errorText: string;
+  /** Whether a `before_tool_call` hook blocked the call or substituted its result (the tool did not run). */
+  decision: ToolCallDecisionName;
   /** True when the client runs the tool itself (`client_tools`): send its result with `submitToolResults`. */
   clientExecuted: boolean;
 }
@@ -190,6 +194,7 @@ export function messageToolCalls(message: Message): ToolCall[] {
         input: call.inputJson ? parseJson(call.inputJson) : undefined,
         output: call.outputJson ? parseJson(call.outputJson) : undefined,
         errorText: call.errorText,
+        decision: ToolCallDecision[call.decision] as ToolCallDecisionName,
         clientExecuted: call.clientExecuted,
       },
     ];
@@ -260,6 +265,7 @@ class TurnFolder {
       case 'toolOutputAvailable': {
         const call = this.call(event.value.toolCallId, '', 'OUTPUT_AVAILABLE');
         call.output = event.value.outputJson ? parseJson(event.value.outputJson) : null;
+        call.decision = ToolCallDecision[event.value.decision] as ToolCallDecisionName;
         break;
       }
       case 'toolOutputError':
@@ -291,6 +297,7 @@ class TurnFolder {
         input: undefined,
         output: undefined,
         errorText: '',
+        decision: 'UNSPECIFIED',
         clientExecuted: false,
       };
       this.calls.set(toolCallId, call);

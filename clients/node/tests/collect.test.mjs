@@ -27,16 +27,23 @@ function stream(events, first = 1) {
 const text = (value) => ({ parts: [{ kind: { case: 'text', value: { text: value } } }] });
 const END = ['turnEnd', { status: TurnStatus.COMPLETED }];
 
-test('the text of each step, the steps separated by a blank line', async () => {
+test('the text of each step, the steps separated by a blank line; a blocked call marked', async () => {
   const result = await stream([
     ['turnStart', {}],
     ['stepStart', { stepNumber: 0 }],
     ['textDelta', { id: 't', delta: 'Hello' }],
     ['textDelta', { id: 't', delta: ' there.' }],
+    ['toolInputAvailable', { toolCallId: 'k', toolName: 'rm', inputJson: '{"path":"/"}' }],
+    ['toolOutputAvailable', { toolCallId: 'k', outputJson: '"not allowed"', decision: 1 }],
     ['stepStart', { stepNumber: 1 }],
     ['textDelta', { id: 'u', delta: 'Done.' }],
     END,
   ]).collect();
+  assert.deepEqual(
+    result.toolCalls.map(({ toolName, input, output, decision }) => ({ toolName, input, output, decision })),
+    [{ toolName: 'rm', input: { path: '/' }, output: 'not allowed', decision: 'BLOCKED' }],
+  );
+  assert.deepEqual(result.steps[0].toolCallIds, ['k']);
   assert.deepEqual(
     result.steps.map((step) => step.text),
     ['Hello there.', 'Done.'],
