@@ -36,6 +36,6 @@ def start_metrics_endpoint(listen: str) -> MetricsEndpoint:
     Raises ``OSError`` when the address cannot be bound."""
     host, _, port = listen.rpartition(":")
     # No *_created series: they double a scrape's size and Prometheus ignores them by default.
-    disable_created_metrics()
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus-client
     server, thread = start_http_server(int(port), addr=host.strip("[]"))
     return MetricsEndpoint(server, thread, int(server.server_port))

@@ -45,10 +45,21 @@ MIN_SECRET_CHARS = 4
 words); the patterns of :class:`Redactor` still apply to them."""
 
 SECRET_KEY = re.compile(
-    r"(?i)(^|[_\-.])(api[_\-]?key|apikey|key|token|secret|password|passwd|pwd|credentials?|authorization|auth)$"
+    r"(^|_)(api_?key|key|token|secret|password|passwd|pwd|credentials?|authorization|auth)$"
 )
-"""Option names whose values are treated as secrets in ``keys`` fields (``api_key``,
-``auth_token``, ``client_secret``, ``password`` …)."""
+"""Option names (after :func:`_words`: ``authToken`` → ``auth_token``) whose values are treated as
+secrets in ``keys`` fields (``api_key``, ``apiKey``, ``auth-token``, ``client_secret``,
+``password`` …)."""
+
+
+def _looks_secret(key: object) -> bool:
+    return SECRET_KEY.search(_words(str(key))) is not None
+
+
+def _words(name: str) -> str:
+    """``name`` in lower snake case: camelCase humps, ``-`` and ``.`` become ``_``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).replace("-", "_").replace(".", "_").lower()
+
 
 _ENV_ALWAYS = ("PGPASSWORD",)
 """Environment variables read as secrets whatever the configuration says (libpq's password)."""
@@ -123,7 +134,7 @@ def _redact_value(kind: SecretKind, data: Any) -> Any:
 def _redact_keys(data: Any) -> Any:
     if isinstance(data, dict):
         return {
-            key: MASK if SECRET_KEY.search(str(key)) and data[key] is not None else _redact_keys(data[key])
+            key: MASK if _looks_secret(key) and data[key] is not None else _redact_keys(data[key])
             for key in data
         }
     if isinstance(data, list):
@@ -195,7 +206,7 @@ def _kind_secrets(kind: SecretKind, value: Any, env: Mapping[str, str]) -> Itera
 def _key_secrets(value: Any) -> Iterator[str]:
     if isinstance(value, Mapping):
         for key, item in value.items():
-            if SECRET_KEY.search(str(key)) and isinstance(item, str | int):
+            if _looks_secret(key) and isinstance(item, str | int):
                 yield str(item)
             else:
                 yield from _key_secrets(item)
