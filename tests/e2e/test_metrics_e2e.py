@@ -168,10 +168,15 @@ async def test_the_endpoint_is_off_unless_enabled(sidecar_factory: SidecarFactor
 
 async def test_an_open_stream_and_a_queued_turn_show_in_the_gauges(sidecar_factory: SidecarFactory) -> None:
     """A turn that is still streaming counts as an open stream; one behind it on the same
-    conversation as a queued turn; both return to 0 when cancelled."""
+    conversation as a queued turn; both return to 0 when cancelled. A third call, refused by
+    the turn limit before any servicer runs, is counted with its code."""
     metrics_port = free_port()
     held = {"providers": {"scripted": {"scripts": {"held": [{"text": "never sent", "delay_ms": 600_000}]}}}}
-    config = {**held, "metrics": {"enabled": True, "listen": f"127.0.0.1:{metrics_port}"}}
+    config = {
+        **held,
+        "limits": {"max_concurrent_rpcs": 2},
+        "metrics": {"enabled": True, "listen": f"127.0.0.1:{metrics_port}"},
+    }
     sidecar = await sidecar_factory(config=config).start()
     chat = {"grpc_service": CHAT, "grpc_method": "Chat"}
     async with TurnwireClient(sidecar.target) as client:
@@ -185,6 +190,9 @@ async def test_an_open_stream_and_a_queued_turn_show_in_the_gauges(sidecar_facto
             ),
         )
         assert value(samples, "turnwire_queued_turns") == 1
+        with pytest.raises(TurnwireError) as refused:
+            await collect(client.chat("q2", "one too many"))
+        assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         for reader in readers:
             reader.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
@@ -193,6 +201,10 @@ async def test_an_open_stream_and_a_queued_turn_show_in_the_gauges(sidecar_facto
         lambda s: value(s, "turnwire_open_streams", **chat) == 0 and value(s, "turnwire_queued_turns") == 0,
     )
     assert value(samples, "grpc_server_handled_total", **grpc_labels("Chat"), grpc_code="Canceled") == 2
+    assert (
+        value(samples, "grpc_server_handled_total", **grpc_labels("Chat"), grpc_code="ResourceExhausted") == 1
+    )
+    assert value(samples, "grpc_server_started_total", **grpc_labels("Chat")) == 3
 
 
 async def _scrape_when(port: int, condition: Callable[[Samples], bool]) -> Samples:

@@ -21,7 +21,7 @@ import contextlib
 import inspect
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import grpc
 
@@ -32,19 +32,32 @@ from turnwire_server.log_context import bind as bind_log_context
 Context = Any  # grpc.aio.ServicerContext; grpc is untyped
 
 
-class _Labels(NamedTuple):
-    grpc_type: str
-    service: str
-    method: str
+class _MethodMetrics:
+    """One method's label children, resolved once (a ``labels()`` lookup costs a lock and a dict)."""
 
+    __slots__ = ("handled", "labels", "open_streams", "seconds", "started")
 
-def _labels(full_method: str, handler: Any) -> _Labels:
-    service, _, method = full_method.lstrip("/").rpartition("/")
-    if handler.request_streaming:
-        kind = "bidi_stream" if handler.response_streaming else "client_stream"
-    else:
-        kind = "server_stream" if handler.response_streaming else "unary"
-    return _Labels(kind, service, method)
+    def __init__(self, full_method: str, handler: Any) -> None:
+        service, _, method = full_method.lstrip("/").rpartition("/")
+        if handler.request_streaming:
+            kind = "bidi_stream" if handler.response_streaming else "client_stream"
+        else:
+            kind = "server_stream" if handler.response_streaming else "unary"
+        self.labels = (kind, service, method)
+        self.started = metrics.STARTED.labels(*self.labels)
+        self.seconds = metrics.HANDLING_SECONDS.labels(*self.labels)
+        # Only response streams: a unary method shows no gauge of its own.
+        self.open_streams: Any = (
+            metrics.OPEN_STREAMS.labels(service, method) if handler.response_streaming else None
+        )
+        self.handled: dict[str, Any] = {}
+
+    def ended(self, code: str, started: float) -> None:
+        self.seconds.observe(time.perf_counter() - started)
+        handled = self.handled.get(code)
+        if handled is None:
+            handled = self.handled[code] = metrics.HANDLED.labels(*self.labels, code)
+        handled.inc()
 
 
 def _bind(request: Any) -> None:
@@ -59,6 +72,7 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is 
 
     def __init__(self) -> None:
         self._gone = client_gone_types()
+        self._methods: dict[str, _MethodMetrics] = {}
 
     async def intercept_service(
         self,
@@ -69,7 +83,11 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is 
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        return self._wrap(handler, _labels(handler_call_details.method, handler))
+        method = handler_call_details.method
+        observed = self._methods.get(method)
+        if observed is None:
+            observed = self._methods[method] = _MethodMetrics(method, handler)
+        return self._wrap(handler, observed)
 
     def _code(self, context: Context, error: BaseException | None) -> str:
         code = context.code()
@@ -82,39 +100,33 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is 
             return "DeadlineExceeded" if remaining is not None and remaining <= 0 else "Canceled"
         return "Unknown"
 
-    def _ended(self, labels: _Labels, context: Context, started: float, error: BaseException | None) -> None:
-        metrics.HANDLING_SECONDS.labels(*labels).observe(time.perf_counter() - started)
-        metrics.HANDLED.labels(*labels, self._code(context, error)).inc()
-
-    def _wrap(self, handler: Any, labels: _Labels) -> Any:
-        started_total = metrics.STARTED.labels(*labels)
+    def _wrap(self, handler: Any, observed: _MethodMetrics) -> Any:
         deserializer, serializer = handler.request_deserializer, handler.response_serializer
 
         async def unary(behavior: Any, request: Any, context: Context) -> Any:
             _bind(request)
-            started_total.inc()
+            observed.started.inc()
             started = time.perf_counter()
             try:
                 response = await behavior(request, context)
             except BaseException as error:
-                self._ended(labels, context, started, error)
+                observed.ended(self._code(context, error), started)
                 raise
-            self._ended(labels, context, started, None)
+            observed.ended(self._code(context, None), started)
             return response
 
         async def streaming(behavior: Any, request: Any, context: Context) -> None:
-            open_streams = metrics.OPEN_STREAMS.labels(labels.service, labels.method)
-            started_total.inc()
-            open_streams.inc()
+            observed.started.inc()
+            observed.open_streams.inc()
             started = time.perf_counter()
             try:
                 await _respond(behavior, request, context)
             except BaseException as error:
-                self._ended(labels, context, started, error)
+                observed.ended(self._code(context, error), started)
                 raise
             finally:
-                open_streams.dec()
-            self._ended(labels, context, started, None)
+                observed.open_streams.dec()
+            observed.ended(self._code(context, None), started)
 
         if not handler.request_streaming and not handler.response_streaming:
             behavior = handler.unary_unary
@@ -155,14 +167,14 @@ class RpcObserver(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is 
             return handler
 
         async def observed_stream_unary(requests: AsyncIterable[Any], context: Context) -> Any:
-            started_total.inc()
+            observed.started.inc()
             started = time.perf_counter()
             try:
                 response = await behavior(requests, context)
             except BaseException as error:
-                self._ended(labels, context, started, error)
+                observed.ended(self._code(context, error), started)
                 raise
-            self._ended(labels, context, started, None)
+            observed.ended(self._code(context, None), started)
             return response
 
         return grpc.stream_unary_rpc_method_handler(
