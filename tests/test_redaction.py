@@ -97,12 +97,22 @@ def test_the_patterns_mask_credentials_of_any_origin(text: str, expected: str) -
     assert Redactor().redact(text) == expected
 
 
-def test_literal_secrets_are_masked_also_as_json_escapes_them() -> None:
-    redactor = Redactor(['odd"sec\\ret-ü', "abc"])  # "abc" is too short to be searched for
-    line = json.dumps({"message": 'the value odd"sec\\ret-ü leaked, abc'})
-    masked = redactor.redact(line)
-    assert "sec" not in masked and json.loads(masked)["message"] == f"the value {MASK} leaked, abc"
-    assert redactor.redact('plain odd"sec\\ret-ü') == f"plain {MASK}"
+def test_literal_secrets_are_masked_and_short_values_are_not_searched_for() -> None:
+    redactor = Redactor(['odd"sec\\ret-ü', "abc"])
+    assert redactor.redact('value odd"sec\\ret-ü, abc') == f"value {MASK}, abc"
+
+
+async def test_a_json_line_stays_json_whatever_the_secret(captured: tuple[io.StringIO, Any]) -> None:
+    """Masking happens before serialization: a secret with quotes and backslashes, or one that is
+    also a JSON literal (``true``), never breaks a line."""
+    stream, _ = captured
+    configure_logging("info", "json", Redactor(['odd"sec\\ret-ü', "true"]), stream=stream)
+    logging.getLogger("turnwire.test").warning(
+        'got odd"sec\\ret-ü', extra={"flag": True, "detail": {"nested": 'odd"sec\\ret-ü'}}
+    )
+    record = json.loads(stream.getvalue())
+    assert record["message"] == f"got {MASK}"
+    assert record["flag"] is True and record["detail"] == {"nested": MASK}
 
 
 @pytest.fixture

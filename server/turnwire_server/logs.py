@@ -7,9 +7,10 @@ context ids (:mod:`turnwire_server.log_context`; left out when unknown), any str
 call passed in ``extra`` (``event``, ``stage``, ``classification`` …) and ``exc_info`` for a
 traceback.
 
-Every line, in either format, passes a :class:`~turnwire_server.redaction.Redactor` last (the
-formatted text, traceback included): the secrets the configuration holds or names, and anything
-shaped like a credential, are masked even if some library logs them at DEBUG.
+Every line, in either format, passes a :class:`~turnwire_server.redaction.Redactor` (text: the
+formatted line, traceback included; JSON: each string value before serialization): the secrets
+the configuration holds or names, and anything shaped like a credential, are masked even if some
+library logs them at DEBUG.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
 class _TextFormatter(logging.Formatter):
-    """:data:`TEXT_FORMAT`, then the context ids that are known (``request_id=…``)."""
+    """:data:`TEXT_FORMAT`, then the context ids that are known (``request_id=…``); the whole text
+    (traceback included) masked by ``redactor``."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        super().__init__(TEXT_FORMAT)
+        self.redactor = redactor
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         line = super().formatMessage(record)
@@ -38,38 +44,44 @@ class _TextFormatter(logging.Formatter):
         )
         return f"{line} {context}" if context else line
 
+    def format(self, record: logging.LogRecord) -> str:
+        return self.redactor.redact(super().format(record))
+
 
 class _JsonFormatter(JsonFormatter):
-    """One JSON object per record; context ids that are unknown are left out."""
+    """One JSON object per record; context ids that are unknown are left out; every string value
+    (message, traceback, structured fields) masked by ``redactor`` before it is serialized, so a
+    line stays valid JSON whatever a secret looks like."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        super().__init__(
+            ["levelname", "name", "message"],
+            rename_fields={"levelname": "level", "name": "logger"},
+            timestamp=True,
+        )
+        self.redactor = redactor
 
     def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
         for name in CONTEXT_FIELDS:
             if not log_data.get(name):
                 log_data.pop(name, None)
-        return log_data
+        return {key: self._redacted(value) for key, value in log_data.items()}
+
+    def _redacted(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.redactor.redact(value)
+        if isinstance(value, dict):
+            return {key: self._redacted(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._redacted(item) for item in value]
+        return value
 
 
-class RedactingFormatter(logging.Formatter):
-    """Formats with ``inner``, then masks secrets in the whole text with ``redactor``."""
-
-    def __init__(self, inner: logging.Formatter, redactor: Redactor) -> None:
-        super().__init__()
-        self.inner = inner
-        self.redactor = redactor
-
-    def format(self, record: logging.LogRecord) -> str:
-        return self.redactor.redact(self.inner.format(record))
-
-
-def formatter_for(log_format: LogFormat) -> logging.Formatter:
-    """The formatter of ``log_format`` (without redaction)."""
-    if log_format == "json":
-        return _JsonFormatter(
-            ["levelname", "name", "message"],
-            rename_fields={"levelname": "level", "name": "logger"},
-            timestamp=True,
-        )
-    return _TextFormatter(TEXT_FORMAT)
+def formatter_for(log_format: LogFormat, redactor: Redactor | None = None) -> logging.Formatter:
+    """The formatter of ``log_format``, masking secrets with ``redactor`` (default: the
+    credential patterns only)."""
+    redactor = redactor or Redactor()
+    return _JsonFormatter(redactor) if log_format == "json" else _TextFormatter(redactor)
 
 
 def configure_logging(
@@ -83,7 +95,7 @@ def configure_logging(
     patterns only) applied; replaces the root logger's handlers. Returns the handler."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.addFilter(LogContextFilter())
-    handler.setFormatter(RedactingFormatter(formatter_for(log_format), redactor or Redactor()))
+    handler.setFormatter(formatter_for(log_format, redactor))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
@@ -92,4 +104,4 @@ def configure_logging(
     return handler
 
 
-__all__ = ["TEXT_FORMAT", "LogFormat", "RedactingFormatter", "configure_logging", "formatter_for"]
+__all__ = ["TEXT_FORMAT", "LogFormat", "configure_logging", "formatter_for"]

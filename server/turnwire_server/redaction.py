@@ -241,24 +241,16 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
 
 
 class Redactor:
-    """Masks secrets in text: the literal ``values`` given (each also in its JSON-escaped form,
-    as a JSON log line carries it), then the credential patterns of the module docstring.
+    """Masks secrets in text: the literal ``values`` given, then the credential patterns of the
+    module docstring.
 
     Values shorter than :data:`MIN_SECRET_CHARS` are ignored. ``redact`` costs a few regular
     expression scans of the text; it is meant for log lines, not for the event stream.
     """
 
     def __init__(self, values: Iterable[str] = ()) -> None:
-        import json
-
-        forms: set[str] = set()
-        for value in values:
-            if len(value) >= MIN_SECRET_CHARS:
-                forms.add(value)
-                forms.add(json.dumps(value)[1:-1])
-                forms.add(json.dumps(value, ensure_ascii=False)[1:-1])
         # Longest first, so a secret containing another is masked whole.
-        ordered = sorted(forms, key=len, reverse=True)
+        ordered = sorted({value for value in values if len(value) >= MIN_SECRET_CHARS}, key=len, reverse=True)
         self._literal = re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
     def redact(self, text: str) -> str:
