@@ -5,6 +5,7 @@ parser, counts exactly what happened (README, Operate: Metrics)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -13,7 +14,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from providers.replay import ReplayServer, Reply
-from support.sidecar import SidecarFactory, free_port
+from support.sidecar import SidecarError, SidecarFactory, free_port
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, TurnwireError, collect
@@ -164,6 +165,18 @@ async def test_the_endpoint_is_off_unless_enabled(sidecar_factory: SidecarFactor
     await sidecar_factory(config=config).start()
     with pytest.raises(urllib.error.URLError):
         await asyncio.to_thread(scrape, port)
+
+
+async def test_a_taken_metrics_port_stops_the_start(sidecar_factory: SidecarFactory) -> None:
+    """The endpoint is part of the start: a port already taken ends it with a message naming it."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        sidecar = sidecar_factory(config={"metrics": {"enabled": True, "listen": listen}})
+        with pytest.raises(SidecarError, match=f"metrics.listen: cannot listen on {listen}"):
+            await sidecar.start()
+    assert sidecar.returncode == 1
 
 
 async def test_an_open_stream_and_a_queued_turn_show_in_the_gauges(sidecar_factory: SidecarFactory) -> None:
