@@ -145,7 +145,7 @@ def turnwire_config(
     config = f"""\
 listen: 127.0.0.1:{port}
 default_model: {STREAM_MODEL}
-log_level: warning
+logging: {{level: warning}}
 store:
   url: sqlite:///{workdir / "turnwire.db"}
 providers:

@@ -91,7 +91,7 @@ async def run_variant(variant: str, seconds: float, store_url: str) -> dict[str,
     settings = Settings(
         listen=f"127.0.0.1:{port}",
         default_model=STREAM_MODEL,
-        log_level="warning",
+        logging={"level": "warning"},
         store={"url": store_url, "pool_size": 20} if variant == "postgres" else {"url": store_url},
         providers={"scripted": {"scripts": {"bench": [{"text": stream_text(200, 4), "chunk_size": 4}]}}},
         tools={"demo": False},

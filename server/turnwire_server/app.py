@@ -15,7 +15,7 @@ import asyncio
 import datetime as dt
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -23,12 +23,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from turnwire.hooks import Middleware, SessionContext
+from turnwire.hooks import Middleware, SessionConfig, SessionContext
 from turnwire.providers import Provider
+from turnwire.testing import BUILTIN_SCRIPTS
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc
 from turnwire_server.api.admission import CallGate
 from turnwire_server.api.chat_service import ChatService
 from turnwire_server.api.rpc_logging import quiet_grpc_call_noise
+from turnwire_server.api.rpc_observer import RpcObserver
 from turnwire_server.api.status import status_of
 from turnwire_server.api.submission_rpcs import turn_request_of
 from turnwire_server.config import MiddlewareEntry, Settings
@@ -39,8 +41,9 @@ from turnwire_server.engine.submissions import Submissions
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.importing import import_object
 from turnwire_server.listen_check import ListenAddressError, check_listen_address
+from turnwire_server.metrics_endpoint import MetricsEndpoint, start_metrics_endpoint
 from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
-from turnwire_server.providers.settings import ProviderConfigError, build_provider
+from turnwire_server.providers.settings import ProviderConfigError, ScriptedProviderSettings, build_provider
 from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, redact_url
 from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
@@ -119,6 +122,7 @@ class Sidecar:
     maintenance: Maintenance
     replica: Replica
     remote_hooks: Sequence[RemoteMiddleware] = ()
+    metrics_endpoint: MetricsEndpoint | None = None
 
     async def stop(self) -> None:
         """Graceful stop (see the module docstring). The maintenance loop stops first, so no
@@ -154,6 +158,9 @@ class Sidecar:
         await self.store.close()
         await self.providers.aclose()
         await self.tools.aclose()
+        if self.metrics_endpoint is not None:
+            # Last: a scrape during the drain still answers.
+            self.metrics_endpoint.close()
         log.info("stopped")
 
 
@@ -198,12 +205,49 @@ async def start(settings: Settings) -> Sidecar:
     bad configuration touches no file. Raises :class:`StartupError` with a
     message that says what to fix.
     """
-    tools = await open_tools(settings)
+    endpoint = _metrics_endpoint(settings)
     try:
-        return await _start(settings, tools)
+        tools = await open_tools(settings)
+        try:
+            sidecar = await _start(settings, tools)
+        except BaseException:
+            await tools.aclose()
+            raise
     except BaseException:
-        await tools.aclose()
+        if endpoint is not None:
+            endpoint.close()
         raise
+    sidecar.metrics_endpoint = endpoint
+    return sidecar
+
+
+def _metrics_endpoint(settings: Settings) -> MetricsEndpoint | None:
+    """The Prometheus endpoint when ``metrics.enabled``. Raises :class:`StartupError`."""
+    if not settings.metrics.enabled:
+        return None
+    try:
+        endpoint = start_metrics_endpoint(settings.metrics.listen)
+    except (OSError, ValueError) as error:
+        raise StartupError(f"metrics.listen: cannot listen on {settings.metrics.listen}: {error}") from error
+    log.info("metrics on http://%s/metrics", settings.metrics.listen)
+    return endpoint
+
+
+def metric_models(settings: Settings, session: SessionConfig) -> frozenset[str]:
+    """The model ids the configuration names (``default_model``, each scripted provider's scripts,
+    each SDK provider's ``models`` allow-list, the compaction summary model): the ones the
+    metrics label by name (``EngineSettings.metric_models``)."""
+    known = {settings.default_model}
+    for name, entry in settings.providers.items():
+        if isinstance(entry, ScriptedProviderSettings):
+            models: Iterable[str] = (*BUILTIN_SCRIPTS, *entry.scripts)
+        else:
+            models = entry.models
+        known.update(f"{name}:{model}" for model in models)
+    summary_model = getattr(session.compaction.strategy, "model", None) if session.compaction else None
+    if isinstance(summary_model, str):
+        known.add(summary_model)
+    return frozenset(known)
 
 
 async def open_tools(settings: Settings) -> ToolSet:
@@ -312,6 +356,7 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
                 stall_recovery=settings.durability.stall_recovery,
                 pending_expiry_seconds=settings.durability.pending_expiry_seconds,
                 compaction=session.compaction,
+                metric_models=metric_models(settings, session),
             ),
             error_status=status_of,
         )
@@ -331,7 +376,8 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
             log.info("started %d pending submission(s)", restarted)
         gate = CallGate(settings.limits.max_concurrent_rpcs)
         quiet_grpc_call_noise()
-        server = grpc.aio.server(interceptors=[gate], options=grpc_options(settings))
+        # The observer first: it sees each call as the client does, the gate's refusals included.
+        server = grpc.aio.server(interceptors=[RpcObserver(), gate], options=grpc_options(settings))
         chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
             ChatService(
                 engine,

@@ -94,7 +94,8 @@ class Compacted:
 
 
 class Compactor:
-    """Runs the session's compaction for one turn (``config``, never None here)."""
+    """Runs the session's compaction for one turn (``config``, never None here); ``metric_models``
+    labels the summary calls' tokens (``EngineSettings.metric_models``)."""
 
     def __init__(
         self,
@@ -105,8 +106,10 @@ class Compactor:
         conversation_id: str,
         request_id: str,
         model: str,
+        metric_models: frozenset[str] | None = None,
     ) -> None:
         self.config = config
+        self.metric_models = metric_models
         self.store = store
         self.providers = providers
         self.conversation_id = conversation_id
@@ -297,6 +300,7 @@ class Compactor:
                     usage = chunk.usage
         finally:
             await stream.aclose()
+        metrics.count_tokens(metrics.model_label(model, self.metric_models), usage)
         text = "".join(pieces).strip()
         if not text:
             raise ValueError(f"the summary model {model} returned no text")

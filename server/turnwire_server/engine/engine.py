@@ -20,6 +20,7 @@ from typing import Any
 
 from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2
+from turnwire_server.engine import metrics
 from turnwire_server.engine.channel import EventChannel
 from turnwire_server.engine.errors import (
     ConversationDeleted,
@@ -38,6 +39,7 @@ from turnwire_server.engine.transcript import repair_unresolved_tool_calls
 from turnwire_server.engine.turn import ErrorStatus, Recovery, TurnRun
 from turnwire_server.engine.turn_spec import parse_spec
 from turnwire_server.hooks.chain import MiddlewareChain
+from turnwire_server.log_context import bind as bind_log_context
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.base import Store, TurnRecord
 
@@ -178,6 +180,7 @@ class TurnEngine:
             writer.sequence_number = last_sequence_number + RECOVERY_SEQUENCE_GAP
         conversation_id = request.conversation_id
         self._queued[conversation_id] += 1
+        metrics.QUEUED_TURNS.inc()
         acquired = False
 
         def on_lock_acquired() -> None:
@@ -200,6 +203,7 @@ class TurnEngine:
 
         async def main() -> None:
             _current_turn.set(run)
+            bind_log_context(request.conversation_id, request.request_id)
             try:
                 await run.run()
             finally:
@@ -217,6 +221,7 @@ class TurnEngine:
         return handle
 
     def _dequeue(self, conversation_id: str) -> None:
+        metrics.QUEUED_TURNS.dec()
         self._queued[conversation_id] -= 1
         if self._queued[conversation_id] <= 0:
             del self._queued[conversation_id]
@@ -381,6 +386,7 @@ class TurnEngine:
                     response_type=DetachedResponse,
                     disconnect="continue",
                     client_tools=spec.client_tools,
+                    entry="recovery",
                 )
                 self.start(
                     request,

@@ -29,6 +29,7 @@ from turnwire.providers import ModelRequest, ProviderError
 from turnwire.tools import definition_of
 from turnwire.types import ModelSettings
 from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.engine import metrics
 from turnwire_server.engine.approvals import announce_denials, run_approved_calls
 from turnwire_server.engine.compaction import Compactor, input_start
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
@@ -81,6 +82,9 @@ class StepLoop:
         self.settings = settings
         self.stop = stop
         self.compactor = compactor
+        # The current step's metric labels (engine/metrics.py).
+        self._provider_label = ""
+        self._model_label = ""
 
     async def run(self, history: list[message_pb2.Message] | None = None) -> None:
         """Assemble, ``before_turn``, then the steps; ``history`` is the conversation as the
@@ -256,10 +260,13 @@ class StepLoop:
                 step_config = await turn.hooks.before_step(step_ctx)
             except HookError as error:
                 raise TurnFailure("step", error) from error
+            model_id = step_config.model or ctx.model
             try:
-                provider, model_name = self.providers.resolve(step_config.model or ctx.model)
+                provider, model_name = self.providers.resolve(model_id)
             except LookupError as error:
                 raise TurnFailure("step", error) from error
+            self._provider_label = model_id.partition(":")[0]
+            self._model_label = metrics.model_label(model_id, self.settings.metric_models)
             active = step_config.active_tools if step_config.active_tools is not None else config.active_tools
             allowed = active_tool_names(turn.tools, active)
             step_settings = (
@@ -298,6 +305,8 @@ class StepLoop:
             result = self._step_result(step_number, finish)
             turn.steps.append(result)
             turn.usage.add(finish.usage)
+            metrics.STEPS.labels(self._model_label, finish.finish_reason).inc()
+            metrics.count_tokens(self._model_label, finish.usage)
             self._step_finish_event(result, finish)
             await turn.hooks.on_step_finish(result)
             turn.continue_reply = False
@@ -402,6 +411,7 @@ class StepLoop:
         request = turn.request
         finish: chunks.FinishStep | None = None
         partial: chunks.Usage | None = None
+        first_token = not turn.first_token_seen
         loop = asyncio.get_running_loop()
         try:
             async with contextlib.aclosing(stream) as model_stream, asyncio.timeout(chunk_timeout) as gap:
@@ -411,9 +421,13 @@ class StepLoop:
                     kind = type(chunk)
                     # Ordered by frequency: deltas dominate.
                     if kind is chunks.TextDelta:
+                        if first_token:
+                            first_token = self._first_token()
                         assistant.append(chunk.id, chunk.delta)
                         writer.text_delta(chunk.id, chunk.delta)
                     elif kind is chunks.ReasoningDelta:
+                        if first_token:
+                            first_token = self._first_token()
                         # Hidden reasoning (send_reasoning=False) is kept for the model's
                         # next step but neither streamed nor stored.
                         assistant.append(chunk.id, chunk.delta)
@@ -465,7 +479,9 @@ class StepLoop:
             # reported so far still counts (docs/semantics.md §11).
             if finish is None and partial is not None:
                 turn.usage.add(partial)
+                metrics.count_tokens(self._model_label, partial)
             if isinstance(error, ProviderError):
+                metrics.count_provider_error(self._provider_label, error)
                 raise TurnFailure("stream", error) from error
             if isinstance(error, TimeoutError) and chunk_timeout is not None:
                 raise TurnFailure(
@@ -473,11 +489,19 @@ class StepLoop:
                 ) from None
             raise
         if finish is None:
-            raise TurnFailure(
-                "stream",
-                ProviderError("the model stream ended without a finish", provider="engine", in_stream=True),
+            unfinished = ProviderError(
+                "the model stream ended without a finish", provider="engine", in_stream=True
             )
+            metrics.count_provider_error(self._provider_label, unfinished)
+            raise TurnFailure("stream", unfinished)
         return finish
+
+    def _first_token(self) -> bool:
+        """Observe the turn's time to first token (once per turn); False, for the caller's flag."""
+        turn = self.state
+        turn.first_token_seen = True
+        metrics.TIME_TO_FIRST_TOKEN.labels(self._model_label).observe(time.perf_counter() - turn.admitted)
+        return False
 
 
 def _base_messages(history: Sequence[message_pb2.Message]) -> list[message_pb2.Message]:

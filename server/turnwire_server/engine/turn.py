@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -122,6 +123,8 @@ class TurnRun:
         recovery: Recovery | None = None,
     ) -> None:
         self.request = request
+        #: When the turn was admitted (``time.perf_counter``): the start of its duration metrics.
+        self.admitted = time.perf_counter()
         self.recovery = recovery
         self.store = store
         self.providers = providers
@@ -147,6 +150,7 @@ class TurnRun:
             tools=turn_tools(tools, request.client_tools),
             attempt=recovery.attempt if recovery else 1,
             continue_reply=recovery is not None and recovery.reply is not None,
+            admitted=self.admitted,
         )
         self._tools = tools
         self.compactor = (
@@ -157,6 +161,7 @@ class TurnRun:
                 conversation_id=request.conversation_id,
                 request_id=request.request_id,
                 model=request.model,
+                metric_models=settings.metric_models,
             )
             if settings.compaction is not None
             else None
@@ -255,6 +260,15 @@ class TurnRun:
             self._phase = "ended"
             self.ended = True
             self.writer.close()
+            self._count()
+
+    def _count(self) -> None:
+        """The turn's metrics and its debug line, once it ended."""
+        status = "error" if self.outcome == "running" else self.outcome
+        seconds = time.perf_counter() - self.admitted
+        metrics.TURNS.labels(self.request.entry, status).inc()
+        metrics.TURN_DURATION.labels(status).observe(seconds)
+        log.debug("turn ended: %s after %.3f s (%s)", status, seconds, self.request.entry)
 
     def _not_stored(self, why: str) -> None:
         """The turn ends before its input was stored: its TurnEnd says so (no TurnStart was sent).

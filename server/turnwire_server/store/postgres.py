@@ -50,6 +50,7 @@ from turnwire_server.store.base import (
     TurnState,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
+from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql
 from turnwire_server.store.postgres_migrations import apply_migrations, load_migrations
 from turnwire_server.store.postgres_replicas import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL, Listener
@@ -83,6 +84,8 @@ DEFAULT_POOL_SIZE: Final = 10
 
 _CONNECT_TIMEOUT_S: Final = 10.0
 log = logging.getLogger("turnwire_server.store.postgres")
+_SINGLE_COMMITS = COMMIT_DURATION.labels("postgresql", "single")
+_GROUP_COMMITS = COMMIT_DURATION.labels("postgresql", "group")
 
 _CHECK_IDLE_S: Final = 2.0
 """A pooled connection idle longer than this is checked (one round trip) before it is handed
@@ -317,8 +320,10 @@ class PostgresStore:
         for attempt in range(_RETRIES):
             try:
                 async with pool.connection() as conn:
+                    started = time.perf_counter()
                     async with _transaction(conn, pipeline):
                         result = await body(conn, self._now_us())
+                    _SINGLE_COMMITS.observe(time.perf_counter() - started)
                     # Committed, still on its connection: ``then`` reads what the last flight
                     # brought back (a pipelined read sent with the COMMIT costs no round trip).
                     return result if then is None else await then(result)
@@ -357,10 +362,12 @@ class PostgresStore:
             try:
                 pool = self._require_pool("group commit")
                 async with pool.connection() as conn:
+                    started = time.perf_counter()
                     if await self._apply_pipelined(conn, batch):
                         outcomes = [None] * len(batch)
                     else:
                         outcomes = await self._apply_one_by_one(conn, batch)
+                    _GROUP_COMMITS.observe(time.perf_counter() - started)
                 failure = None
                 break
             except _RACE_ERRORS as exc:
