@@ -324,8 +324,13 @@ class PostgresStore:
             try:
                 async with pool.connection() as conn:
                     started = time.perf_counter()
-                    async with _transaction(conn, pipeline):
-                        result = await body(conn, self._now_us())
+                    try:
+                        async with _transaction(conn, pipeline):
+                            result = await body(conn, self._now_us())
+                    except psycopg.Error:
+                        if pipeline:
+                            await _discard(conn)
+                        raise
                     _SINGLE_COMMITS.observe(time.perf_counter() - started)
                     # Committed, still on its connection: ``then`` reads what the last flight
                     # brought back (a pipelined read sent with the COMMIT costs no round trip).
@@ -366,11 +371,13 @@ class PostgresStore:
                 pool = self._require_pool("group commit")
                 async with pool.connection() as conn:
                     started = time.perf_counter()
-                    if await self._apply_pipelined(conn, batch):
-                        outcomes = [None] * len(batch)
-                    else:
+                    applied = await self._apply_pipelined(conn, batch)
+                if applied:
+                    outcomes = [None] * len(batch)
+                else:
+                    async with pool.connection() as conn:
                         outcomes = await self._apply_one_by_one(conn, batch)
-                    _GROUP_COMMITS.observe(time.perf_counter() - started)
+                _GROUP_COMMITS.observe(time.perf_counter() - started)
                 failure = None
                 break
             except _RACE_ERRORS as exc:
@@ -391,7 +398,8 @@ class PostgresStore:
         """The batch in one pipelined transaction without a savepoint per write (they cost a
         round trip each): statements go out without waiting, only reads do. True when it
         committed; False when some write failed (all rolled back: the caller applies them again
-        one by one). Raises the race errors (the whole batch again)."""
+        one by one, on another connection: this one is discarded). Raises the race errors (the
+        whole batch again)."""
         try:
             async with (
                 _flight(conn),
@@ -401,10 +409,12 @@ class PostgresStore:
                 for queued in batch:
                     await queued.body(conn, now_us)
         except _RACE_ERRORS:
+            await _discard(conn)
             raise
         except (psycopg.Error, StoreError, ValueError):
             if conn.closed:
                 raise
+            await _discard(conn)
             return False
         return True
 
@@ -929,10 +939,7 @@ class PostgresStore:
                         if read_compaction:
                             compaction = await conn.execute(_LOAD_COMPACTION, (conversation_id,))
                 except psycopg.Error:
-                    # Not reused (the pool opens another): psycopg 3.3 counts the statements it
-                    # prepared in the failed part of a pipeline as prepared, though the server
-                    # skipped their Parse ("prepared statement … does not exist" later).
-                    await conn.close()
+                    await _discard(conn)
                     return None
                 taken = int((await ticket.fetchall())[0][0])
                 stored = writes.messages_from_rows(conversation_id, await history.fetchall())
@@ -1115,6 +1122,14 @@ class PostgresStore:
                 async with asyncio.timeout(timeout_seconds):
                     await stored.wait()
         return True
+
+
+async def _discard(conn: Conn) -> None:
+    """Close ``conn`` (the pool opens another in its place) after a pipelined transaction on it
+    failed: psycopg 3.3 counts the statements it prepared in the part of the pipeline the server
+    skipped after the error as prepared, though the server never parsed them, so reusing the
+    connection fails later with "prepared statement … does not exist"."""
+    await conn.close()
 
 
 def _transaction(conn: Conn, pipeline: bool) -> AbstractAsyncContextManager[Any]:
