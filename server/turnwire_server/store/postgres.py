@@ -1002,12 +1002,16 @@ class PostgresStore:
         return None if rows[0][0] is None else int(rows[0][0])
 
     async def _release(self, conversation_id: str, ticket: int) -> None:
+        """Give the ticket up and wake the line; returns once that committed. Group-committed
+        with the turn ends and checkpoints queued meanwhile: with many turns ending, their
+        releases share transactions (and WAL flushes) instead of taking a pooled connection and
+        a commit each, ahead of the next turns' admissions."""
+
+        async def body(conn: Conn, _: int) -> None:
+            await writes.run(conn, _RELEASE_TICKET, (ticket, QUEUE_CHANNEL, conversation_id))
+
         try:
-            await self._read(
-                "turn_lock release",
-                "WITH gone AS (DELETE FROM turn_queue WHERE ticket = %s) SELECT pg_notify(%s, %s)",
-                (ticket, QUEUE_CHANNEL, conversation_id),
-            )
+            await self._write_batched("turn_lock release", body, conversation_id=conversation_id)
         except StoreError as error:  # its lease lapses; the others skip it then
             log.error("releasing the turn lock of %s failed: %s", conversation_id, error)
 
@@ -1158,6 +1162,8 @@ async def _flight(conn: Conn) -> AsyncIterator[None]:
     # Leaving the pipeline synced: the COMMIT's outcome (and any error of the block's statements)
     # is in by now.
 
+
+_RELEASE_TICKET: Final = "WITH gone AS (DELETE FROM turn_queue WHERE ticket = %s) SELECT pg_notify(%s, %s)"
 
 _LOAD_COMPACTION: Final = f"SELECT {COMPACTION_COLUMNS} FROM compactions WHERE conversation_id = %s".encode()
 
