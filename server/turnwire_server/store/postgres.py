@@ -924,6 +924,7 @@ class PostgresStore:
         pool = self._require_pool("admit_turn")
         try:
             async with pool.connection() as conn:
+                started = time.perf_counter()
                 try:
                     # The write lock first, then the queue lock: taking a ticket never waits for
                     # a write (QUEUE_LOCK_CLASS), so no transaction holds them the other way round.
@@ -941,6 +942,7 @@ class PostgresStore:
                 except psycopg.Error:
                     await _discard(conn)
                     return None
+                _SINGLE_COMMITS.observe(time.perf_counter() - started)
                 taken = int((await ticket.fetchall())[0][0])
                 stored = writes.messages_from_rows(conversation_id, await history.fetchall())
                 record = None
