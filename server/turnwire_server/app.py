@@ -2,16 +2,19 @@
 
 This is the only place that names concrete implementations; the engine sees
 interfaces. ``serve`` runs until SIGTERM or SIGINT, then shuts down
-gracefully: health goes NOT_SERVING, no new calls are accepted, running turns
-get ``limits.shutdown_grace_seconds`` to finish, the rest are cancelled and
-store their partial replies; once every ChatService call has ended, the streams
-that never end on their own (health ``Watch``, reflection) are cancelled, and
-the process exits 0.
+gracefully: health goes NOT_SERVING (overall and per service) while calls are
+still taken for ``limits.drain_seconds`` (the drain window: readiness probes and
+load balancers move traffic away first; a second SIGTERM/SIGINT ends it), then
+no new calls are accepted, running turns get ``limits.shutdown_grace_seconds``
+to finish, the rest are cancelled and store their partial replies; once every
+ChatService call has ended, the streams that never end on their own (health
+``Watch``, reflection) are cancelled, and the process exits 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import signal
@@ -123,6 +126,26 @@ class Sidecar:
     replica: Replica
     remote_hooks: Sequence[RemoteMiddleware] = ()
     metrics_endpoint: MetricsEndpoint | None = None
+
+    async def drain_window(self, cut_short: asyncio.Event) -> None:
+        """The drain window before :meth:`stop` (see the module docstring): health reports
+        NOT_SERVING, overall and for each service, while calls are still taken, for
+        ``limits.drain_seconds`` or until ``cut_short`` is set. Kubernetes' readiness and load
+        balancers act on the health service; a replica that stopped taking calls at once would
+        refuse the calls sent before they noticed."""
+        seconds = self.settings.limits.drain_seconds
+        if seconds <= 0:
+            return
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        log.info(
+            "draining: health is NOT_SERVING; still taking calls for %.1f s (a second SIGTERM or "
+            "SIGINT ends this now)",
+            seconds,
+        )
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await cut_short.wait()
 
     async def stop(self) -> None:
         """Graceful stop (see the module docstring). The maintenance loop stops first, so no
@@ -457,8 +480,15 @@ async def serve(settings: Settings) -> None:
     """Run until SIGTERM/SIGINT, then stop gracefully. Raises :class:`StartupError`."""
     sidecar = await start(settings)
     stop = asyncio.Event()
+    hurry = asyncio.Event()
+
+    def on_signal() -> None:
+        # The first signal starts the stop; a second one skips what is left of the drain window.
+        (hurry if stop.is_set() else stop).set()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal)
     await stop.wait()
+    await sidecar.drain_window(hurry)
     await sidecar.stop()

@@ -258,6 +258,15 @@ class LimitsSettings(_Section):
         ),
     )
     max_queued_turns_per_conversation: int = Field(32, ge=1)
+    drain_seconds: float = Field(
+        5.0,
+        ge=0,
+        description=(
+            "SIGTERM: health turns NOT_SERVING at once while calls are still taken for this long, so "
+            "readiness probes and load balancers move traffic away first; then the stop "
+            "(shutdown_grace_seconds). 0: stop taking calls at once. A second SIGTERM/SIGINT ends it early"
+        ),
+    )
     shutdown_grace_seconds: float = Field(10.0, ge=0)
     tool_timeout_seconds: float = Field(60.0, gt=0)
     max_tool_output_bytes: int = Field(

@@ -34,7 +34,7 @@ from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.events import EventWriter
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import CompactionRecord, Store
+from turnwire_server.store.base import CompactionRecord, Store, TurnAdmission
 
 log = logging.getLogger("turnwire.compaction")
 
@@ -118,9 +118,15 @@ class Compactor:
         self.record: CompactionRecord | None = None
         self._estimate = config.token_counter if isinstance(config.token_counter, EstimateTokens) else None
 
-    async def load_view(self, history: Sequence[message_pb2.Message]) -> list[message_pb2.Message]:
-        """The stored compaction applied to ``history`` (read once per attempt)."""
-        self.record = await self.store.load_compaction(self.conversation_id)
+    async def load_view(
+        self, history: Sequence[message_pb2.Message], admission: TurnAdmission | None = None
+    ) -> list[message_pb2.Message]:
+        """The stored compaction applied to ``history`` (read once per attempt: the record the
+        turn's ``admission`` read with its input's commit, else read here)."""
+        if admission is not None and admission.compaction_read:
+            self.record = admission.compaction
+        else:
+            self.record = await self.store.load_compaction(self.conversation_id)
         return apply_compaction(history, self.record)
 
     async def count(self, system: str, messages: Sequence[message_pb2.Message]) -> int:

@@ -40,7 +40,7 @@ from turnwire_server.engine.transcript import CONTINUATION_PROMPT
 from turnwire_server.engine.turn_state import TurnState
 from turnwire_server.hooks.chain import HookError, merge_config
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import Store
+from turnwire_server.store.base import Store, TurnAdmission
 
 log = logging.getLogger("turnwire.turn")
 
@@ -86,12 +86,13 @@ class StepLoop:
         self._provider_label = ""
         self._model_label = ""
 
-    async def run(self, history: list[message_pb2.Message] | None = None) -> None:
-        """Assemble, ``before_turn``, then the steps; ``history`` is the conversation as the
-        turn's input commit left it, when the store read it then (else it is loaded here).
-        Raises :class:`TurnFailure`."""
+    async def run(self, admission: TurnAdmission | None = None) -> None:
+        """Assemble, ``before_turn``, then the steps; ``admission`` is what the turn's input
+        commit read (the history, the compaction record), where the store read it then (else
+        they are loaded here). Raises :class:`TurnFailure`."""
         turn = self.state
         request = turn.request
+        history = admission.history if admission is not None else None
         if history is None:
             history = await self.store.load_messages(request.conversation_id)
         # Calls the client may still answer are kept (docs/semantics.md §8, pending_calls).
@@ -104,7 +105,7 @@ class StepLoop:
         # the model answers the question again rather than continuing the failed attempt.
         reply_id = turn.assistant.message.id
         history = [message for message in history if message.id != reply_id]
-        view = await self._view(history)
+        view = await self._view(history, admission)
         try:
             ctx, config = await turn.hooks.before_turn(
                 TurnContext(
@@ -150,16 +151,19 @@ class StepLoop:
             if watchdog is not None:
                 watchdog.cancel()
 
-    async def _view(self, history: list[message_pb2.Message]) -> list[message_pb2.Message]:
-        """What the model is sent of ``history``: as stored, or its compacted view, compacted
-        again first when it passed ``compact_after`` tokens (between turns, §9)."""
+    async def _view(
+        self, history: list[message_pb2.Message], admission: TurnAdmission | None
+    ) -> list[message_pb2.Message]:
+        """What the model is sent of ``history``: as stored, or its compacted view (by the
+        compaction record ``admission`` brought, if it read one), compacted again first when it
+        passed ``compact_after`` tokens (between turns, §9)."""
         turn = self.state
         compactor = self.compactor
         turn.keep_from = input_start(history, [m.id for m in turn.request.messages])
         if compactor is None:
             turn.view = history
             return history
-        view = await compactor.load_view(history)
+        view = await compactor.load_view(history, admission)
         turn.keep_from = input_start(view, [m.id for m in turn.request.messages])
         threshold = compactor.config.compact_after
         if threshold is not None and await compactor.count(self.settings.system_prompt, view) > threshold:
