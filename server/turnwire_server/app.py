@@ -134,7 +134,7 @@ class Sidecar:
         balancers act on the health service; a replica that stopped taking calls at once would
         refuse the calls sent before they noticed."""
         seconds = self.settings.limits.drain_seconds
-        if seconds <= 0:
+        if seconds <= 0 or cut_short.is_set():
             return
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -147,9 +147,10 @@ class Sidecar:
             async with asyncio.timeout(seconds):
                 await cut_short.wait()
 
-    async def stop(self) -> None:
+    async def stop(self, cut_short: asyncio.Event | None = None) -> None:
         """Graceful stop (see the module docstring). The maintenance loop stops first, so no
-        sweep deletes or expires anything while turns drain."""
+        sweep deletes or expires anything while turns drain. ``cut_short`` set (a signal during
+        the grace) cancels the running turns at once instead of at the end of the grace."""
         await self.maintenance.stop()
         grace = self.settings.limits.shutdown_grace_seconds
         log.info("shutting down: running turns have %.1f s to finish", grace)
@@ -161,7 +162,7 @@ class Sidecar:
         try:
             # The engine's drain waits for the turn tasks themselves: they store
             # partial replies even after gRPC has cancelled their calls.
-            await self.engine.drain(grace)
+            await self.engine.drain(grace, cut_short)
             # Every turn has ended; its call may still be sending its last events.
             if not await self.gate.wait_idle(_TURN_END_MARGIN_SECONDS):
                 log.warning(
@@ -477,18 +478,33 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
 
 
 async def serve(settings: Settings) -> None:
-    """Run until SIGTERM/SIGINT, then stop gracefully. Raises :class:`StartupError`."""
+    """Run until SIGTERM/SIGINT, then stop gracefully. Raises :class:`StartupError`.
+
+    SIGTERM opens the drain window (``limits.drain_seconds``) first; SIGINT (Ctrl-C) skips it.
+    A second signal ends the drain window early, or, during the shutdown grace, cancels the
+    running turns at once (they store their partial replies).
+    """
     sidecar = await start(settings)
     stop = asyncio.Event()
-    hurry = asyncio.Event()
+    hurry = asyncio.Event()  # a signal during the drain window: skip what is left of it
+    now = asyncio.Event()  # a signal during the shutdown grace: cancel the running turns now
+    draining = True
 
-    def on_signal() -> None:
-        # The first signal starts the stop; a second one skips what is left of the drain window.
-        (hurry if stop.is_set() else stop).set()
+    def on_signal(signum: signal.Signals) -> None:
+        if not stop.is_set():
+            stop.set()
+            if signum == signal.SIGINT:
+                hurry.set()  # Ctrl-C is a person at a terminal, not a load balancer: no drain window
+        elif draining:
+            hurry.set()
+        elif not now.is_set():
+            log.warning("second signal: cancelling the running turns now (their partial replies are stored)")
+            now.set()
 
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal)
+        loop.add_signal_handler(signum, on_signal, signum)
     await stop.wait()
     await sidecar.drain_window(hurry)
-    await sidecar.stop()
+    draining = False
+    await sidecar.stop(now)

@@ -101,3 +101,39 @@ async def test_a_second_sigterm_ends_the_drain_window(sidecar_factory: SidecarFa
     sidecar.send_signal(signal.SIGTERM)
     assert await sidecar.wait(timeout=20) == 0, sidecar.log_text()
     assert time.monotonic() - second < 20, "the process stopped long before the 120 s window ended"
+
+
+async def test_ctrl_c_skips_the_drain_window(sidecar_factory: SidecarFactory) -> None:
+    """SIGINT is a person at a terminal: the stop begins at once, without a drain window."""
+    long_drain = {**CONFIG, "limits": {"drain_seconds": 120, "shutdown_grace_seconds": 5}}
+    sidecar = await sidecar_factory(long_drain).start()
+    sidecar.send_signal(signal.SIGINT)
+    assert await sidecar.wait(timeout=20) == 0, sidecar.log_text()
+    assert "draining" not in sidecar.log_text()
+
+
+async def test_a_second_signal_during_the_grace_cancels_the_running_turns(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    """Issue 16: a second Ctrl-C during the shutdown grace is not ignored: the running turn ends
+    ABORTED at once, its partial reply stored, and the process exits 0."""
+    long_grace = {**CONFIG, "limits": {"drain_seconds": 0, "shutdown_grace_seconds": 120}}
+    sidecar = await sidecar_factory(long_grace).start()
+    async with TurnwireClient(sidecar.target) as client:
+        events = client.chat("second-signal", "go", model="scripted:slow")
+        seen: list[event_pb2.TurnEvent] = []
+
+        async def first_text() -> bool:
+            seen.append(await anext(events))
+            return seen[-1].WhichOneof("event") == "text_delta"
+
+        await wait_until(first_text, timeout=30)
+        sidecar.send_signal(signal.SIGINT)
+        await wait_until(lambda: "shutting down" in sidecar.log_text(), what="the shutdown grace began")
+        second = time.monotonic()
+        sidecar.send_signal(signal.SIGINT)
+        result = await collect(events)
+    assert result.status == event_pb2.TURN_STATUS_ABORTED
+    assert await sidecar.wait(timeout=30) == 0, sidecar.log_text()
+    assert time.monotonic() - second < 20, "the turn ran on instead of being cancelled"
+    assert "second signal: cancelling the running turns now" in sidecar.log_text()

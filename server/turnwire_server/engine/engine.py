@@ -307,17 +307,28 @@ class TurnEngine:
             ended += len(handles)
         return ended
 
-    async def drain(self, grace_seconds: float) -> None:
-        """Stop admitting; let running turns finish for ``grace_seconds``, then cancel the rest
-        (they store their partial replies) and wait for them to end. A turn that runs without
-        its caller (disconnect policy CONTINUE, a submission, a recovery) is not cancelled but
-        stopped with :class:`ServerStopping`: its partial reply is stored and it stays running
-        in the store, so the next start recovers it."""
+    async def drain(self, grace_seconds: float, cut_short: asyncio.Event | None = None) -> None:
+        """Stop admitting; let running turns finish for ``grace_seconds`` (or until ``cut_short``
+        is set: an operator's second Ctrl-C), then cancel the rest (they store their partial
+        replies) and wait for them to end. A turn that runs without its caller (disconnect
+        policy CONTINUE, a submission, a recovery) is not cancelled but stopped with
+        :class:`ServerStopping`: its partial reply is stored and it stays running in the store,
+        so the next start recovers it."""
         self._accepting = False
         handles = {h.task: h for h in self._turns.values()}
         if not handles:
             return
-        _, pending = await asyncio.wait(handles, timeout=grace_seconds)
+        # Either every turn ends, the grace runs out, or the operator cuts it short.
+        all_ended = asyncio.ensure_future(asyncio.wait(handles))
+        race: set[asyncio.Future[Any]] = {all_ended}
+        if cut_short is not None:
+            race.add(asyncio.ensure_future(cut_short.wait()))
+        try:
+            await asyncio.wait(race, timeout=grace_seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in race:
+                waiter.cancel()  # asyncio.wait's own cancel leaves the turn tasks running
+        pending = {task for task in handles if not task.done()}
         for task in pending:
             handle = handles[task]
             run = handle.run
