@@ -45,8 +45,9 @@ RUN groupadd --system --gid 10001 turnwire \
 WORKDIR /var/lib/turnwire
 USER 10001:10001
 EXPOSE 50051
-# app.py: SIGTERM drains (health NOT_SERVING, running turns get limits.shutdown_grace_seconds,
-# 10 s by default, plus 5 s for their last events); give `docker stop` a longer --time.
+# app.py: SIGTERM drains (health NOT_SERVING while calls are still taken for limits.drain_seconds,
+# 5 s by default; then running turns get limits.shutdown_grace_seconds, 10 s, plus 5 s for their
+# last events); give `docker stop` a longer --time.
 STOPSIGNAL SIGTERM
 # `turnwire health` asks TURNWIRE_TARGET (default 127.0.0.1:50051): set it when listening elsewhere.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \

@@ -145,7 +145,7 @@ def turnwire_config(
     config = f"""\
 listen: 127.0.0.1:{port}
 default_model: {STREAM_MODEL}
-log_level: warning
+logging: {{level: warning}}
 store:
   url: sqlite:///{workdir / "turnwire.db"}
 providers:
@@ -214,6 +214,7 @@ class ServerProcess:
     def spawn(self) -> None:
         """Start the process (without waiting for it to serve)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("TURNWIRE_")}
+        env["TURNWIRE_LIMITS__DRAIN_SECONDS"] = "0"  # no load balancer to drain from: stop at once
         with self.log_path.open("wb") as log:
             self.popen = subprocess.Popen(
                 self.argv, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=env

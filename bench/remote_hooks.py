@@ -87,7 +87,7 @@ class Config:
             middleware.append({"remote": {"address": node}} if self.remote_hooks else IN_PROCESS_HOOKS)
         return {
             "listen": f"127.0.0.1:{port}",
-            "log_level": "warning",
+            "logging": {"level": "warning"},
             "default_model": "scripted:bench",
             "store": {"url": f"sqlite:///{workdir / f'{self.name}.db'}"},
             "providers": {"scripted": {"scripts": {"bench": SCRIPT}}},

@@ -89,7 +89,7 @@ def config(workdir: Path, port: int, timeout: float) -> Path:
     text = f"""\
 listen: 127.0.0.1:{port}
 default_model: {SHORT_MODEL}
-log_level: warning
+logging: {{level: warning}}
 store:
   url: sqlite:///{workdir / "turnwire.db"}
 providers:

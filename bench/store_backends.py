@@ -3,14 +3,16 @@
 For each variant the sidecar runs in this process (``turnwire_server.app.start``) and the load
 in a separate process (``_load.py``):
 
-* **user-message commit** p50 / p99: ``Store.start_turn`` as the turn waits for it (the one
-  commit before the model is called), sampled during the 1-stream run;
+* **user-message commit** p50 / p99: ``Store.admit_turn`` as the turn waits for it (the turn
+  lock and the one commit before the model is called; with PostgreSQL the ticket, the input's
+  writes, the history read and the commit in one flight), sampled during the 1-stream run;
 * **time to first token** p50 / p99: from the call to the first text delta, one turn at a time
   (the scripted model streams at once, so this is the server's own latency);
 * **events/s at 100 streams**.
 
-``none`` is the null-store bound of ``turn_phases.py`` (every per-turn store call returns at
-once): not a product setting, the floor any store is measured against. PostgreSQL runs on
+``none`` is the null-store bound (every per-turn store call returns at once, the turn lock
+included: nothing is taken, nothing written): not a product setting, the floor any store is
+measured against. PostgreSQL runs on
 ``TURNWIRE_TEST_POSTGRES_URL``'s server (default ``postgresql://postgres@127.0.0.1:5432/test``),
 in a fresh database dropped afterwards.
 
@@ -21,19 +23,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import BENCH_DIR, PYTHON, STREAM_MODEL, Table, free_port, percentile, print_tables, stream_text
+
+from turnwire_server.store.base import TurnAdmission
 
 POSTGRES_URL = os.environ.get("TURNWIRE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 VARIANTS = ("sqlite", "postgres", "none")
@@ -43,21 +48,24 @@ def _null_store(store: Any) -> None:
     async def nothing(*_args: Any, **_kwargs: Any) -> None:
         return None
 
-    async def no_messages(*_args: Any, **_kwargs: Any) -> list[Any]:
-        return []
+    @contextlib.asynccontextmanager
+    async def admitted(*_args: Any, **_kwargs: Any) -> AsyncIterator[TurnAdmission]:
+        yield TurnAdmission(history=[], compaction_read=True)
 
     for name in ("start_turn", "save_message", "finish_turn", "append_events"):
         setattr(store, name, nothing)
-    store.load_messages = no_messages
+    store.admit_turn = admitted
 
 
-def _timed(samples: list[float], fn: Callable[..., Any]) -> Callable[..., Any]:
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+def _timed_admission(samples: list[float], admit: Callable[..., Any]) -> Callable[..., Any]:
+    """``admit`` (``Store.admit_turn``), recording how long entering it took."""
+
+    @contextlib.asynccontextmanager
+    async def wrapper(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         started = time.perf_counter()
-        try:
-            return await fn(*args, **kwargs)
-        finally:
+        async with admit(*args, **kwargs) as admission:
             samples.append(time.perf_counter() - started)
+            yield admission
 
     return wrapper
 
@@ -91,7 +99,7 @@ async def run_variant(variant: str, seconds: float, store_url: str) -> dict[str,
     settings = Settings(
         listen=f"127.0.0.1:{port}",
         default_model=STREAM_MODEL,
-        log_level="warning",
+        logging={"level": "warning"},
         store={"url": store_url, "pool_size": 20} if variant == "postgres" else {"url": store_url},
         providers={"scripted": {"scripts": {"bench": [{"text": stream_text(200, 4), "chunk_size": 4}]}}},
         tools={"demo": False},
@@ -102,7 +110,7 @@ async def run_variant(variant: str, seconds: float, store_url: str) -> dict[str,
     if variant == "none":
         _null_store(sidecar.store)
     else:
-        sidecar.store.start_turn = _timed(commits, sidecar.store.start_turn)  # type: ignore[method-assign]
+        sidecar.store.admit_turn = _timed_admission(commits, sidecar.store.admit_turn)  # type: ignore[method-assign]
     try:
         one = await _load(port, 1, seconds, f"{variant}-1")
         alone = list(commits)  # the commits of the 1-stream run: no other turn waits on the store

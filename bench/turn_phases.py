@@ -196,7 +196,7 @@ async def run_variant(
         settings = Settings(
             listen=f"127.0.0.1:{port}",
             default_model=STREAM_MODEL,
-            log_level="warning",
+            logging={"level": "warning"},
             store={"url": f"sqlite:///{Path(tmp) / 'turnwire.db'}"},
             providers={
                 "scripted": {

@@ -118,11 +118,27 @@ def test_the_provider_keys_come_from_the_secret(tmp_path: Path) -> None:
     assert not any(isinstance(v, str) and v.startswith("sk-") for v in the("ConfigMap")["data"].values())
 
 
+def sidecar_stop_seconds(tmp_path: Path) -> float:
+    """The longest a graceful stop of the example's sidecar takes (app.py): the drain window
+    (readiness off, calls still taken), the turns' grace, then the margin in which cut-off turns
+    send their last events."""
+    limits = example_settings(tmp_path).limits
+    assert (limits.drain_seconds, limits.shutdown_grace_seconds) == (5.0, 10.0), "the comments quote them"
+    return limits.drain_seconds + limits.shutdown_grace_seconds + _TURN_END_MARGIN_SECONDS
+
+
 def test_termination_outlasts_the_sidecars_drain(tmp_path: Path) -> None:
-    grace = example_settings(tmp_path).limits.shutdown_grace_seconds
-    assert grace == 10.0, "the default, which the comments quote"
-    # app.py: the turns' grace, then the margin in which cut-off turns send their last events.
-    assert pod_spec()["terminationGracePeriodSeconds"] > grace + _TURN_END_MARGIN_SECONDS
+    # The application's own stop comes first (deployment.yaml budgets it 15 s).
+    assert pod_spec()["terminationGracePeriodSeconds"] >= 15 + sidecar_stop_seconds(tmp_path) + 5
+
+
+def test_liveness_never_cuts_a_graceful_stop_short(tmp_path: Path) -> None:
+    """Readiness fails from the first check after SIGTERM (NOT_SERVING, then refused); liveness
+    must not restart the sidecar before its stop is over, even when the first failed check
+    comes at once."""
+    liveness = sidecar()["livenessProbe"]
+    assert liveness["periodSeconds"] * (liveness["failureThreshold"] - 1) > sidecar_stop_seconds(tmp_path)
+    assert sidecar()["readinessProbe"]["failureThreshold"] == 1, "out of the Services at the first check"
 
 
 def test_the_pod_runs_as_the_images_non_root_user_on_a_read_only_root() -> None:

@@ -682,6 +682,127 @@ async def test_turn_lock_is_fifo_and_forgets_idle_conversations(
     assert users() == 0
 
 
+async def test_admit_turn_on_an_idle_conversation_stores_the_input_and_holds_the_lock(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    """The merged admission: the input is durable once it is entered, the lock held until exit;
+    PostgreSQL does it without waiting in line and brings the history and compaction back."""
+    queued: list[bool] = []
+    async with store.admit_turn(
+        _turn("r1"), [_text("u1", "hi")], lease_seconds=30, read_compaction=True, queued=queued.append
+    ) as admission:
+        assert store_backend.sql("SELECT request_id, state FROM turns") == [("r1", "running")]
+        assert store_backend.sql("SELECT id FROM messages") == [("u1",)]
+        if store_backend.name == "postgres":
+            assert queued == []  # one flight: it never waited
+            assert admission.history is not None
+            assert [m.id for m in admission.history] == ["u1"]
+            assert admission.compaction_read
+            assert admission.compaction is None
+            assert store_backend.sql("SELECT request_id FROM turn_queue") == [("r1",)]
+        else:
+            assert queued == [True, False]
+            assert admission.history is None
+            assert not admission.compaction_read
+    if store_backend.name == "postgres":
+        assert store_backend.sql("SELECT COUNT(*) FROM turn_queue") == [(0,)]
+
+
+async def test_admit_turn_brings_the_compaction_record(store: Store, store_backend: StoreBackend) -> None:
+    await store.start_turn(_turn("r0"), [_text("u0", "first")])
+    await store.finish_turn(_turn("r0", state="completed"), _text("a0", "ok", message_pb2.ROLE_ASSISTANT))
+    record = _compaction()
+    await store.save_compaction(record)
+    async with store.admit_turn(
+        _turn("r1"), [_text("u1", "hi")], lease_seconds=30, read_compaction=True, queued=lambda _: None
+    ) as admission:
+        if store_backend.name == "postgres":
+            assert admission.compaction == record
+            assert admission.history is not None
+            assert [m.id for m in admission.history] == ["u0", "a0", "u1"]
+    async with store.admit_turn(
+        _turn("r2"), [_text("u2", "hi")], lease_seconds=30, read_compaction=False, queued=lambda _: None
+    ) as admission:
+        assert not admission.compaction_read
+        assert admission.compaction is None
+
+
+async def test_admit_turn_waits_in_line_behind_a_running_turn(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    """A turn with a turn ahead stores nothing until that one releases the lock, reports that it
+    waits, and can be cancelled while it does (nothing stored, its place given up)."""
+    order: list[str] = []
+    reports: dict[str, list[bool]] = {"b": [], "c": []}
+    a_holds = asyncio.Event()
+    release_a = asyncio.Event()
+
+    async def a() -> None:
+        async with store.admit_turn(
+            _turn("ra"), [_text("ua", "a")], lease_seconds=30, read_compaction=False, queued=lambda _: None
+        ):
+            order.append("a+")
+            a_holds.set()
+            await release_a.wait()
+            order.append("a-")
+
+    async def later(name: str) -> None:
+        async with store.admit_turn(
+            _turn(f"r{name}"),
+            [_text(f"u{name}", name)],
+            lease_seconds=30,
+            read_compaction=False,
+            queued=reports[name].append,
+        ) as admission:
+            order.append(f"{name}+")
+            history = admission.history or await store.load_messages("conv-1")
+            assert history[-1].id == f"u{name}"
+
+    task_a = asyncio.create_task(a())
+    await a_holds.wait()
+    task_b = asyncio.create_task(later("b"))
+    task_c = asyncio.create_task(later("c"))
+    await wait_until(lambda: reports["b"] == [True] and reports["c"] == [True], what="b and c wait")
+    assert store_backend.sql("SELECT request_id FROM turns ORDER BY request_id") == [("ra",)]
+    task_c.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task_c
+    release_a.set()
+    await asyncio.gather(task_a, task_b)
+    assert order == ["a+", "a-", "b+"]
+    assert reports["b"] == [True, False]
+    assert store_backend.sql("SELECT request_id FROM turns ORDER BY request_id") == [("ra",), ("rb",)]
+    assert [m.id for m in await store.load_messages("conv-1")] == ["ua", "ub"]
+    if store_backend.name == "postgres":
+        assert store_backend.sql("SELECT COUNT(*) FROM turn_queue") == [(0,)]
+
+
+async def test_admit_turn_applies_start_turn_rules_to_retries_and_re_sent_input(store: Store) -> None:
+    """The uncommon inputs take the checking path: a re-sent message without a reply is not
+    stored twice, a retry of a failed request id replaces its turn, a conflicting id stores
+    nothing and releases the lock."""
+
+    def admit(turn: TurnRecord, *messages: message_pb2.Message) -> Any:
+        return store.admit_turn(
+            turn, messages, lease_seconds=30, read_compaction=False, queued=lambda _: None
+        )
+
+    async with admit(_turn("r1"), _text("u1", "hi")):
+        pass
+    await store.finish_turn(_turn("r1", state="error"), None)
+    async with admit(_turn("r1"), _text("u1", "hi")):  # the retry, same input
+        pass
+    assert [m.id for m in await store.load_messages("conv-1")] == ["u1"]
+    assert [t.request_id for t in await store.running_turns()] == ["r1"]
+    await store.finish_turn(_turn("r1", state="completed"), None)
+    with pytest.raises(MessageIdConflict):
+        async with admit(_turn("r2"), _text("u1", "other text")):
+            pass
+    async with admit(_turn("r3"), _text("u3", "next")):  # the lock was released
+        pass
+    assert [m.id for m in await store.load_messages("conv-1")] == ["u1", "u3"]
+
+
 async def test_local_turn_locks_cancelled_waiter_and_independent_keys() -> None:
     locks = LocalTurnLocks()
     async with locks.hold("k1"):

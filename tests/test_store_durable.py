@@ -153,8 +153,23 @@ async def test_a_cancelled_submission_never_stores_its_input(store: Store) -> No
     await store.end_submission("s1", "aborted", b"why", only_from=("pending",))
     with pytest.raises(SubmissionNotPending):
         await store.start_turn(_turn("s1"), [_user("u1")])
+    with pytest.raises(SubmissionNotPending):  # nor when it is admitted with its lock
+        async with store.admit_turn(
+            _turn("s1"), [_user("u1")], lease_seconds=30, read_compaction=False, queued=lambda _: None
+        ):
+            pass
     assert await store.load_messages("c") == []
     assert await store.running_turns() == []
+
+
+async def test_admit_turn_moves_a_pending_submission_to_running(store: Store) -> None:
+    await store.create_submission(_submission("s1"), max_open=10)
+    async with store.admit_turn(
+        _turn("s1"), [_user("u1")], lease_seconds=30, read_compaction=False, queued=lambda _: None
+    ):
+        running = await store.get_submission("s1")
+        assert running is not None and running.state == "running" and running.start_time is not None
+    assert [m.id for m in await store.load_messages("c")] == ["u1"]
 
 
 async def test_submission_pages_follow_acceptance_order_and_their_filters(store: Store) -> None:

@@ -8,12 +8,14 @@ Behaviour every backend shares is tested in ``test_store.py`` and the other stor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import socket
 from collections.abc import Iterator
 
 import pytest
 from support.stores import StoreBackend, postgres_database
+from support.waiting import wait_until
 from typer.testing import CliRunner
 
 from turnwire_client.v1 import message_pb2
@@ -340,3 +342,62 @@ def test_turnwire_migrate_fails_clearly_without_showing_the_password() -> None:
     assert bad.exit_code == 2
     assert "mysql://app:***@h/db" in bad.output
     assert SECRET not in unreachable.output + bad.output
+
+
+# ----------------------------------------------------------------------------- one-flight admission
+
+
+async def test_admissions_that_wait_in_line_leave_the_connection_usable(pg_url: str) -> None:
+    """The one-flight admission of a turn with a turn ahead fails on the server and the turn
+    waits in line; its connection is not reused. On one pooled connection, a dozen such
+    admissions between ones that go through (psycopg prepares a statement on its sixth use, so
+    some preparations fall in failed flights) are followed by writes and reads that work."""
+    store = PostgresStore(pg_url, pool_size=1)
+    await store.open()
+    try:
+        for index in range(12):
+            assert await _one_behind_another(store, f"a{index}", f"b{index}") == [f"ua{index}", f"ub{index}"]
+        assert len(await store.load_messages("c")) == 24
+    finally:
+        await store.close()
+
+
+async def _one_behind_another(store: PostgresStore, first_id: str, second_id: str) -> list[str]:
+    """Turn ``first_id`` is admitted on conversation ``c``; ``second_id`` is admitted while it holds
+    the lock, and waits in line; both complete. The last two messages the second one's admission
+    read."""
+    queued: list[bool] = []
+    holds, release = asyncio.Event(), asyncio.Event()
+
+    async def first() -> None:
+        async with store.admit_turn(
+            _turn(first_id, "c"),
+            [_user(f"u{first_id}")],
+            lease_seconds=30,
+            read_compaction=True,
+            queued=lambda _: None,
+        ):
+            holds.set()
+            await release.wait()
+        await store.finish_turn(dataclasses.replace(_turn(first_id, "c"), state="completed"), None)
+
+    async def second() -> list[str]:
+        async with store.admit_turn(
+            _turn(second_id, "c"),
+            [_user(f"u{second_id}")],
+            lease_seconds=30,
+            read_compaction=True,
+            queued=queued.append,
+        ) as admission:
+            assert admission.history is not None
+            history = [m.id for m in admission.history]
+        await store.finish_turn(dataclasses.replace(_turn(second_id, "c"), state="completed"), None)
+        return history[-2:]
+
+    ahead = asyncio.create_task(first())
+    await holds.wait()
+    behind = asyncio.create_task(second())
+    await wait_until(lambda: queued == [True], what="the second turn waits in line")
+    release.set()
+    await ahead
+    return await behind

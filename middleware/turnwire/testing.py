@@ -282,6 +282,10 @@ def overflow_error(input_tokens: int, window: int) -> ProviderError:
     )
 
 
+BUILTIN_SCRIPTS = ("demo", "summarizer")
+"""The scripts every :class:`ScriptedProvider` has unless the configuration overrides them."""
+
+
 class ScriptedProvider:
     """The offline provider. Model ``scripted:<name>`` plays script ``<name>``.
 
@@ -306,7 +310,8 @@ class ScriptedProvider:
     ) -> None:
         self.record_path = record_path
         self.context_window = context_window
-        self.scripts: dict[str, Script] = {"demo": DemoScript(), "summarizer": SummaryScript()}
+        builtins: tuple[Script, ...] = (DemoScript(), SummaryScript())
+        self.scripts: dict[str, Script] = dict(zip(BUILTIN_SCRIPTS, builtins, strict=True))
         for script_name, steps in (scripts or {}).items():
             self.scripts[script_name] = StaticScript(steps)
 

@@ -2,20 +2,23 @@
 
 This is the only place that names concrete implementations; the engine sees
 interfaces. ``serve`` runs until SIGTERM or SIGINT, then shuts down
-gracefully: health goes NOT_SERVING, no new calls are accepted, running turns
-get ``limits.shutdown_grace_seconds`` to finish, the rest are cancelled and
-store their partial replies; once every ChatService call has ended, the streams
-that never end on their own (health ``Watch``, reflection) are cancelled, and
-the process exits 0.
+gracefully: health goes NOT_SERVING (overall and per service) while calls are
+still taken for ``limits.drain_seconds`` (the drain window: readiness probes and
+load balancers move traffic away first; a second SIGTERM/SIGINT ends it), then
+no new calls are accepted, running turns get ``limits.shutdown_grace_seconds``
+to finish, the rest are cancelled and store their partial replies; once every
+ChatService call has ended, the streams that never end on their own (health
+``Watch``, reflection) are cancelled, and the process exits 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -23,12 +26,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from turnwire.hooks import Middleware, SessionContext
+from turnwire.hooks import Middleware, SessionConfig, SessionContext
 from turnwire.providers import Provider
+from turnwire.testing import BUILTIN_SCRIPTS
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc
 from turnwire_server.api.admission import CallGate
 from turnwire_server.api.chat_service import ChatService
 from turnwire_server.api.rpc_logging import quiet_grpc_call_noise
+from turnwire_server.api.rpc_observer import RpcObserver
 from turnwire_server.api.status import status_of
 from turnwire_server.api.submission_rpcs import turn_request_of
 from turnwire_server.config import MiddlewareEntry, Settings
@@ -39,8 +44,9 @@ from turnwire_server.engine.submissions import Submissions
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.importing import import_object
 from turnwire_server.listen_check import ListenAddressError, check_listen_address
+from turnwire_server.metrics_endpoint import MetricsEndpoint, start_metrics_endpoint
 from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
-from turnwire_server.providers.settings import ProviderConfigError, build_provider
+from turnwire_server.providers.settings import ProviderConfigError, ScriptedProviderSettings, build_provider
 from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, redact_url
 from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
@@ -119,10 +125,32 @@ class Sidecar:
     maintenance: Maintenance
     replica: Replica
     remote_hooks: Sequence[RemoteMiddleware] = ()
+    metrics_endpoint: MetricsEndpoint | None = None
 
-    async def stop(self) -> None:
+    async def drain_window(self, cut_short: asyncio.Event) -> None:
+        """The drain window before :meth:`stop` (see the module docstring): health reports
+        NOT_SERVING, overall and for each service, while calls are still taken, for
+        ``limits.drain_seconds`` or until ``cut_short`` is set. Kubernetes' readiness and load
+        balancers act on the health service; a replica that stopped taking calls at once would
+        refuse the calls sent before they noticed."""
+        seconds = self.settings.limits.drain_seconds
+        if seconds <= 0 or cut_short.is_set():
+            return
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        log.info(
+            "draining: health is NOT_SERVING; still taking calls for %.1f s (a second SIGTERM or "
+            "SIGINT ends this now)",
+            seconds,
+        )
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await cut_short.wait()
+
+    async def stop(self, cut_short: asyncio.Event | None = None) -> None:
         """Graceful stop (see the module docstring). The maintenance loop stops first, so no
-        sweep deletes or expires anything while turns drain."""
+        sweep deletes or expires anything while turns drain. ``cut_short`` set (a signal during
+        the grace) cancels the running turns at once instead of at the end of the grace."""
         await self.maintenance.stop()
         grace = self.settings.limits.shutdown_grace_seconds
         log.info("shutting down: running turns have %.1f s to finish", grace)
@@ -134,7 +162,7 @@ class Sidecar:
         try:
             # The engine's drain waits for the turn tasks themselves: they store
             # partial replies even after gRPC has cancelled their calls.
-            await self.engine.drain(grace)
+            await self.engine.drain(grace, cut_short)
             # Every turn has ended; its call may still be sending its last events.
             if not await self.gate.wait_idle(_TURN_END_MARGIN_SECONDS):
                 log.warning(
@@ -154,6 +182,9 @@ class Sidecar:
         await self.store.close()
         await self.providers.aclose()
         await self.tools.aclose()
+        if self.metrics_endpoint is not None:
+            # Last: a scrape during the drain still answers.
+            self.metrics_endpoint.close()
         log.info("stopped")
 
 
@@ -198,12 +229,49 @@ async def start(settings: Settings) -> Sidecar:
     bad configuration touches no file. Raises :class:`StartupError` with a
     message that says what to fix.
     """
-    tools = await open_tools(settings)
+    endpoint = _metrics_endpoint(settings)
     try:
-        return await _start(settings, tools)
+        tools = await open_tools(settings)
+        try:
+            sidecar = await _start(settings, tools)
+        except BaseException:
+            await tools.aclose()
+            raise
     except BaseException:
-        await tools.aclose()
+        if endpoint is not None:
+            endpoint.close()
         raise
+    sidecar.metrics_endpoint = endpoint
+    return sidecar
+
+
+def _metrics_endpoint(settings: Settings) -> MetricsEndpoint | None:
+    """The Prometheus endpoint when ``metrics.enabled``. Raises :class:`StartupError`."""
+    if not settings.metrics.enabled:
+        return None
+    try:
+        endpoint = start_metrics_endpoint(settings.metrics.listen)
+    except (OSError, ValueError) as error:
+        raise StartupError(f"metrics.listen: cannot listen on {settings.metrics.listen}: {error}") from error
+    log.info("metrics on http://%s/metrics", settings.metrics.listen)
+    return endpoint
+
+
+def metric_models(settings: Settings, session: SessionConfig) -> frozenset[str]:
+    """The model ids the configuration names (``default_model``, each scripted provider's scripts,
+    each SDK provider's ``models`` allow-list, the compaction summary model): the ones the
+    metrics label by name (``EngineSettings.metric_models``)."""
+    known = {settings.default_model}
+    for name, entry in settings.providers.items():
+        if isinstance(entry, ScriptedProviderSettings):
+            models: Iterable[str] = (*BUILTIN_SCRIPTS, *entry.scripts)
+        else:
+            models = entry.models
+        known.update(f"{name}:{model}" for model in models)
+    summary_model = getattr(session.compaction.strategy, "model", None) if session.compaction else None
+    if isinstance(summary_model, str):
+        known.add(summary_model)
+    return frozenset(known)
 
 
 async def open_tools(settings: Settings) -> ToolSet:
@@ -312,6 +380,7 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
                 stall_recovery=settings.durability.stall_recovery,
                 pending_expiry_seconds=settings.durability.pending_expiry_seconds,
                 compaction=session.compaction,
+                metric_models=metric_models(settings, session),
             ),
             error_status=status_of,
         )
@@ -331,7 +400,8 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
             log.info("started %d pending submission(s)", restarted)
         gate = CallGate(settings.limits.max_concurrent_rpcs)
         quiet_grpc_call_noise()
-        server = grpc.aio.server(interceptors=[gate], options=grpc_options(settings))
+        # The observer first: it sees each call as the client does, the gate's refusals included.
+        server = grpc.aio.server(interceptors=[RpcObserver(), gate], options=grpc_options(settings))
         chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
             ChatService(
                 engine,
@@ -408,11 +478,33 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
 
 
 async def serve(settings: Settings) -> None:
-    """Run until SIGTERM/SIGINT, then stop gracefully. Raises :class:`StartupError`."""
+    """Run until SIGTERM/SIGINT, then stop gracefully. Raises :class:`StartupError`.
+
+    SIGTERM opens the drain window (``limits.drain_seconds``) first; SIGINT (Ctrl-C) skips it.
+    A second signal ends the drain window early, or, during the shutdown grace, cancels the
+    running turns at once (they store their partial replies).
+    """
     sidecar = await start(settings)
     stop = asyncio.Event()
+    hurry = asyncio.Event()  # a signal during the drain window: skip what is left of it
+    now = asyncio.Event()  # a signal during the shutdown grace: cancel the running turns now
+    draining = True
+
+    def on_signal(signum: signal.Signals) -> None:
+        if not stop.is_set():
+            stop.set()
+            if signum == signal.SIGINT:
+                hurry.set()  # Ctrl-C is a person at a terminal, not a load balancer: no drain window
+        elif draining:
+            hurry.set()
+        elif not now.is_set():
+            log.warning("second signal: cancelling the running turns now (their partial replies are stored)")
+            now.set()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal, signum)
     await stop.wait()
-    await sidecar.stop()
+    await sidecar.drain_window(hurry)
+    draining = False
+    await sidecar.stop(now)

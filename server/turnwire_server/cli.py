@@ -1,13 +1,12 @@
 """The ``turnwire`` command: ``serve`` the sidecar, ``migrate`` its store, ``chat`` with it,
 ``continue`` or ``cancel`` a turn, list ``conversations``, read ``history``, check its ``health``,
-run the ``demo``; ``--version``."""
+run the ``demo``, ``config show``; ``--version``."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any
@@ -51,14 +50,6 @@ def _main(
     """Global options (``--version``), before the command."""
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
-
-
 @app.command()
 def serve(
     listen: Annotated[
@@ -88,22 +79,55 @@ def serve(
     """
     from turnwire_server.app import StartupError
     from turnwire_server.app import serve as run_server
+
+    settings = _load(config, listen, store)
+    from turnwire_server.logs import configure_logging
+    from turnwire_server.redaction import Redactor, secret_values
+
+    configure_logging(settings.logging.level, settings.logging.format, Redactor(secret_values(settings)))
+    if settings.log_level is not None:
+        logging.getLogger("turnwire.server").warning(
+            "log_level is deprecated: use logging.level (TURNWIRE_LOGGING__LEVEL)"
+        )
+    try:
+        asyncio.run(run_server(settings))
+    except StartupError as error:
+        typer.echo(f"turnwire: cannot start: {error}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _load(config: Path | None, listen: str | None = None, store: str | None = None) -> Any:
+    """The settings ``serve`` runs with (flags, environment, file, defaults); exits 2 when invalid."""
     from turnwire_server.config import ConfigError, load_settings
 
     overrides: dict[str, Any] = {"listen": listen}
     if store is not None:
         overrides["store"] = {"url": store}
     try:
-        settings = load_settings(config, **overrides)
+        return load_settings(config, **overrides)
     except ConfigError as error:
         typer.echo(f"turnwire: {error}", err=True)
         raise typer.Exit(2) from None
-    _configure_logging(settings.log_level)
-    try:
-        asyncio.run(run_server(settings))
-    except StartupError as error:
-        typer.echo(f"turnwire: cannot start: {error}", err=True)
-        raise typer.Exit(1) from None
+
+
+config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("show")
+def config_show(
+    listen: Annotated[str | None, typer.Option(help="As serve's --listen.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file.")] = None,
+    store: Annotated[str | None, typer.Option(help="As serve's --store.")] = None,
+) -> None:
+    """Print the effective configuration (flags, TURNWIRE_* variables, the file, defaults, as
+    serve would load them) as YAML, secrets masked (***). Exit status 2 when it is invalid."""
+    import yaml
+
+    from turnwire_server.redaction import redacted_settings
+
+    settings = _load(config, listen, store)
+    typer.echo(yaml.safe_dump(redacted_settings(settings), sort_keys=False, allow_unicode=True), nl=False)
 
 
 @app.command()

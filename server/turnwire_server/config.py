@@ -30,6 +30,7 @@ from turnwire_server.providers.settings import (
     default_providers,
     entry_location,
 )
+from turnwire_server.redaction import secret
 from turnwire_server.store.postgres_url import is_postgres_url
 from turnwire_server.tools.settings import McpServerSettings, ToolHostSettings
 
@@ -47,9 +48,12 @@ class StoreSettings(_Section):
     error. ``pool_size`` bounds the PostgreSQL store's connections (ignored by SQLite).
     """
 
-    url: str = "sqlite:///turnwire.db"
+    url: str = Field("sqlite:///turnwire.db", json_schema_extra=secret("url"))
     password_env: str | None = Field(
-        None, min_length=1, description="environment variable holding the PostgreSQL password"
+        None,
+        min_length=1,
+        description="environment variable holding the PostgreSQL password",
+        json_schema_extra=secret("env"),
     )
     pool_size: int = Field(10, ge=1, le=1000, description="PostgreSQL connections the store holds at most")
 
@@ -218,7 +222,8 @@ class MiddlewareEntry(_Section):
     ``options``, or ``remote`` (a hook server reached over gRPC, :class:`RemoteHookSettings`)."""
 
     path: str | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
+    # Free-form: values under secret-looking keys (api_key, token …) are masked in output.
+    options: dict[str, Any] = Field(default_factory=dict, json_schema_extra=secret("keys"))
     remote: RemoteHookSettings | None = None
 
     @field_validator("path")
@@ -253,6 +258,15 @@ class LimitsSettings(_Section):
         ),
     )
     max_queued_turns_per_conversation: int = Field(32, ge=1)
+    drain_seconds: float = Field(
+        5.0,
+        ge=0,
+        description=(
+            "SIGTERM: health turns NOT_SERVING at once while calls are still taken for this long, so "
+            "readiness probes and load balancers move traffic away first; then the stop "
+            "(shutdown_grace_seconds). 0: stop taking calls at once. A second SIGTERM/SIGINT ends it early"
+        ),
+    )
     shutdown_grace_seconds: float = Field(10.0, ge=0)
     tool_timeout_seconds: float = Field(60.0, gt=0)
     max_tool_output_bytes: int = Field(
@@ -331,6 +345,37 @@ class StoreCheckpointSettings(_Section):
     interval_ms: float = Field(250.0, ge=10)
 
 
+class MetricsSettings(_Section):
+    """The Prometheus endpoint (``GET /metrics`` in the text exposition format, on its own HTTP
+    port). Off by default: the sidecar opens no port beyond its gRPC one unless asked, and which
+    port a scraper may reach is the deployment's choice. 9464 is the port OpenTelemetry's
+    Prometheus exporter uses by default."""
+
+    enabled: bool = Field(False, description="serve /metrics on listen")
+    listen: str = Field("127.0.0.1:9464", description="HOST:PORT of the metrics endpoint (HTTP)")
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        return _host_port(value, "127.0.0.1:9464")
+
+
+class LoggingSettings(_Section):
+    """Log output on stderr. ``level``: the least severity logged; ``format``: ``text`` lines or
+    ``json`` (one object per line, with ``conversation_id``, ``request_id``, ``trace_id`` and
+    ``span_id`` when known). Secrets are masked in both (README, Operate: Logs)."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+
+
+def _host_port(value: str, example: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"must be HOST:PORT, for example {example}")
+    return value
+
+
 class Settings(BaseSettings):
     """Everything the sidecar reads at start."""
 
@@ -340,7 +385,9 @@ class Settings(BaseSettings):
     listen: str = "127.0.0.1:50051"
     default_model: str = "scripted:demo"
     system_prompt: str = "You are a helpful assistant."
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] | None = Field(
+        None, description="deprecated: use logging.level (which wins when both are given)"
+    )
     store: StoreSettings = Field(default_factory=StoreSettings)
     providers: dict[str, ProviderSettings] = Field(default_factory=default_providers)
     tools: ToolsSettings = Field(default_factory=ToolsSettings)
@@ -349,14 +396,20 @@ class Settings(BaseSettings):
     events: EventsSettings = Field(default_factory=EventsSettings)
     checkpoint: StoreCheckpointSettings = Field(default_factory=StoreCheckpointSettings)
     durability: DurabilitySettings = Field(default_factory=DurabilitySettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @field_validator("listen")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError("must be HOST:PORT, for example 127.0.0.1:50051")
-        return value
+        return _host_port(value, "127.0.0.1:50051")
+
+    @model_validator(mode="after")
+    def _deprecated_log_level(self) -> Settings:
+        # log_level (before logging.level existed) still sets the level, unless logging.level is given.
+        if self.log_level is not None and "level" not in self.logging.model_fields_set:
+            self.logging.level = self.log_level
+        return self
 
     @field_validator("default_model")
     @classmethod

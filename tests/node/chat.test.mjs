@@ -178,6 +178,7 @@ before(async () => {
   const env = Object.fromEntries(
     Object.entries(process.env).filter(([name]) => !name.startsWith('TURNWIRE_')),
   );
+  env.TURNWIRE_LIMITS__DRAIN_SECONDS = '0'; // no load balancer to drain from: stop at once
   server = spawn(
     TURNWIRE_BIN,
     ['serve', '--listen', `127.0.0.1:${port}`, '--store', `sqlite:///${path.join(tmpDir, 'turnwire.db')}`],

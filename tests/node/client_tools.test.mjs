@@ -170,6 +170,7 @@ before(async () => {
   const configPath = path.join(tmpDir, 'turnwire.yaml');
   await writeFile(configPath, JSON.stringify(CONFIG));
   const env = Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('TURNWIRE_')));
+  env.TURNWIRE_LIMITS__DRAIN_SECONDS = '0'; // no load balancer to drain from: stop at once
   server = spawn(
     TURNWIRE_BIN,
     [

@@ -58,7 +58,9 @@ class SidecarProcess:
         config: The YAML configuration as a dict, written to ``turnwire.yaml``;
             None starts without ``--config`` (embedded defaults).
         env: Extra environment variables (e.g. ``TURNWIRE_LOG_LEVEL``). Inherited
-            ``TURNWIRE_*`` variables are dropped so the host cannot leak settings in.
+            ``TURNWIRE_*`` variables are dropped so the host cannot leak settings in. Unless
+            ``env`` or ``config`` sets ``limits.drain_seconds``, it is 0: the tests stop their
+            sidecars with SIGTERM, and only the drain window's own tests wait it out.
         store_url: The store (``--store``); None: the SQLite file ``turnwire.db`` in ``workdir``.
     """
 
@@ -170,6 +172,8 @@ class SidecarProcess:
             raise SidecarError("this SidecarProcess was already started; create a new one")
         environment = {k: v for k, v in os.environ.items() if not k.startswith("TURNWIRE_")}
         environment["PYTHONUNBUFFERED"] = "1"
+        if "drain_seconds" not in (self.config or {}).get("limits", {}):
+            environment["TURNWIRE_LIMITS__DRAIN_SECONDS"] = "0"
         environment.update(self.extra_env)
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(

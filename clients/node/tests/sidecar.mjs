@@ -66,6 +66,7 @@ export async function startSidecar(config = {}, { startupTimeoutMs = 30_000 } = 
   const env = Object.fromEntries(
     Object.entries(process.env).filter(([name]) => !name.startsWith('TURNWIRE_')),
   );
+  env.TURNWIRE_LIMITS__DRAIN_SECONDS = '0'; // no load balancer to drain from: stop at once
   const child = spawn(
     TURNWIRE_BIN,
     [

@@ -26,6 +26,7 @@ from turnwire_server.api.turn_streams import (
     Started,
     abort,
     disconnect_of,
+    entry_of,
     parent_request_id,
 )
 from turnwire_server.api.turn_streams import stream_turn as _stream_turn
@@ -245,6 +246,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 skip_unless_assistant_last=continuation,
                 disconnect=disconnect_of(disconnect_policy),
                 client_tools=client_tools,
+                entry=entry_of(response_type),
             ),
             parent_request_id=parent_request_id(context),
         )

@@ -89,7 +89,9 @@ malformed_requests = Throttled(log)
 """Reports requests that do not decode (see the module docstring)."""
 
 
-def _client_gone_types() -> tuple[type[BaseException], ...]:
+def client_gone_types() -> tuple[type[BaseException], ...]:
+    """The exceptions a servicer sees when its client went away (cancel, deadline, dropped
+    connection): ``asyncio.CancelledError`` and gRPC's ``ExecuteBatchError``."""
     # ExecuteBatchError: a write or the final status failed because the peer went away
     # (gRPC logs it with a traceback when its own cancellation notice has not arrived yet).
     from grpc._cython import cygrpc
@@ -106,7 +108,7 @@ class _GrpcCallNoise(logging.Filter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.client_gone = _client_gone_types()
+        self.client_gone = client_gone_types()
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
@@ -138,6 +140,7 @@ __all__ = [
     "GRPC_LOGGER",
     "REPORT_INTERVAL_SECONDS",
     "Throttled",
+    "client_gone_types",
     "malformed_requests",
     "quiet_grpc_call_noise",
     "short",

@@ -113,6 +113,7 @@ def turn_request_of(record: SubmissionRecord, default_model: str) -> TurnRequest
         response_type=chat_service_pb2.WatchSubmissionResponse,
         disconnect="continue",
         client_tools=check_client_tools(request.client_tools, "client_tools", []),
+        entry="submission",
     )
 
 

@@ -15,8 +15,23 @@ from turnwire_client.v1 import chat_service_pb2, event_pb2
 from turnwire_server.api.status import TurnwireStatusError, status_error_of
 from turnwire_server.engine import TurnHandle
 from turnwire_server.engine.errors import AdmissionRefused
+from turnwire_server.engine.request import TurnEntry
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.base import StoreError
+
+_ENTRIES: dict[Any, TurnEntry] = {
+    chat_service_pb2.ChatResponse: "chat",
+    chat_service_pb2.SaveMessagesResponse: "save_messages",
+    chat_service_pb2.ContinueLastTurnResponse: "continue",
+    chat_service_pb2.SubmitToolResultsResponse: "tool_results",
+    chat_service_pb2.SubmitToolApprovalsResponse: "tool_approvals",
+}
+
+
+def entry_of(response_type: Callable[[], Any]) -> TurnEntry:
+    """How a turn streamed as ``response_type`` (an RPC's response class) came in."""
+    return _ENTRIES[response_type]
+
 
 Started = TurnHandle | Sequence[Any]
 """What a ``start`` function gives :func:`stream_turn`: a started turn, or the complete list of

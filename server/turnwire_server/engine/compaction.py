@@ -34,7 +34,7 @@ from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.events import EventWriter
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import CompactionRecord, Store
+from turnwire_server.store.base import CompactionRecord, Store, TurnAdmission
 
 log = logging.getLogger("turnwire.compaction")
 
@@ -94,7 +94,8 @@ class Compacted:
 
 
 class Compactor:
-    """Runs the session's compaction for one turn (``config``, never None here)."""
+    """Runs the session's compaction for one turn (``config``, never None here); ``metric_models``
+    labels the summary calls' tokens (``EngineSettings.metric_models``)."""
 
     def __init__(
         self,
@@ -105,8 +106,10 @@ class Compactor:
         conversation_id: str,
         request_id: str,
         model: str,
+        metric_models: frozenset[str] | None = None,
     ) -> None:
         self.config = config
+        self.metric_models = metric_models
         self.store = store
         self.providers = providers
         self.conversation_id = conversation_id
@@ -115,9 +118,15 @@ class Compactor:
         self.record: CompactionRecord | None = None
         self._estimate = config.token_counter if isinstance(config.token_counter, EstimateTokens) else None
 
-    async def load_view(self, history: Sequence[message_pb2.Message]) -> list[message_pb2.Message]:
-        """The stored compaction applied to ``history`` (read once per attempt)."""
-        self.record = await self.store.load_compaction(self.conversation_id)
+    async def load_view(
+        self, history: Sequence[message_pb2.Message], admission: TurnAdmission | None = None
+    ) -> list[message_pb2.Message]:
+        """The stored compaction applied to ``history`` (read once per attempt: the record the
+        turn's ``admission`` read with its input's commit, else read here)."""
+        if admission is not None and admission.compaction_read:
+            self.record = admission.compaction
+        else:
+            self.record = await self.store.load_compaction(self.conversation_id)
         return apply_compaction(history, self.record)
 
     async def count(self, system: str, messages: Sequence[message_pb2.Message]) -> int:
@@ -297,6 +306,7 @@ class Compactor:
                     usage = chunk.usage
         finally:
             await stream.aclose()
+        metrics.count_tokens(metrics.model_label(model, self.metric_models), usage)
         text = "".join(pieces).strip()
         if not text:
             raise ValueError(f"the summary model {model} returned no text")

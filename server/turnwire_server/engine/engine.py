@@ -20,6 +20,7 @@ from typing import Any
 
 from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2
+from turnwire_server.engine import metrics
 from turnwire_server.engine.channel import EventChannel
 from turnwire_server.engine.errors import (
     ConversationDeleted,
@@ -38,6 +39,7 @@ from turnwire_server.engine.transcript import repair_unresolved_tool_calls
 from turnwire_server.engine.turn import ErrorStatus, Recovery, TurnRun
 from turnwire_server.engine.turn_spec import parse_spec
 from turnwire_server.hooks.chain import MiddlewareChain
+from turnwire_server.log_context import bind as bind_log_context
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.base import Store, TurnRecord
 
@@ -178,6 +180,7 @@ class TurnEngine:
             writer.sequence_number = last_sequence_number + RECOVERY_SEQUENCE_GAP
         conversation_id = request.conversation_id
         self._queued[conversation_id] += 1
+        metrics.QUEUED_TURNS.inc()
         acquired = False
 
         def on_lock_acquired() -> None:
@@ -200,6 +203,7 @@ class TurnEngine:
 
         async def main() -> None:
             _current_turn.set(run)
+            bind_log_context(request.conversation_id, request.request_id)
             try:
                 await run.run()
             finally:
@@ -217,6 +221,7 @@ class TurnEngine:
         return handle
 
     def _dequeue(self, conversation_id: str) -> None:
+        metrics.QUEUED_TURNS.dec()
         self._queued[conversation_id] -= 1
         if self._queued[conversation_id] <= 0:
             del self._queued[conversation_id]
@@ -302,17 +307,28 @@ class TurnEngine:
             ended += len(handles)
         return ended
 
-    async def drain(self, grace_seconds: float) -> None:
-        """Stop admitting; let running turns finish for ``grace_seconds``, then cancel the rest
-        (they store their partial replies) and wait for them to end. A turn that runs without
-        its caller (disconnect policy CONTINUE, a submission, a recovery) is not cancelled but
-        stopped with :class:`ServerStopping`: its partial reply is stored and it stays running
-        in the store, so the next start recovers it."""
+    async def drain(self, grace_seconds: float, cut_short: asyncio.Event | None = None) -> None:
+        """Stop admitting; let running turns finish for ``grace_seconds`` (or until ``cut_short``
+        is set: an operator's second Ctrl-C), then cancel the rest (they store their partial
+        replies) and wait for them to end. A turn that runs without its caller (disconnect
+        policy CONTINUE, a submission, a recovery) is not cancelled but stopped with
+        :class:`ServerStopping`: its partial reply is stored and it stays running in the store,
+        so the next start recovers it."""
         self._accepting = False
         handles = {h.task: h for h in self._turns.values()}
         if not handles:
             return
-        _, pending = await asyncio.wait(handles, timeout=grace_seconds)
+        # Either every turn ends, the grace runs out, or the operator cuts it short.
+        all_ended = asyncio.ensure_future(asyncio.wait(handles))
+        race: set[asyncio.Future[Any]] = {all_ended}
+        if cut_short is not None:
+            race.add(asyncio.ensure_future(cut_short.wait()))
+        try:
+            await asyncio.wait(race, timeout=grace_seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in race:
+                waiter.cancel()  # asyncio.wait's own cancel leaves the turn tasks running
+        pending = {task for task in handles if not task.done()}
         for task in pending:
             handle = handles[task]
             run = handle.run
@@ -381,6 +397,7 @@ class TurnEngine:
                     response_type=DetachedResponse,
                     disconnect="continue",
                     client_tools=spec.client_tools,
+                    entry="recovery",
                 )
                 self.start(
                     request,

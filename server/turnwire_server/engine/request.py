@@ -11,6 +11,12 @@ from turnwire.compaction import CompactionConfig
 from turnwire.tools import Tool
 from turnwire_client.v1 import message_pb2
 
+TurnEntry = Literal[
+    "chat", "save_messages", "continue", "tool_results", "tool_approvals", "submission", "recovery"
+]
+"""How a turn came in: the RPC that started it (``Chat``, ``SaveMessages``, ``ContinueLastTurn``,
+``SubmitToolResults``, ``SubmitToolApprovals``), a stored submission, or a crash recovery."""
+
 
 @dataclass(frozen=True, slots=True)
 class TurnRequest:
@@ -27,6 +33,7 @@ class TurnRequest:
     added after the server's tools and overriding those of the same name (docs/semantics.md §2, §6).
     ``tool_denials`` are ``(tool_call_id, reason)`` of calls the client denied just before this
     continuation: its stream announces them with ``ToolOutputDenied`` (docs/semantics.md §6).
+    ``entry`` is how the turn came in (:data:`TurnEntry`; a label of the turn metrics).
     """
 
     conversation_id: str
@@ -40,6 +47,7 @@ class TurnRequest:
     disconnect: Literal["cancel", "continue"] = "cancel"
     client_tools: Sequence[Tool] = ()
     tool_denials: Sequence[tuple[str, str]] = ()
+    entry: TurnEntry = "chat"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +74,8 @@ class EngineSettings:
     than this expire (0: never).
     ``compaction``: the session's context compaction (from ``configure_session``; None: off,
     docs/semantics.md §9).
+    ``metric_models``: the model ids the configuration names, which label the metrics by name
+    (any other is ``<provider>:other``, see ``engine/metrics.py``); None: every id by name.
     """
 
     default_model: str = "scripted:demo"
@@ -88,3 +98,4 @@ class EngineSettings:
     stall_recovery: bool = False
     pending_expiry_seconds: float = 86400.0
     compaction: CompactionConfig | None = None
+    metric_models: frozenset[str] | None = None

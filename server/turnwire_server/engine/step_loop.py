@@ -29,6 +29,7 @@ from turnwire.providers import ModelRequest, ProviderError
 from turnwire.tools import definition_of
 from turnwire.types import ModelSettings
 from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.engine import metrics
 from turnwire_server.engine.approvals import announce_denials, run_approved_calls
 from turnwire_server.engine.compaction import Compactor, input_start
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
@@ -39,7 +40,7 @@ from turnwire_server.engine.transcript import CONTINUATION_PROMPT
 from turnwire_server.engine.turn_state import TurnState
 from turnwire_server.hooks.chain import HookError, merge_config
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import Store
+from turnwire_server.store.base import Store, TurnAdmission
 
 log = logging.getLogger("turnwire.turn")
 
@@ -81,13 +82,17 @@ class StepLoop:
         self.settings = settings
         self.stop = stop
         self.compactor = compactor
+        # The current step's metric labels (engine/metrics.py).
+        self._provider_label = ""
+        self._model_label = ""
 
-    async def run(self, history: list[message_pb2.Message] | None = None) -> None:
-        """Assemble, ``before_turn``, then the steps; ``history`` is the conversation as the
-        turn's input commit left it, when the store read it then (else it is loaded here).
-        Raises :class:`TurnFailure`."""
+    async def run(self, admission: TurnAdmission | None = None) -> None:
+        """Assemble, ``before_turn``, then the steps; ``admission`` is what the turn's input
+        commit read (the history, the compaction record), where the store read it then (else
+        they are loaded here). Raises :class:`TurnFailure`."""
         turn = self.state
         request = turn.request
+        history = admission.history if admission is not None else None
         if history is None:
             history = await self.store.load_messages(request.conversation_id)
         # Calls the client may still answer are kept (docs/semantics.md §8, pending_calls).
@@ -100,7 +105,7 @@ class StepLoop:
         # the model answers the question again rather than continuing the failed attempt.
         reply_id = turn.assistant.message.id
         history = [message for message in history if message.id != reply_id]
-        view = await self._view(history)
+        view = await self._view(history, admission)
         try:
             ctx, config = await turn.hooks.before_turn(
                 TurnContext(
@@ -146,16 +151,19 @@ class StepLoop:
             if watchdog is not None:
                 watchdog.cancel()
 
-    async def _view(self, history: list[message_pb2.Message]) -> list[message_pb2.Message]:
-        """What the model is sent of ``history``: as stored, or its compacted view, compacted
-        again first when it passed ``compact_after`` tokens (between turns, §9)."""
+    async def _view(
+        self, history: list[message_pb2.Message], admission: TurnAdmission | None
+    ) -> list[message_pb2.Message]:
+        """What the model is sent of ``history``: as stored, or its compacted view (by the
+        compaction record ``admission`` brought, if it read one), compacted again first when it
+        passed ``compact_after`` tokens (between turns, §9)."""
         turn = self.state
         compactor = self.compactor
         turn.keep_from = input_start(history, [m.id for m in turn.request.messages])
         if compactor is None:
             turn.view = history
             return history
-        view = await compactor.load_view(history)
+        view = await compactor.load_view(history, admission)
         turn.keep_from = input_start(view, [m.id for m in turn.request.messages])
         threshold = compactor.config.compact_after
         if threshold is not None and await compactor.count(self.settings.system_prompt, view) > threshold:
@@ -256,10 +264,13 @@ class StepLoop:
                 step_config = await turn.hooks.before_step(step_ctx)
             except HookError as error:
                 raise TurnFailure("step", error) from error
+            model_id = step_config.model or ctx.model
             try:
-                provider, model_name = self.providers.resolve(step_config.model or ctx.model)
+                provider, model_name = self.providers.resolve(model_id)
             except LookupError as error:
                 raise TurnFailure("step", error) from error
+            self._provider_label = model_id.partition(":")[0]
+            self._model_label = metrics.model_label(model_id, self.settings.metric_models)
             active = step_config.active_tools if step_config.active_tools is not None else config.active_tools
             allowed = active_tool_names(turn.tools, active)
             step_settings = (
@@ -298,6 +309,8 @@ class StepLoop:
             result = self._step_result(step_number, finish)
             turn.steps.append(result)
             turn.usage.add(finish.usage)
+            metrics.STEPS.labels(self._model_label, finish.finish_reason).inc()
+            metrics.count_tokens(self._model_label, finish.usage)
             self._step_finish_event(result, finish)
             await turn.hooks.on_step_finish(result)
             turn.continue_reply = False
@@ -402,6 +415,7 @@ class StepLoop:
         request = turn.request
         finish: chunks.FinishStep | None = None
         partial: chunks.Usage | None = None
+        first_token = not turn.first_token_seen
         loop = asyncio.get_running_loop()
         try:
             async with contextlib.aclosing(stream) as model_stream, asyncio.timeout(chunk_timeout) as gap:
@@ -411,9 +425,13 @@ class StepLoop:
                     kind = type(chunk)
                     # Ordered by frequency: deltas dominate.
                     if kind is chunks.TextDelta:
+                        if first_token:
+                            first_token = self._first_token()
                         assistant.append(chunk.id, chunk.delta)
                         writer.text_delta(chunk.id, chunk.delta)
                     elif kind is chunks.ReasoningDelta:
+                        if first_token:
+                            first_token = self._first_token()
                         # Hidden reasoning (send_reasoning=False) is kept for the model's
                         # next step but neither streamed nor stored.
                         assistant.append(chunk.id, chunk.delta)
@@ -465,7 +483,9 @@ class StepLoop:
             # reported so far still counts (docs/semantics.md §11).
             if finish is None and partial is not None:
                 turn.usage.add(partial)
+                metrics.count_tokens(self._model_label, partial)
             if isinstance(error, ProviderError):
+                metrics.count_provider_error(self._provider_label, error)
                 raise TurnFailure("stream", error) from error
             if isinstance(error, TimeoutError) and chunk_timeout is not None:
                 raise TurnFailure(
@@ -473,11 +493,19 @@ class StepLoop:
                 ) from None
             raise
         if finish is None:
-            raise TurnFailure(
-                "stream",
-                ProviderError("the model stream ended without a finish", provider="engine", in_stream=True),
+            unfinished = ProviderError(
+                "the model stream ended without a finish", provider="engine", in_stream=True
             )
+            metrics.count_provider_error(self._provider_label, unfinished)
+            raise TurnFailure("stream", unfinished)
         return finish
+
+    def _first_token(self) -> bool:
+        """Observe the turn's time to first token (once per turn); False, for the caller's flag."""
+        turn = self.state
+        turn.first_token_seen = True
+        metrics.TIME_TO_FIRST_TOKEN.labels(self._model_label).observe(time.perf_counter() - turn.admitted)
+        return False
 
 
 def _base_messages(history: Sequence[message_pb2.Message]) -> list[message_pb2.Message]:

@@ -29,6 +29,7 @@ from turnwire.hooks import (
 from turnwire.tools import Tool, ToolError, ToolExecution, tool_timeout
 from turnwire.values import NotJsonError, parse_tool_input
 from turnwire_client.v1 import message_pb2
+from turnwire_server.engine import metrics
 from turnwire_server.engine.assistant_message import OutputTooLarge
 from turnwire_server.engine.client_tools import hold_call
 from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR
@@ -231,6 +232,8 @@ class ToolCallRunner:
         if not success:
             outcome = "failed"
             await self._error(call, step_number, error_text or "tool failed")
+        metrics.TOOL_CALLS.labels(call.tool_name, outcome).inc()
+        metrics.TOOL_CALL_DURATION.labels(call.tool_name).observe(duration_ms / 1000.0)
         await turn.hooks.after_tool_call(
             ToolCallResultContext(
                 conversation_id=request.conversation_id,

@@ -20,7 +20,9 @@ import asyncio
 import dataclasses
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal
 
 from google.protobuf import timestamp_pb2
@@ -61,7 +63,7 @@ from turnwire_server.engine.turn_state import TurnState
 from turnwire_server.hooks.chain import HookError, MiddlewareChain
 from turnwire_server.hooks.timeline import HookTimeline
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import Store, TurnNotFound, TurnRecord
+from turnwire_server.store.base import Store, TurnAdmission, TurnNotFound, TurnRecord
 from turnwire_server.store.base import TurnState as StoredTurnState
 
 log = logging.getLogger("turnwire.turn")
@@ -122,6 +124,8 @@ class TurnRun:
         recovery: Recovery | None = None,
     ) -> None:
         self.request = request
+        #: When the turn was admitted (``time.perf_counter``): the start of its duration metrics.
+        self.admitted = time.perf_counter()
         self.recovery = recovery
         self.store = store
         self.providers = providers
@@ -147,6 +151,7 @@ class TurnRun:
             tools=turn_tools(tools, request.client_tools),
             attempt=recovery.attempt if recovery else 1,
             continue_reply=recovery is not None and recovery.reply is not None,
+            admitted=self.admitted,
         )
         self._tools = tools
         self.compactor = (
@@ -157,14 +162,15 @@ class TurnRun:
                 conversation_id=request.conversation_id,
                 request_id=request.request_id,
                 model=request.model,
+                metric_models=settings.metric_models,
             )
             if settings.compaction is not None
             else None
         )
         #: Re-runs after a context overflow so far (docs/semantics.md §9: at most overflow_retries).
         self.overflow_retries = 0
-        #: The history as start_turn's commit left it, when the store read it then (first attempt).
-        self._history: list[message_pb2.Message] | None = None
+        #: What the input's commit read (history, compaction), for the first attempt's steps.
+        self._admission: TurnAdmission | None = None
         self.outcome: StoredTurnState = "running"
         self.status_error: status_pb2.Status | None = None
         self.error: BaseException | None = None
@@ -235,26 +241,81 @@ class TurnRun:
             else:
                 self._phase = "queued"
                 try:
-                    async with self.store.turn_lock(
-                        self.request.conversation_id,
-                        request_id=self.request.request_id,
-                        owner=self.settings.replica_id,
-                        lease_seconds=self.settings.lease_seconds,
-                    ):
+                    async with self._turn_lock() as admission:
                         self._on_lock_acquired()
-                        await self._locked()
+                        await self._locked(admission)
                 except asyncio.CancelledError:
                     # Stopped while queued for the lock: nothing was stored.
                     self.outcome = "aborted"
                     self._not_stored("it was cancelled while it waited for the turn before it")
-                except Exception as error:  # the lock itself failed (shared-store backends)
-                    self._fail_status(TurnFailure("persist", error))
+                except Exception as error:  # the lock or the input's commit failed: nothing stored
+                    self.outcome = "error"
+                    self.error = TurnFailure("persist", error)
+                    await self._classify_failure()
             self._phase = "after"
             await self._after_lock()
         finally:
             self._phase = "ended"
             self.ended = True
             self.writer.close()
+            self._count()
+
+    def _count(self) -> None:
+        """The turn's metrics and its debug line, once it ended."""
+        status = "error" if self.outcome == "running" else self.outcome
+        seconds = time.perf_counter() - self.admitted
+        metrics.TURNS.labels(self.request.entry, status).inc()
+        metrics.TURN_DURATION.labels(status).observe(seconds)
+        log.debug("turn ended: %s after %.3f s (%s)", status, seconds, self.request.entry)
+
+    def _turn_lock(self) -> AbstractAsyncContextManager[TurnAdmission | None]:
+        """The conversation's turn lock. A new turn's input is committed as the lock is taken
+        (``Store.admit_turn``: with PostgreSQL one database flight on an idle conversation), and
+        what that commit read comes with it; a recovery (its input is stored) and a conditional
+        continuation (it reads the history under the lock first) take the lock alone (None)."""
+        request = self.request
+        if self.recovery is not None or request.skip_unless_assistant_last:
+            return self.store.turn_lock(
+                request.conversation_id,
+                request_id=request.request_id,
+                owner=self.settings.replica_id,
+                lease_seconds=self.settings.lease_seconds,
+            )
+        self._record = self._new_record()
+        self._phase = "storing"
+        return self.store.admit_turn(
+            self._record,
+            request.messages,
+            lease_seconds=self.settings.lease_seconds,
+            read_compaction=self.compactor is not None,
+            queued=self._queued,
+        )
+
+    def _queued(self, waiting: bool) -> None:
+        """``Store.admit_turn``'s report: waiting for the turns ahead (a stop cancels the wait;
+        one recorded while the input was being written takes effect now) or writing the input (a
+        stop waits for the commit)."""
+        self._phase = "queued" if waiting else "storing"
+        if waiting and self.state.cancelled.is_set():
+            raise asyncio.CancelledError
+
+    def _new_record(self) -> TurnRecord:
+        """The running turn's record; the request's messages get the turn's create time."""
+        request = self.request
+        for message in request.messages:
+            message.create_time.CopyFrom(self.state.assistant.message.create_time)
+        return TurnRecord(
+            request_id=request.request_id,
+            conversation_id=request.conversation_id,
+            assistant_message_id=self.message_id,
+            continuation=request.continuation,
+            model=request.model,
+            state="running",
+            start_time=self.state.assistant.message.create_time.ToDatetime(dt.UTC),
+            spec=spec_json(request),
+            owner=self.settings.replica_id,
+            lease_until=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self.settings.lease_seconds),
+        )
 
     def _not_stored(self, why: str) -> None:
         """The turn ends before its input was stored: its TurnEnd says so (no TurnStart was sent).
@@ -272,13 +333,13 @@ class TurnRun:
         start.continuation = self.request.continuation
         start.model = self.request.model
 
-    async def _locked(self) -> None:
+    async def _locked(self, admission: TurnAdmission | None) -> None:
         request = self.request
         try:
             if self.recovery is not None:
                 await self._recovered()
             else:
-                await self._started()
+                await self._started(admission)
             if self.outcome == "running":  # not skipped
                 self.outcome = "completed"
         except asyncio.CancelledError:
@@ -291,11 +352,15 @@ class TurnRun:
             self.outcome = "error"
             self.error = TurnFailure("turn", error)
         self._phase = "finishing"
+        await self._classify_failure()
+        await self._store_result()
+
+    async def _classify_failure(self) -> None:
+        """classify_chat_error for a turn that failed (once), counted by class."""
         if self.outcome == "error" and isinstance(self.error, TurnFailure):
             if self._classification is None:
                 self._classification = await self._classify(self.error)
             metrics.CHAT_ERROR_CLASSIFICATIONS.labels(self._classification or "none").inc()
-        await self._store_result()
 
     async def _recovered(self) -> None:
         """A recovery: the turn and its input are stored already; its stream goes on."""
@@ -311,33 +376,23 @@ class TurnRun:
         async with recovery.slots:
             await self._attempts()
 
-    async def _started(self) -> None:
+    async def _started(self, admission: TurnAdmission | None) -> None:
+        """A new turn: its input is stored (by ``admission``, else here under the lock, once a
+        conditional continuation found something to continue), then its attempts run."""
         request = self.request
-        if request.skip_unless_assistant_last:
+        if admission is None:
             history = await self.store.load_messages(request.conversation_id)
             if not history or history[-1].role != message_pb2.ROLE_ASSISTANT:
                 self.outcome = "skipped"
                 self.status_error = self._error_status(NothingToContinue(bool(history)), "turn")
                 return
-        self._record = TurnRecord(
-            request_id=request.request_id,
-            conversation_id=request.conversation_id,
-            assistant_message_id=self.message_id,
-            continuation=request.continuation,
-            model=request.model,
-            state="running",
-            start_time=self.state.assistant.message.create_time.ToDatetime(dt.UTC),
-            spec=spec_json(request),
-            owner=self.settings.replica_id,
-            lease_until=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self.settings.lease_seconds),
-        )
-        for message in request.messages:
-            message.create_time.CopyFrom(self.state.assistant.message.create_time)
-        self._phase = "storing"
-        try:
-            self._history = await self.store.start_turn(self._record, request.messages)
-        except Exception as error:
-            raise TurnFailure("persist", error) from error
+            self._record = self._new_record()
+            self._phase = "storing"
+            try:
+                admission = TurnAdmission(history=await self.store.start_turn(self._record, request.messages))
+            except Exception as error:
+                raise TurnFailure("persist", error) from error
+        self._admission = admission
         self.messages_persisted = True
         self._phase = "running"
         self._start_event()
@@ -634,11 +689,6 @@ class TurnRun:
     async def _classify(self, failure: TurnFailure) -> ChatErrorClassification | None:
         return await self.hooks.classify_chat_error(self._error_context(_root(failure), failure.stage))
 
-    def _fail_status(self, failure: TurnFailure) -> None:
-        self.outcome = "error"
-        self.error = failure
-        self.status_error = self._error_status(_root(failure), failure.stage)
-
     async def _surface_error(self) -> None:
         failure = self.error
         if not isinstance(failure, TurnFailure):
@@ -672,7 +722,7 @@ class TurnRun:
     # --- the step loop -----------------------------------------------------
 
     async def _run_steps(self) -> None:
-        history, self._history = self._history, None  # a later attempt reads the store again
+        admission, self._admission = self._admission, None  # a later attempt reads the store again
         loop = StepLoop(
             self.state,
             store=self.store,
@@ -681,7 +731,7 @@ class TurnRun:
             stop=self.cancel,
             compactor=self.compactor,
         )
-        await loop.run(history)
+        await loop.run(admission)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

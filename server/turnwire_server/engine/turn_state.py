@@ -39,6 +39,8 @@ class TurnState:
     outputs) and ``keep_from`` where this turn's input starts in it; ``elided_current`` the
     outputs of this reply's own calls the model is no longer sent; ``compactions`` counts the
     proactive compactions of this attempt (docs/semantics.md §9).
+    ``admitted`` is when the turn was admitted (``time.perf_counter``) and ``first_token_seen``
+    whether its time to first token was measured (once per turn, ``engine/metrics.py``).
     """
 
     request: TurnRequest
@@ -59,3 +61,5 @@ class TurnState:
     keep_from: int = 0
     elided_current: frozenset[CallKey] = frozenset()
     compactions: int = 0
+    admitted: float = 0.0
+    first_token_seen: bool = False

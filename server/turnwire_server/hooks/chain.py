@@ -40,6 +40,7 @@ from turnwire.hooks import (
 )
 from turnwire.middlewares.error_classifier import ErrorClassifier
 from turnwire.types import ModelSettings
+from turnwire_server.hooks import metrics
 from turnwire_server.hooks.timeline import HookTimeline
 
 log = logging.getLogger("turnwire.middleware")
@@ -138,6 +139,7 @@ class MiddlewareChain:
                 if config is not None and not isinstance(config, SessionConfig):
                     raise TypeError(f"configure_session returned {type(config).__name__}, not SessionConfig")
             except Exception as error:
+                metrics.HOOK_ERRORS.labels(m.name, "configure_session").inc()
                 raise HookError(m.name, "configure_session", error) from error
             if config is not None and config.compaction is not None:
                 merged = dataclasses.replace(merged, compaction=config.compaction)
@@ -147,6 +149,7 @@ class MiddlewareChain:
     def swallowed(self, middleware: Middleware, hook: str, error: BaseException) -> None:
         """Log and count an error that the rules swallow."""
         self.error_counts[(middleware.name, hook)] += 1
+        metrics.HOOK_ERRORS.labels(middleware.name, hook).inc()
         log.warning(
             "middleware %s.%s raised %s: %s",
             middleware.name,
@@ -182,6 +185,7 @@ class TurnHooks:
         except Exception as error:
             failed = True
             if not swallow:
+                metrics.HOOK_ERRORS.labels(m.name, hook).inc()
                 raise HookError(m.name, hook, error) from error
             self._chain.swallowed(m, hook, error)
             return None

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from turnwire.providers import Provider
 from turnwire.testing import ScriptStep
+from turnwire_server.redaction import secret
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _FIELD_VALUE = re.compile(r"(?:[\x21-\x7e\x80-\xff](?:[\x20\x09\x21-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?")
@@ -60,16 +61,25 @@ class ScriptedProviderSettings(_Entry):
     )
 
 
+def _api_key_env(default: str | None) -> Any:
+    # The variable's name is shown; its value is a secret (kept out of logs and config show).
+    return Field(
+        default,
+        description="name of the environment variable holding the API key; null: no key needed",
+        json_schema_extra=secret("env"),
+    )
+
+
 class _SdkProviderSettings(_Entry):
     """Fields every official-SDK provider has. Times in seconds."""
 
-    api_key_env: str | None = Field(
-        None, description="name of the environment variable holding the API key; null: no key needed"
-    )
+    api_key_env: str | None = _api_key_env(None)
     base_url: str | None = Field(
-        None, description="API base URL; the SDK's default (the vendor's API) when unset"
+        None,
+        description="API base URL; the SDK's default (the vendor's API) when unset",
+        json_schema_extra=secret("url"),
     )
-    default_headers: dict[str, str] = Field(default_factory=dict)
+    default_headers: dict[str, str] = Field(default_factory=dict, json_schema_extra=secret("values"))
     timeout_seconds: float = Field(600.0, gt=0)
     max_retries: int = Field(2, ge=0, le=10)
     models: list[str] = Field(default_factory=list, description="allowed model names; empty: any")
@@ -110,7 +120,7 @@ class AnthropicProviderSettings(_SdkProviderSettings):
     (``output_config.format``)."""
 
     type: Literal["anthropic"]
-    api_key_env: str | None = "ANTHROPIC_API_KEY"
+    api_key_env: str | None = _api_key_env("ANTHROPIC_API_KEY")
     default_max_tokens: int = Field(8192, ge=1)
     structured_output: Literal["tool", "native"] = "tool"
 
@@ -121,7 +131,7 @@ class OpenAIProviderSettings(_SdkProviderSettings):
     OpenAI and ``max_tokens`` to other servers. ``include_usage`` asks for the final usage chunk."""
 
     type: Literal["openai"]
-    api_key_env: str | None = "OPENAI_API_KEY"
+    api_key_env: str | None = _api_key_env("OPENAI_API_KEY")
     max_tokens_param: Literal["auto", "max_completion_tokens", "max_tokens"] = "auto"
     include_usage: bool = True
 
@@ -131,7 +141,7 @@ class OpenAIResponsesProviderSettings(_SdkProviderSettings):
     as encrypted content; ``encrypted_reasoning`` says when to request it (``auto``: reasoning models)."""
 
     type: Literal["openai-responses"]
-    api_key_env: str | None = "OPENAI_API_KEY"
+    api_key_env: str | None = _api_key_env("OPENAI_API_KEY")
     store: bool = False
     encrypted_reasoning: Literal["auto", "always", "never"] = "auto"
 
@@ -202,7 +212,7 @@ def build_provider(
 
         return AnthropicMessagesProvider(
             name,
-            anthropic.AsyncAnthropic(**common),
+            anthropic.AsyncAnthropic(**common, http_client=_http_client(anthropic, name)),
             models=settings.models,
             default_max_tokens=settings.default_max_tokens,
             structured_output=settings.structured_output,
@@ -218,7 +228,7 @@ def build_provider(
             param = "max_completion_tokens" if official else "max_tokens"
         return OpenAIChatProvider(
             name,
-            openai.AsyncOpenAI(**common),
+            openai.AsyncOpenAI(**common, http_client=_http_client(openai, name)),
             models=settings.models,
             max_tokens_param=param,
             include_usage=settings.include_usage,
@@ -227,11 +237,19 @@ def build_provider(
 
     return OpenAIResponsesProvider(
         name,
-        openai.AsyncOpenAI(**common),
+        openai.AsyncOpenAI(**common, http_client=_http_client(openai, name)),
         models=settings.models,
         store=settings.store,
         encrypted_reasoning=settings.encrypted_reasoning,
     )
+
+
+def _http_client(sdk: Any, name: str) -> Any:
+    """The SDK's own HTTP client (its defaults: connection limits, keep-alive, redirects) with
+    the event hooks of provider ``name``: its retries counted (providers/metrics.py)."""
+    from turnwire_server.providers.metrics import count_sdk_retries
+
+    return sdk.DefaultAsyncHttpxClient(event_hooks={"request": [count_sdk_retries(name)]})
 
 
 def default_providers() -> dict[str, ProviderSettings]:

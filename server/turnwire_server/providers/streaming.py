@@ -48,7 +48,7 @@ import httpx2
 
 from turnwire.providers import ModelRequest, ProviderError
 from turnwire.types import FinishStep, ModelChunk, Usage, UsageUpdate
-from turnwire_server.providers import errors
+from turnwire_server.providers import errors, metrics
 from turnwire_server.providers.sse import iter_sse
 
 DRAIN_SECONDS = 0.25
@@ -149,6 +149,7 @@ async def run_stream(
         if delay is None:
             delay = min(retry_delay * (2**attempt), MAX_RETRY_DELAY) * (0.75 + random.random() / 4)
         attempt += 1
+        metrics.RETRIES.labels(provider).inc()
         await asyncio.sleep(delay)
 
 

@@ -1,8 +1,9 @@
-"""Prometheus metrics of remote hook servers (prometheus-client's default registry).
+"""Prometheus metrics of remote hook servers (prometheus-client's default registry); the whole
+list is in the README (Operate: Metrics).
 
 Labels are bounded: ``server`` is the address as configured, ``hook`` a hook name, ``kind`` an
 error kind (a gRPC status code name in lower case, ``invalid_response`` or ``breaker_open``).
-Exposing them is the server's business, as for the engine's counters (engine/metrics.py).
+Serving them is the server's business, as for the engine's (engine/metrics.py).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ ERRORS = Counter(
     ["server", "hook", "kind"],
 )
 
-LATENCY = Histogram(
-    "turnwire_remote_hook_latency_seconds",
+CALL_DURATION = Histogram(
+    "turnwire_remote_hook_call_duration_seconds",
     "Wall time of remote hook RPCs in seconds, failed ones included.",
     ["server", "hook"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),

@@ -308,7 +308,7 @@ class RemoteMiddleware(Middleware):
             metrics.ERRORS.labels(self.server, hook, "internal").inc()
             raise _Failed("internal", f"{rpc} failed: {type(error).__name__}: {error}") from error
         finally:
-            metrics.LATENCY.labels(self.server, hook).observe(time.perf_counter() - started)
+            metrics.CALL_DURATION.labels(self.server, hook).observe(time.perf_counter() - started)
         self.breaker.succeeded()
         return result
 

@@ -5,17 +5,18 @@ PostgreSQL (``store/postgres.py``), which several replicas share: it carries the
 :meth:`Store.turn_lock`, turn leases, cancel requests and event wake-ups across them. The
 engine calls only what is here.
 
-Durability rules (docs/semantics.md §8): :meth:`Store.start_turn`
-returns only once the user's messages are durable; :meth:`Store.finish_turn`
-returns only once the assistant message is durable. Checkpoints
-(:meth:`Store.save_message`) may be batched by the backend (group commit) but
-are applied in call order.
+Durability rules (docs/semantics.md §8): :meth:`Store.start_turn` (and
+:meth:`Store.admit_turn`, which starts a turn with its lock) returns only once the user's
+messages are durable; :meth:`Store.finish_turn` returns only once the assistant message is
+durable. Checkpoints (:meth:`Store.save_message`) may be batched by the backend (group commit)
+but are applied in call order.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
@@ -311,6 +312,21 @@ class CompactionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnAdmission:
+    """What :meth:`Store.admit_turn` read with the commit of the turn's input, so the turn need not
+    read it again before its model call.
+
+    ``history`` is the conversation's messages as that commit left them, None when the backend
+    did not read them (the caller loads them); ``compaction`` its compaction record when
+    ``compaction_read`` (None: it has none), unread otherwise.
+    """
+
+    history: list[message_pb2.Message] | None = None
+    compaction: CompactionRecord | None = None
+    compaction_read: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class StreamRecord:
     """A turn's stored event stream (for ResumeTurn). Times tz-aware UTC.
 
@@ -360,6 +376,15 @@ class AddResult:
     added: int
     updated: int
     unchanged: int
+
+
+def renewed_lease(turn: TurnRecord, lease_seconds: float) -> TurnRecord:
+    """``turn`` with its lease running ``lease_seconds`` from now (None stays None): a turn that
+    waited in the queue gets the lease it would have had had it not waited."""
+    if turn.lease_until is None:
+        return turn
+    until = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=lease_seconds)
+    return dataclasses.replace(turn, lease_until=until)
 
 
 @runtime_checkable
@@ -667,6 +692,33 @@ class Store(Protocol):
         """Delete the stored events of up to ``limit`` (>= 1) turn streams that ended before
         ``before`` (tz-aware) and mark them ``events_expired`` (the stream row stays, so a resume
         can say it is past retention). Returns how many streams were expired."""
+        ...
+
+    def admit_turn(
+        self,
+        turn: TurnRecord,
+        messages: Sequence[message_pb2.Message],
+        *,
+        lease_seconds: float,
+        read_compaction: bool,
+        queued: Callable[[bool], None],
+    ) -> AbstractAsyncContextManager[TurnAdmission]:
+        """Hold the conversation's turn lock and start ``turn`` in it: :meth:`turn_lock` (for
+        ``turn.request_id``, held by ``turn.owner``) and then :meth:`start_turn`, released on
+        exit; what that commit read comes back as a :class:`TurnAdmission` (with the compaction
+        record when ``read_compaction``).
+
+        The backend may do both in one step: PostgreSQL takes the ticket, checks that it heads
+        the queue, writes the input and reads the history in one transaction sent in one flight
+        (one round trip before the model call), and takes the waiting path only when turns are
+        ahead. ``queued(True)`` is called (in the caller's task) when the turn starts waiting for
+        them, ``queued(False)`` once it holds the lock and its input is being written: in between
+        the caller may cancel it, before and after not (the input's commit must not be cut
+        short). ``queued`` may raise :class:`asyncio.CancelledError` to give up before waiting.
+        A turn that waited has ``lease_until`` renewed to ``lease_seconds`` from its start.
+        Raises what :meth:`start_turn` and :meth:`turn_lock` raise (nothing stored, the lock
+        released).
+        """
         ...
 
     def turn_lock(

@@ -46,10 +46,13 @@ from turnwire_server.store.base import (
     SubmissionRecord,
     SubmissionState,
     ToolCallAnswer,
+    TurnAdmission,
     TurnRecord,
     TurnState,
+    renewed_lease,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
+from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql
 from turnwire_server.store.postgres_migrations import apply_migrations, load_migrations
 from turnwire_server.store.postgres_replicas import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL, Listener
@@ -58,6 +61,7 @@ from turnwire_server.store.postgres_writes import Conn
 from turnwire_server.store.sqlite_rows import (
     COMPACTION_COLUMNS,
     TURN_COLUMNS,
+    MessageRow,
     check_turn,
     compaction_from_row,
     compaction_params,
@@ -83,6 +87,8 @@ DEFAULT_POOL_SIZE: Final = 10
 
 _CONNECT_TIMEOUT_S: Final = 10.0
 log = logging.getLogger("turnwire_server.store.postgres")
+_SINGLE_COMMITS = COMMIT_DURATION.labels("postgresql", "single")
+_GROUP_COMMITS = COMMIT_DURATION.labels("postgresql", "group")
 
 _CHECK_IDLE_S: Final = 2.0
 """A pooled connection idle longer than this is checked (one round trip) before it is handed
@@ -317,8 +323,15 @@ class PostgresStore:
         for attempt in range(_RETRIES):
             try:
                 async with pool.connection() as conn:
-                    async with _transaction(conn, pipeline):
-                        result = await body(conn, self._now_us())
+                    started = time.perf_counter()
+                    try:
+                        async with _transaction(conn, pipeline):
+                            result = await body(conn, self._now_us())
+                    except psycopg.Error:
+                        if pipeline:
+                            await _discard(conn)
+                        raise
+                    _SINGLE_COMMITS.observe(time.perf_counter() - started)
                     # Committed, still on its connection: ``then`` reads what the last flight
                     # brought back (a pipelined read sent with the COMMIT costs no round trip).
                     return result if then is None else await then(result)
@@ -357,10 +370,14 @@ class PostgresStore:
             try:
                 pool = self._require_pool("group commit")
                 async with pool.connection() as conn:
-                    if await self._apply_pipelined(conn, batch):
-                        outcomes = [None] * len(batch)
-                    else:
+                    started = time.perf_counter()
+                    applied = await self._apply_pipelined(conn, batch)
+                if applied:
+                    outcomes = [None] * len(batch)
+                else:
+                    async with pool.connection() as conn:
                         outcomes = await self._apply_one_by_one(conn, batch)
+                _GROUP_COMMITS.observe(time.perf_counter() - started)
                 failure = None
                 break
             except _RACE_ERRORS as exc:
@@ -381,7 +398,8 @@ class PostgresStore:
         """The batch in one pipelined transaction without a savepoint per write (they cost a
         round trip each): statements go out without waiting, only reads do. True when it
         committed; False when some write failed (all rolled back: the caller applies them again
-        one by one). Raises the race errors (the whole batch again)."""
+        one by one, on another connection: this one is discarded). Raises the race errors (the
+        whole batch again)."""
         try:
             async with (
                 _flight(conn),
@@ -391,10 +409,12 @@ class PostgresStore:
                 for queued in batch:
                     await queued.body(conn, now_us)
         except _RACE_ERRORS:
+            await _discard(conn)
             raise
         except (psycopg.Error, StoreError, ValueError):
             if conn.closed:
                 raise
+            await _discard(conn)
             return False
         return True
 
@@ -492,11 +512,7 @@ class PostgresStore:
 
     async def load_compaction(self, conversation_id: str) -> CompactionRecord | None:
         """The conversation's compaction, None when none. Raises :class:`StoreCorrupted`."""
-        rows = await self._read(
-            "load_compaction",
-            f"SELECT {COMPACTION_COLUMNS} FROM compactions WHERE conversation_id = %s",
-            (conversation_id,),
-        )
+        rows = await self._read("load_compaction", _LOAD_COMPACTION.decode(), (conversation_id,))
         return compaction_from_row(rows[0]) if rows else None
 
     async def running_turns(self) -> list[TurnRecord]:
@@ -790,17 +806,31 @@ class PostgresStore:
     ) -> AsyncIterator[None]:
         lease_us = int(lease_seconds * 1_000_000)
         async with self._tickets.hold(conversation_id):  # this process's tickets in call order
-            taking = asyncio.ensure_future(self._take_ticket(conversation_id, request_id, owner, lease_us))
-            head: int | None
-            try:
-                ticket, head = await asyncio.shield(taking)
-            except asyncio.CancelledError:
-                # Cancelled while the ticket was being taken: give it up once it exists, or it
-                # would hold the conversation for as long as this replica renews its leases.
-                with contextlib.suppress(Exception):
-                    taken, _ = await taking
-                    await asyncio.shield(self._release(conversation_id, taken))
-                raise
+            ticket, head = await self._enqueue(conversation_id, request_id, owner, lease_us)
+        async with self._held(conversation_id, ticket, head, lease_seconds):
+            yield
+
+    async def _enqueue(
+        self, conversation_id: str, request_id: str, owner: str, lease_us: int
+    ) -> tuple[int, int]:
+        """:meth:`_take_ticket`; a caller cancelled meanwhile gives the ticket up once it exists
+        (or it would hold the conversation for as long as this replica renews its leases)."""
+        taking = asyncio.ensure_future(self._take_ticket(conversation_id, request_id, owner, lease_us))
+        try:
+            return await asyncio.shield(taking)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                taken, _ = await taking
+                await asyncio.shield(self._release(conversation_id, taken))
+            raise
+
+    @contextlib.asynccontextmanager
+    async def _held(
+        self, conversation_id: str, ticket: int, head: int | None, lease_seconds: float
+    ) -> AsyncIterator[None]:
+        """Wait until ``ticket`` heads the conversation's queue (``head`` as last seen), hold it,
+        release it on exit (also when cancelled while waiting)."""
+        lease_us = int(lease_seconds * 1_000_000)
         try:
             while head != ticket:
                 with self._listener.waiting(QUEUE_CHANNEL, conversation_id) as moved:
@@ -814,6 +844,113 @@ class PostgresStore:
         finally:
             # Shielded: a cancelled turn must still give the lock up.
             await asyncio.shield(self._release(conversation_id, ticket))
+
+    def admit_turn(
+        self,
+        turn: TurnRecord,
+        messages: Sequence[message_pb2.Message],
+        *,
+        lease_seconds: float,
+        read_compaction: bool,
+        queued: Callable[[bool], None],
+    ) -> AbstractAsyncContextManager[TurnAdmission]:
+        """Take the turn's ticket and, when it heads the queue, start the turn, in one transaction
+        sent in one flight (see ``Store.admit_turn``); else (turns ahead, or the input needs
+        :meth:`start_turn`'s checks: a retried request id, a re-sent message, a submission no
+        longer pending) wait in line, then :meth:`start_turn`. Raises :class:`ValueError` for
+        an invalid turn or message (before anything is sent), and what :meth:`start_turn` and
+        :meth:`turn_lock` raise."""
+        rows = writes.prepare_turn(turn, messages)
+        return self._admit(
+            turn, messages, rows, lease_seconds, read_compaction=read_compaction, queued=queued
+        )
+
+    @contextlib.asynccontextmanager
+    async def _admit(
+        self,
+        turn: TurnRecord,
+        messages: Sequence[message_pb2.Message],
+        rows: Sequence[MessageRow],
+        lease_seconds: float,
+        *,
+        read_compaction: bool,
+        queued: Callable[[bool], None],
+    ) -> AsyncIterator[TurnAdmission]:
+        conversation_id, request_id, owner = turn.conversation_id, turn.request_id, turn.owner
+        lease_us = int(lease_seconds * 1_000_000)
+        async with self._tickets.hold(conversation_id):  # this process's tickets in call order
+            flight = asyncio.ensure_future(self._admit_flight(turn, rows, lease_us, read_compaction))
+            try:
+                admitted = await asyncio.shield(flight)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    if (done := await flight) is not None:
+                        await asyncio.shield(self._release(conversation_id, done[0]))
+                raise
+            if admitted is None:
+                queued(True)
+                ticket, head = await self._enqueue(conversation_id, request_id, owner, lease_us)
+        if admitted is not None:
+            ticket, admission = admitted
+            try:
+                yield admission
+            finally:
+                await asyncio.shield(self._release(conversation_id, ticket))
+            return
+        async with self._held(conversation_id, ticket, head, lease_seconds):
+            queued(False)
+            history = await self.start_turn(renewed_lease(turn, lease_seconds), messages)
+            yield TurnAdmission(history=history)
+
+    async def _admit_flight(
+        self, turn: TurnRecord, rows: Sequence[MessageRow], lease_us: int, read_compaction: bool
+    ) -> tuple[int, TurnAdmission] | None:
+        """The one-flight admission: ``BEGIN``, the conversation's write lock, the queue lock, the
+        ticket (failing the transaction unless it heads the queue), the input's writes
+        (:func:`~turnwire_server.store.postgres_writes.start_new_turn`, failing it in the
+        uncommon cases), the history and compaction reads, ``COMMIT``, sent together; the server
+        is waited for once. Returns the ticket and what was read; None when the transaction
+        failed (nothing stored, no ticket taken: the caller takes the waiting path, which also
+        reports a database that is down)."""
+        conversation_id = turn.conversation_id
+        now_us = self._now_us()
+        params = {
+            "owner": turn.owner,
+            "until": now_us + lease_us,
+            "c": conversation_id,
+            "r": turn.request_id,
+            "stale": now_us - lease_us,
+        }
+        pool = self._require_pool("admit_turn")
+        try:
+            async with pool.connection() as conn:
+                started = time.perf_counter()
+                try:
+                    # The write lock first, then the queue lock: taking a ticket never waits for
+                    # a write (QUEUE_LOCK_CLASS), so no transaction holds them the other way round.
+                    async with _flight(conn), writes.conversations_locked(conn, (conversation_id,)):
+                        await conn.execute(
+                            b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                            (writes.QUEUE_LOCK_CLASS, conversation_id),
+                        )
+                        ticket = await conn.execute(_TAKE_TICKET_AT_HEAD, params)
+                        await writes.start_new_turn(conn, turn, rows, now_us)
+                        history = await conn.execute(writes.LOAD_MESSAGES_SQL.encode(), (conversation_id,))
+                        compaction = None
+                        if read_compaction:
+                            compaction = await conn.execute(_LOAD_COMPACTION, (conversation_id,))
+                except psycopg.Error:
+                    await _discard(conn)
+                    return None
+                _SINGLE_COMMITS.observe(time.perf_counter() - started)
+                taken = int((await ticket.fetchall())[0][0])
+                stored = writes.messages_from_rows(conversation_id, await history.fetchall())
+                record = None
+                if compaction is not None and (found := await compaction.fetchall()):
+                    record = compaction_from_row(found[0])
+        except (psycopg.Error, psycopg_pool.PoolTimeout):
+            return None
+        return taken, TurnAdmission(stored, record, compaction_read=read_compaction)
 
     async def _take_ticket(
         self, conversation_id: str, request_id: str, owner: str, lease_us: int
@@ -867,12 +1004,16 @@ class PostgresStore:
         return None if rows[0][0] is None else int(rows[0][0])
 
     async def _release(self, conversation_id: str, ticket: int) -> None:
+        """Give the ticket up and wake the line; returns once that committed. Group-committed
+        with the turn ends and checkpoints queued meanwhile: with many turns ending, their
+        releases share transactions (and WAL flushes) instead of taking a pooled connection and
+        a commit each, ahead of the next turns' admissions."""
+
+        async def body(conn: Conn, _: int) -> None:
+            await writes.run(conn, _RELEASE_TICKET, (ticket, QUEUE_CHANNEL, conversation_id))
+
         try:
-            await self._read(
-                "turn_lock release",
-                "WITH gone AS (DELETE FROM turn_queue WHERE ticket = %s) SELECT pg_notify(%s, %s)",
-                (ticket, QUEUE_CHANNEL, conversation_id),
-            )
+            await self._write_batched("turn_lock release", body, conversation_id=conversation_id)
         except StoreError as error:  # its lease lapses; the others skip it then
             log.error("releasing the turn lock of %s failed: %s", conversation_id, error)
 
@@ -989,6 +1130,14 @@ class PostgresStore:
         return True
 
 
+async def _discard(conn: Conn) -> None:
+    """Close ``conn`` (the pool opens another in its place) after a pipelined transaction on it
+    failed: psycopg 3.3 counts the statements it prepared in the part of the pipeline the server
+    skipped after the error as prepared, though the server never parsed them, so reusing the
+    connection fails later with "prepared statement … does not exist"."""
+    await conn.close()
+
+
 def _transaction(conn: Conn, pipeline: bool) -> AbstractAsyncContextManager[Any]:
     """A transaction on ``conn``: :func:`_flight` when ``pipeline``, else ``conn.transaction()``."""
     return _flight(conn) if pipeline else conn.transaction()
@@ -1015,6 +1164,32 @@ async def _flight(conn: Conn) -> AsyncIterator[None]:
     # Leaving the pipeline synced: the COMMIT's outcome (and any error of the block's statements)
     # is in by now.
 
+
+_RELEASE_TICKET: Final = "WITH gone AS (DELETE FROM turn_queue WHERE ticket = %s) SELECT pg_notify(%s, %s)"
+
+_LOAD_COMPACTION: Final = f"SELECT {COMPACTION_COLUMNS} FROM compactions WHERE conversation_id = %s".encode()
+
+_TAKE_TICKET_AT_HEAD: Final = (
+    # As _TAKE_TICKET (under the queue lock the caller took), but failing the transaction (a cast
+    # no text passes) unless the ticket heads the queue: a turn with turns ahead stores nothing
+    # and takes no ticket in the one-flight admission.
+    b"WITH old AS ("
+    b" UPDATE turn_queue SET owner = %(owner)s, lease_until = %(until)s"
+    b" WHERE conversation_id = %(c)s AND request_id = %(r)s AND request_id <> '' RETURNING ticket),"
+    b" new AS ("
+    b" INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
+    b" SELECT %(c)s, %(r)s, %(owner)s, %(until)s WHERE NOT EXISTS (SELECT 1 FROM old)"
+    b" RETURNING ticket),"
+    b" gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s"
+    b" AND request_id <> %(r)s),"
+    b" mine AS (SELECT ticket FROM old UNION ALL SELECT ticket FROM new),"
+    b" earliest AS (SELECT MIN(ticket) AS ticket FROM turn_queue"
+    b" WHERE conversation_id = %(c)s AND lease_until >= %(stale)s)"
+    b" SELECT CASE WHEN earliest.ticket IS NULL OR earliest.ticket >= mine.ticket THEN mine.ticket"
+    b" ELSE ('turnwire: queued behind ticket ' || earliest.ticket)::bigint END"
+    b" FROM mine, earliest"
+)
+"""Take or re-own a ticket that heads the queue; (the ticket). Fails behind a live ticket."""
 
 _TAKE_TICKET: Final = (
     # No WAL flush of its own: the ticket is visible to the other replicas at commit, and the

@@ -82,6 +82,7 @@ __all__ = [
     "prepare_add",
     "prepare_turn",
     "save_message",
+    "start_new_turn",
     "start_turn",
 ]
 
@@ -405,6 +406,40 @@ async def start_turn(conn: Conn, turn: TurnRecord, rows: Sequence[MessageRow], n
     await _touch_conversation(conn, conversation_id, now_us, len(new_rows))
     for row in new_rows:
         await _insert_message(conn, conversation_id, row)
+    await _insert_turn(conn, turn)
+
+
+_SUBMISSION_NOT_PENDING: Final = (
+    # Fails the transaction (a cast no text passes) when the turn is a submission that is no
+    # longer pending: nothing is written and the caller starts the turn the checking way.
+    "SELECT ('turnwire: submission ' || id || ' is ' || state)::int FROM submissions"
+    " WHERE id = %s AND state NOT IN ('pending', 'running')"
+)
+
+
+async def start_new_turn(conn: Conn, turn: TurnRecord, rows: Sequence[MessageRow], now_us: int) -> None:
+    """``Store.start_turn`` for the common case, without a read to wait for: a new request id
+    whose messages are all new. Writes only; meant for pipeline mode (nothing waits for the
+    server). The uncommon cases make the transaction fail instead of deciding: a request id
+    already recorded or a message id already stored (a retry, a re-sent message) by their
+    primary keys (``UniqueViolation``), a submission no longer pending by
+    :data:`_SUBMISSION_NOT_PENDING` (``InvalidTextRepresentation``); the caller rolls back
+    and runs :func:`start_turn`, which applies their rules."""
+    conversation_id = turn.conversation_id
+    await _lock(conn, conversation_id)
+    await run(conn, _SUBMISSION_NOT_PENDING, (turn.request_id,))
+    await run(
+        conn,
+        "UPDATE submissions SET state = 'running', start_time = COALESCE(start_time, %s) WHERE id = %s",
+        (now_us, turn.request_id),
+    )
+    await _touch_conversation(conn, conversation_id, now_us, len(rows))
+    for row in rows:
+        await _insert_message(conn, conversation_id, row)
+    await _insert_turn(conn, turn)
+
+
+async def _insert_turn(conn: Conn, turn: TurnRecord) -> None:
     await run(
         conn,
         "INSERT INTO turns (request_id, conversation_id, assistant_message_id,"
@@ -412,7 +447,7 @@ async def start_turn(conn: Conn, turn: TurnRecord, rows: Sequence[MessageRow], n
         " lease_until) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             turn.request_id,
-            conversation_id,
+            turn.conversation_id,
             turn.assistant_message_id,
             int(turn.continuation),
             turn.model,

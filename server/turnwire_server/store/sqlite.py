@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager, suppress
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,10 @@ from turnwire_server.store.base import (
     SubmissionRecord,
     SubmissionState,
     ToolCallAnswer,
+    TurnAdmission,
     TurnRecord,
     TurnState,
+    renewed_lease,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql
@@ -616,6 +618,25 @@ class SqliteStore:
         write = ExpireWrite(cutoff)
         await self._writer.submit(write.apply, "expire_pending_tool_calls", urgent=True)
         return write.expired
+
+    @asynccontextmanager
+    async def admit_turn(
+        self,
+        turn: TurnRecord,
+        messages: Sequence[message_pb2.Message],
+        *,
+        lease_seconds: float,
+        read_compaction: bool,
+        queued: Callable[[bool], None],
+    ) -> AsyncIterator[TurnAdmission]:
+        """:meth:`turn_lock`, then :meth:`start_turn` in it (see ``Store.admit_turn``): the lock is
+        in the process, so only the commit reaches the database; nothing is read with it (a
+        read in the single writer's transaction would hold up every other write)."""
+        queued(True)
+        async with self.turn_lock(turn.conversation_id, request_id=turn.request_id):
+            queued(False)
+            await self.start_turn(renewed_lease(turn, lease_seconds), messages)
+            yield TurnAdmission()
 
     def turn_lock(
         self, conversation_id: str, *, request_id: str = "", owner: str = "", lease_seconds: float = 30.0

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Final
 
 from turnwire_server.store.base import StoreError
+from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.sqlite_migrations import Migration, apply_migrations
 from turnwire_server.store.sqlite_rows import DB_ERRORS, store_error
 from turnwire_server.store.sqlite_writes import WriteFn
@@ -32,6 +33,7 @@ from turnwire_server.store.sqlite_writes import WriteFn
 __all__ = ["BUSY_TIMEOUT_MS", "SqliteWriter"]
 
 _log = logging.getLogger("turnwire_server.store.sqlite")
+_COMMITS = COMMIT_DURATION.labels("sqlite", "group")
 
 BUSY_TIMEOUT_MS: Final = 5000
 """How long a connection waits for another process's lock before failing (ms)."""
@@ -190,8 +192,10 @@ class SqliteWriter:
         """Commit ``batch`` in one thread round trip, then settle each write's future."""
         assert self._executor is not None
         applies = [write.apply for write in batch]
+        started = time.perf_counter()
         try:
             outcomes = await asyncio.get_running_loop().run_in_executor(self._executor, self._commit, applies)
+            _COMMITS.observe(time.perf_counter() - started)
         except Exception as exc:
             what = f"writing {len(batch)} queued write(s) ({batch[0].what}, ...)"
             for write in batch:

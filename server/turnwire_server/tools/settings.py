@@ -13,6 +13,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from turnwire_server.redaction import secret
+
 SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """What a tool host's or MCP server's ``name`` may be (it appears in logs and tool errors)."""
 
@@ -73,10 +75,10 @@ class McpServerSettings(_Entry):
     name: str
     command: str | None = Field(None, min_length=1)
     args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, json_schema_extra=secret("values"))
     cwd: Path | None = None
-    url: str | None = Field(None, min_length=1)
-    headers: dict[str, str] = Field(default_factory=dict)
+    url: str | None = Field(None, min_length=1, json_schema_extra=secret("url"))
+    headers: dict[str, str] = Field(default_factory=dict, json_schema_extra=secret("values"))
     timeout_seconds: float | None = Field(None, gt=0)
     startup_timeout_seconds: float = Field(10.0, gt=0)
 

@@ -1,0 +1,107 @@
+"""The sidecar's log output: one handler on stderr, text or JSON lines, context ids, secrets masked.
+
+``logging.format: text`` (the default) writes ``TIME LEVEL LOGGER MESSAGE`` and, when known, the
+context ids as ``key=value`` pairs after the message; ``json`` writes one JSON object per line
+(python-json-logger) with ``timestamp`` (ISO 8601, UTC), ``level``, ``logger``, ``message``, the
+context ids (:mod:`turnwire_server.log_context`; left out when unknown), any structured fields a
+call passed in ``extra`` (``event``, ``stage``, ``classification`` …) and ``exc_info`` for a
+traceback.
+
+Every line, in either format, passes a :class:`~turnwire_server.redaction.Redactor` (text: the
+formatted line, traceback included; JSON: each string value before serialization): the secrets
+the configuration holds or names, and anything shaped like a credential, are masked even if some
+library logs them at DEBUG.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Literal, TextIO
+
+from pythonjsonlogger.json import JsonFormatter
+
+from turnwire_server.log_context import CONTEXT_FIELDS, LogContextFilter
+from turnwire_server.redaction import Redactor
+
+LogFormat = Literal["text", "json"]
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+class _TextFormatter(logging.Formatter):
+    """:data:`TEXT_FORMAT`, then the context ids that are known (``request_id=…``); the whole text
+    (traceback included) masked by ``redactor``."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        super().__init__(TEXT_FORMAT)
+        self.redactor = redactor
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        context = " ".join(
+            f"{name}={value}" for name in CONTEXT_FIELDS if (value := getattr(record, name, ""))
+        )
+        return f"{line} {context}" if context else line
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.redactor.redact(super().format(record))
+
+
+class _JsonFormatter(JsonFormatter):
+    """One JSON object per record; context ids that are unknown are left out; every string value
+    (message, traceback, structured fields) masked by ``redactor`` before it is serialized, so a
+    line stays valid JSON whatever a secret looks like."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        super().__init__(
+            ["levelname", "name", "message"],
+            rename_fields={"levelname": "level", "name": "logger"},
+            timestamp=True,
+        )
+        self.redactor = redactor
+
+    def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
+        for name in CONTEXT_FIELDS:
+            if not log_data.get(name):
+                log_data.pop(name, None)
+        return {key: self._redacted(value) for key, value in log_data.items()}
+
+    def _redacted(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.redactor.redact(value)
+        if isinstance(value, dict):
+            return {key: self._redacted(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._redacted(item) for item in value]
+        return value
+
+
+def formatter_for(log_format: LogFormat, redactor: Redactor | None = None) -> logging.Formatter:
+    """The formatter of ``log_format``, masking secrets with ``redactor`` (default: the
+    credential patterns only)."""
+    redactor = redactor or Redactor()
+    return _JsonFormatter(redactor) if log_format == "json" else _TextFormatter(redactor)
+
+
+def configure_logging(
+    level: str,
+    log_format: LogFormat = "text",
+    redactor: Redactor | None = None,
+    stream: TextIO | None = None,
+) -> logging.Handler:
+    """Send every log record at ``level`` (``debug``, ``info`` …) and above to ``stream``
+    (stderr) in ``log_format``, with the context ids and ``redactor`` (default: the credential
+    patterns only) applied; replaces the root logger's handlers. Returns the handler."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.addFilter(LogContextFilter())
+    handler.setFormatter(formatter_for(log_format, redactor))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    return handler
+
+
+__all__ = ["TEXT_FORMAT", "LogFormat", "configure_logging", "formatter_for"]

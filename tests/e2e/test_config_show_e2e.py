@@ -1,0 +1,84 @@
+"""``turnwire config show``: the configuration ``serve`` would run with (flags, ``TURNWIRE_*``
+variables, the file, defaults), printed as YAML with every secret masked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from support.sidecar import run_turnwire
+
+STORE_PASSWORD = "pg-pass-5ecret"
+HEADER_KEY = "hdr-key-5ecret"
+BEARER = "bearer-tok-5ecret"
+CHILD_TOKEN = "child-tok-5ecret"
+OPTION_KEY = "option-key-5ecret"
+API_KEY = "sk-ant-api-key-5ecret-0123456789"
+
+CONFIG = f"""
+store:
+  url: postgresql://tw:{STORE_PASSWORD}@db.internal:5432/turnwire
+  password_env: TW_PG_PASSWORD
+providers:
+  scripted: {{type: scripted}}
+  anthropic: {{type: anthropic, default_headers: {{x-api-key: {HEADER_KEY}}}}}
+tools:
+  mcp:
+    - {{name: search, url: "http://127.0.0.1:8000/mcp", headers: {{Authorization: "Bearer {BEARER}"}}}}
+    - {{name: files, command: npx, env: {{GITHUB_TOKEN: {CHILD_TOKEN}}}}}
+middleware:
+  - path: turnwire.middlewares:HookLogger
+    options: {{level: info, api_key: {OPTION_KEY}}}
+limits:
+  max_steps: 3
+"""
+
+
+async def test_config_show_prints_effective_values_with_secrets_masked(tmp_path: Path) -> None:
+    config = tmp_path / "turnwire.yaml"
+    config.write_text(CONFIG)
+    result = await run_turnwire(
+        "config",
+        "show",
+        "--config",
+        str(config),
+        "--listen",
+        "127.0.0.1:6001",
+        env={
+            "TURNWIRE_LIMITS__MAX_STEPS": "7",  # the environment beats the file
+            "TURNWIRE_LOG_LEVEL": "debug",  # the deprecated spelling still sets logging.level
+            "TURNWIRE_METRICS__ENABLED": "true",
+            "ANTHROPIC_API_KEY": API_KEY,
+            "TW_PG_PASSWORD": STORE_PASSWORD,
+        },
+    )
+    assert result.code == 0, result.stderr
+    for secret in (STORE_PASSWORD, HEADER_KEY, BEARER, CHILD_TOKEN, OPTION_KEY, API_KEY):
+        assert secret not in result.stdout
+    shown = yaml.safe_load(result.stdout)
+
+    # Effective values: flag, environment, file, defaults.
+    assert shown["listen"] == "127.0.0.1:6001"
+    assert shown["limits"]["max_steps"] == 7
+    assert shown["limits"]["max_queued_turns_per_conversation"] == 32
+    assert shown["logging"] == {"level": "debug", "format": "text"}
+    assert shown["metrics"] == {"enabled": True, "listen": "127.0.0.1:9464"}
+    assert shown["providers"]["anthropic"]["timeout_seconds"] == 600.0
+
+    # Secrets masked where they sit; names of the variables holding them shown.
+    assert shown["store"]["url"] == "postgresql://tw:***@db.internal:5432/turnwire"
+    assert shown["store"]["password_env"] == "TW_PG_PASSWORD"
+    assert shown["providers"]["anthropic"]["api_key_env"] == "ANTHROPIC_API_KEY"
+    assert shown["providers"]["anthropic"]["default_headers"] == {"x-api-key": "***"}
+    search, files = shown["tools"]["mcp"]
+    assert search["headers"] == {"Authorization": "***"}
+    assert search["url"] == "http://127.0.0.1:8000/mcp"
+    assert files["env"] == {"GITHUB_TOKEN": "***"}
+    assert shown["middleware"][0]["options"] == {"level": "info", "api_key": "***"}
+
+
+async def test_config_show_refuses_an_invalid_configuration() -> None:
+    result = await run_turnwire("config", "show", env={"TURNWIRE_LIMITS__MAX_STEPS": "0"})
+    assert result.code == 2
+    assert "limits.max_steps" in result.stderr
+    assert result.stdout == ""

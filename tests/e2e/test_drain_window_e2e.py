@@ -1,0 +1,139 @@
+"""The drain window (``limits.drain_seconds``) against a real ``turnwire serve`` process.
+
+On SIGTERM a draining replica turns its readiness off before it stops taking turns (issue 11):
+the health service answers NOT_SERVING, overall and for ChatService, at once, while new calls
+are still served for the window; then new calls are refused and the turns in flight finish
+within ``limits.shutdown_grace_seconds``. A second SIGTERM ends the window early.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.sidecar import SidecarFactory, SidecarProcess
+from support.waiting import wait_until
+
+from turnwire_client import TurnwireClient, collect
+from turnwire_client.v1 import event_pb2
+from turnwire_server.app import SERVICE_NAME
+
+DRAIN = 4.0
+"""Seconds of drain window: long enough for a check and a whole short turn on a busy machine."""
+
+SLOW_TURN_WORDS = 40
+"""The long turn's words, one every 200 ms: about 8 s, so it outlasts the window."""
+
+CONFIG = {
+    "limits": {"drain_seconds": DRAIN, "shutdown_grace_seconds": 30},
+    "providers": {
+        "scripted": {
+            "scripts": {
+                "slow": [{"text": " ".join(["word"] * SLOW_TURN_WORDS), "delay_ms": 200}],
+            }
+        }
+    },
+}
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def health(sidecar: SidecarProcess, service: str = "") -> int | grpc.StatusCode:
+    """The health service's answer for ``service`` on a new connection, or the call's error code
+    (UNAVAILABLE once the listener is closed)."""
+    async with grpc.aio.insecure_channel(sidecar.target) as channel:
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=2
+            )
+        except grpc.aio.AioRpcError as error:
+            return error.code()
+        return int(reply.status)
+
+
+async def health_is(sidecar: SidecarProcess, expected: int | grpc.StatusCode) -> bool:
+    return await health(sidecar) == expected
+
+
+async def test_sigterm_turns_readiness_off_then_stops_taking_turns(sidecar_factory: SidecarFactory) -> None:
+    sidecar = await sidecar_factory(CONFIG).start()
+    assert await health(sidecar) == SERVING
+    async with TurnwireClient(sidecar.target) as client:
+        in_flight = client.chat("in-flight", "hello", model="scripted:slow")
+        assert (await anext(in_flight)).HasField("turn_start")
+        signalled = time.monotonic()
+        sidecar.send_signal(signal.SIGTERM)
+
+        # Readiness off at once, overall and per service, while the listener still answers.
+        await wait_until(lambda: health_is(sidecar, NOT_SERVING), what="health NOT_SERVING")
+        assert await health(sidecar, SERVICE_NAME) == NOT_SERVING
+        # ... and a new turn is still taken and runs to its end during the window.
+        during = await collect(client.chat("during-drain", "hello"))
+        assert during.ok, during
+        assert time.monotonic() - signalled < DRAIN, "the check and the turn ran inside the window"
+
+        # After the window: new calls are refused.
+        refused = await wait_until(
+            lambda: health_is(sidecar, grpc.StatusCode.UNAVAILABLE),
+            timeout=DRAIN + 10,
+            what="new calls refused after the drain window",
+        )
+        assert refused
+        assert time.monotonic() - signalled >= DRAIN, "calls were refused before the window ended"
+        # The turn in flight finishes within the grace period.
+        events = [event async for event in in_flight]
+        assert events[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED, sidecar.log_text()
+        text = "".join(event.text_delta.delta for event in events if event.HasField("text_delta"))
+        assert text.split() == ["word"] * SLOW_TURN_WORDS
+    assert await sidecar.wait() == 0, sidecar.log_text()
+    assert "draining: health is NOT_SERVING" in sidecar.log_text()
+
+
+async def test_a_second_sigterm_ends_the_drain_window(sidecar_factory: SidecarFactory) -> None:
+    long_drain = {**CONFIG, "limits": {"drain_seconds": 120, "shutdown_grace_seconds": 5}}
+    sidecar = await sidecar_factory(long_drain).start()
+    sidecar.send_signal(signal.SIGTERM)
+    await wait_until(lambda: health_is(sidecar, NOT_SERVING), what="health NOT_SERVING")
+    second = time.monotonic()
+    sidecar.send_signal(signal.SIGTERM)
+    assert await sidecar.wait(timeout=20) == 0, sidecar.log_text()
+    assert time.monotonic() - second < 20, "the process stopped long before the 120 s window ended"
+
+
+async def test_ctrl_c_skips_the_drain_window(sidecar_factory: SidecarFactory) -> None:
+    """SIGINT is a person at a terminal: the stop begins at once, without a drain window."""
+    long_drain = {**CONFIG, "limits": {"drain_seconds": 120, "shutdown_grace_seconds": 5}}
+    sidecar = await sidecar_factory(long_drain).start()
+    sidecar.send_signal(signal.SIGINT)
+    assert await sidecar.wait(timeout=20) == 0, sidecar.log_text()
+    assert "draining" not in sidecar.log_text()
+
+
+async def test_a_second_signal_during_the_grace_cancels_the_running_turns(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    """Issue 16: a second Ctrl-C during the shutdown grace is not ignored: the running turn ends
+    ABORTED at once, its partial reply stored, and the process exits 0."""
+    long_grace = {**CONFIG, "limits": {"drain_seconds": 0, "shutdown_grace_seconds": 120}}
+    sidecar = await sidecar_factory(long_grace).start()
+    async with TurnwireClient(sidecar.target) as client:
+        events = client.chat("second-signal", "go", model="scripted:slow")
+        seen: list[event_pb2.TurnEvent] = []
+
+        async def first_text() -> bool:
+            seen.append(await anext(events))
+            return seen[-1].WhichOneof("event") == "text_delta"
+
+        await wait_until(first_text, timeout=30)
+        sidecar.send_signal(signal.SIGINT)
+        await wait_until(lambda: "shutting down" in sidecar.log_text(), what="the shutdown grace began")
+        second = time.monotonic()
+        sidecar.send_signal(signal.SIGINT)
+        result = await collect(events)
+    assert result.status == event_pb2.TURN_STATUS_ABORTED
+    assert await sidecar.wait(timeout=30) == 0, sidecar.log_text()
+    assert time.monotonic() - second < 20, "the turn ran on instead of being cancelled"
+    assert "second signal: cancelling the running turns now" in sidecar.log_text()
