@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.sdk.trace import TracerProvider
 
 from turnwire.hooks import Middleware, SessionContext
 from turnwire.providers import Provider
@@ -47,6 +48,7 @@ from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
 from turnwire_server.tools.loading import ToolLoadError, load_tools
 from turnwire_server.tools.mcp_server import McpServer
 from turnwire_server.tools.tool_set import ToolSet
+from turnwire_server.trace_export import start_tracing
 
 log = logging.getLogger("turnwire.server")
 
@@ -119,6 +121,7 @@ class Sidecar:
     maintenance: Maintenance
     replica: Replica
     remote_hooks: Sequence[RemoteMiddleware] = ()
+    tracer_provider: TracerProvider | None = None
 
     async def stop(self) -> None:
         """Graceful stop (see the module docstring). The maintenance loop stops first, so no
@@ -154,6 +157,9 @@ class Sidecar:
         await self.store.close()
         await self.providers.aclose()
         await self.tools.aclose()
+        if self.tracer_provider is not None:
+            # Exports the spans still queued (bounded by the exporter's timeout).
+            await asyncio.to_thread(self.tracer_provider.shutdown)
         log.info("stopped")
 
 
@@ -287,6 +293,10 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
     except Exception as error:
         raise StartupError(f"cannot open the store {redact_url(settings.store.url)}: {error}") from error
     try:
+        try:
+            tracing, tracer_provider = start_tracing(settings.tracing)
+        except OSError as error:
+            raise StartupError(f"tracing.ca_file: {error}") from error
         engine = TurnEngine(
             store=store,
             providers=providers,
@@ -314,6 +324,7 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
                 compaction=session.compaction,
             ),
             error_status=status_of,
+            tracing=tracing,
         )
         recovered = await engine.recover(resume=settings.durability.recover_on_start)
         if recovered:
@@ -404,6 +415,7 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
         maintenance,
         replica,
         remote_hooks,
+        tracer_provider,
     )
 
 

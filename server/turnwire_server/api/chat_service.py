@@ -27,6 +27,7 @@ from turnwire_server.api.turn_streams import (
     abort,
     disconnect_of,
     parent_request_id,
+    trace_context,
 )
 from turnwire_server.api.turn_streams import stream_turn as _stream_turn
 from turnwire_server.api.validation import (
@@ -245,6 +246,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 skip_unless_assistant_last=continuation,
                 disconnect=disconnect_of(disconnect_policy),
                 client_tools=client_tools,
+                trace_context=trace_context(context),
             ),
             parent_request_id=parent_request_id(context),
         )

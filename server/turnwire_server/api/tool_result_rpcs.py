@@ -36,7 +36,13 @@ from turnwire.values import dumps, from_value, loads
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.status import TurnwireStatusError, status_error_of
-from turnwire_server.api.turn_streams import Started, disconnect_of, parent_request_id, stream_turn
+from turnwire_server.api.turn_streams import (
+    Started,
+    disconnect_of,
+    parent_request_id,
+    stream_turn,
+    trace_context,
+)
 from turnwire_server.api.validation import check_id, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
 from turnwire_server.engine.errors import AdmissionRefused
@@ -256,6 +262,7 @@ class ToolResultRpcs:
                     client_tools=client_tools,
                     tool_denials=denials,
                     disconnect=disconnect_of(disconnect_policy),
+                    trace_context=trace_context(context),
                 ),
                 parent_request_id=parent_request_id(context),
             )

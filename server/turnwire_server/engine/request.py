@@ -27,6 +27,8 @@ class TurnRequest:
     added after the server's tools and overriding those of the same name (docs/semantics.md §2, §6).
     ``tool_denials`` are ``(tool_call_id, reason)`` of calls the client denied just before this
     continuation: its stream announces them with ``ToolOutputDenied`` (docs/semantics.md §6).
+    ``trace_context`` is the W3C trace context (``traceparent``, ``tracestate``) of the call that
+    asked for the turn: its span continues that trace (:mod:`turnwire_server.engine.tracing`).
     """
 
     conversation_id: str
@@ -40,6 +42,7 @@ class TurnRequest:
     disconnect: Literal["cancel", "continue"] = "cancel"
     client_tools: Sequence[Tool] = ()
     tool_denials: Sequence[tuple[str, str]] = ()
+    trace_context: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.checkpoints import Checkpointer
 from turnwire_server.engine.events import EventWriter
 from turnwire_server.engine.request import TurnRequest
+from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.hooks.chain import TurnHooks
 
 
@@ -38,7 +39,8 @@ class TurnState:
     ``view`` is the history the model is sent this attempt (compacted: summary, tail, dropped
     outputs) and ``keep_from`` where this turn's input starts in it; ``elided_current`` the
     outputs of this reply's own calls the model is no longer sent; ``compactions`` counts the
-    proactive compactions of this attempt (docs/semantics.md §9).
+    proactive compactions of this attempt (docs/semantics.md §9). ``tracing`` creates the spans
+    of its model and tool calls.
     """
 
     request: TurnRequest
@@ -59,3 +61,4 @@ class TurnState:
     keep_from: int = 0
     elided_current: frozenset[CallKey] = frozenset()
     compactions: int = 0
+    tracing: Tracing = TRACING_OFF

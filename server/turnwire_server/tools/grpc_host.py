@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal, cast
 
 import grpc
+from opentelemetry import propagate
 
 from turnwire.tools import ToolError, ToolExecution
 from turnwire.values import dumps, from_struct, loads
@@ -220,10 +221,13 @@ class RemoteTool:
             input_json=dumps(input),
             step_number=execution.step_number,
         )
+        # The tool call's span continues on the host: its W3C trace context goes with the call.
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
         call = self.host.stub.ExecuteTool(
             request,
             timeout=self.timeout_seconds,
-            metadata=((PARENT_REQUEST_METADATA, execution.request_id),),
+            metadata=((PARENT_REQUEST_METADATA, execution.request_id), *carrier.items()),
         )
         try:
             kind, value = await self._read(call)
