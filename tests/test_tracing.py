@@ -11,7 +11,8 @@ from typing import Any
 
 import grpc
 from opentelemetry.trace import SpanKind, StatusCode
-from support.engine_harness import EngineFactory, collect, echo, make_tool, of_kind
+from support.engine_harness import MODEL, EngineFactory, collect, echo, make_tool, of_kind
+from support.hook_server import RecordingHookServer, serving
 from support.traces import (
     CALLER_SPAN_ID,
     TRACE_ID,
@@ -22,12 +23,15 @@ from support.traces import (
     one,
     parent_of,
     span_id,
+    traceparent_of,
 )
 
+from turnwire.hooks import SessionContext
 from turnwire.testing import ScriptStep
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 from turnwire_server.app import start
-from turnwire_server.config import load_settings
+from turnwire_server.config import RemoteHookSettings, load_settings
+from turnwire_server.remote_hooks import RemoteMiddleware
 
 WEATHER_SCRIPT = [
     {
@@ -260,3 +264,22 @@ def _json(text: Any) -> Any:
     import json
 
     return json.loads(text)
+
+
+async def test_a_remote_hook_server_gets_the_hook_spans_trace_context(make_engine: EngineFactory) -> None:
+    tracing, exporter = memory_tracing()
+    server = RecordingHookServer()
+    async with serving(server) as address:
+        middleware = RemoteMiddleware(RemoteHookSettings(address=address))
+        try:
+            h = await make_engine(middlewares=[middleware], tracing=tracing)
+            await h.chain.configure_session(SessionContext(default_model=MODEL, system="sys", tools={}))
+            events = await collect(h.start("hi"))
+        finally:
+            await middleware.aclose()
+    assert events[-1].turn_end.status == 1
+    spans = exporter.get_finished_spans()
+    before_turn = [s for s in spans if (s.attributes or {}).get("turnwire.hook.name") == "before_turn"]
+    assert len(before_turn) == 1
+    (call,) = [c for c in server.calls if c.rpc == "BeforeTurn"]
+    assert call.metadata["traceparent"] == traceparent_of(before_turn[0])

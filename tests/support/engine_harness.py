@@ -208,6 +208,7 @@ async def engine_factory(tmp_path: Path) -> AsyncIterator[EngineFactory]:
         middlewares: Sequence[Middleware] = (),
         db: str = "turnwire.db",
         context_window: int | None = None,
+        *,
         tracing: Tracing = TRACING_OFF,
         providers: Mapping[str, Provider] | None = None,
         **settings: Any,

@@ -53,10 +53,10 @@ def span_id(span: ReadableSpan) -> int:
 
 
 def traceparent_of(span: ReadableSpan) -> str:
-    """The W3C ``traceparent`` that names ``span`` as the parent (sampled)."""
+    """The W3C ``traceparent`` that names ``span`` as the parent, with its trace flags."""
     context = span.get_span_context()
     assert context is not None
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-01"
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
 
 def all_attribute_text(spans: Sequence[ReadableSpan]) -> str:
