@@ -195,7 +195,7 @@ class Tracing:
         capture the step's reply (``text`` and tool ``calls``)."""
         if not span.is_recording():
             return
-        reason = finish.raw_finish_reason or finish.finish_reason
+        reason = str(finish.raw_finish_reason or finish.finish_reason)  # a plain str (not an enum) to export
         if finish.response_model:
             span.set_attribute("gen_ai.response.model", finish.response_model)
         if finish.response_id:

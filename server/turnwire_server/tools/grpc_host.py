@@ -12,7 +12,8 @@ preliminary tool results, the final result or error ends the call (docs/semantic
 streaming tools). Input and output travel as JSON text, so integers of any size stay exact. The
 call's deadline is the tool's timeout; cancelling the awaiting task (the turn is cancelled, the
 timeout expires) cancels the RPC, which the host sees as a cancelled call. Every call carries the
-metadata ``turnwire-parent-request-id: <the turn's request id>`` (docs/semantics.md §5, nesting).
+metadata ``turnwire-parent-request-id: <the turn's request id>`` (docs/semantics.md §5, nesting)
+and, when tracing is on, the tool call span's W3C ``traceparent`` (the host's spans join the trace).
 """
 
 from __future__ import annotations
