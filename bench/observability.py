@@ -15,8 +15,12 @@ Measured, interleaved round by round (off, on, off, on, ...) so drift hits both 
   server's CPU time per event (less sensitive than events/s to other load on a shared machine)
   and the time to first event of the turns started in the window.
 
+Then the engine alone in this process (no gRPC, no load client competing for the cores): blocks of
+sequential turns on two engines, tracing off and on (the real exporter to the same sink),
+interleaved: time to first token and CPU time per turn.
+
 Targets (issue 14): added time to first token p50 <= 0.1 ms; events/s at 100 streams >= 95 % of
-"off". Reported, not asserted.
+"off" (in process: CPU per turn <= +5 %). Reported, not asserted.
 
     .venv/bin/python bench/observability.py [--quick] [--rounds N] [--window S] [--streams S]
 """
@@ -47,6 +51,18 @@ from _common import (
     write_tables_json,
 )
 from _load import load
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from turnwire.testing import ScriptedProvider, ScriptStep
+from turnwire_client.v1 import chat_service_pb2, message_pb2
+from turnwire_server.api.status import status_of
+from turnwire_server.engine import EngineSettings, TurnEngine, TurnRequest
+from turnwire_server.engine.tracing import TRACING_OFF, Tracing
+from turnwire_server.hooks.chain import MiddlewareChain
+from turnwire_server.providers.registry import ProviderRegistry
+from turnwire_server.store.sqlite import SqliteStore
 
 OFF, ON = "off", "traces on"
 TTFT_TARGET_MS = 0.1
@@ -173,6 +189,108 @@ def table(
     return result
 
 
+async def in_process(
+    args: argparse.Namespace, root: Path, sink_port: int
+) -> dict[str, dict[str, list[float]]]:
+    """The engine alone in this process (no gRPC, no client in the way): per block of sequential
+    turns, the time from ``start`` to the first text delta, and this process's CPU time per turn
+    (the exporter's thread included); tracing on exports to the sink with the real exporter."""
+    provider = TracerProvider()
+    exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{sink_port}", insecure=True)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    tracings = {OFF: TRACING_OFF, ON: Tracing(provider.get_tracer("bench"))}
+    text = "x" * (4 * args.deltas)
+    engines: dict[str, TurnEngine] = {}
+    stores: list[SqliteStore] = []
+    for name, tracing in tracings.items():
+        store = SqliteStore(root / f"in-process-{len(stores)}.db")
+        await store.open()
+        stores.append(store)
+        scripted = ScriptedProvider({"bench": [ScriptStep(text=text, chunk_size=4)]})
+        engines[name] = TurnEngine(
+            store=store,
+            providers=ProviderRegistry({"scripted": scripted}),
+            tools={},
+            chain=MiddlewareChain(),
+            settings=EngineSettings(default_model="scripted:bench"),
+            error_status=status_of,
+            tracing=tracing,
+        )
+    samples: dict[str, dict[str, list[float]]] = {OFF: {}, ON: {}}
+    try:
+        for block in range(args.blocks + 1):  # block 0 warms up
+            for name, engine in engines.items():
+                firsts: list[float] = []
+                cpu = time.process_time()
+                for turn in range(args.block_turns):
+                    message = message_pb2.Message(id=f"u-{block}-{turn}", role=message_pb2.ROLE_USER)
+                    message.parts.add().text.text = "hi"
+                    request = TurnRequest(
+                        conversation_id=f"{name}-{block}-{turn}",
+                        request_id=f"r-{block}-{turn}",
+                        messages=[message],
+                        body={},
+                        model="scripted:bench",
+                        continuation=False,
+                        response_type=chat_service_pb2.ChatResponse,
+                    )
+                    started = time.perf_counter()
+                    handle = engine.start(request)
+                    first = 0.0
+                    async for response in handle:
+                        if not first and response.event.HasField("text_delta"):
+                            first = time.perf_counter() - started
+                    await handle.task
+                    firsts.append(first)
+                cpu = time.process_time() - cpu
+                if block:
+                    samples[name].setdefault("ttft_p50", []).append(percentile(firsts, 50) * 1000)
+                    samples[name].setdefault("cpu_ms", []).append(cpu / args.block_turns * 1000)
+    finally:
+        for engine in engines.values():
+            await engine.drain(1.0)
+        for store in stores:
+            await store.close()
+        provider.shutdown()
+    return samples
+
+
+def in_process_table(samples: dict[str, dict[str, list[float]]], args: argparse.Namespace) -> Table:
+    off, on = samples[OFF], samples[ON]
+
+    def mid(values: list[float]) -> float:
+        return percentile(values, 50)
+
+    result = Table(
+        "Observability cost in process: the engine alone, traces on (OTLP/gRPC to the sink) vs off",
+        ["measure", OFF, ON, "added", "target", "verdict"],
+    )
+    added = mid(on["ttft_p50"]) - mid(off["ttft_p50"])
+    result.add(
+        "time to first token p50 (ms)",
+        f"{mid(off['ttft_p50']):.3f}",
+        f"{mid(on['ttft_p50']):.3f}",
+        f"{added:+.3f}",
+        f"<= +{TTFT_TARGET_MS} ms",
+        verdict(added <= TTFT_TARGET_MS),
+    )
+    cpu = mid(on["cpu_ms"]) / mid(off["cpu_ms"])
+    result.add(
+        "CPU per turn (ms)",
+        f"{mid(off['cpu_ms']):.3f}",
+        f"{mid(on['cpu_ms']):.3f}",
+        f"{(cpu - 1) * 100:+.1f} %",
+        f"<= +{(1 - THROUGHPUT_TARGET) * 100:.0f} %",
+        verdict(cpu <= 1 / THROUGHPUT_TARGET),
+    )
+    result.notes.append(
+        f"Medians over {args.blocks} interleaved blocks of {args.block_turns} sequential turns (after a "
+        "warm-up block), TurnEngine.start to the first TextDelta; CPU is this process's (the span "
+        "exporter's thread included). Less exposed to other load on the machine than the table above."
+    )
+    return result
+
+
 def _log(message: str) -> None:
     print(f"[observability] {message}", file=sys.stderr, flush=True)
 
@@ -190,6 +308,8 @@ def main() -> None:
     args.window = args.window or (1.0 if args.quick else 3.0)
     args.ttft_seconds = 1.0 if args.quick else 3.0
     args.warm = 0.5 if args.quick else 1.0
+    args.blocks = 2 if args.quick else 20
+    args.block_turns = 50
     with tempfile.TemporaryDirectory(prefix="turnwire-bench-observability-") as tmp:
         root = Path(tmp)
         sink_port = free_port()
@@ -199,15 +319,17 @@ def main() -> None:
         )
         try:
             samples, seconds = asyncio.run(measure(args, root, sink_port))
+            _log("the engine in process")
+            engine_samples = asyncio.run(in_process(args, root, sink_port))
         finally:
             sink.terminate()
             sink.wait()
         spans = int(count.read_text()) if count.exists() else 0
-    result = table(samples, spans, args, seconds)
+    results = [table(samples, spans, args, seconds), in_process_table(engine_samples, args)]
     if args.json:
-        write_tables_json(args.json, [result])
+        write_tables_json(args.json, results)
     else:
-        print_tables([result])
+        print_tables(results)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ call's metadata, as a traced client does; the others drive the engine directly.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,15 @@ from support.traces import (
     span_id,
     traceparent_of,
 )
+from support.waiting import wait_until
 
 from turnwire.hooks import SessionContext
 from turnwire.testing import ScriptStep
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 from turnwire_server.app import start
 from turnwire_server.config import RemoteHookSettings, load_settings
+from turnwire_server.engine import TurnRequest
+from turnwire_server.engine.turn_spec import parse_spec, spec_json
 from turnwire_server.remote_hooks import RemoteMiddleware
 
 WEATHER_SCRIPT = [
@@ -226,8 +230,6 @@ async def test_a_failed_model_call_marks_its_span_and_the_turn_with_the_error_cl
 
 
 async def test_a_recovered_turn_starts_a_new_trace_linked_to_its_callers() -> None:
-    from turnwire_server.engine import TurnRequest
-
     tracing, exporter = memory_tracing()
     request = TurnRequest(
         conversation_id="c",
@@ -284,3 +286,47 @@ async def test_a_remote_hook_server_gets_the_hook_spans_trace_context(make_engin
     assert len(before_turn) == 1
     (call,) = [c for c in server.calls if c.rpc == "BeforeTurn"]
     assert call.metadata["traceparent"] == traceparent_of(before_turn[0])
+
+
+async def test_a_submission_started_at_once_continues_the_submitting_calls_trace(tmp_path: Path) -> None:
+    settings = load_settings(
+        None, listen="127.0.0.1:0", store={"url": f"sqlite:///{tmp_path / 'turnwire.db'}"}
+    )
+    sidecar = await start(settings)
+    tracing, exporter = memory_tracing()
+    sidecar.engine.tracing = tracing
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            await chat_service_pb2_grpc.ChatServiceStub(channel).SubmitMessages(
+                chat_service_pb2.SubmitMessagesRequest(
+                    conversation_id="conv-submitted", submission_id="sub-1", messages=[_user("hello")]
+                ),
+                metadata=(("traceparent", TRACEPARENT),),
+            )
+            await wait_until(
+                lambda: named(exporter.get_finished_spans(), "invoke_agent turnwire"),
+                what="the submission's turn span",
+            )
+    finally:
+        await sidecar.stop()
+    turn = one(exporter.get_finished_spans(), "invoke_agent turnwire")
+    assert turn.context is not None and turn.parent is not None
+    assert (turn.context.trace_id, turn.parent.span_id) == (TRACE_ID, CALLER_SPAN_ID)
+    assert turn.attributes is not None and turn.attributes["turnwire.request_id"] == "sub-1"
+
+
+def test_the_turn_spec_keeps_the_callers_trace_context_for_a_recovery() -> None:
+    request = TurnRequest(
+        conversation_id="c",
+        request_id="r",
+        messages=[],
+        body={},
+        model="scripted:demo",
+        continuation=False,
+        response_type=chat_service_pb2.ChatResponse,
+        trace_context={"traceparent": TRACEPARENT},
+    )
+    assert parse_spec(spec_json(request)).trace_context == {"traceparent": TRACEPARENT}
+    untraced = dataclasses.replace(request, trace_context={})
+    assert "trace_context" not in spec_json(untraced)
+    assert parse_spec(spec_json(untraced)).trace_context == {}

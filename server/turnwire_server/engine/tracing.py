@@ -158,8 +158,7 @@ class Tracing:
         interrupted, skipped), its summed usage, and for ``error`` the error."""
         if not span.is_recording():
             return
-        span.set_attribute("turnwire.turn.status", outcome)
-        _set_usage(span, usage)
+        span.set_attributes({"turnwire.turn.status": outcome, **_usage(usage)})
         if outcome == "error" and error is not None:
             fail(span, error)
 
@@ -196,14 +195,14 @@ class Tracing:
         if not span.is_recording():
             return
         reason = str(finish.raw_finish_reason or finish.finish_reason)  # a plain str (not an enum) to export
+        attributes: dict[str, Any] = {"gen_ai.response.finish_reasons": [reason], **_usage(finish.usage)}
         if finish.response_model:
-            span.set_attribute("gen_ai.response.model", finish.response_model)
+            attributes["gen_ai.response.model"] = finish.response_model
         if finish.response_id:
-            span.set_attribute("gen_ai.response.id", finish.response_id)
-        span.set_attribute("gen_ai.response.finish_reasons", [reason])
-        _set_usage(span, finish.usage)
+            attributes["gen_ai.response.id"] = finish.response_id
         if self.capture_content:
-            span.set_attribute("gen_ai.output.messages", trace_content.output_messages(text, calls, reason))
+            attributes["gen_ai.output.messages"] = trace_content.output_messages(text, calls, reason)
+        span.set_attributes(attributes)  # one call: the SDK takes its lock once
 
     def tool(
         self, tool_call_id: str, tool_name: str, tool: Tool, arguments: Mapping[str, Any]
@@ -232,12 +231,13 @@ class Tracing:
         result."""
         if not span.is_recording():
             return
-        span.set_attribute("turnwire.tool.outcome", outcome)
         if outcome == "failed":
-            span.set_attribute("error.type", "tool_error")
+            span.set_attributes({"turnwire.tool.outcome": outcome, "error.type": "tool_error"})
             description = error_text if self.capture_content else None
             span.set_status(Status(StatusCode.ERROR, description))
-        elif self.capture_content:
+            return
+        span.set_attribute("turnwire.tool.outcome", outcome)
+        if self.capture_content:
             span.set_attribute("gen_ai.tool.call.result", _json_text(output))
 
     def hook(self, middleware: str, hook: str) -> _Scope | _Off:
@@ -285,15 +285,19 @@ def fail(span: Span, error: BaseException) -> None:
     span.set_status(Status(StatusCode.ERROR, str(error)[:512] or None))
 
 
-def _set_usage(span: Span, usage: Usage) -> None:
-    span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
-    span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+def _usage(usage: Usage) -> dict[str, int]:
+    """The usage attributes of ``usage`` (cache and reasoning counts only when reported)."""
+    attributes = {
+        "gen_ai.usage.input_tokens": usage.input_tokens,
+        "gen_ai.usage.output_tokens": usage.output_tokens,
+    }
     if usage.cached_input_tokens:
-        span.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cached_input_tokens)
+        attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_input_tokens
     if usage.cache_write_input_tokens:
-        span.set_attribute("gen_ai.usage.cache_creation.input_tokens", usage.cache_write_input_tokens)
+        attributes["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_write_input_tokens
     if usage.reasoning_tokens:
-        span.set_attribute("gen_ai.usage.reasoning.output_tokens", usage.reasoning_tokens)
+        attributes["gen_ai.usage.reasoning.output_tokens"] = usage.reasoning_tokens
+    return attributes
 
 
 def _json_text(value: Any) -> str:
