@@ -20,6 +20,7 @@ from support.waiting import wait_until
 
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 
+COLLECTOR_TOKEN = "tok-4f1c2a9e-secret"
 SCRIPTS = {"sum": [{"tool_calls": [{"name": "add_big", "input": {"a": 2, "b": 3}}]}, {"text": "It is 5."}]}
 
 
@@ -37,10 +38,11 @@ async def test_turnwire_serve_exports_the_turns_spans_to_an_otlp_receiver(
                         "enabled": True,
                         "endpoint": receiver.endpoint,
                         "service_name": "turnwire-e2e",
+                        "headers": {"x-collector-token": COLLECTOR_TOKEN},
                     },
                 },
                 # Export each batch at once rather than every 5 s (the SDK's own variable).
-                env={"OTEL_BSP_SCHEDULE_DELAY": "50"},
+                env={"OTEL_BSP_SCHEDULE_DELAY": "50", "TURNWIRE_LOG_LEVEL": "debug"},
             ).start()
             message = message_pb2.Message(role=message_pb2.ROLE_USER)
             message.parts.add().text.text = "2 + 3?"
@@ -59,6 +61,10 @@ async def test_turnwire_serve_exports_the_turns_spans_to_an_otlp_receiver(
             await sidecar.terminate()
     finally:
         host.kill()
+
+    # The configured headers go with every export, and never into the log.
+    assert receiver.metadata and all(m.get("x-collector-token") == COLLECTOR_TOKEN for m in receiver.metadata)
+    assert COLLECTOR_TOKEN not in sidecar.log_text()
 
     (turn,) = receiver.named("invoke_agent turnwire")
     assert turn.resource["service.name"] == "turnwire-e2e"

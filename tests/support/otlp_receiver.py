@@ -2,7 +2,8 @@
 generated stubs, keeping every span it is sent (the tests' and the benchmark's collector).
 
 ``async with otlp_receiver() as receiver``: ``receiver.endpoint`` is its ``http://127.0.0.1:PORT``;
-``receiver.spans`` the received spans, each with its resource's attributes.
+``receiver.spans`` the received spans, each with its resource's attributes; ``receiver.metadata``
+the metadata of each export call.
 """
 
 from __future__ import annotations
@@ -48,16 +49,16 @@ class ReceivedSpan:
 
 @dataclass
 class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """The servicer; ``spans`` grows as exports arrive, ``exports`` counts the calls."""
+    """The servicer; ``spans`` grows as exports arrive, ``metadata`` holds each export call's."""
 
     endpoint: str = ""
     spans: list[ReceivedSpan] = field(default_factory=list)
-    exports: int = 0
+    metadata: list[dict[str, str]] = field(default_factory=list)
 
     async def Export(
         self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
     ) -> trace_service_pb2.ExportTraceServiceResponse:
-        self.exports += 1
+        self.metadata.append({key: str(value) for key, value in context.invocation_metadata() or ()})
         for resource_spans in request.resource_spans:
             resource = attribute_values(resource_spans.resource.attributes)
             for scope_spans in resource_spans.scope_spans:

@@ -291,9 +291,7 @@ class StepLoop:
                             runner,
                             limits.chunk_seconds,
                         )
-                    tracing.end_chat(
-                        span, finish, turn.assistant.step_text(), turn.assistant.step_tool_calls()
-                    )
+                    tracing.end_chat(span, finish, turn.assistant)
             except TimeoutError:
                 raise TurnFailure(
                     "stream", ModelTimeout(f"model step {step_number} exceeded {limits.step_seconds:g} s")

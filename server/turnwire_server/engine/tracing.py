@@ -33,7 +33,7 @@ name); Turnwire's own under ``turnwire.*``. Message content (``gen_ai.system_ins
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -44,7 +44,6 @@ from turnwire.error_classes import classify_error
 from turnwire.providers import ModelRequest, ProviderError
 from turnwire.types import FinishStep, Usage
 from turnwire.values import NotJsonError, dumps
-from turnwire_client.v1 import message_pb2
 from turnwire_server.engine import trace_content
 from turnwire_server.engine.errors import TurnFailure
 from turnwire_server.hooks.chain import HookError
@@ -52,6 +51,7 @@ from turnwire_server.hooks.chain import HookError
 if TYPE_CHECKING:
     from turnwire.providers import Provider
     from turnwire.tools import Tool
+    from turnwire_server.engine.assistant_message import AssistantMessage
     from turnwire_server.engine.request import TurnRequest
 
 AGENT_NAME = "turnwire"
@@ -73,12 +73,15 @@ _SETTINGS = (
 
 class _Scope:
     """``with``: ``span`` is the current span inside, and ends on the way out; an exception
-    (not a cancellation) marks it failed."""
+    (not a cancellation) marks it failed. ``late()`` gives the attributes set on the way out:
+    those no sampler needs wait until the operation is over, off the path to the first token
+    (the conventions ask only for the sampling-relevant ones at creation)."""
 
-    __slots__ = ("_span", "_token")
+    __slots__ = ("_late", "_span", "_token")
 
-    def __init__(self, span: Span) -> None:
+    def __init__(self, span: Span, late: Callable[[], dict[str, Any]] | None = None) -> None:
         self._span = span
+        self._late = late
         self._token: object = None
 
     def __enter__(self) -> Span:
@@ -87,9 +90,12 @@ class _Scope:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
         otel_context.detach(self._token)  # type: ignore[arg-type]
+        span = self._span
+        if self._late is not None and span.is_recording():
+            span.set_attributes(self._late())
         if error is not None and not isinstance(error, asyncio.CancelledError | GeneratorExit):
-            fail(self._span, error)
-        self._span.end()
+            fail(span, error)
+        span.end()
 
 
 class _Off:
@@ -133,15 +139,11 @@ class Tracing:
         tracer = self._tracer
         if tracer is None:
             return _OFF
-        model = request.model.partition(":")[2]
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.agent.name": AGENT_NAME,
             "gen_ai.provider.name": provider_name(provider),
-            "gen_ai.request.model": model,
-            "gen_ai.conversation.id": request.conversation_id,
-            "turnwire.request_id": request.request_id,
-            "turnwire.continuation": request.continuation,
+            "gen_ai.request.model": request.model.partition(":")[2],
         }
         parent = propagate.extract(request.trace_context) if request.trace_context else None
         links: Sequence[Link] = ()
@@ -151,7 +153,15 @@ class Tracing:
             links = [Link(origin)] if origin is not None and origin.is_valid else ()
             parent = otel_context.Context()
         span = tracer.start_span(f"invoke_agent {AGENT_NAME}", parent, SpanKind.INTERNAL, attributes, links)
-        return _Scope(span)
+
+        def late() -> dict[str, Any]:
+            return {
+                "gen_ai.conversation.id": request.conversation_id,
+                "turnwire.request_id": request.request_id,
+                "turnwire.continuation": request.continuation,
+            }
+
+        return _Scope(span, late)
 
     def end_turn(self, span: Span, *, outcome: str, usage: Usage, error: BaseException | None) -> None:
         """Record how the turn ended: ``turnwire.turn.status`` (completed, error, aborted,
@@ -167,31 +177,37 @@ class Tracing:
         tracer = self._tracer
         if tracer is None:
             return _OFF
-        attributes: dict[str, Any] = {
+        attributes = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": provider_name(provider),
             "gen_ai.request.model": request.model,
-            "gen_ai.conversation.id": conversation_id,
-            "turnwire.step_number": request.step_number,
         }
-        settings = request.settings
-        for field, key in _SETTINGS:
-            value = getattr(settings, field)
-            if value is not None:
-                attributes[key] = value
-        if settings.stop_sequences:
-            attributes["gen_ai.request.stop_sequences"] = list(settings.stop_sequences)
-        if self.capture_content:
-            if request.system:
-                attributes["gen_ai.system_instructions"] = trace_content.system_instructions(request.system)
-            attributes["gen_ai.input.messages"] = trace_content.input_messages(request.messages)
-        return _Scope(tracer.start_span(f"chat {request.model}", None, SpanKind.CLIENT, attributes))
+        span = tracer.start_span(f"chat {request.model}", None, SpanKind.CLIENT, attributes)
+        capture = self.capture_content
 
-    def end_chat(
-        self, span: Span, finish: FinishStep, text: str, calls: Sequence[message_pb2.ToolCallPart]
-    ) -> None:
+        def late() -> dict[str, Any]:
+            found: dict[str, Any] = {
+                "gen_ai.conversation.id": conversation_id,
+                "turnwire.step_number": request.step_number,
+            }
+            settings = request.settings
+            for field, key in _SETTINGS:
+                value = getattr(settings, field)
+                if value is not None:
+                    found[key] = value
+            if settings.stop_sequences:
+                found["gen_ai.request.stop_sequences"] = list(settings.stop_sequences)
+            if capture:
+                if request.system:
+                    found["gen_ai.system_instructions"] = trace_content.system_instructions(request.system)
+                found["gen_ai.input.messages"] = trace_content.input_messages(request.messages)
+            return found
+
+        return _Scope(span, late)
+
+    def end_chat(self, span: Span, finish: FinishStep, reply: AssistantMessage) -> None:
         """Record the model call's response: model, id, finish reason, usage; with content
-        capture the step's reply (``text`` and tool ``calls``)."""
+        capture the step's reply (its text and tool calls, from ``reply``)."""
         if not span.is_recording():
             return
         reason = str(finish.raw_finish_reason or finish.finish_reason)  # a plain str (not an enum) to export
@@ -201,7 +217,9 @@ class Tracing:
         if finish.response_id:
             attributes["gen_ai.response.id"] = finish.response_id
         if self.capture_content:
-            attributes["gen_ai.output.messages"] = trace_content.output_messages(text, calls, reason)
+            attributes["gen_ai.output.messages"] = trace_content.output_messages(
+                reply.step_text(), reply.step_tool_calls(), reason
+            )
         span.set_attributes(attributes)  # one call: the SDK takes its lock once
 
     def tool(
