@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 from support.engine_harness import MODEL, EngineFactory, collect, echo, make_tool, of_kind
 from support.hook_server import RecordingHookServer, serving
@@ -32,7 +33,7 @@ from turnwire.hooks import SessionContext
 from turnwire.testing import ScriptStep
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 from turnwire_server.app import start
-from turnwire_server.config import RemoteHookSettings, load_settings
+from turnwire_server.config import ConfigError, RemoteHookSettings, load_settings
 from turnwire_server.engine import TurnRequest
 from turnwire_server.engine.turn_spec import parse_spec, spec_json
 from turnwire_server.remote_hooks import RemoteMiddleware
@@ -330,3 +331,13 @@ def test_the_turn_spec_keeps_the_callers_trace_context_for_a_recovery() -> None:
     untraced = dataclasses.replace(request, trace_context={})
     assert "trace_context" not in spec_json(untraced)
     assert parse_spec(spec_json(untraced)).trace_context == {}
+
+
+def test_tracing_settings_keep_headers_secret_and_name_a_bad_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNWIRE_TRACING__HEADERS", '{"authorization": "Bearer tok-9d2e"}')
+    settings = load_settings(None)
+    assert not settings.tracing.enabled, "off by default"
+    assert settings.tracing.headers["authorization"].get_secret_value() == "Bearer tok-9d2e"
+    assert "tok-9d2e" not in repr(settings) and "tok-9d2e" not in settings.model_dump_json()
+    with pytest.raises(ConfigError, match=r"tracing\.sampler_ratio"):
+        load_settings(None, tracing={"sampler_ratio": 1.5})
