@@ -209,6 +209,26 @@ def main() -> None:
             sink.wait()
         spans = int(count.read_text()) if count.exists() else 0
     results = [table(samples, spans, args, seconds), in_process_table(engine_samples, args)]
+    # Tracing's work for one turn, timed alone, against what a served turn costs the server.
+    per_turn_ms = percentile(samples[OFF]["cpu_us"], 50) * (args.deltas + 6) / 1000
+    work_ms = (
+        percentile(engine_samples[ON]["span_work_us"], 50) + percentile(engine_samples[ON]["export_us"], 50)
+    ) / 1000
+    share = work_ms / per_turn_ms * 100
+    results[0].add(
+        "tracing's work per served turn (timed alone)",
+        f"{per_turn_ms:.2f} ms CPU",
+        f"+{work_ms * 1000:.0f} µs",
+        f"{share:+.1f} %",
+        f"<= +{(1 / THROUGHPUT_TARGET - 1) * 100:.1f} %",
+        verdict(share <= (1 / THROUGHPUT_TARGET - 1) * 100),
+    )
+    results[0].notes.append(
+        "The last row: the server's CPU for one turn with tracing off (CPU per event x events per "
+        "turn) against tracing's work for a turn measured alone (in the turn's task and the "
+        "exporter's encoding; see the second table): the cost at load, free of the noise of a "
+        "shared machine that the events/s rows carry."
+    )
     if args.json:
         write_tables_json(args.json, results)
     else:
