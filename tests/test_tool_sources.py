@@ -33,15 +33,15 @@ def _config_error(tmp_path: Path, text: str) -> str:
     [
         (
             "{mcp: [{name: a, command: x, url: 'http://h/mcp'}]}",
-            "tools.mcp.0: Value error, give exactly one of",
+            "tools.mcp.0: give exactly one of",
         ),
         ("{mcp: [{name: a}]}", "give exactly one of command (stdio) or url"),
         (
             "{mcp: [{name: a, url: 'ftp://h'}]}",
-            "tools.mcp.0.url: Value error, must be an http:// or https://",
+            "tools.mcp.0.url: must be an http:// or https://",
         ),
         ("{mcp: [{name: a, url: 'http://h/mcp', args: [x]}]}", "args, env and cwd are for a stdio server"),
-        ("{hosts: [{name: 'a b', address: 'h:1'}]}", "tools.hosts.0.name: Value error, must be 1-64"),
+        ("{hosts: [{name: 'a b', address: 'h:1'}]}", "tools.hosts.0.name: must be 1-64"),
         ("{hosts: [{name: a}]}", "tools.hosts.0.address: Field required"),
         (
             "{hosts: [{name: a, address: 'h:1', tls: {cert_file: c.pem}}]}",

@@ -25,6 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.sdk.trace import TracerProvider
 
 from turnwire.hooks import Middleware, SessionConfig, SessionContext
 from turnwire.providers import Provider
@@ -53,6 +54,7 @@ from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
 from turnwire_server.tools.loading import ToolLoadError, load_tools
 from turnwire_server.tools.mcp_server import McpServer
 from turnwire_server.tools.tool_set import ToolSet
+from turnwire_server.trace_export import start_tracing
 
 log = logging.getLogger("turnwire.server")
 
@@ -126,6 +128,7 @@ class Sidecar:
     replica: Replica
     remote_hooks: Sequence[RemoteMiddleware] = ()
     metrics_endpoint: MetricsEndpoint | None = None
+    tracer_provider: TracerProvider | None = None
 
     async def drain_window(self, cut_short: asyncio.Event) -> None:
         """The drain window before :meth:`stop` (see the module docstring): health reports
@@ -182,6 +185,9 @@ class Sidecar:
         await self.store.close()
         await self.providers.aclose()
         await self.tools.aclose()
+        if self.tracer_provider is not None:
+            # Exports the spans still queued (bounded by the exporter's timeout).
+            await asyncio.to_thread(self.tracer_provider.shutdown)
         if self.metrics_endpoint is not None:
             # Last: a scrape during the drain still answers.
             self.metrics_endpoint.close()
@@ -355,6 +361,10 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
     except Exception as error:
         raise StartupError(f"cannot open the store {redact_url(settings.store.url)}: {error}") from error
     try:
+        try:
+            tracing, tracer_provider = start_tracing(settings.tracing)
+        except OSError as error:
+            raise StartupError(f"tracing.ca_file: {error}") from error
         engine = TurnEngine(
             store=store,
             providers=providers,
@@ -383,6 +393,7 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
                 metric_models=metric_models(settings, session),
             ),
             error_status=status_of,
+            tracing=tracing,
         )
         recovered = await engine.recover(resume=settings.durability.recover_on_start)
         if recovered:
@@ -474,6 +485,7 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
         maintenance,
         replica,
         remote_hooks,
+        tracer_provider=tracer_provider,
     )
 
 

@@ -19,12 +19,13 @@ from google.protobuf import json_format
 from google.rpc import status_pb2
 
 from turnwire.hooks import Middleware
-from turnwire.providers import ModelRequest
+from turnwire.providers import ModelRequest, Provider
 from turnwire.testing import ScriptedProvider, ScriptStep
 from turnwire.tools import PythonTool, ToolExecution
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.api.status import status_of
 from turnwire_server.engine import EngineSettings, TurnEngine, TurnHandle, TurnRequest
+from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.sqlite import SqliteStore
@@ -196,7 +197,8 @@ EngineFactory = Callable[..., Awaitable[Harness]]
 @contextlib.asynccontextmanager
 async def engine_factory(tmp_path: Path) -> AsyncIterator[EngineFactory]:
     """``await make_engine(scripts=..., tools=..., middlewares=..., context_window=...,
-    **EngineSettings fields)``; ``context_window`` is the scripted model's (tokens)."""
+    tracing=..., providers=..., **EngineSettings fields)``; ``context_window`` is the scripted
+    model's (tokens); ``providers`` are added beside ``scripted``; ``tracing`` records spans."""
     stores: list[SqliteStore] = []
     engines: list[TurnEngine] = []
 
@@ -206,6 +208,9 @@ async def engine_factory(tmp_path: Path) -> AsyncIterator[EngineFactory]:
         middlewares: Sequence[Middleware] = (),
         db: str = "turnwire.db",
         context_window: int | None = None,
+        *,
+        tracing: Tracing = TRACING_OFF,
+        providers: Mapping[str, Provider] | None = None,
         **settings: Any,
     ) -> Harness:
         store = SqliteStore(tmp_path / db)
@@ -217,11 +222,12 @@ async def engine_factory(tmp_path: Path) -> AsyncIterator[EngineFactory]:
         chain = MiddlewareChain(list(middlewares))
         engine = TurnEngine(
             store=store,
-            providers=ProviderRegistry({"scripted": provider}),
+            providers=ProviderRegistry({"scripted": provider, **(providers or {})}),
             tools={t.name: t for t in tools},
             chain=chain,
             settings=EngineSettings(default_model=MODEL, **settings),
             error_status=status_of,
+            tracing=tracing,
         )
         engines.append(engine)
         return Harness(engine, store, provider, chain)

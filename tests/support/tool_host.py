@@ -3,8 +3,8 @@
 Run as ``python tests/support/tool_host.py --port N --record FILE [--sidecar HOST:PORT]
 [--variant 2]``; tests use :class:`ToolHostProcess`. Every call appends one JSON line to the
 record file when it starts, ends, is cancelled or calls back (``{"event": "started", "tool": ...,
-"tool_call_id": ..., "parent": <turnwire-parent-request-id>, "input_json": ...}``), so a test sees
-from outside what the host saw, the cancellation of its handler included.
+"tool_call_id": ..., "parent": <turnwire-parent-request-id>, "traceparent": ..., "input_json": ...}``),
+so a test sees from outside what the host saw, the cancellation of its handler included.
 
 Tools (``--variant 2`` adds ``added_after_restart``):
 
@@ -119,9 +119,15 @@ class Executor(tools_pb2_grpc.ToolExecutorServiceServicer):
     async def ExecuteTool(
         self, request: tools_pb2.ExecuteToolRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[tools_pb2.ExecuteToolResponse]:
-        parent = dict(context.invocation_metadata() or ()).get(PARENT, "")
+        metadata = dict(context.invocation_metadata() or ())
+        parent = metadata.get(PARENT, "")
         self._note(
-            "started", request, parent=parent, input_json=request.input_json, request_id=request.request_id
+            "started",
+            request,
+            parent=parent,
+            input_json=request.input_json,
+            request_id=request.request_id,
+            traceparent=metadata.get("traceparent", ""),
         )
         try:
             async for response in self._run(request, parent):

@@ -28,6 +28,7 @@ from turnwire_server.api.turn_streams import (
     disconnect_of,
     entry_of,
     parent_request_id,
+    trace_context,
 )
 from turnwire_server.api.turn_streams import stream_turn as _stream_turn
 from turnwire_server.api.validation import (
@@ -247,6 +248,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 disconnect=disconnect_of(disconnect_policy),
                 client_tools=client_tools,
                 entry=entry_of(response_type),
+                trace_context=trace_context(context),
             ),
             parent_request_id=parent_request_id(context),
         )

@@ -22,7 +22,7 @@ from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.resources import timestamp
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
-from turnwire_server.api.turn_streams import abort
+from turnwire_server.api.turn_streams import abort, trace_context
 from turnwire_server.api.validation import check_id, check_message, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
 from turnwire_server.engine.errors import SubmissionNotFound, TurnNotFound
@@ -194,7 +194,7 @@ class SubmissionRpcs:
                 request=stored.SerializeToString(deterministic=True),
                 create_time=dt.datetime.now(dt.UTC),
             )
-            record, created = await self.submissions.submit(record)
+            record, created = await self.submissions.submit(record, trace_context=trace_context(context))
         except (TurnwireStatusError, UnknownModel, StoreError) as error:
             await _abort(context, error)
             raise AssertionError("unreachable") from None

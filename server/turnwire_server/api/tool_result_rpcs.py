@@ -42,6 +42,7 @@ from turnwire_server.api.turn_streams import (
     entry_of,
     parent_request_id,
     stream_turn,
+    trace_context,
 )
 from turnwire_server.api.validation import check_id, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
@@ -263,6 +264,7 @@ class ToolResultRpcs:
                     tool_denials=denials,
                     disconnect=disconnect_of(disconnect_policy),
                     entry=entry_of(response_type),
+                    trace_context=trace_context(context),
                 ),
                 parent_request_id=parent_request_id(context),
             )

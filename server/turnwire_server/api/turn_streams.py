@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import grpc
 from grpc_status import rpc_status
+from opentelemetry import propagate
 
 from turnwire_client.metadata import PARENT_REQUEST_METADATA
 from turnwire_client.v1 import chat_service_pb2, event_pb2
@@ -110,3 +111,15 @@ def parent_request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
         if key == PARENT_REQUEST_METADATA:
             parent = value if isinstance(value, str) else value.decode()
     return parent
+
+
+def trace_context(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, str]:
+    """The call's trace context: the metadata the configured propagators read (W3C ``traceparent``
+    and ``tracestate``, and ``baggage``, by default; ``OTEL_PROPAGATORS`` changes them), for the
+    turn's span to continue the caller's trace. Empty when the caller sent none."""
+    fields = propagate.get_global_textmap().fields
+    carrier: dict[str, str] = {}
+    for key, value in context.invocation_metadata() or ():
+        if key in fields:
+            carrier[key] = value if isinstance(value, str) else value.decode()
+    return carrier

@@ -35,6 +35,7 @@ from turnwire_server.engine.events import DetachedResponse, EventWriter
 from turnwire_server.engine.request import EngineSettings, TurnRequest
 from turnwire_server.engine.resume import replay
 from turnwire_server.engine.stream_log import RECOVERY_SEQUENCE_GAP, StreamLog, Subscription
+from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.engine.transcript import repair_unresolved_tool_calls
 from turnwire_server.engine.turn import ErrorStatus, Recovery, TurnRun
 from turnwire_server.engine.turn_spec import parse_spec
@@ -105,7 +106,8 @@ class TurnEngine:
     :class:`~turnwire_server.engine.errors.NestedTurn` (a blocking turn inside
     an active turn of the same conversation), or
     :class:`~turnwire_server.providers.registry.UnknownModel`.
-    ``error_status`` maps a turn's error to the status in its TurnEnd event.
+    ``error_status`` maps a turn's error to the status in its TurnEnd event. ``tracing``
+    records each turn's spans (:mod:`turnwire_server.engine.tracing`; off by default).
     """
 
     def __init__(
@@ -117,8 +119,10 @@ class TurnEngine:
         chain: MiddlewareChain,
         settings: EngineSettings,
         error_status: ErrorStatus,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         self.store = store
+        self.tracing = tracing
         self.error_status = error_status
         self.providers = providers
         # Kept as given, not copied: a live tool set (remote sources re-list) is read per turn.
@@ -199,13 +203,18 @@ class TurnEngine:
             error_status=self.error_status,
             on_lock_acquired=on_lock_acquired,
             recovery=recovery,
+            tracing=self.tracing,
         )
+        tracing = self.tracing
 
         async def main() -> None:
             _current_turn.set(run)
             bind_log_context(request.conversation_id, request.request_id)
             try:
-                await run.run()
+                provider = self.providers.resolve(request.model)[0] if tracing.enabled else None
+                with tracing.turn(request, provider, attempt=run.state.attempt) as span:
+                    await run.run()
+                    tracing.end_turn(span, outcome=run.outcome, usage=run.state.usage, error=run.error)
             finally:
                 if not acquired:
                     self._dequeue(conversation_id)
@@ -398,6 +407,7 @@ class TurnEngine:
                     disconnect="continue",
                     client_tools=spec.client_tools,
                     entry="recovery",
+                    trace_context=spec.trace_context,
                 )
                 self.start(
                     request,

@@ -34,6 +34,8 @@ class TurnRequest:
     ``tool_denials`` are ``(tool_call_id, reason)`` of calls the client denied just before this
     continuation: its stream announces them with ``ToolOutputDenied`` (docs/semantics.md §6).
     ``entry`` is how the turn came in (:data:`TurnEntry`; a label of the turn metrics).
+    ``trace_context`` is the W3C trace context (``traceparent``, ``tracestate``) of the call that
+    asked for the turn: its span continues that trace (:mod:`turnwire_server.engine.tracing`).
     """
 
     conversation_id: str
@@ -48,6 +50,7 @@ class TurnRequest:
     client_tools: Sequence[Tool] = ()
     tool_denials: Sequence[tuple[str, str]] = ()
     entry: TurnEntry = "chat"
+    trace_context: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -291,15 +291,18 @@ class StepLoop:
             turn.assistant.start_step()
             turn.writer.new().step_start.step_number = step_number
             turn.steps_started = step_number + 1
+            tracing = turn.tracing
             try:
-                async with asyncio.timeout(limits.step_seconds):
-                    finish = await self._stream(
-                        provider.stream(model_request),
-                        step_number,
-                        set(allowed),
-                        runner,
-                        limits.chunk_seconds,
-                    )
+                with tracing.chat(provider, model_request, request.conversation_id) as span:
+                    async with asyncio.timeout(limits.step_seconds):
+                        finish = await self._stream(
+                            provider.stream(model_request),
+                            step_number,
+                            set(allowed),
+                            runner,
+                            limits.chunk_seconds,
+                        )
+                    tracing.end_chat(span, finish, turn.assistant)
             except TimeoutError:
                 raise TurnFailure(
                     "stream", ModelTimeout(f"model step {step_number} exceeded {limits.step_seconds:g} s")

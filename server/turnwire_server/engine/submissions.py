@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from turnwire_server.engine.engine import TurnEngine, TurnHandle
 from turnwire_server.engine.errors import (
@@ -77,8 +77,14 @@ class Submissions:
         self._missed = False
         self._wake = asyncio.Event()
 
-    async def submit(self, submission: SubmissionRecord) -> tuple[SubmissionRecord, bool]:
+    async def submit(
+        self, submission: SubmissionRecord, *, trace_context: Mapping[str, str] | None = None
+    ) -> tuple[SubmissionRecord, bool]:
         """Store ``submission`` (or find the one it repeats) and, when new, start its turn.
+
+        ``trace_context`` (the submitting call's W3C trace context) becomes the parent of the
+        turn's span when the turn starts here at once; a turn claimed later (another replica, a
+        restart) starts a trace of its own.
 
         Returns the stored record and whether this call created it. Raises the store's
         :class:`~turnwire_server.store.base.SubmissionConflict`,
@@ -105,7 +111,7 @@ class Submissions:
                 self._free_slot()
             raise
         if mine and created:
-            self._start(record)
+            self._start(record, trace_context)
         elif mine:
             self._free_slot()
         elif created:
@@ -117,10 +123,13 @@ class Submissions:
         if self._missed:
             self._wake.set()
 
-    def _start(self, record: SubmissionRecord) -> None:
+    def _start(self, record: SubmissionRecord, trace_context: Mapping[str, str] | None = None) -> None:
         """Start the turn of a submission this replica claimed; it holds one slot until it ends."""
+        request = self._turn_request(record)
+        if trace_context:
+            request = dataclasses.replace(request, trace_context=trace_context)
         try:
-            handle = self._engine.start(self._turn_request(record), detached=True, queue_limit=False)
+            handle = self._engine.start(request, detached=True, queue_limit=False)
         except AdmissionRefused as error:
             # Shutting down: it stays pending and runs after the restart (or on another replica).
             log.warning("submission %s stays pending: %s", record.submission_id, error)

@@ -165,6 +165,16 @@ class ToolCallRunner:
         return True
 
     async def _run(self, call: chunks.ToolCall, tool: Tool, step_number: int) -> None:
+        tracing = self.turn.tracing
+        with tracing.tool(call.tool_call_id, call.tool_name, tool, call.input or {}) as span:
+            outcome, output, error_text = await self._call(call, tool, step_number)
+            tracing.end_tool(span, outcome=outcome, output=output, error_text=error_text)
+
+    async def _call(
+        self, call: chunks.ToolCall, tool: Tool, step_number: int
+    ) -> tuple[ToolCallOutcome, Any, str | None]:
+        """Run one call with its hooks; returns its outcome, output and error text. Raises
+        CancelledError when the turn was cancelled during it (after its ``after_tool_call``)."""
         turn = self.turn
         request = turn.request
         model_input: dict[str, Any] = call.input or {}
@@ -251,6 +261,7 @@ class ToolCallRunner:
         )
         if cancelled:
             raise asyncio.CancelledError
+        return outcome, output, error_text
 
     async def _execute(
         self, call: chunks.ToolCall, tool: Tool, run_input: dict[str, Any], step_number: int

@@ -57,6 +57,7 @@ from turnwire_server.engine.events import EventWriter
 from turnwire_server.engine.ids import assistant_message_id, attempt_message_id
 from turnwire_server.engine.request import EngineSettings, TurnRequest
 from turnwire_server.engine.step_loop import StepLoop
+from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR
 from turnwire_server.engine.turn_spec import spec_json
 from turnwire_server.engine.turn_state import TurnState
@@ -106,7 +107,8 @@ class TurnRun:
     interrupted, skipped), the error and its status, the stored reply.
     ``error_status`` maps an error to the status of the TurnEnd event. ``recovery`` (when
     given) makes this run a recovery of a turn a crash interrupted: it continues the stored
-    turn and stream instead of starting them (docs/semantics.md §8).
+    turn and stream instead of starting them (docs/semantics.md §8). ``tracing`` records the
+    spans of its steps, tool calls and hooks.
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class TurnRun:
         error_status: ErrorStatus,
         on_lock_acquired: Callable[[], None],
         recovery: Recovery | None = None,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         self.request = request
         #: When the turn was admitted (``time.perf_counter``): the start of its duration metrics.
@@ -135,7 +138,7 @@ class TurnRun:
         self._on_lock_acquired = on_lock_acquired
         # Recorded only when asked for (events.hook_timeline): it costs clock reads per hook call.
         self.timeline = HookTimeline() if chain.middlewares and settings.hook_timeline else None
-        self.hooks = chain.for_turn(self.timeline)
+        self.hooks = chain.for_turn(self.timeline, tracing.hook if tracing.enabled else None)
         self.message_id = (
             recovery.record.assistant_message_id if recovery else assistant_message_id(request.request_id)
         )
@@ -152,6 +155,7 @@ class TurnRun:
             attempt=recovery.attempt if recovery else 1,
             continue_reply=recovery is not None and recovery.reply is not None,
             admitted=self.admitted,
+            tracing=tracing,
         )
         self._tools = tools
         self.compactor = (

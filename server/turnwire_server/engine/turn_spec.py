@@ -1,7 +1,8 @@
 """What a recovery needs to run a turn again, stored with the turn (``TurnRecord.spec``).
 
 The input messages are in the conversation and the model in the turn row; the rest of the
-request (hook ``body``, client tools, whether it continued) is kept here as JSON text,
+request (hook ``body``, client tools, whether it continued, the caller's trace context) is kept
+here as JSON text,
 so a turn a crash interrupted can be run again by a process that never saw its request
 (docs/semantics.md §8).
 """
@@ -22,27 +23,30 @@ _VERSION = 1
 @dataclass(frozen=True, slots=True)
 class TurnSpec:
     """The stored part of a turn's request; ``body`` is JSON; ``client_tools`` the tools the
-    client offered (a recovery offers them again)."""
+    client offered (a recovery offers them again); ``trace_context`` the caller's W3C trace
+    context (a recovery's span links to it)."""
 
     body: Mapping[str, Any] = field(default_factory=dict)
     continuation: bool = False
     client_tools: tuple[ClientTool, ...] = ()
+    trace_context: Mapping[str, str] = field(default_factory=dict)
 
 
 def spec_json(request: TurnRequest) -> str:
     """``request``'s :class:`TurnSpec` as JSON text."""
-    return dumps(
-        {
-            "version": _VERSION,
-            "body": dict(request.body),
-            "continuation": request.continuation,
-            "client_tools": [
-                {"name": tool.name, "description": tool.description, "input_schema": dict(tool.input_schema)}
-                for tool in request.client_tools
-                if isinstance(tool, ClientTool)
-            ],
-        }
-    )
+    spec: dict[str, Any] = {
+        "version": _VERSION,
+        "body": dict(request.body),
+        "continuation": request.continuation,
+        "client_tools": [
+            {"name": tool.name, "description": tool.description, "input_schema": dict(tool.input_schema)}
+            for tool in request.client_tools
+            if isinstance(tool, ClientTool)
+        ],
+    }
+    if request.trace_context:
+        spec["trace_context"] = dict(request.trace_context)
+    return dumps(spec)
 
 
 def parse_spec(text: str) -> TurnSpec:
@@ -59,8 +63,12 @@ def parse_spec(text: str) -> TurnSpec:
         if not isinstance(entry, dict) or not isinstance(entry.get("input_schema"), dict):
             raise ValueError("turn spec client tool is not an object with an input_schema")
         tools.append(ClientTool(str(entry["name"]), str(entry.get("description", "")), entry["input_schema"]))
+    trace_context = value.get("trace_context", {})
+    if not isinstance(trace_context, dict):
+        raise ValueError("turn spec trace_context is not an object")
     return TurnSpec(
         body=body,
         continuation=bool(value.get("continuation", False)),
         client_tools=tuple(tools),
+        trace_context={str(key): str(text) for key, text in trace_context.items()},
     )

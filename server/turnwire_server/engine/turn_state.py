@@ -19,6 +19,7 @@ from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.checkpoints import Checkpointer
 from turnwire_server.engine.events import EventWriter
 from turnwire_server.engine.request import TurnRequest
+from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.hooks.chain import TurnHooks
 
 
@@ -41,6 +42,7 @@ class TurnState:
     proactive compactions of this attempt (docs/semantics.md §9).
     ``admitted`` is when the turn was admitted (``time.perf_counter``) and ``first_token_seen``
     whether its time to first token was measured (once per turn, ``engine/metrics.py``).
+    ``tracing`` creates the spans of its model and tool calls.
     """
 
     request: TurnRequest
@@ -63,3 +65,4 @@ class TurnState:
     compactions: int = 0
     admitted: float = 0.0
     first_token_seen: bool = False
+    tracing: Tracing = TRACING_OFF

@@ -17,7 +17,8 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from turnwire.hooks import (
@@ -123,9 +124,12 @@ class MiddlewareChain:
         #: building chunk contexts entirely otherwise.
         self.observes_chunks = bool(self.forward["on_chunk"])
 
-    def for_turn(self, timeline: HookTimeline | None = None) -> TurnHooks:
-        """The hooks as one turn calls them, recording into ``timeline`` when given."""
-        return self._untimed if timeline is None else TurnHooks(self, timeline)
+    def for_turn(self, timeline: HookTimeline | None = None, spans: HookSpans | None = None) -> TurnHooks:
+        """The hooks as one turn calls them, recording into ``timeline`` when given, each call in a
+        span of ``spans`` when given."""
+        if timeline is None and spans is None:
+            return self._untimed
+        return TurnHooks(self, timeline, spans)
 
     async def configure_session(self, ctx: SessionContext) -> SessionConfig:
         """Run every ``configure_session`` once, first to last; a later middleware's non-None
@@ -160,14 +164,23 @@ class MiddlewareChain:
         )
 
 
+HookSpans = Callable[[str, str], AbstractContextManager[object]]
+"""``spans(middleware, hook)``: a context manager around one hook call that records it as a span
+(``turnwire_server.engine.tracing.Tracing.hook``); a hook's exception passes through it."""
+
+
 class TurnHooks:
-    """The chain's hooks for one turn: every call timed into the turn's timeline (when kept)."""
+    """The chain's hooks for one turn: every call timed into the turn's timeline (when kept) and
+    traced as a span (when ``spans`` is given; ``on_chunk``, called per chunk, never is)."""
 
-    __slots__ = ("_chain", "_timeline")
+    __slots__ = ("_chain", "_spans", "_timeline")
 
-    def __init__(self, chain: MiddlewareChain, timeline: HookTimeline | None) -> None:
+    def __init__(
+        self, chain: MiddlewareChain, timeline: HookTimeline | None, spans: HookSpans | None = None
+    ) -> None:
         self._chain = chain
         self._timeline = timeline
+        self._spans = spans
 
     @property
     def observes_chunks(self) -> bool:
@@ -181,7 +194,10 @@ class TurnHooks:
         started = time.perf_counter() if timeline is not None else 0.0
         failed = False
         try:
-            return await getattr(m, hook)(ctx)
+            if self._spans is None or hook == "on_chunk":
+                return await getattr(m, hook)(ctx)
+            with self._spans(m.name, hook):
+                return await getattr(m, hook)(ctx)
         except Exception as error:
             failed = True
             if not swallow:

@@ -30,7 +30,7 @@ Rules it enforces (issue 3):
   never retried, when the body is not the API's response object.
 
 :class:`SdkProvider` is the provider side every SDK adapter shares: the
-allow-list, the per-request SDK options (retries, headers, timeout, extra body)
+allow-list, the per-request SDK options (retries, headers, the trace context, timeout, extra body)
 and the call to :func:`run_stream`; an adapter supplies its request
 (:meth:`SdkProvider._prepare`), its SDK method and its error mapping.
 """
@@ -45,6 +45,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, Generic, NamedTuple, Protocol, Self, TypeVar
 
 import httpx2
+from opentelemetry import propagate
 
 from turnwire.providers import ModelRequest, ProviderError
 from turnwire.types import FinishStep, ModelChunk, Usage, UsageUpdate
@@ -293,8 +294,13 @@ class SdkProvider(Generic[ClientT]):
         if settings.max_retries is not None:
             client = client.with_options(max_retries=settings.max_retries)
         extra: dict[str, Any] = {"extra_body": extra_body} if extra_body else {}
-        if settings.headers:
-            extra["extra_headers"] = dict(settings.headers)
+        headers = dict(settings.headers) if settings.headers else {}
+        # The step's span (current here: the engine iterates this stream inside it) continues in
+        # the provider's trace: W3C traceparent as a per-request header, since the SDKs' httpx2
+        # is not covered by the httpx instrumentation. Nothing is added when no span is recording.
+        propagate.inject(headers)
+        if headers:
+            extra["extra_headers"] = headers
         if settings.timeout_seconds is not None:
             extra["timeout"] = settings.timeout_seconds
         create = self._create(client)

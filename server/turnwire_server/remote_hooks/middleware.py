@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
+from opentelemetry import propagate
 
 from turnwire.hooks import (
     ChatErrorClassification,
@@ -268,7 +269,11 @@ class RemoteMiddleware(Middleware):
             task.add_done_callback(self._background.discard)
 
     def _metadata(self, request_id: str) -> tuple[tuple[str, str], ...]:
-        return ((PARENT_REQUEST_METADATA, request_id),)
+        """The call's metadata: the turn's request id, and the current span's W3C trace context
+        (the hook's span when tracing is on), so the hook server's spans join the turn's trace."""
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        return ((PARENT_REQUEST_METADATA, request_id), *carrier.items())
 
     async def _call(
         self, hook: str, rpc: str, request: Any, request_id: str, read: Callable[[Any], _T]

@@ -12,7 +12,8 @@ preliminary tool results, the final result or error ends the call (docs/semantic
 streaming tools). Input and output travel as JSON text, so integers of any size stay exact. The
 call's deadline is the tool's timeout; cancelling the awaiting task (the turn is cancelled, the
 timeout expires) cancels the RPC, which the host sees as a cancelled call. Every call carries the
-metadata ``turnwire-parent-request-id: <the turn's request id>`` (docs/semantics.md §5, nesting).
+metadata ``turnwire-parent-request-id: <the turn's request id>`` (docs/semantics.md §5, nesting)
+and, when tracing is on, the tool call span's W3C ``traceparent`` (the host's spans join the trace).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal, cast
 
 import grpc
+from opentelemetry import propagate
 
 from turnwire.tools import ToolError, ToolExecution
 from turnwire.values import dumps, from_struct, loads
@@ -220,10 +222,13 @@ class RemoteTool:
             input_json=dumps(input),
             step_number=execution.step_number,
         )
+        # The tool call's span continues on the host: its W3C trace context goes with the call.
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
         call = self.host.stub.ExecuteTool(
             request,
             timeout=self.timeout_seconds,
-            metadata=((PARENT_REQUEST_METADATA, execution.request_id),),
+            metadata=((PARENT_REQUEST_METADATA, execution.request_id), *carrier.items()),
         )
         try:
             kind, value = await self._read(call)

@@ -1,0 +1,210 @@
+r"""The in-process part of ``observability.py``: the engine alone, traces on vs off.
+
+Two :class:`TurnEngine`\ s in this process (SQLite in a temp dir, the scripted model), one with
+tracing through the real OTLP/gRPC exporter to the benchmark's sink: blocks of sequential turns,
+interleaved, for the time to the first text delta and this process's CPU per turn; then
+tracing's own work for one turn timed alone (the calls in the turn, the exporter's encoding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from _common import Table, percentile, verdict
+from opentelemetry import propagate
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from turnwire.providers import ModelRequest
+from turnwire.testing import ScriptedProvider, ScriptStep
+from turnwire.types import FinishReason, FinishStep, Usage
+from turnwire_client.v1 import chat_service_pb2, message_pb2
+from turnwire_server.api.status import status_of
+from turnwire_server.engine import EngineSettings, TurnEngine, TurnRequest
+from turnwire_server.engine.assistant_message import AssistantMessage
+from turnwire_server.engine.tracing import TRACING_OFF, Tracing
+from turnwire_server.hooks.chain import MiddlewareChain
+from turnwire_server.providers.registry import ProviderRegistry
+from turnwire_server.store.sqlite import SqliteStore
+
+OFF, ON = "off", "traces on"
+TTFT_TARGET_MS = 0.1
+THROUGHPUT_TARGET = 0.95
+
+
+async def in_process(
+    args: argparse.Namespace, root: Path, sink_port: int
+) -> dict[str, dict[str, list[float]]]:
+    """The engine alone in this process (no gRPC, no client in the way): per block of sequential
+    turns, the time from ``start`` to the first text delta, and this process's CPU time per turn
+    (the exporter's thread included); tracing on exports to the sink with the real exporter."""
+    provider = TracerProvider()
+    exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{sink_port}", insecure=True)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    tracings = {OFF: TRACING_OFF, ON: Tracing(provider.get_tracer("bench"))}
+    text = "x" * (4 * args.deltas)
+    engines: dict[str, TurnEngine] = {}
+    stores: list[SqliteStore] = []
+    for name, tracing in tracings.items():
+        store = SqliteStore(root / f"in-process-{len(stores)}.db")
+        await store.open()
+        stores.append(store)
+        scripted = ScriptedProvider({"bench": [ScriptStep(text=text, chunk_size=4)]})
+        engines[name] = TurnEngine(
+            store=store,
+            providers=ProviderRegistry({"scripted": scripted}),
+            tools={},
+            chain=MiddlewareChain(),
+            settings=EngineSettings(default_model="scripted:bench"),
+            error_status=status_of,
+            tracing=tracing,
+        )
+    samples: dict[str, dict[str, list[float]]] = {OFF: {}, ON: {}}
+    try:
+        for block in range(args.blocks + 1):  # block 0 warms up
+            for name, engine in engines.items():
+                firsts: list[float] = []
+                cpu = time.process_time()
+                for turn in range(args.block_turns):
+                    message = message_pb2.Message(id=f"u-{block}-{turn}", role=message_pb2.ROLE_USER)
+                    message.parts.add().text.text = "hi"
+                    request = TurnRequest(
+                        conversation_id=f"{name}-{block}-{turn}",
+                        request_id=f"r-{block}-{turn}",
+                        messages=[message],
+                        body={},
+                        model="scripted:bench",
+                        continuation=False,
+                        response_type=chat_service_pb2.ChatResponse,
+                    )
+                    started = time.perf_counter()
+                    handle = engine.start(request)
+                    first = 0.0
+                    async for response in handle:
+                        if not first and response.event.HasField("text_delta"):
+                            first = time.perf_counter() - started
+                    await handle.task
+                    firsts.append(first)
+                cpu = time.process_time() - cpu
+                if block:
+                    samples[name].setdefault("ttft_p50", []).append(percentile(firsts, 50) * 1000)
+                    samples[name].setdefault("cpu_ms", []).append(cpu / args.block_turns * 1000)
+    finally:
+        for engine in engines.values():
+            await engine.drain(1.0)
+        for store in stores:
+            await store.close()
+        provider.shutdown()
+    # After the blocks, on a provider of its own: these spans must not wait in the blocks' queue.
+    alone = TracerProvider()
+    memory = InMemorySpanExporter()
+    alone.add_span_processor(SimpleSpanProcessor(memory))
+    tracing = Tracing(alone.get_tracer("bench"))
+    for _ in range(5):
+        memory.clear()
+        before_first, whole = span_work(tracing, 500)
+        samples[ON].setdefault("first_work_us", []).append(before_first)
+        samples[ON].setdefault("span_work_us", []).append(whole)
+        spans = memory.get_finished_spans()
+        started = time.thread_time()
+        encode_spans(spans).SerializeToString()
+        samples[ON].setdefault("export_us", []).append((time.thread_time() - started) / 500 * 1e6)
+    return samples
+
+
+def span_work(tracing: Tracing, turns: int) -> tuple[float, float]:
+    """This thread's CPU time (µs) for what tracing adds to one one-step turn, alone: up to the
+    model's first chunk (the turn and model call spans started and current, the provider's
+    header injected), and in all (their end attributes, ended); less exposed to other load than
+    whole turns."""
+    request = TurnRequest(
+        conversation_id="c",
+        request_id="r",
+        messages=[],
+        body={},
+        model="scripted:bench",
+        continuation=False,
+        response_type=chat_service_pb2.ChatResponse,
+    )
+    model_request = ModelRequest(model="bench", system="", messages=[])
+    scripted = ScriptedProvider({})
+    finish = FinishStep(finish_reason=FinishReason.STOP)
+    reply = AssistantMessage("a", message_pb2.Message().create_time)
+    usage = Usage()
+    before_first = 0.0
+    started = time.thread_time()
+    for _ in range(turns):
+        entered = time.thread_time()
+        with tracing.turn(request, scripted, attempt=1) as turn:
+            with tracing.chat(scripted, model_request, "c") as chat:
+                propagate.inject({})
+                before_first += time.thread_time() - entered
+                tracing.end_chat(chat, finish, reply)
+            tracing.end_turn(turn, outcome="completed", usage=usage, error=None)
+    return before_first / turns * 1e6, (time.thread_time() - started) / turns * 1e6
+
+
+def in_process_table(samples: dict[str, dict[str, list[float]]], args: argparse.Namespace) -> Table:
+    off, on = samples[OFF], samples[ON]
+
+    def mid(values: list[float]) -> float:
+        return percentile(values, 50)
+
+    result = Table(
+        "Observability cost in process: the engine alone, traces on (OTLP/gRPC to the sink) vs off",
+        ["measure", OFF, ON, "added", "target", "verdict"],
+    )
+    added = mid(on["ttft_p50"]) - mid(off["ttft_p50"])
+    result.add(
+        "time to first token p50 (ms)",
+        f"{mid(off['ttft_p50']):.3f}",
+        f"{mid(on['ttft_p50']):.3f}",
+        f"{added:+.3f}",
+        f"<= +{TTFT_TARGET_MS} ms",
+        verdict(added <= TTFT_TARGET_MS),
+    )
+    cpu = mid(on["cpu_ms"]) / mid(off["cpu_ms"])
+    result.add(
+        "CPU per turn (ms)",
+        f"{mid(off['cpu_ms']):.3f}",
+        f"{mid(on['cpu_ms']):.3f}",
+        f"{(cpu - 1) * 100:+.1f} %",
+        f"<= +{(1 - THROUGHPUT_TARGET) * 100:.0f} %",
+        verdict(cpu <= 1 / THROUGHPUT_TARGET),
+    )
+    first = mid(on["first_work_us"])
+    result.add(
+        "tracing's work before the first token (µs CPU)",
+        "0",
+        f"{first:.1f}",
+        f"{first / 1000:+.3f} ms",
+        f"<= +{TTFT_TARGET_MS} ms",
+        verdict(first / 1000 <= TTFT_TARGET_MS),
+    )
+    work, export = mid(on["span_work_us"]), mid(on["export_us"])
+    share = (work + export) / 10 / mid(off["cpu_ms"])
+    result.add("tracing's work per one-step turn, in the turn (µs CPU)", "0", f"{work:.1f}", "", "", "")
+    result.add("the exporter's work per turn, its thread (µs CPU)", "0", f"{export:.1f}", "", "", "")
+    result.add(
+        "tracing's work per turn, both",
+        "",
+        "",
+        f"{share:+.1f} % of a turn",
+        f"<= +{(1 - THROUGHPUT_TARGET) * 100:.0f} %",
+        verdict(share <= (1 / THROUGHPUT_TARGET - 1) * 100),
+    )
+    result.notes.append(
+        f"Medians over {args.blocks} interleaved blocks of {args.block_turns} sequential turns (after a "
+        "warm-up block), TurnEngine.start to the first TextDelta; CPU is this process's (the span "
+        "exporter's thread included). Less exposed to other load on the machine than the table "
+        "above. The last rows time tracing's work for one turn alone: the calls in the turn (turn "
+        "and model call spans, attributes, context, header injection) and the exporter's OTLP "
+        "encoding of those spans (done on the batch processor's thread), against the CPU of a "
+        "whole turn with tracing off (an in-process turn, without gRPC: the real share is smaller)."
+    )
+    return result

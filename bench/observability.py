@@ -1,0 +1,239 @@
+"""What observability costs: time to first token and events/s with traces on vs off.
+
+Two Turnwire servers, each in its own process on the ``stream_overhead.py`` workload (a scripted
+reply of N text deltas, a new conversation per turn): "off" on the defaults, and "on" with
+``tracing.enabled`` and the real OTLP/gRPC exporter (batch span processor, every trace sampled)
+sending to a local sink process (``_otlp_sink.py``, ``TraceService`` from ``opentelemetry-proto``)
+that counts the spans it receives. The Prometheus counters of ``engine/metrics.py`` are always
+on in both (they are not switchable); a metrics *endpoint* (``metrics:``) is not on this branch,
+so "on" means traces + the in-process counters.
+
+Measured, interleaved round by round (off, on, off, on, ...) so drift hits both alike:
+
+- time to first token: sequential turns (one stream), call start to the first text delta, p50/p99;
+- events/s at S concurrent streams (default 100), each running turns back to back, with the
+  server's CPU time per event (less sensitive than events/s to other load on a shared machine)
+  and the time to first event of the turns started in the window.
+
+Then the engine alone in this process (no gRPC, no load client competing for the cores): blocks of
+sequential turns on two engines, tracing off and on (the real exporter to the same sink),
+interleaved: time to first token and CPU time per turn.
+
+Targets (issue 14): added time to first token p50 <= 0.1 ms; events/s at 100 streams >= 95 % of
+"off" (in process: CPU per turn <= +5 %). Reported, not asserted.
+
+    .venv/bin/python bench/observability.py [--quick] [--rounds N] [--window S] [--streams S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    BENCH_DIR,
+    PYTHON,
+    ServerProcess,
+    Table,
+    free_port,
+    percentile,
+    print_tables,
+    turnwire_config,
+    verdict,
+    wait_for_quiet,
+    write_tables_json,
+)
+from _load import load
+from _observability_in_process import OFF, ON, THROUGHPUT_TARGET, TTFT_TARGET_MS, in_process, in_process_table
+
+
+def _server(workdir: Path, name: str, deltas: int, sink_port: int | None) -> ServerProcess:
+    port = free_port()
+    workdir.mkdir(exist_ok=True)
+    config = turnwire_config(workdir, port, deltas=deltas, chunk_size=4)
+    if sink_port is not None:
+        with config.open("a") as file:
+            file.write(f"tracing:\n  enabled: true\n  endpoint: http://127.0.0.1:{sink_port}\n")
+    argv = [PYTHON, "-m", "turnwire_server", "serve", "--config", str(config)]
+    return ServerProcess(argv, port, workdir, name)
+
+
+async def measure(
+    args: argparse.Namespace, root: Path, sink_port: int
+) -> tuple[dict[str, dict[str, list[float]]], float]:
+    """Per server: the samples of each measure."""
+    servers = {
+        OFF: _server(root / "off", "off", args.deltas, None),
+        ON: _server(root / "on", "on", args.deltas, sink_port),
+    }
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in servers}
+    started = time.perf_counter()
+    try:
+        for server in servers.values():
+            await server.start()
+        for round_ in range(args.rounds + 1):  # round 0 warms both up and is not kept
+            for name, server in servers.items():
+                await wait_for_quiet(max_wait=0.5 if args.quick else 2.0)
+                _log(f"{name}: time to first token, round {round_}")
+                first = await load(
+                    server.target, 1, args.warm, args.ttft_seconds, f"t{round_}", count_text=True
+                )
+                _log(f"{name}: {args.streams} streams, round {round_}")
+                cpu: dict[str, float] = {}
+
+                def mark(edge: str, server: ServerProcess = server, cpu: dict[str, float] = cpu) -> None:
+                    cpu[edge] = server.cpu_seconds()
+
+                busy = await load(
+                    server.target, args.streams, args.warm, args.window, f"b{round_}", on_window=mark
+                )
+                if round_ == 0:
+                    continue
+                kept = samples[name]
+                kept.setdefault("ttft_p50", []).append(first["ttft_p50_ms"])
+                kept.setdefault("ttft_p99", []).append(first["ttft_p99_ms"])
+                kept.setdefault("events", []).append(busy["events_per_s"])
+                kept.setdefault("ttfe_busy", []).append(busy["ttfe_p50_ms"])
+                kept.setdefault("cpu_us", []).append((cpu["end"] - cpu["start"]) / busy["events"] * 1e6)
+    finally:
+        for server in servers.values():
+            server.stop()
+    return samples, time.perf_counter() - started
+
+
+def table(
+    samples: dict[str, dict[str, list[float]]], spans: int, args: argparse.Namespace, seconds: float
+) -> Table:
+    off, on = samples[OFF], samples[ON]
+
+    def mid(values: list[float]) -> float:
+        return percentile(values, 50)
+
+    result = Table(
+        f"Observability cost: traces on (OTLP/gRPC to a local sink) vs off, {args.streams} streams",
+        ["measure", OFF, ON, "added", "target", "verdict"],
+    )
+    ttft = mid(on["ttft_p50"]) - mid(off["ttft_p50"])
+    result.add(
+        "time to first token p50 (ms)",
+        f"{mid(off['ttft_p50']):.3f}",
+        f"{mid(on['ttft_p50']):.3f}",
+        f"{ttft:+.3f}",
+        f"<= +{TTFT_TARGET_MS} ms",
+        verdict(ttft <= TTFT_TARGET_MS),
+    )
+    result.add(
+        "time to first token p99 (ms)",
+        f"{mid(off['ttft_p99']):.3f}",
+        f"{mid(on['ttft_p99']):.3f}",
+        f"{mid(on['ttft_p99']) - mid(off['ttft_p99']):+.3f}",
+        "",
+        "",
+    )
+    ratio = mid(on["events"]) / mid(off["events"])
+    result.add(
+        f"events/s at {args.streams} streams",
+        f"{mid(off['events']):,.0f}",
+        f"{mid(on['events']):,.0f}",
+        f"{(ratio - 1) * 100:+.1f} %",
+        f">= {THROUGHPUT_TARGET * 100:.0f} % of off",
+        verdict(ratio >= THROUGHPUT_TARGET),
+    )
+    cpu = mid(on["cpu_us"]) / mid(off["cpu_us"])
+    result.add(
+        f"server CPU per event at {args.streams} streams (µs)",
+        f"{mid(off['cpu_us']):.1f}",
+        f"{mid(on['cpu_us']):.1f}",
+        f"{(cpu - 1) * 100:+.1f} %",
+        "",
+        "",
+    )
+    result.add(
+        f"time to first event p50 at {args.streams} streams (ms)",
+        f"{mid(off['ttfe_busy']):.2f}",
+        f"{mid(on['ttfe_busy']):.2f}",
+        f"{mid(on['ttfe_busy']) - mid(off['ttfe_busy']):+.2f}",
+        "",
+        "",
+    )
+    result.notes += [
+        f"Medians over {args.rounds} interleaved rounds (after one warm-up round); each round: "
+        f"{args.ttft_seconds:g} s of sequential turns for time to first token, {args.window:g} s "
+        f"at {args.streams} streams; a turn is {args.deltas} text deltas + 6 events; took {seconds:.0f} s.",
+        f"'{ON}': tracing.enabled with the default sampler (every trace recorded) and the batch "
+        f"span processor; the sink received {spans:,} spans. Both servers keep the always-on "
+        "Prometheus counters (engine/metrics.py); a metrics endpoint is not part of this branch.",
+    ]
+    return result
+
+
+def _log(message: str) -> None:
+    print(f"[observability] {message}", file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 1 s windows")
+    parser.add_argument("--rounds", type=int, help="measured rounds (default 3, quick 1)")
+    parser.add_argument("--window", type=float, help="seconds at S streams per round (default 3, quick 1)")
+    parser.add_argument("--streams", type=int, default=100, help="concurrent streams (default 100)")
+    parser.add_argument("--deltas", type=int, default=200, help="text deltas per turn (default 200)")
+    parser.add_argument("--json", type=Path, help="write the table as JSON here (for bench/run.py)")
+    args = parser.parse_args()
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.window = args.window or (1.0 if args.quick else 3.0)
+    args.ttft_seconds = 1.0 if args.quick else 3.0
+    args.warm = 0.5 if args.quick else 1.0
+    args.blocks = 2 if args.quick else 20
+    args.block_turns = 50
+    with tempfile.TemporaryDirectory(prefix="turnwire-bench-observability-") as tmp:
+        root = Path(tmp)
+        sink_port = free_port()
+        count = root / "spans.txt"
+        sink = subprocess.Popen(
+            [PYTHON, str(BENCH_DIR / "_otlp_sink.py"), "--port", str(sink_port), "--count", str(count)]
+        )
+        try:
+            samples, seconds = asyncio.run(measure(args, root, sink_port))
+            _log("the engine in process")
+            engine_samples = asyncio.run(in_process(args, root, sink_port))
+        finally:
+            sink.terminate()
+            sink.wait()
+        spans = int(count.read_text()) if count.exists() else 0
+    results = [table(samples, spans, args, seconds), in_process_table(engine_samples, args)]
+    # Tracing's work for one turn, timed alone, against what a served turn costs the server.
+    per_turn_ms = percentile(samples[OFF]["cpu_us"], 50) * (args.deltas + 6) / 1000
+    work_ms = (
+        percentile(engine_samples[ON]["span_work_us"], 50) + percentile(engine_samples[ON]["export_us"], 50)
+    ) / 1000
+    share = work_ms / per_turn_ms * 100
+    results[0].add(
+        "tracing's work per served turn (timed alone)",
+        f"{per_turn_ms:.2f} ms CPU",
+        f"+{work_ms * 1000:.0f} µs",
+        f"{share:+.1f} %",
+        f"<= +{(1 / THROUGHPUT_TARGET - 1) * 100:.1f} %",
+        verdict(share <= (1 / THROUGHPUT_TARGET - 1) * 100),
+    )
+    results[0].notes.append(
+        "The last row: the server's CPU for one turn with tracing off (CPU per event x events per "
+        "turn) against tracing's work for a turn measured alone (in the turn's task and the "
+        "exporter's encoding; see the second table): the cost at load, free of the noise of a "
+        "shared machine that the events/s rows carry."
+    )
+    if args.json:
+        write_tables_json(args.json, results)
+    else:
+        print_tables(results)
+
+
+if __name__ == "__main__":
+    main()

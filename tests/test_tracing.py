@@ -1,0 +1,343 @@
+"""Traces of turns (engine/tracing.py): span names, parents and GenAI attributes, recorded in memory.
+
+The first test runs a sidecar in this process and calls it over gRPC with a ``traceparent`` in the
+call's metadata, as a traced client does; the others drive the engine directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.trace import SpanKind, StatusCode
+from support.engine_harness import MODEL, EngineFactory, collect, echo, make_tool, of_kind
+from support.hook_server import RecordingHookServer, serving
+from support.traces import (
+    CALLER_SPAN_ID,
+    TRACE_ID,
+    TRACEPARENT,
+    all_attribute_text,
+    memory_tracing,
+    named,
+    one,
+    parent_of,
+    span_id,
+    traceparent_of,
+)
+from support.waiting import wait_until
+
+from turnwire.hooks import SessionContext
+from turnwire.testing import ScriptStep
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
+from turnwire_server.app import start
+from turnwire_server.config import ConfigError, RemoteHookSettings, load_settings
+from turnwire_server.engine import TurnRequest
+from turnwire_server.engine.turn_spec import parse_spec, spec_json
+from turnwire_server.remote_hooks import RemoteMiddleware
+
+WEATHER_SCRIPT = [
+    {
+        "text": "Let me check.",
+        "tool_calls": [{"name": "get_weather", "input": {"city": "Paris"}}],
+        "usage": {"input_tokens": 11, "output_tokens": 7},
+    },
+    {"text": "It is sunny in Paris.", "usage": {"input_tokens": 23, "output_tokens": 5}},
+]
+
+
+def _user(text: str) -> message_pb2.Message:
+    message = message_pb2.Message(role=message_pb2.ROLE_USER)
+    message.parts.add().text.text = text
+    return message
+
+
+async def test_a_two_step_tool_turn_continues_the_callers_trace_with_genai_spans(tmp_path: Path) -> None:
+    settings = load_settings(
+        None,
+        listen="127.0.0.1:0",
+        store={"url": f"sqlite:///{tmp_path / 'turnwire.db'}"},
+        providers={"scripted": {"type": "scripted", "scripts": {"weather": WEATHER_SCRIPT}}},
+        middleware=[{"path": "turnwire.middlewares:HookLogger", "options": {"include_chunks": False}}],
+    )
+    sidecar = await start(settings)
+    tracing, exporter = memory_tracing()
+    sidecar.engine.tracing = tracing
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+            call = stub.Chat(
+                chat_service_pb2.ChatRequest(
+                    conversation_id="conv-traced",
+                    message=_user("Weather in Paris?"),
+                    model="scripted:weather",
+                ),
+                metadata=(("traceparent", TRACEPARENT), ("tracestate", "vendor=opaque")),
+            )
+            events = [response.event async for response in call]
+    finally:
+        await sidecar.stop()
+    assert events[-1].turn_end.status == 1, events[-1]  # COMPLETED
+    tool_call_id = of_kind(events, "tool_input_available")[0].tool_call_id
+    spans = exporter.get_finished_spans()
+
+    turn = one(spans, "invoke_agent turnwire")
+    assert turn.context is not None and turn.parent is not None
+    assert (turn.context.trace_id, turn.parent.span_id) == (TRACE_ID, CALLER_SPAN_ID)
+    assert turn.parent.is_remote
+    assert turn.context.trace_state.to_header() == "vendor=opaque"
+    assert turn.kind == SpanKind.INTERNAL
+    assert {key: turn.attributes[key] for key in _TURN_KEYS} == {  # type: ignore[index]
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": "turnwire",
+        "gen_ai.provider.name": "scripted",
+        "gen_ai.request.model": "weather",
+        "gen_ai.conversation.id": "conv-traced",
+        "gen_ai.usage.input_tokens": 34,
+        "gen_ai.usage.output_tokens": 12,
+        "turnwire.turn.status": "completed",
+    }
+
+    chats = named(spans, "chat weather")
+    assert len(chats) == 2
+    tool = one(spans, "execute_tool get_weather")
+    for span in (*chats, tool):
+        assert span.context is not None and span.context.trace_id == TRACE_ID
+        assert parent_of(span) == span_id(turn), f"{span.name} is a child of the turn"
+    first, second = chats
+    assert first.kind == SpanKind.CLIENT
+    assert first.attributes is not None and second.attributes is not None
+    assert first.attributes["gen_ai.operation.name"] == "chat"
+    assert first.attributes["gen_ai.provider.name"] == "scripted"
+    assert first.attributes["gen_ai.request.model"] == "weather"
+    assert first.attributes["gen_ai.conversation.id"] == "conv-traced"
+    assert first.attributes["gen_ai.response.finish_reasons"] == ("tool-calls",)
+    assert second.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert type(first.attributes["gen_ai.response.finish_reasons"][0]) is str  # type: ignore[index]
+    assert (
+        first.attributes["gen_ai.usage.input_tokens"],
+        first.attributes["gen_ai.usage.output_tokens"],
+    ) == (11, 7)
+    assert (
+        second.attributes["gen_ai.usage.input_tokens"],
+        second.attributes["gen_ai.usage.output_tokens"],
+    ) == (23, 5)
+    assert [first.attributes["turnwire.step_number"], second.attributes["turnwire.step_number"]] == [0, 1]
+    # Model call, then the tool, then the second model call.
+    assert first.end_time is not None and tool.start_time is not None and tool.end_time is not None
+    assert second.start_time is not None
+    assert first.end_time <= tool.start_time and tool.end_time <= second.start_time
+
+    assert tool.attributes is not None
+    assert {key: tool.attributes[key] for key in _TOOL_KEYS} == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "get_weather",
+        "gen_ai.tool.call.id": tool_call_id,
+        "gen_ai.tool.type": "function",
+        "turnwire.tool.outcome": "executed",
+    }
+
+    # Hook calls are spans under what runs them; a tool's hooks under its span.
+    assert parent_of(one(spans, "before_turn HookLogger")) == span_id(turn)
+    assert [parent_of(s) for s in named(spans, "before_step HookLogger")] == [span_id(turn)] * 2
+    assert parent_of(one(spans, "before_tool_call HookLogger")) == span_id(tool)
+    assert parent_of(one(spans, "after_tool_call HookLogger")) == span_id(tool)
+    assert parent_of(one(spans, "on_chat_response HookLogger")) == span_id(turn)
+    hook = one(spans, "before_turn HookLogger")
+    assert hook.attributes == {"turnwire.middleware.name": "HookLogger", "turnwire.hook.name": "before_turn"}
+
+    # Content is opt-in: none of it by default.
+    assert not any(key.startswith(_CONTENT_KEYS) for span in spans for key in span.attributes or {})
+    text = all_attribute_text(spans)
+    assert "Paris" not in text and "sunny" not in text
+
+
+_TURN_KEYS = (
+    "gen_ai.operation.name",
+    "gen_ai.agent.name",
+    "gen_ai.provider.name",
+    "gen_ai.request.model",
+    "gen_ai.conversation.id",
+    "gen_ai.usage.input_tokens",
+    "gen_ai.usage.output_tokens",
+    "turnwire.turn.status",
+)
+_TOOL_KEYS = (
+    "gen_ai.operation.name",
+    "gen_ai.tool.name",
+    "gen_ai.tool.call.id",
+    "gen_ai.tool.type",
+    "turnwire.tool.outcome",
+)
+_CONTENT_KEYS = (
+    "gen_ai.input.messages",
+    "gen_ai.output.messages",
+    "gen_ai.system_instructions",
+    "gen_ai.tool.call.arguments",
+    "gen_ai.tool.call.result",
+)
+
+
+async def test_message_content_is_recorded_only_when_enabled(make_engine: EngineFactory) -> None:
+    tracing, exporter = memory_tracing(capture_content=True)
+    h = await make_engine(
+        scripts={
+            "main": [
+                ScriptStep(text="Checking.", tool_calls=[{"name": "echo", "input": {"city": "Oslo"}}]),
+                ScriptStep(text="Done."),
+            ]
+        },
+        tools=[make_tool("echo", echo)],
+        tracing=tracing,
+        system_prompt="Be brief.",
+    )
+    await collect(h.start("What about Oslo?"))
+    spans = exporter.get_finished_spans()
+    first = named(spans, "chat main")[0]
+    attributes: Any = first.attributes
+    assert _json(attributes["gen_ai.system_instructions"]) == [{"type": "text", "content": "Be brief."}]
+    assert _json(attributes["gen_ai.input.messages"]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "What about Oslo?"}]}
+    ]
+    output = _json(attributes["gen_ai.output.messages"])
+    assert output[0]["role"] == "assistant" and output[0]["finish_reason"] == "tool-calls"
+    assert output[0]["parts"][0] == {"type": "text", "content": "Checking."}
+    assert output[0]["parts"][1]["type"] == "tool_call" and output[0]["parts"][1]["arguments"] == {
+        "city": "Oslo"
+    }
+    second_input = _json(named(spans, "chat main")[1].attributes["gen_ai.input.messages"])  # type: ignore[index]
+    assert [m["role"] for m in second_input] == ["user", "assistant", "tool"]
+    assert second_input[2]["parts"][0]["response"] == {"echo": {"city": "Oslo"}}
+    tool: Any = one(spans, "execute_tool echo").attributes
+    assert _json(tool["gen_ai.tool.call.arguments"]) == {"city": "Oslo"}
+    assert _json(tool["gen_ai.tool.call.result"]) == {"echo": {"city": "Oslo"}}
+
+
+async def test_a_failed_model_call_marks_its_span_and_the_turn_with_the_error_class(
+    make_engine: EngineFactory,
+) -> None:
+    tracing, exporter = memory_tracing()
+    h = await make_engine(
+        scripts={"main": [ScriptStep(error={"message": "slow down", "status": 429})]}, tracing=tracing
+    )
+    await collect(h.start("hi"))
+    spans = exporter.get_finished_spans()
+    for span in (one(spans, "chat main"), one(spans, "invoke_agent turnwire")):
+        assert span.status.status_code == StatusCode.ERROR, span.name
+        assert span.attributes is not None and span.attributes["error.type"] == "rate_limit", span.name
+    assert one(spans, "invoke_agent turnwire").attributes["turnwire.turn.status"] == "error"  # type: ignore[index]
+
+
+async def test_a_recovered_turn_starts_a_new_trace_linked_to_its_callers() -> None:
+    tracing, exporter = memory_tracing()
+    request = TurnRequest(
+        conversation_id="c",
+        request_id="r",
+        messages=[],
+        body={},
+        model="scripted:demo",
+        continuation=True,
+        response_type=chat_service_pb2.ChatResponse,
+        trace_context={"traceparent": TRACEPARENT},
+    )
+    with tracing.turn(request, None, attempt=2):
+        pass
+    with tracing.turn(request, None, attempt=1):
+        pass
+    recovered, first = exporter.get_finished_spans()
+    assert (
+        recovered.parent is None and recovered.context is not None and recovered.context.trace_id != TRACE_ID
+    )
+    assert [(link.context.trace_id, link.context.span_id) for link in recovered.links] == [
+        (TRACE_ID, CALLER_SPAN_ID)
+    ]
+    assert recovered.attributes is not None and recovered.attributes["turnwire.attempt"] == 2
+    assert first.parent is not None and first.parent.span_id == CALLER_SPAN_ID and not first.links
+
+
+async def test_tracing_off_records_nothing_and_sends_no_trace_context(make_engine: EngineFactory) -> None:
+    h = await make_engine()
+    events = await collect(h.start("hi"))
+    assert events[-1].turn_end.status == 1
+    assert not h.engine.tracing.enabled
+
+
+def _json(text: Any) -> Any:
+    import json
+
+    return json.loads(text)
+
+
+async def test_a_remote_hook_server_gets_the_hook_spans_trace_context(make_engine: EngineFactory) -> None:
+    tracing, exporter = memory_tracing()
+    server = RecordingHookServer()
+    async with serving(server) as address:
+        middleware = RemoteMiddleware(RemoteHookSettings(address=address))
+        try:
+            h = await make_engine(middlewares=[middleware], tracing=tracing)
+            await h.chain.configure_session(SessionContext(default_model=MODEL, system="sys", tools={}))
+            events = await collect(h.start("hi"))
+        finally:
+            await middleware.aclose()
+    assert events[-1].turn_end.status == 1
+    spans = exporter.get_finished_spans()
+    before_turn = [s for s in spans if (s.attributes or {}).get("turnwire.hook.name") == "before_turn"]
+    assert len(before_turn) == 1
+    (call,) = [c for c in server.calls if c.rpc == "BeforeTurn"]
+    assert call.metadata["traceparent"] == traceparent_of(before_turn[0])
+
+
+async def test_a_submission_started_at_once_continues_the_submitting_calls_trace(tmp_path: Path) -> None:
+    settings = load_settings(
+        None, listen="127.0.0.1:0", store={"url": f"sqlite:///{tmp_path / 'turnwire.db'}"}
+    )
+    sidecar = await start(settings)
+    tracing, exporter = memory_tracing()
+    sidecar.engine.tracing = tracing
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+            await chat_service_pb2_grpc.ChatServiceStub(channel).SubmitMessages(
+                chat_service_pb2.SubmitMessagesRequest(
+                    conversation_id="conv-submitted", submission_id="sub-1", messages=[_user("hello")]
+                ),
+                metadata=(("traceparent", TRACEPARENT),),
+            )
+            await wait_until(
+                lambda: named(exporter.get_finished_spans(), "invoke_agent turnwire"),
+                what="the submission's turn span",
+            )
+    finally:
+        await sidecar.stop()
+    turn = one(exporter.get_finished_spans(), "invoke_agent turnwire")
+    assert turn.context is not None and turn.parent is not None
+    assert (turn.context.trace_id, turn.parent.span_id) == (TRACE_ID, CALLER_SPAN_ID)
+    assert turn.attributes is not None and turn.attributes["turnwire.request_id"] == "sub-1"
+
+
+def test_the_turn_spec_keeps_the_callers_trace_context_for_a_recovery() -> None:
+    request = TurnRequest(
+        conversation_id="c",
+        request_id="r",
+        messages=[],
+        body={},
+        model="scripted:demo",
+        continuation=False,
+        response_type=chat_service_pb2.ChatResponse,
+        trace_context={"traceparent": TRACEPARENT},
+    )
+    assert parse_spec(spec_json(request)).trace_context == {"traceparent": TRACEPARENT}
+    untraced = dataclasses.replace(request, trace_context={})
+    assert "trace_context" not in spec_json(untraced)
+    assert parse_spec(spec_json(untraced)).trace_context == {}
+
+
+def test_tracing_settings_keep_headers_secret_and_name_a_bad_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNWIRE_TRACING__HEADERS", '{"authorization": "Bearer tok-9d2e"}')
+    settings = load_settings(None)
+    assert not settings.tracing.enabled, "off by default"
+    assert settings.tracing.headers["authorization"].get_secret_value() == "Bearer tok-9d2e"
+    assert "tok-9d2e" not in repr(settings) and "tok-9d2e" not in settings.model_dump_json()
+    with pytest.raises(ConfigError, match=r"tracing\.sampler_ratio"):
+        load_settings(None, tracing={"sampler_ratio": 1.5})
