@@ -1,6 +1,7 @@
 # Turnwire developer commands. Everything installs from this repo's own files:
-# Python packages into .venv/ (pinned by constraints.txt), buf and the Node.js
-# gRPC packages into node_modules/ (pinned by package-lock.json).
+# Python packages into .venv/ (pinned by constraints.txt), buf, the Node.js
+# gRPC packages and the TypeScript client's dependencies into node_modules/
+# (pinned by package-lock.json).
 
 PYTHON ?= python3
 VENV := .venv
@@ -11,7 +12,7 @@ BUF := node_modules/.bin/buf
 GO_PACKAGES := golang-go golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev \
 	golang-google-genproto-dev protoc-gen-go protoc-gen-go-grpc
 
-.PHONY: setup demo install-go test test-go test-python test-node lint protos check-protos breaking bench stress clean
+.PHONY: setup demo install-go test test-go test-python test-node build-node lint protos check-protos breaking bench stress clean
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -22,7 +23,7 @@ $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml middleware/pypr
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e clients/python -e middleware -e '.[dev]'
 	touch $@
 
-node_modules/.installed: package.json package-lock.json
+node_modules/.installed: package.json package-lock.json clients/node/package.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
@@ -30,10 +31,10 @@ node_modules/.installed: package.json package-lock.json
 demo: setup
 	$(VENV)/bin/turnwire demo
 
-## test: every test (Python unit + end-to-end, Node.js client end-to-end, the Go client when Go is installed).
-test: setup
+## test: every test (Python unit + end-to-end, Node.js end-to-end, the TypeScript client's, the Go client when Go is installed).
+test: setup build-node
 	bash tools/with-postgres.sh $(PY) -m pytest -q
-	node --test tests/node/
+	node --test tests/node/ clients/node/tests/
 	$(MAKE) --no-print-directory test-go
 
 ## install-go: install the Debian packages of the Go client (as root, or through sudo); quick when present.
@@ -48,17 +49,26 @@ test-go: setup
 	@if command -v go >/dev/null; then bash tools/go-test.sh; else \
 	  echo "Go not installed: skipping Go client tests (apt-get install $(GO_PACKAGES))"; fi
 
-## lint: ruff, mypy, buf lint, buf breaking, generated-code drift.
+## build-node: compile the TypeScript client, clients/node/src -> dist/ (when a source changed).
+build-node: clients/node/dist/index.js
+
+clients/node/dist/index.js: node_modules/.installed clients/node/tsconfig.json $(shell find clients/node/src -name '*.ts')
+	node_modules/.bin/tsc -p clients/node/tsconfig.json
+	touch $@
+
+## lint: ruff, mypy, buf lint, buf breaking, generated-code drift, prettier on the TypeScript client.
 lint: setup check-protos breaking
+	cd clients/node && ../../node_modules/.bin/prettier --check --log-level warn .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(BUF) lint
 
-## protos: regenerate clients/python/src/turnwire_client/v1 from protos/, and clients/go/gen when the Go plugins are installed.
+## protos: regenerate clients/python/src/turnwire_client/v1 and clients/node/src/gen from protos/, and clients/go/gen when the Go plugins are installed.
 protos: setup
 	bash tools/generate-python.sh
+	bash tools/generate-ts.sh
 	@if command -v protoc-gen-go >/dev/null && command -v protoc-gen-go-grpc >/dev/null; then \
 	  bash tools/generate-go.sh; else \
 	  echo "protoc-gen-go or protoc-gen-go-grpc not installed: NOT regenerating clients/go/gen (apt-get install protoc-gen-go protoc-gen-go-grpc)"; fi
@@ -80,4 +90,4 @@ bench: setup
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) node_modules clients/node/dist .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,342 @@
+// TurnwireClient: Connect's gRPC transport (HTTP/2, @connectrpc/connect-node)
+// over the service descriptors protoc-gen-es generates from protos/. Every
+// RPC of turnwire.v1.ChatService is a method here; `rpc` is the generated
+// client itself for anything these methods leave out.
+
+import type { MessageInitShape } from '@bufbuild/protobuf';
+import { type CallOptions, type Client, Code, type Interceptor, createClient } from '@connectrpc/connect';
+import { Http2SessionManager, createGrpcTransport } from '@connectrpc/connect-node';
+
+import { TurnwireError } from './errors.js';
+import type { JsonObject, JsonValue } from './json.js';
+import { TurnStream } from './turn.js';
+import type { TurnEvent } from './gen/turnwire/v1/event_pb.js';
+import {
+  type AddMessagesRequestSchema,
+  type AddMessagesResponse,
+  ChatService,
+  type ClientToolSchema,
+  type Conversation,
+  type DisconnectPolicy,
+  type ListConversationsResponse,
+  type ListSubmissionsRequestSchema,
+  type ListSubmissionsResponse,
+  type Submission,
+  type SubmitMessagesRequestSchema,
+  type SubmitMessagesResponse,
+} from './gen/turnwire/v1/chat_service_pb.js';
+import { type MessageSchema, Role } from './gen/turnwire/v1/message_pb.js';
+
+/** PEM text, or its bytes (e.g. a `Buffer` from `readFileSync`). */
+export type Pem = string | Uint8Array;
+
+/** TLS settings, as Node's `tls.connect` takes them. */
+export interface TlsOptions {
+  /** CA certificates to trust instead of Node's default roots (a private CA). */
+  ca?: Pem | Pem[];
+  /** Client certificate chain, for mutual TLS (with `key`). */
+  cert?: Pem;
+  /** Client private key, for mutual TLS (with `cert`). */
+  key?: Pem;
+  /** The name to verify the server's certificate against when it differs from the address's host. */
+  serverName?: string;
+}
+
+/** What a {@link TurnwireClient} connects to, and how. */
+export interface TurnwireClientOptions {
+  /** The sidecar's gRPC address, `host:port` (or a `http://` / `https://` URL). */
+  address: string;
+  /** Connect over TLS: `true` trusts Node's default CAs; an object sets CAs and a client certificate. */
+  tls?: boolean | TlsOptions;
+  /** Sent as `authorization: Bearer <token>` on every call. */
+  token?: string;
+  /** Deadline of each non-streaming call in milliseconds (turns have none unless given per call). */
+  timeoutMs?: number;
+}
+
+/** Options every call takes. */
+export interface CallOpts {
+  /** Aborting it cancels the call (for a turn: the turn, server-side). */
+  signal?: AbortSignal;
+  /** The call's deadline in milliseconds. */
+  timeoutMs?: number;
+}
+
+/** A tool the client runs itself, offered to the model for one turn (ClientTool). */
+export type ClientToolInit = MessageInitShape<typeof ClientToolSchema>;
+/** A message to store (turnwire.v1.Message), as a plain object. */
+export type MessageInit = MessageInitShape<typeof MessageSchema>;
+
+/** Options of every call that runs a turn. */
+export interface TurnOptions extends CallOpts {
+  /** The turn's model as `provider:model`; the configured default when unset. */
+  model?: string;
+  /** Free-form per-turn data for lifecycle hooks (Think's `body`). */
+  body?: JsonObject;
+  /** The turn's request id (1-128 characters of [A-Za-z0-9._:-]); assigned by the server when unset. */
+  requestId?: string;
+  /** What happens to the turn when the caller goes away; CANCEL when unset. */
+  disconnectPolicy?: DisconnectPolicy;
+  /** Tools the client runs itself, offered to the model for this turn. */
+  clientTools?: ClientToolInit[];
+}
+
+/** The result of one client-side tool call: a JSON `output`, or an `errorText` the model sees. */
+export interface ToolResultInit {
+  toolCallId: string;
+  output?: JsonValue;
+  /** Set to report a failure; the model sees this text. */
+  errorText?: string;
+}
+
+/** One answer to a tool call waiting for approval. */
+export interface ToolApprovalInit {
+  toolCallId: string;
+  approved: boolean;
+  /** Why, for a denial; the model is told. */
+  reason?: string;
+}
+
+/** Options of the calls that may continue a turn after tool results or approvals. */
+export interface ContinueOptions extends TurnOptions {
+  /** Run one continuation turn once every pending call of the message is answered. */
+  autoContinue?: boolean;
+}
+
+/**
+ * A client of one Turnwire sidecar. It holds one HTTP/2 connection, opened
+ * on the first call; {@link TurnwireClient.close} closes it. Calls throw
+ * {@link TurnwireError}; calls that run a turn return a {@link TurnStream}.
+ */
+export class TurnwireClient {
+  /** The generated Connect client of turnwire.v1.ChatService: every RPC, typed, with its raw messages. */
+  readonly rpc: Client<typeof ChatService>;
+  private readonly session: Http2SessionManager;
+  private readonly timeoutMs: number | undefined;
+
+  constructor(options: TurnwireClientOptions) {
+    const secure = Boolean(options.tls) || options.address.startsWith('https://');
+    const baseUrl = options.address.includes('://')
+      ? options.address
+      : `${secure ? 'https' : 'http'}://${options.address}`;
+    const tls = typeof options.tls === 'object' ? options.tls : {};
+    this.session = new Http2SessionManager(baseUrl, undefined, {
+      ca: Array.isArray(tls.ca) ? tls.ca.map(nodePem) : tls.ca && nodePem(tls.ca),
+      cert: tls.cert && nodePem(tls.cert),
+      key: tls.key && nodePem(tls.key),
+      servername: tls.serverName,
+    });
+    const interceptors: Interceptor[] = [];
+    if (options.token) interceptors.push(bearer(options.token));
+    this.rpc = createClient(
+      ChatService,
+      createGrpcTransport({ baseUrl, sessionManager: this.session, interceptors }),
+    );
+    this.timeoutMs = options.timeoutMs;
+  }
+
+  /** Closes the connection; calls still running fail with `UNAVAILABLE`/`CANCELLED`. */
+  close(): void {
+    this.session.abort();
+  }
+
+  /**
+   * Appends a user message with `text` to the conversation (created on first
+   * use) and runs a turn: iterate its events, or `await ….collect()`.
+   */
+  chat(conversationId: string, text: string, options: TurnOptions = {}): TurnStream {
+    const message: MessageInit = { role: Role.USER, parts: [{ kind: { case: 'text', value: { text } } }] };
+    return this.turn(options, (call) =>
+      this.rpc.chat({ conversationId, message, ...turnFields(options) }, call),
+    );
+  }
+
+  /** Appends zero or more messages and runs a turn on the resulting history (SaveMessages). */
+  saveMessages(conversationId: string, messages: MessageInit[], options: TurnOptions = {}): TurnStream {
+    return this.turn(options, (call) =>
+      this.rpc.saveMessages({ conversationId, messages, ...turnFields(options) }, call),
+    );
+  }
+
+  /** Lets the model continue after the last assistant message; SKIPPED when there is none. */
+  continueLastTurn(conversationId: string, options: TurnOptions = {}): TurnStream {
+    return this.turn(options, (call) =>
+      this.rpc.continueLastTurn({ conversationId, ...turnFields(options) }, call),
+    );
+  }
+
+  /** Re-attaches to a turn: its events after `afterSequenceNumber` (0: all), then the live ones. */
+  resumeTurn(requestId: string, options: CallOpts & { afterSequenceNumber?: number } = {}): TurnStream {
+    const afterSequenceNumber = BigInt(options.afterSequenceNumber ?? 0);
+    return this.turn(options, (call) => this.rpc.resumeTurn({ requestId, afterSequenceNumber }, call));
+  }
+
+  /** Streams a submission's turn once it runs (WatchSubmission). */
+  watchSubmission(
+    submissionId: string,
+    options: CallOpts & { afterSequenceNumber?: number } = {},
+  ): TurnStream {
+    const afterSequenceNumber = BigInt(options.afterSequenceNumber ?? 0);
+    return this.turn(options, (call) =>
+      this.rpc.watchSubmission({ submissionId, afterSequenceNumber }, call),
+    );
+  }
+
+  /** Stores results of client-side tool calls; with `autoContinue` the continuation turn streams here. */
+  submitToolResults(
+    conversationId: string,
+    results: ToolResultInit[],
+    options: ContinueOptions = {},
+  ): TurnStream {
+    const wire = results.map(({ toolCallId, output, errorText }) =>
+      errorText !== undefined
+        ? { toolCallId, error: true, errorText }
+        : { toolCallId, outputJson: JSON.stringify(output ?? null) },
+    );
+    return this.turn(options, (call) =>
+      this.rpc.submitToolResults(
+        {
+          conversationId,
+          results: wire,
+          autoContinue: options.autoContinue ?? false,
+          ...turnFields(options),
+        },
+        call,
+      ),
+    );
+  }
+
+  /** Approves or denies tool calls waiting for approval, then continues as {@link submitToolResults}. */
+  submitToolApprovals(
+    conversationId: string,
+    approvals: ToolApprovalInit[],
+    options: ContinueOptions = {},
+  ): TurnStream {
+    return this.turn(options, (call) =>
+      this.rpc.submitToolApprovals(
+        { conversationId, approvals, autoContinue: options.autoContinue ?? false, ...turnFields(options) },
+        call,
+      ),
+    );
+  }
+
+  /** The conversation with all its messages, oldest first (follows GetConversation's pages). NOT_FOUND when unknown. */
+  async getConversation(conversationId: string, options: CallOpts = {}): Promise<Conversation> {
+    let pageToken = '';
+    let conversation: Conversation | undefined;
+    do {
+      const page = await this.unary(options, (call) =>
+        this.rpc.getConversation({ conversationId, pageToken }, call),
+      );
+      if (!page.conversation)
+        throw new TurnwireError({
+          grpcCode: Code.Internal,
+          message: 'GetConversation answered without a conversation',
+        });
+      if (conversation) conversation.messages.push(...page.conversation.messages);
+      else conversation = page.conversation;
+      pageToken = page.nextPageToken;
+    } while (pageToken);
+    return conversation;
+  }
+
+  /** One page of conversations, most recently updated first (without their messages). */
+  listConversations(
+    options: CallOpts & { pageSize?: number; pageToken?: string } = {},
+  ): Promise<ListConversationsResponse> {
+    const { pageSize = 0, pageToken = '' } = options;
+    return this.unary(options, (call) => this.rpc.listConversations({ pageSize, pageToken }, call));
+  }
+
+  /** Cancels a running or queued turn by request id; true when one was found. */
+  async cancelChat(requestId: string, options: CallOpts = {}): Promise<boolean> {
+    return (await this.unary(options, (call) => this.rpc.cancelChat({ requestId }, call))).cancelled;
+  }
+
+  /** Deletes a conversation with everything stored about it; false when it did not exist (with `allowMissing`). */
+  async deleteConversation(
+    conversationId: string,
+    options: CallOpts & { allowMissing?: boolean } = {},
+  ): Promise<boolean> {
+    const allowMissing = options.allowMissing ?? false;
+    return (
+      await this.unary(options, (call) => this.rpc.deleteConversation({ conversationId, allowMissing }, call))
+    ).deleted;
+  }
+
+  /** Writes messages to a transcript without running a turn (AddMessages). */
+  addMessages(
+    request: MessageInitShape<typeof AddMessagesRequestSchema>,
+    options: CallOpts = {},
+  ): Promise<AddMessagesResponse> {
+    return this.unary(options, (call) => this.rpc.addMessages(request, call));
+  }
+
+  /** Durably accepts messages for a turn that runs later (SubmitMessages). */
+  submitMessages(
+    request: MessageInitShape<typeof SubmitMessagesRequestSchema>,
+    options: CallOpts = {},
+  ): Promise<SubmitMessagesResponse> {
+    return this.unary(options, (call) => this.rpc.submitMessages(request, call));
+  }
+
+  /** One submission. */
+  async getSubmission(submissionId: string, options: CallOpts = {}): Promise<Submission | undefined> {
+    return (await this.unary(options, (call) => this.rpc.getSubmission({ submissionId }, call))).submission;
+  }
+
+  /** One page of submissions, oldest first. */
+  listSubmissions(
+    request: MessageInitShape<typeof ListSubmissionsRequestSchema> = {},
+    options: CallOpts = {},
+  ): Promise<ListSubmissionsResponse> {
+    return this.unary(options, (call) => this.rpc.listSubmissions(request, call));
+  }
+
+  /** Cancels a pending or running submission; returns it as stored after the cancel. */
+  async cancelSubmission(submissionId: string, options: CallOpts = {}): Promise<Submission | undefined> {
+    return (await this.unary(options, (call) => this.rpc.cancelSubmission({ submissionId }, call)))
+      .submission;
+  }
+
+  private turn(
+    options: CallOpts,
+    open: (call: CallOptions) => AsyncIterable<{ event?: TurnEvent }>,
+  ): TurnStream {
+    return new TurnStream(async function* (signal) {
+      for await (const response of open({ signal, timeoutMs: options.timeoutMs })) {
+        if (response.event) yield response.event;
+      }
+    }, options.signal);
+  }
+
+  private async unary<T>(options: CallOpts, call: (call: CallOptions) => Promise<T>): Promise<T> {
+    try {
+      return await call({ signal: options.signal, timeoutMs: options.timeoutMs ?? this.timeoutMs });
+    } catch (error) {
+      throw TurnwireError.from(error);
+    }
+  }
+}
+
+function turnFields(options: TurnOptions) {
+  return {
+    model: options.model ?? '',
+    body: options.body,
+    requestId: options.requestId ?? '',
+    disconnectPolicy: options.disconnectPolicy,
+    clientTools: options.clientTools ?? [],
+  };
+}
+
+function nodePem(pem: Pem): string | Buffer {
+  return typeof pem === 'string' ? pem : Buffer.from(pem);
+}
+
+/** Adds `authorization: Bearer <token>` (RFC 6750 §2.1) to every call. */
+function bearer(token: string): Interceptor {
+  return (next) => (request) => {
+    request.header.set('authorization', `Bearer ${token}`);
+    return next(request);
+  };
+}

@@ -1,0 +1,128 @@
+// TurnStream.collect() on hand-made event streams (no sidecar): the contract checks (gapless
+// sequence numbers, one TurnEnd, last) and an appending AttemptStart, which only a crash
+// recovery produces.
+
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+
+import { create } from '@bufbuild/protobuf';
+import { TurnStream, TurnStatus } from '@turnwire/client';
+import { TurnEventSchema } from '@turnwire/client/gen/turnwire/v1/event_pb';
+
+/** A TurnStream over events given as [case, value] pairs, numbered from `first`. */
+function stream(events, first = 1) {
+  const turnEvents = events.map(([kind, value], index) =>
+    create(TurnEventSchema, {
+      conversationId: 'c',
+      requestId: 'r',
+      sequenceNumber: BigInt(first + index),
+      event: { case: kind, value },
+    }),
+  );
+  return new TurnStream(async function* () {
+    yield* turnEvents;
+  });
+}
+
+const text = (value) => ({ parts: [{ kind: { case: 'text', value: { text: value } } }] });
+const END = ['turnEnd', { status: TurnStatus.COMPLETED }];
+
+test('the text of each step, the steps separated by a blank line; a blocked call marked', async () => {
+  const result = await stream([
+    ['turnStart', {}],
+    ['stepStart', { stepNumber: 0 }],
+    ['textDelta', { id: 't', delta: 'Hello' }],
+    ['textDelta', { id: 't', delta: ' there.' }],
+    ['toolInputAvailable', { toolCallId: 'k', toolName: 'rm', inputJson: '{"path":"/"}' }],
+    ['toolOutputAvailable', { toolCallId: 'k', outputJson: '"not allowed"', decision: 1 }],
+    ['stepStart', { stepNumber: 1 }],
+    ['textDelta', { id: 'u', delta: 'Done.' }],
+    END,
+  ]).collect();
+  assert.deepEqual(
+    result.toolCalls.map(({ toolName, input, output, decision }) => ({ toolName, input, output, decision })),
+    [{ toolName: 'rm', input: { path: '/' }, output: 'not allowed', decision: 'BLOCKED' }],
+  );
+  assert.deepEqual(result.steps[0].toolCallIds, ['k']);
+  assert.deepEqual(
+    result.steps.map((step) => step.text),
+    ['Hello there.', 'Done.'],
+  );
+  assert.equal(result.text, 'Hello there.\n\nDone.');
+  assert.equal(result.status, 'COMPLETED');
+});
+
+test('an appending AttemptStart keeps the stored reply; one that does not starts again', async () => {
+  const stored = {
+    parts: [
+      { kind: { case: 'stepStart', value: {} } },
+      ...text('Partial').parts,
+      {
+        kind: {
+          case: 'toolCall',
+          value: {
+            toolCallId: 'k',
+            toolName: 'calculator',
+            inputJson: '{"expression":"1+1"}',
+            outputJson: '2',
+            state: 5,
+          },
+        },
+      },
+    ],
+  };
+  const lost = [
+    ['turnStart', {}],
+    ['stepStart', { stepNumber: 0 }],
+    ['textDelta', { id: 't', delta: 'Lost' }],
+  ];
+  const appended = await stream([
+    ...lost,
+    ['attemptStart', { attempt: 2, appends: true, message: stored }],
+    ['stepStart', { stepNumber: 1 }],
+    ['textDelta', { id: 'u', delta: 'Resumed.' }],
+    END,
+  ]).collect();
+  assert.deepEqual(
+    appended.steps.map((step) => step.text),
+    ['Partial', 'Resumed.'],
+  );
+  assert.deepEqual(
+    appended.toolCalls.map(({ input, output, state }) => ({ input, output, state })),
+    [{ input: { expression: '1+1' }, output: 2, state: 'OUTPUT_AVAILABLE' }],
+  );
+
+  const restarted = await stream([
+    ...lost,
+    ['attemptStart', { attempt: 2, appends: false }],
+    ['stepStart', { stepNumber: 0 }],
+    ['textDelta', { id: 'u', delta: 'Again.' }],
+    END,
+  ]).collect();
+  assert.equal(restarted.text, 'Again.');
+  assert.deepEqual(restarted.toolCalls, []);
+});
+
+test('a stream that breaks the contract: INTERNAL', async () => {
+  const broken = {
+    'a gap in the sequence numbers': () =>
+      new TurnStream(async function* () {
+        yield create(TurnEventSchema, { sequenceNumber: 1n, event: { case: 'turnStart', value: {} } });
+        yield create(TurnEventSchema, { sequenceNumber: 3n, event: { case: 'turnEnd', value: {} } });
+      }).collect(),
+    'an event after TurnEnd': () => stream([END, ['turnStart', {}]]).collect(),
+    'no TurnEnd': () => stream([['turnStart', {}]]).collect(),
+  };
+  for (const [what, collect] of Object.entries(broken)) {
+    await assert.rejects(
+      collect,
+      (error) => error.code === 'INTERNAL' && /broke the contract/.test(error.message),
+      what,
+    );
+  }
+});
+
+test('a resumed stream may start at any sequence number', async () => {
+  const result = await stream([['textDelta', { id: 't', delta: 'x' }], END], 42).collect();
+  assert.equal(result.status, 'COMPLETED');
+});

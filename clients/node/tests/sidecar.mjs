@@ -1,0 +1,130 @@
+// Starts a real `turnwire serve` process for the client's tests (and for a
+// conformance runner): a free port on 127.0.0.1, a throwaway SQLite store, an
+// optional config (JSON is YAML), ready once ListConversations answers.
+//
+// TURNWIRE_BIN overrides the server command (default: the repo's .venv/bin/turnwire).
+
+import { spawn } from 'node:child_process';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { setTimeout as delay } from 'node:timers/promises';
+import { fileURLToPath } from 'node:url';
+
+import { TurnwireClient } from '@turnwire/client';
+
+const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
+export const TURNWIRE_BIN = process.env.TURNWIRE_BIN || path.join(REPO, '.venv', 'bin', 'turnwire');
+
+/**
+ * Polls `probe` (every 50 ms) until it returns a value other than undefined/null/false, and
+ * returns that value; throws naming `what` (and the last error) after `timeoutMs`.
+ */
+export async function waitUntil(probe, { timeoutMs = 10_000, what = 'the condition' } = {}) {
+  const giveUp = Date.now() + timeoutMs;
+  let lastError;
+  for (;;) {
+    try {
+      const value = await probe();
+      if (value !== undefined && value !== null && value !== false) return value;
+    } catch (error) {
+      lastError = error;
+    }
+    if (Date.now() > giveUp) {
+      throw new Error(
+        `timed out after ${timeoutMs} ms waiting for ${what}${lastError ? `: ${lastError.message}` : ''}`,
+      );
+    }
+    await delay(50); // the poll interval, not a guessed wait
+  }
+}
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const probe = net.createServer();
+    probe.unref();
+    probe.on('error', reject);
+    probe.listen(0, '127.0.0.1', () => {
+      const { port } = probe.address();
+      probe.close(() => resolve(port));
+    });
+  });
+}
+
+/**
+ * A running sidecar: `address` (host:port), `stderrTail()`, and `stop()`, which sends SIGTERM
+ * and resolves with the exit code (SIGKILL and a throw after 15 s).
+ */
+export async function startSidecar(config = {}, { startupTimeoutMs = 30_000 } = {}) {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'turnwire-ts-client-'));
+  const configPath = path.join(dir, 'turnwire.yaml');
+  await writeFile(configPath, JSON.stringify(config));
+  const port = await freePort();
+  const address = `127.0.0.1:${port}`;
+  // The test owns the configuration: drop the caller's TURNWIRE_* settings.
+  const env = Object.fromEntries(
+    Object.entries(process.env).filter(([name]) => !name.startsWith('TURNWIRE_')),
+  );
+  env.TURNWIRE_LIMITS__DRAIN_SECONDS = '0'; // no load balancer to drain from: stop at once
+  const child = spawn(
+    TURNWIRE_BIN,
+    [
+      'serve',
+      '--listen',
+      address,
+      '--store',
+      `sqlite:///${path.join(dir, 'turnwire.db')}`,
+      '--config',
+      configPath,
+    ],
+    { cwd: dir, env, stdio: ['ignore', 'ignore', 'pipe'] },
+  );
+  let stderr = '';
+  child.stderr.setEncoding('utf8');
+  child.stderr.on('data', (chunk) => {
+    stderr = (stderr + chunk).slice(-64_000);
+  });
+  let exited = null;
+  const exit = new Promise((resolve) => {
+    child.on('error', (error) => resolve((exited = { code: null, error })));
+    child.on('exit', (code, signal) => resolve((exited = { code, signal })));
+  });
+  const stderrTail = () => (stderr ? `\n--- turnwire stderr (tail) ---\n${stderr.slice(-4000)}` : '');
+
+  const stop = async () => {
+    try {
+      if (exited) return exited.code;
+      child.kill('SIGTERM');
+      const timer = new AbortController();
+      const result = await Promise.race([
+        exit,
+        delay(15_000, 'timeout', { signal: timer.signal }).catch(() => null),
+      ]);
+      timer.abort();
+      if (result === 'timeout') {
+        child.kill('SIGKILL');
+        throw new Error(`turnwire did not exit within 15 s of SIGTERM${stderrTail()}`);
+      }
+      return result.code;
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  };
+
+  const probe = new TurnwireClient({ address, timeoutMs: 1000 });
+  try {
+    const ready = await waitUntil(
+      async () => exited ?? (await probe.listConversations({ pageSize: 1 }), 'ready'),
+      { timeoutMs: startupTimeoutMs, what: `turnwire serve on ${address}` },
+    );
+    if (ready !== 'ready')
+      throw new Error(`turnwire (${TURNWIRE_BIN}) exited before it was ready: ${JSON.stringify(ready)}`);
+  } catch (error) {
+    await stop();
+    throw new Error(`${error.message}${stderrTail()}`);
+  } finally {
+    probe.close();
+  }
+  return { address, stop, stderrTail };
+}
