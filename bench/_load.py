@@ -44,6 +44,7 @@ async def load(
     model: str = "",
     on_window: Callable[[str], None] | None = None,
     count_text: bool = False,
+    pause: float = 0.0,
 ) -> dict[str, float]:
     """Run ``streams`` workers for ``warm`` + ``seconds``; count what arrives in the window.
 
@@ -51,6 +52,8 @@ async def load(
     sample the server's CPU time there). ``count_text`` parses every response, counts the
     characters of text deltas (for coalesced streams, whose events vary in size) and times the
     first text delta of each turn (time to first token); otherwise responses stay raw bytes.
+    ``pause`` (seconds) is each worker's think time between its turns: 0 sends the next turn the
+    moment the last one's stream ends, while the server still does that turn's trailing writes.
     """
     counts = {"events": 0, "turns": 0, "text": 0}
     first_event: list[tuple[float, float]] = []  # (call start, seconds to first message)
@@ -83,6 +86,8 @@ async def load(
                     response = await call.read()
                 counts["turns"] += 1
                 k += 1
+                if pause:
+                    await asyncio.sleep(pause)
 
         tasks = [asyncio.create_task(worker(w)) for w in range(streams)]
         await asyncio.sleep(warm)
@@ -125,6 +130,7 @@ def main() -> None:
     parser.add_argument(
         "--count-text", action="store_true", help="parse events: text and time to first token"
     )
+    parser.add_argument("--pause-ms", type=float, default=0.0, help="think time between a worker's turns")
     args = parser.parse_args()
     result = asyncio.run(
         load(
@@ -135,6 +141,7 @@ def main() -> None:
             args.tag,
             model=args.model,
             count_text=args.count_text,
+            pause=args.pause_ms / 1000.0,
         )
     )
     print(json.dumps(result), flush=True)

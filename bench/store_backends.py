@@ -6,8 +6,12 @@ in a separate process (``_load.py``):
 * **user-message commit** p50 / p99: ``Store.admit_turn`` as the turn waits for it (the turn
   lock and the one commit before the model is called; with PostgreSQL the ticket, the input's
   writes, the history read and the commit in one flight), sampled during the 1-stream run;
-* **time to first token** p50 / p99: from the call to the first text delta, one turn at a time
-  (the scripted model streams at once, so this is the server's own latency);
+* **time to first token** p50 / p99: from the call to the first text delta, one turn at a time,
+  twice: back to back with a model that streams without yielding (the next call lands while the
+  last turn's trailing writes run, and the whole reply is produced before its first delta
+  leaves), and as users meet it: a model whose every chunk is its own await, as a provider's
+  network reads are, and turns 30 ms apart. The second is the issue-11 target's measure (added
+  time to first token = the one commit);
 * **events/s at 100 streams**.
 
 ``none`` is the null-store bound (every per-turn store call returns at once, the turn lock
@@ -42,6 +46,10 @@ from turnwire_server.store.base import TurnAdmission
 
 POSTGRES_URL = os.environ.get("TURNWIRE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 VARIANTS = ("sqlite", "postgres", "none")
+PACED_MODEL = "scripted:bench-paced"
+PAUSE_MS = 30.0
+"""Think time between the spaced run's turns: long enough for a turn's trailing writes (its end,
+its events, its queue ticket) to finish before the next call, as between a user's messages."""
 
 
 def _null_store(store: Any) -> None:
@@ -70,7 +78,9 @@ def _timed_admission(samples: list[float], admit: Callable[..., Any]) -> Callabl
     return wrapper
 
 
-async def _load(port: int, streams: int, seconds: float, tag: str) -> dict[str, float]:
+async def _load(
+    port: int, streams: int, seconds: float, tag: str, *, model: str = STREAM_MODEL, pause_ms: float = 0.0
+) -> dict[str, float]:
     proc = await asyncio.create_subprocess_exec(
         PYTHON,
         str(BENCH_DIR / "_load.py"),
@@ -85,6 +95,10 @@ async def _load(port: int, streams: int, seconds: float, tag: str) -> dict[str, 
         "--tag",
         tag,
         "--count-text",
+        "--model",
+        model,
+        "--pause-ms",
+        str(pause_ms),
         stdout=asyncio.subprocess.PIPE,
     )
     out, _ = await proc.communicate()
@@ -101,7 +115,15 @@ async def run_variant(variant: str, seconds: float, store_url: str) -> dict[str,
         default_model=STREAM_MODEL,
         logging={"level": "warning"},
         store={"url": store_url, "pool_size": 20} if variant == "postgres" else {"url": store_url},
-        providers={"scripted": {"scripts": {"bench": [{"text": stream_text(200, 4), "chunk_size": 4}]}}},
+        providers={
+            "scripted": {
+                "scripts": {
+                    "bench": [{"text": stream_text(200, 4), "chunk_size": 4}],
+                    # As a provider's stream: each chunk arrives by its own read (an await).
+                    "bench-paced": [{"text": stream_text(200, 4), "chunk_size": 4, "delay_ms": 0.001}],
+                }
+            }
+        },
         tools={"demo": False},
         limits={"shutdown_grace_seconds": 1},
     )
@@ -114,6 +136,9 @@ async def run_variant(variant: str, seconds: float, store_url: str) -> dict[str,
     try:
         one = await _load(port, 1, seconds, f"{variant}-1")
         alone = list(commits)  # the commits of the 1-stream run: no other turn waits on the store
+        spaced = await _load(port, 1, seconds, f"{variant}-s", model=PACED_MODEL, pause_ms=PAUSE_MS)
+        spaced_commits = commits[len(alone) :]
+        del commits[len(alone) :]
         hundred = await _load(port, 100, seconds, f"{variant}-100")
     finally:
         await sidecar.stop()
@@ -125,6 +150,9 @@ async def run_variant(variant: str, seconds: float, store_url: str) -> dict[str,
         "commit100_p99_ms": percentile(loaded, 99) * 1000 if loaded else float("nan"),
         "ttft_p50_ms": one["ttft_p50_ms"],
         "ttft_p99_ms": one["ttft_p99_ms"],
+        "spaced_ttft_p50_ms": spaced["ttft_p50_ms"],
+        "spaced_commit_p50_ms": percentile(spaced_commits, 50) * 1000 if spaced_commits else float("nan"),
+        "spaced_ttft_p99_ms": spaced["ttft_p99_ms"],
         "events_per_s_100": hundred["events_per_s"],
     }
 
@@ -159,6 +187,9 @@ async def main_async(seconds: float) -> Table:
             "... at 100 streams",
             "time to first token p50 / p99 ms",
             "added TTFT p50 vs no store ms",
+            "TTFT p50 / p99 ms, paced model, turns 30 ms apart",
+            "added TTFT p50 (same) ms",
+            "its commit p50 ms",
             "events/s at 100 streams",
             "vs no store",
         ],
@@ -171,6 +202,9 @@ async def main_async(seconds: float) -> Table:
             f"{r['commit100_p50_ms']:.2f} / {r['commit100_p99_ms']:.2f}",
             f"{r['ttft_p50_ms']:.2f} / {r['ttft_p99_ms']:.2f}",
             f"{r['ttft_p50_ms'] - none['ttft_p50_ms']:+.2f}",
+            f"{r['spaced_ttft_p50_ms']:.2f} / {r['spaced_ttft_p99_ms']:.2f}",
+            f"{r['spaced_ttft_p50_ms'] - none['spaced_ttft_p50_ms']:+.2f}",
+            f"{r['spaced_commit_p50_ms']:.2f}",
             f"{r['events_per_s_100']:,.0f}",
             f"{r['events_per_s_100'] / none['events_per_s_100']:.0%}",
         )
