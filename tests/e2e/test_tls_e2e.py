@@ -141,6 +141,16 @@ async def test_cli_health_and_chat_over_tls(tls_server: TlsServer) -> None:
     )
     assert history.code == 0, history.stderr
     assert "Hello" in history.stdout
+    listing = await run_turnwire("conversations", "--target", target, "--tls-ca", str(tls_server.ca_file))
+    assert listing.code == 0, listing.stderr
+    assert "cli-tls" in listing.stdout
+    # Reached over TLS: "no such turn" (1), not "cannot reach" (3).
+    cancel = await run_turnwire(
+        "cancel", "no-such-turn", "--target", target, "--tls-ca", str(tls_server.ca_file)
+    )
+    assert cancel.code == 1, cancel.stdout + cancel.stderr
+    plaintext = await run_turnwire("conversations", "--target", target)
+    assert plaintext.code == 3, plaintext.stdout
 
 
 async def test_cli_health_without_tls_reports_unreachable(tls_server: TlsServer) -> None:
