@@ -7,8 +7,9 @@ Secret's symlink swap, a copy over the old file) serves the next connection; SIG
 at once (:meth:`ServerTls.reload`). Connections already open keep their session. A replacement
 that does not load (half written, key not matching) is logged and the files in use are kept.
 
-Contents are checked with the standard library's OpenSSL binding (:mod:`ssl`), which reads PEM as
-gRPC core does, so a file that passes here is one gRPC accepts.
+Contents are checked with the standard library's OpenSSL binding (:mod:`ssl`), so a wrong file is
+named at start; gRPC core (BoringSSL) would otherwise refuse it only at the first handshake, with
+a message that names no file.
 """
 
 from __future__ import annotations
