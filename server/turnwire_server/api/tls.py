@@ -8,8 +8,8 @@ at once (:meth:`ServerTls.reload`). Connections already open keep their session.
 that does not load (half written, key not matching) is logged and the files in use are kept.
 
 Contents are checked with the standard library's OpenSSL binding (:mod:`ssl`), so a wrong file is
-named at start; gRPC core (BoringSSL) would otherwise refuse it only at the first handshake, with
-a message that names no file.
+named at start; gRPC core (BoringSSL) would otherwise fail the port binding with "Failed to bind
+to address", naming neither the file nor the fault.
 """
 
 from __future__ import annotations
