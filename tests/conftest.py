@@ -11,14 +11,16 @@ from support.engine_harness import EngineFactory, engine_factory
 from support.sidecar import SidecarFactory, SidecarProcess
 from support.stores import BACKENDS, StoreBackend, postgres_database
 
+from turnwire_client import TlsOptions
 from turnwire_server.store import Store
 
 
 @pytest.fixture
 def sidecar_factory(tmp_path: Path) -> Iterator[SidecarFactory]:
-    """A factory ``(config=None, env=None, workdir=tmp_path, store_url=None) -> SidecarProcess``
-    (not started; ``await sidecar.start()``; ``store_url`` None: SQLite in ``workdir``). Every
-    process it made is killed at teardown."""
+    """A factory ``(config=None, env=None, workdir=tmp_path, store_url=None, tls=None) ->
+    SidecarProcess`` (not started; ``await sidecar.start()``; ``store_url`` None: SQLite in
+    ``workdir``; ``tls``: the client options to reach it). Every process it made is killed at
+    teardown."""
     created: list[SidecarProcess] = []
 
     def factory(
@@ -26,8 +28,9 @@ def sidecar_factory(tmp_path: Path) -> Iterator[SidecarFactory]:
         env: dict[str, str] | None = None,
         workdir: Path | None = None,
         store_url: str | None = None,
+        tls: TlsOptions | None = None,
     ) -> SidecarProcess:
-        sidecar = SidecarProcess(workdir or tmp_path, config, env, store_url=store_url)
+        sidecar = SidecarProcess(workdir or tmp_path, config, env, store_url=store_url, tls=tls)
         created.append(sidecar)
         return sidecar
 

@@ -8,7 +8,8 @@ load balancers move traffic away first; a second SIGTERM/SIGINT ends it), then
 no new calls are accepted, running turns get ``limits.shutdown_grace_seconds``
 to finish, the rest are cancelled and store their partial replies; once every
 ChatService call has ended, the streams that never end on their own (health
-``Watch``, reflection) are cancelled, and the process exits 0.
+``Watch``, reflection) are cancelled, and the process exits 0. SIGHUP re-reads
+the ``tls:`` files (:mod:`turnwire_server.api.tls`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
 
 from turnwire.hooks import Middleware, SessionConfig, SessionContext
@@ -35,8 +35,10 @@ from turnwire_server.api.admission import CallGate
 from turnwire_server.api.chat_service import ChatService
 from turnwire_server.api.rpc_logging import quiet_grpc_call_noise
 from turnwire_server.api.rpc_observer import RpcObserver
+from turnwire_server.api.standard_services import add_standard_services
 from turnwire_server.api.status import status_of
 from turnwire_server.api.submission_rpcs import turn_request_of
+from turnwire_server.api.tls import ServerTls, TlsFileError
 from turnwire_server.config import MiddlewareEntry, Settings
 from turnwire_server.engine import EngineSettings, TurnEngine
 from turnwire_server.engine.maintenance import Maintenance
@@ -129,6 +131,12 @@ class Sidecar:
     remote_hooks: Sequence[RemoteMiddleware] = ()
     metrics_endpoint: MetricsEndpoint | None = None
     tracer_provider: TracerProvider | None = None
+    tls: ServerTls | None = None
+
+    def reload_tls(self) -> None:
+        """SIGHUP: re-read the ``tls:`` files now (:meth:`ServerTls.reload`); nothing without TLS."""
+        if self.tls is not None:
+            self.tls.reload()
 
     async def drain_window(self, cut_short: asyncio.Event) -> None:
         """The drain window before :meth:`stop` (see the module docstring): health reports
@@ -235,11 +243,12 @@ async def start(settings: Settings) -> Sidecar:
     bad configuration touches no file. Raises :class:`StartupError` with a
     message that says what to fix.
     """
+    tls = open_tls(settings)
     endpoint = _metrics_endpoint(settings)
     try:
         tools = await open_tools(settings)
         try:
-            sidecar = await _start(settings, tools)
+            sidecar = await _start(settings, tools, tls)
         except BaseException:
             await tools.aclose()
             raise
@@ -278,6 +287,17 @@ def metric_models(settings: Settings, session: SessionConfig) -> frozenset[str]:
     if isinstance(summary_model, str):
         known.add(summary_model)
     return frozenset(known)
+
+
+def open_tls(settings: Settings) -> ServerTls | None:
+    """The server's TLS credentials (None: plaintext), its files checked. Raises
+    :class:`StartupError`."""
+    if settings.tls is None:
+        return None
+    try:
+        return ServerTls(settings.tls)
+    except TlsFileError as error:
+        raise StartupError(str(error)) from error
 
 
 async def open_tools(settings: Settings) -> ToolSet:
@@ -321,7 +341,7 @@ async def open_tools(settings: Settings) -> ToolSet:
     return tool_set
 
 
-async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
+async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None) -> Sidecar:
     providers = build_providers(settings)
     try:
         providers.resolve(settings.default_model)
@@ -423,18 +443,12 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
             ),
             server,
         )
-        health = health_aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        reflection.enable_server_reflection(
-            (
-                SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            server,
-        )
+        health = add_standard_services(server, (SERVICE_NAME,))
         try:
-            port = server.add_insecure_port(settings.listen)
+            if tls is None:
+                port = server.add_insecure_port(settings.listen)
+            else:
+                port = server.add_secure_port(settings.listen, tls.server_credentials())
         except RuntimeError as error:
             raise StartupError(f"cannot listen on {settings.listen}: {error}") from error
         if port == 0:
@@ -465,9 +479,10 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
     host = settings.listen.rpartition(":")[0]
     log.info(
-        "turnwire listening on %s:%d (store %s, default model %s)",
+        "turnwire listening on %s:%d, %s (store %s, default model %s)",
         host,
         port,
+        _transport(settings),
         redact_url(settings.store.url),
         settings.default_model,
     )
@@ -486,7 +501,14 @@ async def _start(settings: Settings, tools: ToolSet) -> Sidecar:
         replica,
         remote_hooks,
         tracer_provider=tracer_provider,
+        tls=tls,
     )
+
+
+def _transport(settings: Settings) -> str:
+    if settings.tls is None:
+        return "plaintext"
+    return "mutual TLS" if settings.tls.client_auth == "require" else "TLS"
 
 
 async def serve(settings: Settings) -> None:
@@ -516,6 +538,7 @@ async def serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    loop.add_signal_handler(signal.SIGHUP, sidecar.reload_tls)
     await stop.wait()
     await sidecar.drain_window(hurry)
     draining = False

@@ -9,9 +9,12 @@ import json
 import logging
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from turnwire_client import TlsOptions
 
 app = typer.Typer(
     name="turnwire",
@@ -25,6 +28,65 @@ app = typer.Typer(
 TargetOption = Annotated[
     str, typer.Option("--target", "-t", envvar="TURNWIRE_TARGET", help="Sidecar address HOST:PORT.")
 ]
+
+# TLS towards the sidecar (its tls: section), for every command that connects to one.
+_TLS_FILE = {"exists": True, "dir_okay": False, "readable": True, "rich_help_panel": "TLS"}
+TlsOption = Annotated[
+    bool,
+    typer.Option(
+        "--tls",
+        help="Connect with TLS, trusting the system's root certificates (implied by any --tls-* option).",
+        rich_help_panel="TLS",
+    ),
+]
+TlsCaOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-ca",
+        envvar="TURNWIRE_TLS_CA",
+        help="PEM CA certificate(s) to trust for the sidecar's certificate.",
+        **_TLS_FILE,
+    ),
+]
+TlsCertOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-cert",
+        envvar="TURNWIRE_TLS_CERT",
+        help="PEM client certificate, for a sidecar that requires one (mutual TLS); with --tls-key.",
+        **_TLS_FILE,
+    ),
+]
+TlsKeyOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-key", envvar="TURNWIRE_TLS_KEY", help="Unencrypted PEM key of --tls-cert.", **_TLS_FILE
+    ),
+]
+TlsServerNameOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tls-server-name",
+        envvar="TURNWIRE_TLS_SERVER_NAME",
+        help="Name the sidecar's certificate must carry, when not the --target host.",
+        rich_help_panel="TLS",
+    ),
+]
+
+
+def _tls_options(
+    tls: bool, ca: Path | None, cert: Path | None, key: Path | None, server_name: str | None
+) -> TlsOptions | None:
+    """The client's TLS options from the --tls* flags; None (plaintext) when none is given."""
+    from turnwire_client import TlsOptions
+
+    if not tls and ca is None and cert is None and key is None and server_name is None:
+        return None
+    try:
+        return TlsOptions(ca_file=ca, cert_file=cert, key_file=key, server_name=server_name)
+    except ValueError:
+        typer.echo("turnwire: --tls-cert and --tls-key go together (mutual TLS): give both", err=True)
+        raise typer.Exit(2) from None
 
 
 def _print_version(value: bool) -> None:
@@ -211,9 +273,15 @@ def _copy_store(source: str | None, target: str | None) -> None:
 def chat(
     conversation: Annotated[str, typer.Argument(help="Conversation id (created on first use).")],
     text: Annotated[str, typer.Argument(help="The user message.")],
+    *,
     target: TargetOption = "127.0.0.1:50051",
     model: Annotated[str | None, typer.Option(help="Model for this turn, provider:model.")] = None,
     body: Annotated[str | None, typer.Option(help="Per-turn JSON object for hooks.")] = None,
+    tls: TlsOption = False,
+    tls_ca: TlsCaOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_server_name: TlsServerNameOption = None,
 ) -> None:
     """Send one message and stream the reply, tool calls and results included."""
     from turnwire_server.console import run_chat
@@ -228,7 +296,10 @@ def chat(
         if not isinstance(parsed_body, dict):
             typer.echo("turnwire: --body must be a JSON object", err=True)
             raise typer.Exit(2)
-    raise typer.Exit(_interruptible(run_chat(target, conversation, text, model=model, body=parsed_body)))
+    tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
+    raise typer.Exit(
+        _interruptible(run_chat(target, conversation, text, model=model, body=parsed_body, tls=tls_options))
+    )
 
 
 def _interruptible(turn: Coroutine[Any, Any, int]) -> int:
@@ -243,59 +314,95 @@ def _interruptible(turn: Coroutine[Any, Any, int]) -> int:
 @app.command("continue")
 def continue_(
     conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    *,
     target: TargetOption = "127.0.0.1:50051",
     model: Annotated[str | None, typer.Option(help="Model for this turn, provider:model.")] = None,
+    tls: TlsOption = False,
+    tls_ca: TlsCaOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_server_name: TlsServerNameOption = None,
 ) -> None:
     """Let the model continue after the last assistant message (ContinueLastTurn), streaming it."""
     from turnwire_server.console import run_continue
 
-    raise typer.Exit(_interruptible(run_continue(target, conversation, model=model)))
+    tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
+    raise typer.Exit(_interruptible(run_continue(target, conversation, model=model, tls=tls_options)))
 
 
 @app.command()
 def cancel(
     request_id: Annotated[str, typer.Argument(help="The turn's request id (turnwire chat shows it).")],
+    *,
     target: TargetOption = "127.0.0.1:50051",
+    tls: TlsOption = False,
+    tls_ca: TlsCaOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_server_name: TlsServerNameOption = None,
 ) -> None:
     """Cancel a running or queued turn by its request id (exit status 1 when none is running)."""
     from turnwire_server.console import run_cancel
 
-    raise typer.Exit(asyncio.run(run_cancel(target, request_id)))
+    tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
+    raise typer.Exit(asyncio.run(run_cancel(target, request_id, tls=tls_options)))
 
 
 @app.command()
 def conversations(
+    *,
     target: TargetOption = "127.0.0.1:50051",
     limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 50,
+    tls: TlsOption = False,
+    tls_ca: TlsCaOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_server_name: TlsServerNameOption = None,
 ) -> None:
     """List conversations, most recently updated first."""
     from turnwire_server.console import run_conversations
 
-    raise typer.Exit(asyncio.run(run_conversations(target, limit=limit)))
+    tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
+    raise typer.Exit(asyncio.run(run_conversations(target, limit=limit, tls=tls_options)))
 
 
 @app.command()
 def history(
     conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    *,
     target: TargetOption = "127.0.0.1:50051",
+    tls: TlsOption = False,
+    tls_ca: TlsCaOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_server_name: TlsServerNameOption = None,
 ) -> None:
     """Print a conversation's stored messages."""
     from turnwire_server.console import run_history
 
-    raise typer.Exit(asyncio.run(run_history(target, conversation)))
+    tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
+    raise typer.Exit(asyncio.run(run_history(target, conversation, tls=tls_options)))
 
 
 @app.command()
 def health(
+    *,
     target: TargetOption = "127.0.0.1:50051",
     service: Annotated[str, typer.Option(help="Service to ask about; empty: the whole server.")] = "",
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the answer.")] = 5.0,
+    tls: TlsOption = False,
+    tls_ca: TlsCaOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_server_name: TlsServerNameOption = None,
 ) -> None:
     """Ask the standard gRPC health service; print SERVING, NOT_SERVING, SERVICE_UNKNOWN or
     unreachable. Exit status 0 only when SERVING, else 1 (as Docker HEALTHCHECK expects)."""
     from turnwire_server.health_check import check_health
 
-    answer = check_health(target, service, timeout)
+    answer = check_health(
+        target, service, timeout, _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
+    )
     typer.echo(answer.status)
     if answer.detail:
         typer.echo(f"turnwire: {answer.detail}", err=True)

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.status import Status
 from rich.text import Text
 
-from turnwire_client import ProtocolError, TurnResult, TurnwireClient, TurnwireError, collect
+from turnwire_client import ProtocolError, TlsOptions, TurnResult, TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 
 __all__ = [
@@ -68,6 +68,7 @@ async def run_chat(
     *,
     model: str | None = None,
     body: Mapping[str, Any] | None = None,
+    tls: TlsOptions | None = None,
     console: Console | None = None,
 ) -> int:
     """Send ``text`` to ``conversation_id`` on the sidecar at ``target`` and render the turn live.
@@ -83,6 +84,7 @@ async def run_chat(
         text: The user message.
         model: Optional ``provider:model`` for this turn.
         body: Optional JSON-like data for lifecycle hooks.
+        tls: TLS towards the sidecar; None: plaintext.
         console: Where to print; a default stdout ``Console`` when ``None``.
 
     Returns:
@@ -97,21 +99,29 @@ async def run_chat(
         target,
         request_id,
         lambda client: client.chat(conversation_id, text, request_id=request_id, body=body, model=model),
+        tls,
         console,
     )
 
 
 async def run_continue(
-    target: str, conversation_id: str, *, model: str | None = None, console: Console | None = None
+    target: str,
+    conversation_id: str,
+    *,
+    model: str | None = None,
+    tls: TlsOptions | None = None,
+    console: Console | None = None,
 ) -> int:
     """Let the model continue after the conversation's last assistant message (``ContinueLastTurn``)
     and render that turn as :func:`run_chat` does; a conversation whose last message is not the
-    assistant's ends ``SKIPPED`` (exit code 1). Exit codes as for :func:`run_chat`."""
+    assistant's ends ``SKIPPED`` (exit code 1). ``tls``: TLS towards the sidecar (None:
+    plaintext). Exit codes as for :func:`run_chat`."""
     request_id = f"cli-{uuid.uuid4().hex[:16]}"
     return await _run_turn(
         target,
         request_id,
         lambda client: client.continue_last_turn(conversation_id, request_id=request_id, model=model),
+        tls,
         console,
     )
 
@@ -120,12 +130,13 @@ async def _run_turn(
     target: str,
     request_id: str,
     open_stream: Callable[[TurnwireClient], AsyncIterator[event_pb2.TurnEvent]],
+    tls: TlsOptions | None,
     console: Console | None,
 ) -> int:
     out = console if console is not None else Console()
     renderer = _TurnRenderer(out, request_id)
     try:
-        async with TurnwireClient(target) as client:
+        async with TurnwireClient(target, tls=tls) as client:
             result = await collect(renderer.tee(open_stream(client)))
     except asyncio.CancelledError:
         # Ctrl-C: asyncio.run cancels this task; leaving the stream cancels the turn on the
@@ -156,7 +167,9 @@ async def _run_turn(
     return EXIT_OK if result.ok else EXIT_TURN_FAILED
 
 
-async def run_history(target: str, conversation_id: str, *, console: Console | None = None) -> int:
+async def run_history(
+    target: str, conversation_id: str, *, tls: TlsOptions | None = None, console: Console | None = None
+) -> int:
     """Print a conversation's messages, oldest first.
 
     Each message gets a header (role, id and time in UTC), then its parts: text, reasoning
@@ -166,6 +179,7 @@ async def run_history(target: str, conversation_id: str, *, console: Console | N
     Args:
         target: The sidecar's address.
         conversation_id: The conversation to show.
+        tls: TLS towards the sidecar; None: plaintext.
         console: Where to print; a default stdout ``Console`` when ``None``.
 
     Returns:
@@ -176,7 +190,7 @@ async def run_history(target: str, conversation_id: str, *, console: Console | N
     """
     out = console if console is not None else Console()
     try:
-        async with TurnwireClient(target) as client:
+        async with TurnwireClient(target, tls=tls) as client:
             conversation = await client.get_conversation(conversation_id)
     except TurnwireError as error:
         if error.code == grpc.StatusCode.NOT_FOUND:
@@ -203,14 +217,17 @@ async def run_history(target: str, conversation_id: str, *, console: Console | N
     return EXIT_OK
 
 
-async def run_conversations(target: str, *, limit: int = 50, console: Console | None = None) -> int:
+async def run_conversations(
+    target: str, *, limit: int = 50, tls: TlsOptions | None = None, console: Console | None = None
+) -> int:
     """Print up to ``limit`` conversations, most recently updated first: id, message count, last
-    update (UTC); a last line says when more exist. Exit codes as for :func:`run_history`."""
+    update (UTC); a last line says when more exist. ``tls`` as for :func:`run_history`. Exit codes
+    as for :func:`run_history`."""
     out = console if console is not None else Console()
     shown = 0
     token = ""
     try:
-        async with TurnwireClient(target) as client:
+        async with TurnwireClient(target, tls=tls) as client:
             while shown < limit:
                 page = await client.list_conversations(page_size=min(limit - shown, 1000), page_token=token)
                 for conversation in page.conversations:
@@ -232,13 +249,15 @@ async def run_conversations(target: str, *, limit: int = 50, console: Console | 
     return EXIT_OK
 
 
-async def run_cancel(target: str, request_id: str, *, console: Console | None = None) -> int:
+async def run_cancel(
+    target: str, request_id: str, *, tls: TlsOptions | None = None, console: Console | None = None
+) -> int:
     """Cancel the running or queued turn ``request_id`` (``CancelChat``; any replica). Prints
-    whether a turn was cancelled. Returns 0 when one was, 1 when no such turn is running, else as
-    for :func:`run_history`."""
+    whether a turn was cancelled. ``tls`` as for :func:`run_history`. Returns 0 when one was, 1
+    when no such turn is running, else as for :func:`run_history`."""
     out = console if console is not None else Console()
     try:
-        async with TurnwireClient(target) as client:
+        async with TurnwireClient(target, tls=tls) as client:
             cancelled = await client.cancel_chat(request_id)
     except TurnwireError as error:
         return _print_call_error(out, target, error)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from turnwire_client.tls import TlsOptions
+
 __all__ = ["EXIT_SERVING", "EXIT_UNHEALTHY", "HealthAnswer", "check_health"]
 
 EXIT_SERVING = 0
@@ -42,12 +44,20 @@ class HealthAnswer:
         return EXIT_SERVING if self.status == "SERVING" else EXIT_UNHEALTHY
 
 
-def check_health(target: str, service: str = "", timeout: float = 5.0) -> HealthAnswer:
-    """Ask ``target`` (``HOST:PORT``, plaintext) whether ``service`` (``""``: the whole
-    server) is serving, waiting at most ``timeout`` seconds. Never raises for an RPC outcome:
-    every failure is a :class:`HealthAnswer`."""
+def check_health(
+    target: str, service: str = "", timeout: float = 5.0, tls: TlsOptions | None = None
+) -> HealthAnswer:
+    """Ask ``target`` (``HOST:PORT``; plaintext, or TLS with ``tls``) whether ``service``
+    (``""``: the whole server) is serving, waiting at most ``timeout`` seconds. Never raises for
+    an RPC outcome: every failure is a :class:`HealthAnswer` (a failed TLS handshake is
+    ``unreachable``); raises :class:`OSError` when a ``tls`` file cannot be read."""
     what = f"service {service!r}" if service else "the server"
-    with grpc.insecure_channel(target) as channel:
+    channel = (
+        grpc.insecure_channel(target)
+        if tls is None
+        else grpc.secure_channel(target, tls.channel_credentials(), options=tls.channel_options())
+    )
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)

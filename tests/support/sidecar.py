@@ -31,6 +31,8 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from turnwire_client import TlsOptions
+
 START_TIMEOUT_SECONDS = 20.0
 STOP_TIMEOUT_SECONDS = 20.0
 PORT_ATTEMPTS = 3
@@ -62,6 +64,8 @@ class SidecarProcess:
             ``env`` or ``config`` sets ``limits.drain_seconds``, it is 0: the tests stop their
             sidecars with SIGTERM, and only the drain window's own tests wait it out.
         store_url: The store (``--store``); None: the SQLite file ``turnwire.db`` in ``workdir``.
+        tls: How to reach a sidecar whose config has a ``tls:`` section (the start waits for
+            SERVING over it); None: plaintext.
     """
 
     def __init__(
@@ -70,8 +74,10 @@ class SidecarProcess:
         config: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         store_url: str | None = None,
+        tls: TlsOptions | None = None,
     ) -> None:
         self.workdir = Path(workdir)
+        self.tls = tls
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config = config
         self.extra_env = dict(env or {})
@@ -91,6 +97,14 @@ class SidecarProcess:
     def target(self) -> str:
         """``127.0.0.1:PORT``, for a gRPC channel."""
         return f"127.0.0.1:{self.port}"
+
+    def channel(self) -> grpc.aio.Channel:
+        """A new channel to the sidecar: over :attr:`tls` when set, else plaintext."""
+        if self.tls is None:
+            return grpc.aio.insecure_channel(self.target)
+        return grpc.aio.secure_channel(
+            self.target, self.tls.channel_credentials(), options=self.tls.channel_options()
+        )
 
     @property
     def command(self) -> list[str]:
@@ -147,7 +161,7 @@ class SidecarProcess:
         self, process: subprocess.Popen[bytes], deadline: float, budget: float
     ) -> int | None:
         """None once SERVING; the exit code if the process ended first."""
-        async with grpc.aio.insecure_channel(self.target) as channel:
+        async with self.channel() as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 code = process.poll()
@@ -291,17 +305,20 @@ async def run_turnwire(
 
 
 SidecarFactory = Callable[..., SidecarProcess]
-"""The ``sidecar_factory`` fixture: ``(config=None, env=None, workdir=None, store_url=None) ->
-SidecarProcess``."""
+"""The ``sidecar_factory`` fixture: ``(config=None, env=None, workdir=None, store_url=None,
+tls=None) -> SidecarProcess``."""
 
 
 @contextlib.contextmanager
 def running_sidecar(
-    workdir: Path, config: dict[str, Any] | None = None, env: dict[str, str] | None = None
+    workdir: Path,
+    config: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    tls: TlsOptions | None = None,
 ) -> Iterator[SidecarProcess]:
     """A started :class:`SidecarProcess` for synchronous code (module-scoped fixtures);
     killed on exit."""
-    sidecar = SidecarProcess(workdir, config, env)
+    sidecar = SidecarProcess(workdir, config, env, tls=tls)
     try:
         yield sidecar.start_blocking()
     finally:

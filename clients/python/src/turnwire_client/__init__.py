@@ -40,11 +40,13 @@ if TYPE_CHECKING:
     from turnwire_client.metadata import PARENT_REQUEST_METADATA
     from turnwire_client.result import TurnResult, collect
     from turnwire_client.stream import TurnStream
+    from turnwire_client.tls import TlsOptions
 
 __all__ = [
     "ERROR_DOMAIN",
     "PARENT_REQUEST_METADATA",
     "ProtocolError",
+    "TlsOptions",
     "TurnResult",
     "TurnStream",
     "TurnwireClient",
@@ -61,6 +63,7 @@ _HOMES = {
     "TurnResult": "result",
     "collect": "result",
     "TurnStream": "stream",
+    "TlsOptions": "tls",
 }
 
 
