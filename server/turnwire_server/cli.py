@@ -25,6 +25,15 @@ app = typer.Typer(
 TargetOption = Annotated[
     str, typer.Option("--target", "-t", envvar="TURNWIRE_TARGET", help="Sidecar address HOST:PORT.")
 ]
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="TURNWIRE_TOKEN",
+        show_default=False,
+        help="Bearer token for a sidecar with auth: on (prefer the TURNWIRE_TOKEN variable).",
+    ),
+]
 
 
 def _print_version(value: bool) -> None:
@@ -211,9 +220,11 @@ def _copy_store(source: str | None, target: str | None) -> None:
 def chat(
     conversation: Annotated[str, typer.Argument(help="Conversation id (created on first use).")],
     text: Annotated[str, typer.Argument(help="The user message.")],
+    *,
     target: TargetOption = "127.0.0.1:50051",
     model: Annotated[str | None, typer.Option(help="Model for this turn, provider:model.")] = None,
     body: Annotated[str | None, typer.Option(help="Per-turn JSON object for hooks.")] = None,
+    token: TokenOption = None,
 ) -> None:
     """Send one message and stream the reply, tool calls and results included."""
     from turnwire_server.console import run_chat
@@ -228,7 +239,9 @@ def chat(
         if not isinstance(parsed_body, dict):
             typer.echo("turnwire: --body must be a JSON object", err=True)
             raise typer.Exit(2)
-    raise typer.Exit(_interruptible(run_chat(target, conversation, text, model=model, body=parsed_body)))
+    raise typer.Exit(
+        _interruptible(run_chat(target, conversation, text, model=model, body=parsed_body, token=token))
+    )
 
 
 def _interruptible(turn: Coroutine[Any, Any, int]) -> int:
@@ -245,44 +258,48 @@ def continue_(
     conversation: Annotated[str, typer.Argument(help="Conversation id.")],
     target: TargetOption = "127.0.0.1:50051",
     model: Annotated[str | None, typer.Option(help="Model for this turn, provider:model.")] = None,
+    token: TokenOption = None,
 ) -> None:
     """Let the model continue after the last assistant message (ContinueLastTurn), streaming it."""
     from turnwire_server.console import run_continue
 
-    raise typer.Exit(_interruptible(run_continue(target, conversation, model=model)))
+    raise typer.Exit(_interruptible(run_continue(target, conversation, model=model, token=token)))
 
 
 @app.command()
 def cancel(
     request_id: Annotated[str, typer.Argument(help="The turn's request id (turnwire chat shows it).")],
     target: TargetOption = "127.0.0.1:50051",
+    token: TokenOption = None,
 ) -> None:
     """Cancel a running or queued turn by its request id (exit status 1 when none is running)."""
     from turnwire_server.console import run_cancel
 
-    raise typer.Exit(asyncio.run(run_cancel(target, request_id)))
+    raise typer.Exit(asyncio.run(run_cancel(target, request_id, token=token)))
 
 
 @app.command()
 def conversations(
     target: TargetOption = "127.0.0.1:50051",
     limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 50,
+    token: TokenOption = None,
 ) -> None:
     """List conversations, most recently updated first."""
     from turnwire_server.console import run_conversations
 
-    raise typer.Exit(asyncio.run(run_conversations(target, limit=limit)))
+    raise typer.Exit(asyncio.run(run_conversations(target, limit=limit, token=token)))
 
 
 @app.command()
 def history(
     conversation: Annotated[str, typer.Argument(help="Conversation id.")],
     target: TargetOption = "127.0.0.1:50051",
+    token: TokenOption = None,
 ) -> None:
     """Print a conversation's stored messages."""
     from turnwire_server.console import run_history
 
-    raise typer.Exit(asyncio.run(run_history(target, conversation)))
+    raise typer.Exit(asyncio.run(run_history(target, conversation, token=token)))
 
 
 @app.command()
@@ -290,12 +307,13 @@ def health(
     target: TargetOption = "127.0.0.1:50051",
     service: Annotated[str, typer.Option(help="Service to ask about; empty: the whole server.")] = "",
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the answer.")] = 5.0,
+    token: TokenOption = None,
 ) -> None:
     """Ask the standard gRPC health service; print SERVING, NOT_SERVING, SERVICE_UNKNOWN or
     unreachable. Exit status 0 only when SERVING, else 1 (as Docker HEALTHCHECK expects)."""
     from turnwire_server.health_check import check_health
 
-    answer = check_health(target, service, timeout)
+    answer = check_health(target, service, timeout, token=token)
     typer.echo(answer.status)
     if answer.detail:
         typer.echo(f"turnwire: {answer.detail}", err=True)

@@ -69,6 +69,7 @@ async def run_chat(
     model: str | None = None,
     body: Mapping[str, Any] | None = None,
     console: Console | None = None,
+    token: str | None = None,
 ) -> int:
     """Send ``text`` to ``conversation_id`` on the sidecar at ``target`` and render the turn live.
 
@@ -84,6 +85,7 @@ async def run_chat(
         model: Optional ``provider:model`` for this turn.
         body: Optional JSON-like data for lifecycle hooks.
         console: Where to print; a default stdout ``Console`` when ``None``.
+        token: Bearer token for a sidecar with ``auth:`` on.
 
     Returns:
         The process exit code: 0 when the turn COMPLETED; 1 when it ended otherwise (or the
@@ -98,11 +100,17 @@ async def run_chat(
         request_id,
         lambda client: client.chat(conversation_id, text, request_id=request_id, body=body, model=model),
         console,
+        token,
     )
 
 
 async def run_continue(
-    target: str, conversation_id: str, *, model: str | None = None, console: Console | None = None
+    target: str,
+    conversation_id: str,
+    *,
+    model: str | None = None,
+    console: Console | None = None,
+    token: str | None = None,
 ) -> int:
     """Let the model continue after the conversation's last assistant message (``ContinueLastTurn``)
     and render that turn as :func:`run_chat` does; a conversation whose last message is not the
@@ -113,6 +121,7 @@ async def run_continue(
         request_id,
         lambda client: client.continue_last_turn(conversation_id, request_id=request_id, model=model),
         console,
+        token,
     )
 
 
@@ -121,11 +130,12 @@ async def _run_turn(
     request_id: str,
     open_stream: Callable[[TurnwireClient], AsyncIterator[event_pb2.TurnEvent]],
     console: Console | None,
+    token: str | None,
 ) -> int:
     out = console if console is not None else Console()
     renderer = _TurnRenderer(out, request_id)
     try:
-        async with TurnwireClient(target) as client:
+        async with TurnwireClient(target, token=token) as client:
             result = await collect(renderer.tee(open_stream(client)))
     except asyncio.CancelledError:
         # Ctrl-C: asyncio.run cancels this task; leaving the stream cancels the turn on the
@@ -156,7 +166,9 @@ async def _run_turn(
     return EXIT_OK if result.ok else EXIT_TURN_FAILED
 
 
-async def run_history(target: str, conversation_id: str, *, console: Console | None = None) -> int:
+async def run_history(
+    target: str, conversation_id: str, *, console: Console | None = None, token: str | None = None
+) -> int:
     """Print a conversation's messages, oldest first.
 
     Each message gets a header (role, id and time in UTC), then its parts: text, reasoning
@@ -167,6 +179,7 @@ async def run_history(target: str, conversation_id: str, *, console: Console | N
         target: The sidecar's address.
         conversation_id: The conversation to show.
         console: Where to print; a default stdout ``Console`` when ``None``.
+        token: Bearer token for a sidecar with ``auth:`` on.
 
     Returns:
         0 on success; 2 when the conversation does not exist (a clear message is printed) or
@@ -176,7 +189,7 @@ async def run_history(target: str, conversation_id: str, *, console: Console | N
     """
     out = console if console is not None else Console()
     try:
-        async with TurnwireClient(target) as client:
+        async with TurnwireClient(target, token=token) as client:
             conversation = await client.get_conversation(conversation_id)
     except TurnwireError as error:
         if error.code == grpc.StatusCode.NOT_FOUND:
@@ -203,14 +216,17 @@ async def run_history(target: str, conversation_id: str, *, console: Console | N
     return EXIT_OK
 
 
-async def run_conversations(target: str, *, limit: int = 50, console: Console | None = None) -> int:
+async def run_conversations(
+    target: str, *, limit: int = 50, console: Console | None = None, token: str | None = None
+) -> int:
     """Print up to ``limit`` conversations, most recently updated first: id, message count, last
-    update (UTC); a last line says when more exist. Exit codes as for :func:`run_history`."""
+    update (UTC); a last line says when more exist. ``token`` and exit codes as for
+    :func:`run_history`."""
     out = console if console is not None else Console()
     shown = 0
     token = ""
     try:
-        async with TurnwireClient(target) as client:
+        async with TurnwireClient(target, token=token) as client:
             while shown < limit:
                 page = await client.list_conversations(page_size=min(limit - shown, 1000), page_token=token)
                 for conversation in page.conversations:
@@ -232,13 +248,15 @@ async def run_conversations(target: str, *, limit: int = 50, console: Console | 
     return EXIT_OK
 
 
-async def run_cancel(target: str, request_id: str, *, console: Console | None = None) -> int:
+async def run_cancel(
+    target: str, request_id: str, *, console: Console | None = None, token: str | None = None
+) -> int:
     """Cancel the running or queued turn ``request_id`` (``CancelChat``; any replica). Prints
     whether a turn was cancelled. Returns 0 when one was, 1 when no such turn is running, else as
-    for :func:`run_history`."""
+    for :func:`run_history` (``token`` too)."""
     out = console if console is not None else Console()
     try:
-        async with TurnwireClient(target) as client:
+        async with TurnwireClient(target, token=token) as client:
             cancelled = await client.cancel_chat(request_id)
     except TurnwireError as error:
         return _print_call_error(out, target, error)

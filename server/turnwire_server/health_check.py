@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from turnwire_client.metadata import AUTHORIZATION_METADATA
+
 __all__ = ["EXIT_SERVING", "EXIT_UNHEALTHY", "HealthAnswer", "check_health"]
 
 EXIT_SERVING = 0
@@ -42,15 +44,21 @@ class HealthAnswer:
         return EXIT_SERVING if self.status == "SERVING" else EXIT_UNHEALTHY
 
 
-def check_health(target: str, service: str = "", timeout: float = 5.0) -> HealthAnswer:
+def check_health(
+    target: str, service: str = "", timeout: float = 5.0, *, token: str | None = None
+) -> HealthAnswer:
     """Ask ``target`` (``HOST:PORT``, plaintext) whether ``service`` (``""``: the whole
-    server) is serving, waiting at most ``timeout`` seconds. Never raises for an RPC outcome:
-    every failure is a :class:`HealthAnswer`."""
+    server) is serving, waiting at most ``timeout`` seconds; ``token`` is sent as a bearer
+    token (for ``auth.open_health: false``). Never raises for an RPC outcome: every failure is
+    a :class:`HealthAnswer`."""
     what = f"service {service!r}" if service else "the server"
     with grpc.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+            metadata = ((AUTHORIZATION_METADATA, f"Bearer {token}"),) if token else None
+            reply = stub.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout, metadata=metadata
+            )
         except grpc.RpcError as error:
             return _failed(target, what, timeout, error)
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
