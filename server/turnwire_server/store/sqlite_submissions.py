@@ -335,6 +335,6 @@ def decode_submission_token(token: str, conversation_id: str, state: str, id_pre
     version, digest, seq = _TOKEN.unpack(payload)
     if version != _TOKEN_VERSION or digest != _filter_digest(conversation_id, state, id_prefix) or seq < 0:
         raise invalid
-    if encode_submission_token(seq, conversation_id, state) != token:
+    if encode_submission_token(seq, conversation_id, state, id_prefix) != token:
         raise invalid
     return int(seq)
