@@ -23,7 +23,7 @@ import jwt
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from support.sidecar import SidecarFactory, SidecarProcess, running_sidecar
+from support.sidecar import SidecarFactory, SidecarProcess, run_turnwire, running_sidecar
 from support.tokens import AUDIENCE, Issuer, auth_config, new_token, write_jwks, write_tokens_file
 
 from turnwire_client import TurnwireClient, TurnwireError, collect
@@ -176,6 +176,25 @@ async def test_valid_static_tokens_and_jwts_run_turns(sidecar: SidecarProcess) -
             assert [c.conversation_id for c in (await client.list_conversations()).conversations] == [
                 "auth-conversation"
             ]
+
+
+async def test_the_cli_sends_the_token_from_its_option_or_variable(sidecar: SidecarProcess) -> None:
+    refused = await run_turnwire("history", "cli-conversation", "--target", sidecar.target)
+    assert refused.code == 2, refused
+    assert "TOKEN_MISSING" in refused.stdout + refused.stderr
+    chatted = await run_turnwire(
+        "chat", "cli-conversation", "hello", "--target", sidecar.target, "--token", STATIC
+    )
+    assert chatted.code == 0, chatted
+    shown = await run_turnwire(
+        "history", "cli-conversation", "--target", sidecar.target, env={"TURNWIRE_TOKEN": STATIC}
+    )
+    assert shown.code == 0, shown
+    assert "hello" in shown.stdout
+    assert (
+        STATIC
+        not in refused.stdout + refused.stderr + chatted.stdout + chatted.stderr + shown.stdout + shown.stderr
+    )
 
 
 async def test_health_and_reflection_are_open_by_default(sidecar: SidecarProcess) -> None:
