@@ -121,7 +121,9 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # gr
                     await context.abort_with_status(rpc_status.to_status(refusal.to_status()))
             if tenancy is not None and isinstance(request, Message):  # else the gate refuses it
                 tenancy.scope_request(request)
-            return _CallerContext(context, caller, tenancy, limits)
+            # Only the call that started a turn charges its tokens: a replay (ResumeTurn,
+            # WatchSubmission) would charge the same steps again.
+            return _CallerContext(context, caller, tenancy, limits if starts_turn else None)
 
         if not handler.response_streaming:
             inner_unary = handler.unary_unary

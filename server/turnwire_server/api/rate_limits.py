@@ -9,10 +9,12 @@ behind a load balancer admit up to N times the configured rate.
   ``SubmitToolResults``, ``SubmitToolApprovals``, ``SubmitMessages``) takes one from the
   principal's window when it arrives; with none left it is refused.
 * **Tokens** are known only as the model reports them, so they are charged afterwards, from the
-  ``StepFinish`` usage (``total_tokens``) of the turns a principal streams; a call is refused
-  while the window is spent. ``limits`` records a cost only when it fits, so a step that
-  overshoots fills the window to its limit and carries no debt into the next minute. The turns
-  of submissions run without a caller stream and charge no tokens (they do count as turns).
+  ``StepFinish`` usage (``total_tokens``) streamed to the call that started the turn; a
+  turn-starting call is refused while the window is spent. ``limits`` records a cost only when
+  it fits, so a step that overshoots fills the window to its limit and carries no debt into the
+  next minute. Not charged: replays (``ResumeTurn``, ``WatchSubmission``: the same steps
+  again), steps of a turn that goes on after its caller left (disconnect policy ``CONTINUE``),
+  and the turns of submissions, which no caller streams (they do count as turns).
 
 A refusal is ``RESOURCE_EXHAUSTED`` with ErrorInfo reason ``RATE_LIMITED`` (metadata
 ``limit``: ``turns_per_minute`` or ``tokens_per_minute``) and a RetryInfo delay until the
