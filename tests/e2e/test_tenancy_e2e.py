@@ -442,3 +442,36 @@ async def test_errors_quote_the_clients_ids(sidecar: SidecarProcess, channel: gr
         )
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"'{TENANT_B}/conv-b' is not a valid id" in raised.value.details()
+
+
+async def test_a_partial_reply_names_the_clients_request_id(
+    sidecar: SidecarProcess, channel: grpc.aio.Channel
+) -> None:
+    stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+    metadata = bearer(TOKEN_C)
+    call = stub.Chat(
+        chat_service_pb2.ChatRequest(
+            conversation_id="partial", request_id="cut-short", message=text("go"), model="scripted:slow"
+        ),
+        metadata=metadata,
+    )
+    async for response in call:
+        if response.event.HasField("text_delta"):
+            break
+    cancelled = await stub.CancelChat(
+        chat_service_pb2.CancelChatRequest(request_id="cut-short"), metadata=metadata
+    )
+    assert cancelled.cancelled
+    call.cancel()
+
+    async def aborted() -> bool:
+        conversation = (
+            await stub.GetConversation(
+                chat_service_pb2.GetConversationRequest(conversation_id="partial"), metadata=metadata
+            )
+        ).conversation
+        return [(p.request_id, p.status) for p in conversation.partial_replies] == [
+            ("cut-short", event_pb2.TURN_STATUS_ABORTED)
+        ]
+
+    await wait_until(aborted, timeout=20, what="the partial reply is stored as aborted")
