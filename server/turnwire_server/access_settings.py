@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from turnwire_server.redaction import secret
+
 AsymmetricAlgorithm = Literal[
     "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"
 ]
@@ -48,7 +50,10 @@ class AuthSettings(_Section):
         None, description="YAML/JSON file of static tokens (sha256 or token → principal, tenant)"
     )
     tokens_env: str | None = Field(
-        None, min_length=1, description="environment variable holding the same document as tokens_file"
+        None,
+        min_length=1,
+        description="environment variable holding the same document as tokens_file",
+        json_schema_extra=secret("env"),  # its value may list plain tokens: masked in logs
     )
     jwt: JwtSettings | None = None
     open_health: bool = Field(True, description="the health service answers without a token")

@@ -42,7 +42,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def sidecar(workdir: Path) -> Iterator[SidecarProcess]:
     tokens = write_tokens_file(workdir / "tokens.json", {STATIC: ("static-user", "tenant-s")})
     jwks = write_jwks(workdir / "jwks.json", SIGNER)
-    config = {"log_level": "debug", "auth": auth_config(tokens, jwks)}
+    config = {"logging": {"level": "debug"}, "auth": auth_config(tokens, jwks)}
     with running_sidecar(workdir, config) as process:
         yield process
 
