@@ -469,6 +469,20 @@ async def test_list_conversations_pages_by_update_time(store: Store) -> None:
     assert [c.update_time for c in everything] == sorted((c.update_time for c in everything), reverse=True)
 
 
+async def test_list_conversations_filters_by_id_prefix(store: Store) -> None:
+    # The API's tenant scope (api/tenancy.py): keys "<tenant>/<id>". Prefix characters that LIKE
+    # would treat as wildcards ("_", "%") and ids that only share a shorter prefix must not match.
+    ids = ["a_1/x", "a_1/y", "aX1/z", "a_10/w", "plain", "%/v"]
+    for index, conversation_id in enumerate(ids):
+        await store.start_turn(_turn(f"r{index}", conversation_id), [_text("u", "x")])
+    page, token = await store.list_conversations(1, "", id_prefix="a_1/")
+    assert [c.conversation_id for c in page] == ["a_1/y"] and token
+    rest, last = await store.list_conversations(1, token, id_prefix="a_1/")
+    assert [c.conversation_id for c in rest] == ["a_1/x"] and last == ""
+    assert [c.conversation_id for c in (await store.list_conversations(10, "", id_prefix="%/"))[0]] == ["%/v"]
+    assert len((await store.list_conversations(10, ""))[0]) == len(ids)
+
+
 async def test_list_conversations_empty_and_exact_fit(store: Store) -> None:
     assert await store.list_conversations(10, "") == ([], "")
     for i in range(3):

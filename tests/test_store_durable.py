@@ -283,3 +283,18 @@ async def test_a_submission_takes_its_place_in_line_at_acceptance(store: Store) 
     await store.end_submission("gone", "aborted", None, only_from=("pending", "running"))
     await asyncio.wait_for(turn("after"), timeout=10)  # not blocked by the ended one's place
     assert order[-1] == "after"
+
+
+async def test_submission_pages_filter_by_conversation_id_prefix(store: Store) -> None:
+    for index, conversation in enumerate(["t_a/c", "t_a/d", "tXa/c", "t_ab/c", "c"]):
+        await store.create_submission(_submission(f"s{index}", conversation), max_open=10)
+    page, token = await store.list_submissions(1, "", id_prefix="t_a/")
+    assert [r.submission_id for r in page] == ["s0"] and token
+    rest, last = await store.list_submissions(1, token, id_prefix="t_a/")
+    assert [r.submission_id for r in rest] == ["s1"] and last == ""
+    with pytest.raises(InvalidPageToken):
+        await store.list_submissions(1, token, id_prefix="tXa/")  # a token is bound to its prefix
+    with pytest.raises(InvalidPageToken):
+        await store.list_submissions(1, token)
+    everything, _ = await store.list_submissions(10, "")
+    assert len(everything) == 5

@@ -31,8 +31,11 @@ from turnwire.hooks import Middleware, SessionConfig, SessionContext
 from turnwire.providers import Provider
 from turnwire.testing import BUILTIN_SCRIPTS
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc
+from turnwire_server.api.access import HEALTH_SERVICE, REFLECTION_SERVICES, AccessInterceptor
 from turnwire_server.api.admission import CallGate
+from turnwire_server.api.authentication import AuthConfigError, Authenticator
 from turnwire_server.api.chat_service import ChatService
+from turnwire_server.api.rate_limits import RateLimits
 from turnwire_server.api.rpc_logging import quiet_grpc_call_noise
 from turnwire_server.api.rpc_observer import RpcObserver
 from turnwire_server.api.standard_services import add_standard_services
@@ -111,6 +114,30 @@ def build_providers(settings: Settings) -> ProviderRegistry:
             "\n".join([f"{len(problems)} providers cannot start:", *(f"  {p}" for p in problems)])
         )
     return ProviderRegistry(providers)
+
+
+def build_access(settings: Settings) -> AccessInterceptor | None:
+    """The interceptor for ``auth:`` and ``rate_limits:``; None when both are off. Raises
+    :class:`StartupError` for a token file, variable or key set that cannot be used."""
+    auth, limits = settings.auth, settings.rate_limits
+    if not auth.enabled and not limits.enabled:
+        return None
+    authenticator = None
+    if auth.enabled:
+        try:
+            authenticator = Authenticator.from_settings(auth)
+        except AuthConfigError as error:
+            raise StartupError(str(error)) from error
+    open_services: set[str] = set()
+    if auth.open_health:
+        open_services.add(HEALTH_SERVICE)
+    if auth.open_reflection:
+        open_services |= REFLECTION_SERVICES
+    return AccessInterceptor(
+        authenticator,
+        RateLimits(limits) if limits.enabled else None,
+        open_services=frozenset(open_services),
+    )
 
 
 @dataclass
@@ -431,8 +458,14 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None) -> S
             log.info("started %d pending submission(s)", restarted)
         gate = CallGate(settings.limits.max_concurrent_rpcs)
         quiet_grpc_call_noise()
-        # The observer first: it sees each call as the client does, the gate's refusals included.
-        server = grpc.aio.server(interceptors=[RpcObserver(), gate], options=grpc_options(settings))
+        # The observer first: it sees each call as the client does, the refusals of the access
+        # interceptor (authentication, rate limits) and of the gate included. Access before the
+        # gate: a refused caller takes no turn slot.
+        interceptors: list[grpc.aio.ServerInterceptor] = [RpcObserver(), gate]
+        access = build_access(settings)
+        if access is not None:
+            interceptors.insert(1, access)
+        server = grpc.aio.server(interceptors=interceptors, options=grpc_options(settings))
         chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
             ChatService(
                 engine,

@@ -28,6 +28,15 @@ app = typer.Typer(
 TargetOption = Annotated[
     str, typer.Option("--target", "-t", envvar="TURNWIRE_TARGET", help="Sidecar address HOST:PORT.")
 ]
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="TURNWIRE_TOKEN",
+        show_default=False,
+        help="Bearer token for a sidecar with auth: on (prefer the TURNWIRE_TOKEN variable).",
+    ),
+]
 
 # TLS towards the sidecar (its tls: section), for every command that connects to one.
 _TLS_FILE = {"exists": True, "dir_okay": False, "readable": True, "rich_help_panel": "TLS"}
@@ -282,6 +291,7 @@ def chat(
     tls_cert: TlsCertOption = None,
     tls_key: TlsKeyOption = None,
     tls_server_name: TlsServerNameOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Send one message and stream the reply, tool calls and results included."""
     from turnwire_server.console import run_chat
@@ -298,7 +308,9 @@ def chat(
             raise typer.Exit(2)
     tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
     raise typer.Exit(
-        _interruptible(run_chat(target, conversation, text, model=model, body=parsed_body, tls=tls_options))
+        _interruptible(
+            run_chat(target, conversation, text, model=model, body=parsed_body, tls=tls_options, token=token)
+        )
     )
 
 
@@ -322,12 +334,15 @@ def continue_(
     tls_cert: TlsCertOption = None,
     tls_key: TlsKeyOption = None,
     tls_server_name: TlsServerNameOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Let the model continue after the last assistant message (ContinueLastTurn), streaming it."""
     from turnwire_server.console import run_continue
 
     tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
-    raise typer.Exit(_interruptible(run_continue(target, conversation, model=model, tls=tls_options)))
+    raise typer.Exit(
+        _interruptible(run_continue(target, conversation, model=model, tls=tls_options, token=token))
+    )
 
 
 @app.command()
@@ -340,12 +355,13 @@ def cancel(
     tls_cert: TlsCertOption = None,
     tls_key: TlsKeyOption = None,
     tls_server_name: TlsServerNameOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Cancel a running or queued turn by its request id (exit status 1 when none is running)."""
     from turnwire_server.console import run_cancel
 
     tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
-    raise typer.Exit(asyncio.run(run_cancel(target, request_id, tls=tls_options)))
+    raise typer.Exit(asyncio.run(run_cancel(target, request_id, tls=tls_options, token=token)))
 
 
 @app.command()
@@ -358,12 +374,13 @@ def conversations(
     tls_cert: TlsCertOption = None,
     tls_key: TlsKeyOption = None,
     tls_server_name: TlsServerNameOption = None,
+    token: TokenOption = None,
 ) -> None:
     """List conversations, most recently updated first."""
     from turnwire_server.console import run_conversations
 
     tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
-    raise typer.Exit(asyncio.run(run_conversations(target, limit=limit, tls=tls_options)))
+    raise typer.Exit(asyncio.run(run_conversations(target, limit=limit, tls=tls_options, token=token)))
 
 
 @app.command()
@@ -376,12 +393,13 @@ def history(
     tls_cert: TlsCertOption = None,
     tls_key: TlsKeyOption = None,
     tls_server_name: TlsServerNameOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Print a conversation's stored messages."""
     from turnwire_server.console import run_history
 
     tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
-    raise typer.Exit(asyncio.run(run_history(target, conversation, tls=tls_options)))
+    raise typer.Exit(asyncio.run(run_history(target, conversation, tls=tls_options, token=token)))
 
 
 @app.command()
@@ -395,13 +413,18 @@ def health(
     tls_cert: TlsCertOption = None,
     tls_key: TlsKeyOption = None,
     tls_server_name: TlsServerNameOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Ask the standard gRPC health service; print SERVING, NOT_SERVING, SERVICE_UNKNOWN or
     unreachable. Exit status 0 only when SERVING, else 1 (as Docker HEALTHCHECK expects)."""
     from turnwire_server.health_check import check_health
 
     answer = check_health(
-        target, service, timeout, _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
+        target,
+        service,
+        timeout,
+        _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name),
+        token=token,
     )
     typer.echo(answer.status)
     if answer.detail:

@@ -32,6 +32,7 @@ from pydantic_settings import (
 )
 
 from turnwire.hooks import HOOK_NAMES
+from turnwire_server.access_settings import AuthSettings, RateLimitSettings
 from turnwire_server.providers.settings import (
     PROVIDER_TYPES,
     ProviderSettings,
@@ -479,6 +480,8 @@ class Settings(BaseSettings):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     tls: ServerTlsSettings | None = None
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings)
 
     @field_validator("listen")
     @classmethod

@@ -70,6 +70,7 @@ async def run_chat(
     body: Mapping[str, Any] | None = None,
     tls: TlsOptions | None = None,
     console: Console | None = None,
+    token: str | None = None,
 ) -> int:
     """Send ``text`` to ``conversation_id`` on the sidecar at ``target`` and render the turn live.
 
@@ -86,6 +87,7 @@ async def run_chat(
         body: Optional JSON-like data for lifecycle hooks.
         tls: TLS towards the sidecar; None: plaintext.
         console: Where to print; a default stdout ``Console`` when ``None``.
+        token: Bearer token for a sidecar with ``auth:`` on.
 
     Returns:
         The process exit code: 0 when the turn COMPLETED; 1 when it ended otherwise (or the
@@ -99,8 +101,9 @@ async def run_chat(
         target,
         request_id,
         lambda client: client.chat(conversation_id, text, request_id=request_id, body=body, model=model),
-        tls,
-        console,
+        tls=tls,
+        console=console,
+        token=token,
     )
 
 
@@ -111,6 +114,7 @@ async def run_continue(
     model: str | None = None,
     tls: TlsOptions | None = None,
     console: Console | None = None,
+    token: str | None = None,
 ) -> int:
     """Let the model continue after the conversation's last assistant message (``ContinueLastTurn``)
     and render that turn as :func:`run_chat` does; a conversation whose last message is not the
@@ -121,8 +125,9 @@ async def run_continue(
         target,
         request_id,
         lambda client: client.continue_last_turn(conversation_id, request_id=request_id, model=model),
-        tls,
-        console,
+        tls=tls,
+        console=console,
+        token=token,
     )
 
 
@@ -130,13 +135,15 @@ async def _run_turn(
     target: str,
     request_id: str,
     open_stream: Callable[[TurnwireClient], AsyncIterator[event_pb2.TurnEvent]],
+    *,
     tls: TlsOptions | None,
     console: Console | None,
+    token: str | None,
 ) -> int:
     out = console if console is not None else Console()
     renderer = _TurnRenderer(out, request_id)
     try:
-        async with TurnwireClient(target, tls=tls) as client:
+        async with TurnwireClient(target, tls=tls, token=token) as client:
             result = await collect(renderer.tee(open_stream(client)))
     except asyncio.CancelledError:
         # Ctrl-C: asyncio.run cancels this task; leaving the stream cancels the turn on the
@@ -168,7 +175,12 @@ async def _run_turn(
 
 
 async def run_history(
-    target: str, conversation_id: str, *, tls: TlsOptions | None = None, console: Console | None = None
+    target: str,
+    conversation_id: str,
+    *,
+    tls: TlsOptions | None = None,
+    console: Console | None = None,
+    token: str | None = None,
 ) -> int:
     """Print a conversation's messages, oldest first.
 
@@ -181,6 +193,7 @@ async def run_history(
         conversation_id: The conversation to show.
         tls: TLS towards the sidecar; None: plaintext.
         console: Where to print; a default stdout ``Console`` when ``None``.
+        token: Bearer token for a sidecar with ``auth:`` on.
 
     Returns:
         0 on success; 2 when the conversation does not exist (a clear message is printed) or
@@ -190,7 +203,7 @@ async def run_history(
     """
     out = console if console is not None else Console()
     try:
-        async with TurnwireClient(target, tls=tls) as client:
+        async with TurnwireClient(target, tls=tls, token=token) as client:
             conversation = await client.get_conversation(conversation_id)
     except TurnwireError as error:
         if error.code == grpc.StatusCode.NOT_FOUND:
@@ -218,16 +231,21 @@ async def run_history(
 
 
 async def run_conversations(
-    target: str, *, limit: int = 50, tls: TlsOptions | None = None, console: Console | None = None
+    target: str,
+    *,
+    limit: int = 50,
+    tls: TlsOptions | None = None,
+    console: Console | None = None,
+    token: str | None = None,
 ) -> int:
     """Print up to ``limit`` conversations, most recently updated first: id, message count, last
-    update (UTC); a last line says when more exist. ``tls`` as for :func:`run_history`. Exit codes
-    as for :func:`run_history`."""
+    update (UTC); a last line says when more exist. ``tls``, ``token`` and exit codes as for
+    :func:`run_history`."""
     out = console if console is not None else Console()
     shown = 0
     token = ""
     try:
-        async with TurnwireClient(target, tls=tls) as client:
+        async with TurnwireClient(target, tls=tls, token=token) as client:
             while shown < limit:
                 page = await client.list_conversations(page_size=min(limit - shown, 1000), page_token=token)
                 for conversation in page.conversations:
@@ -250,14 +268,19 @@ async def run_conversations(
 
 
 async def run_cancel(
-    target: str, request_id: str, *, tls: TlsOptions | None = None, console: Console | None = None
+    target: str,
+    request_id: str,
+    *,
+    tls: TlsOptions | None = None,
+    console: Console | None = None,
+    token: str | None = None,
 ) -> int:
     """Cancel the running or queued turn ``request_id`` (``CancelChat``; any replica). Prints
-    whether a turn was cancelled. ``tls`` as for :func:`run_history`. Returns 0 when one was, 1
-    when no such turn is running, else as for :func:`run_history`."""
+    whether a turn was cancelled. ``tls`` and ``token`` as for :func:`run_history`. Returns 0 when
+    one was, 1 when no such turn is running, else as for :func:`run_history`."""
     out = console if console is not None else Console()
     try:
-        async with TurnwireClient(target, tls=tls) as client:
+        async with TurnwireClient(target, tls=tls, token=token) as client:
             cancelled = await client.cancel_chat(request_id)
     except TurnwireError as error:
         return _print_call_error(out, target, error)

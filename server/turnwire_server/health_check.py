@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from turnwire_client.metadata import AUTHORIZATION_METADATA
 from turnwire_client.tls import TlsOptions
 
 __all__ = ["EXIT_SERVING", "EXIT_UNHEALTHY", "HealthAnswer", "check_health"]
@@ -45,12 +46,18 @@ class HealthAnswer:
 
 
 def check_health(
-    target: str, service: str = "", timeout: float = 5.0, tls: TlsOptions | None = None
+    target: str,
+    service: str = "",
+    timeout: float = 5.0,
+    tls: TlsOptions | None = None,
+    *,
+    token: str | None = None,
 ) -> HealthAnswer:
     """Ask ``target`` (``HOST:PORT``; plaintext, or TLS with ``tls``) whether ``service``
-    (``""``: the whole server) is serving, waiting at most ``timeout`` seconds. Never raises for
-    an RPC outcome: every failure is a :class:`HealthAnswer` (a failed TLS handshake is
-    ``unreachable``); raises :class:`OSError` when a ``tls`` file cannot be read."""
+    (``""``: the whole server) is serving, waiting at most ``timeout`` seconds; ``token`` is sent
+    as a bearer token (for ``auth.open_health: false``). Never raises for an RPC outcome: every
+    failure is a :class:`HealthAnswer` (a failed TLS handshake is ``unreachable``); raises
+    :class:`OSError` when a ``tls`` file cannot be read."""
     what = f"service {service!r}" if service else "the server"
     channel = (
         grpc.insecure_channel(target)
@@ -60,7 +67,10 @@ def check_health(
     with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+            metadata = ((AUTHORIZATION_METADATA, f"Bearer {token}"),) if token else None
+            reply = stub.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout, metadata=metadata
+            )
         except grpc.RpcError as error:
             return _failed(target, what, timeout, error)
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

@@ -85,6 +85,8 @@ class SidecarProcess:
         self.db_path = self.workdir / DB_FILE_NAME
         self.store_url = store_url or f"sqlite:///{self.db_path}"
         self.config_path: Path | None = None
+        self.health_metadata: tuple[tuple[str, str], ...] = ()
+        """Metadata the readiness check sends: a bearer token when ``auth.open_health`` is false."""
         if config is not None:
             self.config_path = self.workdir / CONFIG_FILE_NAME
             self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -168,7 +170,9 @@ class SidecarProcess:
                 if code is not None:
                     return code
                 try:
-                    reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+                    reply = await stub.Check(
+                        health_pb2.HealthCheckRequest(), timeout=0.5, metadata=self.health_metadata or None
+                    )
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
                         return None
                 except grpc.aio.AioRpcError:

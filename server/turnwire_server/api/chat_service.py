@@ -20,6 +20,7 @@ from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.resources import conversation_proto
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
 from turnwire_server.api.submission_rpcs import SubmissionRpcs
+from turnwire_server.api.tenancy import listing_prefix, scoped_key
 from turnwire_server.api.tool_result_rpcs import ToolResultRpcs
 from turnwire_server.api.transcript_rpcs import TranscriptRpcs
 from turnwire_server.api.turn_streams import (
@@ -238,7 +239,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
         return self.engine.start(
             TurnRequest(
                 conversation_id=conversation_id,
-                request_id=request_id or new_request_id(),
+                request_id=request_id or scoped_key(new_request_id()),
                 messages=messages,
                 body=json_object(body, "body"),
                 model=model or self.default_model,
@@ -322,7 +323,9 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 raise invalid_argument([("page_size", "must not be negative; 0 means the default of 50")])
             page_size = min(request.page_size or _DEFAULT_PAGE_SIZE, _MAX_PAGE_SIZE)
             try:
-                records, token = await self.store.list_conversations(page_size, request.page_token)
+                records, token = await self.store.list_conversations(
+                    page_size, request.page_token, id_prefix=listing_prefix()
+                )
             except InvalidPageToken:
                 raise invalid_argument(
                     [

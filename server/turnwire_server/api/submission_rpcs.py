@@ -22,6 +22,7 @@ from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.resources import timestamp
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
+from turnwire_server.api.tenancy import listing_prefix, local_id, scoped_key
 from turnwire_server.api.turn_streams import abort, trace_context
 from turnwire_server.api.validation import check_id, check_message, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
@@ -138,7 +139,7 @@ class SubmissionRpcs:
             # A server-assigned id may be sent back (a retry by id), never used for a new submission.
             check_id(request.submission_id, "submission_id", violations, required=False)
             if (
-                is_reserved(request.submission_id)
+                is_reserved(local_id(request.submission_id))
                 and await self.store.get_submission(request.submission_id) is None
             ):
                 violations.append(
@@ -187,7 +188,7 @@ class SubmissionRpcs:
             json_object(request.metadata, "metadata")
             self.engine.providers.resolve(request.model or self.default_model)
             record = SubmissionRecord(
-                submission_id=request.submission_id or new_request_id(),
+                submission_id=request.submission_id or scoped_key(new_request_id()),
                 conversation_id=request.conversation_id,
                 idempotency_key=request.idempotency_key or None,
                 state="pending",
@@ -231,6 +232,7 @@ class SubmissionRpcs:
                 request.page_token,
                 conversation_id=request.conversation_id,
                 state=state,
+                id_prefix=listing_prefix(),
             )
         except InvalidPageToken:
             await _abort(

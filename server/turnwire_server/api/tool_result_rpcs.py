@@ -36,6 +36,7 @@ from turnwire.values import dumps, from_value, loads
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.status import TurnwireStatusError, status_error_of
+from turnwire_server.api.tenancy import scoped_key
 from turnwire_server.api.turn_streams import (
     Started,
     disconnect_of,
@@ -242,7 +243,7 @@ class ToolResultRpcs:
         expiry = self.engine.settings.pending_expiry_seconds
         expired_before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=expiry) if expiry > 0 else None
         outcome = await self.store.answer_tool_calls(conversation_id, answers, expired_before=expired_before)
-        request_id = request_id or new_request_id()
+        request_id = request_id or scoped_key(new_request_id())
         denials = [
             (answer.tool_call_id, answer.text or DENIED_BY_USER_TEXT)
             for answer in answers

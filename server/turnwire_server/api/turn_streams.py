@@ -14,6 +14,7 @@ from opentelemetry import propagate
 from turnwire_client.metadata import PARENT_REQUEST_METADATA
 from turnwire_client.v1 import chat_service_pb2, event_pb2
 from turnwire_server.api.status import TurnwireStatusError, status_error_of
+from turnwire_server.api.tenancy import listing_prefix, scoped_key
 from turnwire_server.engine import TurnHandle
 from turnwire_server.engine.errors import AdmissionRefused
 from turnwire_server.engine.request import TurnEntry
@@ -105,12 +106,14 @@ def disconnect_of(policy: int) -> Literal["cancel", "continue"]:
 
 def parent_request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     """The request id in the call's ``turnwire-parent-request-id`` metadata ("" when absent):
-    the turn a nested call comes from (docs/semantics.md §5)."""
+    the turn a nested call comes from (docs/semantics.md §5), as the caller's store key (the
+    sidecar sends tools and hooks the key, api/tenancy.py; a client's own id is scoped)."""
     parent = ""
     for key, value in context.invocation_metadata() or ():
         if key == PARENT_REQUEST_METADATA:
             parent = value if isinstance(value, str) else value.decode()
-    return parent
+    # A tool or hook forwards the id the sidecar sent it, which is already the store key.
+    return parent if parent.startswith(listing_prefix()) else scoped_key(parent)
 
 
 def trace_context(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, str]:

@@ -14,6 +14,7 @@ from google.protobuf import struct_pb2
 from turnwire.values import NotJsonError, from_struct, normalize
 from turnwire_client.v1 import message_pb2
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument
+from turnwire_server.api.tenancy import SCOPED_FIELDS, local_id
 from turnwire_server.engine.ids import RESERVED_PREFIX, is_reserved, new_message_id
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -42,8 +43,12 @@ def check_id(
     ``client_chosen``: the id names something new the client creates (a request id, an input
     message id), so the server's reserved namespace (``tw-``, see
     :mod:`turnwire_server.engine.ids`) is refused; ids that refer to existing things
-    (``CancelChat.request_id``) may be the server's.
+    (``CancelChat.request_id``) may be the server's. A field named in
+    :data:`~turnwire_server.api.tenancy.SCOPED_FIELDS` holds a tenant-scoped key: its client id
+    (:func:`~turnwire_server.api.tenancy.local_id`) is what is checked and quoted.
     """
+    if field in SCOPED_FIELDS:
+        value = local_id(value)  # the client's id (api/tenancy.py scoped it on the way in)
     if not value:
         if required:
             violations.append((field, "must not be empty; give 1-128 characters of [A-Za-z0-9._:-]"))

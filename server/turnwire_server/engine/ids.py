@@ -38,7 +38,10 @@ def new_approval_id() -> str:
 def assistant_message_id(request_id: str) -> str:
     """The id of the assistant message a turn writes: ``tw-a-<request_id>``, or a digest of a
     request id too long to fit 128 characters. Deterministic, so a turn's reply id follows from
-    its request id."""
+    its request id. A request id stored under a scope (``<scope>/<id>``: the API's tenant
+    scoping, api/tenancy.py) gives the reply id of its ``<id>``: message ids are per conversation,
+    and the scope stays out of what the client sees."""
+    request_id = request_id.rpartition("/")[2]
     # A request id the server made (tw-r-<hex>) gives tw-a-<hex>: both are the server's, no clash.
     candidate = f"{RESERVED_PREFIX}a-{request_id.removeprefix(f'{RESERVED_PREFIX}r-')}"
     if len(candidate) <= _MAX_ID_LENGTH:

@@ -409,9 +409,10 @@ class Store(Protocol):
         ...
 
     async def list_conversations(
-        self, page_size: int, page_token: str
+        self, page_size: int, page_token: str, *, id_prefix: str = ""
     ) -> tuple[list[ConversationRecord], str]:
-        """One page of conversations, most recently updated first.
+        """One page of conversations, most recently updated first; with ``id_prefix`` only those
+        whose id starts with it (the API's tenant scope, api/tenancy.py).
 
         Returns the records and the next page token ("" on the last page).
         Raises :class:`InvalidPageToken` for a token it did not issue, whatever the
@@ -628,11 +629,17 @@ class Store(Protocol):
         ...
 
     async def list_submissions(
-        self, page_size: int, page_token: str, *, conversation_id: str = "", state: str = ""
+        self,
+        page_size: int,
+        page_token: str,
+        *,
+        conversation_id: str = "",
+        state: str = "",
+        id_prefix: str = "",
     ) -> tuple[list[SubmissionRecord], str]:
         """One page of submissions in acceptance order, optionally of one conversation and
-        state; the next page token ("" on the last page). Raises :class:`InvalidPageToken`
-        for a token not issued for these filters."""
+        state, and of conversations whose id starts with ``id_prefix``; the next page token ("" on
+        the last page). Raises :class:`InvalidPageToken` for a token not issued for these filters."""
         ...
 
     async def end_submission(

@@ -74,6 +74,7 @@ from turnwire_server.store.sqlite_rows import (
 )
 from turnwire_server.store.sqlite_streams import STREAM_COLUMNS, events_from_rows, stream_from_row
 from turnwire_server.store.sqlite_submissions import (
+    PREFIX_FILTER,
     SUBMISSION_COLUMNS,
     submission_from_row,
     submission_page,
@@ -449,9 +450,10 @@ class PostgresStore:
         return conversation_from_row(rows[0]) if rows else None
 
     async def list_conversations(
-        self, page_size: int, page_token: str
+        self, page_size: int, page_token: str, *, id_prefix: str = ""
     ) -> tuple[list[ConversationRecord], str]:
-        """Up to ``page_size`` (>= 1) conversations, most recently updated first (ties: id
+        """Up to ``page_size`` (>= 1) conversations of ids starting with ``id_prefix`` (all when
+        ""), most recently updated first (ties: id
         descending, by code point); the next page token ("" on the last page). Raises
         :class:`InvalidPageToken` for a token this store did not issue and :class:`ValueError`
         when ``page_size`` < 1."""
@@ -459,20 +461,24 @@ class PostgresStore:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         columns = "SELECT id, create_time, update_time, message_count FROM conversations"
         order = " ORDER BY update_time DESC, id DESC LIMIT %s"
+        where: list[str] = []
+        params: list[object] = []
         if page_token:
             update_us, after_id = decode_page_token(page_token)
             # TEXT cannot hold NUL, so no stored id does: for a (forged) token id p + NUL + rest,
             # the stored ids below it in code-point order are exactly those <= p.
             prefix, nul, _ = after_id.partition("\x00")
-            after = (
-                " WHERE (update_time < %s OR (update_time = %s AND id <= %s))"
-                if nul
-                else (" WHERE (update_time, id) < (%s, %s)")
-            )
-            params = (update_us, update_us, prefix) if nul else (update_us, after_id)
-            rows = await self._read("list_conversations", columns + after + order, (*params, page_size + 1))
-        else:
-            rows = await self._read("list_conversations", columns + order, (page_size + 1,))
+            if nul:
+                where.append("(update_time < %s OR (update_time = %s AND id <= %s))")
+                params.extend((update_us, update_us, prefix))
+            else:
+                where.append("(update_time, id) < (%s, %s)")
+                params.extend((update_us, after_id))
+        if id_prefix:
+            where.append(PREFIX_FILTER.format(column="id", mark="%s"))
+            params.extend((len(id_prefix), id_prefix))
+        sql = columns + (" WHERE " + " AND ".join(where) if where else "") + order
+        rows = await self._read("list_conversations", sql, (*params, page_size + 1))
         records = [conversation_from_row(row) for row in rows[:page_size]]
         next_token = ""
         if len(rows) > page_size:
@@ -601,13 +607,21 @@ class PostgresStore:
         return submission_from_row(rows[0]) if rows else None
 
     async def list_submissions(
-        self, page_size: int, page_token: str, *, conversation_id: str = "", state: str = ""
+        self,
+        page_size: int,
+        page_token: str,
+        *,
+        conversation_id: str = "",
+        state: str = "",
+        id_prefix: str = "",
     ) -> tuple[list[SubmissionRecord], str]:
         """Up to ``page_size`` (>= 1) submissions in acceptance order, filtered; the next token.
         Raises :class:`InvalidPageToken` for a token not issued for these filters."""
-        sql, params = submission_page_query(page_size, page_token, conversation_id, state, mark="%s")
+        sql, params = submission_page_query(
+            page_size, page_token, conversation_id, state, mark="%s", id_prefix=id_prefix
+        )
         rows = await self._read("list_submissions", sql, params)
-        return submission_page(rows, page_size, conversation_id, state)
+        return submission_page(rows, page_size, conversation_id, state, id_prefix)
 
     async def end_submission(
         self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]

@@ -66,6 +66,7 @@ from turnwire_server.store.sqlite_streams import (
     stream_from_row,
 )
 from turnwire_server.store.sqlite_submissions import (
+    PREFIX_FILTER,
     SUBMISSION_COLUMNS,
     claim_submissions_write,
     create_submission_write,
@@ -253,9 +254,10 @@ class SqliteStore:
         return conversation_from_row(rows[0]) if rows else None
 
     async def list_conversations(
-        self, page_size: int, page_token: str
+        self, page_size: int, page_token: str, *, id_prefix: str = ""
     ) -> tuple[list[ConversationRecord], str]:
-        """Up to ``page_size`` (>= 1) conversations, most recently updated first.
+        """Up to ``page_size`` (>= 1) conversations, most recently updated first, of ids
+        starting with ``id_prefix`` (all when "").
 
         Ties on update time are ordered by id, descending. Returns the records
         and the token of the next page ("" on the last page); pass "" for the
@@ -268,15 +270,16 @@ class SqliteStore:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         columns = "SELECT id, create_time, update_time, message_count FROM conversations"
         order = " ORDER BY update_time DESC, id DESC LIMIT ?"
+        where: list[str] = []
+        params: list[object] = []
         if page_token:
-            update_us, after_id = decode_page_token(page_token)
-            rows = await self._read(
-                "list_conversations",
-                columns + " WHERE (update_time, id) < (?, ?)" + order,
-                (update_us, after_id, page_size + 1),
-            )
-        else:
-            rows = await self._read("list_conversations", columns + order, (page_size + 1,))
+            where.append("(update_time, id) < (?, ?)")
+            params.extend(decode_page_token(page_token))
+        if id_prefix:
+            where.append(PREFIX_FILTER.format(column="id", mark="?"))
+            params.extend((len(id_prefix), id_prefix))
+        sql = columns + (" WHERE " + " AND ".join(where) if where else "") + order
+        rows = await self._read("list_conversations", sql, (*params, page_size + 1))
         records = [conversation_from_row(row) for row in rows[:page_size]]
         next_token = ""
         if len(rows) > page_size:
@@ -454,12 +457,20 @@ class SqliteStore:
         return submission_from_row(rows[0]) if rows else None
 
     async def list_submissions(
-        self, page_size: int, page_token: str, *, conversation_id: str = "", state: str = ""
+        self,
+        page_size: int,
+        page_token: str,
+        *,
+        conversation_id: str = "",
+        state: str = "",
+        id_prefix: str = "",
     ) -> tuple[list[SubmissionRecord], str]:
         """Up to ``page_size`` (>= 1) submissions in acceptance order, filtered; the next token."""
-        sql, params = submission_page_query(page_size, page_token, conversation_id, state, mark="?")
+        sql, params = submission_page_query(
+            page_size, page_token, conversation_id, state, mark="?", id_prefix=id_prefix
+        )
         rows = await self._read("list_submissions", sql, params)
-        return submission_page(rows, page_size, conversation_id, state)
+        return submission_page(rows, page_size, conversation_id, state, id_prefix)
 
     async def end_submission(
         self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]

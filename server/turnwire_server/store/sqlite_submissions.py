@@ -26,6 +26,7 @@ from turnwire_server.store.sqlite_rows import WriteFn, time_from_us, to_us
 from turnwire_server.store.submission_rules import repeated_submission
 
 __all__ = [
+    "PREFIX_FILTER",
     "SUBMISSION_COLUMNS",
     "claim_submissions_write",
     "create_submission_write",
@@ -254,8 +255,14 @@ def claim_submissions_write(
     return apply
 
 
+PREFIX_FILTER: Final = "substr({column}, 1, {mark}) = {mark}"
+"""A condition that ``column`` starts with a prefix, for either backend (parameters: the prefix's
+length, the prefix): no LIKE, so no character of the prefix needs escaping. ``substr`` counts
+characters in both SQLite and PostgreSQL, as ``len`` does."""
+
+
 def submission_page_query(
-    page_size: int, page_token: str, conversation_id: str, state: str, *, mark: str
+    page_size: int, page_token: str, conversation_id: str, state: str, *, mark: str, id_prefix: str = ""
 ) -> tuple[str, list[Any]]:
     """``Store.list_submissions``' statement and parameters, for either backend (``mark`` is its
     placeholder, ``?`` or ``%s``): one row more than ``page_size``, to know whether a page
@@ -263,11 +270,14 @@ def submission_page_query(
     a token not issued for these filters."""
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
-    after = decode_submission_token(page_token, conversation_id, state) if page_token else 0
+    after = decode_submission_token(page_token, conversation_id, state, id_prefix) if page_token else 0
     where, params = [f"seq > {mark}"], list[Any]([after])
     if conversation_id:
         where.append(f"conversation_id = {mark}")
         params.append(conversation_id)
+    if id_prefix:
+        where.append(PREFIX_FILTER.format(column="conversation_id", mark=mark))
+        params.extend((len(id_prefix), id_prefix))
     if state:
         where.append(f"state = {mark}")
         params.append(state)
@@ -278,11 +288,15 @@ def submission_page_query(
 
 
 def submission_page(
-    rows: list[Any], page_size: int, conversation_id: str, state: str
+    rows: list[Any], page_size: int, conversation_id: str, state: str, id_prefix: str = ""
 ) -> tuple[list[SubmissionRecord], str]:
     """The records of :func:`submission_page_query`'s rows and the next page token ("" when none)."""
     records = [submission_from_row(row) for row in rows[:page_size]]
-    token = encode_submission_token(records[-1].seq, conversation_id, state) if len(rows) > page_size else ""
+    token = (
+        encode_submission_token(records[-1].seq, conversation_id, state, id_prefix)
+        if len(rows) > page_size
+        else ""
+    )
     return records, token
 
 
@@ -292,19 +306,21 @@ _TOKEN: Final = struct.Struct(">B8sq")  # version, filter digest, last seq
 _TOKEN_VERSION: Final = 1
 
 
-def _filter_digest(conversation_id: str, state: str) -> bytes:
-    return hashlib.blake2b(f"{conversation_id}\0{state}".encode(), digest_size=8).digest()
+def _filter_digest(conversation_id: str, state: str, id_prefix: str) -> bytes:
+    # Without a prefix the digest is the one tokens had before prefixes existed: they stay valid.
+    scope = f"\0{id_prefix}" if id_prefix else ""
+    return hashlib.blake2b(f"{conversation_id}\0{state}{scope}".encode(), digest_size=8).digest()
 
 
-def encode_submission_token(seq: int, conversation_id: str, state: str) -> str:
+def encode_submission_token(seq: int, conversation_id: str, state: str, id_prefix: str = "") -> str:
     """The token of the page after the submission ``seq`` for these filters: base64url of a
     version byte, a digest of the filters (a token is only valid with the same filters) and
     ``seq``."""
-    payload = _TOKEN.pack(_TOKEN_VERSION, _filter_digest(conversation_id, state), seq)
+    payload = _TOKEN.pack(_TOKEN_VERSION, _filter_digest(conversation_id, state, id_prefix), seq)
     return base64.urlsafe_b64encode(payload).decode("ascii").rstrip("=")
 
 
-def decode_submission_token(token: str, conversation_id: str, state: str) -> int:
+def decode_submission_token(token: str, conversation_id: str, state: str, id_prefix: str = "") -> int:
     """The ``seq`` in ``token``; raises :class:`InvalidPageToken` (and nothing else) for a token not
     issued by :func:`encode_submission_token` for these filters."""
     invalid = InvalidPageToken(f"invalid page token {token[:64]!r}")
@@ -317,8 +333,8 @@ def decode_submission_token(token: str, conversation_id: str, state: str) -> int
     if len(payload) != _TOKEN.size:
         raise invalid
     version, digest, seq = _TOKEN.unpack(payload)
-    if version != _TOKEN_VERSION or digest != _filter_digest(conversation_id, state) or seq < 0:
+    if version != _TOKEN_VERSION or digest != _filter_digest(conversation_id, state, id_prefix) or seq < 0:
         raise invalid
-    if encode_submission_token(seq, conversation_id, state) != token:
+    if encode_submission_token(seq, conversation_id, state, id_prefix) != token:
         raise invalid
     return int(seq)

@@ -17,6 +17,7 @@ import grpc
 from google.protobuf import struct_pb2
 
 from turnwire_client.errors import TurnwireError
+from turnwire_client.metadata import AUTHORIZATION_METADATA
 from turnwire_client.stream import TurnStream
 from turnwire_client.tls import TlsOptions
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
@@ -37,10 +38,14 @@ class TurnwireClient:
             opened to it unless ``channel`` is given.
         channel: An existing ``grpc.aio.Channel`` to use instead; the client does not close
             a channel it did not open.
-        metadata: ``(key, value)`` pairs sent with every call (e.g. authorization).
+        metadata: ``(key, value)`` pairs sent with every call.
         tls: Connect with TLS (:class:`~turnwire_client.tls.TlsOptions`: the CA to trust, a
             client certificate for mutual TLS, the server name); None (the default) is
             plaintext, as for a sidecar on localhost. Not with ``channel``.
+        token: A bearer token, sent with every call as ``authorization: Bearer <token>``
+            metadata (the sidecar's ``auth:``; the CLI reads it from ``--token`` or
+            ``TURNWIRE_TOKEN``). Use TLS whenever the network between client and sidecar is not
+            trusted: the token is a credential.
 
     Create the client inside a running event loop; grpc.aio channels bind to it.
     """
@@ -52,6 +57,7 @@ class TurnwireClient:
         channel: grpc.aio.Channel | None = None,
         metadata: Sequence[tuple[str, str]] = (),
         tls: TlsOptions | None = None,
+        token: str | None = None,
     ) -> None:
         """Open (or adopt) the channel; see the class docstring for the arguments. Raises
         :class:`ValueError` for ``tls`` with ``channel``, :class:`OSError` for an unreadable
@@ -68,6 +74,8 @@ class TurnwireClient:
             )
         self._channel: grpc.aio.Channel = channel
         self._metadata: tuple[tuple[str, str], ...] = tuple(metadata)
+        if token:
+            self._metadata += ((AUTHORIZATION_METADATA, f"Bearer {token}"),)
         # The stub's aio overload is not picked while grpc is untyped; say what it is.
         self._stub = cast(
             "chat_service_pb2_grpc.ChatServiceAsyncStub",

@@ -7,3 +7,7 @@ PARENT_REQUEST_METADATA = "turnwire-parent-request-id"
 sends it on every remote hook and tool host call; a hook or tool that calls back into the
 sidecar forwards it, so a blocking turn on its own conversation is refused with
 ``FAILED_PRECONDITION`` instead of waiting forever for the turn that called it."""
+
+AUTHORIZATION_METADATA = "authorization"
+"""The bearer token of a call, ``Bearer <token>`` (RFC 6750 §2.1), when the sidecar's ``auth:``
+is on."""

@@ -99,6 +99,20 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     assistant message still wait for theirs, so no continuation ran
     (TURN_STATUS_SKIPPED); ErrorInfo metadata `waiting_tool_call_ids` lists them.
     """
+    ERROR_REASON_TOKEN_MISSING: _ErrorReason.ValueType  # 30
+    """The call carries no bearer token (`authorization: Bearer <token>` metadata)
+    and authentication is on.
+    """
+    ERROR_REASON_TOKEN_INVALID: _ErrorReason.ValueType  # 31
+    """The bearer token is malformed, unknown, or fails a check (signature,
+    issuer, audience, not-before, algorithm, tenant claim); the message says which.
+    """
+    ERROR_REASON_TOKEN_EXPIRED: _ErrorReason.ValueType  # 32
+    """The bearer token has expired (its `exp` claim is past); get a new one."""
+    ERROR_REASON_RATE_LIMITED: _ErrorReason.ValueType  # 33
+    """The principal's turns or tokens per minute are spent; RetryInfo says when
+    to retry, ErrorInfo metadata `limit` names the limit.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnwire sends,
@@ -182,5 +196,19 @@ ERROR_REASON_TOOL_RESULTS_INCOMPLETE: ErrorReason.ValueType  # 29
 """Tool results or approvals were stored, but other calls of the same
 assistant message still wait for theirs, so no continuation ran
 (TURN_STATUS_SKIPPED); ErrorInfo metadata `waiting_tool_call_ids` lists them.
+"""
+ERROR_REASON_TOKEN_MISSING: ErrorReason.ValueType  # 30
+"""The call carries no bearer token (`authorization: Bearer <token>` metadata)
+and authentication is on.
+"""
+ERROR_REASON_TOKEN_INVALID: ErrorReason.ValueType  # 31
+"""The bearer token is malformed, unknown, or fails a check (signature,
+issuer, audience, not-before, algorithm, tenant claim); the message says which.
+"""
+ERROR_REASON_TOKEN_EXPIRED: ErrorReason.ValueType  # 32
+"""The bearer token has expired (its `exp` claim is past); get a new one."""
+ERROR_REASON_RATE_LIMITED: ErrorReason.ValueType  # 33
+"""The principal's turns or tokens per minute are spent; RetryInfo says when
+to retry, ErrorInfo metadata `limit` names the limit.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
