@@ -198,7 +198,10 @@ def config_show(
     from turnwire_server.redaction import redacted_settings
 
     settings = _load(config, listen, store)
-    typer.echo(yaml.safe_dump(redacted_settings(settings), sort_keys=False, allow_unicode=True), nl=False)
+    shown = redacted_settings(settings)
+    if shown.get("log_level") is None:
+        shown.pop("log_level", None)  # the deprecated spelling, shown only when it is set
+    typer.echo(yaml.safe_dump(shown, sort_keys=False, allow_unicode=True), nl=False)
 
 
 @app.command()

@@ -487,6 +487,8 @@ def _print_call_error(out: Console, target: str, error: TurnwireError, *, mid_tu
     head.append(f": {error.message}")
     out.print(head, soft_wrap=True, highlight=False)
     for field_path, description in error.field_violations:
+        if description == error.message:
+            continue  # a lone violation the message already says in full
         out.print(Text.assemble("  ", (field_path, "bold"), f": {description}"), soft_wrap=True)
     return EXIT_CALL_FAILED
 

@@ -171,3 +171,13 @@ async def test_blocked_and_substituted_results_are_marked(sidecar: SidecarProces
     }
     assert calls["calculator"].decision == message_pb2.TOOL_CALL_DECISION_BLOCKED
     assert calls["get_weather"].decision == message_pb2.TOOL_CALL_DECISION_SUBSTITUTED
+
+
+async def test_an_unknown_model_is_said_once(sidecar: SidecarProcess) -> None:
+    run = await run_turnwire(
+        "chat", "cli-unknown-model", "hi", "--target", sidecar.target, "--model", "fak:x"
+    )
+    assert run.code == 2, run
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("INVALID_ARGUMENT [UNKNOWN_MODEL]: model 'fak:x' names provider 'fak'")
+    assert sum("names provider 'fak'" in line for line in lines) == 1, lines

@@ -82,3 +82,11 @@ async def test_config_show_refuses_an_invalid_configuration() -> None:
     assert result.code == 2
     assert "limits.max_steps" in result.stderr
     assert result.stdout == ""
+
+
+async def test_config_show_leaves_out_the_deprecated_log_level_when_unset() -> None:
+    result = await run_turnwire("config", "show")
+    assert result.code == 0, result.stderr
+    shown = yaml.safe_load(result.stdout)
+    assert "log_level" not in shown
+    assert shown["logging"]["level"] == "info"

@@ -87,3 +87,17 @@ async def test_a_port_in_use_is_named_before_the_store_is_created(tmp_path: Path
 async def test_a_host_that_is_not_this_machine_says_so(tmp_path: Path) -> None:
     _, stderr = await _serve(tmp_path, {}, "--listen", f"192.0.2.1:{free_port()}")  # TEST-NET-1
     assert "is not an address of this machine" in stderr
+
+
+async def test_a_tool_module_not_on_the_path_says_pythonpath(tmp_path: Path) -> None:
+    _, stderr = await _serve(tmp_path, {"tools": {"python": ["not_on_path_tools:get"]}})
+    assert "No module named 'not_on_path_tools': put the folder that holds not_on_path_tools.py" in stderr
+    assert "PYTHONPATH" in stderr
+
+
+async def test_a_default_model_of_an_unconfigured_well_known_provider_says_what_to_add(
+    tmp_path: Path,
+) -> None:
+    _, stderr = await _serve(tmp_path, {"default_model": "openai:gpt-4o"})
+    assert "names provider 'openai', which is not configured" in stderr
+    assert "add providers: {openai: {type: openai, api_key_env: OPENAI_API_KEY}}" in stderr

@@ -6,6 +6,10 @@ from collections.abc import Mapping
 
 from turnwire.providers import Provider
 
+KEY_VARIABLES = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+"""Provider names people try first, with the variable their entry reads by default: an unknown one
+gets the entry to add (an API key alone configures nothing)."""
+
 
 class UnknownModel(LookupError):
     """The model id names no configured provider, or is not ``provider:model``."""
@@ -30,9 +34,15 @@ class ProviderRegistry:
             )
         provider = self.providers.get(provider_name)
         if provider is None:
+            hint = ""
+            if provider_name in KEY_VARIABLES:
+                hint = (
+                    f"; to use it, add providers: {{{provider_name}: {{type: {provider_name}, "
+                    f"api_key_env: {KEY_VARIABLES[provider_name]}}}}} (docs/providers.md)"
+                )
             raise UnknownModel(
                 f"model {model_id!r} names provider {provider_name!r}, which is not configured; "
-                f"configured: {sorted(self.providers)}"
+                f"configured: {sorted(self.providers)}{hint}"
             )
         if not provider.has_model(model):
             raise UnknownModel(f"model {model_id!r}: provider {provider_name!r} has no model {model!r}")
