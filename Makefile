@@ -12,7 +12,7 @@ BUF := node_modules/.bin/buf
 GO_PACKAGES := golang-go golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev \
 	golang-google-genproto-dev protoc-gen-go protoc-gen-go-grpc
 
-.PHONY: setup demo install-go test test-go test-python test-node build-node lint protos check-protos breaking bench stress clean
+.PHONY: setup demo install-go test test-go build-node lint protos check-protos breaking bench stress clean
 
 setup: $(VENV)/.installed node_modules/.installed
 

@@ -529,6 +529,10 @@ def _describe(error: ValidationError, origin: str) -> str:
         message = item["msg"]
         if item["type"] == "extra_forbidden":
             message = "unknown field (check its spelling and its section)"
+            if len(item["loc"]) == 1:  # a top-level key: the sections are known here
+                close = difflib.get_close_matches(str(item["loc"][0]), sorted(Settings.model_fields), n=1)
+                if close:
+                    message = f"unknown field; did you mean {close[0]!r}?"
         elif item["type"] == "value_error":
             message = str(message).removeprefix("Value error, ")
         elif item["type"] in ("union_tag_invalid", "union_tag_not_found") and location.startswith(

@@ -38,6 +38,7 @@ async def _serve(
             "providers.openai: no `type:` given; add `type: openai`",
         ),
         ({"providers": {"x": {"type": "antropic"}}}, "did you mean 'anthropic'?"),
+        ({"tool": {"demo": True}}, "tool: unknown field; did you mean 'tools'?"),
         ("- listen: 127.0.0.1:1\n- store: x\n", "the top level is a list; it must be a mapping of sections"),
         (
             {"providers": {"o": {"type": "openai", "api_key_env": None, "default_headers": {"X-A": "b "}}}},
