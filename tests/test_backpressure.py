@@ -26,7 +26,7 @@ async def test_a_stuck_reader_holds_a_bounded_backlog_and_its_turn_is_stopped(
     make_engine: EngineFactory,
 ) -> None:
     h = await make_engine(scripts=LONG_REPLY, stream_buffer_events=64, slow_reader_timeout_seconds=0.3)
-    handle = h.start("go")
+    handle = await h.start("go")
     largest = 0
 
     def turn_over() -> bool:
@@ -50,7 +50,7 @@ async def test_a_stuck_reader_holds_a_bounded_backlog_and_its_turn_is_stopped(
 
 async def test_a_reader_that_keeps_up_gets_every_event(make_engine: EngineFactory) -> None:
     h = await make_engine(scripts=LONG_REPLY, stream_buffer_events=64, slow_reader_timeout_seconds=0.3)
-    events = await collect(h.start("go"))
+    events = await collect(await h.start("go"))
     assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
     streamed = "".join(e.text_delta.delta for e in events if e.WhichOneof("event") == "text_delta")
     assert len(streamed.split()) == WORDS
@@ -64,7 +64,7 @@ async def test_a_stuck_reader_of_a_continue_turn_is_let_go_and_the_turn_finishes
     re-attach), the turn finishes, and ResumeTurn has every event (docs/semantics.md §5)."""
     h = await make_engine(scripts=LONG_REPLY, stream_buffer_events=64, slow_reader_timeout_seconds=0.3)
     request = dataclasses.replace(h.request("go", request_id="r-go"), disconnect="continue")
-    handle = h.engine.start(request)
+    handle = await h.engine.start(request)
     await wait_until(handle.task.done, timeout=10, what="the turn finishes without its reader")
     assert isinstance(handle.channel.detached_by, SlowConsumer)
     assert [response async for response in handle.channel] == [], "the let-go reader gets nothing more"

@@ -234,7 +234,7 @@ async def test_a_turn_cancelled_at_the_overflow_point_never_compacts(make_engine
         await release.wait()  # the overflow comes after this: the cancel lands first
 
     h.provider.before_stream = hold
-    handle = h.start("and now?")
+    handle = await h.start("and now?")
     await asyncio.wait_for(called.wait(), 5)
     assert h.engine.cancel(handle.request_id)
     events = [r.event async for r in handle]

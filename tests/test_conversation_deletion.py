@@ -49,7 +49,7 @@ async def test_deleting_cancels_a_streaming_turn_and_nothing_of_it_comes_back(
     make_engine: EngineFactory,
 ) -> None:
     h = await make_engine(scripts=SLOW, checkpoint_interval_ms=10)
-    handle = h.start("tell me a long story")
+    handle = await h.start("tell me a long story")
     events: list[event_pb2.TurnEvent] = []
 
     async def read() -> None:
@@ -77,7 +77,7 @@ async def test_a_turn_whose_rows_vanish_mid_stream_writes_nothing_back(make_engi
     """The store's guard: even when a conversation's rows go while its turn still runs (no
     cancel), the turn's checkpoints and final write are no-ops; the turn ends ABORTED."""
     h = await make_engine(scripts=SLOW, checkpoint_interval_ms=10)
-    handle = h.start("tell me a long story")
+    handle = await h.start("tell me a long story")
     events: list[event_pb2.TurnEvent] = []
 
     async def read() -> None:
@@ -99,8 +99,8 @@ async def test_a_turn_whose_rows_vanish_mid_stream_writes_nothing_back(make_engi
 
 async def test_a_queued_turn_is_stopped_before_it_stores_its_input(make_engine: EngineFactory) -> None:
     h = await make_engine(scripts=SLOW)
-    first = h.start("first")
-    queued = h.start("second")
+    first = await h.start("first")
+    queued = await h.start("second")
     first_events: list[event_pb2.TurnEvent] = []
 
     async def read() -> None:
@@ -147,7 +147,7 @@ async def test_sweep_deletes_idle_conversations_and_keeps_recent_and_busy_ones(
     await h.run("hello", conversation_id="idle")
     await h.run("hello", conversation_id="recent")
     _age(h.store, "idle", now - dt.timedelta(hours=2))
-    busy = h.start("long", conversation_id="busy")
+    busy = await h.start("long", conversation_id="busy")
     await wait_until(lambda: h.store.get_conversation("busy"), what="the busy turn stored its input")
     _age(h.store, "busy", now - dt.timedelta(hours=2))
 

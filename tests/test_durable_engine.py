@@ -32,7 +32,7 @@ async def test_a_reader_that_falls_behind_reattaches_and_misses_nothing(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="turnwire.stream_log")
     h = await make_engine(scripts=SLOW, stream_buffer_events=16, checkpoint_interval_ms=20)
-    handle = h.start("go", model="scripted:slow", request_id="r-behind")
+    handle = await h.start("go", model="scripted:slow", request_id="r-behind")
     caller = asyncio.ensure_future(collect(handle))
     reader = h.engine.replay("r-behind", 0)
     first = await anext(reader)  # attached
@@ -53,7 +53,7 @@ async def test_a_finished_turn_is_read_from_the_store_and_an_unstarted_one_is_no
     make_engine: EngineFactory,
 ) -> None:
     h = await make_engine(scripts=SLOW)
-    events = await collect(h.start("go", model="scripted:slow", request_id="r-done"))
+    events = await collect(await h.start("go", model="scripted:slow", request_id="r-done"))
     await wait_until(lambda: h.engine.handle("r-done") is None, what="the turn's events are stored")
     again = [event async for event in h.engine.replay("r-done", 0)]
     assert [e.SerializeToString() for e in again] == [e.SerializeToString() for e in events]
@@ -61,7 +61,9 @@ async def test_a_finished_turn_is_read_from_the_store_and_an_unstarted_one_is_no
     assert [e.sequence_number for e in tail] == [len(events) - 1, len(events)]
     # ContinueLastTurn on an empty conversation ends SKIPPED before any input is stored.
     skipped = await collect(
-        h.start(None, conversation_id="empty", continuation=True, request_id="r-skip", model="scripted:slow")
+        await h.start(
+            None, conversation_id="empty", continuation=True, request_id="r-skip", model="scripted:slow"
+        )
     )
     assert end_of(skipped).status == event_pb2.TURN_STATUS_SKIPPED
     await wait_until(lambda: h.engine.handle("r-skip") is None, what="the skipped turn is gone")
@@ -134,7 +136,7 @@ async def test_recoveries_at_start_are_bounded_and_each_finishes_its_answer(
 async def test_the_lease_keeper_renews_the_leases_of_running_turns(make_engine: EngineFactory) -> None:
     """A replica renews its turns' leases in one batch per tick (docs/semantics.md §8)."""
     h = await make_engine(scripts=SLOW, lease_seconds=30)
-    handle = h.start("go", model="scripted:slow", request_id="r-lease")
+    handle = await h.start("go", model="scripted:slow", request_id="r-lease")
     caller = asyncio.ensure_future(collect(handle))
     await wait_until(lambda: handle.run.messages_persisted, what="the turn is recorded")
     (before,) = await h.store.running_turns()

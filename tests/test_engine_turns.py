@@ -437,7 +437,7 @@ async def test_user_message_is_durable_before_the_model_is_called(make_engine: E
 
 async def test_turns_on_one_conversation_run_fifo_and_never_interleave(make_engine: EngineFactory) -> None:
     h = await make_engine(scripts={"main": [ScriptStep(text="a b c d", delay_ms=5)]})
-    handles = [h.start(f"q{i}", request_id=f"r{i}", message_id=f"u{i}") for i in (1, 2, 3)]
+    handles = [await h.start(f"q{i}", request_id=f"r{i}", message_id=f"u{i}") for i in (1, 2, 3)]
     results = await asyncio.gather(*(collect(x) for x in handles))
     assert [end_of(e).status for e in results] == [event_pb2.TURN_STATUS_COMPLETED] * 3
 
@@ -456,21 +456,21 @@ async def test_full_queue_is_refused_with_resource_exhausted(make_engine: Engine
         scripts={"main": [ScriptStep(text="one two three four", delay_ms=20)]},
         max_queued_turns_per_conversation=1,
     )
-    first = h.start("first", request_id="r-first")
+    first = await h.start("first", request_id="r-first")
     # Let the first turn take the lock: it is running, not waiting.
     async for response in first:
         if response.event.WhichOneof("event") == "step_start":
             break
-    second = h.start("second", request_id="r-second")  # waits: 1 in the queue
+    second = await h.start("second", request_id="r-second")  # waits: 1 in the queue
     with pytest.raises(QueueFull) as refused:
-        h.start("third", request_id="r-third")
+        await h.start("third", request_id="r-third")
     mapped = status_error_of(refused.value)
     assert mapped.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     status = mapped.to_status()
     assert detail(status, error_details_pb2.ErrorInfo).reason == "OVERLOADED"
     assert detail(status, error_details_pb2.RetryInfo) is not None
     # Another conversation is not affected.
-    other = h.start("elsewhere", conversation_id="conv-2", request_id="r-other")
+    other = await h.start("elsewhere", conversation_id="conv-2", request_id="r-other")
 
     first_rest = await collect(first)
     assert end_of(first_rest).status == event_pb2.TURN_STATUS_COMPLETED
@@ -489,7 +489,7 @@ async def test_nested_blocking_turn_from_a_tool_fails_with_failed_precondition(
     async def nest(input: dict[str, Any], execution: ToolExecution) -> str:
         h = holder["h"]
         try:
-            h.engine.start(h.request("nested", conversation_id=execution.conversation_id))
+            await h.engine.start(h.request("nested", conversation_id=execution.conversation_id))
         except AdmissionRefused as error:
             assert isinstance(error, NestedTurn)
             mapped = status_error_of(error)
@@ -527,7 +527,7 @@ async def test_cancel_mid_stream_aborts_and_stores_the_partial_text(make_engine:
 
     long_text = " ".join(f"w{i}" for i in range(200))
     h = await make_engine(scripts={"main": [ScriptStep(text=long_text, delay_ms=5)]}, middlewares=[Observe()])
-    handle = h.start("go")
+    handle = await h.start("go")
     events: list[event_pb2.TurnEvent] = []
     async for response in handle:
         events.append(response.event)
@@ -573,7 +573,7 @@ async def test_cancel_during_a_tool_stores_it_as_errored(make_engine: EngineFact
         },
         tools=[make_tool("slow", slow), make_tool("quick", echo)],
     )
-    handle = h.start("go")
+    handle = await h.start("go")
     await asyncio.wait_for(started.wait(), 5)
     cancelled: list[bool] = []
 
@@ -855,8 +855,8 @@ async def test_cancelling_a_queued_turn_aborts_it_and_stores_nothing(make_engine
     h = await make_engine(
         scripts={"main": [ScriptStep(text="one two three", delay_ms=20)]}, middlewares=[Observe()]
     )
-    first = h.start("first", request_id="r-first", message_id="u-first")
-    queued = h.start("queued", request_id="r-queued", message_id="u-queued")
+    first = await h.start("first", request_id="r-first", message_id="u-first")
+    queued = await h.start("queued", request_id="r-queued", message_id="u-queued")
 
     def queued_behind_first() -> bool:
         # "first" holds the conversation's lock (it left the queue), "queued" waits for it.
@@ -879,22 +879,59 @@ async def test_cancelling_a_queued_turn_aborts_it_and_stores_nothing(make_engine
 
 async def test_admission_errors(make_engine: EngineFactory) -> None:
     h = await make_engine(scripts={"main": [ScriptStep(text="slow words here", delay_ms=20)]})
-    running = h.start("x", request_id="dup")
+    running = await h.start("x", request_id="dup")
     with pytest.raises(RequestIdInUse) as duplicate:
-        h.start("y", request_id="dup", conversation_id="conv-2")
+        await h.start("y", request_id="dup", conversation_id="conv-2")
     assert status_error_of(duplicate.value).code == grpc.StatusCode.ALREADY_EXISTS
     with pytest.raises(UnknownModel) as unknown:
-        h.start("z", model="nosuch:model")
+        await h.start("z", model="nosuch:model")
     assert status_error_of(unknown.value).code == grpc.StatusCode.INVALID_ARGUMENT
     assert status_error_of(unknown.value).reason == "UNKNOWN_MODEL"
     assert end_of(await collect(running)).status == event_pb2.TURN_STATUS_COMPLETED
     assert [m.id for m in await h.store.load_messages(CONV)] == ["u1", "tw-a-dup"]
 
 
+async def test_a_request_id_reused_as_its_turn_end_arrives_is_judged_by_the_store(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller gets TurnEnd while the turn still stores its last stream events; a retry of the
+    aborted turn sent at once is not refused as "already running" (CI saw that race): it waits for
+    the ending turn and the store accepts the retry of an aborted turn with the same input."""
+    from turnwire_server.engine.stream_log import StreamLog
+
+    gate = asyncio.Event()
+    finish = StreamLog.finish
+
+    async def gated_finish(self: StreamLog, *, ended: bool = True) -> None:
+        await gate.wait()
+        await finish(self, ended=ended)
+
+    monkeypatch.setattr(StreamLog, "finish", gated_finish)
+    h = await make_engine(scripts={"main": [ScriptStep(text="slow words here and more", delay_ms=20)]})
+    first = await h.start("x", request_id="again", message_id="u-again")
+    kinds: list[str] = []
+    async for response in first:
+        kinds.append(response.event.WhichOneof("event") or "")
+        if kinds[-1] == "text_delta" and kinds.count("text_delta") == 1:
+            first.cancel()
+        if kinds[-1] == "turn_end":
+            assert response.event.turn_end.status == event_pb2.TURN_STATUS_ABORTED
+            break
+    retry = asyncio.create_task(h.start("x", request_id="again", message_id="u-again"))
+    try:
+        await asyncio.sleep(0)
+        assert not retry.done()  # waits for the ending turn instead of refusing it
+    finally:
+        gate.set()
+    events = await collect(await retry)
+    assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
+    assert [m.id for m in await h.store.load_messages(CONV)] == ["u-again", "tw-a-again"]
+
+
 async def test_reply_is_checkpointed_while_it_streams(make_engine: EngineFactory) -> None:
     text = " ".join(f"w{i}" for i in range(60))
     h = await make_engine(scripts={"main": [ScriptStep(text=text, delay_ms=4)]}, checkpoint_interval_ms=10)
-    handle = h.start("go")
+    handle = await h.start("go")
     checkpoints: list[str] = []
     streamed = ""
 
@@ -950,7 +987,7 @@ async def test_drain_cancels_running_turns_after_the_grace_period(make_engine: E
         scripts={"main": [ScriptStep(text="working", tool_calls=[ScriptedToolCall(name="slow")])]},
         tools=[make_tool("slow", slow)],
     )
-    handle = h.start("go")
+    handle = await h.start("go")
     await asyncio.wait_for(started.wait(), 5)
     t0 = time.perf_counter()
     await h.engine.drain(0.05)
@@ -961,7 +998,7 @@ async def test_drain_cancels_running_turns_after_the_grace_period(make_engine: E
     assert text_of(stored) == "working"
     assert tool_parts(stored)[0].error_text == ABORTED_TOOL_ERROR
     with pytest.raises(ShuttingDown) as refused:
-        h.start("after drain")
+        await h.start("after drain")
     assert status_error_of(refused.value).code == grpc.StatusCode.UNAVAILABLE
     # Running tools get the turn's cancellation signal, as with CancelChat.
     assert saw == {"cancelled_flag": True}

@@ -117,7 +117,7 @@ async def test_every_entry_path_fires_the_same_hooks_in_the_same_order(
         request = replace(
             h.request(None, continuation=True), response_type=chat_service_pb2.ContinueLastTurnResponse
         )
-    responses = [response async for response in h.engine.start(request)]
+    responses = [response async for response in await h.engine.start(request)]
     assert all(type(r) is request.response_type for r in responses)
     events = [r.event for r in responses]
     end = end_of(events)

@@ -95,7 +95,7 @@ async def test_new_input_under_the_request_id_of_an_aborted_turn_is_refused(
     """A retry re-sends the same input; another question under an old request id would have
     replaced the stored partial reply and put the new answer before its question."""
     h = await make_engine(scripts={"main": [ScriptStep(text="first answer", delay_ms=30)]})
-    handle = h.start("first question", message_id="q1", request_id="req-a")
+    handle = await h.start("first question", message_id="q1", request_id="req-a")
 
     def on_event(kind: str) -> None:
         if kind == "text_delta":

@@ -164,7 +164,7 @@ async def test_hook_order_for_a_turn_with_one_tool_call(make_engine: EngineFacto
     )
     holder["h"] = h
     events = await collect(
-        h.start(body={"from": "test"}),
+        await h.start(body={"from": "test"}),
         lambda kind: log.append(("client", kind, None)) if kind == "turn_end" else None,
     )
     assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
@@ -1096,7 +1096,7 @@ async def test_on_chat_response_may_start_the_next_turn_on_the_same_conversation
                 return
             h: Harness = holder["h"]
             try:
-                holder["next"] = h.start("follow-up", request_id="r2")
+                holder["next"] = await h.start("follow-up", request_id="r2")
             except TurnwireStatusError as error:
                 holder["error"] = f"{error.code.name}: {error.message}"
 

@@ -75,7 +75,7 @@ async def test_a_client_tool_overrides_a_server_tool_of_the_same_name(make_engin
     request = replace(
         h.request("pay"), client_tools=[ClientTool("transfer", "the client's own", {"type": "object"})]
     )
-    events = await collect(h.engine.start(request))
+    events = await collect(await h.engine.start(request))
     [call] = tool_parts(end_of(events).message)
     assert call.client_executed and call.state == message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE
     assert [t.description for t in h.provider.requests[0].tools] == ["the client's own"]

@@ -108,7 +108,7 @@ async def test_a_blocking_sync_tool_runs_off_the_event_loop(
 
     h = await make_engine(scripts=one_call("block"), tools=[make_tool("block", block)])
     async with Heartbeat() as heartbeat:
-        handle = h.start("go")
+        handle = await h.start("go")
         await wait_until(started.is_set, what="the tool started")
         await heartbeat.beats(20)  # the loop runs while the tool blocks
         release.set()
@@ -304,7 +304,7 @@ async def test_cancelling_the_turn_kills_the_process_isolated_call(
     pid = await worker_pid()
     pid_file = tmp_path / "pid"
     h = await make_engine(scripts=one_call("job", {"action": "spin", "pid_file": str(pid_file)}), tools=[job])
-    handle = h.start("go")
+    handle = await h.start("go")
     await wait_until(pid_file.exists, timeout=10, what="the call runs in the worker")
     assert handle.cancel()
     events = await collect(handle)

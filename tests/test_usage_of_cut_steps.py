@@ -19,7 +19,7 @@ LONG = " ".join(f"w{i}" for i in range(200))
 
 
 async def _cancel_at_first_delta(h: Any) -> list[event_pb2.TurnEvent]:
-    handle = h.start("go")
+    handle = await h.start("go")
 
     def on_event(kind: str) -> None:
         if kind == "text_delta":

@@ -222,7 +222,7 @@ async def test_a_hook_server_killed_mid_call_fails_closed_then_the_breaker_close
     harness, middleware = remote_in_engine
     blocked = f'Tool "echo" was blocked: its policy hook ({middleware.name}) was unavailable.'
 
-    handle = harness.start("go")
+    handle = await harness.start("go")
     await wait_until(lambda: "BeforeToolCall" in hook_process.rpcs(), what="BeforeToolCall in flight")
     hook_process.kill()  # the process dies while the call waits for its answer
     events = [response.event async for response in handle]

@@ -139,7 +139,7 @@ async def seed(store: SqliteStore, exchanges: int, *, tools: bool) -> None:
 
 async def run(rig: Rig, text: str = "and now?") -> list[event_pb2.TurnEvent]:
     question = _message("q", message_pb2.ROLE_USER, _text(text))
-    handle = rig.engine.start(
+    handle = await rig.engine.start(
         TurnRequest(
             conversation_id=CONV,
             request_id="r-now",

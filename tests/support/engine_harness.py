@@ -122,11 +122,11 @@ class Harness:
             skip_unless_assistant_last=continuation,
         )
 
-    def start(self, text: str | None = "hi", **kwargs: Any) -> TurnHandle:
-        return self.engine.start(self.request(text, **kwargs))
+    async def start(self, text: str | None = "hi", **kwargs: Any) -> TurnHandle:
+        return await self.engine.start(self.request(text, **kwargs))
 
     async def run(self, text: str | None = "hi", **kwargs: Any) -> list[event_pb2.TurnEvent]:
-        return await collect(self.start(text, **kwargs))
+        return await collect(await self.start(text, **kwargs))
 
 
 async def collect(

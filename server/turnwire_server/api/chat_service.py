@@ -114,7 +114,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                     violations.append(("message.role", "must be ROLE_USER (or unset) in Chat"))
             client_tools = check_client_tools(request.client_tools, "client_tools", violations)
             raise_if_any(violations)
-            return self._start(
+            return await self._start(
                 context,
                 response_type=chat_service_pb2.ChatResponse,
                 conversation_id=request.conversation_id,
@@ -172,7 +172,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                     messages=[message for _, message in plain],
                     disconnect_policy=request.disconnect_policy,
                 )
-            return self._start(
+            return await self._start(
                 context,
                 response_type=chat_service_pb2.SaveMessagesResponse,
                 conversation_id=request.conversation_id,
@@ -202,7 +202,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
             raise_if_any(violations)
             if await self._get_record(request.conversation_id) is None:
                 raise _not_found(request.conversation_id)
-            return self._start(
+            return await self._start(
                 context,
                 response_type=chat_service_pb2.ContinueLastTurnResponse,
                 conversation_id=request.conversation_id,
@@ -222,7 +222,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
         check_id(conversation_id, "conversation_id", violations, required=True)
         check_id(request_id, "request_id", violations, required=False, client_chosen=True)
 
-    def _start(
+    async def _start(
         self,
         context: grpc.aio.ServicerContext[Any, Any],
         *,
@@ -236,7 +236,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
         disconnect_policy: int = 0,
         client_tools: Sequence[Tool] = (),
     ) -> TurnHandle:
-        return self.engine.start(
+        return await self.engine.start(
             TurnRequest(
                 conversation_id=conversation_id,
                 request_id=request_id or scoped_key(new_request_id()),

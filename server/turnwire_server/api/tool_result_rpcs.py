@@ -252,7 +252,7 @@ class ToolResultRpcs:
         if not messages and not (outcome.completed and auto_continue):
             return _skipped(response_type, conversation_id, request_id, outcome, denials)
         try:
-            return self.engine.start(
+            return await self.engine.start(
                 TurnRequest(
                     conversation_id=conversation_id,
                     request_id=request_id,

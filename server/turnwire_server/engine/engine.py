@@ -144,7 +144,7 @@ class TurnEngine:
         """Turns started and not yet ended (queued ones included)."""
         return len(self._turns)
 
-    def start(
+    async def start(
         self,
         request: TurnRequest,
         *,
@@ -160,7 +160,15 @@ class TurnEngine:
         to the stream log and to ResumeTurn readers. ``queue_limit`` False admits past
         ``max_queued_turns_per_conversation`` (durably accepted work). ``recovery`` runs a
         recovery of a crashed turn whose stored stream ends at ``last_sequence_number``.
+
+        A turn with the same request id whose TurnEnd was already sent is only storing its last
+        events: its caller may already be retrying (after an abort) or reusing the id, so this
+        waits for it to finish and lets the store decide (``TurnAlreadyExists`` or a retry).
+        Raises :class:`~turnwire_server.engine.errors.AdmissionRefused` subclasses.
         """
+        previous = self._turns.get(request.request_id)
+        if previous is not None and previous.run.ended:
+            await asyncio.wait({previous.task})  # neither raises its error nor cancels it
         self._admit(request, parent_request_id, queue_limit=queue_limit)
         channel: EventChannel[Any] = EventChannel(self.settings.stream_buffer_events)
         if detached:
@@ -409,7 +417,7 @@ class TurnEngine:
                     entry="recovery",
                     trace_context=spec.trace_context,
                 )
-                self.start(
+                await self.start(
                     request,
                     detached=True,
                     queue_limit=False,

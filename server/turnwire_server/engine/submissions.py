@@ -111,7 +111,7 @@ class Submissions:
                 self._free_slot()
             raise
         if mine and created:
-            self._start(record, trace_context)
+            await self._start(record, trace_context)
         elif mine:
             self._free_slot()
         elif created:
@@ -123,13 +123,13 @@ class Submissions:
         if self._missed:
             self._wake.set()
 
-    def _start(self, record: SubmissionRecord, trace_context: Mapping[str, str] | None = None) -> None:
+    async def _start(self, record: SubmissionRecord, trace_context: Mapping[str, str] | None = None) -> None:
         """Start the turn of a submission this replica claimed; it holds one slot until it ends."""
         request = self._turn_request(record)
         if trace_context:
             request = dataclasses.replace(request, trace_context=trace_context)
         try:
-            handle = self._engine.start(request, detached=True, queue_limit=False)
+            handle = await self._engine.start(request, detached=True, queue_limit=False)
         except AdmissionRefused as error:
             # Shutting down: it stays pending and runs after the restart (or on another replica).
             log.warning("submission %s stays pending: %s", record.submission_id, error)
@@ -217,7 +217,7 @@ class Submissions:
                 for record in claimed:
                     if self._engine.handle(record.submission_id) is None:
                         self._slots += 1
-                        self._start(record)
+                        await self._start(record)
                         started += 1
                 if len(claimed) < free:
                     self._missed = False  # none left unclaimed
