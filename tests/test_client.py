@@ -20,7 +20,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from rich.console import Console
 
-from turnwire_client import ProtocolError, TurnResult, TurnwireClient, TurnwireError, collect
+from turnwire_client import ProtocolError, TurnResult, TurnwireClient, TurnwireError, Usage, collect
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
 from turnwire_server.console import run_chat, run_history
 
@@ -333,11 +333,14 @@ async def test_collect_reconstructs_turn_result(service: tuple[FakeChatService, 
     assert result.status == event_pb2.TURN_STATUS_COMPLETED
     assert result.ok
     assert result.status_name == "COMPLETED"
-    assert result.text == "Let me check the weather. It is sunny in Paris."
+    assert result.text == "Let me check the weather.\n\nIt is sunny in Paris."
+    assert [s.text for s in result.steps] == ["Let me check the weather. ", "It is sunny in Paris."]
     assert result.message == ASSISTANT
-    assert [(c.tool_name, dict(c.input)) for c in result.tool_calls] == [("get_weather", {"city": "Paris"})]
-    assert result.tool_calls[0].output.struct_value["sky"] == "sunny"
-    assert result.usage == USAGE
+    # A server without the JSON text fields: the Struct/Value views, whole numbers as ints.
+    assert [(c.tool_name, c.input, c.output, c.state) for c in result.tool_calls] == [
+        ("get_weather", {"city": "Paris"}, {"temp_c": 21, "sky": "sunny"}, "output-available")
+    ]
+    assert result.usage == Usage(input_tokens=30, output_tokens=12, total_tokens=42)
     assert result.step_count == 2
     assert result.error is None
     assert result.events == fake.stream

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import Iterator
 
 import grpc
@@ -186,11 +187,10 @@ async def test_tool_call_turn_streams_every_event_and_stores_the_transcript(
         (call,) = result.tool_calls
         assert call.tool_call_id == available.tool_call_id
         assert call.tool_name == "get_weather"
-        assert call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
-        assert json_format.MessageToDict(call.input) == {"city": "Paris"}
-        output = json_format.MessageToDict(call.output)
-        assert output["city"] == "Paris"
-        assert output == json_format.MessageToDict(output_event.output)
+        assert call.state == "output-available"
+        assert call.input == {"city": "Paris"}
+        assert call.output["city"] == "Paris"
+        assert call.output == json.loads(output_event.output_json)
         assert "Paris" in message.parts[-1].text.text
         # Each text block's deltas add up to the stored text of that block.
         assert streamed_text(result.events) == text_of(message)
@@ -246,14 +246,15 @@ async def test_parallel_tool_calls_run_and_usage_is_summed(sidecar: SidecarProce
     assert len(calls) == 2
     assert len({c.tool_call_id for c in calls}) == 2
     # The stored message keeps emission order.
-    assert [json_format.MessageToDict(c.input)["expression"] for c in calls] == ["2 + 3", "6 * 7"]
-    assert [json_format.MessageToDict(c.output)["result"] for c in calls] == [5, 42]
-    assert all(c.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE for c in calls)
+    assert [(c.input or {}).get("expression") for c in calls] == ["2 + 3", "6 * 7"]
+    assert [c.output["result"] for c in calls] == [5, 42]
+    assert all(c.state == "output-available" for c in calls)
     assert {k: v["result"] for k, v in outputs.items()} == {
         calls[0].tool_call_id: 5,
         calls[1].tool_call_id: 42,
     }
-    assert result.text == "Computing both.The results are 5 and 42."
+    assert result.text == "Computing both.\n\nThe results are 5 and 42."
+    assert [step.text for step in result.steps] == ["Computing both.", "The results are 5 and 42."]
 
     step_usages = [e.step_finish.usage for e in result.events if e.HasField("step_finish")]
     assert [(u.input_tokens, u.output_tokens, u.total_tokens) for u in step_usages] == [

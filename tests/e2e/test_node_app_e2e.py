@@ -26,7 +26,7 @@ from support.sidecar import SidecarProcess, free_port
 from support.waiting import wait_until
 
 from turnwire_client import TurnResult, TurnStream, TurnwireClient, TurnwireError, collect
-from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_client.v1 import event_pb2
 
 DEADLINE_SECONDS = 2.0
 """Each hook call's deadline: what a hanging hook costs a test."""
@@ -139,7 +139,9 @@ def system(request: pytest.FixtureRequest) -> System:
 
 def outputs(result: TurnResult) -> list[Any]:
     """The stored tool results (JSON values; an error's text for a failed call)."""
-    return [json.loads(p.output_json) if p.output_json else p.error_text for p in result.tool_calls]
+    return [
+        call.output if call.state == "output-available" else call.error_text for call in result.tool_calls
+    ]
 
 
 def blocked(tool: str) -> str:
@@ -225,8 +227,8 @@ async def test_each_before_tool_call_decision_of_the_node_policy(
     request_id = f"decisions-{len(body)}"
     result = await open_system.turn(request_id, body=body, model="scripted:decisions")
     assert result.ok, result.error
-    assert {p.tool_name: json.loads(p.output_json) for p in result.tool_calls} == outputs_by_tool
-    assert json.loads(result.tool_calls[0].input_json) == {"order_id": " a-17"}
+    assert {call.tool_name: call.output for call in result.tool_calls} == outputs_by_tool
+    assert result.tool_calls[0].input == {"order_id": " a-17"}
     journal = open_system.app.journal(request_id)
     assert {e["toolName"]: e["decision"] for e in journal if e["rpc"] == "BeforeToolCall"} == decisions
     executed = {e["toolName"]: json.loads(e["input"]) for e in journal if e["rpc"] == "ExecuteTool"}
@@ -348,7 +350,7 @@ async def test_a_tool_host_that_dies_mid_call_fails_the_call_the_turn_goes_on_an
                 await app.start()
     assert result.ok, result.error
     [call] = result.tool_calls
-    assert call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
+    assert call.state == "output-error"
     assert "tool host 'node' is unavailable" in call.error_text
     assert result.text.endswith("Packed.")  # the model was called again after the failed call
 

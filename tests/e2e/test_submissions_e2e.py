@@ -204,8 +204,8 @@ async def test_a_tool_submits_to_its_own_conversation_and_it_runs_after_the_turn
     async with TurnwireClient(sidecar.target) as client:
         result = await collect(client.chat("inner", "start", model="scripted:followup"))
         assert result.ok, result.error
-        output = result.tool_calls[0].output_json
-        assert '"accepted":true' in output.replace(" ", ""), output
+        output = result.tool_calls[0].output
+        assert output["accepted"] is True, output
         listed = await client.list_submissions(conversation_id="inner")
         (submission,) = listed.submissions
         (record,) = await settled(client, submission.submission_id)
@@ -270,7 +270,7 @@ async def test_pending_submissions_and_client_calls_expire_in_the_sweep(
         pending = await collect(
             client.chat("exp-call", "look", model="scripted:client-call", client_tools=[tool])
         )
-        assert pending.tool_calls[0].state == message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE
+        assert pending.tool_calls[0].state == "input-available"
 
         async def submission_expired() -> bool:
             return (await client.get_submission("e-wait")).state == chat_service_pb2.SUBMISSION_STATE_ERROR

@@ -1,28 +1,30 @@
 """Python client for the Turnwire sidecar.
 
-``turnwire_client.v1`` holds the generated protobuf/gRPC code; this package adds a small asyncio
-client on top::
+``turnwire_client.v1`` holds the generated protobuf/gRPC code; this package adds an asyncio
+client (:class:`TurnwireClient`), a synchronous one for scripts (:class:`SyncTurnwireClient`),
+and plain Python views of what comes back (:class:`TurnResult`, :class:`ChatMessage`,
+:class:`ToolCall`, :class:`Usage`)::
 
     import asyncio
 
-    from turnwire_client import TurnwireClient, TurnwireError, collect
+    from turnwire_client import TurnwireClient, TurnwireError
 
 
     async def main() -> None:
         async with TurnwireClient("localhost:50051") as client:
             try:
-                result = await collect(client.chat("conv-1", "What's the weather in Paris?"))
+                result = await client.chat("conv-1", "What's the weather in Paris?").collect()
             except TurnwireError as error:  # rejected before the turn started
                 print(error.code, error.reason, error.field_violations)
                 return
             print(result.status_name, result.text)
             for call in result.tool_calls:
-                print(call.tool_name, call.input, call.output)
+                print(call.tool_name, call.input, call.output)  # dicts and plain values
 
 
     asyncio.run(main())
 
-To render events as they arrive, iterate the stream instead of collecting it::
+To render events as they arrive, iterate the stream (protobuf ``TurnEvent``\\ s) instead::
 
     async for event in client.chat("conv-1", "Hi"):
         if event.WhichOneof("event") == "text_delta":
@@ -35,26 +37,39 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from turnwire_client._requests import TurnOptions
     from turnwire_client.client import TurnwireClient
     from turnwire_client.errors import ERROR_DOMAIN, ProtocolError, TurnwireError
     from turnwire_client.metadata import PARENT_REQUEST_METADATA
-    from turnwire_client.result import TurnResult, collect
+    from turnwire_client.result import TurnResult, collect, collect_sync
     from turnwire_client.stream import TurnStream
+    from turnwire_client.sync import SyncTurnStream, SyncTurnwireClient
     from turnwire_client.tls import TlsOptions
+    from turnwire_client.values import STEP_SEPARATOR, ChatMessage, Step, ToolCall, Usage
 
 __all__ = [
     "ERROR_DOMAIN",
     "PARENT_REQUEST_METADATA",
+    "STEP_SEPARATOR",
+    "ChatMessage",
     "ProtocolError",
+    "Step",
+    "SyncTurnStream",
+    "SyncTurnwireClient",
     "TlsOptions",
+    "ToolCall",
+    "TurnOptions",
     "TurnResult",
     "TurnStream",
     "TurnwireClient",
     "TurnwireError",
+    "Usage",
     "collect",
+    "collect_sync",
 ]
 
 _HOMES = {
+    "TurnOptions": "_requests",
     "TurnwireClient": "client",
     "ERROR_DOMAIN": "errors",
     "ProtocolError": "errors",
@@ -62,8 +77,16 @@ _HOMES = {
     "PARENT_REQUEST_METADATA": "metadata",
     "TurnResult": "result",
     "collect": "result",
+    "collect_sync": "result",
     "TurnStream": "stream",
+    "SyncTurnStream": "sync",
+    "SyncTurnwireClient": "sync",
     "TlsOptions": "tls",
+    "STEP_SEPARATOR": "values",
+    "ChatMessage": "values",
+    "Step": "values",
+    "ToolCall": "values",
+    "Usage": "values",
 }
 
 

@@ -8,21 +8,31 @@ of :class:`turnwire_client.v1.event_pb2.TurnEvent`; :func:`collect` folds such a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, Self, cast
+from typing import Any, Self, Unpack, cast
 
 import grpc
-from google.protobuf import struct_pb2
 
+from turnwire_client._requests import (
+    ClientToolSpec,
+    DisconnectPolicy,
+    MessagesSpec,
+    TurnOptions,
+    submit_messages_request,
+    tool_approvals,
+    tool_results,
+    user_message,
+    user_messages,
+    with_turn_options,
+)
 from turnwire_client.errors import TurnwireError
 from turnwire_client.metadata import AUTHORIZATION_METADATA
 from turnwire_client.stream import TurnStream
 from turnwire_client.tls import TlsOptions
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 
-__all__ = ["TurnwireClient"]
+__all__ = ["ClientToolSpec", "DisconnectPolicy", "TurnOptions", "TurnwireClient"]
 
 
 class TurnwireClient:
@@ -102,117 +112,53 @@ class TurnwireClient:
 
     # -- turn-running calls -------------------------------------------------------------
 
-    def chat(
-        self,
-        conversation_id: str,
-        text: str,
-        *,
-        request_id: str | None = None,
-        body: Mapping[str, Any] | None = None,
-        model: str | None = None,
-        timeout: float | None = None,
-        disconnect: DisconnectPolicy = "cancel",
-        client_tools: Sequence[ClientToolSpec] = (),
-    ) -> TurnStream:
+    def chat(self, conversation_id: str, text: str, **options: Unpack[TurnOptions]) -> TurnStream:
         """Append a user message with one text part and stream the turn it runs.
 
         Args:
             conversation_id: The conversation (created on first use).
             text: The user's text.
-            request_id: Optional client-chosen turn id (to cancel it with :meth:`cancel_chat`).
-            body: Optional JSON-like data for lifecycle hooks (sent as a ``Struct``).
-            model: Optional ``provider:model`` for this turn.
-            timeout: Optional deadline in seconds for the whole call.
-            disconnect: What the turn does when this call ends early: ``"cancel"`` (abort it)
-                or ``"continue"`` (it finishes without the caller; re-attach with
-                :meth:`resume_turn`).
-            client_tools: Tools this client runs itself, offered to the model for this turn:
-                ``ClientTool`` messages or mappings with ``name``, ``description`` and
-                ``input_schema`` (a JSON Schema object). A call of one ends the turn with the
-                call pending; answer it with :meth:`submit_tool_results`.
+            **options: :class:`~turnwire_client._requests.TurnOptions`: ``request_id``,
+                ``body``, ``model``, ``timeout`` (seconds), ``disconnect`` (``"cancel"`` or
+                ``"continue"``), ``client_tools``.
 
         Returns:
             A :class:`TurnStream`: the turn's ``TurnEvent``\\ s as they arrive, ``TurnEnd``
-            last. Leaving it early cancels the call and (unless ``disconnect="continue"``) the
-            server aborts the turn: on
-            ``async with`` exit, :meth:`TurnStream.cancel`, or when the stream is dropped
-            (``async for event in client.chat(...): break``).
+            last; ``await stream.collect()`` folds it into a :class:`TurnResult`. Leaving it
+            early cancels the call and (unless ``disconnect="continue"``) the server aborts the
+            turn: on ``async with`` exit, :meth:`TurnStream.cancel`, or when the stream is
+            dropped (``async for event in client.chat(...): break``).
 
         Raises:
             TurnwireError: while iterating, if the call fails (e.g. ``INVALID_ARGUMENT`` with
                 field violations, ``UNAVAILABLE`` when the sidecar cannot be reached).
+            TypeError: an unknown option.
         """
-        message = message_pb2.Message(
-            role=message_pb2.ROLE_USER,
-            parts=[message_pb2.Part(text=message_pb2.TextPart(text=text))],
-        )
-        request = chat_service_pb2.ChatRequest(
-            conversation_id=conversation_id,
-            message=message,
-            request_id=request_id or "",
-            model=model or "",
-            disconnect_policy=_POLICIES[disconnect],
-            client_tools=_client_tools(client_tools),
-        )
-        if body is not None:
-            request.body.CopyFrom(_struct(body))
-        return self._stream(self._stub.Chat, request, timeout)
+        request = chat_service_pb2.ChatRequest(conversation_id=conversation_id, message=user_message(text))
+        return self._stream(self._stub.Chat, with_turn_options(request, options), options)
 
     def save_messages(
-        self,
-        conversation_id: str,
-        messages: Sequence[message_pb2.Message],
-        *,
-        request_id: str | None = None,
-        body: Mapping[str, Any] | None = None,
-        model: str | None = None,
-        timeout: float | None = None,
-        disconnect: DisconnectPolicy = "cancel",
-        client_tools: Sequence[ClientToolSpec] = (),
+        self, conversation_id: str, messages: MessagesSpec, **options: Unpack[TurnOptions]
     ) -> TurnStream:
-        """Append ``messages`` (possibly none) and stream the turn run on the history.
+        """Append ``messages`` (possibly none; a plain text is one user message) and stream the
+        turn run on the history.
 
-        Arguments, return value and errors are as for :meth:`chat`.
+        Options, return value and errors are as for :meth:`chat`.
         """
         request = chat_service_pb2.SaveMessagesRequest(
-            conversation_id=conversation_id,
-            messages=list(messages),
-            request_id=request_id or "",
-            model=model or "",
-            disconnect_policy=_POLICIES[disconnect],
-            client_tools=_client_tools(client_tools),
+            conversation_id=conversation_id, messages=user_messages(messages)
         )
-        if body is not None:
-            request.body.CopyFrom(_struct(body))
-        return self._stream(self._stub.SaveMessages, request, timeout)
+        return self._stream(self._stub.SaveMessages, with_turn_options(request, options), options)
 
-    def continue_last_turn(
-        self,
-        conversation_id: str,
-        *,
-        request_id: str | None = None,
-        body: Mapping[str, Any] | None = None,
-        model: str | None = None,
-        timeout: float | None = None,
-        disconnect: DisconnectPolicy = "cancel",
-        client_tools: Sequence[ClientToolSpec] = (),
-    ) -> TurnStream:
+    def continue_last_turn(self, conversation_id: str, **options: Unpack[TurnOptions]) -> TurnStream:
         """Let the model continue after the last assistant message, streaming that turn.
 
         When the last message is not an assistant message the stream is a lone ``TurnEnd``
         with ``TURN_STATUS_SKIPPED``. The conversation must exist (else ``NOT_FOUND``).
-        Arguments, return value and errors are otherwise as for :meth:`chat`.
+        Options, return value and errors are otherwise as for :meth:`chat`.
         """
-        request = chat_service_pb2.ContinueLastTurnRequest(
-            conversation_id=conversation_id,
-            request_id=request_id or "",
-            model=model or "",
-            disconnect_policy=_POLICIES[disconnect],
-            client_tools=_client_tools(client_tools),
-        )
-        if body is not None:
-            request.body.CopyFrom(_struct(body))
-        return self._stream(self._stub.ContinueLastTurn, request, timeout)
+        request = chat_service_pb2.ContinueLastTurnRequest(conversation_id=conversation_id)
+        return self._stream(self._stub.ContinueLastTurn, with_turn_options(request, options), options)
 
     def resume_turn(
         self, request_id: str, after_sequence_number: int = 0, *, timeout: float | None = None
@@ -227,7 +173,7 @@ class TurnwireClient:
         request = chat_service_pb2.ResumeTurnRequest(
             request_id=request_id, after_sequence_number=after_sequence_number
         )
-        return self._stream(self._stub.ResumeTurn, request, timeout)
+        return self._stream(self._stub.ResumeTurn, request, {"timeout": timeout})
 
     def watch_submission(
         self, submission_id: str, after_sequence_number: int = 0, *, timeout: float | None = None
@@ -237,7 +183,7 @@ class TurnwireClient:
         request = chat_service_pb2.WatchSubmissionRequest(
             submission_id=submission_id, after_sequence_number=after_sequence_number
         )
-        return self._stream(self._stub.WatchSubmission, request, timeout)
+        return self._stream(self._stub.WatchSubmission, request, {"timeout": timeout})
 
     def submit_tool_results(
         self,
@@ -246,48 +192,31 @@ class TurnwireClient:
         *,
         errors: Mapping[str, str] | None = None,
         auto_continue: bool = True,
-        request_id: str | None = None,
-        body: Mapping[str, Any] | None = None,
-        model: str | None = None,
-        timeout: float | None = None,
-        disconnect: DisconnectPolicy = "cancel",
-        client_tools: Sequence[ClientToolSpec] = (),
+        **options: Unpack[TurnOptions],
     ) -> TurnStream:
         """Send the results of client tool calls, stored at once; stream the continuation.
 
         Args:
-            results: ``{tool_call_id: output}``: each output any JSON value (sent as JSON text).
+            conversation_id: The conversation of the calls.
+            results: ``{tool_call_id: output}``: each output any JSON value (sent as JSON text,
+                so integers of any size stay exact).
             errors: ``{tool_call_id: error_text}`` for calls that failed (``""``: the model
                 reads ``Tool execution denied by user``).
             auto_continue: Once no call of that assistant message waits any more, run one
                 continuation turn and stream it here; otherwise (or while other calls still
                 wait) the stream is a lone ``TurnEnd`` with ``TURN_STATUS_SKIPPED``.
-            The other arguments are as for :meth:`chat`.
+            **options: As for :meth:`chat`.
 
         Raises (while iterating) :class:`TurnwireError`: ``NOT_FOUND`` (``TOOL_CALL_NOT_FOUND``),
-        ``FAILED_PRECONDITION`` (``TOOL_CALL_NOT_PENDING``, ``EXPIRED``), ``INVALID_ARGUMENT``
-        (an output with no JSON form); nothing is stored then.
+        ``FAILED_PRECONDITION`` (``TOOL_CALL_NOT_PENDING``, ``EXPIRED``); nothing is stored then.
+        Raises :class:`ValueError` at once for an output with no JSON form (NaN, Infinity).
         """
-        entries = [
-            chat_service_pb2.ToolResult(tool_call_id=call_id, output_json=_json(output))
-            for call_id, output in results.items()
-        ]
-        entries += [
-            chat_service_pb2.ToolResult(tool_call_id=call_id, error=True, error_text=text)
-            for call_id, text in (errors or {}).items()
-        ]
         request = chat_service_pb2.SubmitToolResultsRequest(
             conversation_id=conversation_id,
-            results=entries,
+            results=tool_results(results, errors),
             auto_continue=auto_continue,
-            request_id=request_id or "",
-            model=model or "",
-            disconnect_policy=_POLICIES[disconnect],
-            client_tools=_client_tools(client_tools),
         )
-        if body is not None:
-            request.body.CopyFrom(_struct(body))
-        return self._stream(self._stub.SubmitToolResults, request, timeout)
+        return self._stream(self._stub.SubmitToolResults, with_turn_options(request, options), options)
 
     def submit_tool_approvals(
         self,
@@ -296,12 +225,7 @@ class TurnwireClient:
         *,
         reasons: Mapping[str, str] | None = None,
         auto_continue: bool = True,
-        request_id: str | None = None,
-        body: Mapping[str, Any] | None = None,
-        model: str | None = None,
-        timeout: float | None = None,
-        disconnect: DisconnectPolicy = "cancel",
-        client_tools: Sequence[ClientToolSpec] = (),
+        **options: Unpack[TurnOptions],
     ) -> TurnStream:
         """Approve (True) or deny (False) tool calls waiting for approval, by tool call id; stream
         the continuation, in which approved calls run first (``before_tool_call`` still
@@ -311,24 +235,13 @@ class TurnwireClient:
         """
         request = chat_service_pb2.SubmitToolApprovalsRequest(
             conversation_id=conversation_id,
-            approvals=[
-                chat_service_pb2.ToolApproval(
-                    tool_call_id=call_id, approved=approved, reason=(reasons or {}).get(call_id, "")
-                )
-                for call_id, approved in approvals.items()
-            ],
+            approvals=tool_approvals(approvals, reasons),
             auto_continue=auto_continue,
-            request_id=request_id or "",
-            model=model or "",
-            disconnect_policy=_POLICIES[disconnect],
-            client_tools=_client_tools(client_tools),
         )
-        if body is not None:
-            request.body.CopyFrom(_struct(body))
-        return self._stream(self._stub.SubmitToolApprovals, request, timeout)
+        return self._stream(self._stub.SubmitToolApprovals, with_turn_options(request, options), options)
 
-    def _stream(self, method: Any, request: Any, deadline: float | None) -> TurnStream:
-        return TurnStream(method(request, timeout=deadline, metadata=self._metadata or None))
+    def _stream(self, method: Any, request: Any, options: TurnOptions) -> TurnStream:
+        return TurnStream(method(request, timeout=options.get("timeout"), metadata=self._metadata or None))
 
     # -- unary calls --------------------------------------------------------------------
 
@@ -354,6 +267,38 @@ class TurnwireClient:
             response = await self._unary(self._stub.GetConversation, request, timeout)
             conversation.messages.extend(response.conversation.messages)
         return conversation
+
+    async def get_conversation_page(
+        self,
+        conversation_id: str,
+        page_size: int = 0,
+        page_token: str = "",
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
+    ) -> chat_service_pb2.GetConversationResponse:
+        """One page of a conversation's messages, oldest first (AIP-158).
+
+        Args:
+            conversation_id: The conversation.
+            page_size: At most this many messages; 0 means as many as fit one response under
+                3 MiB.
+            page_token: ``next_page_token`` of the previous page; ``""`` for the first.
+
+        Returns:
+            The response: ``conversation`` with this page's messages and ``next_page_token``
+            (``""`` on the last page).
+
+        Raises:
+            TurnwireError: as for :meth:`get_conversation`, and ``INVALID_ARGUMENT`` (reason
+                ``INVALID_PAGE_TOKEN``) for a token of another conversation.
+        """
+        request = chat_service_pb2.GetConversationRequest(
+            conversation_id=conversation_id, page_size=page_size, page_token=page_token
+        )
+        response: chat_service_pb2.GetConversationResponse = await self._unary(
+            self._stub.GetConversation, request, timeout
+        )
+        return response
 
     async def list_conversations(
         self,
@@ -406,7 +351,7 @@ class TurnwireClient:
     async def submit_messages(
         self,
         conversation_id: str,
-        messages: str | Sequence[message_pb2.Message],
+        messages: MessagesSpec,
         *,
         submission_id: str | None = None,
         idempotency_key: str | None = None,
@@ -429,25 +374,16 @@ class TurnwireClient:
                 key name different submissions or the id is reused with other messages,
                 ``INVALID_ARGUMENT`` for an empty list or a bad message, any call failure.
         """
-        if isinstance(messages, str):
-            messages = [
-                message_pb2.Message(
-                    role=message_pb2.ROLE_USER,
-                    parts=[message_pb2.Part(text=message_pb2.TextPart(text=messages))],
-                )
-            ]
-        request = chat_service_pb2.SubmitMessagesRequest(
-            conversation_id=conversation_id,
-            messages=list(messages),
-            submission_id=submission_id or "",
-            idempotency_key=idempotency_key or "",
-            model=model or "",
-            client_tools=_client_tools(client_tools),
+        request = submit_messages_request(
+            conversation_id,
+            messages,
+            submission_id=submission_id,
+            idempotency_key=idempotency_key,
+            metadata=metadata,
+            body=body,
+            model=model,
+            client_tools=client_tools,
         )
-        if metadata is not None:
-            request.metadata.CopyFrom(_struct(metadata))
-        if body is not None:
-            request.body.CopyFrom(_struct(body))
         response: chat_service_pb2.SubmitMessagesResponse = await self._unary(
             self._stub.SubmitMessages, request, timeout
         )
@@ -582,40 +518,3 @@ class TurnwireClient:
             return await method(request, timeout=deadline, metadata=self._metadata or None)
         except grpc.aio.AioRpcError as error:
             raise TurnwireError.from_rpc_error(error) from error
-
-
-DisconnectPolicy = Literal["cancel", "continue"]
-"""What a turn does when its call ends early (``ChatRequest.disconnect_policy``)."""
-
-_POLICIES: dict[str, chat_service_pb2.DisconnectPolicy.ValueType] = {
-    "cancel": chat_service_pb2.DISCONNECT_POLICY_CANCEL,
-    "continue": chat_service_pb2.DISCONNECT_POLICY_CONTINUE,
-}
-
-
-ClientToolSpec = chat_service_pb2.ClientTool | Mapping[str, Any]
-"""A client tool: the proto, or ``{"name": …, "description": …, "input_schema": {…}}``."""
-
-
-def _client_tools(tools: Sequence[ClientToolSpec]) -> list[chat_service_pb2.ClientTool]:
-    converted = []
-    for tool in tools:
-        if isinstance(tool, chat_service_pb2.ClientTool):
-            converted.append(tool)
-            continue
-        proto = chat_service_pb2.ClientTool(name=tool["name"], description=tool.get("description", ""))
-        if tool.get("input_schema") is not None:
-            proto.input_schema.CopyFrom(_struct(tool["input_schema"]))
-        converted.append(proto)
-    return converted
-
-
-def _json(value: Any) -> str:
-    """``value`` as JSON text; NaN and Infinity are refused (they have no JSON form)."""
-    return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-
-
-def _struct(data: Mapping[str, Any]) -> struct_pb2.Struct:
-    struct = struct_pb2.Struct()
-    struct.update(dict(data))
-    return struct

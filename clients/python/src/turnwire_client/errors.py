@@ -34,6 +34,9 @@ class TurnwireError(Exception):
         domain: ``ErrorInfo.domain`` (``"turnwire.dev"`` for Turnwire errors), or ``""``.
         error_metadata: ``ErrorInfo.metadata`` as a plain dict (empty when absent).
         field_violations: ``(field, description)`` pairs from ``google.rpc.BadRequest``.
+        retry_delay: ``google.rpc.RetryInfo.retry_delay`` in seconds (e.g. an overloaded
+            sidecar's or a rate limit's), or ``None`` when the server did not say retrying
+            later helps.
         status: The full ``google.rpc.Status`` when the server sent one, else ``None``.
     """
 
@@ -46,6 +49,7 @@ class TurnwireError(Exception):
         domain: str = "",
         error_metadata: Mapping[str, str] | None = None,
         field_violations: Sequence[tuple[str, str]] = (),
+        retry_delay: float | None = None,
         status: status_pb2.Status | None = None,
     ) -> None:
         """Build an error; usually done by :meth:`from_rpc_error` or :meth:`from_status`."""
@@ -55,6 +59,7 @@ class TurnwireError(Exception):
         self.domain = domain
         self.error_metadata: dict[str, str] = dict(error_metadata or {})
         self.field_violations: list[tuple[str, str]] = list(field_violations)
+        self.retry_delay = retry_delay
         self.status = status
         super().__init__(str(self))
 
@@ -75,13 +80,14 @@ class TurnwireError(Exception):
     def from_status(cls, status: status_pb2.Status) -> TurnwireError:
         """Build an error from a ``google.rpc.Status`` (e.g. ``TurnEnd.error``).
 
-        Unpacks ``ErrorInfo`` and ``BadRequest`` from ``status.details``; other detail types
+        Unpacks ``ErrorInfo``, ``BadRequest`` and ``RetryInfo`` from ``status.details``; other detail types
         are kept only in :attr:`status`. An unknown numeric code maps to ``UNKNOWN``.
         """
         reason = ""
         domain = ""
         metadata: dict[str, str] = {}
         violations: list[tuple[str, str]] = []
+        retry_delay: float | None = None
         for detail in status.details:
             if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
                 info = error_details_pb2.ErrorInfo()
@@ -91,6 +97,10 @@ class TurnwireError(Exception):
                 bad_request = error_details_pb2.BadRequest()
                 detail.Unpack(bad_request)
                 violations.extend((v.field, v.description) for v in bad_request.field_violations)
+            elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                retry_info = error_details_pb2.RetryInfo()
+                detail.Unpack(retry_info)
+                retry_delay = retry_info.retry_delay.ToTimedelta().total_seconds()
         return cls(
             _status_code(status.code),
             status.message,
@@ -98,6 +108,7 @@ class TurnwireError(Exception):
             domain=domain,
             error_metadata=metadata,
             field_violations=violations,
+            retry_delay=retry_delay,
             status=status,
         )
 

@@ -2,43 +2,53 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from google.rpc import status_pb2
 
 from turnwire_client.errors import ProtocolError, TurnwireError
 from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_client.values import STEP_SEPARATOR, ChatMessage, Step, ToolCall, Usage, steps_of, struct_value
 
-__all__ = ["TurnResult", "collect", "status_name"]
+__all__ = ["TurnResult", "collect", "collect_sync", "status_name"]
 
 
 @dataclass
 class TurnResult:
     """The outcome of one turn, folded from its event stream by :func:`collect`.
 
+    The plain views (:attr:`text`, :attr:`steps`, :attr:`tool_calls`, :attr:`usage`,
+    :attr:`metadata`) hold Python values; :attr:`message`, :attr:`error` and :attr:`events` keep
+    the protobuf messages as sent.
+
     Attributes:
         conversation_id: The conversation the turn ran on.
         request_id: The turn's request id (client-supplied or assigned by the server).
         status: ``TurnEnd.status``, an ``event_pb2.TurnStatus`` value such as
-            ``event_pb2.TURN_STATUS_COMPLETED``.
+            ``event_pb2.TURN_STATUS_COMPLETED`` (see :attr:`status_name` for its name).
         message: The assistant message as stored (``TurnEnd.message``), or ``None`` when
-            nothing was stored.
-        usage: Token usage of the whole turn (an empty ``Usage`` when the server sent none).
-        error: ``TurnEnd.error`` for ``TURN_STATUS_ERROR`` turns, else ``None``.
+            nothing was stored. For a continuation turn it is the whole stored reply, the
+            steps of the turn it continued included.
+        usage: Token usage of the whole turn, as ints (zeros when the server sent none).
+        error: ``TurnEnd.error`` for ``TURN_STATUS_ERROR`` turns, else ``None``; see
+            :meth:`raise_for_error` for it as a :class:`TurnwireError`.
         events: Every event of the stream, in order, the ``TurnEnd`` last.
         step_count: Number of model steps the turn ran.
+        metadata: ``TurnEnd.metadata`` (what middlewares attached) as plain values.
     """
 
     conversation_id: str
     request_id: str
     status: event_pb2.TurnStatus.ValueType
     message: message_pb2.Message | None
-    usage: message_pb2.Usage
+    usage: Usage
     error: status_pb2.Status | None
     events: list[event_pb2.TurnEvent] = field(default_factory=list)
     step_count: int = 0
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -51,18 +61,28 @@ class TurnResult:
         return status_name(self.status)
 
     @property
-    def text(self) -> str:
-        """The text parts of :attr:`message` concatenated in order; ``""`` without a message."""
-        if self.message is None:
-            return ""
-        return "".join(p.text.text for p in self.message.parts if p.WhichOneof("kind") == "text")
+    def reply(self) -> ChatMessage | None:
+        """:attr:`message` in plain values, or ``None`` without a message."""
+        return None if self.message is None else ChatMessage.from_proto(self.message)
 
     @property
-    def tool_calls(self) -> list[message_pb2.ToolCallPart]:
-        """The tool-call parts of :attr:`message` in order (inputs with their results)."""
-        if self.message is None:
-            return []
-        return [p.tool_call for p in self.message.parts if p.WhichOneof("kind") == "tool_call"]
+    def steps(self) -> list[Step]:
+        """The reply's model steps (text, reasoning, tool calls each), ``[]`` without a message."""
+        return [] if self.message is None else steps_of(self.message)
+
+    @property
+    def text(self) -> str:
+        """The reply's text for reading (:attr:`ChatMessage.text`): the steps' texts without
+        surrounding whitespace, joined by a blank line
+        (:data:`~turnwire_client.values.STEP_SEPARATOR`); ``""`` without a message. Each step's
+        exact text is in :attr:`steps`."""
+        return STEP_SEPARATOR.join(text for step in self.steps if (text := step.text.strip()))
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The reply's tool calls in order, with plain inputs and results (see
+        :class:`~turnwire_client.values.ToolCall`); ``[]`` without a message."""
+        return [call for step in self.steps for call in step.tool_calls]
 
     def raise_for_error(self) -> None:
         """Raise :class:`TurnwireError` built from :attr:`error` when the turn ended in error."""
@@ -124,10 +144,11 @@ class _TurnCollector:
             request_id=last.request_id,
             status=end.status,
             message=end.message if end.HasField("message") else None,
-            usage=end.usage,
+            usage=Usage.from_proto(end.usage),
             error=end.error if end.HasField("error") else None,
             events=list(self.events),
             step_count=end.step_count,
+            metadata=struct_value(end.metadata) if end.HasField("metadata") else {},
         )
 
 
@@ -160,4 +181,21 @@ async def collect(events: AsyncIterable[event_pb2.TurnEvent]) -> TurnResult:
         aclose = getattr(events, "aclose", None)
         if aclose is not None:
             await aclose()
+    return collector.result()
+
+
+def collect_sync(events: Iterable[event_pb2.TurnEvent]) -> TurnResult:
+    """The synchronous :func:`collect`, for a stream of the synchronous client
+    (:class:`~turnwire_client.sync.SyncTurnwireClient`): same checks, result and errors. A
+    source with a ``cancel`` method (a :class:`~turnwire_client.sync.SyncTurnStream`) is cancelled
+    before returning or raising, which ends a call left unfinished.
+    """
+    collector = _TurnCollector()
+    try:
+        for event in events:
+            collector.add(event)
+    finally:
+        cancel = getattr(events, "cancel", None)
+        if cancel is not None:
+            cancel()
     return collector.result()

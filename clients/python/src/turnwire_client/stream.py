@@ -14,6 +14,7 @@ from typing import Any, Self
 import grpc
 
 from turnwire_client.errors import TurnwireError
+from turnwire_client.result import TurnResult, collect
 from turnwire_client.v1 import event_pb2
 
 
@@ -45,6 +46,11 @@ class TurnStream:
             raise StopAsyncIteration
         event: event_pb2.TurnEvent = response.event
         return event
+
+    async def collect(self) -> TurnResult:
+        """Read the stream to its end and fold it into a :class:`TurnResult` (:func:`collect`);
+        raises as :func:`collect` does."""
+        return await collect(self)
 
     def cancel(self) -> bool:
         """Cancel the call (the server aborts the turn, storing its partial reply).

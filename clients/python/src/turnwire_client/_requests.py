@@ -1,0 +1,185 @@
+"""Request messages of ``ChatService``, built from plain arguments; shared by the async client
+(:mod:`turnwire_client.client`) and the synchronous one (:mod:`turnwire_client.sync`) so both
+send exactly the same requests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypedDict, TypeVar
+
+from google.protobuf import struct_pb2
+
+from turnwire_client.v1 import chat_service_pb2, message_pb2
+
+DisconnectPolicy = Literal["cancel", "continue"]
+"""What a turn does when its call ends early (``ChatRequest.disconnect_policy``)."""
+
+ClientToolSpec = chat_service_pb2.ClientTool | Mapping[str, Any]
+"""A client tool: the proto, or ``{"name": …, "description": …, "input_schema": {…}}``."""
+
+MessagesSpec = str | Sequence[message_pb2.Message]
+"""Messages to send: a plain text (one user message with one text part), or messages."""
+
+
+class TurnOptions(TypedDict, total=False):
+    """Options every turn-running call takes as keyword arguments (all optional).
+
+    Attributes:
+        request_id: A client-chosen turn id (to cancel it with ``cancel_chat``, re-attach with
+            ``resume_turn``, or retry idempotently); the server assigns one when absent.
+        body: JSON-like data for the lifecycle hooks (sent as a ``Struct``).
+        model: ``provider:model`` for this turn, e.g. ``"scripted:demo"``.
+        timeout: Deadline of the whole call in seconds.
+        disconnect: What the turn does when this call ends early: ``"cancel"`` (the default:
+            abort it) or ``"continue"`` (it finishes without the caller; re-attach with
+            ``resume_turn``).
+        client_tools: Tools this client runs itself, offered to the model for this turn:
+            ``ClientTool`` messages or mappings with ``name``, ``description`` and
+            ``input_schema`` (a JSON Schema object). A call of one ends the turn with the call
+            pending (state ``"input-available"``); answer it with ``submit_tool_results``.
+    """
+
+    request_id: str | None
+    body: Mapping[str, Any] | None
+    model: str | None
+    timeout: float | None
+    disconnect: DisconnectPolicy
+    client_tools: Sequence[ClientToolSpec]
+
+
+_POLICIES: dict[str, chat_service_pb2.DisconnectPolicy.ValueType] = {
+    "cancel": chat_service_pb2.DISCONNECT_POLICY_CANCEL,
+    "continue": chat_service_pb2.DISCONNECT_POLICY_CONTINUE,
+}
+
+TurnRequest = (
+    chat_service_pb2.ChatRequest
+    | chat_service_pb2.SaveMessagesRequest
+    | chat_service_pb2.ContinueLastTurnRequest
+    | chat_service_pb2.SubmitToolResultsRequest
+    | chat_service_pb2.SubmitToolApprovalsRequest
+)
+
+
+_Request = TypeVar("_Request", bound=TurnRequest)
+
+
+def with_turn_options(request: _Request, options: TurnOptions) -> _Request:
+    """Set ``options`` (but ``timeout``, a call option) on a turn-running request; returns it.
+
+    Raises :class:`TypeError` for an unknown option and :class:`ValueError` for an unknown
+    ``disconnect`` value, naming the ones there are.
+    """
+    unknown = set(options) - set(TurnOptions.__annotations__)
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {sorted(unknown)}; the options are {sorted(TurnOptions.__annotations__)}"
+        )
+    request.request_id = options.get("request_id") or ""
+    request.model = options.get("model") or ""
+    disconnect = options.get("disconnect", "cancel")
+    if disconnect not in _POLICIES:
+        raise ValueError(f"disconnect must be one of {sorted(_POLICIES)}, not {disconnect!r}")
+    request.disconnect_policy = _POLICIES[disconnect]
+    request.client_tools.extend(_client_tools(options.get("client_tools", ())))
+    body = options.get("body")
+    if body is not None:
+        request.body.CopyFrom(struct(body))
+    return request
+
+
+def user_messages(messages: MessagesSpec) -> list[message_pb2.Message]:
+    """``messages`` as a list; a plain text becomes one user message with one text part."""
+    if isinstance(messages, str):
+        return [user_message(messages)]
+    return list(messages)
+
+
+def user_message(text: str) -> message_pb2.Message:
+    """A user message with one text part."""
+    return message_pb2.Message(
+        role=message_pb2.ROLE_USER, parts=[message_pb2.Part(text=message_pb2.TextPart(text=text))]
+    )
+
+
+def tool_results(
+    results: Mapping[str, Any], errors: Mapping[str, str] | None
+) -> list[chat_service_pb2.ToolResult]:
+    """``{tool_call_id: output}`` (outputs as JSON text) and ``{tool_call_id: error_text}`` as
+    ``ToolResult`` entries. Raises :class:`ValueError` for an output with no JSON form (NaN,
+    Infinity) and :class:`TypeError` for a value JSON cannot encode."""
+    entries = [
+        chat_service_pb2.ToolResult(tool_call_id=call_id, output_json=json_text(output))
+        for call_id, output in results.items()
+    ]
+    entries += [
+        chat_service_pb2.ToolResult(tool_call_id=call_id, error=True, error_text=text)
+        for call_id, text in (errors or {}).items()
+    ]
+    return entries
+
+
+def tool_approvals(
+    approvals: Mapping[str, bool], reasons: Mapping[str, str] | None
+) -> list[chat_service_pb2.ToolApproval]:
+    """``{tool_call_id: approved}`` with optional ``{tool_call_id: reason}`` as ``ToolApproval``
+    entries."""
+    return [
+        chat_service_pb2.ToolApproval(
+            tool_call_id=call_id, approved=approved, reason=(reasons or {}).get(call_id, "")
+        )
+        for call_id, approved in approvals.items()
+    ]
+
+
+def submit_messages_request(
+    conversation_id: str,
+    messages: MessagesSpec,
+    *,
+    submission_id: str | None,
+    idempotency_key: str | None,
+    metadata: Mapping[str, Any] | None,
+    body: Mapping[str, Any] | None,
+    model: str | None,
+    client_tools: Sequence[ClientToolSpec],
+) -> chat_service_pb2.SubmitMessagesRequest:
+    """The ``SubmitMessagesRequest`` of ``submit_messages`` (see there for the arguments)."""
+    request = chat_service_pb2.SubmitMessagesRequest(
+        conversation_id=conversation_id,
+        messages=user_messages(messages),
+        submission_id=submission_id or "",
+        idempotency_key=idempotency_key or "",
+        model=model or "",
+        client_tools=_client_tools(client_tools),
+    )
+    if metadata is not None:
+        request.metadata.CopyFrom(struct(metadata))
+    if body is not None:
+        request.body.CopyFrom(struct(body))
+    return request
+
+
+def _client_tools(tools: Sequence[ClientToolSpec]) -> list[chat_service_pb2.ClientTool]:
+    converted = []
+    for tool in tools:
+        if isinstance(tool, chat_service_pb2.ClientTool):
+            converted.append(tool)
+            continue
+        proto = chat_service_pb2.ClientTool(name=tool["name"], description=tool.get("description", ""))
+        if tool.get("input_schema") is not None:
+            proto.input_schema.CopyFrom(struct(tool["input_schema"]))
+        converted.append(proto)
+    return converted
+
+
+def json_text(value: Any) -> str:
+    """``value`` as compact JSON text; NaN and Infinity are refused (they have no JSON form)."""
+    return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+
+def struct(data: Mapping[str, Any]) -> struct_pb2.Struct:
+    """A mapping as a ``google.protobuf.Struct`` (numbers become doubles)."""
+    converted = struct_pb2.Struct()
+    converted.update(dict(data))
+    return converted
