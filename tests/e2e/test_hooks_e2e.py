@@ -136,8 +136,8 @@ async def test_a_hook_restricts_the_tools(sidecar: SidecarProcess) -> None:
     assert error.error_text == (
         "Model tried to call unavailable tool 'calculator'. Available tools: get_current_time."
     )
-    [part] = restricted.tool_calls
-    assert part.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
+    [call] = restricted.tool_calls
+    assert call.state == "output-error"
     assert restricted.text == "Calculated."  # the turn went on
 
 

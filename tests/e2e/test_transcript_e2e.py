@@ -238,7 +238,7 @@ async def test_add_messages_from_inside_a_running_turn_is_allowed(sidecar: Sidec
         result = await collect(client.chat(conversation_id, "note this", model="scripted:note", timeout=20))
         assert result.status == event_pb2.TURN_STATUS_COMPLETED, result
         [call] = result.tool_calls
-        assert json.loads(call.output_json)["added"] == 1, call
+        assert call.output["added"] == 1, call
         conversation = await client.get_conversation(conversation_id)
     assert ("note-1", "inside") in texts(conversation)
     assert texts(conversation)[0] == (conversation.messages[0].id, "note this")
