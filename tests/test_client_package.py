@@ -86,9 +86,9 @@ def _fresh_venv(path: Path) -> Path:
 
 def _pip_install(python: Path, *arguments: str) -> None:
     """``pip install`` into ``python``'s environment, offline: this runner's pip drives it."""
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", "--python", str(python)]
     run = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index", "--no-build-isolation"]
-        + ["--disable-pip-version-check", "--quiet", *arguments],
+        [*pip, "install", "--no-index", "--no-build-isolation", *arguments],
         capture_output=True,
         text=True,
         timeout=300,
@@ -134,9 +134,18 @@ def test_a_built_wheel_installs_in_a_fresh_venv_and_runs_the_readme_chat(
     tmp_path: Path, sidecar: SidecarProcess
 ) -> None:
     dist = tmp_path / "dist"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--quiet"]
-        + ["--disable-pip-version-check", "-w", str(dist), str(_source_copy(tmp_path))],
+        [
+            *pip,
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(dist),
+            str(_source_copy(tmp_path)),
+        ],
         capture_output=True,
         text=True,
         timeout=300,

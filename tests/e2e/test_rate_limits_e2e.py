@@ -79,6 +79,7 @@ async def test_turns_per_minute(sidecar: SidecarProcess) -> None:
         assert error.error_metadata["limit"] == "turns_per_minute"
         assert "2 turns per minute" in error.message
         assert 0 < retry_delay(error) <= 60
+        assert error.retry_delay == retry_delay(error)  # the client's own reading of RetryInfo
         # Reads are not turns: still answered.
         assert (await client.get_conversation("limited")).message_count == 2
     async with TurnwireClient(sidecar.target, token=OTHER) as other:

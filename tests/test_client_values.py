@@ -1,0 +1,152 @@
+"""The client's plain views of protobuf messages and errors (no server needed)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from turnwire_client import ChatMessage, ToolCall, TurnwireError
+from turnwire_client.v1 import chat_service_pb2, message_pb2
+
+BIG = 2**64 + 1
+
+
+def _text(text: str) -> message_pb2.Part:
+    return message_pb2.Part(text=message_pb2.TextPart(text=text))
+
+
+STEP = message_pb2.Part(step_start=message_pb2.StepStartPart())
+
+
+def test_a_tool_call_reads_the_exact_json_texts() -> None:
+    part = message_pb2.ToolCallPart(
+        tool_call_id="c1",
+        tool_name="lookup",
+        state=message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
+        input_json='{"n": 18446744073709551617, "x": 0.5, "ok": true, "none": null}',
+        output_json="[1, 2.0, 18446744073709551617]",
+        decision=message_pb2.TOOL_CALL_DECISION_SUBSTITUTED,
+    )
+    call = ToolCall.from_proto(part)
+    assert call.input == {"n": BIG, "x": 0.5, "ok": True, "none": None}
+    assert call.output == [1, 2.0, BIG] and type(call.output[1]) is float
+    assert (call.state, call.decision, call.part) == ("output-available", "substituted", part)
+
+
+def test_a_tool_call_without_json_texts_falls_back_to_the_struct_views() -> None:
+    struct = struct_pb2.Struct()
+    struct.update({"count": 3, "ratio": 0.25, "items": [1, 2]})
+    part = message_pb2.ToolCallPart(
+        tool_call_id="c1",
+        tool_name="t",
+        state=message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
+        input=struct,
+        error_text="boom",
+        raw_input="",
+    )
+    call = ToolCall.from_proto(part)
+    assert call.input == {"count": 3, "ratio": 0.25, "items": [1, 2]}
+    assert type(call.input["count"]) is int
+    assert (call.output, call.state, call.error_text) == (None, "output-error", "boom")
+
+
+def test_an_input_that_was_not_json_is_none_with_its_raw_text() -> None:
+    call = ToolCall.from_proto(
+        message_pb2.ToolCallPart(tool_call_id="c", tool_name="t", raw_input="{not json", error_text="bad")
+    )
+    assert (call.input, call.raw_input, call.state) == (None, "{not json", "")
+
+
+def test_approval_answers() -> None:
+    requested = message_pb2.ToolCallPart(
+        state=message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED, approval=message_pb2.ToolCallApproval(id="a1")
+    )
+    denied = message_pb2.ToolCallPart(
+        state=message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED,
+        approval=message_pb2.ToolCallApproval(id="a2", approved=False, reason="no"),
+    )
+    assert (ToolCall.from_proto(requested).approval_id, ToolCall.from_proto(requested).approved) == (
+        "a1",
+        None,
+    )
+    assert (ToolCall.from_proto(denied).state, ToolCall.from_proto(denied).approved) == (
+        "output-denied",
+        False,
+    )
+
+
+def test_a_message_in_steps() -> None:
+    call = message_pb2.ToolCallPart(tool_call_id="c1", tool_name="t", input_json="{}", output_json="1")
+    metadata = struct_pb2.Struct()
+    metadata.update({"source": "web", "n": 2})
+    message = message_pb2.Message(
+        id="m1",
+        role=message_pb2.ROLE_ASSISTANT,
+        parts=[
+            STEP,
+            message_pb2.Part(reasoning=message_pb2.ReasoningPart(text="think")),
+            _text("Let me look. "),
+            message_pb2.Part(tool_call=call),
+            STEP,
+            STEP,  # a step cut short before any part: no step
+            _text("Found "),
+            _text("it."),
+        ],
+        metadata=metadata,
+        create_time=timestamp_pb2.Timestamp(seconds=1_700_000_000),
+    )
+    plain = ChatMessage.from_proto(message)
+    assert [(s.text, s.reasoning, len(s.tool_calls)) for s in plain.steps] == [
+        ("Let me look. ", "think", 1),
+        ("Found it.", "", 0),
+    ]
+    assert plain.text == "Let me look.\n\nFound it."
+    assert [c.output for c in plain.tool_calls] == [1]
+    assert (plain.id, plain.role, plain.metadata) == ("m1", "assistant", {"source": "web", "n": 2})
+    assert plain.create_time == datetime.fromtimestamp(1_700_000_000, UTC)
+
+
+def test_a_user_message_is_one_step() -> None:
+    plain = ChatMessage.from_proto(message_pb2.Message(role=message_pb2.ROLE_USER, parts=[_text("hi")]))
+    assert (plain.role, plain.text, len(plain.steps), plain.create_time) == ("user", "hi", 1, None)
+    assert ChatMessage.from_proto(message_pb2.Message()).steps == []
+
+
+def test_an_error_reads_error_info_bad_request_and_retry_info() -> None:
+    status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message="slow down")
+    status.details.add().Pack(
+        error_details_pb2.ErrorInfo(reason="RATE_LIMITED", domain="turnwire.dev", metadata={"limit": "turns"})
+    )
+    status.details.add().Pack(
+        error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field="model", description="unknown")
+            ]
+        )
+    )
+    status.details.add().Pack(
+        error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=2, nanos=500_000_000))
+    )
+    error = TurnwireError.from_status(status)
+    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (error.reason, error.domain, error.error_metadata) == (
+        "RATE_LIMITED",
+        "turnwire.dev",
+        {"limit": "turns"},
+    )
+    assert error.field_violations == [("model", "unknown")]
+    assert error.retry_delay == 2.5
+    assert str(error) == "RESOURCE_EXHAUSTED [RATE_LIMITED]: slow down; model: unknown"
+
+
+def test_unknown_options_and_values_are_refused_before_sending() -> None:
+    from turnwire_client._requests import with_turn_options
+
+    with pytest.raises(TypeError, match="unknown option"):
+        with_turn_options(chat_service_pb2.ChatRequest(), {"modle": "x"})  # type: ignore[typeddict-unknown-key]
+    with pytest.raises(ValueError, match="disconnect must be one of"):
+        with_turn_options(chat_service_pb2.ChatRequest(), {"disconnect": "later"})  # type: ignore[typeddict-item]
