@@ -29,12 +29,15 @@ class TurnStream:
     __slots__ = ("_call",)
 
     def __init__(self, call: Any) -> None:
+        """Wrap a response-streaming call of a ``grpc.aio`` ``ChatServiceStub``."""
         self._call = call
 
     def __aiter__(self) -> Self:
+        """Return the stream itself."""
         return self
 
     async def __anext__(self) -> event_pb2.TurnEvent:
+        """The next event; :class:`StopAsyncIteration` after the last one."""
         try:
             response = await self._call.read()
         except grpc.aio.AioRpcError as error:
@@ -64,6 +67,7 @@ class TurnStream:
         self._call.cancel()
 
     async def __aenter__(self) -> Self:
+        """Return the stream itself."""
         return self
 
     async def __aexit__(
@@ -72,6 +76,7 @@ class TurnStream:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        """Cancel the call if it is still running."""
         self._call.cancel()  # a no-op once the call has finished
 
     def __del__(self) -> None:
