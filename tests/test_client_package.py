@@ -186,7 +186,7 @@ def test_readme_snippet_runs(number: int, tmp_path: Path, sidecar: SidecarProces
     output = _run(Path(sys.executable), _snippets()[number], tmp_path, sidecar.target)
     expected = {
         0: ["get_weather({'city': 'Paris'}) -> {'city': 'Paris'", "COMPLETED"],
-        1: ["84"],  # 12 * 7, from the calculator
+        1: ["{'expression': '12 * 7', 'result': 84}"],  # the calculator's output, as a dict
         2: ["NOT_FOUND CONVERSATION_NOT_FOUND", "None"],
     }.get(number, [])
     for piece in expected:

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from turnwire_client.stream import TurnStream
     from turnwire_client.sync import SyncTurnStream, SyncTurnwireClient
     from turnwire_client.tls import TlsOptions
-    from turnwire_client.values import STEP_SEPARATOR, ChatMessage, Step, ToolCall, Usage
+    from turnwire_client.values import STEP_SEPARATOR, ChatMessage, Step, ToolCall, Usage, json_value
 
 __all__ = [
     "ERROR_DOMAIN",
@@ -66,6 +66,7 @@ __all__ = [
     "Usage",
     "collect",
     "collect_sync",
+    "json_value",
 ]
 
 _HOMES = {
@@ -87,6 +88,7 @@ _HOMES = {
     "Step": "values",
     "ToolCall": "values",
     "Usage": "values",
+    "json_value": "values",
 }
 
 
