@@ -78,6 +78,17 @@ _STATES = {
 }
 
 
+def _enum_name(enum: Any, number: int, prefix: str) -> str:
+    """``number``'s name in ``enum``, lower case without ``prefix``; ``""`` for UNSPECIFIED, the
+    number as text for a value newer than this client."""
+    try:
+        name: str = enum.Name(number)
+    except ValueError:
+        return str(number)
+    name = name.removeprefix(prefix).lower()
+    return "" if name == "unspecified" else name
+
+
 @dataclass(frozen=True)
 class Usage:
     """Token usage of a step or a turn, as plain ints (``turnwire.v1.Usage``).
@@ -174,7 +185,6 @@ class ToolCall:
             message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED,
             message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED,
         ) or (approval is not None and approval.approved)
-        decision = message_pb2.ToolCallDecision.Name(part.decision).removeprefix("TOOL_CALL_DECISION_")
         return cls(
             tool_call_id=part.tool_call_id,
             tool_name=part.tool_name,
@@ -187,7 +197,7 @@ class ToolCall:
             approved=approval.approved if approval is not None and answered else None,
             client_executed=part.client_executed,
             preliminary=part.preliminary,
-            decision="" if decision == "UNSPECIFIED" else decision.lower(),
+            decision=_enum_name(message_pb2.ToolCallDecision, part.decision, "TOOL_CALL_DECISION_"),
             part=part,
         )
 
@@ -245,7 +255,7 @@ class ChatMessage:
         """The plain view of a ``turnwire.v1.Message``."""
         return cls(
             id=message.id,
-            role=message_pb2.Role.Name(message.role).removeprefix("ROLE_").lower(),
+            role=_enum_name(message_pb2.Role, message.role, "ROLE_"),
             steps=steps_of(message),
             metadata=struct_value(message.metadata) if message.HasField("metadata") else {},
             create_time=message.create_time.ToDatetime(tzinfo=UTC)
