@@ -23,6 +23,8 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
+    # Plain click help: rich mode keeps docstrings' line breaks and labels flags <bool>.
+    rich_markup_mode=None,
 )
 
 TargetOption = Annotated[
@@ -142,7 +144,9 @@ def serve(
         ),
     ] = None,
 ) -> None:
-    """Run the sidecar until SIGTERM or SIGINT (then stop gracefully and exit 0).
+    """Run the sidecar until SIGTERM or SIGINT.
+
+    It then stops gracefully and exits 0.
 
     Every setting also comes from TURNWIRE_* variables, sections joined by __ (TURNWIRE_LIMITS__MAX_STEPS=20).
 
@@ -181,7 +185,7 @@ def _load(config: Path | None, listen: str | None = None, store: str | None = No
         raise typer.Exit(2) from None
 
 
-config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True)
+config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(config_app, name="config")
 
 
@@ -191,8 +195,11 @@ def config_show(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file.")] = None,
     store: Annotated[str | None, typer.Option(help="As serve's --store.")] = None,
 ) -> None:
-    """Print the effective configuration (flags, TURNWIRE_* variables, the file, defaults, as
-    serve would load them) as YAML, secrets masked (***). Exit status 2 when it is invalid."""
+    """Print the effective configuration as YAML, secrets masked.
+
+    The configuration serve would load (flags, TURNWIRE_* variables, the file, defaults), with
+    secrets shown as ***. Exit status 2 when it is invalid.
+    """
     import yaml
 
     from turnwire_server.redaction import redacted_settings
@@ -218,8 +225,10 @@ def migrate(
         str | None, typer.Option("--to", help="... into this empty postgresql:// store.")
     ] = None,
 ) -> None:
-    """Apply the store's pending schema migrations, print each one applied, and exit. With
-    --from sqlite:///PATH --to postgresql://...: copy an SQLite store (stopped) into an empty
+    """Apply schema migrations, or copy SQLite to PostgreSQL.
+
+    Applies the store's pending schema migrations, prints each one applied, and exits. With
+    --from sqlite:///PATH --to postgresql://...: copies an SQLite store (stopped) into an empty
     PostgreSQL database instead, for a sidecar that outgrew one process.
 
     Exit status 0 when the schema is current afterwards (or the copy landed), 1 when the store
@@ -283,8 +292,10 @@ def _copy_store(source: str | None, target: str | None) -> None:
 
 @app.command()
 def chat(
-    conversation: Annotated[str, typer.Argument(help="Conversation id (created on first use).")],
-    text: Annotated[str, typer.Argument(help="The user message.")],
+    conversation: Annotated[
+        str, typer.Argument(metavar="CONVERSATION", help="Conversation id (created on first use).")
+    ],
+    text: Annotated[str, typer.Argument(metavar="TEXT", help="The user message.")],
     *,
     target: TargetOption = "127.0.0.1:50051",
     model: Annotated[str | None, typer.Option(help="Model for this turn, provider:model.")] = None,
@@ -296,7 +307,10 @@ def chat(
     tls_server_name: TlsServerNameOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Send one message and stream the reply, tool calls and results included."""
+    """Send one message and stream the reply.
+
+    Tool calls and their results are shown as they happen.
+    """
     from turnwire_server.console import run_chat
 
     parsed_body = None
@@ -328,7 +342,7 @@ def _interruptible(turn: Coroutine[Any, Any, int]) -> int:
 
 @app.command("continue")
 def continue_(
-    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    conversation: Annotated[str, typer.Argument(metavar="CONVERSATION", help="Conversation id.")],
     *,
     target: TargetOption = "127.0.0.1:50051",
     model: Annotated[str | None, typer.Option(help="Model for this turn, provider:model.")] = None,
@@ -339,7 +353,10 @@ def continue_(
     tls_server_name: TlsServerNameOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Let the model continue after the last assistant message (ContinueLastTurn), streaming it."""
+    """Let the model continue after the last assistant message.
+
+    Calls ContinueLastTurn and streams the continuation.
+    """
     from turnwire_server.console import run_continue
 
     tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
@@ -350,7 +367,9 @@ def continue_(
 
 @app.command()
 def cancel(
-    request_id: Annotated[str, typer.Argument(help="The turn's request id (turnwire chat shows it).")],
+    request_id: Annotated[
+        str, typer.Argument(metavar="REQUEST_ID", help="The turn's request id (turnwire chat shows it).")
+    ],
     *,
     target: TargetOption = "127.0.0.1:50051",
     tls: TlsOption = False,
@@ -360,7 +379,10 @@ def cancel(
     tls_server_name: TlsServerNameOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Cancel a running or queued turn by its request id (exit status 1 when none is running)."""
+    """Cancel a running or queued turn by its request id.
+
+    Exit status 1 when no turn with that id is running or queued.
+    """
     from turnwire_server.console import run_cancel
 
     tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
@@ -388,7 +410,7 @@ def conversations(
 
 @app.command()
 def history(
-    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    conversation: Annotated[str, typer.Argument(metavar="CONVERSATION", help="Conversation id.")],
     *,
     target: TargetOption = "127.0.0.1:50051",
     tls: TlsOption = False,
@@ -418,8 +440,11 @@ def health(
     tls_server_name: TlsServerNameOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Ask the standard gRPC health service; print SERVING, NOT_SERVING, SERVICE_UNKNOWN or
-    unreachable. Exit status 0 only when SERVING, else 1 (as Docker HEALTHCHECK expects)."""
+    """Ask the gRPC health service; exit 0 only when SERVING.
+
+    Prints SERVING, NOT_SERVING, SERVICE_UNKNOWN or unreachable. Exit status 0 only when
+    SERVING, else 1 (as Docker HEALTHCHECK expects).
+    """
     from turnwire_server.health_check import check_health
 
     answer = check_health(
@@ -448,7 +473,11 @@ def demo(
         ),
     ] = False,
 ) -> None:
-    """Start the sidecar on its embedded defaults, hold a conversation that calls tools, stop it."""
+    """Run a demo conversation that calls tools.
+
+    Starts the sidecar on its embedded defaults, holds a conversation that calls tools, and
+    stops it.
+    """
     from turnwire_server.demo import run_demo
 
     workdir = workdir.resolve()

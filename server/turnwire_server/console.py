@@ -15,7 +15,7 @@ from datetime import UTC
 from typing import Any
 
 import grpc
-from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf import json_format, timestamp_pb2
 from rich.console import Console
 from rich.status import Status
 from rich.text import Text
@@ -389,7 +389,7 @@ class _TurnRenderer:
         elif kind == "tool_input_available":
             call = event.tool_input_available
             self.tool_names[call.tool_call_id] = call.tool_name
-            self.line(_call_line(call.tool_name, _struct_json(call.input)))
+            self.line(_call_line(call.tool_name, _input_json(call)))
         elif kind == "tool_input_error":
             bad = event.tool_input_error
             self.tool_names[bad.tool_call_id] = bad.tool_name
@@ -401,9 +401,11 @@ class _TurnRenderer:
         elif kind == "tool_output_available":
             output = event.tool_output_available
             if output.preliminary:
-                self.line(_preliminary_line(self._name(output.tool_call_id), output.output))
+                self.line(_preliminary_line(self._name(output.tool_call_id), _output_json(output)))
             else:
-                self.line(_result_line(self._name(output.tool_call_id), output.output, output.decision))
+                self.line(
+                    _result_line(self._name(output.tool_call_id), _output_json(output), output.decision)
+                )
         elif kind == "tool_output_error":
             failed = event.tool_output_error
             self.line(_error_line(self._name(failed.tool_call_id), failed.error_text))
@@ -542,13 +544,15 @@ def _partial_line(reply: chat_service_pb2.PartialReply) -> Text:
 
 
 def _print_tool_call(out: Console, call: message_pb2.ToolCallPart) -> None:
-    if call.HasField("input") or not call.raw_input:
-        out.print(_call_line(call.tool_name, _struct_json(call.input)), soft_wrap=True)
-    else:
+    if call.input_json or call.HasField("input"):
+        out.print(_call_line(call.tool_name, _input_json(call)), soft_wrap=True)
+    elif call.raw_input:  # not a JSON object, or cut off while it streamed
         out.print(_call_line(call.tool_name, _short(call.raw_input), style="red"), soft_wrap=True)
+    else:  # the turn stopped before any of the input arrived
+        out.print(_call_line(call.tool_name, "(input not received)", style="dim"), soft_wrap=True)
     state = call.state
     if state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
-        line = _result_line(call.tool_name, call.output, call.decision)
+        line = _result_line(call.tool_name, _output_json(call), call.decision)
         if call.preliminary:
             line.append(" (preliminary)", style="dim")
         out.print(line, soft_wrap=True)
@@ -574,14 +578,15 @@ def _call_line(name: str, payload: str, *, style: str = "") -> Text:
 
 def _result_line(
     name: str,
-    value: struct_pb2.Value,
+    output_json: str,
     decision: message_pb2.ToolCallDecision.ValueType = message_pb2.TOOL_CALL_DECISION_UNSPECIFIED,
 ) -> Text:
     """``← name: output``; a result a ``before_tool_call`` hook decided is marked as such (the
     model took it as a success, but the tool did not run)."""
-    payload = _short(_json(json_format.MessageToDict(value)))
+    payload = _exact_json(output_json)
     if decision == message_pb2.TOOL_CALL_DECISION_BLOCKED:
-        shown = value.string_value if value.WhichOneof("kind") == "string_value" else payload
+        value = json.loads(output_json) if output_json else None
+        shown = value if isinstance(value, str) else payload
         return Text.assemble(
             ("← ", "yellow"), (name, "bold yellow"), (": blocked by a hook: ", "yellow"), shown
         )
@@ -591,8 +596,8 @@ def _result_line(
     return line
 
 
-def _preliminary_line(name: str, value: struct_pb2.Value) -> Text:
-    payload = _short(_json(json_format.MessageToDict(value)))
+def _preliminary_line(name: str, output_json: str) -> Text:
+    payload = _exact_json(output_json)
     return Text.assemble(("… ", "dim"), (name, "bold dim"), ": ", (payload, "dim"), (" (preliminary)", "dim"))
 
 
@@ -612,8 +617,27 @@ def _file_line(file: message_pb2.FilePart) -> Text:
     return Text(" ".join(s for s in bits if s), style="dim")
 
 
-def _struct_json(struct: struct_pb2.Struct) -> str:
-    return _short(_json(json_format.MessageToDict(struct)))
+def _input_json(call: message_pb2.ToolCallPart | event_pb2.ToolInputAvailable) -> str:
+    """The call's input for display: its exact JSON text, else (a sidecar before input_json
+    existed) the deprecated Struct view."""
+    if call.input_json:
+        return _exact_json(call.input_json)
+    return _short(_json(json_format.MessageToDict(call.input)))
+
+
+def _output_json(call: message_pb2.ToolCallPart | event_pb2.ToolOutputAvailable) -> str:
+    """The call's output as exact JSON text (from the deprecated Value view on an older sidecar)."""
+    if call.output_json or not call.HasField("output"):
+        return call.output_json
+    return json.dumps(_plain(json_format.MessageToDict(call.output)))
+
+
+def _exact_json(text: str) -> str:
+    """A tool input or output from its exact JSON text (integers of any size kept), keys sorted
+    so the same data always prints the same; ``null`` for an empty text."""
+    if not text:
+        return "null"
+    return _short(json.dumps(json.loads(text), ensure_ascii=False, sort_keys=True))
 
 
 def _json(value: object) -> str:

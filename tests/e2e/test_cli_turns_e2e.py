@@ -142,6 +142,35 @@ def test_the_help_flag_has_a_short_form() -> None:
     assert "TURNWIRE_CONFIG" in run.stdout and "127.0.0.1:50051" in run.stdout
 
 
+def test_top_level_help_lists_each_command_in_one_whole_line() -> None:
+    """``turnwire -h``: one summary sentence per command, none cut off with "..." or broken mid-
+    sentence, and flags without a ``<bool>`` type label (a fresh-user trial tripped on all three)."""
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, "-m", "turnwire_server", "-h"], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0
+    commands = run.stdout.split("Commands:\n", 1)[1].splitlines()
+    names = [line.split()[0] for line in commands if line.strip()]
+    assert names == [
+        "serve",
+        "migrate",
+        "chat",
+        "continue",
+        "cancel",
+        "conversations",
+        "history",
+        "health",
+        "demo",
+        "config",
+    ]
+    for line in commands:
+        assert line.startswith("  ") and not line.startswith("   "), f"a wrapped summary: {line!r}"
+        assert line.rstrip().endswith(".") and not line.rstrip().endswith("..."), f"cut off: {line!r}"
+    assert "<bool>" not in run.stdout
+
+
 async def test_blocked_and_substituted_results_are_marked(sidecar: SidecarProcess) -> None:
     body = '{"block_tools": ["calculator"], "substitute_tools": ["get_weather"]}'
     run = await run_turnwire(

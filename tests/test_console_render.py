@@ -1,0 +1,77 @@
+"""How ``turnwire history`` and ``turnwire chat`` render tool calls (``turnwire_server.console``).
+
+A fresh-user trial saw a call cut off while its input streamed printed as ``→ tool {}``, as if
+the model had called it with an empty input; values come from the exact JSON fields, so large
+integers print as they were stored.
+"""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from turnwire_client.v1 import message_pb2
+from turnwire_server.console import _print_message
+
+
+def _render(*calls: message_pb2.ToolCallPart) -> list[str]:
+    buffer = io.StringIO()
+    message = message_pb2.Message(
+        id="m1",
+        role=message_pb2.ROLE_ASSISTANT,
+        parts=[message_pb2.Part(tool_call=call) for call in calls],
+    )
+    _print_message(Console(file=buffer, width=200), message)
+    return buffer.getvalue().splitlines()[1:]
+
+
+def test_a_call_stopped_before_its_input_arrived_is_not_shown_as_an_empty_input() -> None:
+    lines = _render(
+        message_pb2.ToolCallPart(
+            tool_call_id="c1",
+            tool_name="search",
+            state=message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
+            error_text="the turn was aborted",
+        )
+    )
+    assert lines == ["→ search (input not received)", "← search: error: the turn was aborted"]
+
+
+def test_a_call_cut_off_while_its_input_streamed_shows_what_arrived() -> None:
+    lines = _render(
+        message_pb2.ToolCallPart(
+            tool_call_id="c1",
+            tool_name="search",
+            raw_input='{"query": "wea',
+            state=message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
+            error_text="the turn was aborted",
+        )
+    )
+    assert lines[0] == '→ search {"query": "wea'
+
+
+def test_inputs_and_outputs_print_exactly_from_their_json_text() -> None:
+    big = 2**53 + 1
+    lines = _render(
+        message_pb2.ToolCallPart(
+            tool_call_id="c1",
+            tool_name="count",
+            input_json=f'{{"n": {big}, "empty": {{}}}}',
+            output_json=f'{{"total": {big}, "ratio": 0.5}}',
+            state=message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
+        ),
+        message_pb2.ToolCallPart(
+            tool_call_id="c2",
+            tool_name="noop",
+            input_json="{}",
+            output_json="null",
+            state=message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
+        ),
+    )
+    assert lines == [
+        f'→ count {{"empty": {{}}, "n": {big}}}',
+        f'← count: {{"ratio": 0.5, "total": {big}}}',
+        "→ noop {}",
+        "← noop: null",
+    ]
