@@ -164,11 +164,23 @@ def serve(
         logging.getLogger("turnwire.server").warning(
             "log_level is deprecated: use logging.level (TURNWIRE_LOGGING__LEVEL)"
         )
+    for warning in _unknown_variables():
+        logging.getLogger("turnwire.server").warning("%s", warning)
     try:
         asyncio.run(run_server(settings))
     except StartupError as error:
         typer.echo(f"turnwire: cannot start: {error}", err=True)
         raise typer.Exit(1) from None
+
+
+def _unknown_variables() -> list[str]:
+    """Warnings for TURNWIRE_* variables that name no setting (a misspelt one is otherwise ignored)."""
+    import os
+
+    from turnwire_server.config import Settings
+    from turnwire_server.config_hints import unknown_variables
+
+    return unknown_variables(os.environ, Settings)
 
 
 def _load(config: Path | None, listen: str | None = None, store: str | None = None) -> Any:
@@ -205,6 +217,8 @@ def config_show(
     from turnwire_server.redaction import redacted_settings
 
     settings = _load(config, listen, store)
+    for warning in _unknown_variables():
+        typer.echo(f"turnwire: warning: {warning}", err=True)
     shown = redacted_settings(settings)
     if shown.get("log_level") is None:
         shown.pop("log_level", None)  # the deprecated spelling, shown only when it is set

@@ -33,6 +33,7 @@ from pydantic_settings import (
 
 from turnwire.hooks import HOOK_NAMES
 from turnwire_server.access_settings import AuthSettings, RateLimitSettings
+from turnwire_server.config_hints import unknown_field_message
 from turnwire_server.providers.settings import (
     PROVIDER_TYPES,
     ProviderSettings,
@@ -528,11 +529,7 @@ def _describe(error: ValidationError, origin: str) -> str:
         location = ".".join(str(part) for part in entry_location(item["loc"])) or "(top level)"
         message = item["msg"]
         if item["type"] == "extra_forbidden":
-            message = "unknown field (check its spelling and its section)"
-            if len(item["loc"]) == 1:  # a top-level key: the sections are known here
-                close = difflib.get_close_matches(str(item["loc"][0]), sorted(Settings.model_fields), n=1)
-                if close:
-                    message = f"unknown field; did you mean {close[0]!r}?"
+            message = unknown_field_message(Settings, item["loc"])
         elif item["type"] == "value_error":
             message = str(message).removeprefix("Value error, ")
         elif item["type"] in ("union_tag_invalid", "union_tag_not_found") and location.startswith(
