@@ -27,8 +27,26 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+
+def _check_target(value: str) -> str:
+    """``--target``: HOST:PORT with a port of 0-65535 (gRPC would wrap 99999 to another port),
+    or any other gRPC target scheme (``unix:PATH``, ``dns:///…``) as given."""
+    if ":" in value and not value.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:")):
+        port = value.rpartition(":")[2]
+        if not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise typer.BadParameter(f"{value!r} needs a port of 0-65535, e.g. 127.0.0.1:50051")
+    return value
+
+
 TargetOption = Annotated[
-    str, typer.Option("--target", "-t", envvar="TURNWIRE_TARGET", help="Sidecar address HOST:PORT.")
+    str,
+    typer.Option(
+        "--target",
+        "-t",
+        envvar="TURNWIRE_TARGET",
+        callback=_check_target,
+        help="Sidecar address HOST:PORT.",
+    ),
 ]
 TokenOption = Annotated[
     str | None,
@@ -152,6 +170,11 @@ def serve(
 
     Flags win over variables, variables over the config file.
     """
+    import os
+
+    # gRPC's C core logs connection events (a client's GOAWAY) at info in its own format, outside
+    # logging.level; read once, when grpc is first imported, which is below.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     from turnwire_server.app import StartupError
     from turnwire_server.app import serve as run_server
 
@@ -323,7 +346,10 @@ def chat(
 ) -> None:
     """Send one message and stream the reply.
 
-    Tool calls and their results are shown as they happen.
+    Tool calls and their results are shown as they happen; on a terminal a spinner says what the
+    turn waits for. Ctrl-C cancels the turn (its partial reply is stored) and exits 130. Exit
+    status 0 when the turn completed, 1 when it did not, 2 when the call was refused, 3 when
+    the sidecar cannot be reached.
     """
     from turnwire_server.console import run_chat
 
