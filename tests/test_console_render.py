@@ -137,3 +137,18 @@ def test_the_spinner_comes_back_after_a_preliminary_result() -> None:
         assert renderer.waiting is None
     finally:
         renderer.stop_waiting()
+
+
+def test_a_call_awaiting_approval_says_who_answers_it() -> None:
+    lines = _render(
+        message_pb2.ToolCallPart(
+            tool_call_id="c7",
+            tool_name="get_current_time",
+            input_json="{}",
+            state=message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED,
+        )
+    )
+    assert lines[1] == (
+        "? get_current_time awaits approval (call c7: the application answers with SubmitToolApprovals, "
+        "then the turn goes on)"
+    )

@@ -313,6 +313,10 @@ _SILENT = frozenset({"text_start", "reasoning_start", "tool_input_start", "tool_
 """Events that print nothing, so they leave the spinner up."""
 
 
+_APPROVAL_HINT = " (call {call_id}: the application answers with SubmitToolApprovals, then the turn goes on)"
+"""The CLI cannot approve: say who does (README, Tools: approvals)."""
+
+
 class _TurnRenderer:
     """Prints one turn's events as they arrive."""
 
@@ -414,7 +418,10 @@ class _TurnRenderer:
             self.line(_error_line(bad.tool_name, f"invalid input: {bad.error_text}"))
         elif kind == "tool_approval_request":
             name = self._name(event.tool_approval_request.tool_call_id)
-            self.line(Text(f"? {name} awaits approval", style="yellow"))
+            call_id = event.tool_approval_request.tool_call_id
+            self.line(
+                Text(f"? {name} awaits approval{_APPROVAL_HINT.format(call_id=call_id)}", style="yellow")
+            )
         elif kind == "tool_output_available":
             output = event.tool_output_available
             if output.preliminary:
@@ -581,7 +588,8 @@ def _print_tool_call(out: Console, call: message_pb2.ToolCallPart) -> None:
         message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED,
         message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED,
     ):
-        out.print(Text(f"? {call.tool_name} awaits approval", style="yellow"), soft_wrap=True)
+        hint = _APPROVAL_HINT.format(call_id=call.tool_call_id)
+        out.print(Text(f"? {call.tool_name} awaits approval{hint}", style="yellow"), soft_wrap=True)
     else:
         out.print(Text(f"← {call.tool_name}: (no result)", style="dim"), soft_wrap=True)
 
