@@ -141,17 +141,28 @@ def serve(
             "store.url in the config, else sqlite:///turnwire.db."
         ),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=256,
+            show_default=False,
+            help="Processes serving the one port (SO_REUSEPORT), under a supervisor that restarts a "
+            "worker that dies and serves the metrics of all. More than 1 needs the PostgreSQL store. "
+            "Default: $TURNWIRE_WORKERS, else workers: in the config, else 1.",
+        ),
+    ] = None,
 ) -> None:
     """Run the sidecar until SIGTERM or SIGINT (then stop gracefully and exit 0).
 
     Every setting also comes from TURNWIRE_* variables, sections joined by __ (TURNWIRE_LIMITS__MAX_STEPS=20).
 
     Flags win over variables, variables over the config file.
-    """
-    from turnwire_server.app import StartupError
-    from turnwire_server.app import serve as run_server
 
-    settings = _load(config, listen, store)
+    With --workers N each worker drains and stops on the signal as one sidecar does; exit status 1
+    when a worker cannot start, or keeps dying.
+    """
+    settings = _load(config, listen, store, workers)
     from turnwire_server.logs import configure_logging
     from turnwire_server.redaction import Redactor, secret_values
 
@@ -160,6 +171,12 @@ def serve(
         logging.getLogger("turnwire.server").warning(
             "log_level is deprecated: use logging.level (TURNWIRE_LOGGING__LEVEL)"
         )
+    if settings.workers > 1:
+        _supervise(settings)
+        return
+    from turnwire_server.app import StartupError
+    from turnwire_server.app import serve as run_server
+
     try:
         asyncio.run(run_server(settings))
     except StartupError as error:
@@ -167,11 +184,25 @@ def serve(
         raise typer.Exit(1) from None
 
 
-def _load(config: Path | None, listen: str | None = None, store: str | None = None) -> Any:
+def _supervise(settings: Any) -> None:
+    """``serve --workers N`` (N > 1): the supervisor (:mod:`turnwire_server.supervisor`)."""
+    from turnwire_server.supervisor import SupervisorError, supervise
+
+    try:
+        code = asyncio.run(supervise(settings))
+    except SupervisorError as error:
+        typer.echo(f"turnwire: cannot start: {error}", err=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
+
+
+def _load(
+    config: Path | None, listen: str | None = None, store: str | None = None, workers: int | None = None
+) -> Any:
     """The settings ``serve`` runs with (flags, environment, file, defaults); exits 2 when invalid."""
     from turnwire_server.config import ConfigError, load_settings
 
-    overrides: dict[str, Any] = {"listen": listen}
+    overrides: dict[str, Any] = {"listen": listen, "workers": workers}
     if store is not None:
         overrides["store"] = {"url": store}
     try:
