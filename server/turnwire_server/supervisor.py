@@ -177,7 +177,8 @@ class Supervisor:
             assert worker.process is not None
             code = await worker.process.wait()
             if self._metrics_dir is not None:
-                mark_process_dead(worker.process.pid, self._metrics_dir)  # its live* gauges go
+                # Its live* gauges go; its counters stay in the sums.
+                mark_process_dead(worker.process.pid, self._metrics_dir)  # type: ignore[no-untyped-call]
             if self._stopping.is_set():
                 if code != 0:
                     log.warning("worker %d (pid %d) exited with %s", worker.number, worker.process.pid, code)
@@ -230,14 +231,18 @@ async def supervise(settings: Settings) -> int:
         if settings.metrics.enabled:
             metrics_dir = tempfile.mkdtemp(prefix="turnwire-metrics-")
             registry = CollectorRegistry()
-            MultiProcessCollector(registry, path=metrics_dir)
+            MultiProcessCollector(registry, path=metrics_dir)  # type: ignore[no-untyped-call]
             try:
                 endpoint = start_metrics_endpoint(settings.metrics.listen, registry)
             except (OSError, ValueError) as error:
                 raise SupervisorError(
                     f"metrics.listen: cannot listen on {settings.metrics.listen}: {error}"
                 ) from error
-            log.info("metrics of all workers on http://%s/metrics", settings.metrics.listen)
+            log.info(
+                "metrics of all workers on http://%s/metrics (their files in %s)",
+                settings.metrics.listen,
+                metrics_dir,
+            )
         host = settings.listen.rpartition(":")[0]
         log.info("supervisor holds %s:%d; starting %d workers", host, port, settings.workers)
         worker_settings = settings.model_copy(update={"listen": f"{host}:{port}"})
