@@ -159,7 +159,7 @@ def serve(
 
     Flags win over variables, variables over the config file.
 
-    With --workers N every worker stops so; exit status 1 when a worker cannot start or keeps dying.
+    With --workers N each worker gets the signal and stops so; exit 1 if one cannot start or keeps dying.
     """
     settings = _load(config, listen, store, workers)
     from turnwire_server.logs import configure_logging
