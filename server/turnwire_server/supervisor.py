@@ -63,6 +63,7 @@ MAX_QUICK_EXITS = 5
 """Exits in a row, each within :data:`STABLE_SECONDS` of its start, after which the supervisor gives up."""
 
 _READY = b"r"
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class SupervisorError(Exception):
@@ -106,8 +107,15 @@ class Supervisor:
         """Start every worker, keep them running until a signal or a worker that cannot be kept
         running, and return the exit status (0: stopped by a signal, every worker exited 0)."""
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in _FORWARDED:
             loop.add_signal_handler(signum, self._forward, signum)
+        try:
+            return await self._run()
+        finally:
+            for signum in _FORWARDED:
+                loop.remove_signal_handler(signum)
+
+    async def _run(self) -> int:
         started = await asyncio.gather(*(self._start(worker) for worker in self._workers))
         if not all(started):
             if not self._stopping.is_set():

@@ -4,13 +4,15 @@ Real processes on a fresh PostgreSQL database: two workers share one port and bo
 (the turns' owners are both workers' replica ids); one scrape of the supervisor's metrics
 endpoint adds up both workers' counts; SIGTERM to the supervisor drains a running turn and exits
 0; a worker killed with SIGKILL is restarted and its running turn recovered through its lapsed
-lease; the workers of a supervisor killed with SIGKILL stop on their own; a port in use, a worker
-that cannot start, and the SQLite store with more than one worker stop the start with a message
+lease; the workers of a supervisor killed with SIGKILL stop on their own; a worker that keeps
+dying makes the supervisor give up (exit 1); a port in use, a worker that cannot start, and the
+SQLite store with more than one worker stop the start with a message
 that says what to fix.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -23,11 +25,14 @@ import psutil
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.hooks import pythonpath_env
 from support.sidecar import SidecarFactory, SidecarProcess, free_port, run_turnwire
 from support.stores import postgres_database
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, collect
+from turnwire_server import supervisor
+from turnwire_server.config import load_settings
 
 LEASE_SECONDS = 1.5
 WORDS = [f"w{i}" for i in range(40)]
@@ -223,3 +228,29 @@ async def test_sqlite_with_more_than_one_worker_is_refused(tmp_path: Path) -> No
     assert "workers: 2 worker processes need the PostgreSQL store" in result.stderr
     assert "--workers 1" in result.stderr and f"turnwire migrate --from sqlite:///{db}" in result.stderr
     assert not db.exists(), "nothing was opened"
+
+
+async def test_a_worker_that_keeps_dying_makes_the_supervisor_give_up(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The supervisor in this process, its bounds made small (the defaults: 0.5 s doubling, 5 exits).
+    # Each worker exits 6 s after its configure_session: after it serves (which takes well under
+    # that), so the first start succeeds and each later exit is a crash of a running worker.
+    monkeypatch.setattr(supervisor, "FIRST_BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr(supervisor, "MAX_QUICK_EXITS", 1)
+    for name, value in pythonpath_env().items():
+        monkeypatch.setenv(name, value)
+    settings = load_settings(
+        None,
+        listen="127.0.0.1:0",
+        workers=2,
+        store={"url": pg_url},
+        middleware=[{"path": "support.exits:ExitsSoon", "options": {"seconds": 6}}],
+    )
+    caplog.set_level(logging.INFO, logger="turnwire.supervisor")
+    assert await supervisor.supervise(settings) == 1
+    restarted = [r.getMessage() for r in caplog.records if "exited unexpectedly (exit status 3)" in r.message]
+    assert restarted, "a worker was restarted once first"
+    assert any(
+        "exited 2 times in a row within 30 s of starting: giving up" in r.message for r in caplog.records
+    )
