@@ -38,6 +38,7 @@ LEASE_SECONDS = 1.5
 WORDS = [f"w{i}" for i in range(40)]
 REST = "and that is the end."
 WORKERS_ENV = {"TURNWIRE_WORKERS": "2"}
+START_SECONDS = 60.0  # a worker's start on a loaded 2-core machine (as support.sidecar allows)
 
 
 def config(metrics_port: int | None = None) -> dict[str, object]:
@@ -91,7 +92,9 @@ def is_dir(path: str) -> bool:
 async def start_workers(sidecar: SidecarProcess) -> SidecarProcess:
     """Start the supervisor and wait until both workers serve (health alone reaches one)."""
     await sidecar.start()
-    await wait_until(lambda: "2 workers serving" in sidecar.log_text(), what="both workers to serve")
+    await wait_until(
+        lambda: "2 workers serving" in sidecar.log_text(), START_SECONDS, what="both workers to serve"
+    )
     return sidecar
 
 
@@ -172,14 +175,14 @@ async def test_a_killed_worker_is_restarted_and_its_turn_recovered(
             ("completed", 1)
         ]
 
-    await wait_until(finished, timeout=LEASE_SECONDS * 10, what="a worker recovers the turn")
+    await wait_until(finished, timeout=LEASE_SECONDS * 20, what="a worker recovers the turn")
     log = sidecar.log_text()
     assert f"(pid {victim}) exited unexpectedly (killed by SIGKILL): restarting it" in log
 
     def restarted() -> bool:
         return len(replicas_by_pid(sidecar)) == 3
 
-    await wait_until(restarted, what="the killed worker's replacement to serve")
+    await wait_until(restarted, START_SECONDS, what="the killed worker's replacement to serve")
     async with TurnwireClient(sidecar.target) as client:
         stored = await client.get_conversation("crash")
         assert [m.id for m in stored.messages][1:] == ["tw-a-r-crash"]
@@ -188,7 +191,9 @@ async def test_a_killed_worker_is_restarted_and_its_turn_recovered(
     workers = list(replicas_by_pid(sidecar))
     sidecar.kill()
     for pid in workers:
-        await wait_until(lambda pid=pid: gone(pid), what=f"worker pid {pid} to stop without its supervisor")
+        await wait_until(
+            lambda pid=pid: gone(pid), 30, what=f"worker pid {pid} to stop without its supervisor"
+        )
 
 
 async def test_a_port_in_use_stops_the_supervisor_before_any_worker(tmp_path: Path) -> None:
