@@ -161,6 +161,17 @@ def serve(
             "store.url in the config, else sqlite:///turnwire.db."
         ),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=256,
+            show_default=False,
+            help="Processes serving the one port (SO_REUSEPORT), under a supervisor that restarts a "
+            "worker that dies and serves the metrics of all. More than 1 needs the PostgreSQL store. "
+            "Default: $TURNWIRE_WORKERS, else workers: in the config, else 1.",
+        ),
+    ] = None,
 ) -> None:
     """Run the sidecar until SIGTERM or SIGINT.
 
@@ -169,16 +180,15 @@ def serve(
     Every setting also comes from TURNWIRE_* variables, sections joined by __ (TURNWIRE_LIMITS__MAX_STEPS=20).
 
     Flags win over variables, variables over the config file.
+
+    With --workers N each worker gets the signal and stops so; exit 1 if one cannot start or keeps dying.
     """
     import os
 
     # gRPC's C core logs connection events (a client's GOAWAY) at info in its own format, outside
-    # logging.level; read once, when grpc is first imported, which is below.
+    # logging.level; read when grpc is first imported (below, and in each worker).
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    from turnwire_server.app import StartupError
-    from turnwire_server.app import serve as run_server
-
-    settings = _load(config, listen, store)
+    settings = _load(config, listen, store, workers)
     from turnwire_server.logs import configure_logging
     from turnwire_server.redaction import Redactor, secret_values
 
@@ -189,6 +199,12 @@ def serve(
         )
     for warning in _unknown_variables():
         logging.getLogger("turnwire.server").warning("%s", warning)
+    if settings.workers > 1:
+        _supervise(settings)
+        return
+    from turnwire_server.app import StartupError
+    from turnwire_server.app import serve as run_server
+
     try:
         asyncio.run(run_server(settings))
     except StartupError as error:
@@ -206,11 +222,25 @@ def _unknown_variables() -> list[str]:
     return unknown_variables(os.environ, Settings)
 
 
-def _load(config: Path | None, listen: str | None = None, store: str | None = None) -> Any:
+def _supervise(settings: Any) -> None:
+    """``serve --workers N`` (N > 1): the supervisor (:mod:`turnwire_server.supervisor`)."""
+    from turnwire_server.supervisor import SupervisorError, supervise
+
+    try:
+        code = asyncio.run(supervise(settings))
+    except SupervisorError as error:
+        typer.echo(f"turnwire: cannot start: {error}", err=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
+
+
+def _load(
+    config: Path | None, listen: str | None = None, store: str | None = None, workers: int | None = None
+) -> Any:
     """The settings ``serve`` runs with (flags, environment, file, defaults); exits 2 when invalid."""
     from turnwire_server.config import ConfigError, load_settings
 
-    overrides: dict[str, Any] = {"listen": listen}
+    overrides: dict[str, Any] = {"listen": listen, "workers": workers}
     if store is not None:
         overrides["store"] = {"url": store}
     try:
