@@ -174,3 +174,28 @@ async def test_a_busy_stream_and_a_disabled_interval_send_no_progress(
 
 async def collect_events(stream: object) -> list[event_pb2.TurnEvent]:
     return [e async for e in stream]  # type: ignore[attr-defined]
+
+
+async def test_hanging_up_after_a_progress_ends_the_call_like_any_other_hang_up(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    """A caller that leaves a Chat after a Progress cancels its turn (disconnect policy CANCEL);
+    one that leaves a ResumeTurn after a Progress leaves the turn running."""
+    sidecar = await sidecar_factory(config(1.0), env=pythonpath_env()).start()
+    async with TurnwireClient(sidecar.target, include_progress=True) as client:
+        async with client.chat("h1", "go", request_id="r-hang") as stream:
+            async for event in stream:
+                if event.HasField("progress"):
+                    break  # leaves the stream: cancels the call
+        cancelled = await collect(client.resume_turn("r-hang"))
+        assert cancelled.status_name == "ABORTED"
+
+        kept = client.chat("h2", "go", request_id="r-kept")
+        assert (await anext(kept)).HasField("turn_start")
+        async with client.resume_turn("r-kept", 1) as watcher:
+            async for event in watcher:
+                if event.HasField("progress"):
+                    break
+        events = [e async for e in kept]
+    assert events[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
+    assert any(e.HasField("progress") for e in events)
