@@ -480,6 +480,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
                 submissions,
                 default_model=settings.default_model,
                 max_message_bytes=settings.limits.max_message_bytes,
+                progress_interval=settings.limits.progress_interval_seconds,
             ),
             server,
         )

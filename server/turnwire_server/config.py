@@ -295,6 +295,15 @@ class LimitsSettings(_Section):
     slow_reader_timeout_seconds: float = Field(
         30.0, gt=0, description="a client that reads nothing of a full buffer this long has its turn stopped"
     )
+    progress_interval_seconds: float = Field(
+        15.0,
+        ge=0,
+        description=(
+            "a turn stream (Chat, SaveMessages, ContinueLastTurn, SubmitToolResults/Approvals, ResumeTurn, "
+            "WatchSubmission) silent this long sends a Progress keepalive, and again after each further "
+            "interval, so proxies and clients with idle timeouts keep it open (0: off)"
+        ),
+    )
 
 
 class EventsSettings(_Section):
