@@ -3,7 +3,8 @@ r"""The in-process part of ``observability.py``: the engine alone, traces on vs 
 Two :class:`TurnEngine`\ s in this process (SQLite in a temp dir, the scripted model), one with
 tracing through the real OTLP/gRPC exporter to the benchmark's sink: blocks of sequential turns,
 interleaved, for the time to the first text delta and this process's CPU per turn; then
-tracing's own work for one turn timed alone (the calls in the turn, the exporter's encoding).
+tracing's own work for one turn timed alone (the calls in the turn, the exporter's encoding), and
+the metrics' (the Prometheus observations of one served turn, engine and gRPC layer).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from turnwire.providers import ModelRequest
 from turnwire.testing import ScriptedProvider, ScriptStep
 from turnwire.types import FinishReason, FinishStep, Usage
 from turnwire_client.v1 import chat_service_pb2, message_pb2
+from turnwire_server.api import metrics as rpc_metrics
 from turnwire_server.api.status import status_of
-from turnwire_server.engine import EngineSettings, TurnEngine, TurnRequest
+from turnwire_server.engine import EngineSettings, TurnEngine, TurnRequest, metrics
 from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.hooks.chain import MiddlewareChain
@@ -83,7 +85,7 @@ async def in_process(
                         response_type=chat_service_pb2.ChatResponse,
                     )
                     started = time.perf_counter()
-                    handle = engine.start(request)
+                    handle = await engine.start(request)
                     first = 0.0
                     async for response in handle:
                         if not first and response.event.HasField("text_delta"):
@@ -114,7 +116,35 @@ async def in_process(
         started = time.thread_time()
         encode_spans(spans).SerializeToString()
         samples[ON].setdefault("export_us", []).append((time.thread_time() - started) / 500 * 1e6)
+        samples[ON].setdefault("metrics_work_us", []).append(metrics_work(2000))
     return samples
+
+
+def metrics_work(turns: int) -> float:
+    """This thread's CPU time (µs) for the Prometheus observations of one served one-step turn,
+    alone: the engine's (queue gauge, time to first token, step, tokens, turn and its duration)
+    and the gRPC layer's (started, open streams, handled, handling seconds), as they make them."""
+    usage = Usage(input_tokens=12, output_tokens=200)
+    method = ("server_stream", "turnwire.v1.ChatService", "Chat")
+    started, seconds = rpc_metrics.STARTED.labels(*method), rpc_metrics.HANDLING_SECONDS.labels(*method)
+    open_streams = rpc_metrics.OPEN_STREAMS.labels(*method[1:])
+    handled = rpc_metrics.HANDLED.labels(*method, "OK")
+    model = metrics.model_label("scripted:bench", None)
+    begun = time.thread_time()
+    for _ in range(turns):
+        started.inc()
+        open_streams.inc()
+        metrics.QUEUED_TURNS.inc()
+        metrics.QUEUED_TURNS.dec()
+        metrics.TIME_TO_FIRST_TOKEN.labels(model).observe(0.001)
+        metrics.STEPS.labels(model, "stop").inc()
+        metrics.count_tokens(model, usage)
+        metrics.TURNS.labels("chat", "completed").inc()
+        metrics.TURN_DURATION.labels("completed").observe(0.01)
+        open_streams.dec()
+        seconds.observe(0.01)
+        handled.inc()
+    return (time.thread_time() - begun) / turns * 1e6
 
 
 def span_work(tracing: Tracing, turns: int) -> tuple[float, float]:
@@ -190,6 +220,14 @@ def in_process_table(samples: dict[str, dict[str, list[float]]], args: argparse.
     share = (work + export) / 10 / mid(off["cpu_ms"])
     result.add("tracing's work per one-step turn, in the turn (µs CPU)", "0", f"{work:.1f}", "", "", "")
     result.add("the exporter's work per turn, its thread (µs CPU)", "0", f"{export:.1f}", "", "", "")
+    result.add(
+        "the metrics' work per served turn (µs CPU, in both)",
+        f"{mid(on['metrics_work_us']):.1f}",
+        "",
+        "",
+        "",
+        "",
+    )
     result.add(
         "tracing's work per turn, both",
         "",
