@@ -288,6 +288,8 @@ def main() -> None:
         try:
             samples, seconds, scrapes = asyncio.run(measure(args, root, sink_port, pin))
             _log("the engine in process")
+            if rest is not None:
+                os.sched_setaffinity(0, {int(pin[-1])})  # the engine on the servers' CPU, the sink apart
             engine_samples = asyncio.run(in_process(args, root, sink_port))
         finally:
             sink.terminate()
