@@ -10,6 +10,7 @@ the metrics' (the Prometheus observations of one served turn, engine and gRPC la
 from __future__ import annotations
 
 import argparse
+import gc
 import threading
 import time
 from pathlib import Path
@@ -70,6 +71,8 @@ async def in_process(
         )
     samples: dict[str, dict[str, list[float]]] = {OFF: {}, ON: {}}
     exporter_clock = _exporter_clock()
+    gc.collect()
+    gc.freeze()  # as ``turnwire serve`` does once started (app.serve)
     try:
         for block in range(args.blocks + 1):  # block 0 warms up
             firsts: dict[str, list[float]] = {OFF: [], ON: []}
@@ -133,6 +136,15 @@ async def in_process(
         encode_spans(spans).SerializeToString()
         samples[ON].setdefault("export_us", []).append((time.thread_time() - started) / 500 * 1e6)
         samples[ON].setdefault("metrics_work_us", []).append(metrics_work(2000))
+        memory.clear()
+        started = time.thread_time()
+        for _ in range(500):
+            with tracing.hook("bench", "before_step"):
+                pass
+        hooked = time.thread_time()
+        encode_spans(memory.get_finished_spans()).SerializeToString()
+        samples[ON].setdefault("hook_us", []).append((hooked - started) / 500 * 1e6)
+        samples[ON].setdefault("hook_export_us", []).append((time.thread_time() - hooked) / 500 * 1e6)
     return samples
 
 
@@ -245,6 +257,14 @@ def in_process_table(samples: dict[str, dict[str, list[float]]], args: argparse.
     share = (work + export) / 10 / mid(off["cpu_ms"])
     result.add("tracing's work per one-step turn, in the turn (µs CPU)", "0", f"{work:.1f}", "", "", "")
     result.add("the exporter's work per turn, its thread (µs CPU)", "0", f"{export:.1f}", "", "", "")
+    result.add(
+        "a traced hook call (per middleware and hook): in the turn + the exporter (µs CPU)",
+        "0",
+        f"{mid(on['hook_us']):.1f} + {mid(on['hook_export_us']):.1f}",
+        "",
+        "",
+        "",
+    )
     result.add(
         "the metrics' work per served turn (µs CPU, in both)",
         f"{mid(on['metrics_work_us']):.1f}",

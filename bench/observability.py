@@ -12,7 +12,7 @@ turn is timed alone in the second table.
 On a machine with two or more CPUs the servers run pinned to one (``taskset``) and this process
 (the load generator, the scraper) and the sink to the others, so neither side's work lands on the
 other's core. Measured, interleaved round by round (off, on, off, on, ...) so drift hits both
-alike; medians over the rounds:
+alike (who goes first alternates); medians over the rounds of each round's difference:
 
 - time to first token: sequential turns (one stream), call start to the first text delta, p50/p99;
 - at S concurrent streams (default 100), each running turns back to back: the server's CPU time
@@ -137,7 +137,8 @@ async def measure(
             await server.start()
         with Scraper(f"http://127.0.0.1:{metrics_port}/metrics") as scraper:
             for round_ in range(args.rounds + 1):  # round 0 warms both up and is not kept
-                for name, server in servers.items():
+                order = list(servers.items())
+                for name, server in order if round_ % 2 else reversed(order):  # who goes first swaps
                     await wait_for_quiet(
                         [s.ps for s in servers.values() if s.ps], max_wait=0.5 if args.quick else 2.0
                     )
@@ -162,6 +163,11 @@ async def measure(
                     kept.setdefault("events", []).append(busy["events_per_s"])
                     kept.setdefault("ttfe_busy", []).append(busy["ttfe_p50_ms"])
                     kept.setdefault("cpu_us", []).append((cpu["end"] - cpu["start"]) / busy["events"] * 1e6)
+                if round_:  # each round's pair: the load on the machine changes less within a round
+                    off, on = samples[OFF], samples[ON]
+                    on.setdefault("ttft_added", []).append(on["ttft_p50"][-1] - off["ttft_p50"][-1])
+                    on.setdefault("cpu_ratio", []).append(on["cpu_us"][-1] / off["cpu_us"][-1])
+                    on.setdefault("events_ratio", []).append(on["events"][-1] / off["events"][-1])
             scrapes = scraper.scrapes
     finally:
         for server in servers.values():
@@ -188,7 +194,7 @@ def table(
         f"{args.streams} streams",
         ["measure", OFF, ON, "added", "target", "verdict"],
     )
-    ttft = mid(on["ttft_p50"]) - mid(off["ttft_p50"])
+    ttft = mid(on["ttft_added"])
     result.add(
         "time to first token p50 (ms)",
         f"{mid(off['ttft_p50']):.3f}",
@@ -205,7 +211,7 @@ def table(
         "",
         "",
     )
-    cpu = mid(on["cpu_us"]) / mid(off["cpu_us"])
+    cpu = mid(on["cpu_ratio"])
     result.add(
         f"server CPU per event at {args.streams} streams (µs)",
         f"{mid(off['cpu_us']):.1f}",
@@ -214,7 +220,7 @@ def table(
         f"<= +{(CPU_TARGET - 1) * 100:.1f} %",
         verdict(cpu <= CPU_TARGET),
     )
-    ratio = mid(on["events"]) / mid(off["events"])
+    ratio = mid(on["events_ratio"])
     result.add(
         f"events/s at {args.streams} streams (wall)",
         f"{mid(off['events']):,.0f}",
@@ -237,7 +243,9 @@ def table(
         + ", ".join(f"{value:.1f}" for value in on["cpu_us"])
     )
     result.notes += [
-        f"Medians over {args.rounds} interleaved rounds (after one warm-up round); each round: "
+        f"Medians over {args.rounds} rounds (after one warm-up round), each measuring both servers "
+        "(who goes first alternates); 'added' is the median of the rounds' differences (ratios). "
+        "Each round: "
         f"{args.ttft_seconds:g} s of sequential turns for time to first token, {args.window:g} s "
         f"at {args.streams} streams; a turn is {args.deltas} text deltas + 6 events; took {seconds:.0f} s. "
         f"CPU per event by round (off / on, µs): {spread}.",
@@ -263,15 +271,15 @@ def _log(message: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 1 s windows")
-    parser.add_argument("--rounds", type=int, help="measured rounds (default 5, quick 1)")
-    parser.add_argument("--window", type=float, help="seconds at S streams per round (default 3, quick 1)")
+    parser.add_argument("--rounds", type=int, help="measured rounds (default 7, quick 1)")
+    parser.add_argument("--window", type=float, help="seconds at S streams per round (default 2, quick 1)")
     parser.add_argument("--streams", type=int, default=100, help="concurrent streams (default 100)")
     parser.add_argument("--deltas", type=int, default=200, help="text deltas per turn (default 200)")
     parser.add_argument("--json", type=Path, help="write the table as JSON here (for bench/run.py)")
     args = parser.parse_args()
-    args.rounds = args.rounds or (1 if args.quick else 5)
-    args.window = args.window or (1.0 if args.quick else 3.0)
-    args.ttft_seconds = 1.0 if args.quick else 3.0
+    args.rounds = args.rounds or (1 if args.quick else 7)
+    args.window = args.window or (1.0 if args.quick else 2.0)
+    args.ttft_seconds = 1.0 if args.quick else 2.0
     args.warm = 0.5 if args.quick else 1.0
     args.blocks = 2 if args.quick else 20
     args.block_turns = 50
