@@ -14,7 +14,8 @@ On a machine with two or more CPUs the servers run pinned to one (``taskset``) a
 other's core. Measured, interleaved round by round (off, on, off, on, ...) so drift hits both
 alike (who goes first alternates); medians over the rounds of each round's difference:
 
-- time to first token: sequential turns (one stream), call start to the first text delta, p50/p99;
+- time to first token: sequential turns (one stream), the servers taking turns one turn at a time
+  (both see the same moment of a busy machine), call start to the first text delta, p50/p99;
 - at S concurrent streams (default 100), each running turns back to back: the server's CPU time
   per event (user + system, all its threads: the primary throughput-cost measure, much less
   sensitive than wall events/s to other load on a shared machine), events/s, and the time to
@@ -47,11 +48,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import grpc
 from _common import (
     BENCH_DIR,
+    CHAT_METHOD,
+    CLIENT_OPTIONS,
     PYTHON,
     ServerProcess,
     Table,
+    chat_request,
     free_port,
     percentile,
     print_tables,
@@ -62,6 +67,8 @@ from _common import (
 )
 from _load import load
 from _observability_in_process import OFF, ON, THROUGHPUT_TARGET, TTFT_TARGET_MS, in_process, in_process_table
+
+from turnwire_client.v1 import chat_service_pb2
 
 CPU_TARGET = 1 / THROUGHPUT_TARGET
 """CPU per event "on" / "off" at most: events/s >= 95 % of "off" on a CPU-bound server."""
@@ -121,6 +128,40 @@ class Scraper:
         self._thread.join()
 
 
+async def first_tokens(targets: dict[str, str], seconds: float, tag: str) -> dict[str, list[float]]:
+    """Sequential turns for ``seconds``, one server after the other turn by turn (so both see the
+    same moment of a busy machine): per server, each turn's time from the call to its first text
+    delta (ms)."""
+    found: dict[str, list[float]] = {name: [] for name in targets}
+    channels = {
+        name: grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS) for name, target in targets.items()
+    }
+    try:
+        chats = {
+            name: channel.unary_stream(
+                CHAT_METHOD,
+                request_serializer=chat_service_pb2.ChatRequest.SerializeToString,
+                response_deserializer=chat_service_pb2.ChatResponse.FromString,
+            )
+            for name, channel in channels.items()
+        }
+        deadline = time.perf_counter() + seconds
+        turn = 0
+        while time.perf_counter() < deadline:
+            for name in list(chats) if turn % 2 else list(reversed(chats)):
+                started = time.perf_counter()
+                first = 0.0
+                async for response in chats[name](chat_request(f"{tag}-{len(name)}-{turn}")):
+                    if not first and response.event.HasField("text_delta"):
+                        first = time.perf_counter() - started
+                found[name].append(first * 1000)
+            turn += 1
+    finally:
+        for channel in channels.values():
+            await channel.close()
+    return found
+
+
 async def measure(
     args: argparse.Namespace, root: Path, sink_port: int, pin: list[str]
 ) -> tuple[dict[str, dict[str, list[float]]], float, int]:
@@ -142,10 +183,6 @@ async def measure(
                     await wait_for_quiet(
                         [s.ps for s in servers.values() if s.ps], max_wait=0.5 if args.quick else 2.0
                     )
-                    _log(f"{name}: time to first token, round {round_}")
-                    first = await load(
-                        server.target, 1, args.warm, args.ttft_seconds, f"t{round_}", count_text=True
-                    )
                     _log(f"{name}: {args.streams} streams, round {round_}")
                     cpu: dict[str, float] = {}
 
@@ -158,13 +195,19 @@ async def measure(
                     if round_ == 0:
                         continue
                     kept = samples[name]
-                    kept.setdefault("ttft_p50", []).append(first["ttft_p50_ms"])
-                    kept.setdefault("ttft_p99", []).append(first["ttft_p99_ms"])
                     kept.setdefault("events", []).append(busy["events_per_s"])
                     kept.setdefault("ttfe_busy", []).append(busy["ttfe_p50_ms"])
                     kept.setdefault("cpu_us", []).append((cpu["end"] - cpu["start"]) / busy["events"] * 1e6)
+                _log(f"time to first token, turns taking turns, round {round_}")
+                firsts = await first_tokens(
+                    {name: server.target for name, server in servers.items()}, args.ttft_seconds, f"t{round_}"
+                )
                 if round_:  # each round's pair: the load on the machine changes less within a round
                     off, on = samples[OFF], samples[ON]
+                    for name, values in firsts.items():
+                        samples[name].setdefault("ttft", []).extend(values)
+                        samples[name].setdefault("ttft_p50", []).append(percentile(values, 50))
+                        samples[name].setdefault("ttft_p99", []).append(percentile(values, 99))
                     on.setdefault("ttft_added", []).append(on["ttft_p50"][-1] - off["ttft_p50"][-1])
                     on.setdefault("cpu_ratio", []).append(on["cpu_us"][-1] / off["cpu_us"][-1])
                     on.setdefault("events_ratio", []).append(on["events"][-1] / off["events"][-1])
@@ -197,17 +240,17 @@ def table(
     ttft = mid(on["ttft_added"])
     result.add(
         "time to first token p50 (ms)",
-        f"{mid(off['ttft_p50']):.3f}",
-        f"{mid(on['ttft_p50']):.3f}",
+        f"{mid(off['ttft']):.3f}",
+        f"{mid(on['ttft']):.3f}",
         f"{ttft:+.3f}",
         f"<= +{TTFT_TARGET_MS} ms",
         verdict(ttft <= TTFT_TARGET_MS),
     )
     result.add(
         "time to first token p99 (ms)",
-        f"{mid(off['ttft_p99']):.3f}",
-        f"{mid(on['ttft_p99']):.3f}",
-        f"{mid(on['ttft_p99']) - mid(off['ttft_p99']):+.3f}",
+        f"{percentile(off['ttft'], 99):.3f}",
+        f"{percentile(on['ttft'], 99):.3f}",
+        f"{percentile(on['ttft'], 99) - percentile(off['ttft'], 99):+.3f}",
         "",
         "",
     )
@@ -246,8 +289,10 @@ def table(
         f"Medians over {args.rounds} rounds (after one warm-up round), each measuring both servers "
         "(who goes first alternates); 'added' is the median of the rounds' differences (ratios). "
         "Each round: "
-        f"{args.ttft_seconds:g} s of sequential turns for time to first token, {args.window:g} s "
-        f"at {args.streams} streams; a turn is {args.deltas} text deltas + 6 events; took {seconds:.0f} s. "
+        f"{args.ttft_seconds:g} s of sequential turns, the servers taking turns one turn at a time, for "
+        f"time to first token ({len(on['ttft']):,} turns each in all; p50 and p99 over all), "
+        f"{args.window:g} s at {args.streams} streams; a turn is {args.deltas} text deltas + 6 events; "
+        f"took {seconds:.0f} s. "
         f"CPU per event by round (off / on, µs): {spread}.",
         f"'{ON}': tracing.enabled with the default sampler (every trace recorded) and the batch "
         f"span processor, the sink received {spans:,} spans; metrics.enabled, /metrics scraped every "
@@ -279,7 +324,7 @@ def main() -> None:
     args = parser.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 7)
     args.window = args.window or (1.0 if args.quick else 2.0)
-    args.ttft_seconds = 1.0 if args.quick else 2.0
+    args.ttft_seconds = 1.0 if args.quick else 4.0
     args.warm = 0.5 if args.quick else 1.0
     args.blocks = 2 if args.quick else 20
     args.block_turns = 50
