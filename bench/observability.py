@@ -371,8 +371,10 @@ def main() -> None:
     results[0].notes.append(
         "The last row: the server's CPU for one turn with both off (CPU per event x events per "
         "turn) against the work of traces (in the turn's task and the exporter's encoding) and of "
-        "the metrics for one turn, each measured alone (see the second table): the cost at load, "
-        "free of the noise of a shared machine that the rows above carry."
+        "the metrics for one turn, each measured alone (see the second table): free of the noise "
+        "of a shared machine that the rows above carry, but a floor: inside real turns the same "
+        "work costs two to three times as much (the second table's whole-turn rows, measured turn "
+        "by turn against an untraced engine)."
     )
     if args.json:
         write_tables_json(args.json, results)
