@@ -46,29 +46,36 @@ class SyncTurnStream:
     with the block. Leaving early cancels the call (and, unless the call's ``disconnect`` was
     ``"continue"``, the server aborts the turn): on ``with`` exit, :meth:`cancel`, or when the
     stream is garbage-collected. Iterating raises :class:`TurnwireError` when the call fails.
+    ``Progress`` keepalives are skipped unless ``include_progress`` is true, as in
+    :class:`~turnwire_client.stream.TurnStream`.
     """
 
-    __slots__ = ("_call",)
+    __slots__ = ("_call", "_include_progress")
 
-    def __init__(self, call: Any) -> None:
-        """Wrap a response-streaming call of a sync ``ChatServiceStub``."""
+    def __init__(self, call: Any, *, include_progress: bool = False) -> None:
+        """Wrap a response-streaming call of a sync ``ChatServiceStub``; yield its ``Progress``
+        keepalives too when ``include_progress``."""
         self._call = call
+        self._include_progress = include_progress
 
     def __iter__(self) -> Self:
         """Return the stream itself."""
         return self
 
     def __next__(self) -> event_pb2.TurnEvent:
-        """The next event; :class:`StopIteration` after the last one."""
-        try:
-            response = next(self._call)
-        except grpc.RpcError as error:
-            raise TurnwireError.from_rpc_error(error) from error
-        except BaseException:
-            self._call.cancel()  # interrupted (KeyboardInterrupt): end the call too
-            raise
-        event: event_pb2.TurnEvent = response.event
-        return event
+        """The next event (``Progress`` keepalives skipped unless asked for);
+        :class:`StopIteration` after the last one."""
+        while True:
+            try:
+                response = next(self._call)
+            except grpc.RpcError as error:
+                raise TurnwireError.from_rpc_error(error) from error
+            except BaseException:
+                self._call.cancel()  # interrupted, or StopIteration at the end: a no-op then
+                raise
+            event: event_pb2.TurnEvent = response.event
+            if self._include_progress or not event.HasField("progress"):
+                return event
 
     def collect(self) -> TurnResult:
         """Read the stream to its end and fold it into a :class:`TurnResult`
@@ -107,8 +114,8 @@ class SyncTurnwireClient:
 
     Use it as a context manager, or call :meth:`close` when done. The arguments are those of
     :class:`~turnwire_client.TurnwireClient` (``target``, and keyword-only ``channel``: a
-    ``grpc.Channel`` the client will not close, ``metadata``, ``tls``, ``token``). Safe to use
-    from several threads (gRPC channels are).
+    ``grpc.Channel`` the client will not close, ``metadata``, ``tls``, ``token``,
+    ``include_progress``). Safe to use from several threads (gRPC channels are).
 
     Raises:
         ValueError: ``tls`` with ``channel``.
@@ -123,6 +130,7 @@ class SyncTurnwireClient:
         metadata: Sequence[tuple[str, str]] = (),
         tls: TlsOptions | None = None,
         token: str | None = None,
+        include_progress: bool = False,
     ) -> None:
         """Open (or adopt) the channel; see the class docstring."""
         if channel is not None and tls is not None:
@@ -137,6 +145,7 @@ class SyncTurnwireClient:
             )
         self._channel: grpc.Channel = channel
         self._metadata: tuple[tuple[str, str], ...] = tuple(metadata)
+        self._include_progress = include_progress
         if token:
             self._metadata += ((AUTHORIZATION_METADATA, f"Bearer {token}"),)
         self._stub = chat_service_pb2_grpc.ChatServiceStub(self._channel)
@@ -236,7 +245,8 @@ class SyncTurnwireClient:
 
     def _stream(self, method: Any, request: Any, options: TurnOptions) -> SyncTurnStream:
         return SyncTurnStream(
-            method(request, timeout=options.get("timeout"), metadata=self._metadata or None)
+            method(request, timeout=options.get("timeout"), metadata=self._metadata or None),
+            include_progress=self._include_progress,
         )
 
     # -- unary calls (see TurnwireClient for the arguments and errors) ---------------------
