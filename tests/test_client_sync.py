@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from support.hooks import pythonpath_env
 from support.sidecar import SidecarProcess, running_sidecar
 from support.waiting import wait_until
 
@@ -26,6 +27,7 @@ SCRIPTS = {
     ],
     "long": [{"text": " ".join(WORDS), "delay_ms": 50}],
     "echo": [{"text": "answered"}],
+    "wait": [{"tool_calls": [{"name": "wait", "input": {"seconds": 2}}]}, {"text": "waited"}],
 }
 LOOKUP = {"name": "lookup", "description": "look it up", "input_schema": {"type": "object"}}
 
@@ -34,9 +36,10 @@ LOOKUP = {"name": "lookup", "description": "look it up", "input_schema": {"type"
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess]:
     config = {
         "providers": {"scripted": {"scripts": SCRIPTS}},
-        "tools": {"require_approval": ["get_current_time"]},
+        "tools": {"require_approval": ["get_current_time"], "python": ["support.durable_tools:wait"]},
+        "limits": {"progress_interval_seconds": 0.5},
     }
-    with running_sidecar(tmp_path_factory.mktemp("client-sync"), config) as process:
+    with running_sidecar(tmp_path_factory.mktemp("client-sync"), config, env=pythonpath_env()) as process:
         yield process
 
 
@@ -205,3 +208,19 @@ def test_cancel_chat_aborts_a_running_turn_by_request_id(client: SyncTurnwireCli
     end = events[-1].turn_end
     assert end.status == event_pb2.TURN_STATUS_ABORTED
     assert 0 < len(ChatMessage.from_proto(end.message).text.split()) < len(WORDS)
+
+
+def test_progress_keepalives_only_when_asked_for(sidecar: SidecarProcess, client: SyncTurnwireClient) -> None:
+    """A 2 s silent tool on a 0.5 s progress interval: the stream carries Progress events, which
+    the default client skips and ``include_progress=True`` yields (sequence number 0);
+    ``collect()`` folds a stream with them."""
+    with SyncTurnwireClient(sidecar.target, include_progress=True) as seeing:
+        events = list(seeing.chat("sync-progress", "go", model="scripted:wait"))
+        collected = seeing.chat("sync-progress", "once more", model="scripted:wait").collect()
+    progress = [e for e in events if e.HasField("progress")]
+    assert progress and all(e.sequence_number == 0 for e in progress)
+    assert {e.progress.phase for e in progress} == {event_pb2.PROGRESS_PHASE_TOOL}
+    assert collected.ok and collected.text == "waited"
+    plain = list(client.chat("sync-progress", "again", model="scripted:wait"))
+    assert not any(e.HasField("progress") for e in plain)
+    assert plain[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
