@@ -29,7 +29,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from provider_adapters import anthropic_body, chat_body  # noqa: E402
+from provider_adapters import anthropic_body, chat_body
 
 HOLD_SECONDS = 3600.0
 MAX_HEADER_BYTES = 64 << 10
@@ -45,7 +45,11 @@ def _events(api: str, deltas: int) -> list[bytes]:
 
 
 def _is_delta(api: str, event: bytes) -> bool:
-    return b'"text_delta"' in event if api == "anthropic" else b'"content":"' in event and b'"content":""' not in event
+    return (
+        b'"text_delta"' in event
+        if api == "anthropic"
+        else b'"content":"' in event and b'"content":""' not in event
+    )
 
 
 _HEAD = (
@@ -54,7 +58,9 @@ _HEAD = (
 )
 
 
-async def _answer(api: str, model: str, writer: asyncio.StreamWriter, reader: asyncio.StreamReader, pace: float) -> None:
+async def _answer(
+    api: str, model: str, writer: asyncio.StreamWriter, reader: asyncio.StreamReader, pace: float
+) -> None:
     kind, _, count = model.partition("-")
     if kind == "hold":
         events = _events(api, 1)
@@ -111,7 +117,9 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pac
 
 async def main() -> None:
     """Serve until killed; print ``http://127.0.0.1:PORT`` once listening."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--pace-ms", type=float, default=2.0)
     args = parser.parse_args()

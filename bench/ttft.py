@@ -13,7 +13,7 @@ bare SDK.
     answer, for 0 and 5 middlewares and conversations with 0, 100 and 1,000 prior turns (seeded
     with ``AddMessages``, one call; the bare SDK sends the same history as dicts, growing it per
     turn as an application would). Sidecar and SDK requests alternate one by one (pairs),
-    ``--rounds`` rounds of ``--pairs`` pairs; p50/p99 over all pairs; *added* = sidecar − SDK.
+    ``--rounds`` rounds of ``--pairs`` pairs; p50/p99 over all pairs; *added* = sidecar - SDK.
     **Server CPU per request** = the sidecar process's CPU (psutil, all threads) over a round /
     its requests (the sidecar is idle during the SDK's half of each pair).
 (b) **Throughput** at 16 and 100 concurrent streams, 64-delta answers, burst (written at once)
@@ -26,7 +26,7 @@ bare SDK.
 
 Targets (issue 17): added TTFT p50 ≤ 1.5 ms and p99 ≤ 3 ms with 5 middlewares; ≤ +0.2 ms of
 added TTFT from 0 to 1,000 prior turns; server CPU ≤ 2 ms per request (4-delta answer);
-throughput ≥ 0.9× the SDK at 16 streams; ≤ 60 µs server CPU per streamed chunk. Printed with
+throughput ≥ 0.9x the SDK at 16 streams; ≤ 60 µs server CPU per streamed chunk. Printed with
 PASS/MISS, never asserted. On a 2-core machine the client, the upstream and the sidecar share
 the cores: read CPU columns first.
 
@@ -129,9 +129,7 @@ def sidecar(workdir: Path, upstream: str, middlewares: int) -> ServerProcess:
     port = free_port()
     home = workdir / f"sidecar-{middlewares}"
     home.mkdir()
-    chain = "".join(
-        f"  - path: _ttft_middlewares:EveryHookNoop\n" for _ in range(middlewares)
-    )
+    chain = "".join("  - path: _ttft_middlewares:EveryHookNoop\n" for _ in range(middlewares))
     config = f"""\
 listen: 127.0.0.1:{port}
 default_model: openai:burst-4
@@ -191,7 +189,9 @@ class SidecarClient:
             )
         )
 
-    async def turn(self, conversation_id: str, model: str, stop_after_first: bool = False) -> tuple[float, int]:
+    async def turn(
+        self, conversation_id: str, model: str, stop_after_first: bool = False
+    ) -> tuple[float, int]:
         request = chat_service_pb2.ChatRequest(
             conversation_id=conversation_id,
             message=_text_message(message_pb2.ROLE_USER, QUESTION),
@@ -242,7 +242,9 @@ class BareClient:
         text: list[str] = []
         if self.api == "openai":
             stream = await self.openai.chat.completions.create(
-                model=model, messages=history, stream=True  # type: ignore[arg-type]
+                model=model,
+                messages=history,
+                stream=True,  # type: ignore[arg-type]
             )
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
@@ -308,7 +310,9 @@ async def measure_ttft(
                 server = servers[mw]
                 cpu0 = server.cpu_seconds()
                 for _ in range(opts.pairs):
-                    first, _ = await clients[mw].turn(conversation if history else _new_id(), f"{api}:burst-4")
+                    first, _ = await clients[mw].turn(
+                        conversation if history else _new_id(), f"{api}:burst-4"
+                    )
                     row.sidecar.append(first)
                     first, _ = await bare[api].turn(transcript if history else [], "burst-4")
                     row.bare.append(first)
@@ -367,9 +371,11 @@ def ttft_table(rows: list[TtftRow], opts: Options) -> Table:
             verdict(all(checks)),
         )
     table.notes += [
-        f"{opts.rounds} rounds x {opts.pairs} pairs per row (a sidecar turn, then an SDK turn); p50/p99 over all "
+        f"{opts.rounds} rounds x {opts.pairs} pairs per row (a sidecar turn, then an SDK turn); "
+        "p50/p99 over all "
         "pairs; time to first token = call to the first text delta received.",
-        f"Targets: added p50 <= {ADDED_P50_TARGET_MS} ms and p99 <= {ADDED_P99_TARGET_MS} ms (5 middlewares); "
+        f"Targets: added p50 <= {ADDED_P50_TARGET_MS} ms and p99 <= {ADDED_P99_TARGET_MS} ms "
+        "(5 middlewares); "
         f"added p50 grows <= {HISTORY_GROWTH_TARGET_MS} ms from 0 prior turns; server CPU <= "
         f"{CPU_PER_REQUEST_TARGET_MS} ms per request (median of rounds).",
         "Prior turns: a seeded conversation (user + assistant message per turn) that grows by one turn per "
@@ -479,9 +485,11 @@ async def measure_throughput(
     table.notes += [
         f"{opts.rounds} rounds of a {opts.window:g} s window per row (SDK, then sidecar); medians. A new "
         "conversation per sidecar turn. Paced: 2 ms before each delta at the upstream.",
-        f"Targets: ratio >= {THROUGHPUT_TARGET} at 16 streams; <= {CPU_PER_CHUNK_TARGET_US:g} us server CPU per "
+        f"Targets: ratio >= {THROUGHPUT_TARGET} at 16 streams; "
+        f"<= {CPU_PER_CHUNK_TARGET_US:g} us server CPU per "
         "chunk (the whole turn's server CPU / deltas, so per-turn costs are included).",
-        "The client, the upstream and the sidecar share 2 cores: at 100 streams the client bounds both sides.",
+        "The client, the upstream and the sidecar share 2 cores: at 100 streams the client bounds both "
+        "sides.",
     ]
     return table
 
@@ -531,8 +539,9 @@ async def measure_memory(opts: Options, workdir: Path, upstream: str) -> Table:
             f"{after / 2**20:.1f}",
         )
         table.notes.append(
-            "Each stream: a turn admitted and stored, its model call open on an upstream connection that sent one "
-            "delta; the client read up to that delta and stopped reading. Stuck and slow readers: slow_readers.py."
+            "Each stream: a turn admitted and stored, its model call open on an upstream connection that "
+            "sent one delta; the client read up to that delta and stopped reading. Stuck and slow readers: "
+            "slow_readers.py."
         )
     finally:
         await client.close()
@@ -566,7 +575,11 @@ async def run(opts: Options) -> list[Table]:
             rows = await measure_ttft(opts, servers, clients, upstream.url)
             tables.append(ttft_table(rows, opts))
             if not opts.skip_throughput:
-                tables.append(await measure_throughput(opts, servers[opts.middlewares[0]], clients[opts.middlewares[0]], upstream.url))
+                tables.append(
+                    await measure_throughput(
+                        opts, servers[opts.middlewares[0]], clients[opts.middlewares[0]], upstream.url
+                    )
+                )
         finally:
             for client in clients.values():
                 await client.close()

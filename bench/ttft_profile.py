@@ -71,9 +71,21 @@ async def main() -> None:
             await client.turn(conversation if args.history else _new_id(), model)
         out = args.out or Path(tmp) / "stacks.txt"
         assert server.popen is not None
-        spy = subprocess.Popen(
-            [py_spy, "record", "--pid", str(server.popen.pid), "--rate", str(args.rate), "--format", "raw", "--function",
-             "--output", str(out), "--nonblocking"],
+        spy = subprocess.Popen(  # noqa: ASYNC220 - py-spy runs beside the load, not awaited
+            [
+                py_spy,
+                "record",
+                "--pid",
+                str(server.popen.pid),
+                "--rate",
+                str(args.rate),
+                "--format",
+                "raw",
+                "--function",
+                "--output",
+                str(out),
+                "--nonblocking",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -85,13 +85,19 @@ def _grouped(rows: Iterable[Any]) -> Iterable[tuple[str, int, Any, int, bytes | 
     for message_id, role, create_us, create_nanos, metadata, part in rows:
         if current is None or current[0] != message_id:
             if current is not None:
-                yield (*current, tuple(parts))  # type: ignore[misc]
-            current = [message_id, role, create_us, create_nanos, None if metadata is None else bytes(metadata)]
+                yield (*current, tuple(parts))
+            current = [
+                message_id,
+                role,
+                create_us,
+                create_nanos,
+                None if metadata is None else bytes(metadata),
+            ]
             parts = []
         if part is not None:
             parts.append(bytes(part))
     if current is not None:
-        yield (*current, tuple(parts))  # type: ignore[misc]
+        yield (*current, tuple(parts))
 
 
 def _decode(message_id: str, key: _Key) -> message_pb2.Message:
