@@ -74,6 +74,7 @@ SUITES = (
     Suite("remote_hooks.py", "--skip-remote-hooks", full=(), quick=("--rounds", "3", "--turns", "10")),
     Suite("observability.py", "--skip-observability", full=(), quick=("--quick",)),
     Suite("workers.py", "--skip-workers", full=(), quick=("--quick",)),
+    Suite("ttft.py", "--skip-ttft", full=(), quick=("--quick",)),
 )
 
 

@@ -71,11 +71,7 @@ def repair_pending(
             continue
         if message.role != message_pb2.ROLE_ASSISTANT:
             continue
-        expired = (
-            cutoff is not None
-            and message.HasField("create_time")
-            and message.create_time.ToDatetime(dt.UTC) < cutoff
-        )
+        expired: bool | None = None  # decided at the message's first open call: most have none
         touched = False
         for part in message.parts:
             if part.WhichOneof("kind") != "tool_call":
@@ -83,6 +79,12 @@ def repair_pending(
             call = part.tool_call
             if call.state in _RESULT_STATES:
                 continue
+            if expired is None:
+                expired = (
+                    cutoff is not None
+                    and message.HasField("create_time")
+                    and message.create_time.ToDatetime(dt.UTC) < cutoff
+                )
             if is_waiting(call):
                 if expired:
                     close_call(call, expired_text(expiry_seconds))

@@ -347,7 +347,10 @@ class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
             max_tokens_param=self.max_tokens_param,
             include_usage=self.include_usage,
         )
-        kwargs = {"model": body.pop("model"), "messages": body.pop("messages")}
+        # The messages go in extra_body, sent as built: they are wire-format dicts already, and the
+        # SDK's typed transform of ``messages`` costs ~0.2 ms per message (issue 17's profile: 80 %
+        # of a 1,000-turn turn's CPU). extra_body's ``messages`` replaces the empty one.
+        kwargs = {"model": body.pop("model"), "messages": ()}
         prefix, name, schema = f"s{request.step_number}", self.name, request.output_schema
         taken = transcript_call_ids(request.messages)
         return SdkCall(kwargs, body, lambda: ChatDecoder(name, prefix, schema, warnings, taken))

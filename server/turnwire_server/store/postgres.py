@@ -52,6 +52,7 @@ from turnwire_server.store.base import (
     renewed_lease,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
+from turnwire_server.store.message_cache import DecodedMessages
 from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql
 from turnwire_server.store.postgres_migrations import apply_migrations, load_migrations
@@ -147,6 +148,8 @@ class PostgresStore:
         self._timeout_s = timeout_s
         self._pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
         self._closed = False
+        # Decoded messages reused between a conversation's reads (issue 17).
+        self._decoded = DecodedMessages("postgres")
         self._tickets = LocalTurnLocks()  # this process's tickets of a conversation go in call order
         self._batch: list[_Queued] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -490,7 +493,7 @@ class PostgresStore:
         """All messages of the conversation in append order ([] when none or no conversation).
         Raises :class:`StoreCorrupted` for a message that cannot be decoded."""
         rows = await self._read("load_messages", writes.LOAD_MESSAGES_SQL, (conversation_id,))
-        return writes.messages_from_rows(conversation_id, rows)
+        return self._decoded.messages(conversation_id, rows)
 
     async def partial_replies(self, conversation_id: str) -> dict[str, tuple[str, TurnState]]:
         """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
@@ -667,7 +670,7 @@ class PostgresStore:
             return await conn.execute(writes.LOAD_MESSAGES_SQL.encode(), (conversation_id,))
 
         async def history(cursor: Any) -> Any:
-            return writes.messages_from_rows(conversation_id, await cursor.fetchall())
+            return self._decoded.messages(conversation_id, await cursor.fetchall())
 
         # On the hot path (a turn waits for this commit before its model call): pipelined, so it
         # costs two round trips, the reads and the commit (with the history).
@@ -958,7 +961,7 @@ class PostgresStore:
                     return None
                 _SINGLE_COMMITS.observe(time.perf_counter() - started)
                 taken = int((await ticket.fetchall())[0][0])
-                stored = writes.messages_from_rows(conversation_id, await history.fetchall())
+                stored = self._decoded.messages(conversation_id, await history.fetchall())
                 record = None
                 if compaction is not None and (found := await compaction.fetchall()):
                     record = compaction_from_row(found[0])

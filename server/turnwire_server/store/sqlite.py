@@ -42,6 +42,7 @@ from turnwire_server.store.base import (
     renewed_lease,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
+from turnwire_server.store.message_cache import DecodedMessages
 from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql
 from turnwire_server.store.sqlite_compactions import discard_reply_write, save_compaction_write
 from turnwire_server.store.sqlite_migrations import Migration, load_migrations
@@ -54,7 +55,6 @@ from turnwire_server.store.sqlite_rows import (
     conversation_from_row,
     decode_page_token,
     encode_page_token,
-    messages_from_rows,
     store_error,
     to_us,
     turn_from_row,
@@ -154,6 +154,8 @@ class SqliteStore:
         self._opened = False
         self._closing = False
         self._locks = LocalTurnLocks()
+        # Decoded messages reused between a conversation's reads (issue 17).
+        self._decoded = DecodedMessages("sqlite")
 
     @property
     def path(self) -> Path:
@@ -296,7 +298,7 @@ class SqliteStore:
     async def load_messages(self, conversation_id: str) -> list[message_pb2.Message]:
         """All messages of the conversation in append order ([] when none or no conversation)."""
         rows = await self._read("load_messages", LOAD_MESSAGES_SQL, (conversation_id,))
-        return messages_from_rows(conversation_id, rows)
+        return self._decoded.messages(conversation_id, rows)
 
     async def partial_replies(self, conversation_id: str) -> dict[str, tuple[str, TurnState]]:
         """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
