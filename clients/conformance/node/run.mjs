@@ -63,7 +63,9 @@ const show = (value) => (value === MISSING ? 'absent' : JSON.stringify(value));
 /** Mismatches of `actual` (proto JSON; MISSING when absent) against `pattern`. */
 export function match(pattern, actual, where = '$') {
   if (pattern === '$nonempty')
-    return actual !== MISSING && !isDefault(actual) ? [] : [`${where}: expected a value, got ${show(actual)}`];
+    return actual !== MISSING && !isDefault(actual)
+      ? []
+      : [`${where}: expected a value, got ${show(actual)}`];
   if (pattern === '$absent')
     return actual === MISSING || isDefault(actual) ? [] : [`${where}: expected nothing, got ${show(actual)}`];
   const isObject = pattern !== null && typeof pattern === 'object' && !Array.isArray(pattern);
@@ -127,7 +129,9 @@ function turnOptions(request) {
     requestId: request.requestId,
     body: request.body,
     model: request.model,
-    disconnectPolicy: request.disconnectPolicy ? DisconnectPolicy[request.disconnectPolicy.replace('DISCONNECT_POLICY_', '')] : undefined,
+    disconnectPolicy: request.disconnectPolicy
+      ? DisconnectPolicy[request.disconnectPolicy.replace('DISCONNECT_POLICY_', '')]
+      : undefined,
     clientTools: (request.clientTools ?? []).map((tool) => fromJson(ClientToolSchema, tool)),
   };
 }
@@ -165,7 +169,11 @@ function openStream(client, rpc, request, signal) {
     case 'SubmitToolApprovals':
       return client.submitToolApprovals(
         conversation,
-        request.approvals.map(({ toolCallId, approved, reason }) => ({ toolCallId, approved: Boolean(approved), reason })),
+        request.approvals.map(({ toolCallId, approved, reason }) => ({
+          toolCallId,
+          approved: Boolean(approved),
+          reason,
+        })),
         { ...options, autoContinue: Boolean(request.autoContinue) },
       );
     default:
@@ -177,11 +185,16 @@ function openStream(client, rpc, request, signal) {
 async function callUnary(client, rpc, request) {
   switch (rpc) {
     case 'GetConversation':
-      return { conversation: toJson(ConversationSchema, await client.getConversation(request.conversationId ?? '')) };
+      return {
+        conversation: toJson(ConversationSchema, await client.getConversation(request.conversationId ?? '')),
+      };
     case 'ListConversations':
       return toJson(
         ListConversationsResponseSchema,
-        await client.listConversations({ pageSize: request.pageSize ?? 0, pageToken: request.pageToken ?? '' }),
+        await client.listConversations({
+          pageSize: request.pageSize ?? 0,
+          pageToken: request.pageToken ?? '',
+        }),
       );
     case 'CancelChat':
       return { cancelled: await client.cancelChat(request.requestId ?? '') };
@@ -192,7 +205,10 @@ async function callUnary(client, rpc, request) {
         }),
       };
     case 'AddMessages':
-      return toJson(AddMessagesResponseSchema, await client.addMessages(fromJson(AddMessagesRequestSchema, request)));
+      return toJson(
+        AddMessagesResponseSchema,
+        await client.addMessages(fromJson(AddMessagesRequestSchema, request)),
+      );
     case 'SubmitMessages':
       return toJson(
         SubmitMessagesResponseSchema,
@@ -206,7 +222,9 @@ async function callUnary(client, rpc, request) {
         await client.listSubmissions(fromJson(ListSubmissionsRequestSchema, request)),
       );
     case 'CancelSubmission':
-      return { submission: toJson(SubmissionSchema, await client.cancelSubmission(request.submissionId ?? '')) };
+      return {
+        submission: toJson(SubmissionSchema, await client.cancelSubmission(request.submissionId ?? '')),
+      };
     default:
       throw new CaseFailure(`unknown unary RPC ${rpc}`);
   }
@@ -274,9 +292,11 @@ function checkStream(step, outcome) {
   }
   if (expect.turnError) {
     if (!end?.error) problems.push('expected TurnEnd.error, there is none');
-    else problems.push(...match(expect.turnError, errorView(TurnwireError.fromStatus(end.error)), 'turnError'));
+    else
+      problems.push(...match(expect.turnError, errorView(TurnwireError.fromStatus(end.error)), 'turnError'));
   }
-  if (expect.turnEnd) problems.push(...match(expect.turnEnd, end ? toJson(TurnEndSchema, end) : MISSING, 'turnEnd'));
+  if (expect.turnEnd)
+    problems.push(...match(expect.turnEnd, end ? toJson(TurnEndSchema, end) : MISSING, 'turnEnd'));
   for (const [kind, pattern] of Object.entries(expect.firstOf ?? {})) {
     const found = events[kinds.indexOf(kind)];
     const payload = found ? toJson(TurnEventSchema, found)[camel(kind)] : MISSING;
@@ -287,7 +307,8 @@ function checkStream(step, outcome) {
       .filter((event) => event.event.case === 'textDelta')
       .map((event) => event.event.value.delta)
       .join('');
-    if (text !== expect.text) problems.push(`text deltas join to ${JSON.stringify(text)}, expected ${JSON.stringify(expect.text)}`);
+    if (text !== expect.text)
+      problems.push(`text deltas join to ${JSON.stringify(text)}, expected ${JSON.stringify(expect.text)}`);
   }
   return problems;
 }
@@ -303,11 +324,15 @@ async function checkUnary(client, step) {
     try {
       const response = await callUnary(client, step.call, step.request ?? {});
       problems = expect.error
-        ? [`expected the call to fail with ${JSON.stringify(expect.error)}, it answered ${JSON.stringify(response)}`]
+        ? [
+            `expected the call to fail with ${JSON.stringify(expect.error)}, it answered ${JSON.stringify(response)}`,
+          ]
         : match(expect.response ?? {}, response, 'response');
     } catch (error) {
       if (!(error instanceof TurnwireError)) throw error;
-      problems = expect.error ? match(expect.error, errorView(error), 'error') : [`the call failed: ${error.message}`];
+      problems = expect.error
+        ? match(expect.error, errorView(error), 'error')
+        : [`the call failed: ${error.message}`];
     }
     if (problems.length === 0 || Date.now() > giveUp) return problems;
     await new Promise((resolve) => setTimeout(resolve, 50)); // the poll interval of `eventually`
@@ -340,14 +365,19 @@ async function runCase(client, testCase) {
     } else if (STREAMING.has(step.call)) {
       if (step.background !== undefined) {
         const outcome = { events: [] };
-        background.set(step.background, { promise: readStream(client, step, outcome), started: step, outcome });
+        background.set(step.background, {
+          promise: readStream(client, step, outcome),
+          started: step,
+          outcome,
+        });
         continue;
       }
       problems = checkStream(step, await readStream(client, step, { events: [] }));
     } else {
       problems = await checkUnary(client, step);
     }
-    if (problems.length) throw new CaseFailure(`${where} (${step.call ?? step.await}): ${problems.join('; ')}`);
+    if (problems.length)
+      throw new CaseFailure(`${where} (${step.call ?? step.await}): ${problems.join('; ')}`);
   }
   if (background.size) throw new CaseFailure(`background calls never awaited: ${[...background.keys()]}`);
 }

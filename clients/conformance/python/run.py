@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import grpc
 from google.protobuf import json_format
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from turnwire_client import TurnwireClient, TurnwireError
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 
@@ -59,9 +60,20 @@ class Sidecar:
         env["TURNWIRE_LIMITS__DRAIN_SECONDS"] = "0"  # nothing to drain from: stop at once
         self.log = open(Path(self.dir.name) / "turnwire.log", "wb")  # noqa: SIM115 - closed in stop
         self.process = subprocess.Popen(
-            [TURNWIRE_BIN, "serve", "--listen", self.address, "--config", str(config_path),
-             "--store", f"sqlite:///{self.dir.name}/turnwire.db"],
-            cwd=self.dir.name, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            [
+                TURNWIRE_BIN,
+                "serve",
+                "--listen",
+                self.address,
+                "--config",
+                str(config_path),
+                "--store",
+                f"sqlite:///{self.dir.name}/turnwire.db",
+            ],
+            cwd=self.dir.name,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
 
     def log_tail(self) -> str:
@@ -111,9 +123,15 @@ def match(pattern: Any, actual: Any, path: str = "$") -> list[str]:
     ``$absent`` test presence, ``{"$contains": [...]}`` finds each element somewhere in a list,
     an absent field matches a default pattern, numbers match their int64 strings."""
     if pattern == "$nonempty":
-        return [] if actual is not _MISSING and not _is_default(actual) else [f"{path}: expected a value, got {actual!r}"]
+        return (
+            []
+            if actual is not _MISSING and not _is_default(actual)
+            else [f"{path}: expected a value, got {actual!r}"]
+        )
     if pattern == "$absent":
-        return [] if actual is _MISSING or _is_default(actual) else [f"{path}: expected nothing, got {actual!r}"]
+        return (
+            [] if actual is _MISSING or _is_default(actual) else [f"{path}: expected nothing, got {actual!r}"]
+        )
     if actual is _MISSING:
         if _is_default(pattern) or (isinstance(pattern, dict) and not pattern):
             return []
@@ -163,7 +181,7 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def kinds_match(pattern: list[str], kinds: list[str]) -> bool:
+def kinds_match(pattern: Sequence[str], kinds: Sequence[str]) -> bool:
     """Whether the event kinds fit the pattern: each entry a kind, with ``+``, ``*`` or ``?``."""
     regex = "".join(
         f"(?:{re.escape(entry.rstrip('+*?'))},){entry[-1] if entry[-1] in '+*?' else ''}" for entry in pattern
@@ -235,26 +253,36 @@ def open_stream(client: TurnwireClient, rpc: str, request: dict[str, Any]) -> An
         return client.resume_turn(request["requestId"], int(request.get("afterSequenceNumber", 0)))
     if rpc == "WatchSubmission":
         return client.watch_submission(request["submissionId"], int(request.get("afterSequenceNumber", 0)))
-    auto = {"auto_continue": bool(request.get("autoContinue", False))}
+    auto_continue = bool(request.get("autoContinue", False))
     if rpc == "SubmitToolResults":
-        results = {r["toolCallId"]: json.loads(r.get("outputJson", "null")) for r in request["results"] if not r.get("error")}
+        results = {
+            r["toolCallId"]: json.loads(r.get("outputJson", "null"))
+            for r in request["results"]
+            if not r.get("error")
+        }
         errors = {r["toolCallId"]: r.get("errorText", "") for r in request["results"] if r.get("error")}
-        return client.submit_tool_results(conversation, results, errors=errors, **auto, **_turn_options(request))
+        return client.submit_tool_results(
+            conversation, results, errors=errors, auto_continue=auto_continue, **_turn_options(request)
+        )
     if rpc == "SubmitToolApprovals":
         approvals = {a["toolCallId"]: bool(a.get("approved", False)) for a in request["approvals"]}
         reasons = {a["toolCallId"]: a["reason"] for a in request["approvals"] if a.get("reason")}
-        return client.submit_tool_approvals(conversation, approvals, reasons=reasons, **auto, **_turn_options(request))
+        return client.submit_tool_approvals(
+            conversation, approvals, reasons=reasons, auto_continue=auto_continue, **_turn_options(request)
+        )
     raise CaseFailure(f"unknown streaming RPC {rpc}")
 
 
-async def call_unary(client: TurnwireClient, rpc: str, request: dict[str, Any]) -> dict[str, Any]:
+async def call_unary(client: TurnwireClient, rpc: str, request: dict[str, Any]) -> Any:
     """Run a unary RPC through the client's method for it; its result as the RPC's response JSON."""
     if rpc == "GetConversation":
         conversation = await client.get_conversation(request.get("conversationId", ""))
         return {"conversation": to_json(conversation)}
     if rpc == "ListConversations":
-        page = await client.list_conversations(int(request.get("pageSize", 0)), request.get("pageToken", ""))
-        return to_json(page)
+        conversations = await client.list_conversations(
+            int(request.get("pageSize", 0)), request.get("pageToken", "")
+        )
+        return to_json(conversations)
     if rpc == "CancelChat":
         return {"cancelled": await client.cancel_chat(request.get("requestId", ""))}
     if rpc == "DeleteConversation":
@@ -263,27 +291,36 @@ async def call_unary(client: TurnwireClient, rpc: str, request: dict[str, Any]) 
         )
         return {"deleted": deleted}
     if rpc == "AddMessages":
-        response = await client.add_messages(
+        added = await client.add_messages(
             request.get("conversationId", ""),
             _messages(request),
             upsert=request.get("mode") == "ADD_MODE_UPSERT",
             allow_missing=bool(request.get("allowMissing", False)),
         )
-        return to_json(response)
+        return to_json(added)
     if rpc == "SubmitMessages":
         options: dict[str, Any] = {}
-        for field, name in (("submissionId", "submission_id"), ("idempotencyKey", "idempotency_key"),
-                            ("metadata", "metadata"), ("body", "body"), ("model", "model")):
+        for field, name in (
+            ("submissionId", "submission_id"),
+            ("idempotencyKey", "idempotency_key"),
+            ("metadata", "metadata"),
+            ("body", "body"),
+            ("model", "model"),
+        ):
             if request.get(field):
                 options[name] = request[field]
-        response = await client.submit_messages(request.get("conversationId", ""), _messages(request), **options)
+        response = await client.submit_messages(
+            request.get("conversationId", ""), _messages(request), **options
+        )
         return to_json(response)
     if rpc == "GetSubmission":
         return {"submission": to_json(await client.get_submission(request.get("submissionId", "")))}
     if rpc == "ListSubmissions":
         page = await client.list_submissions(
             conversation_id=request.get("conversationId", ""),
-            state=chat_service_pb2.SubmissionState.Value(request.get("state", "SUBMISSION_STATE_UNSPECIFIED")),
+            state=chat_service_pb2.SubmissionState.Value(
+                request.get("state", "SUBMISSION_STATE_UNSPECIFIED")
+            ),
             page_size=int(request.get("pageSize", 0)),
             page_token=request.get("pageToken", ""),
         )
@@ -293,8 +330,15 @@ async def call_unary(client: TurnwireClient, rpc: str, request: dict[str, Any]) 
     raise CaseFailure(f"unknown unary RPC {rpc}")
 
 
-STREAMING = {"Chat", "SaveMessages", "ContinueLastTurn", "ResumeTurn", "WatchSubmission",
-             "SubmitToolResults", "SubmitToolApprovals"}
+STREAMING = {
+    "Chat",
+    "SaveMessages",
+    "ContinueLastTurn",
+    "ResumeTurn",
+    "WatchSubmission",
+    "SubmitToolResults",
+    "SubmitToolApprovals",
+}
 
 
 class StreamOutcome:
@@ -338,9 +382,9 @@ def check_stream(step: dict[str, Any], outcome: StreamOutcome) -> list[str]:
         problems.append(f"sequence numbers not consecutive: {numbers}")
     if events and first and kinds[0] != "turn_end" and numbers[0] != first + 1:
         problems.append(f"resumed stream starts at {numbers[0]}, not {first + 1}")
-    if outcome.error is None and not outcome.cancelled_by_client:
-        if kinds.count("turn_end") != 1 or kinds[-1] != "turn_end":
-            problems.append(f"a complete stream ends with exactly one turn_end: {kinds}")
+    complete = outcome.error is None and not outcome.cancelled_by_client
+    if complete and (kinds.count("turn_end") != 1 or kinds[-1] != "turn_end"):
+        problems.append(f"a complete stream ends with exactly one turn_end: {kinds}")
     if "events" in expect and not kinds_match(expect["events"], kinds):
         problems.append(f"event kinds {kinds} do not fit {expect['events']}")
     if "error" in expect:
@@ -352,14 +396,18 @@ def check_stream(step: dict[str, Any], outcome: StreamOutcome) -> list[str]:
         problems.append(f"the call failed: {outcome.error}")
     end = events[-1].turn_end if events and kinds[-1] == "turn_end" else None
     if "status" in expect:
-        status = event_pb2.TurnStatus.Name(end.status).removeprefix("TURN_STATUS_") if end else "(no turn_end)"
+        status = (
+            event_pb2.TurnStatus.Name(end.status).removeprefix("TURN_STATUS_") if end else "(no turn_end)"
+        )
         if status != expect["status"]:
             problems.append(f"status {status}, expected {expect['status']}")
     if "turnError" in expect:
         if end is None or not end.HasField("error"):
             problems.append("expected TurnEnd.error, there is none")
         else:
-            problems += match(expect["turnError"], error_view(TurnwireError.from_status(end.error)), "turnError")
+            problems += match(
+                expect["turnError"], error_view(TurnwireError.from_status(end.error)), "turnError"
+            )
     if "turnEnd" in expect:
         problems += match(expect["turnEnd"], to_json(end) if end else _MISSING, "turnEnd")
     for kind, pattern in expect.get("firstOf", {}).items():
@@ -378,8 +426,9 @@ async def run_case(client: TurnwireClient, case: dict[str, Any]) -> None:
     for index, step in enumerate(case["steps"]):
         where = f"step {index + 1}"
         if "wait" in step:
-            task, _, live = background[step["wait"]]
-            await poll(lambda live=live: len(live.events) >= step["events"], f"{where}: {step['events']} events")
+            live = background[step["wait"]][2]
+            wanted: int = step["events"]
+            await poll(lambda: len(live.events) >= wanted, f"{where}: {wanted} events")  # noqa: B023 - awaited here
             continue
         if "await" in step:
             task, started, _ = background.pop(step["await"])
@@ -426,7 +475,9 @@ async def check_unary(client: TurnwireClient, step: dict[str, Any]) -> list[str]
             )
         except TurnwireError as error:
             problems = (
-                match(expect["error"], error_view(error), "error") if "error" in expect else [f"the call failed: {error}"]
+                match(expect["error"], error_view(error), "error")
+                if "error" in expect
+                else [f"the call failed: {error}"]
             )
         if not problems or time.monotonic() > deadline:
             return problems
@@ -475,9 +526,5 @@ async def main(names: list[str]) -> int:
     return 1 if failed or not cases else 0
 
 
-def _run(coro: Awaitable[int]) -> int:
-    return asyncio.run(coro)  # type: ignore[arg-type]
-
-
 if __name__ == "__main__":
-    sys.exit(_run(main(sys.argv[1:])))
+    sys.exit(asyncio.run(main(sys.argv[1:])))
