@@ -73,13 +73,9 @@ lint: setup check-protos breaking
 	$(VENV)/bin/lint-imports
 	$(BUF) lint
 
-## protos: regenerate clients/python/src/turnwire_client/v1 and clients/node/src/gen from protos/, and clients/go/gen when the Go plugins are installed.
+## protos: regenerate every client's code from protos/ with one `buf generate` (buf.gen.yaml): clients/python/src/turnwire_client/v1, clients/node/src/gen, and clients/go/gen/turnwire/v1 when the Go plugins are installed.
 protos: setup
-	bash tools/generate-python.sh
-	bash tools/generate-ts.sh
-	@if command -v protoc-gen-go >/dev/null && command -v protoc-gen-go-grpc >/dev/null; then \
-	  bash tools/generate-go.sh; else \
-	  echo "protoc-gen-go or protoc-gen-go-grpc not installed: NOT regenerating clients/go/gen (apt-get install protoc-gen-go protoc-gen-go-grpc)"; fi
+	bash tools/generate.sh
 
 ## check-protos: fail when the committed generated code differs from the protos.
 check-protos: setup
