@@ -16,7 +16,7 @@ done
 ln -s "$repo/clients/conformance/go" "$scratch/src/turnwire.dev/go/conformance"
 export GO111MODULE=off GOFLAGS= GOPATH="$scratch:/usr/share/gocode"
 export TURNWIRE_BIN=${TURNWIRE_BIN:-$repo/.venv/bin/turnwire}
-export TURNWIRE_CONFORMANCE_DIR="$repo/clients/conformance"
+export TURNWIRE_CONFORMANCE_DIR=${TURNWIRE_CONFORMANCE_DIR:-$repo/clients/conformance}
 unformatted=$(gofmt -l clients/conformance/go)
 if [ -n "$unformatted" ]; then
   echo "gofmt would change: $unformatted (run gofmt -w on them)" >&2

@@ -32,7 +32,9 @@ import { file_google_rpc_error_details } from '@turnwire/client/gen/google/rpc/e
 
 import { startSidecar } from '../../node/tests/sidecar.mjs';
 
-const SUITE = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+// The suite's folder (cases/, configs/); another one for the runners' own tests.
+const SUITE =
+  process.env.TURNWIRE_CONFORMANCE_DIR || path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const WAIT_TIMEOUT_MS = 20_000; // for `eventually` steps and background waits
 const CASE_TIMEOUT_MS = 60_000;
 const MISSING = Symbol('missing');

@@ -31,8 +31,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from turnwire_client import TurnwireClient, TurnwireError
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 
-SUITE = Path(__file__).resolve().parent.parent
-REPO = SUITE.parent.parent
+REPO = Path(__file__).resolve().parents[3]
+# The suite's folder (cases/, configs/); another one for the runners' own tests.
+SUITE = Path(os.environ.get("TURNWIRE_CONFORMANCE_DIR") or REPO / "clients" / "conformance")
 TURNWIRE_BIN = os.environ.get("TURNWIRE_BIN") or str(REPO / ".venv" / "bin" / "turnwire")
 START_TIMEOUT = 60.0  # seconds: a loaded 2-core machine is slow to import the server
 WAIT_TIMEOUT = 20.0  # seconds: for `eventually` steps and background waits
