@@ -217,7 +217,7 @@ class Runner:
             response_type=chat_service_pb2.ChatResponse,
         )
         started = time.perf_counter()
-        handle = engine.start(request)
+        handle = await engine.start(request)
         async for _ in handle:
             pass
         await handle.task

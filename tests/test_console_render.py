@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from turnwire_client.v1 import message_pb2
@@ -75,3 +76,79 @@ def test_inputs_and_outputs_print_exactly_from_their_json_text() -> None:
         "→ noop {}",
         "← noop: null",
     ]
+
+
+async def test_ctrl_c_before_the_turn_started_says_nothing_was_stored() -> None:
+    """Cancelled while queued behind another turn (no TurnStart yet: the input is not stored), the
+    CLI must not claim a stored partial reply (a fresh-user trial found it did)."""
+    import asyncio
+    from collections.abc import AsyncIterator
+
+    from turnwire_client.v1 import event_pb2
+    from turnwire_server.console import _run_turn
+
+    reached = asyncio.Event()
+
+    async def queued(_client: object) -> AsyncIterator[event_pb2.TurnEvent]:
+        reached.set()
+        await asyncio.Event().wait()  # the sidecar holds the call: a turn ahead runs first
+        yield event_pb2.TurnEvent()
+
+    buffer = io.StringIO()
+    task = asyncio.create_task(
+        _run_turn(
+            "127.0.0.1:9", "cli-q", queued, tls=None, console=Console(file=buffer, width=200), token=None
+        )
+    )
+    await reached.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert buffer.getvalue().strip() == (
+        "ABORTED by Ctrl-C · request cli-q: cancelled before the turn started; nothing was stored"
+    )
+
+
+def test_the_spinner_comes_back_after_a_preliminary_result() -> None:
+    """A streaming tool's preliminary line is printed above the spinner, which stays up while the
+    tool goes on (it vanished after the first preliminary result)."""
+    from turnwire_client.v1 import event_pb2
+    from turnwire_server.console import _TurnRenderer
+
+    renderer = _TurnRenderer(Console(file=io.StringIO(), force_terminal=True, width=200), "cli-p")
+    try:
+        called = event_pb2.TurnEvent(
+            tool_input_available=event_pb2.ToolInputAvailable(
+                tool_call_id="c1", tool_name="count", input_json="{}"
+            )
+        )
+        renderer.render(called)
+        preliminary = event_pb2.TurnEvent(
+            tool_output_available=event_pb2.ToolOutputAvailable(
+                tool_call_id="c1", output_json='{"progress": 0}', preliminary=True
+            )
+        )
+        renderer.render(preliminary)
+        assert renderer.waiting is not None
+        final = event_pb2.TurnEvent(
+            tool_output_available=event_pb2.ToolOutputAvailable(tool_call_id="c1", output_json='{"n": 2}')
+        )
+        renderer.render(final)
+        assert renderer.waiting is None
+    finally:
+        renderer.stop_waiting()
+
+
+def test_a_call_awaiting_approval_says_who_answers_it() -> None:
+    lines = _render(
+        message_pb2.ToolCallPart(
+            tool_call_id="c7",
+            tool_name="get_current_time",
+            input_json="{}",
+            state=message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED,
+        )
+    )
+    assert lines[1] == (
+        "? get_current_time awaits approval (call c7: the application answers with SubmitToolApprovals, "
+        "then the turn goes on)"
+    )

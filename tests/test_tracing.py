@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import SpanKind, StatusCode
 from support.engine_harness import MODEL, EngineFactory, collect, echo, make_tool, of_kind
 from support.hook_server import RecordingHookServer, serving
@@ -37,6 +38,7 @@ from turnwire_server.config import ConfigError, RemoteHookSettings, load_setting
 from turnwire_server.engine import TurnRequest
 from turnwire_server.engine.turn_spec import parse_spec, spec_json
 from turnwire_server.remote_hooks import RemoteMiddleware
+from turnwire_server.trace_export import service_resource
 
 WEATHER_SCRIPT = [
     {
@@ -99,6 +101,7 @@ async def test_a_two_step_tool_turn_continues_the_callers_trace_with_genai_spans
         "gen_ai.usage.output_tokens": 12,
         "turnwire.turn.status": "completed",
     }
+    assert "turnwire.continuation" not in turn.attributes, "set only on a continuation"
 
     chats = named(spans, "chat weather")
     assert len(chats) == 2
@@ -193,7 +196,7 @@ async def test_message_content_is_recorded_only_when_enabled(make_engine: Engine
         tracing=tracing,
         system_prompt="Be brief.",
     )
-    await collect(h.start("What about Oslo?"))
+    await collect(await h.start("What about Oslo?"))
     spans = exporter.get_finished_spans()
     first = named(spans, "chat main")[0]
     attributes: Any = first.attributes
@@ -222,7 +225,7 @@ async def test_a_failed_model_call_marks_its_span_and_the_turn_with_the_error_cl
     h = await make_engine(
         scripts={"main": [ScriptStep(error={"message": "slow down", "status": 429})]}, tracing=tracing
     )
-    await collect(h.start("hi"))
+    await collect(await h.start("hi"))
     spans = exporter.get_finished_spans()
     for span in (one(spans, "chat main"), one(spans, "invoke_agent turnwire")):
         assert span.status.status_code == StatusCode.ERROR, span.name
@@ -254,12 +257,13 @@ async def test_a_recovered_turn_starts_a_new_trace_linked_to_its_callers() -> No
         (TRACE_ID, CALLER_SPAN_ID)
     ]
     assert recovered.attributes is not None and recovered.attributes["turnwire.attempt"] == 2
+    assert recovered.attributes["turnwire.continuation"] is True
     assert first.parent is not None and first.parent.span_id == CALLER_SPAN_ID and not first.links
 
 
 async def test_tracing_off_records_nothing_and_sends_no_trace_context(make_engine: EngineFactory) -> None:
     h = await make_engine()
-    events = await collect(h.start("hi"))
+    events = await collect(await h.start("hi"))
     assert events[-1].turn_end.status == 1
     assert not h.engine.tracing.enabled
 
@@ -278,7 +282,7 @@ async def test_a_remote_hook_server_gets_the_hook_spans_trace_context(make_engin
         try:
             h = await make_engine(middlewares=[middleware], tracing=tracing)
             await h.chain.configure_session(SessionContext(default_model=MODEL, system="sys", tools={}))
-            events = await collect(h.start("hi"))
+            events = await collect(await h.start("hi"))
         finally:
             await middleware.aclose()
     assert events[-1].turn_end.status == 1
@@ -341,3 +345,13 @@ def test_tracing_settings_keep_headers_secret_and_name_a_bad_field(monkeypatch: 
     assert "tok-9d2e" not in repr(settings) and "tok-9d2e" not in settings.model_dump_json()
     with pytest.raises(ConfigError, match=r"tracing\.sampler_ratio"):
         load_settings(None, tracing={"sampler_ratio": 1.5})
+
+
+def test_the_spans_resource_names_the_service_and_equals_the_sdks_own() -> None:
+    resource = service_resource({"service.name": "sidecar-a"})
+    plain = Resource(resource.attributes, resource.schema_url)
+    assert resource.attributes["service.name"] == "sidecar-a"
+    assert resource.attributes["telemetry.sdk.name"] == "opentelemetry"
+    # The OTLP encoder groups spans by resource: the kept hash must match the SDK's own.
+    assert resource == plain and plain == resource and hash(resource) == hash(plain)
+    assert {resource: 1}[plain] == 1

@@ -27,8 +27,26 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+
+def _check_target(value: str) -> str:
+    """``--target``: HOST:PORT with a port of 0-65535 (gRPC would wrap 99999 to another port),
+    or any other gRPC target scheme (``unix:PATH``, ``dns:///…``) as given."""
+    if ":" in value and not value.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:")):
+        port = value.rpartition(":")[2]
+        if not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise typer.BadParameter(f"{value!r} needs a port of 0-65535, e.g. 127.0.0.1:50051")
+    return value
+
+
 TargetOption = Annotated[
-    str, typer.Option("--target", "-t", envvar="TURNWIRE_TARGET", help="Sidecar address HOST:PORT.")
+    str,
+    typer.Option(
+        "--target",
+        "-t",
+        envvar="TURNWIRE_TARGET",
+        callback=_check_target,
+        help="Sidecar address HOST:PORT.",
+    ),
 ]
 TokenOption = Annotated[
     str | None,
@@ -143,6 +161,17 @@ def serve(
             "store.url in the config, else sqlite:///turnwire.db."
         ),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=256,
+            show_default=False,
+            help="Processes serving the one port (SO_REUSEPORT), under a supervisor that restarts a "
+            "worker that dies and serves the metrics of all. More than 1 needs the PostgreSQL store. "
+            "Default: $TURNWIRE_WORKERS, else workers: in the config, else 1.",
+        ),
+    ] = None,
 ) -> None:
     """Run the sidecar until SIGTERM or SIGINT.
 
@@ -151,11 +180,15 @@ def serve(
     Every setting also comes from TURNWIRE_* variables, sections joined by __ (TURNWIRE_LIMITS__MAX_STEPS=20).
 
     Flags win over variables, variables over the config file.
-    """
-    from turnwire_server.app import StartupError
-    from turnwire_server.app import serve as run_server
 
-    settings = _load(config, listen, store)
+    With --workers N each worker gets the signal and stops so; exit 1 if one cannot start or keeps dying.
+    """
+    import os
+
+    # gRPC's C core logs connection events (a client's GOAWAY) at info in its own format, outside
+    # logging.level; read when grpc is first imported (below, and in each worker).
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    settings = _load(config, listen, store, workers)
     from turnwire_server.logs import configure_logging
     from turnwire_server.redaction import Redactor, secret_values
 
@@ -164,6 +197,14 @@ def serve(
         logging.getLogger("turnwire.server").warning(
             "log_level is deprecated: use logging.level (TURNWIRE_LOGGING__LEVEL)"
         )
+    for warning in _unknown_variables():
+        logging.getLogger("turnwire.server").warning("%s", warning)
+    if settings.workers > 1:
+        _supervise(settings)
+        return
+    from turnwire_server.app import StartupError
+    from turnwire_server.app import serve as run_server
+
     try:
         asyncio.run(run_server(settings))
     except StartupError as error:
@@ -171,11 +212,35 @@ def serve(
         raise typer.Exit(1) from None
 
 
-def _load(config: Path | None, listen: str | None = None, store: str | None = None) -> Any:
+def _unknown_variables() -> list[str]:
+    """Warnings for TURNWIRE_* variables that name no setting (a misspelt one is otherwise ignored)."""
+    import os
+
+    from turnwire_server.config import Settings
+    from turnwire_server.config_hints import unknown_variables
+
+    return unknown_variables(os.environ, Settings)
+
+
+def _supervise(settings: Any) -> None:
+    """``serve --workers N`` (N > 1): the supervisor (:mod:`turnwire_server.supervisor`)."""
+    from turnwire_server.supervisor import SupervisorError, supervise
+
+    try:
+        code = asyncio.run(supervise(settings))
+    except SupervisorError as error:
+        typer.echo(f"turnwire: cannot start: {error}", err=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
+
+
+def _load(
+    config: Path | None, listen: str | None = None, store: str | None = None, workers: int | None = None
+) -> Any:
     """The settings ``serve`` runs with (flags, environment, file, defaults); exits 2 when invalid."""
     from turnwire_server.config import ConfigError, load_settings
 
-    overrides: dict[str, Any] = {"listen": listen}
+    overrides: dict[str, Any] = {"listen": listen, "workers": workers}
     if store is not None:
         overrides["store"] = {"url": store}
     try:
@@ -205,6 +270,8 @@ def config_show(
     from turnwire_server.redaction import redacted_settings
 
     settings = _load(config, listen, store)
+    for warning in _unknown_variables():
+        typer.echo(f"turnwire: warning: {warning}", err=True)
     shown = redacted_settings(settings)
     if shown.get("log_level") is None:
         shown.pop("log_level", None)  # the deprecated spelling, shown only when it is set
@@ -309,7 +376,10 @@ def chat(
 ) -> None:
     """Send one message and stream the reply.
 
-    Tool calls and their results are shown as they happen.
+    Tool calls and their results are shown as they happen; on a terminal a spinner says what the
+    turn waits for. Ctrl-C cancels the turn (its partial reply is stored) and exits 130. Exit
+    status 0 when the turn completed, 1 when it did not, 2 when the call was refused, 3 when
+    the sidecar cannot be reached.
     """
     from turnwire_server.console import run_chat
 

@@ -150,9 +150,15 @@ async def _run_turn(
         # sidecar (disconnect policy "cancel"), which stores the partial reply as ABORTED.
         renderer.stop_waiting()
         renderer.end_line()
+        # Before TurnStart the input was not yet durable (queued, or being stored): nothing stays.
+        stored = (
+            "the partial reply is stored as aborted"
+            if renderer.started
+            else "cancelled before the turn started; nothing was stored"
+        )
         out.print(
             Text(
-                f"ABORTED by Ctrl-C · request {request_id}: the partial reply is stored as aborted",
+                f"ABORTED by Ctrl-C · request {request_id}: {stored}",
                 style=_STATUS_STYLES[event_pb2.TURN_STATUS_ABORTED],
             ),
             soft_wrap=True,
@@ -207,7 +213,7 @@ async def run_history(
             conversation = await client.get_conversation(conversation_id)
     except TurnwireError as error:
         if error.code == grpc.StatusCode.NOT_FOUND:
-            out.print(Text(f"conversation {conversation_id!r} not found", style="bold red"))
+            out.print(Text(f"conversation {conversation_id!r} not found", style="bold red"), soft_wrap=True)
             return EXIT_CALL_FAILED
         return _print_call_error(out, target, error)
 
@@ -218,9 +224,9 @@ async def run_history(
     )
     if conversation.HasField("update_time"):
         header.append(f" · updated {_time(conversation.update_time)}", style="dim")
-    out.print(header)
+    out.print(header, soft_wrap=True)
     if not conversation.messages:
-        out.print(Text("(no messages)", style="dim"))
+        out.print(Text("(no messages)", style="dim"), soft_wrap=True)
     partial = {reply.message_id: reply for reply in conversation.partial_replies}
     for message in conversation.messages:
         out.print()
@@ -261,9 +267,9 @@ async def run_conversations(
     except TurnwireError as error:
         return _print_call_error(out, target, error)
     if shown == 0:
-        out.print(Text("(no conversations)", style="dim"))
+        out.print(Text("(no conversations)", style="dim"), soft_wrap=True)
     elif token:
-        out.print(Text(f"(more than {shown}; use --limit to see more)", style="dim"))
+        out.print(Text(f"(more than {shown}; use --limit to see more)", style="dim"), soft_wrap=True)
     return EXIT_OK
 
 
@@ -285,9 +291,12 @@ async def run_cancel(
     except TurnwireError as error:
         return _print_call_error(out, target, error)
     if cancelled:
-        out.print(Text(f"cancelled {request_id}: its turn ends ABORTED", style="bold yellow"))
+        out.print(Text(f"cancelled {request_id}: its turn ends ABORTED", style="bold yellow"), soft_wrap=True)
         return EXIT_OK
-    out.print(Text(f"no running or queued turn {request_id} (finished, or never started)", style="dim"))
+    out.print(
+        Text(f"no running or queued turn {request_id} (finished, or never started)", style="dim"),
+        soft_wrap=True,
+    )
     return EXIT_TURN_FAILED
 
 
@@ -304,6 +313,10 @@ _SILENT = frozenset({"text_start", "reasoning_start", "tool_input_start", "tool_
 """Events that print nothing, so they leave the spinner up."""
 
 
+_APPROVAL_HINT = " (call {call_id}: the application answers with SubmitToolApprovals, then the turn goes on)"
+"""The CLI cannot approve: say who does (README, Tools: approvals)."""
+
+
 class _TurnRenderer:
     """Prints one turn's events as they arrive."""
 
@@ -314,6 +327,8 @@ class _TurnRenderer:
         self.tool_names: dict[str, str] = {}
         self.model = ""
         self.events_seen = 0
+        #: TurnStart arrived: the input is stored (and a cancel stores the partial reply).
+        self.started = False
         self.waiting: Status | None = None
         self.wait("waiting for the sidecar")
 
@@ -364,9 +379,15 @@ class _TurnRenderer:
 
     def render(self, event: event_pb2.TurnEvent) -> None:
         kind = event.WhichOneof("event")
+        self.started = self.started or kind == "turn_start"
         if kind in _WAITING_FOR:
             self.stop_waiting()
             self.wait(_WAITING_FOR[kind])
+        elif kind == "tool_output_available" and event.tool_output_available.preliminary:
+            self.stop_waiting()  # the line goes above the spinner, which stays: the tool goes on
+            self._render(kind, event)
+            self.wait("running the tool")
+            return
         elif kind not in _SILENT:
             self.stop_waiting()
         self._render(kind, event)
@@ -397,7 +418,10 @@ class _TurnRenderer:
             self.line(_error_line(bad.tool_name, f"invalid input: {bad.error_text}"))
         elif kind == "tool_approval_request":
             name = self._name(event.tool_approval_request.tool_call_id)
-            self.line(Text(f"? {name} awaits approval", style="yellow"))
+            call_id = event.tool_approval_request.tool_call_id
+            self.line(
+                Text(f"? {name} awaits approval{_APPROVAL_HINT.format(call_id=call_id)}", style="yellow")
+            )
         elif kind == "tool_output_available":
             output = event.tool_output_available
             if output.preliminary:
@@ -522,7 +546,7 @@ def _print_message(out: Console, message: message_pb2.Message) -> None:
         elif kind == "step_start":
             steps += 1
             if steps > 1:
-                out.print(Text(f"· step {steps}", style="dim"))
+                out.print(Text(f"· step {steps}", style="dim"), soft_wrap=True)
         elif kind == "file":
             out.print(_file_line(part.file), soft_wrap=True, highlight=False)
         elif kind == "source":
@@ -564,7 +588,8 @@ def _print_tool_call(out: Console, call: message_pb2.ToolCallPart) -> None:
         message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED,
         message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED,
     ):
-        out.print(Text(f"? {call.tool_name} awaits approval", style="yellow"), soft_wrap=True)
+        hint = _APPROVAL_HINT.format(call_id=call.tool_call_id)
+        out.print(Text(f"? {call.tool_name} awaits approval{hint}", style="yellow"), soft_wrap=True)
     else:
         out.print(Text(f"← {call.tool_name}: (no result)", style="dim"), soft_wrap=True)
 

@@ -67,12 +67,13 @@ _ANSWER_STATES = frozenset(
 
 class ToolResultRpcs:
     """The tool-answer RPCs of ``ChatService`` (a mixin: it uses the servicer's ``engine``,
-    ``store``, ``default_model`` and ``max_message_bytes``)."""
+    ``store``, ``default_model``, ``max_message_bytes`` and ``progress_interval``)."""
 
     engine: TurnEngine
     store: Store
     default_model: str
     max_message_bytes: int
+    progress_interval: float
 
     async def SubmitToolResults(
         self,
@@ -109,7 +110,7 @@ class ToolResultRpcs:
                 disconnect_policy=request.disconnect_policy,
             )
 
-        async for response in stream_turn(context, start):
+        async for response in stream_turn(context, start, self.progress_interval):
             yield response
 
     async def SubmitToolApprovals(
@@ -152,7 +153,7 @@ class ToolResultRpcs:
                 disconnect_policy=request.disconnect_policy,
             )
 
-        async for response in stream_turn(context, start):
+        async for response in stream_turn(context, start, self.progress_interval):
             yield response
 
     # --- shared with SaveMessages ------------------------------------------------------

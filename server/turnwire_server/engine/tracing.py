@@ -25,9 +25,10 @@ Attributes: ``gen_ai.operation.name`` (``invoke_agent`` / ``chat`` / ``execute_t
 ``gen_ai.conversation.id``, ``gen_ai.tool.name`` / ``call.id`` / ``type`` / ``description``,
 ``error.type`` when an operation fails (for a provider error its class from
 :func:`turnwire.error_classes.classify_error`, such as ``rate_limit``; else the exception's type
-name); Turnwire's own under ``turnwire.*``. Message content (``gen_ai.system_instructions``,
-``gen_ai.input.messages``, ``gen_ai.output.messages``, ``gen_ai.tool.call.arguments`` /
-``result``) is recorded only when ``capture_content`` is on: the conventions' opt-in attributes.
+name); Turnwire's own under ``turnwire.*`` (``turnwire.continuation`` only on a continuation).
+Message content (``gen_ai.system_instructions``, ``gen_ai.input.messages``,
+``gen_ai.output.messages``, ``gen_ai.tool.call.arguments`` / ``result``) is recorded only when
+``capture_content`` is on: the conventions' opt-in attributes.
 """
 
 from __future__ import annotations
@@ -155,11 +156,13 @@ class Tracing:
         span = tracer.start_span(f"invoke_agent {AGENT_NAME}", parent, SpanKind.INTERNAL, attributes, links)
 
         def late() -> dict[str, Any]:
-            return {
+            found: dict[str, Any] = {
                 "gen_ai.conversation.id": request.conversation_id,
                 "turnwire.request_id": request.request_id,
-                "turnwire.continuation": request.continuation,
             }
+            if request.continuation:  # absent on the common new turn: each attribute costs µs twice
+                found["turnwire.continuation"] = True
+            return found
 
         return _Scope(span, late)
 
