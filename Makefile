@@ -12,7 +12,7 @@ BUF := node_modules/.bin/buf
 GO_PACKAGES := golang-go golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev \
 	golang-google-genproto-dev protoc-gen-go protoc-gen-go-grpc
 
-.PHONY: setup demo install-go test test-go build-node lint protos check-protos breaking bench stress clean
+.PHONY: setup demo install-go test test-go conformance build-node lint protos check-protos breaking bench stress clean
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -31,11 +31,12 @@ node_modules/.installed: package.json package-lock.json clients/node/package.jso
 demo: setup
 	$(VENV)/bin/turnwire demo
 
-## test: every test (Python unit + end-to-end, Node.js end-to-end, the TypeScript client's, the Go client when Go is installed).
+## test: every test (Python unit + end-to-end, Node.js end-to-end, the TypeScript client's, the Go client when Go is installed, the conformance suite).
 test: setup build-node
 	bash tools/with-postgres.sh $(PY) -m pytest -q
 	node --test tests/node/ clients/node/tests/
 	$(MAKE) --no-print-directory test-go
+	$(MAKE) --no-print-directory conformance
 
 ## install-go: install the Debian packages of the Go client (as root, or through sudo); quick when present.
 install-go:
@@ -48,6 +49,13 @@ install-go:
 test-go: setup
 	@if command -v go >/dev/null; then bash tools/go-test.sh; else \
 	  echo "Go not installed: skipping Go client tests (apt-get install $(GO_PACKAGES))"; fi
+
+## conformance: the conformance suite (clients/conformance) through the Python, TypeScript and Go clients (Go when installed).
+conformance: setup build-node
+	$(PY) clients/conformance/python/run.py
+	node clients/conformance/node/run.mjs
+	@if command -v go >/dev/null; then bash clients/conformance/go/run.sh; else \
+	  echo "Go not installed: NOT running the Go conformance runner (apt-get install $(GO_PACKAGES))"; fi
 
 ## build-node: compile the TypeScript client, clients/node/src -> dist/ (when a source changed).
 build-node: clients/node/dist/index.js
@@ -65,13 +73,9 @@ lint: setup check-protos breaking
 	$(VENV)/bin/lint-imports
 	$(BUF) lint
 
-## protos: regenerate clients/python/src/turnwire_client/v1 and clients/node/src/gen from protos/, and clients/go/gen when the Go plugins are installed.
+## protos: regenerate every client's code from protos/ with one `buf generate` (buf.gen.yaml): clients/python/src/turnwire_client/v1, clients/node/src/gen, and clients/go/gen/turnwire/v1 when the Go plugins are installed.
 protos: setup
-	bash tools/generate-python.sh
-	bash tools/generate-ts.sh
-	@if command -v protoc-gen-go >/dev/null && command -v protoc-gen-go-grpc >/dev/null; then \
-	  bash tools/generate-go.sh; else \
-	  echo "protoc-gen-go or protoc-gen-go-grpc not installed: NOT regenerating clients/go/gen (apt-get install protoc-gen-go protoc-gen-go-grpc)"; fi
+	bash tools/generate.sh
 
 ## check-protos: fail when the committed generated code differs from the protos.
 check-protos: setup
