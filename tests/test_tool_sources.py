@@ -38,7 +38,7 @@ def _config_error(tmp_path: Path, text: str) -> str:
         ("{mcp: [{name: a}]}", "give exactly one of command (stdio) or url"),
         (
             "{mcp: [{name: a, url: 'ftp://h'}]}",
-            "tools.mcp.0.url: must be an http:// or https://",
+            "tools.mcp.0.url: 'ftp://h' is not an http(s) URL with a host",
         ),
         ("{mcp: [{name: a, url: 'http://h/mcp', args: [x]}]}", "args, env and cwd are for a stdio server"),
         ("{hosts: [{name: 'a b', address: 'h:1'}]}", "tools.hosts.0.name: must be 1-64"),
