@@ -113,6 +113,7 @@ class TurnwireClient:
         timeout: float | None = None,
         disconnect: DisconnectPolicy = "cancel",
         client_tools: Sequence[ClientToolSpec] = (),
+        concurrent_input: ConcurrentInputStrategy | None = None,
     ) -> TurnStream:
         """Append a user message with one text part and stream the turn it runs.
 
@@ -130,6 +131,12 @@ class TurnwireClient:
                 ``ClientTool`` messages or mappings with ``name``, ``description`` and
                 ``input_schema`` (a JSON Schema object). A call of one ends the turn with the
                 call pending; answer it with :meth:`submit_tool_results`.
+            concurrent_input: What this input does when the conversation has a turn running or
+                queued: ``"enqueue"`` (wait in line), ``"reject"`` (``FAILED_PRECONDITION``,
+                reason ``TURN_IN_PROGRESS``; nothing stored), ``"interrupt"`` (stop the running
+                turn, keeping its partial reply, and run next) or ``"rollback"`` (stop it, remove
+                its input and partial reply, and run next). None: the server's default
+                (``limits.concurrent_input``).
 
         Returns:
             A :class:`TurnStream`: the turn's ``TurnEvent``\\ s as they arrive, ``TurnEnd``
@@ -153,6 +160,7 @@ class TurnwireClient:
             model=model or "",
             disconnect_policy=_POLICIES[disconnect],
             client_tools=_client_tools(client_tools),
+            concurrent_input_strategy=_strategy(concurrent_input),
         )
         if body is not None:
             request.body.CopyFrom(_struct(body))
@@ -169,6 +177,7 @@ class TurnwireClient:
         timeout: float | None = None,
         disconnect: DisconnectPolicy = "cancel",
         client_tools: Sequence[ClientToolSpec] = (),
+        concurrent_input: ConcurrentInputStrategy | None = None,
     ) -> TurnStream:
         """Append ``messages`` (possibly none) and stream the turn run on the history.
 
@@ -181,6 +190,7 @@ class TurnwireClient:
             model=model or "",
             disconnect_policy=_POLICIES[disconnect],
             client_tools=_client_tools(client_tools),
+            concurrent_input_strategy=_strategy(concurrent_input),
         )
         if body is not None:
             request.body.CopyFrom(_struct(body))
@@ -252,6 +262,7 @@ class TurnwireClient:
         timeout: float | None = None,
         disconnect: DisconnectPolicy = "cancel",
         client_tools: Sequence[ClientToolSpec] = (),
+        concurrent_input: ConcurrentInputStrategy | None = None,
     ) -> TurnStream:
         """Send the results of client tool calls, stored at once; stream the continuation.
 
@@ -284,6 +295,7 @@ class TurnwireClient:
             model=model or "",
             disconnect_policy=_POLICIES[disconnect],
             client_tools=_client_tools(client_tools),
+            concurrent_input_strategy=_strategy(concurrent_input),
         )
         if body is not None:
             request.body.CopyFrom(_struct(body))
@@ -302,6 +314,7 @@ class TurnwireClient:
         timeout: float | None = None,
         disconnect: DisconnectPolicy = "cancel",
         client_tools: Sequence[ClientToolSpec] = (),
+        concurrent_input: ConcurrentInputStrategy | None = None,
     ) -> TurnStream:
         """Approve (True) or deny (False) tool calls waiting for approval, by tool call id; stream
         the continuation, in which approved calls run first (``before_tool_call`` still
@@ -322,6 +335,7 @@ class TurnwireClient:
             model=model or "",
             disconnect_policy=_POLICIES[disconnect],
             client_tools=_client_tools(client_tools),
+            concurrent_input_strategy=_strategy(concurrent_input),
         )
         if body is not None:
             request.body.CopyFrom(_struct(body))
@@ -586,6 +600,23 @@ class TurnwireClient:
 
 DisconnectPolicy = Literal["cancel", "continue"]
 """What a turn does when its call ends early (``ChatRequest.disconnect_policy``)."""
+
+ConcurrentInputStrategy = Literal["enqueue", "reject", "interrupt", "rollback"]
+"""What new input does on a busy conversation (``ChatRequest.concurrent_input_strategy``)."""
+
+_STRATEGIES: dict[str, chat_service_pb2.ConcurrentInputStrategy.ValueType] = {
+    "enqueue": chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ENQUEUE,
+    "reject": chat_service_pb2.CONCURRENT_INPUT_STRATEGY_REJECT,
+    "interrupt": chat_service_pb2.CONCURRENT_INPUT_STRATEGY_INTERRUPT,
+    "rollback": chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ROLLBACK,
+}
+
+
+def _strategy(strategy: ConcurrentInputStrategy | None) -> chat_service_pb2.ConcurrentInputStrategy.ValueType:
+    return (
+        chat_service_pb2.CONCURRENT_INPUT_STRATEGY_UNSPECIFIED if strategy is None else _STRATEGIES[strategy]
+    )
+
 
 _POLICIES: dict[str, chat_service_pb2.DisconnectPolicy.ValueType] = {
     "cancel": chat_service_pb2.DISCONNECT_POLICY_CANCEL,
