@@ -237,3 +237,52 @@ async def test_strategies_on_an_idle_conversation_just_run(server: Server) -> No
         assert (await turn.end()).status == event_pb2.TURN_STATUS_COMPLETED
     assert len(await transcript(stub, "idle")) == 6
     assert "before_turn idle-1 interrupt -" in server.hook_lines()
+
+
+async def test_submissions_take_the_strategy_too(server: Server) -> None:
+    """SubmitMessages: REJECT on a busy conversation stores no submission; INTERRUPT accepted
+    while a turn runs stops it and its turn runs next, ahead of a queued Chat."""
+    stub = server.stub
+    first = chat(stub, "sub", "sub-a", "long")
+    await running(first)
+    message = message_pb2.Message(role=message_pb2.ROLE_USER)
+    message.parts.add().text.text = "submitted"
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.SubmitMessages(
+            chat_service_pb2.SubmitMessagesRequest(
+                conversation_id="sub",
+                submission_id="sub-rejected",
+                messages=[message],
+                model="scripted:short",
+                concurrent_input_strategy=REJECT,
+            )
+        )
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(call_status(refused.value)).reason == "TURN_IN_PROGRESS"
+    listed = await stub.ListSubmissions(chat_service_pb2.ListSubmissionsRequest(conversation_id="sub"))
+    assert list(listed.submissions) == []
+
+    queued = chat(stub, "sub", "sub-q", "short")
+    await server.wait_queued(1)
+    message.id = "u-sub-i"
+    await stub.SubmitMessages(
+        chat_service_pb2.SubmitMessagesRequest(
+            conversation_id="sub",
+            submission_id="sub-i",
+            messages=[message],
+            model="scripted:short",
+            concurrent_input_strategy=INTERRUPT,
+        )
+    )
+    end = await first.end()
+    assert end.status == event_pb2.TURN_STATUS_ABORTED
+    assert error_info(end.error).metadata["interrupting_request_id"] == "sub-i"
+    assert (await queued.end()).status == event_pb2.TURN_STATUS_COMPLETED
+    assert await transcript(stub, "sub") == [
+        "user:u-sub-a",
+        "assistant:tw-a-sub-a",
+        "user:u-sub-i",
+        "assistant:tw-a-sub-i",
+        "user:u-sub-q",
+        "assistant:tw-a-sub-q",
+    ]

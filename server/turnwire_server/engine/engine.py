@@ -178,7 +178,8 @@ class TurnEngine:
             await asyncio.wait({previous.task})  # neither raises its error nor cancels it
         self._admit(request, parent_request_id, queue_limit=queue_limit)
         concurrent_input = None
-        if recovery is None and request.entry != "submission":
+        # A submission's strategy applies only when it is started at acceptance (Submissions.submit).
+        if recovery is None and (request.entry != "submission" or request.concurrent_input is not None):
             concurrent_input = await self._apply_strategy(request)
         channel: EventChannel[Any] = EventChannel(self.settings.stream_buffer_events)
         if detached:
@@ -250,17 +251,23 @@ class TurnEngine:
         self._turns[request.request_id] = handle
         return handle
 
-    async def busy_turn(self, conversation_id: str) -> str | None:
+    async def busy_turn(self, conversation_id: str, *, own_id: str = "") -> str | None:
         """The request id of a turn running or queued on ``conversation_id`` (the one holding its
         lock when known), here or, through the store, on another replica or as a pending
-        submission; None when the conversation is idle."""
-        local = [h for h in self._turns.values() if h.conversation_id == conversation_id and not h.run.ended]
+        submission; None when the conversation is idle. ``own_id`` (a submission whose place is
+        already reserved) heading the line counts as idle."""
+        local = [
+            h
+            for h in self._turns.values()
+            if h.conversation_id == conversation_id and not h.run.ended and h.request_id != own_id
+        ]
         for handle in local:
             if handle.run.holds_lock:
                 return handle.request_id
         if local:
             return local[0].request_id
-        return await self.store.queue_head(conversation_id)
+        head = await self.store.queue_head(conversation_id)
+        return None if head == own_id and own_id else head
 
     async def refuse_if_busy(self, conversation_id: str) -> None:
         """Raise :class:`TurnInProgress` when ``conversation_id`` has a turn running or queued (a
@@ -285,7 +292,7 @@ class TurnEngine:
         if strategy == "enqueue":
             return ConcurrentInput("enqueue")
         conversation_id = request.conversation_id
-        head = await self.busy_turn(conversation_id)
+        head = await self.busy_turn(conversation_id, own_id=request.request_id)
         if head is None:
             return ConcurrentInput(strategy)
         if strategy == "reject":
@@ -297,7 +304,7 @@ class TurnEngine:
                 handle.run.cancel(stop)
                 return ConcurrentInput(strategy, handle.request_id)
         holder = await self.store.queue_head(conversation_id)
-        if holder is not None and self._turns.get(holder) is None:
+        if holder is not None and holder != request.request_id and self._turns.get(holder) is None:
             # Held on another replica: its turn is stopped there (serve_cancel_requests).
             await self.store.request_cancel(holder, stop=_stop_reason(stop))
             return ConcurrentInput(strategy, holder)

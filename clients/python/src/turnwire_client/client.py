@@ -429,9 +429,12 @@ class TurnwireClient:
         model: str | None = None,
         client_tools: Sequence[ClientToolSpec] = (),
         timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
+        concurrent_input: ConcurrentInputStrategy | None = None,
     ) -> chat_service_pb2.SubmitMessagesResponse:
         """Durably submit messages for a turn that runs later, in order with the conversation's
-        other turns. ``messages`` may be a plain text (one user message).
+        other turns. ``messages`` may be a plain text (one user message). ``concurrent_input``
+        as for :meth:`chat`: ``"reject"`` refuses it before it is stored; ``"interrupt"`` and
+        ``"rollback"`` stop the running turn when the submission's turn starts at once.
 
         Returns:
             The response: ``submission`` (its id is the turn's request id) and ``accepted``
@@ -457,6 +460,7 @@ class TurnwireClient:
             idempotency_key=idempotency_key or "",
             model=model or "",
             client_tools=_client_tools(client_tools),
+            concurrent_input_strategy=_strategy(concurrent_input),
         )
         if metadata is not None:
             request.metadata.CopyFrom(_struct(metadata))

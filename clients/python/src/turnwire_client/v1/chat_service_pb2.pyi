@@ -839,6 +839,7 @@ class SubmitMessagesRequest(_message.Message):
     BODY_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
+    CONCURRENT_INPUT_STRATEGY_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to run on; created when the turn runs."""
     submission_id: _builtins.str
@@ -851,6 +852,12 @@ class SubmitMessagesRequest(_message.Message):
     """
     model: _builtins.str
     """Optional model for the turn, as `provider:model`."""
+    concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType
+    """What the submission does when the conversation has a turn running or
+    queued: REJECT refuses it before anything is stored; INTERRUPT and ROLLBACK
+    stop the running turn when the accepting replica starts the submission's
+    turn at once (one claimed later just queues).
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]:
         """The messages to append when the turn starts; at least one."""
@@ -878,10 +885,11 @@ class SubmitMessagesRequest(_message.Message):
         body: _struct_pb2.Struct | None = ...,
         model: _builtins.str = ...,
         client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
+        concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "conversation_id", b"conversation_id", "idempotency_key", b"idempotency_key", "messages", b"messages", "metadata", b"metadata", "model", b"model", "submission_id", b"submission_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "idempotency_key", b"idempotency_key", "messages", b"messages", "metadata", b"metadata", "model", b"model", "submission_id", b"submission_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
