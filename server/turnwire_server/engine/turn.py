@@ -596,8 +596,8 @@ class TurnRun:
             state.assistant.fail_unresolved(ABORTED_TOOL_ERROR)
         # No checkpoint may land after (and overwrite) the final write.
         await state.checkpoints.close()
-        if isinstance(self._stop, StoppedByInput) and self._stop.rollback:
-            await self._roll_back()
+        if isinstance(self._stop, StoppedByInput) and self._stop.rollback and self.outcome == "aborted":
+            await self._roll_back(self._stop)
             return
         message: message_pb2.Message | None = state.assistant.finalize()
         if self._overflowed():
@@ -639,11 +639,13 @@ class TurnRun:
                 self.error = TurnFailure("persist", error)
                 self.status_error = self._error_status(error, "persist")
 
-    async def _roll_back(self) -> None:
+    async def _roll_back(self, stop: StoppedByInput) -> None:
         """ROLLBACK (docs/semantics.md §5, §12: the one sanctioned removal of acknowledged input):
         remove the turn's input messages and its partial reply and record it ended ``aborted``
         with reason ROLLED_BACK, in one transaction. Nothing of it stays in the transcript."""
-        assert self._record is not None and self.status_error is not None
+        assert self._record is not None
+        if self.status_error is None:
+            self.status_error = self._error_status(stop, "stream")
         record = dataclasses.replace(
             self._record,
             state="aborted",
@@ -674,7 +676,7 @@ class TurnRun:
         stop = self._stop
         stopped_by = (
             ConcurrentInput("rollback" if stop.rollback else "interrupt", stop.interrupting_request_id)
-            if isinstance(stop, StoppedByInput) and self.messages_persisted
+            if isinstance(stop, StoppedByInput) and self.messages_persisted and self.outcome == "aborted"
             else None
         )
         # A turn stopped by new input always gets its on_chat_response (the issue 18 contract),
