@@ -181,6 +181,9 @@ class TurnEngine:
         # A submission's strategy applies only when it is started at acceptance (Submissions.submit).
         if recovery is None and (request.entry != "submission" or request.concurrent_input is not None):
             concurrent_input = await self._apply_strategy(request)
+            if concurrent_input.strategy != "enqueue":
+                # It awaited the store: checked again, so nothing admitted meanwhile slips past.
+                self._admit(request, parent_request_id, queue_limit=queue_limit)
         channel: EventChannel[Any] = EventChannel(self.settings.stream_buffer_events)
         if detached:
             channel.detach()
