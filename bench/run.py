@@ -13,8 +13,9 @@ The suite, in this order:
   ``provider_adapters.py`` (provider adapters vs the bare SDKs),
   ``slow_readers.py`` (server memory per stream for readers that stop reading or
   read slowly, and the stuck turns stopped), ``remote_hooks.py`` (a remote
-  hook server and tool host, the Node.js example, vs in process) and ``observability.py`` (time
-  to first token and events/s with traces on vs off), each in its own process as when
+  hook server and tool host, the Node.js example, vs in process), ``observability.py`` (time
+  to first token and events/s with traces on vs off) and ``workers.py`` (``serve --workers``: CPU
+  per request and throughput with 1 and 2 workers, on PostgreSQL), each in its own process as when
   run alone, with their defaults (``--quick``: fewer rounds, requests and
   readers); they hand their tables back as JSON (``--json``).
 
@@ -72,6 +73,7 @@ SUITES = (
     Suite("slow_readers.py", "--skip-slow-readers", full=(), quick=("--quick",)),
     Suite("remote_hooks.py", "--skip-remote-hooks", full=(), quick=("--rounds", "3", "--turns", "10")),
     Suite("observability.py", "--skip-observability", full=(), quick=("--quick",)),
+    Suite("workers.py", "--skip-workers", full=(), quick=("--quick",)),
 )
 
 

@@ -84,6 +84,16 @@ async def test_a_second_store_on_an_open_file_is_refused_before_touching_it(tmp_
     await again.close()
 
 
+async def test_a_folder_that_takes_no_lock_file_is_not_reported_as_in_use() -> None:
+    """``/proc`` (no new files there) made filelock time out, read as "in use by another turnwire
+    process" (a fresh-user trial); the real cause is named instead."""
+    store = SqliteStore(Path("/proc/turnwire-test.db"))
+    with pytest.raises(StoreError) as raised:
+        await store.open()
+    assert not isinstance(raised.value, StoreInUse)
+    assert "creating the lock file /proc/turnwire-test.db.lock failed" in str(raised.value)
+
+
 async def test_the_database_is_in_wal_mode(store: SqliteStore) -> None:
     assert _raw(store.path, "PRAGMA journal_mode") == [("wal",)]
 

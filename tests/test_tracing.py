@@ -193,7 +193,7 @@ async def test_message_content_is_recorded_only_when_enabled(make_engine: Engine
         tracing=tracing,
         system_prompt="Be brief.",
     )
-    await collect(h.start("What about Oslo?"))
+    await collect(await h.start("What about Oslo?"))
     spans = exporter.get_finished_spans()
     first = named(spans, "chat main")[0]
     attributes: Any = first.attributes
@@ -222,7 +222,7 @@ async def test_a_failed_model_call_marks_its_span_and_the_turn_with_the_error_cl
     h = await make_engine(
         scripts={"main": [ScriptStep(error={"message": "slow down", "status": 429})]}, tracing=tracing
     )
-    await collect(h.start("hi"))
+    await collect(await h.start("hi"))
     spans = exporter.get_finished_spans()
     for span in (one(spans, "chat main"), one(spans, "invoke_agent turnwire")):
         assert span.status.status_code == StatusCode.ERROR, span.name
@@ -259,7 +259,7 @@ async def test_a_recovered_turn_starts_a_new_trace_linked_to_its_callers() -> No
 
 async def test_tracing_off_records_nothing_and_sends_no_trace_context(make_engine: EngineFactory) -> None:
     h = await make_engine()
-    events = await collect(h.start("hi"))
+    events = await collect(await h.start("hi"))
     assert events[-1].turn_end.status == 1
     assert not h.engine.tracing.enabled
 
@@ -278,7 +278,7 @@ async def test_a_remote_hook_server_gets_the_hook_spans_trace_context(make_engin
         try:
             h = await make_engine(middlewares=[middleware], tracing=tracing)
             await h.chain.configure_session(SessionContext(default_model=MODEL, system="sys", tools={}))
-            events = await collect(h.start("hi"))
+            events = await collect(await h.start("hi"))
         finally:
             await middleware.aclose()
     assert events[-1].turn_end.status == 1

@@ -19,7 +19,7 @@ import contextlib
 import datetime as dt
 import logging
 import signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -229,7 +229,7 @@ class Sidecar:
         log.info("stopped")
 
 
-def grpc_options(settings: Settings) -> list[tuple[str, int]]:
+def grpc_options(settings: Settings, *, shared_port: bool = False) -> list[tuple[str, int]]:
     """Server channel arguments, each set on purpose.
 
     Admission is the product's (:class:`~turnwire_server.api.admission.CallGate`:
@@ -248,7 +248,9 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     loop is stuck) is still failed; and core's resource quota bounds its memory.
     There is no ``grpc.max_pending_requests`` and no ``maximum_concurrent_rpcs``
     here: the latter counts every call, health checks included.
-    ``so_reuseport`` is off so a second server on the same port fails loudly.
+    ``so_reuseport`` is off so a second server on the same port fails loudly, except for a
+    worker of ``serve --workers N`` (``shared_port``: :mod:`turnwire_server.supervisor`), which
+    shares the port its supervisor holds.
     """
     limits = settings.limits
     return [
@@ -257,25 +259,27 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.server.max_pending_requests", _UNBOUNDED),
         ("grpc.server.max_pending_requests_hard_limit", _UNBOUNDED),
         ("grpc.server_max_unrequested_time_in_server", 30),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 1 if shared_port else 0),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ]
 
 
-async def start(settings: Settings) -> Sidecar:
+async def start(settings: Settings, *, worker: bool = False) -> Sidecar:
     """Check the configuration, open the store, recover crashed turns and start serving.
 
     Everything that can be checked without the store is checked first, so a
     bad configuration touches no file. Raises :class:`StartupError` with a
-    message that says what to fix.
+    message that says what to fix. ``worker``: one of ``serve --workers N``'s processes
+    (:mod:`turnwire_server.supervisor`): the supervisor checked and holds the port and serves
+    the metrics, so this process binds the port with ``SO_REUSEPORT`` and opens no metrics endpoint.
     """
     tls = open_tls(settings)
-    endpoint = _metrics_endpoint(settings)
+    endpoint = None if worker else _metrics_endpoint(settings)
     try:
         tools = await open_tools(settings)
         try:
-            sidecar = await _start(settings, tools, tls)
+            sidecar = await _start(settings, tools, tls, shared_port=worker)
         except BaseException:
             await tools.aclose()
             raise
@@ -368,7 +372,7 @@ async def open_tools(settings: Settings) -> ToolSet:
     return tool_set
 
 
-async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None) -> Sidecar:
+async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, shared_port: bool) -> Sidecar:
     providers = build_providers(settings)
     try:
         providers.resolve(settings.default_model)
@@ -394,7 +398,8 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None) -> S
                 "(offline: scripted:summarizer)"
             ) from error
     try:
-        check_listen_address(settings.listen)
+        if not shared_port:  # else the supervisor checked it, and holds it
+            check_listen_address(settings.listen)
     except ListenAddressError as error:
         raise StartupError(str(error)) from error
     try:
@@ -466,7 +471,9 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None) -> S
         access = build_access(settings)
         if access is not None:
             interceptors.insert(1, access)
-        server = grpc.aio.server(interceptors=interceptors, options=grpc_options(settings))
+        server = grpc.aio.server(
+            interceptors=interceptors, options=grpc_options(settings, shared_port=shared_port)
+        )
         chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
             ChatService(
                 engine,
@@ -474,6 +481,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None) -> S
                 submissions,
                 default_model=settings.default_model,
                 max_message_bytes=settings.limits.max_message_bytes,
+                progress_interval=settings.limits.progress_interval_seconds,
             ),
             server,
         )
@@ -545,14 +553,20 @@ def _transport(settings: Settings) -> str:
     return "mutual TLS" if settings.tls.client_auth == "require" else "TLS"
 
 
-async def serve(settings: Settings) -> None:
+async def serve(
+    settings: Settings,
+    *,
+    worker: bool = False,
+    on_ready: Callable[[Sidecar, Callable[[], None]], None] | None = None,
+) -> None:
     """Run until SIGTERM/SIGINT, then stop gracefully. Raises :class:`StartupError`.
 
     SIGTERM opens the drain window (``limits.drain_seconds``) first; SIGINT (Ctrl-C) skips it.
     A second signal ends the drain window early, or, during the shutdown grace, cancels the
-    running turns at once (they store their partial replies).
+    running turns at once (they store their partial replies). ``worker`` as for :func:`start`;
+    ``on_ready(sidecar, stop)`` runs once serving, ``stop()`` acting as SIGTERM does.
     """
-    sidecar = await start(settings)
+    sidecar = await start(settings, worker=worker)
     stop = asyncio.Event()
     hurry = asyncio.Event()  # a signal during the drain window: skip what is left of it
     now = asyncio.Event()  # a signal during the shutdown grace: cancel the running turns now
@@ -573,6 +587,8 @@ async def serve(settings: Settings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     loop.add_signal_handler(signal.SIGHUP, sidecar.reload_tls)
+    if on_ready is not None:
+        on_ready(sidecar, lambda: on_signal(signal.SIGTERM))
     await stop.wait()
     await sidecar.drain_window(hurry)
     draining = False

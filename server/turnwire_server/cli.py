@@ -23,10 +23,30 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
+    # Plain click help: rich mode keeps docstrings' line breaks and labels flags <bool>.
+    rich_markup_mode=None,
 )
 
+
+def _check_target(value: str) -> str:
+    """``--target``: HOST:PORT with a port of 0-65535 (gRPC would wrap 99999 to another port),
+    or any other gRPC target scheme (``unix:PATH``, ``dns:///…``) as given."""
+    if ":" in value and not value.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:")):
+        port = value.rpartition(":")[2]
+        if not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise typer.BadParameter(f"{value!r} needs a port of 0-65535, e.g. 127.0.0.1:50051")
+    return value
+
+
 TargetOption = Annotated[
-    str, typer.Option("--target", "-t", envvar="TURNWIRE_TARGET", help="Sidecar address HOST:PORT.")
+    str,
+    typer.Option(
+        "--target",
+        "-t",
+        envvar="TURNWIRE_TARGET",
+        callback=_check_target,
+        help="Sidecar address HOST:PORT.",
+    ),
 ]
 TokenOption = Annotated[
     str | None,
@@ -141,17 +161,34 @@ def serve(
             "store.url in the config, else sqlite:///turnwire.db."
         ),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=256,
+            show_default=False,
+            help="Processes serving the one port (SO_REUSEPORT), under a supervisor that restarts a "
+            "worker that dies and serves the metrics of all. More than 1 needs the PostgreSQL store. "
+            "Default: $TURNWIRE_WORKERS, else workers: in the config, else 1.",
+        ),
+    ] = None,
 ) -> None:
-    """Run the sidecar until SIGTERM or SIGINT (then stop gracefully and exit 0).
+    """Run the sidecar until SIGTERM or SIGINT.
+
+    It then stops gracefully and exits 0.
 
     Every setting also comes from TURNWIRE_* variables, sections joined by __ (TURNWIRE_LIMITS__MAX_STEPS=20).
 
     Flags win over variables, variables over the config file.
-    """
-    from turnwire_server.app import StartupError
-    from turnwire_server.app import serve as run_server
 
-    settings = _load(config, listen, store)
+    With --workers N each worker gets the signal and stops so; exit 1 if one cannot start or keeps dying.
+    """
+    import os
+
+    # gRPC's C core logs connection events (a client's GOAWAY) at info in its own format, outside
+    # logging.level; read when grpc is first imported (below, and in each worker).
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    settings = _load(config, listen, store, workers)
     from turnwire_server.logs import configure_logging
     from turnwire_server.redaction import Redactor, secret_values
 
@@ -160,6 +197,14 @@ def serve(
         logging.getLogger("turnwire.server").warning(
             "log_level is deprecated: use logging.level (TURNWIRE_LOGGING__LEVEL)"
         )
+    for warning in _unknown_variables():
+        logging.getLogger("turnwire.server").warning("%s", warning)
+    if settings.workers > 1:
+        _supervise(settings)
+        return
+    from turnwire_server.app import StartupError
+    from turnwire_server.app import serve as run_server
+
     try:
         asyncio.run(run_server(settings))
     except StartupError as error:
@@ -167,11 +212,35 @@ def serve(
         raise typer.Exit(1) from None
 
 
-def _load(config: Path | None, listen: str | None = None, store: str | None = None) -> Any:
+def _unknown_variables() -> list[str]:
+    """Warnings for TURNWIRE_* variables that name no setting (a misspelt one is otherwise ignored)."""
+    import os
+
+    from turnwire_server.config import Settings
+    from turnwire_server.config_hints import unknown_variables
+
+    return unknown_variables(os.environ, Settings)
+
+
+def _supervise(settings: Any) -> None:
+    """``serve --workers N`` (N > 1): the supervisor (:mod:`turnwire_server.supervisor`)."""
+    from turnwire_server.supervisor import SupervisorError, supervise
+
+    try:
+        code = asyncio.run(supervise(settings))
+    except SupervisorError as error:
+        typer.echo(f"turnwire: cannot start: {error}", err=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
+
+
+def _load(
+    config: Path | None, listen: str | None = None, store: str | None = None, workers: int | None = None
+) -> Any:
     """The settings ``serve`` runs with (flags, environment, file, defaults); exits 2 when invalid."""
     from turnwire_server.config import ConfigError, load_settings
 
-    overrides: dict[str, Any] = {"listen": listen}
+    overrides: dict[str, Any] = {"listen": listen, "workers": workers}
     if store is not None:
         overrides["store"] = {"url": store}
     try:
@@ -181,7 +250,7 @@ def _load(config: Path | None, listen: str | None = None, store: str | None = No
         raise typer.Exit(2) from None
 
 
-config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True)
+config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(config_app, name="config")
 
 
@@ -191,13 +260,18 @@ def config_show(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML configuration file.")] = None,
     store: Annotated[str | None, typer.Option(help="As serve's --store.")] = None,
 ) -> None:
-    """Print the effective configuration (flags, TURNWIRE_* variables, the file, defaults, as
-    serve would load them) as YAML, secrets masked (***). Exit status 2 when it is invalid."""
+    """Print the effective configuration as YAML, secrets masked.
+
+    The configuration serve would load (flags, TURNWIRE_* variables, the file, defaults), with
+    secrets shown as ***. Exit status 2 when it is invalid.
+    """
     import yaml
 
     from turnwire_server.redaction import redacted_settings
 
     settings = _load(config, listen, store)
+    for warning in _unknown_variables():
+        typer.echo(f"turnwire: warning: {warning}", err=True)
     shown = redacted_settings(settings)
     if shown.get("log_level") is None:
         shown.pop("log_level", None)  # the deprecated spelling, shown only when it is set
@@ -218,8 +292,10 @@ def migrate(
         str | None, typer.Option("--to", help="... into this empty postgresql:// store.")
     ] = None,
 ) -> None:
-    """Apply the store's pending schema migrations, print each one applied, and exit. With
-    --from sqlite:///PATH --to postgresql://...: copy an SQLite store (stopped) into an empty
+    """Apply schema migrations, or copy SQLite to PostgreSQL.
+
+    Applies the store's pending schema migrations, prints each one applied, and exits. With
+    --from sqlite:///PATH --to postgresql://...: copies an SQLite store (stopped) into an empty
     PostgreSQL database instead, for a sidecar that outgrew one process.
 
     Exit status 0 when the schema is current afterwards (or the copy landed), 1 when the store
@@ -283,8 +359,10 @@ def _copy_store(source: str | None, target: str | None) -> None:
 
 @app.command()
 def chat(
-    conversation: Annotated[str, typer.Argument(help="Conversation id (created on first use).")],
-    text: Annotated[str, typer.Argument(help="The user message.")],
+    conversation: Annotated[
+        str, typer.Argument(metavar="CONVERSATION", help="Conversation id (created on first use).")
+    ],
+    text: Annotated[str, typer.Argument(metavar="TEXT", help="The user message.")],
     *,
     target: TargetOption = "127.0.0.1:50051",
     model: Annotated[str | None, typer.Option(help="Model for this turn, provider:model.")] = None,
@@ -296,7 +374,13 @@ def chat(
     tls_server_name: TlsServerNameOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Send one message and stream the reply, tool calls and results included."""
+    """Send one message and stream the reply.
+
+    Tool calls and their results are shown as they happen; on a terminal a spinner says what the
+    turn waits for. Ctrl-C cancels the turn (its partial reply is stored) and exits 130. Exit
+    status 0 when the turn completed, 1 when it did not, 2 when the call was refused, 3 when
+    the sidecar cannot be reached.
+    """
     from turnwire_server.console import run_chat
 
     parsed_body = None
@@ -328,7 +412,7 @@ def _interruptible(turn: Coroutine[Any, Any, int]) -> int:
 
 @app.command("continue")
 def continue_(
-    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    conversation: Annotated[str, typer.Argument(metavar="CONVERSATION", help="Conversation id.")],
     *,
     target: TargetOption = "127.0.0.1:50051",
     model: Annotated[str | None, typer.Option(help="Model for this turn, provider:model.")] = None,
@@ -339,7 +423,10 @@ def continue_(
     tls_server_name: TlsServerNameOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Let the model continue after the last assistant message (ContinueLastTurn), streaming it."""
+    """Let the model continue after the last assistant message.
+
+    Calls ContinueLastTurn and streams the continuation.
+    """
     from turnwire_server.console import run_continue
 
     tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
@@ -350,7 +437,9 @@ def continue_(
 
 @app.command()
 def cancel(
-    request_id: Annotated[str, typer.Argument(help="The turn's request id (turnwire chat shows it).")],
+    request_id: Annotated[
+        str, typer.Argument(metavar="REQUEST_ID", help="The turn's request id (turnwire chat shows it).")
+    ],
     *,
     target: TargetOption = "127.0.0.1:50051",
     tls: TlsOption = False,
@@ -360,7 +449,10 @@ def cancel(
     tls_server_name: TlsServerNameOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Cancel a running or queued turn by its request id (exit status 1 when none is running)."""
+    """Cancel a running or queued turn by its request id.
+
+    Exit status 1 when no turn with that id is running or queued.
+    """
     from turnwire_server.console import run_cancel
 
     tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
@@ -388,7 +480,7 @@ def conversations(
 
 @app.command()
 def history(
-    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    conversation: Annotated[str, typer.Argument(metavar="CONVERSATION", help="Conversation id.")],
     *,
     target: TargetOption = "127.0.0.1:50051",
     tls: TlsOption = False,
@@ -418,8 +510,11 @@ def health(
     tls_server_name: TlsServerNameOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Ask the standard gRPC health service; print SERVING, NOT_SERVING, SERVICE_UNKNOWN or
-    unreachable. Exit status 0 only when SERVING, else 1 (as Docker HEALTHCHECK expects)."""
+    """Ask the gRPC health service; exit 0 only when SERVING.
+
+    Prints SERVING, NOT_SERVING, SERVICE_UNKNOWN or unreachable. Exit status 0 only when
+    SERVING, else 1 (as Docker HEALTHCHECK expects).
+    """
     from turnwire_server.health_check import check_health
 
     answer = check_health(
@@ -448,7 +543,11 @@ def demo(
         ),
     ] = False,
 ) -> None:
-    """Start the sidecar on its embedded defaults, hold a conversation that calls tools, stop it."""
+    """Run a demo conversation that calls tools.
+
+    Starts the sidecar on its embedded defaults, holds a conversation that calls tools, and
+    stops it.
+    """
     from turnwire_server.demo import run_demo
 
     workdir = workdir.resolve()

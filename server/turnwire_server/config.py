@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -33,6 +34,7 @@ from pydantic_settings import (
 
 from turnwire.hooks import HOOK_NAMES
 from turnwire_server.access_settings import AuthSettings, RateLimitSettings
+from turnwire_server.config_hints import unknown_field_message
 from turnwire_server.providers.settings import (
     PROVIDER_TYPES,
     ProviderSettings,
@@ -301,6 +303,15 @@ class LimitsSettings(_Section):
     slow_reader_timeout_seconds: float = Field(
         30.0, gt=0, description="a client that reads nothing of a full buffer this long has its turn stopped"
     )
+    progress_interval_seconds: float = Field(
+        15.0,
+        ge=0,
+        description=(
+            "a turn stream (Chat, SaveMessages, ContinueLastTurn, SubmitToolResults/Approvals, ResumeTurn, "
+            "WatchSubmission) silent this long sends a Progress keepalive, and again after each further "
+            "interval, so proxies and clients with idle timeouts keep it open (0: off)"
+        ),
+    )
 
 
 class EventsSettings(_Section):
@@ -477,6 +488,13 @@ class Settings(BaseSettings):
         None, description="deprecated: use logging.level (which wins when both are given)"
     )
     store: StoreSettings = Field(default_factory=StoreSettings)
+    workers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="processes serving the listen port (SO_REUSEPORT) under one supervisor; "
+        "more than 1 needs the PostgreSQL store",
+    )
     providers: dict[str, ProviderSettings] = Field(default_factory=default_providers)
     tools: ToolsSettings = Field(default_factory=ToolsSettings)
     middleware: list[MiddlewareEntry] = Field(default_factory=list)
@@ -502,6 +520,20 @@ class Settings(BaseSettings):
         if self.log_level is not None and "level" not in self.logging.model_fields_set:
             self.logging.level = self.log_level
         return self
+
+    @field_validator("workers")
+    @classmethod
+    def _workers_share_a_store(cls, value: int, info: ValidationInfo) -> int:
+        # The SQLite store is one process's file (its writer, its locks); several processes
+        # share a store only as PostgreSQL replicas (docs/semantics.md §5).
+        store = info.data.get("store")
+        if value > 1 and store is not None and store.url.startswith("sqlite:"):
+            raise ValueError(
+                f"{value} worker processes need the PostgreSQL store; the SQLite store "
+                f"({store.url}) is one process's file. Serve it with one worker (--workers 1), or "
+                f"copy it with `turnwire migrate --from {store.url} --to postgresql://…` and serve that"
+            )
+        return value
 
     @field_validator("default_model")
     @classmethod
@@ -536,11 +568,7 @@ def _describe(error: ValidationError, origin: str) -> str:
         location = ".".join(str(part) for part in entry_location(item["loc"])) or "(top level)"
         message = item["msg"]
         if item["type"] == "extra_forbidden":
-            message = "unknown field (check its spelling and its section)"
-            if len(item["loc"]) == 1:  # a top-level key: the sections are known here
-                close = difflib.get_close_matches(str(item["loc"][0]), sorted(Settings.model_fields), n=1)
-                if close:
-                    message = f"unknown field; did you mean {close[0]!r}?"
+            message = unknown_field_message(Settings, item["loc"])
         elif item["type"] == "value_error":
             message = str(message).removeprefix("Value error, ")
         elif item["type"] in ("union_tag_invalid", "union_tag_not_found") and location.startswith(

@@ -15,7 +15,7 @@ from datetime import UTC
 from typing import Any
 
 import grpc
-from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf import json_format, timestamp_pb2
 from rich.console import Console
 from rich.status import Status
 from rich.text import Text
@@ -150,9 +150,15 @@ async def _run_turn(
         # sidecar (disconnect policy "cancel"), which stores the partial reply as ABORTED.
         renderer.stop_waiting()
         renderer.end_line()
+        # Before TurnStart the input was not yet durable (queued, or being stored): nothing stays.
+        stored = (
+            "the partial reply is stored as aborted"
+            if renderer.started
+            else "cancelled before the turn started; nothing was stored"
+        )
         out.print(
             Text(
-                f"ABORTED by Ctrl-C · request {request_id}: the partial reply is stored as aborted",
+                f"ABORTED by Ctrl-C · request {request_id}: {stored}",
                 style=_STATUS_STYLES[event_pb2.TURN_STATUS_ABORTED],
             ),
             soft_wrap=True,
@@ -207,7 +213,7 @@ async def run_history(
             conversation = await client.get_conversation(conversation_id)
     except TurnwireError as error:
         if error.code == grpc.StatusCode.NOT_FOUND:
-            out.print(Text(f"conversation {conversation_id!r} not found", style="bold red"))
+            out.print(Text(f"conversation {conversation_id!r} not found", style="bold red"), soft_wrap=True)
             return EXIT_CALL_FAILED
         return _print_call_error(out, target, error)
 
@@ -218,9 +224,9 @@ async def run_history(
     )
     if conversation.HasField("update_time"):
         header.append(f" · updated {_time(conversation.update_time)}", style="dim")
-    out.print(header)
+    out.print(header, soft_wrap=True)
     if not conversation.messages:
-        out.print(Text("(no messages)", style="dim"))
+        out.print(Text("(no messages)", style="dim"), soft_wrap=True)
     partial = {reply.message_id: reply for reply in conversation.partial_replies}
     for message in conversation.messages:
         out.print()
@@ -261,9 +267,9 @@ async def run_conversations(
     except TurnwireError as error:
         return _print_call_error(out, target, error)
     if shown == 0:
-        out.print(Text("(no conversations)", style="dim"))
+        out.print(Text("(no conversations)", style="dim"), soft_wrap=True)
     elif token:
-        out.print(Text(f"(more than {shown}; use --limit to see more)", style="dim"))
+        out.print(Text(f"(more than {shown}; use --limit to see more)", style="dim"), soft_wrap=True)
     return EXIT_OK
 
 
@@ -285,9 +291,12 @@ async def run_cancel(
     except TurnwireError as error:
         return _print_call_error(out, target, error)
     if cancelled:
-        out.print(Text(f"cancelled {request_id}: its turn ends ABORTED", style="bold yellow"))
+        out.print(Text(f"cancelled {request_id}: its turn ends ABORTED", style="bold yellow"), soft_wrap=True)
         return EXIT_OK
-    out.print(Text(f"no running or queued turn {request_id} (finished, or never started)", style="dim"))
+    out.print(
+        Text(f"no running or queued turn {request_id} (finished, or never started)", style="dim"),
+        soft_wrap=True,
+    )
     return EXIT_TURN_FAILED
 
 
@@ -304,6 +313,10 @@ _SILENT = frozenset({"text_start", "reasoning_start", "tool_input_start", "tool_
 """Events that print nothing, so they leave the spinner up."""
 
 
+_APPROVAL_HINT = " (call {call_id}: the application answers with SubmitToolApprovals, then the turn goes on)"
+"""The CLI cannot approve: say who does (README, Tools: approvals)."""
+
+
 class _TurnRenderer:
     """Prints one turn's events as they arrive."""
 
@@ -314,6 +327,8 @@ class _TurnRenderer:
         self.tool_names: dict[str, str] = {}
         self.model = ""
         self.events_seen = 0
+        #: TurnStart arrived: the input is stored (and a cancel stores the partial reply).
+        self.started = False
         self.waiting: Status | None = None
         self.wait("waiting for the sidecar")
 
@@ -364,9 +379,15 @@ class _TurnRenderer:
 
     def render(self, event: event_pb2.TurnEvent) -> None:
         kind = event.WhichOneof("event")
+        self.started = self.started or kind == "turn_start"
         if kind in _WAITING_FOR:
             self.stop_waiting()
             self.wait(_WAITING_FOR[kind])
+        elif kind == "tool_output_available" and event.tool_output_available.preliminary:
+            self.stop_waiting()  # the line goes above the spinner, which stays: the tool goes on
+            self._render(kind, event)
+            self.wait("running the tool")
+            return
         elif kind not in _SILENT:
             self.stop_waiting()
         self._render(kind, event)
@@ -389,7 +410,7 @@ class _TurnRenderer:
         elif kind == "tool_input_available":
             call = event.tool_input_available
             self.tool_names[call.tool_call_id] = call.tool_name
-            self.line(_call_line(call.tool_name, _struct_json(call.input)))
+            self.line(_call_line(call.tool_name, _input_json(call)))
         elif kind == "tool_input_error":
             bad = event.tool_input_error
             self.tool_names[bad.tool_call_id] = bad.tool_name
@@ -397,13 +418,18 @@ class _TurnRenderer:
             self.line(_error_line(bad.tool_name, f"invalid input: {bad.error_text}"))
         elif kind == "tool_approval_request":
             name = self._name(event.tool_approval_request.tool_call_id)
-            self.line(Text(f"? {name} awaits approval", style="yellow"))
+            call_id = event.tool_approval_request.tool_call_id
+            self.line(
+                Text(f"? {name} awaits approval{_APPROVAL_HINT.format(call_id=call_id)}", style="yellow")
+            )
         elif kind == "tool_output_available":
             output = event.tool_output_available
             if output.preliminary:
-                self.line(_preliminary_line(self._name(output.tool_call_id), output.output))
+                self.line(_preliminary_line(self._name(output.tool_call_id), _output_json(output)))
             else:
-                self.line(_result_line(self._name(output.tool_call_id), output.output, output.decision))
+                self.line(
+                    _result_line(self._name(output.tool_call_id), _output_json(output), output.decision)
+                )
         elif kind == "tool_output_error":
             failed = event.tool_output_error
             self.line(_error_line(self._name(failed.tool_call_id), failed.error_text))
@@ -520,7 +546,7 @@ def _print_message(out: Console, message: message_pb2.Message) -> None:
         elif kind == "step_start":
             steps += 1
             if steps > 1:
-                out.print(Text(f"· step {steps}", style="dim"))
+                out.print(Text(f"· step {steps}", style="dim"), soft_wrap=True)
         elif kind == "file":
             out.print(_file_line(part.file), soft_wrap=True, highlight=False)
         elif kind == "source":
@@ -542,13 +568,15 @@ def _partial_line(reply: chat_service_pb2.PartialReply) -> Text:
 
 
 def _print_tool_call(out: Console, call: message_pb2.ToolCallPart) -> None:
-    if call.HasField("input") or not call.raw_input:
-        out.print(_call_line(call.tool_name, _struct_json(call.input)), soft_wrap=True)
-    else:
+    if call.input_json or call.HasField("input"):
+        out.print(_call_line(call.tool_name, _input_json(call)), soft_wrap=True)
+    elif call.raw_input:  # not a JSON object, or cut off while it streamed
         out.print(_call_line(call.tool_name, _short(call.raw_input), style="red"), soft_wrap=True)
+    else:  # the turn stopped before any of the input arrived
+        out.print(_call_line(call.tool_name, "(input not received)", style="dim"), soft_wrap=True)
     state = call.state
     if state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
-        line = _result_line(call.tool_name, call.output, call.decision)
+        line = _result_line(call.tool_name, _output_json(call), call.decision)
         if call.preliminary:
             line.append(" (preliminary)", style="dim")
         out.print(line, soft_wrap=True)
@@ -560,7 +588,8 @@ def _print_tool_call(out: Console, call: message_pb2.ToolCallPart) -> None:
         message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED,
         message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED,
     ):
-        out.print(Text(f"? {call.tool_name} awaits approval", style="yellow"), soft_wrap=True)
+        hint = _APPROVAL_HINT.format(call_id=call.tool_call_id)
+        out.print(Text(f"? {call.tool_name} awaits approval{hint}", style="yellow"), soft_wrap=True)
     else:
         out.print(Text(f"← {call.tool_name}: (no result)", style="dim"), soft_wrap=True)
 
@@ -574,14 +603,15 @@ def _call_line(name: str, payload: str, *, style: str = "") -> Text:
 
 def _result_line(
     name: str,
-    value: struct_pb2.Value,
+    output_json: str,
     decision: message_pb2.ToolCallDecision.ValueType = message_pb2.TOOL_CALL_DECISION_UNSPECIFIED,
 ) -> Text:
     """``← name: output``; a result a ``before_tool_call`` hook decided is marked as such (the
     model took it as a success, but the tool did not run)."""
-    payload = _short(_json(json_format.MessageToDict(value)))
+    payload = _exact_json(output_json)
     if decision == message_pb2.TOOL_CALL_DECISION_BLOCKED:
-        shown = value.string_value if value.WhichOneof("kind") == "string_value" else payload
+        value = json.loads(output_json) if output_json else None
+        shown = value if isinstance(value, str) else payload
         return Text.assemble(
             ("← ", "yellow"), (name, "bold yellow"), (": blocked by a hook: ", "yellow"), shown
         )
@@ -591,8 +621,8 @@ def _result_line(
     return line
 
 
-def _preliminary_line(name: str, value: struct_pb2.Value) -> Text:
-    payload = _short(_json(json_format.MessageToDict(value)))
+def _preliminary_line(name: str, output_json: str) -> Text:
+    payload = _exact_json(output_json)
     return Text.assemble(("… ", "dim"), (name, "bold dim"), ": ", (payload, "dim"), (" (preliminary)", "dim"))
 
 
@@ -612,8 +642,27 @@ def _file_line(file: message_pb2.FilePart) -> Text:
     return Text(" ".join(s for s in bits if s), style="dim")
 
 
-def _struct_json(struct: struct_pb2.Struct) -> str:
-    return _short(_json(json_format.MessageToDict(struct)))
+def _input_json(call: message_pb2.ToolCallPart | event_pb2.ToolInputAvailable) -> str:
+    """The call's input for display: its exact JSON text, else (a sidecar before input_json
+    existed) the deprecated Struct view."""
+    if call.input_json:
+        return _exact_json(call.input_json)
+    return _short(_json(json_format.MessageToDict(call.input)))
+
+
+def _output_json(call: message_pb2.ToolCallPart | event_pb2.ToolOutputAvailable) -> str:
+    """The call's output as exact JSON text (from the deprecated Value view on an older sidecar)."""
+    if call.output_json or not call.HasField("output"):
+        return call.output_json
+    return json.dumps(_plain(json_format.MessageToDict(call.output)))
+
+
+def _exact_json(text: str) -> str:
+    """A tool input or output from its exact JSON text (integers of any size kept), keys sorted
+    so the same data always prints the same; ``null`` for an empty text."""
+    if not text:
+        return "null"
+    return _short(json.dumps(json.loads(text), ensure_ascii=False, sort_keys=True))
 
 
 def _json(value: object) -> str:

@@ -44,6 +44,41 @@ def check_listen_address(listen: str) -> None:
                 raise ListenAddressError(_explain(listen, port, error)) from None
 
 
+def hold_listen_address(listen: str) -> tuple[list[socket.socket], int]:
+    """Bind, and keep bound, every address ``listen`` resolves to with ``SO_REUSEPORT``, without
+    listening: processes that set ``SO_REUSEPORT`` too (``serve --workers N``'s workers) can bind
+    and listen on the port, any other process cannot, and no connection is queued on these
+    sockets. Port 0 takes a free port. Returns the sockets (the caller closes them) and the port.
+    Call :func:`check_listen_address` first for its messages; raises :class:`ListenAddressError`.
+    """
+    host, _, port_text = listen.rpartition(":")
+    port = int(port_text)
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise ListenAddressError(
+            f"cannot listen on {listen}: host {host!r} does not resolve ({error})"
+        ) from None
+    held: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in addresses:
+            holder = socket.socket(family, kind, proto)
+            held.append(holder)
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            try:
+                holder.bind((address[0], port, *address[2:]))
+            except OSError as error:
+                raise ListenAddressError(_explain(listen, port, error)) from None
+            port = holder.getsockname()[1]  # port 0: every address gets the one the first got
+    except BaseException:
+        for holder in held:
+            holder.close()
+        raise
+    return held, port
+
+
 def _explain(listen: str, port: int, error: OSError) -> str:
     if error.errno == errno.EADDRINUSE:
         return (

@@ -101,7 +101,15 @@ def configure_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # The provider SDKs' HTTP clients log every request at info and every socket event at debug,
+    # under their own package names (httpx2, httpcore2): noise on the hot path, not ours to show.
+    for name in QUIET_LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
     return handler
 
 
-__all__ = ["TEXT_FORMAT", "LogFormat", "configure_logging", "formatter_for"]
+#: Loggers held at ``warning`` whatever ``logging.level`` says (README, Operate: Logs).
+QUIET_LIBRARY_LOGGERS = ("httpx2", "httpcore2", "httpx", "httpcore")
+
+
+__all__ = ["QUIET_LIBRARY_LOGGERS", "TEXT_FORMAT", "LogFormat", "configure_logging", "formatter_for"]

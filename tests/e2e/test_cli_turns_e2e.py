@@ -142,6 +142,35 @@ def test_the_help_flag_has_a_short_form() -> None:
     assert "TURNWIRE_CONFIG" in run.stdout and "127.0.0.1:50051" in run.stdout
 
 
+def test_top_level_help_lists_each_command_in_one_whole_line() -> None:
+    """``turnwire -h``: one summary sentence per command, none cut off with "..." or broken mid-
+    sentence, and flags without a ``<bool>`` type label (a fresh-user trial tripped on all three)."""
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, "-m", "turnwire_server", "-h"], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0
+    commands = run.stdout.split("Commands:\n", 1)[1].splitlines()
+    names = [line.split()[0] for line in commands if line.strip()]
+    assert names == [
+        "serve",
+        "migrate",
+        "chat",
+        "continue",
+        "cancel",
+        "conversations",
+        "history",
+        "health",
+        "demo",
+        "config",
+    ]
+    for line in commands:
+        assert line.startswith("  ") and not line.startswith("   "), f"a wrapped summary: {line!r}"
+        assert line.rstrip().endswith(".") and not line.rstrip().endswith("..."), f"cut off: {line!r}"
+    assert "<bool>" not in run.stdout
+
+
 async def test_blocked_and_substituted_results_are_marked(sidecar: SidecarProcess) -> None:
     body = '{"block_tools": ["calculator"], "substitute_tools": ["get_weather"]}'
     run = await run_turnwire(
@@ -181,3 +210,24 @@ async def test_an_unknown_model_is_said_once(sidecar: SidecarProcess) -> None:
     lines = run.stdout.splitlines()
     assert lines[0].startswith("INVALID_ARGUMENT [UNKNOWN_MODEL]: model 'fak:x' names provider 'fak'")
     assert sum("names provider 'fak'" in line for line in lines) == 1, lines
+
+
+async def test_history_piped_keeps_each_header_on_one_line(sidecar: SidecarProcess) -> None:
+    """Piped output is 80 columns to rich; a header longer than that stayed whole in
+    ``conversations`` but was broken in ``history`` (a fresh-user trial)."""
+    conversation = "a-conversation-id-long-enough-to-push-the-header-past-eighty-columns"
+    chat = await run_turnwire("chat", conversation, "hi", "--target", sidecar.target)
+    assert chat.code == 0, chat
+    shown = await run_turnwire("history", conversation, "--target", sidecar.target)
+    assert shown.code == 0, shown
+    header = shown.stdout.splitlines()[0]
+    assert header.startswith(f"conversation {conversation} · 2 messages · updated ")
+    assert header.endswith(" UTC")
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1:99999", "localhost:port"])
+async def test_a_target_without_a_valid_port_is_refused_before_connecting(target: str) -> None:
+    """gRPC wraps port 99999 to 34463, which may be someone else's server (a fresh-user trial)."""
+    result = await run_turnwire("chat", "c", "hi", "--target", target)
+    assert result.code == 2
+    assert f"'{target}' needs a port of 0-65535" in result.stderr

@@ -34,7 +34,7 @@ async def test_the_upstream_sees_the_step_spans_traceparent(
     replay.enqueue(Reply.sse(STREAMS[adapter]("Hi.")))
     tracing, exporter = memory_tracing()
     h = await make_engine(tracing=tracing, providers={"upstream": provider})
-    events = await collect(h.start("hi", model="upstream:m"))
+    events = await collect(await h.start("hi", model="upstream:m"))
     assert events[-1].turn_end.status == 1, events[-1]
     chat = one(exporter.get_finished_spans(), "chat m")
     assert chat.attributes is not None and chat.attributes["gen_ai.provider.name"] == GENAI_PROVIDER[adapter]
@@ -47,5 +47,5 @@ async def test_no_traceparent_without_tracing(
 ) -> None:
     replay.enqueue(Reply.sse(a_text_stream("Hi.")))
     h = await make_engine(providers={"upstream": anthropic_provider})
-    await collect(h.start("hi", model="upstream:m"))
+    await collect(await h.start("hi", model="upstream:m"))
     assert "traceparent" not in replay.requests[0].headers

@@ -172,3 +172,45 @@ async def test_an_unreachable_upstream_names_its_endpoint(kind: str) -> None:
     assert isinstance(result.error, ProviderError)
     path = "/v1/chat/completions" if kind == "openai" else "/v1/messages"
     assert f"p: connection error (POST http://127.0.0.1:{port}{path}):" in str(result.error)
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic", "openai-responses"])
+async def test_a_404_from_the_upstream_names_the_url_called(kind: str) -> None:
+    """A base_url without its /v1 answers 404 from most OpenAI-compatible servers (Ollama: "404
+    page not found"); only the URL called shows the missing part, so the error names it."""
+    import http.server
+    import threading
+
+    from turnwire_server.providers.errors import ProviderError
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            body = b"404 page not found"
+            self.send_response(404)
+            self.send_header("content-type", "text/plain")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        entry = ENTRIES.validate_python(
+            {"p": {"type": kind, "base_url": base, "api_key_env": None, "max_retries": 0}}
+        )
+        provider = build_provider("p", entry["p"], environ={})
+        result = await collect(provider, request(settings=_limit(5)))
+        await provider.aclose()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert isinstance(result.error, ProviderError)
+    path = {"openai": "/chat/completions", "anthropic": "/v1/messages", "openai-responses": "/responses"}[
+        kind
+    ]
+    assert f"p: HTTP 404 (POST {base}{path}; check base_url): 404 page not found" in str(result.error)

@@ -13,6 +13,13 @@ import (
 type Client struct {
 	conn    *grpc.ClientConn
 	service turnwirev1.ChatServiceClient
+
+	// IncludeProgress lets the Streams of later calls yield Progress
+	// keepalives: events holding a Progress, with sequence number 0, that a
+	// turn's stream sends while silent for limits.progress_interval_seconds
+	// (not part of the turn's stream). False (the default) skips them. Set it
+	// before the calls.
+	IncludeProgress bool
 }
 
 // Dial connects to the sidecar at addr ("host:port", or any gRPC target such
@@ -67,7 +74,7 @@ func (c *Client) Service() turnwirev1.ChatServiceClient {
 func (c *Client) Chat(ctx context.Context, req *turnwirev1.ChatRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.Chat(ctx, req, opts...)
-	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // SaveMessages appends req.Messages (possibly none) and runs a turn on the
@@ -75,7 +82,7 @@ func (c *Client) Chat(ctx context.Context, req *turnwirev1.ChatRequest, opts ...
 func (c *Client) SaveMessages(ctx context.Context, req *turnwirev1.SaveMessagesRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.SaveMessages(ctx, req, opts...)
-	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // ContinueLastTurn lets the model continue after the last assistant message;
@@ -83,7 +90,7 @@ func (c *Client) SaveMessages(ctx context.Context, req *turnwirev1.SaveMessagesR
 func (c *Client) ContinueLastTurn(ctx context.Context, req *turnwirev1.ContinueLastTurnRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.ContinueLastTurn(ctx, req, opts...)
-	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // ResumeTurn re-attaches to the turn req.RequestId: its events after
@@ -92,7 +99,7 @@ func (c *Client) ContinueLastTurn(ctx context.Context, req *turnwirev1.ContinueL
 func (c *Client) ResumeTurn(ctx context.Context, req *turnwirev1.ResumeTurnRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.ResumeTurn(ctx, req, opts...)
-	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // SubmitToolResults stores the results of client-side tool calls; with
@@ -101,7 +108,7 @@ func (c *Client) ResumeTurn(ctx context.Context, req *turnwirev1.ResumeTurnReque
 func (c *Client) SubmitToolResults(ctx context.Context, req *turnwirev1.SubmitToolResultsRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.SubmitToolResults(ctx, req, opts...)
-	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // SubmitToolApprovals approves or denies tool calls waiting for approval,
@@ -109,7 +116,7 @@ func (c *Client) SubmitToolResults(ctx context.Context, req *turnwirev1.SubmitTo
 func (c *Client) SubmitToolApprovals(ctx context.Context, req *turnwirev1.SubmitToolApprovalsRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.SubmitToolApprovals(ctx, req, opts...)
-	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // WatchSubmission streams the turn of a submission once it runs (events
@@ -117,7 +124,7 @@ func (c *Client) SubmitToolApprovals(ctx context.Context, req *turnwirev1.Submit
 func (c *Client) WatchSubmission(ctx context.Context, req *turnwirev1.WatchSubmissionRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.WatchSubmission(ctx, req, opts...)
-	return openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // unaryErrors returns the errors of unary calls as *Error.

@@ -26,8 +26,8 @@ import (
 const callTimeout = 20 * time.Second
 
 // The sidecar every test talks to: the embedded defaults (scripted:demo, the
-// demo tools), a slow script to cancel, and a queue of one turn per
-// conversation so a second turn is refused with RetryInfo.
+// demo tools), a slow script to cancel, a silent one, and a queue of one turn
+// per conversation so a second turn is refused with RetryInfo.
 var (
 	server *sidecar.Sidecar
 	client *turnwire.Client
@@ -37,8 +37,10 @@ var config = map[string]any{
 	"providers": map[string]any{"scripted": map[string]any{"scripts": map[string]any{
 		// Ten seconds of text, one character every 50 ms: cancelled long before its end.
 		"slow": []any{map[string]any{"text": strings.Repeat("slow ", 40), "chunk_size": 1, "delay_ms": 50}},
+		// One word after 2.5 s of silence: Progress keepalives every 0.5 s (progress_test.go).
+		"silent": []any{map[string]any{"text": "late", "delay_ms": 2500}},
 	}}},
-	"limits": map[string]any{"max_queued_turns_per_conversation": 1},
+	"limits": map[string]any{"max_queued_turns_per_conversation": 1, "progress_interval_seconds": 0.5},
 }
 
 func TestMain(m *testing.M) {

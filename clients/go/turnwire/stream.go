@@ -28,31 +28,37 @@ type eventResponse interface {
 // TURN_STATUS_ERROR and an error (FromStatus decodes it); Err reports only
 // failed calls. A Stream is for one goroutine.
 type Stream struct {
-	recv   func() (eventResponse, error)
-	cancel context.CancelFunc
-	event  *turnwirev1.TurnEvent
-	end    *turnwirev1.TurnEnd
-	err    error
-	done   bool
+	recv     func() (eventResponse, error)
+	cancel   context.CancelFunc
+	progress bool
+	event    *turnwirev1.TurnEvent
+	end      *turnwirev1.TurnEnd
+	err      error
+	done     bool
 }
 
 // openStream is the Stream of a call that started with err (and whose
-// context cancel cancels), receiving with recv.
-func openStream(cancel context.CancelFunc, err error, recv func() (eventResponse, error)) (*Stream, error) {
+// context cancel cancels), receiving with recv; it yields Progress events
+// when c.IncludeProgress is set.
+func (c *Client) openStream(cancel context.CancelFunc, err error, recv func() (eventResponse, error)) (*Stream, error) {
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	return &Stream{recv: recv, cancel: cancel}, nil
+	return &Stream{recv: recv, cancel: cancel, progress: c.IncludeProgress}, nil
 }
 
 // Next receives the next event; false at the end of the stream or on an
-// error (then see Err).
+// error (then see Err). Progress keepalives are skipped unless the Client's
+// IncludeProgress was set.
 func (s *Stream) Next() bool {
 	if s.done {
 		return false
 	}
 	response, err := s.recv()
+	for err == nil && !s.progress && response.GetEvent().GetProgress() != nil {
+		response, err = s.recv()
+	}
 	if err != nil {
 		s.done = true
 		s.event = nil

@@ -53,6 +53,12 @@ export interface TurnwireClientOptions {
   token?: string;
   /** Deadline of each non-streaming call in milliseconds (turns have none unless given per call). */
   timeoutMs?: number;
+  /**
+   * Let turn streams yield Progress keepalives (events with `event.case ===
+   * 'progress'` and sequence number 0, sent while a turn is silent for
+   * `limits.progress_interval_seconds`); skipped by default. `collect()` ignores them.
+   */
+  includeProgress?: boolean;
 }
 
 /** Options every call takes. */
@@ -125,8 +131,10 @@ export class TurnwireClient {
   readonly rpc: Client<typeof ChatService>;
   private readonly session: Http2SessionManager;
   private readonly timeoutMs: number | undefined;
+  private readonly includeProgress: boolean;
 
   constructor(options: TurnwireClientOptions) {
+    this.includeProgress = options.includeProgress ?? false;
     const secure = Boolean(options.tls) || options.address.startsWith('https://');
     const baseUrl = options.address.includes('://')
       ? options.address
@@ -315,9 +323,10 @@ export class TurnwireClient {
     options: CallOpts,
     open: (call: CallOptions) => AsyncIterable<{ event?: TurnEvent }>,
   ): TurnStream {
+    const includeProgress = this.includeProgress;
     return new TurnStream(async function* (signal) {
-      for await (const response of open({ signal, timeoutMs: options.timeoutMs })) {
-        if (response.event) yield response.event;
+      for await (const { event } of open({ signal, timeoutMs: options.timeoutMs })) {
+        if (event && (includeProgress || event.event.case !== 'progress')) yield event;
       }
     }, options.signal);
   }

@@ -37,8 +37,8 @@ export {
   AddMode,
 } from './gen/turnwire/v1/chat_service_pb.js';
 export type { Conversation, Submission } from './gen/turnwire/v1/chat_service_pb.js';
-export { TurnStatus, FinishReason } from './gen/turnwire/v1/event_pb.js';
-export type { TurnEvent, TurnEnd } from './gen/turnwire/v1/event_pb.js';
+export { TurnStatus, FinishReason, ProgressPhase } from './gen/turnwire/v1/event_pb.js';
+export type { TurnEvent, TurnEnd, Progress } from './gen/turnwire/v1/event_pb.js';
 export { Role, ToolCallDecision, ToolCallState } from './gen/turnwire/v1/message_pb.js';
 export type { Message, Part } from './gen/turnwire/v1/message_pb.js';
 export { ErrorReason } from './gen/turnwire/v1/error_reason_pb.js';

@@ -209,6 +209,7 @@ class TurnFolder {
   private end: TurnEnd | undefined;
 
   add(event: TurnEvent): void {
+    if (event.event.case === 'progress') return; // a keepalive, not part of the turn's stream
     if (this.end) throw protocolError(`event ${event.sequenceNumber} after TurnEnd`);
     const previous = this.events.at(-1);
     // A resumed stream starts anywhere; an AttemptStart after a crash recovery

@@ -16,6 +16,7 @@ from turnwire.tools import Tool
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
 from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.message_pages import decode_token, encode_token, page_of
+from turnwire_server.api.progress import Silence
 from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.resources import conversation_proto
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
@@ -73,7 +74,9 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
 
     The turn-running RPCs, reads, CancelChat and ResumeTurn are here; each other group of
     RPCs is a mixin in its own module (:class:`SubmissionRpcs`, …).
-    ``max_message_bytes`` bounds each input message (``limits.max_message_bytes``).
+    ``max_message_bytes`` bounds each input message (``limits.max_message_bytes``);
+    ``progress_interval`` is the silence (seconds; 0: off) after which a turn stream sends a
+    Progress keepalive (``limits.progress_interval_seconds``).
     """
 
     def __init__(
@@ -84,12 +87,14 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
         *,
         default_model: str,
         max_message_bytes: int,
+        progress_interval: float = 0.0,
     ) -> None:
         self.engine = engine
         self.store = store
         self.submissions = submissions
         self.default_model = default_model
         self.max_message_bytes = max_message_bytes
+        self.progress_interval = progress_interval
 
     # --- turn-running RPCs ---------------------------------------------------
 
@@ -129,7 +134,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 concurrent_input=request.concurrent_input_strategy,
             )
 
-        async for response in _stream_turn(context, start):
+        async for response in _stream_turn(context, start, self.progress_interval):
             yield response
 
     async def SaveMessages(
@@ -189,7 +194,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 concurrent_input=request.concurrent_input_strategy,
             )
 
-        async for response in _stream_turn(context, start):
+        async for response in _stream_turn(context, start, self.progress_interval):
             yield response
 
     async def ContinueLastTurn(
@@ -219,7 +224,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 client_tools=client_tools,
             )
 
-        async for response in _stream_turn(context, start):
+        async for response in _stream_turn(context, start, self.progress_interval):
             yield response
 
     def _check_common(self, conversation_id: str, request_id: str, violations: list[tuple[str, str]]) -> None:
@@ -365,7 +370,12 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
         if violations:
             await abort(context, invalid_argument(violations))
         events = self.engine.replay(request.request_id, request.after_sequence_number)
-        async for event in replay_stream(events, context):
+        # Joined after its TurnStart unless replayed from the start; its conversation comes with
+        # its first event.
+        silence = Silence("", request.request_id, started=request.after_sequence_number > 0)
+        async for event in replay_stream(
+            events, context, progress_interval=self.progress_interval, silence=silence
+        ):
             yield chat_service_pb2.ResumeTurnResponse(event=event)
 
     async def CancelChat(

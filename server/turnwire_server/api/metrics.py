@@ -39,6 +39,7 @@ OPEN_STREAMS = Gauge(
     "turnwire_open_streams",
     "Response streams open now (a streaming RPC from its start to its end), by method.",
     ["grpc_service", "grpc_method"],
+    multiprocess_mode="livesum",  # serve --workers N: the sum over the live workers
 )
 
 

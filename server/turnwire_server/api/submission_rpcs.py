@@ -19,6 +19,7 @@ from google.rpc import status_pb2
 
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.api.client_tool_input import check_client_tools
+from turnwire_server.api.progress import Silence
 from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.resources import timestamp
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
@@ -66,6 +67,7 @@ class _Servicer(Protocol):
     submissions: Submissions
     default_model: str
     max_message_bytes: int
+    progress_interval: float
 
 
 def _timestamp(value: dt.datetime | None) -> timestamp_pb2.Timestamp | None:
@@ -294,7 +296,12 @@ class SubmissionRpcs:
             )
         record = await _found(self, request.submission_id, context)
         events = _watch(self, record, request.after_sequence_number)
-        async for event in replay_stream(events, context):
+        silence = Silence(
+            record.conversation_id, record.submission_id, started=request.after_sequence_number > 0
+        )
+        async for event in replay_stream(
+            events, context, progress_interval=self.progress_interval, silence=silence
+        ):
             yield chat_service_pb2.WatchSubmissionResponse(event=event)
 
 

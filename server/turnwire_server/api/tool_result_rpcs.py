@@ -68,12 +68,13 @@ _ANSWER_STATES = frozenset(
 
 class ToolResultRpcs:
     """The tool-answer RPCs of ``ChatService`` (a mixin: it uses the servicer's ``engine``,
-    ``store``, ``default_model`` and ``max_message_bytes``)."""
+    ``store``, ``default_model``, ``max_message_bytes`` and ``progress_interval``)."""
 
     engine: TurnEngine
     store: Store
     default_model: str
     max_message_bytes: int
+    progress_interval: float
 
     async def SubmitToolResults(
         self,
@@ -111,7 +112,7 @@ class ToolResultRpcs:
                 concurrent_input=request.concurrent_input_strategy,
             )
 
-        async for response in stream_turn(context, start):
+        async for response in stream_turn(context, start, self.progress_interval):
             yield response
 
     async def SubmitToolApprovals(
@@ -155,7 +156,7 @@ class ToolResultRpcs:
                 concurrent_input=request.concurrent_input_strategy,
             )
 
-        async for response in stream_turn(context, start):
+        async for response in stream_turn(context, start, self.progress_interval):
             yield response
 
     # --- shared with SaveMessages ------------------------------------------------------

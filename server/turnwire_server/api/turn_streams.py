@@ -14,6 +14,7 @@ from opentelemetry import propagate
 from turnwire.hooks import ConcurrentInputStrategy
 from turnwire_client.metadata import PARENT_REQUEST_METADATA
 from turnwire_client.v1 import chat_service_pb2, event_pb2
+from turnwire_server.api.progress import Heartbeat, Silence
 from turnwire_server.api.status import TurnwireStatusError, status_error_of
 from turnwire_server.api.tenancy import listing_prefix, scoped_key
 from turnwire_server.engine import TurnHandle
@@ -47,7 +48,9 @@ async def abort(context: grpc.aio.ServicerContext[Any, Any], error: TurnwireStat
 
 
 async def stream_turn(
-    context: grpc.aio.ServicerContext[Any, Any], start: Callable[[], Awaitable[Started]]
+    context: grpc.aio.ServicerContext[Any, Any],
+    start: Callable[[], Awaitable[Started]],
+    progress_interval: float = 0.0,
 ) -> AsyncIterator[Any]:
     """Admit a turn with ``start`` and yield its responses.
 
@@ -57,7 +60,9 @@ async def stream_turn(
     message, the store unavailable). The client going away (cancel, deadline)
     cancels the turn, which stores its partial reply on its own task, unless the
     request's disconnect policy is CONTINUE: then the turn finishes without it. The
-    channel is iterated directly: one generator less per event. When ``start``
+    channel is iterated directly: one generator less per event. ``progress_interval``
+    (seconds, ``limits.progress_interval_seconds``; 0: off) is the silence after which a
+    Progress keepalive is sent (:class:`~turnwire_server.api.progress.Heartbeat`). When ``start``
     returns a list of responses instead of a turn, they are sent as they are.
     """
     try:
@@ -70,11 +75,18 @@ async def stream_turn(
             yield response
         return
     handle = started
+    heartbeat = _heartbeat(handle, progress_interval)
     try:
         first = True
         last = 0
         async for response in handle.channel:
             event = response.event
+            if heartbeat is not None:
+                if not event.sequence_number:  # a Progress keepalive: not part of the turn's stream
+                    if heartbeat.fresh():
+                        yield response
+                    continue
+                heartbeat.took(event)
             if first:
                 first = False
                 if event.HasField("turn_end") and event.turn_end.status == event_pb2.TURN_STATUS_ERROR:
@@ -87,7 +99,21 @@ async def stream_turn(
             # Too slow a reader of a CONTINUE turn: the turn goes on, this call ends.
             await abort(context, _let_go(handle.request_id, last, handle.channel.detached_by))
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         handle.release()  # cancels the turn, or lets it go on (disconnect policy CONTINUE)
+
+
+def _heartbeat(handle: TurnHandle, interval: float) -> Heartbeat[Any] | None:
+    if interval <= 0:
+        return None
+    response_type: Any = handle.run.request.response_type
+    return Heartbeat(
+        handle.channel,
+        interval,
+        Silence(handle.conversation_id, handle.request_id),
+        lambda event: response_type(event=event),
+    )
 
 
 def _let_go(request_id: str, last: int, why: BaseException) -> TurnwireStatusError:

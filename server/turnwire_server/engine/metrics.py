@@ -80,6 +80,7 @@ PROVIDER_ERRORS = Counter(
 QUEUED_TURNS = Gauge(
     "turnwire_queued_turns",
     "Turns admitted by this process that wait for their conversation's earlier turns.",
+    multiprocess_mode="livesum",  # serve --workers N: the sum over the live workers
 )
 
 COMPACTIONS = Counter(

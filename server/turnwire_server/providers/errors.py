@@ -138,8 +138,12 @@ def from_status(
     body: Any,
     *,
     fallback_message: str = "",
+    endpoint: str | None = None,
 ) -> ProviderError:
-    """An error HTTP response (status ≥ 400) as a ProviderError; ``body`` is already parsed (parse_body)."""
+    """An error HTTP response (status ≥ 400) as a ProviderError; ``body`` is already parsed (parse_body).
+
+    A 404 or 405 names ``endpoint`` (``"POST http://host/path"``): the commonest cause is a
+    ``base_url`` without its ``/v1``, which only the called URL shows."""
     message, type_, code = _fields(body)
     message = clean_text(message)
     if not type_ and headers:
@@ -154,8 +158,9 @@ def from_status(
         if should_retry in ("true", "false"):
             retryable = should_retry == "true"
     text = message or fallback_message or f"HTTP {status}"
+    where = f" ({endpoint}; check base_url)" if endpoint and status in (404, 405) else ""
     error = ProviderError(
-        f"{provider}: HTTP {status}: {text}",
+        f"{provider}: HTTP {status}{where}: {text}",
         status=status,
         type=type_,
         code=code,
@@ -264,7 +269,12 @@ def from_sdk_error(provider: str, error: BaseException, sdk: ModuleType) -> Prov
         except Exception:  # the body was not read
             body = error.body
         return from_status(
-            provider, error.status_code, response.headers, body, fallback_message=error.message
+            provider,
+            error.status_code,
+            response.headers,
+            body,
+            fallback_message=error.message,
+            endpoint=request_endpoint(error),
         )
     if isinstance(error, sdk.APITimeoutError):
         return connection_error(provider, error, timeout=True, endpoint=request_endpoint(error))

@@ -26,13 +26,13 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from turnwire.providers import Provider
 from turnwire.testing import ScriptStep
 from turnwire_server.redaction import secret
+from turnwire_server.url_check import check_http_url
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _FIELD_VALUE = re.compile(r"(?:[\x21-\x7e\x80-\xff](?:[\x20\x09\x21-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?")
@@ -89,12 +89,7 @@ class _SdkProviderSettings(_Entry):
     def _http_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(
-                f"{value!r} is not an http(s) URL with a host; write it like https://api.example.com/v1"
-            )
-        return value
+        return check_http_url(value, "https://api.example.com/v1")
 
     @field_validator("default_headers")
     @classmethod

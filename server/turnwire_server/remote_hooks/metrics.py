@@ -33,6 +33,7 @@ BREAKER_STATE = Gauge(
     "turnwire_remote_hook_breaker_state",
     "A remote hook server's circuit breaker: 0 closed, 1 half-open, 2 open.",
     ["server"],
+    multiprocess_mode="livemax",  # serve --workers N: the most open breaker among the live workers
 )
 
 CHUNK_BATCHES = Counter(

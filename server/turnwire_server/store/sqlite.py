@@ -187,6 +187,12 @@ class SqliteStore:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             self._process_lock.acquire()
         except filelock.Timeout:
+            # filelock also times out when the lock file cannot be created at all (a folder such
+            # as /proc that takes no new files): only a lock file that opens is held by another.
+            try:
+                os.close(os.open(self._process_lock.lock_file, os.O_RDWR | os.O_CREAT, 0o644))
+            except OSError as exc:
+                raise store_error(exc, f"creating the lock file {self._process_lock.lock_file}") from exc
             raise StoreInUse(self._path) from None
         except OSError as exc:
             raise store_error(exc, f"locking {self._path}") from exc

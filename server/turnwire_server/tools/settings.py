@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from turnwire_server.redaction import secret
+from turnwire_server.url_check import check_http_url
 
 SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """What a tool host's or MCP server's ``name`` may be (it appears in logs and tool errors)."""
@@ -87,9 +88,9 @@ class McpServerSettings(_Entry):
     @field_validator("url")
     @classmethod
     def _http(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL (the streamable HTTP endpoint, e.g. …/mcp)")
-        return value
+        if value is None:
+            return None
+        return check_http_url(value, "http://127.0.0.1:8000/mcp (the streamable HTTP endpoint)")
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerSettings:

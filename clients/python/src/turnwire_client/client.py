@@ -46,6 +46,8 @@ class TurnwireClient:
             metadata (the sidecar's ``auth:``; the CLI reads it from ``--token`` or
             ``TURNWIRE_TOKEN``). Use TLS whenever the network between client and sidecar is not
             trusted: the token is a credential.
+        include_progress: Let the turn streams yield ``Progress`` keepalives (a silent turn's
+            stream sends them; :func:`collect` ignores them); skipped by default.
 
     Create the client inside a running event loop; grpc.aio channels bind to it.
     """
@@ -58,6 +60,7 @@ class TurnwireClient:
         metadata: Sequence[tuple[str, str]] = (),
         tls: TlsOptions | None = None,
         token: str | None = None,
+        include_progress: bool = False,
     ) -> None:
         """Open (or adopt) the channel; see the class docstring for the arguments. Raises
         :class:`ValueError` for ``tls`` with ``channel``, :class:`OSError` for an unreadable
@@ -74,6 +77,7 @@ class TurnwireClient:
             )
         self._channel: grpc.aio.Channel = channel
         self._metadata: tuple[tuple[str, str], ...] = tuple(metadata)
+        self._include_progress = include_progress
         if token:
             self._metadata += ((AUTHORIZATION_METADATA, f"Bearer {token}"),)
         # The stub's aio overload is not picked while grpc is untyped; say what it is.
@@ -342,7 +346,10 @@ class TurnwireClient:
         return self._stream(self._stub.SubmitToolApprovals, request, timeout)
 
     def _stream(self, method: Any, request: Any, deadline: float | None) -> TurnStream:
-        return TurnStream(method(request, timeout=deadline, metadata=self._metadata or None))
+        return TurnStream(
+            method(request, timeout=deadline, metadata=self._metadata or None),
+            include_progress=self._include_progress,
+        )
 
     # -- unary calls --------------------------------------------------------------------
 

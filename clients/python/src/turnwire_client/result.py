@@ -91,6 +91,8 @@ class _TurnCollector:
         self.end: event_pb2.TurnEnd | None = None
 
     def add(self, event: event_pb2.TurnEvent) -> None:
+        if event.HasField("progress"):
+            return  # a keepalive, not part of the turn's stream
         if self.end is not None:
             raise ProtocolError(f"event {event.sequence_number} ({event.WhichOneof('event')}) after TurnEnd")
         # A resumed stream starts after the number it was asked for; an AttemptStart after a crash

@@ -22,29 +22,34 @@ class TurnStream:
 
     Iterate it (``async for event in stream``), or use it as an async context manager to make
     sure the call ends when the block does. Iterating raises :class:`TurnwireError` when the
-    call fails.
+    call fails. ``Progress`` keepalives (a silent turn's stream sends one per
+    ``limits.progress_interval_seconds``; sequence number 0, not part of the turn) are skipped
+    unless ``include_progress`` is true.
     """
 
-    __slots__ = ("_call",)
+    __slots__ = ("_call", "_include_progress")
 
-    def __init__(self, call: Any) -> None:
+    def __init__(self, call: Any, *, include_progress: bool = False) -> None:
         self._call = call
+        self._include_progress = include_progress
 
     def __aiter__(self) -> Self:
         return self
 
     async def __anext__(self) -> event_pb2.TurnEvent:
-        try:
-            response = await self._call.read()
-        except grpc.aio.AioRpcError as error:
-            raise TurnwireError.from_rpc_error(error) from error
-        except BaseException:
-            self._call.cancel()  # the reader was cancelled or interrupted: end the call too
-            raise
-        if response is grpc.aio.EOF:
-            raise StopAsyncIteration
-        event: event_pb2.TurnEvent = response.event
-        return event
+        while True:
+            try:
+                response = await self._call.read()
+            except grpc.aio.AioRpcError as error:
+                raise TurnwireError.from_rpc_error(error) from error
+            except BaseException:
+                self._call.cancel()  # the reader was cancelled or interrupted: end the call too
+                raise
+            if response is grpc.aio.EOF:
+                raise StopAsyncIteration
+            event: event_pb2.TurnEvent = response.event
+            if self._include_progress or not event.HasField("progress"):
+                return event
 
     def cancel(self) -> bool:
         """Cancel the call (the server aborts the turn, storing its partial reply).

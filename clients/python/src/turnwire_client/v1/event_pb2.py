@@ -22,12 +22,13 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from turnwire_client.v1 import message_pb2 as turnwire_dot_v1_dot_message__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17turnwire/v1/event.proto\x12\x0bturnwire.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17google/rpc/status.proto\x1a\x19turnwire/v1/message.proto\"\xc8\x0c\n\tTurnEvent\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x1d\n\nrequest_id\x18\x02 \x01(\tR\trequestId\x12\'\n\x0fsequence_number\x18\x03 \x01(\x03R\x0esequenceNumber\x12\x37\n\nturn_start\x18\n \x01(\x0b\x32\x16.turnwire.v1.TurnStartH\x00R\tturnStart\x12\x37\n\nstep_start\x18\x0b \x01(\x0b\x32\x16.turnwire.v1.StepStartH\x00R\tstepStart\x12\x37\n\ntext_start\x18\x0c \x01(\x0b\x32\x16.turnwire.v1.TextStartH\x00R\ttextStart\x12\x37\n\ntext_delta\x18\r \x01(\x0b\x32\x16.turnwire.v1.TextDeltaH\x00R\ttextDelta\x12\x31\n\x08text_end\x18\x0e \x01(\x0b\x32\x14.turnwire.v1.TextEndH\x00R\x07textEnd\x12\x46\n\x0freasoning_start\x18\x0f \x01(\x0b\x32\x1b.turnwire.v1.ReasoningStartH\x00R\x0ereasoningStart\x12\x46\n\x0freasoning_delta\x18\x10 \x01(\x0b\x32\x1b.turnwire.v1.ReasoningDeltaH\x00R\x0ereasoningDelta\x12@\n\rreasoning_end\x18\x11 \x01(\x0b\x32\x19.turnwire.v1.ReasoningEndH\x00R\x0creasoningEnd\x12G\n\x10tool_input_start\x18\x12 \x01(\x0b\x32\x1b.turnwire.v1.ToolInputStartH\x00R\x0etoolInputStart\x12G\n\x10tool_input_delta\x18\x13 \x01(\x0b\x32\x1b.turnwire.v1.ToolInputDeltaH\x00R\x0etoolInputDelta\x12S\n\x14tool_input_available\x18\x14 \x01(\x0b\x32\x1f.turnwire.v1.ToolInputAvailableH\x00R\x12toolInputAvailable\x12G\n\x10tool_input_error\x18\x15 \x01(\x0b\x32\x1b.turnwire.v1.ToolInputErrorH\x00R\x0etoolInputError\x12V\n\x15tool_approval_request\x18\x16 \x01(\x0b\x32 .turnwire.v1.ToolApprovalRequestH\x00R\x13toolApprovalRequest\x12V\n\x15tool_output_available\x18\x17 \x01(\x0b\x32 .turnwire.v1.ToolOutputAvailableH\x00R\x13toolOutputAvailable\x12J\n\x11tool_output_error\x18\x18 \x01(\x0b\x32\x1c.turnwire.v1.ToolOutputErrorH\x00R\x0ftoolOutputError\x12M\n\x12tool_output_denied\x18\x19 \x01(\x0b\x32\x1d.turnwire.v1.ToolOutputDeniedH\x00R\x10toolOutputDenied\x12\x31\n\x06source\x18\x1a \x01(\x0b\x32\x17.turnwire.v1.SourcePartH\x00R\x06source\x12+\n\x04\x66ile\x18\x1b \x01(\x0b\x32\x15.turnwire.v1.FilePartH\x00R\x04\x66ile\x12:\n\x0bstep_finish\x18\x1c \x01(\x0b\x32\x17.turnwire.v1.StepFinishH\x00R\nstepFinish\x12L\n\x11\x63ontext_compacted\x18\x1d \x01(\x0b\x32\x1d.turnwire.v1.ContextCompactedH\x00R\x10\x63ontextCompacted\x12\x31\n\x08turn_end\x18\x1e \x01(\x0b\x32\x14.turnwire.v1.TurnEndH\x00R\x07turnEnd\x12@\n\rattempt_start\x18\x1f \x01(\x0b\x32\x19.turnwire.v1.AttemptStartH\x00R\x0c\x61ttemptStartB\x07\n\x05\x65vent\"d\n\tTurnStart\x12\x1d\n\nmessage_id\x18\x01 \x01(\tR\tmessageId\x12\"\n\x0c\x63ontinuation\x18\x02 \x01(\x08R\x0c\x63ontinuation\x12\x14\n\x05model\x18\x03 \x01(\tR\x05model\",\n\tStepStart\x12\x1f\n\x0bstep_number\x18\x01 \x01(\x05R\nstepNumber\"\x1b\n\tTextStart\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\"1\n\tTextDelta\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n\x05\x64\x65lta\x18\x02 \x01(\tR\x05\x64\x65lta\"\x19\n\x07TextEnd\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\" \n\x0eReasoningStart\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\"6\n\x0eReasoningDelta\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n\x05\x64\x65lta\x18\x02 \x01(\tR\x05\x64\x65lta\"\x1e\n\x0cReasoningEnd\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\"O\n\x0eToolInputStart\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1b\n\ttool_name\x18\x02 \x01(\tR\x08toolName\"\\\n\x0eToolInputDelta\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12(\n\x10input_text_delta\x18\x02 \x01(\tR\x0einputTextDelta\"\xa5\x01\n\x12ToolInputAvailable\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1b\n\ttool_name\x18\x02 \x01(\tR\x08toolName\x12\x31\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructB\x02\x18\x01R\x05input\x12\x1d\n\ninput_json\x18\x04 \x01(\tR\tinputJson\"\x8b\x01\n\x0eToolInputError\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1b\n\ttool_name\x18\x02 \x01(\tR\x08toolName\x12\x1b\n\traw_input\x18\x03 \x01(\tR\x08rawInput\x12\x1d\n\nerror_text\x18\x04 \x01(\tR\terrorText\"X\n\x13ToolApprovalRequest\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1f\n\x0b\x61pproval_id\x18\x02 \x01(\tR\napprovalId\"\xe9\x01\n\x13ToolOutputAvailable\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x32\n\x06output\x18\x02 \x01(\x0b\x32\x16.google.protobuf.ValueB\x02\x18\x01R\x06output\x12 \n\x0bpreliminary\x18\x03 \x01(\x08R\x0bpreliminary\x12\x1f\n\x0boutput_json\x18\x04 \x01(\tR\noutputJson\x12\x39\n\x08\x64\x65\x63ision\x18\x05 \x01(\x0e\x32\x1d.turnwire.v1.ToolCallDecisionR\x08\x64\x65\x63ision\"R\n\x0fToolOutputError\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1d\n\nerror_text\x18\x02 \x01(\tR\terrorText\"L\n\x10ToolOutputDenied\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x16\n\x06reason\x18\x02 \x01(\tR\x06reason\"\xa9\x01\n\x0c\x41ttemptStart\x12\x18\n\x07\x61ttempt\x18\x01 \x01(\x05R\x07\x61ttempt\x12\x1d\n\nmessage_id\x18\x02 \x01(\tR\tmessageId\x12\x18\n\x07\x61ppends\x18\x03 \x01(\x08R\x07\x61ppends\x12.\n\x07message\x18\x04 \x01(\x0b\x32\x14.turnwire.v1.MessageR\x07message\x12\x16\n\x06reason\x18\x05 \x01(\tR\x06reason\"\x8b\x02\n\nStepFinish\x12\x1f\n\x0bstep_number\x18\x01 \x01(\x05R\nstepNumber\x12>\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x19.turnwire.v1.FinishReasonR\x0c\x66inishReason\x12*\n\x11raw_finish_reason\x18\x03 \x01(\tR\x0frawFinishReason\x12(\n\x05usage\x18\x04 \x01(\x0b\x32\x12.turnwire.v1.UsageR\x05usage\x12\x1f\n\x0bresponse_id\x18\x05 \x01(\tR\nresponseId\x12%\n\x0eresponse_model\x18\x06 \x01(\tR\rresponseModel\"\xe5\x01\n\x10\x43ontextCompacted\x12\x35\n\x06reason\x18\x01 \x01(\x0e\x32\x1d.turnwire.v1.CompactionReasonR\x06reason\x12\x1c\n\tshortened\x18\x02 \x01(\x08R\tshortened\x12\x18\n\x07\x61ttempt\x18\x03 \x01(\x05R\x07\x61ttempt\x12#\n\rtokens_before\x18\x04 \x01(\x03R\x0ctokensBefore\x12!\n\x0ctokens_after\x18\x05 \x01(\x03R\x0btokensAfter\x12\x1a\n\x08strategy\x18\x06 \x01(\tR\x08strategy\"\x92\x02\n\x07TurnEnd\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x17.turnwire.v1.TurnStatusR\x06status\x12(\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.StatusR\x05\x65rror\x12.\n\x07message\x18\x03 \x01(\x0b\x32\x14.turnwire.v1.MessageR\x07message\x12(\n\x05usage\x18\x04 \x01(\x0b\x32\x12.turnwire.v1.UsageR\x05usage\x12\x1d\n\nstep_count\x18\x05 \x01(\x05R\tstepCount\x12\x33\n\x08metadata\x18\x06 \x01(\x0b\x32\x17.google.protobuf.StructR\x08metadata*\xd1\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03\x12 \n\x1c\x46INISH_REASON_CONTENT_FILTER\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x12\x17\n\x13\x46INISH_REASON_OTHER\x10\x06*\x97\x01\n\x10\x43ompactionReason\x12!\n\x1d\x43OMPACTION_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43OMPACTION_REASON_REACTIVE\x10\x01\x12\x1f\n\x1b\x43OMPACTION_REASON_PROACTIVE\x10\x02\x12\x1f\n\x1b\x43OMPACTION_REASON_THRESHOLD\x10\x03*\xaa\x01\n\nTurnStatus\x12\x1b\n\x17TURN_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15TURN_STATUS_COMPLETED\x10\x01\x12\x15\n\x11TURN_STATUS_ERROR\x10\x02\x12\x17\n\x13TURN_STATUS_ABORTED\x10\x03\x12\x1b\n\x17TURN_STATUS_INTERRUPTED\x10\x04\x12\x17\n\x13TURN_STATUS_SKIPPED\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17turnwire/v1/event.proto\x12\x0bturnwire.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17google/rpc/status.proto\x1a\x19turnwire/v1/message.proto\"\xfd\x0c\n\tTurnEvent\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x1d\n\nrequest_id\x18\x02 \x01(\tR\trequestId\x12\'\n\x0fsequence_number\x18\x03 \x01(\x03R\x0esequenceNumber\x12\x37\n\nturn_start\x18\n \x01(\x0b\x32\x16.turnwire.v1.TurnStartH\x00R\tturnStart\x12\x37\n\nstep_start\x18\x0b \x01(\x0b\x32\x16.turnwire.v1.StepStartH\x00R\tstepStart\x12\x37\n\ntext_start\x18\x0c \x01(\x0b\x32\x16.turnwire.v1.TextStartH\x00R\ttextStart\x12\x37\n\ntext_delta\x18\r \x01(\x0b\x32\x16.turnwire.v1.TextDeltaH\x00R\ttextDelta\x12\x31\n\x08text_end\x18\x0e \x01(\x0b\x32\x14.turnwire.v1.TextEndH\x00R\x07textEnd\x12\x46\n\x0freasoning_start\x18\x0f \x01(\x0b\x32\x1b.turnwire.v1.ReasoningStartH\x00R\x0ereasoningStart\x12\x46\n\x0freasoning_delta\x18\x10 \x01(\x0b\x32\x1b.turnwire.v1.ReasoningDeltaH\x00R\x0ereasoningDelta\x12@\n\rreasoning_end\x18\x11 \x01(\x0b\x32\x19.turnwire.v1.ReasoningEndH\x00R\x0creasoningEnd\x12G\n\x10tool_input_start\x18\x12 \x01(\x0b\x32\x1b.turnwire.v1.ToolInputStartH\x00R\x0etoolInputStart\x12G\n\x10tool_input_delta\x18\x13 \x01(\x0b\x32\x1b.turnwire.v1.ToolInputDeltaH\x00R\x0etoolInputDelta\x12S\n\x14tool_input_available\x18\x14 \x01(\x0b\x32\x1f.turnwire.v1.ToolInputAvailableH\x00R\x12toolInputAvailable\x12G\n\x10tool_input_error\x18\x15 \x01(\x0b\x32\x1b.turnwire.v1.ToolInputErrorH\x00R\x0etoolInputError\x12V\n\x15tool_approval_request\x18\x16 \x01(\x0b\x32 .turnwire.v1.ToolApprovalRequestH\x00R\x13toolApprovalRequest\x12V\n\x15tool_output_available\x18\x17 \x01(\x0b\x32 .turnwire.v1.ToolOutputAvailableH\x00R\x13toolOutputAvailable\x12J\n\x11tool_output_error\x18\x18 \x01(\x0b\x32\x1c.turnwire.v1.ToolOutputErrorH\x00R\x0ftoolOutputError\x12M\n\x12tool_output_denied\x18\x19 \x01(\x0b\x32\x1d.turnwire.v1.ToolOutputDeniedH\x00R\x10toolOutputDenied\x12\x31\n\x06source\x18\x1a \x01(\x0b\x32\x17.turnwire.v1.SourcePartH\x00R\x06source\x12+\n\x04\x66ile\x18\x1b \x01(\x0b\x32\x15.turnwire.v1.FilePartH\x00R\x04\x66ile\x12:\n\x0bstep_finish\x18\x1c \x01(\x0b\x32\x17.turnwire.v1.StepFinishH\x00R\nstepFinish\x12L\n\x11\x63ontext_compacted\x18\x1d \x01(\x0b\x32\x1d.turnwire.v1.ContextCompactedH\x00R\x10\x63ontextCompacted\x12\x31\n\x08turn_end\x18\x1e \x01(\x0b\x32\x14.turnwire.v1.TurnEndH\x00R\x07turnEnd\x12@\n\rattempt_start\x18\x1f \x01(\x0b\x32\x19.turnwire.v1.AttemptStartH\x00R\x0c\x61ttemptStart\x12\x33\n\x08progress\x18  \x01(\x0b\x32\x15.turnwire.v1.ProgressH\x00R\x08progressB\x07\n\x05\x65vent\"d\n\tTurnStart\x12\x1d\n\nmessage_id\x18\x01 \x01(\tR\tmessageId\x12\"\n\x0c\x63ontinuation\x18\x02 \x01(\x08R\x0c\x63ontinuation\x12\x14\n\x05model\x18\x03 \x01(\tR\x05model\",\n\tStepStart\x12\x1f\n\x0bstep_number\x18\x01 \x01(\x05R\nstepNumber\"\x1b\n\tTextStart\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\"1\n\tTextDelta\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n\x05\x64\x65lta\x18\x02 \x01(\tR\x05\x64\x65lta\"\x19\n\x07TextEnd\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\" \n\x0eReasoningStart\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\"6\n\x0eReasoningDelta\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n\x05\x64\x65lta\x18\x02 \x01(\tR\x05\x64\x65lta\"\x1e\n\x0cReasoningEnd\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\"O\n\x0eToolInputStart\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1b\n\ttool_name\x18\x02 \x01(\tR\x08toolName\"\\\n\x0eToolInputDelta\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12(\n\x10input_text_delta\x18\x02 \x01(\tR\x0einputTextDelta\"\xa5\x01\n\x12ToolInputAvailable\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1b\n\ttool_name\x18\x02 \x01(\tR\x08toolName\x12\x31\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructB\x02\x18\x01R\x05input\x12\x1d\n\ninput_json\x18\x04 \x01(\tR\tinputJson\"\x8b\x01\n\x0eToolInputError\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1b\n\ttool_name\x18\x02 \x01(\tR\x08toolName\x12\x1b\n\traw_input\x18\x03 \x01(\tR\x08rawInput\x12\x1d\n\nerror_text\x18\x04 \x01(\tR\terrorText\"X\n\x13ToolApprovalRequest\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1f\n\x0b\x61pproval_id\x18\x02 \x01(\tR\napprovalId\"\xe9\x01\n\x13ToolOutputAvailable\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x32\n\x06output\x18\x02 \x01(\x0b\x32\x16.google.protobuf.ValueB\x02\x18\x01R\x06output\x12 \n\x0bpreliminary\x18\x03 \x01(\x08R\x0bpreliminary\x12\x1f\n\x0boutput_json\x18\x04 \x01(\tR\noutputJson\x12\x39\n\x08\x64\x65\x63ision\x18\x05 \x01(\x0e\x32\x1d.turnwire.v1.ToolCallDecisionR\x08\x64\x65\x63ision\"R\n\x0fToolOutputError\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1d\n\nerror_text\x18\x02 \x01(\tR\terrorText\"L\n\x10ToolOutputDenied\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x16\n\x06reason\x18\x02 \x01(\tR\x06reason\"\xa9\x01\n\x0c\x41ttemptStart\x12\x18\n\x07\x61ttempt\x18\x01 \x01(\x05R\x07\x61ttempt\x12\x1d\n\nmessage_id\x18\x02 \x01(\tR\tmessageId\x12\x18\n\x07\x61ppends\x18\x03 \x01(\x08R\x07\x61ppends\x12.\n\x07message\x18\x04 \x01(\x0b\x32\x14.turnwire.v1.MessageR\x07message\x12\x16\n\x06reason\x18\x05 \x01(\tR\x06reason\"q\n\x08Progress\x12\x30\n\x05phase\x18\x01 \x01(\x0e\x32\x1a.turnwire.v1.ProgressPhaseR\x05phase\x12\x33\n\x07\x65lapsed\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\x07\x65lapsed\"\x8b\x02\n\nStepFinish\x12\x1f\n\x0bstep_number\x18\x01 \x01(\x05R\nstepNumber\x12>\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x19.turnwire.v1.FinishReasonR\x0c\x66inishReason\x12*\n\x11raw_finish_reason\x18\x03 \x01(\tR\x0frawFinishReason\x12(\n\x05usage\x18\x04 \x01(\x0b\x32\x12.turnwire.v1.UsageR\x05usage\x12\x1f\n\x0bresponse_id\x18\x05 \x01(\tR\nresponseId\x12%\n\x0eresponse_model\x18\x06 \x01(\tR\rresponseModel\"\xe5\x01\n\x10\x43ontextCompacted\x12\x35\n\x06reason\x18\x01 \x01(\x0e\x32\x1d.turnwire.v1.CompactionReasonR\x06reason\x12\x1c\n\tshortened\x18\x02 \x01(\x08R\tshortened\x12\x18\n\x07\x61ttempt\x18\x03 \x01(\x05R\x07\x61ttempt\x12#\n\rtokens_before\x18\x04 \x01(\x03R\x0ctokensBefore\x12!\n\x0ctokens_after\x18\x05 \x01(\x03R\x0btokensAfter\x12\x1a\n\x08strategy\x18\x06 \x01(\tR\x08strategy\"\x92\x02\n\x07TurnEnd\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x17.turnwire.v1.TurnStatusR\x06status\x12(\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.StatusR\x05\x65rror\x12.\n\x07message\x18\x03 \x01(\x0b\x32\x14.turnwire.v1.MessageR\x07message\x12(\n\x05usage\x18\x04 \x01(\x0b\x32\x12.turnwire.v1.UsageR\x05usage\x12\x1d\n\nstep_count\x18\x05 \x01(\x05R\tstepCount\x12\x33\n\x08metadata\x18\x06 \x01(\x0b\x32\x17.google.protobuf.StructR\x08metadata*}\n\rProgressPhase\x12\x1e\n\x1aPROGRESS_PHASE_UNSPECIFIED\x10\x00\x12\x19\n\x15PROGRESS_PHASE_QUEUED\x10\x01\x12\x18\n\x14PROGRESS_PHASE_MODEL\x10\x02\x12\x17\n\x13PROGRESS_PHASE_TOOL\x10\x03*\xd1\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03\x12 \n\x1c\x46INISH_REASON_CONTENT_FILTER\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x12\x17\n\x13\x46INISH_REASON_OTHER\x10\x06*\x97\x01\n\x10\x43ompactionReason\x12!\n\x1d\x43OMPACTION_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43OMPACTION_REASON_REACTIVE\x10\x01\x12\x1f\n\x1b\x43OMPACTION_REASON_PROACTIVE\x10\x02\x12\x1f\n\x1b\x43OMPACTION_REASON_THRESHOLD\x10\x03*\xaa\x01\n\nTurnStatus\x12\x1b\n\x17TURN_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15TURN_STATUS_COMPLETED\x10\x01\x12\x15\n\x11TURN_STATUS_ERROR\x10\x02\x12\x17\n\x13TURN_STATUS_ABORTED\x10\x03\x12\x1b\n\x17TURN_STATUS_INTERRUPTED\x10\x04\x12\x17\n\x13TURN_STATUS_SKIPPED\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,52 +39,56 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLINPUTAVAILABLE'].fields_by_name['input']._serialized_options = b'\030\001'
   _globals['_TOOLOUTPUTAVAILABLE'].fields_by_name['output']._loaded_options = None
   _globals['_TOOLOUTPUTAVAILABLE'].fields_by_name['output']._serialized_options = b'\030\001'
-  _globals['_FINISHREASON']._serialized_start=4035
-  _globals['_FINISHREASON']._serialized_end=4244
-  _globals['_COMPACTIONREASON']._serialized_start=4247
-  _globals['_COMPACTIONREASON']._serialized_end=4398
-  _globals['_TURNSTATUS']._serialized_start=4401
-  _globals['_TURNSTATUS']._serialized_end=4571
-  _globals['_TURNEVENT']._serialized_start=123
-  _globals['_TURNEVENT']._serialized_end=1731
-  _globals['_TURNSTART']._serialized_start=1733
-  _globals['_TURNSTART']._serialized_end=1833
-  _globals['_STEPSTART']._serialized_start=1835
-  _globals['_STEPSTART']._serialized_end=1879
-  _globals['_TEXTSTART']._serialized_start=1881
-  _globals['_TEXTSTART']._serialized_end=1908
-  _globals['_TEXTDELTA']._serialized_start=1910
-  _globals['_TEXTDELTA']._serialized_end=1959
-  _globals['_TEXTEND']._serialized_start=1961
-  _globals['_TEXTEND']._serialized_end=1986
-  _globals['_REASONINGSTART']._serialized_start=1988
-  _globals['_REASONINGSTART']._serialized_end=2020
-  _globals['_REASONINGDELTA']._serialized_start=2022
-  _globals['_REASONINGDELTA']._serialized_end=2076
-  _globals['_REASONINGEND']._serialized_start=2078
-  _globals['_REASONINGEND']._serialized_end=2108
-  _globals['_TOOLINPUTSTART']._serialized_start=2110
-  _globals['_TOOLINPUTSTART']._serialized_end=2189
-  _globals['_TOOLINPUTDELTA']._serialized_start=2191
-  _globals['_TOOLINPUTDELTA']._serialized_end=2283
-  _globals['_TOOLINPUTAVAILABLE']._serialized_start=2286
-  _globals['_TOOLINPUTAVAILABLE']._serialized_end=2451
-  _globals['_TOOLINPUTERROR']._serialized_start=2454
-  _globals['_TOOLINPUTERROR']._serialized_end=2593
-  _globals['_TOOLAPPROVALREQUEST']._serialized_start=2595
-  _globals['_TOOLAPPROVALREQUEST']._serialized_end=2683
-  _globals['_TOOLOUTPUTAVAILABLE']._serialized_start=2686
-  _globals['_TOOLOUTPUTAVAILABLE']._serialized_end=2919
-  _globals['_TOOLOUTPUTERROR']._serialized_start=2921
-  _globals['_TOOLOUTPUTERROR']._serialized_end=3003
-  _globals['_TOOLOUTPUTDENIED']._serialized_start=3005
-  _globals['_TOOLOUTPUTDENIED']._serialized_end=3081
-  _globals['_ATTEMPTSTART']._serialized_start=3084
-  _globals['_ATTEMPTSTART']._serialized_end=3253
-  _globals['_STEPFINISH']._serialized_start=3256
-  _globals['_STEPFINISH']._serialized_end=3523
-  _globals['_CONTEXTCOMPACTED']._serialized_start=3526
-  _globals['_CONTEXTCOMPACTED']._serialized_end=3755
-  _globals['_TURNEND']._serialized_start=3758
-  _globals['_TURNEND']._serialized_end=4032
+  _globals['_PROGRESSPHASE']._serialized_start=4234
+  _globals['_PROGRESSPHASE']._serialized_end=4359
+  _globals['_FINISHREASON']._serialized_start=4362
+  _globals['_FINISHREASON']._serialized_end=4571
+  _globals['_COMPACTIONREASON']._serialized_start=4574
+  _globals['_COMPACTIONREASON']._serialized_end=4725
+  _globals['_TURNSTATUS']._serialized_start=4728
+  _globals['_TURNSTATUS']._serialized_end=4898
+  _globals['_TURNEVENT']._serialized_start=155
+  _globals['_TURNEVENT']._serialized_end=1816
+  _globals['_TURNSTART']._serialized_start=1818
+  _globals['_TURNSTART']._serialized_end=1918
+  _globals['_STEPSTART']._serialized_start=1920
+  _globals['_STEPSTART']._serialized_end=1964
+  _globals['_TEXTSTART']._serialized_start=1966
+  _globals['_TEXTSTART']._serialized_end=1993
+  _globals['_TEXTDELTA']._serialized_start=1995
+  _globals['_TEXTDELTA']._serialized_end=2044
+  _globals['_TEXTEND']._serialized_start=2046
+  _globals['_TEXTEND']._serialized_end=2071
+  _globals['_REASONINGSTART']._serialized_start=2073
+  _globals['_REASONINGSTART']._serialized_end=2105
+  _globals['_REASONINGDELTA']._serialized_start=2107
+  _globals['_REASONINGDELTA']._serialized_end=2161
+  _globals['_REASONINGEND']._serialized_start=2163
+  _globals['_REASONINGEND']._serialized_end=2193
+  _globals['_TOOLINPUTSTART']._serialized_start=2195
+  _globals['_TOOLINPUTSTART']._serialized_end=2274
+  _globals['_TOOLINPUTDELTA']._serialized_start=2276
+  _globals['_TOOLINPUTDELTA']._serialized_end=2368
+  _globals['_TOOLINPUTAVAILABLE']._serialized_start=2371
+  _globals['_TOOLINPUTAVAILABLE']._serialized_end=2536
+  _globals['_TOOLINPUTERROR']._serialized_start=2539
+  _globals['_TOOLINPUTERROR']._serialized_end=2678
+  _globals['_TOOLAPPROVALREQUEST']._serialized_start=2680
+  _globals['_TOOLAPPROVALREQUEST']._serialized_end=2768
+  _globals['_TOOLOUTPUTAVAILABLE']._serialized_start=2771
+  _globals['_TOOLOUTPUTAVAILABLE']._serialized_end=3004
+  _globals['_TOOLOUTPUTERROR']._serialized_start=3006
+  _globals['_TOOLOUTPUTERROR']._serialized_end=3088
+  _globals['_TOOLOUTPUTDENIED']._serialized_start=3090
+  _globals['_TOOLOUTPUTDENIED']._serialized_end=3166
+  _globals['_ATTEMPTSTART']._serialized_start=3169
+  _globals['_ATTEMPTSTART']._serialized_end=3338
+  _globals['_PROGRESS']._serialized_start=3340
+  _globals['_PROGRESS']._serialized_end=3453
+  _globals['_STEPFINISH']._serialized_start=3456
+  _globals['_STEPFINISH']._serialized_end=3723
+  _globals['_CONTEXTCOMPACTED']._serialized_start=3726
+  _globals['_CONTEXTCOMPACTED']._serialized_end=3955
+  _globals['_TURNEND']._serialized_start=3958
+  _globals['_TURNEND']._serialized_end=4232
 # @@protoc_insertion_point(module_scope)

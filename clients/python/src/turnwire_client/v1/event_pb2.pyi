@@ -4,6 +4,7 @@ isort:skip_file
 """
 
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -24,6 +25,48 @@ else:
     from typing_extensions import deprecated as _deprecated
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _ProgressPhase:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ProgressPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ProgressPhase.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PROGRESS_PHASE_UNSPECIFIED: _ProgressPhase.ValueType  # 0
+    """Not set."""
+    PROGRESS_PHASE_QUEUED: _ProgressPhase.ValueType  # 1
+    """The turn has not started (no TurnStart yet): it waits behind the
+    conversation's running turn, or for its input to be stored.
+    """
+    PROGRESS_PHASE_MODEL: _ProgressPhase.ValueType  # 2
+    """The turn runs and no tool call is pending: the model is producing its
+    next output (or a hook runs).
+    """
+    PROGRESS_PHASE_TOOL: _ProgressPhase.ValueType  # 3
+    """A tool call of the current step has its input and no result yet: a tool
+    runs.
+    """
+
+class ProgressPhase(_ProgressPhase, metaclass=_ProgressPhaseEnumTypeWrapper):
+    """ProgressPhase is what a silent turn is waiting for, as far as its stream
+    shows.
+    """
+
+PROGRESS_PHASE_UNSPECIFIED: ProgressPhase.ValueType  # 0
+"""Not set."""
+PROGRESS_PHASE_QUEUED: ProgressPhase.ValueType  # 1
+"""The turn has not started (no TurnStart yet): it waits behind the
+conversation's running turn, or for its input to be stored.
+"""
+PROGRESS_PHASE_MODEL: ProgressPhase.ValueType  # 2
+"""The turn runs and no tool call is pending: the model is producing its
+next output (or a hook runs).
+"""
+PROGRESS_PHASE_TOOL: ProgressPhase.ValueType  # 3
+"""A tool call of the current step has its input and no result yet: a tool
+runs.
+"""
+Global___ProgressPhase: _TypeAlias = ProgressPhase  # noqa: Y015
 
 class _FinishReason:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -163,6 +206,7 @@ class TurnEvent(_message.Message):
     CONTEXT_COMPACTED_FIELD_NUMBER: _builtins.int
     TURN_END_FIELD_NUMBER: _builtins.int
     ATTEMPT_START_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation the turn runs on."""
     request_id: _builtins.str
@@ -261,6 +305,14 @@ class TurnEvent(_message.Message):
         what the previous attempt showed after its TurnStart.
         """
 
+    @_builtins.property
+    def progress(self) -> Global___Progress:
+        """The turn is still running though its stream has been silent for
+        `limits.progress_interval_seconds`: a keepalive, not part of the turn's
+        stream (no sequence number, not stored, never replayed). Clients skip
+        it unless asked.
+        """
+
     def __init__(
         self,
         *,
@@ -289,12 +341,13 @@ class TurnEvent(_message.Message):
         context_compacted: Global___ContextCompacted | None = ...,
         turn_end: Global___TurnEnd | None = ...,
         attempt_start: Global___AttemptStart | None = ...,
+        progress: Global___Progress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_start", b"attempt_start", "context_compacted", b"context_compacted", "event", b"event", "file", b"file", "reasoning_delta", b"reasoning_delta", "reasoning_end", b"reasoning_end", "reasoning_start", b"reasoning_start", "source", b"source", "step_finish", b"step_finish", "step_start", b"step_start", "text_delta", b"text_delta", "text_end", b"text_end", "text_start", b"text_start", "tool_approval_request", b"tool_approval_request", "tool_input_available", b"tool_input_available", "tool_input_delta", b"tool_input_delta", "tool_input_error", b"tool_input_error", "tool_input_start", b"tool_input_start", "tool_output_available", b"tool_output_available", "tool_output_denied", b"tool_output_denied", "tool_output_error", b"tool_output_error", "turn_end", b"turn_end", "turn_start", b"turn_start"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_start", b"attempt_start", "context_compacted", b"context_compacted", "event", b"event", "file", b"file", "progress", b"progress", "reasoning_delta", b"reasoning_delta", "reasoning_end", b"reasoning_end", "reasoning_start", b"reasoning_start", "source", b"source", "step_finish", b"step_finish", "step_start", b"step_start", "text_delta", b"text_delta", "text_end", b"text_end", "text_start", b"text_start", "tool_approval_request", b"tool_approval_request", "tool_input_available", b"tool_input_available", "tool_input_delta", b"tool_input_delta", "tool_input_error", b"tool_input_error", "tool_input_start", b"tool_input_start", "tool_output_available", b"tool_output_available", "tool_output_denied", b"tool_output_denied", "tool_output_error", b"tool_output_error", "turn_end", b"turn_end", "turn_start", b"turn_start"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_start", b"attempt_start", "context_compacted", b"context_compacted", "conversation_id", b"conversation_id", "event", b"event", "file", b"file", "reasoning_delta", b"reasoning_delta", "reasoning_end", b"reasoning_end", "reasoning_start", b"reasoning_start", "request_id", b"request_id", "sequence_number", b"sequence_number", "source", b"source", "step_finish", b"step_finish", "step_start", b"step_start", "text_delta", b"text_delta", "text_end", b"text_end", "text_start", b"text_start", "tool_approval_request", b"tool_approval_request", "tool_input_available", b"tool_input_available", "tool_input_delta", b"tool_input_delta", "tool_input_error", b"tool_input_error", "tool_input_start", b"tool_input_start", "tool_output_available", b"tool_output_available", "tool_output_denied", b"tool_output_denied", "tool_output_error", b"tool_output_error", "turn_end", b"turn_end", "turn_start", b"turn_start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_start", b"attempt_start", "context_compacted", b"context_compacted", "conversation_id", b"conversation_id", "event", b"event", "file", b"file", "progress", b"progress", "reasoning_delta", b"reasoning_delta", "reasoning_end", b"reasoning_end", "reasoning_start", b"reasoning_start", "request_id", b"request_id", "sequence_number", b"sequence_number", "source", b"source", "step_finish", b"step_finish", "step_start", b"step_start", "text_delta", b"text_delta", "text_end", b"text_end", "text_start", b"text_start", "tool_approval_request", b"tool_approval_request", "tool_input_available", b"tool_input_available", "tool_input_delta", b"tool_input_delta", "tool_input_error", b"tool_input_error", "tool_input_start", b"tool_input_start", "tool_output_available", b"tool_output_available", "tool_output_denied", b"tool_output_denied", "tool_output_error", b"tool_output_error", "turn_end", b"turn_end", "turn_start", b"turn_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["turn_start", "step_start", "text_start", "text_delta", "text_end", "reasoning_start", "reasoning_delta", "reasoning_end", "tool_input_start", "tool_input_delta", "tool_input_available", "tool_input_error", "tool_approval_request", "tool_output_available", "tool_output_error", "tool_output_denied", "source", "file", "step_finish", "context_compacted", "turn_end", "attempt_start"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["turn_start", "step_start", "text_start", "text_delta", "text_end", "reasoning_start", "reasoning_delta", "reasoning_end", "tool_input_start", "tool_input_delta", "tool_input_available", "tool_input_error", "tool_approval_request", "tool_output_available", "tool_output_error", "tool_output_denied", "source", "file", "step_finish", "context_compacted", "turn_end", "attempt_start", "progress"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -794,6 +847,44 @@ class AttemptStart(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AttemptStart: _TypeAlias = AttemptStart  # noqa: Y015
+
+@_typing.final
+class Progress(_message.Message):
+    """Progress is a keepalive: a blocking stream that sent nothing for
+    `limits.progress_interval_seconds` (a slow tool, a model thinking, a turn
+    queued behind another) sends one, and another after each further interval of
+    silence, so proxies and clients with idle timeouts keep the call open. It
+    is not part of the turn's stream: `sequence_number` is 0, it is not stored,
+    ResumeTurn and WatchSubmission never replay it, and it is never sent after
+    the TurnEnd. It may come before the TurnStart (PROGRESS_PHASE_QUEUED). The
+    AI SDK has no such chunk; clients skip it unless asked (docs/semantics.md §8).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PHASE_FIELD_NUMBER: _builtins.int
+    ELAPSED_FIELD_NUMBER: _builtins.int
+    phase: Global___ProgressPhase.ValueType
+    """What the turn waits for."""
+    @_builtins.property
+    def elapsed(self) -> _duration_pb2.Duration:
+        """How long the stream has been silent: since its last turn event, or since
+        the call started when it carried none yet.
+        """
+
+    def __init__(
+        self,
+        *,
+        phase: Global___ProgressPhase.ValueType = ...,
+        elapsed: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["elapsed", b"elapsed"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["elapsed", b"elapsed", "phase", b"phase"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Progress: _TypeAlias = Progress  # noqa: Y015
 
 @_typing.final
 class StepFinish(_message.Message):

@@ -4,8 +4,8 @@
 
 import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
-import type { Value } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
+import type { Duration, Value } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_duration, file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
 import type { Status } from "../../google/rpc/status_pb.js";
 import { file_google_rpc_status } from "../../google/rpc/status_pb.js";
 import type { FilePart, Message as Message$1, SourcePart, ToolCallDecision, Usage } from "./message_pb.js";
@@ -16,7 +16,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file turnwire/v1/event.proto.
  */
 export const file_turnwire_v1_event: GenFile = /*@__PURE__*/
-  fileDesc("Chd0dXJud2lyZS92MS9ldmVudC5wcm90bxILdHVybndpcmUudjEi5gkKCVR1cm5FdmVudBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEgoKcmVxdWVzdF9pZBgCIAEoCRIXCg9zZXF1ZW5jZV9udW1iZXIYAyABKAMSLAoKdHVybl9zdGFydBgKIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5TdGFydEgAEiwKCnN0ZXBfc3RhcnQYCyABKAsyFi50dXJud2lyZS52MS5TdGVwU3RhcnRIABIsCgp0ZXh0X3N0YXJ0GAwgASgLMhYudHVybndpcmUudjEuVGV4dFN0YXJ0SAASLAoKdGV4dF9kZWx0YRgNIAEoCzIWLnR1cm53aXJlLnYxLlRleHREZWx0YUgAEigKCHRleHRfZW5kGA4gASgLMhQudHVybndpcmUudjEuVGV4dEVuZEgAEjYKD3JlYXNvbmluZ19zdGFydBgPIAEoCzIbLnR1cm53aXJlLnYxLlJlYXNvbmluZ1N0YXJ0SAASNgoPcmVhc29uaW5nX2RlbHRhGBAgASgLMhsudHVybndpcmUudjEuUmVhc29uaW5nRGVsdGFIABIyCg1yZWFzb25pbmdfZW5kGBEgASgLMhkudHVybndpcmUudjEuUmVhc29uaW5nRW5kSAASNwoQdG9vbF9pbnB1dF9zdGFydBgSIAEoCzIbLnR1cm53aXJlLnYxLlRvb2xJbnB1dFN0YXJ0SAASNwoQdG9vbF9pbnB1dF9kZWx0YRgTIAEoCzIbLnR1cm53aXJlLnYxLlRvb2xJbnB1dERlbHRhSAASPwoUdG9vbF9pbnB1dF9hdmFpbGFibGUYFCABKAsyHy50dXJud2lyZS52MS5Ub29sSW5wdXRBdmFpbGFibGVIABI3ChB0b29sX2lucHV0X2Vycm9yGBUgASgLMhsudHVybndpcmUudjEuVG9vbElucHV0RXJyb3JIABJBChV0b29sX2FwcHJvdmFsX3JlcXVlc3QYFiABKAsyIC50dXJud2lyZS52MS5Ub29sQXBwcm92YWxSZXF1ZXN0SAASQQoVdG9vbF9vdXRwdXRfYXZhaWxhYmxlGBcgASgLMiAudHVybndpcmUudjEuVG9vbE91dHB1dEF2YWlsYWJsZUgAEjkKEXRvb2xfb3V0cHV0X2Vycm9yGBggASgLMhwudHVybndpcmUudjEuVG9vbE91dHB1dEVycm9ySAASOwoSdG9vbF9vdXRwdXRfZGVuaWVkGBkgASgLMh0udHVybndpcmUudjEuVG9vbE91dHB1dERlbmllZEgAEikKBnNvdXJjZRgaIAEoCzIXLnR1cm53aXJlLnYxLlNvdXJjZVBhcnRIABIlCgRmaWxlGBsgASgLMhUudHVybndpcmUudjEuRmlsZVBhcnRIABIuCgtzdGVwX2ZpbmlzaBgcIAEoCzIXLnR1cm53aXJlLnYxLlN0ZXBGaW5pc2hIABI6ChFjb250ZXh0X2NvbXBhY3RlZBgdIAEoCzIdLnR1cm53aXJlLnYxLkNvbnRleHRDb21wYWN0ZWRIABIoCgh0dXJuX2VuZBgeIAEoCzIULnR1cm53aXJlLnYxLlR1cm5FbmRIABIyCg1hdHRlbXB0X3N0YXJ0GB8gASgLMhkudHVybndpcmUudjEuQXR0ZW1wdFN0YXJ0SABCBwoFZXZlbnQiRAoJVHVyblN0YXJ0EhIKCm1lc3NhZ2VfaWQYASABKAkSFAoMY29udGludWF0aW9uGAIgASgIEg0KBW1vZGVsGAMgASgJIiAKCVN0ZXBTdGFydBITCgtzdGVwX251bWJlchgBIAEoBSIXCglUZXh0U3RhcnQSCgoCaWQYASABKAkiJgoJVGV4dERlbHRhEgoKAmlkGAEgASgJEg0KBWRlbHRhGAIgASgJIhUKB1RleHRFbmQSCgoCaWQYASABKAkiHAoOUmVhc29uaW5nU3RhcnQSCgoCaWQYASABKAkiKwoOUmVhc29uaW5nRGVsdGESCgoCaWQYASABKAkSDQoFZGVsdGEYAiABKAkiGgoMUmVhc29uaW5nRW5kEgoKAmlkGAEgASgJIjkKDlRvb2xJbnB1dFN0YXJ0EhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIRCgl0b29sX25hbWUYAiABKAkiQAoOVG9vbElucHV0RGVsdGESFAoMdG9vbF9jYWxsX2lkGAEgASgJEhgKEGlucHV0X3RleHRfZGVsdGEYAiABKAkifQoSVG9vbElucHV0QXZhaWxhYmxlEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIRCgl0b29sX25hbWUYAiABKAkSKgoFaW5wdXQYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0QgIYARISCgppbnB1dF9qc29uGAQgASgJImAKDlRvb2xJbnB1dEVycm9yEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIRCgl0b29sX25hbWUYAiABKAkSEQoJcmF3X2lucHV0GAMgASgJEhIKCmVycm9yX3RleHQYBCABKAkiQAoTVG9vbEFwcHJvdmFsUmVxdWVzdBIUCgx0b29sX2NhbGxfaWQYASABKAkSEwoLYXBwcm92YWxfaWQYAiABKAkisgEKE1Rvb2xPdXRwdXRBdmFpbGFibGUSFAoMdG9vbF9jYWxsX2lkGAEgASgJEioKBm91dHB1dBgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUICGAESEwoLcHJlbGltaW5hcnkYAyABKAgSEwoLb3V0cHV0X2pzb24YBCABKAkSLwoIZGVjaXNpb24YBSABKA4yHS50dXJud2lyZS52MS5Ub29sQ2FsbERlY2lzaW9uIjsKD1Rvb2xPdXRwdXRFcnJvchIUCgx0b29sX2NhbGxfaWQYASABKAkSEgoKZXJyb3JfdGV4dBgCIAEoCSI4ChBUb29sT3V0cHV0RGVuaWVkEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiewoMQXR0ZW1wdFN0YXJ0Eg8KB2F0dGVtcHQYASABKAUSEgoKbWVzc2FnZV9pZBgCIAEoCRIPCgdhcHBlbmRzGAMgASgIEiUKB21lc3NhZ2UYBCABKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEg4KBnJlYXNvbhgFIAEoCSK+AQoKU3RlcEZpbmlzaBITCgtzdGVwX251bWJlchgBIAEoBRIwCg1maW5pc2hfcmVhc29uGAIgASgOMhkudHVybndpcmUudjEuRmluaXNoUmVhc29uEhkKEXJhd19maW5pc2hfcmVhc29uGAMgASgJEiEKBXVzYWdlGAQgASgLMhIudHVybndpcmUudjEuVXNhZ2USEwoLcmVzcG9uc2VfaWQYBSABKAkSFgoOcmVzcG9uc2VfbW9kZWwYBiABKAkipAEKEENvbnRleHRDb21wYWN0ZWQSLQoGcmVhc29uGAEgASgOMh0udHVybndpcmUudjEuQ29tcGFjdGlvblJlYXNvbhIRCglzaG9ydGVuZWQYAiABKAgSDwoHYXR0ZW1wdBgDIAEoBRIVCg10b2tlbnNfYmVmb3JlGAQgASgDEhQKDHRva2Vuc19hZnRlchgFIAEoAxIQCghzdHJhdGVneRgGIAEoCSLeAQoHVHVybkVuZBInCgZzdGF0dXMYASABKA4yFy50dXJud2lyZS52MS5UdXJuU3RhdHVzEiEKBWVycm9yGAIgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXMSJQoHbWVzc2FnZRgDIAEoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USIQoFdXNhZ2UYBCABKAsyEi50dXJud2lyZS52MS5Vc2FnZRISCgpzdGVwX2NvdW50GAUgASgFEikKCG1ldGFkYXRhGAYgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCrRAQoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIWChJGSU5JU0hfUkVBU09OX1NUT1AQARIYChRGSU5JU0hfUkVBU09OX0xFTkdUSBACEhwKGEZJTklTSF9SRUFTT05fVE9PTF9DQUxMUxADEiAKHEZJTklTSF9SRUFTT05fQ09OVEVOVF9GSUxURVIQBBIXChNGSU5JU0hfUkVBU09OX0VSUk9SEAUSFwoTRklOSVNIX1JFQVNPTl9PVEhFUhAGKpcBChBDb21wYWN0aW9uUmVhc29uEiEKHUNPTVBBQ1RJT05fUkVBU09OX1VOU1BFQ0lGSUVEEAASHgoaQ09NUEFDVElPTl9SRUFTT05fUkVBQ1RJVkUQARIfChtDT01QQUNUSU9OX1JFQVNPTl9QUk9BQ1RJVkUQAhIfChtDT01QQUNUSU9OX1JFQVNPTl9USFJFU0hPTEQQAyqqAQoKVHVyblN0YXR1cxIbChdUVVJOX1NUQVRVU19VTlNQRUNJRklFRBAAEhkKFVRVUk5fU1RBVFVTX0NPTVBMRVRFRBABEhUKEVRVUk5fU1RBVFVTX0VSUk9SEAISFwoTVFVSTl9TVEFUVVNfQUJPUlRFRBADEhsKF1RVUk5fU1RBVFVTX0lOVEVSUlVQVEVEEAQSFwoTVFVSTl9TVEFUVVNfU0tJUFBFRBAFYgZwcm90bzM", [file_google_protobuf_struct, file_google_rpc_status, file_turnwire_v1_message]);
+  fileDesc("Chd0dXJud2lyZS92MS9ldmVudC5wcm90bxILdHVybndpcmUudjEikQoKCVR1cm5FdmVudBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEgoKcmVxdWVzdF9pZBgCIAEoCRIXCg9zZXF1ZW5jZV9udW1iZXIYAyABKAMSLAoKdHVybl9zdGFydBgKIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5TdGFydEgAEiwKCnN0ZXBfc3RhcnQYCyABKAsyFi50dXJud2lyZS52MS5TdGVwU3RhcnRIABIsCgp0ZXh0X3N0YXJ0GAwgASgLMhYudHVybndpcmUudjEuVGV4dFN0YXJ0SAASLAoKdGV4dF9kZWx0YRgNIAEoCzIWLnR1cm53aXJlLnYxLlRleHREZWx0YUgAEigKCHRleHRfZW5kGA4gASgLMhQudHVybndpcmUudjEuVGV4dEVuZEgAEjYKD3JlYXNvbmluZ19zdGFydBgPIAEoCzIbLnR1cm53aXJlLnYxLlJlYXNvbmluZ1N0YXJ0SAASNgoPcmVhc29uaW5nX2RlbHRhGBAgASgLMhsudHVybndpcmUudjEuUmVhc29uaW5nRGVsdGFIABIyCg1yZWFzb25pbmdfZW5kGBEgASgLMhkudHVybndpcmUudjEuUmVhc29uaW5nRW5kSAASNwoQdG9vbF9pbnB1dF9zdGFydBgSIAEoCzIbLnR1cm53aXJlLnYxLlRvb2xJbnB1dFN0YXJ0SAASNwoQdG9vbF9pbnB1dF9kZWx0YRgTIAEoCzIbLnR1cm53aXJlLnYxLlRvb2xJbnB1dERlbHRhSAASPwoUdG9vbF9pbnB1dF9hdmFpbGFibGUYFCABKAsyHy50dXJud2lyZS52MS5Ub29sSW5wdXRBdmFpbGFibGVIABI3ChB0b29sX2lucHV0X2Vycm9yGBUgASgLMhsudHVybndpcmUudjEuVG9vbElucHV0RXJyb3JIABJBChV0b29sX2FwcHJvdmFsX3JlcXVlc3QYFiABKAsyIC50dXJud2lyZS52MS5Ub29sQXBwcm92YWxSZXF1ZXN0SAASQQoVdG9vbF9vdXRwdXRfYXZhaWxhYmxlGBcgASgLMiAudHVybndpcmUudjEuVG9vbE91dHB1dEF2YWlsYWJsZUgAEjkKEXRvb2xfb3V0cHV0X2Vycm9yGBggASgLMhwudHVybndpcmUudjEuVG9vbE91dHB1dEVycm9ySAASOwoSdG9vbF9vdXRwdXRfZGVuaWVkGBkgASgLMh0udHVybndpcmUudjEuVG9vbE91dHB1dERlbmllZEgAEikKBnNvdXJjZRgaIAEoCzIXLnR1cm53aXJlLnYxLlNvdXJjZVBhcnRIABIlCgRmaWxlGBsgASgLMhUudHVybndpcmUudjEuRmlsZVBhcnRIABIuCgtzdGVwX2ZpbmlzaBgcIAEoCzIXLnR1cm53aXJlLnYxLlN0ZXBGaW5pc2hIABI6ChFjb250ZXh0X2NvbXBhY3RlZBgdIAEoCzIdLnR1cm53aXJlLnYxLkNvbnRleHRDb21wYWN0ZWRIABIoCgh0dXJuX2VuZBgeIAEoCzIULnR1cm53aXJlLnYxLlR1cm5FbmRIABIyCg1hdHRlbXB0X3N0YXJ0GB8gASgLMhkudHVybndpcmUudjEuQXR0ZW1wdFN0YXJ0SAASKQoIcHJvZ3Jlc3MYICABKAsyFS50dXJud2lyZS52MS5Qcm9ncmVzc0gAQgcKBWV2ZW50IkQKCVR1cm5TdGFydBISCgptZXNzYWdlX2lkGAEgASgJEhQKDGNvbnRpbnVhdGlvbhgCIAEoCBINCgVtb2RlbBgDIAEoCSIgCglTdGVwU3RhcnQSEwoLc3RlcF9udW1iZXIYASABKAUiFwoJVGV4dFN0YXJ0EgoKAmlkGAEgASgJIiYKCVRleHREZWx0YRIKCgJpZBgBIAEoCRINCgVkZWx0YRgCIAEoCSIVCgdUZXh0RW5kEgoKAmlkGAEgASgJIhwKDlJlYXNvbmluZ1N0YXJ0EgoKAmlkGAEgASgJIisKDlJlYXNvbmluZ0RlbHRhEgoKAmlkGAEgASgJEg0KBWRlbHRhGAIgASgJIhoKDFJlYXNvbmluZ0VuZBIKCgJpZBgBIAEoCSI5Cg5Ub29sSW5wdXRTdGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSEQoJdG9vbF9uYW1lGAIgASgJIkAKDlRvb2xJbnB1dERlbHRhEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIYChBpbnB1dF90ZXh0X2RlbHRhGAIgASgJIn0KElRvb2xJbnB1dEF2YWlsYWJsZRIUCgx0b29sX2NhbGxfaWQYASABKAkSEQoJdG9vbF9uYW1lGAIgASgJEioKBWlucHV0GAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdEICGAESEgoKaW5wdXRfanNvbhgEIAEoCSJgCg5Ub29sSW5wdXRFcnJvchIUCgx0b29sX2NhbGxfaWQYASABKAkSEQoJdG9vbF9uYW1lGAIgASgJEhEKCXJhd19pbnB1dBgDIAEoCRISCgplcnJvcl90ZXh0GAQgASgJIkAKE1Rvb2xBcHByb3ZhbFJlcXVlc3QSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhMKC2FwcHJvdmFsX2lkGAIgASgJIrIBChNUb29sT3V0cHV0QXZhaWxhYmxlEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIqCgZvdXRwdXQYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVCAhgBEhMKC3ByZWxpbWluYXJ5GAMgASgIEhMKC291dHB1dF9qc29uGAQgASgJEi8KCGRlY2lzaW9uGAUgASgOMh0udHVybndpcmUudjEuVG9vbENhbGxEZWNpc2lvbiI7Cg9Ub29sT3V0cHV0RXJyb3ISFAoMdG9vbF9jYWxsX2lkGAEgASgJEhIKCmVycm9yX3RleHQYAiABKAkiOAoQVG9vbE91dHB1dERlbmllZBIUCgx0b29sX2NhbGxfaWQYASABKAkSDgoGcmVhc29uGAIgASgJInsKDEF0dGVtcHRTdGFydBIPCgdhdHRlbXB0GAEgASgFEhIKCm1lc3NhZ2VfaWQYAiABKAkSDwoHYXBwZW5kcxgDIAEoCBIlCgdtZXNzYWdlGAQgASgLMhQudHVybndpcmUudjEuTWVzc2FnZRIOCgZyZWFzb24YBSABKAkiYQoIUHJvZ3Jlc3MSKQoFcGhhc2UYASABKA4yGi50dXJud2lyZS52MS5Qcm9ncmVzc1BoYXNlEioKB2VsYXBzZWQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24ivgEKClN0ZXBGaW5pc2gSEwoLc3RlcF9udW1iZXIYASABKAUSMAoNZmluaXNoX3JlYXNvbhgCIAEoDjIZLnR1cm53aXJlLnYxLkZpbmlzaFJlYXNvbhIZChFyYXdfZmluaXNoX3JlYXNvbhgDIAEoCRIhCgV1c2FnZRgEIAEoCzISLnR1cm53aXJlLnYxLlVzYWdlEhMKC3Jlc3BvbnNlX2lkGAUgASgJEhYKDnJlc3BvbnNlX21vZGVsGAYgASgJIqQBChBDb250ZXh0Q29tcGFjdGVkEi0KBnJlYXNvbhgBIAEoDjIdLnR1cm53aXJlLnYxLkNvbXBhY3Rpb25SZWFzb24SEQoJc2hvcnRlbmVkGAIgASgIEg8KB2F0dGVtcHQYAyABKAUSFQoNdG9rZW5zX2JlZm9yZRgEIAEoAxIUCgx0b2tlbnNfYWZ0ZXIYBSABKAMSEAoIc3RyYXRlZ3kYBiABKAki3gEKB1R1cm5FbmQSJwoGc3RhdHVzGAEgASgOMhcudHVybndpcmUudjEuVHVyblN0YXR1cxIhCgVlcnJvchgCIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzEiUKB21lc3NhZ2UYAyABKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEiEKBXVzYWdlGAQgASgLMhIudHVybndpcmUudjEuVXNhZ2USEgoKc3RlcF9jb3VudBgFIAEoBRIpCghtZXRhZGF0YRgGIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QqfQoNUHJvZ3Jlc3NQaGFzZRIeChpQUk9HUkVTU19QSEFTRV9VTlNQRUNJRklFRBAAEhkKFVBST0dSRVNTX1BIQVNFX1FVRVVFRBABEhgKFFBST0dSRVNTX1BIQVNFX01PREVMEAISFwoTUFJPR1JFU1NfUEhBU0VfVE9PTBADKtEBCgxGaW5pc2hSZWFzb24SHQoZRklOSVNIX1JFQVNPTl9VTlNQRUNJRklFRBAAEhYKEkZJTklTSF9SRUFTT05fU1RPUBABEhgKFEZJTklTSF9SRUFTT05fTEVOR1RIEAISHAoYRklOSVNIX1JFQVNPTl9UT09MX0NBTExTEAMSIAocRklOSVNIX1JFQVNPTl9DT05URU5UX0ZJTFRFUhAEEhcKE0ZJTklTSF9SRUFTT05fRVJST1IQBRIXChNGSU5JU0hfUkVBU09OX09USEVSEAYqlwEKEENvbXBhY3Rpb25SZWFzb24SIQodQ09NUEFDVElPTl9SRUFTT05fVU5TUEVDSUZJRUQQABIeChpDT01QQUNUSU9OX1JFQVNPTl9SRUFDVElWRRABEh8KG0NPTVBBQ1RJT05fUkVBU09OX1BST0FDVElWRRACEh8KG0NPTVBBQ1RJT05fUkVBU09OX1RIUkVTSE9MRBADKqoBCgpUdXJuU3RhdHVzEhsKF1RVUk5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASGQoVVFVSTl9TVEFUVVNfQ09NUExFVEVEEAESFQoRVFVSTl9TVEFUVVNfRVJST1IQAhIXChNUVVJOX1NUQVRVU19BQk9SVEVEEAMSGwoXVFVSTl9TVEFUVVNfSU5URVJSVVBURUQQBBIXChNUVVJOX1NUQVRVU19TS0lQUEVEEAViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_rpc_status, file_turnwire_v1_message]);
 
 /**
  * TurnEvent is one event of a turn's stream. A stream is a TurnStart, then
@@ -230,6 +230,17 @@ export type TurnEvent = Message<"turnwire.v1.TurnEvent"> & {
      */
     value: AttemptStart;
     case: "attemptStart";
+  } | {
+    /**
+     * The turn is still running though its stream has been silent for
+     * `limits.progress_interval_seconds`: a keepalive, not part of the turn's
+     * stream (no sequence number, not stored, never replayed). Clients skip
+     * it unless asked.
+     *
+     * @generated from field: turnwire.v1.Progress progress = 32;
+     */
+    value: Progress;
+    case: "progress";
   } | { case: undefined; value?: undefined };
 };
 
@@ -773,6 +784,42 @@ export const AttemptStartSchema: GenMessage<AttemptStart> = /*@__PURE__*/
   messageDesc(file_turnwire_v1_event, 17);
 
 /**
+ * Progress is a keepalive: a blocking stream that sent nothing for
+ * `limits.progress_interval_seconds` (a slow tool, a model thinking, a turn
+ * queued behind another) sends one, and another after each further interval of
+ * silence, so proxies and clients with idle timeouts keep the call open. It
+ * is not part of the turn's stream: `sequence_number` is 0, it is not stored,
+ * ResumeTurn and WatchSubmission never replay it, and it is never sent after
+ * the TurnEnd. It may come before the TurnStart (PROGRESS_PHASE_QUEUED). The
+ * AI SDK has no such chunk; clients skip it unless asked (docs/semantics.md §8).
+ *
+ * @generated from message turnwire.v1.Progress
+ */
+export type Progress = Message<"turnwire.v1.Progress"> & {
+  /**
+   * What the turn waits for.
+   *
+   * @generated from field: turnwire.v1.ProgressPhase phase = 1;
+   */
+  phase: ProgressPhase;
+
+  /**
+   * How long the stream has been silent: since its last turn event, or since
+   * the call started when it carried none yet.
+   *
+   * @generated from field: google.protobuf.Duration elapsed = 2;
+   */
+  elapsed?: Duration | undefined;
+};
+
+/**
+ * Describes the message turnwire.v1.Progress.
+ * Use `create(ProgressSchema)` to create a new message.
+ */
+export const ProgressSchema: GenMessage<Progress> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_event, 18);
+
+/**
  * StepFinish closes a model step.
  *
  * @generated from message turnwire.v1.StepFinish
@@ -826,7 +873,7 @@ export type StepFinish = Message<"turnwire.v1.StepFinish"> & {
  * Use `create(StepFinishSchema)` to create a new message.
  */
 export const StepFinishSchema: GenMessage<StepFinish> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 18);
+  messageDesc(file_turnwire_v1_event, 19);
 
 /**
  * ContextCompacted says the history sent to the model was compacted
@@ -887,7 +934,7 @@ export type ContextCompacted = Message<"turnwire.v1.ContextCompacted"> & {
  * Use `create(ContextCompactedSchema)` to create a new message.
  */
 export const ContextCompactedSchema: GenMessage<ContextCompacted> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 19);
+  messageDesc(file_turnwire_v1_event, 20);
 
 /**
  * TurnEnd closes a turn's stream.
@@ -945,7 +992,52 @@ export type TurnEnd = Message<"turnwire.v1.TurnEnd"> & {
  * Use `create(TurnEndSchema)` to create a new message.
  */
 export const TurnEndSchema: GenMessage<TurnEnd> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 20);
+  messageDesc(file_turnwire_v1_event, 21);
+
+/**
+ * ProgressPhase is what a silent turn is waiting for, as far as its stream
+ * shows.
+ *
+ * @generated from enum turnwire.v1.ProgressPhase
+ */
+export enum ProgressPhase {
+  /**
+   * Not set.
+   *
+   * @generated from enum value: PROGRESS_PHASE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The turn has not started (no TurnStart yet): it waits behind the
+   * conversation's running turn, or for its input to be stored.
+   *
+   * @generated from enum value: PROGRESS_PHASE_QUEUED = 1;
+   */
+  QUEUED = 1,
+
+  /**
+   * The turn runs and no tool call is pending: the model is producing its
+   * next output (or a hook runs).
+   *
+   * @generated from enum value: PROGRESS_PHASE_MODEL = 2;
+   */
+  MODEL = 2,
+
+  /**
+   * A tool call of the current step has its input and no result yet: a tool
+   * runs.
+   *
+   * @generated from enum value: PROGRESS_PHASE_TOOL = 3;
+   */
+  TOOL = 3,
+}
+
+/**
+ * Describes the enum turnwire.v1.ProgressPhase.
+ */
+export const ProgressPhaseSchema: GenEnum<ProgressPhase> = /*@__PURE__*/
+  enumDesc(file_turnwire_v1_event, 0);
 
 /**
  * FinishReason is why a model step ended, normalized across providers.
@@ -1007,7 +1099,7 @@ export enum FinishReason {
  * Describes the enum turnwire.v1.FinishReason.
  */
 export const FinishReasonSchema: GenEnum<FinishReason> = /*@__PURE__*/
-  enumDesc(file_turnwire_v1_event, 0);
+  enumDesc(file_turnwire_v1_event, 1);
 
 /**
  * CompactionReason says why the history was compacted.
@@ -1048,7 +1140,7 @@ export enum CompactionReason {
  * Describes the enum turnwire.v1.CompactionReason.
  */
 export const CompactionReasonSchema: GenEnum<CompactionReason> = /*@__PURE__*/
-  enumDesc(file_turnwire_v1_event, 1);
+  enumDesc(file_turnwire_v1_event, 2);
 
 /**
  * TurnStatus is how a turn ended.
@@ -1103,5 +1195,5 @@ export enum TurnStatus {
  * Describes the enum turnwire.v1.TurnStatus.
  */
 export const TurnStatusSchema: GenEnum<TurnStatus> = /*@__PURE__*/
-  enumDesc(file_turnwire_v1_event, 2);
+  enumDesc(file_turnwire_v1_event, 3);
 

@@ -1,0 +1,24 @@
+"""The check every HTTP(S) URL setting gets at start-up (provider ``base_url``, MCP ``url``,
+the OTLP ``endpoint``): a bad one would otherwise surface only at the first request, as an
+internal error of every turn (``OverflowError: port must be 0-65535`` from the socket layer)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+
+def check_http_url(value: str, example: str) -> str:
+    """``value`` when it is an ``http``/``https`` URL with a host and a valid port (RFC 3986
+    §3.2.3, digits only, 0-65535).
+
+    Raises:
+        ValueError: what is wrong and ``example``, for the configuration error's message.
+    """
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an http(s) URL with a host; write it like {example}")
+    try:
+        parts.port  # noqa: B018 - parsing it is the check
+    except ValueError:
+        raise ValueError(f"{value!r} has no valid port (0-65535); write it like {example}") from None
+    return value

@@ -1,0 +1,67 @@
+"""One worker of ``turnwire serve --workers N``, started by :mod:`turnwire_server.supervisor` as
+``python -m turnwire_server.worker READY_FD NUMBER COUNT``.
+
+It reads its settings (pickled :class:`~turnwire_server.config.Settings`) from stdin, serves them
+as a single sidecar does but binding the port with ``SO_REUSEPORT`` and without a metrics endpoint
+(:func:`turnwire_server.app.serve` with ``worker=True``), writes one byte to ``READY_FD`` once
+serving, and stops as on SIGTERM when its stdin closes (the supervisor is gone). Exit status 1
+when it cannot start (the reason on stderr, as ``turnwire serve`` prints it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import sys
+from collections.abc import Callable
+
+from turnwire_server.app import Sidecar, StartupError, serve
+from turnwire_server.config import Settings
+from turnwire_server.logs import configure_logging
+from turnwire_server.redaction import Redactor, secret_values
+
+log = logging.getLogger("turnwire.supervisor")
+
+_STDIN = 0
+
+
+def main(argv: list[str]) -> int:
+    """Run one worker (arguments as in the module docstring); its exit status."""
+    ready_fd, number, count = (int(value) for value in argv)
+    settings = pickle.load(sys.stdin.buffer)  # from the supervisor, our parent: trusted
+    if not isinstance(settings, Settings):
+        raise TypeError(f"expected Settings on stdin, got {type(settings).__name__}")
+    configure_logging(settings.logging.level, settings.logging.format, Redactor(secret_values(settings)))
+
+    def on_ready(sidecar: Sidecar, stop: Callable[[], None]) -> None:
+        os.write(ready_fd, b"r")
+        os.close(ready_fd)
+        log.info(
+            "worker %d of %d (pid %d) serving as replica %s",
+            number,
+            count,
+            os.getpid(),
+            sidecar.engine.settings.replica_id,
+        )
+        loop = asyncio.get_running_loop()
+
+        def supervisor_gone() -> None:
+            if not os.read(_STDIN, 64):  # end of file: the supervisor's end of the pipe closed
+                loop.remove_reader(_STDIN)
+                log.warning("worker %d: the supervisor is gone; stopping", number)
+                stop()
+
+        loop.add_reader(_STDIN, supervisor_gone)
+
+    try:
+        asyncio.run(serve(settings, worker=True, on_ready=on_ready))
+    except StartupError as error:
+        print(f"turnwire: worker {number} cannot start: {error}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,191 @@
+"""The README's shell blocks run as written, against real sidecars.
+
+Each ``sh`` block of the README is either run here (the address ``127.0.0.1:50051`` pointed at a
+free port, ``.venv/bin/turnwire`` at this interpreter's ``turnwire``), run by
+``tests/test_doc_snippets.py`` (``buf curl``), or listed in :data:`NOT_RUN` with the reason; a new
+block fails :func:`test_every_readme_shell_block_is_run_or_excused` until it is one of these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from support.sidecar import SidecarFactory, free_port, run_turnwire, spawn_turnwire
+from support.stores import postgres_database
+from support.waiting import wait_until
+
+from turnwire_client import TlsOptions
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+_SHELL = re.compile(r"^```sh\n(.*?)^```", re.DOTALL | re.MULTILINE)
+_ADDRESS = "127.0.0.1:50051"
+
+#: The first line of each block, and who runs it.
+RUN_HERE = {
+    "cli_tour": ".venv/bin/turnwire serve --listen 127.0.0.1:50051",
+    "replicas": "createdb -h 127.0.0.1 -U postgres turnwire",
+    "certificates": "# A CA (keep ca.key away from the servers)",
+    "tls_cli": "turnwire health --target 127.0.0.1:50051 --tls-ca ca.pem",
+}
+RUN_ELSEWHERE = {"node_modules/.bin/buf curl": "tests/test_doc_snippets.py"}
+NOT_RUN = {
+    "make demo": "the README's first screen: CI runs both commands (.ci/run: make test; make demo by hand)",
+    "docker build": "no container daemon on these machines; tests/test_dockerfile.py checks the Dockerfile",
+}
+
+
+def _blocks() -> list[str]:
+    return [match.group(1) for match in _SHELL.finditer(README)]
+
+
+def _block(key: str) -> list[str]:
+    """The commands of the block starting with ``RUN_HERE[key]``: continuation lines joined,
+    comments and blank lines dropped."""
+    for block in _blocks():
+        if block.startswith(RUN_HERE[key]):
+            lines = block.replace("\\\n", " ").splitlines()
+            return [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    raise AssertionError(f"the README has no sh block starting with {RUN_HERE[key]!r}")
+
+
+def _argv(command: str, target: str) -> list[str]:
+    """A README ``turnwire`` command line (its ``#`` comment dropped) as argv for
+    :func:`run_turnwire`, without the program, aimed at ``target``."""
+    words = shlex.split(command.partition("  #")[0].replace(_ADDRESS, target))
+    assert words[0] in (".venv/bin/turnwire", "turnwire"), command
+    return words[1:]
+
+
+def test_every_readme_shell_block_is_run_or_excused() -> None:
+    known = [*RUN_HERE.values(), *RUN_ELSEWHERE, *NOT_RUN]
+    for block in _blocks():
+        assert any(block.startswith(start) for start in known), (
+            f"a README sh block nobody runs: {block.splitlines()[0]!r}; run it in this file or say "
+            "why not in NOT_RUN"
+        )
+
+
+async def test_the_cli_tour_runs_as_written(sidecar_factory: SidecarFactory, tmp_path: Path) -> None:
+    commands = _block("cli_tour")
+    serve = _argv(commands[0], "127.0.0.1:0")
+    assert serve[:2] == ["serve", "--listen"]  # the sidecar the other lines talk to
+    sidecar = await sidecar_factory().start()
+    env = {"TURNWIRE_TARGET": sidecar.target}
+    expected_codes = {"cancel": 1}  # "cancel a running turn": none runs, so exit status 1
+    outputs = {}
+    for command in commands[1:]:
+        args = _argv(command, sidecar.target)
+        result = await run_turnwire(*args, env=env)
+        assert result.code == expected_codes.get(args[0], 0), (command, result)
+        outputs[" ".join(args[:2])] = result.stdout
+    assert "get_weather" in outputs["chat my-conversation"]
+    assert "What's the weather in Oslo?" in outputs["history my-conversation"]
+    assert "my-conversation" in outputs["conversations"]
+    assert outputs["health"].strip() == "SERVING"
+    assert "store:" in outputs["config show"]
+
+
+async def test_two_replicas_on_one_postgresql_database_as_written(tmp_path: Path) -> None:
+    commands = _block("replicas")
+    createdb, serve_lines = commands[0], commands[1:]
+    assert createdb.startswith("createdb") and len(serve_lines) == 2
+    with postgres_database() as url:  # stands for `createdb ... turnwire`: a fresh database
+        targets, processes = [], []
+        try:
+            for line in serve_lines:
+                target = f"127.0.0.1:{free_port()}"
+                args = _argv(line.rstrip(" &"), target)
+                args = [url if arg.startswith("postgresql://") else arg for arg in args]
+                args[args.index("--listen") + 1] = target  # 50051 and 50052 in the README
+                processes.append(await spawn_turnwire(*args, env={"TURNWIRE_LIMITS__DRAIN_SECONDS": "0"}))
+                targets.append(target)
+
+            async def serving(target: str) -> bool:
+                return (await run_turnwire("health", "--target", target)).code == 0
+
+            for target, process in zip(targets, processes, strict=True):
+                try:
+                    await wait_until(
+                        lambda t=target: serving(t), timeout=60, what=f"a replica SERVING at {target}"
+                    )
+                except AssertionError as error:
+                    process.kill()
+                    log = (await process.communicate())[1].decode()[-3000:]
+                    raise AssertionError(f"{error}\n{log}") from None
+            chat = await run_turnwire("chat", "shared", "What's the weather in Oslo?", "--target", targets[0])
+            assert chat.code == 0, chat
+            history = await run_turnwire("history", "shared", "--target", targets[1])
+            assert history.code == 0 and "What's the weather in Oslo?" in history.stdout, history
+        finally:
+            for process in processes:
+                if process.returncode is None:
+                    process.terminate()
+            await asyncio.gather(*(process.wait() for process in processes))
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+async def test_the_certificate_commands_and_the_tls_cli_lines_run_as_written(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    script = "\n".join(_block("certificates"))
+    made = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr.decode()
+    server_tls = yaml.safe_load(re.search(r"```yaml\n(tls:\n.*?)```", README, re.DOTALL).group(1))["tls"]  # type: ignore[union-attr]
+    files = {
+        key: str(tmp_path / Path(value).name) for key, value in server_tls.items() if key.endswith("_file")
+    }
+    mutual = {**server_tls, **files}
+    plain_tls = {key: value for key, value in files.items() if key != "client_ca_file"}
+    client = TlsOptions(
+        ca_file=str(tmp_path / "ca.pem"),
+        cert_file=str(tmp_path / "client.pem"),
+        key_file=str(tmp_path / "client.key"),
+        server_name="turnwire.internal",
+    )
+    mtls = await sidecar_factory({"tls": mutual}, workdir=tmp_path / "mtls", tls=client).start()
+    tls = await sidecar_factory(
+        {"tls": plain_tls},
+        workdir=tmp_path / "tls",
+        tls=TlsOptions(ca_file=client.ca_file, server_name="turnwire.internal"),
+    ).start()
+    health_line, chat_line = _block("tls_cli")
+    args = _argv(health_line, mtls.target)
+    health = await _in(tmp_path, args, {})
+    assert health.returncode == 0 and health.stdout.strip() == "SERVING", health
+    env_part, _, command = chat_line.partition(" turnwire ")
+    env = dict(pair.split("=", 1) for pair in shlex.split(env_part))
+    args = _argv("turnwire " + command, tls.target)
+    chat = await _in(tmp_path, args, {**env, "TURNWIRE_TARGET": tls.target})
+    assert chat.returncode == 0 and "42" in chat.stdout, chat
+
+
+async def _in(cwd: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``turnwire ARGS`` run in ``cwd`` (the README's relative file names), off the event loop."""
+    import sys
+
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TURNWIRE_")} | env
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "turnwire_server", *args],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )

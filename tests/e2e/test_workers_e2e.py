@@ -1,0 +1,261 @@
+"""``turnwire serve --workers N`` (issue 17, "All cores"; turnwire_server/supervisor.py).
+
+Real processes on a fresh PostgreSQL database: two workers share one port and both serve turns
+(the turns' owners are both workers' replica ids); one scrape of the supervisor's metrics
+endpoint adds up both workers' counts; SIGTERM to the supervisor drains a running turn and exits
+0; a worker killed with SIGKILL is restarted and its running turn recovered through its lapsed
+lease; the workers of a supervisor killed with SIGKILL stop on their own; a worker that keeps
+dying makes the supervisor give up (exit 1); a port in use, a worker that cannot start, and the
+SQLite store with more than one worker stop the start with a message
+that says what to fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import socket
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.hooks import pythonpath_env
+from support.sidecar import SidecarFactory, SidecarProcess, free_port, run_turnwire
+from support.stores import postgres_database
+from support.waiting import wait_until
+
+from turnwire_client import TurnwireClient, collect
+from turnwire_server import supervisor
+from turnwire_server.config import load_settings
+
+LEASE_SECONDS = 1.5
+WORDS = [f"w{i}" for i in range(40)]
+REST = "and that is the end."
+WORKERS_ENV = {"TURNWIRE_WORKERS": "2"}
+START_SECONDS = 60.0  # a worker's start on a loaded 2-core machine (as support.sidecar allows)
+
+
+def config(metrics_port: int | None = None) -> dict[str, object]:
+    settings: dict[str, object] = {
+        "providers": {
+            "scripted": {
+                "scripts": {
+                    "short": [{"text": "one two three four", "delay_ms": 5}],
+                    "slow": [{"text": " ".join(WORDS), "delay_ms": 50, "retry": {"text": REST}}],
+                }
+            }
+        },
+        "checkpoint": {"interval_ms": 20},
+        "store": {"pool_size": 4},
+        "durability": {"lease_seconds": LEASE_SECONDS},
+    }
+    if metrics_port is not None:
+        settings["metrics"] = {"enabled": True, "listen": f"127.0.0.1:{metrics_port}"}
+    return settings
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    with postgres_database() as url:
+        yield url
+
+
+def sql(url: str, query: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    with psycopg.connect(url) as conn:
+        return [tuple(row) for row in conn.execute(query, params).fetchall()]
+
+
+def replicas_by_pid(sidecar: SidecarProcess) -> dict[int, str]:
+    """Each worker process's replica id, from the workers' start-up lines."""
+    found = re.findall(r"worker \d of 2 \(pid (\d+)\) serving as replica (\S+)", sidecar.log_text())
+    return {int(pid): replica for pid, replica in found}
+
+
+def gone(pid: int) -> bool:
+    """The process ended (a zombie not yet reaped by its new parent counts as ended)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def is_dir(path: str) -> bool:
+    return Path(path).is_dir()
+
+
+async def start_workers(sidecar: SidecarProcess) -> SidecarProcess:
+    """Start the supervisor and wait until both workers serve (health alone reaches one)."""
+    await sidecar.start()
+    await wait_until(
+        lambda: "2 workers serving" in sidecar.log_text(), START_SECONDS, what="both workers to serve"
+    )
+    return sidecar
+
+
+def scrape_total(port: int, name: str, **labels: str) -> float:
+    """The sum of the ``name`` samples whose labels include ``labels``, from one scrape."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    wanted = set(labels.items())
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and wanted <= set(sample.labels.items())
+    )
+
+
+async def test_two_workers_serve_one_port_metrics_add_up_and_sigterm_drains(
+    sidecar_factory: SidecarFactory, pg_url: str
+) -> None:
+    metrics_port = free_port()
+    sidecar = await start_workers(sidecar_factory(config(metrics_port), WORKERS_ENV, store_url=pg_url))
+    workers = replicas_by_pid(sidecar)
+    assert len(workers) == 2
+
+    turns = 16
+    for n in range(turns):  # a new client, so a new connection, each: the kernel spreads them
+        async with TurnwireClient(sidecar.target) as client:
+            result = await collect(client.chat(f"c{n}", "hi", model="scripted:short"))
+            assert result.status_name == "COMPLETED"
+    owners = {row[0] for row in sql(pg_url, "SELECT owner FROM turns")}
+    assert owners == set(workers.values()), "both workers ran turns (2**-15 odds of a false failure)"
+
+    chats = scrape_total(metrics_port, "grpc_server_handled_total", grpc_method="Chat", grpc_code="OK")
+    assert chats == turns, "one scrape adds up both workers' counts"
+    assert scrape_total(metrics_port, "turnwire_open_streams") == 0
+
+    metrics_dir = re.search(r"their files in (\S+)\)", sidecar.log_text())
+    assert metrics_dir is not None and is_dir(metrics_dir[1])
+
+    async with TurnwireClient(sidecar.target) as client:
+        running = client.chat("draining", "tell me", model="scripted:slow")
+        assert (await anext(running)).HasField("turn_start")
+        sidecar.send_signal(signal.SIGTERM)  # the turn is running: the workers let it finish
+        result = await collect(running)
+    assert result.status_name == "COMPLETED", "the running turn finished within the grace"
+    assert await sidecar.wait() == 0
+    for pid in workers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # gone, and reaped by the supervisor
+    assert not is_dir(metrics_dir[1]), "the supervisor removed the multiprocess files"
+
+
+async def test_a_killed_worker_is_restarted_and_its_turn_recovered(
+    sidecar_factory: SidecarFactory, pg_url: str
+) -> None:
+    sidecar = await start_workers(sidecar_factory(config(), WORKERS_ENV, store_url=pg_url))
+    before = replicas_by_pid(sidecar)
+    async with TurnwireClient(sidecar.target) as client:
+        seen = 0
+        try:
+            async for event in client.chat(
+                "crash", "a story", request_id="r-crash", model="scripted:slow", disconnect="continue"
+            ):
+                seen += event.HasField("text_delta")
+                if seen == 5:
+                    await wait_until(
+                        lambda: sql(pg_url, "SELECT 1 FROM messages WHERE id = 'tw-a-r-crash'"),
+                        what="a checkpoint of the partial reply",
+                    )
+                    [(owner,)] = sql(pg_url, "SELECT owner FROM turns WHERE request_id = 'r-crash'")
+                    victim = next(pid for pid, replica in before.items() if replica == owner)
+                    os.kill(victim, signal.SIGKILL)
+        except Exception:  # the stream breaks with the worker
+            pass
+
+    def finished() -> bool:
+        return sql(pg_url, "SELECT state, recovery_count FROM turns WHERE request_id = 'r-crash'") == [
+            ("completed", 1)
+        ]
+
+    await wait_until(finished, timeout=LEASE_SECONDS * 20, what="a worker recovers the turn")
+    log = sidecar.log_text()
+    assert f"(pid {victim}) exited unexpectedly (killed by SIGKILL): restarting it" in log
+
+    def restarted() -> bool:
+        return len(replicas_by_pid(sidecar)) == 3
+
+    await wait_until(restarted, START_SECONDS, what="the killed worker's replacement to serve")
+    async with TurnwireClient(sidecar.target) as client:
+        stored = await client.get_conversation("crash")
+        assert [m.id for m in stored.messages][1:] == ["tw-a-r-crash"]
+
+    # The supervisor itself dies: its workers see their stdin close and stop on their own.
+    workers = list(replicas_by_pid(sidecar))
+    sidecar.kill()
+    for pid in workers:
+        await wait_until(
+            lambda pid=pid: gone(pid), 30, what=f"worker pid {pid} to stop without its supervisor"
+        )
+
+
+async def test_a_port_in_use_stops_the_supervisor_before_any_worker(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = await run_turnwire(
+            "serve",
+            "--workers",
+            "2",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--store",
+            "postgresql://nobody@127.0.0.1:5432/never_opened",
+        )
+    assert result.code == 1
+    assert f"cannot start: cannot listen on 127.0.0.1:{port}: port {port} is in use" in result.stderr
+    assert "worker 1 started" not in result.stderr
+
+
+async def test_a_worker_that_cannot_start_stops_the_supervisor(pg_url: str, tmp_path: Path) -> None:
+    broken = tmp_path / "turnwire.yaml"
+    broken.write_text("middleware:\n  - path: no_such_module:Middleware\n")
+    result = await run_turnwire(
+        "serve", "--workers", "2", "--listen", "127.0.0.1:0", "--store", pg_url, "--config", str(broken)
+    )
+    assert result.code == 1
+    assert "worker 1 cannot start: middleware[0] no_such_module:Middleware" in result.stderr
+    assert "could not start (its message is above): stopping" in result.stderr
+
+
+async def test_sqlite_with_more_than_one_worker_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "one.db"
+    result = await run_turnwire("serve", "--workers", "2", "--store", f"sqlite:///{db}")
+    assert result.code == 2
+    assert "workers: 2 worker processes need the PostgreSQL store" in result.stderr
+    assert "--workers 1" in result.stderr and f"turnwire migrate --from sqlite:///{db}" in result.stderr
+    assert not db.exists(), "nothing was opened"
+
+
+async def test_a_worker_that_keeps_dying_makes_the_supervisor_give_up(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The supervisor in this process, its bounds made small (the defaults: 0.5 s doubling, 5 exits).
+    # Each worker exits 6 s after its configure_session: after it serves (which takes well under
+    # that), so the first start succeeds and each later exit is a crash of a running worker.
+    monkeypatch.setattr(supervisor, "FIRST_BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr(supervisor, "MAX_QUICK_EXITS", 1)
+    for name, value in pythonpath_env().items():
+        monkeypatch.setenv(name, value)
+    settings = load_settings(
+        None,
+        listen="127.0.0.1:0",
+        workers=2,
+        store={"url": pg_url},
+        middleware=[{"path": "support.exits:ExitsSoon", "options": {"seconds": 6}}],
+    )
+    caplog.set_level(logging.INFO, logger="turnwire.supervisor")
+    assert await supervisor.supervise(settings) == 1
+    restarted = [r.getMessage() for r in caplog.records if "exited unexpectedly (exit status 3)" in r.message]
+    assert restarted, "a worker was restarted once first"
+    assert any(
+        "exited 2 times in a row within 30 s of starting: giving up" in r.message for r in caplog.records
+    )
