@@ -750,3 +750,29 @@ async def test_run_chat_piped_shows_no_spinner(service: tuple[FakeChatService, s
     console, output = capture()
     assert await run_chat(target, CONV, "hi", console=console) == 0
     assert "waiting" not in output() and "\x1b" not in output()
+
+
+async def test_the_concurrent_input_strategy_is_sent_on_each_input_call(
+    service: tuple[FakeChatService, str],
+) -> None:
+    """Issue 18: the calls that bring new input take ``concurrent_input``; unset sends
+    UNSPECIFIED (the server's default)."""
+    fake, target = service
+    async with TurnwireClient(target) as client:
+        fake.stream = weather_turn()
+        await collect(client.chat(CONV, "hi", concurrent_input="reject"))
+        fake.stream = weather_turn()
+        await collect(client.save_messages(CONV, [], concurrent_input="interrupt"))
+        fake.stream = weather_turn()
+        await collect(client.chat(CONV, "hi", concurrent_input="rollback"))
+        fake.stream = weather_turn()
+        await collect(client.chat(CONV, "hi", concurrent_input="enqueue"))
+        fake.stream = weather_turn()
+        await collect(client.chat(CONV, "hi"))
+    assert [r.concurrent_input_strategy for r in fake.requests] == [
+        chat_service_pb2.CONCURRENT_INPUT_STRATEGY_REJECT,
+        chat_service_pb2.CONCURRENT_INPUT_STRATEGY_INTERRUPT,
+        chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ROLLBACK,
+        chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ENQUEUE,
+        chat_service_pb2.CONCURRENT_INPUT_STRATEGY_UNSPECIFIED,
+    ]

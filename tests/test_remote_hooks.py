@@ -28,11 +28,11 @@ from support.engine_harness import (
 from support.hook_server import RecordingHookServer, abort, serving, sleep_forever
 from support.waiting import wait_until
 
-from turnwire.hooks import SessionContext
+from turnwire.hooks import ChatResponseContext, ConcurrentInput, SessionContext, TurnContext
 from turnwire.testing import ScriptedError, ScriptedToolCall, ScriptStep
-from turnwire_client.v1 import event_pb2, hooks_pb2, message_pb2
+from turnwire_client.v1 import chat_service_pb2, event_pb2, hooks_pb2, message_pb2
 from turnwire_server.config import RemoteHookSettings
-from turnwire_server.remote_hooks import RemoteMiddleware
+from turnwire_server.remote_hooks import RemoteMiddleware, convert
 
 PARENT = "turnwire-parent-request-id"
 
@@ -507,3 +507,37 @@ async def test_chunks_reach_on_chunks_in_batches_on_one_call_per_turn(remote_eng
     assert events[-1].WhichOneof("event") == "step_finish"
     assert metric("turnwire_remote_hook_chunk_batches_total", server=address) == len(requests)
     assert metric("turnwire_remote_hook_calls_total", server=address, hook="on_chunk") == 1
+
+
+def test_the_concurrent_input_strategy_reaches_remote_before_turn_and_on_chat_response() -> None:
+    """Issue 18: a hook server sees which strategy applied, as the in-process hooks do."""
+    turn = TurnContext(
+        conversation_id="c",
+        request_id="new",
+        system="s",
+        messages=[],
+        tools={},
+        model="scripted:demo",
+        continuation=False,
+        body={},
+        concurrent_input=ConcurrentInput("rollback", "old"),
+    )
+    request = convert.before_turn_request(turn, convert.turn_info_of(turn), include_messages=False)
+    assert request.concurrent_input == hooks_pb2.ConcurrentInput(
+        strategy=chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ROLLBACK, request_id="old"
+    )
+    stopped = ChatResponseContext(
+        conversation_id="c",
+        request_id="old",
+        message=message_pb2.Message(),
+        continuation=False,
+        status="aborted",
+        concurrent_input=ConcurrentInput("interrupt", "new"),
+    )
+    response = convert.chat_response_request(stopped, convert.turn_info("c", "old"))
+    assert response.concurrent_input.strategy == chat_service_pb2.CONCURRENT_INPUT_STRATEGY_INTERRUPT
+    assert response.concurrent_input.request_id == "new"
+    plain = convert.chat_response_request(
+        ChatResponseContext("c", "x", message_pb2.Message(), False, "completed"), convert.turn_info("c", "x")
+    )
+    assert not plain.HasField("concurrent_input")

@@ -943,3 +943,84 @@ async def test_start_turn_gives_the_history_its_commit_left_where_it_costs_no_ro
         assert history is not None
         assert [m.id for m in history] == ["u0", "asst-1", "u1"]
         assert history == await store.load_messages("conv-1")
+
+
+async def test_roll_back_turn_removes_its_messages_and_ends_it(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    """ROLLBACK (docs/semantics.md §5, §12): the turn's input and reply go, in one transaction;
+    earlier messages stay, the turn row records the end and its error."""
+    await store.start_turn(_turn(request_id="req-0", assistant_message_id="asst-0"), [_text("u0", "before")])
+    await store.finish_turn(
+        dataclasses.replace(
+            _turn(request_id="req-0", assistant_message_id="asst-0"), state="completed", end_time=T0
+        ),
+        _text("asst-0", "answer", message_pb2.ROLE_ASSISTANT),
+    )
+    before = await store.get_conversation("conv-1")
+    assert before is not None
+    await store.start_turn(_turn(), [_text("u1", "rolled"), _text("u2", "back")])
+    await store.save_message("conv-1", _text("asst-1", "partial", message_pb2.ROLE_ASSISTANT))
+    ended = dataclasses.replace(_turn(), state="aborted", end_time=T0, error=b"\x08\x0a")
+    await store.roll_back_turn(ended, ["u1", "u2", "asst-1", "never-stored"])
+    assert [m.id for m in await store.load_messages("conv-1")] == ["u0", "asst-0"]
+    after = await store.get_conversation("conv-1")
+    assert after is not None and after.message_count == before.message_count == 2
+    assert store_backend.sql("SELECT state, error FROM turns WHERE request_id = ?", ("req-1",)) == [
+        ("aborted", b"\x08\x0a")
+    ]
+    with pytest.raises(TurnNotFound):
+        await store.roll_back_turn(dataclasses.replace(ended, request_id="nobody"), ["u0"])
+    assert [m.id for m in await store.load_messages("conv-1")] == ["u0", "asst-0"]
+
+
+async def test_queue_head_names_the_holder_then_the_first_waiting(store: Store) -> None:
+    assert await store.queue_head("conv-1") is None
+    a_holds = asyncio.Event()
+    release = asyncio.Event()
+
+    async def holder() -> None:
+        async with store.turn_lock("conv-1", request_id="a", owner="me"):
+            a_holds.set()
+            await release.wait()
+
+    task = asyncio.create_task(holder())
+    await a_holds.wait()
+    assert await store.queue_head("conv-1") == "a"
+    release.set()
+    await task
+    await wait_until(lambda: _head_is(store, None), what="the lock is free again")
+
+
+async def _head_is(store: Store, expected: str | None) -> bool:
+    return await store.queue_head("conv-1") == expected
+
+
+async def test_a_place_taken_first_goes_behind_the_holder_and_earlier_first_places() -> None:
+    """New input that interrupted the running turn runs next (docs/semantics.md §5): a ``first``
+    place goes right behind the holder, after the ``first`` places before it, ahead of the rest."""
+    locks = LocalTurnLocks()
+    order: list[str] = []
+    release = asyncio.Event()
+    holds = asyncio.Event()
+
+    async def turn(name: str, *, first: bool = False) -> None:
+        async with locks.hold("c", name, first=first):
+            if name == "a":
+                holds.set()
+                await release.wait()
+            order.append(name)
+
+    tasks = [asyncio.create_task(turn("a"))]
+    await holds.wait()
+    for name, first in (("q1", False), ("q2", False), ("i1", True), ("i2", True)):
+        tasks.append(asyncio.create_task(turn(name, first=first)))
+        await wait_until(lambda n=len(tasks): locks.places("c") == n, what=f"{name} waits")
+    assert locks.head("c") == "a"
+    locks.reserve("c", "s1")  # a submission's place, moved to the head when taken first
+    tasks.append(asyncio.create_task(turn("s1", first=True)))
+    await wait_until(lambda: "s1" not in locks._reserved, what="s1 took its reserved place")
+    release.set()
+    await asyncio.gather(*tasks)
+    assert order == ["a", "i1", "i2", "s1", "q1", "q2"]
+    assert len(locks) == 0

@@ -82,6 +82,26 @@ AI SDK ``experimental_repairToolCall``).
 """
 
 
+ConcurrentInputStrategy = Literal["enqueue", "reject", "interrupt", "rollback"]
+"""What new input does when its conversation has a turn running or queued (docs/semantics.md §5,
+new input while a turn runs; the request's ``concurrent_input_strategy``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrentInput:
+    """Which concurrent-input strategy applied between two turns of a conversation.
+
+    In ``before_turn`` (``TurnContext.concurrent_input``): the strategy the new turn's request
+    used and ``request_id`` the turn it stopped (``""``: it stopped none: ``enqueue``, or the
+    conversation was idle). In ``on_chat_response`` (``ChatResponseContext.concurrent_input``)
+    of a turn stopped by new input: ``interrupt`` (its partial reply is stored) or ``rollback``
+    (everything it stored was removed), and ``request_id`` the request that stopped it.
+    """
+
+    strategy: ConcurrentInputStrategy
+    request_id: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class TurnContext:
     """Input of ``before_turn``: the assembled turn, before the first step.
@@ -89,6 +109,8 @@ class TurnContext:
     ``tools`` maps name to tool (the merged set); ``model`` is
     ``provider:model``; ``body`` is the request's free-form JSON; ``attempt`` counts the runs
     of the turn from 1 (a re-run after a stall, a crash or an overflow is 2 and later).
+    ``concurrent_input``: the strategy the request used on a busy conversation and the turn it
+    stopped (:class:`ConcurrentInput`; None for a recovery or a submission).
     """
 
     conversation_id: str
@@ -100,6 +122,7 @@ class TurnContext:
     continuation: bool
     body: Mapping[str, Any]
     attempt: int = 1
+    concurrent_input: ConcurrentInput | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +302,10 @@ class ChunkContext:
 class ChatResponseContext:
     """Input of ``on_chat_response``: the stored assistant message and how the turn ended.
 
-    ``error`` is the turn's error when ``status`` is ``error``.
+    ``error`` is the turn's error when ``status`` is ``error``. ``concurrent_input`` is set when
+    new input stopped the turn (status ``aborted``): ``interrupt`` (``message`` is the stored
+    partial reply) or ``rollback`` (``message`` was removed with the turn's input), naming the
+    request that stopped it (:class:`ConcurrentInput`).
     """
 
     conversation_id: str
@@ -288,6 +314,7 @@ class ChatResponseContext:
     continuation: bool
     status: TurnOutcome
     error: BaseException | None = None
+    concurrent_input: ConcurrentInput | None = None
 
 
 @dataclass(frozen=True, slots=True)

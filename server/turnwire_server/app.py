@@ -428,6 +428,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
                 system_prompt=settings.system_prompt,
                 max_steps=settings.limits.max_steps,
                 max_queued_turns_per_conversation=settings.limits.max_queued_turns_per_conversation,
+                concurrent_input=settings.limits.concurrent_input,
                 text_coalesce_ms=settings.events.text_coalesce_ms,
                 checkpoint_interval_ms=settings.checkpoint.interval_ms,
                 tool_timeout_seconds=settings.limits.tool_timeout_seconds,

@@ -269,6 +269,14 @@ class LimitsSettings(_Section):
         ),
     )
     max_queued_turns_per_conversation: int = Field(32, ge=1)
+    concurrent_input: Literal["enqueue", "reject", "interrupt", "rollback"] = Field(
+        "enqueue",
+        description=(
+            "what new input does on a conversation with a turn running or queued when its request "
+            "names no concurrent_input_strategy: enqueue (wait, FIFO), reject (FAILED_PRECONDITION), "
+            "interrupt (stop the running turn, run next) or rollback (stop it and remove what it stored)"
+        ),
+    )
     drain_seconds: float = Field(
         5.0,
         ge=0,

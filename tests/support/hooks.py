@@ -168,3 +168,32 @@ class BlockToolsFromBody(Middleware):
         """Forget the turn."""
         self._blocked.pop(ctx.request_id, None)
         self._substituted.pop(ctx.request_id, None)
+
+
+class RecordConcurrentInput(Middleware):
+    """Append what ``before_turn`` and ``on_chat_response`` are told about the concurrent-input
+    strategy to the file ``path``, one line per call: ``before_turn <request_id> <strategy>
+    <stopped request id or ->`` and ``on_chat_response <request_id> <status> <strategy or ->
+    <interrupting request id or ->``."""
+
+    def __init__(self, *, path: str) -> None:
+        """``path`` is the file to append to."""
+        super().__init__(path=path)
+        self.path = Path(path)
+
+    def _write(self, line: str) -> None:
+        with self.path.open("a") as out:
+            out.write(line + "\n")
+
+    async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
+        """Record the strategy the request used and the turn it stopped."""
+        applied = ctx.concurrent_input
+        strategy, stopped = (applied.strategy, applied.request_id or "-") if applied else ("-", "-")
+        self._write(f"before_turn {ctx.request_id} {strategy} {stopped}")
+        return None
+
+    async def on_chat_response(self, ctx: ChatResponseContext) -> None:
+        """Record how the turn ended and whether new input stopped it."""
+        by = ctx.concurrent_input
+        strategy, request_id = (by.strategy, by.request_id) if by else ("-", "-")
+        self._write(f"on_chat_response {ctx.request_id} {ctx.status} {strategy} {request_id}")

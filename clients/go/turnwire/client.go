@@ -67,6 +67,10 @@ func (c *Client) Service() turnwirev1.ChatServiceClient {
 // Chat appends req.Message to the conversation req.ConversationId (created
 // on first use) and runs a turn; the Stream yields its events, the last a
 // TurnEnd. Cancelling ctx, or Stream.Close, cancels the call.
+// req.ConcurrentInputStrategy says what the message does when the
+// conversation has a turn running or queued (ENQUEUE, REJECT, INTERRUPT,
+// ROLLBACK; unset: the server's limits.concurrent_input); SaveMessages,
+// SubmitToolResults and SubmitToolApprovals take it too.
 func (c *Client) Chat(ctx context.Context, req *turnwirev1.ChatRequest, opts ...grpc.CallOption) (*Stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.Chat(ctx, req, opts...)

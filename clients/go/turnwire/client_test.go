@@ -352,3 +352,49 @@ func TestOverloadCarriesRetryDelay(t *testing.T) {
 		t.Errorf("retry delay %v, metadata %v; want 1s and limit 1", e.RetryDelay, e.Metadata)
 	}
 }
+
+// TestConcurrentInputStrategy passes ConcurrentInputStrategy through: REJECT
+// on a busy conversation is FailedPrecondition [TURN_IN_PROGRESS] naming the
+// running turn; INTERRUPT stops it (ABORTED, reason INTERRUPTED) and runs.
+func TestConcurrentInputStrategy(t *testing.T) {
+	ctx := testContext(t)
+	running := startSlowTurn(t, ctx, "go-busy", "go-busy-1")
+	defer running.Close()
+	rejected, err := client.Chat(ctx, &turnwirev1.ChatRequest{
+		ConversationId:          "go-busy",
+		Message:                 turnwire.UserText("now"),
+		ConcurrentInputStrategy: turnwirev1.ConcurrentInputStrategy_CONCURRENT_INPUT_STRATEGY_REJECT,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = rejected.Wait()
+	var e *turnwire.Error
+	if !errors.As(err, &e) || e.Code != codes.FailedPrecondition ||
+		e.ErrorReason() != turnwirev1.ErrorReason_ERROR_REASON_TURN_IN_PROGRESS {
+		t.Fatalf("REJECT on a busy conversation: %#v; want FailedPrecondition [TURN_IN_PROGRESS]", err)
+	}
+	if e.Metadata["running_request_id"] != "go-busy-1" {
+		t.Errorf("metadata %v; want running_request_id go-busy-1", e.Metadata)
+	}
+	interrupter, err := client.Chat(ctx, &turnwirev1.ChatRequest{
+		ConversationId:          "go-busy",
+		Message:                 turnwire.UserText("instead"),
+		ConcurrentInputStrategy: turnwirev1.ConcurrentInputStrategy_CONCURRENT_INPUT_STRATEGY_INTERRUPT,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, err := running.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := turnwire.FromStatus(end.GetError())
+	if end.GetStatus() != turnwirev1.TurnStatus_TURN_STATUS_ABORTED ||
+		stopped.ErrorReason() != turnwirev1.ErrorReason_ERROR_REASON_INTERRUPTED {
+		t.Fatalf("the interrupted turn ended %v %v; want ABORTED [INTERRUPTED]", end.GetStatus(), stopped)
+	}
+	if next, err := interrupter.Wait(); err != nil || next.GetStatus() != turnwirev1.TurnStatus_TURN_STATUS_COMPLETED {
+		t.Fatalf("the interrupting turn: %v, %v; want COMPLETED", next, err)
+	}
+}

@@ -17,6 +17,7 @@ import {
   ChatService,
   type ClientToolSchema,
   type Conversation,
+  type ConcurrentInputStrategy,
   type DisconnectPolicy,
   type ListConversationsResponse,
   type ListSubmissionsRequestSchema,
@@ -87,6 +88,17 @@ export interface TurnOptions extends CallOpts {
   clientTools?: ClientToolInit[];
 }
 
+/** Options of the calls that bring new input to a conversation (all turn calls but ContinueLastTurn). */
+export interface InputOptions extends TurnOptions {
+  /**
+   * What this input does when the conversation has a turn running or queued: ENQUEUE (wait in
+   * line), REJECT (FAILED_PRECONDITION, reason TURN_IN_PROGRESS; nothing stored), INTERRUPT (stop
+   * the running turn, keep its partial reply, run next) or ROLLBACK (stop it, remove its input
+   * and partial reply, run next). The server's default (`limits.concurrent_input`) when unset.
+   */
+  concurrentInputStrategy?: ConcurrentInputStrategy;
+}
+
 /** The result of one client-side tool call: a JSON `output`, or an `errorText` the model sees. */
 export interface ToolResultInit {
   toolCallId: string;
@@ -104,7 +116,7 @@ export interface ToolApprovalInit {
 }
 
 /** Options of the calls that may continue a turn after tool results or approvals. */
-export interface ContinueOptions extends TurnOptions {
+export interface ContinueOptions extends InputOptions {
   /** Run one continuation turn once every pending call of the message is answered. */
   autoContinue?: boolean;
 }
@@ -152,17 +164,17 @@ export class TurnwireClient {
    * Appends a user message with `text` to the conversation (created on first
    * use) and runs a turn: iterate its events, or `await ….collect()`.
    */
-  chat(conversationId: string, text: string, options: TurnOptions = {}): TurnStream {
+  chat(conversationId: string, text: string, options: InputOptions = {}): TurnStream {
     const message: MessageInit = { role: Role.USER, parts: [{ kind: { case: 'text', value: { text } } }] };
     return this.turn(options, (call) =>
-      this.rpc.chat({ conversationId, message, ...turnFields(options) }, call),
+      this.rpc.chat({ conversationId, message, ...inputFields(options) }, call),
     );
   }
 
   /** Appends zero or more messages and runs a turn on the resulting history (SaveMessages). */
-  saveMessages(conversationId: string, messages: MessageInit[], options: TurnOptions = {}): TurnStream {
+  saveMessages(conversationId: string, messages: MessageInit[], options: InputOptions = {}): TurnStream {
     return this.turn(options, (call) =>
-      this.rpc.saveMessages({ conversationId, messages, ...turnFields(options) }, call),
+      this.rpc.saveMessages({ conversationId, messages, ...inputFields(options) }, call),
     );
   }
 
@@ -207,7 +219,7 @@ export class TurnwireClient {
           conversationId,
           results: wire,
           autoContinue: options.autoContinue ?? false,
-          ...turnFields(options),
+          ...inputFields(options),
         },
         call,
       ),
@@ -222,7 +234,7 @@ export class TurnwireClient {
   ): TurnStream {
     return this.turn(options, (call) =>
       this.rpc.submitToolApprovals(
-        { conversationId, approvals, autoContinue: options.autoContinue ?? false, ...turnFields(options) },
+        { conversationId, approvals, autoContinue: options.autoContinue ?? false, ...inputFields(options) },
         call,
       ),
     );
@@ -336,6 +348,10 @@ function turnFields(options: TurnOptions) {
     disconnectPolicy: options.disconnectPolicy,
     clientTools: options.clientTools ?? [],
   };
+}
+
+function inputFields(options: InputOptions) {
+  return { ...turnFields(options), concurrentInputStrategy: options.concurrentInputStrategy };
 }
 
 function nodePem(pem: Pem): string | Buffer {

@@ -6,6 +6,7 @@ export type {
   CallOpts,
   ClientToolInit,
   ContinueOptions,
+  InputOptions,
   MessageInit,
   Pem,
   TlsOptions,
@@ -29,7 +30,12 @@ export type {
   TurnStatusName,
   Usage,
 } from './turn.js';
-export { DisconnectPolicy, SubmissionState, AddMode } from './gen/turnwire/v1/chat_service_pb.js';
+export {
+  ConcurrentInputStrategy,
+  DisconnectPolicy,
+  SubmissionState,
+  AddMode,
+} from './gen/turnwire/v1/chat_service_pb.js';
 export type { Conversation, Submission } from './gen/turnwire/v1/chat_service_pb.js';
 export { TurnStatus, FinishReason, ProgressPhase } from './gen/turnwire/v1/event_pb.js';
 export type { TurnEvent, TurnEnd, Progress } from './gen/turnwire/v1/event_pb.js';

@@ -10,6 +10,7 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 
 import {
+  ConcurrentInputStrategy,
   ERROR_DOMAIN,
   Role,
   TurnStatus,
@@ -207,6 +208,32 @@ test('a client tool: the turn ends with the call pending; submitToolResults send
     stored.map(({ state, output }) => ({ state, output })),
     [{ state: 'OUTPUT_AVAILABLE', output: location }],
   );
+});
+
+test('concurrentInputStrategy: REJECT is refused with TURN_IN_PROGRESS, INTERRUPT stops the running turn', async () => {
+  const requestId = 'ts-busy-turn';
+  const events = client.chat('ts-busy', 'go', { model: 'scripted:long', requestId })[Symbol.asyncIterator]();
+  for (let next = await events.next(); next.value.event.case !== 'textDelta'; next = await events.next());
+  await assert.rejects(
+    client.chat('ts-busy', 'again', { concurrentInputStrategy: ConcurrentInputStrategy.REJECT }).collect(),
+    (error) => {
+      assert.equal(error.code, 'FAILED_PRECONDITION');
+      assert.equal(error.reason, 'TURN_IN_PROGRESS');
+      assert.deepEqual(error.metadata, { running_request_id: requestId });
+      return true;
+    },
+  );
+  const interrupter = client
+    .chat('ts-busy', 'instead', {
+      model: 'scripted:answer',
+      requestId: 'ts-busy-interrupter',
+      concurrentInputStrategy: ConcurrentInputStrategy.INTERRUPT,
+    })
+    .collect();
+  let end;
+  for (let next = await events.next(); !next.done; next = await events.next()) end = next.value;
+  assert.equal(end.event.value.status, TurnStatus.ABORTED);
+  assert.equal((await interrupter).status, 'COMPLETED');
 });
 
 test('an invalid conversation id: INVALID_ARGUMENT with ErrorInfo and a field violation', async () => {

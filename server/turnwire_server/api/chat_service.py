@@ -30,6 +30,7 @@ from turnwire_server.api.turn_streams import (
     disconnect_of,
     entry_of,
     parent_request_id,
+    strategy_of,
     trace_context,
 )
 from turnwire_server.api.turn_streams import stream_turn as _stream_turn
@@ -130,6 +131,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 continuation=False,
                 disconnect_policy=request.disconnect_policy,
                 client_tools=client_tools,
+                concurrent_input=request.concurrent_input_strategy,
             )
 
         async for response in _stream_turn(context, start, self.progress_interval):
@@ -176,6 +178,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                     client_tools=client_tools,
                     messages=[message for _, message in plain],
                     disconnect_policy=request.disconnect_policy,
+                    concurrent_input=request.concurrent_input_strategy,
                 )
             return await self._start(
                 context,
@@ -188,6 +191,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 continuation=False,
                 disconnect_policy=request.disconnect_policy,
                 client_tools=client_tools,
+                concurrent_input=request.concurrent_input_strategy,
             )
 
         async for response in _stream_turn(context, start, self.progress_interval):
@@ -240,6 +244,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
         continuation: bool,
         disconnect_policy: int = 0,
         client_tools: Sequence[Tool] = (),
+        concurrent_input: int = 0,
     ) -> TurnHandle:
         return await self.engine.start(
             TurnRequest(
@@ -255,6 +260,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 client_tools=client_tools,
                 entry=entry_of(response_type),
                 trace_context=trace_context(context),
+                concurrent_input=strategy_of(concurrent_input),
             ),
             parent_request_id=parent_request_id(context),
         )

@@ -29,9 +29,11 @@ from turnwire_server.engine.errors import (
     ServerStopping,
     ShuttingDown,
     SlowConsumer,
+    StoppedByInput,
     StreamStalled,
     SubmissionExpired,
     SubmissionNotFound,
+    TurnInProgress,
     TurnNotFound,
     TurnNotHere,
 )
@@ -241,6 +243,13 @@ def status_error_of(error: BaseException, stage: ErrorStage = "turn") -> Turnwir
             reason="NESTED_TURN",
             metadata={"parent_request_id": error.parent_request_id},
         )
+    if isinstance(error, TurnInProgress):
+        return TurnwireStatusError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            str(error),
+            reason="TURN_IN_PROGRESS",
+            metadata={"running_request_id": error.running_request_id},
+        )
     if isinstance(error, QueueFull):
         return TurnwireStatusError(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -321,6 +330,13 @@ def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
         )
     if isinstance(error, SlowConsumer):
         return TurnwireStatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error), reason="SLOW_CONSUMER")
+    if isinstance(error, StoppedByInput):
+        return TurnwireStatusError(
+            grpc.StatusCode.ABORTED,
+            str(error),
+            reason="ROLLED_BACK" if error.rollback else "INTERRUPTED",
+            metadata={"interrupting_request_id": error.interrupting_request_id},
+        )
     if isinstance(error, ConversationDeleted):
         return TurnwireStatusError(
             grpc.StatusCode.ABORTED,

@@ -24,10 +24,10 @@ from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.resources import timestamp
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
 from turnwire_server.api.tenancy import listing_prefix, local_id, scoped_key
-from turnwire_server.api.turn_streams import abort, trace_context
+from turnwire_server.api.turn_streams import abort, strategy_of, trace_context
 from turnwire_server.api.validation import check_id, check_message, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
-from turnwire_server.engine.errors import SubmissionNotFound, TurnNotFound
+from turnwire_server.engine.errors import SubmissionNotFound, TurnInProgress, TurnNotFound
 from turnwire_server.engine.ids import (
     RESERVED_PREFIX,
     assistant_message_id,
@@ -197,8 +197,17 @@ class SubmissionRpcs:
                 request=stored.SerializeToString(deterministic=True),
                 create_time=dt.datetime.now(dt.UTC),
             )
-            record, created = await self.submissions.submit(record, trace_context=trace_context(context))
-        except (TurnwireStatusError, UnknownModel, StoreError) as error:
+            strategy = strategy_of(request.concurrent_input_strategy) or self.engine.settings.concurrent_input
+            if strategy == "reject" and (
+                not request.submission_id or await self.store.get_submission(request.submission_id) is None
+            ):
+                await self.engine.refuse_if_busy(request.conversation_id)  # nothing stored
+            record, created = await self.submissions.submit(
+                record,
+                trace_context=trace_context(context),
+                concurrent_input=strategy if strategy in ("interrupt", "rollback") else None,
+            )
+        except (TurnwireStatusError, UnknownModel, StoreError, TurnInProgress) as error:
             await _abort(context, error)
             raise AssertionError("unreachable") from None
         return chat_service_pb2.SubmitMessagesResponse(submission=submission_proto(record), accepted=created)

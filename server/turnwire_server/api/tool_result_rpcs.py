@@ -42,12 +42,13 @@ from turnwire_server.api.turn_streams import (
     disconnect_of,
     entry_of,
     parent_request_id,
+    strategy_of,
     stream_turn,
     trace_context,
 )
 from turnwire_server.api.validation import check_id, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
-from turnwire_server.engine.errors import AdmissionRefused
+from turnwire_server.engine.errors import AdmissionRefused, TurnInProgress
 from turnwire_server.engine.ids import new_request_id
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.base import AnsweredToolCalls, Store, StoreError, ToolCallAnswer
@@ -108,6 +109,7 @@ class ToolResultRpcs:
                 model=request.model,
                 client_tools=client_tools,
                 disconnect_policy=request.disconnect_policy,
+                concurrent_input=request.concurrent_input_strategy,
             )
 
         async for response in stream_turn(context, start, self.progress_interval):
@@ -151,6 +153,7 @@ class ToolResultRpcs:
                 model=request.model,
                 client_tools=client_tools,
                 disconnect_policy=request.disconnect_policy,
+                concurrent_input=request.concurrent_input_strategy,
             )
 
         async for response in stream_turn(context, start, self.progress_interval):
@@ -227,6 +230,7 @@ class ToolResultRpcs:
         client_tools: Sequence[Tool],
         messages: Sequence[message_pb2.Message] = (),
         disconnect_policy: int = 0,
+        concurrent_input: int = 0,
     ) -> Started:
         """Store ``answers`` (one atomic write), then start the turn that follows, or return the
         responses of a SKIPPED call (see the module docstring).
@@ -234,9 +238,16 @@ class ToolResultRpcs:
         With ``messages`` (SaveMessages with other input too) an ordinary turn appending them
         runs whether or not the batch is complete. Raises :class:`TurnwireStatusError` for a
         refusal; when the answers were stored but the turn was not admitted, the message says
-        they are stored.
+        they are stored. A request that asks for REJECT on a busy conversation is refused before
+        the answers are stored (nothing stored, docs/semantics.md §5).
         """
         hook_body = json_object(body, "body")
+        strategy = strategy_of(concurrent_input)
+        if (strategy or self.engine.settings.concurrent_input) == "reject":
+            try:
+                await self.engine.refuse_if_busy(conversation_id)
+            except TurnInProgress as error:
+                raise status_error_of(error) from error
         model = model or self.default_model
         continues = bool(messages) or auto_continue
         if continues:
@@ -267,6 +278,7 @@ class ToolResultRpcs:
                     disconnect=disconnect_of(disconnect_policy),
                     entry=entry_of(response_type),
                     trace_context=trace_context(context),
+                    concurrent_input=strategy,
                 ),
                 parent_request_id=parent_request_id(context),
             )

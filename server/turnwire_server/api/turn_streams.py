@@ -11,6 +11,7 @@ import grpc
 from grpc_status import rpc_status
 from opentelemetry import propagate
 
+from turnwire.hooks import ConcurrentInputStrategy
 from turnwire_client.metadata import PARENT_REQUEST_METADATA
 from turnwire_client.v1 import chat_service_pb2, event_pb2
 from turnwire_server.api.progress import Heartbeat, Silence
@@ -128,6 +129,20 @@ def _let_go(request_id: str, last: int, why: BaseException) -> TurnwireStatusErr
 def disconnect_of(policy: int) -> Literal["cancel", "continue"]:
     """The engine's disconnect policy for a request's ``DisconnectPolicy`` (unset: cancel)."""
     return "continue" if policy == chat_service_pb2.DISCONNECT_POLICY_CONTINUE else "cancel"
+
+
+_STRATEGIES: dict[int, ConcurrentInputStrategy] = {
+    chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ENQUEUE: "enqueue",
+    chat_service_pb2.CONCURRENT_INPUT_STRATEGY_REJECT: "reject",
+    chat_service_pb2.CONCURRENT_INPUT_STRATEGY_INTERRUPT: "interrupt",
+    chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ROLLBACK: "rollback",
+}
+
+
+def strategy_of(strategy: int) -> ConcurrentInputStrategy | None:
+    """The engine's concurrent-input strategy for a request's ``ConcurrentInputStrategy`` (unset or
+    unknown: None, the configured default)."""
+    return _STRATEGIES.get(strategy)
 
 
 def parent_request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from turnwire.hooks import ConcurrentInput
 from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2
 from turnwire_server.engine import metrics
@@ -30,6 +31,8 @@ from turnwire_server.engine.errors import (
     ServerRestarted,
     ServerStopping,
     ShuttingDown,
+    StoppedByInput,
+    TurnInProgress,
 )
 from turnwire_server.engine.events import DetachedResponse, EventWriter
 from turnwire_server.engine.request import EngineSettings, TurnRequest
@@ -164,12 +167,23 @@ class TurnEngine:
         A turn with the same request id whose TurnEnd was already sent is only storing its last
         events: its caller may already be retrying (after an abort) or reusing the id, so this
         waits for it to finish and lets the store decide (``TurnAlreadyExists`` or a retry).
+        The request's concurrent-input strategy applies when the conversation has a turn running
+        or queued (:meth:`_apply_strategy`): ``reject`` raises
+        :class:`~turnwire_server.engine.errors.TurnInProgress`; ``interrupt`` and ``rollback``
+        stop the running turn and put this one first in line.
         Raises :class:`~turnwire_server.engine.errors.AdmissionRefused` subclasses.
         """
         previous = self._turns.get(request.request_id)
         if previous is not None and previous.run.ended:
             await asyncio.wait({previous.task})  # neither raises its error nor cancels it
         self._admit(request, parent_request_id, queue_limit=queue_limit)
+        concurrent_input = None
+        # A submission's strategy applies only when it is started at acceptance (Submissions.submit).
+        if recovery is None and (request.entry != "submission" or request.concurrent_input is not None):
+            concurrent_input = await self._apply_strategy(request)
+            if concurrent_input.strategy != "enqueue":
+                # It awaited the store: checked again, so nothing admitted meanwhile slips past.
+                self._admit(request, parent_request_id, queue_limit=queue_limit)
         channel: EventChannel[Any] = EventChannel(self.settings.stream_buffer_events)
         if detached:
             channel.detach()
@@ -212,6 +226,9 @@ class TurnEngine:
             on_lock_acquired=on_lock_acquired,
             recovery=recovery,
             tracing=self.tracing,
+            first_in_line=concurrent_input is not None
+            and concurrent_input.strategy in ("interrupt", "rollback"),
+            concurrent_input=concurrent_input,
         )
         tracing = self.tracing
 
@@ -236,6 +253,65 @@ class TurnEngine:
         handle = TurnHandle(run, channel, task, log, detached=detached)
         self._turns[request.request_id] = handle
         return handle
+
+    async def busy_turn(self, conversation_id: str, *, own_id: str = "") -> str | None:
+        """The request id of a turn running or queued on ``conversation_id`` (the one holding its
+        lock when known), here or, through the store, on another replica or as a pending
+        submission; None when the conversation is idle. ``own_id`` (a submission whose place is
+        already reserved) heading the line counts as idle."""
+        local = [
+            h
+            for h in self._turns.values()
+            if h.conversation_id == conversation_id and not h.run.ended and h.request_id != own_id
+        ]
+        for handle in local:
+            if handle.run.holds_lock:
+                return handle.request_id
+        if local:
+            return local[0].request_id
+        head = await self.store.queue_head(conversation_id)
+        return None if head == own_id and own_id else head
+
+    async def refuse_if_busy(self, conversation_id: str) -> None:
+        """Raise :class:`TurnInProgress` when ``conversation_id`` has a turn running or queued (a
+        REJECT request checked before it stores anything of its own, such as tool results)."""
+        head = await self.busy_turn(conversation_id)
+        if head is not None:
+            raise TurnInProgress(conversation_id, head)
+
+    async def _apply_strategy(self, request: TurnRequest) -> ConcurrentInput:
+        """Apply the request's concurrent-input strategy (docs/semantics.md §5, new input while a
+        turn runs) and say what ``before_turn`` is told.
+
+        ``enqueue`` does nothing here. The others look for a turn running or queued on the
+        conversation: here first (a turn admitted but not yet in line), then in the store, which
+        sees the other replicas' turns with PostgreSQL. ``reject`` raises
+        :class:`TurnInProgress` naming it. ``interrupt`` and ``rollback`` stop the turn holding
+        the conversation's lock (here, or on its replica through the store); turns only queued
+        are left alone. The new turn goes first in line either way (it runs right after the
+        stopped turn has stored or removed what it wrote).
+        """
+        strategy = request.concurrent_input or self.settings.concurrent_input
+        if strategy == "enqueue":
+            return ConcurrentInput("enqueue")
+        conversation_id = request.conversation_id
+        head = await self.busy_turn(conversation_id, own_id=request.request_id)
+        if head is None:
+            return ConcurrentInput(strategy)
+        if strategy == "reject":
+            raise TurnInProgress(conversation_id, head)
+        stop = StoppedByInput(request.request_id, rollback=strategy == "rollback")
+        local = [h for h in self._turns.values() if h.conversation_id == conversation_id and not h.run.ended]
+        for handle in local:
+            if handle.run.holds_lock:
+                handle.run.cancel(stop)
+                return ConcurrentInput(strategy, handle.request_id)
+        holder = await self.store.queue_head(conversation_id)
+        if holder is not None and holder != request.request_id and self._turns.get(holder) is None:
+            # Held on another replica: its turn is stopped there (serve_cancel_requests).
+            await self.store.request_cancel(holder, stop=_stop_reason(stop))
+            return ConcurrentInput(strategy, holder)
+        return ConcurrentInput(strategy)
 
     def _dequeue(self, conversation_id: str) -> None:
         metrics.QUEUED_TURNS.dec()
@@ -277,8 +353,9 @@ class TurnEngine:
     async def serve_cancel_requests(self) -> None:
         """Cancel the turns other replicas were asked to cancel, as the requests come (runs until
         cancelled; a store served by one process sends none)."""
-        async for request_id in self.store.cancel_requests():
-            if self.cancel(request_id):
+        async for request_id, reason in self.store.cancel_requests():
+            handle = self._turns.get(request_id)
+            if handle is not None and handle.run.cancel(_stop_of(reason)):
                 log.info("turn %s cancelled at another replica's request", request_id)
 
     def handle(self, request_id: str) -> TurnHandle | None:
@@ -477,3 +554,16 @@ class TurnEngine:
         except ValueError as error:
             return ServerRestarted(f"its recovery data cannot be read: {error}")
         return None
+
+
+def _stop_reason(stop: StoppedByInput) -> str:
+    """``stop`` as the reason a cancel request carries to another replica (``Store.request_cancel``)."""
+    return f"{'rollback' if stop.rollback else 'interrupt'}:{stop.interrupting_request_id}"
+
+
+def _stop_of(reason: str) -> StoppedByInput | None:
+    """The stop a cancel request's reason names (None: a plain cancel, ``CancelChat``)."""
+    kind, _, request_id = reason.partition(":")
+    if kind in ("interrupt", "rollback") and request_id:
+        return StoppedByInput(request_id, rollback=kind == "rollback")
+    return None

@@ -172,3 +172,38 @@ class SubmissionExpired(Exception):
             "without running; its messages were not stored: submit them again"
         )
         self.seconds = seconds
+
+
+class TurnInProgress(AdmissionRefused):
+    """New input asked for ``reject`` (``CONCURRENT_INPUT_STRATEGY_REJECT``) on a conversation with a
+    turn running or queued: ``running_request_id`` (docs/semantics.md §5, new input while a turn
+    runs). Nothing was stored."""
+
+    def __init__(self, conversation_id: str, running_request_id: str) -> None:
+        super().__init__(
+            f"conversation {conversation_id!r} has a turn running or queued ({running_request_id!r}) "
+            "and this request asked to be rejected then (concurrent_input_strategy REJECT); "
+            "retry after that turn ends, or send it with ENQUEUE, INTERRUPT or ROLLBACK"
+        )
+        self.conversation_id = conversation_id
+        self.running_request_id = running_request_id
+
+
+class StoppedByInput(Exception):
+    """New input stopped this turn (docs/semantics.md §5, new input while a turn runs):
+    ``interrupting_request_id`` asked for ``interrupt`` (the partial reply is stored) or
+    ``rollback`` (everything the turn stored is removed; its input must be resent)."""
+
+    def __init__(self, interrupting_request_id: str, *, rollback: bool) -> None:
+        if rollback:
+            what = (
+                "rolled back: its input and partial reply were removed from the conversation; "
+                "resend the input to run it"
+            )
+        else:
+            what = "interrupted: its partial reply is stored"
+        super().__init__(
+            f"the turn was stopped by new input (request {interrupting_request_id!r}) and {what}"
+        )
+        self.interrupting_request_id = interrupting_request_id
+        self.rollback = rollback

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from turnwire.compaction import CompactionConfig
+from turnwire.hooks import ConcurrentInputStrategy
 from turnwire.tools import Tool
 from turnwire_client.v1 import message_pb2
 
@@ -36,6 +37,8 @@ class TurnRequest:
     ``entry`` is how the turn came in (:data:`TurnEntry`; a label of the turn metrics).
     ``trace_context`` is the W3C trace context (``traceparent``, ``tracestate``) of the call that
     asked for the turn: its span continues that trace (:mod:`turnwire_server.engine.tracing`).
+    ``concurrent_input`` is what the request does when its conversation has a turn running or
+    queued (docs/semantics.md §5; None: ``EngineSettings.concurrent_input``).
     """
 
     conversation_id: str
@@ -51,6 +54,7 @@ class TurnRequest:
     tool_denials: Sequence[tuple[str, str]] = ()
     entry: TurnEntry = "chat"
     trace_context: Mapping[str, str] = field(default_factory=dict)
+    concurrent_input: ConcurrentInputStrategy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,7 @@ class EngineSettings:
     docs/semantics.md §9).
     ``metric_models``: the model ids the configuration names, which label the metrics by name
     (any other is ``<provider>:other``, see ``engine/metrics.py``); None: every id by name.
+    ``concurrent_input``: the strategy of a request that names none (``limits.concurrent_input``).
     """
 
     default_model: str = "scripted:demo"
@@ -102,3 +107,4 @@ class EngineSettings:
     pending_expiry_seconds: float = 86400.0
     compaction: CompactionConfig | None = None
     metric_models: frozenset[str] | None = None
+    concurrent_input: ConcurrentInputStrategy = "enqueue"

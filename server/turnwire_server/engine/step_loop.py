@@ -118,6 +118,7 @@ class StepLoop:
                     continuation=request.continuation,
                     body=request.body,
                     attempt=turn.attempt,
+                    concurrent_input=turn.concurrent_input,
                 )
             )
         except HookError as error:

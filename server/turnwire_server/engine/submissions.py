@@ -25,6 +25,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
 
+from turnwire.hooks import ConcurrentInputStrategy
 from turnwire_server.engine.engine import TurnEngine, TurnHandle
 from turnwire_server.engine.errors import (
     AdmissionRefused,
@@ -78,13 +79,18 @@ class Submissions:
         self._wake = asyncio.Event()
 
     async def submit(
-        self, submission: SubmissionRecord, *, trace_context: Mapping[str, str] | None = None
+        self,
+        submission: SubmissionRecord,
+        *,
+        trace_context: Mapping[str, str] | None = None,
+        concurrent_input: ConcurrentInputStrategy | None = None,
     ) -> tuple[SubmissionRecord, bool]:
         """Store ``submission`` (or find the one it repeats) and, when new, start its turn.
 
         ``trace_context`` (the submitting call's W3C trace context) becomes the parent of the
         turn's span when the turn starts here at once; a turn claimed later (another replica, a
-        restart) starts a trace of its own.
+        restart) starts a trace of its own. ``concurrent_input`` (``interrupt``, ``rollback``)
+        applies likewise only to a turn started here at once (docs/semantics.md §5).
 
         Returns the stored record and whether this call created it. Raises the store's
         :class:`~turnwire_server.store.base.SubmissionConflict`,
@@ -111,7 +117,7 @@ class Submissions:
                 self._free_slot()
             raise
         if mine and created:
-            await self._start(record, trace_context)
+            await self._start(record, trace_context, concurrent_input)
         elif mine:
             self._free_slot()
         elif created:
@@ -123,11 +129,18 @@ class Submissions:
         if self._missed:
             self._wake.set()
 
-    async def _start(self, record: SubmissionRecord, trace_context: Mapping[str, str] | None = None) -> None:
+    async def _start(
+        self,
+        record: SubmissionRecord,
+        trace_context: Mapping[str, str] | None = None,
+        concurrent_input: ConcurrentInputStrategy | None = None,
+    ) -> None:
         """Start the turn of a submission this replica claimed; it holds one slot until it ends."""
         request = self._turn_request(record)
         if trace_context:
             request = dataclasses.replace(request, trace_context=trace_context)
+        if concurrent_input is not None:
+            request = dataclasses.replace(request, concurrent_input=concurrent_input)
         try:
             handle = await self._engine.start(request, detached=True, queue_limit=False)
         except AdmissionRefused as error:

@@ -11,7 +11,9 @@ overflow with reactive compaction on: compact → AttemptStart → the turn agai
 id), or, when that cannot help, the partial discarded → on_chat_error → TurnEnd(ERROR)
 (docs/semantics.md §9).
 Cancellation: store partial (unfinished tool calls errored) → on_chat_response
-(aborted) → TurnEnd(ABORTED).
+(aborted) → TurnEnd(ABORTED). Stopped by new input (docs/semantics.md §5): an interrupt ends as
+a cancel (reason INTERRUPTED); a rollback removes the turn's input and partial reply instead of
+storing it (reason ROLLED_BACK); on_chat_response fires for both.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from turnwire.hooks import (
     ChatErrorClassification,
     ChatErrorContext,
     ChatResponseContext,
+    ConcurrentInput,
     ErrorStage,
     TurnOutcome,
 )
@@ -50,6 +53,7 @@ from turnwire_server.engine.errors import (
     NothingToContinue,
     ServerStopping,
     SlowConsumer,
+    StoppedByInput,
     StreamStalled,
     TurnFailure,
 )
@@ -108,7 +112,10 @@ class TurnRun:
     ``error_status`` maps an error to the status of the TurnEnd event. ``recovery`` (when
     given) makes this run a recovery of a turn a crash interrupted: it continues the stored
     turn and stream instead of starting them (docs/semantics.md §8). ``tracing`` records the
-    spans of its steps, tool calls and hooks.
+    spans of its steps, tool calls and hooks. ``first_in_line`` puts the turn at the head of the
+    conversation's queue, right after the turn holding the lock and the earlier ones put there
+    (new input that interrupted or rolled back the running turn runs next, docs/semantics.md §5).
+    ``concurrent_input`` is what ``before_turn`` is told about the request's strategy.
     """
 
     def __init__(
@@ -125,8 +132,11 @@ class TurnRun:
         on_lock_acquired: Callable[[], None],
         recovery: Recovery | None = None,
         tracing: Tracing = TRACING_OFF,
+        first_in_line: bool = False,
+        concurrent_input: ConcurrentInput | None = None,
     ) -> None:
         self.request = request
+        self.first_in_line = first_in_line
         #: When the turn was admitted (``time.perf_counter``): the start of its duration metrics.
         self.admitted = time.perf_counter()
         self.recovery = recovery
@@ -156,6 +166,7 @@ class TurnRun:
             continue_reply=recovery is not None and recovery.reply is not None,
             admitted=self.admitted,
             tracing=tracing,
+            concurrent_input=concurrent_input,
         )
         self._tools = tools
         self.compactor = (
@@ -213,6 +224,12 @@ class TurnRun:
     def lock_released(self) -> bool:
         """True once the turn lock is released: on_chat_response may start the next turn."""
         return self._phase in ("after", "ended")
+
+    @property
+    def holds_lock(self) -> bool:
+        """True while the turn holds the conversation's lock and has not begun storing its reply
+        (its input is being written or its steps run): the turn new input may stop."""
+        return self._phase in ("storing", "running")
 
     def cancel(self, stop: BaseException | None = None) -> bool:
         """Stop the turn: a cancel (``stop`` None), the stall watchdog (:class:`StreamStalled`)
@@ -284,6 +301,7 @@ class TurnRun:
                 request_id=request.request_id,
                 owner=self.settings.replica_id,
                 lease_seconds=self.settings.lease_seconds,
+                first=self.first_in_line,
             )
         self._record = self._new_record()
         self._phase = "storing"
@@ -293,6 +311,7 @@ class TurnRun:
             lease_seconds=self.settings.lease_seconds,
             read_compaction=self.compactor is not None,
             queued=self._queued,
+            first=self.first_in_line,
         )
 
     def _queued(self, waiting: bool) -> None:
@@ -554,7 +573,7 @@ class TurnRun:
             self.outcome = "interrupted"
             self.left_running = True
             self.status_error = self._error_status(stop, "stream")
-        elif isinstance(stop, SlowConsumer | ConversationDeleted):
+        elif isinstance(stop, SlowConsumer | ConversationDeleted | StoppedByInput):
             self.outcome = "aborted"
             self.status_error = self._error_status(stop, "stream")
         else:
@@ -577,6 +596,9 @@ class TurnRun:
             state.assistant.fail_unresolved(ABORTED_TOOL_ERROR)
         # No checkpoint may land after (and overwrite) the final write.
         await state.checkpoints.close()
+        if isinstance(self._stop, StoppedByInput) and self._stop.rollback and self.outcome == "aborted":
+            await self._roll_back(self._stop)
+            return
         message: message_pb2.Message | None = state.assistant.finalize()
         if self._overflowed():
             # An overflow reactive compaction could not recover: its partial reply is never
@@ -617,6 +639,30 @@ class TurnRun:
                 self.error = TurnFailure("persist", error)
                 self.status_error = self._error_status(error, "persist")
 
+    async def _roll_back(self, stop: StoppedByInput) -> None:
+        """ROLLBACK (docs/semantics.md §5, §12: the one sanctioned removal of acknowledged input):
+        remove the turn's input messages and its partial reply and record it ended ``aborted``
+        with reason ROLLED_BACK, in one transaction. Nothing of it stays in the transcript."""
+        assert self._record is not None
+        if self.status_error is None:
+            self.status_error = self._error_status(stop, "stream")
+        record = dataclasses.replace(
+            self._record,
+            state="aborted",
+            end_time=dt.datetime.now(dt.UTC),
+            error=self.status_error.SerializeToString(),
+        )
+        removed = [message.id for message in self.request.messages] + [self.message_id]
+        try:
+            await asyncio.shield(self.store.roll_back_turn(record, removed))
+        except TurnNotFound:
+            log.info("turn %s: conversation deleted; nothing to roll back", self.request.request_id)
+        except Exception as error:
+            log.error("turn %s: rolling back failed: %s", self.request.request_id, error)
+            self.outcome = "error"
+            self.error = TurnFailure("persist", error)
+            self.status_error = self._error_status(error, "persist")
+
     async def _after_lock(self) -> None:
         """on_chat_error / on_chat_response (lock released), then the TurnEnd event."""
         request = self.request
@@ -627,7 +673,17 @@ class TurnRun:
         outcome = _OUTCOMES.get(self.outcome)
         if self.left_running:
             outcome = None  # not over: its recovery will end it
-        if outcome is not None and (outcome == "completed" or self.stored_message is not None):
+        stop = self._stop
+        stopped_by = (
+            ConcurrentInput("rollback" if stop.rollback else "interrupt", stop.interrupting_request_id)
+            if isinstance(stop, StoppedByInput) and self.messages_persisted and self.outcome == "aborted"
+            else None
+        )
+        # A turn stopped by new input always gets its on_chat_response (the issue 18 contract),
+        # even with nothing stored (rolled back, or stopped before its first part).
+        if outcome is not None and (
+            outcome == "completed" or self.stored_message is not None or stopped_by is not None
+        ):
             await self.hooks.on_chat_response(
                 ChatResponseContext(
                     conversation_id=request.conversation_id,
@@ -636,6 +692,7 @@ class TurnRun:
                     continuation=request.continuation,
                     status=outcome,
                     error=self.error,
+                    concurrent_input=stopped_by,
                 )
             )
         self._end_event()

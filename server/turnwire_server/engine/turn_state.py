@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from turnwire.compaction import CallKey
-from turnwire.hooks import StepFinishContext
+from turnwire.hooks import ConcurrentInput, StepFinishContext
 from turnwire.tools import Tool
 from turnwire.types import Usage
 from turnwire_client.v1 import message_pb2
@@ -43,6 +43,8 @@ class TurnState:
     ``admitted`` is when the turn was admitted (``time.perf_counter``) and ``first_token_seen``
     whether its time to first token was measured (once per turn, ``engine/metrics.py``).
     ``tracing`` creates the spans of its model and tool calls.
+    ``concurrent_input`` is what ``before_turn`` is told about the strategy the request used on
+    a busy conversation (None: a recovery or a submission).
     """
 
     request: TurnRequest
@@ -66,3 +68,4 @@ class TurnState:
     admitted: float = 0.0
     first_token_seen: bool = False
     tracing: Tracing = TRACING_OFF
+    concurrent_input: ConcurrentInput | None = None

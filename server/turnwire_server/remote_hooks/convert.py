@@ -20,6 +20,7 @@ from turnwire.hooks import (
     ChatErrorClassification,
     ChatErrorContext,
     ChatResponseContext,
+    ConcurrentInput,
     StepConfig,
     StepContext,
     StepFinishContext,
@@ -34,7 +35,7 @@ from turnwire.hooks import (
 from turnwire.providers import ProviderError
 from turnwire.types import ModelSettings
 from turnwire.values import NotJsonError, dumps, from_struct, loads
-from turnwire_client.v1 import event_pb2, hooks_pb2
+from turnwire_client.v1 import chat_service_pb2, event_pb2, hooks_pb2
 from turnwire_server.api.status import status_of
 from turnwire_server.engine.errors import TurnFailure
 
@@ -83,7 +84,22 @@ def before_turn_request(
     )
     if include_messages:
         request.messages.extend(ctx.messages)
+    if ctx.concurrent_input is not None:
+        request.concurrent_input.CopyFrom(concurrent_input(ctx.concurrent_input))
     return request
+
+
+_STRATEGIES: dict[str, chat_service_pb2.ConcurrentInputStrategy.ValueType] = {
+    "enqueue": chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ENQUEUE,
+    "reject": chat_service_pb2.CONCURRENT_INPUT_STRATEGY_REJECT,
+    "interrupt": chat_service_pb2.CONCURRENT_INPUT_STRATEGY_INTERRUPT,
+    "rollback": chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ROLLBACK,
+}
+
+
+def concurrent_input(applied: ConcurrentInput) -> hooks_pb2.ConcurrentInput:
+    """The ``ConcurrentInput`` message of a hook context's :class:`~turnwire.hooks.ConcurrentInput`."""
+    return hooks_pb2.ConcurrentInput(strategy=_STRATEGIES[applied.strategy], request_id=applied.request_id)
 
 
 def step_finish_reason(reason: str) -> event_pb2.FinishReason.ValueType:
@@ -197,6 +213,8 @@ def chat_response_request(
     request = hooks_pb2.OnChatResponseRequest(
         turn=info, message=ctx.message, outcome=_TURN_OUTCOMES[ctx.status]
     )
+    if ctx.concurrent_input is not None:
+        request.concurrent_input.CopyFrom(concurrent_input(ctx.concurrent_input))
     error = ctx.error
     if error is not None:
         # The turn's error as the client saw it in TurnEnd (a TurnFailure names its stage).

@@ -552,15 +552,29 @@ class Store(Protocol):
 
     # --- replicas sharing the store ------------------------------------------
 
-    async def request_cancel(self, request_id: str) -> bool:
+    async def request_cancel(self, request_id: str, *, stop: str = "") -> bool:
         """Ask whichever replica runs or queues turn ``request_id`` to cancel it (``CancelChat``
-        reaching another replica). True when such a turn was found elsewhere; a store served by
-        one process has no elsewhere and answers False."""
+        reaching another replica; ``stop`` is an opaque reason the engine passes along, "" for a
+        plain cancel). True when such a turn was found elsewhere; a store served by one process
+        has no elsewhere and answers False."""
         ...
 
-    def cancel_requests(self) -> AsyncIterator[str]:
-        """The request ids other replicas asked to cancel, as they come (never ends; nothing for a
-        store served by one process)."""
+    def cancel_requests(self) -> AsyncIterator[tuple[str, str]]:
+        """``(request id, stop reason)`` of each cancel other replicas asked for, as they come
+        (never ends; nothing for a store served by one process)."""
+        ...
+
+    async def queue_head(self, conversation_id: str) -> str | None:
+        """The request id (or submission id) that holds the conversation's turn lock, else the
+        first one waiting for it or holding a reserved place; None when nobody does. Sees every
+        replica's turns on a shared store (docs/semantics.md §5, new input while a turn runs)."""
+        ...
+
+    async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
+        """ROLLBACK (docs/semantics.md §5, §12): durably remove the messages ``message_ids`` of
+        ``turn``'s conversation (its input and its reply; missing ones are skipped) and record
+        ``turn``'s end state and error (ending its submission too), in one transaction. Raises
+        :class:`TurnNotFound` (changing nothing) when no turn ``turn.request_id`` is recorded."""
         ...
 
     def submission_offers(self) -> AsyncIterator[None]:
@@ -709,6 +723,7 @@ class Store(Protocol):
         lease_seconds: float,
         read_compaction: bool,
         queued: Callable[[bool], None],
+        first: bool = False,
     ) -> AbstractAsyncContextManager[TurnAdmission]:
         """Hold the conversation's turn lock and start ``turn`` in it: :meth:`turn_lock` (for
         ``turn.request_id``, held by ``turn.owner``) and then :meth:`start_turn`, released on
@@ -723,19 +738,28 @@ class Store(Protocol):
         the caller may cancel it, before and after not (the input's commit must not be cut
         short). ``queued`` may raise :class:`asyncio.CancelledError` to give up before waiting.
         A turn that waited has ``lease_until`` renewed to ``lease_seconds`` from its start.
+        ``first`` puts it first in line as :meth:`turn_lock` does.
         Raises what :meth:`start_turn` and :meth:`turn_lock` raise (nothing stored, the lock
         released).
         """
         ...
 
     def turn_lock(
-        self, conversation_id: str, *, request_id: str = "", owner: str = "", lease_seconds: float = 30.0
+        self,
+        conversation_id: str,
+        *,
+        request_id: str = "",
+        owner: str = "",
+        lease_seconds: float = 30.0,
+        first: bool = False,
     ) -> AbstractAsyncContextManager[None]:
         """Hold the conversation's turn lock: one turn at a time, first in, first out.
 
         The SQLite backend holds it in the process (one process per database file). The
         PostgreSQL backend holds it across replicas: a ticket for ``request_id`` held by
         ``owner`` (whose leases :meth:`renew_leases` renews), lapsing ``lease_seconds`` after its
-        last renewal if the owner dies.
+        last renewal if the owner dies. ``first`` waits right behind the holder and the places
+        taken ``first`` before it, ahead of everyone else waiting (new input that interrupted or
+        rolled back the running turn runs next, docs/semantics.md §5).
         """
         ...

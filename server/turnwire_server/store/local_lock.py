@@ -9,12 +9,16 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 
 class _Place:
-    """A place in a key's line: a holder, a waiter, or a reservation nobody waits on yet."""
+    """A place in a key's line: a holder, a waiter, or a reservation nobody waits on yet.
+    ``token`` names it (a request or submission id, "" when unnamed); ``first`` marks a place
+    put at the head of the line."""
 
-    __slots__ = ("key", "turn")
+    __slots__ = ("first", "key", "token", "turn")
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, token: str, first: bool = False) -> None:
         self.key = key
+        self.token = token
+        self.first = first
         self.turn = asyncio.Event()  # set once this place is first in line
 
 
@@ -42,21 +46,27 @@ class LocalTurnLocks:
         line = self._lines.get(key)
         return 0 if line is None else len(line)
 
-    def hold(self, key: str, token: str = "") -> AbstractAsyncContextManager[None]:
+    def head(self, key: str) -> str | None:
+        """The token of the place holding ``key``'s lock, or first in line (None: nobody)."""
+        line = self._lines.get(key)
+        return None if not line else line[0].token
+
+    def hold(self, key: str, token: str = "", *, first: bool = False) -> AbstractAsyncContextManager[None]:
         """Async context manager holding ``key``'s lock for the ``async with`` body.
 
         Waits (FIFO) while another task holds it or an earlier place is reserved; with the
-        ``token`` of a reservation of ``key``, from that reserved place. Cancelling a waiting
-        task leaves the line cleanly. Not reentrant: a task holding ``key`` that enters
-        ``hold(key)`` again deadlocks.
+        ``token`` of a reservation of ``key``, from that reserved place. ``first`` waits right
+        behind the holder and the places taken ``first`` before it, ahead of all others (a
+        reserved place then moves there). Cancelling a waiting task leaves the line cleanly.
+        Not reentrant: a task holding ``key`` that enters ``hold(key)`` again deadlocks.
         """
-        return self._hold(key, token)
+        return self._hold(key, token, first)
 
     def reserve(self, key: str, token: str) -> None:
         """Reserve the next place in ``key``'s line for the :meth:`hold` that names ``token``
         (until then the lock waits at that place); a no-op when ``token`` holds one already."""
         if token not in self._reserved:
-            self._reserved[token] = self._join(key)
+            self._reserved[token] = self._join(key, token)
 
     def drop(self, token: str) -> None:
         """Give up the place reserved under ``token`` if no :meth:`hold` took it (a no-op else)."""
@@ -70,24 +80,34 @@ class LocalTurnLocks:
             self.drop(token)
 
     @asynccontextmanager
-    async def _hold(self, key: str, token: str) -> AsyncIterator[None]:
+    async def _hold(self, key: str, token: str, first: bool) -> AsyncIterator[None]:
         place = self._reserved.get(token) if token else None
         if place is not None and place.key == key:
             del self._reserved[token]
+            if first and not place.turn.is_set():
+                self._leave(place)
+                place = self._join(key, token, first=True)
         else:
-            place = self._join(key)
+            place = self._join(key, token, first=first)
         try:
             await place.turn.wait()
             yield
         finally:
             self._leave(place)
 
-    def _join(self, key: str) -> _Place:
+    def _join(self, key: str, token: str, *, first: bool = False) -> _Place:
         line = self._lines.get(key)
         if line is None:
             line = self._lines[key] = deque()
-        place = _Place(key)
-        line.append(place)
+        place = _Place(key, token, first)
+        if first and line:
+            # Behind the holder and the earlier first places: those go first among themselves.
+            at = 1
+            while at < len(line) and line[at].first:
+                at += 1
+            line.insert(at, place)
+        else:
+            line.append(place)
         if len(line) == 1:
             place.turn.set()
         return place

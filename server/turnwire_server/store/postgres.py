@@ -809,12 +809,19 @@ class PostgresStore:
     # ------------------------------------------------------------------ replicas
 
     def turn_lock(
-        self, conversation_id: str, *, request_id: str = "", owner: str = "", lease_seconds: float = 30.0
+        self,
+        conversation_id: str,
+        *,
+        request_id: str = "",
+        owner: str = "",
+        lease_seconds: float = 30.0,
+        first: bool = False,
     ) -> AbstractAsyncContextManager[None]:
         """Hold the conversation's turn lock across replicas: a ticket in ``turn_queue``, held once
         it is the conversation's lowest live ticket (see
         :mod:`turnwire_server.store.postgres_replicas`). Raises :class:`StoreError` when the
-        database fails while taking or waiting for it."""
+        database fails while taking or waiting for it. ``first`` is not honoured yet: a ticket
+        keeps its acceptance order (docs/semantics.md §5 says so for replicas)."""
         return self._queue_lock(conversation_id, request_id, owner, lease_seconds)
 
     @contextlib.asynccontextmanager
@@ -870,13 +877,14 @@ class PostgresStore:
         lease_seconds: float,
         read_compaction: bool,
         queued: Callable[[bool], None],
+        first: bool = False,
     ) -> AbstractAsyncContextManager[TurnAdmission]:
         """Take the turn's ticket and, when it heads the queue, start the turn, in one transaction
         sent in one flight (see ``Store.admit_turn``); else (turns ahead, or the input needs
         :meth:`start_turn`'s checks: a retried request id, a re-sent message, a submission no
         longer pending) wait in line, then :meth:`start_turn`. Raises :class:`ValueError` for
         an invalid turn or message (before anything is sent), and what :meth:`start_turn` and
-        :meth:`turn_lock` raise."""
+        :meth:`turn_lock` raise; ``first`` as :meth:`turn_lock`."""
         rows = writes.prepare_turn(turn, messages)
         return self._admit(
             turn, messages, rows, lease_seconds, read_compaction=read_compaction, queued=queued
@@ -1106,8 +1114,10 @@ class PostgresStore:
         rows = await self._write("claim_pending_submissions", body)
         return sorted((submission_from_row(row) for row in rows), key=lambda r: r.seq)
 
-    async def request_cancel(self, request_id: str) -> bool:
-        """Notify every replica to cancel turn ``request_id``; True when it runs or waits somewhere."""
+    async def request_cancel(self, request_id: str, *, stop: str = "") -> bool:
+        """Notify every replica to cancel turn ``request_id`` (``stop``: the engine's reason, sent
+        along); True when it runs or waits somewhere."""
+        payload = f"{request_id}\n{stop}" if stop else request_id
 
         async def body(conn: Any, _: int) -> bool:
             found = await writes.fetch_one(
@@ -1116,14 +1126,36 @@ class PostgresStore:
                 " UNION ALL SELECT 1 FROM turn_queue WHERE request_id = %s LIMIT 1",
                 (request_id, request_id),
             )
-            await writes.run(conn, "SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, request_id))
+            await writes.run(conn, "SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, payload))
             return found is not None
 
         return await self._write("request_cancel", body)
 
-    def cancel_requests(self) -> AsyncIterator[str]:
-        """Request ids any replica asked to cancel (from the ``LISTEN`` connection)."""
+    def cancel_requests(self) -> AsyncIterator[tuple[str, str]]:
+        """``(request id, stop reason)`` of the cancels any replica asked for (from the ``LISTEN``
+        connection)."""
         return self._listener.cancel_requests()
+
+    async def queue_head(self, conversation_id: str) -> str | None:
+        """The request (or submission) id of the conversation's head ticket, across replicas; a
+        lapsed ticket counts until it is deleted (its work may be taken over). See
+        ``Store.queue_head``."""
+        rows = await self._read(
+            "queue_head",
+            "SELECT request_id FROM turn_queue WHERE conversation_id = %s ORDER BY ticket LIMIT 1",
+            (conversation_id,),
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
+        """Remove the turn's messages and record its end, one transaction; see
+        ``Store.roll_back_turn``. Raises :class:`TurnNotFound`."""
+        check_turn(turn)
+        await self._write(
+            f"roll_back_turn({turn.request_id!r})",
+            lambda conn, now_us: writes.roll_back_turn(conn, turn, message_ids, now_us),
+            conversation_id=turn.conversation_id,
+        )
 
     async def submission_offers(self) -> AsyncIterator[None]:
         """Once per wake-up after a replica accepted submissions it left for others (several

@@ -90,10 +90,12 @@ class Listener:
                 if not waiters:
                     del self._waiters[(channel, key)]
 
-    async def cancel_requests(self) -> AsyncIterator[str]:
-        """Request ids other replicas asked to cancel, as they come (never ends)."""
+    async def cancel_requests(self) -> AsyncIterator[tuple[str, str]]:
+        """``(request id, stop reason)`` of the cancels other replicas asked for, as they come
+        (never ends); the payload is the request id, then a newline and the reason when given."""
         while True:
-            yield await self._cancels.get()
+            request_id, _, reason = (await self._cancels.get()).partition("\n")
+            yield request_id, reason
 
     def _dispatch(self, channel: str, payload: str) -> None:
         if channel == SUBMISSIONS_CHANNEL:

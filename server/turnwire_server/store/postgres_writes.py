@@ -528,6 +528,44 @@ async def finish_turn(conn: Conn, turn: TurnRecord, row: MessageRow | None, now_
         )
 
 
+async def roll_back_turn(conn: Conn, turn: TurnRecord, message_ids: Sequence[str], now_us: int) -> None:
+    """``Store.roll_back_turn``: remove ``message_ids`` (parts first), end the turn and its
+    submission, under the conversation's lock. Raises :class:`TurnNotFound` (writing nothing)."""
+    conversation_id = turn.conversation_id
+    await lock_conversation(conn, conversation_id)
+    recorded = await _turn_recorded(conn, turn.request_id)
+    if not (await recorded.fetchone())[0]:
+        raise TurnNotFound(turn.request_id)
+    ids = list(dict.fromkeys(message_ids))
+    await run(
+        conn, "DELETE FROM parts WHERE conversation_id = %s AND message_id = ANY(%s)", (conversation_id, ids)
+    )
+    removed = await run(
+        conn, "DELETE FROM messages WHERE conversation_id = %s AND id = ANY(%s)", (conversation_id, ids)
+    )
+    if removed:
+        await run(
+            conn,
+            "UPDATE conversations SET message_count = message_count - %s, update_time = %s WHERE id = %s",
+            (removed, now_us, conversation_id),
+        )
+    await run(
+        conn,
+        "UPDATE turns SET state = %s, end_time = %s, error = %s WHERE request_id = %s",
+        (
+            turn.state,
+            None if turn.end_time is None else to_us(turn.end_time, "end_time"),
+            turn.error,
+            turn.request_id,
+        ),
+    )
+    await run(
+        conn,
+        "UPDATE submissions SET state = %s, end_time = %s, error = %s WHERE id = %s AND state = 'running'",
+        (_FROM_TURN.get(turn.state, "aborted"), now_us, turn.error, turn.request_id),
+    )
+
+
 # --------------------------------------------------------------------------- transcript
 
 

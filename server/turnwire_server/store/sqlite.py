@@ -88,6 +88,7 @@ from turnwire_server.store.sqlite_writes import (
     claim_turns_write,
     finish_turn_write,
     renew_leases_write,
+    roll_back_turn_write,
     save_message_write,
     start_turn_write,
 )
@@ -311,6 +312,15 @@ class SqliteStore:
         apply = discard_reply_write(turn, message_id)
         await self._writer.submit(apply, f"discard_reply({turn.request_id!r})", urgent=True)
 
+    async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
+        """Remove the turn's messages and record its end, one transaction; see
+        :meth:`~turnwire_server.store.base.Store.roll_back_turn`. Raises :class:`TurnNotFound`."""
+        apply = roll_back_turn_write(turn, message_ids)
+        try:
+            await self._writer.submit(apply, f"roll_back_turn({turn.request_id!r})", urgent=True)
+        finally:
+            self._locks.drop(turn.request_id)
+
     async def save_compaction(self, record: CompactionRecord) -> None:
         """Replace the conversation's compaction (a no-op once the conversation is gone)."""
         apply = save_compaction_write(record)
@@ -388,14 +398,19 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ one process per file
 
-    async def request_cancel(self, request_id: str) -> bool:
+    async def request_cancel(self, request_id: str, *, stop: str = "") -> bool:
         """False: this store serves one process, so no turn runs elsewhere."""
         return False
 
-    async def cancel_requests(self) -> AsyncIterator[str]:
+    async def cancel_requests(self) -> AsyncIterator[tuple[str, str]]:
         """Nothing ever comes (one process per file); waits until cancelled."""
         await asyncio.Event().wait()
-        yield ""  # never reached: makes this an async generator
+        yield "", ""  # never reached: makes this an async generator
+
+    async def queue_head(self, conversation_id: str) -> str | None:
+        """The holder of the conversation's in-process lock or the first in its line (a waiting
+        turn or a submission's reserved place); see ``Store.queue_head``."""
+        return self._locks.head(conversation_id)
 
     async def submission_offers(self) -> AsyncIterator[None]:
         """Nothing ever comes (one process per file: it knows what it left unclaimed); waits
@@ -647,23 +662,30 @@ class SqliteStore:
         lease_seconds: float,
         read_compaction: bool,
         queued: Callable[[bool], None],
+        first: bool = False,
     ) -> AsyncIterator[TurnAdmission]:
         """:meth:`turn_lock`, then :meth:`start_turn` in it (see ``Store.admit_turn``): the lock is
         in the process, so only the commit reaches the database; nothing is read with it (a
         read in the single writer's transaction would hold up every other write)."""
         queued(True)
-        async with self.turn_lock(turn.conversation_id, request_id=turn.request_id):
+        async with self.turn_lock(turn.conversation_id, request_id=turn.request_id, first=first):
             queued(False)
             await self.start_turn(renewed_lease(turn, lease_seconds), messages)
             yield TurnAdmission()
 
     def turn_lock(
-        self, conversation_id: str, *, request_id: str = "", owner: str = "", lease_seconds: float = 30.0
+        self,
+        conversation_id: str,
+        *,
+        request_id: str = "",
+        owner: str = "",
+        lease_seconds: float = 30.0,
+        first: bool = False,
     ) -> AbstractAsyncContextManager[None]:
-        """Hold the conversation's in-process turn lock (FIFO; see :class:`LocalTurnLocks`), from
-        the place a submission ``request_id`` reserved at acceptance if it did; one process per
-        file, so owner and lease are not needed."""
-        return self._locks.hold(conversation_id, request_id)
+        """Hold the conversation's in-process turn lock (FIFO, or ``first`` in line; see
+        :class:`LocalTurnLocks`), from the place a submission ``request_id`` reserved at
+        acceptance if it did; one process per file, so owner and lease are not needed."""
+        return self._locks.hold(conversation_id, request_id, first=first)
 
     # ------------------------------------------------------------------ internals
 

@@ -267,6 +267,38 @@ def finish_turn_write(turn: TurnRecord, message: message_pb2.Message | None) -> 
     return apply
 
 
+def roll_back_turn_write(turn: TurnRecord, message_ids: Sequence[str]) -> WriteFn:
+    """The write of ``Store.roll_back_turn``: remove ``message_ids`` (parts first) from the turn's
+    conversation and end ``turn`` (and its submission). The returned function raises
+    :class:`TurnNotFound` (writing nothing) when no turn ``turn.request_id`` exists."""
+    check_turn(turn)
+    end_us = None if turn.end_time is None else to_us(turn.end_time, "end_time")
+    ids = list(dict.fromkeys(message_ids))
+
+    def apply(conn: sqlite3.Connection, now_us: int) -> None:
+        if not _turn_recorded(conn, turn.request_id):
+            raise TurnNotFound(turn.request_id)
+        removed = 0
+        for message_id in ids:
+            params = (turn.conversation_id, message_id)
+            conn.execute("DELETE FROM parts WHERE conversation_id = ? AND message_id = ?", params)
+            removed += conn.execute(
+                "DELETE FROM messages WHERE conversation_id = ? AND id = ?", params
+            ).rowcount
+        if removed:
+            conn.execute(
+                "UPDATE conversations SET message_count = message_count - ?, update_time = ? WHERE id = ?",
+                (removed, now_us, turn.conversation_id),
+            )
+        conn.execute(
+            "UPDATE turns SET state = ?, end_time = ?, error = ? WHERE request_id = ?",
+            (turn.state, end_us, turn.error, turn.request_id),
+        )
+        finish_submission(conn, turn.request_id, turn.state, turn.error, now_us)
+
+    return apply
+
+
 def _turn_recorded(conn: sqlite3.Connection, request_id: str) -> bool:
     return conn.execute("SELECT 1 FROM turns WHERE request_id = ?", (request_id,)).fetchone() is not None
 

@@ -38,6 +38,12 @@ class TurnOptions(TypedDict, total=False):
             ``ClientTool`` messages or mappings with ``name``, ``description`` and
             ``input_schema`` (a JSON Schema object). A call of one ends the turn with the call
             pending (state ``"input-available"``); answer it with ``submit_tool_results``.
+        concurrent_input: What this input does when the conversation has a turn running or
+            queued: ``"enqueue"`` (first in, first out), ``"reject"`` (``FAILED_PRECONDITION``,
+            reason ``TURN_IN_PROGRESS``, nothing stored), ``"interrupt"`` (the running turn ends
+            ABORTED and this runs next) or ``"rollback"`` (the running turn and its input are
+            removed); None: the sidecar's ``limits.concurrent_input``. Not for
+            ``continue_last_turn``, which brings no input.
     """
 
     request_id: str | None
@@ -46,6 +52,27 @@ class TurnOptions(TypedDict, total=False):
     timeout: float | None
     disconnect: DisconnectPolicy
     client_tools: Sequence[ClientToolSpec]
+    concurrent_input: ConcurrentInputStrategy | None
+
+
+ConcurrentInputStrategy = Literal["enqueue", "reject", "interrupt", "rollback"]
+"""What new input does on a busy conversation (``ChatRequest.concurrent_input_strategy``)."""
+
+_STRATEGIES: dict[str, chat_service_pb2.ConcurrentInputStrategy.ValueType] = {
+    "enqueue": chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ENQUEUE,
+    "reject": chat_service_pb2.CONCURRENT_INPUT_STRATEGY_REJECT,
+    "interrupt": chat_service_pb2.CONCURRENT_INPUT_STRATEGY_INTERRUPT,
+    "rollback": chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ROLLBACK,
+}
+
+
+def strategy(value: ConcurrentInputStrategy | None) -> chat_service_pb2.ConcurrentInputStrategy.ValueType:
+    """``concurrent_input`` as the enum value; raises :class:`ValueError` for an unknown one."""
+    if value is None:
+        return chat_service_pb2.CONCURRENT_INPUT_STRATEGY_UNSPECIFIED
+    if value not in _STRATEGIES:
+        raise ValueError(f"concurrent_input must be one of {sorted(_STRATEGIES)}, not {value!r}")
+    return _STRATEGIES[value]
 
 
 _POLICIES: dict[str, chat_service_pb2.DisconnectPolicy.ValueType] = {
@@ -83,6 +110,11 @@ def with_turn_options(request: _Request, options: TurnOptions) -> _Request:
         raise ValueError(f"disconnect must be one of {sorted(_POLICIES)}, not {disconnect!r}")
     request.disconnect_policy = _POLICIES[disconnect]
     request.client_tools.extend(_client_tools(options.get("client_tools", ())))
+    concurrent_input = options.get("concurrent_input")
+    if concurrent_input is not None:
+        if isinstance(request, chat_service_pb2.ContinueLastTurnRequest):
+            raise TypeError("continue_last_turn brings no new input: it takes no concurrent_input")
+        request.concurrent_input_strategy = strategy(concurrent_input)
     body = options.get("body")
     if body is not None:
         request.body.CopyFrom(struct(body))
@@ -143,10 +175,12 @@ def submit_messages_request(
     body: Mapping[str, Any] | None,
     model: str | None,
     client_tools: Sequence[ClientToolSpec],
+    concurrent_input: ConcurrentInputStrategy | None = None,
 ) -> chat_service_pb2.SubmitMessagesRequest:
     """The ``SubmitMessagesRequest`` of ``submit_messages`` (see there for the arguments)."""
     request = chat_service_pb2.SubmitMessagesRequest(
         conversation_id=conversation_id,
+        concurrent_input_strategy=strategy(concurrent_input),
         messages=user_messages(messages),
         submission_id=submission_id or "",
         idempotency_key=idempotency_key or "",

@@ -15,6 +15,7 @@ from typing import Any, Self, Unpack, cast
 import grpc
 
 from turnwire_client._requests import (
+    ConcurrentInputStrategy,
     ClientToolSpec,
     DisconnectPolicy,
     MessagesSpec,
@@ -366,6 +367,7 @@ class TurnwireClient:
         body: Mapping[str, Any] | None = None,
         model: str | None = None,
         client_tools: Sequence[ClientToolSpec] = (),
+        concurrent_input: ConcurrentInputStrategy | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
     ) -> chat_service_pb2.SubmitMessagesResponse:
         """Durably submit messages for a turn that runs later, in order with the conversation's
@@ -390,6 +392,7 @@ class TurnwireClient:
             body=body,
             model=model,
             client_tools=client_tools,
+            concurrent_input=concurrent_input,
         )
         response: chat_service_pb2.SubmitMessagesResponse = await self._unary(
             self._stub.SubmitMessages, request, timeout

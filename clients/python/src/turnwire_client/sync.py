@@ -20,6 +20,7 @@ from typing import Any, Self, Unpack
 import grpc
 
 from turnwire_client._requests import (
+    ConcurrentInputStrategy,
     ClientToolSpec,
     MessagesSpec,
     TurnOptions,
@@ -307,6 +308,7 @@ class SyncTurnwireClient:
         body: Mapping[str, Any] | None = None,
         model: str | None = None,
         client_tools: Sequence[ClientToolSpec] = (),
+        concurrent_input: ConcurrentInputStrategy | None = None,
         timeout: float | None = None,
     ) -> chat_service_pb2.SubmitMessagesResponse:
         """Durably submit messages for a later turn (:meth:`TurnwireClient.submit_messages`)."""
@@ -319,6 +321,7 @@ class SyncTurnwireClient:
             body=body,
             model=model,
             client_tools=client_tools,
+            concurrent_input=concurrent_input,
         )
         response: chat_service_pb2.SubmitMessagesResponse = self._unary(
             self._stub.SubmitMessages, request, timeout

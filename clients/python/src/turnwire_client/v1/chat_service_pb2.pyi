@@ -50,6 +50,57 @@ DISCONNECT_POLICY_CONTINUE: DisconnectPolicy.ValueType  # 2
 """Let the turn finish without its caller; re-attach with ResumeTurn."""
 Global___DisconnectPolicy: _TypeAlias = DisconnectPolicy  # noqa: Y015
 
+class _ConcurrentInputStrategy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConcurrentInputStrategyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConcurrentInputStrategy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONCURRENT_INPUT_STRATEGY_UNSPECIFIED: _ConcurrentInputStrategy.ValueType  # 0
+    """The configured default (`limits.concurrent_input`, itself ENQUEUE by default)."""
+    CONCURRENT_INPUT_STRATEGY_ENQUEUE: _ConcurrentInputStrategy.ValueType  # 1
+    """Wait in the conversation's queue, first in, first out."""
+    CONCURRENT_INPUT_STRATEGY_REJECT: _ConcurrentInputStrategy.ValueType  # 2
+    """Refuse at once with FAILED_PRECONDITION (reason TURN_IN_PROGRESS, ErrorInfo
+    metadata `running_request_id`); nothing is stored.
+    """
+    CONCURRENT_INPUT_STRATEGY_INTERRUPT: _ConcurrentInputStrategy.ValueType  # 3
+    """Stop the running turn as a cancel does (its partial reply is stored, it ends
+    TURN_STATUS_ABORTED with reason INTERRUPTED naming this request), then run
+    this input next, ahead of the turns already queued.
+    """
+    CONCURRENT_INPUT_STRATEGY_ROLLBACK: _ConcurrentInputStrategy.ValueType  # 4
+    """Stop the running turn and remove everything it stored (its input and its
+    partial reply); it ends TURN_STATUS_ABORTED with reason ROLLED_BACK. Then
+    run this input next, ahead of the turns already queued.
+    """
+
+class ConcurrentInputStrategy(_ConcurrentInputStrategy, metaclass=_ConcurrentInputStrategyEnumTypeWrapper):
+    """ConcurrentInputStrategy is what new input does when its conversation already
+    has a turn running or queued (LangGraph's multitask_strategy). Turns that are
+    only queued are never stopped: INTERRUPT and ROLLBACK act on the running turn.
+    """
+
+CONCURRENT_INPUT_STRATEGY_UNSPECIFIED: ConcurrentInputStrategy.ValueType  # 0
+"""The configured default (`limits.concurrent_input`, itself ENQUEUE by default)."""
+CONCURRENT_INPUT_STRATEGY_ENQUEUE: ConcurrentInputStrategy.ValueType  # 1
+"""Wait in the conversation's queue, first in, first out."""
+CONCURRENT_INPUT_STRATEGY_REJECT: ConcurrentInputStrategy.ValueType  # 2
+"""Refuse at once with FAILED_PRECONDITION (reason TURN_IN_PROGRESS, ErrorInfo
+metadata `running_request_id`); nothing is stored.
+"""
+CONCURRENT_INPUT_STRATEGY_INTERRUPT: ConcurrentInputStrategy.ValueType  # 3
+"""Stop the running turn as a cancel does (its partial reply is stored, it ends
+TURN_STATUS_ABORTED with reason INTERRUPTED naming this request), then run
+this input next, ahead of the turns already queued.
+"""
+CONCURRENT_INPUT_STRATEGY_ROLLBACK: ConcurrentInputStrategy.ValueType  # 4
+"""Stop the running turn and remove everything it stored (its input and its
+partial reply); it ends TURN_STATUS_ABORTED with reason ROLLED_BACK. Then
+run this input next, ahead of the turns already queued.
+"""
+Global___ConcurrentInputStrategy: _TypeAlias = ConcurrentInputStrategy  # noqa: Y015
+
 class _SubmissionState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -169,6 +220,7 @@ class ChatRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     DISCONNECT_POLICY_FIELD_NUMBER: _builtins.int
     CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
+    CONCURRENT_INPUT_STRATEGY_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to append to; created on first use. 1-128 characters
     of [A-Za-z0-9._:-].
@@ -183,6 +235,8 @@ class ChatRequest(_message.Message):
     """
     disconnect_policy: Global___DisconnectPolicy.ValueType
     """What happens to the turn when the caller goes away."""
+    concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType
+    """What this input does when the conversation has a turn running or queued."""
     @_builtins.property
     def message(self) -> _message_pb2.Message:
         """The user message. Its role must be ROLE_USER or unset; it needs at
@@ -207,10 +261,11 @@ class ChatRequest(_message.Message):
         model: _builtins.str = ...,
         disconnect_policy: Global___DisconnectPolicy.ValueType = ...,
         client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
+        concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "message", b"message", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "message", b"message", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -253,6 +308,7 @@ class SaveMessagesRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     DISCONNECT_POLICY_FIELD_NUMBER: _builtins.int
     CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
+    CONCURRENT_INPUT_STRATEGY_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to append to; created on first use."""
     request_id: _builtins.str
@@ -261,6 +317,8 @@ class SaveMessagesRequest(_message.Message):
     """Optional model for this turn, as `provider:model`."""
     disconnect_policy: Global___DisconnectPolicy.ValueType
     """What happens to the turn when the caller goes away."""
+    concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType
+    """What this input does when the conversation has a turn running or queued."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]:
         """Messages to append, in order; may be empty. An assistant message holding
@@ -286,10 +344,11 @@ class SaveMessagesRequest(_message.Message):
         model: _builtins.str = ...,
         disconnect_policy: Global___DisconnectPolicy.ValueType = ...,
         client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
+        concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "messages", b"messages", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "messages", b"messages", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -780,6 +839,7 @@ class SubmitMessagesRequest(_message.Message):
     BODY_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
+    CONCURRENT_INPUT_STRATEGY_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to run on; created when the turn runs."""
     submission_id: _builtins.str
@@ -792,6 +852,12 @@ class SubmitMessagesRequest(_message.Message):
     """
     model: _builtins.str
     """Optional model for the turn, as `provider:model`."""
+    concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType
+    """What the submission does when the conversation has a turn running or
+    queued: REJECT refuses it before anything is stored; INTERRUPT and ROLLBACK
+    stop the running turn when the accepting replica starts the submission's
+    turn at once (one claimed later just queues).
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]:
         """The messages to append when the turn starts; at least one."""
@@ -819,10 +885,11 @@ class SubmitMessagesRequest(_message.Message):
         body: _struct_pb2.Struct | None = ...,
         model: _builtins.str = ...,
         client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
+        concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "conversation_id", b"conversation_id", "idempotency_key", b"idempotency_key", "messages", b"messages", "metadata", b"metadata", "model", b"model", "submission_id", b"submission_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "idempotency_key", b"idempotency_key", "messages", b"messages", "metadata", b"metadata", "model", b"model", "submission_id", b"submission_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1232,6 +1299,7 @@ class SubmitToolResultsRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     DISCONNECT_POLICY_FIELD_NUMBER: _builtins.int
     CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
+    CONCURRENT_INPUT_STRATEGY_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation holding the calls."""
     auto_continue: _builtins.bool
@@ -1244,6 +1312,8 @@ class SubmitToolResultsRequest(_message.Message):
     """Optional model for the continuation, as `provider:model`."""
     disconnect_policy: Global___DisconnectPolicy.ValueType
     """What happens to the continuation when the caller goes away."""
+    concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType
+    """What this input does when the conversation has a turn running or queued."""
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolResult]:
         """The results; at least one."""
@@ -1267,10 +1337,11 @@ class SubmitToolResultsRequest(_message.Message):
         model: _builtins.str = ...,
         disconnect_policy: Global___DisconnectPolicy.ValueType = ...,
         client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
+        concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auto_continue", b"auto_continue", "body", b"body", "client_tools", b"client_tools", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "model", b"model", "request_id", b"request_id", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auto_continue", b"auto_continue", "body", b"body", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "model", b"model", "request_id", b"request_id", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1344,6 +1415,7 @@ class SubmitToolApprovalsRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     DISCONNECT_POLICY_FIELD_NUMBER: _builtins.int
     CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
+    CONCURRENT_INPUT_STRATEGY_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation holding the calls."""
     auto_continue: _builtins.bool
@@ -1354,6 +1426,8 @@ class SubmitToolApprovalsRequest(_message.Message):
     """Optional model for the continuation, as `provider:model`."""
     disconnect_policy: Global___DisconnectPolicy.ValueType
     """What happens to the continuation when the caller goes away."""
+    concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType
+    """What this input does when the conversation has a turn running or queued."""
     @_builtins.property
     def approvals(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolApproval]:
         """The answers; at least one."""
@@ -1377,10 +1451,11 @@ class SubmitToolApprovalsRequest(_message.Message):
         model: _builtins.str = ...,
         disconnect_policy: Global___DisconnectPolicy.ValueType = ...,
         client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
+        concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approvals", b"approvals", "auto_continue", b"auto_continue", "body", b"body", "client_tools", b"client_tools", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approvals", b"approvals", "auto_continue", b"auto_continue", "body", b"body", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -113,6 +113,20 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The principal's turns or tokens per minute are spent; RetryInfo says when
     to retry, ErrorInfo metadata `limit` names the limit.
     """
+    ERROR_REASON_TURN_IN_PROGRESS: _ErrorReason.ValueType  # 34
+    """New input was refused (CONCURRENT_INPUT_STRATEGY_REJECT) because the
+    conversation has a turn running or queued; ErrorInfo metadata
+    `running_request_id` names it. Nothing was stored.
+    """
+    ERROR_REASON_INTERRUPTED: _ErrorReason.ValueType  # 35
+    """The turn was stopped by new input with CONCURRENT_INPUT_STRATEGY_INTERRUPT;
+    its partial reply is stored. ErrorInfo metadata `interrupting_request_id`.
+    """
+    ERROR_REASON_ROLLED_BACK: _ErrorReason.ValueType  # 36
+    """The turn was stopped by new input with CONCURRENT_INPUT_STRATEGY_ROLLBACK and
+    everything it stored (its input and its partial reply) was removed; resend
+    the input to run it. ErrorInfo metadata `interrupting_request_id`.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnwire sends,
@@ -210,5 +224,19 @@ ERROR_REASON_TOKEN_EXPIRED: ErrorReason.ValueType  # 32
 ERROR_REASON_RATE_LIMITED: ErrorReason.ValueType  # 33
 """The principal's turns or tokens per minute are spent; RetryInfo says when
 to retry, ErrorInfo metadata `limit` names the limit.
+"""
+ERROR_REASON_TURN_IN_PROGRESS: ErrorReason.ValueType  # 34
+"""New input was refused (CONCURRENT_INPUT_STRATEGY_REJECT) because the
+conversation has a turn running or queued; ErrorInfo metadata
+`running_request_id` names it. Nothing was stored.
+"""
+ERROR_REASON_INTERRUPTED: ErrorReason.ValueType  # 35
+"""The turn was stopped by new input with CONCURRENT_INPUT_STRATEGY_INTERRUPT;
+its partial reply is stored. ErrorInfo metadata `interrupting_request_id`.
+"""
+ERROR_REASON_ROLLED_BACK: ErrorReason.ValueType  # 36
+"""The turn was stopped by new input with CONCURRENT_INPUT_STRATEGY_ROLLBACK and
+everything it stored (its input and its partial reply) was removed; resend
+the input to run it. ErrorInfo metadata `interrupting_request_id`.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -11,6 +11,7 @@ from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.rpc import status_pb2 as _status_pb2
+from turnwire_client.v1 import chat_service_pb2 as _chat_service_pb2
 from turnwire_client.v1 import event_pb2 as _event_pb2
 from turnwire_client.v1 import message_pb2 as _message_pb2
 import builtins as _builtins
@@ -220,6 +221,38 @@ class GetHookSubscriptionsResponse(_message.Message):
 Global___GetHookSubscriptionsResponse: _TypeAlias = GetHookSubscriptionsResponse  # noqa: Y015
 
 @_typing.final
+class ConcurrentInput(_message.Message):
+    """ConcurrentInput is which concurrent-input strategy applied between two turns
+    of a conversation (ChatRequest.concurrent_input_strategy).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STRATEGY_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    strategy: _chat_service_pb2.ConcurrentInputStrategy.ValueType
+    """In BeforeTurnRequest: the strategy the new turn's request used. In
+    OnChatResponseRequest: INTERRUPT or ROLLBACK, how new input stopped the turn.
+    """
+    request_id: _builtins.str
+    """In BeforeTurnRequest: the turn it stopped (empty: none). In
+    OnChatResponseRequest: the request that stopped the turn.
+    """
+    def __init__(
+        self,
+        *,
+        strategy: _chat_service_pb2.ConcurrentInputStrategy.ValueType = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "strategy", b"strategy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConcurrentInput: _TypeAlias = ConcurrentInput  # noqa: Y015
+
+@_typing.final
 class TurnInfo(_message.Message):
     """TurnInfo is the turn a hook call belongs to."""
 
@@ -272,6 +305,7 @@ class BeforeTurnRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     TOOL_NAMES_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    CONCURRENT_INPUT_FIELD_NUMBER: _builtins.int
     system: _builtins.str
     """The system prompt as assembled (after earlier middlewares' changes)."""
     model: _builtins.str
@@ -288,6 +322,12 @@ class BeforeTurnRequest(_message.Message):
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]:
         """The history the model would be sent (only with `include_messages`)."""
 
+    @_builtins.property
+    def concurrent_input(self) -> Global___ConcurrentInput:
+        """The concurrent-input strategy of the turn's request and the turn it
+        stopped; unset for a recovery or a submission.
+        """
+
     def __init__(
         self,
         *,
@@ -296,10 +336,11 @@ class BeforeTurnRequest(_message.Message):
         model: _builtins.str = ...,
         tool_names: _abc.Iterable[_builtins.str] | None = ...,
         messages: _abc.Iterable[_message_pb2.Message] | None = ...,
+        concurrent_input: Global___ConcurrentInput | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["concurrent_input", b"concurrent_input", "turn", b"turn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "system", b"system", "tool_names", b"tool_names", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrent_input", b"concurrent_input", "messages", b"messages", "model", b"model", "system", b"system", "tool_names", b"tool_names", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1178,6 +1219,7 @@ class OnChatResponseRequest(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    CONCURRENT_INPUT_FIELD_NUMBER: _builtins.int
     outcome: Global___TurnOutcome.ValueType
     """How it ended."""
     @_builtins.property
@@ -1192,6 +1234,10 @@ class OnChatResponseRequest(_message.Message):
     def error(self) -> _status_pb2.Status:
         """Why, when it failed."""
 
+    @_builtins.property
+    def concurrent_input(self) -> Global___ConcurrentInput:
+        """Set when new input stopped the turn (INTERRUPT or ROLLBACK)."""
+
     def __init__(
         self,
         *,
@@ -1199,10 +1245,11 @@ class OnChatResponseRequest(_message.Message):
         message: _message_pb2.Message | None = ...,
         outcome: Global___TurnOutcome.ValueType = ...,
         error: _status_pb2.Status | None = ...,
+        concurrent_input: Global___ConcurrentInput | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "message", b"message", "turn", b"turn"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["concurrent_input", b"concurrent_input", "error", b"error", "message", b"message", "turn", b"turn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "message", b"message", "outcome", b"outcome", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrent_input", b"concurrent_input", "error", b"error", "message", b"message", "outcome", b"outcome", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -8,6 +8,8 @@ import type { Duration } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
 import type { Status } from "../../google/rpc/status_pb.js";
 import { file_google_rpc_status } from "../../google/rpc/status_pb.js";
+import type { ConcurrentInputStrategy } from "./chat_service_pb.js";
+import { file_turnwire_v1_chat_service } from "./chat_service_pb.js";
 import type { FinishReason, TurnEvent } from "./event_pb.js";
 import { file_turnwire_v1_event } from "./event_pb.js";
 import type { Message as Message$1, ToolCallPart, Usage } from "./message_pb.js";
@@ -18,7 +20,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file turnwire/v1/hooks.proto.
  */
 export const file_turnwire_v1_hooks: GenFile = /*@__PURE__*/
-  fileDesc("Chd0dXJud2lyZS92MS9ob29rcy5wcm90bxILdHVybndpcmUudjEiHQobR2V0SG9va1N1YnNjcmlwdGlvbnNSZXF1ZXN0IloKHEdldEhvb2tTdWJzY3JpcHRpb25zUmVzcG9uc2USIAoFaG9va3MYASADKA4yES50dXJud2lyZS52MS5Ib29rEhgKEGluY2x1ZGVfbWVzc2FnZXMYAiABKAgihQEKCFR1cm5JbmZvEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRISCgpyZXF1ZXN0X2lkGAIgASgJEhQKDGNvbnRpbnVhdGlvbhgDIAEoCBIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIPCgdhdHRlbXB0GAUgASgFIpMBChFCZWZvcmVUdXJuUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SDgoGc3lzdGVtGAIgASgJEg0KBW1vZGVsGAMgASgJEhIKCnRvb2xfbmFtZXMYBCADKAkSJgoIbWVzc2FnZXMYBSADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlIhwKClN0cmluZ0xpc3QSDgoGdmFsdWVzGAEgAygJIjUKC01lc3NhZ2VMaXN0EiYKCG1lc3NhZ2VzGAEgAygLMhQudHVybndpcmUudjEuTWVzc2FnZSKpBAoNTW9kZWxTZXR0aW5ncxIeChFtYXhfb3V0cHV0X3Rva2VucxgBIAEoA0gAiAEBEhgKC3RlbXBlcmF0dXJlGAIgASgBSAGIAQESEgoFdG9wX3AYAyABKAFIAogBARISCgV0b3BfaxgEIAEoA0gDiAEBEh0KEHByZXNlbmNlX3BlbmFsdHkYBSABKAFIBIgBARIeChFmcmVxdWVuY3lfcGVuYWx0eRgGIAEoAUgFiAEBEi8KDnN0b3Bfc2VxdWVuY2VzGAcgASgLMhcudHVybndpcmUudjEuU3RyaW5nTGlzdBIRCgRzZWVkGAggASgDSAaIAQESGAoLbWF4X3JldHJpZXMYCSABKAVIB4gBARI4CgdoZWFkZXJzGAogAygLMicudHVybndpcmUudjEuTW9kZWxTZXR0aW5ncy5IZWFkZXJzRW50cnkSMQoQcHJvdmlkZXJfb3B0aW9ucxgLIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QaLgoMSGVhZGVyc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCFAoSX21heF9vdXRwdXRfdG9rZW5zQg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX3BCCAoGX3RvcF9rQhMKEV9wcmVzZW5jZV9wZW5hbHR5QhQKEl9mcmVxdWVuY3lfcGVuYWx0eUIHCgVfc2VlZEIOCgxfbWF4X3JldHJpZXMiSQoNU3RvcENvbmRpdGlvbhIVCgt0b29sX2NhbGxlZBgBIAEoCUgAEhQKCnN0ZXBfY291bnQYAiABKAVIAEILCgljb25kaXRpb24iigEKC1R1cm5UaW1lb3V0EigKBXRvdGFsGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEicKBHN0ZXAYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFY2h1bmsYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24inQQKEkJlZm9yZVR1cm5SZXNwb25zZRISCgVtb2RlbBgBIAEoCUgAiAEBEhMKBnN5c3RlbRgCIAEoCUgBiAEBEioKCG1lc3NhZ2VzGAMgASgLMhgudHVybndpcmUudjEuTWVzc2FnZUxpc3QSLQoMYWN0aXZlX3Rvb2xzGAQgASgLMhcudHVybndpcmUudjEuU3RyaW5nTGlzdBIYCgt0b29sX2Nob2ljZRgFIAEoCUgCiAEBEhYKCW1heF9zdGVwcxgGIAEoBUgDiAEBEi0KCXN0b3Bfd2hlbhgHIAMoCzIaLnR1cm53aXJlLnYxLlN0b3BDb25kaXRpb24SGwoOc2VuZF9yZWFzb25pbmcYCCABKAhIBIgBARIyCg5tb2RlbF9zZXR0aW5ncxgJIAEoCzIaLnR1cm53aXJlLnYxLk1vZGVsU2V0dGluZ3MSKQoHdGltZW91dBgKIAEoCzIYLnR1cm53aXJlLnYxLlR1cm5UaW1lb3V0EjcKFHN0cmVhbV9zdGFsbF90aW1lb3V0GAsgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEicKBm91dHB1dBgMIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3RCCAoGX21vZGVsQgkKB19zeXN0ZW1CDgoMX3Rvb2xfY2hvaWNlQgwKCl9tYXhfc3RlcHNCEQoPX3NlbmRfcmVhc29uaW5nIogBCghTdGVwSW5mbxITCgtzdGVwX251bWJlchgBIAEoBRIwCg1maW5pc2hfcmVhc29uGAIgASgOMhkudHVybndpcmUudjEuRmluaXNoUmVhc29uEiEKBXVzYWdlGAMgASgLMhIudHVybndpcmUudjEuVXNhZ2USEgoKdG9vbF9uYW1lcxgEIAMoCSK6AQoRQmVmb3JlU3RlcFJlcXVlc3QSIwoEdHVybhgBIAEoCzIVLnR1cm53aXJlLnYxLlR1cm5JbmZvEhMKC3N0ZXBfbnVtYmVyGAIgASgFEiQKBXN0ZXBzGAMgAygLMhUudHVybndpcmUudjEuU3RlcEluZm8SDQoFbW9kZWwYBCABKAkSDgoGc3lzdGVtGAUgASgJEiYKCG1lc3NhZ2VzGAYgAygLMhQudHVybndpcmUudjEuTWVzc2FnZSKLAgoSQmVmb3JlU3RlcFJlc3BvbnNlEhIKBW1vZGVsGAEgASgJSACIAQESGAoLdG9vbF9jaG9pY2UYAiABKAlIAYgBARItCgxhY3RpdmVfdG9vbHMYAyABKAsyFy50dXJud2lyZS52MS5TdHJpbmdMaXN0EhMKBnN5c3RlbRgEIAEoCUgCiAEBEioKCG1lc3NhZ2VzGAUgASgLMhgudHVybndpcmUudjEuTWVzc2FnZUxpc3QSMgoObW9kZWxfc2V0dGluZ3MYBiABKAsyGi50dXJud2lyZS52MS5Nb2RlbFNldHRpbmdzQggKBl9tb2RlbEIOCgxfdG9vbF9jaG9pY2VCCQoHX3N5c3RlbSJgCgxUb29sQ2FsbEluZm8SFAoMdG9vbF9jYWxsX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRISCgppbnB1dF9qc29uGAMgASgJEhMKC3N0ZXBfbnVtYmVyGAQgASgFImUKFUJlZm9yZVRvb2xDYWxsUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SJwoEY2FsbBgCIAEoCzIZLnR1cm53aXJlLnYxLlRvb2xDYWxsSW5mbyKdAwoWQmVmb3JlVG9vbENhbGxSZXNwb25zZRI6CgVhbGxvdxgBIAEoCzIpLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVzcG9uc2UuQWxsb3dIABJOChBhbGxvd193aXRoX2lucHV0GAIgASgLMjIudHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXNwb25zZS5BbGxvd1dpdGhJbnB1dEgAEjoKBWJsb2NrGAMgASgLMikudHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXNwb25zZS5CbG9ja0gAEkQKCnN1YnN0aXR1dGUYBCABKAsyLi50dXJud2lyZS52MS5CZWZvcmVUb29sQ2FsbFJlc3BvbnNlLlN1YnN0aXR1dGVIABoHCgVBbGxvdxokCg5BbGxvd1dpdGhJbnB1dBISCgppbnB1dF9qc29uGAEgASgJGhcKBUJsb2NrEg4KBnJlYXNvbhgBIAEoCRohCgpTdWJzdGl0dXRlEhMKC291dHB1dF9qc29uGAEgASgJQgoKCGRlY2lzaW9uIvUBChRBZnRlclRvb2xDYWxsUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SJwoEY2FsbBgCIAEoCzIZLnR1cm53aXJlLnYxLlRvb2xDYWxsSW5mbxIrCghkdXJhdGlvbhgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdzdWNjZXNzGAQgASgIEhMKC291dHB1dF9qc29uGAUgASgJEg0KBWVycm9yGAYgASgJEi0KB291dGNvbWUYByABKA4yHC50dXJud2lyZS52MS5Ub29sQ2FsbE91dGNvbWUiFwoVQWZ0ZXJUb29sQ2FsbFJlc3BvbnNlIvwBChNPblN0ZXBGaW5pc2hSZXF1ZXN0EiMKBHR1cm4YASABKAsyFS50dXJud2lyZS52MS5UdXJuSW5mbxIjCgRzdGVwGAIgASgLMhUudHVybndpcmUudjEuU3RlcEluZm8SDAoEdGV4dBgDIAEoCRIWCg5yZWFzb25pbmdfdGV4dBgEIAEoCRItCgp0b29sX2NhbGxzGAUgAygLMhkudHVybndpcmUudjEuVG9vbENhbGxQYXJ0EhkKEXJhd19maW5pc2hfcmVhc29uGAYgASgJEhMKC3Jlc3BvbnNlX2lkGAcgASgJEhYKDnJlc3BvbnNlX21vZGVsGAggASgJIhYKFE9uU3RlcEZpbmlzaFJlc3BvbnNlIl4KD09uQ2h1bmtzUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SJgoGZXZlbnRzGAIgAygLMhYudHVybndpcmUudjEuVHVybkV2ZW50IhIKEE9uQ2h1bmtzUmVzcG9uc2UisQEKFU9uQ2hhdFJlc3BvbnNlUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SJQoHbWVzc2FnZRgCIAEoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USKQoHb3V0Y29tZRgDIAEoDjIYLnR1cm53aXJlLnYxLlR1cm5PdXRjb21lEiEKBWVycm9yGAQgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXMiGAoWT25DaGF0UmVzcG9uc2VSZXNwb25zZSKKAQoRUHJvdmlkZXJFcnJvckluZm8SEAoIcHJvdmlkZXIYASABKAkSEwoLaHR0cF9zdGF0dXMYAiABKAUSDAoEdHlwZRgDIAEoCRIMCgRjb2RlGAQgASgJEgwKBGJvZHkYBSABKAkSEQoJaW5fc3RyZWFtGAYgASgIEhEKCXJldHJ5YWJsZRgHIAEoCCKaAgoNQ2hhdEVycm9ySW5mbxIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SIQoFZXJyb3IYAiABKAsyEi5nb29nbGUucnBjLlN0YXR1cxINCgVzdGFnZRgDIAEoCRIaChJtZXNzYWdlc19wZXJzaXN0ZWQYBCABKAgSPAoOY2xhc3NpZmljYXRpb24YBSABKA4yJC50dXJud2lyZS52MS5DaGF0RXJyb3JDbGFzc2lmaWNhdGlvbhI2Cg5wcm92aWRlcl9lcnJvchgGIAEoCzIeLnR1cm53aXJlLnYxLlByb3ZpZGVyRXJyb3JJbmZvEhIKCm1pZGRsZXdhcmUYByABKAkSDAoEaG9vaxgIIAEoCSJHChhDbGFzc2lmeUNoYXRFcnJvclJlcXVlc3QSKwoHZmFpbHVyZRgBIAEoCzIaLnR1cm53aXJlLnYxLkNoYXRFcnJvckluZm8iWQoZQ2xhc3NpZnlDaGF0RXJyb3JSZXNwb25zZRI8Cg5jbGFzc2lmaWNhdGlvbhgBIAEoDjIkLnR1cm53aXJlLnYxLkNoYXRFcnJvckNsYXNzaWZpY2F0aW9uIkEKEk9uQ2hhdEVycm9yUmVxdWVzdBIrCgdmYWlsdXJlGAEgASgLMhoudHVybndpcmUudjEuQ2hhdEVycm9ySW5mbyJaChNPbkNoYXRFcnJvclJlc3BvbnNlEiEKBWVycm9yGAEgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXMSFAoHbWVzc2FnZRgCIAEoCUgAiAEBQgoKCF9tZXNzYWdlKvsBCgRIb29rEhQKEEhPT0tfVU5TUEVDSUZJRUQQABIUChBIT09LX0JFRk9SRV9UVVJOEAESFAoQSE9PS19CRUZPUkVfU1RFUBACEhkKFUhPT0tfQkVGT1JFX1RPT0xfQ0FMTBADEhgKFEhPT0tfQUZURVJfVE9PTF9DQUxMEAQSFwoTSE9PS19PTl9TVEVQX0ZJTklTSBAFEhIKDkhPT0tfT05fQ0hVTktTEAYSGQoVSE9PS19PTl9DSEFUX1JFU1BPTlNFEAcSHAoYSE9PS19DTEFTU0lGWV9DSEFUX0VSUk9SEAgSFgoSSE9PS19PTl9DSEFUX0VSUk9SEAkqtAEKD1Rvb2xDYWxsT3V0Y29tZRIhCh1UT09MX0NBTExfT1VUQ09NRV9VTlNQRUNJRklFRBAAEh4KGlRPT0xfQ0FMTF9PVVRDT01FX0VYRUNVVEVEEAESHQoZVE9PTF9DQUxMX09VVENPTUVfQkxPQ0tFRBACEiEKHVRPT0xfQ0FMTF9PVVRDT01FX1NVQlNUSVRVVEVEEAMSHAoYVE9PTF9DQUxMX09VVENPTUVfRkFJTEVEEAQqeQoLVHVybk91dGNvbWUSHAoYVFVSTl9PVVRDT01FX1VOU1BFQ0lGSUVEEAASGgoWVFVSTl9PVVRDT01FX0NPTVBMRVRFRBABEhYKElRVUk5fT1VUQ09NRV9FUlJPUhACEhgKFFRVUk5fT1VUQ09NRV9BQk9SVEVEEAMqkwIKF0NoYXRFcnJvckNsYXNzaWZpY2F0aW9uEikKJUNIQVRfRVJST1JfQ0xBU1NJRklDQVRJT05fVU5TUEVDSUZJRUQQABIuCipDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX0NPTlRFWFRfT1ZFUkZMT1cQARIoCiRDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX1JBVEVfTElNSVQQAhInCiNDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX1RSQU5TSUVOVBADEiMKH0NIQVRfRVJST1JfQ0xBU1NJRklDQVRJT05fRkFUQUwQBBIlCiFDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX1VOS05PV04QBTKBBwoQVHVybkhvb2tzU2VydmljZRJrChRHZXRIb29rU3Vic2NyaXB0aW9ucxIoLnR1cm53aXJlLnYxLkdldEhvb2tTdWJzY3JpcHRpb25zUmVxdWVzdBopLnR1cm53aXJlLnYxLkdldEhvb2tTdWJzY3JpcHRpb25zUmVzcG9uc2USTQoKQmVmb3JlVHVybhIeLnR1cm53aXJlLnYxLkJlZm9yZVR1cm5SZXF1ZXN0Gh8udHVybndpcmUudjEuQmVmb3JlVHVyblJlc3BvbnNlEk0KCkJlZm9yZVN0ZXASHi50dXJud2lyZS52MS5CZWZvcmVTdGVwUmVxdWVzdBofLnR1cm53aXJlLnYxLkJlZm9yZVN0ZXBSZXNwb25zZRJZCg5CZWZvcmVUb29sQ2FsbBIiLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVxdWVzdBojLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVzcG9uc2USVgoNQWZ0ZXJUb29sQ2FsbBIhLnR1cm53aXJlLnYxLkFmdGVyVG9vbENhbGxSZXF1ZXN0GiIudHVybndpcmUudjEuQWZ0ZXJUb29sQ2FsbFJlc3BvbnNlElMKDE9uU3RlcEZpbmlzaBIgLnR1cm53aXJlLnYxLk9uU3RlcEZpbmlzaFJlcXVlc3QaIS50dXJud2lyZS52MS5PblN0ZXBGaW5pc2hSZXNwb25zZRJJCghPbkNodW5rcxIcLnR1cm53aXJlLnYxLk9uQ2h1bmtzUmVxdWVzdBodLnR1cm53aXJlLnYxLk9uQ2h1bmtzUmVzcG9uc2UoARJZCg5PbkNoYXRSZXNwb25zZRIiLnR1cm53aXJlLnYxLk9uQ2hhdFJlc3BvbnNlUmVxdWVzdBojLnR1cm53aXJlLnYxLk9uQ2hhdFJlc3BvbnNlUmVzcG9uc2USYgoRQ2xhc3NpZnlDaGF0RXJyb3ISJS50dXJud2lyZS52MS5DbGFzc2lmeUNoYXRFcnJvclJlcXVlc3QaJi50dXJud2lyZS52MS5DbGFzc2lmeUNoYXRFcnJvclJlc3BvbnNlElAKC09uQ2hhdEVycm9yEh8udHVybndpcmUudjEuT25DaGF0RXJyb3JSZXF1ZXN0GiAudHVybndpcmUudjEuT25DaGF0RXJyb3JSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_rpc_status, file_turnwire_v1_event, file_turnwire_v1_message]);
+  fileDesc("Chd0dXJud2lyZS92MS9ob29rcy5wcm90bxILdHVybndpcmUudjEiHQobR2V0SG9va1N1YnNjcmlwdGlvbnNSZXF1ZXN0IloKHEdldEhvb2tTdWJzY3JpcHRpb25zUmVzcG9uc2USIAoFaG9va3MYASADKA4yES50dXJud2lyZS52MS5Ib29rEhgKEGluY2x1ZGVfbWVzc2FnZXMYAiABKAgiXQoPQ29uY3VycmVudElucHV0EjYKCHN0cmF0ZWd5GAEgASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kSEgoKcmVxdWVzdF9pZBgCIAEoCSKFAQoIVHVybkluZm8SFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkSFAoMY29udGludWF0aW9uGAMgASgIEiUKBGJvZHkYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eg8KB2F0dGVtcHQYBSABKAUiywEKEUJlZm9yZVR1cm5SZXF1ZXN0EiMKBHR1cm4YASABKAsyFS50dXJud2lyZS52MS5UdXJuSW5mbxIOCgZzeXN0ZW0YAiABKAkSDQoFbW9kZWwYAyABKAkSEgoKdG9vbF9uYW1lcxgEIAMoCRImCghtZXNzYWdlcxgFIAMoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USNgoQY29uY3VycmVudF9pbnB1dBgGIAEoCzIcLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dCIcCgpTdHJpbmdMaXN0Eg4KBnZhbHVlcxgBIAMoCSI1CgtNZXNzYWdlTGlzdBImCghtZXNzYWdlcxgBIAMoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2UiqQQKDU1vZGVsU2V0dGluZ3MSHgoRbWF4X291dHB1dF90b2tlbnMYASABKANIAIgBARIYCgt0ZW1wZXJhdHVyZRgCIAEoAUgBiAEBEhIKBXRvcF9wGAMgASgBSAKIAQESEgoFdG9wX2sYBCABKANIA4gBARIdChBwcmVzZW5jZV9wZW5hbHR5GAUgASgBSASIAQESHgoRZnJlcXVlbmN5X3BlbmFsdHkYBiABKAFIBYgBARIvCg5zdG9wX3NlcXVlbmNlcxgHIAEoCzIXLnR1cm53aXJlLnYxLlN0cmluZ0xpc3QSEQoEc2VlZBgIIAEoA0gGiAEBEhgKC21heF9yZXRyaWVzGAkgASgFSAeIAQESOAoHaGVhZGVycxgKIAMoCzInLnR1cm53aXJlLnYxLk1vZGVsU2V0dGluZ3MuSGVhZGVyc0VudHJ5EjEKEHByb3ZpZGVyX29wdGlvbnMYCyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Gi4KDEhlYWRlcnNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQhQKEl9tYXhfb3V0cHV0X3Rva2Vuc0IOCgxfdGVtcGVyYXR1cmVCCAoGX3RvcF9wQggKBl90b3Bfa0ITChFfcHJlc2VuY2VfcGVuYWx0eUIUChJfZnJlcXVlbmN5X3BlbmFsdHlCBwoFX3NlZWRCDgoMX21heF9yZXRyaWVzIkkKDVN0b3BDb25kaXRpb24SFQoLdG9vbF9jYWxsZWQYASABKAlIABIUCgpzdGVwX2NvdW50GAIgASgFSABCCwoJY29uZGl0aW9uIooBCgtUdXJuVGltZW91dBIoCgV0b3RhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhInCgRzdGVwGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEigKBWNodW5rGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIp0EChJCZWZvcmVUdXJuUmVzcG9uc2USEgoFbW9kZWwYASABKAlIAIgBARITCgZzeXN0ZW0YAiABKAlIAYgBARIqCghtZXNzYWdlcxgDIAEoCzIYLnR1cm53aXJlLnYxLk1lc3NhZ2VMaXN0Ei0KDGFjdGl2ZV90b29scxgEIAEoCzIXLnR1cm53aXJlLnYxLlN0cmluZ0xpc3QSGAoLdG9vbF9jaG9pY2UYBSABKAlIAogBARIWCgltYXhfc3RlcHMYBiABKAVIA4gBARItCglzdG9wX3doZW4YByADKAsyGi50dXJud2lyZS52MS5TdG9wQ29uZGl0aW9uEhsKDnNlbmRfcmVhc29uaW5nGAggASgISASIAQESMgoObW9kZWxfc2V0dGluZ3MYCSABKAsyGi50dXJud2lyZS52MS5Nb2RlbFNldHRpbmdzEikKB3RpbWVvdXQYCiABKAsyGC50dXJud2lyZS52MS5UdXJuVGltZW91dBI3ChRzdHJlYW1fc3RhbGxfdGltZW91dBgLIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhInCgZvdXRwdXQYDCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0QggKBl9tb2RlbEIJCgdfc3lzdGVtQg4KDF90b29sX2Nob2ljZUIMCgpfbWF4X3N0ZXBzQhEKD19zZW5kX3JlYXNvbmluZyKIAQoIU3RlcEluZm8SEwoLc3RlcF9udW1iZXIYASABKAUSMAoNZmluaXNoX3JlYXNvbhgCIAEoDjIZLnR1cm53aXJlLnYxLkZpbmlzaFJlYXNvbhIhCgV1c2FnZRgDIAEoCzISLnR1cm53aXJlLnYxLlVzYWdlEhIKCnRvb2xfbmFtZXMYBCADKAkiugEKEUJlZm9yZVN0ZXBSZXF1ZXN0EiMKBHR1cm4YASABKAsyFS50dXJud2lyZS52MS5UdXJuSW5mbxITCgtzdGVwX251bWJlchgCIAEoBRIkCgVzdGVwcxgDIAMoCzIVLnR1cm53aXJlLnYxLlN0ZXBJbmZvEg0KBW1vZGVsGAQgASgJEg4KBnN5c3RlbRgFIAEoCRImCghtZXNzYWdlcxgGIAMoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2UiiwIKEkJlZm9yZVN0ZXBSZXNwb25zZRISCgVtb2RlbBgBIAEoCUgAiAEBEhgKC3Rvb2xfY2hvaWNlGAIgASgJSAGIAQESLQoMYWN0aXZlX3Rvb2xzGAMgASgLMhcudHVybndpcmUudjEuU3RyaW5nTGlzdBITCgZzeXN0ZW0YBCABKAlIAogBARIqCghtZXNzYWdlcxgFIAEoCzIYLnR1cm53aXJlLnYxLk1lc3NhZ2VMaXN0EjIKDm1vZGVsX3NldHRpbmdzGAYgASgLMhoudHVybndpcmUudjEuTW9kZWxTZXR0aW5nc0IICgZfbW9kZWxCDgoMX3Rvb2xfY2hvaWNlQgkKB19zeXN0ZW0iYAoMVG9vbENhbGxJbmZvEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIRCgl0b29sX25hbWUYAiABKAkSEgoKaW5wdXRfanNvbhgDIAEoCRITCgtzdGVwX251bWJlchgEIAEoBSJlChVCZWZvcmVUb29sQ2FsbFJlcXVlc3QSIwoEdHVybhgBIAEoCzIVLnR1cm53aXJlLnYxLlR1cm5JbmZvEicKBGNhbGwYAiABKAsyGS50dXJud2lyZS52MS5Ub29sQ2FsbEluZm8inQMKFkJlZm9yZVRvb2xDYWxsUmVzcG9uc2USOgoFYWxsb3cYASABKAsyKS50dXJud2lyZS52MS5CZWZvcmVUb29sQ2FsbFJlc3BvbnNlLkFsbG93SAASTgoQYWxsb3dfd2l0aF9pbnB1dBgCIAEoCzIyLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVzcG9uc2UuQWxsb3dXaXRoSW5wdXRIABI6CgVibG9jaxgDIAEoCzIpLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVzcG9uc2UuQmxvY2tIABJECgpzdWJzdGl0dXRlGAQgASgLMi4udHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXNwb25zZS5TdWJzdGl0dXRlSAAaBwoFQWxsb3caJAoOQWxsb3dXaXRoSW5wdXQSEgoKaW5wdXRfanNvbhgBIAEoCRoXCgVCbG9jaxIOCgZyZWFzb24YASABKAkaIQoKU3Vic3RpdHV0ZRITCgtvdXRwdXRfanNvbhgBIAEoCUIKCghkZWNpc2lvbiL1AQoUQWZ0ZXJUb29sQ2FsbFJlcXVlc3QSIwoEdHVybhgBIAEoCzIVLnR1cm53aXJlLnYxLlR1cm5JbmZvEicKBGNhbGwYAiABKAsyGS50dXJud2lyZS52MS5Ub29sQ2FsbEluZm8SKwoIZHVyYXRpb24YAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDwoHc3VjY2VzcxgEIAEoCBITCgtvdXRwdXRfanNvbhgFIAEoCRINCgVlcnJvchgGIAEoCRItCgdvdXRjb21lGAcgASgOMhwudHVybndpcmUudjEuVG9vbENhbGxPdXRjb21lIhcKFUFmdGVyVG9vbENhbGxSZXNwb25zZSL8AQoTT25TdGVwRmluaXNoUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SIwoEc3RlcBgCIAEoCzIVLnR1cm53aXJlLnYxLlN0ZXBJbmZvEgwKBHRleHQYAyABKAkSFgoOcmVhc29uaW5nX3RleHQYBCABKAkSLQoKdG9vbF9jYWxscxgFIAMoCzIZLnR1cm53aXJlLnYxLlRvb2xDYWxsUGFydBIZChFyYXdfZmluaXNoX3JlYXNvbhgGIAEoCRITCgtyZXNwb25zZV9pZBgHIAEoCRIWCg5yZXNwb25zZV9tb2RlbBgIIAEoCSIWChRPblN0ZXBGaW5pc2hSZXNwb25zZSJeCg9PbkNodW5rc1JlcXVlc3QSIwoEdHVybhgBIAEoCzIVLnR1cm53aXJlLnYxLlR1cm5JbmZvEiYKBmV2ZW50cxgCIAMoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCISChBPbkNodW5rc1Jlc3BvbnNlIukBChVPbkNoYXRSZXNwb25zZVJlcXVlc3QSIwoEdHVybhgBIAEoCzIVLnR1cm53aXJlLnYxLlR1cm5JbmZvEiUKB21lc3NhZ2UYAiABKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEikKB291dGNvbWUYAyABKA4yGC50dXJud2lyZS52MS5UdXJuT3V0Y29tZRIhCgVlcnJvchgEIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzEjYKEGNvbmN1cnJlbnRfaW5wdXQYBSABKAsyHC50dXJud2lyZS52MS5Db25jdXJyZW50SW5wdXQiGAoWT25DaGF0UmVzcG9uc2VSZXNwb25zZSKKAQoRUHJvdmlkZXJFcnJvckluZm8SEAoIcHJvdmlkZXIYASABKAkSEwoLaHR0cF9zdGF0dXMYAiABKAUSDAoEdHlwZRgDIAEoCRIMCgRjb2RlGAQgASgJEgwKBGJvZHkYBSABKAkSEQoJaW5fc3RyZWFtGAYgASgIEhEKCXJldHJ5YWJsZRgHIAEoCCKaAgoNQ2hhdEVycm9ySW5mbxIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SIQoFZXJyb3IYAiABKAsyEi5nb29nbGUucnBjLlN0YXR1cxINCgVzdGFnZRgDIAEoCRIaChJtZXNzYWdlc19wZXJzaXN0ZWQYBCABKAgSPAoOY2xhc3NpZmljYXRpb24YBSABKA4yJC50dXJud2lyZS52MS5DaGF0RXJyb3JDbGFzc2lmaWNhdGlvbhI2Cg5wcm92aWRlcl9lcnJvchgGIAEoCzIeLnR1cm53aXJlLnYxLlByb3ZpZGVyRXJyb3JJbmZvEhIKCm1pZGRsZXdhcmUYByABKAkSDAoEaG9vaxgIIAEoCSJHChhDbGFzc2lmeUNoYXRFcnJvclJlcXVlc3QSKwoHZmFpbHVyZRgBIAEoCzIaLnR1cm53aXJlLnYxLkNoYXRFcnJvckluZm8iWQoZQ2xhc3NpZnlDaGF0RXJyb3JSZXNwb25zZRI8Cg5jbGFzc2lmaWNhdGlvbhgBIAEoDjIkLnR1cm53aXJlLnYxLkNoYXRFcnJvckNsYXNzaWZpY2F0aW9uIkEKEk9uQ2hhdEVycm9yUmVxdWVzdBIrCgdmYWlsdXJlGAEgASgLMhoudHVybndpcmUudjEuQ2hhdEVycm9ySW5mbyJaChNPbkNoYXRFcnJvclJlc3BvbnNlEiEKBWVycm9yGAEgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXMSFAoHbWVzc2FnZRgCIAEoCUgAiAEBQgoKCF9tZXNzYWdlKvsBCgRIb29rEhQKEEhPT0tfVU5TUEVDSUZJRUQQABIUChBIT09LX0JFRk9SRV9UVVJOEAESFAoQSE9PS19CRUZPUkVfU1RFUBACEhkKFUhPT0tfQkVGT1JFX1RPT0xfQ0FMTBADEhgKFEhPT0tfQUZURVJfVE9PTF9DQUxMEAQSFwoTSE9PS19PTl9TVEVQX0ZJTklTSBAFEhIKDkhPT0tfT05fQ0hVTktTEAYSGQoVSE9PS19PTl9DSEFUX1JFU1BPTlNFEAcSHAoYSE9PS19DTEFTU0lGWV9DSEFUX0VSUk9SEAgSFgoSSE9PS19PTl9DSEFUX0VSUk9SEAkqtAEKD1Rvb2xDYWxsT3V0Y29tZRIhCh1UT09MX0NBTExfT1VUQ09NRV9VTlNQRUNJRklFRBAAEh4KGlRPT0xfQ0FMTF9PVVRDT01FX0VYRUNVVEVEEAESHQoZVE9PTF9DQUxMX09VVENPTUVfQkxPQ0tFRBACEiEKHVRPT0xfQ0FMTF9PVVRDT01FX1NVQlNUSVRVVEVEEAMSHAoYVE9PTF9DQUxMX09VVENPTUVfRkFJTEVEEAQqeQoLVHVybk91dGNvbWUSHAoYVFVSTl9PVVRDT01FX1VOU1BFQ0lGSUVEEAASGgoWVFVSTl9PVVRDT01FX0NPTVBMRVRFRBABEhYKElRVUk5fT1VUQ09NRV9FUlJPUhACEhgKFFRVUk5fT1VUQ09NRV9BQk9SVEVEEAMqkwIKF0NoYXRFcnJvckNsYXNzaWZpY2F0aW9uEikKJUNIQVRfRVJST1JfQ0xBU1NJRklDQVRJT05fVU5TUEVDSUZJRUQQABIuCipDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX0NPTlRFWFRfT1ZFUkZMT1cQARIoCiRDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX1JBVEVfTElNSVQQAhInCiNDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX1RSQU5TSUVOVBADEiMKH0NIQVRfRVJST1JfQ0xBU1NJRklDQVRJT05fRkFUQUwQBBIlCiFDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX1VOS05PV04QBTKBBwoQVHVybkhvb2tzU2VydmljZRJrChRHZXRIb29rU3Vic2NyaXB0aW9ucxIoLnR1cm53aXJlLnYxLkdldEhvb2tTdWJzY3JpcHRpb25zUmVxdWVzdBopLnR1cm53aXJlLnYxLkdldEhvb2tTdWJzY3JpcHRpb25zUmVzcG9uc2USTQoKQmVmb3JlVHVybhIeLnR1cm53aXJlLnYxLkJlZm9yZVR1cm5SZXF1ZXN0Gh8udHVybndpcmUudjEuQmVmb3JlVHVyblJlc3BvbnNlEk0KCkJlZm9yZVN0ZXASHi50dXJud2lyZS52MS5CZWZvcmVTdGVwUmVxdWVzdBofLnR1cm53aXJlLnYxLkJlZm9yZVN0ZXBSZXNwb25zZRJZCg5CZWZvcmVUb29sQ2FsbBIiLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVxdWVzdBojLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVzcG9uc2USVgoNQWZ0ZXJUb29sQ2FsbBIhLnR1cm53aXJlLnYxLkFmdGVyVG9vbENhbGxSZXF1ZXN0GiIudHVybndpcmUudjEuQWZ0ZXJUb29sQ2FsbFJlc3BvbnNlElMKDE9uU3RlcEZpbmlzaBIgLnR1cm53aXJlLnYxLk9uU3RlcEZpbmlzaFJlcXVlc3QaIS50dXJud2lyZS52MS5PblN0ZXBGaW5pc2hSZXNwb25zZRJJCghPbkNodW5rcxIcLnR1cm53aXJlLnYxLk9uQ2h1bmtzUmVxdWVzdBodLnR1cm53aXJlLnYxLk9uQ2h1bmtzUmVzcG9uc2UoARJZCg5PbkNoYXRSZXNwb25zZRIiLnR1cm53aXJlLnYxLk9uQ2hhdFJlc3BvbnNlUmVxdWVzdBojLnR1cm53aXJlLnYxLk9uQ2hhdFJlc3BvbnNlUmVzcG9uc2USYgoRQ2xhc3NpZnlDaGF0RXJyb3ISJS50dXJud2lyZS52MS5DbGFzc2lmeUNoYXRFcnJvclJlcXVlc3QaJi50dXJud2lyZS52MS5DbGFzc2lmeUNoYXRFcnJvclJlc3BvbnNlElAKC09uQ2hhdEVycm9yEh8udHVybndpcmUudjEuT25DaGF0RXJyb3JSZXF1ZXN0GiAudHVybndpcmUudjEuT25DaGF0RXJyb3JSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_rpc_status, file_turnwire_v1_chat_service, file_turnwire_v1_event, file_turnwire_v1_message]);
 
 /**
  * GetHookSubscriptionsRequest asks a hook server what it wants.
@@ -63,6 +65,37 @@ export type GetHookSubscriptionsResponse = Message<"turnwire.v1.GetHookSubscript
  */
 export const GetHookSubscriptionsResponseSchema: GenMessage<GetHookSubscriptionsResponse> = /*@__PURE__*/
   messageDesc(file_turnwire_v1_hooks, 1);
+
+/**
+ * ConcurrentInput is which concurrent-input strategy applied between two turns
+ * of a conversation (ChatRequest.concurrent_input_strategy).
+ *
+ * @generated from message turnwire.v1.ConcurrentInput
+ */
+export type ConcurrentInput = Message<"turnwire.v1.ConcurrentInput"> & {
+  /**
+   * In BeforeTurnRequest: the strategy the new turn's request used. In
+   * OnChatResponseRequest: INTERRUPT or ROLLBACK, how new input stopped the turn.
+   *
+   * @generated from field: turnwire.v1.ConcurrentInputStrategy strategy = 1;
+   */
+  strategy: ConcurrentInputStrategy;
+
+  /**
+   * In BeforeTurnRequest: the turn it stopped (empty: none). In
+   * OnChatResponseRequest: the request that stopped the turn.
+   *
+   * @generated from field: string request_id = 2;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message turnwire.v1.ConcurrentInput.
+ * Use `create(ConcurrentInputSchema)` to create a new message.
+ */
+export const ConcurrentInputSchema: GenMessage<ConcurrentInput> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_hooks, 2);
 
 /**
  * TurnInfo is the turn a hook call belongs to.
@@ -112,7 +145,7 @@ export type TurnInfo = Message<"turnwire.v1.TurnInfo"> & {
  * Use `create(TurnInfoSchema)` to create a new message.
  */
 export const TurnInfoSchema: GenMessage<TurnInfo> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 2);
+  messageDesc(file_turnwire_v1_hooks, 3);
 
 /**
  * BeforeTurnRequest is the assembled turn, before its first step.
@@ -154,6 +187,14 @@ export type BeforeTurnRequest = Message<"turnwire.v1.BeforeTurnRequest"> & {
    * @generated from field: repeated turnwire.v1.Message messages = 5;
    */
   messages: Message$1[];
+
+  /**
+   * The concurrent-input strategy of the turn's request and the turn it
+   * stopped; unset for a recovery or a submission.
+   *
+   * @generated from field: turnwire.v1.ConcurrentInput concurrent_input = 6;
+   */
+  concurrentInput?: ConcurrentInput | undefined;
 };
 
 /**
@@ -161,7 +202,7 @@ export type BeforeTurnRequest = Message<"turnwire.v1.BeforeTurnRequest"> & {
  * Use `create(BeforeTurnRequestSchema)` to create a new message.
  */
 export const BeforeTurnRequestSchema: GenMessage<BeforeTurnRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 3);
+  messageDesc(file_turnwire_v1_hooks, 4);
 
 /**
  * StringList wraps a list so that "not set" and "empty" differ.
@@ -182,7 +223,7 @@ export type StringList = Message<"turnwire.v1.StringList"> & {
  * Use `create(StringListSchema)` to create a new message.
  */
 export const StringListSchema: GenMessage<StringList> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 4);
+  messageDesc(file_turnwire_v1_hooks, 5);
 
 /**
  * MessageList wraps a list of messages so that "not set" and "empty" differ.
@@ -203,7 +244,7 @@ export type MessageList = Message<"turnwire.v1.MessageList"> & {
  * Use `create(MessageListSchema)` to create a new message.
  */
 export const MessageListSchema: GenMessage<MessageList> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 5);
+  messageDesc(file_turnwire_v1_hooks, 6);
 
 /**
  * ModelSettings are the sampling and transport settings a hook may set; only
@@ -295,7 +336,7 @@ export type ModelSettings = Message<"turnwire.v1.ModelSettings"> & {
  * Use `create(ModelSettingsSchema)` to create a new message.
  */
 export const ModelSettingsSchema: GenMessage<ModelSettings> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 6);
+  messageDesc(file_turnwire_v1_hooks, 7);
 
 /**
  * StopCondition ends the step loop after a step (the max_steps bound stays).
@@ -332,7 +373,7 @@ export type StopCondition = Message<"turnwire.v1.StopCondition"> & {
  * Use `create(StopConditionSchema)` to create a new message.
  */
 export const StopConditionSchema: GenMessage<StopCondition> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 7);
+  messageDesc(file_turnwire_v1_hooks, 8);
 
 /**
  * TurnTimeout bounds the turn's model calls.
@@ -367,7 +408,7 @@ export type TurnTimeout = Message<"turnwire.v1.TurnTimeout"> & {
  * Use `create(TurnTimeoutSchema)` to create a new message.
  */
 export const TurnTimeoutSchema: GenMessage<TurnTimeout> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 8);
+  messageDesc(file_turnwire_v1_hooks, 9);
 
 /**
  * BeforeTurnResponse changes the turn: only the fields set change it
@@ -467,7 +508,7 @@ export type BeforeTurnResponse = Message<"turnwire.v1.BeforeTurnResponse"> & {
  * Use `create(BeforeTurnResponseSchema)` to create a new message.
  */
 export const BeforeTurnResponseSchema: GenMessage<BeforeTurnResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 9);
+  messageDesc(file_turnwire_v1_hooks, 10);
 
 /**
  * StepInfo summarizes a finished step for the next hooks.
@@ -509,7 +550,7 @@ export type StepInfo = Message<"turnwire.v1.StepInfo"> & {
  * Use `create(StepInfoSchema)` to create a new message.
  */
 export const StepInfoSchema: GenMessage<StepInfo> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 10);
+  messageDesc(file_turnwire_v1_hooks, 11);
 
 /**
  * BeforeStepRequest is the step about to run.
@@ -565,7 +606,7 @@ export type BeforeStepRequest = Message<"turnwire.v1.BeforeStepRequest"> & {
  * Use `create(BeforeStepRequestSchema)` to create a new message.
  */
 export const BeforeStepRequestSchema: GenMessage<BeforeStepRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 11);
+  messageDesc(file_turnwire_v1_hooks, 12);
 
 /**
  * BeforeStepResponse changes this step: only the fields set change it.
@@ -621,7 +662,7 @@ export type BeforeStepResponse = Message<"turnwire.v1.BeforeStepResponse"> & {
  * Use `create(BeforeStepResponseSchema)` to create a new message.
  */
 export const BeforeStepResponseSchema: GenMessage<BeforeStepResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 12);
+  messageDesc(file_turnwire_v1_hooks, 13);
 
 /**
  * ToolCallInfo is one tool call.
@@ -664,7 +705,7 @@ export type ToolCallInfo = Message<"turnwire.v1.ToolCallInfo"> & {
  * Use `create(ToolCallInfoSchema)` to create a new message.
  */
 export const ToolCallInfoSchema: GenMessage<ToolCallInfo> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 13);
+  messageDesc(file_turnwire_v1_hooks, 14);
 
 /**
  * BeforeToolCallRequest is a server-executed call about to run.
@@ -692,7 +733,7 @@ export type BeforeToolCallRequest = Message<"turnwire.v1.BeforeToolCallRequest">
  * Use `create(BeforeToolCallRequestSchema)` to create a new message.
  */
 export const BeforeToolCallRequestSchema: GenMessage<BeforeToolCallRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 14);
+  messageDesc(file_turnwire_v1_hooks, 15);
 
 /**
  * BeforeToolCallResponse decides the call; no decision runs it as it is.
@@ -745,7 +786,7 @@ export type BeforeToolCallResponse = Message<"turnwire.v1.BeforeToolCallResponse
  * Use `create(BeforeToolCallResponseSchema)` to create a new message.
  */
 export const BeforeToolCallResponseSchema: GenMessage<BeforeToolCallResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 15);
+  messageDesc(file_turnwire_v1_hooks, 16);
 
 /**
  * Run it as it is (the same as no decision).
@@ -760,7 +801,7 @@ export type BeforeToolCallResponse_Allow = Message<"turnwire.v1.BeforeToolCallRe
  * Use `create(BeforeToolCallResponse_AllowSchema)` to create a new message.
  */
 export const BeforeToolCallResponse_AllowSchema: GenMessage<BeforeToolCallResponse_Allow> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 15, 0);
+  messageDesc(file_turnwire_v1_hooks, 16, 0);
 
 /**
  * Run it with another input.
@@ -781,7 +822,7 @@ export type BeforeToolCallResponse_AllowWithInput = Message<"turnwire.v1.BeforeT
  * Use `create(BeforeToolCallResponse_AllowWithInputSchema)` to create a new message.
  */
 export const BeforeToolCallResponse_AllowWithInputSchema: GenMessage<BeforeToolCallResponse_AllowWithInput> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 15, 1);
+  messageDesc(file_turnwire_v1_hooks, 16, 1);
 
 /**
  * Do not run it; the model is told why.
@@ -802,7 +843,7 @@ export type BeforeToolCallResponse_Block = Message<"turnwire.v1.BeforeToolCallRe
  * Use `create(BeforeToolCallResponse_BlockSchema)` to create a new message.
  */
 export const BeforeToolCallResponse_BlockSchema: GenMessage<BeforeToolCallResponse_Block> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 15, 2);
+  messageDesc(file_turnwire_v1_hooks, 16, 2);
 
 /**
  * Do not run it; the model sees this output as the result.
@@ -823,7 +864,7 @@ export type BeforeToolCallResponse_Substitute = Message<"turnwire.v1.BeforeToolC
  * Use `create(BeforeToolCallResponse_SubstituteSchema)` to create a new message.
  */
 export const BeforeToolCallResponse_SubstituteSchema: GenMessage<BeforeToolCallResponse_Substitute> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 15, 3);
+  messageDesc(file_turnwire_v1_hooks, 16, 3);
 
 /**
  * AfterToolCallRequest is a call's outcome: real, blocked, substituted or failed.
@@ -886,7 +927,7 @@ export type AfterToolCallRequest = Message<"turnwire.v1.AfterToolCallRequest"> &
  * Use `create(AfterToolCallRequestSchema)` to create a new message.
  */
 export const AfterToolCallRequestSchema: GenMessage<AfterToolCallRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 16);
+  messageDesc(file_turnwire_v1_hooks, 17);
 
 /**
  * AfterToolCallResponse is empty: the hook only observes.
@@ -901,7 +942,7 @@ export type AfterToolCallResponse = Message<"turnwire.v1.AfterToolCallResponse">
  * Use `create(AfterToolCallResponseSchema)` to create a new message.
  */
 export const AfterToolCallResponseSchema: GenMessage<AfterToolCallResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 17);
+  messageDesc(file_turnwire_v1_hooks, 18);
 
 /**
  * OnStepFinishRequest is a finished step.
@@ -971,7 +1012,7 @@ export type OnStepFinishRequest = Message<"turnwire.v1.OnStepFinishRequest"> & {
  * Use `create(OnStepFinishRequestSchema)` to create a new message.
  */
 export const OnStepFinishRequestSchema: GenMessage<OnStepFinishRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 18);
+  messageDesc(file_turnwire_v1_hooks, 19);
 
 /**
  * OnStepFinishResponse is empty: the hook only observes.
@@ -986,7 +1027,7 @@ export type OnStepFinishResponse = Message<"turnwire.v1.OnStepFinishResponse"> &
  * Use `create(OnStepFinishResponseSchema)` to create a new message.
  */
 export const OnStepFinishResponseSchema: GenMessage<OnStepFinishResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 19);
+  messageDesc(file_turnwire_v1_hooks, 20);
 
 /**
  * OnChunksRequest is one batch of a turn's streamed output: the turn's events
@@ -1021,7 +1062,7 @@ export type OnChunksRequest = Message<"turnwire.v1.OnChunksRequest"> & {
  * Use `create(OnChunksRequestSchema)` to create a new message.
  */
 export const OnChunksRequestSchema: GenMessage<OnChunksRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 20);
+  messageDesc(file_turnwire_v1_hooks, 21);
 
 /**
  * OnChunksResponse ends an OnChunks call.
@@ -1036,7 +1077,7 @@ export type OnChunksResponse = Message<"turnwire.v1.OnChunksResponse"> & {
  * Use `create(OnChunksResponseSchema)` to create a new message.
  */
 export const OnChunksResponseSchema: GenMessage<OnChunksResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 21);
+  messageDesc(file_turnwire_v1_hooks, 22);
 
 /**
  * OnChatResponseRequest is a finished turn.
@@ -1071,6 +1112,13 @@ export type OnChatResponseRequest = Message<"turnwire.v1.OnChatResponseRequest">
    * @generated from field: google.rpc.Status error = 4;
    */
   error?: Status | undefined;
+
+  /**
+   * Set when new input stopped the turn (INTERRUPT or ROLLBACK).
+   *
+   * @generated from field: turnwire.v1.ConcurrentInput concurrent_input = 5;
+   */
+  concurrentInput?: ConcurrentInput | undefined;
 };
 
 /**
@@ -1078,7 +1126,7 @@ export type OnChatResponseRequest = Message<"turnwire.v1.OnChatResponseRequest">
  * Use `create(OnChatResponseRequestSchema)` to create a new message.
  */
 export const OnChatResponseRequestSchema: GenMessage<OnChatResponseRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 22);
+  messageDesc(file_turnwire_v1_hooks, 23);
 
 /**
  * OnChatResponseResponse is empty: the hook only observes.
@@ -1093,7 +1141,7 @@ export type OnChatResponseResponse = Message<"turnwire.v1.OnChatResponseResponse
  * Use `create(OnChatResponseResponseSchema)` to create a new message.
  */
 export const OnChatResponseResponseSchema: GenMessage<OnChatResponseResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 23);
+  messageDesc(file_turnwire_v1_hooks, 24);
 
 /**
  * ProviderErrorInfo is the normalized provider error behind a failure.
@@ -1156,7 +1204,7 @@ export type ProviderErrorInfo = Message<"turnwire.v1.ProviderErrorInfo"> & {
  * Use `create(ProviderErrorInfoSchema)` to create a new message.
  */
 export const ProviderErrorInfoSchema: GenMessage<ProviderErrorInfo> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 24);
+  messageDesc(file_turnwire_v1_hooks, 25);
 
 /**
  * ChatErrorInfo is a failed turn (docs/semantics.md §3, ChatErrorContext).
@@ -1226,7 +1274,7 @@ export type ChatErrorInfo = Message<"turnwire.v1.ChatErrorInfo"> & {
  * Use `create(ChatErrorInfoSchema)` to create a new message.
  */
 export const ChatErrorInfoSchema: GenMessage<ChatErrorInfo> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 25);
+  messageDesc(file_turnwire_v1_hooks, 26);
 
 /**
  * ClassifyChatErrorRequest asks for a classification.
@@ -1247,7 +1295,7 @@ export type ClassifyChatErrorRequest = Message<"turnwire.v1.ClassifyChatErrorReq
  * Use `create(ClassifyChatErrorRequestSchema)` to create a new message.
  */
 export const ClassifyChatErrorRequestSchema: GenMessage<ClassifyChatErrorRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 26);
+  messageDesc(file_turnwire_v1_hooks, 27);
 
 /**
  * ClassifyChatErrorResponse is a classification; unspecified leaves it to others.
@@ -1268,7 +1316,7 @@ export type ClassifyChatErrorResponse = Message<"turnwire.v1.ClassifyChatErrorRe
  * Use `create(ClassifyChatErrorResponseSchema)` to create a new message.
  */
 export const ClassifyChatErrorResponseSchema: GenMessage<ClassifyChatErrorResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 27);
+  messageDesc(file_turnwire_v1_hooks, 28);
 
 /**
  * OnChatErrorRequest is a failed turn, classified.
@@ -1289,7 +1337,7 @@ export type OnChatErrorRequest = Message<"turnwire.v1.OnChatErrorRequest"> & {
  * Use `create(OnChatErrorRequestSchema)` to create a new message.
  */
 export const OnChatErrorRequestSchema: GenMessage<OnChatErrorRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 28);
+  messageDesc(file_turnwire_v1_hooks, 29);
 
 /**
  * OnChatErrorResponse replaces what the client sees; empty leaves it as it is.
@@ -1317,7 +1365,7 @@ export type OnChatErrorResponse = Message<"turnwire.v1.OnChatErrorResponse"> & {
  * Use `create(OnChatErrorResponseSchema)` to create a new message.
  */
 export const OnChatErrorResponseSchema: GenMessage<OnChatErrorResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 29);
+  messageDesc(file_turnwire_v1_hooks, 30);
 
 /**
  * Hook names a lifecycle hook (docs/semantics.md §3).

@@ -1,0 +1,288 @@
+"""New input while a turn runs (issue 18): the per-request strategies ENQUEUE, REJECT, INTERRUPT
+and ROLLBACK against a real ``turnwire serve`` process on SQLite (docs/semantics.md §5).
+
+Each test starts a long turn ``A`` (a slow text, or a tool that waits 30 s), sends new input
+while it runs, and checks the streams, the stored transcript, the order the turns ran in and
+what the hooks were told (``support.hooks:RecordConcurrentInput`` writes one line per call).
+The raw stub is used, so the test sees exactly the request field and the statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from support.hooks import pythonpath_env
+from support.sidecar import SidecarFactory, SidecarProcess, free_port
+from support.turn_calls import Turn, call_status, chat, error_info, stored, transcript
+from support.waiting import wait_until
+
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
+
+WORDS = [f"w{i}" for i in range(200)]
+
+ENQUEUE = chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ENQUEUE
+REJECT = chat_service_pb2.CONCURRENT_INPUT_STRATEGY_REJECT
+INTERRUPT = chat_service_pb2.CONCURRENT_INPUT_STRATEGY_INTERRUPT
+ROLLBACK = chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ROLLBACK
+
+
+def config(record: Path, metrics_port: int) -> dict[str, Any]:
+    return {
+        "metrics": {"enabled": True, "listen": f"127.0.0.1:{metrics_port}"},
+        "providers": {
+            "scripted": {
+                "scripts": {
+                    # About 10 s of text, 50 ms a word: always still running when the test acts.
+                    "long": [{"text": " ".join(WORDS), "delay_ms": 50}],
+                    # Text, then a call of a tool that waits 30 s.
+                    "tool": [
+                        {"text": "let me wait", "tool_calls": [{"name": "wait", "input": {"seconds": 30}}]},
+                        {"text": "waited"},
+                    ],
+                    "short": [{"text": "ok"}],
+                }
+            }
+        },
+        "tools": {"python": ["support.durable_tools:wait"]},
+        "checkpoint": {"interval_ms": 20},
+        "middleware": [{"path": "support.hooks:RecordConcurrentInput", "options": {"path": str(record)}}],
+    }
+
+
+class Server:
+    """A sidecar, the file its hook recorder writes and its metrics port."""
+
+    def __init__(self, sidecar: SidecarProcess, record: Path, metrics_port: int) -> None:
+        self.stub = chat_service_pb2_grpc.ChatServiceStub(sidecar.channel())
+        self.record = record
+        self.metrics_port = metrics_port
+
+    def hook_lines(self) -> list[str]:
+        return self.record.read_text().splitlines() if self.record.exists() else []
+
+    async def queued(self) -> float:
+        """The server's ``turnwire_queued_turns`` gauge: turns admitted and waiting."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+        return sum(
+            float(line.split()[-1]) for line in text.splitlines() if line.startswith("turnwire_queued_turns")
+        )
+
+    async def wait_queued(self, count: int) -> None:
+        """Wait until ``count`` turns wait in the server's queue (admitted, so in line)."""
+        await wait_until(lambda: self._queued_is(count), timeout=10, what=f"{count} turns queued")
+
+    async def _queued_is(self, count: int) -> bool:
+        return await self.queued() == count
+
+
+@pytest.fixture
+async def server(sidecar_factory: SidecarFactory, tmp_path: Path) -> AsyncIterator[Server]:
+    record = tmp_path / "hooks.txt"
+    port = free_port()
+    sidecar = await sidecar_factory(config(record, port), env=pythonpath_env()).start()
+    yield Server(sidecar, record, port)
+
+
+async def running(turn: Turn, *, tool: bool = False) -> None:
+    """Wait until ``turn`` streams text (or, with ``tool``, its tool call runs)."""
+    if tool:
+        await wait_until(lambda: "tool_input_available" in turn.kinds(), timeout=15, what="the tool runs")
+    else:
+        await wait_until(turn.text_seen, timeout=15, what="text streams")
+
+
+async def test_reject_refuses_at_once_and_stores_nothing(server: Server) -> None:
+    stub = server.stub
+    first = chat(stub, "rej", "rej-a", "long")
+    await running(first)
+    before = await transcript(stub, "rej")
+    rejected = chat(stub, "rej", "rej-b", "short", REJECT)
+    await asyncio.wait_for(rejected.task, 10)
+    assert rejected.refused is not None and rejected.events == []
+    assert rejected.refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    info = error_info(call_status(rejected.refused))
+    assert info.reason == "TURN_IN_PROGRESS"
+    assert info.metadata["running_request_id"] == "rej-a"
+    assert await transcript(stub, "rej") == before  # nothing of rej-b stored
+    # The running turn goes on untouched.
+    first_end = await first.end()
+    assert first_end.status == event_pb2.TURN_STATUS_COMPLETED
+    assert await transcript(stub, "rej") == ["user:u-rej-a", "assistant:tw-a-rej-a"]
+    # Idle again: REJECT runs.
+    again = chat(stub, "rej", "rej-c", "short", REJECT)
+    assert (await again.end()).status == event_pb2.TURN_STATUS_COMPLETED
+
+
+async def test_reject_sees_a_queued_turn(server: Server) -> None:
+    stub = server.stub
+    first = chat(stub, "rejq", "rejq-a", "long")
+    await running(first)
+    chat(stub, "rejq", "rejq-b", "short")
+    await server.wait_queued(1)
+    rejected = chat(stub, "rejq", "rejq-c", "short", REJECT)
+    await asyncio.wait_for(rejected.task, 10)
+    assert rejected.refused is not None
+    assert error_info(call_status(rejected.refused)).reason == "TURN_IN_PROGRESS"
+    first.task.cancel()
+
+
+@pytest.mark.parametrize("tool", [False, True], ids=["mid-text", "mid-tool"])
+async def test_interrupt_stops_the_running_turn_and_runs_next_ahead_of_the_queue(
+    server: Server, tool: bool
+) -> None:
+    stub = server.stub
+    conv = f"int-{tool}"
+    first = chat(stub, conv, f"{conv}-a", "tool" if tool else "long")
+    await running(first, tool=tool)
+    q1 = chat(stub, conv, f"{conv}-q1", "short", ENQUEUE)
+    await server.wait_queued(1)
+    q2 = chat(stub, conv, f"{conv}-q2", "short")
+    await server.wait_queued(2)
+    interrupter = chat(stub, conv, f"{conv}-i", "short", INTERRUPT)
+
+    end = await first.end()
+    assert end.status == event_pb2.TURN_STATUS_ABORTED
+    info = error_info(end.error)
+    assert info.reason == "INTERRUPTED"
+    assert info.metadata["interrupting_request_id"] == f"{conv}-i"
+    for turn in (interrupter, q1, q2):
+        assert (await turn.end()).status == event_pb2.TURN_STATUS_COMPLETED
+
+    # The interrupted turn's partial reply is stored; the interrupter ran next, then the queue.
+    assert await transcript(stub, conv) == [
+        f"user:u-{conv}-a",
+        f"assistant:tw-a-{conv}-a",
+        f"user:u-{conv}-i",
+        f"assistant:tw-a-{conv}-i",
+        f"user:u-{conv}-q1",
+        f"assistant:tw-a-{conv}-q1",
+        f"user:u-{conv}-q2",
+        f"assistant:tw-a-{conv}-q2",
+    ]
+    partial = (await stored(stub, conv))[1]
+    if tool:
+        [call] = [p.tool_call for p in partial.parts if p.WhichOneof("kind") == "tool_call"]
+        assert call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
+        assert "aborted" in call.error_text
+    else:
+        words = "".join(p.text.text for p in partial.parts if p.WhichOneof("kind") == "text").split()
+        assert 0 < len(words) < len(WORDS)
+
+    lines = server.hook_lines()
+    assert f"on_chat_response {conv}-a aborted interrupt {conv}-i" in lines
+    assert f"before_turn {conv}-i interrupt {conv}-a" in lines
+    assert f"before_turn {conv}-q1 enqueue -" in lines
+
+
+@pytest.mark.parametrize("tool", [False, True], ids=["mid-text", "mid-tool"])
+async def test_rollback_removes_what_the_running_turn_stored(server: Server, tool: bool) -> None:
+    stub = server.stub
+    conv = f"rb-{tool}"
+    earlier = chat(stub, conv, f"{conv}-0", "short")
+    assert (await earlier.end()).status == event_pb2.TURN_STATUS_COMPLETED
+    before = await transcript(stub, conv)
+
+    first = chat(stub, conv, f"{conv}-a", "tool" if tool else "long")
+    await running(first, tool=tool)
+    # Its input and a checkpoint of its partial reply are stored by now.
+    await wait_until(
+        lambda: _has(stub, conv, f"tw-a-{conv}-a"), timeout=10, what="a checkpoint of the reply is stored"
+    )
+    q1 = chat(stub, conv, f"{conv}-q1", "short")
+    await server.wait_queued(1)
+    q2 = chat(stub, conv, f"{conv}-q2", "short")
+    await server.wait_queued(2)
+    roller = chat(stub, conv, f"{conv}-r", "short", ROLLBACK)
+
+    end = await first.end()
+    assert end.status == event_pb2.TURN_STATUS_ABORTED
+    info = error_info(end.error)
+    assert info.reason == "ROLLED_BACK"
+    assert info.metadata["interrupting_request_id"] == f"{conv}-r"
+    assert "removed" in end.error.message
+    assert not end.HasField("message")
+    for turn in (roller, q1, q2):
+        assert (await turn.end()).status == event_pb2.TURN_STATUS_COMPLETED
+
+    # Exactly as before the rolled-back input, then the new input, then the queue in order.
+    assert await transcript(stub, conv) == [
+        *before,
+        f"user:u-{conv}-r",
+        f"assistant:tw-a-{conv}-r",
+        f"user:u-{conv}-q1",
+        f"assistant:tw-a-{conv}-q1",
+        f"user:u-{conv}-q2",
+        f"assistant:tw-a-{conv}-q2",
+    ]
+    lines = server.hook_lines()
+    assert f"on_chat_response {conv}-a aborted rollback {conv}-r" in lines
+    assert f"before_turn {conv}-r rollback {conv}-a" in lines
+
+
+async def _has(stub: chat_service_pb2_grpc.ChatServiceStub, conversation_id: str, message_id: str) -> bool:
+    return any(m.id == message_id and m.parts for m in await stored(stub, conversation_id))
+
+
+async def test_strategies_on_an_idle_conversation_just_run(server: Server) -> None:
+    stub = server.stub
+    for index, strategy in enumerate((REJECT, INTERRUPT, ROLLBACK)):
+        turn = chat(stub, "idle", f"idle-{index}", "short", strategy)
+        assert (await turn.end()).status == event_pb2.TURN_STATUS_COMPLETED
+    assert len(await transcript(stub, "idle")) == 6
+    assert "before_turn idle-1 interrupt -" in server.hook_lines()
+
+
+async def test_submissions_take_the_strategy_too(server: Server) -> None:
+    """SubmitMessages: REJECT on a busy conversation stores no submission; INTERRUPT accepted
+    while a turn runs stops it and its turn runs next, ahead of a queued Chat."""
+    stub = server.stub
+    first = chat(stub, "sub", "sub-a", "long")
+    await running(first)
+    message = message_pb2.Message(role=message_pb2.ROLE_USER)
+    message.parts.add().text.text = "submitted"
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.SubmitMessages(
+            chat_service_pb2.SubmitMessagesRequest(
+                conversation_id="sub",
+                submission_id="sub-rejected",
+                messages=[message],
+                model="scripted:short",
+                concurrent_input_strategy=REJECT,
+            )
+        )
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(call_status(refused.value)).reason == "TURN_IN_PROGRESS"
+    listed = await stub.ListSubmissions(chat_service_pb2.ListSubmissionsRequest(conversation_id="sub"))
+    assert list(listed.submissions) == []
+
+    queued = chat(stub, "sub", "sub-q", "short")
+    await server.wait_queued(1)
+    message.id = "u-sub-i"
+    await stub.SubmitMessages(
+        chat_service_pb2.SubmitMessagesRequest(
+            conversation_id="sub",
+            submission_id="sub-i",
+            messages=[message],
+            model="scripted:short",
+            concurrent_input_strategy=INTERRUPT,
+        )
+    )
+    end = await first.end()
+    assert end.status == event_pb2.TURN_STATUS_ABORTED
+    assert error_info(end.error).metadata["interrupting_request_id"] == "sub-i"
+    assert (await queued.end()).status == event_pb2.TURN_STATUS_COMPLETED
+    assert await transcript(stub, "sub") == [
+        "user:u-sub-a",
+        "assistant:tw-a-sub-a",
+        "user:u-sub-i",
+        "assistant:tw-a-sub-i",
+        "user:u-sub-q",
+        "assistant:tw-a-sub-q",
+    ]

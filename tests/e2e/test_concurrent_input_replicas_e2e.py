@@ -1,0 +1,103 @@
+"""New input while a turn runs, across two replicas on one PostgreSQL database (issue 18;
+docs/semantics.md §5): the strategy of a request that reaches replica B applies to the turn
+replica A runs. REJECT sees A's turn through the store's queue; INTERRUPT and ROLLBACK stop it
+on A through the store's cancel notification, carrying which request stopped it and how.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from support.sidecar import SidecarFactory, SidecarProcess
+from support.stores import postgres_database
+from support.turn_calls import call_status, chat, error_info, stored, transcript
+from support.waiting import wait_until
+
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2
+
+WORDS = [f"w{i}" for i in range(200)]
+REJECT = chat_service_pb2.CONCURRENT_INPUT_STRATEGY_REJECT
+INTERRUPT = chat_service_pb2.CONCURRENT_INPUT_STRATEGY_INTERRUPT
+ROLLBACK = chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ROLLBACK
+
+CONFIG = {
+    "providers": {
+        "scripted": {
+            "scripts": {
+                "long": [{"text": " ".join(WORDS), "delay_ms": 50}],
+                "short": [{"text": "ok"}],
+            }
+        }
+    },
+    "checkpoint": {"interval_ms": 20},
+    "store": {"pool_size": 5},
+}
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+async def stubs(
+    sidecar_factory: SidecarFactory, pg_url: str, tmp_path: Path
+) -> AsyncIterator[list[chat_service_pb2_grpc.ChatServiceStub]]:
+    replicas: list[SidecarProcess] = [
+        sidecar_factory(CONFIG, workdir=tmp_path / f"replica-{n}", store_url=pg_url) for n in range(2)
+    ]
+    await asyncio.gather(*(replica.start() for replica in replicas))
+    yield [chat_service_pb2_grpc.ChatServiceStub(replica.channel()) for replica in replicas]
+
+
+async def test_reject_on_one_replica_sees_the_turn_running_on_the_other(
+    stubs: list[chat_service_pb2_grpc.ChatServiceStub],
+) -> None:
+    a, b = stubs
+    first = chat(a, "pg-rej", "pg-rej-a", "long")
+    await wait_until(first.text_seen, timeout=15, what="text streams on replica A")
+    before = await transcript(a, "pg-rej")
+    rejected = chat(b, "pg-rej", "pg-rej-b", "short", REJECT)
+    await asyncio.wait_for(rejected.task, 10)
+    assert rejected.refused is not None
+    assert rejected.refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    info = error_info(call_status(rejected.refused))
+    assert (info.reason, info.metadata["running_request_id"]) == ("TURN_IN_PROGRESS", "pg-rej-a")
+    assert await transcript(b, "pg-rej") == before
+    first.task.cancel()
+
+
+@pytest.mark.parametrize("strategy", [INTERRUPT, ROLLBACK], ids=["interrupt", "rollback"])
+async def test_interrupt_and_rollback_stop_the_turn_on_the_other_replica(
+    stubs: list[chat_service_pb2_grpc.ChatServiceStub], strategy: int
+) -> None:
+    a, b = stubs
+    conv = f"pg-{strategy}"
+    earlier = chat(a, conv, f"{conv}-0", "short")
+    assert (await earlier.end()).status == event_pb2.TURN_STATUS_COMPLETED
+    before = await transcript(a, conv)
+    first = chat(a, conv, f"{conv}-a", "long")
+    await wait_until(first.text_seen, timeout=15, what="text streams on replica A")
+    await wait_until(lambda: _has_reply(a, conv, f"tw-a-{conv}-a"), timeout=10, what="a checkpoint is stored")
+    stopper = chat(b, conv, f"{conv}-b", "short", strategy)
+
+    end = await first.end()
+    assert end.status == event_pb2.TURN_STATUS_ABORTED
+    info = error_info(end.error)
+    assert info.reason == ("INTERRUPTED" if strategy == INTERRUPT else "ROLLED_BACK")
+    assert info.metadata["interrupting_request_id"] == f"{conv}-b"
+    assert (await stopper.end()).status == event_pb2.TURN_STATUS_COMPLETED
+
+    kept = [f"user:u-{conv}-a", f"assistant:tw-a-{conv}-a"] if strategy == INTERRUPT else []
+    assert await transcript(b, conv) == [*before, *kept, f"user:u-{conv}-b", f"assistant:tw-a-{conv}-b"]
+
+
+async def _has_reply(
+    stub: chat_service_pb2_grpc.ChatServiceStub, conversation_id: str, message_id: str
+) -> bool:
+    return any(m.id == message_id and m.parts for m in await stored(stub, conversation_id))
