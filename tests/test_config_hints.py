@@ -99,3 +99,17 @@ def test_misspelt_variables_are_reported_and_the_clients_are_not() -> None:
         "TURNWIRE_LIMIT__MAX_STEPS is ignored: the top level has no setting 'limit'; "
         "did you mean TURNWIRE_LIMITS?",
     ]
+
+
+def test_a_bad_header_value_is_reported_without_the_value(tmp_path: Path) -> None:
+    """Header values are secrets (config show masks them); the error must not quote one."""
+    message = _error(
+        tmp_path,
+        {
+            "providers": {
+                "p": {"type": "openai", "default_headers": {"Authorization": "Bearer sk-SECRET123 "}}
+            }
+        },
+    )
+    assert "header Authorization: its value has leading or trailing whitespace" in message
+    assert "SECRET123" not in message

@@ -42,7 +42,7 @@ async def _serve(
         ("- listen: 127.0.0.1:1\n- store: x\n", "the top level is a list; it must be a mapping of sections"),
         (
             {"providers": {"o": {"type": "openai", "api_key_env": None, "default_headers": {"X-A": "b "}}}},
-            "providers.o.default_headers: header X-A: value 'b ' has leading or trailing whitespace",
+            "providers.o.default_headers: header X-A: its value has leading or trailing whitespace",
         ),
     ],
 )

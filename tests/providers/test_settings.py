@@ -129,7 +129,7 @@ def test_an_environment_list_that_is_not_json_says_how_to_write_it(monkeypatch: 
         ({"type": "antropic"}, "providers.openai: unknown type 'antropic'; did you mean 'anthropic'?"),
         (
             {"type": "openai", "default_headers": {"X-Team": "a "}},
-            "providers.openai.default_headers: header X-Team: value 'a ' has leading or trailing whitespace",
+            "providers.openai.default_headers: header X-Team: its value has leading or trailing whitespace",
         ),
         (
             {"type": "openai", "base_url": "localhost:8000/v1"},

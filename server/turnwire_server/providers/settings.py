@@ -103,7 +103,8 @@ class _SdkProviderSettings(_Entry):
                 )
             if not _FIELD_VALUE.fullmatch(value):
                 raise ValueError(
-                    f"header {name}: value {value!r} has leading or trailing whitespace or a control "
+                    # The value is a secret (an Authorization header, say): never quoted back.
+                    f"header {name}: its value has leading or trailing whitespace or a control "
                     "character; remove them"
                 )
         return headers

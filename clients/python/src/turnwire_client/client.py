@@ -15,8 +15,8 @@ from typing import Any, Self, Unpack, cast
 import grpc
 
 from turnwire_client._requests import (
-    ConcurrentInputStrategy,
     ClientToolSpec,
+    ConcurrentInputStrategy,
     DisconnectPolicy,
     MessagesSpec,
     TurnOptions,

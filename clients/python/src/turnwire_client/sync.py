@@ -20,8 +20,8 @@ from typing import Any, Self, Unpack
 import grpc
 
 from turnwire_client._requests import (
-    ConcurrentInputStrategy,
     ClientToolSpec,
+    ConcurrentInputStrategy,
     MessagesSpec,
     TurnOptions,
     submit_messages_request,
