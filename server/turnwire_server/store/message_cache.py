@@ -1,21 +1,26 @@
-"""Reuse of decoded messages between reads of a conversation (issue 17: a turn's cost should not
-grow with its history).
+"""Decoded messages kept between reads of a conversation, refreshed by a delta read (issue 17: a
+turn's cost should not grow with its history).
 
-Every turn reads its conversation's whole transcript (``LOAD_MESSAGES_SQL``, both backends).
-Decoding the rows into ``Message`` protos (a message per row group, a ``MergeFromString`` per
-part) was the largest history-dependent cost of a turn. :class:`DecodedMessages` keeps the
-decoded messages of recently read conversations keyed by their stored columns: a read still
-fetches every row, so the database stays the only truth (another replica's writes, a checkpoint
-rewriting a reply, a deletion or a rollback are seen at once), and only a message whose stored
-bytes equal the cached ones reuses its decoded form. Callers get copies (the engine repairs tool
-calls in place), which ``CopyFrom`` makes in C, several times cheaper than decoding.
+Migration 0005 (``history_versions``, both backends) keeps, by triggers, a per-conversation change
+counter (``conversations.history_version``, bumped by every insert, update or delete of a message
+or a part), each message's counter value at its last change (``messages.version``) and a removal
+counter (``conversations.history_epoch``, bumped when a message goes). :data:`HISTORY_SQL` (one
+statement, so one snapshot) returns the conversation's counters and only the messages whose
+version is above the one the reader holds; when the epoch or the conversation's ``create_time``
+(a deleted and recreated conversation) differ from the held ones, it returns every message. So the
+database stays the only truth: another replica's append, a checkpoint rewriting a reply, a
+deletion, a rollback are all seen on the very next read, at the cost of the changed rows only.
+
+Callers get copies (the engine repairs tool calls in place, hooks edit messages): the kept
+messages are never handed out, and ``CopyFrom`` copies in C, several times cheaper than decoding.
 """
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 from google.protobuf.message import DecodeError
 
@@ -27,82 +32,160 @@ DEFAULT_MAX_MESSAGES = 200_000
 """How many decoded messages are kept across conversations (least recently read dropped first);
 at a few hundred bytes each, tens of MB at most."""
 
-_Key = tuple[int, Any, int, bytes | None, tuple[bytes, ...]]
-_Entry = tuple[_Key, message_pb2.Message]
+_HISTORY_SQL: Final = (
+    "SELECT c.create_time, c.history_epoch, c.history_version,"
+    " m.id, m.seq, m.role, m.create_time, m.create_time_nanos, m.metadata, p.data"
+    " FROM conversations AS c"
+    " LEFT JOIN messages AS m ON m.conversation_id = c.id AND m.version >"
+    " CASE WHEN c.create_time = {p} AND c.history_epoch = {p} THEN {p} ELSE -1 END"
+    " LEFT JOIN parts AS p ON p.conversation_id = m.conversation_id AND p.message_id = m.id"
+    " WHERE c.id = {p} ORDER BY m.seq, p.idx"
+)
+
+HISTORY_SQL: Final = _HISTORY_SQL.format(p="?")
+"""SQLite: a conversation's counters and its messages changed since a held version, with their
+parts, by message then part. Parameters: :attr:`HistoryRead.params`. No row when there is no such
+conversation; one row with NULL message columns when nothing changed."""
+
+HISTORY_SQL_POSTGRES: Final = _HISTORY_SQL.format(p="%s")
+""":data:`HISTORY_SQL` with PostgreSQL's placeholders."""
+
+_NONE: Final = -1  # below every stored counter: "nothing held", so everything is returned
+
+
+@dataclass(frozen=True, slots=True)
+class _History:
+    """What a reader holds of one conversation: the counters it was read at and its messages by
+    id, in ``seq`` order, each ``(seq, message)``. Never mutated once built (reads in flight may
+    still build on it)."""
+
+    create_time: int
+    epoch: int
+    version: int
+    messages: dict[str, tuple[int, message_pb2.Message]]
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRead:
+    """One read in flight: run :data:`HISTORY_SQL` with ``params``, then give the rows to
+    :meth:`DecodedMessages.messages`."""
+
+    conversation_id: str
+    base: _History | None
+
+    @property
+    def params(self) -> tuple[int, int, int, str]:
+        """``(create_time, epoch, version, conversation id)`` for :data:`HISTORY_SQL`."""
+        base = self.base
+        if base is None:
+            return (_NONE, _NONE, _NONE, self.conversation_id)
+        return (base.create_time, base.epoch, base.version, self.conversation_id)
 
 
 class DecodedMessages:
     """A bounded, least-recently-read cache of decoded messages per conversation.
 
     ``backend`` names the store in errors; ``max_messages`` bounds the messages kept (a
-    conversation larger than that is decoded without the cache). Not thread-safe: call it from
+    conversation larger than that is read whole, without the cache). Not thread-safe: call it from
     the event loop (the store's readers), not from a writer thread.
     """
 
     def __init__(self, backend: str, *, max_messages: int = DEFAULT_MAX_MESSAGES) -> None:
         self.backend = backend
         self.max_messages = max_messages
-        self._conversations: collections.OrderedDict[str, dict[str, _Entry]] = collections.OrderedDict()
+        self._conversations: collections.OrderedDict[str, _History] = collections.OrderedDict()
         self._size = 0
 
-    def messages(self, conversation_id: str, rows: Iterable[Any]) -> list[message_pb2.Message]:
-        """The messages of ``LOAD_MESSAGES_SQL``'s ``rows`` (``(id, role, create_time_us,
-        create_time_nanos, metadata, part)``, by message then part), in order, each a fresh copy.
-        Raises :class:`StoreCorrupted` for a message that cannot be decoded."""
-        known = self._conversations.pop(conversation_id, None)
-        if known is not None:
-            self._size -= len(known)
-        fresh: dict[str, _Entry] = {}
+    def read(self, conversation_id: str) -> HistoryRead:
+        """A read of ``conversation_id`` building on what is held of it."""
+        return HistoryRead(conversation_id, self._conversations.get(conversation_id))
+
+    def messages(self, read: HistoryRead, rows: Iterable[Any]) -> list[message_pb2.Message]:
+        """The conversation's messages, in order, each a fresh copy, from ``read``'s base and
+        :data:`HISTORY_SQL`'s ``rows`` for it ([] when there is no such conversation). Raises
+        :class:`StoreCorrupted` for a message that cannot be decoded."""
+        conversation_id = read.conversation_id
+        history = self._merged(read, rows)
+        self._keep(conversation_id, history)
+        if history is None:
+            return []
         out: list[message_pb2.Message] = []
-        try:
-            for message_id, role, create_us, create_nanos, metadata, parts in _grouped(rows):
-                key: _Key = (role, create_us, create_nanos, metadata, parts)
-                entry = known.get(message_id) if known is not None else None
-                if entry is None or entry[0] != key:
-                    entry = (key, _decode(message_id, key))
-                fresh[message_id] = entry
-                copy = message_pb2.Message()
-                copy.CopyFrom(entry[1])
-                out.append(copy)
-        except (DecodeError, RecursionError) as exc:
-            raise StoreCorrupted(
-                f"{self.backend} store: conversation {conversation_id!r} has a message that cannot be "
-                f"decoded: {exc}"
-            ) from exc
-        if len(fresh) <= self.max_messages:
-            self._conversations[conversation_id] = fresh
-            self._size += len(fresh)
-            while self._size > self.max_messages:
-                _, dropped = self._conversations.popitem(last=False)
-                self._size -= len(dropped)
+        for _, message in history.messages.values():
+            copy = message_pb2.Message()
+            copy.CopyFrom(message)
+            out.append(copy)
         return out
 
+    def _merged(self, read: HistoryRead, rows: Iterable[Any]) -> _History | None:
+        base = read.base
+        counters: tuple[int, int, int] | None = None
+        changed: list[tuple[str, int, message_pb2.Message]] = []
+        try:
+            for create_time, epoch, version, message_id, seq, decoded in _grouped(rows):
+                counters = (create_time, epoch, version)
+                if message_id is not None:
+                    changed.append((message_id, seq, decoded))
+        except (DecodeError, RecursionError) as exc:
+            raise StoreCorrupted(
+                f"{self.backend} store: conversation {read.conversation_id!r} has a message that cannot "
+                f"be decoded: {exc}"
+            ) from exc
+        if counters is None:
+            return None
+        create_time, epoch, version = counters
+        whole = base is None or base.create_time != create_time or base.epoch != epoch
+        if base is not None and not whole and not changed:
+            return base if base.version == version else _History(create_time, epoch, version, base.messages)
+        messages: dict[str, tuple[int, message_pb2.Message]] = {} if whole or base is None else dict(base.messages)
+        last = next(reversed(messages.values()))[0] if messages else 0
+        in_order = True
+        for message_id, seq, decoded in changed:
+            held = messages.get(message_id)
+            if (held is None and seq < last) or (held is not None and held[0] != seq):
+                in_order = False
+            messages[message_id] = (seq, decoded)
+            last = max(last, seq)
+        if not in_order:
+            messages = dict(sorted(messages.items(), key=lambda item: item[1][0]))
+        return _History(create_time, epoch, version, messages)
 
-def _grouped(rows: Iterable[Any]) -> Iterable[tuple[str, int, Any, int, bytes | None, tuple[bytes, ...]]]:
-    """The rows grouped by message (PostgreSQL's bytea columns come back as memoryview: bytes)."""
-    current: list[Any] | None = None
-    parts: list[bytes] = []
-    for message_id, role, create_us, create_nanos, metadata, part in rows:
-        if current is None or current[0] != message_id:
-            if current is not None:
-                yield (*current, tuple(parts))
-            current = [
-                message_id,
-                role,
-                create_us,
-                create_nanos,
-                None if metadata is None else bytes(metadata),
-            ]
-            parts = []
+    def _keep(self, conversation_id: str, history: _History | None) -> None:
+        held = self._conversations.pop(conversation_id, None)
+        if held is not None:
+            self._size -= len(held.messages)
+        if history is None:
+            return
+        if held is not None and held.create_time == history.create_time and held.version > history.version:
+            history = held  # a read that finished later saw an older snapshot: keep the newer one
+        if len(history.messages) > self.max_messages:
+            return
+        self._conversations[conversation_id] = history
+        self._size += len(history.messages)
+        while self._size > self.max_messages:
+            _, dropped = self._conversations.popitem(last=False)
+            self._size -= len(dropped.messages)
+
+
+def _grouped(
+    rows: Iterable[Any],
+) -> Iterable[tuple[int, int, int, str | None, int, message_pb2.Message]]:
+    """``(create_time, epoch, version, message id, seq, decoded message)`` per message of the rows
+    (``(None, 0, None)`` for the message columns of a row without a message); PostgreSQL's bytea
+    columns come back as memoryview."""
+    current: message_pb2.Message | None = None
+    head: tuple[int, int, int, str | None, int] | None = None
+    for create_time, epoch, version, message_id, seq, role, create_us, create_nanos, metadata, part in rows:
+        if message_id is None:
+            yield (create_time, epoch, version, None, 0, message_pb2.Message())
+            continue
+        if current is None or head is None or head[3] != message_id:
+            if current is not None and head is not None:
+                yield (*head, current)
+            head = (create_time, epoch, version, message_id, seq)
+            current = build_message(
+                message_id, role, create_us, create_nanos, None if metadata is None else bytes(metadata)
+            )
         if part is not None:
-            parts.append(bytes(part))
-    if current is not None:
-        yield (*current, tuple(parts))
-
-
-def _decode(message_id: str, key: _Key) -> message_pb2.Message:
-    role, create_us, create_nanos, metadata, parts = key
-    message = build_message(message_id, role, create_us, create_nanos, metadata)
-    for part in parts:
-        message.parts.add().MergeFromString(part)
-    return message
+            current.parts.add().MergeFromString(bytes(part))
+    if current is not None and head is not None:
+        yield (*head, current)

@@ -52,7 +52,7 @@ from turnwire_server.store.base import (
     renewed_lease,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
-from turnwire_server.store.message_cache import DecodedMessages
+from turnwire_server.store.message_cache import HISTORY_SQL_POSTGRES, DecodedMessages
 from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql
 from turnwire_server.store.postgres_migrations import apply_migrations, load_migrations
@@ -492,8 +492,9 @@ class PostgresStore:
     async def load_messages(self, conversation_id: str) -> list[message_pb2.Message]:
         """All messages of the conversation in append order ([] when none or no conversation).
         Raises :class:`StoreCorrupted` for a message that cannot be decoded."""
-        rows = await self._read("load_messages", writes.LOAD_MESSAGES_SQL, (conversation_id,))
-        return self._decoded.messages(conversation_id, rows)
+        read = self._decoded.read(conversation_id)
+        rows = await self._read("load_messages", HISTORY_SQL_POSTGRES, read.params)
+        return self._decoded.messages(read, rows)
 
     async def partial_replies(self, conversation_id: str) -> dict[str, tuple[str, TurnState]]:
         """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
@@ -667,10 +668,12 @@ class PostgresStore:
         async def body(conn: Conn, now_us: int) -> Any:
             await writes.start_turn(conn, turn, rows, now_us)
             # Sent with the writes, answered with the COMMIT: the history costs no round trip.
-            return await conn.execute(writes.LOAD_MESSAGES_SQL.encode(), (conversation_id,))
+            read = self._decoded.read(conversation_id)
+            return read, await conn.execute(HISTORY_SQL_POSTGRES.encode(), read.params)
 
-        async def history(cursor: Any) -> Any:
-            return self._decoded.messages(conversation_id, await cursor.fetchall())
+        async def history(sent: Any) -> Any:
+            read, cursor = sent
+            return self._decoded.messages(read, await cursor.fetchall())
 
         # On the hot path (a turn waits for this commit before its model call): pipelined, so it
         # costs two round trips, the reads and the commit (with the history).
@@ -960,7 +963,8 @@ class PostgresStore:
                         )
                         ticket = await conn.execute(_TAKE_TICKET_AT_HEAD, params)
                         await writes.start_new_turn(conn, turn, rows, now_us)
-                        history = await conn.execute(writes.LOAD_MESSAGES_SQL.encode(), (conversation_id,))
+                        read = self._decoded.read(conversation_id)
+                        history = await conn.execute(HISTORY_SQL_POSTGRES.encode(), read.params)
                         compaction = None
                         if read_compaction:
                             compaction = await conn.execute(_LOAD_COMPACTION, (conversation_id,))
@@ -969,7 +973,7 @@ class PostgresStore:
                     return None
                 _SINGLE_COMMITS.observe(time.perf_counter() - started)
                 taken = int((await ticket.fetchall())[0][0])
-                stored = self._decoded.messages(conversation_id, await history.fetchall())
+                stored = self._decoded.messages(read, await history.fetchall())
                 record = None
                 if compaction is not None and (found := await compaction.fetchall()):
                     record = compaction_from_row(found[0])

@@ -42,14 +42,13 @@ from turnwire_server.store.base import (
     renewed_lease,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
-from turnwire_server.store.message_cache import DecodedMessages
+from turnwire_server.store.message_cache import HISTORY_SQL, DecodedMessages
 from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql
 from turnwire_server.store.sqlite_compactions import discard_reply_write, save_compaction_write
 from turnwire_server.store.sqlite_migrations import Migration, load_migrations
 from turnwire_server.store.sqlite_rows import (
     COMPACTION_COLUMNS,
     DB_ERRORS,
-    LOAD_MESSAGES_SQL,
     TURN_COLUMNS,
     compaction_from_row,
     conversation_from_row,
@@ -298,8 +297,9 @@ class SqliteStore:
 
     async def load_messages(self, conversation_id: str) -> list[message_pb2.Message]:
         """All messages of the conversation in append order ([] when none or no conversation)."""
-        rows = await self._read("load_messages", LOAD_MESSAGES_SQL, (conversation_id,))
-        return self._decoded.messages(conversation_id, rows)
+        read = self._decoded.read(conversation_id)
+        rows = await self._read("load_messages", HISTORY_SQL, read.params)
+        return self._decoded.messages(read, rows)
 
     async def partial_replies(self, conversation_id: str) -> dict[str, tuple[str, TurnState]]:
         """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
