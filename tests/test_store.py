@@ -589,6 +589,7 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
         (2, "0002_durable_turns"),
         (3, "0003_turn_leases"),
         (4, "0004_compactions"),
+        (5, "0005_history_versions"),
     ]
     assert isinstance(rows[0][2], int)
     assert {

@@ -78,6 +78,7 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
                 (2, "0002_durable_turns"),
                 (3, "0003_turn_leases"),
                 (4, "0004_compactions"),
+                (5, "0005_history_versions"),
             ]
             await stores[0].start_turn(_turn("r1", "c1"), [_user("u1")])
             assert [m.id for m in await stores[3].load_messages("c1")] == ["u1"]
@@ -89,7 +90,7 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
 
 
 async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept() -> None:
-    """Upgrading: a database at schema 3 (the previous release) gets migration 4 at open; what it
+    """Upgrading: a database at schema 3 (an earlier release) gets migrations 4 and 5 at open; what it
     stored is read back unchanged, its running turn (no lease renewed) counts as lapsed, and its
     conversation takes a compaction."""
     import psycopg
@@ -109,14 +110,23 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
             " state, start_time, recovery_count)"
             " VALUES ('r-old', 'c1', 'tw-a-r-old', 0, 'scripted:x', 'running', 1, 0)"
         )
-        await old.open()  # applies 0004
+        check.sql("INSERT INTO messages (conversation_id, id, seq, role) VALUES ('c1', 'u-old', 1, 1)")
+        check.sql(
+            "INSERT INTO parts (conversation_id, message_id, idx, data) VALUES ('c1', 'u-old', 0, ?)",
+            (_user("u-old").parts[0].SerializeToString(),),
+        )
+        await old.open()  # applies 0004 and 0005
         try:
+            # Rows from before 0005 (version 0) are read by the first, whole read; then deltas.
+            assert [m.id for m in await old.load_messages("c1")] == ["u-old"]
+            await old.save_message("c1", _user("u-new"))
+            assert [m.id for m in await old.load_messages("c1")] == ["u-old", "u-new"]
             assert [t.request_id for t in await old.running_turns()] == ["r-old"]
             now = dt.datetime.now(dt.UTC)
             claimed = await old.claim_interrupted_turns("me", now, now + dt.timedelta(seconds=30), 10)
             assert [(t.request_id, t.owner) for t in claimed] == [("r-old", "me")]
             versions = check.sql("SELECT version FROM schema_migrations ORDER BY version")
-            assert versions == [(1,), (2,), (3,), (4,)]
+            assert versions == [(1,), (2,), (3,), (4,), (5,)]
             record = CompactionRecord("c1", "", None, (("m", "call"),), "threshold", "drop", 9, 3, now)
             await old.save_compaction(record)
             assert await old.load_compaction("c1") == record
@@ -133,6 +143,7 @@ async def test_migrate_reports_what_it_applied() -> None:
             "0002_durable_turns",
             "0003_turn_leases",
             "0004_compactions",
+            "0005_history_versions",
         ]
         assert await store.migrate() == []
         await store.close()
@@ -321,13 +332,13 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
         "applied 0003_turn_leases",
         "applied 0004_compactions",
     ]
-    assert "4 migration(s) applied" in first.output
+    assert "5 migration(s) applied" in first.output
     again = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert again.exit_code == 0, again.output
     assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output
     assert SECRET not in first.output + again.output
     check = StoreBackend("postgres", url=pg_url)
-    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(4,)]
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(5,)]
     asyncio.run(check.close())
 
 

@@ -285,8 +285,8 @@ def test_open_store_rejects_other_urls(url: str) -> None:
 
 
 async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(tmp_path: Path) -> None:
-    """Upgrading: a file at schema 3 (the previous release) gets migration 4 at open; its rows are
-    read back, its running turn (no lease renewed) is claimed for recovery, and its conversation
+    """Upgrading: a file at schema 3 (an earlier release) gets migrations 4 and 5 at open; its rows
+    are read back (messages from before 5 by the first, whole read, then deltas), its running turn (no lease renewed) is claimed for recovery, and its conversation
     takes a compaction."""
     from turnwire_server.store.sqlite_migrations import apply_migrations, load_migrations
 
@@ -302,11 +302,23 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
             " state, start_time, recovery_count)"
             " VALUES ('r-old', 'c1', 'tw-a-r-old', 0, 'm', 'running', 1, 0)"
         )
+        conn.execute("INSERT INTO messages (conversation_id, id, seq, role) VALUES ('c1', 'u-old', 1, 1)")
+        part = message_pb2.Part()
+        part.text.text = "old"
+        conn.execute(
+            "INSERT INTO parts (conversation_id, message_id, idx, data) VALUES ('c1', 'u-old', 0, ?)",
+            (part.SerializeToString(),),
+        )
     finally:
         conn.close()
     store = SqliteStore(path)
     await store.open()
     try:
+        assert [m.id for m in await store.load_messages("c1")] == ["u-old"]
+        new = message_pb2.Message(id="u-new", role=message_pb2.ROLE_USER)
+        new.parts.add().text.text = "new"
+        await store.save_message("c1", new)
+        assert [m.parts[0].text.text for m in await store.load_messages("c1")] == ["old", "new"]
         assert [t.request_id for t in await store.running_turns()] == ["r-old"]
         now = dt.datetime.now(dt.UTC)
         claimed = await store.claim_interrupted_turns("me", now, now + dt.timedelta(seconds=30), 10)
@@ -321,6 +333,7 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
         2,
         3,
         4,
+        5,
     ]
 
 
