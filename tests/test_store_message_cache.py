@@ -100,7 +100,11 @@ async def test_another_writers_append_update_and_removal_are_seen_on_the_next_re
     )
     assert _texts(await store.load_messages("c1")) == [("u1", "one"), ("u2", "two, edited"), ("u3", "three")]
     store_backend.sql("UPDATE messages SET role = ? WHERE conversation_id = ? AND id = ?", (9, "c1", "u1"))
-    assert [m.role for m in await store.load_messages("c1")] == [9, message_pb2.ROLE_USER, message_pb2.ROLE_USER]
+    assert [m.role for m in await store.load_messages("c1")] == [
+        9,
+        message_pb2.ROLE_USER,
+        message_pb2.ROLE_USER,
+    ]
     _, epoch = _counters(store_backend)
     store_backend.sql("DELETE FROM parts WHERE conversation_id = ? AND message_id = ?", ("c1", "u2"))
     store_backend.sql("DELETE FROM messages WHERE conversation_id = ? AND id = ?", ("c1", "u2"))
@@ -120,7 +124,9 @@ async def test_a_part_added_or_removed_beside_the_store_changes_its_message(
         ("c1", "u1", part.SerializeToString()),
     )
     assert _texts(await store.load_messages("c1")) == [("u1", "one more"), ("u2", "two")]
-    store_backend.sql("DELETE FROM parts WHERE conversation_id = ? AND message_id = ? AND idx = 0", ("c1", "u2"))
+    store_backend.sql(
+        "DELETE FROM parts WHERE conversation_id = ? AND message_id = ? AND idx = 0", ("c1", "u2")
+    )
     assert _texts(await store.load_messages("c1")) == [("u1", "one more"), ("u2", "")]
 
 

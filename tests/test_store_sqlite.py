@@ -286,8 +286,8 @@ def test_open_store_rejects_other_urls(url: str) -> None:
 
 async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(tmp_path: Path) -> None:
     """Upgrading: a file at schema 3 (an earlier release) gets migrations 4 and 5 at open; its rows
-    are read back (messages from before 5 by the first, whole read, then deltas), its running turn (no lease renewed) is claimed for recovery, and its conversation
-    takes a compaction."""
+    are read back (messages from before 5 by the first, whole read, then deltas), its running turn
+    (no lease renewed) is claimed for recovery, and its conversation takes a compaction."""
     from turnwire_server.store.sqlite_migrations import apply_migrations, load_migrations
 
     path = tmp_path / "previous.db"

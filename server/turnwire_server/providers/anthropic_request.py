@@ -47,6 +47,7 @@ from turnwire_server.providers.convert import (
     file_base64,
     file_text,
     is_blank,
+    per_message_cache,
     provider_options,
     text_of,
     tool_input,
@@ -155,62 +156,101 @@ def _reasoning_block(part: message_pb2.ReasoningPart) -> dict[str, Any] | None:
     return {"type": "thinking", "thinking": part.text, "signature": signature}
 
 
+@dataclass(frozen=True, slots=True)
+class _Converted:
+    """One message in the Messages API's terms, shared between requests (never mutated):
+    ``system`` text (a system message), else ``(role, blocks, calls)`` segments in order, where
+    ``calls`` are ``(tool_use block index, original tool call id)`` of an assistant segment,
+    whose results are the next segment's first blocks, in the same order; and the warnings."""
+
+    system: str | None
+    segments: tuple[tuple[str, list[dict[str, Any]], tuple[tuple[int, str], ...]], ...]
+    warnings: tuple[str, ...]
+
+
+def _convert_message(message: message_pb2.Message) -> _Converted:
+    warnings: list[str] = []
+    role = message.role
+    if role == message_pb2.ROLE_SYSTEM:
+        text = text_of(message.parts)
+        return _Converted(text if text.strip() else None, (), ())
+    if role == message_pb2.ROLE_USER:
+        user = _user_blocks(message, warnings) or [{"type": "text", "text": EMPTY_USER_TEXT}]
+        return _Converted(None, (("user", user, ()),), tuple(warnings))
+    if role != message_pb2.ROLE_ASSISTANT:
+        return _Converted(None, (), ())
+    segments: list[tuple[str, list[dict[str, Any]], tuple[tuple[int, str], ...]]] = []
+    for step in assistant_steps(message):
+        blocks: list[dict[str, Any]] = []
+        results: list[dict[str, Any]] = []
+        calls: list[tuple[int, str]] = []
+        for part in step:
+            kind = part.WhichOneof("kind")
+            if kind == "text":
+                block = _text_block(part.text.text)
+            elif kind == "reasoning":
+                block = _reasoning_block(part.reasoning)
+            elif kind == "tool_call":
+                call = part.tool_call
+                calls.append((len(blocks), call.tool_call_id))
+                block = {
+                    "type": "tool_use",
+                    "id": call.tool_call_id,
+                    "name": call.tool_name,
+                    "input": tool_input(call),
+                }
+                content, is_error = tool_result(call)
+                result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call.tool_call_id}
+                if content:
+                    result["content"] = content
+                if is_error:
+                    result["is_error"] = True
+                results.append(result)
+            else:
+                block = None
+            if block is not None:
+                blocks.append(block)
+        segments.append(("assistant", blocks, tuple(calls)))
+        segments.append(("user", results, ()))
+    return _Converted(None, tuple(segments), ())
+
+
+_converted = per_message_cache(_convert_message, maxsize=50_000)
+
+
 def convert_messages(
     messages: Sequence[message_pb2.Message], warnings: list[str]
 ) -> tuple[list[str], list[dict[str, Any]]]:
-    """``(system texts, turns)`` for the Messages API (see the module docstring for the rules)."""
+    """``(system texts, turns)`` for the Messages API (see the module docstring for the rules).
+    Each message's conversion is kept between requests (:func:`per_message_cache`); only the
+    tool_use ids (unique per request) and the merging of turns are done per request."""
     system: list[str] = []
     turns: list[dict[str, Any]] = []
     tool_use_id = _ToolUseIds()
-
-    def add(role: str, blocks: list[dict[str, Any]]) -> None:
-        if not blocks:
-            return
-        if turns and turns[-1]["role"] == role:
-            turns[-1]["content"].extend(blocks)
-        else:
-            turns.append({"role": role, "content": blocks})
-
+    renamed: list[str] | None = None  # the last assistant segment's new ids, when they differ
     for message in messages:
-        role = message.role
-        if role == message_pb2.ROLE_SYSTEM:
-            text = text_of(message.parts)
-            if text.strip():
-                system.append(text)
-        elif role == message_pb2.ROLE_USER:
-            add("user", _user_blocks(message, warnings) or [{"type": "text", "text": EMPTY_USER_TEXT}])
-        elif role == message_pb2.ROLE_ASSISTANT:
-            for step in assistant_steps(message):
-                blocks: list[dict[str, Any]] = []
-                results: list[dict[str, Any]] = []
-                for part in step:
-                    kind = part.WhichOneof("kind")
-                    if kind == "text":
-                        block = _text_block(part.text.text)
-                    elif kind == "reasoning":
-                        block = _reasoning_block(part.reasoning)
-                    elif kind == "tool_call":
-                        call = part.tool_call
-                        call_id = tool_use_id(call.tool_call_id)
-                        block = {
-                            "type": "tool_use",
-                            "id": call_id,
-                            "name": call.tool_name,
-                            "input": tool_input(call),
-                        }
-                        content, is_error = tool_result(call)
-                        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id}
-                        if content:
-                            result["content"] = content
-                        if is_error:
-                            result["is_error"] = True
-                        results.append(result)
-                    else:
-                        block = None
-                    if block is not None:
-                        blocks.append(block)
-                add("assistant", blocks)
-                add("user", results)
+        converted = _converted(message)
+        warnings.extend(converted.warnings)
+        if converted.system is not None:
+            system.append(converted.system)
+        for role, kept, calls in converted.segments:
+            blocks = kept  # shared with other requests: replaced, never changed
+            if calls:
+                ids = [tool_use_id(original) for _, original in calls]
+                if any(new != original for new, (_, original) in zip(ids, calls, strict=True)):
+                    blocks = list(kept)
+                    for new, (index, _) in zip(ids, calls, strict=True):
+                        blocks[index] = {**kept[index], "id": new}
+                    renamed = ids
+            elif renamed is not None:  # the results of the calls just renamed
+                blocks = [{**result, "tool_use_id": new} for result, new in zip(kept, renamed, strict=True)]
+                renamed = None
+            if not blocks:
+                continue
+            if turns and turns[-1]["role"] == role:
+                turns[-1]["content"].extend(blocks)
+            else:
+                turns.append({"role": role, "content": list(blocks)})
     for turn in turns:  # tool_result blocks first in every user turn
         content = turn["content"]
         if turn["role"] == "user" and len(content) > 1 and content[0]["type"] != "tool_result":

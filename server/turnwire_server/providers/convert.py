@@ -16,9 +16,10 @@ off by the output limit is never run with partial input), and the finish step.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -54,6 +55,35 @@ def is_blank(text: str) -> bool:
 
 
 # --- transcript --------------------------------------------------------------
+
+_T = TypeVar("_T")
+
+CACHED_MESSAGE_BYTES = 65_536
+"""Messages larger than this (serialized; files inline) are converted afresh each time, not kept."""
+
+
+def per_message_cache(
+    convert: Callable[[message_pb2.Message], _T], maxsize: int
+) -> Callable[[message_pb2.Message], _T]:
+    """``convert`` (a pure function of a message's content), with its results kept for the
+    ``maxsize`` most recently converted messages (issue 17: a turn must not convert its whole
+    history again). Keyed by the message's serialized bytes, so an edited message (a checkpoint, a
+    hook's change, another replica's write) is converted again, and equal messages share a
+    result; a message over :data:`CACHED_MESSAGE_BYTES` is not kept. The results are shared:
+    callers must never mutate them (copy what they change)."""
+
+    @functools.lru_cache(maxsize=maxsize)
+    def by_bytes(data: bytes) -> _T:
+        message = message_pb2.Message()
+        message.ParseFromString(data)
+        return convert(message)
+
+    def cached(message: message_pb2.Message) -> _T:
+        if message.ByteSize() > CACHED_MESSAGE_BYTES:
+            return convert(message)
+        return by_bytes(message.SerializeToString(deterministic=True))
+
+    return cached
 
 
 def assistant_steps(message: message_pb2.Message) -> list[list[message_pb2.Part]]:

@@ -136,7 +136,9 @@ class DecodedMessages:
         whole = base is None or base.create_time != create_time or base.epoch != epoch
         if base is not None and not whole and not changed:
             return base if base.version == version else _History(create_time, epoch, version, base.messages)
-        messages: dict[str, tuple[int, message_pb2.Message]] = {} if whole or base is None else dict(base.messages)
+        messages: dict[str, tuple[int, message_pb2.Message]] = (
+            {} if whole or base is None else dict(base.messages)
+        )
         last = next(reversed(messages.values()))[0] if messages else 0
         in_order = True
         for message_id, seq, decoded in changed:

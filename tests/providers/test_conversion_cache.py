@@ -1,0 +1,95 @@
+"""Each message's conversion is kept between requests (providers/convert.py ``per_message_cache``,
+issue 17): a request built from a history whose messages were converted before is the same as one
+converted afresh, an edited message is converted again, and what one request does per request
+(tool_use ids unique in the request, merged turns, sorted results) never reaches the kept
+conversions."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from turnwire_client.v1 import message_pb2
+from turnwire_server.providers import anthropic_request
+from turnwire_server.providers.anthropic_request import _convert_message, convert_messages
+
+
+def _user(message_id: str, text: str) -> message_pb2.Message:
+    message = message_pb2.Message(id=message_id, role=message_pb2.ROLE_USER)
+    message.parts.add().text.text = text
+    return message
+
+
+def _assistant(message_id: str, call_id: str, output: str) -> message_pb2.Message:
+    message = message_pb2.Message(id=message_id, role=message_pb2.ROLE_ASSISTANT)
+    message.parts.add().step_start.SetInParent()
+    message.parts.add().text.text = "checking"
+    call = message.parts.add().tool_call
+    call.tool_call_id = call_id
+    call.tool_name = "get_weather"
+    call.input.update({"city": output})
+    call.state = message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
+    call.output.string_value = f"sunny in {output}"
+    message.parts.add().step_start.SetInParent()
+    message.parts.add().text.text = "done"
+    return message
+
+
+def _uncached(messages: list[message_pb2.Message]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The conversion with a cache that keeps nothing (every message converted afresh)."""
+    original = anthropic_request._converted
+    anthropic_request._converted = _convert_message
+    try:
+        return convert_messages(messages, [])
+    finally:
+        anthropic_request._converted = original
+
+
+def _history() -> list[message_pb2.Message]:
+    # The scripted model numbers calls afresh each turn: the same id in two messages, renamed.
+    return [
+        _user("u1", "weather in Paris?"),
+        _assistant("a1", "call_0_0", "Paris"),
+        _user("u2", "and Oslo?"),
+        _assistant("a2", "call_0_0", "Oslo"),
+        _user("u3", "thanks"),
+    ]
+
+
+def test_a_request_from_kept_conversions_equals_one_converted_afresh() -> None:
+    history = _history()
+    expected = _uncached(history)
+    first = convert_messages(history, [])
+    kept = copy.deepcopy(first)
+    again = convert_messages([copy.deepcopy(m) for m in history], [])
+    assert json.dumps(first) == json.dumps(expected) == json.dumps(again) == json.dumps(kept)
+    ids = [b["id"] for turn in again[1] for b in turn["content"] if b["type"] == "tool_use"]
+    assert ids == ["call_0_0", "call_0_0_2"]
+    results = [b["tool_use_id"] for turn in again[1] for b in turn["content"] if b["type"] == "tool_result"]
+    assert results == ids
+
+
+def test_renaming_in_one_request_does_not_reach_another() -> None:
+    history = _history()
+    convert_messages(history, [])  # renames a2's call to call_0_0_2
+    _, turns = convert_messages(history[3:4], [])  # alone: its own id is free
+    assert [b["id"] for b in turns[0]["content"] if b["type"] == "tool_use"] == ["call_0_0"]
+    assert turns[1]["content"][0]["tool_use_id"] == "call_0_0"
+
+
+def test_an_edited_message_is_converted_again() -> None:
+    history = _history()
+    convert_messages(history, [])
+    history[2].parts[0].text.text = "and Bergen?"
+    _, turns = convert_messages(history, [])
+    assert _uncached(history)[1] == turns
+    assert any(b.get("text") == "and Bergen?" for turn in turns for b in turn["content"])
+
+
+def test_merging_turns_never_grows_a_kept_block_list() -> None:
+    first, second = _user("m1", "one"), _user("m2", "two")
+    for _ in range(3):
+        _, turns = convert_messages([first, second], [])
+        assert [b["text"] for b in turns[0]["content"]] == ["one", "two"]
+    assert [b["text"] for b in convert_messages([first], [])[1][0]["content"]] == ["one"]
