@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.providers import anthropic_request
+from turnwire_server.providers import anthropic_request, openai_chat_request
 from turnwire_server.providers.anthropic_request import _convert_message, convert_messages
 
 
@@ -93,3 +93,31 @@ def test_merging_turns_never_grows_a_kept_block_list() -> None:
         _, turns = convert_messages([first, second], [])
         assert [b["text"] for b in turns[0]["content"]] == ["one", "two"]
     assert [b["text"] for b in convert_messages([first], [])[1][0]["content"]] == ["one"]
+
+
+def _chat_uncached(messages: list[message_pb2.Message]) -> list[dict[str, Any]]:
+    original = openai_chat_request._converted
+    openai_chat_request._converted = openai_chat_request._convert_message
+    try:
+        return openai_chat_request.convert_messages("sys", messages, [])
+    finally:
+        openai_chat_request._converted = original
+
+
+def test_chat_messages_from_kept_conversions_equal_ones_converted_afresh() -> None:
+    history = _history()
+    twice = _assistant("a3", "dup", "Rome")  # two calls with one id in one step
+    call = twice.parts[2].tool_call
+    second = twice.parts.add()
+    second.CopyFrom(twice.parts[2])
+    second.tool_call.output.string_value = "rain in Rome"
+    history.append(twice)
+    expected = _chat_uncached(history)
+    assert json.dumps(openai_chat_request.convert_messages("sys", history, [])) == json.dumps(expected)
+    again = openai_chat_request.convert_messages("sys", [copy.deepcopy(m) for m in history], [])
+    assert json.dumps(again) == json.dumps(expected)
+    tools = [(m["tool_call_id"], m["content"]) for m in again if m["role"] == "tool"]
+    assert tools[-2:] == [("dup", "sunny in Rome"), ("dup_2", "rain in Rome")]
+    assert call.tool_call_id == "dup"
+    alone = openai_chat_request.convert_messages("", history[3:4], [])
+    assert [c["id"] for c in alone[0]["tool_calls"]] == ["call_0_0"]

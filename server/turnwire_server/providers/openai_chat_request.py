@@ -21,6 +21,7 @@ from turnwire_server.providers.convert import (
     file_text,
     file_url,
     is_blank,
+    per_message_cache,
     provider_options,
     text_of,
     tool_arguments,
@@ -67,46 +68,80 @@ def _user_content(message: message_pb2.Message, warnings: list[str]) -> str | li
     return parts
 
 
+_Item = tuple[dict[str, Any], tuple[str, ...], int]
+"""A Chat message of a converted message: the wire dict, the original ids of its tool calls (an
+assistant message), and for a ``tool`` message the index of the call it answers among the
+preceding assistant message's calls (-1 for other messages)."""
+
+
+def _convert_message(message: message_pb2.Message) -> tuple[tuple[_Item, ...], tuple[str, ...]]:
+    """``(items, warnings)`` for one message, shared between requests (never mutated)."""
+    warnings: list[str] = []
+    items: list[_Item] = []
+    role = message.role
+    if role == message_pb2.ROLE_SYSTEM:
+        text = text_of(message.parts)
+        if text.strip():
+            items.append(({"role": "system", "content": text}, (), -1))
+    elif role == message_pb2.ROLE_USER:
+        items.append(({"role": "user", "content": _user_content(message, warnings)}, (), -1))
+    elif role == message_pb2.ROLE_ASSISTANT:
+        for step in assistant_steps(message):
+            text = text_of(step)
+            text = "" if is_blank(text) else text
+            calls = [p.tool_call for p in step if p.WhichOneof("kind") == "tool_call"]
+            if not text and not calls:
+                continue
+            assistant: dict[str, Any] = {"role": "assistant"}
+            if text:
+                assistant["content"] = text
+            if calls:
+                assistant["tool_calls"] = [
+                    {
+                        "id": call.tool_call_id,
+                        "type": "function",
+                        "function": {"name": call.tool_name, "arguments": tool_arguments(call)},
+                    }
+                    for call in calls
+                ]
+            items.append((assistant, tuple(call.tool_call_id for call in calls), -1))
+            for index, call in enumerate(calls):
+                content, _ = tool_result(call)
+                tool = {"role": "tool", "tool_call_id": call.tool_call_id, "content": content}
+                items.append((tool, (), index))
+    return tuple(items), tuple(warnings)
+
+
+_converted = per_message_cache(_convert_message, maxsize=50_000)
+
+
 def convert_messages(
     system: str, messages: Sequence[message_pb2.Message], warnings: list[str]
 ) -> list[dict[str, Any]]:
-    """Chat messages for the transcript (see the module docstring)."""
+    """Chat messages for the transcript (see the module docstring). Each message's conversion is
+    kept between requests (:func:`per_message_cache`); only the tool call ids (unique per request,
+    :class:`ReplayIds`) and the merging of roles are done per request."""
     result: list[dict[str, Any]] = []
     call_id = ReplayIds()
     if system.strip():
         result.append({"role": "system", "content": system})
+    renamed: list[str] | None = None  # the last assistant message's ids, when some changed
     for message in messages:
-        role = message.role
-        if role == message_pb2.ROLE_SYSTEM:
-            text = text_of(message.parts)
-            if text.strip():
-                result.append({"role": "system", "content": text})
-        elif role == message_pb2.ROLE_USER:
-            result.append({"role": "user", "content": _user_content(message, warnings)})
-        elif role == message_pb2.ROLE_ASSISTANT:
-            for step in assistant_steps(message):
-                text = text_of(step)
-                text = "" if is_blank(text) else text
-                calls = [p.tool_call for p in step if p.WhichOneof("kind") == "tool_call"]
-                if not text and not calls:
-                    continue
-                assistant: dict[str, Any] = {"role": "assistant"}
-                if text:
-                    assistant["content"] = text
-                ids = [call_id(call.tool_call_id) for call in calls]  # one id per call, and its result's
-                if calls:
-                    assistant["tool_calls"] = [
-                        {
-                            "id": unique,
-                            "type": "function",
-                            "function": {"name": call.tool_name, "arguments": tool_arguments(call)},
-                        }
-                        for call, unique in zip(calls, ids, strict=True)
-                    ]
-                result.append(assistant)
-                for call, unique in zip(calls, ids, strict=True):
-                    content, _ = tool_result(call)
-                    result.append({"role": "tool", "tool_call_id": unique, "content": content})
+        items, converted_warnings = _converted(message)
+        warnings.extend(converted_warnings)
+        for kept, originals, answers in items:
+            wire = kept  # shared with other requests: replaced, never changed
+            if answers >= 0:
+                if renamed is not None:
+                    wire = {**wire, "tool_call_id": renamed[answers]}
+            elif originals:
+                ids = [call_id(original) for original in originals]  # one id per call, and its result's
+                renamed = None
+                if ids != list(originals):
+                    renamed = ids
+                    calls = [{**c, "id": n} for c, n in zip(wire["tool_calls"], ids, strict=True)]
+                    wire = {**wire, "tool_calls": calls}
+            result.append(wire)
     return alternate(result)
 
 
