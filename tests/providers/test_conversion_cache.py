@@ -121,3 +121,15 @@ def test_chat_messages_from_kept_conversions_equal_ones_converted_afresh() -> No
     assert call.tool_call_id == "dup"
     alone = openai_chat_request.convert_messages("", history[3:4], [])
     assert [c["id"] for c in alone[0]["tool_calls"]] == ["call_0_0"]
+
+
+def test_the_conversion_gathers_the_transcripts_call_ids() -> None:
+    from turnwire_server.providers.convert import transcript_call_ids
+
+    history = _history()
+    for _ in range(2):  # converted afresh, then from kept conversions
+        anthropic_ids: set[str] = set()
+        chat_ids: set[str] = set()
+        convert_messages(history, [], anthropic_ids)
+        openai_chat_request.convert_messages("", history, [], chat_ids)
+        assert anthropic_ids == chat_ids == transcript_call_ids(history) == {"call_0_0"}

@@ -71,7 +71,6 @@ from turnwire_server.providers.convert import (
     check_structured_output,
     finish_step,
     finish_tool_calls,
-    transcript_call_ids,
 )
 from turnwire_server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
 from turnwire_server.providers.wire import TextJoiner, clean_strings, load_json
@@ -418,7 +417,7 @@ class AnthropicMessagesProvider(SdkProvider[anthropic.AsyncAnthropic]):
             structured_output=self.structured_output,
         )
         prefix, name = f"s{request.step_number}", self.name
-        taken = transcript_call_ids(request.messages)
+        taken = plan.call_ids
         return SdkCall(plan.kwargs, plan.extra_body, lambda: AnthropicDecoder(name, prefix, plan, taken))
 
     def _create(self, client: anthropic.AsyncAnthropic) -> OpenStream:

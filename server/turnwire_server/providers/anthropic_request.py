@@ -70,6 +70,7 @@ class AnthropicPlan:
     output_schema: Mapping[str, Any] | None = None
     output_tool: bool = False  # structured output arrives as the OUTPUT_TOOL's input
     output_wrapped: bool = False  # a non-object schema wrapped as {"value": …}
+    call_ids: set[str] = field(default_factory=set)  # the transcript's tool call ids
 
 
 _TOOL_ID_INVALID = re.compile(r"[^a-zA-Z0-9_-]")
@@ -219,11 +220,13 @@ _converted = per_message_cache(_convert_message, maxsize=50_000)
 
 
 def convert_messages(
-    messages: Sequence[message_pb2.Message], warnings: list[str]
+    messages: Sequence[message_pb2.Message], warnings: list[str], call_ids: set[str] | None = None
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """``(system texts, turns)`` for the Messages API (see the module docstring for the rules).
     Each message's conversion is kept between requests (:func:`per_message_cache`); only the
-    tool_use ids (unique per request) and the merging of turns are done per request."""
+    tool_use ids (unique per request) and the merging of turns are done per request. ``call_ids``
+    gets the stored ids of the transcript's tool calls (``transcript_call_ids``, without a
+    second pass over the messages)."""
     system: list[str] = []
     turns: list[dict[str, Any]] = []
     tool_use_id = _ToolUseIds()
@@ -236,6 +239,8 @@ def convert_messages(
         for role, kept, calls in converted.segments:
             blocks = kept  # shared with other requests: replaced, never changed
             if calls:
+                if call_ids is not None:
+                    call_ids.update(original for _, original in calls)
                 ids = [tool_use_id(original) for _, original in calls]
                 if any(new != original for new, (_, original) in zip(ids, calls, strict=True)):
                     blocks = list(kept)
@@ -308,7 +313,8 @@ def build_request(
     max_tokens = settings.max_output_tokens if settings.max_output_tokens is not None else default_max_tokens
     if max_tokens < 1:
         raise errors.invalid_request(provider, f"max_tokens must be at least 1, got {max_tokens}")
-    system, turns = convert_messages(request.messages, warnings)
+    call_ids: set[str] = set()
+    system, turns = convert_messages(request.messages, warnings, call_ids)
     if request.system.strip():
         system.insert(0, request.system)
     kwargs: dict[str, Any] = {"model": request.model, "max_tokens": max_tokens, "messages": turns}
@@ -328,7 +334,13 @@ def build_request(
     choice = request.tool_choice
     thinking = options.get("thinking")
     thinking_on = isinstance(thinking, Mapping) and thinking.get("type") not in (None, "disabled")
-    plan = AnthropicPlan(kwargs=kwargs, extra_body={}, warnings=warnings, output_schema=request.output_schema)
+    plan = AnthropicPlan(
+        kwargs=kwargs,
+        extra_body={},
+        warnings=warnings,
+        output_schema=request.output_schema,
+        call_ids=call_ids,
+    )
     tool_choice: dict[str, Any] | None = _tool_choice(choice, names, provider) if tools else None
     schema = request.output_schema
     if schema is not None and (mode == "native" or thinking_on):

@@ -79,9 +79,8 @@ def per_message_cache(
         return convert(message)
 
     def cached(message: message_pb2.Message) -> _T:
-        if message.ByteSize() > CACHED_MESSAGE_BYTES:
-            return convert(message)
-        return by_bytes(message.SerializeToString(deterministic=True))
+        data = message.SerializeToString(deterministic=True)
+        return convert(message) if len(data) > CACHED_MESSAGE_BYTES else by_bytes(data)
 
     return cached
 

@@ -59,7 +59,7 @@ from turnwire.types import (
     ToolInputStart,
 )
 from turnwire_server.providers import errors
-from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls, transcript_call_ids
+from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls
 from turnwire_server.providers.openai_chat_request import MaxTokensParam, build_request
 from turnwire_server.providers.openai_common import OpenAIDecoder, map_openai_error, openai_usage
 from turnwire_server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
@@ -341,18 +341,19 @@ class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
         self.include_usage = include_usage
 
     def _prepare(self, request: ModelRequest) -> SdkCall:
+        taken: set[str] = set()  # the transcript's tool call ids, gathered by the conversion
         body, warnings = build_request(
             request,
             provider=self.name,
             max_tokens_param=self.max_tokens_param,
             include_usage=self.include_usage,
+            call_ids=taken,
         )
         # The messages go in extra_body, sent as built: they are wire-format dicts already, and the
         # SDK's typed transform of ``messages`` costs ~0.2 ms per message (issue 17's profile: 80 %
         # of a 1,000-turn turn's CPU). extra_body's ``messages`` replaces the empty one.
         kwargs = {"model": body.pop("model"), "messages": ()}
         prefix, name, schema = f"s{request.step_number}", self.name, request.output_schema
-        taken = transcript_call_ids(request.messages)
         return SdkCall(kwargs, body, lambda: ChatDecoder(name, prefix, schema, warnings, taken))
 
     def _create(self, client: openai.AsyncOpenAI) -> OpenStream:

@@ -116,11 +116,15 @@ _converted = per_message_cache(_convert_message, maxsize=50_000)
 
 
 def convert_messages(
-    system: str, messages: Sequence[message_pb2.Message], warnings: list[str]
+    system: str,
+    messages: Sequence[message_pb2.Message],
+    warnings: list[str],
+    call_ids: set[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Chat messages for the transcript (see the module docstring). Each message's conversion is
     kept between requests (:func:`per_message_cache`); only the tool call ids (unique per request,
-    :class:`ReplayIds`) and the merging of roles are done per request."""
+    :class:`ReplayIds`) and the merging of roles are done per request. ``call_ids`` gets the
+    stored ids of the transcript's tool calls (``transcript_call_ids``, without a second pass)."""
     result: list[dict[str, Any]] = []
     call_id = ReplayIds()
     if system.strip():
@@ -135,6 +139,8 @@ def convert_messages(
                 if renamed is not None:
                     wire = {**wire, "tool_call_id": renamed[answers]}
             elif originals:
+                if call_ids is not None:
+                    call_ids.update(originals)
                 ids = [call_id(original) for original in originals]  # one id per call, and its result's
                 renamed = None
                 if ids != list(originals):
@@ -186,15 +192,21 @@ def _join_content(
 
 
 def build_request(
-    request: ModelRequest, *, provider: str, max_tokens_param: MaxTokensParam, include_usage: bool
+    request: ModelRequest,
+    *,
+    provider: str,
+    max_tokens_param: MaxTokensParam,
+    include_usage: bool,
+    call_ids: set[str] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
-    """``(body, warnings)``: the ``chat.completions.create`` arguments. Raises ProviderError for a request
-    the API would reject (max tokens < 1, an unknown named tool)."""
+    """``(body, warnings)``: the ``chat.completions.create`` arguments; ``call_ids`` gets the
+    transcript's tool call ids. Raises ProviderError for a request the API would reject (max
+    tokens < 1, an unknown named tool)."""
     settings = request.settings
     warnings: list[str] = []
     body: dict[str, Any] = {
         "model": request.model,
-        "messages": convert_messages(request.system, request.messages, warnings),
+        "messages": convert_messages(request.system, request.messages, warnings, call_ids),
     }
     if include_usage:
         body["stream_options"] = {"include_usage": True}
