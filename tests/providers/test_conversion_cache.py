@@ -133,3 +133,25 @@ def test_the_conversion_gathers_the_transcripts_call_ids() -> None:
         convert_messages(history, [], anthropic_ids)
         openai_chat_request.convert_messages("", history, [], chat_ids)
         assert anthropic_ids == chat_ids == transcript_call_ids(history) == {"call_0_0"}
+
+
+def test_the_kept_conversions_are_bounded_by_bytes_least_recently_used_first() -> None:
+    from turnwire_server.providers.convert import CACHED_MESSAGE_BYTES, per_message_cache
+
+    converted: list[str] = []
+
+    def convert(message: message_pb2.Message) -> str:
+        converted.append(message.id)
+        return message.id
+
+    size = len(_user("m1", "x" * 100).SerializeToString())
+    cached = per_message_cache(convert, max_bytes=2 * size)
+    first, second, third = (_user(f"m{i}", "x" * 100) for i in (1, 2, 3))
+    for message in (first, second, first, third, first, second):
+        cached(message)
+    # m2 was the least recently used when m3 came, then m3 when m2 came back.
+    assert converted == ["m1", "m2", "m3", "m2"]
+    big = _user("big", "y" * (CACHED_MESSAGE_BYTES + 1))
+    cached(big)
+    cached(big)
+    assert converted[-2:] == ["big", "big"]  # too large to keep

@@ -216,7 +216,7 @@ def _convert_message(message: message_pb2.Message) -> _Converted:
     return _Converted(None, tuple(segments), ())
 
 
-_converted = per_message_cache(_convert_message, maxsize=50_000)
+_converted = per_message_cache(_convert_message, max_bytes=16 << 20)
 
 
 def convert_messages(

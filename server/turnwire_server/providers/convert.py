@@ -16,7 +16,7 @@ off by the output limit is never run with partial input), and the finish step.
 from __future__ import annotations
 
 import base64
-import functools
+import collections
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -61,26 +61,37 @@ _T = TypeVar("_T")
 CACHED_MESSAGE_BYTES = 65_536
 """Messages larger than this (serialized; files inline) are converted afresh each time, not kept."""
 
+_MISSING: Any = object()
+
 
 def per_message_cache(
-    convert: Callable[[message_pb2.Message], _T], maxsize: int
+    convert: Callable[[message_pb2.Message], _T], max_bytes: int
 ) -> Callable[[message_pb2.Message], _T]:
-    """``convert`` (a pure function of a message's content), with its results kept for the
-    ``maxsize`` most recently converted messages (issue 17: a turn must not convert its whole
-    history again). Keyed by the message's serialized bytes, so an edited message (a checkpoint, a
-    hook's change, another replica's write) is converted again, and equal messages share a
-    result; a message over :data:`CACHED_MESSAGE_BYTES` is not kept. The results are shared:
-    callers must never mutate them (copy what they change)."""
-
-    @functools.lru_cache(maxsize=maxsize)
-    def by_bytes(data: bytes) -> _T:
-        message = message_pb2.Message()
-        message.ParseFromString(data)
-        return convert(message)
+    """``convert`` (a pure function of a message's content), with the results for the most recently
+    converted messages kept, up to ``max_bytes`` of serialized messages (least recently used
+    dropped first; issue 17: a turn must not convert its whole history again). Keyed by the
+    message's serialized bytes, so an edited message (a checkpoint, a hook's change, another
+    replica's write) is converted again and equal messages share a result; a message over
+    :data:`CACHED_MESSAGE_BYTES` is not kept. The results are shared: callers must never mutate
+    them (copy what they change). Not thread-safe: call it from the event loop."""
+    kept: collections.OrderedDict[bytes, _T] = collections.OrderedDict()
+    size = 0
 
     def cached(message: message_pb2.Message) -> _T:
+        nonlocal size
         data = message.SerializeToString(deterministic=True)
-        return convert(message) if len(data) > CACHED_MESSAGE_BYTES else by_bytes(data)
+        result = kept.get(data, _MISSING)
+        if result is not _MISSING:
+            kept.move_to_end(data)
+            return result  # type: ignore[no-any-return]
+        result = convert(message)
+        if len(data) <= CACHED_MESSAGE_BYTES:
+            kept[data] = result
+            size += len(data)
+            while size > max_bytes:
+                dropped, _ = kept.popitem(last=False)
+                size -= len(dropped)
+        return result
 
     return cached
 

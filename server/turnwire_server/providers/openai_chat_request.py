@@ -112,7 +112,7 @@ def _convert_message(message: message_pb2.Message) -> tuple[tuple[_Item, ...], t
     return tuple(items), tuple(warnings)
 
 
-_converted = per_message_cache(_convert_message, maxsize=50_000)
+_converted = per_message_cache(_convert_message, max_bytes=16 << 20)
 
 
 def convert_messages(
