@@ -36,19 +36,25 @@ _HISTORY_SQL: Final = (
     "SELECT c.create_time, c.history_epoch, c.history_version,"
     " m.id, m.seq, m.role, m.create_time, m.create_time_nanos, m.metadata, p.data"
     " FROM conversations AS c"
-    " LEFT JOIN messages AS m ON m.conversation_id = c.id AND m.version >"
+    " LEFT JOIN messages AS m{indexed} ON m.conversation_id = c.id AND m.version >"
     " CASE WHEN c.create_time = {p} AND c.history_epoch = {p} THEN {p} ELSE -1 END"
     " LEFT JOIN parts AS p ON p.conversation_id = m.conversation_id AND p.message_id = m.id"
     " WHERE c.id = {p} ORDER BY m.seq, p.idx"
 )
 
-HISTORY_SQL: Final = _HISTORY_SQL.format(p="?")
-"""SQLite: a conversation's counters and its messages changed since a held version, with their
-parts, by message then part. Parameters: :attr:`HistoryRead.params`. No row when there is no such
-conversation; one row with NULL message columns when nothing changed."""
+HISTORY_SQL: Final = _HISTORY_SQL.format(p="?", indexed="")
+"""A conversation's counters and its messages changed since a held version, with their parts, by
+message then part. Parameters: :attr:`HistoryRead.params`. No row when there is no such
+conversation; one row with NULL message columns when nothing changed. (SQLite without
+statistics scans the conversation's messages in ``seq`` order here: right for a whole read.)"""
 
-HISTORY_SQL_POSTGRES: Final = _HISTORY_SQL.format(p="%s")
-""":data:`HISTORY_SQL` with PostgreSQL's placeholders."""
+HISTORY_DELTA_SQL: Final = _HISTORY_SQL.format(p="?", indexed=" INDEXED BY messages_by_version")
+""":data:`HISTORY_SQL` for SQLite when a version is held: through ``messages_by_version``, so
+only the changed messages are visited (SQLite's planner, without ``ANALYZE`` statistics, would
+rather walk every message in ``seq`` order to skip the sort)."""
+
+HISTORY_SQL_POSTGRES: Final = _HISTORY_SQL.format(p="%s", indexed="")
+""":data:`HISTORY_SQL` with PostgreSQL's placeholders (its planner has statistics)."""
 
 _NONE: Final = -1  # below every stored counter: "nothing held", so everything is returned
 
@@ -67,11 +73,14 @@ class _History:
 
 @dataclass(frozen=True, slots=True)
 class HistoryRead:
-    """One read in flight: run :data:`HISTORY_SQL` with ``params``, then give the rows to
+    """One read in flight: run ``sql`` with ``params``, then give the rows to
     :meth:`DecodedMessages.messages`."""
 
     conversation_id: str
     base: _History | None
+    sql: str
+    """The statement to run: :data:`HISTORY_SQL`, :data:`HISTORY_DELTA_SQL` or
+    :data:`HISTORY_SQL_POSTGRES`."""
 
     @property
     def params(self) -> tuple[int, int, int, str]:
@@ -85,7 +94,8 @@ class HistoryRead:
 class DecodedMessages:
     """A bounded, least-recently-read cache of decoded messages per conversation.
 
-    ``backend`` names the store in errors; ``max_messages`` bounds the messages kept (a
+    ``backend`` (``sqlite`` or ``postgres``) picks the statements and names the store in errors;
+    ``max_messages`` bounds the messages kept (a
     conversation larger than that is read whole, without the cache). Not thread-safe: call it from
     the event loop (the store's readers), not from a writer thread.
     """
@@ -98,7 +108,12 @@ class DecodedMessages:
 
     def read(self, conversation_id: str) -> HistoryRead:
         """A read of ``conversation_id`` building on what is held of it."""
-        return HistoryRead(conversation_id, self._conversations.get(conversation_id))
+        base = self._conversations.get(conversation_id)
+        if self.backend == "postgres":
+            sql = HISTORY_SQL_POSTGRES
+        else:
+            sql = HISTORY_SQL if base is None else HISTORY_DELTA_SQL
+        return HistoryRead(conversation_id, base, sql)
 
     def messages(self, read: HistoryRead, rows: Iterable[Any]) -> list[message_pb2.Message]:
         """The conversation's messages, in order, each a fresh copy, from ``read``'s base and

@@ -52,7 +52,7 @@ from turnwire_server.store.base import (
     renewed_lease,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
-from turnwire_server.store.message_cache import HISTORY_SQL_POSTGRES, DecodedMessages
+from turnwire_server.store.message_cache import DecodedMessages
 from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql
 from turnwire_server.store.postgres_migrations import apply_migrations, load_migrations
@@ -493,7 +493,7 @@ class PostgresStore:
         """All messages of the conversation in append order ([] when none or no conversation).
         Raises :class:`StoreCorrupted` for a message that cannot be decoded."""
         read = self._decoded.read(conversation_id)
-        rows = await self._read("load_messages", HISTORY_SQL_POSTGRES, read.params)
+        rows = await self._read("load_messages", read.sql, read.params)
         return self._decoded.messages(read, rows)
 
     async def partial_replies(self, conversation_id: str) -> dict[str, tuple[str, TurnState]]:
@@ -669,7 +669,7 @@ class PostgresStore:
             await writes.start_turn(conn, turn, rows, now_us)
             # Sent with the writes, answered with the COMMIT: the history costs no round trip.
             read = self._decoded.read(conversation_id)
-            return read, await conn.execute(HISTORY_SQL_POSTGRES.encode(), read.params)
+            return read, await conn.execute(read.sql.encode(), read.params)
 
         async def history(sent: Any) -> Any:
             read, cursor = sent
@@ -964,7 +964,7 @@ class PostgresStore:
                         ticket = await conn.execute(_TAKE_TICKET_AT_HEAD, params)
                         await writes.start_new_turn(conn, turn, rows, now_us)
                         read = self._decoded.read(conversation_id)
-                        history = await conn.execute(HISTORY_SQL_POSTGRES.encode(), read.params)
+                        history = await conn.execute(read.sql.encode(), read.params)
                         compaction = None
                         if read_compaction:
                             compaction = await conn.execute(_LOAD_COMPACTION, (conversation_id,))

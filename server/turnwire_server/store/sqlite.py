@@ -42,7 +42,7 @@ from turnwire_server.store.base import (
     renewed_lease,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
-from turnwire_server.store.message_cache import HISTORY_SQL, DecodedMessages
+from turnwire_server.store.message_cache import DecodedMessages
 from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql
 from turnwire_server.store.sqlite_compactions import discard_reply_write, save_compaction_write
 from turnwire_server.store.sqlite_migrations import Migration, load_migrations
@@ -298,7 +298,7 @@ class SqliteStore:
     async def load_messages(self, conversation_id: str) -> list[message_pb2.Message]:
         """All messages of the conversation in append order ([] when none or no conversation)."""
         read = self._decoded.read(conversation_id)
-        rows = await self._read("load_messages", HISTORY_SQL, read.params)
+        rows = await self._read("load_messages", read.sql, read.params)
         return self._decoded.messages(read, rows)
 
     async def partial_replies(self, conversation_id: str) -> dict[str, tuple[str, TurnState]]:
