@@ -37,7 +37,7 @@ from support.engine_harness import (
 from support.waiting import wait_until
 
 from turnwire.hooks import ChatResponseContext, Middleware
-from turnwire.providers import ModelRequest
+from turnwire.providers import CONTINUATION_PROMPT, ModelRequest
 from turnwire.testing import (
     ScriptedError,
     ScriptedProvider,
@@ -55,7 +55,7 @@ from turnwire_server.engine.errors import (
     RequestIdInUse,
     ShuttingDown,
 )
-from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR, CONTINUATION_PROMPT, INTERRUPTED_TOOL_ERROR
+from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR, INTERRUPTED_TOOL_ERROR
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store import TurnRecord
 from turnwire_server.store.sqlite import SqliteStore
