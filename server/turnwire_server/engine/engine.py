@@ -14,6 +14,7 @@ import contextvars
 import dataclasses
 import datetime as dt
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -412,6 +413,7 @@ class TurnEngine:
         handles = {h.task: h for h in self._turns.values()}
         if not handles:
             return
+        began = time.monotonic()
         # Either every turn ends, the grace runs out, or the operator cuts it short.
         all_ended = asyncio.ensure_future(asyncio.wait(handles))
         race: set[asyncio.Future[Any]] = {all_ended}
@@ -433,10 +435,17 @@ class TurnEngine:
             else:
                 handle.cancel()
         if pending:
+            # The time they really had: a second signal may have cut the grace short.
+            why = (
+                "a second signal cut the grace short"
+                if cut_short is not None and cut_short.is_set()
+                else f"the {grace_seconds:g} s grace ran out"
+            )
             log.warning(
-                "shutdown: cancelled %d turn(s) still running after %.1f s",
+                "shutdown: cancelled %d turn(s) still running after %.1f s (%s)",
                 len(pending),
-                grace_seconds,
+                time.monotonic() - began,
+                why,
             )
             await asyncio.wait(pending)
 
