@@ -42,6 +42,8 @@ def _check_target(value: str | None) -> str | None:
     return value
 
 
+# The connection options every client command declares (so `-h` lists them and TURNWIRE_* variables
+# fill them); the command reads them through _connection(ctx), which adds those given before it.
 TargetOption = Annotated[
     str,
     typer.Option(

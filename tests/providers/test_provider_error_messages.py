@@ -154,3 +154,15 @@ def test_the_framing_is_not_read_as_the_providers_wording() -> None:
     )
     assert classify_error(error) == "context_overflow"
     assert overflow_remedy(error) == "compact"
+
+
+def test_an_error_object_wrapped_in_a_list_is_read() -> None:
+    """Vertex AI answers some errors with a JSON list holding the error object: its message and
+    status are read, not the list's Python repr."""
+    body = [{"error": {"code": 429, "message": "Resource exhausted.", "status": "RESOURCE_EXHAUSTED"}}]
+    error = errors.from_status("vertex", 429, {}, body, endpoint="POST https://h/v1/x:streamGenerateContent")
+    assert (
+        error.message == "vertex: HTTP 429 (POST https://h/v1/x:streamGenerateContent): Resource exhausted."
+    )
+    assert error.type == "RESOURCE_EXHAUSTED" and error.code == "429"
+    assert error.body == body
