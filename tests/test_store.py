@@ -589,6 +589,7 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
         (2, "0002_durable_turns"),
         (3, "0003_turn_leases"),
         (4, "0004_compactions"),
+        (5, "0005_queue_order"),
     ]
     assert isinstance(rows[0][2], int)
     assert {
@@ -1024,3 +1025,40 @@ async def test_a_place_taken_first_goes_behind_the_holder_and_earlier_first_plac
     await asyncio.gather(*tasks)
     assert order == ["a", "i1", "i2", "s1", "q1", "q2"]
     assert len(locks) == 0
+
+
+async def test_the_store_lock_taken_first_goes_ahead_of_the_queue(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    """The store's turn lock honours ``first`` on both backends (docs/semantics.md §5: new input
+    that stopped the running turn runs next): behind the holder and earlier ``first`` places,
+    ahead of the turns already queued. With PostgreSQL the order is the tickets' numbers, so a
+    replica of the previous schema (it holds the lowest live ticket) reads the same order."""
+    order: list[str] = []
+    release = asyncio.Event()
+    holds = asyncio.Event()
+
+    def waiting() -> int:
+        if store_backend.name == "postgres":
+            return int(store_backend.sql("SELECT COUNT(*) FROM turn_queue")[0][0])
+        return int(store._locks.places("conv-1"))  # type: ignore[attr-defined]
+
+    async def turn(name: str, *, first: bool = False) -> None:
+        async with store.turn_lock("conv-1", request_id=name, owner="me", first=first):
+            if name == "a":
+                holds.set()
+                await release.wait()
+            order.append(name)
+
+    tasks = [asyncio.create_task(turn("a"))]
+    await holds.wait()
+    for name, first in (("q1", False), ("q2", False), ("i1", True), ("i2", True)):
+        tasks.append(asyncio.create_task(turn(name, first=first)))
+        await wait_until(lambda n=len(tasks): waiting() == n, what=f"{name} waits")
+    if store_backend.name == "postgres":
+        line = store_backend.sql("SELECT request_id, first_in_line FROM turn_queue ORDER BY ticket")
+        assert line == [("a", 0), ("i1", 1), ("i2", 1), ("q1", 0), ("q2", 0)]
+    release.set()
+    await asyncio.gather(*tasks)
+    assert order == ["a", "i1", "i2", "q1", "q2"]
+    assert waiting() == 0
