@@ -1153,6 +1153,57 @@ class PostgresStore:
         )
         return str(rows[0][0]) if rows else None
 
+    async def reserve_place(
+        self,
+        conversation_id: str,
+        request_id: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        first: bool = False,
+        only_if_idle: bool = False,
+    ) -> str | None:
+        """The ticket of ``request_id``, taken now (see ``Store.reserve_place``): as
+        :meth:`turn_lock` takes it, or, ``only_if_idle``, in one transaction under the
+        conversation's queue lock that takes it only when no other live ticket exists (so of two
+        replicas admitting at once, whichever commits first is the one the other sees). Raises
+        :class:`StoreError` when the database fails."""
+        lease_us = int(lease_seconds * 1_000_000)
+        async with self._tickets.hold(conversation_id):  # this process's tickets in call order
+            if not only_if_idle:
+                await self._take_ticket(conversation_id, request_id, owner, lease_us, first)
+                return None
+            now_us = self._now_us()
+            params = {
+                "lock": writes.QUEUE_LOCK_CLASS,
+                "owner": owner,
+                "until": now_us + lease_us,
+                "c": conversation_id,
+                "r": request_id,
+                "stale": now_us - lease_us,
+            }
+            try:
+                async with self._require_pool("reserve_place").connection() as conn:
+                    cur = psycopg.AsyncClientCursor(conn)
+                    await cur.execute(_TAKE_TICKET_IF_IDLE, params)
+                    cur.nextset()
+                    cur.nextset()
+                    rows = list(await cur.fetchall())
+            except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+                raise self._error(exc, "reserve_place") from None
+        return None if rows[0][0] is None else str(rows[0][0])
+
+    async def release_place(self, conversation_id: str, request_id: str) -> None:
+        """Delete ``request_id``'s ticket if it is still there and wake the line (see
+        ``Store.release_place``)."""
+
+        async def body(conn: Conn, _: int) -> None:
+            await writes.run(
+                conn, _RELEASE_PLACE, (conversation_id, request_id, QUEUE_CHANNEL, conversation_id)
+            )
+
+        await self._write("release_place", body)
+
     async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
         """Remove the turn's messages and record its end, one transaction; see
         ``Store.roll_back_turn``. Raises :class:`TurnNotFound`."""
@@ -1221,6 +1272,33 @@ async def _flight(conn: Conn) -> AsyncIterator[None]:
 
 
 _RELEASE_TICKET: Final = "WITH gone AS (DELETE FROM turn_queue WHERE ticket = %s) SELECT pg_notify(%s, %s)"
+
+_RELEASE_PLACE: Final = (
+    "WITH gone AS (DELETE FROM turn_queue WHERE conversation_id = %s AND request_id = %s RETURNING 1)"
+    " SELECT pg_notify(%s, %s) FROM (SELECT 1 FROM gone LIMIT 1) AS deleted"
+)
+
+_TAKE_TICKET_IF_IDLE: Final = (
+    # As _TAKE_TICKET, but nothing is taken (or re-owned) while another live ticket exists:
+    # (the request id heading the line, NULL when the ticket was taken).
+    b"SET LOCAL synchronous_commit = off;"
+    b" SELECT pg_advisory_xact_lock(%(lock)s, hashtext(%(c)s));"
+    b" WITH head AS (SELECT request_id FROM turn_queue WHERE conversation_id = %(c)s"
+    b" AND lease_until >= %(stale)s AND request_id <> %(r)s ORDER BY ticket LIMIT 1),"
+    b" old AS ("
+    b" UPDATE turn_queue SET owner = %(owner)s, lease_until = %(until)s"
+    b" WHERE conversation_id = %(c)s AND request_id = %(r)s AND request_id <> ''"
+    b" AND NOT EXISTS (SELECT 1 FROM head) RETURNING ticket),"
+    b" new AS ("
+    b" INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
+    b" SELECT %(c)s, %(r)s, %(owner)s, %(until)s WHERE NOT EXISTS (SELECT 1 FROM head)"
+    b" AND NOT EXISTS (SELECT 1 FROM turn_queue WHERE conversation_id = %(c)s"
+    b" AND request_id = %(r)s AND request_id <> '') RETURNING ticket),"
+    b" gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s"
+    b" AND request_id <> %(r)s)"
+    b" SELECT (SELECT request_id FROM head)"
+)
+"""Take or re-own the ticket only on an idle conversation; (the head's request id, or NULL)."""
 
 _LOAD_COMPACTION: Final = f"SELECT {COMPACTION_COLUMNS} FROM compactions WHERE conversation_id = %s".encode()
 
