@@ -1027,6 +1027,23 @@ async def test_a_place_taken_first_goes_behind_the_holder_and_earlier_first_plac
     assert len(locks) == 0
 
 
+async def test_a_reserved_place_is_taken_over_by_its_turn_or_given_up(store: Store) -> None:
+    """``reserve_place``: ``only_if_idle`` takes a place only on an idle conversation (else it
+    names the head and takes nothing); the turn's admission holds from that place and gives it
+    up at the end; ``release_place`` gives up one no turn took."""
+    assert await store.reserve_place("conv-1", "r1", owner="me", lease_seconds=30, only_if_idle=True) is None
+    assert await store.queue_head("conv-1") == "r1"
+    assert await store.reserve_place("conv-1", "r2", owner="me", lease_seconds=30, only_if_idle=True) == "r1"
+    async with store.admit_turn(
+        _turn("r1"), [_text("u1", "hi")], lease_seconds=30, read_compaction=False, queued=lambda _: None
+    ):
+        assert await store.queue_head("conv-1") == "r1"
+    assert await store.queue_head("conv-1") is None
+    assert await store.reserve_place("conv-1", "r3", owner="me", lease_seconds=30) is None
+    await store.release_place("conv-1", "r3")
+    assert await store.queue_head("conv-1") is None
+
+
 async def test_the_store_lock_taken_first_goes_ahead_of_the_queue(
     store: Store, store_backend: StoreBackend
 ) -> None:

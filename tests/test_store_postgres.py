@@ -443,3 +443,70 @@ async def _one_behind_another(store: PostgresStore, first_id: str, second_id: st
     release.set()
     await ahead
     return await behind
+
+
+# ----------------------------------------------------------------------------- REJECT across replicas
+
+
+@pytest.mark.parametrize("reject_first", [False, True], ids=["enqueue-first", "reject-first"])
+async def test_a_reject_racing_another_replicas_turn_is_decided_under_the_queue_lock(
+    pg_url: str, reject_first: bool
+) -> None:
+    """Two replicas admit a turn on one idle conversation at the same instant, one of them a
+    REJECT (docs/semantics.md §5). A gate holds the conversation's queue lock while both wait
+    for it, in a known order (PostgreSQL grants a lock's waiters first come, first served), then
+    opens: the REJECT is refused iff the other's ticket committed first, naming it, and takes
+    nothing; else it holds the line and the other waits behind it. Never both run."""
+    import psycopg
+
+    from turnwire_server.store.postgres_writes import QUEUE_LOCK_CLASS
+
+    replica_a, replica_b = PostgresStore(pg_url), PostgresStore(pg_url)
+    await replica_a.open()
+    await replica_b.open()
+    check = StoreBackend("postgres", url=pg_url)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def enqueue() -> None:
+        async with replica_a.turn_lock("c1", request_id="e", owner="a"):
+            holding.set()
+            await release.wait()
+
+    def waiting_for_the_gate() -> int:
+        rows = check.sql("SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        return int(rows[0][0])
+
+    try:
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as gate:
+            async with gate.transaction():
+                await gate.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (QUEUE_LOCK_CLASS, "c1"))
+                tasks: list[asyncio.Future[object]] = []
+                reject = replica_b.reserve_place("c1", "r", owner="b", lease_seconds=30, only_if_idle=True)
+                for start in [reject, enqueue()] if reject_first else [enqueue(), reject]:
+                    tasks.append(asyncio.ensure_future(start))
+                    await wait_until(
+                        lambda n=len(tasks): waiting_for_the_gate() == n, what="waiting for the gate"
+                    )
+            refused = await tasks[0 if reject_first else 1]
+
+        def line() -> list[str]:
+            return [row[0] for row in check.sql("SELECT request_id FROM turn_queue ORDER BY ticket")]
+
+        if reject_first:
+            assert refused is None  # taken: it heads the line, the other waits behind it
+            await wait_until(lambda: line() == ["r", "e"], what="the other turn waits behind the REJECT")
+            assert not holding.is_set()
+            await replica_b.release_place("c1", "r")
+            await asyncio.wait_for(holding.wait(), 10)
+        else:
+            await asyncio.wait_for(holding.wait(), 10)
+            assert refused == "e"  # refused, naming the turn that holds the line
+            assert line() == ["e"]  # the refused request took nothing
+        release.set()
+        await asyncio.gather(*tasks)
+        assert check.sql("SELECT COUNT(*) FROM turn_queue") == [(0,)]
+    finally:
+        release.set()
+        await replica_a.close()
+        await replica_b.close()
+        await check.close()
