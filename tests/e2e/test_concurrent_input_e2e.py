@@ -237,6 +237,28 @@ async def test_strategies_on_an_idle_conversation_just_run(server: Server) -> No
         assert (await turn.end()).status == event_pb2.TURN_STATUS_COMPLETED
     assert len(await transcript(stub, "idle")) == 6
     assert "before_turn idle-1 interrupt -" in server.hook_lines()
+    # A REJECT submission on the idle conversation takes its place at once and runs; the place
+    # is its turn's, so a Chat after it runs too (nothing left holding the line).
+    message = message_pb2.Message(id="u-idle-s", role=message_pb2.ROLE_USER)
+    message.parts.add().text.text = "submitted"
+    await stub.SubmitMessages(
+        chat_service_pb2.SubmitMessagesRequest(
+            conversation_id="idle",
+            submission_id="idle-s",
+            messages=[message],
+            model="scripted:short",
+            concurrent_input_strategy=REJECT,
+        )
+    )
+    await wait_until(lambda: _has(stub, "idle", "tw-a-idle-s"), timeout=10, what="the submission ran")
+    after = chat(stub, "idle", "idle-after", "short")
+    assert (await after.end()).status == event_pb2.TURN_STATUS_COMPLETED
+    assert (await transcript(stub, "idle"))[6:] == [
+        "user:u-idle-s",
+        "assistant:tw-a-idle-s",
+        "user:u-idle-after",
+        "assistant:tw-a-idle-after",
+    ]
 
 
 async def test_submissions_take_the_strategy_too(server: Server) -> None:

@@ -156,6 +156,7 @@ class TurnEngine:
         queue_limit: bool = True,
         recovery: Recovery | None = None,
         last_sequence_number: int = 0,
+        reserved: bool = False,
     ) -> TurnHandle:
         """Admit ``request`` and start its turn in a new task (it queues for the conversation's lock).
 
@@ -163,6 +164,9 @@ class TurnEngine:
         to the stream log and to ResumeTurn readers. ``queue_limit`` False admits past
         ``max_queued_turns_per_conversation`` (durably accepted work). ``recovery`` runs a
         recovery of a crashed turn whose stored stream ends at ``last_sequence_number``.
+        ``reserved``: a REJECT request whose place :meth:`reserve_if_idle` took already (the
+        caller checked before storing input of its own, such as tool results); the turn takes
+        that place over, or gives it up when it is refused or never takes the lock.
 
         A turn with the same request id whose TurnEnd was already sent is only storing its last
         events: its caller may already be retrying (after an abort) or reusing the id, so this
@@ -176,20 +180,20 @@ class TurnEngine:
         previous = self._turns.get(request.request_id)
         if previous is not None and previous.run.ended:
             await asyncio.wait({previous.task})  # neither raises its error nor cancels it
-        self._admit(request, parent_request_id, queue_limit=queue_limit)
-        concurrent_input = None
-        reserved = False  # a place in line taken for this turn before its lock (see _apply_strategy)
-        # A submission's strategy applies only when it is started at acceptance (Submissions.submit).
-        if recovery is None and (request.entry != "submission" or request.concurrent_input is not None):
-            concurrent_input, reserved = await self._apply_strategy(request)
-            if concurrent_input.strategy != "enqueue":
-                # It awaited the store: checked again, so nothing admitted meanwhile slips past.
-                try:
+        concurrent_input = ConcurrentInput("reject") if reserved else None
+        try:
+            self._admit(request, parent_request_id, queue_limit=queue_limit)
+            # A submission's strategy applies only when started at acceptance (Submissions.submit).
+            if recovery is None and (request.entry != "submission" or request.concurrent_input is not None):
+                if not reserved:  # else its place was taken before its lock (see _apply_strategy)
+                    concurrent_input, reserved = await self._apply_strategy(request)
+                if concurrent_input is not None and concurrent_input.strategy != "enqueue":
+                    # It awaited the store: checked again, so nothing admitted meanwhile slips past.
                     self._admit(request, parent_request_id, queue_limit=queue_limit)
-                except BaseException:
-                    if reserved:
-                        await asyncio.shield(self._release_place(request.conversation_id, request.request_id))
-                    raise
+        except BaseException:
+            if reserved:  # refused after all: the place it took goes
+                await self.release_place(request.conversation_id, request.request_id)
+            raise
         channel: EventChannel[Any] = EventChannel(self.settings.stream_buffer_events)
         if detached:
             channel.detach()
@@ -286,13 +290,6 @@ class TurnEngine:
                 return handle.request_id
         return local[0].request_id if local else None
 
-    async def refuse_if_busy(self, conversation_id: str) -> None:
-        """Raise :class:`TurnInProgress` when ``conversation_id`` has a turn running or queued (a
-        REJECT request checked before it stores anything of its own, such as tool results)."""
-        head = await self.busy_turn(conversation_id)
-        if head is not None:
-            raise TurnInProgress(conversation_id, head)
-
     async def _apply_strategy(self, request: TurnRequest) -> tuple[ConcurrentInput, bool]:
         """Apply the request's concurrent-input strategy (docs/semantics.md §5, new input while a
         turn runs); returns what ``before_turn`` is told and whether the turn's place in line was
@@ -315,18 +312,7 @@ class TurnEngine:
             return ConcurrentInput("enqueue"), False
         conversation_id = request.conversation_id
         if strategy == "reject":
-            # No await between the local check and the store's: one step for this process.
-            head = self._local_busy(conversation_id, own_id=request.request_id)
-            if head is None:
-                head = await self.store.reserve_place(
-                    conversation_id,
-                    request.request_id,
-                    owner=self.settings.replica_id,
-                    lease_seconds=self.settings.lease_seconds,
-                    only_if_idle=True,
-                )
-            if head is not None:
-                raise TurnInProgress(conversation_id, head)
+            await self.reserve_if_idle(conversation_id, request.request_id)
             return ConcurrentInput(strategy), True
         head = await self.busy_turn(conversation_id, own_id=request.request_id)
         if head is None:
@@ -350,6 +336,35 @@ class TurnEngine:
             await self.store.request_cancel(holder, stop=_stop_reason(stop))
             return ConcurrentInput(strategy, holder), True
         return ConcurrentInput(strategy), True
+
+    async def reserve_if_idle(self, conversation_id: str, request_id: str) -> None:
+        """REJECT's admission (docs/semantics.md §5): take ``request_id``'s place in the
+        conversation's line only when no turn is admitted here and not ended and, in the store,
+        none holds, waits for or reserved the lock (``Store.reserve_place(only_if_idle=True)``:
+        one step, so of two replicas admitting at once the one that commits second sees the
+        first). Raises :class:`TurnInProgress` naming the turn found (nothing taken), and
+        :class:`RequestIdInUse` when a turn runs here under ``request_id``. The turn
+        started with ``reserved=True`` takes the place over; a caller that starts none gives it
+        up with :meth:`release_place`."""
+        if request_id in self._turns:
+            raise RequestIdInUse(request_id)
+        # No await between the local check and the store's: one step for this process.
+        head = self._local_busy(conversation_id, own_id="")
+        if head is None:
+            head = await self.store.reserve_place(
+                conversation_id,
+                request_id,
+                owner=self.settings.replica_id,
+                lease_seconds=self.settings.lease_seconds,
+                only_if_idle=True,
+            )
+        if head is not None:
+            raise TurnInProgress(conversation_id, head)
+
+    async def release_place(self, conversation_id: str, request_id: str) -> None:
+        """Give up a place :meth:`reserve_if_idle` took for a turn that is not started after all
+        (never raises: a failure is logged)."""
+        await asyncio.shield(self._release_place(conversation_id, request_id))
 
     async def _release_place(self, conversation_id: str, request_id: str) -> None:
         """``Store.release_place``, logged instead of raised (a turn ending must not fail on it;

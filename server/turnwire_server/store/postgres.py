@@ -1279,26 +1279,21 @@ _RELEASE_PLACE: Final = (
 )
 
 _TAKE_TICKET_IF_IDLE: Final = (
-    # As _TAKE_TICKET, but nothing is taken (or re-owned) while another live ticket exists:
+    # As _TAKE_TICKET, but nothing is taken while the conversation has any live ticket (its own
+    # request id's included: a turn running under that id elsewhere is not taken over):
     # (the request id heading the line, NULL when the ticket was taken).
     b"SET LOCAL synchronous_commit = off;"
     b" SELECT pg_advisory_xact_lock(%(lock)s, hashtext(%(c)s));"
     b" WITH head AS (SELECT request_id FROM turn_queue WHERE conversation_id = %(c)s"
-    b" AND lease_until >= %(stale)s AND request_id <> %(r)s ORDER BY ticket LIMIT 1),"
-    b" old AS ("
-    b" UPDATE turn_queue SET owner = %(owner)s, lease_until = %(until)s"
-    b" WHERE conversation_id = %(c)s AND request_id = %(r)s AND request_id <> ''"
-    b" AND NOT EXISTS (SELECT 1 FROM head) RETURNING ticket),"
+    b" AND lease_until >= %(stale)s ORDER BY ticket LIMIT 1),"
     b" new AS ("
     b" INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
     b" SELECT %(c)s, %(r)s, %(owner)s, %(until)s WHERE NOT EXISTS (SELECT 1 FROM head)"
-    b" AND NOT EXISTS (SELECT 1 FROM turn_queue WHERE conversation_id = %(c)s"
-    b" AND request_id = %(r)s AND request_id <> '') RETURNING ticket),"
-    b" gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s"
-    b" AND request_id <> %(r)s)"
+    b" RETURNING ticket),"
+    b" gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s)"
     b" SELECT (SELECT request_id FROM head)"
 )
-"""Take or re-own the ticket only on an idle conversation; (the head's request id, or NULL)."""
+"""Take a ticket only on an idle conversation; (the head's request id, or NULL)."""
 
 _LOAD_COMPACTION: Final = f"SELECT {COMPACTION_COLUMNS} FROM compactions WHERE conversation_id = %s".encode()
 

@@ -426,7 +426,7 @@ class SqliteStore:
         the check of ``only_if_idle`` and the reservation are one step for this process's event
         loop; ``owner`` and ``lease_seconds`` do not apply (one process per file)."""
         head = self._locks.head(conversation_id)
-        if only_if_idle and head is not None and head != request_id:
+        if only_if_idle and head is not None:
             return head
         self._locks.reserve(conversation_id, request_id, first=first)
         return None
