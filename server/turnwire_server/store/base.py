@@ -652,7 +652,9 @@ class Store(Protocol):
         A new submission takes its place in the conversation's turn queue at once (its turn's
         :meth:`turn_lock`, passed its id as ``request_id``, holds from that place, whichever
         replica runs it), so submissions run first in, first out by acceptance with the other
-        turns of the conversation. ``submission.owner`` empty: no replica runs it yet, any may
+        turns of the conversation; a place :meth:`reserve_place` took under its id already (a
+        REJECT submission, admitted only on an idle conversation) is that place, kept with the
+        submission's owner and lease. ``submission.owner`` empty: no replica runs it yet, any may
         claim it (:meth:`claim_pending_submissions`); its place is kept meanwhile and given up
         when it ends without running (:meth:`end_submission`, :meth:`expire_submissions`,
         :meth:`delete_conversation`).
