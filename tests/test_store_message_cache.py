@@ -61,7 +61,7 @@ async def test_a_write_by_another_writer_is_seen_on_the_next_read(
     assert [m.parts[0].text.text for m in await store.load_messages("c1")] == ["saved again"]
 
 
-# ------------------------------------------------------------------ delta reads (migration 0005)
+# ------------------------------------------------------------------ delta reads (migration 0006)
 
 
 def _texts(messages: list[message_pb2.Message]) -> list[tuple[str, str]]:

@@ -285,8 +285,8 @@ def test_open_store_rejects_other_urls(url: str) -> None:
 
 
 async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(tmp_path: Path) -> None:
-    """Upgrading: a file at schema 3 (an earlier release) gets migrations 4 and 5 at open; its rows
-    are read back (messages from before 5 by the first, whole read, then deltas), its running turn
+    """Upgrading: a file at schema 3 (an earlier release) gets migrations 4 to 6 at open; its rows
+    are read back (messages from before 6 by the first, whole read, then deltas), its running turn
     (no lease renewed) is claimed for recovery, and its conversation takes a compaction."""
     from turnwire_server.store.sqlite_migrations import apply_migrations, load_migrations
 
@@ -334,6 +334,7 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
         3,
         4,
         5,
+        6,
     ]
 
 

@@ -1,7 +1,7 @@
 """Decoded messages kept between reads of a conversation, refreshed by a delta read (issue 17: a
 turn's cost should not grow with its history).
 
-Migration 0005 (``history_versions``, both backends) keeps, by triggers, a per-conversation change
+Migration 0006 (``history_versions``, both backends) keeps, by triggers, a per-conversation change
 counter (``conversations.history_version``, bumped by every insert, update or delete of a message
 or a part), each message's counter value at its last change (``messages.version``) and a removal
 counter (``conversations.history_epoch``, bumped when a message goes). :data:`HISTORY_SQL` (one

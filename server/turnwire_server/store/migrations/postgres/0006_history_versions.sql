@@ -1,6 +1,6 @@
 -- turnwire: readable-by 4
 -- Per-turn reads independent of history length (issue 17), mirroring
--- migrations/sqlite/0005_history_versions.sql: a reader that keeps a conversation's decoded
+-- migrations/sqlite/0006_history_versions.sql: a reader that keeps a conversation's decoded
 -- messages asks only for the messages changed since the version it holds.
 -- `conversations.history_version` counts every change to the conversation's messages or parts;
 -- `messages.version` is that counter's value at the message's last change (its row or a part);
