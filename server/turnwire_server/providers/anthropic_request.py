@@ -157,15 +157,24 @@ def _reasoning_block(part: message_pb2.ReasoningPart) -> dict[str, Any] | None:
     return {"type": "thinking", "thinking": part.text, "signature": signature}
 
 
+_Segment = tuple[str, list[dict[str, Any]], tuple[tuple[int, str], ...], dict[str, Any]]
+
+
+def _segment(role: str, blocks: list[dict[str, Any]], calls: tuple[tuple[int, str], ...] = ()) -> _Segment:
+    return (role, blocks, calls, {"role": role, "content": blocks})
+
+
 @dataclass(frozen=True, slots=True)
 class _Converted:
     """One message in the Messages API's terms, shared between requests (never mutated):
-    ``system`` text (a system message), else ``(role, blocks, calls)`` segments in order, where
-    ``calls`` are ``(tool_use block index, original tool call id)`` of an assistant segment,
-    whose results are the next segment's first blocks, in the same order; and the warnings."""
+    ``system`` text (a system message), else ``(role, blocks, calls, turn)`` segments in order,
+    where ``calls`` are ``(tool_use block index, original tool call id)`` of an assistant segment,
+    whose results are the next segment's blocks, in the same order, and ``turn`` is the segment as
+    a turn of its own (a request takes it as is unless it merges or renames: fewer objects per
+    request, which also spares the garbage collector); and the warnings."""
 
     system: str | None
-    segments: tuple[tuple[str, list[dict[str, Any]], tuple[tuple[int, str], ...]], ...]
+    segments: tuple[_Segment, ...]
     warnings: tuple[str, ...]
 
 
@@ -177,10 +186,10 @@ def _convert_message(message: message_pb2.Message) -> _Converted:
         return _Converted(text if text.strip() else None, (), ())
     if role == message_pb2.ROLE_USER:
         user = _user_blocks(message, warnings) or [{"type": "text", "text": EMPTY_USER_TEXT}]
-        return _Converted(None, (("user", user, ()),), tuple(warnings))
+        return _Converted(None, (_segment("user", user),), tuple(warnings))
     if role != message_pb2.ROLE_ASSISTANT:
         return _Converted(None, (), ())
-    segments: list[tuple[str, list[dict[str, Any]], tuple[tuple[int, str], ...]]] = []
+    segments: list[_Segment] = []
     for step in assistant_steps(message):
         blocks: list[dict[str, Any]] = []
         results: list[dict[str, Any]] = []
@@ -211,8 +220,8 @@ def _convert_message(message: message_pb2.Message) -> _Converted:
                 block = None
             if block is not None:
                 blocks.append(block)
-        segments.append(("assistant", blocks, tuple(calls)))
-        segments.append(("user", results, ()))
+        segments.append(_segment("assistant", blocks, tuple(calls)))
+        segments.append(_segment("user", results))
     return _Converted(None, tuple(segments), ())
 
 
@@ -231,12 +240,13 @@ def convert_messages(
     turns: list[dict[str, Any]] = []
     tool_use_id = _ToolUseIds()
     renamed: list[str] | None = None  # the last assistant segment's new ids, when they differ
+    owned = False  # turns[-1] was made by this request (else it is a kept, shared one)
     for message in messages:
         converted = _converted(message)
         warnings.extend(converted.warnings)
         if converted.system is not None:
             system.append(converted.system)
-        for role, kept, calls in converted.segments:
+        for role, kept, calls, kept_turn in converted.segments:
             blocks = kept  # shared with other requests: replaced, never changed
             if calls:
                 if call_ids is not None:
@@ -253,13 +263,23 @@ def convert_messages(
             if not blocks:
                 continue
             if turns and turns[-1]["role"] == role:
+                if not owned:
+                    turns[-1] = {"role": role, "content": list(turns[-1]["content"])}
+                    owned = True
                 turns[-1]["content"].extend(blocks)
+            elif blocks is kept:
+                turns.append(kept_turn)
+                owned = False
             else:
-                turns.append({"role": role, "content": list(blocks)})
-    for turn in turns:  # tool_result blocks first in every user turn
+                turns.append({"role": role, "content": blocks})
+                owned = True
+    for i, turn in enumerate(turns):  # tool_result blocks first in every user turn
         content = turn["content"]
         if turn["role"] == "user" and len(content) > 1 and content[0]["type"] != "tool_result":
-            content.sort(key=lambda block: block["type"] != "tool_result")
+            turns[i] = {
+                "role": "user",
+                "content": sorted(content, key=lambda block: block["type"] != "tool_result"),
+            }
     return system, turns
 
 
