@@ -87,6 +87,14 @@ def load_middlewares(entries: Sequence[MiddlewareEntry]) -> list[Middleware]:
         assert entry.path is not None  # MiddlewareEntry: exactly one of path and remote
         try:
             factory = import_object(entry.path)
+        except (ModuleNotFoundError, AttributeError, ValueError) as error:
+            # import_object's message already says what is missing and the close name, if any
+            raise StartupError(f"middleware[{index}] {entry.path}: {error}") from error
+        except Exception as error:  # the module itself raised while importing
+            raise StartupError(
+                f"middleware[{index}] {entry.path}: importing it raised {type(error).__name__}: {error}"
+            ) from error
+        try:
             middleware = factory(**entry.options)
         except Exception as error:
             raise StartupError(

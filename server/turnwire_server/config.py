@@ -230,12 +230,26 @@ class RemoteHookSettings(_Section):
 
 class MiddlewareEntry(_Section):
     """One middleware of the chain: either ``path`` (``package.module:Class``) with its
-    ``options``, or ``remote`` (a hook server reached over gRPC, :class:`RemoteHookSettings`)."""
+    ``options``, or ``remote`` (a hook server reached over gRPC, :class:`RemoteHookSettings`).
+    A plain string entry (``- myapp.hooks:Audit``) is short for ``- path: myapp.hooks:Audit``,
+    as ``tools.python`` entries are strings."""
 
     path: str | None = None
     # Free-form: values under secret-looking keys (api_key, token …) are masked in output.
     options: dict[str, Any] = Field(default_factory=dict, json_schema_extra=secret("keys"))
     remote: RemoteHookSettings | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_path(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"path": value}
+        if not isinstance(value, dict | MiddlewareEntry):
+            raise ValueError(
+                "each entry is `- path: package.module:Class` (with optional `options:`), "
+                "`- remote: {target: HOST:PORT}`, or just the path as a string"
+            )
+        return value
 
     @field_validator("path")
     @classmethod
