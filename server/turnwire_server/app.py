@@ -575,7 +575,19 @@ async def serve(
     running turns at once (they store their partial replies). ``worker`` as for :func:`start`;
     ``on_ready(sidecar, stop)`` runs once serving, ``stop()`` acting as SIGTERM does.
     """
-    sidecar = await start(settings, worker=worker)
+    # The handlers go in before start-up announces anything (health SERVING, the "listening"
+    # line): a signal from then on is a graceful stop, never the default kill (exit 143). One
+    # that lands during start-up is kept and acted on once the sidecar is up.
+    loop = asyncio.get_running_loop()
+    early: list[signal.Signals] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, early.append, signum)
+    try:
+        sidecar = await start(settings, worker=worker)
+    except BaseException:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        raise
     # What start-up built (modules, descriptors, the engine) lives as long as the process: keep it
     # out of the collector's full passes, which otherwise walk it all each time (tens of ms at
     # 100k+ objects) as objects held a while (queued spans, stream buffers) pile up.
@@ -597,10 +609,11 @@ async def serve(
             log.warning("second signal: cancelling the running turns now (their partial replies are stored)")
             now.set()
 
-    loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     loop.add_signal_handler(signal.SIGHUP, sidecar.reload_tls)
+    for signum in early:
+        on_signal(signum)
     if on_ready is not None:
         on_ready(sidecar, lambda: on_signal(signal.SIGTERM))
     await stop.wait()
