@@ -197,7 +197,9 @@ def test_all_problems_of_a_message_are_reported_at_once() -> None:
     ]
 
 
-@pytest.mark.parametrize("role", [message_pb2.ROLE_USER, message_pb2.ROLE_SYSTEM, message_pb2.ROLE_UNSPECIFIED])
+@pytest.mark.parametrize(
+    "role", [message_pb2.ROLE_USER, message_pb2.ROLE_SYSTEM, message_pb2.ROLE_UNSPECIFIED]
+)
 @pytest.mark.parametrize("texts", [[""], [" \n\t"], ["", "  "]])
 def test_a_user_or_system_message_of_blank_text_only_is_refused(role: int, texts: list[str]) -> None:
     message = message_pb2.Message(role=role)  # type: ignore[arg-type]

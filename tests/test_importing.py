@@ -78,7 +78,9 @@ def test_a_misspelt_submodule_of_a_package_gets_the_close_module_name(user_code:
 
 
 def test_a_misspelt_attribute_gets_the_close_public_name(user_code: Path) -> None:
-    with pytest.raises(AttributeError, match=r"twapp_pkg.hooks has no attribute 'Audti'; did you mean Audit\?"):
+    with pytest.raises(
+        AttributeError, match=r"twapp_pkg.hooks has no attribute 'Audti'; did you mean Audit\?"
+    ):
         import_object("twapp_pkg.hooks:Audti")
 
 

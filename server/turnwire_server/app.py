@@ -57,6 +57,7 @@ from turnwire_server.providers.settings import ProviderConfigError, ScriptedProv
 from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, redact_url
 from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
+from turnwire_server.tools.demo import DEMO_TOOLS
 from turnwire_server.tools.loading import ToolLoadError, load_tools
 from turnwire_server.tools.mcp_server import McpServer
 from turnwire_server.tools.tool_set import ToolSet
@@ -350,6 +351,7 @@ async def open_tools(settings: Settings) -> ToolSet:
         local = load_tools(config.demo, config.python)
     except ToolLoadError as error:
         raise StartupError(f"tools: {error}") from error
+    _warn_of_demo_tools(settings)
     tool_set = ToolSet(local, config.require_approval)
     timeout = settings.limits.tool_timeout_seconds
     try:
@@ -379,6 +381,22 @@ async def open_tools(settings: Settings) -> ToolSet:
             ", ".join(f"{source.kind} {source.name!r}" for source in missing),
         )
     return tool_set
+
+
+def _warn_of_demo_tools(settings: Settings) -> None:
+    """Warn when the demo tools are on by default while the default model is a real one: their
+    made-up data (get_weather) would reach it. An explicit ``tools.demo: true`` is not warned of."""
+    if not settings.tools.demo or "demo" in settings.tools.model_fields_set:
+        return
+    provider = settings.providers.get(settings.default_model.partition(":")[0])
+    if provider is None or isinstance(provider, ScriptedProviderSettings):
+        return
+    log.warning(
+        "the demo tools (%s) are on and are offered to %s, a real model; set tools.demo: false to "
+        "turn them off (or tools.demo: true to keep them without this warning)",
+        ", ".join(tool.name for tool in DEMO_TOOLS),
+        settings.default_model,
+    )
 
 
 async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, shared_port: bool) -> Sidecar:
@@ -536,6 +554,11 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
         _transport(settings),
         redact_url(settings.store.url),
         settings.default_model,
+    )
+    log.info(
+        "tools: %s; middleware: %s",
+        ", ".join(tools) or "none",
+        ", ".join(m.name for m in chain.middlewares) or "none",
     )
     remote_hooks = [m for m in chain.middlewares if isinstance(m, RemoteMiddleware)]
     return Sidecar(

@@ -75,9 +75,9 @@ async def test_a_target_that_never_answers_says_no_answer_within_the_timeout() -
         target = f"127.0.0.1:{silent.getsockname()[1]}"
         answer = await asyncio.to_thread(check_health, target, timeout=1)
     assert answer.status == "unreachable"
-    assert answer.detail.startswith(f"cannot reach {target}: no answer within 1 s (--timeout) (DEADLINE_EXCEEDED"), (
-        answer.detail
-    )
+    assert answer.detail.startswith(
+        f"cannot reach {target}: no answer within 1 s (--timeout) (DEADLINE_EXCEEDED"
+    ), answer.detail
 
 
 async def test_a_draining_sidecar_is_not_healthy_while_its_turn_finishes(

@@ -102,7 +102,10 @@ def check_message(
         # (a fresh-user trial: `turnwire chat conv ""`). Assistant messages keep blank text: a
         # stored reply can be empty (a cut turn), and AddMessages copies transcripts as they are.
         violations.append(
-            (f"{field}.parts", "the message has no content: its text is empty; send some text or another part")
+            (
+                f"{field}.parts",
+                "the message has no content: its text is empty; send some text or another part",
+            )
         )
     size = message.ByteSize()
     if size > max_bytes:
