@@ -52,7 +52,7 @@ def user_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 
 
 def test_a_missing_top_level_module_says_pythonpath() -> None:
-    with pytest.raises(ModuleNotFoundError, match="put the folder that holds twapp_absent.py .*PYTHONPATH"):
+    with pytest.raises(ModuleNotFoundError, match=r"put the folder that holds twapp_absent\.py .*PYTHONPATH"):
         import_object("twapp_absent:thing")
 
 
@@ -86,7 +86,7 @@ def test_a_misspelt_attribute_gets_the_close_public_name(user_code: Path) -> Non
 
 def test_a_module_that_imports_something_missing_is_reported_as_is(user_code: Path) -> None:
     (user_code / "twapp_pkg" / "broken.py").write_text("import twapp_not_installed\n")
-    with pytest.raises(ModuleNotFoundError, match="No module named 'twapp_not_installed'$"):
+    with pytest.raises(ModuleNotFoundError, match=r"No module named 'twapp_not_installed'$"):
         import_object("twapp_pkg.broken:x")
 
 

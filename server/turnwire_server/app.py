@@ -56,8 +56,8 @@ from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
 from turnwire_server.providers.settings import ProviderConfigError, ScriptedProviderSettings, build_provider
 from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, redact_url
-from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
 from turnwire_server.tools.demo import DEMO_TOOLS
+from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
 from turnwire_server.tools.loading import ToolLoadError, load_tools
 from turnwire_server.tools.mcp_server import McpServer
 from turnwire_server.tools.tool_set import ToolSet

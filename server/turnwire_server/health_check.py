@@ -31,8 +31,9 @@ class HealthAnswer:
 
     ``status`` is the word printed on stdout: ``SERVING``, ``NOT_SERVING``, ``SERVICE_UNKNOWN``
     (the server does not know the service), ``UNKNOWN``, ``unreachable`` (the connection
-    was refused or failed at once, or no answer came within the timeout: ``detail`` says which) or ``error`` (the server answered with another gRPC
-    error, e.g. UNIMPLEMENTED when it has no health service). ``detail`` is a sentence naming the
+    was refused or failed at once, or no answer came within the timeout: ``detail`` says
+    which) or ``error`` (the server answered with another gRPC error, e.g. UNIMPLEMENTED when
+    it has no health service). ``detail`` is a sentence naming the
     target for every status but SERVING, else empty.
     """
 

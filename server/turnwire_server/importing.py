@@ -62,7 +62,7 @@ def _missing_module(missing: str, attribute: str) -> ModuleNotFoundError:
     if not hasattr(parent, "__path__"):
         # ``myapp.tool:f`` where myapp.py is a module: the attribute belongs after the colon.
         hint = ""
-        first = attribute.split(".")[0]
+        first = attribute.split(".", maxsplit=1)[0]
         if hasattr(parent, first):
             hint = f"; did you mean {parent_name}:{attribute}?"
         elif hasattr(parent, last):
