@@ -80,7 +80,8 @@ class StoreSettings(_Section):
 
 
 class ToolsSettings(_Section):
-    """Server-side tools. ``demo`` enables the demo tools; ``python`` lists dotted paths
+    """Server-side tools. ``demo`` enables the demo tools (on by default; start-up warns when the
+    default model is not a scripted one and ``demo`` was not set explicitly); ``python`` lists dotted paths
     (``package.module:attribute``) of Tool objects, or of callables returning one or a list;
     ``hosts`` lists ToolExecutorService hosts and ``mcp`` MCP servers, whose tools join after
     those, in this order (docs/semantics.md §2, docs/tools.md); ``require_approval`` names tools
