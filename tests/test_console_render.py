@@ -8,6 +8,7 @@ integers print as they were stored.
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -152,3 +153,86 @@ def test_a_call_awaiting_approval_says_who_answers_it() -> None:
         "? get_current_time awaits approval (call c7: the application answers with SubmitToolApprovals, "
         "then the turn goes on)"
     )
+
+
+def _turn_lines(*events: Any) -> list[str]:
+    """What ``turnwire chat`` prints for ``events`` (piped: plain text)."""
+    from turnwire_server.console import _TurnRenderer
+
+    buffer = io.StringIO()
+    renderer = _TurnRenderer(Console(file=buffer, width=200), "cli-r")
+    for event in events:
+        renderer.render(event)
+    renderer.end_line()
+    return buffer.getvalue().splitlines()
+
+
+def _output(value: str, *, preliminary: bool = False) -> Any:
+    from turnwire_client.v1 import event_pb2
+
+    return event_pb2.TurnEvent(
+        tool_output_available=event_pb2.ToolOutputAvailable(
+            tool_call_id="c1", output_json=value, preliminary=preliminary
+        )
+    )
+
+
+def test_a_final_result_equal_to_the_last_preliminary_is_not_printed_again() -> None:
+    from turnwire_client.v1 import event_pb2
+
+    called = event_pb2.TurnEvent(
+        tool_input_available=event_pb2.ToolInputAvailable(
+            tool_call_id="c1", tool_name="count", input_json="{}"
+        )
+    )
+    same = _turn_lines(called, _output("1", preliminary=True), _output("2", preliminary=True), _output("2"))
+    assert same == [
+        "→ count {}",
+        "… count: 1 (preliminary)",
+        "… count: 2 (preliminary)",
+        "← count: final result as above",
+    ]
+    # A final value the preliminary ones did not show is printed as the result.
+    other = _turn_lines(called, _output("1", preliminary=True), _output('"done"'))
+    assert other[-1] == '← count: "done"'
+
+
+def _status_line(result: Any, *, output_streamed: bool) -> str:
+    from turnwire_server.console import _print_status_line
+
+    buffer = io.StringIO()
+    _print_status_line(
+        Console(file=buffer, width=200), result, "scripted:slow", output_streamed=output_streamed
+    )
+    return buffer.getvalue().strip()
+
+
+def test_the_token_count_says_what_the_provider_did_not_report() -> None:
+    """A stream cut by a cancel before the provider's usage event has input tokens counted and no
+    output count: "out 0" after streamed text would be wrong."""
+    from turnwire_client import TurnResult
+    from turnwire_client.v1 import event_pb2
+    from turnwire_client.values import Usage
+
+    def result(input_tokens: int, output_tokens: int) -> Any:
+        usage = Usage(input_tokens, output_tokens, input_tokens + output_tokens)
+        return TurnResult("c", "r", event_pb2.TURN_STATUS_ABORTED, None, usage, None, step_count=1)
+
+    assert _status_line(result(12, 0), output_streamed=True) == (
+        "ABORTED · 1 step · tokens in 12 / out not reported · scripted:slow"
+    )
+    assert _status_line(result(12, 7), output_streamed=True) == (
+        "ABORTED · 1 step · tokens in 12 / out 7 · scripted:slow"
+    )
+    assert _status_line(result(0, 0), output_streamed=True) == "ABORTED · 1 step · scripted:slow"
+
+
+def test_sidecar_messages_name_the_cli_commands() -> None:
+    from turnwire_server.console import cli_terms
+
+    assert cli_terms("conversation 'x' does not exist; start it with Chat or SaveMessages") == (
+        "conversation 'x' does not exist; start it with `turnwire chat`"
+    )
+    assert cli_terms("run the turn with ContinueLastTurn") == "run the turn with `turnwire continue`"
+    # Provider wording that merely contains a word is left alone.
+    assert cli_terms("Chat Completions does not take it") == "Chat Completions does not take it"

@@ -8,6 +8,7 @@ with the scripted provider wrapped in a recorder that keeps every
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sqlite3
 import time
@@ -37,7 +38,7 @@ from support.engine_harness import (
 from support.waiting import wait_until
 
 from turnwire.hooks import ChatResponseContext, Middleware
-from turnwire.providers import ModelRequest
+from turnwire.providers import CONTINUATION_PROMPT, ModelRequest
 from turnwire.testing import (
     ScriptedError,
     ScriptedProvider,
@@ -55,7 +56,7 @@ from turnwire_server.engine.errors import (
     RequestIdInUse,
     ShuttingDown,
 )
-from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR, CONTINUATION_PROMPT, INTERRUPTED_TOOL_ERROR
+from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR, INTERRUPTED_TOOL_ERROR
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store import TurnRecord
 from turnwire_server.store.sqlite import SqliteStore
@@ -1002,3 +1003,24 @@ async def test_drain_cancels_running_turns_after_the_grace_period(make_engine: E
     assert status_error_of(refused.value).code == grpc.StatusCode.UNAVAILABLE
     # Running tools get the turn's cancellation signal, as with CancelChat.
     assert saw == {"cancelled_flag": True}
+
+
+@pytest.mark.parametrize("strategy", ["reject", "interrupt"])
+async def test_a_place_taken_for_new_input_is_given_up_when_its_turn_never_ran(
+    make_engine: EngineFactory, strategy: Any
+) -> None:
+    """REJECT and INTERRUPT take their place in line at admission (docs/semantics.md §5); a turn
+    cancelled before it ran gives it up, so the conversation is not left locked behind it."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="ok")]})
+    if strategy == "interrupt":  # busy, so the place is taken first in line
+        assert end_of(await h.run("earlier")).status == event_pb2.TURN_STATUS_COMPLETED
+        h.engine.store._locks.reserve(CONV, "someone")  # type: ignore[attr-defined]
+    request = dataclasses.replace(h.request("hi"), concurrent_input=strategy)
+    handle = await h.engine.start(request)
+    handle.cancel()  # before its task first ran
+    assert end_of(await collect(handle)).status == event_pb2.TURN_STATUS_ABORTED
+    if strategy == "interrupt":
+        h.engine.store._locks.drop("someone")  # type: ignore[attr-defined]
+    assert await h.engine.store.queue_head(CONV) is None
+    end = end_of(await asyncio.wait_for(h.run("again"), 10))
+    assert end.status == event_pb2.TURN_STATUS_COMPLETED

@@ -589,6 +589,7 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
         (2, "0002_durable_turns"),
         (3, "0003_turn_leases"),
         (4, "0004_compactions"),
+        (5, "0005_queue_order"),
     ]
     assert isinstance(rows[0][2], int)
     assert {
@@ -1024,3 +1025,57 @@ async def test_a_place_taken_first_goes_behind_the_holder_and_earlier_first_plac
     await asyncio.gather(*tasks)
     assert order == ["a", "i1", "i2", "s1", "q1", "q2"]
     assert len(locks) == 0
+
+
+async def test_a_reserved_place_is_taken_over_by_its_turn_or_given_up(store: Store) -> None:
+    """``reserve_place``: ``only_if_idle`` takes a place only on an idle conversation (else it
+    names the head and takes nothing); the turn's admission holds from that place and gives it
+    up at the end; ``release_place`` gives up one no turn took."""
+    assert await store.reserve_place("conv-1", "r1", owner="me", lease_seconds=30, only_if_idle=True) is None
+    assert await store.queue_head("conv-1") == "r1"
+    assert await store.reserve_place("conv-1", "r2", owner="me", lease_seconds=30, only_if_idle=True) == "r1"
+    async with store.admit_turn(
+        _turn("r1"), [_text("u1", "hi")], lease_seconds=30, read_compaction=False, queued=lambda _: None
+    ):
+        assert await store.queue_head("conv-1") == "r1"
+    assert await store.queue_head("conv-1") is None
+    assert await store.reserve_place("conv-1", "r3", owner="me", lease_seconds=30) is None
+    await store.release_place("conv-1", "r3")
+    assert await store.queue_head("conv-1") is None
+
+
+async def test_the_store_lock_taken_first_goes_ahead_of_the_queue(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    """The store's turn lock honours ``first`` on both backends (docs/semantics.md §5: new input
+    that stopped the running turn runs next): behind the holder and earlier ``first`` places,
+    ahead of the turns already queued. With PostgreSQL the order is the tickets' numbers, so a
+    replica of the previous schema (it holds the lowest live ticket) reads the same order."""
+    order: list[str] = []
+    release = asyncio.Event()
+    holds = asyncio.Event()
+
+    def waiting() -> int:
+        if store_backend.name == "postgres":
+            return int(store_backend.sql("SELECT COUNT(*) FROM turn_queue")[0][0])
+        return int(store._locks.places("conv-1"))  # type: ignore[attr-defined]
+
+    async def turn(name: str, *, first: bool = False) -> None:
+        async with store.turn_lock("conv-1", request_id=name, owner="me", first=first):
+            if name == "a":
+                holds.set()
+                await release.wait()
+            order.append(name)
+
+    tasks = [asyncio.create_task(turn("a"))]
+    await holds.wait()
+    for name, first in (("q1", False), ("q2", False), ("i1", True), ("i2", True)):
+        tasks.append(asyncio.create_task(turn(name, first=first)))
+        await wait_until(lambda n=len(tasks): waiting() == n, what=f"{name} waits")
+    if store_backend.name == "postgres":
+        line = store_backend.sql("SELECT request_id, first_in_line FROM turn_queue ORDER BY ticket")
+        assert line == [("a", 0), ("i1", 1), ("i2", 1), ("q1", 0), ("q2", 0)]
+    release.set()
+    await asyncio.gather(*tasks)
+    assert order == ["a", "i1", "i2", "q1", "q2"]
+    assert waiting() == 0

@@ -298,3 +298,17 @@ async def test_submission_pages_filter_by_conversation_id_prefix(store: Store) -
         await store.list_submissions(1, token)
     everything, _ = await store.list_submissions(10, "")
     assert len(everything) == 5
+
+
+async def test_a_submission_keeps_the_place_reserved_for_it(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    """A REJECT submission's place is taken when it is admitted (``reserve_place``, only on an
+    idle conversation); storing the submission keeps that one place (unclaimed: it never
+    lapses) instead of taking a second, and the place still heads the line."""
+    assert await store.reserve_place("c", "s1", owner="me", lease_seconds=30, only_if_idle=True) is None
+    await store.create_submission(_submission("s1"), max_open=10)
+    assert await store.queue_head("c") == "s1"
+    assert await store.reserve_place("c", "s2", owner="me", lease_seconds=30, only_if_idle=True) == "s1"
+    if store_backend.name == "postgres":
+        assert store_backend.sql("SELECT request_id, owner FROM turn_queue") == [("s1", "")]

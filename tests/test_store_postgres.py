@@ -23,7 +23,7 @@ from turnwire_server import cli
 from turnwire_server.config import ConfigError, load_settings
 from turnwire_server.store import StoreError, TurnRecord, open_store, redact_url
 from turnwire_server.store.base import CompactionRecord, ToolCallAnswer, ToolCallNotPending
-from turnwire_server.store.postgres import PostgresStore
+from turnwire_server.store.postgres import QUEUE_STEP, PostgresStore
 from turnwire_server.store.postgres_migrations import apply_migrations, load_migrations
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
@@ -78,6 +78,7 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
                 (2, "0002_durable_turns"),
                 (3, "0003_turn_leases"),
                 (4, "0004_compactions"),
+                (5, "0005_queue_order"),
             ]
             await stores[0].start_turn(_turn("r1", "c1"), [_user("u1")])
             assert [m.id for m in await stores[3].load_messages("c1")] == ["u1"]
@@ -116,12 +117,51 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
             claimed = await old.claim_interrupted_turns("me", now, now + dt.timedelta(seconds=30), 10)
             assert [(t.request_id, t.owner) for t in claimed] == [("r-old", "me")]
             versions = check.sql("SELECT version FROM schema_migrations ORDER BY version")
-            assert versions == [(1,), (2,), (3,), (4,)]
+            assert versions == [(1,), (2,), (3,), (4,), (5,)]
             record = CompactionRecord("c1", "", None, (("m", "call"),), "threshold", "drop", 9, 3, now)
             await old.save_compaction(record)
             assert await old.load_compaction("c1") == record
         finally:
             await old.close()
+            await check.close()
+
+
+async def test_the_queue_order_migration_keeps_replicas_of_schema_4_in_line() -> None:
+    """Migration 0005 only expands (a rolling upgrade): the ticket sequence restarts at a multiple
+    of its new step above every live ticket, a replica still on schema 4 (plain INSERTs, the lowest
+    live ticket holds) takes multiples too, and a ticket taken first in line gets a number between
+    the head's and the next one's, so the schema-4 rule reads the same order. Behind a head of
+    schema 4 (numbers without room between them) it queues at the back."""
+    import psycopg
+
+    with postgres_database() as url:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await apply_migrations(conn, load_migrations()[:4], where="test", now_us=1)
+        check = StoreBackend("postgres", url=url)
+        lease = 1 << 62
+        old_ticket = (
+            "INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
+            " VALUES ('c1', ?, 'schema-4', ?) RETURNING ticket"
+        )
+        old_a, old_q = (check.sql(old_ticket, (name, lease))[0][0] for name in ("old-a", "old-q"))
+        store = PostgresStore(url)
+        await store.open()  # applies 0005
+        try:
+            lease_us = 30_000_000
+            i1, _ = await store._take_ticket("c1", "i1", "me", lease_us, first=True)
+            assert i1 > old_q and i1 % QUEUE_STEP == 0  # no room behind a schema-4 head: the back
+            old_b = check.sql(old_ticket, ("old-b", lease))[0][0]
+            assert old_b > i1 and old_b % QUEUE_STEP == 0
+            check.sql("DELETE FROM turn_queue WHERE ticket IN (?, ?, ?)", (old_a, old_q, i1))
+            await store._take_ticket("c1", "q", "me", lease_us)
+            i2, head = await store._take_ticket("c1", "i2", "me", lease_us, first=True)
+            i3, _ = await store._take_ticket("c1", "i3", "me", lease_us, first=True)
+            assert (head, i2, i3) == (old_b, old_b + 1, old_b + 2)
+            line = check.sql("SELECT request_id, first_in_line FROM turn_queue ORDER BY ticket")
+            assert line == [("old-b", False), ("i2", True), ("i3", True), ("q", False)]
+            assert await store.queue_head("c1") == "old-b"
+        finally:
+            await store.close()
             await check.close()
 
 
@@ -133,6 +173,7 @@ async def test_migrate_reports_what_it_applied() -> None:
             "0002_durable_turns",
             "0003_turn_leases",
             "0004_compactions",
+            "0005_queue_order",
         ]
         assert await store.migrate() == []
         await store.close()
@@ -315,19 +356,20 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
     url = pg_url.replace("postgresql://postgres@", f"postgresql://postgres:{SECRET}@")
     first = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert first.exit_code == 0, first.output
-    assert first.output.splitlines()[:4] == [
+    assert first.output.splitlines()[:5] == [
         "applied 0001_init",
         "applied 0002_durable_turns",
         "applied 0003_turn_leases",
         "applied 0004_compactions",
+        "applied 0005_queue_order",
     ]
-    assert "4 migration(s) applied" in first.output
+    assert "5 migration(s) applied" in first.output
     again = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert again.exit_code == 0, again.output
     assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output
     assert SECRET not in first.output + again.output
     check = StoreBackend("postgres", url=pg_url)
-    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(4,)]
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(5,)]
     asyncio.run(check.close())
 
 
@@ -401,3 +443,70 @@ async def _one_behind_another(store: PostgresStore, first_id: str, second_id: st
     release.set()
     await ahead
     return await behind
+
+
+# ----------------------------------------------------------------------------- REJECT across replicas
+
+
+@pytest.mark.parametrize("reject_first", [False, True], ids=["enqueue-first", "reject-first"])
+async def test_a_reject_racing_another_replicas_turn_is_decided_under_the_queue_lock(
+    pg_url: str, reject_first: bool
+) -> None:
+    """Two replicas admit a turn on one idle conversation at the same instant, one of them a
+    REJECT (docs/semantics.md §5). A gate holds the conversation's queue lock while both wait
+    for it, in a known order (PostgreSQL grants a lock's waiters first come, first served), then
+    opens: the REJECT is refused iff the other's ticket committed first, naming it, and takes
+    nothing; else it holds the line and the other waits behind it. Never both run."""
+    import psycopg
+
+    from turnwire_server.store.postgres_writes import QUEUE_LOCK_CLASS
+
+    replica_a, replica_b = PostgresStore(pg_url), PostgresStore(pg_url)
+    await replica_a.open()
+    await replica_b.open()
+    check = StoreBackend("postgres", url=pg_url)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def enqueue() -> None:
+        async with replica_a.turn_lock("c1", request_id="e", owner="a"):
+            holding.set()
+            await release.wait()
+
+    def waiting_for_the_gate() -> int:
+        rows = check.sql("SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        return int(rows[0][0])
+
+    try:
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as gate:
+            async with gate.transaction():
+                await gate.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (QUEUE_LOCK_CLASS, "c1"))
+                tasks: list[asyncio.Future[object]] = []
+                reject = replica_b.reserve_place("c1", "r", owner="b", lease_seconds=30, only_if_idle=True)
+                for start in [reject, enqueue()] if reject_first else [enqueue(), reject]:
+                    tasks.append(asyncio.ensure_future(start))
+                    await wait_until(
+                        lambda n=len(tasks): waiting_for_the_gate() == n, what="waiting for the gate"
+                    )
+            refused = await tasks[0 if reject_first else 1]
+
+        def line() -> list[str]:
+            return [row[0] for row in check.sql("SELECT request_id FROM turn_queue ORDER BY ticket")]
+
+        if reject_first:
+            assert refused is None  # taken: it heads the line, the other waits behind it
+            await wait_until(lambda: line() == ["r", "e"], what="the other turn waits behind the REJECT")
+            assert not holding.is_set()
+            await replica_b.release_place("c1", "r")
+            await asyncio.wait_for(holding.wait(), 10)
+        else:
+            await asyncio.wait_for(holding.wait(), 10)
+            assert refused == "e"  # refused, naming the turn that holds the line
+            assert line() == ["e"]  # the refused request took nothing
+        release.set()
+        await asyncio.gather(*tasks)
+        assert check.sql("SELECT COUNT(*) FROM turn_queue") == [(0,)]
+    finally:
+        release.set()
+        await replica_a.close()
+        await replica_b.close()
+        await check.close()

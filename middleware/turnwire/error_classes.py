@@ -441,9 +441,16 @@ def finish_overflows(raw_finish_reason: str) -> bool:
 # --- helpers ---------------------------------------------------------------------------------------------
 
 
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
+
+
 def _text_of(error: ProviderError) -> str:
+    """The words of ``error`` to read: its message and a text body, without the provider's name that
+    starts the message and without URLs (the endpoint an adapter names, a link in the text): a
+    ``/v1/chat/completions`` path or a provider called ``completions`` is not a wording."""
+    message = error.message.removeprefix(f"{error.provider}: ") if error.provider else error.message
     body = error.body
-    return f"{error.message} {body}" if isinstance(body, str) else error.message
+    return _URL.sub(" ", f"{message} {body}" if isinstance(body, str) else message)
 
 
 def _quota_window(body: Any) -> str | None:

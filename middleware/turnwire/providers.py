@@ -17,6 +17,13 @@ from typing import Any, Protocol, runtime_checkable
 from turnwire.types import ModelChunk, ModelSettings, ToolChoice, ToolDefinition
 from turnwire_client.v1 import message_pb2
 
+CONTINUATION_PROMPT = (
+    "Continue your previous response from exactly where it left off. Do not repeat any of it."
+)
+"""The user message the engine adds (never stored) after a history that ends in an assistant
+message with content, so the model continues that reply (docs/semantics.md §1): a provider sees
+it as the last message of :attr:`ModelRequest.messages`."""
+
 
 @dataclass(slots=True)
 class ModelRequest:

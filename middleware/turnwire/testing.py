@@ -10,12 +10,15 @@ sleeps between chunks.
 The built-in ``demo`` script is rule-based instead: it calls a demo tool when
 the user asks for something one answers (the time, the weather, arithmetic),
 then answers with the tool's result. Every text it writes says it is an
-offline model.
+offline model. Asked to continue its last reply (the engine's continuation
+prompt), it writes the rest of that reply, or says it was complete: it never
+takes the prompt for the user's question.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Literal, Protocol
@@ -26,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from turnwire.compaction import SUMMARY_REQUEST_ID, EstimateTokens
 from turnwire.error_classes import never_retryable
-from turnwire.providers import ModelRequest, ProviderError
+from turnwire.providers import CONTINUATION_PROMPT, ModelRequest, ProviderError
 from turnwire.types import (
     FinishReason,
     FinishStep,
@@ -141,10 +144,30 @@ _TIME = re.compile(r"\b(time|clock|date|today)\b", re.IGNORECASE)
 _ZONE = re.compile(r"\b(?:in|for)\s+([A-Za-z]+/[A-Za-z_]+|UTC)\b")
 
 
+def _text(message: message_pb2.Message) -> str:
+    return " ".join(p.text.text for p in message.parts if p.WhichOneof("kind") == "text")
+
+
+def _is_continuation_prompt(message: message_pb2.Message) -> bool:
+    return message.role == message_pb2.ROLE_USER and _text(message) == CONTINUATION_PROMPT
+
+
+def _last_step_text(message: message_pb2.Message) -> str:
+    """The text an assistant message's last step wrote (after its last step start)."""
+    texts: list[str] = []
+    for part in message.parts:
+        kind = part.WhichOneof("kind")
+        if kind == "step_start":
+            texts = []
+        elif kind == "text":
+            texts.append(part.text.text)
+    return "".join(texts)
+
+
 def _last_user_text(messages: Sequence[message_pb2.Message]) -> str:
     for message in reversed(messages):
         if message.role == message_pb2.ROLE_USER:
-            return " ".join(p.text.text for p in message.parts if p.WhichOneof("kind") == "text")
+            return _text(message)
     return ""
 
 
@@ -176,6 +199,8 @@ class DemoScript:
         gets the :class:`SummaryScript`'s summary (so ``scripted:demo`` can summarize)."""
         if request.messages and request.messages[-1].id == SUMMARY_REQUEST_ID:
             return SummaryScript().step(request)
+        if len(request.messages) >= 2 and _is_continuation_prompt(request.messages[-1]):
+            return self._continue(request)
         tools = {t.name for t in request.tools}
         # Results end the history in a later step, or in a continuation after client results.
         results = _trailing_tool_results(request.messages)
@@ -190,6 +215,22 @@ class DemoScript:
                 f"{OFFLINE_NOTICE} You said: {text!r}. I can call the demo tools: "
                 "ask me the time, the weather in a city, or to calculate 12 * 7."
             )
+        )
+
+    def _continue(self, request: ModelRequest) -> ScriptStep:
+        """The step after the continuation prompt: the rest of the reply the prompt follows (the
+        step this script gives for the history without the prompt, less the text already
+        written: a reply cut off by a cancel or a crash is completed), else a note that the reply
+        was complete (``turnwire continue`` after a finished answer)."""
+        before = dataclasses.replace(request, messages=request.messages[:-1])
+        written = _last_step_text(before.messages[-1])
+        whole = self.step(before)
+        rest = whole.text[len(written) :] if whole.text.startswith(written) else ""
+        if rest or (whole.tool_calls and whole.text.startswith(written)):
+            return whole.model_copy(update={"text": rest})
+        return ScriptStep(
+            text=f"{OFFLINE_NOTICE} My previous reply was complete; there is nothing to continue. "
+            "Ask me the time, the weather in a city, or to calculate 12 * 7."
         )
 
     @staticmethod

@@ -10,7 +10,7 @@ import logging
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 
@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
 app = typer.Typer(
     name="turnwire",
-    help="Turnwire: a gRPC sidecar that runs persisted, multi-step LLM chat turns.",
+    help="Turnwire: a gRPC sidecar that runs persisted, multi-step LLM chat turns.\n\n"
+    "The client commands (chat, continue, cancel, conversations, history, health) take their "
+    "connection options (--target, --token, --tls*) before or after the command name.",
     no_args_is_help=True,
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -29,9 +31,11 @@ app = typer.Typer(
 )
 
 
-def _check_target(value: str) -> str:
+def _check_target(value: str | None) -> str | None:
     """``--target``: HOST:PORT with a port of 0-65535 (gRPC would wrap 99999 to another port),
     or any other gRPC target scheme (``unix:PATH``, ``dns:///…``) as given."""
+    if value is None:
+        return None
     if ":" in value and not value.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:")):
         port = value.rpartition(":")[2]
         if not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -39,6 +43,8 @@ def _check_target(value: str) -> str:
     return value
 
 
+# The connection options every client command declares (so `-h` lists them and TURNWIRE_* variables
+# fill them); the command reads them through _connection(ctx), which adds those given before it.
 TargetOption = Annotated[
     str,
     typer.Option(
@@ -104,6 +110,54 @@ TlsServerNameOption = Annotated[
 ]
 
 
+CLIENT_COMMANDS = ("chat", "continue", "cancel", "conversations", "history", "health")
+"""The commands that connect to a sidecar: they take the connection options, after the command or
+before it (``turnwire --target HOST:PORT chat …``)."""
+
+_CONNECTION_FLAGS = {
+    "target": "--target",
+    "token": "--token",
+    "tls": "--tls",
+    "tls_ca": "--tls-ca",
+    "tls_cert": "--tls-cert",
+    "tls_key": "--tls-key",
+    "tls_server_name": "--tls-server-name",
+}
+"""The connection options (parameter name → flag), shared by the group and every client command."""
+
+
+class Connection(NamedTuple):
+    """Where and how a client command connects: ``target`` HOST:PORT, ``tls`` (None: plaintext),
+    ``token`` (None: no bearer token)."""
+
+    target: str
+    tls: TlsOptions | None
+    token: str | None
+
+
+def _on_command_line(ctx: typer.Context, name: str) -> bool:
+    """Whether parameter ``name`` of ``ctx`` was given on the command line (not a variable or its
+    default). By the source's name: typer may carry its own copy of click's enum."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def _connection(ctx: typer.Context) -> Connection:
+    """The connection options of the client command ``ctx`` runs. Each one given after the command
+    wins; else the one given before it (the group's, in ``ctx.obj``); else the command's own value
+    (its ``TURNWIRE_*`` variable or default): flags win over variables, and both flag positions
+    mean the same."""
+    before: dict[str, Any] = ctx.obj if isinstance(ctx.obj, dict) else {}
+    values = {
+        name: (before[name] if name in before and not _on_command_line(ctx, name) else ctx.params[name])
+        for name in _CONNECTION_FLAGS
+    }
+    tls = _tls_options(
+        values["tls"], values["tls_ca"], values["tls_cert"], values["tls_key"], values["tls_server_name"]
+    )
+    return Connection(values["target"], tls, values["token"])
+
+
 def _tls_options(
     tls: bool, ca: Path | None, cert: Path | None, key: Path | None, server_name: str | None
 ) -> TlsOptions | None:
@@ -127,8 +181,13 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
+_FOR_CLIENTS = ", for the client commands."
+
+
 @app.callback()
 def _main(
+    ctx: typer.Context,
+    *,
     _version: Annotated[
         bool,
         typer.Option(
@@ -138,8 +197,52 @@ def _main(
             help="Print the installed version and exit.",
         ),
     ] = False,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target",
+            "-t",
+            callback=_check_target,
+            show_default=False,
+            help="Sidecar address HOST:PORT" + _FOR_CLIENTS,
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option("--token", show_default=False, help="Bearer token" + _FOR_CLIENTS),
+    ] = None,
+    tls: Annotated[bool, typer.Option("--tls", help="Connect with TLS" + _FOR_CLIENTS)] = False,
+    tls_ca: Annotated[
+        Path | None, typer.Option("--tls-ca", help="PEM CA certificate(s)" + _FOR_CLIENTS, **_TLS_FILE)
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option("--tls-cert", help="PEM client certificate" + _FOR_CLIENTS, **_TLS_FILE)
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option("--tls-key", help="PEM key of --tls-cert" + _FOR_CLIENTS, **_TLS_FILE)
+    ] = None,
+    tls_server_name: Annotated[
+        str | None,
+        typer.Option(
+            "--tls-server-name",
+            show_default=False,
+            help="Name the sidecar's certificate must carry" + _FOR_CLIENTS,
+        ),
+    ] = None,
 ) -> None:
-    """Global options (``--version``), before the command."""
+    """Global options, before the command: ``--version``, and the client commands' connection
+    options (kept in ``ctx.obj`` for :func:`_connection`); a connection option before a command
+    that does not connect to a sidecar is a usage error (exit status 2), not ignored."""
+    given = {name: ctx.params[name] for name in _CONNECTION_FLAGS if _on_command_line(ctx, name)}
+    if given and ctx.invoked_subcommand not in CLIENT_COMMANDS:
+        flags = ", ".join(_CONNECTION_FLAGS[name] for name in given)
+        typer.echo(
+            f"turnwire: {flags}: connection options are for the commands that talk to a sidecar "
+            f"({', '.join(CLIENT_COMMANDS)}), not {ctx.invoked_subcommand}",
+            err=True,
+        )
+        raise typer.Exit(2)
+    ctx.obj = given
 
 
 @app.command()
@@ -360,6 +463,7 @@ def _copy_store(source: str | None, target: str | None) -> None:
 
 @app.command()
 def chat(
+    ctx: typer.Context,
     conversation: Annotated[
         str, typer.Argument(metavar="CONVERSATION", help="Conversation id (created on first use).")
     ],
@@ -399,10 +503,18 @@ def chat(
         if not isinstance(parsed_body, dict):
             typer.echo("turnwire: --body must be a JSON object", err=True)
             raise typer.Exit(2)
-    tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
+    connection = _connection(ctx)
     raise typer.Exit(
         _interruptible(
-            run_chat(target, conversation, text, model=model, body=parsed_body, tls=tls_options, token=token)
+            run_chat(
+                connection.target,
+                conversation,
+                text,
+                model=model,
+                body=parsed_body,
+                tls=connection.tls,
+                token=connection.token,
+            )
         )
     )
 
@@ -431,6 +543,7 @@ def _interruptible(turn: Coroutine[Any, Any, int]) -> int:
 
 @app.command("continue")
 def continue_(
+    ctx: typer.Context,
     conversation: Annotated[str, typer.Argument(metavar="CONVERSATION", help="Conversation id.")],
     *,
     target: TargetOption = "127.0.0.1:50051",
@@ -444,18 +557,24 @@ def continue_(
 ) -> None:
     """Let the model continue after the last assistant message.
 
-    Calls ContinueLastTurn and streams the continuation.
+    Streams the continuation, a new assistant message, as chat does. A conversation whose last
+    message is not the assistant's has nothing to continue: the turn ends SKIPPED (exit status 1).
     """
     from turnwire_server.console import run_continue
 
-    tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
+    connection = _connection(ctx)
     raise typer.Exit(
-        _interruptible(run_continue(target, conversation, model=model, tls=tls_options, token=token))
+        _interruptible(
+            run_continue(
+                connection.target, conversation, model=model, tls=connection.tls, token=connection.token
+            )
+        )
     )
 
 
 @app.command()
 def cancel(
+    ctx: typer.Context,
     request_id: Annotated[
         str, typer.Argument(metavar="REQUEST_ID", help="The turn's request id (turnwire chat shows it).")
     ],
@@ -474,12 +593,15 @@ def cancel(
     """
     from turnwire_server.console import run_cancel
 
-    tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
-    raise typer.Exit(asyncio.run(run_cancel(target, request_id, tls=tls_options, token=token)))
+    connection = _connection(ctx)
+    raise typer.Exit(
+        asyncio.run(run_cancel(connection.target, request_id, tls=connection.tls, token=connection.token))
+    )
 
 
 @app.command()
 def conversations(
+    ctx: typer.Context,
     *,
     target: TargetOption = "127.0.0.1:50051",
     limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 50,
@@ -493,12 +615,17 @@ def conversations(
     """List conversations, most recently updated first."""
     from turnwire_server.console import run_conversations
 
-    tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
-    raise typer.Exit(asyncio.run(run_conversations(target, limit=limit, tls=tls_options, token=token)))
+    connection = _connection(ctx)
+    raise typer.Exit(
+        asyncio.run(
+            run_conversations(connection.target, limit=limit, tls=connection.tls, token=connection.token)
+        )
+    )
 
 
 @app.command()
 def history(
+    ctx: typer.Context,
     conversation: Annotated[str, typer.Argument(metavar="CONVERSATION", help="Conversation id.")],
     *,
     target: TargetOption = "127.0.0.1:50051",
@@ -512,12 +639,15 @@ def history(
     """Print a conversation's stored messages."""
     from turnwire_server.console import run_history
 
-    tls_options = _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name)
-    raise typer.Exit(asyncio.run(run_history(target, conversation, tls=tls_options, token=token)))
+    connection = _connection(ctx)
+    raise typer.Exit(
+        asyncio.run(run_history(connection.target, conversation, tls=connection.tls, token=connection.token))
+    )
 
 
 @app.command()
 def health(
+    ctx: typer.Context,
     *,
     target: TargetOption = "127.0.0.1:50051",
     service: Annotated[str, typer.Option(help="Service to ask about; empty: the whole server.")] = "",
@@ -536,13 +666,8 @@ def health(
     """
     from turnwire_server.health_check import check_health
 
-    answer = check_health(
-        target,
-        service,
-        timeout,
-        _tls_options(tls, tls_ca, tls_cert, tls_key, tls_server_name),
-        token=token,
-    )
+    connection = _connection(ctx)
+    answer = check_health(connection.target, service, timeout, connection.tls, token=connection.token)
     typer.echo(answer.status)
     if answer.detail:
         typer.echo(f"turnwire: {answer.detail}", err=True)

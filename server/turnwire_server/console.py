@@ -1,14 +1,17 @@
 """Terminal rendering for the ``turnwire chat`` and ``turnwire history`` commands.
 
 Both commands talk to a running sidecar through :class:`turnwire.TurnwireClient` and print
-with rich. Output stays plain text (no control codes) when it is not a terminal, so it can be
-captured by tests and piped into files.
+with rich. Output stays plain text (no control codes, no spinner) when it is not a terminal, so it
+can be captured by tests and piped into files; what the spinner would say that a person still
+needs (the turn's request id, for ``turnwire cancel``) goes to stderr then. Errors are phrased in
+the CLI's terms: a server message naming an RPC the CLI has a command for names the command.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC
@@ -28,6 +31,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_TURN_FAILED",
     "EXIT_UNREACHABLE",
+    "cli_terms",
     "run_cancel",
     "run_chat",
     "run_continue",
@@ -71,13 +75,17 @@ async def run_chat(
     tls: TlsOptions | None = None,
     console: Console | None = None,
     token: str | None = None,
+    err_console: Console | None = None,
 ) -> int:
     """Send ``text`` to ``conversation_id`` on the sidecar at ``target`` and render the turn live.
 
     Text deltas are printed as they arrive, reasoning dimmed, tool calls as
-    ``→ name {input}`` and results as ``← name: {output}`` (failures in red); later steps
+    ``→ name {input}`` and results as ``← name: {output}`` (failures in red); a streaming tool's
+    preliminary results as ``… name: {output} (preliminary)``, its final result once; later steps
     get a dim ``step N`` marker, and one status line ends the output (status, the error for
-    ERROR turns, steps, token usage).
+    ERROR turns, steps, token usage as far as the provider reported it). On a terminal a spinner
+    shows the request id while the turn waits; otherwise the request id is printed to
+    ``err_console`` (stderr) once, before the turn.
 
     Args:
         target: The sidecar's address, e.g. ``"localhost:50051"``.
@@ -88,6 +96,8 @@ async def run_chat(
         tls: TLS towards the sidecar; None: plaintext.
         console: Where to print; a default stdout ``Console`` when ``None``.
         token: Bearer token for a sidecar with ``auth:`` on.
+        err_console: Where the request id goes when ``console`` is not a terminal; stderr
+            when ``None``.
 
     Returns:
         The process exit code: 0 when the turn COMPLETED; 1 when it ended otherwise (or the
@@ -104,6 +114,7 @@ async def run_chat(
         tls=tls,
         console=console,
         token=token,
+        err_console=err_console,
     )
 
 
@@ -115,11 +126,12 @@ async def run_continue(
     tls: TlsOptions | None = None,
     console: Console | None = None,
     token: str | None = None,
+    err_console: Console | None = None,
 ) -> int:
     """Let the model continue after the conversation's last assistant message (``ContinueLastTurn``)
     and render that turn as :func:`run_chat` does; a conversation whose last message is not the
     assistant's ends ``SKIPPED`` (exit code 1). ``tls``: TLS towards the sidecar (None:
-    plaintext). Exit codes as for :func:`run_chat`."""
+    plaintext); ``err_console`` and exit codes as for :func:`run_chat`."""
     request_id = f"cli-{uuid.uuid4().hex[:16]}"
     return await _run_turn(
         target,
@@ -128,6 +140,7 @@ async def run_continue(
         tls=tls,
         console=console,
         token=token,
+        err_console=err_console,
     )
 
 
@@ -139,8 +152,17 @@ async def _run_turn(
     tls: TlsOptions | None,
     console: Console | None,
     token: str | None,
+    err_console: Console | None = None,
 ) -> int:
     out = console if console is not None else Console()
+    if not out.is_terminal:
+        # No spinner to show it: the id `turnwire cancel` needs, on stderr so piped stdout stays the reply.
+        err = err_console if err_console is not None else Console(stderr=True)
+        err.print(
+            Text(f"request {request_id} · `turnwire cancel {request_id}` cancels it", style="dim"),
+            soft_wrap=True,
+            highlight=False,
+        )
     renderer = _TurnRenderer(out, request_id)
     try:
         async with TurnwireClient(target, tls=tls, token=token) as client:
@@ -176,7 +198,7 @@ async def _run_turn(
         return _print_call_error(out, target, error, mid_turn=renderer.events_seen > 0)
     renderer.stop_waiting()
     renderer.end_line()
-    _print_status_line(out, result, renderer.model)
+    _print_status_line(out, result, renderer.model, output_streamed=renderer.output_streamed)
     return EXIT_OK if result.ok else EXIT_TURN_FAILED
 
 
@@ -249,11 +271,13 @@ async def run_conversations(
     :func:`run_history`."""
     out = console if console is not None else Console()
     shown = 0
-    token = ""
+    page_token = ""
     try:
         async with TurnwireClient(target, tls=tls, token=token) as client:
             while shown < limit:
-                page = await client.list_conversations(page_size=min(limit - shown, 1000), page_token=token)
+                page = await client.list_conversations(
+                    page_size=min(limit - shown, 1000), page_token=page_token
+                )
                 for conversation in page.conversations:
                     line = Text(conversation.conversation_id, style="bold")
                     line.append(f" · {_plural(conversation.message_count, 'message')}", style="dim")
@@ -261,14 +285,14 @@ async def run_conversations(
                         line.append(f" · updated {_time(conversation.update_time)}", style="dim")
                     out.print(line, soft_wrap=True, highlight=False)
                     shown += 1
-                token = page.next_page_token
-                if not token:
+                page_token = page.next_page_token
+                if not page_token:
                     break
     except TurnwireError as error:
         return _print_call_error(out, target, error)
     if shown == 0:
         out.print(Text("(no conversations)", style="dim"), soft_wrap=True)
-    elif token:
+    elif page_token:
         out.print(Text(f"(more than {shown}; use --limit to see more)", style="dim"), soft_wrap=True)
     return EXIT_OK
 
@@ -312,6 +336,9 @@ _WAITING_FOR: dict[str, str] = {
 _SILENT = frozenset({"text_start", "reasoning_start", "tool_input_start", "tool_input_delta", "step_finish"})
 """Events that print nothing, so they leave the spinner up."""
 
+_MODEL_OUTPUT = frozenset({"text_delta", "reasoning_delta", "tool_input_delta", "tool_input_available"})
+"""Events that show the model produced output tokens."""
+
 
 _APPROVAL_HINT = " (call {call_id}: the application answers with SubmitToolApprovals, then the turn goes on)"
 """The CLI cannot approve: say who does (README, Tools: approvals)."""
@@ -325,6 +352,10 @@ class _TurnRenderer:
         self.request_id = request_id
         self.at_line_start = True
         self.tool_names: dict[str, str] = {}
+        #: The last preliminary result shown per tool call (its JSON), so the final is not repeated.
+        self.preliminary: dict[str, str] = {}
+        #: The model streamed output (text, reasoning, a tool call): its token count is not 0.
+        self.output_streamed = False
         self.model = ""
         self.events_seen = 0
         #: TurnStart arrived: the input is stored (and a cancel stores the partial reply).
@@ -393,6 +424,8 @@ class _TurnRenderer:
         self._render(kind, event)
 
     def _render(self, kind: str | None, event: event_pb2.TurnEvent) -> None:
+        if kind in _MODEL_OUTPUT:
+            self.output_streamed = True
         if kind == "turn_start":
             self.model = event.turn_start.model
         elif kind == "step_start":
@@ -424,12 +457,15 @@ class _TurnRenderer:
             )
         elif kind == "tool_output_available":
             output = event.tool_output_available
+            name, value = self._name(output.tool_call_id), _output_json(output)
             if output.preliminary:
-                self.line(_preliminary_line(self._name(output.tool_call_id), _output_json(output)))
+                self.preliminary[output.tool_call_id] = value
+                self.line(_preliminary_line(name, value))
+            elif self.preliminary.get(output.tool_call_id) == value:
+                # A streaming tool's last preliminary value is its result: say so, do not repeat it.
+                self.line(Text.assemble(("← ", "green"), (name, "bold green"), ": final result as above"))
             else:
-                self.line(
-                    _result_line(self._name(output.tool_call_id), _output_json(output), output.decision)
-                )
+                self.line(_result_line(name, value, output.decision))
         elif kind == "tool_output_error":
             failed = event.tool_output_error
             self.line(_error_line(self._name(failed.tool_call_id), failed.error_text))
@@ -469,7 +505,13 @@ class _TurnRenderer:
         return self.tool_names.get(tool_call_id, tool_call_id or "tool")
 
 
-def _print_status_line(out: Console, result: TurnResult, model: str) -> None:
+def _print_status_line(
+    out: Console, result: TurnResult, model: str, *, output_streamed: bool = False
+) -> None:
+    """The line that ends a turn: status, error, steps, tokens, model. Token counts are the
+    provider's: none when it reported none; an output count of 0 after output was streamed
+    (``output_streamed``: a stream cut by a cancel before the provider's usage event, or a server
+    that reports no usage) is said to be not reported rather than shown as 0."""
     line = Text()
     line.append(result.status_name, style=_STATUS_STYLES.get(result.status, "bold"))
     if result.error is not None:
@@ -479,11 +521,14 @@ def _print_status_line(out: Console, result: TurnResult, model: str) -> None:
         kind = error.error_metadata.get("provider_error_class")
         if kind:
             line.append(f" ({kind.replace('_', ' ')})", style="red")
-        line.append(f": {error.message}", style="red")
+        line.append(f": {cli_terms(error.message)}", style="red")
     facts = [_plural(result.step_count, "step")]
     usage = result.usage
     if usage.input_tokens or usage.output_tokens or usage.total_tokens:
-        tokens = f"tokens in {usage.input_tokens} / out {usage.output_tokens}"
+        out_tokens = (
+            "not reported" if output_streamed and not usage.output_tokens else str(usage.output_tokens)
+        )
+        tokens = f"tokens in {usage.input_tokens} / out {out_tokens}"
         if usage.reasoning_tokens:
             tokens += f" (reasoning {usage.reasoning_tokens})"
         if usage.cached_input_tokens:
@@ -510,13 +555,31 @@ def _print_call_error(out: Console, target: str, error: TurnwireError, *, mid_tu
     head.append(error.code.name, style="bold red")
     if error.reason:
         head.append(f" [{error.reason}]", style="red")
-    head.append(f": {error.message}")
+    head.append(f": {cli_terms(error.message)}")
     out.print(head, soft_wrap=True, highlight=False)
     for field_path, description in error.field_violations:
         if description == error.message:
             continue  # a lone violation the message already says in full
-        out.print(Text.assemble("  ", (field_path, "bold"), f": {description}"), soft_wrap=True)
+        out.print(Text.assemble("  ", (field_path, "bold"), f": {cli_terms(description)}"), soft_wrap=True)
     return EXIT_CALL_FAILED
+
+
+_RPC_COMMANDS: dict[str, str] = {
+    "Chat or SaveMessages": "`turnwire chat`",
+    "ContinueLastTurn": "`turnwire continue`",
+    "CancelChat": "`turnwire cancel`",
+    "GetConversation": "`turnwire history`",
+    "ListConversations": "`turnwire conversations`",
+}
+"""The sidecar's RPC names (in its messages, written for API clients) that a CLI command does."""
+
+_RPC_NAMES = re.compile(r"\b(?:" + "|".join(re.escape(name) for name in _RPC_COMMANDS) + r")\b")
+
+
+def cli_terms(message: str) -> str:
+    """``message`` (from the sidecar) with each RPC a CLI command does named by that command
+    ("start it with Chat or SaveMessages" → "start it with `turnwire chat`"); other text as is."""
+    return _RPC_NAMES.sub(lambda match: _RPC_COMMANDS[match.group(0)], message)
 
 
 # -- history rendering -----------------------------------------------------------------------

@@ -191,6 +191,11 @@ async def test_the_cli_sends_the_token_from_its_option_or_variable(sidecar: Side
     )
     assert shown.code == 0, shown
     assert "hello" in shown.stdout
+    # `conversations` sends it too (its page token once took the bearer token's place), and the
+    # connection options may come before the command.
+    listed = await run_turnwire("--token", STATIC, "conversations", "--target", sidecar.target)
+    assert listed.code == 0, listed
+    assert listed.stdout.startswith("cli-conversation · "), listed
     assert (
         STATIC
         not in refused.stdout + refused.stderr + chatted.stdout + chatted.stderr + shown.stdout + shown.stderr

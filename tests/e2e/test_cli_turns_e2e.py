@@ -93,11 +93,66 @@ async def test_a_streaming_tool_shows_its_preliminary_results(sidecar: SidecarPr
     )
     assert run.code == 0, run
     lines = run.stdout.splitlines()
-    assert any(line.startswith("… countdown: ") and line.endswith("(preliminary)") for line in lines), lines
+    prelim = [line for line in lines if line.startswith("… countdown: ")]
+    assert prelim == [
+        '… countdown: {"left": 2} (preliminary)',
+        '… countdown: {"left": 1} (preliminary)',
+        '… countdown: "liftoff" (preliminary)',
+    ], lines
+    # The last preliminary value is the result: said once, not printed again as the final.
     final = [i for i, line in enumerate(lines) if line.startswith("← countdown: ")]
-    prelim = [i for i, line in enumerate(lines) if line.startswith("… countdown: ")]
-    assert final and prelim and max(prelim) < final[0]
+    assert [lines[i] for i in final] == ["← countdown: final result as above"], lines
+    assert lines.index(prelim[-1]) < final[0]
+    assert run.stdout.count("liftoff") == 1
     assert "\x1b" not in run.stdout  # piped: no spinner, no control codes
+
+
+async def test_piped_chat_shows_its_request_id_for_cancel(sidecar: SidecarProcess) -> None:
+    """Piped, there is no spinner to show the request id: it goes to stderr, stdout stays the
+    reply, and that id cancels the turn. The cut stream's output was never counted by the model:
+    the status line says so instead of "out 0"."""
+    chat = await spawn_turnwire(
+        "chat", "cli-piped-id", "story", "--target", sidecar.target, "--model", "scripted:slow"
+    )
+    assert chat.stdout is not None and chat.stderr is not None
+    first = (await asyncio.wait_for(chat.stderr.readline(), timeout=30)).decode()
+    assert first.startswith("request cli-") and "`turnwire cancel cli-" in first, first
+    request_id = first.split()[1]
+    assert await asyncio.wait_for(chat.stdout.read(2), timeout=30) == b"w0"  # the reply has begun
+    cancel = await run_turnwire("cancel", request_id, "--target", sidecar.target)
+    assert cancel.code == 0, cancel
+    out, err = await asyncio.wait_for(chat.communicate(), timeout=30)
+    assert chat.returncode == 1, (out, err)
+    status = out.decode().splitlines()[-1]
+    assert status.startswith("ABORTED · 1 step"), status
+    assert "out 0" not in status and "out not reported" in status, status
+    assert request_id not in out.decode()  # stdout is the reply and its status line only
+
+
+async def test_connection_options_go_before_or_after_the_command(sidecar: SidecarProcess) -> None:
+    before = await run_turnwire("--target", sidecar.target, "chat", "cli-group-target", "hi")
+    assert before.code == 0, before
+    assert before.stdout.splitlines()[-1].startswith("COMPLETED")
+    # After the command wins over before it; before it wins over the variable.
+    after_wins = await run_turnwire(
+        "-t", "127.0.0.1:1", "history", "cli-group-target", "--target", sidecar.target
+    )
+    assert after_wins.code == 0, after_wins
+    over_env = await run_turnwire(
+        "--target", sidecar.target, "conversations", env={"TURNWIRE_TARGET": "127.0.0.1:1"}
+    )
+    assert over_env.code == 0 and "cli-group-target" in over_env.stdout, over_env
+    # Not silently ignored before a command that connects to no sidecar.
+    refused = await run_turnwire("--target", sidecar.target, "config", "show")
+    assert refused.code == 2, refused
+    assert "--target: connection options are for the commands that talk to a sidecar" in refused.stderr
+
+
+async def test_cli_errors_name_commands_not_rpcs(sidecar: SidecarProcess) -> None:
+    run = await run_turnwire("continue", "cli-never-started", "--target", sidecar.target)
+    assert run.code == 2, run
+    assert "start it with `turnwire chat`" in run.stdout, run
+    assert "SaveMessages" not in run.stdout and "ContinueLastTurn" not in run.stdout
 
 
 async def test_continue_cancel_and_conversations_commands(sidecar: SidecarProcess) -> None:

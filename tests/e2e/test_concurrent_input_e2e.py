@@ -46,6 +46,11 @@ def config(record: Path, metrics_port: int) -> dict[str, Any]:
                         {"text": "waited"},
                     ],
                     "short": [{"text": "ok"}],
+                    # A call of the client tool get_location: the turn ends with it pending.
+                    "client_call": [
+                        {"tool_calls": [{"name": "get_location", "input": {}}]},
+                        {"text": "unreachable"},
+                    ],
                 }
             }
         },
@@ -237,6 +242,28 @@ async def test_strategies_on_an_idle_conversation_just_run(server: Server) -> No
         assert (await turn.end()).status == event_pb2.TURN_STATUS_COMPLETED
     assert len(await transcript(stub, "idle")) == 6
     assert "before_turn idle-1 interrupt -" in server.hook_lines()
+    # A REJECT submission on the idle conversation takes its place at once and runs; the place
+    # is its turn's, so a Chat after it runs too (nothing left holding the line).
+    message = message_pb2.Message(id="u-idle-s", role=message_pb2.ROLE_USER)
+    message.parts.add().text.text = "submitted"
+    await stub.SubmitMessages(
+        chat_service_pb2.SubmitMessagesRequest(
+            conversation_id="idle",
+            submission_id="idle-s",
+            messages=[message],
+            model="scripted:short",
+            concurrent_input_strategy=REJECT,
+        )
+    )
+    await wait_until(lambda: _has(stub, "idle", "tw-a-idle-s"), timeout=10, what="the submission ran")
+    after = chat(stub, "idle", "idle-after", "short")
+    assert (await after.end()).status == event_pb2.TURN_STATUS_COMPLETED
+    assert (await transcript(stub, "idle"))[6:] == [
+        "user:u-idle-s",
+        "assistant:tw-a-idle-s",
+        "user:u-idle-after",
+        "assistant:tw-a-idle-after",
+    ]
 
 
 async def test_submissions_take_the_strategy_too(server: Server) -> None:
@@ -285,4 +312,65 @@ async def test_submissions_take_the_strategy_too(server: Server) -> None:
         "assistant:tw-a-sub-i",
         "user:u-sub-q",
         "assistant:tw-a-sub-q",
+    ]
+
+
+GET_LOCATION = chat_service_pb2.ClientTool(name="get_location", description="runs on the client")
+
+
+async def _pending_call(stub: chat_service_pb2_grpc.ChatServiceStub, conversation_id: str) -> str:
+    """Run a turn that ends with a call of the client tool pending; its tool call id."""
+    message = message_pb2.Message(id=f"u-{conversation_id}-call", role=message_pb2.ROLE_USER)
+    message.parts.add().text.text = "where am I?"
+    request = chat_service_pb2.ChatRequest(
+        conversation_id=conversation_id,
+        request_id=f"{conversation_id}-call",
+        message=message,
+        model="scripted:client_call",
+        client_tools=[GET_LOCATION],
+    )
+    assert (await Turn(stub, request).end()).status == event_pb2.TURN_STATUS_COMPLETED
+    [call] = [p.tool_call for p in (await stored(stub, conversation_id))[-1].parts if p.HasField("tool_call")]
+    return call.tool_call_id
+
+
+def _results(
+    conversation_id: str, call_id: str, request_id: str
+) -> chat_service_pb2.SubmitToolResultsRequest:
+    return chat_service_pb2.SubmitToolResultsRequest(
+        conversation_id=conversation_id,
+        request_id=request_id,
+        results=[chat_service_pb2.ToolResult(tool_call_id=call_id, output_json='{"city": "Paris"}')],
+        auto_continue=True,
+        model="scripted:short",
+        client_tools=[GET_LOCATION],
+        concurrent_input_strategy=REJECT,
+    )
+
+
+async def test_reject_tool_results_are_refused_before_they_are_stored(server: Server) -> None:
+    """SubmitToolResults with REJECT: on a busy conversation refused before the results are
+    stored; on an idle one the results are stored and the continuation runs, and the place it
+    took in line is its turn's (a Chat after it runs)."""
+    stub = server.stub
+    call_id = await _pending_call(stub, "rej-tools")
+    first = chat(stub, "rej-tools", "rej-tools-a", "long")
+    await running(first)
+    before = await stored(stub, "rej-tools")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        async for _ in stub.SubmitToolResults(_results("rej-tools", call_id, "rej-tools-r")):
+            pass
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(call_status(refused.value)).reason == "TURN_IN_PROGRESS"
+    assert (await stored(stub, "rej-tools"))[:2] == before[:2]  # the call's message: nothing stored
+    first.task.cancel()
+
+    call_id = await _pending_call(stub, "idle-tools")
+    events = [r.event async for r in stub.SubmitToolResults(_results("idle-tools", call_id, "idle-tools-r"))]
+    assert events[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
+    after = chat(stub, "idle-tools", "idle-tools-after", "short")
+    assert (await after.end()).status == event_pb2.TURN_STATUS_COMPLETED
+    assert (await transcript(stub, "idle-tools"))[-2:] == [
+        "user:u-idle-tools-after",
+        "assistant:tw-a-idle-tools-after",
     ]

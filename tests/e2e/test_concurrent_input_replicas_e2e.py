@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 from support.sidecar import SidecarFactory, SidecarProcess
-from support.stores import postgres_database
+from support.stores import StoreBackend, postgres_database
 from support.turn_calls import call_status, chat, error_info, stored, transcript
 from support.waiting import wait_until
 
@@ -95,6 +95,45 @@ async def test_interrupt_and_rollback_stop_the_turn_on_the_other_replica(
 
     kept = [f"user:u-{conv}-a", f"assistant:tw-a-{conv}-a"] if strategy == INTERRUPT else []
     assert await transcript(b, conv) == [*before, *kept, f"user:u-{conv}-b", f"assistant:tw-a-{conv}-b"]
+
+
+@pytest.mark.parametrize("strategy", [INTERRUPT, ROLLBACK], ids=["interrupt", "rollback"])
+async def test_the_stopping_input_runs_before_the_turns_already_queued_on_both_replicas(
+    stubs: list[chat_service_pb2_grpc.ChatServiceStub], pg_url: str, strategy: int
+) -> None:
+    """Two turns queued (ENQUEUE, one per replica) behind A's running turn; new input that stops
+    it on replica B runs next, ahead of both, which then run in their order."""
+    a, b = stubs
+    conv = f"pg-order-{strategy}"
+    first = chat(a, conv, f"{conv}-a", "long")
+    await wait_until(first.text_seen, timeout=15, what="text streams on replica A")
+    queue = StoreBackend("postgres", url=pg_url)
+    try:
+        q1 = chat(a, conv, f"{conv}-q1", "short")
+        await wait_until(lambda: _tickets(queue, conv) == 2, timeout=10, what="q1 queued")
+        q2 = chat(b, conv, f"{conv}-q2", "short")
+        await wait_until(lambda: _tickets(queue, conv) == 3, timeout=10, what="q2 queued")
+        stopper = chat(b, conv, f"{conv}-i", "short", strategy)
+
+        assert (await first.end()).status == event_pb2.TURN_STATUS_ABORTED
+        for turn in (stopper, q1, q2):
+            assert (await turn.end()).status == event_pb2.TURN_STATUS_COMPLETED
+    finally:
+        await queue.close()
+    kept = [f"user:u-{conv}-a", f"assistant:tw-a-{conv}-a"] if strategy == INTERRUPT else []
+    assert await transcript(a, conv) == [
+        *kept,
+        *(f"{role}:{prefix}{conv}-{name}" for name in ("i", "q1", "q2") for role, prefix in _PAIR),
+    ]
+
+
+_PAIR = (("user", "u-"), ("assistant", "tw-a-"))
+
+
+def _tickets(queue: StoreBackend, conversation_id: str) -> int:
+    return int(
+        queue.sql("SELECT COUNT(*) FROM turn_queue WHERE conversation_id = ?", (conversation_id,))[0][0]
+    )
 
 
 async def _has_reply(

@@ -27,7 +27,7 @@ from turnwire_server.api.tenancy import listing_prefix, local_id, scoped_key
 from turnwire_server.api.turn_streams import abort, strategy_of, trace_context
 from turnwire_server.api.validation import check_id, check_message, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
-from turnwire_server.engine.errors import SubmissionNotFound, TurnInProgress, TurnNotFound
+from turnwire_server.engine.errors import AdmissionRefused, SubmissionNotFound, TurnNotFound
 from turnwire_server.engine.ids import (
     RESERVED_PREFIX,
     assistant_message_id,
@@ -198,16 +198,25 @@ class SubmissionRpcs:
                 create_time=dt.datetime.now(dt.UTC),
             )
             strategy = strategy_of(request.concurrent_input_strategy) or self.engine.settings.concurrent_input
-            if strategy == "reject" and (
+            reserved = strategy == "reject" and (
                 not request.submission_id or await self.store.get_submission(request.submission_id) is None
-            ):
-                await self.engine.refuse_if_busy(request.conversation_id)  # nothing stored
-            record, created = await self.submissions.submit(
-                record,
-                trace_context=trace_context(context),
-                concurrent_input=strategy if strategy in ("interrupt", "rollback") else None,
             )
-        except (TurnwireStatusError, UnknownModel, StoreError, TurnInProgress) as error:
+            place = record.submission_id
+            if reserved:  # refused unless idle, atomically with taking its place; nothing stored
+                await self.engine.reserve_if_idle(request.conversation_id, place)
+            try:
+                record, created = await self.submissions.submit(
+                    record,
+                    trace_context=trace_context(context),
+                    concurrent_input=strategy if strategy in ("interrupt", "rollback") else None,
+                )
+            except BaseException:
+                if reserved:
+                    await self.engine.release_place(request.conversation_id, place)
+                raise
+            if reserved and not created:  # a repeat (same idempotency key): its own place stands
+                await self.engine.release_place(request.conversation_id, place)
+        except (TurnwireStatusError, UnknownModel, StoreError, AdmissionRefused) as error:
             await _abort(context, error)
             raise AssertionError("unreachable") from None
         return chat_service_pb2.SubmitMessagesResponse(submission=submission_proto(record), accepted=created)

@@ -48,7 +48,7 @@ from turnwire_server.api.turn_streams import (
 )
 from turnwire_server.api.validation import check_id, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
-from turnwire_server.engine.errors import AdmissionRefused, TurnInProgress
+from turnwire_server.engine.errors import AdmissionRefused
 from turnwire_server.engine.ids import new_request_id
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.base import AnsweredToolCalls, Store, StoreError, ToolCallAnswer
@@ -243,25 +243,37 @@ class ToolResultRpcs:
         """
         hook_body = json_object(body, "body")
         strategy = strategy_of(concurrent_input)
-        if (strategy or self.engine.settings.concurrent_input) == "reject":
-            try:
-                await self.engine.refuse_if_busy(conversation_id)
-            except TurnInProgress as error:
-                raise status_error_of(error) from error
         model = model or self.default_model
         continues = bool(messages) or auto_continue
         if continues:
             self.engine.providers.resolve(model)  # UnknownModel before anything is stored
-        expiry = self.engine.settings.pending_expiry_seconds
-        expired_before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=expiry) if expiry > 0 else None
-        outcome = await self.store.answer_tool_calls(conversation_id, answers, expired_before=expired_before)
         request_id = request_id or scoped_key(new_request_id())
+        reserved = (strategy or self.engine.settings.concurrent_input) == "reject"
+        if reserved:
+            # REJECT is decided before the answers are stored, atomically with taking the turn's
+            # place in line (so nothing admitted meanwhile, on any replica, slips in before it).
+            try:
+                await self.engine.reserve_if_idle(conversation_id, request_id)
+            except AdmissionRefused as error:
+                raise status_error_of(error) from error
+        try:
+            expiry = self.engine.settings.pending_expiry_seconds
+            expired_before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=expiry) if expiry > 0 else None
+            outcome = await self.store.answer_tool_calls(
+                conversation_id, answers, expired_before=expired_before
+            )
+        except BaseException:
+            if reserved:
+                await self.engine.release_place(conversation_id, request_id)
+            raise
         denials = [
             (answer.tool_call_id, answer.text or DENIED_BY_USER_TEXT)
             for answer in answers
             if answer.kind == "deny"
         ]
         if not messages and not (outcome.completed and auto_continue):
+            if reserved:
+                await self.engine.release_place(conversation_id, request_id)
             return _skipped(response_type, conversation_id, request_id, outcome, denials)
         try:
             return await self.engine.start(
@@ -281,6 +293,7 @@ class ToolResultRpcs:
                     concurrent_input=strategy,
                 ),
                 parent_request_id=parent_request_id(context),
+                reserved=reserved,
             )
         except (AdmissionRefused, UnknownModel) as error:
             refused = status_error_of(error)

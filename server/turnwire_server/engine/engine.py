@@ -14,6 +14,7 @@ import contextvars
 import dataclasses
 import datetime as dt
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -45,7 +46,7 @@ from turnwire_server.engine.turn_spec import parse_spec
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.log_context import bind as bind_log_context
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import Store, TurnRecord
+from turnwire_server.store.base import Store, StoreError, TurnRecord
 
 log = logging.getLogger("turnwire.engine")
 
@@ -156,6 +157,7 @@ class TurnEngine:
         queue_limit: bool = True,
         recovery: Recovery | None = None,
         last_sequence_number: int = 0,
+        reserved: bool = False,
     ) -> TurnHandle:
         """Admit ``request`` and start its turn in a new task (it queues for the conversation's lock).
 
@@ -163,6 +165,9 @@ class TurnEngine:
         to the stream log and to ResumeTurn readers. ``queue_limit`` False admits past
         ``max_queued_turns_per_conversation`` (durably accepted work). ``recovery`` runs a
         recovery of a crashed turn whose stored stream ends at ``last_sequence_number``.
+        ``reserved``: a REJECT request whose place :meth:`reserve_if_idle` took already (the
+        caller checked before storing input of its own, such as tool results); the turn takes
+        that place over, or gives it up when it is refused or never takes the lock.
 
         A turn with the same request id whose TurnEnd was already sent is only storing its last
         events: its caller may already be retrying (after an abort) or reusing the id, so this
@@ -176,14 +181,20 @@ class TurnEngine:
         previous = self._turns.get(request.request_id)
         if previous is not None and previous.run.ended:
             await asyncio.wait({previous.task})  # neither raises its error nor cancels it
-        self._admit(request, parent_request_id, queue_limit=queue_limit)
-        concurrent_input = None
-        # A submission's strategy applies only when it is started at acceptance (Submissions.submit).
-        if recovery is None and (request.entry != "submission" or request.concurrent_input is not None):
-            concurrent_input = await self._apply_strategy(request)
-            if concurrent_input.strategy != "enqueue":
-                # It awaited the store: checked again, so nothing admitted meanwhile slips past.
-                self._admit(request, parent_request_id, queue_limit=queue_limit)
+        concurrent_input = ConcurrentInput("reject") if reserved else None
+        try:
+            self._admit(request, parent_request_id, queue_limit=queue_limit)
+            # A submission's strategy applies only when started at acceptance (Submissions.submit).
+            if recovery is None and (request.entry != "submission" or request.concurrent_input is not None):
+                if not reserved:  # else its place was taken before its lock (see _apply_strategy)
+                    concurrent_input, reserved = await self._apply_strategy(request)
+                if concurrent_input is not None and concurrent_input.strategy != "enqueue":
+                    # It awaited the store: checked again, so nothing admitted meanwhile slips past.
+                    self._admit(request, parent_request_id, queue_limit=queue_limit)
+        except BaseException:
+            if reserved:  # refused after all: the place it took goes
+                await self.release_place(request.conversation_id, request.request_id)
+            raise
         channel: EventChannel[Any] = EventChannel(self.settings.stream_buffer_events)
         if detached:
             channel.detach()
@@ -243,6 +254,8 @@ class TurnEngine:
             finally:
                 if not acquired:
                     self._dequeue(conversation_id)
+                    if reserved:  # the lock never took the place over: give it up
+                        await asyncio.shield(self._release_place(conversation_id, request.request_id))
                 try:
                     # Resume readers find the turn here until its last events are stored.
                     await asyncio.shield(log.finish(ended=not run.left_running))
@@ -259,6 +272,15 @@ class TurnEngine:
         lock when known), here or, through the store, on another replica or as a pending
         submission; None when the conversation is idle. ``own_id`` (a submission whose place is
         already reserved) heading the line counts as idle."""
+        local = self._local_busy(conversation_id, own_id=own_id)
+        if local is not None:
+            return local
+        head = await self.store.queue_head(conversation_id)
+        return None if head == own_id and own_id else head
+
+    def _local_busy(self, conversation_id: str, *, own_id: str) -> str | None:
+        """The request id of a turn admitted here on ``conversation_id`` and not ended (the one
+        holding the lock first), other than ``own_id``; None when there is none."""
         local = [
             h
             for h in self._turns.values()
@@ -267,51 +289,91 @@ class TurnEngine:
         for handle in local:
             if handle.run.holds_lock:
                 return handle.request_id
-        if local:
-            return local[0].request_id
-        head = await self.store.queue_head(conversation_id)
-        return None if head == own_id and own_id else head
+        return local[0].request_id if local else None
 
-    async def refuse_if_busy(self, conversation_id: str) -> None:
-        """Raise :class:`TurnInProgress` when ``conversation_id`` has a turn running or queued (a
-        REJECT request checked before it stores anything of its own, such as tool results)."""
-        head = await self.busy_turn(conversation_id)
-        if head is not None:
-            raise TurnInProgress(conversation_id, head)
-
-    async def _apply_strategy(self, request: TurnRequest) -> ConcurrentInput:
+    async def _apply_strategy(self, request: TurnRequest) -> tuple[ConcurrentInput, bool]:
         """Apply the request's concurrent-input strategy (docs/semantics.md §5, new input while a
-        turn runs) and say what ``before_turn`` is told.
+        turn runs); returns what ``before_turn`` is told and whether the turn's place in line was
+        taken already (``Store.reserve_place``: its lock holds from there, or the place is given
+        up when the turn ends without it).
 
-        ``enqueue`` does nothing here. The others look for a turn running or queued on the
-        conversation: here first (a turn admitted but not yet in line), then in the store, which
-        sees the other replicas' turns with PostgreSQL. ``reject`` raises
-        :class:`TurnInProgress` naming it. ``interrupt`` and ``rollback`` stop the turn holding
-        the conversation's lock (here, or on its replica through the store); turns only queued
-        are left alone. The new turn goes first in line either way (it runs right after the
-        stopped turn has stored or removed what it wrote).
+        ``enqueue`` does nothing here. ``reject`` is refused (:class:`TurnInProgress`, naming the
+        turn) when a turn is admitted here and not ended, else the store takes its place only if
+        the conversation is idle, in one step (with PostgreSQL one transaction under the queue's
+        lock, so two replicas admitting at once never both see it idle: whichever commits second
+        sees the first). ``interrupt`` and ``rollback`` look for a turn running or queued (here
+        first, then in the store, which sees the other replicas' turns with PostgreSQL); on a
+        busy conversation they take a place first in line *before* stopping the turn holding the
+        lock (here, or on its replica through the store), so they run next, ahead of the turns
+        already queued, once the stopped turn has stored or removed what it wrote. Turns only
+        queued are left alone.
         """
         strategy = request.concurrent_input or self.settings.concurrent_input
         if strategy == "enqueue":
-            return ConcurrentInput("enqueue")
+            return ConcurrentInput("enqueue"), False
         conversation_id = request.conversation_id
+        if strategy == "reject":
+            await self.reserve_if_idle(conversation_id, request.request_id)
+            return ConcurrentInput(strategy), True
         head = await self.busy_turn(conversation_id, own_id=request.request_id)
         if head is None:
-            return ConcurrentInput(strategy)
-        if strategy == "reject":
-            raise TurnInProgress(conversation_id, head)
+            return ConcurrentInput(strategy), False
+        await self.store.reserve_place(
+            conversation_id,
+            request.request_id,
+            owner=self.settings.replica_id,
+            lease_seconds=self.settings.lease_seconds,
+            first=True,
+        )
         stop = StoppedByInput(request.request_id, rollback=strategy == "rollback")
         local = [h for h in self._turns.values() if h.conversation_id == conversation_id and not h.run.ended]
         for handle in local:
             if handle.run.holds_lock:
                 handle.run.cancel(stop)
-                return ConcurrentInput(strategy, handle.request_id)
+                return ConcurrentInput(strategy, handle.request_id), True
         holder = await self.store.queue_head(conversation_id)
         if holder is not None and holder != request.request_id and self._turns.get(holder) is None:
             # Held on another replica: its turn is stopped there (serve_cancel_requests).
             await self.store.request_cancel(holder, stop=_stop_reason(stop))
-            return ConcurrentInput(strategy, holder)
-        return ConcurrentInput(strategy)
+            return ConcurrentInput(strategy, holder), True
+        return ConcurrentInput(strategy), True
+
+    async def reserve_if_idle(self, conversation_id: str, request_id: str) -> None:
+        """REJECT's admission (docs/semantics.md §5): take ``request_id``'s place in the
+        conversation's line only when no turn is admitted here and not ended and, in the store,
+        none holds, waits for or reserved the lock (``Store.reserve_place(only_if_idle=True)``:
+        one step, so of two replicas admitting at once the one that commits second sees the
+        first). Raises :class:`TurnInProgress` naming the turn found (nothing taken), and
+        :class:`RequestIdInUse` when a turn runs here under ``request_id``. The turn
+        started with ``reserved=True`` takes the place over; a caller that starts none gives it
+        up with :meth:`release_place`."""
+        if request_id in self._turns:
+            raise RequestIdInUse(request_id)
+        # No await between the local check and the store's: one step for this process.
+        head = self._local_busy(conversation_id, own_id="")
+        if head is None:
+            head = await self.store.reserve_place(
+                conversation_id,
+                request_id,
+                owner=self.settings.replica_id,
+                lease_seconds=self.settings.lease_seconds,
+                only_if_idle=True,
+            )
+        if head is not None:
+            raise TurnInProgress(conversation_id, head)
+
+    async def release_place(self, conversation_id: str, request_id: str) -> None:
+        """Give up a place :meth:`reserve_if_idle` took for a turn that is not started after all
+        (never raises: a failure is logged)."""
+        await asyncio.shield(self._release_place(conversation_id, request_id))
+
+    async def _release_place(self, conversation_id: str, request_id: str) -> None:
+        """``Store.release_place``, logged instead of raised (a turn ending must not fail on it;
+        with PostgreSQL the place's lease then lapses once this replica stops)."""
+        try:
+            await self.store.release_place(conversation_id, request_id)
+        except StoreError as error:
+            log.error("giving up the place in line of %s failed: %s", request_id, error)
 
     def _dequeue(self, conversation_id: str) -> None:
         metrics.QUEUED_TURNS.dec()
@@ -412,6 +474,7 @@ class TurnEngine:
         handles = {h.task: h for h in self._turns.values()}
         if not handles:
             return
+        began = time.monotonic()
         # Either every turn ends, the grace runs out, or the operator cuts it short.
         all_ended = asyncio.ensure_future(asyncio.wait(handles))
         race: set[asyncio.Future[Any]] = {all_ended}
@@ -433,10 +496,17 @@ class TurnEngine:
             else:
                 handle.cancel()
         if pending:
+            # The time they really had: a second signal may have cut the grace short.
+            why = (
+                "a second signal cut the grace short"
+                if cut_short is not None and cut_short.is_set()
+                else f"the {grace_seconds:g} s grace ran out"
+            )
             log.warning(
-                "shutdown: cancelled %d turn(s) still running after %.1f s",
+                "shutdown: cancelled %d turn(s) still running after %.1f s (%s)",
                 len(pending),
-                grace_seconds,
+                time.monotonic() - began,
+                why,
             )
             await asyncio.wait(pending)
 

@@ -25,7 +25,7 @@ from turnwire import types as chunks
 from turnwire.compaction import elide_outputs
 from turnwire.error_classes import finish_overflows
 from turnwire.hooks import ChunkContext, StepContext, StepFinishContext, TurnConfig, TurnContext, TurnTimeout
-from turnwire.providers import ModelRequest, ProviderError
+from turnwire.providers import CONTINUATION_PROMPT, ModelRequest, ProviderError
 from turnwire.tools import definition_of
 from turnwire.types import ModelSettings
 from turnwire_client.v1 import event_pb2, message_pb2
@@ -36,7 +36,6 @@ from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStal
 from turnwire_server.engine.pending_calls import repair_pending, with_pending_placeholders
 from turnwire_server.engine.request import EngineSettings
 from turnwire_server.engine.tool_calls import ToolCallRunner
-from turnwire_server.engine.transcript import CONTINUATION_PROMPT
 from turnwire_server.engine.turn_state import TurnState
 from turnwire_server.hooks.chain import HookError, merge_config
 from turnwire_server.providers.registry import ProviderRegistry

@@ -1,15 +1,11 @@
-"""Transcript rules: repairing unresolved tool calls, and the continuation prompt."""
+"""Transcript rules: repairing unresolved tool calls (the continuation prompt is
+:data:`turnwire.providers.CONTINUATION_PROMPT`: providers see it too)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from turnwire_client.v1 import message_pb2
-
-CONTINUATION_PROMPT = (
-    "Continue your previous response from exactly where it left off. Do not repeat any of it."
-)
-"""Sent (never stored) after a history ending in an assistant message (docs/semantics.md §1)."""
 
 ABORTED_TOOL_ERROR = "The tool call was aborted before it finished."
 """The result of a tool call cut off by a cancel, a stall or a failed turn (docs/semantics.md §5)."""

@@ -24,6 +24,12 @@ mapping rules live in one place:
   ``RetryInfo.retryDelay``), else from the message ("try again in 1.5s").
 - ``body``: the whole error body as received (parsed JSON, or the text) for
   ``classify_chat_error``.
+- the message names the endpoint called (``"POST http://host/path"``) for every
+  error of an HTTP exchange: error statuses, failed connections, timeouts and
+  errors inside a stream (:func:`naming_endpoint`), so a wrong ``base_url`` or a
+  proxy in the way shows at once. A body that is not JSON (a proxy's HTML page,
+  plain text) appears in the message as a one-line excerpt
+  (:func:`turnwire_server.providers.wire.excerpt`).
 - ``in_stream``: True for every error found after the 2xx response began (error
   events, streams cut short, lines that are not JSON, an error object in a 2xx
   body, a connection dropped while reading); False for error statuses, failed
@@ -48,7 +54,7 @@ import orjson
 
 from turnwire.error_classes import never_retryable, retry_hint_seconds
 from turnwire.providers import ProviderError
-from turnwire_server.providers.wire import clean_strings, clean_text
+from turnwire_server.providers.wire import clean_strings, clean_text, excerpt
 
 _RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
 _RETRYABLE_TYPES = frozenset(
@@ -105,9 +111,12 @@ def parse_body(raw: bytes | str | None) -> Any:
 
 
 def _fields(body: Any) -> tuple[str, str, str]:
-    """(message, type, code) from any of the known error body shapes."""
+    """(message, type, code) from any of the known error body shapes; a body that is not a JSON object
+    gives its :func:`excerpt` as the message."""
+    if isinstance(body, list) and body and isinstance(body[0], dict):
+        return _fields(body[0])  # Google (Vertex AI) wraps its error object in a list
     if not isinstance(body, dict):
-        return (str(body) if body is not None else ""), "", ""
+        return (excerpt(str(body)) if body is not None else ""), "", ""
     error = body.get("error")
     if isinstance(error, str):  # {"error": "text", ...}
         inner = parse_body(error) if error.lstrip()[:1] == "{" else None
@@ -142,8 +151,11 @@ def from_status(
 ) -> ProviderError:
     """An error HTTP response (status ≥ 400) as a ProviderError; ``body`` is already parsed (parse_body).
 
-    A 404 or 405 names ``endpoint`` (``"POST http://host/path"``): the commonest cause is a
-    ``base_url`` without its ``/v1``, which only the called URL shows."""
+    The message is ``"<provider>: HTTP <status> (<endpoint>): <text>"``: ``endpoint``
+    (``"POST http://host/path"``) whatever the status, since a proxy or a wrong host answers any
+    status; a 404 or 405 adds "check base_url" (the commonest cause is a ``base_url`` without its
+    ``/v1``, which only the called URL shows). ``text`` is the body's message, or an excerpt of a body
+    that is not JSON (a proxy's HTML page), else ``fallback_message``."""
     message, type_, code = _fields(body)
     message = clean_text(message)
     if not type_ and headers:
@@ -157,8 +169,9 @@ def from_status(
         should_retry = headers.get("x-should-retry")
         if should_retry in ("true", "false"):
             retryable = should_retry == "true"
-    text = message or fallback_message or f"HTTP {status}"
-    where = f" ({endpoint}; check base_url)" if endpoint and status in (404, 405) else ""
+    text = message or excerpt(fallback_message) or f"HTTP {status}"
+    hint = "; check base_url" if status in (404, 405) else ""
+    where = f" ({endpoint}{hint})" if endpoint else ""
     error = ProviderError(
         f"{provider}: HTTP {status}{where}: {text}",
         status=status,
@@ -209,6 +222,28 @@ def from_stream_error(provider: str, body: Any) -> ProviderError:
     )
 
 
+def endpoint_of(request: Any) -> str | None:
+    """``"POST http://host:port/path"`` of an ``httpx2.Request`` (no query string: it may hold a key);
+    None when it has no URL."""
+    url = getattr(request, "url", None)
+    if url is None:
+        return None
+    return f"{request.method} {url.scheme}://{url.netloc.decode('ascii', 'replace')}{url.path}"
+
+
+def naming_endpoint(error: ProviderError, endpoint: str | None) -> ProviderError:
+    """``error`` with ``endpoint`` named in its message, after its first clause as in the other
+    builders' messages (``"p: error in the stream (POST http://h/v1/messages): overloaded_error: …"``),
+    or at its end when it has one clause; unchanged when ``endpoint`` is None or already named."""
+    if not endpoint or endpoint in error.message:
+        return error
+    prefix = f"{error.provider}: " if error.message.startswith(f"{error.provider}: ") else ""
+    head, sep, tail = error.message[len(prefix) :].partition(": ")
+    error.message = f"{prefix}{head} ({endpoint}){sep}{tail}"
+    error.args = (error.message,)
+    return error
+
+
 def request_endpoint(error: BaseException) -> str | None:
     """``"POST http://host:port/path"`` of the HTTP request ``error`` (an SDK ``APIConnectionError`` or
     an ``httpx2`` error, or their cause) was raised for, without the query string; None when unknown.
@@ -221,9 +256,9 @@ def request_endpoint(error: BaseException) -> str | None:
             request = getattr(seen, "request", None)
         except RuntimeError:  # httpx: ".request" of an error raised without one
             request = None
-        if request is not None and getattr(request, "url", None) is not None:
-            url = request.url
-            return f"{request.method} {url.scheme}://{url.netloc.decode('ascii', 'replace')}{url.path}"
+        endpoint = endpoint_of(request) if request is not None else None
+        if endpoint is not None:
+            return endpoint
         seen = seen.__cause__
     return None
 
@@ -300,7 +335,7 @@ def invalid_response(provider: str, problem: str, body: bytes | str) -> Provider
     object). Not retryable: the server answers this way, it did not fail once."""
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     return ProviderError(
-        f"{provider}: the server answered the streaming request with {problem}: {text[:300]}",
+        f"{provider}: the server answered the streaming request with {problem}: {excerpt(text)}",
         status=0,
         type="invalid_response",
         retryable=False,

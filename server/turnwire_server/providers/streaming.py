@@ -22,6 +22,9 @@ Rules it enforces (issue 3):
   the SDK's context manager, which closes the HTTP response at once.
 - After the terminal event the rest of the body is drained (≤ 0.25 s) so the
   connection can be reused.
+- Every error of the exchange names the endpoint called: errors found in the
+  stream (error events, streams cut short, lines that are not JSON) get it here
+  (:func:`errors.naming_endpoint`), the decoders not knowing the URL.
 - A server that answers the streaming request with one complete JSON response
   (``content-type: application/json``, or a body that starts with ``{``, which
   no event stream does; some OpenAI-compatible servers do when tools are
@@ -106,10 +109,12 @@ async def run_stream(
         decoder = new_decoder()
         sent = False
         opened = False
+        endpoint: str | None = None
         try:
             async with open_response() as response:
                 opened = True
                 http = response.http_response
+                endpoint = errors.endpoint_of(http.request)
                 whole, body = await _whole_json(http.aiter_bytes(), http.headers.get("content-type"))
                 if whole is not None:
                     for chunk in decoder.whole(whole):
@@ -135,11 +140,12 @@ async def run_stream(
                             pass
             return
         except ProviderError as error:
-            failure = error
+            failure = errors.naming_endpoint(error, endpoint) if error.in_stream else error
         except Exception as exc:
             mapped = map_error(exc) or map_transport_error(provider, exc, in_stream=opened)
             if mapped is None:
                 raise
+            mapped = errors.naming_endpoint(mapped, endpoint)
             if sent or not opened or not mapped.retryable or attempt >= retries:
                 raise mapped from exc
             failure = mapped

@@ -20,10 +20,14 @@ a lone surrogate ever leaves an adapter (protobuf could not encode it).
 Only the slow path pays: orjson parses every well-formed event, and a delta
 without surrogates passes :meth:`TextJoiner.push` after one ``isascii`` or one
 regex scan.
+
+A body that is not JSON at all (a proxy's HTML error page, a plain-text line)
+is quoted in error messages through :func:`excerpt`: one line, readable, short.
 """
 
 from __future__ import annotations
 
+import html.parser
 import json
 import re
 from typing import Any
@@ -36,6 +40,49 @@ REPLACEMENT = "\ufffd"
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _ESCAPED_BYTES = re.compile("[\udc80-\udcff]+")
+
+
+EXCERPT_CHARS = 200
+_HTML_START = re.compile(r"\s*<(?:!doctype|!--|[a-z][a-z0-9]*[\s/>])", re.IGNORECASE)
+_SPACE = re.compile(r"\s+")
+
+
+class _HtmlText(html.parser.HTMLParser):
+    """The text of an HTML page: the contents of ``script``/``style`` dropped, character references
+    decoded, a piece equal to the one before it (a ``<title>`` repeated as ``<h1>``) dropped."""
+
+    _HIDDEN = frozenset({"script", "style"})
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.pieces: list[str] = []
+        self._hidden = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in self._HIDDEN:
+            self._hidden += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self._HIDDEN and self._hidden:
+            self._hidden -= 1
+
+    def handle_data(self, data: str) -> None:
+        piece = _SPACE.sub(" ", data).strip()
+        if piece and not self._hidden and (not self.pieces or self.pieces[-1] != piece):
+            self.pieces.append(piece)
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """``text`` (an error body that is not JSON) as one readable line of at most ``limit`` characters:
+    the text of an HTML page (a proxy's "502 Bad Gateway"), whitespace collapsed, cut with "…".
+    The whole body stays in ``ProviderError.body``."""
+    if _HTML_START.match(text):
+        parser = _HtmlText()
+        parser.feed(text)
+        parser.close()
+        text = " ".join(parser.pieces)
+    text = _SPACE.sub(" ", text).strip()
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
 def load_json(provider: str, data: bytes, what: str = "the stream sent a line") -> Any:
@@ -51,7 +98,7 @@ def load_json(provider: str, data: bytes, what: str = "the stream sent a line") 
     except ValueError:
         text = data.decode("utf-8", "replace")
         raise ProviderError(
-            f"{provider}: {what} that is not JSON: {text[:300]}",
+            f"{provider}: {what} that is not JSON: {excerpt(text)}",
             type="invalid_stream_data",
             body=text,
             provider=provider,

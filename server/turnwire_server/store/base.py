@@ -570,6 +570,32 @@ class Store(Protocol):
         replica's turns on a shared store (docs/semantics.md §5, new input while a turn runs)."""
         ...
 
+    async def reserve_place(
+        self,
+        conversation_id: str,
+        request_id: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        first: bool = False,
+        only_if_idle: bool = False,
+    ) -> str | None:
+        """Take ``request_id``'s place in the conversation's line now, for the :meth:`turn_lock` or
+        :meth:`admit_turn` that later names it (it holds from that place; a place already taken
+        under that id is kept, or moved up by ``first``). ``first`` as :meth:`turn_lock`'s, so
+        new input that stops the running turn is next before the stop lets the lock go
+        (docs/semantics.md §5). ``only_if_idle`` (REJECT) takes it only when nobody holds, waits
+        for or reserved the lock, decided atomically with taking it (across replicas: under the
+        queue's lock); then returns the id heading the line (``""`` when unnamed) and takes
+        nothing. Returns None when the place was taken. A place no lock took over must be given
+        up with :meth:`release_place`."""
+        ...
+
+    async def release_place(self, conversation_id: str, request_id: str) -> None:
+        """Give up ``request_id``'s place in the conversation's line if it still has one (a
+        :meth:`reserve_place` whose turn never took the lock); a no-op otherwise."""
+        ...
+
     async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
         """ROLLBACK (docs/semantics.md §5, §12): durably remove the messages ``message_ids`` of
         ``turn``'s conversation (its input and its reply; missing ones are skipped) and record
@@ -626,7 +652,9 @@ class Store(Protocol):
         A new submission takes its place in the conversation's turn queue at once (its turn's
         :meth:`turn_lock`, passed its id as ``request_id``, holds from that place, whichever
         replica runs it), so submissions run first in, first out by acceptance with the other
-        turns of the conversation. ``submission.owner`` empty: no replica runs it yet, any may
+        turns of the conversation; a place :meth:`reserve_place` took under its id already (a
+        REJECT submission, admitted only on an idle conversation) is that place, kept with the
+        submission's owner and lease. ``submission.owner`` empty: no replica runs it yet, any may
         claim it (:meth:`claim_pending_submissions`); its place is kept meanwhile and given up
         when it ends without running (:meth:`end_submission`, :meth:`expire_submissions`,
         :meth:`delete_conversation`).

@@ -62,11 +62,15 @@ class LocalTurnLocks:
         """
         return self._hold(key, token, first)
 
-    def reserve(self, key: str, token: str) -> None:
-        """Reserve the next place in ``key``'s line for the :meth:`hold` that names ``token``
-        (until then the lock waits at that place); a no-op when ``token`` holds one already."""
-        if token not in self._reserved:
-            self._reserved[token] = self._join(key, token)
+    def reserve(self, key: str, token: str, *, first: bool = False) -> None:
+        """Reserve the next place in ``key``'s line (``first``: as :meth:`hold`'s) for the
+        :meth:`hold` that names ``token`` (until then the lock waits at that place); when
+        ``token`` holds one already, ``first`` moves it up, else nothing changes."""
+        place = self._reserved.get(token)
+        if place is None:
+            self._reserved[token] = self._join(key, token, first=first)
+        elif first:
+            self._reserved[token] = self._move_up(place)
 
     def drop(self, token: str) -> None:
         """Give up the place reserved under ``token`` if no :meth:`hold` took it (a no-op else)."""
@@ -84,9 +88,8 @@ class LocalTurnLocks:
         place = self._reserved.get(token) if token else None
         if place is not None and place.key == key:
             del self._reserved[token]
-            if first and not place.turn.is_set():
-                self._leave(place)
-                place = self._join(key, token, first=True)
+            if first:
+                place = self._move_up(place)
         else:
             place = self._join(key, token, first=first)
         try:
@@ -111,6 +114,14 @@ class LocalTurnLocks:
         if len(line) == 1:
             place.turn.set()
         return place
+
+    def _move_up(self, place: _Place) -> _Place:
+        """``place`` put first (behind the holder and the first places); unchanged when it is
+        first already or holds the lock."""
+        if place.first or place.turn.is_set():
+            return place
+        self._leave(place)
+        return self._join(place.key, place.token, first=True)
 
     def _leave(self, place: _Place) -> None:
         line = self._lines[place.key]

@@ -820,26 +820,28 @@ class PostgresStore:
         """Hold the conversation's turn lock across replicas: a ticket in ``turn_queue``, held once
         it is the conversation's lowest live ticket (see
         :mod:`turnwire_server.store.postgres_replicas`). Raises :class:`StoreError` when the
-        database fails while taking or waiting for it. ``first`` is not honoured yet: a ticket
-        keeps its acceptance order (docs/semantics.md §5 says so for replicas)."""
-        return self._queue_lock(conversation_id, request_id, owner, lease_seconds)
+        database fails while taking or waiting for it. ``first`` takes a ticket right behind the
+        head and the tickets taken first before it (``_TAKE_TICKET``), ahead of the rest; when the
+        head's block of numbers has no room left (or the head is a ticket of schema 4), the ticket
+        queues at the back."""
+        return self._queue_lock(conversation_id, request_id, owner, lease_seconds, first)
 
     @contextlib.asynccontextmanager
     async def _queue_lock(
-        self, conversation_id: str, request_id: str, owner: str, lease_seconds: float
+        self, conversation_id: str, request_id: str, owner: str, lease_seconds: float, first: bool
     ) -> AsyncIterator[None]:
         lease_us = int(lease_seconds * 1_000_000)
         async with self._tickets.hold(conversation_id):  # this process's tickets in call order
-            ticket, head = await self._enqueue(conversation_id, request_id, owner, lease_us)
+            ticket, head = await self._enqueue(conversation_id, request_id, owner, lease_us, first)
         async with self._held(conversation_id, ticket, head, lease_seconds):
             yield
 
     async def _enqueue(
-        self, conversation_id: str, request_id: str, owner: str, lease_us: int
+        self, conversation_id: str, request_id: str, owner: str, lease_us: int, first: bool
     ) -> tuple[int, int]:
         """:meth:`_take_ticket`; a caller cancelled meanwhile gives the ticket up once it exists
         (or it would hold the conversation for as long as this replica renews its leases)."""
-        taking = asyncio.ensure_future(self._take_ticket(conversation_id, request_id, owner, lease_us))
+        taking = asyncio.ensure_future(self._take_ticket(conversation_id, request_id, owner, lease_us, first))
         try:
             return await asyncio.shield(taking)
         except asyncio.CancelledError:
@@ -884,10 +886,11 @@ class PostgresStore:
         :meth:`start_turn`'s checks: a retried request id, a re-sent message, a submission no
         longer pending) wait in line, then :meth:`start_turn`. Raises :class:`ValueError` for
         an invalid turn or message (before anything is sent), and what :meth:`start_turn` and
-        :meth:`turn_lock` raise; ``first`` as :meth:`turn_lock`."""
+        :meth:`turn_lock` raise; ``first`` as :meth:`turn_lock` (the one flight needs no order:
+        it succeeds only at the head)."""
         rows = writes.prepare_turn(turn, messages)
         return self._admit(
-            turn, messages, rows, lease_seconds, read_compaction=read_compaction, queued=queued
+            turn, messages, rows, lease_seconds, read_compaction=read_compaction, queued=queued, first=first
         )
 
     @contextlib.asynccontextmanager
@@ -900,6 +903,7 @@ class PostgresStore:
         *,
         read_compaction: bool,
         queued: Callable[[bool], None],
+        first: bool,
     ) -> AsyncIterator[TurnAdmission]:
         conversation_id, request_id, owner = turn.conversation_id, turn.request_id, turn.owner
         lease_us = int(lease_seconds * 1_000_000)
@@ -914,7 +918,7 @@ class PostgresStore:
                 raise
             if admitted is None:
                 queued(True)
-                ticket, head = await self._enqueue(conversation_id, request_id, owner, lease_us)
+                ticket, head = await self._enqueue(conversation_id, request_id, owner, lease_us, first)
         if admitted is not None:
             ticket, admission = admitted
             try:
@@ -978,7 +982,7 @@ class PostgresStore:
         return taken, TurnAdmission(stored, record, compaction_read=read_compaction)
 
     async def _take_ticket(
-        self, conversation_id: str, request_id: str, owner: str, lease_us: int
+        self, conversation_id: str, request_id: str, owner: str, lease_us: int, first: bool = False
     ) -> tuple[int, int]:
         """Take (or, for work taken over from a dead replica, re-own) the ticket of
         ``request_id``; returns it and the conversation's head ticket. One round trip (one
@@ -987,7 +991,8 @@ class PostgresStore:
 
         Takers of one conversation serialize on its queue lock: a ticket is numbered and
         committed before the next taker looks, so no two takers both find themselves at the head
-        and ticket order is commit order (first in, first out)."""
+        and ticket order is commit order (first in, first out), except that a ``first`` ticket
+        takes the free number right behind the head (and the ``first`` tickets before it)."""
         now_us = self._now_us()
         stale_us = now_us - lease_us
         pool = self._require_pool("turn_lock")
@@ -998,6 +1003,7 @@ class PostgresStore:
             "c": conversation_id,
             "r": request_id,
             "stale": stale_us,
+            "first": first,
         }
         try:
             async with pool.connection() as conn:
@@ -1147,6 +1153,57 @@ class PostgresStore:
         )
         return str(rows[0][0]) if rows else None
 
+    async def reserve_place(
+        self,
+        conversation_id: str,
+        request_id: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        first: bool = False,
+        only_if_idle: bool = False,
+    ) -> str | None:
+        """The ticket of ``request_id``, taken now (see ``Store.reserve_place``): as
+        :meth:`turn_lock` takes it, or, ``only_if_idle``, in one transaction under the
+        conversation's queue lock that takes it only when no other live ticket exists (so of two
+        replicas admitting at once, whichever commits first is the one the other sees). Raises
+        :class:`StoreError` when the database fails."""
+        lease_us = int(lease_seconds * 1_000_000)
+        async with self._tickets.hold(conversation_id):  # this process's tickets in call order
+            if not only_if_idle:
+                await self._take_ticket(conversation_id, request_id, owner, lease_us, first)
+                return None
+            now_us = self._now_us()
+            params = {
+                "lock": writes.QUEUE_LOCK_CLASS,
+                "owner": owner,
+                "until": now_us + lease_us,
+                "c": conversation_id,
+                "r": request_id,
+                "stale": now_us - lease_us,
+            }
+            try:
+                async with self._require_pool("reserve_place").connection() as conn:
+                    cur = psycopg.AsyncClientCursor(conn)
+                    await cur.execute(_TAKE_TICKET_IF_IDLE, params)
+                    cur.nextset()
+                    cur.nextset()
+                    rows = list(await cur.fetchall())
+            except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+                raise self._error(exc, "reserve_place") from None
+        return None if rows[0][0] is None else str(rows[0][0])
+
+    async def release_place(self, conversation_id: str, request_id: str) -> None:
+        """Delete ``request_id``'s ticket if it is still there and wake the line (see
+        ``Store.release_place``)."""
+
+        async def body(conn: Conn, _: int) -> None:
+            await writes.run(
+                conn, _RELEASE_PLACE, (conversation_id, request_id, QUEUE_CHANNEL, conversation_id)
+            )
+
+        await self._write("release_place", body)
+
     async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
         """Remove the turn's messages and record its end, one transaction; see
         ``Store.roll_back_turn``. Raises :class:`TurnNotFound`."""
@@ -1216,6 +1273,28 @@ async def _flight(conn: Conn) -> AsyncIterator[None]:
 
 _RELEASE_TICKET: Final = "WITH gone AS (DELETE FROM turn_queue WHERE ticket = %s) SELECT pg_notify(%s, %s)"
 
+_RELEASE_PLACE: Final = (
+    "WITH gone AS (DELETE FROM turn_queue WHERE conversation_id = %s AND request_id = %s RETURNING 1)"
+    " SELECT pg_notify(%s, %s) FROM (SELECT 1 FROM gone LIMIT 1) AS deleted"
+)
+
+_TAKE_TICKET_IF_IDLE: Final = (
+    # As _TAKE_TICKET, but nothing is taken while the conversation has any live ticket (its own
+    # request id's included: a turn running under that id elsewhere is not taken over):
+    # (the request id heading the line, NULL when the ticket was taken).
+    b"SET LOCAL synchronous_commit = off;"
+    b" SELECT pg_advisory_xact_lock(%(lock)s, hashtext(%(c)s));"
+    b" WITH head AS (SELECT request_id FROM turn_queue WHERE conversation_id = %(c)s"
+    b" AND lease_until >= %(stale)s ORDER BY ticket LIMIT 1),"
+    b" new AS ("
+    b" INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
+    b" SELECT %(c)s, %(r)s, %(owner)s, %(until)s WHERE NOT EXISTS (SELECT 1 FROM head)"
+    b" RETURNING ticket),"
+    b" gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s)"
+    b" SELECT (SELECT request_id FROM head)"
+)
+"""Take a ticket only on an idle conversation; (the head's request id, or NULL)."""
+
 _LOAD_COMPACTION: Final = f"SELECT {COMPACTION_COLUMNS} FROM compactions WHERE conversation_id = %s".encode()
 
 _TAKE_TICKET_AT_HEAD: Final = (
@@ -1240,26 +1319,57 @@ _TAKE_TICKET_AT_HEAD: Final = (
 )
 """Take or re-own a ticket that heads the queue; (the ticket). Fails behind a live ticket."""
 
+QUEUE_STEP: Final = 65536
+"""The step of the ticket sequence (migration 0005): plain tickets are multiples of it, and the
+numbers between two are left for tickets taken first in line, right behind the head's."""
+
+_FIRST_SLOT: Final = (
+    # The number after the head and the tickets taken first in line behind it (lapsed ones too,
+    # so no number is taken twice), when that stays within the head's block: the head is a plain
+    # ticket of this schema (a multiple of the step) or itself taken first; else none (the ticket
+    # then queues at the back). No other conversation ever takes a number inside that block.
+    b" head AS (SELECT ticket, first_in_line FROM turn_queue"
+    b" WHERE conversation_id = %(c)s AND lease_until >= %(stale)s ORDER BY ticket LIMIT 1),"
+    b" slot AS (SELECT MAX(q.ticket) + 1 AS ticket FROM turn_queue AS q, head"
+    b" WHERE q.conversation_id = %(c)s AND q.ticket >= head.ticket"
+    b" AND (q.ticket = head.ticket OR q.first_in_line)),"
+    b" jump AS (SELECT slot.ticket FROM slot, head WHERE %(first)s"
+    b" AND (mod(head.ticket, " + str(QUEUE_STEP).encode() + b") = 0 OR head.first_in_line)"
+    b" AND mod(slot.ticket, " + str(QUEUE_STEP).encode() + b") <> 0"
+    b" AND NOT EXISTS (SELECT 1 FROM turn_queue WHERE ticket = slot.ticket)),"
+)
+
 _TAKE_TICKET: Final = (
     # No WAL flush of its own: the ticket is visible to the other replicas at commit, and the
     # turn's start_turn commit (which flushes the WAL up to itself) makes it durable before
     # anything is sent to the client; a database crash before that loses the turn anyway.
     b"SET LOCAL synchronous_commit = off;"
     b" SELECT pg_advisory_xact_lock(%(lock)s, hashtext(%(c)s));"
-    b" WITH old AS ("
-    b" UPDATE turn_queue SET owner = %(owner)s, lease_until = %(until)s"
+    b" WITH" + _FIRST_SLOT + b" old AS ("
+    # A re-owned ticket (a submission's place) taken first moves up to the slot when it is ahead.
+    b" UPDATE turn_queue SET owner = %(owner)s, lease_until = %(until)s,"
+    b" ticket = LEAST(turn_queue.ticket, COALESCE((SELECT ticket FROM jump), turn_queue.ticket)),"
+    b" first_in_line = turn_queue.first_in_line"
+    b" OR turn_queue.ticket > COALESCE((SELECT ticket FROM jump), turn_queue.ticket)"
     b" WHERE conversation_id = %(c)s AND request_id = %(r)s AND request_id <> '' RETURNING ticket),"
+    b" jumped AS ("
+    b" INSERT INTO turn_queue (ticket, conversation_id, request_id, owner, lease_until, first_in_line)"
+    b" SELECT jump.ticket, %(c)s, %(r)s, %(owner)s, %(until)s, true FROM jump"
+    b" WHERE NOT EXISTS (SELECT 1 FROM old) RETURNING ticket),"
     b" new AS ("
     b" INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
-    b" SELECT %(c)s, %(r)s, %(owner)s, %(until)s WHERE NOT EXISTS (SELECT 1 FROM old)"
+    b" SELECT %(c)s, %(r)s, %(owner)s, %(until)s"
+    b" WHERE NOT EXISTS (SELECT 1 FROM old) AND NOT EXISTS (SELECT 1 FROM jump)"
     b" RETURNING ticket),"
     b" gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s"
     b" AND request_id <> %(r)s)"
-    b" SELECT (SELECT ticket FROM old UNION ALL SELECT ticket FROM new),"
+    b" SELECT (SELECT ticket FROM old UNION ALL SELECT ticket FROM jumped UNION ALL SELECT ticket FROM new),"
     b" (SELECT MIN(ticket) FROM turn_queue"
     b" WHERE conversation_id = %(c)s AND lease_until >= %(stale)s)"
 )
-"""Take or re-own a ticket, drop lapsed ones; (the ticket, the lowest live ticket before it)."""
+"""Take or re-own a ticket (``first``: right behind the head and the tickets taken first before
+it, when the head's block has room), drop lapsed ones; (the ticket, the lowest live ticket
+before it)."""
 
 
 async def _take_over_tickets(conn: Any, request_ids: Sequence[str], owner: str, until_us: int) -> None:

@@ -4,7 +4,13 @@ following a turn another replica runs.
 
 **The turn queue.** ``turn_lock`` inserts a ticket (``turn_queue``, a ``BIGSERIAL``: the order
 of acceptance across replicas) and holds the lock once its ticket is the lowest *live* one of
-the conversation; it deletes the ticket on release and notifies ``turnwire_queue``. Tickets
+the conversation; it deletes the ticket on release and notifies ``turnwire_queue``. The sequence
+steps by ``QUEUE_STEP`` (migration 5), so a ticket taken ``first`` (new input that stops the
+running turn, docs/semantics.md §5) can take the number right after the head's and the other
+``first_in_line`` tickets behind it: the order is always the numbers', which replicas of the
+previous schema read too. ``reserve_place`` takes a ticket before the turn's lock does (which
+then takes it over); with ``only_if_idle`` (REJECT) only when no other live ticket exists,
+decided under the same queue lock every taker holds. Tickets
 carry their replica's lease: a replica that dies stops renewing them, and the others skip and
 delete its lapsed tickets. No connection is held while a turn runs or waits: waiting is a
 ``LISTEN`` on the replica's one listener connection plus a re-check every third of a lease.

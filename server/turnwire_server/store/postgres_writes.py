@@ -796,19 +796,25 @@ async def create_submission(
         ),
     )
     # Its place in the conversation's turn queue, taken now: first in, first out by acceptance
-    # whichever replica later runs it (that one's turn lock takes this ticket over).
+    # whichever replica later runs it (that one's turn lock takes this ticket over). A place
+    # reserved for it already (Store.reserve_place: a REJECT submission) is kept, with its owner.
     await conn.execute(
         b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (QUEUE_LOCK_CLASS, submission.conversation_id)
     )
     await run(
         conn,
-        "INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until) VALUES (%s, %s, %s, %s)",
-        (
-            submission.conversation_id,
-            submission.submission_id,
-            submission.owner,
-            UNOWNED_LEASE if submission.lease_until is None else to_us(submission.lease_until, "lease_until"),
-        ),
+        "WITH old AS (UPDATE turn_queue SET owner = %(o)s, lease_until = %(l)s"
+        " WHERE conversation_id = %(c)s AND request_id = %(r)s RETURNING 1)"
+        " INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
+        " SELECT %(c)s, %(r)s, %(o)s, %(l)s WHERE NOT EXISTS (SELECT 1 FROM old)",
+        {
+            "c": submission.conversation_id,
+            "r": submission.submission_id,
+            "o": submission.owner,
+            "l": UNOWNED_LEASE
+            if submission.lease_until is None
+            else to_us(submission.lease_until, "lease_until"),
+        },
     )
     if not submission.owner:  # replicas with a free slot claim it (delivered at commit)
         await run(conn, "SELECT pg_notify('turnwire_submissions', '')")

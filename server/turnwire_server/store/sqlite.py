@@ -433,6 +433,29 @@ class SqliteStore:
         turn or a submission's reserved place); see ``Store.queue_head``."""
         return self._locks.head(conversation_id)
 
+    async def reserve_place(
+        self,
+        conversation_id: str,
+        request_id: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        first: bool = False,
+        only_if_idle: bool = False,
+    ) -> str | None:
+        """A place in the in-process line (see ``Store.reserve_place``). Nothing is awaited, so
+        the check of ``only_if_idle`` and the reservation are one step for this process's event
+        loop; ``owner`` and ``lease_seconds`` do not apply (one process per file)."""
+        head = self._locks.head(conversation_id)
+        if only_if_idle and head is not None:
+            return head
+        self._locks.reserve(conversation_id, request_id, first=first)
+        return None
+
+    async def release_place(self, conversation_id: str, request_id: str) -> None:
+        """Drop ``request_id``'s reserved place if no lock took it (see ``Store.release_place``)."""
+        self._locks.drop(request_id)
+
     async def submission_offers(self) -> AsyncIterator[None]:
         """Nothing ever comes (one process per file: it knows what it left unclaimed); waits
         until cancelled."""

@@ -1,0 +1,5 @@
+-- turnwire: readable-by 4
+-- Nothing to change: version 5 of the PostgreSQL schema orders its cross-replica turn queue for
+-- new input that stops the running turn (migrations/postgres/0005_queue_order.sql). The SQLite
+-- store keeps its queue in memory (one process per file, store/local_lock.py), where such input
+-- already goes first. Recorded so both stores stay at the same schema version.
