@@ -197,6 +197,26 @@ def test_all_problems_of_a_message_are_reported_at_once() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    "role", [message_pb2.ROLE_USER, message_pb2.ROLE_SYSTEM, message_pb2.ROLE_UNSPECIFIED]
+)
+@pytest.mark.parametrize("texts", [[""], [" \n\t"], ["", "  "]])
+def test_a_user_or_system_message_of_blank_text_only_is_refused(role: int, texts: list[str]) -> None:
+    message = message_pb2.Message(role=role)  # type: ignore[arg-type]
+    for text in texts:
+        message.parts.add().text.text = text
+    assert message_violations(message) == [
+        ("message.parts", "the message has no content: its text is empty; send some text or another part")
+    ]
+
+
+def test_blank_text_beside_other_content_and_a_blank_assistant_reply_are_kept() -> None:
+    with_data = text_message("")
+    with_data.parts.add().data.type = "selection"
+    assert message_violations(with_data) == []
+    assert message_violations(text_message(" ", role=message_pb2.ROLE_ASSISTANT), default_role=None) == []
+
+
 # --------------------------------------------------------------------------- size limits
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from turnwire_server.logs import configure_logging
+from turnwire_server.logs import configure_logging, formatter_for
 
 
 @pytest.fixture
@@ -46,3 +46,13 @@ def test_an_error_level_holds_the_libraries_at_error_too(restore_logging: None) 
     configure_logging("error", stream=stream)
     logging.getLogger("httpx2").warning("not shown at error")
     assert stream.getvalue() == ""
+
+
+def test_a_context_id_the_message_spells_out_is_not_repeated() -> None:
+    # A fresh-user trial: "chat request failed ... conversation_id='u1' ... conversation_id=u1".
+    formatter = formatter_for("text")
+    record = logging.LogRecord("t", logging.WARNING, __file__, 1, "failed conversation_id=%r", ("u1",), None)
+    record.conversation_id, record.request_id = "u1", "r1"
+    line = formatter.format(record)
+    assert line.count("conversation_id=") == 1
+    assert line.endswith("failed conversation_id='u1' request_id=r1")

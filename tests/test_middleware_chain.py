@@ -8,6 +8,7 @@ TurnConfig fields that act today.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -540,10 +541,11 @@ async def test_before_turn_raising_fails_the_turn_without_a_model_call(make_engi
     assert info.metadata["hook"] == "before_turn"
     assert info.metadata["middleware"] == "broken"
     assert info.metadata["stage"] == "turn"
-    # The client and on_chat_error see the hook's own exception, not a wrapper around it;
-    # the context names the hook (docs/semantics.md §11).
-    assert end.error.message == "broken.before_turn broke"
-    assert not end.error.message.startswith("broken.before_turn failed")
+    # on_chat_error sees the hook's own exception, not a wrapper around it; the client sees its
+    # message first, then the middleware (name and class) and hook that raised it; the context
+    # names the hook (docs/semantics.md §11).
+    assert end.error.message.startswith("broken.before_turn broke (RuntimeError in middleware broken (")
+    assert end.error.message.endswith(":Raise), before_turn)")
     original, context = broken.errors[0]
     assert type(original) is RuntimeError and str(original) == "broken.before_turn broke"
     assert (context.middleware, context.hook) == ("broken", "before_turn")
@@ -553,6 +555,18 @@ async def test_before_turn_raising_fails_the_turn_without_a_model_call(make_engi
     assert broken.errors[0][1].messages_persisted is True
     assert [(h_, d) for _, h_, d in log if h_ == "on_chat_error"] == [("on_chat_error", "turn")]
     assert [m.role for m in await h.store.load_messages(CONV)] == [message_pb2.ROLE_USER]
+
+
+async def test_a_raising_hook_is_logged_with_its_traceback_and_class(
+    make_engine: EngineFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = Raise("broken", {"before_turn"})
+    h = await make_engine(scripts=TOOL_SCRIPT, tools=[make_tool("lookup", _lookup)], middlewares=[broken])
+    with caplog.at_level(logging.WARNING, logger="turnwire.middleware"):
+        await h.run()
+    (record,) = [r for r in caplog.records if r.name == "turnwire.middleware"]
+    assert record.exc_info is not None and record.exc_info[1] is broken.errors[0][0]
+    assert ":Raise) before_turn raised RuntimeError: broken.before_turn broke" in record.getMessage()
 
 
 async def test_before_step_raising_fails_with_stage_step_and_keeps_the_partial(

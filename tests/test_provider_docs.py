@@ -118,6 +118,18 @@ async def test_there_is_an_example_for_each_provider_type_and_a_local_server(
                 await provider.aclose()
 
 
+def test_the_text_before_a_keyless_example_agrees_with_it() -> None:
+    """The paragraph that introduces a YAML example with ``api_key_env: null`` says null too, never
+    that a variable must be named (a fresh-user trial found the Ollama text and YAML at odds)."""
+    for match in re.finditer(r"^```yaml\n(.*?)^```", TEXT, flags=re.MULTILINE | re.DOTALL):
+        if "api_key_env: null" not in match.group(1):
+            continue
+        paragraph = TEXT[: match.start()].rstrip().rpartition("\n\n")[2]
+        if "key" in paragraph:
+            assert "`api_key_env: null`" in paragraph, paragraph
+            assert "names a variable" not in paragraph, paragraph
+
+
 def _rendered(value: Any) -> str:
     """A default as the tables show it (YAML spelling)."""
     if value is None:

@@ -8,6 +8,7 @@ import datetime as dt
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import pytest
@@ -336,6 +337,42 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
         5,
         6,
     ]
+
+
+@pytest.mark.parametrize("read_only", ["file", "folder"])
+async def test_a_store_on_a_read_only_mount_says_the_filesystem_is_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_only: str
+) -> None:
+    # A fresh-user trial: a store on a read-only mount (EROFS) was told to chmod u+w, which cannot
+    # help. Mounting needs privileges a test may not have, so the mount flag is simulated.
+    import os
+
+    from turnwire_server.store import sqlite as sqlite_module
+
+    path = tmp_path / "data" / "turnwire.db"
+    path.parent.mkdir()
+    if read_only == "file":
+        path.write_bytes(b"")
+    target = path if read_only == "file" else path.parent
+    real_access, real_statvfs = os.access, os.statvfs
+
+    def statvfs(p: Any) -> Any:
+        result = real_statvfs(p)
+        if Path(p) != target:
+            return result
+        return SimpleNamespace(f_flag=result.f_flag | os.ST_RDONLY)
+
+    monkeypatch.setattr(
+        sqlite_module.os, "access", lambda p, mode: False if Path(p) == target else real_access(p, mode)
+    )
+    monkeypatch.setattr(sqlite_module.os, "statvfs", statvfs)
+    with pytest.raises(StoreError) as raised:
+        await SqliteStore(path).open()
+    message = str(raised.value)
+    assert f"store {read_only} {target} is on a filesystem mounted read-only" in message
+    assert "set store.url to a file on a writable filesystem" in message
+    assert "chmod u+w" not in message
+    assert not (path.parent / "turnwire.db.lock").exists()
 
 
 @pytest.mark.parametrize("read_only", ["file", "folder"])

@@ -56,6 +56,7 @@ from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
 from turnwire_server.providers.settings import ProviderConfigError, ScriptedProviderSettings, build_provider
 from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, redact_url
+from turnwire_server.tools.demo import DEMO_TOOLS
 from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
 from turnwire_server.tools.loading import ToolLoadError, load_tools
 from turnwire_server.tools.mcp_server import McpServer
@@ -87,6 +88,14 @@ def load_middlewares(entries: Sequence[MiddlewareEntry]) -> list[Middleware]:
         assert entry.path is not None  # MiddlewareEntry: exactly one of path and remote
         try:
             factory = import_object(entry.path)
+        except (ModuleNotFoundError, AttributeError, ValueError) as error:
+            # import_object's message already says what is missing and the close name, if any
+            raise StartupError(f"middleware[{index}] {entry.path}: {error}") from error
+        except Exception as error:  # the module itself raised while importing
+            raise StartupError(
+                f"middleware[{index}] {entry.path}: importing it raised {type(error).__name__}: {error}"
+            ) from error
+        try:
             middleware = factory(**entry.options)
         except Exception as error:
             raise StartupError(
@@ -342,6 +351,7 @@ async def open_tools(settings: Settings) -> ToolSet:
         local = load_tools(config.demo, config.python)
     except ToolLoadError as error:
         raise StartupError(f"tools: {error}") from error
+    _warn_of_demo_tools(settings)
     tool_set = ToolSet(local, config.require_approval)
     timeout = settings.limits.tool_timeout_seconds
     try:
@@ -371,6 +381,22 @@ async def open_tools(settings: Settings) -> ToolSet:
             ", ".join(f"{source.kind} {source.name!r}" for source in missing),
         )
     return tool_set
+
+
+def _warn_of_demo_tools(settings: Settings) -> None:
+    """Warn when the demo tools are on by default while the default model is a real one: their
+    made-up data (get_weather) would reach it. An explicit ``tools.demo: true`` is not warned of."""
+    if not settings.tools.demo or "demo" in settings.tools.model_fields_set:
+        return
+    provider = settings.providers.get(settings.default_model.partition(":")[0])
+    if provider is None or isinstance(provider, ScriptedProviderSettings):
+        return
+    log.warning(
+        "the demo tools (%s) are on and are offered to %s, a real model; set tools.demo: false to "
+        "turn them off (or tools.demo: true to keep them without this warning)",
+        ", ".join(tool.name for tool in DEMO_TOOLS),
+        settings.default_model,
+    )
 
 
 async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, shared_port: bool) -> Sidecar:
@@ -529,6 +555,11 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
         redact_url(settings.store.url),
         settings.default_model,
     )
+    log.info(
+        "tools: %s; middleware: %s",
+        ", ".join(tools) or "none",
+        ", ".join(m.name for m in chain.middlewares) or "none",
+    )
     remote_hooks = [m for m in chain.middlewares if isinstance(m, RemoteMiddleware)]
     return Sidecar(
         server,
@@ -567,7 +598,19 @@ async def serve(
     running turns at once (they store their partial replies). ``worker`` as for :func:`start`;
     ``on_ready(sidecar, stop)`` runs once serving, ``stop()`` acting as SIGTERM does.
     """
-    sidecar = await start(settings, worker=worker)
+    # The handlers go in before start-up announces anything (health SERVING, the "listening"
+    # line): a signal from then on is a graceful stop, never the default kill (exit 143). One
+    # that lands during start-up is kept and acted on once the sidecar is up.
+    loop = asyncio.get_running_loop()
+    early: list[signal.Signals] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, early.append, signum)
+    try:
+        sidecar = await start(settings, worker=worker)
+    except BaseException:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        raise
     # What start-up built (modules, descriptors, the engine) lives as long as the process: keep it
     # out of the collector's full passes, which otherwise walk it all each time (tens of ms at
     # 100k+ objects) as objects held a while (queued spans, stream buffers) pile up.
@@ -589,10 +632,11 @@ async def serve(
             log.warning("second signal: cancelling the running turns now (their partial replies are stored)")
             now.set()
 
-    loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     loop.add_signal_handler(signal.SIGHUP, sidecar.reload_tls)
+    for signum in early:
+        on_signal(signum)
     if on_ready is not None:
         on_ready(sidecar, lambda: on_signal(signal.SIGTERM))
     await stop.wait()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
@@ -466,7 +467,9 @@ def chat(
     conversation: Annotated[
         str, typer.Argument(metavar="CONVERSATION", help="Conversation id (created on first use).")
     ],
-    text: Annotated[str, typer.Argument(metavar="TEXT", help="The user message.")],
+    text: Annotated[
+        str, typer.Argument(metavar="TEXT", help="The user message; - reads it from standard input.")
+    ],
     *,
     target: TargetOption = "127.0.0.1:50051",
     model: Annotated[str | None, typer.Option(help="Model for this turn, provider:model.")] = None,
@@ -480,12 +483,15 @@ def chat(
 ) -> None:
     """Send one message and stream the reply.
 
-    Tool calls and their results are shown as they happen; on a terminal a spinner says what the
-    turn waits for. Ctrl-C cancels the turn (its partial reply is stored) and exits 130. Exit
-    status 0 when the turn completed, 1 when it did not, 2 when the call was refused, 3 when
-    the sidecar cannot be reached.
+    TEXT - reads the message from standard input (`git diff | turnwire chat c1 -`); an empty
+    message is refused. Tool calls and their results are shown as they happen; on a terminal a
+    spinner says what the turn waits for. Ctrl-C cancels the turn (its partial reply is stored)
+    and exits 130. Exit status 0 when the turn completed, 1 when it did not, 2 when the call
+    was refused, 3 when the sidecar cannot be reached.
     """
     from turnwire_server.console import run_chat
+
+    text = _message_text(text)
 
     parsed_body = None
     if body is not None:
@@ -511,6 +517,19 @@ def chat(
             )
         )
     )
+
+
+def _message_text(text: str) -> str:
+    """``text`` as given, or standard input when it is ``-``. Exits 2 (as for a refused call)
+    when the message is blank: the server would refuse it (docs/semantics.md §1)."""
+    if text == "-":
+        text = sys.stdin.read()
+    if not text.strip():
+        typer.echo(
+            "turnwire: the message is empty; give some text (or - to read it from standard input)", err=True
+        )
+        raise typer.Exit(2)
+    return text
 
 
 def _interruptible(turn: Coroutine[Any, Any, int]) -> int:

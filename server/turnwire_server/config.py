@@ -80,7 +80,8 @@ class StoreSettings(_Section):
 
 
 class ToolsSettings(_Section):
-    """Server-side tools. ``demo`` enables the demo tools; ``python`` lists dotted paths
+    """Server-side tools. ``demo`` enables the demo tools (on by default; start-up warns when the
+    default model is not a scripted one and ``demo`` was not set explicitly); ``python`` lists dotted paths
     (``package.module:attribute``) of Tool objects, or of callables returning one or a list;
     ``hosts`` lists ToolExecutorService hosts and ``mcp`` MCP servers, whose tools join after
     those, in this order (docs/semantics.md §2, docs/tools.md); ``require_approval`` names tools
@@ -230,12 +231,26 @@ class RemoteHookSettings(_Section):
 
 class MiddlewareEntry(_Section):
     """One middleware of the chain: either ``path`` (``package.module:Class``) with its
-    ``options``, or ``remote`` (a hook server reached over gRPC, :class:`RemoteHookSettings`)."""
+    ``options``, or ``remote`` (a hook server reached over gRPC, :class:`RemoteHookSettings`).
+    A plain string entry (``- myapp.hooks:Audit``) is short for ``- path: myapp.hooks:Audit``,
+    as ``tools.python`` entries are strings."""
 
     path: str | None = None
     # Free-form: values under secret-looking keys (api_key, token …) are masked in output.
     options: dict[str, Any] = Field(default_factory=dict, json_schema_extra=secret("keys"))
     remote: RemoteHookSettings | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_path(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"path": value}
+        if not isinstance(value, dict | MiddlewareEntry):
+            raise ValueError(
+                "each entry is `- path: package.module:Class` (with optional `options:`), "
+                "`- remote: {target: HOST:PORT}`, or just the path as a string"
+            )
+        return value
 
     @field_validator("path")
     @classmethod

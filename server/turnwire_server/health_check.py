@@ -30,9 +30,10 @@ class HealthAnswer:
     """What one health check found.
 
     ``status`` is the word printed on stdout: ``SERVING``, ``NOT_SERVING``, ``SERVICE_UNKNOWN``
-    (the server does not know the service), ``UNKNOWN``, ``unreachable`` (no answer within the
-    timeout: refused, no route, deadline) or ``error`` (the server answered with another gRPC
-    error, e.g. UNIMPLEMENTED when it has no health service). ``detail`` is a sentence naming the
+    (the server does not know the service), ``UNKNOWN``, ``unreachable`` (the connection
+    was refused or failed at once, or no answer came within the timeout: ``detail`` says
+    which) or ``error`` (the server answered with another gRPC error, e.g. UNIMPLEMENTED when
+    it has no health service). ``detail`` is a sentence naming the
     target for every status but SERVING, else empty.
     """
 
@@ -84,9 +85,18 @@ def _failed(target: str, what: str, timeout: float, error: grpc.RpcError) -> Hea
     message = error.details() or ""
     if code == grpc.StatusCode.NOT_FOUND:
         return HealthAnswer("SERVICE_UNKNOWN", f"{target}: the health service does not know {what}")
-    # A refused connection is UNAVAILABLE at once; a silent host runs into the deadline.
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+    # Worded by what happened: a refused connection (nothing listens) is UNAVAILABLE at once,
+    # long before the deadline; only a host that accepts and stays silent runs into it.
+    if code == grpc.StatusCode.UNAVAILABLE:
+        what_happened = (
+            "the connection was refused at once (is the sidecar running and listening there?)"
+            if "refused" in message.lower()
+            else "the connection failed at once"
+        )
+        return HealthAnswer(UNREACHABLE, f"cannot reach {target}: {what_happened} ({code.name}: {message})")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return HealthAnswer(
-            UNREACHABLE, f"cannot reach {target} within {timeout:g} s ({code.name}: {message})"
+            UNREACHABLE,
+            f"cannot reach {target}: no answer within {timeout:g} s (--timeout) ({code.name}: {message})",
         )
     return HealthAnswer("error", f"{target}: health check of {what} failed ({code.name}: {message})")

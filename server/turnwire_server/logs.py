@@ -39,8 +39,11 @@ class _TextFormatter(logging.Formatter):
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         line = super().formatMessage(record)
+        # An id the message already spells out (``conversation_id='u1'``) is not repeated.
         context = " ".join(
-            f"{name}={value}" for name in CONTEXT_FIELDS if (value := getattr(record, name, ""))
+            f"{name}={value}"
+            for name in CONTEXT_FIELDS
+            if (value := getattr(record, name, "")) and f"{name}=" not in record.message
         )
         return f"{line} {context}" if context else line
 

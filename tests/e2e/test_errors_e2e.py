@@ -117,6 +117,27 @@ async def test_message_without_parts_is_invalid_argument(
     assert "at least one part" in error.field_violations[0][1]
 
 
+@pytest.mark.parametrize("text", ["", "  \n\t"])
+@pytest.mark.parametrize("path", ["Chat", "SaveMessages", "SubmitMessages", "AddMessages"])
+async def test_a_user_message_of_blank_text_is_invalid_argument_on_every_entry_path(
+    client: TurnwireClient, path: str, text: str
+) -> None:
+    # A fresh-user trial: `turnwire chat conv ""` stored an empty message and ran a turn on it.
+    blank = message_pb2.Message(role=message_pb2.ROLE_USER)
+    blank.parts.add().text.text = text
+    calls = {
+        "Chat": lambda: collect(client.chat(EXISTING, text)),
+        "SaveMessages": lambda: collect(client.save_messages(EXISTING, text)),
+        "SubmitMessages": lambda: client.submit_messages(EXISTING, text),
+        "AddMessages": lambda: client.add_messages(EXISTING, [blank]),
+    }
+    error = await rejected(client, calls[path]())
+    assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
+    ((field, description),) = error.field_violations
+    assert field in ("message.parts", "messages[0].parts")
+    assert "the message has no content" in description and "send some text" in description
+
+
 async def test_missing_message_is_invalid_argument(client: TurnwireClient, sidecar: SidecarProcess) -> None:
     request = chat_service_pb2.ChatRequest(conversation_id="brand-new")
     error = await rejected(client, raw_chat(sidecar, request))

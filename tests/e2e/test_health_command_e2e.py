@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 from importlib.metadata import version
 
 import grpc
@@ -59,7 +60,24 @@ async def test_an_unreachable_target_names_the_target() -> None:
     target = f"127.0.0.1:{free_port()}"  # nothing listens there
     run = await run_turnwire("health", "--target", target, "--timeout", "2")
     assert (run.code, run.stdout) == (1, "unreachable\n")
-    assert run.stderr.startswith(f"turnwire: cannot reach {target} within 2 s (UNAVAILABLE:"), run.stderr
+    # Said as it happened: refused at once, not "within 2 s" (a fresh-user trial).
+    assert run.stderr.startswith(
+        f"turnwire: cannot reach {target}: the connection was refused at once "
+        "(is the sidecar running and listening there?) (UNAVAILABLE:"
+    ), run.stderr
+    assert "within" not in run.stderr
+
+
+async def test_a_target_that_never_answers_says_no_answer_within_the_timeout() -> None:
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog), never speaks
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        target = f"127.0.0.1:{silent.getsockname()[1]}"
+        answer = await asyncio.to_thread(check_health, target, timeout=1)
+    assert answer.status == "unreachable"
+    assert answer.detail.startswith(
+        f"cannot reach {target}: no answer within 1 s (--timeout) (DEADLINE_EXCEEDED"
+    ), answer.detail
 
 
 async def test_a_draining_sidecar_is_not_healthy_while_its_turn_finishes(

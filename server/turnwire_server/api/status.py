@@ -376,10 +376,11 @@ def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
             field_violations=[("model", str(error))],
         )
     if isinstance(error, HookError):
-        # The client sees the hook's own error message; which hook raised it is in the metadata.
+        # The client sees the hook's own error message, then the middleware and hook that raised
+        # it; both are in the metadata too.
         return TurnwireStatusError(
             grpc.StatusCode.INTERNAL,
-            str(error.__cause__ or error),
+            error.client_message,
             reason="HOOK_FAILED",
             metadata={"middleware": error.middleware, "hook": error.hook, "stage": stage},
         )

@@ -77,6 +77,9 @@ def check_message(
 ) -> None:
     """Validate one input message in place: role, parts, id and size.
 
+    A user or system message whose parts are all blank text (empty or whitespace) is refused: it
+    has nothing for a model to answer (docs/semantics.md §1).
+
     ``default_role`` fills an unset role (Chat: user); when None an unset role
     is a violation. ``client_chosen_id`` False lets the id be one of the server's (``tw-``):
     for AddMessages' upsert, which may replace a stored message but never add one under such
@@ -94,6 +97,16 @@ def check_message(
     for index, part in enumerate(message.parts):
         if part.WhichOneof("kind") is None:
             violations.append((f"{field}.parts[{index}]", "has no content; set one of text, file, data, …"))
+    if message.role != message_pb2.ROLE_ASSISTANT and message.parts and all(_blank(p) for p in message.parts):
+        # A user or system message of blank text only would be stored and run a turn on nothing
+        # (a fresh-user trial: `turnwire chat conv ""`). Assistant messages keep blank text: a
+        # stored reply can be empty (a cut turn), and AddMessages copies transcripts as they are.
+        violations.append(
+            (
+                f"{field}.parts",
+                "the message has no content: its text is empty; send some text or another part",
+            )
+        )
     size = message.ByteSize()
     if size > max_bytes:
         violations.append(
@@ -106,6 +119,11 @@ def check_message(
     if not message.id:
         message.id = new_message_id()
     message.ClearField("create_time")  # output only: the server sets it when storing
+
+
+def _blank(part: message_pb2.Part) -> bool:
+    """Whether ``part`` is a text part of whitespace only (or empty)."""
+    return part.WhichOneof("kind") == "text" and not part.text.text.strip()
 
 
 def raise_if_any(violations: list[tuple[str, str]]) -> None:

@@ -57,14 +57,33 @@ class HookError(Exception):
     """A hook raised where the error ends the turn or the call (``before_turn``, ``before_step``,
     ``before_tool_call``, ``configure_session``).
 
-    ``middleware`` and ``hook`` name where; ``__cause__`` is the original error.
+    ``middleware`` and ``hook`` name where, ``origin`` the middleware's class as
+    ``module:Class`` (empty when unknown); ``__cause__`` is the original error.
     """
 
-    def __init__(self, middleware: str, hook: str, error: BaseException) -> None:
+    def __init__(self, middleware: str, hook: str, error: BaseException, origin: str = "") -> None:
         super().__init__(f"{middleware}.{hook} failed: {error}")
         self.middleware = middleware
         self.hook = hook
+        self.origin = origin
         self.__cause__ = error
+
+    @property
+    def client_message(self) -> str:
+        """What the client sees: the hook's own message first, then which middleware and hook
+        raised it (``oops (RuntimeError in middleware myapp.hooks:Audit, before_turn)``), so a
+        user can find the code to fix without the server log."""
+        error = self.__cause__ or self
+        where = self.origin or self.middleware
+        if self.origin and self.middleware != self.origin.rpartition(":")[2]:
+            where = f"{self.middleware} ({self.origin})"
+        return f"{error} ({type(error).__name__} in middleware {where}, {self.hook})"
+
+
+def middleware_origin(middleware: Middleware) -> str:
+    """``module:Class`` of ``middleware``, the form a config ``path`` names it by."""
+    kind = type(middleware)
+    return f"{kind.__module__}:{kind.__qualname__}"
 
 
 def merge_config(base: _Config, update: _Config) -> _Config:
@@ -144,7 +163,7 @@ class MiddlewareChain:
                     raise TypeError(f"configure_session returned {type(config).__name__}, not SessionConfig")
             except Exception as error:
                 metrics.HOOK_ERRORS.labels(m.name, "configure_session").inc()
-                raise HookError(m.name, "configure_session", error) from error
+                raise HookError(m.name, "configure_session", error, middleware_origin(m)) from error
             if config is not None and config.compaction is not None:
                 merged = dataclasses.replace(merged, compaction=config.compaction)
         self._index()
@@ -155,11 +174,13 @@ class MiddlewareChain:
         self.error_counts[(middleware.name, hook)] += 1
         metrics.HOOK_ERRORS.labels(middleware.name, hook).inc()
         log.warning(
-            "middleware %s.%s raised %s: %s",
+            "middleware %s (%s) %s raised %s: %s",
             middleware.name,
+            middleware_origin(middleware),
             hook,
             type(error).__name__,
             error,
+            exc_info=error,
             extra={"middleware": middleware.name, "hook": hook},
         )
 
@@ -202,7 +223,20 @@ class TurnHooks:
             failed = True
             if not swallow:
                 metrics.HOOK_ERRORS.labels(m.name, hook).inc()
-                raise HookError(m.name, hook, error) from error
+                origin = middleware_origin(m)
+                # The traceback goes to the server log only (it passes the log redactor); the
+                # client sees HookError.client_message.
+                log.warning(
+                    "middleware %s (%s) %s raised %s: %s",
+                    m.name,
+                    origin,
+                    hook,
+                    type(error).__name__,
+                    error,
+                    exc_info=error,
+                    extra={"middleware": m.name, "hook": hook},
+                )
+                raise HookError(m.name, hook, error, origin) from error
             self._chain.swallowed(m, hook, error)
             return None
         finally:

@@ -99,8 +99,11 @@ def read_only_problem(path: Path) -> str | None:
     """Why the store at ``path`` cannot be written, or None. SQLite in WAL mode writes the file, its
     ``-wal`` and ``-shm`` files and the sidecar's ``.lock`` beside it, so both the file (when it
     exists) and its folder (the nearest existing one) must be writable; SQLite itself would only
-    say ``unable to open database file``."""
+    say ``unable to open database file``. A read-only mount (``EROFS``) is told apart from
+    permissions: chmod cannot help there, only a store on another filesystem can."""
     if path.exists() and not os.access(path, os.W_OK):
+        if _on_read_only_mount(path):
+            return _read_only_mount_problem("file", path)
         return (
             f"store file {path} is read-only; make it writable (chmod u+w) or set store.url "
             "to a writable file"
@@ -109,11 +112,29 @@ def read_only_problem(path: Path) -> str | None:
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not os.access(folder, os.W_OK | os.X_OK):
+        if _on_read_only_mount(folder):
+            return _read_only_mount_problem("folder", folder)
         return (
             f"store folder {folder} is read-only; the store writes {path.name} and its -wal, -shm and .lock "
             "files there: make the folder writable or set store.url to a file in a writable folder"
         )
     return None
+
+
+def _on_read_only_mount(path: Path) -> bool:
+    """Whether ``path`` is on a filesystem mounted read-only (``statvfs``'s ``ST_RDONLY``)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _read_only_mount_problem(kind: str, path: Path) -> str:
+    return (
+        f"store {kind} {path} is on a filesystem mounted read-only, so making it writable (chmod) "
+        "cannot help; set store.url to a file on a writable filesystem (for example a volume "
+        "mounted read-write)"
+    )
 
 
 _PARTIAL_REPLIES_SQL = partial_replies_sql("?")

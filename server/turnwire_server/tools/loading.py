@@ -78,15 +78,15 @@ def load_tools(demo: bool, paths: Iterable[str]) -> dict[str, Tool]:
 
     A later tool replaces an earlier one of the same name. ``tools.require_approval`` is applied
     to the whole tool set (:class:`~turnwire_server.tools.tool_set.ToolSet`). Raises
-    :class:`ToolLoadError` naming the path that failed.
+    :class:`ToolLoadError` naming the entry (``python[i]``) and the path that failed.
     """
     tools: dict[str, Tool] = {}
     if demo:
         tools.update((t.name, t) for t in DEMO_TOOLS)
-    for path in paths:
+    for index, path in enumerate(paths):
         try:
             value = import_object(path)
         except (ImportError, AttributeError, ValueError) as error:
-            raise ToolLoadError(f"cannot import tool {path!r}: {error}") from error
+            raise ToolLoadError(f"python[{index}]: cannot import tool {path!r}: {error}") from error
         tools.update((t.name, t) for t in _as_tools(value, path))
     return tools

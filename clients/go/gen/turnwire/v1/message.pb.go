@@ -461,7 +461,8 @@ type TextPart struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// The text, UTF-8. May be empty in a user message.
+	// The text, UTF-8. A user or system message needs content: one whose parts are
+	// all empty or whitespace-only text is refused (INVALID_ARGUMENT).
 	Text string `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
 }
 

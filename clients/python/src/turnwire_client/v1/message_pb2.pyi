@@ -243,7 +243,9 @@ class TextPart(_message.Message):
 
     TEXT_FIELD_NUMBER: _builtins.int
     text: _builtins.str
-    """The text, UTF-8. May be empty in a user message."""
+    """The text, UTF-8. A user or system message needs content: one whose parts are
+    all empty or whitespace-only text is refused (INVALID_ARGUMENT).
+    """
     def __init__(
         self,
         *,

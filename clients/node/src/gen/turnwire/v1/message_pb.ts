@@ -150,7 +150,8 @@ export const PartSchema: GenMessage<Part> = /*@__PURE__*/
  */
 export type TextPart = Message$1<"turnwire.v1.TextPart"> & {
   /**
-   * The text, UTF-8. May be empty in a user message.
+   * The text, UTF-8. A user or system message needs content: one whose parts are
+   * all empty or whitespace-only text is refused (INVALID_ARGUMENT).
    *
    * @generated from field: string text = 1;
    */
