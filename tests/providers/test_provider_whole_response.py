@@ -220,3 +220,31 @@ async def test_an_error_object_in_a_200_body_is_the_providers_error(
     assert result.error is not None
     assert (result.error.code, result.error.retryable) == ("context_length_exceeded", False)
     assert len(replay.requests) == 1
+
+
+HTML_PAGE = b"""<!DOCTYPE html>
+<html><head><title>Open WebUI</title></head>
+<body><div id="app">Loading\xe2\x80\xa6</div></body></html>
+"""
+
+
+@pytest.mark.parametrize("content_type", ["text/html; charset=utf-8", None, "text/event-stream"])
+@pytest.mark.parametrize("kind", sorted(WHOLE))
+async def test_an_html_page_answered_with_200_says_check_base_url(
+    kind: str, content_type: str | None, replay: ReplayServer, retrying: dict[str, Any]
+) -> None:
+    """A base_url pointing at a web UI answers 200 with a page: the error names the endpoint, says
+    it got an HTML page and what to check, in one line, at once (not retried, not "the stream ended
+    before …")."""
+    replay.enqueue(*[_json_reply(HTML_PAGE, content_type) for _ in range(3)])
+    result = await collect(retrying[kind], request())
+    error = result.error
+    assert error is not None
+    assert (error.type, error.retryable) == ("invalid_response", False)
+    assert "an HTML page, not an event stream" in error.message
+    assert "check base_url" in error.message
+    assert f"POST {replay.url}/" in error.message, error.message
+    assert "stream ended" not in error.message
+    assert "\n" not in error.message and "Open WebUI" in error.message
+    assert len(replay.requests) == 1, "not retried"
+    assert not result.chunks

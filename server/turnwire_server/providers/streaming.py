@@ -115,7 +115,7 @@ async def run_stream(
                 opened = True
                 http = response.http_response
                 endpoint = errors.endpoint_of(http.request)
-                whole, body = await _whole_json(http.aiter_bytes(), http.headers.get("content-type"))
+                whole, body = await _whole_json(provider, http.aiter_bytes(), http.headers.get("content-type"))
                 if whole is not None:
                     for chunk in decoder.whole(whole):
                         sent = sent or carry.is_content(chunk)
@@ -192,19 +192,39 @@ class _UsageCarry:
         return total
 
 
+HTML_EXCERPT_BYTES = 65_536
+"""How much of an HTML page answered to a streaming request is read for the error (the rest is not)."""
+
+WRONG_PAGE = (
+    "an HTML page, not an event stream (check base_url: it must be the API's root, "
+    "e.g. http://host:port/v1, not a web page)"
+)
+
+
 async def _whole_json(
-    body: AsyncIterator[bytes], content_type: str | None
+    provider: str, body: AsyncIterator[bytes], content_type: str | None
 ) -> tuple[bytes | None, AsyncIterator[bytes]]:
     """``(the whole body, _)`` when the response is one JSON document (its content type says JSON, or
     it starts with ``{``, which no event stream does: SSE lines start with a field name, ``:`` or a
-    line break); else ``(None, the body to read as SSE)``, the bytes already read put back in front."""
-    if content_type is not None and "json" in content_type.lower():
+    line break); else ``(None, the body to read as SSE)``, the bytes already read put back in front.
+
+    Raises ProviderError (``invalid_response``, not retryable) for an HTML page (its content type
+    says HTML, or it starts with ``<``): a ``base_url`` pointing at a web server or a proxy's page
+    answers 200 this way, and reading it as events would only say the stream ended early."""
+    kind = (content_type or "").lower()
+    if "json" in kind:
         return b"".join([chunk async for chunk in body]), body
     first = b""
     async for chunk in body:
         first += chunk
         if first.strip():
             break
+    if "html" in kind or first.lstrip()[:1] == b"<":
+        async for chunk in body:
+            if len(first) >= HTML_EXCERPT_BYTES:
+                break
+            first += chunk
+        raise errors.invalid_response(provider, WRONG_PAGE, first[:HTML_EXCERPT_BYTES])
     if first.lstrip()[:1] == b"{":
         return first + b"".join([chunk async for chunk in body]), body
     return None, _prepend(first, body)
