@@ -196,8 +196,8 @@ HTML_EXCERPT_BYTES = 65_536
 """How much of an HTML page answered to a streaming request is read for the error (the rest is not)."""
 
 WRONG_PAGE = (
-    "an HTML page, not an event stream (check base_url: it must be the API's root, "
-    "e.g. http://host:port/v1, not a web page)"
+    "an HTML page, not an event stream; check base_url, which must be the API's root "
+    "(e.g. http://host:port/v1), not a web page"
 )
 
 
