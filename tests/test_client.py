@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from rich.console import Console
 
 from turnwire_client import ProtocolError, TurnResult, TurnwireClient, TurnwireError, Usage, collect
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
-from turnwire_server.console import run_chat, run_history
+from turnwire_server.console import run_cancel, run_chat, run_history
 
 CONV = "conv-1"
 REQ = "req-1"
@@ -586,6 +587,7 @@ async def test_run_chat_shows_reasoning_and_tool_errors(
             event_pb2.ToolInputAvailable(tool_call_id="c", tool_name="lookup", input=_struct({})),
         ),
         ("tool_output_error", event_pb2.ToolOutputError(tool_call_id="c", error_text="boom")),
+        ("step_finish", event_pb2.StepFinish(finish_reason=event_pb2.FINISH_REASON_TOOL_CALLS)),
         ("turn_end", event_pb2.TurnEnd(status=event_pb2.TURN_STATUS_COMPLETED, step_count=1)),
     )
     console, output = capture()
@@ -623,16 +625,21 @@ async def test_run_chat_protocol_error_returns_1(service: tuple[FakeChatService,
     fake.stream = weather_turn()
     del fake.stream[4]
     console, output = capture()
-    assert await run_chat(target, CONV, "hi", console=console) == 1
-    assert "protocol error: expected sequence number 5, got 6" in output()
+    err, errors = capture()
+    assert await run_chat(target, CONV, "hi", console=console, err_console=err) == 1
+    assert "protocol error: expected sequence number 5, got 6" in errors()
+    assert "protocol error" not in output()
 
 
 async def test_run_chat_rejected_call_returns_2(service: tuple[FakeChatService, str]) -> None:
     fake, target = service
     fake.abort_with = INVALID
     console, output = capture()
-    assert await run_chat(target, "bad id!", "hi", console=console) == 2
-    lines = output().splitlines()
+    err, errors = capture()
+    assert await run_chat(target, "bad id!", "hi", console=console, err_console=err) == 2
+    # Errors go to stderr, and a refused call never showed a request to cancel.
+    assert output() == ""
+    lines = errors().splitlines()
     assert lines[0] == "INVALID_ARGUMENT [INVALID_FIELD]: invalid ChatRequest"
     assert "  conversation_id: must be 1-128 characters of [A-Za-z0-9._:-]" in lines
     assert "  message.parts: must not be empty" in lines
@@ -641,8 +648,10 @@ async def test_run_chat_rejected_call_returns_2(service: tuple[FakeChatService, 
 async def test_run_chat_unreachable_returns_3() -> None:
     target = f"127.0.0.1:{free_port()}"
     console, output = capture()
-    assert await run_chat(target, CONV, "hi", console=console) == 3
-    assert f"cannot reach the sidecar at {target}: is `turnwire serve` running?" in output().splitlines()
+    err, errors = capture()
+    assert await run_chat(target, CONV, "hi", console=console, err_console=err) == 3
+    assert output() == ""
+    assert errors().splitlines()[0] == f"cannot reach the sidecar at {target}: is `turnwire serve` running?"
 
 
 # -- console: run_history --------------------------------------------------------------------
@@ -694,14 +703,18 @@ async def test_run_history_prints_messages(service: tuple[FakeChatService, str])
 async def test_run_history_not_found_returns_2(service: tuple[FakeChatService, str]) -> None:
     _, target = service
     console, output = capture()
-    assert await run_history(target, "missing", console=console) == 2
-    assert "conversation 'missing' not found" in output()
+    err, errors = capture()
+    assert await run_history(target, "missing", console=console, err_console=err) == 2
+    assert output() == ""
+    assert "conversation 'missing' not found" in errors()
 
 
 async def test_run_history_unreachable_returns_3() -> None:
     console, output = capture()
-    assert await run_history(f"127.0.0.1:{free_port()}", CONV, console=console) == 3
-    assert "cannot reach the sidecar" in output()
+    err, errors = capture()
+    assert await run_history(f"127.0.0.1:{free_port()}", CONV, console=console, err_console=err) == 3
+    assert output() == ""
+    assert "cannot reach the sidecar" in errors()
 
 
 async def test_collect_takes_a_resumed_stream_and_the_jump_of_a_crash_recovery() -> None:
@@ -748,8 +761,25 @@ async def test_run_chat_piped_shows_no_spinner(service: tuple[FakeChatService, s
     fake, target = service
     fake.stream = weather_turn()
     console, output = capture()
-    assert await run_chat(target, CONV, "hi", console=console) == 0
+    err, errors = capture()
+    assert await run_chat(target, CONV, "hi", console=console, err_console=err) == 0
     assert "waiting" not in output() and "\x1b" not in output()
+    # The request id `turnwire cancel` needs goes to stderr once the turn was accepted.
+    [announced] = errors().splitlines()
+    assert re.fullmatch(r"request (cli-\w+) · `turnwire cancel \1` cancels it", announced)
+
+
+async def test_run_cancel_of_an_unknown_turn_says_so_on_stderr(service: tuple[FakeChatService, str]) -> None:
+    """Trial 3: `turnwire cancel <unknown>` printed its answer on stdout, as a success would."""
+    fake, target = service
+    fake.running.add("r-running")
+    console, output = capture()
+    err, errors = capture()
+    assert await run_cancel(target, "r-gone", console=console, err_console=err) == 1
+    assert output() == ""
+    assert errors().startswith("no running or queued turn r-gone")
+    assert await run_cancel(target, "r-running", console=console, err_console=err) == 0
+    assert output() == "cancelled r-running: its turn ends ABORTED\n"
 
 
 async def test_the_concurrent_input_strategy_is_sent_on_each_input_call(

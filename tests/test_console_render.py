@@ -197,6 +197,15 @@ def test_a_final_result_equal_to_the_last_preliminary_is_not_printed_again() -> 
     assert other[-1] == '← count: "done"'
 
 
+def _step_finished() -> Any:
+    from turnwire_client.v1 import event_pb2
+
+    return event_pb2.TurnEvent(step_finish=event_pb2.StepFinish(finish_reason=event_pb2.FINISH_REASON_STOP))
+
+
+_STEP_FINISHED = _step_finished()
+
+
 def _status_line(result: Any, *, output_streamed: bool) -> str:
     from turnwire_server.console import _print_status_line
 
@@ -216,15 +225,17 @@ def test_the_token_count_says_what_the_provider_did_not_report() -> None:
 
     def result(input_tokens: int, output_tokens: int) -> Any:
         usage = Usage(input_tokens, output_tokens, input_tokens + output_tokens)
-        return TurnResult("c", "r", event_pb2.TURN_STATUS_ABORTED, None, usage, None, step_count=1)
+        return TurnResult(
+            "c", "r", event_pb2.TURN_STATUS_INTERRUPTED, None, usage, None, [_STEP_FINISHED], step_count=1
+        )
 
     assert _status_line(result(12, 0), output_streamed=True) == (
-        "ABORTED · 1 step · tokens in 12 / out not reported · scripted:slow"
+        "INTERRUPTED · 1 step · tokens in 12 / out not reported · scripted:slow"
     )
     assert _status_line(result(12, 7), output_streamed=True) == (
-        "ABORTED · 1 step · tokens in 12 / out 7 · scripted:slow"
+        "INTERRUPTED · 1 step · tokens in 12 / out 7 · scripted:slow"
     )
-    assert _status_line(result(0, 0), output_streamed=True) == "ABORTED · 1 step · scripted:slow"
+    assert _status_line(result(0, 0), output_streamed=True) == "INTERRUPTED · 1 step · scripted:slow"
 
 
 def test_sidecar_messages_name_the_cli_commands() -> None:
@@ -236,3 +247,147 @@ def test_sidecar_messages_name_the_cli_commands() -> None:
     assert cli_terms("run the turn with ContinueLastTurn") == "run the turn with `turnwire continue`"
     # Provider wording that merely contains a word is left alone.
     assert cli_terms("Chat Completions does not take it") == "Chat Completions does not take it"
+
+
+async def _ctrl_c_line(*before: Any) -> str:
+    """What ``turnwire chat`` prints when Ctrl-C comes after ``before`` (the turn then hangs)."""
+    import asyncio
+    from collections.abc import AsyncIterator
+
+    from turnwire_client.v1 import event_pb2
+    from turnwire_server.console import _run_turn
+
+    reached = asyncio.Event()
+
+    async def stream(_client: object) -> AsyncIterator[event_pb2.TurnEvent]:
+        for number, event in enumerate(before, 1):
+            event.sequence_number = number
+            yield event
+        reached.set()
+        await asyncio.Event().wait()
+        yield event_pb2.TurnEvent()
+
+    buffer = io.StringIO()
+    task = asyncio.create_task(
+        _run_turn(
+            "127.0.0.1:9",
+            "cli-s",
+            stream,
+            tls=None,
+            console=Console(file=buffer, width=300),
+            token=None,
+            err_console=Console(file=io.StringIO()),
+        )
+    )
+    await reached.wait()
+    await asyncio.sleep(0)  # the last event is rendered once the consumer asks for the next
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return buffer.getvalue().splitlines()[-1]
+
+
+async def test_ctrl_c_before_any_reply_says_no_reply_was_stored() -> None:
+    """Trial 3: Ctrl-C before the first token said "the partial reply is stored as aborted", yet a
+    reply without content is not stored (docs/semantics.md §11) and `history` showed none."""
+    from turnwire_client.v1 import event_pb2
+
+    start = event_pb2.TurnEvent(turn_start=event_pb2.TurnStart(model="p:m"))
+    step = event_pb2.TurnEvent(step_start=event_pb2.StepStart())
+    assert await _ctrl_c_line(start, step) == (
+        "ABORTED by Ctrl-C · request cli-s: your message is stored; no reply had arrived, so none was stored"
+    )
+    text = event_pb2.TurnEvent(text_start=event_pb2.TextStart(id="t"))
+    delta = event_pb2.TurnEvent(text_delta=event_pb2.TextDelta(id="t", delta="Hel"))
+    start = event_pb2.TurnEvent(turn_start=event_pb2.TurnStart(model="p:m"))
+    step = event_pb2.TurnEvent(step_start=event_pb2.StepStart())
+    assert await _ctrl_c_line(start, step, text, delta) == (
+        "ABORTED by Ctrl-C · request cli-s: the partial reply is stored as aborted"
+    )
+
+
+def _status(code: int, message: str, reason: str, **metadata: str) -> Any:
+    """A google.rpc.Status with an ErrorInfo, as a TurnEnd carries it."""
+    from google.rpc import error_details_pb2, status_pb2
+
+    status = status_pb2.Status(code=code, message=message)
+    status.details.add().Pack(
+        error_details_pb2.ErrorInfo(reason=reason, domain="turnwire.dev", metadata=metadata)
+    )
+    return status
+
+
+def _result(status: Any, *events: Any, error: Any = None, step_count: int = 1) -> Any:
+    from turnwire_client import TurnResult
+    from turnwire_client.values import Usage
+
+    return TurnResult("c", "r", status, None, Usage(0, 0, 0), error, list(events), step_count=step_count)
+
+
+def test_an_abort_from_elsewhere_says_where_it_can_come_from() -> None:
+    """Trial 3: a `turnwire cancel` or a sidecar shutdown showed a bare "ABORTED · 2 steps"; the
+    stream carries no reason for a plain cancel, so the line names the possible sources."""
+    from turnwire_client.v1 import event_pb2
+
+    assert _status_line(
+        _result(event_pb2.TURN_STATUS_ABORTED, _STEP_FINISHED, step_count=2), output_streamed=False
+    ) == (
+        "ABORTED (cancelled elsewhere: `turnwire cancel`, another client, or the sidecar stopping) "
+        "· 2 steps · scripted:slow"
+    )
+    # An abort the stream gives a reason for says that reason instead.
+    interrupted = _status(10, "interrupted by request cli-b", "INTERRUPTED")
+    line = _status_line(
+        _result(event_pb2.TURN_STATUS_ABORTED, _STEP_FINISHED, error=interrupted), output_streamed=False
+    )
+    assert line == "ABORTED [INTERRUPTED]: interrupted by request cli-b · 1 step · scripted:slow"
+
+
+def test_a_provider_error_names_its_class_as_the_sidecar_log_does() -> None:
+    """Trial 3: chat said "(server error)" where the sidecar's log said classification='transient';
+    and a turn whose model never answered showed "· 1 step"."""
+    from turnwire_client.v1 import event_pb2
+
+    error = _status(
+        14, "model provider error: HTTP 500", "PROVIDER_ERROR", provider_error_class="server_error"
+    )
+    assert _status_line(_result(event_pb2.TURN_STATUS_ERROR, error=error), output_streamed=False) == (
+        "ERROR [PROVIDER_ERROR] (transient: server_error): model provider error: HTTP 500 · scripted:slow"
+    )
+
+
+def test_an_aborted_tool_call_is_marked_apart_from_a_failing_tool() -> None:
+    """Trial 3: a call cut off by a cancel printed "error: The tool call was aborted …", like a tool
+    that failed; it is marked aborted (live and in history), as blocked and denied calls are."""
+    from turnwire_client.v1 import event_pb2
+    from turnwire_server import console
+    from turnwire_server.engine import transcript
+
+    assert console.ABORTED_TOOL_ERROR == transcript.ABORTED_TOOL_ERROR
+    assert console.INTERRUPTED_TOOL_ERROR == transcript.INTERRUPTED_TOOL_ERROR
+    called = event_pb2.TurnEvent(
+        tool_input_available=event_pb2.ToolInputAvailable(
+            tool_call_id="c1", tool_name="track_order", input_json="{}"
+        )
+    )
+    cut = event_pb2.TurnEvent(
+        tool_output_error=event_pb2.ToolOutputError(
+            tool_call_id="c1", error_text=transcript.ABORTED_TOOL_ERROR
+        )
+    )
+    assert _turn_lines(called, cut)[-1] == "← track_order: aborted before it finished (the turn stopped)"
+    stored = _render(
+        message_pb2.ToolCallPart(
+            tool_call_id="c1",
+            tool_name="track_order",
+            input_json="{}",
+            state=message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
+            error_text=transcript.INTERRUPTED_TOOL_ERROR,
+        )
+    )
+    assert stored[-1] == "← track_order: interrupted: no result was recorded"
+    # The style differs from a failing tool's too (what a terminal shows).
+    assert (
+        console._error_line("t", transcript.ABORTED_TOOL_ERROR).spans
+        != console._error_line("t", "boom").spans
+    )

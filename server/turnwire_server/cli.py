@@ -485,9 +485,9 @@ def chat(
 
     TEXT - reads the message from standard input (`git diff | turnwire chat c1 -`); an empty
     message is refused. Tool calls and their results are shown as they happen; on a terminal a
-    spinner says what the turn waits for. Ctrl-C cancels the turn (its partial reply is stored)
-    and exits 130. Exit status 0 when the turn completed, 1 when it did not, 2 when the call
-    was refused, 3 when the sidecar cannot be reached.
+    spinner says what the turn waits for. Ctrl-C cancels the turn (the reply so far, if the model
+    sent any, is stored) and exits 130. Errors go to stderr. Exit status 0 when the turn
+    completed, 1 when it did not, 2 when the call was refused, 3 when the sidecar cannot be reached.
     """
     from turnwire_server.console import run_chat
 

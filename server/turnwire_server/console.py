@@ -85,7 +85,8 @@ async def run_chat(
     get a dim ``step N`` marker, and one status line ends the output (status, the error for
     ERROR turns, steps, token usage as far as the provider reported it). On a terminal a spinner
     shows the request id while the turn waits; otherwise the request id is printed to
-    ``err_console`` (stderr) once, before the turn.
+    ``err_console`` (stderr) once, when the sidecar accepted the turn (its first event). Errors
+    (a refused call, an unreachable sidecar, a broken stream) go to ``err_console``.
 
     Args:
         target: The sidecar's address, e.g. ``"localhost:50051"``.
@@ -96,8 +97,8 @@ async def run_chat(
         tls: TLS towards the sidecar; None: plaintext.
         console: Where to print; a default stdout ``Console`` when ``None``.
         token: Bearer token for a sidecar with ``auth:`` on.
-        err_console: Where the request id goes when ``console`` is not a terminal; stderr
-            when ``None``.
+        err_console: Where errors go, and the request id when ``console`` is not a terminal;
+            stderr when ``None``.
 
     Returns:
         The process exit code: 0 when the turn COMPLETED; 1 when it ended otherwise (or the
@@ -155,15 +156,8 @@ async def _run_turn(
     err_console: Console | None = None,
 ) -> int:
     out = console if console is not None else Console()
-    if not out.is_terminal:
-        # No spinner to show it: the id `turnwire cancel` needs, on stderr so piped stdout stays the reply.
-        err = err_console if err_console is not None else Console(stderr=True)
-        err.print(
-            Text(f"request {request_id} · `turnwire cancel {request_id}` cancels it", style="dim"),
-            soft_wrap=True,
-            highlight=False,
-        )
-    renderer = _TurnRenderer(out, request_id)
+    err = _or_stderr(err_console)
+    renderer = _TurnRenderer(out, request_id, err_console=err)
     try:
         async with TurnwireClient(target, tls=tls, token=token) as client:
             result = await collect(renderer.tee(open_stream(client)))
@@ -173,11 +167,14 @@ async def _run_turn(
         renderer.stop_waiting()
         renderer.end_line()
         # Before TurnStart the input was not yet durable (queued, or being stored): nothing stays.
-        stored = (
-            "the partial reply is stored as aborted"
-            if renderer.started
-            else "cancelled before the turn started; nothing was stored"
-        )
+        # After it, the partial reply is stored only when it has content (docs/semantics.md §11,
+        # "Empty replies"): a reply with none leaves no message, so `history` has nothing to mark.
+        if not renderer.started:
+            stored = "cancelled before the turn started; nothing was stored"
+        elif renderer.reply_content:
+            stored = "the partial reply is stored as aborted"
+        else:
+            stored = "your message is stored; no reply had arrived, so none was stored"
         out.print(
             Text(
                 f"ABORTED by Ctrl-C · request {request_id}: {stored}",
@@ -190,12 +187,12 @@ async def _run_turn(
     except ProtocolError as error:
         renderer.stop_waiting()
         renderer.end_line()
-        out.print(Text(f"protocol error: {error.message}", style="bold red"), soft_wrap=True)
+        err.print(Text(f"protocol error: {error.message}", style="bold red"), soft_wrap=True)
         return EXIT_TURN_FAILED
     except TurnwireError as error:
         renderer.stop_waiting()
         renderer.end_line()
-        return _print_call_error(out, target, error, mid_turn=renderer.events_seen > 0)
+        return _print_call_error(err, target, error, mid_turn=renderer.events_seen > 0)
     renderer.stop_waiting()
     renderer.end_line()
     _print_status_line(out, result, renderer.model, output_streamed=renderer.output_streamed)
@@ -209,6 +206,7 @@ async def run_history(
     tls: TlsOptions | None = None,
     console: Console | None = None,
     token: str | None = None,
+    err_console: Console | None = None,
 ) -> int:
     """Print a conversation's messages, oldest first.
 
@@ -222,6 +220,7 @@ async def run_history(
         tls: TLS towards the sidecar; None: plaintext.
         console: Where to print; a default stdout ``Console`` when ``None``.
         token: Bearer token for a sidecar with ``auth:`` on.
+        err_console: Where errors go; stderr when ``None``.
 
     Returns:
         0 on success; 2 when the conversation does not exist (a clear message is printed) or
@@ -230,14 +229,15 @@ async def run_history(
     Never raises :class:`turnwire.TurnwireError`.
     """
     out = console if console is not None else Console()
+    err = _or_stderr(err_console)
     try:
         async with TurnwireClient(target, tls=tls, token=token) as client:
             conversation = await client.get_conversation(conversation_id)
     except TurnwireError as error:
         if error.code == grpc.StatusCode.NOT_FOUND:
-            out.print(Text(f"conversation {conversation_id!r} not found", style="bold red"), soft_wrap=True)
+            err.print(Text(f"conversation {conversation_id!r} not found", style="bold red"), soft_wrap=True)
             return EXIT_CALL_FAILED
-        return _print_call_error(out, target, error)
+        return _print_call_error(err, target, error)
 
     header = Text.assemble(
         ("conversation ", "dim"),
@@ -265,10 +265,11 @@ async def run_conversations(
     tls: TlsOptions | None = None,
     console: Console | None = None,
     token: str | None = None,
+    err_console: Console | None = None,
 ) -> int:
     """Print up to ``limit`` conversations, most recently updated first: id, message count, last
-    update (UTC); a last line says when more exist. ``tls``, ``token`` and exit codes as for
-    :func:`run_history`."""
+    update (UTC); a last line says when more exist. ``tls``, ``token``, ``err_console`` and exit
+    codes as for :func:`run_history`."""
     out = console if console is not None else Console()
     shown = 0
     page_token = ""
@@ -289,7 +290,7 @@ async def run_conversations(
                 if not page_token:
                     break
     except TurnwireError as error:
-        return _print_call_error(out, target, error)
+        return _print_call_error(_or_stderr(err_console), target, error)
     if shown == 0:
         out.print(Text("(no conversations)", style="dim"), soft_wrap=True)
     elif page_token:
@@ -304,20 +305,23 @@ async def run_cancel(
     tls: TlsOptions | None = None,
     console: Console | None = None,
     token: str | None = None,
+    err_console: Console | None = None,
 ) -> int:
     """Cancel the running or queued turn ``request_id`` (``CancelChat``; any replica). Prints
-    whether a turn was cancelled. ``tls`` and ``token`` as for :func:`run_history`. Returns 0 when
-    one was, 1 when no such turn is running, else as for :func:`run_history`."""
+    that the turn was cancelled, or on ``err_console`` (stderr when ``None``) that there was none
+    or the call's error. ``tls`` and ``token`` as for :func:`run_history`. Returns 0 when one was,
+    1 when no such turn is running, else as for :func:`run_history`."""
     out = console if console is not None else Console()
+    err = _or_stderr(err_console)
     try:
         async with TurnwireClient(target, tls=tls, token=token) as client:
             cancelled = await client.cancel_chat(request_id)
     except TurnwireError as error:
-        return _print_call_error(out, target, error)
+        return _print_call_error(err, target, error)
     if cancelled:
         out.print(Text(f"cancelled {request_id}: its turn ends ABORTED", style="bold yellow"), soft_wrap=True)
         return EXIT_OK
-    out.print(
+    err.print(
         Text(f"no running or queued turn {request_id} (finished, or never started)", style="dim"),
         soft_wrap=True,
     )
@@ -339,6 +343,20 @@ _SILENT = frozenset({"text_start", "reasoning_start", "tool_input_start", "tool_
 _MODEL_OUTPUT = frozenset({"text_delta", "reasoning_delta", "tool_input_delta", "tool_input_available"})
 """Events that show the model produced output tokens."""
 
+_REPLY_CONTENT = frozenset(
+    {
+        "text_start",
+        "reasoning_start",
+        "tool_input_start",
+        "tool_input_available",
+        "tool_input_error",
+        "source",
+        "file",
+    }
+)
+"""Events that add a content part to the reply: after one, a cancel stores a partial reply (a reply
+without content is not stored, docs/semantics.md §11; reasoning is streamed only when it is kept)."""
+
 
 _APPROVAL_HINT = " (call {call_id}: the application answers with SubmitToolApprovals, then the turn goes on)"
 """The CLI cannot approve: say who does (README, Tools: approvals)."""
@@ -347,9 +365,11 @@ _APPROVAL_HINT = " (call {call_id}: the application answers with SubmitToolAppro
 class _TurnRenderer:
     """Prints one turn's events as they arrive."""
 
-    def __init__(self, console: Console, request_id: str = "") -> None:
+    def __init__(self, console: Console, request_id: str = "", *, err_console: Console | None = None) -> None:
         self.console = console
         self.request_id = request_id
+        #: Where the request id goes once the turn is accepted, when ``console`` shows no spinner.
+        self.err_console = err_console
         self.at_line_start = True
         self.tool_names: dict[str, str] = {}
         #: The last preliminary result shown per tool call (its JSON), so the final is not repeated.
@@ -360,6 +380,8 @@ class _TurnRenderer:
         self.events_seen = 0
         #: TurnStart arrived: the input is stored (and a cancel stores the partial reply).
         self.started = False
+        #: The reply has content (text, reasoning, a tool call, a source, a file): a cancel stores it.
+        self.reply_content = False
         self.waiting: Status | None = None
         self.wait("waiting for the sidecar")
 
@@ -383,12 +405,26 @@ class _TurnRenderer:
         try:
             async for event in events:
                 self.events_seen += 1
+                if self.events_seen == 1:
+                    self._announce()
                 yield event
                 self.render(event)
         finally:
             aclose = getattr(events, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    def _announce(self) -> None:
+        """Piped output has no spinner to show the request id `turnwire cancel` needs: print it on
+        the error console once the sidecar accepted the turn (its first event), so a call that
+        fails prints only its error."""
+        if self.console.is_terminal or self.err_console is None or not self.request_id:
+            return
+        self.err_console.print(
+            Text(f"request {self.request_id} · `turnwire cancel {self.request_id}` cancels it", style="dim"),
+            soft_wrap=True,
+            highlight=False,
+        )
 
     def write(self, text: str, style: str = "") -> None:
         """Print inline text without wrapping or markup; tracks whether a line is open."""
@@ -426,6 +462,8 @@ class _TurnRenderer:
     def _render(self, kind: str | None, event: event_pb2.TurnEvent) -> None:
         if kind in _MODEL_OUTPUT:
             self.output_streamed = True
+        if kind in _REPLY_CONTENT:
+            self.reply_content = True
         if kind == "turn_start":
             self.model = event.turn_start.model
         elif kind == "step_start":
@@ -508,7 +546,14 @@ class _TurnRenderer:
 def _print_status_line(
     out: Console, result: TurnResult, model: str, *, output_streamed: bool = False
 ) -> None:
-    """The line that ends a turn: status, error, steps, tokens, model. Token counts are the
+    """The line that ends a turn: status, why, steps, tokens, model.
+
+    Why: the error's reason and message; for a provider error its class as ``classify_chat_error``
+    and the sidecar's log name it, then the fine class (``(transient: server_error)``,
+    :data:`turnwire.error_classes.COARSE`); an ``ABORTED`` without an error (a plain cancel, which
+    the stream does not attribute, docs/semantics.md §10) says where it can have come from, since
+    this client did not cancel it. Steps are shown once a step finished (``step_count`` counts a
+    step cut short too: one the model never answered is no step to show). Token counts are the
     provider's: none when it reported none; an output count of 0 after output was streamed
     (``output_streamed``: a stream cut by a cancel before the provider's usage event, or a server
     that reports no usage) is said to be not reported rather than shown as 0."""
@@ -520,9 +565,13 @@ def _print_status_line(
             line.append(f" [{error.reason}]", style="red")
         kind = error.error_metadata.get("provider_error_class")
         if kind:
-            line.append(f" ({kind.replace('_', ' ')})", style="red")
+            line.append(f" ({_error_class(kind)})", style="red")
         line.append(f": {cli_terms(error.message)}", style="red")
-    facts = [_plural(result.step_count, "step")]
+    elif result.status == event_pb2.TURN_STATUS_ABORTED:
+        line.append(f" {_CANCELLED_ELSEWHERE}", style=_STATUS_STYLES[result.status])
+    facts = []
+    if any(event.WhichOneof("event") == "step_finish" for event in result.events):
+        facts.append(_plural(result.step_count, "step"))
     usage = result.usage
     if usage.input_tokens or usage.output_tokens or usage.total_tokens:
         out_tokens = (
@@ -536,8 +585,22 @@ def _print_status_line(
         facts.append(tokens)
     if model:
         facts.append(model)
-    line.append(" · " + " · ".join(facts), style="dim")
+    if facts:
+        line.append(" · " + " · ".join(facts), style="dim")
     out.print(line, soft_wrap=True, highlight=False)
+
+
+_CANCELLED_ELSEWHERE = "(cancelled elsewhere: `turnwire cancel`, another client, or the sidecar stopping)"
+"""Why a turn this client did not cancel ended ABORTED without an error."""
+
+
+def _error_class(kind: str) -> str:
+    """A provider error's fine class (``ErrorInfo.metadata["provider_error_class"]``) as
+    ``coarse: fine``, the coarse name being the one the sidecar logs (``classification=``)."""
+    from turnwire.error_classes import COARSE
+
+    coarse = COARSE.get(kind)  # type: ignore[call-overload]
+    return kind if coarse is None or coarse == kind else f"{coarse}: {kind}"
 
 
 def _print_call_error(out: Console, target: str, error: TurnwireError, *, mid_turn: bool = False) -> int:
@@ -689,7 +752,29 @@ def _preliminary_line(name: str, output_json: str) -> Text:
     return Text.assemble(("… ", "dim"), (name, "bold dim"), ": ", (payload, "dim"), (" (preliminary)", "dim"))
 
 
+ABORTED_TOOL_ERROR = "The tool call was aborted before it finished."
+"""The error the sidecar stores for a tool call a cancel, stall or failed turn cut off
+(docs/semantics.md §5; ``turnwire_server.engine.transcript``, not imported: it loads the engine)."""
+
+INTERRUPTED_TOOL_ERROR = "The tool call was interrupted before a result was recorded."
+"""The error the sidecar gives a tool call found without a result (docs/semantics.md §8)."""
+
+_STOPPED_TOOL_CALLS: dict[str, str] = {
+    ABORTED_TOOL_ERROR: "aborted before it finished (the turn stopped)",
+    INTERRUPTED_TOOL_ERROR: "interrupted: no result was recorded",
+}
+"""The sidecar's results for calls the turn stopped, not the tool failing: shown apart from errors."""
+
+
 def _error_line(name: str, error_text: str) -> Text:
+    """``← name: error: text`` (red); a call the turn stopped is shown as such (yellow), as
+    blocked and denied calls are, not as the tool's failure."""
+    stopped = _STOPPED_TOOL_CALLS.get(error_text)
+    if stopped is not None:
+        word, _, rest = stopped.partition(" ")
+        return Text.assemble(
+            ("← ", "yellow"), (name, "bold yellow"), ": ", (word, "bold yellow"), (f" {rest}", "yellow")
+        )
     return Text(f"← {name}: error: {error_text}", style="red")
 
 
@@ -747,6 +832,11 @@ def _plain(value: object) -> object:
 def _short(text: str, limit: int = _MAX_JSON) -> str:
     text = " ".join(text.split()) if "\n" in text else text
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _or_stderr(console: Console | None) -> Console:
+    """``console``, or a stderr ``Console`` when ``None``: where errors go."""
+    return console if console is not None else Console(stderr=True)
 
 
 def _plural(count: int, noun: str) -> str:

@@ -27,6 +27,8 @@ CONFIG = {
             "scripts": {
                 # 40 words, 100 ms apart: about 4 s, so a Ctrl-C lands mid-reply.
                 "slow": [{"text": " ".join(f"w{i}" for i in range(40)), "delay_ms": 100}],
+                # Nothing for 60 s: a Ctrl-C lands before the first token.
+                "silent": [{"text": "late", "delay_ms": 60_000}],
                 "two-calcs": [
                     {
                         "tool_calls": [
@@ -87,6 +89,34 @@ async def test_ctrl_c_aborts_the_turn_and_says_so(sidecar: SidecarProcess) -> No
     assert reply.status == event_pb2.TURN_STATUS_ABORTED
 
 
+async def test_ctrl_c_before_the_first_token_says_no_reply_was_stored(sidecar: SidecarProcess) -> None:
+    """Trial 3: a Ctrl-C after the turn started but before the model's first token said "the
+    partial reply is stored as aborted", yet no reply is stored (docs/semantics.md §11): `history`
+    shows the user message alone, and the GetConversation contract has no turn status to show."""
+    chat = await spawn_turnwire(
+        "chat", "cli-ctrl-c-early", "hi", "--target", sidecar.target, "--model", "scripted:silent"
+    )
+    assert chat.stderr is not None
+    accepted = (await asyncio.wait_for(chat.stderr.readline(), timeout=30)).decode()  # TurnStart came
+    request_id = accepted.split()[1]
+    chat.send_signal(signal.SIGINT)
+    out, err = await asyncio.wait_for(chat.communicate(), timeout=30)
+    assert chat.returncode == 130, (out, err)
+    assert out.decode().splitlines()[-1] == (
+        f"ABORTED by Ctrl-C · request {request_id}: your message is stored; no reply had arrived, "
+        "so none was stored"
+    )
+    async with TurnwireClient(sidecar.target) as client:
+
+        async def settled() -> bool:
+            return not await client.cancel_chat(request_id)  # the cancelled turn has ended
+
+        await wait_until(settled, timeout=15)
+        conversation = await client.get_conversation("cli-ctrl-c-early")
+    assert [m.role for m in conversation.messages] == [message_pb2.ROLE_USER]
+    assert not conversation.partial_replies
+
+
 async def test_a_streaming_tool_shows_its_preliminary_results(sidecar: SidecarProcess) -> None:
     run = await run_turnwire(
         "chat", "cli-prelim", "count", "--target", sidecar.target, "--model", "scripted:streaming-tool"
@@ -124,7 +154,10 @@ async def test_piped_chat_shows_its_request_id_for_cancel(sidecar: SidecarProces
     out, err = await asyncio.wait_for(chat.communicate(), timeout=30)
     assert chat.returncode == 1, (out, err)
     status = out.decode().splitlines()[-1]
-    assert status.startswith("ABORTED · 1 step"), status
+    # The stream does not say who cancelled; this client did not: the line says where it can come from.
+    assert status.startswith(
+        "ABORTED (cancelled elsewhere: `turnwire cancel`, another client, or the sidecar stopping)"
+    ), status
     assert "out 0" not in status and "out not reported" in status, status
     assert request_id not in out.decode()  # stdout is the reply and its status line only
 
@@ -151,8 +184,10 @@ async def test_connection_options_go_before_or_after_the_command(sidecar: Sideca
 async def test_cli_errors_name_commands_not_rpcs(sidecar: SidecarProcess) -> None:
     run = await run_turnwire("continue", "cli-never-started", "--target", sidecar.target)
     assert run.code == 2, run
-    assert "start it with `turnwire chat`" in run.stdout, run
-    assert "SaveMessages" not in run.stdout and "ContinueLastTurn" not in run.stdout
+    # Errors go to stderr, with no request line before them (the turn was never accepted).
+    assert run.stdout == "" and run.stderr.startswith("NOT_FOUND"), run
+    assert "start it with `turnwire chat`" in run.stderr, run
+    assert "SaveMessages" not in run.stderr and "ContinueLastTurn" not in run.stderr
 
 
 async def test_continue_cancel_and_conversations_commands(sidecar: SidecarProcess) -> None:
@@ -184,7 +219,8 @@ async def test_continue_cancel_and_conversations_commands(sidecar: SidecarProces
     assert cancel is not None and "cancelled cli-cancel-me" in cancel.stdout
     assert result.status_name == "ABORTED"
     again = await run_turnwire("cancel", "cli-cancel-me", "--target", sidecar.target)
-    assert again.code == 1 and "no running or queued turn cli-cancel-me" in again.stdout
+    assert again.code == 1 and "no running or queued turn cli-cancel-me" in again.stderr, again
+    assert again.stdout == ""
 
 
 def test_the_help_flag_has_a_short_form() -> None:
@@ -262,7 +298,8 @@ async def test_an_unknown_model_is_said_once(sidecar: SidecarProcess) -> None:
         "chat", "cli-unknown-model", "hi", "--target", sidecar.target, "--model", "fak:x"
     )
     assert run.code == 2, run
-    lines = run.stdout.splitlines()
+    assert run.stdout == "", run
+    lines = run.stderr.splitlines()  # the error first: no request line for a turn never accepted
     assert lines[0].startswith("INVALID_ARGUMENT [UNKNOWN_MODEL]: model 'fak:x' names provider 'fak'")
     assert sum("names provider 'fak'" in line for line in lines) == 1, lines
 
