@@ -40,3 +40,23 @@ def test_no_warning_for_the_scripted_model_or_an_explicit_choice(
     caplog: pytest.LogCaptureFixture, config: dict[str, Any]
 ) -> None:
     assert _warnings(caplog, **config) == []
+
+
+async def test_a_start_that_fails_prints_no_demo_tools_warning(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Trial 3: a start that failed for a missing API key first warned about the demo tools being
+    offered to that real model: the fatal error is the one thing to say."""
+    from turnwire_server.app import StartupError, start
+
+    monkeypatch.delenv("TW_TEST_OPENAI_KEY", raising=False)
+    settings = Settings(
+        default_model="o:gpt-4.1", providers=OPENAI, store={"url": f"sqlite:///{tmp_path / 'tw.db'}"}
+    )
+    with (
+        caplog.at_level("WARNING", logger="turnwire.server"),
+        pytest.raises(StartupError, match="TW_TEST_OPENAI_KEY"),
+    ):
+        await start(settings)
+    assert not [r for r in caplog.records if "demo tools" in r.getMessage()]
+    assert not (tmp_path / "tw.db").exists()

@@ -351,7 +351,6 @@ async def open_tools(settings: Settings) -> ToolSet:
         local = load_tools(config.demo, config.python)
     except ToolLoadError as error:
         raise StartupError(f"tools: {error}") from error
-    _warn_of_demo_tools(settings)
     tool_set = ToolSet(local, config.require_approval)
     timeout = settings.limits.tool_timeout_seconds
     try:
@@ -385,7 +384,8 @@ async def open_tools(settings: Settings) -> ToolSet:
 
 def _warn_of_demo_tools(settings: Settings) -> None:
     """Warn when the demo tools are on by default while the default model is a real one: their
-    made-up data (get_weather) would reach it. An explicit ``tools.demo: true`` is not warned of."""
+    made-up data (get_weather) would reach it. An explicit ``tools.demo: true`` is not warned of.
+    Called once start-up succeeded, never before a fatal start-up error."""
     if not settings.tools.demo or "demo" in settings.tools.model_fields_set:
         return
     provider = settings.providers.get(settings.default_model.partition(":")[0])
@@ -546,6 +546,8 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     replica.start()
     for service in ("", SERVICE_NAME):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    # Only now: a start that fails (a missing API key, say) says what to fix and nothing else.
+    _warn_of_demo_tools(settings)
     host = settings.listen.rpartition(":")[0]
     log.info(
         "turnwire listening on %s:%d, %s (store %s, default model %s)",
