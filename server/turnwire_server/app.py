@@ -201,7 +201,9 @@ class Sidecar:
         the grace) cancels the running turns at once instead of at the end of the grace."""
         await self.maintenance.stop()
         grace = self.settings.limits.shutdown_grace_seconds
-        log.info("shutting down: running turns have %.1f s to finish", grace)
+        # A person at a terminal waits on this line: say how not to wait, when a signal can do it.
+        hint = "" if cut_short is None else " (a second SIGINT/Ctrl-C or SIGTERM cancels them now)"
+        log.info("shutting down: running turns have %.1f s to finish%s", grace, hint)
         await self.health.enter_graceful_shutdown()
         # gRPC takes no new call from here on. Its grace is only the backstop: it
         # gets a little longer than the engine so that turns cancelled at the end

@@ -130,6 +130,11 @@ async def test_a_second_signal_during_the_grace_cancels_the_running_turns(
         await wait_until(first_text, timeout=30)
         sidecar.send_signal(signal.SIGINT)
         await wait_until(lambda: "shutting down" in sidecar.log_text(), what="the shutdown grace began")
+        # Trial 3: the line a person waits on says how to stop waiting.
+        assert (
+            "shutting down: running turns have 120.0 s to finish (a second SIGINT/Ctrl-C or SIGTERM "
+            "cancels them now)" in sidecar.log_text()
+        )
         second = time.monotonic()
         sidecar.send_signal(signal.SIGINT)
         result = await collect(events)
