@@ -184,6 +184,13 @@ def _print_version(value: bool) -> None:
 _FOR_CLIENTS = ", for the client commands."
 
 
+def _for_clients(what: str, envvar: str) -> str:
+    """A group option's help: ``what``, for the client commands, and the variable that sets it
+    (the group does not read it, so that a bad value cannot stop ``serve``; each client command
+    does, and the top-level help must still name it)."""
+    return f"{what}{_FOR_CLIENTS}  [env var: {envvar}]"
+
+
 @app.callback()
 def _main(
     ctx: typer.Context,
@@ -204,29 +211,36 @@ def _main(
             "-t",
             callback=_check_target,
             show_default=False,
-            help="Sidecar address HOST:PORT" + _FOR_CLIENTS,
+            help=_for_clients("Sidecar address HOST:PORT", "TURNWIRE_TARGET"),
         ),
     ] = None,
     token: Annotated[
         str | None,
-        typer.Option("--token", show_default=False, help="Bearer token" + _FOR_CLIENTS),
+        typer.Option("--token", show_default=False, help=_for_clients("Bearer token", "TURNWIRE_TOKEN")),
     ] = None,
     tls: Annotated[bool, typer.Option("--tls", help="Connect with TLS" + _FOR_CLIENTS)] = False,
     tls_ca: Annotated[
-        Path | None, typer.Option("--tls-ca", help="PEM CA certificate(s)" + _FOR_CLIENTS, **_TLS_FILE)
+        Path | None,
+        typer.Option("--tls-ca", help=_for_clients("PEM CA certificate(s)", "TURNWIRE_TLS_CA"), **_TLS_FILE),
     ] = None,
     tls_cert: Annotated[
-        Path | None, typer.Option("--tls-cert", help="PEM client certificate" + _FOR_CLIENTS, **_TLS_FILE)
+        Path | None,
+        typer.Option(
+            "--tls-cert", help=_for_clients("PEM client certificate", "TURNWIRE_TLS_CERT"), **_TLS_FILE
+        ),
     ] = None,
     tls_key: Annotated[
-        Path | None, typer.Option("--tls-key", help="PEM key of --tls-cert" + _FOR_CLIENTS, **_TLS_FILE)
+        Path | None,
+        typer.Option(
+            "--tls-key", help=_for_clients("PEM key of --tls-cert", "TURNWIRE_TLS_KEY"), **_TLS_FILE
+        ),
     ] = None,
     tls_server_name: Annotated[
         str | None,
         typer.Option(
             "--tls-server-name",
             show_default=False,
-            help="Name the sidecar's certificate must carry" + _FOR_CLIENTS,
+            help=_for_clients("Name the sidecar's certificate must carry", "TURNWIRE_TLS_SERVER_NAME"),
         ),
     ] = None,
 ) -> None:

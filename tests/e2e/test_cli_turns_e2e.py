@@ -233,6 +233,23 @@ def test_the_help_flag_has_a_short_form() -> None:
     assert "TURNWIRE_CONFIG" in run.stdout and "127.0.0.1:50051" in run.stdout
 
 
+def test_top_level_help_names_the_variables_of_the_connection_options() -> None:
+    """Trial 3: each command's -h named TURNWIRE_TARGET and TURNWIRE_TOKEN, `turnwire -h` did not."""
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, "-m", "turnwire_server", "-h"], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0
+    shown = " ".join(run.stdout.split())  # help text wraps where the terminal width says
+    assert (
+        "--target <str> Sidecar address HOST:PORT, for the client commands. [env var: TURNWIRE_TARGET]"
+        in shown
+    )
+    assert "--token <str> Bearer token, for the client commands. [env var: TURNWIRE_TOKEN]" in shown
+    assert "[env var: TURNWIRE_TLS_CA]" in shown
+
+
 def test_top_level_help_lists_each_command_in_one_whole_line() -> None:
     """``turnwire -h``: one summary sentence per command, none cut off with "..." or broken mid-
     sentence, and flags without a ``<bool>`` type label (a fresh-user trial tripped on all three)."""

@@ -115,7 +115,9 @@ async def run_stream(
                 opened = True
                 http = response.http_response
                 endpoint = errors.endpoint_of(http.request)
-                whole, body = await _whole_json(provider, http.aiter_bytes(), http.headers.get("content-type"))
+                whole, body = await _whole_json(
+                    provider, http.aiter_bytes(), http.headers.get("content-type")
+                )
                 if whole is not None:
                     for chunk in decoder.whole(whole):
                         sent = sent or carry.is_content(chunk)
