@@ -700,6 +700,14 @@ def demo(
             help="A small context window and compaction on: a turn overflows and recovers.",
         ),
     ] = False,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            callback=_check_target,
+            show_default=False,
+            help="Address the demo's sidecar listens on, HOST:PORT. Default: 127.0.0.1 and a free port.",
+        ),
+    ] = None,
 ) -> None:
     """Run a demo conversation that calls tools.
 
@@ -710,7 +718,7 @@ def demo(
 
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    raise typer.Exit(asyncio.run(run_demo(workdir, overflow=overflow)))
+    raise typer.Exit(asyncio.run(run_demo(workdir, overflow=overflow, listen=listen)))
 
 
 def main() -> None:

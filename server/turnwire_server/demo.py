@@ -94,11 +94,17 @@ async def wait_until_serving(
             await asyncio.sleep(0.1)
 
 
-async def run_demo(workdir: Path, *, overflow: bool = False) -> int:
+async def run_demo(workdir: Path, *, overflow: bool = False, listen: str | None = None) -> int:
     """Run the demo in ``workdir`` (an existing directory); returns a process exit code.
-    ``overflow``: the context-overflow demo (module docstring)."""
+    ``overflow``: the context-overflow demo (module docstring). ``listen``: the sidecar's
+    ``HOST:PORT`` (a wildcard host, ``0.0.0.0`` or ``[::]``, is reached on the loopback; port 0:
+    a free one); None: 127.0.0.1 and a free port."""
     console = Console()
-    target = f"127.0.0.1:{free_port()}"
+    host, _, port = (listen or "127.0.0.1:0").rpartition(":")
+    if port == "0":  # the demo must know the port to talk to its sidecar: pick one now
+        port = str(free_port())
+    listen = f"{host}:{port}"
+    target = f"127.0.0.1:{port}" if host in ("0.0.0.0", "[::]", "") else listen
     log_path = workdir / ("turnwire-overflow-demo.log" if overflow else "turnwire-demo.log")
     config: list[str] = []
     messages: tuple[str, ...] = DEMO_MESSAGES
@@ -108,7 +114,7 @@ async def run_demo(workdir: Path, *, overflow: bool = False) -> int:
         config = ["--config", str(config_path)]
         messages = OVERFLOW_MESSAGES
     console.rule("[bold]Turnwire demo" + (": context-window overflow" if overflow else ""))
-    console.print(f"starting [bold]turnwire serve --listen {target} {' '.join(config)}[/] in {workdir}")
+    console.print(f"starting [bold]turnwire serve --listen {listen} {' '.join(config)}[/] in {workdir}")
     console.print(f"sidecar log: {log_path}", soft_wrap=True)
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
@@ -117,7 +123,7 @@ async def run_demo(workdir: Path, *, overflow: bool = False) -> int:
             "turnwire_server",
             "serve",
             "--listen",
-            target,
+            listen,
             *config,
             cwd=workdir,
             stdout=log,

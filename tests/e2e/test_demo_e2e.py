@@ -45,3 +45,15 @@ def test_the_overflow_demo_recovers_a_turn_that_outgrew_the_window(tmp_path: Pat
     assert output.count("COMPLETED ·") == 5 and "ERROR" not in output
     assert "10 messages" in output  # five questions, five replies: nothing lost, no partial kept
     assert (tmp_path / "turnwire-overflow-demo.db").exists()
+
+
+def test_the_demo_listens_where_asked(tmp_path: Path) -> None:
+    """Trial 3: ``turnwire demo`` had no ``--listen``; a port in use (or one to reach from
+    elsewhere) could not be chosen."""
+    from turnwire_server.demo import free_port
+
+    listen = f"127.0.0.1:{free_port()}"
+    returncode, output = _demo(tmp_path, "--listen", listen)
+    assert returncode == 0, output
+    assert f"starting turnwire serve --listen {listen}" in output
+    assert "sidecar stopped cleanly" in output
