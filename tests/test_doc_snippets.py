@@ -139,3 +139,34 @@ def test_config_snippet_is_a_valid_configuration(
     path = tmp_path / "turnwire.yaml"
     path.write_text(text)
     load_settings(path)
+
+
+async def test_the_full_sample_config_says_what_it_needs_and_runs_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trial 3: the README's full sample (tls files, my_package tools and hooks) could not run as
+    is and did not say so. The paragraph before it names each part that needs the reader's files;
+    without those parts the sample starts a sidecar as it stands."""
+    import yaml
+
+    from turnwire_server.app import start
+    from turnwire_server.config import load_settings
+
+    readme = (REPO / "README.md").read_text()
+    block = next(match for match in _YAML_BLOCK.finditer(readme) if "my_package" in match.group(1))
+    before = readme[: block.start()].rsplit("\n\n", 2)[-2]
+    assert "illustration" in before
+    for part in ("`tls:`", "`server.pem`", "`tools.python`", "`middleware`", "`my_package`", "`remote:`"):
+        assert part in before, part
+    data = yaml.safe_load(block.group(1))
+    del data["tls"], data["middleware"]
+    data["tools"].pop("python")
+    data["listen"] = "127.0.0.1:0"
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "turnwire.yaml"
+    path.write_text(yaml.safe_dump(data))
+    sidecar = await start(load_settings(path))
+    try:
+        assert sidecar.port > 0
+    finally:
+        await sidecar.stop()
