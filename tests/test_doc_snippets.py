@@ -170,3 +170,21 @@ async def test_the_full_sample_config_says_what_it_needs_and_runs_without_it(
         assert sidecar.port > 0
     finally:
         await sidecar.stop()
+
+
+def test_the_hook_timeline_snippet_prints_one_readable_line_per_hook(
+    sidecar: SidecarProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Trial 3: the hooks guide's §3 snippet printed the timeline as a raw protobuf ``Value``
+    (``list_value { values { struct_value { fields { … }``). It prints plain lines now."""
+    guide = (REPO / "middleware" / "README.md").read_text()
+    (code,) = [match.group(1) for match in _BLOCK.finditer(guide) if "hook_timeline" in match.group(1)]
+    module = tmp_path / "timeline.py"
+    module.write_text(code.replace(_ADDRESS, sidecar.target))
+    capsys.readouterr()
+    exec(compile(module.read_text(), str(module), "exec"), {"__name__": "snippet"})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines, "the snippet printed no timeline"
+    for line in lines:
+        assert re.fullmatch(r"HookLogger\.\w+: \d+\.\d\d ms, \d+ call\(s\)( FAILED)?", line), line
+    assert "HookLogger.before_turn" in " ".join(lines)
