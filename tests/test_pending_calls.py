@@ -20,6 +20,7 @@ from turnwire_server.engine.transcript import INTERRUPTED_TOOL_ERROR
 from turnwire_server.store.tool_answers import expired_text
 
 S = message_pb2
+ERROR = S.TOOL_CALL_STATE_OUTPUT_ERROR
 NOW = dt.datetime(2026, 1, 2, 12, 0, tzinfo=dt.UTC)
 
 
@@ -104,7 +105,7 @@ def test_repair_applies_the_rules_to_calls_found_early_and_late() -> None:
     changed = repair_pending(OpenCalls.find(history), now=NOW, expiry_seconds=0)
     assert [m.id for m in changed] == ["a1", "a2", "a3"]
     moved = call_of(history[1], "moved")
-    assert (moved.state, moved.error_text) == (S.TOOL_CALL_STATE_OUTPUT_ERROR, MOVED_PAST_TOOL_ERROR)
+    assert (moved.state, moved.error_text) == (ERROR, MOVED_PAST_TOOL_ERROR)
     interrupted = call_of(history[3], "interrupted")
     assert (interrupted.state, interrupted.error_text) == (
         S.TOOL_CALL_STATE_OUTPUT_ERROR,
