@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from turnwire import types as chunks
 from turnwire.values import tool_call_input
-from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.assistant_message import AssistantMessage
-from turnwire_server.engine.pending_calls import is_approved
+from turnwire_server.engine.pending_calls import OpenCalls, is_approved
 from turnwire_server.engine.tool_calls import ToolCallRunner
 from turnwire_server.engine.turn_state import TurnState
 from turnwire_server.store.base import Store
@@ -40,22 +39,22 @@ def announce_denials(state: TurnState) -> None:
 async def run_approved_calls(
     state: TurnState,
     store: Store,
-    messages: Sequence[message_pb2.Message],
+    open_calls: OpenCalls,
     runner_for: RunnerFactory,
 ) -> None:
-    """Run the approved calls of ``messages`` (in place: their results land in these message
-    objects) and store each message that held one, even when the turn is cancelled meanwhile.
+    """Run the approved calls of ``open_calls.history`` (only the messages ``open_calls`` found
+    are looked at; in place: their results land in these message objects) and store each
+    message that held one, even when the turn is cancelled meanwhile.
 
     A call whose tool is no longer in the turn's tool set gets an error result naming it.
     Raises ``asyncio.CancelledError`` when the turn is cancelled (after storing).
     """
-    for message in messages:
-        if message.role != message_pb2.ROLE_ASSISTANT:
-            continue
+    messages = open_calls.history
+    for message in open_calls.messages():
         approved = [
             part.tool_call
             for part in message.parts
-            if part.WhichOneof("kind") == "tool_call" and is_approved(part.tool_call)
+            if part.HasField("tool_call") and is_approved(part.tool_call)
         ]
         if not approved:
             continue

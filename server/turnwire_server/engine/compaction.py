@@ -70,12 +70,20 @@ def apply_compaction(
 
 def input_start(view: Sequence[message_pb2.Message], input_ids: Sequence[str]) -> int:
     """Index in ``view`` of the first of this turn's input messages (``input_ids``); without
-    any (a continuation), of the last message: what compaction must keep."""
-    ids = set(input_ids)
-    for index, message in enumerate(view):
-        if message.id in ids:
-            return index
-    return max(len(view) - 1, 0)
+    any (a continuation), of the last message: what compaction must keep.
+
+    Searched from the end, where the input is, stopping once every input id was seen (message
+    ids are unique in a conversation): a turn costs the length of its input, not of the view."""
+    remaining = set(input_ids)
+    first: int | None = None
+    for index in range(len(view) - 1, -1, -1):
+        if not remaining:
+            break
+        message_id = view[index].id
+        if message_id in remaining:
+            remaining.discard(message_id)
+            first = index
+    return first if first is not None else max(len(view) - 1, 0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

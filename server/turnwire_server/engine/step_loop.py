@@ -33,7 +33,7 @@ from turnwire_server.engine import metrics
 from turnwire_server.engine.approvals import announce_denials, run_approved_calls
 from turnwire_server.engine.compaction import Compactor, input_start
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
-from turnwire_server.engine.pending_calls import repair_pending, with_pending_placeholders
+from turnwire_server.engine.pending_calls import OpenCalls, repair_pending, with_pending_placeholders
 from turnwire_server.engine.request import EngineSettings
 from turnwire_server.engine.tool_calls import ToolCallRunner
 from turnwire_server.engine.turn_state import TurnState
@@ -94,16 +94,19 @@ class StepLoop:
         history = admission.history if admission is not None else None
         if history is None:
             history = await self.store.load_messages(request.conversation_id)
+        # The one pass over the history before the model call (issue 17): the open calls, and
+        # where a failed attempt's partial reply is.
+        open_calls = OpenCalls.find(history, reply_id=turn.assistant.message.id)
         # Calls the client may still answer are kept (docs/semantics.md §8, pending_calls).
         repaired = repair_pending(
-            history, now=dt.datetime.now(dt.UTC), expiry_seconds=self.settings.pending_expiry_seconds
+            open_calls, now=dt.datetime.now(dt.UTC), expiry_seconds=self.settings.pending_expiry_seconds
         )
         for message in repaired:
             await self.store.save_message(request.conversation_id, message)
         # A retry under a failed turn's request id replaces that turn's partial reply (same id):
         # the model answers the question again rather than continuing the failed attempt.
-        reply_id = turn.assistant.message.id
-        history = [message for message in history if message.id != reply_id]
+        open_calls = open_calls.without_reply()
+        history = open_calls.history
         view = await self._view(history, admission)
         try:
             ctx, config = await turn.hooks.before_turn(
@@ -140,8 +143,11 @@ class StepLoop:
             async with asyncio.timeout(timeout.total_seconds):
                 # Answered approvals first: denials announced, approved calls run (§6).
                 announce_denials(turn)
-                await run_approved_calls(turn, self.store, history, self._runner_for(config))
-                await self._steps(ctx, config, timeout)
+                if turn.hooks.runs("before_turn"):
+                    # A middleware may have edited the messages in place: search them again.
+                    open_calls = OpenCalls.find(history)
+                await run_approved_calls(turn, self.store, open_calls, self._runner_for(config))
+                await self._steps(ctx, config, timeout, open_calls)
         except TimeoutError:
             raise TurnFailure(
                 "stream",
@@ -236,11 +242,17 @@ class StepLoop:
                 self.stop(StreamStalled(f"no event for {stall:g} s (stream_stall_timeout_seconds)"))
                 return
 
-    async def _steps(self, ctx: TurnContext, config: TurnConfig, limits: TurnTimeout) -> None:
+    async def _steps(
+        self, ctx: TurnContext, config: TurnConfig, limits: TurnTimeout, open_calls: OpenCalls
+    ) -> None:
+        """The steps, from ``ctx`` (the turn after ``before_turn``); ``open_calls`` is the search
+        of the history, reused when ``ctx.messages`` is that history."""
         turn = self.state
         request = turn.request
         max_steps = config.max_steps or self.settings.max_steps
-        base_messages = _base_messages(ctx.messages)
+        if ctx.messages is not open_calls.history:  # a compacted view, or a middleware's messages
+            open_calls = OpenCalls.find(ctx.messages)
+        base_messages = _base_messages(open_calls)
         settings = merge_config(
             ModelSettings(timeout_seconds=limits.step_seconds or limits.total_seconds),
             config.model_settings or ModelSettings(),
@@ -250,7 +262,7 @@ class StepLoop:
             compacted = await self._guard(step_number, ctx)
             if compacted is not None:
                 ctx = dataclasses.replace(ctx, messages=compacted)
-                base_messages = _base_messages(compacted)
+                base_messages = _base_messages(OpenCalls.find(compacted))
             step_ctx = StepContext(
                 conversation_id=request.conversation_id,
                 request_id=request.request_id,
@@ -511,11 +523,11 @@ class StepLoop:
         return False
 
 
-def _base_messages(history: Sequence[message_pb2.Message]) -> list[message_pb2.Message]:
-    """What every step sends before this turn's reply: ``history`` with placeholders for calls
-    still waiting on the client, and the continuation prompt after a reply that ends in
+def _base_messages(open_calls: OpenCalls) -> list[message_pb2.Message]:
+    """What every step sends before this turn's reply: ``open_calls.history`` with placeholders
+    for calls still waiting on the client, and the continuation prompt after a reply that ends in
     content."""
-    base = with_pending_placeholders(history)
+    base = with_pending_placeholders(open_calls)
     if base and base[-1].role == message_pb2.ROLE_ASSISTANT and _ends_in_content(base[-1]):
         # A reply that ends in tool results (a continuation after client results or
         # approvals) is answered as it is: the results are the model's next input.

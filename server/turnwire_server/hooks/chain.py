@@ -208,6 +208,10 @@ class TurnHooks:
         """True when some middleware implements ``on_chunk``."""
         return self._chain.observes_chunks
 
+    def runs(self, hook: str) -> bool:
+        """True when some middleware implements ``hook`` (one of ``HOOK_NAMES``)."""
+        return bool(self._chain.forward[hook])
+
     async def _call(self, m: Middleware, hook: str, ctx: Any, *, swallow: bool) -> Any:
         """Run ``m.<hook>(ctx)``: time it into the timeline, and either raise :class:`HookError`
         or (``swallow``) log, count and return ``None`` when it raises."""
