@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from providers.helpers import (
     a_block,
+    a_blocks,
     a_end,
     a_json,
     a_start,
@@ -100,7 +101,7 @@ def _text(kind: str, value: str, *, cut: bool = False) -> bytes:
 def _pairs(kind: str, body: dict[str, Any]) -> tuple[dict[str, str], list[tuple[str, dict[str, Any]]]]:
     """(call id → city, [(result's call id, result)]) of a request, in order."""
     if kind == "anthropic":
-        blocks = [b for turn in body["messages"] for b in turn["content"]]
+        blocks = [b for turn in body["messages"] for b in a_blocks(turn)]
         calls = {b["id"]: b["input"]["city"] for b in blocks if b["type"] == "tool_use"}
         results = [(b["tool_use_id"], b["content"]) for b in blocks if b["type"] == "tool_result"]
     elif kind == "openai":

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from google.protobuf import json_format
+from providers.helpers import a_blocks
 from providers.replay import Recorded, ReplayServer, Reply
 from support.sidecar import SidecarProcess, running_sidecar
 
@@ -524,7 +525,7 @@ def check_anthropic(requests: list[Recorded], case: Case) -> None:
             "description": WEATHER_TOOL.description,
             "input_schema": WEATHER_SCHEMA,
         }
-    assert first["messages"] == [{"role": "user", "content": [{"type": "text", "text": QUESTION}]}]
+    assert first["messages"] == [{"role": "user", "content": QUESTION}]
     assert [m["role"] for m in second["messages"]] == ["user", "assistant", "user"]
     assert second["messages"][1]["content"] == [
         {"type": "text", "text": PREAMBLE},
@@ -619,30 +620,31 @@ _ANTHROPIC_TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 def check_anthropic_transcript(body: dict[str, Any]) -> None:
     """What the Messages API requires of ``messages``: user first and last, roles alternating, no empty
     text, ``tool_use`` ids unique and of ``[a-zA-Z0-9_-]``, every ``tool_use`` answered by ``tool_result``
-    blocks that come first in the next user turn."""
+    blocks that come first in the next user turn; a string ``content`` is one text block."""
     turns = body["messages"]
-    ids = [b["id"] for t in turns for b in t["content"] if b["type"] == "tool_use"]
+    ids = [b["id"] for t in turns for b in a_blocks(t) if b["type"] == "tool_use"]
     assert len(set(ids)) == len(ids), f"tool_use ids must be unique: {ids}"
     assert turns[0]["role"] == "user"
     assert turns[-1]["role"] == "user"
     for before, after in itertools.pairwise(turns):
         assert before["role"] != after["role"], f"consecutive {before['role']} turns"
     for index, turn in enumerate(turns):
-        assert turn["content"], f"turn {index} is empty"
-        for block in turn["content"]:
+        blocks = a_blocks(turn)
+        assert blocks, f"turn {index} is empty"
+        for block in blocks:
             if block["type"] == "text":
                 assert block["text"].strip(), f"empty text block in turn {index}"
-        calls = [b["id"] for b in turn["content"] if b["type"] == "tool_use"]
+        calls = [b["id"] for b in blocks if b["type"] == "tool_use"]
         assert all(_ANTHROPIC_TOOL_ID.match(call) for call in calls), calls
         if turn["role"] == "assistant":
-            assert calls == [] or turn["content"][-1]["type"] == "tool_use"
-            following = turns[index + 1]["content"]
+            assert calls == [] or blocks[-1]["type"] == "tool_use"
+            following = a_blocks(turns[index + 1])
             results = [b["tool_use_id"] for b in following[: len(calls)] if b["type"] == "tool_result"]
             assert results == calls, f"turn {index + 1} must open with the results of {calls}"
         else:
-            previous = turns[index - 1]["content"] if index else []
+            previous = a_blocks(turns[index - 1]) if index else []
             answered = {b["id"] for b in previous if b["type"] == "tool_use"}
-            results = [b["tool_use_id"] for b in turn["content"] if b["type"] == "tool_result"]
+            results = [b["tool_use_id"] for b in blocks if b["type"] == "tool_result"]
             assert set(results) <= answered, f"tool_result for a call not made in turn {index - 1}"
 
 
@@ -811,8 +813,8 @@ async def test_a_conversation_started_on_scripted_continues_on_a_real_provider(
         }
         assert turns[2]["content"][0]["tool_use_id"] == call_id
         assert json.loads(turns[2]["content"][0]["content"]) == WEATHER
-        assert turns[3]["content"] == [{"type": "text", "text": scripted_answer}]
-        assert turns[4]["content"] == [{"type": "text", "text": follow_up}]
+        assert turns[3]["content"] == scripted_answer
+        assert turns[4]["content"] == follow_up
     elif case.name == "openai":
         check_chat_transcript(body)
         messages = body["messages"]
@@ -876,7 +878,7 @@ async def test_tool_call_ids_from_earlier_turns_are_valid_for_anthropic(
     stored_ids = [call.tool_call_id for turn in earlier for call in turn.tool_calls]
     (request,) = replay.requests
     turns = request.json["messages"]
-    sent_ids = [b["id"] for t in turns for b in t["content"] if b["type"] == "tool_use"]
+    sent_ids = [b["id"] for t in turns for b in a_blocks(t) if b["type"] == "tool_use"]
     assert len(sent_ids) == len(stored_ids)
     assert len(set(sent_ids)) == len(sent_ids), f"duplicate tool_use ids sent: {sent_ids}"
     check_anthropic_transcript(request.json)

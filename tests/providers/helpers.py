@@ -204,6 +204,12 @@ class Stored:
 # --- wire builders ---------------------------------------------------------------
 
 
+def a_blocks(turn: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Messages API turn's content blocks: a string ``content`` is its one text block."""
+    content = turn["content"]
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
 def anthropic_sse(*events: dict[str, Any]) -> bytes:
     """Anthropic ``event:`` + ``data:`` pairs."""
     return b"".join(b"event: %s\ndata: %s\n\n" % (e["type"].encode(), orjson.dumps(e)) for e in events)

@@ -9,6 +9,7 @@ import pytest
 from providers.helpers import (
     Stored,
     a_block,
+    a_blocks,
     a_delta,
     a_end,
     a_json,
@@ -62,7 +63,7 @@ async def test_text_only(replay: ReplayServer, anthropic_provider: AnthropicMess
     assert sent.json == {
         "model": "m",
         "max_tokens": 8192,
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "messages": [{"role": "user", "content": "hi"}],  # one text block as its string shorthand
         "system": "You are terse.",
         "stream": True,
     }
@@ -283,8 +284,8 @@ async def test_transcript_rules(replay: ReplayServer, anthropic_provider: Anthro
             "content": "The tool call was interrupted before a result was recorded.",
         },
     ]
-    assert messages[3]["content"] == [{"type": "text", "text": "Oslo is cold."}]
-    assert messages[4]["content"] == [{"type": "text", "text": "Thanks"}]
+    assert messages[3]["content"] == "Oslo is cold."
+    assert messages[4]["content"] == "Thanks"
 
 
 async def test_tool_results_come_before_user_text_in_a_merged_turn(
@@ -301,6 +302,74 @@ async def test_tool_results_come_before_user_text_in_a_merged_turn(
             {"type": "text", "text": "and now?"},
         ],
     }
+
+
+def test_a_turn_of_one_text_block_is_sent_as_its_string() -> None:
+    """The Messages API takes a string ``content`` as exactly one text block: one object per turn
+    instead of three for the SDK to copy and encode. Any other content stays a list."""
+    history = [
+        user("What is the weather?"),
+        assistant([text("Sunny.")]),
+        user("And with a picture?", image(b"PNG")),
+        assistant([reasoning("hm", b"sig", metadata={"anthropic": {}}), text("A cat.")]),
+        user("thanks"),
+    ]
+    _, turns = convert_messages(history, [])
+    assert turns[0] == {"role": "user", "content": "What is the weather?"}
+    assert turns[1] == {"role": "assistant", "content": "Sunny."}
+    assert [b["type"] for b in turns[2]["content"]] == ["text", "image"]
+    assert [b["type"] for b in turns[3]["content"]] == ["thinking", "text"]
+    assert turns[4] == {"role": "user", "content": "thanks"}
+
+
+def test_an_empty_user_message_is_sent_as_the_placeholder_string() -> None:
+    _, turns = convert_messages([user("")], [])
+    assert turns == [{"role": "user", "content": EMPTY_USER_TEXT}]
+
+
+def test_a_string_turn_merged_with_blocks_becomes_a_list_and_the_kept_turn_stays_a_string() -> None:
+    """Merging copies: the kept (shared) turn of the first message is never changed."""
+    first, second = user("Look:"), user("this", image(b"PNG"))
+    first.id, second.id = "m1", "m2"
+    for _ in range(2):
+        _, turns = convert_messages([first, second], [])
+        assert turns == [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Look:"},
+                    {"type": "text", "text": "this"},
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": "image/png", "data": "UE5H"},
+                    },
+                ],
+            }
+        ]
+    assert convert_messages([first], [])[1] == [{"role": "user", "content": "Look:"}]
+    _, turns = convert_messages([user("one"), user("two")], [])
+    assert turns == [
+        {"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}
+    ]
+
+
+def test_a_user_turn_of_tool_results_and_text_stays_a_list_results_first() -> None:
+    history = [
+        user("go"),
+        assistant([text("Checking."), tool_call("t1", "get_time", {}, output="12:00")]),
+        user("and now?"),
+    ]
+    for _ in range(2):  # the second time from kept conversions
+        _, turns = convert_messages(history, [])
+        assert turns[0] == {"role": "user", "content": "go"}
+        assert turns[2] == {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "12:00"},
+                {"type": "text", "text": "and now?"},
+            ],
+        }
+    assert convert_messages(history[2:], [])[1] == [{"role": "user", "content": "and now?"}]
 
 
 @pytest.mark.parametrize(
@@ -496,7 +565,7 @@ def test_tool_use_ids_are_made_valid_and_unique_for_the_messages_api() -> None:
         user("thanks"),
     ]
     _, turns = convert_messages(messages, [])
-    uses = [b["id"] for t in turns for b in t["content"] if b["type"] == "tool_use"]
-    results = [b["tool_use_id"] for t in turns for b in t["content"] if b["type"] == "tool_result"]
+    uses = [b["id"] for t in turns for b in a_blocks(t) if b["type"] == "tool_use"]
+    results = [b["tool_use_id"] for t in turns for b in a_blocks(t) if b["type"] == "tool_result"]
     assert uses == ["call_0_0", "call_0_0_2", "functions_get_weather_0"]
     assert results == uses

@@ -10,6 +10,7 @@ import copy
 import json
 from typing import Any
 
+from providers.helpers import a_blocks
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import anthropic_request, openai_chat_request
 from turnwire_server.providers.anthropic_request import _convert_message, convert_messages
@@ -64,9 +65,9 @@ def test_a_request_from_kept_conversions_equals_one_converted_afresh() -> None:
     kept = copy.deepcopy(first)
     again = convert_messages([copy.deepcopy(m) for m in history], [])
     assert json.dumps(first) == json.dumps(expected) == json.dumps(again) == json.dumps(kept)
-    ids = [b["id"] for turn in again[1] for b in turn["content"] if b["type"] == "tool_use"]
+    ids = [b["id"] for turn in again[1] for b in a_blocks(turn) if b["type"] == "tool_use"]
     assert ids == ["call_0_0", "call_0_0_2"]
-    results = [b["tool_use_id"] for turn in again[1] for b in turn["content"] if b["type"] == "tool_result"]
+    results = [b["tool_use_id"] for turn in again[1] for b in a_blocks(turn) if b["type"] == "tool_result"]
     assert results == ids
 
 
@@ -84,7 +85,7 @@ def test_an_edited_message_is_converted_again() -> None:
     history[2].parts[0].text.text = "and Bergen?"
     _, turns = convert_messages(history, [])
     assert _uncached(history)[1] == turns
-    assert any(b.get("text") == "and Bergen?" for turn in turns for b in turn["content"])
+    assert any(b.get("text") == "and Bergen?" for turn in turns for b in a_blocks(turn))
 
 
 def test_merging_turns_never_grows_a_kept_block_list() -> None:
@@ -92,7 +93,7 @@ def test_merging_turns_never_grows_a_kept_block_list() -> None:
     for _ in range(3):
         _, turns = convert_messages([first, second], [])
         assert [b["text"] for b in turns[0]["content"]] == ["one", "two"]
-    assert [b["text"] for b in convert_messages([first], [])[1][0]["content"]] == ["one"]
+    assert convert_messages([first], [])[1][0]["content"] == "one"
 
 
 def _chat_uncached(messages: list[message_pb2.Message]) -> list[dict[str, Any]]:

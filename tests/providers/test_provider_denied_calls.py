@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from providers.helpers import TEXT_STREAMS, assistant, collect, request, tool_call, user
+from providers.helpers import TEXT_STREAMS, a_blocks, assistant, collect, request, tool_call, user
 from providers.replay import ReplayServer, Reply
 from turnwire.types import ToolDefinition
 from turnwire_client.v1 import message_pb2
@@ -41,7 +41,7 @@ async def _sent(
 def _calls_and_results(body: dict[str, Any], adapter: str) -> tuple[list[str], list[tuple[str, str, bool]]]:
     """(call ids, [(call id, result text, marked as an error)]) of the request, in order."""
     if adapter == "anthropic_provider":
-        blocks = [block for turn in body["messages"] for block in turn["content"]]
+        blocks = [block for turn in body["messages"] for block in a_blocks(turn)]
         calls = [b["id"] for b in blocks if b["type"] == "tool_use"]
         results = [
             (b["tool_use_id"], b.get("content", ""), bool(b.get("is_error")))

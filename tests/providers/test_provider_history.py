@@ -17,6 +17,7 @@ import pytest
 
 from providers.helpers import (
     TEXT_STREAMS,
+    a_blocks,
     assistant,
     collect,
     request,
@@ -69,7 +70,7 @@ def _results(body: dict[str, Any], adapter: str) -> list[tuple[str, str]]:
         return [
             (block["tool_use_id"], block.get("content", "<none>"))
             for turn in body["messages"]
-            for block in turn["content"]
+            for block in a_blocks(turn)
             if block["type"] == "tool_result"
         ]
     if adapter == "chat_provider":

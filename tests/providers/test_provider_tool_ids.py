@@ -23,6 +23,7 @@ from providers.helpers import (
     Collected,
     Stored,
     a_block,
+    a_blocks,
     a_end,
     a_json,
     a_start,
@@ -99,7 +100,7 @@ NAMESPACE = {"anthropic_provider": "anthropic", "chat_provider": "openai", "resp
 def _replayed(body: dict[str, Any], adapter: str) -> tuple[list[str], list[tuple[str, str]]]:
     """(call ids, (result's call id, result)) as the request carries them, in order."""
     if adapter == "anthropic_provider":
-        blocks = [b for turn in body["messages"] for b in turn["content"]]
+        blocks = [b for turn in body["messages"] for b in a_blocks(turn)]
         calls = [b["id"] for b in blocks if b["type"] == "tool_use"]
         results = [(b["tool_use_id"], b["content"]) for b in blocks if b["type"] == "tool_result"]
     elif adapter == "chat_provider":
@@ -116,7 +117,7 @@ def _replayed(body: dict[str, Any], adapter: str) -> tuple[list[str], list[tuple
 def _call_args(body: dict[str, Any], adapter: str) -> dict[str, str]:
     """call id → city, as replayed."""
     if adapter == "anthropic_provider":
-        blocks = [b for turn in body["messages"] for b in turn["content"]]
+        blocks = [b for turn in body["messages"] for b in a_blocks(turn)]
         return {b["id"]: b["input"]["city"] for b in blocks if b["type"] == "tool_use"}
     if adapter == "chat_provider":
         calls = [c for m in body["messages"] for c in m.get("tool_calls") or ()]

@@ -11,7 +11,8 @@ Transcript rules (each avoids a 400):
 - Every assistant step is one assistant turn (``thinking`` / ``redacted_thinking``
   blocks byte-for-byte with their signatures, ``text``, ``tool_use``), followed
   by one user turn whose ``tool_result`` blocks come first, one per ``tool_use``.
-  Consecutive same-role turns are merged.
+  Consecutive same-role turns are merged. A turn of one plain text block is sent as
+  ``content: "<text>"``, the API's shorthand for that block (less for the SDK to copy and encode).
 - No empty or whitespace-only text blocks (or empty text documents); a user
   message with nothing to send becomes :data:`EMPTY_USER_TEXT`; an assistant step
   with nothing is dropped; a blank tool result is ``(empty result)``
@@ -160,8 +161,26 @@ def _reasoning_block(part: message_pb2.ReasoningPart) -> dict[str, Any] | None:
 _Segment = tuple[str, list[dict[str, Any]], tuple[tuple[int, str], ...], dict[str, Any]]
 
 
+def _content(blocks: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A turn's ``content``: one plain text block (no keys but ``type`` and ``text``) as its string,
+    which the Messages API takes as exactly that block ("content: string | array of content blocks");
+    anything else as the blocks. One object per turn instead of three: the SDK deep-copies every
+    request (``copy_tree``) and JSON encodes it, so a long history costs less per request."""
+    if len(blocks) == 1:
+        block = blocks[0]
+        if block["type"] == "text" and len(block) == 2:
+            text: str = block["text"]
+            return text
+    return blocks
+
+
+def _blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``content`` of a turn as a new list of blocks (to merge another turn into it)."""
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
 def _segment(role: str, blocks: list[dict[str, Any]], calls: tuple[tuple[int, str], ...] = ()) -> _Segment:
-    return (role, blocks, calls, {"role": role, "content": blocks})
+    return (role, blocks, calls, {"role": role, "content": _content(blocks)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,8 +189,9 @@ class _Converted:
     ``system`` text (a system message), else ``(role, blocks, calls, turn)`` segments in order,
     where ``calls`` are ``(tool_use block index, original tool call id)`` of an assistant segment,
     whose results are the next segment's blocks, in the same order, and ``turn`` is the segment as
-    a turn of its own (a request takes it as is unless it merges or renames: fewer objects per
-    request, which also spares the garbage collector); and the warnings."""
+    a turn of its own, its ``content`` a string for one plain text block (:func:`_content`; a
+    request takes it as is unless it merges or renames: fewer objects per request, which also
+    spares the garbage collector); and the warnings."""
 
     system: str | None
     segments: tuple[_Segment, ...]
@@ -231,7 +251,8 @@ _converted = per_message_cache(_convert_message, max_bytes=16 << 20)
 def convert_messages(
     messages: Sequence[message_pb2.Message], warnings: list[str], call_ids: set[str] | None = None
 ) -> tuple[list[str], list[dict[str, Any]]]:
-    """``(system texts, turns)`` for the Messages API (see the module docstring for the rules).
+    """``(system texts, turns)`` for the Messages API (see the module docstring for the rules); a
+    turn's ``content`` is a string for one plain text block, else a list of blocks.
     Each message's conversion is kept between requests (:func:`per_message_cache`); only the
     tool_use ids (unique per request) and the merging of turns are done per request. ``call_ids``
     gets the stored ids of the transcript's tool calls (``transcript_call_ids``, without a
@@ -263,19 +284,24 @@ def convert_messages(
             if not blocks:
                 continue
             if turns and turns[-1]["role"] == role:
-                if not owned:
-                    turns[-1] = {"role": role, "content": list(turns[-1]["content"])}
+                if not owned:  # a kept turn, its content maybe a string: a list of this request's own
+                    turns[-1] = {"role": role, "content": _blocks(turns[-1]["content"])}
                     owned = True
                 turns[-1]["content"].extend(blocks)
             elif blocks is kept:
                 turns.append(kept_turn)
                 owned = False
-            else:
+            else:  # renamed tool_use or tool_result blocks: never a lone text block, always a list
                 turns.append({"role": role, "content": blocks})
                 owned = True
     for i, turn in enumerate(turns):  # tool_result blocks first in every user turn
         content = turn["content"]
-        if turn["role"] == "user" and len(content) > 1 and content[0]["type"] != "tool_result":
+        if (
+            turn["role"] == "user"
+            and not isinstance(content, str)
+            and len(content) > 1
+            and content[0]["type"] != "tool_result"
+        ):
             turns[i] = {
                 "role": "user",
                 "content": sorted(content, key=lambda block: block["type"] != "tool_result"),
