@@ -718,7 +718,9 @@ def _said(message_id: str, role: int, text: str, seconds: int) -> message_pb2.Me
     )
 
 
-def _unreplied(request_id: str, status: int, seconds: int, reason: str = "") -> chat_service_pb2.TurnWithoutReply:
+def _unreplied(
+    request_id: str, status: int, seconds: int, reason: str = ""
+) -> chat_service_pb2.TurnWithoutReply:
     turn = chat_service_pb2.TurnWithoutReply(
         request_id=request_id, status=status, start_time=timestamp_pb2.Timestamp(seconds=seconds)
     )
@@ -765,7 +767,9 @@ async def test_run_history_marks_turns_without_a_reply_in_place(service: tuple[F
 
     console, output = capture()
     assert await run_history(target, CONV, console=console) == 0
-    lines = [line for line in output().splitlines() if line and not line.startswith(("user ·", "assistant ·"))]
+    lines = [
+        line for line in output().splitlines() if line and not line.startswith(("user ·", "assistant ·"))
+    ]
     assert lines == [
         f"conversation {CONV} · 4 messages",
         "(turn r-rolled ended ABORTED: rolled back, its input and reply removed)",

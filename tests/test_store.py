@@ -383,7 +383,9 @@ async def test_turns_without_reply_are_unfinished_turns_whose_reply_does_not_exi
     a turn with a stored reply (partial or complete) and a skipped turn are not."""
     reply = message_pb2.ROLE_ASSISTANT
 
-    async def turn(request_id: str, state: Any, seconds: int, *, stored: bool, error: bytes | None = None) -> None:
+    async def turn(
+        request_id: str, state: Any, seconds: int, *, stored: bool, error: bytes | None = None
+    ) -> None:
         record = dataclasses.replace(
             _turn(request_id, assistant_message_id=f"a-{request_id}"),
             start_time=T0 + dt.timedelta(seconds=seconds),

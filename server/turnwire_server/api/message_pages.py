@@ -16,8 +16,8 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
-import itertools
 import hashlib
+import itertools
 import re
 import struct
 from collections.abc import Sequence

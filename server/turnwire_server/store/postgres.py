@@ -54,7 +54,11 @@ from turnwire_server.store.base import (
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.message_cache import DecodedMessages
 from turnwire_server.store.metrics import COMMIT_DURATION
-from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql, turns_without_reply_sql
+from turnwire_server.store.partial_replies import (
+    partial_replies_of,
+    partial_replies_sql,
+    turns_without_reply_sql,
+)
 from turnwire_server.store.postgres_migrations import apply_migrations, load_migrations
 from turnwire_server.store.postgres_replicas import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL, Listener
 from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url

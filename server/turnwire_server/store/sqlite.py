@@ -43,7 +43,11 @@ from turnwire_server.store.base import (
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.message_cache import DecodedMessages
-from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql, turns_without_reply_sql
+from turnwire_server.store.partial_replies import (
+    partial_replies_of,
+    partial_replies_sql,
+    turns_without_reply_sql,
+)
 from turnwire_server.store.sqlite_compactions import discard_reply_write, save_compaction_write
 from turnwire_server.store.sqlite_migrations import Migration, load_migrations
 from turnwire_server.store.sqlite_rows import (
