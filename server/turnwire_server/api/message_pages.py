@@ -9,6 +9,10 @@ Page tokens: version byte 1, the index of the page's first message (8 bytes) and
 SHA-256 of the conversation id (a token is for one conversation), base64url without padding.
 Messages are only appended or replaced in place, so an index stays a valid position. Any other
 token is :class:`~turnwire_server.store.base.InvalidPageToken`.
+
+A turn without a stored reply (``Conversation.turns_without_reply``) is placed among the messages
+by its start time (:func:`turn_places`) and listed on the page of its place (:func:`on_page`);
+``turnwire history`` places it the same way.
 """
 
 from __future__ import annotations
@@ -84,7 +88,10 @@ def page_of(
 
 
 def _instant(stamp: timestamp_pb2.Timestamp) -> tuple[int, int]:
-    return (stamp.seconds, stamp.nanos)
+    """``(seconds, microseconds)``: the store keeps a turn's start time to the microsecond, while
+    its input's ``create_time`` (the same instant) keeps every nanosecond; compared at full
+    precision, the input could count as created after the turn started."""
+    return (stamp.seconds, stamp.nanos // 1000)
 
 
 def turn_places(
@@ -92,10 +99,11 @@ def turn_places(
 ) -> list[int]:
     """Where each turn start time in ``starts`` sits among ``messages`` (docs/semantics.md §5,
     ``Conversation.turns_without_reply``): the index of the first message created after it
-    (``len(messages)`` when none is), so the turn comes right after message ``index - 1``. A
-    message without ``create_time`` counts as created at the epoch. Clocks of several replicas
-    may disagree, so times need not rise with the order: the first message later than the start
-    and than every message before it is meant (a running maximum)."""
+    (``len(messages)`` when none is), so the turn comes right after message ``index - 1``. Times
+    are compared to the microsecond; a message without ``create_time`` counts as created at the
+    epoch. Clocks of several replicas may disagree, so times need not rise with the order: the
+    first message later than the start and than every message before it is meant (a running
+    maximum)."""
     latest = list(itertools.accumulate((_instant(m.create_time) for m in messages), max))
     return [bisect.bisect_right(latest, _instant(start)) for start in starts]
 

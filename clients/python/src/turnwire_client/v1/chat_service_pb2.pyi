@@ -495,12 +495,13 @@ class Conversation(_message.Message):
         that are running or ended other than COMPLETED (SKIPPED turns are not
         listed) and have no stored reply: none was stored before the turn ended
         (for example cancelled before the model's first output), none yet while
-        it runs, or a ROLLBACK removed it. Oldest first. A turn sits right after
-        the last message before the first message created after the turn started
-        (its own input included, as that is created at its start), and is listed
-        on the page that holds that message; a turn before every message is on
-        the first page. So reading every page lists each turn once. Only the 100
-        most recently started such turns are considered, to bound the response.
+        it runs, or a ROLLBACK removed it. Oldest first. A turn sits right before
+        the first message created after it started (times to the microsecond;
+        its own input is created at its start, so the turn follows it), and is
+        listed on the page that holds the message just before that place; a turn
+        before every message is on the first page. So reading every page lists
+        each turn once. Only the 100 most recently started such turns are
+        considered, to bound the response (docs/semantics.md §5).
         """
 
     def __init__(
