@@ -171,6 +171,8 @@ class FakeChatService(chat_service_pb2_grpc.ChatServiceServicer):
     requests: list[Any] = field(default_factory=list)
     metadata: list[dict[str, str]] = field(default_factory=list)
     conversations: dict[str, chat_service_pb2.Conversation] = field(default_factory=dict)
+    # GetConversation pages of a conversation, tokens "page-1", "page-2", …; overrides conversations
+    pages: dict[str, list[chat_service_pb2.Conversation]] = field(default_factory=dict)
     running: set[str] = field(default_factory=set)
     stream_cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -211,6 +213,13 @@ class FakeChatService(chat_service_pb2_grpc.ChatServiceServicer):
 
     async def GetConversation(self, request: Any, context: Any) -> Any:
         self._record(request, context)
+        if request.conversation_id in self.pages:
+            pages = self.pages[request.conversation_id]
+            index = int(request.page_token.removeprefix("page-") or 0)
+            following = f"page-{index + 1}" if index + 1 < len(pages) else ""
+            return chat_service_pb2.GetConversationResponse(
+                conversation=pages[index], next_page_token=following
+            )
         if request.conversation_id not in self.conversations:
             await self._abort(
                 context,
@@ -698,6 +707,81 @@ async def test_run_history_prints_messages(service: tuple[FakeChatService, str])
     assert '→ book {"n": 2}' in lines
     assert "← book: error: sold out" in lines
     assert text.index("Weather in Paris?") < text.index("It is sunny in Paris.")
+
+
+def _said(message_id: str, role: int, text: str, seconds: int) -> message_pb2.Message:
+    return message_pb2.Message(
+        id=message_id,
+        role=role,
+        parts=[message_pb2.Part(text=message_pb2.TextPart(text=text))],
+        create_time=timestamp_pb2.Timestamp(seconds=seconds),
+    )
+
+
+def _unreplied(
+    request_id: str, status: int, seconds: int, reason: str = ""
+) -> chat_service_pb2.TurnWithoutReply:
+    turn = chat_service_pb2.TurnWithoutReply(
+        request_id=request_id, status=status, start_time=timestamp_pb2.Timestamp(seconds=seconds)
+    )
+    if reason:
+        turn.error.CopyFrom(rich_status(code_pb2.ABORTED, "stopped", reason))
+    return turn
+
+
+async def test_run_history_marks_turns_without_a_reply_in_place(service: tuple[FakeChatService, str]) -> None:
+    """Issue 16: a turn that ended before any reply was stored is marked after the message stored
+    just before it started (its own input); the client merges every page's marks."""
+    fake, target = service
+    user, assistant = message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT
+    fake.pages[CONV] = [
+        chat_service_pb2.Conversation(
+            conversation_id=CONV,
+            message_count=4,
+            messages=[_said("u1", user, "first", 100), _said("u2", user, "second", 200)],
+            turns_without_reply=[
+                _unreplied("r-rolled", event_pb2.TURN_STATUS_ABORTED, 50, "ROLLED_BACK"),
+                _unreplied("r-early", event_pb2.TURN_STATUS_ABORTED, 100),
+            ],
+        ),
+        chat_service_pb2.Conversation(
+            conversation_id=CONV,
+            message_count=4,
+            messages=[_said("a2", assistant, "answer", 200), _said("u3", user, "third", 300)],
+            partial_replies=[
+                chat_service_pb2.PartialReply(
+                    message_id="a2", request_id="r-2", status=event_pb2.TURN_STATUS_INTERRUPTED
+                )
+            ],
+            turns_without_reply=[
+                _unreplied("r-failed", event_pb2.TURN_STATUS_ERROR, 300, "PROVIDER_ERROR"),
+                _unreplied("r-live", event_pb2.TURN_STATUS_UNSPECIFIED, 301),
+            ],
+        ),
+    ]
+    async with TurnwireClient(target) as client:
+        whole = await client.get_conversation(CONV)
+    assert [m.id for m in whole.messages] == ["u1", "u2", "a2", "u3"]
+    assert [p.message_id for p in whole.partial_replies] == ["a2"]
+    assert [t.request_id for t in whole.turns_without_reply] == ["r-rolled", "r-early", "r-failed", "r-live"]
+
+    console, output = capture()
+    assert await run_history(target, CONV, console=console) == 0
+    lines = [
+        line for line in output().splitlines() if line and not line.startswith(("user ·", "assistant ·"))
+    ]
+    assert lines == [
+        f"conversation {CONV} · 4 messages",
+        "(turn r-rolled ended ABORTED: rolled back, its input and reply removed)",
+        "first",
+        "(turn r-early ended ABORTED before any reply was stored)",
+        "second",
+        "answer",
+        "(partial: turn r-2 ended INTERRUPTED)",
+        "third",
+        "(turn r-failed ended ERROR before any reply was stored: PROVIDER_ERROR)",
+        "(turn r-live is running; no reply stored yet)",
+    ]
 
 
 async def test_run_history_not_found_returns_2(service: tuple[FakeChatService, str]) -> None:

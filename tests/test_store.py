@@ -377,6 +377,54 @@ async def test_partial_replies_are_those_whose_latest_turn_did_not_complete(stor
     assert await store.partial_replies("no-such-conversation") == {}
 
 
+async def test_turns_without_reply_are_unfinished_turns_whose_reply_does_not_exist(store: Store) -> None:
+    """docs/semantics.md §5: a turn cancelled before any reply was stored, one still waiting for
+    its first output and one rolled back are listed (oldest first, the ``limit`` most recent);
+    a turn with a stored reply (partial or complete) and a skipped turn are not."""
+    reply = message_pb2.ROLE_ASSISTANT
+
+    async def turn(
+        request_id: str, state: Any, seconds: int, *, stored: bool, error: bytes | None = None
+    ) -> None:
+        record = dataclasses.replace(
+            _turn(request_id, assistant_message_id=f"a-{request_id}"),
+            start_time=T0 + dt.timedelta(seconds=seconds),
+        )
+        await store.start_turn(record, [_text(f"u-{request_id}", "q")])
+        if state != "running":
+            ended = dataclasses.replace(record, state=state, end_time=record.start_time, error=error)
+            await store.finish_turn(ended, _text(f"a-{request_id}", "a", reply) if stored else None)
+
+    assert await store.turns_without_reply("conv-1", 100) == []
+    await turn("r-done", "completed", 0, stored=True)
+    await turn("r-cut", "aborted", 1, stored=True)  # a partial reply: in partial_replies instead
+    await turn("r-early", "aborted", 2, stored=False)
+    await turn("r-failed", "error", 3, stored=False, error=b"\x08\x0e\x12\x04down")
+    await turn("r-skipped", "skipped", 4, stored=False)
+    await turn("r-rolled", "running", 5, stored=False)
+    rolled = dataclasses.replace(
+        _turn("r-rolled", assistant_message_id="a-r-rolled"),
+        state="aborted",
+        start_time=T0 + dt.timedelta(seconds=5),
+        end_time=T0 + dt.timedelta(seconds=5),
+        error=b"\x08\x0a",
+    )
+    await store.roll_back_turn(rolled, ["u-r-rolled"])
+    await turn("r-waiting", "running", 6, stored=False)
+
+    turns = await store.turns_without_reply("conv-1", 100)
+    assert [(t.request_id, t.state, t.start_time, t.error) for t in turns] == [
+        ("r-early", "aborted", T0 + dt.timedelta(seconds=2), None),
+        ("r-failed", "error", T0 + dt.timedelta(seconds=3), b"\x08\x0e\x12\x04down"),
+        ("r-rolled", "aborted", T0 + dt.timedelta(seconds=5), b"\x08\x0a"),
+        ("r-waiting", "running", T0 + dt.timedelta(seconds=6), None),
+    ]
+    assert [t.request_id for t in await store.turns_without_reply("conv-1", 2)] == ["r-rolled", "r-waiting"]
+    assert await store.turns_without_reply("no-such-conversation", 100) == []
+    with pytest.raises(ValueError, match="limit"):
+        await store.turns_without_reply("conv-1", 0)
+
+
 async def test_finish_unknown_turn_raises_and_stores_nothing(store: Store) -> None:
     await store.start_turn(_turn(), [_text("u1", "q")])
     with pytest.raises(StoreError, match="no turn"):

@@ -25,6 +25,7 @@ from rich.text import Text
 
 from turnwire_client import ProtocolError, TlsOptions, TurnResult, TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
+from turnwire_server.api.message_pages import turn_places
 
 __all__ = [
     "EXIT_CALL_FAILED",
@@ -250,11 +251,20 @@ async def run_history(
     if not conversation.messages:
         out.print(Text("(no messages)", style="dim"), soft_wrap=True)
     partial = {reply.message_id: reply for reply in conversation.partial_replies}
-    for message in conversation.messages:
+    unreplied = conversation.turns_without_reply
+    places = turn_places(conversation.messages, [turn.start_time for turn in unreplied])
+    after: dict[int, list[chat_service_pb2.TurnWithoutReply]] = {}
+    for turn, place in zip(unreplied, places, strict=True):
+        after.setdefault(place - 1, []).append(turn)
+    for turn in after.get(-1, []):
+        out.print(_unreplied_line(turn), soft_wrap=True, highlight=False)
+    for index, message in enumerate(conversation.messages):
         out.print()
         _print_message(out, message)
         if message.id in partial:
             out.print(_partial_line(partial[message.id]), soft_wrap=True, highlight=False)
+        for turn in after.get(index, []):
+            out.print(_unreplied_line(turn), soft_wrap=True, highlight=False)
     return EXIT_OK
 
 
@@ -691,6 +701,21 @@ def _partial_line(reply: chat_service_pb2.PartialReply) -> Text:
         f"(partial: turn {reply.request_id} ended {status})",
         style=_STATUS_STYLES.get(reply.status, "bold"),
     )
+
+
+def _unreplied_line(turn: chat_service_pb2.TurnWithoutReply) -> Text:
+    """The mark of a turn with no stored reply (``Conversation.turns_without_reply``), in its
+    place: after the message stored just before it started."""
+    if turn.status == event_pb2.TURN_STATUS_UNSPECIFIED:
+        return Text(f"(turn {turn.request_id} is running; no reply stored yet)", style="yellow")
+    status = event_pb2.TurnStatus.Name(turn.status).removeprefix("TURN_STATUS_")
+    reason = TurnwireError.from_status(turn.error).reason if turn.HasField("error") else ""
+    if reason == "ROLLED_BACK":
+        text = f"(turn {turn.request_id} ended {status}: rolled back, its input and reply removed)"
+    else:
+        text = f"(turn {turn.request_id} ended {status} before any reply was stored"
+        text += f": {reason})" if reason else ")"
+    return Text(text, style=_STATUS_STYLES.get(turn.status, "bold"))
 
 
 def _print_tool_call(out: Console, call: message_pb2.ToolCallPart) -> None:

@@ -91,8 +91,9 @@ async def test_ctrl_c_aborts_the_turn_and_says_so(sidecar: SidecarProcess) -> No
 
 async def test_ctrl_c_before_the_first_token_says_no_reply_was_stored(sidecar: SidecarProcess) -> None:
     """Trial 3: a Ctrl-C after the turn started but before the model's first token said "the
-    partial reply is stored as aborted", yet no reply is stored (docs/semantics.md §11): `history`
-    shows the user message alone, and the GetConversation contract has no turn status to show."""
+    partial reply is stored as aborted", yet no reply is stored (docs/semantics.md §11). Issue 16:
+    `history` then showed the user message alone; GetConversation now lists the turn among
+    `turns_without_reply` and `history` marks it after that message."""
     chat = await spawn_turnwire(
         "chat", "cli-ctrl-c-early", "hi", "--target", sidecar.target, "--model", "scripted:silent"
     )
@@ -115,6 +116,14 @@ async def test_ctrl_c_before_the_first_token_says_no_reply_was_stored(sidecar: S
         conversation = await client.get_conversation("cli-ctrl-c-early")
     assert [m.role for m in conversation.messages] == [message_pb2.ROLE_USER]
     assert not conversation.partial_replies
+    (turn,) = conversation.turns_without_reply
+    assert (turn.request_id, turn.status) == (request_id, event_pb2.TURN_STATUS_ABORTED)
+
+    shown = await run_turnwire("history", "cli-ctrl-c-early", "--target", sidecar.target)
+    assert shown.code == 0, shown
+    lines = shown.stdout.splitlines()
+    mark = f"(turn {request_id} ended ABORTED before any reply was stored)"
+    assert lines[-2:] == ["hi", mark], shown.stdout  # after the user message, plain when piped
 
 
 async def test_a_streaming_tool_shows_its_preliminary_results(sidecar: SidecarProcess) -> None:

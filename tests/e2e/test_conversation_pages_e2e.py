@@ -6,13 +6,16 @@ Before: the whole conversation came in one response, so a conversation that had 
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from support.sidecar import SidecarFactory
+from support.waiting import wait_until
 
-from turnwire_client import TurnwireClient
-from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
+from turnwire_client import TurnwireClient, TurnwireError, collect
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
 
 
 def _user(i: int, text: str) -> message_pb2.Message:
@@ -66,3 +69,79 @@ async def test_a_conversation_over_4_mib_reads_back_in_pages(sidecar_factory: Si
             raise AssertionError("a page token was accepted for another conversation")
     async with TurnwireClient(sidecar.target) as client:  # the client follows the pages itself
         assert len((await client.get_conversation("big")).messages) == 12
+
+
+_SCRIPTS = {
+    "providers": {
+        "scripted": {
+            "scripts": {
+                "silent": [{"text": "late", "delay_ms": 60_000}],  # a cancel lands before any output
+                "hello": [{"text": "Hello."}],
+            }
+        }
+    }
+}
+
+
+async def test_turns_without_a_reply_are_listed_on_the_page_of_their_place(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    """Issue 16: a turn cancelled before any reply was stored showed nowhere. GetConversation lists
+    it in `turns_without_reply` on the page holding the message stored just before it started
+    (its own input); a turn rolled back from an empty conversation sits before every message, on
+    the first page (docs/semantics.md §5)."""
+    sidecar = await sidecar_factory(_SCRIPTS).start()
+    async with TurnwireClient(sidecar.target) as client:
+
+        async def cut_short(text: str, request_id: str) -> None:
+            ends = []
+            async for event in client.chat("paged", text, request_id=request_id, model="scripted:silent"):
+                if event.HasField("turn_start"):
+                    assert await client.cancel_chat(request_id)
+                if event.HasField("turn_end"):
+                    ends.append(event.turn_end.status)
+            assert ends == [event_pb2.TURN_STATUS_ABORTED]
+
+        # r-rolled is rolled back by the next input: its input goes, so it precedes every message.
+        rolled = asyncio.ensure_future(
+            collect(client.chat("paged", "gone", request_id="r-rolled", model="scripted:silent"))
+        )
+
+        async def rolled_running() -> bool:
+            try:
+                return bool((await client.get_conversation("paged")).turns_without_reply)
+            except TurnwireError as error:  # the conversation is not created yet
+                assert error.code == grpc.StatusCode.NOT_FOUND
+                return False
+
+        await wait_until(rolled_running, timeout=30)
+        await collect(
+            client.chat("paged", "q1", request_id="r-1", model="scripted:hello", concurrent_input="rollback")
+        )
+        assert (await rolled).status_name == "ABORTED"
+        await cut_short("q2", "r-cut")  # after q2
+        await collect(client.chat("paged", "q3", request_id="r-3", model="scripted:hello"))
+        await cut_short("q4", "r-cut-2")  # after q4, the last message
+
+        pages: list[tuple[list[str], list[tuple[str, int]]]] = []
+        token = ""
+        while True:
+            page = await client.get_conversation_page("paged", page_size=2, page_token=token)
+            texts = ["".join(p.text.text for p in m.parts) for m in page.conversation.messages]
+            turns = [(t.request_id, t.status) for t in page.conversation.turns_without_reply]
+            pages.append((texts, turns))
+            token = page.next_page_token
+            if not token:
+                break
+        whole = await client.get_conversation("paged")
+    aborted = event_pb2.TURN_STATUS_ABORTED
+    assert pages == [
+        (["q1", "Hello."], [("r-rolled", aborted)]),
+        (["q2", "q3"], [("r-cut", aborted)]),
+        (["Hello.", "q4"], [("r-cut-2", aborted)]),
+    ]
+    assert [t.request_id for t in whole.turns_without_reply] == ["r-rolled", "r-cut", "r-cut-2"]
+    reason = error_details_pb2.ErrorInfo()
+    assert any(d.Unpack(reason) for d in whole.turns_without_reply[0].error.details)
+    assert reason.reason == "ROLLED_BACK"
+    assert not whole.partial_replies

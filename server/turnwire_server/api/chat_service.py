@@ -11,14 +11,15 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
+from google.rpc import status_pb2
 
 from turnwire.tools import Tool
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
 from turnwire_server.api.client_tool_input import check_client_tools
-from turnwire_server.api.message_pages import decode_token, encode_token, page_of
+from turnwire_server.api.message_pages import decode_token, encode_token, on_page, page_of, turn_places
 from turnwire_server.api.progress import Silence
 from turnwire_server.api.replays import replay_stream
-from turnwire_server.api.resources import conversation_proto
+from turnwire_server.api.resources import conversation_proto, timestamp
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
 from turnwire_server.api.submission_rpcs import SubmissionRpcs
 from turnwire_server.api.tenancy import listing_prefix, scoped_key
@@ -43,7 +44,7 @@ from turnwire_server.api.validation import (
 from turnwire_server.engine import TurnEngine, TurnHandle, TurnRequest
 from turnwire_server.engine.ids import new_request_id
 from turnwire_server.engine.submissions import Submissions
-from turnwire_server.store.base import ConversationRecord, InvalidPageToken, Store, StoreError
+from turnwire_server.store.base import ConversationRecord, InvalidPageToken, Store, StoreError, TurnRecord
 
 log = logging.getLogger("turnwire.api")
 
@@ -60,13 +61,30 @@ def _not_found(conversation_id: str) -> TurnwireStatusError:
     )
 
 
+TURNS_WITHOUT_REPLY_LIMIT = 100
+"""Most ``Conversation.turns_without_reply`` GetConversation considers (the most recently
+started), so that many cancelled turns cannot push a response past its size budget."""
+
 _PARTIAL_STATUS: dict[str, event_pb2.TurnStatus.ValueType] = {
     "running": event_pb2.TURN_STATUS_UNSPECIFIED,
     "aborted": event_pb2.TURN_STATUS_ABORTED,
     "error": event_pb2.TURN_STATUS_ERROR,
     "interrupted": event_pb2.TURN_STATUS_INTERRUPTED,
 }
-"""A partial reply's turn state (:mod:`turnwire_server.store.partial_replies`) → ``PartialReply.status``."""
+"""A partial reply's (or a turn without reply's) turn state
+(:mod:`turnwire_server.store.partial_replies`) → ``PartialReply.status``."""
+
+
+def _turn_without_reply(turn: TurnRecord) -> chat_service_pb2.TurnWithoutReply:
+    """``turn`` (a record of ``Store.turns_without_reply``) as the API's ``TurnWithoutReply``."""
+    entry = chat_service_pb2.TurnWithoutReply(
+        request_id=turn.request_id,
+        status=_PARTIAL_STATUS[turn.state],
+        start_time=timestamp(turn.start_time),
+    )
+    if turn.error is not None:
+        entry.error.CopyFrom(status_pb2.Status.FromString(turn.error))
+    return entry
 
 
 class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_pb2_grpc.ChatServiceServicer):
@@ -306,6 +324,9 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
             try:
                 messages = await self.store.load_messages(request.conversation_id)
                 partial = await self.store.partial_replies(request.conversation_id)
+                unreplied = await self.store.turns_without_reply(
+                    request.conversation_id, TURNS_WITHOUT_REPLY_LIMIT
+                )
             except StoreError as error:
                 raise status_error_of(error) from error
         except TurnwireStatusError as error:
@@ -320,6 +341,12 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 conversation.partial_replies.add(
                     message_id=message.id, request_id=request_id, status=_PARTIAL_STATUS[state]
                 )
+        end = start + len(page)
+        turns = [_turn_without_reply(turn) for turn in unreplied]
+        places = turn_places(messages, [turn.start_time for turn in turns])
+        conversation.turns_without_reply.extend(
+            turn for turn, place in zip(turns, places, strict=True) if on_page(place, start, end)
+        )
         token = "" if following is None else encode_token(request.conversation_id, following)
         return chat_service_pb2.GetConversationResponse(conversation=conversation, next_page_token=token)
 

@@ -430,6 +430,14 @@ class Store(Protocol):
         ``interrupted``; complete replies are absent. One read."""
         ...
 
+    async def turns_without_reply(self, conversation_id: str, limit: int) -> list[TurnRecord]:
+        """The conversation's turns that are ``running``, ``aborted``, ``error`` or
+        ``interrupted`` and whose assistant message does not exist (none stored yet, none
+        before the turn ended, or removed by a rollback): the ``limit`` (>= 1) most recently
+        started, oldest first (ties by request id). [] for an unknown conversation. One
+        read, index-served (docs/semantics.md §5)."""
+        ...
+
     async def start_turn(
         self, turn: TurnRecord, messages: Sequence[message_pb2.Message]
     ) -> list[message_pb2.Message] | None:

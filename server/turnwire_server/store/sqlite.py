@@ -43,7 +43,11 @@ from turnwire_server.store.base import (
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.message_cache import DecodedMessages
-from turnwire_server.store.partial_replies import partial_replies_of, partial_replies_sql
+from turnwire_server.store.partial_replies import (
+    partial_replies_of,
+    partial_replies_sql,
+    turns_without_reply_sql,
+)
 from turnwire_server.store.sqlite_compactions import discard_reply_write, save_compaction_write
 from turnwire_server.store.sqlite_migrations import Migration, load_migrations
 from turnwire_server.store.sqlite_rows import (
@@ -138,6 +142,7 @@ def _read_only_mount_problem(kind: str, path: Path) -> str:
 
 
 _PARTIAL_REPLIES_SQL = partial_replies_sql("?")
+_TURNS_WITHOUT_REPLY_SQL = turns_without_reply_sql("?")
 
 
 class SqliteStore:
@@ -326,6 +331,14 @@ class SqliteStore:
         """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
         rows = await self._read("partial_replies", _PARTIAL_REPLIES_SQL, (conversation_id,))
         return partial_replies_of(rows)
+
+    async def turns_without_reply(self, conversation_id: str, limit: int) -> list[TurnRecord]:
+        """See :meth:`~turnwire_server.store.base.Store.turns_without_reply`; raises
+        :class:`ValueError` when ``limit`` < 1."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        rows = await self._read("turns_without_reply", _TURNS_WITHOUT_REPLY_SQL, (conversation_id, limit))
+        return [turn_from_row(row) for row in reversed(rows)]
 
     async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
         """Remove the partial reply ``message_id`` and record ``turn``'s new reply id; see

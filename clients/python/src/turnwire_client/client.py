@@ -259,7 +259,8 @@ class TurnwireClient:
         *,
         timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
     ) -> chat_service_pb2.Conversation:
-        """Fetch a conversation with all its messages, oldest first (every page, fetched in turn).
+        """Fetch a conversation with all its messages, oldest first, its ``partial_replies`` and
+        ``turns_without_reply`` (every page, fetched in turn).
 
         Raises:
             TurnwireError: ``NOT_FOUND`` (reason ``CONVERSATION_NOT_FOUND``) for an unknown
@@ -274,6 +275,8 @@ class TurnwireClient:
             request.page_token = response.next_page_token
             response = await self._unary(self._stub.GetConversation, request, timeout)
             conversation.messages.extend(response.conversation.messages)
+            conversation.partial_replies.extend(response.conversation.partial_replies)
+            conversation.turns_without_reply.extend(response.conversation.turns_without_reply)
         return conversation
 
     async def get_conversation_page(

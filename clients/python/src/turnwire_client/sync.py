@@ -255,8 +255,8 @@ class SyncTurnwireClient:
     def get_conversation(
         self, conversation_id: str, *, timeout: float | None = None
     ) -> chat_service_pb2.Conversation:
-        """A conversation with all its messages, every page fetched in turn
-        (:meth:`TurnwireClient.get_conversation`)."""
+        """A conversation with all its messages, partial replies and turns without reply, every
+        page fetched in turn (:meth:`TurnwireClient.get_conversation`)."""
         request = chat_service_pb2.GetConversationRequest(conversation_id=conversation_id)
         response: chat_service_pb2.GetConversationResponse = self._unary(
             self._stub.GetConversation, request, timeout
@@ -266,6 +266,8 @@ class SyncTurnwireClient:
             request.page_token = response.next_page_token
             response = self._unary(self._stub.GetConversation, request, timeout)
             conversation.messages.extend(response.conversation.messages)
+            conversation.partial_replies.extend(response.conversation.partial_replies)
+            conversation.turns_without_reply.extend(response.conversation.turns_without_reply)
         return conversation
 
     def get_conversation_page(

@@ -464,6 +464,7 @@ class Conversation(_message.Message):
     MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     PARTIAL_REPLIES_FIELD_NUMBER: _builtins.int
+    TURNS_WITHOUT_REPLY_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation's id."""
     message_count: _builtins.int
@@ -488,6 +489,21 @@ class Conversation(_message.Message):
         short). A complete reply is not listed.
         """
 
+    @_builtins.property
+    def turns_without_reply(self) -> _containers.RepeatedCompositeFieldContainer[Global___TurnWithoutReply]:
+        """Output only, filled by GetConversation: the turns of this conversation
+        that are running or ended other than COMPLETED (SKIPPED turns are not
+        listed) and have no stored reply: none was stored before the turn ended
+        (for example cancelled before the model's first output), none yet while
+        it runs, or a ROLLBACK removed it. Oldest first. A turn sits right before
+        the first message created after it started (times to the microsecond;
+        its own input is created at its start, so the turn follows it), and is
+        listed on the page that holds the message just before that place; a turn
+        before every message is on the first page. So reading every page lists
+        each turn once. Only the 100 most recently started such turns are
+        considered, to bound the response (docs/semantics.md §5).
+        """
+
     def __init__(
         self,
         *,
@@ -497,10 +513,11 @@ class Conversation(_message.Message):
         message_count: _builtins.int = ...,
         messages: _abc.Iterable[_message_pb2.Message] | None = ...,
         partial_replies: _abc.Iterable[Global___PartialReply] | None = ...,
+        turns_without_reply: _abc.Iterable[Global___TurnWithoutReply] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "message_count", b"message_count", "messages", b"messages", "partial_replies", b"partial_replies", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "message_count", b"message_count", "messages", b"messages", "partial_replies", b"partial_replies", "turns_without_reply", b"turns_without_reply", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -537,6 +554,51 @@ class PartialReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PartialReply: _TypeAlias = PartialReply  # noqa: Y015
+
+@_typing.final
+class TurnWithoutReply(_message.Message):
+    """TurnWithoutReply is a turn of a conversation with no stored reply
+    (docs/semantics.md §5).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """The turn's request id."""
+    status: _event_pb2.TurnStatus.ValueType
+    """How it ended (ABORTED, ERROR or INTERRUPTED); TURN_STATUS_UNSPECIFIED
+    while it is still running.
+    """
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """When it started."""
+
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """Why it ended, when that was recorded: the TurnEnd's error, a
+        google.rpc.Status with google.rpc.ErrorInfo (domain `turnwire.dev`,
+        reason from ErrorReason, e.g. ROLLED_BACK for a rolled-back turn).
+        """
+
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        status: _event_pb2.TurnStatus.ValueType = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        error: _status_pb2.Status | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "start_time", b"start_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "request_id", b"request_id", "start_time", b"start_time", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnWithoutReply: _TypeAlias = TurnWithoutReply  # noqa: Y015
 
 @_typing.final
 class GetConversationRequest(_message.Message):

@@ -18,7 +18,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file turnwire/v1/chat_service.proto.
  */
 export const file_turnwire_v1_chat_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch50dXJud2lyZS92MS9jaGF0X3NlcnZpY2UucHJvdG8SC3R1cm53aXJlLnYxIl4KCkNsaWVudFRvb2wSDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRItCgxpbnB1dF9zY2hlbWEYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IskCCgtDaGF0UmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJQoHbWVzc2FnZRgCIAEoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USEgoKcmVxdWVzdF9pZBgDIAEoCRIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgFIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgGIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAcgAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAggASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kiNQoMQ2hhdFJlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50ItICChNTYXZlTWVzc2FnZXNSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRImCghtZXNzYWdlcxgCIAMoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USEgoKcmVxdWVzdF9pZBgDIAEoCRIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgFIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgGIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAcgAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAggASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kiPQoUU2F2ZU1lc3NhZ2VzUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQi5QEKF0NvbnRpbnVlTGFzdFR1cm5SZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRISCgpyZXF1ZXN0X2lkGAIgASgJEiUKBGJvZHkYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eg0KBW1vZGVsGAQgASgJEjgKEWRpc2Nvbm5lY3RfcG9saWN5GAUgASgOMh0udHVybndpcmUudjEuRGlzY29ubmVjdFBvbGljeRItCgxjbGllbnRfdG9vbHMYBiADKAsyFy50dXJud2lyZS52MS5DbGllbnRUb29sIkEKGENvbnRpbnVlTGFzdFR1cm5SZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCL8AQoMQ29udmVyc2F0aW9uEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLdXBkYXRlX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDW1lc3NhZ2VfY291bnQYBCABKAMSJgoIbWVzc2FnZXMYBSADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEjIKD3BhcnRpYWxfcmVwbGllcxgGIAMoCzIZLnR1cm53aXJlLnYxLlBhcnRpYWxSZXBseSJfCgxQYXJ0aWFsUmVwbHkSEgoKbWVzc2FnZV9pZBgBIAEoCRISCgpyZXF1ZXN0X2lkGAIgASgJEicKBnN0YXR1cxgDIAEoDjIXLnR1cm53aXJlLnYxLlR1cm5TdGF0dXMiWAoWR2V0Q29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiYwoXR2V0Q29udmVyc2F0aW9uUmVzcG9uc2USLwoMY29udmVyc2F0aW9uGAEgASgLMhkudHVybndpcmUudjEuQ29udmVyc2F0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJBChhMaXN0Q29udmVyc2F0aW9uc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiZgoZTGlzdENvbnZlcnNhdGlvbnNSZXNwb25zZRIwCg1jb252ZXJzYXRpb25zGAEgAygLMhkudHVybndpcmUudjEuQ29udmVyc2F0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSInChFDYW5jZWxDaGF0UmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJIicKEkNhbmNlbENoYXRSZXNwb25zZRIRCgljYW5jZWxsZWQYASABKAgiRgoRUmVzdW1lVHVyblJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCRIdChVhZnRlcl9zZXF1ZW5jZV9udW1iZXIYAiABKAMiOwoSUmVzdW1lVHVyblJlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50IpQDCgpTdWJtaXNzaW9uEhUKDXN1Ym1pc3Npb25faWQYASABKAkSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLnR1cm53aXJlLnYxLlN1Ym1pc3Npb25TdGF0ZRIpCghtZXRhZGF0YRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSLwoLY3JlYXRlX3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0X3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZF90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIhCgVlcnJvchgJIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzEhwKFGFzc2lzdGFudF9tZXNzYWdlX2lkGAogASgJEhUKDW1lc3NhZ2VfY291bnQYCyABKAUi4QIKFVN1Ym1pdE1lc3NhZ2VzUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJgoIbWVzc2FnZXMYAiADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEhUKDXN1Ym1pc3Npb25faWQYAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEikKCG1ldGFkYXRhGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIlCgRib2R5GAYgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgHIAEoCRItCgxjbGllbnRfdG9vbHMYCCADKAsyFy50dXJud2lyZS52MS5DbGllbnRUb29sEkcKGWNvbmN1cnJlbnRfaW5wdXRfc3RyYXRlZ3kYCSABKA4yJC50dXJud2lyZS52MS5Db25jdXJyZW50SW5wdXRTdHJhdGVneSJXChZTdWJtaXRNZXNzYWdlc1Jlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uEhAKCGFjY2VwdGVkGAIgASgIIi0KFEdldFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkiRAoVR2V0U3VibWlzc2lvblJlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uIoUBChZMaXN0U3VibWlzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLnR1cm53aXJlLnYxLlN1Ym1pc3Npb25TdGF0ZSJgChdMaXN0U3VibWlzc2lvbnNSZXNwb25zZRIsCgtzdWJtaXNzaW9ucxgBIAMoCzIXLnR1cm53aXJlLnYxLlN1Ym1pc3Npb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjAKF0NhbmNlbFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkiRwoYQ2FuY2VsU3VibWlzc2lvblJlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uIk4KFldhdGNoU3VibWlzc2lvblJlcXVlc3QSFQoNc3VibWlzc2lvbl9pZBgBIAEoCRIdChVhZnRlcl9zZXF1ZW5jZV9udW1iZXIYAiABKAMiQAoXV2F0Y2hTdWJtaXNzaW9uUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQikAEKEkFkZE1lc3NhZ2VzUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJgoIbWVzc2FnZXMYAiADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEiIKBG1vZGUYAyABKA4yFC50dXJud2lyZS52MS5BZGRNb2RlEhUKDWFsbG93X21pc3NpbmcYBCABKAgiiwEKE0FkZE1lc3NhZ2VzUmVzcG9uc2USLwoMY29udmVyc2F0aW9uGAEgASgLMhkudHVybndpcmUudjEuQ29udmVyc2F0aW9uEhMKC2FkZGVkX2NvdW50GAIgASgFEhUKDXVwZGF0ZWRfY291bnQYAyABKAUSFwoPdW5jaGFuZ2VkX2NvdW50GAQgASgFIksKGURlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhUKDWFsbG93X21pc3NpbmcYAiABKAgiLQoaRGVsZXRlQ29udmVyc2F0aW9uUmVzcG9uc2USDwoHZGVsZXRlZBgBIAEoCCJaCgpUb29sUmVzdWx0EhQKDHRvb2xfY2FsbF9pZBgBIAEoCRITCgtvdXRwdXRfanNvbhgCIAEoCRINCgVlcnJvchgDIAEoCBISCgplcnJvcl90ZXh0GAQgASgJIvACChhTdWJtaXRUb29sUmVzdWx0c1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEigKB3Jlc3VsdHMYAiADKAsyFy50dXJud2lyZS52MS5Ub29sUmVzdWx0EhUKDWF1dG9fY29udGludWUYAyABKAgSEgoKcmVxdWVzdF9pZBgEIAEoCRIlCgRib2R5GAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgGIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgHIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAggAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAkgASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kiQgoZU3VibWl0VG9vbFJlc3VsdHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCJGCgxUb29sQXBwcm92YWwSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhAKCGFwcHJvdmVkGAIgASgIEg4KBnJlYXNvbhgDIAEoCSL2AgoaU3VibWl0VG9vbEFwcHJvdmFsc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiwKCWFwcHJvdmFscxgCIAMoCzIZLnR1cm53aXJlLnYxLlRvb2xBcHByb3ZhbBIVCg1hdXRvX2NvbnRpbnVlGAMgASgIEhIKCnJlcXVlc3RfaWQYBCABKAkSJQoEYm9keRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYBiABKAkSOAoRZGlzY29ubmVjdF9wb2xpY3kYByABKA4yHS50dXJud2lyZS52MS5EaXNjb25uZWN0UG9saWN5Ei0KDGNsaWVudF90b29scxgIIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wSRwoZY29uY3VycmVudF9pbnB1dF9zdHJhdGVneRgJIAEoDjIkLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dFN0cmF0ZWd5IkQKG1N1Ym1pdFRvb2xBcHByb3ZhbHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCpzChBEaXNjb25uZWN0UG9saWN5EiEKHURJU0NPTk5FQ1RfUE9MSUNZX1VOU1BFQ0lGSUVEEAASHAoYRElTQ09OTkVDVF9QT0xJQ1lfQ0FOQ0VMEAESHgoaRElTQ09OTkVDVF9QT0xJQ1lfQ09OVElOVUUQAiriAQoXQ29uY3VycmVudElucHV0U3RyYXRlZ3kSKQolQ09OQ1VSUkVOVF9JTlBVVF9TVFJBVEVHWV9VTlNQRUNJRklFRBAAEiUKIUNPTkNVUlJFTlRfSU5QVVRfU1RSQVRFR1lfRU5RVUVVRRABEiQKIENPTkNVUlJFTlRfSU5QVVRfU1RSQVRFR1lfUkVKRUNUEAISJwojQ09OQ1VSUkVOVF9JTlBVVF9TVFJBVEVHWV9JTlRFUlJVUFQQAxImCiJDT05DVVJSRU5UX0lOUFVUX1NUUkFURUdZX1JPTExCQUNLEAQq5wEKD1N1Ym1pc3Npb25TdGF0ZRIgChxTVUJNSVNTSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHAoYU1VCTUlTU0lPTl9TVEFURV9QRU5ESU5HEAESHAoYU1VCTUlTU0lPTl9TVEFURV9SVU5OSU5HEAISHgoaU1VCTUlTU0lPTl9TVEFURV9DT01QTEVURUQQAxIaChZTVUJNSVNTSU9OX1NUQVRFX0VSUk9SEAQSHAoYU1VCTUlTU0lPTl9TVEFURV9BQk9SVEVEEAUSHAoYU1VCTUlTU0lPTl9TVEFURV9TS0lQUEVEEAYqTQoHQWRkTW9kZRIYChRBRERfTU9ERV9VTlNQRUNJRklFRBAAEhMKD0FERF9NT0RFX0FQUEVORBABEhMKD0FERF9NT0RFX1VQU0VSVBACMsULCgtDaGF0U2VydmljZRI9CgRDaGF0EhgudHVybndpcmUudjEuQ2hhdFJlcXVlc3QaGS50dXJud2lyZS52MS5DaGF0UmVzcG9uc2UwARJVCgxTYXZlTWVzc2FnZXMSIC50dXJud2lyZS52MS5TYXZlTWVzc2FnZXNSZXF1ZXN0GiEudHVybndpcmUudjEuU2F2ZU1lc3NhZ2VzUmVzcG9uc2UwARJhChBDb250aW51ZUxhc3RUdXJuEiQudHVybndpcmUudjEuQ29udGludWVMYXN0VHVyblJlcXVlc3QaJS50dXJud2lyZS52MS5Db250aW51ZUxhc3RUdXJuUmVzcG9uc2UwARJcCg9HZXRDb252ZXJzYXRpb24SIy50dXJud2lyZS52MS5HZXRDb252ZXJzYXRpb25SZXF1ZXN0GiQudHVybndpcmUudjEuR2V0Q29udmVyc2F0aW9uUmVzcG9uc2USYgoRTGlzdENvbnZlcnNhdGlvbnMSJS50dXJud2lyZS52MS5MaXN0Q29udmVyc2F0aW9uc1JlcXVlc3QaJi50dXJud2lyZS52MS5MaXN0Q29udmVyc2F0aW9uc1Jlc3BvbnNlEk0KCkNhbmNlbENoYXQSHi50dXJud2lyZS52MS5DYW5jZWxDaGF0UmVxdWVzdBofLnR1cm53aXJlLnYxLkNhbmNlbENoYXRSZXNwb25zZRJPCgpSZXN1bWVUdXJuEh4udHVybndpcmUudjEuUmVzdW1lVHVyblJlcXVlc3QaHy50dXJud2lyZS52MS5SZXN1bWVUdXJuUmVzcG9uc2UwARJZCg5TdWJtaXRNZXNzYWdlcxIiLnR1cm53aXJlLnYxLlN1Ym1pdE1lc3NhZ2VzUmVxdWVzdBojLnR1cm53aXJlLnYxLlN1Ym1pdE1lc3NhZ2VzUmVzcG9uc2USVgoNR2V0U3VibWlzc2lvbhIhLnR1cm53aXJlLnYxLkdldFN1Ym1pc3Npb25SZXF1ZXN0GiIudHVybndpcmUudjEuR2V0U3VibWlzc2lvblJlc3BvbnNlElwKD0xpc3RTdWJtaXNzaW9ucxIjLnR1cm53aXJlLnYxLkxpc3RTdWJtaXNzaW9uc1JlcXVlc3QaJC50dXJud2lyZS52MS5MaXN0U3VibWlzc2lvbnNSZXNwb25zZRJfChBDYW5jZWxTdWJtaXNzaW9uEiQudHVybndpcmUudjEuQ2FuY2VsU3VibWlzc2lvblJlcXVlc3QaJS50dXJud2lyZS52MS5DYW5jZWxTdWJtaXNzaW9uUmVzcG9uc2USXgoPV2F0Y2hTdWJtaXNzaW9uEiMudHVybndpcmUudjEuV2F0Y2hTdWJtaXNzaW9uUmVxdWVzdBokLnR1cm53aXJlLnYxLldhdGNoU3VibWlzc2lvblJlc3BvbnNlMAESUAoLQWRkTWVzc2FnZXMSHy50dXJud2lyZS52MS5BZGRNZXNzYWdlc1JlcXVlc3QaIC50dXJud2lyZS52MS5BZGRNZXNzYWdlc1Jlc3BvbnNlEmUKEkRlbGV0ZUNvbnZlcnNhdGlvbhImLnR1cm53aXJlLnYxLkRlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QaJy50dXJud2lyZS52MS5EZWxldGVDb252ZXJzYXRpb25SZXNwb25zZRJkChFTdWJtaXRUb29sUmVzdWx0cxIlLnR1cm53aXJlLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVxdWVzdBomLnR1cm53aXJlLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVzcG9uc2UwARJqChNTdWJtaXRUb29sQXBwcm92YWxzEicudHVybndpcmUudjEuU3VibWl0VG9vbEFwcHJvdmFsc1JlcXVlc3QaKC50dXJud2lyZS52MS5TdWJtaXRUb29sQXBwcm92YWxzUmVzcG9uc2UwAWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_google_rpc_status, file_turnwire_v1_event, file_turnwire_v1_message]);
+  fileDesc("Ch50dXJud2lyZS92MS9jaGF0X3NlcnZpY2UucHJvdG8SC3R1cm53aXJlLnYxIl4KCkNsaWVudFRvb2wSDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRItCgxpbnB1dF9zY2hlbWEYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IskCCgtDaGF0UmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJQoHbWVzc2FnZRgCIAEoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USEgoKcmVxdWVzdF9pZBgDIAEoCRIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgFIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgGIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAcgAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAggASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kiNQoMQ2hhdFJlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50ItICChNTYXZlTWVzc2FnZXNSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRImCghtZXNzYWdlcxgCIAMoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USEgoKcmVxdWVzdF9pZBgDIAEoCRIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgFIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgGIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAcgAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAggASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kiPQoUU2F2ZU1lc3NhZ2VzUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQi5QEKF0NvbnRpbnVlTGFzdFR1cm5SZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRISCgpyZXF1ZXN0X2lkGAIgASgJEiUKBGJvZHkYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eg0KBW1vZGVsGAQgASgJEjgKEWRpc2Nvbm5lY3RfcG9saWN5GAUgASgOMh0udHVybndpcmUudjEuRGlzY29ubmVjdFBvbGljeRItCgxjbGllbnRfdG9vbHMYBiADKAsyFy50dXJud2lyZS52MS5DbGllbnRUb29sIkEKGENvbnRpbnVlTGFzdFR1cm5SZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCK4AgoMQ29udmVyc2F0aW9uEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLdXBkYXRlX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDW1lc3NhZ2VfY291bnQYBCABKAMSJgoIbWVzc2FnZXMYBSADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEjIKD3BhcnRpYWxfcmVwbGllcxgGIAMoCzIZLnR1cm53aXJlLnYxLlBhcnRpYWxSZXBseRI6ChN0dXJuc193aXRob3V0X3JlcGx5GAcgAygLMh0udHVybndpcmUudjEuVHVybldpdGhvdXRSZXBseSJfCgxQYXJ0aWFsUmVwbHkSEgoKbWVzc2FnZV9pZBgBIAEoCRISCgpyZXF1ZXN0X2lkGAIgASgJEicKBnN0YXR1cxgDIAEoDjIXLnR1cm53aXJlLnYxLlR1cm5TdGF0dXMiogEKEFR1cm5XaXRob3V0UmVwbHkSEgoKcmVxdWVzdF9pZBgBIAEoCRInCgZzdGF0dXMYAiABKA4yFy50dXJud2lyZS52MS5UdXJuU3RhdHVzEi4KCnN0YXJ0X3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiEKBWVycm9yGAQgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXMiWAoWR2V0Q29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiYwoXR2V0Q29udmVyc2F0aW9uUmVzcG9uc2USLwoMY29udmVyc2F0aW9uGAEgASgLMhkudHVybndpcmUudjEuQ29udmVyc2F0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJBChhMaXN0Q29udmVyc2F0aW9uc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiZgoZTGlzdENvbnZlcnNhdGlvbnNSZXNwb25zZRIwCg1jb252ZXJzYXRpb25zGAEgAygLMhkudHVybndpcmUudjEuQ29udmVyc2F0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSInChFDYW5jZWxDaGF0UmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJIicKEkNhbmNlbENoYXRSZXNwb25zZRIRCgljYW5jZWxsZWQYASABKAgiRgoRUmVzdW1lVHVyblJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCRIdChVhZnRlcl9zZXF1ZW5jZV9udW1iZXIYAiABKAMiOwoSUmVzdW1lVHVyblJlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50IpQDCgpTdWJtaXNzaW9uEhUKDXN1Ym1pc3Npb25faWQYASABKAkSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLnR1cm53aXJlLnYxLlN1Ym1pc3Npb25TdGF0ZRIpCghtZXRhZGF0YRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSLwoLY3JlYXRlX3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0X3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZF90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIhCgVlcnJvchgJIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzEhwKFGFzc2lzdGFudF9tZXNzYWdlX2lkGAogASgJEhUKDW1lc3NhZ2VfY291bnQYCyABKAUi4QIKFVN1Ym1pdE1lc3NhZ2VzUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJgoIbWVzc2FnZXMYAiADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEhUKDXN1Ym1pc3Npb25faWQYAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEikKCG1ldGFkYXRhGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIlCgRib2R5GAYgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgHIAEoCRItCgxjbGllbnRfdG9vbHMYCCADKAsyFy50dXJud2lyZS52MS5DbGllbnRUb29sEkcKGWNvbmN1cnJlbnRfaW5wdXRfc3RyYXRlZ3kYCSABKA4yJC50dXJud2lyZS52MS5Db25jdXJyZW50SW5wdXRTdHJhdGVneSJXChZTdWJtaXRNZXNzYWdlc1Jlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uEhAKCGFjY2VwdGVkGAIgASgIIi0KFEdldFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkiRAoVR2V0U3VibWlzc2lvblJlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uIoUBChZMaXN0U3VibWlzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLnR1cm53aXJlLnYxLlN1Ym1pc3Npb25TdGF0ZSJgChdMaXN0U3VibWlzc2lvbnNSZXNwb25zZRIsCgtzdWJtaXNzaW9ucxgBIAMoCzIXLnR1cm53aXJlLnYxLlN1Ym1pc3Npb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjAKF0NhbmNlbFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkiRwoYQ2FuY2VsU3VibWlzc2lvblJlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uIk4KFldhdGNoU3VibWlzc2lvblJlcXVlc3QSFQoNc3VibWlzc2lvbl9pZBgBIAEoCRIdChVhZnRlcl9zZXF1ZW5jZV9udW1iZXIYAiABKAMiQAoXV2F0Y2hTdWJtaXNzaW9uUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQikAEKEkFkZE1lc3NhZ2VzUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJgoIbWVzc2FnZXMYAiADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEiIKBG1vZGUYAyABKA4yFC50dXJud2lyZS52MS5BZGRNb2RlEhUKDWFsbG93X21pc3NpbmcYBCABKAgiiwEKE0FkZE1lc3NhZ2VzUmVzcG9uc2USLwoMY29udmVyc2F0aW9uGAEgASgLMhkudHVybndpcmUudjEuQ29udmVyc2F0aW9uEhMKC2FkZGVkX2NvdW50GAIgASgFEhUKDXVwZGF0ZWRfY291bnQYAyABKAUSFwoPdW5jaGFuZ2VkX2NvdW50GAQgASgFIksKGURlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhUKDWFsbG93X21pc3NpbmcYAiABKAgiLQoaRGVsZXRlQ29udmVyc2F0aW9uUmVzcG9uc2USDwoHZGVsZXRlZBgBIAEoCCJaCgpUb29sUmVzdWx0EhQKDHRvb2xfY2FsbF9pZBgBIAEoCRITCgtvdXRwdXRfanNvbhgCIAEoCRINCgVlcnJvchgDIAEoCBISCgplcnJvcl90ZXh0GAQgASgJIvACChhTdWJtaXRUb29sUmVzdWx0c1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEigKB3Jlc3VsdHMYAiADKAsyFy50dXJud2lyZS52MS5Ub29sUmVzdWx0EhUKDWF1dG9fY29udGludWUYAyABKAgSEgoKcmVxdWVzdF9pZBgEIAEoCRIlCgRib2R5GAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgGIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgHIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAggAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAkgASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kiQgoZU3VibWl0VG9vbFJlc3VsdHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCJGCgxUb29sQXBwcm92YWwSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhAKCGFwcHJvdmVkGAIgASgIEg4KBnJlYXNvbhgDIAEoCSL2AgoaU3VibWl0VG9vbEFwcHJvdmFsc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiwKCWFwcHJvdmFscxgCIAMoCzIZLnR1cm53aXJlLnYxLlRvb2xBcHByb3ZhbBIVCg1hdXRvX2NvbnRpbnVlGAMgASgIEhIKCnJlcXVlc3RfaWQYBCABKAkSJQoEYm9keRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYBiABKAkSOAoRZGlzY29ubmVjdF9wb2xpY3kYByABKA4yHS50dXJud2lyZS52MS5EaXNjb25uZWN0UG9saWN5Ei0KDGNsaWVudF90b29scxgIIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wSRwoZY29uY3VycmVudF9pbnB1dF9zdHJhdGVneRgJIAEoDjIkLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dFN0cmF0ZWd5IkQKG1N1Ym1pdFRvb2xBcHByb3ZhbHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCpzChBEaXNjb25uZWN0UG9saWN5EiEKHURJU0NPTk5FQ1RfUE9MSUNZX1VOU1BFQ0lGSUVEEAASHAoYRElTQ09OTkVDVF9QT0xJQ1lfQ0FOQ0VMEAESHgoaRElTQ09OTkVDVF9QT0xJQ1lfQ09OVElOVUUQAiriAQoXQ29uY3VycmVudElucHV0U3RyYXRlZ3kSKQolQ09OQ1VSUkVOVF9JTlBVVF9TVFJBVEVHWV9VTlNQRUNJRklFRBAAEiUKIUNPTkNVUlJFTlRfSU5QVVRfU1RSQVRFR1lfRU5RVUVVRRABEiQKIENPTkNVUlJFTlRfSU5QVVRfU1RSQVRFR1lfUkVKRUNUEAISJwojQ09OQ1VSUkVOVF9JTlBVVF9TVFJBVEVHWV9JTlRFUlJVUFQQAxImCiJDT05DVVJSRU5UX0lOUFVUX1NUUkFURUdZX1JPTExCQUNLEAQq5wEKD1N1Ym1pc3Npb25TdGF0ZRIgChxTVUJNSVNTSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHAoYU1VCTUlTU0lPTl9TVEFURV9QRU5ESU5HEAESHAoYU1VCTUlTU0lPTl9TVEFURV9SVU5OSU5HEAISHgoaU1VCTUlTU0lPTl9TVEFURV9DT01QTEVURUQQAxIaChZTVUJNSVNTSU9OX1NUQVRFX0VSUk9SEAQSHAoYU1VCTUlTU0lPTl9TVEFURV9BQk9SVEVEEAUSHAoYU1VCTUlTU0lPTl9TVEFURV9TS0lQUEVEEAYqTQoHQWRkTW9kZRIYChRBRERfTU9ERV9VTlNQRUNJRklFRBAAEhMKD0FERF9NT0RFX0FQUEVORBABEhMKD0FERF9NT0RFX1VQU0VSVBACMsULCgtDaGF0U2VydmljZRI9CgRDaGF0EhgudHVybndpcmUudjEuQ2hhdFJlcXVlc3QaGS50dXJud2lyZS52MS5DaGF0UmVzcG9uc2UwARJVCgxTYXZlTWVzc2FnZXMSIC50dXJud2lyZS52MS5TYXZlTWVzc2FnZXNSZXF1ZXN0GiEudHVybndpcmUudjEuU2F2ZU1lc3NhZ2VzUmVzcG9uc2UwARJhChBDb250aW51ZUxhc3RUdXJuEiQudHVybndpcmUudjEuQ29udGludWVMYXN0VHVyblJlcXVlc3QaJS50dXJud2lyZS52MS5Db250aW51ZUxhc3RUdXJuUmVzcG9uc2UwARJcCg9HZXRDb252ZXJzYXRpb24SIy50dXJud2lyZS52MS5HZXRDb252ZXJzYXRpb25SZXF1ZXN0GiQudHVybndpcmUudjEuR2V0Q29udmVyc2F0aW9uUmVzcG9uc2USYgoRTGlzdENvbnZlcnNhdGlvbnMSJS50dXJud2lyZS52MS5MaXN0Q29udmVyc2F0aW9uc1JlcXVlc3QaJi50dXJud2lyZS52MS5MaXN0Q29udmVyc2F0aW9uc1Jlc3BvbnNlEk0KCkNhbmNlbENoYXQSHi50dXJud2lyZS52MS5DYW5jZWxDaGF0UmVxdWVzdBofLnR1cm53aXJlLnYxLkNhbmNlbENoYXRSZXNwb25zZRJPCgpSZXN1bWVUdXJuEh4udHVybndpcmUudjEuUmVzdW1lVHVyblJlcXVlc3QaHy50dXJud2lyZS52MS5SZXN1bWVUdXJuUmVzcG9uc2UwARJZCg5TdWJtaXRNZXNzYWdlcxIiLnR1cm53aXJlLnYxLlN1Ym1pdE1lc3NhZ2VzUmVxdWVzdBojLnR1cm53aXJlLnYxLlN1Ym1pdE1lc3NhZ2VzUmVzcG9uc2USVgoNR2V0U3VibWlzc2lvbhIhLnR1cm53aXJlLnYxLkdldFN1Ym1pc3Npb25SZXF1ZXN0GiIudHVybndpcmUudjEuR2V0U3VibWlzc2lvblJlc3BvbnNlElwKD0xpc3RTdWJtaXNzaW9ucxIjLnR1cm53aXJlLnYxLkxpc3RTdWJtaXNzaW9uc1JlcXVlc3QaJC50dXJud2lyZS52MS5MaXN0U3VibWlzc2lvbnNSZXNwb25zZRJfChBDYW5jZWxTdWJtaXNzaW9uEiQudHVybndpcmUudjEuQ2FuY2VsU3VibWlzc2lvblJlcXVlc3QaJS50dXJud2lyZS52MS5DYW5jZWxTdWJtaXNzaW9uUmVzcG9uc2USXgoPV2F0Y2hTdWJtaXNzaW9uEiMudHVybndpcmUudjEuV2F0Y2hTdWJtaXNzaW9uUmVxdWVzdBokLnR1cm53aXJlLnYxLldhdGNoU3VibWlzc2lvblJlc3BvbnNlMAESUAoLQWRkTWVzc2FnZXMSHy50dXJud2lyZS52MS5BZGRNZXNzYWdlc1JlcXVlc3QaIC50dXJud2lyZS52MS5BZGRNZXNzYWdlc1Jlc3BvbnNlEmUKEkRlbGV0ZUNvbnZlcnNhdGlvbhImLnR1cm53aXJlLnYxLkRlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QaJy50dXJud2lyZS52MS5EZWxldGVDb252ZXJzYXRpb25SZXNwb25zZRJkChFTdWJtaXRUb29sUmVzdWx0cxIlLnR1cm53aXJlLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVxdWVzdBomLnR1cm53aXJlLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVzcG9uc2UwARJqChNTdWJtaXRUb29sQXBwcm92YWxzEicudHVybndpcmUudjEuU3VibWl0VG9vbEFwcHJvdmFsc1JlcXVlc3QaKC50dXJud2lyZS52MS5TdWJtaXRUb29sQXBwcm92YWxzUmVzcG9uc2UwAWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_google_rpc_status, file_turnwire_v1_event, file_turnwire_v1_message]);
 
 /**
  * ClientTool is a tool the client runs itself, offered to the model for one
@@ -376,6 +376,23 @@ export type Conversation = Message<"turnwire.v1.Conversation"> & {
    * @generated from field: repeated turnwire.v1.PartialReply partial_replies = 6;
    */
   partialReplies: PartialReply[];
+
+  /**
+   * Output only, filled by GetConversation: the turns of this conversation
+   * that are running or ended other than COMPLETED (SKIPPED turns are not
+   * listed) and have no stored reply: none was stored before the turn ended
+   * (for example cancelled before the model's first output), none yet while
+   * it runs, or a ROLLBACK removed it. Oldest first. A turn sits right before
+   * the first message created after it started (times to the microsecond;
+   * its own input is created at its start, so the turn follows it), and is
+   * listed on the page that holds the message just before that place; a turn
+   * before every message is on the first page. So reading every page lists
+   * each turn once. Only the 100 most recently started such turns are
+   * considered, to bound the response (docs/semantics.md §5).
+   *
+   * @generated from field: repeated turnwire.v1.TurnWithoutReply turns_without_reply = 7;
+   */
+  turnsWithoutReply: TurnWithoutReply[];
 };
 
 /**
@@ -422,6 +439,52 @@ export const PartialReplySchema: GenMessage<PartialReply> = /*@__PURE__*/
   messageDesc(file_turnwire_v1_chat_service, 8);
 
 /**
+ * TurnWithoutReply is a turn of a conversation with no stored reply
+ * (docs/semantics.md §5).
+ *
+ * @generated from message turnwire.v1.TurnWithoutReply
+ */
+export type TurnWithoutReply = Message<"turnwire.v1.TurnWithoutReply"> & {
+  /**
+   * The turn's request id.
+   *
+   * @generated from field: string request_id = 1;
+   */
+  requestId: string;
+
+  /**
+   * How it ended (ABORTED, ERROR or INTERRUPTED); TURN_STATUS_UNSPECIFIED
+   * while it is still running.
+   *
+   * @generated from field: turnwire.v1.TurnStatus status = 2;
+   */
+  status: TurnStatus;
+
+  /**
+   * When it started.
+   *
+   * @generated from field: google.protobuf.Timestamp start_time = 3;
+   */
+  startTime?: Timestamp | undefined;
+
+  /**
+   * Why it ended, when that was recorded: the TurnEnd's error, a
+   * google.rpc.Status with google.rpc.ErrorInfo (domain `turnwire.dev`,
+   * reason from ErrorReason, e.g. ROLLED_BACK for a rolled-back turn).
+   *
+   * @generated from field: google.rpc.Status error = 4;
+   */
+  error?: Status | undefined;
+};
+
+/**
+ * Describes the message turnwire.v1.TurnWithoutReply.
+ * Use `create(TurnWithoutReplySchema)` to create a new message.
+ */
+export const TurnWithoutReplySchema: GenMessage<TurnWithoutReply> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_chat_service, 9);
+
+/**
  * GetConversationRequest is the input of ChatService.GetConversation.
  *
  * @generated from message turnwire.v1.GetConversationRequest
@@ -457,7 +520,7 @@ export type GetConversationRequest = Message<"turnwire.v1.GetConversationRequest
  * Use `create(GetConversationRequestSchema)` to create a new message.
  */
 export const GetConversationRequestSchema: GenMessage<GetConversationRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 9);
+  messageDesc(file_turnwire_v1_chat_service, 10);
 
 /**
  * GetConversationResponse is the output of ChatService.GetConversation.
@@ -486,7 +549,7 @@ export type GetConversationResponse = Message<"turnwire.v1.GetConversationRespon
  * Use `create(GetConversationResponseSchema)` to create a new message.
  */
 export const GetConversationResponseSchema: GenMessage<GetConversationResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 10);
+  messageDesc(file_turnwire_v1_chat_service, 11);
 
 /**
  * ListConversationsRequest is the input of ChatService.ListConversations.
@@ -515,7 +578,7 @@ export type ListConversationsRequest = Message<"turnwire.v1.ListConversationsReq
  * Use `create(ListConversationsRequestSchema)` to create a new message.
  */
 export const ListConversationsRequestSchema: GenMessage<ListConversationsRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 11);
+  messageDesc(file_turnwire_v1_chat_service, 12);
 
 /**
  * ListConversationsResponse is the output of ChatService.ListConversations.
@@ -543,7 +606,7 @@ export type ListConversationsResponse = Message<"turnwire.v1.ListConversationsRe
  * Use `create(ListConversationsResponseSchema)` to create a new message.
  */
 export const ListConversationsResponseSchema: GenMessage<ListConversationsResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 12);
+  messageDesc(file_turnwire_v1_chat_service, 13);
 
 /**
  * CancelChatRequest is the input of ChatService.CancelChat.
@@ -564,7 +627,7 @@ export type CancelChatRequest = Message<"turnwire.v1.CancelChatRequest"> & {
  * Use `create(CancelChatRequestSchema)` to create a new message.
  */
 export const CancelChatRequestSchema: GenMessage<CancelChatRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 13);
+  messageDesc(file_turnwire_v1_chat_service, 14);
 
 /**
  * CancelChatResponse is the output of ChatService.CancelChat.
@@ -585,7 +648,7 @@ export type CancelChatResponse = Message<"turnwire.v1.CancelChatResponse"> & {
  * Use `create(CancelChatResponseSchema)` to create a new message.
  */
 export const CancelChatResponseSchema: GenMessage<CancelChatResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 14);
+  messageDesc(file_turnwire_v1_chat_service, 15);
 
 /**
  * ResumeTurnRequest is the input of ChatService.ResumeTurn.
@@ -613,7 +676,7 @@ export type ResumeTurnRequest = Message<"turnwire.v1.ResumeTurnRequest"> & {
  * Use `create(ResumeTurnRequestSchema)` to create a new message.
  */
 export const ResumeTurnRequestSchema: GenMessage<ResumeTurnRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 15);
+  messageDesc(file_turnwire_v1_chat_service, 16);
 
 /**
  * ResumeTurnResponse is one event of a resumed turn.
@@ -634,7 +697,7 @@ export type ResumeTurnResponse = Message<"turnwire.v1.ResumeTurnResponse"> & {
  * Use `create(ResumeTurnResponseSchema)` to create a new message.
  */
 export const ResumeTurnResponseSchema: GenMessage<ResumeTurnResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 16);
+  messageDesc(file_turnwire_v1_chat_service, 17);
 
 /**
  * Submission is a durably accepted request for a turn (docs/semantics.md §7).
@@ -725,7 +788,7 @@ export type Submission = Message<"turnwire.v1.Submission"> & {
  * Use `create(SubmissionSchema)` to create a new message.
  */
 export const SubmissionSchema: GenMessage<Submission> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 17);
+  messageDesc(file_turnwire_v1_chat_service, 18);
 
 /**
  * SubmitMessagesRequest is the input of ChatService.SubmitMessages.
@@ -807,7 +870,7 @@ export type SubmitMessagesRequest = Message<"turnwire.v1.SubmitMessagesRequest">
  * Use `create(SubmitMessagesRequestSchema)` to create a new message.
  */
 export const SubmitMessagesRequestSchema: GenMessage<SubmitMessagesRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 18);
+  messageDesc(file_turnwire_v1_chat_service, 19);
 
 /**
  * SubmitMessagesResponse is the output of ChatService.SubmitMessages.
@@ -835,7 +898,7 @@ export type SubmitMessagesResponse = Message<"turnwire.v1.SubmitMessagesResponse
  * Use `create(SubmitMessagesResponseSchema)` to create a new message.
  */
 export const SubmitMessagesResponseSchema: GenMessage<SubmitMessagesResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 19);
+  messageDesc(file_turnwire_v1_chat_service, 20);
 
 /**
  * GetSubmissionRequest is the input of ChatService.GetSubmission.
@@ -856,7 +919,7 @@ export type GetSubmissionRequest = Message<"turnwire.v1.GetSubmissionRequest"> &
  * Use `create(GetSubmissionRequestSchema)` to create a new message.
  */
 export const GetSubmissionRequestSchema: GenMessage<GetSubmissionRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 20);
+  messageDesc(file_turnwire_v1_chat_service, 21);
 
 /**
  * GetSubmissionResponse is the output of ChatService.GetSubmission.
@@ -877,7 +940,7 @@ export type GetSubmissionResponse = Message<"turnwire.v1.GetSubmissionResponse">
  * Use `create(GetSubmissionResponseSchema)` to create a new message.
  */
 export const GetSubmissionResponseSchema: GenMessage<GetSubmissionResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 21);
+  messageDesc(file_turnwire_v1_chat_service, 22);
 
 /**
  * ListSubmissionsRequest is the input of ChatService.ListSubmissions.
@@ -921,7 +984,7 @@ export type ListSubmissionsRequest = Message<"turnwire.v1.ListSubmissionsRequest
  * Use `create(ListSubmissionsRequestSchema)` to create a new message.
  */
 export const ListSubmissionsRequestSchema: GenMessage<ListSubmissionsRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 22);
+  messageDesc(file_turnwire_v1_chat_service, 23);
 
 /**
  * ListSubmissionsResponse is the output of ChatService.ListSubmissions.
@@ -949,7 +1012,7 @@ export type ListSubmissionsResponse = Message<"turnwire.v1.ListSubmissionsRespon
  * Use `create(ListSubmissionsResponseSchema)` to create a new message.
  */
 export const ListSubmissionsResponseSchema: GenMessage<ListSubmissionsResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 23);
+  messageDesc(file_turnwire_v1_chat_service, 24);
 
 /**
  * CancelSubmissionRequest is the input of ChatService.CancelSubmission.
@@ -970,7 +1033,7 @@ export type CancelSubmissionRequest = Message<"turnwire.v1.CancelSubmissionReque
  * Use `create(CancelSubmissionRequestSchema)` to create a new message.
  */
 export const CancelSubmissionRequestSchema: GenMessage<CancelSubmissionRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 24);
+  messageDesc(file_turnwire_v1_chat_service, 25);
 
 /**
  * CancelSubmissionResponse is the output of ChatService.CancelSubmission.
@@ -991,7 +1054,7 @@ export type CancelSubmissionResponse = Message<"turnwire.v1.CancelSubmissionResp
  * Use `create(CancelSubmissionResponseSchema)` to create a new message.
  */
 export const CancelSubmissionResponseSchema: GenMessage<CancelSubmissionResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 25);
+  messageDesc(file_turnwire_v1_chat_service, 26);
 
 /**
  * WatchSubmissionRequest is the input of ChatService.WatchSubmission.
@@ -1019,7 +1082,7 @@ export type WatchSubmissionRequest = Message<"turnwire.v1.WatchSubmissionRequest
  * Use `create(WatchSubmissionRequestSchema)` to create a new message.
  */
 export const WatchSubmissionRequestSchema: GenMessage<WatchSubmissionRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 26);
+  messageDesc(file_turnwire_v1_chat_service, 27);
 
 /**
  * WatchSubmissionResponse is one event of a watched submission's turn.
@@ -1040,7 +1103,7 @@ export type WatchSubmissionResponse = Message<"turnwire.v1.WatchSubmissionRespon
  * Use `create(WatchSubmissionResponseSchema)` to create a new message.
  */
 export const WatchSubmissionResponseSchema: GenMessage<WatchSubmissionResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 27);
+  messageDesc(file_turnwire_v1_chat_service, 28);
 
 /**
  * AddMessagesRequest is the input of ChatService.AddMessages.
@@ -1082,7 +1145,7 @@ export type AddMessagesRequest = Message<"turnwire.v1.AddMessagesRequest"> & {
  * Use `create(AddMessagesRequestSchema)` to create a new message.
  */
 export const AddMessagesRequestSchema: GenMessage<AddMessagesRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 28);
+  messageDesc(file_turnwire_v1_chat_service, 29);
 
 /**
  * AddMessagesResponse is the output of ChatService.AddMessages.
@@ -1124,7 +1187,7 @@ export type AddMessagesResponse = Message<"turnwire.v1.AddMessagesResponse"> & {
  * Use `create(AddMessagesResponseSchema)` to create a new message.
  */
 export const AddMessagesResponseSchema: GenMessage<AddMessagesResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 29);
+  messageDesc(file_turnwire_v1_chat_service, 30);
 
 /**
  * DeleteConversationRequest is the input of ChatService.DeleteConversation.
@@ -1152,7 +1215,7 @@ export type DeleteConversationRequest = Message<"turnwire.v1.DeleteConversationR
  * Use `create(DeleteConversationRequestSchema)` to create a new message.
  */
 export const DeleteConversationRequestSchema: GenMessage<DeleteConversationRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 30);
+  messageDesc(file_turnwire_v1_chat_service, 31);
 
 /**
  * DeleteConversationResponse is the output of ChatService.DeleteConversation.
@@ -1173,7 +1236,7 @@ export type DeleteConversationResponse = Message<"turnwire.v1.DeleteConversation
  * Use `create(DeleteConversationResponseSchema)` to create a new message.
  */
 export const DeleteConversationResponseSchema: GenMessage<DeleteConversationResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 31);
+  messageDesc(file_turnwire_v1_chat_service, 32);
 
 /**
  * ToolResult is the result of one client-side tool call.
@@ -1215,7 +1278,7 @@ export type ToolResult = Message<"turnwire.v1.ToolResult"> & {
  * Use `create(ToolResultSchema)` to create a new message.
  */
 export const ToolResultSchema: GenMessage<ToolResult> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 32);
+  messageDesc(file_turnwire_v1_chat_service, 33);
 
 /**
  * SubmitToolResultsRequest is the input of ChatService.SubmitToolResults.
@@ -1293,7 +1356,7 @@ export type SubmitToolResultsRequest = Message<"turnwire.v1.SubmitToolResultsReq
  * Use `create(SubmitToolResultsRequestSchema)` to create a new message.
  */
 export const SubmitToolResultsRequestSchema: GenMessage<SubmitToolResultsRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 33);
+  messageDesc(file_turnwire_v1_chat_service, 34);
 
 /**
  * SubmitToolResultsResponse is one event of the continuation turn.
@@ -1314,7 +1377,7 @@ export type SubmitToolResultsResponse = Message<"turnwire.v1.SubmitToolResultsRe
  * Use `create(SubmitToolResultsResponseSchema)` to create a new message.
  */
 export const SubmitToolResultsResponseSchema: GenMessage<SubmitToolResultsResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 34);
+  messageDesc(file_turnwire_v1_chat_service, 35);
 
 /**
  * ToolApproval answers one approval request.
@@ -1349,7 +1412,7 @@ export type ToolApproval = Message<"turnwire.v1.ToolApproval"> & {
  * Use `create(ToolApprovalSchema)` to create a new message.
  */
 export const ToolApprovalSchema: GenMessage<ToolApproval> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 35);
+  messageDesc(file_turnwire_v1_chat_service, 36);
 
 /**
  * SubmitToolApprovalsRequest is the input of ChatService.SubmitToolApprovals.
@@ -1426,7 +1489,7 @@ export type SubmitToolApprovalsRequest = Message<"turnwire.v1.SubmitToolApproval
  * Use `create(SubmitToolApprovalsRequestSchema)` to create a new message.
  */
 export const SubmitToolApprovalsRequestSchema: GenMessage<SubmitToolApprovalsRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 36);
+  messageDesc(file_turnwire_v1_chat_service, 37);
 
 /**
  * SubmitToolApprovalsResponse is one event of the continuation turn.
@@ -1447,7 +1510,7 @@ export type SubmitToolApprovalsResponse = Message<"turnwire.v1.SubmitToolApprova
  * Use `create(SubmitToolApprovalsResponseSchema)` to create a new message.
  */
 export const SubmitToolApprovalsResponseSchema: GenMessage<SubmitToolApprovalsResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 37);
+  messageDesc(file_turnwire_v1_chat_service, 38);
 
 /**
  * DisconnectPolicy is what happens to a turn when its caller goes away
