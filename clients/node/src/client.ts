@@ -240,7 +240,7 @@ export class TurnwireClient {
     );
   }
 
-  /** The conversation with all its messages, oldest first (follows GetConversation's pages). NOT_FOUND when unknown. */
+  /** The conversation with all its messages, oldest first, and every page's partialReplies and turnsWithoutReply (follows GetConversation's pages). NOT_FOUND when unknown. */
   async getConversation(conversationId: string, options: CallOpts = {}): Promise<Conversation> {
     let pageToken = '';
     let conversation: Conversation | undefined;
@@ -253,8 +253,12 @@ export class TurnwireClient {
           grpcCode: Code.Internal,
           message: 'GetConversation answered without a conversation',
         });
-      if (conversation) conversation.messages.push(...page.conversation.messages);
-      else conversation = page.conversation;
+      if (conversation) {
+        // Each page carries the marks of its own messages: keep every page's.
+        conversation.messages.push(...page.conversation.messages);
+        conversation.partialReplies.push(...page.conversation.partialReplies);
+        conversation.turnsWithoutReply.push(...page.conversation.turnsWithoutReply);
+      } else conversation = page.conversation;
       pageToken = page.nextPageToken;
     } while (pageToken);
     return conversation;
