@@ -48,6 +48,7 @@ from turnwire_server.engine import EngineSettings, TurnEngine
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.replica import Replica
 from turnwire_server.engine.submissions import Submissions
+from turnwire_server.event_loop import running_loop_name
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.importing import import_object
 from turnwire_server.listen_check import ListenAddressError, check_listen_address
@@ -552,12 +553,13 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     _warn_of_demo_tools(settings)
     host = settings.listen.rpartition(":")[0]
     log.info(
-        "turnwire listening on %s:%d, %s (store %s, default model %s)",
+        "turnwire listening on %s:%d, %s (store %s, default model %s, event loop %s)",
         host,
         port,
         _transport(settings),
         redact_url(settings.store.url),
         settings.default_model,
+        running_loop_name(),
     )
     log.info(
         "tools: %s; middleware: %s",

@@ -322,10 +322,11 @@ def serve(
         return
     from turnwire_server.app import StartupError
     from turnwire_server.app import serve as run_server
+    from turnwire_server.event_loop import EventLoopUnavailable, run
 
     try:
-        asyncio.run(run_server(settings))
-    except StartupError as error:
+        run(run_server(settings), settings.event_loop)
+    except (StartupError, EventLoopUnavailable) as error:
         typer.echo(f"turnwire: cannot start: {error}", err=True)
         raise typer.Exit(1) from None
 

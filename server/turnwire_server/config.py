@@ -35,6 +35,7 @@ from pydantic_settings import (
 from turnwire.hooks import HOOK_NAMES
 from turnwire_server.access_settings import AuthSettings, RateLimitSettings
 from turnwire_server.config_hints import unknown_field_message
+from turnwire_server.event_loop import EventLoopChoice
 from turnwire_server.providers.settings import (
     PROVIDER_TYPES,
     ProviderSettings,
@@ -509,6 +510,11 @@ class Settings(BaseSettings):
         le=256,
         description="processes serving the listen port (SO_REUSEPORT) under one supervisor; "
         "more than 1 needs the PostgreSQL store",
+    )
+    event_loop: EventLoopChoice = Field(
+        "auto",
+        description="the sidecar's event loop: auto (uvloop when it can be imported, else asyncio), "
+        "uvloop (required) or asyncio",
     )
     providers: dict[str, ProviderSettings] = Field(default_factory=default_providers)
     tools: ToolsSettings = Field(default_factory=ToolsSettings)

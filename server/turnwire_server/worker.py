@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from turnwire_server.app import Sidecar, StartupError, serve
 from turnwire_server.config import Settings
+from turnwire_server.event_loop import EventLoopUnavailable, run
 from turnwire_server.logs import configure_logging
 from turnwire_server.redaction import Redactor, secret_values
 
@@ -56,8 +57,8 @@ def main(argv: list[str]) -> int:
         loop.add_reader(_STDIN, supervisor_gone)
 
     try:
-        asyncio.run(serve(settings, worker=True, on_ready=on_ready))
-    except StartupError as error:
+        run(serve(settings, worker=True, on_ready=on_ready), settings.event_loop)
+    except (StartupError, EventLoopUnavailable) as error:
         print(f"turnwire: worker {number} cannot start: {error}", file=sys.stderr, flush=True)
         return 1
     return 0

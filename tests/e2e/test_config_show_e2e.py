@@ -64,6 +64,7 @@ async def test_config_show_prints_effective_values_with_secrets_masked(tmp_path:
     assert shown["logging"] == {"level": "debug", "format": "text"}
     assert shown["metrics"] == {"enabled": True, "listen": "127.0.0.1:9464"}
     assert shown["providers"]["anthropic"]["timeout_seconds"] == 600.0
+    assert shown["event_loop"] == "auto"
 
     # Secrets masked where they sit; names of the variables holding them shown.
     assert shown["store"]["url"] == "postgresql://tw:***@db.internal:5432/turnwire"
