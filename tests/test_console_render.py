@@ -24,7 +24,7 @@ def _render(*calls: message_pb2.ToolCallPart) -> list[str]:
         role=message_pb2.ROLE_ASSISTANT,
         parts=[message_pb2.Part(tool_call=call) for call in calls],
     )
-    _print_message(Console(file=buffer, width=200), message)
+    _print_message(Console(file=buffer, width=200), message, "conv-1")
     return buffer.getvalue().splitlines()[1:]
 
 
@@ -150,8 +150,8 @@ def test_a_call_awaiting_approval_says_who_answers_it() -> None:
         )
     )
     assert lines[1] == (
-        "? get_current_time awaits approval (call c7: the application answers with SubmitToolApprovals, "
-        "then the turn goes on)"
+        "? get_current_time awaits approval (call c7: `turnwire approve conv-1 c7`, or with --deny, "
+        "and the turn goes on)"
     )
 
 
@@ -250,6 +250,11 @@ def test_sidecar_messages_name_the_cli_commands() -> None:
 
 
 async def _ctrl_c_line(*before: Any) -> str:
+    """The last line ``turnwire chat`` prints when Ctrl-C comes after ``before``."""
+    return (await _ctrl_c_output(*before))[-1]
+
+
+async def _ctrl_c_output(*before: Any) -> list[str]:
     """What ``turnwire chat`` prints when Ctrl-C comes after ``before`` (the turn then hangs)."""
     import asyncio
     from collections.abc import AsyncIterator
@@ -284,7 +289,7 @@ async def _ctrl_c_line(*before: Any) -> str:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    return buffer.getvalue().splitlines()[-1]
+    return buffer.getvalue().splitlines()
 
 
 async def test_ctrl_c_before_any_reply_says_no_reply_was_stored() -> None:
@@ -331,10 +336,7 @@ def test_an_abort_from_elsewhere_says_where_it_can_come_from() -> None:
 
     assert _status_line(
         _result(event_pb2.TURN_STATUS_ABORTED, _STEP_FINISHED, step_count=2), output_streamed=False
-    ) == (
-        "ABORTED (cancelled elsewhere: `turnwire cancel`, another client, or the sidecar stopping) "
-        "· 2 steps · scripted:slow"
-    )
+    ) == ("ABORTED (cancelled elsewhere: `turnwire cancel` or another client) · 2 steps · scripted:slow")
     # An abort the stream gives a reason for says that reason instead.
     interrupted = _status(10, "interrupted by request cli-b", "INTERRUPTED")
     line = _status_line(
@@ -391,3 +393,37 @@ def test_an_aborted_tool_call_is_marked_apart_from_a_failing_tool() -> None:
         console._error_line("t", transcript.ABORTED_TOOL_ERROR).spans
         != console._error_line("t", "boom").spans
     )
+
+
+async def test_ctrl_c_during_a_tool_shows_it_aborted_as_history_will() -> None:
+    """Trial 4: Ctrl-C while a streaming tool ran printed its preliminary lines and then only the
+    ABORTED line; `turnwire cancel` and `history` show the call aborted. A finished call is not."""
+    from turnwire_client.v1 import event_pb2
+
+    def call(call_id: str, name: str) -> Any:
+        return event_pb2.TurnEvent(
+            tool_input_available=event_pb2.ToolInputAvailable(
+                tool_call_id=call_id, tool_name=name, input_json='{"id": 1}'
+            )
+        )
+
+    events = [
+        event_pb2.TurnEvent(turn_start=event_pb2.TurnStart(model="p:m")),
+        event_pb2.TurnEvent(step_start=event_pb2.StepStart()),
+        call("c1", "lookup_order"),
+        call("c2", "track_order"),
+        event_pb2.TurnEvent(
+            tool_output_available=event_pb2.ToolOutputAvailable(tool_call_id="c1", output_json='"ok"')
+        ),
+        event_pb2.TurnEvent(
+            tool_output_available=event_pb2.ToolOutputAvailable(
+                tool_call_id="c2", output_json='"packing"', preliminary=True
+            )
+        ),
+    ]
+    lines = await _ctrl_c_output(*events)
+    assert lines[-2:] == [
+        "← track_order: aborted before it finished (the turn stopped)",
+        "ABORTED by Ctrl-C · request cli-s: the partial reply is stored as aborted",
+    ]
+    assert not any("lookup_order: aborted" in line for line in lines)

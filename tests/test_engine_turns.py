@@ -704,7 +704,9 @@ async def test_continue_last_turn_skips_when_the_last_message_is_not_the_assista
     assert end.status == event_pb2.TURN_STATUS_SKIPPED
     assert not end.HasField("message")
     assert end.error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
-    assert "the last message is not the assistant's" in end.error.message
+    # It says how to have the waiting message answered (trial 4).
+    assert "the last message is the user's and has no reply yet" in end.error.message
+    assert "SaveMessages with no messages" in end.error.message
     assert h.provider.calls == calls  # no model call
     assert hooks == []  # no hooks
     assert await h.store.load_messages(CONV) == before

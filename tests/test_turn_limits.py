@@ -132,7 +132,8 @@ async def test_a_stall_before_the_first_chunk_says_why_and_continuing_it_says_wh
     skipped = end_of(await h.run(None, continuation=True))
     assert skipped.status == event_pb2.TURN_STATUS_SKIPPED
     assert detail(skipped.error, error_details_pb2.ErrorInfo).reason == "NOTHING_TO_CONTINUE"
-    assert "the last message is not the assistant's" in skipped.error.message
+    assert "the last message is the user's and has no reply yet" in skipped.error.message
+    assert detail(skipped.error, error_details_pb2.ErrorInfo).metadata["last_role"] == "user"
 
 
 async def test_stall_timeout_from_before_turn_overrides_the_default(make_engine: EngineFactory) -> None:

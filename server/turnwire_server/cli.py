@@ -110,7 +110,7 @@ TlsServerNameOption = Annotated[
 ]
 
 
-CLIENT_COMMANDS = ("chat", "continue", "cancel", "conversations", "history", "health")
+CLIENT_COMMANDS = ("chat", "continue", "cancel", "approve", "conversations", "history", "health")
 """The commands that connect to a sidecar: they take the connection options, after the command or
 before it (``turnwire --target HOST:PORT chat …``)."""
 
@@ -572,8 +572,10 @@ def continue_(
 ) -> None:
     """Let the model continue after the last assistant message.
 
-    Streams the continuation, a new assistant message, as chat does. A conversation whose last
-    message is not the assistant's has nothing to continue: the turn ends SKIPPED (exit status 1).
+    Streams the continuation, a new assistant message, as chat does. When the last message is
+    yours and has no reply yet (a turn cancelled before any), the model answers it instead (a turn
+    on the history as it is). An empty conversation, or one ending in a system message, has
+    nothing to continue: the turn ends SKIPPED (exit status 1).
     """
     from turnwire_server.console import run_continue
 
@@ -582,6 +584,57 @@ def continue_(
         _interruptible(
             run_continue(
                 connection.target, conversation, model=model, tls=connection.tls, token=connection.token
+            )
+        )
+    )
+
+
+@app.command()
+def approve(
+    ctx: typer.Context,
+    conversation: Annotated[str, typer.Argument(metavar="CONVERSATION", help="Conversation id.")],
+    tool_call_id: Annotated[
+        str, typer.Argument(metavar="CALL_ID", help="The waiting call's id (chat and history show it).")
+    ],
+    *,
+    deny: Annotated[bool, typer.Option("--deny", help="Deny the call instead of approving it.")] = False,
+    model: Annotated[
+        str | None, typer.Option(help="Model for the turn that goes on, provider:model.")
+    ] = None,
+    reason: Annotated[
+        str | None, typer.Option(help="Why it was denied; the model is told (with --deny).")
+    ] = None,
+    target: TargetOption = "127.0.0.1:50051",
+    tls: TlsOption = False,
+    tls_ca: TlsCaOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_server_name: TlsServerNameOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Approve or deny a tool call that awaits approval.
+
+    An approved call runs first (before_tool_call still decides); a denied one reaches the model as
+    denied, with --reason. The turn streams as chat does. Exit status 2 when the call is not
+    waiting for approval (unknown id, already answered).
+    """
+    from turnwire_server.console import run_approval
+
+    if reason is not None and not deny:
+        typer.echo("turnwire: --reason is for --deny (an approved call needs none)", err=True)
+        raise typer.Exit(2)
+    connection = _connection(ctx)
+    raise typer.Exit(
+        _interruptible(
+            run_approval(
+                connection.target,
+                conversation,
+                tool_call_id,
+                approved=not deny,
+                reason=reason,
+                model=model,
+                tls=connection.tls,
+                token=connection.token,
             )
         )
     )

@@ -13,12 +13,13 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC
 from typing import Any
 
 import grpc
 from google.protobuf import json_format, timestamp_pb2
+from google.rpc import error_details_pb2
 from rich.console import Console
 from rich.status import Status
 from rich.text import Text
@@ -117,6 +118,7 @@ async def run_chat(
         console=console,
         token=token,
         err_console=err_console,
+        conversation_id=conversation_id,
     )
 
 
@@ -131,19 +133,92 @@ async def run_continue(
     err_console: Console | None = None,
 ) -> int:
     """Let the model continue after the conversation's last assistant message (``ContinueLastTurn``)
-    and render that turn as :func:`run_chat` does; a conversation whose last message is not the
-    assistant's ends ``SKIPPED`` (exit code 1). ``tls``: TLS towards the sidecar (None:
+    and render that turn as :func:`run_chat` does. A last user message without a reply is answered
+    instead (``SaveMessages`` with no messages, same request id); a conversation that is empty or
+    ends in a system message ends ``SKIPPED`` (exit code 1). ``tls``: TLS towards the sidecar (None:
     plaintext); ``err_console`` and exit codes as for :func:`run_chat`."""
     request_id = f"cli-{uuid.uuid4().hex[:16]}"
+
+    async def go_on(client: TurnwireClient) -> AsyncIterator[event_pb2.TurnEvent]:
+        # A last user message without a reply (a turn cancelled before any) has nothing to
+        # continue; what the person wants is its answer: a turn on the stored history as it is
+        # (SaveMessages with no messages, docs/semantics.md §1), under the same request id.
+        skipped: list[event_pb2.TurnEvent] = []
+        async for event in client.continue_last_turn(conversation_id, request_id=request_id, model=model):
+            if _unanswered(event):
+                skipped.append(event)
+                continue
+            yield event
+        if skipped:
+            async for event in client.save_messages(conversation_id, [], request_id=request_id, model=model):
+                yield event
+
     return await _run_turn(
         target,
         request_id,
-        lambda client: client.continue_last_turn(conversation_id, request_id=request_id, model=model),
+        go_on,
         tls=tls,
         console=console,
         token=token,
         err_console=err_console,
+        conversation_id=conversation_id,
     )
+
+
+async def run_approval(
+    target: str,
+    conversation_id: str,
+    tool_call_id: str,
+    *,
+    approved: bool,
+    reason: str | None = None,
+    model: str | None = None,
+    tls: TlsOptions | None = None,
+    console: Console | None = None,
+    token: str | None = None,
+    err_console: Console | None = None,
+) -> int:
+    """Approve or deny the call ``tool_call_id`` waiting for approval (``SubmitToolApprovals``,
+    docs/semantics.md §6) and render the turn that goes on as :func:`run_chat` does; ``reason``
+    is told to the model for a denial; ``model`` runs the turn that goes on. Exit codes as for
+    :func:`run_chat` (2 when the call is not waiting: unknown id, or already answered)."""
+    request_id = f"cli-{uuid.uuid4().hex[:16]}"
+    reasons = {tool_call_id: reason} if reason else None
+
+    async def names(client: TurnwireClient) -> dict[str, str]:
+        # The continuation's events name the call by id only; the transcript has its tool name.
+        conversation = await client.get_conversation(conversation_id)
+        return {
+            part.tool_call.tool_call_id: part.tool_call.tool_name
+            for message in conversation.messages
+            for part in message.parts
+            if part.WhichOneof("kind") == "tool_call" and part.tool_call.tool_call_id == tool_call_id
+        }
+
+    return await _run_turn(
+        target,
+        request_id,
+        lambda client: client.submit_tool_approvals(
+            conversation_id, {tool_call_id: approved}, reasons=reasons, request_id=request_id, model=model
+        ),
+        tls=tls,
+        console=console,
+        token=token,
+        err_console=err_console,
+        conversation_id=conversation_id,
+        tool_names=names,
+    )
+
+
+def _unanswered(event: event_pb2.TurnEvent) -> bool:
+    """A ``ContinueLastTurn`` skipped because the last message is the user's (no reply yet)."""
+    if event.WhichOneof("event") != "turn_end" or event.turn_end.status != event_pb2.TURN_STATUS_SKIPPED:
+        return False
+    for detail in event.turn_end.error.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info) and info.reason == "NOTHING_TO_CONTINUE":
+            return bool(info.metadata.get("last_role") == "user")
+    return False
 
 
 async def _run_turn(
@@ -155,18 +230,26 @@ async def _run_turn(
     console: Console | None,
     token: str | None,
     err_console: Console | None = None,
+    conversation_id: str = "CONVERSATION",
+    tool_names: Callable[[TurnwireClient], Awaitable[Mapping[str, str]]] | None = None,
 ) -> int:
+    """Render the turn ``open_stream`` opens; ``tool_names``: the names of calls the stream will
+    name by id only (``{tool_call_id: tool_name}``, read before it opens)."""
     out = console if console is not None else Console()
     err = _or_stderr(err_console)
-    renderer = _TurnRenderer(out, request_id, err_console=err)
+    renderer = _TurnRenderer(out, request_id, err_console=err, conversation_id=conversation_id)
     try:
         async with TurnwireClient(target, tls=tls, token=token) as client:
+            if tool_names is not None:
+                renderer.tool_names.update(await tool_names(client))
             result = await collect(renderer.tee(open_stream(client)))
     except asyncio.CancelledError:
         # Ctrl-C: asyncio.run cancels this task; leaving the stream cancels the turn on the
         # sidecar (disconnect policy "cancel"), which stores the partial reply as ABORTED.
         renderer.stop_waiting()
         renderer.end_line()
+        if renderer.started:
+            renderer.abort_open_calls()
         # Before TurnStart the input was not yet durable (queued, or being stored): nothing stays.
         # After it, the partial reply is stored only when it has content (docs/semantics.md §11,
         # "Empty replies"): a reply with none leaves no message, so `history` has nothing to mark.
@@ -260,7 +343,7 @@ async def run_history(
         out.print(_unreplied_line(turn), soft_wrap=True, highlight=False)
     for index, message in enumerate(conversation.messages):
         out.print()
-        _print_message(out, message)
+        _print_message(out, message, conversation.conversation_id)
         if message.id in partial:
             out.print(_partial_line(partial[message.id]), soft_wrap=True, highlight=False)
         for turn in after.get(index, []):
@@ -368,20 +451,32 @@ _REPLY_CONTENT = frozenset(
 without content is not stored, docs/semantics.md §11; reasoning is streamed only when it is kept)."""
 
 
-_APPROVAL_HINT = " (call {call_id}: the application answers with SubmitToolApprovals, then the turn goes on)"
-"""The CLI cannot approve: say who does (README, Tools: approvals)."""
+_APPROVAL_HINT = (
+    " (call {call_id}: `turnwire approve {conversation} {call_id}`, or with --deny, and the turn goes on)"
+)
+"""Who answers a call waiting for approval: the CLI's ``approve`` (applications: SubmitToolApprovals)."""
 
 
 class _TurnRenderer:
     """Prints one turn's events as they arrive."""
 
-    def __init__(self, console: Console, request_id: str = "", *, err_console: Console | None = None) -> None:
+    def __init__(
+        self,
+        console: Console,
+        request_id: str = "",
+        *,
+        err_console: Console | None = None,
+        conversation_id: str = "CONVERSATION",
+    ) -> None:
         self.console = console
         self.request_id = request_id
+        self.conversation_id = conversation_id
         #: Where the request id goes once the turn is accepted, when ``console`` shows no spinner.
         self.err_console = err_console
         self.at_line_start = True
         self.tool_names: dict[str, str] = {}
+        #: Calls whose input arrived and whose result has not: a Ctrl-C aborts them.
+        self.open_calls: dict[str, str] = {}
         #: The last preliminary result shown per tool call (its JSON), so the final is not repeated.
         self.preliminary: dict[str, str] = {}
         #: The model streamed output (text, reasoning, a tool call): its token count is not 0.
@@ -491,6 +586,7 @@ class _TurnRenderer:
         elif kind == "tool_input_available":
             call = event.tool_input_available
             self.tool_names[call.tool_call_id] = call.tool_name
+            self.open_calls[call.tool_call_id] = call.tool_name
             self.line(_call_line(call.tool_name, _input_json(call)))
         elif kind == "tool_input_error":
             bad = event.tool_input_error
@@ -500,12 +596,19 @@ class _TurnRenderer:
         elif kind == "tool_approval_request":
             name = self._name(event.tool_approval_request.tool_call_id)
             call_id = event.tool_approval_request.tool_call_id
+            self.open_calls.pop(call_id, None)  # it waits for the application, not running
             self.line(
-                Text(f"? {name} awaits approval{_APPROVAL_HINT.format(call_id=call_id)}", style="yellow")
+                Text(
+                    f"? {name} awaits approval"
+                    + _APPROVAL_HINT.format(call_id=call_id, conversation=self.conversation_id),
+                    style="yellow",
+                )
             )
         elif kind == "tool_output_available":
             output = event.tool_output_available
             name, value = self._name(output.tool_call_id), _output_json(output)
+            if not output.preliminary:
+                self.open_calls.pop(output.tool_call_id, None)
             if output.preliminary:
                 self.preliminary[output.tool_call_id] = value
                 self.line(_preliminary_line(name, value))
@@ -516,8 +619,10 @@ class _TurnRenderer:
                 self.line(_result_line(name, value, output.decision))
         elif kind == "tool_output_error":
             failed = event.tool_output_error
+            self.open_calls.pop(failed.tool_call_id, None)
             self.line(_error_line(self._name(failed.tool_call_id), failed.error_text))
         elif kind == "tool_output_denied":
+            self.open_calls.pop(event.tool_output_denied.tool_call_id, None)
             name = self._name(event.tool_output_denied.tool_call_id)
             self.line(Text(f"← {name}: denied", style="yellow"))
         elif kind == "source":
@@ -551,6 +656,13 @@ class _TurnRenderer:
 
     def _name(self, tool_call_id: str) -> str:
         return self.tool_names.get(tool_call_id, tool_call_id or "tool")
+
+    def abort_open_calls(self) -> None:
+        """After a Ctrl-C: each call still running is shown as the sidecar stores it, aborted
+        (docs/semantics.md §5), as ``history`` will show it."""
+        for name in self.open_calls.values():
+            self.line(_error_line(name, ABORTED_TOOL_ERROR))
+        self.open_calls.clear()
 
 
 def _print_status_line(
@@ -600,7 +712,7 @@ def _print_status_line(
     out.print(line, soft_wrap=True, highlight=False)
 
 
-_CANCELLED_ELSEWHERE = "(cancelled elsewhere: `turnwire cancel`, another client, or the sidecar stopping)"
+_CANCELLED_ELSEWHERE = "(cancelled elsewhere: `turnwire cancel` or another client)"
 """Why a turn this client did not cancel ended ABORTED without an error."""
 
 
@@ -658,7 +770,7 @@ def cli_terms(message: str) -> str:
 # -- history rendering -----------------------------------------------------------------------
 
 
-def _print_message(out: Console, message: message_pb2.Message) -> None:
+def _print_message(out: Console, message: message_pb2.Message, conversation_id: str) -> None:
     role = message_pb2.Role.Name(message.role).removeprefix("ROLE_").lower()
     header = Text(role, style=_ROLE_STYLES.get(message.role, "bold"))
     if message.HasField("create_time"):
@@ -678,7 +790,7 @@ def _print_message(out: Console, message: message_pb2.Message) -> None:
             if shown:
                 out.print(Text(shown, style="dim italic"), soft_wrap=True, highlight=False)
         elif kind == "tool_call":
-            _print_tool_call(out, part.tool_call)
+            _print_tool_call(out, part.tool_call, conversation_id)
         elif kind == "step_start":
             steps += 1
             if steps > 1:
@@ -718,7 +830,7 @@ def _unreplied_line(turn: chat_service_pb2.TurnWithoutReply) -> Text:
     return Text(text, style=_STATUS_STYLES.get(turn.status, "bold"))
 
 
-def _print_tool_call(out: Console, call: message_pb2.ToolCallPart) -> None:
+def _print_tool_call(out: Console, call: message_pb2.ToolCallPart, conversation_id: str) -> None:
     if call.input_json or call.HasField("input"):
         out.print(_call_line(call.tool_name, _input_json(call)), soft_wrap=True)
     elif call.raw_input:  # not a JSON object, or cut off while it streamed
@@ -739,7 +851,7 @@ def _print_tool_call(out: Console, call: message_pb2.ToolCallPart) -> None:
         message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED,
         message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED,
     ):
-        hint = _APPROVAL_HINT.format(call_id=call.tool_call_id)
+        hint = _APPROVAL_HINT.format(call_id=call.tool_call_id, conversation=conversation_id)
         out.print(Text(f"? {call.tool_name} awaits approval{hint}", style="yellow"), soft_wrap=True)
     else:
         out.print(Text(f"← {call.tool_name}: (no result)", style="dim"), soft_wrap=True)

@@ -114,7 +114,8 @@ async def run_demo(workdir: Path, *, overflow: bool = False, listen: str | None 
         config = ["--config", str(config_path)]
         messages = OVERFLOW_MESSAGES
     console.rule("[bold]Turnwire demo" + (": context-window overflow" if overflow else ""))
-    console.print(f"starting [bold]turnwire serve --listen {listen} {' '.join(config)}[/] in {workdir}")
+    command = " ".join(["turnwire serve --listen", listen, *config])
+    console.print(f"starting [bold]{command}[/] in {workdir}")
     console.print(f"sidecar log: {log_path}", soft_wrap=True)
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(

@@ -14,6 +14,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.sidecar import SidecarFactory, SidecarProcess
+from support.turn_calls import error_info
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, collect
@@ -139,6 +140,12 @@ async def test_a_second_signal_during_the_grace_cancels_the_running_turns(
         sidecar.send_signal(signal.SIGINT)
         result = await collect(events)
     assert result.status == event_pb2.TURN_STATUS_ABORTED
+    # Trial 4: the client is told it was the shutdown, not a cancel.
+    end = result.events[-1].turn_end
+    assert end.error.code == grpc.StatusCode.ABORTED.value[0]
+    assert error_info(end.error).reason == "SHUTTING_DOWN"
+    assert "the sidecar shut down before the turn finished" in end.error.message
+    assert "a second signal cut the grace short" in end.error.message
     assert await sidecar.wait(timeout=30) == 0, sidecar.log_text()
     assert time.monotonic() - second < 20, "the turn ran on instead of being cancelled"
     log = sidecar.log_text()

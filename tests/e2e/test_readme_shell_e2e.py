@@ -80,18 +80,21 @@ async def test_the_cli_tour_runs_as_written(sidecar_factory: SidecarFactory, tmp
     assert serve[:2] == ["serve", "--listen"]  # the sidecar the other lines talk to
     sidecar = await sidecar_factory().start()
     env = {"TURNWIRE_TARGET": sidecar.target}
-    expected_codes = {"cancel": 1}  # "cancel a running turn": none runs, so exit status 1
+    # "cancel a running turn": none runs, so exit status 1; "approve a call awaiting approval":
+    # the demo's calls need none, so the sidecar refuses it (exit status 2, the reason on stderr).
+    expected_codes = {"cancel": 1, "approve": 2}
     outputs = {}
     for command in commands[1:]:
         args = _argv(command, sidecar.target)
         result = await run_turnwire(*args, env=env)
         assert result.code == expected_codes.get(args[0], 0), (command, result)
-        outputs[" ".join(args[:2])] = result.stdout
+        outputs[" ".join(args[:2])] = result.stdout or result.stderr
     assert "get_weather" in outputs["chat my-conversation"]
     assert "What's the weather in Oslo?" in outputs["history my-conversation"]
     assert "my-conversation" in outputs["conversations"]
     assert outputs["health"].strip() == "SERVING"
     assert "store:" in outputs["config show"]
+    assert "TOOL_CALL_NOT" in outputs["approve my-conversation"], outputs["approve my-conversation"]
 
 
 async def test_two_replicas_on_one_postgresql_database_as_written(tmp_path: Path) -> None:

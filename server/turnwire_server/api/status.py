@@ -18,6 +18,7 @@ from turnwire.error_classes import OVER_LIMIT, classify_error, never_retryable
 from turnwire.hooks import ChatError, ErrorStage
 from turnwire.providers import ProviderError
 from turnwire_server.engine.errors import (
+    CancelledByShutdown,
     ConversationDeleted,
     InputNotStored,
     ModelTimeout,
@@ -290,6 +291,8 @@ def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
             str(error),
             reason="RECOVERY_EXHAUSTED" if error.exhausted else "SERVER_RESTARTED",
         )
+    if isinstance(error, CancelledByShutdown):
+        return TurnwireStatusError(grpc.StatusCode.ABORTED, str(error), reason="SHUTTING_DOWN")
     if isinstance(error, ServerStopping):
         return TurnwireStatusError(
             grpc.StatusCode.UNAVAILABLE, str(error), reason="SHUTTING_DOWN", retry_after_seconds=1.0
@@ -360,7 +363,10 @@ def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
         )
     if isinstance(error, NothingToContinue):
         return TurnwireStatusError(
-            grpc.StatusCode.FAILED_PRECONDITION, str(error), reason="NOTHING_TO_CONTINUE"
+            grpc.StatusCode.FAILED_PRECONDITION,
+            str(error),
+            reason="NOTHING_TO_CONTINUE",
+            metadata={"last_role": error.last_role},
         )
     if isinstance(error, ModelTimeout):
         return TurnwireStatusError(

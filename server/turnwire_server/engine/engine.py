@@ -25,6 +25,7 @@ from turnwire_client.v1 import event_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.channel import EventChannel
 from turnwire_server.engine.errors import (
+    CancelledByShutdown,
     ConversationDeleted,
     NestedTurn,
     QueueFull,
@@ -79,12 +80,13 @@ class TurnHandle:
     def __aiter__(self) -> AsyncIterator[Any]:
         return self.channel.__aiter__()
 
-    def cancel(self) -> bool:
-        """Cancel the turn; it stores its partial reply and ends with TURN_STATUS_ABORTED.
+    def cancel(self, stop: BaseException | None = None) -> bool:
+        """Cancel the turn; it stores its partial reply and ends with TURN_STATUS_ABORTED
+        (``stop``: why, carried in its TurnEnd, e.g. :class:`CancelledByShutdown`).
 
         False when that changes nothing (already stopped, or the reply is being stored).
         """
-        return self.run.cancel()
+        return self.run.cancel(stop)
 
     def detach(self) -> None:
         """The caller left and the turn goes on without it (disconnect policy CONTINUE): its
@@ -486,6 +488,12 @@ class TurnEngine:
             for waiter in race:
                 waiter.cancel()  # asyncio.wait's own cancel leaves the turn tasks running
         pending = {task for task in handles if not task.done()}
+        # The time they really had: a second signal may have cut the grace short.
+        why = (
+            "a second signal cut the grace short"
+            if cut_short is not None and cut_short.is_set()
+            else f"the {grace_seconds:g} s grace ran out"
+        )
         for task in pending:
             handle = handles[task]
             run = handle.run
@@ -494,14 +502,8 @@ class TurnEngine:
                 # that has not started runs then (its watchers are told why it stopped).
                 run.cancel(ServerStopping())
             else:
-                handle.cancel()
+                handle.cancel(CancelledByShutdown(f"shutdown: {why}"))
         if pending:
-            # The time they really had: a second signal may have cut the grace short.
-            why = (
-                "a second signal cut the grace short"
-                if cut_short is not None and cut_short.is_set()
-                else f"the {grace_seconds:g} s grace ran out"
-            )
             log.warning(
                 "shutdown: cancelled %d turn(s) still running after %.1f s (%s)",
                 len(pending),

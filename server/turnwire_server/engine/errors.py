@@ -105,11 +105,23 @@ class SlowConsumer(Exception):
 
 
 class NothingToContinue(Exception):
-    """ContinueLastTurn found no assistant message at the end of the conversation (SKIPPED)."""
+    """ContinueLastTurn found no assistant message at the end of the conversation (SKIPPED).
+    ``last_role``: the role of the conversation's last message ("user", "system"), "" when it has
+    none. A last user message has no reply yet (a turn cancelled before any reply, say): the message
+    says how to have it answered (docs/semantics.md §1)."""
 
-    def __init__(self, has_history: bool) -> None:
-        why = "the last message is not the assistant's" if has_history else "the conversation has no messages"
+    def __init__(self, last_role: str) -> None:
+        if not last_role:
+            why = "the conversation has no messages"
+        elif last_role == "user":
+            why = (
+                "the last message is the user's and has no reply yet (to have it answered, run a turn "
+                "on the history as it is: SaveMessages with no messages)"
+            )
+        else:
+            why = f"the last message is not the assistant's but the {last_role}'s"
         super().__init__(f"nothing to continue: {why}; the turn was skipped and nothing was stored")
+        self.last_role = last_role
 
 
 class ServerRestarted(Exception):
@@ -160,6 +172,17 @@ class ServerStopping(Exception):
         super().__init__(
             "the server stopped before the turn finished; it is recovered when the server starts "
             "again (ResumeTurn then shows the rest)"
+        )
+
+
+class CancelledByShutdown(Exception):
+    """Shutdown cancelled a turn whose caller waits for it, after the shutdown grace ran out or a
+    second signal cut it short: it ends ABORTED with its partial reply stored, as a cancel would,
+    and its TurnEnd says why (reason ``SHUTTING_DOWN``; docs/semantics.md §5, shutdown)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(
+            f"the sidecar shut down before the turn finished ({why}); its partial reply is stored"
         )
 
 

@@ -48,6 +48,7 @@ from turnwire_server.engine.checkpoints import Checkpointer
 from turnwire_server.engine.client_tools import turn_tools
 from turnwire_server.engine.compaction import Compactor
 from turnwire_server.engine.errors import (
+    CancelledByShutdown,
     ConversationDeleted,
     InputNotStored,
     NothingToContinue,
@@ -407,7 +408,10 @@ class TurnRun:
             history = await self.store.load_messages(request.conversation_id)
             if not history or history[-1].role != message_pb2.ROLE_ASSISTANT:
                 self.outcome = "skipped"
-                self.status_error = self._error_status(NothingToContinue(bool(history)), "turn")
+                last_role = (
+                    message_pb2.Role.Name(history[-1].role).removeprefix("ROLE_").lower() if history else ""
+                )
+                self.status_error = self._error_status(NothingToContinue(last_role), "turn")
                 return
             self._record = self._new_record()
             self._phase = "storing"
@@ -573,7 +577,7 @@ class TurnRun:
             self.outcome = "interrupted"
             self.left_running = True
             self.status_error = self._error_status(stop, "stream")
-        elif isinstance(stop, SlowConsumer | ConversationDeleted | StoppedByInput):
+        elif isinstance(stop, SlowConsumer | ConversationDeleted | StoppedByInput | CancelledByShutdown):
             self.outcome = "aborted"
             self.status_error = self._error_status(stop, "stream")
         else:

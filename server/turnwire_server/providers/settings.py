@@ -172,9 +172,15 @@ def _api_key(name: str, settings: _SdkProviderSettings, environ: Mapping[str, st
         return NO_KEY
     key = environ.get(settings.api_key_env, "")
     if not key:
+        # The null advice only fits a server of your own (a base_url): the vendor's API needs a key.
+        fix = (
+            "set it, or set api_key_env to null if the server at base_url needs no key"
+            if settings.base_url
+            else "set it (the vendor's API needs a key)"
+        )
         raise ProviderConfigError(
-            f"provider {name!r}: environment variable {settings.api_key_env} (its api_key_env) is not set; "
-            "set it, or set api_key_env to null for a server that needs no key"
+            f"provider {name!r}: environment variable {settings.api_key_env} (its api_key_env) "
+            f"is not set; {fix}"
         )
     return key
 
