@@ -150,8 +150,8 @@ def test_a_call_awaiting_approval_says_who_answers_it() -> None:
         )
     )
     assert lines[1] == (
-        "? get_current_time awaits approval (call c7: `turnwire approve conv-1 c7`, or with --deny, "
-        "and the turn goes on)"
+        "? get_current_time awaits approval (call c7: `turnwire approve conv-1 c7`, or add --deny "
+        "[--reason TEXT]; the turn goes on)"
     )
 
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 app = typer.Typer(
     name="turnwire",
     help="Turnwire: a gRPC sidecar that runs persisted, multi-step LLM chat turns.\n\n"
-    "The client commands (chat, continue, cancel, conversations, history, health) take their "
+    "The client commands (chat, continue, approve, cancel, conversations, history, health) take their "
     "connection options (--target, --token, --tls*) before or after the command name.",
     no_args_is_help=True,
     add_completion=False,

@@ -452,7 +452,8 @@ without content is not stored, docs/semantics.md §11; reasoning is streamed onl
 
 
 _APPROVAL_HINT = (
-    " (call {call_id}: `turnwire approve {conversation} {call_id}`, or with --deny, and the turn goes on)"
+    " (call {call_id}: `turnwire approve {conversation} {call_id}`, or add --deny [--reason TEXT];"
+    " the turn goes on)"
 )
 """Who answers a call waiting for approval: the CLI's ``approve`` (applications: SubmitToolApprovals)."""
 
@@ -624,7 +625,7 @@ class _TurnRenderer:
         elif kind == "tool_output_denied":
             self.open_calls.pop(event.tool_output_denied.tool_call_id, None)
             name = self._name(event.tool_output_denied.tool_call_id)
-            self.line(Text(f"← {name}: denied", style="yellow"))
+            self.line(_denied_line(name, event.tool_output_denied.reason))
         elif kind == "source":
             self.line(_source_line(event.source))
         elif kind == "file":
@@ -846,7 +847,7 @@ def _print_tool_call(out: Console, call: message_pb2.ToolCallPart, conversation_
     elif state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
         out.print(_error_line(call.tool_name, call.error_text), soft_wrap=True)
     elif state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED:
-        out.print(Text(f"← {call.tool_name}: denied", style="yellow"), soft_wrap=True)
+        out.print(_denied_line(call.tool_name, call.approval.reason), soft_wrap=True)
     elif state in (
         message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED,
         message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED,
@@ -901,6 +902,11 @@ _STOPPED_TOOL_CALLS: dict[str, str] = {
     INTERRUPTED_TOOL_ERROR: "interrupted: no result was recorded",
 }
 """The sidecar's results for calls the turn stopped, not the tool failing: shown apart from errors."""
+
+
+def _denied_line(name: str, reason: str) -> Text:
+    """``← name: denied`` (yellow), with the reason given when there is one."""
+    return Text(f"← {name}: denied" + (f" ({reason})" if reason else ""), style="yellow")
 
 
 def _error_line(name: str, error_text: str) -> Text:

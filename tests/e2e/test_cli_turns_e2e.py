@@ -375,7 +375,7 @@ async def test_approve_and_deny_a_waiting_call_from_the_cli(sidecar: SidecarProc
     assert asked.code == 0, asked
     (waiting,) = [line for line in asked.stdout.splitlines() if "awaits approval" in line]
     call_id = waiting.split("(call ")[1].split(":")[0]
-    assert f"`turnwire approve {conv} {call_id}`, or with --deny" in waiting, waiting
+    assert f"`turnwire approve {conv} {call_id}`, or add --deny [--reason TEXT]" in waiting, waiting
 
     extra = ["--deny", "--reason", "not now"] if deny else []
     answered = await run_turnwire(
@@ -383,7 +383,10 @@ async def test_approve_and_deny_a_waiting_call_from_the_cli(sidecar: SidecarProc
     )
     assert answered.code == 0, answered
     if deny:
-        assert "← get_current_time: denied" in answered.stdout, answered
+        # The reason is shown with the denial, live and in history (trial 5).
+        assert "← get_current_time: denied (not now)" in answered.stdout.splitlines(), answered
+        shown = await run_turnwire("history", conv, "--target", sidecar.target)
+        assert "← get_current_time: denied (not now)" in shown.stdout.splitlines(), shown
     else:
         assert any(
             line.startswith("← get_current_time: ") and "denied" not in line
