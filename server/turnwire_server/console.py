@@ -19,7 +19,6 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format, timestamp_pb2
-from google.rpc import error_details_pb2
 from rich.console import Console
 from rich.status import Status
 from rich.text import Text
@@ -214,11 +213,8 @@ def _unanswered(event: event_pb2.TurnEvent) -> bool:
     """A ``ContinueLastTurn`` skipped because the last message is the user's (no reply yet)."""
     if event.WhichOneof("event") != "turn_end" or event.turn_end.status != event_pb2.TURN_STATUS_SKIPPED:
         return False
-    for detail in event.turn_end.error.details:
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info) and info.reason == "NOTHING_TO_CONTINUE":
-            return bool(info.metadata.get("last_role") == "user")
-    return False
+    error = TurnwireError.from_status(event.turn_end.error)
+    return error.reason == "NOTHING_TO_CONTINUE" and error.error_metadata.get("last_role") == "user"
 
 
 async def _run_turn(
