@@ -28,8 +28,9 @@ The supervisor:
 - exits 1 when a worker cannot start at first (the worker printed why), after stopping the others;
   after a signal, 0 once every worker exited 0;
 - serves the metrics endpoint alone: the workers write prometheus-client's multiprocess files in
-  a directory it creates (``PROMETHEUS_MULTIPROC_DIR``) and removes at exit, and a scrape adds them
-  up (``MultiProcessCollector``; the ``process_*`` and ``python_*`` families are not served).
+  a directory it creates (``PROMETHEUS_MULTIPROC_DIR``) and removes at exit (one that a
+  SIGKILLed supervisor left is removed at the next start), and a scrape adds them up
+  (``MultiProcessCollector``; the ``process_*`` and ``python_*`` families are not served).
 """
 
 from __future__ import annotations
@@ -224,6 +225,36 @@ def _describe_exit(code: int) -> str:
     return f"exit status {code}"
 
 
+METRICS_DIR_PREFIX = "turnwire-metrics-"
+"""The multiprocess metrics directory is ``{tempdir}/turnwire-metrics-{supervisor pid}-{random}``."""
+
+
+def remove_orphaned_metrics_dirs(parent: str) -> list[str]:
+    """Remove the multiprocess metrics directories under ``parent`` whose supervisor is gone (it
+    was SIGKILLed, so its ``finally`` never removed them); the paths removed. A directory whose
+    pid is alive (another supervisor, or a reused pid) is kept: the check is ``kill(pid, 0)``."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        pid_text, _, rest = name.removeprefix(METRICS_DIR_PREFIX).partition("-")
+        if not name.startswith(METRICS_DIR_PREFIX) or not rest or not pid_text.isdigit():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue  # alive under another user, or not a pid: not ours to remove
+        path = os.path.join(parent, name)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 async def supervise(settings: Settings) -> int:
     """Run ``settings.workers`` workers on ``settings.listen`` until SIGTERM or SIGINT (see the
     module docstring); the exit status. Raises :class:`SupervisorError` when the port or the
@@ -237,7 +268,8 @@ async def supervise(settings: Settings) -> int:
     endpoint: MetricsEndpoint | None = None
     try:
         if settings.metrics.enabled:
-            metrics_dir = tempfile.mkdtemp(prefix="turnwire-metrics-")
+            remove_orphaned_metrics_dirs(tempfile.gettempdir())
+            metrics_dir = tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-")
             registry = CollectorRegistry()
             MultiProcessCollector(registry, path=metrics_dir)  # type: ignore[no-untyped-call]
             try:
