@@ -427,3 +427,36 @@ async def test_ctrl_c_during_a_tool_shows_it_aborted_as_history_will() -> None:
         "ABORTED by Ctrl-C · request cli-s: the partial reply is stored as aborted",
     ]
     assert not any("lookup_order: aborted" in line for line in lines)
+
+
+def test_a_progress_keepalive_says_what_the_turn_waits_for() -> None:
+    """A turn queued behind another said "waiting for the sidecar" for as long as it waited (a
+    trial finding): a ``Progress`` keepalive now puts its phase and elapsed time on the spinner,
+    and is not taken as the turn's start."""
+    from google.protobuf import duration_pb2
+
+    from turnwire_client.v1 import event_pb2
+    from turnwire_server.console import _TurnRenderer
+
+    renderer = _TurnRenderer(Console(file=io.StringIO(), force_terminal=True, width=200), "cli-q")
+    try:
+        assert renderer.waiting is not None
+        assert "waiting for the sidecar" in str(renderer.waiting.status)
+        queued = event_pb2.TurnEvent(
+            progress=event_pb2.Progress(
+                phase=event_pb2.PROGRESS_PHASE_QUEUED, elapsed=duration_pb2.Duration(seconds=15)
+            )
+        )
+        renderer.render(queued)
+        assert renderer.waiting is not None
+        assert "queued behind the conversation's running turn (15 s)" in str(renderer.waiting.status)
+        assert not renderer.started
+        tool = event_pb2.TurnEvent(
+            progress=event_pb2.Progress(
+                phase=event_pb2.PROGRESS_PHASE_TOOL, elapsed=duration_pb2.Duration(seconds=30)
+            )
+        )
+        renderer.render(tool)
+        assert "running the tool (30 s)" in str(renderer.waiting.status)
+    finally:
+        renderer.stop_waiting()

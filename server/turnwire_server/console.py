@@ -235,7 +235,9 @@ async def _run_turn(
     err = _or_stderr(err_console)
     renderer = _TurnRenderer(out, request_id, err_console=err, conversation_id=conversation_id)
     try:
-        async with TurnwireClient(target, tls=tls, token=token) as client:
+        # Progress keepalives (a turn silent for limits.progress_interval_seconds) update the
+        # spinner: a turn queued behind another says so instead of "waiting for the sidecar".
+        async with TurnwireClient(target, tls=tls, token=token, include_progress=True) as client:
             if tool_names is not None:
                 renderer.tool_names.update(await tool_names(client))
             result = await collect(renderer.tee(open_stream(client)))
@@ -426,6 +428,13 @@ _WAITING_FOR: dict[str, str] = {
 }
 """Events after which nothing shows until the model or a tool answers: a spinner says so."""
 
+_PROGRESS_PHASES: dict[int, str] = {
+    event_pb2.PROGRESS_PHASE_QUEUED: "queued behind the conversation's running turn",
+    event_pb2.PROGRESS_PHASE_MODEL: "waiting for the model",
+    event_pb2.PROGRESS_PHASE_TOOL: "running the tool",
+}
+"""What the spinner says on a ``Progress`` keepalive, by phase (event.proto ``ProgressPhase``)."""
+
 _SILENT = frozenset({"text_start", "reasoning_start", "tool_input_start", "tool_input_delta", "step_finish"})
 """Events that print nothing, so they leave the spinner up."""
 
@@ -548,6 +557,9 @@ class _TurnRenderer:
 
     def render(self, event: event_pb2.TurnEvent) -> None:
         kind = event.WhichOneof("event")
+        if kind == "progress":  # a keepalive, not part of the turn: only the spinner changes
+            self._progress(event.progress)
+            return
         self.started = self.started or kind == "turn_start"
         if kind in _WAITING_FOR:
             self.stop_waiting()
@@ -560,6 +572,14 @@ class _TurnRenderer:
         elif kind not in _SILENT:
             self.stop_waiting()
         self._render(kind, event)
+
+    def _progress(self, progress: event_pb2.Progress) -> None:
+        """Say what a silent turn waits for and for how long (whole seconds)."""
+        what = _PROGRESS_PHASES.get(progress.phase)
+        if what is None:
+            return
+        self.stop_waiting()
+        self.wait(f"{what} ({progress.elapsed.ToTimedelta().total_seconds():.0f} s)")
 
     def _render(self, kind: str | None, event: event_pb2.TurnEvent) -> None:
         if kind in _MODEL_OUTPUT:
