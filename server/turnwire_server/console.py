@@ -826,8 +826,9 @@ def _partial_line(reply: chat_service_pb2.PartialReply) -> Text:
     if reply.status == event_pb2.TURN_STATUS_UNSPECIFIED:
         return Text(f"(partial: turn {reply.request_id} is still running)", style="yellow")
     status = event_pb2.TurnStatus.Name(reply.status).removeprefix("TURN_STATUS_")
+    reason = TurnwireError.from_status(reply.error).reason if reply.HasField("error") else ""
     return Text(
-        f"(partial: turn {reply.request_id} ended {status})",
+        f"(partial: turn {reply.request_id} ended {status}{': ' + reason if reason else ''})",
         style=_STATUS_STYLES.get(reply.status, "bold"),
     )
 

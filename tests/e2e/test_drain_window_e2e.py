@@ -13,7 +13,7 @@ import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support.sidecar import SidecarFactory, SidecarProcess
+from support.sidecar import SidecarFactory, SidecarProcess, run_turnwire
 from support.turn_calls import error_info
 from support.waiting import wait_until
 
@@ -155,3 +155,15 @@ async def test_a_second_signal_during_the_grace_cancels_the_running_turns(
         line for line in log.splitlines() if "shutdown: cancelled 1 turn(s) still running" in line
     ]
     assert "(a second signal cut the grace short)" in cancelled and "after 120.0 s" not in cancelled
+
+    # After a restart no TurnEnd is around to say why: the stored turn keeps its reason, and
+    # GetConversation and `turnwire history` name it under the partial reply.
+    restarted = await sidecar_factory(long_grace, workdir=sidecar.workdir).start()
+    async with TurnwireClient(restarted.target) as client:
+        conversation = await client.get_conversation("second-signal")
+    (reply,) = conversation.partial_replies
+    assert reply.status == event_pb2.TURN_STATUS_ABORTED
+    assert error_info(reply.error).reason == "SHUTTING_DOWN"
+    history = await run_turnwire("history", "second-signal", "--target", restarted.target)
+    assert history.code == 0, history.stderr
+    assert f"(partial: turn {result.events[-1].request_id} ended ABORTED: SHUTTING_DOWN)" in history.stdout

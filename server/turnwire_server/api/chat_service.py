@@ -336,11 +336,13 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
         conversation = conversation_proto(record)
         conversation.messages.extend(page)
         for message in page:
-            if message.id in partial:
-                request_id, state = partial[message.id]
-                conversation.partial_replies.add(
-                    message_id=message.id, request_id=request_id, status=_PARTIAL_STATUS[state]
+            turn = partial.get(message.id)
+            if turn is not None:
+                reply = conversation.partial_replies.add(
+                    message_id=message.id, request_id=turn.request_id, status=_PARTIAL_STATUS[turn.state]
                 )
+                if turn.error is not None:
+                    reply.error.CopyFrom(status_pb2.Status.FromString(turn.error))
         end = start + len(page)
         turns = [_turn_without_reply(turn) for turn in unreplied]
         places = turn_places(messages, [turn.start_time for turn in turns])

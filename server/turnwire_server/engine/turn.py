@@ -612,11 +612,12 @@ class TurnRun:
                 await asyncio.shield(self.store.discard_reply(self._record, self.message_id))
             except Exception as error:
                 log.error("turn %s: discarding the partial reply failed: %s", self.request.request_id, error)
-        error_bytes = None
         if self.outcome == "error" and self.error is not None:
             stage = self.error.stage if isinstance(self.error, TurnFailure) else "turn"
             self.status_error = self._error_status(_root(self.error), stage)
-            error_bytes = self.status_error.SerializeToString()
+        # Why it ended is kept with the turn, aborted ones too (SHUTTING_DOWN, SLOW_CONSUMER …):
+        # GetConversation names it after a restart, when no TurnEnd is around to say it.
+        error_bytes = None if self.status_error is None else self.status_error.SerializeToString()
         record = dataclasses.replace(
             self._record,
             state=self.outcome,

@@ -264,8 +264,10 @@ class ConversationRecord:
 class TurnRecord:
     """One turn as the store knows it.
 
-    ``error`` is a serialized ``google.rpc.Status`` when ``state`` is
-    ``error``; ``recovery_count`` counts recoveries (crash, stall) spent on this turn;
+    ``error`` is a serialized ``google.rpc.Status``: why the turn ended, when it ended
+    ``error``, or ``aborted`` / ``interrupted`` with a reason (``SHUTTING_DOWN``,
+    ``ROLLED_BACK``, ``SLOW_CONSUMER`` …); ``recovery_count`` counts recoveries (crash, stall)
+    spent on this turn;
     ``spec`` is what a recovery needs to run the turn again (JSON text: body, client
     tools, continuation; see ``turnwire_server.engine.turn_spec``), None for turns
     stored before it existed. ``owner`` is the replica running it and ``lease_until`` when its
@@ -424,8 +426,8 @@ class Store(Protocol):
         """All messages of the conversation, oldest first ([] when none)."""
         ...
 
-    async def partial_replies(self, conversation_id: str) -> dict[str, tuple[str, TurnState]]:
-        """``{assistant message id: (request id, state)}`` for each reply whose latest turn (a
+    async def partial_replies(self, conversation_id: str) -> dict[str, TurnRecord]:
+        """``{assistant message id: its latest turn}`` for each reply whose latest turn (a
         continuation writes the same message) is ``running``, ``aborted``, ``error`` or
         ``interrupted``; complete replies are absent. One read."""
         ...

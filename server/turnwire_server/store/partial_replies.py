@@ -12,10 +12,10 @@ among ``turns_without_reply`` so a reader still sees that it ran and how it ende
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Final, cast
+from typing import Any, Final
 
-from turnwire_server.store.base import TurnState
-from turnwire_server.store.sqlite_rows import TURN_COLUMNS
+from turnwire_server.store.base import TurnRecord
+from turnwire_server.store.sqlite_rows import TURN_COLUMNS, turn_from_row
 
 PARTIAL_STATES: Final = ("running", "aborted", "error", "interrupted")
 
@@ -25,7 +25,7 @@ def partial_replies_sql(placeholder: str) -> str:
     the conversation id. Served by the ``turns_by_conversation`` index."""
     states = ", ".join(f"'{state}'" for state in PARTIAL_STATES)
     return (
-        "SELECT t.assistant_message_id, t.request_id, t.state FROM turns t"
+        f"SELECT {TURN_COLUMNS} FROM turns t"
         f" WHERE t.conversation_id = {placeholder} AND t.state IN ({states})"
         " AND NOT EXISTS (SELECT 1 FROM turns later WHERE later.conversation_id = t.conversation_id"
         " AND later.assistant_message_id = t.assistant_message_id"
@@ -49,6 +49,6 @@ def turns_without_reply_sql(placeholder: str) -> str:
     )
 
 
-def partial_replies_of(rows: Iterable[Any]) -> dict[str, tuple[str, TurnState]]:
-    """``{message id: (request id, state)}`` of the query's rows."""
-    return {str(row[0]): (str(row[1]), cast(TurnState, str(row[2]))) for row in rows}
+def partial_replies_of(rows: Iterable[Any]) -> dict[str, TurnRecord]:
+    """``{message id: the turn that last wrote it}`` of the query's rows (:data:`TURN_COLUMNS`)."""
+    return {turn.assistant_message_id: turn for turn in map(turn_from_row, rows)}

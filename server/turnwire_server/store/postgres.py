@@ -48,7 +48,6 @@ from turnwire_server.store.base import (
     ToolCallAnswer,
     TurnAdmission,
     TurnRecord,
-    TurnState,
     renewed_lease,
 )
 from turnwire_server.store.local_lock import LocalTurnLocks
@@ -501,7 +500,7 @@ class PostgresStore:
         rows = await self._read("load_messages", read.sql, read.params)
         return self._decoded.messages(read, rows)
 
-    async def partial_replies(self, conversation_id: str) -> dict[str, tuple[str, TurnState]]:
+    async def partial_replies(self, conversation_id: str) -> dict[str, TurnRecord]:
         """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
         rows = await self._read("partial_replies", _PARTIAL_REPLIES_SQL, (conversation_id,))
         return partial_replies_of(rows)

@@ -532,6 +532,7 @@ class PartialReply(_message.Message):
     MESSAGE_ID_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     message_id: _builtins.str
     """The assistant message's id."""
     request_id: _builtins.str
@@ -540,16 +541,25 @@ class PartialReply(_message.Message):
     """How that turn ended (ABORTED, ERROR or INTERRUPTED); TURN_STATUS_UNSPECIFIED
     while it is still running.
     """
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """Why it ended, when that was recorded: the TurnEnd's error, a
+        google.rpc.Status with google.rpc.ErrorInfo (domain `turnwire.dev`,
+        reason from ErrorReason, e.g. SHUTTING_DOWN for a turn the server's
+        shutdown cancelled).
+        """
+
     def __init__(
         self,
         *,
         message_id: _builtins.str = ...,
         request_id: _builtins.str = ...,
         status: _event_pb2.TurnStatus.ValueType = ...,
+        error: _status_pb2.Status | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id", "request_id", b"request_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "message_id", b"message_id", "request_id", b"request_id", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
