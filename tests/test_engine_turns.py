@@ -550,6 +550,43 @@ async def test_cancel_mid_stream_aborts_and_stores_the_partial_text(make_engine:
         assert db.execute("SELECT state FROM turns").fetchall() == [("aborted",)]
 
 
+@pytest.mark.parametrize(
+    ("cut", "reason"), [("shutdown", "SHUTTING_DOWN"), ("delete", "CONVERSATION_DELETED")]
+)
+async def test_a_turn_cut_by_shutdown_or_deletion_still_gets_its_on_chat_response(
+    make_engine: EngineFactory, cut: str, reason: str
+) -> None:
+    """on_chat_response fires for an aborted turn with a partial reply (docs/semantics.md §3)
+    whatever stopped it: the server's shutdown (grace over) and a conversation's deletion too,
+    with the reason in its TurnEnd."""
+    responses: list[ChatResponseContext] = []
+
+    class Observe(Middleware):
+        async def on_chat_response(self, result: ChatResponseContext) -> None:
+            responses.append(result)
+
+    long_text = " ".join(f"w{i}" for i in range(200))
+    h = await make_engine(scripts={"main": [ScriptStep(text=long_text, delay_ms=5)]}, middlewares=[Observe()])
+    handle = await h.start("go")
+    events: list[event_pb2.TurnEvent] = []
+    stopping: asyncio.Future[Any] | None = None
+    async for response in handle:
+        events.append(response.event)
+        if stopping is None and kinds(events).count("text_delta") == 3:
+            stopping = asyncio.ensure_future(
+                h.engine.drain(0) if cut == "shutdown" else h.engine.cancel_conversation(CONV)
+            )
+    await asyncio.wait_for(handle.task, 5)
+    assert stopping is not None
+    await stopping
+    end = end_of(events)
+    assert end.status == event_pb2.TURN_STATUS_ABORTED
+    detail = error_details_pb2.ErrorInfo()
+    assert end.error.details[0].Unpack(detail) and detail.reason == reason
+    assert [r.status for r in responses] == ["aborted"]
+    assert responses[0].message.id == end.message.id
+
+
 async def test_cancel_during_a_tool_stores_it_as_errored(make_engine: EngineFactory) -> None:
     started = asyncio.Event()
     saw: dict[str, Any] = {}
