@@ -185,13 +185,22 @@ class SdkSpans:
         recording = decision is not Decision.DROP
         return _Plan(name, parent, kind, attributes, links, context, recording, sampling)
 
-    def start(self, planned: _Plan, start_time: int | None = None) -> Span:
+    def start(
+        self, planned: _Plan, start_time: int | None = None, attributes: Mapping[str, Any] | None = None
+    ) -> Span:
         """Start ``planned`` (a recording one) on the SDK, started at ``start_time``
-        (``time.time_ns``; None: now), with the planned ids and sampling decision."""
+        (``time.time_ns``; None: now), with the planned ids and sampling decision; ``attributes``
+        (set since it was planned) are recorded with the planned ones, as set after them."""
+        sampling = planned.sampling
+        if attributes:
+            # One pass of the SDK's attribute checks and lock instead of a set_attributes call more.
+            sampling = SamplingResult(
+                sampling.decision, {**sampling.attributes, **attributes}, sampling.trace_state
+            )
         staged = self._staged
         staged.trace_id = planned.context.trace_id  # taken only by a root span
         staged.span_id = planned.context.span_id
-        staged.sampling = planned.sampling
+        staged.sampling = sampling
         try:
             return self._tracer.start_span(
                 planned.name, planned.parent, planned.kind, planned.attributes, planned.links, start_time

@@ -112,9 +112,11 @@ class SpanStarter(Protocol):
         when it has none)."""
         ...
 
-    def start(self, planned: Any, start_time: int | None = None) -> Span:
+    def start(
+        self, planned: Any, start_time: int | None = None, attributes: Mapping[str, Any] | None = None
+    ) -> Span:
         """Start the recording span ``planned`` (from :meth:`plan`) at ``start_time``
-        (``time.time_ns``; None: now)."""
+        (``time.time_ns``; None: now), with ``attributes`` set after those it was planned with."""
         ...
 
 
@@ -181,9 +183,7 @@ class _Deferred(Span):
 
     def start(self, starter: SpanStarter) -> None:
         """Start the SDK's span (the batch's flush), with what waited for it but the end."""
-        span = self._span = starter.start(self._planned, self._start_time)
-        if self._attributes is not None:
-            span.set_attributes(self._attributes)
+        span = self._span = starter.start(self._planned, self._start_time, self._attributes)
         if self._status is not None:
             span.set_status(*self._status)
 
