@@ -186,9 +186,9 @@ def _exporter_clock() -> int:
 
 def span_work(tracing: Tracing, turns: int) -> tuple[float, float]:
     """This thread's CPU time (µs) for what tracing adds to one one-step turn, alone: up to the
-    model's first chunk (the turn and model call spans started and current, the provider's
-    header injected), and in all (their end attributes, ended); less exposed to other load than
-    whole turns."""
+    model's first chunk (the turn and model call spans planned and current, the provider's
+    header injected), and in all (their end attributes, started on the SDK at the turn's end
+    here, ended); less exposed to other load than whole turns."""
     request = TurnRequest(
         conversation_id="c",
         request_id="r",

@@ -37,6 +37,7 @@ Message content (``gen_ai.system_instructions``, ``gen_ai.input.messages``,
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -124,9 +125,10 @@ class _Batch:
     """A turn's spans not started yet, in the order they were planned, and those of them that
     ended, in that order. :meth:`flush` starts them all on the SDK, with their recorded start
     times, then ends the ended ones with theirs: the exported spans are those starting them at
-    once would give (same ids, parents, attributes, status, times), the work done later."""
+    once would give (same ids, parents, attributes, status, times), the work done later.
+    ``lock``: a user's code may touch a span from another thread (a tool run in a thread)."""
 
-    __slots__ = ("ended", "flushed", "scheduled", "spans", "starter")
+    __slots__ = ("ended", "flushed", "lock", "scheduled", "spans", "starter")
 
     def __init__(self, starter: SpanStarter) -> None:
         self.starter = starter
@@ -134,19 +136,30 @@ class _Batch:
         self.ended: list[_Deferred] = []
         self.flushed = False
         self.scheduled = False
+        self.lock = threading.RLock()
+
+    def add(self, planned: PlannedSpan) -> Span:
+        """The span ``planned`` in this batch; started at once when the batch is flushed."""
+        with self.lock:
+            if not self.flushed:
+                span = _Deferred(self, planned)
+                self.spans.append(span)
+                return span
+        return self.starter.start(planned)
 
     def flush(self) -> None:
         """Start the batch's spans (and end the ended ones); spans of the turn planned later
         start at once."""
-        if self.flushed:
-            return
-        self.flushed = True
-        for span in self.spans:
-            span.start(self.starter)
-        for span in self.ended:
-            span.started().end(span.end_time)
-        self.spans.clear()
-        self.ended.clear()
+        with self.lock:
+            if self.flushed:
+                return
+            self.flushed = True
+            for span in self.spans:
+                span.start(self.starter)
+            for span in self.ended:
+                span.started().end(span.end_time)
+            self.spans.clear()
+            self.ended.clear()
 
     def flush_soon(self) -> None:
         """:meth:`flush` on the event loop's next round, after what the loop already has ready
@@ -179,7 +192,6 @@ class _Deferred(Span):
         self._attributes: dict[str, Any] | None = None
         self._status: tuple[Status | StatusCode, str | None] | None = None
         self.end_time: int | None = None
-        batch.spans.append(self)
 
     def start(self, starter: SpanStarter) -> None:
         """Start the SDK's span (the batch's flush), with what waited for it but the end."""
@@ -204,29 +216,32 @@ class _Deferred(Span):
         return self.end_time is None if self._span is None else self._span.is_recording()
 
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
-        if self._waiting():
-            if self._attributes is None:
-                self._attributes = dict(attributes)
-            else:
-                self._attributes.update(attributes)
-        else:
-            self.started().set_attributes(attributes)
+        with self._batch.lock:
+            if self._waiting():
+                if self._attributes is None:
+                    self._attributes = dict(attributes)
+                else:
+                    self._attributes.update(attributes)
+                return
+        self.started().set_attributes(attributes)
 
     def set_attribute(self, key: str, value: AttributeValue) -> None:
         self.set_attributes({key: value})
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        if self._waiting():
-            self._status = (status, description)
-        else:
-            self.started().set_status(status, description)
+        with self._batch.lock:
+            if self._waiting():
+                self._status = (status, description)
+                return
+        self.started().set_status(status, description)
 
     def end(self, end_time: int | None = None) -> None:
-        if self._waiting():
-            self.end_time = time.time_ns() if end_time is None else end_time
-            self._batch.ended.append(self)
-        else:
-            self.started().end(end_time)
+        with self._batch.lock:
+            if self._waiting():
+                self.end_time = time.time_ns() if end_time is None else end_time
+                self._batch.ended.append(self)
+                return
+        self.started().end(end_time)
 
     def add_event(self, name: str, attributes: Attributes = None, timestamp: int | None = None) -> None:
         self.started().add_event(name, attributes, timestamp)
@@ -341,10 +356,10 @@ class Tracing:
             return NonRecordingSpan(planned.context)
         if batch is None:
             current = trace.get_current_span(parent)
-            if type(current) is not _Deferred or current._batch.flushed:
+            if type(current) is not _Deferred:
                 return spans.start(planned)
             batch = current._batch
-        return _Deferred(batch, planned)
+        return batch.add(planned)
 
     def turn(self, request: TurnRequest, provider: Provider | None, *, attempt: int) -> _Scope | _Off:
         """The span of one turn (``invoke_agent turnwire``). Its parent is the trace context the
