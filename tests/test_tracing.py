@@ -6,6 +6,7 @@ call's metadata, as a traced client does; the others drive the engine directly.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncGenerator
@@ -44,6 +45,7 @@ from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_
 from turnwire_server.app import start
 from turnwire_server.config import ConfigError, RemoteHookSettings, load_settings
 from turnwire_server.engine import TurnRequest
+from turnwire_server.engine.channel import EventChannel
 from turnwire_server.engine.tracing import Tracing
 from turnwire_server.engine.turn_spec import parse_spec, spec_json
 from turnwire_server.remote_hooks import RemoteMiddleware
@@ -424,6 +426,38 @@ async def test_a_turns_spans_start_on_the_sdk_after_its_first_model_call_with_th
     assert before <= turn.start_time <= first.start_time <= first_call <= first.end_time <= tool.start_time
     assert tool.end_time <= second.start_time <= second_call <= second.end_time <= turn.end_time
     assert [parent_of(span) for span in (first, tool, second)] == [span_id(turn)] * 3
+
+
+async def test_a_turns_spans_start_on_the_sdk_once_its_first_token_was_taken(
+    make_engine: EngineFactory,
+) -> None:
+    spans, exporter, started = _recorded()
+    h = await make_engine(
+        tracing=Tracing(spans), scripts={"main": [ScriptStep(text="hello there", chunk_size=2)]}
+    )
+    at_first_token: list[str] | None = None
+    async for response in await h.start("hi"):
+        if at_first_token is None and response.event.HasField("text_delta"):
+            at_first_token = list(started.names)
+    assert at_first_token == [], "the SDK's work waits until the first token is out"
+    assert started.names[:2] == ["invoke_agent turnwire", "chat main"]
+    assert len(exporter.get_finished_spans()) == 2
+
+
+async def test_a_channel_calls_back_once_its_consumer_comes_back_after_the_watched_item() -> None:
+    channel: EventChannel[int] = EventChannel()
+    calls: list[str] = []
+    channel.put(1)
+    channel.put(2)
+    channel.when_taken(lambda: calls.append("back"))
+    channel.put(3)
+    channel.close()
+    seen: list[tuple[int, list[str]]] = []
+    async for item in channel:
+        seen.append((item, list(calls)))
+        await asyncio.sleep(0)
+    assert seen == [(1, []), (2, []), (3, [])]
+    assert calls == ["back"]
 
 
 class _Annotating(Middleware):

@@ -3,8 +3,8 @@
 The one module that creates spans. It uses only the OpenTelemetry API, and a :class:`SpanStarter`
 the server gives it (:class:`turnwire_server.trace_export.SdkSpans`, on the SDK and exporter it
 sets up; :data:`TRACING_OFF`: nothing is recorded). A turn's spans are planned (ids, sampling,
-start time) and started on the SDK only once its first model call is over, off the path to the
-first token; see :class:`Tracing`.
+start time) and started on the SDK only once its first token has been sent, off the path to it;
+see :class:`Tracing`.
 
 Names and attributes follow the OpenTelemetry GenAI semantic conventions (status Development;
 https://github.com/open-telemetry/semantic-conventions-genai, ``docs/gen-ai/gen-ai-agent-spans.md``
@@ -128,14 +128,13 @@ class _Batch:
     once would give (same ids, parents, attributes, status, times), the work done later.
     ``lock``: a user's code may touch a span from another thread (a tool run in a thread)."""
 
-    __slots__ = ("ended", "flushed", "lock", "scheduled", "spans", "starter")
+    __slots__ = ("ended", "flushed", "lock", "spans", "starter")
 
     def __init__(self, starter: SpanStarter) -> None:
         self.starter = starter
         self.spans: list[_Deferred] = []
         self.ended: list[_Deferred] = []
         self.flushed = False
-        self.scheduled = False
         self.lock = threading.RLock()
 
     def add(self, planned: PlannedSpan) -> Span:
@@ -160,19 +159,6 @@ class _Batch:
                 span.started().end(span.end_time)
             self.spans.clear()
             self.ended.clear()
-
-    def flush_soon(self) -> None:
-        """:meth:`flush` on the event loop's next round, after what the loop already has ready
-        (the client's reader woken by the first token among it); without a running loop the
-        turn's end flushes."""
-        if self.flushed or self.scheduled:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self.scheduled = True
-        loop.call_soon(self.flush)
 
 
 class _Deferred(Span):
@@ -319,10 +305,11 @@ class Tracing:
     ``spans`` None: tracing is off and every scope is a shared no-op (a method call per span).
     ``capture_content`` records message content (the conventions' opt-in attributes).
 
-    A turn's spans are planned, not started, until its first model call ends (started on the
-    event loop's next round) or the turn does: their ids, parents and start times are fixed at
-    once (children, the current context and the ``traceparent`` sent to the provider name them),
-    the SDK's work waits until the first token is out. Spans planned after that start at once.
+    A turn's spans are planned, not started, until its first token has been sent (the engine
+    calls :meth:`start_later`'s flush then) or the turn ends: their ids, parents and start times
+    are fixed at once (children, the current context and the ``traceparent`` sent to the provider
+    name them), the SDK's work waits until the first token is out. Spans planned after that
+    start at once.
     """
 
     __slots__ = ("_spans", "capture_content")
@@ -335,6 +322,16 @@ class Tracing:
     def enabled(self) -> bool:
         """True when spans are recorded."""
         return self._spans is not None
+
+    @staticmethod
+    def start_later() -> Callable[[], None] | None:
+        """What starts the current turn's planned spans on the SDK (and ends those ended), for
+        the engine to call once its first token is out; None when none waits. Not called, the
+        turn's end starts them."""
+        current = trace.get_current_span()
+        if type(current) is _Deferred and not current._batch.flushed:
+            return current._batch.flush
+        return None
 
     def _start(
         self,
@@ -409,8 +406,7 @@ class Tracing:
             fail(span, error)
 
     def chat(self, provider: Provider, request: ModelRequest, conversation_id: str) -> _Scope | _Off:
-        """The span of one model call (``chat {model}``, a step), a child of the current span.
-        The first one's end starts its turn's spans (on the event loop's next round)."""
+        """The span of one model call (``chat {model}``, a step), a child of the current span."""
         spans = self._spans
         if spans is None:
             return _OFF
@@ -440,7 +436,7 @@ class Tracing:
                 found["gen_ai.input.messages"] = trace_content.input_messages(request.messages)
             return found
 
-        return _Scope(span, late, span._batch.flush_soon if type(span) is _Deferred else None)
+        return _Scope(span, late)
 
     def end_chat(self, span: Span, finish: FinishStep, reply: AssistantMessage) -> None:
         """Record the model call's response: model, id, finish reason, usage; with content
