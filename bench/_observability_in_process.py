@@ -19,7 +19,6 @@ from _common import Table, percentile, verdict
 from opentelemetry import propagate
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -35,7 +34,7 @@ from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.sqlite import SqliteStore
-from turnwire_server.trace_export import service_resource
+from turnwire_server.trace_export import SdkSpans, service_resource
 
 OFF, ON = "off", "traces on"
 TTFT_TARGET_MS = 0.1
@@ -48,10 +47,11 @@ async def in_process(
     """The engine alone in this process (no gRPC, no client in the way): per block of sequential
     turns, the time from ``start`` to the first text delta, and this process's CPU time per turn
     (the exporter's thread included); tracing on exports to the sink with the real exporter."""
-    provider = TracerProvider(resource=service_resource({"service.name": "bench"}))  # as the server's
+    spans = SdkSpans(service_resource({"service.name": "bench"}))  # as the server's
+    provider = spans.provider
     exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{sink_port}", insecure=True)
     provider.add_span_processor(BatchSpanProcessor(exporter))
-    tracings = {OFF: TRACING_OFF, ON: Tracing(provider.get_tracer("bench"))}
+    tracings = {OFF: TRACING_OFF, ON: Tracing(spans)}
     text = "x" * (4 * args.deltas)
     engines: dict[str, TurnEngine] = {}
     stores: list[SqliteStore] = []
@@ -122,10 +122,10 @@ async def in_process(
             await store.close()
         provider.shutdown()
     # After the blocks, on a provider of its own: these spans must not wait in the blocks' queue.
-    alone = TracerProvider(resource=service_resource({"service.name": "bench"}))
+    alone = SdkSpans(service_resource({"service.name": "bench"}))
     memory = InMemorySpanExporter()
-    alone.add_span_processor(SimpleSpanProcessor(memory))
-    tracing = Tracing(alone.get_tracer("bench"))
+    alone.provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracing = Tracing(alone)
     for _ in range(5):
         memory.clear()
         before_first, whole = span_work(tracing, 500)
@@ -186,9 +186,9 @@ def _exporter_clock() -> int:
 
 def span_work(tracing: Tracing, turns: int) -> tuple[float, float]:
     """This thread's CPU time (µs) for what tracing adds to one one-step turn, alone: up to the
-    model's first chunk (the turn and model call spans started and current, the provider's
-    header injected), and in all (their end attributes, ended); less exposed to other load than
-    whole turns."""
+    model's first chunk (the turn and model call spans planned and current, the provider's
+    header injected), and in all (their end attributes, started on the SDK at the turn's end
+    here, ended); less exposed to other load than whole turns."""
     request = TurnRequest(
         conversation_id="c",
         request_id="r",

@@ -6,13 +6,21 @@ call's metadata, as a traced client does; the others drive the engine directly.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Span, SpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from support.engine_harness import MODEL, EngineFactory, collect, echo, make_tool, of_kind
 from support.hook_server import RecordingHookServer, serving
@@ -30,15 +38,18 @@ from support.traces import (
 )
 from support.waiting import wait_until
 
-from turnwire.hooks import SessionContext
-from turnwire.testing import ScriptStep
+from turnwire.hooks import Middleware, SessionContext, TurnConfig, TurnContext
+from turnwire.providers import ModelChunk, ModelRequest
+from turnwire.testing import ScriptedProvider, ScriptStep
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 from turnwire_server.app import start
 from turnwire_server.config import ConfigError, RemoteHookSettings, load_settings
 from turnwire_server.engine import TurnRequest
+from turnwire_server.engine.channel import EventChannel
+from turnwire_server.engine.tracing import Tracing
 from turnwire_server.engine.turn_spec import parse_spec, spec_json
 from turnwire_server.remote_hooks import RemoteMiddleware
-from turnwire_server.trace_export import service_resource
+from turnwire_server.trace_export import SdkSpans, service_resource
 
 WEATHER_SCRIPT = [
     {
@@ -355,3 +366,133 @@ def test_the_spans_resource_names_the_service_and_equals_the_sdks_own() -> None:
     # The OTLP encoder groups spans by resource: the kept hash must match the SDK's own.
     assert resource == plain and plain == resource and hash(resource) == hash(plain)
     assert {resource: 1}[plain] == 1
+
+
+class _Started(SpanProcessor):
+    """The names of the spans started on the SDK, in the order they started."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        self.names.append(span.name)
+
+
+def _recorded() -> tuple[SdkSpans, InMemorySpanExporter, _Started]:
+    spans, exporter, started = SdkSpans(), InMemorySpanExporter(), _Started()
+    spans.provider.add_span_processor(started)
+    spans.provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return spans, exporter, started
+
+
+class _Timed(ScriptedProvider):
+    """The scripted model, noting when each step's stream was called (``time.time_ns``) and the
+    spans started on the SDK by then."""
+
+    def __init__(self, steps: list[ScriptStep], started: _Started) -> None:
+        super().__init__({"m": steps})
+        self.calls: list[tuple[int, list[str]]] = []
+        self._started = started
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelChunk, None]:
+        self.calls.append((time.time_ns(), list(self._started.names)))
+        async for chunk in super().stream(request):
+            yield chunk
+
+
+async def test_a_turns_spans_start_on_the_sdk_after_its_first_model_call_with_their_own_times(
+    make_engine: EngineFactory,
+) -> None:
+    spans, exporter, started = _recorded()
+    model = _Timed(
+        [ScriptStep(text="Checking.", tool_calls=[{"name": "echo", "input": {}}]), ScriptStep(text="Done.")],
+        started,
+    )
+    h = await make_engine(tracing=Tracing(spans), providers={"timed": model}, tools=[make_tool("echo", echo)])
+    before = time.time_ns()
+    events = await collect(await h.start("hi", model="timed:m"))
+    assert events[-1].turn_end.status == 1, events[-1]
+    (first_call, started_then), (second_call, _) = model.calls
+    # Off the path to the first token: the SDK's span start waits for the first model call's end.
+    assert started_then == []
+    finished = exporter.get_finished_spans()
+    turn, tool = one(finished, "invoke_agent turnwire"), one(finished, "execute_tool echo")
+    first, second = named(finished, "chat m")
+    # The times are when each operation started and ended, not when the SDK was told.
+    assert turn.start_time is not None and turn.end_time is not None
+    assert first.start_time is not None and first.end_time is not None
+    assert second.start_time is not None and second.end_time is not None
+    assert tool.start_time is not None and tool.end_time is not None
+    assert before <= turn.start_time <= first.start_time <= first_call <= first.end_time <= tool.start_time
+    assert tool.end_time <= second.start_time <= second_call <= second.end_time <= turn.end_time
+    assert [parent_of(span) for span in (first, tool, second)] == [span_id(turn)] * 3
+
+
+async def test_a_turns_spans_start_on_the_sdk_once_its_first_token_was_taken(
+    make_engine: EngineFactory,
+) -> None:
+    spans, exporter, started = _recorded()
+    h = await make_engine(
+        tracing=Tracing(spans), scripts={"main": [ScriptStep(text="hello there", chunk_size=2)]}
+    )
+    at_first_token: list[str] | None = None
+    async for response in await h.start("hi"):
+        if at_first_token is None and response.event.HasField("text_delta"):
+            at_first_token = list(started.names)
+    assert at_first_token == [], "the SDK's work waits until the first token is out"
+    assert started.names[:2] == ["invoke_agent turnwire", "chat main"]
+    assert len(exporter.get_finished_spans()) == 2
+
+
+async def test_a_channel_calls_back_once_its_consumer_comes_back_after_the_watched_item() -> None:
+    channel: EventChannel[int] = EventChannel()
+    calls: list[str] = []
+    channel.put(1)
+    channel.put(2)
+    channel.when_taken(lambda: calls.append("back"))
+    channel.put(3)
+    channel.close()
+    seen: list[tuple[int, list[str]]] = []
+    async for item in channel:
+        seen.append((item, list(calls)))
+        await asyncio.sleep(0)
+    assert seen == [(1, []), (2, []), (3, [])]
+    assert calls == ["back"]
+
+
+class _Annotating(Middleware):
+    """Records on its ``before_turn`` hook's span (planned, not started yet): an attribute, an
+    event, and a span of its own under it."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
+        span = trace.get_current_span()
+        span.set_attribute("app.checked", True)
+        span.add_event("app.looked")
+        with self.tracer.start_as_current_span("app lookup"):
+            pass
+        return None
+
+
+async def test_what_a_middleware_records_on_its_hooks_span_before_the_first_token_is_kept(
+    make_engine: EngineFactory,
+) -> None:
+    spans, exporter, _ = _recorded()
+    middleware = _Annotating(spans.provider.get_tracer("app"))
+    h = await make_engine(tracing=Tracing(spans), middlewares=[middleware])
+    events = await collect(await h.start("hi"))
+    assert events[-1].turn_end.status == 1, events[-1]
+    finished = exporter.get_finished_spans()
+    hook, turn = one(finished, "before_turn _Annotating"), one(finished, "invoke_agent turnwire")
+    assert hook.attributes == {
+        "turnwire.middleware.name": "_Annotating",
+        "turnwire.hook.name": "before_turn",
+        "app.checked": True,
+    }
+    assert [event.name for event in hook.events] == ["app.looked"]
+    assert parent_of(one(finished, "app lookup")) == span_id(hook)
+    assert parent_of(hook) == span_id(turn)
+    assert parent_of(one(finished, "chat main")) == span_id(turn)

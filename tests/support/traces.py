@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from turnwire_server.engine.tracing import Tracing
+from turnwire_server.trace_export import SdkSpans
 
 TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
 CALLER_SPAN_ID = 0xB7AD6B7169203331
@@ -21,11 +22,12 @@ TRACEPARENT = f"00-{TRACE_ID:032x}-{CALLER_SPAN_ID:016x}-01"
 
 
 def memory_tracing(*, capture_content: bool = False) -> tuple[Tracing, InMemorySpanExporter]:
-    """Tracing into memory; the provider is not made the global one."""
+    """Tracing into memory, on the SDK as the server sets it up (:class:`SdkSpans`); the provider
+    is not made the global one."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return Tracing(provider.get_tracer("turnwire-tests"), capture_content=capture_content), exporter
+    spans = SdkSpans()
+    spans.provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return Tracing(spans, capture_content=capture_content), exporter
 
 
 def named(spans: Sequence[ReadableSpan], name: str) -> list[ReadableSpan]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -34,6 +34,7 @@ class EventChannel(Generic[T]):
         "_items",
         "_low_water",
         "_waiter",
+        "_watch",
         "detached_by",
     )
 
@@ -46,6 +47,7 @@ class EventChannel(Generic[T]):
         self.detached_by: BaseException | None = None
         self._high_water = high_water
         self._low_water = high_water // 2
+        self._watch: tuple[T, Callable[[], None]] | None = None
 
     @property
     def backlogged(self) -> bool:
@@ -86,6 +88,16 @@ class EventChannel(Generic[T]):
             if not waiter.done():
                 waiter.set_result(None)
 
+    def when_taken(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the event loop's next round once the consumer has taken the last
+        item queued now and comes back for more (for an RPC: that item was sent), at once when
+        nothing is queued; never when the consumer does not come back (detached, gone). One
+        callback at a time: a later one replaces it."""
+        if self._items:
+            self._watch = (self._items[-1], callback)
+        else:
+            asyncio.get_running_loop().call_soon(callback)
+
     def close(self) -> None:
         """No more items; the consumer's iteration ends after the pending ones."""
         self._closed = True
@@ -104,6 +116,10 @@ class EventChannel(Generic[T]):
                 if drain_waiter is not None and len(items) <= self._low_water and not drain_waiter.done():
                     drain_waiter.set_result(None)
                 yield item
+                watch = self._watch
+                if watch is not None and watch[0] is item:
+                    self._watch = None
+                    asyncio.get_running_loop().call_soon(watch[1])
             if self._closed:
                 return
             self._waiter = asyncio.get_running_loop().create_future()

@@ -440,18 +440,18 @@ class StepLoop:
                     kind = type(chunk)
                     # Ordered by frequency: deltas dominate.
                     if kind is chunks.TextDelta:
-                        if first_token:
-                            first_token = self._first_token()
                         assistant.append(chunk.id, chunk.delta)
                         writer.text_delta(chunk.id, chunk.delta)
-                    elif kind is chunks.ReasoningDelta:
                         if first_token:
                             first_token = self._first_token()
+                    elif kind is chunks.ReasoningDelta:
                         # Hidden reasoning (send_reasoning=False) is kept for the model's
                         # next step but neither streamed nor stored.
                         assistant.append(chunk.id, chunk.delta)
                         if send_reasoning:
                             writer.reasoning_delta(chunk.id, chunk.delta)
+                        if first_token:
+                            first_token = self._first_token()
                     elif kind is chunks.ToolInputDelta:
                         input_delta = writer.new().tool_input_delta
                         input_delta.tool_call_id = chunk.tool_call_id
@@ -516,10 +516,15 @@ class StepLoop:
         return finish
 
     def _first_token(self) -> bool:
-        """Observe the turn's time to first token (once per turn); False, for the caller's flag."""
+        """Once per turn, its first token written: observe its time to first token, and have
+        the turn's spans started once the client has been sent it (``Tracing.start_later``);
+        False, for the caller's flag."""
         turn = self.state
         turn.first_token_seen = True
         metrics.TIME_TO_FIRST_TOKEN.labels(self._model_label).observe(time.perf_counter() - turn.admitted)
+        start = turn.tracing.start_later()
+        if start is not None:
+            turn.writer.channel.when_taken(start)
         return False
 
 

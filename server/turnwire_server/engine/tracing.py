@@ -1,11 +1,14 @@
 """The spans of a turn: the turn, each model call, each tool call and each hook call.
 
-The one module that creates spans. It uses only the OpenTelemetry API (a library's part: without
-an SDK, or with :data:`TRACING_OFF`, nothing is recorded); the server sets up the SDK and
-exporter. Names and attributes follow the OpenTelemetry GenAI semantic conventions (status
-Development; https://github.com/open-telemetry/semantic-conventions-genai,
-``docs/gen-ai/gen-ai-agent-spans.md`` and ``docs/gen-ai/gen-ai-spans.md``, which replaced the
-``gen_ai`` pages of semantic-conventions v1.41):
+The one module that creates spans. It uses only the OpenTelemetry API, and a :class:`SpanStarter`
+the server gives it (:class:`turnwire_server.trace_export.SdkSpans`, on the SDK and exporter it
+sets up; :data:`TRACING_OFF`: nothing is recorded). A turn's spans are planned (ids, sampling,
+start time) and started on the SDK only once its first token has been sent, off the path to it;
+see :class:`Tracing`.
+
+Names and attributes follow the OpenTelemetry GenAI semantic conventions (status Development;
+https://github.com/open-telemetry/semantic-conventions-genai, ``docs/gen-ai/gen-ai-agent-spans.md``
+and ``docs/gen-ai/gen-ai-spans.md``, which replaced the ``gen_ai`` pages of semantic-conventions v1.41):
 
 ======================================  ========  =============================================
 span                                    kind      parent
@@ -34,12 +37,25 @@ Message content (``gen_ai.system_instructions``, ``gen_ai.input.messages``,
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.context import Context
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+)
+from opentelemetry.util.types import Attributes, AttributeValue
 
 from turnwire.error_classes import classify_error
 from turnwire.providers import ModelRequest, ProviderError
@@ -58,6 +74,8 @@ if TYPE_CHECKING:
 AGENT_NAME = "turnwire"
 """``gen_ai.agent.name`` of every turn span."""
 
+_TURN_SPAN = f"invoke_agent {AGENT_NAME}"
+
 # Provider adapter types and the gen_ai.provider.name each reports (well-known values).
 _PROVIDER_NAMES = {"anthropic": "anthropic", "openai": "openai", "openai-responses": "openai"}
 
@@ -72,17 +90,182 @@ _SETTINGS = (
 )
 
 
+class PlannedSpan(Protocol):
+    """A span a :class:`SpanStarter` planned and has not started: ``context`` holds the ids and
+    trace flags it will have, ``recording`` the sampler's decision (False: it never starts)."""
+
+    @property
+    def context(self) -> SpanContext: ...
+
+    @property
+    def recording(self) -> bool: ...
+
+
+class SpanStarter(Protocol):
+    """Starts spans in two parts (the OpenTelemetry SDK's, behind
+    :class:`turnwire_server.trace_export.SdkSpans`): :meth:`plan` fixes a span's ids and sampling
+    decision (a few µs), :meth:`start` starts it later with exactly those (the SDK's work)."""
+
+    def plan(
+        self, name: str, parent: Context, kind: SpanKind, attributes: Attributes, links: Sequence[Link]
+    ) -> PlannedSpan:
+        """The :class:`PlannedSpan` of span ``name``, a child of ``parent``'s current span (a root
+        when it has none)."""
+        ...
+
+    def start(
+        self, planned: Any, start_time: int | None = None, attributes: Mapping[str, Any] | None = None
+    ) -> Span:
+        """Start the recording span ``planned`` (from :meth:`plan`) at ``start_time``
+        (``time.time_ns``; None: now), with ``attributes`` set after those it was planned with."""
+        ...
+
+
+class _Batch:
+    """A turn's spans not started yet, in the order they were planned, and those of them that
+    ended, in that order. :meth:`flush` starts them all on the SDK, with their recorded start
+    times, then ends the ended ones with theirs: the exported spans are those starting them at
+    once would give (same ids, parents, attributes, status, times), the work done later.
+    ``lock``: a user's code may touch a span from another thread (a tool run in a thread)."""
+
+    __slots__ = ("ended", "flushed", "lock", "spans", "starter")
+
+    def __init__(self, starter: SpanStarter) -> None:
+        self.starter = starter
+        self.spans: list[_Deferred] = []
+        self.ended: list[_Deferred] = []
+        self.flushed = False
+        self.lock = threading.RLock()
+
+    def add(self, planned: PlannedSpan) -> Span:
+        """The span ``planned`` in this batch; started at once when the batch is flushed."""
+        with self.lock:
+            if not self.flushed:
+                span = _Deferred(self, planned)
+                self.spans.append(span)
+                return span
+        return self.starter.start(planned)
+
+    def flush(self) -> None:
+        """Start the batch's spans (and end the ended ones); spans of the turn planned later
+        start at once."""
+        with self.lock:
+            if self.flushed:
+                return
+            self.flushed = True
+            for span in self.spans:
+                span.start(self.starter)
+            for span in self.ended:
+                span.started().end(span.end_time)
+            self.spans.clear()
+            self.ended.clear()
+
+
+class _Deferred(Span):
+    """A recording span planned, not started on the SDK until its turn's batch is flushed: its
+    ids are fixed (``get_span_context``, so children, the current context and ``traceparent``
+    headers name it already), its start time recorded. The engine's attributes, status and end
+    wait in it until the flush; anything else asked of it (a user's event, link, exception,
+    rename, or a change after its end) flushes the batch first and goes to the SDK's span."""
+
+    __slots__ = ("_attributes", "_batch", "_planned", "_span", "_start_time", "_status", "end_time")
+
+    def __init__(self, batch: _Batch, planned: PlannedSpan) -> None:
+        self._batch = batch
+        self._planned = planned
+        self._start_time = time.time_ns()
+        self._span: Span | None = None
+        self._attributes: dict[str, Any] | None = None
+        self._status: tuple[Status | StatusCode, str | None] | None = None
+        self.end_time: int | None = None
+
+    def start(self, starter: SpanStarter) -> None:
+        """Start the SDK's span (the batch's flush), with what waited for it but the end."""
+        span = self._span = starter.start(self._planned, self._start_time, self._attributes)
+        if self._status is not None:
+            span.set_status(*self._status)
+
+    def started(self) -> Span:
+        """The SDK's span, its batch flushed first when it has not been."""
+        if self._span is None:
+            self._batch.flush()
+            assert self._span is not None  # started by the flush: it is in the batch
+        return self._span
+
+    def _waiting(self) -> bool:
+        return self._span is None and self.end_time is None
+
+    def get_span_context(self) -> SpanContext:
+        return self._planned.context
+
+    def is_recording(self) -> bool:
+        return self.end_time is None if self._span is None else self._span.is_recording()
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        with self._batch.lock:
+            if self._waiting():
+                if self._attributes is None:
+                    self._attributes = dict(attributes)
+                else:
+                    self._attributes.update(attributes)
+                return
+        self.started().set_attributes(attributes)
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        self.set_attributes({key: value})
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        with self._batch.lock:
+            if self._waiting():
+                self._status = (status, description)
+                return
+        self.started().set_status(status, description)
+
+    def end(self, end_time: int | None = None) -> None:
+        with self._batch.lock:
+            if self._waiting():
+                self.end_time = time.time_ns() if end_time is None else end_time
+                self._batch.ended.append(self)
+                return
+        self.started().end(end_time)
+
+    def add_event(self, name: str, attributes: Attributes = None, timestamp: int | None = None) -> None:
+        self.started().add_event(name, attributes, timestamp)
+
+    def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
+        self.started().add_link(context, attributes)
+
+    def update_name(self, name: str) -> None:
+        self.started().update_name(name)
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: Attributes = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        self.started().record_exception(exception, attributes, timestamp, escaped)
+
+
 class _Scope:
     """``with``: ``span`` is the current span inside, and ends on the way out; an exception
     (not a cancellation) marks it failed. ``late()`` gives the attributes set on the way out:
     those no sampler needs wait until the operation is over, off the path to the first token
-    (the conventions ask only for the sampling-relevant ones at creation)."""
+    (the conventions ask only for the sampling-relevant ones at creation). ``after()`` runs last
+    (its batch's flush)."""
 
-    __slots__ = ("_late", "_span", "_token")
+    __slots__ = ("_after", "_late", "_span", "_token")
 
-    def __init__(self, span: Span, late: Callable[[], dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        span: Span,
+        late: Callable[[], dict[str, Any]] | None = None,
+        after: Callable[[], None] | None = None,
+    ) -> None:
         self._span = span
         self._late = late
+        self._after = after
         self._token: object = None
 
     def __enter__(self) -> Span:
@@ -97,6 +280,8 @@ class _Scope:
         if error is not None and not isinstance(error, asyncio.CancelledError | GeneratorExit):
             fail(span, error)
         span.end()
+        if self._after is not None:
+            self._after()
 
 
 class _Off:
@@ -115,30 +300,72 @@ _OFF = _Off()
 
 
 class Tracing:
-    """Creates the spans of turns, model calls, tool calls and hooks on ``tracer``.
+    """Creates the spans of turns, model calls, tool calls and hooks through ``spans``.
 
-    ``tracer`` None: tracing is off and every scope is a shared no-op (a method call per span).
+    ``spans`` None: tracing is off and every scope is a shared no-op (a method call per span).
     ``capture_content`` records message content (the conventions' opt-in attributes).
+
+    A turn's spans are planned, not started, until its first token has been sent (the engine
+    calls :meth:`start_later`'s flush then) or the turn ends: their ids, parents and start times
+    are fixed at once (children, the current context and the ``traceparent`` sent to the provider
+    name them), the SDK's work waits until the first token is out. Spans planned after that
+    start at once.
     """
 
-    __slots__ = ("_tracer", "capture_content")
+    __slots__ = ("_spans", "capture_content")
 
-    def __init__(self, tracer: Tracer | None = None, *, capture_content: bool = False) -> None:
-        self._tracer = tracer
+    def __init__(self, spans: SpanStarter | None = None, *, capture_content: bool = False) -> None:
+        self._spans = spans
         self.capture_content = capture_content
 
     @property
     def enabled(self) -> bool:
         """True when spans are recorded."""
-        return self._tracer is not None
+        return self._spans is not None
+
+    @staticmethod
+    def start_later() -> Callable[[], None] | None:
+        """What starts the current turn's planned spans on the SDK (and ends those ended), for
+        the engine to call once its first token is out; None when none waits. Not called, the
+        turn's end starts them."""
+        current = trace.get_current_span()
+        if type(current) is _Deferred and not current._batch.flushed:
+            return current._batch.flush
+        return None
+
+    def _start(
+        self,
+        spans: SpanStarter,
+        name: str,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        *,
+        parent: Context | None = None,
+        links: Sequence[Link] = (),
+        batch: _Batch | None = None,
+    ) -> Span:
+        """Span ``name``, a child of ``parent``'s current span (None: the current context's): in
+        ``batch``, else in the batch of its parent span while that is not flushed, else started."""
+        if parent is None:
+            parent = otel_context.get_current()
+        planned = spans.plan(name, parent, kind, attributes, links)
+        if not planned.recording:
+            return NonRecordingSpan(planned.context)
+        if batch is None:
+            current = trace.get_current_span(parent)
+            if type(current) is not _Deferred:
+                return spans.start(planned)
+            batch = current._batch
+        return batch.add(planned)
 
     def turn(self, request: TurnRequest, provider: Provider | None, *, attempt: int) -> _Scope | _Off:
         """The span of one turn (``invoke_agent turnwire``). Its parent is the trace context the
         request carries (``TurnRequest.trace_context``, W3C ``traceparent``/``tracestate``); a
         recovery (``attempt`` > 1 of a crashed turn) starts a new trace with a link to it
-        instead, since the original turn span ended with the crashed process."""
-        tracer = self._tracer
-        if tracer is None:
+        instead, since the original turn span ended with the crashed process. The turn's spans
+        are started at the latest when this scope ends."""
+        spans = self._spans
+        if spans is None:
             return _OFF
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
@@ -153,7 +380,10 @@ class Tracing:
             origin = trace.get_current_span(parent).get_span_context() if parent is not None else None
             links = [Link(origin)] if origin is not None and origin.is_valid else ()
             parent = otel_context.Context()
-        span = tracer.start_span(f"invoke_agent {AGENT_NAME}", parent, SpanKind.INTERNAL, attributes, links)
+        batch = _Batch(spans)
+        span = self._start(
+            spans, _TURN_SPAN, SpanKind.INTERNAL, attributes, parent=parent, links=links, batch=batch
+        )
 
         def late() -> dict[str, Any]:
             found: dict[str, Any] = {
@@ -164,7 +394,7 @@ class Tracing:
                 found["turnwire.continuation"] = True
             return found
 
-        return _Scope(span, late)
+        return _Scope(span, late, batch.flush)
 
     def end_turn(self, span: Span, *, outcome: str, usage: Usage, error: BaseException | None) -> None:
         """Record how the turn ended: ``turnwire.turn.status`` (completed, error, aborted,
@@ -177,15 +407,15 @@ class Tracing:
 
     def chat(self, provider: Provider, request: ModelRequest, conversation_id: str) -> _Scope | _Off:
         """The span of one model call (``chat {model}``, a step), a child of the current span."""
-        tracer = self._tracer
-        if tracer is None:
+        spans = self._spans
+        if spans is None:
             return _OFF
         attributes = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": provider_name(provider),
             "gen_ai.request.model": request.model,
         }
-        span = tracer.start_span(f"chat {request.model}", None, SpanKind.CLIENT, attributes)
+        span = self._start(spans, f"chat {request.model}", SpanKind.CLIENT, attributes)
         capture = self.capture_content
 
         def late() -> dict[str, Any]:
@@ -229,8 +459,8 @@ class Tracing:
         self, tool_call_id: str, tool_name: str, tool: Tool, arguments: Mapping[str, Any]
     ) -> _Scope | _Off:
         """The span of one tool call (``execute_tool {name}``), hooks included."""
-        tracer = self._tracer
-        if tracer is None:
+        spans = self._spans
+        if spans is None:
             return _OFF
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
@@ -243,7 +473,7 @@ class Tracing:
             attributes["gen_ai.tool.description"] = description
         if self.capture_content:
             attributes["gen_ai.tool.call.arguments"] = _json_text(arguments)
-        return _Scope(tracer.start_span(f"execute_tool {tool_name}", None, SpanKind.INTERNAL, attributes))
+        return _Scope(self._start(spans, f"execute_tool {tool_name}", SpanKind.INTERNAL, attributes))
 
     def end_tool(self, span: Span, *, outcome: str, output: Any, error_text: str | None) -> None:
         """Record the call's ``turnwire.tool.outcome`` (executed, blocked, substituted, failed);
@@ -263,11 +493,11 @@ class Tracing:
 
     def hook(self, middleware: str, hook: str) -> _Scope | _Off:
         """The span of one hook call (``{hook} {middleware}``)."""
-        tracer = self._tracer
-        if tracer is None:
+        spans = self._spans
+        if spans is None:
             return _OFF
         attributes = {"turnwire.middleware.name": middleware, "turnwire.hook.name": hook}
-        return _Scope(tracer.start_span(f"{hook} {middleware}", None, SpanKind.INTERNAL, attributes))
+        return _Scope(self._start(spans, f"{hook} {middleware}", SpanKind.INTERNAL, attributes))
 
 
 TRACING_OFF = Tracing()
