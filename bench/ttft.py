@@ -17,7 +17,9 @@ bare SDK.
     **Server CPU per request** = the sidecar process's CPU (psutil, all threads) over a round /
     its requests (the sidecar is idle during the SDK's half of each pair).
 (b) **Throughput** at 16 and 100 concurrent streams, 64-delta answers, burst (written at once)
-    and paced (2 ms before each delta): text deltas received per second in a window, sidecar
+    and paced (2 ms before each delta): the upstream's text deltas received per second in a
+    window (for the sidecar, which merges deltas its writer is behind on, words of text: one
+    per upstream delta), sidecar
     (no middleware, new conversation per turn) vs SDK, interleaved per round; **server CPU per
     chunk** = sidecar CPU in the window / deltas received.
 (c) **Memory per open stream**: ``--hold`` streams whose upstream sends one delta and then
@@ -192,6 +194,8 @@ class SidecarClient:
     async def turn(
         self, conversation_id: str, model: str, stop_after_first: bool = False
     ) -> tuple[float, int]:
+        """Time to first token and the upstream deltas received: words of text, since the upstream
+        sends one word per delta and the sidecar merges deltas its writer could not keep up with."""
         request = chat_service_pb2.ChatRequest(
             conversation_id=conversation_id,
             message=_text_message(message_pb2.ROLE_USER, QUESTION),
@@ -199,18 +203,18 @@ class SidecarClient:
         )
         start = time.perf_counter()
         first = 0.0
-        deltas = 0
+        text: list[str] = []
         call = self.stub.Chat(request)
         async for response in call:
             if response.event.WhichOneof("event") == "text_delta":
-                if not deltas:
+                if not text:
                     first = time.perf_counter() - start
                     if stop_after_first:
                         return first, 1
-                deltas += 1
-        if not deltas:
+                text.append(response.event.text_delta.delta)
+        if not text:
             raise RuntimeError(f"no text from the sidecar for {model}")
-        return first, deltas
+        return first, len("".join(text).split())
 
     async def close(self) -> None:
         await self.channel.close()

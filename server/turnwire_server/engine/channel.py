@@ -8,6 +8,11 @@ channel is :attr:`~EventChannel.backlogged`, and the producer awaits
 tool result), which returns once the consumer has taken the backlog down to half
 (docs/semantics.md §5, backpressure). A client that stops reading therefore holds
 at most about ``high_water`` events in the server, not the whole reply.
+
+The backlog counts events as the producer made them: an item the producer grew in place
+while it was still unread (:meth:`~EventChannel.last_unread`, :meth:`~EventChannel.grew`:
+text deltas merged for a writer that is behind) counts once per event merged into it, so
+merging never lets a reader that stopped hold more than before.
 """
 
 from __future__ import annotations
@@ -27,12 +32,14 @@ class EventChannel(Generic[T]):
     """
 
     __slots__ = (
+        "_backlog",
         "_closed",
         "_detached",
         "_drain_waiter",
         "_high_water",
         "_items",
         "_low_water",
+        "_merged",
         "_waiter",
         "_watch",
         "detached_by",
@@ -48,15 +55,30 @@ class EventChannel(Generic[T]):
         self._high_water = high_water
         self._low_water = high_water // 2
         self._watch: tuple[T, Callable[[], None]] | None = None
+        self._backlog = 0  # events the unread items stand for (merged ones included)
+        self._merged: dict[int, int] = {}  # id(unread item) -> events merged into it
 
     @property
     def backlogged(self) -> bool:
-        """True when the consumer is ``high_water`` items or more behind."""
-        return 0 < self._high_water <= len(self._items)
+        """True when the consumer is ``high_water`` events or more behind."""
+        return 0 < self._high_water <= self._backlog
+
+    def last_unread(self) -> T | None:
+        """The item put last, while the consumer has not taken it yet (else None): the one item the
+        producer may still grow in place (then it calls :meth:`grew`)."""
+        items = self._items
+        return items[-1] if items else None
+
+    def grew(self) -> None:
+        """The producer merged one more event into :meth:`last_unread`'s item (it counts in the
+        backlog until that item is taken)."""
+        key = id(self._items[-1])
+        self._merged[key] = self._merged.get(key, 0) + 1
+        self._backlog += 1
 
     async def drained(self) -> None:
         """Wait until the backlog is down to half of ``high_water`` (at once when it is)."""
-        if len(self._items) <= self._low_water:
+        if self._backlog <= self._low_water:
             return
         self._drain_waiter = asyncio.get_running_loop().create_future()
         try:
@@ -72,6 +94,8 @@ class EventChannel(Generic[T]):
         self._detached = True
         self.detached_by = reason
         self._items.clear()
+        self._merged.clear()
+        self._backlog = 0
         waiter = self._drain_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -82,6 +106,7 @@ class EventChannel(Generic[T]):
         if self._detached:
             return
         self._items.append(item)
+        self._backlog += 1
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
@@ -109,11 +134,13 @@ class EventChannel(Generic[T]):
 
     async def __aiter__(self) -> AsyncIterator[T]:
         items = self._items
+        merged = self._merged
         while True:
             while items:
                 item = items.popleft()
+                self._backlog -= merged.pop(id(item), 0) + 1 if merged else 1
                 drain_waiter = self._drain_waiter
-                if drain_waiter is not None and len(items) <= self._low_water and not drain_waiter.done():
+                if drain_waiter is not None and self._backlog <= self._low_water and not drain_waiter.done():
                     drain_waiter.set_result(None)
                 yield item
                 watch = self._watch

@@ -8,6 +8,16 @@ Coalescing (``coalesce_ms`` > 0, off by default): consecutive deltas of the
 same text or reasoning block that arrive within the window are sent as one
 delta. The concatenated text is identical, so what the client reconstructs
 does not change; only the number of messages does.
+
+Merging (always, when coalescing is off; issue 17): a delta whose block's previous delta
+has waited in the channel for at least one turn of the event loop and is still unread (the
+RPC's writer had its chance and is behind, busy writing earlier events) is appended to that
+one instead of becoming an event of its own, up to :data:`MERGE_LIMIT` characters and
+:data:`MERGE_BUDGET` merged deltas per turn: one message and one gRPC write instead of
+several. Nothing waits for it, so a writer that keeps up sends every delta as it came.
+Numbering stays gap-free, and the stream log stores the merged event, never a version a
+reader was sent before it grew (:meth:`StreamLog.amendable`), so a resume from its
+sequence number continues exactly after it (docs/semantics.md §10, §8).
 """
 
 from __future__ import annotations
@@ -20,6 +30,17 @@ from typing import Any, Protocol
 from turnwire_client.v1 import event_pb2
 from turnwire_server.engine.channel import EventChannel
 from turnwire_server.engine.stream_log import StreamLog
+
+MERGE_LIMIT = 1024
+"""Characters a merged delta may reach (:class:`EventWriter`): bounds the copying of an
+in-place append and what one queued event holds."""
+
+MERGE_BUDGET = 4096
+"""Deltas a turn's stream may merge into earlier ones, in all. gRPC takes a fixed number of
+bytes from a client that reads nothing (~56,000 small deltas) before writes wait; merged deltas
+pack more text into those bytes, so without a bound a reply of that size would pass below a
+stopped reader unnoticed instead of backing up and being stopped (SLOW_CONSUMER, docs/semantics.md
+§5). With it, merging moves that point by at most this many deltas."""
 
 
 class TurnResponse(Protocol):
@@ -50,8 +71,12 @@ class EventWriter:
     """
 
     __slots__ = (
+        "_aged_delta",
         "_coalesce",
         "_flush_handle",
+        "_last_delta",
+        "_last_delta_id",
+        "_merge_budget",
         "_pending",
         "_pending_id",
         "_pending_kind",
@@ -86,6 +111,10 @@ class EventWriter:
         self._pending_kind = ""
         self._pending_start = 0.0
         self._flush_handle: asyncio.TimerHandle | None = None
+        self._last_delta: Any = None  # the response of the last text or reasoning delta sent
+        self._last_delta_id = ""
+        self._aged_delta: Any = None  # the last delta's response once a loop turn has passed
+        self._merge_budget = MERGE_BUDGET
 
     def new(self) -> event_pb2.TurnEvent:
         """Queue a new event with ids and the next sequence number; fill its payload in place."""
@@ -106,22 +135,64 @@ class EventWriter:
         return event
 
     def text_delta(self, block_id: str, delta: str) -> None:
-        """Send (or coalesce) a text delta of block ``block_id``."""
+        """Send (or coalesce, or merge: see the module docstring) a text delta of block ``block_id``."""
         if self._coalesce:
             self._coalesced("text", block_id, delta)
+            return
+        last = self._last_delta
+        if last is not None and self._merged(last, "text_delta", block_id, delta):
             return
         event = self.new()
         event.text_delta.id = block_id
         event.text_delta.delta = delta
+        self._sent_delta(block_id)
 
     def reasoning_delta(self, block_id: str, delta: str) -> None:
-        """Send (or coalesce) a reasoning delta of block ``block_id``."""
+        """Send (or coalesce, or merge: see the module docstring) a reasoning delta of block ``block_id``."""
         if self._coalesce:
             self._coalesced("reasoning", block_id, delta)
+            return
+        last = self._last_delta
+        if last is not None and self._merged(last, "reasoning_delta", block_id, delta):
             return
         event = self.new()
         event.reasoning_delta.id = block_id
         event.reasoning_delta.delta = delta
+        self._sent_delta(block_id)
+
+    def _sent_delta(self, block_id: str) -> None:
+        last = self.channel.last_unread()  # the delta's response (None: nobody will read it)
+        self._last_delta = last
+        self._last_delta_id = block_id
+        if last is not None:
+            # Runs on the loop's next turn: deltas sent in the same turn never merge.
+            asyncio.get_running_loop().call_soon(self._aged, last)
+
+    def _aged(self, response: Any) -> None:
+        self._aged_delta = response
+
+    def _merged(self, last: Any, kind: str, block_id: str, delta: str) -> bool:
+        """Append ``delta`` to ``last`` (the response of the last delta sent) when it is a delta of
+        ``kind`` (``text_delta``, ``reasoning_delta``) of the same block, unread for a loop turn
+        already, not yet stored, and within :data:`MERGE_LIMIT` and :data:`MERGE_BUDGET`."""
+        event = last.event
+        if (
+            self._aged_delta is not last
+            or self._last_delta_id != block_id
+            or not self._merge_budget
+            or self.channel.last_unread() is not last
+            or event.WhichOneof("event") != kind
+            or (self.log is not None and not self.log.amendable(last))
+        ):
+            return False
+        payload = getattr(event, kind)
+        merged = payload.delta + delta
+        if len(merged) > MERGE_LIMIT:
+            return False
+        payload.delta = merged
+        self._merge_budget -= 1
+        self.channel.grew()
+        return True
 
     def _coalesced(self, kind: str, block_id: str, delta: str) -> None:
         now = time.monotonic()

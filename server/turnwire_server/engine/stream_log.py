@@ -95,6 +95,7 @@ class StreamLog:
         self._in_flight: asyncio.Task[None] | None = None
         self._ended = False
         self.last_sequence_number = 0
+        self._sealed_through = 0  # events up to this number may be stored or sent: never amended
 
     def record(self, response: Any) -> None:
         """Called by the turn's :class:`~turnwire_server.engine.events.EventWriter` for every
@@ -118,9 +119,18 @@ class StreamLog:
         if self._timer is None and self._in_flight is None:
             self._timer = asyncio.get_running_loop().call_later(self._interval, self._flush_soon)
 
+    def amendable(self, response: Any) -> bool:
+        """Whether the last recorded event, ``response``, may still be changed in place (a text
+        delta merged into it): no store batch has serialized it, and every live reader still
+        holds it unread (a reader that attached or left since it was recorded may have sent it)."""
+        if response.event.sequence_number <= self._sealed_through:
+            return False
+        return all(subscriber.channel.last_unread() is response for subscriber in self._subscribers)
+
     def subscribe(self) -> Subscription:
         """Attach a live reader (see :class:`Subscription`); synchronous, so nothing is emitted
         between the snapshot of the backlog and the first live event."""
+        self._sealed_through = self.last_sequence_number  # the backlog may be sent as it is now
         backlog = list(self._unstored)
         first = backlog[0].event.sequence_number if backlog else self.last_sequence_number + 1
         subscription = Subscription(first, backlog, EventChannel(self._limit), self._limit, _log=self)
@@ -135,6 +145,7 @@ class StreamLog:
         """Detach a reader (a no-op when it is not attached)."""
         if subscription in self._subscribers:
             self._subscribers.remove(subscription)
+            self._sealed_through = self.last_sequence_number
 
     def end_live(self) -> None:
         """The stream ended (its TurnEnd is recorded): end every live reader's iteration."""
@@ -160,6 +171,8 @@ class StreamLog:
             if not batch and not ended:
                 return
             events = [(r.event.sequence_number, r.event.SerializeToString()) for r in batch]
+            if events:
+                self._sealed_through = max(self._sealed_through, events[-1][0])
             try:
                 await self._store.append_events(self.conversation_id, self.request_id, events, ended=ended)
             except Exception as error:  # kept in memory; the next batch retries (bounded above)
