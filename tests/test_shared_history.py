@@ -142,7 +142,9 @@ def test_the_view_copies_on_read_and_settles_only_changed_copies() -> None:
     assert restored[0] is messages[0] and restored[1] is messages[1] and restored[2] is extra
 
 
-async def test_another_writers_append_is_seen_by_the_next_turn(make_engine: EngineFactory, tmp_path: Path) -> None:
+async def test_another_writers_append_is_seen_by_the_next_turn(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
     h = await make_engine(db="shared.db")
     assert end_of(await h.run("first")).status == event_pb2.TURN_STATUS_COMPLETED
     # Another writer on the same database (a replica of a PostgreSQL deployment, an operator):

@@ -205,7 +205,7 @@ async def test_data_survives_close_and_reopen(store_backend: StoreBackend) -> No
     try:
         assert await second.get_conversation("conv-1") == before
         loaded = await second.load_messages("conv-1")
-        assert loaded == [_text("user-1", "hi"), _full_message()]
+        assert list(loaded) == [_text("user-1", "hi"), _full_message()]
         assert await second.running_turns() == []
     finally:
         await second.close()

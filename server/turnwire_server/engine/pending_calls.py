@@ -95,6 +95,7 @@ class OpenCalls:
             history = list(history)
         reply_at = search.ids.get(reply_id, -1) if reply_id else -1
         return cls(history, tuple(search.at), search.last_user, reply_at)
+
     def messages(self) -> list[message_pb2.Message]:
         """The messages at :attr:`at`, in history order."""
         history = self.history

@@ -72,6 +72,13 @@ class MessagesView(Sequence[message_pb2.Message]):
             self._copies[position] = copy
         return copy
 
+    @staticmethod
+    def read_only(messages: Sequence[message_pb2.Message]) -> Sequence[message_pb2.Message]:
+        """The messages behind ``messages`` when it is a view (else ``messages``), for code that
+        only reads them and copies what it keeps (a serializer: a remote hook's request), so
+        nothing is copied twice."""
+        return messages._messages if isinstance(messages, MessagesView) else messages
+
     def settled(self) -> Sequence[message_pb2.Message]:
         """The viewed messages, each copy the hook changed in place in its original's place (a new
         list); the viewed sequence itself when none changed. Compares only the copies made."""
@@ -92,7 +99,6 @@ class MessagesView(Sequence[message_pb2.Message]):
         restored: list[message_pb2.Message] = []
         for message in returned:
             position = originals.get(id(message))
-            if position is not None and message == messages[position]:
-                message = messages[position]
-            restored.append(message)
+            unchanged = position is not None and message == messages[position]
+            restored.append(messages[position] if position is not None and unchanged else message)
         return restored

@@ -44,11 +44,11 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import (
     EMPTY_USER_TEXT,
+    PrefixStates,
     assistant_steps,
     file_base64,
     file_text,
     is_blank,
-    PrefixStates,
     per_message_cache,
     provider_options,
     text_of,

@@ -317,8 +317,9 @@ class TurnAdmission:
     read it again before its model call.
 
     ``history`` is the conversation's messages as that commit left them (read-only, as
-    :meth:`Store.load_messages` gives them), None when the backend did not read them (the caller loads them); ``compaction`` its compaction record when
-    ``compaction_read`` (None: it has none), unread otherwise.
+    :meth:`Store.load_messages` gives them), None when the backend did not read them (the
+    caller loads them); ``compaction`` its compaction record when ``compaction_read`` (None: it
+    has none), unread otherwise.
     """
 
     history: Sequence[message_pb2.Message] | None = None
