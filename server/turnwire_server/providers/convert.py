@@ -118,7 +118,9 @@ class PrefixStates(Generic[_S]):
     def __init__(self, *, max_messages: int = 400_000, per_first: int = 4) -> None:
         self.max_messages = max_messages
         self.per_first = per_first
-        self._kept: collections.OrderedDict[int, list[tuple[tuple[message_pb2.Message, ...], object, _S]]] = (
+        # Each held prefix is a list (never changed): the engine's requests carry lists, and a
+        # list compares with a slice of another in one copy.
+        self._kept: collections.OrderedDict[int, list[tuple[list[message_pb2.Message], object, _S]]] = (
             collections.OrderedDict()
         )
         self._size = 0
@@ -135,17 +137,19 @@ class PrefixStates(Generic[_S]):
         best: tuple[int, _S | None] = (0, None)
         for held, held_extra, state in entries:
             length = len(held)
-            # A tuple compare, in C: the very objects pass at once; another object equal in
+            # A list compare, in C: the very objects pass at once; another object equal in
             # content (then converted alike) passes by the content compare.
-            if best[0] < length <= len(messages) and held_extra == extra and held == tuple(messages[:length]):
-                best = (length, state)
+            if best[0] < length <= len(messages) and held_extra == extra:
+                prefix = messages[:length]
+                if held == (prefix if isinstance(prefix, list) else list(prefix)):
+                    best = (length, state)
         return best
 
     def keep(self, messages: Sequence[message_pb2.Message], extra: object, state: _S) -> None:
         """Keep ``state``, the conversion state after all of ``messages`` with ``extra``."""
         if not messages or len(messages) > self.max_messages:
             return
-        held = tuple(messages)
+        held = list(messages)
         key = id(held[0])
         entries = self._kept.setdefault(key, [])
         self._kept.move_to_end(key)
