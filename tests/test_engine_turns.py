@@ -726,7 +726,7 @@ async def test_continue_last_turn_skips_when_the_last_message_is_not_the_assista
     assert kinds(events) == ["turn_end"]
     assert detail(end_of(events).error, error_details_pb2.ErrorInfo).reason == "NOTHING_TO_CONTINUE"
     assert "the conversation has no messages" in end_of(events).error.message
-    assert await h.store.load_messages("empty") == []
+    assert await h.store.load_messages("empty") == ()
 
     # Only a user message (its turn failed before any output).
     failed = await h.run("hello?", model="scripted:fail")

@@ -172,3 +172,41 @@ def test_input_start_is_the_first_input_message_searched_from_the_end() -> None:
     assert input_start(view, []) == 4
     assert input_start(view, ["gone"]) == 4
     assert input_start([], []) == 0
+
+
+def test_a_conversations_next_search_looks_only_at_appended_messages_and_sees_replacements() -> None:
+    """With ``conversation_id`` a search builds on the last one while the history starts with its
+    very objects (the store's shared messages, only appended to); a message replaced by a new
+    object (a repair, an answer, a checkpoint), or a shorter history, is searched whole again."""
+    first = (user("u1"), assistant("a1", ("waits", REQUESTED)), user("u2"), assistant("a2", ("done", DONE)))
+    found = OpenCalls.find(first, conversation_id="c-incremental")
+    assert (found.at, found.last_user) == ((1,), 2)
+    assert isinstance(found.history, list) and found.history == list(first)
+
+    appended = (*first, user("u3"), assistant("a3", ("late", WAITING)))
+    # The searched messages are not walked again: the kept search stands for them (shown here by
+    # changing one in place, which nobody does: the store's messages are shared and read-only).
+    call_of(first[1], "waits").state = DONE
+    again = OpenCalls.find(appended, reply_id="a1", conversation_id="c-incremental")
+    assert (again.at, again.last_user, again.reply_at) == ((1, 5), 4, 1)
+    call_of(first[1], "waits").state = REQUESTED
+    # Another conversation's search and a search without an id are separate, and whole.
+    assert OpenCalls.find(appended).at == (1, 5)
+    # a1's call answered elsewhere: the store hands out a new object in its place.
+    answered = S.Message()
+    answered.CopyFrom(appended[1])
+    call_of(answered, "waits").state = DONE
+    replaced = (appended[0], answered, *appended[2:])
+    assert OpenCalls.find(replaced, conversation_id="c-incremental").at == (5,)
+    # A shorter history (a rollback, a deletion) is searched whole too.
+    assert OpenCalls.find(first[:2], reply_id="a2", conversation_id="c-incremental").at == (1,)
+    assert OpenCalls.find(first[:2], reply_id="a2", conversation_id="c-incremental").reply_at == -1
+
+
+def test_repair_replaces_changed_messages_by_copies_and_never_changes_a_shared_one() -> None:
+    shared = (user("u1"), assistant("a1", ("moved", WAITING), client=True), user("u2"))
+    found = OpenCalls.find(shared, conversation_id="c-repair")
+    [changed] = repair_pending(found, now=NOW, expiry_seconds=0)
+    assert found.history[1] is changed and changed is not shared[1]
+    assert call_of(changed, "moved").error_text == MOVED_PAST_TOOL_ERROR
+    assert call_of(shared[1], "moved").state == WAITING  # the store's object is as it was

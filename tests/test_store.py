@@ -205,7 +205,7 @@ async def test_data_survives_close_and_reopen(store_backend: StoreBackend) -> No
     try:
         assert await second.get_conversation("conv-1") == before
         loaded = await second.load_messages("conv-1")
-        assert loaded == [_text("user-1", "hi"), _full_message()]
+        assert list(loaded) == [_text("user-1", "hi"), _full_message()]
         assert await second.running_turns() == []
     finally:
         await second.close()
@@ -239,7 +239,7 @@ async def test_messages_keep_append_order(store: Store) -> None:
     conversation = await store.get_conversation("conv-1")
     assert conversation is not None
     assert conversation.message_count == 5
-    assert await store.load_messages("nope") == []
+    assert await store.load_messages("nope") == ()
 
 
 async def test_start_turn_conflict_stores_nothing(store: Store, store_backend: StoreBackend) -> None:

@@ -158,7 +158,7 @@ async def test_a_cancelled_submission_never_stores_its_input(store: Store) -> No
             _turn("s1"), [_user("u1")], lease_seconds=30, read_compaction=False, queued=lambda _: None
         ):
             pass
-    assert await store.load_messages("c") == []
+    assert await store.load_messages("c") == ()
     assert await store.running_turns() == []
 
 

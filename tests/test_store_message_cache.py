@@ -1,6 +1,6 @@
 """Decoded messages reused between reads (store/message_cache.py, issue 17), on every backend: the
-database stays the truth (a write by anyone else is seen on the next read), and what a caller does
-to the messages it got never reaches another read."""
+database stays the truth (a write by anyone else is seen on the next read), and the messages read
+are shared, read-only objects: the same ones from read to read until the database changes them."""
 
 from __future__ import annotations
 
@@ -30,15 +30,20 @@ def _turn(request_id: str) -> TurnRecord:
     )
 
 
-async def test_a_callers_changes_to_loaded_messages_never_reach_the_next_read(store: Store) -> None:
+async def test_loaded_messages_are_shared_read_only_and_new_objects_once_changed(store: Store) -> None:
     await store.start_turn(_turn("r1"), [_text("u1", "question"), _text("u2", "more")])
     first = await store.load_messages("c1")
-    first[0].parts[0].text.text = "changed by the caller"
-    first[1].parts.add().text.text = "added by the caller"
+    assert isinstance(first, tuple)  # no append, no item assignment: list changes fail at once
+    await store.add_messages("c1", [_text("u3", "again")], mode="append", allow_missing=False)
     again = await store.load_messages("c1")
-    assert [m.parts[0].text.text for m in again] == ["question", "more"]
-    assert [len(m.parts) for m in again] == [1, 1]
-    assert again[0] is not first[0]
+    # Unchanged messages are the very same objects (no copy per read); a new one is added.
+    assert again[0] is first[0] and again[1] is first[1]
+    assert [m.parts[0].text.text for m in again] == ["question", "more", "again"]
+    await store.save_message("c1", _text("u2", "rewritten"))
+    rewritten = await store.load_messages("c1")
+    assert rewritten[1] is not again[1] and rewritten[1].parts[0].text.text == "rewritten"
+    assert again[1].parts[0].text.text == "more"  # what an earlier reader holds never changes
+    assert rewritten[0] is first[0] and rewritten[2] is again[2]
 
 
 async def test_a_write_by_another_writer_is_seen_on_the_next_read(
@@ -145,7 +150,7 @@ async def test_checkpoints_finish_rollback_and_discard_are_seen_between_two_read
     await store.save_message("c1", reply, turn_request_id="r1")
     await store.load_messages("c1")
     await store.roll_back_turn(turn, ["u1", turn.assistant_message_id])
-    assert await store.load_messages("c1") == []
+    assert await store.load_messages("c1") == ()
 
 
 async def test_a_deleted_and_recreated_conversation_is_read_whole(
@@ -156,7 +161,7 @@ async def test_a_deleted_and_recreated_conversation_is_read_whole(
     await store.start_turn(_turn("r1"), [_text(f"u{i}", f"old {i}") for i in range(5)])
     assert len(await store.load_messages("c1")) == 5
     assert await store.delete_conversation("c1")
-    assert await store.load_messages("c1") == []
+    assert await store.load_messages("c1") == ()
     await store.start_turn(_turn("r2"), [_text("n1", "new")])
     assert _texts(await store.load_messages("c1")) == [("n1", "new")]
     assert await store.delete_conversation("c1")

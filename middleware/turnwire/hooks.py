@@ -111,6 +111,12 @@ class TurnContext:
     of the turn from 1 (a re-run after a stall, a crash or an overflow is 2 and later).
     ``concurrent_input``: the strategy the request used on a busy conversation and the turn it
     stopped (:class:`ConcurrentInput`; None for a recovery or a submission).
+
+    ``messages`` (the stored history, as the model is sent it) is read-only, as in every
+    context (docs/semantics.md §3, "Messages are read-only"): an immutable sequence whose items
+    are copies made on first read; to change what the model is sent, return new messages in
+    :attr:`TurnConfig.messages` (a message changed in place counts as returned, for this turn
+    only, never for the store or a later turn).
     """
 
     conversation_id: str
@@ -137,6 +143,9 @@ class TurnConfig:
     and ``stop_when`` add to what earlier middlewares returned;
     ``model_settings`` and ``timeout`` merge field by field (``headers`` and
     ``provider_options`` inside it shallowly); every other field replaces.
+    ``messages`` replaces the messages the model is sent (messages of ``ctx.messages`` and new
+    ones: copy one with ``CopyFrom`` to change it); the engine keeps them and its caches take a
+    message object for its content, so never change them once returned.
     """
 
     model: str | None = None
@@ -184,7 +193,8 @@ class StepContext:
     """Input of ``before_step``: the step about to run.
 
     ``step_number`` is 0-based; ``steps`` are the results so far;
-    ``messages`` is what will be sent to the model.
+    ``messages`` is what will be sent to the model: read-only, as in :class:`TurnContext`
+    (return :attr:`StepConfig.messages` to change it for this step).
     """
 
     conversation_id: str
@@ -201,7 +211,8 @@ class StepConfig:
     """Output of ``before_step``; only the fields set change this step.
 
     ``model_settings`` merges field by field over the turn's (``headers`` and
-    ``provider_options`` shallowly); the other fields replace.
+    ``provider_options`` shallowly); the other fields replace. ``messages`` as in
+    :class:`TurnConfig` (never change them once returned).
     """
 
     model: str | None = None
@@ -217,7 +228,8 @@ class ToolCallContext:
     """Input of ``before_tool_call``: a server-executed call about to run.
 
     ``input`` is the parsed JSON object (after any earlier middleware's
-    ``allow(input=…)``); ``cancelled`` is set when the turn is cancelled.
+    ``allow(input=…)``); ``cancelled`` is set when the turn is cancelled; ``messages`` the
+    step's request, read-only (copies on read; changes to them are dropped).
     """
 
     conversation_id: str

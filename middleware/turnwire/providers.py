@@ -32,7 +32,9 @@ class ModelRequest:
     ``model`` is the provider-local model name (the part after ``provider:``).
     ``messages`` is the provider-neutral transcript (proto ``Message``s, oldest
     first, already repaired so every tool call has its result); the adapter
-    converts it to its wire format. ``step_number`` is the 0-based step within
+    converts it to its wire format. The messages are read-only and shared with other
+    requests (the history is not copied per turn, issue 17): an adapter never changes them,
+    and may keep a conversion by message object. ``step_number`` is the 0-based step within
     the turn (adapters may ignore it; the scripted model uses it). ``attempt`` is the
     turn's attempt, from 1; a recovery after a stall or a crash runs attempt 2 and later
     (docs/semantics.md §8, §12).

@@ -1,8 +1,9 @@
-"""Each message's conversion is kept between requests (providers/convert.py ``per_message_cache``,
-issue 17): a request built from a history whose messages were converted before is the same as one
-converted afresh, an edited message is converted again, and what one request does per request
-(tool_use ids unique in the request, merged turns, sorted results) never reaches the kept
-conversions."""
+"""Each message's conversion, and each request's state after its messages, are kept between
+requests (providers/convert.py ``per_message_cache`` and ``PrefixStates``, issue 17): a request
+built from a history whose messages were converted before, or going on from an earlier request's
+messages, is the same as one converted afresh; a message replaced by another with the same id is
+converted again; and what one request does per request (tool_use ids unique in the request, merged
+turns, sorted results) never reaches the kept conversions."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from providers.helpers import a_blocks
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import anthropic_request, openai_chat_request
 from turnwire_server.providers.anthropic_request import _convert_message, convert_messages
+from turnwire_server.providers.convert import PrefixStates
 
 
 def _user(message_id: str, text: str) -> message_pb2.Message:
@@ -38,13 +40,14 @@ def _assistant(message_id: str, call_id: str, output: str) -> message_pb2.Messag
 
 
 def _uncached(messages: list[message_pb2.Message]) -> tuple[list[str], list[dict[str, Any]]]:
-    """The conversion with a cache that keeps nothing (every message converted afresh)."""
-    original = anthropic_request._converted
+    """The conversion with caches that keep nothing (every message converted afresh)."""
+    original, prefixes = anthropic_request._converted, anthropic_request._prefixes
     anthropic_request._converted = _convert_message
+    anthropic_request._prefixes = PrefixStates(max_messages=0)
     try:
         return convert_messages(messages, [])
     finally:
-        anthropic_request._converted = original
+        anthropic_request._converted, anthropic_request._prefixes = original, prefixes
 
 
 def _history() -> list[message_pb2.Message]:
@@ -79,13 +82,47 @@ def test_renaming_in_one_request_does_not_reach_another() -> None:
     assert turns[1]["content"][0]["tool_use_id"] == "call_0_0"
 
 
-def test_an_edited_message_is_converted_again() -> None:
+def _replaced(history: list[message_pb2.Message], index: int, text: str) -> list[message_pb2.Message]:
+    """``history`` with message ``index`` replaced by a copy (same id) whose first text is
+    ``text``: how every change reaches a request (a checkpoint, a compaction, another replica's
+    write: the store hands out a new object; messages are never changed in place)."""
+    edited = message_pb2.Message()
+    edited.CopyFrom(history[index])
+    next(p for p in edited.parts if p.WhichOneof("kind") == "text").text.text = text
+    return [*history[:index], edited, *history[index + 1 :]]
+
+
+def test_a_replaced_message_with_the_same_id_is_converted_again() -> None:
     history = _history()
     convert_messages(history, [])
-    history[2].parts[0].text.text = "and Bergen?"
-    _, turns = convert_messages(history, [])
-    assert _uncached(history)[1] == turns
-    assert any(b.get("text") == "and Bergen?" for turn in turns for b in a_blocks(turn))
+    openai_chat_request.convert_messages("sys", history, [])
+    for index, text in ((2, "and Bergen?"), (3, "rewritten by a checkpoint"), (0, "first, edited")):
+        history = _replaced(history, index, text)
+        _, turns = convert_messages(history, [])
+        assert any(b.get("text") == text for turn in turns for b in a_blocks(turn))
+        assert turns == _uncached([copy.deepcopy(m) for m in history])[1]
+        chat = openai_chat_request.convert_messages("sys", history, [])
+        assert any(text in str(m.get("content")) for m in chat)
+        assert chat == _chat_uncached([copy.deepcopy(m) for m in history])
+
+
+def test_a_request_going_on_from_a_kept_prefix_equals_one_converted_afresh() -> None:
+    # Turn after turn the history is the same objects plus new ones (and a step's requests add
+    # the reply so far): each request goes on from the longest kept prefix.
+    history = _history()
+    for turn in range(3):
+        reply = _assistant(f"r{turn}", "call_0_0", f"City{turn}")  # the renamed id again
+        for messages in (history, [*history, reply]):
+            fresh = [copy.deepcopy(m) for m in messages]
+            warnings: list[str] = []
+            ids: set[str] = set()
+            assert convert_messages(messages, warnings, ids) == _uncached(fresh)
+            assert ids == {"call_0_0"}
+            chat_ids: set[str] = set()
+            chat = openai_chat_request.convert_messages("sys", messages, [], chat_ids)
+            assert chat == _chat_uncached(fresh) and chat_ids == ids
+        assert openai_chat_request.convert_messages("other", history, [])[0]["content"] == "other"
+        history = [*history, reply, _user(f"q{turn}", "next?")]
 
 
 def test_merging_turns_never_grows_a_kept_block_list() -> None:
@@ -97,12 +134,13 @@ def test_merging_turns_never_grows_a_kept_block_list() -> None:
 
 
 def _chat_uncached(messages: list[message_pb2.Message]) -> list[dict[str, Any]]:
-    original = openai_chat_request._converted
+    original, prefixes = openai_chat_request._converted, openai_chat_request._prefixes
     openai_chat_request._converted = openai_chat_request._convert_message
+    openai_chat_request._prefixes = PrefixStates(max_messages=0)
     try:
         return openai_chat_request.convert_messages("sys", messages, [])
     finally:
-        openai_chat_request._converted = original
+        openai_chat_request._converted, openai_chat_request._prefixes = original, prefixes
 
 
 def test_chat_messages_from_kept_conversions_equal_ones_converted_afresh() -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from turnwire import types as chunks
 from turnwire.values import tool_call_input
+from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.pending_calls import OpenCalls, is_approved
 from turnwire_server.engine.tool_calls import ToolCallRunner
@@ -41,23 +42,31 @@ async def run_approved_calls(
     store: Store,
     open_calls: OpenCalls,
     runner_for: RunnerFactory,
-) -> None:
+) -> list[tuple[message_pb2.Message, message_pb2.Message]]:
     """Run the approved calls of ``open_calls.history`` (only the messages ``open_calls`` found
-    are looked at; in place: their results land in these message objects) and store each
-    message that held one, even when the turn is cancelled meanwhile.
+    are looked at) and store each message that held one, even when the turn is cancelled
+    meanwhile. The messages are shared (never changed in place): the results land in a copy of
+    each such message, which takes its place in ``open_calls.history``. Returns ``(message,
+    its copy with the results)`` pairs, for the caller's other lists.
 
     A call whose tool is no longer in the turn's tool set gets an error result naming it.
     Raises ``asyncio.CancelledError`` when the turn is cancelled (after storing).
     """
     messages = open_calls.history
-    for message in open_calls.messages():
+    replaced: list[tuple[message_pb2.Message, message_pb2.Message]] = []
+    for index in open_calls.at:
+        stored = messages[index]
+        if not any(part.HasField("tool_call") and is_approved(part.tool_call) for part in stored.parts):
+            continue
+        message = message_pb2.Message()
+        message.CopyFrom(stored)
+        messages[index] = message
+        replaced.append((stored, message))
         approved = [
             part.tool_call
             for part in message.parts
             if part.HasField("tool_call") and is_approved(part.tool_call)
         ]
-        if not approved:
-            continue
         original = AssistantMessage.resume(message)
         runner = runner_for(dataclasses.replace(state, assistant=original, step_messages=messages))
         for call in approved:
@@ -80,3 +89,4 @@ async def run_approved_calls(
         finally:
             # Shielded: the results (or the abort errors of a cancel) must reach the store.
             await asyncio.shield(store.save_message(state.request.conversation_id, message))
+    return replaced

@@ -33,6 +33,7 @@ from turnwire.types import Usage
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.events import EventWriter
+from turnwire_server.hooks.readonly import MessagesView
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.base import CompactionRecord, Store, TurnAdmission
 
@@ -173,10 +174,11 @@ class Compactor:
             return text
 
         strategy_model = getattr(strategy, "model", None) or self.model
+        shown = MessagesView(view)  # the strategy's: read-only, copies (hooks/readonly.py)
         try:
             result = await strategy.compact(
                 CompactionContext(
-                    messages=view,
+                    messages=shown,
                     current=current,
                     keep_from=keep_from,
                     tokens=estimate.messages,
@@ -187,6 +189,7 @@ class Compactor:
         except Exception as error:
             log.warning("turn %s: compaction (%s) failed: %s", self.request_id, strategy.name, error)
             result = CompactionResult()
+        view = shown.settled()  # a message the strategy changed in place counts as its own
         new_view, new_keep = self._rebuilt(view, keep_from, result)
         elided = elided_current | {
             key for key in result.elided_calls if current is not None and key[0] == current.id

@@ -21,7 +21,7 @@ from typing import Any
 
 from turnwire.hooks import ConcurrentInput
 from turnwire.tools import Tool
-from turnwire_client.v1 import event_pb2
+from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.channel import EventChannel
 from turnwire_server.engine.errors import (
@@ -541,8 +541,11 @@ class TurnEngine:
         slots = self._recovery_slots
         for turn in turns:
             messages = await self.store.load_messages(turn.conversation_id)
-            reply = next((m for m in messages if m.id == turn.assistant_message_id), None)
-            if reply is not None:
+            stored = next((m for m in messages if m.id == turn.assistant_message_id), None)
+            reply = None
+            if stored is not None:
+                reply = message_pb2.Message()  # the store's messages are shared: repair a copy
+                reply.CopyFrom(stored)
                 repair_unresolved_tool_calls([reply])
                 if not any(p.WhichOneof("kind") != "step_start" for p in reply.parts):
                     reply = None

@@ -22,6 +22,7 @@ call) never destroys such a call while the client may still answer it:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 from collections.abc import Sequence
@@ -61,14 +62,17 @@ def expiry_cutoff(now: dt.datetime, expiry_seconds: float) -> dt.datetime | None
 @dataclasses.dataclass(frozen=True, slots=True)
 class OpenCalls:
     """Where the calls without a result (open: waiting, approval requested or responded,
-    interrupted) are in a history, found in one pass over it (issue 17: the engine's per-turn
-    work over the history is that pass, not one per rule).
+    interrupted) are in a history (issue 17: the engine's per-turn work over the history is this
+    one search, and for a conversation only appended to since its last search, only the new
+    messages are searched).
 
-    ``history`` is the list searched (its messages may change in place afterwards: repair and
-    approved calls only ever close calls, so the messages at ``at`` stay a superset of the ones
-    with open calls); ``at`` the indexes in it of the assistant messages that held an open call,
-    ascending; ``last_user`` the index of its last user message (-1: none); ``reply_at`` the index
-    of the message whose id :meth:`find` was given as ``reply_id`` (-1: none or not given).
+    ``history`` is the list searched, the engine's own (its messages are never changed in place,
+    they are shared with the store: :func:`repair_pending` and the approved calls replace a
+    message by a changed copy in this list, and only ever close calls, so the messages at ``at``
+    stay a superset of the ones with open calls); ``at`` the indexes in it of the assistant
+    messages that held an open call, ascending; ``last_user`` the index of its last user message
+    (-1: none); ``reply_at`` the index of the message whose id :meth:`find` was given as
+    ``reply_id`` (-1: none or not given).
     """
 
     history: list[message_pb2.Message]
@@ -77,29 +81,20 @@ class OpenCalls:
     reply_at: int = -1
 
     @classmethod
-    def find(cls, history: Sequence[message_pb2.Message], *, reply_id: str = "") -> OpenCalls:
-        """Search ``history`` once (kept as :attr:`history` when a list, else as a list of it).
-        Only assistant messages' parts are walked (a role check is all the others cost), and a
-        message's walk stops at its first open call."""
+    def find(
+        cls, history: Sequence[message_pb2.Message], *, reply_id: str = "", conversation_id: str = ""
+    ) -> OpenCalls:
+        """Search ``history`` (kept as :attr:`history` when a list, else as a list of it). With
+        ``conversation_id`` the search is kept (:data:`_SEARCHES`) and the next one of that
+        conversation searches only the messages after the ones it finds again there, the very
+        same objects at the same places (an edited, removed or reordered message is a new object
+        or a shift: then all of it is searched again). Only assistant messages' parts are walked,
+        and a message's walk stops at its first open call."""
+        search = _SEARCHES.search(conversation_id, history) if conversation_id else _Search.of(history)
         if not isinstance(history, list):
             history = list(history)
-        at: list[int] = []
-        last_user = reply_at = -1
-        user, assistant = message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT
-        result_states = _RESULT_STATES
-        for index, message in enumerate(history):
-            role = message.role
-            if role == user:
-                last_user = index
-            elif role == assistant:
-                # HasField is cheaper than WhichOneof here, and most parts are not calls.
-                for part in message.parts:
-                    if part.HasField("tool_call") and part.tool_call.state not in result_states:
-                        at.append(index)
-                        break
-            if reply_id and message.id == reply_id:
-                reply_at = index
-        return cls(history, tuple(at), last_user, reply_at)
+        reply_at = search.ids.get(reply_id, -1) if reply_id else -1
+        return cls(history, tuple(search.at), search.last_user, reply_at)
 
     def messages(self) -> list[message_pb2.Message]:
         """The messages at :attr:`at`, in history order."""
@@ -134,9 +129,11 @@ def has_open_call(message: message_pb2.Message) -> bool:
 def repair_pending(
     open_calls: OpenCalls, *, now: dt.datetime, expiry_seconds: float
 ) -> list[message_pb2.Message]:
-    """Apply the module's rules, in place, to the messages of ``open_calls.history`` that
-    ``open_calls`` found; returns the messages that changed (to be stored), in history order.
-    Waiting calls that may still be answered are left as they are."""
+    """Apply the module's rules to the messages of ``open_calls.history`` that ``open_calls``
+    found: each message that changes is copied, the copy changed and put in its place in
+    ``open_calls.history`` (the messages are shared, never changed in place); returns the copies
+    (to be stored), in history order. Waiting calls that may still be answered are left as they
+    are."""
     cutoff = expiry_cutoff(now, expiry_seconds)
     changed: list[message_pb2.Message] = []
     history = open_calls.history
@@ -144,8 +141,8 @@ def repair_pending(
         message = history[index]
         user_after = open_calls.last_user > index
         expired: bool | None = None  # decided at the message's first open call
-        touched = False
-        for part in message.parts:
+        copy: message_pb2.Message | None = None
+        for position, part in enumerate(message.parts):
             if not part.HasField("tool_call"):
                 continue
             call = part.tool_call
@@ -159,20 +156,28 @@ def repair_pending(
                 )
             if is_waiting(call):
                 if expired:
-                    close_call(call, expired_text(expiry_seconds))
+                    error: str | None = expired_text(expiry_seconds)
                 elif user_after:
-                    close_call(call, MOVED_PAST_TOOL_ERROR)
+                    error = MOVED_PAST_TOOL_ERROR
                 else:
                     continue
             elif is_approved(call):
                 continue
             elif call.state == message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED:
-                deny_call(call, call.approval.reason)
+                error = None  # a denial
             else:
-                close_call(call, INTERRUPTED_TOOL_ERROR)
-            touched = True
-        if touched:
-            changed.append(message)
+                error = INTERRUPTED_TOOL_ERROR
+            if copy is None:
+                copy = message_pb2.Message()
+                copy.CopyFrom(message)
+            target = copy.parts[position].tool_call
+            if error is None:
+                deny_call(target, target.approval.reason)
+            else:
+                close_call(target, error)
+        if copy is not None:
+            history[index] = copy
+            changed.append(copy)
     return changed
 
 
@@ -193,3 +198,81 @@ def with_pending_placeholders(open_calls: OpenCalls) -> list[message_pb2.Message
                 close_call(part.tool_call, PENDING_TOOL_TEXT)
         result[index] = copy
     return result
+
+
+@dataclasses.dataclass(slots=True)
+class _Search:
+    """One search of a history: ``messages`` searched (a tuple: what the store handed out),
+    ``at`` and ``last_user`` as in :class:`OpenCalls`, ``ids`` every message's index by id."""
+
+    messages: tuple[message_pb2.Message, ...]
+    at: list[int]
+    last_user: int
+    ids: dict[str, int]
+
+    @classmethod
+    def of(cls, history: Sequence[message_pb2.Message]) -> _Search:
+        """A search of all of ``history``."""
+        search = cls((), [], -1, {})
+        search.extend(history if isinstance(history, tuple) else tuple(history))
+        return search
+
+    def extend(self, history: tuple[message_pb2.Message, ...]) -> None:
+        """Search the messages of ``history`` after :attr:`messages` (which it starts with), and
+        hold ``history``."""
+        at, ids = self.at, self.ids
+        last_user = self.last_user
+        user, assistant = message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT
+        result_states = _RESULT_STATES
+        for index in range(len(self.messages), len(history)):
+            message = history[index]
+            role = message.role
+            if role == user:
+                last_user = index
+            elif role == assistant:
+                # HasField is cheaper than WhichOneof here, and most parts are not calls.
+                for part in message.parts:
+                    if part.HasField("tool_call") and part.tool_call.state not in result_states:
+                        at.append(index)
+                        break
+            ids[message.id] = index
+        self.messages, self.last_user = history, last_user
+
+
+class _Searches:
+    """The last search of each recently searched conversation, least recently used dropped first
+    once more than ``max_messages`` messages are held (the messages are the store's shared
+    objects: holding them costs their references). Holding the searched objects also keeps their
+    ``id()`` from being reused, so "the same object" is a sound test. Not thread-safe: the event
+    loop's."""
+
+    def __init__(self, max_messages: int) -> None:
+        self.max_messages = max_messages
+        self._kept: collections.OrderedDict[str, _Search] = collections.OrderedDict()
+        self._size = 0
+
+    def search(self, conversation_id: str, history: Sequence[message_pb2.Message]) -> _Search:
+        """The search of ``history``, ``conversation_id``'s messages now: the kept one extended by
+        the new messages when ``history`` starts with its very messages, else a new one."""
+        messages = history if isinstance(history, tuple) else tuple(history)
+        kept = self._kept.pop(conversation_id, None)
+        if kept is not None:
+            self._size -= len(kept.messages)
+            held = kept.messages
+            if len(held) <= len(messages) and held == messages[: len(held)]:  # in C; same objects
+                kept.extend(messages)
+            else:
+                kept = None
+        if kept is None:
+            kept = _Search.of(messages)
+        if len(messages) <= self.max_messages:
+            self._kept[conversation_id] = kept
+            self._size += len(messages)
+            while self._size > self.max_messages:
+                _, dropped = self._kept.popitem(last=False)
+                self._size -= len(dropped.messages)
+        return kept
+
+
+_SEARCHES = _Searches(max_messages=200_000)
+"""The engine's kept searches (bounded as the store's decoded messages are)."""

@@ -94,9 +94,12 @@ class StepLoop:
         history = admission.history if admission is not None else None
         if history is None:
             history = await self.store.load_messages(request.conversation_id)
-        # The one pass over the history before the model call (issue 17): the open calls, and
-        # where a failed attempt's partial reply is.
-        open_calls = OpenCalls.find(history, reply_id=turn.assistant.message.id)
+        # The one pass over the history before the model call (issue 17; over the new messages
+        # only, when the conversation was only appended to): the open calls, and where a failed
+        # attempt's partial reply is.
+        open_calls = OpenCalls.find(
+            history, reply_id=turn.assistant.message.id, conversation_id=request.conversation_id
+        )
         # Calls the client may still answer are kept (docs/semantics.md §8, pending_calls).
         repaired = repair_pending(
             open_calls, now=dt.datetime.now(dt.UTC), expiry_seconds=self.settings.pending_expiry_seconds
@@ -143,10 +146,10 @@ class StepLoop:
             async with asyncio.timeout(timeout.total_seconds):
                 # Answered approvals first: denials announced, approved calls run (§6).
                 announce_denials(turn)
-                if turn.hooks.runs("before_turn"):
-                    # A middleware may have edited the messages in place: search them again.
-                    open_calls = OpenCalls.find(history)
-                await run_approved_calls(turn, self.store, open_calls, self._runner_for(config))
+                ran = await run_approved_calls(turn, self.store, open_calls, self._runner_for(config))
+                if ran:  # the messages with results replace the ones held elsewhere too
+                    turn.view = _replaced(turn.view, ran)
+                    ctx = dataclasses.replace(ctx, messages=_replaced(ctx.messages, ran))
                 await self._steps(ctx, config, timeout, open_calls)
         except TimeoutError:
             raise TurnFailure(
@@ -159,7 +162,7 @@ class StepLoop:
 
     async def _view(
         self, history: list[message_pb2.Message], admission: TurnAdmission | None
-    ) -> list[message_pb2.Message]:
+    ) -> Sequence[message_pb2.Message]:
         """What the model is sent of ``history``: as stored, or its compacted view (by the
         compaction record ``admission`` brought, if it read one), compacted again first when it
         passed ``compact_after`` tokens (between turns, §9)."""
@@ -526,6 +529,17 @@ class StepLoop:
         if start is not None:
             turn.writer.channel.when_taken(start)
         return False
+
+
+def _replaced(
+    messages: Sequence[message_pb2.Message], pairs: Sequence[tuple[message_pb2.Message, message_pb2.Message]]
+) -> Sequence[message_pb2.Message]:
+    """``messages`` with each first message of ``pairs`` (the very object) replaced by the second
+    (a new list); ``messages`` itself when it holds none of them."""
+    by_object = {id(old): new for old, new in pairs}
+    if not any(id(message) in by_object for message in messages):
+        return messages
+    return [by_object.get(id(message), message) for message in messages]
 
 
 def _base_messages(open_calls: OpenCalls) -> list[message_pb2.Message]:

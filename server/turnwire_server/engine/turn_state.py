@@ -61,7 +61,7 @@ class TurnState:
     step_messages: Sequence[message_pb2.Message] = ()
     attempt: int = 1
     continue_reply: bool = False
-    view: list[message_pb2.Message] = field(default_factory=list)
+    view: Sequence[message_pb2.Message] = ()
     keep_from: int = 0
     elided_current: frozenset[CallKey] = frozenset()
     compactions: int = 0

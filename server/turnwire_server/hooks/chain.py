@@ -42,6 +42,7 @@ from turnwire.hooks import (
 from turnwire.middlewares.error_classifier import ErrorClassifier
 from turnwire.types import ModelSettings
 from turnwire_server.hooks import metrics
+from turnwire_server.hooks.readonly import MessagesView
 from turnwire_server.hooks.timeline import HookTimeline
 
 log = logging.getLogger("turnwire.middleware")
@@ -185,6 +186,14 @@ class MiddlewareChain:
         )
 
 
+def _messages_after(view: MessagesView, update: TurnConfig | StepConfig | None) -> Sequence[Any]:
+    """The messages after one hook call that saw ``view``: the ones it returned (unchanged copies
+    back to their originals), else the viewed ones with its in-place changes (copies) applied."""
+    if update is not None and update.messages is not None:
+        return view.restore(update.messages)
+    return view.settled()
+
+
 HookSpans = Callable[[str, str], AbstractContextManager[object]]
 """``spans(middleware, hook)``: a context manager around one hook call that records it as a span
 (``turnwire_server.engine.tracing.Tracing.hook``); a hook's exception passes through it."""
@@ -254,15 +263,23 @@ class TurnHooks:
         """
         merged = TurnConfig()
         for m in self._chain.forward["before_turn"]:
-            update: TurnConfig | None = await self._call(m, "before_turn", ctx, swallow=False)
+            view = MessagesView(ctx.messages)
+            update: TurnConfig | None = await self._call(
+                m, "before_turn", dataclasses.replace(ctx, messages=view), swallow=False
+            )
+            messages = _messages_after(view, update)
+            if messages is not ctx.messages:  # returned, or changed in place: the turn sends these
+                merged = dataclasses.replace(merged, messages=messages)
             if update is None:
+                if messages is not ctx.messages:
+                    ctx = dataclasses.replace(ctx, messages=messages)
                 continue
-            merged = merge_config(merged, update)
+            merged = merge_config(merged, dataclasses.replace(update, messages=None))
             ctx = dataclasses.replace(
                 ctx,
                 model=update.model if update.model is not None else ctx.model,
                 system=update.system if update.system is not None else ctx.system,
-                messages=update.messages if update.messages is not None else ctx.messages,
+                messages=messages,
                 tools={**ctx.tools, **update.tools} if update.tools else ctx.tools,
             )
         return ctx, merged
@@ -271,15 +288,23 @@ class TurnHooks:
         """First to last; each sees the earlier changes. Raises :class:`HookError`."""
         merged = StepConfig()
         for m in self._chain.forward["before_step"]:
-            update: StepConfig | None = await self._call(m, "before_step", ctx, swallow=False)
+            view = MessagesView(ctx.messages)
+            update: StepConfig | None = await self._call(
+                m, "before_step", dataclasses.replace(ctx, messages=view), swallow=False
+            )
+            messages = _messages_after(view, update)
+            if messages is not ctx.messages:  # returned, or changed in place: the step sends these
+                merged = dataclasses.replace(merged, messages=messages)
             if update is None:
+                if messages is not ctx.messages:
+                    ctx = dataclasses.replace(ctx, messages=messages)
                 continue
-            merged = merge_config(merged, update)
+            merged = merge_config(merged, dataclasses.replace(update, messages=None))
             ctx = dataclasses.replace(
                 ctx,
                 model=update.model if update.model is not None else ctx.model,
                 system=update.system if update.system is not None else ctx.system,
-                messages=update.messages if update.messages is not None else ctx.messages,
+                messages=messages,
             )
         return merged
 
@@ -291,7 +316,9 @@ class TurnHooks:
         into that call's error result).
         """
         for m in self._chain.forward["before_tool_call"]:
-            decision: ToolCallDecision | None = await self._call(m, "before_tool_call", ctx, swallow=False)
+            # Read-only, and nothing to hand changes back to: changed copies are dropped.
+            shown = dataclasses.replace(ctx, messages=MessagesView(ctx.messages))
+            decision: ToolCallDecision | None = await self._call(m, "before_tool_call", shown, swallow=False)
             if decision is None:
                 continue
             if decision.action != "allow":

@@ -44,6 +44,7 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import (
     EMPTY_USER_TEXT,
+    PrefixStates,
     assistant_steps,
     file_base64,
     file_text,
@@ -248,30 +249,57 @@ def _convert_message(message: message_pb2.Message) -> _Converted:
 _converted = per_message_cache(_convert_message, max_bytes=16 << 20)
 
 
+@dataclass(frozen=True, slots=True)
+class _Prefix:
+    """:func:`convert_messages`' state after some messages (kept in :data:`_prefixes`; never
+    mutated): the system texts, the turns (tool results already first), the warnings, the stored
+    call ids seen, the tool_use ids used, and the last assistant segment's renamed ids (None:
+    none renamed) that the next segment's results must follow."""
+
+    system: tuple[str, ...]
+    turns: tuple[dict[str, Any], ...]
+    warnings: tuple[str, ...]
+    call_ids: frozenset[str]
+    used: frozenset[str]
+    renamed: tuple[str, ...] | None
+
+
+_prefixes: PrefixStates[_Prefix] = PrefixStates()
+
+
 def convert_messages(
     messages: Sequence[message_pb2.Message], warnings: list[str], call_ids: set[str] | None = None
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """``(system texts, turns)`` for the Messages API (see the module docstring for the rules); a
     turn's ``content`` is a string for one plain text block, else a list of blocks.
-    Each message's conversion is kept between requests (:func:`per_message_cache`); only the
-    tool_use ids (unique per request) and the merging of turns are done per request. ``call_ids``
+    Each message's conversion is kept between requests (:func:`per_message_cache`), and so is the
+    state after each request's messages (:class:`PrefixStates`): a request that starts with an
+    earlier one's very messages (the history of the turn before, only appended to) goes on from
+    there, so only the new messages cost anything but copying the kept turns list. ``call_ids``
     gets the stored ids of the transcript's tool calls (``transcript_call_ids``, without a
     second pass over the messages)."""
-    system: list[str] = []
-    turns: list[dict[str, Any]] = []
+    done, prefix = _prefixes.longest(messages, None)
+    if prefix is None:
+        prefix = _Prefix((), (), (), frozenset(), frozenset(), None)
+    system = list(prefix.system)
+    turns = list(prefix.turns)
+    warnings.extend(prefix.warnings)
+    new_warnings: list[str] = []
+    seen = set(prefix.call_ids)
     tool_use_id = _ToolUseIds()
-    renamed: list[str] | None = None  # the last assistant segment's new ids, when they differ
+    tool_use_id.used = set(prefix.used)
+    renamed = list(prefix.renamed) if prefix.renamed is not None else None
     owned = False  # turns[-1] was made by this request (else it is a kept, shared one)
-    for message in messages:
+    sorted_from = max(len(turns) - 1, 0)  # the kept turns are sorted; the last may grow
+    for message in messages[done:] if done else messages:
         converted = _converted(message)
-        warnings.extend(converted.warnings)
+        new_warnings.extend(converted.warnings)
         if converted.system is not None:
             system.append(converted.system)
         for role, kept, calls, kept_turn in converted.segments:
             blocks = kept  # shared with other requests: replaced, never changed
             if calls:
-                if call_ids is not None:
-                    call_ids.update(original for _, original in calls)
+                seen.update(original for _, original in calls)
                 ids = [tool_use_id(original) for _, original in calls]
                 if any(new != original for new, (_, original) in zip(ids, calls, strict=True)):
                     blocks = list(kept)
@@ -294,10 +322,10 @@ def convert_messages(
             else:  # renamed tool_use or tool_result blocks: never a lone text block, always a list
                 turns.append({"role": role, "content": blocks})
                 owned = True
-    for i, turn in enumerate(turns):  # tool_result blocks first in every user turn
-        content = turn["content"]
+    for i in range(sorted_from, len(turns)):  # tool_result blocks first in every user turn
+        content = turns[i]["content"]
         if (
-            turn["role"] == "user"
+            turns[i]["role"] == "user"
             and not isinstance(content, str)
             and len(content) > 1
             and content[0]["type"] != "tool_result"
@@ -306,6 +334,19 @@ def convert_messages(
                 "role": "user",
                 "content": sorted(content, key=lambda block: block["type"] != "tool_result"),
             }
+    warnings.extend(new_warnings)
+    if call_ids is not None:
+        call_ids.update(seen)
+    if len(messages) > done:
+        state = _Prefix(
+            tuple(system),
+            tuple(turns),
+            (*prefix.warnings, *new_warnings),
+            frozenset(seen),
+            frozenset(tool_use_id.used),
+            tuple(renamed) if renamed is not None else None,
+        )
+        _prefixes.keep(messages, None, state)
     return system, turns
 
 

@@ -19,7 +19,7 @@ import base64
 import collections
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import orjson
 
@@ -61,7 +61,7 @@ _T = TypeVar("_T")
 CACHED_MESSAGE_BYTES = 65_536
 """Messages larger than this (serialized; files inline) are converted afresh each time, not kept."""
 
-_MISSING: Any = object()
+_S = TypeVar("_S")
 
 
 def per_message_cache(
@@ -70,30 +70,96 @@ def per_message_cache(
     """``convert`` (a pure function of a message's content), with the results for the most recently
     converted messages kept, up to ``max_bytes`` of serialized messages (least recently used
     dropped first; issue 17: a turn must not convert its whole history again). Keyed by the
-    message's serialized bytes, so an edited message (a checkpoint, a hook's change, another
-    replica's write) is converted again and equal messages share a result; a message over
-    :data:`CACHED_MESSAGE_BYTES` is not kept. The results are shared: callers must never mutate
-    them (copy what they change). Not thread-safe: call it from the event loop."""
-    kept: collections.OrderedDict[bytes, _T] = collections.OrderedDict()
+    message object itself, held by its entry (so its ``id()`` is not reused while kept): the
+    messages a request carries are read-only (``ModelRequest.messages``; the store hands out
+    shared objects and a changed message is always a new object: a checkpoint, a hook's change,
+    another replica's write), so an object stands for its content, and finding it costs no
+    serialization. A message over :data:`CACHED_MESSAGE_BYTES` is not kept. The results are
+    shared: callers must never mutate them (copy what they change). Not thread-safe: call it
+    from the event loop."""
+    kept: collections.OrderedDict[int, tuple[message_pb2.Message, _T, int]] = collections.OrderedDict()
     size = 0
 
     def cached(message: message_pb2.Message) -> _T:
         nonlocal size
-        data = message.SerializeToString(deterministic=True)
-        result = kept.get(data, _MISSING)
-        if result is not _MISSING:
-            kept.move_to_end(data)
-            return result  # type: ignore[no-any-return]
+        key = id(message)
+        entry = kept.get(key)
+        if entry is not None:  # the very object: its entry holds it, so the id was not reused
+            kept.move_to_end(key)
+            return entry[1]
         result = convert(message)
-        if len(data) <= CACHED_MESSAGE_BYTES:
-            kept[data] = result
-            size += len(data)
+        length = message.ByteSize()
+        if length <= CACHED_MESSAGE_BYTES:
+            kept[key] = (message, result, length)
+            size += length
             while size > max_bytes:
-                dropped, _ = kept.popitem(last=False)
-                size -= len(dropped)
+                _, (_, _, dropped) = kept.popitem(last=False)
+                size -= dropped
         return result
 
     return cached
+
+
+class PrefixStates(Generic[_S]):
+    """An adapter's conversion state after the messages of its recent requests, so a request that
+    starts with the very message objects of an earlier one converts only the messages after them
+    (issue 17: a turn's work independent of history length; the history is the same objects from
+    turn to turn while it is only appended to, ``store/message_cache.py``).
+
+    Kept by the request's first message object (``per_first`` states each, most recent first, with
+    the ``extra`` they were made with, e.g. the system prompt), least recently used first out once
+    more than ``max_messages`` messages are held. A state is used only when its messages are, one by
+    one, the very objects the new request starts with (or equal in content): an edit, a deletion,
+    a compaction or another replica's write makes new objects (or a different first message),
+    so a miss. Holding the
+    messages keeps their ``id()`` from being reused. States must be immutable snapshots (the
+    caller copies what it goes on changing). Not thread-safe: the event loop's."""
+
+    def __init__(self, *, max_messages: int = 400_000, per_first: int = 4) -> None:
+        self.max_messages = max_messages
+        self.per_first = per_first
+        # Each held prefix is a list (never changed): the engine's requests carry lists, and a
+        # list compares with a slice of another in one copy.
+        self._kept: collections.OrderedDict[int, list[tuple[list[message_pb2.Message], object, _S]]] = (
+            collections.OrderedDict()
+        )
+        self._size = 0
+
+    def longest(self, messages: Sequence[message_pb2.Message], extra: object) -> tuple[int, _S | None]:
+        """``(n, state)``: the kept state of the longest prefix of ``messages`` (``n`` messages)
+        made with an equal ``extra``; ``(0, None)`` when none."""
+        if not messages:
+            return 0, None
+        entries = self._kept.get(id(messages[0]))
+        if entries is None:
+            return 0, None
+        self._kept.move_to_end(id(messages[0]))
+        best: tuple[int, _S | None] = (0, None)
+        for held, held_extra, state in entries:
+            length = len(held)
+            # A list compare, in C: the very objects pass at once; another object equal in
+            # content (then converted alike) passes by the content compare.
+            if best[0] < length <= len(messages) and held_extra == extra:
+                prefix = messages[:length]
+                if held == (prefix if isinstance(prefix, list) else list(prefix)):
+                    best = (length, state)
+        return best
+
+    def keep(self, messages: Sequence[message_pb2.Message], extra: object, state: _S) -> None:
+        """Keep ``state``, the conversion state after all of ``messages`` with ``extra``."""
+        if not messages or len(messages) > self.max_messages:
+            return
+        held = list(messages)
+        key = id(held[0])
+        entries = self._kept.setdefault(key, [])
+        self._kept.move_to_end(key)
+        entries.insert(0, (held, extra, state))
+        self._size += len(held)
+        while len(entries) > self.per_first:
+            self._size -= len(entries.pop()[0])
+        while self._size > self.max_messages:
+            _, dropped = self._kept.popitem(last=False)
+            self._size -= sum(len(entry[0]) for entry in dropped)
 
 
 def assistant_steps(message: message_pb2.Message) -> list[list[message_pb2.Part]]:

@@ -8,6 +8,7 @@ cannot take (see :mod:`turnwire_server.providers.openai_chat` for the transcript
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from turnwire.providers import ModelRequest
@@ -15,6 +16,7 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import (
     EMPTY_USER_TEXT,
+    PrefixStates,
     ReplayIds,
     assistant_steps,
     file_base64,
@@ -115,6 +117,23 @@ def _convert_message(message: message_pb2.Message) -> tuple[tuple[_Item, ...], t
 _converted = per_message_cache(_convert_message, max_bytes=16 << 20)
 
 
+@dataclass(frozen=True, slots=True)
+class _Prefix:
+    """:func:`convert_messages`' state after some messages (kept in :data:`_prefixes` with the
+    system prompt; never mutated): the Chat messages so far (roles already merged), the
+    warnings, the stored call ids seen, the call ids used, and the last assistant message's
+    renamed ids (None: none renamed) that its ``tool`` messages must follow."""
+
+    messages: tuple[dict[str, Any], ...]
+    warnings: tuple[str, ...]
+    call_ids: frozenset[str]
+    used: frozenset[str]
+    renamed: tuple[str, ...] | None
+
+
+_prefixes: PrefixStates[_Prefix] = PrefixStates()
+
+
 def convert_messages(
     system: str,
     messages: Sequence[message_pb2.Message],
@@ -122,59 +141,77 @@ def convert_messages(
     call_ids: set[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Chat messages for the transcript (see the module docstring). Each message's conversion is
-    kept between requests (:func:`per_message_cache`); only the tool call ids (unique per request,
-    :class:`ReplayIds`) and the merging of roles are done per request. ``call_ids`` gets the
-    stored ids of the transcript's tool calls (``transcript_call_ids``, without a second pass)."""
-    result: list[dict[str, Any]] = []
+    kept between requests (:func:`per_message_cache`), and so is the state after each request's
+    messages with its ``system`` (:class:`PrefixStates`): a request that starts with an earlier
+    one's very messages goes on from there. Only the tool call ids (unique per request,
+    :class:`ReplayIds`) and the merging of roles (:func:`_append_alternating`) are done per request.
+    ``call_ids`` gets the stored ids of the transcript's tool calls (``transcript_call_ids``,
+    without a second pass)."""
+    done, prefix = _prefixes.longest(messages, system)
+    if prefix is None:
+        start = ({"role": "system", "content": system},) if system.strip() else ()
+        prefix = _Prefix(start, (), frozenset(), frozenset(), None)
+    merged = list(prefix.messages)
+    warnings.extend(prefix.warnings)
+    new_warnings: list[str] = []
+    seen = set(prefix.call_ids)
     call_id = ReplayIds()
-    if system.strip():
-        result.append({"role": "system", "content": system})
-    renamed: list[str] | None = None  # the last assistant message's ids, when some changed
-    for message in messages:
+    call_id.used = set(prefix.used)
+    renamed = list(prefix.renamed) if prefix.renamed is not None else None
+    for message in messages[done:] if done else messages:
         items, converted_warnings = _converted(message)
-        warnings.extend(converted_warnings)
+        new_warnings.extend(converted_warnings)
         for kept, originals, answers in items:
             wire = kept  # shared with other requests: replaced, never changed
             if answers >= 0:
                 if renamed is not None:
                     wire = {**wire, "tool_call_id": renamed[answers]}
             elif originals:
-                if call_ids is not None:
-                    call_ids.update(originals)
+                seen.update(originals)
                 ids = [call_id(original) for original in originals]  # one id per call, and its result's
                 renamed = None
                 if ids != list(originals):
                     renamed = ids
                     calls = [{**c, "id": n} for c, n in zip(wire["tool_calls"], ids, strict=True)]
                     wire = {**wire, "tool_calls": calls}
-            result.append(wire)
-    return alternate(result)
-
-
-def alternate(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``messages`` with each run of same-role ``system``, ``user`` or ``assistant`` messages merged
-    into one (docs/semantics.md §11): many OpenAI-compatible servers (chat templates of Mistral,
-    Llama, Gemma …) refuse roles that do not alternate. User and system texts are joined with a blank
-    line, assistant texts as they are (a continued reply goes on where it stopped, as Anthropic's
-    adjacent text blocks do), content parts kept in order. An assistant message with ``tool_calls``
-    ends a run, since its ``tool`` messages follow it: every call keeps exactly one result, right
-    after it."""
-    merged: list[dict[str, Any]] = []
-    for message in messages:
-        previous = merged[-1] if merged else None
-        role = message["role"]
-        if previous is None or previous["role"] != role or role == "tool" or previous.get("tool_calls"):
-            merged.append(message)
-            continue
-        combined = dict(previous)
-        separator = "" if role == "assistant" else "\n\n"
-        combined["content"] = _join_content(previous.get("content"), message.get("content"), separator)
-        if message.get("tool_calls"):
-            combined["tool_calls"] = message["tool_calls"]
-        if combined["content"] is None:
-            del combined["content"]
-        merged[-1] = combined
+            _append_alternating(merged, wire)
+    warnings.extend(new_warnings)
+    if call_ids is not None:
+        call_ids.update(seen)
+    if len(messages) > done:
+        state = _Prefix(
+            tuple(merged),
+            (*prefix.warnings, *new_warnings),
+            frozenset(seen),
+            frozenset(call_id.used),
+            tuple(renamed) if renamed is not None else None,
+        )
+        _prefixes.keep(messages, system, state)
     return merged
+
+
+def _append_alternating(merged: list[dict[str, Any]], message: dict[str, Any]) -> None:
+    """Append ``message`` to ``merged``, merged into the last one when they would make a run of
+    same-role ``system``, ``user`` or ``assistant`` messages (docs/semantics.md §11): many
+    OpenAI-compatible servers (chat templates of Mistral, Llama, Gemma …) refuse roles that do not
+    alternate. User and system texts are joined with a blank line, assistant texts as they are (a
+    continued reply goes on where it stopped, as Anthropic's adjacent text blocks do), content
+    parts kept in order. An assistant message with ``tool_calls`` ends a run, since its ``tool``
+    messages follow it: every call keeps exactly one result, right after it. A merge is a new
+    dict in the last one's place (the merged ones are shared, never changed)."""
+    previous = merged[-1] if merged else None
+    role = message["role"]
+    if previous is None or previous["role"] != role or role == "tool" or previous.get("tool_calls"):
+        merged.append(message)
+        return
+    combined = dict(previous)
+    separator = "" if role == "assistant" else "\n\n"
+    combined["content"] = _join_content(previous.get("content"), message.get("content"), separator)
+    if message.get("tool_calls"):
+        combined["tool_calls"] = message["tool_calls"]
+    if combined["content"] is None:
+        del combined["content"]
+    merged[-1] = combined
 
 
 def _join_content(

@@ -38,6 +38,7 @@ from turnwire.values import NotJsonError, dumps, from_struct, loads
 from turnwire_client.v1 import chat_service_pb2, event_pb2, hooks_pb2
 from turnwire_server.api.status import status_of
 from turnwire_server.engine.errors import TurnFailure
+from turnwire_server.hooks.readonly import MessagesView
 
 
 class InvalidResponse(ValueError):
@@ -83,7 +84,7 @@ def before_turn_request(
         turn=info, system=ctx.system, model=ctx.model, tool_names=list(ctx.tools)
     )
     if include_messages:
-        request.messages.extend(ctx.messages)
+        request.messages.extend(MessagesView.read_only(ctx.messages))  # extend copies them
     if ctx.concurrent_input is not None:
         request.concurrent_input.CopyFrom(concurrent_input(ctx.concurrent_input))
     return request
@@ -133,7 +134,7 @@ def before_step_request(
         system=ctx.system,
     )
     if include_messages:
-        request.messages.extend(ctx.messages)
+        request.messages.extend(MessagesView.read_only(ctx.messages))  # extend copies them
     return request
 
 

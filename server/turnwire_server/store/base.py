@@ -318,12 +318,13 @@ class TurnAdmission:
     """What :meth:`Store.admit_turn` read with the commit of the turn's input, so the turn need not
     read it again before its model call.
 
-    ``history`` is the conversation's messages as that commit left them, None when the backend
-    did not read them (the caller loads them); ``compaction`` its compaction record when
-    ``compaction_read`` (None: it has none), unread otherwise.
+    ``history`` is the conversation's messages as that commit left them (read-only, as
+    :meth:`Store.load_messages` gives them), None when the backend did not read them (the
+    caller loads them); ``compaction`` its compaction record when ``compaction_read`` (None: it
+    has none), unread otherwise.
     """
 
-    history: list[message_pb2.Message] | None = None
+    history: Sequence[message_pb2.Message] | None = None
     compaction: CompactionRecord | None = None
     compaction_read: bool = False
 
@@ -422,8 +423,10 @@ class Store(Protocol):
         """
         ...
 
-    async def load_messages(self, conversation_id: str) -> list[message_pb2.Message]:
-        """All messages of the conversation, oldest first ([] when none)."""
+    async def load_messages(self, conversation_id: str) -> Sequence[message_pb2.Message]:
+        """All messages of the conversation, oldest first (empty when none). Read-only: the
+        messages may be shared with other readers and later reads (the SQL stores hand out their
+        kept objects, ``store/message_cache.py``); copy one (``CopyFrom``) to change it."""
         ...
 
     async def partial_replies(self, conversation_id: str) -> dict[str, TurnRecord]:
@@ -442,7 +445,7 @@ class Store(Protocol):
 
     async def start_turn(
         self, turn: TurnRecord, messages: Sequence[message_pb2.Message]
-    ) -> list[message_pb2.Message] | None:
+    ) -> Sequence[message_pb2.Message] | None:
         """Durably create the conversation if needed, append ``messages`` and record ``turn``.
 
         One transaction. Returns the conversation's messages as it left them when the backend

@@ -11,14 +11,20 @@ version is above the one the reader holds; when the epoch or the conversation's 
 database stays the only truth: another replica's append, a checkpoint rewriting a reply, a
 deletion, a rollback are all seen on the very next read, at the cost of the changed rows only.
 
-Callers get copies (the engine repairs tool calls in place, hooks edit messages): the kept
-messages are never handed out, and ``CopyFrom`` copies in C, several times cheaper than decoding.
+Callers share the kept messages (issue 17: no per-turn copy of the whole history): a read
+returns a tuple of the very message objects kept here, the same objects on every read until the
+database changes them (then the changed ones are new objects). Nobody may change them in place:
+whoever needs a changed message copies that one message (``CopyFrom``) and changes the copy (the
+engine's repairs and approved calls do so; hooks see copies, ``turnwire_server.hooks.readonly``).
+So an object's identity stands for its content, which the provider adapters' conversion caches
+rely on (``turnwire_server.providers.convert``).
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -57,18 +63,20 @@ HISTORY_SQL_POSTGRES: Final = _HISTORY_SQL.format(p="%s", indexed="")
 """:data:`HISTORY_SQL` with PostgreSQL's placeholders (its planner has statistics)."""
 
 _NONE: Final = -1  # below every stored counter: "nothing held", so everything is returned
+_MESSAGE: Final = operator.itemgetter(1)  # the message of a ``(seq, message)``
 
 
 @dataclass(frozen=True, slots=True)
 class _History:
-    """What a reader holds of one conversation: the counters it was read at and its messages by
-    id, in ``seq`` order, each ``(seq, message)``. Never mutated once built (reads in flight may
-    still build on it)."""
+    """What a reader holds of one conversation: the counters it was read at, its messages by
+    id, in ``seq`` order, each ``(seq, message)``, and ``ordered``, the same messages as the tuple
+    reads hand out. Never mutated once built (reads in flight may still build on it)."""
 
     create_time: int
     epoch: int
     version: int
     messages: dict[str, tuple[int, message_pb2.Message]]
+    ordered: tuple[message_pb2.Message, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,21 +123,17 @@ class DecodedMessages:
             sql = HISTORY_SQL if base is None else HISTORY_DELTA_SQL
         return HistoryRead(conversation_id, base, sql)
 
-    def messages(self, read: HistoryRead, rows: Iterable[Any]) -> list[message_pb2.Message]:
-        """The conversation's messages, in order, each a fresh copy, from ``read``'s base and
-        :data:`HISTORY_SQL`'s ``rows`` for it ([] when there is no such conversation). Raises
-        :class:`StoreCorrupted` for a message that cannot be decoded."""
+    def messages(self, read: HistoryRead, rows: Iterable[Any]) -> Sequence[message_pb2.Message]:
+        """The conversation's messages, in order, from ``read``'s base and :data:`HISTORY_SQL`'s
+        ``rows`` for it (() when there is no such conversation): a tuple of the kept message
+        objects themselves, shared with every other reader, so read-only (see the module
+        docstring; copy a message to change it). O(changed messages) when the conversation is
+        held and only appended to. Raises :class:`StoreCorrupted` for a message that cannot be
+        decoded."""
         conversation_id = read.conversation_id
         history = self._merged(read, rows)
         self._keep(conversation_id, history)
-        if history is None:
-            return []
-        out: list[message_pb2.Message] = []
-        for _, message in history.messages.values():
-            copy = message_pb2.Message()
-            copy.CopyFrom(message)
-            out.append(copy)
-        return out
+        return () if history is None else history.ordered
 
     def _merged(self, read: HistoryRead, rows: Iterable[Any]) -> _History | None:
         base = read.base
@@ -150,21 +154,30 @@ class DecodedMessages:
         create_time, epoch, version = counters
         whole = base is None or base.create_time != create_time or base.epoch != epoch
         if base is not None and not whole and not changed:
-            return base if base.version == version else _History(create_time, epoch, version, base.messages)
+            if base.version == version:
+                return base
+            return _History(create_time, epoch, version, base.messages, base.ordered)
         messages: dict[str, tuple[int, message_pb2.Message]] = (
             {} if whole or base is None else dict(base.messages)
         )
         last = next(reversed(messages.values()))[0] if messages else 0
         in_order = True
+        appended = True  # only new messages, after the held ones: the held tuple is extended
         for message_id, seq, decoded in changed:
             held = messages.get(message_id)
+            if held is not None:
+                appended = False
             if (held is None and seq < last) or (held is not None and held[0] != seq):
                 in_order = False
             messages[message_id] = (seq, decoded)
             last = max(last, seq)
         if not in_order:
             messages = dict(sorted(messages.items(), key=lambda item: item[1][0]))
-        return _History(create_time, epoch, version, messages)
+        if in_order and appended and base is not None and not whole:
+            ordered = base.ordered + tuple(decoded for _, _, decoded in changed)
+        else:
+            ordered = tuple(map(_MESSAGE, messages.values()))
+        return _History(create_time, epoch, version, messages, ordered)
 
     def _keep(self, conversation_id: str, history: _History | None) -> None:
         held = self._conversations.pop(conversation_id, None)

@@ -320,7 +320,7 @@ class SqliteStore:
             next_token = encode_page_token(last[2], last[0])
         return records, next_token
 
-    async def load_messages(self, conversation_id: str) -> list[message_pb2.Message]:
+    async def load_messages(self, conversation_id: str) -> Sequence[message_pb2.Message]:
         """All messages of the conversation in append order ([] when none or no conversation)."""
         read = self._decoded.read(conversation_id)
         rows = await self._read("load_messages", read.sql, read.params)
