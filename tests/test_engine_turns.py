@@ -519,46 +519,16 @@ async def test_nested_blocking_turn_from_a_tool_fails_with_failed_precondition(
 # --------------------------------------------------------------------------- cancellation
 
 
-async def test_cancel_mid_stream_aborts_and_stores_the_partial_text(make_engine: EngineFactory) -> None:
-    responses: list[ChatResponseContext] = []
-
-    class Observe(Middleware):
-        async def on_chat_response(self, result: ChatResponseContext) -> None:
-            responses.append(result)
-
-    long_text = " ".join(f"w{i}" for i in range(200))
-    h = await make_engine(scripts={"main": [ScriptStep(text=long_text, delay_ms=5)]}, middlewares=[Observe()])
-    handle = await h.start("go")
-    events: list[event_pb2.TurnEvent] = []
-    async for response in handle:
-        events.append(response.event)
-        if kinds(events).count("text_delta") == 3:
-            handle.cancel()
-    await asyncio.wait_for(handle.task, 5)
-
-    end = end_of(events)
-    assert end.status == event_pb2.TURN_STATUS_ABORTED
-    streamed = "".join(d.delta for d in of_kind(events, "text_delta"))
-    assert streamed and long_text.startswith(streamed) and streamed != long_text
-
-    stored = await h.store.load_messages(CONV)
-    assert [m.role for m in stored] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
-    assert text_of(stored[1]) == streamed
-    assert end.message == stored[1]
-    assert [r.status for r in responses] == ["aborted"]
-    with sqlite3.connect(h.store.path) as db:
-        assert db.execute("SELECT state FROM turns").fetchall() == [("aborted",)]
-
-
 @pytest.mark.parametrize(
-    ("cut", "reason"), [("shutdown", "SHUTTING_DOWN"), ("delete", "CONVERSATION_DELETED")]
+    ("cut", "reason"), [("cancel", None), ("shutdown", "SHUTTING_DOWN"), ("delete", "CONVERSATION_DELETED")]
 )
-async def test_a_turn_cut_by_shutdown_or_deletion_still_gets_its_on_chat_response(
-    make_engine: EngineFactory, cut: str, reason: str
+async def test_a_turn_cut_mid_stream_aborts_keeps_the_partial_text_and_gets_on_chat_response(
+    make_engine: EngineFactory, cut: str, reason: str | None
 ) -> None:
-    """on_chat_response fires for an aborted turn with a partial reply (docs/semantics.md §3)
-    whatever stopped it: the server's shutdown (grace over) and a conversation's deletion too,
-    with the reason in its TurnEnd."""
+    """A turn stopped mid-stream ends ABORTED with the text streamed so far as its reply, stored
+    (unless its conversation was deleted), and on_chat_response fires for it (docs/semantics.md
+    §3) whatever stopped it: a cancel, the server's shutdown (grace over) or a conversation's
+    deletion, the last two with the reason in its TurnEnd."""
     responses: list[ChatResponseContext] = []
 
     class Observe(Middleware):
@@ -568,23 +538,42 @@ async def test_a_turn_cut_by_shutdown_or_deletion_still_gets_its_on_chat_respons
     long_text = " ".join(f"w{i}" for i in range(200))
     h = await make_engine(scripts={"main": [ScriptStep(text=long_text, delay_ms=5)]}, middlewares=[Observe()])
     handle = await h.start("go")
+
+    async def stop() -> None:
+        if cut == "cancel":
+            handle.cancel()
+        elif cut == "shutdown":
+            await h.engine.drain(0)
+        else:
+            await h.engine.cancel_conversation(CONV)
+
     events: list[event_pb2.TurnEvent] = []
-    stopping: asyncio.Future[Any] | None = None
+    stopping: asyncio.Future[None] | None = None
     async for response in handle:
         events.append(response.event)
         if stopping is None and kinds(events).count("text_delta") == 3:
-            stopping = asyncio.ensure_future(
-                h.engine.drain(0) if cut == "shutdown" else h.engine.cancel_conversation(CONV)
-            )
+            stopping = asyncio.ensure_future(stop())
     await asyncio.wait_for(handle.task, 5)
     assert stopping is not None
     await stopping
+
     end = end_of(events)
     assert end.status == event_pb2.TURN_STATUS_ABORTED
-    detail = error_details_pb2.ErrorInfo()
-    assert end.error.details[0].Unpack(detail) and detail.reason == reason
+    if reason is not None:
+        detail = error_details_pb2.ErrorInfo()
+        assert end.error.details[0].Unpack(detail) and detail.reason == reason
+    streamed = "".join(d.delta for d in of_kind(events, "text_delta"))
+    assert streamed and long_text.startswith(streamed) and streamed != long_text
+    assert text_of(end.message) == streamed
     assert [r.status for r in responses] == ["aborted"]
     assert responses[0].message.id == end.message.id
+    if cut == "delete":
+        return
+    stored = await h.store.load_messages(CONV)
+    assert [m.role for m in stored] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
+    assert end.message == stored[1]
+    with sqlite3.connect(h.store.path) as db:
+        assert db.execute("SELECT state FROM turns").fetchall() == [("aborted",)]
 
 
 async def test_cancel_during_a_tool_stores_it_as_errored(make_engine: EngineFactory) -> None:

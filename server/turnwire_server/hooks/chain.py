@@ -52,6 +52,8 @@ _FIELDWISE = frozenset({"model_settings", "timeout"})
 _SHALLOW_MERGED = frozenset({"headers", "provider_options"})
 
 _Config = TypeVar("_Config", TurnConfig, StepConfig, ModelSettings)
+_Ctx = TypeVar("_Ctx", TurnContext, StepContext)
+_Update = TypeVar("_Update", TurnConfig, StepConfig)
 
 
 class HookError(Exception):
@@ -261,52 +263,38 @@ class TurnHooks:
 
         Raises :class:`HookError` when a middleware raises.
         """
-        merged = TurnConfig()
-        for m in self._chain.forward["before_turn"]:
-            view = MessagesView(ctx.messages)
-            update: TurnConfig | None = await self._call(
-                m, "before_turn", dataclasses.replace(ctx, messages=view), swallow=False
-            )
-            messages = _messages_after(view, update)
-            if messages is not ctx.messages:  # returned, or changed in place: the turn sends these
-                merged = dataclasses.replace(merged, messages=messages)
-            if update is None:
-                if messages is not ctx.messages:
-                    ctx = dataclasses.replace(ctx, messages=messages)
-                continue
-            merged = merge_config(merged, dataclasses.replace(update, messages=None))
-            ctx = dataclasses.replace(
-                ctx,
-                model=update.model if update.model is not None else ctx.model,
-                system=update.system if update.system is not None else ctx.system,
-                messages=messages,
-                tools={**ctx.tools, **update.tools} if update.tools else ctx.tools,
-            )
-        return ctx, merged
+        return await self._fold_configs("before_turn", ctx, TurnConfig())
 
     async def before_step(self, ctx: StepContext) -> StepConfig:
         """First to last; each sees the earlier changes. Raises :class:`HookError`."""
-        merged = StepConfig()
-        for m in self._chain.forward["before_step"]:
+        return (await self._fold_configs("before_step", ctx, StepConfig()))[1]
+
+    async def _fold_configs(self, hook: str, ctx: _Ctx, merged: _Update) -> tuple[_Ctx, _Update]:
+        """Run ``hook`` (``before_turn`` or ``before_step``) first to last, each middleware seeing
+        the context as the earlier ones left it (model, system, messages and, for a turn, tools);
+        returns that context and the configs merged by :func:`merge_config`. Messages returned or
+        changed in place (docs/semantics.md §3) replace the ones sent, for this turn or step only.
+        """
+        for m in self._chain.forward[hook]:
             view = MessagesView(ctx.messages)
-            update: StepConfig | None = await self._call(
-                m, "before_step", dataclasses.replace(ctx, messages=view), swallow=False
-            )
+            update: Any = await self._call(m, hook, dataclasses.replace(ctx, messages=view), swallow=False)
             messages = _messages_after(view, update)
-            if messages is not ctx.messages:  # returned, or changed in place: the step sends these
+            if messages is not ctx.messages:  # returned, or changed in place: the model gets these
                 merged = dataclasses.replace(merged, messages=messages)
             if update is None:
                 if messages is not ctx.messages:
                     ctx = dataclasses.replace(ctx, messages=messages)
                 continue
             merged = merge_config(merged, dataclasses.replace(update, messages=None))
-            ctx = dataclasses.replace(
-                ctx,
-                model=update.model if update.model is not None else ctx.model,
-                system=update.system if update.system is not None else ctx.system,
-                messages=messages,
-            )
-        return merged
+            changes: dict[str, Any] = {"messages": messages}
+            if update.model is not None:
+                changes["model"] = update.model
+            if update.system is not None:
+                changes["system"] = update.system
+            if getattr(update, "tools", None):  # TurnConfig only: tools add up
+                changes["tools"] = {**ctx.tools, **update.tools}  # type: ignore[attr-defined]
+            ctx = dataclasses.replace(ctx, **changes)
+        return ctx, merged
 
     async def before_tool_call(self, ctx: ToolCallContext) -> ToolCallDecision:
         """First to last. ``allow(input=…)`` feeds the next middleware; the first block or
