@@ -1,9 +1,12 @@
 """The Anthropic Messages adapter (``anthropic`` SDK 2.x, ``AsyncAnthropic``).
 
-Request: :mod:`turnwire_server.providers.anthropic_request`. The SDK sends it
-(``messages.with_streaming_response.create(stream=True)``: auth, retries of error
-statuses, typed errors, the HTTP client); the SSE body is decoded here with
-orjson instead of the SDK's typed events (measured in bench/provider_adapters.py).
+Request: :mod:`turnwire_server.providers.anthropic_request`. The SDK sends it (auth, retries
+of error statuses, typed errors, the HTTP client): as JSON encoded here through ``client.post``
+(``/v1/messages``, :mod:`~turnwire_server.providers.json_body`: the transcript's kept JSON, not
+the SDK's copy and encoding of it per step), or, for an argument the SDK sends elsewhere (a
+header), through ``messages.with_streaming_response.create(stream=True)``. The SSE body is
+decoded here with orjson instead of the SDK's typed events (measured in
+bench/provider_adapters.py).
 
 Stream (https://platform.claude.com/docs/en/build-with-claude/streaming):
 ``message_start`` (id, model, input usage) → per content block
@@ -394,6 +397,15 @@ class AnthropicMessagesProvider(SdkProvider[anthropic.AsyncAnthropic]):
     """
 
     type = "anthropic"
+    json_path = "/v1/messages"
+    json_fields = frozenset(
+        {
+            *("model", "max_tokens", "messages", "system", "stop_sequences", "tools", "tool_choice"),
+            *("output_config", "thinking", "metadata", "service_tier", "container", "cache_control"),
+            *("inference_geo", "speed", "diagnostics"),
+        }
+    )
+    stream_cls = anthropic.AsyncStream[object]
 
     def __init__(
         self,

@@ -1,7 +1,8 @@
 """The OpenAI Chat Completions adapter, also for OpenAI-compatible servers (``openai`` SDK, ``AsyncOpenAI``).
 
 Follows https://platform.openai.com/docs/api-reference/chat/create-stream. The SDK
-sends the request (``chat.completions.with_streaming_response.create``); the SSE
+sends the request (``client.post`` of ``/chat/completions`` with the JSON encoded by
+:mod:`~turnwire_server.providers.json_body`); the SSE
 body (``data: {chat.completion.chunk}`` lines, then ``data: [DONE]``) is decoded
 here with orjson.
 
@@ -325,6 +326,9 @@ class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
     ``include_usage`` asks for the usage chunk."""
 
     type = "openai"
+    json_path = "/chat/completions"
+    json_fields = frozenset({"model", "messages"})
+    stream_cls = openai.AsyncStream[object]
 
     def __init__(
         self,
@@ -351,7 +355,7 @@ class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
         )
         # The messages go in extra_body, sent as built: they are wire-format dicts already, and the
         # SDK's typed transform of ``messages`` costs ~0.2 ms per message (issue 17's profile: 80 %
-        # of a 1,000-turn turn's CPU). extra_body's ``messages`` replaces the empty one.
+        # of a 1,000-turn turn's CPU). The body is posted as encoded by json_body (json_path).
         kwargs = {"model": body.pop("model"), "messages": ()}
         prefix, name, schema = f"s{request.step_number}", self.name, request.output_schema
         return SdkCall(kwargs, body, lambda: ChatDecoder(name, prefix, schema, warnings, taken))

@@ -3,10 +3,12 @@
 An adapter gives :func:`run_stream`:
 
 - ``open_response``: an async context manager that sends the request through
-  the SDK (``client.<api>.with_streaming_response.create(..., stream=True)``),
-  so the SDK builds the HTTP request, authenticates, applies its retries to
-  error statuses and connection failures, and raises its typed errors; entering
-  it yields the SDK's ``AsyncAPIResponse`` once a 2xx status arrived;
+  the SDK (``client.post(path, content=…, stream=True)`` with the JSON body encoded by
+  :mod:`~turnwire_server.providers.json_body`, or the API's
+  ``client.<api>.with_streaming_response.create(..., stream=True)``), so the SDK builds
+  the HTTP request, authenticates, applies its retries to error statuses and connection
+  failures, and raises its typed errors; entering it yields an object whose
+  ``http_response`` is the 2xx response, unread;
 - a :class:`Decoder` that turns ``(event, data)`` SSE pairs (:mod:`turnwire_server.providers.sse`)
   into :data:`ModelChunk`s, raising :class:`ProviderError` for error events;
 - ``map_error``: its SDK's exceptions → :class:`ProviderError`.
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -53,6 +56,7 @@ from opentelemetry import propagate
 from turnwire.providers import ModelRequest, ProviderError
 from turnwire.types import FinishStep, ModelChunk, Usage, UsageUpdate
 from turnwire_server.providers import errors, metrics
+from turnwire_server.providers.json_body import JsonBodies
 from turnwire_server.providers.sse import iter_sse
 
 DRAIN_SECONDS = 0.25
@@ -278,6 +282,16 @@ class SdkProvider(Generic[ClientT]):
     """
 
     type: ClassVar[str]
+    json_path: ClassVar[str | None] = None
+    """The API's path, when a step's request may be posted as JSON encoded here (the SDK's
+    ``post(content=…)``, :mod:`~turnwire_server.providers.json_body`); None: always through
+    :meth:`_create`."""
+    json_fields: ClassVar[frozenset[str]] = frozenset()
+    """The :meth:`_create` arguments that are body fields as they are. A call whose ``kwargs`` hold
+    another (a header or a transport option given in provider options) goes through
+    :meth:`_create`, which knows where the SDK puts it."""
+    stream_cls: ClassVar[Any]
+    """The SDK's ``AsyncStream[object]`` for :attr:`json_path` posts (only its raw response is read)."""
 
     def __init__(
         self, name: str, client: ClientT, *, models: Sequence[str] = (), retry_delay: float = 0.5
@@ -321,20 +335,32 @@ class SdkProvider(Generic[ClientT]):
         client = self.client
         if settings.max_retries is not None:
             client = client.with_options(max_retries=settings.max_retries)
-        extra: dict[str, Any] = {"extra_body": extra_body} if extra_body else {}
         headers = dict(settings.headers) if settings.headers else {}
         # The step's span (current here: the engine iterates this stream inside it) continues in
         # the provider's trace: W3C traceparent as a per-request header, since the SDKs' httpx2
         # is not covered by the httpx instrumentation. Nothing is added when no span is recording.
         propagate.inject(headers)
-        if headers:
-            extra["extra_headers"] = headers
-        if settings.timeout_seconds is not None:
-            extra["timeout"] = settings.timeout_seconds
-        create = self._create(client)
+        open_response: Callable[[], AbstractAsyncContextManager[Any]]
+        if self.json_path is not None and kwargs.keys() <= self.json_fields:
+            # The body the SDK method would send ({**arguments, stream, **extra_body}), encoded
+            # here with the transcript's kept JSON instead of copied and encoded whole per step.
+            content = _BODIES.encode({**kwargs, "stream": True, **extra_body})
+            options: dict[str, Any] = {"headers": headers}
+            if settings.timeout_seconds is not None:
+                options["timeout"] = settings.timeout_seconds
+            open_response = functools.partial(
+                _posted, client, self.json_path, content, options, self.stream_cls
+            )
+        else:
+            extra: dict[str, Any] = {"extra_body": extra_body} if extra_body else {}
+            if headers:
+                extra["extra_headers"] = headers
+            if settings.timeout_seconds is not None:
+                extra["timeout"] = settings.timeout_seconds
+            create = self._create(client)
 
-        def open_response() -> AbstractAsyncContextManager[Any]:
-            return create(stream=True, **kwargs, **extra)
+            def open_response() -> AbstractAsyncContextManager[Any]:
+                return create(stream=True, **kwargs, **extra)
 
         async for chunk in run_stream(
             self.name,
@@ -349,3 +375,33 @@ class SdkProvider(Generic[ClientT]):
     async def aclose(self) -> None:
         """Close the SDK client and its connections."""
         await self.client.close()
+
+
+_BODIES = JsonBodies()
+
+
+class _Posted(NamedTuple):
+    """What :func:`run_stream` reads of an opened response: the SDK's ``http_response``."""
+
+    http_response: httpx2.Response
+
+
+@contextlib.asynccontextmanager
+async def _posted(
+    client: Any, path: str, content: bytes, options: dict[str, Any], stream_cls: type[Any]
+) -> AsyncIterator[_Posted]:
+    """POST ``content`` (a JSON body) to ``path`` through the SDK's ``client.post`` (its auth,
+    default headers, retries of error statuses and connection failures, typed errors), streamed:
+    yields the 2xx response unread; leaving closes it, as ``with_streaming_response`` does."""
+    stream = await client.post(
+        path,
+        cast_to=object,
+        content=content,
+        options=options,  # the SDK's default headers hold Content-Type: application/json
+        stream=True,
+        stream_cls=stream_cls,
+    )
+    try:
+        yield _Posted(stream.response)
+    finally:
+        await stream.close()
