@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from providers.helpers import (
     a_text_stream,
@@ -94,13 +96,19 @@ def test_a_kept_message_is_encoded_once(monkeypatch: pytest.MonkeyPatch) -> None
     before = bodies.encode({"model": "m", "messages": [first, second]})
     encoded.clear()
     after = bodies.encode({"model": "m", "messages": [first, second, third], "stream": True})
-    assert encoded == [{"model": "m"}, {"stream": True}, third, "messages"]  # the rest, then the new one
+    assert encoded == [{"model": "m"}, {"stream": True}, "messages", third]  # the rest, then the new one
     assert before == b'{"model":"m","messages":[{"role":"user","content":"hi"},' + real(second) + b"]}"
     assert (
         after
         == b'{"model":"m","messages":[' + b",".join(map(real, (first, second, third))) + b'],"stream":true}'
     )
     assert bodies.encode({"messages": []}) == b'{"messages":[]}'
+    # Another list from the same first item (an edit replaced the second): its own items, joined.
+    edited = {"role": "assistant", "content": "changed"}
+    assert (
+        bodies.encode({"messages": [first, edited, third]})
+        == b'{"messages":[' + b",".join(map(real, (first, edited, third))) + b"]}"
+    )
     assert bodies.encode({"messages": [first], "a": [1]}) == b'{"messages":[' + real(first) + b'],"a":[1]}'
 
 
@@ -109,10 +117,39 @@ def test_kept_encodings_stay_within_their_bound() -> None:
     items = [{"role": "user", "content": "x" * 90} for _ in range(100)]
     for end in range(1, len(items) + 1):
         bodies.encode({"messages": items[:end]})
-        assert bodies._size <= 1000
-    assert 0 < len(bodies._kept) <= 10
+        assert bodies._items.size <= 1000 and bodies._lists.size <= 1000
+    assert 0 < len(bodies._items._kept) <= 10
 
 
 def test_a_non_finite_number_is_refused_as_the_sdks_refuse_it() -> None:
     with pytest.raises(ValueError, match="JSON compliant"):
         JsonBodies().encode({"messages": [{"role": "user", "content": [{"value": math.nan}]}]})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["append", "replace", "truncate", "restart"]), st.integers(0, 50), st.text()
+        ),
+        max_size=40,
+    )
+)
+def test_every_body_decodes_to_what_was_encoded(steps: list[tuple[str, int, str]]) -> None:
+    """However the message lists evolve (appended to, an item replaced, cut short, another
+    conversation), each body is exactly its content, with small bounds forcing evictions."""
+    bodies = JsonBodies(max_bytes=400)
+    conversations: list[list[dict[str, Any]]] = [[]]
+    for op, index, value in steps:
+        items = conversations[-1]
+        if op == "append" or not items:
+            items.append({"role": "user", "content": value})
+        elif op == "replace":
+            items = conversations[-1] = list(items)
+            items[index % len(items)] = {"role": "assistant", "content": value}
+        elif op == "truncate":
+            conversations[-1] = items[: index % len(items)]
+        else:
+            conversations.append([{"role": "system", "content": value}])
+        body = {"model": value, "messages": conversations[-1], "stream": True}
+        assert orjson.loads(bodies.encode(body)) == body

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -26,22 +26,25 @@ def dumps(value: Any) -> bytes:
 
 
 class JsonBodies:
-    """Encodes request bodies, keeping the JSON of each item of their ``messages`` list by object.
+    """Encodes request bodies, keeping the JSON of their ``messages`` lists by object.
 
-    An item is kept with its encoding (so its ``id()`` is not reused while kept), least recently
-    used first out once the kept encodings pass ``max_bytes``. Items must never change once a body
-    was encoded with them: the adapters' wire messages are immutable by contract (kept turns are
-    replaced, never changed; see the conversions' docstrings). Not thread-safe: the event loop's.
+    Two kinds are kept, each least recently used first out past ``max_bytes``: each item's
+    encoding, and each list's joined items, by its first item, so the next request that starts
+    with the same items (the turn before's, only appended to) joins only its new ones to them (the
+    kept list is compared with its start in one C-level pass; an item equal in content counts as
+    the same). Keeping the objects keeps their ``id()`` from being reused. Items must never change
+    once a body was encoded with them: the adapters' wire messages are immutable by contract
+    (kept turns are replaced, never changed; see the conversions' docstrings). Not thread-safe:
+    the event loop's.
     """
 
     def __init__(self, *, max_bytes: int = 32 << 20) -> None:
         self.max_bytes = max_bytes
-        self._kept: collections.OrderedDict[int, tuple[object, bytes]] = collections.OrderedDict()
-        self._size = 0
+        self._items: _Kept[object] = _Kept(max_bytes)
+        self._lists: _Kept[list[Any]] = _Kept(max_bytes)
 
     def encode(self, body: Mapping[str, Any], list_key: str = "messages") -> bytes:
         """``body`` as JSON bytes, its keys in order. Raises as :func:`dumps`."""
-        items: Sequence[Any] = body[list_key]
         before: dict[str, Any] = {}
         after: dict[str, Any] = {}
         side = before
@@ -52,25 +55,65 @@ class JsonBodies:
                 side[key] = value
         head = dumps(before)[:-1]  # b'{…' without its '}'
         tail = dumps(after)[1:]  # b'…}' without its '{'
-        joined = b",".join([self._item(item) for item in items])
         return (
             (head + b"," if before else head)
             + dumps(list_key)
             + b":["
-            + joined
+            + self._joined(body[list_key])
             + (b"]," + tail if after else b"]}")
         )
 
+    def _joined(self, items: Sequence[Any]) -> bytes:
+        """The items' encodings joined with commas."""
+        if not items:
+            return b""
+        items = list(items)
+        first = id(items[0])
+        kept = self._lists.get(first)
+        done, joined = 0, b""
+        if kept is not None:
+            held, held_joined = kept
+            if len(held) <= len(items) and items[: len(held)] == held:
+                done, joined = len(held), held_joined
+        new = [self._item(item) for item in items[done:]]
+        if new:
+            joined = b",".join([joined, *new]) if done else b",".join(new)
+            self._lists.put(first, items, joined)
+        return joined
+
     def _item(self, item: Any) -> bytes:
-        key = id(item)
+        kept = self._items.get(id(item))
+        if kept is not None:
+            return kept[1]
+        encoded = dumps(item)
+        self._items.put(id(item), item, encoded)
+        return encoded
+
+
+_T = TypeVar("_T")
+
+
+class _Kept(Generic[_T]):
+    """Objects with their encodings by ``id()`` (the object held, so the id stays its own), least
+    recently used first out once the encodings pass ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._kept: collections.OrderedDict[int, tuple[_T, bytes]] = collections.OrderedDict()
+        self.size = 0
+
+    def get(self, key: int) -> tuple[_T, bytes] | None:
         kept = self._kept.get(key)
         if kept is not None:
             self._kept.move_to_end(key)
-            return kept[1]
-        encoded = dumps(item)  # kept[0] holds the item: a kept id is never another object's
-        self._kept[key] = (item, encoded)
-        self._size += len(encoded)
-        while self._size > self.max_bytes:
+        return kept
+
+    def put(self, key: int, value: _T, encoded: bytes) -> None:
+        previous = self._kept.pop(key, None)
+        if previous is not None:
+            self.size -= len(previous[1])
+        self._kept[key] = (value, encoded)
+        self.size += len(encoded)
+        while self.size > self.max_bytes:
             _, (_, dropped) = self._kept.popitem(last=False)
-            self._size -= len(dropped)
-        return encoded
+            self.size -= len(dropped)
