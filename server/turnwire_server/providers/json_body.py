@@ -28,7 +28,8 @@ def dumps(value: Any) -> bytes:
 class JsonBodies:
     """Encodes request bodies, keeping the JSON of their ``messages`` lists by object.
 
-    Two kinds are kept, each least recently used first out past ``max_bytes``: each item's
+    Two kinds are kept, each least recently used first out past ``max_bytes`` of JSON (the
+    objects they hold are mostly the conversions' kept ones, shared): each item's
     encoding, and each list's joined items, by its first item, so the next request that starts
     with the same items (the turn before's, only appended to) joins only its new ones to them (the
     kept list is compared with its start in one C-level pass; an item equal in content counts as
@@ -38,7 +39,7 @@ class JsonBodies:
     the event loop's.
     """
 
-    def __init__(self, *, max_bytes: int = 32 << 20) -> None:
+    def __init__(self, *, max_bytes: int = 16 << 20) -> None:
         self.max_bytes = max_bytes
         self._items: _Kept[object] = _Kept(max_bytes)
         self._lists: _Kept[list[Any]] = _Kept(max_bytes)
