@@ -22,11 +22,11 @@ import logging
 import signal
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
-from opentelemetry.sdk.trace import TracerProvider
 
 from turnwire.hooks import Middleware, SessionConfig, SessionContext
 from turnwire.providers import Provider
@@ -48,6 +48,7 @@ from turnwire_server.engine import EngineSettings, TurnEngine
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.replica import Replica
 from turnwire_server.engine.submissions import Submissions
+from turnwire_server.engine.tracing import TRACING_OFF
 from turnwire_server.event_loop import running_loop_name
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.importing import import_object
@@ -60,9 +61,10 @@ from turnwire_server.store import Store, open_store, redact_url
 from turnwire_server.tools.demo import DEMO_TOOLS
 from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
 from turnwire_server.tools.loading import ToolLoadError, load_tools
-from turnwire_server.tools.mcp_server import McpServer
 from turnwire_server.tools.tool_set import ToolSet
-from turnwire_server.trace_export import start_tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 log = logging.getLogger("turnwire.server")
 
@@ -364,9 +366,14 @@ async def open_tools(settings: Settings) -> ToolSet:
     except ToolHostError as error:
         await tool_set.aclose()
         raise StartupError(f"tools.hosts: {error}") from error
-    tool_set.sources.extend(
-        McpServer(entry, default_timeout_seconds=timeout, on_change=tool_set.refresh) for entry in config.mcp
-    )
+    if config.mcp:
+        # Imported only when configured: the MCP SDK costs about half a second of every start.
+        from turnwire_server.tools.mcp_server import McpServer
+
+        tool_set.sources.extend(
+            McpServer(entry, default_timeout_seconds=timeout, on_change=tool_set.refresh)
+            for entry in config.mcp
+        )
     missing = await tool_set.start()
     unknown = [name for name in config.require_approval if name not in tool_set]
     if unknown and not missing:
@@ -443,10 +450,15 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     except Exception as error:
         raise StartupError(f"cannot open the store {redact_url(settings.store.url)}: {error}") from error
     try:
-        try:
-            tracing, tracer_provider = start_tracing(settings.tracing)
-        except OSError as error:
-            raise StartupError(f"tracing.ca_file: {error}") from error
+        tracing, tracer_provider = TRACING_OFF, None
+        if settings.tracing.enabled:
+            # Imported only when on: the OpenTelemetry SDK and its exporter cost every start.
+            from turnwire_server.trace_export import start_tracing
+
+            try:
+                tracing, tracer_provider = start_tracing(settings.tracing)
+            except OSError as error:
+                raise StartupError(f"tracing.ca_file: {error}") from error
         engine = TurnEngine(
             store=store,
             providers=providers,
