@@ -28,6 +28,7 @@ from turnwire.types import FinishReason, FinishStep, ModelChunk, ToolCall, Usage
 from turnwire.values import dumps, parse_tool_input, tool_call_input, tool_call_output
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers.json_schema import validate
+from turnwire_server.providers.kept import KeptByObject
 
 TRUNCATED_TOOL_CALL_ERROR = (
     "The tool call was cut off by the output token limit before its input was complete, "
@@ -77,24 +78,16 @@ def per_message_cache(
     serialization. A message over :data:`CACHED_MESSAGE_BYTES` is not kept. The results are
     shared: callers must never mutate them (copy what they change). Not thread-safe: call it
     from the event loop."""
-    kept: collections.OrderedDict[int, tuple[message_pb2.Message, _T, int]] = collections.OrderedDict()
-    size = 0
+    kept: KeptByObject[message_pb2.Message, _T] = KeptByObject(max_bytes)
 
     def cached(message: message_pb2.Message) -> _T:
-        nonlocal size
-        key = id(message)
-        entry = kept.get(key)
+        entry = kept.get(id(message))
         if entry is not None:  # the very object: its entry holds it, so the id was not reused
-            kept.move_to_end(key)
             return entry[1]
         result = convert(message)
         length = message.ByteSize()
         if length <= CACHED_MESSAGE_BYTES:
-            kept[key] = (message, result, length)
-            size += length
-            while size > max_bytes:
-                _, (_, _, dropped) = kept.popitem(last=False)
-                size -= dropped
+            kept.put(message, result, length)
         return result
 
     return cached

@@ -11,10 +11,11 @@ and joins the rest. The bytes are what the SDKs' own encoder gives (``openapi_du
 
 from __future__ import annotations
 
-import collections
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any
+
+from turnwire_server.providers.kept import KeptByObject
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -41,8 +42,8 @@ class JsonBodies:
 
     def __init__(self, *, max_bytes: int = 16 << 20) -> None:
         self.max_bytes = max_bytes
-        self._items: _Kept[object] = _Kept(max_bytes)
-        self._lists: _Kept[list[Any]] = _Kept(max_bytes)
+        self._items: KeptByObject[object, bytes] = KeptByObject(max_bytes)
+        self._lists: KeptByObject[list[Any], bytes] = KeptByObject(max_bytes)
 
     def encode(self, body: Mapping[str, Any], list_key: str = "messages") -> bytes:
         """``body`` as JSON bytes, its keys in order. Raises as :func:`dumps`."""
@@ -79,7 +80,7 @@ class JsonBodies:
         new = [self._item(item) for item in items[done:]]
         if new:
             joined = b",".join([joined, *new]) if done else b",".join(new)
-            self._lists.put(first, items, joined)
+            self._lists.put(items, joined, len(joined), key=first)  # items[0] has id ``first``
         return joined
 
     def _item(self, item: Any) -> bytes:
@@ -87,34 +88,5 @@ class JsonBodies:
         if kept is not None:
             return kept[1]
         encoded = dumps(item)
-        self._items.put(id(item), item, encoded)
+        self._items.put(item, encoded, len(encoded))
         return encoded
-
-
-_T = TypeVar("_T")
-
-
-class _Kept(Generic[_T]):
-    """Objects with their encodings by ``id()`` (the object held, so the id stays its own), least
-    recently used first out once the encodings pass ``max_bytes``."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._kept: collections.OrderedDict[int, tuple[_T, bytes]] = collections.OrderedDict()
-        self.size = 0
-
-    def get(self, key: int) -> tuple[_T, bytes] | None:
-        kept = self._kept.get(key)
-        if kept is not None:
-            self._kept.move_to_end(key)
-        return kept
-
-    def put(self, key: int, value: _T, encoded: bytes) -> None:
-        previous = self._kept.pop(key, None)
-        if previous is not None:
-            self.size -= len(previous[1])
-        self._kept[key] = (value, encoded)
-        self.size += len(encoded)
-        while self.size > self.max_bytes:
-            _, (_, dropped) = self._kept.popitem(last=False)
-            self.size -= len(dropped)
