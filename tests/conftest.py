@@ -1,4 +1,16 @@
-"""Shared fixtures. ``sidecar_factory`` runs real ``turnwire serve`` processes."""
+"""Shared fixtures and the suite's markers.
+
+``sidecar_factory`` runs real ``turnwire serve`` processes. Markers (``pyproject.toml``) say what a
+test needs beyond this process; ``make check`` runs only the tests with none of them:
+
+- ``e2e``: starts processes (sidecars, the CLI, Node.js, Go, a Python subprocess); every test under
+  ``tests/e2e/`` and ``tests/stress/`` by its path, elsewhere by a module's ``pytestmark``.
+- ``postgres``: needs the PostgreSQL server of ``support.stores``; the ``postgres`` case of the
+  ``store_backend`` fixture is marked here, other users by ``pytestmark``.
+- ``packaging``: builds or installs packages (virtual environments, wheels, ``npm pack``).
+- ``stress``: the stress, crash and fuzz suites (``tests/stress/``), sized by
+  ``TURNWIRE_STRESS_SCALE`` (``make stress``: full size).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +25,39 @@ from support.stores import BACKENDS, StoreBackend, postgres_database
 
 from turnwire_client import TlsOptions
 from turnwire_server.store import Store
+
+_MARKED_BY_PATH: dict[str, tuple[str, ...]] = {"e2e": ("e2e",), "stress": ("e2e", "stress")}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark tests by what they need (see the module docstring): ``tests/e2e/`` and
+    ``tests/stress/`` by path, the PostgreSQL case of ``store_backend`` by its parameter.
+
+    Under pytest-xdist (``--dist loadgroup``), the tests of a module that share a module-scoped
+    fixture (a sidecar started once for the module) are grouped onto one worker, so the fixture
+    is made once; every other test goes to whichever worker is free."""
+    tests = Path(__file__).parent
+    for item in items:
+        parts = item.path.relative_to(tests).parts
+        for name in _MARKED_BY_PATH.get(parts[0], ()) if len(parts) > 1 else ():
+            item.add_marker(name)
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("store_backend") == "postgres":
+            item.add_marker("postgres")
+        if _uses_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(tests).as_posix()))
+
+
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    """True when ``item`` needs a fixture of module scope defined in this suite."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        definition.scope == "module" and str(definition.baseid or "").startswith("tests")
+        for definitions in info.name2fixturedefs.values()
+        for definition in definitions
+    )
 
 
 @pytest.fixture

@@ -29,6 +29,8 @@ README = CLIENT / "README.md"
 _ADDRESS = "127.0.0.1:50051"
 _PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
+pytestmark = [pytest.mark.e2e, pytest.mark.packaging]
+
 PROBE = """
 import importlib.metadata, json, sys
 from pathlib import Path

@@ -18,6 +18,8 @@ from support.waiting import wait_until
 from turnwire_client import ChatMessage, SyncTurnwireClient, TurnwireError, Usage
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 
+pytestmark = pytest.mark.e2e
+
 BIG = 2**64 + 1  # past 2**53: a double cannot hold it
 WORDS = [f"w{i}" for i in range(100)]
 SCRIPTS = {

@@ -17,6 +17,8 @@ import pytest
 
 from turnwire_client.v1 import chat_service_pb2, event_pb2
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parent.parent
 SUITE = REPO / "clients" / "conformance"
 

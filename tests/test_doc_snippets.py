@@ -18,6 +18,8 @@ from support.sidecar import SidecarProcess
 from turnwire.hooks import Middleware
 from turnwire.tools import PythonTool, Tool
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [
     REPO / "README.md",

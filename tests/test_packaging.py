@@ -11,6 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
@@ -19,6 +23,8 @@ from turnwire.hooks import Middleware, ToolCallDecision, TurnConfig
 from turnwire.tools import tool
 from turnwire.testing import ScriptedProvider
 from turnwire_client import TurnwireClient, collect
+
+pytestmark = pytest.mark.e2e
 print(turnwire.__file__)
 print(turnwire_client.__file__)
 """

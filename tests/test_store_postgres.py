@@ -26,6 +26,8 @@ from turnwire_server.store.base import CompactionRecord, ToolCallAnswer, ToolCal
 from turnwire_server.store.postgres import QUEUE_STEP, PostgresStore
 from turnwire_server.store.postgres_migrations import apply_migrations, load_migrations
 
+pytestmark = pytest.mark.postgres
+
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
 SECRET = "s3cr3t-Pa55"
 
