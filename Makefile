@@ -12,7 +12,7 @@ BUF := node_modules/.bin/buf
 GO_PACKAGES := golang-go golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev \
 	golang-google-genproto-dev protoc-gen-go protoc-gen-go-grpc
 
-.PHONY: setup demo install-go test test-go conformance build-node lint protos check-protos breaking bench stress clean
+.PHONY: setup demo install-go test test-go conformance build-node lint docs protos check-protos breaking bench stress clean
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -64,14 +64,18 @@ clients/node/dist/index.js: node_modules/.installed clients/node/tsconfig.json $
 	node_modules/.bin/tsc -p clients/node/tsconfig.json
 	touch $@
 
-## lint: ruff, mypy, buf lint, buf breaking, generated-code drift, prettier on the TypeScript client.
-lint: setup check-protos breaking
+## lint: ruff, mypy, buf lint, buf breaking, generated-code drift, prettier on the TypeScript client, the docs site.
+lint: setup check-protos breaking docs
 	cd clients/node && ../../node_modules/.bin/prettier --check --log-level warn .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(BUF) lint
+
+## docs: build the documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or anchor.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 ## protos: regenerate every client's code from protos/ with one `buf generate` (buf.gen.yaml): clients/python/src/turnwire_client/v1, clients/node/src/gen, and clients/go/gen/turnwire/v1 when the Go plugins are installed.
 protos: setup
@@ -94,4 +98,4 @@ bench: setup
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) node_modules clients/node/dist .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) node_modules clients/node/dist site .mypy_cache .ruff_cache .pytest_cache

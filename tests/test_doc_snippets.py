@@ -1,9 +1,10 @@
-"""Every Python snippet in the README and the guides runs as written (against a real sidecar).
+"""Every Python snippet in the README, the docs site and the guides runs as written (against a
+real sidecar).
 
-A snippet is a fenced ``python`` block. Snippets that talk to a sidecar use the
-README's address ``127.0.0.1:50051``; the test points them at a real
-``turnwire serve`` process on a free port instead. A block whose first line is
-``# not run: <why>`` is only compiled.
+A snippet is a fenced ``python`` block of README.md, middleware/README.md, every page of the docs
+site (``docs/**/*.md``) or CONTRIBUTING.md. Snippets that talk to a sidecar use the address
+``127.0.0.1:50051``; the test points them at a real ``turnwire serve`` process on a free port
+instead. A block whose first line is ``# not run: <why>`` is only compiled.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [
     REPO / "README.md",
     REPO / "middleware" / "README.md",
-    *sorted((REPO / "docs").glob("*.md")),
+    *sorted((REPO / "docs").rglob("*.md")),  # every page of the docs site (mkdocs.yml)
     REPO / "CONTRIBUTING.md",
 ]
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
@@ -48,13 +49,30 @@ SNIPPETS = _snippets()
 
 
 def test_the_documents_have_python_snippets() -> None:
-    assert len(SNIPPETS) >= 5  # the README's tool, hook and client examples at least
+    assert len(SNIPPETS) >= 5  # the README's client, the tool, hook and client examples at least
+
+
+def test_every_page_of_the_docs_site_is_covered() -> None:
+    """The pages ``mkdocs.yml`` lists are the pages this test reads (a page in a new folder too)."""
+    import yaml
+
+    def pages(nav: Any) -> list[str]:
+        if isinstance(nav, str):
+            return [nav]
+        if isinstance(nav, dict):
+            return [page for value in nav.values() for page in pages(value)]
+        return [page for item in nav for page in pages(item)]
+
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    listed = {REPO / "docs" / page for page in pages(config["nav"])}
+    assert listed == {document for document in DOCUMENTS if document.is_relative_to(REPO / "docs")}
 
 
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Any:
     # The hooks guide reads a hook timeline (a middleware and events.hook_timeline); the
-    # README's approval example needs an approval tool; everything else is the embedded default.
+    # approval example of docs/api/python.md needs an approval tool; everything else is the
+    # embedded default.
     config = {
         "middleware": [{"path": "turnwire.middlewares:HookLogger"}],
         "events": {"hook_timeline": True},
@@ -89,16 +107,17 @@ _SHELL_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
 def _buf_curl_commands() -> list[str]:
-    """The README's ``buf curl`` commands (continuation lines joined), as written."""
+    """The ``buf curl`` commands of the README and the docs pages (continuation lines joined), as
+    written."""
     commands = []
-    for block in _SHELL_BLOCK.finditer((REPO / "README.md").read_text()):
+    for block in _SHELL_BLOCK.finditer("\n".join(document.read_text() for document in DOCUMENTS)):
         for command in block.group(1).replace("\\\n", " ").splitlines():
             if "buf curl" in command:
                 commands.append(command.strip())
     return commands
 
 
-def test_the_readme_buf_curl_commands_run(sidecar: SidecarProcess) -> None:
+def test_the_buf_curl_commands_run(sidecar: SidecarProcess) -> None:
     """``buf curl`` against the sidecar: it lists the service and a Chat streams to its TurnEnd."""
     import shlex
     import subprocess
@@ -146,17 +165,18 @@ def test_config_snippet_is_a_valid_configuration(
 async def test_the_full_sample_config_says_what_it_needs_and_runs_without_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Trial 3: the README's full sample (tls files, my_package tools and hooks) could not run as
-    is and did not say so. The paragraph before it names each part that needs the reader's files;
-    without those parts the sample starts a sidecar as it stands."""
+    """Trial 3: the full sample of the configuration (tls files, my_package tools and hooks; the
+    README's then, docs/configuration.md's now) could not run as is and did not say so. The
+    paragraph before it names each part that needs the reader's files; without those parts the
+    sample starts a sidecar as it stands."""
     import yaml
 
     from turnwire_server.app import start
     from turnwire_server.config import load_settings
 
-    readme = (REPO / "README.md").read_text()
-    block = next(match for match in _YAML_BLOCK.finditer(readme) if "my_package" in match.group(1))
-    before = readme[: block.start()].rsplit("\n\n", 2)[-2]
+    page = (REPO / "docs" / "configuration.md").read_text()
+    block = next(match for match in _YAML_BLOCK.finditer(page) if "my_package" in match.group(1))
+    before = page[: block.start()].rsplit("\n\n", 2)[-2]
     assert "illustration" in before
     for part in ("`tls:`", "`server.pem`", "`tools.python`", "`middleware`", "`my_package`", "`remote:`"):
         assert part in before, part

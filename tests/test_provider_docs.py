@@ -109,7 +109,7 @@ async def test_there_is_an_example_for_each_provider_type_and_a_local_server(
         assert local, "an Ollama example: type openai, base_url http://127.0.0.1:11434/v1"
         entry, provider = local[0]
         assert isinstance(entry, OpenAIProviderSettings)
-        assert entry.api_key_env is None, "Ollama takes no key: api_key_env null, as in the README"
+        assert entry.api_key_env is None, "Ollama takes no key: api_key_env null"
         assert provider.max_tokens_param == "max_tokens", "auto picks max_tokens for a compatible server"
         assert any(isinstance(p, ScriptedProvider) for _, providers in built for p in providers.values())
     finally:

@@ -1,7 +1,7 @@
 """The ``auth:`` and ``rate_limits:`` sections of the configuration (see :mod:`turnwire_server.config`).
 
-Both are off by default. What they do is described in the README ("Authentication and tenants",
-"Rate limits") and in :mod:`turnwire_server.api.access`.
+Both are off by default. What they do is described in docs/operate/authentication.md and
+docs/operate/rate-limits.md, and in :mod:`turnwire_server.api.access`.
 """
 
 from __future__ import annotations

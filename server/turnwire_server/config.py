@@ -407,7 +407,7 @@ class MetricsSettings(_Section):
 class LoggingSettings(_Section):
     """Log output on stderr. ``level``: the least severity logged; ``format``: ``text`` lines or
     ``json`` (one object per line, with ``conversation_id``, ``request_id``, ``trace_id`` and
-    ``span_id`` when known). Secrets are masked in both (README, Operate: Logs)."""
+    ``span_id`` when known). Secrets are masked in both (docs/operate/logs.md)."""
 
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["text", "json"] = "text"
@@ -421,7 +421,7 @@ def _host_port(value: str, example: str) -> str:
 
 
 class TracingSettings(_Section):
-    """OpenTelemetry traces, exported over OTLP/gRPC (off by default; README "Traces").
+    """OpenTelemetry traces, exported over OTLP/gRPC (off by default; docs/operate/traces.md).
 
     A span per turn, model call, tool call and hook call, by the GenAI semantic conventions
     (:mod:`turnwire_server.engine.tracing`). A field left unset falls back to the SDK's

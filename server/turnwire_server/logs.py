@@ -111,7 +111,7 @@ def configure_logging(
     return handler
 
 
-#: Loggers held at ``warning`` whatever ``logging.level`` says (README, Operate: Logs).
+#: Loggers held at ``warning`` whatever ``logging.level`` says (docs/operate/logs.md).
 QUIET_LIBRARY_LOGGERS = ("httpx2", "httpcore2", "httpx", "httpcore")
 
 

@@ -1,4 +1,4 @@
-"""Authentication end to end (README "Authentication and tenants"), against a real ``turnwire serve``.
+"""Authentication end to end (docs/operate/authentication.md), against a real ``turnwire serve``.
 
 Bearer tokens missing, malformed, unknown, expired, not yet valid, for another audience or
 issuer, badly signed, with a forbidden algorithm, without a tenant: each ends the call

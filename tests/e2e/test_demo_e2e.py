@@ -35,7 +35,7 @@ def test_the_demo_calls_tools_and_stops_the_sidecar_cleanly(tmp_path: Path) -> N
 
 
 def test_the_overflow_demo_recovers_a_turn_that_outgrew_the_window(tmp_path: Path) -> None:
-    """``turnwire demo --overflow`` (the README's context-overflow demo): the scripted model's
+    """``turnwire demo --overflow`` (docs/context-overflow.md's demo): the scripted model's
     small window overflows on a later turn, which is compacted and run again; every turn
     completes and the stored transcript keeps every message."""
     returncode, output = _demo(tmp_path, "--overflow")

@@ -1,4 +1,4 @@
-"""The event loop a real ``turnwire serve`` runs on (``event_loop``, README Operate: All cores):
+"""The event loop a real ``turnwire serve`` runs on (``event_loop``, docs/operate/workers.md):
 the start-up line names the loop read from the running process, so these tests see what ran,
 not what was asked for."""
 

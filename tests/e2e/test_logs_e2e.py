@@ -1,4 +1,4 @@
-"""What a real ``turnwire serve`` logs (README, Operate: Logs): JSON lines that carry the
+"""What a real ``turnwire serve`` logs (docs/operate/logs.md): JSON lines that carry the
 conversation and request ids, and never a secret of the configuration, even at DEBUG, even when
 a provider quotes the key back in its error."""
 

@@ -1,6 +1,6 @@
 """The Prometheus endpoint of a real ``turnwire serve``: after scripted turns (a tool call, a
 provider error, every turn-running RPC) its scrape, parsed with prometheus-client's own text
-parser, counts exactly what happened (README, Operate: Metrics)."""
+parser, counts exactly what happened (docs/operate/metrics.md)."""
 
 from __future__ import annotations
 

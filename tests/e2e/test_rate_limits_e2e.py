@@ -1,4 +1,4 @@
-"""Rate limits per principal end to end (README "Rate limits"), against a real ``turnwire serve``.
+"""Rate limits per principal end to end (docs/operate/rate-limits.md), against a real ``turnwire serve``.
 
 Turns per minute: the call past the limit ends ``RESOURCE_EXHAUSTED`` with ErrorInfo reason
 ``RATE_LIMITED`` (metadata ``limit``) and a RetryInfo delay, before any turn runs; another

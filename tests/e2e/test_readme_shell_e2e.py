@@ -1,9 +1,10 @@
-"""The README's shell blocks run as written, against real sidecars.
+"""The shell blocks of the README and of every docs page run as written, against real sidecars.
 
-Each ``sh`` block of the README is either run here (the address ``127.0.0.1:50051`` pointed at a
-free port, ``.venv/bin/turnwire`` at this interpreter's ``turnwire``), run by
-``tests/test_doc_snippets.py`` (``buf curl``), or listed in :data:`NOT_RUN` with the reason; a new
-block fails :func:`test_every_readme_shell_block_is_run_or_excused` until it is one of these.
+Each ``sh`` block of README.md and of the docs site's pages (``docs/**/*.md``) is either run here
+(the address ``127.0.0.1:50051`` pointed at a free port, ``.venv/bin/turnwire`` at this
+interpreter's ``turnwire``), run by ``tests/test_doc_snippets.py`` (``buf curl``), or listed in
+:data:`NOT_RUN` with the reason; a new block fails
+:func:`test_every_shell_block_is_run_or_excused` until it is one of these.
 """
 
 from __future__ import annotations
@@ -25,53 +26,59 @@ from support.waiting import wait_until
 from turnwire_client import TlsOptions
 
 REPO = Path(__file__).resolve().parents[2]
-README = (REPO / "README.md").read_text()
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 _SHELL = re.compile(r"^```sh\n(.*?)^```", re.DOTALL | re.MULTILINE)
 _ADDRESS = "127.0.0.1:50051"
 
-#: The first line of each block, and who runs it.
+#: The first line of each block, and who runs it (the page it is on, for the reader).
 RUN_HERE = {
-    "cli_tour": ".venv/bin/turnwire serve --listen 127.0.0.1:50051",
-    "replicas": "createdb -h 127.0.0.1 -U postgres turnwire",
-    "certificates": "# A CA (keep ca.key away from the servers)",
-    "tls_cli": "turnwire health --target 127.0.0.1:50051 --tls-ca ca.pem",
+    "cli_tour": ".venv/bin/turnwire serve --listen 127.0.0.1:50051",  # docs/getting-started.md
+    "replicas": "createdb -h 127.0.0.1 -U postgres turnwire",  # docs/operate/postgresql.md
+    "certificates": "# A CA (keep ca.key away from the servers)",  # docs/operate/tls.md
+    "tls_cli": "turnwire health --target 127.0.0.1:50051 --tls-ca ca.pem",  # docs/operate/tls.md
 }
-RUN_ELSEWHERE = {"node_modules/.bin/buf curl": "tests/test_doc_snippets.py"}
+RUN_ELSEWHERE = {"node_modules/.bin/buf curl": "tests/test_doc_snippets.py"}  # docs/api/rpcs.md
 NOT_RUN = {
+    # README.md and docs/getting-started.md
     "make demo": "the README's first screen: CI runs both commands (.ci/run: make test; make demo by hand)",
+    # docs/operate/deploy.md
     "docker build": "no container daemon on these machines; tests/test_dockerfile.py checks the Dockerfile",
 }
 
 
-def _blocks() -> list[str]:
-    return [match.group(1) for match in _SHELL.finditer(README)]
+def _blocks() -> list[tuple[Path, str]]:
+    """Every ``sh`` block of the pages, with its page."""
+    return [(page, match.group(1)) for page in PAGES for match in _SHELL.finditer(page.read_text())]
 
 
 def _block(key: str) -> list[str]:
     """The commands of the block starting with ``RUN_HERE[key]``: continuation lines joined,
     comments and blank lines dropped."""
-    for block in _blocks():
+    for _page, block in _blocks():
         if block.startswith(RUN_HERE[key]):
             lines = block.replace("\\\n", " ").splitlines()
             return [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    raise AssertionError(f"the README has no sh block starting with {RUN_HERE[key]!r}")
+    raise AssertionError(f"no page has an sh block starting with {RUN_HERE[key]!r}")
 
 
 def _argv(command: str, target: str) -> list[str]:
-    """A README ``turnwire`` command line (its ``#`` comment dropped) as argv for
+    """A page's ``turnwire`` command line (its ``#`` comment dropped) as argv for
     :func:`run_turnwire`, without the program, aimed at ``target``."""
     words = shlex.split(command.partition("  #")[0].replace(_ADDRESS, target))
     assert words[0] in (".venv/bin/turnwire", "turnwire"), command
     return words[1:]
 
 
-def test_every_readme_shell_block_is_run_or_excused() -> None:
+def test_every_shell_block_is_run_or_excused() -> None:
     known = [*RUN_HERE.values(), *RUN_ELSEWHERE, *NOT_RUN]
-    for block in _blocks():
+    blocks = _blocks()
+    for page, block in blocks:
         assert any(block.startswith(start) for start in known), (
-            f"a README sh block nobody runs: {block.splitlines()[0]!r}; run it in this file or say "
-            "why not in NOT_RUN"
+            f"an sh block of {page.relative_to(REPO)} nobody runs: {block.splitlines()[0]!r}; run it in "
+            "this file or say why not in NOT_RUN"
         )
+    for start in known:
+        assert any(block.startswith(start) for _page, block in blocks), f"no sh block starts with {start!r}"
 
 
 async def test_the_cli_tour_runs_as_written(sidecar_factory: SidecarFactory, tmp_path: Path) -> None:
@@ -108,7 +115,7 @@ async def test_two_replicas_on_one_postgresql_database_as_written(tmp_path: Path
                 target = f"127.0.0.1:{free_port()}"
                 args = _argv(line.rstrip(" &"), target)
                 args = [url if arg.startswith("postgresql://") else arg for arg in args]
-                args[args.index("--listen") + 1] = target  # 50051 and 50052 in the README
+                args[args.index("--listen") + 1] = target  # 50051 and 50052 on the page
                 processes.append(await spawn_turnwire(*args, env={"TURNWIRE_LIMITS__DRAIN_SECONDS": "0"}))
                 targets.append(target)
 
@@ -148,7 +155,8 @@ async def test_the_certificate_commands_and_the_tls_cli_lines_run_as_written(
         check=False,
     )
     assert made.returncode == 0, made.stderr.decode()
-    server_tls = yaml.safe_load(re.search(r"```yaml\n(tls:\n.*?)```", README, re.DOTALL).group(1))["tls"]  # type: ignore[union-attr]
+    tls_page = (REPO / "docs" / "operate" / "tls.md").read_text()
+    server_tls = yaml.safe_load(re.search(r"```yaml\n(tls:\n.*?)```", tls_page, re.DOTALL).group(1))["tls"]  # type: ignore[union-attr]
     files = {
         key: str(tmp_path / Path(value).name) for key, value in server_tls.items() if key.endswith("_file")
     }
@@ -178,7 +186,7 @@ async def test_the_certificate_commands_and_the_tls_cli_lines_run_as_written(
 
 
 async def _in(cwd: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``turnwire ARGS`` run in ``cwd`` (the README's relative file names), off the event loop."""
+    """``turnwire ARGS`` run in ``cwd`` (the page's relative file names), off the event loop."""
     import sys
 
     environment = {k: v for k, v in os.environ.items() if not k.startswith("TURNWIRE_")} | env

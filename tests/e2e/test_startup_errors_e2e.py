@@ -71,8 +71,9 @@ async def test_a_function_without_the_tool_decorator_says_to_add_it(tmp_path: Pa
     config = {"tools": {"python": ["plain_tools:get_weather"]}}
     _, stderr = await _serve(tmp_path, config, env={"PYTHONPATH": str(tmp_path)})
     assert "plain_tools:get_weather is a plain function get_weather(city: str) -> str, not a tool" in stderr
-    # Trial 4: the pointer leads to where @tool is documented (the README), not docs/tools.md.
-    assert '@tool(InputModel) from turnwire.tools (README, "Tools")' in stderr
+    # Trial 4: the pointer leads to where @tool is documented (docs/tools.md, "Python tools in the
+    # sidecar"; it was the README's Tools section before the docs site).
+    assert "@tool(InputModel) from turnwire.tools (docs/tools.md)" in stderr
     assert len(stderr.splitlines()) <= 3, stderr
 
 

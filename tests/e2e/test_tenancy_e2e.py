@@ -1,4 +1,4 @@
-"""Tenant isolation end to end (README "Authentication and tenants"), against a real ``turnwire serve``.
+"""Tenant isolation end to end (docs/operate/authentication.md), against a real ``turnwire serve``.
 
 Tenant A calls every ChatService RPC on tenant B's conversation, request, submission and tool
 call ids, once before B has created any of them and once while they exist (B's slow turn

@@ -65,7 +65,7 @@ def new_token() -> str:
 
 def write_tokens_file(path: Path, entries: dict[str, tuple[str, str]]) -> Path:
     """Write a static tokens file listing each token of ``entries`` (token → (principal,
-    tenant)) by its SHA-256, as the README recommends; returns ``path``."""
+    tenant)) by its SHA-256, as docs/operate/authentication.md recommends; returns ``path``."""
     document = {
         "tokens": [
             {"sha256": hashlib.sha256(token.encode()).hexdigest(), "principal": principal, "tenant": tenant}

@@ -1,6 +1,6 @@
 """Tenant isolation at the API boundary: client ids to tenant-scoped store keys and back.
 
-Design (README, "Authentication and tenants"): a conversation, request or submission id a
+Design (docs/operate/authentication.md): a conversation, request or submission id a
 client sends is stored under the key ``"<tenant>/<id>"``. Client ids never hold ``/``
 (``api/validation.py``) and tenant names never do (``access_settings.TENANT_PATTERN``), so a key
 names exactly one tenant and one id, and two tenants may use the same id. The engine and the

@@ -7,7 +7,7 @@ set), ``tool`` (a tool the server runs: its registered names), ``outcome``
 (``turnwire.hooks.ToolCallOutcome``), ``provider`` (a configured provider name) and ``reason``
 (``turnwire.error_classes.ErrorClass``). Each is observed once per event kind (a turn, a step,
 a tool call, a first token), never per streamed chunk. Serving them over HTTP is the server's
-business (README, Operate: Metrics), not the engine's.
+business (docs/operate/metrics.md), not the engine's.
 """
 
 from __future__ import annotations

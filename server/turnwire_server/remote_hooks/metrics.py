@@ -1,5 +1,5 @@
 """Prometheus metrics of remote hook servers (prometheus-client's default registry); the whole
-list is in the README (Operate: Metrics).
+list is in docs/operate/metrics.md.
 
 Labels are bounded: ``server`` is the address as configured, ``hook`` a hook name, ``kind`` an
 error kind (a gRPC status code name in lower case, ``invalid_response`` or ``breaker_open``).

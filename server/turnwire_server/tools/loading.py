@@ -34,7 +34,7 @@ def _as_tools(value: Any, path: str) -> list[Tool]:
             raise ToolLoadError(
                 f"{path} is a plain function {getattr(value, '__name__', '')}{inspect.signature(value)}, "
                 "not a tool: decorate it with "
-                '@tool(InputModel) from turnwire.tools (README, "Tools"), or point to a zero-argument '
+                "@tool(InputModel) from turnwire.tools (docs/tools.md), or point to a zero-argument "
                 "function that returns tools"
             )
         try:
