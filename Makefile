@@ -12,7 +12,19 @@ BUF := node_modules/.bin/buf
 GO_PACKAGES := golang-go golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev \
 	golang-google-genproto-dev protoc-gen-go protoc-gen-go-grpc
 
-.PHONY: setup demo install-go test test-go conformance build-node lint docs protos check-protos breaking bench stress clean
+# Bytecode caches on: a test run starts hundreds of Python processes, and without .pyc files each
+# compiles the repo's modules again and pytest rewrites every test module's asserts again.
+unexport PYTHONDONTWRITEBYTECODE
+
+# The tests that need nothing beyond the pytest process (markers: pyproject.toml, tests/conftest.py).
+IN_PROCESS := not (e2e or postgres or packaging or stress)
+# pytest-xdist workers for `make test`. The end-to-end tests mostly wait for processes they
+# started, so more workers than cores; loadgroup keeps the tests that share a module's sidecar
+# on one worker (tests/conftest.py). Each worker picks its own ports and PostgreSQL databases.
+TEST_WORKERS ?= 4
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+
+.PHONY: setup demo install-go check test test-python test-node test-go conformance build-node lint docs protos check-protos breaking bench stress clean
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -31,12 +43,24 @@ node_modules/.installed: package.json package-lock.json clients/node/package.jso
 demo: setup
 	$(VENV)/bin/turnwire demo
 
+## check: the inner loop, after every edit: lint, then the in-process tests (no process, package or database), in parallel.
+check: lint
+	$(PY) -m pytest -q -n auto -m "$(IN_PROCESS)"
+
 ## test: every test (Python unit + end-to-end, Node.js end-to-end, the TypeScript client's, the Go client when Go is installed, the conformance suite).
 test: setup build-node
-	bash tools/with-postgres.sh $(PY) -m pytest -q
-	node --test tests/node/ clients/node/tests/
+	$(MAKE) --no-print-directory test-python
+	$(MAKE) --no-print-directory test-node
 	$(MAKE) --no-print-directory test-go
 	$(MAKE) --no-print-directory conformance
+
+## test-python: every pytest test, on TEST_WORKERS workers (PostgreSQL brought up when none listens).
+test-python: setup build-node
+	bash tools/with-postgres.sh $(PY) -m pytest -q $(PYTEST_PARALLEL)
+
+## test-node: the Node.js end-to-end tests and the TypeScript client's.
+test-node: setup build-node
+	node --test tests/node/ clients/node/tests/
 
 ## install-go: install the Debian packages of the Go client (as root, or through sudo); quick when present.
 install-go:

@@ -23,8 +23,6 @@ from turnwire.hooks import Middleware, ToolCallDecision, TurnConfig
 from turnwire.tools import tool
 from turnwire.testing import ScriptedProvider
 from turnwire_client import TurnwireClient, collect
-
-pytestmark = pytest.mark.e2e
 print(turnwire.__file__)
 print(turnwire_client.__file__)
 """

@@ -15,7 +15,10 @@ from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
-DEFAULT_TIMEOUT = 5.0
+#: Seconds before a condition that never holds fails the test. Only a failing test waits this
+#: long, so it is generous: under `make test`'s parallel workers on 2 cores, a condition that holds
+#: within a second on an idle machine can take several.
+DEFAULT_TIMEOUT = 30.0
 DEFAULT_INTERVAL = 0.01
 
 
