@@ -12,12 +12,8 @@ from support.stores import StoreBackend
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import InvalidPageToken, Store, TurnRecord
-from turnwire_server.store.base import (
-    SubmissionConflict,
-    SubmissionNotPending,
-    SubmissionRecord,
-    TooManySubmissions,
-)
+from turnwire_server.store.base import SubmissionRecord
+from turnwire_server.store.errors import SubmissionConflict, SubmissionNotPending, TooManySubmissions
 
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 

@@ -17,8 +17,8 @@ import pytest
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import Store
-from turnwire_server.store.base import (
-    ToolCallAnswer,
+from turnwire_server.store.base import ToolCallAnswer
+from turnwire_server.store.errors import (
     ToolCallExpired,
     ToolCallNotFound,
     ToolCallNotPending,

@@ -44,7 +44,8 @@ from turnwire_server.api.validation import (
 from turnwire_server.engine import TurnEngine, TurnHandle, TurnRequest
 from turnwire_server.engine.ids import new_request_id
 from turnwire_server.engine.submissions import Submissions
-from turnwire_server.store.base import ConversationRecord, InvalidPageToken, Store, StoreError, TurnRecord
+from turnwire_server.store.base import ConversationRecord, Store, TurnRecord
+from turnwire_server.store.errors import InvalidPageToken, StoreError
 
 log = logging.getLogger("turnwire.api")
 

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from google.protobuf import timestamp_pb2
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import InvalidPageToken
+from turnwire_server.store.errors import InvalidPageToken
 
 PAGE_BUDGET_BYTES = 3 << 20
 """Most message bytes one page carries (the response envelope stays well under 4 MiB)."""

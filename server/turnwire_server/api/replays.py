@@ -12,7 +12,7 @@ from turnwire_client.v1 import event_pb2
 from turnwire_server.api.progress import Silence, keepalive
 from turnwire_server.api.status import status_error_of
 from turnwire_server.engine.errors import TurnNotFound, TurnNotHere
-from turnwire_server.store.base import StoreError
+from turnwire_server.store.errors import StoreError
 
 
 async def replay_stream(

@@ -40,7 +40,7 @@ from turnwire_server.engine.errors import (
 )
 from turnwire_server.hooks.chain import HookError
 from turnwire_server.providers.registry import UnknownModel
-from turnwire_server.store.base import (
+from turnwire_server.store.errors import (
     ConversationNotFound,
     MessageAlreadyAnswered,
     MessageBeingWritten,

@@ -37,7 +37,8 @@ from turnwire_server.engine.ids import (
 )
 from turnwire_server.engine.submissions import Submissions
 from turnwire_server.providers.registry import UnknownModel
-from turnwire_server.store.base import InvalidPageToken, Store, StoreError, SubmissionRecord
+from turnwire_server.store.base import Store, SubmissionRecord
+from turnwire_server.store.errors import InvalidPageToken, StoreError
 
 _STATES: dict[str, int] = {
     "pending": chat_service_pb2.SUBMISSION_STATE_PENDING,

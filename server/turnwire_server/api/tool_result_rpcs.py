@@ -51,7 +51,8 @@ from turnwire_server.engine import TurnEngine, TurnRequest
 from turnwire_server.engine.errors import AdmissionRefused
 from turnwire_server.engine.ids import new_request_id
 from turnwire_server.providers.registry import UnknownModel
-from turnwire_server.store.base import AnsweredToolCalls, Store, StoreError, ToolCallAnswer
+from turnwire_server.store.base import AnsweredToolCalls, Store, ToolCallAnswer
+from turnwire_server.store.errors import StoreError
 from turnwire_server.store.tool_answers import DENIED_BY_USER_TEXT
 
 Violations = list[tuple[str, str]]

@@ -20,7 +20,8 @@ from turnwire_server.api.validation import check_id, check_message, raise_if_any
 from turnwire_server.engine import TurnEngine
 from turnwire_server.engine.deletion import delete_conversation
 from turnwire_server.engine.ids import RESERVED_PREFIX, is_reserved
-from turnwire_server.store.base import AddMode, AddResult, Store, StoreError, UnknownMessage
+from turnwire_server.store.base import AddMode, AddResult, Store
+from turnwire_server.store.errors import StoreError, UnknownMessage
 
 _MODES: dict[int, AddMode] = {
     chat_service_pb2.ADD_MODE_UNSPECIFIED: "append",

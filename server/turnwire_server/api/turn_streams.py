@@ -21,7 +21,7 @@ from turnwire_server.engine import TurnHandle
 from turnwire_server.engine.errors import AdmissionRefused
 from turnwire_server.engine.request import TurnEntry
 from turnwire_server.providers.registry import UnknownModel
-from turnwire_server.store.base import StoreError
+from turnwire_server.store.errors import StoreError
 
 _ENTRIES: dict[Any, TurnEntry] = {
     chat_service_pb2.ChatResponse: "chat",

@@ -47,7 +47,8 @@ from turnwire_server.engine.turn_spec import parse_spec
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.log_context import bind as bind_log_context
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import Store, StoreError, TurnRecord
+from turnwire_server.store.base import Store, TurnRecord
+from turnwire_server.store.errors import StoreError
 
 log = logging.getLogger("turnwire.engine")
 

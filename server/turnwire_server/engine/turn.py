@@ -69,8 +69,9 @@ from turnwire_server.engine.turn_state import TurnState
 from turnwire_server.hooks.chain import HookError, MiddlewareChain
 from turnwire_server.hooks.timeline import HookTimeline
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import Store, TurnAdmission, TurnNotFound, TurnRecord
+from turnwire_server.store.base import Store, TurnAdmission, TurnRecord
 from turnwire_server.store.base import TurnState as StoredTurnState
+from turnwire_server.store.errors import TurnNotFound
 
 log = logging.getLogger("turnwire.turn")
 

@@ -5,23 +5,18 @@ Importing this package loads no backend: :func:`open_store` imports the one a UR
 
 from __future__ import annotations
 
-from turnwire_server.store.base import (
-    AddMode,
-    AddResult,
+from turnwire_server.store.base import AddMode, AddResult, ConversationRecord, Store, TurnRecord, TurnState
+from turnwire_server.store.errors import (
     ConversationNotFound,
-    ConversationRecord,
     InvalidPageToken,
     MessageAlreadyAnswered,
     MessageBeingWritten,
     MessageIdConflict,
-    Store,
     StoreCorrupted,
     StoreError,
     StoreInUse,
     TurnAlreadyExists,
     TurnNotFound,
-    TurnRecord,
-    TurnState,
     UnknownMessage,
 )
 from turnwire_server.store.postgres_url import is_postgres_url, redact_url

@@ -31,7 +31,7 @@ from typing import Any, Final
 from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import StoreCorrupted
+from turnwire_server.store.errors import StoreCorrupted
 from turnwire_server.store.sqlite_rows import build_message
 
 DEFAULT_MAX_MESSAGES = 200_000

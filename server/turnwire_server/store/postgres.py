@@ -41,7 +41,6 @@ from turnwire_server.store.base import (
     AnsweredToolCalls,
     CompactionRecord,
     ConversationRecord,
-    StoreError,
     StreamRecord,
     SubmissionRecord,
     SubmissionState,
@@ -50,6 +49,7 @@ from turnwire_server.store.base import (
     TurnRecord,
     renewed_lease,
 )
+from turnwire_server.store.errors import StoreError
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.message_cache import DecodedMessages
 from turnwire_server.store.metrics import COMMIT_DURATION

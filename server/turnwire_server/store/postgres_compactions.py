@@ -4,7 +4,8 @@ discarded reply of an overflowed attempt. Each runs inside the caller's transact
 
 from __future__ import annotations
 
-from turnwire_server.store.base import CompactionRecord, TurnNotFound, TurnRecord
+from turnwire_server.store.base import CompactionRecord, TurnRecord
+from turnwire_server.store.errors import TurnNotFound
 from turnwire_server.store.postgres_writes import Conn, fetch_one, lock_conversation, run
 from turnwire_server.store.sqlite_rows import COMPACTION_COLUMNS, compaction_params
 

@@ -20,7 +20,7 @@ from typing import Final
 
 import psycopg
 
-from turnwire_server.store.base import StoreError
+from turnwire_server.store.errors import StoreError
 from turnwire_server.store.migration_rules import newer_schema_problem, readable_by
 
 __all__ = ["MIGRATION_LOCK_KEY", "PgMigration", "apply_migrations", "load_migrations"]

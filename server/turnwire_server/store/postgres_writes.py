@@ -33,19 +33,21 @@ from turnwire_server.store.base import (
     AddMode,
     AddResult,
     AnsweredToolCalls,
+    SubmissionRecord,
+    SubmissionState,
+    ToolCallAnswer,
+    TurnRecord,
+)
+from turnwire_server.store.errors import (
     ConversationNotFound,
     MessageAlreadyAnswered,
     MessageBeingWritten,
     MessageIdConflict,
     StoreCorrupted,
     SubmissionNotPending,
-    SubmissionRecord,
-    SubmissionState,
-    ToolCallAnswer,
     TooManySubmissions,
     TurnAlreadyExists,
     TurnNotFound,
-    TurnRecord,
     UnknownMessage,
 )
 from turnwire_server.store.sqlite_rows import (

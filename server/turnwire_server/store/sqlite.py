@@ -30,8 +30,6 @@ from turnwire_server.store.base import (
     AnsweredToolCalls,
     CompactionRecord,
     ConversationRecord,
-    StoreError,
-    StoreInUse,
     StreamRecord,
     SubmissionRecord,
     SubmissionState,
@@ -40,6 +38,7 @@ from turnwire_server.store.base import (
     TurnRecord,
     renewed_lease,
 )
+from turnwire_server.store.errors import StoreError, StoreInUse
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.message_cache import DecodedMessages
 from turnwire_server.store.partial_replies import (

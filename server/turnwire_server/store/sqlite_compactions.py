@@ -7,7 +7,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-from turnwire_server.store.base import CompactionRecord, TurnNotFound, TurnRecord
+from turnwire_server.store.base import CompactionRecord, TurnRecord
+from turnwire_server.store.errors import TurnNotFound
 from turnwire_server.store.sqlite_rows import COMPACTION_COLUMNS, WriteFn, compaction_params
 
 __all__ = ["DISCARD_MESSAGE_SQL", "discard_reply_write", "save_compaction_write"]

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Final
 
-from turnwire_server.store.base import StoreError
+from turnwire_server.store.errors import StoreError
 from turnwire_server.store.migration_rules import newer_schema_problem, readable_by
 from turnwire_server.store.sqlite_rows import DB_ERRORS, store_error
 

@@ -21,15 +21,8 @@ from typing import Any, Final, get_args
 from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import (
-    CompactionRecord,
-    ConversationRecord,
-    InvalidPageToken,
-    StoreCorrupted,
-    StoreError,
-    TurnRecord,
-    TurnState,
-)
+from turnwire_server.store.base import CompactionRecord, ConversationRecord, TurnRecord, TurnState
+from turnwire_server.store.errors import InvalidPageToken, StoreCorrupted, StoreError
 
 __all__ = [
     "COMPACTION_COLUMNS",

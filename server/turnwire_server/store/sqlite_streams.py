@@ -10,7 +10,8 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from turnwire_server.store.base import StoreCorrupted, StreamRecord
+from turnwire_server.store.base import StreamRecord
+from turnwire_server.store.errors import StoreCorrupted
 from turnwire_server.store.sqlite_rows import WriteFn, time_from_us
 
 __all__ = [

@@ -15,13 +15,8 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any, Final, get_args
 
-from turnwire_server.store.base import (
-    InvalidPageToken,
-    SubmissionNotPending,
-    SubmissionRecord,
-    SubmissionState,
-    TooManySubmissions,
-)
+from turnwire_server.store.base import SubmissionRecord, SubmissionState
+from turnwire_server.store.errors import InvalidPageToken, SubmissionNotPending, TooManySubmissions
 from turnwire_server.store.sqlite_rows import WriteFn, time_from_us, to_us
 from turnwire_server.store.submission_rules import repeated_submission
 

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import AnsweredToolCalls, StoreCorrupted, ToolCallAnswer
+from turnwire_server.store.base import AnsweredToolCalls, ToolCallAnswer
+from turnwire_server.store.errors import StoreCorrupted
 from turnwire_server.store.sqlite_rows import (
     LOAD_MESSAGES_SQL,
     build_message,

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import (
-    AddMode,
-    AddResult,
+from turnwire_server.store.base import AddMode, AddResult
+from turnwire_server.store.errors import (
     ConversationNotFound,
     MessageBeingWritten,
     MessageIdConflict,

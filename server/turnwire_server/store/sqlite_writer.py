@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from turnwire_server.store.base import StoreError
+from turnwire_server.store.errors import StoreError
 from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.sqlite_migrations import Migration, apply_migrations
 from turnwire_server.store.sqlite_rows import DB_ERRORS, store_error

@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import (
+from turnwire_server.store.base import TurnRecord
+from turnwire_server.store.errors import (
     MessageAlreadyAnswered,
     MessageIdConflict,
     TurnAlreadyExists,
     TurnNotFound,
-    TurnRecord,
 )
 from turnwire_server.store.sqlite_rows import (
     MessageRow,

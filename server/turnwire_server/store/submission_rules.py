@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from turnwire_server.store.base import SubmissionConflict, SubmissionRecord
+from turnwire_server.store.base import SubmissionRecord
+from turnwire_server.store.errors import SubmissionConflict
 
 
 def repeated_submission(

@@ -15,9 +15,8 @@ from collections.abc import Sequence
 
 from turnwire.values import loads, value_view
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import (
-    AnsweredToolCalls,
-    ToolCallAnswer,
+from turnwire_server.store.base import AnsweredToolCalls, ToolCallAnswer
+from turnwire_server.store.errors import (
     ToolCallExpired,
     ToolCallNotFound,
     ToolCallNotPending,
