@@ -184,7 +184,7 @@ async def test_max_steps_reached_completes_after_last_tools_without_another_mode
 
     # The script calls the tool on every step (its last step repeats).
     h = await make_engine(
-        scripts={"main": [ScriptStep(text="again", tool_calls=[ScriptedToolCall(name="ping")])]},
+        scripts={"main": [ScriptStep(text="again", tool_calls=[ScriptedToolCall(name="ping")], repeat=True)]},
         tools=[make_tool("ping", ping)],
         max_steps=3,
     )
