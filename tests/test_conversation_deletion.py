@@ -21,8 +21,8 @@ from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.store.sqlite import SqliteStore
 from turnwire_server.store.sqlite_rows import to_us
 
-SLOW = {"main": [ScriptStep(text=" ".join(["word"] * 400), delay_ms=5)]}
-"""A reply streaming for about two seconds: long enough to be cut mid-stream."""
+SLOW = {"main": [ScriptStep(text="word ", delay_ms=5, until_cancelled=True)]}
+"""A reply that streams until its turn is stopped: it is always cut mid-stream."""
 
 
 def _stored_rows(store: SqliteStore, conversation_id: str) -> int:
@@ -142,12 +142,12 @@ def _age(store: SqliteStore, conversation_id: str, when: dt.datetime) -> None:
 async def test_sweep_deletes_idle_conversations_and_keeps_recent_and_busy_ones(
     make_engine: EngineFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    h = await make_engine(scripts=SLOW)
+    h = await make_engine(scripts={"main": [ScriptStep(text="hi")], "endless": SLOW["main"]})
     now = dt.datetime.now(dt.UTC)
     await h.run("hello", conversation_id="idle")
     await h.run("hello", conversation_id="recent")
     _age(h.store, "idle", now - dt.timedelta(hours=2))
-    busy = await h.start("long", conversation_id="busy")
+    busy = await h.start("long", conversation_id="busy", model="scripted:endless")
     await wait_until(lambda: h.store.get_conversation("busy"), what="the busy turn stored its input")
     _age(h.store, "busy", now - dt.timedelta(hours=2))
 

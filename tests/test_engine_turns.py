@@ -184,7 +184,7 @@ async def test_max_steps_reached_completes_after_last_tools_without_another_mode
 
     # The script calls the tool on every step (its last step repeats).
     h = await make_engine(
-        scripts={"main": [ScriptStep(text="again", tool_calls=[ScriptedToolCall(name="ping")])]},
+        scripts={"main": [ScriptStep(text="again", tool_calls=[ScriptedToolCall(name="ping")], repeat=True)]},
         tools=[make_tool("ping", ping)],
         max_steps=3,
     )
@@ -535,8 +535,11 @@ async def test_a_turn_cut_mid_stream_aborts_keeps_the_partial_text_and_gets_on_c
         async def on_chat_response(self, result: ChatResponseContext) -> None:
             responses.append(result)
 
-    long_text = " ".join(f"w{i}" for i in range(200))
-    h = await make_engine(scripts={"main": [ScriptStep(text=long_text, delay_ms=5)]}, middlewares=[Observe()])
+    # Streams "w0 … w9 " over and over until the turn is stopped: it cannot end on its own first.
+    words = "".join(f"w{i} " for i in range(10))
+    h = await make_engine(
+        scripts={"main": [ScriptStep(text=words, delay_ms=5, until_cancelled=True)]}, middlewares=[Observe()]
+    )
     handle = await h.start("go")
 
     async def stop() -> None:
@@ -563,7 +566,9 @@ async def test_a_turn_cut_mid_stream_aborts_keeps_the_partial_text_and_gets_on_c
         detail = error_details_pb2.ErrorInfo()
         assert end.error.details[0].Unpack(detail) and detail.reason == reason
     streamed = "".join(d.delta for d in of_kind(events, "text_delta"))
-    assert streamed and long_text.startswith(streamed) and streamed != long_text
+    assert len(streamed) >= len("w0 w1 w2 ") and (words * (len(streamed) // len(words) + 1)).startswith(
+        streamed
+    )
     assert text_of(end.message) == streamed
     assert [r.status for r in responses] == ["aborted"]
     assert responses[0].message.id == end.message.id

@@ -878,7 +878,8 @@ async def test_turn_config_merge_with_three_middlewares(make_engine: EngineFacto
         scripts={
             "main": [ScriptStep(text="main")],
             "first": [ScriptStep(text="first")],
-            "third": [ScriptStep(tool_calls=[ScriptedToolCall(name="ping")])],  # calls ping every step
+            # Calls ping on every step, up to the turn's max_steps.
+            "third": [ScriptStep(tool_calls=[ScriptedToolCall(name="ping")], repeat=True)],
         },
         tools=[make_tool("ping", ping)],
         middlewares=[m1, m2, m3],
@@ -1027,7 +1028,8 @@ async def test_active_tools_and_tool_choice(make_engine: EngineFactory) -> None:
 
 async def test_max_steps_from_turn_config(make_engine: EngineFactory) -> None:
     h = await make_engine(
-        scripts={"main": [ScriptStep(tool_calls=[ScriptedToolCall(name="ping")])]},
+        # Calls ping on every step: only max_steps ends the turn.
+        scripts={"main": [ScriptStep(tool_calls=[ScriptedToolCall(name="ping")], repeat=True)]},
         tools=[_tool("ping")],
         middlewares=[Configure("c", TurnConfig(max_steps=2))],
     )

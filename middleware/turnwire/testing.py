@@ -2,10 +2,23 @@
 
 It is the embedded default (no API keys needed) and the test double for
 everything above the provider interface. A script is a list of steps; step
-``n`` of a turn plays ``steps[n]`` (the last step repeats when a turn runs
-longer). A step streams reasoning, then text, then tool calls, then finishes
-with the given finish reason and usage, or raises the given error; ``delay_ms``
-sleeps between chunks.
+``n`` of a turn (0-based) plays ``steps[n]``. A step streams reasoning, then
+text, then tool calls, then finishes with the given finish reason and usage, or
+raises the given error; ``delay_ms`` sleeps before every chunk.
+
+When a turn runs longer than its script, the last step plays again, unless the
+provider is *strict* (``ScriptedProvider(..., strict=True)``, ``strict: true``
+in the YAML entry; the test harnesses use it): then a call past the script's
+end is a call the script did not expect. It fails with a non-retryable
+:class:`UnexpectedModelCall` naming the script, the step number and the
+script's length, and is kept in :attr:`ScriptedProvider.unexpected_calls` so a
+test fails even when the turn's error was swallowed. A script that means to
+repeat says so: ``repeat: true`` on its last step.
+
+A step with ``until_cancelled: true`` streams its text again and again, one
+delta every ``delay_ms``, and never finishes: the turn runs until it is
+cancelled (or a deadline or a stall timeout ends it). Tests that cancel a turn
+mid-reply use it instead of a long text they hope outlasts the cancel.
 
 The built-in ``demo`` script is rule-based instead: it calls a demo tool when
 the user asks for something one answers (the time, the weather, arithmetic),
@@ -19,13 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import orjson
 from google.protobuf import json_format
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from turnwire.compaction import SUMMARY_REQUEST_ID, EstimateTokens
 from turnwire.error_classes import never_retryable
@@ -97,6 +111,16 @@ class ScriptStep(BaseModel):
     ``chunk_size`` splits text into deltas of that many characters (0: one
     delta per word); ``delay_ms`` is slept before every chunk; ``retry`` replaces the step
     when the turn is recovered (``ModelRequest.attempt`` > 1).
+
+    ``until_cancelled``: after the text's deltas, stream them again, without end (each after
+    ``delay_ms``, which must be above 0; a text ending in a space keeps the last and first words
+    apart); the step never finishes, so it takes no ``tool_calls``. ``repeat`` (only on a
+    script's last step): this step also plays for every later step of the turn, which a strict
+    provider otherwise refuses (see the module docstring).
+
+    Raises:
+        pydantic.ValidationError: ``until_cancelled`` without a text, without a delay or with
+            tool calls.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -114,6 +138,21 @@ class ScriptStep(BaseModel):
     retry: ScriptStep | None = Field(
         None, description="played instead on attempt 2 and later (a recovery after a stall or a crash)"
     )
+    until_cancelled: bool = Field(
+        False, description="stream the text again and again, never finishing: the turn runs until cancelled"
+    )
+    repeat: bool = Field(
+        False, description="on the last step: it plays again for every later step (strict allows it)"
+    )
+
+    @model_validator(mode="after")
+    def _check_until_cancelled(self) -> ScriptStep:
+        if self.until_cancelled and (not self.text or self.delay_ms <= 0 or self.tool_calls):
+            raise ValueError(
+                "until_cancelled streams the text without end: it needs a text and a delay_ms "
+                "above 0, and takes no tool_calls (they would never be reached)"
+            )
+        return self
 
 
 class Script(Protocol):
@@ -124,16 +163,63 @@ class Script(Protocol):
         ...
 
 
-class StaticScript:
-    """Plays ``steps[request.step_number]`` (the last step repeats)."""
+class UnexpectedModelCall(ProviderError):
+    """A strict scripted model was called for a step its script does not have (a turn ran
+    longer than the test expected). Never retryable; ``script``, ``step_number`` (0-based) and
+    ``script_steps`` (the script's length) say which call."""
 
-    def __init__(self, steps: Sequence[ScriptStep]) -> None:
+    def __init__(self, script: str, step_number: int, script_steps: int) -> None:
+        super().__init__(
+            f"scripted model {script!r} got an unexpected call: step {step_number} (0-based) of a "
+            f"turn, but the script has {script_steps} step(s) and is strict; give it more steps, "
+            "or set `repeat: true` on its last step if the turn is meant to run longer",
+            # A request error, so every classifier calls it fatal: retrying cannot help.
+            status=400,
+            type="invalid_request_error",
+            code="unexpected_model_call",
+            retryable=False,
+            provider="scripted",
+        )
+        self.script = script
+        self.step_number = step_number
+        self.script_steps = script_steps
+
+
+def check_repeat_last(steps: Sequence[ScriptStep]) -> None:
+    """Raises :class:`ValueError` when a step other than the last has ``repeat`` set."""
+    for index, step in enumerate(steps[:-1]):
+        if step.repeat:
+            raise ValueError(
+                f"step {index} has repeat: true, but only a script's last step repeats "
+                f"(it has {len(steps)} steps)"
+            )
+
+
+class StaticScript:
+    """Plays ``steps[request.step_number]``; past the end, the last step again, unless
+    ``strict`` (and the last step has no ``repeat``): then :class:`UnexpectedModelCall`.
+
+    Raises:
+        ValueError: no steps, or ``repeat`` on a step other than the last.
+    """
+
+    def __init__(self, steps: Sequence[ScriptStep], *, name: str = "script", strict: bool = False) -> None:
         if not steps:
             raise ValueError("a script needs at least one step")
+        check_repeat_last(steps)
         self.steps = tuple(steps)
+        self.name = name
+        self.strict = strict
 
     def step(self, request: ModelRequest) -> ScriptStep:
-        """Step ``request.step_number``, or the last one."""
+        """Step ``request.step_number``, or the last one.
+
+        Raises:
+            UnexpectedModelCall: strict, past the last step, which does not ``repeat``.
+        """
+        last = self.steps[-1]
+        if request.step_number >= len(self.steps) and self.strict and not last.repeat:
+            raise UnexpectedModelCall(self.name, request.step_number, len(self.steps))
         return self.steps[min(request.step_number, len(self.steps) - 1)]
 
 
@@ -336,8 +422,11 @@ class ScriptedProvider:
     by name, ``messages`` in protobuf's JSON form), so a test can see what the model was
     told. ``context_window`` (tokens): a request whose input (estimated as
     :class:`turnwire.compaction.EstimateTokens` does) is larger fails with
-    :func:`overflow_error` before any output. Raises :class:`ProviderError` (status 404) for
-    an unknown script name, and whatever error a step scripts.
+    :func:`overflow_error` before any output. ``strict``: a call past a script's last step
+    (unless that step has ``repeat``) raises :class:`UnexpectedModelCall` and is appended to
+    :attr:`unexpected_calls`, which a test harness checks at teardown. Raises
+    :class:`ProviderError` (status 404) for an unknown script name, and whatever error a step
+    scripts.
     """
 
     name = "scripted"
@@ -348,13 +437,17 @@ class ScriptedProvider:
         *,
         record_path: str | None = None,
         context_window: int | None = None,
+        strict: bool = False,
     ) -> None:
         self.record_path = record_path
         self.context_window = context_window
+        self.strict = strict
+        self.unexpected_calls: list[UnexpectedModelCall] = []
+        """Every call a strict script did not expect, in order (also raised to the engine)."""
         builtins: tuple[Script, ...] = (DemoScript(), SummaryScript())
         self.scripts: dict[str, Script] = dict(zip(BUILTIN_SCRIPTS, builtins, strict=True))
         for script_name, steps in (scripts or {}).items():
-            self.scripts[script_name] = StaticScript(steps)
+            self.scripts[script_name] = StaticScript(steps, name=script_name, strict=strict)
 
     def has_model(self, model: str) -> bool:
         """True when ``model`` names a script."""
@@ -372,7 +465,11 @@ class ScriptedProvider:
             )
         if self.record_path is not None:
             self._record(request)
-        step = script.step(request)
+        try:
+            step = script.step(request)
+        except UnexpectedModelCall as unexpected:
+            self.unexpected_calls.append(unexpected)
+            raise
         if request.attempt > 1 and step.retry is not None:
             step = step.retry
         delay = step.delay_ms / 1000.0
@@ -423,7 +520,8 @@ class ScriptedProvider:
             if paced:
                 await pace()
             yield TextStart(f"{prefix}-t")
-            for piece in _split(step.text, step.chunk_size):
+            pieces = _split(step.text, step.chunk_size)
+            for piece in itertools.cycle(pieces) if step.until_cancelled else pieces:
                 if paced:
                     await pace()
                 yield TextDelta(f"{prefix}-t", piece)

@@ -19,14 +19,17 @@ from support.waiting import wait_until
 from turnwire_client import TurnwireClient, collect
 from turnwire_client.v1 import event_pb2, message_pb2
 
+ENDLESS = "".join(f"w{i} " for i in range(40))
+
 CONFIG = {
     "tools": {"python": ["support.durable_tools:countdown"], "require_approval": ["get_current_time"]},
     "middleware": [{"path": "support.hooks:BlockToolsFromBody"}],
     "providers": {
         "scripted": {
             "scripts": {
-                # 40 words, 100 ms apart: about 4 s, so a Ctrl-C lands mid-reply.
-                "slow": [{"text": " ".join(f"w{i}" for i in range(40)), "delay_ms": 100}],
+                # "w0 … w39 " again and again, a word every 50 ms, until the turn is cancelled: a
+                # Ctrl-C or a `turnwire cancel` always lands mid-reply, however slow the machine.
+                "endless": [{"text": ENDLESS, "delay_ms": 50, "until_cancelled": True}],
                 # Nothing for 60 s: a Ctrl-C lands before the first token.
                 "silent": [{"text": "late", "delay_ms": 60_000}],
                 "answer": [{"text": "The answer."}],
@@ -57,7 +60,13 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
 
 async def test_ctrl_c_aborts_the_turn_and_says_so(sidecar: SidecarProcess) -> None:
     chat = await spawn_turnwire(
-        "chat", "cli-ctrl-c", "Tell me a long story.", "--target", sidecar.target, "--model", "scripted:slow"
+        "chat",
+        "cli-ctrl-c",
+        "Tell me a long story.",
+        "--target",
+        sidecar.target,
+        "--model",
+        "scripted:endless",
     )
     assert chat.stdout is not None
     first = await asyncio.wait_for(chat.stdout.read(2), timeout=30)  # the reply has begun
@@ -72,12 +81,17 @@ async def test_ctrl_c_aborts_the_turn_and_says_so(sidecar: SidecarProcess) -> No
     async with TurnwireClient(sidecar.target) as client:
 
         async def partial_stored() -> list[str] | None:
+            """The stored reply's texts once the turn ended with it partial (not a checkpoint)."""
             conversation = await client.get_conversation("cli-ctrl-c")
+            if not conversation.partial_replies:
+                return None
             replies = [m for m in conversation.messages if m.role == message_pb2.ROLE_ASSISTANT]
             return [p.text.text for p in replies[-1].parts if p.HasField("text")] if replies else None
 
         words = await wait_until(partial_stored, timeout=15)
-    assert words and words[0].startswith("w0") and "w39" not in words[0]
+    # The reply streamed until the Ctrl-C cut it: what is stored is a start of the endless text.
+    assert words and words[0].startswith("w0 ")
+    assert (ENDLESS * (len(words[0]) // len(ENDLESS) + 1)).startswith(words[0]), words
 
     shown = await run_turnwire("history", "cli-ctrl-c", "--target", sidecar.target)
     assert shown.code == 0, shown
@@ -165,7 +179,7 @@ async def test_piped_chat_shows_its_request_id_for_cancel(sidecar: SidecarProces
     reply, and that id cancels the turn. The cut stream's output was never counted by the model:
     the status line says so instead of "out 0"."""
     chat = await spawn_turnwire(
-        "chat", "cli-piped-id", "story", "--target", sidecar.target, "--model", "scripted:slow"
+        "chat", "cli-piped-id", "story", "--target", sidecar.target, "--model", "scripted:endless"
     )
     assert chat.stdout is not None and chat.stderr is not None
     first = (await asyncio.wait_for(chat.stderr.readline(), timeout=30)).decode()
@@ -224,9 +238,10 @@ async def test_continue_cancel_and_conversations_commands(sidecar: SidecarProces
     complete = await run_turnwire("history", "cli-listed", "--target", sidecar.target)
     assert "(partial" not in complete.stdout
 
-    # A slow turn started by the client, cancelled by the command with its request id.
+    # A turn that runs until cancelled, started by the client, cancelled by the command with its
+    # request id.
     async with TurnwireClient(sidecar.target) as client:
-        stream = client.chat("cli-cancel", "story", request_id="cli-cancel-me", model="scripted:slow")
+        stream = client.chat("cli-cancel", "story", request_id="cli-cancel-me", model="scripted:endless")
         started = asyncio.ensure_future(collect(stream))
         cancel = None
 

@@ -10,26 +10,36 @@ from support.sidecar import SidecarFactory
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient
-from turnwire_client.v1 import message_pb2
+from turnwire_client.v1 import event_pb2, message_pb2
 
-WORDS = [f"w{i}" for i in range(100)]
-CONFIG = {"providers": {"scripted": {"scripts": {"long": [{"text": " ".join(WORDS), "delay_ms": 50}]}}}}
+WORDS = "".join(f"w{i} " for i in range(100))
+# The reply streams WORDS again and again until its turn is cancelled: it never ends on its own.
+CONFIG = {
+    "providers": {
+        "scripted": {
+            "strict": True,
+            "scripts": {"long": [{"text": WORDS, "delay_ms": 50, "until_cancelled": True}]},
+        }
+    }
+}
 
 
-async def _stored_reply_words(client: TurnwireClient, conversation_id: str) -> list[str] | None:
+async def _aborted_reply_text(client: TurnwireClient, conversation_id: str) -> str | None:
+    """The stored reply's text once its turn ended ABORTED; None before."""
     conversation = await client.get_conversation(conversation_id)
-    replies = [m for m in conversation.messages if m.role == message_pb2.ROLE_ASSISTANT]
-    if not replies:
+    if [reply.status for reply in conversation.partial_replies] != [event_pb2.TURN_STATUS_ABORTED]:
         return None
-    return "".join(p.text.text for p in replies[-1].parts if p.WhichOneof("kind") == "text").split()
+    reply = conversation.messages[-1]
+    assert reply.role == message_pb2.ROLE_ASSISTANT
+    return "".join(p.text.text for p in reply.parts if p.WhichOneof("kind") == "text")
 
 
 async def _assert_aborted_early(client: TurnwireClient, conversation_id: str) -> None:
-    # The 100-word reply takes about 5 s; a cancelled turn stores its partial at once.
-    words = await wait_until(
-        lambda: _stored_reply_words(client, conversation_id), timeout=3, what="the partial reply is stored"
+    # A cancelled turn stores its partial reply at once; without the cancel it would never end.
+    text = await wait_until(
+        lambda: _aborted_reply_text(client, conversation_id), timeout=10, what="the turn ended ABORTED"
     )
-    assert 0 < len(words) < len(WORDS)
+    assert text.startswith("w0 ") and (WORDS * (len(text) // len(WORDS) + 1)).startswith(text), text
 
 
 async def test_break_out_of_the_iteration_cancels_the_turn(sidecar_factory: SidecarFactory) -> None:

@@ -4,6 +4,12 @@
 middlewares=..., **EngineSettings fields) -> Harness``; the ``make_engine``
 fixture in ``tests/conftest.py`` wraps it. The provider wrapper keeps a deep
 copy of every ``ModelRequest``, so tests assert what the model was sent.
+
+The scripted model is strict (``turnwire.testing``): a model call past a
+script's last step fails the turn, and fails the test when the factory closes,
+even if the test never looked at the turn's error. A script meant to repeat
+says so with ``repeat=True`` on its last step; ``strict=False`` turns the check
+off for one engine.
 """
 
 from __future__ import annotations
@@ -197,10 +203,17 @@ EngineFactory = Callable[..., Awaitable[Harness]]
 @contextlib.asynccontextmanager
 async def engine_factory(tmp_path: Path) -> AsyncIterator[EngineFactory]:
     """``await make_engine(scripts=..., tools=..., middlewares=..., context_window=...,
-    tracing=..., providers=..., **EngineSettings fields)``; ``context_window`` is the scripted
-    model's (tokens); ``providers`` are added beside ``scripted``; ``tracing`` records spans."""
+    tracing=..., providers=..., strict=True, **EngineSettings fields)``; ``context_window`` is
+    the scripted model's (tokens); ``providers`` are added beside ``scripted``; ``tracing``
+    records spans; ``strict`` makes the scripted model refuse a step its script does not have.
+
+    Raises (on exit, after the engines drained):
+        AssertionError: a strict scripted model got a call its script did not expect; the
+            message lists each one (script, step number, script length).
+    """
     stores: list[SqliteStore] = []
     engines: list[TurnEngine] = []
+    scripted: list[ScriptedProvider] = []
 
     async def factory(
         scripts: Mapping[str, Sequence[ScriptStep]] | None = None,
@@ -211,14 +224,17 @@ async def engine_factory(tmp_path: Path) -> AsyncIterator[EngineFactory]:
         *,
         tracing: Tracing = TRACING_OFF,
         providers: Mapping[str, Provider] | None = None,
+        strict: bool = True,
         **settings: Any,
     ) -> Harness:
         store = SqliteStore(tmp_path / db)
         await store.open()
         stores.append(store)
-        provider = RecordingProvider(
-            ScriptedProvider(scripts or {"main": [ScriptStep(text="hello")]}, context_window=context_window)
+        inner = ScriptedProvider(
+            scripts or {"main": [ScriptStep(text="hello")]}, context_window=context_window, strict=strict
         )
+        scripted.append(inner)
+        provider = RecordingProvider(inner)
         chain = MiddlewareChain(list(middlewares))
         engine = TurnEngine(
             store=store,
@@ -237,3 +253,9 @@ async def engine_factory(tmp_path: Path) -> AsyncIterator[EngineFactory]:
         await engine.drain(1.0)
     for store in stores:
         await store.close()
+    unexpected = [call.message for provider in scripted for call in provider.unexpected_calls]
+    if unexpected:
+        raise AssertionError(
+            "the scripted model got model calls its script did not expect (strict mode; put "
+            "repeat=True on a last step that is meant to repeat):\n" + "\n".join(unexpected)
+        )

@@ -27,8 +27,9 @@ const CONFIG = {
   providers: {
     scripted: {
       scripts: {
-        // About 5 s of text: long enough to cancel in the middle.
-        long: [{ text: WORDS.join(' '), delay_ms: 50 }],
+        // The words again and again, one every 50 ms, until the turn is cancelled: it never ends
+        // before a cancel, however slow the machine.
+        long: [{ text: WORDS.map((word) => `${word} `).join(''), delay_ms: 50, until_cancelled: true }],
         // Calls a tool the client offers and runs itself; `answer` continues after its result.
         locate: [
           {
@@ -114,6 +115,15 @@ test('a chat whose model calls a tool: typed events, plain JSON input and output
   assert.equal(conversation.messages[3].id, result.message.id);
 });
 
+/** The words of a reply of `scripted:long`: a start of its endless stream of WORDS. */
+function assertStreamedWords(words) {
+  assert.ok(words.length > 0, 'no words stored');
+  assert.deepEqual(
+    words,
+    words.map((_, i) => WORDS[i % WORDS.length]),
+  );
+}
+
 test('aborting the signal cancels the turn: the call ends CANCELLED, the server ends the turn ABORTED', async () => {
   const controller = new AbortController();
   const requestId = 'ts-abort-turn';
@@ -132,13 +142,13 @@ test('aborting the signal cancels the turn: the call ends CANCELLED, the server 
     (error) => error instanceof TurnwireError && error.code === 'CANCELLED',
   );
   assert.ok(!seen.includes('turnEnd'), seen.join(' '));
-  // A cancelled turn stores its partial reply; fewer than all the words and the ABORTED TurnEnd the
-  // server kept show that the cancel, not the end of the reply, ended it.
+  // A cancelled turn stores its partial reply (the words streamed so far, in order) and the ABORTED
+  // TurnEnd; the reply never ends on its own, so only the cancel ended it.
   const words = await waitUntil(() => storedReplyWords('ts-abort'), {
     timeoutMs: 10_000,
     what: 'the partial reply is stored',
   });
-  assert.ok(words.length > 0 && words.length < WORDS.length, `${words.length} words stored`);
+  assertStreamedWords(words);
   assert.equal(await storedStatus(requestId), 'ABORTED');
 });
 
@@ -151,7 +161,7 @@ test('leaving the iteration early cancels the turn too', async () => {
     timeoutMs: 10_000,
     what: 'the partial reply is stored',
   });
-  assert.ok(words.length < WORDS.length, `${words.length} words stored`);
+  assertStreamedWords(words);
   assert.equal(await storedStatus(requestId), 'ABORTED');
 });
 

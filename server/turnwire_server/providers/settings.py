@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from turnwire.providers import Provider
-from turnwire.testing import ScriptStep
+from turnwire.testing import ScriptStep, check_repeat_last
 from turnwire_server.redaction import secret
 from turnwire_server.url_check import check_http_url
 
@@ -49,16 +49,34 @@ class ScriptedProviderSettings(_Entry):
     """The offline scripted model. ``scripts`` maps a script name to its steps; ``record_requests``
     (a file path) appends every request the model gets as one JSON line, for tests;
     ``context_window`` (tokens) makes it refuse a request whose input is larger, as a real
-    model does (Anthropic's ``prompt is too long`` error), to try context compaction offline."""
+    model does (Anthropic's ``prompt is too long`` error), to try context compaction offline.
+    ``strict`` (for tests) fails a call past a script's last step instead of playing that step
+    again, unless the step says ``repeat: true`` (see :mod:`turnwire.testing`)."""
 
     type: Literal["scripted"] = "scripted"
     scripts: dict[str, list[ScriptStep]] = Field(default_factory=dict)
+    strict: bool = Field(
+        False,
+        description="fail a model call past a script's last step (unless it has repeat: true); for tests",
+    )
     record_requests: str | None = Field(
         None, description="append each model request as a JSON line to this file (tests)"
     )
     context_window: int | None = Field(
         None, ge=1, description="input tokens above which a request fails with a context overflow"
     )
+
+    @field_validator("scripts")
+    @classmethod
+    def _check_scripts(cls, scripts: dict[str, list[ScriptStep]]) -> dict[str, list[ScriptStep]]:
+        for name, steps in scripts.items():
+            if not steps:
+                raise ValueError(f"script {name!r} has no steps; a script needs at least one")
+            try:
+                check_repeat_last(steps)
+            except ValueError as error:
+                raise ValueError(f"script {name!r}: {error}") from None
+        return scripts
 
 
 def _api_key_env(default: str | None) -> Any:
@@ -197,7 +215,10 @@ def build_provider(
         from turnwire.testing import ScriptedProvider
 
         return ScriptedProvider(
-            settings.scripts, record_path=settings.record_requests, context_window=settings.context_window
+            settings.scripts,
+            record_path=settings.record_requests,
+            context_window=settings.context_window,
+            strict=settings.strict,
         )
     key = _api_key(name, settings, env)
     common: dict[str, Any] = {

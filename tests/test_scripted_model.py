@@ -1,0 +1,144 @@
+"""The scripted model's test options (``turnwire.testing``): strict mode, ``repeat`` on a last step,
+and a step that streams until the turn is cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic import TypeAdapter, ValidationError
+from support.engine_harness import CONV, EngineFactory, echo, end_of, make_tool, text_of
+from support.waiting import wait_until
+
+from turnwire.providers import ModelRequest
+from turnwire.testing import ScriptedProvider, ScriptedToolCall, ScriptStep, UnexpectedModelCall
+from turnwire.types import FinishStep, TextDelta
+from turnwire_client.v1 import event_pb2
+from turnwire_server.providers.settings import ProviderSettings, build_provider
+
+ENTRIES = TypeAdapter(dict[str, ProviderSettings])
+CALL = ScriptStep(tool_calls=[ScriptedToolCall(name="echo")])
+
+
+def request(step_number: int, model: str = "main") -> ModelRequest:
+    return ModelRequest(model=model, system="", messages=[], tools=[], step_number=step_number)
+
+
+async def chunks(provider: ScriptedProvider, step_number: int) -> list[Any]:
+    return [chunk async for chunk in provider.stream(request(step_number))]
+
+
+async def test_a_strict_script_refuses_a_step_past_its_end_and_keeps_the_call() -> None:
+    provider = ScriptedProvider({"main": [CALL, ScriptStep(text="done")]}, strict=True)
+    assert isinstance((await chunks(provider, 1))[-1], FinishStep)
+    with pytest.raises(UnexpectedModelCall) as raised:
+        await chunks(provider, 2)
+    error = raised.value
+    assert (error.script, error.step_number, error.script_steps) == ("main", 2, 2)
+    assert "'main'" in error.message and "step 2" in error.message and "has 2 step(s)" in error.message
+    assert not error.retryable
+    assert provider.unexpected_calls == [error]
+
+
+async def test_a_lenient_script_repeats_its_last_step() -> None:
+    provider = ScriptedProvider({"main": [ScriptStep(text="again")]})
+    assert isinstance((await chunks(provider, 5))[-1], FinishStep)
+    assert provider.unexpected_calls == []
+
+
+async def test_repeat_on_the_last_step_opts_a_strict_script_into_repetition() -> None:
+    provider = ScriptedProvider({"main": [ScriptStep(text="again", repeat=True)]}, strict=True)
+    for step_number in range(4):
+        assert isinstance((await chunks(provider, step_number))[-1], FinishStep)
+    assert provider.unexpected_calls == []
+
+
+def test_repeat_is_only_for_the_last_step() -> None:
+    with pytest.raises(ValueError, match="only a script's last step repeats"):
+        ScriptedProvider({"main": [ScriptStep(text="a", repeat=True), ScriptStep(text="b")]})
+
+
+async def test_the_harness_is_strict_and_a_turn_past_its_script_ends_in_an_error(
+    make_engine: EngineFactory,
+) -> None:
+    """The ``make_engine`` harness fails a test at teardown on an unexpected call; this test expects
+    one, so it empties the list the teardown checks."""
+    h = await make_engine(scripts={"main": [CALL]}, tools=[make_tool("echo", echo)])
+    events = await h.run("go")
+    assert end_of(events).status == event_pb2.TURN_STATUS_ERROR
+    assert "unexpected call" in end_of(events).error.message
+    (unexpected,) = h.provider.inner.unexpected_calls
+    assert (unexpected.step_number, unexpected.script_steps) == (1, 1)
+    h.provider.inner.unexpected_calls.clear()
+
+
+async def test_until_cancelled_streams_the_text_over_and_over(make_engine: EngineFactory) -> None:
+    h = await make_engine(scripts={"main": [ScriptStep(text="la ", delay_ms=1, until_cancelled=True)]})
+    handle = await h.start("sing")
+    deltas: list[str] = []
+
+    async def read() -> None:
+        async for response in handle:
+            if response.event.WhichOneof("event") == "text_delta":
+                deltas.append(response.event.text_delta.delta)
+
+    reader = asyncio.create_task(read())
+    await wait_until(lambda: len(deltas) >= 20, what="twenty deltas of a text of one word")
+    assert h.engine.cancel(handle.request_id)
+    await asyncio.wait_for(reader, 5)
+    await asyncio.wait_for(handle.task, 5)
+    assert set(deltas) == {"la "}
+    stored = text_of((await h.store.load_messages(CONV))[-1])
+    assert len(stored) >= 60 and stored == "la " * (len(stored) // 3)
+
+
+async def test_until_cancelled_never_finishes_on_its_own() -> None:
+    provider = ScriptedProvider({"main": [ScriptStep(text="a b ", delay_ms=1, until_cancelled=True)]})
+    stream = provider.stream(request(0))
+    texts = []
+    async for chunk in stream:
+        assert not isinstance(chunk, FinishStep)
+        if isinstance(chunk, TextDelta):
+            texts.append(chunk.delta)
+        if len(texts) == 50:
+            break
+    await stream.aclose()
+    assert texts == ["a ", "b "] * 25
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        {"text": "x", "until_cancelled": True},  # no delay: a busy loop
+        {"delay_ms": 5, "until_cancelled": True},  # no text
+        {"text": "x", "delay_ms": 5, "until_cancelled": True, "tool_calls": [{"name": "t"}]},
+    ],
+)
+def test_until_cancelled_needs_a_text_and_a_delay(step: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError, match="until_cancelled"):
+        ScriptStep.model_validate(step)
+
+
+def test_the_yaml_entry_takes_strict_and_builds_a_strict_provider() -> None:
+    entries = ENTRIES.validate_python(
+        {"scripted": {"strict": True, "scripts": {"main": [{"text": "a"}, {"text": "b", "repeat": True}]}}}
+    )
+    provider = build_provider("scripted", entries["scripted"])
+    assert isinstance(provider, ScriptedProvider) and provider.strict
+    lenient = build_provider("scripted", ENTRIES.validate_python({"scripted": {"scripts": {}}})["scripted"])
+    assert isinstance(lenient, ScriptedProvider) and not lenient.strict
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"strict": "sometimes"}, "strict"),
+        ({"scripts": {"main": [{"text": "a", "repeat": True}, {"text": "b"}]}}, "only a script's last step"),
+        ({"scripts": {"main": []}}, "has no steps"),
+        ({"scripts": {"main": [{"text": "a", "until_cancelled": True}]}}, "until_cancelled"),
+    ],
+)
+def test_the_yaml_entry_refuses_bad_options(entry: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        ENTRIES.validate_python({"scripted": {"type": "scripted", **entry}})
