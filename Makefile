@@ -48,11 +48,10 @@ check: lint
 	$(PY) -m pytest -q -n auto -m "$(IN_PROCESS)"
 
 ## test: every test (Python unit + end-to-end, Node.js end-to-end, the TypeScript client's, the Go client when Go is installed, the conformance suite).
+# The four suites run side by side (each mostly waits for the processes it started); each one's
+# output is printed whole when it ends (--output-sync), and any failure fails the target.
 test: setup build-node
-	$(MAKE) --no-print-directory test-python
-	$(MAKE) --no-print-directory test-node
-	$(MAKE) --no-print-directory test-go
-	$(MAKE) --no-print-directory conformance
+	$(MAKE) --no-print-directory -j4 --output-sync=target test-python test-node test-go conformance
 
 ## test-python: every pytest test, on TEST_WORKERS workers (PostgreSQL brought up when none listens).
 test-python: setup build-node
@@ -60,7 +59,7 @@ test-python: setup build-node
 
 ## test-node: the Node.js end-to-end tests and the TypeScript client's.
 test-node: setup build-node
-	node --test tests/node/ clients/node/tests/
+	node --test --test-concurrency=4 tests/node/ clients/node/tests/
 
 ## install-go: install the Debian packages of the Go client (as root, or through sudo); quick when present.
 install-go:

@@ -1,0 +1,69 @@
+"""The import contracts (``[tool.importlinter]`` in ``pyproject.toml``, docs/architecture.md
+"Layers") catch what they mean to forbid: a copy of the tree with one forbidden import added to an
+engine or hooks module fails ``lint-imports``, naming the broken contract; the tree as it is passes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+SOURCE_ROOTS = ("server", "middleware", "clients/python/src")
+
+
+def _copy_tree(destination: Path) -> Path:
+    """The three source roots and ``pyproject.toml`` copied under ``destination``."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for root in SOURCE_ROOTS:
+        shutil.copytree(REPO / root, destination / root, ignore=ignore)
+    shutil.copy(REPO / "pyproject.toml", destination / "pyproject.toml")
+    return destination
+
+
+def _lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
+    # The copy's roots first on the path, ahead of the editable installs of this checkout.
+    path = os.pathsep.join(str(tree / root) for root in SOURCE_ROOTS)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_the_tree_keeps_its_contracts(tmp_path: Path) -> None:
+    run = _lint_imports(_copy_tree(tmp_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden", "contract"),
+    [
+        ("engine/turn.py", "turnwire_server.store.sqlite", "The engine knows interfaces"),
+        ("engine/step_loop.py", "turnwire_server.store.postgres", "The engine knows interfaces"),
+        ("engine/events.py", "google.rpc.status_pb2", "The engine knows interfaces"),
+        ("hooks/chain.py", "turnwire_server.api.status", "The engine knows interfaces"),
+        ("engine/engine.py", "grpc", "The engine knows interfaces"),
+    ],
+)
+def test_a_forbidden_import_added_to_the_engine_breaks_a_contract(
+    tmp_path: Path, module: str, forbidden: str, contract: str
+) -> None:
+    tree = _copy_tree(tmp_path)
+    target = tree / "server" / "turnwire_server" / module
+    target.write_text(target.read_text() + f"\nimport {forbidden}  # noqa: E402,F401\n")
+    run = _lint_imports(tree)
+    assert run.returncode != 0, f"lint-imports passed with `import {forbidden}` in {module}"
+    assert "BROKEN" in run.stdout and contract in run.stdout, run.stdout
