@@ -18,14 +18,18 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 SOURCE_ROOTS = ("server", "middleware", "clients/python/src")
+#: Copied beside the roots: the configuration and the contract type it registers.
+CONFIGURATION = ("pyproject.toml", "tools/import_contracts.py")
 
 
 def _copy_tree(destination: Path) -> Path:
-    """The three source roots and ``pyproject.toml`` copied under ``destination``."""
+    """The three source roots and the contracts' configuration copied under ``destination``."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for root in SOURCE_ROOTS:
         shutil.copytree(REPO / root, destination / root, ignore=ignore)
-    shutil.copy(REPO / "pyproject.toml", destination / "pyproject.toml")
+    for name in CONFIGURATION:
+        (destination / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, destination / name)
     return destination
 
 
@@ -53,7 +57,8 @@ def test_the_tree_keeps_its_contracts(tmp_path: Path) -> None:
     [
         ("engine/turn.py", "turnwire_server.store.sqlite", "The engine knows interfaces"),
         ("engine/step_loop.py", "turnwire_server.store.postgres", "The engine knows interfaces"),
-        ("engine/events.py", "google.rpc.status_pb2", "The engine knows interfaces"),
+        ("engine/events.py", "google.rpc.status_pb2", "no google.rpc"),
+        ("hooks/chain.py", "google.rpc.error_details_pb2", "no google.rpc"),
         ("hooks/chain.py", "turnwire_server.api.status", "The engine knows interfaces"),
         ("engine/engine.py", "grpc", "The engine knows interfaces"),
     ],

@@ -19,16 +19,16 @@ storing it (reason ROLLED_BACK); on_chat_response fires for both.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from google.protobuf import timestamp_pb2
-from google.rpc import status_pb2
 
 from turnwire.error_classes import overflow_remedy
 from turnwire.hooks import (
@@ -94,8 +94,21 @@ _DEFERRED: frozenset[_Phase] = frozenset({"created", "storing"})
 """Phases in which a stop is only recorded and acted on at the next phase: before the task
 first runs, and while the input is written (so "stored" and "acknowledged" never disagree)."""
 
-ErrorStatus = Callable[[BaseException, ErrorStage], status_pb2.Status]
-"""Maps a turn's error and stage to the ``google.rpc.Status`` of its TurnEnd (given by the API layer)."""
+
+class WireStatus(Protocol):
+    """The status a TurnEnd carries: a ``google.rpc.Status`` the API layer builds. The engine
+    only serializes it or replaces its message, so it never imports ``google.rpc`` (the import
+    contracts in ``pyproject.toml``)."""
+
+    message: str
+
+    def SerializeToString(self, *, deterministic: bool = ...) -> bytes:
+        """The status's wire bytes."""
+        ...
+
+
+ErrorStatus = Callable[[BaseException, ErrorStage], WireStatus]
+"""Maps a turn's error and stage to the status of its TurnEnd (given by the API layer)."""
 
 
 def _now() -> timestamp_pb2.Timestamp:
@@ -189,7 +202,7 @@ class TurnRun:
         #: What the input's commit read (history, compaction), for the first attempt's steps.
         self._admission: TurnAdmission | None = None
         self.outcome: StoredTurnState = "running"
-        self.status_error: status_pb2.Status | None = None
+        self.status_error: WireStatus | None = None
         self.error: BaseException | None = None
         self.stored_message: message_pb2.Message | None = None
         self.messages_persisted = False
@@ -770,8 +783,7 @@ class TurnRun:
             if isinstance(surfaced, ChatError):
                 self.status_error = self._error_status(surfaced, stage)
             else:
-                replaced = status_pb2.Status()
-                replaced.CopyFrom(self.status_error)
+                replaced = copy.deepcopy(self.status_error)
                 replaced.message = str(surfaced)
                 self.status_error = replaced
         # Think's chat:request:failed: one structured record per failed turn.
