@@ -25,7 +25,7 @@ from rich.text import Text
 
 from turnwire_client import ProtocolError, TlsOptions, TurnResult, TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
-from turnwire_server.api.message_pages import turn_places
+from turnwire_server.turn_places import turn_places
 
 __all__ = [
     "EXIT_CALL_FAILED",
