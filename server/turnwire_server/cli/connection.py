@@ -221,8 +221,16 @@ _OPTIONS = (
 _FLAGS = {option.name: option.flags[0] for option in _OPTIONS}
 
 
-def _context_parameter() -> inspect.Parameter:
-    return inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+def _as_typer_sees(
+    wrapper: Callable[..., None], wrapped: Callable[..., None], parameters: list[inspect.Parameter]
+) -> Callable[..., None]:
+    """``wrapper`` named and documented as ``wrapped``, with the signature typer reads its
+    arguments and options from: the context (``ctx``), then ``parameters``."""
+    wrapper.__name__, wrapper.__qualname__ = wrapped.__name__, wrapped.__qualname__
+    wrapper.__module__, wrapper.__doc__ = wrapped.__module__, wrapped.__doc__
+    context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+    wrapper.__signature__ = inspect.Signature([context, *parameters])  # type: ignore[attr-defined]
+    return wrapper
 
 
 def client_command(run: Callable[..., None]) -> Callable[..., None]:
@@ -239,12 +247,7 @@ def client_command(run: Callable[..., None]) -> Callable[..., None]:
         after = {name: values.pop(name) for name in _FLAGS}
         run(**values, sidecar=_merged(ctx, after))
 
-    command.__name__, command.__qualname__ = run.__name__, run.__qualname__
-    command.__module__, command.__doc__ = run.__module__, run.__doc__
-    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [_context_parameter(), *own[:at], target, *own[at + 1 :], *tls, token]
-    )
-    return command
+    return _as_typer_sees(command, run, [*own[:at], target, *own[at + 1 :], *tls, token])
 
 
 def options_before_command(callback: Callable[..., None]) -> Callable[..., None]:
@@ -266,12 +269,7 @@ def options_before_command(callback: Callable[..., None]) -> Callable[..., None]
         ctx.obj = given
         callback(**{name: value for name, value in values.items() if name not in _FLAGS})
 
-    group.__name__, group.__qualname__ = callback.__name__, callback.__qualname__
-    group.__module__, group.__doc__ = callback.__module__, callback.__doc__
-    group.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [_context_parameter(), *own, *(option.before_command() for option in _OPTIONS)]
-    )
-    return group
+    return _as_typer_sees(group, callback, [*own, *(option.before_command() for option in _OPTIONS)])
 
 
 def _on_command_line(ctx: typer.Context, name: str) -> bool:
