@@ -1,4 +1,4 @@
-"""Tests for the Python client (``turnwire``) and the CLI renderers (``turnwire_server.console``).
+"""Tests for the Python client (``turnwire``) and the CLI renderers (``turnwire_server.cli``).
 
 They run the real client against an in-process grpc.aio ``ChatService`` fake that plays back
 scripted event streams and errors.
@@ -23,7 +23,9 @@ from rich.console import Console
 
 from turnwire_client import ProtocolError, TurnResult, TurnwireClient, TurnwireError, Usage, collect
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
-from turnwire_server.console import run_cancel, run_chat, run_history
+from turnwire_server.cli.connection import Connection
+from turnwire_server.cli.history import run_history
+from turnwire_server.cli.turns import run_cancel, run_chat
 
 CONV = "conv-1"
 REQ = "req-1"
@@ -558,7 +560,7 @@ async def test_run_chat_renders_turn_and_returns_0(service: tuple[FakeChatServic
     fake, target = service
     fake.stream = weather_turn()
     console, output = capture()
-    code = await run_chat(target, CONV, "Weather in Paris?", model="p:m", console=console)
+    code = await run_chat(Connection(target), CONV, "Weather in Paris?", model="p:m", console=console)
     text = output()
     assert code == 0
     assert "\x1b" not in text
@@ -600,7 +602,7 @@ async def test_run_chat_shows_reasoning_and_tool_errors(
         ("turn_end", event_pb2.TurnEnd(status=event_pb2.TURN_STATUS_COMPLETED, step_count=1)),
     )
     console, output = capture()
-    assert await run_chat(target, CONV, "hi", console=console) == 0
+    assert await run_chat(Connection(target), CONV, "hi", console=console) == 0
     lines = output().splitlines()
     assert "thinking hard" in lines
     assert "→ lookup {}" in lines
@@ -613,7 +615,7 @@ async def test_run_chat_turn_error_returns_1(service: tuple[FakeChatService, str
     failure = rich_status(code_pb2.UNAVAILABLE, "provider timed out", "PROVIDER_ERROR")
     fake.stream = weather_turn(event_pb2.TURN_STATUS_ERROR, failure)
     console, output = capture()
-    assert await run_chat(target, CONV, "hi", console=console) == 1
+    assert await run_chat(Connection(target), CONV, "hi", console=console) == 1
     last = output().splitlines()[-1]
     assert last.startswith("ERROR [PROVIDER_ERROR]: provider timed out · 2 steps")
 
@@ -625,7 +627,7 @@ async def test_run_chat_aborted_returns_1(service: tuple[FakeChatService, str]) 
         ("turn_end", event_pb2.TurnEnd(status=event_pb2.TURN_STATUS_ABORTED)),
     )
     console, output = capture()
-    assert await run_chat(target, CONV, "hi", console=console) == 1
+    assert await run_chat(Connection(target), CONV, "hi", console=console) == 1
     assert output().splitlines()[-1].startswith("ABORTED")
 
 
@@ -635,7 +637,7 @@ async def test_run_chat_protocol_error_returns_1(service: tuple[FakeChatService,
     del fake.stream[4]
     console, output = capture()
     err, errors = capture()
-    assert await run_chat(target, CONV, "hi", console=console, err_console=err) == 1
+    assert await run_chat(Connection(target), CONV, "hi", console=console, err_console=err) == 1
     assert "protocol error: expected sequence number 5, got 6" in errors()
     assert "protocol error" not in output()
 
@@ -645,7 +647,7 @@ async def test_run_chat_rejected_call_returns_2(service: tuple[FakeChatService, 
     fake.abort_with = INVALID
     console, output = capture()
     err, errors = capture()
-    assert await run_chat(target, "bad id!", "hi", console=console, err_console=err) == 2
+    assert await run_chat(Connection(target), "bad id!", "hi", console=console, err_console=err) == 2
     # Errors go to stderr, and a refused call never showed a request to cancel.
     assert output() == ""
     lines = errors().splitlines()
@@ -658,7 +660,7 @@ async def test_run_chat_unreachable_returns_3() -> None:
     target = f"127.0.0.1:{free_port()}"
     console, output = capture()
     err, errors = capture()
-    assert await run_chat(target, CONV, "hi", console=console, err_console=err) == 3
+    assert await run_chat(Connection(target), CONV, "hi", console=console, err_console=err) == 3
     assert output() == ""
     assert errors().splitlines()[0] == f"cannot reach the sidecar at {target}: is `turnwire serve` running?"
 
@@ -693,7 +695,7 @@ async def test_run_history_prints_messages(service: tuple[FakeChatService, str])
         conversation_id=CONV, message_count=2, messages=[user, assistant]
     )
     console, output = capture()
-    assert await run_history(target, CONV, console=console) == 0
+    assert await run_history(Connection(target), CONV, console=console) == 0
     text = output()
     lines = text.splitlines()
     assert "\x1b" not in text
@@ -766,7 +768,7 @@ async def test_run_history_marks_turns_without_a_reply_in_place(service: tuple[F
     assert [t.request_id for t in whole.turns_without_reply] == ["r-rolled", "r-early", "r-failed", "r-live"]
 
     console, output = capture()
-    assert await run_history(target, CONV, console=console) == 0
+    assert await run_history(Connection(target), CONV, console=console) == 0
     lines = [
         line for line in output().splitlines() if line and not line.startswith(("user ·", "assistant ·"))
     ]
@@ -788,7 +790,7 @@ async def test_run_history_not_found_returns_2(service: tuple[FakeChatService, s
     _, target = service
     console, output = capture()
     err, errors = capture()
-    assert await run_history(target, "missing", console=console, err_console=err) == 2
+    assert await run_history(Connection(target), "missing", console=console, err_console=err) == 2
     assert output() == ""
     assert "conversation 'missing' not found" in errors()
 
@@ -796,7 +798,9 @@ async def test_run_history_not_found_returns_2(service: tuple[FakeChatService, s
 async def test_run_history_unreachable_returns_3() -> None:
     console, output = capture()
     err, errors = capture()
-    assert await run_history(f"127.0.0.1:{free_port()}", CONV, console=console, err_console=err) == 3
+    assert (
+        await run_history(Connection(f"127.0.0.1:{free_port()}"), CONV, console=console, err_console=err) == 3
+    )
     assert output() == ""
     assert "cannot reach the sidecar" in errors()
 
@@ -832,7 +836,7 @@ async def test_run_chat_shows_a_spinner_on_a_terminal_until_output(
     fake.stream = weather_turn()
     buffer = io.StringIO()
     console = Console(file=buffer, width=100, force_terminal=True, color_system=None)
-    assert await run_chat(target, CONV, "Weather in Paris?", console=console) == 0
+    assert await run_chat(Connection(target), CONV, "Weather in Paris?", console=console) == 0
     shown = buffer.getvalue()
     assert "waiting for the model… · request cli-" in shown and "Ctrl-C cancels" in shown
     assert "running the tool…" in shown
@@ -846,7 +850,7 @@ async def test_run_chat_piped_shows_no_spinner(service: tuple[FakeChatService, s
     fake.stream = weather_turn()
     console, output = capture()
     err, errors = capture()
-    assert await run_chat(target, CONV, "hi", console=console, err_console=err) == 0
+    assert await run_chat(Connection(target), CONV, "hi", console=console, err_console=err) == 0
     assert "waiting" not in output() and "\x1b" not in output()
     # The request id `turnwire cancel` needs goes to stderr once the turn was accepted.
     [announced] = errors().splitlines()
@@ -859,10 +863,10 @@ async def test_run_cancel_of_an_unknown_turn_says_so_on_stderr(service: tuple[Fa
     fake.running.add("r-running")
     console, output = capture()
     err, errors = capture()
-    assert await run_cancel(target, "r-gone", console=console, err_console=err) == 1
+    assert await run_cancel(Connection(target), "r-gone", console=console, err_console=err) == 1
     assert output() == ""
     assert errors().startswith("no running or queued turn r-gone")
-    assert await run_cancel(target, "r-running", console=console, err_console=err) == 0
+    assert await run_cancel(Connection(target), "r-running", console=console, err_console=err) == 0
     assert output() == "cancelled r-running: its turn ends ABORTED\n"
 
 

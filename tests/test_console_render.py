@@ -1,4 +1,5 @@
-"""How ``turnwire history`` and ``turnwire chat`` render tool calls (``turnwire_server.console``).
+"""How ``turnwire history`` and ``turnwire chat`` render tool calls (``turnwire_server.cli``:
+``parts``, ``live``, ``history``, ``turns``).
 
 A fresh-user trial saw a call cut off while its input streamed printed as ``→ tool {}``, as if
 the model had called it with an empty input; values come from the exact JSON fields, so large
@@ -14,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.console import _print_message
+from turnwire_server.cli.history import print_message
 
 
 def _render(*calls: message_pb2.ToolCallPart) -> list[str]:
@@ -24,7 +25,7 @@ def _render(*calls: message_pb2.ToolCallPart) -> list[str]:
         role=message_pb2.ROLE_ASSISTANT,
         parts=[message_pb2.Part(tool_call=call) for call in calls],
     )
-    _print_message(Console(file=buffer, width=200), message, "conv-1")
+    print_message(Console(file=buffer, width=200), message, "conv-1")
     return buffer.getvalue().splitlines()[1:]
 
 
@@ -86,19 +87,24 @@ async def test_ctrl_c_before_the_turn_started_says_nothing_was_stored() -> None:
     from collections.abc import AsyncIterator
 
     from turnwire_client.v1 import event_pb2
-    from turnwire_server.console import _run_turn
+    from turnwire_server.cli.connection import Connection
+    from turnwire_server.cli.turns import run_turn
 
     reached = asyncio.Event()
 
-    async def queued(_client: object) -> AsyncIterator[event_pb2.TurnEvent]:
+    async def queued(_client: object, _request_id: str) -> AsyncIterator[event_pb2.TurnEvent]:
         reached.set()
         await asyncio.Event().wait()  # the sidecar holds the call: a turn ahead runs first
         yield event_pb2.TurnEvent()
 
     buffer = io.StringIO()
     task = asyncio.create_task(
-        _run_turn(
-            "127.0.0.1:9", "cli-q", queued, tls=None, console=Console(file=buffer, width=200), token=None
+        run_turn(
+            Connection("127.0.0.1:9"),
+            "CONVERSATION",
+            queued,
+            request_id="cli-q",
+            console=Console(file=buffer, width=200),
         )
     )
     await reached.wait()
@@ -114,9 +120,9 @@ def test_the_spinner_comes_back_after_a_preliminary_result() -> None:
     """A streaming tool's preliminary line is printed above the spinner, which stays up while the
     tool goes on (it vanished after the first preliminary result)."""
     from turnwire_client.v1 import event_pb2
-    from turnwire_server.console import _TurnRenderer
+    from turnwire_server.cli.live import TurnRenderer
 
-    renderer = _TurnRenderer(Console(file=io.StringIO(), force_terminal=True, width=200), "cli-p")
+    renderer = TurnRenderer(Console(file=io.StringIO(), force_terminal=True, width=200), "cli-p")
     try:
         called = event_pb2.TurnEvent(
             tool_input_available=event_pb2.ToolInputAvailable(
@@ -157,10 +163,10 @@ def test_a_call_awaiting_approval_says_who_answers_it() -> None:
 
 def _turn_lines(*events: Any) -> list[str]:
     """What ``turnwire chat`` prints for ``events`` (piped: plain text)."""
-    from turnwire_server.console import _TurnRenderer
+    from turnwire_server.cli.live import TurnRenderer
 
     buffer = io.StringIO()
-    renderer = _TurnRenderer(Console(file=buffer, width=200), "cli-r")
+    renderer = TurnRenderer(Console(file=buffer, width=200), "cli-r")
     for event in events:
         renderer.render(event)
     renderer.end_line()
@@ -207,10 +213,10 @@ _STEP_FINISHED = _step_finished()
 
 
 def _status_line(result: Any, *, output_streamed: bool) -> str:
-    from turnwire_server.console import _print_status_line
+    from turnwire_server.cli.live import print_status_line
 
     buffer = io.StringIO()
-    _print_status_line(
+    print_status_line(
         Console(file=buffer, width=200), result, "scripted:slow", output_streamed=output_streamed
     )
     return buffer.getvalue().strip()
@@ -239,7 +245,7 @@ def test_the_token_count_says_what_the_provider_did_not_report() -> None:
 
 
 def test_sidecar_messages_name_the_cli_commands() -> None:
-    from turnwire_server.console import cli_terms
+    from turnwire_server.cli.errors import cli_terms
 
     assert cli_terms("conversation 'x' does not exist; start it with Chat or SaveMessages") == (
         "conversation 'x' does not exist; start it with `turnwire chat`"
@@ -260,11 +266,12 @@ async def _ctrl_c_output(*before: Any) -> list[str]:
     from collections.abc import AsyncIterator
 
     from turnwire_client.v1 import event_pb2
-    from turnwire_server.console import _run_turn
+    from turnwire_server.cli.connection import Connection
+    from turnwire_server.cli.turns import run_turn
 
     reached = asyncio.Event()
 
-    async def stream(_client: object) -> AsyncIterator[event_pb2.TurnEvent]:
+    async def stream(_client: object, _request_id: str) -> AsyncIterator[event_pb2.TurnEvent]:
         for number, event in enumerate(before, 1):
             event.sequence_number = number
             yield event
@@ -274,13 +281,12 @@ async def _ctrl_c_output(*before: Any) -> list[str]:
 
     buffer = io.StringIO()
     task = asyncio.create_task(
-        _run_turn(
-            "127.0.0.1:9",
-            "cli-s",
+        run_turn(
+            Connection("127.0.0.1:9"),
+            "CONVERSATION",
             stream,
-            tls=None,
+            request_id="cli-s",
             console=Console(file=buffer, width=300),
-            token=None,
             err_console=Console(file=io.StringIO()),
         )
     )
@@ -362,11 +368,11 @@ def test_an_aborted_tool_call_is_marked_apart_from_a_failing_tool() -> None:
     """Trial 3: a call cut off by a cancel printed "error: The tool call was aborted …", like a tool
     that failed; it is marked aborted (live and in history), as blocked and denied calls are."""
     from turnwire_client.v1 import event_pb2
-    from turnwire_server import console
+    from turnwire_server.cli import parts
     from turnwire_server.engine import transcript
 
-    assert console.ABORTED_TOOL_ERROR == transcript.ABORTED_TOOL_ERROR
-    assert console.INTERRUPTED_TOOL_ERROR == transcript.INTERRUPTED_TOOL_ERROR
+    assert parts.ABORTED_TOOL_ERROR == transcript.ABORTED_TOOL_ERROR
+    assert parts.INTERRUPTED_TOOL_ERROR == transcript.INTERRUPTED_TOOL_ERROR
     called = event_pb2.TurnEvent(
         tool_input_available=event_pb2.ToolInputAvailable(
             tool_call_id="c1", tool_name="track_order", input_json="{}"
@@ -389,10 +395,7 @@ def test_an_aborted_tool_call_is_marked_apart_from_a_failing_tool() -> None:
     )
     assert stored[-1] == "← track_order: interrupted: no result was recorded"
     # The style differs from a failing tool's too (what a terminal shows).
-    assert (
-        console._error_line("t", transcript.ABORTED_TOOL_ERROR).spans
-        != console._error_line("t", "boom").spans
-    )
+    assert parts.error_line("t", transcript.ABORTED_TOOL_ERROR).spans != parts.error_line("t", "boom").spans
 
 
 async def test_ctrl_c_during_a_tool_shows_it_aborted_as_history_will() -> None:
@@ -436,9 +439,9 @@ def test_a_progress_keepalive_says_what_the_turn_waits_for() -> None:
     from google.protobuf import duration_pb2
 
     from turnwire_client.v1 import event_pb2
-    from turnwire_server.console import _TurnRenderer
+    from turnwire_server.cli.live import TurnRenderer
 
-    renderer = _TurnRenderer(Console(file=io.StringIO(), force_terminal=True, width=200), "cli-q")
+    renderer = TurnRenderer(Console(file=io.StringIO(), force_terminal=True, width=200), "cli-q")
     try:
         assert renderer.waiting is not None
         assert "waiting for the sidecar" in str(renderer.waiting.status)

@@ -1,12 +1,14 @@
 """Where GetConversation places a turn without a stored reply among the messages, and which
-page lists it (``turnwire_server.api.message_pages``; docs/semantics.md §5)."""
+page lists it (``turnwire_server.turn_places``, ``turnwire_server.api.message_pages``;
+docs/semantics.md §5)."""
 
 from __future__ import annotations
 
 from google.protobuf import timestamp_pb2
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.api.message_pages import on_page, turn_places
+from turnwire_server.api.message_pages import on_page
+from turnwire_server.turn_places import turn_places
 
 
 def _at(seconds: int, nanos: int = 0) -> timestamp_pb2.Timestamp:

@@ -3,7 +3,7 @@
 Every tool home exposes :class:`Tool` (today: Python tools, this module's
 :class:`PythonTool`); the engine sees nothing else. A tool either returns its
 result (any JSON value) or is an async generator whose yields are preliminary
-results and whose last yield is the final one (THINK-SEMANTICS.md section 3,
+results and whose last yield is the final one (docs/semantics.md §3, Tool calls:
 streaming tools).
 
 Python tools take their schema from a pydantic model (``@tool(Model)``) or are
@@ -102,7 +102,7 @@ class Tool(Protocol):
 
     A tool may also set ``streaming = True`` to say it streams preliminary
     results; the engine then emits one preliminary result even when a hook
-    blocks or substitutes the call (THINK-SEMANTICS.md section 3).
+    blocks or substitutes the call (docs/semantics.md §3, Tool calls).
 
     Two more optional attributes (docs/semantics.md §6), read with
     :func:`requires_approval` and :func:`is_client_executed`:

@@ -50,7 +50,7 @@ def test_the_overflow_demo_recovers_a_turn_that_outgrew_the_window(tmp_path: Pat
 def test_the_demo_listens_where_asked(tmp_path: Path) -> None:
     """Trial 3: ``turnwire demo`` had no ``--listen``; a port in use (or one to reach from
     elsewhere) could not be chosen."""
-    from turnwire_server.demo import free_port
+    from turnwire_server.cli.demo import free_port
 
     listen = f"127.0.0.1:{free_port()}"
     returncode, output = _demo(tmp_path, "--listen", listen)

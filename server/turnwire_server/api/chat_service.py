@@ -16,7 +16,7 @@ from google.rpc import status_pb2
 from turnwire.tools import Tool
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
 from turnwire_server.api.client_tool_input import check_client_tools
-from turnwire_server.api.message_pages import decode_token, encode_token, on_page, page_of, turn_places
+from turnwire_server.api.message_pages import decode_token, encode_token, on_page, page_of
 from turnwire_server.api.progress import Silence
 from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.resources import conversation_proto, timestamp
@@ -46,6 +46,7 @@ from turnwire_server.engine.ids import new_request_id
 from turnwire_server.engine.submissions import Submissions
 from turnwire_server.store.base import ConversationRecord, Store, TurnRecord
 from turnwire_server.store.errors import InvalidPageToken, StoreError
+from turnwire_server.turn_places import turn_places
 
 log = logging.getLogger("turnwire.api")
 

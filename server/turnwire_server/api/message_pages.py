@@ -11,22 +11,18 @@ Messages are only appended or replaced in place, so an index stays a valid posit
 token is :class:`~turnwire_server.store.base.InvalidPageToken`.
 
 A turn without a stored reply (``Conversation.turns_without_reply``) is placed among the messages
-by its start time (:func:`turn_places`) and listed on the page of its place (:func:`on_page`);
-``turnwire history`` places it the same way.
+by its start time (:func:`turnwire_server.turn_places.turn_places`, which ``turnwire history``
+uses too) and listed on the page of its place (:func:`on_page`).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import bisect
 import hashlib
-import itertools
 import re
 import struct
 from collections.abc import Sequence
-
-from google.protobuf import timestamp_pb2
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.errors import InvalidPageToken
@@ -87,29 +83,8 @@ def page_of(
     return page, (end if end < len(messages) else None)
 
 
-def _instant(stamp: timestamp_pb2.Timestamp) -> tuple[int, int]:
-    """``(seconds, microseconds)``: the store keeps a turn's start time to the microsecond, while
-    its input's ``create_time`` (the same instant) keeps every nanosecond; compared at full
-    precision, the input could count as created after the turn started."""
-    return (stamp.seconds, stamp.nanos // 1000)
-
-
-def turn_places(
-    messages: Sequence[message_pb2.Message], starts: Sequence[timestamp_pb2.Timestamp]
-) -> list[int]:
-    """Where each turn start time in ``starts`` sits among ``messages`` (docs/semantics.md §5,
-    ``Conversation.turns_without_reply``): the index of the first message created after it
-    (``len(messages)`` when none is), so the turn comes right after message ``index - 1``. Times
-    are compared to the microsecond; a message without ``create_time`` counts as created at the
-    epoch. Clocks of several replicas may disagree, so times need not rise with the order: the
-    first message later than the start and than every message before it is meant (a running
-    maximum)."""
-    latest = list(itertools.accumulate((_instant(m.create_time) for m in messages), max))
-    return [bisect.bisect_right(latest, _instant(start)) for start in starts]
-
-
 def on_page(place: int, start: int, end: int) -> bool:
-    """Whether a turn at ``place`` (:func:`turn_places`) is listed on the page of messages
-    ``[start, end)``: the page holding message ``place - 1``, or the first page for a turn
-    before every message."""
+    """Whether a turn at ``place`` (:func:`~turnwire_server.turn_places.turn_places`) is listed
+    on the page of messages ``[start, end)``: the page holding message ``place - 1``, or the
+    first page for a turn before every message."""
     return start < place <= end or place == start == 0

@@ -24,7 +24,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 
-from turnwire_server.console import run_chat, run_history
+from turnwire_server.cli.connection import Connection
+from turnwire_server.cli.history import run_history
+from turnwire_server.cli.turns import run_chat
 
 DEMO_MESSAGES = (
     "What's the weather in Paris?",
@@ -143,11 +145,11 @@ async def run_demo(workdir: Path, *, overflow: bool = False, listen: str | None 
             code = 0
             for text in messages:
                 console.print(f"[bold cyan]you>[/] {text}")
-                result = await run_chat(target, conversation, text, console=console)
+                result = await run_chat(Connection(target), conversation, text, console=console)
                 code = code or result
                 console.print()
             console.rule(f"stored transcript of {conversation}")
-            code = code or await run_history(target, conversation, console=console)
+            code = code or await run_history(Connection(target), conversation, console=console)
         finally:
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)

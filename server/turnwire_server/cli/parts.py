@@ -1,0 +1,162 @@
+"""How the parts of a reply print, live (:mod:`.live`) and from the store (:mod:`.history`):
+tool calls and their results, sources, files; JSON shown exactly and cut short; styles by status.
+
+Lines are rich ``Text`` without markup, so a model's text is never read as markup; output that is
+not a terminal stays plain text.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC
+
+from google.protobuf import json_format, timestamp_pb2
+from rich.console import Console
+from rich.text import Text
+
+from turnwire_client.v1 import event_pb2, message_pb2
+
+_MAX_JSON = 300  # characters of tool input/output shown before eliding
+
+STATUS_STYLES: dict[int, str] = {
+    event_pb2.TURN_STATUS_COMPLETED: "bold green",
+    event_pb2.TURN_STATUS_ERROR: "bold red",
+    event_pb2.TURN_STATUS_ABORTED: "bold yellow",
+    event_pb2.TURN_STATUS_INTERRUPTED: "bold yellow",
+    event_pb2.TURN_STATUS_SKIPPED: "bold",
+}
+
+APPROVAL_HINT = (
+    " (call {call_id}: `turnwire approve {conversation} {call_id}`, or add --deny [--reason TEXT];"
+    " the turn goes on)"
+)
+"""Who answers a call waiting for approval: the CLI's ``approve`` (applications: SubmitToolApprovals)."""
+
+
+def call_line(name: str, payload: str, *, style: str = "") -> Text:
+    return Text.assemble(("→ ", "cyan"), (name, "bold cyan"), " ", (payload, style))
+
+
+def result_line(
+    name: str,
+    output_json: str,
+    decision: message_pb2.ToolCallDecision.ValueType = message_pb2.TOOL_CALL_DECISION_UNSPECIFIED,
+) -> Text:
+    """``← name: output``; a result a ``before_tool_call`` hook decided is marked as such (the
+    model took it as a success, but the tool did not run)."""
+    payload = exact_json(output_json)
+    if decision == message_pb2.TOOL_CALL_DECISION_BLOCKED:
+        value = json.loads(output_json) if output_json else None
+        shown = value if isinstance(value, str) else payload
+        return Text.assemble(
+            ("← ", "yellow"), (name, "bold yellow"), (": blocked by a hook: ", "yellow"), shown
+        )
+    line = Text.assemble(("← ", "green"), (name, "bold green"), ": ", payload)
+    if decision == message_pb2.TOOL_CALL_DECISION_SUBSTITUTED:
+        line.append(" (substituted by a hook; the tool did not run)", style="yellow")
+    return line
+
+
+def preliminary_line(name: str, output_json: str) -> Text:
+    payload = exact_json(output_json)
+    return Text.assemble(("… ", "dim"), (name, "bold dim"), ": ", (payload, "dim"), (" (preliminary)", "dim"))
+
+
+ABORTED_TOOL_ERROR = "The tool call was aborted before it finished."
+"""The error the sidecar stores for a tool call a cancel, stall or failed turn cut off
+(docs/semantics.md §5; ``turnwire_server.engine.transcript``, not imported: it loads the engine)."""
+
+INTERRUPTED_TOOL_ERROR = "The tool call was interrupted before a result was recorded."
+"""The error the sidecar gives a tool call found without a result (docs/semantics.md §8)."""
+
+_STOPPED_TOOL_CALLS: dict[str, str] = {
+    ABORTED_TOOL_ERROR: "aborted before it finished (the turn stopped)",
+    INTERRUPTED_TOOL_ERROR: "interrupted: no result was recorded",
+}
+"""The sidecar's results for calls the turn stopped, not the tool failing: shown apart from errors."""
+
+
+def denied_line(name: str, reason: str) -> Text:
+    """``← name: denied`` (yellow), with the reason given when there is one."""
+    return Text(f"← {name}: denied" + (f" ({reason})" if reason else ""), style="yellow")
+
+
+def error_line(name: str, error_text: str) -> Text:
+    """``← name: error: text`` (red); a call the turn stopped is shown as such (yellow), as
+    blocked and denied calls are, not as the tool's failure."""
+    stopped = _STOPPED_TOOL_CALLS.get(error_text)
+    if stopped is not None:
+        word, _, rest = stopped.partition(" ")
+        return Text.assemble(
+            ("← ", "yellow"), (name, "bold yellow"), ": ", (word, "bold yellow"), (f" {rest}", "yellow")
+        )
+    return Text(f"← {name}: error: {error_text}", style="red")
+
+
+def source_line(source: message_pb2.SourcePart) -> Text:
+    label = source.title or source.filename or source.source_id
+    where = source.url or source.media_type
+    return Text(" ".join(s for s in ("[source]", label, where) if s), style="dim")
+
+
+def file_line(file: message_pb2.FilePart) -> Text:
+    where = file.url if file.WhichOneof("content") == "url" else f"{len(file.data)} bytes"
+    bits = ("[file]", file.filename, file.media_type, where)
+    return Text(" ".join(s for s in bits if s), style="dim")
+
+
+def input_json(call: message_pb2.ToolCallPart | event_pb2.ToolInputAvailable) -> str:
+    """The call's input for display: its exact JSON text, else (a sidecar before input_json
+    existed) the deprecated Struct view."""
+    if call.input_json:
+        return exact_json(call.input_json)
+    return short(sorted_json(json_format.MessageToDict(call.input)))
+
+
+def output_json(call: message_pb2.ToolCallPart | event_pb2.ToolOutputAvailable) -> str:
+    """The call's output as exact JSON text (from the deprecated Value view on an older sidecar)."""
+    if call.output_json or not call.HasField("output"):
+        return call.output_json
+    return json.dumps(_plain(json_format.MessageToDict(call.output)))
+
+
+def exact_json(text: str) -> str:
+    """A tool input or output from its exact JSON text (integers of any size kept), keys sorted
+    so the same data always prints the same; ``null`` for an empty text."""
+    if not text:
+        return "null"
+    return short(json.dumps(json.loads(text), ensure_ascii=False, sort_keys=True))
+
+
+def sorted_json(value: object) -> str:
+    # Struct maps have no order; sort keys so the same data always prints the same.
+    return json.dumps(_plain(value), ensure_ascii=False, sort_keys=True)
+
+
+def _plain(value: object) -> object:
+    """Undo protobuf's number widening for display: ``21.0`` becomes ``21``."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def short(text: str, limit: int = _MAX_JSON) -> str:
+    text = " ".join(text.split()) if "\n" in text else text
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def or_stderr(console: Console | None) -> Console:
+    """``console``, or a stderr ``Console`` when ``None``: where errors go."""
+    return console if console is not None else Console(stderr=True)
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def utc_time(stamp: timestamp_pb2.Timestamp) -> str:
+    return stamp.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -1,0 +1,251 @@
+"""The turn runners: ``turnwire chat``, ``continue`` and ``approve`` each open a turn's stream
+on the sidecar and render it live (:mod:`.live`); ``turnwire cancel`` cancels one.
+
+Each runner says which RPC opens its stream; :func:`run_turn` connects, renders, and turns the
+outcome into an exit code (:mod:`.exit_codes`). On a terminal a spinner shows the request id while
+the turn waits; otherwise it is printed to the error console (stderr) once the sidecar accepted
+the turn, for ``turnwire cancel``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from turnwire_client import ProtocolError, TurnwireClient, TurnwireError, collect
+from turnwire_client.v1 import event_pb2
+from turnwire_server.cli.connection import Connection
+from turnwire_server.cli.errors import print_call_error
+from turnwire_server.cli.exit_codes import EXIT_OK, EXIT_TURN_FAILED
+from turnwire_server.cli.live import TurnRenderer, print_status_line
+from turnwire_server.cli.parts import STATUS_STYLES, or_stderr
+
+__all__ = ["run_approval", "run_cancel", "run_chat", "run_continue", "run_turn"]
+
+OpenStream = Callable[[TurnwireClient, str], AsyncIterator[event_pb2.TurnEvent]]
+"""Opens a turn's stream on a connected client, under the request id given."""
+
+
+async def run_chat(
+    connection: Connection,
+    conversation_id: str,
+    text: str,
+    *,
+    model: str | None = None,
+    body: Mapping[str, Any] | None = None,
+    console: Console | None = None,
+    err_console: Console | None = None,
+) -> int:
+    """Send ``text`` to ``conversation_id`` on the sidecar ``connection`` names and render the
+    turn live.
+
+    Text deltas are printed as they arrive, reasoning dimmed, tool calls as
+    ``→ name {input}`` and results as ``← name: {output}`` (failures in red); a streaming tool's
+    preliminary results as ``… name: {output} (preliminary)``, its final result once; later steps
+    get a dim ``step N`` marker, and one status line ends the output (status, the error for
+    ERROR turns, steps, token usage as far as the provider reported it). On a terminal a spinner
+    shows the request id while the turn waits; otherwise the request id is printed to
+    ``err_console`` (stderr) once, when the sidecar accepted the turn (its first event). Errors
+    (a refused call, an unreachable sidecar, a broken stream) go to ``err_console``.
+
+    Args:
+        connection: The sidecar's address (e.g. ``"localhost:50051"``), TLS and bearer token.
+        conversation_id: The conversation to append to (created on first use).
+        text: The user message.
+        model: Optional ``provider:model`` for this turn.
+        body: Optional JSON-like data for lifecycle hooks.
+        console: Where to print; a default stdout ``Console`` when ``None``.
+        err_console: Where errors go, and the request id when ``console`` is not a terminal;
+            stderr when ``None``.
+
+    Returns:
+        The process exit code: 0 when the turn COMPLETED; 1 when it ended otherwise (or the
+        stream broke the protocol); 2 when the sidecar rejected the call (code, message and
+        field violations are printed); 3 when the sidecar cannot be reached.
+
+    Never raises :class:`turnwire.TurnwireError`; other exceptions (e.g. cancellation) pass.
+    """
+    return await run_turn(
+        connection,
+        conversation_id,
+        lambda client, request_id: client.chat(
+            conversation_id, text, request_id=request_id, body=body, model=model
+        ),
+        console=console,
+        err_console=err_console,
+    )
+
+
+async def run_continue(
+    connection: Connection,
+    conversation_id: str,
+    *,
+    model: str | None = None,
+    console: Console | None = None,
+    err_console: Console | None = None,
+) -> int:
+    """Let the model continue after the conversation's last assistant message (``ContinueLastTurn``)
+    and render that turn as :func:`run_chat` does. A last user message without a reply is answered
+    instead (``SaveMessages`` with no messages, same request id); a conversation that is empty or
+    ends in a system message ends ``SKIPPED`` (exit code 1). ``err_console`` and exit codes as for
+    :func:`run_chat`."""
+
+    async def go_on(client: TurnwireClient, request_id: str) -> AsyncIterator[event_pb2.TurnEvent]:
+        # A last user message without a reply (a turn cancelled before any) has nothing to
+        # continue; what the person wants is its answer: a turn on the stored history as it is
+        # (SaveMessages with no messages, docs/semantics.md §1), under the same request id.
+        skipped: list[event_pb2.TurnEvent] = []
+        async for event in client.continue_last_turn(conversation_id, request_id=request_id, model=model):
+            if _unanswered(event):
+                skipped.append(event)
+                continue
+            yield event
+        if skipped:
+            async for event in client.save_messages(conversation_id, [], request_id=request_id, model=model):
+                yield event
+
+    return await run_turn(connection, conversation_id, go_on, console=console, err_console=err_console)
+
+
+async def run_approval(
+    connection: Connection,
+    conversation_id: str,
+    tool_call_id: str,
+    *,
+    approved: bool,
+    reason: str | None = None,
+    model: str | None = None,
+    console: Console | None = None,
+    err_console: Console | None = None,
+) -> int:
+    """Approve or deny the call ``tool_call_id`` waiting for approval (``SubmitToolApprovals``,
+    docs/semantics.md §6) and render the turn that goes on as :func:`run_chat` does; ``reason``
+    is told to the model for a denial; ``model`` runs the turn that goes on. Exit codes as for
+    :func:`run_chat` (2 when the call is not waiting: unknown id, or already answered)."""
+    reasons = {tool_call_id: reason} if reason else None
+
+    async def names(client: TurnwireClient) -> dict[str, str]:
+        # The continuation's events name the call by id only; the transcript has its tool name.
+        conversation = await client.get_conversation(conversation_id)
+        return {
+            part.tool_call.tool_call_id: part.tool_call.tool_name
+            for message in conversation.messages
+            for part in message.parts
+            if part.WhichOneof("kind") == "tool_call" and part.tool_call.tool_call_id == tool_call_id
+        }
+
+    return await run_turn(
+        connection,
+        conversation_id,
+        lambda client, request_id: client.submit_tool_approvals(
+            conversation_id, {tool_call_id: approved}, reasons=reasons, request_id=request_id, model=model
+        ),
+        console=console,
+        err_console=err_console,
+        tool_names=names,
+    )
+
+
+def _unanswered(event: event_pb2.TurnEvent) -> bool:
+    """A ``ContinueLastTurn`` skipped because the last message is the user's (no reply yet)."""
+    if event.WhichOneof("event") != "turn_end" or event.turn_end.status != event_pb2.TURN_STATUS_SKIPPED:
+        return False
+    error = TurnwireError.from_status(event.turn_end.error)
+    return error.reason == "NOTHING_TO_CONTINUE" and error.error_metadata.get("last_role") == "user"
+
+
+async def run_turn(
+    connection: Connection,
+    conversation_id: str,
+    open_stream: OpenStream,
+    *,
+    request_id: str | None = None,
+    console: Console | None = None,
+    err_console: Console | None = None,
+    tool_names: Callable[[TurnwireClient], Awaitable[Mapping[str, str]]] | None = None,
+) -> int:
+    """Render the turn ``open_stream`` opens on ``conversation_id`` under ``request_id`` (a new
+    ``cli-…`` id when None); ``tool_names``: the names of calls the stream will name by id only
+    (``{tool_call_id: tool_name}``, read before it opens). Exit codes as for :func:`run_chat`."""
+    request_id = request_id or f"cli-{uuid.uuid4().hex[:16]}"
+    out = console if console is not None else Console()
+    err = or_stderr(err_console)
+    renderer = TurnRenderer(out, request_id, err_console=err, conversation_id=conversation_id)
+    try:
+        # Progress keepalives (a turn silent for limits.progress_interval_seconds) update the
+        # spinner: a turn queued behind another says so instead of "waiting for the sidecar".
+        async with connection.client(include_progress=True) as client:
+            if tool_names is not None:
+                renderer.tool_names.update(await tool_names(client))
+            result = await collect(renderer.tee(open_stream(client, request_id)))
+    except asyncio.CancelledError:
+        # Ctrl-C: asyncio.run cancels this task; leaving the stream cancels the turn on the
+        # sidecar (disconnect policy "cancel"), which stores the partial reply as ABORTED.
+        renderer.stop_waiting()
+        renderer.end_line()
+        if renderer.started:
+            renderer.abort_open_calls()
+        # Before TurnStart the input was not yet durable (queued, or being stored): nothing stays.
+        # After it, the partial reply is stored only when it has content (docs/semantics.md §11,
+        # "Empty replies"): a reply with none leaves no message, so `history` has nothing to mark.
+        if not renderer.started:
+            stored = "cancelled before the turn started; nothing was stored"
+        elif renderer.reply_content:
+            stored = "the partial reply is stored as aborted"
+        else:
+            stored = "your message is stored; no reply had arrived, so none was stored"
+        out.print(
+            Text(
+                f"ABORTED by Ctrl-C · request {request_id}: {stored}",
+                style=STATUS_STYLES[event_pb2.TURN_STATUS_ABORTED],
+            ),
+            soft_wrap=True,
+            highlight=False,
+        )
+        raise
+    except ProtocolError as error:
+        renderer.stop_waiting()
+        renderer.end_line()
+        err.print(Text(f"protocol error: {error.message}", style="bold red"), soft_wrap=True)
+        return EXIT_TURN_FAILED
+    except TurnwireError as error:
+        renderer.stop_waiting()
+        renderer.end_line()
+        return print_call_error(err, connection.target, error, mid_turn=renderer.events_seen > 0)
+    renderer.stop_waiting()
+    renderer.end_line()
+    print_status_line(out, result, renderer.model, output_streamed=renderer.output_streamed)
+    return EXIT_OK if result.ok else EXIT_TURN_FAILED
+
+
+async def run_cancel(
+    connection: Connection,
+    request_id: str,
+    *,
+    console: Console | None = None,
+    err_console: Console | None = None,
+) -> int:
+    """Cancel the running or queued turn ``request_id`` (``CancelChat``; any replica). Prints
+    that the turn was cancelled, or on ``err_console`` (stderr when ``None``) that there was none
+    or the call's error. Returns 0 when one was, 1 when no such turn is running, else 2 or 3 as
+    :func:`run_chat` does."""
+    out = console if console is not None else Console()
+    err = or_stderr(err_console)
+    try:
+        async with connection.client() as client:
+            cancelled = await client.cancel_chat(request_id)
+    except TurnwireError as error:
+        return print_call_error(err, connection.target, error)
+    if cancelled:
+        out.print(Text(f"cancelled {request_id}: its turn ends ABORTED", style="bold yellow"), soft_wrap=True)
+        return EXIT_OK
+    err.print(
+        Text(f"no running or queued turn {request_id} (finished, or never started)", style="dim"),
+        soft_wrap=True,
+    )
+    return EXIT_TURN_FAILED

@@ -1,0 +1,84 @@
+"""The client commands' connection options, declared once (``turnwire_server.cli.connection``):
+every client command takes the same seven, before or after its name; after the name wins over
+before it, before it over the ``TURNWIRE_*`` variables, the variables over the defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from turnwire_server.cli import app
+from turnwire_server.cli.connection import (
+    CLIENT_COMMANDS,
+    ConnectionOptions,
+    client_command,
+    options_before_command,
+)
+
+SEVEN = {"--target", "--token", "--tls", "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name"}
+
+
+def _options(command: Any) -> set[str]:
+    """The connection flags among a (typer's) click command's options."""
+    return {flag for param in command.params for flag in param.opts if flag in SEVEN}
+
+
+def test_every_client_command_and_the_group_take_the_seven_options() -> None:
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    assert _options(group) == SEVEN
+    for name in CLIENT_COMMANDS:
+        assert _options(group.commands[name]) == SEVEN, name
+    for name in ("serve", "migrate", "demo"):
+        assert not _options(group.commands[name]), name
+
+
+def _seen_app(seen: list[ConnectionOptions]) -> typer.Typer:
+    """An app with one client command, ``health``, that records the options it was given."""
+    probe = typer.Typer()
+
+    @probe.callback()
+    @options_before_command
+    def _main() -> None:
+        pass
+
+    @client_command
+    def health(*, sidecar: ConnectionOptions) -> None:
+        seen.append(sidecar)
+
+    probe.command()(health)
+    return probe
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "target"),
+    [
+        (["health"], {}, "127.0.0.1:50051"),
+        (["health"], {"TURNWIRE_TARGET": "e:1"}, "e:1"),
+        (["--target", "b:2", "health"], {"TURNWIRE_TARGET": "e:1"}, "b:2"),
+        (["--target", "b:2", "health", "-t", "a:3"], {"TURNWIRE_TARGET": "e:1"}, "a:3"),
+        (["health", "--target", "a:3"], {}, "a:3"),
+    ],
+)
+def test_after_the_name_wins_then_before_it_then_the_variable(
+    args: list[str], env: dict[str, str], target: str
+) -> None:
+    seen: list[ConnectionOptions] = []
+    result = CliRunner().invoke(_seen_app(seen), args, env={"TURNWIRE_TARGET": None, **env})
+    assert result.exit_code == 0, result.output
+    assert [options.target for options in seen] == [target]
+
+
+def test_options_before_and_after_the_name_add_up(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("")
+    seen: list[ConnectionOptions] = []
+    args = ["--token", "before", "--tls-ca", str(ca), "health", "--tls-server-name", "sidecar"]
+    result = CliRunner().invoke(_seen_app(seen), args, env={"TURNWIRE_TOKEN": "variable"})
+    assert result.exit_code == 0, result.output
+    [options] = seen
+    assert (options.token, options.tls_ca, options.tls_server_name) == ("before", ca, "sidecar")
