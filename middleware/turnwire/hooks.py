@@ -33,6 +33,7 @@ from turnwire.compaction import CompactionConfig
 
 # Re-exported: part of the hook contract (defined beside the classifier to keep imports acyclic).
 from turnwire.error_classes import ChatErrorClassification as ChatErrorClassification  # noqa: PLC0414
+from turnwire.errors import CanonicalCode, DomainError, ErrorDetails, reason_value
 from turnwire.tools import Tool
 from turnwire.types import FinishReason, ModelChunk, ModelSettings, ToolChoice, Usage
 from turnwire.types import ToolCall as ModelToolCall
@@ -352,14 +353,17 @@ class ChatErrorContext:
     hook: str = ""
 
 
-class ChatError(Exception):
+class ChatError(DomainError):
     """An error with the status the client should see: return it from ``on_chat_error``.
 
-    ``code`` is a ``google.rpc.Code`` name (``"UNAVAILABLE"``, ``"PERMISSION_DENIED"`` …);
-    ``reason`` an ``ErrorReason`` name for the ``ErrorInfo`` detail; ``retry_after_seconds``
-    adds a ``RetryInfo`` detail; ``metadata`` goes into ``ErrorInfo.metadata``. The
-    client sees ``message`` in ``TurnEnd.error`` (docs/semantics.md §10).
+    ``code`` is a ``google.rpc.Code`` name (``"UNAVAILABLE"``, ``"PERMISSION_DENIED"`` …; a name
+    that is none is ``UNKNOWN``); ``reason`` an ``ErrorReason`` name for the ``ErrorInfo``
+    detail (sent as given, even when the enum lacks it); ``retry_after_seconds`` adds a
+    ``RetryInfo`` detail; ``metadata`` goes into ``ErrorInfo.metadata``. The client sees
+    ``message`` in ``TurnEnd.error`` (docs/semantics.md §10).
     """
+
+    error_reason = reason_value("INTERNAL")
 
     def __init__(
         self,
@@ -376,6 +380,21 @@ class ChatError(Exception):
         self.reason = reason
         self.retry_after_seconds = retry_after_seconds
         self.metadata = dict(metadata or {})
+        self.error_reason = reason_value(reason)
+        self.status_code = CanonicalCode.__members__.get(code, CanonicalCode.UNKNOWN)
+        self.retryable = retry_after_seconds is not None
+        self.retry_delay_seconds = retry_after_seconds
+
+    @property
+    def reason_name(self) -> str:
+        return self.reason
+
+    @property
+    def client_message(self) -> str:
+        return self.message
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata=self.metadata, retry_after_seconds=self.retry_after_seconds)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 from google.protobuf import struct_pb2
 
+from turnwire.errors import DomainError
 from turnwire_client.v1 import message_pb2
 
 VIEW_MAX_DEPTH = 20
@@ -31,8 +32,11 @@ messages deep; readers' default recursion limit is 100)."""
 _EXACT_INT_LIMIT = 2**53
 
 
-class NotJsonError(ValueError):
-    """A value cannot be written as JSON: ``path`` (``$.a[0]``) says where, ``args[0]`` why."""
+class NotJsonError(DomainError, ValueError):
+    """A value cannot be written as JSON: ``path`` (``$.a[0]``) says where, ``args[0]`` why.
+
+    A tool output with no JSON form fails the call (docs/semantics.md §11, exact values): the
+    model sees it, no client gets it as a status (no ``ErrorReason`` of its own)."""
 
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(f"{problem} at {path}")
