@@ -114,3 +114,14 @@ def reason_value(name: str) -> ErrorReasonValue:
         return ErrorReason.Value(_REASON_PREFIX + name)
     except ValueError:
         return error_reason_pb2.ERROR_REASON_UNSPECIFIED
+
+
+# --- a tool call's error when the sidecar, not the tool, ended it -----------------------------
+# Stored as the call's ``error_text``; the engine writes them, the provider adapters send them to
+# the model, and the console tells them apart from a tool's own failure: one definition for all.
+
+ABORTED_TOOL_ERROR = "The tool call was aborted before it finished."
+"""The result of a tool call cut off by a cancel, a stall or a failed turn (docs/semantics.md §5)."""
+
+INTERRUPTED_TOOL_ERROR = "The tool call was interrupted before a result was recorded."
+"""The result given to a tool call found without one (docs/semantics.md §8)."""
