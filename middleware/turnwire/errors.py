@@ -17,7 +17,7 @@ errors and stay free of both.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -105,6 +105,55 @@ class DomainError(Exception):
         """The ``google.rpc`` details of this error (metadata, field violations, retry delay);
         by default only the retry delay."""
         return ErrorDetails(retry_after_seconds=self.retry_delay_seconds)
+
+
+class ErrorWithStatus(DomainError):
+    """A domain error whose status, reason and details are given when it is made, not by its class
+    (a hook's :class:`~turnwire.hooks.ChatError`, the API layer's own status errors).
+
+    ``reason`` is an ``ErrorReason`` name without its prefix, sent as given (even a name the enum
+    lacks); ``field_violations`` pairs of (field path, what to fix); ``retry_after_seconds`` the
+    ``RetryInfo`` delay (``None``: not retryable); ``metadata`` the ``ErrorInfo`` metadata. The
+    client sees ``message``.
+    """
+
+    error_reason = error_reason_pb2.ERROR_REASON_INTERNAL
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: CanonicalCode,
+        reason: str,
+        field_violations: Sequence[tuple[str, str]] = (),
+        retry_after_seconds: float | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+        self.field_violations = tuple(field_violations)
+        self.retry_after_seconds = retry_after_seconds
+        self.metadata = dict(metadata or {})
+        self.error_reason = reason_value(reason)
+        self.status_code = status_code
+        self.retryable = retry_after_seconds is not None
+        self.retry_delay_seconds = retry_after_seconds
+
+    @property
+    def reason_name(self) -> str:
+        return self.reason
+
+    @property
+    def client_message(self) -> str:
+        return self.message
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(
+            metadata=self.metadata,
+            field_violations=self.field_violations,
+            retry_after_seconds=self.retry_after_seconds,
+        )
 
 
 def reason_value(name: str) -> ErrorReasonValue:

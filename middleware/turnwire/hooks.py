@@ -33,7 +33,7 @@ from turnwire.compaction import CompactionConfig
 
 # Re-exported: part of the hook contract (defined beside the classifier to keep imports acyclic).
 from turnwire.error_classes import ChatErrorClassification as ChatErrorClassification  # noqa: PLC0414
-from turnwire.errors import CanonicalCode, DomainError, ErrorDetails, reason_value
+from turnwire.errors import CanonicalCode, ErrorWithStatus
 from turnwire.tools import Tool
 from turnwire.types import FinishReason, ModelChunk, ModelSettings, ToolChoice, Usage
 from turnwire.types import ToolCall as ModelToolCall
@@ -353,7 +353,7 @@ class ChatErrorContext:
     hook: str = ""
 
 
-class ChatError(DomainError):
+class ChatError(ErrorWithStatus):
     """An error with the status the client should see: return it from ``on_chat_error``.
 
     ``code`` is a ``google.rpc.Code`` name (``"UNAVAILABLE"``, ``"PERMISSION_DENIED"`` …; a name
@@ -362,8 +362,6 @@ class ChatError(DomainError):
     ``RetryInfo`` detail; ``metadata`` goes into ``ErrorInfo.metadata``. The client sees
     ``message`` in ``TurnEnd.error`` (docs/semantics.md §10).
     """
-
-    error_reason = reason_value("INTERNAL")
 
     def __init__(
         self,
@@ -374,27 +372,14 @@ class ChatError(DomainError):
         retry_after_seconds: float | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(message)
-        self.message = message
+        super().__init__(
+            message,
+            status_code=CanonicalCode.__members__.get(code, CanonicalCode.UNKNOWN),
+            reason=reason,
+            retry_after_seconds=retry_after_seconds,
+            metadata=metadata,
+        )
         self.code = code
-        self.reason = reason
-        self.retry_after_seconds = retry_after_seconds
-        self.metadata = dict(metadata or {})
-        self.error_reason = reason_value(reason)
-        self.status_code = CanonicalCode.__members__.get(code, CanonicalCode.UNKNOWN)
-        self.retryable = retry_after_seconds is not None
-        self.retry_delay_seconds = retry_after_seconds
-
-    @property
-    def reason_name(self) -> str:
-        return self.reason
-
-    @property
-    def client_message(self) -> str:
-        return self.message
-
-    def details(self) -> ErrorDetails:
-        return ErrorDetails(metadata=self.metadata, retry_after_seconds=self.retry_after_seconds)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 from turnwire.error_classes import OVER_LIMIT, classify_error, never_retryable
-from turnwire.errors import CanonicalCode, DomainError, ErrorDetails, reason_value
+from turnwire.errors import CanonicalCode, DomainError, ErrorDetails, ErrorWithStatus
 from turnwire.hooks import ErrorStage
 from turnwire.providers import ProviderError
 from turnwire_client.v1 import error_reason_pb2
@@ -29,7 +29,7 @@ from turnwire_server.hooks.chain import HookError
 DOMAIN = "turnwire.dev"
 
 
-class TurnwireStatusError(DomainError):
+class TurnwireStatusError(ErrorWithStatus):
     """An error that maps to one gRPC status with details, as the API layer builds it.
 
     ``code`` is a :class:`grpc.StatusCode`; ``reason`` an ``ErrorReason`` name
@@ -37,8 +37,6 @@ class TurnwireStatusError(DomainError):
     of (field path, what to fix); ``retry_after_seconds`` the ``RetryInfo`` delay;
     ``metadata`` extra ErrorInfo metadata.
     """
-
-    error_reason = error_reason_pb2.ERROR_REASON_INTERNAL
 
     def __init__(
         self,
@@ -50,32 +48,15 @@ class TurnwireStatusError(DomainError):
         retry_after_seconds: float | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.reason = reason
-        self.field_violations = tuple(field_violations)
-        self.retry_after_seconds = retry_after_seconds
-        self.metadata = dict(metadata or {})
-        self.error_reason = reason_value(reason)
-        self.status_code = CanonicalCode[code.name]
-        self.retryable = retry_after_seconds is not None
-        self.retry_delay_seconds = retry_after_seconds
-
-    @property
-    def reason_name(self) -> str:
-        return self.reason
-
-    @property
-    def client_message(self) -> str:
-        return self.message
-
-    def details(self) -> ErrorDetails:
-        return ErrorDetails(
-            metadata=self.metadata,
-            field_violations=self.field_violations,
-            retry_after_seconds=self.retry_after_seconds,
+        super().__init__(
+            message,
+            status_code=CanonicalCode[code.name],
+            reason=reason,
+            field_violations=field_violations,
+            retry_after_seconds=retry_after_seconds,
+            metadata=metadata,
         )
+        self.code = code
 
     def to_status(self) -> status_pb2.Status:
         """The ``google.rpc.Status`` of this error, details included."""
