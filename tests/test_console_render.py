@@ -367,21 +367,17 @@ def test_a_provider_error_names_its_class_as_the_sidecar_log_does() -> None:
 def test_an_aborted_tool_call_is_marked_apart_from_a_failing_tool() -> None:
     """Trial 3: a call cut off by a cancel printed "error: The tool call was aborted …", like a tool
     that failed; it is marked aborted (live and in history), as blocked and denied calls are."""
+    from turnwire.errors import ABORTED_TOOL_ERROR, INTERRUPTED_TOOL_ERROR
     from turnwire_client.v1 import event_pb2
     from turnwire_server.cli import parts
-    from turnwire_server.engine import transcript
 
-    assert parts.ABORTED_TOOL_ERROR == transcript.ABORTED_TOOL_ERROR
-    assert parts.INTERRUPTED_TOOL_ERROR == transcript.INTERRUPTED_TOOL_ERROR
     called = event_pb2.TurnEvent(
         tool_input_available=event_pb2.ToolInputAvailable(
             tool_call_id="c1", tool_name="track_order", input_json="{}"
         )
     )
     cut = event_pb2.TurnEvent(
-        tool_output_error=event_pb2.ToolOutputError(
-            tool_call_id="c1", error_text=transcript.ABORTED_TOOL_ERROR
-        )
+        tool_output_error=event_pb2.ToolOutputError(tool_call_id="c1", error_text=ABORTED_TOOL_ERROR)
     )
     assert _turn_lines(called, cut)[-1] == "← track_order: aborted before it finished (the turn stopped)"
     stored = _render(
@@ -390,12 +386,12 @@ def test_an_aborted_tool_call_is_marked_apart_from_a_failing_tool() -> None:
             tool_name="track_order",
             input_json="{}",
             state=message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR,
-            error_text=transcript.INTERRUPTED_TOOL_ERROR,
+            error_text=INTERRUPTED_TOOL_ERROR,
         )
     )
     assert stored[-1] == "← track_order: interrupted: no result was recorded"
     # The style differs from a failing tool's too (what a terminal shows).
-    assert parts.error_line("t", transcript.ABORTED_TOOL_ERROR).spans != parts.error_line("t", "boom").spans
+    assert parts.error_line("t", ABORTED_TOOL_ERROR).spans != parts.error_line("t", "boom").spans
 
 
 async def test_ctrl_c_during_a_tool_shows_it_aborted_as_history_will() -> None:

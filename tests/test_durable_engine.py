@@ -16,7 +16,7 @@ from support.waiting import wait_until
 
 from turnwire.testing import ScriptStep
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
-from turnwire_server.engine.errors import TurnNotFound
+from turnwire_server.engine.errors import TurnStreamNotFound
 from turnwire_server.engine.replica import Replica
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.turn_spec import spec_json
@@ -67,7 +67,7 @@ async def test_a_finished_turn_is_read_from_the_store_and_an_unstarted_one_is_no
     )
     assert end_of(skipped).status == event_pb2.TURN_STATUS_SKIPPED
     await wait_until(lambda: h.engine.handle("r-skip") is None, what="the skipped turn is gone")
-    with pytest.raises(TurnNotFound, match="never started"):
+    with pytest.raises(TurnStreamNotFound, match="never started"):
         async for _ in h.engine.replay("r-skip", 0):
             pass
 

@@ -37,6 +37,7 @@ from support.engine_harness import (
 )
 from support.waiting import wait_until
 
+from turnwire.errors import ABORTED_TOOL_ERROR, INTERRUPTED_TOOL_ERROR
 from turnwire.hooks import ChatResponseContext, Middleware
 from turnwire.providers import CONTINUATION_PROMPT, ModelRequest
 from turnwire.testing import (
@@ -56,7 +57,6 @@ from turnwire_server.engine.errors import (
     RequestIdInUse,
     ShuttingDown,
 )
-from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR, INTERRUPTED_TOOL_ERROR
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store import TurnRecord
 from turnwire_server.store.sqlite import SqliteStore

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 
+from turnwire.errors import INTERRUPTED_TOOL_ERROR
 from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.compaction import input_start
 from turnwire_server.engine.pending_calls import (
@@ -16,7 +17,6 @@ from turnwire_server.engine.pending_calls import (
     repair_pending,
     with_pending_placeholders,
 )
-from turnwire_server.engine.transcript import INTERRUPTED_TOOL_ERROR
 from turnwire_server.store.tool_answers import expired_text
 
 S = message_pb2

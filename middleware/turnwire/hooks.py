@@ -33,6 +33,7 @@ from turnwire.compaction import CompactionConfig
 
 # Re-exported: part of the hook contract (defined beside the classifier to keep imports acyclic).
 from turnwire.error_classes import ChatErrorClassification as ChatErrorClassification  # noqa: PLC0414
+from turnwire.errors import CanonicalCode, ErrorWithStatus
 from turnwire.tools import Tool
 from turnwire.types import FinishReason, ModelChunk, ModelSettings, ToolChoice, Usage
 from turnwire.types import ToolCall as ModelToolCall
@@ -352,13 +353,14 @@ class ChatErrorContext:
     hook: str = ""
 
 
-class ChatError(Exception):
+class ChatError(ErrorWithStatus):
     """An error with the status the client should see: return it from ``on_chat_error``.
 
-    ``code`` is a ``google.rpc.Code`` name (``"UNAVAILABLE"``, ``"PERMISSION_DENIED"`` …);
-    ``reason`` an ``ErrorReason`` name for the ``ErrorInfo`` detail; ``retry_after_seconds``
-    adds a ``RetryInfo`` detail; ``metadata`` goes into ``ErrorInfo.metadata``. The
-    client sees ``message`` in ``TurnEnd.error`` (docs/semantics.md §10).
+    ``code`` is a ``google.rpc.Code`` name (``"UNAVAILABLE"``, ``"PERMISSION_DENIED"`` …; a name
+    that is none is ``UNKNOWN``); ``reason`` an ``ErrorReason`` name for the ``ErrorInfo``
+    detail (sent as given, even when the enum lacks it); ``retry_after_seconds`` adds a
+    ``RetryInfo`` detail; ``metadata`` goes into ``ErrorInfo.metadata``. The client sees
+    ``message`` in ``TurnEnd.error`` (docs/semantics.md §10).
     """
 
     def __init__(
@@ -370,12 +372,14 @@ class ChatError(Exception):
         retry_after_seconds: float | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(message)
-        self.message = message
+        super().__init__(
+            message,
+            status_code=CanonicalCode.__members__.get(code, CanonicalCode.UNKNOWN),
+            reason=reason,
+            retry_after_seconds=retry_after_seconds,
+            metadata=metadata,
+        )
         self.code = code
-        self.reason = reason
-        self.retry_after_seconds = retry_after_seconds
-        self.metadata = dict(metadata or {})
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,9 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from turnwire.errors import CanonicalCode, DomainError
 from turnwire.types import ModelChunk, ModelSettings, ToolChoice, ToolDefinition
-from turnwire_client.v1 import message_pb2
+from turnwire_client.v1 import error_reason_pb2, message_pb2
 
 CONTINUATION_PROMPT = (
     "Continue your previous response from exactly where it left off. Do not repeat any of it."
@@ -51,8 +52,8 @@ class ModelRequest:
     attempt: int = 1
 
 
-class ProviderError(Exception):
-    """A provider call failed, normalized across providers.
+class ProviderError(DomainError):
+    """A provider call failed, normalized across providers (reason ``PROVIDER_ERROR``).
 
     ``status`` is the HTTP status (0 when none, e.g. an in-stream error or a
     dropped connection), ``type``/``code`` the provider's own error type and
@@ -62,8 +63,12 @@ class ProviderError(Exception):
     the body of a 2xx response the provider had already begun (an error event, a stream cut short
     or unreadable, a connection dropped while reading it) rather than as an error status before
     any output. :mod:`turnwire.error_classes` reads these fields: the class, the coarse
-    classification and the overflow remedy of an error.
+    classification and the overflow remedy of an error; the API layer reads them too, for the
+    status the client gets (``UNAVAILABLE`` by default, refined by that classification).
     """
+
+    error_reason = error_reason_pb2.ERROR_REASON_PROVIDER_ERROR
+    status_code = CanonicalCode.UNAVAILABLE
 
     def __init__(
         self,
@@ -88,6 +93,10 @@ class ProviderError(Exception):
         self.body = body
         self.provider = provider
         self.in_stream = in_stream
+
+    @property
+    def client_message(self) -> str:
+        return f"model provider error: {self.message}"
 
 
 @runtime_checkable

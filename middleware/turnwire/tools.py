@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 
+from turnwire.errors import DomainError
 from turnwire.types import ToolDefinition
 
 if TYPE_CHECKING:
@@ -83,8 +84,11 @@ class ToolExecution:
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class ToolError(Exception):
-    """Raised by a tool to fail with a message the model sees verbatim."""
+class ToolError(DomainError):
+    """Raised by a tool to fail with a message the model sees verbatim.
+
+    The call's error, not the turn's: no client gets it as a status (it has no ``ErrorReason``
+    of its own; were it to end a turn, the client would see an ``INTERNAL`` error)."""
 
 
 @runtime_checkable

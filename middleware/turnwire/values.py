@@ -22,17 +22,20 @@ from typing import Any
 import orjson
 from google.protobuf import struct_pb2
 
+from turnwire.errors import DomainError
 from turnwire_client.v1 import message_pb2
+from turnwire_client.values import EXACT_INTEGER_LIMIT, struct_number
 
 VIEW_MAX_DEPTH = 20
 """Deepest nesting a ``Struct``/``Value`` view is made for (each level is two protobuf
 messages deep; readers' default recursion limit is 100)."""
 
-_EXACT_INT_LIMIT = 2**53
 
+class NotJsonError(DomainError, ValueError):
+    """A value cannot be written as JSON: ``path`` (``$.a[0]``) says where, ``args[0]`` why.
 
-class NotJsonError(ValueError):
-    """A value cannot be written as JSON: ``path`` (``$.a[0]``) says where, ``args[0]`` why."""
+    A tool output with no JSON form fails the call (docs/semantics.md §11, exact values): the
+    model sees it, no client gets it as a status (no ``ErrorReason`` of its own)."""
 
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(f"{problem} at {path}")
@@ -127,7 +130,7 @@ def _viewable(value: Any, depth: int) -> bool:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return True
     if isinstance(value, int):
-        return abs(value) <= _EXACT_INT_LIMIT
+        return abs(value) <= EXACT_INTEGER_LIMIT
     if isinstance(value, float):
         return math.isfinite(value)
     if isinstance(value, dict):
@@ -174,13 +177,13 @@ def _fill(target: struct_pb2.Value, value: Any) -> None:
 
 
 def from_value(value: struct_pb2.Value) -> Any:
-    """A ``google.protobuf.Value`` as plain JSON; integral numbers below 2**53 come back as ints."""
+    """A ``google.protobuf.Value`` as plain JSON; numbers as
+    :func:`turnwire_client.values.struct_number` reads them (integral ones below 2**53 as ints)."""
     kind = value.WhichOneof("kind")
     if kind == "string_value":
         return value.string_value
     if kind == "number_value":
-        number = value.number_value
-        return int(number) if number.is_integer() and abs(number) < _EXACT_INT_LIMIT else number
+        return struct_number(value.number_value)
     if kind == "bool_value":
         return value.bool_value
     if kind == "struct_value":

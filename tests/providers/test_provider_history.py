@@ -27,9 +27,10 @@ from providers.helpers import (
     user,
 )
 from providers.replay import ReplayServer, Reply
+from turnwire.errors import INTERRUPTED_TOOL_ERROR
 from turnwire.types import ToolDefinition
 from turnwire_client.v1 import message_pb2
-from turnwire_server.providers.convert import EMPTY_TOOL_RESULT, EMPTY_USER_TEXT, INTERRUPTED_TOOL_ERROR
+from turnwire_server.providers.convert import EMPTY_TOOL_RESULT, EMPTY_USER_TEXT
 
 CLOCK = ToolDefinition("get_time", "", {"type": "object", "properties": {}})
 ADAPTERS = ["anthropic_provider", "chat_provider", "responses_provider"]

@@ -42,9 +42,9 @@ from providers.helpers import (
 )
 from providers.replay import ReplayServer, Reply
 from turnwire import types as base
+from turnwire.errors import INTERRUPTED_TOOL_ERROR
 from turnwire.types import ToolDefinition
 from turnwire_client.v1 import message_pb2
-from turnwire_server.providers.convert import INTERRUPTED_TOOL_ERROR
 
 WEATHER = ToolDefinition(
     "get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

@@ -11,7 +11,7 @@ from grpc_status import rpc_status
 from turnwire_client.v1 import event_pb2
 from turnwire_server.api.progress import Silence, keepalive
 from turnwire_server.api.status import status_error_of
-from turnwire_server.engine.errors import TurnNotFound, TurnNotHere
+from turnwire_server.engine.errors import TurnNotHere, TurnStreamNotFound
 from turnwire_server.store.errors import StoreError
 
 
@@ -32,7 +32,7 @@ async def replay_stream(
     try:
         async for event in events:
             yield event
-    except (TurnNotFound, TurnNotHere, StoreError) as error:
+    except (TurnStreamNotFound, TurnNotHere, StoreError) as error:
         await context.abort_with_status(rpc_status.to_status(status_error_of(error).to_status()))
 
 

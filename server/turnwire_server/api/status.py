@@ -4,6 +4,11 @@ Every error Turnwire returns carries a ``google.rpc.ErrorInfo`` with domain
 ``turnwire.dev`` and an UPPER_SNAKE reason from ``turnwire.v1.ErrorReason``;
 field problems add ``google.rpc.BadRequest``; errors worth retrying later add
 ``google.rpc.RetryInfo``.
+
+A domain error (:class:`turnwire.errors.DomainError`) says its own reason, status, client message
+and details; this module maps them by those attributes, so a new error class needs no edit here.
+Only two need what the error alone does not know: a provider error's status follows its
+classification (:mod:`turnwire.error_classes`), and a hook error names the turn's stage.
 """
 
 from __future__ import annotations
@@ -15,53 +20,17 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 from turnwire.error_classes import OVER_LIMIT, classify_error, never_retryable
-from turnwire.hooks import ChatError, ErrorStage
+from turnwire.errors import CanonicalCode, DomainError, ErrorDetails, ErrorWithStatus
+from turnwire.hooks import ErrorStage
 from turnwire.providers import ProviderError
-from turnwire_server.engine.errors import (
-    CancelledByShutdown,
-    ConversationDeleted,
-    InputNotStored,
-    ModelTimeout,
-    NestedTurn,
-    NothingToContinue,
-    QueueFull,
-    RequestIdInUse,
-    ServerRestarted,
-    ServerStopping,
-    ShuttingDown,
-    SlowConsumer,
-    StoppedByInput,
-    StreamStalled,
-    SubmissionExpired,
-    SubmissionNotFound,
-    TurnInProgress,
-    TurnNotFound,
-    TurnNotHere,
-)
+from turnwire_client.v1 import error_reason_pb2
 from turnwire_server.hooks.chain import HookError
-from turnwire_server.providers.registry import UnknownModel
-from turnwire_server.store.errors import (
-    ConversationNotFound,
-    MessageAlreadyAnswered,
-    MessageBeingWritten,
-    MessageIdConflict,
-    StoreCorrupted,
-    StoreError,
-    SubmissionConflict,
-    SubmissionNotPending,
-    ToolCallExpired,
-    ToolCallNotFound,
-    ToolCallNotPending,
-    ToolCallsSpanMessages,
-    TooManySubmissions,
-    TurnAlreadyExists,
-)
 
 DOMAIN = "turnwire.dev"
 
 
-class TurnwireStatusError(Exception):
-    """An error that maps to one gRPC status with details.
+class TurnwireStatusError(ErrorWithStatus):
+    """An error that maps to one gRPC status with details, as the API layer builds it.
 
     ``code`` is a :class:`grpc.StatusCode`; ``reason`` an ``ErrorReason`` name
     without its prefix (``CONVERSATION_NOT_FOUND``); ``field_violations`` pairs
@@ -79,13 +48,15 @@ class TurnwireStatusError(Exception):
         retry_after_seconds: float | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(message)
+        super().__init__(
+            message,
+            status_code=CanonicalCode[code.name],
+            reason=reason,
+            field_violations=field_violations,
+            retry_after_seconds=retry_after_seconds,
+            metadata=metadata,
+        )
         self.code = code
-        self.message = message
-        self.reason = reason
-        self.field_violations = tuple(field_violations)
-        self.retry_after_seconds = retry_after_seconds
-        self.metadata = dict(metadata or {})
 
     def to_status(self) -> status_pb2.Status:
         """The ``google.rpc.Status`` of this error, details included."""
@@ -143,7 +114,7 @@ def build_status(
     return status_pb2.Status(code=code.value[0], message=message, details=details)
 
 
-def _provider_status(error: ProviderError) -> TurnwireStatusError:
+def _provider_status(error: ProviderError) -> tuple[CanonicalCode, ErrorDetails]:
     # One provider error, one status, whatever the shape of its body (docs/semantics.md §11): the
     # code follows the error's class (turnwire.error_classes, the same function the adapters'
     # "retryable" and classify_chat_error read: HTTP status, error type and code first, message
@@ -154,15 +125,15 @@ def _provider_status(error: ProviderError) -> TurnwireStatusError:
     kind = classify_error(error)
     never = never_retryable(error)
     if kind in ("rate_limit", "quota_or_billing", "server_capacity"):
-        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+        code = CanonicalCode.RESOURCE_EXHAUSTED
     elif kind in OVER_LIMIT or kind in ("invalid_request_transcript", "invalid_request"):
-        code = grpc.StatusCode.INVALID_ARGUMENT
+        code = CanonicalCode.INVALID_ARGUMENT
     elif kind == "not_found":
-        code = grpc.StatusCode.NOT_FOUND
+        code = CanonicalCode.NOT_FOUND
     elif (error.retryable and not never) or kind in ("overloaded", "server_error", "transient"):
-        code = grpc.StatusCode.UNAVAILABLE
+        code = CanonicalCode.UNAVAILABLE
     else:
-        code = grpc.StatusCode.INTERNAL
+        code = CanonicalCode.INTERNAL
     metadata = {"provider": error.provider, "http_status": str(error.status), "provider_error_class": kind}
     if error.type:
         metadata["provider_error_type"] = error.type
@@ -173,262 +144,49 @@ def _provider_status(error: ProviderError) -> TurnwireStatusError:
     retry_after_seconds = None
     if not never and (error.retryable or kind == "rate_limit"):
         retry_after_seconds = 1.0 if error.retry_after_seconds is None else error.retry_after_seconds
-    return TurnwireStatusError(
-        code,
-        f"model provider error: {error.message}",
-        reason="PROVIDER_ERROR",
-        retry_after_seconds=retry_after_seconds,
-        metadata=metadata,
-    )
+    return code, ErrorDetails(metadata=metadata, retry_after_seconds=retry_after_seconds)
 
 
-def _tool_call_status(
-    error: ToolCallNotFound | ToolCallNotPending | ToolCallExpired | ToolCallsSpanMessages,
-) -> TurnwireStatusError:
-    """A refused tool result or approval (docs/semantics.md §6, §12): nothing was stored."""
-    metadata = {"tool_call_id": error.tool_call_id}
-    if isinstance(error, ToolCallNotFound):
-        return TurnwireStatusError(
-            grpc.StatusCode.NOT_FOUND, str(error), reason="TOOL_CALL_NOT_FOUND", metadata=metadata
-        )
-    if isinstance(error, ToolCallNotPending):
-        return TurnwireStatusError(
-            grpc.StatusCode.FAILED_PRECONDITION, str(error), reason="TOOL_CALL_NOT_PENDING", metadata=metadata
-        )
-    if isinstance(error, ToolCallExpired):
-        return TurnwireStatusError(
-            grpc.StatusCode.FAILED_PRECONDITION, str(error), reason="EXPIRED", metadata=metadata
-        )
-    return TurnwireStatusError(
-        grpc.StatusCode.INVALID_ARGUMENT,
-        str(error),
-        reason="INVALID_FIELD",
-        field_violations=[("tool_call_id", "answer the calls of one assistant message per request")],
-        metadata=metadata,
-    )
+def _names_a_reason(error: DomainError) -> bool:
+    # The class, not the instance: an instance may refine its class's reason (StoppedByInput's
+    # ROLLED_BACK) or carry one the enum lacks (a ChatError's), but a class without one has none.
+    return type(error).error_reason != error_reason_pb2.ERROR_REASON_UNSPECIFIED
 
 
 def status_error_of(error: BaseException, stage: ErrorStage = "turn") -> TurnwireStatusError:
     """The status a client sees for ``error`` raised at ``stage``: the code, message and details.
 
-    Admission refusals, store, provider, hook and timeout errors each map to
-    their code and ``ErrorReason``; a :class:`~turnwire.hooks.ChatError`
-    returned by ``on_chat_error`` keeps its own; anything else is INTERNAL.
+    A :class:`~turnwire.errors.DomainError` that names its reason maps by its attributes (a
+    :class:`~turnwire.hooks.ChatError` returned by ``on_chat_error`` among them); anything else
+    is INTERNAL, naming the error's type and the stage.
     """
     if isinstance(error, TurnwireStatusError):
         return error
-    if isinstance(error, ChatError):
-        code = getattr(grpc.StatusCode, error.code, grpc.StatusCode.UNKNOWN)
+    if not isinstance(error, DomainError) or not _names_a_reason(error):
         return TurnwireStatusError(
-            code,
-            error.message,
-            reason=error.reason,
-            retry_after_seconds=error.retry_after_seconds,
-            metadata=error.metadata,
+            grpc.StatusCode.INTERNAL,
+            f"internal error at stage {stage}: {type(error).__name__}: {error}",
+            reason="INTERNAL",
+            metadata={"stage": stage},
         )
-    if isinstance(error, ShuttingDown):
-        return TurnwireStatusError(
-            grpc.StatusCode.UNAVAILABLE, str(error), reason="SHUTTING_DOWN", retry_after_seconds=1.0
-        )
-    if isinstance(error, RequestIdInUse):
-        return TurnwireStatusError(
-            grpc.StatusCode.ALREADY_EXISTS,
-            str(error),
-            reason="INVALID_FIELD",
-            field_violations=[("request_id", "already used by a running turn")],
-        )
-    if isinstance(error, NestedTurn):
-        return TurnwireStatusError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            str(error),
-            reason="NESTED_TURN",
-            metadata={"parent_request_id": error.parent_request_id},
-        )
-    if isinstance(error, TurnInProgress):
-        return TurnwireStatusError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            str(error),
-            reason="TURN_IN_PROGRESS",
-            metadata={"running_request_id": error.running_request_id},
-        )
-    if isinstance(error, QueueFull):
-        return TurnwireStatusError(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            str(error),
-            reason="OVERLOADED",
-            retry_after_seconds=1.0,
-            metadata={"limit": str(error.limit)},
-        )
-    if isinstance(error, TooManySubmissions):
-        return TurnwireStatusError(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            str(error),
-            reason="OVERLOADED",
-            retry_after_seconds=5.0,
-            metadata={"limit": str(error.limit)},
-        )
-    return _status_of(error, stage)
+    if isinstance(error, ProviderError):
+        code, details = _provider_status(error)
+    else:
+        code, details = error.status_code, error.details()
+    metadata = dict(details.metadata)
+    if isinstance(error, HookError):
+        metadata["stage"] = stage
+    return TurnwireStatusError(
+        grpc.StatusCode[code.name],
+        error.client_message,
+        reason=error.reason_name,
+        field_violations=details.field_violations,
+        retry_after_seconds=details.retry_after_seconds,
+        metadata=metadata,
+    )
 
 
 def status_of(error: BaseException, stage: ErrorStage) -> status_pb2.Status:
     """The ``google.rpc.Status`` (with details) a client sees for ``error`` raised at ``stage``:
     in a ``TurnEnd`` event, or as the call's status before a turn starts."""
     return status_error_of(error, stage).to_status()
-
-
-def _status_of(error: BaseException, stage: ErrorStage) -> TurnwireStatusError:
-    if isinstance(error, InputNotStored):
-        return TurnwireStatusError(grpc.StatusCode.CANCELLED, str(error), reason="INPUT_NOT_STORED")
-    if isinstance(error, StreamStalled):
-        return TurnwireStatusError(
-            grpc.StatusCode.DEADLINE_EXCEEDED,
-            f"the turn was interrupted: {error}",
-            reason="STREAM_STALLED",
-        )
-    if isinstance(error, ServerRestarted):
-        return TurnwireStatusError(
-            grpc.StatusCode.UNAVAILABLE,
-            str(error),
-            reason="RECOVERY_EXHAUSTED" if error.exhausted else "SERVER_RESTARTED",
-        )
-    if isinstance(error, CancelledByShutdown):
-        return TurnwireStatusError(grpc.StatusCode.ABORTED, str(error), reason="SHUTTING_DOWN")
-    if isinstance(error, ServerStopping):
-        return TurnwireStatusError(
-            grpc.StatusCode.UNAVAILABLE, str(error), reason="SHUTTING_DOWN", retry_after_seconds=1.0
-        )
-    if isinstance(error, TurnNotFound):
-        return TurnwireStatusError(
-            grpc.StatusCode.NOT_FOUND,
-            str(error),
-            reason="TURN_NOT_FOUND",
-            metadata={"request_id": error.request_id, "expired": str(error.expired).lower()},
-        )
-    if isinstance(error, TurnNotHere):
-        return TurnwireStatusError(
-            grpc.StatusCode.UNAVAILABLE, str(error), reason="SERVER_RESTARTED", retry_after_seconds=1.0
-        )
-    if isinstance(error, SubmissionExpired):
-        return TurnwireStatusError(grpc.StatusCode.DEADLINE_EXCEEDED, str(error), reason="EXPIRED")
-    if isinstance(error, SubmissionNotFound):
-        return TurnwireStatusError(
-            grpc.StatusCode.NOT_FOUND,
-            str(error),
-            reason="SUBMISSION_NOT_FOUND",
-            metadata={"submission_id": error.submission_id},
-        )
-    if isinstance(error, SubmissionConflict):
-        return TurnwireStatusError(
-            grpc.StatusCode.ALREADY_EXISTS,
-            str(error),
-            reason="SUBMISSION_CONFLICT",
-            metadata={"submission_id": error.submission_id},
-        )
-    if isinstance(error, SubmissionNotPending):
-        return TurnwireStatusError(
-            grpc.StatusCode.ABORTED if error.state == "aborted" else grpc.StatusCode.FAILED_PRECONDITION,
-            str(error),
-            reason="INPUT_NOT_STORED",
-            metadata={"submission_id": error.submission_id, "state": error.state},
-        )
-    if isinstance(error, SlowConsumer):
-        return TurnwireStatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error), reason="SLOW_CONSUMER")
-    if isinstance(error, StoppedByInput):
-        return TurnwireStatusError(
-            grpc.StatusCode.ABORTED,
-            str(error),
-            reason="ROLLED_BACK" if error.rollback else "INTERRUPTED",
-            metadata={"interrupting_request_id": error.interrupting_request_id},
-        )
-    if isinstance(error, ConversationDeleted):
-        return TurnwireStatusError(
-            grpc.StatusCode.ABORTED,
-            str(error),
-            reason="CONVERSATION_DELETED",
-            metadata={"conversation_id": error.conversation_id},
-        )
-    if isinstance(error, ConversationNotFound):
-        return TurnwireStatusError(
-            grpc.StatusCode.NOT_FOUND,
-            str(error),
-            reason="CONVERSATION_NOT_FOUND",
-            metadata={"conversation_id": error.conversation_id},
-        )
-    if isinstance(error, MessageBeingWritten):
-        return TurnwireStatusError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            str(error),
-            reason="INVALID_FIELD",
-            metadata={"message_id": error.message_id, "request_id": error.request_id},
-        )
-    if isinstance(error, NothingToContinue):
-        return TurnwireStatusError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            str(error),
-            reason="NOTHING_TO_CONTINUE",
-            metadata={"last_role": error.last_role},
-        )
-    if isinstance(error, ModelTimeout):
-        return TurnwireStatusError(
-            grpc.StatusCode.DEADLINE_EXCEEDED, str(error), reason="MODEL_TIMEOUT", retry_after_seconds=1.0
-        )
-    if isinstance(error, ProviderError):
-        return _provider_status(error)
-    if isinstance(error, UnknownModel):
-        return TurnwireStatusError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            str(error),
-            reason="UNKNOWN_MODEL",
-            field_violations=[("model", str(error))],
-        )
-    if isinstance(error, HookError):
-        # The client sees the hook's own error message, then the middleware and hook that raised
-        # it; both are in the metadata too.
-        return TurnwireStatusError(
-            grpc.StatusCode.INTERNAL,
-            error.client_message,
-            reason="HOOK_FAILED",
-            metadata={"middleware": error.middleware, "hook": error.hook, "stage": stage},
-        )
-    if isinstance(error, MessageAlreadyAnswered):
-        return TurnwireStatusError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            str(error),
-            reason="ALREADY_ANSWERED",
-            metadata={"message_id": error.message_id},
-        )
-    if isinstance(error, MessageIdConflict):
-        return TurnwireStatusError(
-            grpc.StatusCode.ALREADY_EXISTS,
-            str(error),
-            reason="INVALID_FIELD",
-            field_violations=[
-                ("message.id", "choose an id not used in this conversation, or leave it empty")
-            ],
-        )
-    if isinstance(error, TurnAlreadyExists):
-        return TurnwireStatusError(
-            grpc.StatusCode.ALREADY_EXISTS,
-            str(error),
-            reason="INVALID_FIELD",
-            field_violations=[("request_id", "already used by an earlier turn; use a new request_id")],
-        )
-    if isinstance(error, ToolCallNotFound | ToolCallNotPending | ToolCallExpired | ToolCallsSpanMessages):
-        return _tool_call_status(error)
-    if isinstance(error, StoreCorrupted):
-        return TurnwireStatusError(
-            grpc.StatusCode.INTERNAL, f"stored data cannot be read: {error}", reason="DATA_CORRUPTED"
-        )
-    if isinstance(error, StoreError):
-        return TurnwireStatusError(
-            grpc.StatusCode.UNAVAILABLE,
-            f"store unavailable: {error}",
-            reason="STORE_UNAVAILABLE",
-            retry_after_seconds=1.0,
-        )
-    return TurnwireStatusError(
-        grpc.StatusCode.INTERNAL,
-        f"internal error at stage {stage}: {type(error).__name__}: {error}",
-        reason="INTERNAL",
-        metadata={"stage": stage},
-    )

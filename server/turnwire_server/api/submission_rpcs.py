@@ -27,7 +27,7 @@ from turnwire_server.api.tenancy import listing_prefix, local_id, scoped_key
 from turnwire_server.api.turn_streams import abort, strategy_of, trace_context
 from turnwire_server.api.validation import check_id, check_message, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
-from turnwire_server.engine.errors import AdmissionRefused, SubmissionNotFound, TurnNotFound
+from turnwire_server.engine.errors import AdmissionRefused, SubmissionNotFound, TurnStreamNotFound
 from turnwire_server.engine.ids import (
     RESERVED_PREFIX,
     assistant_message_id,
@@ -326,7 +326,7 @@ async def _watch(
                 after = event.sequence_number
                 yield event
             return
-        except TurnNotFound as missing:
+        except TurnStreamNotFound as missing:
             if missing.expired:
                 raise
         current = await servicer.store.get_submission(record.submission_id) or record
@@ -335,7 +335,7 @@ async def _watch(
         # Waiting on another replica (or for a takeover): follow it until its turn starts.
         follow = servicer.engine.settings.lease_seconds
         if not await servicer.store.wait_for_events(record.submission_id, after, follow):
-            raise TurnNotFound(
+            raise TurnStreamNotFound(
                 f"submission {record.submission_id!r} is {current.state} and not running on this server",
                 request_id=record.submission_id,
             )

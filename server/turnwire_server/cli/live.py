@@ -13,11 +13,11 @@ from rich.console import Console
 from rich.status import Status
 from rich.text import Text
 
+from turnwire.errors import ABORTED_TOOL_ERROR
 from turnwire_client import TurnResult, TurnwireError
 from turnwire_client.v1 import event_pb2
 from turnwire_server.cli.errors import cli_terms, error_class
 from turnwire_server.cli.parts import (
-    ABORTED_TOOL_ERROR,
     APPROVAL_HINT,
     STATUS_STYLES,
     call_line,

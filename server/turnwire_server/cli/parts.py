@@ -14,6 +14,7 @@ from google.protobuf import json_format, timestamp_pb2
 from rich.console import Console
 from rich.text import Text
 
+from turnwire.errors import ABORTED_TOOL_ERROR, INTERRUPTED_TOOL_ERROR
 from turnwire_client.v1 import event_pb2, message_pb2
 
 _MAX_JSON = 300  # characters of tool input/output shown before eliding
@@ -61,13 +62,6 @@ def preliminary_line(name: str, output_json: str) -> Text:
     payload = exact_json(output_json)
     return Text.assemble(("… ", "dim"), (name, "bold dim"), ": ", (payload, "dim"), (" (preliminary)", "dim"))
 
-
-ABORTED_TOOL_ERROR = "The tool call was aborted before it finished."
-"""The error the sidecar stores for a tool call a cancel, stall or failed turn cut off
-(docs/semantics.md §5; ``turnwire_server.engine.transcript``, not imported: it loads the engine)."""
-
-INTERRUPTED_TOOL_ERROR = "The tool call was interrupted before a result was recorded."
-"""The error the sidecar gives a tool call found without a result (docs/semantics.md §8)."""
 
 _STOPPED_TOOL_CALLS: dict[str, str] = {
     ABORTED_TOOL_ERROR: "aborted before it finished (the turn stopped)",

@@ -22,14 +22,14 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.pending_calls import OpenCalls, is_approved
 from turnwire_server.engine.tool_calls import ToolCallRunner
-from turnwire_server.engine.turn_state import TurnState
+from turnwire_server.engine.turn_state import TurnWorkingState
 from turnwire_server.store.base import Store
 
-RunnerFactory = Callable[[TurnState], ToolCallRunner]
+RunnerFactory = Callable[[TurnWorkingState], ToolCallRunner]
 """Makes the tool runner for a turn state (the step loop's settings: timeout, backpressure, limits)."""
 
 
-def announce_denials(state: TurnState) -> None:
+def announce_denials(state: TurnWorkingState) -> None:
     """Send ``ToolOutputDenied`` for each call the request says was just denied."""
     for tool_call_id, reason in state.request.tool_denials:
         event = state.writer.new().tool_output_denied
@@ -38,7 +38,7 @@ def announce_denials(state: TurnState) -> None:
 
 
 async def run_approved_calls(
-    state: TurnState,
+    state: TurnWorkingState,
     store: Store,
     open_calls: OpenCalls,
     runner_for: RunnerFactory,

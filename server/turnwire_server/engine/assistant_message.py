@@ -14,6 +14,7 @@ from typing import Any
 from google.protobuf import struct_pb2, timestamp_pb2
 
 from turnwire import types as chunks
+from turnwire.errors import DomainError
 from turnwire.values import NotJsonError, dumps, normalize, parse_tool_input, struct_view, value_view
 from turnwire_client.v1 import message_pb2
 
@@ -291,9 +292,10 @@ REPLY_BUDGET_BYTES = 3 << 20
 under gRPC's default 4 MiB message limit, so any client can read it back (docs/semantics.md §11)."""
 
 
-class OutputTooLarge(ValueError):
+class OutputTooLarge(DomainError, ValueError):
     """A tool result's JSON text is over what it may take: ``limits.max_tool_output_bytes`` per
-    result, and what is left of :data:`REPLY_BUDGET_BYTES` in the turn's reply."""
+    result, and what is left of :data:`REPLY_BUDGET_BYTES` in the turn's reply. It fails the
+    call (the model sees it); no client gets it as a status."""
 
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(

@@ -15,7 +15,7 @@ from typing import Any
 from turnwire.tools import Tool, is_client_executed, requires_approval
 from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.ids import new_approval_id
-from turnwire_server.engine.turn_state import TurnState
+from turnwire_server.engine.turn_state import TurnWorkingState
 
 
 def turn_tools(server_tools: Mapping[str, Tool], client_tools: Sequence[Tool]) -> dict[str, Tool]:
@@ -26,7 +26,7 @@ def turn_tools(server_tools: Mapping[str, Tool], client_tools: Sequence[Tool]) -
     return tools
 
 
-def hold_call(state: TurnState, tool_call_id: str, tool: Tool, input: Mapping[str, Any]) -> bool:
+def hold_call(state: TurnWorkingState, tool_call_id: str, tool: Tool, input: Mapping[str, Any]) -> bool:
     """Hold a complete call that the client must answer; True when it was held.
 
     A client tool's call gets ``client_executed`` and stays ``input-available``. A call of a

@@ -1,14 +1,22 @@
-"""The engine's domain errors. The API layer (``turnwire_server.api.status``) alone maps them
-to gRPC status codes and ``google.rpc`` details."""
+"""The engine's domain errors, each with its ``ErrorReason``, default status and retryability
+(:class:`turnwire.errors.DomainError`). The API layer (``turnwire_server.api.status``) alone turns
+them into gRPC statuses with ``google.rpc`` details."""
 
 from __future__ import annotations
 
+from turnwire.errors import CanonicalCode, DomainError, ErrorDetails
 from turnwire.hooks import ErrorStage
+from turnwire_client.v1 import error_reason_pb2 as reasons
 
 
-class ModelTimeout(TimeoutError):
+class ModelTimeout(DomainError, TimeoutError):
     """A model call ran past a ``TurnConfig.timeout`` limit (a ``TimeoutError``: classified
     ``transient``, turnwire.error_classes)."""
+
+    error_reason = reasons.ERROR_REASON_MODEL_TIMEOUT
+    status_code = CanonicalCode.DEADLINE_EXCEEDED
+    retryable = True
+    retry_delay_seconds = 1.0
 
 
 class TurnFailure(Exception):
@@ -21,12 +29,19 @@ class TurnFailure(Exception):
         self.__cause__ = error
 
 
-class AdmissionRefused(Exception):
-    """A turn was not admitted; nothing was stored. Subclasses say why."""
+class AdmissionRefused(DomainError):
+    """A turn was not admitted; nothing was stored. Subclasses say why (and their reason)."""
+
+    status_code = CanonicalCode.FAILED_PRECONDITION
 
 
 class ShuttingDown(AdmissionRefused):
     """The engine is draining for shutdown and takes no new turns."""
+
+    error_reason = reasons.ERROR_REASON_SHUTTING_DOWN
+    status_code = CanonicalCode.UNAVAILABLE
+    retryable = True
+    retry_delay_seconds = 1.0
 
     def __init__(self) -> None:
         super().__init__("the sidecar is shutting down and takes no new turns; retry on another replica")
@@ -35,16 +50,24 @@ class ShuttingDown(AdmissionRefused):
 class RequestIdInUse(AdmissionRefused):
     """A turn with this request id is already running."""
 
+    error_reason = reasons.ERROR_REASON_INVALID_FIELD
+    status_code = CanonicalCode.ALREADY_EXISTS
+
     def __init__(self, request_id: str) -> None:
         super().__init__(
             f"a turn with request_id {request_id!r} is already running; use a new request_id for a new turn"
         )
         self.request_id = request_id
 
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(field_violations=(("request_id", "already used by a running turn"),))
+
 
 class NestedTurn(AdmissionRefused):
     """A blocking turn was requested from inside an active turn of the same conversation
     (it would wait for its own parent's lock forever)."""
+
+    error_reason = reasons.ERROR_REASON_NESTED_TURN
 
     def __init__(self, parent_request_id: str) -> None:
         super().__init__(
@@ -53,9 +76,17 @@ class NestedTurn(AdmissionRefused):
         )
         self.parent_request_id = parent_request_id
 
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"parent_request_id": self.parent_request_id})
+
 
 class QueueFull(AdmissionRefused):
     """The conversation already has ``limit`` turns waiting."""
+
+    error_reason = reasons.ERROR_REASON_OVERLOADED
+    status_code = CanonicalCode.RESOURCE_EXHAUSTED
+    retryable = True
+    retry_delay_seconds = 1.0
 
     def __init__(self, conversation_id: str, limit: int) -> None:
         super().__init__(
@@ -65,34 +96,56 @@ class QueueFull(AdmissionRefused):
         self.conversation_id = conversation_id
         self.limit = limit
 
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"limit": str(self.limit)}, retry_after_seconds=self.retry_delay_seconds)
 
-class InputNotStored(Exception):
+
+class InputNotStored(DomainError):
     """The turn ended before its input was stored: nothing of it is kept; resend to run it.
 
     docs/semantics.md §5 (Decision: the start event is an acknowledgement).
     """
+
+    error_reason = reasons.ERROR_REASON_INPUT_NOT_STORED
+    status_code = CanonicalCode.CANCELLED
 
     def __init__(self, why: str) -> None:
         super().__init__(f"the turn did not run and its input was not stored: {why}; resend it to run it")
         self.why = why
 
 
-class ConversationDeleted(Exception):
+class ConversationDeleted(DomainError):
     """The turn's conversation was deleted (DeleteConversation, retention): the turn was stopped
     first, and nothing of it is kept (docs/semantics.md §12, deleting)."""
+
+    error_reason = reasons.ERROR_REASON_CONVERSATION_DELETED
+    status_code = CanonicalCode.ABORTED
 
     def __init__(self, conversation_id: str) -> None:
         super().__init__(f"conversation {conversation_id!r} was deleted; the turn was stopped")
         self.conversation_id = conversation_id
 
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"conversation_id": self.conversation_id})
 
-class StreamStalled(Exception):
+
+class StreamStalled(DomainError):
     """The stall watchdog stopped the turn: no event for ``stream_stall_timeout_seconds``."""
 
+    error_reason = reasons.ERROR_REASON_STREAM_STALLED
+    status_code = CanonicalCode.DEADLINE_EXCEEDED
 
-class SlowConsumer(Exception):
+    @property
+    def client_message(self) -> str:
+        return f"the turn was interrupted: {self}"
+
+
+class SlowConsumer(DomainError):
     """The client read nothing of a full stream buffer for ``seconds``; the turn was stopped
     (``stopped``), or, with disconnect policy CONTINUE, goes on without that call."""
+
+    error_reason = reasons.ERROR_REASON_SLOW_CONSUMER
+    status_code = CanonicalCode.RESOURCE_EXHAUSTED
 
     def __init__(self, seconds: float, *, stopped: bool = True) -> None:
         what = "the turn was stopped and its partial reply stored" if stopped else "the call was let go"
@@ -104,11 +157,14 @@ class SlowConsumer(Exception):
         self.stopped = stopped
 
 
-class NothingToContinue(Exception):
+class NothingToContinue(DomainError):
     """ContinueLastTurn found no assistant message at the end of the conversation (SKIPPED).
     ``last_role``: the role of the conversation's last message ("user", "system"), "" when it has
     none. A last user message has no reply yet (a turn cancelled before any reply, say): the message
     says how to have it answered (docs/semantics.md §1)."""
+
+    error_reason = reasons.ERROR_REASON_NOTHING_TO_CONTINUE
+    status_code = CanonicalCode.FAILED_PRECONDITION
 
     def __init__(self, last_role: str) -> None:
         if not last_role:
@@ -123,29 +179,49 @@ class NothingToContinue(Exception):
         super().__init__(f"nothing to continue: {why}; the turn was skipped and nothing was stored")
         self.last_role = last_role
 
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"last_role": self.last_role})
 
-class ServerRestarted(Exception):
+
+class ServerRestarted(DomainError):
     """A turn was cut short by a server restart (crash) and is not recovered: recovery is off, its
-    budget is spent (``exhausted``), or it was stored before recovery data existed."""
+    budget is spent (``exhausted``: reason ``RECOVERY_EXHAUSTED``), or it was stored before
+    recovery data existed."""
+
+    error_reason = reasons.ERROR_REASON_SERVER_RESTARTED
+    status_code = CanonicalCode.UNAVAILABLE
 
     def __init__(self, why: str, *, exhausted: bool = False) -> None:
         super().__init__(f"the turn was interrupted by a server restart and not recovered: {why}")
         self.exhausted = exhausted
+        if exhausted:
+            self.error_reason = reasons.ERROR_REASON_RECOVERY_EXHAUSTED
 
 
-class TurnNotFound(Exception):
+class TurnStreamNotFound(DomainError):
     """ResumeTurn / WatchSubmission found no stream for the request id (``expired``: it ended longer
     ago than the event retention)."""
+
+    error_reason = reasons.ERROR_REASON_TURN_NOT_FOUND
+    status_code = CanonicalCode.NOT_FOUND
 
     def __init__(self, message: str, *, request_id: str, expired: bool = False) -> None:
         super().__init__(message)
         self.request_id = request_id
         self.expired = expired
 
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"request_id": self.request_id, "expired": str(self.expired).lower()})
 
-class TurnNotHere(Exception):
+
+class TurnNotHere(DomainError):
     """The turn's stream has not ended but the turn runs nowhere in this process (interrupted by a
     crash and not recovered yet); retrying later may find it."""
+
+    error_reason = reasons.ERROR_REASON_SERVER_RESTARTED
+    status_code = CanonicalCode.UNAVAILABLE
+    retryable = True
+    retry_delay_seconds = 1.0
 
     def __init__(self, request_id: str) -> None:
         super().__init__(
@@ -155,18 +231,29 @@ class TurnNotHere(Exception):
         self.request_id = request_id
 
 
-class SubmissionNotFound(Exception):
+class SubmissionNotFound(DomainError):
     """No submission has this id."""
+
+    error_reason = reasons.ERROR_REASON_SUBMISSION_NOT_FOUND
+    status_code = CanonicalCode.NOT_FOUND
 
     def __init__(self, submission_id: str) -> None:
         super().__init__(f"no submission {submission_id!r}; check the id returned by SubmitMessages")
         self.submission_id = submission_id
 
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"submission_id": self.submission_id})
 
-class ServerStopping(Exception):
+
+class ServerStopping(DomainError):
     """Shutdown stopped a turn that runs without its caller (a submission, disconnect policy
     CONTINUE, a recovery) after the grace period: it is left running in the store and the next
     start recovers it (docs/semantics.md §5, shutdown)."""
+
+    error_reason = reasons.ERROR_REASON_SHUTTING_DOWN
+    status_code = CanonicalCode.UNAVAILABLE
+    retryable = True
+    retry_delay_seconds = 1.0
 
     def __init__(self) -> None:
         super().__init__(
@@ -175,10 +262,13 @@ class ServerStopping(Exception):
         )
 
 
-class CancelledByShutdown(Exception):
+class CancelledByShutdown(DomainError):
     """Shutdown cancelled a turn whose caller waits for it, after the shutdown grace ran out or a
     second signal cut it short: it ends ABORTED with its partial reply stored, as a cancel would,
     and its TurnEnd says why (reason ``SHUTTING_DOWN``; docs/semantics.md §5, shutdown)."""
+
+    error_reason = reasons.ERROR_REASON_SHUTTING_DOWN
+    status_code = CanonicalCode.ABORTED
 
     def __init__(self, why: str) -> None:
         super().__init__(
@@ -186,8 +276,11 @@ class CancelledByShutdown(Exception):
         )
 
 
-class SubmissionExpired(Exception):
+class SubmissionExpired(DomainError):
     """A submission waited pending longer than ``durability.pending_expiry_seconds``."""
+
+    error_reason = reasons.ERROR_REASON_EXPIRED
+    status_code = CanonicalCode.DEADLINE_EXCEEDED
 
     def __init__(self, seconds: float) -> None:
         super().__init__(
@@ -202,6 +295,8 @@ class TurnInProgress(AdmissionRefused):
     turn running or queued: ``running_request_id`` (docs/semantics.md §5, new input while a turn
     runs). Nothing was stored."""
 
+    error_reason = reasons.ERROR_REASON_TURN_IN_PROGRESS
+
     def __init__(self, conversation_id: str, running_request_id: str) -> None:
         super().__init__(
             f"conversation {conversation_id!r} has a turn running or queued ({running_request_id!r}) "
@@ -211,11 +306,18 @@ class TurnInProgress(AdmissionRefused):
         self.conversation_id = conversation_id
         self.running_request_id = running_request_id
 
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"running_request_id": self.running_request_id})
 
-class StoppedByInput(Exception):
+
+class StoppedByInput(DomainError):
     """New input stopped this turn (docs/semantics.md §5, new input while a turn runs):
     ``interrupting_request_id`` asked for ``interrupt`` (the partial reply is stored) or
-    ``rollback`` (everything the turn stored is removed; its input must be resent)."""
+    ``rollback`` (everything the turn stored is removed; its input must be resent): reason
+    ``INTERRUPTED`` or ``ROLLED_BACK``."""
+
+    error_reason = reasons.ERROR_REASON_INTERRUPTED
+    status_code = CanonicalCode.ABORTED
 
     def __init__(self, interrupting_request_id: str, *, rollback: bool) -> None:
         if rollback:
@@ -230,3 +332,8 @@ class StoppedByInput(Exception):
         )
         self.interrupting_request_id = interrupting_request_id
         self.rollback = rollback
+        if rollback:
+            self.error_reason = reasons.ERROR_REASON_ROLLED_BACK
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"interrupting_request_id": self.interrupting_request_id})

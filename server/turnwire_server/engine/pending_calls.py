@@ -17,7 +17,7 @@ call) never destroys such a call while the client may still answer it:
 - an approved call (``approval-responded``, approved) is left for the turn to run
   before its first model call (:mod:`turnwire_server.engine.approvals`);
 - every other call without a result (interrupted) gets
-  :data:`~turnwire_server.engine.transcript.INTERRUPTED_TOOL_ERROR`, as before.
+  :data:`~turnwire.errors.INTERRUPTED_TOOL_ERROR`, as before.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 
+from turnwire.errors import INTERRUPTED_TOOL_ERROR
 from turnwire_client.v1 import message_pb2
-from turnwire_server.engine.transcript import INTERRUPTED_TOOL_ERROR
 from turnwire_server.store.tool_answers import close_call, deny_call, expired_text, is_waiting
 
 MOVED_PAST_TOOL_ERROR = (

@@ -14,7 +14,7 @@ import datetime as dt
 from collections.abc import AsyncIterator, Callable
 
 from turnwire_client.v1 import event_pb2
-from turnwire_server.engine.errors import TurnNotFound, TurnNotHere
+from turnwire_server.engine.errors import TurnNotHere, TurnStreamNotFound
 from turnwire_server.engine.stream_log import Subscription
 from turnwire_server.store.base import Store, StreamRecord
 
@@ -34,7 +34,7 @@ async def replay(
     ``subscribe`` attaches to the turn when it runs in this process (``TurnEngine.subscribe``).
     A turn that runs on another replica is followed through the store (``wait_for_events``, up
     to ``follow_seconds`` per wait), switching to the live feed if it comes to run here (a
-    recovery). Raises :class:`TurnNotFound` when no stream of that id is stored or running
+    recovery). Raises :class:`TurnStreamNotFound` when no stream of that id is stored or running
     (never started, deleted) or it ended more than ``retention_seconds`` ago (0: kept while
     stored), :class:`TurnNotHere` when it has not ended and nothing can follow it (one process
     per store: a crash not yet recovered), and
@@ -81,13 +81,13 @@ async def replay(
 
 async def _stream(request_id: str, store: Store, retention_seconds: float) -> StreamRecord | None:
     """The turn's stored stream; None when it has none yet but runs (on another replica).
-    Raises :class:`TurnNotFound` as :func:`replay` says."""
+    Raises :class:`TurnStreamNotFound` as :func:`replay` says."""
     stream = await store.get_stream(request_id)
     if stream is None:
         turn = await store.get_turn(request_id)
         if turn is not None and turn.state == "running":
             return None
-        raise TurnNotFound(
+        raise TurnStreamNotFound(
             f"no turn with request_id {request_id!r} has a stream to resume: it never started "
             "(its input was not stored), its conversation was deleted, or the id is wrong",
             request_id=request_id,
@@ -98,7 +98,7 @@ async def _stream(request_id: str, store: Store, retention_seconds: float) -> St
         expired = expired or age > retention_seconds
     if expired:
         ended = stream.end_time.isoformat() if stream.end_time else "long ago"
-        raise TurnNotFound(
+        raise TurnStreamNotFound(
             f"turn {request_id!r} ended at {ended}; its events are kept for {retention_seconds:g} s "
             "after a turn ends (durability.event_retention_seconds) and are gone; read the stored "
             "reply with GetConversation",

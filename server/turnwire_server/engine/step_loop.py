@@ -36,7 +36,7 @@ from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStal
 from turnwire_server.engine.pending_calls import OpenCalls, repair_pending, with_pending_placeholders
 from turnwire_server.engine.request import EngineSettings
 from turnwire_server.engine.tool_calls import ToolCallRunner
-from turnwire_server.engine.turn_state import TurnState
+from turnwire_server.engine.turn_state import TurnWorkingState
 from turnwire_server.hooks.chain import HookError, merge_config
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.base import Store, TurnAdmission
@@ -67,7 +67,7 @@ class StepLoop:
 
     def __init__(
         self,
-        state: TurnState,
+        state: TurnWorkingState,
         *,
         store: Store,
         providers: ProviderRegistry,
@@ -338,8 +338,8 @@ class StepLoop:
                 break
             turn.checkpoints.now()
 
-    def _runner_for(self, config: TurnConfig) -> Callable[[TurnState], ToolCallRunner]:
-        def runner(state: TurnState) -> ToolCallRunner:
+    def _runner_for(self, config: TurnConfig) -> Callable[[TurnWorkingState], ToolCallRunner]:
+        def runner(state: TurnWorkingState) -> ToolCallRunner:
             return ToolCallRunner(
                 state,
                 self.settings.tool_timeout_seconds,

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from turnwire import types as chunks
+from turnwire.errors import ABORTED_TOOL_ERROR
 from turnwire.hooks import (
     ChunkContext,
     RepairToolCall,
@@ -32,8 +33,7 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.assistant_message import OutputTooLarge
 from turnwire_server.engine.client_tools import hold_call
-from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR
-from turnwire_server.engine.turn_state import TurnState
+from turnwire_server.engine.turn_state import TurnWorkingState
 from turnwire_server.hooks.chain import HookError
 
 log = logging.getLogger("turnwire.tools")
@@ -57,7 +57,7 @@ class ToolCallRunner:
 
     def __init__(
         self,
-        state: TurnState,
+        state: TurnWorkingState,
         tool_timeout_seconds: float,
         wait_for_reader: Callable[[], Awaitable[None]],
         repair: RepairToolCall | None = None,

@@ -5,13 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from turnwire.errors import INTERRUPTED_TOOL_ERROR
 from turnwire_client.v1 import message_pb2
-
-ABORTED_TOOL_ERROR = "The tool call was aborted before it finished."
-"""The result of a tool call cut off by a cancel, a stall or a failed turn (docs/semantics.md §5)."""
-
-INTERRUPTED_TOOL_ERROR = "The tool call was interrupted before a result was recorded."
-"""The result given to a tool call that has none (docs/semantics.md §8)."""
 
 _UNRESOLVED = frozenset(
     {

@@ -31,6 +31,7 @@ from typing import Any, Literal, Protocol
 from google.protobuf import timestamp_pb2
 
 from turnwire.error_classes import overflow_remedy
+from turnwire.errors import ABORTED_TOOL_ERROR
 from turnwire.hooks import (
     ChatError,
     ChatErrorClassification,
@@ -63,9 +64,8 @@ from turnwire_server.engine.ids import assistant_message_id, attempt_message_id
 from turnwire_server.engine.request import EngineSettings, TurnRequest
 from turnwire_server.engine.step_loop import StepLoop
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
-from turnwire_server.engine.transcript import ABORTED_TOOL_ERROR
 from turnwire_server.engine.turn_spec import spec_json
-from turnwire_server.engine.turn_state import TurnState
+from turnwire_server.engine.turn_state import TurnWorkingState
 from turnwire_server.hooks.chain import HookError, MiddlewareChain
 from turnwire_server.hooks.timeline import HookTimeline
 from turnwire_server.providers.registry import ProviderRegistry
@@ -121,7 +121,7 @@ class TurnRun:
     """Runs one turn in its own task: the lifecycle around the step loop; events go to ``writer``.
 
     The working state the step loop and tool runner share is :attr:`state`
-    (:class:`~turnwire_server.engine.turn_state.TurnState`); this object keeps
+    (:class:`~turnwire_server.engine.turn_state.TurnWorkingState`); this object keeps
     only the turn's outcome: ``outcome`` (running, completed, error, aborted,
     interrupted, skipped), the error and its status, the stored reply.
     ``error_status`` maps an error to the status of the TurnEnd event. ``recovery`` (when
@@ -170,7 +170,7 @@ class TurnRun:
         assistant = AssistantMessage(self.message_id, _now())
         if recovery is not None and recovery.reply is not None:
             assistant.continue_from(recovery.reply)
-        self.state = TurnState(
+        self.state = TurnWorkingState(
             request=request,
             hooks=self.hooks,
             writer=writer,

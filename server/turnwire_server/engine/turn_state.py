@@ -24,8 +24,8 @@ from turnwire_server.hooks.chain import TurnHooks
 
 
 @dataclass(slots=True)
-class TurnState:
-    """One turn's working state.
+class TurnWorkingState:
+    """One running turn's working state (not its stored state, :data:`turnwire_server.store.base.TurnState`).
 
     ``tools`` is the turn's tool set (``before_turn`` may add to it);
     ``cancelled`` is set when the turn is cancelled or interrupted (tools and

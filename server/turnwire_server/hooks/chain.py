@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
+from turnwire.errors import DomainError, ErrorDetails
 from turnwire.hooks import (
     HOOK_NAMES,
     ChatErrorClassification,
@@ -41,6 +42,7 @@ from turnwire.hooks import (
 )
 from turnwire.middlewares.error_classifier import ErrorClassifier
 from turnwire.types import ModelSettings
+from turnwire_client.v1 import error_reason_pb2 as reasons
 from turnwire_server.hooks import metrics
 from turnwire_server.hooks.readonly import MessagesView
 from turnwire_server.hooks.timeline import HookTimeline
@@ -56,13 +58,15 @@ _Ctx = TypeVar("_Ctx", TurnContext, StepContext)
 _Update = TypeVar("_Update", TurnConfig, StepConfig)
 
 
-class HookError(Exception):
+class HookError(DomainError):
     """A hook raised where the error ends the turn or the call (``before_turn``, ``before_step``,
-    ``before_tool_call``, ``configure_session``).
+    ``before_tool_call``, ``configure_session``): ``INTERNAL``, reason ``HOOK_FAILED``.
 
     ``middleware`` and ``hook`` name where, ``origin`` the middleware's class as
     ``module:Class`` (empty when unknown); ``__cause__`` is the original error.
     """
+
+    error_reason = reasons.ERROR_REASON_HOOK_FAILED
 
     def __init__(self, middleware: str, hook: str, error: BaseException, origin: str = "") -> None:
         super().__init__(f"{middleware}.{hook} failed: {error}")
@@ -81,6 +85,9 @@ class HookError(Exception):
         if self.origin and self.middleware != self.origin.rpartition(":")[2]:
             where = f"{self.middleware} ({self.origin})"
         return f"{error} ({type(error).__name__} in middleware {where}, {self.hook})"
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"middleware": self.middleware, "hook": self.hook})
 
 
 def middleware_origin(middleware: Middleware) -> str:

@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
+from turnwire.errors import INTERRUPTED_TOOL_ERROR
 from turnwire.providers import ProviderError
 from turnwire.types import FinishReason, FinishStep, ModelChunk, ToolCall, Usage
 from turnwire.values import dumps, parse_tool_input, tool_call_input, tool_call_output
@@ -36,8 +37,6 @@ TRUNCATED_TOOL_CALL_ERROR = (
 )
 """The error a tool call gets when its step stopped at the output limit (never repaired, never run)."""
 
-INTERRUPTED_TOOL_ERROR = "The tool call was interrupted before a result was recorded."
-"""Sent as the result of a call that reaches an adapter without one (the engine normally repairs these)."""
 
 DENIED_TOOL_ERROR = "Tool execution denied by user"
 """Sent as the (error) result of a denied call that has no reason of its own (docs/semantics.md §6)."""

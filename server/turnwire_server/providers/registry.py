@@ -4,15 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from turnwire.errors import CanonicalCode, DomainError, ErrorDetails
 from turnwire.providers import Provider
+from turnwire_client.v1 import error_reason_pb2
 
 KEY_VARIABLES = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 """Provider names people try first, with the variable their entry reads by default: an unknown one
 gets the entry to add (an API key alone configures nothing)."""
 
 
-class UnknownModel(LookupError):
-    """The model id names no configured provider, or is not ``provider:model``."""
+class UnknownModel(DomainError, LookupError):
+    """The model id names no configured provider, or is not ``provider:model``: the request's
+    ``model`` field is invalid."""
+
+    error_reason = error_reason_pb2.ERROR_REASON_UNKNOWN_MODEL
+    status_code = CanonicalCode.INVALID_ARGUMENT
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(field_violations=(("model", str(self)),))
 
 
 class ProviderRegistry:

@@ -15,6 +15,7 @@ from typing import Any
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from turnwire.errors import DomainError
 from turnwire.hooks import (
     ChatError,
     ChatErrorClassification,
@@ -35,14 +36,16 @@ from turnwire.hooks import (
 from turnwire.providers import ProviderError
 from turnwire.types import ModelSettings
 from turnwire.values import NotJsonError, dumps, from_struct, loads
-from turnwire_client.v1 import chat_service_pb2, event_pb2, hooks_pb2
+from turnwire_client.v1 import chat_service_pb2, error_reason_pb2, event_pb2, hooks_pb2
 from turnwire_server.api.status import status_of
 from turnwire_server.engine.errors import TurnFailure
 from turnwire_server.hooks.readonly import MessagesView
 
 
-class InvalidResponse(ValueError):
+class InvalidResponse(DomainError, ValueError):
     """A hook server answered something that cannot be used; the message names the field."""
+
+    error_reason = error_reason_pb2.ERROR_REASON_HOOK_FAILED
 
 
 def turn_info(

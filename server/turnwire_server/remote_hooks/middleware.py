@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import grpc
 from opentelemetry import propagate
 
+from turnwire.errors import CanonicalCode, DomainError
 from turnwire.hooks import (
     ChatErrorClassification,
     ChatErrorContext,
@@ -50,7 +51,7 @@ from turnwire.hooks import (
     TurnContext,
 )
 from turnwire_client.metadata import PARENT_REQUEST_METADATA
-from turnwire_client.v1 import hooks_pb2, hooks_pb2_grpc
+from turnwire_client.v1 import error_reason_pb2, hooks_pb2, hooks_pb2_grpc
 from turnwire_server.config import RemoteHookSettings
 from turnwire_server.remote_hooks import convert, metrics
 from turnwire_server.remote_hooks.breaker import BreakerState, CircuitBreaker
@@ -91,8 +92,13 @@ _RECONNECT_OPTIONS = [
 ]
 
 
-class RemoteHookUnavailable(Exception):
-    """A fail-closed ``before_turn`` / ``before_step`` could not get an answer: the turn fails."""
+class RemoteHookUnavailable(DomainError):
+    """A fail-closed ``before_turn`` / ``before_step`` could not get an answer: the turn fails
+    (the hook chain reports it as the :class:`~turnwire_server.hooks.chain.HookError` it causes)."""
+
+    error_reason = error_reason_pb2.ERROR_REASON_HOOK_FAILED
+    status_code = CanonicalCode.UNAVAILABLE
+    retryable = True
 
 
 class _Failed(Exception):

@@ -1,18 +1,56 @@
 """The store's errors: what a read or write could not do, and why (docs/semantics.md §8, §10).
 
-Raised by every backend; the API layer maps them to gRPC statuses (``api/status.py``).
+Raised by every backend. Each carries its ``ErrorReason``, default status and retryability
+(:class:`turnwire.errors.DomainError`); the API layer turns them into gRPC statuses
+(``api/status.py``). A :class:`StoreError` that says nothing more is ``STORE_UNAVAILABLE``; a
+:class:`StoreRefusal` says why a write was refused (nothing was stored).
 """
 
 from __future__ import annotations
 
+from turnwire.errors import CanonicalCode, DomainError, ErrorDetails
+from turnwire_client.v1 import error_reason_pb2 as reasons
 
-class StoreError(Exception):
-    """The store could not read or write (I/O, database unavailable)."""
+
+class StoreError(DomainError):
+    """The store could not read or write (I/O, database unavailable): retryable."""
+
+    error_reason = reasons.ERROR_REASON_STORE_UNAVAILABLE
+    status_code = CanonicalCode.UNAVAILABLE
+    retryable = True
+    retry_delay_seconds: float | None = 1.0
+
+    @property
+    def client_message(self) -> str:
+        return f"store unavailable: {self}"
+
+
+class StoreRefusal(StoreError):
+    """The store refused a read or write for what it asked, not for a failure: nothing was
+    stored, and the same request fails again (not retryable). The client sees the message as is;
+    subclasses set the reason and status."""
+
+    status_code = CanonicalCode.FAILED_PRECONDITION
+    retryable = False
+    retry_delay_seconds: float | None = None
+
+    @property
+    def client_message(self) -> str:
+        return str(self)
 
 
 class StoreCorrupted(StoreError):
     """Something stored cannot be read back: a bug or a damaged file, not a passing failure
     (docs/semantics.md §11: never reported as a retryable ``UNAVAILABLE``)."""
+
+    error_reason = reasons.ERROR_REASON_DATA_CORRUPTED
+    status_code = CanonicalCode.INTERNAL
+    retryable = False
+    retry_delay_seconds = None
+
+    @property
+    def client_message(self) -> str:
+        return f"stored data cannot be read: {self}"
 
 
 class StoreInUse(StoreError):
@@ -25,8 +63,11 @@ class StoreInUse(StoreError):
         )
 
 
-class MessageIdConflict(StoreError):
+class MessageIdConflict(StoreRefusal):
     """A message with the same id and other content (or role) already exists in the conversation."""
+
+    error_reason = reasons.ERROR_REASON_INVALID_FIELD
+    status_code = CanonicalCode.ALREADY_EXISTS
 
     def __init__(self, conversation_id: str, message_id: str) -> None:
         super().__init__(
@@ -35,13 +76,22 @@ class MessageIdConflict(StoreError):
         self.conversation_id = conversation_id
         self.message_id = message_id
 
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(
+            field_violations=(
+                ("message.id", "choose an id not used in this conversation, or leave it empty"),
+            )
+        )
 
-class MessageAlreadyAnswered(StoreError):
+
+class MessageAlreadyAnswered(StoreRefusal):
     """A re-sent message (same id, same content) already has a completed reply; nothing was stored.
 
     docs/semantics.md §12 (idempotency conflicts): re-sending the latest user message that has
     no completed reply re-runs it; re-sending one that has a reply is refused.
     """
+
+    error_reason = reasons.ERROR_REASON_ALREADY_ANSWERED
 
     def __init__(self, conversation_id: str, message_id: str) -> None:
         super().__init__(
@@ -51,14 +101,25 @@ class MessageAlreadyAnswered(StoreError):
         self.conversation_id = conversation_id
         self.message_id = message_id
 
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"message_id": self.message_id})
 
-class TurnAlreadyExists(StoreError):
+
+class TurnAlreadyExists(StoreRefusal):
     """A turn with the same request id was already recorded, and this is not a retry of a failed,
     aborted or interrupted one with the same input."""
+
+    error_reason = reasons.ERROR_REASON_INVALID_FIELD
+    status_code = CanonicalCode.ALREADY_EXISTS
 
     def __init__(self, request_id: str) -> None:
         super().__init__(f"a turn with request_id {request_id!r} already exists")
         self.request_id = request_id
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(
+            field_violations=(("request_id", "already used by an earlier turn; use a new request_id"),)
+        )
 
 
 class TurnNotFound(StoreError):
@@ -72,9 +133,12 @@ class TurnNotFound(StoreError):
         self.request_id = request_id
 
 
-class ConversationNotFound(StoreError):
+class ConversationNotFound(StoreRefusal):
     """The conversation does not exist and the write may not create it (:meth:`Store.add_messages`
     without ``allow_missing``). Nothing was stored."""
+
+    error_reason = reasons.ERROR_REASON_CONVERSATION_NOT_FOUND
+    status_code = CanonicalCode.NOT_FOUND
 
     def __init__(self, conversation_id: str) -> None:
         super().__init__(
@@ -83,10 +147,15 @@ class ConversationNotFound(StoreError):
         )
         self.conversation_id = conversation_id
 
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"conversation_id": self.conversation_id})
 
-class MessageBeingWritten(StoreError):
+
+class MessageBeingWritten(StoreRefusal):
     """An upsert would replace the assistant message a running turn is still writing
     (docs/semantics.md §1); nothing was stored. Retry once that turn has ended."""
+
+    error_reason = reasons.ERROR_REASON_INVALID_FIELD
 
     def __init__(self, conversation_id: str, message_id: str, request_id: str) -> None:
         super().__init__(
@@ -96,6 +165,9 @@ class MessageBeingWritten(StoreError):
         self.conversation_id = conversation_id
         self.message_id = message_id
         self.request_id = request_id
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"message_id": self.message_id, "request_id": self.request_id})
 
 
 class UnknownMessage(StoreError):
@@ -113,27 +185,47 @@ class InvalidPageToken(StoreError):
     """A page token was not issued by this store, or is for another query."""
 
 
-class SubmissionConflict(StoreError):
+class SubmissionConflict(StoreRefusal):
     """A submission id and an idempotency key name different submissions, or a submission id is
     reused with other content (docs/semantics.md §7, §12: ``ALREADY_EXISTS``)."""
+
+    error_reason = reasons.ERROR_REASON_SUBMISSION_CONFLICT
+    status_code = CanonicalCode.ALREADY_EXISTS
 
     def __init__(self, message: str, submission_id: str) -> None:
         super().__init__(message)
         self.submission_id = submission_id
 
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"submission_id": self.submission_id})
 
-class SubmissionNotPending(StoreError):
+
+class SubmissionNotPending(StoreRefusal):
     """A submission's turn tried to start after the submission stopped being pending (it was
-    cancelled, or its conversation deleted); nothing was stored."""
+    cancelled, or its conversation deleted); nothing was stored. ``ABORTED`` when it was
+    aborted, else ``FAILED_PRECONDITION``."""
+
+    error_reason = reasons.ERROR_REASON_INPUT_NOT_STORED
 
     def __init__(self, submission_id: str, state: str) -> None:
         super().__init__(f"submission {submission_id!r} is {state}, so its turn does not run")
         self.submission_id = submission_id
         self.state = state
+        if state == "aborted":
+            self.status_code = CanonicalCode.ABORTED
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"submission_id": self.submission_id, "state": self.state})
 
 
-class TooManySubmissions(StoreError):
-    """The conversation already has ``limit`` pending or running submissions."""
+class TooManySubmissions(StoreRefusal):
+    """The conversation already has ``limit`` pending or running submissions (retryable once
+    some have run)."""
+
+    error_reason = reasons.ERROR_REASON_OVERLOADED
+    status_code = CanonicalCode.RESOURCE_EXHAUSTED
+    retryable = True
+    retry_delay_seconds = 5.0
 
     def __init__(self, conversation_id: str, limit: int) -> None:
         super().__init__(
@@ -143,9 +235,25 @@ class TooManySubmissions(StoreError):
         self.conversation_id = conversation_id
         self.limit = limit
 
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"limit": str(self.limit)}, retry_after_seconds=self.retry_delay_seconds)
 
-class ToolCallNotFound(StoreError):
+
+class ToolCallRefusal(StoreRefusal):
+    """A tool result or approval for ``tool_call_id`` was refused (docs/semantics.md §6, §12):
+    nothing was stored."""
+
+    tool_call_id: str
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"tool_call_id": self.tool_call_id})
+
+
+class ToolCallNotFound(ToolCallRefusal):
     """A tool result or approval names no tool call of the conversation; nothing was stored."""
+
+    error_reason = reasons.ERROR_REASON_TOOL_CALL_NOT_FOUND
+    status_code = CanonicalCode.NOT_FOUND
 
     def __init__(self, conversation_id: str, tool_call_id: str) -> None:
         super().__init__(f"conversation {conversation_id!r} has no tool call {tool_call_id!r}")
@@ -153,9 +261,11 @@ class ToolCallNotFound(StoreError):
         self.tool_call_id = tool_call_id
 
 
-class ToolCallNotPending(StoreError):
+class ToolCallNotPending(ToolCallRefusal):
     """A tool result or approval names a call that does not wait for it (it has a result, waits for
     the other kind of answer, or the user moved past it); nothing was stored."""
+
+    error_reason = reasons.ERROR_REASON_TOOL_CALL_NOT_PENDING
 
     def __init__(self, tool_call_id: str, why: str) -> None:
         super().__init__(f"tool call {tool_call_id!r} does not wait for this answer: {why}")
@@ -163,8 +273,10 @@ class ToolCallNotPending(StoreError):
         self.why = why
 
 
-class ToolCallExpired(StoreError):
+class ToolCallExpired(ToolCallRefusal):
     """A tool result or approval came after the call's pending expiry; nothing was stored."""
+
+    error_reason = reasons.ERROR_REASON_EXPIRED
 
     def __init__(self, tool_call_id: str) -> None:
         super().__init__(
@@ -174,8 +286,11 @@ class ToolCallExpired(StoreError):
         self.tool_call_id = tool_call_id
 
 
-class ToolCallsSpanMessages(StoreError):
+class ToolCallsSpanMessages(ToolCallRefusal):
     """One request answered calls of different assistant messages; nothing was stored."""
+
+    error_reason = reasons.ERROR_REASON_INVALID_FIELD
+    status_code = CanonicalCode.INVALID_ARGUMENT
 
     def __init__(self, tool_call_id: str) -> None:
         super().__init__(
@@ -183,3 +298,9 @@ class ToolCallsSpanMessages(StoreError):
             "answered; answer each message's calls in their own request"
         )
         self.tool_call_id = tool_call_id
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(
+            field_violations=(("tool_call_id", "answer the calls of one assistant message per request"),),
+            metadata={"tool_call_id": self.tool_call_id},
+        )

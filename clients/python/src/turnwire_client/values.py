@@ -25,6 +25,7 @@ from google.protobuf import json_format, struct_pb2
 from turnwire_client.v1 import message_pb2
 
 __all__ = [
+    "EXACT_INTEGER_LIMIT",
     "STEP_SEPARATOR",
     "ChatMessage",
     "Step",
@@ -32,12 +33,29 @@ __all__ = [
     "Usage",
     "json_value",
     "steps_of",
+    "struct_number",
     "struct_value",
 ]
 
 STEP_SEPARATOR = "\n\n"
 """What :attr:`ChatMessage.text` puts between the texts of two model steps (a blank line, so a
 preamble before a tool call and the answer after it read as two paragraphs)."""
+
+
+EXACT_INTEGER_LIMIT = 2**53
+"""The largest integer magnitude a ``Struct``/``Value`` number (a double) holds exactly: the
+server makes those views only for values within it (docs/semantics.md §11, exact values)."""
+
+
+def struct_number(number: float) -> int | float:
+    """A ``Struct``/``Value`` number as its sender most likely meant it: an ``int`` when it is whole
+    and below :data:`EXACT_INTEGER_LIMIT` in magnitude, else the ``float`` (a whole double beyond it
+    may stand for any of several integers, so it is not passed off as an exact one).
+
+    The one rule for reading protobuf numbers back as JSON values, on both sides of the wire: this
+    client, and the server and middleware (``turnwire.values.from_value``) use it.
+    """
+    return int(number) if number.is_integer() and abs(number) < EXACT_INTEGER_LIMIT else number
 
 
 def json_value(text: str) -> Any:
@@ -52,13 +70,13 @@ def json_value(text: str) -> Any:
 def struct_value(value: struct_pb2.Struct | struct_pb2.Value) -> Any:
     """A ``Struct``/``Value`` as plain values, for fields the server sends only that way (message
     metadata, and tool values of a server without the JSON text fields). Struct numbers are
-    doubles: a whole one becomes an ``int``, as its sender most likely meant."""
+    doubles, read by :func:`struct_number`: a whole one below 2**53 becomes an ``int``."""
     return _whole_numbers_as_int(json_format.MessageToDict(value))
 
 
 def _whole_numbers_as_int(data: Any) -> Any:
-    if isinstance(data, float) and data.is_integer():
-        return int(data)
+    if isinstance(data, float):
+        return struct_number(data)
     if isinstance(data, dict):
         return {key: _whole_numbers_as_int(item) for key, item in data.items()}
     if isinstance(data, list):

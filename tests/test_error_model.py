@@ -1,0 +1,224 @@
+"""One error model (turnwire.errors): every error a client may see derives from DomainError and
+carries its reason and status; the API maps by those attributes; public names are unique; the
+tool-call texts and the protobuf number rule are defined once."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from collections import defaultdict
+from pathlib import Path
+from types import ModuleType
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+from google.rpc import error_details_pb2
+
+from turnwire import values as sdk_values
+from turnwire.errors import CanonicalCode, DomainError, ErrorDetails, ErrorReason
+from turnwire_client import values as client_values
+from turnwire_client.v1 import error_reason_pb2
+from turnwire_server.api.status import status_error_of, status_of
+
+ROOTS = ("turnwire", "turnwire_server", "turnwire_client")
+
+NOT_DOMAIN_ERRORS = {
+    # The client's own errors: the client installs alone and may not import turnwire.
+    "turnwire_client.errors.TurnwireError",
+    "turnwire_client.errors.ProtocolError",
+    # A carrier: the engine unwraps it (its error and stage) before anything maps it.
+    "turnwire_server.engine.errors.TurnFailure",
+    # Startup and configuration: the process refuses to start; no client ever sees them.
+    "turnwire_server.api.authentication.AuthConfigError",
+    "turnwire_server.api.tls.TlsFileError",
+    "turnwire_server.app.StartupError",
+    "turnwire_server.config.ConfigError",
+    "turnwire_server.demo.SidecarExited",
+    "turnwire_server.event_loop.EventLoopUnavailable",
+    "turnwire_server.listen_check.ListenAddressError",
+    "turnwire_server.providers.settings.ProviderConfigError",
+    "turnwire_server.supervisor.SupervisorError",
+    "turnwire_server.tools.grpc_host.ToolHostError",
+    "turnwire_server.tools.loading.ToolLoadError",
+}
+"""Public exception classes that are not domain errors, each for the reason given."""
+
+WITHOUT_OWN_REASON = {
+    # A tool call's failure, which the model sees; no client gets it as a status.
+    "turnwire.tools.ToolError",
+    "turnwire.values.NotJsonError",
+    "turnwire_server.engine.assistant_message.OutputTooLarge",
+    # Bases whose subclasses say why.
+    "turnwire.errors.DomainError",
+    "turnwire_server.engine.errors.AdmissionRefused",
+}
+"""Domain errors with no ErrorReason of their own: were one to reach a client, it would be INTERNAL."""
+
+SHARED_NAMES = {"Usage", "ToolCall"}
+"""Public class names still defined twice (turnwire.types, the model's chunks, and
+turnwire_client.values, the client's plain views): renaming either breaks a published API."""
+
+
+def _modules() -> list[ModuleType]:
+    modules = []
+    for root in ROOTS:
+        package = importlib.import_module(root)
+        for info in pkgutil.walk_packages(package.__path__, f"{root}."):
+            if "_pb2" in info.name or info.name.endswith("__main__"):
+                continue
+            modules.append(importlib.import_module(info.name))
+    return modules
+
+
+def _public_classes() -> dict[str, type]:
+    found = {}
+    for module in _modules():
+        for name, value in vars(module).items():
+            if inspect.isclass(value) and value.__module__ == module.__name__ and not name.startswith("_"):
+                found[f"{module.__name__}.{value.__qualname__}"] = value
+    return found
+
+
+@pytest.fixture(scope="module")
+def public_classes() -> dict[str, type]:
+    return _public_classes()
+
+
+def test_every_public_error_a_client_may_see_is_a_domain_error(public_classes: dict[str, type]) -> None:
+    errors = {path: kind for path, kind in public_classes.items() if issubclass(kind, BaseException)}
+    without_base = {path for path, kind in errors.items() if not issubclass(kind, DomainError)}
+    assert without_base == NOT_DOMAIN_ERRORS
+    for path, kind in errors.items():
+        if not issubclass(kind, DomainError):
+            continue
+        assert isinstance(kind.status_code, CanonicalCode), path
+        assert kind.error_reason in ErrorReason.values(), path
+        has_reason = kind.error_reason != error_reason_pb2.ERROR_REASON_UNSPECIFIED
+        assert has_reason == (path not in WITHOUT_OWN_REASON), path
+        if kind.retry_delay_seconds is not None:
+            assert kind.retryable, f"{path} suggests a retry delay but is not retryable"
+
+
+def test_no_two_public_classes_share_a_name(public_classes: dict[str, type]) -> None:
+    homes: dict[str, set[str]] = defaultdict(set)
+    for path, kind in public_classes.items():
+        homes[kind.__name__].add(path)
+    shared = {name for name, paths in homes.items() if len(paths) > 1}
+    assert shared == SHARED_NAMES
+
+
+class _Quota(DomainError):
+    """A domain error the API layer has never heard of."""
+
+    error_reason = error_reason_pb2.ERROR_REASON_RATE_LIMITED
+    status_code = CanonicalCode.RESOURCE_EXHAUSTED
+    retryable = True
+    retry_delay_seconds = 2.5
+
+    @property
+    def client_message(self) -> str:
+        return f"over quota: {self}"
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(
+            metadata={"tenant": "t1"},
+            field_violations=(("model", "pick a cheaper one"),),
+            retry_after_seconds=self.retry_delay_seconds,
+        )
+
+
+def test_the_api_maps_a_new_domain_error_by_its_attributes() -> None:
+    error = status_error_of(_Quota("100 turns a day"), "step")
+    assert error.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.message == "over quota: 100 turns a day"
+    assert error.reason == "RATE_LIMITED"
+    status = status_of(_Quota("100 turns a day"), "step")
+    info, bad_request, retry = (
+        error_details_pb2.ErrorInfo(),
+        error_details_pb2.BadRequest(),
+        error_details_pb2.RetryInfo(),
+    )
+    assert [
+        status.details[0].Unpack(info),
+        status.details[1].Unpack(bad_request),
+        status.details[2].Unpack(retry),
+    ] == [True] * 3
+    assert (info.reason, info.domain, dict(info.metadata)) == (
+        "RATE_LIMITED",
+        "turnwire.dev",
+        {"tenant": "t1"},
+    )
+    assert [(v.field, v.description) for v in bad_request.field_violations] == [
+        ("model", "pick a cheaper one")
+    ]
+    assert retry.retry_delay.ToMilliseconds() == 2500
+
+
+def test_an_instance_may_refine_its_class_status_and_reason() -> None:
+    from turnwire_server.engine.errors import StoppedByInput
+    from turnwire_server.store.errors import SubmissionNotPending
+
+    assert status_error_of(StoppedByInput("r2", rollback=True)).reason == "ROLLED_BACK"
+    assert status_error_of(StoppedByInput("r2", rollback=False)).reason == "INTERRUPTED"
+    assert status_error_of(SubmissionNotPending("s1", "aborted")).code is grpc.StatusCode.ABORTED
+    assert (
+        status_error_of(SubmissionNotPending("s1", "cancelled")).code is grpc.StatusCode.FAILED_PRECONDITION
+    )
+
+
+def test_an_error_without_a_reason_of_its_own_is_internal_and_names_the_stage() -> None:
+    class Unclassified(DomainError):
+        status_code = CanonicalCode.NOT_FOUND
+
+    for error in (RuntimeError("boom"), Unclassified("boom")):
+        mapped = status_error_of(error, "tool_call")
+        assert mapped.code is grpc.StatusCode.INTERNAL
+        assert mapped.reason == "INTERNAL"
+        assert mapped.message == f"internal error at stage tool_call: {type(error).__name__}: boom"
+        assert mapped.metadata == {"stage": "tool_call"}
+
+
+def test_canonical_codes_are_grpcs() -> None:
+    assert {code.name: code.value for code in CanonicalCode} == {
+        code.name: code.value[0] for code in grpc.StatusCode
+    }
+
+
+def test_the_tool_call_texts_are_defined_once() -> None:
+    """The errors a tool call gets when the sidecar ended it are written in turnwire.errors only."""
+    texts = ("The tool call was aborted before it finished.", "The tool call was interrupted before")
+    homes = set()
+    for root in ROOTS:
+        root_dir = Path(importlib.import_module(root).__path__[0])
+        for path in root_dir.rglob("*.py"):
+            if "_pb2" not in path.name and any(text in path.read_text(encoding="utf-8") for text in texts):
+                homes.add(f"{root}/{path.relative_to(root_dir).as_posix()}")
+    assert homes == {"turnwire/errors.py"}
+
+
+@pytest.mark.parametrize(
+    ("number", "read"),
+    [
+        (3.0, 3),
+        (-7.0, -7),
+        (2.5, 2.5),
+        (float(2**53 - 1), 2**53 - 1),
+        (float(2**53), float(2**53)),
+        (1e20, 1e20),
+    ],
+)
+def test_one_rule_reads_protobuf_numbers_on_both_sides(number: float, read: float) -> None:
+    """A whole double below 2**53 is the integer its sender wrote; beyond, it may stand for several
+    integers and stays a float (docs/semantics.md §11, exact values): the SDK and the client agree."""
+    value = struct_pb2.Value(number_value=number)
+    struct = struct_pb2.Struct()
+    struct.update({"n": number})
+    for got in (
+        sdk_values.from_value(value),
+        client_values.struct_value(value),
+        client_values.struct_value(struct)["n"],
+    ):
+        assert got == read
+        assert type(got) is type(read)
