@@ -15,8 +15,6 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -35,6 +33,13 @@ from pydantic_settings import (
 from turnwire.hooks import HOOK_NAMES
 from turnwire_server.access_settings import AuthSettings, RateLimitSettings
 from turnwire_server.config_hints import unknown_field_message
+from turnwire_server.config_section import ConfigSection
+from turnwire_server.engine.settings import (
+    DurabilitySettings,
+    EventsSettings,
+    LimitsSettings,
+    StoreCheckpointSettings,
+)
 from turnwire_server.event_loop import EventLoopChoice
 from turnwire_server.providers.settings import (
     PROVIDER_TYPES,
@@ -47,11 +52,7 @@ from turnwire_server.store.postgres_url import is_postgres_url
 from turnwire_server.tools.settings import McpServerSettings, ToolHostSettings
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StoreSettings(_Section):
+class StoreSettings(ConfigSection):
     """Where conversations live: ``sqlite:///PATH`` (relative to the working directory) or
     ``postgresql://user[:password]@host[:port]/database`` (also ``postgres://``).
 
@@ -80,7 +81,7 @@ class StoreSettings(_Section):
         return value
 
 
-class ToolsSettings(_Section):
+class ToolsSettings(ConfigSection):
     """Server-side tools. ``demo`` enables the demo tools (on by default; start-up warns when the
     default model is not a scripted one and ``demo`` was not set explicitly); ``python`` lists dotted paths
     (``package.module:attribute``) of Tool objects, or of callables returning one or a list;
@@ -118,7 +119,7 @@ DECIDING_HOOKS = ("before_turn", "before_step", "before_tool_call")
 OBSERVING_HOOKS = tuple(hook for hook in REMOTE_HOOKS if hook not in DECIDING_HOOKS)
 
 
-class RemoteTlsSettings(_Section):
+class RemoteTlsSettings(ConfigSection):
     """TLS to a remote hook server. ``ca_file``: PEM roots to trust (None: the system's);
     ``cert_file`` and ``key_file`` (both or neither): the sidecar's client certificate for
     mutual TLS; ``server_name``: the name the server's certificate must carry, when it differs
@@ -140,7 +141,7 @@ class RemoteTlsSettings(_Section):
         return self
 
 
-class FailureModes(_Section):
+class FailureModes(ConfigSection):
     """Per-hook failure modes of a remote hook server. ``default`` applies to the deciding hooks
     not named here; the observing hooks always fail open (docs/semantics.md §4). A plain string
     (``failure_mode: closed``) sets ``default``."""
@@ -172,7 +173,7 @@ class FailureModes(_Section):
         return self.default if mode is None else mode
 
 
-class BreakerSettings(_Section):
+class BreakerSettings(ConfigSection):
     """The circuit breaker of one remote hook server: after ``failure_threshold`` failed calls
     in a row (any hook) it opens, and for ``open_seconds`` every hook of that server gets its
     failure mode's outcome at once, without an RPC; then one call probes (half-open): success
@@ -182,7 +183,7 @@ class BreakerSettings(_Section):
     open_seconds: float = Field(10.0, gt=0, le=3600)
 
 
-class ChunkBatchSettings(_Section):
+class ChunkBatchSettings(ConfigSection):
     """How a remote ``on_chunk`` is fed: one client-streaming ``OnChunks`` call per turn, a
     request per batch of at most ``max_events`` events or ``max_delay_ms`` after the batch's
     first event, whichever comes first; at most ``buffer_events`` wait to be sent (more are
@@ -193,7 +194,7 @@ class ChunkBatchSettings(_Section):
     buffer_events: int = Field(4096, ge=1, le=1_000_000)
 
 
-class RemoteHookSettings(_Section):
+class RemoteHookSettings(ConfigSection):
     """A remote hook server (``turnwire.v1.TurnHooksService``) as one entry of the chain.
 
     ``address`` is ``HOST:PORT`` (or any gRPC target such as ``unix:PATH``); ``name`` labels it
@@ -230,7 +231,7 @@ class RemoteHookSettings(_Section):
         return value
 
 
-class MiddlewareEntry(_Section):
+class MiddlewareEntry(ConfigSection):
     """One middleware of the chain: either ``path`` (``package.module:Class``) with its
     ``options``, or ``remote`` (a hook server reached over gRPC, :class:`RemoteHookSettings`).
     A plain string entry (``- myapp.hooks:Audit``) is short for ``- path: myapp.hooks:Audit``,
@@ -269,127 +270,7 @@ class MiddlewareEntry(_Section):
         return self
 
 
-class LimitsSettings(_Section):
-    """Bounds. Sizes in bytes, times in seconds."""
-
-    max_steps: int = Field(10, ge=1, le=1000)
-    max_message_bytes: int = Field(1 << 20, ge=1024)
-    max_receive_message_bytes: int = Field(16 << 20, ge=4096)
-    max_concurrent_rpcs: int = Field(
-        10_000,
-        ge=1,
-        description=(
-            "turn calls (Chat, SaveMessages, ContinueLastTurn) running at once; past it a call gets "
-            "RESOURCE_EXHAUSTED (reason OVERLOADED, with RetryInfo). Health checks, reflection and the "
-            "unary ChatService calls do not count"
-        ),
-    )
-    max_queued_turns_per_conversation: int = Field(32, ge=1)
-    concurrent_input: Literal["enqueue", "reject", "interrupt", "rollback"] = Field(
-        "enqueue",
-        description=(
-            "what new input does on a conversation with a turn running or queued when its request "
-            "names no concurrent_input_strategy: enqueue (wait, FIFO), reject (FAILED_PRECONDITION), "
-            "interrupt (stop the running turn, run next) or rollback (stop it and remove what it stored)"
-        ),
-    )
-    drain_seconds: float = Field(
-        5.0,
-        ge=0,
-        description=(
-            "SIGTERM: health turns NOT_SERVING at once while calls are still taken for this long, so "
-            "readiness probes and load balancers move traffic away first; then the stop "
-            "(shutdown_grace_seconds). 0: stop taking calls at once. A second SIGTERM/SIGINT ends it early"
-        ),
-    )
-    shutdown_grace_seconds: float = Field(10.0, ge=0)
-    tool_timeout_seconds: float = Field(60.0, gt=0)
-    max_tool_output_bytes: int = Field(
-        1 << 20,
-        ge=1024,
-        le=3 << 20,
-        description="a tool result with more JSON than this becomes an error the model is told about",
-    )
-    stream_stall_timeout_seconds: float = Field(
-        0.0, ge=0, description="stall watchdog: no event for this long ends a turn INTERRUPTED (0: off)"
-    )
-    stream_buffer_events: int = Field(
-        1024, ge=16, description="events one stream holds for a slow client before its turn waits"
-    )
-    slow_reader_timeout_seconds: float = Field(
-        30.0, gt=0, description="a client that reads nothing of a full buffer this long has its turn stopped"
-    )
-    progress_interval_seconds: float = Field(
-        15.0,
-        ge=0,
-        description=(
-            "a turn stream (Chat, SaveMessages, ContinueLastTurn, SubmitToolResults/Approvals, ResumeTurn, "
-            "WatchSubmission) silent this long sends a Progress keepalive, and again after each further "
-            "interval, so proxies and clients with idle timeouts keep it open (0: off)"
-        ),
-    )
-
-
-class EventsSettings(_Section):
-    """The event stream. ``text_coalesce_ms`` merges consecutive text and reasoning deltas of
-    one block arriving within that many milliseconds into one event (0: off);
-    ``hook_timeline`` adds which hook of which middleware ran, when and for how long, to
-    ``TurnEnd.metadata["hook_timeline"]``."""
-
-    text_coalesce_ms: float = Field(0.0, ge=0, le=1000)
-    hook_timeline: bool = Field(False, description="put each turn's hook timeline in TurnEnd.metadata")
-
-
-class DurabilitySettings(_Section):
-    """Resume, recovery, expiry and retention (docs/semantics.md §5, §7, §8, §12). Times in seconds;
-    0 turns a retention or expiry off."""
-
-    event_retention_seconds: float = Field(
-        3600.0, ge=0, description="how long a finished turn's events stay re-attachable with ResumeTurn"
-    )
-    recover_on_start: bool = Field(
-        True, description="finish turns a crash interrupted when the sidecar starts (within recovery_budget)"
-    )
-    recovery_budget: int = Field(
-        2, ge=0, le=100, description="recoveries one turn may get (crash and stall), counted in the store"
-    )
-    max_concurrent_recoveries: int = Field(
-        16, ge=1, le=10_000, description="crash recoveries that call the model at once after a start"
-    )
-    lease_seconds: float = Field(
-        30.0,
-        ge=1,
-        le=3600,
-        description="a running turn's lease; renewed every third of it; a lapsed one is recovered elsewhere",
-    )
-    stall_recovery: bool = Field(
-        False, description="after the stall watchdog interrupts a turn, recover it in the same stream"
-    )
-    pending_expiry_seconds: float = Field(
-        86400.0, ge=0, description="pending client tool calls, approvals and submissions expire after this"
-    )
-    conversation_retention_seconds: float = Field(
-        0.0, ge=0, description="conversations not updated for this long are deleted (0: kept forever)"
-    )
-    sweep_interval_seconds: float = Field(60.0, gt=0, description="how often expiry and retention run")
-    max_pending_submissions_per_conversation: int = Field(
-        1000, ge=1, description="past it SubmitMessages answers RESOURCE_EXHAUSTED"
-    )
-    max_running_submissions: int = Field(
-        64,
-        ge=1,
-        le=100_000,
-        description="submission turns one replica runs at once; more wait for a replica with a free slot",
-    )
-
-
-class StoreCheckpointSettings(_Section):
-    """How often a streaming reply is checkpointed, in milliseconds (besides step ends)."""
-
-    interval_ms: float = Field(250.0, ge=10)
-
-
-class MetricsSettings(_Section):
+class MetricsSettings(ConfigSection):
     """The Prometheus endpoint (``GET /metrics`` in the text exposition format, on its own HTTP
     port). Off by default: the sidecar opens no port beyond its gRPC one unless asked, and which
     port a scraper may reach is the deployment's choice. 9464 is the port OpenTelemetry's
@@ -404,7 +285,7 @@ class MetricsSettings(_Section):
         return _host_port(value, "127.0.0.1:9464")
 
 
-class LoggingSettings(_Section):
+class LoggingSettings(ConfigSection):
     """Log output on stderr. ``level``: the least severity logged; ``format``: ``text`` lines or
     ``json`` (one object per line, with ``conversation_id``, ``request_id``, ``trace_id`` and
     ``span_id`` when known). Secrets are masked in both (docs/operate/logs.md)."""
@@ -420,7 +301,7 @@ def _host_port(value: str, example: str) -> str:
     return value
 
 
-class TracingSettings(_Section):
+class TracingSettings(ConfigSection):
     """OpenTelemetry traces, exported over OTLP/gRPC (off by default; docs/operate/traces.md).
 
     A span per turn, model call, tool call and hook call, by the GenAI semantic conventions
@@ -465,7 +346,7 @@ TLS: a certificate signed by ``tls.client_ca_file`` or no connection). grpcio's 
 offer only these two of gRPC core's modes (``require_client_auth``), so there is no ``request``."""
 
 
-class ServerTlsSettings(_Section):
+class ServerTlsSettings(ConfigSection):
     """TLS for the gRPC server (absent: plaintext). PEM files: ``cert_file`` the certificate chain
     (leaf first), ``key_file`` its unencrypted private key, ``client_ca_file`` the CAs whose client
     certificates ``client_auth: require`` accepts. The files are re-read when they change (checked

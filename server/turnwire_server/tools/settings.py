@@ -11,17 +11,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from turnwire_server.config_section import ConfigSection
 from turnwire_server.redaction import secret
 from turnwire_server.url_check import check_http_url
 
 SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """What a tool host's or MCP server's ``name`` may be (it appears in logs and tool errors)."""
-
-
-class _Entry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 def _source_name(value: str) -> str:
@@ -30,7 +27,7 @@ def _source_name(value: str) -> str:
     return value
 
 
-class TlsSettings(_Entry):
+class TlsSettings(ConfigSection):
     """TLS towards a tool host. Present (even empty, ``tls: {}``): TLS with the system's root
     certificates; absent: plaintext. Files are PEM, read at start (a missing one stops start-up)."""
 
@@ -48,7 +45,7 @@ class TlsSettings(_Entry):
         return self
 
 
-class ToolHostSettings(_Entry):
+class ToolHostSettings(ConfigSection):
     """One ToolExecutorService host. ``address`` is any gRPC target (``host:port``,
     ``dns:///name:port``, ``unix:///path``). ``timeout_seconds`` bounds each call of a tool whose
     ``ToolSpec.timeout`` is unset (default: ``limits.tool_timeout_seconds``);
@@ -66,7 +63,7 @@ class ToolHostSettings(_Entry):
     _name = field_validator("name")(_source_name)
 
 
-class McpServerSettings(_Entry):
+class McpServerSettings(ConfigSection):
     """One MCP server: either ``command`` (stdio: the sidecar starts it, with ``args``, ``env``
     added to its environment, ``cwd``) or ``url`` (streamable HTTP, with ``headers`` on every
     request). ``timeout_seconds`` bounds each call (default: ``limits.tool_timeout_seconds``);
