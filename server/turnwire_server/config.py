@@ -49,7 +49,7 @@ from turnwire_server.providers.settings import (
 )
 from turnwire_server.redaction import secret
 from turnwire_server.store.postgres_url import is_postgres_url
-from turnwire_server.tools.settings import McpServerSettings, ToolHostSettings
+from turnwire_server.tools.settings import ToolsSettings
 
 
 class StoreSettings(ConfigSection):
@@ -79,31 +79,6 @@ class StoreSettings(ConfigSection):
                 "postgresql://user@host:port/database"
             )
         return value
-
-
-class ToolsSettings(ConfigSection):
-    """Server-side tools. ``demo`` enables the demo tools (on by default; start-up warns when the
-    default model is not a scripted one and ``demo`` was not set explicitly); ``python`` lists dotted paths
-    (``package.module:attribute``) of Tool objects, or of callables returning one or a list;
-    ``hosts`` lists ToolExecutorService hosts and ``mcp`` MCP servers, whose tools join after
-    those, in this order (docs/semantics.md §2, docs/tools.md); ``require_approval`` names tools
-    of any source whose every call waits for the client's approval (docs/semantics.md §6)."""
-
-    demo: bool = True
-    python: list[str] = Field(default_factory=list)
-    hosts: list[ToolHostSettings] = Field(default_factory=list)
-    mcp: list[McpServerSettings] = Field(default_factory=list)
-    require_approval: list[str] = Field(
-        default_factory=list, description="tools whose calls wait for the client's approval"
-    )
-
-    @model_validator(mode="after")
-    def _unique_source_names(self) -> ToolsSettings:
-        names = [host.name for host in self.hosts] + [server.name for server in self.mcp]
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
-            raise ValueError(f"hosts and mcp entries need distinct names; repeated: {', '.join(repeated)}")
-        return self
 
 
 FailureMode = Literal["open", "closed"]

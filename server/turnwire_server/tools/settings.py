@@ -1,4 +1,5 @@
-"""Configuration of the tool sources in other processes: ``tools.hosts`` and ``tools.mcp``.
+"""The ``tools:`` section of the configuration (:class:`ToolsSettings`) and its entries for the
+tool sources in other processes: ``tools.hosts`` and ``tools.mcp``.
 
 A **tool host** is a process serving ``turnwire.v1.ToolExecutorService`` (protos/turnwire/v1/tools.proto);
 an **MCP server** is a Model Context Protocol server reached over stdio (a command the sidecar
@@ -97,4 +98,29 @@ class McpServerSettings(ConfigSection):
             raise ValueError("args, env and cwd are for a stdio server (command), not a url")
         if self.url is None and self.headers:
             raise ValueError("headers are for a streamable HTTP server (url), not a command")
+        return self
+
+
+class ToolsSettings(ConfigSection):
+    """Server-side tools. ``demo`` enables the demo tools (on by default; start-up warns when the
+    default model is not a scripted one and ``demo`` was not set explicitly); ``python`` lists dotted paths
+    (``package.module:attribute``) of Tool objects, or of callables returning one or a list;
+    ``hosts`` lists ToolExecutorService hosts and ``mcp`` MCP servers, whose tools join after
+    those, in this order (docs/semantics.md §2, docs/tools.md); ``require_approval`` names tools
+    of any source whose every call waits for the client's approval (docs/semantics.md §6)."""
+
+    demo: bool = True
+    python: list[str] = Field(default_factory=list)
+    hosts: list[ToolHostSettings] = Field(default_factory=list)
+    mcp: list[McpServerSettings] = Field(default_factory=list)
+    require_approval: list[str] = Field(
+        default_factory=list, description="tools whose calls wait for the client's approval"
+    )
+
+    @model_validator(mode="after")
+    def _unique_source_names(self) -> ToolsSettings:
+        names = [host.name for host in self.hosts] + [server.name for server in self.mcp]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"hosts and mcp entries need distinct names; repeated: {', '.join(repeated)}")
         return self
