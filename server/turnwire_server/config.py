@@ -16,7 +16,6 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import (
     Field,
-    SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -30,8 +29,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from turnwire.hooks import HOOK_NAMES
 from turnwire_server.access_settings import AuthSettings, RateLimitSettings
+from turnwire_server.api.tls_settings import ServerTlsSettings
 from turnwire_server.config_hints import unknown_field_message
 from turnwire_server.config_section import ConfigSection
 from turnwire_server.engine.settings import (
@@ -48,8 +47,10 @@ from turnwire_server.providers.settings import (
     entry_location,
 )
 from turnwire_server.redaction import secret
+from turnwire_server.remote_hooks.settings import RemoteHookSettings
 from turnwire_server.store.postgres_url import is_postgres_url
 from turnwire_server.tools.settings import ToolsSettings
+from turnwire_server.tracing_settings import TracingSettings
 
 
 class StoreSettings(ConfigSection):
@@ -78,131 +79,6 @@ class StoreSettings(ConfigSection):
                 "must be sqlite:///PATH (for example sqlite:///turnwire.db) or "
                 "postgresql://user@host:port/database"
             )
-        return value
-
-
-FailureMode = Literal["open", "closed"]
-"""What a failed remote hook call does (docs/semantics.md §4): ``open`` behaves as if the hook
-answered None; ``closed`` blocks the tool call (``before_tool_call``) or fails the turn."""
-
-REMOTE_HOOKS = tuple(hook for hook in HOOK_NAMES if hook != "configure_session")
-"""The hooks a remote server can implement (docs/semantics.md §3; ``on_chunk`` is ``OnChunks``)."""
-
-DECIDING_HOOKS = ("before_turn", "before_step", "before_tool_call")
-"""The remote hooks whose failure mode can be ``closed``; every other hook only observes."""
-
-OBSERVING_HOOKS = tuple(hook for hook in REMOTE_HOOKS if hook not in DECIDING_HOOKS)
-
-
-class RemoteTlsSettings(ConfigSection):
-    """TLS to a remote hook server. ``ca_file``: PEM roots to trust (None: the system's);
-    ``cert_file`` and ``key_file`` (both or neither): the sidecar's client certificate for
-    mutual TLS; ``server_name``: the name the server's certificate must carry, when it differs
-    from the address's host."""
-
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    server_name: str | None = Field(None, min_length=1)
-
-    @model_validator(mode="after")
-    def _files(self) -> RemoteTlsSettings:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file go together (mutual TLS): give both or neither")
-        for name in ("ca_file", "cert_file", "key_file"):
-            path = getattr(self, name)
-            if path is not None and not path.is_file():
-                raise ValueError(f"{name} {path} is not a readable file")
-        return self
-
-
-class FailureModes(ConfigSection):
-    """Per-hook failure modes of a remote hook server. ``default`` applies to the deciding hooks
-    not named here; the observing hooks always fail open (docs/semantics.md §4). A plain string
-    (``failure_mode: closed``) sets ``default``."""
-
-    default: FailureMode = "open"
-    before_turn: FailureMode | None = None
-    before_step: FailureMode | None = None
-    before_tool_call: FailureMode | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return {"default": value}
-        if isinstance(value, dict):
-            observing = sorted(key for key in value if key in OBSERVING_HOOKS)
-            if observing:
-                raise ValueError(
-                    f"{', '.join(observing)}: observing hooks always fail open (they never fail a "
-                    f"turn); a failure mode is set only for {', '.join(DECIDING_HOOKS)} and default"
-                )
-        return value
-
-    def of(self, hook: str) -> FailureMode:
-        """The failure mode of ``hook`` (``open`` for every observing hook)."""
-        if hook not in DECIDING_HOOKS:
-            return "open"
-        mode: FailureMode | None = getattr(self, hook)
-        return self.default if mode is None else mode
-
-
-class BreakerSettings(ConfigSection):
-    """The circuit breaker of one remote hook server: after ``failure_threshold`` failed calls
-    in a row (any hook) it opens, and for ``open_seconds`` every hook of that server gets its
-    failure mode's outcome at once, without an RPC; then one call probes (half-open): success
-    closes it, failure opens it again."""
-
-    failure_threshold: int = Field(5, ge=1, le=1000)
-    open_seconds: float = Field(10.0, gt=0, le=3600)
-
-
-class ChunkBatchSettings(ConfigSection):
-    """How a remote ``on_chunk`` is fed: one client-streaming ``OnChunks`` call per turn, a
-    request per batch of at most ``max_events`` events or ``max_delay_ms`` after the batch's
-    first event, whichever comes first; at most ``buffer_events`` wait to be sent (more are
-    dropped and counted, so a slow hook server never slows a turn)."""
-
-    max_events: int = Field(64, ge=1, le=10_000)
-    max_delay_ms: float = Field(50.0, gt=0, le=10_000)
-    buffer_events: int = Field(4096, ge=1, le=1_000_000)
-
-
-class RemoteHookSettings(ConfigSection):
-    """A remote hook server (``turnwire.v1.TurnHooksService``) as one entry of the chain.
-
-    ``address`` is ``HOST:PORT`` (or any gRPC target such as ``unix:PATH``); ``name`` labels it
-    in logs, timelines and ``HOOK_FAILED`` metadata (default ``remote:<address>``); ``tls``
-    absent means plaintext; ``deadline_seconds`` bounds every unary call (and the wait for an
-    ``OnChunks`` call to close); ``include_messages`` overrides what the server's
-    ``GetHookSubscriptions`` asked for (None: as asked); ``hooks`` is used when the server
-    cannot be reached at start (None: start-up then fails).
-    """
-
-    address: str = Field(min_length=1)
-    name: str | None = Field(None, min_length=1)
-    tls: RemoteTlsSettings | None = None
-    deadline_seconds: float = Field(5.0, gt=0, le=600)
-    failure_mode: FailureModes = Field(default_factory=FailureModes)
-    include_messages: bool | None = None
-    hooks: list[str] | None = None
-    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
-    chunks: ChunkBatchSettings = Field(default_factory=ChunkBatchSettings)
-
-    @field_validator("hooks")
-    @classmethod
-    def _hook_names(cls, value: list[str] | None) -> list[str] | None:
-        unknown = [name for name in value or () if name not in REMOTE_HOOKS]
-        if unknown:
-            raise ValueError(f"{', '.join(unknown)}: not a hook; hooks are {', '.join(REMOTE_HOOKS)}")
-        return value
-
-    @field_validator("address")
-    @classmethod
-    def _target(cls, value: str) -> str:
-        if ":" not in value:
-            raise ValueError("must be HOST:PORT (for example 127.0.0.1:7001) or unix:PATH")
         return value
 
 
@@ -274,77 +150,6 @@ def _host_port(value: str, example: str) -> str:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"must be HOST:PORT, for example {example}")
     return value
-
-
-class TracingSettings(ConfigSection):
-    """OpenTelemetry traces, exported over OTLP/gRPC (off by default; docs/operate/traces.md).
-
-    A span per turn, model call, tool call and hook call, by the GenAI semantic conventions
-    (:mod:`turnwire_server.engine.tracing`). A field left unset falls back to the SDK's
-    standard variable: ``endpoint`` to ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` /
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` (else ``http://localhost:4317``), ``headers`` to
-    ``OTEL_EXPORTER_OTLP_(TRACES_)HEADERS``, ``insecure`` to the endpoint's scheme (``http``:
-    plaintext) or ``OTEL_EXPORTER_OTLP_(TRACES_)INSECURE``, ``ca_file`` to
-    ``OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE``, ``service_name`` to ``OTEL_SERVICE_NAME``
-    (else ``turnwire``), ``sampler_ratio`` to ``OTEL_TRACES_SAMPLER`` (else every trace, or as
-    the caller's ``traceparent`` decided). ``headers`` values are secrets: never logged or shown.
-    ``capture_message_content`` records prompts, replies and tool inputs and outputs in spans
-    (the conventions' opt-in attributes).
-    """
-
-    enabled: bool = False
-    endpoint: str | None = Field(
-        None, min_length=1, description="OTLP/gRPC collector, e.g. http://127.0.0.1:4317"
-    )
-    headers: dict[str, SecretStr] = Field(default_factory=dict, description="sent with every export")
-    insecure: bool | None = Field(None, description="plaintext gRPC to the collector")
-    ca_file: Path | None = Field(
-        None, description="PEM file of the CA that signed the collector's certificate"
-    )
-    service_name: str | None = Field(None, min_length=1, description="the service.name resource attribute")
-    sampler_ratio: float | None = Field(
-        None, ge=0, le=1, description="share of new traces recorded (parent-based: a caller's decision wins)"
-    )
-    capture_message_content: bool = Field(False, description="record message content in spans")
-
-    @field_validator("ca_file")
-    @classmethod
-    def _readable(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_file():
-            raise ValueError(f"{value} is not a readable file")
-        return value
-
-
-ClientAuth = Literal["none", "require"]
-"""Whether the server asks for a client certificate: ``none`` (plain TLS) or ``require`` (mutual
-TLS: a certificate signed by ``tls.client_ca_file`` or no connection). grpcio's server credentials
-offer only these two of gRPC core's modes (``require_client_auth``), so there is no ``request``."""
-
-
-class ServerTlsSettings(ConfigSection):
-    """TLS for the gRPC server (absent: plaintext). PEM files: ``cert_file`` the certificate chain
-    (leaf first), ``key_file`` its unencrypted private key, ``client_ca_file`` the CAs whose client
-    certificates ``client_auth: require`` accepts. The files are re-read when they change (checked
-    at each new connection) and on SIGHUP; a bad replacement is logged and the old one kept.
-    Their contents are checked at start (:mod:`turnwire_server.api.tls`)."""
-
-    cert_file: Path
-    key_file: Path
-    client_ca_file: Path | None = None
-    client_auth: ClientAuth = Field("none", description="none: plain TLS; require: mutual TLS")
-
-    @model_validator(mode="after")
-    def _client_ca(self) -> ServerTlsSettings:
-        if self.client_auth == "require" and self.client_ca_file is None:
-            raise ValueError(
-                "client_auth: require needs client_ca_file (the CA that signs client certificates)"
-            )
-        if self.client_auth == "none" and self.client_ca_file is not None:
-            raise ValueError(
-                "client_ca_file is used only with client_auth: require (mutual TLS); "
-                "set that or drop the file"
-            )
-        return self
 
 
 class Settings(BaseSettings):
