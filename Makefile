@@ -24,7 +24,7 @@ IN_PROCESS := not (e2e or postgres or packaging or stress)
 TEST_WORKERS ?= 4
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: setup demo install-go check test test-python test-node test-go conformance build-node lint docs protos check-protos breaking bench stress clean
+.PHONY: setup demo install-go check test test-python test-node test-go conformance build-node lint docs protos check-protos breaking bench stress clean sync-client
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -89,12 +89,17 @@ clients/node/dist/index.js: node_modules/.installed clients/node/tsconfig.json $
 
 ## lint: ruff, mypy, buf lint, buf breaking, generated-code drift, prettier on the TypeScript client, the docs site.
 lint: setup check-protos breaking docs
+	PYTHON=$(PY) bash tools/check-sync-client.sh
 	cd clients/node && ../../node_modules/.bin/prettier --check --log-level warn .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(BUF) lint
+
+## sync-client: regenerate the sync Python client (turnwire_client/_sync_client.py) from the async one.
+sync-client: setup
+	$(PY) tools/generate_sync_client.py
 
 ## docs: build the documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or anchor.
 docs: setup

@@ -86,8 +86,9 @@ def sidecar_factory(tmp_path: Path) -> Iterator[SidecarFactory]:
 
 @pytest.fixture
 async def make_engine(tmp_path: Path) -> AsyncIterator[EngineFactory]:
-    """``await make_engine(scripts=..., tools=..., middlewares=..., **EngineSettings fields)``:
-    an in-process engine on a SQLite store in ``tmp_path`` (see ``support.engine_harness``)."""
+    """``await make_engine(scripts=..., tools=..., middlewares=..., **settings)``, the settings
+    flat (``support.engine_harness.engine_settings``): an in-process engine on a SQLite store in
+    ``tmp_path`` (see ``support.engine_harness``)."""
     async with engine_factory(tmp_path) as factory:
         yield factory
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from turnwire_server.config_section import ConfigSection
 from turnwire_server.redaction import secret
 
 AsymmetricAlgorithm = Literal[
@@ -25,11 +26,7 @@ TENANT_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
 """A tenant name: the id alphabet without ``/`` (it separates the tenant in store keys)."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class JwtSettings(_Section):
+class JwtSettings(ConfigSection):
     """JWT bearer tokens verified against a JSON Web Key Set file (RFC 7517 §5) on disk."""
 
     jwks_file: Path = Field(description="JWKS file (JSON, public keys only; re-read at start)")
@@ -42,7 +39,7 @@ class JwtSettings(_Section):
     leeway_seconds: float = Field(30.0, ge=0, le=300, description="clock skew allowed on exp and nbf")
 
 
-class AuthSettings(_Section):
+class AuthSettings(ConfigSection):
     """``auth:``: bearer tokens in the ``authorization`` metadata of every call."""
 
     enabled: bool = False
@@ -66,7 +63,7 @@ class AuthSettings(_Section):
         return self
 
 
-class RateLimit(_Section):
+class RateLimit(ConfigSection):
     """Limits per principal per minute; 0 is no limit."""
 
     turns_per_minute: int = Field(0, ge=0)

@@ -43,12 +43,13 @@ from turnwire_server.api.standard_services import add_standard_services
 from turnwire_server.api.status import status_of
 from turnwire_server.api.submission_rpcs import turn_request_of
 from turnwire_server.api.tls import ServerTls, TlsFileError
-from turnwire_server.config import MiddlewareEntry, Settings
+from turnwire_server.config import MiddlewareEntry, Settings, StoreSettings
 from turnwire_server.engine import EngineSettings, TurnEngine
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.replica import Replica
+from turnwire_server.engine.settings import DurabilitySettings
 from turnwire_server.engine.submissions import Submissions
-from turnwire_server.engine.tracing import TRACING_OFF
+from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.event_loop import running_loop_name
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.importing import import_object
@@ -153,14 +154,16 @@ def build_access(settings: Settings) -> AccessInterceptor | None:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Sidecar:
-    """A started sidecar: its gRPC server, engine and store. Use :func:`start`."""
+    """A started sidecar: its gRPC server, engine and what it runs with. Use :func:`start`.
+
+    The store, the providers and the remote hook servers are the engine's (:attr:`store`,
+    :attr:`providers`, :attr:`remote_hooks`); ``tools`` is the live tool set the engine reads,
+    kept here as its :class:`ToolSet` to close it."""
 
     server: grpc.aio.Server
     engine: TurnEngine
-    store: Store
-    providers: ProviderRegistry
     tools: ToolSet
     health: health_aio.HealthServicer
     port: int
@@ -168,10 +171,24 @@ class Sidecar:
     gate: CallGate
     maintenance: Maintenance
     replica: Replica
-    remote_hooks: Sequence[RemoteMiddleware] = ()
     metrics_endpoint: MetricsEndpoint | None = None
     tracer_provider: TracerProvider | None = None
     tls: ServerTls | None = None
+
+    @property
+    def store(self) -> Store:
+        """The engine's store."""
+        return self.engine.store
+
+    @property
+    def providers(self) -> ProviderRegistry:
+        """The engine's providers."""
+        return self.engine.providers
+
+    @property
+    def remote_hooks(self) -> list[RemoteMiddleware]:
+        """The chain's remote hook servers, closed at :meth:`stop`."""
+        return [m for m in self.engine.chain.middlewares if isinstance(m, RemoteMiddleware)]
 
     def reload_tls(self) -> None:
         """SIGHUP: re-read the ``tls:`` files now (:meth:`ServerTls.reload`); nothing without TLS."""
@@ -410,12 +427,66 @@ def _warn_of_demo_tools(settings: Settings) -> None:
 
 
 async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, shared_port: bool) -> Sidecar:
+    """The start-up after the tools are listed, in order: everything checkable without the
+    store, then the store, the engine with its recoveries, the gRPC server, and the background
+    loops; each step is one function below. The store is closed again when a step after it fails."""
     providers = build_providers(settings)
-    try:
-        providers.resolve(settings.default_model)
-    except UnknownModel as error:
-        raise StartupError(f"default_model: {error}") from error
+    _check_model(providers, settings.default_model, "default_model")
     chain = MiddlewareChain(load_middlewares(settings.middleware))
+    session = await _configure_session(settings, chain, providers, tools)
+    if not shared_port:  # else the supervisor checked it, and holds it
+        _check_listen(settings.listen)
+    store = await _open_store(settings.store)
+    try:
+        tracing, tracer_provider = _start_tracing(settings)
+        engine = TurnEngine(
+            store=store,
+            providers=providers,
+            tools=tools,
+            chain=chain,
+            settings=_engine_settings(settings, session),
+            error_status=status_of,
+            tracing=tracing,
+        )
+        submissions = await _recover(settings, engine, store)
+        gate = CallGate(settings.limits.max_concurrent_rpcs)
+        server, health, port = await _serve(settings, engine, submissions, gate, tls, shared_port=shared_port)
+    except BaseException:
+        await store.close()
+        raise
+    maintenance = _start_maintenance(settings.durability, engine, submissions)
+    replica = Replica(engine, resume=settings.durability.recover_on_start, submissions=submissions)
+    replica.start()
+    sidecar = Sidecar(
+        server=server,
+        engine=engine,
+        tools=tools,
+        health=health,
+        port=port,
+        settings=settings,
+        gate=gate,
+        maintenance=maintenance,
+        replica=replica,
+        tracer_provider=tracer_provider,
+        tls=tls,
+    )
+    await _announce(sidecar)
+    return sidecar
+
+
+def _check_model(providers: ProviderRegistry, model: str, field: str) -> None:
+    """Raise :class:`StartupError` naming ``field`` when no configured provider serves ``model``."""
+    try:
+        providers.resolve(model)
+    except UnknownModel as error:
+        raise StartupError(f"{field}: {error}") from error
+
+
+async def _configure_session(
+    settings: Settings, chain: MiddlewareChain, providers: ProviderRegistry, tools: ToolSet
+) -> SessionConfig:
+    """The chain's ``configure_session`` answer (docs/semantics.md §3), its compaction summary
+    model checked against the providers. Raises :class:`StartupError`."""
     try:
         session = await chain.configure_session(
             SessionContext(
@@ -434,115 +505,132 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
                 "the summary model (ContextCompaction's summary_model) to a configured one "
                 "(offline: scripted:summarizer)"
             ) from error
+    return session
+
+
+def _check_listen(listen: str) -> None:
+    """Raise :class:`StartupError` when ``listen`` cannot be bound (:func:`check_listen_address`)."""
     try:
-        if not shared_port:  # else the supervisor checked it, and holds it
-            check_listen_address(settings.listen)
+        check_listen_address(listen)
     except ListenAddressError as error:
         raise StartupError(str(error)) from error
+
+
+async def _open_store(config: StoreSettings) -> Store:
+    """The configured store, opened (migrated, locked). Raises :class:`StartupError` with the
+    URL's password masked."""
     try:
-        store = open_store(
-            settings.store.url, pool_size=settings.store.pool_size, password_env=settings.store.password_env
-        )
+        store = open_store(config.url, pool_size=config.pool_size, password_env=config.password_env)
     except ValueError as error:
         raise StartupError(f"store.url: {error}") from error
     try:
         await store.open()
     except Exception as error:
-        raise StartupError(f"cannot open the store {redact_url(settings.store.url)}: {error}") from error
-    try:
-        tracing, tracer_provider = TRACING_OFF, None
-        if settings.tracing.enabled:
-            # Imported only when on: the OpenTelemetry SDK and its exporter cost every start.
-            from turnwire_server.trace_export import start_tracing
+        raise StartupError(f"cannot open the store {redact_url(config.url)}: {error}") from error
+    return store
 
-            try:
-                tracing, tracer_provider = start_tracing(settings.tracing)
-            except OSError as error:
-                raise StartupError(f"tracing.ca_file: {error}") from error
-        engine = TurnEngine(
-            store=store,
-            providers=providers,
-            tools=tools,
-            chain=chain,
-            settings=EngineSettings(
-                default_model=settings.default_model,
-                system_prompt=settings.system_prompt,
-                max_steps=settings.limits.max_steps,
-                max_queued_turns_per_conversation=settings.limits.max_queued_turns_per_conversation,
-                concurrent_input=settings.limits.concurrent_input,
-                text_coalesce_ms=settings.events.text_coalesce_ms,
-                checkpoint_interval_ms=settings.checkpoint.interval_ms,
-                tool_timeout_seconds=settings.limits.tool_timeout_seconds,
-                max_tool_output_bytes=settings.limits.max_tool_output_bytes,
-                stream_stall_timeout_seconds=settings.limits.stream_stall_timeout_seconds,
-                stream_buffer_events=settings.limits.stream_buffer_events,
-                slow_reader_timeout_seconds=settings.limits.slow_reader_timeout_seconds,
-                hook_timeline=settings.events.hook_timeline,
-                event_retention_seconds=settings.durability.event_retention_seconds,
-                recovery_budget=settings.durability.recovery_budget,
-                max_concurrent_recoveries=settings.durability.max_concurrent_recoveries,
-                lease_seconds=settings.durability.lease_seconds,
-                stall_recovery=settings.durability.stall_recovery,
-                pending_expiry_seconds=settings.durability.pending_expiry_seconds,
-                compaction=session.compaction,
-                metric_models=metric_models(settings, session),
-            ),
-            error_status=status_of,
-            tracing=tracing,
-        )
-        recovered = await engine.recover(resume=settings.durability.recover_on_start)
-        if recovered:
-            log.warning("found %d turn(s) interrupted by a previous crash", recovered)
-        submissions = Submissions(
+
+def _start_tracing(settings: Settings) -> tuple[Tracing, TracerProvider | None]:
+    """The engine's span starter and the SDK provider to shut down at stop; tracing off (and no
+    SDK imported) unless ``tracing.enabled``. Raises :class:`StartupError`."""
+    if not settings.tracing.enabled:
+        return TRACING_OFF, None
+    # Imported only when on: the OpenTelemetry SDK and its exporter cost every start.
+    from turnwire_server.trace_export import start_tracing
+
+    try:
+        return start_tracing(settings.tracing)
+    except OSError as error:
+        raise StartupError(f"tracing.ca_file: {error}") from error
+
+
+def _engine_settings(settings: Settings, session: SessionConfig) -> EngineSettings:
+    """The engine's settings: its validated sections as they are, and what start-up decided."""
+    return EngineSettings(
+        default_model=settings.default_model,
+        system_prompt=settings.system_prompt,
+        limits=settings.limits,
+        events=settings.events,
+        checkpoint=settings.checkpoint,
+        durability=settings.durability,
+        compaction=session.compaction,
+        metric_models=metric_models(settings, session),
+    )
+
+
+async def _recover(settings: Settings, engine: TurnEngine, store: Store) -> Submissions:
+    """Recover the turns a crash interrupted (``durability.recover_on_start``), then start the
+    pending submissions; returns the submissions runner the API and the replica use."""
+    recovered = await engine.recover(resume=settings.durability.recover_on_start)
+    if recovered:
+        log.warning("found %d turn(s) interrupted by a previous crash", recovered)
+    submissions = Submissions(
+        engine,
+        store,
+        turn_request=lambda record: turn_request_of(record, settings.default_model),
+        max_open=settings.durability.max_pending_submissions_per_conversation,
+        max_running=settings.durability.max_running_submissions,
+        error_status=status_of,
+    )
+    restarted = await submissions.claim()
+    if restarted:
+        log.info("started %d pending submission(s)", restarted)
+    return submissions
+
+
+async def _serve(
+    settings: Settings,
+    engine: TurnEngine,
+    submissions: Submissions,
+    gate: CallGate,
+    tls: ServerTls | None,
+    *,
+    shared_port: bool,
+) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
+    """The gRPC server with its interceptors, ChatService and the standard services, bound to
+    ``listen`` and started; returns it, its health servicer (not SERVING yet) and the bound
+    port. Raises :class:`StartupError` when the address cannot be bound."""
+    quiet_grpc_call_noise()
+    # The observer first: it sees each call as the client does, the refusals of the access
+    # interceptor (authentication, rate limits) and of the gate included. Access before the
+    # gate: a refused caller takes no turn slot.
+    interceptors: list[grpc.aio.ServerInterceptor] = [RpcObserver(), gate]
+    access = build_access(settings)
+    if access is not None:
+        interceptors.insert(1, access)
+    server = grpc.aio.server(
+        interceptors=interceptors, options=grpc_options(settings, shared_port=shared_port)
+    )
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
+        ChatService(
             engine,
-            store,
-            turn_request=lambda record: turn_request_of(record, settings.default_model),
-            max_open=settings.durability.max_pending_submissions_per_conversation,
-            max_running=settings.durability.max_running_submissions,
-            error_status=status_of,
-        )
-        restarted = await submissions.claim()
-        if restarted:
-            log.info("started %d pending submission(s)", restarted)
-        gate = CallGate(settings.limits.max_concurrent_rpcs)
-        quiet_grpc_call_noise()
-        # The observer first: it sees each call as the client does, the refusals of the access
-        # interceptor (authentication, rate limits) and of the gate included. Access before the
-        # gate: a refused caller takes no turn slot.
-        interceptors: list[grpc.aio.ServerInterceptor] = [RpcObserver(), gate]
-        access = build_access(settings)
-        if access is not None:
-            interceptors.insert(1, access)
-        server = grpc.aio.server(
-            interceptors=interceptors, options=grpc_options(settings, shared_port=shared_port)
-        )
-        chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
-            ChatService(
-                engine,
-                store,
-                submissions,
-                default_model=settings.default_model,
-                max_message_bytes=settings.limits.max_message_bytes,
-                progress_interval=settings.limits.progress_interval_seconds,
-            ),
-            server,
-        )
-        health = add_standard_services(server, (SERVICE_NAME,))
-        try:
-            if tls is None:
-                port = server.add_insecure_port(settings.listen)
-            else:
-                port = server.add_secure_port(settings.listen, tls.server_credentials())
-        except RuntimeError as error:
-            raise StartupError(f"cannot listen on {settings.listen}: {error}") from error
-        if port == 0:
-            raise StartupError(f"cannot listen on {settings.listen}: the address is in use or not local")
-        await server.start()
-    except BaseException:
-        await store.close()
-        raise
-    durability = settings.durability
-    # Retention, and the expiry of pending submissions and tool calls (docs/semantics.md §12).
+            engine.store,
+            submissions,
+            default_model=settings.default_model,
+            max_message_bytes=settings.limits.max_message_bytes,
+            progress_interval=settings.limits.progress_interval_seconds,
+        ),
+        server,
+    )
+    health = add_standard_services(server, (SERVICE_NAME,))
+    try:
+        if tls is None:
+            port = server.add_insecure_port(settings.listen)
+        else:
+            port = server.add_secure_port(settings.listen, tls.server_credentials())
+    except RuntimeError as error:
+        raise StartupError(f"cannot listen on {settings.listen}: {error}") from error
+    if port == 0:
+        raise StartupError(f"cannot listen on {settings.listen}: the address is in use or not local")
+    await server.start()
+    return server, health, port
+
+
+def _start_maintenance(
+    durability: DurabilitySettings, engine: TurnEngine, submissions: Submissions
+) -> Maintenance:
+    """Start the retention sweeps and the expiry of pending submissions and tool calls
+    (docs/semantics.md §12)."""
     maintenance = Maintenance(
         engine,
         interval_seconds=durability.sweep_interval_seconds,
@@ -555,19 +643,25 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     )
     if durability.pending_expiry_seconds > 0:
         expiry = dt.timedelta(seconds=durability.pending_expiry_seconds)
+        store = engine.store
         maintenance.add_hook("expired tool calls", lambda now: store.expire_pending_tool_calls(now - expiry))
     maintenance.start()
-    replica = Replica(engine, resume=durability.recover_on_start, submissions=submissions)
-    replica.start()
+    return maintenance
+
+
+async def _announce(sidecar: Sidecar) -> None:
+    """Health SERVING (overall and for ChatService), then the start-up warnings and the
+    "listening" lines. Only now: a start that fails (a missing API key, say) says what to fix
+    and nothing else."""
+    settings = sidecar.settings
     for service in ("", SERVICE_NAME):
-        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
-    # Only now: a start that fails (a missing API key, say) says what to fix and nothing else.
+        await sidecar.health.set(service, health_pb2.HealthCheckResponse.SERVING)
     _warn_of_demo_tools(settings)
     host = settings.listen.rpartition(":")[0]
     log.info(
         "turnwire listening on %s:%d, %s (store %s, default model %s, event loop %s)",
         host,
-        port,
+        sidecar.port,
         _transport(settings),
         redact_url(settings.store.url),
         settings.default_model,
@@ -575,25 +669,8 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     )
     log.info(
         "tools: %s; middleware: %s",
-        ", ".join(tools) or "none",
-        ", ".join(m.name for m in chain.middlewares) or "none",
-    )
-    remote_hooks = [m for m in chain.middlewares if isinstance(m, RemoteMiddleware)]
-    return Sidecar(
-        server,
-        engine,
-        store,
-        providers,
-        tools,
-        health,
-        port,
-        settings,
-        gate,
-        maintenance,
-        replica,
-        remote_hooks,
-        tracer_provider=tracer_provider,
-        tls=tls,
+        ", ".join(sidecar.tools) or "none",
+        ", ".join(m.name for m in sidecar.engine.chain.middlewares) or "none",
     )
 
 

@@ -15,10 +15,7 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
-    SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -32,9 +29,16 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from turnwire.hooks import HOOK_NAMES
 from turnwire_server.access_settings import AuthSettings, RateLimitSettings
+from turnwire_server.api.tls_settings import ServerTlsSettings
 from turnwire_server.config_hints import unknown_field_message
+from turnwire_server.config_section import ConfigSection
+from turnwire_server.engine.settings import (
+    DurabilitySettings,
+    EventsSettings,
+    LimitsSettings,
+    StoreCheckpointSettings,
+)
 from turnwire_server.event_loop import EventLoopChoice
 from turnwire_server.providers.settings import (
     PROVIDER_TYPES,
@@ -43,15 +47,13 @@ from turnwire_server.providers.settings import (
     entry_location,
 )
 from turnwire_server.redaction import secret
+from turnwire_server.remote_hooks.settings import RemoteHookSettings
 from turnwire_server.store.postgres_url import is_postgres_url
-from turnwire_server.tools.settings import McpServerSettings, ToolHostSettings
+from turnwire_server.tools.settings import ToolsSettings
+from turnwire_server.tracing_settings import TracingSettings
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StoreSettings(_Section):
+class StoreSettings(ConfigSection):
     """Where conversations live: ``sqlite:///PATH`` (relative to the working directory) or
     ``postgresql://user[:password]@host[:port]/database`` (also ``postgres://``).
 
@@ -80,157 +82,7 @@ class StoreSettings(_Section):
         return value
 
 
-class ToolsSettings(_Section):
-    """Server-side tools. ``demo`` enables the demo tools (on by default; start-up warns when the
-    default model is not a scripted one and ``demo`` was not set explicitly); ``python`` lists dotted paths
-    (``package.module:attribute``) of Tool objects, or of callables returning one or a list;
-    ``hosts`` lists ToolExecutorService hosts and ``mcp`` MCP servers, whose tools join after
-    those, in this order (docs/semantics.md §2, docs/tools.md); ``require_approval`` names tools
-    of any source whose every call waits for the client's approval (docs/semantics.md §6)."""
-
-    demo: bool = True
-    python: list[str] = Field(default_factory=list)
-    hosts: list[ToolHostSettings] = Field(default_factory=list)
-    mcp: list[McpServerSettings] = Field(default_factory=list)
-    require_approval: list[str] = Field(
-        default_factory=list, description="tools whose calls wait for the client's approval"
-    )
-
-    @model_validator(mode="after")
-    def _unique_source_names(self) -> ToolsSettings:
-        names = [host.name for host in self.hosts] + [server.name for server in self.mcp]
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
-            raise ValueError(f"hosts and mcp entries need distinct names; repeated: {', '.join(repeated)}")
-        return self
-
-
-FailureMode = Literal["open", "closed"]
-"""What a failed remote hook call does (docs/semantics.md §4): ``open`` behaves as if the hook
-answered None; ``closed`` blocks the tool call (``before_tool_call``) or fails the turn."""
-
-REMOTE_HOOKS = tuple(hook for hook in HOOK_NAMES if hook != "configure_session")
-"""The hooks a remote server can implement (docs/semantics.md §3; ``on_chunk`` is ``OnChunks``)."""
-
-DECIDING_HOOKS = ("before_turn", "before_step", "before_tool_call")
-"""The remote hooks whose failure mode can be ``closed``; every other hook only observes."""
-
-OBSERVING_HOOKS = tuple(hook for hook in REMOTE_HOOKS if hook not in DECIDING_HOOKS)
-
-
-class RemoteTlsSettings(_Section):
-    """TLS to a remote hook server. ``ca_file``: PEM roots to trust (None: the system's);
-    ``cert_file`` and ``key_file`` (both or neither): the sidecar's client certificate for
-    mutual TLS; ``server_name``: the name the server's certificate must carry, when it differs
-    from the address's host."""
-
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    server_name: str | None = Field(None, min_length=1)
-
-    @model_validator(mode="after")
-    def _files(self) -> RemoteTlsSettings:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file go together (mutual TLS): give both or neither")
-        for name in ("ca_file", "cert_file", "key_file"):
-            path = getattr(self, name)
-            if path is not None and not path.is_file():
-                raise ValueError(f"{name} {path} is not a readable file")
-        return self
-
-
-class FailureModes(_Section):
-    """Per-hook failure modes of a remote hook server. ``default`` applies to the deciding hooks
-    not named here; the observing hooks always fail open (docs/semantics.md §4). A plain string
-    (``failure_mode: closed``) sets ``default``."""
-
-    default: FailureMode = "open"
-    before_turn: FailureMode | None = None
-    before_step: FailureMode | None = None
-    before_tool_call: FailureMode | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return {"default": value}
-        if isinstance(value, dict):
-            observing = sorted(key for key in value if key in OBSERVING_HOOKS)
-            if observing:
-                raise ValueError(
-                    f"{', '.join(observing)}: observing hooks always fail open (they never fail a "
-                    f"turn); a failure mode is set only for {', '.join(DECIDING_HOOKS)} and default"
-                )
-        return value
-
-    def of(self, hook: str) -> FailureMode:
-        """The failure mode of ``hook`` (``open`` for every observing hook)."""
-        if hook not in DECIDING_HOOKS:
-            return "open"
-        mode: FailureMode | None = getattr(self, hook)
-        return self.default if mode is None else mode
-
-
-class BreakerSettings(_Section):
-    """The circuit breaker of one remote hook server: after ``failure_threshold`` failed calls
-    in a row (any hook) it opens, and for ``open_seconds`` every hook of that server gets its
-    failure mode's outcome at once, without an RPC; then one call probes (half-open): success
-    closes it, failure opens it again."""
-
-    failure_threshold: int = Field(5, ge=1, le=1000)
-    open_seconds: float = Field(10.0, gt=0, le=3600)
-
-
-class ChunkBatchSettings(_Section):
-    """How a remote ``on_chunk`` is fed: one client-streaming ``OnChunks`` call per turn, a
-    request per batch of at most ``max_events`` events or ``max_delay_ms`` after the batch's
-    first event, whichever comes first; at most ``buffer_events`` wait to be sent (more are
-    dropped and counted, so a slow hook server never slows a turn)."""
-
-    max_events: int = Field(64, ge=1, le=10_000)
-    max_delay_ms: float = Field(50.0, gt=0, le=10_000)
-    buffer_events: int = Field(4096, ge=1, le=1_000_000)
-
-
-class RemoteHookSettings(_Section):
-    """A remote hook server (``turnwire.v1.TurnHooksService``) as one entry of the chain.
-
-    ``address`` is ``HOST:PORT`` (or any gRPC target such as ``unix:PATH``); ``name`` labels it
-    in logs, timelines and ``HOOK_FAILED`` metadata (default ``remote:<address>``); ``tls``
-    absent means plaintext; ``deadline_seconds`` bounds every unary call (and the wait for an
-    ``OnChunks`` call to close); ``include_messages`` overrides what the server's
-    ``GetHookSubscriptions`` asked for (None: as asked); ``hooks`` is used when the server
-    cannot be reached at start (None: start-up then fails).
-    """
-
-    address: str = Field(min_length=1)
-    name: str | None = Field(None, min_length=1)
-    tls: RemoteTlsSettings | None = None
-    deadline_seconds: float = Field(5.0, gt=0, le=600)
-    failure_mode: FailureModes = Field(default_factory=FailureModes)
-    include_messages: bool | None = None
-    hooks: list[str] | None = None
-    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
-    chunks: ChunkBatchSettings = Field(default_factory=ChunkBatchSettings)
-
-    @field_validator("hooks")
-    @classmethod
-    def _hook_names(cls, value: list[str] | None) -> list[str] | None:
-        unknown = [name for name in value or () if name not in REMOTE_HOOKS]
-        if unknown:
-            raise ValueError(f"{', '.join(unknown)}: not a hook; hooks are {', '.join(REMOTE_HOOKS)}")
-        return value
-
-    @field_validator("address")
-    @classmethod
-    def _target(cls, value: str) -> str:
-        if ":" not in value:
-            raise ValueError("must be HOST:PORT (for example 127.0.0.1:7001) or unix:PATH")
-        return value
-
-
-class MiddlewareEntry(_Section):
+class MiddlewareEntry(ConfigSection):
     """One middleware of the chain: either ``path`` (``package.module:Class``) with its
     ``options``, or ``remote`` (a hook server reached over gRPC, :class:`RemoteHookSettings`).
     A plain string entry (``- myapp.hooks:Audit``) is short for ``- path: myapp.hooks:Audit``,
@@ -269,127 +121,7 @@ class MiddlewareEntry(_Section):
         return self
 
 
-class LimitsSettings(_Section):
-    """Bounds. Sizes in bytes, times in seconds."""
-
-    max_steps: int = Field(10, ge=1, le=1000)
-    max_message_bytes: int = Field(1 << 20, ge=1024)
-    max_receive_message_bytes: int = Field(16 << 20, ge=4096)
-    max_concurrent_rpcs: int = Field(
-        10_000,
-        ge=1,
-        description=(
-            "turn calls (Chat, SaveMessages, ContinueLastTurn) running at once; past it a call gets "
-            "RESOURCE_EXHAUSTED (reason OVERLOADED, with RetryInfo). Health checks, reflection and the "
-            "unary ChatService calls do not count"
-        ),
-    )
-    max_queued_turns_per_conversation: int = Field(32, ge=1)
-    concurrent_input: Literal["enqueue", "reject", "interrupt", "rollback"] = Field(
-        "enqueue",
-        description=(
-            "what new input does on a conversation with a turn running or queued when its request "
-            "names no concurrent_input_strategy: enqueue (wait, FIFO), reject (FAILED_PRECONDITION), "
-            "interrupt (stop the running turn, run next) or rollback (stop it and remove what it stored)"
-        ),
-    )
-    drain_seconds: float = Field(
-        5.0,
-        ge=0,
-        description=(
-            "SIGTERM: health turns NOT_SERVING at once while calls are still taken for this long, so "
-            "readiness probes and load balancers move traffic away first; then the stop "
-            "(shutdown_grace_seconds). 0: stop taking calls at once. A second SIGTERM/SIGINT ends it early"
-        ),
-    )
-    shutdown_grace_seconds: float = Field(10.0, ge=0)
-    tool_timeout_seconds: float = Field(60.0, gt=0)
-    max_tool_output_bytes: int = Field(
-        1 << 20,
-        ge=1024,
-        le=3 << 20,
-        description="a tool result with more JSON than this becomes an error the model is told about",
-    )
-    stream_stall_timeout_seconds: float = Field(
-        0.0, ge=0, description="stall watchdog: no event for this long ends a turn INTERRUPTED (0: off)"
-    )
-    stream_buffer_events: int = Field(
-        1024, ge=16, description="events one stream holds for a slow client before its turn waits"
-    )
-    slow_reader_timeout_seconds: float = Field(
-        30.0, gt=0, description="a client that reads nothing of a full buffer this long has its turn stopped"
-    )
-    progress_interval_seconds: float = Field(
-        15.0,
-        ge=0,
-        description=(
-            "a turn stream (Chat, SaveMessages, ContinueLastTurn, SubmitToolResults/Approvals, ResumeTurn, "
-            "WatchSubmission) silent this long sends a Progress keepalive, and again after each further "
-            "interval, so proxies and clients with idle timeouts keep it open (0: off)"
-        ),
-    )
-
-
-class EventsSettings(_Section):
-    """The event stream. ``text_coalesce_ms`` merges consecutive text and reasoning deltas of
-    one block arriving within that many milliseconds into one event (0: off);
-    ``hook_timeline`` adds which hook of which middleware ran, when and for how long, to
-    ``TurnEnd.metadata["hook_timeline"]``."""
-
-    text_coalesce_ms: float = Field(0.0, ge=0, le=1000)
-    hook_timeline: bool = Field(False, description="put each turn's hook timeline in TurnEnd.metadata")
-
-
-class DurabilitySettings(_Section):
-    """Resume, recovery, expiry and retention (docs/semantics.md §5, §7, §8, §12). Times in seconds;
-    0 turns a retention or expiry off."""
-
-    event_retention_seconds: float = Field(
-        3600.0, ge=0, description="how long a finished turn's events stay re-attachable with ResumeTurn"
-    )
-    recover_on_start: bool = Field(
-        True, description="finish turns a crash interrupted when the sidecar starts (within recovery_budget)"
-    )
-    recovery_budget: int = Field(
-        2, ge=0, le=100, description="recoveries one turn may get (crash and stall), counted in the store"
-    )
-    max_concurrent_recoveries: int = Field(
-        16, ge=1, le=10_000, description="crash recoveries that call the model at once after a start"
-    )
-    lease_seconds: float = Field(
-        30.0,
-        ge=1,
-        le=3600,
-        description="a running turn's lease; renewed every third of it; a lapsed one is recovered elsewhere",
-    )
-    stall_recovery: bool = Field(
-        False, description="after the stall watchdog interrupts a turn, recover it in the same stream"
-    )
-    pending_expiry_seconds: float = Field(
-        86400.0, ge=0, description="pending client tool calls, approvals and submissions expire after this"
-    )
-    conversation_retention_seconds: float = Field(
-        0.0, ge=0, description="conversations not updated for this long are deleted (0: kept forever)"
-    )
-    sweep_interval_seconds: float = Field(60.0, gt=0, description="how often expiry and retention run")
-    max_pending_submissions_per_conversation: int = Field(
-        1000, ge=1, description="past it SubmitMessages answers RESOURCE_EXHAUSTED"
-    )
-    max_running_submissions: int = Field(
-        64,
-        ge=1,
-        le=100_000,
-        description="submission turns one replica runs at once; more wait for a replica with a free slot",
-    )
-
-
-class StoreCheckpointSettings(_Section):
-    """How often a streaming reply is checkpointed, in milliseconds (besides step ends)."""
-
-    interval_ms: float = Field(250.0, ge=10)
-
-
-class MetricsSettings(_Section):
+class MetricsSettings(ConfigSection):
     """The Prometheus endpoint (``GET /metrics`` in the text exposition format, on its own HTTP
     port). Off by default: the sidecar opens no port beyond its gRPC one unless asked, and which
     port a scraper may reach is the deployment's choice. 9464 is the port OpenTelemetry's
@@ -404,7 +136,7 @@ class MetricsSettings(_Section):
         return _host_port(value, "127.0.0.1:9464")
 
 
-class LoggingSettings(_Section):
+class LoggingSettings(ConfigSection):
     """Log output on stderr. ``level``: the least severity logged; ``format``: ``text`` lines or
     ``json`` (one object per line, with ``conversation_id``, ``request_id``, ``trace_id`` and
     ``span_id`` when known). Secrets are masked in both (docs/operate/logs.md)."""
@@ -418,77 +150,6 @@ def _host_port(value: str, example: str) -> str:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"must be HOST:PORT, for example {example}")
     return value
-
-
-class TracingSettings(_Section):
-    """OpenTelemetry traces, exported over OTLP/gRPC (off by default; docs/operate/traces.md).
-
-    A span per turn, model call, tool call and hook call, by the GenAI semantic conventions
-    (:mod:`turnwire_server.engine.tracing`). A field left unset falls back to the SDK's
-    standard variable: ``endpoint`` to ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` /
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` (else ``http://localhost:4317``), ``headers`` to
-    ``OTEL_EXPORTER_OTLP_(TRACES_)HEADERS``, ``insecure`` to the endpoint's scheme (``http``:
-    plaintext) or ``OTEL_EXPORTER_OTLP_(TRACES_)INSECURE``, ``ca_file`` to
-    ``OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE``, ``service_name`` to ``OTEL_SERVICE_NAME``
-    (else ``turnwire``), ``sampler_ratio`` to ``OTEL_TRACES_SAMPLER`` (else every trace, or as
-    the caller's ``traceparent`` decided). ``headers`` values are secrets: never logged or shown.
-    ``capture_message_content`` records prompts, replies and tool inputs and outputs in spans
-    (the conventions' opt-in attributes).
-    """
-
-    enabled: bool = False
-    endpoint: str | None = Field(
-        None, min_length=1, description="OTLP/gRPC collector, e.g. http://127.0.0.1:4317"
-    )
-    headers: dict[str, SecretStr] = Field(default_factory=dict, description="sent with every export")
-    insecure: bool | None = Field(None, description="plaintext gRPC to the collector")
-    ca_file: Path | None = Field(
-        None, description="PEM file of the CA that signed the collector's certificate"
-    )
-    service_name: str | None = Field(None, min_length=1, description="the service.name resource attribute")
-    sampler_ratio: float | None = Field(
-        None, ge=0, le=1, description="share of new traces recorded (parent-based: a caller's decision wins)"
-    )
-    capture_message_content: bool = Field(False, description="record message content in spans")
-
-    @field_validator("ca_file")
-    @classmethod
-    def _readable(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_file():
-            raise ValueError(f"{value} is not a readable file")
-        return value
-
-
-ClientAuth = Literal["none", "require"]
-"""Whether the server asks for a client certificate: ``none`` (plain TLS) or ``require`` (mutual
-TLS: a certificate signed by ``tls.client_ca_file`` or no connection). grpcio's server credentials
-offer only these two of gRPC core's modes (``require_client_auth``), so there is no ``request``."""
-
-
-class ServerTlsSettings(_Section):
-    """TLS for the gRPC server (absent: plaintext). PEM files: ``cert_file`` the certificate chain
-    (leaf first), ``key_file`` its unencrypted private key, ``client_ca_file`` the CAs whose client
-    certificates ``client_auth: require`` accepts. The files are re-read when they change (checked
-    at each new connection) and on SIGHUP; a bad replacement is logged and the old one kept.
-    Their contents are checked at start (:mod:`turnwire_server.api.tls`)."""
-
-    cert_file: Path
-    key_file: Path
-    client_ca_file: Path | None = None
-    client_auth: ClientAuth = Field("none", description="none: plain TLS; require: mutual TLS")
-
-    @model_validator(mode="after")
-    def _client_ca(self) -> ServerTlsSettings:
-        if self.client_auth == "require" and self.client_ca_file is None:
-            raise ValueError(
-                "client_auth: require needs client_ca_file (the CA that signs client certificates)"
-            )
-        if self.client_auth == "none" and self.client_ca_file is not None:
-            raise ValueError(
-                "client_ca_file is used only with client_auth: require (mutual TLS); "
-                "set that or drop the file"
-            )
-        return self
 
 
 class Settings(BaseSettings):

@@ -35,8 +35,8 @@ from opentelemetry.sdk.trace.sampling import Decision, ParentBased, Sampler, Sam
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.util.types import Attributes
 
-from turnwire_server.config import TracingSettings
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
+from turnwire_server.tracing_settings import TracingSettings
 
 log = logging.getLogger("turnwire.tracing")
 

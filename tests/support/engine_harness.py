@@ -1,8 +1,9 @@
 """An in-process turn engine for tests: real SQLite store, scripted provider, a recorder.
 
 ``engine_factory(tmp_path)`` yields ``await factory(scripts=..., tools=...,
-middlewares=..., **EngineSettings fields) -> Harness``; the ``make_engine``
-fixture in ``tests/conftest.py`` wraps it. The provider wrapper keeps a deep
+middlewares=..., **settings) -> Harness``, the settings flat as before sections existed
+(``max_steps=2``, ``lease_seconds=1``; :func:`engine_settings`); the ``make_engine`` fixture in
+``tests/conftest.py`` wraps it. The provider wrapper keeps a deep
 copy of every ``ModelRequest``, so tests assert what the model was sent.
 
 The scripted model is strict (``turnwire.testing``): a model call past a
@@ -31,6 +32,12 @@ from turnwire.tools import PythonTool, ToolExecution
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.api.status import status_of
 from turnwire_server.engine import EngineSettings, TurnEngine, TurnHandle, TurnRequest
+from turnwire_server.engine.settings import (
+    DurabilitySettings,
+    EventsSettings,
+    LimitsSettings,
+    StoreCheckpointSettings,
+)
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.providers.registry import ProviderRegistry
@@ -40,6 +47,33 @@ from turnwire_server.store.sqlite import SqliteStore
 
 MODEL = "scripted:main"
 CONV = "conv-1"
+
+_SECTIONS = {"limits": LimitsSettings, "events": EventsSettings, "durability": DurabilitySettings}
+
+
+def engine_settings(**fields: Any) -> EngineSettings:
+    """:class:`EngineSettings` from flat fields: a section's field by its own name
+    (``max_steps``, ``lease_seconds``, ``hook_timeline`` …), ``checkpoint_interval_ms`` for
+    ``checkpoint.interval_ms``, the rest (``compaction``, ``replica_id`` …) as they are. The
+    sections are built without validation, so a test may go below the configuration's bounds
+    (a 5 ms checkpoint interval, a one-second lease). Raises :class:`TypeError` for an unknown
+    field."""
+    values: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    rest: dict[str, Any] = {}
+    for name, value in fields.items():
+        section = next((s for s, model in _SECTIONS.items() if name in model.model_fields), None)
+        if section is not None:
+            values[section][name] = value
+        else:
+            rest[name] = value
+    checkpoint = StoreCheckpointSettings.model_construct(
+        **({"interval_ms": rest.pop("checkpoint_interval_ms")} if "checkpoint_interval_ms" in rest else {})
+    )
+    return EngineSettings(
+        checkpoint=checkpoint,
+        **{name: model.model_construct(**values[name]) for name, model in _SECTIONS.items()},
+        **{"default_model": MODEL, **rest},
+    )
 
 
 def _copy(message: message_pb2.Message) -> message_pb2.Message:
@@ -203,9 +237,10 @@ EngineFactory = Callable[..., Awaitable[Harness]]
 @contextlib.asynccontextmanager
 async def engine_factory(tmp_path: Path) -> AsyncIterator[EngineFactory]:
     """``await make_engine(scripts=..., tools=..., middlewares=..., context_window=...,
-    tracing=..., providers=..., strict=True, **EngineSettings fields)``; ``context_window`` is
-    the scripted model's (tokens); ``providers`` are added beside ``scripted``; ``tracing``
-    records spans; ``strict`` makes the scripted model refuse a step its script does not have.
+    tracing=..., providers=..., strict=True, **settings)`` (flat, :func:`engine_settings`);
+    ``context_window`` is the scripted model's (tokens); ``providers`` are added beside
+    ``scripted``; ``tracing`` records spans; ``strict`` makes the scripted model refuse a step its
+    script does not have.
 
     Raises (on exit, after the engines drained):
         AssertionError: a strict scripted model got a call its script did not expect; the
@@ -241,7 +276,7 @@ async def engine_factory(tmp_path: Path) -> AsyncIterator[EngineFactory]:
             providers=ProviderRegistry({"scripted": provider, **(providers or {})}),
             tools={t.name: t for t in tools},
             chain=chain,
-            settings=EngineSettings(default_model=MODEL, **settings),
+            settings=engine_settings(**settings),
             error_status=status_of,
             tracing=tracing,
         )

@@ -198,7 +198,9 @@ class SubmissionRpcs:
                 request=stored.SerializeToString(deterministic=True),
                 create_time=dt.datetime.now(dt.UTC),
             )
-            strategy = strategy_of(request.concurrent_input_strategy) or self.engine.settings.concurrent_input
+            strategy = (
+                strategy_of(request.concurrent_input_strategy) or self.engine.settings.limits.concurrent_input
+            )
             reserved = strategy == "reject" and (
                 not request.submission_id or await self.store.get_submission(request.submission_id) is None
             )
@@ -333,7 +335,7 @@ async def _watch(
         if current.state not in ("pending", "running"):
             break
         # Waiting on another replica (or for a takeover): follow it until its turn starts.
-        follow = servicer.engine.settings.lease_seconds
+        follow = servicer.engine.settings.durability.lease_seconds
         if not await servicer.store.wait_for_events(record.submission_id, after, follow):
             raise TurnStreamNotFound(
                 f"submission {record.submission_id!r} is {current.state} and not running on this server",

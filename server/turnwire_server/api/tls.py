@@ -23,7 +23,7 @@ from pathlib import Path
 
 import grpc
 
-from turnwire_server.config import ServerTlsSettings
+from turnwire_server.api.tls_settings import ServerTlsSettings
 
 __all__ = ["ServerTls", "TlsFileError", "load_tls_files"]
 

@@ -249,7 +249,7 @@ class ToolResultRpcs:
         if continues:
             self.engine.providers.resolve(model)  # UnknownModel before anything is stored
         request_id = request_id or scoped_key(new_request_id())
-        reserved = (strategy or self.engine.settings.concurrent_input) == "reject"
+        reserved = (strategy or self.engine.settings.limits.concurrent_input) == "reject"
         if reserved:
             # REJECT is decided before the answers are stored, atomically with taking the turn's
             # place in line (so nothing admitted meanwhile, on any replica, slips in before it).
@@ -258,7 +258,7 @@ class ToolResultRpcs:
             except AdmissionRefused as error:
                 raise status_error_of(error) from error
         try:
-            expiry = self.engine.settings.pending_expiry_seconds
+            expiry = self.engine.settings.durability.pending_expiry_seconds
             expired_before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=expiry) if expiry > 0 else None
             outcome = await self.store.answer_tool_calls(
                 conversation_id, answers, expired_before=expired_before

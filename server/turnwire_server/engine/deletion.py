@@ -34,7 +34,10 @@ async def delete_conversation(
     # No await between the check above and taking the lock: no turn of it can slip in between.
     settings = engine.settings
     async with store.turn_lock(
-        conversation_id, request_id="delete", owner=settings.replica_id, lease_seconds=settings.lease_seconds
+        conversation_id,
+        request_id="delete",
+        owner=settings.replica_id,
+        lease_seconds=settings.durability.lease_seconds,
     ):
         if updated_before is not None:
             record = await store.get_conversation(conversation_id)

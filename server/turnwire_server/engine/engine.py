@@ -37,8 +37,9 @@ from turnwire_server.engine.errors import (
     TurnInProgress,
 )
 from turnwire_server.engine.events import DetachedResponse, EventWriter
-from turnwire_server.engine.request import EngineSettings, TurnRequest
+from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.resume import replay
+from turnwire_server.engine.settings import EngineSettings
 from turnwire_server.engine.stream_log import RECOVERY_SEQUENCE_GAP, StreamLog, Subscription
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.engine.transcript import repair_unresolved_tool_calls
@@ -139,7 +140,7 @@ class TurnEngine:
         self._turns: dict[str, TurnHandle] = {}
         self._queued: Counter[str] = Counter()
         self._accepting = True
-        self._recovery_slots = asyncio.Semaphore(settings.max_concurrent_recoveries)
+        self._recovery_slots = asyncio.Semaphore(settings.durability.max_concurrent_recoveries)
 
     @property
     def draining(self) -> bool:
@@ -198,22 +199,22 @@ class TurnEngine:
             if reserved:  # refused after all: the place it took goes
                 await self.release_place(request.conversation_id, request.request_id)
             raise
-        channel: EventChannel[Any] = EventChannel(self.settings.stream_buffer_events)
+        channel: EventChannel[Any] = EventChannel(self.settings.limits.stream_buffer_events)
         if detached:
             channel.detach()
         log = StreamLog(
             self.store,
             request.conversation_id,
             request.request_id,
-            interval=self.settings.checkpoint_interval_ms / 1000.0,
-            subscriber_limit=self.settings.stream_buffer_events,
+            interval=self.settings.checkpoint.interval_ms / 1000.0,
+            subscriber_limit=self.settings.limits.stream_buffer_events,
         )
         writer = EventWriter(
             request.conversation_id,
             request.request_id,
             request.response_type,
             channel,
-            self.settings.text_coalesce_ms,
+            self.settings.events.text_coalesce_ms,
             log=log,
         )
         if recovery is not None:
@@ -311,7 +312,7 @@ class TurnEngine:
         already queued, once the stopped turn has stored or removed what it wrote. Turns only
         queued are left alone.
         """
-        strategy = request.concurrent_input or self.settings.concurrent_input
+        strategy = request.concurrent_input or self.settings.limits.concurrent_input
         if strategy == "enqueue":
             return ConcurrentInput("enqueue"), False
         conversation_id = request.conversation_id
@@ -325,7 +326,7 @@ class TurnEngine:
             conversation_id,
             request.request_id,
             owner=self.settings.replica_id,
-            lease_seconds=self.settings.lease_seconds,
+            lease_seconds=self.settings.durability.lease_seconds,
             first=True,
         )
         stop = StoppedByInput(request.request_id, rollback=strategy == "rollback")
@@ -359,7 +360,7 @@ class TurnEngine:
                 conversation_id,
                 request_id,
                 owner=self.settings.replica_id,
-                lease_seconds=self.settings.lease_seconds,
+                lease_seconds=self.settings.durability.lease_seconds,
                 only_if_idle=True,
             )
         if head is not None:
@@ -398,7 +399,7 @@ class TurnEngine:
                 and active.request.conversation_id == request.conversation_id
             ):
                 raise NestedTurn(active.request.request_id)
-        limit = self.settings.max_queued_turns_per_conversation
+        limit = self.settings.limits.max_queued_turns_per_conversation
         if queue_limit and self._queued[request.conversation_id] >= limit:
             raise QueueFull(request.conversation_id, limit)
         self.providers.resolve(request.model)  # UnknownModel before anything is stored
@@ -436,8 +437,8 @@ class TurnEngine:
             after_sequence_number,
             store=self.store,
             subscribe=self.subscribe,
-            retention_seconds=self.settings.event_retention_seconds,
-            follow_seconds=self.settings.lease_seconds,
+            retention_seconds=self.settings.durability.event_retention_seconds,
+            follow_seconds=self.settings.durability.lease_seconds,
         )
 
     def subscribe(self, request_id: str) -> Subscription | None:
@@ -528,7 +529,7 @@ class TurnEngine:
         how many turns were found.
         """
         now = dt.datetime.now(dt.UTC)
-        lease = now + dt.timedelta(seconds=self.settings.lease_seconds)
+        lease = now + dt.timedelta(seconds=self.settings.durability.lease_seconds)
         turns: list[TurnRecord] = []
         while batch := await self.store.claim_interrupted_turns(self.settings.replica_id, now, lease, 500):
             turns.extend(batch)
@@ -582,7 +583,7 @@ class TurnEngine:
                     turn.request_id,
                     turn.conversation_id,
                     record.recovery_count,
-                    self.settings.recovery_budget,
+                    self.settings.durability.recovery_budget,
                     "continuing its reply" if reply is not None else "re-running it",
                 )
                 continue
@@ -617,9 +618,9 @@ class TurnEngine:
         """Why ``turn`` cannot be recovered, or None when it can."""
         if not resume:
             return ServerRestarted("recovery on start is off (durability.recover_on_start)")
-        if turn.recovery_count >= self.settings.recovery_budget:
+        if turn.recovery_count >= self.settings.durability.recovery_budget:
             return ServerRestarted(
-                f"its recovery budget of {self.settings.recovery_budget} is spent "
+                f"its recovery budget of {self.settings.durability.recovery_budget} is spent "
                 "(durability.recovery_budget)",
                 exhausted=True,
             )

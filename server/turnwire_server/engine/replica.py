@@ -43,7 +43,7 @@ class Replica:
     @property
     def interval_seconds(self) -> float:
         """Seconds between renewals: a third of the lease, so two renewals can fail in a row."""
-        return self._engine.settings.lease_seconds / 3
+        return self._engine.settings.durability.lease_seconds / 3
 
     def start(self) -> None:
         """Start the lease loop, the cancel listener and the submission claims (idempotent)."""
@@ -70,7 +70,7 @@ class Replica:
         engine = self._engine
         settings = engine.settings
         now = dt.datetime.now(dt.UTC)
-        until = now + dt.timedelta(seconds=settings.lease_seconds)
+        until = now + dt.timedelta(seconds=settings.durability.lease_seconds)
         await engine.store.renew_leases(settings.replica_id, until)
         if engine.draining:
             return 0  # a stopping replica takes on no new work

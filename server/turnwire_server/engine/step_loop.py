@@ -34,7 +34,7 @@ from turnwire_server.engine.approvals import announce_denials, run_approved_call
 from turnwire_server.engine.compaction import Compactor, input_start
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
 from turnwire_server.engine.pending_calls import OpenCalls, repair_pending, with_pending_placeholders
-from turnwire_server.engine.request import EngineSettings
+from turnwire_server.engine.settings import EngineSettings
 from turnwire_server.engine.tool_calls import ToolCallRunner
 from turnwire_server.engine.turn_state import TurnWorkingState
 from turnwire_server.hooks.chain import HookError, merge_config
@@ -102,7 +102,9 @@ class StepLoop:
         )
         # Calls the client may still answer are kept (docs/semantics.md §8, pending_calls).
         repaired = repair_pending(
-            open_calls, now=dt.datetime.now(dt.UTC), expiry_seconds=self.settings.pending_expiry_seconds
+            open_calls,
+            now=dt.datetime.now(dt.UTC),
+            expiry_seconds=self.settings.durability.pending_expiry_seconds,
         )
         for message in repaired:
             await self.store.save_message(request.conversation_id, message)
@@ -135,7 +137,7 @@ class StepLoop:
         stall_seconds = (
             config.stream_stall_timeout_seconds
             if config.stream_stall_timeout_seconds is not None
-            else self.settings.stream_stall_timeout_seconds
+            else self.settings.limits.stream_stall_timeout_seconds
         )
         watchdog = (
             asyncio.create_task(self._watch_stalls(stall_seconds), name="stall watchdog")
@@ -252,7 +254,7 @@ class StepLoop:
         of the history, reused when ``ctx.messages`` is that history."""
         turn = self.state
         request = turn.request
-        max_steps = config.max_steps or self.settings.max_steps
+        max_steps = config.max_steps or self.settings.limits.max_steps
         if ctx.messages is not open_calls.history:  # a compacted view, or a middleware's messages
             open_calls = OpenCalls.find(ctx.messages)
         base_messages = _base_messages(open_calls)
@@ -342,10 +344,10 @@ class StepLoop:
         def runner(state: TurnWorkingState) -> ToolCallRunner:
             return ToolCallRunner(
                 state,
-                self.settings.tool_timeout_seconds,
+                self.settings.limits.tool_timeout_seconds,
                 self.wait_for_reader,
                 config.repair_tool_call,
-                max_output_bytes=self.settings.max_tool_output_bytes,
+                max_output_bytes=self.settings.limits.max_tool_output_bytes,
             )
 
         return runner
@@ -355,7 +357,7 @@ class StepLoop:
         within ``slow_reader_timeout_seconds`` has its turn stopped (SLOW_CONSUMER), or, with
         disconnect policy CONTINUE, is let go: its call ends and the turn goes on without it
         (it re-attaches with ResumeTurn; docs/semantics.md §5)."""
-        timeout = self.settings.slow_reader_timeout_seconds
+        timeout = self.settings.limits.slow_reader_timeout_seconds
         if not await self.state.writer.drained(timeout):
             if self.state.request.disconnect == "continue":
                 reason = SlowConsumer(timeout, stopped=False)

@@ -106,7 +106,7 @@ class Submissions:
             submission = dataclasses.replace(
                 submission,
                 owner=settings.replica_id,
-                lease_until=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=settings.lease_seconds),
+                lease_until=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=settings.durability.lease_seconds),
             )
         else:
             submission = dataclasses.replace(submission, owner="", lease_until=None)
@@ -221,7 +221,7 @@ class Submissions:
                 self._slots += free  # held while the claim runs, so submit() cannot overshoot
                 try:
                     now = dt.datetime.now(dt.UTC)
-                    until = now + dt.timedelta(seconds=settings.lease_seconds)
+                    until = now + dt.timedelta(seconds=settings.durability.lease_seconds)
                     claimed = await self._store.claim_pending_submissions(
                         settings.replica_id, now, until, free
                     )

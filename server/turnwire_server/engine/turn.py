@@ -61,7 +61,8 @@ from turnwire_server.engine.errors import (
 )
 from turnwire_server.engine.events import EventWriter
 from turnwire_server.engine.ids import assistant_message_id, attempt_message_id
-from turnwire_server.engine.request import EngineSettings, TurnRequest
+from turnwire_server.engine.request import TurnRequest
+from turnwire_server.engine.settings import EngineSettings
 from turnwire_server.engine.step_loop import StepLoop
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.engine.turn_spec import spec_json
@@ -162,7 +163,7 @@ class TurnRun:
         self._error_status = error_status
         self._on_lock_acquired = on_lock_acquired
         # Recorded only when asked for (events.hook_timeline): it costs clock reads per hook call.
-        self.timeline = HookTimeline() if chain.middlewares and settings.hook_timeline else None
+        self.timeline = HookTimeline() if chain.middlewares and settings.events.hook_timeline else None
         self.hooks = chain.for_turn(self.timeline, tracing.hook if tracing.enabled else None)
         self.message_id = (
             recovery.record.assistant_message_id if recovery else assistant_message_id(request.request_id)
@@ -224,7 +225,7 @@ class TurnRun:
                 request.conversation_id, message, turn_request_id=request.request_id
             ),
             assistant.snapshot_to_store,
-            self.settings.checkpoint_interval_ms / 1000.0,
+            self.settings.checkpoint.interval_ms / 1000.0,
             request.request_id,
         )
 
@@ -315,7 +316,7 @@ class TurnRun:
                 request.conversation_id,
                 request_id=request.request_id,
                 owner=self.settings.replica_id,
-                lease_seconds=self.settings.lease_seconds,
+                lease_seconds=self.settings.durability.lease_seconds,
                 first=self.first_in_line,
             )
         self._record = self._new_record()
@@ -323,7 +324,7 @@ class TurnRun:
         return self.store.admit_turn(
             self._record,
             request.messages,
-            lease_seconds=self.settings.lease_seconds,
+            lease_seconds=self.settings.durability.lease_seconds,
             read_compaction=self.compactor is not None,
             queued=self._queued,
             first=self.first_in_line,
@@ -352,7 +353,8 @@ class TurnRun:
             start_time=self.state.assistant.message.create_time.ToDatetime(dt.UTC),
             spec=spec_json(request),
             owner=self.settings.replica_id,
-            lease_until=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self.settings.lease_seconds),
+            lease_until=dt.datetime.now(dt.UTC)
+            + dt.timedelta(seconds=self.settings.durability.lease_seconds),
         )
 
     def _not_stored(self, why: str) -> None:
@@ -531,9 +533,9 @@ class TurnRun:
         record = self._record
         if (
             not isinstance(self._stop, StreamStalled)
-            or not self.settings.stall_recovery
+            or not self.settings.durability.stall_recovery
             or record is None
-            or record.recovery_count >= self.settings.recovery_budget
+            or record.recovery_count >= self.settings.durability.recovery_budget
         ):
             return False
         task = asyncio.current_task()
@@ -556,7 +558,7 @@ class TurnRun:
             "turn %s stalled; recovery %d of %d (%s)",
             self.request.request_id,
             record.recovery_count,
-            self.settings.recovery_budget,
+            self.settings.durability.recovery_budget,
             "continuing the reply" if appends else "re-running",
         )
         self.state.attempt += 1
@@ -733,7 +735,7 @@ class TurnRun:
             end.message.CopyFrom(self.stored_message)
         self.state.usage.copy_to(end.usage)
         end.step_count = self.state.steps_started  # a step cut short by a cancel or an error counts too
-        if self.timeline is not None and self.settings.hook_timeline:
+        if self.timeline is not None and self.settings.events.hook_timeline:
             end.metadata.update({"hook_timeline": self.timeline.as_dicts()})
 
     # --- errors ------------------------------------------------------------

@@ -27,10 +27,11 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import Discriminator, Field, Tag, field_validator
 
 from turnwire.providers import Provider
 from turnwire.testing import ScriptStep, check_repeat_last
+from turnwire_server.config_section import ConfigSection
 from turnwire_server.redaction import secret
 from turnwire_server.url_check import check_http_url
 
@@ -41,11 +42,7 @@ NO_KEY = "no-key"
 """Sent as the API key to servers configured with ``api_key_env: null`` (the SDKs require one)."""
 
 
-class _Entry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ScriptedProviderSettings(_Entry):
+class ScriptedProviderSettings(ConfigSection):
     """The offline scripted model. ``scripts`` maps a script name to its steps; ``record_requests``
     (a file path) appends every request the model gets as one JSON line, for tests;
     ``context_window`` (tokens) makes it refuse a request whose input is larger, as a real
@@ -88,7 +85,7 @@ def _api_key_env(default: str | None) -> Any:
     )
 
 
-class _SdkProviderSettings(_Entry):
+class _SdkProviderSettings(ConfigSection):
     """Fields every official-SDK provider has. Times in seconds."""
 
     api_key_env: str | None = _api_key_env(None)

@@ -52,10 +52,10 @@ from turnwire.hooks import (
 )
 from turnwire_client.metadata import PARENT_REQUEST_METADATA
 from turnwire_client.v1 import error_reason_pb2, hooks_pb2, hooks_pb2_grpc
-from turnwire_server.config import RemoteHookSettings
 from turnwire_server.remote_hooks import convert, metrics
 from turnwire_server.remote_hooks.breaker import BreakerState, CircuitBreaker
 from turnwire_server.remote_hooks.chunks import ChunkStream, chunk_event
+from turnwire_server.remote_hooks.settings import RemoteHookSettings
 
 log = logging.getLogger("turnwire.middleware")
 

@@ -1,4 +1,5 @@
-"""Configuration of the tool sources in other processes: ``tools.hosts`` and ``tools.mcp``.
+"""The ``tools:`` section of the configuration (:class:`ToolsSettings`) and its entries for the
+tool sources in other processes: ``tools.hosts`` and ``tools.mcp``.
 
 A **tool host** is a process serving ``turnwire.v1.ToolExecutorService`` (protos/turnwire/v1/tools.proto);
 an **MCP server** is a Model Context Protocol server reached over stdio (a command the sidecar
@@ -11,17 +12,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from turnwire_server.config_section import ConfigSection
 from turnwire_server.redaction import secret
 from turnwire_server.url_check import check_http_url
 
 SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """What a tool host's or MCP server's ``name`` may be (it appears in logs and tool errors)."""
-
-
-class _Entry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 def _source_name(value: str) -> str:
@@ -30,7 +28,7 @@ def _source_name(value: str) -> str:
     return value
 
 
-class TlsSettings(_Entry):
+class TlsSettings(ConfigSection):
     """TLS towards a tool host. Present (even empty, ``tls: {}``): TLS with the system's root
     certificates; absent: plaintext. Files are PEM, read at start (a missing one stops start-up)."""
 
@@ -48,7 +46,7 @@ class TlsSettings(_Entry):
         return self
 
 
-class ToolHostSettings(_Entry):
+class ToolHostSettings(ConfigSection):
     """One ToolExecutorService host. ``address`` is any gRPC target (``host:port``,
     ``dns:///name:port``, ``unix:///path``). ``timeout_seconds`` bounds each call of a tool whose
     ``ToolSpec.timeout`` is unset (default: ``limits.tool_timeout_seconds``);
@@ -66,7 +64,7 @@ class ToolHostSettings(_Entry):
     _name = field_validator("name")(_source_name)
 
 
-class McpServerSettings(_Entry):
+class McpServerSettings(ConfigSection):
     """One MCP server: either ``command`` (stdio: the sidecar starts it, with ``args``, ``env``
     added to its environment, ``cwd``) or ``url`` (streamable HTTP, with ``headers`` on every
     request). ``timeout_seconds`` bounds each call (default: ``limits.tool_timeout_seconds``);
@@ -100,4 +98,29 @@ class McpServerSettings(_Entry):
             raise ValueError("args, env and cwd are for a stdio server (command), not a url")
         if self.url is None and self.headers:
             raise ValueError("headers are for a streamable HTTP server (url), not a command")
+        return self
+
+
+class ToolsSettings(ConfigSection):
+    """Server-side tools. ``demo`` enables the demo tools (on by default; start-up warns when the
+    default model is not a scripted one and ``demo`` was not set explicitly); ``python`` lists dotted paths
+    (``package.module:attribute``) of Tool objects, or of callables returning one or a list;
+    ``hosts`` lists ToolExecutorService hosts and ``mcp`` MCP servers, whose tools join after
+    those, in this order (docs/semantics.md §2, docs/tools.md); ``require_approval`` names tools
+    of any source whose every call waits for the client's approval (docs/semantics.md §6)."""
+
+    demo: bool = True
+    python: list[str] = Field(default_factory=list)
+    hosts: list[ToolHostSettings] = Field(default_factory=list)
+    mcp: list[McpServerSettings] = Field(default_factory=list)
+    require_approval: list[str] = Field(
+        default_factory=list, description="tools whose calls wait for the client's approval"
+    )
+
+    @model_validator(mode="after")
+    def _unique_source_names(self) -> ToolsSettings:
+        names = [host.name for host in self.hosts] + [server.name for server in self.mcp]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"hosts and mcp entries need distinct names; repeated: {', '.join(repeated)}")
         return self

@@ -1,0 +1,519 @@
+"""GENERATED from client.py by tools/generate_sync_client.py: do not edit; run
+``make sync-client``. The public module is :mod:`turnwire_client.sync`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self, Unpack
+
+import grpc
+
+from turnwire_client._requests import (
+    ClientToolSpec,
+    ConcurrentInputStrategy,
+    MessagesSpec,
+    TurnOptions,
+    submit_messages_request,
+    tool_approvals,
+    tool_results,
+    user_message,
+    user_messages,
+    with_turn_options,
+)
+from turnwire_client.errors import TurnwireError
+from turnwire_client.metadata import AUTHORIZATION_METADATA
+from turnwire_client.sync_stream import SyncTurnStream
+from turnwire_client.tls import TlsOptions
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
+
+__all__ = ["SyncTurnwireClient"]
+
+
+class SyncTurnwireClient:
+    """Synchronous client for a Turnwire sidecar's ``turnwire.v1.ChatService``.
+
+    Use it as a context manager, or call :meth:`close` when done::
+
+        with SyncTurnwireClient("localhost:50051") as client:
+            result = client.chat("conv-1", "Hello!").collect()
+
+    Args:
+        target: The sidecar's address, e.g. ``"localhost:50051"``; an insecure channel is
+            opened to it unless ``channel`` is given.
+        channel: An existing ``grpc.Channel`` to use instead; the client does not close
+            a channel it did not open.
+        metadata: ``(key, value)`` pairs sent with every call.
+        tls: Connect with TLS (:class:`~turnwire_client.tls.TlsOptions`: the CA to trust, a
+            client certificate for mutual TLS, the server name); None (the default) is
+            plaintext, as for a sidecar on localhost. Not with ``channel``.
+        token: A bearer token, sent with every call as ``authorization: Bearer <token>``
+            metadata (the sidecar's ``auth:``; the CLI reads it from ``--token`` or
+            ``TURNWIRE_TOKEN``). Use TLS whenever the network between client and sidecar is not
+            trusted: the token is a credential.
+        include_progress: Let the turn streams yield ``Progress`` keepalives (a silent turn's
+            stream sends them; :func:`collect` ignores them); skipped by default.
+
+    Safe to use from several threads (gRPC channels are).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        channel: grpc.Channel | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+        tls: TlsOptions | None = None,
+        token: str | None = None,
+        include_progress: bool = False,
+    ) -> None:
+        """Open (or adopt) the channel; see the class docstring for the arguments. Raises
+        :class:`ValueError` for ``tls`` with ``channel``, :class:`OSError` for an unreadable
+        TLS file."""
+        self.target = target
+        self._owns_channel = channel is None
+        if channel is not None and tls is not None:
+            raise ValueError("tls configures the channel the client opens; not with channel")
+        if channel is None:
+            channel = (
+                grpc.insecure_channel(target)
+                if tls is None
+                else grpc.secure_channel(target, tls.channel_credentials(), options=tls.channel_options())
+            )
+        self._channel: grpc.Channel = channel
+        self._metadata: tuple[tuple[str, str], ...] = tuple(metadata)
+        self._include_progress = include_progress
+        if token:
+            self._metadata += ((AUTHORIZATION_METADATA, f"Bearer {token}"),)
+        self._stub = chat_service_pb2_grpc.ChatServiceStub(self._channel)
+
+    def __enter__(self) -> Self:
+        """Return the client itself."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the client (see :meth:`close`)."""
+        self.close()
+
+    def close(self) -> None:
+        """Close the channel if the client opened it; calls in flight are cancelled."""
+        if self._owns_channel:
+            self._channel.close()
+
+    # -- turn-running calls -------------------------------------------------------------
+
+    def chat(self, conversation_id: str, text: str, **options: Unpack[TurnOptions]) -> SyncTurnStream:
+        """Append a user message with one text part and stream the turn it runs.
+
+        Args:
+            conversation_id: The conversation (created on first use).
+            text: The user's text.
+            **options: :class:`~turnwire_client._requests.TurnOptions`: ``request_id``,
+                ``body``, ``model``, ``timeout`` (seconds), ``disconnect`` (``"cancel"`` or
+                ``"continue"``), ``client_tools``.
+
+        Returns:
+            A :class:`SyncTurnStream`: the turn's ``TurnEvent``\\ s as they arrive, ``TurnEnd``
+            last; ``stream.collect()`` folds it into a :class:`TurnResult`. Leaving it
+            early cancels the call and (unless ``disconnect="continue"``) the server aborts the
+            turn: on ``with`` exit, :meth:`SyncTurnStream.cancel`, or when the stream is
+            dropped (``for event in client.chat(...): break``).
+
+        Raises:
+            TurnwireError: while iterating, if the call fails (e.g. ``INVALID_ARGUMENT`` with
+                field violations, ``UNAVAILABLE`` when the sidecar cannot be reached).
+            TypeError: an unknown option.
+        """
+        request = chat_service_pb2.ChatRequest(conversation_id=conversation_id, message=user_message(text))
+        return self._stream(self._stub.Chat, with_turn_options(request, options), options)
+
+    def save_messages(
+        self, conversation_id: str, messages: MessagesSpec, **options: Unpack[TurnOptions]
+    ) -> SyncTurnStream:
+        """Append ``messages`` (possibly none; a plain text is one user message) and stream the
+        turn run on the history.
+
+        Options, return value and errors are as for :meth:`chat`.
+        """
+        request = chat_service_pb2.SaveMessagesRequest(
+            conversation_id=conversation_id, messages=user_messages(messages)
+        )
+        return self._stream(self._stub.SaveMessages, with_turn_options(request, options), options)
+
+    def continue_last_turn(self, conversation_id: str, **options: Unpack[TurnOptions]) -> SyncTurnStream:
+        """Let the model continue after the last assistant message, streaming that turn.
+
+        When the last message is not an assistant message the stream is a lone ``TurnEnd``
+        with ``TURN_STATUS_SKIPPED``. The conversation must exist (else ``NOT_FOUND``).
+        Options, return value and errors are otherwise as for :meth:`chat`.
+        """
+        request = chat_service_pb2.ContinueLastTurnRequest(conversation_id=conversation_id)
+        return self._stream(self._stub.ContinueLastTurn, with_turn_options(request, options), options)
+
+    def resume_turn(
+        self, request_id: str, after_sequence_number: int = 0, *, timeout: float | None = None
+    ) -> SyncTurnStream:
+        """Re-attach to a running or recently finished turn: the events after
+        ``after_sequence_number`` (the last one you saw; 0 for all), then the live ones.
+
+        Leaving the stream early never affects the turn. Raises (while iterating)
+        :class:`TurnwireError` ``NOT_FOUND`` (reason ``TURN_NOT_FOUND``) for an unknown request
+        id or a turn whose events are past the retention.
+        """
+        request = chat_service_pb2.ResumeTurnRequest(
+            request_id=request_id, after_sequence_number=after_sequence_number
+        )
+        return self._stream(self._stub.ResumeTurn, request, {"timeout": timeout})
+
+    def watch_submission(
+        self, submission_id: str, after_sequence_number: int = 0, *, timeout: float | None = None
+    ) -> SyncTurnStream:
+        """Stream a submission's turn (once it runs) from ``after_sequence_number``, ``TurnEnd``
+        last. Raises (while iterating) :class:`TurnwireError` ``NOT_FOUND`` for an unknown id."""
+        request = chat_service_pb2.WatchSubmissionRequest(
+            submission_id=submission_id, after_sequence_number=after_sequence_number
+        )
+        return self._stream(self._stub.WatchSubmission, request, {"timeout": timeout})
+
+    def submit_tool_results(
+        self,
+        conversation_id: str,
+        results: Mapping[str, Any],
+        *,
+        errors: Mapping[str, str] | None = None,
+        auto_continue: bool = True,
+        **options: Unpack[TurnOptions],
+    ) -> SyncTurnStream:
+        """Send the results of client tool calls, stored at once; stream the continuation.
+
+        Args:
+            conversation_id: The conversation of the calls.
+            results: ``{tool_call_id: output}``: each output any JSON value (sent as JSON text,
+                so integers of any size stay exact).
+            errors: ``{tool_call_id: error_text}`` for calls that failed (``""``: the model
+                reads ``Tool execution denied by user``).
+            auto_continue: Once no call of that assistant message waits any more, run one
+                continuation turn and stream it here; otherwise (or while other calls still
+                wait) the stream is a lone ``TurnEnd`` with ``TURN_STATUS_SKIPPED``.
+            **options: As for :meth:`chat`.
+
+        Raises (while iterating) :class:`TurnwireError`: ``NOT_FOUND`` (``TOOL_CALL_NOT_FOUND``),
+        ``FAILED_PRECONDITION`` (``TOOL_CALL_NOT_PENDING``, ``EXPIRED``); nothing is stored then.
+        Raises :class:`ValueError` at once for an output with no JSON form (NaN, Infinity).
+        """
+        request = chat_service_pb2.SubmitToolResultsRequest(
+            conversation_id=conversation_id,
+            results=tool_results(results, errors),
+            auto_continue=auto_continue,
+        )
+        return self._stream(self._stub.SubmitToolResults, with_turn_options(request, options), options)
+
+    def submit_tool_approvals(
+        self,
+        conversation_id: str,
+        approvals: Mapping[str, bool],
+        *,
+        reasons: Mapping[str, str] | None = None,
+        auto_continue: bool = True,
+        **options: Unpack[TurnOptions],
+    ) -> SyncTurnStream:
+        """Approve (True) or deny (False) tool calls waiting for approval, by tool call id; stream
+        the continuation, in which approved calls run first (``before_tool_call`` still
+        decides) and denied ones reach the model as denied, with ``reasons[id]`` when given.
+
+        Other arguments, the result and errors are as for :meth:`submit_tool_results`.
+        """
+        request = chat_service_pb2.SubmitToolApprovalsRequest(
+            conversation_id=conversation_id,
+            approvals=tool_approvals(approvals, reasons),
+            auto_continue=auto_continue,
+        )
+        return self._stream(self._stub.SubmitToolApprovals, with_turn_options(request, options), options)
+
+    def _stream(self, method: Any, request: Any, options: TurnOptions) -> SyncTurnStream:
+        return SyncTurnStream(
+            method(request, timeout=options.get("timeout"), metadata=self._metadata or None),
+            include_progress=self._include_progress,
+        )
+
+    # -- unary calls --------------------------------------------------------------------
+
+    def get_conversation(
+        self,
+        conversation_id: str,
+        *,
+        timeout: float | None = None,
+    ) -> chat_service_pb2.Conversation:
+        """Fetch a conversation with all its messages, oldest first, its ``partial_replies`` and
+        ``turns_without_reply`` (every page, fetched in turn).
+
+        Raises:
+            TurnwireError: ``NOT_FOUND`` (reason ``CONVERSATION_NOT_FOUND``) for an unknown
+                conversation, ``INVALID_ARGUMENT`` for a malformed id, or any call failure.
+        """
+        request = chat_service_pb2.GetConversationRequest(conversation_id=conversation_id)
+        response: chat_service_pb2.GetConversationResponse = self._unary(
+            self._stub.GetConversation, request, timeout
+        )
+        conversation = response.conversation
+        while response.next_page_token:
+            request.page_token = response.next_page_token
+            response = self._unary(self._stub.GetConversation, request, timeout)
+            conversation.messages.extend(response.conversation.messages)
+            conversation.partial_replies.extend(response.conversation.partial_replies)
+            conversation.turns_without_reply.extend(response.conversation.turns_without_reply)
+        return conversation
+
+    def get_conversation_page(
+        self,
+        conversation_id: str,
+        page_size: int = 0,
+        page_token: str = "",
+        *,
+        timeout: float | None = None,
+    ) -> chat_service_pb2.GetConversationResponse:
+        """One page of a conversation's messages, oldest first (AIP-158).
+
+        Args:
+            conversation_id: The conversation.
+            page_size: At most this many messages; 0 means as many as fit one response under
+                3 MiB.
+            page_token: ``next_page_token`` of the previous page; ``""`` for the first.
+
+        Returns:
+            The response: ``conversation`` with this page's messages and ``next_page_token``
+            (``""`` on the last page).
+
+        Raises:
+            TurnwireError: as for :meth:`get_conversation`, and ``INVALID_ARGUMENT`` (reason
+                ``INVALID_PAGE_TOKEN``) for a token of another conversation.
+        """
+        request = chat_service_pb2.GetConversationRequest(
+            conversation_id=conversation_id, page_size=page_size, page_token=page_token
+        )
+        response: chat_service_pb2.GetConversationResponse = self._unary(
+            self._stub.GetConversation, request, timeout
+        )
+        return response
+
+    def list_conversations(
+        self,
+        page_size: int = 0,
+        page_token: str = "",
+        *,
+        timeout: float | None = None,
+    ) -> chat_service_pb2.ListConversationsResponse:
+        """List conversations, most recently updated first, without their messages.
+
+        Args:
+            page_size: 1-1000; 0 means the server default (50).
+            page_token: ``next_page_token`` of the previous page; ``""`` for the first.
+
+        Returns:
+            The page; its ``next_page_token`` is ``""`` on the last page.
+
+        Raises:
+            TurnwireError: ``INVALID_ARGUMENT`` (reason ``INVALID_PAGE_TOKEN``) for a foreign
+                token, or any call failure.
+        """
+        request = chat_service_pb2.ListConversationsRequest(page_size=page_size, page_token=page_token)
+        response: chat_service_pb2.ListConversationsResponse = self._unary(
+            self._stub.ListConversations, request, timeout
+        )
+        return response
+
+    def cancel_chat(
+        self,
+        request_id: str,
+        *,
+        timeout: float | None = None,
+    ) -> bool:
+        """Cancel a running or queued turn by its request id.
+
+        Returns:
+            True when a turn was found and cancelled; False for an unknown or finished turn.
+
+        Raises:
+            TurnwireError: if the call fails.
+        """
+        request = chat_service_pb2.CancelChatRequest(request_id=request_id)
+        response: chat_service_pb2.CancelChatResponse = self._unary(self._stub.CancelChat, request, timeout)
+        return response.cancelled
+
+    # -- submissions --------------------------------------------------------------------
+
+    def submit_messages(
+        self,
+        conversation_id: str,
+        messages: MessagesSpec,
+        *,
+        submission_id: str | None = None,
+        idempotency_key: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        body: Mapping[str, Any] | None = None,
+        model: str | None = None,
+        client_tools: Sequence[ClientToolSpec] = (),
+        concurrent_input: ConcurrentInputStrategy | None = None,
+        timeout: float | None = None,
+    ) -> chat_service_pb2.SubmitMessagesResponse:
+        """Durably submit messages for a turn that runs later, in order with the conversation's
+        other turns. ``messages`` may be a plain text (one user message).
+
+        Returns:
+            The response: ``submission`` (its id is the turn's request id) and ``accepted``
+            (False when ``submission_id`` or ``idempotency_key`` repeats an earlier one: the
+            earlier submission is returned).
+
+        Raises:
+            TurnwireError: ``ALREADY_EXISTS`` (reason ``SUBMISSION_CONFLICT``) when the id and
+                key name different submissions or the id is reused with other messages,
+                ``INVALID_ARGUMENT`` for an empty list or a bad message, any call failure.
+        """
+        request = submit_messages_request(
+            conversation_id,
+            messages,
+            submission_id=submission_id,
+            idempotency_key=idempotency_key,
+            metadata=metadata,
+            body=body,
+            model=model,
+            client_tools=client_tools,
+            concurrent_input=concurrent_input,
+        )
+        response: chat_service_pb2.SubmitMessagesResponse = self._unary(
+            self._stub.SubmitMessages, request, timeout
+        )
+        return response
+
+    def get_submission(
+        self,
+        submission_id: str,
+        *,
+        timeout: float | None = None,
+    ) -> chat_service_pb2.Submission:
+        """One submission. Raises :class:`TurnwireError` ``NOT_FOUND`` for an unknown id."""
+        request = chat_service_pb2.GetSubmissionRequest(submission_id=submission_id)
+        response: chat_service_pb2.GetSubmissionResponse = self._unary(
+            self._stub.GetSubmission, request, timeout
+        )
+        return response.submission
+
+    def list_submissions(
+        self,
+        *,
+        conversation_id: str = "",
+        state: chat_service_pb2.SubmissionState.ValueType = chat_service_pb2.SUBMISSION_STATE_UNSPECIFIED,
+        page_size: int = 0,
+        page_token: str = "",
+        timeout: float | None = None,
+    ) -> chat_service_pb2.ListSubmissionsResponse:
+        """One page of submissions in acceptance order, optionally of one conversation and state."""
+        request = chat_service_pb2.ListSubmissionsRequest(
+            conversation_id=conversation_id, state=state, page_size=page_size, page_token=page_token
+        )
+        response: chat_service_pb2.ListSubmissionsResponse = self._unary(
+            self._stub.ListSubmissions, request, timeout
+        )
+        return response
+
+    def cancel_submission(
+        self,
+        submission_id: str,
+        *,
+        timeout: float | None = None,
+    ) -> chat_service_pb2.Submission:
+        """Cancel a pending or running submission; returns it as stored afterwards (a finished
+        one unchanged). Raises :class:`TurnwireError` ``NOT_FOUND`` for an unknown id."""
+        request = chat_service_pb2.CancelSubmissionRequest(submission_id=submission_id)
+        response: chat_service_pb2.CancelSubmissionResponse = self._unary(
+            self._stub.CancelSubmission, request, timeout
+        )
+        return response.submission
+
+    # -- transcript writes and deletion ---------------------------------------------------
+
+    def add_messages(
+        self,
+        conversation_id: str,
+        messages: Sequence[message_pb2.Message],
+        *,
+        upsert: bool = False,
+        allow_missing: bool = False,
+        timeout: float | None = None,
+    ) -> chat_service_pb2.AddMessagesResponse:
+        """Write ``messages`` into the conversation's transcript without running a turn.
+
+        No turn lock and no hooks: a tool may call it from inside a running turn of the same
+        conversation. Idempotent by message id: a message already stored with the same content
+        counts as unchanged. All or nothing.
+
+        Args:
+            conversation_id: The conversation; it must exist unless ``allow_missing``.
+            messages: At least one message, each with a role and at least one part; an empty
+                id gets a server id.
+            upsert: Replace stored messages with the same id in place (``ADD_MODE_UPSERT``)
+                instead of refusing other content under a stored id (``ADD_MODE_APPEND``).
+            allow_missing: Create the conversation when it does not exist.
+            timeout: Optional deadline in seconds.
+
+        Returns:
+            The response: ``conversation`` (without messages) and ``added_count``,
+            ``updated_count``, ``unchanged_count``.
+
+        Raises:
+            TurnwireError: ``INVALID_ARGUMENT`` with field violations, ``NOT_FOUND`` (reason
+                ``CONVERSATION_NOT_FOUND``), ``ALREADY_EXISTS`` (a stored id with other
+                content), ``FAILED_PRECONDITION`` (upserting the reply a running turn writes),
+                or any call failure.
+        """
+        request = chat_service_pb2.AddMessagesRequest(
+            conversation_id=conversation_id,
+            messages=list(messages),
+            mode=chat_service_pb2.ADD_MODE_UPSERT if upsert else chat_service_pb2.ADD_MODE_APPEND,
+            allow_missing=allow_missing,
+        )
+        response: chat_service_pb2.AddMessagesResponse = self._unary(self._stub.AddMessages, request, timeout)
+        return response
+
+    def delete_conversation(
+        self,
+        conversation_id: str,
+        *,
+        allow_missing: bool = False,
+        timeout: float | None = None,
+    ) -> bool:
+        """Delete a conversation with its messages, turns, stored events and submissions.
+
+        A running or queued turn on it is cancelled first (its stream ends ``ABORTED``) and
+        writes nothing afterwards. A later :meth:`chat` on the same id starts afresh.
+
+        Args:
+            conversation_id: The conversation to delete.
+            allow_missing: Succeed when it does not exist.
+            timeout: Optional deadline in seconds.
+
+        Returns:
+            True when something was deleted (False only with ``allow_missing``).
+
+        Raises:
+            TurnwireError: ``NOT_FOUND`` (reason ``CONVERSATION_NOT_FOUND``) unless
+                ``allow_missing``, ``INVALID_ARGUMENT`` for a malformed id, or any call failure.
+        """
+        request = chat_service_pb2.DeleteConversationRequest(
+            conversation_id=conversation_id, allow_missing=allow_missing
+        )
+        response: chat_service_pb2.DeleteConversationResponse = self._unary(
+            self._stub.DeleteConversation, request, timeout
+        )
+        return response.deleted
+
+    def _unary(self, method: Any, request: Any, deadline: float | None) -> Any:
+        try:
+            return method(request, timeout=deadline, metadata=self._metadata or None)
+        except grpc.RpcError as error:
+            raise TurnwireError.from_rpc_error(error) from error

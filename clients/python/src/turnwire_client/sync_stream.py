@@ -1,0 +1,87 @@
+"""The turn stream of the synchronous client (:class:`SyncTurnStream`), written by hand: gRPC's
+sync response stream is an iterator (``next``, ``StopIteration`` at the end) where the async one
+is read until ``EOF``, so this is not generated from :mod:`turnwire_client.stream` as the client
+is (tools/generate_sync_client.py)."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, Self
+
+import grpc
+
+from turnwire_client.errors import TurnwireError
+from turnwire_client.result import TurnResult, collect_sync
+from turnwire_client.v1 import event_pb2
+
+__all__ = ["SyncTurnStream"]
+
+
+class SyncTurnStream:
+    """The events of one turn-running call of the synchronous client, ``TurnEnd`` last.
+
+    Iterate it (``for event in stream``), or use it as a context manager so that the call ends
+    with the block. Leaving early cancels the call (and, unless the call's ``disconnect`` was
+    ``"continue"``, the server aborts the turn): on ``with`` exit, :meth:`cancel`, or when the
+    stream is garbage-collected. Iterating raises :class:`TurnwireError` when the call fails.
+    ``Progress`` keepalives are skipped unless ``include_progress`` is true, as in
+    :class:`~turnwire_client.stream.TurnStream`.
+    """
+
+    __slots__ = ("_call", "_include_progress")
+
+    def __init__(self, call: Any, *, include_progress: bool = False) -> None:
+        """Wrap a response-streaming call of a sync ``ChatServiceStub``; yield its ``Progress``
+        keepalives too when ``include_progress``."""
+        self._call = call
+        self._include_progress = include_progress
+
+    def __iter__(self) -> Self:
+        """Return the stream itself."""
+        return self
+
+    def __next__(self) -> event_pb2.TurnEvent:
+        """The next event (``Progress`` keepalives skipped unless asked for);
+        :class:`StopIteration` after the last one."""
+        while True:
+            try:
+                response = next(self._call)
+            except grpc.RpcError as error:
+                raise TurnwireError.from_rpc_error(error) from error
+            except BaseException:
+                self._call.cancel()  # interrupted, or StopIteration at the end: a no-op then
+                raise
+            event: event_pb2.TurnEvent = response.event
+            if self._include_progress or not event.HasField("progress"):
+                return event
+
+    def collect(self) -> TurnResult:
+        """Read the stream to its end and fold it into a :class:`TurnResult`
+        (:func:`~turnwire_client.result.collect_sync`)."""
+        return collect_sync(self)
+
+    def cancel(self) -> bool:
+        """Cancel the call (the server aborts the turn, storing its partial reply).
+
+        Returns False when the call had already ended.
+        """
+        return bool(self._call.cancel())
+
+    def __enter__(self) -> Self:
+        """Return the stream itself."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Cancel the call if it is still running."""
+        self._call.cancel()
+
+    def __del__(self) -> None:
+        # Dropped without being read to the end: cancel now rather than when gRPC collects it.
+        call = getattr(self, "_call", None)
+        if call is not None and not call.done():
+            call.cancel()
