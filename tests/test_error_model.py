@@ -35,7 +35,7 @@ NOT_DOMAIN_ERRORS = {
     "turnwire_server.api.tls.TlsFileError",
     "turnwire_server.app.StartupError",
     "turnwire_server.config.ConfigError",
-    "turnwire_server.demo.SidecarExited",
+    "turnwire_server.cli.demo.SidecarExited",
     "turnwire_server.event_loop.EventLoopUnavailable",
     "turnwire_server.listen_check.ListenAddressError",
     "turnwire_server.providers.settings.ProviderConfigError",
