@@ -18,7 +18,7 @@ TARGET_KB_PER_STREAM = 64.0
 
 
 def _median(rows: list[Throughput], key: str) -> float:
-    return statistics.median(getattr(r, key) for r in rows)
+    return float(statistics.median(getattr(r, key) for r in rows))
 
 
 def tables(res: Results, coalesced: str) -> list[Table]:

@@ -624,7 +624,7 @@ def test_every_builtin_loads_from_config_entries() -> None:
         MiddlewareEntry(path="turnwire.middlewares:StructuredAnswer", options={"schema": SEVERITY}),
     ]
     loaded = load_middlewares(entries)
-    assert [m.name for m in loaded] == [e.path.rpartition(":")[2] for e in entries]
+    assert [m.name for m in loaded] == [(e.path or "").rpartition(":")[2] for e in entries]
 
 
 @pytest.mark.parametrize(

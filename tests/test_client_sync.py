@@ -183,7 +183,7 @@ async def test_leaving_the_iteration_cancels_the_turn(client: SyncTurnwireClient
     words = await wait_until(
         lambda: _assistant_words(client, "sync-break"), timeout=3, what="the partial reply"
     )
-    assert 0 < len(words) < len(WORDS)
+    assert words is not None and 0 < len(words) < len(WORDS)
 
 
 async def test_an_explicit_cancel_ends_the_stream_and_the_turn(client: SyncTurnwireClient) -> None:
@@ -196,7 +196,7 @@ async def test_an_explicit_cancel_ends_the_stream_and_the_turn(client: SyncTurnw
     words = await wait_until(
         lambda: _assistant_words(client, "sync-cancel"), timeout=3, what="the partial reply"
     )
-    assert 0 < len(words) < len(WORDS)
+    assert words is not None and 0 < len(words) < len(WORDS)
 
 
 def test_cancel_chat_aborts_a_running_turn_by_request_id(client: SyncTurnwireClient) -> None:

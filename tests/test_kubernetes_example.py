@@ -50,7 +50,8 @@ def pod_spec() -> dict[str, Any]:
 
 
 def sidecar() -> dict[str, Any]:
-    (container,) = [c for c in pod_spec()["initContainers"] if c["name"] == "turnwire"]
+    containers: list[dict[str, Any]] = pod_spec()["initContainers"]
+    (container,) = [c for c in containers if c["name"] == "turnwire"]
     return container
 
 

@@ -309,7 +309,8 @@ class Decide(Middleware):
         self.calls.append(ctx)
         if isinstance(self.decision, BaseException):
             raise self.decision
-        return self.decision
+        decision: ToolCallDecision | None = self.decision
+        return decision
 
     async def after_tool_call(self, ctx: ToolCallResultContext) -> None:
         self.results.append(ctx)

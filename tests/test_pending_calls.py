@@ -30,7 +30,12 @@ def user(message_id: str) -> message_pb2.Message:
     return message
 
 
-def assistant(message_id: str, *calls: tuple[str, int], client: bool = False, approved: bool = False):
+def assistant(
+    message_id: str,
+    *calls: tuple[str, S.ToolCallState.ValueType],
+    client: bool = False,
+    approved: bool = False,
+) -> S.Message:
     """An assistant message: text, then a call per ``(tool_call_id, state)``."""
     message = S.Message(id=message_id, role=S.ROLE_ASSISTANT)
     message.create_time.FromDatetime(NOW - dt.timedelta(seconds=60))

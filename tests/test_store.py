@@ -1066,7 +1066,8 @@ async def test_a_place_taken_first_goes_behind_the_holder_and_earlier_first_plac
     await holds.wait()
     for name, first in (("q1", False), ("q2", False), ("i1", True), ("i2", True)):
         tasks.append(asyncio.create_task(turn(name, first=first)))
-        await wait_until(lambda n=len(tasks): locks.places("c") == n, what=f"{name} waits")
+        expected = len(tasks)
+        await wait_until(lambda: locks.places("c") == expected, what=f"{name} waits")  # noqa: B023 (awaited here)
     assert locks.head("c") == "a"
     locks.reserve("c", "s1")  # a submission's place, moved to the head when taken first
     tasks.append(asyncio.create_task(turn("s1", first=True)))
@@ -1121,7 +1122,8 @@ async def test_the_store_lock_taken_first_goes_ahead_of_the_queue(
     await holds.wait()
     for name, first in (("q1", False), ("q2", False), ("i1", True), ("i2", True)):
         tasks.append(asyncio.create_task(turn(name, first=first)))
-        await wait_until(lambda n=len(tasks): waiting() == n, what=f"{name} waits")
+        expected = len(tasks)
+        await wait_until(lambda: waiting() == expected, what=f"{name} waits")  # noqa: B023 (awaited here)
     if store_backend.name == "postgres":
         line = store_backend.sql("SELECT request_id, first_in_line FROM turn_queue ORDER BY ticket")
         assert line == [("a", 0), ("i1", 1), ("i2", 1), ("q1", 0), ("q2", 0)]

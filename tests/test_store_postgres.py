@@ -499,8 +499,10 @@ async def test_a_reject_racing_another_replicas_turn_is_decided_under_the_queue_
                 reject = replica_b.reserve_place("c1", "r", owner="b", lease_seconds=30, only_if_idle=True)
                 for start in [reject, enqueue()] if reject_first else [enqueue(), reject]:
                     tasks.append(asyncio.ensure_future(start))
+                    expected = len(tasks)
                     await wait_until(
-                        lambda n=len(tasks): waiting_for_the_gate() == n, what="waiting for the gate"
+                        lambda: waiting_for_the_gate() == expected,  # noqa: B023 (awaited here)
+                        what="waiting for the gate",
                     )
             refused = await tasks[0 if reject_first else 1]
 

@@ -129,7 +129,7 @@ async def test_a_two_step_tool_turn_continues_the_callers_trace_with_genai_spans
     assert first.attributes["gen_ai.conversation.id"] == "conv-traced"
     assert first.attributes["gen_ai.response.finish_reasons"] == ("tool-calls",)
     assert second.attributes["gen_ai.response.finish_reasons"] == ("stop",)
-    assert type(first.attributes["gen_ai.response.finish_reasons"][0]) is str  # type: ignore[index]
+    assert type(first.attributes["gen_ai.response.finish_reasons"][0]) is str
     assert (
         first.attributes["gen_ai.usage.input_tokens"],
         first.attributes["gen_ai.usage.output_tokens"],

@@ -20,7 +20,8 @@ class Returns(Middleware):
         self.build = build
 
     async def before_turn(self, ctx: TurnContext) -> TurnConfig:
-        return self.build(ctx)
+        config: TurnConfig = self.build(ctx)
+        return config
 
 
 async def test_messages_replace_what_the_model_sees_but_not_what_is_stored(

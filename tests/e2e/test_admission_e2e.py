@@ -34,7 +34,7 @@ def retry_delay(error: TurnwireError) -> float | None:
         if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             info = error_details_pb2.RetryInfo()
             detail.Unpack(info)
-            return info.retry_delay.ToTimedelta().total_seconds()
+            return float(info.retry_delay.ToTimedelta().total_seconds())
     return None
 
 
@@ -71,7 +71,7 @@ async def test_a_burst_past_the_limit_is_refused_with_retry_info_and_never_cance
         for error in refused:
             assert_overloaded(error)
         for stream in streams:
-            await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()
 
 
 async def test_health_reflection_and_cancel_chat_answer_at_the_turn_limit(
@@ -115,8 +115,8 @@ async def test_health_reflection_and_cancel_chat_answer_at_the_turn_limit(
         assert ended[-1].turn_end.status == event_pb2.TURN_STATUS_ABORTED
         replacement = client.chat("full-4", "hello", model="scripted:held")
         assert (await anext(replacement)).HasField("turn_start"), "the cancelled turn freed its slot"
-        await replacement.aclose()  # type: ignore[attr-defined]
-        await second.aclose()  # type: ignore[attr-defined]
+        await replacement.aclose()
+        await second.aclose()
 
 
 async def test_open_health_and_reflection_streams_do_not_use_up_the_turn_limit(
@@ -150,4 +150,4 @@ async def test_open_health_and_reflection_streams_do_not_use_up_the_turn_limit(
         for call in (*watches, *streams):
             call.cancel()
         for turn in turns:
-            await turn.aclose()  # type: ignore[attr-defined]
+            await turn.aclose()

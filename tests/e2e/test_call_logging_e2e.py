@@ -83,7 +83,7 @@ async def cancel_turns(client: TurnwireClient, count: int) -> None:
     async def one(index: int) -> None:
         stream = client.chat(f"cancelled-{index}", "hello", model="scripted:held")
         assert (await anext(stream)).HasField("turn_start")
-        await stream.aclose()  # type: ignore[attr-defined]  # cancels the call
+        await stream.aclose()  # cancels the call
 
     await asyncio.gather(*(one(i) for i in range(count)))
 

@@ -39,7 +39,11 @@ async def _assert_aborted_early(client: TurnwireClient, conversation_id: str) ->
     text = await wait_until(
         lambda: _aborted_reply_text(client, conversation_id), timeout=10, what="the turn ended ABORTED"
     )
-    assert text.startswith("w0 ") and (WORDS * (len(text) // len(WORDS) + 1)).startswith(text), text
+    assert (
+        text is not None
+        and text.startswith("w0 ")
+        and (WORDS * (len(text) // len(WORDS) + 1)).startswith(text)
+    ), text
 
 
 async def test_break_out_of_the_iteration_cancels_the_turn(sidecar_factory: SidecarFactory) -> None:

@@ -67,7 +67,7 @@ def _text(role: int, text: str, message_id: str = "") -> message_pb2.Message:
     return message_pb2.Message(
         id=message_id,
         role=role,
-        parts=[message_pb2.Part(text=message_pb2.TextPart(text=text))],  # type: ignore[arg-type]
+        parts=[message_pb2.Part(text=message_pb2.TextPart(text=text))],
     )
 
 

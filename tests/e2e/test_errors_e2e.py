@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +125,7 @@ async def test_a_user_message_of_blank_text_is_invalid_argument_on_every_entry_p
     # A fresh-user trial: `turnwire chat conv ""` stored an empty message and ran a turn on it.
     blank = message_pb2.Message(role=message_pb2.ROLE_USER)
     blank.parts.add().text.text = text
-    calls = {
+    calls: dict[str, Callable[[], Awaitable[Any]]] = {
         "Chat": lambda: collect(client.chat(EXISTING, text)),
         "SaveMessages": lambda: collect(client.save_messages(EXISTING, text)),
         "SubmitMessages": lambda: client.submit_messages(EXISTING, text),

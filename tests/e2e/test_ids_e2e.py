@@ -5,6 +5,7 @@ the field, and nothing is stored."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 from support.sidecar import SidecarFactory
@@ -69,10 +70,11 @@ async def test_a_client_message_id_never_takes_a_reply_of_the_server(sidecar_fac
         roles = [m.role for m in (await client.get_conversation("c2")).messages]
         assert roles == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT] * 2
         # The server's namespace is refused for ids a client chooses ...
-        for call in (
+        calls: tuple[Callable[[], Awaitable[Any]], ...] = (
             lambda: collect(client.chat("c3", "hi", request_id="tw-a-x")),
             lambda: collect(client.save_messages("c3", [_user_message("tw-a-r1")])),
-        ):
+        )
+        for call in calls:
             try:
                 await call()
             except TurnwireError as error:

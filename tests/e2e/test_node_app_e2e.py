@@ -134,7 +134,8 @@ def closed_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
 @pytest.fixture(params=["open", "closed"])
 def system(request: pytest.FixtureRequest) -> System:
     """Each failure mode's system in turn."""
-    return request.getfixturevalue(f"{request.param}_system")
+    system: System = request.getfixturevalue(f"{request.param}_system")
+    return system
 
 
 def outputs(result: TurnResult) -> list[Any]:

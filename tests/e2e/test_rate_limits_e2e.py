@@ -62,7 +62,7 @@ def retry_delay(error: TurnwireError) -> float:
         if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             info = error_details_pb2.RetryInfo()
             detail.Unpack(info)
-            return info.retry_delay.ToTimedelta().total_seconds()
+            return float(info.retry_delay.ToTimedelta().total_seconds())
     raise AssertionError(f"no RetryInfo in {error.status}")
 
 

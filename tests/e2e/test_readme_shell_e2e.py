@@ -10,6 +10,7 @@ interpreter's ``turnwire``), run by ``tests/test_doc_snippets.py`` (``buf curl``
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
 import shlex
@@ -125,7 +126,7 @@ async def test_two_replicas_on_one_postgresql_database_as_written(tmp_path: Path
             for target, process in zip(targets, processes, strict=True):
                 try:
                     await wait_until(
-                        lambda t=target: serving(t), timeout=60, what=f"a replica SERVING at {target}"
+                        functools.partial(serving, target), timeout=60, what=f"a replica SERVING at {target}"
                     )
                 except AssertionError as error:
                     process.kill()

@@ -16,7 +16,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from support.waiting import wait_until
 
 from turnwire.hooks import SessionContext
 from turnwire.testing import ScriptedToolCall, ScriptStep
-from turnwire_client import TurnwireClient, TurnwireError, collect
+from turnwire_client import TurnStream, TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import event_pb2, hooks_pb2, message_pb2
 from turnwire_server.config import RemoteHookSettings
 from turnwire_server.remote_hooks import RemoteMiddleware
@@ -71,7 +71,7 @@ async def test_a_hook_calling_back_from_inside_a_turn_meets_the_nesting_rule(
         outcomes["parent"] = parent
         conversation = request.turn.conversation_id
         async with TurnwireClient(target[0], metadata=[(PARENT, parent)]) as client:
-            blocking = {
+            blocking: dict[str, Callable[[], TurnStream]] = {
                 "Chat": lambda: client.chat(conversation, "nested"),
                 "SaveMessages": lambda: client.save_messages(conversation, [user("nested")]),
                 "ContinueLastTurn": lambda: client.continue_last_turn(conversation),

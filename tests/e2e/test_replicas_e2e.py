@@ -91,7 +91,7 @@ async def test_one_conversation_over_three_replicas_runs_first_in_first_out(
                     " UNION SELECT request_id FROM turns WHERE conversation_id = 'shared'"
                     " AND state <> 'running') AS accepted",
                 )[0]
-                return int(seen) >= count  # type: ignore[call-overload]
+                return bool(int(seen) >= count)  # type: ignore[call-overload]
 
             await wait_until(accepted, what=f"call {n} is accepted (queued)")
         results = await asyncio.gather(*calls)

@@ -283,7 +283,7 @@ async def test_renewed_files_from_a_new_ca_are_served_after_a_reload(
         )
 
     async def new_ca_accepted() -> bool:
-        return await health_code(sidecar.target, trusts_new) == grpc.StatusCode.OK
+        return bool(await health_code(sidecar.target, trusts_new) == grpc.StatusCode.OK)
 
     await wait_until(
         new_ca_accepted, timeout=20, interval=0.2, what="a client trusting only the new CA connects"

@@ -174,6 +174,7 @@ async def test_add_messages_upsert_may_edit_a_stored_server_id_but_not_add_one(
     conversation_id = new_id("server-ids")
     async with TurnwireClient(sidecar.target) as client:
         result = await collect(client.chat(conversation_id, "hello"))
+        assert result.message is not None
         reply_id = result.message.id
         assert reply_id.startswith("tw-a-")
         edited = await client.add_messages(

@@ -12,6 +12,7 @@ that says what to fix.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -192,7 +193,7 @@ async def test_a_killed_worker_is_restarted_and_its_turn_recovered(
     sidecar.kill()
     for pid in workers:
         await wait_until(
-            lambda pid=pid: gone(pid), 30, what=f"worker pid {pid} to stop without its supervisor"
+            functools.partial(gone, pid), 30, what=f"worker pid {pid} to stop without its supervisor"
         )
 
 

@@ -50,7 +50,7 @@ def retry_delay(error: TurnwireError) -> float | None:
         if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             info = error_details_pb2.RetryInfo()
             detail.Unpack(info)
-            return info.retry_delay.ToTimedelta().total_seconds()
+            return float(info.retry_delay.ToTimedelta().total_seconds())
     return None
 
 
@@ -93,8 +93,8 @@ async def health_checks(target: str, count: int) -> Counter[str]:
             try:
                 reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=10)
             except grpc.aio.AioRpcError as error:
-                return error.code().name
-            return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+                return str(error.code().name)
+            return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
         return Counter(await asyncio.gather(*(one() for _ in range(count))))
 
@@ -124,7 +124,7 @@ async def test_a_burst_of_held_turns_admits_exactly_the_limit(sidecar_factory: S
             events = [event async for event in streams[i]]
             assert events[-1].turn_end.status == event_pb2.TURN_STATUS_ABORTED
         for stream in streams:
-            await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()
     assert await sidecar.terminate() == 0, sidecar.log_text()
     assert "Traceback" not in sidecar.log_text()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -161,12 +161,13 @@ def test_save_messages_and_continue_requests(
 )
 def test_list_and_cancel_requests(stub: chat_service_pb2_grpc.ChatServiceStub, token: str, size: int) -> None:
     page_size = max(min(size, 2**31 - 1), -(2**31))
-    for call in (
+    calls: tuple[Callable[[], object], ...] = (
         lambda: stub.ListConversations(
             chat_service_pb2.ListConversationsRequest(page_size=page_size, page_token=token)
         ),
         lambda: stub.CancelChat(chat_service_pb2.CancelChatRequest(request_id=token)),
-    ):
+    )
+    for call in calls:
         try:
             call()
         except grpc.RpcError as error:

@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.message import Message as ProtoMessage
 from google.rpc import status_pb2
 
 from turnwire.hooks import Middleware
 from turnwire.providers import ModelRequest, Provider
 from turnwire.testing import ScriptedProvider, ScriptStep
 from turnwire.tools import PythonTool, ToolExecution
+from turnwire.types import ModelChunk
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.api.status import status_of
 from turnwire_server.engine import EngineSettings, TurnEngine, TurnHandle, TurnRequest
@@ -103,7 +105,7 @@ class RecordingProvider:
     def has_model(self, model: str) -> bool:
         return self.inner.has_model(model)
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelChunk, None]:
         recorded = ModelRequest(
             model=request.model,
             system=request.system,
@@ -209,7 +211,7 @@ def value(v: Any) -> Any:
     return json_format.MessageToDict(v)
 
 
-def detail(status: status_pb2.Status, kind: type) -> Any:
+def detail(status: status_pb2.Status, kind: type[ProtoMessage]) -> Any:
     for packed in status.details:
         if packed.Is(kind.DESCRIPTOR):
             out = kind()
