@@ -34,7 +34,7 @@ def test_sections_are_frozen_and_engine_settings_keyword_only() -> None:
     with pytest.raises(ValueError, match="frozen"):
         LimitsSettings().max_steps = 2  # type: ignore[misc]
     with pytest.raises(TypeError):
-        EngineSettings("scripted:demo")  # type: ignore[misc]
+        EngineSettings("scripted:demo")  # type: ignore[call-arg]
     assert {f.name for f in dataclasses.fields(EngineSettings)} >= {
         "limits",
         "events",

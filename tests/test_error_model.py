@@ -173,11 +173,11 @@ def test_an_error_without_a_reason_of_its_own_is_internal_and_names_the_stage() 
         status_code = CanonicalCode.NOT_FOUND
 
     for error in (RuntimeError("boom"), Unclassified("boom")):
-        mapped = status_error_of(error, "tool_call")
+        mapped = status_error_of(error, "step")
         assert mapped.code is grpc.StatusCode.INTERNAL
         assert mapped.reason == "INTERNAL"
-        assert mapped.message == f"internal error at stage tool_call: {type(error).__name__}: boom"
-        assert mapped.metadata == {"stage": "tool_call"}
+        assert mapped.message == f"internal error at stage step: {type(error).__name__}: boom"
+        assert mapped.metadata == {"stage": "step"}
 
 
 def test_canonical_codes_are_grpcs() -> None:

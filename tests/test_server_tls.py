@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from turnwire_client import TlsOptions, TurnwireClient
 from turnwire_server.api.tls import ServerTls, TlsFileError, load_tls_files
+from turnwire_server.api.tls_settings import ServerTlsSettings
 from turnwire_server.cli import app
-from turnwire_server.config import ServerTlsSettings
 
 
 def issue(ca: trustme.CA, directory: Path, stem: str = "server") -> ServerTlsSettings:

@@ -33,6 +33,7 @@ from turnwire.tools import PythonTool, ToolExecution
 from turnwire.types import ModelChunk
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.api.status import status_of
+from turnwire_server.config_section import ConfigSection
 from turnwire_server.engine import EngineSettings, TurnEngine, TurnHandle, TurnRequest
 from turnwire_server.engine.settings import (
     DurabilitySettings,
@@ -50,7 +51,11 @@ from turnwire_server.store.sqlite import SqliteStore
 MODEL = "scripted:main"
 CONV = "conv-1"
 
-_SECTIONS = {"limits": LimitsSettings, "events": EventsSettings, "durability": DurabilitySettings}
+_SECTIONS: dict[str, type[ConfigSection]] = {
+    "limits": LimitsSettings,
+    "events": EventsSettings,
+    "durability": DurabilitySettings,
+}
 
 
 def engine_settings(**fields: Any) -> EngineSettings:
@@ -73,7 +78,9 @@ def engine_settings(**fields: Any) -> EngineSettings:
     )
     return EngineSettings(
         checkpoint=checkpoint,
-        **{name: model.model_construct(**values[name]) for name, model in _SECTIONS.items()},
+        limits=LimitsSettings.model_construct(**values["limits"]),
+        events=EventsSettings.model_construct(**values["events"]),
+        durability=DurabilitySettings.model_construct(**values["durability"]),
         **{"default_model": MODEL, **rest},
     )
 
