@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from support.endless import endless_step, is_prefix_of_repeats
 from support.hooks import pythonpath_env
 from support.sidecar import SidecarProcess, running_sidecar
 from support.waiting import wait_until
@@ -21,13 +22,14 @@ from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 pytestmark = pytest.mark.e2e
 
 BIG = 2**64 + 1  # past 2**53: a double cannot hold it
-WORDS = [f"w{i}" for i in range(100)]
+ENDLESS = "".join(f"w{i} " for i in range(100))
 SCRIPTS = {
     # The default demo model answers the weather with its get_weather tool; these add:
     "big-input": [
         {"tool_calls": [{"name": "lookup", "input": {"n": BIG, "ratio": 0.1, "tags": ["a", None]}}]}
     ],
-    "long": [{"text": " ".join(WORDS), "delay_ms": 50}],
+    # Never ends on its own: only the cancel a test makes ends it.
+    "long": [endless_step(ENDLESS, 50)],
     "echo": [{"text": "answered"}],
     "wait": [{"tool_calls": [{"name": "wait", "input": {"seconds": 2}}]}, {"text": "waited"}],
 }
@@ -51,10 +53,14 @@ def client(sidecar: SidecarProcess) -> Iterator[SyncTurnwireClient]:
         yield opened
 
 
-def _assistant_words(client: SyncTurnwireClient, conversation_id: str) -> list[str] | None:
-    messages = [ChatMessage.from_proto(m) for m in client.get_conversation(conversation_id).messages]
-    replies = [m for m in messages if m.role == "assistant"]
-    return replies[-1].text.split() if replies else None
+def _aborted_reply(client: SyncTurnwireClient, conversation_id: str) -> str | None:
+    """The stored reply's text once its turn ended ABORTED; None before."""
+    conversation = client.get_conversation(conversation_id)
+    if [reply.status for reply in conversation.partial_replies] != [event_pb2.TURN_STATUS_ABORTED]:
+        return None
+    reply = ChatMessage.from_proto(conversation.messages[-1])
+    assert reply.role == "assistant"
+    return reply.text
 
 
 def test_a_chat_with_a_tool_in_plain_values(client: SyncTurnwireClient) -> None:
@@ -180,10 +186,10 @@ async def test_leaving_the_iteration_cancels_the_turn(client: SyncTurnwireClient
         for event in stream:
             if event.WhichOneof("event") == "text_delta":
                 break
-    words = await wait_until(
-        lambda: _assistant_words(client, "sync-break"), timeout=3, what="the partial reply"
+    text = await wait_until(
+        lambda: _aborted_reply(client, "sync-break"), timeout=10, what="the turn ended ABORTED"
     )
-    assert words is not None and 0 < len(words) < len(WORDS)
+    assert text and is_prefix_of_repeats(text, ENDLESS), text
 
 
 async def test_an_explicit_cancel_ends_the_stream_and_the_turn(client: SyncTurnwireClient) -> None:
@@ -193,10 +199,10 @@ async def test_an_explicit_cancel_ends_the_stream_and_the_turn(client: SyncTurnw
             assert stream.cancel() is True
             break
     assert stream.cancel() is False  # already ended
-    words = await wait_until(
-        lambda: _assistant_words(client, "sync-cancel"), timeout=3, what="the partial reply"
+    text = await wait_until(
+        lambda: _aborted_reply(client, "sync-cancel"), timeout=10, what="the turn ended ABORTED"
     )
-    assert words is not None and 0 < len(words) < len(WORDS)
+    assert text and is_prefix_of_repeats(text, ENDLESS), text
 
 
 def test_cancel_chat_aborts_a_running_turn_by_request_id(client: SyncTurnwireClient) -> None:
@@ -209,7 +215,8 @@ def test_cancel_chat_aborts_a_running_turn_by_request_id(client: SyncTurnwireCli
     assert cancelled is True
     end = events[-1].turn_end
     assert end.status == event_pb2.TURN_STATUS_ABORTED
-    assert 0 < len(ChatMessage.from_proto(end.message).text.split()) < len(WORDS)
+    text = ChatMessage.from_proto(end.message).text
+    assert text and is_prefix_of_repeats(text, ENDLESS), text
 
 
 def test_progress_keepalives_only_when_asked_for(sidecar: SidecarProcess, client: SyncTurnwireClient) -> None:

@@ -15,12 +15,13 @@ import grpc
 import pytest
 from google.protobuf import json_format
 from google.rpc import error_details_pb2, status_pb2
+from support.endless import endless_step, is_prefix_of_repeats
 from support.sidecar import SidecarFactory, SidecarProcess, running_sidecar
 
 from turnwire_client import TurnResult, TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import event_pb2, message_pb2
 
-SLOW_WORDS = [f"word{i}" for i in range(20)]
+SLOW_TEXT = "".join(f"word{i} " for i in range(20))
 
 CONFIG = {
     "providers": {
@@ -40,10 +41,11 @@ CONFIG = {
                         "usage": {"input_tokens": 20, "output_tokens": 7, "reasoning_tokens": 0},
                     },
                 ],
-                # 20 words, 40 ms before each chunk: about 0.9 s.
-                "slow": [{"text": " ".join(SLOW_WORDS), "delay_ms": 40}],
-                # Streams 6 short chunks (about 0.2 s): long enough for two turns to overlap.
-                "paced": [{"text": "one two three four five", "delay_ms": 30}],
+                # 40 ms before each chunk, never ending on its own: the test cancels it.
+                "slow": [endless_step(SLOW_TEXT, 40)],
+                # Streams 6 short chunks (about 1.2 s): the second turn is sent once the first
+                # has started, and arrives well before it ends, even on a loaded machine.
+                "paced": [{"text": "one two three four five", "delay_ms": 200}],
                 # Text start and two deltas, then the provider fails as overloaded.
                 "overloaded": [
                     {
@@ -328,7 +330,6 @@ async def test_cancel_chat_mid_turn_aborts_and_stores_the_partial_reply(
         assert [e.sequence_number for e in events] == list(range(1, len(events) + 1))
         delivered = streamed_text(events)
         assert delivered, "at least one delta arrived before the cancel"
-        assert len(delivered.split()) < len(SLOW_WORDS), "the stream stopped early"
 
         stored = await client.get_conversation(conversation)
         # Finished turns cannot be cancelled again.
@@ -337,7 +338,7 @@ async def test_cancel_chat_mid_turn_aborts_and_stores_the_partial_reply(
     assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
     partial = stored.messages[1]
     assert text_of(partial) == delivered
-    assert " ".join(SLOW_WORDS).startswith(text_of(partial))
+    assert is_prefix_of_repeats(text_of(partial), SLOW_TEXT)
     assert end.turn_end.message == partial
 
 
@@ -374,19 +375,21 @@ async def test_provider_error_mid_stream_ends_the_turn_with_error_and_keeps_the_
 async def test_concurrent_chats_on_one_conversation_are_serialized(sidecar: SidecarProcess) -> None:
     conversation = new_id("serialized")
     async with TurnwireClient(sidecar.target) as client:
-        results = await asyncio.wait_for(
-            asyncio.gather(
-                collect(client.chat(conversation, "first question", model="scripted:paced")),
-                collect(client.chat(conversation, "second question", model="scripted:paced")),
-            ),
-            timeout=10,
+        # The second is sent once the first runs: it must wait for the first to end.
+        first = client.chat(conversation, "first question", model="scripted:paced")
+        started = await asyncio.wait_for(anext(first), timeout=10)
+        second = asyncio.ensure_future(
+            collect(client.chat(conversation, "second question", model="scripted:paced"))
         )
+        first_rest = await asyncio.wait_for(collect(first), timeout=10)
+        second_result = await asyncio.wait_for(second, timeout=10)
         stored = await client.get_conversation(conversation)
 
-    assert [r.status for r in results] == [event_pb2.TURN_STATUS_COMPLETED] * 2
+    assert [first_rest.status, second_result.status] == [event_pb2.TURN_STATUS_COMPLETED] * 2
+    assert started.HasField("turn_start")
     reply_of = {
-        "first question": turn_start(results[0]).message_id,
-        "second question": turn_start(results[1]).message_id,
+        "first question": started.turn_start.message_id,
+        "second question": turn_start(second_result).message_id,
     }
     roles = [m.role for m in stored.messages]
     assert roles == [

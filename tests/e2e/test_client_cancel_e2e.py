@@ -6,6 +6,7 @@ streaming, although the docstring promised that leaving the iteration cancels th
 
 from __future__ import annotations
 
+from support.endless import endless_step, is_prefix_of_repeats
 from support.sidecar import SidecarFactory
 from support.waiting import wait_until
 
@@ -18,7 +19,7 @@ CONFIG = {
     "providers": {
         "scripted": {
             "strict": True,
-            "scripts": {"long": [{"text": WORDS, "delay_ms": 50, "until_cancelled": True}]},
+            "scripts": {"long": [endless_step(WORDS, 50)]},
         }
     }
 }
@@ -39,11 +40,7 @@ async def _assert_aborted_early(client: TurnwireClient, conversation_id: str) ->
     text = await wait_until(
         lambda: _aborted_reply_text(client, conversation_id), timeout=10, what="the turn ended ABORTED"
     )
-    assert (
-        text is not None
-        and text.startswith("w0 ")
-        and (WORDS * (len(text) // len(WORDS) + 1)).startswith(text)
-    ), text
+    assert text is not None and text.startswith("w0 ") and is_prefix_of_repeats(text, WORDS), text
 
 
 async def test_break_out_of_the_iteration_cancels_the_turn(sidecar_factory: SidecarFactory) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
+from support.endless import endless_step, is_prefix_of_repeats
 from support.hooks import pythonpath_env
 from support.sidecar import SidecarFactory, SidecarProcess, free_port
 from support.turn_calls import Turn, call_status, chat, error_info, stored, transcript
@@ -25,6 +26,7 @@ from support.waiting import wait_until
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
 
 WORDS = [f"w{i}" for i in range(200)]
+ENDLESS = "".join(f"{word} " for word in WORDS)
 
 ENQUEUE = chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ENQUEUE
 REJECT = chat_service_pb2.CONCURRENT_INPUT_STRATEGY_REJECT
@@ -38,8 +40,11 @@ def config(record: Path, metrics_port: int) -> dict[str, Any]:
         "providers": {
             "scripted": {
                 "scripts": {
-                    # About 10 s of text, 50 ms a word: always still running when the test acts.
+                    # About 10 s of text, 50 ms a word, for a test that also needs the turn to
+                    # complete by itself: it acts within those 10 s of seeing the first delta.
                     "long": [{"text": " ".join(WORDS), "delay_ms": 50}],
+                    # Never ends on its own: the test's interrupt, rollback or cancel ends it.
+                    "endless": [endless_step(ENDLESS, 50)],
                     # Text, then a call of a tool that waits 30 s.
                     "tool": [
                         {"text": "let me wait", "tool_calls": [{"name": "wait", "input": {"seconds": 30}}]},
@@ -127,7 +132,7 @@ async def test_reject_refuses_at_once_and_stores_nothing(server: Server) -> None
 
 async def test_reject_sees_a_queued_turn(server: Server) -> None:
     stub = server.stub
-    first = chat(stub, "rejq", "rejq-a", "long")
+    first = chat(stub, "rejq", "rejq-a", "endless")
     await running(first)
     chat(stub, "rejq", "rejq-b", "short")
     await server.wait_queued(1)
@@ -144,7 +149,7 @@ async def test_interrupt_stops_the_running_turn_and_runs_next_ahead_of_the_queue
 ) -> None:
     stub = server.stub
     conv = f"int-{tool}"
-    first = chat(stub, conv, f"{conv}-a", "tool" if tool else "long")
+    first = chat(stub, conv, f"{conv}-a", "tool" if tool else "endless")
     await running(first, tool=tool)
     q1 = chat(stub, conv, f"{conv}-q1", "short", ENQUEUE)
     await server.wait_queued(1)
@@ -177,8 +182,8 @@ async def test_interrupt_stops_the_running_turn_and_runs_next_ahead_of_the_queue
         assert call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
         assert "aborted" in call.error_text
     else:
-        words = "".join(p.text.text for p in partial.parts if p.WhichOneof("kind") == "text").split()
-        assert 0 < len(words) < len(WORDS)
+        text = "".join(p.text.text for p in partial.parts if p.WhichOneof("kind") == "text")
+        assert text and is_prefix_of_repeats(text, ENDLESS), text
 
     lines = server.hook_lines()
     assert f"on_chat_response {conv}-a aborted interrupt {conv}-i" in lines
@@ -194,7 +199,7 @@ async def test_rollback_removes_what_the_running_turn_stored(server: Server, too
     assert (await earlier.end()).status == event_pb2.TURN_STATUS_COMPLETED
     before = await transcript(stub, conv)
 
-    first = chat(stub, conv, f"{conv}-a", "tool" if tool else "long")
+    first = chat(stub, conv, f"{conv}-a", "tool" if tool else "endless")
     await running(first, tool=tool)
     # Its input and a checkpoint of its partial reply are stored by now.
     await wait_until(
@@ -270,7 +275,7 @@ async def test_submissions_take_the_strategy_too(server: Server) -> None:
     """SubmitMessages: REJECT on a busy conversation stores no submission; INTERRUPT accepted
     while a turn runs stops it and its turn runs next, ahead of a queued Chat."""
     stub = server.stub
-    first = chat(stub, "sub", "sub-a", "long")
+    first = chat(stub, "sub", "sub-a", "endless")
     await running(first)
     message = message_pb2.Message(role=message_pb2.ROLE_USER)
     message.parts.add().text.text = "submitted"
@@ -354,7 +359,7 @@ async def test_reject_tool_results_are_refused_before_they_are_stored(server: Se
     took in line is its turn's (a Chat after it runs)."""
     stub = server.stub
     call_id = await _pending_call(stub, "rej-tools")
-    first = chat(stub, "rej-tools", "rej-tools-a", "long")
+    first = chat(stub, "rej-tools", "rej-tools-a", "endless")
     await running(first)
     before = await stored(stub, "rej-tools")
     with pytest.raises(grpc.aio.AioRpcError) as refused:

@@ -13,6 +13,7 @@ import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.endless import endless_step
 from support.sidecar import SidecarFactory, SidecarProcess, run_turnwire
 from support.turn_calls import error_info
 from support.waiting import wait_until
@@ -33,6 +34,8 @@ CONFIG = {
         "scripted": {
             "scripts": {
                 "slow": [{"text": " ".join(["word"] * SLOW_TURN_WORDS), "delay_ms": 200}],
+                # Never ends on its own: only the shutdown ends it.
+                "endless": [endless_step("word ", 200)],
             }
         }
     },
@@ -121,7 +124,7 @@ async def test_a_second_signal_during_the_grace_cancels_the_running_turns(
     long_grace = {**CONFIG, "limits": {"drain_seconds": 0, "shutdown_grace_seconds": 120}}
     sidecar = await sidecar_factory(long_grace).start()
     async with TurnwireClient(sidecar.target) as client:
-        events = client.chat("second-signal", "go", model="scripted:slow")
+        events = client.chat("second-signal", "go", model="scripted:endless")
         seen: list[event_pb2.TurnEvent] = []
 
         async def first_text() -> bool:

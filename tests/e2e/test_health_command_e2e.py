@@ -25,9 +25,10 @@ from turnwire_server.health_check import check_health
 CHAT_SERVICE = "turnwire.v1.ChatService"
 
 SLOW_TURN_CONFIG = {
-    # The turn streams for about 4 s after SIGTERM, well within its grace.
-    "limits": {"shutdown_grace_seconds": 20},
-    "providers": {"scripted": {"scripts": {"slow": [{"text": "word " * 20, "delay_ms": 200}]}}},
+    # The turn streams for about 10 s after SIGTERM, well within its grace: it must outlast
+    # starting the `turnwire health` process (seconds on a loaded machine), then complete.
+    "limits": {"shutdown_grace_seconds": 30},
+    "providers": {"scripted": {"scripts": {"slow": [{"text": "word " * 25, "delay_ms": 400}]}}},
 }
 
 

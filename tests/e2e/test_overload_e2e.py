@@ -20,7 +20,18 @@ from support.waiting import wait_until
 from turnwire_client import TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import event_pb2
 
-SLOW = {"providers": {"scripted": {"scripts": {"slow": [{"text": "a b c d e f g h", "delay_ms": 100}]}}}}
+SLOW = {
+    "providers": {
+        "scripted": {
+            "scripts": {
+                # About 4.5 s from its start: still running when the over-the-limit call arrives
+                # (a call or two later, seconds on a loaded machine), then it completes.
+                "slow": [{"text": "a b c d e f g h", "delay_ms": 500}],
+                "quick": [{"text": "done"}],
+            }
+        }
+    }
+}
 
 
 async def _started(events: AsyncIterator[event_pb2.TurnEvent]) -> event_pb2.TurnEvent:
@@ -45,7 +56,7 @@ async def test_calls_beyond_max_concurrent_rpcs_get_resource_exhausted(
             events = [event async for event in stream]
             assert events[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
         # Capacity is back once they ended.
-        result = await collect(client.chat("busy-3", "hello", model="scripted:slow"))
+        result = await collect(client.chat("busy-3", "hello", model="scripted:quick"))
         assert result.status == event_pb2.TURN_STATUS_COMPLETED
 
 
@@ -71,7 +82,7 @@ async def test_a_full_conversation_queue_is_refused_with_details(sidecar_factory
         running = client.chat("queue", "first", model="scripted:slow")
         assert (await _started(running)).HasField("turn_start")
         queued = asyncio.ensure_future(
-            collect(client.chat("queue", "second", request_id="second", model="scripted:slow"))
+            collect(client.chat("queue", "second", request_id="second", model="scripted:quick"))
         )
         await wait_until(lambda: _admitted(client, "second"), what="the second call is queued")
         with pytest.raises(TurnwireError) as refused:

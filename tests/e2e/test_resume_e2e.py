@@ -9,6 +9,7 @@ still attached, an unknown request id, and a turn past the event retention.
 from __future__ import annotations
 
 import grpc
+from support.endless import endless_step
 from support.sidecar import SidecarFactory
 from support.waiting import wait_until
 
@@ -23,8 +24,11 @@ def config(**durability: object) -> dict[str, object]:
         "providers": {
             "scripted": {
                 "scripts": {
-                    # 40 words, 40 ms before each chunk: about 1.7 s.
-                    "slow": [{"text": " ".join(WORDS), "delay_ms": 40}],
+                    # 40 words, 120 ms before each chunk: about 5 s, so a re-attach made a few
+                    # calls after the first events still finds it running on a loaded machine.
+                    "slow": [{"text": " ".join(WORDS), "delay_ms": 120}],
+                    # Never ends on its own: only the hang-up ends it.
+                    "endless": [endless_step("".join(f"{word} " for word in WORDS), 40)],
                     "fast": [{"text": "quick answer"}],
                 }
             }
@@ -75,7 +79,9 @@ async def test_continue_then_resume_gets_every_event_exactly_once(sidecar_factor
 async def test_cancel_policy_still_aborts_when_the_caller_hangs_up(sidecar_factory: SidecarFactory) -> None:
     sidecar = await sidecar_factory(config()).start()
     async with TurnwireClient(sidecar.target) as client:
-        async with client.chat("hangup", "tell me", request_id="r-cancel", model="scripted:slow") as stream:
+        async with client.chat(
+            "hangup", "tell me", request_id="r-cancel", model="scripted:endless"
+        ) as stream:
             async for event in stream:
                 if event.HasField("text_delta"):
                     break

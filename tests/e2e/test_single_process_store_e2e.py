@@ -4,13 +4,25 @@ mark the first server's live turn as crashed, and run turns on one conversation 
 
 from __future__ import annotations
 
+from support.endless import endless_step
 from support.sidecar import SidecarError, SidecarFactory
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, collect
 from turnwire_client.v1 import event_pb2
 
-CONFIG = {"providers": {"scripted": {"scripts": {"slow": [{"text": "one two three four", "delay_ms": 400}]}}}}
+CONFIG = {
+    "providers": {
+        "scripted": {
+            "scripts": {
+                # Never ends on its own: live however long the second server takes to start and
+                # exit; its own client cancels it after.
+                "endless": [endless_step("one two three four ", 400)],
+                "slow": [{"text": "one two three four", "delay_ms": 400}],
+            }
+        }
+    }
+}
 
 
 async def test_a_second_server_on_the_same_database_is_refused_and_the_first_is_untouched(
@@ -18,7 +30,7 @@ async def test_a_second_server_on_the_same_database_is_refused_and_the_first_is_
 ) -> None:
     first = await sidecar_factory(CONFIG).start()
     async with TurnwireClient(first.target) as client:
-        stream = client.chat("c1", "go", model="scripted:slow", request_id="live")
+        stream = client.chat("c1", "go", model="scripted:endless", request_id="live")
         events = []
         async for event in stream:
             events.append(event)
@@ -36,7 +48,10 @@ async def test_a_second_server_on_the_same_database_is_refused_and_the_first_is_
         log = second.log_text()
         assert "is in use by another turnwire process" in log
         assert "recovered" not in log and "Traceback" not in log
-        # The first server's live turn was not touched: it completes normally.
+        # The first server's live turn was not touched: still running, it ends when its own
+        # client cancels it, and the conversation goes on normally.
+        assert await client.cancel_chat("live"), "the live turn still runs after the second server"
+        assert (await collect(stream)).status == event_pb2.TURN_STATUS_ABORTED
         rest = await collect(client.chat("c1", "again", model="scripted:slow"))
     assert rest.status == event_pb2.TURN_STATUS_COMPLETED
 

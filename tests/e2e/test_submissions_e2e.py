@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+from support.endless import endless_step
 from support.hooks import pythonpath_env
 from support.sidecar import SidecarFactory
 from support.waiting import wait_until
@@ -18,6 +19,7 @@ from support.waiting import wait_until
 from turnwire_client import TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 
+ENDLESS = "".join(f"w{i} " for i in range(30))
 PENDING = chat_service_pb2.SUBMISSION_STATE_PENDING
 RUNNING = chat_service_pb2.SUBMISSION_STATE_RUNNING
 COMPLETED = chat_service_pb2.SUBMISSION_STATE_COMPLETED
@@ -37,8 +39,15 @@ def config(**durability: object) -> dict[str, object]:
             "scripted": {
                 "scripts": {
                     "echo": [{"text": "answered"}],
-                    # 30 chunks, 60 ms each: about 2 s.
-                    "slow": [{"text": " ".join(f"w{i}" for i in range(30)), "delay_ms": 60}],
+                    # 30 chunks, 150 ms each: about 4.5 s, for a turn that must also complete;
+                    # the few calls a test makes while it runs fit in that on a loaded machine.
+                    "slow": [{"text": " ".join(f"w{i}" for i in range(30)), "delay_ms": 150}],
+                    # Never ends on its own: the test cancels it.
+                    "endless": [endless_step(ENDLESS, 60)],
+                    # Never ends until the process dies; recovered after a restart, it answers.
+                    "endless-until-recovered": [
+                        {**endless_step(ENDLESS, 60), "retry": {"text": "recovered"}}
+                    ],
                     "followup": [
                         {"tool_calls": [{"name": "submit_followup", "input": {"text": "and then?"}}]},
                         {"text": "submitted a follow-up"},
@@ -168,7 +177,7 @@ async def test_three_submissions_and_a_chat_run_first_in_first_out(sidecar_facto
 async def test_cancel_pending_and_running_submissions(sidecar_factory: SidecarFactory) -> None:
     sidecar = await sidecar_factory(config(), env=pythonpath_env()).start()
     async with TurnwireClient(sidecar.target) as client:
-        await client.submit_messages("cancel", "long", submission_id="c-run", model="scripted:slow")
+        await client.submit_messages("cancel", "long", submission_id="c-run", model="scripted:endless")
         await client.submit_messages("cancel", "never", submission_id="c-pend")
 
         async def running() -> bool:
@@ -230,7 +239,7 @@ async def test_pending_submissions_survive_sigkill_and_run_after_restart(
                 "survive",
                 f"q{index}",
                 submission_id=f"p-{index}",
-                model="scripted:slow" if index == 0 else "",
+                model="scripted:endless-until-recovered" if index == 0 else "",
             )
 
         async def first_runs() -> bool:
@@ -256,15 +265,12 @@ async def test_pending_submissions_and_client_calls_expire_in_the_sweep(
     """docs/semantics.md §12: pending submissions and client tool calls expire after
     durability.pending_expiry_seconds; the maintenance sweep ends them without any request."""
     cfg = config(pending_expiry_seconds=1.0, sweep_interval_seconds=0.2)
-    cfg["providers"]["scripted"]["scripts"]["very-slow"] = [  # type: ignore[index]
-        {"text": " ".join(f"w{i}" for i in range(40)), "delay_ms": 100}
-    ]
     cfg["providers"]["scripted"]["scripts"]["client-call"] = [  # type: ignore[index]
         {"tool_calls": [{"name": "lookup", "input": {"q": "x"}}]}
     ]
     sidecar = await sidecar_factory(cfg, env=pythonpath_env()).start()
     async with TurnwireClient(sidecar.target) as client:
-        await client.submit_messages("exp", "long", submission_id="e-run", model="scripted:very-slow")
+        await client.submit_messages("exp", "long", submission_id="e-run", model="scripted:endless")
         await client.submit_messages("exp", "waits too long", submission_id="e-wait")
         tool = {"name": "lookup", "description": "look it up", "input_schema": {"type": "object"}}
         pending = await collect(
@@ -304,6 +310,7 @@ async def test_past_its_bound_a_process_leaves_submissions_waiting_in_their_plac
         await client.submit_messages("first", "slow one", submission_id="b-0", model="scripted:slow")
         await client.submit_messages("second", "q", submission_id="b-1")
         after = asyncio.ensure_future(collect(client.chat("second", "after it", request_id="r-after")))
+        assert (await client.get_submission("b-1")).state == PENDING, "b-1 waits while b-0 runs"
         first, second = await settled(client, "b-0", "b-1")
         assert [first.state, second.state] == [COMPLETED, COMPLETED]
         assert second.start_time.ToDatetime() >= first.end_time.ToDatetime(), "one submission at a time"

@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 import pytest
+from support.endless import endless_step
 from support.sidecar import SidecarProcess, running_sidecar
 from support.tokens import auth_config, new_token, write_tokens_file
 from support.waiting import wait_until
@@ -47,8 +48,8 @@ SCRIPTS = {
         },
         {"text": "done"},
     ],
-    # 100 chunks, 40 ms apart: about 4 s.
-    "slow": [{"text": " ".join(f"w{i}" for i in range(100)), "delay_ms": 40}],
+    # 40 ms a chunk, never ending on its own: running whatever A's calls take, until B cancels it.
+    "slow": [endless_step("".join(f"w{i} " for i in range(100)), 40)],
 }
 
 # Tenant B's ids (A uses the same strings).
@@ -293,9 +294,13 @@ async def test_another_tenants_ids_answer_exactly_as_ids_that_do_not_exist(
     for name, outcome in nothing_yet.items():
         assert while_they_exist[name] == outcome, f"{name}: A sees B's thing differently from nothing"
 
-    # B's things are untouched: the slow turn ends COMPLETED (A's CancelChat was a no-op), the
-    # tool calls still wait, the submission and transcripts are B's alone.
-    assert (await slow_result).status == event_pb2.TURN_STATUS_COMPLETED
+    # B's things are untouched: the slow turn still runs (A's CancelChat was a no-op) until B
+    # cancels it, the tool calls still wait, the submission and transcripts are B's alone.
+    cancelled = await stub.CancelChat(
+        chat_service_pb2.CancelChatRequest(request_id=SLOW_REQUEST), metadata=as_b
+    )
+    assert cancelled.cancelled, "B's own CancelChat finds its slow turn running"
+    assert (await slow_result).status == event_pb2.TURN_STATUS_ABORTED
     conversation = await stub.GetConversation(
         chat_service_pb2.GetConversationRequest(conversation_id=CONVERSATION), metadata=as_b
     )

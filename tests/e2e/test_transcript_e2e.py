@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
+from support.endless import endless_step
 from support.hooks import pythonpath_env
 from support.sidecar import SidecarFactory, SidecarProcess, running_sidecar
 from support.waiting import wait_until
@@ -30,7 +31,8 @@ CONFIG: dict[str, Any] = {
         "scripted": {
             "scripts": {
                 "main": [{"text": "Noted."}],
-                "slow": [{"text": " ".join(["word"] * 1000), "delay_ms": 5}],
+                # Never ends on its own: the delete ends it.
+                "slow": [endless_step("word ", 5)],
                 "note": [
                     {
                         "tool_calls": [

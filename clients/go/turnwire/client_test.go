@@ -35,8 +35,11 @@ var (
 
 var config = map[string]any{
 	"providers": map[string]any{"scripted": map[string]any{"scripts": map[string]any{
-		// Ten seconds of text, one character every 50 ms: cancelled long before its end.
-		"slow": []any{map[string]any{"text": strings.Repeat("slow ", 40), "chunk_size": 1, "delay_ms": 50}},
+		// One character every 50 ms, again and again: it never ends on its own, so
+		// every test that starts it ends it (a cancel, a close, an interrupt).
+		"slow": []any{map[string]any{
+			"text": strings.Repeat("slow ", 40), "chunk_size": 1, "delay_ms": 50, "until_cancelled": true,
+		}},
 		// One word after 2.5 s of silence: Progress keepalives every 0.5 s (progress_test.go).
 		"silent": []any{map[string]any{"text": "late", "delay_ms": 2500}},
 	}}},
