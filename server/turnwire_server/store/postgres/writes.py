@@ -1,31 +1,29 @@
-"""What each PostgreSQL store write does, in SQL: the same rules as the SQLite writes
-(:mod:`~turnwire_server.store.sqlite_writes`, ``sqlite_transcript``, ``sqlite_streams``,
-``sqlite_submissions``, ``sqlite_tool_writes``), statement for statement where it can be.
+"""The PostgreSQL store's writes not yet moved into the shared core (``start_turn`` is there:
+:mod:`turnwire_server.store.turn_writes`): the same rules as the SQLite driver's
+(:mod:`turnwire_server.store.sqlite.writes`, ``.transcript``, ``.streams``, ``.submissions``,
+``.tool_writes``), statement for statement where it can be.
 
 Each function here runs inside ONE transaction the caller opened (``conn.transaction()``) and
 raises to roll it back (the domain errors of :mod:`turnwire_server.store.base`, or a
 ``psycopg`` error). ``now_us`` is the write's time, µs since the epoch.
 
-Concurrency: SQLite applies writes one at a time; here several connections write at once,
-so every write that reads and then changes a conversation first takes the conversation's
-lock with :func:`lock_conversation` (a transaction-level advisory lock on the id, then
-``SELECT … FOR UPDATE`` of its row). Writers of one conversation therefore serialize and
-each sees what the previous one committed (READ COMMITTED: every statement reads the latest
-commits), which is what makes ``answer_tool_calls`` complete a batch exactly once and keeps
-message positions gap-free. :func:`create_submission` serializes on one global advisory lock
-(acceptance order ``seq`` is global, as in SQLite).
+Concurrency: SQLite applies writes one at a time; here several connections write at once, so every
+write that reads and then changes a conversation first takes the conversation's lock with
+:func:`~turnwire_server.store.postgres.db.lock_conversation` (a transaction-level advisory lock on
+the id, then ``SELECT … FOR UPDATE`` of its row). Writers of one conversation therefore serialize
+and each sees what the previous one committed (READ COMMITTED: every statement reads the latest
+commits), which is what makes ``answer_tool_calls`` complete a batch exactly once and keeps message
+positions gap-free. :func:`create_submission` serializes on one global advisory lock (acceptance
+order ``seq`` is global, as in SQLite).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import datetime as dt
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
-from typing import Any, Final, TypeAlias
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any, Final
 
-import psycopg
 from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
@@ -40,29 +38,46 @@ from turnwire_server.store.base import (
 )
 from turnwire_server.store.errors import (
     ConversationNotFound,
-    MessageAlreadyAnswered,
     MessageBeingWritten,
     MessageIdConflict,
     StoreCorrupted,
-    SubmissionNotPending,
     TooManySubmissions,
-    TurnAlreadyExists,
     TurnNotFound,
     UnknownMessage,
 )
-from turnwire_server.store.sqlite_rows import (
+from turnwire_server.store.postgres.db import (
+    CONVERSATION_LOCK_CLASS,
+    DIALECT,
+    Conn,
+    all_rows,
+    fetch_one,
+    lock_conversation,
+    native,
+    run,
+    run_many,
+    run_program,
+    send_conversation_lock,
+)
+from turnwire_server.store.rows import (
     MessageRow,
     build_message,
-    check_turn,
     conversation_from_row,
     message_insert_params,
     message_row,
     to_us,
 )
-from turnwire_server.store.sqlite_streams import pack_events
-from turnwire_server.store.sqlite_submissions import SUBMISSION_COLUMNS, submission_from_row
+from turnwire_server.store.sql import Program, Statement
+from turnwire_server.store.stream_rows import pack_events
+from turnwire_server.store.submission_rows import SUBMISSION_COLUMNS, submission_from_row
 from turnwire_server.store.submission_rules import repeated_submission
 from turnwire_server.store.tool_answers import answer_calls, close_call, expired_text, is_waiting
+from turnwire_server.store.turn_writes import (
+    INSERT_MESSAGE,
+    TOUCH_CONVERSATION,
+    StartTurn,
+    StartTurnPlan,
+    start_turn_writes,
+)
 
 __all__ = [
     "CONVERSATION_LOCK_CLASS",
@@ -82,17 +97,9 @@ __all__ = [
     "lock_conversation",
     "messages_from_rows",
     "prepare_add",
-    "prepare_turn",
     "save_message",
     "start_new_turn",
-    "start_turn",
 ]
-
-Conn: TypeAlias = "psycopg.AsyncConnection[Any]"
-"""A connection of the store's pool (autocommit; writes open their own transaction)."""
-
-CONVERSATION_LOCK_CLASS: Final = 0x7477  # "tw"
-"""First key of a conversation's advisory lock; the second is ``hashtext(conversation_id)``."""
 
 SUBMISSIONS_LOCK_KEY: Final = 0x7475726E_73756273  # "turnsubs"
 """The advisory lock key serializing :func:`create_submission` (global acceptance order)."""
@@ -121,7 +128,6 @@ LOAD_MESSAGES_SQL: Final = (
 )
 """A conversation's messages with their parts, in one statement (one snapshot)."""
 
-_RETRYABLE_STATES: Final = frozenset({"error", "aborted", "interrupted"})
 _OPEN: Final = ("pending", "running")
 _FROM_TURN: Final[dict[str, str]] = {
     "completed": "completed",
@@ -133,30 +139,6 @@ _FROM_TURN: Final[dict[str, str]] = {
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-async def fetch_one(conn: Conn, sql: str, params: Sequence[Any] = ()) -> Any:
-    """The first row of ``sql`` (None when there is none)."""
-    cur = await conn.execute(sql.encode(), params)
-    return await cur.fetchone()
-
-
-async def _all(conn: Conn, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-    cur = await conn.execute(sql.encode(), params)
-    return list(await cur.fetchall())
-
-
-async def run(conn: Conn, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
-    """Execute ``sql``; the number of rows it changed."""
-    cur = await conn.execute(sql.encode(), params)
-    return cur.rowcount
-
-
-async def _run_many(conn: Conn, sql: str, params: Iterable[Sequence[Any]]) -> None:
-    rows = list(params)
-    if rows:
-        async with conn.cursor() as cur:
-            await cur.executemany(sql.encode(), rows)
 
 
 def messages_from_rows(conversation_id: str, rows: Iterable[Any]) -> list[message_pb2.Message]:
@@ -179,64 +161,6 @@ def messages_from_rows(conversation_id: str, rows: Iterable[Any]) -> list[messag
     return messages
 
 
-async def lock_conversation(conn: Conn, conversation_id: str) -> bool:
-    """Take the conversation's write lock for the rest of the transaction; True when it exists.
-
-    An advisory transaction lock on the id (so writers that create the conversation serialize
-    too), then ``SELECT … FOR UPDATE`` of its row.
-    """
-    await conn.execute(
-        b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (CONVERSATION_LOCK_CLASS, conversation_id)
-    )
-    return (
-        await fetch_one(conn, "SELECT 1 FROM conversations WHERE id = %s FOR UPDATE", (conversation_id,))
-        is not None
-    )
-
-
-_LOCKED: Final[contextvars.ContextVar[frozenset[str]]] = contextvars.ContextVar(
-    "turnwire_locked_conversations", default=frozenset()
-)
-"""Conversations whose locks the running group commit took up front (:func:`conversations_locked`)."""
-
-
-async def _lock(conn: Conn, conversation_id: str) -> None:
-    """:func:`lock_conversation` without waiting for it (in pipeline mode its statements go out
-    with the write's next ones), and nothing when the group commit holds the lock already."""
-    if conversation_id in _LOCKED.get():
-        return
-    await conn.execute(
-        b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (CONVERSATION_LOCK_CLASS, conversation_id)
-    )
-    await conn.execute(b"SELECT 1 FROM conversations WHERE id = %s FOR UPDATE", (conversation_id,))
-
-
-@contextlib.asynccontextmanager
-async def conversations_locked(conn: Conn, conversation_ids: Iterable[str]) -> AsyncIterator[None]:
-    """Take the write locks of ``conversation_ids`` for the rest of the transaction, in id order
-    and two statements for all of them (a group commit's writes would take them one by one);
-    the writes run inside the block do not take them again."""
-    ordered = sorted(set(conversation_ids))
-    await conn.execute(
-        b"SELECT pg_advisory_xact_lock(%s, hashtext(c)) FROM unnest(%s::text[]) AS c",
-        (CONVERSATION_LOCK_CLASS, ordered),
-    )
-    await conn.execute(b"SELECT 1 FROM conversations WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (ordered,))
-    token = _LOCKED.set(frozenset(ordered))
-    try:
-        yield
-    finally:
-        _LOCKED.reset(token)
-
-
-_INSERT_MESSAGE: Final = (
-    "INSERT INTO messages"
-    " (conversation_id, id, seq, role, create_time, create_time_nanos, metadata)"
-    " VALUES (%s, %s, (SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE conversation_id = %s),"
-    " %s, %s, %s, %s)"
-)
-
-
 _PARTS_OF_ROW: Final = (
     # A message's parts from two arrays, one statement however many parts (idx from 0).
     " INSERT INTO parts (conversation_id, message_id, idx, kind, data)"
@@ -256,7 +180,7 @@ def _parts_params(conversation_id: str, row: MessageRow) -> dict[str, Any]:
 
 
 async def _insert_message(conn: Conn, conversation_id: str, row: MessageRow) -> None:
-    await run(conn, _INSERT_MESSAGE, message_insert_params(conversation_id, row))
+    await run(conn, native(INSERT_MESSAGE), message_insert_params(conversation_id, row))
     await run(conn, _PARTS_OF_ROW, _parts_params(conversation_id, row))
 
 
@@ -276,14 +200,7 @@ async def _put_parts(conn: Conn, conversation_id: str, row: MessageRow) -> None:
 
 async def _touch_conversation(conn: Conn, conversation_id: str, now_us: int, added: int) -> None:
     """Create the conversation if missing; set its update time and add ``added`` to its count."""
-    await run(
-        conn,
-        "INSERT INTO conversations (id, create_time, update_time, message_count)"
-        " VALUES (%s, %s, %s, %s)"
-        " ON CONFLICT (id) DO UPDATE SET update_time = excluded.update_time,"
-        " message_count = conversations.message_count + excluded.message_count",
-        (conversation_id, now_us, now_us, added),
-    )
+    await run(conn, native(TOUCH_CONVERSATION), (conversation_id, now_us, now_us, added))
 
 
 _STORED_ROLE: Final = b"SELECT role FROM messages WHERE conversation_id = %s AND id = %s"
@@ -320,7 +237,7 @@ async def _turn_recorded(conn: Conn, request_id: str) -> Any:
 
 
 async def _stored_parts(conn: Conn, conversation_id: str, message_id: str) -> list[tuple[str | None, bytes]]:
-    rows = await _all(
+    rows = await all_rows(
         conn,
         "SELECT kind, data FROM parts WHERE conversation_id = %s AND message_id = %s ORDER BY idx",
         (conversation_id, message_id),
@@ -331,86 +248,6 @@ async def _stored_parts(conn: Conn, conversation_id: str, message_id: str) -> li
 # --------------------------------------------------------------------------- turns
 
 
-def prepare_turn(turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> list[MessageRow]:
-    """Validate ``start_turn``'s arguments in the caller's task; the message rows to write.
-
-    Raises :class:`ValueError` for an invalid argument or a message without parts, and
-    :class:`MessageIdConflict` when an id repeats within ``messages``.
-    """
-    check_turn(turn)
-    rows = [message_row(m) for m in messages]
-    seen: set[str] = set()
-    for row in rows:
-        if not row.parts:
-            raise ValueError(f"message {row.id!r} has no parts; such messages are not stored")
-        if row.id in seen:
-            raise MessageIdConflict(turn.conversation_id, row.id)
-        seen.add(row.id)
-    to_us(turn.start_time, "start_time")
-    if turn.end_time is not None:
-        to_us(turn.end_time, "end_time")
-    return rows
-
-
-_START_READS: Final = (
-    # The submission and the earlier turn of this request id, locked; then each re-sent message
-    # as stored (role, parts in order) and whether a completed reply follows it. One flight.
-    "SELECT state FROM submissions WHERE id = %s FOR UPDATE",
-    "SELECT state FROM turns WHERE request_id = %s FOR UPDATE",
-    "SELECT m.id, m.role,"
-    " ARRAY(SELECT p.kind FROM parts AS p"
-    "  WHERE p.conversation_id = m.conversation_id AND p.message_id = m.id ORDER BY p.idx),"
-    " ARRAY(SELECT p.data FROM parts AS p"
-    "  WHERE p.conversation_id = m.conversation_id AND p.message_id = m.id ORDER BY p.idx),"
-    " EXISTS (SELECT 1 FROM messages AS later JOIN turns AS t"
-    "  ON t.conversation_id = later.conversation_id AND t.assistant_message_id = later.id"
-    "  WHERE later.conversation_id = m.conversation_id AND later.seq > m.seq AND t.state = 'completed')"
-    " FROM messages AS m WHERE m.conversation_id = %s AND m.id = ANY(%s)",
-)
-
-
-async def start_turn(conn: Conn, turn: TurnRecord, rows: Sequence[MessageRow], now_us: int) -> None:
-    """``Store.start_turn``: the rules of :func:`~turnwire_server.store.sqlite_writes.start_turn_write`
-    (idempotent input, retry of an ended request id, the submission marked running).
-
-    Meant for pipeline mode (``conn.pipeline()``): its reads go out together and wait for one
-    round trip, its writes for none (the caller's commit syncs them).
-
-    Raises :class:`MessageIdConflict`, :class:`MessageAlreadyAnswered`,
-    :class:`TurnAlreadyExists`, :class:`SubmissionNotPending`.
-    """
-    conversation_id = turn.conversation_id
-    await _lock(conn, conversation_id)
-    submission_sql, turn_sql, messages_sql = _START_READS
-    cursors = [
-        await conn.execute(submission_sql.encode(), (turn.request_id,)),
-        await conn.execute(turn_sql.encode(), (turn.request_id,)),
-        await conn.execute(messages_sql.encode(), (conversation_id, [row.id for row in rows])),
-    ]
-    submission, earlier, stored = [list(await cur.fetchall()) for cur in cursors]
-    if submission and submission[0][0] not in _OPEN:
-        raise SubmissionNotPending(turn.request_id, submission[0][0])
-    stored_by_id = {
-        message_id: (role, [(kind, bytes(data)) for kind, data in zip(kinds, datas, strict=True)], answered)
-        for message_id, role, kinds, datas, answered in stored
-    }
-    new_rows = [row for row in rows if not _stored_identically(conversation_id, row, stored_by_id)]
-    if earlier:
-        if earlier[0][0] not in _RETRYABLE_STATES or new_rows:
-            raise TurnAlreadyExists(turn.request_id)
-        await run(conn, "DELETE FROM turns WHERE request_id = %s", (turn.request_id,))
-    if submission:
-        await run(
-            conn,
-            "UPDATE submissions SET state = 'running', start_time = COALESCE(start_time, %s) WHERE id = %s",
-            (now_us, turn.request_id),
-        )
-    await _touch_conversation(conn, conversation_id, now_us, len(new_rows))
-    for row in new_rows:
-        await _insert_message(conn, conversation_id, row)
-    await _insert_turn(conn, turn)
-
-
 _SUBMISSION_NOT_PENDING: Final = (
     # Fails the transaction (a cast no text passes) when the turn is a submission that is no
     # longer pending: nothing is written and the caller starts the turn the checking way.
@@ -419,69 +256,25 @@ _SUBMISSION_NOT_PENDING: Final = (
 )
 
 
-async def start_new_turn(conn: Conn, turn: TurnRecord, rows: Sequence[MessageRow], now_us: int) -> None:
+async def start_new_turn(conn: Conn, start: StartTurn, now_us: int) -> None:
     """``Store.start_turn`` for the common case, without a read to wait for: a new request id
-    whose messages are all new. Writes only; meant for pipeline mode (nothing waits for the
-    server). The uncommon cases make the transaction fail instead of deciding: a request id
-    already recorded or a message id already stored (a retry, a re-sent message) by their
-    primary keys (``UniqueViolation``), a submission no longer pending by
-    :data:`_SUBMISSION_NOT_PENDING` (``InvalidTextRepresentation``); the caller rolls back
-    and runs :func:`start_turn`, which applies their rules."""
-    conversation_id = turn.conversation_id
-    await _lock(conn, conversation_id)
-    await run(conn, _SUBMISSION_NOT_PENDING, (turn.request_id,))
-    await run(
-        conn,
-        "UPDATE submissions SET state = 'running', start_time = COALESCE(start_time, %s) WHERE id = %s",
-        (now_us, turn.request_id),
-    )
-    await _touch_conversation(conn, conversation_id, now_us, len(rows))
-    for row in rows:
-        await _insert_message(conn, conversation_id, row)
-    await _insert_turn(conn, turn)
+    whose messages are all new, so the plan is known before anything is read (the shared
+    :func:`~turnwire_server.store.turn_writes.start_turn_writes`). Writes only; meant for
+    pipeline mode (nothing waits for the server). The uncommon cases make the transaction fail
+    instead of deciding: a request id already recorded or a message id already stored (a
+    retry, a re-sent message) by their primary keys (``UniqueViolation``), a submission no
+    longer pending by :data:`_SUBMISSION_NOT_PENDING` (``InvalidTextRepresentation``); the
+    caller rolls back and runs the shared :func:`~turnwire_server.store.turn_writes.start_turn`,
+    which applies their rules."""
+    await send_conversation_lock(conn, start.turn.conversation_id)
+    await run(conn, _SUBMISSION_NOT_PENDING, (start.turn.request_id,))
+    plan = StartTurnPlan(new_rows=start.rows, replace_earlier=False, submission_running=True)
+    await run_program(conn, _just(start_turn_writes(start, plan, DIALECT, now_us)))
 
 
-async def _insert_turn(conn: Conn, turn: TurnRecord) -> None:
-    await run(
-        conn,
-        "INSERT INTO turns (request_id, conversation_id, assistant_message_id,"
-        " continuation, model, state, start_time, end_time, error, recovery_count, spec, owner,"
-        " lease_until) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        (
-            turn.request_id,
-            turn.conversation_id,
-            turn.assistant_message_id,
-            int(turn.continuation),
-            turn.model,
-            turn.state,
-            to_us(turn.start_time, "start_time"),
-            None if turn.end_time is None else to_us(turn.end_time, "end_time"),
-            turn.error,
-            turn.recovery_count,
-            turn.spec,
-            turn.owner or None,
-            None if turn.lease_until is None else to_us(turn.lease_until, "lease_until"),
-        ),
-    )
-
-
-def _stored_identically(
-    conversation_id: str,
-    row: MessageRow,
-    stored: Mapping[str, tuple[int, list[tuple[str | None, bytes]], bool]],
-) -> bool:
-    """Whether ``row`` is stored already with the same role and parts (then it is not written
-    again). Raises :class:`MessageIdConflict` when stored otherwise, :class:`MessageAlreadyAnswered`
-    when a completed reply follows it."""
-    found = stored.get(row.id)
-    if found is None:
-        return False
-    role, parts, answered = found
-    if role != row.role or parts != list(row.parts):
-        raise MessageIdConflict(conversation_id, row.id)
-    if answered:
-        raise MessageAlreadyAnswered(conversation_id, row.id)
-    return True
+def _just(statements: Sequence[Statement]) -> Program[None]:
+    """A program of one batch of writes."""
+    yield statements
 
 
 async def save_message(
@@ -489,7 +282,7 @@ async def save_message(
 ) -> None:
     """``Store.save_message``: upsert ``row`` (it has parts), a no-op when ``turn_request_id``
     names no recorded turn."""
-    await _lock(conn, conversation_id)
+    await send_conversation_lock(conn, conversation_id)
     recorded = await _turn_recorded(conn, turn_request_id) if turn_request_id else None
     stored_role = await conn.execute(_STORED_ROLE, (conversation_id, row.id))
     if recorded is not None and not (await recorded.fetchone())[0]:
@@ -502,7 +295,7 @@ async def finish_turn(conn: Conn, turn: TurnRecord, row: MessageRow | None, now_
 
     Raises :class:`TurnNotFound` (writing nothing) when no turn ``turn.request_id`` exists.
     """
-    await _lock(conn, turn.conversation_id)
+    await send_conversation_lock(conn, turn.conversation_id)
     recorded = await _turn_recorded(conn, turn.request_id)
     stored_role = None if row is None else await conn.execute(_STORED_ROLE, (turn.conversation_id, row.id))
     if not (await recorded.fetchone())[0]:
@@ -596,7 +389,7 @@ async def add_messages(
     now_us: int,
 ) -> AddResult:
     """``Store.add_messages``: the rules of
-    :func:`~turnwire_server.store.sqlite_transcript.add_messages_write`."""
+    :func:`~turnwire_server.store.sqlite.transcript.add_messages_write`."""
     exists = await lock_conversation(conn, conversation_id)
     if not exists and not allow_missing:
         raise ConversationNotFound(conversation_id)
@@ -678,15 +471,15 @@ async def delete_conversation(conn: Conn, conversation_id: str) -> bool:
 async def expire_events(conn: Conn, before_us: int, limit: int) -> int:
     """``Store.expire_events``: drop the events of up to ``limit`` streams that ended before
     ``before_us`` and mark them expired; returns how many streams."""
-    streams = await _all(
+    streams = await all_rows(
         conn,
         "SELECT request_id FROM turn_streams"
         " WHERE end_time IS NOT NULL AND events_expired = 0 AND end_time < %s"
         " ORDER BY end_time LIMIT %s FOR UPDATE SKIP LOCKED",
         (before_us, limit),
     )
-    await _run_many(conn, "DELETE FROM turn_events WHERE request_id = %s", streams)
-    await _run_many(conn, "UPDATE turn_streams SET events_expired = 1 WHERE request_id = %s", streams)
+    await run_many(conn, "DELETE FROM turn_events WHERE request_id = %s", streams)
+    await run_many(conn, "UPDATE turn_streams SET events_expired = 1 WHERE request_id = %s", streams)
     return len(streams)
 
 
@@ -703,10 +496,10 @@ async def append_events(
     now_us: int,
 ) -> None:
     """``Store.append_events``: the rules of
-    :func:`~turnwire_server.store.sqlite_streams.append_events_write` (arguments checked by the
+    :func:`~turnwire_server.store.sqlite.streams.append_events_write` (arguments checked by the
     caller). Nothing is written when no turn ``request_id`` is recorded."""
     numbers = [number for number, _ in events]
-    await _lock(conn, conversation_id)
+    await send_conversation_lock(conn, conversation_id)
     recorded = await _turn_recorded(conn, request_id)
     stream = await conn.execute(
         b"SELECT end_time FROM turn_streams WHERE request_id = %s FOR UPDATE", (request_id,)
@@ -754,7 +547,7 @@ async def create_submission(
     conn: Conn, submission: SubmissionRecord, max_open: int
 ) -> tuple[SubmissionRecord, bool]:
     """``Store.create_submission``: the idempotency rules of
-    :func:`~turnwire_server.store.sqlite_submissions.create_submission_write`, under the global
+    :func:`~turnwire_server.store.sqlite.submissions.create_submission_write`, under the global
     submissions lock (so concurrent duplicates create one and ``seq`` follows acceptance).
 
     Raises :class:`SubmissionConflict`, :class:`TooManySubmissions`.
@@ -850,14 +643,14 @@ async def end_submission(
 async def expire_submissions(conn: Conn, before_us: int, limit: int, error: bytes, now_us: int) -> list[str]:
     """``Store.expire_submissions``: up to ``limit`` pending submissions accepted before
     ``before_us`` end ``error``; their ids."""
-    rows = await _all(
+    rows = await all_rows(
         conn,
         "SELECT id FROM submissions WHERE state = 'pending' AND create_time < %s"
         " ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED",
         (before_us, limit),
     )
     ids = [row[0] for row in rows]
-    await _run_many(
+    await run_many(
         conn,
         "UPDATE submissions SET state = 'error', end_time = %s, error = %s"
         " WHERE id = %s AND state = 'pending'",
@@ -888,7 +681,9 @@ async def answer_tool_calls(
     completes it. Raises what :func:`~turnwire_server.store.tool_answers.answer_calls` raises."""
     await lock_conversation(conn, conversation_id)
     await run(conn, "SELECT 1 FROM messages WHERE conversation_id = %s FOR UPDATE", (conversation_id,))
-    messages = messages_from_rows(conversation_id, await _all(conn, LOAD_MESSAGES_SQL, (conversation_id,)))
+    messages = messages_from_rows(
+        conversation_id, await all_rows(conn, LOAD_MESSAGES_SQL, (conversation_id,))
+    )
     message, outcome = answer_calls(conversation_id, messages, answers, expired_before=expired_before)
     await _upsert_message(conn, conversation_id, message_row(message), now_us)
     return outcome
@@ -897,7 +692,7 @@ async def answer_tool_calls(
 async def expire_pending_tool_calls(conn: Conn, cutoff_us: int, now_us: int) -> int:
     """``Store.expire_pending_tool_calls``: close every waiting call of an assistant message created
     before ``cutoff_us``; returns how many. Locks the conversations in id order."""
-    rows = await _all(
+    rows = await all_rows(
         conn,
         "SELECT DISTINCT m.conversation_id, m.id FROM messages AS m JOIN parts AS p"
         " ON p.conversation_id = m.conversation_id AND p.message_id = m.id"
@@ -936,7 +731,7 @@ async def _load_message(conn: Conn, conversation_id: str, message_id: str) -> me
         return None
     try:
         message = build_message(message_id, row[0], row[1], row[2], None if row[3] is None else bytes(row[3]))
-        for (data,) in await _all(
+        for (data,) in await all_rows(
             conn,
             "SELECT data FROM parts WHERE conversation_id = %s AND message_id = %s ORDER BY idx",
             (conversation_id, message_id),

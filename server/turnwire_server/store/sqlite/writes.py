@@ -13,35 +13,24 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
-from typing import Final
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import TurnRecord
 from turnwire_server.store.errors import (
-    MessageAlreadyAnswered,
     MessageIdConflict,
-    TurnAlreadyExists,
     TurnNotFound,
 )
-from turnwire_server.store.sqlite_rows import (
-    MessageRow,
-    WriteFn,
-    check_turn,
-    message_insert_params,
-    message_row,
-    to_us,
+from turnwire_server.store.rows import MessageRow, check_turn, message_insert_params, message_row, to_us
+from turnwire_server.store.sqlite.db import DIALECT, WriteFn, run_program
+from turnwire_server.store.sqlite.submissions import finish_submission
+from turnwire_server.store.turn_writes import (
+    INSERT_MESSAGE,
+    TOUCH_CONVERSATION,
+    prepare_start_turn,
+    start_turn,
 )
-from turnwire_server.store.sqlite_submissions import finish_submission, start_submission
 
 __all__ = ["WriteFn", "finish_turn_write", "save_message_write", "start_turn_write", "upsert_message"]
-
-
-_INSERT_MESSAGE: Final = (
-    "INSERT INTO messages"
-    " (conversation_id, id, seq, role, create_time, create_time_nanos, metadata)"
-    " VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE conversation_id = ?),"
-    " ?, ?, ?, ?)"
-)
 
 
 def _put_parts(conn: sqlite3.Connection, conversation_id: str, row: MessageRow) -> None:
@@ -61,13 +50,7 @@ def _put_parts(conn: sqlite3.Connection, conversation_id: str, row: MessageRow) 
 
 def _touch_conversation(conn: sqlite3.Connection, conversation_id: str, now_us: int, added: int) -> None:
     """Create the conversation if missing; set its update time and add ``added`` to its count."""
-    conn.execute(
-        "INSERT INTO conversations (id, create_time, update_time, message_count)"
-        " VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (id) DO UPDATE SET update_time = excluded.update_time,"
-        " message_count = message_count + excluded.message_count",
-        (conversation_id, now_us, now_us, added),
-    )
+    conn.execute(TOUCH_CONVERSATION, (conversation_id, now_us, now_us, added))
 
 
 def upsert_message(conn: sqlite3.Connection, conversation_id: str, row: MessageRow, now_us: int) -> None:
@@ -98,117 +81,20 @@ def upsert_message(conn: sqlite3.Connection, conversation_id: str, row: MessageR
             ),
         )
     else:
-        conn.execute(_INSERT_MESSAGE, message_insert_params(conversation_id, row))
+        conn.execute(INSERT_MESSAGE, message_insert_params(conversation_id, row))
     _put_parts(conn, conversation_id, row)
 
 
 def start_turn_write(turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> WriteFn:
-    """The write of :meth:`SqliteStore.start_turn`: conversation, ``messages`` appended, ``turn`` row,
-    and the submission of the same id (if any) marked running.
-
-    Idempotent input (docs/semantics.md §11): a message whose id is already stored with the
-    same role and parts is not stored again; with other content it is
-    :class:`MessageIdConflict`; a re-sent message that already has a completed reply is
-    :class:`MessageAlreadyAnswered`. A request id whose earlier turn ended in error, aborted
-    or interrupted is retried (its record replaced) when the request re-sends the same
-    input; any other repeat is :class:`TurnAlreadyExists`. Nothing is written when any of these is raised.
-
-    Raises :class:`ValueError` for an invalid argument or a message without
-    parts, and :class:`MessageIdConflict` when a message id repeats within
-    ``messages`` (at once; the returned function raises the others).
-    """
-    check_turn(turn)
-    conversation_id = turn.conversation_id
-    rows = [message_row(m) for m in messages]
-    seen: set[str] = set()
-    for row in rows:
-        if not row.parts:
-            raise ValueError(f"message {row.id!r} has no parts; such messages are not stored")
-        if row.id in seen:
-            raise MessageIdConflict(conversation_id, row.id)
-        seen.add(row.id)
-    turn_params = (
-        turn.request_id,
-        conversation_id,
-        turn.assistant_message_id,
-        int(turn.continuation),
-        turn.model,
-        turn.state,
-        to_us(turn.start_time, "start_time"),
-        None if turn.end_time is None else to_us(turn.end_time, "end_time"),
-        turn.error,
-        turn.recovery_count,
-        turn.spec,
-        turn.owner or None,
-        None if turn.lease_until is None else to_us(turn.lease_until, "lease_until"),
-    )
+    """The write of :meth:`SqliteStore.start_turn`: the shared core's
+    :func:`~turnwire_server.store.turn_writes.start_turn` (its rules and errors), validated here
+    (raising :class:`ValueError` or :class:`MessageIdConflict` at once, nothing queued)."""
+    start = prepare_start_turn(turn, messages)
 
     def apply(conn: sqlite3.Connection, now_us: int) -> None:
-        start_submission(conn, turn.request_id, now_us)
-        new_rows = [row for row in rows if not _stored_identically(conn, conversation_id, row)]
-        earlier = conn.execute("SELECT state FROM turns WHERE request_id = ?", (turn.request_id,)).fetchone()
-        if earlier is not None:
-            # A retry re-sends the same input (all of it stored already); new input under an
-            # old request id is another request, and the id is taken.
-            if earlier[0] not in _RETRYABLE_STATES or new_rows:
-                raise TurnAlreadyExists(turn.request_id)
-            conn.execute("DELETE FROM turns WHERE request_id = ?", (turn.request_id,))
-        _touch_conversation(conn, conversation_id, now_us, len(new_rows))
-        if new_rows:
-            conn.executemany(
-                _INSERT_MESSAGE, [message_insert_params(conversation_id, row) for row in new_rows]
-            )
-            conn.executemany(
-                "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (?, ?, ?, ?, ?)",
-                [
-                    (conversation_id, row.id, idx, kind, data)
-                    for row in new_rows
-                    for idx, (kind, data) in enumerate(row.parts)
-                ],
-            )
-        conn.execute(
-            "INSERT INTO turns (request_id, conversation_id, assistant_message_id,"
-            " continuation, model, state, start_time, end_time, error, recovery_count, spec, owner,"
-            " lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            turn_params,
-        )
+        run_program(conn, start_turn(start, DIALECT, now_us))
 
     return apply
-
-
-_RETRYABLE_STATES = frozenset({"error", "aborted", "interrupted"})
-
-
-def _stored_identically(conn: sqlite3.Connection, conversation_id: str, row: MessageRow) -> bool:
-    """True when ``row`` is already stored (same id, role and parts); False when its id is free.
-
-    Raises :class:`MessageIdConflict` for the same id with other content, and
-    :class:`MessageAlreadyAnswered` for an identical message followed by a completed reply.
-    """
-    found = conn.execute(
-        "SELECT role, seq FROM messages WHERE conversation_id = ? AND id = ?", (conversation_id, row.id)
-    ).fetchone()
-    if found is None:
-        return False
-    role, seq = found
-    stored_parts = [
-        (kind, bytes(data))
-        for kind, data in conn.execute(
-            "SELECT kind, data FROM parts WHERE conversation_id = ? AND message_id = ? ORDER BY idx",
-            (conversation_id, row.id),
-        )
-    ]
-    if role != row.role or stored_parts != [(kind, bytes(data)) for kind, data in row.parts]:
-        raise MessageIdConflict(conversation_id, row.id)
-    answered = conn.execute(
-        "SELECT 1 FROM messages m JOIN turns t"
-        " ON t.conversation_id = m.conversation_id AND t.assistant_message_id = m.id"
-        " WHERE m.conversation_id = ? AND m.seq > ? AND t.state = 'completed' LIMIT 1",
-        (conversation_id, seq),
-    ).fetchone()
-    if answered is not None:
-        raise MessageAlreadyAnswered(conversation_id, row.id)
-    return True
 
 
 def save_message_write(

@@ -1,17 +1,17 @@
 """The PostgreSQL store backend: psycopg 3 (async) with a bounded connection pool.
 
 Same behaviour as the SQLite store (:mod:`turnwire_server.store.sqlite`): every write that
-SQLite applies as one write is one transaction here (:mod:`turnwire_server.store.postgres_writes`
+SQLite applies as one write is one transaction here (:mod:`turnwire_server.store.postgres.writes`
 holds the SQL), reads are single statements (one snapshot each), the page tokens are the
 SQLite store's encoders, and undecodable data is :class:`StoreCorrupted`.
 
 The schema lives in ``migrations/postgres/NNNN_name.sql``; pending migrations run at
 :meth:`PostgresStore.open` in one transaction under an advisory lock
-(:mod:`turnwire_server.store.postgres_migrations`), so replicas may start together.
+(:mod:`turnwire_server.store.postgres.migrations`), so replicas may start together.
 
 **Several replicas share one database.** The turn lock is a cross-replica FIFO queue, cancel
 requests and event wake-ups travel by ``LISTEN``/``NOTIFY``, and turn leases let a survivor
-claim the turns of a replica that died (:mod:`turnwire_server.store.postgres_replicas`). The
+claim the turns of a replica that died (:mod:`turnwire_server.store.postgres.replicas`). The
 store's writes are safe under concurrency (conversation locks, ``SELECT … FOR UPDATE``).
 """
 
@@ -33,8 +33,7 @@ import psycopg_pool
 from psycopg import errors as pg_errors
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store import postgres_compactions as compaction_writes
-from turnwire_server.store import postgres_writes as writes
+from turnwire_server.store import turn_writes
 from turnwire_server.store.base import (
     AddMode,
     AddResult,
@@ -58,14 +57,15 @@ from turnwire_server.store.partial_replies import (
     partial_replies_sql,
     turns_without_reply_sql,
 )
-from turnwire_server.store.postgres_migrations import apply_migrations, load_migrations
-from turnwire_server.store.postgres_replicas import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL, Listener
+from turnwire_server.store.postgres import compactions as compaction_writes
+from turnwire_server.store.postgres import db, writes
+from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
+from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
+from turnwire_server.store.postgres.replicas import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL, Listener
 from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
-from turnwire_server.store.postgres_writes import Conn
-from turnwire_server.store.sqlite_rows import (
+from turnwire_server.store.rows import (
     COMPACTION_COLUMNS,
     TURN_COLUMNS,
-    MessageRow,
     check_turn,
     compaction_from_row,
     compaction_params,
@@ -76,16 +76,17 @@ from turnwire_server.store.sqlite_rows import (
     to_us,
     turn_from_row,
 )
-from turnwire_server.store.sqlite_streams import STREAM_COLUMNS, events_from_rows, stream_from_row
-from turnwire_server.store.sqlite_submissions import (
+from turnwire_server.store.stream_rows import STREAM_COLUMNS, events_from_rows, stream_from_row
+from turnwire_server.store.submission_rows import (
     PREFIX_FILTER,
     SUBMISSION_COLUMNS,
     submission_from_row,
     submission_page,
     submission_page_query,
 )
+from turnwire_server.store.turn_writes import StartTurn, prepare_start_turn
 
-__all__ = ["DEFAULT_POOL_SIZE", "PostgresStore"]
+__all__ = ["DEFAULT_POOL_SIZE", "QUEUE_STEP", "PostgresStore"]
 
 DEFAULT_POOL_SIZE: Final = 10
 """Connections the pool holds at most unless configured (``store.pool_size``)."""
@@ -411,7 +412,7 @@ class PostgresStore:
         try:
             async with (
                 _flight(conn),
-                writes.conversations_locked(conn, (q.conversation_id for q in batch)),
+                db.conversations_locked(conn, (q.conversation_id for q in batch)),
             ):
                 now_us = self._now_us()
                 for queued in batch:
@@ -674,11 +675,11 @@ class PostgresStore:
         and :meth:`SqliteStore.start_turn <turnwire_server.store.sqlite.SqliteStore.start_turn>`).
         Returns the conversation's messages as that transaction left them, read in the same flight
         as its commit."""
-        rows = writes.prepare_turn(turn, messages)
+        start = prepare_start_turn(turn, messages)
         conversation_id = turn.conversation_id
 
         async def body(conn: Conn, now_us: int) -> Any:
-            await writes.start_turn(conn, turn, rows, now_us)
+            await run_program(conn, turn_writes.start_turn(start, DIALECT, now_us))
             # Sent with the writes, answered with the COMMIT: the history costs no round trip.
             read = self._decoded.read(conversation_id)
             return read, await conn.execute(read.sql.encode(), read.params)
@@ -834,7 +835,7 @@ class PostgresStore:
     ) -> AbstractAsyncContextManager[None]:
         """Hold the conversation's turn lock across replicas: a ticket in ``turn_queue``, held once
         it is the conversation's lowest live ticket (see
-        :mod:`turnwire_server.store.postgres_replicas`). Raises :class:`StoreError` when the
+        :mod:`turnwire_server.store.postgres.replicas`). Raises :class:`StoreError` when the
         database fails while taking or waiting for it. ``first`` takes a ticket right behind the
         head and the tickets taken first before it (``_TAKE_TICKET``), ahead of the rest; when the
         head's block of numbers has no room left (or the head is a ticket of schema 4), the ticket
@@ -903,9 +904,9 @@ class PostgresStore:
         an invalid turn or message (before anything is sent), and what :meth:`start_turn` and
         :meth:`turn_lock` raise; ``first`` as :meth:`turn_lock` (the one flight needs no order:
         it succeeds only at the head)."""
-        rows = writes.prepare_turn(turn, messages)
+        start = prepare_start_turn(turn, messages)
         return self._admit(
-            turn, messages, rows, lease_seconds, read_compaction=read_compaction, queued=queued, first=first
+            turn, messages, start, lease_seconds, read_compaction=read_compaction, queued=queued, first=first
         )
 
     @contextlib.asynccontextmanager
@@ -913,7 +914,7 @@ class PostgresStore:
         self,
         turn: TurnRecord,
         messages: Sequence[message_pb2.Message],
-        rows: Sequence[MessageRow],
+        start: StartTurn,
         lease_seconds: float,
         *,
         read_compaction: bool,
@@ -923,7 +924,7 @@ class PostgresStore:
         conversation_id, request_id, owner = turn.conversation_id, turn.request_id, turn.owner
         lease_us = int(lease_seconds * 1_000_000)
         async with self._tickets.hold(conversation_id):  # this process's tickets in call order
-            flight = asyncio.ensure_future(self._admit_flight(turn, rows, lease_us, read_compaction))
+            flight = asyncio.ensure_future(self._admit_flight(turn, start, lease_us, read_compaction))
             try:
                 admitted = await asyncio.shield(flight)
             except asyncio.CancelledError:
@@ -947,11 +948,11 @@ class PostgresStore:
             yield TurnAdmission(history=history)
 
     async def _admit_flight(
-        self, turn: TurnRecord, rows: Sequence[MessageRow], lease_us: int, read_compaction: bool
+        self, turn: TurnRecord, start: StartTurn, lease_us: int, read_compaction: bool
     ) -> tuple[int, TurnAdmission] | None:
         """The one-flight admission: ``BEGIN``, the conversation's write lock, the queue lock, the
         ticket (failing the transaction unless it heads the queue), the input's writes
-        (:func:`~turnwire_server.store.postgres_writes.start_new_turn`, failing it in the
+        (:func:`~turnwire_server.store.postgres.writes.start_new_turn`, failing it in the
         uncommon cases), the history and compaction reads, ``COMMIT``, sent together; the server
         is waited for once. Returns the ticket and what was read; None when the transaction
         failed (nothing stored, no ticket taken: the caller takes the waiting path, which also
@@ -972,13 +973,13 @@ class PostgresStore:
                 try:
                     # The write lock first, then the queue lock: taking a ticket never waits for
                     # a write (QUEUE_LOCK_CLASS), so no transaction holds them the other way round.
-                    async with _flight(conn), writes.conversations_locked(conn, (conversation_id,)):
+                    async with _flight(conn), db.conversations_locked(conn, (conversation_id,)):
                         await conn.execute(
                             b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
                             (writes.QUEUE_LOCK_CLASS, conversation_id),
                         )
                         ticket = await conn.execute(_TAKE_TICKET_AT_HEAD, params)
-                        await writes.start_new_turn(conn, turn, rows, now_us)
+                        await writes.start_new_turn(conn, start, now_us)
                         read = self._decoded.read(conversation_id)
                         history = await conn.execute(read.sql.encode(), read.params)
                         compaction = None
@@ -1057,7 +1058,7 @@ class PostgresStore:
         a commit each, ahead of the next turns' admissions."""
 
         async def body(conn: Conn, _: int) -> None:
-            await writes.run(conn, _RELEASE_TICKET, (ticket, QUEUE_CHANNEL, conversation_id))
+            await db.run(conn, _RELEASE_TICKET, (ticket, QUEUE_CHANNEL, conversation_id))
 
         try:
             await self._write_batched("turn_lock release", body, conversation_id=conversation_id)
@@ -1142,13 +1143,13 @@ class PostgresStore:
         payload = f"{request_id}\n{stop}" if stop else request_id
 
         async def body(conn: Any, _: int) -> bool:
-            found = await writes.fetch_one(
+            found = await db.fetch_one(
                 conn,
                 "SELECT 1 FROM turns WHERE request_id = %s AND state = 'running'"
                 " UNION ALL SELECT 1 FROM turn_queue WHERE request_id = %s LIMIT 1",
                 (request_id, request_id),
             )
-            await writes.run(conn, "SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, payload))
+            await db.run(conn, "SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, payload))
             return found is not None
 
         return await self._write("request_cancel", body)
@@ -1214,9 +1215,7 @@ class PostgresStore:
         ``Store.release_place``)."""
 
         async def body(conn: Conn, _: int) -> None:
-            await writes.run(
-                conn, _RELEASE_PLACE, (conversation_id, request_id, QUEUE_CHANNEL, conversation_id)
-            )
+            await db.run(conn, _RELEASE_PLACE, (conversation_id, request_id, QUEUE_CHANNEL, conversation_id))
 
         await self._write("release_place", body)
 
@@ -1392,7 +1391,7 @@ async def _take_over_tickets(conn: Any, request_ids: Sequence[str], owner: str, 
     """The queue tickets of turns (or submissions) taken over from a dead replica become
     ``owner``'s, so the recovered work keeps its place in line (first in, first out)."""
     if request_ids:
-        await writes.run(
+        await db.run(
             conn,
             "UPDATE turn_queue SET owner = %s, lease_until = %s WHERE request_id = ANY(%s)",
             (owner, until_us, list(request_ids)),

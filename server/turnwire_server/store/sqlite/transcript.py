@@ -1,8 +1,8 @@
 """The SQLite writes that edit a transcript outside a turn: AddMessages, deleting a conversation,
 expiring stored turn events.
 
-Like :mod:`turnwire_server.store.sqlite_writes`, each ``*_write`` function validates its
-arguments in the caller's task and returns a :data:`~turnwire_server.store.sqlite_writes.WriteFn`
+Like :mod:`turnwire_server.store.sqlite.writes`, each ``*_write`` function validates its
+arguments in the caller's task and returns a :data:`~turnwire_server.store.sqlite.writes.WriteFn`
 the writer thread runs inside one transaction (under the write's own savepoint, so a refusal
 undoes everything the write did). Rules: docs/semantics.md §1 (AddMessages) and §12 (deleting,
 retention).
@@ -24,18 +24,10 @@ from turnwire_server.store.errors import (
     MessageIdConflict,
     UnknownMessage,
 )
-from turnwire_server.store.sqlite_rows import (
-    MessageRow,
-    conversation_from_row,
-    message_insert_params,
-    message_row,
-)
-from turnwire_server.store.sqlite_writes import (
-    _INSERT_MESSAGE,
-    WriteFn,
-    _put_parts,
-    _touch_conversation,
-)
+from turnwire_server.store.rows import MessageRow, conversation_from_row, message_insert_params, message_row
+from turnwire_server.store.sqlite.db import WriteFn
+from turnwire_server.store.sqlite.writes import _put_parts, _touch_conversation
+from turnwire_server.store.turn_writes import INSERT_MESSAGE
 
 __all__ = ["AddOutcome", "add_messages_write", "delete_conversation_write", "expire_events_write"]
 
@@ -123,7 +115,7 @@ def add_messages_write(
         if added or updated or exists is None:
             _touch_conversation(conn, conversation_id, now_us, len(added))
         for row in added:
-            conn.execute(_INSERT_MESSAGE, message_insert_params(conversation_id, row))
+            conn.execute(INSERT_MESSAGE, message_insert_params(conversation_id, row))
             _put_parts(conn, conversation_id, row)
         for row in updated:
             conn.execute(

@@ -3,11 +3,11 @@
 Two connections to one database file: a writer, a plain ``sqlite3`` connection
 on its own thread that applies queued writes in call order and batches
 everything pending into one transaction (group commit; see
-:mod:`turnwire_server.store.sqlite_writer`), and a read-only aiosqlite reader. In WAL mode
+:mod:`turnwire_server.store.sqlite.writer`), and a read-only aiosqlite reader. In WAL mode
 the reader sees only committed data and never waits for the writer.
 
 The schema lives in ``server/store/migrations/sqlite/NNNN_name.sql``; pending
-migrations run at :meth:`SqliteStore.open` (see :mod:`turnwire_server.store.sqlite_migrations`).
+migrations run at :meth:`SqliteStore.open` (see :mod:`turnwire_server.store.sqlite.migrations`).
 """
 
 from __future__ import annotations
@@ -46,52 +46,49 @@ from turnwire_server.store.partial_replies import (
     partial_replies_sql,
     turns_without_reply_sql,
 )
-from turnwire_server.store.sqlite_compactions import discard_reply_write, save_compaction_write
-from turnwire_server.store.sqlite_migrations import Migration, load_migrations
-from turnwire_server.store.sqlite_rows import (
+from turnwire_server.store.rows import (
     COMPACTION_COLUMNS,
-    DB_ERRORS,
     TURN_COLUMNS,
     compaction_from_row,
     conversation_from_row,
     decode_page_token,
     encode_page_token,
-    store_error,
     to_us,
     turn_from_row,
 )
-from turnwire_server.store.sqlite_streams import (
-    STREAM_COLUMNS,
-    append_events_write,
-    events_from_rows,
-    stream_from_row,
-)
-from turnwire_server.store.sqlite_submissions import (
-    PREFIX_FILTER,
-    SUBMISSION_COLUMNS,
+from turnwire_server.store.sqlite.compactions import discard_reply_write, save_compaction_write
+from turnwire_server.store.sqlite.db import DB_ERRORS, store_error
+from turnwire_server.store.sqlite.migrations import Migration, load_migrations
+from turnwire_server.store.sqlite.streams import append_events_write
+from turnwire_server.store.sqlite.submissions import (
     claim_submissions_write,
     create_submission_write,
     end_submission_write,
     expire_submissions_write,
-    submission_from_row,
-    submission_page,
-    submission_page_query,
 )
-from turnwire_server.store.sqlite_tool_writes import AnswerWrite, ExpireWrite
-from turnwire_server.store.sqlite_transcript import (
+from turnwire_server.store.sqlite.tool_writes import AnswerWrite, ExpireWrite
+from turnwire_server.store.sqlite.transcript import (
     AddOutcome,
     add_messages_write,
     delete_conversation_write,
     expire_events_write,
 )
-from turnwire_server.store.sqlite_writer import BUSY_TIMEOUT_MS, SqliteWriter
-from turnwire_server.store.sqlite_writes import (
+from turnwire_server.store.sqlite.writer import BUSY_TIMEOUT_MS, SqliteWriter
+from turnwire_server.store.sqlite.writes import (
     claim_turns_write,
     finish_turn_write,
     renew_leases_write,
     roll_back_turn_write,
     save_message_write,
     start_turn_write,
+)
+from turnwire_server.store.stream_rows import STREAM_COLUMNS, events_from_rows, stream_from_row
+from turnwire_server.store.submission_rows import (
+    PREFIX_FILTER,
+    SUBMISSION_COLUMNS,
+    submission_from_row,
+    submission_page,
+    submission_page_query,
 )
 
 __all__ = ["Migration", "SqliteStore", "load_migrations"]
@@ -632,7 +629,7 @@ class SqliteStore:
     ) -> AddResult:
         """Write ``messages`` into the transcript, one transaction, all or nothing; see
         :meth:`~turnwire_server.store.base.Store.add_messages` and
-        :func:`~turnwire_server.store.sqlite_transcript.add_messages_write` for the rules and the
+        :func:`~turnwire_server.store.sqlite.transcript.add_messages_write` for the rules and the
         errors (:class:`ConversationNotFound`, :class:`MessageIdConflict`,
         :class:`MessageBeingWritten`, :class:`UnknownMessage`, :class:`ValueError`)."""
         outcome = AddOutcome()
