@@ -70,7 +70,7 @@ from turnwire_server.store.sql import Program, Statement
 from turnwire_server.store.stream_rows import pack_events
 from turnwire_server.store.submission_rows import SUBMISSION_COLUMNS, submission_from_row
 from turnwire_server.store.submission_rules import repeated_submission
-from turnwire_server.store.tool_answers import answer_calls, close_call, expired_text, is_waiting
+from turnwire_server.store.tool_answers import answer_calls
 from turnwire_server.store.turn_writes import (
     INSERT_MESSAGE,
     TOUCH_CONVERSATION,
@@ -78,6 +78,7 @@ from turnwire_server.store.turn_writes import (
     StartTurnPlan,
     start_turn_writes,
 )
+from turnwire_server.store.waiting_calls import close_call, expired_text, is_waiting
 
 __all__ = [
     "CONVERSATION_LOCK_CLASS",

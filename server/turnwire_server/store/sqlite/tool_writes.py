@@ -25,7 +25,8 @@ from turnwire_server.store.rows import (
     to_us,
 )
 from turnwire_server.store.sqlite.writes import upsert_message
-from turnwire_server.store.tool_answers import answer_calls, close_call, expired_text, is_waiting
+from turnwire_server.store.tool_answers import answer_calls
+from turnwire_server.store.waiting_calls import close_call, expired_text, is_waiting
 
 __all__ = ["AnswerWrite", "ExpireWrite"]
 
