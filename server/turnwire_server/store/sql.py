@@ -20,7 +20,7 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, TypeVar
 
-__all__ = ["Dialect", "Program", "Statement", "in_marks"]
+__all__ = ["Dialect", "Program", "Statement", "in_marks", "just"]
 
 T = TypeVar("T")
 
@@ -66,9 +66,19 @@ class Dialect(Protocol):
         (:class:`~turnwire_server.store.rows.MessageRow`), ``idx`` from 0 in each."""
         ...
 
+    def replace_parts(self, conversation_id: str, row: Any) -> Sequence[Statement]:
+        """The statements that make the stored message ``row.id``'s parts exactly ``row.parts``,
+        rewriting only changed ones."""
+        ...
+
 
 def in_marks(count: int) -> str:
     """``?, ?, …`` for an ``IN (…)`` list of ``count`` values (both dialects; ``count`` >= 1)."""
     if count < 1:
         raise ValueError("an IN list needs at least one value")
     return ", ".join("?" * count)
+
+
+def just(statements: Sequence[Statement]) -> Program[None]:
+    """A program of one batch of ``statements`` that reads nothing."""
+    yield statements

@@ -195,6 +195,27 @@ class _PostgresDialect:
         message_ids, indexes, kinds, datas = (list(column) for column in zip(*parts, strict=True))
         return (Statement(_PARTS_OF_ROWS, (conversation_id, message_ids, indexes, kinds, datas)),)
 
+    def replace_parts(self, conversation_id: str, row: MessageRow) -> Sequence[Statement]:
+        return (
+            Statement(
+                "WITH gone AS (DELETE FROM parts"
+                " WHERE conversation_id = %(c)s AND message_id = %(m)s AND idx >= %(n)s)"
+                " INSERT INTO parts (conversation_id, message_id, idx, kind, data)"
+                " SELECT %(c)s, %(m)s, p.idx - 1, p.kind, p.data"
+                " FROM unnest(%(kinds)s::text[], %(datas)s::bytea[]) WITH ORDINALITY AS p(kind, data, idx)"
+                " ON CONFLICT (conversation_id, message_id, idx) DO UPDATE"
+                " SET kind = excluded.kind, data = excluded.data"
+                " WHERE parts.data IS DISTINCT FROM excluded.data",
+                {
+                    "c": conversation_id,
+                    "m": row.id,
+                    "n": len(row.parts),
+                    "kinds": [kind for kind, _ in row.parts],
+                    "datas": [data for _, data in row.parts],
+                },
+            ),
+        )
+
 
 DIALECT: Final = _PostgresDialect()
 """The PostgreSQL driver's :class:`~turnwire_server.store.sql.Dialect`."""

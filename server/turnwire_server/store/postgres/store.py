@@ -33,7 +33,7 @@ import psycopg_pool
 from psycopg import errors as pg_errors
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store import turn_writes
+from turnwire_server.store import message_writes, turn_writes
 from turnwire_server.store.base import (
     AddMode,
     AddResult,
@@ -66,13 +66,11 @@ from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_ur
 from turnwire_server.store.rows import (
     COMPACTION_COLUMNS,
     TURN_COLUMNS,
-    check_turn,
     compaction_from_row,
     compaction_params,
     conversation_from_row,
     decode_page_token,
     encode_page_token,
-    message_row,
     to_us,
     turn_from_row,
 )
@@ -705,12 +703,14 @@ class PostgresStore:
         """Insert ``message`` or replace the one with its id in place; a no-op for a message
         without parts or when ``turn_request_id`` names no recorded turn. Raises
         :class:`ValueError` for an empty id or invalid create_time."""
-        row = message_row(message)
-        if not row.parts:
+        row = message_writes.prepare_save_message(message)
+        if row is None:
             return
         await self._write_batched(
             f"save_message({conversation_id!r}, {message.id!r})",
-            lambda conn, now_us: writes.save_message(conn, conversation_id, row, turn_request_id, now_us),
+            lambda conn, now_us: run_program(
+                conn, message_writes.save_message(conversation_id, row, turn_request_id, DIALECT, now_us)
+            ),
             conversation_id=conversation_id,
         )
 
@@ -718,17 +718,12 @@ class PostgresStore:
         """Durably upsert the assistant ``message`` (when it has parts) and record ``turn``'s end,
         one transaction. Raises :class:`TurnNotFound` (storing nothing) when no turn
         ``turn.request_id`` exists."""
-        check_turn(turn)
-        row = message_row(message) if message is not None else None
-        if row is not None and not row.parts:
-            row = None
-        if turn.end_time is not None:
-            to_us(turn.end_time, "end_time")
+        finish = message_writes.prepare_finish_turn(turn, message)
         # Group-committed with the checkpoints and event batches queued meanwhile (as SQLite's
         # writer does): the turn waits for this commit before its TurnEnd, but shares it.
         await self._write_batched(
             f"finish_turn({turn.request_id!r})",
-            lambda conn, now_us: writes.finish_turn(conn, turn, row, now_us),
+            lambda conn, now_us: run_program(conn, message_writes.finish_turn(finish, DIALECT, now_us)),
             conversation_id=turn.conversation_id,
         )
 
@@ -1222,10 +1217,12 @@ class PostgresStore:
     async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
         """Remove the turn's messages and record its end, one transaction; see
         ``Store.roll_back_turn``. Raises :class:`TurnNotFound`."""
-        check_turn(turn)
+        finish, ids = message_writes.prepare_roll_back(turn, message_ids)
         await self._write(
             f"roll_back_turn({turn.request_id!r})",
-            lambda conn, now_us: writes.roll_back_turn(conn, turn, message_ids, now_us),
+            lambda conn, now_us: run_program(
+                conn, message_writes.roll_back_turn(finish, ids, DIALECT, now_us)
+            ),
             conversation_id=turn.conversation_id,
         )
 

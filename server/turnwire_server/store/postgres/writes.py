@@ -34,7 +34,6 @@ from turnwire_server.store.base import (
     SubmissionRecord,
     SubmissionState,
     ToolCallAnswer,
-    TurnRecord,
 )
 from turnwire_server.store.errors import (
     ConversationNotFound,
@@ -42,9 +41,9 @@ from turnwire_server.store.errors import (
     MessageIdConflict,
     StoreCorrupted,
     TooManySubmissions,
-    TurnNotFound,
     UnknownMessage,
 )
+from turnwire_server.store.message_writes import upsert_message
 from turnwire_server.store.postgres.db import (
     CONVERSATION_LOCK_CLASS,
     DIALECT,
@@ -66,7 +65,7 @@ from turnwire_server.store.rows import (
     message_row,
     to_us,
 )
-from turnwire_server.store.sql import Program, Statement
+from turnwire_server.store.sql import Statement, just
 from turnwire_server.store.stream_rows import pack_events
 from turnwire_server.store.submission_rows import SUBMISSION_COLUMNS, submission_from_row
 from turnwire_server.store.submission_rules import repeated_submission
@@ -94,11 +93,9 @@ __all__ = [
     "expire_events",
     "expire_pending_tool_calls",
     "expire_submissions",
-    "finish_turn",
     "lock_conversation",
     "messages_from_rows",
     "prepare_add",
-    "save_message",
     "start_new_turn",
 ]
 
@@ -130,13 +127,6 @@ LOAD_MESSAGES_SQL: Final = (
 """A conversation's messages with their parts, in one statement (one snapshot)."""
 
 _OPEN: Final = ("pending", "running")
-_FROM_TURN: Final[dict[str, str]] = {
-    "completed": "completed",
-    "error": "error",
-    "aborted": "aborted",
-    "interrupted": "error",
-    "skipped": "skipped",
-}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -162,41 +152,14 @@ def messages_from_rows(conversation_id: str, rows: Iterable[Any]) -> list[messag
     return messages
 
 
-_PARTS_OF_ROW: Final = (
-    # A message's parts from two arrays, one statement however many parts (idx from 0).
-    " INSERT INTO parts (conversation_id, message_id, idx, kind, data)"
-    " SELECT %(c)s, %(m)s, p.idx - 1, p.kind, p.data"
-    " FROM unnest(%(kinds)s::text[], %(datas)s::bytea[]) WITH ORDINALITY AS p(kind, data, idx)"
-)
-
-
-def _parts_params(conversation_id: str, row: MessageRow) -> dict[str, Any]:
-    return {
-        "c": conversation_id,
-        "m": row.id,
-        "n": len(row.parts),
-        "kinds": [kind for kind, _ in row.parts],
-        "datas": [data for _, data in row.parts],
-    }
-
-
 async def _insert_message(conn: Conn, conversation_id: str, row: MessageRow) -> None:
-    await run(conn, native(INSERT_MESSAGE), message_insert_params(conversation_id, row))
-    await run(conn, _PARTS_OF_ROW, _parts_params(conversation_id, row))
+    inserted = Statement(INSERT_MESSAGE, message_insert_params(conversation_id, row))
+    await run_program(conn, just([inserted, *DIALECT.insert_parts(conversation_id, (row,))]))
 
 
 async def _put_parts(conn: Conn, conversation_id: str, row: MessageRow) -> None:
     """Make the message's parts exactly ``row.parts``, rewriting only changed ones."""
-    await run(
-        conn,
-        "WITH gone AS (DELETE FROM parts"
-        " WHERE conversation_id = %(c)s AND message_id = %(m)s AND idx >= %(n)s)"
-        + _PARTS_OF_ROW
-        + " ON CONFLICT (conversation_id, message_id, idx) DO UPDATE"
-        " SET kind = excluded.kind, data = excluded.data"
-        " WHERE parts.data IS DISTINCT FROM excluded.data",
-        _parts_params(conversation_id, row),
-    )
+    await run_program(conn, just(DIALECT.replace_parts(conversation_id, row)))
 
 
 async def _touch_conversation(conn: Conn, conversation_id: str, now_us: int, added: int) -> None:
@@ -204,32 +167,10 @@ async def _touch_conversation(conn: Conn, conversation_id: str, now_us: int, add
     await run(conn, native(TOUCH_CONVERSATION), (conversation_id, now_us, now_us, added))
 
 
-_STORED_ROLE: Final = b"SELECT role FROM messages WHERE conversation_id = %s AND id = %s"
-
-
-async def _upsert_message(
-    conn: Conn, conversation_id: str, row: MessageRow, now_us: int, stored_role: Any = None
-) -> None:
-    """Insert ``row`` at the end, or replace it in place (same seq) when its id exists; raises
-    :class:`MessageIdConflict` when the stored message has another role. Caller holds the
-    conversation lock. ``stored_role``: a cursor of :data:`_STORED_ROLE` the caller already
-    sent (pipeline mode: read with the caller's other reads in one round trip)."""
-    if stored_role is None:
-        stored_role = await conn.execute(_STORED_ROLE, (conversation_id, row.id))
-    found = await stored_role.fetchone()
-    if found is not None and found[0] != row.role:
-        raise MessageIdConflict(conversation_id, row.id)
-    await _touch_conversation(conn, conversation_id, now_us, 0 if found is not None else 1)
-    if found is not None:
-        await run(
-            conn,
-            "UPDATE messages SET role = %s, create_time = %s, create_time_nanos = %s, metadata = %s"
-            " WHERE conversation_id = %s AND id = %s",
-            (row.role, row.create_time_us, row.create_time_nanos, row.metadata, conversation_id, row.id),
-        )
-        await _put_parts(conn, conversation_id, row)
-    else:
-        await _insert_message(conn, conversation_id, row)
+async def _upsert_message(conn: Conn, conversation_id: str, row: MessageRow, now_us: int) -> None:
+    """The shared :func:`~turnwire_server.store.message_writes.upsert_message`; the caller holds
+    the conversation lock."""
+    await run_program(conn, upsert_message(conversation_id, row, DIALECT, now_us))
 
 
 async def _turn_recorded(conn: Conn, request_id: str) -> Any:
@@ -270,96 +211,7 @@ async def start_new_turn(conn: Conn, start: StartTurn, now_us: int) -> None:
     await send_conversation_lock(conn, start.turn.conversation_id)
     await run(conn, _SUBMISSION_NOT_PENDING, (start.turn.request_id,))
     plan = StartTurnPlan(new_rows=start.rows, replace_earlier=False, submission_running=True)
-    await run_program(conn, _just(start_turn_writes(start, plan, DIALECT, now_us)))
-
-
-def _just(statements: Sequence[Statement]) -> Program[None]:
-    """A program of one batch of writes."""
-    yield statements
-
-
-async def save_message(
-    conn: Conn, conversation_id: str, row: MessageRow, turn_request_id: str, now_us: int
-) -> None:
-    """``Store.save_message``: upsert ``row`` (it has parts), a no-op when ``turn_request_id``
-    names no recorded turn."""
-    await send_conversation_lock(conn, conversation_id)
-    recorded = await _turn_recorded(conn, turn_request_id) if turn_request_id else None
-    stored_role = await conn.execute(_STORED_ROLE, (conversation_id, row.id))
-    if recorded is not None and not (await recorded.fetchone())[0]:
-        return
-    await _upsert_message(conn, conversation_id, row, now_us, stored_role)
-
-
-async def finish_turn(conn: Conn, turn: TurnRecord, row: MessageRow | None, now_us: int) -> None:
-    """``Store.finish_turn``: upsert ``row`` (when given), end the turn and its submission.
-
-    Raises :class:`TurnNotFound` (writing nothing) when no turn ``turn.request_id`` exists.
-    """
-    await send_conversation_lock(conn, turn.conversation_id)
-    recorded = await _turn_recorded(conn, turn.request_id)
-    stored_role = None if row is None else await conn.execute(_STORED_ROLE, (turn.conversation_id, row.id))
-    if not (await recorded.fetchone())[0]:
-        raise TurnNotFound(turn.request_id)
-    if row is not None:
-        await _upsert_message(conn, turn.conversation_id, row, now_us, stored_role)
-    await run(
-        conn,
-        "UPDATE turns SET state = %s, end_time = %s, error = %s, recovery_count = %s WHERE request_id = %s",
-        (
-            turn.state,
-            None if turn.end_time is None else to_us(turn.end_time, "end_time"),
-            turn.error,
-            turn.recovery_count,
-            turn.request_id,
-        ),
-    )
-    state = _FROM_TURN.get(turn.state)
-    if state is not None:  # None: still running (a recovery counted), nothing ends
-        await run(
-            conn,
-            "UPDATE submissions SET state = %s, end_time = %s, error = %s"
-            " WHERE id = %s AND state = 'running'",
-            (state, now_us, turn.error, turn.request_id),
-        )
-
-
-async def roll_back_turn(conn: Conn, turn: TurnRecord, message_ids: Sequence[str], now_us: int) -> None:
-    """``Store.roll_back_turn``: remove ``message_ids`` (parts first), end the turn and its
-    submission, under the conversation's lock. Raises :class:`TurnNotFound` (writing nothing)."""
-    conversation_id = turn.conversation_id
-    await lock_conversation(conn, conversation_id)
-    recorded = await _turn_recorded(conn, turn.request_id)
-    if not (await recorded.fetchone())[0]:
-        raise TurnNotFound(turn.request_id)
-    ids = list(dict.fromkeys(message_ids))
-    await run(
-        conn, "DELETE FROM parts WHERE conversation_id = %s AND message_id = ANY(%s)", (conversation_id, ids)
-    )
-    removed = await run(
-        conn, "DELETE FROM messages WHERE conversation_id = %s AND id = ANY(%s)", (conversation_id, ids)
-    )
-    if removed:
-        await run(
-            conn,
-            "UPDATE conversations SET message_count = message_count - %s, update_time = %s WHERE id = %s",
-            (removed, now_us, conversation_id),
-        )
-    await run(
-        conn,
-        "UPDATE turns SET state = %s, end_time = %s, error = %s WHERE request_id = %s",
-        (
-            turn.state,
-            None if turn.end_time is None else to_us(turn.end_time, "end_time"),
-            turn.error,
-            turn.request_id,
-        ),
-    )
-    await run(
-        conn,
-        "UPDATE submissions SET state = %s, end_time = %s, error = %s WHERE id = %s AND state = 'running'",
-        (_FROM_TURN.get(turn.state, "aborted"), now_us, turn.error, turn.request_id),
-    )
+    await run_program(conn, just(start_turn_writes(start, plan, DIALECT, now_us)))
 
 
 # --------------------------------------------------------------------------- transcript

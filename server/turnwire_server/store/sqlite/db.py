@@ -77,6 +77,22 @@ class _SqliteDialect:
             ),
         )
 
+    def replace_parts(self, conversation_id: str, row: MessageRow) -> Sequence[Statement]:
+        return (
+            Statement(
+                "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (conversation_id, message_id, idx) DO UPDATE"
+                " SET kind = excluded.kind, data = excluded.data"
+                " WHERE parts.data IS NOT excluded.data",
+                [(conversation_id, row.id, idx, kind, data) for idx, (kind, data) in enumerate(row.parts)],
+                many=True,
+            ),
+            Statement(
+                "DELETE FROM parts WHERE conversation_id = ? AND message_id = ? AND idx >= ?",
+                (conversation_id, row.id, len(row.parts)),
+            ),
+        )
+
 
 DIALECT: Final = _SqliteDialect()
 """The SQLite driver's :class:`~turnwire_server.store.sql.Dialect`."""

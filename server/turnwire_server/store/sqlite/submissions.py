@@ -23,7 +23,6 @@ __all__ = [
     "create_submission_write",
     "end_submission_write",
     "expire_submissions_write",
-    "finish_submission",
 ]
 
 _SUBMISSION_STATES: Final[frozenset[str]] = frozenset(get_args(SubmissionState))
@@ -90,30 +89,6 @@ def create_submission_write(
         result(stored, True)
 
     return apply
-
-
-_FROM_TURN: Final[dict[str, str]] = {
-    "completed": "completed",
-    "error": "error",
-    "aborted": "aborted",
-    "interrupted": "error",
-    "skipped": "skipped",
-}
-
-
-def finish_submission(
-    conn: sqlite3.Connection, request_id: str, turn_state: str, error: bytes | None, now_us: int
-) -> None:
-    """Inside ``finish_turn``: end the running submission of ``request_id`` (if any) with its
-    turn's state. Only a ``running`` one changes, so a late completion never overwrites
-    ``aborted`` (docs/semantics.md §7)."""
-    state = _FROM_TURN.get(turn_state)
-    if state is None:
-        return  # still running (a recovery counted): nothing ends
-    conn.execute(
-        "UPDATE submissions SET state = ?, end_time = ?, error = ? WHERE id = ? AND state = 'running'",
-        (state, now_us, error, request_id),
-    )
 
 
 def end_submission_write(
