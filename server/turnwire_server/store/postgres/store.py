@@ -40,7 +40,6 @@ from turnwire_server.store.base import (
     AnsweredToolCalls,
     CompactionRecord,
     ConversationRecord,
-    StreamRecord,
     SubmissionRecord,
     SubmissionState,
     ToolCallAnswer,
@@ -52,19 +51,14 @@ from turnwire_server.store.errors import StoreError
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.message_cache import DecodedMessages
 from turnwire_server.store.metrics import COMMIT_DURATION
-from turnwire_server.store.partial_replies import (
-    partial_replies_of,
-    partial_replies_sql,
-    turns_without_reply_sql,
-)
 from turnwire_server.store.postgres import compactions as compaction_writes
 from turnwire_server.store.postgres import db, writes
 from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
 from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
 from turnwire_server.store.postgres.replicas import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL, Listener
 from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
+from turnwire_server.store.reads import LOAD_COMPACTION_SQL, CoreReads
 from turnwire_server.store.rows import (
-    COMPACTION_COLUMNS,
     TURN_COLUMNS,
     compaction_from_row,
     compaction_params,
@@ -74,13 +68,10 @@ from turnwire_server.store.rows import (
     to_us,
     turn_from_row,
 )
-from turnwire_server.store.stream_rows import STREAM_COLUMNS, events_from_rows, stream_from_row
 from turnwire_server.store.submission_rows import (
     PREFIX_FILTER,
     SUBMISSION_COLUMNS,
     submission_from_row,
-    submission_page,
-    submission_page_query,
 )
 from turnwire_server.store.turn_writes import StartTurn, prepare_start_turn
 
@@ -116,11 +107,7 @@ class _Queued:
     future: asyncio.Future[None]
 
 
-_PARTIAL_REPLIES_SQL = partial_replies_sql("%s")
-_TURNS_WITHOUT_REPLY_SQL = turns_without_reply_sql("%s")
-
-
-class PostgresStore:
+class PostgresStore(CoreReads):
     """:class:`~turnwire_server.store.base.Store` on a PostgreSQL database (psycopg 3, async).
 
     ``url`` is ``postgresql://user[:password]@host[:port]/database`` (or ``postgres://``; libpq
@@ -135,6 +122,8 @@ class PostgresStore:
     :class:`ValueError` for a malformed URL (at construction) or an argument no backend could
     store. Besides the pool, the store holds one ``LISTEN`` connection.
     """
+
+    _store_name = "postgres"
 
     def __init__(
         self,
@@ -293,7 +282,7 @@ class PostgresStore:
         pool = self._require_pool(what)
         try:
             async with pool.connection() as conn:
-                cur = await conn.execute(sql.encode(), params)
+                cur = await conn.execute(db.native(sql), params)
                 return list(await cur.fetchall())
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise self._error(exc, what) from None
@@ -446,15 +435,6 @@ class PostgresStore:
 
     # ------------------------------------------------------------------ reads
 
-    async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
-        """The conversation's record (times tz-aware UTC), or ``None`` when it does not exist."""
-        rows = await self._read(
-            "get_conversation",
-            "SELECT id, create_time, update_time, message_count FROM conversations WHERE id = %s",
-            (conversation_id,),
-        )
-        return conversation_from_row(rows[0]) if rows else None
-
     async def list_conversations(
         self, page_size: int, page_token: str, *, id_prefix: str = ""
     ) -> tuple[list[ConversationRecord], str]:
@@ -499,19 +479,6 @@ class PostgresStore:
         rows = await self._read("load_messages", read.sql, read.params)
         return self._decoded.messages(read, rows)
 
-    async def partial_replies(self, conversation_id: str) -> dict[str, TurnRecord]:
-        """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
-        rows = await self._read("partial_replies", _PARTIAL_REPLIES_SQL, (conversation_id,))
-        return partial_replies_of(rows)
-
-    async def turns_without_reply(self, conversation_id: str, limit: int) -> list[TurnRecord]:
-        """See :meth:`~turnwire_server.store.base.Store.turns_without_reply`; raises
-        :class:`ValueError` when ``limit`` < 1."""
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        rows = await self._read("turns_without_reply", _TURNS_WITHOUT_REPLY_SQL, (conversation_id, limit))
-        return [turn_from_row(row) for row in reversed(rows)]
-
     async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
         """Remove the partial reply ``message_id`` and record ``turn``'s new reply id, one
         transaction; see :meth:`~turnwire_server.store.base.Store.discard_reply`. Raises
@@ -530,27 +497,6 @@ class PostgresStore:
             lambda conn, _: compaction_writes.save_compaction(conn, record),
             conversation_id=record.conversation_id,
         )
-
-    async def load_compaction(self, conversation_id: str) -> CompactionRecord | None:
-        """The conversation's compaction, None when none. Raises :class:`StoreCorrupted`."""
-        rows = await self._read("load_compaction", _LOAD_COMPACTION.decode(), (conversation_id,))
-        return compaction_from_row(rows[0]) if rows else None
-
-    async def running_turns(self) -> list[TurnRecord]:
-        """Turns whose state is ``running``, oldest start first."""
-        rows = await self._read(
-            "running_turns",
-            f"SELECT {TURN_COLUMNS} FROM turns WHERE state = 'running' ORDER BY start_time, request_id",
-            (),
-        )
-        return [turn_from_row(row) for row in rows]
-
-    async def get_turn(self, request_id: str) -> TurnRecord | None:
-        """The turn recorded under ``request_id``, or None."""
-        rows = await self._read(
-            "get_turn", f"SELECT {TURN_COLUMNS} FROM turns WHERE request_id = %s", (request_id,)
-        )
-        return turn_from_row(rows[0]) if rows else None
 
     # ------------------------------------------------------------------ event streams
 
@@ -581,24 +527,6 @@ class PostgresStore:
             conversation_id=conversation_id,
         )
 
-    async def get_stream(self, request_id: str) -> StreamRecord | None:
-        """The stored stream of ``request_id``, or None."""
-        rows = await self._read(
-            "get_stream", f"SELECT {STREAM_COLUMNS} FROM turn_streams WHERE request_id = %s", (request_id,)
-        )
-        return stream_from_row(rows[0]) if rows else None
-
-    async def load_events(self, request_id: str, after: int, before: int | None = None) -> list[bytes]:
-        """Serialized events of ``request_id`` with ``after < sequence_number < before``, in order.
-        Raises :class:`StoreCorrupted` for a stored batch that cannot be read back."""
-        rows = await self._read(
-            "load_events",
-            "SELECT data FROM turn_events WHERE request_id = %s AND last_sequence_number > %s"
-            " AND first_sequence_number < %s ORDER BY first_sequence_number",
-            (request_id, after, (1 << 62) if before is None else before),
-        )
-        return events_from_rows(rows, request_id, after, before, "postgres")
-
     # ------------------------------------------------------------------ submissions
 
     async def create_submission(
@@ -613,30 +541,6 @@ class PostgresStore:
             f"create_submission({submission.submission_id!r})",
             lambda conn, now_us: writes.create_submission(conn, submission, max_open),
         )
-
-    async def get_submission(self, submission_id: str) -> SubmissionRecord | None:
-        """The submission, or None."""
-        rows = await self._read(
-            "get_submission", f"SELECT {SUBMISSION_COLUMNS} FROM submissions WHERE id = %s", (submission_id,)
-        )
-        return submission_from_row(rows[0]) if rows else None
-
-    async def list_submissions(
-        self,
-        page_size: int,
-        page_token: str,
-        *,
-        conversation_id: str = "",
-        state: str = "",
-        id_prefix: str = "",
-    ) -> tuple[list[SubmissionRecord], str]:
-        """Up to ``page_size`` (>= 1) submissions in acceptance order, filtered; the next token.
-        Raises :class:`InvalidPageToken` for a token not issued for these filters."""
-        sql, params = submission_page_query(
-            page_size, page_token, conversation_id, state, mark="%s", id_prefix=id_prefix
-        )
-        rows = await self._read("list_submissions", sql, params)
-        return submission_page(rows, page_size, conversation_id, state, id_prefix)
 
     async def end_submission(
         self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]
@@ -763,20 +667,6 @@ class PostgresStore:
             lambda conn, now_us: writes.delete_conversation(conn, conversation_id),
             conversation_id=conversation_id,
         )
-
-    async def expired_conversations(self, before: dt.datetime, limit: int) -> list[str]:
-        """Up to ``limit`` (>= 1) ids of conversations updated before ``before`` with no running
-        turn, least recently updated first."""
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        rows = await self._read(
-            "expired_conversations",
-            "SELECT c.id FROM conversations AS c WHERE c.update_time < %s AND NOT EXISTS"
-            " (SELECT 1 FROM turns AS t WHERE t.conversation_id = c.id AND t.state = 'running')"
-            " ORDER BY c.update_time, c.id LIMIT %s",
-            (to_us(before, "before"), limit),
-        )
-        return [row[0] for row in rows]
 
     async def expire_events(self, before: dt.datetime, limit: int) -> int:
         """Delete the events of up to ``limit`` (>= 1) streams that ended before ``before`` and
@@ -1307,7 +1197,8 @@ _TAKE_TICKET_IF_IDLE: Final = (
 )
 """Take a ticket only on an idle conversation; (the head's request id, or NULL)."""
 
-_LOAD_COMPACTION: Final = f"SELECT {COMPACTION_COLUMNS} FROM compactions WHERE conversation_id = %s".encode()
+
+_LOAD_COMPACTION: Final = db.native(LOAD_COMPACTION_SQL)
 
 _TAKE_TICKET_AT_HEAD: Final = (
     # As _TAKE_TICKET (under the queue lock the caller took), but failing the transaction (a cast
