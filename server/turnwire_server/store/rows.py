@@ -159,21 +159,24 @@ LOAD_MESSAGES_SQL: Final = (
 the parameter is the conversation id. Rows for :func:`messages_from_rows`."""
 
 
-def messages_from_rows(conversation_id: str, rows: Iterable[Any]) -> list[message_pb2.Message]:
+def messages_from_rows(
+    conversation_id: str, rows: Iterable[Any], store: str = "sqlite"
+) -> list[message_pb2.Message]:
     """The messages of :data:`LOAD_MESSAGES_SQL`'s rows, in order. Raises :class:`StoreCorrupted`
-    for a part that cannot be decoded."""
+    (naming the ``store``) for a message that cannot be decoded."""
     messages: list[message_pb2.Message] = []
     current: message_pb2.Message | None = None
     try:
         for message_id, role, create_us, create_nanos, metadata, part in rows:
             if current is None or current.id != message_id:
-                current = build_message(message_id, role, create_us, create_nanos, metadata)
+                metadata_bytes = None if metadata is None else bytes(metadata)
+                current = build_message(message_id, role, create_us, create_nanos, metadata_bytes)
                 messages.append(current)
             if part is not None:
-                current.parts.add().MergeFromString(part)
+                current.parts.add().MergeFromString(bytes(part))
     except (DecodeError, RecursionError) as exc:
         raise StoreCorrupted(
-            f"sqlite store: conversation {conversation_id!r} has a message that cannot be decoded: {exc}"
+            f"{store} store: conversation {conversation_id!r} has a message that cannot be decoded: {exc}"
         ) from exc
     return messages
 

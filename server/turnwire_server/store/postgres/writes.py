@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Final
 
 from google.protobuf.message import DecodeError
@@ -58,11 +58,13 @@ from turnwire_server.store.postgres.db import (
     send_conversation_lock,
 )
 from turnwire_server.store.rows import (
+    LOAD_MESSAGES_SQL,
     MessageRow,
     build_message,
     conversation_from_row,
     message_insert_params,
     message_row,
+    messages_from_rows,
     to_us,
 )
 from turnwire_server.store.sql import Statement, just
@@ -81,7 +83,6 @@ from turnwire_server.store.waiting_calls import close_call, expired_text, is_wai
 
 __all__ = [
     "CONVERSATION_LOCK_CLASS",
-    "LOAD_MESSAGES_SQL",
     "SUBMISSIONS_LOCK_KEY",
     "Conn",
     "add_messages",
@@ -94,7 +95,6 @@ __all__ = [
     "expire_pending_tool_calls",
     "expire_submissions",
     "lock_conversation",
-    "messages_from_rows",
     "prepare_add",
     "start_new_turn",
 ]
@@ -118,38 +118,10 @@ _FREE_UNOWNED_TICKETS: Final = (
 )
 """Delete the unclaimed tickets of submissions that end without running; wake the line."""
 
-LOAD_MESSAGES_SQL: Final = (
-    "SELECT m.id, m.role, m.create_time, m.create_time_nanos, m.metadata, p.data"
-    " FROM messages AS m LEFT JOIN parts AS p"
-    " ON p.conversation_id = m.conversation_id AND p.message_id = m.id"
-    " WHERE m.conversation_id = %s ORDER BY m.seq, p.idx"
-)
-"""A conversation's messages with their parts, in one statement (one snapshot)."""
-
 _OPEN: Final = ("pending", "running")
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def messages_from_rows(conversation_id: str, rows: Iterable[Any]) -> list[message_pb2.Message]:
-    """The messages of :data:`LOAD_MESSAGES_SQL`'s rows, in order. Raises :class:`StoreCorrupted`
-    for a message that cannot be decoded."""
-    messages: list[message_pb2.Message] = []
-    current: message_pb2.Message | None = None
-    try:
-        for message_id, role, create_us, create_nanos, metadata, part in rows:
-            if current is None or current.id != message_id:
-                metadata_bytes = None if metadata is None else bytes(metadata)
-                current = build_message(message_id, role, create_us, create_nanos, metadata_bytes)
-                messages.append(current)
-            if part is not None:
-                current.parts.add().MergeFromString(bytes(part))
-    except (DecodeError, RecursionError) as exc:
-        raise StoreCorrupted(
-            f"postgres store: conversation {conversation_id!r} has a message that cannot be decoded: {exc}"
-        ) from exc
-    return messages
 
 
 async def _insert_message(conn: Conn, conversation_id: str, row: MessageRow) -> None:
@@ -534,9 +506,8 @@ async def answer_tool_calls(
     completes it. Raises what :func:`~turnwire_server.store.tool_answers.answer_calls` raises."""
     await lock_conversation(conn, conversation_id)
     await run(conn, "SELECT 1 FROM messages WHERE conversation_id = %s FOR UPDATE", (conversation_id,))
-    messages = messages_from_rows(
-        conversation_id, await all_rows(conn, LOAD_MESSAGES_SQL, (conversation_id,))
-    )
+    loaded = await all_rows(conn, native(LOAD_MESSAGES_SQL), (conversation_id,))
+    messages = messages_from_rows(conversation_id, loaded, "postgres")
     message, outcome = answer_calls(conversation_id, messages, answers, expired_before=expired_before)
     await _upsert_message(conn, conversation_id, message_row(message), now_us)
     return outcome
