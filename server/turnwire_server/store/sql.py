@@ -56,6 +56,11 @@ class Dialect(Protocol):
     """Appended to a read of rows the write then changes: ``" FOR UPDATE"`` where several
     connections write at once (PostgreSQL), ``""`` where one writer applies writes in turn."""
 
+    claim_rows: str
+    """Appended to a read of rows a maintenance write then changes: ``" FOR UPDATE SKIP LOCKED"``
+    where several replicas sweep at once (each takes rows the others do not), ``""`` where one
+    writer applies writes in turn."""
+
     def lock_conversation(self, conversation_id: str) -> Sequence[Statement]:
         """The statements that take ``conversation_id``'s write lock for the rest of the
         transaction (none where writes are applied one at a time)."""

@@ -177,6 +177,7 @@ class _PostgresDialect:
 
     name = "postgresql"
     lock_rows = " FOR UPDATE"
+    claim_rows = " FOR UPDATE SKIP LOCKED"
 
     def lock_conversation(self, conversation_id: str) -> Sequence[Statement]:
         if conversation_id in _LOCKED.get():

@@ -33,7 +33,7 @@ import psycopg_pool
 from psycopg import errors as pg_errors
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store import message_writes, turn_writes
+from turnwire_server.store import message_writes, retention_writes, turn_writes
 from turnwire_server.store.base import (
     AddMode,
     AddResult,
@@ -671,12 +671,8 @@ class PostgresStore(CoreReads):
     async def expire_events(self, before: dt.datetime, limit: int) -> int:
         """Delete the events of up to ``limit`` (>= 1) streams that ended before ``before`` and
         mark them ``events_expired``, one transaction; returns how many streams."""
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        before_us = to_us(before, "before")
-        return await self._write(
-            "expire_events", lambda conn, now_us: writes.expire_events(conn, before_us, limit)
-        )
+        program = retention_writes.expire_events(to_us(before, "before"), limit)
+        return await self._write("expire_events", lambda conn, _: run_program(conn, program(DIALECT)))
 
     async def answer_tool_calls(
         self,

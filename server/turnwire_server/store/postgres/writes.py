@@ -91,7 +91,6 @@ __all__ = [
     "create_submission",
     "delete_conversation",
     "end_submission",
-    "expire_events",
     "expire_pending_tool_calls",
     "expire_submissions",
     "lock_conversation",
@@ -291,21 +290,6 @@ async def delete_conversation(conn: Conn, conversation_id: str) -> bool:
     for statement in _CONVERSATION_TABLES:
         removed += await run(conn, statement, (conversation_id,))
     return removed > 0
-
-
-async def expire_events(conn: Conn, before_us: int, limit: int) -> int:
-    """``Store.expire_events``: drop the events of up to ``limit`` streams that ended before
-    ``before_us`` and mark them expired; returns how many streams."""
-    streams = await all_rows(
-        conn,
-        "SELECT request_id FROM turn_streams"
-        " WHERE end_time IS NOT NULL AND events_expired = 0 AND end_time < %s"
-        " ORDER BY end_time LIMIT %s FOR UPDATE SKIP LOCKED",
-        (before_us, limit),
-    )
-    await run_many(conn, "DELETE FROM turn_events WHERE request_id = %s", streams)
-    await run_many(conn, "UPDATE turn_streams SET events_expired = 1 WHERE request_id = %s", streams)
-    return len(streams)
 
 
 # --------------------------------------------------------------------------- event streams

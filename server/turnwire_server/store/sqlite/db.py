@@ -60,6 +60,7 @@ class _SqliteDialect:
 
     name = "sqlite"
     lock_rows = ""
+    claim_rows = ""
 
     def lock_conversation(self, conversation_id: str) -> Sequence[Statement]:
         return ()

@@ -24,6 +24,7 @@ import aiosqlite
 import filelock
 
 from turnwire_client.v1 import message_pb2
+from turnwire_server.store import retention_writes
 from turnwire_server.store.base import (
     AddMode,
     AddResult,
@@ -50,7 +51,7 @@ from turnwire_server.store.rows import (
     turn_from_row,
 )
 from turnwire_server.store.sqlite.compactions import discard_reply_write, save_compaction_write
-from turnwire_server.store.sqlite.db import DB_ERRORS, store_error
+from turnwire_server.store.sqlite.db import DB_ERRORS, DIALECT, run_program, store_error
 from turnwire_server.store.sqlite.migrations import Migration, load_migrations
 from turnwire_server.store.sqlite.streams import append_events_write
 from turnwire_server.store.sqlite.submissions import (
@@ -64,7 +65,6 @@ from turnwire_server.store.sqlite.transcript import (
     AddOutcome,
     add_messages_write,
     delete_conversation_write,
-    expire_events_write,
 )
 from turnwire_server.store.sqlite.writer import BUSY_TIMEOUT_MS, SqliteWriter
 from turnwire_server.store.sqlite.writes import (
@@ -558,8 +558,10 @@ class SqliteStore(CoreReads):
         mark them ``events_expired``, in one transaction; returns how many streams. Raises
         :class:`ValueError` for a naive ``before`` or ``limit`` < 1."""
         outcome: list[int] = []
-        apply = expire_events_write(to_us(before, "before"), limit, outcome)
-        await self._writer.submit(apply, "expire_events", urgent=False)
+        program = retention_writes.expire_events(to_us(before, "before"), limit)
+        await self._writer.submit(
+            lambda conn, _: outcome.append(run_program(conn, program(DIALECT))), "expire_events", urgent=False
+        )
         return outcome[0]
 
     async def answer_tool_calls(
