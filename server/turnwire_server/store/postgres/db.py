@@ -147,10 +147,10 @@ async def run_program(conn: Conn, program: Program[T]) -> T:
             for statement in batch:
                 sql = native(statement.sql)
                 if statement.many:
-                    rows = list(statement.params)
-                    if rows:
-                        async with conn.cursor() as cur:
-                            await cur.executemany(sql, rows)
+                    # One execute a row, not executemany: in pipeline mode that syncs (a round
+                    # trip) where these go out with the batch.
+                    for row in statement.params:
+                        await conn.execute(sql, row)
                     sent.append(None)
                 else:
                     cursor = await conn.execute(sql, statement.params)
