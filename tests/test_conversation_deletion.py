@@ -18,8 +18,8 @@ from turnwire.testing import ScriptStep
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.deletion import delete_conversation
 from turnwire_server.engine.maintenance import Maintenance
+from turnwire_server.store.rows import to_us
 from turnwire_server.store.sqlite import SqliteStore
-from turnwire_server.store.sqlite_rows import to_us
 
 SLOW = {"main": [ScriptStep(text="word ", delay_ms=5, until_cancelled=True)]}
 """A reply that streams until its turn is stopped: it is always cut mid-stream."""

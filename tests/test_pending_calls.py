@@ -17,7 +17,7 @@ from turnwire_server.engine.pending_calls import (
     repair_pending,
     with_pending_placeholders,
 )
-from turnwire_server.store.tool_answers import expired_text
+from turnwire_server.store.waiting_calls import expired_text
 
 S = message_pb2
 ERROR = S.TOOL_CALL_STATE_OUTPUT_ERROR

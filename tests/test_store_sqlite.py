@@ -289,7 +289,7 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
     """Upgrading: a file at schema 3 (an earlier release) gets migrations 4 to 6 at open; its rows
     are read back (messages from before 6 by the first, whole read, then deltas), its running turn
     (no lease renewed) is claimed for recovery, and its conversation takes a compaction."""
-    from turnwire_server.store.sqlite_migrations import apply_migrations, load_migrations
+    from turnwire_server.store.sqlite.migrations import apply_migrations, load_migrations
 
     path = tmp_path / "previous.db"
     conn = sqlite3.connect(path, isolation_level=None)
@@ -347,7 +347,7 @@ async def test_a_store_on_a_read_only_mount_says_the_filesystem_is_read_only(
     # help. Mounting needs privileges a test may not have, so the mount flag is simulated.
     import os
 
-    from turnwire_server.store import sqlite as sqlite_module
+    from turnwire_server.store.sqlite import store as sqlite_module
 
     path = tmp_path / "data" / "turnwire.db"
     path.parent.mkdir()
@@ -382,7 +382,7 @@ async def test_a_read_only_store_says_read_only(
     # Root (as in CI) may write anything, so the permission check is what is simulated here.
     import os
 
-    from turnwire_server.store import sqlite as sqlite_module
+    from turnwire_server.store.sqlite import store as sqlite_module
 
     path = tmp_path / "data" / "turnwire.db"
     path.parent.mkdir()

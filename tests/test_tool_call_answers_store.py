@@ -24,7 +24,7 @@ from turnwire_server.store.errors import (
     ToolCallNotPending,
     ToolCallsSpanMessages,
 )
-from turnwire_server.store.tool_answers import DENIED_BY_USER_TEXT
+from turnwire_server.store.waiting_calls import DENIED_BY_USER_TEXT
 
 CONVERSATION = "conv-tools"
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, tzinfo=dt.UTC)

@@ -16,7 +16,7 @@ from providers.helpers import TEXT_STREAMS, a_blocks, assistant, collect, reques
 from providers.replay import ReplayServer, Reply
 from turnwire.types import ToolDefinition
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.tool_answers import DENIED_BY_USER_TEXT, deny_call
+from turnwire_server.store.waiting_calls import DENIED_BY_USER_TEXT, deny_call
 
 DELETE = ToolDefinition("delete_file", "", {"type": "object", "properties": {"path": {"type": "string"}}})
 ADAPTERS = ["anthropic_provider", "chat_provider", "responses_provider"]

@@ -53,7 +53,7 @@ from turnwire_server.engine.ids import new_request_id
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.base import AnsweredToolCalls, Store, ToolCallAnswer
 from turnwire_server.store.errors import StoreError
-from turnwire_server.store.tool_answers import DENIED_BY_USER_TEXT
+from turnwire_server.store.waiting_calls import DENIED_BY_USER_TEXT
 
 Violations = list[tuple[str, str]]
 

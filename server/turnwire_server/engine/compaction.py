@@ -35,7 +35,7 @@ from turnwire_server.engine import metrics
 from turnwire_server.engine.events import EventWriter
 from turnwire_server.hooks.readonly import MessagesView
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import CompactionRecord, Store, TurnAdmission
+from turnwire_server.store.base import CompactionRecord, TranscriptStore, TurnAdmission
 
 log = logging.getLogger("turnwire.compaction")
 
@@ -110,7 +110,7 @@ class Compactor:
         self,
         config: CompactionConfig,
         *,
-        store: Store,
+        store: TranscriptStore,
         providers: ProviderRegistry,
         conversation_id: str,
         request_id: str,

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from turnwire.errors import INTERRUPTED_TOOL_ERROR
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.tool_answers import close_call, deny_call, expired_text, is_waiting
+from turnwire_server.store.waiting_calls import close_call, deny_call, expired_text, is_waiting
 
 MOVED_PAST_TOOL_ERROR = (
     "The tool call got no result: the conversation moved on (a later user message) before the "

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnwire_server.engine.channel import EventChannel
-from turnwire_server.store.base import Store
+from turnwire_server.store.base import StreamStore
 
 log = logging.getLogger("turnwire.stream_log")
 
@@ -80,7 +80,13 @@ class StreamLog:
     """
 
     def __init__(
-        self, store: Store, conversation_id: str, request_id: str, *, interval: float, subscriber_limit: int
+        self,
+        store: StreamStore,
+        conversation_id: str,
+        request_id: str,
+        *,
+        interval: float,
+        subscriber_limit: int,
     ) -> None:
         self._store = store
         self.conversation_id = conversation_id

@@ -35,7 +35,7 @@ from turnwire_server.engine.errors import (
 )
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.turn import ErrorStatus
-from turnwire_server.store.base import Store, SubmissionRecord, SubmissionState
+from turnwire_server.store.base import SubmissionRecord, SubmissionState, SubmissionStore
 
 log = logging.getLogger("turnwire.submissions")
 
@@ -55,7 +55,7 @@ class Submissions:
     def __init__(
         self,
         engine: TurnEngine,
-        store: Store,
+        store: SubmissionStore,
         *,
         turn_request: Callable[[SubmissionRecord], TurnRequest],
         max_open: int,

@@ -1,7 +1,7 @@
 """The store interface: conversations, messages and turn records.
 
 One interface, two backends: SQLite (WAL, one process), the embedded default, and
-PostgreSQL (``store/postgres.py``), which several replicas share: it carries the turn lock of
+PostgreSQL (``store/postgres/``), which several replicas share: it carries the turn lock of
 :meth:`Store.turn_lock`, turn leases, cancel requests and event wake-ups across them. The
 engine calls only what is here.
 
@@ -14,219 +14,58 @@ but are applied in call order.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from turnwire_client.v1 import message_pb2
+from turnwire_server.store.records import (
+    AddMode,
+    AddResult,
+    AnsweredToolCalls,
+    CompactionRecord,
+    ConversationRecord,
+    StreamRecord,
+    SubmissionRecord,
+    SubmissionState,
+    ToolCallAnswer,
+    ToolCallAnswerKind,
+    TurnAdmission,
+    TurnRecord,
+    TurnState,
+    renewed_lease,
+)
 
-TurnState = Literal["running", "completed", "error", "aborted", "interrupted", "skipped"]
-"""A turn record's state; ``running`` until the turn ends."""
-
-SubmissionState = Literal["pending", "running", "completed", "error", "aborted", "skipped"]
-"""A submission's state (docs/semantics.md §7): ``pending → running → completed | error |
-aborted | skipped``; ``aborted`` is final even against a late completion."""
-
-AddMode = Literal["append", "upsert"]
-"""How :meth:`Store.add_messages` treats a message whose id is stored (docs/semantics.md §1):
-``append`` leaves one with the same content as it is and refuses other content; ``upsert``
-replaces it in place."""
-
-
-ToolCallAnswerKind = Literal["output", "error", "approve", "deny"]
-"""What the client answered: a result (``output``), a failed result (``error``), an approval or a
-denial."""
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallAnswer:
-    """The client's answer to one waiting tool call (docs/semantics.md §6).
-
-    ``output`` needs ``output_json`` (JSON text, stored exactly) and answers a client call;
-    ``error`` answers a client call with ``text`` as the error (``Tool execution denied by
-    user`` when empty); ``approve`` and ``deny`` answer an approval request, ``text`` being
-    the denial's reason (default ``Tool execution denied by user``).
-    """
-
-    tool_call_id: str
-    kind: ToolCallAnswerKind
-    output_json: str = ""
-    text: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class AnsweredToolCalls:
-    """The outcome of :meth:`Store.answer_tool_calls`.
-
-    ``message`` is the assistant message holding the calls, as stored now; ``waiting`` the
-    ids of its calls that still wait for the client. ``completed`` is true for exactly one
-    write per message: the one that answered its last waiting call.
-    """
-
-    message: message_pb2.Message
-    waiting: tuple[str, ...]
-    completed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ConversationRecord:
-    """A conversation's metadata. Times are timezone-aware UTC."""
-
-    conversation_id: str
-    create_time: dt.datetime
-    update_time: dt.datetime
-    message_count: int
-
-
-@dataclass(frozen=True, slots=True)
-class TurnRecord:
-    """One turn as the store knows it.
-
-    ``error`` is a serialized ``google.rpc.Status``: why the turn ended, when it ended
-    ``error``, or ``aborted`` / ``interrupted`` with a reason (``SHUTTING_DOWN``,
-    ``ROLLED_BACK``, ``SLOW_CONSUMER`` …); ``recovery_count`` counts recoveries (crash, stall)
-    spent on this turn;
-    ``spec`` is what a recovery needs to run the turn again (JSON text: body, client
-    tools, continuation; see ``turnwire_server.engine.turn_spec``), None for turns
-    stored before it existed. ``owner`` is the replica running it and ``lease_until`` when its
-    lease lapses unless renewed (a lapsed running turn is recovered by another replica).
-    """
-
-    request_id: str
-    conversation_id: str
-    assistant_message_id: str
-    continuation: bool
-    model: str
-    state: TurnState
-    start_time: dt.datetime
-    end_time: dt.datetime | None = None
-    error: bytes | None = None
-    recovery_count: int = 0
-    spec: str | None = None
-    owner: str = ""
-    lease_until: dt.datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CompactionRecord:
-    """The latest compaction of a conversation's history (docs/semantics.md §9): what the model
-    is sent instead of the stored messages, which never change.
-
-    The model sees ``summary`` (None: no summary) in place of the messages up to and including
-    ``through_message_id`` (``""`` with no summary), then the messages after it, with the
-    outputs of the tool calls ``elided_calls`` (``(message id, tool call id)`` pairs) replaced
-    by a placeholder. ``reason`` is
-    ``reactive``, ``proactive`` or ``threshold``; ``strategy`` the strategy's name;
-    ``tokens_before`` / ``tokens_after`` the counted tokens of the view before and after.
-    """
-
-    conversation_id: str
-    through_message_id: str
-    summary: message_pb2.Message | None
-    elided_calls: tuple[tuple[str, str], ...]
-    reason: str
-    strategy: str
-    tokens_before: int
-    tokens_after: int
-    create_time: dt.datetime
-
-
-@dataclass(frozen=True, slots=True)
-class TurnAdmission:
-    """What :meth:`Store.admit_turn` read with the commit of the turn's input, so the turn need not
-    read it again before its model call.
-
-    ``history`` is the conversation's messages as that commit left them (read-only, as
-    :meth:`Store.load_messages` gives them), None when the backend did not read them (the
-    caller loads them); ``compaction`` its compaction record when ``compaction_read`` (None: it
-    has none), unread otherwise.
-    """
-
-    history: Sequence[message_pb2.Message] | None = None
-    compaction: CompactionRecord | None = None
-    compaction_read: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class StreamRecord:
-    """A turn's stored event stream (for ResumeTurn). Times tz-aware UTC.
-
-    ``last_sequence_number`` is the highest stored event's; ``end_time`` is set once its
-    TurnEnd is stored; ``events_expired`` once retention removed its events.
-    """
-
-    request_id: str
-    conversation_id: str
-    last_sequence_number: int
-    create_time: dt.datetime
-    end_time: dt.datetime | None
-    events_expired: bool
-
-
-@dataclass(frozen=True, slots=True)
-class SubmissionRecord:
-    """One submission (docs/semantics.md §7). Times tz-aware UTC.
-
-    ``request`` is the accepted request, serialized by the API layer (opaque to the store);
-    ``seq`` its order of acceptance (assigned by the store, from 1); ``error`` a serialized
-    ``google.rpc.Status`` when it failed or was aborted; ``owner`` the replica that queued its
-    turn, holding it while ``lease_until`` is renewed.
-    """
-
-    submission_id: str
-    conversation_id: str
-    idempotency_key: str | None
-    state: SubmissionState
-    request: bytes
-    create_time: dt.datetime
-    start_time: dt.datetime | None = None
-    end_time: dt.datetime | None = None
-    error: bytes | None = None
-    seq: int = 0
-    owner: str = ""
-    lease_until: dt.datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AddResult:
-    """What :meth:`Store.add_messages` did: the conversation after the write and how many messages
-    were appended (``added``), replaced in place (``updated``) or already stored with the same
-    content (``unchanged``); the three add up to the number of messages given."""
-
-    conversation: ConversationRecord
-    added: int
-    updated: int
-    unchanged: int
-
-
-def renewed_lease(turn: TurnRecord, lease_seconds: float) -> TurnRecord:
-    """``turn`` with its lease running ``lease_seconds`` from now (None stays None): a turn that
-    waited in the queue gets the lease it would have had had it not waited."""
-    if turn.lease_until is None:
-        return turn
-    until = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=lease_seconds)
-    return dataclasses.replace(turn, lease_until=until)
+__all__ = [
+    "AddMode",
+    "AddResult",
+    "AnsweredToolCalls",
+    "CompactionRecord",
+    "ConversationRecord",
+    "MaintenanceStore",
+    "ReplicaStore",
+    "Store",
+    "StreamRecord",
+    "StreamStore",
+    "SubmissionRecord",
+    "SubmissionState",
+    "SubmissionStore",
+    "ToolCallAnswer",
+    "ToolCallAnswerKind",
+    "TranscriptStore",
+    "TurnAdmission",
+    "TurnRecord",
+    "TurnState",
+    "TurnStore",
+    "renewed_lease",
+]
 
 
 @runtime_checkable
-class Store(Protocol):
-    """Persistence for conversations, messages and turns.
-
-    All methods raise :class:`StoreError` (or a subclass) when the backend
-    fails. Messages are ``turnwire.v1.Message`` protos and round-trip
-    losslessly.
-    """
-
-    async def open(self) -> None:
-        """Connect and run pending schema migrations."""
-        ...
-
-    async def close(self) -> None:
-        """Flush pending writes and disconnect."""
-        ...
+class TranscriptStore(Protocol):
+    """Conversations and their messages, read and written outside a turn (the API's transcript RPCs,
+    compaction, tool-call answers)."""
 
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
         """The conversation's record, or ``None`` when it does not exist."""
@@ -262,6 +101,115 @@ class Store(Protocol):
         before the turn ended, or removed by a rollback): the ``limit`` (>= 1) most recently
         started, oldest first (ties by request id). [] for an unknown conversation. One
         read, index-served (docs/semantics.md §5)."""
+        ...
+
+    async def add_messages(
+        self,
+        conversation_id: str,
+        messages: Sequence[message_pb2.Message],
+        *,
+        mode: AddMode,
+        allow_missing: bool,
+        replace_only: Collection[str] = (),
+    ) -> AddResult:
+        """Write ``messages`` into the transcript without a turn (docs/semantics.md §1, AddMessages).
+
+        One transaction, all or nothing. New ids are appended in order. A stored id with the same
+        role and parts counts as unchanged; with other content it is :class:`MessageIdConflict`
+        in ``append`` mode and replaced in place (same position) in ``upsert`` mode, except the
+        assistant message of a ``running`` turn (:class:`MessageBeingWritten`). Raises
+        :class:`ConversationNotFound` when the conversation does not exist and not
+        ``allow_missing`` (then it is created), :class:`ValueError` for a message without parts
+        or an id repeated within ``messages``, and :class:`UnknownMessage` when an id of
+        ``replace_only`` is not stored (those may replace, never be appended). Takes no turn lock.
+        """
+        ...
+
+    async def answer_tool_calls(
+        self,
+        conversation_id: str,
+        answers: Sequence[ToolCallAnswer],
+        *,
+        expired_before: dt.datetime | None,
+    ) -> AnsweredToolCalls:
+        """Record the client's ``answers`` into the assistant message holding the calls, atomically
+        (docs/semantics.md §6, §12).
+
+        One read-modify-write, applied alone: of concurrent calls answering the calls of one
+        message, exactly one gets ``completed`` (the one that answered the last waiting call),
+        so exactly one continuation runs. A client result needs a client call in
+        ``input-available``; an approval answer a call in ``approval-requested``; either way no
+        user message may follow the call's message (moved past). ``expired_before``: a call
+        whose message was created before it has expired (None: no expiry).
+
+        Raises, storing nothing: :class:`ToolCallNotFound`, :class:`ToolCallNotPending`,
+        :class:`ToolCallExpired`, :class:`ToolCallsSpanMessages`; :class:`ValueError` for an
+        empty ``answers``.
+        """
+        ...
+
+    async def load_compaction(self, conversation_id: str) -> CompactionRecord | None:
+        """The conversation's latest compaction, None when it has none. Raises
+        :class:`StoreCorrupted` when it cannot be decoded."""
+        ...
+
+    async def save_compaction(self, record: CompactionRecord) -> None:
+        """Durably make ``record`` its conversation's compaction (replacing the previous one).
+        A no-op when the conversation no longer exists (it was deleted meanwhile)."""
+        ...
+
+
+@runtime_checkable
+class TurnStore(Protocol):
+    """A turn's lifecycle: its lock, its start (the input durable), checkpoints, its end."""
+
+    def admit_turn(
+        self,
+        turn: TurnRecord,
+        messages: Sequence[message_pb2.Message],
+        *,
+        lease_seconds: float,
+        read_compaction: bool,
+        queued: Callable[[bool], None],
+        first: bool = False,
+    ) -> AbstractAsyncContextManager[TurnAdmission]:
+        """Hold the conversation's turn lock and start ``turn`` in it: :meth:`turn_lock` (for
+        ``turn.request_id``, held by ``turn.owner``) and then :meth:`start_turn`, released on
+        exit; what that commit read comes back as a :class:`TurnAdmission` (with the compaction
+        record when ``read_compaction``).
+
+        The backend may do both in one step: PostgreSQL takes the ticket, checks that it heads
+        the queue, writes the input and reads the history in one transaction sent in one flight
+        (one round trip before the model call), and takes the waiting path only when turns are
+        ahead. ``queued(True)`` is called (in the caller's task) when the turn starts waiting for
+        them, ``queued(False)`` once it holds the lock and its input is being written: in between
+        the caller may cancel it, before and after not (the input's commit must not be cut
+        short). ``queued`` may raise :class:`asyncio.CancelledError` to give up before waiting.
+        A turn that waited has ``lease_until`` renewed to ``lease_seconds`` from its start.
+        ``first`` puts it first in line as :meth:`turn_lock` does.
+        Raises what :meth:`start_turn` and :meth:`turn_lock` raise (nothing stored, the lock
+        released).
+        """
+        ...
+
+    def turn_lock(
+        self,
+        conversation_id: str,
+        *,
+        request_id: str = "",
+        owner: str = "",
+        lease_seconds: float = 30.0,
+        first: bool = False,
+    ) -> AbstractAsyncContextManager[None]:
+        """Hold the conversation's turn lock: one turn at a time, first in, first out.
+
+        The SQLite backend holds it in the process (one process per database file). The
+        PostgreSQL backend holds it across replicas: a ticket for ``request_id`` held by
+        ``owner`` (whose leases :meth:`renew_leases` renews), lapsing ``lease_seconds`` after its
+        last renewal if the owner dies. ``first`` waits right behind the holder and the places
+        taken ``first`` before it, ahead of everyone else waiting (new input that interrupted or
+        rolled back the running turn runs next, docs/semantics.md §5).
+        """
         ...
 
     async def start_turn(
@@ -308,128 +256,6 @@ class Store(Protocol):
         ``turn.request_id`` is recorded."""
         ...
 
-    async def save_compaction(self, record: CompactionRecord) -> None:
-        """Durably make ``record`` its conversation's compaction (replacing the previous one).
-        A no-op when the conversation no longer exists (it was deleted meanwhile)."""
-        ...
-
-    async def load_compaction(self, conversation_id: str) -> CompactionRecord | None:
-        """The conversation's latest compaction, None when it has none. Raises
-        :class:`StoreCorrupted` when it cannot be decoded."""
-        ...
-
-    async def answer_tool_calls(
-        self,
-        conversation_id: str,
-        answers: Sequence[ToolCallAnswer],
-        *,
-        expired_before: dt.datetime | None,
-    ) -> AnsweredToolCalls:
-        """Record the client's ``answers`` into the assistant message holding the calls, atomically
-        (docs/semantics.md §6, §12).
-
-        One read-modify-write, applied alone: of concurrent calls answering the calls of one
-        message, exactly one gets ``completed`` (the one that answered the last waiting call),
-        so exactly one continuation runs. A client result needs a client call in
-        ``input-available``; an approval answer a call in ``approval-requested``; either way no
-        user message may follow the call's message (moved past). ``expired_before``: a call
-        whose message was created before it has expired (None: no expiry).
-
-        Raises, storing nothing: :class:`ToolCallNotFound`, :class:`ToolCallNotPending`,
-        :class:`ToolCallExpired`, :class:`ToolCallsSpanMessages`; :class:`ValueError` for an
-        empty ``answers``.
-        """
-        ...
-
-    async def expire_pending_tool_calls(self, cutoff: dt.datetime) -> int:
-        """Give every call still waiting for the client (a client call without a result, an
-        approval request) whose assistant message was created before ``cutoff`` an errored
-        result naming the expiry, so the model is told (docs/semantics.md §12). Returns how many
-        calls expired. The maintenance loop calls it periodically."""
-        ...
-
-    async def running_turns(self) -> list[TurnRecord]:
-        """Turns still recorded as ``running`` (after a crash, to recover)."""
-        ...
-
-    async def get_turn(self, request_id: str) -> TurnRecord | None:
-        """The turn recorded under ``request_id``, or None."""
-        ...
-
-    async def renew_leases(self, owner: str, until: dt.datetime) -> int:
-        """Extend to ``until`` the lease of every running turn (and pending submission, queue
-        ticket) ``owner`` holds, in one statement each
-        (docs/semantics.md §8: a replica renews its leases in a batch, not per turn). Returns how
-        many turns it holds."""
-        ...
-
-    async def claim_interrupted_turns(
-        self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
-    ) -> list[TurnRecord]:
-        """Take over up to ``limit`` (>= 1) running turns whose process died, for recovery: each is
-        given ``owner`` and ``lease_until`` atomically, so a turn is claimed by one replica only.
-
-        A turn is interrupted when its lease lapsed before ``now`` (or it has none). The embedded
-        SQLite store serves one process (its file lock proves the others dead), so there every
-        running turn another owner holds is interrupted, whatever its lease.
-        """
-        ...
-
-    async def claim_pending_submissions(
-        self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
-    ) -> list[SubmissionRecord]:
-        """Take over up to ``limit`` (>= 1) pending submissions that no replica claimed (accepted
-        by one without a free slot) or whose replica died (lease lapsed before ``now``; with
-        SQLite: any other owner), giving them ``owner`` and ``lease_until`` atomically (each goes
-        to one claimant); in acceptance order. The caller starts their turns."""
-        ...
-
-    # --- replicas sharing the store ------------------------------------------
-
-    async def request_cancel(self, request_id: str, *, stop: str = "") -> bool:
-        """Ask whichever replica runs or queues turn ``request_id`` to cancel it (``CancelChat``
-        reaching another replica; ``stop`` is an opaque reason the engine passes along, "" for a
-        plain cancel). True when such a turn was found elsewhere; a store served by one process
-        has no elsewhere and answers False."""
-        ...
-
-    def cancel_requests(self) -> AsyncIterator[tuple[str, str]]:
-        """``(request id, stop reason)`` of each cancel other replicas asked for, as they come
-        (never ends; nothing for a store served by one process)."""
-        ...
-
-    async def queue_head(self, conversation_id: str) -> str | None:
-        """The request id (or submission id) that holds the conversation's turn lock, else the
-        first one waiting for it or holding a reserved place; None when nobody does. Sees every
-        replica's turns on a shared store (docs/semantics.md §5, new input while a turn runs)."""
-        ...
-
-    async def reserve_place(
-        self,
-        conversation_id: str,
-        request_id: str,
-        *,
-        owner: str,
-        lease_seconds: float,
-        first: bool = False,
-        only_if_idle: bool = False,
-    ) -> str | None:
-        """Take ``request_id``'s place in the conversation's line now, for the :meth:`turn_lock` or
-        :meth:`admit_turn` that later names it (it holds from that place; a place already taken
-        under that id is kept, or moved up by ``first``). ``first`` as :meth:`turn_lock`'s, so
-        new input that stops the running turn is next before the stop lets the lock go
-        (docs/semantics.md §5). ``only_if_idle`` (REJECT) takes it only when nobody holds, waits
-        for or reserved the lock, decided atomically with taking it (across replicas: under the
-        queue's lock); then returns the id heading the line (``""`` when unnamed) and takes
-        nothing. Returns None when the place was taken. A place no lock took over must be given
-        up with :meth:`release_place`."""
-        ...
-
-    async def release_place(self, conversation_id: str, request_id: str) -> None:
-        """Give up ``request_id``'s place in the conversation's line if it still has one (a
-        :meth:`reserve_place` whose turn never took the lock); a no-op otherwise."""
-        ...
-
     async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
         """ROLLBACK (docs/semantics.md §5, §12): durably remove the messages ``message_ids`` of
         ``turn``'s conversation (its input and its reply; missing ones are skipped) and record
@@ -437,19 +263,14 @@ class Store(Protocol):
         :class:`TurnNotFound` (changing nothing) when no turn ``turn.request_id`` is recorded."""
         ...
 
-    def submission_offers(self) -> AsyncIterator[None]:
-        """A wake-up whenever another replica accepted a submission it left unclaimed (it had no
-        free slot), so a replica with one may claim it (never ends; nothing for a store served
-        by one process, which knows what it left unclaimed)."""
+    async def get_turn(self, request_id: str) -> TurnRecord | None:
+        """The turn recorded under ``request_id``, or None."""
         ...
 
-    async def wait_for_events(self, request_id: str, after: int, timeout_seconds: float) -> bool:
-        """Wait until turn ``request_id`` has stored events past ``after`` or ended, at most
-        ``timeout_seconds`` (a reader following a turn another replica runs). False when this
-        store cannot follow other processes (one process per store: nothing else writes)."""
-        ...
 
-    # --- event streams (ResumeTurn) ------------------------------------------
+@runtime_checkable
+class StreamStore(Protocol):
+    """A turn's event stream, kept for ResumeTurn (docs/semantics.md §8)."""
 
     async def append_events(
         self,
@@ -474,7 +295,16 @@ class Store(Protocol):
         ``before`` is None), in order."""
         ...
 
-    # --- submissions (docs/semantics.md §7) -----------------------------------
+    async def wait_for_events(self, request_id: str, after: int, timeout_seconds: float) -> bool:
+        """Wait until turn ``request_id`` has stored events past ``after`` or ended, at most
+        ``timeout_seconds`` (a reader following a turn another replica runs). False when this
+        store cannot follow other processes (one process per store: nothing else writes)."""
+        ...
+
+
+@runtime_checkable
+class SubmissionStore(Protocol):
+    """Submissions: accepted requests whose turns run detached (docs/semantics.md §7)."""
 
     async def create_submission(
         self, submission: SubmissionRecord, *, max_open: int
@@ -532,29 +362,98 @@ class Store(Protocol):
         returns their ids (docs/semantics.md §12: pending submissions expire)."""
         ...
 
-    # --- transcript writes without a turn, deletion, retention --------------------
+    async def claim_pending_submissions(
+        self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
+    ) -> list[SubmissionRecord]:
+        """Take over up to ``limit`` (>= 1) pending submissions that no replica claimed (accepted
+        by one without a free slot) or whose replica died (lease lapsed before ``now``; with
+        SQLite: any other owner), giving them ``owner`` and ``lease_until`` atomically (each goes
+        to one claimant); in acceptance order. The caller starts their turns."""
+        ...
 
-    async def add_messages(
-        self,
-        conversation_id: str,
-        messages: Sequence[message_pb2.Message],
-        *,
-        mode: AddMode,
-        allow_missing: bool,
-        replace_only: Collection[str] = (),
-    ) -> AddResult:
-        """Write ``messages`` into the transcript without a turn (docs/semantics.md §1, AddMessages).
+    def submission_offers(self) -> AsyncIterator[None]:
+        """A wake-up whenever another replica accepted a submission it left unclaimed (it had no
+        free slot), so a replica with one may claim it (never ends; nothing for a store served
+        by one process, which knows what it left unclaimed)."""
+        ...
 
-        One transaction, all or nothing. New ids are appended in order. A stored id with the same
-        role and parts counts as unchanged; with other content it is :class:`MessageIdConflict`
-        in ``append`` mode and replaced in place (same position) in ``upsert`` mode, except the
-        assistant message of a ``running`` turn (:class:`MessageBeingWritten`). Raises
-        :class:`ConversationNotFound` when the conversation does not exist and not
-        ``allow_missing`` (then it is created), :class:`ValueError` for a message without parts
-        or an id repeated within ``messages``, and :class:`UnknownMessage` when an id of
-        ``replace_only`` is not stored (those may replace, never be appended). Takes no turn lock.
+
+@runtime_checkable
+class ReplicaStore(Protocol):
+    """What processes sharing the store need of each other: the turn queue's places, leases, recovery
+    of turns a dead owner ran, cancel requests."""
+
+    async def running_turns(self) -> list[TurnRecord]:
+        """Turns still recorded as ``running`` (after a crash, to recover)."""
+        ...
+
+    async def renew_leases(self, owner: str, until: dt.datetime) -> int:
+        """Extend to ``until`` the lease of every running turn (and pending submission, queue
+        ticket) ``owner`` holds, in one statement each
+        (docs/semantics.md §8: a replica renews its leases in a batch, not per turn). Returns how
+        many turns it holds."""
+        ...
+
+    async def claim_interrupted_turns(
+        self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
+    ) -> list[TurnRecord]:
+        """Take over up to ``limit`` (>= 1) running turns whose process died, for recovery: each is
+        given ``owner`` and ``lease_until`` atomically, so a turn is claimed by one replica only.
+
+        A turn is interrupted when its lease lapsed before ``now`` (or it has none). The embedded
+        SQLite store serves one process (its file lock proves the others dead), so there every
+        running turn another owner holds is interrupted, whatever its lease.
         """
         ...
+
+    async def request_cancel(self, request_id: str, *, stop: str = "") -> bool:
+        """Ask whichever replica runs or queues turn ``request_id`` to cancel it (``CancelChat``
+        reaching another replica; ``stop`` is an opaque reason the engine passes along, "" for a
+        plain cancel). True when such a turn was found elsewhere; a store served by one process
+        has no elsewhere and answers False."""
+        ...
+
+    def cancel_requests(self) -> AsyncIterator[tuple[str, str]]:
+        """``(request id, stop reason)`` of each cancel other replicas asked for, as they come
+        (never ends; nothing for a store served by one process)."""
+        ...
+
+    async def queue_head(self, conversation_id: str) -> str | None:
+        """The request id (or submission id) that holds the conversation's turn lock, else the
+        first one waiting for it or holding a reserved place; None when nobody does. Sees every
+        replica's turns on a shared store (docs/semantics.md §5, new input while a turn runs)."""
+        ...
+
+    async def reserve_place(
+        self,
+        conversation_id: str,
+        request_id: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        first: bool = False,
+        only_if_idle: bool = False,
+    ) -> str | None:
+        """Take ``request_id``'s place in the conversation's line now, for the :meth:`turn_lock` or
+        :meth:`admit_turn` that later names it (it holds from that place; a place already taken
+        under that id is kept, or moved up by ``first``). ``first`` as :meth:`turn_lock`'s, so
+        new input that stops the running turn is next before the stop lets the lock go
+        (docs/semantics.md §5). ``only_if_idle`` (REJECT) takes it only when nobody holds, waits
+        for or reserved the lock, decided atomically with taking it (across replicas: under the
+        queue's lock); then returns the id heading the line (``""`` when unnamed) and takes
+        nothing. Returns None when the place was taken. A place no lock took over must be given
+        up with :meth:`release_place`."""
+        ...
+
+    async def release_place(self, conversation_id: str, request_id: str) -> None:
+        """Give up ``request_id``'s place in the conversation's line if it still has one (a
+        :meth:`reserve_place` whose turn never took the lock); a no-op otherwise."""
+        ...
+
+
+@runtime_checkable
+class MaintenanceStore(Protocol):
+    """Deletion and retention."""
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         """Delete the conversation with its messages, parts, turns, turn streams and their events,
@@ -577,51 +476,30 @@ class Store(Protocol):
         can say it is past retention). Returns how many streams were expired."""
         ...
 
-    def admit_turn(
-        self,
-        turn: TurnRecord,
-        messages: Sequence[message_pb2.Message],
-        *,
-        lease_seconds: float,
-        read_compaction: bool,
-        queued: Callable[[bool], None],
-        first: bool = False,
-    ) -> AbstractAsyncContextManager[TurnAdmission]:
-        """Hold the conversation's turn lock and start ``turn`` in it: :meth:`turn_lock` (for
-        ``turn.request_id``, held by ``turn.owner``) and then :meth:`start_turn`, released on
-        exit; what that commit read comes back as a :class:`TurnAdmission` (with the compaction
-        record when ``read_compaction``).
-
-        The backend may do both in one step: PostgreSQL takes the ticket, checks that it heads
-        the queue, writes the input and reads the history in one transaction sent in one flight
-        (one round trip before the model call), and takes the waiting path only when turns are
-        ahead. ``queued(True)`` is called (in the caller's task) when the turn starts waiting for
-        them, ``queued(False)`` once it holds the lock and its input is being written: in between
-        the caller may cancel it, before and after not (the input's commit must not be cut
-        short). ``queued`` may raise :class:`asyncio.CancelledError` to give up before waiting.
-        A turn that waited has ``lease_until`` renewed to ``lease_seconds`` from its start.
-        ``first`` puts it first in line as :meth:`turn_lock` does.
-        Raises what :meth:`start_turn` and :meth:`turn_lock` raise (nothing stored, the lock
-        released).
-        """
+    async def expire_pending_tool_calls(self, cutoff: dt.datetime) -> int:
+        """Give every call still waiting for the client (a client call without a result, an
+        approval request) whose assistant message was created before ``cutoff`` an errored
+        result naming the expiry, so the model is told (docs/semantics.md §12). Returns how many
+        calls expired. The maintenance loop calls it periodically."""
         ...
 
-    def turn_lock(
-        self,
-        conversation_id: str,
-        *,
-        request_id: str = "",
-        owner: str = "",
-        lease_seconds: float = 30.0,
-        first: bool = False,
-    ) -> AbstractAsyncContextManager[None]:
-        """Hold the conversation's turn lock: one turn at a time, first in, first out.
 
-        The SQLite backend holds it in the process (one process per database file). The
-        PostgreSQL backend holds it across replicas: a ticket for ``request_id`` held by
-        ``owner`` (whose leases :meth:`renew_leases` renews), lapsing ``lease_seconds`` after its
-        last renewal if the owner dies. ``first`` waits right behind the holder and the places
-        taken ``first`` before it, ahead of everyone else waiting (new input that interrupted or
-        rolled back the running turn runs next, docs/semantics.md §5).
-        """
+@runtime_checkable
+class Store(
+    TranscriptStore, TurnStore, StreamStore, SubmissionStore, ReplicaStore, MaintenanceStore, Protocol
+):
+    """Persistence for conversations, messages and turns.
+
+    The union of the role protocols above (the engine's collaborators take the role they use),
+    plus opening and closing. All methods raise :class:`StoreError` (or a subclass) when the
+    backend fails. Messages are ``turnwire.v1.Message`` protos and round-trip
+    losslessly.
+    """
+
+    async def open(self) -> None:
+        """Connect and run pending schema migrations."""
+        ...
+
+    async def close(self) -> None:
+        """Flush pending writes and disconnect."""
         ...

@@ -1,11 +1,10 @@
 """How a client's answer changes a waiting tool call: the rules every store applies atomically.
 
-docs/semantics.md §6 and §12. Pure functions on ``turnwire.v1`` protos, shared by the
-store backends (which apply them inside one write, so concurrent answers cannot race) and
-the engine's transcript repair (:mod:`turnwire_server.engine.pending_calls`).
+docs/semantics.md §6 and §12. Pure functions on ``turnwire.v1`` protos, shared by both
+drivers, which apply them inside one write, so concurrent answers cannot race.
 
-A call **waits** for the client when it is a client tool's call in ``input-available``
-(``client_executed``) or an approval request (``approval-requested``).
+Which calls wait, and how one is closed or denied, are the interface's rules
+(:mod:`turnwire_server.store.waiting_calls`), which the engine applies too.
 """
 
 from __future__ import annotations
@@ -22,48 +21,7 @@ from turnwire_server.store.errors import (
     ToolCallNotPending,
     ToolCallsSpanMessages,
 )
-
-DENIED_BY_USER_TEXT = "Tool execution denied by user"
-"""A denial without a reason, and a client's error result without text (docs/semantics.md §6)."""
-
-
-def expired_text(expiry_seconds: float | None = None) -> str:
-    """The errored result of a waiting call that expired (docs/semantics.md §12)."""
-    within = f"within {expiry_seconds:g} s " if expiry_seconds else ""
-    return (
-        f"The tool call expired: no result or approval arrived {within}"
-        "(durability.pending_expiry_seconds), so it was closed without one."
-    )
-
-
-def is_waiting(call: message_pb2.ToolCallPart) -> bool:
-    """True for a call that waits for the client: a client call without a result, or an approval
-    request."""
-    state = call.state
-    return state == message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED or (
-        call.client_executed and state == message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE
-    )
-
-
-def close_call(call: message_pb2.ToolCallPart, error_text: str) -> None:
-    """Give ``call`` an errored result ``error_text`` (its input stays as it is)."""
-    call.state = message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
-    call.error_text = error_text
-    call.preliminary = False
-    call.ClearField("output")
-    call.ClearField("output_json")
-
-
-def deny_call(call: message_pb2.ToolCallPart, reason: str) -> None:
-    """Record a denial: ``output-denied``, the client's ``reason`` in ``approval.reason``, and the
-    text the model reads (the reason, or :data:`DENIED_BY_USER_TEXT`) in ``error_text``."""
-    call.state = message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED
-    call.approval.approved = False
-    call.approval.reason = reason
-    call.error_text = reason or DENIED_BY_USER_TEXT
-    call.preliminary = False
-    call.ClearField("output")
-    call.ClearField("output_json")
+from turnwire_server.store.waiting_calls import DENIED_BY_USER_TEXT, close_call, deny_call, is_waiting
 
 
 def _apply(call: message_pb2.ToolCallPart, answer: ToolCallAnswer) -> None:

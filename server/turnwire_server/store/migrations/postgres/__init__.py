@@ -1,1 +1,1 @@
-"""PostgreSQL schema migrations (``NNNN_name.sql``); see ``store/postgres_migrations.py``."""
+"""PostgreSQL schema migrations (``NNNN_name.sql``); see ``store/postgres/migrations.py``."""

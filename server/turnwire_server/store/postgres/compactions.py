@@ -1,13 +1,13 @@
 """The PostgreSQL store's SQL for context compaction (docs/semantics.md §9), mirroring
-:mod:`turnwire_server.store.sqlite_compactions`: the compacted view of a conversation and the
+:mod:`turnwire_server.store.sqlite.compactions`: the compacted view of a conversation and the
 discarded reply of an overflowed attempt. Each runs inside the caller's transaction."""
 
 from __future__ import annotations
 
 from turnwire_server.store.base import CompactionRecord, TurnRecord
 from turnwire_server.store.errors import TurnNotFound
-from turnwire_server.store.postgres_writes import Conn, fetch_one, lock_conversation, run
-from turnwire_server.store.sqlite_rows import COMPACTION_COLUMNS, compaction_params
+from turnwire_server.store.postgres.db import Conn, fetch_one, lock_conversation, run
+from turnwire_server.store.rows import COMPACTION_COLUMNS, compaction_params
 
 __all__ = ["discard_reply", "save_compaction"]
 

@@ -20,7 +20,7 @@ from typing import Final
 
 from turnwire_server.store.errors import StoreError
 from turnwire_server.store.migration_rules import newer_schema_problem, readable_by
-from turnwire_server.store.sqlite_rows import DB_ERRORS, store_error
+from turnwire_server.store.sqlite.db import DB_ERRORS, store_error
 
 __all__ = ["Migration", "apply_migrations", "load_migrations"]
 

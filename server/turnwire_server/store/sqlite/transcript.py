@@ -1,8 +1,8 @@
 """The SQLite writes that edit a transcript outside a turn: AddMessages, deleting a conversation,
 expiring stored turn events.
 
-Like :mod:`turnwire_server.store.sqlite_writes`, each ``*_write`` function validates its
-arguments in the caller's task and returns a :data:`~turnwire_server.store.sqlite_writes.WriteFn`
+Like :mod:`turnwire_server.store.sqlite.writes`, each ``*_write`` function validates its
+arguments in the caller's task and returns a :data:`~turnwire_server.store.sqlite.writes.WriteFn`
 the writer thread runs inside one transaction (under the write's own savepoint, so a refusal
 undoes everything the write did). Rules: docs/semantics.md §1 (AddMessages) and §12 (deleting,
 retention).
@@ -24,20 +24,12 @@ from turnwire_server.store.errors import (
     MessageIdConflict,
     UnknownMessage,
 )
-from turnwire_server.store.sqlite_rows import (
-    MessageRow,
-    conversation_from_row,
-    message_insert_params,
-    message_row,
-)
-from turnwire_server.store.sqlite_writes import (
-    _INSERT_MESSAGE,
-    WriteFn,
-    _put_parts,
-    _touch_conversation,
-)
+from turnwire_server.store.rows import MessageRow, conversation_from_row, message_insert_params, message_row
+from turnwire_server.store.sqlite.db import WriteFn
+from turnwire_server.store.sqlite.writes import _put_parts, _touch_conversation
+from turnwire_server.store.turn_writes import INSERT_MESSAGE
 
-__all__ = ["AddOutcome", "add_messages_write", "delete_conversation_write", "expire_events_write"]
+__all__ = ["AddOutcome", "add_messages_write", "delete_conversation_write"]
 
 _CONVERSATION_TABLES: Final = (
     # Children first; turn_events hang off turn_streams by request id.
@@ -123,7 +115,7 @@ def add_messages_write(
         if added or updated or exists is None:
             _touch_conversation(conn, conversation_id, now_us, len(added))
         for row in added:
-            conn.execute(_INSERT_MESSAGE, message_insert_params(conversation_id, row))
+            conn.execute(INSERT_MESSAGE, message_insert_params(conversation_id, row))
             _put_parts(conn, conversation_id, row)
         for row in updated:
             conn.execute(
@@ -172,29 +164,5 @@ def delete_conversation_write(conversation_id: str, outcome: list[bool]) -> Writ
         for statement in _CONVERSATION_TABLES:
             removed += conn.execute(statement, (conversation_id,)).rowcount
         outcome.append(removed > 0)
-
-    return apply
-
-
-def expire_events_write(before_us: int, limit: int, outcome: list[int]) -> WriteFn:
-    """The write of :meth:`SqliteStore.expire_events`: the events of up to ``limit`` streams that
-    ended before ``before_us`` (µs since the epoch) are deleted and the streams marked
-    ``events_expired``; appends the number of streams to ``outcome``."""
-    if limit < 1:
-        raise ValueError(f"limit must be >= 1, got {limit}")
-
-    def apply(conn: sqlite3.Connection, now_us: int) -> None:
-        streams = [
-            (request_id,)
-            for (request_id,) in conn.execute(
-                "SELECT request_id FROM turn_streams"
-                " WHERE end_time IS NOT NULL AND events_expired = 0 AND end_time < ?"
-                " ORDER BY end_time LIMIT ?",
-                (before_us, limit),
-            )
-        ]
-        conn.executemany("DELETE FROM turn_events WHERE request_id = ?", streams)
-        conn.executemany("UPDATE turn_streams SET events_expired = 1 WHERE request_id = ?", streams)
-        outcome.append(len(streams))
 
     return apply

@@ -1,6 +1,6 @@
 """The SQLite store's writes for tool calls that wait for the client (docs/semantics.md §6, §12).
 
-Each is a :data:`~turnwire_server.store.sqlite_writes.WriteFn`: a read-modify-write run on
+Each is a :data:`~turnwire_server.store.sqlite.writes.WriteFn`: a read-modify-write run on
 the writer thread inside the batch transaction, alone (the writer applies writes one at a
 time), so two answers to one message can never both see its last waiting call: exactly one
 of them completes the batch. The rules themselves are :mod:`turnwire_server.store.tool_answers`.
@@ -17,15 +17,16 @@ from google.protobuf.message import DecodeError
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import AnsweredToolCalls, ToolCallAnswer
 from turnwire_server.store.errors import StoreCorrupted
-from turnwire_server.store.sqlite_rows import (
+from turnwire_server.store.rows import (
     LOAD_MESSAGES_SQL,
     build_message,
     message_row,
     messages_from_rows,
     to_us,
 )
-from turnwire_server.store.sqlite_writes import upsert_message
-from turnwire_server.store.tool_answers import answer_calls, close_call, expired_text, is_waiting
+from turnwire_server.store.sqlite.writes import upsert_message
+from turnwire_server.store.tool_answers import answer_calls
+from turnwire_server.store.waiting_calls import close_call, expired_text, is_waiting
 
 __all__ = ["AnswerWrite", "ExpireWrite"]
 

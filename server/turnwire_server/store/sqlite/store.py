@@ -3,11 +3,11 @@
 Two connections to one database file: a writer, a plain ``sqlite3`` connection
 on its own thread that applies queued writes in call order and batches
 everything pending into one transaction (group commit; see
-:mod:`turnwire_server.store.sqlite_writer`), and a read-only aiosqlite reader. In WAL mode
+:mod:`turnwire_server.store.sqlite.writer`), and a read-only aiosqlite reader. In WAL mode
 the reader sees only committed data and never waits for the writer.
 
 The schema lives in ``server/store/migrations/sqlite/NNNN_name.sql``; pending
-migrations run at :meth:`SqliteStore.open` (see :mod:`turnwire_server.store.sqlite_migrations`).
+migrations run at :meth:`SqliteStore.open` (see :mod:`turnwire_server.store.sqlite.migrations`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import aiosqlite
 import filelock
 
 from turnwire_client.v1 import message_pb2
+from turnwire_server.store import retention_writes
 from turnwire_server.store.base import (
     AddMode,
     AddResult,
     AnsweredToolCalls,
     CompactionRecord,
     ConversationRecord,
-    StreamRecord,
     SubmissionRecord,
     SubmissionState,
     ToolCallAnswer,
@@ -41,57 +41,44 @@ from turnwire_server.store.base import (
 from turnwire_server.store.errors import StoreError, StoreInUse
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.message_cache import DecodedMessages
-from turnwire_server.store.partial_replies import (
-    partial_replies_of,
-    partial_replies_sql,
-    turns_without_reply_sql,
-)
-from turnwire_server.store.sqlite_compactions import discard_reply_write, save_compaction_write
-from turnwire_server.store.sqlite_migrations import Migration, load_migrations
-from turnwire_server.store.sqlite_rows import (
-    COMPACTION_COLUMNS,
-    DB_ERRORS,
+from turnwire_server.store.reads import CoreReads
+from turnwire_server.store.rows import (
     TURN_COLUMNS,
-    compaction_from_row,
     conversation_from_row,
     decode_page_token,
     encode_page_token,
-    store_error,
     to_us,
     turn_from_row,
 )
-from turnwire_server.store.sqlite_streams import (
-    STREAM_COLUMNS,
-    append_events_write,
-    events_from_rows,
-    stream_from_row,
-)
-from turnwire_server.store.sqlite_submissions import (
-    PREFIX_FILTER,
-    SUBMISSION_COLUMNS,
+from turnwire_server.store.sqlite.compactions import discard_reply_write, save_compaction_write
+from turnwire_server.store.sqlite.db import DB_ERRORS, DIALECT, run_program, store_error
+from turnwire_server.store.sqlite.migrations import Migration, load_migrations
+from turnwire_server.store.sqlite.streams import append_events_write
+from turnwire_server.store.sqlite.submissions import (
     claim_submissions_write,
     create_submission_write,
     end_submission_write,
     expire_submissions_write,
-    submission_from_row,
-    submission_page,
-    submission_page_query,
 )
-from turnwire_server.store.sqlite_tool_writes import AnswerWrite, ExpireWrite
-from turnwire_server.store.sqlite_transcript import (
+from turnwire_server.store.sqlite.tool_writes import AnswerWrite, ExpireWrite
+from turnwire_server.store.sqlite.transcript import (
     AddOutcome,
     add_messages_write,
     delete_conversation_write,
-    expire_events_write,
 )
-from turnwire_server.store.sqlite_writer import BUSY_TIMEOUT_MS, SqliteWriter
-from turnwire_server.store.sqlite_writes import (
+from turnwire_server.store.sqlite.writer import BUSY_TIMEOUT_MS, SqliteWriter
+from turnwire_server.store.sqlite.writes import (
     claim_turns_write,
     finish_turn_write,
     renew_leases_write,
     roll_back_turn_write,
     save_message_write,
     start_turn_write,
+)
+from turnwire_server.store.submission_rows import (
+    PREFIX_FILTER,
+    SUBMISSION_COLUMNS,
+    submission_from_row,
 )
 
 __all__ = ["Migration", "SqliteStore", "load_migrations"]
@@ -139,11 +126,7 @@ def _read_only_mount_problem(kind: str, path: Path) -> str:
     )
 
 
-_PARTIAL_REPLIES_SQL = partial_replies_sql("?")
-_TURNS_WITHOUT_REPLY_SQL = turns_without_reply_sql("?")
-
-
-class SqliteStore:
+class SqliteStore(CoreReads):
     """:class:`~turnwire_server.store.base.Store` on one SQLite database file, for one process.
 
     ``path`` is the database file; missing parent directories are created at
@@ -164,6 +147,8 @@ class SqliteStore:
     All calls must come from the event loop that ran :meth:`open`. Not for
     ``:memory:`` databases: the reader needs to share the writer's file.
     """
+
+    _store_name = "sqlite"
 
     def __init__(self, path: str | Path, *, checkpoint_batch_ms: float = 0) -> None:
         if str(path) in ("", ":memory:") or str(path).startswith("file:"):
@@ -276,15 +261,6 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ reads
 
-    async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
-        """The conversation's record (times tz-aware UTC), or ``None`` when it does not exist."""
-        rows = await self._read(
-            "get_conversation",
-            "SELECT id, create_time, update_time, message_count FROM conversations WHERE id = ?",
-            (conversation_id,),
-        )
-        return conversation_from_row(rows[0]) if rows else None
-
     async def list_conversations(
         self, page_size: int, page_token: str, *, id_prefix: str = ""
     ) -> tuple[list[ConversationRecord], str]:
@@ -325,19 +301,6 @@ class SqliteStore:
         rows = await self._read("load_messages", read.sql, read.params)
         return self._decoded.messages(read, rows)
 
-    async def partial_replies(self, conversation_id: str) -> dict[str, TurnRecord]:
-        """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
-        rows = await self._read("partial_replies", _PARTIAL_REPLIES_SQL, (conversation_id,))
-        return partial_replies_of(rows)
-
-    async def turns_without_reply(self, conversation_id: str, limit: int) -> list[TurnRecord]:
-        """See :meth:`~turnwire_server.store.base.Store.turns_without_reply`; raises
-        :class:`ValueError` when ``limit`` < 1."""
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        rows = await self._read("turns_without_reply", _TURNS_WITHOUT_REPLY_SQL, (conversation_id, limit))
-        return [turn_from_row(row) for row in reversed(rows)]
-
     async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
         """Remove the partial reply ``message_id`` and record ``turn``'s new reply id; see
         :meth:`~turnwire_server.store.base.Store.discard_reply`. Raises :class:`TurnNotFound`."""
@@ -358,24 +321,6 @@ class SqliteStore:
         apply = save_compaction_write(record)
         await self._writer.submit(apply, f"save_compaction({record.conversation_id!r})", urgent=True)
 
-    async def load_compaction(self, conversation_id: str) -> CompactionRecord | None:
-        """The conversation's compaction, None when none. Raises :class:`StoreCorrupted`."""
-        rows = await self._read(
-            "load_compaction",
-            f"SELECT {COMPACTION_COLUMNS} FROM compactions WHERE conversation_id = ?",
-            (conversation_id,),
-        )
-        return compaction_from_row(rows[0]) if rows else None
-
-    async def running_turns(self) -> list[TurnRecord]:
-        """Turns whose state is ``running``, oldest start first."""
-        rows = await self._read(
-            "running_turns",
-            f"SELECT {TURN_COLUMNS} FROM turns WHERE state = 'running' ORDER BY start_time, request_id",
-            (),
-        )
-        return [turn_from_row(row) for row in rows]
-
     async def claim_pending_submissions(
         self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
     ) -> list[SubmissionRecord]:
@@ -392,13 +337,6 @@ class SqliteStore:
             claimed[-1],
         )
         return [submission_from_row(row) for row in rows]
-
-    async def get_turn(self, request_id: str) -> TurnRecord | None:
-        """The turn recorded under ``request_id``, or None."""
-        rows = await self._read(
-            "get_turn", f"SELECT {TURN_COLUMNS} FROM turns WHERE request_id = ?", (request_id,)
-        )
-        return turn_from_row(rows[0]) if rows else None
 
     async def renew_leases(self, owner: str, until: dt.datetime) -> int:
         """Extend the leases of ``owner``'s running turns to ``until`` in one statement."""
@@ -492,25 +430,6 @@ class SqliteStore:
         apply = append_events_write(conversation_id, request_id, events, ended=ended)
         await self._writer.submit(apply, f"append_events({request_id!r})", urgent=ended)
 
-    async def get_stream(self, request_id: str) -> StreamRecord | None:
-        """The stored stream of ``request_id``, or None."""
-        rows = await self._read(
-            "get_stream", f"SELECT {STREAM_COLUMNS} FROM turn_streams WHERE request_id = ?", (request_id,)
-        )
-        return stream_from_row(rows[0]) if rows else None
-
-    async def load_events(self, request_id: str, after: int, before: int | None = None) -> list[bytes]:
-        """Serialized events of ``request_id`` with ``after < sequence_number < before``, in order.
-
-        Raises :class:`StoreCorrupted` for a stored batch that cannot be read back."""
-        rows = await self._read(
-            "load_events",
-            "SELECT data FROM turn_events WHERE request_id = ? AND last_sequence_number > ?"
-            " AND first_sequence_number < ? ORDER BY first_sequence_number",
-            (request_id, after, (1 << 62) if before is None else before),
-        )
-        return events_from_rows(rows, request_id, after, before, "sqlite")
-
     # ------------------------------------------------------------------ submissions
 
     async def create_submission(
@@ -526,29 +445,6 @@ class SqliteStore:
         if created:  # its place in the conversation's line, taken at acceptance
             self._locks.reserve(record.conversation_id, record.submission_id)
         return record, created
-
-    async def get_submission(self, submission_id: str) -> SubmissionRecord | None:
-        """The submission, or None."""
-        rows = await self._read(
-            "get_submission", f"SELECT {SUBMISSION_COLUMNS} FROM submissions WHERE id = ?", (submission_id,)
-        )
-        return submission_from_row(rows[0]) if rows else None
-
-    async def list_submissions(
-        self,
-        page_size: int,
-        page_token: str,
-        *,
-        conversation_id: str = "",
-        state: str = "",
-        id_prefix: str = "",
-    ) -> tuple[list[SubmissionRecord], str]:
-        """Up to ``page_size`` (>= 1) submissions in acceptance order, filtered; the next token."""
-        sql, params = submission_page_query(
-            page_size, page_token, conversation_id, state, mark="?", id_prefix=id_prefix
-        )
-        rows = await self._read("list_submissions", sql, params)
-        return submission_page(rows, page_size, conversation_id, state, id_prefix)
 
     async def end_submission(
         self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]
@@ -632,7 +528,7 @@ class SqliteStore:
     ) -> AddResult:
         """Write ``messages`` into the transcript, one transaction, all or nothing; see
         :meth:`~turnwire_server.store.base.Store.add_messages` and
-        :func:`~turnwire_server.store.sqlite_transcript.add_messages_write` for the rules and the
+        :func:`~turnwire_server.store.sqlite.transcript.add_messages_write` for the rules and the
         errors (:class:`ConversationNotFound`, :class:`MessageIdConflict`,
         :class:`MessageBeingWritten`, :class:`UnknownMessage`, :class:`ValueError`)."""
         outcome = AddOutcome()
@@ -657,28 +553,15 @@ class SqliteStore:
         self._locks.drop_all(conversation_id)  # the places of its deleted pending submissions
         return outcome[0]
 
-    async def expired_conversations(self, before: dt.datetime, limit: int) -> list[str]:
-        """Up to ``limit`` (>= 1) ids of conversations updated before ``before`` with no running
-        turn, least recently updated first. Raises :class:`ValueError` for a naive ``before`` or
-        ``limit`` < 1."""
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        rows = await self._read(
-            "expired_conversations",
-            "SELECT c.id FROM conversations AS c WHERE c.update_time < ? AND NOT EXISTS"
-            " (SELECT 1 FROM turns AS t WHERE t.conversation_id = c.id AND t.state = 'running')"
-            " ORDER BY c.update_time, c.id LIMIT ?",
-            (to_us(before, "before"), limit),
-        )
-        return [row[0] for row in rows]
-
     async def expire_events(self, before: dt.datetime, limit: int) -> int:
         """Delete the events of up to ``limit`` (>= 1) streams that ended before ``before`` and
         mark them ``events_expired``, in one transaction; returns how many streams. Raises
         :class:`ValueError` for a naive ``before`` or ``limit`` < 1."""
         outcome: list[int] = []
-        apply = expire_events_write(to_us(before, "before"), limit, outcome)
-        await self._writer.submit(apply, "expire_events", urgent=False)
+        program = retention_writes.expire_events(to_us(before, "before"), limit)
+        await self._writer.submit(
+            lambda conn, _: outcome.append(run_program(conn, program(DIALECT))), "expire_events", urgent=False
+        )
         return outcome[0]
 
     async def answer_tool_calls(

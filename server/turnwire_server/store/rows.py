@@ -1,8 +1,6 @@
-"""How the SQLite store encodes values in rows: times, messages, turn and conversation rows,
-page tokens, and how database errors become :class:`StoreError`.
+"""How both stores encode values in rows: times, messages, turn and conversation rows, page tokens.
 
-Pure functions with no connection of their own; used by the store (reads, on the
-event loop) and by the writes (on the writer thread).
+Pure functions with no connection of their own; used by both drivers' reads and writes.
 """
 
 from __future__ import annotations
@@ -12,9 +10,8 @@ import binascii
 import datetime as dt
 import json
 import re
-import sqlite3
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, get_args
 
@@ -26,11 +23,9 @@ from turnwire_server.store.errors import InvalidPageToken, StoreCorrupted, Store
 
 __all__ = [
     "COMPACTION_COLUMNS",
-    "DB_ERRORS",
     "LOAD_MESSAGES_SQL",
     "TURN_COLUMNS",
     "MessageRow",
-    "WriteFn",
     "build_message",
     "check_turn",
     "compaction_from_row",
@@ -41,7 +36,6 @@ __all__ = [
     "message_insert_params",
     "message_row",
     "messages_from_rows",
-    "store_error",
     "time_from_us",
     "to_us",
     "turn_from_row",
@@ -53,14 +47,6 @@ _ONE_US: Final = dt.timedelta(microseconds=1)
 # google.protobuf.Timestamp's valid range: 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59Z.
 _TS_MIN_SECONDS: Final = -62_135_596_800
 _TS_MAX_SECONDS: Final = 253_402_300_799
-
-WriteFn = Callable[[sqlite3.Connection, int], None]
-"""``apply(conn, now_us)``: one write's SQL on the writer's connection, inside the batch
-transaction; ``now_us`` is the write's time (µs since the epoch, strictly increasing)."""
-
-DB_ERRORS: Final = (sqlite3.Error, ValueError, OSError)
-"""Errors of the database layer (aiosqlite raises ValueError on a closed connection)."""
-
 
 # --------------------------------------------------------------------------- times
 
@@ -173,21 +159,24 @@ LOAD_MESSAGES_SQL: Final = (
 the parameter is the conversation id. Rows for :func:`messages_from_rows`."""
 
 
-def messages_from_rows(conversation_id: str, rows: Iterable[Any]) -> list[message_pb2.Message]:
+def messages_from_rows(
+    conversation_id: str, rows: Iterable[Any], store: str = "sqlite"
+) -> list[message_pb2.Message]:
     """The messages of :data:`LOAD_MESSAGES_SQL`'s rows, in order. Raises :class:`StoreCorrupted`
-    for a part that cannot be decoded."""
+    (naming the ``store``) for a message that cannot be decoded."""
     messages: list[message_pb2.Message] = []
     current: message_pb2.Message | None = None
     try:
         for message_id, role, create_us, create_nanos, metadata, part in rows:
             if current is None or current.id != message_id:
-                current = build_message(message_id, role, create_us, create_nanos, metadata)
+                metadata_bytes = None if metadata is None else bytes(metadata)
+                current = build_message(message_id, role, create_us, create_nanos, metadata_bytes)
                 messages.append(current)
             if part is not None:
-                current.parts.add().MergeFromString(part)
+                current.parts.add().MergeFromString(bytes(part))
     except (DecodeError, RecursionError) as exc:
         raise StoreCorrupted(
-            f"sqlite store: conversation {conversation_id!r} has a message that cannot be decoded: {exc}"
+            f"{store} store: conversation {conversation_id!r} has a message that cannot be decoded: {exc}"
         ) from exc
     return messages
 
@@ -358,17 +347,3 @@ def decode_page_token(token: str) -> tuple[int, str]:
     if encode_page_token(update_us, conversation_id) != token:  # another spelling of the same bytes
         raise invalid
     return update_us, conversation_id
-
-
-# --------------------------------------------------------------------------- errors
-
-
-def store_error(exc: BaseException, what: str) -> StoreError:
-    """``exc`` as a :class:`StoreError` saying what failed (``exc`` itself when it is one)."""
-    if isinstance(exc, StoreError):
-        return exc
-    code = getattr(exc, "sqlite_errorname", None)
-    detail = f"{code}: {exc}" if code else str(exc) or type(exc).__name__
-    err = StoreError(f"sqlite store: {what} failed: {detail}")
-    err.__cause__ = exc
-    return err

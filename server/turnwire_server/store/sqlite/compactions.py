@@ -9,7 +9,8 @@ from typing import Final
 
 from turnwire_server.store.base import CompactionRecord, TurnRecord
 from turnwire_server.store.errors import TurnNotFound
-from turnwire_server.store.sqlite_rows import COMPACTION_COLUMNS, WriteFn, compaction_params
+from turnwire_server.store.rows import COMPACTION_COLUMNS, compaction_params
+from turnwire_server.store.sqlite.db import WriteFn
 
 __all__ = ["DISCARD_MESSAGE_SQL", "discard_reply_write", "save_compaction_write"]
 

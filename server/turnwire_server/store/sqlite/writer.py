@@ -26,9 +26,8 @@ from typing import Final
 
 from turnwire_server.store.errors import StoreError
 from turnwire_server.store.metrics import COMMIT_DURATION
-from turnwire_server.store.sqlite_migrations import Migration, apply_migrations
-from turnwire_server.store.sqlite_rows import DB_ERRORS, store_error
-from turnwire_server.store.sqlite_writes import WriteFn
+from turnwire_server.store.sqlite.db import DB_ERRORS, WriteFn, store_error
+from turnwire_server.store.sqlite.migrations import Migration, apply_migrations
 
 __all__ = ["BUSY_TIMEOUT_MS", "SqliteWriter"]
 

@@ -1,17 +1,17 @@
 """The PostgreSQL store backend: psycopg 3 (async) with a bounded connection pool.
 
 Same behaviour as the SQLite store (:mod:`turnwire_server.store.sqlite`): every write that
-SQLite applies as one write is one transaction here (:mod:`turnwire_server.store.postgres_writes`
+SQLite applies as one write is one transaction here (:mod:`turnwire_server.store.postgres.writes`
 holds the SQL), reads are single statements (one snapshot each), the page tokens are the
 SQLite store's encoders, and undecodable data is :class:`StoreCorrupted`.
 
 The schema lives in ``migrations/postgres/NNNN_name.sql``; pending migrations run at
 :meth:`PostgresStore.open` in one transaction under an advisory lock
-(:mod:`turnwire_server.store.postgres_migrations`), so replicas may start together.
+(:mod:`turnwire_server.store.postgres.migrations`), so replicas may start together.
 
 **Several replicas share one database.** The turn lock is a cross-replica FIFO queue, cancel
 requests and event wake-ups travel by ``LISTEN``/``NOTIFY``, and turn leases let a survivor
-claim the turns of a replica that died (:mod:`turnwire_server.store.postgres_replicas`). The
+claim the turns of a replica that died (:mod:`turnwire_server.store.postgres.replicas`). The
 store's writes are safe under concurrency (conversation locks, ``SELECT … FOR UPDATE``).
 """
 
@@ -33,15 +33,13 @@ import psycopg_pool
 from psycopg import errors as pg_errors
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store import postgres_compactions as compaction_writes
-from turnwire_server.store import postgres_writes as writes
+from turnwire_server.store import message_writes, retention_writes, turn_writes
 from turnwire_server.store.base import (
     AddMode,
     AddResult,
     AnsweredToolCalls,
     CompactionRecord,
     ConversationRecord,
-    StreamRecord,
     SubmissionRecord,
     SubmissionState,
     ToolCallAnswer,
@@ -53,39 +51,31 @@ from turnwire_server.store.errors import StoreError
 from turnwire_server.store.local_lock import LocalTurnLocks
 from turnwire_server.store.message_cache import DecodedMessages
 from turnwire_server.store.metrics import COMMIT_DURATION
-from turnwire_server.store.partial_replies import (
-    partial_replies_of,
-    partial_replies_sql,
-    turns_without_reply_sql,
-)
-from turnwire_server.store.postgres_migrations import apply_migrations, load_migrations
-from turnwire_server.store.postgres_replicas import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL, Listener
+from turnwire_server.store.postgres import compactions as compaction_writes
+from turnwire_server.store.postgres import db, writes
+from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
+from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
+from turnwire_server.store.postgres.replicas import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL, Listener
 from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
-from turnwire_server.store.postgres_writes import Conn
-from turnwire_server.store.sqlite_rows import (
-    COMPACTION_COLUMNS,
+from turnwire_server.store.reads import LOAD_COMPACTION_SQL, CoreReads
+from turnwire_server.store.rows import (
     TURN_COLUMNS,
-    MessageRow,
-    check_turn,
     compaction_from_row,
     compaction_params,
     conversation_from_row,
     decode_page_token,
     encode_page_token,
-    message_row,
     to_us,
     turn_from_row,
 )
-from turnwire_server.store.sqlite_streams import STREAM_COLUMNS, events_from_rows, stream_from_row
-from turnwire_server.store.sqlite_submissions import (
+from turnwire_server.store.submission_rows import (
     PREFIX_FILTER,
     SUBMISSION_COLUMNS,
     submission_from_row,
-    submission_page,
-    submission_page_query,
 )
+from turnwire_server.store.turn_writes import StartTurn, prepare_start_turn
 
-__all__ = ["DEFAULT_POOL_SIZE", "PostgresStore"]
+__all__ = ["DEFAULT_POOL_SIZE", "QUEUE_STEP", "PostgresStore"]
 
 DEFAULT_POOL_SIZE: Final = 10
 """Connections the pool holds at most unless configured (``store.pool_size``)."""
@@ -117,11 +107,7 @@ class _Queued:
     future: asyncio.Future[None]
 
 
-_PARTIAL_REPLIES_SQL = partial_replies_sql("%s")
-_TURNS_WITHOUT_REPLY_SQL = turns_without_reply_sql("%s")
-
-
-class PostgresStore:
+class PostgresStore(CoreReads):
     """:class:`~turnwire_server.store.base.Store` on a PostgreSQL database (psycopg 3, async).
 
     ``url`` is ``postgresql://user[:password]@host[:port]/database`` (or ``postgres://``; libpq
@@ -136,6 +122,8 @@ class PostgresStore:
     :class:`ValueError` for a malformed URL (at construction) or an argument no backend could
     store. Besides the pool, the store holds one ``LISTEN`` connection.
     """
+
+    _store_name = "postgres"
 
     def __init__(
         self,
@@ -294,7 +282,7 @@ class PostgresStore:
         pool = self._require_pool(what)
         try:
             async with pool.connection() as conn:
-                cur = await conn.execute(sql.encode(), params)
+                cur = await conn.execute(db.native(sql), params)
                 return list(await cur.fetchall())
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise self._error(exc, what) from None
@@ -411,7 +399,7 @@ class PostgresStore:
         try:
             async with (
                 _flight(conn),
-                writes.conversations_locked(conn, (q.conversation_id for q in batch)),
+                db.conversations_locked(conn, (q.conversation_id for q in batch)),
             ):
                 now_us = self._now_us()
                 for queued in batch:
@@ -446,15 +434,6 @@ class PostgresStore:
         return outcomes
 
     # ------------------------------------------------------------------ reads
-
-    async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
-        """The conversation's record (times tz-aware UTC), or ``None`` when it does not exist."""
-        rows = await self._read(
-            "get_conversation",
-            "SELECT id, create_time, update_time, message_count FROM conversations WHERE id = %s",
-            (conversation_id,),
-        )
-        return conversation_from_row(rows[0]) if rows else None
 
     async def list_conversations(
         self, page_size: int, page_token: str, *, id_prefix: str = ""
@@ -500,19 +479,6 @@ class PostgresStore:
         rows = await self._read("load_messages", read.sql, read.params)
         return self._decoded.messages(read, rows)
 
-    async def partial_replies(self, conversation_id: str) -> dict[str, TurnRecord]:
-        """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
-        rows = await self._read("partial_replies", _PARTIAL_REPLIES_SQL, (conversation_id,))
-        return partial_replies_of(rows)
-
-    async def turns_without_reply(self, conversation_id: str, limit: int) -> list[TurnRecord]:
-        """See :meth:`~turnwire_server.store.base.Store.turns_without_reply`; raises
-        :class:`ValueError` when ``limit`` < 1."""
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        rows = await self._read("turns_without_reply", _TURNS_WITHOUT_REPLY_SQL, (conversation_id, limit))
-        return [turn_from_row(row) for row in reversed(rows)]
-
     async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
         """Remove the partial reply ``message_id`` and record ``turn``'s new reply id, one
         transaction; see :meth:`~turnwire_server.store.base.Store.discard_reply`. Raises
@@ -531,27 +497,6 @@ class PostgresStore:
             lambda conn, _: compaction_writes.save_compaction(conn, record),
             conversation_id=record.conversation_id,
         )
-
-    async def load_compaction(self, conversation_id: str) -> CompactionRecord | None:
-        """The conversation's compaction, None when none. Raises :class:`StoreCorrupted`."""
-        rows = await self._read("load_compaction", _LOAD_COMPACTION.decode(), (conversation_id,))
-        return compaction_from_row(rows[0]) if rows else None
-
-    async def running_turns(self) -> list[TurnRecord]:
-        """Turns whose state is ``running``, oldest start first."""
-        rows = await self._read(
-            "running_turns",
-            f"SELECT {TURN_COLUMNS} FROM turns WHERE state = 'running' ORDER BY start_time, request_id",
-            (),
-        )
-        return [turn_from_row(row) for row in rows]
-
-    async def get_turn(self, request_id: str) -> TurnRecord | None:
-        """The turn recorded under ``request_id``, or None."""
-        rows = await self._read(
-            "get_turn", f"SELECT {TURN_COLUMNS} FROM turns WHERE request_id = %s", (request_id,)
-        )
-        return turn_from_row(rows[0]) if rows else None
 
     # ------------------------------------------------------------------ event streams
 
@@ -582,24 +527,6 @@ class PostgresStore:
             conversation_id=conversation_id,
         )
 
-    async def get_stream(self, request_id: str) -> StreamRecord | None:
-        """The stored stream of ``request_id``, or None."""
-        rows = await self._read(
-            "get_stream", f"SELECT {STREAM_COLUMNS} FROM turn_streams WHERE request_id = %s", (request_id,)
-        )
-        return stream_from_row(rows[0]) if rows else None
-
-    async def load_events(self, request_id: str, after: int, before: int | None = None) -> list[bytes]:
-        """Serialized events of ``request_id`` with ``after < sequence_number < before``, in order.
-        Raises :class:`StoreCorrupted` for a stored batch that cannot be read back."""
-        rows = await self._read(
-            "load_events",
-            "SELECT data FROM turn_events WHERE request_id = %s AND last_sequence_number > %s"
-            " AND first_sequence_number < %s ORDER BY first_sequence_number",
-            (request_id, after, (1 << 62) if before is None else before),
-        )
-        return events_from_rows(rows, request_id, after, before, "postgres")
-
     # ------------------------------------------------------------------ submissions
 
     async def create_submission(
@@ -614,30 +541,6 @@ class PostgresStore:
             f"create_submission({submission.submission_id!r})",
             lambda conn, now_us: writes.create_submission(conn, submission, max_open),
         )
-
-    async def get_submission(self, submission_id: str) -> SubmissionRecord | None:
-        """The submission, or None."""
-        rows = await self._read(
-            "get_submission", f"SELECT {SUBMISSION_COLUMNS} FROM submissions WHERE id = %s", (submission_id,)
-        )
-        return submission_from_row(rows[0]) if rows else None
-
-    async def list_submissions(
-        self,
-        page_size: int,
-        page_token: str,
-        *,
-        conversation_id: str = "",
-        state: str = "",
-        id_prefix: str = "",
-    ) -> tuple[list[SubmissionRecord], str]:
-        """Up to ``page_size`` (>= 1) submissions in acceptance order, filtered; the next token.
-        Raises :class:`InvalidPageToken` for a token not issued for these filters."""
-        sql, params = submission_page_query(
-            page_size, page_token, conversation_id, state, mark="%s", id_prefix=id_prefix
-        )
-        rows = await self._read("list_submissions", sql, params)
-        return submission_page(rows, page_size, conversation_id, state, id_prefix)
 
     async def end_submission(
         self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]
@@ -674,11 +577,11 @@ class PostgresStore:
         and :meth:`SqliteStore.start_turn <turnwire_server.store.sqlite.SqliteStore.start_turn>`).
         Returns the conversation's messages as that transaction left them, read in the same flight
         as its commit."""
-        rows = writes.prepare_turn(turn, messages)
+        start = prepare_start_turn(turn, messages)
         conversation_id = turn.conversation_id
 
         async def body(conn: Conn, now_us: int) -> Any:
-            await writes.start_turn(conn, turn, rows, now_us)
+            await run_program(conn, turn_writes.start_turn(start, DIALECT, now_us))
             # Sent with the writes, answered with the COMMIT: the history costs no round trip.
             read = self._decoded.read(conversation_id)
             return read, await conn.execute(read.sql.encode(), read.params)
@@ -704,12 +607,14 @@ class PostgresStore:
         """Insert ``message`` or replace the one with its id in place; a no-op for a message
         without parts or when ``turn_request_id`` names no recorded turn. Raises
         :class:`ValueError` for an empty id or invalid create_time."""
-        row = message_row(message)
-        if not row.parts:
+        row = message_writes.prepare_save_message(message)
+        if row is None:
             return
         await self._write_batched(
             f"save_message({conversation_id!r}, {message.id!r})",
-            lambda conn, now_us: writes.save_message(conn, conversation_id, row, turn_request_id, now_us),
+            lambda conn, now_us: run_program(
+                conn, message_writes.save_message(conversation_id, row, turn_request_id, DIALECT, now_us)
+            ),
             conversation_id=conversation_id,
         )
 
@@ -717,17 +622,12 @@ class PostgresStore:
         """Durably upsert the assistant ``message`` (when it has parts) and record ``turn``'s end,
         one transaction. Raises :class:`TurnNotFound` (storing nothing) when no turn
         ``turn.request_id`` exists."""
-        check_turn(turn)
-        row = message_row(message) if message is not None else None
-        if row is not None and not row.parts:
-            row = None
-        if turn.end_time is not None:
-            to_us(turn.end_time, "end_time")
+        finish = message_writes.prepare_finish_turn(turn, message)
         # Group-committed with the checkpoints and event batches queued meanwhile (as SQLite's
         # writer does): the turn waits for this commit before its TurnEnd, but shares it.
         await self._write_batched(
             f"finish_turn({turn.request_id!r})",
-            lambda conn, now_us: writes.finish_turn(conn, turn, row, now_us),
+            lambda conn, now_us: run_program(conn, message_writes.finish_turn(finish, DIALECT, now_us)),
             conversation_id=turn.conversation_id,
         )
 
@@ -768,29 +668,11 @@ class PostgresStore:
             conversation_id=conversation_id,
         )
 
-    async def expired_conversations(self, before: dt.datetime, limit: int) -> list[str]:
-        """Up to ``limit`` (>= 1) ids of conversations updated before ``before`` with no running
-        turn, least recently updated first."""
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        rows = await self._read(
-            "expired_conversations",
-            "SELECT c.id FROM conversations AS c WHERE c.update_time < %s AND NOT EXISTS"
-            " (SELECT 1 FROM turns AS t WHERE t.conversation_id = c.id AND t.state = 'running')"
-            " ORDER BY c.update_time, c.id LIMIT %s",
-            (to_us(before, "before"), limit),
-        )
-        return [row[0] for row in rows]
-
     async def expire_events(self, before: dt.datetime, limit: int) -> int:
         """Delete the events of up to ``limit`` (>= 1) streams that ended before ``before`` and
         mark them ``events_expired``, one transaction; returns how many streams."""
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        before_us = to_us(before, "before")
-        return await self._write(
-            "expire_events", lambda conn, now_us: writes.expire_events(conn, before_us, limit)
-        )
+        program = retention_writes.expire_events(to_us(before, "before"), limit)
+        return await self._write("expire_events", lambda conn, _: run_program(conn, program(DIALECT)))
 
     async def answer_tool_calls(
         self,
@@ -834,7 +716,7 @@ class PostgresStore:
     ) -> AbstractAsyncContextManager[None]:
         """Hold the conversation's turn lock across replicas: a ticket in ``turn_queue``, held once
         it is the conversation's lowest live ticket (see
-        :mod:`turnwire_server.store.postgres_replicas`). Raises :class:`StoreError` when the
+        :mod:`turnwire_server.store.postgres.replicas`). Raises :class:`StoreError` when the
         database fails while taking or waiting for it. ``first`` takes a ticket right behind the
         head and the tickets taken first before it (``_TAKE_TICKET``), ahead of the rest; when the
         head's block of numbers has no room left (or the head is a ticket of schema 4), the ticket
@@ -903,9 +785,9 @@ class PostgresStore:
         an invalid turn or message (before anything is sent), and what :meth:`start_turn` and
         :meth:`turn_lock` raise; ``first`` as :meth:`turn_lock` (the one flight needs no order:
         it succeeds only at the head)."""
-        rows = writes.prepare_turn(turn, messages)
+        start = prepare_start_turn(turn, messages)
         return self._admit(
-            turn, messages, rows, lease_seconds, read_compaction=read_compaction, queued=queued, first=first
+            turn, messages, start, lease_seconds, read_compaction=read_compaction, queued=queued, first=first
         )
 
     @contextlib.asynccontextmanager
@@ -913,7 +795,7 @@ class PostgresStore:
         self,
         turn: TurnRecord,
         messages: Sequence[message_pb2.Message],
-        rows: Sequence[MessageRow],
+        start: StartTurn,
         lease_seconds: float,
         *,
         read_compaction: bool,
@@ -923,7 +805,7 @@ class PostgresStore:
         conversation_id, request_id, owner = turn.conversation_id, turn.request_id, turn.owner
         lease_us = int(lease_seconds * 1_000_000)
         async with self._tickets.hold(conversation_id):  # this process's tickets in call order
-            flight = asyncio.ensure_future(self._admit_flight(turn, rows, lease_us, read_compaction))
+            flight = asyncio.ensure_future(self._admit_flight(turn, start, lease_us, read_compaction))
             try:
                 admitted = await asyncio.shield(flight)
             except asyncio.CancelledError:
@@ -947,11 +829,11 @@ class PostgresStore:
             yield TurnAdmission(history=history)
 
     async def _admit_flight(
-        self, turn: TurnRecord, rows: Sequence[MessageRow], lease_us: int, read_compaction: bool
+        self, turn: TurnRecord, start: StartTurn, lease_us: int, read_compaction: bool
     ) -> tuple[int, TurnAdmission] | None:
         """The one-flight admission: ``BEGIN``, the conversation's write lock, the queue lock, the
         ticket (failing the transaction unless it heads the queue), the input's writes
-        (:func:`~turnwire_server.store.postgres_writes.start_new_turn`, failing it in the
+        (:func:`~turnwire_server.store.postgres.writes.start_new_turn`, failing it in the
         uncommon cases), the history and compaction reads, ``COMMIT``, sent together; the server
         is waited for once. Returns the ticket and what was read; None when the transaction
         failed (nothing stored, no ticket taken: the caller takes the waiting path, which also
@@ -972,13 +854,13 @@ class PostgresStore:
                 try:
                     # The write lock first, then the queue lock: taking a ticket never waits for
                     # a write (QUEUE_LOCK_CLASS), so no transaction holds them the other way round.
-                    async with _flight(conn), writes.conversations_locked(conn, (conversation_id,)):
+                    async with _flight(conn), db.conversations_locked(conn, (conversation_id,)):
                         await conn.execute(
                             b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
                             (writes.QUEUE_LOCK_CLASS, conversation_id),
                         )
                         ticket = await conn.execute(_TAKE_TICKET_AT_HEAD, params)
-                        await writes.start_new_turn(conn, turn, rows, now_us)
+                        await writes.start_new_turn(conn, start, now_us)
                         read = self._decoded.read(conversation_id)
                         history = await conn.execute(read.sql.encode(), read.params)
                         compaction = None
@@ -1057,7 +939,7 @@ class PostgresStore:
         a commit each, ahead of the next turns' admissions."""
 
         async def body(conn: Conn, _: int) -> None:
-            await writes.run(conn, _RELEASE_TICKET, (ticket, QUEUE_CHANNEL, conversation_id))
+            await db.run(conn, _RELEASE_TICKET, (ticket, QUEUE_CHANNEL, conversation_id))
 
         try:
             await self._write_batched("turn_lock release", body, conversation_id=conversation_id)
@@ -1142,13 +1024,13 @@ class PostgresStore:
         payload = f"{request_id}\n{stop}" if stop else request_id
 
         async def body(conn: Any, _: int) -> bool:
-            found = await writes.fetch_one(
+            found = await db.fetch_one(
                 conn,
                 "SELECT 1 FROM turns WHERE request_id = %s AND state = 'running'"
                 " UNION ALL SELECT 1 FROM turn_queue WHERE request_id = %s LIMIT 1",
                 (request_id, request_id),
             )
-            await writes.run(conn, "SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, payload))
+            await db.run(conn, "SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, payload))
             return found is not None
 
         return await self._write("request_cancel", body)
@@ -1214,19 +1096,19 @@ class PostgresStore:
         ``Store.release_place``)."""
 
         async def body(conn: Conn, _: int) -> None:
-            await writes.run(
-                conn, _RELEASE_PLACE, (conversation_id, request_id, QUEUE_CHANNEL, conversation_id)
-            )
+            await db.run(conn, _RELEASE_PLACE, (conversation_id, request_id, QUEUE_CHANNEL, conversation_id))
 
         await self._write("release_place", body)
 
     async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
         """Remove the turn's messages and record its end, one transaction; see
         ``Store.roll_back_turn``. Raises :class:`TurnNotFound`."""
-        check_turn(turn)
+        finish, ids = message_writes.prepare_roll_back(turn, message_ids)
         await self._write(
             f"roll_back_turn({turn.request_id!r})",
-            lambda conn, now_us: writes.roll_back_turn(conn, turn, message_ids, now_us),
+            lambda conn, now_us: run_program(
+                conn, message_writes.roll_back_turn(finish, ids, DIALECT, now_us)
+            ),
             conversation_id=turn.conversation_id,
         )
 
@@ -1311,7 +1193,8 @@ _TAKE_TICKET_IF_IDLE: Final = (
 )
 """Take a ticket only on an idle conversation; (the head's request id, or NULL)."""
 
-_LOAD_COMPACTION: Final = f"SELECT {COMPACTION_COLUMNS} FROM compactions WHERE conversation_id = %s".encode()
+
+_LOAD_COMPACTION: Final = db.native(LOAD_COMPACTION_SQL)
 
 _TAKE_TICKET_AT_HEAD: Final = (
     # As _TAKE_TICKET (under the queue lock the caller took), but failing the transaction (a cast
@@ -1392,7 +1275,7 @@ async def _take_over_tickets(conn: Any, request_ids: Sequence[str], owner: str, 
     """The queue tickets of turns (or submissions) taken over from a dead replica become
     ``owner``'s, so the recovered work keeps its place in line (first in, first out)."""
     if request_ids:
-        await writes.run(
+        await db.run(
             conn,
             "UPDATE turn_queue SET owner = %s, lease_until = %s WHERE request_id = ANY(%s)",
             (owner, until_us, list(request_ids)),

@@ -1,0 +1,210 @@
+"""A turn's checkpoints and end, once for both drivers: ``Store.save_message``,
+``Store.finish_turn`` and ``Store.roll_back_turn`` as core write programs
+(:mod:`turnwire_server.store.sql`), with the message upsert they share.
+
+A reply never overwrites someone else's message: upserting a stored id of another role is
+:class:`MessageIdConflict` (ids of a turn's replies are the server's own, see
+``turnwire_server.engine.ids``; this is the store's second line). A write of a turn that is no
+longer recorded (its conversation was deleted while it ran) writes nothing: ``save_message``
+silently (a late checkpoint; docs/semantics.md §12, deleting), ``finish_turn`` and
+``roll_back_turn`` raising :class:`TurnNotFound`, so a reply never brings the conversation back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from turnwire_client.v1 import message_pb2
+from turnwire_server.store.base import TurnRecord
+from turnwire_server.store.errors import MessageIdConflict, TurnNotFound
+from turnwire_server.store.rows import MessageRow, check_turn, message_insert_params, message_row, to_us
+from turnwire_server.store.sql import Dialect, Program, Statement, in_marks
+from turnwire_server.store.turn_writes import INSERT_MESSAGE, TOUCH_CONVERSATION
+
+__all__ = [
+    "FinishTurn",
+    "finish_turn",
+    "prepare_finish_turn",
+    "prepare_roll_back",
+    "prepare_save_message",
+    "roll_back_turn",
+    "save_message",
+    "submission_end",
+    "upsert_message",
+    "upsert_writes",
+]
+
+_TURN_RECORDED: Final = "SELECT 1 FROM turns WHERE request_id = ?"
+_STORED_ROLE: Final = "SELECT role FROM messages WHERE conversation_id = ? AND id = ?"
+_UPDATE_MESSAGE: Final = (
+    "UPDATE messages SET role = ?, create_time = ?, create_time_nanos = ?, metadata = ?"
+    " WHERE conversation_id = ? AND id = ?"
+)
+_END_SUBMISSION: Final = (
+    "UPDATE submissions SET state = ?, end_time = ?, error = ? WHERE id = ? AND state = 'running'"
+)
+_SUBMISSION_END: Final[dict[str, str]] = {
+    "completed": "completed",
+    "error": "error",
+    "aborted": "aborted",
+    "interrupted": "error",
+    "skipped": "skipped",
+}
+
+
+def submission_end(turn_state: str) -> str | None:
+    """The state a running submission ends in when its turn ends ``turn_state`` (docs/semantics.md
+    §7); None while the turn still runs (a recovery counted): nothing ends."""
+    return _SUBMISSION_END.get(turn_state)
+
+
+def stored_role_read(conversation_id: str, row: MessageRow) -> Statement:
+    """The read :func:`upsert_writes` decides on."""
+    return Statement(_STORED_ROLE, (conversation_id, row.id), fetch=True)
+
+
+def upsert_writes(
+    conversation_id: str, row: MessageRow, stored_role: list[Any], dialect: Dialect, now_us: int
+) -> list[Statement]:
+    """Insert ``row`` at the end, or replace it in place (same seq) when its id is stored
+    (``stored_role``: :func:`stored_role_read`'s rows). Raises :class:`MessageIdConflict` when
+    the stored message has another role."""
+    if stored_role and stored_role[0][0] != row.role:
+        raise MessageIdConflict(conversation_id, row.id)
+    touch = Statement(TOUCH_CONVERSATION, (conversation_id, now_us, now_us, 0 if stored_role else 1))
+    if not stored_role:
+        inserted = Statement(INSERT_MESSAGE, message_insert_params(conversation_id, row))
+        return [touch, inserted, *dialect.insert_parts(conversation_id, (row,))]
+    updated = Statement(
+        _UPDATE_MESSAGE,
+        (row.role, row.create_time_us, row.create_time_nanos, row.metadata, conversation_id, row.id),
+    )
+    return [touch, updated, *dialect.replace_parts(conversation_id, row)]
+
+
+def upsert_message(conversation_id: str, row: MessageRow, dialect: Dialect, now_us: int) -> Program[None]:
+    """:func:`upsert_writes` with its read, for a write that holds the conversation's lock."""
+    found = yield [stored_role_read(conversation_id, row)]
+    yield upsert_writes(conversation_id, row, found[0], dialect, now_us)
+
+
+def prepare_save_message(message: message_pb2.Message) -> MessageRow | None:
+    """``save_message``'s row (None when ``message`` has no parts: such messages are not stored).
+    Raises :class:`ValueError` for an empty id or invalid create_time."""
+    row = message_row(message)
+    return row if row.parts else None
+
+
+def save_message(
+    conversation_id: str, row: MessageRow, turn_request_id: str, dialect: Dialect, now_us: int
+) -> Program[None]:
+    """``Store.save_message``: upsert ``row``; nothing when ``turn_request_id`` (if given) names
+    no recorded turn."""
+    reads = [*dialect.lock_conversation(conversation_id), stored_role_read(conversation_id, row)]
+    if turn_request_id:
+        reads.append(Statement(_TURN_RECORDED, (turn_request_id,), fetch=True))
+    found = yield reads
+    if turn_request_id and not found[-1]:
+        return
+    yield upsert_writes(conversation_id, row, found[-2] if turn_request_id else found[-1], dialect, now_us)
+
+
+class FinishTurn:
+    """``finish_turn``'s arguments, validated and serialized in the caller's task."""
+
+    __slots__ = ("end_us", "row", "turn")
+
+    def __init__(self, turn: TurnRecord, row: MessageRow | None) -> None:
+        self.turn = turn
+        self.row = row
+        self.end_us = None if turn.end_time is None else to_us(turn.end_time, "end_time")
+
+
+def prepare_finish_turn(turn: TurnRecord, message: message_pb2.Message | None) -> FinishTurn:
+    """Validate ``finish_turn``'s arguments; a message without parts is not stored. Raises
+    :class:`ValueError` for an invalid argument."""
+    check_turn(turn)
+    row = message_row(message) if message is not None else None
+    return FinishTurn(turn, row if row is not None and row.parts else None)
+
+
+def finish_turn(finish: FinishTurn, dialect: Dialect, now_us: int) -> Program[None]:
+    """``Store.finish_turn``: upsert the reply (when it has parts), end the turn and its running
+    submission. Raises :class:`TurnNotFound` (writing nothing) when the turn is not recorded."""
+    turn, row = finish.turn, finish.row
+    reads = [*dialect.lock_conversation(turn.conversation_id)]
+    if row is not None:
+        reads.append(stored_role_read(turn.conversation_id, row))
+    reads.append(Statement(_TURN_RECORDED, (turn.request_id,), fetch=True))
+    found = yield reads
+    if not found[-1]:
+        raise TurnNotFound(turn.request_id)
+    writes = [] if row is None else upsert_writes(turn.conversation_id, row, found[-2], dialect, now_us)
+    writes.append(
+        Statement(
+            "UPDATE turns SET state = ?, end_time = ?, error = ?, recovery_count = ? WHERE request_id = ?",
+            (turn.state, finish.end_us, turn.error, turn.recovery_count, turn.request_id),
+        )
+    )
+    ended = submission_end(turn.state)
+    if ended is not None:
+        writes.append(Statement(_END_SUBMISSION, (ended, now_us, turn.error, turn.request_id)))
+    yield writes
+
+
+def prepare_roll_back(turn: TurnRecord, message_ids: Sequence[str]) -> tuple[FinishTurn, list[str]]:
+    """Validate ``roll_back_turn``'s arguments: the turn, and the message ids once each."""
+    check_turn(turn)
+    return FinishTurn(turn, None), list(dict.fromkeys(message_ids))
+
+
+def roll_back_turn(
+    finish: FinishTurn, message_ids: Sequence[str], dialect: Dialect, now_us: int
+) -> Program[None]:
+    """``Store.roll_back_turn``: remove ``message_ids`` (parts first) from the turn's conversation
+    and end the turn and its running submission. Raises :class:`TurnNotFound` (writing nothing)
+    when the turn is not recorded."""
+    turn, conversation_id = finish.turn, finish.turn.conversation_id
+    reads = [*dialect.lock_conversation(conversation_id)]
+    if message_ids:
+        marks = in_marks(len(message_ids))
+        reads.append(
+            Statement(
+                f"SELECT COUNT(*) FROM messages WHERE conversation_id = ? AND id IN ({marks})",
+                (conversation_id, *message_ids),
+                fetch=True,
+            )
+        )
+    reads.append(Statement(_TURN_RECORDED, (turn.request_id,), fetch=True))
+    found = yield reads
+    if not found[-1]:
+        raise TurnNotFound(turn.request_id)
+    writes: list[Statement] = []
+    if message_ids:
+        removed = found[-2][0][0]
+        params = (conversation_id, *message_ids)
+        writes.append(
+            Statement(f"DELETE FROM parts WHERE conversation_id = ? AND message_id IN ({marks})", params)
+        )
+        writes.append(
+            Statement(f"DELETE FROM messages WHERE conversation_id = ? AND id IN ({marks})", params)
+        )
+        if removed:
+            writes.append(
+                Statement(
+                    "UPDATE conversations SET message_count = message_count - ?, update_time = ?"
+                    " WHERE id = ?",
+                    (removed, now_us, conversation_id),
+                )
+            )
+    writes.append(
+        Statement(
+            "UPDATE turns SET state = ?, end_time = ?, error = ? WHERE request_id = ?",
+            (turn.state, finish.end_us, turn.error, turn.request_id),
+        )
+    )
+    ended = submission_end(turn.state)
+    if ended is not None:
+        writes.append(Statement(_END_SUBMISSION, (ended, now_us, turn.error, turn.request_id)))
+    yield writes

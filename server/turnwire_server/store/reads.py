@@ -1,0 +1,156 @@
+"""The store's reads written once: each driver's store class inherits :class:`CoreReads` and gives
+it :meth:`CoreReads._read`, one statement's rows on the driver's read connection (SQLite's
+read-only reader, a pooled PostgreSQL connection). The statements are in the SQL both dialects
+accept, with ``?`` placeholders (see :mod:`turnwire_server.store.sql`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any, Final
+
+from turnwire_server.store.base import (
+    CompactionRecord,
+    ConversationRecord,
+    StreamRecord,
+    SubmissionRecord,
+    TurnRecord,
+)
+from turnwire_server.store.partial_replies import (
+    partial_replies_of,
+    partial_replies_sql,
+    turns_without_reply_sql,
+)
+from turnwire_server.store.rows import (
+    COMPACTION_COLUMNS,
+    TURN_COLUMNS,
+    compaction_from_row,
+    conversation_from_row,
+    to_us,
+    turn_from_row,
+)
+from turnwire_server.store.stream_rows import STREAM_COLUMNS, events_from_rows, stream_from_row
+from turnwire_server.store.submission_rows import (
+    SUBMISSION_COLUMNS,
+    submission_from_row,
+    submission_page,
+    submission_page_query,
+)
+
+__all__ = ["LOAD_COMPACTION_SQL", "CoreReads"]
+
+LOAD_COMPACTION_SQL: Final = f"SELECT {COMPACTION_COLUMNS} FROM compactions WHERE conversation_id = ?"
+"""A conversation's compaction row (:func:`compaction_from_row`)."""
+
+_PARTIAL_REPLIES_SQL: Final = partial_replies_sql("?")
+_TURNS_WITHOUT_REPLY_SQL: Final = turns_without_reply_sql("?")
+
+
+class CoreReads:
+    """The reads of :class:`~turnwire_server.store.base.Store` that only select and decode."""
+
+    _store_name: str
+    """``"sqlite"`` or ``"postgres"``, for messages (``"{name} store: …"``)."""
+
+    async def _read(self, what: str, sql: str, params: Sequence[Any]) -> list[Any]:
+        """The rows of ``sql`` (``?`` placeholders); raises :class:`StoreError` naming ``what``."""
+        raise NotImplementedError
+
+    async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
+        """The conversation's record (times tz-aware UTC), or ``None`` when it does not exist."""
+        rows = await self._read(
+            "get_conversation",
+            "SELECT id, create_time, update_time, message_count FROM conversations WHERE id = ?",
+            (conversation_id,),
+        )
+        return conversation_from_row(rows[0]) if rows else None
+
+    async def partial_replies(self, conversation_id: str) -> dict[str, TurnRecord]:
+        """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
+        rows = await self._read("partial_replies", _PARTIAL_REPLIES_SQL, (conversation_id,))
+        return partial_replies_of(rows)
+
+    async def turns_without_reply(self, conversation_id: str, limit: int) -> list[TurnRecord]:
+        """See :meth:`~turnwire_server.store.base.Store.turns_without_reply`; raises
+        :class:`ValueError` when ``limit`` < 1."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        rows = await self._read("turns_without_reply", _TURNS_WITHOUT_REPLY_SQL, (conversation_id, limit))
+        return [turn_from_row(row) for row in reversed(rows)]
+
+    async def load_compaction(self, conversation_id: str) -> CompactionRecord | None:
+        """The conversation's compaction, None when none. Raises :class:`StoreCorrupted`."""
+        rows = await self._read("load_compaction", LOAD_COMPACTION_SQL, (conversation_id,))
+        return compaction_from_row(rows[0]) if rows else None
+
+    async def running_turns(self) -> list[TurnRecord]:
+        """Turns whose state is ``running``, oldest start first."""
+        rows = await self._read(
+            "running_turns",
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE state = 'running' ORDER BY start_time, request_id",
+            (),
+        )
+        return [turn_from_row(row) for row in rows]
+
+    async def get_turn(self, request_id: str) -> TurnRecord | None:
+        """The turn recorded under ``request_id``, or None."""
+        rows = await self._read(
+            "get_turn", f"SELECT {TURN_COLUMNS} FROM turns WHERE request_id = ?", (request_id,)
+        )
+        return turn_from_row(rows[0]) if rows else None
+
+    async def get_stream(self, request_id: str) -> StreamRecord | None:
+        """The stored stream of ``request_id``, or None."""
+        rows = await self._read(
+            "get_stream", f"SELECT {STREAM_COLUMNS} FROM turn_streams WHERE request_id = ?", (request_id,)
+        )
+        return stream_from_row(rows[0]) if rows else None
+
+    async def load_events(self, request_id: str, after: int, before: int | None = None) -> list[bytes]:
+        """Serialized events of ``request_id`` with ``after < sequence_number < before``, in order.
+        Raises :class:`StoreCorrupted` for a stored batch that cannot be read back."""
+        rows = await self._read(
+            "load_events",
+            "SELECT data FROM turn_events WHERE request_id = ? AND last_sequence_number > ?"
+            " AND first_sequence_number < ? ORDER BY first_sequence_number",
+            (request_id, after, (1 << 62) if before is None else before),
+        )
+        return events_from_rows(rows, request_id, after, before, self._store_name)
+
+    async def get_submission(self, submission_id: str) -> SubmissionRecord | None:
+        """The submission, or None."""
+        rows = await self._read(
+            "get_submission", f"SELECT {SUBMISSION_COLUMNS} FROM submissions WHERE id = ?", (submission_id,)
+        )
+        return submission_from_row(rows[0]) if rows else None
+
+    async def list_submissions(
+        self,
+        page_size: int,
+        page_token: str,
+        *,
+        conversation_id: str = "",
+        state: str = "",
+        id_prefix: str = "",
+    ) -> tuple[list[SubmissionRecord], str]:
+        """Up to ``page_size`` (>= 1) submissions in acceptance order, filtered; the next token.
+        Raises :class:`InvalidPageToken` for a token not issued for these filters."""
+        sql, params = submission_page_query(
+            page_size, page_token, conversation_id, state, mark="?", id_prefix=id_prefix
+        )
+        rows = await self._read("list_submissions", sql, params)
+        return submission_page(rows, page_size, conversation_id, state, id_prefix)
+
+    async def expired_conversations(self, before: dt.datetime, limit: int) -> list[str]:
+        """Up to ``limit`` (>= 1) ids of conversations updated before ``before`` with no running
+        turn, least recently updated first."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        rows = await self._read(
+            "expired_conversations",
+            "SELECT c.id FROM conversations AS c WHERE c.update_time < ? AND NOT EXISTS"
+            " (SELECT 1 FROM turns AS t WHERE t.conversation_id = c.id AND t.state = 'running')"
+            " ORDER BY c.update_time, c.id LIMIT ?",
+            (to_us(before, "before"), limit),
+        )
+        return [row[0] for row in rows]

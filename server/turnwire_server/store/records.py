@@ -1,0 +1,217 @@
+"""The store's records: what the :class:`~turnwire_server.store.base.Store` protocols take and
+return (turns, conversations, compactions, streams, submissions, tool-call answers), plain frozen
+dataclasses and literal state types."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from turnwire_client.v1 import message_pb2
+
+__all__ = [
+    "AddMode",
+    "AddResult",
+    "AnsweredToolCalls",
+    "CompactionRecord",
+    "ConversationRecord",
+    "StreamRecord",
+    "SubmissionRecord",
+    "SubmissionState",
+    "ToolCallAnswer",
+    "ToolCallAnswerKind",
+    "TurnAdmission",
+    "TurnRecord",
+    "TurnState",
+    "renewed_lease",
+]
+
+TurnState = Literal["running", "completed", "error", "aborted", "interrupted", "skipped"]
+"""A turn record's state; ``running`` until the turn ends."""
+
+SubmissionState = Literal["pending", "running", "completed", "error", "aborted", "skipped"]
+"""A submission's state (docs/semantics.md §7): ``pending → running → completed | error |
+aborted | skipped``; ``aborted`` is final even against a late completion."""
+
+AddMode = Literal["append", "upsert"]
+"""How :meth:`Store.add_messages` treats a message whose id is stored (docs/semantics.md §1):
+``append`` leaves one with the same content as it is and refuses other content; ``upsert``
+replaces it in place."""
+
+
+ToolCallAnswerKind = Literal["output", "error", "approve", "deny"]
+"""What the client answered: a result (``output``), a failed result (``error``), an approval or a
+denial."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallAnswer:
+    """The client's answer to one waiting tool call (docs/semantics.md §6).
+
+    ``output`` needs ``output_json`` (JSON text, stored exactly) and answers a client call;
+    ``error`` answers a client call with ``text`` as the error (``Tool execution denied by
+    user`` when empty); ``approve`` and ``deny`` answer an approval request, ``text`` being
+    the denial's reason (default ``Tool execution denied by user``).
+    """
+
+    tool_call_id: str
+    kind: ToolCallAnswerKind
+    output_json: str = ""
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AnsweredToolCalls:
+    """The outcome of :meth:`Store.answer_tool_calls`.
+
+    ``message`` is the assistant message holding the calls, as stored now; ``waiting`` the
+    ids of its calls that still wait for the client. ``completed`` is true for exactly one
+    write per message: the one that answered its last waiting call.
+    """
+
+    message: message_pb2.Message
+    waiting: tuple[str, ...]
+    completed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRecord:
+    """A conversation's metadata. Times are timezone-aware UTC."""
+
+    conversation_id: str
+    create_time: dt.datetime
+    update_time: dt.datetime
+    message_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """One turn as the store knows it.
+
+    ``error`` is a serialized ``google.rpc.Status``: why the turn ended, when it ended
+    ``error``, or ``aborted`` / ``interrupted`` with a reason (``SHUTTING_DOWN``,
+    ``ROLLED_BACK``, ``SLOW_CONSUMER`` …); ``recovery_count`` counts recoveries (crash, stall)
+    spent on this turn;
+    ``spec`` is what a recovery needs to run the turn again (JSON text: body, client
+    tools, continuation; see ``turnwire_server.engine.turn_spec``), None for turns
+    stored before it existed. ``owner`` is the replica running it and ``lease_until`` when its
+    lease lapses unless renewed (a lapsed running turn is recovered by another replica).
+    """
+
+    request_id: str
+    conversation_id: str
+    assistant_message_id: str
+    continuation: bool
+    model: str
+    state: TurnState
+    start_time: dt.datetime
+    end_time: dt.datetime | None = None
+    error: bytes | None = None
+    recovery_count: int = 0
+    spec: str | None = None
+    owner: str = ""
+    lease_until: dt.datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionRecord:
+    """The latest compaction of a conversation's history (docs/semantics.md §9): what the model
+    is sent instead of the stored messages, which never change.
+
+    The model sees ``summary`` (None: no summary) in place of the messages up to and including
+    ``through_message_id`` (``""`` with no summary), then the messages after it, with the
+    outputs of the tool calls ``elided_calls`` (``(message id, tool call id)`` pairs) replaced
+    by a placeholder. ``reason`` is
+    ``reactive``, ``proactive`` or ``threshold``; ``strategy`` the strategy's name;
+    ``tokens_before`` / ``tokens_after`` the counted tokens of the view before and after.
+    """
+
+    conversation_id: str
+    through_message_id: str
+    summary: message_pb2.Message | None
+    elided_calls: tuple[tuple[str, str], ...]
+    reason: str
+    strategy: str
+    tokens_before: int
+    tokens_after: int
+    create_time: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TurnAdmission:
+    """What :meth:`Store.admit_turn` read with the commit of the turn's input, so the turn need not
+    read it again before its model call.
+
+    ``history`` is the conversation's messages as that commit left them (read-only, as
+    :meth:`Store.load_messages` gives them), None when the backend did not read them (the
+    caller loads them); ``compaction`` its compaction record when ``compaction_read`` (None: it
+    has none), unread otherwise.
+    """
+
+    history: Sequence[message_pb2.Message] | None = None
+    compaction: CompactionRecord | None = None
+    compaction_read: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecord:
+    """A turn's stored event stream (for ResumeTurn). Times tz-aware UTC.
+
+    ``last_sequence_number`` is the highest stored event's; ``end_time`` is set once its
+    TurnEnd is stored; ``events_expired`` once retention removed its events.
+    """
+
+    request_id: str
+    conversation_id: str
+    last_sequence_number: int
+    create_time: dt.datetime
+    end_time: dt.datetime | None
+    events_expired: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionRecord:
+    """One submission (docs/semantics.md §7). Times tz-aware UTC.
+
+    ``request`` is the accepted request, serialized by the API layer (opaque to the store);
+    ``seq`` its order of acceptance (assigned by the store, from 1); ``error`` a serialized
+    ``google.rpc.Status`` when it failed or was aborted; ``owner`` the replica that queued its
+    turn, holding it while ``lease_until`` is renewed.
+    """
+
+    submission_id: str
+    conversation_id: str
+    idempotency_key: str | None
+    state: SubmissionState
+    request: bytes
+    create_time: dt.datetime
+    start_time: dt.datetime | None = None
+    end_time: dt.datetime | None = None
+    error: bytes | None = None
+    seq: int = 0
+    owner: str = ""
+    lease_until: dt.datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AddResult:
+    """What :meth:`Store.add_messages` did: the conversation after the write and how many messages
+    were appended (``added``), replaced in place (``updated``) or already stored with the same
+    content (``unchanged``); the three add up to the number of messages given."""
+
+    conversation: ConversationRecord
+    added: int
+    updated: int
+    unchanged: int
+
+
+def renewed_lease(turn: TurnRecord, lease_seconds: float) -> TurnRecord:
+    """``turn`` with its lease running ``lease_seconds`` from now (None stays None): a turn that
+    waited in the queue gets the lease it would have had had it not waited."""
+    if turn.lease_until is None:
+        return turn
+    until = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=lease_seconds)
+    return dataclasses.replace(turn, lease_until=until)

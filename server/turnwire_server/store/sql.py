@@ -1,0 +1,89 @@
+"""How the shared core speaks SQL to either driver: statements, write programs and the dialect.
+
+A store write is a **program**: a generator that yields batches of :class:`Statement`, is sent
+back what each one read, decides with a pure function over those rows (raising a domain error
+of :mod:`turnwire_server.store.errors` to write nothing), and returns its result. It holds no
+connection: a driver runs it inside the write's transaction and commits. The SQLite driver runs
+it on its writer thread, one statement after the other
+(:func:`turnwire_server.store.sqlite.db.run_program`); the PostgreSQL driver sends each batch
+in pipeline mode and waits once for the batch's reads, never for its writes
+(:func:`turnwire_server.store.postgres.writes.run_program`). So one program serves both.
+
+Statements are written once, in the SQL both dialects accept, with ``?`` placeholders (the
+PostgreSQL driver sends them as ``%s``: shared SQL holds no literal ``?`` or ``%``). What the
+dialects spell differently (row locks, many rows in one statement) is a :class:`Dialect`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias, TypeVar
+
+__all__ = ["Dialect", "Program", "Statement", "in_marks", "just"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One statement of a program's batch.
+
+    ``params`` are the statement's parameters, or with ``many`` a sequence of parameter rows
+    (one execution each; none when empty). With ``fetch`` the program is sent the statement's
+    rows (a list of tuples); otherwise it is sent None and, on PostgreSQL, nothing waits for
+    the statement before the commit.
+    """
+
+    sql: str
+    params: Sequence[Any] | Mapping[str, Any] = ()
+    fetch: bool = False
+    many: bool = False
+
+
+Program: TypeAlias = Generator[Sequence[Statement], list[Any], T]
+"""A write's statements and decisions (see the module docstring): yields batches of statements,
+is sent one entry per statement (its rows with ``fetch``, else None), returns the write's result."""
+
+
+class Dialect(Protocol):
+    """What a driver spells its own way in the statements the core writes."""
+
+    name: str
+    """``"sqlite"`` or ``"postgresql"``: for messages (``"{name} store: …"``)."""
+
+    lock_rows: str
+    """Appended to a read of rows the write then changes: ``" FOR UPDATE"`` where several
+    connections write at once (PostgreSQL), ``""`` where one writer applies writes in turn."""
+
+    claim_rows: str
+    """Appended to a read of rows a maintenance write then changes: ``" FOR UPDATE SKIP LOCKED"``
+    where several replicas sweep at once (each takes rows the others do not), ``""`` where one
+    writer applies writes in turn."""
+
+    def lock_conversation(self, conversation_id: str) -> Sequence[Statement]:
+        """The statements that take ``conversation_id``'s write lock for the rest of the
+        transaction (none where writes are applied one at a time)."""
+        ...
+
+    def insert_parts(self, conversation_id: str, rows: Sequence[Any]) -> Sequence[Statement]:
+        """The statements that insert the parts of the new messages ``rows``
+        (:class:`~turnwire_server.store.rows.MessageRow`), ``idx`` from 0 in each."""
+        ...
+
+    def replace_parts(self, conversation_id: str, row: Any) -> Sequence[Statement]:
+        """The statements that make the stored message ``row.id``'s parts exactly ``row.parts``,
+        rewriting only changed ones."""
+        ...
+
+
+def in_marks(count: int) -> str:
+    """``?, ?, …`` for an ``IN (…)`` list of ``count`` values (both dialects; ``count`` >= 1)."""
+    if count < 1:
+        raise ValueError("an IN list needs at least one value")
+    return ", ".join("?" * count)
+
+
+def just(statements: Sequence[Statement]) -> Program[None]:
+    """A program of one batch of ``statements`` that reads nothing."""
+    yield statements

@@ -1,0 +1,99 @@
+"""What the SQLite driver's modules share: the writer's unit of work, how it runs the shared
+core's write programs, the dialect, and how ``sqlite3`` errors become :class:`StoreError`."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeVar
+
+from turnwire_server.store.errors import StoreError
+from turnwire_server.store.rows import MessageRow
+from turnwire_server.store.sql import Program, Statement
+
+__all__ = ["DB_ERRORS", "DIALECT", "WriteFn", "run_program", "store_error"]
+
+T = TypeVar("T")
+
+WriteFn = Callable[[sqlite3.Connection, int], None]
+"""``apply(conn, now_us)``: one write's SQL on the writer's connection, inside the batch
+transaction; ``now_us`` is the write's time (µs since the epoch, strictly increasing)."""
+
+DB_ERRORS: Final = (sqlite3.Error, ValueError, OSError)
+"""Errors of the database layer (aiosqlite raises ValueError on a closed connection)."""
+
+
+def store_error(exc: BaseException, what: str) -> StoreError:
+    """``exc`` as a :class:`StoreError` saying what failed (``exc`` itself when it is one)."""
+    if isinstance(exc, StoreError):
+        return exc
+    code = getattr(exc, "sqlite_errorname", None)
+    detail = f"{code}: {exc}" if code else str(exc) or type(exc).__name__
+    err = StoreError(f"sqlite store: {what} failed: {detail}")
+    err.__cause__ = exc
+    return err
+
+
+def run_program(conn: sqlite3.Connection, program: Program[T]) -> T:
+    """Run a core write ``program`` (:mod:`turnwire_server.store.sql`) on the writer's
+    connection, inside the write's savepoint: each statement in turn; returns its result."""
+    try:
+        batch = next(program)
+        while True:
+            found: list[Any] = []
+            for statement in batch:
+                if statement.many:
+                    conn.executemany(statement.sql, statement.params)
+                    found.append(None)
+                else:
+                    cursor = conn.execute(statement.sql, statement.params)
+                    found.append(cursor.fetchall() if statement.fetch else None)
+            batch = program.send(found)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+
+
+class _SqliteDialect:
+    """SQLite's spelling (:class:`~turnwire_server.store.sql.Dialect`): one writer thread applies
+    the writes one at a time, so nothing is locked; parts go in one ``executemany``."""
+
+    name = "sqlite"
+    lock_rows = ""
+    claim_rows = ""
+
+    def lock_conversation(self, conversation_id: str) -> Sequence[Statement]:
+        return ()
+
+    def insert_parts(self, conversation_id: str, rows: Sequence[MessageRow]) -> Sequence[Statement]:
+        return (
+            Statement(
+                "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (?, ?, ?, ?, ?)",
+                [
+                    (conversation_id, row.id, idx, kind, data)
+                    for row in rows
+                    for idx, (kind, data) in enumerate(row.parts)
+                ],
+                many=True,
+            ),
+        )
+
+    def replace_parts(self, conversation_id: str, row: MessageRow) -> Sequence[Statement]:
+        return (
+            Statement(
+                "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (conversation_id, message_id, idx) DO UPDATE"
+                " SET kind = excluded.kind, data = excluded.data"
+                " WHERE parts.data IS NOT excluded.data",
+                [(conversation_id, row.id, idx, kind, data) for idx, (kind, data) in enumerate(row.parts)],
+                many=True,
+            ),
+            Statement(
+                "DELETE FROM parts WHERE conversation_id = ? AND message_id = ? AND idx >= ?",
+                (conversation_id, row.id, len(row.parts)),
+            ),
+        )
+
+
+DIALECT: Final = _SqliteDialect()
+"""The SQLite driver's :class:`~turnwire_server.store.sql.Dialect`."""
