@@ -33,7 +33,7 @@ class Sink(trace_service_pb2_grpc.TraceServiceServicer):
 
 async def serve(port: int, count: Path) -> None:
     server = grpc.aio.server()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Sink(count), server)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Sink(count), server)  # type: ignore[no-untyped-call]  # opentelemetry-proto's grpc module is unannotated
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     stop = asyncio.Event()

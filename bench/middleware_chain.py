@@ -68,7 +68,7 @@ from turnwire.hooks import (
 )
 from turnwire.testing import ScriptedProvider, ScriptedToolCall, ScriptStep
 from turnwire.tools import PythonTool, ToolExecution
-from turnwire.types import TextDelta, Usage
+from turnwire.types import FinishReason, TextDelta, Usage
 from turnwire_client.v1 import chat_service_pb2, message_pb2
 from turnwire_server.api.status import status_of
 from turnwire_server.engine import EngineSettings, TurnEngine, TurnRequest
@@ -299,7 +299,7 @@ async def isolated_per_turn(
     step_ctx = StepContext("conv", "req", 0, (), "scripted:tool", "system", [message])
     call_ctx = ToolCallContext("conv", "req", "call_0_0", "echo", {"q": "a"}, 0, [message])
     result_ctx = ToolCallResultContext("conv", "req", "call_0_0", "echo", {"q": "a"}, 0, 0.01, True, {"e": 1})
-    step_result = StepFinishContext(0, "text", (), "", (), (), "stop", "stop", Usage())
+    step_result = StepFinishContext(0, "text", (), "", (), (), FinishReason.STOP, "stop", Usage())
     response = ChatResponseContext("conv", "req", message, False, "completed")
     chunk = TextDelta("t", "x")
     best = float("inf")

@@ -98,8 +98,9 @@ async def run(opts: Options) -> list[Table]:
                 servers[name] = make(workdir)
                 _log(f"starting {name}: {' '.join(servers[name].argv[1:])}")
                 await servers[name].start()
-                assert servers[name].ps is not None
-                quiet.exclude.append(servers[name].ps)
+                process = servers[name].ps
+                assert process is not None
+                quiet.exclude.append(process)
             # (a) interleaved: floor, turnwire, floor, turnwire ...
             per_round = max(1, opts.ttfe_turns // opts.rounds)
             ttfe_servers = [FLOOR, TURNWIRE]

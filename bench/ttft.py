@@ -49,11 +49,13 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import grpc
 import openai
+from anthropic.types import MessageParam
+from openai.types.chat import ChatCompletionMessageParam
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -164,8 +166,8 @@ middleware:{" []" if not middlewares else ""}
 # ----------------------------------------------------------------------------- clients
 
 
-def _text_message(role: int, text: str, message_id: str = "") -> message_pb2.Message:
-    message = message_pb2.Message(id=message_id, role=role)  # type: ignore[arg-type]
+def _text_message(role: message_pb2.Role.ValueType, text: str, message_id: str = "") -> message_pb2.Message:
+    message = message_pb2.Message(id=message_id, role=role)
     message.parts.add().text.text = text
     return message
 
@@ -231,14 +233,14 @@ class BareClient:
             self.anthropic = anthropic.AsyncAnthropic(base_url=upstream, api_key="bench", max_retries=0)
 
     @staticmethod
-    def history(turns: int) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def history(turns: int) -> list[MessageParam]:
+        out: list[MessageParam] = []
         for i in range(turns):
             out.append({"role": "user", "content": f"{QUESTION} ({i})"})
             out.append({"role": "assistant", "content": ANSWER})
         return out
 
-    async def turn(self, history: list[dict[str, Any]], model: str) -> tuple[float, int]:
+    async def turn(self, history: list[MessageParam], model: str) -> tuple[float, int]:
         """One turn on ``history`` (appended to, as an application keeps its transcript)."""
         history.append({"role": "user", "content": QUESTION})
         start = time.perf_counter()
@@ -247,8 +249,9 @@ class BareClient:
         if self.api == "openai":
             stream = await self.openai.chat.completions.create(
                 model=model,
-                messages=history,
-                stream=True,  # type: ignore[arg-type]
+                # The same role/content dicts: each SDK types them as its own TypedDicts.
+                messages=cast("list[ChatCompletionMessageParam]", history),
+                stream=True,
             )
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
@@ -259,7 +262,7 @@ class BareClient:
             events = await self.anthropic.messages.create(
                 model=model,
                 max_tokens=ANTHROPIC_MAX_TOKENS,
-                messages=history,  # type: ignore[arg-type]
+                messages=history,
                 stream=True,
             )
             async for event in events:
@@ -292,7 +295,7 @@ async def measure_ttft(
     opts: Options, servers: dict[int, ServerProcess], clients: dict[int, SidecarClient], upstream: str
 ) -> list[TtftRow]:
     rows: dict[tuple[str, int, int], TtftRow] = {}
-    state: dict[tuple[str, int, int], tuple[str, list[dict[str, Any]]]] = {}
+    state: dict[tuple[str, int, int], tuple[str, list[MessageParam]]] = {}
     bare = {api: BareClient(api, upstream) for api in APIS}
     try:
         for api in APIS:

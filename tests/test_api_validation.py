@@ -28,9 +28,9 @@ def id_violations(value: str, *, required: bool = True, client_chosen: bool = Fa
 
 
 def text_message(
-    text: str = "hello", *, message_id: str = "", role: int = message_pb2.ROLE_USER
+    text: str = "hello", *, message_id: str = "", role: message_pb2.Role.ValueType = message_pb2.ROLE_USER
 ) -> message_pb2.Message:
-    message = message_pb2.Message(id=message_id, role=role)  # type: ignore[arg-type]
+    message = message_pb2.Message(id=message_id, role=role)
     message.parts.add().text.text = text
     return message
 
@@ -180,7 +180,7 @@ def test_a_client_message_id_is_kept() -> None:
 
 
 @pytest.mark.parametrize("role", [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT, message_pb2.ROLE_SYSTEM])
-def test_every_known_role_is_accepted(role: int) -> None:
+def test_every_known_role_is_accepted(role: message_pb2.Role.ValueType) -> None:
     assert message_violations(text_message(role=role), default_role=None) == []
 
 
@@ -201,8 +201,10 @@ def test_all_problems_of_a_message_are_reported_at_once() -> None:
     "role", [message_pb2.ROLE_USER, message_pb2.ROLE_SYSTEM, message_pb2.ROLE_UNSPECIFIED]
 )
 @pytest.mark.parametrize("texts", [[""], [" \n\t"], ["", "  "]])
-def test_a_user_or_system_message_of_blank_text_only_is_refused(role: int, texts: list[str]) -> None:
-    message = message_pb2.Message(role=role)  # type: ignore[arg-type]
+def test_a_user_or_system_message_of_blank_text_only_is_refused(
+    role: message_pb2.Role.ValueType, texts: list[str]
+) -> None:
+    message = message_pb2.Message(role=role)
     for text in texts:
         message.parts.add().text.text = text
     assert message_violations(message) == [

@@ -265,7 +265,9 @@ class FakeChatService(chat_service_pb2_grpc.ChatServiceServicer):
 
 @pytest.fixture
 async def service() -> AsyncIterator[tuple[FakeChatService, str]]:
-    fake = FakeChatService()
+    # The generated stubs make every RPC abstract; at runtime the base answers UNIMPLEMENTED for
+    # the ones this fake leaves out.
+    fake = FakeChatService()  # type: ignore[abstract]
     server = grpc.aio.server()
     chat_service_pb2_grpc.add_ChatServiceServicer_to_server(fake, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -711,7 +713,7 @@ async def test_run_history_prints_messages(service: tuple[FakeChatService, str])
     assert text.index("Weather in Paris?") < text.index("It is sunny in Paris.")
 
 
-def _said(message_id: str, role: int, text: str, seconds: int) -> message_pb2.Message:
+def _said(message_id: str, role: message_pb2.Role.ValueType, text: str, seconds: int) -> message_pb2.Message:
     return message_pb2.Message(
         id=message_id,
         role=role,
@@ -721,7 +723,7 @@ def _said(message_id: str, role: int, text: str, seconds: int) -> message_pb2.Me
 
 
 def _unreplied(
-    request_id: str, status: int, seconds: int, reason: str = ""
+    request_id: str, status: event_pb2.TurnStatus.ValueType, seconds: int, reason: str = ""
 ) -> chat_service_pb2.TurnWithoutReply:
     turn = chat_service_pb2.TurnWithoutReply(
         request_id=request_id, status=status, start_time=timestamp_pb2.Timestamp(seconds=seconds)

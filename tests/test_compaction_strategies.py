@@ -33,8 +33,10 @@ USER, ASSISTANT = message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT
 ESTIMATE = EstimateTokens()
 
 
-def text(message_id: str, role: int, value: str = "words " * 50) -> message_pb2.Message:
-    message = message_pb2.Message(id=message_id, role=role)  # type: ignore[arg-type]
+def text(
+    message_id: str, role: message_pb2.Role.ValueType, value: str = "words " * 50
+) -> message_pb2.Message:
+    message = message_pb2.Message(id=message_id, role=role)
     message.parts.add().text.text = value
     return message
 

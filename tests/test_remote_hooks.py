@@ -31,8 +31,8 @@ from support.waiting import wait_until
 from turnwire.hooks import ChatResponseContext, ConcurrentInput, SessionContext, TurnContext
 from turnwire.testing import ScriptedError, ScriptedToolCall, ScriptStep
 from turnwire_client.v1 import chat_service_pb2, event_pb2, hooks_pb2, message_pb2
-from turnwire_server.config import RemoteHookSettings
 from turnwire_server.remote_hooks import RemoteMiddleware, convert
+from turnwire_server.remote_hooks.settings import RemoteHookSettings
 
 PARENT = "turnwire-parent-request-id"
 
@@ -405,7 +405,7 @@ async def test_failing_observing_hooks_never_fail_a_turn(
     server.answers["OnStepFinish"] = sleep_forever
     server.garbage.add("OnChatResponse")
     server.answers["ClassifyChatError"] = lambda request, context: hooks_pb2.ClassifyChatErrorResponse(
-        classification=99  # no such value
+        classification=hooks_pb2.ChatErrorClassification.ValueType(99)  # no such value
     )
     harness, _ = await remote_engine(address, deadline_seconds=0.3, failure_mode="closed")
     end = end_of(await harness.run("go"))
@@ -452,7 +452,7 @@ async def test_the_breaker_opens_after_repeated_failures_and_closes_when_the_ser
         clock.now += 30  # the open period is over: the next call is the probe
         await harness.run("go")
         assert server.count("BeforeTurn") == 3
-        assert middleware.breaker.state == "closed"
+        assert middleware.breaker.state == "closed"  # type: ignore[comparison-overlap]  # mypy keeps the earlier assert's narrowing
         assert metric("turnwire_remote_hook_breaker_state", server=address) == 0
         await harness.run("go")
         assert server.count("BeforeTurn") == 4

@@ -5,6 +5,7 @@ are shared, read-only objects: the same ones from read to read until the databas
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 
 from support.stores import StoreBackend
 
@@ -12,8 +13,10 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.store import Store, TurnRecord
 
 
-def _text(message_id: str, text: str, role: int = message_pb2.ROLE_USER) -> message_pb2.Message:
-    message = message_pb2.Message(id=message_id, role=role)  # type: ignore[arg-type]
+def _text(
+    message_id: str, text: str, role: message_pb2.Role.ValueType = message_pb2.ROLE_USER
+) -> message_pb2.Message:
+    message = message_pb2.Message(id=message_id, role=role)
     message.parts.add().text.text = text
     return message
 
@@ -69,7 +72,7 @@ async def test_a_write_by_another_writer_is_seen_on_the_next_read(
 # ------------------------------------------------------------------ delta reads (migration 0006)
 
 
-def _texts(messages: list[message_pb2.Message]) -> list[tuple[str, str]]:
+def _texts(messages: Sequence[message_pb2.Message]) -> list[tuple[str, str]]:
     return [(m.id, "".join(p.text.text for p in m.parts)) for m in messages]
 
 

@@ -43,8 +43,10 @@ def _turn(
     )
 
 
-def _text(message_id: str, text: str, role: int = message_pb2.ROLE_USER) -> message_pb2.Message:
-    message = message_pb2.Message(id=message_id, role=role)  # type: ignore[arg-type]
+def _text(
+    message_id: str, text: str, role: message_pb2.Role.ValueType = message_pb2.ROLE_USER
+) -> message_pb2.Message:
+    message = message_pb2.Message(id=message_id, role=role)
     message.parts.add().text.text = text
     return message
 
@@ -347,8 +349,6 @@ async def test_a_store_on_a_read_only_mount_says_the_filesystem_is_read_only(
     # help. Mounting needs privileges a test may not have, so the mount flag is simulated.
     import os
 
-    from turnwire_server.store.sqlite import store as sqlite_module
-
     path = tmp_path / "data" / "turnwire.db"
     path.parent.mkdir()
     if read_only == "file":
@@ -363,9 +363,10 @@ async def test_a_store_on_a_read_only_mount_says_the_filesystem_is_read_only(
         return SimpleNamespace(f_flag=result.f_flag | os.ST_RDONLY)
 
     monkeypatch.setattr(
-        sqlite_module.os, "access", lambda p, mode: False if Path(p) == target else real_access(p, mode)
+        "turnwire_server.store.sqlite.store.os.access",
+        lambda p, mode: False if Path(p) == target else real_access(p, mode),
     )
-    monkeypatch.setattr(sqlite_module.os, "statvfs", statvfs)
+    monkeypatch.setattr("turnwire_server.store.sqlite.store.os.statvfs", statvfs)
     with pytest.raises(StoreError) as raised:
         await SqliteStore(path).open()
     message = str(raised.value)
@@ -382,8 +383,6 @@ async def test_a_read_only_store_says_read_only(
     # Root (as in CI) may write anything, so the permission check is what is simulated here.
     import os
 
-    from turnwire_server.store.sqlite import store as sqlite_module
-
     path = tmp_path / "data" / "turnwire.db"
     path.parent.mkdir()
     if read_only == "file":
@@ -391,7 +390,8 @@ async def test_a_read_only_store_says_read_only(
     target = path if read_only == "file" else path.parent
     real_access = os.access
     monkeypatch.setattr(
-        sqlite_module.os, "access", lambda p, mode: False if Path(p) == target else real_access(p, mode)
+        "turnwire_server.store.sqlite.store.os.access",
+        lambda p, mode: False if Path(p) == target else real_access(p, mode),
     )
     store = SqliteStore(path)
     with pytest.raises(StoreError, match=f"store {read_only} {target} is read-only"):

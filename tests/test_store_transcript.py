@@ -33,8 +33,10 @@ CONVERSATION_TABLES = {
 }
 
 
-def _text(message_id: str, text: str, role: int = message_pb2.ROLE_USER) -> message_pb2.Message:
-    message = message_pb2.Message(id=message_id, role=role)  # type: ignore[arg-type]
+def _text(
+    message_id: str, text: str, role: message_pb2.Role.ValueType = message_pb2.ROLE_USER
+) -> message_pb2.Message:
+    message = message_pb2.Message(id=message_id, role=role)
     message.parts.add().text.text = text
     return message
 

@@ -16,6 +16,7 @@ from turnwire.tools import Tool, ToolError, ToolExecution
 from turnwire_server.app import StartupError, open_tools
 from turnwire_server.config import ConfigError, load_settings
 from turnwire_server.tools.listing import listing_problem
+from turnwire_server.tools.loading import ApprovalRequired
 from turnwire_server.tools.mcp_server import output_of
 from turnwire_server.tools.tool_set import ToolSet
 
@@ -120,10 +121,14 @@ def test_later_sources_override_earlier_ones_and_require_approval_applies_to_all
         "second",
     ]
     assert getattr(tool_set["c"], "needs_approval", False) is True
-    assert tool_set["c"].tool.origin == "second"
+    approved = tool_set["c"]
+    assert isinstance(approved, ApprovalRequired) and isinstance(approved.tool, _Named)
+    assert approved.tool.origin == "second"
     second.tools.pop("c")  # re-listed without it: the earlier source's tool shows again
     tool_set.refresh()
-    assert tool_set["c"].tool.origin == "first"
+    approved = tool_set["c"]
+    assert isinstance(approved, ApprovalRequired) and isinstance(approved.tool, _Named)
+    assert approved.tool.origin == "first"
 
 
 def test_listed_tools_need_provider_valid_names_and_object_schemas() -> None:

@@ -39,16 +39,18 @@ from support.traces import (
 from support.waiting import wait_until
 
 from turnwire.hooks import Middleware, SessionContext, TurnConfig, TurnContext
-from turnwire.providers import ModelChunk, ModelRequest
+from turnwire.providers import ModelRequest
 from turnwire.testing import ScriptedProvider, ScriptStep
+from turnwire.types import ModelChunk
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 from turnwire_server.app import start
-from turnwire_server.config import ConfigError, RemoteHookSettings, load_settings
+from turnwire_server.config import ConfigError, load_settings
 from turnwire_server.engine import TurnRequest
 from turnwire_server.engine.channel import EventChannel
 from turnwire_server.engine.tracing import Tracing
 from turnwire_server.engine.turn_spec import parse_spec, spec_json
 from turnwire_server.remote_hooks import RemoteMiddleware
+from turnwire_server.remote_hooks.settings import RemoteHookSettings
 from turnwire_server.trace_export import SdkSpans, service_resource
 
 WEATHER_SCRIPT = [
@@ -102,7 +104,8 @@ async def test_a_two_step_tool_turn_continues_the_callers_trace_with_genai_spans
     assert turn.parent.is_remote
     assert turn.context.trace_state.to_header() == "vendor=opaque"
     assert turn.kind == SpanKind.INTERNAL
-    assert {key: turn.attributes[key] for key in _TURN_KEYS} == {  # type: ignore[index]
+    assert turn.attributes is not None
+    assert {key: turn.attributes[key] for key in _TURN_KEYS} == {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": "turnwire",
         "gen_ai.provider.name": "scripted",
@@ -365,7 +368,8 @@ def test_the_spans_resource_names_the_service_and_equals_the_sdks_own() -> None:
     assert resource.attributes["telemetry.sdk.name"] == "opentelemetry"
     # The OTLP encoder groups spans by resource: the kept hash must match the SDK's own.
     assert resource == plain and plain == resource and hash(resource) == hash(plain)
-    assert {resource: 1}[plain] == 1
+    by_resource: dict[Resource, int] = {resource: 1}
+    assert by_resource[plain] == 1
 
 
 class _Started(SpanProcessor):

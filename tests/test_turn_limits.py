@@ -22,6 +22,7 @@ from support.engine_harness import (
     make_tool,
     text_of,
     tool_parts,
+    value,
 )
 
 from turnwire.hooks import Middleware, TurnConfig, TurnContext, TurnTimeout
@@ -270,7 +271,7 @@ async def test_hook_timeline_is_in_turn_end_metadata_when_enabled(make_engine: E
 
     h = await make_engine(middlewares=[Slow()], hook_timeline=True)
     end = end_of(await h.run())
-    timeline = [dict(entry) for entry in end.metadata["hook_timeline"]]
+    timeline = value(end.metadata)["hook_timeline"]
     assert [(e["middleware"], e["hook"]) for e in timeline] == [("Slow", "before_turn")]
     assert timeline[0]["duration_ms"] >= 10
     h2 = await make_engine(middlewares=[Slow()], db="other.db")

@@ -141,7 +141,7 @@ async def test_unknown_key_ids_and_forbidden_algorithms_are_refused(sidecar: Sid
     assert error.reason == "TOKEN_INVALID"
     assert "key id (kid)" in error.message
     claims = {"iss": "https://issuer.turnwire.test", "aud": AUDIENCE, "sub": "x", "tenant": "t", "exp": 2**40}
-    unsigned = jwt.encode(claims, key=None, algorithm="none", headers={"kid": "key-1"})
+    unsigned = jwt.encode(claims, key="", algorithm="none", headers={"kid": "key-1"})
     assert (await refusal(sidecar.target, token=unsigned)).reason == "TOKEN_INVALID"
     # HS256 keyed with the public key's JSON: the classic HS/RS confusion (built by hand, since
     # PyJWT refuses to sign with a key that looks like a JWK).

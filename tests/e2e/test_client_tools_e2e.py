@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 from support.hooks import BlockToolsFromBody, pythonpath_env
 from support.sidecar import SidecarProcess, running_sidecar
 from support.waiting import wait_until
@@ -238,7 +238,7 @@ async def test_a_client_tool_call_ends_the_turn_pending_and_skips_the_tool_hooks
     assert call.state == message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE
     assert json.loads(call.input_json) == {"precision": "city"}
     assert result.step_count == 1, "the step with the client call ends the turn"
-    timeline = result.events[-1].turn_end.metadata["hook_timeline"]
+    timeline = json_format.MessageToDict(result.events[-1].turn_end.metadata)["hook_timeline"]
     hooks = {entry["hook"] for entry in timeline}
     assert "before_step" in hooks and "on_step_finish" in hooks
     assert not hooks & {"before_tool_call", "after_tool_call"}, "no tool hooks for a client tool"

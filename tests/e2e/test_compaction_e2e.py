@@ -63,7 +63,7 @@ async def client(sidecar: SidecarProcess) -> AsyncIterator[TurnwireClient]:
         yield opened
 
 
-def _text(role: int, text: str, message_id: str = "") -> message_pb2.Message:
+def _text(role: message_pb2.Role.ValueType, text: str, message_id: str = "") -> message_pb2.Message:
     return message_pb2.Message(
         id=message_id,
         role=role,

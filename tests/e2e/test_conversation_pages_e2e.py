@@ -123,7 +123,7 @@ async def test_turns_without_a_reply_are_listed_on_the_page_of_their_place(
         await collect(client.chat("paged", "q3", request_id="r-3", model="scripted:hello"))
         await cut_short("q4", "r-cut-2")  # after q4, the last message
 
-        pages: list[tuple[list[str], list[tuple[str, int]]]] = []
+        pages: list[tuple[list[str], list[tuple[str, event_pb2.TurnStatus.ValueType]]]] = []
         token = ""
         while True:
             page = await client.get_conversation_page("paged", page_size=2, page_token=token)

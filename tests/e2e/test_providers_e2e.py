@@ -51,9 +51,17 @@ KEYS = {
 _TOOLS = load_tools(True, [])
 WEATHER_TOOL = _TOOLS["get_weather"]
 WEATHER_SCHEMA = dict(WEATHER_TOOL.input_schema)
-WEATHER: dict[str, Any] = asyncio.run(
-    WEATHER_TOOL.execute({"city": "Paris"}, ToolExecution("call", "conversation", "request", 0))
-)
+
+
+async def _weather_in_paris() -> dict[str, Any]:
+    result = await WEATHER_TOOL.execute(
+        {"city": "Paris"}, ToolExecution("call", "conversation", "request", 0)
+    )
+    assert isinstance(result, dict), result  # the demo tool answers with one JSON object
+    return result
+
+
+WEATHER = asyncio.run(_weather_in_paris())
 """What the demo tool returns for Paris (deterministic offline data)."""
 
 PREAMBLE = "I'll check the weather in Paris."
@@ -95,7 +103,7 @@ def anthropic_stream(message_id: str, blocks: list[dict[str, Any]], usage: tuple
         "output_tokens": 1,
         "service_tier": "standard",
     }
-    message = {
+    message: dict[str, Any] = {
         "id": message_id,
         "type": "message",
         "role": "assistant",
@@ -108,6 +116,7 @@ def anthropic_stream(message_id: str, blocks: list[dict[str, Any]], usage: tuple
     out = [_event("message_start", {"type": "message_start", "message": message})]
     stop_reason = "end_turn"
     for index, block in enumerate(blocks):
+        start: dict[str, Any]
         if "text" in block:
             start = {"type": "text", "text": ""}
             deltas = [{"type": "text_delta", "text": piece} for piece in _pieces(block["text"], 12)]
@@ -222,7 +231,7 @@ def responses_stream(
     emit("response.in_progress", response=response)
     output: list[dict[str, Any]] = []
     message_id = f"msg_{response_id[5:]}"
-    message = {
+    message: dict[str, Any] = {
         "id": message_id,
         "type": "message",
         "status": "in_progress",

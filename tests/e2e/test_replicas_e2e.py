@@ -270,7 +270,9 @@ async def test_submissions_a_saturated_replica_accepts_run_on_a_free_one_in_orde
             return sql(pg_url, "SELECT DISTINCT state FROM submissions") == [("completed",)]
 
         await wait_until(all_done, timeout=20, what="every submission completes")
-        owners = dict(sql(pg_url, "SELECT request_id, owner FROM turns"))
+        owners = {
+            request_id: owner for request_id, owner in sql(pg_url, "SELECT request_id, owner FROM turns")
+        }
         assert len({owners["busy"], owners["x0"], owners["x1"]}) == 3, owners
         assert owners["x1"] == owners["x3"], "the free replica ran what A accepted"
         assert owners["x2"] != owners["busy"], "never the full replica"

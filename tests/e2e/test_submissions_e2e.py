@@ -9,6 +9,7 @@ survive a SIGKILL and run after the restart.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 from support.endless import endless_step
@@ -112,10 +113,11 @@ async def test_conflicts_and_empty_lists_are_refused(sidecar_factory: SidecarFac
         a = await client.submit_messages("conf", "one", submission_id="s-a", idempotency_key="k-a")
         b = await client.submit_messages("conf", "two", submission_id="s-b", idempotency_key="k-b")
         assert a.accepted and b.accepted
-        for kwargs, why in (
+        conflicts: list[tuple[dict[str, Any], str]] = [
             ({"submission_id": "s-a", "idempotency_key": "k-b"}, "name different submissions"),
             ({"submission_id": "s-a"}, "with other content"),
-        ):
+        ]
+        for kwargs, why in conflicts:
             try:
                 await client.submit_messages("conf", "one" if "k-b" in kwargs.values() else "other", **kwargs)
             except TurnwireError as error:

@@ -67,7 +67,7 @@ def tool_call(
     *,
     output: Any = None,
     error: str | None = None,
-    state: int | None = None,
+    state: message_pb2.ToolCallState.ValueType | None = None,
 ) -> message_pb2.Part:
     """A tool call part; with ``output`` or ``error`` it carries its result."""
     call = message_pb2.ToolCallPart(tool_call_id=call_id, tool_name=name)
@@ -222,7 +222,7 @@ def a_start(message_id: str = "msg_1", model: str = "claude-test", input_tokens:
         "cache_read_input_tokens": 0,
         "output_tokens": 1,
     }
-    message = {
+    message: dict[str, Any] = {
         "id": message_id,
         "type": "message",
         "role": "assistant",

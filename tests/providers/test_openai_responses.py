@@ -103,7 +103,7 @@ async def test_reasoning_and_calls_round_trip_with_encrypted_content(
         "call_id": "call_1",
         "name": "get_weather",
     }
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "response.created", "response": r_response()},
         {"type": "response.output_item.added", "output_index": 0, "item": reasoning_item},
         {
@@ -194,7 +194,7 @@ async def test_incomplete_at_max_output_tokens(
         "call_id": "call_1",
         "name": "get_weather",
     }
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "response.created", "response": r_response()},
         {"type": "response.output_item.added", "output_index": 0, "item": call},
         {

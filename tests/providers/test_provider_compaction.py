@@ -94,8 +94,10 @@ async def rig(
         await store.close()
 
 
-def _message(message_id: str, role: int, *parts: message_pb2.Part) -> message_pb2.Message:
-    return message_pb2.Message(id=message_id, role=role, parts=list(parts))  # type: ignore[arg-type]
+def _message(
+    message_id: str, role: message_pb2.Role.ValueType, *parts: message_pb2.Part
+) -> message_pb2.Message:
+    return message_pb2.Message(id=message_id, role=role, parts=list(parts))
 
 
 def _text(value: str) -> message_pb2.Part:

@@ -89,7 +89,8 @@ async def test_provider_error_entry(entry_id: str, replay: ReplayServer, adapter
         assert error.status == 0
         assert error.body == raw or error.body == entry["body"]
     if isinstance(raw, dict):
-        inner = raw.get("error") if isinstance(raw.get("error"), dict) else raw
+        nested = raw.get("error")
+        inner: dict[str, Any] = nested if isinstance(nested, dict) else raw
         if inner.get("type") and inner.get("type") != "error":
             assert error.type == inner["type"]
         if inner.get("code") is not None:

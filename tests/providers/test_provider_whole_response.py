@@ -23,7 +23,7 @@ from turnwire_server.providers.openai_responses import OpenAIResponsesProvider
 
 WEATHER = ToolDefinition("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}})
 
-CHAT_COMPLETION = {
+CHAT_COMPLETION: dict[str, Any] = {
     "id": "chatcmpl-whole",
     "object": "chat.completion",
     "created": 1,
@@ -54,7 +54,7 @@ CHAT_COMPLETION = {
     "usage": {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52},
 }
 
-MESSAGE = {
+MESSAGE: dict[str, Any] = {
     "id": "msg_whole",
     "type": "message",
     "role": "assistant",
@@ -70,7 +70,7 @@ MESSAGE = {
     "usage": {"input_tokens": 40, "output_tokens": 12},
 }
 
-RESPONSE = {
+RESPONSE: dict[str, Any] = {
     "id": "resp_whole",
     "object": "response",
     "model": "gpt-test",

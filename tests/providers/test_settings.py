@@ -159,7 +159,7 @@ def test_an_entry_with_only_scripted_fields_needs_no_type() -> None:
 async def test_an_unreachable_upstream_names_its_endpoint(kind: str) -> None:
     from support.sidecar import free_port
 
-    from turnwire_server.providers.errors import ProviderError
+    from turnwire.providers import ProviderError
 
     port = free_port()  # nothing listens there
     base = f"http://127.0.0.1:{port}" + ("/v1" if kind == "openai" else "")
@@ -181,7 +181,7 @@ async def test_a_404_from_the_upstream_names_the_url_called(kind: str) -> None:
     import http.server
     import threading
 
-    from turnwire_server.providers.errors import ProviderError
+    from turnwire.providers import ProviderError
 
     class NotFound(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:

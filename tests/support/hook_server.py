@@ -70,7 +70,7 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
 
     def __init__(
         self,
-        hooks: Iterable[int] = ALL_HOOKS,
+        hooks: Iterable[hooks_pb2.Hook.ValueType] = ALL_HOOKS,
         *,
         include_messages: bool = False,
         record: Path | None = None,
@@ -153,7 +153,7 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
         return await self._answer("OnChatError", request, context, hooks_pb2.OnChatErrorResponse())
 
 
-class _Handler(grpc.GenericRpcHandler):
+class _Handler(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped here (Any)
     """Routes every TurnHooksService RPC to ``server`` (decided per call, so a test can switch
     an RPC to garbage while serving); RPCs in ``server.garbage`` answer :data:`GARBAGE` as raw
     bytes, past the response serializer."""

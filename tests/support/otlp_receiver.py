@@ -75,7 +75,7 @@ async def otlp_receiver() -> AsyncIterator[OtlpReceiver]:
     """A started receiver on 127.0.0.1 (a free port), stopped on exit."""
     receiver = OtlpReceiver()
     server = grpc.aio.server()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)  # type: ignore[no-untyped-call]  # opentelemetry-proto's grpc module is unannotated
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     receiver.endpoint = f"http://127.0.0.1:{port}"

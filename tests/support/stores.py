@@ -100,8 +100,8 @@ class StoreBackend:
             import sqlite3
 
             assert self.path is not None
-            with sqlite3.connect(self.path) as conn:
-                return conn.execute(query, tuple(params)).fetchall()
+            with sqlite3.connect(self.path) as lite:
+                return lite.execute(query, tuple(params)).fetchall()
         conn = self._postgres()
         cur = conn.execute(query.replace("?", "%s").encode(), tuple(params))
         return [tuple(row) for row in cur.fetchall()] if cur.description is not None else []
@@ -112,8 +112,8 @@ class StoreBackend:
             import sqlite3
 
             assert self.path is not None
-            with sqlite3.connect(self.path) as conn:
-                conn.executemany(query, rows)
+            with sqlite3.connect(self.path) as lite:
+                lite.executemany(query, rows)
             return
         conn = self._postgres()
         with conn.transaction(), conn.cursor() as cur:

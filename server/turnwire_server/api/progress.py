@@ -13,7 +13,7 @@ a clock read); a re-attached one (ResumeTurn, WatchSubmission), which may wait o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Callable
 from typing import Any, Generic, TypeVar
 
 from turnwire_client.v1 import event_pb2
@@ -146,7 +146,7 @@ async def keepalive(
     silence: Silence,
     event_of: Callable[[R], event_pb2.TurnEvent],
     wrap: Callable[[event_pb2.TurnEvent], R],
-) -> AsyncIterator[R]:
+) -> AsyncGenerator[R, None]:
     """Yield ``items``; while the next one takes more than ``interval`` seconds (> 0) yield
     ``wrap(progress)`` after each interval of silence. ``event_of`` gives an item's TurnEvent.
 
