@@ -1,15 +1,23 @@
-"""An import-linter contract type for what the built-in ``forbidden`` cannot name: a subpackage of
-an external package (``google.rpc`` while ``google.protobuf`` stays allowed).
+"""import-linter contract types for what the built-in ones cannot say.
+
+- :class:`OnlyImportsFrom`, an allow-list: the engine may import, of the server's own modules,
+  only the interfaces named, so a module added beside a concrete part is forbidden without
+  anyone listing it.
+- :class:`ForbiddenExternalSubpackages`: a subpackage of an external package (``google.rpc``
+  while ``google.protobuf`` stays allowed).
+
+Registered in ``[tool.importlinter]`` of ``pyproject.toml`` (``contract_types``), checked by
+``lint-imports`` (docs/architecture.md, "Layers").
+
+The rest of this docstring is about :class:`ForbiddenExternalSubpackages`.
 
 import-linter squashes every external package to its top-level name (``google``), so its
 ``forbidden`` contract refuses ``google.rpc`` as an option. This contract reads the import lines
 grimp recorded instead: a module "imports ``google.rpc``" when one of its import statements of
 ``google`` names it. The contract is broken when a source module, or any module it imports
-directly or indirectly, has such a line. Registered in ``[tool.importlinter]`` of
-``pyproject.toml`` (``contract_types``), checked by ``lint-imports`` (docs/architecture.md,
-"Layers").
+directly or indirectly, has such a line.
 
-Options: ``source_modules`` (packages, as in ``forbidden``), ``forbidden_modules`` (dotted names
+Its options: ``source_modules`` (packages, as in ``forbidden``), ``forbidden_modules`` (dotted names
 of external subpackages, e.g. ``google.rpc``), ``wire_modules`` (optional: packages of generated
 wire types whose own imports are not followed: the engine builds the contract's event messages,
 and ``turnwire_client.v1.event_pb2`` imports ``google.rpc`` for ``TurnEnd.error``).
@@ -22,6 +30,46 @@ from typing import Any
 
 from grimp import ImportGraph
 from importlinter import Contract, ContractCheck, fields, output
+
+
+class OnlyImportsFrom(Contract):
+    """The modules of ``source_modules`` import, of ``container``'s modules, only their own
+    package and the ``allowed_modules`` (each with its descendants). Direct imports are
+    checked; what an allowed interface imports is the other contracts' business."""
+
+    source_modules = fields.ListField(subfield=fields.StringField())
+    container = fields.StringField()
+    allowed_modules = fields.ListField(subfield=fields.StringField())
+
+    def check(self, graph: ImportGraph, verbose: bool) -> ContractCheck:
+        """Kept when no source module imports a module of the container outside the allowed
+        ones; the metadata lists each such import with its lines."""
+        sources = tuple(str(name) for name in self.source_modules)  # type: ignore[attr-defined]
+        container = str(self.container)  # type: ignore[attr-defined]
+        allowed = sources + tuple(str(name) for name in self.allowed_modules)  # type: ignore[attr-defined]
+        found: list[dict[str, Any]] = []
+        for source in sources:
+            for importer in sorted({source} | graph.find_descendants(source)):
+                for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+                    if not _within(imported, (container,)) or _within(imported, allowed):
+                        continue
+                    details = graph.get_import_details(importer=importer, imported=imported)
+                    lines = [f"l.{detail['line_number']}: {detail['line_contents']}" for detail in details]
+                    found.append({"importer": importer, "imported": imported, "lines": lines})
+        return ContractCheck(kept=not found, metadata={"found": found})
+
+    def render_broken_contract(self, check: ContractCheck) -> None:
+        """Print each import that is not allowed, with its lines."""
+        for entry in check.metadata["found"]:
+            output.print_error(f"{entry['importer']} is not allowed to import {entry['imported']}:")
+            for line in entry["lines"]:
+                output.print_error(f"-   {line}", bold=False)
+            output.new_line()
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    """True when ``module`` is one of ``packages`` or inside one."""
+    return any(module == name or module.startswith(name + ".") for name in packages)
 
 
 class ForbiddenExternalSubpackages(Contract):
