@@ -5,9 +5,9 @@ discarded reply of an overflowed attempt. Each runs inside the caller's transact
 from __future__ import annotations
 
 from turnwire_server.store.base import CompactionRecord, TurnRecord
+from turnwire_server.store.core.rows import COMPACTION_COLUMNS, compaction_params
 from turnwire_server.store.errors import TurnNotFound
 from turnwire_server.store.postgres.db import Conn, fetch_one, lock_conversation, run
-from turnwire_server.store.rows import COMPACTION_COLUMNS, compaction_params
 
 __all__ = ["discard_reply", "save_compaction"]
 

@@ -18,8 +18,8 @@ from typing import Any, Final, TypeAlias, TypeVar
 
 import psycopg
 
-from turnwire_server.store.rows import MessageRow
-from turnwire_server.store.sql import Program, Statement
+from turnwire_server.store.core.rows import MessageRow
+from turnwire_server.store.core.sql import Program, Statement
 
 __all__ = [
     "CONVERSATION_LOCK_CLASS",
@@ -136,7 +136,7 @@ def native(sql: str) -> bytes:
 
 
 async def run_program(conn: Conn, program: Program[T]) -> T:
-    """Run a core write ``program`` (:mod:`turnwire_server.store.sql`) inside the caller's
+    """Run a core write ``program`` (:mod:`turnwire_server.store.core.sql`) inside the caller's
     transaction. Each batch is sent whole, then its reads are fetched: in pipeline mode
     (``conn.pipeline()``) a batch's reads cost one round trip and its writes none (the caller's
     commit syncs them)."""
@@ -171,7 +171,7 @@ _PARTS_OF_ROWS: Final = (
 
 
 class _PostgresDialect:
-    """PostgreSQL's spelling (:class:`~turnwire_server.store.sql.Dialect`): rows a write changes
+    """PostgreSQL's spelling (:class:`~turnwire_server.store.core.sql.Dialect`): rows a write changes
     are locked as read, the conversation's lock is taken first (unless the group commit holds
     it), a batch of parts is one statement over arrays."""
 
@@ -219,4 +219,4 @@ class _PostgresDialect:
 
 
 DIALECT: Final = _PostgresDialect()
-"""The PostgreSQL driver's :class:`~turnwire_server.store.sql.Dialect`."""
+"""The PostgreSQL driver's :class:`~turnwire_server.store.core.sql.Dialect`."""

@@ -33,7 +33,6 @@ import psycopg_pool
 from psycopg import errors as pg_errors
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store import message_writes, retention_writes, turn_writes
 from turnwire_server.store.base import (
     AddMode,
     AddResult,
@@ -47,18 +46,11 @@ from turnwire_server.store.base import (
     TurnRecord,
     renewed_lease,
 )
-from turnwire_server.store.errors import StoreError
-from turnwire_server.store.local_lock import LocalTurnLocks
-from turnwire_server.store.message_cache import DecodedMessages
-from turnwire_server.store.metrics import COMMIT_DURATION
-from turnwire_server.store.postgres import compactions as compaction_writes
-from turnwire_server.store.postgres import db, writes
-from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
-from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
-from turnwire_server.store.postgres.replicas import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL, Listener
-from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
-from turnwire_server.store.reads import LOAD_COMPACTION_SQL, CoreReads
-from turnwire_server.store.rows import (
+from turnwire_server.store.core import message_writes, retention_writes, turn_writes
+from turnwire_server.store.core.local_lock import LocalTurnLocks
+from turnwire_server.store.core.message_cache import DecodedMessages
+from turnwire_server.store.core.reads import LOAD_COMPACTION_SQL, CoreReads
+from turnwire_server.store.core.rows import (
     TURN_COLUMNS,
     compaction_from_row,
     compaction_params,
@@ -68,12 +60,20 @@ from turnwire_server.store.rows import (
     to_us,
     turn_from_row,
 )
-from turnwire_server.store.submission_rows import (
+from turnwire_server.store.core.submission_rows import (
     PREFIX_FILTER,
     SUBMISSION_COLUMNS,
     submission_from_row,
 )
-from turnwire_server.store.turn_writes import StartTurn, prepare_start_turn
+from turnwire_server.store.core.turn_writes import StartTurn, prepare_start_turn
+from turnwire_server.store.errors import StoreError
+from turnwire_server.store.metrics import COMMIT_DURATION
+from turnwire_server.store.postgres import compactions as compaction_writes
+from turnwire_server.store.postgres import db, writes
+from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
+from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
+from turnwire_server.store.postgres.replicas import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL, Listener
+from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
 
 __all__ = ["DEFAULT_POOL_SIZE", "QUEUE_STEP", "PostgresStore"]
 

@@ -1,5 +1,5 @@
 """The PostgreSQL store's writes not yet moved into the shared core (``start_turn`` is there:
-:mod:`turnwire_server.store.turn_writes`): the same rules as the SQLite driver's
+:mod:`turnwire_server.store.core.turn_writes`): the same rules as the SQLite driver's
 (:mod:`turnwire_server.store.sqlite.writes`, ``.transcript``, ``.streams``, ``.submissions``,
 ``.tool_writes``), statement for statement where it can be.
 
@@ -35,6 +35,29 @@ from turnwire_server.store.base import (
     SubmissionState,
     ToolCallAnswer,
 )
+from turnwire_server.store.core.message_writes import upsert_message
+from turnwire_server.store.core.rows import (
+    LOAD_MESSAGES_SQL,
+    MessageRow,
+    build_message,
+    conversation_from_row,
+    message_insert_params,
+    message_row,
+    messages_from_rows,
+    to_us,
+)
+from turnwire_server.store.core.sql import Statement, just
+from turnwire_server.store.core.stream_rows import pack_events
+from turnwire_server.store.core.submission_rows import SUBMISSION_COLUMNS, submission_from_row
+from turnwire_server.store.core.submission_rules import repeated_submission
+from turnwire_server.store.core.tool_answers import answer_calls
+from turnwire_server.store.core.turn_writes import (
+    INSERT_MESSAGE,
+    TOUCH_CONVERSATION,
+    StartTurn,
+    StartTurnPlan,
+    start_turn_writes,
+)
 from turnwire_server.store.errors import (
     ConversationNotFound,
     MessageBeingWritten,
@@ -43,7 +66,6 @@ from turnwire_server.store.errors import (
     TooManySubmissions,
     UnknownMessage,
 )
-from turnwire_server.store.message_writes import upsert_message
 from turnwire_server.store.postgres.db import (
     CONVERSATION_LOCK_CLASS,
     DIALECT,
@@ -56,28 +78,6 @@ from turnwire_server.store.postgres.db import (
     run_many,
     run_program,
     send_conversation_lock,
-)
-from turnwire_server.store.rows import (
-    LOAD_MESSAGES_SQL,
-    MessageRow,
-    build_message,
-    conversation_from_row,
-    message_insert_params,
-    message_row,
-    messages_from_rows,
-    to_us,
-)
-from turnwire_server.store.sql import Statement, just
-from turnwire_server.store.stream_rows import pack_events
-from turnwire_server.store.submission_rows import SUBMISSION_COLUMNS, submission_from_row
-from turnwire_server.store.submission_rules import repeated_submission
-from turnwire_server.store.tool_answers import answer_calls
-from turnwire_server.store.turn_writes import (
-    INSERT_MESSAGE,
-    TOUCH_CONVERSATION,
-    StartTurn,
-    StartTurnPlan,
-    start_turn_writes,
 )
 from turnwire_server.store.waiting_calls import close_call, expired_text, is_waiting
 
@@ -139,7 +139,7 @@ async def _touch_conversation(conn: Conn, conversation_id: str, now_us: int, add
 
 
 async def _upsert_message(conn: Conn, conversation_id: str, row: MessageRow, now_us: int) -> None:
-    """The shared :func:`~turnwire_server.store.message_writes.upsert_message`; the caller holds
+    """The shared :func:`~turnwire_server.store.core.message_writes.upsert_message`; the caller holds
     the conversation lock."""
     await run_program(conn, upsert_message(conversation_id, row, DIALECT, now_us))
 
@@ -172,12 +172,12 @@ _SUBMISSION_NOT_PENDING: Final = (
 async def start_new_turn(conn: Conn, start: StartTurn, now_us: int) -> None:
     """``Store.start_turn`` for the common case, without a read to wait for: a new request id
     whose messages are all new, so the plan is known before anything is read (the shared
-    :func:`~turnwire_server.store.turn_writes.start_turn_writes`). Writes only; meant for
+    :func:`~turnwire_server.store.core.turn_writes.start_turn_writes`). Writes only; meant for
     pipeline mode (nothing waits for the server). The uncommon cases make the transaction fail
     instead of deciding: a request id already recorded or a message id already stored (a
     retry, a re-sent message) by their primary keys (``UniqueViolation``), a submission no
     longer pending by :data:`_SUBMISSION_NOT_PENDING` (``InvalidTextRepresentation``); the
-    caller rolls back and runs the shared :func:`~turnwire_server.store.turn_writes.start_turn`,
+    caller rolls back and runs the shared :func:`~turnwire_server.store.core.turn_writes.start_turn`,
     which applies their rules."""
     await send_conversation_lock(conn, start.turn.conversation_id)
     await run(conn, _SUBMISSION_NOT_PENDING, (start.turn.request_id,))
@@ -487,7 +487,7 @@ async def answer_tool_calls(
 ) -> AnsweredToolCalls:
     """``Store.answer_tool_calls``: one read-modify-write under the conversation's lock (its row
     and its messages' rows ``FOR UPDATE``), so of concurrent answers to one message exactly one
-    completes it. Raises what :func:`~turnwire_server.store.tool_answers.answer_calls` raises."""
+    completes it. Raises what :func:`~turnwire_server.store.core.tool_answers.answer_calls` raises."""
     await lock_conversation(conn, conversation_id)
     await run(conn, "SELECT 1 FROM messages WHERE conversation_id = %s FOR UPDATE", (conversation_id,))
     loaded = await all_rows(conn, native(LOAD_MESSAGES_SQL), (conversation_id,))

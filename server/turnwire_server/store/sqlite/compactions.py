@@ -8,8 +8,8 @@ import sqlite3
 from typing import Final
 
 from turnwire_server.store.base import CompactionRecord, TurnRecord
+from turnwire_server.store.core.rows import COMPACTION_COLUMNS, compaction_params
 from turnwire_server.store.errors import TurnNotFound
-from turnwire_server.store.rows import COMPACTION_COLUMNS, compaction_params
 from turnwire_server.store.sqlite.db import WriteFn
 
 __all__ = ["DISCARD_MESSAGE_SQL", "discard_reply_write", "save_compaction_write"]

@@ -7,9 +7,9 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
 
+from turnwire_server.store.core.rows import MessageRow
+from turnwire_server.store.core.sql import Program, Statement
 from turnwire_server.store.errors import StoreError
-from turnwire_server.store.rows import MessageRow
-from turnwire_server.store.sql import Program, Statement
 
 __all__ = ["DB_ERRORS", "DIALECT", "WriteFn", "run_program", "store_error"]
 
@@ -35,7 +35,7 @@ def store_error(exc: BaseException, what: str) -> StoreError:
 
 
 def run_program(conn: sqlite3.Connection, program: Program[T]) -> T:
-    """Run a core write ``program`` (:mod:`turnwire_server.store.sql`) on the writer's
+    """Run a core write ``program`` (:mod:`turnwire_server.store.core.sql`) on the writer's
     connection, inside the write's savepoint: each statement in turn; returns its result."""
     try:
         batch = next(program)
@@ -55,7 +55,7 @@ def run_program(conn: sqlite3.Connection, program: Program[T]) -> T:
 
 
 class _SqliteDialect:
-    """SQLite's spelling (:class:`~turnwire_server.store.sql.Dialect`): one writer thread applies
+    """SQLite's spelling (:class:`~turnwire_server.store.core.sql.Dialect`): one writer thread applies
     the writes one at a time, so nothing is locked; parts go in one ``executemany``."""
 
     name = "sqlite"
@@ -96,4 +96,4 @@ class _SqliteDialect:
 
 
 DIALECT: Final = _SqliteDialect()
-"""The SQLite driver's :class:`~turnwire_server.store.sql.Dialect`."""
+"""The SQLite driver's :class:`~turnwire_server.store.core.sql.Dialect`."""

@@ -24,7 +24,6 @@ import aiosqlite
 import filelock
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store import retention_writes
 from turnwire_server.store.base import (
     AddMode,
     AddResult,
@@ -38,11 +37,11 @@ from turnwire_server.store.base import (
     TurnRecord,
     renewed_lease,
 )
-from turnwire_server.store.errors import StoreError, StoreInUse
-from turnwire_server.store.local_lock import LocalTurnLocks
-from turnwire_server.store.message_cache import DecodedMessages
-from turnwire_server.store.reads import CoreReads
-from turnwire_server.store.rows import (
+from turnwire_server.store.core import retention_writes
+from turnwire_server.store.core.local_lock import LocalTurnLocks
+from turnwire_server.store.core.message_cache import DecodedMessages
+from turnwire_server.store.core.reads import CoreReads
+from turnwire_server.store.core.rows import (
     TURN_COLUMNS,
     conversation_from_row,
     decode_page_token,
@@ -50,6 +49,12 @@ from turnwire_server.store.rows import (
     to_us,
     turn_from_row,
 )
+from turnwire_server.store.core.submission_rows import (
+    PREFIX_FILTER,
+    SUBMISSION_COLUMNS,
+    submission_from_row,
+)
+from turnwire_server.store.errors import StoreError, StoreInUse
 from turnwire_server.store.sqlite.compactions import discard_reply_write, save_compaction_write
 from turnwire_server.store.sqlite.db import DB_ERRORS, DIALECT, run_program, store_error
 from turnwire_server.store.sqlite.migrations import Migration, load_migrations
@@ -74,11 +79,6 @@ from turnwire_server.store.sqlite.writes import (
     roll_back_turn_write,
     save_message_write,
     start_turn_write,
-)
-from turnwire_server.store.submission_rows import (
-    PREFIX_FILTER,
-    SUBMISSION_COLUMNS,
-    submission_from_row,
 )
 
 __all__ = ["Migration", "SqliteStore", "load_migrations"]

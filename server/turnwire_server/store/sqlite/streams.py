@@ -1,7 +1,7 @@
 """The SQLite store's event streams: a turn's events kept for ResumeTurn (docs/semantics.md §8).
 
 Same conventions as :mod:`turnwire_server.store.sqlite.writes`; the rows' encoding is
-:mod:`turnwire_server.store.stream_rows`.
+:mod:`turnwire_server.store.core.stream_rows`.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
+from turnwire_server.store.core.stream_rows import pack_events
 from turnwire_server.store.sqlite.db import WriteFn
-from turnwire_server.store.stream_rows import pack_events
 
 __all__ = ["append_events_write"]
 

@@ -12,11 +12,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, get_args
 
 from turnwire_server.store.base import SubmissionRecord, SubmissionState
+from turnwire_server.store.core.rows import to_us
+from turnwire_server.store.core.submission_rows import SUBMISSION_COLUMNS, submission_from_row
+from turnwire_server.store.core.submission_rules import repeated_submission
 from turnwire_server.store.errors import TooManySubmissions
-from turnwire_server.store.rows import to_us
 from turnwire_server.store.sqlite.db import WriteFn
-from turnwire_server.store.submission_rows import SUBMISSION_COLUMNS, submission_from_row
-from turnwire_server.store.submission_rules import repeated_submission
 
 __all__ = [
     "claim_submissions_write",

@@ -3,7 +3,7 @@
 Each is a :data:`~turnwire_server.store.sqlite.writes.WriteFn`: a read-modify-write run on
 the writer thread inside the batch transaction, alone (the writer applies writes one at a
 time), so two answers to one message can never both see its last waiting call: exactly one
-of them completes the batch. The rules themselves are :mod:`turnwire_server.store.tool_answers`.
+of them completes the batch. The rules themselves are :mod:`turnwire_server.store.core.tool_answers`.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import AnsweredToolCalls, ToolCallAnswer
-from turnwire_server.store.errors import StoreCorrupted
-from turnwire_server.store.rows import (
+from turnwire_server.store.core.rows import (
     LOAD_MESSAGES_SQL,
     build_message,
     message_row,
     messages_from_rows,
     to_us,
 )
+from turnwire_server.store.core.tool_answers import answer_calls
+from turnwire_server.store.errors import StoreCorrupted
 from turnwire_server.store.sqlite.writes import upsert_message
-from turnwire_server.store.tool_answers import answer_calls
 from turnwire_server.store.waiting_calls import close_call, expired_text, is_waiting
 
 __all__ = ["AnswerWrite", "ExpireWrite"]
@@ -44,7 +44,7 @@ class AnswerWrite:
     """The write of :meth:`SqliteStore.answer_tool_calls`; :attr:`outcome` is set once it ran.
 
     Raises (from :meth:`apply`, rolling back its savepoint) what
-    :func:`~turnwire_server.store.tool_answers.answer_calls` raises.
+    :func:`~turnwire_server.store.core.tool_answers.answer_calls` raises.
     """
 
     def __init__(

@@ -18,16 +18,21 @@ from typing import Final
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import AddMode, AddResult
+from turnwire_server.store.core.rows import (
+    MessageRow,
+    conversation_from_row,
+    message_insert_params,
+    message_row,
+)
+from turnwire_server.store.core.turn_writes import INSERT_MESSAGE
 from turnwire_server.store.errors import (
     ConversationNotFound,
     MessageBeingWritten,
     MessageIdConflict,
     UnknownMessage,
 )
-from turnwire_server.store.rows import MessageRow, conversation_from_row, message_insert_params, message_row
 from turnwire_server.store.sqlite.db import WriteFn
 from turnwire_server.store.sqlite.writes import _put_parts, _touch_conversation
-from turnwire_server.store.turn_writes import INSERT_MESSAGE
 
 __all__ = ["AddOutcome", "add_messages_write", "delete_conversation_write"]
 

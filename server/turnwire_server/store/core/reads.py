@@ -1,7 +1,7 @@
 """The store's reads written once: each driver's store class inherits :class:`CoreReads` and gives
 it :meth:`CoreReads._read`, one statement's rows on the driver's read connection (SQLite's
 read-only reader, a pooled PostgreSQL connection). The statements are in the SQL both dialects
-accept, with ``?`` placeholders (see :mod:`turnwire_server.store.sql`)."""
+accept, with ``?`` placeholders (see :mod:`turnwire_server.store.core.sql`)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from turnwire_server.store.base import (
     SubmissionRecord,
     TurnRecord,
 )
-from turnwire_server.store.partial_replies import (
+from turnwire_server.store.core.partial_replies import (
     partial_replies_of,
     partial_replies_sql,
     turns_without_reply_sql,
 )
-from turnwire_server.store.rows import (
+from turnwire_server.store.core.rows import (
     COMPACTION_COLUMNS,
     TURN_COLUMNS,
     compaction_from_row,
@@ -29,8 +29,8 @@ from turnwire_server.store.rows import (
     to_us,
     turn_from_row,
 )
-from turnwire_server.store.stream_rows import STREAM_COLUMNS, events_from_rows, stream_from_row
-from turnwire_server.store.submission_rows import (
+from turnwire_server.store.core.stream_rows import STREAM_COLUMNS, events_from_rows, stream_from_row
+from turnwire_server.store.core.submission_rows import (
     SUBMISSION_COLUMNS,
     submission_from_row,
     submission_page,

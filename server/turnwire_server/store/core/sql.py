@@ -68,7 +68,7 @@ class Dialect(Protocol):
 
     def insert_parts(self, conversation_id: str, rows: Sequence[Any]) -> Sequence[Statement]:
         """The statements that insert the parts of the new messages ``rows``
-        (:class:`~turnwire_server.store.rows.MessageRow`), ``idx`` from 0 in each."""
+        (:class:`~turnwire_server.store.core.rows.MessageRow`), ``idx`` from 0 in each."""
         ...
 
     def replace_parts(self, conversation_id: str, row: Any) -> Sequence[Statement]:
