@@ -144,6 +144,7 @@ async def run_program(conn: Conn, program: Program[T]) -> T:
         batch = next(program)
         while True:
             sent: list[Any] = []
+            counts: dict[int, int] = {}
             for statement in batch:
                 sql = native(statement.sql)
                 if statement.many:
@@ -154,8 +155,12 @@ async def run_program(conn: Conn, program: Program[T]) -> T:
                     sent.append(None)
                 else:
                     cursor = await conn.execute(sql, statement.params)
+                    if statement.count:
+                        counts[len(sent)] = cursor.rowcount
                     sent.append(cursor if statement.fetch else None)
-            found = [None if cursor is None else list(await cursor.fetchall()) for cursor in sent]
+            found: list[Any] = [None if cursor is None else list(await cursor.fetchall()) for cursor in sent]
+            for index, count in counts.items():
+                found[index] = count
             batch = program.send(found)
     except StopIteration as stop:
         result: T = stop.value
@@ -175,9 +180,16 @@ class _PostgresDialect:
     are locked as read, the conversation's lock is taken first (unless the group commit holds
     it), a batch of parts is one statement over arrays."""
 
-    name = "postgresql"
+    name = "postgres"
     lock_rows = " FOR UPDATE"
     claim_rows = " FOR UPDATE SKIP LOCKED"
+    conversation_tables: tuple[str, ...] = (
+        # Tickets of its pending submissions no replica claimed (the others go with their turns).
+        "DELETE FROM turn_queue WHERE conversation_id = ? AND owner = ''",
+    )
+
+    def contains_bytes(self, column: str, needle: bytes) -> str:
+        return f"position('\\x{needle.hex()}'::bytea IN {column}) > 0"
 
     def lock_conversation(self, conversation_id: str) -> Sequence[Statement]:
         if conversation_id in _LOCKED.get():

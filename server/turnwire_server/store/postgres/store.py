@@ -46,7 +46,14 @@ from turnwire_server.store.base import (
     TurnRecord,
     renewed_lease,
 )
-from turnwire_server.store.core import message_writes, retention_writes, turn_writes
+from turnwire_server.store.core import (
+    message_writes,
+    retention_writes,
+    stream_writes,
+    submission_writes,
+    transcript_writes,
+    turn_writes,
+)
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.message_cache import DecodedMessages
 from turnwire_server.store.core.reads import LOAD_COMPACTION_SQL, CoreReads
@@ -512,18 +519,18 @@ class PostgresStore(CoreReads):
 
         Raises :class:`ValueError` for an empty batch without ``ended`` or sequence numbers
         that do not ascend from >= 1."""
-        if not events and not ended:
-            raise ValueError("append_events needs events, or ended=True")
-        numbers = [number for number, _ in events]
-        if numbers != sorted(set(numbers)) or (numbers and numbers[0] < 1):
-            raise ValueError(f"event sequence numbers must ascend from >= 1, got {numbers[:5]}…")
-        batch = list(events)
+        batch = stream_writes.prepare_events(events, ended=ended)
+
+        async def append(conn: Conn, now_us: int) -> None:
+            program = stream_writes.append_events(conversation_id, request_id, batch, DIALECT, now_us)
+            if await run_program(conn, program):
+                # Readers following this turn from another replica woken (delivered at commit).
+                await conn.execute(b"SELECT pg_notify('turnwire_events', %s)", (request_id,))
+
         # Group-committed, the stream's end too (its turn waits for it, but shares the commit).
         await self._write_batched(
             f"append_events({request_id!r})",
-            lambda conn, now_us: writes.append_events(
-                conn, conversation_id, request_id, batch, ended=ended, now_us=now_us
-            ),
+            append,
             conversation_id=conversation_id,
         )
 
@@ -534,38 +541,49 @@ class PostgresStore(CoreReads):
     ) -> tuple[SubmissionRecord, bool]:
         """Store a new submission or return the one it repeats (see ``Store.create_submission``).
         Raises :class:`ValueError` for a submission that is not ``pending``."""
-        if submission.state != "pending":
-            raise ValueError(f"a new submission is pending, not {submission.state!r}")
-        to_us(submission.create_time, "create_time")
-        return await self._write(
-            f"create_submission({submission.submission_id!r})",
-            lambda conn, now_us: writes.create_submission(conn, submission, max_open),
-        )
+        submission_writes.check_new(submission)
+
+        async def create(conn: Conn, now_us: int) -> tuple[SubmissionRecord, bool]:
+            await writes.lock_submissions(conn)
+            record, created = await run_program(
+                conn, submission_writes.create_submission(submission, max_open)
+            )
+            if created:
+                await writes.queue_submission(conn, submission)
+            return record, created
+
+        return await self._write(f"create_submission({submission.submission_id!r})", create)
 
     async def end_submission(
         self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]
     ) -> SubmissionRecord | None:
         """End the submission when its state is in ``only_from``; the record as stored afterwards.
         Raises :class:`ValueError` for an unknown ``state``."""
-        if state not in ("pending", "running", "completed", "error", "aborted", "skipped"):
-            raise ValueError(f"unknown submission state {state!r}")
+        submission_writes.check_end(state)
         allowed = tuple(only_from)
-        return await self._write(
-            f"end_submission({submission_id!r})",
-            lambda conn, now_us: writes.end_submission(
-                conn, submission_id, state, error, only_from=allowed, now_us=now_us
-            ),
-        )
+
+        async def end(conn: Conn, now_us: int) -> SubmissionRecord | None:
+            program = submission_writes.end_submission(submission_id, state, error, allowed, now_us)
+            record = await run_program(conn, program)
+            if record is not None and record.state not in submission_writes.OPEN:
+                await writes.free_unowned_tickets(conn, [submission_id])
+            return record
+
+        return await self._write(f"end_submission({submission_id!r})", end)
 
     async def expire_submissions(self, before: dt.datetime, limit: int, error: bytes) -> list[str]:
         """End up to ``limit`` (>= 1) pending submissions accepted before ``before`` as ``error``."""
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
         before_us = to_us(before, "before")
-        return await self._write(
-            "expire_submissions",
-            lambda conn, now_us: writes.expire_submissions(conn, before_us, limit, error, now_us),
-        )
+
+        async def expire(conn: Conn, now_us: int) -> list[str]:
+            program = submission_writes.expire_submissions(before_us, limit, error, DIALECT, now_us)
+            ids = await run_program(conn, program)
+            await writes.free_unowned_tickets(conn, ids)
+            return ids
+
+        return await self._write("expire_submissions", expire)
 
     # ------------------------------------------------------------------ turn writes
 
@@ -644,18 +662,21 @@ class PostgresStore(CoreReads):
     ) -> AddResult:
         """Write ``messages`` into the transcript, one transaction, all or nothing (rules and
         errors: ``Store.add_messages``)."""
-        rows = writes.prepare_add(messages)
+        rows = transcript_writes.prepare_add(messages)
         only = frozenset(replace_only)
         return await self._write(
             f"add_messages({conversation_id!r})",
-            lambda conn, now_us: writes.add_messages(
+            lambda conn, now_us: run_program(
                 conn,
-                conversation_id,
-                rows,
-                mode=mode,
-                allow_missing=allow_missing,
-                replace_only=only,
-                now_us=now_us,
+                transcript_writes.add_messages(
+                    conversation_id,
+                    rows,
+                    mode=mode,
+                    allow_missing=allow_missing,
+                    replace_only=only,
+                    dialect=DIALECT,
+                    now_us=now_us,
+                ),
             ),
             conversation_id=conversation_id,
         )
@@ -664,7 +685,9 @@ class PostgresStore(CoreReads):
         """Delete every row of the conversation in one transaction; False when there was none."""
         return await self._write(
             f"delete_conversation({conversation_id!r})",
-            lambda conn, now_us: writes.delete_conversation(conn, conversation_id),
+            lambda conn, _: run_program(
+                conn, transcript_writes.delete_conversation(conversation_id, DIALECT)
+            ),
             conversation_id=conversation_id,
         )
 
@@ -683,13 +706,12 @@ class PostgresStore(CoreReads):
     ) -> AnsweredToolCalls:
         """Record the client's answers in one read-modify-write transaction holding the
         conversation's row and message rows ``FOR UPDATE`` (see ``Store.answer_tool_calls``)."""
-        if not answers:
-            raise ValueError("no tool call answers to record")
-        batch = tuple(answers)
+        batch = transcript_writes.prepare_answers(answers)
         return await self._write(
             f"answer_tool_calls({conversation_id!r})",
-            lambda conn, now_us: writes.answer_tool_calls(
-                conn, conversation_id, batch, expired_before, now_us
+            lambda conn, now_us: run_program(
+                conn,
+                transcript_writes.answer_tool_calls(conversation_id, batch, expired_before, DIALECT, now_us),
             ),
             conversation_id=conversation_id,
         )
@@ -700,7 +722,9 @@ class PostgresStore(CoreReads):
         cutoff_us = to_us(cutoff, "cutoff")
         return await self._write(
             "expire_pending_tool_calls",
-            lambda conn, now_us: writes.expire_pending_tool_calls(conn, cutoff_us, now_us),
+            lambda conn, now_us: run_program(
+                conn, transcript_writes.expire_pending_tool_calls(cutoff_us, DIALECT, now_us)
+            ),
         )
 
     # ------------------------------------------------------------------ replicas

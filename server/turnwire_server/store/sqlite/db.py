@@ -47,7 +47,9 @@ def run_program(conn: sqlite3.Connection, program: Program[T]) -> T:
                     found.append(None)
                 else:
                     cursor = conn.execute(statement.sql, statement.params)
-                    found.append(cursor.fetchall() if statement.fetch else None)
+                    found.append(
+                        cursor.fetchall() if statement.fetch else cursor.rowcount if statement.count else None
+                    )
             batch = program.send(found)
     except StopIteration as stop:
         result: T = stop.value
@@ -61,6 +63,10 @@ class _SqliteDialect:
     name = "sqlite"
     lock_rows = ""
     claim_rows = ""
+    conversation_tables: tuple[str, ...] = ()
+
+    def contains_bytes(self, column: str, needle: bytes) -> str:
+        return f"instr({column}, X'{needle.hex()}') > 0"
 
     def lock_conversation(self, conversation_id: str) -> Sequence[Statement]:
         return ()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import sqlite3
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from pathlib import Path
@@ -37,7 +38,7 @@ from turnwire_server.store.base import (
     TurnRecord,
     renewed_lease,
 )
-from turnwire_server.store.core import retention_writes
+from turnwire_server.store.core import retention_writes, stream_writes, submission_writes, transcript_writes
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.message_cache import DecodedMessages
 from turnwire_server.store.core.reads import CoreReads
@@ -58,18 +59,8 @@ from turnwire_server.store.errors import StoreError, StoreInUse
 from turnwire_server.store.sqlite.compactions import discard_reply_write, save_compaction_write
 from turnwire_server.store.sqlite.db import DB_ERRORS, DIALECT, run_program, store_error
 from turnwire_server.store.sqlite.migrations import Migration, load_migrations
-from turnwire_server.store.sqlite.streams import append_events_write
 from turnwire_server.store.sqlite.submissions import (
     claim_submissions_write,
-    create_submission_write,
-    end_submission_write,
-    expire_submissions_write,
-)
-from turnwire_server.store.sqlite.tool_writes import AnswerWrite, ExpireWrite
-from turnwire_server.store.sqlite.transcript import (
-    AddOutcome,
-    add_messages_write,
-    delete_conversation_write,
 )
 from turnwire_server.store.sqlite.writer import BUSY_TIMEOUT_MS, SqliteWriter
 from turnwire_server.store.sqlite.writes import (
@@ -427,8 +418,18 @@ class SqliteStore(CoreReads):
     ) -> None:
         """Store a batch of a turn's events (see ``Store.append_events``); group-committed with
         checkpoints, urgent when the batch ends the stream."""
-        apply = append_events_write(conversation_id, request_id, events, ended=ended)
-        await self._writer.submit(apply, f"append_events({request_id!r})", urgent=ended)
+        batch = stream_writes.prepare_events(events, ended=ended)
+
+        def append(conn: sqlite3.Connection, now_us: int) -> None:
+            run_program(
+                conn, stream_writes.append_events(conversation_id, request_id, batch, DIALECT, now_us)
+            )
+
+        await self._writer.submit(
+            append,
+            f"append_events({request_id!r})",
+            urgent=ended,
+        )
 
     # ------------------------------------------------------------------ submissions
 
@@ -436,11 +437,15 @@ class SqliteStore(CoreReads):
         self, submission: SubmissionRecord, *, max_open: int
     ) -> tuple[SubmissionRecord, bool]:
         """Store a new submission or return the one it repeats (see ``Store.create_submission``)."""
+        submission_writes.check_new(submission)
         outcome: list[tuple[SubmissionRecord, bool]] = []
-        apply = create_submission_write(
-            submission, max_open, lambda record, created: outcome.append((record, created))
+        await self._writer.submit(
+            lambda conn, _: outcome.append(
+                run_program(conn, submission_writes.create_submission(submission, max_open))
+            ),
+            f"create_submission({submission.submission_id!r})",
+            urgent=True,
         )
-        await self._writer.submit(apply, f"create_submission({submission.submission_id!r})", urgent=True)
         record, created = outcome[-1]
         if created:  # its place in the conversation's line, taken at acceptance
             self._locks.reserve(record.conversation_id, record.submission_id)
@@ -450,19 +455,38 @@ class SqliteStore(CoreReads):
         self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]
     ) -> SubmissionRecord | None:
         """End the submission when its state is in ``only_from``; the record as stored afterwards."""
+        submission_writes.check_end(state)
+        allowed = tuple(only_from)
         outcome: list[SubmissionRecord | None] = []
-        apply = end_submission_write(submission_id, state, error, only_from, outcome.append)
-        await self._writer.submit(apply, f"end_submission({submission_id!r})", urgent=True)
+        await self._writer.submit(
+            lambda conn, now_us: outcome.append(
+                run_program(
+                    conn, submission_writes.end_submission(submission_id, state, error, allowed, now_us)
+                )
+            ),
+            f"end_submission({submission_id!r})",
+            urgent=True,
+        )
         record = outcome[-1]
-        if record is not None and record.state not in ("pending", "running"):
+        if record is not None and record.state not in submission_writes.OPEN:
             self._locks.drop(submission_id)  # ended before its turn took the place
         return record
 
     async def expire_submissions(self, before: dt.datetime, limit: int, error: bytes) -> list[str]:
         """End up to ``limit`` pending submissions accepted before ``before`` as ``error``."""
+        before_us = to_us(before, "before")
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
         outcome: list[list[str]] = []
-        apply = expire_submissions_write(to_us(before, "before"), limit, error, outcome.append)
-        await self._writer.submit(apply, "expire_submissions", urgent=False)
+        await self._writer.submit(
+            lambda conn, now_us: outcome.append(
+                run_program(
+                    conn, submission_writes.expire_submissions(before_us, limit, error, DIALECT, now_us)
+                )
+            ),
+            "expire_submissions",
+            urgent=False,
+        )
         for submission_id in outcome[-1]:
             self._locks.drop(submission_id)
         return outcome[-1]
@@ -528,28 +552,43 @@ class SqliteStore(CoreReads):
     ) -> AddResult:
         """Write ``messages`` into the transcript, one transaction, all or nothing; see
         :meth:`~turnwire_server.store.base.Store.add_messages` and
-        :func:`~turnwire_server.store.sqlite.transcript.add_messages_write` for the rules and the
+        :func:`~turnwire_server.store.core.transcript_writes.add_messages` for the rules and the
         errors (:class:`ConversationNotFound`, :class:`MessageIdConflict`,
         :class:`MessageBeingWritten`, :class:`UnknownMessage`, :class:`ValueError`)."""
-        outcome = AddOutcome()
-        apply = add_messages_write(
-            conversation_id,
-            messages,
-            mode=mode,
-            allow_missing=allow_missing,
-            replace_only=replace_only,
-            outcome=outcome,
+        rows = transcript_writes.prepare_add(messages)
+        only = frozenset(replace_only)
+        outcome: list[AddResult] = []
+        await self._writer.submit(
+            lambda conn, now_us: outcome.append(
+                run_program(
+                    conn,
+                    transcript_writes.add_messages(
+                        conversation_id,
+                        rows,
+                        mode=mode,
+                        allow_missing=allow_missing,
+                        replace_only=only,
+                        dialect=DIALECT,
+                        now_us=now_us,
+                    ),
+                )
+            ),
+            f"add_messages({conversation_id!r})",
+            urgent=True,
         )
-        await self._writer.submit(apply, f"add_messages({conversation_id!r})", urgent=True)
-        assert outcome.result is not None  # set by the applied write
-        return outcome.result
+        return outcome[0]
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         """Delete every row of the conversation (messages, parts, turns, turn streams and events,
         submissions) in one transaction; False when there was none."""
         outcome: list[bool] = []
-        apply = delete_conversation_write(conversation_id, outcome)
-        await self._writer.submit(apply, f"delete_conversation({conversation_id!r})", urgent=True)
+        await self._writer.submit(
+            lambda conn, _: outcome.append(
+                run_program(conn, transcript_writes.delete_conversation(conversation_id, DIALECT))
+            ),
+            f"delete_conversation({conversation_id!r})",
+            urgent=True,
+        )
         self._locks.drop_all(conversation_id)  # the places of its deleted pending submissions
         return outcome[0]
 
@@ -576,10 +615,21 @@ class SqliteStore(CoreReads):
 
         Raises what that method documents, storing nothing then.
         """
-        write = AnswerWrite(conversation_id, answers, expired_before)
-        await self._writer.submit(write.apply, f"answer_tool_calls({conversation_id!r})", urgent=True)
-        assert write.outcome is not None  # set by the write that committed
-        return write.outcome
+        batch = transcript_writes.prepare_answers(answers)
+        outcome: list[AnsweredToolCalls] = []
+        await self._writer.submit(
+            lambda conn, now_us: outcome.append(
+                run_program(
+                    conn,
+                    transcript_writes.answer_tool_calls(
+                        conversation_id, batch, expired_before, DIALECT, now_us
+                    ),
+                )
+            ),
+            f"answer_tool_calls({conversation_id!r})",
+            urgent=True,
+        )
+        return outcome[0]
 
     async def expire_pending_tool_calls(self, cutoff: dt.datetime) -> int:
         """Close every call waiting for the client whose message was created before ``cutoff``
@@ -587,9 +637,16 @@ class SqliteStore(CoreReads):
 
         Raises :class:`ValueError` for a naive ``cutoff``.
         """
-        write = ExpireWrite(cutoff)
-        await self._writer.submit(write.apply, "expire_pending_tool_calls", urgent=True)
-        return write.expired
+        cutoff_us = to_us(cutoff, "cutoff")
+        outcome: list[int] = []
+        await self._writer.submit(
+            lambda conn, now_us: outcome.append(
+                run_program(conn, transcript_writes.expire_pending_tool_calls(cutoff_us, DIALECT, now_us))
+            ),
+            "expire_pending_tool_calls",
+            urgent=True,
+        )
+        return outcome[0]
 
     @asynccontextmanager
     async def admit_turn(
