@@ -47,6 +47,7 @@ from turnwire_server.store.base import (
     renewed_lease,
 )
 from turnwire_server.store.core import (
+    compaction_writes,
     message_writes,
     retention_writes,
     stream_writes,
@@ -75,7 +76,6 @@ from turnwire_server.store.core.submission_rows import (
 from turnwire_server.store.core.turn_writes import StartTurn, prepare_start_turn
 from turnwire_server.store.errors import StoreError
 from turnwire_server.store.metrics import COMMIT_DURATION
-from turnwire_server.store.postgres import compactions as compaction_writes
 from turnwire_server.store.postgres import db, writes
 from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
 from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
@@ -492,16 +492,20 @@ class PostgresStore(CoreReads):
         :class:`TurnNotFound`."""
         await self._write(
             f"discard_reply({turn.request_id!r})",
-            lambda conn, now_us: compaction_writes.discard_reply(conn, turn, message_id, now_us),
+            lambda conn, now_us: run_program(
+                conn, compaction_writes.discard_reply(turn, message_id, DIALECT, now_us)
+            ),
             conversation_id=turn.conversation_id,
         )
 
     async def save_compaction(self, record: CompactionRecord) -> None:
         """Replace the conversation's compaction (a no-op once the conversation is gone)."""
-        compaction_params(record)  # invalid values fail here, before a connection is taken
+        params = compaction_params(record)  # invalid values fail here, before a connection is taken
         await self._write(
             f"save_compaction({record.conversation_id!r})",
-            lambda conn, _: compaction_writes.save_compaction(conn, record),
+            lambda conn, _: run_program(
+                conn, compaction_writes.save_compaction(record.conversation_id, params)
+            ),
             conversation_id=record.conversation_id,
         )
 

@@ -38,12 +38,19 @@ from turnwire_server.store.base import (
     TurnRecord,
     renewed_lease,
 )
-from turnwire_server.store.core import retention_writes, stream_writes, submission_writes, transcript_writes
+from turnwire_server.store.core import (
+    compaction_writes,
+    retention_writes,
+    stream_writes,
+    submission_writes,
+    transcript_writes,
+)
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.message_cache import DecodedMessages
 from turnwire_server.store.core.reads import CoreReads
 from turnwire_server.store.core.rows import (
     TURN_COLUMNS,
+    compaction_params,
     conversation_from_row,
     decode_page_token,
     encode_page_token,
@@ -56,7 +63,6 @@ from turnwire_server.store.core.submission_rows import (
     submission_from_row,
 )
 from turnwire_server.store.errors import StoreError, StoreInUse
-from turnwire_server.store.sqlite.compactions import discard_reply_write, save_compaction_write
 from turnwire_server.store.sqlite.db import DB_ERRORS, DIALECT, run_program, store_error
 from turnwire_server.store.sqlite.migrations import Migration, load_migrations
 from turnwire_server.store.sqlite.submissions import (
@@ -295,8 +301,11 @@ class SqliteStore(CoreReads):
     async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
         """Remove the partial reply ``message_id`` and record ``turn``'s new reply id; see
         :meth:`~turnwire_server.store.base.Store.discard_reply`. Raises :class:`TurnNotFound`."""
-        apply = discard_reply_write(turn, message_id)
-        await self._writer.submit(apply, f"discard_reply({turn.request_id!r})", urgent=True)
+
+        def discard(conn: sqlite3.Connection, now_us: int) -> None:
+            run_program(conn, compaction_writes.discard_reply(turn, message_id, DIALECT, now_us))
+
+        await self._writer.submit(discard, f"discard_reply({turn.request_id!r})", urgent=True)
 
     async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
         """Remove the turn's messages and record its end, one transaction; see
@@ -309,8 +318,12 @@ class SqliteStore(CoreReads):
 
     async def save_compaction(self, record: CompactionRecord) -> None:
         """Replace the conversation's compaction (a no-op once the conversation is gone)."""
-        apply = save_compaction_write(record)
-        await self._writer.submit(apply, f"save_compaction({record.conversation_id!r})", urgent=True)
+        params = compaction_params(record)
+
+        def save(conn: sqlite3.Connection, _: int) -> None:
+            run_program(conn, compaction_writes.save_compaction(record.conversation_id, params))
+
+        await self._writer.submit(save, f"save_compaction({record.conversation_id!r})", urgent=True)
 
     async def claim_pending_submissions(
         self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
