@@ -38,7 +38,6 @@ from turnwire_server.store.base import (
     AddResult,
     AnsweredToolCalls,
     CompactionRecord,
-    ConversationRecord,
     SubmissionRecord,
     SubmissionState,
     ToolCallAnswer,
@@ -62,14 +61,10 @@ from turnwire_server.store.core.rows import (
     TURN_COLUMNS,
     compaction_from_row,
     compaction_params,
-    conversation_from_row,
-    decode_page_token,
-    encode_page_token,
     to_us,
     turn_from_row,
 )
 from turnwire_server.store.core.submission_rows import (
-    PREFIX_FILTER,
     SUBMISSION_COLUMNS,
     submission_from_row,
 )
@@ -131,6 +126,7 @@ class PostgresStore(CoreReads):
     """
 
     _store_name = "postgres"
+    _text_holds_nul = False
 
     def __init__(
         self,
@@ -441,50 +437,6 @@ class PostgresStore(CoreReads):
         return outcomes
 
     # ------------------------------------------------------------------ reads
-
-    async def list_conversations(
-        self, page_size: int, page_token: str, *, id_prefix: str = ""
-    ) -> tuple[list[ConversationRecord], str]:
-        """Up to ``page_size`` (>= 1) conversations of ids starting with ``id_prefix`` (all when
-        ""), most recently updated first (ties: id
-        descending, by code point); the next page token ("" on the last page). Raises
-        :class:`InvalidPageToken` for a token this store did not issue and :class:`ValueError`
-        when ``page_size`` < 1."""
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
-        columns = "SELECT id, create_time, update_time, message_count FROM conversations"
-        order = " ORDER BY update_time DESC, id DESC LIMIT %s"
-        where: list[str] = []
-        params: list[object] = []
-        if page_token:
-            update_us, after_id = decode_page_token(page_token)
-            # TEXT cannot hold NUL, so no stored id does: for a (forged) token id p + NUL + rest,
-            # the stored ids below it in code-point order are exactly those <= p.
-            prefix, nul, _ = after_id.partition("\x00")
-            if nul:
-                where.append("(update_time < %s OR (update_time = %s AND id <= %s))")
-                params.extend((update_us, update_us, prefix))
-            else:
-                where.append("(update_time, id) < (%s, %s)")
-                params.extend((update_us, after_id))
-        if id_prefix:
-            where.append(PREFIX_FILTER.format(column="id", mark="%s"))
-            params.extend((len(id_prefix), id_prefix))
-        sql = columns + (" WHERE " + " AND ".join(where) if where else "") + order
-        rows = await self._read("list_conversations", sql, (*params, page_size + 1))
-        records = [conversation_from_row(row) for row in rows[:page_size]]
-        next_token = ""
-        if len(rows) > page_size:
-            last = rows[page_size - 1]
-            next_token = encode_page_token(last[2], last[0])
-        return records, next_token
-
-    async def load_messages(self, conversation_id: str) -> Sequence[message_pb2.Message]:
-        """All messages of the conversation in append order ([] when none or no conversation).
-        Raises :class:`StoreCorrupted` for a message that cannot be decoded."""
-        read = self._decoded.read(conversation_id)
-        rows = await self._read("load_messages", read.sql, read.params)
-        return self._decoded.messages(read, rows)
 
     async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
         """Remove the partial reply ``message_id`` and record ``turn``'s new reply id, one

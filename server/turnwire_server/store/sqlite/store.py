@@ -30,7 +30,6 @@ from turnwire_server.store.base import (
     AddResult,
     AnsweredToolCalls,
     CompactionRecord,
-    ConversationRecord,
     SubmissionRecord,
     SubmissionState,
     ToolCallAnswer,
@@ -51,14 +50,10 @@ from turnwire_server.store.core.reads import CoreReads
 from turnwire_server.store.core.rows import (
     TURN_COLUMNS,
     compaction_params,
-    conversation_from_row,
-    decode_page_token,
-    encode_page_token,
     to_us,
     turn_from_row,
 )
 from turnwire_server.store.core.submission_rows import (
-    PREFIX_FILTER,
     SUBMISSION_COLUMNS,
     submission_from_row,
 )
@@ -257,46 +252,6 @@ class SqliteStore(CoreReads):
             raise store_error(errors[0], f"closing {self._path}")
 
     # ------------------------------------------------------------------ reads
-
-    async def list_conversations(
-        self, page_size: int, page_token: str, *, id_prefix: str = ""
-    ) -> tuple[list[ConversationRecord], str]:
-        """Up to ``page_size`` (>= 1) conversations, most recently updated first, of ids
-        starting with ``id_prefix`` (all when "").
-
-        Ties on update time are ordered by id, descending. Returns the records
-        and the token of the next page ("" on the last page); pass "" for the
-        first page. Pagination is by key, so a conversation updated between
-        pages moves to the front and is not seen again. Raises
-        :class:`InvalidPageToken` for a token this store did not issue and
-        :class:`ValueError` when ``page_size`` < 1.
-        """
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
-        columns = "SELECT id, create_time, update_time, message_count FROM conversations"
-        order = " ORDER BY update_time DESC, id DESC LIMIT ?"
-        where: list[str] = []
-        params: list[object] = []
-        if page_token:
-            where.append("(update_time, id) < (?, ?)")
-            params.extend(decode_page_token(page_token))
-        if id_prefix:
-            where.append(PREFIX_FILTER.format(column="id", mark="?"))
-            params.extend((len(id_prefix), id_prefix))
-        sql = columns + (" WHERE " + " AND ".join(where) if where else "") + order
-        rows = await self._read("list_conversations", sql, (*params, page_size + 1))
-        records = [conversation_from_row(row) for row in rows[:page_size]]
-        next_token = ""
-        if len(rows) > page_size:
-            last = rows[page_size - 1]
-            next_token = encode_page_token(last[2], last[0])
-        return records, next_token
-
-    async def load_messages(self, conversation_id: str) -> Sequence[message_pb2.Message]:
-        """All messages of the conversation in append order ([] when none or no conversation)."""
-        read = self._decoded.read(conversation_id)
-        rows = await self._read("load_messages", read.sql, read.params)
-        return self._decoded.messages(read, rows)
 
     async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
         """Remove the partial reply ``message_id`` and record ``turn``'s new reply id; see
