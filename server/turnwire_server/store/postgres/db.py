@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import functools
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, TypeAlias, TypeVar
 
 import psycopg
@@ -27,13 +28,16 @@ __all__ = [
     "Conn",
     "all_rows",
     "conversations_locked",
+    "discard",
     "fetch_one",
+    "flight",
     "lock_conversation",
     "native",
     "run",
     "run_many",
     "run_program",
     "send_conversation_lock",
+    "transaction",
 ]
 
 T = TypeVar("T")
@@ -232,3 +236,41 @@ class _PostgresDialect:
 
 DIALECT: Final = _PostgresDialect()
 """The PostgreSQL driver's :class:`~turnwire_server.store.core.sql.Dialect`."""
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+async def discard(conn: Conn) -> None:
+    """Close ``conn`` (the pool opens another in its place) after a pipelined transaction on it
+    failed: psycopg 3.3 counts the statements it prepared in the part of the pipeline the server
+    skipped after the error as prepared, though the server never parsed them, so reusing the
+    connection fails later with "prepared statement … does not exist"."""
+    await conn.close()
+
+
+def transaction(conn: Conn, pipeline: bool) -> AbstractAsyncContextManager[Any]:
+    """A transaction on ``conn``: :func:`flight` when ``pipeline``, else ``conn.transaction()``."""
+    return flight(conn) if pipeline else conn.transaction()
+
+
+@contextlib.asynccontextmanager
+async def flight(conn: Conn) -> AsyncIterator[None]:
+    """A transaction in pipeline mode that waits for the server only where the block reads and
+    once at the end: ``BEGIN`` goes out with the first statements and ``COMMIT`` with the last
+    (psycopg's ``conn.transaction()`` would sync at its start and its end, one round trip each).
+    An exception in the block rolls back and propagates."""
+    async with conn.pipeline() as pipeline:
+        await conn.execute(b"BEGIN")
+        try:
+            yield
+        except BaseException:
+            # After a failed statement the server skips everything up to the next sync.
+            with contextlib.suppress(psycopg.Error):
+                await pipeline.sync()
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute(b"ROLLBACK")
+            raise
+        await conn.execute(b"COMMIT")
+    # Leaving the pipeline synced: the COMMIT's outcome (and any error of the block's statements)
+    # is in by now.

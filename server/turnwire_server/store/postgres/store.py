@@ -71,13 +71,13 @@ from turnwire_server.store.core.submission_rows import (
 from turnwire_server.store.core.turn_writes import StartTurn, prepare_start_turn
 from turnwire_server.store.errors import StoreError
 from turnwire_server.store.metrics import COMMIT_DURATION
-from turnwire_server.store.postgres import db, writes
+from turnwire_server.store.postgres import db, turn_queue, writes
 from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
 from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
 from turnwire_server.store.postgres.replicas import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL, Listener
 from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
 
-__all__ = ["DEFAULT_POOL_SIZE", "QUEUE_STEP", "PostgresStore"]
+__all__ = ["DEFAULT_POOL_SIZE", "PostgresStore"]
 
 DEFAULT_POOL_SIZE: Final = 10
 """Connections the pool holds at most unless configured (``store.pool_size``)."""
@@ -324,11 +324,11 @@ class PostgresStore(CoreReads):
                 async with pool.connection() as conn:
                     started = time.perf_counter()
                     try:
-                        async with _transaction(conn, pipeline):
+                        async with db.transaction(conn, pipeline):
                             result = await body(conn, self._now_us())
                     except psycopg.Error:
                         if pipeline:
-                            await _discard(conn)
+                            await db.discard(conn)
                         raise
                     _SINGLE_COMMITS.observe(time.perf_counter() - started)
                     # Committed, still on its connection: ``then`` reads what the last flight
@@ -401,19 +401,19 @@ class PostgresStore(CoreReads):
         whole batch again)."""
         try:
             async with (
-                _flight(conn),
+                db.flight(conn),
                 db.conversations_locked(conn, (q.conversation_id for q in batch)),
             ):
                 now_us = self._now_us()
                 for queued in batch:
                     await queued.body(conn, now_us)
         except _RACE_ERRORS:
-            await _discard(conn)
+            await db.discard(conn)
             raise
         except (psycopg.Error, StoreError, ValueError):
             if conn.closed:
                 raise
-            await _discard(conn)
+            await db.discard(conn)
             return False
         return True
 
@@ -698,7 +698,7 @@ class PostgresStore(CoreReads):
         it is the conversation's lowest live ticket (see
         :mod:`turnwire_server.store.postgres.replicas`). Raises :class:`StoreError` when the
         database fails while taking or waiting for it. ``first`` takes a ticket right behind the
-        head and the tickets taken first before it (``_TAKE_TICKET``), ahead of the rest; when the
+        head and the tickets taken first before it (``turn_queue.TAKE_TICKET``), ahead of the rest; when the
         head's block of numbers has no room left (or the head is a ticket of schema 4), the ticket
         queues at the back."""
         return self._queue_lock(conversation_id, request_id, owner, lease_seconds, first)
@@ -834,12 +834,12 @@ class PostgresStore(CoreReads):
                 try:
                     # The write lock first, then the queue lock: taking a ticket never waits for
                     # a write (QUEUE_LOCK_CLASS), so no transaction holds them the other way round.
-                    async with _flight(conn), db.conversations_locked(conn, (conversation_id,)):
+                    async with db.flight(conn), db.conversations_locked(conn, (conversation_id,)):
                         await conn.execute(
                             b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
                             (writes.QUEUE_LOCK_CLASS, conversation_id),
                         )
-                        ticket = await conn.execute(_TAKE_TICKET_AT_HEAD, params)
+                        ticket = await conn.execute(turn_queue.TAKE_TICKET_AT_HEAD, params)
                         await writes.start_new_turn(conn, start, now_us)
                         read = self._decoded.read(conversation_id)
                         history = await conn.execute(read.sql.encode(), read.params)
@@ -847,7 +847,7 @@ class PostgresStore(CoreReads):
                         if read_compaction:
                             compaction = await conn.execute(_LOAD_COMPACTION, (conversation_id,))
                 except psycopg.Error:
-                    await _discard(conn)
+                    await db.discard(conn)
                     return None
                 _SINGLE_COMMITS.observe(time.perf_counter() - started)
                 taken = int((await ticket.fetchall())[0][0])
@@ -888,7 +888,7 @@ class PostgresStore(CoreReads):
                 # The statements in one simple query (client-side binding): one round trip, one
                 # implicit transaction, so the lock is held until the ticket is committed.
                 cur = psycopg.AsyncClientCursor(conn)
-                await cur.execute(_TAKE_TICKET, params)
+                await cur.execute(turn_queue.TAKE_TICKET, params)
                 cur.nextset()
                 cur.nextset()
                 rows = list(await cur.fetchall())
@@ -919,7 +919,7 @@ class PostgresStore(CoreReads):
         a commit each, ahead of the next turns' admissions."""
 
         async def body(conn: Conn, _: int) -> None:
-            await db.run(conn, _RELEASE_TICKET, (ticket, QUEUE_CHANNEL, conversation_id))
+            await db.run(conn, turn_queue.RELEASE_TICKET, (ticket, QUEUE_CHANNEL, conversation_id))
 
         try:
             await self._write_batched("turn_lock release", body, conversation_id=conversation_id)
@@ -965,7 +965,7 @@ class PostgresStore(CoreReads):
                 (owner, until_us, now_us, owner, limit),
             )
             rows = list(await cur.fetchall())
-            await _take_over_tickets(conn, [row[0] for row in rows], owner, until_us)
+            await turn_queue.take_over_tickets(conn, [row[0] for row in rows], owner, until_us)
             return rows
 
         rows = await self._write("claim_interrupted_turns", body)
@@ -992,7 +992,7 @@ class PostgresStore(CoreReads):
                 (owner, until_us, now_us, owner, limit),
             )
             rows = list(await cur.fetchall())
-            await _take_over_tickets(conn, [row[0] for row in rows], owner, until_us)
+            await turn_queue.take_over_tickets(conn, [row[0] for row in rows], owner, until_us)
             return rows
 
         rows = await self._write("claim_pending_submissions", body)
@@ -1063,7 +1063,7 @@ class PostgresStore(CoreReads):
             try:
                 async with self._require_pool("reserve_place").connection() as conn:
                     cur = psycopg.AsyncClientCursor(conn)
-                    await cur.execute(_TAKE_TICKET_IF_IDLE, params)
+                    await cur.execute(turn_queue.TAKE_TICKET_IF_IDLE, params)
                     cur.nextset()
                     cur.nextset()
                     rows = list(await cur.fetchall())
@@ -1076,7 +1076,9 @@ class PostgresStore(CoreReads):
         ``Store.release_place``)."""
 
         async def body(conn: Conn, _: int) -> None:
-            await db.run(conn, _RELEASE_PLACE, (conversation_id, request_id, QUEUE_CHANNEL, conversation_id))
+            await db.run(
+                conn, turn_queue.RELEASE_PLACE, (conversation_id, request_id, QUEUE_CHANNEL, conversation_id)
+            )
 
         await self._write("release_place", body)
 
@@ -1114,149 +1116,4 @@ class PostgresStore(CoreReads):
         return True
 
 
-async def _discard(conn: Conn) -> None:
-    """Close ``conn`` (the pool opens another in its place) after a pipelined transaction on it
-    failed: psycopg 3.3 counts the statements it prepared in the part of the pipeline the server
-    skipped after the error as prepared, though the server never parsed them, so reusing the
-    connection fails later with "prepared statement … does not exist"."""
-    await conn.close()
-
-
-def _transaction(conn: Conn, pipeline: bool) -> AbstractAsyncContextManager[Any]:
-    """A transaction on ``conn``: :func:`_flight` when ``pipeline``, else ``conn.transaction()``."""
-    return _flight(conn) if pipeline else conn.transaction()
-
-
-@contextlib.asynccontextmanager
-async def _flight(conn: Conn) -> AsyncIterator[None]:
-    """A transaction in pipeline mode that waits for the server only where the block reads and
-    once at the end: ``BEGIN`` goes out with the first statements and ``COMMIT`` with the last
-    (psycopg's ``conn.transaction()`` would sync at its start and its end, one round trip each).
-    An exception in the block rolls back and propagates."""
-    async with conn.pipeline() as pipeline:
-        await conn.execute(b"BEGIN")
-        try:
-            yield
-        except BaseException:
-            # After a failed statement the server skips everything up to the next sync.
-            with contextlib.suppress(psycopg.Error):
-                await pipeline.sync()
-            with contextlib.suppress(psycopg.Error):
-                await conn.execute(b"ROLLBACK")
-            raise
-        await conn.execute(b"COMMIT")
-    # Leaving the pipeline synced: the COMMIT's outcome (and any error of the block's statements)
-    # is in by now.
-
-
-_RELEASE_TICKET: Final = "WITH gone AS (DELETE FROM turn_queue WHERE ticket = %s) SELECT pg_notify(%s, %s)"
-
-_RELEASE_PLACE: Final = (
-    "WITH gone AS (DELETE FROM turn_queue WHERE conversation_id = %s AND request_id = %s RETURNING 1)"
-    " SELECT pg_notify(%s, %s) FROM (SELECT 1 FROM gone LIMIT 1) AS deleted"
-)
-
-_TAKE_TICKET_IF_IDLE: Final = (
-    # As _TAKE_TICKET, but nothing is taken while the conversation has any live ticket (its own
-    # request id's included: a turn running under that id elsewhere is not taken over):
-    # (the request id heading the line, NULL when the ticket was taken).
-    b"SET LOCAL synchronous_commit = off;"
-    b" SELECT pg_advisory_xact_lock(%(lock)s, hashtext(%(c)s));"
-    b" WITH head AS (SELECT request_id FROM turn_queue WHERE conversation_id = %(c)s"
-    b" AND lease_until >= %(stale)s ORDER BY ticket LIMIT 1),"
-    b" new AS ("
-    b" INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
-    b" SELECT %(c)s, %(r)s, %(owner)s, %(until)s WHERE NOT EXISTS (SELECT 1 FROM head)"
-    b" RETURNING ticket),"
-    b" gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s)"
-    b" SELECT (SELECT request_id FROM head)"
-)
-"""Take a ticket only on an idle conversation; (the head's request id, or NULL)."""
-
-
 _LOAD_COMPACTION: Final = db.native(LOAD_COMPACTION_SQL)
-
-_TAKE_TICKET_AT_HEAD: Final = (
-    # As _TAKE_TICKET (under the queue lock the caller took), but failing the transaction (a cast
-    # no text passes) unless the ticket heads the queue: a turn with turns ahead stores nothing
-    # and takes no ticket in the one-flight admission.
-    b"WITH old AS ("
-    b" UPDATE turn_queue SET owner = %(owner)s, lease_until = %(until)s"
-    b" WHERE conversation_id = %(c)s AND request_id = %(r)s AND request_id <> '' RETURNING ticket),"
-    b" new AS ("
-    b" INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
-    b" SELECT %(c)s, %(r)s, %(owner)s, %(until)s WHERE NOT EXISTS (SELECT 1 FROM old)"
-    b" RETURNING ticket),"
-    b" gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s"
-    b" AND request_id <> %(r)s),"
-    b" mine AS (SELECT ticket FROM old UNION ALL SELECT ticket FROM new),"
-    b" earliest AS (SELECT MIN(ticket) AS ticket FROM turn_queue"
-    b" WHERE conversation_id = %(c)s AND lease_until >= %(stale)s)"
-    b" SELECT CASE WHEN earliest.ticket IS NULL OR earliest.ticket >= mine.ticket THEN mine.ticket"
-    b" ELSE ('turnwire: queued behind ticket ' || earliest.ticket)::bigint END"
-    b" FROM mine, earliest"
-)
-"""Take or re-own a ticket that heads the queue; (the ticket). Fails behind a live ticket."""
-
-QUEUE_STEP: Final = 65536
-"""The step of the ticket sequence (migration 0005): plain tickets are multiples of it, and the
-numbers between two are left for tickets taken first in line, right behind the head's."""
-
-_FIRST_SLOT: Final = (
-    # The number after the head and the tickets taken first in line behind it (lapsed ones too,
-    # so no number is taken twice), when that stays within the head's block: the head is a plain
-    # ticket of this schema (a multiple of the step) or itself taken first; else none (the ticket
-    # then queues at the back). No other conversation ever takes a number inside that block.
-    b" head AS (SELECT ticket, first_in_line FROM turn_queue"
-    b" WHERE conversation_id = %(c)s AND lease_until >= %(stale)s ORDER BY ticket LIMIT 1),"
-    b" slot AS (SELECT MAX(q.ticket) + 1 AS ticket FROM turn_queue AS q, head"
-    b" WHERE q.conversation_id = %(c)s AND q.ticket >= head.ticket"
-    b" AND (q.ticket = head.ticket OR q.first_in_line)),"
-    b" jump AS (SELECT slot.ticket FROM slot, head WHERE %(first)s"
-    b" AND (mod(head.ticket, " + str(QUEUE_STEP).encode() + b") = 0 OR head.first_in_line)"
-    b" AND mod(slot.ticket, " + str(QUEUE_STEP).encode() + b") <> 0"
-    b" AND NOT EXISTS (SELECT 1 FROM turn_queue WHERE ticket = slot.ticket)),"
-)
-
-_TAKE_TICKET: Final = (
-    # No WAL flush of its own: the ticket is visible to the other replicas at commit, and the
-    # turn's start_turn commit (which flushes the WAL up to itself) makes it durable before
-    # anything is sent to the client; a database crash before that loses the turn anyway.
-    b"SET LOCAL synchronous_commit = off;"
-    b" SELECT pg_advisory_xact_lock(%(lock)s, hashtext(%(c)s));"
-    b" WITH" + _FIRST_SLOT + b" old AS ("
-    # A re-owned ticket (a submission's place) taken first moves up to the slot when it is ahead.
-    b" UPDATE turn_queue SET owner = %(owner)s, lease_until = %(until)s,"
-    b" ticket = LEAST(turn_queue.ticket, COALESCE((SELECT ticket FROM jump), turn_queue.ticket)),"
-    b" first_in_line = turn_queue.first_in_line"
-    b" OR turn_queue.ticket > COALESCE((SELECT ticket FROM jump), turn_queue.ticket)"
-    b" WHERE conversation_id = %(c)s AND request_id = %(r)s AND request_id <> '' RETURNING ticket),"
-    b" jumped AS ("
-    b" INSERT INTO turn_queue (ticket, conversation_id, request_id, owner, lease_until, first_in_line)"
-    b" SELECT jump.ticket, %(c)s, %(r)s, %(owner)s, %(until)s, true FROM jump"
-    b" WHERE NOT EXISTS (SELECT 1 FROM old) RETURNING ticket),"
-    b" new AS ("
-    b" INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
-    b" SELECT %(c)s, %(r)s, %(owner)s, %(until)s"
-    b" WHERE NOT EXISTS (SELECT 1 FROM old) AND NOT EXISTS (SELECT 1 FROM jump)"
-    b" RETURNING ticket),"
-    b" gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s"
-    b" AND request_id <> %(r)s)"
-    b" SELECT (SELECT ticket FROM old UNION ALL SELECT ticket FROM jumped UNION ALL SELECT ticket FROM new),"
-    b" (SELECT MIN(ticket) FROM turn_queue"
-    b" WHERE conversation_id = %(c)s AND lease_until >= %(stale)s)"
-)
-"""Take or re-own a ticket (``first``: right behind the head and the tickets taken first before
-it, when the head's block has room), drop lapsed ones; (the ticket, the lowest live ticket
-before it)."""
-
-
-async def _take_over_tickets(conn: Any, request_ids: Sequence[str], owner: str, until_us: int) -> None:
-    """The queue tickets of turns (or submissions) taken over from a dead replica become
-    ``owner``'s, so the recovered work keeps its place in line (first in, first out)."""
-    if request_ids:
-        await db.run(
-            conn,
-            "UPDATE turn_queue SET owner = %s, lease_until = %s WHERE request_id = ANY(%s)",
-            (owner, until_us, list(request_ids)),
-        )
