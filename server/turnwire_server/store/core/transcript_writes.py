@@ -12,7 +12,7 @@ gap-free.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final
 
 from google.protobuf.message import DecodeError
@@ -43,6 +43,7 @@ from turnwire_server.store.waiting_calls import close_call, expired_text, is_wai
 
 __all__ = [
     "add_messages",
+    "adding",
     "answer_tool_calls",
     "delete_conversation",
     "expire_pending_tool_calls",
@@ -101,6 +102,33 @@ def prepare_add(messages: Sequence[message_pb2.Message]) -> list[MessageRow]:
             raise ValueError(f"message id {row.id!r} appears twice in one AddMessages request")
         seen.add(row.id)
     return rows
+
+
+def adding(
+    conversation_id: str,
+    messages: Sequence[message_pb2.Message],
+    *,
+    mode: AddMode,
+    allow_missing: bool,
+    replace_only: Collection[str],
+) -> Callable[[Dialect, int], Program[AddResult]]:
+    """:func:`add_messages`' maker (``maker(dialect, now_us)``), its messages validated here, in
+    the caller's task (:func:`prepare_add`'s :class:`ValueError`)."""
+    rows = prepare_add(messages)
+    only = frozenset(replace_only)
+
+    def make(dialect: Dialect, now_us: int) -> Program[AddResult]:
+        return add_messages(
+            conversation_id,
+            rows,
+            mode=mode,
+            allow_missing=allow_missing,
+            replace_only=only,
+            dialect=dialect,
+            now_us=now_us,
+        )
+
+    return make
 
 
 def add_messages(

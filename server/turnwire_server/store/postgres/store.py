@@ -618,22 +618,12 @@ class PostgresStore(CoreReads):
     ) -> AddResult:
         """Write ``messages`` into the transcript, one transaction, all or nothing (rules and
         errors: ``Store.add_messages``)."""
-        rows = transcript_writes.prepare_add(messages)
-        only = frozenset(replace_only)
+        make = transcript_writes.adding(
+            conversation_id, messages, mode=mode, allow_missing=allow_missing, replace_only=replace_only
+        )
         return await self._write(
             f"add_messages({conversation_id!r})",
-            lambda conn, now_us: run_program(
-                conn,
-                transcript_writes.add_messages(
-                    conversation_id,
-                    rows,
-                    mode=mode,
-                    allow_missing=allow_missing,
-                    replace_only=only,
-                    dialect=DIALECT,
-                    now_us=now_us,
-                ),
-            ),
+            lambda conn, now_us: run_program(conn, make(DIALECT, now_us)),
             conversation_id=conversation_id,
         )
 

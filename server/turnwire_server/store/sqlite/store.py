@@ -523,24 +523,12 @@ class SqliteStore(CoreReads):
         :func:`~turnwire_server.store.core.transcript_writes.add_messages` for the rules and the
         errors (:class:`ConversationNotFound`, :class:`MessageIdConflict`,
         :class:`MessageBeingWritten`, :class:`UnknownMessage`, :class:`ValueError`)."""
-        rows = transcript_writes.prepare_add(messages)
-        only = frozenset(replace_only)
+        make = transcript_writes.adding(
+            conversation_id, messages, mode=mode, allow_missing=allow_missing, replace_only=replace_only
+        )
         outcome: list[AddResult] = []
         await self._writer.submit(
-            lambda conn, now_us: outcome.append(
-                run_program(
-                    conn,
-                    transcript_writes.add_messages(
-                        conversation_id,
-                        rows,
-                        mode=mode,
-                        allow_missing=allow_missing,
-                        replace_only=only,
-                        dialect=DIALECT,
-                        now_us=now_us,
-                    ),
-                )
-            ),
+            lambda conn, now_us: outcome.append(run_program(conn, make(DIALECT, now_us))),
             f"add_messages({conversation_id!r})",
             urgent=True,
         )
