@@ -18,7 +18,7 @@ from turnwire.testing import ScriptStep
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.deletion import delete_conversation
 from turnwire_server.engine.maintenance import Maintenance
-from turnwire_server.store.rows import to_us
+from turnwire_server.store.core.rows import to_us
 from turnwire_server.store.sqlite import SqliteStore
 
 SLOW = {"main": [ScriptStep(text="word ", delay_ms=5, until_cancelled=True)]}

@@ -29,8 +29,8 @@ from turnwire_server.store import (
     TurnRecord,
 )
 from turnwire_server.store.base import CompactionRecord
-from turnwire_server.store.local_lock import LocalTurnLocks
-from turnwire_server.store.rows import decode_page_token, encode_page_token, to_us
+from turnwire_server.store.core.local_lock import LocalTurnLocks
+from turnwire_server.store.core.rows import decode_page_token, encode_page_token, to_us
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=dt.UTC)
 

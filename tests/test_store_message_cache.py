@@ -1,4 +1,4 @@
-"""Decoded messages reused between reads (store/message_cache.py, issue 17), on every backend: the
+"""Decoded messages reused between reads (store/core/message_cache.py, issue 17), on every backend: the
 database stays the truth (a write by anyone else is seen on the next read), and the messages read
 are shared, read-only objects: the same ones from read to read until the database changes them."""
 
@@ -196,7 +196,7 @@ async def test_a_read_returns_only_messages_changed_since_the_held_version(
 
 async def test_an_older_snapshot_finishing_last_does_not_replace_a_newer_one() -> None:
     """Two reads in flight: the one that saw less must not roll the held messages back."""
-    from turnwire_server.store.message_cache import DecodedMessages
+    from turnwire_server.store.core.message_cache import DecodedMessages
 
     cache = DecodedMessages("test")
     part = _text("u1", "one").parts[0].SerializeToString()

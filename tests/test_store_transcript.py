@@ -19,8 +19,8 @@ from turnwire_server.store import (
     TurnRecord,
     UnknownMessage,
 )
-from turnwire_server.store.rows import to_us
-from turnwire_server.store.stream_rows import pack_events
+from turnwire_server.store.core.rows import to_us
+from turnwire_server.store.core.stream_rows import pack_events
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
 CONVERSATION_TABLES = {

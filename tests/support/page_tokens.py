@@ -2,7 +2,7 @@
 
 The three of issue 9 item 7 are version 1 (base64url JSON) tokens that made the old JSON
 parser fail with something other than InvalidPageToken. The ``V2_*`` ones are the same
-attacks on today's binary layout (see ``turnwire_server.store.rows``): version
+attacks on today's binary layout (see ``turnwire_server.store.core.rows``): version
 byte 2, the update time as a signed 64-bit big-endian integer, the id in UTF-8.
 """
 

@@ -74,7 +74,7 @@ _PARTIAL_STATUS: dict[str, event_pb2.TurnStatus.ValueType] = {
     "interrupted": event_pb2.TURN_STATUS_INTERRUPTED,
 }
 """A partial reply's (or a turn without reply's) turn state
-(:mod:`turnwire_server.store.partial_replies`) → ``PartialReply.status``."""
+(:mod:`turnwire_server.store.core.partial_replies`) → ``PartialReply.status``."""
 
 
 def _turn_without_reply(turn: TurnRecord) -> chat_service_pb2.TurnWithoutReply:

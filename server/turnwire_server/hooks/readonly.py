@@ -1,7 +1,7 @@
 """The messages a hook sees, without copying the history for it (issue 17).
 
 The engine's messages are shared: the store hands out its kept message objects to every turn
-(``store/message_cache.py``), and the provider adapters' conversion caches take a message object
+(``store/core/message_cache.py``), and the provider adapters' conversion caches take a message object
 to stand for its content. A hook (``TurnContext``, ``StepContext``, ``ToolCallContext``
 ``.messages``, a compaction strategy's ``CompactionContext.messages``) must therefore never reach
 those objects: a change in place would reach the store's copy and every later turn.

@@ -96,7 +96,7 @@ class PrefixStates(Generic[_S]):
     """An adapter's conversion state after the messages of its recent requests, so a request that
     starts with the very message objects of an earlier one converts only the messages after them
     (issue 17: a turn's work independent of history length; the history is the same objects from
-    turn to turn while it is only appended to, ``store/message_cache.py``).
+    turn to turn while it is only appended to, ``store/core/message_cache.py``).
 
     Kept by the request's first message object (``per_first`` states each, most recent first, with
     the ``extra`` they were made with, e.g. the system prompt), least recently used first out once

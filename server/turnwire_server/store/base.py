@@ -86,7 +86,7 @@ class TranscriptStore(Protocol):
     async def load_messages(self, conversation_id: str) -> Sequence[message_pb2.Message]:
         """All messages of the conversation, oldest first (empty when none). Read-only: the
         messages may be shared with other readers and later reads (the SQL stores hand out their
-        kept objects, ``store/message_cache.py``); copy one (``CopyFrom``) to change it."""
+        kept objects, ``store/core/message_cache.py``); copy one (``CopyFrom``) to change it."""
         ...
 
     async def partial_replies(self, conversation_id: str) -> dict[str, TurnRecord]:

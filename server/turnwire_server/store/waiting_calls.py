@@ -1,7 +1,7 @@
 """Tool calls that wait for the client, and how one is closed or denied: part of the store's
 interface (with :mod:`~turnwire_server.store.base` and :mod:`~turnwire_server.store.errors`), the
 one place both sides apply the same rule: the stores inside the writes that answer or expire a
-call (:mod:`turnwire_server.store.tool_answers`), the engine when it repairs a transcript
+call (:mod:`turnwire_server.store.core.tool_answers`), the engine when it repairs a transcript
 (:mod:`turnwire_server.engine.pending_calls`). docs/semantics.md §6 and §12; pure functions on
 ``turnwire.v1`` protos, importing nothing of the store.
 

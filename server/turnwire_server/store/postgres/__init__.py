@@ -8,6 +8,7 @@ shared core's (``turnwire_server.store``).
 
 from __future__ import annotations
 
-from turnwire_server.store.postgres.store import DEFAULT_POOL_SIZE, QUEUE_STEP, PostgresStore
+from turnwire_server.store.postgres.store import DEFAULT_POOL_SIZE, PostgresStore
+from turnwire_server.store.postgres.turn_queue import QUEUE_STEP
 
 __all__ = ["DEFAULT_POOL_SIZE", "QUEUE_STEP", "PostgresStore"]

@@ -14,12 +14,13 @@ import contextlib
 import contextvars
 import functools
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, TypeAlias, TypeVar
 
 import psycopg
 
-from turnwire_server.store.rows import MessageRow
-from turnwire_server.store.sql import Program, Statement
+from turnwire_server.store.core.rows import MessageRow
+from turnwire_server.store.core.sql import Program, Statement
 
 __all__ = [
     "CONVERSATION_LOCK_CLASS",
@@ -27,13 +28,16 @@ __all__ = [
     "Conn",
     "all_rows",
     "conversations_locked",
+    "discard",
     "fetch_one",
+    "flight",
     "lock_conversation",
     "native",
     "run",
     "run_many",
     "run_program",
     "send_conversation_lock",
+    "transaction",
 ]
 
 T = TypeVar("T")
@@ -136,7 +140,7 @@ def native(sql: str) -> bytes:
 
 
 async def run_program(conn: Conn, program: Program[T]) -> T:
-    """Run a core write ``program`` (:mod:`turnwire_server.store.sql`) inside the caller's
+    """Run a core write ``program`` (:mod:`turnwire_server.store.core.sql`) inside the caller's
     transaction. Each batch is sent whole, then its reads are fetched: in pipeline mode
     (``conn.pipeline()``) a batch's reads cost one round trip and its writes none (the caller's
     commit syncs them)."""
@@ -144,6 +148,7 @@ async def run_program(conn: Conn, program: Program[T]) -> T:
         batch = next(program)
         while True:
             sent: list[Any] = []
+            counts: dict[int, int] = {}
             for statement in batch:
                 sql = native(statement.sql)
                 if statement.many:
@@ -154,8 +159,12 @@ async def run_program(conn: Conn, program: Program[T]) -> T:
                     sent.append(None)
                 else:
                     cursor = await conn.execute(sql, statement.params)
+                    if statement.count:
+                        counts[len(sent)] = cursor.rowcount
                     sent.append(cursor if statement.fetch else None)
-            found = [None if cursor is None else list(await cursor.fetchall()) for cursor in sent]
+            found: list[Any] = [None if cursor is None else list(await cursor.fetchall()) for cursor in sent]
+            for index, count in counts.items():
+                found[index] = count
             batch = program.send(found)
     except StopIteration as stop:
         result: T = stop.value
@@ -171,13 +180,20 @@ _PARTS_OF_ROWS: Final = (
 
 
 class _PostgresDialect:
-    """PostgreSQL's spelling (:class:`~turnwire_server.store.sql.Dialect`): rows a write changes
+    """PostgreSQL's spelling (:class:`~turnwire_server.store.core.sql.Dialect`): rows a write changes
     are locked as read, the conversation's lock is taken first (unless the group commit holds
     it), a batch of parts is one statement over arrays."""
 
-    name = "postgresql"
+    name = "postgres"
     lock_rows = " FOR UPDATE"
     claim_rows = " FOR UPDATE SKIP LOCKED"
+    conversation_tables: tuple[str, ...] = (
+        # Tickets of its pending submissions no replica claimed (the others go with their turns).
+        "DELETE FROM turn_queue WHERE conversation_id = ? AND owner = ''",
+    )
+
+    def contains_bytes(self, column: str, needle: bytes) -> str:
+        return f"position('\\x{needle.hex()}'::bytea IN {column}) > 0"
 
     def lock_conversation(self, conversation_id: str) -> Sequence[Statement]:
         if conversation_id in _LOCKED.get():
@@ -219,4 +235,42 @@ class _PostgresDialect:
 
 
 DIALECT: Final = _PostgresDialect()
-"""The PostgreSQL driver's :class:`~turnwire_server.store.sql.Dialect`."""
+"""The PostgreSQL driver's :class:`~turnwire_server.store.core.sql.Dialect`."""
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+async def discard(conn: Conn) -> None:
+    """Close ``conn`` (the pool opens another in its place) after a pipelined transaction on it
+    failed: psycopg 3.3 counts the statements it prepared in the part of the pipeline the server
+    skipped after the error as prepared, though the server never parsed them, so reusing the
+    connection fails later with "prepared statement … does not exist"."""
+    await conn.close()
+
+
+def transaction(conn: Conn, pipeline: bool) -> AbstractAsyncContextManager[Any]:
+    """A transaction on ``conn``: :func:`flight` when ``pipeline``, else ``conn.transaction()``."""
+    return flight(conn) if pipeline else conn.transaction()
+
+
+@contextlib.asynccontextmanager
+async def flight(conn: Conn) -> AsyncIterator[None]:
+    """A transaction in pipeline mode that waits for the server only where the block reads and
+    once at the end: ``BEGIN`` goes out with the first statements and ``COMMIT`` with the last
+    (psycopg's ``conn.transaction()`` would sync at its start and its end, one round trip each).
+    An exception in the block rolls back and propagates."""
+    async with conn.pipeline() as pipeline:
+        await conn.execute(b"BEGIN")
+        try:
+            yield
+        except BaseException:
+            # After a failed statement the server skips everything up to the next sync.
+            with contextlib.suppress(psycopg.Error):
+                await pipeline.sync()
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute(b"ROLLBACK")
+            raise
+        await conn.execute(b"COMMIT")
+    # Leaving the pipeline synced: the COMMIT's outcome (and any error of the block's statements)
+    # is in by now.

@@ -20,8 +20,8 @@ from typing import Final
 
 import psycopg
 
+from turnwire_server.store.core.migration_rules import newer_schema_problem, readable_by
 from turnwire_server.store.errors import StoreError
-from turnwire_server.store.migration_rules import newer_schema_problem, readable_by
 
 __all__ = ["MIGRATION_LOCK_KEY", "PgMigration", "apply_migrations", "load_migrations"]
 

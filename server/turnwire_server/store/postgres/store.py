@@ -33,13 +33,11 @@ import psycopg_pool
 from psycopg import errors as pg_errors
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store import message_writes, retention_writes, turn_writes
 from turnwire_server.store.base import (
     AddMode,
     AddResult,
     AnsweredToolCalls,
     CompactionRecord,
-    ConversationRecord,
     SubmissionRecord,
     SubmissionState,
     ToolCallAnswer,
@@ -47,35 +45,39 @@ from turnwire_server.store.base import (
     TurnRecord,
     renewed_lease,
 )
+from turnwire_server.store.core import (
+    compaction_writes,
+    message_writes,
+    retention_writes,
+    stream_writes,
+    submission_writes,
+    transcript_writes,
+    turn_writes,
+)
+from turnwire_server.store.core.local_lock import LocalTurnLocks
+from turnwire_server.store.core.message_cache import DecodedMessages
+from turnwire_server.store.core.reads import LOAD_COMPACTION_SQL, CoreReads
+from turnwire_server.store.core.rows import (
+    TURN_COLUMNS,
+    compaction_from_row,
+    compaction_params,
+    to_us,
+    turn_from_row,
+)
+from turnwire_server.store.core.submission_rows import (
+    SUBMISSION_COLUMNS,
+    submission_from_row,
+)
+from turnwire_server.store.core.turn_writes import StartTurn, prepare_start_turn
 from turnwire_server.store.errors import StoreError
-from turnwire_server.store.local_lock import LocalTurnLocks
-from turnwire_server.store.message_cache import DecodedMessages
 from turnwire_server.store.metrics import COMMIT_DURATION
-from turnwire_server.store.postgres import compactions as compaction_writes
-from turnwire_server.store.postgres import db, writes
+from turnwire_server.store.postgres import db, turn_queue, writes
 from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
 from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
 from turnwire_server.store.postgres.replicas import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL, Listener
 from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
-from turnwire_server.store.reads import LOAD_COMPACTION_SQL, CoreReads
-from turnwire_server.store.rows import (
-    TURN_COLUMNS,
-    compaction_from_row,
-    compaction_params,
-    conversation_from_row,
-    decode_page_token,
-    encode_page_token,
-    to_us,
-    turn_from_row,
-)
-from turnwire_server.store.submission_rows import (
-    PREFIX_FILTER,
-    SUBMISSION_COLUMNS,
-    submission_from_row,
-)
-from turnwire_server.store.turn_writes import StartTurn, prepare_start_turn
 
-__all__ = ["DEFAULT_POOL_SIZE", "QUEUE_STEP", "PostgresStore"]
+__all__ = ["DEFAULT_POOL_SIZE", "PostgresStore"]
 
 DEFAULT_POOL_SIZE: Final = 10
 """Connections the pool holds at most unless configured (``store.pool_size``)."""
@@ -124,6 +126,7 @@ class PostgresStore(CoreReads):
     """
 
     _store_name = "postgres"
+    _text_holds_nul = False
 
     def __init__(
         self,
@@ -321,11 +324,11 @@ class PostgresStore(CoreReads):
                 async with pool.connection() as conn:
                     started = time.perf_counter()
                     try:
-                        async with _transaction(conn, pipeline):
+                        async with db.transaction(conn, pipeline):
                             result = await body(conn, self._now_us())
                     except psycopg.Error:
                         if pipeline:
-                            await _discard(conn)
+                            await db.discard(conn)
                         raise
                     _SINGLE_COMMITS.observe(time.perf_counter() - started)
                     # Committed, still on its connection: ``then`` reads what the last flight
@@ -398,19 +401,19 @@ class PostgresStore(CoreReads):
         whole batch again)."""
         try:
             async with (
-                _flight(conn),
+                db.flight(conn),
                 db.conversations_locked(conn, (q.conversation_id for q in batch)),
             ):
                 now_us = self._now_us()
                 for queued in batch:
                     await queued.body(conn, now_us)
         except _RACE_ERRORS:
-            await _discard(conn)
+            await db.discard(conn)
             raise
         except (psycopg.Error, StoreError, ValueError):
             if conn.closed:
                 raise
-            await _discard(conn)
+            await db.discard(conn)
             return False
         return True
 
@@ -435,66 +438,26 @@ class PostgresStore(CoreReads):
 
     # ------------------------------------------------------------------ reads
 
-    async def list_conversations(
-        self, page_size: int, page_token: str, *, id_prefix: str = ""
-    ) -> tuple[list[ConversationRecord], str]:
-        """Up to ``page_size`` (>= 1) conversations of ids starting with ``id_prefix`` (all when
-        ""), most recently updated first (ties: id
-        descending, by code point); the next page token ("" on the last page). Raises
-        :class:`InvalidPageToken` for a token this store did not issue and :class:`ValueError`
-        when ``page_size`` < 1."""
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
-        columns = "SELECT id, create_time, update_time, message_count FROM conversations"
-        order = " ORDER BY update_time DESC, id DESC LIMIT %s"
-        where: list[str] = []
-        params: list[object] = []
-        if page_token:
-            update_us, after_id = decode_page_token(page_token)
-            # TEXT cannot hold NUL, so no stored id does: for a (forged) token id p + NUL + rest,
-            # the stored ids below it in code-point order are exactly those <= p.
-            prefix, nul, _ = after_id.partition("\x00")
-            if nul:
-                where.append("(update_time < %s OR (update_time = %s AND id <= %s))")
-                params.extend((update_us, update_us, prefix))
-            else:
-                where.append("(update_time, id) < (%s, %s)")
-                params.extend((update_us, after_id))
-        if id_prefix:
-            where.append(PREFIX_FILTER.format(column="id", mark="%s"))
-            params.extend((len(id_prefix), id_prefix))
-        sql = columns + (" WHERE " + " AND ".join(where) if where else "") + order
-        rows = await self._read("list_conversations", sql, (*params, page_size + 1))
-        records = [conversation_from_row(row) for row in rows[:page_size]]
-        next_token = ""
-        if len(rows) > page_size:
-            last = rows[page_size - 1]
-            next_token = encode_page_token(last[2], last[0])
-        return records, next_token
-
-    async def load_messages(self, conversation_id: str) -> Sequence[message_pb2.Message]:
-        """All messages of the conversation in append order ([] when none or no conversation).
-        Raises :class:`StoreCorrupted` for a message that cannot be decoded."""
-        read = self._decoded.read(conversation_id)
-        rows = await self._read("load_messages", read.sql, read.params)
-        return self._decoded.messages(read, rows)
-
     async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
         """Remove the partial reply ``message_id`` and record ``turn``'s new reply id, one
         transaction; see :meth:`~turnwire_server.store.base.Store.discard_reply`. Raises
         :class:`TurnNotFound`."""
         await self._write(
             f"discard_reply({turn.request_id!r})",
-            lambda conn, now_us: compaction_writes.discard_reply(conn, turn, message_id, now_us),
+            lambda conn, now_us: run_program(
+                conn, compaction_writes.discard_reply(turn, message_id, DIALECT, now_us)
+            ),
             conversation_id=turn.conversation_id,
         )
 
     async def save_compaction(self, record: CompactionRecord) -> None:
         """Replace the conversation's compaction (a no-op once the conversation is gone)."""
-        compaction_params(record)  # invalid values fail here, before a connection is taken
+        params = compaction_params(record)  # invalid values fail here, before a connection is taken
         await self._write(
             f"save_compaction({record.conversation_id!r})",
-            lambda conn, _: compaction_writes.save_compaction(conn, record),
+            lambda conn, _: run_program(
+                conn, compaction_writes.save_compaction(record.conversation_id, params)
+            ),
             conversation_id=record.conversation_id,
         )
 
@@ -512,18 +475,18 @@ class PostgresStore(CoreReads):
 
         Raises :class:`ValueError` for an empty batch without ``ended`` or sequence numbers
         that do not ascend from >= 1."""
-        if not events and not ended:
-            raise ValueError("append_events needs events, or ended=True")
-        numbers = [number for number, _ in events]
-        if numbers != sorted(set(numbers)) or (numbers and numbers[0] < 1):
-            raise ValueError(f"event sequence numbers must ascend from >= 1, got {numbers[:5]}…")
-        batch = list(events)
+        batch = stream_writes.prepare_events(events, ended=ended)
+
+        async def append(conn: Conn, now_us: int) -> None:
+            program = stream_writes.append_events(conversation_id, request_id, batch, DIALECT, now_us)
+            if await run_program(conn, program):
+                # Readers following this turn from another replica woken (delivered at commit).
+                await conn.execute(b"SELECT pg_notify('turnwire_events', %s)", (request_id,))
+
         # Group-committed, the stream's end too (its turn waits for it, but shares the commit).
         await self._write_batched(
             f"append_events({request_id!r})",
-            lambda conn, now_us: writes.append_events(
-                conn, conversation_id, request_id, batch, ended=ended, now_us=now_us
-            ),
+            append,
             conversation_id=conversation_id,
         )
 
@@ -534,38 +497,49 @@ class PostgresStore(CoreReads):
     ) -> tuple[SubmissionRecord, bool]:
         """Store a new submission or return the one it repeats (see ``Store.create_submission``).
         Raises :class:`ValueError` for a submission that is not ``pending``."""
-        if submission.state != "pending":
-            raise ValueError(f"a new submission is pending, not {submission.state!r}")
-        to_us(submission.create_time, "create_time")
-        return await self._write(
-            f"create_submission({submission.submission_id!r})",
-            lambda conn, now_us: writes.create_submission(conn, submission, max_open),
-        )
+        submission_writes.check_new(submission)
+
+        async def create(conn: Conn, now_us: int) -> tuple[SubmissionRecord, bool]:
+            await writes.lock_submissions(conn)
+            record, created = await run_program(
+                conn, submission_writes.create_submission(submission, max_open)
+            )
+            if created:
+                await writes.queue_submission(conn, submission)
+            return record, created
+
+        return await self._write(f"create_submission({submission.submission_id!r})", create)
 
     async def end_submission(
         self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]
     ) -> SubmissionRecord | None:
         """End the submission when its state is in ``only_from``; the record as stored afterwards.
         Raises :class:`ValueError` for an unknown ``state``."""
-        if state not in ("pending", "running", "completed", "error", "aborted", "skipped"):
-            raise ValueError(f"unknown submission state {state!r}")
+        submission_writes.check_end(state)
         allowed = tuple(only_from)
-        return await self._write(
-            f"end_submission({submission_id!r})",
-            lambda conn, now_us: writes.end_submission(
-                conn, submission_id, state, error, only_from=allowed, now_us=now_us
-            ),
-        )
+
+        async def end(conn: Conn, now_us: int) -> SubmissionRecord | None:
+            program = submission_writes.end_submission(submission_id, state, error, allowed, now_us)
+            record = await run_program(conn, program)
+            if record is not None and record.state not in submission_writes.OPEN:
+                await writes.free_unowned_tickets(conn, [submission_id])
+            return record
+
+        return await self._write(f"end_submission({submission_id!r})", end)
 
     async def expire_submissions(self, before: dt.datetime, limit: int, error: bytes) -> list[str]:
         """End up to ``limit`` (>= 1) pending submissions accepted before ``before`` as ``error``."""
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
         before_us = to_us(before, "before")
-        return await self._write(
-            "expire_submissions",
-            lambda conn, now_us: writes.expire_submissions(conn, before_us, limit, error, now_us),
-        )
+
+        async def expire(conn: Conn, now_us: int) -> list[str]:
+            program = submission_writes.expire_submissions(before_us, limit, error, DIALECT, now_us)
+            ids = await run_program(conn, program)
+            await writes.free_unowned_tickets(conn, ids)
+            return ids
+
+        return await self._write("expire_submissions", expire)
 
     # ------------------------------------------------------------------ turn writes
 
@@ -644,19 +618,12 @@ class PostgresStore(CoreReads):
     ) -> AddResult:
         """Write ``messages`` into the transcript, one transaction, all or nothing (rules and
         errors: ``Store.add_messages``)."""
-        rows = writes.prepare_add(messages)
-        only = frozenset(replace_only)
+        make = transcript_writes.adding(
+            conversation_id, messages, mode=mode, allow_missing=allow_missing, replace_only=replace_only
+        )
         return await self._write(
             f"add_messages({conversation_id!r})",
-            lambda conn, now_us: writes.add_messages(
-                conn,
-                conversation_id,
-                rows,
-                mode=mode,
-                allow_missing=allow_missing,
-                replace_only=only,
-                now_us=now_us,
-            ),
+            lambda conn, now_us: run_program(conn, make(DIALECT, now_us)),
             conversation_id=conversation_id,
         )
 
@@ -664,7 +631,9 @@ class PostgresStore(CoreReads):
         """Delete every row of the conversation in one transaction; False when there was none."""
         return await self._write(
             f"delete_conversation({conversation_id!r})",
-            lambda conn, now_us: writes.delete_conversation(conn, conversation_id),
+            lambda conn, _: run_program(
+                conn, transcript_writes.delete_conversation(conversation_id, DIALECT)
+            ),
             conversation_id=conversation_id,
         )
 
@@ -683,13 +652,12 @@ class PostgresStore(CoreReads):
     ) -> AnsweredToolCalls:
         """Record the client's answers in one read-modify-write transaction holding the
         conversation's row and message rows ``FOR UPDATE`` (see ``Store.answer_tool_calls``)."""
-        if not answers:
-            raise ValueError("no tool call answers to record")
-        batch = tuple(answers)
+        batch = transcript_writes.prepare_answers(answers)
         return await self._write(
             f"answer_tool_calls({conversation_id!r})",
-            lambda conn, now_us: writes.answer_tool_calls(
-                conn, conversation_id, batch, expired_before, now_us
+            lambda conn, now_us: run_program(
+                conn,
+                transcript_writes.answer_tool_calls(conversation_id, batch, expired_before, DIALECT, now_us),
             ),
             conversation_id=conversation_id,
         )
@@ -700,7 +668,9 @@ class PostgresStore(CoreReads):
         cutoff_us = to_us(cutoff, "cutoff")
         return await self._write(
             "expire_pending_tool_calls",
-            lambda conn, now_us: writes.expire_pending_tool_calls(conn, cutoff_us, now_us),
+            lambda conn, now_us: run_program(
+                conn, transcript_writes.expire_pending_tool_calls(cutoff_us, DIALECT, now_us)
+            ),
         )
 
     # ------------------------------------------------------------------ replicas
@@ -718,7 +688,7 @@ class PostgresStore(CoreReads):
         it is the conversation's lowest live ticket (see
         :mod:`turnwire_server.store.postgres.replicas`). Raises :class:`StoreError` when the
         database fails while taking or waiting for it. ``first`` takes a ticket right behind the
-        head and the tickets taken first before it (``_TAKE_TICKET``), ahead of the rest; when the
+        head and the tickets taken first before it (``turn_queue.TAKE_TICKET``), ahead of the rest; when the
         head's block of numbers has no room left (or the head is a ticket of schema 4), the ticket
         queues at the back."""
         return self._queue_lock(conversation_id, request_id, owner, lease_seconds, first)
@@ -854,12 +824,12 @@ class PostgresStore(CoreReads):
                 try:
                     # The write lock first, then the queue lock: taking a ticket never waits for
                     # a write (QUEUE_LOCK_CLASS), so no transaction holds them the other way round.
-                    async with _flight(conn), db.conversations_locked(conn, (conversation_id,)):
+                    async with db.flight(conn), db.conversations_locked(conn, (conversation_id,)):
                         await conn.execute(
                             b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
                             (writes.QUEUE_LOCK_CLASS, conversation_id),
                         )
-                        ticket = await conn.execute(_TAKE_TICKET_AT_HEAD, params)
+                        ticket = await conn.execute(turn_queue.TAKE_TICKET_AT_HEAD, params)
                         await writes.start_new_turn(conn, start, now_us)
                         read = self._decoded.read(conversation_id)
                         history = await conn.execute(read.sql.encode(), read.params)
@@ -867,7 +837,7 @@ class PostgresStore(CoreReads):
                         if read_compaction:
                             compaction = await conn.execute(_LOAD_COMPACTION, (conversation_id,))
                 except psycopg.Error:
-                    await _discard(conn)
+                    await db.discard(conn)
                     return None
                 _SINGLE_COMMITS.observe(time.perf_counter() - started)
                 taken = int((await ticket.fetchall())[0][0])
@@ -908,7 +878,7 @@ class PostgresStore(CoreReads):
                 # The statements in one simple query (client-side binding): one round trip, one
                 # implicit transaction, so the lock is held until the ticket is committed.
                 cur = psycopg.AsyncClientCursor(conn)
-                await cur.execute(_TAKE_TICKET, params)
+                await cur.execute(turn_queue.TAKE_TICKET, params)
                 cur.nextset()
                 cur.nextset()
                 rows = list(await cur.fetchall())
@@ -939,7 +909,7 @@ class PostgresStore(CoreReads):
         a commit each, ahead of the next turns' admissions."""
 
         async def body(conn: Conn, _: int) -> None:
-            await db.run(conn, _RELEASE_TICKET, (ticket, QUEUE_CHANNEL, conversation_id))
+            await db.run(conn, turn_queue.RELEASE_TICKET, (ticket, QUEUE_CHANNEL, conversation_id))
 
         try:
             await self._write_batched("turn_lock release", body, conversation_id=conversation_id)
@@ -985,7 +955,7 @@ class PostgresStore(CoreReads):
                 (owner, until_us, now_us, owner, limit),
             )
             rows = list(await cur.fetchall())
-            await _take_over_tickets(conn, [row[0] for row in rows], owner, until_us)
+            await turn_queue.take_over_tickets(conn, [row[0] for row in rows], owner, until_us)
             return rows
 
         rows = await self._write("claim_interrupted_turns", body)
@@ -1012,7 +982,7 @@ class PostgresStore(CoreReads):
                 (owner, until_us, now_us, owner, limit),
             )
             rows = list(await cur.fetchall())
-            await _take_over_tickets(conn, [row[0] for row in rows], owner, until_us)
+            await turn_queue.take_over_tickets(conn, [row[0] for row in rows], owner, until_us)
             return rows
 
         rows = await self._write("claim_pending_submissions", body)
@@ -1083,7 +1053,7 @@ class PostgresStore(CoreReads):
             try:
                 async with self._require_pool("reserve_place").connection() as conn:
                     cur = psycopg.AsyncClientCursor(conn)
-                    await cur.execute(_TAKE_TICKET_IF_IDLE, params)
+                    await cur.execute(turn_queue.TAKE_TICKET_IF_IDLE, params)
                     cur.nextset()
                     cur.nextset()
                     rows = list(await cur.fetchall())
@@ -1096,7 +1066,9 @@ class PostgresStore(CoreReads):
         ``Store.release_place``)."""
 
         async def body(conn: Conn, _: int) -> None:
-            await db.run(conn, _RELEASE_PLACE, (conversation_id, request_id, QUEUE_CHANNEL, conversation_id))
+            await db.run(
+                conn, turn_queue.RELEASE_PLACE, (conversation_id, request_id, QUEUE_CHANNEL, conversation_id)
+            )
 
         await self._write("release_place", body)
 
@@ -1134,149 +1106,4 @@ class PostgresStore(CoreReads):
         return True
 
 
-async def _discard(conn: Conn) -> None:
-    """Close ``conn`` (the pool opens another in its place) after a pipelined transaction on it
-    failed: psycopg 3.3 counts the statements it prepared in the part of the pipeline the server
-    skipped after the error as prepared, though the server never parsed them, so reusing the
-    connection fails later with "prepared statement … does not exist"."""
-    await conn.close()
-
-
-def _transaction(conn: Conn, pipeline: bool) -> AbstractAsyncContextManager[Any]:
-    """A transaction on ``conn``: :func:`_flight` when ``pipeline``, else ``conn.transaction()``."""
-    return _flight(conn) if pipeline else conn.transaction()
-
-
-@contextlib.asynccontextmanager
-async def _flight(conn: Conn) -> AsyncIterator[None]:
-    """A transaction in pipeline mode that waits for the server only where the block reads and
-    once at the end: ``BEGIN`` goes out with the first statements and ``COMMIT`` with the last
-    (psycopg's ``conn.transaction()`` would sync at its start and its end, one round trip each).
-    An exception in the block rolls back and propagates."""
-    async with conn.pipeline() as pipeline:
-        await conn.execute(b"BEGIN")
-        try:
-            yield
-        except BaseException:
-            # After a failed statement the server skips everything up to the next sync.
-            with contextlib.suppress(psycopg.Error):
-                await pipeline.sync()
-            with contextlib.suppress(psycopg.Error):
-                await conn.execute(b"ROLLBACK")
-            raise
-        await conn.execute(b"COMMIT")
-    # Leaving the pipeline synced: the COMMIT's outcome (and any error of the block's statements)
-    # is in by now.
-
-
-_RELEASE_TICKET: Final = "WITH gone AS (DELETE FROM turn_queue WHERE ticket = %s) SELECT pg_notify(%s, %s)"
-
-_RELEASE_PLACE: Final = (
-    "WITH gone AS (DELETE FROM turn_queue WHERE conversation_id = %s AND request_id = %s RETURNING 1)"
-    " SELECT pg_notify(%s, %s) FROM (SELECT 1 FROM gone LIMIT 1) AS deleted"
-)
-
-_TAKE_TICKET_IF_IDLE: Final = (
-    # As _TAKE_TICKET, but nothing is taken while the conversation has any live ticket (its own
-    # request id's included: a turn running under that id elsewhere is not taken over):
-    # (the request id heading the line, NULL when the ticket was taken).
-    b"SET LOCAL synchronous_commit = off;"
-    b" SELECT pg_advisory_xact_lock(%(lock)s, hashtext(%(c)s));"
-    b" WITH head AS (SELECT request_id FROM turn_queue WHERE conversation_id = %(c)s"
-    b" AND lease_until >= %(stale)s ORDER BY ticket LIMIT 1),"
-    b" new AS ("
-    b" INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
-    b" SELECT %(c)s, %(r)s, %(owner)s, %(until)s WHERE NOT EXISTS (SELECT 1 FROM head)"
-    b" RETURNING ticket),"
-    b" gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s)"
-    b" SELECT (SELECT request_id FROM head)"
-)
-"""Take a ticket only on an idle conversation; (the head's request id, or NULL)."""
-
-
 _LOAD_COMPACTION: Final = db.native(LOAD_COMPACTION_SQL)
-
-_TAKE_TICKET_AT_HEAD: Final = (
-    # As _TAKE_TICKET (under the queue lock the caller took), but failing the transaction (a cast
-    # no text passes) unless the ticket heads the queue: a turn with turns ahead stores nothing
-    # and takes no ticket in the one-flight admission.
-    b"WITH old AS ("
-    b" UPDATE turn_queue SET owner = %(owner)s, lease_until = %(until)s"
-    b" WHERE conversation_id = %(c)s AND request_id = %(r)s AND request_id <> '' RETURNING ticket),"
-    b" new AS ("
-    b" INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
-    b" SELECT %(c)s, %(r)s, %(owner)s, %(until)s WHERE NOT EXISTS (SELECT 1 FROM old)"
-    b" RETURNING ticket),"
-    b" gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s"
-    b" AND request_id <> %(r)s),"
-    b" mine AS (SELECT ticket FROM old UNION ALL SELECT ticket FROM new),"
-    b" earliest AS (SELECT MIN(ticket) AS ticket FROM turn_queue"
-    b" WHERE conversation_id = %(c)s AND lease_until >= %(stale)s)"
-    b" SELECT CASE WHEN earliest.ticket IS NULL OR earliest.ticket >= mine.ticket THEN mine.ticket"
-    b" ELSE ('turnwire: queued behind ticket ' || earliest.ticket)::bigint END"
-    b" FROM mine, earliest"
-)
-"""Take or re-own a ticket that heads the queue; (the ticket). Fails behind a live ticket."""
-
-QUEUE_STEP: Final = 65536
-"""The step of the ticket sequence (migration 0005): plain tickets are multiples of it, and the
-numbers between two are left for tickets taken first in line, right behind the head's."""
-
-_FIRST_SLOT: Final = (
-    # The number after the head and the tickets taken first in line behind it (lapsed ones too,
-    # so no number is taken twice), when that stays within the head's block: the head is a plain
-    # ticket of this schema (a multiple of the step) or itself taken first; else none (the ticket
-    # then queues at the back). No other conversation ever takes a number inside that block.
-    b" head AS (SELECT ticket, first_in_line FROM turn_queue"
-    b" WHERE conversation_id = %(c)s AND lease_until >= %(stale)s ORDER BY ticket LIMIT 1),"
-    b" slot AS (SELECT MAX(q.ticket) + 1 AS ticket FROM turn_queue AS q, head"
-    b" WHERE q.conversation_id = %(c)s AND q.ticket >= head.ticket"
-    b" AND (q.ticket = head.ticket OR q.first_in_line)),"
-    b" jump AS (SELECT slot.ticket FROM slot, head WHERE %(first)s"
-    b" AND (mod(head.ticket, " + str(QUEUE_STEP).encode() + b") = 0 OR head.first_in_line)"
-    b" AND mod(slot.ticket, " + str(QUEUE_STEP).encode() + b") <> 0"
-    b" AND NOT EXISTS (SELECT 1 FROM turn_queue WHERE ticket = slot.ticket)),"
-)
-
-_TAKE_TICKET: Final = (
-    # No WAL flush of its own: the ticket is visible to the other replicas at commit, and the
-    # turn's start_turn commit (which flushes the WAL up to itself) makes it durable before
-    # anything is sent to the client; a database crash before that loses the turn anyway.
-    b"SET LOCAL synchronous_commit = off;"
-    b" SELECT pg_advisory_xact_lock(%(lock)s, hashtext(%(c)s));"
-    b" WITH" + _FIRST_SLOT + b" old AS ("
-    # A re-owned ticket (a submission's place) taken first moves up to the slot when it is ahead.
-    b" UPDATE turn_queue SET owner = %(owner)s, lease_until = %(until)s,"
-    b" ticket = LEAST(turn_queue.ticket, COALESCE((SELECT ticket FROM jump), turn_queue.ticket)),"
-    b" first_in_line = turn_queue.first_in_line"
-    b" OR turn_queue.ticket > COALESCE((SELECT ticket FROM jump), turn_queue.ticket)"
-    b" WHERE conversation_id = %(c)s AND request_id = %(r)s AND request_id <> '' RETURNING ticket),"
-    b" jumped AS ("
-    b" INSERT INTO turn_queue (ticket, conversation_id, request_id, owner, lease_until, first_in_line)"
-    b" SELECT jump.ticket, %(c)s, %(r)s, %(owner)s, %(until)s, true FROM jump"
-    b" WHERE NOT EXISTS (SELECT 1 FROM old) RETURNING ticket),"
-    b" new AS ("
-    b" INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
-    b" SELECT %(c)s, %(r)s, %(owner)s, %(until)s"
-    b" WHERE NOT EXISTS (SELECT 1 FROM old) AND NOT EXISTS (SELECT 1 FROM jump)"
-    b" RETURNING ticket),"
-    b" gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s"
-    b" AND request_id <> %(r)s)"
-    b" SELECT (SELECT ticket FROM old UNION ALL SELECT ticket FROM jumped UNION ALL SELECT ticket FROM new),"
-    b" (SELECT MIN(ticket) FROM turn_queue"
-    b" WHERE conversation_id = %(c)s AND lease_until >= %(stale)s)"
-)
-"""Take or re-own a ticket (``first``: right behind the head and the tickets taken first before
-it, when the head's block has room), drop lapsed ones; (the ticket, the lowest live ticket
-before it)."""
-
-
-async def _take_over_tickets(conn: Any, request_ids: Sequence[str], owner: str, until_us: int) -> None:
-    """The queue tickets of turns (or submissions) taken over from a dead replica become
-    ``owner``'s, so the recovered work keeps its place in line (first in, first out)."""
-    if request_ids:
-        await db.run(
-            conn,
-            "UPDATE turn_queue SET owner = %s, lease_until = %s WHERE request_id = ANY(%s)",
-            (owner, until_us, list(request_ids)),
-        )

@@ -7,9 +7,9 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
 
+from turnwire_server.store.core.rows import MessageRow
+from turnwire_server.store.core.sql import Program, Statement
 from turnwire_server.store.errors import StoreError
-from turnwire_server.store.rows import MessageRow
-from turnwire_server.store.sql import Program, Statement
 
 __all__ = ["DB_ERRORS", "DIALECT", "WriteFn", "run_program", "store_error"]
 
@@ -35,7 +35,7 @@ def store_error(exc: BaseException, what: str) -> StoreError:
 
 
 def run_program(conn: sqlite3.Connection, program: Program[T]) -> T:
-    """Run a core write ``program`` (:mod:`turnwire_server.store.sql`) on the writer's
+    """Run a core write ``program`` (:mod:`turnwire_server.store.core.sql`) on the writer's
     connection, inside the write's savepoint: each statement in turn; returns its result."""
     try:
         batch = next(program)
@@ -47,7 +47,9 @@ def run_program(conn: sqlite3.Connection, program: Program[T]) -> T:
                     found.append(None)
                 else:
                     cursor = conn.execute(statement.sql, statement.params)
-                    found.append(cursor.fetchall() if statement.fetch else None)
+                    found.append(
+                        cursor.fetchall() if statement.fetch else cursor.rowcount if statement.count else None
+                    )
             batch = program.send(found)
     except StopIteration as stop:
         result: T = stop.value
@@ -55,12 +57,16 @@ def run_program(conn: sqlite3.Connection, program: Program[T]) -> T:
 
 
 class _SqliteDialect:
-    """SQLite's spelling (:class:`~turnwire_server.store.sql.Dialect`): one writer thread applies
+    """SQLite's spelling (:class:`~turnwire_server.store.core.sql.Dialect`): one writer thread applies
     the writes one at a time, so nothing is locked; parts go in one ``executemany``."""
 
     name = "sqlite"
     lock_rows = ""
     claim_rows = ""
+    conversation_tables: tuple[str, ...] = ()
+
+    def contains_bytes(self, column: str, needle: bytes) -> str:
+        return f"instr({column}, X'{needle.hex()}') > 0"
 
     def lock_conversation(self, conversation_id: str) -> Sequence[Statement]:
         return ()
@@ -96,4 +102,4 @@ class _SqliteDialect:
 
 
 DIALECT: Final = _SqliteDialect()
-"""The SQLite driver's :class:`~turnwire_server.store.sql.Dialect`."""
+"""The SQLite driver's :class:`~turnwire_server.store.core.sql.Dialect`."""

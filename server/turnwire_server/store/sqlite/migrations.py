@@ -18,8 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Final
 
+from turnwire_server.store.core.migration_rules import newer_schema_problem, readable_by
 from turnwire_server.store.errors import StoreError
-from turnwire_server.store.migration_rules import newer_schema_problem, readable_by
 from turnwire_server.store.sqlite.db import DB_ERRORS, store_error
 
 __all__ = ["Migration", "apply_migrations", "load_migrations"]
@@ -33,7 +33,7 @@ _MIGRATION_FILE: Final = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 @dataclass(frozen=True, slots=True)
 class Migration:
     """One schema migration: ``version`` (from 1), ``name`` (file stem), its statements, and the
-    oldest schema version whose code may run on it (:mod:`turnwire_server.store.migration_rules`)."""
+    oldest schema version whose code may run on it (:mod:`turnwire_server.store.core.migration_rules`)."""
 
     version: int
     name: str

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import sqlite3
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from pathlib import Path
@@ -24,13 +25,11 @@ import aiosqlite
 import filelock
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store import retention_writes
 from turnwire_server.store.base import (
     AddMode,
     AddResult,
     AnsweredToolCalls,
     CompactionRecord,
-    ConversationRecord,
     SubmissionRecord,
     SubmissionState,
     ToolCallAnswer,
@@ -38,33 +37,31 @@ from turnwire_server.store.base import (
     TurnRecord,
     renewed_lease,
 )
-from turnwire_server.store.errors import StoreError, StoreInUse
-from turnwire_server.store.local_lock import LocalTurnLocks
-from turnwire_server.store.message_cache import DecodedMessages
-from turnwire_server.store.reads import CoreReads
-from turnwire_server.store.rows import (
+from turnwire_server.store.core import (
+    compaction_writes,
+    retention_writes,
+    stream_writes,
+    submission_writes,
+    transcript_writes,
+)
+from turnwire_server.store.core.local_lock import LocalTurnLocks
+from turnwire_server.store.core.message_cache import DecodedMessages
+from turnwire_server.store.core.reads import CoreReads
+from turnwire_server.store.core.rows import (
     TURN_COLUMNS,
-    conversation_from_row,
-    decode_page_token,
-    encode_page_token,
+    compaction_params,
     to_us,
     turn_from_row,
 )
-from turnwire_server.store.sqlite.compactions import discard_reply_write, save_compaction_write
+from turnwire_server.store.core.submission_rows import (
+    SUBMISSION_COLUMNS,
+    submission_from_row,
+)
+from turnwire_server.store.errors import StoreError, StoreInUse
 from turnwire_server.store.sqlite.db import DB_ERRORS, DIALECT, run_program, store_error
 from turnwire_server.store.sqlite.migrations import Migration, load_migrations
-from turnwire_server.store.sqlite.streams import append_events_write
 from turnwire_server.store.sqlite.submissions import (
     claim_submissions_write,
-    create_submission_write,
-    end_submission_write,
-    expire_submissions_write,
-)
-from turnwire_server.store.sqlite.tool_writes import AnswerWrite, ExpireWrite
-from turnwire_server.store.sqlite.transcript import (
-    AddOutcome,
-    add_messages_write,
-    delete_conversation_write,
 )
 from turnwire_server.store.sqlite.writer import BUSY_TIMEOUT_MS, SqliteWriter
 from turnwire_server.store.sqlite.writes import (
@@ -74,11 +71,6 @@ from turnwire_server.store.sqlite.writes import (
     roll_back_turn_write,
     save_message_write,
     start_turn_write,
-)
-from turnwire_server.store.submission_rows import (
-    PREFIX_FILTER,
-    SUBMISSION_COLUMNS,
-    submission_from_row,
 )
 
 __all__ = ["Migration", "SqliteStore", "load_migrations"]
@@ -261,51 +253,14 @@ class SqliteStore(CoreReads):
 
     # ------------------------------------------------------------------ reads
 
-    async def list_conversations(
-        self, page_size: int, page_token: str, *, id_prefix: str = ""
-    ) -> tuple[list[ConversationRecord], str]:
-        """Up to ``page_size`` (>= 1) conversations, most recently updated first, of ids
-        starting with ``id_prefix`` (all when "").
-
-        Ties on update time are ordered by id, descending. Returns the records
-        and the token of the next page ("" on the last page); pass "" for the
-        first page. Pagination is by key, so a conversation updated between
-        pages moves to the front and is not seen again. Raises
-        :class:`InvalidPageToken` for a token this store did not issue and
-        :class:`ValueError` when ``page_size`` < 1.
-        """
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
-        columns = "SELECT id, create_time, update_time, message_count FROM conversations"
-        order = " ORDER BY update_time DESC, id DESC LIMIT ?"
-        where: list[str] = []
-        params: list[object] = []
-        if page_token:
-            where.append("(update_time, id) < (?, ?)")
-            params.extend(decode_page_token(page_token))
-        if id_prefix:
-            where.append(PREFIX_FILTER.format(column="id", mark="?"))
-            params.extend((len(id_prefix), id_prefix))
-        sql = columns + (" WHERE " + " AND ".join(where) if where else "") + order
-        rows = await self._read("list_conversations", sql, (*params, page_size + 1))
-        records = [conversation_from_row(row) for row in rows[:page_size]]
-        next_token = ""
-        if len(rows) > page_size:
-            last = rows[page_size - 1]
-            next_token = encode_page_token(last[2], last[0])
-        return records, next_token
-
-    async def load_messages(self, conversation_id: str) -> Sequence[message_pb2.Message]:
-        """All messages of the conversation in append order ([] when none or no conversation)."""
-        read = self._decoded.read(conversation_id)
-        rows = await self._read("load_messages", read.sql, read.params)
-        return self._decoded.messages(read, rows)
-
     async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
         """Remove the partial reply ``message_id`` and record ``turn``'s new reply id; see
         :meth:`~turnwire_server.store.base.Store.discard_reply`. Raises :class:`TurnNotFound`."""
-        apply = discard_reply_write(turn, message_id)
-        await self._writer.submit(apply, f"discard_reply({turn.request_id!r})", urgent=True)
+
+        def discard(conn: sqlite3.Connection, now_us: int) -> None:
+            run_program(conn, compaction_writes.discard_reply(turn, message_id, DIALECT, now_us))
+
+        await self._writer.submit(discard, f"discard_reply({turn.request_id!r})", urgent=True)
 
     async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
         """Remove the turn's messages and record its end, one transaction; see
@@ -318,8 +273,12 @@ class SqliteStore(CoreReads):
 
     async def save_compaction(self, record: CompactionRecord) -> None:
         """Replace the conversation's compaction (a no-op once the conversation is gone)."""
-        apply = save_compaction_write(record)
-        await self._writer.submit(apply, f"save_compaction({record.conversation_id!r})", urgent=True)
+        params = compaction_params(record)
+
+        def save(conn: sqlite3.Connection, _: int) -> None:
+            run_program(conn, compaction_writes.save_compaction(record.conversation_id, params))
+
+        await self._writer.submit(save, f"save_compaction({record.conversation_id!r})", urgent=True)
 
     async def claim_pending_submissions(
         self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
@@ -427,8 +386,18 @@ class SqliteStore(CoreReads):
     ) -> None:
         """Store a batch of a turn's events (see ``Store.append_events``); group-committed with
         checkpoints, urgent when the batch ends the stream."""
-        apply = append_events_write(conversation_id, request_id, events, ended=ended)
-        await self._writer.submit(apply, f"append_events({request_id!r})", urgent=ended)
+        batch = stream_writes.prepare_events(events, ended=ended)
+
+        def append(conn: sqlite3.Connection, now_us: int) -> None:
+            run_program(
+                conn, stream_writes.append_events(conversation_id, request_id, batch, DIALECT, now_us)
+            )
+
+        await self._writer.submit(
+            append,
+            f"append_events({request_id!r})",
+            urgent=ended,
+        )
 
     # ------------------------------------------------------------------ submissions
 
@@ -436,11 +405,15 @@ class SqliteStore(CoreReads):
         self, submission: SubmissionRecord, *, max_open: int
     ) -> tuple[SubmissionRecord, bool]:
         """Store a new submission or return the one it repeats (see ``Store.create_submission``)."""
+        submission_writes.check_new(submission)
         outcome: list[tuple[SubmissionRecord, bool]] = []
-        apply = create_submission_write(
-            submission, max_open, lambda record, created: outcome.append((record, created))
+        await self._writer.submit(
+            lambda conn, _: outcome.append(
+                run_program(conn, submission_writes.create_submission(submission, max_open))
+            ),
+            f"create_submission({submission.submission_id!r})",
+            urgent=True,
         )
-        await self._writer.submit(apply, f"create_submission({submission.submission_id!r})", urgent=True)
         record, created = outcome[-1]
         if created:  # its place in the conversation's line, taken at acceptance
             self._locks.reserve(record.conversation_id, record.submission_id)
@@ -450,19 +423,38 @@ class SqliteStore(CoreReads):
         self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]
     ) -> SubmissionRecord | None:
         """End the submission when its state is in ``only_from``; the record as stored afterwards."""
+        submission_writes.check_end(state)
+        allowed = tuple(only_from)
         outcome: list[SubmissionRecord | None] = []
-        apply = end_submission_write(submission_id, state, error, only_from, outcome.append)
-        await self._writer.submit(apply, f"end_submission({submission_id!r})", urgent=True)
+        await self._writer.submit(
+            lambda conn, now_us: outcome.append(
+                run_program(
+                    conn, submission_writes.end_submission(submission_id, state, error, allowed, now_us)
+                )
+            ),
+            f"end_submission({submission_id!r})",
+            urgent=True,
+        )
         record = outcome[-1]
-        if record is not None and record.state not in ("pending", "running"):
+        if record is not None and record.state not in submission_writes.OPEN:
             self._locks.drop(submission_id)  # ended before its turn took the place
         return record
 
     async def expire_submissions(self, before: dt.datetime, limit: int, error: bytes) -> list[str]:
         """End up to ``limit`` pending submissions accepted before ``before`` as ``error``."""
+        before_us = to_us(before, "before")
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
         outcome: list[list[str]] = []
-        apply = expire_submissions_write(to_us(before, "before"), limit, error, outcome.append)
-        await self._writer.submit(apply, "expire_submissions", urgent=False)
+        await self._writer.submit(
+            lambda conn, now_us: outcome.append(
+                run_program(
+                    conn, submission_writes.expire_submissions(before_us, limit, error, DIALECT, now_us)
+                )
+            ),
+            "expire_submissions",
+            urgent=False,
+        )
         for submission_id in outcome[-1]:
             self._locks.drop(submission_id)
         return outcome[-1]
@@ -528,28 +520,31 @@ class SqliteStore(CoreReads):
     ) -> AddResult:
         """Write ``messages`` into the transcript, one transaction, all or nothing; see
         :meth:`~turnwire_server.store.base.Store.add_messages` and
-        :func:`~turnwire_server.store.sqlite.transcript.add_messages_write` for the rules and the
+        :func:`~turnwire_server.store.core.transcript_writes.add_messages` for the rules and the
         errors (:class:`ConversationNotFound`, :class:`MessageIdConflict`,
         :class:`MessageBeingWritten`, :class:`UnknownMessage`, :class:`ValueError`)."""
-        outcome = AddOutcome()
-        apply = add_messages_write(
-            conversation_id,
-            messages,
-            mode=mode,
-            allow_missing=allow_missing,
-            replace_only=replace_only,
-            outcome=outcome,
+        make = transcript_writes.adding(
+            conversation_id, messages, mode=mode, allow_missing=allow_missing, replace_only=replace_only
         )
-        await self._writer.submit(apply, f"add_messages({conversation_id!r})", urgent=True)
-        assert outcome.result is not None  # set by the applied write
-        return outcome.result
+        outcome: list[AddResult] = []
+        await self._writer.submit(
+            lambda conn, now_us: outcome.append(run_program(conn, make(DIALECT, now_us))),
+            f"add_messages({conversation_id!r})",
+            urgent=True,
+        )
+        return outcome[0]
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         """Delete every row of the conversation (messages, parts, turns, turn streams and events,
         submissions) in one transaction; False when there was none."""
         outcome: list[bool] = []
-        apply = delete_conversation_write(conversation_id, outcome)
-        await self._writer.submit(apply, f"delete_conversation({conversation_id!r})", urgent=True)
+        await self._writer.submit(
+            lambda conn, _: outcome.append(
+                run_program(conn, transcript_writes.delete_conversation(conversation_id, DIALECT))
+            ),
+            f"delete_conversation({conversation_id!r})",
+            urgent=True,
+        )
         self._locks.drop_all(conversation_id)  # the places of its deleted pending submissions
         return outcome[0]
 
@@ -576,10 +571,21 @@ class SqliteStore(CoreReads):
 
         Raises what that method documents, storing nothing then.
         """
-        write = AnswerWrite(conversation_id, answers, expired_before)
-        await self._writer.submit(write.apply, f"answer_tool_calls({conversation_id!r})", urgent=True)
-        assert write.outcome is not None  # set by the write that committed
-        return write.outcome
+        batch = transcript_writes.prepare_answers(answers)
+        outcome: list[AnsweredToolCalls] = []
+        await self._writer.submit(
+            lambda conn, now_us: outcome.append(
+                run_program(
+                    conn,
+                    transcript_writes.answer_tool_calls(
+                        conversation_id, batch, expired_before, DIALECT, now_us
+                    ),
+                )
+            ),
+            f"answer_tool_calls({conversation_id!r})",
+            urgent=True,
+        )
+        return outcome[0]
 
     async def expire_pending_tool_calls(self, cutoff: dt.datetime) -> int:
         """Close every call waiting for the client whose message was created before ``cutoff``
@@ -587,9 +593,16 @@ class SqliteStore(CoreReads):
 
         Raises :class:`ValueError` for a naive ``cutoff``.
         """
-        write = ExpireWrite(cutoff)
-        await self._writer.submit(write.apply, "expire_pending_tool_calls", urgent=True)
-        return write.expired
+        cutoff_us = to_us(cutoff, "cutoff")
+        outcome: list[int] = []
+        await self._writer.submit(
+            lambda conn, now_us: outcome.append(
+                run_program(conn, transcript_writes.expire_pending_tool_calls(cutoff_us, DIALECT, now_us))
+            ),
+            "expire_pending_tool_calls",
+            urgent=True,
+        )
+        return outcome[0]
 
     @asynccontextmanager
     async def admit_turn(

@@ -15,16 +15,16 @@ import sqlite3
 from collections.abc import Callable, Sequence
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store import message_writes
 from turnwire_server.store.base import TurnRecord
-from turnwire_server.store.rows import MessageRow
-from turnwire_server.store.sql import just
-from turnwire_server.store.sqlite.db import DIALECT, WriteFn, run_program
-from turnwire_server.store.turn_writes import (
+from turnwire_server.store.core import message_writes
+from turnwire_server.store.core.rows import MessageRow
+from turnwire_server.store.core.sql import just
+from turnwire_server.store.core.turn_writes import (
     TOUCH_CONVERSATION,
     prepare_start_turn,
     start_turn,
 )
+from turnwire_server.store.sqlite.db import DIALECT, WriteFn, run_program
 
 __all__ = ["WriteFn", "finish_turn_write", "save_message_write", "start_turn_write", "upsert_message"]
 
@@ -40,14 +40,14 @@ def _touch_conversation(conn: sqlite3.Connection, conversation_id: str, now_us: 
 
 
 def upsert_message(conn: sqlite3.Connection, conversation_id: str, row: MessageRow, now_us: int) -> None:
-    """The shared :func:`~turnwire_server.store.message_writes.upsert_message` (raises
+    """The shared :func:`~turnwire_server.store.core.message_writes.upsert_message` (raises
     :class:`MessageIdConflict` when the stored message of that id has another role)."""
     run_program(conn, message_writes.upsert_message(conversation_id, row, DIALECT, now_us))
 
 
 def start_turn_write(turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> WriteFn:
     """The write of :meth:`SqliteStore.start_turn`: the shared core's
-    :func:`~turnwire_server.store.turn_writes.start_turn` (its rules and errors), validated here
+    :func:`~turnwire_server.store.core.turn_writes.start_turn` (its rules and errors), validated here
     (raising :class:`ValueError` or :class:`MessageIdConflict` at once, nothing queued)."""
     start = prepare_start_turn(turn, messages)
 
@@ -61,7 +61,7 @@ def save_message_write(
     conversation_id: str, message: message_pb2.Message, turn_request_id: str = ""
 ) -> WriteFn | None:
     """The write of :meth:`SqliteStore.save_message`: the shared
-    :func:`~turnwire_server.store.message_writes.save_message`. ``None`` when ``message`` has no
+    :func:`~turnwire_server.store.core.message_writes.save_message`. ``None`` when ``message`` has no
     parts (such messages are not stored). Raises :class:`ValueError` for an empty id or invalid
     create_time."""
     row = message_writes.prepare_save_message(message)
@@ -76,7 +76,7 @@ def save_message_write(
 
 def finish_turn_write(turn: TurnRecord, message: message_pb2.Message | None) -> WriteFn:
     """The write of :meth:`SqliteStore.finish_turn`: the shared
-    :func:`~turnwire_server.store.message_writes.finish_turn`. Raises :class:`ValueError` for an
+    :func:`~turnwire_server.store.core.message_writes.finish_turn`. Raises :class:`ValueError` for an
     invalid argument; the returned function raises :class:`TurnNotFound` (writing nothing)."""
     finish = message_writes.prepare_finish_turn(turn, message)
 
@@ -88,7 +88,7 @@ def finish_turn_write(turn: TurnRecord, message: message_pb2.Message | None) -> 
 
 def roll_back_turn_write(turn: TurnRecord, message_ids: Sequence[str]) -> WriteFn:
     """The write of ``Store.roll_back_turn``: the shared
-    :func:`~turnwire_server.store.message_writes.roll_back_turn`."""
+    :func:`~turnwire_server.store.core.message_writes.roll_back_turn`."""
     finish, ids = message_writes.prepare_roll_back(turn, message_ids)
 
     def apply(conn: sqlite3.Connection, now_us: int) -> None:

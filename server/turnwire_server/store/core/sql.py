@@ -31,14 +31,16 @@ class Statement:
 
     ``params`` are the statement's parameters, or with ``many`` a sequence of parameter rows
     (one execution each; none when empty). With ``fetch`` the program is sent the statement's
-    rows (a list of tuples); otherwise it is sent None and, on PostgreSQL, nothing waits for
-    the statement before the commit.
+    rows (a list of tuples); with ``count``, how many rows it changed (PostgreSQL waits for it:
+    meant for writes run outside pipeline mode); otherwise it is sent None and, on PostgreSQL,
+    nothing waits for the statement before the commit.
     """
 
     sql: str
     params: Sequence[Any] | Mapping[str, Any] = ()
     fetch: bool = False
     many: bool = False
+    count: bool = False
 
 
 Program: TypeAlias = Generator[Sequence[Statement], list[Any], T]
@@ -50,7 +52,7 @@ class Dialect(Protocol):
     """What a driver spells its own way in the statements the core writes."""
 
     name: str
-    """``"sqlite"`` or ``"postgresql"``: for messages (``"{name} store: …"``)."""
+    """``"sqlite"`` or ``"postgres"``: the store's name in messages (``"{name} store: …"``)."""
 
     lock_rows: str
     """Appended to a read of rows the write then changes: ``" FOR UPDATE"`` where several
@@ -61,6 +63,15 @@ class Dialect(Protocol):
     where several replicas sweep at once (each takes rows the others do not), ``""`` where one
     writer applies writes in turn."""
 
+    conversation_tables: tuple[str, ...]
+    """Statements (one ``?``: the conversation id) deleting a conversation's rows in tables only
+    this driver has, run first when the conversation is deleted."""
+
+    def contains_bytes(self, column: str, needle: bytes) -> str:
+        """A condition true when the blob ``column`` contains the bytes ``needle`` (a literal:
+        no placeholder)."""
+        ...
+
     def lock_conversation(self, conversation_id: str) -> Sequence[Statement]:
         """The statements that take ``conversation_id``'s write lock for the rest of the
         transaction (none where writes are applied one at a time)."""
@@ -68,7 +79,7 @@ class Dialect(Protocol):
 
     def insert_parts(self, conversation_id: str, rows: Sequence[Any]) -> Sequence[Statement]:
         """The statements that insert the parts of the new messages ``rows``
-        (:class:`~turnwire_server.store.rows.MessageRow`), ``idx`` from 0 in each."""
+        (:class:`~turnwire_server.store.core.rows.MessageRow`), ``idx`` from 0 in each."""
         ...
 
     def replace_parts(self, conversation_id: str, row: Any) -> Sequence[Statement]:

@@ -31,8 +31,8 @@ from typing import Any, Final
 from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
+from turnwire_server.store.core.rows import build_message
 from turnwire_server.store.errors import StoreCorrupted
-from turnwire_server.store.rows import build_message
 
 DEFAULT_MAX_MESSAGES = 200_000
 """How many decoded messages are kept across conversations (least recently read dropped first);

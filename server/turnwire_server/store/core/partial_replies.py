@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from turnwire_server.store.base import TurnRecord
-from turnwire_server.store.rows import TURN_COLUMNS, turn_from_row
+from turnwire_server.store.core.rows import TURN_COLUMNS, turn_from_row
 
 PARTIAL_STATES: Final = ("running", "aborted", "error", "interrupted")
 

@@ -1,6 +1,6 @@
 """A turn's checkpoints and end, once for both drivers: ``Store.save_message``,
 ``Store.finish_turn`` and ``Store.roll_back_turn`` as core write programs
-(:mod:`turnwire_server.store.sql`), with the message upsert they share.
+(:mod:`turnwire_server.store.core.sql`), with the message upsert they share.
 
 A reply never overwrites someone else's message: upserting a stored id of another role is
 :class:`MessageIdConflict` (ids of a turn's replies are the server's own, see
@@ -17,10 +17,10 @@ from typing import Any, Final
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import TurnRecord
+from turnwire_server.store.core.rows import MessageRow, check_turn, message_insert_params, message_row, to_us
+from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks
+from turnwire_server.store.core.turn_writes import INSERT_MESSAGE, TOUCH_CONVERSATION
 from turnwire_server.store.errors import MessageIdConflict, TurnNotFound
-from turnwire_server.store.rows import MessageRow, check_turn, message_insert_params, message_row, to_us
-from turnwire_server.store.sql import Dialect, Program, Statement, in_marks
-from turnwire_server.store.turn_writes import INSERT_MESSAGE, TOUCH_CONVERSATION
 
 __all__ = [
     "FinishTurn",

@@ -1,7 +1,7 @@
 """The store's reads written once: each driver's store class inherits :class:`CoreReads` and gives
 it :meth:`CoreReads._read`, one statement's rows on the driver's read connection (SQLite's
 read-only reader, a pooled PostgreSQL connection). The statements are in the SQL both dialects
-accept, with ``?`` placeholders (see :mod:`turnwire_server.store.sql`)."""
+accept, with ``?`` placeholders (see :mod:`turnwire_server.store.core.sql`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any, Final
 
+from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import (
     CompactionRecord,
     ConversationRecord,
@@ -16,21 +17,25 @@ from turnwire_server.store.base import (
     SubmissionRecord,
     TurnRecord,
 )
-from turnwire_server.store.partial_replies import (
+from turnwire_server.store.core.message_cache import DecodedMessages
+from turnwire_server.store.core.partial_replies import (
     partial_replies_of,
     partial_replies_sql,
     turns_without_reply_sql,
 )
-from turnwire_server.store.rows import (
+from turnwire_server.store.core.rows import (
     COMPACTION_COLUMNS,
     TURN_COLUMNS,
     compaction_from_row,
     conversation_from_row,
+    decode_page_token,
+    encode_page_token,
     to_us,
     turn_from_row,
 )
-from turnwire_server.store.stream_rows import STREAM_COLUMNS, events_from_rows, stream_from_row
-from turnwire_server.store.submission_rows import (
+from turnwire_server.store.core.stream_rows import STREAM_COLUMNS, events_from_rows, stream_from_row
+from turnwire_server.store.core.submission_rows import (
+    PREFIX_FILTER,
     SUBMISSION_COLUMNS,
     submission_from_row,
     submission_page,
@@ -52,9 +57,65 @@ class CoreReads:
     _store_name: str
     """``"sqlite"`` or ``"postgres"``, for messages (``"{name} store: …"``)."""
 
+    _text_holds_nul: bool = True
+    """Whether a TEXT column can hold NUL (PostgreSQL's cannot: a parameter with one is refused,
+    so :meth:`list_conversations` must not send a forged page token's NUL)."""
+
+    _decoded: DecodedMessages
+    """The conversations' messages decoded last (:meth:`load_messages`)."""
+
     async def _read(self, what: str, sql: str, params: Sequence[Any]) -> list[Any]:
         """The rows of ``sql`` (``?`` placeholders); raises :class:`StoreError` naming ``what``."""
         raise NotImplementedError
+
+    async def list_conversations(
+        self, page_size: int, page_token: str, *, id_prefix: str = ""
+    ) -> tuple[list[ConversationRecord], str]:
+        """Up to ``page_size`` (>= 1) conversations, most recently updated first, of ids
+        starting with ``id_prefix`` (all when "").
+
+        Ties on update time are ordered by id, descending. Returns the records
+        and the token of the next page ("" on the last page); pass "" for the
+        first page. Pagination is by key, so a conversation updated between
+        pages moves to the front and is not seen again. Raises
+        :class:`InvalidPageToken` for a token this store did not issue and
+        :class:`ValueError` when ``page_size`` < 1.
+        """
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        columns = "SELECT id, create_time, update_time, message_count FROM conversations"
+        order = " ORDER BY update_time DESC, id DESC LIMIT ?"
+        where: list[str] = []
+        params: list[object] = []
+        if page_token:
+            update_us, after_id = decode_page_token(page_token)
+            # Where TEXT cannot hold NUL, no stored id does: for a (forged) token id p + NUL +
+            # rest, the stored ids below it in code-point order are exactly those <= p.
+            prefix, nul, _ = after_id.partition("\x00")
+            if nul and not self._text_holds_nul:
+                where.append("(update_time < ? OR (update_time = ? AND id <= ?))")
+                params.extend((update_us, update_us, prefix))
+            else:
+                where.append("(update_time, id) < (?, ?)")
+                params.extend((update_us, after_id))
+        if id_prefix:
+            where.append(PREFIX_FILTER.format(column="id", mark="?"))
+            params.extend((len(id_prefix), id_prefix))
+        sql = columns + (" WHERE " + " AND ".join(where) if where else "") + order
+        rows = await self._read("list_conversations", sql, (*params, page_size + 1))
+        records = [conversation_from_row(row) for row in rows[:page_size]]
+        next_token = ""
+        if len(rows) > page_size:
+            last = rows[page_size - 1]
+            next_token = encode_page_token(last[2], last[0])
+        return records, next_token
+
+    async def load_messages(self, conversation_id: str) -> Sequence[message_pb2.Message]:
+        """All messages of the conversation in append order ([] when none or no conversation).
+        Raises :class:`StoreCorrupted` for a message that cannot be decoded."""
+        read = self._decoded.read(conversation_id)
+        rows = await self._read("load_messages", read.sql, read.params)
+        return self._decoded.messages(read, rows)
 
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
         """The conversation's record (times tz-aware UTC), or ``None`` when it does not exist."""

@@ -10,8 +10,8 @@ import struct
 from typing import Any, Final, get_args
 
 from turnwire_server.store.base import SubmissionRecord, SubmissionState
+from turnwire_server.store.core.rows import time_from_us
 from turnwire_server.store.errors import InvalidPageToken
-from turnwire_server.store.rows import time_from_us
 
 __all__ = [
     "PREFIX_FILTER",

@@ -1,5 +1,5 @@
 """``Store.start_turn``'s write, once for both drivers: its statements, and its decision as a pure
-function over the rows it reads (see :mod:`turnwire_server.store.sql` for how a driver runs it).
+function over the rows it reads (see :mod:`turnwire_server.store.core.sql` for how a driver runs it).
 
 Idempotent input (docs/semantics.md §11): a message whose id is already stored with the same
 role and parts is not stored again; with other content it is :class:`MessageIdConflict`; a
@@ -19,14 +19,14 @@ from typing import Any, Final
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import TurnRecord
+from turnwire_server.store.core.rows import MessageRow, check_turn, message_insert_params, message_row, to_us
+from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks
 from turnwire_server.store.errors import (
     MessageAlreadyAnswered,
     MessageIdConflict,
     SubmissionNotPending,
     TurnAlreadyExists,
 )
-from turnwire_server.store.rows import MessageRow, check_turn, message_insert_params, message_row, to_us
-from turnwire_server.store.sql import Dialect, Program, Statement, in_marks
 
 __all__ = [
     "INSERT_MESSAGE",

@@ -1,4 +1,4 @@
-"""Retention writes, once for both drivers (core programs, :mod:`turnwire_server.store.sql`)."""
+"""Retention writes, once for both drivers (core programs, :mod:`turnwire_server.store.core.sql`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import Final
 
-from turnwire_server.store.sql import Dialect, Program, Statement
+from turnwire_server.store.core.sql import Dialect, Program, Statement
 
 __all__ = ["expire_events"]
 
