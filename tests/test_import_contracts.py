@@ -59,6 +59,9 @@ def test_the_tree_keeps_its_contracts(tmp_path: Path) -> None:
         ("engine/turn.py", "turnwire_server.store.sqlite", "The engine knows interfaces: no gRPC"),
         ("engine/turn.py", "turnwire_server.store.sqlite.writes", "only the interfaces named"),
         ("engine/step_loop.py", "turnwire_server.store.postgres.store", "only the interfaces named"),
+        # The store's shared implementation (store/core/), by package.
+        ("engine/transcript.py", "turnwire_server.store.core.reads", "only the interfaces named"),
+        ("hooks/chain.py", "turnwire_server.store.core", "The engine knows interfaces: no gRPC"),
         # A provider adapter no list names: the allow-list forbids it all the same.
         ("engine/step_loop.py", "turnwire_server.providers.anthropic_request", "only the interfaces named"),
         ("hooks/chain.py", "turnwire_server.tools.demo", "only the interfaces named"),
