@@ -60,6 +60,8 @@ def test_the_readme_typescript_example_compiles_and_runs(sidecar: SidecarProcess
     assert ran.returncode == 0, ran.stderr
     # The first reply streamed on one line, the second turn's tool call with plain JSON values,
     # then its status and text.
-    assert "12 * 7 = 84" in ran.stdout.splitlines()[0], ran.stdout
+    # The first turn's two steps, a line each: the tool call announced, then the answer.
+    first, second = ran.stdout.splitlines()[:2]
+    assert "calculator" in first and "12 * 7 = 84" in second, ran.stdout
     assert re.search(r"^get_weather \{ city: 'Paris' \} -> \{", ran.stdout, re.MULTILINE), ran.stdout
     assert re.search(r"^COMPLETED .*Paris", ran.stdout, re.MULTILINE | re.DOTALL), ran.stdout
