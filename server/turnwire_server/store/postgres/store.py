@@ -939,26 +939,17 @@ class PostgresStore(CoreReads):
     ) -> list[TurnRecord]:
         """Claim up to ``limit`` running turns whose lease lapsed before ``now`` (their replica
         died): ``FOR UPDATE SKIP LOCKED``, so two survivors never claim the same turn."""
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        now_us, until_us = to_us(now, "now"), to_us(lease_until, "lease_until")
-
-        async def body(conn: Any, _: int) -> list[Any]:
-            cur = await conn.execute(
-                (
-                    "UPDATE turns SET owner = %s, lease_until = %s WHERE request_id IN ("
-                    " SELECT request_id FROM turns WHERE state = 'running'"
-                    " AND (lease_until IS NULL OR lease_until < %s) AND owner IS DISTINCT FROM %s"
-                    " ORDER BY start_time, request_id LIMIT %s FOR UPDATE SKIP LOCKED)"
-                    f" RETURNING {TURN_COLUMNS}"
-                ).encode(),
-                (owner, until_us, now_us, owner, limit),
-            )
-            rows = list(await cur.fetchall())
-            await turn_queue.take_over_tickets(conn, [row[0] for row in rows], owner, until_us)
-            return rows
-
-        rows = await self._write("claim_interrupted_turns", body)
+        rows = await self._claim(
+            "claim_interrupted_turns",
+            "UPDATE turns SET owner = %s, lease_until = %s WHERE request_id IN ("
+            " SELECT request_id FROM turns WHERE state = 'running'"
+            " AND (lease_until IS NULL OR lease_until < %s) AND owner IS DISTINCT FROM %s"
+            f" ORDER BY start_time, request_id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING {TURN_COLUMNS}",
+            owner=owner,
+            now=now,
+            lease_until=lease_until,
+            limit=limit,
+        )
         return sorted((turn_from_row(row) for row in rows), key=lambda t: (t.start_time, t.request_id))
 
     async def claim_pending_submissions(
@@ -966,27 +957,37 @@ class PostgresStore(CoreReads):
     ) -> list[SubmissionRecord]:
         """Claim up to ``limit`` pending submissions whose replica stopped renewing them
         (``FOR UPDATE SKIP LOCKED``: each goes to one claimant), in acceptance order."""
+        rows = await self._claim(
+            "claim_pending_submissions",
+            "UPDATE submissions SET owner = %s, lease_until = %s WHERE id IN ("
+            " SELECT id FROM submissions WHERE state = 'pending'"
+            " AND (lease_until IS NULL OR lease_until < %s) AND owner IS DISTINCT FROM %s"
+            f" ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING {SUBMISSION_COLUMNS}",
+            owner=owner,
+            now=now,
+            lease_until=lease_until,
+            limit=limit,
+        )
+        return sorted((submission_from_row(row) for row in rows), key=lambda r: r.seq)
+
+    async def _claim(
+        self, name: str, claim_sql: str, *, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
+    ) -> list[Any]:
+        """Run one claim statement (``claim_sql``: parameters owner, lease end, now, owner, limit;
+        the claimed rows' first column is the queue key) and take over the claimed keys' queue
+        tickets in the same transaction; the rows it returned."""
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
         now_us, until_us = to_us(now, "now"), to_us(lease_until, "lease_until")
 
         async def body(conn: Any, _: int) -> list[Any]:
-            cur = await conn.execute(
-                (
-                    "UPDATE submissions SET owner = %s, lease_until = %s WHERE id IN ("
-                    " SELECT id FROM submissions WHERE state = 'pending'"
-                    " AND (lease_until IS NULL OR lease_until < %s) AND owner IS DISTINCT FROM %s"
-                    " ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED)"
-                    f" RETURNING {SUBMISSION_COLUMNS}"
-                ).encode(),
-                (owner, until_us, now_us, owner, limit),
-            )
+            cur = await conn.execute(claim_sql.encode(), (owner, until_us, now_us, owner, limit))
             rows = list(await cur.fetchall())
             await turn_queue.take_over_tickets(conn, [row[0] for row in rows], owner, until_us)
             return rows
 
-        rows = await self._write("claim_pending_submissions", body)
-        return sorted((submission_from_row(row) for row in rows), key=lambda r: r.seq)
+        rows: list[Any] = await self._write(name, body)
+        return rows
 
     async def request_cancel(self, request_id: str, *, stop: str = "") -> bool:
         """Notify every replica to cancel turn ``request_id`` (``stop``: the engine's reason, sent
