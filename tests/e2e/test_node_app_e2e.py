@@ -330,11 +330,13 @@ async def test_a_hook_server_killed_mid_call_gets_the_failure_mode_and_is_called
 async def start_packing(client: TurnwireClient, request_id: str) -> TurnStream:
     """A turn whose pack_order call runs until stopped; returns once its first progress arrived."""
     stream = client.chat(f"conv-{request_id}", "pack", request_id=request_id, model="scripted:pack_slowly")
+    seen = []
     async for event in stream:
         if event.WhichOneof("event") == "tool_output_available":
             assert event.tool_output_available.preliminary
             return stream
-    raise AssertionError("the turn ended before the tool reported progress")
+        seen.append(event)
+    raise AssertionError(f"the turn ended before the tool reported progress: {seen}")
 
 
 async def test_a_tool_host_that_dies_mid_call_fails_the_call_the_turn_goes_on_and_it_comes_back(
