@@ -21,6 +21,7 @@ from turnwire.errors import CanonicalCode, DomainError, ErrorDetails, ErrorReaso
 from turnwire_client import values as client_values
 from turnwire_client.v1 import error_reason_pb2
 from turnwire_server.api.status import status_error_of, status_of
+from turnwire_server.store import errors as store_errors
 
 ROOTS = ("turnwire", "turnwire_server", "turnwire_client")
 
@@ -222,3 +223,19 @@ def test_one_rule_reads_protobuf_numbers_on_both_sides(number: float, read: floa
     ):
         assert got == read
         assert type(got) is type(read)
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "reason"),
+    [
+        (store_errors.UnknownMessage("c", "tw_m1"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"),
+        (store_errors.InvalidPageToken("not ours"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN"),
+        (store_errors.TurnNotFound("r1"), grpc.StatusCode.NOT_FOUND, "TURN_NOT_FOUND"),
+        (store_errors.StoreInUse("/data/turnwire.db"), grpc.StatusCode.FAILED_PRECONDITION, "STORE_UNAVAILABLE"),
+    ],
+)
+def test_a_store_refusal_is_never_a_retryable_unavailable(error: DomainError, code: grpc.StatusCode, reason: str) -> None:
+    """What a request asked for cannot be fixed by retrying it: only a failing store is UNAVAILABLE."""
+    assert not error.retryable
+    mapped = status_error_of(error, "store")
+    assert (mapped.code, mapped.reason) == (code, reason)

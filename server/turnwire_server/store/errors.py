@@ -53,8 +53,9 @@ class StoreCorrupted(StoreError):
         return f"stored data cannot be read: {self}"
 
 
-class StoreInUse(StoreError):
-    """The database file is already served by another process (the embedded store serves one)."""
+class StoreInUse(StoreRefusal):
+    """The database file is already served by another process (the embedded store serves one):
+    a start-up refusal, not retryable until that process stops."""
 
     def __init__(self, path: object) -> None:
         super().__init__(
@@ -122,9 +123,12 @@ class TurnAlreadyExists(StoreRefusal):
         )
 
 
-class TurnNotFound(StoreError):
+class TurnNotFound(StoreRefusal):
     """No turn with this request id is recorded (:meth:`Store.finish_turn`): its conversation
     was deleted while it ran, or the id was never started. Nothing was stored."""
+
+    error_reason = reasons.ERROR_REASON_TURN_NOT_FOUND
+    status_code = CanonicalCode.NOT_FOUND
 
     def __init__(self, request_id: str) -> None:
         super().__init__(
@@ -170,10 +174,13 @@ class MessageBeingWritten(StoreRefusal):
         return ErrorDetails(metadata={"message_id": self.message_id, "request_id": self.request_id})
 
 
-class UnknownMessage(StoreError):
+class UnknownMessage(StoreRefusal):
     """:meth:`Store.add_messages` was given an id that may only replace a stored message (one in
     the server's reserved namespace, docs/semantics.md §5) and no message has it. Nothing was
     stored."""
+
+    error_reason = reasons.ERROR_REASON_INVALID_FIELD
+    status_code = CanonicalCode.INVALID_ARGUMENT
 
     def __init__(self, conversation_id: str, message_id: str) -> None:
         super().__init__(f"conversation {conversation_id!r} has no message {message_id!r} to replace")
@@ -181,8 +188,11 @@ class UnknownMessage(StoreError):
         self.message_id = message_id
 
 
-class InvalidPageToken(StoreError):
-    """A page token was not issued by this store, or is for another query."""
+class InvalidPageToken(StoreRefusal):
+    """A page token was not issued by this store, or is for another query (AIP-158)."""
+
+    error_reason = reasons.ERROR_REASON_INVALID_PAGE_TOKEN
+    status_code = CanonicalCode.INVALID_ARGUMENT
 
 
 class SubmissionConflict(StoreRefusal):
