@@ -70,9 +70,11 @@ def _types(turn: dict[str, Any]) -> list[str]:
 
 
 def _kinds(message: message_pb2.Message) -> list[str]:
-    kinds = []
+    kinds: list[str] = []
     for part in message.parts:
         kind = part.WhichOneof("kind")
+        if kind is None:
+            continue
         if kind == "data":
             kinds.append(part.data.data.struct_value.fields["block"].struct_value.fields["type"].string_value)
         elif kind != "step_start":

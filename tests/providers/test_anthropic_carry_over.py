@@ -78,7 +78,9 @@ async def test_blocks_given_whole_in_message_start_are_all_kept(
     assert result.finish.finish_reason == "tool-calls"
     (executed,) = result.of(base.ProviderExecuted)
     assert executed.block["type"] == "server_tool_use" and executed.block["name"] == "code_execution"
-    server_calls = result.finish.provider_metadata["anthropic"]["server_tool_calls"]
+    metadata = result.finish.provider_metadata
+    assert metadata is not None
+    server_calls = metadata["anthropic"]["server_tool_calls"]
     assert [c["id"] for c in server_calls] == ["srvtoolu_01PtcCodeExec7aB3"]
 
 

@@ -21,8 +21,11 @@ with the signature (``provider_metadata={"anthropic": {...}}`` marks it for
 replay); ``redacted_thinking`` → ReasoningStart/End(redacted, signature=data);
 ``tool_use`` → ToolInputStart/Delta, and its ToolCall once the stop reason is known
 (``max_tokens`` → every call errored, never run); ``citations_delta`` → Source;
-server tools (``server_tool_use`` …) are not client calls: reported in
-``FinishStep.provider_metadata["anthropic"]["server_tool_calls"]``; a refusal's
+server tools (``server_tool_use``, ``mcp_tool_use``) are not client calls: reported in
+``FinishStep.provider_metadata["anthropic"]["server_tool_calls"]``, and each server call (its
+input complete) and result block (``*_tool_result``) → ProviderExecuted, sent back as it came
+(docs/providers.md); blocks ``message_start`` already holds (programmatic tool calling) are
+decoded as if streamed; ``pause_turn`` → ``FinishStep.paused``; a refusal's
 ``stop_details`` (category, explanation) in ``...["stop_details"]``. A ``tool_use``
 id the turn already has gets ``<id>_2`` (docs/semantics.md §11); a character split
 between two deltas is joined (:mod:`turnwire_server.providers.wire`); a whole

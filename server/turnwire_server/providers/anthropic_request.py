@@ -17,8 +17,11 @@ Transcript rules (each avoids a 400):
   message with nothing to send becomes :data:`EMPTY_USER_TEXT`; an assistant step
   with nothing is dropped; a blank tool result is ``(empty result)``
   (docs/semantics.md §11).
-- Reasoning is replayed only when Anthropic signed it (``provider_metadata.anthropic``);
-  other providers' reasoning would fail signature checks.
+- Only what may go to Anthropic (:mod:`~turnwire_server.providers.carry_over`): its own
+  signed reasoning, and its provider-executed blocks (server tool calls and results) in place;
+  a server call without its result only while its turn ends the request (:func:`_without_unpaired`).
+- ``tools`` is defined whenever the history holds tool calls (:func:`_history_tools`);
+  ``provider_options`` ``tools`` (server tools) join the request's own.
 - Files: images (base64 or URL), PDFs and text documents in user turns only (the
   API rejects documents in assistant turns).
 - ``temperature``, ``top_p``, ``top_k``, ``seed`` and the penalties do not exist in
