@@ -210,6 +210,27 @@ class File:
     filename: str = ""
 
 
+PROVIDER_EXECUTED = "provider-executed"
+"""The ``DataPart.type`` of a stored :class:`ProviderExecuted` block (docs/providers.md, "What goes
+back on the next request")."""
+
+
+@dataclass(slots=True)
+class ProviderExecuted:
+    """A content block the provider produced and ran on its own side: a server tool's call or
+    result (Anthropic's ``server_tool_use``, ``web_search_tool_result`` …), which the same API
+    needs back verbatim on the next request (a paused turn continues from it).
+
+    ``api`` names the API that made it (``"anthropic"``); ``block`` is the block as the API gives
+    it (JSON values). Stored as a ``DataPart`` of type :data:`PROVIDER_EXECUTED`, ``id`` the
+    block's ``id`` or ``tool_use_id``, ``data`` ``{"api": api, "block": block}``; never run by
+    the engine, never sent to another API (``turnwire_server.providers.carry_over``).
+    """
+
+    api: str
+    block: Mapping[str, Any]
+
+
 @dataclass(slots=True)
 class UsageUpdate:
     """Usage the provider reported so far in this step (cumulative), before the step finished.
@@ -227,7 +248,10 @@ class FinishStep:
     """The step ended. Always the last chunk of a successful stream.
 
     ``warnings`` lists settings the provider could not honour (e.g. a sampling
-    setting the model rejects), surfaced in ``StepResult.warnings``.
+    setting the model rejects), surfaced in ``StepResult.warnings``. ``paused`` says the
+    provider stopped a long turn of its own before it was done (Anthropic's ``pause_turn``):
+    the engine runs the next step at once, within ``max_steps``, with the reply so far as the
+    model's input (docs/semantics.md §2, Steps).
     """
 
     finish_reason: FinishReason
@@ -237,6 +261,7 @@ class FinishStep:
     response_model: str = ""
     provider_metadata: Mapping[str, Any] | None = None
     warnings: Sequence[str] = ()
+    paused: bool = False
 
 
 ModelChunk = (
@@ -251,6 +276,7 @@ ModelChunk = (
     | ToolCall
     | Source
     | File
+    | ProviderExecuted
     | UsageUpdate
     | FinishStep
 )

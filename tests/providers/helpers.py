@@ -190,6 +190,8 @@ class Stored:
                 message.start_tool_call(chunk.tool_call_id, chunk.tool_name)
             elif isinstance(chunk, base.ToolCall):
                 message.complete_tool_call(chunk)
+            elif isinstance(chunk, base.ProviderExecuted):
+                message.add_provider_executed(chunk)
         message.close_all()
         for call_id, output in (outputs or {}).items():
             message.set_output(call_id, output)

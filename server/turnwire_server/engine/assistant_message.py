@@ -253,6 +253,16 @@ class AssistantMessage:
             file.data = chunk.data
         return file
 
+    def add_provider_executed(self, chunk: chunks.ProviderExecuted) -> None:
+        """Store a block the provider ran itself as a ``DataPart`` of type
+        :data:`turnwire.types.PROVIDER_EXECUTED` (``{"api", "block"}``), in stream order, so the
+        next request can send it back to the same API (docs/providers.md)."""
+        data = self.message.parts.add().data
+        data.type = chunks.PROVIDER_EXECUTED
+        block = chunk.block
+        data.id = str(block.get("id") or block.get("tool_use_id") or "")
+        data.data.struct_value.CopyFrom(_metadata_view({"api": chunk.api, "block": block}))
+
     def step_text(self) -> str:
         """The current step's text."""
         return "".join(p.text.text for p in self._step.text)

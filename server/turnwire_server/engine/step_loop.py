@@ -334,7 +334,12 @@ class StepLoop:
             self._step_finish_event(result, finish)
             await turn.hooks.on_step_finish(result)
             turn.continue_reply = False
-            if not had_tool_results or runner.waiting or _should_stop(config, result, step_number + 1):
+            # A step the provider paused (finish.paused) goes on as a step with results does.
+            if (
+                not (had_tool_results or finish.paused)
+                or runner.waiting
+                or _should_stop(config, result, step_number + 1)
+            ):
                 # A call waiting for the client ends the turn after its step (§6). The final
                 # write follows at once: no checkpoint of the last step.
                 break
@@ -489,6 +494,8 @@ class StepLoop:
                         writer.new().file.CopyFrom(assistant.add_file(chunk))
                     elif kind is chunks.UsageUpdate:
                         partial = chunk.usage
+                    elif kind is chunks.ProviderExecuted:
+                        assistant.add_provider_executed(chunk)
                     elif kind is chunks.FinishStep:
                         finish = chunk
                     if observe:

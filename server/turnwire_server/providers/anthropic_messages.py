@@ -21,8 +21,11 @@ with the signature (``provider_metadata={"anthropic": {...}}`` marks it for
 replay); ``redacted_thinking`` → ReasoningStart/End(redacted, signature=data);
 ``tool_use`` → ToolInputStart/Delta, and its ToolCall once the stop reason is known
 (``max_tokens`` → every call errored, never run); ``citations_delta`` → Source;
-server tools (``server_tool_use`` …) are not client calls: reported in
-``FinishStep.provider_metadata["anthropic"]["server_tool_calls"]``; a refusal's
+server tools (``server_tool_use``, ``mcp_tool_use``) are not client calls: reported in
+``FinishStep.provider_metadata["anthropic"]["server_tool_calls"]``, and each server call (its
+input complete) and result block (``*_tool_result``) → ProviderExecuted, sent back as it came
+(docs/providers.md); blocks ``message_start`` already holds (programmatic tool calling) are
+decoded as if streamed; ``pause_turn`` → ``FinishStep.paused``; a refusal's
 ``stop_details`` (category, explanation) in ``...["stop_details"]``. A ``tool_use``
 id the turn already has gets ``<id>_2`` (docs/semantics.md §11); a character split
 between two deltas is joined (:mod:`turnwire_server.providers.wire`); a whole
@@ -47,6 +50,7 @@ from turnwire.providers import ModelRequest, ProviderError
 from turnwire.types import (
     FinishReason,
     ModelChunk,
+    ProviderExecuted,
     ReasoningDelta,
     ReasoningEnd,
     ReasoningStart,
@@ -92,14 +96,32 @@ _TRUNCATED = frozenset({"max_tokens", "model_context_window_exceeded"})
 _TEXT, _THINKING, _REDACTED, _TOOL, _OUTPUT, _SERVER, _OTHER = range(7)
 
 
-class _Block:
-    __slots__ = ("call", "data", "id", "kind")
+_SERVER_USES = frozenset({"server_tool_use", "mcp_tool_use"})
+"""Calls the API runs itself; their input streams as a tool_use's does."""
 
-    def __init__(self, kind: int, block_id: str, data: str = "", call: PendingCall | None = None) -> None:
+
+def _is_server_result(block_type: str) -> bool:
+    """A server tool's result block (``web_search_tool_result``, ``code_execution_tool_result``,
+    ``mcp_tool_result`` …), given whole in its ``content_block_start``; ``tool_result`` is the client's."""
+    return block_type.endswith("_tool_result") and block_type != "tool_result"
+
+
+class _Block:
+    __slots__ = ("call", "data", "id", "kind", "start")
+
+    def __init__(
+        self,
+        kind: int,
+        block_id: str,
+        data: str = "",
+        call: PendingCall | None = None,
+        start: Mapping[str, Any] | None = None,
+    ) -> None:
         self.kind = kind
         self.id = block_id
         self.data = data  # signature, or redacted data
         self.call = call
+        self.start = start  # a server tool call's content_block_start block
 
 
 class AnthropicDecoder:
@@ -186,7 +208,11 @@ class AnthropicDecoder:
             self.model = message.get("model") or ""
             self.usage.update(message.get("usage") or {})
             # Input tokens are known now: if the step is cut short they still count (§11).
-            return (UsageUpdate(self._usage()),)
+            usage = UsageUpdate(self._usage())
+            content = message.get("content")
+            if content and isinstance(content, list):
+                return (*self._given_whole(content), usage)
+            return (usage,)
         if kind == "message_delta":
             delta = obj.get("delta") or {}
             self.stop_reason = delta.get("stop_reason") or self.stop_reason
@@ -202,9 +228,26 @@ class AnthropicDecoder:
             raise errors.from_stream_error(self.provider, obj)
         return NOTHING
 
-    def _start(self, index: int, content: Mapping[str, Any]) -> Sequence[ModelChunk]:
+    def _given_whole(self, content: list[Any]) -> list[ModelChunk]:
+        """Blocks ``message_start`` already holds (programmatic tool calling gives the calls its code
+        made there, https://platform.claude.com/docs/en/agents-and-tools/tool-use/programmatic-tool-calling):
+        each one as its own start and stop, under ids of their own (``<prefix>-m<i>``, keys below 0),
+        so the streamed blocks' indices, whether they restart at 0 or go on, meet none of them."""
+        out: list[ModelChunk] = []
+        for position, block in enumerate(content):
+            if not isinstance(block, dict):
+                continue
+            key = -1 - position
+            out.extend(self._start(key, clean_strings(block), f"{self.prefix}-m{position}"))
+            for citation in block.get("citations") or ():
+                if isinstance(citation, dict):
+                    out.extend(self._citation(citation))
+            out.extend(self._stop(key))
+        return out
+
+    def _start(self, index: int, content: Mapping[str, Any], block_id: str = "") -> Sequence[ModelChunk]:
         ctype = content.get("type")
-        block_id = f"{self.prefix}-{index}"
+        block_id = block_id or f"{self.prefix}-{index}"
         if ctype == "text":
             self.blocks[index] = _Block(_TEXT, block_id)
             text = self.join.push(block_id, content.get("text") or "")
@@ -232,12 +275,15 @@ class AnthropicDecoder:
             self.blocks[index] = _Block(_TOOL, call_id, call=call)
             self.calls.append(call)
             return (ToolInputStart(call_id, name),)
-        if ctype == "server_tool_use":
+        if ctype in _SERVER_USES:
             call = PendingCall(content.get("id") or block_id, content.get("name") or "")
             _initial_input(call, content.get("input"))
-            self.blocks[index] = _Block(_SERVER, block_id, call=call)
+            self.blocks[index] = _Block(_SERVER, block_id, call=call, start=content)
             return NOTHING
         self.blocks[index] = _Block(_OTHER, block_id)
+        if isinstance(ctype, str) and _is_server_result(ctype):
+            # Its call's pair: the same API needs both back (docs/providers.md, pause_turn).
+            return (ProviderExecuted("anthropic", dict(content)),)
         return NOTHING
 
     def _stop(self, index: int) -> Sequence[ModelChunk]:
@@ -281,6 +327,8 @@ class AnthropicDecoder:
             self.server_calls.append(
                 {"id": block.call.tool_call_id, "name": block.call.tool_name, "input": value}
             )
+            # The block as the API gave it, its input complete: sent back on the next request.
+            return (ProviderExecuted("anthropic", {**(block.start or {}), "input": value or {}}),)
         return NOTHING
 
     def _citation(self, citation: Mapping[str, Any]) -> Sequence[ModelChunk]:
@@ -336,6 +384,7 @@ class AnthropicDecoder:
             response_model=self.model,
             metadata={"anthropic": metadata},
             warnings=self.plan.warnings,
+            paused=raw == "pause_turn",
         )
         return (*calls, step)
 

@@ -17,8 +17,11 @@ Transcript rules (each avoids a 400):
   message with nothing to send becomes :data:`EMPTY_USER_TEXT`; an assistant step
   with nothing is dropped; a blank tool result is ``(empty result)``
   (docs/semantics.md §11).
-- Reasoning is replayed only when Anthropic signed it (``provider_metadata.anthropic``);
-  other providers' reasoning would fail signature checks.
+- Only what may go to Anthropic (:mod:`~turnwire_server.providers.carry_over`): its own
+  signed reasoning, and its provider-executed blocks (server tool calls and results) in place;
+  a server call without its result only while its turn ends the request (:func:`_without_unpaired`).
+- ``tools`` is defined whenever the history holds tool calls (:func:`_history_tools`);
+  ``provider_options`` ``tools`` (server tools) join the request's own.
 - Files: images (base64 or URL), PDFs and text documents in user turns only (the
   API rejects documents in assistant turns).
 - ``temperature``, ``top_p``, ``top_k``, ``seed`` and the penalties do not exist in
@@ -42,6 +45,7 @@ from turnwire.providers import ModelRequest
 from turnwire.types import ToolDefinition
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import errors
+from turnwire_server.providers.carry_over import ANTHROPIC, portable_parts, provider_block
 from turnwire_server.providers.convert import (
     EMPTY_USER_TEXT,
     PrefixStates,
@@ -151,7 +155,8 @@ def _file_block(file: message_pb2.FilePart, warnings: list[str]) -> dict[str, An
 
 
 def _reasoning_block(part: message_pb2.ReasoningPart) -> dict[str, Any] | None:
-    if not part.signature or "anthropic" not in part.provider_metadata.fields:
+    """A signed thinking block (carry_over.py keeps other APIs' reasoning out); None unsigned."""
+    if not part.signature:
         return None
     signature = part.signature.decode("utf-8")
     if part.redacted:
@@ -215,12 +220,14 @@ def _convert_message(message: message_pb2.Message) -> _Converted:
         blocks: list[dict[str, Any]] = []
         results: list[dict[str, Any]] = []
         calls: list[tuple[int, str]] = []
-        for part in step:
+        for part in portable_parts(step, ANTHROPIC):
             kind = part.WhichOneof("kind")
             if kind == "text":
                 block = _text_block(part.text.text)
             elif kind == "reasoning":
                 block = _reasoning_block(part.reasoning)
+            elif kind == "data":
+                block = provider_block(part)  # a server tool's call or result, verbatim
             elif kind == "tool_call":
                 call = part.tool_call
                 calls.append((len(blocks), call.tool_call_id))
@@ -253,8 +260,8 @@ _converted = per_message_cache(_convert_message, max_bytes=16 << 20)
 class _Prefix:
     """:func:`convert_messages`' state after some messages (kept in :data:`_prefixes`; never
     mutated): the system texts, the turns (tool results already first), the warnings, the stored
-    call ids seen, the tool_use ids used, and the last assistant segment's renamed ids (None:
-    none renamed) that the next segment's results must follow."""
+    call ids seen, the tool_use ids used, the last assistant segment's renamed ids (None:
+    none renamed) that the next segment's results must follow, and the called tools' names."""
 
     system: tuple[str, ...]
     turns: tuple[dict[str, Any], ...]
@@ -262,13 +269,17 @@ class _Prefix:
     call_ids: frozenset[str]
     used: frozenset[str]
     renamed: tuple[str, ...] | None
+    tool_names: frozenset[str] = frozenset()
 
 
 _prefixes: PrefixStates[_Prefix] = PrefixStates()
 
 
 def convert_messages(
-    messages: Sequence[message_pb2.Message], warnings: list[str], call_ids: set[str] | None = None
+    messages: Sequence[message_pb2.Message],
+    warnings: list[str],
+    call_ids: set[str] | None = None,
+    tool_names: set[str] | None = None,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """``(system texts, turns)`` for the Messages API (see the module docstring for the rules); a
     turn's ``content`` is a string for one plain text block, else a list of blocks.
@@ -277,7 +288,10 @@ def convert_messages(
     earlier one's very messages (the history of the turn before, only appended to) goes on from
     there, so only the new messages cost anything but copying the kept turns list. ``call_ids``
     gets the stored ids of the transcript's tool calls (``transcript_call_ids``, without a
-    second pass over the messages)."""
+    second pass over the messages), ``tool_names`` the names of the tools they called. A server
+    tool call left without its result (a paused turn, ``pause_turn``) is sent only while its
+    assistant turn ends the request: a later turn would make it unpaired (a 400), so it is dropped
+    then (:func:`_without_unpaired`)."""
     done, prefix = _prefixes.longest(messages, None)
     if prefix is None:
         prefix = _Prefix((), (), (), frozenset(), frozenset(), None)
@@ -286,6 +300,7 @@ def convert_messages(
     warnings.extend(prefix.warnings)
     new_warnings: list[str] = []
     seen = set(prefix.call_ids)
+    names = set(prefix.tool_names)
     tool_use_id = _ToolUseIds()
     tool_use_id.used = set(prefix.used)
     renamed = list(prefix.renamed) if prefix.renamed is not None else None
@@ -300,6 +315,7 @@ def convert_messages(
             blocks = kept  # shared with other requests: replaced, never changed
             if calls:
                 seen.update(original for _, original in calls)
+                names.update(kept[index]["name"] for index, _ in calls)
                 ids = [tool_use_id(original) for _, original in calls]
                 if any(new != original for new, (_, original) in zip(ids, calls, strict=True)):
                     blocks = list(kept)
@@ -311,6 +327,15 @@ def convert_messages(
                 renamed = None
             if not blocks:
                 continue
+            if turns and turns[-1]["role"] == "assistant" and role != "assistant":
+                paired = _without_unpaired(turns[-1]["content"])
+                if paired is not None:  # the paused server call a later turn follows
+                    if paired:
+                        turns[-1] = {"role": "assistant", "content": paired}
+                        owned = True
+                    else:
+                        turns.pop()
+                        owned = False
             if turns and turns[-1]["role"] == role:
                 if not owned:  # a kept turn, its content maybe a string: a list of this request's own
                     turns[-1] = {"role": role, "content": _blocks(turns[-1]["content"])}
@@ -337,6 +362,8 @@ def convert_messages(
     warnings.extend(new_warnings)
     if call_ids is not None:
         call_ids.update(seen)
+    if tool_names is not None:
+        tool_names.update(names)
     if len(messages) > done:
         state = _Prefix(
             tuple(system),
@@ -345,9 +372,26 @@ def convert_messages(
             frozenset(seen),
             frozenset(tool_use_id.used),
             tuple(renamed) if renamed is not None else None,
+            frozenset(names),
         )
         _prefixes.keep(messages, None, state)
     return system, turns
+
+
+_SERVER_USES = ("server_tool_use", "mcp_tool_use")
+
+
+def _without_unpaired(content: str | list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """An assistant turn's blocks without server tool calls that no result block follows (a new
+    list), or None when every call has its result. The Messages API answers a server call without
+    its result with 400 ("… tool use with id … was found without a corresponding … result block")
+    unless the call ends the request's last turn (how a paused turn continues:
+    https://platform.claude.com/docs/en/build-with-claude/handling-stop-reasons#pause-turn)."""
+    if isinstance(content, str) or not any(block["type"] in _SERVER_USES for block in content):
+        return None
+    answered = {block.get("tool_use_id") for block in content if block["type"].endswith("_tool_result")}
+    kept = [b for b in content if b["type"] not in _SERVER_USES or b.get("id") in answered]
+    return kept if len(kept) < len(content) else None
 
 
 def _tool(tool: ToolDefinition) -> dict[str, Any]:
@@ -357,6 +401,27 @@ def _tool(tool: ToolDefinition) -> dict[str, Any]:
     if tool.description:
         result["description"] = tool.description
     return result
+
+
+HISTORY_TOOL_DESCRIPTION = "Called earlier in this conversation; not available now."
+
+
+def _history_tools(names: set[str]) -> list[dict[str, Any]]:
+    """Stand-in definitions for the tools a history called, for a request that has none.
+
+    The Messages API refuses a request whose messages hold ``tool_use`` or ``tool_result`` blocks
+    and that defines no tools (400 "Requests which include `tool_use` or `tool_result` blocks must
+    define tools"); it checks that ``tools`` is there, not that each past call matches a
+    definition. A turn may have none: a continuation after ``SubmitToolResults`` that did not send
+    the client tools again, or a turn whose ``active_tools`` is empty. Sending the history as text
+    would change what the model sees of its own calls, and the real specs are not ours to keep
+    (client tools live with the client, docs/semantics.md §6): so each called name gets a minimal
+    definition (any object input), sent with ``tool_choice: none``, so the model reads its history
+    as it was and cannot call a tool this turn does not have."""
+    return [
+        {"name": name, "description": HISTORY_TOOL_DESCRIPTION, "input_schema": {"type": "object"}}
+        for name in sorted(names)
+    ]
 
 
 def _tool_choice(choice: str, tool_names: set[str], provider: str) -> dict[str, Any]:
@@ -401,7 +466,8 @@ def build_request(
     if max_tokens < 1:
         raise errors.invalid_request(provider, f"max_tokens must be at least 1, got {max_tokens}")
     call_ids: set[str] = set()
-    system, turns = convert_messages(request.messages, warnings, call_ids)
+    called: set[str] = set()
+    system, turns = convert_messages(request.messages, warnings, call_ids, called)
     if request.system.strip():
         system.insert(0, request.system)
     kwargs: dict[str, Any] = {"model": request.model, "max_tokens": max_tokens, "messages": turns}
@@ -417,7 +483,11 @@ def build_request(
         if stops:
             kwargs["stop_sequences"] = stops
     tools = [_tool(t) for t in request.tools]
-    names = {t.name for t in request.tools}
+    # Server tools (web search …) are given as provider_options "tools": they join the request's.
+    extra_tools = options.pop("tools", None)
+    if isinstance(extra_tools, Sequence) and not isinstance(extra_tools, str):
+        tools.extend(dict(t) for t in extra_tools if isinstance(t, Mapping))
+    names = {t.name for t in request.tools} | {str(t.get("name")) for t in tools if "type" in t}
     choice = request.tool_choice
     thinking = options.get("thinking")
     thinking_on = isinstance(thinking, Mapping) and thinking.get("type") not in (None, "disabled")
@@ -449,6 +519,8 @@ def build_request(
             tools.append(output)
             if choice == "auto":
                 tool_choice = {"type": "any"}
+    if not tools and called:
+        tools, tool_choice = _history_tools(called), {"type": "none"}
     if tools:
         kwargs["tools"] = tools
         if tool_choice is not None:

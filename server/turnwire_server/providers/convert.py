@@ -337,8 +337,10 @@ def finish_step(
     response_model: str,
     metadata: dict[str, Any],
     warnings: Sequence[str],
+    paused: bool = False,
 ) -> FinishStep:
-    """The FinishStep chunk; ``warnings`` are settings the API has no field for."""
+    """The FinishStep chunk; ``warnings`` are settings the API has no field for; ``paused``: the
+    provider paused its turn and the engine goes on with another step (``FinishStep.paused``)."""
     return FinishStep(
         finish_reason=reason,
         raw_finish_reason=raw_reason,
@@ -347,6 +349,7 @@ def finish_step(
         response_model=response_model,
         provider_metadata=metadata or None,
         warnings=tuple(warnings),
+        paused=paused,
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from turnwire.providers import ModelRequest
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import errors
+from turnwire_server.providers.carry_over import OPENAI_CHAT, portable_parts
 from turnwire_server.providers.convert import (
     EMPTY_USER_TEXT,
     PrefixStates,
@@ -88,7 +89,8 @@ def _convert_message(message: message_pb2.Message) -> tuple[tuple[_Item, ...], t
     elif role == message_pb2.ROLE_USER:
         items.append(({"role": "user", "content": _user_content(message, warnings)}, (), -1))
     elif role == message_pb2.ROLE_ASSISTANT:
-        for step in assistant_steps(message):
+        for whole_step in assistant_steps(message):
+            step = portable_parts(whole_step, OPENAI_CHAT)  # carry_over.py: what Chat may take
             text = text_of(step)
             text = "" if is_blank(text) else text
             calls = [p.tool_call for p in step if p.WhichOneof("kind") == "tool_call"]

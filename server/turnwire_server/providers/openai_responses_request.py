@@ -16,6 +16,7 @@ from typing import Any, Literal
 from turnwire.providers import ModelRequest
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import errors
+from turnwire_server.providers.carry_over import OPENAI_RESPONSES, portable_parts
 from turnwire_server.providers.convert import (
     EMPTY_USER_TEXT,
     ReplayIds,
@@ -94,7 +95,7 @@ def convert_input(
         elif role == message_pb2.ROLE_ASSISTANT:
             for step in assistant_steps(message):
                 outputs: list[dict[str, Any]] = []
-                for part in step:
+                for part in portable_parts(step, OPENAI_RESPONSES):  # carry_over.py: what Responses takes
                     kind = part.WhichOneof("kind")
                     if kind == "text" and not is_blank(part.text.text):
                         items.append({"role": "assistant", "content": part.text.text})
