@@ -315,3 +315,25 @@ def test_a_bad_setting_says_what_to_fix(tmp_path: Any, entry: dict[str, Any], me
     with pytest.raises(ConfigError) as raised:
         load_settings(path)
     assert message in str(raised.value)
+
+
+async def test_a_delta_that_ends_the_reasoning_and_begins_the_answer(
+    replay: ReplayServer, chat_provider: OpenAIChatProvider
+) -> None:
+    """vLLM's reasoning parsers send the last reasoning and the first answer text in one delta."""
+    replay.enqueue(
+        Reply.sse(
+            chat_sse(
+                c_chunk({"reasoning_content": "Think"}),
+                c_chunk({"reasoning_content": " more.", "content": "The"}),
+                c_chunk({"content": " answer."}),
+                c_chunk({}, "stop"),
+            )
+        )
+    )
+    result = await collect(chat_provider, request())
+    stored = Stored().step(result.chunks).build()
+    assert [(p.WhichOneof("kind"), p.text.text or p.reasoning.text) for p in stored.parts[1:]] == [
+        ("reasoning", "Think more."),
+        ("text", "The answer."),
+    ]

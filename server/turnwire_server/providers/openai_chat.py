@@ -164,25 +164,33 @@ class ChatDecoder(OpenAIDecoder):
             self.model = obj.get("model") or ""
         # Usage: OpenAI's top-level field (a usage-only chunk with ``choices: []``, or the last
         # chunk), Groq's ``x_groq.usage`` on the last chunk, or Moonshot's in the finishing choice.
-        usage = obj.get("usage") or _groq_usage(obj.get("x_groq"))
+        usage = obj.get("usage")
+        if not usage and "x_groq" in obj:
+            usage = _groq_usage(obj["x_groq"])
         choices = obj.get("choices")
         if not choices:
-            return (self._usage_update(usage),) if isinstance(usage, dict) and usage else NOTHING
+            return (self._usage_update(usage),) if usage and isinstance(usage, dict) else NOTHING
         choice = choices[0]
-        usage = usage or choice.get("usage")
-        out: list[ModelChunk] = [self._usage_update(usage)] if isinstance(usage, dict) and usage else []
+        out: list[ModelChunk] = []
+        if (usage or (usage := choice.get("usage"))) and isinstance(usage, dict):
+            out.append(self._usage_update(usage))
         delta = choice.get("delta") or {}
         # A character split across two deltas is held until its second half arrives (wire.py).
-        content = delta.get("content")
-        if content:
-            if isinstance(content, str):
-                if content := self.join.push("content", content):
-                    self._content(out, content)
-            elif isinstance(content, list):
-                self._content_parts(out, content)
+        # Reasoning first: a delta that ends the reasoning may also begin the answer (vLLM).
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if reasoning and isinstance(reasoning, str) and (reasoning := self.join.push("reasoning", reasoning)):
             self._reasoning(out, reasoning)
+        content = delta.get("content")
+        if content:
+            if isinstance(content, str):
+                if not (content := self.join.push("content", content)):
+                    pass
+                elif self.inline is None:
+                    self._text(out, content)
+                else:
+                    self._inline(out, content)
+            elif isinstance(content, list):
+                self._content_parts(out, content)
         refusal = delta.get("refusal")
         if refusal and isinstance(refusal, str) and (refusal := self.join.push("refusal", refusal)):
             self.refusal.append(refusal)
@@ -233,7 +241,11 @@ class ChatDecoder(OpenAIDecoder):
         """Answer text, unless the entry reads inline ``<think>`` tags: then their pieces."""
         if self.inline is None:
             self._text(out, content)
-            return
+        else:
+            self._inline(out, content)
+
+    def _inline(self, out: list[ModelChunk], content: str) -> None:
+        assert self.inline is not None
         for is_reasoning, piece in self.inline.push(content):
             (self._reasoning if is_reasoning else self._text)(out, piece)
 
@@ -244,7 +256,8 @@ class ChatDecoder(OpenAIDecoder):
                 (self._reasoning if is_reasoning else self._text)(out, piece)
 
     def _text(self, out: list[ModelChunk], content: str) -> None:
-        self._end_reasoning(out)
+        if self.reasoning_id is not None:
+            self._end_reasoning(out)
         if self.text_id is None:
             self.text_id = self._block_id()
             out.append(TextStart(self.text_id))
@@ -254,7 +267,8 @@ class ChatDecoder(OpenAIDecoder):
 
     def _reasoning(self, out: list[ModelChunk], reasoning: str) -> None:
         # Reasoning after text closes the text block, so the stored parts keep the stream's order.
-        self._end_text(out)
+        if self.text_id is not None:
+            self._end_text(out)
         if self.reasoning_id is None:
             self.reasoning_id = self._block_id()
             out.append(ReasoningStart(self.reasoning_id))
