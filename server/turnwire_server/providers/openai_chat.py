@@ -72,7 +72,7 @@ from turnwire.types import (
 )
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls
-from turnwire_server.providers.inline_reasoning import InlineReasoning
+from turnwire_server.providers.inline_reasoning import InlineReasoning, Piece
 from turnwire_server.providers.openai_chat_request import (
     MaxTokensParam,
     ReplayReasoningSetting,
@@ -183,12 +183,13 @@ class ChatDecoder(OpenAIDecoder):
         content = delta.get("content")
         if content:
             if isinstance(content, str):
-                if not (content := self.join.push("content", content)):
-                    pass
-                elif self.inline is None:
-                    self._text(out, content)
-                else:
-                    self._inline(out, content)
+                content = self.join.push("content", content)
+                if content:
+                    inline = self.inline
+                    if inline is None:
+                        self._text(out, content)
+                    else:
+                        self._pieces(out, inline.push(content))
             elif isinstance(content, list):
                 self._content_parts(out, content)
         refusal = delta.get("refusal")
@@ -242,18 +243,19 @@ class ChatDecoder(OpenAIDecoder):
         if self.inline is None:
             self._text(out, content)
         else:
-            self._inline(out, content)
-
-    def _inline(self, out: list[ModelChunk], content: str) -> None:
-        assert self.inline is not None
-        for is_reasoning, piece in self.inline.push(content):
-            (self._reasoning if is_reasoning else self._text)(out, piece)
+            self._pieces(out, self.inline.push(content))
 
     def _end_inline(self, out: list[ModelChunk]) -> None:
         """Release what the inline tag reader held (a tag's beginning that never finished)."""
         if self.inline is not None:
-            for is_reasoning, piece in self.inline.flush():
-                (self._reasoning if is_reasoning else self._text)(out, piece)
+            self._pieces(out, self.inline.flush())
+
+    def _pieces(self, out: list[ModelChunk], pieces: list[Piece]) -> None:
+        for is_reasoning, piece in pieces:
+            if is_reasoning:
+                self._reasoning(out, piece)
+            else:
+                self._text(out, piece)
 
     def _text(self, out: list[ModelChunk], content: str) -> None:
         if self.reasoning_id is not None:
