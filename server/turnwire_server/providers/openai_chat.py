@@ -9,8 +9,10 @@ here with orjson.
 Request (:func:`build_request`): ``system`` message first; user text, images
 (``image_url``), PDFs (``file``), audio (``input_audio``) and text files; each
 assistant step as one assistant message (text + ``tool_calls``) followed at once
-by one ``tool`` message per call, with the matching ``tool_call_id``; reasoning is
-not sent (the API has no field for it). Provider-valid history (docs/semantics.md
+by one ``tool`` message per call, with the matching ``tool_call_id``; reasoning goes
+back as the assistant message's ``reasoning_content`` only where the entry's
+``replay_reasoning`` says (DeepSeek and Kimi K2 thinking models require it on a tool
+turn's messages; OpenAI has no such field). Provider-valid history (docs/semantics.md
 §11): no blank text, a blank tool result is ``(empty result)``, same-role runs
 of ``system`` / ``user`` / ``assistant`` messages merged (chat templates of many
 compatible servers require alternation), each call id unique in the request.
@@ -21,10 +23,18 @@ servers such as vLLM that take it), ``provider_options`` merged into the body.
 
 Stream tolerance (vLLM, llama.cpp, Ollama, LiteLLM, OpenRouter): tool-call
 fragments are keyed by ``index`` (never by name or position in the chunk); a call
-whose id is missing gets one; a new id at a used index opens a new call;
-``reasoning_content`` / ``reasoning`` deltas become reasoning; a chunk with a
+whose id is missing gets one; a new id at a used index opens a new call; a name
+split across deltas is joined until the arguments start (a fragment equal to the
+name so far is a repeat), so ``ToolInputStart`` comes with the first argument
+fragment (or at the step's end); ``reasoning_content`` / ``reasoning`` deltas
+become reasoning, and so do Mistral's ``content`` parts of type ``thinking``
+(``content`` as a list of ``text`` / ``thinking`` parts); ``<think>…</think>`` in
+the text when the entry sets ``inline_reasoning_tag``
+(:mod:`~turnwire_server.providers.inline_reasoning`); a chunk with a
 top-level ``error`` (or ``finish_reason: "error"``) is a ProviderError; usage may
-come in a final chunk with ``choices: []``, or never; a missing finish reason is
+come in a final chunk with ``choices: []``, on the last chunk (OpenAI's ``usage``,
+Groq's ``x_groq.usage``, Moonshot's ``choices[0].usage``), or never, and is
+reported as it comes (``UsageUpdate``); a missing finish reason is
 ``stop`` (or ``tool-calls`` when calls were made); a stream that ends after a
 finish reason without ``[DONE]`` is accepted, one that ends before is an error;
 two calls with one id each get their own (``<id>_2``, docs/semantics.md §11); a
@@ -58,10 +68,16 @@ from turnwire.types import (
     TextStart,
     ToolInputDelta,
     ToolInputStart,
+    UsageUpdate,
 )
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls
-from turnwire_server.providers.openai_chat_request import MaxTokensParam, build_request
+from turnwire_server.providers.inline_reasoning import InlineReasoning, Piece
+from turnwire_server.providers.openai_chat_request import (
+    MaxTokensParam,
+    ReplayReasoningSetting,
+    build_request,
+)
 from turnwire_server.providers.openai_common import OpenAIDecoder, map_openai_error, openai_usage
 from turnwire_server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
 from turnwire_server.providers.wire import TextJoiner, clean_strings, load_json
@@ -78,6 +94,20 @@ _FINISH: dict[str, FinishReason] = {
     "content_filter": FinishReason.CONTENT_FILTER,
 }
 _TRUNCATED = frozenset({"length", "max_tokens"})
+
+
+def _groq_usage(vendor: Any) -> Any:
+    """Groq's usage on a stream's last chunk, ``x_groq.usage`` (its counts are OpenAI's; the
+    ``*_time`` fields are seconds, not kept). Seen at https://github.com/vercel/ai/issues/1651."""
+    return vendor.get("usage") if isinstance(vendor, dict) else None
+
+
+def _text_part(part: Any) -> str | None:
+    """The text of a ``{"type": "text", "text": …}`` part (None for any other part)."""
+    if isinstance(part, dict) and part.get("type", "text") == "text":
+        value = part.get("text")
+        return value if isinstance(value, str) else None
+    return None
 
 
 class _Call(PendingCall):
@@ -99,8 +129,11 @@ class ChatDecoder(OpenAIDecoder):
         output_schema: Mapping[str, Any] | None,
         warnings: list[str],
         taken_ids: Collection[str] = (),
+        *,
+        inline: InlineReasoning | None = None,
     ):
         super().__init__(provider, prefix, output_schema, warnings)
+        self.inline = inline  # reasoning inline in the text as <tag>…</tag> (the entry opted in)
         self.ids = CallIds(taken_ids)
         self.join = TextJoiner()
         self.filter_results: Any = None
@@ -129,34 +162,40 @@ class ChatDecoder(OpenAIDecoder):
         if not self.response_id:
             self.response_id = obj.get("id") or ""
             self.model = obj.get("model") or ""
+        # Usage: OpenAI's top-level field (a usage-only chunk with ``choices: []``, or the last
+        # chunk), Groq's ``x_groq.usage`` on the last chunk, or Moonshot's in the finishing choice.
         usage = obj.get("usage")
-        if usage:
-            self.usage = usage
+        if not usage and "x_groq" in obj:
+            usage = _groq_usage(obj["x_groq"])
         choices = obj.get("choices")
         if not choices:
-            return NOTHING
+            return (self._usage_update(usage),) if usage and isinstance(usage, dict) else NOTHING
         choice = choices[0]
-        delta = choice.get("delta") or {}
         out: list[ModelChunk] = []
+        if (usage or (usage := choice.get("usage"))) and isinstance(usage, dict):
+            out.append(self._usage_update(usage))
+        delta = choice.get("delta") or {}
         # A character split across two deltas is held until its second half arrives (wire.py).
-        content = delta.get("content")
-        if content and isinstance(content, str) and (content := self.join.push("content", content)):
-            self._end_reasoning(out)
-            if self.text_id is None:
-                self.text_id = self._block_id()
-                out.append(TextStart(self.text_id))
-            if self.text is not None:
-                self.text.append(content)
-            out.append(TextDelta(self.text_id, content))
+        # Reasoning first: a delta that ends the reasoning may also begin the answer (vLLM).
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if reasoning and isinstance(reasoning, str) and (reasoning := self.join.push("reasoning", reasoning)):
-            if self.reasoning_id is None:
-                self.reasoning_id = self._block_id()
-                out.append(ReasoningStart(self.reasoning_id))
-            out.append(ReasoningDelta(self.reasoning_id, reasoning))
+            self._reasoning(out, reasoning)
+        content = delta.get("content")
+        if content:
+            if isinstance(content, str):
+                content = self.join.push("content", content)
+                if content:
+                    inline = self.inline
+                    if inline is None:
+                        self._text(out, content)
+                    else:
+                        self._pieces(out, inline.push(content))
+            elif isinstance(content, list):
+                self._content_parts(out, content)
         refusal = delta.get("refusal")
         if refusal and isinstance(refusal, str) and (refusal := self.join.push("refusal", refusal)):
             self.refusal.append(refusal)
+            self._end_reasoning(out)
             if self.text_id is None:
                 self.text_id = self._block_id()
                 out.append(TextStart(self.text_id))
@@ -172,6 +211,70 @@ class ChatDecoder(OpenAIDecoder):
         if choice.get("content_filter_results"):  # Azure: why a content filter stopped the step
             self.filter_results = choice["content_filter_results"]
         return out
+
+    def _usage_update(self, usage: dict[str, Any]) -> UsageUpdate:
+        """Keep the usage a chunk reported, and report it now: a step cut short after it still
+        counts it (docs/semantics.md §11)."""
+        self.usage = usage
+        return UsageUpdate(openai_usage(usage, "prompt", "completion"))
+
+    def _content_parts(self, out: list[ModelChunk], parts: list[Any]) -> None:
+        """``content`` as a list of parts (Mistral, Magistral): ``{"type": "text", "text"}`` is text,
+        ``{"type": "thinking", "thinking": [{"type": "text", "text"}, …]}`` is reasoning, in order;
+        other parts (``reference``) carry no text. Mistral's ``ContentChunk`` types:
+        https://docs.mistral.ai/api/ (``TextChunk``, ``ThinkChunk``)."""
+        for part in parts:
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type", "text")
+            if kind == "text":
+                value = part.get("text")
+                if value and isinstance(value, str) and (value := self.join.push("content", value)):
+                    self._content(out, value)
+            elif kind == "thinking":
+                inner = part.get("thinking")
+                for piece in [inner] if isinstance(inner, str) else inner or ():
+                    value = piece if isinstance(piece, str) else _text_part(piece)
+                    if value and (value := self.join.push("reasoning", value)):
+                        self._reasoning(out, value)
+
+    def _content(self, out: list[ModelChunk], content: str) -> None:
+        """Answer text, unless the entry reads inline ``<think>`` tags: then their pieces."""
+        if self.inline is None:
+            self._text(out, content)
+        else:
+            self._pieces(out, self.inline.push(content))
+
+    def _end_inline(self, out: list[ModelChunk]) -> None:
+        """Release what the inline tag reader held (a tag's beginning that never finished)."""
+        if self.inline is not None:
+            self._pieces(out, self.inline.flush())
+
+    def _pieces(self, out: list[ModelChunk], pieces: list[Piece]) -> None:
+        for is_reasoning, piece in pieces:
+            if is_reasoning:
+                self._reasoning(out, piece)
+            else:
+                self._text(out, piece)
+
+    def _text(self, out: list[ModelChunk], content: str) -> None:
+        if self.reasoning_id is not None:
+            self._end_reasoning(out)
+        if self.text_id is None:
+            self.text_id = self._block_id()
+            out.append(TextStart(self.text_id))
+        if self.text is not None:
+            self.text.append(content)
+        out.append(TextDelta(self.text_id, content))
+
+    def _reasoning(self, out: list[ModelChunk], reasoning: str) -> None:
+        # Reasoning after text closes the text block, so the stored parts keep the stream's order.
+        if self.text_id is not None:
+            self._end_text(out)
+        if self.reasoning_id is None:
+            self.reasoning_id = self._block_id()
+            out.append(ReasoningStart(self.reasoning_id))
+        out.append(ReasoningDelta(self.reasoning_id, reasoning))
 
     def _block_id(self) -> str:
         self.blocks += 1
@@ -206,16 +309,25 @@ class ChatDecoder(OpenAIDecoder):
             index = fragment.get("index", 0)
             call_id = fragment.get("id")
             function = fragment.get("function") or {}
+            name = function.get("name")
             call = self.by_index.get(index)
             if call is None or (call_id and call_id != call.provider_id):
                 # Two calls of one step may carry the same id (some servers): each gets its own
                 # (docs/semantics.md §11); a call without one gets one.
                 unique = self.ids.assign(call_id or "", f"call_{self.prefix}_{len(self.calls)}")
-                call = _Call(unique, function.get("name") or "", call_id or "")
+                call = _Call(unique, name if isinstance(name, str) else "", call_id or "")
                 self.by_index[index] = call
                 self.calls.append(call)
-            elif function.get("name") and not call.tool_name:
-                call.tool_name = function["name"]
+            elif (
+                name
+                and isinstance(name, str)
+                and name != call.tool_name
+                and (not call.tool_name or not call.parts)
+            ):
+                # A name split across deltas ("echo_", then "tool"): until the arguments start, a
+                # fragment equal to the name so far is a repeat (servers that resend it with every
+                # delta), any other is its continuation. A name after nameless arguments is the name.
+                call.tool_name += name
             arguments = function.get("arguments")
             if isinstance(arguments, dict):  # an object instead of JSON text (some servers)
                 arguments = orjson.dumps(arguments).decode()
@@ -225,17 +337,20 @@ class ChatDecoder(OpenAIDecoder):
                 arguments = None
             if arguments:
                 call.parts.append(arguments)
-            if not call.started and call.tool_name:
+            if call.started:
+                if arguments:
+                    out.append(ToolInputDelta(call.tool_call_id, arguments))
+            elif call.tool_name and call.parts:
+                # The name is complete once the arguments start (or at the step's end, _finish).
                 call.started = True
+                self._end_inline(out)
                 self._end_text(out)
                 out.append(ToolInputStart(call.tool_call_id, call.tool_name))
-                if call.parts:
-                    out.append(ToolInputDelta(call.tool_call_id, "".join(call.parts)))
-            elif call.started and arguments:
-                out.append(ToolInputDelta(call.tool_call_id, arguments))
+                out.append(ToolInputDelta(call.tool_call_id, "".join(call.parts)))
 
     def _finish(self) -> Sequence[ModelChunk]:
         out: list[ModelChunk] = []
+        self._end_inline(out)
         self._end_reasoning(out)
         self._end_text(out)
         raw = self.finish or ""
@@ -298,10 +413,7 @@ class ChatDecoder(OpenAIDecoder):
                 self.provider, "a JSON body that is not a chat completion (no choices[0].message)", body
             )
         delta: dict[str, Any] = {k: message.get(k) for k in ("reasoning_content", "reasoning", "refusal")}
-        content = message.get("content")
-        if isinstance(content, list):  # content parts instead of a string
-            content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
-        delta["content"] = content
+        delta["content"] = message.get("content")  # a string, or parts (read as a stream's are)
         calls = message.get("tool_calls")
         if not calls and isinstance(message.get("function_call"), dict):  # the legacy single call
             calls = [{"function": message["function_call"]}]
@@ -323,7 +435,12 @@ class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
     """Streams steps from Chat Completions through ``client`` (an ``AsyncOpenAI``; ``base_url`` for
     OpenAI-compatible servers). ``max_tokens_param`` names the output limit field
     (``max_completion_tokens`` for OpenAI, ``max_tokens`` for most compatible servers);
-    ``include_usage`` asks for the usage chunk."""
+    ``include_usage`` asks for the usage chunk; ``replay_reasoning`` says which assistant messages
+    carry their reasoning back as ``reasoning_content`` (:func:`.openai_chat_request.replay_reasoning_for`);
+    ``inline_reasoning_tag`` (e.g. ``"think"``) reads ``<think>…</think>`` in the text as reasoning,
+    ``inline_reasoning_starts_inside`` when the output begins inside it
+    (:mod:`~turnwire_server.providers.inline_reasoning`). Raises ValueError for a tag that is not
+    a tag name."""
 
     type = "openai"
     json_path = "/chat/completions"
@@ -338,11 +455,19 @@ class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
         models: Sequence[str] = (),
         max_tokens_param: MaxTokensParam = "max_completion_tokens",
         include_usage: bool = True,
+        replay_reasoning: ReplayReasoningSetting = "auto",
+        inline_reasoning_tag: str | None = None,
+        inline_reasoning_starts_inside: bool = False,
         retry_delay: float = 0.5,
     ) -> None:
         super().__init__(name, client, models=models, retry_delay=retry_delay)
         self.max_tokens_param: MaxTokensParam = max_tokens_param
         self.include_usage = include_usage
+        self.replay_reasoning: ReplayReasoningSetting = replay_reasoning
+        if inline_reasoning_tag is not None:
+            InlineReasoning(inline_reasoning_tag)  # refuse a bad tag now, not at the first step
+        self.inline_reasoning_tag = inline_reasoning_tag
+        self.inline_reasoning_starts_inside = inline_reasoning_starts_inside
 
     def _prepare(self, request: ModelRequest) -> SdkCall:
         taken: set[str] = set()  # the transcript's tool call ids, gathered by the conversion
@@ -352,13 +477,20 @@ class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
             max_tokens_param=self.max_tokens_param,
             include_usage=self.include_usage,
             call_ids=taken,
+            replay_reasoning=self.replay_reasoning,
         )
         # The messages go in extra_body, sent as built: they are wire-format dicts already, and the
         # SDK's typed transform of ``messages`` costs ~0.2 ms per message (issue 17's profile: 80 %
         # of a 1,000-turn turn's CPU). The body is posted as encoded by json_body (json_path).
         kwargs = {"model": body.pop("model"), "messages": ()}
         prefix, name, schema = f"s{request.step_number}", self.name, request.output_schema
-        return SdkCall(kwargs, body, lambda: ChatDecoder(name, prefix, schema, warnings, taken))
+        tag, inside = self.inline_reasoning_tag, self.inline_reasoning_starts_inside
+
+        def new_decoder() -> ChatDecoder:
+            inline = InlineReasoning(tag, starts_inside=inside) if tag is not None else None
+            return ChatDecoder(name, prefix, schema, warnings, taken, inline=inline)
+
+        return SdkCall(kwargs, body, new_decoder)
 
     def _create(self, client: openai.AsyncOpenAI) -> OpenStream:
         return client.chat.completions.with_streaming_response.create

@@ -7,7 +7,8 @@ cannot take (see :mod:`turnwire_server.providers.openai_chat` for the transcript
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -71,10 +72,23 @@ def _user_content(message: message_pb2.Message, warnings: list[str]) -> str | li
     return parts
 
 
-_Item = tuple[dict[str, Any], tuple[str, ...], int]
+_Item = tuple[dict[str, Any], tuple[str, ...], int, str | None]
 """A Chat message of a converted message: the wire dict, the original ids of its tool calls (an
-assistant message), and for a ``tool`` message the index of the call it answers among the
-preceding assistant message's calls (-1 for other messages)."""
+assistant message), for a ``tool`` message the index of the call it answers among the
+preceding assistant message's calls (-1 for other messages), and for an assistant message the
+reasoning of its step (``""`` when none; None for other messages), sent as ``reasoning_content``
+only when the request replays reasoning (:func:`convert_messages`)."""
+
+
+def _reasoning_text(step: Sequence[message_pb2.Part]) -> str:
+    """The readable reasoning of a step: its reasoning parts' text (redacted ones hold none),
+    several joined by a blank line."""
+    texts = [
+        p.reasoning.text
+        for p in step
+        if p.WhichOneof("kind") == "reasoning" and p.reasoning.text and not p.reasoning.redacted
+    ]
+    return texts[0] if len(texts) == 1 else "\n\n".join(texts)
 
 
 def _convert_message(message: message_pb2.Message) -> tuple[tuple[_Item, ...], tuple[str, ...]]:
@@ -85,17 +99,23 @@ def _convert_message(message: message_pb2.Message) -> tuple[tuple[_Item, ...], t
     if role == message_pb2.ROLE_SYSTEM:
         text = text_of(message.parts)
         if text.strip():
-            items.append(({"role": "system", "content": text}, (), -1))
+            items.append(({"role": "system", "content": text}, (), -1, None))
     elif role == message_pb2.ROLE_USER:
-        items.append(({"role": "user", "content": _user_content(message, warnings)}, (), -1))
+        items.append(({"role": "user", "content": _user_content(message, warnings)}, (), -1, None))
     elif role == message_pb2.ROLE_ASSISTANT:
+        unsent = ""  # the reasoning of a step with nothing else (cut short) goes with the next one
         for whole_step in assistant_steps(message):
             step = portable_parts(whole_step, OPENAI_CHAT)  # carry_over.py: what Chat may take
             text = text_of(step)
             text = "" if is_blank(text) else text
             calls = [p.tool_call for p in step if p.WhichOneof("kind") == "tool_call"]
+            reasoning = _reasoning_text(step)
+            if unsent:
+                reasoning = f"{unsent}\n\n{reasoning}" if reasoning else unsent
             if not text and not calls:
+                unsent = reasoning
                 continue
+            unsent = ""
             assistant: dict[str, Any] = {"role": "assistant"}
             if text:
                 assistant["content"] = text
@@ -108,29 +128,40 @@ def _convert_message(message: message_pb2.Message) -> tuple[tuple[_Item, ...], t
                     }
                     for call in calls
                 ]
-            items.append((assistant, tuple(call.tool_call_id for call in calls), -1))
+            items.append((assistant, tuple(call.tool_call_id for call in calls), -1, reasoning))
             for index, call in enumerate(calls):
                 content, _ = tool_result(call)
                 tool = {"role": "tool", "tool_call_id": call.tool_call_id, "content": content}
-                items.append((tool, (), index))
+                items.append((tool, (), index, None))
     return tuple(items), tuple(warnings)
 
 
 _converted = per_message_cache(_convert_message, max_bytes=16 << 20)
 
 
+ReplayReasoning = Literal["tool_turns", "always"] | None
+"""Which assistant messages carry their reasoning back as ``reasoning_content`` (None: none).
+``tool_turns``: those between two user messages where the model called a tool, DeepSeek's rule
+(https://api-docs.deepseek.com/guides/thinking_mode: a 400 when one lacks it, even an empty one);
+``always``: every assistant message."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Prefix:
     """:func:`convert_messages`' state after some messages (kept in :data:`_prefixes` with the
-    system prompt; never mutated): the Chat messages so far (roles already merged), the
-    warnings, the stored call ids seen, the call ids used, and the last assistant message's
-    renamed ids (None: none renamed) that its ``tool`` messages must follow."""
+    system prompt and the reasoning replay; never mutated): the Chat messages so far (roles
+    already merged), the warnings, the stored call ids seen, the call ids used, the last
+    assistant message's renamed ids (None: none renamed) that its ``tool`` messages must follow,
+    whether the current user turn (since the last user message) called a tool, and the reasoning
+    of its assistant messages not yet attached (index in ``messages``, text)."""
 
     messages: tuple[dict[str, Any], ...]
     warnings: tuple[str, ...]
     call_ids: frozenset[str]
     used: frozenset[str]
     renamed: tuple[str, ...] | None
+    turn_called_tools: bool = False
+    unattached: tuple[tuple[int, str], ...] = ()
 
 
 _prefixes: PrefixStates[_Prefix] = PrefixStates()
@@ -141,15 +172,19 @@ def convert_messages(
     messages: Sequence[message_pb2.Message],
     warnings: list[str],
     call_ids: set[str] | None = None,
+    *,
+    replay_reasoning: ReplayReasoning = None,
 ) -> list[dict[str, Any]]:
     """Chat messages for the transcript (see the module docstring). Each message's conversion is
     kept between requests (:func:`per_message_cache`), and so is the state after each request's
     messages with its ``system`` (:class:`PrefixStates`): a request that starts with an earlier
     one's very messages goes on from there. Only the tool call ids (unique per request,
-    :class:`ReplayIds`) and the merging of roles (:func:`_append_alternating`) are done per request.
+    :class:`ReplayIds`), the merging of roles (:func:`_append_alternating`) and the reasoning
+    sent back (``replay_reasoning``, :data:`ReplayReasoning`) are done per request.
     ``call_ids`` gets the stored ids of the transcript's tool calls (``transcript_call_ids``,
     without a second pass)."""
-    done, prefix = _prefixes.longest(messages, system)
+    extra = (system, replay_reasoning)
+    done, prefix = _prefixes.longest(messages, extra)
     if prefix is None:
         start = ({"role": "system", "content": system},) if system.strip() else ()
         prefix = _Prefix(start, (), frozenset(), frozenset(), None)
@@ -160,10 +195,12 @@ def convert_messages(
     call_id = ReplayIds()
     call_id.used = set(prefix.used)
     renamed = list(prefix.renamed) if prefix.renamed is not None else None
+    called_tools = prefix.turn_called_tools
+    unattached = dict(prefix.unattached)
     for message in messages[done:] if done else messages:
         items, converted_warnings = _converted(message)
         new_warnings.extend(converted_warnings)
-        for kept, originals, answers in items:
+        for kept, originals, answers, reasoning in items:
             wire = kept  # shared with other requests: replaced, never changed
             if answers >= 0:
                 if renamed is not None:
@@ -177,6 +214,23 @@ def convert_messages(
                     calls = [{**c, "id": n} for c, n in zip(wire["tool_calls"], ids, strict=True)]
                     wire = {**wire, "tool_calls": calls}
             _append_alternating(merged, wire)
+            if replay_reasoning is None:
+                continue
+            if wire["role"] == "user":  # a new user turn
+                called_tools = False
+                unattached.clear()
+            elif reasoning is not None:  # an assistant step
+                index = len(merged) - 1
+                unattached[index] = _joined(unattached.get(index, ""), reasoning)
+                called_tools = called_tools or bool(originals) or replay_reasoning == "always"
+                if called_tools:  # this turn's assistant messages so far, this one included
+                    for at, text in unattached.items():
+                        sent = merged[at]
+                        merged[at] = {
+                            **sent,
+                            "reasoning_content": _joined(sent.get("reasoning_content", ""), text),
+                        }
+                    unattached.clear()
     warnings.extend(new_warnings)
     if call_ids is not None:
         call_ids.update(seen)
@@ -187,9 +241,16 @@ def convert_messages(
             frozenset(seen),
             frozenset(call_id.used),
             tuple(renamed) if renamed is not None else None,
+            called_tools,
+            tuple(unattached.items()),
         )
-        _prefixes.keep(messages, system, state)
+        _prefixes.keep(messages, extra, state)
     return merged
+
+
+def _joined(first: str, second: str) -> str:
+    """Two reasoning texts of one Chat message (a reply continued, steps merged), a blank line apart."""
+    return f"{first}\n\n{second}" if first and second else first or second
 
 
 def _append_alternating(merged: list[dict[str, Any]], message: dict[str, Any]) -> None:
@@ -230,6 +291,33 @@ def _join_content(
     return parts
 
 
+ReplayReasoningSetting = Literal["auto", "tool_turns", "always", "never"]
+"""A provider entry's ``replay_reasoning`` (docs/providers.md); ``auto`` is decided per model by
+:func:`replay_reasoning_for`."""
+
+_REPLAYS_REASONING = re.compile(r"deepseek|kimi-k2(?:\.\d|-thinking)", re.IGNORECASE)
+"""Model families whose thinking mode answers 400 when a tool turn's ``reasoning_content`` is not
+sent back: DeepSeek (https://api-docs.deepseek.com/guides/thinking_mode) and Kimi K2's thinking
+models (https://platform.moonshot.ai/docs/guide/use-kimi-k2-thinking-model; the 400 is reported in
+https://github.com/openai/openai-agents-python/issues/2669)."""
+
+
+def replay_reasoning_for(
+    setting: ReplayReasoningSetting, model: str, options: Mapping[str, Any]
+) -> ReplayReasoning:
+    """The reasoning one request sends back. ``auto``: ``tool_turns`` for :data:`_REPLAYS_REASONING`
+    models (a ``vendor/`` prefix ignored) unless the request's provider options turn thinking off
+    (``thinking: {type: disabled}``, DeepSeek's and Moonshot's switch), else none."""
+    if setting == "never":
+        return None
+    if setting != "auto":
+        return setting
+    thinking = options.get("thinking")
+    if isinstance(thinking, Mapping) and thinking.get("type") == "disabled":
+        return None
+    return "tool_turns" if _REPLAYS_REASONING.search(model.rsplit("/", 1)[-1]) else None
+
+
 def build_request(
     request: ModelRequest,
     *,
@@ -237,15 +325,21 @@ def build_request(
     max_tokens_param: MaxTokensParam,
     include_usage: bool,
     call_ids: set[str] | None = None,
+    replay_reasoning: ReplayReasoningSetting = "auto",
 ) -> tuple[dict[str, Any], list[str]]:
     """``(body, warnings)``: the ``chat.completions.create`` arguments; ``call_ids`` gets the
-    transcript's tool call ids. Raises ProviderError for a request the API would reject (max
-    tokens < 1, an unknown named tool)."""
+    transcript's tool call ids; ``replay_reasoning`` says which assistant messages carry their
+    reasoning back (:func:`replay_reasoning_for`). Raises ProviderError for a request the API
+    would reject (max tokens < 1, an unknown named tool)."""
     settings = request.settings
     warnings: list[str] = []
+    options = provider_options(settings.provider_options or {}, provider, "openai")
+    replay = replay_reasoning_for(replay_reasoning, request.model, options)
     body: dict[str, Any] = {
         "model": request.model,
-        "messages": convert_messages(request.system, request.messages, warnings, call_ids),
+        "messages": convert_messages(
+            request.system, request.messages, warnings, call_ids, replay_reasoning=replay
+        ),
     }
     if include_usage:
         body["stream_options"] = {"include_usage": True}
@@ -293,5 +387,5 @@ def build_request(
             "type": "json_schema",
             "json_schema": {"name": "output", "schema": dict(request.output_schema), "strict": False},
         }
-    body.update(provider_options(settings.provider_options or {}, provider, "openai"))
+    body.update(options)
     return body, warnings

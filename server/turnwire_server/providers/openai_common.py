@@ -58,15 +58,17 @@ def openai_usage(usage: Mapping[str, Any], inputs: str, outputs: str) -> Usage:
     """An OpenAI usage object as :class:`Usage`. Its counts are ``<inputs>_tokens`` and
     ``<outputs>_tokens`` (Chat Completions: ``prompt`` / ``completion``; Responses: ``input`` /
     ``output``), ``total_tokens`` (their sum when absent), ``<outputs>_tokens_details.reasoning_tokens``
-    and ``<inputs>_tokens_details.cached_tokens``."""
+    and ``<inputs>_tokens_details.cached_tokens``, else DeepSeek's ``<inputs>_cache_hit_tokens``
+    (https://api-docs.deepseek.com/guides/kv_cache)."""
     input_tokens = as_int(usage.get(f"{inputs}_tokens"))
     output_tokens = as_int(usage.get(f"{outputs}_tokens"))
+    cached = as_int((usage.get(f"{inputs}_tokens_details") or {}).get("cached_tokens"))
     return Usage(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         total_tokens=as_int(usage.get("total_tokens")) or input_tokens + output_tokens,
         reasoning_tokens=as_int((usage.get(f"{outputs}_tokens_details") or {}).get("reasoning_tokens")),
-        cached_input_tokens=as_int((usage.get(f"{inputs}_tokens_details") or {}).get("cached_tokens")),
+        cached_input_tokens=cached or as_int(usage.get(f"{inputs}_cache_hit_tokens")),
     )
 
 

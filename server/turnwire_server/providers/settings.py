@@ -32,6 +32,7 @@ from pydantic import Discriminator, Field, Tag, field_validator
 from turnwire.providers import Provider
 from turnwire.testing import ScriptStep, check_repeat_last
 from turnwire_server.config_section import ConfigSection
+from turnwire_server.providers.inline_reasoning import TAG_NAME
 from turnwire_server.redaction import secret
 from turnwire_server.url_check import check_http_url
 
@@ -139,12 +140,41 @@ class AnthropicProviderSettings(_SdkProviderSettings):
 class OpenAIProviderSettings(_SdkProviderSettings):
     """OpenAI Chat Completions or an OpenAI-compatible server (vLLM, Ollama, llama.cpp, LiteLLM,
     OpenRouter) at ``base_url``. ``max_tokens_param``: ``auto`` sends ``max_completion_tokens`` to
-    OpenAI and ``max_tokens`` to other servers. ``include_usage`` asks for the final usage chunk."""
+    OpenAI and ``max_tokens`` to other servers. ``include_usage`` asks for the final usage chunk.
+    ``replay_reasoning``: which assistant messages carry their reasoning back as
+    ``reasoning_content`` (``auto``: a tool turn's, for DeepSeek and Kimi K2 thinking models).
+    ``inline_reasoning_tag`` (off by default): a tag name such as ``think`` whose ``<think>…</think>``
+    in the text is reasoning; ``inline_reasoning_starts_inside`` when the output begins inside it.
+    docs/providers.md, "openai"."""
 
     type: Literal["openai"]
     api_key_env: str | None = _api_key_env("OPENAI_API_KEY")
     max_tokens_param: Literal["auto", "max_completion_tokens", "max_tokens"] = "auto"
     include_usage: bool = True
+    replay_reasoning: Literal["auto", "tool_turns", "always", "never"] = Field(
+        "auto",
+        description="assistant messages that carry their reasoning back as reasoning_content: "
+        "auto (a tool turn's, for DeepSeek and Kimi K2 thinking models), tool_turns, always, never",
+    )
+    inline_reasoning_tag: str | None = Field(
+        None,
+        description="read <TAG>…</TAG> in the answer text as reasoning (e.g. think); null: off",
+    )
+    inline_reasoning_starts_inside: bool = Field(
+        False,
+        description="with inline_reasoning_tag: the output begins inside the reasoning (the chat "
+        "template opened the tag in the prompt, as DeepSeek-R1's and QwQ's do)",
+    )
+
+    @field_validator("inline_reasoning_tag")
+    @classmethod
+    def _tag_name(cls, value: str | None) -> str | None:
+        if value is not None and not TAG_NAME.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a tag name: give the name without brackets, e.g. think "
+                "(letters, digits, _.:-, starting with a letter)"
+            )
+        return value
 
 
 class OpenAIResponsesProviderSettings(_SdkProviderSettings):
@@ -252,6 +282,9 @@ def build_provider(
             models=settings.models,
             max_tokens_param=param,
             include_usage=settings.include_usage,
+            replay_reasoning=settings.replay_reasoning,
+            inline_reasoning_tag=settings.inline_reasoning_tag,
+            inline_reasoning_starts_inside=settings.inline_reasoning_starts_inside,
         )
     from turnwire_server.providers.openai_responses import OpenAIResponsesProvider
 
