@@ -36,7 +36,7 @@ def _case(name: str) -> dict[str, Any]:
 
 
 def test_the_responses_cases_are_there() -> None:
-    assert len(CASE_NAMES) >= 1, CASE_NAMES
+    assert len(CASE_NAMES) >= 3, CASE_NAMES
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
@@ -90,7 +90,6 @@ async def test_responses_case(name: str, replay: ReplayServer) -> None:
     texts = [p.text.text for p in stored.parts if p.WhichOneof("kind") == "text"]
     assert "".join(texts) == expected["text"] and len(texts) <= 1
     assert replay.requests[1].json["input"] == expected["next_request_input"]
-
 
 
 def _model(body: bytes) -> str:

@@ -60,7 +60,12 @@ from turnwire.types import (
 )
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls, transcript_call_ids
-from turnwire_server.providers.openai_common import OpenAIDecoder, map_openai_error, openai_usage
+from turnwire_server.providers.openai_common import (
+    OpenAIDecoder,
+    ReplayReasoningSetting,
+    map_openai_error,
+    openai_usage,
+)
 from turnwire_server.providers.openai_responses_request import EncryptedReasoning, build_request
 from turnwire_server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
 from turnwire_server.providers.wire import TextJoiner, clean_strings, clean_text, load_json
@@ -379,7 +384,9 @@ class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
 
     ``store`` is sent as is (default false: Turnwire keeps the transcript, and
     reasoning round-trips as encrypted content); ``encrypted_reasoning`` says when
-    to ask for it (``auto``: reasoning models only)."""
+    to ask for it (``auto``: reasoning models only); ``replay_reasoning`` which
+    reasoning with neither goes back as text
+    (:func:`~turnwire_server.providers.openai_common.replay_reasoning_for`)."""
 
     type = "openai-responses"
 
@@ -391,15 +398,21 @@ class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
         models: Sequence[str] = (),
         store: bool = False,
         encrypted_reasoning: EncryptedReasoning = "auto",
+        replay_reasoning: ReplayReasoningSetting = "auto",
         retry_delay: float = 0.5,
     ) -> None:
         super().__init__(name, client, models=models, retry_delay=retry_delay)
         self.store = store
         self.encrypted_reasoning: EncryptedReasoning = encrypted_reasoning
+        self.replay_reasoning: ReplayReasoningSetting = replay_reasoning
 
     def _prepare(self, request: ModelRequest) -> SdkCall:
         body, warnings = build_request(
-            request, provider=self.name, store=self.store, encrypted_reasoning=self.encrypted_reasoning
+            request,
+            provider=self.name,
+            store=self.store,
+            encrypted_reasoning=self.encrypted_reasoning,
+            replay_reasoning=self.replay_reasoning,
         )
         kwargs = {"model": body.pop("model"), "input": body.pop("input")}
         prefix, name, schema = f"s{request.step_number}", self.name, request.output_schema
