@@ -199,7 +199,7 @@ async def test_a_step_that_failed_after_its_reasoning_leaves_every_later_request
         later = await collect(client.chat(conversation, "Are you still there?", model=model))
         stored = await client.get_conversation(conversation)
 
-    assert failed.status == event_pb2.TURN_STATUS_ERROR
+    assert failed.status == event_pb2.TURN_STATUS_ERROR and failed.error is not None
     assert "server_error" in failed.error.message
     assert continued.ok and later.ok, (continued.error, later.error, sidecar.log_text())
     # The partial reply is stored as streamed: its reasoning, complete with the encrypted content.
@@ -231,10 +231,11 @@ async def test_previous_response_id_is_refused_with_invalid_argument(
         result = await collect(client.chat(conversation, "Hi", body={"provider_options": options}))
         stored = await client.get_conversation(conversation)
 
-    assert result.status == event_pb2.TURN_STATUS_ERROR
-    assert result.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-    assert "previous_response_id is not supported" in result.error.message
-    assert "remove it" in result.error.message
-    assert "sk-resp-dummy" not in result.error.message and replay.url not in result.error.message
+    error = result.error
+    assert result.status == event_pb2.TURN_STATUS_ERROR and error is not None
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "previous_response_id is not supported" in error.message
+    assert "remove it" in error.message
+    assert "sk-resp-dummy" not in error.message and replay.url not in error.message
     assert replay.requests == []  # nothing reached the API
     assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER]
