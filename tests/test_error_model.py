@@ -231,10 +231,16 @@ def test_one_rule_reads_protobuf_numbers_on_both_sides(number: float, read: floa
         (store_errors.UnknownMessage("c", "tw_m1"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"),
         (store_errors.InvalidPageToken("not ours"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN"),
         (store_errors.TurnNotFound("r1"), grpc.StatusCode.NOT_FOUND, "TURN_NOT_FOUND"),
-        (store_errors.StoreInUse("/data/turnwire.db"), grpc.StatusCode.FAILED_PRECONDITION, "STORE_UNAVAILABLE"),
+        (
+            store_errors.StoreInUse("/data/turnwire.db"),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "STORE_UNAVAILABLE",
+        ),
     ],
 )
-def test_a_store_refusal_is_never_a_retryable_unavailable(error: DomainError, code: grpc.StatusCode, reason: str) -> None:
+def test_a_store_refusal_is_never_a_retryable_unavailable(
+    error: DomainError, code: grpc.StatusCode, reason: str
+) -> None:
     """What a request asked for cannot be fixed by retrying it: only a failing store is UNAVAILABLE."""
     assert not error.retryable
     mapped = status_error_of(error, "store")

@@ -17,11 +17,8 @@ from turnwire.types import ModelSettings
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import openai_chat_request
 from turnwire_server.providers.convert import PrefixStates
-from turnwire_server.providers.openai_chat_request import (
-    ReplayReasoning,
-    build_request,
-    replay_reasoning_for,
-)
+from turnwire_server.providers.openai_chat_request import build_request
+from turnwire_server.providers.openai_common import ReplayReasoning, replay_reasoning_for
 
 
 def _tool_turn() -> message_pb2.Message:

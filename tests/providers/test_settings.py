@@ -41,6 +41,7 @@ def test_entries_parse_by_type_and_scripted_is_the_default() -> None:
         {"type": "anthropic", "api_key": "sk-inline"},  # keys never inline: only the variable's name
         {"type": "openai", "max_retries": -1},
         {"type": "openai-responses", "timeout_seconds": 0},
+        {"type": "openai-responses", "replay_reasoning": "sometimes"},
         {"type": "gemini"},
         {"scripts": {}, "base_url": "http://x"},
     ],
@@ -48,6 +49,18 @@ def test_entries_parse_by_type_and_scripted_is_the_default() -> None:
 def test_invalid_entries_are_refused(entry: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         ENTRIES.validate_python({"p": entry})
+
+
+async def test_replay_reasoning_reaches_the_responses_provider() -> None:
+    entries = ENTRIES.validate_python(
+        {"d": {"type": "openai-responses", "replay_reasoning": "always"}, "o": {"type": "openai-responses"}}
+    )
+    built = [build_provider(name, entry, environ={"OPENAI_API_KEY": "k"}) for name, entry in entries.items()]
+    try:
+        assert [getattr(provider, "replay_reasoning", None) for provider in built] == ["always", "auto"]
+    finally:
+        for provider in built:
+            await provider.aclose()
 
 
 def test_missing_key_variable_is_a_clear_error() -> None:

@@ -28,6 +28,7 @@ from turnwire.hooks import (
     TurnConfig,
     TurnContext,
 )
+from turnwire.types import ModelSettings
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
 
@@ -55,6 +56,17 @@ class ActiveToolsFromBody(Middleware):
         if "active_tools" not in ctx.body:
             return None
         return TurnConfig(active_tools=[str(name) for name in ctx.body["active_tools"]])
+
+
+class ProviderOptionsFromBody(Middleware):
+    """``before_turn``: use ``body["provider_options"]`` as the turn's provider options."""
+
+    async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
+        """``TurnConfig(model_settings=ModelSettings(provider_options=…))`` when the body has them."""
+        options = ctx.body.get("provider_options")
+        if not isinstance(options, dict):
+            return None
+        return TurnConfig(model_settings=ModelSettings(provider_options=options))
 
 
 class EveryHook(Middleware):

@@ -25,13 +25,14 @@ from turnwire import types as chunks
 from turnwire.compaction import elide_outputs
 from turnwire.error_classes import finish_overflows
 from turnwire.hooks import ChunkContext, StepContext, StepFinishContext, TurnConfig, TurnContext, TurnTimeout
-from turnwire.providers import CONTINUATION_PROMPT, ModelRequest, ProviderError
+from turnwire.providers import ModelRequest, ProviderError
 from turnwire.tools import definition_of
 from turnwire.types import ModelSettings
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.approvals import announce_denials, run_approved_calls
 from turnwire_server.engine.compaction import Compactor, input_start
+from turnwire_server.engine.continuation import continued
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
 from turnwire_server.engine.pending_calls import OpenCalls, repair_pending, with_pending_placeholders
 from turnwire_server.engine.settings import EngineSettings
@@ -378,9 +379,9 @@ class StepLoop:
         if not assistant.has_parts:
             return base
         messages = [*base, elide_outputs(assistant.snapshot(), self.state.elided_current)]
-        if self.state.continue_reply and _ends_in_content(messages[-1]):
+        if self.state.continue_reply:
             # A recovery continues the stored partial reply in the same message (§1, §8).
-            messages.append(_continuation_prompt())
+            return continued(messages)
         return messages
 
     def _step_result(self, step_number: int, finish: chunks.FinishStep) -> StepFinishContext:
@@ -553,30 +554,11 @@ def _replaced(
 
 def _base_messages(open_calls: OpenCalls) -> list[message_pb2.Message]:
     """What every step sends before this turn's reply: ``open_calls.history`` with placeholders
-    for calls still waiting on the client, and the continuation prompt after a reply that ends in
-    content."""
-    base = with_pending_placeholders(open_calls)
-    if base and base[-1].role == message_pb2.ROLE_ASSISTANT and _ends_in_content(base[-1]):
-        # A reply that ends in tool results (a continuation after client results or
-        # approvals) is answered as it is: the results are the model's next input.
-        base.append(_continuation_prompt())
-    return base
-
-
-def _continuation_prompt() -> message_pb2.Message:
-    prompt = message_pb2.Message(id="continuation-prompt", role=message_pb2.ROLE_USER)
-    prompt.parts.add().text.text = CONTINUATION_PROMPT
-    return prompt
-
-
-def _ends_in_content(message: message_pb2.Message) -> bool:
-    """True when the last part (step markers aside) is text, reasoning or a file: a reply cut off
-    mid-answer, not one waiting on tool results."""
-    for part in reversed(message.parts):
-        kind = part.WhichOneof("kind")
-        if kind != "step_start":
-            return kind != "tool_call"
-    return False
+    for calls still waiting on the client, and, after a reply, what a continuation sends
+    (:func:`continued`: its trailing reasoning left out, the continuation prompt after content).
+    A reply that ends in tool results (a continuation after client results or approvals) is
+    answered as it is: the results are the model's next input."""
+    return continued(with_pending_placeholders(open_calls))
 
 
 def active_tool_names(tools: Mapping[str, Any], active: Sequence[str] | None) -> list[str]:

@@ -73,12 +73,13 @@ from turnwire.types import (
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls
 from turnwire_server.providers.inline_reasoning import InlineReasoning, Piece
-from turnwire_server.providers.openai_chat_request import (
-    MaxTokensParam,
+from turnwire_server.providers.openai_chat_request import MaxTokensParam, build_request
+from turnwire_server.providers.openai_common import (
+    OpenAIDecoder,
     ReplayReasoningSetting,
-    build_request,
+    map_openai_error,
+    openai_usage,
 )
-from turnwire_server.providers.openai_common import OpenAIDecoder, map_openai_error, openai_usage
 from turnwire_server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
 from turnwire_server.providers.wire import TextJoiner, clean_strings, load_json
 
@@ -436,7 +437,7 @@ class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
     OpenAI-compatible servers). ``max_tokens_param`` names the output limit field
     (``max_completion_tokens`` for OpenAI, ``max_tokens`` for most compatible servers);
     ``include_usage`` asks for the usage chunk; ``replay_reasoning`` says which assistant messages
-    carry their reasoning back as ``reasoning_content`` (:func:`.openai_chat_request.replay_reasoning_for`);
+    carry their reasoning back as ``reasoning_content`` (:func:`.openai_common.replay_reasoning_for`);
     ``inline_reasoning_tag`` (e.g. ``"think"``) reads ``<think>…</think>`` in the text as reasoning,
     ``inline_reasoning_starts_inside`` when the output begins inside it
     (:mod:`~turnwire_server.providers.inline_reasoning`). Raises ValueError for a tag that is not

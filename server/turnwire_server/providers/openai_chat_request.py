@@ -7,8 +7,7 @@ cannot take (see :mod:`turnwire_server.providers.openai_chat` for the transcript
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,7 +30,12 @@ from turnwire_server.providers.convert import (
     tool_arguments,
     tool_result,
 )
-from turnwire_server.providers.openai_common import sampling
+from turnwire_server.providers.openai_common import (
+    ReplayReasoning,
+    ReplayReasoningSetting,
+    replay_reasoning_for,
+    sampling,
+)
 
 MaxTokensParam = Literal["max_completion_tokens", "max_tokens"]
 
@@ -137,13 +141,6 @@ def _convert_message(message: message_pb2.Message) -> tuple[tuple[_Item, ...], t
 
 
 _converted = per_message_cache(_convert_message, max_bytes=16 << 20)
-
-
-ReplayReasoning = Literal["tool_turns", "always"] | None
-"""Which assistant messages carry their reasoning back as ``reasoning_content`` (None: none).
-``tool_turns``: those between two user messages where the model called a tool, DeepSeek's rule
-(https://api-docs.deepseek.com/guides/thinking_mode: a 400 when one lacks it, even an empty one);
-``always``: every assistant message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,33 +286,6 @@ def _join_content(
     parts = [{"type": "text", "text": first}] if isinstance(first, str) else list(first)
     parts.extend([{"type": "text", "text": second}] if isinstance(second, str) else second)
     return parts
-
-
-ReplayReasoningSetting = Literal["auto", "tool_turns", "always", "never"]
-"""A provider entry's ``replay_reasoning`` (docs/providers.md); ``auto`` is decided per model by
-:func:`replay_reasoning_for`."""
-
-_REPLAYS_REASONING = re.compile(r"deepseek|kimi-k2(?:\.\d|-thinking)", re.IGNORECASE)
-"""Model families whose thinking mode answers 400 when a tool turn's ``reasoning_content`` is not
-sent back: DeepSeek (https://api-docs.deepseek.com/guides/thinking_mode) and Kimi K2's thinking
-models (https://platform.moonshot.ai/docs/guide/use-kimi-k2-thinking-model; the 400 is reported in
-https://github.com/openai/openai-agents-python/issues/2669)."""
-
-
-def replay_reasoning_for(
-    setting: ReplayReasoningSetting, model: str, options: Mapping[str, Any]
-) -> ReplayReasoning:
-    """The reasoning one request sends back. ``auto``: ``tool_turns`` for :data:`_REPLAYS_REASONING`
-    models (a ``vendor/`` prefix ignored) unless the request's provider options turn thinking off
-    (``thinking: {type: disabled}``, DeepSeek's and Moonshot's switch), else none."""
-    if setting == "never":
-        return None
-    if setting != "auto":
-        return setting
-    thinking = options.get("thinking")
-    if isinstance(thinking, Mapping) and thinking.get("type") == "disabled":
-        return None
-    return "tool_turns" if _REPLAYS_REASONING.search(model.rsplit("/", 1)[-1]) else None
 
 
 def build_request(

@@ -1,11 +1,11 @@
-"""Pieces both OpenAI adapters (Chat Completions, Responses) share: error mapping, model traits, the
-decoders' common state and their finish step."""
+"""Pieces both OpenAI adapters (Chat Completions, Responses) share: error mapping, model traits (which
+reasoning goes back, :func:`replay_reasoning_for`), the decoders' common state and their finish step."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import openai
 
@@ -21,6 +21,42 @@ def is_reasoning_model(model: str) -> bool:
     """OpenAI reasoning models (o-series, gpt-5 family, codex): they reject temperature, top_p and the
     penalties, and return encrypted reasoning. A ``vendor/`` prefix (OpenRouter style) is ignored."""
     return bool(_REASONING_MODEL.match(model.rsplit("/", 1)[-1]))
+
+
+ReplayReasoningSetting = Literal["auto", "tool_turns", "always", "never"]
+"""A provider entry's ``replay_reasoning`` (docs/providers.md, "What goes back on the next request"):
+which assistant messages carry their reasoning text back. ``auto`` is decided per request by
+:func:`replay_reasoning_for`."""
+
+ReplayReasoning = Literal["tool_turns", "always"] | None
+"""What one request sends back: the reasoning of every user turn in which the model called a tool
+(``tool_turns``), all of it (``always``), or none (None)."""
+
+_REPLAYS_REASONING = re.compile(r"deepseek|kimi-k2(?:\.\d|-thinking)", re.IGNORECASE)
+"""Model families whose thinking mode needs a tool turn's reasoning back (400 without it): DeepSeek
+(https://api-docs.deepseek.com/guides/thinking_mode: "between two user messages, if the model made
+tool calls, the reasoning must be passed back in all later requests"; its Responses API,
+https://api-docs.deepseek.com/guides/responses_api) and Kimi K2's thinking models
+(https://platform.moonshot.ai/docs/guide/use-kimi-k2-thinking-model)."""
+
+
+def replay_reasoning_for(
+    setting: ReplayReasoningSetting, model: str, options: Mapping[str, Any]
+) -> ReplayReasoning:
+    """The reasoning one request sends back. ``auto``: ``tool_turns`` for the model families of
+    :data:`_REPLAYS_REASONING` (a ``vendor/`` prefix ignored) unless the request's provider options
+    turn thinking off (Chat: ``thinking: {type: disabled}``; Responses: ``reasoning: {effort:
+    none}``, DeepSeek's switches), else none; any other setting as it says (``never``: None)."""
+    if setting == "never":
+        return None
+    if setting != "auto":
+        return setting
+    thinking, reasoning = options.get("thinking"), options.get("reasoning")
+    if isinstance(thinking, Mapping) and thinking.get("type") == "disabled":
+        return None
+    if isinstance(reasoning, Mapping) and reasoning.get("effort") == "none":
+        return None
+    return "tool_turns" if _REPLAYS_REASONING.search(model.rsplit("/", 1)[-1]) else None
 
 
 def drop_sampling(

@@ -18,9 +18,10 @@ penalties do not exist in this API: dropped with a warning.
 Stream: ``response.created`` (id, model) → ``response.output_item.added`` per item
 (reasoning → ReasoningStart, function_call → ToolInputStart with its ``call_id``)
 → ``response.output_text.delta`` / ``response.reasoning_summary_text.delta`` /
-``response.function_call_arguments.delta`` (routed by ``item_id``) →
-``response.output_item.done`` (reasoning → ReasoningEnd with the encrypted content
-as signature and ``provider_metadata={"openai": {"item_id"}}``; the call's final
+``response.reasoning_text.delta`` / ``response.function_call_arguments.delta`` (routed by
+``output_index``, else ``item_id``) → ``response.output_item.done`` (reasoning → ReasoningEnd
+with the encrypted content as signature and ``provider_metadata={"openai": {"item_id"}}``, plus
+``"text_field": "content"`` when its text came as ``reasoning_text``; the call's final
 arguments) → ``response.completed`` | ``response.incomplete`` | ``response.failed``;
 an ``error`` event (top-level or nested ``error`` object) is a ProviderError.
 
@@ -30,8 +31,9 @@ incomplete ``max_output_tokens`` → length (every call errored, never run),
 and ``incomplete_details`` kept in ``provider_metadata["openai"]``).
 
 Tolerance (docs/semantics.md §11): a ``call_id`` the turn already has gets
-``<id>_2``, and calls are routed by output index so a repeated item id does not
-merge two calls; a character split between two deltas is joined
+``<id>_2``; every item is matched by its output index, so a repeated item id does not
+merge two calls and an id that changes from event to event (some gateways) does not
+split one text into a block per delta; a character split between two deltas is joined
 (:mod:`turnwire_server.providers.wire`); a whole ``response`` body instead of a
 stream is one step (:meth:`ResponsesDecoder.whole`).
 """
@@ -58,10 +60,23 @@ from turnwire.types import (
 )
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls, transcript_call_ids
-from turnwire_server.providers.openai_common import OpenAIDecoder, map_openai_error, openai_usage
+from turnwire_server.providers.openai_common import (
+    OpenAIDecoder,
+    ReplayReasoningSetting,
+    map_openai_error,
+    openai_usage,
+)
 from turnwire_server.providers.openai_responses_request import EncryptedReasoning, build_request
 from turnwire_server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
 from turnwire_server.providers.wire import TextJoiner, clean_strings, clean_text, load_json
+
+
+def _item(event: Mapping[str, Any]) -> int | str:
+    """The output item an event belongs to: its ``output_index`` ("the index of the output item",
+    on every delta and done event of the streaming reference), else its ``item_id``. Not the item id
+    first: some OpenAI-compatible gateways give an item a new id on every event."""
+    index = event.get("output_index")
+    return index if isinstance(index, int) else event.get("item_id") or ""
 
 
 class ResponsesDecoder(OpenAIDecoder):
@@ -76,8 +91,12 @@ class ResponsesDecoder(OpenAIDecoder):
         taken_ids: Collection[str] = (),
     ):
         super().__init__(provider, prefix, output_schema, warnings)
-        self.texts: dict[str, str] = {}  # open text blocks: "item_id:content_index" → block id
-        self.reasoning: dict[str, tuple[str, int]] = {}  # item id → (block id, last summary index)
+        # Items are matched by output index, never by item id: some gateways give an item a new id on
+        # every event (docs/providers.md, "Item ids"). Keys are the output index, or the item id for
+        # an event that has no index.
+        self.texts: dict[tuple[int | str, int], str] = {}  # open text blocks: (item, content index) → id
+        self.reasoning: dict[int | str, tuple[str, int]] = {}  # item → (block id, last part index)
+        self.reasoning_fields: dict[str, str] = {}  # reasoning block id → the item field its text is in
         self.calls: list[PendingCall] = []  # function calls, in order
         # Calls by output index (what deltas and done events name first) and by item id: a repeated item
         # id must not merge two calls into one (docs/semantics.md §11).
@@ -86,7 +105,7 @@ class ResponsesDecoder(OpenAIDecoder):
         self.refused = False
         self.refusal: list[str] = []
         self.ids = CallIds(taken_ids)
-        self.join = TextJoiner()  # keyed by text key, reasoning item id, or call item id
+        self.join = TextJoiner()  # keyed by text or reasoning block id, or tool call id
 
     def feed(self, event: bytes, data: bytes) -> Sequence[ModelChunk]:
         """Chunks for one event; raises ProviderError for ``error`` / ``response.failed`` or a line that
@@ -99,21 +118,22 @@ class ResponsesDecoder(OpenAIDecoder):
     def _event(self, obj: dict[str, Any]) -> Sequence[ModelChunk]:
         kind = obj.get("type")
         if kind in {"response.output_text.delta", "response.refusal.delta"}:
-            key = f"{obj.get('item_id')}:{obj.get('content_index', 0)}"
+            key = (_item(obj), obj.get("content_index", 0))
+            block_id = self.texts.get(key)
+            opened = block_id is None
+            if block_id is None:
+                block_id = f"{self.prefix}-{key[0]}-{key[1]}"
             # A character split across two deltas is held until its second half arrives (wire.py).
-            delta = self.join.push(key, obj.get("delta") or "")
+            delta = self.join.push(block_id, obj.get("delta") or "")
             if not delta:
                 return NOTHING
-            block_id = self.texts.get(key)
             if kind == "response.refusal.delta":
                 self.refused = True
                 self.refusal.append(delta)
             elif self.text is not None:
                 self.text.append(delta)
-            if block_id is None:
-                block_id = self.texts[key] = (
-                    f"{self.prefix}-{obj.get('output_index', 0)}-{obj.get('content_index', 0)}"
-                )
+            if opened:
+                self.texts[key] = block_id
                 return (TextStart(block_id), TextDelta(block_id, delta))
             return (TextDelta(block_id, delta),)
         if kind == "response.function_call_arguments.delta":
@@ -123,10 +143,12 @@ class ResponsesDecoder(OpenAIDecoder):
                 return NOTHING
             call.parts.append(delta)
             return (ToolInputDelta(call.tool_call_id, delta),)
-        if kind in {"response.reasoning_summary_text.delta", "response.reasoning_text.delta"}:
-            return self._reasoning_delta(obj)
+        if kind == "response.reasoning_summary_text.delta":
+            return self._reasoning_delta(obj, "summary")
+        if kind == "response.reasoning_text.delta":
+            return self._reasoning_delta(obj, "content")
         if kind in ("response.output_text.done", "response.refusal.done"):
-            return self._end_text(f"{obj.get('item_id')}:{obj.get('content_index', 0)}")
+            return self._end_text((_item(obj), obj.get("content_index", 0)))
         if kind == "response.output_item.added":
             return self._item_added(obj.get("item") or {}, obj.get("output_index", 0))
         if kind == "response.output_item.done":
@@ -150,31 +172,35 @@ class ResponsesDecoder(OpenAIDecoder):
             raise errors.from_stream_error(self.provider, obj)
         return NOTHING
 
-    def _end_text(self, key: str) -> Sequence[ModelChunk]:
+    def _end_text(self, key: tuple[int | str, int]) -> Sequence[ModelChunk]:
         """TextEnd of the block ``key`` (after what the joiner still held for it), if it is open."""
         block_id = self.texts.pop(key, None)
-        rest = self.join.flush(key)
         if block_id is None:
             return NOTHING
+        rest = self.join.flush(block_id)
         if not rest:
             return (TextEnd(block_id),)
         if self.text is not None:
             self.text.append(rest)
         return (TextDelta(block_id, rest), TextEnd(block_id))
 
-    def _reasoning_delta(self, obj: Mapping[str, Any]) -> Sequence[ModelChunk]:
-        item_id = obj.get("item_id") or ""
-        delta = self.join.push(item_id, obj.get("delta") or "")
-        entry = self.reasoning.get(item_id)
+    def _reasoning_delta(self, obj: Mapping[str, Any], field: str) -> Sequence[ModelChunk]:
+        """A delta of a reasoning item's ``summary`` or ``content`` (``field``): parts of one item
+        are one block, a blank line between them."""
+        item = _item(obj)
+        entry = self.reasoning.get(item)
         out: list[ModelChunk] = []
         if entry is None:
-            entry = (f"{self.prefix}-r-{item_id}", -1)
+            entry = (f"{self.prefix}-r-{item}", -1)
             out.append(ReasoningStart(entry[0]))
         block_id, last = entry
+        delta = self.join.push(block_id, obj.get("delta") or "")
         index = obj.get("summary_index", obj.get("content_index", 0))
         if last >= 0 and index != last:
             out.append(ReasoningDelta(block_id, "\n\n"))
-        self.reasoning[item_id] = (block_id, index)
+        self.reasoning[item] = (block_id, index)
+        if field != "summary":
+            self.reasoning_fields[block_id] = field
         if delta:
             out.append(ReasoningDelta(block_id, delta))
         return out
@@ -192,9 +218,8 @@ class ResponsesDecoder(OpenAIDecoder):
             self.call_of_item[item.get("id") or call_id] = call
             return (ToolInputStart(call.tool_call_id, call.tool_name),)
         if itype == "reasoning":
-            item_id = item.get("id") or ""
             block_id = f"{self.prefix}-{output_index}"
-            self.reasoning[item_id] = (block_id, -1)
+            self.reasoning[output_index] = (block_id, -1)
             return (ReasoningStart(block_id),)
         return NOTHING
 
@@ -221,27 +246,34 @@ class ResponsesDecoder(OpenAIDecoder):
                 self._final_arguments(call, item.get("arguments"))
             return NOTHING
         if itype == "reasoning":
-            entry = self.reasoning.pop(item_id, None)
+            entry = self.reasoning.pop(output_index, None) if isinstance(output_index, int) else None
+            if entry is None:
+                entry = self.reasoning.pop(item_id, None)  # its deltas named no output index
             out: list[ModelChunk] = []
             if entry is None:
                 entry = (f"{self.prefix}-r-{item_id}", -1)
                 out.append(ReasoningStart(entry[0]))
-            rest = self.join.flush(item_id)
+            rest = self.join.flush(entry[0])
             if rest:
                 out.append(ReasoningDelta(entry[0], rest))
             encrypted = item.get("encrypted_content") or ""
-            has_text = entry[1] >= 0 or any(s.get("text") for s in item.get("summary") or ())
+            texts = (*(item.get("summary") or ()), *(item.get("content") or ()))
+            has_text = entry[1] >= 0 or any(isinstance(t, Mapping) and t.get("text") for t in texts)
+            meta: dict[str, str] = {"item_id": item_id}
+            field = self.reasoning_fields.pop(entry[0], None)
+            if field is not None:
+                meta["text_field"] = field  # what the text goes back as (openai_responses_request.py)
             out.append(
                 ReasoningEnd(
                     entry[0],
                     signature=encrypted.encode(),
                     redacted=bool(encrypted) and not has_text,
-                    provider_metadata={"openai": {"item_id": item_id}},
+                    provider_metadata={"openai": meta},
                 )
             )
             return out
         if itype == "message":
-            ends = [key for key in self.texts if key.startswith(f"{item_id}:")]
+            ends = [key for key in self.texts if key[0] == output_index or key[0] == item_id]
             return [chunk for key in ends for chunk in self._end_text(key)]
         return NOTHING
 
@@ -325,14 +357,21 @@ class ResponsesDecoder(OpenAIDecoder):
                     event = {"type": kind, "item_id": item_id, "output_index": index}
                     out.extend(self._event({**event, "content_index": part_index, "delta": text}))
         elif item.get("type") == "reasoning":
-            for summary_index, summary in enumerate(item.get("summary") or ()):
-                text = summary.get("text") if isinstance(summary, dict) else None
-                if isinstance(text, str) and text:
-                    event = {"type": "response.reasoning_summary_text.delta", "item_id": item_id}
-                    out.extend(self._event({**event, "summary_index": summary_index, "delta": text}))
+            for field, kind, position in _REASONING_FIELDS:
+                for part_index, part in enumerate(item.get(field) or ()):
+                    text = part.get("text") if isinstance(part, dict) else None
+                    if isinstance(text, str) and text:
+                        event = {"type": kind, "item_id": item_id, "output_index": index}
+                        out.extend(self._event({**event, position: part_index, "delta": text}))
         out.extend(self._item_done(item, index))
         return out
 
+
+_REASONING_FIELDS = (
+    ("summary", "response.reasoning_summary_text.delta", "summary_index"),
+    ("content", "response.reasoning_text.delta", "content_index"),
+)
+"""A reasoning item's text fields, with the delta event that streams each and its part index."""
 
 _COUNTED = frozenset(
     {"instructions", "tools", "tool_choice", "reasoning", "text", "parallel_tool_calls", "truncation"}
@@ -345,7 +384,9 @@ class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
 
     ``store`` is sent as is (default false: Turnwire keeps the transcript, and
     reasoning round-trips as encrypted content); ``encrypted_reasoning`` says when
-    to ask for it (``auto``: reasoning models only)."""
+    to ask for it (``auto``: reasoning models only); ``replay_reasoning`` which
+    reasoning with neither goes back as text
+    (:func:`~turnwire_server.providers.openai_common.replay_reasoning_for`)."""
 
     type = "openai-responses"
 
@@ -357,15 +398,21 @@ class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
         models: Sequence[str] = (),
         store: bool = False,
         encrypted_reasoning: EncryptedReasoning = "auto",
+        replay_reasoning: ReplayReasoningSetting = "auto",
         retry_delay: float = 0.5,
     ) -> None:
         super().__init__(name, client, models=models, retry_delay=retry_delay)
         self.store = store
         self.encrypted_reasoning: EncryptedReasoning = encrypted_reasoning
+        self.replay_reasoning: ReplayReasoningSetting = replay_reasoning
 
     def _prepare(self, request: ModelRequest) -> SdkCall:
         body, warnings = build_request(
-            request, provider=self.name, store=self.store, encrypted_reasoning=self.encrypted_reasoning
+            request,
+            provider=self.name,
+            store=self.store,
+            encrypted_reasoning=self.encrypted_reasoning,
+            replay_reasoning=self.replay_reasoning,
         )
         kwargs = {"model": body.pop("model"), "input": body.pop("input")}
         prefix, name, schema = f"s{request.step_number}", self.name, request.output_schema

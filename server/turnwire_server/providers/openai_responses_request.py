@@ -6,6 +6,22 @@ take (see :mod:`turnwire_server.providers.openai_responses` for the input item r
 Provider-valid history (docs/semantics.md §11): no blank text, a blank tool output
 is ``(empty result)``, each ``call_id`` unique in the request; items of one role
 are not merged, since the API needs no alternation.
+
+What goes back of reasoning (docs/providers.md, "What goes back on the next request"):
+
+- A reasoning item goes back only together with the item that followed it in its step
+  (a message or a function call). OpenAI refuses a reasoning item with none after it
+  ("Item 'rs_…' of type 'reasoning' was provided without its required following item",
+  https://github.com/openai/openai-node/issues/1567); a step that failed after its
+  reasoning item leaves one at the end of its step, stored so for the client, left out
+  here, so histories stored before this rule are repaired too.
+- It goes back with its ``encrypted_content`` (``store`` false), or by id (``store``
+  true); one that has neither goes back as text only when ``replay_reasoning`` asks
+  (:func:`~turnwire_server.providers.openai_common.replay_reasoning_for`: by default for
+  DeepSeek's and Kimi K2's thinking models, in user turns that called a tool), in the
+  field it came in (``summary`` or ``content``).
+- ``provider_options.previous_response_id`` and ``conversation`` are refused: Turnwire
+  sends the whole history from its own store, so the API would get those items twice.
 """
 
 from __future__ import annotations
@@ -29,7 +45,13 @@ from turnwire_server.providers.convert import (
     tool_arguments,
     tool_result,
 )
-from turnwire_server.providers.openai_common import is_reasoning_model, sampling
+from turnwire_server.providers.openai_common import (
+    ReplayReasoning,
+    ReplayReasoningSetting,
+    is_reasoning_model,
+    replay_reasoning_for,
+    sampling,
+)
 
 EncryptedReasoning = Literal["auto", "always", "never"]
 
@@ -62,28 +84,50 @@ def _user_item(message: message_pb2.Message, warnings: list[str]) -> dict[str, A
     return {"role": "user", "content": content or [{"type": "input_text", "text": EMPTY_USER_TEXT}]}
 
 
-def _reasoning_item(part: message_pb2.ReasoningPart, store: bool) -> dict[str, Any] | None:
+def _reasoning_item(
+    part: message_pb2.ReasoningPart, store: bool, send_text: bool
+) -> tuple[dict[str, Any] | None, bool]:
+    """``(item, text_only)``: the input item for a reasoning part of this API (``openai`` provider
+    metadata), or None when it cannot go back; ``text_only`` when it goes back as its text alone
+    (no encrypted content, not stored at OpenAI), which only ``send_text`` allows."""
     meta = part.provider_metadata.fields.get("openai")
     if meta is None or meta.WhichOneof("kind") != "struct_value":
-        return None
-    item_id = meta.struct_value.fields.get("item_id")
-    if item_id is None or not item_id.string_value:
-        return None
-    summary = [{"type": "summary_text", "text": part.text}] if part.text else []
-    item: dict[str, Any] = {"type": "reasoning", "id": item_id.string_value, "summary": summary}
+        return None, False  # another API's reasoning
+    fields = meta.struct_value.fields
+    item_id = fields["item_id"].string_value if "item_id" in fields else ""
+    text_field = fields["text_field"].string_value if "text_field" in fields else "summary"
+    item: dict[str, Any] = {"type": "reasoning"}
+    if item_id:
+        item["id"] = item_id
+    if text_field == "content":
+        item["summary"] = []
+        if part.text:
+            item["content"] = [{"type": "reasoning_text", "text": part.text}]
+    else:
+        item["summary"] = [{"type": "summary_text", "text": part.text}] if part.text else []
     if part.signature:
         item["encrypted_content"] = part.signature.decode("utf-8")
-    elif not store:
-        return None  # neither stored server-side nor carried: the API could not resolve it
-    return item
+        return (item, False) if item_id else (None, False)
+    if store and item_id:
+        return item, False  # resolved by id at OpenAI
+    if send_text and part.text:
+        return item, True
+    return None, False  # neither stored server-side nor carried: the API could not resolve it
 
 
 def convert_input(
-    messages: Sequence[message_pb2.Message], store: bool, warnings: list[str]
+    messages: Sequence[message_pb2.Message],
+    store: bool,
+    warnings: list[str],
+    replay: ReplayReasoning = None,
 ) -> list[dict[str, Any]]:
-    """Responses ``input`` items for the transcript (see the module docstring)."""
+    """Responses ``input`` items for the transcript (see the module docstring); ``replay`` says which
+    text-only reasoning goes back (:data:`~turnwire_server.providers.openai_common.ReplayReasoning`)."""
     items: list[dict[str, Any]] = []
     call_id = ReplayIds()  # each call and its output share an id no other call of the request has
+    held: list[dict[str, Any]] = []  # text-only reasoning of this user turn, sent if it calls a tool
+    dropped: set[int] = set()  # ids of held items whose user turn called no tool
+    called = False  # this user turn (since the last user message) has called a tool
     for message in messages:
         role = message.role
         if role == message_pb2.ROLE_SYSTEM:
@@ -91,22 +135,30 @@ def convert_input(
             if text.strip():
                 items.append({"role": "system", "content": text})
         elif role == message_pb2.ROLE_USER:
+            if not called:
+                dropped.update(map(id, held))
+            held.clear()
+            called = False
             items.append(_user_item(message, warnings))
         elif role == message_pb2.ROLE_ASSISTANT:
             for step in assistant_steps(message):
                 outputs: list[dict[str, Any]] = []
+                step_items: list[dict[str, Any]] = []
                 for part in portable_parts(step, OPENAI_RESPONSES):  # carry_over.py: what Responses takes
                     kind = part.WhichOneof("kind")
                     if kind == "text" and not is_blank(part.text.text):
-                        items.append({"role": "assistant", "content": part.text.text})
+                        step_items.append({"role": "assistant", "content": part.text.text})
                     elif kind == "reasoning":
-                        reasoning = _reasoning_item(part.reasoning, store)
+                        reasoning, text_only = _reasoning_item(part.reasoning, store, replay is not None)
                         if reasoning is not None:
-                            items.append(reasoning)
+                            step_items.append(reasoning)
+                            if text_only and replay == "tool_turns":
+                                held.append(reasoning)
                     elif kind == "tool_call":
+                        called = True
                         call = part.tool_call
                         unique = call_id(call.tool_call_id)
-                        items.append(
+                        step_items.append(
                             {
                                 "type": "function_call",
                                 "call_id": unique,
@@ -116,22 +168,53 @@ def convert_input(
                         )
                         content, _ = tool_result(call)
                         outputs.append({"type": "function_call_output", "call_id": unique, "output": content})
+                # A reasoning item goes back only with the item that followed it in its step.
+                while step_items and step_items[-1].get("type") == "reasoning":
+                    step_items.pop()
+                items.extend(step_items)
                 items.extend(outputs)
-    return items
+    if not called:
+        dropped.update(map(id, held))
+    return [item for item in items if id(item) not in dropped] if dropped else items
+
+
+_REFUSED_OPTIONS = {
+    "previous_response_id": "the items of that response",
+    "conversation": "the conversation's items",
+}
+"""Provider options that make the API prepend items Turnwire sends itself (docs/providers.md)."""
 
 
 def build_request(
-    request: ModelRequest, *, provider: str, store: bool, encrypted_reasoning: EncryptedReasoning
+    request: ModelRequest,
+    *,
+    provider: str,
+    store: bool,
+    encrypted_reasoning: EncryptedReasoning,
+    replay_reasoning: ReplayReasoningSetting = "auto",
 ) -> tuple[dict[str, Any], list[str]]:
-    """``(body, warnings)``: the ``responses.create`` arguments. Raises ProviderError for a request the API
-    would reject (max output tokens < 1, an unknown named tool)."""
+    """``(body, warnings)``: the ``responses.create`` arguments; ``replay_reasoning`` says which
+    text-only reasoning goes back (:func:`~turnwire_server.providers.openai_common.replay_reasoning_for`).
+    Raises ProviderError (``invalid_request_error``, INVALID_ARGUMENT for the client) for a request
+    the API would reject (max output tokens < 1, an unknown named tool) or that would send items
+    twice (``previous_response_id``, ``conversation`` in the provider options)."""
     settings = request.settings
     warnings: list[str] = []
     options = provider_options(settings.provider_options or {}, provider, "openai-responses")
+    for name, items in _REFUSED_OPTIONS.items():
+        if options.get(name) is not None:
+            raise errors.invalid_request(
+                provider,
+                f"provider_options {name} is not supported: Turnwire sends the conversation's whole "
+                f"history from its own store on every request, so the API would get {items} twice; "
+                "remove it (store: true on the provider entry keeps responses at OpenAI)",
+                code="unsupported_provider_option",
+            )
     store = bool(options.get("store", store))
+    replay = replay_reasoning_for(replay_reasoning, request.model, options)
     body: dict[str, Any] = {
         "model": request.model,
-        "input": convert_input(request.messages, store, warnings),
+        "input": convert_input(request.messages, store, warnings, replay),
         "store": store,
     }
     if request.system.strip():

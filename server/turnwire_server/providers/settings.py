@@ -179,12 +179,20 @@ class OpenAIProviderSettings(_SdkProviderSettings):
 
 class OpenAIResponsesProviderSettings(_SdkProviderSettings):
     """OpenAI Responses. ``store`` false (the default) keeps nothing at OpenAI and round-trips reasoning
-    as encrypted content; ``encrypted_reasoning`` says when to request it (``auto``: reasoning models)."""
+    as encrypted content; ``encrypted_reasoning`` says when to request it (``auto``: reasoning models).
+    ``replay_reasoning``: which reasoning that has neither encrypted content nor an item stored at
+    OpenAI goes back as text (``auto``: a tool turn's, for DeepSeek and Kimi K2 thinking models).
+    docs/providers.md, "openai-responses"."""
 
     type: Literal["openai-responses"]
     api_key_env: str | None = _api_key_env("OPENAI_API_KEY")
     store: bool = False
     encrypted_reasoning: Literal["auto", "always", "never"] = "auto"
+    replay_reasoning: Literal["auto", "tool_turns", "always", "never"] = Field(
+        "auto",
+        description="reasoning items without encrypted content sent back as text: auto (a tool "
+        "turn's, for DeepSeek and Kimi K2 thinking models), tool_turns, always, never",
+    )
 
 
 def _entry_type(value: Any) -> str | None:
@@ -294,6 +302,7 @@ def build_provider(
         models=settings.models,
         store=settings.store,
         encrypted_reasoning=settings.encrypted_reasoning,
+        replay_reasoning=settings.replay_reasoning,
     )
 
 
