@@ -243,5 +243,5 @@ def test_a_store_refusal_is_never_a_retryable_unavailable(
 ) -> None:
     """What a request asked for cannot be fixed by retrying it: only a failing store is UNAVAILABLE."""
     assert not error.retryable
-    mapped = status_error_of(error, "store")
+    mapped = status_error_of(error, "persist")
     assert (mapped.code, mapped.reason) == (code, reason)
