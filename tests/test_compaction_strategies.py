@@ -184,7 +184,9 @@ def _old_field(message: message_pb2.Message) -> message_pb2.Message:
     copy.CopyFrom(message)
     for part in copy.parts:
         if part.HasField("tool_call"):
-            part.tool_call.output.CopyFrom(value_view(loads(part.tool_call.output_json)))
+            view = value_view(loads(part.tool_call.output_json))
+            assert view is not None
+            part.tool_call.output.CopyFrom(view)
             part.tool_call.ClearField("output_json")
     return copy
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp.client.streamable_http import DEFAULT_MAX_SSE_EVENT_SIZE
 from mcp_types import CallToolResult, ImageContent, TextContent
 
 from turnwire.tools import Tool, ToolError, ToolExecution
@@ -18,7 +19,7 @@ from turnwire_server.app import StartupError, open_tools
 from turnwire_server.config import ConfigError, load_settings
 from turnwire_server.tools.listing import listing_problem
 from turnwire_server.tools.loading import ApprovalRequired
-from turnwire_server.tools.mcp_server import DEFAULT_MAX_SSE_EVENT_SIZE, output_of, sse_event_limit
+from turnwire_server.tools.mcp_server import output_of, sse_event_limit
 from turnwire_server.tools.tool_set import ToolSet
 
 

@@ -103,8 +103,9 @@ def _tool_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _stored_call(result: TurnResult, stored: Any) -> message_pb2.ToolCallPart:
     """The one tool call of the turn's stored reply (the last stored message is that reply)."""
-    assert stored.messages[-1] == result.message
-    (call,) = [p.tool_call for p in stored.messages[-1].parts if p.HasField("tool_call")]
+    reply: message_pb2.Message = stored.messages[-1]
+    assert reply == result.message
+    (call,) = [p.tool_call for p in reply.parts if p.HasField("tool_call")]
     return call
 
 
@@ -228,7 +229,7 @@ async def test_a_large_mcp_result_arrives_whole(
 
 # --------------------------------------------------------------------------- max_tokens clamped
 
-OVERFLOWS = {
+OVERFLOWS: dict[str, tuple[dict[str, Any], str, int | None, int]] = {
     # tests/providers/cases/provider_errors.json E09 (OpenAI): 64 in the messages, 8192 in the completion.
     "openai": (
         {
@@ -323,7 +324,9 @@ async def test_an_output_stored_in_the_deprecated_field_is_dropped_when_the_turn
     call = reply.parts.add().tool_call
     call.tool_call_id, call.tool_name, call.input_json = "call_report", "fetch_report", "{}"
     call.state = message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
-    call.output.CopyFrom(value_view(report))  # the old field only, as an older client writes it
+    view = value_view(report)
+    assert view is not None
+    call.output.CopyFrom(view)  # the old field only, as an older client writes it
     reply.parts.add().text.text = "Here it is."
     async with TurnwireClient(sidecar.target) as client:
         await client.add_messages("old-field", [user, reply], allow_missing=True)
