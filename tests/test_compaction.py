@@ -244,7 +244,8 @@ async def test_a_turn_cancelled_at_the_overflow_point_never_compacts(make_engine
 
 
 async def test_an_overflow_only_a_smaller_output_fixes_is_not_compacted(make_engine: EngineFactory) -> None:
-    """OpenAI's "… 64 in the messages, 8192 in the completion": compaction cannot help."""
+    """OpenAI's "… 64 in the messages, 8192 in the completion": compaction cannot help (the step is
+    sent once more with a smaller ``max_output_tokens`` instead: tests/test_output_clamp.py)."""
     error = {
         "message": (
             "This model's maximum context length is 8192 tokens. However, you requested 8256 tokens "
@@ -263,7 +264,7 @@ async def test_an_overflow_only_a_smaller_output_fixes_is_not_compacted(make_eng
     await seed(h, 1, "short")
     events = await h.run("and now?")
     assert end_of(events).status == event_pb2.TURN_STATUS_ERROR
-    assert not compactions(events) and model_calls(h) == 1
+    assert not compactions(events) and model_calls(h) == 2
 
 
 # --------------------------------------------------------------------------- proactive

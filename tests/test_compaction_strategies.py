@@ -18,15 +18,18 @@ from turnwire.compaction import (
     EstimateTokens,
     SummarizeOlder,
     elide_outputs,
+    message_bytes,
 )
 from turnwire.hooks import Middleware, SessionConfig, SessionContext
 from turnwire.middlewares import ContextCompaction
 from turnwire.providers import ProviderError
 from turnwire.testing import overflow_error
+from turnwire.values import loads, tool_call_output_json, value_view
 from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.compaction import apply_compaction, input_start
 from turnwire_server.engine.ids import assistant_message_id, attempt_message_id
 from turnwire_server.hooks.chain import HookError, MiddlewareChain
+from turnwire_server.providers.convert import tool_result
 from turnwire_server.store.base import CompactionRecord
 
 USER, ASSISTANT = message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT
@@ -172,6 +175,46 @@ async def test_drop_oldest_tool_outputs_keeps_the_last_steps_of_this_turn() -> N
     # A dropped output is not dropped twice.
     again = await DropOldestToolOutputs().compact(context([shown], keep_from=0, target=1))
     assert again.elided_calls == {("reply", "s2")}
+
+
+def _old_field(message: message_pb2.Message) -> message_pb2.Message:
+    """``message`` with every output moved to the deprecated ``output`` Value, as a client writes it
+    through AddMessages without ``output_json``."""
+    copy = message_pb2.Message()
+    copy.CopyFrom(message)
+    for part in copy.parts:
+        if part.HasField("tool_call"):
+            view = value_view(loads(part.tool_call.output_json))
+            assert view is not None
+            part.tool_call.output.CopyFrom(view)
+            part.tool_call.ClearField("output_json")
+    return copy
+
+
+async def test_an_output_only_in_the_deprecated_field_is_counted_dropped_and_cut_the_same() -> None:
+    """One accessor (``tool_call_output_json``) for the output everywhere (docs/semantics.md §11):
+    the adapters send the ``output`` Value, so compaction must size it, drop it and shorten it too."""
+    new = with_calls("a0", ["c0"])
+    old = _old_field(new)
+    assert not old.parts[1].tool_call.output_json and old.parts[1].tool_call.HasField("output")
+    assert tool_call_output_json(old.parts[1].tool_call) == tool_call_output_json(new.parts[1].tool_call)
+    assert message_bytes(old) == message_bytes(new)
+    history = [text("u0", USER), old, text("u1", USER)]
+    result = await DropOldestToolOutputs().compact(context(history, target=1))
+    assert result.elided_calls == {("a0", "c0")}
+    shown = elide_outputs(old, result.elided_calls)
+    call = shown.parts[1].tool_call
+    assert not call.HasField("output") and "omitted to fit the context window" in call.output_json
+    assert tool_result(call) == (ELIDED_OUTPUT.format(size=len(outputs(new)["c0"])), False)
+    # A summary request cuts the longest part, the old-field output included.
+    huge = _old_field(with_calls("a1", ["c1"]))
+    huge.parts[1].tool_call.output.string_value = "start " + "middle " * 2000 + "end"
+    sent: list[Sequence[message_pb2.Message]] = []
+    await SummarizeOlder().compact(
+        context([text("u0", USER), huge, text("u1", USER)], summaries=sent, fits=200)
+    )
+    cut = [m for batch in sent for m in batch if m.id == "a1"][-1].parts[1].tool_call
+    assert "characters cut to fit the summary request" in loads(tool_call_output_json(cut))
 
 
 def test_elided_outputs_name_the_message_too_as_a_call_id_may_repeat_across_turns() -> None:

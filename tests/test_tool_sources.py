@@ -10,14 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp.client.streamable_http import DEFAULT_MAX_SSE_EVENT_SIZE
 from mcp_types import CallToolResult, ImageContent, TextContent
 
 from turnwire.tools import Tool, ToolError, ToolExecution
+from turnwire.values import dumps
 from turnwire_server.app import StartupError, open_tools
 from turnwire_server.config import ConfigError, load_settings
 from turnwire_server.tools.listing import listing_problem
 from turnwire_server.tools.loading import ApprovalRequired
-from turnwire_server.tools.mcp_server import output_of
+from turnwire_server.tools.mcp_server import output_of, sse_event_limit
 from turnwire_server.tools.tool_set import ToolSet
 
 
@@ -153,3 +155,17 @@ def test_mcp_results_become_tool_outputs() -> None:
         output_of(CallToolResult(content=[TextContent(type="text", text="boom")], is_error=True), "t", "s")
     with pytest.raises(ToolError, match="tool 't' failed"):
         output_of(CallToolResult(content=[], is_error=True), "t", "s")
+
+
+def test_the_sse_event_limit_holds_any_result_the_sidecar_would_keep() -> None:
+    """A result comes in one SSE event as a text block (the output's JSON, escaped once more) and as
+    ``structuredContent``: at the bounds of ``limits.max_tool_output_bytes``, with every character
+    needing an escape, it still fits; never below the SDK's 1 MiB."""
+    for limit in (1024, 1 << 20, 3 << 20):
+        output = {"k": '"' * (limit // 2 - 8)}
+        text = dumps(output)
+        assert limit - 32 <= len(text.encode()) <= limit
+        result = CallToolResult(content=[TextContent(type="text", text=text)], structured_content=output)
+        event = f"event: message\ndata: {result.model_dump_json(by_alias=True, exclude_none=True)}\n\n"
+        assert len(event.encode()) <= sse_event_limit(limit)
+    assert sse_event_limit(1024) == DEFAULT_MAX_SSE_EVENT_SIZE

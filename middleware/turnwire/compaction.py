@@ -36,6 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from turnwire.error_classes import classify_error
 from turnwire.providers import ModelRequest
+from turnwire.values import tool_call_output_json
 from turnwire_client.v1 import message_pb2
 
 SUMMARY_ID_PREFIX = "tw-c-"
@@ -88,7 +89,7 @@ def message_bytes(message: message_pb2.Message) -> int:
         elif kind == "tool_call":
             call = part.tool_call
             size += len(call.tool_name) + len(call.input_json or call.raw_input)
-            size += len(call.output_json.encode()) + len(call.error_text.encode())
+            size += len(tool_call_output_json(call).encode()) + len(call.error_text.encode())
         elif kind in ("file", "source", "data"):
             size += part.ByteSize()
     return size
@@ -288,19 +289,18 @@ def _shortened(message: message_pb2.Message) -> message_pb2.Message | None:
     to cut."""
     copy = message_pb2.Message()
     copy.CopyFrom(message)
-    fields: list[tuple[Any, str]] = []
+    fields: list[tuple[Any, str, str]] = []  # (message, field, its text)
     for part in copy.parts:
         kind = part.WhichOneof("kind")
         if kind == "text":
-            fields.append((part.text, "text"))
+            fields.append((part.text, "text", part.text.text))
         elif kind == "reasoning":
-            fields.append((part.reasoning, "text"))
+            fields.append((part.reasoning, "text", part.reasoning.text))
         elif kind == "tool_call":
-            fields.append((part.tool_call, "output_json"))
+            fields.append((part.tool_call, "output_json", tool_call_output_json(part.tool_call)))
     if not fields:
         return None
-    target, name = max(fields, key=lambda field: len(getattr(field[0], field[1])))
-    value = getattr(target, name)
+    target, name, value = max(fields, key=lambda field: len(field[2]))
     if len(value) < _MIN_SHORTENED:
         return None
     quarter = len(value) // 4
@@ -358,7 +358,7 @@ def _output_calls(
         elif (
             kind == "tool_call"
             and _has_output(part.tool_call)
-            and len(part.tool_call.output_json.encode()) >= min_bytes
+            and len(tool_call_output_json(part.tool_call).encode()) >= min_bytes
         ):
             steps[-1].append((message.id, part.tool_call.tool_call_id))
     if keep_recent_steps:
@@ -370,12 +370,12 @@ _ELIDED_START = '"' + ELIDED_OUTPUT.split("{", 1)[0]
 
 
 def _has_output(call: message_pb2.ToolCallPart) -> bool:
-    """True for a call whose output the model is sent and could be dropped."""
-    return (
-        call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
-        and bool(call.output_json)
-        and not call.output_json.startswith(_ELIDED_START)
-    )
+    """True for a call whose output the model is sent and could be dropped (in either field)."""
+    if call.state != message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
+        return False
+    if call.output_json:
+        return not call.output_json.startswith(_ELIDED_START)
+    return call.HasField("output")
 
 
 def elide_outputs(message: message_pb2.Message, calls: frozenset[CallKey]) -> message_pb2.Message:
@@ -393,7 +393,8 @@ def elide_outputs(message: message_pb2.Message, calls: frozenset[CallKey]) -> me
         if part.WhichOneof("kind") == "tool_call" and part.tool_call.tool_call_id in mine:
             call = part.tool_call
             if _has_output(call):
-                call.output_json = '"' + ELIDED_OUTPUT.format(size=len(call.output_json.encode())) + '"'
+                size = len(tool_call_output_json(call).encode())
+                call.output_json = '"' + ELIDED_OUTPUT.format(size=size) + '"'
                 call.ClearField("output")
     return copy
 

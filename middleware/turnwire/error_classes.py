@@ -16,7 +16,8 @@ state; any hook may call them on ``ctx.error``):
 - :func:`coarse_class`: the fine class as a ``classify_chat_error`` answer
   (:data:`COARSE` is the table).
 - :func:`overflow_remedy` / :func:`overflow_tokens`: for an overflow, whether compaction can help,
-  from the token counts in the message.
+  from the token counts in the message; :func:`fitting_output_tokens`: the output reservation
+  that fits, when the remedy is a smaller one.
 - :func:`finish_overflows`: a finish reason that says the window is full (not an error).
 - :func:`never_retryable`: the one rule that makes an error not retryable whatever its status said.
 
@@ -156,12 +157,16 @@ _MAX_OUTPUT_TEXT = re.compile(
 # prompt is longer than the context length", "prompt too long; exceeded max context length"; Google
 # "input token count exceeds"; xAI "maximum prompt length"; Mistral "too large for model with N
 # maximum context length"; Together "longer than the model's context length", and (text-generation-
-# inference) "`inputs` tokens + `max_new_tokens` must be <= N".
+# inference) "`inputs` tokens + `max_new_tokens` must be <= N"; Bedrock's OpenAI-compatible
+# endpoint "prompt tokens (N) exceed model maximum (M)"; Cerebras "Current length is N while limit is
+# M"; Z.ai "tokens in request more than max tokens allowed".
 _OVERFLOW_TEXT = re.compile(
     r"prompt is too long|input is too long|context (?:length|window|size|limit)|maximum prompt length"
     r"|tokens \+ `?max_new_tokens`? must be <="
-    r"|input token count\b.{0,20}exceeds|(?:input|prompt) (?:length|tokens?)\b.{0,30}exceeds? the"
-    r"|too many tokens in (?:the )?(?:prompt|input|messages)",
+    r"|input token count\b.{0,20}exceeds"
+    r"|(?:input|prompt) (?:length|tokens?)\b.{0,30}exceeds? (?:the|model max)"
+    r"|too many tokens in (?:the )?(?:prompt|input|messages)"
+    r"|current length is \d[\d,]* while limit is \d|tokens in (?:the )?request (?:is )?more than",
     re.IGNORECASE,
 )
 _TOO_LARGE_TEXT = re.compile(
@@ -317,9 +322,18 @@ _TOKEN_WORDINGS = tuple(
         rf"(?:,\s*(?P<p2>{_N}) in the functions)?"
         rf"(?:[,;]\s*(?:and\s+)?(?P<c>{_N}) (?:in|for) the completion)?\)",
         # vLLM (vllm-project/vllm#36197): "... maximum context length is W tokens. However, you
-        # requested C output tokens and your prompt contains at least P input tokens ..."
+        # requested C output tokens and your prompt contains at least P input tokens ..."; Bedrock's
+        # OpenAI-compatible endpoint says it without "at least" (gsd-build/gsd-2#5409).
         rf"maximum context length is (?P<w>{_N}) tokens.*?requested (?P<c>{_N}) output tokens"
-        rf" and your prompt contains at least (?P<p>{_N}) input tokens",
+        rf" and your prompt contains (?:at least )?(?P<p>{_N}) input tokens",
+        # vLLM behind Chutes and other hosts (RooCodeInc/Roo-Code#6806): "Requested token count
+        # exceeds the model's maximum context length of W tokens. You requested a total of T tokens:
+        # P tokens from the input messages and C tokens for the completion."
+        rf"maximum context length of (?P<w>{_N}) tokens.*?(?P<p>{_N}) tokens from the input messages"
+        rf" and (?P<c>{_N}) tokens for the completion",
+        # Bedrock's OpenAI-compatible endpoint (BerriAI/litellm#37862): "prompt tokens (P) exceed
+        # model maximum (W) for <model>"
+        rf"prompt tokens \((?P<p>{_N})\) exceed model maximum \((?P<w>{_N})\)",
         # OpenRouter: "This endpoint's maximum context length is W tokens. However, you requested
         # about T tokens (P of text input[, P2 of tool input][, C in the output])."
         rf"maximum context length is (?P<w>{_N}) tokens.*?\((?P<p>{_N}) of text input"
@@ -355,6 +369,9 @@ _TOKEN_WORDINGS = tuple(
         rf"must be <= (?P<w>{_N})\. Given: (?P<p>{_N}) `?inputs`? tokens and (?P<c>{_N}) `?max_new_tokens",
         # Ollama (older): "input length exceeds maximum context length (P > W)"
         rf"context length \((?P<p>{_N}) > (?P<w>{_N})\)",
+        # Cerebras (cline/cline#5140): "Please reduce the length of the messages or completion.
+        # Current length is T while limit is W" (T counts the prompt and the output reservation)
+        rf"current length is {_N} while limit is (?P<w>{_N})",
     )
 )
 # The wording names the output reservation as a cause (Groq "… reduce the length of the messages or
@@ -420,6 +437,18 @@ def overflow_remedy(error: BaseException) -> OverflowRemedy | None:
     if prompt is not None and window is not None:
         return "compact_or_reduce_max_tokens"
     return "compact_or_reduce_max_tokens" if _NAMES_OUTPUT.search(_text_of(error)) else "compact"
+
+
+def fitting_output_tokens(error: BaseException) -> int | None:
+    """The largest output reservation (``max_tokens``, tokens) that fits the window the overflow
+    ``error`` states: window minus prompt (W - P of :func:`overflow_tokens`; both counts are the
+    provider's own, so the request then fits exactly). None when the error does not state both
+    counts, or when the prompt leaves no room for any output. The engine clamps a step's
+    ``max_output_tokens`` to it when the remedy is ``reduce_max_tokens`` (docs/semantics.md §9)."""
+    prompt, _, window = overflow_tokens(error)
+    if prompt is None or window is None or window - prompt < 1:
+        return None
+    return window - prompt
 
 
 _OVERFLOW_FINISH = frozenset({"model_context_window_exceeded"})

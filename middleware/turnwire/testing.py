@@ -60,7 +60,7 @@ from turnwire.types import (
     Usage,
     UsageUpdate,
 )
-from turnwire.values import dumps, from_value, loads, parse_tool_input
+from turnwire.values import dumps, parse_tool_input, tool_call_output
 from turnwire_client.v1 import message_pb2
 
 OFFLINE_NOTICE = "[offline scripted model, no LLM connected]"
@@ -346,7 +346,7 @@ class DemoScript:
                     f"The {result.tool_name} call was denied: {result.error_text or 'no reason given'}"
                 )
                 continue
-            value = loads(result.output_json) if result.output_json else from_value(result.output)
+            value = tool_call_output(result)
             lines.append(_describe_result(result.tool_name, value))
         return f"{OFFLINE_NOTICE} " + " ".join(lines)
 
@@ -409,6 +409,24 @@ def overflow_error(input_tokens: int, window: int) -> ProviderError:
     )
 
 
+def output_overflow_error(input_tokens: int, max_tokens: int, window: int) -> ProviderError:
+    """The error a model with a ``window``-token context gives a request of ``input_tokens`` that
+    asks for ``max_tokens`` of output, when the two together do not fit: Anthropic's wording
+    ("input length and `max_tokens` exceed context limit: P + C > W", HTTP 400)."""
+    message = (
+        f"input length and `max_tokens` exceed context limit: {input_tokens} + {max_tokens} > {window}, "
+        "decrease input length or `max_tokens` and try again"
+    )
+    return ProviderError(
+        message,
+        status=400,
+        type="invalid_request_error",
+        retryable=False,
+        provider="scripted",
+        body={"type": "error", "error": {"type": "invalid_request_error", "message": message}},
+    )
+
+
 BUILTIN_SCRIPTS = ("demo", "summarizer")
 """The scripts every :class:`ScriptedProvider` has unless the configuration overrides them."""
 
@@ -422,7 +440,8 @@ class ScriptedProvider:
     by name, ``messages`` in protobuf's JSON form), so a test can see what the model was
     told. ``context_window`` (tokens): a request whose input (estimated as
     :class:`turnwire.compaction.EstimateTokens` does) is larger fails with
-    :func:`overflow_error` before any output. ``strict``: a call past a script's last step
+    :func:`overflow_error` before any output, and one whose input plus ``max_output_tokens`` (when
+    set) is larger, with :func:`output_overflow_error`. ``strict``: a call past a script's last step
     (unless that step has ``repeat``) raises :class:`UnexpectedModelCall` and is appended to
     :attr:`unexpected_calls`, which a test harness checks at teardown. Raises
     :class:`ProviderError` (status 404) for an unknown script name, and whatever error a step
@@ -503,8 +522,12 @@ class ScriptedProvider:
         if input_tokens is None:
             # What a model reads (texts, tool inputs and outputs), not the protobuf encoding.
             input_tokens = _ESTIMATE.messages(request.messages) + len(request.system) // 4
-        if self.context_window is not None and input_tokens > self.context_window:
-            raise overflow_error(input_tokens, self.context_window)
+        if self.context_window is not None:
+            if input_tokens > self.context_window:
+                raise overflow_error(input_tokens, self.context_window)
+            reserved = request.settings.max_output_tokens
+            if reserved is not None and input_tokens + reserved > self.context_window:
+                raise output_overflow_error(input_tokens, reserved, self.context_window)
         # As providers do at stream start: the input is counted before any output.
         yield UsageUpdate(Usage(input_tokens=input_tokens, total_tokens=input_tokens))
         if step.reasoning:

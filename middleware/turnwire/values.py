@@ -23,7 +23,7 @@ import orjson
 from google.protobuf import struct_pb2
 
 from turnwire.errors import DomainError
-from turnwire_client.v1 import message_pb2
+from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_client.values import EXACT_INTEGER_LIMIT, struct_number
 
 VIEW_MAX_DEPTH = 20
@@ -210,8 +210,25 @@ def tool_call_input(call: message_pb2.ToolCallPart) -> dict[str, Any]:
     return from_struct(call.input)
 
 
-def tool_call_output(call: message_pb2.ToolCallPart) -> Any:
-    """A tool call part's output, exactly: ``output_json`` when set, else the ``output`` view."""
+def tool_call_output_json(call: message_pb2.ToolCallPart | event_pb2.ToolOutputAvailable) -> str:
+    """A tool call part's output as JSON text: the one accessor every reader uses (the provider
+    adapters, compaction's sizes and elisions, the tool-result RPCs, the CLI, traces); also for a
+    ``ToolOutputAvailable`` event, which carries the same two fields.
+
+    ``output_json`` when set (exact, docs/semantics.md §11); else the deprecated ``output``
+    ``Value`` written as JSON (a part a client stored through ``AddMessages`` or an older client
+    with only that field); ``""`` when the part has neither. Raises :class:`NotJsonError` for a
+    ``Value`` holding a non-finite number (protobuf allows NaN, JSON does not).
+    """
     if call.output_json:
-        return loads(call.output_json)
-    return from_value(call.output)
+        return call.output_json
+    if call.HasField("output"):
+        return dumps(from_value(call.output))
+    return ""
+
+
+def tool_call_output(call: message_pb2.ToolCallPart) -> Any:
+    """A tool call part's output as a value (:func:`tool_call_output_json` parsed), ``None`` when
+    the part has none."""
+    text = tool_call_output_json(call)
+    return loads(text) if text else None

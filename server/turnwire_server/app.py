@@ -388,7 +388,12 @@ async def open_tools(settings: Settings) -> ToolSet:
         from turnwire_server.tools.mcp_server import McpServer
 
         tool_set.sources.extend(
-            McpServer(entry, default_timeout_seconds=timeout, on_change=tool_set.refresh)
+            McpServer(
+                entry,
+                default_timeout_seconds=timeout,
+                max_result_bytes=settings.limits.max_tool_output_bytes,
+                on_change=tool_set.refresh,
+            )
             for entry in config.mcp
         )
     missing = await tool_set.start()

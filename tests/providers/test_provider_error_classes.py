@@ -35,6 +35,7 @@ from turnwire.error_classes import (
     classify_error,
     classify_fields,
     finish_overflows,
+    fitting_output_tokens,
     overflow_remedy,
     overflow_tokens,
 )
@@ -176,6 +177,9 @@ async def test_each_error_gets_its_class_and_its_status(
     assert overflow_remedy(error) == expected_remedy, (entry_id, overflow_tokens(error))
     if expected == "context_overflow":
         assert remedy in REMEDIES, entry_id
+    # The output reservation that fits, where the entry states it (what the engine clamps to).
+    if "fitting_output_tokens" in entry:
+        assert fitting_output_tokens(error) == entry["fitting_output_tokens"], entry_id
     # Retryable and the status never disagree with the classification.
     if coarse in ("fatal", "context_overflow"):
         assert not error.retryable and retry is None, entry_id
@@ -212,6 +216,7 @@ async def test_non_provider_errors() -> None:
     assert classify_error(ValueError("a hook broke")) == "unknown"
     assert overflow_remedy(ValueError("prompt is too long: 5 tokens > 4 maximum")) is None
     assert overflow_tokens(ValueError("x")) == (None, None, None)
+    assert fitting_output_tokens(ValueError("prompt is too long: 5 tokens > 9 maximum")) is None
     classifier = ErrorClassifier()
     for error, expected in [
         (ModelTimeout("t"), "transient"),

@@ -1,20 +1,30 @@
 """A tiny MCP server for end-to-end tests, on the official SDK (``MCPServer``, mcp 2's FastMCP).
 
 Run as ``python tests/support/mcp_tools.py RECORD_FILE`` (stdio) or ``... RECORD_FILE --http PORT``
-(streamable HTTP at ``/mcp``). Tools: ``add_big(a, b)`` (exact integers), ``refuse(reason)`` (an
-``isError`` result), ``wait()`` (waits until cancelled and appends ``cancelled`` to the record
-file), ``exit_now()`` (the process exits mid-call) and ``pid()``.
+(streamable HTTP at ``/mcp``). ``--legacy`` (with ``--http``) answers as a server of the 2025
+protocol revisions does, as servers on older SDKs still do: it refuses the stateless 2026 era
+(HTTP 400), so a client falls back to the ``initialize`` handshake and gets a session
+(``Mcp-Session-Id``, forgotten when the process ends) and SSE responses.
+
+Tools: ``add_big(a, b)`` (exact integers), ``refuse(reason)`` (an ``isError`` result), ``wait()``
+(waits until cancelled and appends ``cancelled`` to the record file), ``exit_now()`` (the process
+exits mid-call), ``pid()`` and ``text(size)`` (``size`` characters; the SDK sends them twice in one
+result: a text block and ``structuredContent``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 from pathlib import Path
+from typing import Any
 
+import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 app = MCPServer("turnwire-test-tools")
 RECORD: list[Path] = []  # the record file, set by main()
@@ -61,15 +71,62 @@ def pid() -> int:
     return os.getpid()
 
 
+@app.tool()
+def text(size: int) -> str:
+    """``size`` characters."""
+    return "x" * size
+
+
+def handshake_era_only(inner: Any) -> Any:
+    """ASGI middleware: a request of a protocol revision past the 2025 ones gets the 400 a server on
+    an older SDK gives ("Unsupported protocol version"); every other request goes to ``inner``."""
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        headers = dict(scope.get("headers") or ())
+        version = headers.get(b"mcp-protocol-version")
+        if (
+            scope["type"] == "http"
+            and version is not None
+            and version.decode() not in HANDSHAKE_PROTOCOL_VERSIONS
+        ):
+            body = json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {"code": -32600, "message": "Unsupported protocol version"},
+                }
+            ).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 400,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await inner(scope, receive, send)
+
+    return asgi
+
+
 def main() -> None:
     """Command line (see the module docstring)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("record", type=Path)
     parser.add_argument("--http", type=int, default=None)
+    parser.add_argument("--legacy", action="store_true")
     args = parser.parse_args()
     RECORD.append(args.record)
     if args.http is None:
         app.run()
+    elif args.legacy:
+        uvicorn.run(
+            handshake_era_only(app.streamable_http_app()),
+            host="127.0.0.1",
+            port=args.http,
+            log_level="warning",
+        )
     else:
         app.run("streamable-http", host="127.0.0.1", port=args.http)
 

@@ -32,7 +32,7 @@ import grpc
 from google.protobuf import struct_pb2
 
 from turnwire.tools import Tool
-from turnwire.values import dumps, from_value, loads
+from turnwire.values import loads, tool_call_output_json
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.status import TurnwireStatusError, status_error_of
@@ -336,9 +336,7 @@ class ToolResultRpcs:
         """An answered tool-call part of SaveMessages as an answer."""
         state = call.state
         if state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
-            output_json = call.output_json
-            if not output_json and call.HasField("output"):
-                output_json = dumps(from_value(call.output))
+            output_json = tool_call_output_json(call)
             result = chat_service_pb2.ToolResult(tool_call_id=call.tool_call_id, output_json=output_json)
             return self._result_answer(result, field, violations)
         if state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:

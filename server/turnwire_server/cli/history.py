@@ -11,6 +11,7 @@ from google.protobuf import json_format
 from rich.console import Console
 from rich.text import Text
 
+from turnwire.values import tool_call_output_json
 from turnwire_client import TurnwireError
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.cli.connection import Connection
@@ -25,7 +26,6 @@ from turnwire_server.cli.parts import (
     file_line,
     input_json,
     or_stderr,
-    output_json,
     plural,
     result_line,
     short,
@@ -216,7 +216,7 @@ def _print_tool_call(out: Console, call: message_pb2.ToolCallPart, conversation_
         out.print(call_line(call.tool_name, "(input not received)", style="dim"), soft_wrap=True)
     state = call.state
     if state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
-        line = result_line(call.tool_name, output_json(call), call.decision)
+        line = result_line(call.tool_name, tool_call_output_json(call), call.decision)
         if call.preliminary:
             line.append(" (preliminary)", style="dim")
         out.print(line, soft_wrap=True)

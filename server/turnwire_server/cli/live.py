@@ -14,6 +14,7 @@ from rich.status import Status
 from rich.text import Text
 
 from turnwire.errors import ABORTED_TOOL_ERROR
+from turnwire.values import tool_call_output_json
 from turnwire_client import TurnResult, TurnwireError
 from turnwire_client.v1 import event_pb2
 from turnwire_server.cli.errors import cli_terms, error_class
@@ -25,7 +26,6 @@ from turnwire_server.cli.parts import (
     error_line,
     file_line,
     input_json,
-    output_json,
     plural,
     preliminary_line,
     result_line,
@@ -230,7 +230,7 @@ class TurnRenderer:
             )
         elif kind == "tool_output_available":
             output = event.tool_output_available
-            name, value = self._name(output.tool_call_id), output_json(output)
+            name, value = self._name(output.tool_call_id), tool_call_output_json(output)
             if not output.preliminary:
                 self.open_calls.pop(output.tool_call_id, None)
             if output.preliminary:

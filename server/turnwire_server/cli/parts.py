@@ -107,13 +107,6 @@ def input_json(call: message_pb2.ToolCallPart | event_pb2.ToolInputAvailable) ->
     return short(sorted_json(json_format.MessageToDict(call.input)))
 
 
-def output_json(call: message_pb2.ToolCallPart | event_pb2.ToolOutputAvailable) -> str:
-    """The call's output as exact JSON text (from the deprecated Value view on an older sidecar)."""
-    if call.output_json or not call.HasField("output"):
-        return call.output_json
-    return json.dumps(_plain(json_format.MessageToDict(call.output)))
-
-
 def exact_json(text: str) -> str:
     """A tool input or output from its exact JSON text (integers of any size kept), keys sorted
     so the same data always prints the same; ``null`` for an empty text."""

@@ -34,6 +34,7 @@ from turnwire_server.engine.approvals import announce_denials, run_approved_call
 from turnwire_server.engine.compaction import Compactor, input_start
 from turnwire_server.engine.continuation import continued
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
+from turnwire_server.engine.output_clamp import ClampedStep, clamped_step
 from turnwire_server.engine.pending_calls import OpenCalls, repair_pending, with_pending_placeholders
 from turnwire_server.engine.settings import EngineSettings
 from turnwire_server.engine.tool_calls import ToolCallRunner
@@ -310,21 +311,35 @@ class StepLoop:
             turn.writer.new().step_start.step_number = step_number
             turn.steps_started = step_number + 1
             tracing = turn.tracing
-            try:
-                with tracing.chat(provider, model_request, request.conversation_id) as span:
-                    async with asyncio.timeout(limits.step_seconds):
-                        finish = await self._stream(
-                            provider.stream(model_request),
-                            step_number,
-                            set(allowed),
-                            runner,
-                            limits.chunk_seconds,
-                        )
-                    tracing.end_chat(span, finish, turn.assistant)
-            except TimeoutError:
-                raise TurnFailure(
-                    "stream", ModelTimeout(f"model step {step_number} exceeded {limits.step_seconds:g} s")
-                ) from None
+            clamped: ClampedStep | None = None
+            while True:
+                events_sent = turn.writer.sequence_number
+                try:
+                    with tracing.chat(provider, model_request, request.conversation_id) as span:
+                        async with asyncio.timeout(limits.step_seconds):
+                            finish = await self._stream(
+                                provider.stream(model_request),
+                                step_number,
+                                set(allowed),
+                                runner,
+                                limits.chunk_seconds,
+                            )
+                        tracing.end_chat(span, finish, turn.assistant)
+                    break
+                except TimeoutError:
+                    raise TurnFailure(
+                        "stream", ModelTimeout(f"model step {step_number} exceeded {limits.step_seconds:g} s")
+                    ) from None
+                except TurnFailure as failure:
+                    # Once per step, and only while nothing of it was streamed (§9).
+                    if clamped is not None or turn.writer.sequence_number != events_sent:
+                        raise
+                    clamped = await clamped_step(turn.hooks, turn.request, model_request, failure.error)
+                    if clamped is None:
+                        raise
+                    model_request = clamped.request
+            if clamped is not None:
+                finish.warnings = (*finish.warnings, clamped.warning)
             await runner.repair_invalid(finish.finish_reason)
             had_tool_results = await runner.run_pending(step_number)
             result = self._step_result(step_number, finish)

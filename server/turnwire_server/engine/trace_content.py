@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from turnwire.values import dumps, loads
+from turnwire.values import dumps, loads, tool_call_output_json
 from turnwire_client.v1 import message_pb2
 
 _ROLES = {
@@ -47,8 +47,9 @@ def input_messages(messages: Sequence[message_pb2.Message]) -> str:
             elif kind == "tool_call":
                 call = part.tool_call
                 parts.append(tool_call_part(call.tool_call_id, call.tool_name, _json(call.input_json)))
-                if call.output_json or call.error_text:
-                    response = _json(call.output_json) if call.output_json else call.error_text
+                output = tool_call_output_json(call)
+                if output or call.error_text:
+                    response = _json(output) if output else call.error_text
                     results.append(
                         {"type": "tool_call_response", "id": call.tool_call_id, "response": response}
                     )

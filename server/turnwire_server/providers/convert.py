@@ -26,7 +26,7 @@ import orjson
 from turnwire.errors import INTERRUPTED_TOOL_ERROR
 from turnwire.providers import ProviderError
 from turnwire.types import FinishReason, FinishStep, ModelChunk, ToolCall, Usage
-from turnwire.values import dumps, parse_tool_input, tool_call_input, tool_call_output
+from turnwire.values import dumps, loads, parse_tool_input, tool_call_input, tool_call_output_json
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers.json_schema import validate
 from turnwire_server.providers.kept import KeptByObject
@@ -177,11 +177,12 @@ def tool_result(call: message_pb2.ToolCallPart) -> tuple[str, bool]:
     whitespace-only result is :data:`EMPTY_TOOL_RESULT` (docs/semantics.md §11)."""
     state = call.state
     if state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
-        output = tool_call_output(call)
+        # Exactly the tool's JSON (docs/semantics.md §11), not a double-rounded view of it.
+        text = tool_call_output_json(call) or "null"
+        output = loads(text)
         if isinstance(output, str):
             return (EMPTY_TOOL_RESULT if is_blank(output) else output), False
-        # Exactly the tool's JSON (docs/semantics.md §11), not a double-rounded view of it.
-        return call.output_json or dumps(output), False
+        return text, False
     if state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
         return ("The tool call failed." if is_blank(call.error_text) else call.error_text), True
     if state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED:

@@ -14,6 +14,15 @@ An :class:`McpTool` call is one ``tools/call``. Its result becomes the tool's ou
 content blocks as JSON (``[{"type": "image", ...}, ...]``). ``isError`` results, protocol errors
 and transport failures are tool errors whose text the model reads. Cancelling the call (the turn
 is cancelled, the tool timeout expires) makes the SDK send ``notifications/cancelled``.
+
+Streamable HTTP sessions: a server that restarted (or dropped the session) answers the old
+``Mcp-Session-Id`` with HTTP 404, and the client must then initialize a new session
+(https://modelcontextprotocol.io/specification/2025-06-18/basic/transports#session-management).
+A call that meets that 404 starts the new session at once (no backoff) and is sent once more on it:
+the server refused it before running it, so sending it again cannot run it twice. One result arrives
+as one SSE event that carries it twice (the text block and ``structuredContent``), so the SDK's
+event size limit (1 MiB by default) is raised to :func:`sse_event_limit` of the sidecar's
+``limits.max_tool_output_bytes``: every result the sidecar would keep fits.
 """
 
 from __future__ import annotations
@@ -22,12 +31,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
 import pydantic
 from mcp import Client, StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
+from mcp.client.streamable_http import DEFAULT_MAX_SSE_EVENT_SIZE, MCP_SESSION_ID, streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, CallToolResult, TextContent
 
@@ -50,27 +60,63 @@ HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 """Streamable HTTP: 30 s to connect and write, 300 s between reads (a response may stream)."""
 
 
+def sse_event_limit(max_result_bytes: int) -> int:
+    """Bytes one SSE event of a streamable HTTP session may hold, for results of up to
+    ``max_result_bytes`` bytes of JSON (``limits.max_tool_output_bytes``): four times that (the
+    result comes as a text block, JSON-escaped once more, and as ``structuredContent``) plus 64 KiB
+    for the envelope, never below the SDK's default (1 MiB)."""
+    return max(DEFAULT_MAX_SSE_EVENT_SIZE, 4 * max_result_bytes + (64 << 10))
+
+
+@dataclass(slots=True)
+class McpSession:
+    """One open session: the SDK ``client`` and ``expired``, set when the server answered a request
+    carrying this session's ``Mcp-Session-Id`` with 404 (it no longer knows the session)."""
+
+    client: Client
+    expired: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class _SessionExpired(Exception):
+    """A call met the 404 of an expired session (internal: the call is sent again once)."""
+
+
 class McpServer:
     """One MCP server (see the module docstring).
 
     ``default_timeout_seconds`` bounds a call when the entry sets no ``timeout_seconds``;
-    ``on_change`` is called after every successful listing (the tool set merges again).
+    ``max_result_bytes`` is the sidecar's ``limits.max_tool_output_bytes`` (it sizes the SSE event
+    limit, :func:`sse_event_limit`); ``on_change`` is called after every successful listing (the
+    tool set merges again).
     """
 
     kind = "MCP server"
 
     def __init__(
-        self, settings: McpServerSettings, *, default_timeout_seconds: float, on_change: Callable[[], None]
+        self,
+        settings: McpServerSettings,
+        *,
+        default_timeout_seconds: float,
+        max_result_bytes: int,
+        on_change: Callable[[], None],
     ) -> None:
         self.name = settings.name
         self.settings = settings
         self.timeout_seconds = settings.timeout_seconds or default_timeout_seconds
-        self.client: Client | None = None
+        self.max_sse_event_bytes = sse_event_limit(max_result_bytes)
+        self.session: McpSession | None = None
         self._tools: dict[str, McpTool] = {}
         self._on_change = on_change
         self._attempted = asyncio.Event()
         self._broken = asyncio.Event()
+        self._restart_now = False
+        self._changed = asyncio.Event()  # set (and replaced) whenever ``session`` changes
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def client(self) -> Client | None:
+        """The open session's SDK client (None while starting or restarting)."""
+        return self.session.client if self.session is not None else None
 
     @property
     def tools(self) -> dict[str, McpTool]:
@@ -93,6 +139,28 @@ class McpServer:
         """Close the session and start it again (a call found the connection closed)."""
         self._broken.set()
 
+    async def renewed(self, old: McpSession) -> McpSession | None:
+        """A new session in place of ``old``, whose id the server no longer knows: starts it at once
+        (no backoff) unless another call did, and waits for it up to ``startup_timeout_seconds``.
+        None when none opened in that time."""
+        if self.session is old:
+            self._restart_now = True
+            self._broken.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.startup_timeout_seconds):
+                while True:
+                    changed = self._changed
+                    session = self.session
+                    if session is not None and session is not old:
+                        return session
+                    await changed.wait()
+        return None
+
+    def _set_session(self, session: McpSession | None) -> None:
+        self.session = session
+        self._changed.set()
+        self._changed = asyncio.Event()
+
     async def aclose(self) -> None:
         """Close the session (ending a stdio server's process) and stop restarting it."""
         task, self._task = self._task, None
@@ -106,9 +174,10 @@ class McpServer:
         while True:
             self._broken.clear()
             try:
-                async with self._connect() as client:
+                async with self._connect() as session:
+                    client = session.client
                     await self._list(client)
-                    self.client = client
+                    self._set_session(session)
                     self._attempted.set()
                     delay = first
                     while not self._broken.is_set():
@@ -126,14 +195,19 @@ class McpServer:
                     delay,
                 )
             finally:
-                self.client = None
+                if self.session is not None:
+                    self._set_session(None)
                 self._attempted.set()
+            if self._restart_now:  # the server dropped the session but is up: a new one at once
+                self._restart_now = False
+                continue
             await asyncio.sleep(delay)
             delay = min(delay * 2, longest)
 
     @contextlib.asynccontextmanager
-    async def _connect(self) -> AsyncIterator[Client]:
+    async def _connect(self) -> AsyncIterator[McpSession]:
         settings = self.settings
+        expired = asyncio.Event()
         async with contextlib.AsyncExitStack() as stack:
             if settings.command is not None:
                 parameters = StdioServerParameters(
@@ -142,14 +216,27 @@ class McpServer:
                 transport: Any = stdio_client(parameters)
             else:
                 assert settings.url is not None
+
+                async def on_response(response: httpx2.Response) -> None:
+                    # The SDK reports this 404 as a JSON-RPC error ("Session not found" or
+                    # "Session terminated"); the status on a request with a session id is the signal.
+                    if response.status_code == 404 and MCP_SESSION_ID in response.request.headers:
+                        expired.set()
+
                 http = await stack.enter_async_context(
-                    httpx2.AsyncClient(headers=settings.headers, timeout=HTTP_TIMEOUT)
+                    httpx2.AsyncClient(
+                        headers=settings.headers,
+                        timeout=HTTP_TIMEOUT,
+                        event_hooks={"response": [on_response]},
+                    )
                 )
-                transport = streamable_http_client(settings.url, http_client=http)
+                transport = streamable_http_client(
+                    settings.url, http_client=http, max_sse_event_size=self.max_sse_event_bytes
+                )
             client = Client(transport, cache=None)
             async with asyncio.timeout(settings.startup_timeout_seconds):
                 await stack.enter_async_context(client)
-            yield client
+            yield McpSession(client, expired)
 
     async def _list(self, client: Client) -> None:
         tools: dict[str, McpTool] = {}
@@ -183,7 +270,8 @@ class McpTool:
     ``timeout_seconds`` is the server entry's ``timeout_seconds``, else the sidecar's tool timeout.
     Raises :class:`~turnwire.tools.ToolError` for an ``isError`` result (the text of its content),
     an MCP error, a transport failure (the session is then restarted) and a server that is not
-    connected.
+    connected. A call refused because the server no longer knows the session (HTTP 404) is sent
+    once more on a new session (:meth:`McpServer.renewed`).
     """
 
     streaming = False
@@ -198,12 +286,36 @@ class McpTool:
     async def execute(self, input: dict[str, Any], execution: ToolExecution) -> Any:
         """Call the tool on its server (see the class docstring)."""
         server = self.server
-        client = server.client
-        if client is None:
+        session = server.session
+        if session is None:
             raise ToolError(f"MCP server {server.name!r} is not connected (it is starting or restarting)")
         try:
-            result = await client.call_tool(self.name, input)
+            return await self._call(session, input)
+        except _SessionExpired:
+            log.info(
+                "MCP server %r: its session expired (HTTP 404); calling %r on a new one",
+                server.name,
+                self.name,
+            )
+        renewed = await server.renewed(session)
+        if renewed is None:
+            raise ToolError(
+                f"MCP server {server.name!r} no longer knows its session and no new session opened within "
+                f"{server.settings.startup_timeout_seconds:g} s"
+            )
+        try:
+            return await self._call(renewed, input)
+        except _SessionExpired:
+            raise ToolError(f"MCP server {server.name!r} refused a new session as expired") from None
+
+    async def _call(self, session: McpSession, input: dict[str, Any]) -> Any:
+        """One ``tools/call`` on ``session``; raises :class:`_SessionExpired` for its 404."""
+        server = self.server
+        try:
+            result = await session.client.call_tool(self.name, input)
         except MCPError as error:
+            if session.expired.is_set():
+                raise _SessionExpired from None
             if error.code == CONNECTION_CLOSED:
                 server.mark_broken()
             raise ToolError(f"MCP server {server.name!r}: {error.message}") from None
