@@ -7,7 +7,7 @@ connection: a driver runs it inside the write's transaction and commits. The SQL
 it on its writer thread, one statement after the other
 (:func:`turnwire_server.store.sqlite.db.run_program`); the PostgreSQL driver sends each batch
 in pipeline mode and waits once for the batch's reads, never for its writes
-(:func:`turnwire_server.store.postgres.writes.run_program`). So one program serves both.
+(:func:`turnwire_server.store.postgres.db.run_program`). So one program serves both.
 
 Statements are written once, in the SQL both dialects accept, with ``?`` placeholders (the
 PostgreSQL driver sends them as ``%s``: shared SQL holds no literal ``?`` or ``%``). What the
@@ -66,6 +66,10 @@ class Dialect(Protocol):
     conversation_tables: tuple[str, ...]
     """Statements (one ``?``: the conversation id) deleting a conversation's rows in tables only
     this driver has, run first when the conversation is deleted."""
+
+    lease_renewals: tuple[str, ...]
+    """Statements (two ``?``: the lease's end, the owner) renewing an owner's leases in tables
+    only this driver has, run with the turns' and submissions' renewals."""
 
     def contains_bytes(self, column: str, needle: bytes) -> str:
         """A condition true when the blob ``column`` contains the bytes ``needle`` (a literal:

@@ -18,6 +18,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, TypeAlias, TypeVar
 
 import psycopg
+from psycopg import errors as pg_errors
 
 from turnwire_server.store.core.rows import MessageRow
 from turnwire_server.store.core.sql import Program, Statement
@@ -25,6 +26,8 @@ from turnwire_server.store.core.sql import Program, Statement
 __all__ = [
     "CONVERSATION_LOCK_CLASS",
     "DIALECT",
+    "RACE_ERRORS",
+    "RETRIES",
     "Conn",
     "all_rows",
     "conversations_locked",
@@ -47,6 +50,12 @@ Conn: TypeAlias = "psycopg.AsyncConnection[Any]"
 
 CONVERSATION_LOCK_CLASS: Final = 0x7477  # "tw"
 """First key of a conversation's advisory lock; the second is ``hashtext(conversation_id)``."""
+
+RETRIES: Final = 5
+"""Attempts of a transaction that lost a race the database resolved by aborting it."""
+RACE_ERRORS: Final = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.UniqueViolation)
+"""How the database aborts a transaction that lost a race: serialization failure, deadlock, a
+concurrent insert of the same key (applied again from the start, up to :data:`RETRIES` times)."""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -191,6 +200,7 @@ class _PostgresDialect:
         # Tickets of its pending submissions no replica claimed (the others go with their turns).
         "DELETE FROM turn_queue WHERE conversation_id = ? AND owner = ''",
     )
+    lease_renewals: tuple[str, ...] = ("UPDATE turn_queue SET lease_until = ? WHERE owner = ?",)
 
     def contains_bytes(self, column: str, needle: bytes) -> str:
         return f"position('\\x{needle.hex()}'::bytea IN {column}) > 0"

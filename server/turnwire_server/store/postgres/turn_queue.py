@@ -1,25 +1,51 @@
 """The statements of PostgreSQL's cross-replica turn queue (the rules:
 :mod:`turnwire_server.store.postgres.replicas`): taking a ticket (in line, first in line, at the
-head in the one-flight admission, or only on an idle conversation), releasing it, and taking over
-a dead replica's tickets. :class:`~turnwire_server.store.postgres.store.PostgresStore` runs them."""
+head in the one-flight admission, or only on an idle conversation), finding the head, releasing
+a ticket, a submission's ticket taken at acceptance and freed when it ends unclaimed, and taking
+over a dead replica's tickets. :mod:`.admission` (the turn lock), :mod:`.writes` (submissions)
+and :mod:`.leases` (claims) run them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Final
 
+from turnwire_server.store.base import SubmissionRecord
+from turnwire_server.store.core.rows import to_us
 from turnwire_server.store.postgres import db
+from turnwire_server.store.postgres.replicas import QUEUE_CHANNEL, SUBMISSIONS_CHANNEL
 
 __all__ = [
     "FIRST_SLOT",
+    "HEAD",
+    "QUEUE_LOCK_CLASS",
     "QUEUE_STEP",
     "RELEASE_PLACE",
     "RELEASE_TICKET",
     "TAKE_TICKET",
     "TAKE_TICKET_AT_HEAD",
     "TAKE_TICKET_IF_IDLE",
+    "UNOWNED_LEASE",
+    "free_unowned_tickets",
+    "queue_submission",
     "take_over_tickets",
 ]
+
+QUEUE_LOCK_CLASS: Final = 0x7471  # "tq"
+"""First key of the advisory lock serializing the ticket takers of a conversation's turn queue
+(second: ``hashtext(conversation_id)``); not the write lock, so taking a ticket never waits for a
+commit of the conversation's running turn."""
+
+UNOWNED_LEASE: Final = 1 << 62
+"""The lease of the queue ticket of a submission no replica claimed yet: it never lapses, so the
+submission keeps its place in line until a replica claims it (and the ticket gets its lease) or
+it ends without running (and the ticket goes)."""
+
+HEAD: Final = (
+    "WITH gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s)"
+    " SELECT MIN(ticket) FROM turn_queue WHERE conversation_id = %(c)s AND lease_until >= %(stale)s"
+)
+"""Delete the conversation's tickets that lapsed before ``stale``; (the lowest live ticket)."""
 
 
 RELEASE_TICKET: Final = "WITH gone AS (DELETE FROM turn_queue WHERE ticket = %s) SELECT pg_notify(%s, %s)"
@@ -131,3 +157,41 @@ async def take_over_tickets(conn: Any, request_ids: Sequence[str], owner: str, u
             "UPDATE turn_queue SET owner = %s, lease_until = %s WHERE request_id = ANY(%s)",
             (owner, until_us, list(request_ids)),
         )
+
+
+async def queue_submission(conn: Any, submission: SubmissionRecord) -> None:
+    """The new ``submission``'s place in its conversation's turn queue, taken in the transaction
+    that accepts it: first in, first out by acceptance whichever replica later runs it (that
+    one's turn lock takes this ticket over). A place reserved for it already
+    (``Store.reserve_place``: a REJECT submission) is kept, with its owner. Replicas with a free
+    slot are woken to claim an unowned one (delivered at commit)."""
+    await conn.execute(
+        b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (QUEUE_LOCK_CLASS, submission.conversation_id)
+    )
+    await db.run(
+        conn,
+        "WITH old AS (UPDATE turn_queue SET owner = %(o)s, lease_until = %(l)s"
+        " WHERE conversation_id = %(c)s AND request_id = %(r)s RETURNING 1)"
+        " INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
+        " SELECT %(c)s, %(r)s, %(o)s, %(l)s WHERE NOT EXISTS (SELECT 1 FROM old)",
+        {
+            "c": submission.conversation_id,
+            "r": submission.submission_id,
+            "o": submission.owner,
+            "l": UNOWNED_LEASE
+            if submission.lease_until is None
+            else to_us(submission.lease_until, "lease_until"),
+        },
+    )
+    if not submission.owner:
+        await db.run(conn, "SELECT pg_notify(%s, '')", (SUBMISSIONS_CHANNEL,))
+
+
+async def free_unowned_tickets(conn: Any, submission_ids: Sequence[str]) -> None:
+    """Delete the unclaimed queue tickets of submissions that ended without running; wake the line."""
+    await db.run(
+        conn,
+        "WITH gone AS (DELETE FROM turn_queue WHERE request_id = ANY(%s) AND owner = ''"
+        " RETURNING conversation_id) SELECT pg_notify(%s, conversation_id) FROM gone",
+        (list(submission_ids), QUEUE_CHANNEL),
+    )

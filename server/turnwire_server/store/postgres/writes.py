@@ -1,155 +1,236 @@
-"""The PostgreSQL store's writes not yet moved into the shared core (``start_turn``, the
-transcript's and tool calls' writes are there: :mod:`turnwire_server.store.core.turn_writes`,
-:mod:`~turnwire_server.store.core.transcript_writes`): the same rules as the SQLite driver's
-(:mod:`turnwire_server.store.sqlite.writes`, ``.streams``, ``.submissions``), statement for
-statement where it can be.
+"""The PostgreSQL store's writes: each runs the shared core's program
+(:mod:`turnwire_server.store.core`) in one transaction, and adds what only this driver has: the
+cross-replica queue tickets of submissions (:mod:`.turn_queue`), the ``NOTIFY`` that wakes
+readers following a turn from another replica, and the global lock that orders acceptance.
 
-Each function here runs inside ONE transaction the caller opened (``conn.transaction()``) and
-raises to roll it back (the domain errors of :mod:`turnwire_server.store.base`, or a
-``psycopg`` error). ``now_us`` is the write's time, µs since the epoch.
-
-Concurrency: SQLite applies writes one at a time; here several connections write at once, so every
-write that reads and then changes a conversation first takes the conversation's lock with
-:func:`~turnwire_server.store.postgres.db.lock_conversation` (a transaction-level advisory lock on
-the id, then ``SELECT … FOR UPDATE`` of its row). Writers of one conversation therefore serialize
-and each sees what the previous one committed (READ COMMITTED: every statement reads the latest
-commits), which is what makes ``answer_tool_calls`` complete a batch exactly once and keeps message
-positions gap-free. :func:`create_submission` serializes on one global advisory lock (acceptance
-order ``seq`` is global, as in SQLite).
+How each write commits is this driver's choice: a transaction of its own, applied in call order
+per conversation (:meth:`PostgresConnection._write`), or the group commit for the hot ones
+(checkpoints, event batches, turn ends: :meth:`PostgresConnection._write_batched`). Starting a
+turn is :mod:`.admission`'s (it comes with the turn's ticket).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Final
+import datetime as dt
+from collections.abc import Collection, Sequence
+from typing import Final
 
+from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import (
+    AddMode,
+    AddResult,
+    AnsweredToolCalls,
+    CompactionRecord,
     SubmissionRecord,
+    SubmissionState,
+    ToolCallAnswer,
+    TurnRecord,
 )
-from turnwire_server.store.core.rows import (
-    to_us,
+from turnwire_server.store.core import (
+    compaction_writes,
+    message_writes,
+    retention_writes,
+    stream_writes,
+    submission_writes,
+    transcript_writes,
 )
-from turnwire_server.store.core.sql import just
-from turnwire_server.store.core.turn_writes import (
-    StartTurn,
-    StartTurnPlan,
-    start_turn_writes,
-)
-from turnwire_server.store.postgres.db import (
-    CONVERSATION_LOCK_CLASS,
-    DIALECT,
-    Conn,
-    lock_conversation,
-    run,
-    run_program,
-    send_conversation_lock,
-)
+from turnwire_server.store.core.rows import compaction_params, to_us
+from turnwire_server.store.postgres import turn_queue
+from turnwire_server.store.postgres.connection import PostgresConnection
+from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
+from turnwire_server.store.postgres.replicas import EVENTS_CHANNEL
 
-__all__ = [
-    "CONVERSATION_LOCK_CLASS",
-    "SUBMISSIONS_LOCK_KEY",
-    "Conn",
-    "free_unowned_tickets",
-    "lock_conversation",
-    "lock_submissions",
-    "queue_submission",
-    "start_new_turn",
-]
+__all__ = ["SUBMISSIONS_LOCK_KEY", "Writes"]
 
 SUBMISSIONS_LOCK_KEY: Final = 0x7475726E_73756273  # "turnsubs"
-"""The advisory lock key serializing :func:`create_submission` (global acceptance order)."""
-
-QUEUE_LOCK_CLASS: Final = 0x7471  # "tq"
-"""First key of the advisory lock serializing the ticket takers of a conversation's turn queue
-(second: ``hashtext(conversation_id)``); not the write lock, so taking a ticket never waits for a
-commit of the conversation's running turn."""
-
-UNOWNED_LEASE: Final = 1 << 62
-"""The lease of the queue ticket of a submission no replica claimed yet: it never lapses, so the
-submission keeps its place in line until a replica claims it (and the ticket gets its lease) or
-it ends without running (and the ticket goes)."""
-
-_FREE_UNOWNED_TICKETS: Final = (
-    "WITH gone AS (DELETE FROM turn_queue WHERE request_id = ANY(%s) AND owner = ''"
-    " RETURNING conversation_id) SELECT pg_notify('turnwire_queue', conversation_id) FROM gone"
-)
-"""Delete the unclaimed tickets of submissions that end without running; wake the line."""
-
-_OPEN: Final = ("pending", "running")
+"""The advisory lock key serializing submission creations: concurrent duplicates create one,
+and ``seq`` (acceptance order) is global, as in SQLite."""
 
 
-# --------------------------------------------------------------------------- helpers
+class Writes(PostgresConnection):
+    """The store's writes (the contracts: :mod:`turnwire_server.store.base`)."""
 
+    async def save_message(
+        self, conversation_id: str, message: message_pb2.Message, *, turn_request_id: str = ""
+    ) -> None:
+        row = message_writes.prepare_save_message(message)
+        if row is None:
+            return
+        await self._write_batched(
+            f"save_message({conversation_id!r}, {message.id!r})",
+            lambda conn, now_us: run_program(
+                conn, message_writes.save_message(conversation_id, row, turn_request_id, DIALECT, now_us)
+            ),
+            conversation_id=conversation_id,
+        )
 
-async def _turn_recorded(conn: Conn, request_id: str) -> Any:
-    """A cursor whose one row says whether turn ``request_id`` is recorded (not yet fetched)."""
-    return await conn.execute(b"SELECT EXISTS (SELECT 1 FROM turns WHERE request_id = %s)", (request_id,))
+    async def finish_turn(self, turn: TurnRecord, message: message_pb2.Message | None) -> None:
+        finish = message_writes.prepare_finish_turn(turn, message)
+        # Group-committed with the checkpoints and event batches queued meanwhile (as SQLite's
+        # writer does): the turn waits for this commit before its TurnEnd, but shares it.
+        await self._write_batched(
+            f"finish_turn({turn.request_id!r})",
+            lambda conn, now_us: run_program(conn, message_writes.finish_turn(finish, DIALECT, now_us)),
+            conversation_id=turn.conversation_id,
+        )
 
+    async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
+        await self._write(
+            f"discard_reply({turn.request_id!r})",
+            lambda conn, now_us: run_program(
+                conn, compaction_writes.discard_reply(turn, message_id, DIALECT, now_us)
+            ),
+            conversation_id=turn.conversation_id,
+        )
 
-# --------------------------------------------------------------------------- turns
+    async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
+        finish, ids = message_writes.prepare_roll_back(turn, message_ids)
+        await self._write(
+            f"roll_back_turn({turn.request_id!r})",
+            lambda conn, now_us: run_program(
+                conn, message_writes.roll_back_turn(finish, ids, DIALECT, now_us)
+            ),
+            conversation_id=turn.conversation_id,
+        )
 
+    async def save_compaction(self, record: CompactionRecord) -> None:
+        params = compaction_params(record)  # invalid values fail here, before a connection is taken
+        await self._write(
+            f"save_compaction({record.conversation_id!r})",
+            lambda conn, _: run_program(
+                conn, compaction_writes.save_compaction(record.conversation_id, params)
+            ),
+            conversation_id=record.conversation_id,
+        )
 
-_SUBMISSION_NOT_PENDING: Final = (
-    # Fails the transaction (a cast no text passes) when the turn is a submission that is no
-    # longer pending: nothing is written and the caller starts the turn the checking way.
-    "SELECT ('turnwire: submission ' || id || ' is ' || state)::int FROM submissions"
-    " WHERE id = %s AND state NOT IN ('pending', 'running')"
-)
+    # ------------------------------------------------------------------ event streams
 
+    async def append_events(
+        self,
+        conversation_id: str,
+        request_id: str,
+        events: Sequence[tuple[int, bytes]],
+        *,
+        ended: bool,
+    ) -> None:
+        """Group-committed, the stream's end too (its turn waits for it, but shares the commit);
+        readers following the turn from another replica are woken at commit."""
+        batch = stream_writes.prepare_events(events, ended=ended)
 
-async def start_new_turn(conn: Conn, start: StartTurn, now_us: int) -> None:
-    """``Store.start_turn`` for the common case, without a read to wait for: a new request id
-    whose messages are all new, so the plan is known before anything is read (the shared
-    :func:`~turnwire_server.store.core.turn_writes.start_turn_writes`). Writes only; meant for
-    pipeline mode (nothing waits for the server). The uncommon cases make the transaction fail
-    instead of deciding: a request id already recorded or a message id already stored (a
-    retry, a re-sent message) by their primary keys (``UniqueViolation``), a submission no
-    longer pending by :data:`_SUBMISSION_NOT_PENDING` (``InvalidTextRepresentation``); the
-    caller rolls back and runs the shared :func:`~turnwire_server.store.core.turn_writes.start_turn`,
-    which applies their rules."""
-    await send_conversation_lock(conn, start.turn.conversation_id)
-    await run(conn, _SUBMISSION_NOT_PENDING, (start.turn.request_id,))
-    plan = StartTurnPlan(new_rows=start.rows, replace_earlier=False, submission_running=True)
-    await run_program(conn, just(start_turn_writes(start, plan, DIALECT, now_us)))
+        async def append(conn: Conn, now_us: int) -> None:
+            program = stream_writes.append_events(conversation_id, request_id, batch, DIALECT, now_us)
+            if await run_program(conn, program):
+                await conn.execute(b"SELECT pg_notify(%s, %s)", (EVENTS_CHANNEL, request_id))
 
+        await self._write_batched(f"append_events({request_id!r})", append, conversation_id=conversation_id)
 
-# --------------------------------------------------------------------------- submissions
+    # ------------------------------------------------------------------ submissions
 
+    async def create_submission(
+        self, submission: SubmissionRecord, *, max_open: int
+    ) -> tuple[SubmissionRecord, bool]:
+        """Under a global advisory lock (acceptance order); a new submission's queue ticket is
+        taken in the same transaction (:func:`.turn_queue.queue_submission`)."""
+        submission_writes.check_new(submission)
 
-async def lock_submissions(conn: Conn) -> None:
-    """Take the global submissions lock for the rest of the transaction: creations serialize, so
-    concurrent duplicates create one and ``seq`` follows acceptance."""
-    await conn.execute(b"SELECT pg_advisory_xact_lock(%s)", (SUBMISSIONS_LOCK_KEY,))
+        async def create(conn: Conn, now_us: int) -> tuple[SubmissionRecord, bool]:
+            await conn.execute(b"SELECT pg_advisory_xact_lock(%s)", (SUBMISSIONS_LOCK_KEY,))
+            record, created = await run_program(
+                conn, submission_writes.create_submission(submission, max_open)
+            )
+            if created:
+                await turn_queue.queue_submission(conn, submission)
+            return record, created
 
+        return await self._write(f"create_submission({submission.submission_id!r})", create)
 
-async def queue_submission(conn: Conn, submission: SubmissionRecord) -> None:
-    """The new ``submission``'s place in its conversation's turn queue, taken now: first in,
-    first out by acceptance whichever replica later runs it (that one's turn lock takes this
-    ticket over). A place reserved for it already (``Store.reserve_place``: a REJECT submission)
-    is kept, with its owner. Replicas with a free slot are woken to claim an unowned one
-    (delivered at commit)."""
-    await conn.execute(
-        b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (QUEUE_LOCK_CLASS, submission.conversation_id)
-    )
-    await run(
-        conn,
-        "WITH old AS (UPDATE turn_queue SET owner = %(o)s, lease_until = %(l)s"
-        " WHERE conversation_id = %(c)s AND request_id = %(r)s RETURNING 1)"
-        " INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
-        " SELECT %(c)s, %(r)s, %(o)s, %(l)s WHERE NOT EXISTS (SELECT 1 FROM old)",
-        {
-            "c": submission.conversation_id,
-            "r": submission.submission_id,
-            "o": submission.owner,
-            "l": UNOWNED_LEASE
-            if submission.lease_until is None
-            else to_us(submission.lease_until, "lease_until"),
-        },
-    )
-    if not submission.owner:
-        await run(conn, "SELECT pg_notify('turnwire_submissions', '')")
+    async def end_submission(
+        self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]
+    ) -> SubmissionRecord | None:
+        """An ended submission's unclaimed queue ticket goes in the same transaction."""
+        submission_writes.check_end(state)
+        allowed = tuple(only_from)
 
+        async def end(conn: Conn, now_us: int) -> SubmissionRecord | None:
+            program = submission_writes.end_submission(submission_id, state, error, allowed, now_us)
+            record = await run_program(conn, program)
+            if record is not None and record.state not in submission_writes.OPEN:
+                await turn_queue.free_unowned_tickets(conn, [submission_id])
+            return record
 
-async def free_unowned_tickets(conn: Conn, submission_ids: Sequence[str]) -> None:
-    """Delete the unclaimed queue tickets of submissions that ended without running; wake the line."""
-    await run(conn, _FREE_UNOWNED_TICKETS, (list(submission_ids),))
+        return await self._write(f"end_submission({submission_id!r})", end)
+
+    async def expire_submissions(self, before: dt.datetime, limit: int, error: bytes) -> list[str]:
+        """The expired submissions' unclaimed queue tickets go in the same transaction."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        before_us = to_us(before, "before")
+
+        async def expire(conn: Conn, now_us: int) -> list[str]:
+            program = submission_writes.expire_submissions(before_us, limit, error, DIALECT, now_us)
+            ids = await run_program(conn, program)
+            await turn_queue.free_unowned_tickets(conn, ids)
+            return ids
+
+        return await self._write("expire_submissions", expire)
+
+    # ------------------------------------------------------------------ transcript, retention
+
+    async def add_messages(
+        self,
+        conversation_id: str,
+        messages: Sequence[message_pb2.Message],
+        *,
+        mode: AddMode,
+        allow_missing: bool,
+        replace_only: Collection[str] = (),
+    ) -> AddResult:
+        make = transcript_writes.adding(
+            conversation_id, messages, mode=mode, allow_missing=allow_missing, replace_only=replace_only
+        )
+        return await self._write(
+            f"add_messages({conversation_id!r})",
+            lambda conn, now_us: run_program(conn, make(DIALECT, now_us)),
+            conversation_id=conversation_id,
+        )
+
+    async def answer_tool_calls(
+        self,
+        conversation_id: str,
+        answers: Sequence[ToolCallAnswer],
+        *,
+        expired_before: dt.datetime | None,
+    ) -> AnsweredToolCalls:
+        """Exact across connections: the transaction holds the conversation's row and its
+        message rows ``FOR UPDATE``."""
+        batch = transcript_writes.prepare_answers(answers)
+        return await self._write(
+            f"answer_tool_calls({conversation_id!r})",
+            lambda conn, now_us: run_program(
+                conn,
+                transcript_writes.answer_tool_calls(conversation_id, batch, expired_before, DIALECT, now_us),
+            ),
+            conversation_id=conversation_id,
+        )
+
+    async def expire_pending_tool_calls(self, cutoff: dt.datetime) -> int:
+        cutoff_us = to_us(cutoff, "cutoff")
+        return await self._write(
+            "expire_pending_tool_calls",
+            lambda conn, now_us: run_program(
+                conn, transcript_writes.expire_pending_tool_calls(cutoff_us, DIALECT, now_us)
+            ),
+        )
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        return await self._write(
+            f"delete_conversation({conversation_id!r})",
+            lambda conn, _: run_program(
+                conn, transcript_writes.delete_conversation(conversation_id, DIALECT)
+            ),
+            conversation_id=conversation_id,
+        )
+
+    async def expire_events(self, before: dt.datetime, limit: int) -> int:
+        program = retention_writes.expire_events(to_us(before, "before"), limit)
+        return await self._write("expire_events", lambda conn, _: run_program(conn, program(DIALECT)))

@@ -64,6 +64,7 @@ class _SqliteDialect:
     lock_rows = ""
     claim_rows = ""
     conversation_tables: tuple[str, ...] = ()
+    lease_renewals: tuple[str, ...] = ()
 
     def contains_bytes(self, column: str, needle: bytes) -> str:
         return f"instr({column}, X'{needle.hex()}') > 0"
