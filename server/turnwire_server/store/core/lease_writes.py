@@ -7,16 +7,16 @@ another owner whose lease lapsed before ``now`` or that has none. A driver whose
 are dead by construction passes ``lapsed_before_us=None``: then every other owner's work is
 claimable, whatever its lease (SQLite serves one process per file; its file lock proves the
 previous one dead, so a crash a moment ago need not wait out the lease). Claimants running at
-once take disjoint rows (the dialect's ``claim_rows``: ``FOR UPDATE SKIP LOCKED`` on PostgreSQL).
-What only a driver has (PostgreSQL's queue tickets, taken over in the same transaction) it does
-around the program.
+once take disjoint rows (the dialect's ``claim_rows``: ``FOR UPDATE SKIP LOCKED`` on PostgreSQL),
+and the claimed work's places in a shared line go over to the claimant in the same transaction
+(``work_claimed``: PostgreSQL's queue tickets).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, Generic, TypeVar
 
 from turnwire_server.store.base import SubmissionRecord, TurnRecord
 from turnwire_server.store.core.rows import TURN_COLUMNS, turn_from_row
@@ -24,6 +24,8 @@ from turnwire_server.store.core.sql import Dialect, Program, Statement
 from turnwire_server.store.core.submission_rows import SUBMISSION_COLUMNS, submission_from_row
 
 __all__ = ["claim_interrupted_turns", "claim_pending_submissions", "renew_leases"]
+
+R = TypeVar("R")
 
 _LAPSED: Final = " AND (lease_until IS NULL OR lease_until < ?)"
 """The lease condition of a claim (µs since the epoch), left out when ``lapsed_before_us`` is None."""
@@ -52,25 +54,10 @@ def claim_interrupted_turns(
 ) -> Callable[[Dialect], Program[list[TurnRecord]]]:
     """Claim up to ``limit`` (>= 1) running turns of other owners (module docstring: whose),
     oldest first: each gets ``owner`` and the lease ``until_us`` (µs since the epoch) in one
-    statement; returns them as claimed, by start time then request id. Returns the program's
-    maker (a driver that retries a transaction runs a new program). Raises :class:`ValueError`
-    for ``limit`` < 1 (at once)."""
-    _check_limit(limit)
-
-    def program(dialect: Dialect) -> Program[list[TurnRecord]]:
-        found = yield [
-            _claim(
-                _TURNS,
-                dialect,
-                owner=owner,
-                lapsed_before_us=lapsed_before_us,
-                until_us=until_us,
-                limit=limit,
-            )
-        ]
-        return sorted(map(turn_from_row, found[0]), key=lambda t: (t.start_time, t.request_id))
-
-    return program
+    statement, and its place in a shared line (the dialect's ``work_claimed``); returns them as
+    claimed, by start time then request id. Returns the program's maker (a driver that retries
+    a transaction runs a new program). Raises :class:`ValueError` for ``limit`` < 1 (at once)."""
+    return _claiming(_TURNS, owner, lapsed_before_us, until_us, limit)
 
 
 def claim_pending_submissions(
@@ -79,54 +66,56 @@ def claim_pending_submissions(
     """Claim up to ``limit`` (>= 1) pending submissions no replica claimed yet (no owner) or
     whose owner is gone (module docstring), in acceptance order, as
     :func:`claim_interrupted_turns` claims turns. Raises :class:`ValueError` for ``limit`` < 1."""
-    _check_limit(limit)
-
-    def program(dialect: Dialect) -> Program[list[SubmissionRecord]]:
-        found = yield [
-            _claim(
-                _SUBMISSIONS,
-                dialect,
-                owner=owner,
-                lapsed_before_us=lapsed_before_us,
-                until_us=until_us,
-                limit=limit,
-            )
-        ]
-        return sorted(map(submission_from_row, found[0]), key=lambda r: r.seq)
-
-    return program
+    return _claiming(_SUBMISSIONS, owner, lapsed_before_us, until_us, limit)
 
 
 @dataclass(frozen=True, slots=True)
-class _Claimable:
-    """A table whose open rows carry an owner and a lease."""
+class _Claimable(Generic[R]):
+    """A table whose open rows carry an owner and a lease, and how its claimed rows come back."""
 
     table: str
-    key: str
-    columns: str  # what the claim returns (the record's columns)
+    key: str  # the primary key: the first of ``columns``, and the work's id in line
+    columns: str  # the record's columns
     open_rows: str  # the condition of rows still to run
     order: str  # who is claimed first
+    record: Callable[[Any], R]
+    record_order: Callable[[R], Any]
 
 
-_TURNS: Final = _Claimable("turns", "request_id", TURN_COLUMNS, "state = 'running'", "start_time, request_id")
-_SUBMISSIONS: Final = _Claimable("submissions", "id", SUBMISSION_COLUMNS, "state = 'pending'", "seq")
+_TURNS: Final = _Claimable(
+    "turns",
+    "request_id",
+    TURN_COLUMNS,
+    "state = 'running'",
+    "start_time, request_id",
+    turn_from_row,
+    lambda turn: (turn.start_time, turn.request_id),
+)
+_SUBMISSIONS: Final = _Claimable(
+    "submissions", "id", SUBMISSION_COLUMNS, "state = 'pending'", "seq", submission_from_row, lambda r: r.seq
+)
 
 
-def _check_limit(limit: int) -> None:
+def _claiming(
+    rows: _Claimable[R], owner: str, lapsed_before_us: int | None, until_us: int, limit: int
+) -> Callable[[Dialect], Program[list[R]]]:
     if limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
-
-
-def _claim(
-    rows: _Claimable, dialect: Dialect, *, owner: str, lapsed_before_us: int | None, until_us: int, limit: int
-) -> Statement:
-    """One statement: pick the claimable rows (skipping those another claimant holds) and give
-    them to ``owner``; the claimed rows' ``columns`` come back."""
     lapsed, lapsed_params = ("", ()) if lapsed_before_us is None else (_LAPSED, (lapsed_before_us,))
-    return Statement(
-        f"UPDATE {rows.table} SET owner = ?, lease_until = ? WHERE {rows.key} IN ("
-        f"SELECT {rows.key} FROM {rows.table} WHERE {rows.open_rows} AND (owner IS NULL OR owner <> ?)"
-        f"{lapsed} ORDER BY {rows.order} LIMIT ?{dialect.claim_rows}) RETURNING {rows.columns}",
-        (owner, until_us, owner, *lapsed_params, limit),
-        fetch=True,
-    )
+
+    def program(dialect: Dialect) -> Program[list[R]]:
+        found = yield [
+            Statement(
+                f"UPDATE {rows.table} SET owner = ?, lease_until = ? WHERE {rows.key} IN ("
+                f"SELECT {rows.key} FROM {rows.table} WHERE {rows.open_rows}"
+                f" AND (owner IS NULL OR owner <> ?){lapsed} ORDER BY {rows.order}"
+                f" LIMIT ?{dialect.claim_rows}) RETURNING {rows.columns}",
+                (owner, until_us, owner, *lapsed_params, limit),
+                fetch=True,
+            )
+        ]
+        if found[0]:
+            yield dialect.work_claimed([row[0] for row in found[0]], owner, until_us)
+        return sorted(map(rows.record, found[0]), key=rows.record_order)
+
+    return program

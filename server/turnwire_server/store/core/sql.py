@@ -91,6 +91,34 @@ class Dialect(Protocol):
         rewriting only changed ones."""
         ...
 
+    # What a line shared by several processes (PostgreSQL's cross-replica turn queue) does in
+    # the transaction of a write; nothing where one process keeps the lines in memory.
+
+    def lock_submissions(self) -> Sequence[Statement]:
+        """The statements that serialize submission creations for the rest of the transaction
+        (concurrent duplicates create one; ``seq`` follows acceptance)."""
+        ...
+
+    def submission_queued(self, submission: Any) -> Sequence[Statement]:
+        """The statements that give the new ``submission``
+        (:class:`~turnwire_server.store.records.SubmissionRecord`) its place in its
+        conversation's shared line, and wake the processes that may claim it."""
+        ...
+
+    def submissions_ended(self, submission_ids: Sequence[str]) -> Sequence[Statement]:
+        """The statements that free the places of submissions that ended without running."""
+        ...
+
+    def work_claimed(self, request_ids: Sequence[str], owner: str, until_us: int) -> Sequence[Statement]:
+        """The statements that hand the places in line of claimed turns or submissions to
+        ``owner`` with the lease ``until_us``, so recovered work keeps its place."""
+        ...
+
+    def events_stored(self, request_id: str) -> Sequence[Statement]:
+        """The statements that wake the readers following turn ``request_id`` from other
+        processes (delivered at commit)."""
+        ...
+
 
 def in_marks(count: int) -> str:
     """``?, ?, …`` for an ``IN (…)`` list of ``count`` values (both dialects; ``count`` >= 1)."""

@@ -3,8 +3,9 @@
 applied in call order per conversation, or group-committed by :mod:`.batching`).
 
 :class:`PostgresConnection` is the base of :class:`~turnwire_server.store.postgres.PostgresStore`
-and of the mixins that make it up (:mod:`.writes`, :mod:`.admission`, :mod:`.leases`,
-:mod:`.notifications`); the reads are the shared core's (:class:`CoreReads` on :meth:`_read`).
+and of the mixins that make it up (:mod:`.admission`, :mod:`.notifications`); the reads and the
+writes are the shared core's (:class:`CoreReads` on :meth:`~PostgresConnection._read`,
+:class:`CoreWrites` on :meth:`~PostgresConnection._commit`).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ import psycopg_pool
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.message_cache import DecodedMessages
 from turnwire_server.store.core.reads import CoreReads
+from turnwire_server.store.core.sql import Program
+from turnwire_server.store.core.writes import ALONE, Commit, CoreWrites
 from turnwire_server.store.errors import StoreError
 from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.postgres import db
 from turnwire_server.store.postgres.batching import GroupCommit
-from turnwire_server.store.postgres.db import RACE_ERRORS, RETRIES, Conn
+from turnwire_server.store.postgres.db import DIALECT, RACE_ERRORS, RETRIES, Conn, run_program
 from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
 from turnwire_server.store.postgres.replicas import Listener
 from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
@@ -44,12 +47,13 @@ out; one back from use more recently is not, so the hot path pays no check per s
 T = TypeVar("T")
 
 
-class PostgresConnection(CoreReads):
+class PostgresConnection(CoreWrites, CoreReads):
     """The pool, the listener and the transactions of one PostgreSQL store (arguments: see
     :class:`~turnwire_server.store.postgres.PostgresStore`)."""
 
     _store_name = "postgres"
     _text_holds_nul = False
+    _dialect = DIALECT
 
     def __init__(
         self,
@@ -262,6 +266,26 @@ class PostgresConnection(CoreReads):
             except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
                 raise self._error(exc, what) from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _commit(self, what: str, program: Callable[[int], Program[T]], how: Commit = ALONE) -> T:
+        """A transaction of its own (:meth:`_write`), or, ``how.grouped`` (with a conversation),
+        the next group commit (:meth:`_write_batched`); ``how.urgent`` does not apply: nothing
+        here holds a transaction open for more writes."""
+        if not how.grouped or how.conversation_id is None:
+            return await self._write(
+                what,
+                lambda conn, now_us: run_program(conn, program(now_us)),
+                conversation_id=how.conversation_id,
+            )
+        # The group commit may apply a write again (after another write of its batch failed, or
+        # a race): the result is the last application's.
+        outcome: list[T] = []
+
+        async def body(conn: Conn, now_us: int) -> None:
+            outcome.append(await run_program(conn, program(now_us)))
+
+        await self._write_batched(what, body, conversation_id=how.conversation_id)
+        return outcome[-1]
 
     async def _write_batched(
         self, what: str, body: Callable[[Conn, int], Awaitable[None]], *, conversation_id: str

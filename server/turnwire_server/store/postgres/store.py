@@ -14,24 +14,23 @@ requests and event wake-ups travel by ``LISTEN``/``NOTIFY``, and turn leases let
 claim the turns of a replica that died (:mod:`turnwire_server.store.postgres.replicas`). The
 store's writes are safe under concurrency (conversation locks, ``SELECT … FOR UPDATE``).
 
-:class:`PostgresStore` is made of one part a concern: the connections and transactions
-(:mod:`.connection`, group commit in :mod:`.batching`), the writes (:mod:`.writes`), a turn's
-admission and the turn queue (:mod:`.admission`), leases and claims (:mod:`.leases`), and the
-cancel relay and wake-ups (:mod:`.notifications`).
+:class:`PostgresStore` is made of one part a concern: the connections and transactions, on
+which the core's reads and writes run (:mod:`.connection`, group commit in :mod:`.batching`),
+a turn's admission and the turn queue (:mod:`.admission`, statements in :mod:`.turn_queue`),
+and the cancel relay and wake-ups (:mod:`.notifications`). What its writes do beyond SQLite's
+(queue tickets, notifications, row locks) is its dialect's (:mod:`.db`).
 """
 
 from __future__ import annotations
 
 from turnwire_server.store.postgres.admission import TurnQueue
 from turnwire_server.store.postgres.connection import DEFAULT_POOL_SIZE
-from turnwire_server.store.postgres.leases import Leases
 from turnwire_server.store.postgres.notifications import Notifications
-from turnwire_server.store.postgres.writes import Writes
 
 __all__ = ["DEFAULT_POOL_SIZE", "PostgresStore"]
 
 
-class PostgresStore(TurnQueue, Leases, Notifications, Writes):
+class PostgresStore(TurnQueue, Notifications):
     """:class:`~turnwire_server.store.base.Store` on a PostgreSQL database (psycopg 3, async).
 
     ``url`` is ``postgresql://user[:password]@host[:port]/database`` (or ``postgres://``; libpq

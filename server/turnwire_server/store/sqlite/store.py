@@ -13,9 +13,8 @@ migrations run at :meth:`SqliteStore.open` (see :mod:`turnwire_server.store.sqli
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import os
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,34 +23,14 @@ import aiosqlite
 import filelock
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import (
-    AddMode,
-    AddResult,
-    AnsweredToolCalls,
-    CompactionRecord,
-    SubmissionRecord,
-    SubmissionState,
-    ToolCallAnswer,
-    TurnAdmission,
-    TurnRecord,
-    renewed_lease,
-)
-from turnwire_server.store.core import (
-    compaction_writes,
-    lease_writes,
-    message_writes,
-    retention_writes,
-    stream_writes,
-    submission_writes,
-    transcript_writes,
-    turn_writes,
-)
+from turnwire_server.store.base import TurnAdmission, TurnRecord, renewed_lease
+from turnwire_server.store.core import turn_writes
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.message_cache import DecodedMessages
 from turnwire_server.store.core.reads import CoreReads
-from turnwire_server.store.core.rows import compaction_params, to_us
 from turnwire_server.store.core.sql import Program
 from turnwire_server.store.core.turn_writes import prepare_start_turn
+from turnwire_server.store.core.writes import ALONE, Commit, CoreWrites
 from turnwire_server.store.errors import StoreError, StoreInUse
 from turnwire_server.store.sqlite.db import DB_ERRORS, DIALECT, run_program, store_error
 from turnwire_server.store.sqlite.migrations import Migration, load_migrations
@@ -104,7 +83,7 @@ def _read_only_mount_problem(kind: str, path: Path) -> str:
     )
 
 
-class SqliteStore(CoreReads):
+class SqliteStore(CoreWrites, CoreReads):
     """:class:`~turnwire_server.store.base.Store` on one SQLite database file, for one process.
 
     ``path`` is the database file; missing parent directories are created at
@@ -127,6 +106,8 @@ class SqliteStore(CoreReads):
     """
 
     _store_name = "sqlite"
+    _dialect = DIALECT
+    _locks: LocalTurnLocks
 
     def __init__(self, path: str | Path, *, checkpoint_batch_ms: float = 0) -> None:
         if str(path) in ("", ":memory:") or str(path).startswith("file:"):
@@ -237,212 +218,16 @@ class SqliteStore(CoreReads):
         if errors:
             raise store_error(errors[0], f"closing {self._path}")
 
-    # ------------------------------------------------------------------ a turn's writes
+    # ------------------------------------------------------------------ a turn's start and lock
 
     async def start_turn(self, turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> None:
         """Returns None: the caller loads the history (a read in the single writer's transaction
         would hold up every other write)."""
         start = prepare_start_turn(turn, messages)
-        await self._run(
+        await self._commit(
             f"start_turn({turn.request_id!r})",
             lambda now_us: turn_writes.start_turn(start, DIALECT, now_us),
-            urgent=True,
         )
-
-    async def save_message(
-        self, conversation_id: str, message: message_pb2.Message, *, turn_request_id: str = ""
-    ) -> None:
-        """Group-committed with other queued writes (waiting up to ``checkpoint_batch_ms`` for
-        more)."""
-        row = message_writes.prepare_save_message(message)
-        if row is None:
-            return
-        await self._run(
-            f"save_message({conversation_id!r}, {message.id!r})",
-            lambda now_us: message_writes.save_message(
-                conversation_id, row, turn_request_id, DIALECT, now_us
-            ),
-            urgent=False,
-        )
-
-    async def finish_turn(self, turn: TurnRecord, message: message_pb2.Message | None) -> None:
-        finish = message_writes.prepare_finish_turn(turn, message)
-        try:
-            await self._run(
-                f"finish_turn({turn.request_id!r})",
-                lambda now_us: message_writes.finish_turn(finish, DIALECT, now_us),
-                urgent=True,
-            )
-        finally:
-            if turn.state != "running":  # an interrupted turn ended without a recovery run
-                self._locks.drop(turn.request_id)
-
-    async def discard_reply(self, turn: TurnRecord, message_id: str) -> None:
-        await self._run(
-            f"discard_reply({turn.request_id!r})",
-            lambda now_us: compaction_writes.discard_reply(turn, message_id, DIALECT, now_us),
-            urgent=True,
-        )
-
-    async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
-        finish, ids = message_writes.prepare_roll_back(turn, message_ids)
-        try:
-            await self._run(
-                f"roll_back_turn({turn.request_id!r})",
-                lambda now_us: message_writes.roll_back_turn(finish, ids, DIALECT, now_us),
-                urgent=True,
-            )
-        finally:
-            self._locks.drop(turn.request_id)
-
-    async def save_compaction(self, record: CompactionRecord) -> None:
-        params = compaction_params(record)
-        await self._run(
-            f"save_compaction({record.conversation_id!r})",
-            lambda _: compaction_writes.save_compaction(record.conversation_id, params),
-            urgent=True,
-        )
-
-    async def append_events(
-        self,
-        conversation_id: str,
-        request_id: str,
-        events: Sequence[tuple[int, bytes]],
-        *,
-        ended: bool,
-    ) -> None:
-        """Group-committed with checkpoints; urgent when the batch ends the stream."""
-        batch = stream_writes.prepare_events(events, ended=ended)
-        await self._run(
-            f"append_events({request_id!r})",
-            lambda now_us: stream_writes.append_events(conversation_id, request_id, batch, DIALECT, now_us),
-            urgent=ended,
-        )
-
-    # ------------------------------------------------------------------ submissions
-
-    async def create_submission(
-        self, submission: SubmissionRecord, *, max_open: int
-    ) -> tuple[SubmissionRecord, bool]:
-        """A new submission's place in the conversation's line is reserved in this process."""
-        submission_writes.check_new(submission)
-        record, created = await self._run(
-            f"create_submission({submission.submission_id!r})",
-            lambda _: submission_writes.create_submission(submission, max_open),
-            urgent=True,
-        )
-        if created:
-            self._locks.reserve(record.conversation_id, record.submission_id)
-        return record, created
-
-    async def end_submission(
-        self, submission_id: str, state: SubmissionState, error: bytes | None, *, only_from: Sequence[str]
-    ) -> SubmissionRecord | None:
-        submission_writes.check_end(state)
-        allowed = tuple(only_from)
-        record = await self._run(
-            f"end_submission({submission_id!r})",
-            lambda now_us: submission_writes.end_submission(submission_id, state, error, allowed, now_us),
-            urgent=True,
-        )
-        if record is not None and record.state not in submission_writes.OPEN:
-            self._locks.drop(submission_id)  # ended before its turn took the place
-        return record
-
-    async def expire_submissions(self, before: dt.datetime, limit: int, error: bytes) -> list[str]:
-        before_us = to_us(before, "before")
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        expired = await self._run(
-            "expire_submissions",
-            lambda now_us: submission_writes.expire_submissions(before_us, limit, error, DIALECT, now_us),
-            urgent=False,
-        )
-        for submission_id in expired:
-            self._locks.drop(submission_id)
-        return expired
-
-    # ------------------------------------------------------------------ transcript, retention
-
-    async def add_messages(
-        self,
-        conversation_id: str,
-        messages: Sequence[message_pb2.Message],
-        *,
-        mode: AddMode,
-        allow_missing: bool,
-        replace_only: Collection[str] = (),
-    ) -> AddResult:
-        make = transcript_writes.adding(
-            conversation_id, messages, mode=mode, allow_missing=allow_missing, replace_only=replace_only
-        )
-        return await self._run(
-            f"add_messages({conversation_id!r})", lambda now_us: make(DIALECT, now_us), urgent=True
-        )
-
-    async def answer_tool_calls(
-        self,
-        conversation_id: str,
-        answers: Sequence[ToolCallAnswer],
-        *,
-        expired_before: dt.datetime | None,
-    ) -> AnsweredToolCalls:
-        batch = transcript_writes.prepare_answers(answers)
-        return await self._run(
-            f"answer_tool_calls({conversation_id!r})",
-            lambda now_us: transcript_writes.answer_tool_calls(
-                conversation_id, batch, expired_before, DIALECT, now_us
-            ),
-            urgent=True,
-        )
-
-    async def expire_pending_tool_calls(self, cutoff: dt.datetime) -> int:
-        cutoff_us = to_us(cutoff, "cutoff")
-        return await self._run(
-            "expire_pending_tool_calls",
-            lambda now_us: transcript_writes.expire_pending_tool_calls(cutoff_us, DIALECT, now_us),
-            urgent=True,
-        )
-
-    async def delete_conversation(self, conversation_id: str) -> bool:
-        deleted = await self._run(
-            f"delete_conversation({conversation_id!r})",
-            lambda _: transcript_writes.delete_conversation(conversation_id, DIALECT),
-            urgent=True,
-        )
-        self._locks.drop_all(conversation_id)  # the places of its deleted pending submissions
-        return deleted
-
-    async def expire_events(self, before: dt.datetime, limit: int) -> int:
-        program = retention_writes.expire_events(to_us(before, "before"), limit)
-        return await self._run("expire_events", lambda _: program(DIALECT), urgent=False)
-
-    # ------------------------------------------------------------------ leases and claims
-
-    async def renew_leases(self, owner: str, until: dt.datetime) -> int:
-        """No queue tickets to renew: the line lives in this process."""
-        until_us = to_us(until, "until")
-        return await self._run(
-            "renew_leases", lambda _: lease_writes.renew_leases(owner, until_us, DIALECT), urgent=False
-        )
-
-    async def claim_interrupted_turns(
-        self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
-    ) -> list[TurnRecord]:
-        """``now`` is not consulted: the process lock taken at :meth:`open` proves every other
-        owner dead, so a lease that has not lapsed yet (a crash a moment ago) does not matter."""
-        make = lease_writes.claim_interrupted_turns(owner, None, to_us(lease_until, "lease_until"), limit)
-        return await self._run("claim_interrupted_turns", lambda _: make(DIALECT), urgent=True)
-
-    async def claim_pending_submissions(
-        self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
-    ) -> list[SubmissionRecord]:
-        """Every other owner's, whatever its lease (one process per file, as
-        :meth:`claim_interrupted_turns`)."""
-        make = lease_writes.claim_pending_submissions(owner, None, to_us(lease_until, "lease_until"), limit)
-        return await self._run("claim_pending_submissions", lambda _: make(DIALECT), urgent=True)
-
-    # ------------------------------------------------------------------ one process per file
 
     @asynccontextmanager
     async def admit_turn(
@@ -475,6 +260,8 @@ class SqliteStore(CoreReads):
         """In this process (:class:`LocalTurnLocks`), from the place a submission ``request_id``
         reserved at acceptance if it did; owner and lease are not needed."""
         return self._locks.hold(conversation_id, request_id, first=first)
+
+    # ------------------------------------------------------------------ one process per file
 
     async def queue_head(self, conversation_id: str) -> str | None:
         return self._locks.head(conversation_id)
@@ -521,13 +308,13 @@ class SqliteStore(CoreReads):
 
     # ------------------------------------------------------------------ internals
 
-    async def _run(self, what: str, program: Callable[[int], Program[T]], *, urgent: bool) -> T:
-        """Run the core write ``program(now_us)`` (:mod:`turnwire_server.store.core.sql`) on the
-        writer thread in the next group commit (``urgent``: without waiting for more writes);
-        its result once committed. Raises what the program raised, or :class:`StoreError`."""
+    async def _commit(self, what: str, program: Callable[[int], Program[T]], how: Commit = ALONE) -> T:
+        """On the writer thread, always group-committed and in call order (so ``how.grouped``
+        and ``how.conversation_id`` change nothing); ``how.urgent`` ends the writer's wait for
+        more writes."""
         outcome: list[T] = []
         await self._writer.submit(
-            lambda conn, now_us: outcome.append(run_program(conn, program(now_us))), what, urgent=urgent
+            lambda conn, now_us: outcome.append(run_program(conn, program(now_us))), what, urgent=how.urgent
         )
         return outcome[0]
 
