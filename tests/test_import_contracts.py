@@ -57,8 +57,8 @@ def test_the_tree_keeps_its_contracts(tmp_path: Path) -> None:
     [
         # A store driver, whole or one of its modules (docs/architecture.md: drivers in packages).
         ("engine/turn.py", "turnwire_server.store.sqlite", "The engine knows interfaces: no gRPC"),
-        ("engine/turn.py", "turnwire_server.store.sqlite.writes", "only the interfaces named"),
-        ("engine/step_loop.py", "turnwire_server.store.postgres.store", "only the interfaces named"),
+        ("engine/turn.py", "turnwire_server.store.sqlite.writer", "only the interfaces named"),
+        ("engine/step_loop.py", "turnwire_server.store.postgres.admission", "only the interfaces named"),
         # The store's shared implementation (store/core/), by package.
         ("engine/transcript.py", "turnwire_server.store.core.reads", "only the interfaces named"),
         ("hooks/chain.py", "turnwire_server.store.core", "The engine knows interfaces: no gRPC"),

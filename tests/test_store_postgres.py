@@ -474,7 +474,7 @@ async def test_a_reject_racing_another_replicas_turn_is_decided_under_the_queue_
     nothing; else it holds the line and the other waits behind it. Never both run."""
     import psycopg
 
-    from turnwire_server.store.postgres.writes import QUEUE_LOCK_CLASS
+    from turnwire_server.store.postgres.turn_queue import QUEUE_LOCK_CLASS
 
     replica_a, replica_b = PostgresStore(pg_url), PostgresStore(pg_url)
     await replica_a.open()

@@ -158,12 +158,14 @@ def build_access(settings: Settings) -> AccessInterceptor | None:
 class Sidecar:
     """A started sidecar: its gRPC server, engine and what it runs with. Use :func:`start`.
 
-    The store, the providers and the remote hook servers are the engine's (:attr:`store`,
-    :attr:`providers`, :attr:`remote_hooks`); ``tools`` is the live tool set the engine reads,
-    kept here as its :class:`ToolSet` to close it."""
+    The providers and the remote hook servers are the engine's (:attr:`providers`,
+    :attr:`remote_hooks`); ``store`` is the engine's store, kept here as its :class:`Store` to
+    close it; ``tools`` is the live tool set the engine reads, kept here as its :class:`ToolSet`
+    to close it."""
 
     server: grpc.aio.Server
     engine: TurnEngine
+    store: Store
     tools: ToolSet
     health: health_aio.HealthServicer
     port: int
@@ -174,11 +176,6 @@ class Sidecar:
     metrics_endpoint: MetricsEndpoint | None = None
     tracer_provider: TracerProvider | None = None
     tls: ServerTls | None = None
-
-    @property
-    def store(self) -> Store:
-        """The engine's store."""
-        return self.engine.store
 
     @property
     def providers(self) -> ProviderRegistry:
@@ -465,6 +462,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     sidecar = Sidecar(
         server=server,
         engine=engine,
+        store=store,
         tools=tools,
         health=health,
         port=port,

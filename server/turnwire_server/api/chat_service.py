@@ -44,7 +44,7 @@ from turnwire_server.api.validation import (
 from turnwire_server.engine import TurnEngine, TurnHandle, TurnRequest
 from turnwire_server.engine.ids import new_request_id
 from turnwire_server.engine.submissions import Submissions
-from turnwire_server.store.base import ConversationRecord, Store, TurnRecord
+from turnwire_server.store.base import ConversationRecord, EngineStore, TurnRecord
 from turnwire_server.store.errors import InvalidPageToken, StoreError
 from turnwire_server.turn_places import turn_places
 
@@ -102,7 +102,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
     def __init__(
         self,
         engine: TurnEngine,
-        store: Store,
+        store: EngineStore,
         submissions: Submissions,
         *,
         default_model: str,

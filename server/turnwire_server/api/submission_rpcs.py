@@ -37,7 +37,7 @@ from turnwire_server.engine.ids import (
 )
 from turnwire_server.engine.submissions import Submissions
 from turnwire_server.providers.registry import UnknownModel
-from turnwire_server.store.base import Store, SubmissionRecord
+from turnwire_server.store.base import EngineStore, SubmissionRecord
 from turnwire_server.store.errors import InvalidPageToken, StoreError
 
 _STATES: dict[str, int] = {
@@ -64,7 +64,7 @@ MAX_METADATA_BYTES = 16 << 10
 
 class _Servicer(Protocol):
     engine: TurnEngine
-    store: Store
+    store: EngineStore
     submissions: Submissions
     default_model: str
     max_message_bytes: int

@@ -51,7 +51,7 @@ from turnwire_server.engine import TurnEngine, TurnRequest
 from turnwire_server.engine.errors import AdmissionRefused
 from turnwire_server.engine.ids import new_request_id
 from turnwire_server.providers.registry import UnknownModel
-from turnwire_server.store.base import AnsweredToolCalls, Store, ToolCallAnswer
+from turnwire_server.store.base import AnsweredToolCalls, EngineStore, ToolCallAnswer
 from turnwire_server.store.errors import StoreError
 from turnwire_server.store.waiting_calls import DENIED_BY_USER_TEXT
 
@@ -72,7 +72,7 @@ class ToolResultRpcs:
     ``store``, ``default_model``, ``max_message_bytes`` and ``progress_interval``)."""
 
     engine: TurnEngine
-    store: Store
+    store: EngineStore
     default_model: str
     max_message_bytes: int
     progress_interval: float

@@ -20,7 +20,7 @@ from turnwire_server.api.validation import check_id, check_message, raise_if_any
 from turnwire_server.engine import TurnEngine
 from turnwire_server.engine.deletion import delete_conversation
 from turnwire_server.engine.ids import RESERVED_PREFIX, is_reserved
-from turnwire_server.store.base import AddMode, AddResult, Store
+from turnwire_server.store.base import AddMode, AddResult, EngineStore
 from turnwire_server.store.errors import StoreError, UnknownMessage
 
 _MODES: dict[int, AddMode] = {
@@ -45,7 +45,7 @@ class TranscriptRpcs:
     ``max_message_bytes`` bounds each added message (``limits.max_message_bytes``)."""
 
     engine: TurnEngine
-    store: Store
+    store: EngineStore
     max_message_bytes: int
 
     async def AddMessages(

@@ -1,6 +1,6 @@
 """The turn engine: admission, the running-turn registry, cancellation, drain, recovery.
 
-It knows only interfaces: a :class:`~turnwire_server.store.base.Store`, a
+It knows only interfaces: a :class:`~turnwire_server.store.base.EngineStore`, a
 :class:`~turnwire_server.providers.registry.ProviderRegistry`,
 :class:`~turnwire.tools.Tool`s and a
 :class:`~turnwire_server.hooks.chain.MiddlewareChain`. It raises domain errors
@@ -48,7 +48,7 @@ from turnwire_server.engine.turn_spec import parse_spec
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.log_context import bind as bind_log_context
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import Store, TurnRecord
+from turnwire_server.store.base import EngineStore, TurnRecord
 from turnwire_server.store.errors import StoreError
 
 log = logging.getLogger("turnwire.engine")
@@ -121,7 +121,7 @@ class TurnEngine:
     def __init__(
         self,
         *,
-        store: Store,
+        store: EngineStore,
         providers: ProviderRegistry,
         tools: Mapping[str, Tool],
         chain: MiddlewareChain,

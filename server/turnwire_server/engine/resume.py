@@ -16,14 +16,14 @@ from collections.abc import AsyncIterator, Callable
 from turnwire_client.v1 import event_pb2
 from turnwire_server.engine.errors import TurnNotHere, TurnStreamNotFound
 from turnwire_server.engine.stream_log import Subscription
-from turnwire_server.store.base import Store, StreamRecord
+from turnwire_server.store.base import ReplayStore, StreamRecord
 
 
 async def replay(
     request_id: str,
     after: int,
     *,
-    store: Store,
+    store: ReplayStore,
     subscribe: Callable[[str], Subscription | None],
     retention_seconds: float,
     follow_seconds: float = 10.0,
@@ -79,7 +79,7 @@ async def replay(
             raise TurnNotHere(request_id)
 
 
-async def _stream(request_id: str, store: Store, retention_seconds: float) -> StreamRecord | None:
+async def _stream(request_id: str, store: ReplayStore, retention_seconds: float) -> StreamRecord | None:
     """The turn's stored stream; None when it has none yet but runs (on another replica).
     Raises :class:`TurnStreamNotFound` as :func:`replay` says."""
     stream = await store.get_stream(request_id)

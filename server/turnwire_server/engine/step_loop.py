@@ -41,7 +41,7 @@ from turnwire_server.engine.tool_calls import ToolCallRunner
 from turnwire_server.engine.turn_state import TurnWorkingState
 from turnwire_server.hooks.chain import HookError, merge_config
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import Store, TurnAdmission
+from turnwire_server.store.base import TurnAdmission, TurnRunStore
 
 log = logging.getLogger("turnwire.turn")
 
@@ -71,7 +71,7 @@ class StepLoop:
         self,
         state: TurnWorkingState,
         *,
-        store: Store,
+        store: TurnRunStore,
         providers: ProviderRegistry,
         settings: EngineSettings,
         stop: Callable[[BaseException], object],

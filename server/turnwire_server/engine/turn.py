@@ -70,7 +70,7 @@ from turnwire_server.engine.turn_state import TurnWorkingState
 from turnwire_server.hooks.chain import HookError, MiddlewareChain
 from turnwire_server.hooks.timeline import HookTimeline
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import Store, TurnAdmission, TurnRecord
+from turnwire_server.store.base import TurnAdmission, TurnRecord, TurnRunStore
 from turnwire_server.store.base import TurnState as StoredTurnState
 from turnwire_server.store.errors import TurnNotFound
 
@@ -138,7 +138,7 @@ class TurnRun:
         self,
         request: TurnRequest,
         *,
-        store: Store,
+        store: TurnRunStore,
         providers: ProviderRegistry,
         tools: Mapping[str, Tool],
         chain: MiddlewareChain,

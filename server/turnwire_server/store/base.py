@@ -43,7 +43,9 @@ __all__ = [
     "AnsweredToolCalls",
     "CompactionRecord",
     "ConversationRecord",
+    "EngineStore",
     "MaintenanceStore",
+    "ReplayStore",
     "ReplicaStore",
     "Store",
     "StreamRecord",
@@ -56,6 +58,7 @@ __all__ = [
     "TranscriptStore",
     "TurnAdmission",
     "TurnRecord",
+    "TurnRunStore",
     "TurnState",
     "TurnStore",
     "renewed_lease",
@@ -485,9 +488,27 @@ class MaintenanceStore(Protocol):
 
 
 @runtime_checkable
-class Store(
+class TurnRunStore(TurnStore, TranscriptStore, Protocol):
+    """What a running turn uses (``engine/turn.py``, ``engine/step_loop.py``): its lifecycle and
+    its conversation's transcript."""
+
+
+@runtime_checkable
+class ReplayStore(StreamStore, TurnStore, Protocol):
+    """What following a turn's events uses (``engine/resume.py``): its stream, and its record
+    when it has no stream yet."""
+
+
+@runtime_checkable
+class EngineStore(
     TranscriptStore, TurnStore, StreamStore, SubmissionStore, ReplicaStore, MaintenanceStore, Protocol
 ):
+    """Every role, for the engine that hands each collaborator the role it uses; opening and
+    closing the store are the application's (:class:`Store`)."""
+
+
+@runtime_checkable
+class Store(EngineStore, Protocol):
     """Persistence for conversations, messages and turns.
 
     The union of the role protocols above (the engine's collaborators take the role they use),

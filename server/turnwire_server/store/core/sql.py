@@ -7,7 +7,7 @@ connection: a driver runs it inside the write's transaction and commits. The SQL
 it on its writer thread, one statement after the other
 (:func:`turnwire_server.store.sqlite.db.run_program`); the PostgreSQL driver sends each batch
 in pipeline mode and waits once for the batch's reads, never for its writes
-(:func:`turnwire_server.store.postgres.writes.run_program`). So one program serves both.
+(:func:`turnwire_server.store.postgres.db.run_program`). So one program serves both.
 
 Statements are written once, in the SQL both dialects accept, with ``?`` placeholders (the
 PostgreSQL driver sends them as ``%s``: shared SQL holds no literal ``?`` or ``%``). What the
@@ -67,6 +67,10 @@ class Dialect(Protocol):
     """Statements (one ``?``: the conversation id) deleting a conversation's rows in tables only
     this driver has, run first when the conversation is deleted."""
 
+    lease_renewals: tuple[str, ...]
+    """Statements (two ``?``: the lease's end, the owner) renewing an owner's leases in tables
+    only this driver has, run with the turns' and submissions' renewals."""
+
     def contains_bytes(self, column: str, needle: bytes) -> str:
         """A condition true when the blob ``column`` contains the bytes ``needle`` (a literal:
         no placeholder)."""
@@ -85,6 +89,34 @@ class Dialect(Protocol):
     def replace_parts(self, conversation_id: str, row: Any) -> Sequence[Statement]:
         """The statements that make the stored message ``row.id``'s parts exactly ``row.parts``,
         rewriting only changed ones."""
+        ...
+
+    # What a line shared by several processes (PostgreSQL's cross-replica turn queue) does in
+    # the transaction of a write; nothing where one process keeps the lines in memory.
+
+    def lock_submissions(self) -> Sequence[Statement]:
+        """The statements that serialize submission creations for the rest of the transaction
+        (concurrent duplicates create one; ``seq`` follows acceptance)."""
+        ...
+
+    def submission_queued(self, submission: Any) -> Sequence[Statement]:
+        """The statements that give the new ``submission``
+        (:class:`~turnwire_server.store.records.SubmissionRecord`) its place in its
+        conversation's shared line, and wake the processes that may claim it."""
+        ...
+
+    def submissions_ended(self, submission_ids: Sequence[str]) -> Sequence[Statement]:
+        """The statements that free the places of submissions that ended without running."""
+        ...
+
+    def work_claimed(self, request_ids: Sequence[str], owner: str, until_us: int) -> Sequence[Statement]:
+        """The statements that hand the places in line of claimed turns or submissions to
+        ``owner`` with the lease ``until_us``, so recovered work keeps its place."""
+        ...
+
+    def events_stored(self, request_id: str) -> Sequence[Statement]:
+        """The statements that wake the readers following turn ``request_id`` from other
+        processes (delivered at commit)."""
         ...
 
 

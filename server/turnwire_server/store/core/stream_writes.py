@@ -50,8 +50,8 @@ def prepare_events(events: Sequence[tuple[int, bytes]], *, ended: bool) -> Event
 def append_events(
     conversation_id: str, request_id: str, batch: EventBatch, dialect: Dialect, now_us: int
 ) -> Program[bool]:
-    """``Store.append_events``: create or extend the stream row, insert the batch; True when
-    written.
+    """``Store.append_events``: create or extend the stream row, insert the batch, wake the
+    readers following the turn elsewhere (the dialect's ``events_stored``); True when written.
 
     A first batch starting at 1 for a stream that already ended replaces that stream (the
     request id was retried after a failed turn). Nothing is written (False) when no turn
@@ -92,5 +92,5 @@ def append_events(
         )
     if batch.data is not None:
         writes.append(Statement(_PUT_EVENTS, (request_id, batch.first, batch.last, batch.data)))
-    yield writes
+    yield [*writes, *dialect.events_stored(request_id)]
     return True

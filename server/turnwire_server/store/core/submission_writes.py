@@ -1,8 +1,8 @@
 """The writes of submissions (docs/semantics.md §7), once for both drivers (core programs,
 :mod:`turnwire_server.store.core.sql`): ``Store.create_submission``, ``Store.end_submission``
-and ``Store.expire_submissions``. What only a driver has (PostgreSQL's global acceptance lock,
-the cross-replica queue tickets and their notifications; SQLite's in-process places) it does
-around the program."""
+and ``Store.expire_submissions``. What only PostgreSQL has (the global acceptance lock, the
+cross-replica queue tickets and their notifications) is its dialect's statements in the same
+transaction; SQLite's in-process places are the store's (:class:`~.writes.CoreWrites`)."""
 
 from __future__ import annotations
 
@@ -53,9 +53,12 @@ def check_end(state: SubmissionState) -> None:
         raise ValueError(f"unknown submission state {state!r}")
 
 
-def create_submission(submission: SubmissionRecord, max_open: int) -> Program[tuple[SubmissionRecord, bool]]:
-    """``Store.create_submission``: the stored record and whether it was created (the caller
-    serializes creations: ``seq`` follows acceptance).
+def create_submission(
+    submission: SubmissionRecord, max_open: int, dialect: Dialect
+) -> Program[tuple[SubmissionRecord, bool]]:
+    """``Store.create_submission``: the stored record and whether it was created. Creations
+    serialize (the dialect's ``lock_submissions``), so ``seq`` follows acceptance; a new one
+    takes its place in a shared line (``submission_queued``).
 
     Idempotency: the same id, or the same (conversation, key), with the same request returns
     the stored record; the id and the key naming different submissions, or the id with another
@@ -72,7 +75,8 @@ def create_submission(submission: SubmissionRecord, max_open: int) -> Program[tu
     ]
     if submission.idempotency_key:
         reads.append(Statement(_BY_KEY, (submission.conversation_id, submission.idempotency_key), fetch=True))
-    found = yield reads
+    locked = list(dialect.lock_submissions())
+    found = (yield [*locked, *reads])[len(locked) :]
     by_key = _record(found[3]) if submission.idempotency_key else None
     existing = repeated_submission(submission, _record(found[0]), by_key)
     if existing is not None:
@@ -95,6 +99,7 @@ def create_submission(submission: SubmissionRecord, max_open: int) -> Program[tu
             ),
         ),
         Statement(_BY_ID, (submission.submission_id,), fetch=True),
+        *dialect.submission_queued(submission),
     ]
     stored = _record(written[1])
     assert stored is not None
@@ -102,10 +107,17 @@ def create_submission(submission: SubmissionRecord, max_open: int) -> Program[tu
 
 
 def end_submission(
-    submission_id: str, state: SubmissionState, error: bytes | None, only_from: Sequence[str], now_us: int
+    submission_id: str,
+    state: SubmissionState,
+    error: bytes | None,
+    *,
+    only_from: Sequence[str],
+    dialect: Dialect,
+    now_us: int,
 ) -> Program[SubmissionRecord | None]:
     """``Store.end_submission``: set the final state when the current one is in ``only_from``;
-    the record as stored afterwards (None when there is none)."""
+    the record as stored afterwards (None when there is none). An ended submission's place in a
+    shared line goes (the dialect's ``submissions_ended``)."""
     allowed = tuple(only_from)
     marks = in_marks(len(allowed)) if allowed else "NULL"
     done = yield [
@@ -115,7 +127,10 @@ def end_submission(
         ),
         Statement(_BY_ID, (submission_id,), fetch=True),
     ]
-    return _record(done[1])
+    record = _record(done[1])
+    if record is not None and record.state not in OPEN:
+        yield dialect.submissions_ended([submission_id])
+    return record
 
 
 def expire_submissions(
@@ -123,7 +138,8 @@ def expire_submissions(
 ) -> Program[list[str]]:
     """``Store.expire_submissions``: up to ``limit`` pending submissions accepted before
     ``before_us`` end ``error`` with ``error``; their ids. Submissions another writer is
-    expiring at the same moment are skipped (the dialect's ``claim_rows``)."""
+    expiring at the same moment are skipped (the dialect's ``claim_rows``); their places in a
+    shared line go (``submissions_ended``)."""
     found = yield [
         Statement(
             "SELECT id FROM submissions WHERE state = 'pending' AND create_time < ? ORDER BY seq LIMIT ?"
@@ -139,6 +155,7 @@ def expire_submissions(
             " WHERE id = ? AND state = 'pending'",
             [(now_us, error, submission_id) for submission_id in ids],
             many=True,
-        )
+        ),
+        *dialect.submissions_ended(ids),
     ]
     return ids

@@ -18,13 +18,20 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, TypeAlias, TypeVar
 
 import psycopg
+from psycopg import errors as pg_errors
 
+from turnwire_server.store.base import SubmissionRecord
 from turnwire_server.store.core.rows import MessageRow
 from turnwire_server.store.core.sql import Program, Statement
+from turnwire_server.store.postgres import turn_queue
+from turnwire_server.store.postgres.replicas import EVENTS_CHANNEL
 
 __all__ = [
     "CONVERSATION_LOCK_CLASS",
     "DIALECT",
+    "RACE_ERRORS",
+    "RETRIES",
+    "SUBMISSIONS_LOCK_KEY",
     "Conn",
     "all_rows",
     "conversations_locked",
@@ -47,6 +54,16 @@ Conn: TypeAlias = "psycopg.AsyncConnection[Any]"
 
 CONVERSATION_LOCK_CLASS: Final = 0x7477  # "tw"
 """First key of a conversation's advisory lock; the second is ``hashtext(conversation_id)``."""
+
+SUBMISSIONS_LOCK_KEY: Final = 0x7475726E_73756273  # "turnsubs"
+"""The advisory lock key serializing submission creations (the dialect's ``lock_submissions``):
+concurrent duplicates create one, and ``seq`` (acceptance order) is global, as in SQLite."""
+
+RETRIES: Final = 5
+"""Attempts of a transaction that lost a race the database resolved by aborting it."""
+RACE_ERRORS: Final = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.UniqueViolation)
+"""How the database aborts a transaction that lost a race: serialization failure, deadlock, a
+concurrent insert of the same key (applied again from the start, up to :data:`RETRIES` times)."""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -182,7 +199,8 @@ _PARTS_OF_ROWS: Final = (
 class _PostgresDialect:
     """PostgreSQL's spelling (:class:`~turnwire_server.store.core.sql.Dialect`): rows a write changes
     are locked as read, the conversation's lock is taken first (unless the group commit holds
-    it), a batch of parts is one statement over arrays."""
+    it), a batch of parts is one statement over arrays; the cross-replica turn queue's tickets
+    (:mod:`.turn_queue`) and notifications go in the transactions of the writes that move them."""
 
     name = "postgres"
     lock_rows = " FOR UPDATE"
@@ -191,9 +209,25 @@ class _PostgresDialect:
         # Tickets of its pending submissions no replica claimed (the others go with their turns).
         "DELETE FROM turn_queue WHERE conversation_id = ? AND owner = ''",
     )
+    lease_renewals: tuple[str, ...] = ("UPDATE turn_queue SET lease_until = ? WHERE owner = ?",)
 
     def contains_bytes(self, column: str, needle: bytes) -> str:
         return f"position('\\x{needle.hex()}'::bytea IN {column}) > 0"
+
+    def lock_submissions(self) -> Sequence[Statement]:
+        return (Statement("SELECT pg_advisory_xact_lock(%s)", (SUBMISSIONS_LOCK_KEY,)),)
+
+    def submission_queued(self, submission: SubmissionRecord) -> Sequence[Statement]:
+        return turn_queue.queue_submission(submission)
+
+    def submissions_ended(self, submission_ids: Sequence[str]) -> Sequence[Statement]:
+        return turn_queue.free_unowned_tickets(submission_ids)
+
+    def work_claimed(self, request_ids: Sequence[str], owner: str, until_us: int) -> Sequence[Statement]:
+        return turn_queue.take_over_tickets(request_ids, owner, until_us)
+
+    def events_stored(self, request_id: str) -> Sequence[Statement]:
+        return (Statement("SELECT pg_notify(%s, %s)", (EVENTS_CHANNEL, request_id)),)
 
     def lock_conversation(self, conversation_id: str) -> Sequence[Statement]:
         if conversation_id in _LOCKED.get():

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Final
 
 import psycopg
 
-from turnwire_server.store.core.migration_rules import newer_schema_problem, readable_by
+from turnwire_server.store.core.migration_rules import newer_schema_problem, packaged_scripts, readable_by
 from turnwire_server.store.errors import StoreError
 
 __all__ = ["MIGRATION_LOCK_KEY", "PgMigration", "apply_migrations", "load_migrations"]
@@ -28,7 +26,6 @@ __all__ = ["MIGRATION_LOCK_KEY", "PgMigration", "apply_migrations", "load_migrat
 _log = logging.getLogger("turnwire_server.store.postgres")
 
 _MIGRATIONS_PACKAGE: Final = "turnwire_server.store.migrations.postgres"
-_MIGRATION_FILE: Final = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 MIGRATION_LOCK_KEY: Final = 0x7475726E_77697265  # "turnwire": the advisory lock of a migration run
 """The ``pg_advisory_xact_lock`` key that serializes migration runs on one database."""
@@ -46,27 +43,9 @@ class PgMigration:
 
 @functools.cache
 def load_migrations() -> tuple[PgMigration, ...]:
-    """The packaged PostgreSQL migrations, in version order.
-
-    Raises :class:`StoreError` when a file name does not match ``NNNN_name.sql`` or the
-    versions are not 1, 2, 3, ... without gaps (a packaging mistake).
-    """
-    found: list[PgMigration] = []
-    for entry in resources.files(_MIGRATIONS_PACKAGE).iterdir():
-        if not entry.name.endswith(".sql"):
-            continue
-        match = _MIGRATION_FILE.match(entry.name)
-        if match is None:
-            raise StoreError(f"migration file {entry.name!r} is not named NNNN_name.sql")
-        found.append(
-            PgMigration(
-                int(match.group(1)), entry.name.removesuffix(".sql"), entry.read_text(encoding="utf-8")
-            )
-        )
-    found.sort(key=lambda m: m.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise StoreError(f"migration versions are not 1..n: {[m.name for m in found]}")
-    return tuple(found)
+    """The packaged PostgreSQL migrations, in version order (raises as
+    :func:`~turnwire_server.store.core.migration_rules.packaged_scripts`)."""
+    return tuple(PgMigration(*found) for found in packaged_scripts(_MIGRATIONS_PACKAGE))
 
 
 async def apply_migrations(

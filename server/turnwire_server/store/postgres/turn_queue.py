@@ -1,25 +1,52 @@
 """The statements of PostgreSQL's cross-replica turn queue (the rules:
 :mod:`turnwire_server.store.postgres.replicas`): taking a ticket (in line, first in line, at the
-head in the one-flight admission, or only on an idle conversation), releasing it, and taking over
-a dead replica's tickets. :class:`~turnwire_server.store.postgres.store.PostgresStore` runs them."""
+head in the one-flight admission, or only on an idle conversation), finding the head, releasing
+a ticket, a submission's ticket taken at acceptance and freed when it ends unclaimed, and taking
+over a dead replica's tickets. :mod:`.admission` runs the turn lock's; the shared core's write
+programs run the others as the dialect's statements
+(:data:`~turnwire_server.store.postgres.db.DIALECT`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
-from turnwire_server.store.postgres import db
+from turnwire_server.store.base import SubmissionRecord
+from turnwire_server.store.core.rows import to_us
+from turnwire_server.store.core.sql import Statement
+from turnwire_server.store.postgres.replicas import QUEUE_CHANNEL, SUBMISSIONS_CHANNEL
 
 __all__ = [
     "FIRST_SLOT",
+    "HEAD",
+    "QUEUE_LOCK_CLASS",
     "QUEUE_STEP",
     "RELEASE_PLACE",
     "RELEASE_TICKET",
     "TAKE_TICKET",
     "TAKE_TICKET_AT_HEAD",
     "TAKE_TICKET_IF_IDLE",
+    "UNOWNED_LEASE",
+    "free_unowned_tickets",
+    "queue_submission",
     "take_over_tickets",
 ]
+
+QUEUE_LOCK_CLASS: Final = 0x7471  # "tq"
+"""First key of the advisory lock serializing the ticket takers of a conversation's turn queue
+(second: ``hashtext(conversation_id)``); not the write lock, so taking a ticket never waits for a
+commit of the conversation's running turn."""
+
+UNOWNED_LEASE: Final = 1 << 62
+"""The lease of the queue ticket of a submission no replica claimed yet: it never lapses, so the
+submission keeps its place in line until a replica claims it (and the ticket gets its lease) or
+it ends without running (and the ticket goes)."""
+
+HEAD: Final = (
+    "WITH gone AS (DELETE FROM turn_queue WHERE conversation_id = %(c)s AND lease_until < %(stale)s)"
+    " SELECT MIN(ticket) FROM turn_queue WHERE conversation_id = %(c)s AND lease_until >= %(stale)s"
+)
+"""Delete the conversation's tickets that lapsed before ``stale``; (the lowest live ticket)."""
 
 
 RELEASE_TICKET: Final = "WITH gone AS (DELETE FROM turn_queue WHERE ticket = %s) SELECT pg_notify(%s, %s)"
@@ -122,12 +149,54 @@ it, when the head's block has room), drop lapsed ones; (the ticket, the lowest l
 before it)."""
 
 
-async def take_over_tickets(conn: Any, request_ids: Sequence[str], owner: str, until_us: int) -> None:
+def take_over_tickets(request_ids: Sequence[str], owner: str, until_us: int) -> list[Statement]:
     """The queue tickets of turns (or submissions) taken over from a dead replica become
     ``owner``'s, so the recovered work keeps its place in line (first in, first out)."""
-    if request_ids:
-        await db.run(
-            conn,
+    return [
+        Statement(
             "UPDATE turn_queue SET owner = %s, lease_until = %s WHERE request_id = ANY(%s)",
             (owner, until_us, list(request_ids)),
         )
+    ]
+
+
+def queue_submission(submission: SubmissionRecord) -> list[Statement]:
+    """The new ``submission``'s place in its conversation's turn queue, taken in the transaction
+    that accepts it: first in, first out by acceptance whichever replica later runs it (that
+    one's turn lock takes this ticket over). A place reserved for it already
+    (``Store.reserve_place``: a REJECT submission) is kept, with its owner. Replicas with a free
+    slot are woken to claim an unowned one (delivered at commit)."""
+    lease_until = submission.lease_until
+    statements = [
+        Statement(
+            "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (QUEUE_LOCK_CLASS, submission.conversation_id)
+        ),
+        Statement(
+            "WITH old AS (UPDATE turn_queue SET owner = %(o)s, lease_until = %(l)s"
+            " WHERE conversation_id = %(c)s AND request_id = %(r)s RETURNING 1)"
+            " INSERT INTO turn_queue (conversation_id, request_id, owner, lease_until)"
+            " SELECT %(c)s, %(r)s, %(o)s, %(l)s WHERE NOT EXISTS (SELECT 1 FROM old)",
+            {
+                "c": submission.conversation_id,
+                "r": submission.submission_id,
+                "o": submission.owner,
+                "l": UNOWNED_LEASE if lease_until is None else to_us(lease_until, "lease_until"),
+            },
+        ),
+    ]
+    if not submission.owner:
+        statements.append(Statement("SELECT pg_notify(%s, '')", (SUBMISSIONS_CHANNEL,)))
+    return statements
+
+
+def free_unowned_tickets(submission_ids: Sequence[str]) -> list[Statement]:
+    """Delete the unclaimed queue tickets of submissions that ended without running; wake the line."""
+    if not submission_ids:
+        return []
+    return [
+        Statement(
+            "WITH gone AS (DELETE FROM turn_queue WHERE request_id = ANY(%s) AND owner = ''"
+            " RETURNING conversation_id) SELECT pg_notify(%s, conversation_id) FROM gone",
+            (list(submission_ids), QUEUE_CHANNEL),
+        )
+    ]

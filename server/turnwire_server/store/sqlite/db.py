@@ -58,15 +58,32 @@ def run_program(conn: sqlite3.Connection, program: Program[T]) -> T:
 
 class _SqliteDialect:
     """SQLite's spelling (:class:`~turnwire_server.store.core.sql.Dialect`): one writer thread applies
-    the writes one at a time, so nothing is locked; parts go in one ``executemany``."""
+    the writes one at a time, so nothing is locked; parts go in one ``executemany``; the
+    conversations' lines live in the process (the store's), so no write moves them."""
 
     name = "sqlite"
     lock_rows = ""
     claim_rows = ""
     conversation_tables: tuple[str, ...] = ()
+    lease_renewals: tuple[str, ...] = ()
 
     def contains_bytes(self, column: str, needle: bytes) -> str:
         return f"instr({column}, X'{needle.hex()}') > 0"
+
+    def lock_submissions(self) -> Sequence[Statement]:
+        return ()
+
+    def submission_queued(self, submission: Any) -> Sequence[Statement]:
+        return ()
+
+    def submissions_ended(self, submission_ids: Sequence[str]) -> Sequence[Statement]:
+        return ()
+
+    def work_claimed(self, request_ids: Sequence[str], owner: str, until_us: int) -> Sequence[Statement]:
+        return ()
+
+    def events_stored(self, request_id: str) -> Sequence[Statement]:
+        return ()
 
     def lock_conversation(self, conversation_id: str) -> Sequence[Statement]:
         return ()

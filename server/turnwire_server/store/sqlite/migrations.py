@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import sqlite3
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Final
 
-from turnwire_server.store.core.migration_rules import newer_schema_problem, readable_by
+from turnwire_server.store.core.migration_rules import newer_schema_problem, packaged_scripts, readable_by
 from turnwire_server.store.errors import StoreError
 from turnwire_server.store.sqlite.db import DB_ERRORS, store_error
 
@@ -27,7 +25,6 @@ __all__ = ["Migration", "apply_migrations", "load_migrations"]
 _log = logging.getLogger("turnwire_server.store.sqlite")
 
 _MIGRATIONS_PACKAGE: Final = "turnwire_server.store.migrations.sqlite"
-_MIGRATION_FILE: Final = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,26 +60,13 @@ def _split_statements(script: str, name: str) -> tuple[str, ...]:
 
 @functools.cache
 def load_migrations() -> tuple[Migration, ...]:
-    """The packaged SQLite migrations, in version order.
-
-    Raises :class:`StoreError` when a file name does not match ``NNNN_name.sql``
-    or versions are not 1, 2, 3, ... without gaps (a packaging mistake).
-    """
-    found: list[Migration] = []
-    for entry in resources.files(_MIGRATIONS_PACKAGE).iterdir():
-        if not entry.name.endswith(".sql"):
-            continue
-        match = _MIGRATION_FILE.match(entry.name)
-        if match is None:
-            raise StoreError(f"migration file {entry.name!r} is not named NNNN_name.sql")
-        name = entry.name.removesuffix(".sql")
-        script = entry.read_text(encoding="utf-8")
-        version = int(match.group(1))
-        found.append(Migration(version, name, _split_statements(script, name), readable_by(version, script)))
-    found.sort(key=lambda m: m.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise StoreError(f"migration versions are not 1..n: {[m.name for m in found]}")
-    return tuple(found)
+    """The packaged SQLite migrations, in version order (raises as
+    :func:`~turnwire_server.store.core.migration_rules.packaged_scripts`, and
+    :class:`StoreError` for a script whose last statement is unterminated)."""
+    return tuple(
+        Migration(version, name, _split_statements(script, name), readable_by(version, script))
+        for version, name, script in packaged_scripts(_MIGRATIONS_PACKAGE)
+    )
 
 
 def apply_migrations(

@@ -1,0 +1,370 @@
+"""A turn's admission on PostgreSQL: the cross-replica turn lock (a ticket in ``turn_queue``;
+the rules: :mod:`turnwire_server.store.postgres.replicas`), places reserved ahead of it, and the
+turn's start, in one flight with its ticket when the conversation is idle
+(``TurnStore.admit_turn``, ``ReplicaStore.reserve_place``; docs/semantics.md §5).
+
+No connection is held while a turn waits or runs: a ticket is taken in one round trip, waiting
+is a ``LISTEN`` on the store's listener plus a re-check every third of a lease, and the release
+joins the group commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Final
+
+import psycopg
+import psycopg_pool
+
+from turnwire_client.v1 import message_pb2
+from turnwire_server.store.base import TurnAdmission, TurnRecord, renewed_lease
+from turnwire_server.store.core import turn_writes
+from turnwire_server.store.core.reads import LOAD_COMPACTION_SQL
+from turnwire_server.store.core.rows import compaction_from_row
+from turnwire_server.store.core.sql import just
+from turnwire_server.store.core.turn_writes import StartTurn, StartTurnPlan, prepare_start_turn
+from turnwire_server.store.errors import StoreError
+from turnwire_server.store.metrics import COMMIT_DURATION
+from turnwire_server.store.postgres import db, turn_queue
+from turnwire_server.store.postgres.connection import PostgresConnection
+from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
+from turnwire_server.store.postgres.replicas import QUEUE_CHANNEL
+
+__all__ = ["TurnQueue"]
+
+log = logging.getLogger("turnwire_server.store.postgres")
+
+_SINGLE_COMMITS = COMMIT_DURATION.labels("postgresql", "single")
+_LOAD_COMPACTION: Final = db.native(LOAD_COMPACTION_SQL)
+_SUBMISSION_NOT_PENDING: Final = (
+    # Fails the transaction (a cast no text passes) when the turn is a submission that is no
+    # longer pending: nothing is written and the caller starts the turn the checking way.
+    "SELECT ('turnwire: submission ' || id || ' is ' || state)::int FROM submissions"
+    " WHERE id = %s AND state NOT IN ('pending', 'running')"
+)
+
+
+class TurnQueue(PostgresConnection):
+    """The turn lock, reserved places and a turn's start (the contracts:
+    :mod:`turnwire_server.store.base`)."""
+
+    async def start_turn(
+        self, turn: TurnRecord, messages: Sequence[message_pb2.Message]
+    ) -> list[message_pb2.Message]:
+        """Returns the conversation's messages as the transaction left them, read in the same
+        flight as its commit."""
+        start = prepare_start_turn(turn, messages)
+        conversation_id = turn.conversation_id
+
+        async def body(conn: Conn, now_us: int) -> Any:
+            await run_program(conn, turn_writes.start_turn(start, DIALECT, now_us))
+            # Sent with the writes, answered with the COMMIT: the history costs no round trip.
+            read = self._decoded.read(conversation_id)
+            return read, await conn.execute(read.sql.encode(), read.params)
+
+        async def history(sent: Any) -> Any:
+            read, cursor = sent
+            return self._decoded.messages(read, await cursor.fetchall())
+
+        # On the hot path (a turn waits for this commit before its model call): pipelined, so it
+        # costs two round trips, the reads and the commit (with the history).
+        result: list[message_pb2.Message] = await self._write(
+            f"start_turn({turn.request_id!r})",
+            body,
+            conversation_id=conversation_id,
+            pipeline=True,
+            then=history,
+        )
+        return result
+
+    def turn_lock(
+        self,
+        conversation_id: str,
+        *,
+        request_id: str = "",
+        owner: str = "",
+        lease_seconds: float = 30.0,
+        first: bool = False,
+    ) -> AbstractAsyncContextManager[None]:
+        """A ticket in ``turn_queue``, held once it is the conversation's lowest live ticket.
+        ``first`` takes the number right behind the head and the tickets taken first before it
+        (``turn_queue.TAKE_TICKET``); when the head's block of numbers has no room left (or the
+        head is a ticket of schema 4), the ticket queues at the back."""
+        return self._queue_lock(conversation_id, request_id, owner, lease_seconds, first)
+
+    @contextlib.asynccontextmanager
+    async def _queue_lock(
+        self, conversation_id: str, request_id: str, owner: str, lease_seconds: float, first: bool
+    ) -> AsyncIterator[None]:
+        lease_us = int(lease_seconds * 1_000_000)
+        async with self._tickets.hold(conversation_id):  # this process's tickets in call order
+            ticket, head = await self._enqueue(conversation_id, request_id, owner, lease_us, first)
+        async with self._held(conversation_id, ticket, head, lease_seconds):
+            yield
+
+    async def _enqueue(
+        self, conversation_id: str, request_id: str, owner: str, lease_us: int, first: bool
+    ) -> tuple[int, int]:
+        """:meth:`_take_ticket`; a caller cancelled meanwhile gives the ticket up once it exists
+        (or it would hold the conversation for as long as this replica renews its leases)."""
+        taking = asyncio.ensure_future(self._take_ticket(conversation_id, request_id, owner, lease_us, first))
+        try:
+            return await asyncio.shield(taking)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                taken, _ = await taking
+                await asyncio.shield(self._release(conversation_id, taken))
+            raise
+
+    @contextlib.asynccontextmanager
+    async def _held(
+        self, conversation_id: str, ticket: int, head: int | None, lease_seconds: float
+    ) -> AsyncIterator[None]:
+        """Wait until ``ticket`` heads the conversation's queue (``head`` as last seen), hold it,
+        release it on exit (also when cancelled while waiting)."""
+        lease_us = int(lease_seconds * 1_000_000)
+        try:
+            while head != ticket:
+                with self._listener.waiting(QUEUE_CHANNEL, conversation_id) as moved:
+                    head = await self._head(conversation_id, lease_us)
+                    if head == ticket:
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(max(lease_seconds / 3, 0.05)):
+                            await moved.wait()
+            yield
+        finally:
+            # Shielded: a cancelled turn must still give the lock up.
+            await asyncio.shield(self._release(conversation_id, ticket))
+
+    def admit_turn(
+        self,
+        turn: TurnRecord,
+        messages: Sequence[message_pb2.Message],
+        *,
+        lease_seconds: float,
+        read_compaction: bool,
+        queued: Callable[[bool], None],
+        first: bool = False,
+    ) -> AbstractAsyncContextManager[TurnAdmission]:
+        """The ticket, the check that it heads the queue, the input's writes, the history (and
+        compaction) reads and the ``COMMIT`` in one transaction sent in one flight; else (turns
+        ahead, or the input needs :meth:`start_turn`'s checks: a retried request id, a re-sent
+        message, a submission no longer pending) wait in line, then :meth:`start_turn`. Raises
+        :class:`ValueError` for an invalid turn or message before anything is sent."""
+        start = prepare_start_turn(turn, messages)
+        return self._admit(
+            turn, messages, start, lease_seconds, read_compaction=read_compaction, queued=queued, first=first
+        )
+
+    @contextlib.asynccontextmanager
+    async def _admit(
+        self,
+        turn: TurnRecord,
+        messages: Sequence[message_pb2.Message],
+        start: StartTurn,
+        lease_seconds: float,
+        *,
+        read_compaction: bool,
+        queued: Callable[[bool], None],
+        first: bool,
+    ) -> AsyncIterator[TurnAdmission]:
+        conversation_id, request_id, owner = turn.conversation_id, turn.request_id, turn.owner
+        lease_us = int(lease_seconds * 1_000_000)
+        async with self._tickets.hold(conversation_id):  # this process's tickets in call order
+            flight = asyncio.ensure_future(self._admit_flight(turn, start, lease_us, read_compaction))
+            try:
+                admitted = await asyncio.shield(flight)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    if (done := await flight) is not None:
+                        await asyncio.shield(self._release(conversation_id, done[0]))
+                raise
+            if admitted is None:
+                queued(True)
+                ticket, head = await self._enqueue(conversation_id, request_id, owner, lease_us, first)
+        if admitted is not None:
+            ticket, admission = admitted
+            try:
+                yield admission
+            finally:
+                await asyncio.shield(self._release(conversation_id, ticket))
+            return
+        async with self._held(conversation_id, ticket, head, lease_seconds):
+            queued(False)
+            history = await self.start_turn(renewed_lease(turn, lease_seconds), messages)
+            yield TurnAdmission(history=history)
+
+    async def _admit_flight(
+        self, turn: TurnRecord, start: StartTurn, lease_us: int, read_compaction: bool
+    ) -> tuple[int, TurnAdmission] | None:
+        """The one-flight admission: ``BEGIN``, the conversation's write lock, the queue lock, the
+        ticket (failing the transaction unless it heads the queue), the input's writes
+        (:func:`_start_new_turn`, failing it in the uncommon cases), the history and compaction
+        reads, ``COMMIT``, sent together; the server is waited for once. Returns the ticket and
+        what was read; None when the transaction failed (nothing stored, no ticket taken: the
+        caller takes the waiting path, which also reports a database that is down)."""
+        conversation_id = turn.conversation_id
+        params = self._ticket_params(conversation_id, turn.request_id, turn.owner, lease_us)
+        pool = self._require_pool("admit_turn")
+        try:
+            async with pool.connection() as conn:
+                started = time.perf_counter()
+                try:
+                    # The write lock first, then the queue lock: taking a ticket never waits for
+                    # a write (QUEUE_LOCK_CLASS), so no transaction holds them the other way round.
+                    async with db.flight(conn), db.conversations_locked(conn, (conversation_id,)):
+                        await conn.execute(
+                            b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                            (turn_queue.QUEUE_LOCK_CLASS, conversation_id),
+                        )
+                        ticket = await conn.execute(turn_queue.TAKE_TICKET_AT_HEAD, params)
+                        await _start_new_turn(conn, start, self._now_us())
+                        read = self._decoded.read(conversation_id)
+                        history = await conn.execute(read.sql.encode(), read.params)
+                        compaction = None
+                        if read_compaction:
+                            compaction = await conn.execute(_LOAD_COMPACTION, (conversation_id,))
+                except psycopg.Error:
+                    await db.discard(conn)
+                    return None
+                _SINGLE_COMMITS.observe(time.perf_counter() - started)
+                taken = int((await ticket.fetchall())[0][0])
+                stored = self._decoded.messages(read, await history.fetchall())
+                record = None
+                if compaction is not None and (found := await compaction.fetchall()):
+                    record = compaction_from_row(found[0])
+        except (psycopg.Error, psycopg_pool.PoolTimeout):
+            return None
+        return taken, TurnAdmission(stored, record, compaction_read=read_compaction)
+
+    async def _take_ticket(
+        self, conversation_id: str, request_id: str, owner: str, lease_us: int, first: bool = False
+    ) -> tuple[int, int]:
+        """Take (or, for work taken over from a dead replica, re-own) the ticket of
+        ``request_id``; returns it and the conversation's head ticket. One round trip, so an idle
+        conversation costs one before the turn's input is stored.
+
+        Takers of one conversation serialize on its queue lock: a ticket is numbered and
+        committed before the next taker looks, so no two takers both find themselves at the head
+        and ticket order is commit order (first in, first out), except that a ``first`` ticket
+        takes the free number right behind the head (and the ``first`` tickets before it)."""
+        params = self._ticket_params(conversation_id, request_id, owner, lease_us)
+        rows = await self._simple_query("turn_lock", turn_queue.TAKE_TICKET, {**params, "first": first})
+        mine, earliest = int(rows[0][0]), rows[0][1]
+        # The statement saw the queue as it was before it: a re-owned ticket is among those rows.
+        return mine, mine if earliest is None else min(mine, int(earliest))
+
+    async def _head(self, conversation_id: str, lease_us: int) -> int | None:
+        """The conversation's lowest ticket, after deleting those that lapsed a lease ago: a
+        lapsed ticket is first left for a survivor to take over with its turn or submission
+        (keeping its place in line); one nobody took over (a call whose caller died with its
+        replica) goes then."""
+        stale_us = self._now_us() - lease_us
+        rows = await self._read("turn_lock", turn_queue.HEAD, {"c": conversation_id, "stale": stale_us})
+        return None if rows[0][0] is None else int(rows[0][0])
+
+    async def _release(self, conversation_id: str, ticket: int) -> None:
+        """Give the ticket up and wake the line; returns once that committed. Group-committed
+        with the turn ends and checkpoints queued meanwhile: with many turns ending, their
+        releases share transactions (and WAL flushes) instead of taking a pooled connection and
+        a commit each, ahead of the next turns' admissions."""
+
+        async def body(conn: Conn, _: int) -> None:
+            await db.run(conn, turn_queue.RELEASE_TICKET, (ticket, QUEUE_CHANNEL, conversation_id))
+
+        try:
+            await self._write_batched("turn_lock release", body, conversation_id=conversation_id)
+        except StoreError as error:  # its lease lapses; the others skip it then
+            log.error("releasing the turn lock of %s failed: %s", conversation_id, error)
+
+    def _ticket_params(
+        self, conversation_id: str, request_id: str, owner: str, lease_us: int
+    ) -> dict[str, Any]:
+        """The parameters of the ticket statements (``turn_queue.TAKE_TICKET*``), lease from now."""
+        now_us = self._now_us()
+        return {
+            "lock": turn_queue.QUEUE_LOCK_CLASS,
+            "owner": owner,
+            "until": now_us + lease_us,
+            "c": conversation_id,
+            "r": request_id,
+            "stale": now_us - lease_us,
+        }
+
+    async def _simple_query(self, what: str, sql: bytes, params: Mapping[str, Any]) -> list[Any]:
+        """The rows of the last of ``sql``'s statements, sent as one simple query (client-side
+        binding): one round trip and one implicit transaction, so the queue lock its statements
+        take is held until the ticket they write is committed."""
+        try:
+            async with self._require_pool(what).connection() as conn:
+                cur = psycopg.AsyncClientCursor(conn)
+                await cur.execute(sql, params)
+                while cur.nextset():
+                    pass
+                return list(await cur.fetchall())
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise self._error(exc, what) from None
+
+    # ------------------------------------------------------------------ places reserved ahead
+
+    async def queue_head(self, conversation_id: str) -> str | None:
+        """A lapsed ticket counts until it is deleted (its work may be taken over)."""
+        rows = await self._read(
+            "queue_head",
+            "SELECT request_id FROM turn_queue WHERE conversation_id = %s ORDER BY ticket LIMIT 1",
+            (conversation_id,),
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def reserve_place(
+        self,
+        conversation_id: str,
+        request_id: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        first: bool = False,
+        only_if_idle: bool = False,
+    ) -> str | None:
+        """The ticket, taken as :meth:`turn_lock` takes it, or, ``only_if_idle``, in one
+        transaction under the conversation's queue lock that takes it only when no other live
+        ticket exists (so of two replicas admitting at once, whichever commits first is the one
+        the other sees)."""
+        lease_us = int(lease_seconds * 1_000_000)
+        async with self._tickets.hold(conversation_id):  # this process's tickets in call order
+            if not only_if_idle:
+                await self._take_ticket(conversation_id, request_id, owner, lease_us, first)
+                return None
+            params = self._ticket_params(conversation_id, request_id, owner, lease_us)
+            rows = await self._simple_query("reserve_place", turn_queue.TAKE_TICKET_IF_IDLE, params)
+        return None if rows[0][0] is None else str(rows[0][0])
+
+    async def release_place(self, conversation_id: str, request_id: str) -> None:
+        async def body(conn: Conn, _: int) -> None:
+            await db.run(
+                conn, turn_queue.RELEASE_PLACE, (conversation_id, request_id, QUEUE_CHANNEL, conversation_id)
+            )
+
+        await self._write("release_place", body)
+
+
+async def _start_new_turn(conn: Conn, start: StartTurn, now_us: int) -> None:
+    """``Store.start_turn`` for the common case, without a read to wait for: a new request id
+    whose messages are all new, so the plan is known before anything is read (the shared
+    :func:`~turnwire_server.store.core.turn_writes.start_turn_writes`). Writes only; meant for
+    pipeline mode (nothing waits for the server). The uncommon cases make the transaction fail
+    instead of deciding: a request id already recorded or a message id already stored (a
+    retry, a re-sent message) by their primary keys (``UniqueViolation``), a submission no
+    longer pending by :data:`_SUBMISSION_NOT_PENDING` (``InvalidTextRepresentation``); the
+    caller then takes the waiting path and :meth:`TurnQueue.start_turn`, which applies the
+    shared :func:`~turnwire_server.store.core.turn_writes.decide_start_turn`."""
+    await db.send_conversation_lock(conn, start.turn.conversation_id)
+    await db.run(conn, _SUBMISSION_NOT_PENDING, (start.turn.request_id,))
+    plan = StartTurnPlan(new_rows=start.rows, replace_earlier=False, submission_running=True)
+    await run_program(conn, just(turn_writes.start_turn_writes(start, plan, DIALECT, now_us)))

@@ -1,0 +1,295 @@
+"""The PostgreSQL store's connections: the URL, the bounded pool, migrations at open, the
+``LISTEN`` listener, and transactions (retried when the database aborts one to resolve a race,
+applied in call order per conversation, or group-committed by :mod:`.batching`).
+
+:class:`PostgresConnection` is the base of :class:`~turnwire_server.store.postgres.PostgresStore`
+and of the mixins that make it up (:mod:`.admission`, :mod:`.notifications`); the reads and the
+writes are the shared core's (:class:`CoreReads` on :meth:`~PostgresConnection._read`,
+:class:`CoreWrites` on :meth:`~PostgresConnection._commit`).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
+
+import psycopg
+import psycopg_pool
+
+from turnwire_server.store.core.local_lock import LocalTurnLocks
+from turnwire_server.store.core.message_cache import DecodedMessages
+from turnwire_server.store.core.reads import CoreReads
+from turnwire_server.store.core.sql import Program
+from turnwire_server.store.core.writes import ALONE, Commit, CoreWrites
+from turnwire_server.store.errors import StoreError
+from turnwire_server.store.metrics import COMMIT_DURATION
+from turnwire_server.store.postgres import db
+from turnwire_server.store.postgres.batching import GroupCommit
+from turnwire_server.store.postgres.db import DIALECT, RACE_ERRORS, RETRIES, Conn, run_program
+from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
+from turnwire_server.store.postgres.replicas import Listener
+from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
+
+__all__ = ["DEFAULT_POOL_SIZE", "PostgresConnection"]
+
+DEFAULT_POOL_SIZE: Final = 10
+"""Connections the pool holds at most unless configured (``store.pool_size``)."""
+
+_CONNECT_TIMEOUT_S: Final = 10.0
+_SINGLE_COMMITS = COMMIT_DURATION.labels("postgresql", "single")
+
+_CHECK_IDLE_S: Final = 2.0
+"""A pooled connection idle longer than this is checked (one round trip) before it is handed
+out; one back from use more recently is not, so the hot path pays no check per statement."""
+
+T = TypeVar("T")
+
+
+class PostgresConnection(CoreWrites, CoreReads):
+    """The pool, the listener and the transactions of one PostgreSQL store (arguments: see
+    :class:`~turnwire_server.store.postgres.PostgresStore`)."""
+
+    _store_name = "postgres"
+    _text_holds_nul = False
+    _dialect = DIALECT
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        password_env: str | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+        self._target: PostgresTarget = parse_postgres_url(url, password_env=password_env)
+        self._pool_size = pool_size
+        self._timeout_s = timeout_s
+        self._pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
+        self._closed = False
+        # Decoded messages reused between a conversation's reads (issue 17).
+        self._decoded = DecodedMessages("postgres")
+        self._tickets = LocalTurnLocks()  # this process's tickets of a conversation go in call order
+        self._group_commit = GroupCommit(self._require_pool, self._now_us, self._error)
+        self._listener = Listener(self._listen_connection)
+        # Writes of one conversation are applied in call order (Store: checkpoints are applied in
+        # call order): taken before the first await, FIFO, so concurrent calls keep their order.
+        self._write_order = LocalTurnLocks()
+        self._last_us = 0
+        self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+    def connection_info(self) -> tuple[tuple[str], dict[str, Any]]:
+        """``(args, kwargs)`` for ``psycopg.AsyncConnection.connect`` to this store's database (a
+        connection of the caller's own, e.g. to copy data in); the password stays in ``kwargs``."""
+        return (self._target.conninfo,), self._connect_kwargs()
+
+    def redact(self, text: str) -> str:
+        """``text`` with this store's password masked."""
+        return self._target.redact_text(text)
+
+    @property
+    def display_url(self) -> str:
+        """The store URL with its password masked (for messages)."""
+        return self._target.display
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": int(_CONNECT_TIMEOUT_S)}
+        if self._target.password is not None:
+            kwargs["password"] = self._target.password
+        return kwargs
+
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations on a connection of its own (not the pool) and return the names
+        applied ([] when the schema is current). Used by :meth:`open` and ``turnwire migrate``.
+
+        Raises :class:`StoreError` when the database cannot be reached, a migration fails, or
+        the database's schema is newer than this code knows.
+        """
+        try:
+            conn = await psycopg.AsyncConnection.connect(self._target.conninfo, **self._connect_kwargs())
+        except psycopg.Error as exc:
+            raise self._error(exc, "connecting") from None
+        try:
+            return await apply_migrations(
+                conn, load_migrations(), where=self._target.display, now_us=self._now_us()
+            )
+        except psycopg.Error as exc:
+            raise self._error(exc, "migrating") from None
+        finally:
+            await conn.close()
+
+    async def open(self) -> None:
+        """Connect, run pending migrations (one transaction under an advisory lock, so replicas
+        starting together do not race), then open the connection pool.
+
+        Raises :class:`StoreError` when the database cannot be reached, a migration fails, or
+        the database's schema is newer than this code knows. A no-op when already open; a closed
+        store cannot be reopened.
+        """
+        if self._pool is not None:
+            return
+        if self._closed:
+            raise StoreError("postgres store: closed; create a new PostgresStore to reopen")
+        await self.migrate()
+        pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
+            self._target.conninfo,
+            kwargs=self._connect_kwargs(),
+            min_size=1,
+            max_size=self._pool_size,
+            timeout=self._timeout_s,
+            check=self._check_idle,
+            reset=self._stamp_returned,
+            name="turnwire-store",
+            open=False,
+        )
+        try:
+            await pool.open(wait=True, timeout=_CONNECT_TIMEOUT_S)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            await pool.close()
+            raise self._error(exc, "opening the connection pool") from None
+        self._pool = pool
+        self._listener.start()
+
+    async def _stamp_returned(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Pool ``reset`` callback: when ``conn`` came back (healthy) from use."""
+        self._returned[conn] = time.monotonic()
+
+    async def _check_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Pool ``check`` callback: a connection idle for a while (a restarted server, a firewall
+        may have dropped it) is checked with a round trip; raising makes the pool replace it."""
+        returned = self._returned.get(conn)
+        if returned is None or time.monotonic() - returned > _CHECK_IDLE_S:
+            await psycopg_pool.AsyncConnectionPool.check_connection(conn)
+
+    async def _listen_connection(self) -> psycopg.AsyncConnection[Any]:
+        """A connection of its own for ``LISTEN`` (not from the pool)."""
+        return await psycopg.AsyncConnection.connect(self._target.conninfo, **self._connect_kwargs())
+
+    async def close(self) -> None:
+        """Close the pool (waiting for connections in use to come back). Idempotent."""
+        self._closed = True
+        await self._listener.stop()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _now_us(self) -> int:
+        """The write's time (µs since the epoch), strictly increasing within this store."""
+        now = time.time_ns() // 1000
+        self._last_us = now if now > self._last_us else self._last_us + 1
+        return self._last_us
+
+    def _error(self, exc: BaseException, what: str) -> StoreError:
+        """``exc`` as a :class:`StoreError` naming ``what`` and the (redacted) URL."""
+        if isinstance(exc, StoreError):
+            return exc
+        if isinstance(exc, psycopg_pool.PoolTimeout):
+            detail = f"no database connection within {self._timeout_s:g} s (pool of {self._pool_size})"
+        else:
+            sqlstate = getattr(exc, "sqlstate", None)
+            text = str(exc).strip() or type(exc).__name__
+            detail = f"{sqlstate}: {text}" if sqlstate else text
+        message = self._target.redact_text(f"postgres store {self._target.display}: {what} failed: {detail}")
+        err = StoreError(message)
+        err.__cause__ = None
+        return err
+
+    def _require_pool(self, what: str) -> psycopg_pool.AsyncConnectionPool[Any]:
+        pool = self._pool
+        if pool is None:
+            raise StoreError(f"postgres store: {what}: store is not open")
+        return pool
+
+    async def _read(self, what: str, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
+        pool = self._require_pool(what)
+        try:
+            async with pool.connection() as conn:
+                cur = await conn.execute(db.native(sql), params)
+                return list(await cur.fetchall())
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise self._error(exc, what) from None
+
+    async def _write(
+        self,
+        what: str,
+        body: Callable[[Conn, int], Awaitable[T]],
+        *,
+        conversation_id: str | None = None,
+        pipeline: bool = False,
+        then: Callable[[T], Awaitable[T]] | None = None,
+    ) -> T:
+        """Run ``body(conn, now_us)`` in one transaction, committed when this returns; retried
+        (from the start) when the database aborted it to resolve a race. Domain errors raised
+        by ``body`` roll back and propagate as they are. Writes naming the same
+        ``conversation_id`` are applied in call order. ``pipeline``: the transaction runs in
+        pipeline mode (``BEGIN`` and statements whose results ``body`` does not wait for cost
+        no round trip of their own)."""
+        pool = self._require_pool(what)
+        if conversation_id is None:
+            return await self._transaction(pool, what, body, pipeline, then)
+        async with self._write_order.hold(conversation_id):
+            return await self._transaction(pool, what, body, pipeline, then)
+
+    async def _transaction(
+        self,
+        pool: psycopg_pool.AsyncConnectionPool[Any],
+        what: str,
+        body: Callable[[Conn, int], Awaitable[T]],
+        pipeline: bool = False,
+        then: Callable[[T], Awaitable[T]] | None = None,
+    ) -> T:
+        for attempt in range(RETRIES):
+            try:
+                async with pool.connection() as conn:
+                    started = time.perf_counter()
+                    try:
+                        async with db.transaction(conn, pipeline):
+                            result = await body(conn, self._now_us())
+                    except psycopg.Error:
+                        if pipeline:
+                            await db.discard(conn)
+                        raise
+                    _SINGLE_COMMITS.observe(time.perf_counter() - started)
+                    # Committed, still on its connection: ``then`` reads what the last flight
+                    # brought back (a pipelined read sent with the COMMIT costs no round trip).
+                    return result if then is None else await then(result)
+            except RACE_ERRORS as exc:
+                if attempt + 1 == RETRIES:
+                    raise self._error(exc, what) from None
+            except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+                raise self._error(exc, what) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _commit(self, what: str, program: Callable[[int], Program[T]], how: Commit = ALONE) -> T:
+        """A transaction of its own (:meth:`_write`), or, ``how.grouped`` (with a conversation),
+        the next group commit (:meth:`_write_batched`); ``how.urgent`` does not apply: nothing
+        here holds a transaction open for more writes."""
+        if not how.grouped or how.conversation_id is None:
+            return await self._write(
+                what,
+                lambda conn, now_us: run_program(conn, program(now_us)),
+                conversation_id=how.conversation_id,
+            )
+        # The group commit may apply a write again (after another write of its batch failed, or
+        # a race): the result is the last application's.
+        outcome: list[T] = []
+
+        async def body(conn: Conn, now_us: int) -> None:
+            outcome.append(await run_program(conn, program(now_us)))
+
+        await self._write_batched(what, body, conversation_id=how.conversation_id)
+        return outcome[-1]
+
+    async def _write_batched(
+        self, what: str, body: Callable[[Conn, int], Awaitable[None]], *, conversation_id: str
+    ) -> None:
+        """Run ``body(conn, now_us)`` in the next group commit (:class:`GroupCommit`): for the hot,
+        non-urgent writes; returns once that transaction committed."""
+        await self._group_commit.write(what, body, conversation_id=conversation_id)

@@ -1,0 +1,124 @@
+"""What PostgreSQL replicas see of each other's writes in the same transaction (its dialect's
+statements, ``store/postgres/db.py``): work a survivor claims keeps its place in the turn queue
+under the new owner, and events one replica stores wake a reader following the turn on another
+(docs/semantics.md §5, "Leases").
+
+Two stores on one database stand for two replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from support.stores import StoreBackend, postgres_database
+from support.waiting import wait_until
+
+from turnwire_client.v1 import message_pb2
+from turnwire_server.store import TurnRecord
+from turnwire_server.store.base import StreamRecord, SubmissionRecord
+from turnwire_server.store.core.rows import to_us
+from turnwire_server.store.postgres import PostgresStore
+
+pytestmark = pytest.mark.postgres
+
+T0 = dt.datetime(2025, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
+LEASE = T0 + dt.timedelta(seconds=30)
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh database of its own on the test server (dropped afterwards)."""
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+async def replicas(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
+    """Two open stores on one database, closed at teardown."""
+    first, second = PostgresStore(pg_url), PostgresStore(pg_url)
+    await first.open()
+    await second.open()
+    yield first, second
+    await first.close()
+    await second.close()
+
+
+def _user(message_id: str) -> message_pb2.Message:
+    message = message_pb2.Message(id=message_id, role=message_pb2.ROLE_USER)
+    message.parts.add().text.text = message_id
+    return message
+
+
+def _turn(request_id: str, conversation_id: str, owner: str) -> TurnRecord:
+    return TurnRecord(
+        request_id=request_id,
+        conversation_id=conversation_id,
+        assistant_message_id=f"a-{request_id}",
+        continuation=False,
+        model="scripted:x",
+        state="running",
+        start_time=T0,
+        owner=owner,
+        lease_until=LEASE,
+    )
+
+
+async def test_claimed_turns_and_submissions_keep_their_queue_tickets_under_the_claimant(
+    replicas: tuple[PostgresStore, PostgresStore], pg_url: str
+) -> None:
+    dead, survivor = replicas
+    # The dead replica held c1's turn lock for r1 (a ticket it never released) and had accepted s1.
+    await dead.reserve_place("c1", "r1", owner="dead", lease_seconds=30)
+    await dead.start_turn(_turn("r1", "c1", "dead"), [_user("u1")])
+    submission = SubmissionRecord(
+        submission_id="s1",
+        conversation_id="c2",
+        idempotency_key="",
+        state="pending",
+        request=b"request",
+        create_time=T0,
+        owner="dead",
+        lease_until=LEASE,
+    )
+    await dead.create_submission(submission, max_open=10)
+    later = LEASE + dt.timedelta(seconds=1)
+    until = later + dt.timedelta(seconds=30)
+
+    turns = await survivor.claim_interrupted_turns("survivor", later, until, 10)
+    submissions = await survivor.claim_pending_submissions("survivor", later, until, 10)
+
+    assert [t.request_id for t in turns] == ["r1"] and [s.submission_id for s in submissions] == ["s1"]
+    tickets = StoreBackend("postgres", url=pg_url).sql(
+        "SELECT request_id, owner, lease_until FROM turn_queue ORDER BY request_id"
+    )
+    assert tickets == [("r1", "survivor", to_us(until, "until")), ("s1", "survivor", to_us(until, "until"))]
+
+
+async def test_events_one_replica_stores_wake_a_reader_following_on_another(
+    replicas: tuple[PostgresStore, PostgresStore],
+) -> None:
+    runner, follower = replicas
+    await runner.start_turn(_turn("r1", "c1", "runner"), [_user("u1")])
+    await wait_until(follower._listener.connected.is_set, what="the follower's listener is connected")
+    # The follower waits once it has seen no stream yet; a store that never woke it would keep
+    # it waiting for the whole (long) timeout.
+    looked = asyncio.Event()
+    get_stream = follower.get_stream
+
+    async def spy(request_id: str) -> StreamRecord | None:
+        stream = await get_stream(request_id)
+        looked.set()
+        return stream
+
+    follower.get_stream = spy  # type: ignore[method-assign]
+    following = asyncio.create_task(follower.wait_for_events("r1", 0, timeout_seconds=600))
+    await asyncio.wait_for(looked.wait(), timeout=30)
+    assert not following.done()
+
+    await runner.append_events("c1", "r1", [(1, b"event")], ended=False)
+
+    assert await wait_until(following.done, what="the follower was woken") is True
+    assert following.result() is True
