@@ -58,6 +58,7 @@ from turnwire_server.metrics_endpoint import MetricsEndpoint, start_metrics_endp
 from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
 from turnwire_server.providers.settings import ProviderConfigError, ScriptedProviderSettings, build_provider
 from turnwire_server.remote_hooks import RemoteMiddleware
+from turnwire_server.redaction import redactor_for
 from turnwire_server.store import Store, open_store, redact_url
 from turnwire_server.tools.demo import DEMO_TOOLS
 from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
@@ -558,6 +559,7 @@ def _engine_settings(settings: Settings, session: SessionConfig) -> EngineSettin
         durability=settings.durability,
         compaction=session.compaction,
         metric_models=metric_models(settings, session),
+        redact=redactor_for(settings).redact,
     )
 
 

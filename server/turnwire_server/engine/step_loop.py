@@ -369,6 +369,7 @@ class StepLoop:
                 self.wait_for_reader,
                 config.repair_tool_call,
                 max_output_bytes=self.settings.limits.max_tool_output_bytes,
+                redact=self.settings.redact,
             )
 
         return runner
@@ -528,6 +529,9 @@ class StepLoop:
                 turn.usage.add(partial)
                 metrics.count_tokens(self._model_label, partial)
             if isinstance(error, ProviderError):
+                # Where a provider's text enters the turn: masked once for the client, the
+                # store, the span and the log alike (docs/security.md, "Secrets").
+                error.redact(self.settings.redact)
                 metrics.count_provider_error(self._provider_label, error)
                 raise TurnFailure("stream", error) from error
             if isinstance(error, TimeoutError) and chunk_timeout is not None:

@@ -63,8 +63,10 @@ class ToolCallRunner:
         repair: RepairToolCall | None = None,
         *,
         max_output_bytes: int = 0,
+        redact: Callable[[str], str] = str,
     ) -> None:
         self.turn = state  # the turn's working state
+        self._redact = redact  # EngineSettings.redact: a tool's error text is outside text
         self._tool_timeout_seconds = tool_timeout_seconds
         self._wait_for_reader = wait_for_reader
         self._max_output_bytes = max_output_bytes
@@ -200,7 +202,7 @@ class ToolCallRunner:
                     )
                 )
             except HookError as hook_error:
-                success, error_text = False, _describe(hook_error.__cause__ or hook_error)
+                success, error_text = False, self._redact(_describe(hook_error.__cause__ or hook_error))
             else:
                 if decision.action == "block":
                     outcome = "blocked"
@@ -217,7 +219,7 @@ class ToolCallRunner:
                     try:
                         output = await self._execute(call, tool, run_input, step_number)
                     except Exception as tool_error:
-                        success, error_text = False, _describe(tool_error)
+                        success, error_text = False, self._redact(_describe(tool_error))
                         # The model sees the message alone; the type goes to the log (§11).
                         log.info(
                             "tool %s (call %s) raised %s: %s",

@@ -194,6 +194,7 @@ class TurnRun:
                 request_id=request.request_id,
                 model=request.model,
                 metric_models=settings.metric_models,
+                redact=settings.redact,
             )
             if settings.compaction is not None
             else None
