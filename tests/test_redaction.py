@@ -208,6 +208,12 @@ def test_words_that_merely_start_like_a_key_are_left_alone(text: str) -> None:
 
 def test_secret_values_include_secrets_inside_containers() -> None:
     settings = Settings.model_validate(
-        {"tracing": {"enabled": True, "endpoint": "http://c:4317", "headers": {"x-token": "otlp-hdr-secret-1"}}}
+        {
+            "tracing": {
+                "enabled": True,
+                "endpoint": "http://c:4317",
+                "headers": {"x-token": "otlp-hdr-secret-1"},
+            }
+        }
     )
     assert "otlp-hdr-secret-1" in secret_values(settings, {})

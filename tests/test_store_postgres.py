@@ -297,7 +297,9 @@ async def test_a_value_the_database_refuses_is_the_callers_error(pg_url: str) ->
     await store.open()
     try:
         with pytest.raises(StoreValueRefused) as raised:
-            await store.start_turn(dataclasses.replace(_turn("r-nul", "c-nul"), model="scripted:a\x00b"), [_user("u1")])
+            await store.start_turn(
+                dataclasses.replace(_turn("r-nul", "c-nul"), model="scripted:a\x00b"), [_user("u1")]
+            )
     finally:
         await store.close()
     error = raised.value

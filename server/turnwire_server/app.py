@@ -57,8 +57,8 @@ from turnwire_server.listen_check import ListenAddressError, check_listen_addres
 from turnwire_server.metrics_endpoint import MetricsEndpoint, start_metrics_endpoint
 from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
 from turnwire_server.providers.settings import ProviderConfigError, ScriptedProviderSettings, build_provider
-from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.redaction import redactor_for
+from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, redact_url
 from turnwire_server.tools.demo import DEMO_TOOLS
 from turnwire_server.tools.grpc_host import ToolHost, ToolHostError

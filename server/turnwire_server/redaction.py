@@ -308,8 +308,8 @@ def redactor_for(settings: BaseModel, environ: Mapping[str, str] | None = None) 
 
 
 __all__ = [
-    "MASK",
     "KEY_SHAPES",
+    "MASK",
     "MIN_SECRET_CHARS",
     "SECRET_KEY",
     "Redactor",

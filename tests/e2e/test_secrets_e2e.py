@@ -37,7 +37,9 @@ def _config(replay: ReplayServer, endpoint: str) -> dict[str, object]:
                 "max_retries": 0,
                 "default_headers": {"x-proxy-token": HEADER_VALUE},
             },
-            "scripted": {"scripts": {"fetch": [{"tool_calls": [{"name": "fetch", "input": {"url": "https://up"}}]}]}},
+            "scripted": {
+                "scripts": {"fetch": [{"tool_calls": [{"name": "fetch", "input": {"url": "https://up"}}]}]}
+            },
         },
         "tools": {"python": ["support.leaky_tools:fetch"]},
         # The tool's upstream key is a configured secret (an export header here); the spans hold
@@ -113,7 +115,12 @@ async def test_a_provider_error_quoting_the_key_is_masked_on_every_path(
     assert calls
     for call in calls:
         assert call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
-        assert call.error_text == "GET https://up: 401 Incorrect API key provided: ***. Authorization: Bearer ***"
+        assert (
+            call.error_text
+            == "GET https://up: 401 Incorrect API key provided: ***. Authorization: Bearer ***"
+        )
     [chat_span] = receiver.named("chat gpt-test")
     assert "Incorrect API key provided: ***." in chat_span.span.status.message
-    assert any("Incorrect API key provided: ***." in str(span.span) for span in receiver.named("execute_tool fetch"))
+    assert any(
+        "Incorrect API key provided: ***." in str(span.span) for span in receiver.named("execute_tool fetch")
+    )

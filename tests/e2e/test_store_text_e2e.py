@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import grpc
 import pytest
 from google.protobuf import message as protobuf_message
+from google.protobuf import message_factory
 from google.rpc import error_details_pb2, status_pb2
 from support.sidecar import SidecarFactory, SidecarProcess
 from support.stores import postgres_database
@@ -28,7 +29,12 @@ SERVICE = chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"]
 CONFIG = {
     "providers": {
         # No allow-list: any model name passes the provider and reaches the store.
-        "open": {"type": "openai", "base_url": "http://127.0.0.1:9/v1", "api_key_env": None, "max_retries": 0},
+        "open": {
+            "type": "openai",
+            "base_url": "http://127.0.0.1:9/v1",
+            "api_key_env": None,
+            "max_retries": 0,
+        },
         "scripted": {"scripts": {"demo": [{"text": "hi"}]}},
     }
 }
@@ -51,9 +57,9 @@ def store_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
         yield url
 
 
-def _base(method: Any) -> protobuf_message.Message:
+def _base(method: Any) -> Any:
     """A request of ``method`` valid apart from the field under test."""
-    request = _new(method.input_type)
+    request: Any = _new(method.input_type)
     fields = method.input_type.fields_by_name
     if "conversation_id" in fields:
         request.conversation_id = "c-nul"
@@ -69,12 +75,12 @@ def _base(method: Any) -> protobuf_message.Message:
 
 
 def _new(descriptor: Any) -> protobuf_message.Message:
-    from google.protobuf import message_factory
-
     return message_factory.GetMessageClass(descriptor)()
 
 
-async def _call(channel: grpc.aio.Channel, method: Any, request: protobuf_message.Message) -> status_pb2.Status:
+async def _call(
+    channel: grpc.aio.Channel, method: Any, request: protobuf_message.Message
+) -> status_pb2.Status:
     """The RPC's outcome as a status: the call's, or the error of a turn its stream ended with."""
     path = f"/{SERVICE.full_name}/{method.name}"
     response_class = type(_new(method.output_type))
@@ -90,7 +96,9 @@ async def _call(channel: grpc.aio.Channel, method: Any, request: protobuf_messag
         else:
             await channel.unary_unary(path, serialize, deserialize)(request)
     except grpc.aio.AioRpcError as error:
-        details = [value for key, value in error.trailing_metadata() or () if key == "grpc-status-details-bin"]
+        details = [
+            value for key, value in error.trailing_metadata() or () if key == "grpc-status-details-bin"
+        ]
         if details:
             return status_pb2.Status.FromString(details[0])
         return status_pb2.Status(code=error.code().value[0], message=error.details() or "")
@@ -112,7 +120,9 @@ async def test_a_nul_in_any_client_string_is_the_callers_error_on_both_stores(
 ) -> None:
     sidecar: SidecarProcess = await sidecar_factory(config=CONFIG, store_url=store_url).start()
     address = urlsplit(store_url) if store_url else None
-    private = [f"{address.hostname}:{address.port}", address.path.strip("/"), "postgresql://"] if address else []
+    private = (
+        [f"{address.hostname}:{address.port}", address.path.strip("/"), "postgresql://"] if address else []
+    )
     private.append(str(sidecar.db_path))
     outcomes: dict[str, status_pb2.Status] = {}
     async with grpc.aio.insecure_channel(sidecar.target) as channel:
@@ -132,9 +142,9 @@ async def test_a_nul_in_any_client_string_is_the_callers_error_on_both_stores(
         assert status.code != unavailable, (where, status.message, sidecar.log_text()[-2000:])
         for text in private:
             assert text not in status.message, (where, status.message)
-    for method, fields in TEXT_COLUMNS.items():
-        for field in fields:
-            status = outcomes[f"{method}.{field}"]
-            assert status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], (method, field, status)
-            assert field in _violations(status), (method, field, status)
+    for rpc, names in TEXT_COLUMNS.items():
+        for name in names:
+            refused = outcomes[f"{rpc}.{name}"]
+            assert refused.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], (rpc, name, refused)
+            assert name in _violations(refused), (rpc, name, refused)
     assert "Traceback" not in sidecar.log_text()

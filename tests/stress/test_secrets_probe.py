@@ -24,19 +24,37 @@ KEY = "sk-proj-Qw3ErT7yUi9OpAs2DfGh5JkL8ZxCv1BnM4Lp0Zq"
 
 
 def _shapes() -> list[Reply]:
-    sse_error = b"data: " + orjson.dumps({"error": {"message": f"bad key {KEY}", "type": "invalid_request_error"}})
+    sse_error = b"data: " + orjson.dumps(
+        {"error": {"message": f"bad key {KEY}", "type": "invalid_request_error"}}
+    )
     return [
-        Reply.error(401, {"error": {"message": f"Incorrect API key provided: {KEY}.", "code": "invalid_api_key"}}),
+        Reply.error(
+            401, {"error": {"message": f"Incorrect API key provided: {KEY}.", "code": "invalid_api_key"}}
+        ),
         Reply.error(502, f"<html><body>upstream refused Authorization: Bearer {KEY}</body></html>"),
         Reply.sse(sse_error + b"\n\n"),
-        Reply.error(400, {"error": {"message": "invalid header", "param": f"x-api-key={KEY}", "type": "invalid_request_error"}}),
+        Reply.error(
+            400,
+            {
+                "error": {
+                    "message": "invalid header",
+                    "param": f"x-api-key={KEY}",
+                    "type": "invalid_request_error",
+                }
+            },
+        ),
     ]
 
 
 async def test_no_shape_of_a_quoted_key_reaches_a_client(sidecar_factory: SidecarFactory) -> None:
     replay = ReplayServer().start()
     try:
-        entry = {"type": "openai", "base_url": f"{replay.url}/v1", "api_key_env": "PROBE_KEY", "max_retries": 0}
+        entry = {
+            "type": "openai",
+            "base_url": f"{replay.url}/v1",
+            "api_key_env": "PROBE_KEY",
+            "max_retries": 0,
+        }
         sidecar = await sidecar_factory(
             config={"default_model": "probe:m", "providers": {"probe": entry}},
             env={"PROBE_KEY": KEY, "TURNWIRE_LOG_LEVEL": "debug"},
