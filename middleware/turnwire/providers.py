@@ -93,10 +93,18 @@ class ProviderError(DomainError):
         self.body = body
         self.provider = provider
         self.in_stream = in_stream
+        self.endpoint: str | None = None
+        """The ``"POST http://host/path"`` the message names, for operators (logs, spans): the
+        client's text leaves it out (:attr:`client_message`)."""
 
     @property
     def client_message(self) -> str:
-        return f"model provider error: {self.message}"
+        """The message without the endpoint called (the provider's host is the operator's, not
+        the client's: docs/security.md); a 404's "check base_url" hint stays."""
+        message = self.message
+        if self.endpoint:
+            message = message.replace(f"({self.endpoint}; ", "(").replace(f" ({self.endpoint})", "")
+        return f"model provider error: {message}"
 
     def redact(self, redact: Callable[[str], str]) -> ProviderError:
         """Mask this error's provider text in place with ``redact`` (a secret-masking function):
