@@ -122,3 +122,21 @@ def test_unscope_takes_the_prefix_off_ids_and_statuses() -> None:
     )
     tenancy.unscope(listing)
     assert [(s.submission_id, s.conversation_id) for s in listing.submissions] == [("s1", "c1")]
+
+
+def test_rate_limit_overrides_name_a_principal_of_one_tenant() -> None:
+    settings = load_settings(
+        rate_limits={
+            "turns_per_minute": 2,
+            "tenants": {"acme": {"turns_per_minute": 5, "principals": {"svc": {"turns_per_minute": 9}}}},
+        }
+    ).rate_limits
+    assert settings.for_caller("svc", "acme").turns_per_minute == 9
+    assert settings.for_caller("other", "acme").turns_per_minute == 5
+    assert settings.for_caller("svc", "globex").turns_per_minute == 2  # another tenant's `svc`
+    # The old top-level `principals:` applied to every tenant's principal of that name: refused,
+    # saying where each entry goes now.
+    with pytest.raises(ConfigError) as refused:
+        load_settings(rate_limits={"principals": {"svc": {"turns_per_minute": 9}}})
+    assert "rate_limits: rate_limits.principals is no longer read" in str(refused.value)
+    assert "rate_limits.tenants.<tenant>.principals.<principal> (entries given: svc)" in str(refused.value)

@@ -69,20 +69,53 @@ class RateLimit(ConfigSection):
     turns_per_minute: int = Field(0, ge=0)
     tokens_per_minute: int = Field(0, ge=0)
 
+    @property
+    def limited(self) -> bool:
+        """True when either limit is set."""
+        return bool(self.turns_per_minute or self.tokens_per_minute)
 
-class RateLimitSettings(RateLimit):
-    """``rate_limits:``: the default for every principal, and overrides by principal or tenant
-    (a principal's entry wins over its tenant's)."""
+
+class TenantRateLimit(RateLimit):
+    """``rate_limits.tenants.<tenant>``: the limits of each principal of that tenant, and
+    overrides for some of its principals by name (``principals:``, which win)."""
 
     principals: dict[str, RateLimit] = Field(default_factory=dict)
-    tenants: dict[str, RateLimit] = Field(default_factory=dict)
+
+
+class RateLimitSettings(RateLimit):
+    """``rate_limits:``: the default for every principal, and overrides by tenant and, within a
+    tenant, by principal (docs/operate/rate-limits.md). A principal is one name in one tenant:
+    its windows are its own, whatever other tenants' principals are called."""
+
+    tenants: dict[str, TenantRateLimit] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_principals_across_tenants(cls, data: object) -> object:
+        # Before issue 32 a top-level `principals:` entry applied to the principal of that name in
+        # every tenant (tenant B's `svc` got tenant A's override). It is refused rather than
+        # reread with another meaning: the operator says which tenant's principal is meant.
+        if isinstance(data, dict) and "principals" in data:
+            names = ", ".join(sorted(map(str, data["principals"] or {}))) or "(none)"
+            raise ValueError(
+                "rate_limits.principals is no longer read: an override names a principal of one "
+                "tenant. Move each entry under its tenant, as rate_limits.tenants.<tenant>."
+                f"principals.<principal> (entries given: {names}); with authentication off every "
+                "call is one anonymous principal, limited by the top-level limits"
+            )
+        return data
 
     def for_caller(self, principal: str, tenant: str) -> RateLimit:
-        """The limits of ``principal`` in ``tenant``."""
-        return self.principals.get(principal) or self.tenants.get(tenant) or self
+        """The limits of ``principal`` in ``tenant``: its own entry under the tenant, else the
+        tenant's entry, else the default."""
+        entry = self.tenants.get(tenant)
+        if entry is None:
+            return self
+        return entry.principals.get(principal) or entry
 
     @property
     def enabled(self) -> bool:
         """True when any limit is set."""
-        limits = [self, *self.principals.values(), *self.tenants.values()]
-        return any(limit.turns_per_minute or limit.tokens_per_minute for limit in limits)
+        entries = [*self.tenants.values()]
+        limits = [self, *entries, *(p for entry in entries for p in entry.principals.values())]
+        return any(limit.limited for limit in limits)
