@@ -140,3 +140,15 @@ def test_rate_limit_overrides_name_a_principal_of_one_tenant() -> None:
         load_settings(rate_limits={"principals": {"svc": {"turns_per_minute": 9}}})
     assert "rate_limits: rate_limits.principals is no longer read" in str(refused.value)
     assert "rate_limits.tenants.<tenant>.principals.<principal> (entries given: svc)" in str(refused.value)
+
+
+def test_tenant_shares_per_tenant() -> None:
+    shares = load_settings(
+        limits={"max_concurrent_rpcs": 10}, tenant_shares={"tenants": {"acme": {"turn_calls": 0.1}}}
+    ).tenant_shares
+    assert shares.for_tenant("globex").calls(10) == (5, 5)  # the default: half each
+    assert shares.for_tenant("acme").calls(10) == (1, 5)
+    assert shares.for_tenant("acme").calls(3) == (1, 1)  # never none
+    # Turn calls are streams too: a turn-call share above the streams share could never be reached.
+    with pytest.raises(ConfigError, match=r"tenant_shares\.tenants\.acme: turn_calls \(0\.8\) is above streams"):
+        load_settings(tenant_shares={"tenants": {"acme": {"turn_calls": 0.8}}})

@@ -119,3 +119,53 @@ class RateLimitSettings(RateLimit):
         entries = [*self.tenants.values()]
         limits = [self, *entries, *(p for entry in entries for p in entry.principals.values())]
         return any(limit.limited for limit in limits)
+
+
+class TenantShare(ConfigSection):
+    """The fractions of ``limits.max_concurrent_rpcs`` one tenant's calls may hold at once
+    (0 < share <= 1; a tenant always gets at least one call of each kind)."""
+
+    turn_calls: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="its calls that run a turn: Chat, SaveMessages, ContinueLastTurn, "
+        "SubmitToolResults, SubmitToolApprovals",
+    )
+    streams: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="all its ChatService streams together: the turn calls, ResumeTurn and WatchSubmission",
+    )
+
+    @model_validator(mode="after")
+    def _turn_calls_are_streams(self) -> TenantShare:
+        if self.turn_calls > self.streams:
+            raise ValueError(
+                f"turn_calls ({self.turn_calls:g}) is above streams ({self.streams:g}): turn calls "
+                "are streams too, so they can never reach it; give streams at least as much"
+            )
+        return self
+
+    def calls(self, max_concurrent_rpcs: int) -> tuple[int, int]:
+        """``(turn calls, streams)``: how many calls of each kind one tenant may hold of
+        ``max_concurrent_rpcs``."""
+        return (
+            max(1, int(self.turn_calls * max_concurrent_rpcs)),
+            max(1, int(self.streams * max_concurrent_rpcs)),
+        )
+
+
+class TenantShareSettings(TenantShare):
+    """``tenant_shares:``: with authentication on, the part of the server's turn calls and
+    streams each tenant may hold, so that one tenant cannot take every slot
+    (docs/operate/authentication.md, "Tenants share the server"); overrides by tenant.
+    Without authentication every call is one tenant's and only ``limits.max_concurrent_rpcs``
+    applies."""
+
+    tenants: dict[str, TenantShare] = Field(default_factory=dict)
+
+    def for_tenant(self, tenant: str) -> TenantShare:
+        """The shares of ``tenant``: its override, else the default."""
+        return self.tenants.get(tenant, self)
