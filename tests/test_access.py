@@ -150,5 +150,7 @@ def test_tenant_shares_per_tenant() -> None:
     assert shares.for_tenant("acme").calls(10) == (1, 5)
     assert shares.for_tenant("acme").calls(3) == (1, 1)  # never none
     # Turn calls are streams too: a turn-call share above the streams share could never be reached.
-    with pytest.raises(ConfigError, match=r"tenant_shares\.tenants\.acme: turn_calls \(0\.8\) is above streams"):
+    with pytest.raises(
+        ConfigError, match=r"tenant_shares\.tenants\.acme: turn_calls \(0\.8\) is above streams"
+    ):
         load_settings(tenant_shares={"tenants": {"acme": {"turn_calls": 0.8}}})

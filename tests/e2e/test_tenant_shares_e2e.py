@@ -96,7 +96,9 @@ async def test_one_tenants_streams_leave_the_others_their_share(
 
         # Tenant A is not crowded out: its turns run, and it may open a share of its own.
         assert (await collect(tenant_a.chat("a-conv", "hello"))).ok
-        a_running = await opened(tenant_a.chat("a-long", "go on", model="scripted:endless", request_id="a-run"))
+        a_running = await opened(
+            tenant_a.chat("a-long", "go on", model="scripted:endless", request_id="a-run")
+        )
         a_followers = [await opened(tenant_a.resume_turn("a-run")) for _ in range(3)]
 
         # A slot comes back when its stream ends.
@@ -145,4 +147,3 @@ async def test_turn_calls_have_a_share_of_their_own_and_tenants_an_override(
         assert error.error_metadata["limit"] == "tenant_shares.turn_calls"
         for stream in (*running, follower, *big_running):
             stream.cancel()
-
