@@ -14,6 +14,7 @@ from google.rpc import error_details_pb2
 from support.tokens import Issuer, new_token, write_jwks
 
 from turnwire_client.v1 import chat_service_pb2, event_pb2
+from turnwire_server.access_settings import RateLimit
 from turnwire_server.api.authentication import Authenticator, AuthError, StaticTokens, token_digest
 from turnwire_server.api.caller import Caller
 from turnwire_server.api.status import TurnwireStatusError
@@ -134,6 +135,16 @@ def test_rate_limit_overrides_name_a_principal_of_one_tenant() -> None:
     assert settings.for_caller("svc", "acme").turns_per_minute == 9
     assert settings.for_caller("other", "acme").turns_per_minute == 5
     assert settings.for_caller("svc", "globex").turns_per_minute == 2  # another tenant's `svc`
+    # A limit an entry does not give is the one above it.
+    layered = load_settings(
+        rate_limits={
+            "turns_per_minute": 2,
+            "tokens_per_minute": 100,
+            "tenants": {"acme": {"principals": {"svc": {"tokens_per_minute": 7}}}},
+        }
+    ).rate_limits
+    assert layered.for_caller("svc", "acme") == RateLimit(turns_per_minute=2, tokens_per_minute=7)
+    assert layered.for_caller("other", "acme") == RateLimit(turns_per_minute=2, tokens_per_minute=100)
     # The old top-level `principals:` applied to every tenant's principal of that name: refused,
     # saying where each entry goes now.
     with pytest.raises(ConfigError) as refused:

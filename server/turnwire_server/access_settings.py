@@ -75,9 +75,13 @@ class RateLimit(ConfigSection):
         return bool(self.turns_per_minute or self.tokens_per_minute)
 
 
+_LIMITS = frozenset(RateLimit.model_fields)
+
+
 class TenantRateLimit(RateLimit):
     """``rate_limits.tenants.<tenant>``: the limits of each principal of that tenant, and
-    overrides for some of its principals by name (``principals:``, which win)."""
+    overrides for some of its principals by name (``principals:``, which win). A limit an entry
+    does not give is the one above it."""
 
     principals: dict[str, RateLimit] = Field(default_factory=dict)
 
@@ -106,12 +110,16 @@ class RateLimitSettings(RateLimit):
         return data
 
     def for_caller(self, principal: str, tenant: str) -> RateLimit:
-        """The limits of ``principal`` in ``tenant``: its own entry under the tenant, else the
-        tenant's entry, else the default."""
+        """The limits of ``principal`` in ``tenant``: each limit from the principal's entry under
+        the tenant if it gives it, else from the tenant's entry if it does, else the default."""
         entry = self.tenants.get(tenant)
         if entry is None:
             return self
-        return entry.principals.get(principal) or entry
+        limits = {name: getattr(self, name) for name in _LIMITS}
+        for layer in (entry, entry.principals.get(principal)):
+            if layer is not None:
+                limits |= {name: getattr(layer, name) for name in layer.model_fields_set & _LIMITS}
+        return RateLimit(**limits)
 
     @property
     def enabled(self) -> bool:

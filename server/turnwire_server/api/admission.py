@@ -198,28 +198,38 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
     # --- counts ------------------------------------------------------------------------
 
     def _admit(self, kind: CallKind, tenant: str) -> _Slot | TurnwireStatusError:
-        """A slot for a call of ``kind`` by ``tenant``, or the refusal when it is over the limit
-        or the tenant's share."""
+        """A slot for a call of ``kind`` by ``tenant``, or the refusal when it is past its
+        tenant's share or the limit (the share first: a tenant at its share is told so,
+        whatever the others hold)."""
         if kind in _COUNTED:
-            if self.turn_calls >= self.max_turn_calls:
-                return self.overloaded()
-            if tenant and self.tenant_shares is not None:
-                max_turn_calls, max_streams = self.tenant_shares.for_tenant(tenant).calls(self.max_turn_calls)
-                calls = self.tenant_calls.get(tenant) or _TenantCalls()
-                if calls.streams >= max_streams:
-                    return self._over_share("streams", max_streams)
-                if kind is CallKind.TURN and calls.turn_calls >= max_turn_calls:
-                    return self._over_share("turn_calls", max_turn_calls)
-                self.tenant_calls[tenant] = calls
+            refusal = self._past_share(kind, tenant)
+            if refusal is None and self.turn_calls >= self.max_turn_calls:
+                refusal = self.overloaded()
+            if refusal is not None:
+                return refusal
+            self.turn_calls += 1
+            if tenant:
+                calls = self.tenant_calls.setdefault(tenant, _TenantCalls())
                 calls.streams += 1
                 if kind is CallKind.TURN:
                     calls.turn_calls += 1
-            self.turn_calls += 1
         if kind is not CallKind.FREE:
             self.tracked_calls += 1
             self._idle.clear()
         self.open_calls += 1
         return _Slot(self, kind, tenant)
+
+    def _past_share(self, kind: CallKind, tenant: str) -> TurnwireStatusError | None:
+        """The refusal of one more call of ``kind`` by ``tenant``, None while within its shares."""
+        if not tenant or self.tenant_shares is None:
+            return None
+        max_turn_calls, max_streams = self.tenant_shares.for_tenant(tenant).calls(self.max_turn_calls)
+        calls = self.tenant_calls.get(tenant) or _TenantCalls()
+        if calls.streams >= max_streams:
+            return self._over_share("streams", max_streams)
+        if kind is CallKind.TURN and calls.turn_calls >= max_turn_calls:
+            return self._over_share("turn_calls", max_turn_calls)
+        return None
 
     def _release(self, kind: CallKind, tenant: str) -> None:
         self.open_calls -= 1
