@@ -136,7 +136,8 @@ async def test_page_tokens_while_another_tenant_submits(sidecar: SidecarProcess)
             ids = [f"b-sub-{index}" for index in range(SUBMISSIONS)]
             for submission_id in ids:
                 await tenant_b.submit_messages("b-subs", "x", submission_id=submission_id)
-            tokens, token = [], ""
+            tokens: list[str] = []
+            token = ""
             while True:
                 page = await tenant_b.list_submissions(
                     page_size=1, conversation_id="b-subs", page_token=token
