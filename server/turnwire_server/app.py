@@ -452,7 +452,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
             tracing=tracing,
         )
         submissions = await _recover(settings, engine, store)
-        gate = CallGate(settings.limits.max_concurrent_rpcs)
+        gate = CallGate(settings.limits.max_concurrent_rpcs, tenant_shares=settings.tenant_shares)
         server, health, port = await _serve(settings, engine, submissions, gate, tls, shared_port=shared_port)
     except BaseException:
         await store.close()

@@ -35,9 +35,10 @@ class LimitsSettings(_EngineSection):
         10_000,
         ge=1,
         description=(
-            "turn calls (Chat, SaveMessages, ContinueLastTurn) running at once; past it a call gets "
-            "RESOURCE_EXHAUSTED (reason OVERLOADED, with RetryInfo). Health checks, reflection and the "
-            "unary ChatService calls do not count"
+            "ChatService streams open at once (the turn calls, ResumeTurn, WatchSubmission); past it a "
+            "call gets RESOURCE_EXHAUSTED (reason OVERLOADED, with RetryInfo). Health checks, reflection "
+            "and the unary ChatService calls do not count. With authentication on, one tenant holds at "
+            "most its tenant_shares: of it"
         ),
     )
     max_queued_turns_per_conversation: int = Field(32, ge=1)

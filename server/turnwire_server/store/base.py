@@ -348,7 +348,11 @@ class SubmissionStore(Protocol):
     ) -> tuple[list[SubmissionRecord], str]:
         """One page of submissions in acceptance order, optionally of one conversation and
         state, and of conversations whose id starts with ``id_prefix``; the next page token ("" on
-        the last page). Raises :class:`InvalidPageToken` for a token not issued for these filters."""
+        the last page). Raises :class:`InvalidPageToken` for a token not issued for these filters.
+
+        A token names the page's last submission by its id less ``id_prefix`` (the API's
+        submission keys carry their tenant's prefix, as conversation keys do) and its create
+        time, never by anything of the rest of the store (``seq``)."""
         ...
 
     async def end_submission(
