@@ -9,7 +9,8 @@ no new calls are accepted, running turns get ``limits.shutdown_grace_seconds``
 to finish, the rest are cancelled and store their partial replies; once every
 ChatService call has ended, the streams that never end on their own (health
 ``Watch``, reflection) are cancelled, and the process exits 0. SIGHUP re-reads
-the ``tls:`` files (:mod:`turnwire_server.api.tls`).
+the ``tls:`` files (:mod:`turnwire_server.api.tls`) and the ``auth:`` token sources
+(:mod:`turnwire_server.api.authentication`).
 """
 
 from __future__ import annotations
@@ -176,6 +177,7 @@ class Sidecar:
     metrics_endpoint: MetricsEndpoint | None = None
     tracer_provider: TracerProvider | None = None
     tls: ServerTls | None = None
+    authenticator: Authenticator | None = None
 
     @property
     def providers(self) -> ProviderRegistry:
@@ -187,10 +189,14 @@ class Sidecar:
         """The chain's remote hook servers, closed at :meth:`stop`."""
         return [m for m in self.engine.chain.middlewares if isinstance(m, RemoteMiddleware)]
 
-    def reload_tls(self) -> None:
-        """SIGHUP: re-read the ``tls:`` files now (:meth:`ServerTls.reload`); nothing without TLS."""
+    def reload(self) -> None:
+        """SIGHUP: re-read the ``tls:`` files (:meth:`ServerTls.reload`) and the ``auth:`` token
+        sources (:meth:`Authenticator.reload`) now; a file that does not load is logged and the
+        one in use kept."""
         if self.tls is not None:
             self.tls.reload()
+        if self.authenticator is not None:
+            self.authenticator.reload()
 
     async def drain_window(self, cut_short: asyncio.Event) -> None:
         """The drain window before :meth:`stop` (see the module docstring): health reports
@@ -438,6 +444,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     session = await _configure_session(settings, chain, providers, tools)
     if not shared_port:  # else the supervisor checked it, and holds it
         _check_listen(settings.listen)
+    access = build_access(settings)
     store = await _open_store(settings.store)
     try:
         tracing, tracer_provider = _start_tracing(settings)
@@ -452,7 +459,9 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
         )
         submissions = await _recover(settings, engine, store)
         gate = CallGate(settings.limits.max_concurrent_rpcs)
-        server, health, port = await _serve(settings, engine, submissions, gate, tls, shared_port=shared_port)
+        server, health, port = await _serve(
+            settings, engine, submissions, gate, tls, access=access, shared_port=shared_port
+        )
     except BaseException:
         await store.close()
         raise
@@ -472,6 +481,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
         replica=replica,
         tracer_provider=tracer_provider,
         tls=tls,
+        authenticator=access.authenticator if access is not None else None,
     )
     await _announce(sidecar)
     return sidecar
@@ -588,9 +598,11 @@ async def _serve(
     gate: CallGate,
     tls: ServerTls | None,
     *,
+    access: AccessInterceptor | None,
     shared_port: bool,
 ) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
-    """The gRPC server with its interceptors, ChatService and the standard services, bound to
+    """The gRPC server with its interceptors (``access`` None: no authentication and no rate
+    limits), ChatService and the standard services, bound to
     ``listen`` and started; returns it, its health servicer (not SERVING yet) and the bound
     port. Raises :class:`StartupError` when the address cannot be bound."""
     quiet_grpc_call_noise()
@@ -598,7 +610,6 @@ async def _serve(
     # interceptor (authentication, rate limits) and of the gate included. Access before the
     # gate: a refused caller takes no turn slot.
     interceptors: list[grpc.aio.ServerInterceptor] = [RpcObserver(), gate]
-    access = build_access(settings)
     if access is not None:
         interceptors.insert(1, access)
     server = grpc.aio.server(
@@ -732,7 +743,7 @@ async def serve(
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    loop.add_signal_handler(signal.SIGHUP, sidecar.reload_tls)
+    loop.add_signal_handler(signal.SIGHUP, sidecar.reload)
     for signum in early:
         on_signal(signum)
     if on_ready is not None:

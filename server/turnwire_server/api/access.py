@@ -100,7 +100,8 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # gr
             try:
                 caller = self.authenticator.authenticate(handler_call_details.invocation_metadata)
             except AuthError as refusal:
-                self._refusals.event("refused %s: %s (%s)", method, refusal.reason, refusal.message)
+                cause = f"; {refusal.cause} in a check" if refusal.cause else ""
+                self._refusals.event("refused %s: %s (%s%s)", method, refusal.reason, refusal.message, cause)
                 return _refusing(handler, refusal)
         if service != CHAT_SERVICE:
             return handler
