@@ -286,6 +286,13 @@ def grpc_options(settings: Settings, *, shared_port: bool = False) -> list[tuple
     ``so_reuseport`` is off so a second server on the same port fails loudly, except for a
     worker of ``serve --workers N`` (``shared_port``: :mod:`turnwire_server.supervisor`), which
     shares the port its supervisor holds.
+    ``grpc.http2.bdp_probe`` is off: with it, core grows each connection's HTTP/2 receive window
+    to its bandwidth-delay estimate (megabytes on a fast link), and every new stream may send
+    that much before the server reads anything, so a caller refused without a token
+    (:mod:`turnwire_server.api.refusal`) still made the server hold about 2 MiB per call
+    (``bench/refused_uploads.md``). Off, a stream may send 64 KiB before the server reads; a
+    request the server does read gets a window for its whole message once its length prefix
+    has arrived (a 900 KiB upload over a 50 ms round trip took as long either way).
     """
     limits = settings.limits
     return [
@@ -296,6 +303,7 @@ def grpc_options(settings: Settings, *, shared_port: bool = False) -> list[tuple
         ("grpc.server_max_unrequested_time_in_server", 30),
         ("grpc.so_reuseport", 1 if shared_port else 0),
         ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.bdp_probe", 0),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ]
 
