@@ -273,6 +273,9 @@ async def test_hostile_jwt_headers_are_refused_with_one_line_each(sidecar: Sidec
     assert "key id (kid) must be a string" in numeric_kid.message
     critical = await refusal(sidecar.target, token=signed(SIGNER, headers[2], valid_claims()))
     assert "(crit)" in critical.message
+    # Large values, up to gRPC's 8 KiB metadata limit (past it gRPC refuses the call itself).
+    huge = signed(SIGNER, {"alg": "ES256", "kid": "key-1"}, {**valid_claims(), "exp": "9" * 5000})
+    assert (await refusal(sidecar.target, token=huge)).reason == "TOKEN_INVALID"
     log = sidecar.log_text()
     assert "Traceback" not in log
     # At debug level each refusal is one line (the throttled WARNING folds them at other levels).
