@@ -132,6 +132,11 @@ async def test_hostile_tokens_end_unauthenticated_with_a_quiet_log(
                 timeout=30,
             )
         except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                # Two of the largest raw parts together pass gRPC's 8 KiB metadata limit: gRPC
+                # refuses those itself, before any check (docs/operate/authentication.md).
+                assert "metadata size exceeds" in error.details() and len(token) > 7000, error.details()
+                return
             # NOT_FOUND: a token the fuzz drew valid, for a conversation that does not exist.
             assert error.code() in {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.NOT_FOUND}, (
                 error.code(),
