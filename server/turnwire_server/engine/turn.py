@@ -320,7 +320,7 @@ class TurnRun:
         what that commit read comes with it; a recovery (its input is stored) and a conditional
         continuation (it reads the history under the lock first) take the lock alone (None)."""
         request = self.request
-        if self.recovery is not None or request.skip_unless_assistant_last:
+        if self.recovery is not None or request.skip_unless:
             return self.store.turn_lock(
                 request.conversation_id,
                 request_id=request.request_id,
@@ -431,7 +431,9 @@ class TurnRun:
         request = self.request
         if admission is None:
             history = await self.store.load_messages(request.conversation_id)
-            if not history or history[-1].role != message_pb2.ROLE_ASSISTANT:
+            if not history or (
+                request.skip_unless == "assistant_last" and history[-1].role != message_pb2.ROLE_ASSISTANT
+            ):
                 self.outcome = "skipped"
                 last_role = (
                     message_pb2.Role.Name(history[-1].role).removeprefix("ROLE_").lower() if history else ""
