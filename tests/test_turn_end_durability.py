@@ -11,13 +11,16 @@ before it is sent.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.engine_harness import CONV, EngineFactory, Harness, end_of, kinds
+from google.rpc import error_details_pb2
+from support.engine_harness import CONV, EngineFactory, Harness, collect, detail, end_of, kinds
+from support.waiting import wait_until
 
 from turnwire.hooks import ChatError, ChatErrorContext, ChatResponseContext, Middleware
 from turnwire.testing import ScriptedError, ScriptStep
@@ -35,41 +38,46 @@ class Watch:
     writes: list[tuple[str, bool]] = dataclasses.field(default_factory=list)
     """``(method, holds the TurnEnd)`` of each finish_turn / roll_back_turn / append_events."""
     end_stored_after_sent: bool = False
-    end_received: bool = False
+    received: set[str] = dataclasses.field(default_factory=set)
+    """The request ids whose TurnEnd the caller has."""
 
 
 def watch(h: Harness) -> Watch:
     """Wrap the store's end-of-turn writes of ``h`` to fill a :class:`Watch`."""
     seen = Watch()
 
-    def wrap(name: str, holds_end: Callable[[tuple[Any, ...], dict[str, Any]], bool]) -> None:
+    def wrap(name: str, request_id: Callable[[tuple[Any, ...]], str], end_flag: str) -> None:
         original = getattr(h.store, name)
 
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
-            ends = holds_end(args, kwargs)
+            ends = bool(kwargs.get(end_flag))
             seen.writes.append((name, ends))
-            if ends and seen.end_received:
+            if ends and request_id(args) in seen.received:
                 seen.end_stored_after_sent = True
             return await original(*args, **kwargs)
 
         setattr(h.store, name, wrapper)
 
-    wrap("finish_turn", lambda _a, kw: bool(kw.get("stream_ended")))
-    wrap("roll_back_turn", lambda _a, kw: bool(kw.get("stream_ended")))
-    wrap("append_events", lambda _a, kw: bool(kw.get("ended")))
+    wrap("finish_turn", lambda args: args[0].request_id, "stream_ended")
+    wrap("roll_back_turn", lambda args: args[0].request_id, "stream_ended")
+    wrap("append_events", lambda args: args[1], "ended")
     return seen
+
+
+async def read(handle: Any, seen: Watch, events: list[event_pb2.TurnEvent]) -> None:
+    """Read ``handle``'s events into ``events``, noting in ``seen`` when its TurnEnd arrives."""
+    async for response in handle:
+        events.append(response.event)
+        if response.event.HasField("turn_end"):
+            seen.received.add(response.event.request_id)
+    await handle.task
 
 
 async def run_watched(
     h: Harness, seen: Watch, text: str | None = "hi", **kwargs: Any
 ) -> list[event_pb2.TurnEvent]:
-    handle = await h.start(text, **kwargs)
-    events = []
-    async for response in handle:
-        events.append(response.event)
-        if response.event.HasField("turn_end"):
-            seen.end_received = True
-    await handle.task
+    events: list[event_pb2.TurnEvent] = []
+    await read(await h.start(text, **kwargs), seen, events)
     return events
 
 
@@ -251,3 +259,29 @@ async def test_an_ended_turn_whose_stream_lacks_its_turn_end_resumes_with_one_fr
             "r-running", 0, store=h.store, subscribe=lambda _: None, retention_seconds=0, follow_seconds=0.05
         ):
             pass
+
+
+async def test_a_rolled_back_turn_stores_its_turn_end_with_the_rollback(make_engine: EngineFactory) -> None:
+    h = await make_engine(
+        scripts={
+            "main": [ScriptStep(text="word ", delay_ms=20, until_cancelled=True)],
+            "next": [ScriptStep(text="fresh")],
+        }
+    )
+    seen = watch(h)
+    first = await h.start("long one", request_id="r-rolled")
+    events: list[event_pb2.TurnEvent] = []
+    reader = asyncio.create_task(read(first, seen, events))
+    await wait_until(lambda: any(e.HasField("text_delta") for e in events))
+    rollback = dataclasses.replace(
+        h.request("instead", request_id="r-new", model="scripted:next"), concurrent_input="rollback"
+    )
+    await collect(await h.engine.start(rollback))
+    await reader
+
+    end = end_of(events)
+    assert end.status == event_pb2.TURN_STATUS_ABORTED
+    assert detail(end.error, error_details_pb2.ErrorInfo).reason == "ROLLED_BACK"
+    assert ("roll_back_turn", True) in seen.writes
+    assert not seen.end_stored_after_sent
+    assert await stored_stream(h, "r-rolled") == events
