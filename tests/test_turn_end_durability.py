@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from google.protobuf import json_format
 from google.rpc import error_details_pb2
 from support.engine_harness import CONV, EngineFactory, Harness, collect, detail, end_of, kinds
 from support.waiting import wait_until
@@ -130,7 +131,7 @@ async def test_a_turn_end_on_chat_error_shapes_is_stored_before_it_is_sent(
     make_engine: EngineFactory,
 ) -> None:
     class Surface(Middleware):
-        async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str | None:
+        async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
             return ChatError("the model is resting", code="UNAVAILABLE", reason="PROVIDER_ERROR")
 
     h = await make_engine(
@@ -162,7 +163,8 @@ async def test_a_turn_end_with_a_hook_timeline_is_stored_before_it_is_sent(
     seen = watch(h)
     events = await run_watched(h, seen, request_id="r-timeline")
 
-    hooks = [entry["hook"] for entry in end_of(events).metadata["hook_timeline"]]
+    timeline = json_format.MessageToDict(end_of(events).metadata)["hook_timeline"]
+    hooks = [entry["hook"] for entry in timeline]
     assert "on_chat_response" in hooks  # the timeline covers the hooks after the end state
     assert await stored_stream(h, "r-timeline") == events
     assert not seen.end_stored_after_sent
