@@ -209,3 +209,35 @@ class RecordConcurrentInput(Middleware):
         by = ctx.concurrent_input
         strategy, request_id = (by.strategy, by.request_id) if by else ("-", "-")
         self._write(f"on_chat_response {ctx.request_id} {ctx.status} {strategy} {request_id}")
+
+
+class HoldStoreAfterResponse(Middleware):
+    """``on_chat_response`` of the turns whose request id starts with ``prefix``: take the store's
+    write lock from a connection of its own and keep it until the process dies, so nothing the
+    sidecar writes after this hook commits. The TurnEnd is sent after this hook, so a SIGKILL
+    once the client has it is a crash right after the TurnEnd was sent, every time
+    (docs/semantics.md §8). ``url``: the store, ``sqlite:///PATH`` or ``postgresql://…``."""
+
+    def __init__(self, *, url: str, prefix: str) -> None:
+        """``url``: the store the sidecar uses; ``prefix``: which request ids it acts on."""
+        super().__init__(url=url, prefix=prefix)
+        self.url = url
+        self.prefix = prefix
+        self._held: list[object] = []  # the locking connections, kept open until the process dies
+
+    async def on_chat_response(self, ctx: ChatResponseContext) -> None:
+        """Take the write lock (waits for a write in progress to commit)."""
+        if not ctx.request_id.startswith(self.prefix):
+            return
+        if self.url.startswith("sqlite:///"):
+            import sqlite3
+
+            conn = sqlite3.connect(self.url.removeprefix("sqlite:///"), isolation_level=None, timeout=30)
+            conn.execute("BEGIN IMMEDIATE")  # the one writer's lock: every later write waits
+            self._held.append(conn)
+            return
+        import psycopg
+
+        pg = await psycopg.AsyncConnection.connect(self.url)
+        await pg.execute("LOCK TABLE turn_streams, turn_events IN ACCESS EXCLUSIVE MODE")
+        self._held.append(pg)
