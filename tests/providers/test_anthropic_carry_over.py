@@ -185,10 +185,11 @@ def _anthropic_history() -> message_pb2.Message:
             text("Found it."),
         ]
     )
-    for block in (
+    blocks: list[dict[str, Any]] = [
         {"type": "server_tool_use", "id": PAUSED_CALL, "name": "web_search", "input": {"query": "q"}},
         {"type": "web_search_tool_result", "tool_use_id": PAUSED_CALL, "content": []},
-    ):
+    ]
+    for block in blocks:
         # As issue 30 stored them: a DataPart per block (read on, docs/providers.md).
         data = message.parts.add().data
         data.type = base.PROVIDER_EXECUTED
