@@ -43,7 +43,13 @@ def bounded_metadata(
             if isinstance(record, dict)
             for key, value in record.items()
         ]
-        entries.extend((len(dumps(value).encode()), api, None) for api, value in kept.items())
+        entries.extend(
+            (len(dumps(value).encode()), api, None)
+            for api, value in kept.items()
+            if not isinstance(value, dict)
+        )
+        if not entries:  # only empty records left, still over a tiny bound
+            return None, None, warnings
         entry_size, api, key = max(entries, key=lambda entry: entry[0])
         if key is None:
             del kept[api]
