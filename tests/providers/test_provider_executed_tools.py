@@ -17,7 +17,7 @@ from providers.helpers import Stored, a_blocks, collect, request, user
 from providers.replay import ReplayServer, Reply
 from turnwire import types as base
 from turnwire.types import ModelSettings
-from turnwire.values import loads
+from turnwire.values import dumps, loads
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider
 from turnwire_server.providers.openai_chat import OpenAIChatProvider
@@ -296,3 +296,32 @@ async def test_client_run_built_ins_go_to_other_apis_as_function_calls(
     calls = messages[-5]["tool_calls"]
     assert [c["function"]["name"] for c in calls] == ["shell", "local_shell", "apply_patch", "sql"]
     assert [m["role"] for m in messages[-4:]] == ["tool"] * 4
+
+
+async def test_chat_logprobs_asked_for_are_kept_in_the_steps_metadata(
+    replay: ReplayServer, chat_provider: OpenAIChatProvider
+) -> None:
+    """``logprobs: true`` (https://platform.openai.com/docs/api-reference/chat/create#logprobs): each
+    chunk's ``choices[0].logprobs.content`` is kept, in order, under ``openai.logprobs``."""
+
+    def chunk(content: str, token: float, finish: str | None = None) -> bytes:
+        logprobs = {"content": [{"token": content, "logprob": token, "bytes": list(content.encode())}]}
+        choice = {"index": 0, "delta": {"content": content}, "logprobs": logprobs, "finish_reason": finish}
+        body = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "model": "gpt-4.1",
+            "choices": [choice],
+        }
+        return b"data: " + dumps(body).encode() + b"\n\n"
+
+    replay.enqueue(Reply.sse(chunk("Hi", -0.1) + chunk(" there", -0.7, "stop") + b"data: [DONE]\n\n"))
+    options = ModelSettings(provider_options={"openai": {"logprobs": True}})
+    result = await collect(chat_provider, request(user("hi"), settings=options))
+    assert replay.requests[0].json["logprobs"] is True
+    metadata = result.finish.provider_metadata
+    assert metadata is not None
+    assert [(p["token"], p["logprob"]) for p in metadata["openai"]["logprobs"]] == [
+        ("Hi", -0.1),
+        (" there", -0.7),
+    ]
