@@ -57,6 +57,7 @@ from turnwire.types import (
     ToolCall,
     ToolInputDelta,
     ToolInputStart,
+    ToolResult,
     Usage,
     UsageUpdate,
 )
@@ -68,7 +69,9 @@ _ESTIMATE = EstimateTokens()
 
 
 class ScriptedToolCall(BaseModel):
-    """A tool call a script step makes. ``raw_input`` (not JSON) overrides ``input``."""
+    """A tool call a script step makes. ``raw_input`` (not JSON) overrides ``input``.
+    ``provider_executed``: a call the model's provider runs itself (a server tool), with
+    ``output`` as its result; the engine never runs it (``turnwire.types.ToolCall``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -76,6 +79,8 @@ class ScriptedToolCall(BaseModel):
     input: dict[str, Any] = Field(default_factory=dict)
     raw_input: str | None = None
     id: str | None = None
+    provider_executed: bool = False
+    output: Any = None
 
 
 class ScriptedError(BaseModel):
@@ -554,10 +559,13 @@ class ScriptedProvider:
             raw = call.raw_input if call.raw_input is not None else dumps(call.input)
             if paced:
                 await pace()
-            yield ToolInputStart(call_id, call.name)
+            executed = call.provider_executed
+            yield ToolInputStart(call_id, call.name, provider_executed=executed)
             yield ToolInputDelta(call_id, raw)
             parsed, error = parse_tool_input(raw)
-            yield ToolCall(call_id, call.name, parsed, raw_input=raw, error=error)
+            yield ToolCall(call_id, call.name, parsed, raw_input=raw, error=error, provider_executed=executed)
+            if executed:
+                yield ToolResult(call_id, call.name, output=call.output)
         if paced:
             await pace()
         output_tokens = step.usage.output_tokens
@@ -566,7 +574,11 @@ class ScriptedProvider:
         finish = (
             FinishReason(step.finish_reason)
             if step.finish_reason
-            else (FinishReason.TOOL_CALLS if step.tool_calls else FinishReason.STOP)
+            else (
+                FinishReason.TOOL_CALLS
+                if any(not call.provider_executed for call in step.tool_calls)
+                else FinishReason.STOP
+            )
         )
         yield FinishStep(
             finish_reason=finish,

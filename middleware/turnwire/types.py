@@ -160,10 +160,12 @@ class ReasoningEnd:
 
 @dataclass(slots=True)
 class ToolInputStart:
-    """The model starts a call of tool ``tool_name``."""
+    """The model starts a call of tool ``tool_name``; ``provider_executed`` for a call the provider
+    runs itself (see :class:`ToolCall`)."""
 
     tool_call_id: str
     tool_name: str
+    provider_executed: bool = False
 
 
 @dataclass(slots=True)
@@ -180,6 +182,15 @@ class ToolCall:
 
     ``input`` is the parsed JSON object, or ``None`` when ``raw_input`` was not
     a JSON object; then ``error`` says what was wrong and the call is not run.
+
+    ``provider_executed``: the provider runs the call itself (an Anthropic server tool, a
+    Responses built-in such as ``web_search_call``; AI SDK ``providerExecuted``): the engine
+    stores and streams it, never runs it and offers it to no ``before_tool_call``; its result
+    comes as a :class:`ToolResult`. ``client_executed``: the API defines the tool as one the
+    application runs (Responses ``shell_call``, ``local_shell_call``, ``apply_patch_call``,
+    ``custom_tool_call``): held for the client as a client tool's call when the turn has no tool
+    of that name. ``provider_metadata`` (JSON values, keyed by API) is what that API needs to
+    have the call back (docs/providers.md, "What each API's parts become").
     """
 
     tool_call_id: str
@@ -187,6 +198,25 @@ class ToolCall:
     input: dict[str, Any] | None
     raw_input: str = ""
     error: str | None = None
+    provider_executed: bool = False
+    client_executed: bool = False
+    provider_metadata: Mapping[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class ToolResult:
+    """The result of a provider-executed call (:attr:`ToolCall.provider_executed`), as the
+    provider gave it: ``output`` (any JSON value) or, for a failed call, ``error`` (its text).
+
+    It may come in a later step than its call (an Anthropic ``pause_turn`` continued);
+    ``provider_metadata`` (keyed by API) is what that API needs to have the result back.
+    """
+
+    tool_call_id: str
+    tool_name: str
+    output: Any = None
+    error: str | None = None
+    provider_metadata: Mapping[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -211,24 +241,10 @@ class File:
 
 
 PROVIDER_EXECUTED = "provider-executed"
-"""The ``DataPart.type`` of a stored :class:`ProviderExecuted` block (docs/providers.md, "What goes
-back on the next request")."""
-
-
-@dataclass(slots=True)
-class ProviderExecuted:
-    """A content block the provider produced and ran on its own side: a server tool's call or
-    result (Anthropic's ``server_tool_use``, ``web_search_tool_result`` …), which the same API
-    needs back verbatim on the next request (a paused turn continues from it).
-
-    ``api`` names the API that made it (``"anthropic"``); ``block`` is the block as the API gives
-    it (JSON values). Stored as a ``DataPart`` of type :data:`PROVIDER_EXECUTED`, ``id`` the
-    block's ``id`` or ``tool_use_id``, ``data`` ``{"api": api, "block": block}``; never run by
-    the engine, never sent to another API (``turnwire_server.providers.carry_over``).
-    """
-
-    api: str
-    block: Mapping[str, Any]
+"""The ``DataPart.type`` under which replies stored before issue 31 kept an Anthropic server
+tool's block (``{"api", "block"}``); still read, and sent back to the API that made it
+(``turnwire_server.providers.carry_over``). New replies store a provider-executed
+``ToolCallPart`` instead (:class:`ToolCall`, :class:`ToolResult`)."""
 
 
 @dataclass(slots=True)
@@ -274,9 +290,9 @@ ModelChunk = (
     | ToolInputStart
     | ToolInputDelta
     | ToolCall
+    | ToolResult
     | Source
     | File
-    | ProviderExecuted
     | UsageUpdate
     | FinishStep
 )

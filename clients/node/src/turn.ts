@@ -47,6 +47,11 @@ export interface ToolCall {
   decision: ToolCallDecisionName;
   /** True when the client runs the tool itself (`client_tools`): send its result with `submitToolResults`. */
   clientExecuted: boolean;
+  /**
+   * True when the provider ran the call itself (an Anthropic server tool, a Responses built-in such
+   * as web search): nothing to answer; its result, once the provider gave it, is `output` or `errorText`.
+   */
+  providerExecuted: boolean;
 }
 
 /** One model step of a turn, from its StepStart to its StepFinish. */
@@ -196,6 +201,7 @@ export function messageToolCalls(message: Message): ToolCall[] {
         errorText: call.errorText,
         decision: ToolCallDecision[call.decision] as ToolCallDecisionName,
         clientExecuted: call.clientExecuted,
+        providerExecuted: call.providerExecuted,
       },
     ];
   });
@@ -248,10 +254,12 @@ class TurnFolder {
         if (step) step.reasoning += event.value.delta;
         break;
       case 'toolInputStart':
-        this.call(event.value.toolCallId, event.value.toolName, 'INPUT_STREAMING');
+        this.call(event.value.toolCallId, event.value.toolName, 'INPUT_STREAMING').providerExecuted ||=
+          event.value.providerExecuted;
         break;
       case 'toolInputAvailable': {
         const call = this.call(event.value.toolCallId, event.value.toolName, 'INPUT_AVAILABLE');
+        call.providerExecuted ||= event.value.providerExecuted;
         call.input = event.value.inputJson ? parseJson(event.value.inputJson) : undefined;
         break;
       }
@@ -300,6 +308,7 @@ class TurnFolder {
         errorText: '',
         decision: 'UNSPECIFIED',
         clientExecuted: false,
+        providerExecuted: false,
       };
       this.calls.set(toolCallId, call);
       this.steps.at(-1)?.toolCallIds.push(toolCallId);

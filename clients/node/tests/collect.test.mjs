@@ -52,6 +52,33 @@ test('the text of each step, the steps separated by a blank line; a blocked call
   assert.equal(result.status, 'COMPLETED');
 });
 
+test('a call the provider ran is marked providerExecuted, from its events and its stored part', async () => {
+  const search = { toolCallId: 'srvtoolu_1', toolName: 'web_search', providerExecuted: true };
+  const result = await stream([
+    ['turnStart', {}],
+    ['stepStart', { stepNumber: 0 }],
+    ['toolInputStart', search],
+    ['toolInputAvailable', { ...search, inputJson: '{"query":"q"}' }],
+    [
+      'toolOutputAvailable',
+      { toolCallId: 'srvtoolu_1', outputJson: '[{"url":"https://example.org"}]', providerExecuted: true },
+    ],
+    ['toolInputAvailable', { toolCallId: 'call_1', toolName: 'get_weather', inputJson: '{}' }],
+    END,
+  ]).collect();
+  assert.deepEqual(
+    result.toolCalls.map(({ toolCallId, providerExecuted, state }) => ({
+      toolCallId,
+      providerExecuted,
+      state,
+    })),
+    [
+      { toolCallId: 'srvtoolu_1', providerExecuted: true, state: 'OUTPUT_AVAILABLE' },
+      { toolCallId: 'call_1', providerExecuted: false, state: 'INPUT_AVAILABLE' },
+    ],
+  );
+});
+
 test('an appending AttemptStart keeps the stored reply; one that does not starts again', async () => {
   const stored = {
     parts: [

@@ -138,6 +138,7 @@ class ChatDecoder(OpenAIDecoder):
         self.ids = CallIds(taken_ids)
         self.join = TextJoiner()
         self.filter_results: Any = None
+        self.logprobs: list[Any] = []  # choices[0].logprobs.content, when the request asked for them
         self.text_id: str | None = None
         self.reasoning_id: str | None = None
         self.blocks = 0
@@ -211,6 +212,9 @@ class ChatDecoder(OpenAIDecoder):
             self.finish = finish
         if choice.get("content_filter_results"):  # Azure: why a content filter stopped the step
             self.filter_results = choice["content_filter_results"]
+        logprobs = choice.get("logprobs")  # with `logprobs: true` in provider_options
+        if logprobs and isinstance(logprobs, dict) and logprobs.get("content"):
+            self.logprobs.extend(logprobs["content"])
         return out
 
     def _usage_update(self, usage: dict[str, Any]) -> UsageUpdate:
@@ -376,6 +380,8 @@ class ChatDecoder(OpenAIDecoder):
             metadata["content_filter_results"] = self.filter_results
         if self.ids.renamed:
             metadata["tool_call_ids"] = dict(self.ids.renamed)
+        if self.logprobs:
+            metadata["logprobs"] = self.logprobs
         usage = self.usage or {}
         if usage:
             metadata["usage"] = usage

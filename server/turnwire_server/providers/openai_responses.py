@@ -55,10 +55,12 @@ from turnwire.types import (
     TextDelta,
     TextEnd,
     TextStart,
+    ToolCall,
     ToolInputDelta,
     ToolInputStart,
 )
 from turnwire_server.providers import errors
+from turnwire_server.providers import openai_responses_items as built_in
 from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls, transcript_call_ids
 from turnwire_server.providers.openai_common import (
     OpenAIDecoder,
@@ -102,6 +104,10 @@ class ResponsesDecoder(OpenAIDecoder):
         # id must not merge two calls into one (docs/semantics.md §11).
         self.call_at: dict[int, PendingCall] = {}
         self.call_of_item: dict[str, PendingCall] = {}
+        self.built_ins: dict[int | str, str] = {}  # built-in tool items (by output index) → call id
+        self.client_run = 0  # calls of built-ins the application runs (shell_call …)
+        self.phases: list[dict[str, str]] = []  # message items' phase (commentary, final_answer)
+        self.logprobs: list[Any] = []  # output_text.delta logprobs, when the request asked for them
         self.refused = False
         self.refusal: list[str] = []
         self.ids = CallIds(taken_ids)
@@ -132,6 +138,8 @@ class ResponsesDecoder(OpenAIDecoder):
                 self.refusal.append(delta)
             elif self.text is not None:
                 self.text.append(delta)
+            if obj.get("logprobs"):
+                self.logprobs.extend(obj["logprobs"])
             if opened:
                 self.texts[key] = block_id
                 return (TextStart(block_id), TextDelta(block_id, delta))
@@ -221,7 +229,18 @@ class ResponsesDecoder(OpenAIDecoder):
             block_id = f"{self.prefix}-{output_index}"
             self.reasoning[output_index] = (block_id, -1)
             return (ReasoningStart(block_id),)
+        if built_in.is_built_in(itype):
+            return (built_in.started(item, self._built_in_id(item, output_index)),)
         return NOTHING
+
+    def _built_in_id(self, item: Mapping[str, Any], output_index: Any) -> str:
+        """The call id of a built-in tool item, given once per item (unique in the turn)."""
+        key = output_index if isinstance(output_index, int) else item.get("id") or ""
+        call_id = self.built_ins.get(key)
+        if call_id is None:
+            fallback = f"call_{self.prefix}_b{len(self.built_ins)}"
+            call_id = self.built_ins[key] = self.ids.assign(built_in.original_id(item), fallback)
+        return call_id
 
     def _call(self, output_index: Any, item_id: Any) -> PendingCall | None:
         """The function call an event names: by its output index when known, else by its item id."""
@@ -273,8 +292,16 @@ class ResponsesDecoder(OpenAIDecoder):
             )
             return out
         if itype == "message":
+            if item.get("phase"):  # gpt-5.3-codex and later: commentary or final_answer
+                self.phases.append({"item_id": item_id, "phase": str(item["phase"])})
             ends = [key for key in self.texts if key[0] == output_index or key[0] == item_id]
             return [chunk for key in ends for chunk in self._end_text(key)]
+        if built_in.is_built_in(itype):
+            announced = (output_index if isinstance(output_index, int) else item_id) in self.built_ins
+            call_id = self._built_in_id(item, output_index)
+            chunks = built_in.finished(item, call_id)
+            self.client_run += sum(1 for c in chunks if isinstance(c, ToolCall) and c.client_executed)
+            return chunks if announced else [built_in.started(item, call_id), *chunks]
         return NOTHING
 
     def _finish(self, response: Mapping[str, Any]) -> Sequence[ModelChunk]:
@@ -292,7 +319,7 @@ class ResponsesDecoder(OpenAIDecoder):
         elif incomplete:
             reason = FinishReason.OTHER
         else:
-            reason = FinishReason.TOOL_CALLS if calls else FinishReason.STOP
+            reason = FinishReason.TOOL_CALLS if calls or self.client_run else FinishReason.STOP
         usage = response.get("usage") or {}
         metadata: dict[str, Any] = {"usage": usage} if usage else {}
         if self.refusal:
@@ -301,6 +328,10 @@ class ResponsesDecoder(OpenAIDecoder):
             metadata["incomplete_details"] = response["incomplete_details"]
         if self.ids.renamed:
             metadata["tool_call_ids"] = dict(self.ids.renamed)
+        if self.phases:
+            metadata["phases"] = self.phases
+        if self.logprobs:
+            metadata["logprobs"] = self.logprobs
         out.append(
             self._finish_step(
                 reason,

@@ -52,6 +52,7 @@ from turnwire_server.providers.openai_common import (
     replay_reasoning_for,
     sampling,
 )
+from turnwire_server.providers.openai_responses_items import input_items, is_client_run
 
 EncryptedReasoning = Literal["auto", "always", "never"]
 
@@ -128,6 +129,7 @@ def convert_input(
     held: list[dict[str, Any]] = []  # text-only reasoning of this user turn, sent if it calls a tool
     dropped: set[int] = set()  # ids of held items whose user turn called no tool
     called = False  # this user turn (since the last user message) has called a tool
+    unsent = False  # a provider-executed call was left out (store false): warned once
     for message in messages:
         role = message.role
         if role == message_pb2.ROLE_SYSTEM:
@@ -154,6 +156,24 @@ def convert_input(
                             step_items.append(reasoning)
                             if text_only and replay == "tool_turns":
                                 held.append(reasoning)
+                    elif kind == "tool_call" and (
+                        part.tool_call.provider_executed or is_client_run(part.tool_call)
+                    ):
+                        # A built-in's own items (openai_responses_items.py).
+                        call = part.tool_call
+                        called = called or not call.provider_executed
+                        item, output = input_items(call, call_id(call.tool_call_id), store)
+                        if item is not None:
+                            step_items.append(item)
+                        elif not store and not unsent:
+                            unsent = True
+                            warnings.append(
+                                "the results of OpenAI's built-in tools (web search, file search, code "
+                                "interpreter …) are not sent back when store is false: the API resolves "
+                                "only items it stored"
+                            )
+                        if output is not None:
+                            outputs.append(output)
                     elif kind == "tool_call":
                         called = True
                         call = part.tool_call

@@ -160,6 +160,9 @@ class ToolCall:
         approval_id: The approval request's id, for a tool that needs approval, else ``""``.
         approved: The client's answer to the approval request (``None`` before one).
         client_executed: True for a client-side tool.
+        provider_executed: True for a call the provider ran itself (an Anthropic server tool,
+            a Responses built-in such as web search): nothing to answer; its result, once the
+            provider gave it, is :attr:`output` (or :attr:`error_text`).
         preliminary: True while :attr:`output` is a preliminary result of a streaming tool.
         decision: ``"blocked"`` or ``"substituted"`` when a ``before_tool_call`` hook decided
             the result instead of the tool, else ``""``.
@@ -176,6 +179,7 @@ class ToolCall:
     approval_id: str = ""
     approved: bool | None = None
     client_executed: bool = False
+    provider_executed: bool = False
     preliminary: bool = False
     decision: str = ""
     part: message_pb2.ToolCallPart = field(
@@ -214,6 +218,7 @@ class ToolCall:
             approval_id=approval.id if approval is not None else "",
             approved=approval.approved if approval is not None and answered else None,
             client_executed=part.client_executed,
+            provider_executed=part.provider_executed,
             preliminary=part.preliminary,
             decision=_enum_name(message_pb2.ToolCallDecision, part.decision, "TOOL_CALL_DECISION_"),
             part=part,

@@ -318,6 +318,8 @@ class ToolCallPart(_message.Message):
     APPROVAL_FIELD_NUMBER: _builtins.int
     CLIENT_EXECUTED_FIELD_NUMBER: _builtins.int
     DECISION_FIELD_NUMBER: _builtins.int
+    PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
+    PROVIDER_METADATA_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The provider's id for the call; results refer to it."""
     tool_name: _builtins.str
@@ -349,6 +351,15 @@ class ToolCallPart(_message.Message):
     instead of the tool (docs/semantics.md §3); the model sees it as a
     successful result either way.
     """
+    provider_executed: _builtins.bool
+    """True for a call the provider ran itself (AI SDK `providerExecuted`): an
+    Anthropic server tool (web search, web fetch, code execution, the MCP
+    connector, tool search) or a Responses built-in (web search, file search,
+    code interpreter, image generation, remote MCP, computer use). Turnwire
+    never runs it and no before_tool_call or after_tool_call hook sees it;
+    its result, once the provider gave one, is in `output_json` or
+    `error_text` (docs/providers.md, "What each API's parts become").
+    """
     @_builtins.property
     @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def input(self) -> _struct_pb2.Struct:
@@ -368,6 +379,16 @@ class ToolCallPart(_message.Message):
     def approval(self) -> Global___ToolCallApproval:
         """The approval request and its answer, for a tool that needs approval."""
 
+    @_builtins.property
+    def provider_metadata(self) -> _struct_pb2.Struct:
+        """What the API that made the call needs to have it back, keyed by API
+        (`anthropic`: the `call` and `result` blocks without their input and
+        content, which are `input_json` and `output_json`; `openai`: the item's
+        `type` and `item_id`). Set for provider-executed calls and for the
+        Responses built-ins the application runs (`shell_call`,
+        `local_shell_call`, `apply_patch_call`, `custom_tool_call`).
+        """
+
     def __init__(
         self,
         *,
@@ -384,10 +405,12 @@ class ToolCallPart(_message.Message):
         approval: Global___ToolCallApproval | None = ...,
         client_executed: _builtins.bool = ...,
         decision: Global___ToolCallDecision.ValueType = ...,
+        provider_executed: _builtins.bool = ...,
+        provider_metadata: _struct_pb2.Struct | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "input", b"input", "output", b"output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "input", b"input", "output", b"output", "provider_metadata", b"provider_metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "client_executed", b"client_executed", "decision", b"decision", "error_text", b"error_text", "input", b"input", "input_json", b"input_json", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "raw_input", b"raw_input", "state", b"state", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "client_executed", b"client_executed", "decision", b"decision", "error_text", b"error_text", "input", b"input", "input_json", b"input_json", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "provider_executed", b"provider_executed", "provider_metadata", b"provider_metadata", "raw_input", b"raw_input", "state", b"state", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -531,16 +554,45 @@ Global___DataPart: _TypeAlias = DataPart  # noqa: Y015
 
 @_typing.final
 class StepStartPart(_message.Message):
-    """StepStartPart marks the start of a model step in an assistant message."""
+    """StepStartPart marks the start of a model step in an assistant message and,
+    once the step finished, holds the step's record from the provider.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    RESPONSE_ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_MODEL_FIELD_NUMBER: _builtins.int
+    PROVIDER_METADATA_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
+    response_id: _builtins.str
+    """The provider's id of the step's response (message, completion or response
+    id); empty until the step finished.
+    """
+    response_model: _builtins.str
+    """The model version that answered the step."""
+    @_builtins.property
+    def provider_metadata(self) -> _struct_pb2.Struct:
+        """What the provider reported beyond the normalized fields, keyed by API
+        (`anthropic`, `openai`): stop details, refusals, token logprobs when the
+        request asked for them, Responses message `phase`s. At most 64 KiB of
+        JSON: larger entries are left out and a warning says which.
+        """
+
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Settings the provider could not honour, and metadata left out for size."""
+
     def __init__(
         self,
+        *,
+        response_id: _builtins.str = ...,
+        response_model: _builtins.str = ...,
+        provider_metadata: _struct_pb2.Struct | None = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["provider_metadata", b"provider_metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["provider_metadata", b"provider_metadata", "response_id", b"response_id", "response_model", b"response_model", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -12,7 +12,7 @@ import type { JsonObject, Message as Message$1 } from "@bufbuild/protobuf";
  * Describes the file turnwire/v1/message.proto.
  */
 export const file_turnwire_v1_message: GenFile = /*@__PURE__*/
-  fileDesc("Chl0dXJud2lyZS92MS9tZXNzYWdlLnByb3RvEgt0dXJud2lyZS52MSK0AQoHTWVzc2FnZRIKCgJpZBgBIAEoCRIfCgRyb2xlGAIgASgOMhEudHVybndpcmUudjEuUm9sZRIgCgVwYXJ0cxgDIAMoCzIRLnR1cm53aXJlLnYxLlBhcnQSLwoLY3JlYXRlX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCG1ldGFkYXRhGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCLBAgoEUGFydBIlCgR0ZXh0GAEgASgLMhUudHVybndpcmUudjEuVGV4dFBhcnRIABIvCglyZWFzb25pbmcYAiABKAsyGi50dXJud2lyZS52MS5SZWFzb25pbmdQYXJ0SAASLgoJdG9vbF9jYWxsGAMgASgLMhkudHVybndpcmUudjEuVG9vbENhbGxQYXJ0SAASJQoEZmlsZRgEIAEoCzIVLnR1cm53aXJlLnYxLkZpbGVQYXJ0SAASKQoGc291cmNlGAUgASgLMhcudHVybndpcmUudjEuU291cmNlUGFydEgAEiUKBGRhdGEYBiABKAsyFS50dXJud2lyZS52MS5EYXRhUGFydEgAEjAKCnN0ZXBfc3RhcnQYByABKAsyGi50dXJud2lyZS52MS5TdGVwU3RhcnRQYXJ0SABCBgoEa2luZCIYCghUZXh0UGFydBIMCgR0ZXh0GAEgASgJInYKDVJlYXNvbmluZ1BhcnQSDAoEdGV4dBgBIAEoCRIRCglzaWduYXR1cmUYAiABKAwSEAoIcmVkYWN0ZWQYAyABKAgSMgoRcHJvdmlkZXJfbWV0YWRhdGEYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IpoDCgxUb29sQ2FsbFBhcnQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIqCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3RCAhgBEikKBXN0YXRlGAQgASgOMhoudHVybndpcmUudjEuVG9vbENhbGxTdGF0ZRIqCgZvdXRwdXQYBSABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVCAhgBEhIKCmVycm9yX3RleHQYBiABKAkSEwoLcHJlbGltaW5hcnkYByABKAgSEQoJcmF3X2lucHV0GAggASgJEhIKCmlucHV0X2pzb24YCSABKAkSEwoLb3V0cHV0X2pzb24YCiABKAkSLwoIYXBwcm92YWwYCyABKAsyHS50dXJud2lyZS52MS5Ub29sQ2FsbEFwcHJvdmFsEhcKD2NsaWVudF9leGVjdXRlZBgMIAEoCBIvCghkZWNpc2lvbhgNIAEoDjIdLnR1cm53aXJlLnYxLlRvb2xDYWxsRGVjaXNpb24iQAoQVG9vbENhbGxBcHByb3ZhbBIKCgJpZBgBIAEoCRIQCghhcHByb3ZlZBgCIAEoCBIOCgZyZWFzb24YAyABKAkiWgoIRmlsZVBhcnQSEgoKbWVkaWFfdHlwZRgBIAEoCRIQCghmaWxlbmFtZRgCIAEoCRIOCgRkYXRhGAMgASgMSAASDQoDdXJsGAQgASgJSABCCQoHY29udGVudCJhCgpTb3VyY2VQYXJ0EhEKCXNvdXJjZV9pZBgBIAEoCRILCgN1cmwYAiABKAkSDQoFdGl0bGUYAyABKAkSEgoKbWVkaWFfdHlwZRgEIAEoCRIQCghmaWxlbmFtZRgFIAEoCSJKCghEYXRhUGFydBIMCgR0eXBlGAEgASgJEgoKAmlkGAIgASgJEiQKBGRhdGEYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiDwoNU3RlcFN0YXJ0UGFydCKjAQoFVXNhZ2USFAoMaW5wdXRfdG9rZW5zGAEgASgDEhUKDW91dHB1dF90b2tlbnMYAiABKAMSFAoMdG90YWxfdG9rZW5zGAMgASgDEhgKEHJlYXNvbmluZ190b2tlbnMYBCABKAMSGwoTY2FjaGVkX2lucHV0X3Rva2VucxgFIAEoAxIgChhjYWNoZV93cml0ZV9pbnB1dF90b2tlbnMYBiABKAMqUAoEUm9sZRIUChBST0xFX1VOU1BFQ0lGSUVEEAASDQoJUk9MRV9VU0VSEAESEgoOUk9MRV9BU1NJU1RBTlQQAhIPCgtST0xFX1NZU1RFTRADKrUCCg1Ub29sQ2FsbFN0YXRlEh8KG1RPT0xfQ0FMTF9TVEFURV9VTlNQRUNJRklFRBAAEiMKH1RPT0xfQ0FMTF9TVEFURV9JTlBVVF9TVFJFQU1JTkcQARIjCh9UT09MX0NBTExfU1RBVEVfSU5QVVRfQVZBSUxBQkxFEAISJgoiVE9PTF9DQUxMX1NUQVRFX0FQUFJPVkFMX1JFUVVFU1RFRBADEiYKIlRPT0xfQ0FMTF9TVEFURV9BUFBST1ZBTF9SRVNQT05ERUQQBBIkCiBUT09MX0NBTExfU1RBVEVfT1VUUFVUX0FWQUlMQUJMRRAFEiAKHFRPT0xfQ0FMTF9TVEFURV9PVVRQVVRfRVJST1IQBhIhCh1UT09MX0NBTExfU1RBVEVfT1VUUFVUX0RFTklFRBAHKnoKEFRvb2xDYWxsRGVjaXNpb24SIgoeVE9PTF9DQUxMX0RFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASHgoaVE9PTF9DQUxMX0RFQ0lTSU9OX0JMT0NLRUQQARIiCh5UT09MX0NBTExfREVDSVNJT05fU1VCU1RJVFVURUQQAmIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Chl0dXJud2lyZS92MS9tZXNzYWdlLnByb3RvEgt0dXJud2lyZS52MSK0AQoHTWVzc2FnZRIKCgJpZBgBIAEoCRIfCgRyb2xlGAIgASgOMhEudHVybndpcmUudjEuUm9sZRIgCgVwYXJ0cxgDIAMoCzIRLnR1cm53aXJlLnYxLlBhcnQSLwoLY3JlYXRlX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCG1ldGFkYXRhGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCLBAgoEUGFydBIlCgR0ZXh0GAEgASgLMhUudHVybndpcmUudjEuVGV4dFBhcnRIABIvCglyZWFzb25pbmcYAiABKAsyGi50dXJud2lyZS52MS5SZWFzb25pbmdQYXJ0SAASLgoJdG9vbF9jYWxsGAMgASgLMhkudHVybndpcmUudjEuVG9vbENhbGxQYXJ0SAASJQoEZmlsZRgEIAEoCzIVLnR1cm53aXJlLnYxLkZpbGVQYXJ0SAASKQoGc291cmNlGAUgASgLMhcudHVybndpcmUudjEuU291cmNlUGFydEgAEiUKBGRhdGEYBiABKAsyFS50dXJud2lyZS52MS5EYXRhUGFydEgAEjAKCnN0ZXBfc3RhcnQYByABKAsyGi50dXJud2lyZS52MS5TdGVwU3RhcnRQYXJ0SABCBgoEa2luZCIYCghUZXh0UGFydBIMCgR0ZXh0GAEgASgJInYKDVJlYXNvbmluZ1BhcnQSDAoEdGV4dBgBIAEoCRIRCglzaWduYXR1cmUYAiABKAwSEAoIcmVkYWN0ZWQYAyABKAgSMgoRcHJvdmlkZXJfbWV0YWRhdGEYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IukDCgxUb29sQ2FsbFBhcnQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIqCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3RCAhgBEikKBXN0YXRlGAQgASgOMhoudHVybndpcmUudjEuVG9vbENhbGxTdGF0ZRIqCgZvdXRwdXQYBSABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVCAhgBEhIKCmVycm9yX3RleHQYBiABKAkSEwoLcHJlbGltaW5hcnkYByABKAgSEQoJcmF3X2lucHV0GAggASgJEhIKCmlucHV0X2pzb24YCSABKAkSEwoLb3V0cHV0X2pzb24YCiABKAkSLwoIYXBwcm92YWwYCyABKAsyHS50dXJud2lyZS52MS5Ub29sQ2FsbEFwcHJvdmFsEhcKD2NsaWVudF9leGVjdXRlZBgMIAEoCBIvCghkZWNpc2lvbhgNIAEoDjIdLnR1cm53aXJlLnYxLlRvb2xDYWxsRGVjaXNpb24SGQoRcHJvdmlkZXJfZXhlY3V0ZWQYDiABKAgSMgoRcHJvdmlkZXJfbWV0YWRhdGEYDyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IkAKEFRvb2xDYWxsQXBwcm92YWwSCgoCaWQYASABKAkSEAoIYXBwcm92ZWQYAiABKAgSDgoGcmVhc29uGAMgASgJIloKCEZpbGVQYXJ0EhIKCm1lZGlhX3R5cGUYASABKAkSEAoIZmlsZW5hbWUYAiABKAkSDgoEZGF0YRgDIAEoDEgAEg0KA3VybBgEIAEoCUgAQgkKB2NvbnRlbnQiYQoKU291cmNlUGFydBIRCglzb3VyY2VfaWQYASABKAkSCwoDdXJsGAIgASgJEg0KBXRpdGxlGAMgASgJEhIKCm1lZGlhX3R5cGUYBCABKAkSEAoIZmlsZW5hbWUYBSABKAkiSgoIRGF0YVBhcnQSDAoEdHlwZRgBIAEoCRIKCgJpZBgCIAEoCRIkCgRkYXRhGAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlIoIBCg1TdGVwU3RhcnRQYXJ0EhMKC3Jlc3BvbnNlX2lkGAEgASgJEhYKDnJlc3BvbnNlX21vZGVsGAIgASgJEjIKEXByb3ZpZGVyX21ldGFkYXRhGAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIQCgh3YXJuaW5ncxgEIAMoCSKjAQoFVXNhZ2USFAoMaW5wdXRfdG9rZW5zGAEgASgDEhUKDW91dHB1dF90b2tlbnMYAiABKAMSFAoMdG90YWxfdG9rZW5zGAMgASgDEhgKEHJlYXNvbmluZ190b2tlbnMYBCABKAMSGwoTY2FjaGVkX2lucHV0X3Rva2VucxgFIAEoAxIgChhjYWNoZV93cml0ZV9pbnB1dF90b2tlbnMYBiABKAMqUAoEUm9sZRIUChBST0xFX1VOU1BFQ0lGSUVEEAASDQoJUk9MRV9VU0VSEAESEgoOUk9MRV9BU1NJU1RBTlQQAhIPCgtST0xFX1NZU1RFTRADKrUCCg1Ub29sQ2FsbFN0YXRlEh8KG1RPT0xfQ0FMTF9TVEFURV9VTlNQRUNJRklFRBAAEiMKH1RPT0xfQ0FMTF9TVEFURV9JTlBVVF9TVFJFQU1JTkcQARIjCh9UT09MX0NBTExfU1RBVEVfSU5QVVRfQVZBSUxBQkxFEAISJgoiVE9PTF9DQUxMX1NUQVRFX0FQUFJPVkFMX1JFUVVFU1RFRBADEiYKIlRPT0xfQ0FMTF9TVEFURV9BUFBST1ZBTF9SRVNQT05ERUQQBBIkCiBUT09MX0NBTExfU1RBVEVfT1VUUFVUX0FWQUlMQUJMRRAFEiAKHFRPT0xfQ0FMTF9TVEFURV9PVVRQVVRfRVJST1IQBhIhCh1UT09MX0NBTExfU1RBVEVfT1VUUFVUX0RFTklFRBAHKnoKEFRvb2xDYWxsRGVjaXNpb24SIgoeVE9PTF9DQUxMX0RFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASHgoaVE9PTF9DQUxMX0RFQ0lTSU9OX0JMT0NLRUQQARIiCh5UT09MX0NBTExfREVDSVNJT05fU1VCU1RJVFVURUQQAmIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * Message is one entry of a conversation's transcript: a user's input, or an
@@ -317,6 +317,31 @@ export type ToolCallPart = Message$1<"turnwire.v1.ToolCallPart"> & {
    * @generated from field: turnwire.v1.ToolCallDecision decision = 13;
    */
   decision: ToolCallDecision;
+
+  /**
+   * True for a call the provider ran itself (AI SDK `providerExecuted`): an
+   * Anthropic server tool (web search, web fetch, code execution, the MCP
+   * connector, tool search) or a Responses built-in (web search, file search,
+   * code interpreter, image generation, remote MCP, computer use). Turnwire
+   * never runs it and no before_tool_call or after_tool_call hook sees it;
+   * its result, once the provider gave one, is in `output_json` or
+   * `error_text` (docs/providers.md, "What each API's parts become").
+   *
+   * @generated from field: bool provider_executed = 14;
+   */
+  providerExecuted: boolean;
+
+  /**
+   * What the API that made the call needs to have it back, keyed by API
+   * (`anthropic`: the `call` and `result` blocks without their input and
+   * content, which are `input_json` and `output_json`; `openai`: the item's
+   * `type` and `item_id`). Set for provider-executed calls and for the
+   * Responses built-ins the application runs (`shell_call`,
+   * `local_shell_call`, `apply_patch_call`, `custom_tool_call`).
+   *
+   * @generated from field: google.protobuf.Struct provider_metadata = 15;
+   */
+  providerMetadata?: JsonObject | undefined;
 };
 
 /**
@@ -497,11 +522,43 @@ export const DataPartSchema: GenMessage<DataPart> = /*@__PURE__*/
   messageDesc(file_turnwire_v1_message, 8);
 
 /**
- * StepStartPart marks the start of a model step in an assistant message.
+ * StepStartPart marks the start of a model step in an assistant message and,
+ * once the step finished, holds the step's record from the provider.
  *
  * @generated from message turnwire.v1.StepStartPart
  */
 export type StepStartPart = Message$1<"turnwire.v1.StepStartPart"> & {
+  /**
+   * The provider's id of the step's response (message, completion or response
+   * id); empty until the step finished.
+   *
+   * @generated from field: string response_id = 1;
+   */
+  responseId: string;
+
+  /**
+   * The model version that answered the step.
+   *
+   * @generated from field: string response_model = 2;
+   */
+  responseModel: string;
+
+  /**
+   * What the provider reported beyond the normalized fields, keyed by API
+   * (`anthropic`, `openai`): stop details, refusals, token logprobs when the
+   * request asked for them, Responses message `phase`s. At most 64 KiB of
+   * JSON: larger entries are left out and a warning says which.
+   *
+   * @generated from field: google.protobuf.Struct provider_metadata = 3;
+   */
+  providerMetadata?: JsonObject | undefined;
+
+  /**
+   * Settings the provider could not honour, and metadata left out for size.
+   *
+   * @generated from field: repeated string warnings = 4;
+   */
+  warnings: string[];
 };
 
 /**
