@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19turnwire/v1/message.proto\x12\x0bturnwire.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\x01\n\x07Message\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12%\n\x04role\x18\x02 \x01(\x0e\x32\x11.turnwire.v1.RoleR\x04role\x12\'\n\x05parts\x18\x03 \x03(\x0b\x32\x11.turnwire.v1.PartR\x05parts\x12;\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ncreateTime\x12\x33\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.StructR\x08metadata\"\xfb\x02\n\x04Part\x12+\n\x04text\x18\x01 \x01(\x0b\x32\x15.turnwire.v1.TextPartH\x00R\x04text\x12:\n\treasoning\x18\x02 \x01(\x0b\x32\x1a.turnwire.v1.ReasoningPartH\x00R\treasoning\x12\x38\n\ttool_call\x18\x03 \x01(\x0b\x32\x19.turnwire.v1.ToolCallPartH\x00R\x08toolCall\x12+\n\x04\x66ile\x18\x04 \x01(\x0b\x32\x15.turnwire.v1.FilePartH\x00R\x04\x66ile\x12\x31\n\x06source\x18\x05 \x01(\x0b\x32\x17.turnwire.v1.SourcePartH\x00R\x06source\x12+\n\x04\x64\x61ta\x18\x06 \x01(\x0b\x32\x15.turnwire.v1.DataPartH\x00R\x04\x64\x61ta\x12;\n\nstep_start\x18\x07 \x01(\x0b\x32\x1a.turnwire.v1.StepStartPartH\x00R\tstepStartB\x06\n\x04kind\"\x1e\n\x08TextPart\x12\x12\n\x04text\x18\x01 \x01(\tR\x04text\"\xa3\x01\n\rReasoningPart\x12\x12\n\x04text\x18\x01 \x01(\tR\x04text\x12\x1c\n\tsignature\x18\x02 \x01(\x0cR\tsignature\x12\x1a\n\x08redacted\x18\x03 \x01(\x08R\x08redacted\x12\x44\n\x11provider_metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructR\x10providerMetadata\"\xa3\x04\n\x0cToolCallPart\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1b\n\ttool_name\x18\x02 \x01(\tR\x08toolName\x12\x31\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructB\x02\x18\x01R\x05input\x12\x30\n\x05state\x18\x04 \x01(\x0e\x32\x1a.turnwire.v1.ToolCallStateR\x05state\x12\x32\n\x06output\x18\x05 \x01(\x0b\x32\x16.google.protobuf.ValueB\x02\x18\x01R\x06output\x12\x1d\n\nerror_text\x18\x06 \x01(\tR\terrorText\x12 \n\x0bpreliminary\x18\x07 \x01(\x08R\x0bpreliminary\x12\x1b\n\traw_input\x18\x08 \x01(\tR\x08rawInput\x12\x1d\n\ninput_json\x18\t \x01(\tR\tinputJson\x12\x1f\n\x0boutput_json\x18\n \x01(\tR\noutputJson\x12\x39\n\x08\x61pproval\x18\x0b \x01(\x0b\x32\x1d.turnwire.v1.ToolCallApprovalR\x08\x61pproval\x12\'\n\x0f\x63lient_executed\x18\x0c \x01(\x08R\x0e\x63lientExecuted\x12\x39\n\x08\x64\x65\x63ision\x18\r \x01(\x0e\x32\x1d.turnwire.v1.ToolCallDecisionR\x08\x64\x65\x63ision\"V\n\x10ToolCallApproval\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n\x08\x61pproved\x18\x02 \x01(\x08R\x08\x61pproved\x12\x16\n\x06reason\x18\x03 \x01(\tR\x06reason\"z\n\x08\x46ilePart\x12\x1d\n\nmedia_type\x18\x01 \x01(\tR\tmediaType\x12\x1a\n\x08\x66ilename\x18\x02 \x01(\tR\x08\x66ilename\x12\x14\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00R\x04\x64\x61ta\x12\x12\n\x03url\x18\x04 \x01(\tH\x00R\x03urlB\t\n\x07\x63ontent\"\x8c\x01\n\nSourcePart\x12\x1b\n\tsource_id\x18\x01 \x01(\tR\x08sourceId\x12\x10\n\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n\x05title\x18\x03 \x01(\tR\x05title\x12\x1d\n\nmedia_type\x18\x04 \x01(\tR\tmediaType\x12\x1a\n\x08\x66ilename\x18\x05 \x01(\tR\x08\x66ilename\"Z\n\x08\x44\x61taPart\x12\x12\n\x04type\x18\x01 \x01(\tR\x04type\x12\x0e\n\x02id\x18\x02 \x01(\tR\x02id\x12*\n\x04\x64\x61ta\x18\x03 \x01(\x0b\x32\x16.google.protobuf.ValueR\x04\x64\x61ta\"\x0f\n\rStepStartPart\"\x86\x02\n\x05Usage\x12!\n\x0cinput_tokens\x18\x01 \x01(\x03R\x0binputTokens\x12#\n\routput_tokens\x18\x02 \x01(\x03R\x0coutputTokens\x12!\n\x0ctotal_tokens\x18\x03 \x01(\x03R\x0btotalTokens\x12)\n\x10reasoning_tokens\x18\x04 \x01(\x03R\x0freasoningTokens\x12.\n\x13\x63\x61\x63hed_input_tokens\x18\x05 \x01(\x03R\x11\x63\x61\x63hedInputTokens\x12\x37\n\x18\x63\x61\x63he_write_input_tokens\x18\x06 \x01(\x03R\x15\x63\x61\x63heWriteInputTokens*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x12\n\x0eROLE_ASSISTANT\x10\x02\x12\x0f\n\x0bROLE_SYSTEM\x10\x03*\xb5\x02\n\rToolCallState\x12\x1f\n\x1bTOOL_CALL_STATE_UNSPECIFIED\x10\x00\x12#\n\x1fTOOL_CALL_STATE_INPUT_STREAMING\x10\x01\x12#\n\x1fTOOL_CALL_STATE_INPUT_AVAILABLE\x10\x02\x12&\n\"TOOL_CALL_STATE_APPROVAL_REQUESTED\x10\x03\x12&\n\"TOOL_CALL_STATE_APPROVAL_RESPONDED\x10\x04\x12$\n TOOL_CALL_STATE_OUTPUT_AVAILABLE\x10\x05\x12 \n\x1cTOOL_CALL_STATE_OUTPUT_ERROR\x10\x06\x12!\n\x1dTOOL_CALL_STATE_OUTPUT_DENIED\x10\x07*z\n\x10ToolCallDecision\x12\"\n\x1eTOOL_CALL_DECISION_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTOOL_CALL_DECISION_BLOCKED\x10\x01\x12\"\n\x1eTOOL_CALL_DECISION_SUBSTITUTED\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19turnwire/v1/message.proto\x12\x0bturnwire.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\x01\n\x07Message\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12%\n\x04role\x18\x02 \x01(\x0e\x32\x11.turnwire.v1.RoleR\x04role\x12\'\n\x05parts\x18\x03 \x03(\x0b\x32\x11.turnwire.v1.PartR\x05parts\x12;\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ncreateTime\x12\x33\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.StructR\x08metadata\"\xfb\x02\n\x04Part\x12+\n\x04text\x18\x01 \x01(\x0b\x32\x15.turnwire.v1.TextPartH\x00R\x04text\x12:\n\treasoning\x18\x02 \x01(\x0b\x32\x1a.turnwire.v1.ReasoningPartH\x00R\treasoning\x12\x38\n\ttool_call\x18\x03 \x01(\x0b\x32\x19.turnwire.v1.ToolCallPartH\x00R\x08toolCall\x12+\n\x04\x66ile\x18\x04 \x01(\x0b\x32\x15.turnwire.v1.FilePartH\x00R\x04\x66ile\x12\x31\n\x06source\x18\x05 \x01(\x0b\x32\x17.turnwire.v1.SourcePartH\x00R\x06source\x12+\n\x04\x64\x61ta\x18\x06 \x01(\x0b\x32\x15.turnwire.v1.DataPartH\x00R\x04\x64\x61ta\x12;\n\nstep_start\x18\x07 \x01(\x0b\x32\x1a.turnwire.v1.StepStartPartH\x00R\tstepStartB\x06\n\x04kind\".\n\x08TextPart\x12\x12\n\x04text\x18\x01 \x01(\tR\x04text\x12\x0e\n\x02id\x18\x02 \x01(\tR\x02id\"\xa3\x01\n\rReasoningPart\x12\x12\n\x04text\x18\x01 \x01(\tR\x04text\x12\x1c\n\tsignature\x18\x02 \x01(\x0cR\tsignature\x12\x1a\n\x08redacted\x18\x03 \x01(\x08R\x08redacted\x12\x44\n\x11provider_metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructR\x10providerMetadata\"\xa3\x04\n\x0cToolCallPart\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12\x1b\n\ttool_name\x18\x02 \x01(\tR\x08toolName\x12\x31\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructB\x02\x18\x01R\x05input\x12\x30\n\x05state\x18\x04 \x01(\x0e\x32\x1a.turnwire.v1.ToolCallStateR\x05state\x12\x32\n\x06output\x18\x05 \x01(\x0b\x32\x16.google.protobuf.ValueB\x02\x18\x01R\x06output\x12\x1d\n\nerror_text\x18\x06 \x01(\tR\terrorText\x12 \n\x0bpreliminary\x18\x07 \x01(\x08R\x0bpreliminary\x12\x1b\n\traw_input\x18\x08 \x01(\tR\x08rawInput\x12\x1d\n\ninput_json\x18\t \x01(\tR\tinputJson\x12\x1f\n\x0boutput_json\x18\n \x01(\tR\noutputJson\x12\x39\n\x08\x61pproval\x18\x0b \x01(\x0b\x32\x1d.turnwire.v1.ToolCallApprovalR\x08\x61pproval\x12\'\n\x0f\x63lient_executed\x18\x0c \x01(\x08R\x0e\x63lientExecuted\x12\x39\n\x08\x64\x65\x63ision\x18\r \x01(\x0e\x32\x1d.turnwire.v1.ToolCallDecisionR\x08\x64\x65\x63ision\"V\n\x10ToolCallApproval\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n\x08\x61pproved\x18\x02 \x01(\x08R\x08\x61pproved\x12\x16\n\x06reason\x18\x03 \x01(\tR\x06reason\"\x8b\x02\n\x08\x46ilePart\x12\x1d\n\nmedia_type\x18\x01 \x01(\tR\tmediaType\x12\x1a\n\x08\x66ilename\x18\x02 \x01(\tR\x08\x66ilename\x12\x14\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00R\x04\x64\x61ta\x12\x12\n\x03url\x18\x04 \x01(\tH\x00R\x03url\x12*\n\x10provider_file_id\x18\x05 \x01(\tH\x00R\x0eproviderFileId\x12\x1d\n\nsize_bytes\x18\x06 \x01(\x03R\tsizeBytes\x12\x44\n\x11provider_metadata\x18\x07 \x01(\x0b\x32\x17.google.protobuf.StructR\x10providerMetadataB\t\n\x07\x63ontent\"\xdb\x03\n\nSourcePart\x12\x1b\n\tsource_id\x18\x01 \x01(\tR\x08sourceId\x12\x10\n\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n\x05title\x18\x03 \x01(\tR\x05title\x12\x1d\n\nmedia_type\x18\x04 \x01(\tR\tmediaType\x12\x1a\n\x08\x66ilename\x18\x05 \x01(\tR\x08\x66ilename\x12\x38\n\x0bsource_type\x18\x06 \x01(\x0e\x32\x17.turnwire.v1.SourceTypeR\nsourceType\x12\x1d\n\ncited_text\x18\x07 \x01(\tR\tcitedText\x12\x37\n\x08location\x18\x08 \x01(\x0b\x32\x1b.turnwire.v1.SourceLocationR\x08location\x12\x17\n\x07text_id\x18\t \x01(\tR\x06textId\x12\x32\n\ttext_span\x18\n \x01(\x0b\x32\x15.turnwire.v1.TextSpanR\x08textSpan\x12(\n\x10provider_file_id\x18\x0b \x01(\tR\x0eproviderFileId\x12\x44\n\x11provider_metadata\x18\x0c \x01(\x0b\x32\x17.google.protobuf.StructR\x10providerMetadata\"\x94\x01\n\x0eSourceLocation\x12\x33\n\x04unit\x18\x01 \x01(\x0e\x32\x1f.turnwire.v1.SourceLocationUnitR\x04unit\x12%\n\x0e\x64ocument_index\x18\x02 \x01(\x05R\rdocumentIndex\x12\x14\n\x05start\x18\x03 \x01(\x03R\x05start\x12\x10\n\x03\x65nd\x18\x04 \x01(\x03R\x03\x65nd\"H\n\x08TextSpan\x12\x1f\n\x0bstart_index\x18\x01 \x01(\x03R\nstartIndex\x12\x1b\n\tend_index\x18\x02 \x01(\x03R\x08\x65ndIndex\"Z\n\x08\x44\x61taPart\x12\x12\n\x04type\x18\x01 \x01(\tR\x04type\x12\x0e\n\x02id\x18\x02 \x01(\tR\x02id\x12*\n\x04\x64\x61ta\x18\x03 \x01(\x0b\x32\x16.google.protobuf.ValueR\x04\x64\x61ta\"\x0f\n\rStepStartPart\"\x86\x02\n\x05Usage\x12!\n\x0cinput_tokens\x18\x01 \x01(\x03R\x0binputTokens\x12#\n\routput_tokens\x18\x02 \x01(\x03R\x0coutputTokens\x12!\n\x0ctotal_tokens\x18\x03 \x01(\x03R\x0btotalTokens\x12)\n\x10reasoning_tokens\x18\x04 \x01(\x03R\x0freasoningTokens\x12.\n\x13\x63\x61\x63hed_input_tokens\x18\x05 \x01(\x03R\x11\x63\x61\x63hedInputTokens\x12\x37\n\x18\x63\x61\x63he_write_input_tokens\x18\x06 \x01(\x03R\x15\x63\x61\x63heWriteInputTokens*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x12\n\x0eROLE_ASSISTANT\x10\x02\x12\x0f\n\x0bROLE_SYSTEM\x10\x03*\xb5\x02\n\rToolCallState\x12\x1f\n\x1bTOOL_CALL_STATE_UNSPECIFIED\x10\x00\x12#\n\x1fTOOL_CALL_STATE_INPUT_STREAMING\x10\x01\x12#\n\x1fTOOL_CALL_STATE_INPUT_AVAILABLE\x10\x02\x12&\n\"TOOL_CALL_STATE_APPROVAL_REQUESTED\x10\x03\x12&\n\"TOOL_CALL_STATE_APPROVAL_RESPONDED\x10\x04\x12$\n TOOL_CALL_STATE_OUTPUT_AVAILABLE\x10\x05\x12 \n\x1cTOOL_CALL_STATE_OUTPUT_ERROR\x10\x06\x12!\n\x1dTOOL_CALL_STATE_OUTPUT_DENIED\x10\x07*z\n\x10ToolCallDecision\x12\"\n\x1eTOOL_CALL_DECISION_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTOOL_CALL_DECISION_BLOCKED\x10\x01\x12\"\n\x1eTOOL_CALL_DECISION_SUBSTITUTED\x10\x02*X\n\nSourceType\x12\x1b\n\x17SOURCE_TYPE_UNSPECIFIED\x10\x00\x12\x13\n\x0fSOURCE_TYPE_URL\x10\x01\x12\x18\n\x14SOURCE_TYPE_DOCUMENT\x10\x02*\xa5\x01\n\x12SourceLocationUnit\x12$\n SOURCE_LOCATION_UNIT_UNSPECIFIED\x10\x00\x12\"\n\x1eSOURCE_LOCATION_UNIT_CHARACTER\x10\x01\x12\x1d\n\x19SOURCE_LOCATION_UNIT_PAGE\x10\x02\x12&\n\"SOURCE_LOCATION_UNIT_CONTENT_BLOCK\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,32 +37,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLCALLPART'].fields_by_name['input']._serialized_options = b'\030\001'
   _globals['_TOOLCALLPART'].fields_by_name['output']._loaded_options = None
   _globals['_TOOLCALLPART'].fields_by_name['output']._serialized_options = b'\030\001'
-  _globals['_ROLE']._serialized_start=2186
-  _globals['_ROLE']._serialized_end=2266
-  _globals['_TOOLCALLSTATE']._serialized_start=2269
-  _globals['_TOOLCALLSTATE']._serialized_end=2578
-  _globals['_TOOLCALLDECISION']._serialized_start=2580
-  _globals['_TOOLCALLDECISION']._serialized_end=2702
+  _globals['_ROLE']._serialized_start=2908
+  _globals['_ROLE']._serialized_end=2988
+  _globals['_TOOLCALLSTATE']._serialized_start=2991
+  _globals['_TOOLCALLSTATE']._serialized_end=3300
+  _globals['_TOOLCALLDECISION']._serialized_start=3302
+  _globals['_TOOLCALLDECISION']._serialized_end=3424
+  _globals['_SOURCETYPE']._serialized_start=3426
+  _globals['_SOURCETYPE']._serialized_end=3514
+  _globals['_SOURCELOCATIONUNIT']._serialized_start=3517
+  _globals['_SOURCELOCATIONUNIT']._serialized_end=3682
   _globals['_MESSAGE']._serialized_start=106
   _globals['_MESSAGE']._serialized_end=325
   _globals['_PART']._serialized_start=328
   _globals['_PART']._serialized_end=707
   _globals['_TEXTPART']._serialized_start=709
-  _globals['_TEXTPART']._serialized_end=739
-  _globals['_REASONINGPART']._serialized_start=742
-  _globals['_REASONINGPART']._serialized_end=905
-  _globals['_TOOLCALLPART']._serialized_start=908
-  _globals['_TOOLCALLPART']._serialized_end=1455
-  _globals['_TOOLCALLAPPROVAL']._serialized_start=1457
-  _globals['_TOOLCALLAPPROVAL']._serialized_end=1543
-  _globals['_FILEPART']._serialized_start=1545
-  _globals['_FILEPART']._serialized_end=1667
-  _globals['_SOURCEPART']._serialized_start=1670
-  _globals['_SOURCEPART']._serialized_end=1810
-  _globals['_DATAPART']._serialized_start=1812
-  _globals['_DATAPART']._serialized_end=1902
-  _globals['_STEPSTARTPART']._serialized_start=1904
-  _globals['_STEPSTARTPART']._serialized_end=1919
-  _globals['_USAGE']._serialized_start=1922
-  _globals['_USAGE']._serialized_end=2184
+  _globals['_TEXTPART']._serialized_end=755
+  _globals['_REASONINGPART']._serialized_start=758
+  _globals['_REASONINGPART']._serialized_end=921
+  _globals['_TOOLCALLPART']._serialized_start=924
+  _globals['_TOOLCALLPART']._serialized_end=1471
+  _globals['_TOOLCALLAPPROVAL']._serialized_start=1473
+  _globals['_TOOLCALLAPPROVAL']._serialized_end=1559
+  _globals['_FILEPART']._serialized_start=1562
+  _globals['_FILEPART']._serialized_end=1829
+  _globals['_SOURCEPART']._serialized_start=1832
+  _globals['_SOURCEPART']._serialized_end=2307
+  _globals['_SOURCELOCATION']._serialized_start=2310
+  _globals['_SOURCELOCATION']._serialized_end=2458
+  _globals['_TEXTSPAN']._serialized_start=2460
+  _globals['_TEXTSPAN']._serialized_end=2532
+  _globals['_DATAPART']._serialized_start=2534
+  _globals['_DATAPART']._serialized_end=2624
+  _globals['_STEPSTARTPART']._serialized_start=2626
+  _globals['_STEPSTARTPART']._serialized_end=2641
+  _globals['_USAGE']._serialized_start=2644
+  _globals['_USAGE']._serialized_end=2906
 # @@protoc_insertion_point(module_scope)
