@@ -419,7 +419,9 @@ class StepLoop:
             response_id=finish.response_id,
             response_model=finish.response_model,
             provider_metadata=finish.provider_metadata,
-            warnings=tuple(finish.warnings),
+            warnings=(*finish.warnings, *assistant.step_warnings()),
+            sources=assistant.step_sources(),
+            files=assistant.step_files(),
             conversation_id=turn.request.conversation_id,
             request_id=turn.request.request_id,
         )
@@ -504,8 +506,7 @@ class StepLoop:
                     elif kind is chunks.ToolCall:
                         runner.accept(chunk, allowed)
                     elif kind is chunks.Source:
-                        assistant.add_source(chunk)
-                        writer.new().source.CopyFrom(assistant.message.parts[-1].source)
+                        writer.new().source.CopyFrom(assistant.add_source(chunk))
                     elif kind is chunks.File:
                         writer.new().file.CopyFrom(assistant.add_file(chunk))
                     elif kind is chunks.UsageUpdate:
