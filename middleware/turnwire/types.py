@@ -7,6 +7,7 @@ Chunk names follow the AI SDK's stream parts (``text-start``, ``text-delta``,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -289,7 +290,7 @@ def _bounded(target: struct_pb2.Value, value: Any) -> None:
         target.null_value = struct_pb2.NULL_VALUE
     elif isinstance(value, bool):
         target.bool_value = value
-    elif isinstance(value, int | float) and abs(value) < 2**53 and value == value:
+    elif isinstance(value, int | float) and abs(value) < 2**53 and not math.isnan(value):
         target.number_value = value
     elif isinstance(value, Mapping):
         fields = target.struct_value.fields

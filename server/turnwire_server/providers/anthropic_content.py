@@ -7,13 +7,15 @@ it streams, ``citations`` on a whole block). Each one becomes its own Source, ti
 (https://platform.claude.com/docs/en/build-with-claude/citations,
 https://platform.claude.com/docs/en/agents-and-tools/tool-use/web-search-tool):
 
-| citation ``type`` | Source |
-| --- | --- |
-| ``web_search_result_location`` | ``url``, ``title``; ``encrypted_index`` in metadata |
-| ``char_location`` | document ``document_index``, characters ``[start_char_index, end_char_index)``, ``text/plain`` |
-| ``page_location`` | document, pages ``[start_page_number, end_page_number)`` (1-based), ``application/pdf`` |
-| ``content_block_location`` | document, content blocks ``[start_block_index, end_block_index)`` |
-| ``search_result_location`` | document ``search_result_index`` (``url`` when its ``source`` is one), content blocks |
+- ``web_search_result_location``: a URL source (``url``, ``title``; ``encrypted_index`` in its
+  metadata);
+- ``char_location``: a ``text/plain`` document ``document_index``, characters
+  ``[start_char_index, end_char_index)``;
+- ``page_location``: an ``application/pdf`` document, pages ``[start_page_number,
+  end_page_number)`` (1-based);
+- ``content_block_location``: a document, content blocks ``[start_block_index, end_block_index)``;
+- ``search_result_location``: document ``search_result_index`` (its ``url`` when its ``source``
+  is one), content blocks as above.
 
 ``document_title`` is the title; a ``file_id`` (a Files API document) is ``provider_file_id``.
 The citation's other fields (``type``, ``encrypted_index`` …) are kept in

@@ -25,12 +25,12 @@ block's ``citations``) → a Source tied to its text block (:mod:`.anthropic_con
 server tools (``server_tool_use``, ``mcp_tool_use``) are not client calls: reported in
 ``FinishStep.provider_metadata["anthropic"]["server_tool_calls"]``, and each server call (its
 input complete) and result block (``*_tool_result``) → ProviderExecuted, sent back as it came
-(docs/providers.md), and the files a code execution result names → Files by ``file_id``; blocks ``message_start`` already holds (programmatic tool calling) are
-decoded as if streamed; ``pause_turn`` → ``FinishStep.paused``; a refusal's
-``stop_details`` (category, explanation) in ``...["stop_details"]``. A ``tool_use``
-id the turn already has gets ``<id>_2`` (docs/semantics.md §11); a character split
-between two deltas is joined (:mod:`turnwire_server.providers.wire`); a whole
-``message`` body instead of a stream is one step (:meth:`AnthropicDecoder.whole`).
+(docs/providers.md), and the files a code execution result names → Files by ``file_id``;
+blocks ``message_start`` already holds (programmatic tool calling) are decoded as if streamed;
+``pause_turn`` → ``FinishStep.paused``; a refusal's ``stop_details`` (category, explanation)
+in ``...["stop_details"]``. A ``tool_use`` id the turn already has gets ``<id>_2``
+(docs/semantics.md §11); a character split between two deltas is joined
+(:mod:`turnwire_server.providers.wire`); a whole ``message`` body instead of a stream is one step (:meth:`AnthropicDecoder.whole`).
 
 Finish reasons: ``end_turn``/``stop_sequence`` → stop, ``max_tokens`` and
 ``model_context_window_exceeded`` → length, ``tool_use`` → tool-calls,

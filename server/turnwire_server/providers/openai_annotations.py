@@ -3,14 +3,19 @@
 
 Sources (each tied to the text block that carries it, ``text_id``):
 
-| where | shape | Source |
-| --- | --- | --- |
-| Responses ``output_text`` annotations (`API reference <https://platform.openai.com/docs/api-reference/responses/object>`_) | ``url_citation``: ``url``, ``title``, ``start_index``, ``end_index`` | URL, ``text_span`` |
-| | ``file_citation``: ``file_id``, ``filename``, ``index`` | document, ``provider_file_id``, span ``[index, index)`` |
-| | ``container_file_citation``: ``container_id``, ``file_id``, ``filename``, ``start_index``, ``end_index`` | document, ``provider_file_id``, ``container_id`` in metadata |
-| | ``file_path``: ``file_id``, ``index`` | document, ``provider_file_id`` |
-| Chat ``message.annotations`` (OpenAI search models, `OpenRouter <https://openrouter.ai/docs/features/web-search>`_) | ``{"type": "url_citation", "url_citation": {url, title, content, start_index, end_index}}`` | URL, ``cited_text`` = ``content``, ``text_span`` |
-| Perplexity chunks (`API reference <https://docs.perplexity.ai/api-reference/chat-completions-post>`_) | top-level ``search_results`` ``[{title, url, date, snippet}]``, else ``citations`` ``[url, …]`` | URL; its marker ``[n]`` in the text in metadata ``perplexity.marker`` |
+- Responses ``output_text`` annotations
+  (https://platform.openai.com/docs/api-reference/responses/object): ``url_citation`` (``url``,
+  ``title``, ``start_index``, ``end_index``) → a URL source with its ``text_span``;
+  ``file_citation`` (``file_id``, ``filename``, ``index``), ``container_file_citation``
+  (``container_id`` kept in metadata, ``file_id``, ``filename``, ``start_index``, ``end_index``)
+  and ``file_path`` (``file_id``, ``index``) → a document source with its ``provider_file_id``.
+- Chat ``annotations`` (OpenAI search models; OpenRouter,
+  https://openrouter.ai/docs/features/web-search): ``{"type": "url_citation", "url_citation":
+  {url, title, content, start_index, end_index}}`` → a URL source, ``content`` as its cited text.
+- Perplexity chunks (https://docs.perplexity.ai/api-reference/chat-completions-post): the
+  top-level ``search_results`` (``title``, ``url``, ``date``, ``snippet``), else ``citations``
+  (URLs alone) → URL sources in order, the n-th being the answer's marker ``[n]`` (kept in
+  metadata ``perplexity.marker``).
 
 Files: a ``data:`` URL (OpenRouter's ``delta.images``) or base64 bytes (a Responses
 ``image_generation_call`` ``result``) become bytes with their media type; a plain URL stays a URL.

@@ -76,8 +76,8 @@ from turnwire.types import (
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls
 from turnwire_server.providers.inline_reasoning import InlineReasoning, Piece
-from turnwire_server.providers.openai_chat_request import MaxTokensParam, build_request
 from turnwire_server.providers.openai_annotations import annotation_source, image_file, perplexity_sources
+from turnwire_server.providers.openai_chat_request import MaxTokensParam, build_request
 from turnwire_server.providers.openai_common import (
     OpenAIDecoder,
     ReplayReasoningSetting,

@@ -107,7 +107,9 @@ class ResponsesDecoder(OpenAIDecoder):
         # id must not merge two calls into one (docs/semantics.md §11).
         self.call_at: dict[int, PendingCall] = {}
         self.call_of_item: dict[str, PendingCall] = {}
-        self.text_blocks: dict[tuple[int | str, int], str] = {}  # every text block: (item, content index) → id
+        self.text_blocks: dict[
+            tuple[int | str, int], str
+        ] = {}  # every text block: (item, content index) → id
         self.annotated: set[tuple[int | str, int, int]] = set()  # (item, content index, annotation index)
         self.sources = 0
         self.refused = False
@@ -309,9 +311,7 @@ class ResponsesDecoder(OpenAIDecoder):
             return [file for file in found if file is not None]
         return NOTHING
 
-    def _annotation(
-        self, key: tuple[int | str, int], position: Any, annotation: Any
-    ) -> Sequence[ModelChunk]:
+    def _annotation(self, key: tuple[int | str, int], position: Any, annotation: Any) -> Sequence[ModelChunk]:
         """The Source of annotation ``position`` of text ``key`` (once, whether it streamed or came
         with its item's done event), tied to that text's block."""
         if not isinstance(annotation, Mapping):

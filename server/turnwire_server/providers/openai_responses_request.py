@@ -52,6 +52,7 @@ from turnwire_server.providers.openai_common import (
     replay_reasoning_for,
     sampling,
 )
+from turnwire_server.providers.tool_content import responses_output, tool_media
 
 EncryptedReasoning = Literal["auto", "always", "never"]
 
@@ -166,8 +167,9 @@ def convert_input(
                                 "arguments": tool_arguments(call),
                             }
                         )
-                        content, _ = tool_result(call)
-                        outputs.append({"type": "function_call_output", "call_id": unique, "output": content})
+                        media = tool_media(call)  # images, PDFs: input items, never base64 text
+                        output = responses_output(media) if media is not None else tool_result(call)[0]
+                        outputs.append({"type": "function_call_output", "call_id": unique, "output": output})
                 # A reasoning item goes back only with the item that followed it in its step.
                 while step_items and step_items[-1].get("type") == "reasoning":
                     step_items.pop()
