@@ -30,7 +30,8 @@ blocks ``message_start`` already holds (programmatic tool calling) are decoded a
 ``pause_turn`` → ``FinishStep.paused``; a refusal's ``stop_details`` (category, explanation)
 in ``...["stop_details"]``. A ``tool_use`` id the turn already has gets ``<id>_2``
 (docs/semantics.md §11); a character split between two deltas is joined
-(:mod:`turnwire_server.providers.wire`); a whole ``message`` body instead of a stream is one step (:meth:`AnthropicDecoder.whole`).
+(:mod:`turnwire_server.providers.wire`); a whole ``message`` body instead of a stream is one
+step (:meth:`AnthropicDecoder.whole`).
 
 Finish reasons: ``end_turn``/``stop_sequence`` → stop, ``max_tokens`` and
 ``model_context_window_exceeded`` → length, ``tool_use`` → tool-calls,
