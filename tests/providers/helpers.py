@@ -192,6 +192,10 @@ class Stored:
                 message.complete_tool_call(chunk)
             elif isinstance(chunk, base.ProviderExecuted):
                 message.add_provider_executed(chunk)
+            elif isinstance(chunk, base.Source):
+                message.add_source(chunk)
+            elif isinstance(chunk, base.File):
+                message.add_file(chunk)
         message.close_all()
         for call_id, output in (outputs or {}).items():
             message.set_output(call_id, output)
