@@ -16,8 +16,17 @@ import openai
 import orjson
 import pytest
 
-from providers.helpers import Stored, a_text_stream, anthropic_http, c_text_stream, collect, openai_http
-from providers.helpers import r_text_stream, request, user
+from providers.helpers import (
+    Stored,
+    a_text_stream,
+    anthropic_http,
+    c_text_stream,
+    collect,
+    openai_http,
+    r_text_stream,
+    request,
+    user,
+)
 from providers.replay import ReplayServer, Reply
 from turnwire import types as base
 from turnwire.providers import Provider
