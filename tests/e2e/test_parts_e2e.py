@@ -204,9 +204,8 @@ async def test_mcp_media_go_back_to_each_api_as_its_own_content(
     assert result.ok, (result.error, sidecar.log_text())
     (call,) = [p.tool_call for p in stored.messages[-1].parts if p.WhichOneof("kind") == "tool_call"]
     assert call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE, call
-    assert (
-        json.loads(call.output_json) == MEDIA["mcp_response"]["result"]["content"]
-    )  # stored as the server gave it
+    # Stored as the server gave it.
+    assert json.loads(call.output_json) == MEDIA["mcp_response"]["result"]["content"]
 
     body = replay.requests[1].json
     expected = MEDIA["expected"]
