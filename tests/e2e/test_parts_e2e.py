@@ -144,6 +144,12 @@ async def test_sources_and_files_reach_the_client_the_store_the_hooks(
         (f["media_type"], f["size_bytes"], f["provider_file_id"]) for f in want["files"]
     ]
 
+    # The Python client's plain views.
+    assert [(s.cited_text, s.text) for s in result.sources] == [
+        (s["cited_text"], s["text"]) for s in want["sources"]
+    ]
+    assert [f.size_bytes for f in result.files] == [f["size_bytes"] for f in want["files"]]
+
     # The hooks got the same sources and files.
     hooks = _hook_lines(record, result.request_id)
     as_dicts = [json_format.MessageToDict(s) for s in sources]
