@@ -32,7 +32,7 @@ def _stored_call() -> Any:
     """The assistant message an MCP tool call of the case stores (its output: output_of's)."""
     result = CallToolResult.model_validate(CASE["mcp_response"]["result"])
     output = output_of(result, CASE["tool_name"], "reports")
-    chunks = [
+    chunks: list[base.ModelChunk] = [
         base.ToolInputStart("call_chart_1", CASE["tool_name"]),
         base.ToolCall("call_chart_1", CASE["tool_name"], {}, "{}"),
         base.FinishStep(base.FinishReason.TOOL_CALLS),
@@ -106,7 +106,7 @@ async def test_results_without_media_go_back_as_before(
         (not_base64, "[image/png image 1: not valid base64, not sent]"),
     ]
     for output, placeholder in cases:
-        chunks = [base.ToolInputStart("c1", "t"), base.ToolCall("c1", "t", {}, "{}")]
+        chunks: list[base.ModelChunk] = [base.ToolInputStart("c1", "t"), base.ToolCall("c1", "t", {}, "{}")]
         stored = Stored().step(chunks, {"c1": output}).build()
         replay.enqueue(Reply.sse(a_text_stream("ok")), Reply.sse(c_text_stream("ok")))
         for provider in (anthropic_provider, chat_provider):
