@@ -14,8 +14,8 @@ from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_client.values import (
     STEP_SEPARATOR,
     ChatMessage,
-    File,
-    Source,
+    Citation,
+    MessageFile,
     Step,
     ToolCall,
     Usage,
@@ -95,13 +95,13 @@ class TurnResult:
         return [call for step in self.steps for call in step.tool_calls]
 
     @property
-    def sources(self) -> list[Source]:
+    def sources(self) -> list[Citation]:
         """The reply's cited sources in order, each with its cited passage and the text that cites
-        it (see :class:`~turnwire_client.values.Source`); ``[]`` without a message."""
+        it (see :class:`~turnwire_client.values.Citation`); ``[]`` without a message."""
         return [source for step in self.steps for source in step.sources]
 
     @property
-    def files(self) -> list[File]:
+    def files(self) -> list[MessageFile]:
         """The files the reply holds (generated images …) in order; ``[]`` without a message."""
         return [file for step in self.steps for file in step.files]
 

@@ -28,8 +28,8 @@ __all__ = [
     "EXACT_INTEGER_LIMIT",
     "STEP_SEPARATOR",
     "ChatMessage",
-    "File",
-    "Source",
+    "Citation",
+    "MessageFile",
     "Step",
     "ToolCall",
     "Usage",
@@ -230,7 +230,7 @@ _LOCATION_UNITS = {
 
 
 @dataclass(frozen=True)
-class Source:
+class Citation:
     """A source the reply cites (``turnwire.v1.SourcePart`` in plain values).
 
     Attributes:
@@ -255,7 +255,7 @@ class Source:
     proto: message_pb2.SourcePart = field(repr=False, compare=False)
 
     @classmethod
-    def from_proto(cls, part: message_pb2.SourcePart, texts: dict[str, str]) -> Source:
+    def from_proto(cls, part: message_pb2.SourcePart, texts: dict[str, str]) -> Citation:
         """The plain view of ``part``; ``texts`` maps the message's text part ids to their text."""
         location = None
         if part.HasField("location"):
@@ -280,7 +280,7 @@ class Source:
 
 
 @dataclass(frozen=True)
-class File:
+class MessageFile:
     """A file of a message (``turnwire.v1.FilePart`` in plain values): ``data`` (its bytes), ``url``
     or ``provider_file_id`` (a file the provider keeps) says where it is; none of them when the
     sidecar kept only its ``size_bytes`` (a generated file too large for the reply)."""
@@ -294,7 +294,7 @@ class File:
     proto: message_pb2.FilePart = field(repr=False, compare=False)
 
     @classmethod
-    def from_proto(cls, part: message_pb2.FilePart) -> File:
+    def from_proto(cls, part: message_pb2.FilePart) -> MessageFile:
         """The plain view of ``part``."""
         return cls(
             media_type=part.media_type,
@@ -322,8 +322,8 @@ class Step:
     text: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
-    sources: list[Source] = field(default_factory=list)
-    files: list[File] = field(default_factory=list)
+    sources: list[Citation] = field(default_factory=list)
+    files: list[MessageFile] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -391,8 +391,8 @@ def steps_of(message: message_pb2.Message) -> list[Step]:
             tool_calls=[
                 ToolCall.from_proto(p.tool_call) for p in parts if p.WhichOneof("kind") == "tool_call"
             ],
-            sources=[Source.from_proto(p.source, texts) for p in parts if p.WhichOneof("kind") == "source"],
-            files=[File.from_proto(p.file) for p in parts if p.WhichOneof("kind") == "file"],
+            sources=[Citation.from_proto(p.source, texts) for p in parts if p.WhichOneof("kind") == "source"],
+            files=[MessageFile.from_proto(p.file) for p in parts if p.WhichOneof("kind") == "file"],
         )
         for parts in groups
         if parts  # a step cut short before any part, or the empty head before the first marker
