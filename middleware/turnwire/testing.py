@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from turnwire.compaction import SUMMARY_REQUEST_ID, EstimateTokens
 from turnwire.error_classes import never_retryable
 from turnwire.providers import CONTINUATION_PROMPT, ModelRequest, ProviderError
+from turnwire.scripted_parts import ScriptedFile, ScriptedSource, scripted_parts
 from turnwire.types import (
     FinishReason,
     FinishStep,
@@ -149,6 +150,8 @@ class ScriptStep(BaseModel):
     repeat: bool = Field(
         False, description="on the last step: it plays again for every later step (strict allows it)"
     )
+    sources: list[ScriptedSource] = Field(default_factory=list, description="cited after the text")
+    files: list[ScriptedFile] = Field(default_factory=list, description="produced after the sources")
 
     @model_validator(mode="after")
     def _check_until_cancelled(self) -> ScriptStep:
@@ -554,6 +557,8 @@ class ScriptedProvider:
                     await pace()
                 yield TextDelta(f"{prefix}-t", piece)
             yield TextEnd(f"{prefix}-t")
+        for chunk in scripted_parts(step.sources, step.files, prefix, f"{prefix}-t" if step.text else ""):
+            yield chunk
         for index, call in enumerate(step.tool_calls):
             call_id = call.id or f"call_{request.step_number}_{index}"
             raw = call.raw_input if call.raw_input is not None else dumps(call.input)

@@ -198,6 +198,10 @@ class Stored:
                 message.complete_tool_call(chunk)
             elif isinstance(chunk, base.ToolResult):
                 message.set_provider_result(chunk)
+            elif isinstance(chunk, base.Source):
+                message.add_source(chunk)
+            elif isinstance(chunk, base.File):
+                message.add_file(chunk)
         message.close_all()
         for call_id, output in (outputs or {}).items():
             message.set_output(call_id, output)

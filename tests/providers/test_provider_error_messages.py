@@ -64,8 +64,9 @@ async def test_an_error_status_names_the_endpoint_and_quotes_the_body_on_one_lin
     assert len(error.message.split("): ", 1)[1]) <= EXCERPT_CHARS
     assert error.body == (body.strip() if isinstance(body, str) else body)  # the whole body, as received
     # The client is told what failed, not where the sidecar's provider lives (docs/security.md).
-    assert error.client_message == f"model provider error: {error.provider}: HTTP {status}: " + (
-        error.message.split("): ", 1)[1]
+    assert (
+        error.client_message
+        == f"model provider error: {error.provider}: HTTP {status}: " + (error.message.split("): ", 1)[1])
     )
 
 

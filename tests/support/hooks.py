@@ -9,8 +9,12 @@ asks, so one server process serves every test.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
 
 from turnwire.hooks import (
     ChatErrorClassification,
@@ -241,3 +245,36 @@ class HoldStoreAfterResponse(Middleware):
         pg = await psycopg.AsyncConnection.connect(self.url)
         await pg.execute("LOCK TABLE turn_streams, turn_events IN ACCESS EXCLUSIVE MODE")
         self._held.append(pg)
+
+
+class RecordParts(Middleware):
+    """``on_step_finish`` and ``on_chat_response``: append one JSON line per call to ``path`` with the
+    request id, the hook, and the sources and files it was given (the message's, for
+    ``on_chat_response``), so a test sees from outside what the hooks got (issue 31)."""
+
+    def __init__(self, *, path: str) -> None:
+        """``path`` is the file to append to."""
+        super().__init__(path=path)
+        self.path = Path(path)
+
+    async def on_step_finish(self, ctx: StepFinishContext) -> None:
+        """Record the step's sources, files and warnings."""
+        self._write(ctx.request_id, "on_step_finish", ctx.sources, ctx.files, list(ctx.warnings))
+
+    async def on_chat_response(self, ctx: ChatResponseContext) -> None:
+        """Record the stored message's sources and files."""
+        parts = ctx.message.parts
+        sources = [p.source for p in parts if p.WhichOneof("kind") == "source"]
+        files = [p.file for p in parts if p.WhichOneof("kind") == "file"]
+        self._write(ctx.request_id, "on_chat_response", sources, files, [])
+
+    def _write(self, request_id: str, hook: str, sources: Any, files: Any, warnings: list[str]) -> None:
+        line = {
+            "request_id": request_id,
+            "hook": hook,
+            "sources": [json_format.MessageToDict(s) for s in sources],
+            "files": [json_format.MessageToDict(f) for f in files],
+            "warnings": warnings,
+        }
+        with self.path.open("a") as out:
+            out.write(json.dumps(line) + "\n")

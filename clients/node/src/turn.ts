@@ -9,7 +9,7 @@ import { TurnwireError } from './errors.js';
 import { type JsonValue, parseJson } from './json.js';
 import type { TurnEnd, TurnEvent } from './gen/turnwire/v1/event_pb.js';
 import { FinishReason, TurnStatus } from './gen/turnwire/v1/event_pb.js';
-import type { Message, Usage as UsageMessage } from './gen/turnwire/v1/message_pb.js';
+import type { FilePart, Message, SourcePart, Usage as UsageMessage } from './gen/turnwire/v1/message_pb.js';
 import { ToolCallDecision, ToolCallState } from './gen/turnwire/v1/message_pb.js';
 
 /** A `TurnStatus` name without its prefix, e.g. `"COMPLETED"` or `"ABORTED"`. */
@@ -63,6 +63,13 @@ export interface Step {
   reasoning: string;
   /** Ids of the tool calls the model made in this step (see {@link TurnResult.toolCalls}). */
   toolCallIds: string[];
+  /**
+   * The sources the step cited, in order: `citedText`, `location`, and `textId`, the id of the
+   * text part (`TextPart.id` in the stored message) that cites each (docs/providers.md).
+   */
+  sources: SourcePart[];
+  /** The files the step produced (a generated image …): `data`, `url` or `providerFileId`, and `sizeBytes`. */
+  files: FilePart[];
   finishReason: FinishReasonName;
   usage: Usage;
 }
@@ -78,6 +85,10 @@ export interface TurnResult {
   text: string;
   /** This turn's tool calls in the order the model made them. */
   toolCalls: ToolCall[];
+  /** The sources every step cited, in order (see {@link Step.sources}). */
+  sources: SourcePart[];
+  /** The files every step produced, in order. */
+  files: FilePart[];
   /** Usage of the whole turn (`TurnEnd.usage`). */
   usage: Usage;
   /** `TurnEnd.error` as an error, for a turn that ended `"ERROR"` (returned, not thrown). */
@@ -171,6 +182,8 @@ function storedSteps(message: Message): Step[] {
     if (part.kind.case === 'text') step.text += part.kind.value.text;
     if (part.kind.case === 'reasoning') step.reasoning += part.kind.value.text;
     if (part.kind.case === 'toolCall') step.toolCallIds.push(part.kind.value.toolCallId);
+    if (part.kind.case === 'source') step.sources.push(part.kind.value);
+    if (part.kind.case === 'file') step.files.push(part.kind.value);
   }
   return steps;
 }
@@ -181,6 +194,8 @@ function emptyStep(stepNumber: number): Step {
     text: '',
     reasoning: '',
     toolCallIds: [],
+    sources: [],
+    files: [],
     finishReason: 'UNSPECIFIED',
     usage: plainUsage(undefined),
   };
@@ -283,6 +298,12 @@ class TurnFolder {
       case 'toolOutputDenied':
         this.call(event.value.toolCallId, '', 'OUTPUT_DENIED').errorText = event.value.reason;
         break;
+      case 'source':
+        step?.sources.push(event.value);
+        break;
+      case 'file':
+        step?.files.push(event.value);
+        break;
       case 'stepFinish':
         if (step) {
           step.finishReason = FinishReason[event.value.finishReason] as FinishReasonName;
@@ -340,6 +361,8 @@ class TurnFolder {
         .filter(Boolean)
         .join('\n\n'),
       toolCalls: [...this.calls.values()],
+      sources: this.steps.flatMap((step) => step.sources),
+      files: this.steps.flatMap((step) => step.files),
       usage: plainUsage(end.usage),
       error: end.status === TurnStatus.ERROR && end.error ? TurnwireError.fromStatus(end.error) : undefined,
       message: end.message,

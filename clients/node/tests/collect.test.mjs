@@ -153,3 +153,34 @@ test('a resumed stream may start at any sequence number', async () => {
   const result = await stream([['textDelta', { id: 't', delta: 'x' }], END], 42).collect();
   assert.equal(result.status, 'COMPLETED');
 });
+
+test('each step keeps the sources it cited and the files it produced (issue 31)', async () => {
+  const source = {
+    sourceId: 's1',
+    url: 'https://example.com/t',
+    citedText: 'It is 330 metres tall.',
+    textId: 't',
+  };
+  const file = {
+    mediaType: 'image/png',
+    content: { case: 'providerFileId', value: 'file_1' },
+    sizeBytes: 9n,
+  };
+  const result = await stream([
+    ['turnStart', {}],
+    ['stepStart', { stepNumber: 0 }],
+    ['textDelta', { id: 't', delta: '330 m.' }],
+    ['source', source],
+    ['file', file],
+    END,
+  ]).collect();
+  assert.deepEqual(
+    result.steps[0].sources.map(({ url, citedText, textId }) => ({ url, citedText, textId })),
+    [{ url: 'https://example.com/t', citedText: 'It is 330 metres tall.', textId: 't' }],
+  );
+  assert.deepEqual(
+    result.files.map(({ mediaType, content, sizeBytes }) => ({ mediaType, id: content.value, sizeBytes })),
+    [{ mediaType: 'image/png', id: 'file_1', sizeBytes: 9n }],
+  );
+  assert.equal(result.sources.length, 1);
+});

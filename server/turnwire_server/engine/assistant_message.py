@@ -28,6 +28,10 @@ class _StepParts:
     #: Provider-executed calls of earlier steps whose result came in this one (a paused turn).
     late_results: list[message_pb2.Part] = field(default_factory=list)
     marker: message_pb2.Part | None = None  # the step's step_start part
+    sources: list[message_pb2.SourcePart] = field(default_factory=list)
+    files: list[message_pb2.FilePart] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    text_blocks: dict[str, message_pb2.Part] = field(default_factory=dict)  # block id → its part
 
 
 class AssistantMessage:
@@ -106,6 +110,7 @@ class AssistantMessage:
         if kind == "text":
             part.text.SetInParent()
             self._step.text.append(part)
+            self._step.text_blocks[block_id] = part
         else:
             part.reasoning.SetInParent()
             self._step.reasoning.append(part)
@@ -265,24 +270,36 @@ class AssistantMessage:
             ):
                 self.set_error(call.tool_call_id, error_text)
 
-    def add_source(self, chunk: chunks.Source) -> None:
-        """Record a cited source."""
+    def add_source(self, chunk: chunks.Source) -> message_pb2.SourcePart:
+        """Record a cited source; the text block it cites (``chunk.text_id``, of this step) gets
+        that id as its ``TextPart.id``, so the stored message keeps the tie."""
         source = self.message.parts.add().source
-        source.source_id = chunk.source_id
-        source.url = chunk.url
-        source.title = chunk.title
-        source.media_type = chunk.media_type
-        source.filename = chunk.filename
+        chunk.copy_to(source)
+        cited = self._step.text_blocks.get(chunk.text_id) if chunk.text_id else None
+        if cited is not None:
+            cited.text.id = chunk.text_id
+        elif chunk.text_id:
+            source.text_id = ""  # a block of no stored text part: nothing to point at
+        self._step.sources.append(source)
+        return source
 
     def add_file(self, chunk: chunks.File) -> message_pb2.FilePart:
-        """Record a file the model produced."""
+        """Record a file the model produced: its bytes when they fit what is left of
+        :data:`REPLY_BUDGET_BYTES`, else by reference (its ``provider_file_id`` or ``url``, or no
+        content; ``size_bytes`` and ``provider_metadata`` say what it was) with a step warning, so
+        the stored reply stays readable by any client (docs/semantics.md §11, docs/providers.md
+        "Files")."""
+        room = REPLY_BUDGET_BYTES - self.message.ByteSize() - FILE_PART_OVERHEAD_BYTES
+        keep = len(chunk.data) <= room
         file = self.message.parts.add().file
-        file.media_type = chunk.media_type
-        file.filename = chunk.filename
-        if chunk.url:
-            file.url = chunk.url
-        else:
-            file.data = chunk.data
+        chunk.copy_to(file, keep_data=keep)
+        if not keep:
+            where = "its provider file id" if chunk.provider_file_id else "its size and metadata only"
+            self._step.warnings.append(
+                f"a generated {chunk.media_type or 'file'} of {len(chunk.data):,} bytes did not fit the "
+                f"reply's {REPLY_BUDGET_BYTES:,} bytes and was kept by reference ({where})"
+            )
+        self._step.files.append(file)
         return file
 
     def set_provider_result(self, chunk: chunks.ToolResult) -> message_pb2.ToolCallPart:
@@ -324,6 +341,18 @@ class AssistantMessage:
         """The current step's reasoning parts."""
         return [p.reasoning for p in self._step.reasoning]
 
+    def step_sources(self) -> list[message_pb2.SourcePart]:
+        """The current step's sources, in stream order."""
+        return list(self._step.sources)
+
+    def step_files(self) -> list[message_pb2.FilePart]:
+        """The current step's files, in stream order."""
+        return list(self._step.files)
+
+    def step_warnings(self) -> list[str]:
+        """What the current step's record lost (a file kept by reference)."""
+        return list(self._step.warnings)
+
     def step_tool_calls(self) -> list[message_pb2.ToolCallPart]:
         """The current step's tool calls, in emission order."""
         return [p.tool_call for p in self._step.tool_calls]
@@ -357,6 +386,10 @@ def _metadata_view(metadata: Any) -> struct_pb2.Struct:
 REPLY_BUDGET_BYTES = 3 << 20
 """The most a stored reply may grow to through tool results: with its event envelope it stays
 under gRPC's default 4 MiB message limit, so any client can read it back (docs/semantics.md §11)."""
+
+
+FILE_PART_OVERHEAD_BYTES = 4096
+"""Room kept beside a file's bytes for its part's other fields and the event envelope."""
 
 
 class OutputTooLarge(DomainError, ValueError):

@@ -413,7 +413,7 @@ class StepLoop:
         reasoning = assistant.step_reasoning() if turn.send_reasoning else []
         # One bounded record for the hooks, the event and the stored step (step_record.py).
         metadata, view, dropped = bounded_metadata(finish.provider_metadata)
-        warnings = (*finish.warnings, *dropped)
+        warnings = (*finish.warnings, *assistant.step_warnings(), *dropped)
         assistant.record_step(
             response_id=finish.response_id,
             response_model=finish.response_model,
@@ -435,6 +435,8 @@ class StepLoop:
             response_model=finish.response_model,
             provider_metadata=metadata,
             warnings=warnings,
+            sources=assistant.step_sources(),
+            files=assistant.step_files(),
             conversation_id=turn.request.conversation_id,
             request_id=turn.request.request_id,
         )
@@ -526,8 +528,7 @@ class StepLoop:
                     elif kind is chunks.ToolResult:
                         runner.provider_result(chunk)
                     elif kind is chunks.Source:
-                        assistant.add_source(chunk)
-                        writer.new().source.CopyFrom(assistant.message.parts[-1].source)
+                        writer.new().source.CopyFrom(assistant.add_source(chunk))
                     elif kind is chunks.File:
                         writer.new().file.CopyFrom(assistant.add_file(chunk))
                     elif kind is chunks.UsageUpdate:

@@ -20,12 +20,14 @@ Chunks: text blocks → TextStart/Delta/End; ``thinking`` → ReasoningStart/Del
 with the signature (``provider_metadata={"anthropic": {...}}`` marks it for
 replay); ``redacted_thinking`` → ReasoningStart/End(redacted, signature=data);
 ``tool_use`` → ToolInputStart/Delta, and its ToolCall once the stop reason is known
-(``max_tokens`` → every call errored, never run); ``citations_delta`` → Source;
+(``max_tokens`` → every call errored, never run); each citation (``citations_delta``, or a
+block's ``citations``) → a Source tied to its text block (:mod:`.anthropic_content`);
 server tools (``server_tool_use``, ``mcp_tool_use``: web search, web fetch, code execution, the MCP
 connector, tool search) are not client calls: ToolInputStart/Delta and a ToolCall marked
 ``provider_executed``, and their result blocks (``*_tool_result``) a ToolResult, each with its
 block (without the input or content it carries) in ``provider_metadata["anthropic"]`` (``call``,
-``result``) so the request builder sends both back as they came (docs/providers.md); blocks
+``result``) so the request builder sends both back as they came (docs/providers.md); the files a
+code execution result names → Files by ``file_id``; blocks
 ``message_start`` already holds (programmatic tool calling) are decoded as if streamed;
 ``pause_turn`` → ``FinishStep.paused``; a refusal's ``stop_details`` (category, explanation)
 in ``...["stop_details"]``. A ``tool_use`` id the turn already has gets ``<id>_2``
@@ -55,7 +57,6 @@ from turnwire.types import (
     ReasoningDelta,
     ReasoningEnd,
     ReasoningStart,
-    Source,
     TextDelta,
     TextEnd,
     TextStart,
@@ -68,6 +69,7 @@ from turnwire.types import (
 )
 from turnwire.values import parse_tool_input
 from turnwire_server.providers import errors
+from turnwire_server.providers.anthropic_content import citation_source, result_files
 from turnwire_server.providers.anthropic_request import (
     OUTPUT_TOOL,
     AnthropicPlan,
@@ -142,7 +144,7 @@ class AnthropicDecoder:
         self.blocks: dict[int, _Block] = {}
         self.calls: list[PendingCall] = []
         self.server_names: dict[str, str] = {}  # server call id → tool name, for its result
-        self.sources: set[str] = set()
+        self.cited: set[tuple[str, bytes]] = set()  # (text block, citation): each Source has its own id
         # The structured output text: text blocks in native mode, the output tool's input in tool mode.
         self.text: list[str] | None = [] if plan.output_schema is not None and not plan.output_tool else None
         self.output: list[str] = []
@@ -197,7 +199,7 @@ class AnthropicDecoder:
                 block.data += delta.get("signature") or ""
                 return NOTHING
             if dtype == "citations_delta":
-                return self._citation(delta.get("citation") or {})
+                return self._citation(delta.get("citation") or {}, block.id)
             return NOTHING
         if kind == "content_block_start":
             return self._start(obj["index"], obj.get("content_block") or {})
@@ -241,10 +243,11 @@ class AnthropicDecoder:
             if not isinstance(block, dict):
                 continue
             key = -1 - position
-            out.extend(self._start(key, clean_strings(block), f"{self.prefix}-m{position}"))
+            block_id = f"{self.prefix}-m{position}"
+            out.extend(self._start(key, clean_strings(block), block_id))
             for citation in block.get("citations") or ():
                 if isinstance(citation, dict):
-                    out.extend(self._citation(citation))
+                    out.extend(self._citation(citation, block_id))
             out.extend(self._stop(key))
         return out
 
@@ -288,7 +291,7 @@ class AnthropicDecoder:
         self.blocks[index] = _Block(_OTHER, block_id)
         if isinstance(ctype, str) and _is_server_result(ctype):
             # Its call's pair: the same API needs both back (docs/providers.md, pause_turn).
-            return (self._server_result(ctype, content),)
+            return (self._server_result(ctype, content), *result_files(content))
         return NOTHING
 
     def _server_result(self, ctype: str, block: Mapping[str, Any]) -> ToolResult:
@@ -359,14 +362,14 @@ class AnthropicDecoder:
             )
         return NOTHING
 
-    def _citation(self, citation: Mapping[str, Any]) -> Sequence[ModelChunk]:
-        url = citation.get("url") or ""
-        key = url or f"{citation.get('document_index', '')}:{citation.get('cited_text', '')[:50]}"
-        if key in self.sources:
+    def _citation(self, citation: Mapping[str, Any], text_id: str) -> Sequence[ModelChunk]:
+        """One Source per citation of text block ``text_id`` (:func:`citation_source`); the same
+        citation repeated in one block is one."""
+        key = (text_id, orjson.dumps(citation, option=orjson.OPT_SORT_KEYS))
+        if key in self.cited:
             return NOTHING
-        self.sources.add(key)
-        title = citation.get("title") or citation.get("document_title") or ""
-        return (Source(source_id=key, url=url, title=title),)
+        self.cited.add(key)
+        return (citation_source(citation, f"{self.prefix}-src{len(self.cited)}", text_id),)
 
     def _usage(self) -> Usage:
         """The usage reported so far (``message_start``, then cumulative ``message_delta``s)."""
@@ -438,7 +441,7 @@ class AnthropicDecoder:
             out.extend(self._start(index, block))
             for citation in block.get("citations") or ():
                 if isinstance(citation, dict):
-                    out.extend(self._citation(citation))
+                    out.extend(self._citation(citation, f"{self.prefix}-{index}"))
             out.extend(self._stop(index))
         self.stop_reason = obj.get("stop_reason") or ("tool_use" if self.calls else "end_turn")
         self.stop_sequence = obj.get("stop_sequence")

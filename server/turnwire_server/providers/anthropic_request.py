@@ -62,6 +62,7 @@ from turnwire_server.providers.convert import (
     tool_input,
     tool_result,
 )
+from turnwire_server.providers.tool_content import anthropic_content, tool_media
 
 OUTPUT_TOOL = "turnwire_structured_output"
 """The forced tool that carries structured output in ``tool`` mode."""
@@ -245,7 +246,10 @@ def _convert_message(message: message_pb2.Message) -> _Converted:
                 }
                 content, is_error = tool_result(call)
                 result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call.tool_call_id}
-                if content:
+                media = tool_media(call)  # images, documents: native blocks, never base64 text
+                if media is not None:
+                    result["content"] = anthropic_content(media)
+                elif content:
                     result["content"] = content
                 if is_error:
                     result["is_error"] = True

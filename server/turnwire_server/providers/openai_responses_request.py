@@ -53,6 +53,7 @@ from turnwire_server.providers.openai_common import (
     sampling,
 )
 from turnwire_server.providers.openai_responses_items import input_items, is_client_run
+from turnwire_server.providers.tool_content import responses_output, tool_media
 
 EncryptedReasoning = Literal["auto", "always", "never"]
 
@@ -162,7 +163,7 @@ def convert_input(
                         # A built-in's own items (openai_responses_items.py).
                         call = part.tool_call
                         called = called or not call.provider_executed
-                        item, output = input_items(call, call_id(call.tool_call_id), store)
+                        item, built_in_output = input_items(call, call_id(call.tool_call_id), store)
                         if item is not None:
                             step_items.append(item)
                         elif not store and not unsent:
@@ -172,8 +173,8 @@ def convert_input(
                                 "interpreter …) are not sent back when store is false: the API resolves "
                                 "only items it stored"
                             )
-                        if output is not None:
-                            outputs.append(output)
+                        if built_in_output is not None:
+                            outputs.append(built_in_output)
                     elif kind == "tool_call":
                         called = True
                         call = part.tool_call
@@ -186,8 +187,9 @@ def convert_input(
                                 "arguments": tool_arguments(call),
                             }
                         )
-                        content, _ = tool_result(call)
-                        outputs.append({"type": "function_call_output", "call_id": unique, "output": content})
+                        media = tool_media(call)  # images, PDFs: input items, never base64 text
+                        output = responses_output(media) if media is not None else tool_result(call)[0]
+                        outputs.append({"type": "function_call_output", "call_id": unique, "output": output})
                 # A reasoning item goes back only with the item that followed it in its step.
                 while step_items and step_items[-1].get("type") == "reasoning":
                     step_items.pop()
