@@ -381,7 +381,7 @@ test('GetConversation returns the user message and the stored assistant message'
 
   const [user, assistant] = conversation.messages;
   assert.ok(user.id, 'the user message got an id');
-  assert.deepEqual(user.parts, [{ kind: 'text', text: { text: QUESTION } }]);
+  assert.deepEqual(user.parts, [{ kind: 'text', text: { text: QUESTION, id: '' } }]); // proto-loader fills defaults
   // create_time is output only: the server stamps the stored user message.
   assert.ok(user.createTime, 'the stored user message has a create_time');
   const micros = (ts) => BigInt(ts.seconds) * 1_000_000n + BigInt(Math.floor(ts.nanos / 1000));
