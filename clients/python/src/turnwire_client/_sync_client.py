@@ -121,8 +121,8 @@ class SyncTurnwireClient:
             A :class:`SyncTurnStream`: the turn's ``TurnEvent``\\ s as they arrive, ``TurnEnd``
             last; ``stream.collect()`` folds it into a :class:`TurnResult`. Leaving it
             early cancels the call and (unless ``disconnect="continue"``) the server aborts the
-            turn: on ``with`` exit, :meth:`SyncTurnStream.cancel`, or when the stream is
-            dropped (``for event in client.chat(...): break``).
+            turn: ``break`` or an exception out of ``for`` (the stream kept in a variable
+            or not), ``with`` exit, :meth:`SyncTurnStream.cancel`, or the stream dropped.
 
         Raises:
             TurnwireError: while iterating, if the call fails (e.g. ``INVALID_ARGUMENT`` with

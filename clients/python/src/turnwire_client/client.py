@@ -131,8 +131,8 @@ class TurnwireClient:
             A :class:`TurnStream`: the turn's ``TurnEvent``\\ s as they arrive, ``TurnEnd``
             last; ``await stream.collect()`` folds it into a :class:`TurnResult`. Leaving it
             early cancels the call and (unless ``disconnect="continue"``) the server aborts the
-            turn: on ``async with`` exit, :meth:`TurnStream.cancel`, or when the stream is
-            dropped (``async for event in client.chat(...): break``).
+            turn: ``break`` or an exception out of ``async for`` (the stream kept in a variable
+            or not), ``async with`` exit, :meth:`TurnStream.cancel`, or the stream dropped.
 
         Raises:
             TurnwireError: while iterating, if the call fails (e.g. ``INVALID_ARGUMENT`` with
