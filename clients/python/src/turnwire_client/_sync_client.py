@@ -239,6 +239,8 @@ class SyncTurnwireClient:
         return SyncTurnStream(
             method(request, timeout=options.get("timeout"), metadata=self._metadata or None),
             include_progress=self._include_progress,
+            # A submission's id is its turn's request id (docs/semantics.md §7).
+            request_id=getattr(request, "request_id", "") or getattr(request, "submission_id", ""),
         )
 
     # -- unary calls --------------------------------------------------------------------

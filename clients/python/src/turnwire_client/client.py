@@ -249,6 +249,8 @@ class TurnwireClient:
         return TurnStream(
             method(request, timeout=options.get("timeout"), metadata=self._metadata or None),
             include_progress=self._include_progress,
+            # A submission's id is its turn's request id (docs/semantics.md §7).
+            request_id=getattr(request, "request_id", "") or getattr(request, "submission_id", ""),
         )
 
     # -- unary calls --------------------------------------------------------------------

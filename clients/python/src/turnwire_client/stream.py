@@ -31,13 +31,16 @@ class TurnStream:
     unless ``include_progress`` is true.
     """
 
-    __slots__ = ("_call", "_include_progress")
+    __slots__ = ("_call", "_include_progress", "request_id")
 
-    def __init__(self, call: Any, *, include_progress: bool = False) -> None:
+    def __init__(self, call: Any, *, include_progress: bool = False, request_id: str = "") -> None:
         """Wrap a response-streaming call of a ``grpc.aio`` ``ChatServiceStub``; yield its
         ``Progress`` keepalives too when ``include_progress``."""
         self._call = call
         self._include_progress = include_progress
+        self.request_id = request_id
+        """The turn's request id, known before any event arrives: retry a failed turn under it
+        with the same input, cancel it (``cancel_chat``) or re-attach (``resume_turn``)."""
 
     def __aiter__(self) -> _Iteration:
         """One ``async for`` over the stream: leaving that loop before the end (``break``, an
