@@ -315,6 +315,7 @@ class ToolCallRunner:
         part.decision = decided
         event = turn.writer.new().tool_output_available
         event.tool_call_id = call.tool_call_id
+        event.tool_name = call.tool_name
         event.output_json = part.output_json
         if part.HasField("output"):
             event.output.CopyFrom(part.output)
@@ -327,6 +328,7 @@ class ToolCallRunner:
         part = turn.assistant.set_error(call.tool_call_id, error_text)
         event = turn.writer.new().tool_output_error
         event.tool_call_id = call.tool_call_id
+        event.tool_name = call.tool_name
         event.error_text = error_text
         await self._observe(part, step_number)
 
