@@ -366,7 +366,9 @@ async def test_every_input_message_gets_an_id_that_a_retry_under_the_request_id_
         await collect(client.chat(CONV, "q"))
     first, saved, long, again, saved_again, long_again, fresh, other = fake.requests
     assert first.message.id == again.message.id == "r1.m0"
-    assert [m.id for m in saved.messages] == [m.id for m in saved_again.messages] == ["r2.m0", "mine", "r2.m2"]
+    assert (
+        [m.id for m in saved.messages] == [m.id for m in saved_again.messages] == ["r2.m0", "mine", "r2.m2"]
+    )
     assert long.message.id == long_again.message.id
     assert re.fullmatch(r"m0-[0-9a-f]{64}", long.message.id)
     assert fresh.message.id == f"{fresh.request_id}.m0"

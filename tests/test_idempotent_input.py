@@ -122,7 +122,12 @@ async def test_the_refusal_of_a_taken_request_id_says_how_to_retry_without_a_dup
     (violation,) = detail(end.error, error_details_pb2.BadRequest).field_violations
     assert violation.field == "request_id" and "same messages and message ids" in violation.description
     # The retry it describes runs, and the question is stored once.
-    assert end_of(await h.run("q", message_id="q1", request_id="r1")).status == event_pb2.TURN_STATUS_COMPLETED
-    assert [m.role for m in await h.store.load_messages(CONV)] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
+    assert (
+        end_of(await h.run("q", message_id="q1", request_id="r1")).status == event_pb2.TURN_STATUS_COMPLETED
+    )
+    assert [m.role for m in await h.store.load_messages(CONV)] == [
+        message_pb2.ROLE_USER,
+        message_pb2.ROLE_ASSISTANT,
+    ]
     end = end_of(await h.run("q2", message_id="q2", request_id="r1"))
     assert "it completed and its reply is stored" in end.error.message

@@ -110,7 +110,11 @@ async def test_repeating_a_failed_chat_under_its_request_id_stores_the_question_
     then answered ALREADY_EXISTS "use a new request_id", and ``chat(c, "q")`` stored
     ``[user, user, assistant]``. The client now derives the message id from the request id, so
     the same call is the retry the server accepts, and the question is stored once."""
-    config = {"providers": {"scripted": {"scripts": {"down": [{"error": {"message": "overloaded", "status": 529}}]}}}}
+    config = {
+        "providers": {
+            "scripted": {"scripts": {"down": [{"error": {"message": "overloaded", "status": 529}}]}}
+        }
+    }
     sidecar = await sidecar_factory(config).start()
     async with TurnwireClient(sidecar.target) as client:
         failed = await collect(client.chat("retry", "q", request_id="r1", model="scripted:down"))

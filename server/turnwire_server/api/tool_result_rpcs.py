@@ -274,7 +274,9 @@ class ToolResultRpcs:
             if part.WhichOneof("kind") == "tool_call"
         }
         denials = [
-            ToolDenial(answer.tool_call_id, names.get(answer.tool_call_id, ""), answer.text or DENIED_BY_USER_TEXT)
+            ToolDenial(
+                answer.tool_call_id, names.get(answer.tool_call_id, ""), answer.text or DENIED_BY_USER_TEXT
+            )
             for answer in answers
             if answer.kind == "deny"
         ]

@@ -19,6 +19,7 @@ from turnwire_server.cli.errors import print_call_error
 from turnwire_server.cli.exit_codes import EXIT_CALL_FAILED, EXIT_OK
 from turnwire_server.cli.parts import (
     APPROVAL_HINT,
+    RESPONDED_HINT,
     STATUS_STYLES,
     call_line,
     denied_line,
@@ -224,11 +225,13 @@ def _print_tool_call(out: Console, call: message_pb2.ToolCallPart, conversation_
         out.print(error_line(call.tool_name, call.error_text), soft_wrap=True)
     elif state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED:
         out.print(denied_line(call.tool_name, call.approval.reason), soft_wrap=True)
-    elif state in (
-        message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED,
-        message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED,
-    ):
+    elif state == message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED:
         hint = APPROVAL_HINT.format(call_id=call.tool_call_id, conversation=conversation_id)
         out.print(Text(f"? {call.tool_name} awaits approval{hint}", style="yellow"), soft_wrap=True)
+    elif state == message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED:
+        # Answered without a continuation (a client's auto_continue=false): `approve` would be
+        # TOOL_CALL_NOT_PENDING; the next turn runs an approved call first (docs/semantics.md §6).
+        hint = RESPONDED_HINT.format(conversation=conversation_id)
+        out.print(Text(f"? {call.tool_name} {hint}", style="yellow"), soft_wrap=True)
     else:
         out.print(Text(f"← {call.tool_name}: (no result)", style="dim"), soft_wrap=True)
