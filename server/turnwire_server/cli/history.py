@@ -79,7 +79,7 @@ async def run_history(
         if error.code == grpc.StatusCode.NOT_FOUND:
             err.print(Text(f"conversation {conversation_id!r} not found", style="bold red"), soft_wrap=True)
             return EXIT_CALL_FAILED
-        return print_call_error(err, connection.target, error)
+        return print_call_error(err, connection, error)
 
     header = Text.assemble(
         ("conversation ", "dim"),
@@ -139,7 +139,7 @@ async def run_conversations(
                 if not page_token:
                     break
     except TurnwireError as error:
-        return print_call_error(or_stderr(err_console), connection.target, error)
+        return print_call_error(or_stderr(err_console), connection, error)
     if shown == 0:
         out.print(Text("(no conversations)", style="dim"), soft_wrap=True)
     elif page_token:

@@ -56,11 +56,6 @@ def serve(
 
     With --workers N each worker gets the signal and stops so; exit 1 if one cannot start or keeps dying.
     """
-    import os
-
-    # gRPC's C core logs connection events (a client's GOAWAY) at info in its own format, outside
-    # logging.level; read when grpc is first imported (below, and in each worker).
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     settings = _load(config, listen, store, workers)
     from turnwire_server.logs import configure_logging
     from turnwire_server.redaction import Redactor, secret_values

@@ -201,7 +201,7 @@ async def run_turn(
     except TurnwireError as error:
         renderer.stop_waiting()
         renderer.end_line()
-        return print_call_error(err, connection.target, error, mid_turn=renderer.events_seen > 0)
+        return print_call_error(err, connection, error, mid_turn=renderer.events_seen > 0)
     renderer.stop_waiting()
     renderer.end_line()
     print_status_line(out, result, renderer.model, output_streamed=renderer.output_streamed)
@@ -225,7 +225,7 @@ async def run_cancel(
         async with connection.client() as client:
             cancelled = await client.cancel_chat(request_id)
     except TurnwireError as error:
-        return print_call_error(err, connection.target, error)
+        return print_call_error(err, connection, error)
     if cancelled:
         out.print(Text(f"cancelled {request_id}: its turn ends ABORTED", style="bold yellow"), soft_wrap=True)
         return EXIT_OK
