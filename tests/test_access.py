@@ -14,6 +14,7 @@ from google.rpc import error_details_pb2
 from support.tokens import Issuer, new_token, write_jwks
 
 from turnwire_client.v1 import chat_service_pb2, event_pb2
+from turnwire_server.access_settings import RateLimit
 from turnwire_server.api.authentication import Authenticator, AuthError, StaticTokens, token_digest
 from turnwire_server.api.caller import Caller
 from turnwire_server.api.status import TurnwireStatusError
@@ -122,3 +123,45 @@ def test_unscope_takes_the_prefix_off_ids_and_statuses() -> None:
     )
     tenancy.unscope(listing)
     assert [(s.submission_id, s.conversation_id) for s in listing.submissions] == [("s1", "c1")]
+
+
+def test_rate_limit_overrides_name_a_principal_of_one_tenant() -> None:
+    settings = load_settings(
+        rate_limits={
+            "turns_per_minute": 2,
+            "tenants": {"acme": {"turns_per_minute": 5, "principals": {"svc": {"turns_per_minute": 9}}}},
+        }
+    ).rate_limits
+    assert settings.for_caller("svc", "acme").turns_per_minute == 9
+    assert settings.for_caller("other", "acme").turns_per_minute == 5
+    assert settings.for_caller("svc", "globex").turns_per_minute == 2  # another tenant's `svc`
+    # A limit an entry does not give is the one above it.
+    layered = load_settings(
+        rate_limits={
+            "turns_per_minute": 2,
+            "tokens_per_minute": 100,
+            "tenants": {"acme": {"principals": {"svc": {"tokens_per_minute": 7}}}},
+        }
+    ).rate_limits
+    assert layered.for_caller("svc", "acme") == RateLimit(turns_per_minute=2, tokens_per_minute=7)
+    assert layered.for_caller("other", "acme") == RateLimit(turns_per_minute=2, tokens_per_minute=100)
+    # The old top-level `principals:` applied to every tenant's principal of that name: refused,
+    # saying where each entry goes now.
+    with pytest.raises(ConfigError) as refused:
+        load_settings(rate_limits={"principals": {"svc": {"turns_per_minute": 9}}})
+    assert "rate_limits: rate_limits.principals is no longer read" in str(refused.value)
+    assert "rate_limits.tenants.<tenant>.principals.<principal> (entries given: svc)" in str(refused.value)
+
+
+def test_tenant_shares_per_tenant() -> None:
+    shares = load_settings(
+        limits={"max_concurrent_rpcs": 10}, tenant_shares={"tenants": {"acme": {"turn_calls": 0.1}}}
+    ).tenant_shares
+    assert shares.for_tenant("globex").calls(10) == (5, 5)  # the default: half each
+    assert shares.for_tenant("acme").calls(10) == (1, 5)
+    assert shares.for_tenant("acme").calls(3) == (1, 1)  # never none
+    # Turn calls are streams too: a turn-call share above the streams share could never be reached.
+    with pytest.raises(
+        ConfigError, match=r"tenant_shares\.tenants\.acme: turn_calls \(0\.8\) is above streams"
+    ):
+        load_settings(tenant_shares={"tenants": {"acme": {"turn_calls": 0.8}}})

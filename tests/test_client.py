@@ -754,6 +754,41 @@ async def test_run_history_prints_messages(service: tuple[FakeChatService, str])
     assert text.index("Weather in Paris?") < text.index("It is sunny in Paris.")
 
 
+async def test_run_history_marks_calls_the_provider_ran(service: tuple[FakeChatService, str]) -> None:
+    """Issue 31a: a server tool's call (web search) and its result, and one still without a result."""
+    fake, target = service
+    reply = message_pb2.Message(id="msg-p", role=message_pb2.ROLE_ASSISTANT)
+    reply.parts.add().tool_call.CopyFrom(
+        message_pb2.ToolCallPart(
+            tool_call_id="srvtoolu_1",
+            tool_name="web_search",
+            input_json='{"query":"example-lib"}',
+            output_json='[{"title":"Changelog","url":"https://example.org/c"}]',
+            state=message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE,
+            provider_executed=True,
+        )
+    )
+    reply.parts.add().tool_call.CopyFrom(
+        message_pb2.ToolCallPart(
+            tool_call_id="srvtoolu_2",
+            tool_name="code_execution",
+            input_json='{"code":"1+1"}',
+            state=message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE,
+            provider_executed=True,
+        )
+    )
+    fake.conversations[CONV] = chat_service_pb2.Conversation(
+        conversation_id=CONV, message_count=1, messages=[reply]
+    )
+    console, output = capture()
+    assert await run_history(Connection(target), CONV, console=console) == 0
+    lines = output().splitlines()
+    assert '→ web_search {"query": "example-lib"} (run by the provider)' in lines
+    assert '← web_search: [{"title": "Changelog", "url": "https://example.org/c"}]' in lines
+    assert '→ code_execution {"code": "1+1"} (run by the provider)' in lines
+    assert "← code_execution: (no result from the provider)" in lines
+
+
 def _said(message_id: str, role: message_pb2.Role.ValueType, text: str, seconds: int) -> message_pb2.Message:
     return message_pb2.Message(
         id=message_id,

@@ -150,3 +150,51 @@ def test_unknown_options_and_values_are_refused_before_sending() -> None:
         with_turn_options(chat_service_pb2.ChatRequest(), {"modle": "x"})  # type: ignore[typeddict-unknown-key]
     with pytest.raises(ValueError, match="disconnect must be one of"):
         with_turn_options(chat_service_pb2.ChatRequest(), {"disconnect": "later"})  # type: ignore[typeddict-item]
+
+
+def test_a_step_holds_its_sources_with_the_text_they_support_and_its_files() -> None:
+    """Issue 31: a source's cited passage, location and the text part that cites it (by
+    ``TextPart.id``); a file's bytes, provider id, or only its size when its bytes were not kept."""
+    message = message_pb2.Message(id="a1", role=message_pb2.ROLE_ASSISTANT)
+    message.parts.add().step_start.SetInParent()
+    message.parts.add().text.CopyFrom(message_pb2.TextPart(text="Plain. ", id=""))
+    message.parts.add().text.CopyFrom(message_pb2.TextPart(text="330 m tall", id="s0-3"))
+    message.parts.add().source.CopyFrom(
+        message_pb2.SourcePart(
+            source_id="s0-src1",
+            url="https://example.com/t",
+            title="Tower",
+            cited_text="It is 330 metres tall.",
+            text_id="s0-3",
+            source_type=message_pb2.SOURCE_TYPE_URL,
+        )
+    )
+    message.parts.add().source.CopyFrom(
+        message_pb2.SourcePart(
+            source_id="s0-src2",
+            filename="report.pdf",
+            source_type=message_pb2.SOURCE_TYPE_DOCUMENT,
+            location=message_pb2.SourceLocation(unit=message_pb2.SOURCE_LOCATION_UNIT_PAGE, start=3, end=4),
+        )
+    )
+    message.parts.add().file.CopyFrom(message_pb2.FilePart(media_type="image/png", data=b"png"))
+    message.parts.add().file.CopyFrom(message_pb2.FilePart(media_type="image/png", size_bytes=5_000_000))
+    (step,) = ChatMessage.from_proto(message).steps
+    first, second = step.sources
+    assert (first.url, first.title, first.cited_text, first.text, first.kind) == (
+        "https://example.com/t",
+        "Tower",
+        "It is 330 metres tall.",
+        "330 m tall",
+        "url",
+    )
+    assert (second.kind, second.title, second.text) == ("document", "report.pdf", "")
+    assert second.location == {"unit": "page", "document_index": 0, "start": 3, "end": 4}
+    kept, dropped = step.files
+    assert (kept.data, kept.size_bytes) == (b"png", 3)
+    assert (dropped.data, dropped.url, dropped.provider_file_id, dropped.size_bytes) == (
+        b"",
+        "",
+        "",
+        5_000_000,
+    )

@@ -459,3 +459,33 @@ def test_a_progress_keepalive_says_what_the_turn_waits_for() -> None:
         assert "running the tool (30 s)" in str(renderer.waiting.status)
     finally:
         renderer.stop_waiting()
+
+
+def test_history_shows_what_a_source_cites_and_where_a_file_is() -> None:
+    """``turnwire history``: a source with its cited passage and location; files by bytes, provider
+    id, or size when their bytes were not kept (issue 31)."""
+    message = message_pb2.Message(id="a1", role=message_pb2.ROLE_ASSISTANT)
+    message.parts.add().text.CopyFrom(message_pb2.TextPart(text="Built 1887-1889.", id="b1"))
+    source = message.parts.add().source
+    source.CopyFrom(
+        message_pb2.SourcePart(
+            source_id="s1",
+            title="Tower notes",
+            source_type=message_pb2.SOURCE_TYPE_DOCUMENT,
+            cited_text="Built between\n1887 and 1889.",
+            text_id="b1",
+            location=message_pb2.SourceLocation(
+                unit=message_pb2.SOURCE_LOCATION_UNIT_PAGE, document_index=1, start=3, end=4
+            ),
+        )
+    )
+    message.parts.add().file.CopyFrom(message_pb2.FilePart(media_type="image/png", data=b"12345"))
+    message.parts.add().file.CopyFrom(message_pb2.FilePart(media_type="image/png", size_bytes=4_000_000))
+    message.parts.add().file.CopyFrom(message_pb2.FilePart(provider_file_id="file_01", media_type="text/csv"))
+    buffer = io.StringIO()
+    print_message(Console(file=buffer, width=200), message, "conv-1")
+    lines = buffer.getvalue().splitlines()
+    assert '[source] Tower notes "Built between 1887 and 1889." (pages 3-3 of document 2)' in lines
+    assert "[file] image/png 5 bytes" in lines
+    assert "[file] image/png 4000000 bytes, not kept" in lines
+    assert "[file] text/csv file_01 (kept by the provider)" in lines

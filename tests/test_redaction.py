@@ -163,3 +163,57 @@ def test_the_model_label_is_bounded_by_the_configuration() -> None:
     assert model_label("anthropic:claude-x", known) == "anthropic:claude-x"
     assert model_label("anthropic:made-up-by-a-client", known) == "anthropic:other"
     assert model_label("anything:goes", None) == "anything:goes"
+
+
+def test_a_configured_value_is_masked_as_a_whole_token_only() -> None:
+    """Issue 32 item 2: with an API key ``mock`` the provider name ``mock-openai`` stayed intact
+    only by luck of length; a value is masked where it stands whole, never inside a word."""
+    redactor = Redactor(["mock", "hunter2-pass", "sk-live-abcdefgh"])
+    assert redactor.redact("provider mock-openai failed: mock") == "provider mock-openai failed: mock"
+    assert redactor.redact("pw hunter2-pass, again 'hunter2-pass'") == f"pw {MASK}, again '{MASK}'"
+    assert redactor.redact("xhunter2-pass hunter2-passes hunter2-pass-2") == (
+        "xhunter2-pass hunter2-passes hunter2-pass-2"
+    )
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "sk-proj-Zq8RkT2vLx9NwB4cY7uJm3HsPd6Fg1Ae5Ki0Oo",
+        "sk-svcacct-Zq8RkT2vLx9NwB4cY7uJm3HsPd6Fg1Ae",
+        "sk-ant-api03-z0zjHHXo5k3zD2havvfqiZYJe9ENlwI1trcQC4py-48GXRgAA",
+        "sk-ant-admin01-Zq8RkT2vLx9NwB4cY7uJm3HsPd6Fg1Ae",
+        "sk-or-v1-0123456789abcdef0123456789abcdef",
+        "gsk_Zq8RkT2vLx9NwB4cY7uJm3HsPd6Fg1Ae",
+        "xai-Zq8RkT2vLx9NwB4cY7uJm3HsPd6Fg1Ae",
+        "AIzaSyA1234567890abcdefghijklmnopqrstuv",
+    ],
+)
+def test_the_key_shapes_of_the_supported_providers_are_masked_unconfigured(key: str) -> None:
+    assert Redactor().redact(f"Incorrect API key provided: {key}.") == f"Incorrect API key provided: {MASK}."
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the sk-learn-compatible-wrapper-for-models failed",
+        "task-0123456789abcdefghijklmnop is running",
+        "risk-assessment-report-2024-final-version",
+        "OpenAI shows sk-proj-****************************cdef only",
+    ],
+)
+def test_words_that_merely_start_like_a_key_are_left_alone(text: str) -> None:
+    assert Redactor().redact(text) == text
+
+
+def test_secret_values_include_secrets_inside_containers() -> None:
+    settings = Settings.model_validate(
+        {
+            "tracing": {
+                "enabled": True,
+                "endpoint": "http://c:4317",
+                "headers": {"x-token": "otlp-hdr-secret-1"},
+            }
+        }
+    )
+    assert "otlp-hdr-secret-1" in secret_values(settings, {})

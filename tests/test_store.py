@@ -5,6 +5,7 @@ transactions, migrations, page tokens, the turn lock. Backend-specific tests liv
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import datetime as dt
 import re
@@ -14,7 +15,7 @@ import pytest
 from google.protobuf import struct_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.page_tokens import CRAFTED_TOKENS, ISSUE_9_TOKENS, TOKENS_OF_ANY_KIND, v2
+from support.page_tokens import CRAFTED_TOKENS, ISSUE_9_TOKENS, TOKENS_OF_ANY_KIND, v3
 from support.stores import StoreBackend
 from support.waiting import wait_until
 
@@ -30,7 +31,8 @@ from turnwire_server.store import (
 )
 from turnwire_server.store.base import CompactionRecord
 from turnwire_server.store.core.local_lock import LocalTurnLocks
-from turnwire_server.store.core.rows import decode_page_token, encode_page_token, to_us
+from turnwire_server.store.core.page_tokens import decode_page_token, encode_page_token
+from turnwire_server.store.core.rows import to_us
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=dt.UTC)
 
@@ -530,6 +532,9 @@ async def test_list_conversations_filters_by_id_prefix(store: Store) -> None:
     assert [c.conversation_id for c in page] == ["a_1/y"] and token
     rest, last = await store.list_conversations(1, token, id_prefix="a_1/")
     assert [c.conversation_id for c in rest] == ["a_1/x"] and last == ""
+    for other in ("aX1/", ""):  # another tenant's listing, or the whole store's, refuses the token
+        with pytest.raises(InvalidPageToken):
+            await store.list_conversations(1, token, id_prefix=other)
     assert [c.conversation_id for c in (await store.list_conversations(10, "", id_prefix="%/"))[0]] == ["%/v"]
     assert len((await store.list_conversations(10, ""))[0]) == len(ids)
 
@@ -584,6 +589,14 @@ def test_page_tokens_round_trip_and_are_url_safe(update_us: int, conversation_id
     token = encode_page_token(update_us, conversation_id)
     assert re.fullmatch(r"[A-Za-z0-9_-]+", token)
     assert decode_page_token(token) == (update_us, conversation_id)
+    # In a tenant's listing the token holds the id without the tenant's prefix, and only that
+    # listing takes it.
+    scoped = encode_page_token(update_us, f"tenant-a/{conversation_id}", "tenant-a/")
+    assert decode_page_token(scoped, "tenant-a/") == (update_us, f"tenant-a/{conversation_id}")
+    assert scoped != token and b"tenant-a" not in base64.urlsafe_b64decode(scoped + "==")
+    for other in ("", "tenant-b/"):
+        with pytest.raises(InvalidPageToken):
+            decode_page_token(scoped, other)
 
 
 async def test_a_well_formed_forged_token_only_moves_where_the_listing_starts(store: Store) -> None:
@@ -591,7 +604,7 @@ async def test_a_well_formed_forged_token_only_moves_where_the_listing_starts(st
         await store.start_turn(_turn(f"r{i}", f"conv-{i}"), [_text("u", str(i))])
     everything, _ = await store.list_conversations(10, "")
     third = everything[2]
-    forged = v2(to_us(third.update_time, "update_time"), third.conversation_id.encode())
+    forged = v3(to_us(third.update_time, "update_time"), third.conversation_id.encode())
     assert await store.list_conversations(10, forged) == (everything[3:], "")
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import datetime as dt
 
@@ -13,6 +14,8 @@ from support.stores import StoreBackend
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import InvalidPageToken, Store, TurnRecord
 from turnwire_server.store.base import SubmissionRecord
+from turnwire_server.store.core.page_tokens import decode_submission_token
+from turnwire_server.store.core.rows import to_us
 from turnwire_server.store.errors import SubmissionConflict, SubmissionNotPending, TooManySubmissions
 
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
@@ -186,6 +189,29 @@ async def test_submission_pages_follow_acceptance_order_and_their_filters(store:
     ]
 
 
+async def test_submission_pages_of_a_tenant_carry_only_its_own_data(store: Store) -> None:
+    # Tenant keys as the API makes them (api/tenancy.py). Tenant b's submissions interleave with
+    # a's: a's tokens must not count them (they once carried the store-wide seq).
+    for index in range(4):
+        for tenant in ("a", "b"):
+            record = _submission(f"{tenant}/s{index}", f"{tenant}/c{index % 2}")
+            record = dataclasses.replace(record, create_time=T0 + dt.timedelta(milliseconds=index))
+            await store.create_submission(record, max_open=10)
+    page, token = await store.list_submissions(2, "", id_prefix="a/")
+    assert [r.submission_id for r in page] == ["a/s0", "a/s1"]
+    assert decode_submission_token(token, "", "", "a/") == (to_us(page[-1].create_time, "t"), "a/s1")
+    payload = base64.urlsafe_b64decode(token + "==")
+    assert payload.endswith(b"s1") and b"a/" not in payload and len(payload) == 1 + 8 + 8 + 2
+    with pytest.raises(InvalidPageToken):  # tenant b, or the whole store, cannot use it
+        await store.list_submissions(2, token, id_prefix="b/")
+    with pytest.raises(InvalidPageToken):
+        await store.list_submissions(2, token)
+    # The page goes on after the last one seen, even when it is gone (its conversation deleted).
+    await store.delete_conversation("a/c1")
+    rest, last = await store.list_submissions(2, token, id_prefix="a/")
+    assert [r.submission_id for r in rest] == ["a/s2"] and last == ""
+
+
 # ----------------------------------------------------------------------------- leases
 
 
@@ -282,12 +308,16 @@ async def test_a_submission_takes_its_place_in_line_at_acceptance(store: Store) 
 
 
 async def test_submission_pages_filter_by_conversation_id_prefix(store: Store) -> None:
+    # Keys as the API makes them: a submission's id has its conversation's tenant prefix.
     for index, conversation in enumerate(["t_a/c", "t_a/d", "tXa/c", "t_ab/c", "c"]):
-        await store.create_submission(_submission(f"s{index}", conversation), max_open=10)
+        tenant = conversation.rpartition("/")[0]
+        await store.create_submission(
+            _submission(f"{tenant}/s{index}".lstrip("/"), conversation), max_open=10
+        )
     page, token = await store.list_submissions(1, "", id_prefix="t_a/")
-    assert [r.submission_id for r in page] == ["s0"] and token
+    assert [r.submission_id for r in page] == ["t_a/s0"] and token
     rest, last = await store.list_submissions(1, token, id_prefix="t_a/")
-    assert [r.submission_id for r in rest] == ["s1"] and last == ""
+    assert [r.submission_id for r in rest] == ["t_a/s1"] and last == ""
     with pytest.raises(InvalidPageToken):
         await store.list_submissions(1, token, id_prefix="tXa/")  # a token is bound to its prefix
     with pytest.raises(InvalidPageToken):

@@ -18,12 +18,13 @@ from support.stores import StoreBackend, postgres_database
 from support.waiting import wait_until
 from typer.testing import CliRunner
 
+from turnwire.errors import CanonicalCode
 from turnwire_client.v1 import message_pb2
 from turnwire_server import cli
 from turnwire_server.config import ConfigError, load_settings
 from turnwire_server.store import StoreError, TurnRecord, open_store, redact_url
 from turnwire_server.store.base import CompactionRecord, ToolCallAnswer
-from turnwire_server.store.errors import ToolCallNotPending
+from turnwire_server.store.errors import StoreValueRefused, ToolCallNotPending
 from turnwire_server.store.postgres import QUEUE_STEP, PostgresStore
 from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
 
@@ -270,6 +271,40 @@ async def test_an_unreachable_server_is_a_store_error_that_never_shows_the_passw
     assert raised.value.__cause__ is None  # the driver's exception (with its own text) is not chained
     with pytest.raises(StoreError, match="not open"):
         await store.get_conversation("c")
+
+
+async def test_a_store_error_tells_a_client_nothing_of_the_stores_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 32 item 3: the client's text of a store error names the operation, never the user,
+    host, port or database (nor the driver's text, which names them); the operator's keeps them."""
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "2")
+    port = _closed_port()
+    store = PostgresStore(f"postgresql://tenant_app:{SECRET}@127.0.0.1:{port}/orders_db")
+    with pytest.raises(StoreError) as raised:
+        await store.open()
+    shown = raised.value.client_message
+    assert shown.startswith("store unavailable: postgres store: connecting failed"), shown
+    for part in ("tenant_app", "127.0.0.1", str(port), "orders_db", SECRET):
+        assert part not in shown
+    assert f"127.0.0.1:{port}/orders_db" in str(raised.value)  # the log's text
+
+
+async def test_a_value_the_database_refuses_is_the_callers_error(pg_url: str) -> None:
+    """A NUL in a text value (refused by PostgreSQL, accepted by SQLite) is INVALID_ARGUMENT, not a
+    retryable STORE_UNAVAILABLE (the API refuses the fields it knows before; this is the net)."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        with pytest.raises(StoreValueRefused) as raised:
+            await store.start_turn(
+                dataclasses.replace(_turn("r-nul", "c-nul"), model="scripted:a\x00b"), [_user("u1")]
+            )
+    finally:
+        await store.close()
+    error = raised.value
+    assert (error.status_code, error.retryable) == (CanonicalCode.INVALID_ARGUMENT, False)
+    assert "postgresql://" not in error.client_message and "start_turn" in error.client_message
 
 
 async def test_a_closed_store_refuses_calls_and_cannot_reopen(pg_url: str) -> None:

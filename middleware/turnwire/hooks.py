@@ -169,7 +169,9 @@ class TurnConfig:
 class StepFinishContext:
     """Input of ``on_step_finish``: one finished step, the AI SDK's step-finish record.
 
-    Also the element type of ``StepContext.steps`` (the steps so far).
+    Also the element type of ``StepContext.steps`` (the steps so far). ``sources`` and ``files``
+    are the step's cited sources (with their cited text, location and the text block they support)
+    and produced files, as stored (docs/providers.md, "What each API's parts become").
     """
 
     step_number: int
@@ -187,6 +189,8 @@ class StepFinishContext:
     provider_metadata: Mapping[str, Any] | None = None
     conversation_id: str = ""
     request_id: str = ""
+    sources: Sequence[message_pb2.SourcePart] = ()
+    files: Sequence[message_pb2.FilePart] = ()
 
 
 @dataclass(frozen=True, slots=True)

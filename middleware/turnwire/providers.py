@@ -10,7 +10,7 @@ ends with exactly one :class:`~turnwire.types.FinishStep` unless it raises
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -93,10 +93,44 @@ class ProviderError(DomainError):
         self.body = body
         self.provider = provider
         self.in_stream = in_stream
+        self.endpoint: str | None = None
+        """The ``"POST http://host/path"`` the message names, for operators (logs, spans): the
+        client's text leaves it out (:attr:`client_message`)."""
 
     @property
     def client_message(self) -> str:
-        return f"model provider error: {self.message}"
+        """The message without the endpoint called (the provider's host is the operator's, not
+        the client's: docs/security.md); a 404's "check base_url" hint stays."""
+        message = self.message
+        if self.endpoint:
+            message = message.replace(f"({self.endpoint}; ", "(").replace(f" ({self.endpoint})", "")
+        return f"model provider error: {message}"
+
+    def redact(self, redact: Callable[[str], str]) -> ProviderError:
+        """Mask this error's provider text in place with ``redact`` (a secret-masking function):
+        the message (and ``args``), ``type``, ``code`` and every string in ``body``, at any depth;
+        its chained cause (the SDK's exception, quoting the same text) is dropped. Returns
+        ``self``. The sidecar applies it where a provider's error enters a turn, so what the
+        client, the store, spans and logs get is masked (docs/security.md, "Secrets")."""
+        self.message = redact(self.message)
+        self.args = (self.message,)
+        self.type = redact(self.type)
+        self.code = redact(self.code)
+        self.body = _redact_strings(self.body, redact)
+        self.__cause__ = None
+        self.__suppress_context__ = True
+        return self
+
+
+def _redact_strings(value: Any, redact: Callable[[str], str]) -> Any:
+    """``value`` (parsed JSON or text) with ``redact`` applied to every string, keys included."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {_redact_strings(key, redact): _redact_strings(item, redact) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_redact_strings(item, redact) for item in value]
+    return value
 
 
 @runtime_checkable

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from turnwire.compaction import SUMMARY_REQUEST_ID, EstimateTokens
 from turnwire.error_classes import never_retryable
 from turnwire.providers import CONTINUATION_PROMPT, ModelRequest, ProviderError
+from turnwire.scripted_parts import ScriptedFile, ScriptedSource, scripted_parts
 from turnwire.types import (
     FinishReason,
     FinishStep,
@@ -57,6 +58,7 @@ from turnwire.types import (
     ToolCall,
     ToolInputDelta,
     ToolInputStart,
+    ToolResult,
     Usage,
     UsageUpdate,
 )
@@ -68,7 +70,9 @@ _ESTIMATE = EstimateTokens()
 
 
 class ScriptedToolCall(BaseModel):
-    """A tool call a script step makes. ``raw_input`` (not JSON) overrides ``input``."""
+    """A tool call a script step makes. ``raw_input`` (not JSON) overrides ``input``.
+    ``provider_executed``: a call the model's provider runs itself (a server tool), with
+    ``output`` as its result; the engine never runs it (``turnwire.types.ToolCall``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -76,6 +80,8 @@ class ScriptedToolCall(BaseModel):
     input: dict[str, Any] = Field(default_factory=dict)
     raw_input: str | None = None
     id: str | None = None
+    provider_executed: bool = False
+    output: Any = None
 
 
 class ScriptedError(BaseModel):
@@ -144,6 +150,8 @@ class ScriptStep(BaseModel):
     repeat: bool = Field(
         False, description="on the last step: it plays again for every later step (strict allows it)"
     )
+    sources: list[ScriptedSource] = Field(default_factory=list, description="cited after the text")
+    files: list[ScriptedFile] = Field(default_factory=list, description="produced after the sources")
 
     @model_validator(mode="after")
     def _check_until_cancelled(self) -> ScriptStep:
@@ -549,15 +557,20 @@ class ScriptedProvider:
                     await pace()
                 yield TextDelta(f"{prefix}-t", piece)
             yield TextEnd(f"{prefix}-t")
+        for chunk in scripted_parts(step.sources, step.files, prefix, f"{prefix}-t" if step.text else ""):
+            yield chunk
         for index, call in enumerate(step.tool_calls):
             call_id = call.id or f"call_{request.step_number}_{index}"
             raw = call.raw_input if call.raw_input is not None else dumps(call.input)
             if paced:
                 await pace()
-            yield ToolInputStart(call_id, call.name)
+            executed = call.provider_executed
+            yield ToolInputStart(call_id, call.name, provider_executed=executed)
             yield ToolInputDelta(call_id, raw)
             parsed, error = parse_tool_input(raw)
-            yield ToolCall(call_id, call.name, parsed, raw_input=raw, error=error)
+            yield ToolCall(call_id, call.name, parsed, raw_input=raw, error=error, provider_executed=executed)
+            if executed:
+                yield ToolResult(call_id, call.name, output=call.output)
         if paced:
             await pace()
         output_tokens = step.usage.output_tokens
@@ -566,7 +579,11 @@ class ScriptedProvider:
         finish = (
             FinishReason(step.finish_reason)
             if step.finish_reason
-            else (FinishReason.TOOL_CALLS if step.tool_calls else FinishReason.STOP)
+            else (
+                FinishReason.TOOL_CALLS
+                if any(not call.provider_executed for call in step.tool_calls)
+                else FinishReason.STOP
+            )
         )
         yield FinishStep(
             finish_reason=finish,

@@ -7,10 +7,13 @@ Chunk names follow the AI SDK's stream parts (``text-start``, ``text-delta``,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
+
+from google.protobuf import struct_pb2
 
 from turnwire_client.v1 import message_pb2
 
@@ -160,10 +163,12 @@ class ReasoningEnd:
 
 @dataclass(slots=True)
 class ToolInputStart:
-    """The model starts a call of tool ``tool_name``."""
+    """The model starts a call of tool ``tool_name``; ``provider_executed`` for a call the provider
+    runs itself (see :class:`ToolCall`)."""
 
     tool_call_id: str
     tool_name: str
+    provider_executed: bool = False
 
 
 @dataclass(slots=True)
@@ -180,6 +185,15 @@ class ToolCall:
 
     ``input`` is the parsed JSON object, or ``None`` when ``raw_input`` was not
     a JSON object; then ``error`` says what was wrong and the call is not run.
+
+    ``provider_executed``: the provider runs the call itself (an Anthropic server tool, a
+    Responses built-in such as ``web_search_call``; AI SDK ``providerExecuted``): the engine
+    stores and streams it, never runs it and offers it to no ``before_tool_call``; its result
+    comes as a :class:`ToolResult`. ``client_executed``: the API defines the tool as one the
+    application runs (Responses ``shell_call``, ``local_shell_call``, ``apply_patch_call``,
+    ``custom_tool_call``): held for the client as a client tool's call when the turn has no tool
+    of that name. ``provider_metadata`` (JSON values, keyed by API) is what that API needs to
+    have the call back (docs/providers.md, "What each API's parts become").
     """
 
     tool_call_id: str
@@ -187,48 +201,178 @@ class ToolCall:
     input: dict[str, Any] | None
     raw_input: str = ""
     error: str | None = None
+    provider_executed: bool = False
+    client_executed: bool = False
+    provider_metadata: Mapping[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class ToolResult:
+    """The result of a provider-executed call (:attr:`ToolCall.provider_executed`), as the
+    provider gave it: ``output`` (any JSON value) or, for a failed call, ``error`` (its text).
+
+    It may come in a later step than its call (an Anthropic ``pause_turn`` continued);
+    ``provider_metadata`` (keyed by API) is what that API needs to have the result back.
+    """
+
+    tool_call_id: str
+    tool_name: str
+    output: Any = None
+    error: str | None = None
+    provider_metadata: Mapping[str, Any] | None = None
+
+
+SourceType = Literal["url", "document"]
+"""What a :class:`Source` is: a web page (``url``) or a document (AI SDK ``sourceType``)."""
+
+SourceLocationUnit = Literal["character", "page", "content_block"]
+"""What a :class:`SourceLocation`'s range counts: characters (0-based), PDF pages (1-based) or
+content blocks (0-based); ``turnwire_client.v1.SourceLocationUnit``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceLocation:
+    """Where a cited passage lies in a document: ``[start, end)`` in ``unit`` of the request's
+    document ``document_index`` (Anthropic's ``char_location``, ``page_location``,
+    ``content_block_location``, ``search_result_location``,
+    https://platform.claude.com/docs/en/build-with-claude/citations). ``unit`` None: only the
+    document is known."""
+
+    document_index: int = 0
+    unit: SourceLocationUnit | None = None
+    start: int = 0
+    end: int = 0
 
 
 @dataclass(slots=True)
 class Source:
-    """A source the model cited."""
+    """A source the model cited (``turnwire_client.v1.SourcePart``).
+
+    ``cited_text`` is the passage it quotes; ``location`` where that passage lies in a document;
+    ``text_id`` the id of the text block (:class:`TextStart` ``id``) of this step that cites it,
+    and ``text_span`` the cited ``(start_index, end_index)`` of that block's text in Unicode code
+    points (None: the whole block), as Responses and OpenRouter annotations give them;
+    ``provider_file_id`` a file the provider keeps; ``provider_metadata`` the citation's other
+    fields under the API's name (``{"anthropic": {...}}``).
+    """
 
     source_id: str
     url: str = ""
     title: str = ""
     media_type: str = ""
     filename: str = ""
+    source_type: SourceType = "url"
+    cited_text: str = ""
+    location: SourceLocation | None = None
+    text_id: str = ""
+    text_span: tuple[int, int] | None = None
+    provider_file_id: str = ""
+    provider_metadata: Mapping[str, Any] | None = None
+
+    def copy_to(self, target: message_pb2.SourcePart) -> None:
+        """Write this source into the proto ``target`` (in place); ``provider_metadata`` bounded
+        by :func:`bounded_metadata`."""
+        target.source_id = self.source_id
+        target.url = self.url
+        target.title = self.title
+        target.media_type = self.media_type
+        target.filename = self.filename
+        target.source_type = _SOURCE_TYPES[self.source_type]
+        target.cited_text = self.cited_text
+        if self.location is not None:
+            location = target.location
+            location.document_index = self.location.document_index
+            location.unit = _LOCATION_UNITS[self.location.unit]
+            location.start = self.location.start
+            location.end = self.location.end
+        target.text_id = self.text_id
+        if self.text_span is not None:
+            target.text_span.start_index, target.text_span.end_index = self.text_span
+        target.provider_file_id = self.provider_file_id
+        if self.provider_metadata:
+            target.provider_metadata.CopyFrom(bounded_metadata(self.provider_metadata))
+
+
+_SOURCE_TYPES = {"url": message_pb2.SOURCE_TYPE_URL, "document": message_pb2.SOURCE_TYPE_DOCUMENT}
+_LOCATION_UNITS = {
+    None: message_pb2.SOURCE_LOCATION_UNIT_UNSPECIFIED,
+    "character": message_pb2.SOURCE_LOCATION_UNIT_CHARACTER,
+    "page": message_pb2.SOURCE_LOCATION_UNIT_PAGE,
+    "content_block": message_pb2.SOURCE_LOCATION_UNIT_CONTENT_BLOCK,
+}
+
+METADATA_STRING_CHARS = 4096
+"""The longest string :func:`bounded_metadata` keeps whole (a citation's ``encrypted_index``, a
+revised prompt): longer ones are cut, so provider metadata never crowds out a reply's content."""
+
+
+def bounded_metadata(metadata: Mapping[str, Any]) -> struct_pb2.Struct:
+    """``metadata`` (JSON values) as a Struct, each string cut to :data:`METADATA_STRING_CHARS`
+    characters; values with no exact Struct form (non-finite or huge numbers) become their text."""
+    target = struct_pb2.Struct()
+    for key, value in metadata.items():
+        _bounded(target.fields[str(key)], value)
+    return target
+
+
+def _bounded(target: struct_pb2.Value, value: Any) -> None:
+    if value is None:
+        target.null_value = struct_pb2.NULL_VALUE
+    elif isinstance(value, bool):
+        target.bool_value = value
+    elif isinstance(value, int | float) and abs(value) < 2**53 and not math.isnan(value):
+        target.number_value = value
+    elif isinstance(value, Mapping):
+        fields = target.struct_value.fields
+        target.struct_value.SetInParent()
+        for key, item in value.items():
+            _bounded(fields[str(key)], item)
+    elif isinstance(value, list | tuple):
+        target.list_value.SetInParent()
+        for item in value:
+            _bounded(target.list_value.values.add(), item)
+    else:
+        target.string_value = str(value)[:METADATA_STRING_CHARS]
 
 
 @dataclass(slots=True)
 class File:
-    """A file the model produced."""
+    """A file the model produced (``turnwire_client.v1.FilePart``): its bytes in ``data``, or a
+    ``url``, or the ``provider_file_id`` of a file the provider keeps (a code interpreter's output,
+    a Files API file). ``provider_metadata`` holds what the API said about it under the API's name
+    (``{"openai": {"item_id": "ig_…", "revised_prompt": …}}``). The engine keeps the bytes when
+    they fit the reply (docs/providers.md, "Files"), else the reference alone."""
 
     media_type: str
     data: bytes = b""
     url: str = ""
     filename: str = ""
+    provider_file_id: str = ""
+    provider_metadata: Mapping[str, Any] | None = None
+
+    def copy_to(self, target: message_pb2.FilePart, *, keep_data: bool = True) -> None:
+        """Write this file into the proto ``target`` (in place): ``size_bytes`` always, the bytes
+        only when ``keep_data`` (else the ``url`` or ``provider_file_id`` reference, or no content
+        when there is none)."""
+        target.media_type = self.media_type
+        target.filename = self.filename
+        if self.data:
+            target.size_bytes = len(self.data)
+        if self.data and keep_data:
+            target.data = self.data
+        elif self.url:
+            target.url = self.url
+        elif self.provider_file_id:
+            target.provider_file_id = self.provider_file_id
+        if self.provider_metadata:
+            target.provider_metadata.CopyFrom(bounded_metadata(self.provider_metadata))
 
 
 PROVIDER_EXECUTED = "provider-executed"
-"""The ``DataPart.type`` of a stored :class:`ProviderExecuted` block (docs/providers.md, "What goes
-back on the next request")."""
-
-
-@dataclass(slots=True)
-class ProviderExecuted:
-    """A content block the provider produced and ran on its own side: a server tool's call or
-    result (Anthropic's ``server_tool_use``, ``web_search_tool_result`` …), which the same API
-    needs back verbatim on the next request (a paused turn continues from it).
-
-    ``api`` names the API that made it (``"anthropic"``); ``block`` is the block as the API gives
-    it (JSON values). Stored as a ``DataPart`` of type :data:`PROVIDER_EXECUTED`, ``id`` the
-    block's ``id`` or ``tool_use_id``, ``data`` ``{"api": api, "block": block}``; never run by
-    the engine, never sent to another API (``turnwire_server.providers.carry_over``).
-    """
-
-    api: str
-    block: Mapping[str, Any]
+"""The ``DataPart.type`` under which replies stored before issue 31 kept an Anthropic server
+tool's block (``{"api", "block"}``); still read, and sent back to the API that made it
+(``turnwire_server.providers.carry_over``). New replies store a provider-executed
+``ToolCallPart`` instead (:class:`ToolCall`, :class:`ToolResult`)."""
 
 
 @dataclass(slots=True)
@@ -274,9 +418,9 @@ ModelChunk = (
     | ToolInputStart
     | ToolInputDelta
     | ToolCall
+    | ToolResult
     | Source
     | File
-    | ProviderExecuted
     | UsageUpdate
     | FinishStep
 )

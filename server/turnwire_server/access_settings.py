@@ -69,20 +69,111 @@ class RateLimit(ConfigSection):
     turns_per_minute: int = Field(0, ge=0)
     tokens_per_minute: int = Field(0, ge=0)
 
+    @property
+    def limited(self) -> bool:
+        """True when either limit is set."""
+        return bool(self.turns_per_minute or self.tokens_per_minute)
 
-class RateLimitSettings(RateLimit):
-    """``rate_limits:``: the default for every principal, and overrides by principal or tenant
-    (a principal's entry wins over its tenant's)."""
+
+_LIMITS = frozenset(RateLimit.model_fields)
+
+
+class TenantRateLimit(RateLimit):
+    """``rate_limits.tenants.<tenant>``: the limits of each principal of that tenant, and
+    overrides for some of its principals by name (``principals:``, which win). A limit an entry
+    does not give is the one above it."""
 
     principals: dict[str, RateLimit] = Field(default_factory=dict)
-    tenants: dict[str, RateLimit] = Field(default_factory=dict)
+
+
+class RateLimitSettings(RateLimit):
+    """``rate_limits:``: the default for every principal, and overrides by tenant and, within a
+    tenant, by principal (docs/operate/rate-limits.md). A principal is one name in one tenant:
+    its windows are its own, whatever other tenants' principals are called."""
+
+    tenants: dict[str, TenantRateLimit] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_principals_across_tenants(cls, data: object) -> object:
+        # Before issue 32 a top-level `principals:` entry applied to the principal of that name in
+        # every tenant (tenant B's `svc` got tenant A's override). It is refused rather than
+        # reread with another meaning: the operator says which tenant's principal is meant.
+        if isinstance(data, dict) and "principals" in data:
+            names = ", ".join(sorted(map(str, data["principals"] or {}))) or "(none)"
+            raise ValueError(
+                "rate_limits.principals is no longer read: an override names a principal of one "
+                "tenant. Move each entry under its tenant, as rate_limits.tenants.<tenant>."
+                f"principals.<principal> (entries given: {names}); with authentication off every "
+                "call is one anonymous principal, limited by the top-level limits"
+            )
+        return data
 
     def for_caller(self, principal: str, tenant: str) -> RateLimit:
-        """The limits of ``principal`` in ``tenant``."""
-        return self.principals.get(principal) or self.tenants.get(tenant) or self
+        """The limits of ``principal`` in ``tenant``: each limit from the principal's entry under
+        the tenant if it gives it, else from the tenant's entry if it does, else the default."""
+        entry = self.tenants.get(tenant)
+        if entry is None:
+            return self
+        limits = {name: getattr(self, name) for name in _LIMITS}
+        for layer in (entry, entry.principals.get(principal)):
+            if layer is not None:
+                limits |= {name: getattr(layer, name) for name in layer.model_fields_set & _LIMITS}
+        return RateLimit(**limits)
 
     @property
     def enabled(self) -> bool:
         """True when any limit is set."""
-        limits = [self, *self.principals.values(), *self.tenants.values()]
-        return any(limit.turns_per_minute or limit.tokens_per_minute for limit in limits)
+        entries = [*self.tenants.values()]
+        limits = [self, *entries, *(p for entry in entries for p in entry.principals.values())]
+        return any(limit.limited for limit in limits)
+
+
+class TenantShare(ConfigSection):
+    """The fractions of ``limits.max_concurrent_rpcs`` one tenant's calls may hold at once
+    (0 < share <= 1; a tenant always gets at least one call of each kind)."""
+
+    turn_calls: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="its calls that run a turn: Chat, SaveMessages, ContinueLastTurn, "
+        "SubmitToolResults, SubmitToolApprovals",
+    )
+    streams: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="all its ChatService streams together: the turn calls, ResumeTurn and WatchSubmission",
+    )
+
+    @model_validator(mode="after")
+    def _turn_calls_are_streams(self) -> TenantShare:
+        if self.turn_calls > self.streams:
+            raise ValueError(
+                f"turn_calls ({self.turn_calls:g}) is above streams ({self.streams:g}): turn calls "
+                "are streams too, so they can never reach it; give streams at least as much"
+            )
+        return self
+
+    def calls(self, max_concurrent_rpcs: int) -> tuple[int, int]:
+        """``(turn calls, streams)``: how many calls of each kind one tenant may hold of
+        ``max_concurrent_rpcs``."""
+        return (
+            max(1, int(self.turn_calls * max_concurrent_rpcs)),
+            max(1, int(self.streams * max_concurrent_rpcs)),
+        )
+
+
+class TenantShareSettings(TenantShare):
+    """``tenant_shares:``: with authentication on, the part of the server's turn calls and
+    streams each tenant may hold, so that one tenant cannot take every slot
+    (docs/operate/authentication.md, "Tenants share the server"); overrides by tenant.
+    Without authentication every call is one tenant's and only ``limits.max_concurrent_rpcs``
+    applies."""
+
+    tenants: dict[str, TenantShare] = Field(default_factory=dict)
+
+    def for_tenant(self, tenant: str) -> TenantShare:
+        """The shares of ``tenant``: its override, else the default."""
+        return self.tenants.get(tenant, self)

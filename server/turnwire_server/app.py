@@ -9,7 +9,8 @@ no new calls are accepted, running turns get ``limits.shutdown_grace_seconds``
 to finish, the rest are cancelled and store their partial replies; once every
 ChatService call has ended, the streams that never end on their own (health
 ``Watch``, reflection) are cancelled, and the process exits 0. SIGHUP re-reads
-the ``tls:`` files (:mod:`turnwire_server.api.tls`).
+the ``tls:`` files (:mod:`turnwire_server.api.tls`) and the ``auth:`` token sources
+(:mod:`turnwire_server.api.authentication`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from turnwire_server.listen_check import ListenAddressError, check_listen_addres
 from turnwire_server.metrics_endpoint import MetricsEndpoint, start_metrics_endpoint
 from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
 from turnwire_server.providers.settings import ProviderConfigError, ScriptedProviderSettings, build_provider
+from turnwire_server.redaction import redactor_for
 from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, redact_url
 from turnwire_server.tools.demo import DEMO_TOOLS
@@ -176,6 +178,7 @@ class Sidecar:
     metrics_endpoint: MetricsEndpoint | None = None
     tracer_provider: TracerProvider | None = None
     tls: ServerTls | None = None
+    authenticator: Authenticator | None = None
 
     @property
     def providers(self) -> ProviderRegistry:
@@ -187,10 +190,14 @@ class Sidecar:
         """The chain's remote hook servers, closed at :meth:`stop`."""
         return [m for m in self.engine.chain.middlewares if isinstance(m, RemoteMiddleware)]
 
-    def reload_tls(self) -> None:
-        """SIGHUP: re-read the ``tls:`` files now (:meth:`ServerTls.reload`); nothing without TLS."""
+    def reload(self) -> None:
+        """SIGHUP: re-read the ``tls:`` files (:meth:`ServerTls.reload`) and the ``auth:`` token
+        sources (:meth:`Authenticator.reload`) now; a file that does not load is logged and the
+        one in use kept."""
         if self.tls is not None:
             self.tls.reload()
+        if self.authenticator is not None:
+            self.authenticator.reload()
 
     async def drain_window(self, cut_short: asyncio.Event) -> None:
         """The drain window before :meth:`stop` (see the module docstring): health reports
@@ -280,6 +287,13 @@ def grpc_options(settings: Settings, *, shared_port: bool = False) -> list[tuple
     ``so_reuseport`` is off so a second server on the same port fails loudly, except for a
     worker of ``serve --workers N`` (``shared_port``: :mod:`turnwire_server.supervisor`), which
     shares the port its supervisor holds.
+    ``grpc.http2.bdp_probe`` is off: with it, core grows each connection's HTTP/2 receive window
+    to its bandwidth-delay estimate (megabytes on a fast link), and every new stream may send
+    that much before the server reads anything, so a caller refused without a token
+    (:mod:`turnwire_server.api.refusal`) still made the server hold about 2 MiB per call
+    (``bench/refused_uploads.md``). Off, a stream may send 64 KiB before the server reads; a
+    request the server does read gets a window for its whole message once its length prefix
+    has arrived (a 900 KiB upload over a 50 ms round trip took as long either way).
     """
     limits = settings.limits
     return [
@@ -290,6 +304,7 @@ def grpc_options(settings: Settings, *, shared_port: bool = False) -> list[tuple
         ("grpc.server_max_unrequested_time_in_server", 30),
         ("grpc.so_reuseport", 1 if shared_port else 0),
         ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.bdp_probe", 0),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ]
 
@@ -440,6 +455,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     _check_model(providers, settings.default_model, "default_model")
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     session = await _configure_session(settings, chain, providers, tools)
+    access = build_access(settings)
     store = await _open_store(settings.store)
     try:
         tracing, tracer_provider = _start_tracing(settings)
@@ -453,8 +469,10 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
             tracing=tracing,
         )
         submissions = await _recover(settings, engine, store)
-        gate = CallGate(settings.limits.max_concurrent_rpcs)
-        server, health, port = await _serve(settings, engine, submissions, gate, tls, shared_port=shared_port)
+        gate = CallGate(settings.limits.max_concurrent_rpcs, tenant_shares=settings.tenant_shares)
+        server, health, port = await _serve(
+            settings, engine, submissions, gate, tls, access=access, shared_port=shared_port
+        )
     except BaseException:
         await store.close()
         raise
@@ -474,6 +492,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
         replica=replica,
         tracer_provider=tracer_provider,
         tls=tls,
+        authenticator=access.authenticator if access is not None else None,
     )
     await _announce(sidecar)
     return sidecar
@@ -571,6 +590,7 @@ def _engine_settings(settings: Settings, session: SessionConfig) -> EngineSettin
         durability=settings.durability,
         compaction=session.compaction,
         metric_models=metric_models(settings, session),
+        redact=redactor_for(settings).redact,
     )
 
 
@@ -601,9 +621,11 @@ async def _serve(
     gate: CallGate,
     tls: ServerTls | None,
     *,
+    access: AccessInterceptor | None,
     shared_port: bool,
 ) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
-    """The gRPC server with its interceptors, ChatService and the standard services, bound to
+    """The gRPC server with its interceptors (``access`` None: no authentication and no rate
+    limits), ChatService and the standard services, bound to
     ``listen`` and started; returns it, its health servicer (not SERVING yet) and the bound
     port. Raises :class:`StartupError` when the address cannot be bound."""
     quiet_grpc_call_noise()
@@ -611,7 +633,6 @@ async def _serve(
     # interceptor (authentication, rate limits) and of the gate included. Access before the
     # gate: a refused caller takes no turn slot.
     interceptors: list[grpc.aio.ServerInterceptor] = [RpcObserver(), gate]
-    access = build_access(settings)
     if access is not None:
         interceptors.insert(1, access)
     server = grpc.aio.server(
@@ -745,7 +766,7 @@ async def serve(
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    loop.add_signal_handler(signal.SIGHUP, sidecar.reload_tls)
+    loop.add_signal_handler(signal.SIGHUP, sidecar.reload)
     for signum in early:
         on_signal(signum)
     if on_ready is not None:

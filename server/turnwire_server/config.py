@@ -29,7 +29,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from turnwire_server.access_settings import AuthSettings, RateLimitSettings
+from turnwire_server.access_settings import AuthSettings, RateLimitSettings, TenantShareSettings
 from turnwire_server.api.tls_settings import ServerTlsSettings
 from turnwire_server.config_hints import unknown_field_message
 from turnwire_server.config_section import ConfigSection
@@ -190,6 +190,7 @@ class Settings(BaseSettings):
     tls: ServerTlsSettings | None = None
     auth: AuthSettings = Field(default_factory=AuthSettings)
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings)
+    tenant_shares: TenantShareSettings = Field(default_factory=TenantShareSettings)
 
     @field_validator("listen")
     @classmethod

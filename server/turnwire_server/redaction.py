@@ -15,10 +15,17 @@ A settings field is marked secret where it is declared, with pydantic's ``Secret
 ============ =====================================================================================
 
 Two readers use the marks: :func:`redacted_settings` (``turnwire config show``) replaces each
-secret with :data:`MASK`, and :func:`secret_values` collects the secrets' actual values for the
-log filter (:class:`Redactor`), which also masks what looks like a credential whatever its origin
+secret with :data:`MASK`, and :func:`secret_values` collects the secrets' actual values for
+:class:`Redactor`, which also masks what looks like a credential whatever its origin
 (``Authorization`` headers, bearer tokens, URL passwords, ``api_key=…`` pairs, provider key
-shapes) as defence in depth.
+shapes). One redactor per process (:func:`redactor_for`) masks the text that enters from outside
+where it enters: provider errors and tool errors (the engine's ``EngineSettings.redact``), so the
+client's ``TurnEnd.error``, the stored turn, spans and logs all get the masked text; the log
+filter applies it again to every line (docs/security.md, "Secrets").
+
+A configured value is masked only as a whole token (not next to a letter, digit, ``_`` or ``-``)
+and only from :data:`MIN_SECRET_CHARS` characters on, so a key ``mock`` never turns the provider
+name ``mock-openai`` into ``***-openai``.
 """
 
 from __future__ import annotations
@@ -40,9 +47,10 @@ SecretKind = Literal["value", "values", "url", "env", "keys"]
 
 _MARK = "turnwire_secret"
 
-MIN_SECRET_CHARS = 4
-"""Configured values shorter than this are not searched for in log text (they would mask common
-words); the patterns of :class:`Redactor` still apply to them."""
+MIN_SECRET_CHARS = 8
+"""Configured values shorter than this are not searched for (a short value is an ordinary word
+more often than a secret: ``mock``, ``test``); the credential patterns and key shapes of
+:class:`Redactor` still apply. Real API keys are 40 characters and more."""
 
 SECRET_KEY = re.compile(
     r"(^|_)(api_?key|key|token|secret|password|passwd|pwd|credentials?|authorization|auth)$"
@@ -178,7 +186,9 @@ def _model_secrets(model: BaseModel, env: Mapping[str, str]) -> Iterator[str]:
 
 
 def _nested_secrets(value: Any, env: Mapping[str, str]) -> Iterator[str]:
-    if isinstance(value, BaseModel):
+    if isinstance(value, SecretStr):  # inside a container: tracing.headers is dict[str, SecretStr]
+        yield value.get_secret_value()
+    elif isinstance(value, BaseModel):
         yield from _model_secrets(value, env)
     elif isinstance(value, list | tuple):
         for item in value:
@@ -217,6 +227,31 @@ def _key_secrets(value: Any) -> Iterator[str]:
 
 # --- masking text -----------------------------------------------------------------------------
 
+_TOKEN = r"A-Za-z0-9_\-"
+"""Characters a secret's neighbours must not be for a match to be the whole value."""
+
+KEY_SHAPES: tuple[str, ...] = (
+    # Anthropic: sk-ant-api03-… API keys, sk-ant-admin01-… Admin API keys
+    # (https://docs.anthropic.com/en/api/overview, https://docs.anthropic.com/en/api/administration-api).
+    # OpenAI: sk-proj-… project keys, sk-svcacct-… service-account keys, legacy sk-… user keys
+    # (https://platform.openai.com/docs/api-reference/authentication); OpenAI-compatible services
+    # reached through base_url use the same prefix (OpenRouter sk-or-v1-…, DeepSeek sk-…).
+    r"sk-[A-Za-z0-9_\-]{20,}",
+    # Groq gsk_… (https://console.groq.com/docs/quickstart) and xAI xai-…
+    # (https://docs.x.ai/docs/overview): OpenAI-compatible endpoints documented in docs/providers.md.
+    r"gsk_[A-Za-z0-9]{20,}",
+    r"xai-[A-Za-z0-9]{20,}",
+    # Google API keys (Gemini's OpenAI-compatible endpoint, https://ai.google.dev/gemini-api/docs/openai).
+    r"AIza[A-Za-z0-9_\-]{35}",
+)
+"""The API-key shapes of the supported providers, masked whatever configured them. A match must
+be a whole token holding a digit as well as letters (a key's random part), so a hyphenated word
+such as ``sk-learn-compatible-wrapper`` is left alone."""
+
+_KEY_SHAPE = re.compile(
+    rf"(?<![{_TOKEN}])(?=[{_TOKEN}]*[0-9])(?=[{_TOKEN}]*[A-Za-z])(?:{'|'.join(KEY_SHAPES)})(?![{_TOKEN}])"
+)
+
 _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
     # A header line or a header in a dict's repr: the scheme stays, the credential goes.
     (
@@ -235,26 +270,30 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
     ),
     # URL user info with a password: postgresql://user:secret@host.
     (re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@'\"]+:)[^\s@/'\"]+@"), r"\1" + MASK + "@"),
-    # Provider key shapes (Anthropic sk-ant-…, OpenAI sk-… / sk-proj-…).
-    (re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"), MASK),
+    (_KEY_SHAPE, MASK),
 )
 
 
 class Redactor:
-    """Masks secrets in text: the literal ``values`` given, then the credential patterns of the
-    module docstring.
+    """Masks secrets in text: the configured ``values`` given (each as a whole token, from
+    :data:`MIN_SECRET_CHARS` characters), then the credential patterns and :data:`KEY_SHAPES`.
 
-    Values shorter than :data:`MIN_SECRET_CHARS` are ignored. ``redact`` costs a few regular
-    expression scans of the text; it is meant for log lines, not for the event stream.
+    ``redact`` costs a few regular expression scans of the text: it is for error texts and log
+    lines, not for the event stream's deltas. Raises nothing; text without a secret comes back
+    equal.
     """
 
     def __init__(self, values: Iterable[str] = ()) -> None:
         # Longest first, so a secret containing another is masked whole.
         ordered = sorted({value for value in values if len(value) >= MIN_SECRET_CHARS}, key=len, reverse=True)
-        self._literal = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        self._literal = (
+            re.compile(rf"(?<![{_TOKEN}])(?:{'|'.join(map(re.escape, ordered))})(?![{_TOKEN}])")
+            if ordered
+            else None
+        )
 
     def redact(self, text: str) -> str:
-        """``text`` with every secret masked."""
+        """``text`` with every secret masked as :data:`MASK`."""
         if self._literal is not None:
             text = self._literal.sub(MASK, text)
         for pattern, replacement in _PATTERNS:
@@ -262,13 +301,21 @@ class Redactor:
         return text
 
 
+def redactor_for(settings: BaseModel, environ: Mapping[str, str] | None = None) -> Redactor:
+    """The process's :class:`Redactor`: every secret ``settings`` holds or names
+    (:func:`secret_values`), with the patterns."""
+    return Redactor(secret_values(settings, environ))
+
+
 __all__ = [
+    "KEY_SHAPES",
     "MASK",
     "MIN_SECRET_CHARS",
     "SECRET_KEY",
     "Redactor",
     "SecretKind",
     "redacted_settings",
+    "redactor_for",
     "secret",
     "secret_values",
     "url_password",

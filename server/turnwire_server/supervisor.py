@@ -19,9 +19,9 @@ The supervisor:
 - sends each worker its settings through its stdin (pickled: exactly the validated settings,
   secrets included, written nowhere) and keeps the pipe open; a worker whose stdin closes (the
   supervisor died) stops as on SIGTERM;
-- forwards SIGTERM, SIGINT and SIGHUP; each worker then drains, stops or reloads its TLS files as
-  a single sidecar does. Workers run in their own session, so a terminal's Ctrl-C reaches them
-  once, through the supervisor;
+- forwards SIGTERM, SIGINT and SIGHUP; each worker then drains, stops or reloads its TLS files and
+  token sources as a single sidecar does. Workers run in their own session, so a terminal's Ctrl-C
+  reaches them once, through the supervisor;
 - restarts a worker that exits on its own after a backoff (0.5 s, doubling up to 30 s, while it
   keeps exiting within 30 s of its start) and gives up after 5 such exits in a row: it stops the
   other workers and exits 1;

@@ -21,7 +21,7 @@ from turnwire_server.app import Sidecar, StartupError, serve
 from turnwire_server.config import Settings
 from turnwire_server.event_loop import EventLoopUnavailable, run
 from turnwire_server.logs import configure_logging
-from turnwire_server.redaction import Redactor, secret_values
+from turnwire_server.redaction import redactor_for
 
 log = logging.getLogger("turnwire.supervisor")
 
@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     settings = pickle.load(sys.stdin.buffer)  # from the supervisor, our parent: trusted
     if not isinstance(settings, Settings):
         raise TypeError(f"expected Settings on stdin, got {type(settings).__name__}")
-    configure_logging(settings.logging.level, settings.logging.format, Redactor(secret_values(settings)))
+    configure_logging(settings.logging.level, settings.logging.format, redactor_for(settings))
 
     def on_ready(sidecar: Sidecar, stop: Callable[[], None]) -> None:
         os.write(ready_fd, b"r")

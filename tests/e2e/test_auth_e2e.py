@@ -5,7 +5,9 @@ issuer, badly signed, with a forbidden algorithm, without a tenant: each ends th
 ``UNAUTHENTICATED`` with ErrorInfo reason ``TOKEN_MISSING`` / ``TOKEN_INVALID`` /
 ``TOKEN_EXPIRED`` and a message that says what to fix and holds no token. Valid static tokens
 and JWTs run turns. Health and reflection answer without a token (and health can be closed).
-No token appears in the server's log at debug level.
+No token appears in the server's log at debug level. Hostile JWT headers (numeric ``kid``,
+``crit``) end ``UNAUTHENTICATED`` with one log line each and no traceback; SIGHUP re-reads the
+tokens file and the key set, so a revoked token or a retired key is refused without a restart.
 """
 
 from __future__ import annotations
@@ -14,17 +16,21 @@ import base64
 import hashlib
 import hmac
 import json
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import jwt
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from support.malformed_jwts import signed, valid_claims
 from support.sidecar import SidecarFactory, SidecarProcess, run_turnwire, running_sidecar
 from support.tokens import AUDIENCE, Issuer, auth_config, new_token, write_jwks, write_tokens_file
+from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, TurnwireError, collect
 
@@ -243,3 +249,79 @@ async def test_no_token_is_logged_at_debug_level(sidecar: SidecarProcess) -> Non
     for token in shown:
         for part in token.split("."):
             assert part not in log, "a token (or a part of one) is in the server log"
+
+
+async def test_hostile_jwt_headers_are_refused_with_one_line_each(sidecar: SidecarProcess) -> None:
+    # Issue 32 item 7: a numeric kid or a crit member ended UNKNOWN with a 26-line traceback each.
+    headers: list[dict[str, Any]] = [
+        {"alg": "ES256", "kid": 7},
+        {"alg": "ES256", "kid": ["key-1"]},
+        {"alg": "ES256", "kid": "key-1", "crit": ["exp"]},
+        {"alg": "ES256", "kid": "key-1", "crit": []},
+        {"alg": 256, "kid": "key-1"},
+    ]
+
+    def own_lines() -> int:  # gRPC's own DEBUG lines ("Loaded running loop") are not ours to count
+        return sum(" turnwire." in line for line in sidecar.log_text().splitlines())
+
+    before = own_lines()
+    for header in headers:
+        for _ in range(20):
+            error = await refusal(sidecar.target, token=signed(SIGNER, header, valid_claims()))
+            assert error.reason == "TOKEN_INVALID", error
+    numeric_kid = await refusal(sidecar.target, token=signed(SIGNER, headers[0], valid_claims()))
+    assert "key id (kid) must be a string" in numeric_kid.message
+    critical = await refusal(sidecar.target, token=signed(SIGNER, headers[2], valid_claims()))
+    assert "(crit)" in critical.message
+    # Large values, up to gRPC's 8 KiB metadata limit (past it gRPC refuses the call itself).
+    huge = signed(SIGNER, {"alg": "ES256", "kid": "key-1"}, {**valid_claims(), "exp": "9" * 5000})
+    assert (await refusal(sidecar.target, token=huge)).reason == "TOKEN_INVALID"
+    log = sidecar.log_text()
+    assert "Traceback" not in log
+    # At debug level each refusal is one line (the throttled WARNING folds them at other levels).
+    calls = len(headers) * 20 + 3
+    assert own_lines() - before <= calls + 1
+
+
+async def test_sighup_reloads_the_tokens_file_and_the_key_set(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    # Issue 32 item 8: the sources were read only at start, so a revoked token kept working.
+    revoked, kept, added = new_token(), new_token(), new_token()
+    old_key, new_key = Issuer("key-old"), Issuer("key-new")
+    tokens = write_tokens_file(tmp_path / "tokens.json", {revoked: ("leaver", "t"), kept: ("stayer", "t")})
+    jwks = write_jwks(tmp_path / "jwks.json", old_key)
+    sidecar = await sidecar_factory({"auth": auth_config(tokens, jwks)}).start()
+
+    async def accepted(token: str) -> bool:
+        async with TurnwireClient(sidecar.target, token=token) as client:
+            try:
+                await client.list_conversations()
+            except TurnwireError as error:
+                assert error.code == grpc.StatusCode.UNAUTHENTICATED, error
+                return False
+        return True
+
+    assert await accepted(revoked) and await accepted(old_key.sign())
+    assert not await accepted(added) and not await accepted(new_key.sign())
+    write_tokens_file(tokens, {kept: ("stayer", "t"), added: ("joiner", "t")})
+    write_jwks(jwks, new_key)
+    # A file written while the sidecar runs is not read until the SIGHUP.
+    assert await accepted(revoked)
+    sidecar.send_signal(signal.SIGHUP)
+    await wait_until(
+        lambda: "auth: token sources reloaded (SIGHUP)" in sidecar.log_text(), timeout=10, what="the reload"
+    )
+    assert not await accepted(revoked)
+    assert not await accepted(old_key.sign())
+    assert await accepted(kept) and await accepted(added) and await accepted(new_key.sign())
+    # A broken replacement is refused and the sources in use stay.
+    tokens.write_text('{"tokens": [{"sha256": "not-hex"', encoding="utf-8")
+    sidecar.send_signal(signal.SIGHUP)
+    await wait_until(
+        lambda: "token sources not reloaded, still using the previous ones" in sidecar.log_text(),
+        timeout=10,
+        what="the refused reload",
+    )
+    assert await accepted(added) and not await accepted(revoked)
+    assert added not in sidecar.log_text()

@@ -9,12 +9,14 @@ import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from providers.replay import ReplayServer, Reply
 from support.sidecar import SidecarError, SidecarFactory, free_port
+from support.tokens import auth_config, new_token, write_tokens_file
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, TurnwireError, collect
@@ -266,3 +268,38 @@ async def test_sdk_retries_and_provider_errors_are_counted(sidecar_factory: Side
         await sidecar.terminate()  # its keep-alive connection would hold the replay server's stop
     assert value(samples, "turnwire_provider_retries_total", provider="remote") == 1
     assert value(samples, "turnwire_provider_errors_total", provider="remote", reason="authentication") == 1
+
+
+async def test_a_call_refused_without_a_token_counts_under_its_own_method_type(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    """A refusal never reads the request, so gRPC runs it as a request stream
+    (api/refusal.py); the metrics still label it with the method's own type, also when the
+    method's first call is one."""
+    metrics_port = free_port()
+    tokens = write_tokens_file(tmp_path / "tokens.json", {(token := new_token()): ("p", "t")})
+    config = {
+        "auth": auth_config(tokens),
+        "metrics": {"enabled": True, "listen": f"127.0.0.1:{metrics_port}"},
+    }
+    sidecar = await sidecar_factory(config=config).start()
+    async with TurnwireClient(sidecar.target) as client:
+        with pytest.raises(TurnwireError) as refused:
+            await collect(client.chat("c", "no token"))
+        assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(TurnwireError):
+            await client.get_conversation("c")
+    async with TurnwireClient(sidecar.target, token=token) as client:
+        assert (await collect(client.chat("c", "hello"))).ok
+    samples = await _scrape_when(
+        metrics_port,
+        lambda s: value(s, "grpc_server_handled_total", **grpc_labels("Chat"), grpc_code="OK") == 1,
+    )
+    refused_chat = value(
+        samples, "grpc_server_handled_total", **grpc_labels("Chat"), grpc_code="Unauthenticated"
+    )
+    assert refused_chat == 1
+    unary = grpc_labels("GetConversation", grpc_type="unary")
+    assert value(samples, "grpc_server_handled_total", **unary, grpc_code="Unauthenticated") == 1
+    assert total(samples, "grpc_server_started_total", grpc_type="client_stream") == 0
+    assert total(samples, "grpc_server_started_total", grpc_type="bidi_stream", grpc_service=CHAT) == 0

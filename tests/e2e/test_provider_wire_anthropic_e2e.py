@@ -75,8 +75,8 @@ def _kinds(message: message_pb2.Message) -> list[str]:
         kind = part.WhichOneof("kind")
         if kind is None:
             continue
-        if kind == "data":
-            kinds.append(part.data.data.struct_value.fields["block"].struct_value.fields["type"].string_value)
+        if kind == "tool_call" and part.tool_call.provider_executed:
+            kinds.append(f"provider-executed {part.tool_call.tool_name}")
         elif kind != "step_start":
             kinds.append(kind)
     return kinds
@@ -101,7 +101,10 @@ async def test_a_paused_web_search_continues_in_the_same_turn(
 
     reply = stored.messages[-1]
     assert reply == result.message
-    assert _kinds(reply) == ["text", "server_tool_use", "web_search_tool_result", "text"]
+    # The server call and its result (given in the next step) are one provider-executed call.
+    assert _kinds(reply) == ["text", "provider-executed web_search", "text"]
+    (search,) = [p.tool_call for p in reply.parts if p.WhichOneof("kind") == "tool_call"]
+    assert search.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
     assert result.text == "I'll search for the latest release notes.\n\nVersion 3.2 adds streaming export."
 
     # The continuation step: the paused assistant turn is the request's last, its call's input whole.
@@ -134,7 +137,7 @@ async def test_calls_given_in_message_start_are_stored_and_their_results_define_
     async with TurnwireClient(sidecar.target) as client:
         first = await collect(client.chat(conversation, "Sales by region?", client_tools=[tool]))
         assert first.ok, (first.error, sidecar.log_text())
-        calls = first.tool_calls
+        calls = [c for c in first.tool_calls if not c.provider_executed]
         assert [(c.tool_call_id, c.input) for c in calls] == [
             (f"toolu_01PtcSales{i}", {"region": region})
             for i, region in enumerate(["west", "east", "north", "south"])
@@ -145,9 +148,17 @@ async def test_calls_given_in_message_start_are_stored_and_their_results_define_
         stored = await client.get_conversation(conversation)
     assert second.ok, (second.error, sidecar.log_text())
     first_reply = stored.messages[1]
-    assert [p.tool_call.state for p in first_reply.parts if p.WhichOneof("kind") == "tool_call"] == [
-        message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
-    ] * 4
+    states = [
+        (p.tool_call.provider_executed, p.tool_call.state)
+        for p in first_reply.parts
+        if p.WhichOneof("kind") == "tool_call"
+    ]
+    # The code execution call never got its result from Anthropic: interrupted, as any call left so.
+    assert (
+        states
+        == [(True, message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR)]
+        + [(False, message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE)] * 4
+    )
     assert "I'll check every region's sales." in [p.text.text for p in first_reply.parts if p.text.text]
 
     body = replay.requests[1].json

@@ -4,7 +4,9 @@ Turns per minute: the call past the limit ends ``RESOURCE_EXHAUSTED`` with Error
 ``RATE_LIMITED`` (metadata ``limit``) and a RetryInfo delay, before any turn runs; another
 principal is not affected. Tokens per minute: a turn whose reported usage spends the window
 is answered in full, and the principal's next turn is refused until the window has room.
-Overrides by principal and by tenant take precedence over the default.
+Overrides by tenant, and by principal within a tenant, take precedence over the default. A
+principal is a name in one tenant: two tenants' principals of the same name have windows and
+overrides of their own (issue 32 item 4).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ TWO_TURNS = new_token()
 OTHER = new_token()
 TOKEN_HEAVY = new_token()
 GENEROUS_TENANT = new_token()
+SVC_OF_A = new_token()
+SVC_OF_B = new_token()
+HEAVY_NAME_ELSEWHERE = new_token()
 
 SCRIPTS = {
     "echo": [{"text": "answered"}],
@@ -40,6 +45,10 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
             OTHER: ("other", "t1"),
             TOKEN_HEAVY: ("token-heavy", "t1"),
             GENEROUS_TENANT: ("generous", "t2"),
+            # The same principal names in other tenants.
+            SVC_OF_A: ("svc", "tenant-a"),
+            SVC_OF_B: ("svc", "tenant-b"),
+            HEAVY_NAME_ELSEWHERE: ("token-heavy", "tenant-a"),
         },
     )
     config = {
@@ -48,8 +57,13 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
         "auth": auth_config(tokens),
         "rate_limits": {
             "turns_per_minute": 2,
-            "principals": {"token-heavy": {"turns_per_minute": 100, "tokens_per_minute": 500}},
-            "tenants": {"t2": {"turns_per_minute": 5}},
+            "tenants": {
+                "t1": {
+                    "turns_per_minute": 2,
+                    "principals": {"token-heavy": {"turns_per_minute": 100, "tokens_per_minute": 500}},
+                },
+                "t2": {"turns_per_minute": 5},
+            },
         },
     }
     with running_sidecar(workdir, config) as process:
@@ -108,3 +122,32 @@ async def test_tokens_per_minute(sidecar: SidecarProcess) -> None:
         assert error.reason == "RATE_LIMITED"
         assert error.error_metadata["limit"] == "tokens_per_minute"
         assert 0 < retry_delay(error) <= 60
+
+
+async def refused_turn(client: TurnwireClient, conversation_id: str) -> TurnwireError:
+    with pytest.raises(TurnwireError) as raised:
+        await collect(client.chat(conversation_id, "one too many"))
+    assert raised.value.reason == "RATE_LIMITED", raised.value
+    return raised.value
+
+
+async def test_same_principal_name_in_two_tenants_has_two_windows(sidecar: SidecarProcess) -> None:
+    async with TurnwireClient(sidecar.target, token=SVC_OF_B) as tenant_b:
+        for index in range(2):
+            assert (await collect(tenant_b.chat("b-svc", f"turn {index}"))).ok
+        await refused_turn(tenant_b, "b-svc")
+    async with TurnwireClient(sidecar.target, token=SVC_OF_A) as tenant_a:
+        # Tenant B's `svc` spent its window; tenant A's `svc` has all of its own.
+        for index in range(2):
+            assert (await collect(tenant_a.chat("a-svc", f"turn {index}"))).ok
+        await refused_turn(tenant_a, "a-svc")
+
+
+async def test_a_principal_override_holds_in_its_tenant_only(sidecar: SidecarProcess) -> None:
+    # t1's `token-heavy` may take 100 turns a minute; tenant-a's `token-heavy` has the default 2.
+    async with TurnwireClient(sidecar.target, token=HEAVY_NAME_ELSEWHERE) as client:
+        for index in range(2):
+            assert (await collect(client.chat("heavy-elsewhere", f"turn {index}"))).ok
+        error = await refused_turn(client, "heavy-elsewhere")
+        assert error.error_metadata["limit"] == "turns_per_minute"
+        assert "2 turns per minute" in error.message

@@ -291,6 +291,23 @@ async def test_a_deleted_conversation_is_gone_from_every_rpc(sidecar: SidecarPro
         assert [t for _, t in texts(conversation)] == ["again", "Noted."]
 
 
+async def test_save_messages_with_none_on_an_unknown_conversation_is_refused_as_continue_last_turn(
+    sidecar: SidecarProcess,
+) -> None:
+    """Issue 32 item 13: no model call with no messages, and no conversation that starts with an
+    assistant message (docs/semantics.md §1)."""
+    conversation_id = new_id("no-history")
+    async with TurnwireClient(sidecar.target) as client:
+        refused = await failure(collect(client.save_messages(conversation_id, [])))
+        continued = await failure(collect(client.continue_last_turn(conversation_id)))
+        for error in (refused, continued):
+            assert (error.code, error.reason) == (grpc.StatusCode.NOT_FOUND, "CONVERSATION_NOT_FOUND")
+        assert refused.message == continued.message
+        missing = await failure(client.get_conversation(conversation_id))
+        assert missing.code == grpc.StatusCode.NOT_FOUND
+    assert not any(stored_rows(sidecar.db_path, conversation_id).values())
+
+
 async def test_delete_of_an_unknown_conversation_is_not_found_unless_allow_missing(
     sidecar: SidecarProcess,
 ) -> None:

@@ -135,7 +135,13 @@ class Collected:
 
     @property
     def calls(self) -> list[base.ToolCall]:
-        return [c for c in self.chunks if isinstance(c, base.ToolCall)]
+        """The calls the application runs (provider-executed ones are in :attr:`executed`)."""
+        return [c for c in self.chunks if isinstance(c, base.ToolCall) and not c.provider_executed]
+
+    @property
+    def executed(self) -> list[base.ToolCall]:
+        """The calls the provider ran itself."""
+        return [c for c in self.chunks if isinstance(c, base.ToolCall) and c.provider_executed]
 
     @property
     def finish(self) -> base.FinishStep:
@@ -187,11 +193,15 @@ class Stored:
             elif isinstance(chunk, base.ReasoningEnd):
                 message.close_block(chunk.id, chunk)
             elif isinstance(chunk, base.ToolInputStart):
-                message.start_tool_call(chunk.tool_call_id, chunk.tool_name)
+                message.start_tool_call(chunk.tool_call_id, chunk.tool_name, chunk.provider_executed)
             elif isinstance(chunk, base.ToolCall):
                 message.complete_tool_call(chunk)
-            elif isinstance(chunk, base.ProviderExecuted):
-                message.add_provider_executed(chunk)
+            elif isinstance(chunk, base.ToolResult):
+                message.set_provider_result(chunk)
+            elif isinstance(chunk, base.Source):
+                message.add_source(chunk)
+            elif isinstance(chunk, base.File):
+                message.add_file(chunk)
         message.close_all()
         for call_id, output in (outputs or {}).items():
             message.set_output(call_id, output)

@@ -547,8 +547,16 @@ async def test_citations_become_sources(
         )
     )
     result = await collect(anthropic_provider, request())
+    # The same citation twice in one block is one source, with its cited text, tied to the block.
     assert result.of(base.Source) == [
-        base.Source("https://example.com/a", url="https://example.com/a", title="A")
+        base.Source(
+            "s0-src1",
+            url="https://example.com/a",
+            title="A",
+            cited_text="x",
+            text_id="s0-0",
+            provider_metadata={"anthropic": {"type": "web_search_result_location", "encrypted_index": "e"}},
+        )
     ]
 
 

@@ -76,12 +76,10 @@ async def test_blocks_given_whole_in_message_start_are_all_kept(
     ]
     assert all(c.error is None for c in result.calls)
     assert result.finish.finish_reason == "tool-calls"
-    (executed,) = result.of(base.ProviderExecuted)
-    assert executed.block["type"] == "server_tool_use" and executed.block["name"] == "code_execution"
-    metadata = result.finish.provider_metadata
-    assert metadata is not None
-    server_calls = metadata["anthropic"]["server_tool_calls"]
-    assert [c["id"] for c in server_calls] == ["srvtoolu_01PtcCodeExec7aB3"]
+    (executed,) = result.executed
+    assert (executed.tool_call_id, executed.tool_name) == ("srvtoolu_01PtcCodeExec7aB3", "code_execution")
+    assert executed.provider_metadata is not None
+    assert executed.provider_metadata["anthropic"]["call"]["type"] == "server_tool_use"
 
 
 async def test_a_paused_web_search_goes_back_and_continues(
@@ -187,13 +185,16 @@ def _anthropic_history() -> message_pb2.Message:
             text("Found it."),
         ]
     )
-    stored = Stored()
-    for block in (
+    blocks: list[dict[str, Any]] = [
         {"type": "server_tool_use", "id": PAUSED_CALL, "name": "web_search", "input": {"query": "q"}},
         {"type": "web_search_tool_result", "tool_use_id": PAUSED_CALL, "content": []},
-    ):
-        stored.message.add_provider_executed(base.ProviderExecuted("anthropic", block))
-    message.parts.extend(stored.message.message.parts)
+    ]
+    for block in blocks:
+        # As issue 30 stored them: a DataPart per block (read on, docs/providers.md).
+        data = message.parts.add().data
+        data.type = base.PROVIDER_EXECUTED
+        data.id = PAUSED_CALL
+        data.data.struct_value.update({"api": "anthropic", "block": block})
     return message
 
 

@@ -70,6 +70,8 @@ async def test_responses_case(name: str, replay: ReplayServer) -> None:
         (want["call_id"], want["name"], want["arguments_raw"], want["arguments"])
         for want in expected["tool_calls"]
     ]
+    executed = [c.tool_call_id for c in result.executed]
+    assert executed == expected.get("provider_executed", []), "calls the provider ran (issue 31)"
     error = expected.get("error")
     if error is None:
         assert result.error is None, result.error

@@ -63,6 +63,11 @@ async def test_an_error_status_names_the_endpoint_and_quotes_the_body_on_one_lin
     assert "\n" not in error.message and "<" not in error.message.replace("<POST>", "")
     assert len(error.message.split("): ", 1)[1]) <= EXCERPT_CHARS
     assert error.body == (body.strip() if isinstance(body, str) else body)  # the whole body, as received
+    # The client is told what failed, not where the sidecar's provider lives (docs/security.md).
+    assert (
+        error.client_message
+        == f"model provider error: {error.provider}: HTTP {status}: " + (error.message.split("): ", 1)[1])
+    )
 
 
 @pytest.mark.parametrize("adapter", sorted(PATHS))
@@ -84,6 +89,8 @@ async def test_an_error_in_the_stream_names_the_endpoint(
     assert f": error in the stream (POST {replay.url}{PATHS[adapter]}): invalid_request_error: nope" in str(
         error
     )
+    assert replay.url not in error.client_message
+    assert error.client_message.endswith(": error in the stream: invalid_request_error: nope")
 
 
 @pytest.mark.parametrize("adapter", sorted(PATHS))
@@ -99,6 +106,7 @@ async def test_a_stream_cut_short_or_unreadable_names_the_endpoint(
     )
     assert cut.error is not None and cut.error.message.endswith(endpoint)
     assert cut.error.message.count(endpoint) == 1
+    assert replay.url not in unreadable.error.client_message + cut.error.client_message
 
 
 @pytest.mark.parametrize(
@@ -128,6 +136,20 @@ async def test_a_timeout_names_the_endpoint(kind: str, path: str) -> None:
     assert isinstance(result.error, ProviderError)
     assert result.error.type == "timeout"
     assert f"p: timeout (POST http://127.0.0.1:{port}{path}):" in result.error.message
+    assert f":{port}" not in result.error.client_message
+    assert result.error.client_message.startswith("model provider error: p: timeout: ")
+
+
+@pytest.mark.parametrize("adapter", sorted(PATHS))
+async def test_a_404_tells_the_client_to_check_base_url_without_the_url(
+    adapter: str, replay: ReplayServer, adapters: dict[str, Any]
+) -> None:
+    replay.enqueue(Reply.error(404, {"error": {"message": "no such route", "type": "not_found"}}))
+    error = (await collect(adapters[adapter], request())).error
+    assert isinstance(error, ProviderError)
+    assert f"(POST {replay.url}{PATHS[adapter]}; check base_url): no such route" in error.message
+    assert error.client_message.endswith(": HTTP 404 (check base_url): no such route")
+    assert replay.url not in error.client_message
 
 
 def test_excerpt() -> None:

@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from google.protobuf import json_format
 from google.protobuf.message import Message as ProtoMessage
@@ -152,6 +152,7 @@ class Harness:
         model: str = MODEL,
         continuation: bool = False,
         body: Mapping[str, Any] | None = None,
+        skip_unless: Literal["", "history", "assistant_last"] | None = None,
     ) -> TurnRequest:
         self.counter[0] += 1
         n = self.counter[0]
@@ -168,7 +169,8 @@ class Harness:
             model=model,
             continuation=continuation,
             response_type=chat_service_pb2.ChatResponse,
-            skip_unless_assistant_last=continuation,
+            # As the API asks (ContinueLastTurn); SaveMessages with no messages asks "history".
+            skip_unless=("assistant_last" if continuation else "") if skip_unless is None else skip_unless,
         )
 
     async def start(self, text: str | None = "hi", **kwargs: Any) -> TurnHandle:

@@ -9,8 +9,12 @@ asks, so one server process serves every test.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
 
 from turnwire.hooks import (
     ChatErrorClassification,
@@ -209,3 +213,68 @@ class RecordConcurrentInput(Middleware):
         by = ctx.concurrent_input
         strategy, request_id = (by.strategy, by.request_id) if by else ("-", "-")
         self._write(f"on_chat_response {ctx.request_id} {ctx.status} {strategy} {request_id}")
+
+
+class HoldStoreAfterResponse(Middleware):
+    """``on_chat_response`` of the turns whose request id starts with ``prefix``: take the store's
+    write lock from a connection of its own and keep it until the process dies, so nothing the
+    sidecar writes after this hook commits. The TurnEnd is sent after this hook, so a SIGKILL
+    once the client has it is a crash right after the TurnEnd was sent, every time
+    (docs/semantics.md §8). ``url``: the store, ``sqlite:///PATH`` or ``postgresql://…``."""
+
+    def __init__(self, *, url: str, prefix: str) -> None:
+        """``url``: the store the sidecar uses; ``prefix``: which request ids it acts on."""
+        super().__init__(url=url, prefix=prefix)
+        self.url = url
+        self.prefix = prefix
+        self._held: list[object] = []  # the locking connections, kept open until the process dies
+
+    async def on_chat_response(self, ctx: ChatResponseContext) -> None:
+        """Take the write lock (waits for a write in progress to commit)."""
+        if not ctx.request_id.startswith(self.prefix):
+            return
+        if self.url.startswith("sqlite:///"):
+            import sqlite3
+
+            conn = sqlite3.connect(self.url.removeprefix("sqlite:///"), isolation_level=None, timeout=30)
+            conn.execute("BEGIN IMMEDIATE")  # the one writer's lock: every later write waits
+            self._held.append(conn)
+            return
+        import psycopg
+
+        pg = await psycopg.AsyncConnection.connect(self.url)
+        await pg.execute("LOCK TABLE turn_streams, turn_events IN ACCESS EXCLUSIVE MODE")
+        self._held.append(pg)
+
+
+class RecordParts(Middleware):
+    """``on_step_finish`` and ``on_chat_response``: append one JSON line per call to ``path`` with the
+    request id, the hook, and the sources and files it was given (the message's, for
+    ``on_chat_response``), so a test sees from outside what the hooks got (issue 31)."""
+
+    def __init__(self, *, path: str) -> None:
+        """``path`` is the file to append to."""
+        super().__init__(path=path)
+        self.path = Path(path)
+
+    async def on_step_finish(self, ctx: StepFinishContext) -> None:
+        """Record the step's sources, files and warnings."""
+        self._write(ctx.request_id, "on_step_finish", ctx.sources, ctx.files, list(ctx.warnings))
+
+    async def on_chat_response(self, ctx: ChatResponseContext) -> None:
+        """Record the stored message's sources and files."""
+        parts = ctx.message.parts
+        sources = [p.source for p in parts if p.WhichOneof("kind") == "source"]
+        files = [p.file for p in parts if p.WhichOneof("kind") == "file"]
+        self._write(ctx.request_id, "on_chat_response", sources, files, [])
+
+    def _write(self, request_id: str, hook: str, sources: Any, files: Any, warnings: list[str]) -> None:
+        line = {
+            "request_id": request_id,
+            "hook": hook,
+            "sources": [json_format.MessageToDict(s) for s in sources],
+            "files": [json_format.MessageToDict(f) for f in files],
+            "warnings": warnings,
+        }
+        with self.path.open("a") as out:
+            out.write(json.dumps(line) + "\n")

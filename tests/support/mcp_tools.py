@@ -9,7 +9,9 @@ protocol revisions does, as servers on older SDKs still do: it refuses the state
 Tools: ``add_big(a, b)`` (exact integers), ``refuse(reason)`` (an ``isError`` result), ``wait()``
 (waits until cancelled and appends ``cancelled`` to the record file), ``exit_now()`` (the process
 exits mid-call), ``pid()`` and ``text(size)`` (``size`` characters; the SDK sends them twice in one
-result: a text block and ``structuredContent``).
+result: a text block and ``structuredContent``), ``sales_chart()`` (the content blocks of
+``tests/providers/cases_extra/mcp/tool_result_media.json``: text, an image, audio, a PDF and a text
+resource, a resource link).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 app = MCPServer("turnwire-test-tools")
@@ -75,6 +78,17 @@ def pid() -> int:
 def text(size: int) -> str:
     """``size`` characters."""
     return "x" * size
+
+
+MEDIA_CASE = (
+    Path(__file__).resolve().parents[1] / "providers" / "cases_extra" / "mcp" / "tool_result_media.json"
+)
+
+
+@app.tool()
+def sales_chart() -> CallToolResult:
+    """A chart: the media case's content blocks, as the case's MCP server answered."""
+    return CallToolResult.model_validate(json.loads(MEDIA_CASE.read_text())["mcp_response"]["result"])
 
 
 def handshake_era_only(inner: Any) -> Any:

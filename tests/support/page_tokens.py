@@ -1,14 +1,16 @@
 """Crafted ListConversations page tokens, for the store and end-to-end tests.
 
 The three of issue 9 item 7 are version 1 (base64url JSON) tokens that made the old JSON
-parser fail with something other than InvalidPageToken. The ``V2_*`` ones are the same
-attacks on today's binary layout (see ``turnwire_server.store.core.rows``): version
-byte 2, the update time as a signed 64-bit big-endian integer, the id in UTF-8.
+parser fail with something other than InvalidPageToken. The ``v3_*`` ones are the same
+attacks on today's binary layout (see ``turnwire_server.store.core.page_tokens``): version
+byte 3, the 8-byte BLAKE2b digest of the listing's scope (the tenant's key prefix, "" without
+authentication), the update time as a signed 64-bit big-endian integer, the id in UTF-8.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import struct
 
 from hypothesis import strategies as st
@@ -21,9 +23,15 @@ def b64(payload: bytes) -> str:
     return base64.urlsafe_b64encode(payload).decode("ascii").rstrip("=")
 
 
-def v2(update_us: int, conversation_id: bytes) -> str:
-    """A version 2 token from its parts (``conversation_id`` as raw bytes, so it may be invalid UTF-8)."""
-    return b64(struct.pack(">Bq", 2, update_us) + conversation_id)
+def scope_digest(id_prefix: str = "") -> bytes:
+    """The digest a token of the listing of ``id_prefix`` carries."""
+    return hashlib.blake2b(id_prefix.encode(), digest_size=8).digest()
+
+
+def v3(update_us: int, conversation_id: bytes, id_prefix: str = "") -> str:
+    """A version 3 token from its parts (``conversation_id`` as raw bytes, so it may be invalid
+    UTF-8; without ``id_prefix``, which the digest binds instead)."""
+    return b64(struct.pack(">B8sq", 3, scope_digest(id_prefix), update_us) + conversation_id)
 
 
 def other_spelling(token: str) -> str:
@@ -44,19 +52,23 @@ ISSUE_9_TOKENS: dict[str, str] = {
 
 CRAFTED_TOKENS: dict[str, str] = {
     **ISSUE_9_TOKENS,
-    "v1_well_formed": b64(b'{"v":1,"u":1,"id":"c"}'),  # the old format is refused, not misread
-    "v2_surrogate_id": v2(1, "\ud800".encode("utf-8", "surrogatepass")),
-    "v2_invalid_utf8_id": v2(1, b"\xff\xfe"),
-    "v2_empty_id": v2(1, b""),
-    "v2_largest_int64": v2(2**63 - 1, b"c"),
-    "v2_smallest_int64": v2(-(2**63), b"c"),
-    "v2_version_3": b64(struct.pack(">Bq", 3, 1) + b"c"),
-    "v2_truncated_time": b64(b"\x02\x00\x00\x00"),
-    "v2_trailing_newline": v2(1, b"c") + "\n",
-    "v2_padded": v2(1, b"c") + "=",
-    "v2_standard_base64": base64.b64encode(struct.pack(">Bq", 2, 1) + b"??>").decode().rstrip("="),
-    "v2_other_spelling": other_spelling(v2(1, b"c")),
-    "v2_too_long": v2(1, b"c" * 4000),
+    "v1_well_formed": b64(b'{"v":1,"u":1,"id":"c"}'),  # the old formats are refused, not misread
+    "v2_well_formed": b64(struct.pack(">Bq", 2, 1) + b"c"),
+    "v3_other_scope": v3(1, b"c", "tenant-b/"),  # another tenant's listing
+    "v3_surrogate_id": v3(1, "\ud800".encode("utf-8", "surrogatepass")),
+    "v3_invalid_utf8_id": v3(1, b"\xff\xfe"),
+    "v3_empty_id": v3(1, b""),
+    "v3_largest_int64": v3(2**63 - 1, b"c"),
+    "v3_smallest_int64": v3(-(2**63), b"c"),
+    "v3_version_4": b64(struct.pack(">B8sq", 4, scope_digest(), 1) + b"c"),
+    "v3_truncated_time": b64(b"\x03" + scope_digest() + b"\x00\x00\x00"),
+    "v3_trailing_newline": v3(1, b"c") + "\n",
+    "v3_padded": v3(1, b"c") + "=",
+    "v3_standard_base64": base64.b64encode(struct.pack(">B8sq", 3, scope_digest(), 1) + b"c??>")
+    .decode()
+    .rstrip("="),
+    "v3_other_spelling": other_spelling(v3(1, b"cc")),
+    "v3_too_long": v3(1, b"c" * 4000),
     "length_1_mod_4": "AAAAA",
     "empty_looking": "-",
     "not_base64": "garbage!",
@@ -67,9 +79,9 @@ TOKENS_OF_ANY_KIND = st.one_of(
     st.text(),  # any characters, lone surrogates included (the store is called directly)
     st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"),
     st.binary().map(b64),
-    st.binary().map(lambda payload: b64(b"\x02" + payload)),  # past the version check
-    st.builds(v2, INT64, st.binary(min_size=1)),
-    st.builds(v2, INT64, st.text(min_size=1).map(lambda t: t.encode("utf-8", "surrogatepass"))),
+    st.binary().map(lambda payload: b64(b"\x03" + scope_digest() + payload)),  # past the version check
+    st.builds(v3, INT64, st.binary(min_size=1)),
+    st.builds(v3, INT64, st.text(min_size=1).map(lambda t: t.encode("utf-8", "surrogatepass"))),
     st.sampled_from(sorted(CRAFTED_TOKENS.values())),
 )
 """Strings a client could send as a page token: arbitrary, or shaped to get deep into decoding."""

@@ -91,3 +91,18 @@ func decodeJSON(text string) (any, error) {
 	}
 	return value, nil
 }
+
+// CitedText is the text of message's text part that source cites (the part whose
+// TextPart.Id is source.TextId), or "" when the source is tied to no text of it
+// (docs/providers.md, "What each API's parts become").
+func CitedText(message *turnwirev1.Message, source *turnwirev1.SourcePart) string {
+	if source.GetTextId() == "" {
+		return ""
+	}
+	for _, part := range message.GetParts() {
+		if text := part.GetText(); text != nil && text.GetId() == source.GetTextId() {
+			return text.GetText()
+		}
+	}
+	return ""
+}

@@ -47,3 +47,18 @@ func TestToolValuesFallBackToTheStructView(t *testing.T) {
 		t.Errorf("ToolOutput of a call without a result: %#v, %v", got, err)
 	}
 }
+
+func TestCitedTextIsTheTextPartASourceNames(t *testing.T) {
+	source := &turnwirev1.SourcePart{SourceId: "s1", CitedText: "It is 330 metres tall.", TextId: "b2"}
+	message := &turnwirev1.Message{Parts: []*turnwirev1.Part{
+		{Kind: &turnwirev1.Part_Text{Text: &turnwirev1.TextPart{Text: "Plain. "}}},
+		{Kind: &turnwirev1.Part_Text{Text: &turnwirev1.TextPart{Text: "330 m tall", Id: "b2"}}},
+		{Kind: &turnwirev1.Part_Source{Source: source}},
+	}}
+	if got := turnwire.CitedText(message, source); got != "330 m tall" {
+		t.Errorf("got %q; want the cited part's text", got)
+	}
+	if got := turnwire.CitedText(message, &turnwirev1.SourcePart{SourceId: "s2"}); got != "" {
+		t.Errorf("a source tied to no text: got %q", got)
+	}
+}

@@ -39,6 +39,12 @@ export {
 export type { Conversation, Submission } from './gen/turnwire/v1/chat_service_pb.js';
 export { TurnStatus, FinishReason, ProgressPhase } from './gen/turnwire/v1/event_pb.js';
 export type { TurnEvent, TurnEnd, Progress } from './gen/turnwire/v1/event_pb.js';
-export { Role, ToolCallDecision, ToolCallState } from './gen/turnwire/v1/message_pb.js';
-export type { Message, Part } from './gen/turnwire/v1/message_pb.js';
+export {
+  Role,
+  SourceLocationUnit,
+  SourceType,
+  ToolCallDecision,
+  ToolCallState,
+} from './gen/turnwire/v1/message_pb.js';
+export type { FilePart, Message, Part, SourcePart } from './gen/turnwire/v1/message_pb.js';
 export { ErrorReason } from './gen/turnwire/v1/error_reason_pb.js';

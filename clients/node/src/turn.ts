@@ -9,7 +9,7 @@ import { TurnwireError } from './errors.js';
 import { type JsonValue, parseJson } from './json.js';
 import type { TurnEnd, TurnEvent } from './gen/turnwire/v1/event_pb.js';
 import { FinishReason, TurnStatus } from './gen/turnwire/v1/event_pb.js';
-import type { Message, Usage as UsageMessage } from './gen/turnwire/v1/message_pb.js';
+import type { FilePart, Message, SourcePart, Usage as UsageMessage } from './gen/turnwire/v1/message_pb.js';
 import { ToolCallDecision, ToolCallState } from './gen/turnwire/v1/message_pb.js';
 
 /** A `TurnStatus` name without its prefix, e.g. `"COMPLETED"` or `"ABORTED"`. */
@@ -47,6 +47,11 @@ export interface ToolCall {
   decision: ToolCallDecisionName | undefined;
   /** True when the client runs the tool itself (`client_tools`): send its result with `submitToolResults`. */
   clientExecuted: boolean;
+  /**
+   * True when the provider ran the call itself (an Anthropic server tool, a Responses built-in such
+   * as web search): nothing to answer; its result, once the provider gave it, is `output` or `errorText`.
+   */
+  providerExecuted: boolean;
 }
 
 /** One model step of a turn, from its StepStart to its StepFinish. */
@@ -58,6 +63,13 @@ export interface Step {
   reasoning: string;
   /** Ids of the tool calls the model made in this step (see {@link TurnResult.toolCalls}). */
   toolCallIds: string[];
+  /**
+   * The sources the step cited, in order: `citedText`, `location`, and `textId`, the id of the
+   * text part (`TextPart.id` in the stored message) that cites each (docs/providers.md).
+   */
+  sources: SourcePart[];
+  /** The files the step produced (a generated image …): `data`, `url` or `providerFileId`, and `sizeBytes`. */
+  files: FilePart[];
   finishReason: FinishReasonName;
   usage: Usage;
 }
@@ -73,6 +85,10 @@ export interface TurnResult {
   text: string;
   /** This turn's tool calls in the order the model made them. */
   toolCalls: ToolCall[];
+  /** The sources every step cited, in order (see {@link Step.sources}). */
+  sources: SourcePart[];
+  /** The files every step produced, in order. */
+  files: FilePart[];
   /** Usage of the whole turn (`TurnEnd.usage`). */
   usage: Usage;
   /**
@@ -181,6 +197,8 @@ export function messageSteps(message: Message): Step[] {
     if (part.kind.case === 'text') step.text += part.kind.value.text;
     if (part.kind.case === 'reasoning') step.reasoning += part.kind.value.text;
     if (part.kind.case === 'toolCall') step.toolCallIds.push(part.kind.value.toolCallId);
+    if (part.kind.case === 'source') step.sources.push(part.kind.value);
+    if (part.kind.case === 'file') step.files.push(part.kind.value);
   }
   return steps;
 }
@@ -191,6 +209,8 @@ function emptyStep(stepNumber: number): Step {
     text: '',
     reasoning: '',
     toolCallIds: [],
+    sources: [],
+    files: [],
     finishReason: 'UNSPECIFIED',
     usage: plainUsage(undefined),
   };
@@ -211,6 +231,7 @@ export function messageToolCalls(message: Message): ToolCall[] {
         errorText: call.errorText,
         decision: decisionName(call.decision),
         clientExecuted: call.clientExecuted,
+        providerExecuted: call.providerExecuted,
       },
     ];
   });
@@ -270,10 +291,12 @@ class TurnFolder {
         if (step) step.reasoning += event.value.delta;
         break;
       case 'toolInputStart':
-        this.call(event.value.toolCallId, event.value.toolName, 'INPUT_STREAMING');
+        this.call(event.value.toolCallId, event.value.toolName, 'INPUT_STREAMING').providerExecuted ||=
+          event.value.providerExecuted;
         break;
       case 'toolInputAvailable': {
         const call = this.call(event.value.toolCallId, event.value.toolName, 'INPUT_AVAILABLE');
+        call.providerExecuted ||= event.value.providerExecuted;
         call.input = event.value.inputJson ? parseJson(event.value.inputJson) : undefined;
         break;
       }
@@ -301,6 +324,12 @@ class TurnFolder {
         this.call(event.value.toolCallId, event.value.toolName, 'OUTPUT_DENIED').errorText =
           event.value.reason;
         break;
+      case 'source':
+        step?.sources.push(event.value);
+        break;
+      case 'file':
+        step?.files.push(event.value);
+        break;
       case 'stepFinish':
         if (step) {
           step.finishReason = FinishReason[event.value.finishReason] as FinishReasonName;
@@ -326,6 +355,7 @@ class TurnFolder {
         errorText: '',
         decision: undefined,
         clientExecuted: false,
+        providerExecuted: false,
       };
       this.calls.set(toolCallId, call);
       this.steps.at(-1)?.toolCallIds.push(toolCallId);
@@ -357,6 +387,8 @@ class TurnFolder {
         .filter(Boolean)
         .join('\n\n'),
       toolCalls: [...this.calls.values()],
+      sources: this.steps.flatMap((step) => step.sources),
+      files: this.steps.flatMap((step) => step.files),
       usage: plainUsage(end.usage),
       error: end.error ? TurnwireError.fromStatus(end.error) : undefined,
       message: end.message,

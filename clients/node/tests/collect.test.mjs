@@ -55,6 +55,33 @@ test('the text of each step, the steps separated by a blank line; a blocked call
   assert.equal(result.status, 'COMPLETED');
 });
 
+test('a call the provider ran is marked providerExecuted, from its events and its stored part', async () => {
+  const search = { toolCallId: 'srvtoolu_1', toolName: 'web_search', providerExecuted: true };
+  const result = await stream([
+    ['turnStart', {}],
+    ['stepStart', { stepNumber: 0 }],
+    ['toolInputStart', search],
+    ['toolInputAvailable', { ...search, inputJson: '{"query":"q"}' }],
+    [
+      'toolOutputAvailable',
+      { toolCallId: 'srvtoolu_1', outputJson: '[{"url":"https://example.org"}]', providerExecuted: true },
+    ],
+    ['toolInputAvailable', { toolCallId: 'call_1', toolName: 'get_weather', inputJson: '{}' }],
+    END,
+  ]).collect();
+  assert.deepEqual(
+    result.toolCalls.map(({ toolCallId, providerExecuted, state }) => ({
+      toolCallId,
+      providerExecuted,
+      state,
+    })),
+    [
+      { toolCallId: 'srvtoolu_1', providerExecuted: true, state: 'OUTPUT_AVAILABLE' },
+      { toolCallId: 'call_1', providerExecuted: false, state: 'INPUT_AVAILABLE' },
+    ],
+  );
+});
+
 test('an appending AttemptStart keeps the stored reply; one that does not starts again', async () => {
   const stored = {
     parts: [
@@ -200,4 +227,34 @@ test('messageSteps gives step objects, as collect() does', () => {
       { stepNumber: 1, text: 'Two.', reasoning: '', toolCallIds: [] },
     ],
   );
+
+test('each step keeps the sources it cited and the files it produced (issue 31)', async () => {
+  const source = {
+    sourceId: 's1',
+    url: 'https://example.com/t',
+    citedText: 'It is 330 metres tall.',
+    textId: 't',
+  };
+  const file = {
+    mediaType: 'image/png',
+    content: { case: 'providerFileId', value: 'file_1' },
+    sizeBytes: 9n,
+  };
+  const result = await stream([
+    ['turnStart', {}],
+    ['stepStart', { stepNumber: 0 }],
+    ['textDelta', { id: 't', delta: '330 m.' }],
+    ['source', source],
+    ['file', file],
+    END,
+  ]).collect();
+  assert.deepEqual(
+    result.steps[0].sources.map(({ url, citedText, textId }) => ({ url, citedText, textId })),
+    [{ url: 'https://example.com/t', citedText: 'It is 330 metres tall.', textId: 't' }],
+  );
+  assert.deepEqual(
+    result.files.map(({ mediaType, content, sizeBytes }) => ({ mediaType, id: content.value, sizeBytes })),
+    [{ mediaType: 'image/png', id: 'file_1', sizeBytes: 9n }],
+  );
+  assert.equal(result.sources.length, 1);
 });

@@ -37,6 +37,7 @@ from turnwire_server.api.admission import CHAT_SERVICE
 from turnwire_server.api.authentication import Authenticator, AuthError
 from turnwire_server.api.caller import ANONYMOUS, Caller, current_caller
 from turnwire_server.api.rate_limits import RateLimits
+from turnwire_server.api.refusal import refusing_handler
 from turnwire_server.api.rpc_logging import Throttled
 from turnwire_server.api.status import TurnwireStatusError
 from turnwire_server.api.tenancy import Tenancy
@@ -100,8 +101,9 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # gr
             try:
                 caller = self.authenticator.authenticate(handler_call_details.invocation_metadata)
             except AuthError as refusal:
-                self._refusals.event("refused %s: %s (%s)", method, refusal.reason, refusal.message)
-                return _refusing(handler, refusal)
+                cause = f"; {refusal.cause} in a check" if refusal.cause else ""
+                self._refusals.event("refused %s: %s (%s%s)", method, refusal.reason, refusal.message, cause)
+                return refusing_handler(handler, rpc_status.to_status(refusal.to_status()))
         if service != CHAT_SERVICE:
             return handler
         return self._wrap(handler, method, caller)
@@ -208,28 +210,3 @@ class _CallerContext:
                 self._tenancy.unscope_status(proto)
                 return rpc_status.to_status(proto)
         return status
-
-
-def _refusing(handler: Any, refusal: AuthError) -> Any:
-    """A handler of ``handler``'s shape that ends every call with ``refusal``."""
-    status = rpc_status.to_status(refusal.to_status())
-
-    async def refuse(_request: Any, context: Context) -> None:
-        await context.abort_with_status(status)
-
-    shape = (handler.request_streaming, handler.response_streaming)
-    factory = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }[shape]
-    return factory(
-        refuse,
-        request_deserializer=_ignore,
-        response_serializer=handler.response_serializer,
-    )
-
-
-def _ignore(_raw: bytes) -> None:
-    """The request of a refused call is never read: nothing to decode (and nothing to fail)."""

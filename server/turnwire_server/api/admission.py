@@ -13,6 +13,15 @@
   ChatService calls (``CancelChat`` most of all: it is how a client sheds load).
   This is the product's limit, not gRPC's: ``grpc.aio.server(maximum_concurrent_rpcs=...)``
   counts every call, health checks included, and refuses without details.
+* **Tenant shares** (``tenant_shares:``, authentication on). Within that limit one tenant's
+  calls may hold only a share of it: its turn-running calls ``tenant_shares.turn_calls`` of
+  ``max_concurrent_rpcs``, and all its counted streams together (the turn-running calls,
+  ``ResumeTurn``, ``WatchSubmission``) ``tenant_shares.streams``. So one tenant's streams
+  cannot take every slot and shut the others out (issue 32 item 5). A call past its tenant's
+  share ends as one past the limit (``OVERLOADED``), ErrorInfo metadata ``limit`` naming the
+  share. The tenant is the one the access interceptor, which runs first, authenticated
+  (:data:`~turnwire_server.api.caller.current_caller`); the anonymous tenant of a server
+  without authentication has no share but the limit.
 * **Malformed requests.** A request that does not decode as the method's
   request message (of any service: health and reflection too) ends with
   ``INVALID_ARGUMENT``, reason ``INVALID_FIELD`` and a ``BadRequest`` on
@@ -35,31 +44,31 @@ import enum
 import inspect
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_status import rpc_status
 
+from turnwire_server.access_settings import TenantShareSettings
+from turnwire_server.api.caller import current_caller
 from turnwire_server.api.rpc_logging import Throttled, malformed_requests, short
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument
 
 log = logging.getLogger("turnwire.api")
 
 CHAT_SERVICE = "turnwire.v1.ChatService"
-TURN_METHODS = frozenset(
+TURN_RUNNING_METHODS = frozenset(
     f"/{CHAT_SERVICE}/{name}"
-    for name in (
-        "Chat",
-        "SaveMessages",
-        "ContinueLastTurn",
-        "SubmitToolResults",
-        "SubmitToolApprovals",
-        "ResumeTurn",
-        "WatchSubmission",
-    )
+    for name in ("Chat", "SaveMessages", "ContinueLastTurn", "SubmitToolResults", "SubmitToolApprovals")
 )
-"""The methods that run or stream a turn: the ones ``limits.max_concurrent_rpcs`` counts."""
+"""The methods that run a turn for their caller."""
+FOLLOWING_METHODS = frozenset(f"/{CHAT_SERVICE}/{name}" for name in ("ResumeTurn", "WatchSubmission"))
+"""The streams that follow a turn without running one."""
+TURN_METHODS = TURN_RUNNING_METHODS | FOLLOWING_METHODS
+"""The methods that run or stream a turn: the ones ``limits.max_concurrent_rpcs`` counts (every
+ChatService stream)."""
 
 RETRY_AFTER_SECONDS = 1.0
 """The ``RetryInfo`` delay of a call refused for overload."""
@@ -71,7 +80,10 @@ class CallKind(enum.Enum):
     """How :class:`CallGate` treats a method."""
 
     TURN = "turn"
-    """Counted against the turn limit, and waited for at shutdown."""
+    """Runs a turn: counted against the turn limit and both tenant shares, and waited for at shutdown."""
+    FOLLOW = "follow"
+    """Streams a turn it does not run: counted against the turn limit and the tenant's streams
+    share, and waited for at shutdown."""
     TRACKED = "tracked"
     """Not limited; waited for at shutdown (the unary ChatService calls)."""
     FREE = "free"
@@ -80,8 +92,10 @@ class CallKind(enum.Enum):
 
 def kind_of(method: str) -> CallKind:
     """The :class:`CallKind` of a full method name (``/package.Service/Method``)."""
-    if method in TURN_METHODS:
+    if method in TURN_RUNNING_METHODS:
         return CallKind.TURN
+    if method in FOLLOWING_METHODS:
+        return CallKind.FOLLOW
     if method.startswith(f"/{CHAT_SERVICE}/"):
         return CallKind.TRACKED
     return CallKind.FREE
@@ -121,62 +135,113 @@ def _request_type(deserializer: Callable[[bytes], Any] | None) -> str:
     return name if isinstance(name, str) else "request"
 
 
+_COUNTED = (CallKind.TURN, CallKind.FOLLOW)
+
+
+@dataclass
+class _TenantCalls:
+    """One tenant's counted calls running now."""
+
+    turn_calls: int = 0
+    streams: int = 0
+
+
 class _Slot:
     """One admitted call's share of the counts; released exactly once."""
 
-    __slots__ = ("_gate", "_kind", "_released")
+    __slots__ = ("_gate", "_kind", "_released", "_tenant")
 
-    def __init__(self, gate: CallGate, kind: CallKind) -> None:
+    def __init__(self, gate: CallGate, kind: CallKind, tenant: str) -> None:
         self._gate = gate
         self._kind = kind
+        self._tenant = tenant
         self._released = False
 
     def release(self, *_ignored: object) -> None:
         if not self._released:
             self._released = True
-            self._gate._release(self._kind)
+            self._gate._release(self._kind, self._tenant)
 
 
 class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is untyped
     """Admission for the sidecar's calls (see the module docstring).
 
-    ``max_turn_calls`` is ``limits.max_concurrent_rpcs``. The counts live on
-    the server's event loop; the gate is not thread-safe and need not be.
+    ``max_turn_calls`` is ``limits.max_concurrent_rpcs``; ``tenant_shares`` the share of it each
+    tenant's calls may hold (None: no tenant limit). The counts live on the server's event loop;
+    the gate is not thread-safe and need not be.
     """
 
-    def __init__(self, max_turn_calls: int, *, retry_after_seconds: float = RETRY_AFTER_SECONDS) -> None:
+    def __init__(
+        self,
+        max_turn_calls: int,
+        *,
+        tenant_shares: TenantShareSettings | None = None,
+        retry_after_seconds: float = RETRY_AFTER_SECONDS,
+    ) -> None:
         if max_turn_calls < 1:
             raise ValueError(f"max_turn_calls must be at least 1, not {max_turn_calls}")
         self.max_turn_calls = max_turn_calls
+        self.tenant_shares = tenant_shares
         self.retry_after_seconds = retry_after_seconds
         self.turn_calls = 0
-        """Turn calls running now."""
+        """Turn calls (running or following a turn) running now."""
         self.tracked_calls = 0
         """ChatService calls running now (turn calls included)."""
         self.open_calls = 0
         """Calls of any service running now."""
+        self.tenant_calls: dict[str, _TenantCalls] = {}
+        """Each tenant's counted calls running now (a tenant with none has no entry)."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._overload_reports = Throttled(log)
 
     # --- counts ------------------------------------------------------------------------
 
-    def _admit(self, kind: CallKind) -> _Slot | None:
-        """A slot for a call of ``kind``, or None when it is over the limit."""
-        if kind is CallKind.TURN:
-            if self.turn_calls >= self.max_turn_calls:
-                return None
+    def _admit(self, kind: CallKind, tenant: str) -> _Slot | TurnwireStatusError:
+        """A slot for a call of ``kind`` by ``tenant``, or the refusal when it is past its
+        tenant's share or the limit (the share first: a tenant at its share is told so,
+        whatever the others hold)."""
+        if kind in _COUNTED:
+            refusal = self._past_share(kind, tenant)
+            if refusal is None and self.turn_calls >= self.max_turn_calls:
+                refusal = self.overloaded()
+            if refusal is not None:
+                return refusal
             self.turn_calls += 1
+            if tenant:
+                calls = self.tenant_calls.setdefault(tenant, _TenantCalls())
+                calls.streams += 1
+                if kind is CallKind.TURN:
+                    calls.turn_calls += 1
         if kind is not CallKind.FREE:
             self.tracked_calls += 1
             self._idle.clear()
         self.open_calls += 1
-        return _Slot(self, kind)
+        return _Slot(self, kind, tenant)
 
-    def _release(self, kind: CallKind) -> None:
+    def _past_share(self, kind: CallKind, tenant: str) -> TurnwireStatusError | None:
+        """The refusal of one more call of ``kind`` by ``tenant``, None while within its shares."""
+        if not tenant or self.tenant_shares is None:
+            return None
+        max_turn_calls, max_streams = self.tenant_shares.for_tenant(tenant).calls(self.max_turn_calls)
+        calls = self.tenant_calls.get(tenant) or _TenantCalls()
+        if calls.streams >= max_streams:
+            return self._over_share("streams", max_streams)
+        if kind is CallKind.TURN and calls.turn_calls >= max_turn_calls:
+            return self._over_share("turn_calls", max_turn_calls)
+        return None
+
+    def _release(self, kind: CallKind, tenant: str) -> None:
         self.open_calls -= 1
-        if kind is CallKind.TURN:
+        if kind in _COUNTED:
             self.turn_calls -= 1
+            calls = self.tenant_calls.get(tenant)
+            if calls is not None:
+                calls.streams -= 1
+                if kind is CallKind.TURN:
+                    calls.turn_calls -= 1
+                if calls.streams == 0:
+                    del self.tenant_calls[tenant]
         if kind is not CallKind.FREE:
             self.tracked_calls -= 1
             if self.tracked_calls == 0:
@@ -203,13 +268,22 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
             metadata={"limit": str(self.max_turn_calls)},
         )
 
-    async def _refuse_overloaded(self, context: Context, method: str) -> None:
-        self._overload_reports.event(
-            "refused a %s call: %d turn calls are running, the limit (limits.max_concurrent_rpcs)",
-            method,
-            self.max_turn_calls,
+    def _over_share(self, share: str, calls: int) -> TurnwireStatusError:
+        """The error of a call past its tenant's ``share`` (``turn_calls`` or ``streams``) of
+        ``calls`` calls."""
+        what = "calls that run a turn" if share == "turn_calls" else "streams"
+        return TurnwireStatusError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"your tenant has {calls} {what} open, its share of the server "
+            f"(tenant_shares.{share}); end one or retry after {self.retry_after_seconds:g} s",
+            reason="OVERLOADED",
+            retry_after_seconds=self.retry_after_seconds,
+            metadata={"limit": f"tenant_shares.{share}", "calls": str(calls)},
         )
-        await context.abort_with_status(rpc_status.to_status(self.overloaded().to_status()))
+
+    async def _refuse(self, context: Context, method: str, refusal: TurnwireStatusError) -> None:
+        self._overload_reports.event("refused a %s call: %s", method, refusal.message)
+        await context.abort_with_status(rpc_status.to_status(refusal.to_status()))
 
     @staticmethod
     async def _refuse_malformed(context: Context, method: str, request_type: str, error: Exception) -> None:
@@ -234,9 +308,9 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
     @contextlib.asynccontextmanager
     async def _admitted(self, context: Context, method: str, kind: CallKind) -> AsyncIterator[None]:
         """Hold a slot for the call's handler; refuse the call (abort) when there is none."""
-        slot = self._admit(kind)
-        if slot is None:
-            await self._refuse_overloaded(context, method)
+        slot = self._admit(kind, current_caller.get().tenant)
+        if isinstance(slot, TurnwireStatusError):
+            await self._refuse(context, method, slot)
             raise AssertionError("unreachable: abort raises")
         # The call's end releases the slot even when the handler is never resumed again.
         context.add_done_callback(slot.release)
@@ -369,4 +443,13 @@ def _peer(context: Context) -> str:
         return "a client"
 
 
-__all__ = ["CHAT_SERVICE", "RETRY_AFTER_SECONDS", "TURN_METHODS", "CallGate", "CallKind", "kind_of"]
+__all__ = [
+    "CHAT_SERVICE",
+    "FOLLOWING_METHODS",
+    "RETRY_AFTER_SECONDS",
+    "TURN_METHODS",
+    "TURN_RUNNING_METHODS",
+    "CallGate",
+    "CallKind",
+    "kind_of",
+]

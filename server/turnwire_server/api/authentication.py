@@ -20,15 +20,22 @@ binds each JWK to one algorithm, and its exceptions say exactly which check fail
 what the error reasons here need.
 
 Every refusal is :class:`AuthError`: ``UNAUTHENTICATED`` with ErrorInfo reason
-``TOKEN_MISSING``, ``TOKEN_INVALID`` or ``TOKEN_EXPIRED`` and a message that says what to fix.
-Neither the token nor any part of it is ever put in a message or a log line.
+``TOKEN_MISSING``, ``TOKEN_INVALID`` or ``TOKEN_EXPIRED`` and a message that says what to fix,
+whatever the token holds: a header with a ``kid`` that is not a string or with ``crit``, parts
+that are not JSON, claims of any type and size (docs/operate/authentication.md). Neither the
+token nor any part of it is ever put in a message or a log line.
+
+The sources are read at start and again on SIGHUP (:meth:`Authenticator.reload`), as the TLS
+files are (:mod:`turnwire_server.api.tls`).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -45,6 +52,8 @@ from turnwire_server.access_settings import TENANT_PATTERN, AuthSettings, JwtSet
 from turnwire_server.api.caller import Caller
 from turnwire_server.api.status import TurnwireStatusError
 
+log = logging.getLogger("turnwire.auth")
+
 _BEARER = re.compile(r"Bearer +([A-Za-z0-9\-._~+/]+=*) *", re.IGNORECASE)
 """``Bearer`` and a b64token (RFC 6750 §2.1); the scheme name is case-insensitive (RFC 9110 §11.1)."""
 
@@ -53,10 +62,14 @@ _JWT_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 
 
 class AuthError(TurnwireStatusError):
-    """A call refused for its credentials: ``UNAUTHENTICATED`` with an ErrorInfo ``reason``."""
+    """A call refused for its credentials: ``UNAUTHENTICATED`` with an ErrorInfo ``reason``.
 
-    def __init__(self, reason: str, message: str) -> None:
+    ``cause``: for the refusal's log line only, never sent: the type of the exception a check
+    raised on a token it could not handle (its message might quote the token)."""
+
+    def __init__(self, reason: str, message: str, *, cause: str = "") -> None:
         super().__init__(grpc.StatusCode.UNAUTHENTICATED, message, reason=reason)
+        self.cause = cause
 
 
 class AuthConfigError(Exception):
@@ -161,14 +174,13 @@ class JwtVerifier:
                 )
         return cls(settings, keys)
 
+    def __len__(self) -> int:
+        return len(self._keys.keys)
+
     def verify(self, token: str) -> Caller:
         """The caller a valid token names. Raises :class:`AuthError`."""
         settings = self.settings
-        try:
-            header = jwt.get_unverified_header(token)
-        except jwt.DecodeError:
-            raise AuthError("TOKEN_INVALID", "the bearer token is not a well-formed JWT") from None
-        key = self._key_of(header)
+        key = self._key_of(_header_of(token))
         try:
             claims = jwt.decode(
                 token,
@@ -211,6 +223,15 @@ class JwtVerifier:
             ) from None
         except jwt.InvalidTokenError:
             raise AuthError("TOKEN_INVALID", "the bearer token is not a valid JWT") from None
+        except Exception as error:  # the token is the client's, whatever it breaks
+            # PyJWT converts exp, nbf and iat with int(); which errors of that it wraps differs
+            # between the releases pyproject allows (>=2.10), and any escape would end the call
+            # UNKNOWN with a traceback.
+            raise AuthError(
+                "TOKEN_INVALID",
+                "the bearer token is not a valid JWT: its claims cannot be checked",
+                cause=type(error).__name__,
+            ) from None
         return self._caller_of(claims)
 
     def _key_of(self, header: Mapping[str, Any]) -> jwt.PyJWK:
@@ -243,15 +264,38 @@ class JwtVerifier:
 
 
 class Authenticator:
-    """Maps a call's metadata to its :class:`Caller`. Build with :meth:`from_settings`."""
+    """Maps a call's metadata to its :class:`Caller`. Build with :meth:`from_settings`.
 
-    def __init__(self, static: StaticTokens | None, jwts: JwtVerifier | None) -> None:
-        self._static = static
-        self._jwts = jwts
+    :meth:`reload` (SIGHUP) re-reads ``auth.tokens_file`` and ``auth.jwt.jwks_file``: a token
+    removed from the file, or signed by a key removed from the set, is refused from the next
+    call on. Calls already authenticated (an open stream) run to their end."""
+
+    def __init__(self, settings: AuthSettings, environ: Mapping[str, str]) -> None:
+        self._settings = settings
+        self._environ = environ
+        self._static, self._jwts = self._load()
 
     @classmethod
     def from_settings(cls, settings: AuthSettings, environ: Mapping[str, str] = os.environ) -> Authenticator:
         """Load the configured token sources. Raises :class:`AuthConfigError`."""
+        return cls(settings, environ)
+
+    def reload(self) -> bool:
+        """Re-read the token sources now (SIGHUP). True when they loaded; False when one did not
+        (logged, naming the file and the fault, never a token; the sources in use stay)."""
+        try:
+            self._static, self._jwts = self._load()
+        except AuthConfigError as error:
+            log.error("auth: token sources not reloaded, still using the previous ones: %s", error)
+            return False
+        sources = [f"{len(self._static or ())} static token(s)"]
+        if self._jwts is not None:
+            sources.append(f"{len(self._jwts)} JWT key(s) from {self._jwts.settings.jwks_file}")
+        log.info("auth: token sources reloaded (SIGHUP): %s", ", ".join(sources))
+        return True
+
+    def _load(self) -> tuple[StaticTokens | None, JwtVerifier | None]:
+        settings, environ = self._settings, self._environ
         static: list[_StaticToken] = []
         if settings.tokens_file is not None:
             path = settings.tokens_file
@@ -266,7 +310,7 @@ class Authenticator:
                 raise AuthConfigError(f"auth.tokens_env: the variable {name} is not set")
             static.extend(StaticTokens.parse(environ[name], f"auth.tokens_env {name}")._entries)
         jwts = JwtVerifier.load(settings.jwt) if settings.jwt is not None else None
-        return cls(StaticTokens(static) if static else None, jwts)
+        return StaticTokens(static) if static else None, jwts
 
     def authenticate(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> Caller:
         """The caller of a call with this invocation metadata. Raises :class:`AuthError`."""
@@ -295,6 +339,31 @@ class Authenticator:
             "the bearer token is not one this server accepts"
             + (" (no configured static token, and not a JWT)" if self._jwts is not None else ""),
         )
+
+
+def _header_of(token: str) -> dict[str, Any]:
+    """The JOSE header of a compact JWS (RFC 7515 §7.1). Raises :class:`AuthError` for one that is
+    not a base64url JSON object, a ``kid`` that is not a string (§4.1.4) and any ``crit``
+    (§4.1.11: a recipient must refuse critical extensions it does not understand, and this server
+    understands none). PyJWT raises these outside its ``DecodeError``, and quotes the header."""
+    encoded = token.partition(".")[0]
+    try:
+        header = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+    except (ValueError, RecursionError):  # base64, UTF-8 and JSON errors are all ValueErrors
+        header = None
+    if not isinstance(header, dict):
+        raise AuthError(
+            "TOKEN_INVALID", "the bearer token is not a well-formed JWT: its header is not a JSON object"
+        )
+    if not isinstance(header.get("kid", ""), str):
+        raise AuthError("TOKEN_INVALID", "the bearer token's key id (kid) must be a string")
+    if "crit" in header:
+        raise AuthError(
+            "TOKEN_INVALID",
+            "the bearer token's header marks extensions critical (crit); this server supports none, "
+            "so it refuses the token (RFC 7515 §4.1.11)",
+        )
+    return header
 
 
 def token_digest(token: str) -> str:

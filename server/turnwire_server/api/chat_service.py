@@ -162,7 +162,9 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
         request: chat_service_pb2.SaveMessagesRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[chat_service_pb2.SaveMessagesResponse]:
-        """Append zero or more messages and stream the turn."""
+        """Append zero or more messages and stream the turn. With none, the turn runs on the stored
+        history: NOT_FOUND (``CONVERSATION_NOT_FOUND``) when the conversation does not exist, and a
+        SKIPPED TurnEnd (``NOTHING_TO_CONTINUE``) when its history is empty (docs/semantics.md §1)."""
 
         async def start() -> Started:
             violations: list[tuple[str, str]] = []
@@ -185,6 +187,9 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 seen.add(message.id)
             client_tools = check_client_tools(request.client_tools, "client_tools", violations)
             raise_if_any(violations)
+            if not request.messages and await self._get_record(request.conversation_id) is None:
+                # A turn on the stored history needs one (docs/semantics.md §1), as ContinueLastTurn.
+                raise _not_found(request.conversation_id)
             if answers:
                 return await self.answer_and_continue(
                     context,
@@ -275,7 +280,9 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 model=model or self.default_model,
                 continuation=continuation,
                 response_type=response_type,
-                skip_unless_assistant_last=continuation,
+                # A continuation needs an assistant message to continue; a turn on the history as
+                # it is (no messages) needs a history (docs/semantics.md §1).
+                skip_unless="assistant_last" if continuation else "" if messages else "history",
                 disconnect=disconnect_of(disconnect_policy),
                 client_tools=client_tools,
                 entry=entry_of(response_type),

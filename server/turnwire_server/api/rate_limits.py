@@ -1,5 +1,10 @@
 """Turns and tokens per minute per principal (``rate_limits:``), on the ``limits`` library.
 
+A principal is a name within a tenant: its windows are keyed by both (tenant first; a tenant name
+holds no ``/``, so the key names one pair), and overrides are looked up the same way
+(:meth:`RateLimitSettings.for_caller`). Two tenants' principals of the same name never share a
+window or an override (issue 32 item 4).
+
 Both limits are ``limits``' sliding-window counters of one minute (the current minute's count
 plus the previous one's, weighted by how much of it is still in the window: two counters per
 principal, whatever the limit) in its in-memory storage, so they hold per replica: N replicas
@@ -36,8 +41,13 @@ from turnwire_server.api.caller import Caller
 from turnwire_server.api.status import TurnwireStatusError
 
 
+def _window(caller: Caller) -> tuple[str, str]:
+    """The identifiers of ``caller``'s windows: its tenant, then its principal."""
+    return (caller.tenant, caller.principal)
+
+
 class RateLimits:
-    """The windows of every principal on this replica."""
+    """The windows of every (tenant, principal) on this replica."""
 
     def __init__(self, settings: RateLimitSettings) -> None:
         self.settings = settings
@@ -56,11 +66,11 @@ class RateLimits:
         limit = self.settings.for_caller(caller.principal, caller.tenant)
         if limit.tokens_per_minute:
             tokens = self._item("tokens", limit.tokens_per_minute)
-            if not await self._limiter.test(tokens, caller.principal):
+            if not await self._limiter.test(tokens, *_window(caller)):
                 raise await self._refusal(tokens, caller, "tokens_per_minute", limit.tokens_per_minute)
         if limit.turns_per_minute:
             turns = self._item("turns", limit.turns_per_minute)
-            if not await self._limiter.hit(turns, caller.principal):
+            if not await self._limiter.hit(turns, *_window(caller)):
                 raise await self._refusal(turns, caller, "turns_per_minute", limit.turns_per_minute)
 
     async def charge_tokens(self, caller: Caller, tokens: int) -> None:
@@ -69,15 +79,15 @@ class RateLimits:
         if not limit.tokens_per_minute or tokens <= 0:
             return
         item = self._item("tokens", limit.tokens_per_minute)
-        stats = await self._limiter.get_window_stats(item, caller.principal)
+        stats = await self._limiter.get_window_stats(item, *_window(caller))
         cost = min(tokens, stats.remaining)
         if cost > 0:
-            await self._limiter.hit(item, caller.principal, cost=cost)
+            await self._limiter.hit(item, *_window(caller), cost=cost)
 
     async def _refusal(
         self, item: RateLimitItem, caller: Caller, name: str, amount: int
     ) -> TurnwireStatusError:
-        stats = await self._limiter.get_window_stats(item, caller.principal)
+        stats = await self._limiter.get_window_stats(item, *_window(caller))
         delay = max(1, math.ceil(stats.reset_time - time.time()))
         return TurnwireStatusError(
             grpc.StatusCode.RESOURCE_EXHAUSTED,

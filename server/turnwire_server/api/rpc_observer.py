@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 
 from turnwire_server.api import metrics
+from turnwire_server.api.refusal import declared_shape
 from turnwire_server.api.rpc_logging import client_gone_types
 from turnwire_server.log_context import bind as bind_log_context
 
@@ -39,17 +40,17 @@ class _MethodMetrics:
 
     def __init__(self, full_method: str, handler: Any) -> None:
         service, _, method = full_method.lstrip("/").rpartition("/")
-        if handler.request_streaming:
-            kind = "bidi_stream" if handler.response_streaming else "client_stream"
+        # The method's own shape: a refusal (api/refusal.py) is request-streaming whatever it refuses.
+        request_streaming, response_streaming = declared_shape(handler)
+        if request_streaming:
+            kind = "bidi_stream" if response_streaming else "client_stream"
         else:
-            kind = "server_stream" if handler.response_streaming else "unary"
+            kind = "server_stream" if response_streaming else "unary"
         self.labels = (kind, service, method)
         self.started = metrics.STARTED.labels(*self.labels)
         self.seconds = metrics.HANDLING_SECONDS.labels(*self.labels)
         # Only response streams: a unary method shows no gauge of its own.
-        self.open_streams: Any = (
-            metrics.OPEN_STREAMS.labels(service, method) if handler.response_streaming else None
-        )
+        self.open_streams: Any = metrics.OPEN_STREAMS.labels(service, method) if response_streaming else None
         self.handled: dict[str, Any] = {}
 
     def ended(self, code: str, started: float) -> None:

@@ -25,7 +25,7 @@ from turnwire_server.api.resources import timestamp
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
 from turnwire_server.api.tenancy import listing_prefix, local_id, scoped_key
 from turnwire_server.api.turn_streams import abort, strategy_of, trace_context
-from turnwire_server.api.validation import check_id, check_message, json_object, raise_if_any
+from turnwire_server.api.validation import check_id, check_message, check_text, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
 from turnwire_server.engine.errors import AdmissionRefused, SubmissionNotFound, TurnStreamNotFound
 from turnwire_server.engine.ids import (
@@ -154,6 +154,7 @@ class SubmissionRpcs:
                 )
             if len(request.idempotency_key) > 256:
                 violations.append(("idempotency_key", "must be at most 256 characters"))
+            check_text(request.idempotency_key, "idempotency_key", violations)
             if request.metadata.ByteSize() > MAX_METADATA_BYTES:
                 violations.append(
                     (

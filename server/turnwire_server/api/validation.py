@@ -66,6 +66,14 @@ def check_id(
         )
 
 
+def check_text(value: str, field: str, violations: list[tuple[str, str]]) -> None:
+    """Add a violation when ``value``, a client string the store keeps in a text column (an
+    idempotency key), holds the NUL character: PostgreSQL's ``text`` cannot hold it, and both
+    stores refuse it alike (docs/limits.md)."""
+    if "\x00" in value:
+        violations.append((field, "must not contain the NUL character (U+0000)"))
+
+
 def check_message(
     message: message_pb2.Message,
     field: str,

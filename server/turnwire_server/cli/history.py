@@ -209,6 +209,17 @@ def _unreplied_line(turn: chat_service_pb2.TurnWithoutReply) -> Text:
 
 
 def _print_tool_call(out: Console, call: message_pb2.ToolCallPart, conversation_id: str) -> None:
+    if call.provider_executed:  # a server tool, a Responses built-in: the provider ran it
+        line = call_line(call.tool_name, input_json(call))
+        line.append(" (run by the provider)", style="dim")
+        out.print(line, soft_wrap=True)
+        if call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE:
+            out.print(result_line(call.tool_name, tool_call_output_json(call)), soft_wrap=True)
+        elif call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
+            out.print(error_line(call.tool_name, call.error_text), soft_wrap=True)
+        else:
+            out.print(Text(f"← {call.tool_name}: (no result from the provider)", style="dim"), soft_wrap=True)
+        return
     if call.input_json or call.HasField("input"):
         out.print(call_line(call.tool_name, input_json(call)), soft_wrap=True)
     elif call.raw_input:  # not a JSON object, or cut off while it streamed

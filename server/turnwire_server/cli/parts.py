@@ -92,13 +92,47 @@ def error_line(name: str, error_text: str) -> Text:
 
 
 def source_line(source: message_pb2.SourcePart) -> Text:
+    """``[source] title url-or-media  "cited text"  (pages 3-3 of document 1)``: one line per source,
+    the cited passage shortened."""
     label = source.title or source.filename or source.source_id
-    where = source.url or source.media_type
-    return Text(" ".join(s for s in ("[source]", label, where) if s), style="dim")
+    where = source.url or source.provider_file_id or source.media_type
+    bits = ["[source]", label, where]
+    if source.cited_text:
+        bits.append(f'"{short(" ".join(source.cited_text.split()), 80)}"')
+    if source.HasField("location"):
+        bits.append(f"({_location(source.location)})")
+    return Text(" ".join(s for s in bits if s), style="dim")
+
+
+_UNITS = {
+    message_pb2.SOURCE_LOCATION_UNIT_CHARACTER: "characters",
+    message_pb2.SOURCE_LOCATION_UNIT_PAGE: "pages",
+    message_pb2.SOURCE_LOCATION_UNIT_CONTENT_BLOCK: "blocks",
+}
+
+
+def _location(location: message_pb2.SourceLocation) -> str:
+    """``pages 3-3 of document 1``: the range is inclusive for people (the proto's end is exclusive);
+    pages are 1-based, characters and blocks 0-based, documents shown 1-based."""
+    where = f"document {location.document_index + 1}"
+    unit = _UNITS.get(location.unit)
+    if unit is None:
+        return where
+    return f"{unit} {location.start}-{max(location.end - 1, location.start)} of {where}"
 
 
 def file_line(file: message_pb2.FilePart) -> Text:
-    where = file.url if file.WhichOneof("content") == "url" else f"{len(file.data)} bytes"
+    """``[file] name media where``: its URL, its provider file id, or its size (also when its bytes
+    were not kept)."""
+    content = file.WhichOneof("content")
+    if content == "url":
+        where = file.url
+    elif content == "provider_file_id":
+        where = f"{file.provider_file_id} (kept by the provider)"
+    elif content == "data":
+        where = f"{len(file.data)} bytes"
+    else:
+        where = f"{file.size_bytes} bytes, not kept"
     bits = ("[file]", file.filename, file.media_type, where)
     return Text(" ".join(s for s in bits if s), style="dim")
 

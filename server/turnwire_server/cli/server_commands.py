@@ -58,9 +58,9 @@ def serve(
     """
     settings = _load(config, listen, store, workers)
     from turnwire_server.logs import configure_logging
-    from turnwire_server.redaction import Redactor, secret_values
+    from turnwire_server.redaction import redactor_for
 
-    configure_logging(settings.logging.level, settings.logging.format, Redactor(secret_values(settings)))
+    configure_logging(settings.logging.level, settings.logging.format, redactor_for(settings))
     if settings.log_level is not None:
         logging.getLogger("turnwire.server").warning(
             "log_level is deprecated: use logging.level (TURNWIRE_LOGGING__LEVEL)"

@@ -8,10 +8,11 @@ in place, whatever order they complete in.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from google.protobuf import struct_pb2, timestamp_pb2
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from turnwire import types as chunks
 from turnwire.errors import DomainError
@@ -24,6 +25,13 @@ class _StepParts:
     text: list[message_pb2.Part] = field(default_factory=list)
     reasoning: list[message_pb2.Part] = field(default_factory=list)
     tool_calls: list[message_pb2.Part] = field(default_factory=list)
+    #: Provider-executed calls of earlier steps whose result came in this one (a paused turn).
+    late_results: list[message_pb2.Part] = field(default_factory=list)
+    marker: message_pb2.Part | None = None  # the step's step_start part
+    sources: list[message_pb2.SourcePart] = field(default_factory=list)
+    files: list[message_pb2.FilePart] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    text_blocks: dict[str, message_pb2.Part] = field(default_factory=dict)  # block id → its part
 
 
 class AssistantMessage:
@@ -72,8 +80,29 @@ class AssistantMessage:
 
     def start_step(self) -> None:
         """Mark a new model step."""
-        self.message.parts.add().step_start.SetInParent()
-        self._step = _StepParts()
+        marker = self.message.parts.add()
+        marker.step_start.SetInParent()
+        self._step = _StepParts(marker=marker)
+
+    def record_step(
+        self,
+        *,
+        response_id: str,
+        response_model: str,
+        provider_metadata: struct_pb2.Struct | None,
+        warnings: Sequence[str],
+    ) -> None:
+        """Write the finished step's record from the provider into its ``step_start`` part
+        (``provider_metadata`` already bounded by the caller; docs/providers.md)."""
+        marker = self._step.marker
+        if marker is None:
+            return
+        record = marker.step_start
+        record.response_id = response_id
+        record.response_model = response_model
+        if provider_metadata is not None and provider_metadata.fields:
+            record.provider_metadata.CopyFrom(provider_metadata)
+        record.warnings[:] = warnings
 
     def open_block(self, block_id: str, kind: str) -> None:
         """Open a text (``kind="text"``) or reasoning block."""
@@ -81,6 +110,7 @@ class AssistantMessage:
         if kind == "text":
             part.text.SetInParent()
             self._step.text.append(part)
+            self._step.text_blocks[block_id] = part
         else:
             part.reasoning.SetInParent()
             self._step.reasoning.append(part)
@@ -137,13 +167,16 @@ class AssistantMessage:
             _drop_reasoning(copy)
         return copy if _has_content(copy) else None
 
-    def start_tool_call(self, tool_call_id: str, tool_name: str) -> message_pb2.ToolCallPart:
-        """Add a tool call whose input is streaming."""
+    def start_tool_call(
+        self, tool_call_id: str, tool_name: str, provider_executed: bool = False
+    ) -> message_pb2.ToolCallPart:
+        """Add a tool call whose input is streaming (``provider_executed``: the provider runs it)."""
         part = self.message.parts.add()
         call = part.tool_call
         call.tool_call_id = tool_call_id
         call.tool_name = tool_name
         call.state = message_pb2.TOOL_CALL_STATE_INPUT_STREAMING
+        call.provider_executed = provider_executed
         self._tool_parts[tool_call_id] = part
         self._step.tool_calls.append(part)
         return call
@@ -155,6 +188,10 @@ class AssistantMessage:
             part.tool_call if part is not None else self.start_tool_call(chunk.tool_call_id, chunk.tool_name)
         )
         call.tool_name = chunk.tool_name
+        if chunk.provider_executed:
+            call.provider_executed = True
+        if chunk.provider_metadata:
+            call.provider_metadata.CopyFrom(_metadata_view(chunk.provider_metadata))
         if chunk.input is not None:
             # The model's own text when it is this input (exact, docs/semantics.md §11); a
             # repaired call's new input otherwise.
@@ -233,35 +270,68 @@ class AssistantMessage:
             ):
                 self.set_error(call.tool_call_id, error_text)
 
-    def add_source(self, chunk: chunks.Source) -> None:
-        """Record a cited source."""
+    def add_source(self, chunk: chunks.Source) -> message_pb2.SourcePart:
+        """Record a cited source; the text block it cites (``chunk.text_id``, of this step) gets
+        that id as its ``TextPart.id``, so the stored message keeps the tie."""
         source = self.message.parts.add().source
-        source.source_id = chunk.source_id
-        source.url = chunk.url
-        source.title = chunk.title
-        source.media_type = chunk.media_type
-        source.filename = chunk.filename
+        chunk.copy_to(source)
+        cited = self._step.text_blocks.get(chunk.text_id) if chunk.text_id else None
+        if cited is not None:
+            cited.text.id = chunk.text_id
+        elif chunk.text_id:
+            source.text_id = ""  # a block of no stored text part: nothing to point at
+        self._step.sources.append(source)
+        return source
 
     def add_file(self, chunk: chunks.File) -> message_pb2.FilePart:
-        """Record a file the model produced."""
+        """Record a file the model produced: its bytes when they fit what is left of
+        :data:`REPLY_BUDGET_BYTES`, else by reference (its ``provider_file_id`` or ``url``, or no
+        content; ``size_bytes`` and ``provider_metadata`` say what it was) with a step warning, so
+        the stored reply stays readable by any client (docs/semantics.md §11, docs/providers.md
+        "Files")."""
+        room = REPLY_BUDGET_BYTES - self.message.ByteSize() - FILE_PART_OVERHEAD_BYTES
+        keep = len(chunk.data) <= room
         file = self.message.parts.add().file
-        file.media_type = chunk.media_type
-        file.filename = chunk.filename
-        if chunk.url:
-            file.url = chunk.url
-        else:
-            file.data = chunk.data
+        chunk.copy_to(file, keep_data=keep)
+        if not keep:
+            where = "its provider file id" if chunk.provider_file_id else "its size and metadata only"
+            self._step.warnings.append(
+                f"a generated {chunk.media_type or 'file'} of {len(chunk.data):,} bytes did not fit the "
+                f"reply's {REPLY_BUDGET_BYTES:,} bytes and was kept by reference ({where})"
+            )
+        self._step.files.append(file)
         return file
 
-    def add_provider_executed(self, chunk: chunks.ProviderExecuted) -> None:
-        """Store a block the provider ran itself as a ``DataPart`` of type
-        :data:`turnwire.types.PROVIDER_EXECUTED` (``{"api", "block"}``), in stream order, so the
-        next request can send it back to the same API (docs/providers.md)."""
-        data = self.message.parts.add().data
-        data.type = chunks.PROVIDER_EXECUTED
-        block = chunk.block
-        data.id = str(block.get("id") or block.get("tool_use_id") or "")
-        data.data.struct_value.CopyFrom(_metadata_view({"api": chunk.api, "block": block}))
+    def set_provider_result(self, chunk: chunks.ToolResult) -> message_pb2.ToolCallPart:
+        """Record the result of a provider-executed call on its part (a part of its own when the
+        call was never seen), with what its API needs to have it back merged into the part's
+        ``provider_metadata`` per API. A result that is not JSON or too large to keep (see
+        :meth:`set_output`) becomes the call's error, without its API's record of it, so the call
+        goes back as one without a result (docs/providers.md). A result for a call of an earlier
+        step is also one of this step's (:meth:`step_late_results`)."""
+        part = self._tool_parts.get(chunk.tool_call_id)
+        if part is None:
+            self.start_tool_call(chunk.tool_call_id, chunk.tool_name, provider_executed=True)
+            part = self._tool_parts[chunk.tool_call_id]
+        elif not any(p is part for p in self._step.tool_calls):
+            self._step.late_results.append(part)
+        call = part.tool_call
+        call.provider_executed = True
+        if chunk.error is not None:
+            call = self.set_error(chunk.tool_call_id, chunk.error)
+        else:
+            try:
+                call = self.set_output(chunk.tool_call_id, chunk.output)
+            except (NotJsonError, OutputTooLarge) as problem:
+                return self.set_error(chunk.tool_call_id, f"the provider's result was not kept: {problem}")
+        if chunk.provider_metadata:
+            kept = call.provider_metadata
+            merged = json_format.MessageToDict(kept) if kept.fields else {}
+            for api, record in chunk.provider_metadata.items():
+                previous = merged.get(api)
+                merged[api] = {**previous, **record} if isinstance(previous, dict) else record
+            call.provider_metadata.CopyFrom(_metadata_view(merged))
+        return call
 
     def step_text(self) -> str:
         """The current step's text."""
@@ -271,9 +341,25 @@ class AssistantMessage:
         """The current step's reasoning parts."""
         return [p.reasoning for p in self._step.reasoning]
 
+    def step_sources(self) -> list[message_pb2.SourcePart]:
+        """The current step's sources, in stream order."""
+        return list(self._step.sources)
+
+    def step_files(self) -> list[message_pb2.FilePart]:
+        """The current step's files, in stream order."""
+        return list(self._step.files)
+
+    def step_warnings(self) -> list[str]:
+        """What the current step's record lost (a file kept by reference)."""
+        return list(self._step.warnings)
+
     def step_tool_calls(self) -> list[message_pb2.ToolCallPart]:
         """The current step's tool calls, in emission order."""
         return [p.tool_call for p in self._step.tool_calls]
+
+    def step_late_results(self) -> list[message_pb2.ToolCallPart]:
+        """Provider-executed calls of earlier steps whose result came in the current step."""
+        return [p.tool_call for p in self._step.late_results]
 
     def finalize(self) -> message_pb2.Message | None:
         """Close blocks, drop hidden reasoning and empty trailing markers; the message to store,
@@ -300,6 +386,10 @@ def _metadata_view(metadata: Any) -> struct_pb2.Struct:
 REPLY_BUDGET_BYTES = 3 << 20
 """The most a stored reply may grow to through tool results: with its event envelope it stays
 under gRPC's default 4 MiB message limit, so any client can read it back (docs/semantics.md §11)."""
+
+
+FILE_PART_OVERHEAD_BYTES = 4096
+"""Room kept beside a file's bytes for its part's other fields and the event envelope."""
 
 
 class OutputTooLarge(DomainError, ValueError):

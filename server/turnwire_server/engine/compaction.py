@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from turnwire import types as chunks
@@ -28,7 +28,7 @@ from turnwire.compaction import (
     EstimateTokens,
     elide_outputs,
 )
-from turnwire.providers import ModelRequest
+from turnwire.providers import ModelRequest, ProviderError
 from turnwire.types import Usage
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
@@ -104,7 +104,8 @@ class Compacted:
 
 class Compactor:
     """Runs the session's compaction for one turn (``config``, never None here); ``metric_models``
-    labels the summary calls' tokens (``EngineSettings.metric_models``)."""
+    labels the summary calls' tokens (``EngineSettings.metric_models``); ``redact`` masks a
+    summary call's provider error (``EngineSettings.redact``)."""
 
     def __init__(
         self,
@@ -116,8 +117,10 @@ class Compactor:
         request_id: str,
         model: str,
         metric_models: frozenset[str] | None = None,
+        redact: Callable[[str], str] = str,
     ) -> None:
         self.config = config
+        self._redact = redact
         self.metric_models = metric_models
         self.store = store
         self.providers = providers
@@ -315,6 +318,8 @@ class Compactor:
                     pieces.append(chunk.delta)
                 elif type(chunk) is chunks.FinishStep:
                     usage = chunk.usage
+        except ProviderError as error:
+            raise error.redact(self._redact) from None  # the strategy sees the masked text
         finally:
             await stream.aclose()
         metrics.count_tokens(metrics.model_label(model, self.metric_models), usage)

@@ -591,7 +591,6 @@ class TurnEngine:
             record = dataclasses.replace(
                 turn, state="interrupted", end_time=dt.datetime.now(dt.UTC), error=error.SerializeToString()
             )
-            await self.store.finish_turn(record, reply)
             end = event_pb2.TurnEvent(
                 conversation_id=turn.conversation_id,
                 request_id=turn.request_id,
@@ -601,11 +600,9 @@ class TurnEngine:
             end.turn_end.error.CopyFrom(error)
             if reply is not None:
                 end.turn_end.message.CopyFrom(reply)
-            await self.store.append_events(
-                turn.conversation_id,
-                turn.request_id,
-                [(end.sequence_number, end.SerializeToString())],
-                ended=True,
+            # Its TurnEnd with its end state, in one transaction (docs/semantics.md §8).
+            await self.store.finish_turn(
+                record, reply, events=[(end.sequence_number, end.SerializeToString())], stream_ended=True
             )
             log.warning(
                 "turn %s of conversation %s left interrupted: %s",

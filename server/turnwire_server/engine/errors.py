@@ -159,7 +159,8 @@ class SlowConsumer(DomainError):
 
 
 class NothingToContinue(DomainError):
-    """ContinueLastTurn found no assistant message at the end of the conversation (SKIPPED).
+    """ContinueLastTurn found no assistant message at the end of the conversation, or SaveMessages
+    with no messages found no history (SKIPPED).
     ``last_role``: the role of the conversation's last message ("user", "system"), "" when it has
     none. A last user message has no reply yet (a turn cancelled before any reply, say): the message
     says how to have it answered (docs/semantics.md §1)."""

@@ -122,16 +122,36 @@ class EventWriter:
             self._flush()
         return self._emit()
 
-    def _emit(self) -> event_pb2.TurnEvent:
+    def prepare(self) -> Any:
+        """A new response with ids and the next sequence number, not sent: the turn's TurnEnd,
+        stored before it is sent (docs/semantics.md §8). Fill its payload, then :meth:`send` it;
+        nothing else may be sent in between (:meth:`send` raises ``RuntimeError`` then)."""
+        if self._pending:
+            self._flush()
+        return self._made()
+
+    def _made(self) -> Any:
         response = self._response_type()
         event: event_pb2.TurnEvent = response.event
-        self.sequence_number += 1
         event.conversation_id = self.conversation_id
         event.request_id = self.request_id
-        event.sequence_number = self.sequence_number
+        event.sequence_number = self.sequence_number + 1
+        return response
+
+    def send(self, response: Any) -> None:
+        """Send a response :meth:`prepare` made (to the channel and the stream log)."""
+        number = response.event.sequence_number
+        if number != self.sequence_number + 1:
+            raise RuntimeError(f"event {number} was prepared before event {self.sequence_number} was sent")
+        self.sequence_number = number
         self.channel.put(response)
         if self.log is not None:
             self.log.record(response)
+
+    def _emit(self) -> event_pb2.TurnEvent:
+        response = self._made()
+        self.send(response)
+        event: event_pb2.TurnEvent = response.event
         return event
 
     def text_delta(self, block_id: str, delta: str) -> None:

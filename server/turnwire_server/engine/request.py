@@ -35,8 +35,9 @@ class TurnRequest:
     ``messages`` are the new messages to append (validated, ids assigned);
     ``continuation`` is true for ContinueLastTurn; ``response_type`` is the
     RPC's response class (it wraps ``TurnEvent`` in field ``event``);
-    ``skip_unless_assistant_last`` ends the turn SKIPPED when the stored
-    history does not end with an assistant message (ContinueLastTurn).
+    ``skip_unless`` ends the turn SKIPPED (``NothingToContinue``) when the stored history, read
+    under the turn lock, is empty (``"history"``: SaveMessages with no messages) or does not end
+    with an assistant message (``"assistant_last"``: ContinueLastTurn); docs/semantics.md §1.
     ``disconnect`` is what the caller going away does: ``cancel`` the turn, or let it
     ``continue`` detached (re-attach with ResumeTurn; docs/semantics.md §5).
     ``client_tools`` are the request's client-side tools (:class:`turnwire.tools.ClientTool`),
@@ -57,7 +58,7 @@ class TurnRequest:
     model: str
     continuation: bool
     response_type: Callable[[], Any]
-    skip_unless_assistant_last: bool = False
+    skip_unless: Literal["", "history", "assistant_last"] = ""
     disconnect: Literal["cancel", "continue"] = "cancel"
     client_tools: Sequence[Tool] = ()
     tool_denials: Sequence[ToolDenial] = ()

@@ -6,6 +6,13 @@ begins, then that backlog, then the live events (see
 :class:`~turnwire_server.engine.stream_log.StreamLog`). A reader that falls too far behind the
 live turn is dropped by the log and attaches again from where it was. A finished turn is
 read from the store alone, within the event retention. Re-attaching never runs a turn.
+
+A turn recorded ended has its TurnEnd stored with its end state, or stored before it was sent
+(see :mod:`~turnwire_server.engine.stream_log`). A stream without one is then a crash between
+the two writes of a TurnEnd hooks shaped (it was never sent), a TurnEnd write that failed, or a
+stream stored by an older version: once nothing more arrives, the reader gets a TurnEnd made
+from the turn's record (:func:`recorded_end`) rather than waiting for a recovery that will
+never come.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from turnwire_client.v1 import event_pb2
 from turnwire_server.engine.errors import TurnNotHere, TurnStreamNotFound
 from turnwire_server.engine.stream_log import Subscription
-from turnwire_server.store.base import ReplayStore, StreamRecord
+from turnwire_server.store.base import ReplayStore, StreamRecord, TurnRecord
 
 
 async def replay(
@@ -34,13 +41,16 @@ async def replay(
     ``subscribe`` attaches to the turn when it runs in this process (``TurnEngine.subscribe``).
     A turn that runs on another replica is followed through the store (``wait_for_events``, up
     to ``follow_seconds`` per wait), switching to the live feed if it comes to run here (a
-    recovery). Raises :class:`TurnStreamNotFound` when no stream of that id is stored or running
+    recovery). A turn recorded ended whose stream has no TurnEnd ends with :func:`recorded_end`
+    once a wait brought nothing more (at once with one process per store). Raises
+    :class:`TurnStreamNotFound` when no stream of that id is stored or running
     (never started, deleted) or it ended more than ``retention_seconds`` ago (0: kept while
     stored), :class:`TurnNotHere` when it has not ended and nothing can follow it (one process
     per store: a crash not yet recovered), and
     :class:`~turnwire_server.store.base.StoreError` when the store fails.
     """
     last = after
+    waited_at: int | None = None  # where the last wait for another replica's events began
     while True:
         live = subscribe(request_id)
         if live is not None:
@@ -74,9 +84,54 @@ async def replay(
             yield event
         if stream.end_time is not None:
             return
-        # Not ended and not here: another replica runs it (or a crash awaits its recovery).
+        # Not ended and not here: another replica runs it (or a crash awaits its recovery), or
+        # it ended without its TurnEnd stored (see the module docstring).
+        if waited_at == last and (ended := await _ended_turn(request_id, store)) is not None:
+            yield await recorded_end(ended, last, store)  # a whole wait brought nothing more
+            return
+        waited_at = last
         if not await store.wait_for_events(request_id, last, follow_seconds):
-            raise TurnNotHere(request_id)
+            # One process per store: nothing else will write this stream.
+            if (ended := await _ended_turn(request_id, store)) is None:
+                raise TurnNotHere(request_id)
+            yield await recorded_end(ended, last, store)
+            return
+
+
+async def _ended_turn(request_id: str, store: ReplayStore) -> TurnRecord | None:
+    """The turn's record when it is recorded ended, else None."""
+    turn = await store.get_turn(request_id)
+    return turn if turn is not None and turn.state != "running" else None
+
+
+_STATUSES: dict[str, event_pb2.TurnStatus.ValueType] = {
+    "completed": event_pb2.TURN_STATUS_COMPLETED,
+    "error": event_pb2.TURN_STATUS_ERROR,
+    "aborted": event_pb2.TURN_STATUS_ABORTED,
+    "interrupted": event_pb2.TURN_STATUS_INTERRUPTED,
+    "skipped": event_pb2.TURN_STATUS_SKIPPED,
+}
+
+
+async def recorded_end(turn: TurnRecord, last: int, store: ReplayStore) -> event_pb2.TurnEvent:
+    """The TurnEnd of ``turn``, recorded ended, whose stored stream (up to sequence number
+    ``last``) has none (see the module docstring): numbered ``last + 1``, with the recorded
+    status and error and the stored reply; usage and step count are not recorded (zero), and
+    ``metadata["from_turn_record"]`` is true. Raises
+    :class:`~turnwire_server.store.base.StoreError` when the store fails."""
+    event = event_pb2.TurnEvent(
+        conversation_id=turn.conversation_id, request_id=turn.request_id, sequence_number=last + 1
+    )
+    end = event.turn_end
+    end.status = _STATUSES[turn.state]
+    if turn.error is not None:
+        end.error.ParseFromString(turn.error)
+    for message in await store.load_messages(turn.conversation_id):
+        if message.id == turn.assistant_message_id:
+            end.message.CopyFrom(message)
+            break
+    end.metadata.update({"from_turn_record": True})
+    return event
 
 
 async def _stream(request_id: str, store: ReplayStore, retention_seconds: float) -> StreamRecord | None:

@@ -10,6 +10,7 @@ windows, the progress keepalive), which reads it from the same validated section
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,9 +35,10 @@ class LimitsSettings(_EngineSection):
         10_000,
         ge=1,
         description=(
-            "turn calls (Chat, SaveMessages, ContinueLastTurn) running at once; past it a call gets "
-            "RESOURCE_EXHAUSTED (reason OVERLOADED, with RetryInfo). Health checks, reflection and the "
-            "unary ChatService calls do not count"
+            "ChatService streams open at once (the turn calls, ResumeTurn, WatchSubmission); past it a "
+            "call gets RESOURCE_EXHAUSTED (reason OVERLOADED, with RetryInfo). Health checks, reflection "
+            "and the unary ChatService calls do not count. With authentication on, one tenant holds at "
+            "most its tenant_shares: of it"
         ),
     )
     max_queued_turns_per_conversation: int = Field(32, ge=1)
@@ -158,6 +160,10 @@ class EngineSettings:
     ``replica_id`` names this process as the owner of the turns it runs; it renews their
     leases so they last ``durability.lease_seconds`` past each renewal (a lapsed lease marks a
     turn whose process died, for another replica to recover).
+    ``redact`` masks the secrets in text that enters from outside (a provider's error, a tool's
+    error text) before the turn reports, stores, traces or logs it; the application gives the
+    process's redactor (``turnwire_server.redaction``, docs/security.md "Secrets"); the default
+    keeps text as it is.
     """
 
     default_model: str = "scripted:demo"
@@ -169,3 +175,4 @@ class EngineSettings:
     compaction: CompactionConfig | None = None
     metric_models: frozenset[str] | None = None
     replica_id: str = field(default_factory=lambda: f"replica-{uuid.uuid4().hex[:12]}")
+    redact: Callable[[str], str] = str

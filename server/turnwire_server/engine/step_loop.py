@@ -21,6 +21,8 @@ import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
+from google.protobuf import struct_pb2
+
 from turnwire import types as chunks
 from turnwire.compaction import elide_outputs
 from turnwire.error_classes import finish_overflows
@@ -37,6 +39,7 @@ from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStal
 from turnwire_server.engine.output_clamp import ClampedStep, clamped_step
 from turnwire_server.engine.pending_calls import OpenCalls, repair_pending, with_pending_placeholders
 from turnwire_server.engine.settings import EngineSettings
+from turnwire_server.engine.step_record import bounded_metadata
 from turnwire_server.engine.tool_calls import ToolCallRunner
 from turnwire_server.engine.turn_state import TurnWorkingState
 from turnwire_server.hooks.chain import HookError, merge_config
@@ -86,6 +89,7 @@ class StepLoop:
         # The current step's metric labels (engine/metrics.py).
         self._provider_label = ""
         self._model_label = ""
+        self._metadata_view: struct_pb2.Struct | None = None  # the finished step's, bounded
 
     async def run(self, admission: TurnAdmission | None = None) -> None:
         """Assemble, ``before_turn``, then the steps; ``admission`` is what the turn's input
@@ -369,6 +373,7 @@ class StepLoop:
                 self.wait_for_reader,
                 config.repair_tool_call,
                 max_output_bytes=self.settings.limits.max_tool_output_bytes,
+                redact=self.settings.redact,
             )
 
         return runner
@@ -406,20 +411,32 @@ class StepLoop:
         calls = assistant.step_tool_calls()
         # Hidden reasoning stays between the engine and the model: hooks do not see it either.
         reasoning = assistant.step_reasoning() if turn.send_reasoning else []
+        # One bounded record for the hooks, the event and the stored step (step_record.py).
+        metadata, view, dropped = bounded_metadata(finish.provider_metadata)
+        warnings = (*finish.warnings, *assistant.step_warnings(), *dropped)
+        assistant.record_step(
+            response_id=finish.response_id,
+            response_model=finish.response_model,
+            provider_metadata=view,
+            warnings=warnings,
+        )
+        self._metadata_view = view
         return StepFinishContext(
             step_number=step_number,
             text=assistant.step_text(),
             reasoning=reasoning,
             reasoning_text="".join(r.text for r in reasoning),
             tool_calls=calls,
-            tool_results=[c for c in calls if c.state in _RESOLVED],
+            tool_results=[*(c for c in calls if c.state in _RESOLVED), *assistant.step_late_results()],
             finish_reason=finish.finish_reason,
             raw_finish_reason=finish.raw_finish_reason,
             usage=finish.usage,
             response_id=finish.response_id,
             response_model=finish.response_model,
-            provider_metadata=finish.provider_metadata,
-            warnings=tuple(finish.warnings),
+            provider_metadata=metadata,
+            warnings=warnings,
+            sources=assistant.step_sources(),
+            files=assistant.step_files(),
             conversation_id=turn.request.conversation_id,
             request_id=turn.request.request_id,
         )
@@ -432,6 +449,9 @@ class StepLoop:
         finish.usage.copy_to(event.usage)
         event.response_id = finish.response_id
         event.response_model = finish.response_model
+        if self._metadata_view is not None and self._metadata_view.fields:
+            event.provider_metadata.CopyFrom(self._metadata_view)
+        event.warnings.extend(result.warnings)
 
     async def _stream(
         self,
@@ -497,21 +517,22 @@ class StepLoop:
                         if send_reasoning:
                             writer.new().reasoning_end.id = chunk.id
                     elif kind is chunks.ToolInputStart:
-                        assistant.start_tool_call(chunk.tool_call_id, chunk.tool_name)
+                        executed = chunk.provider_executed
+                        assistant.start_tool_call(chunk.tool_call_id, chunk.tool_name, executed)
                         input_start = writer.new().tool_input_start
                         input_start.tool_call_id = chunk.tool_call_id
                         input_start.tool_name = chunk.tool_name
+                        input_start.provider_executed = executed
                     elif kind is chunks.ToolCall:
                         runner.accept(chunk, allowed)
+                    elif kind is chunks.ToolResult:
+                        runner.provider_result(chunk)
                     elif kind is chunks.Source:
-                        assistant.add_source(chunk)
-                        writer.new().source.CopyFrom(assistant.message.parts[-1].source)
+                        writer.new().source.CopyFrom(assistant.add_source(chunk))
                     elif kind is chunks.File:
                         writer.new().file.CopyFrom(assistant.add_file(chunk))
                     elif kind is chunks.UsageUpdate:
                         partial = chunk.usage
-                    elif kind is chunks.ProviderExecuted:
-                        assistant.add_provider_executed(chunk)
                     elif kind is chunks.FinishStep:
                         finish = chunk
                     if observe:
@@ -528,6 +549,9 @@ class StepLoop:
                 turn.usage.add(partial)
                 metrics.count_tokens(self._model_label, partial)
             if isinstance(error, ProviderError):
+                # Where a provider's text enters the turn: masked once for the client, the
+                # store, the span and the log alike (docs/security.md, "Secrets").
+                error.redact(self.settings.redact)
                 metrics.count_provider_error(self._provider_label, error)
                 raise TurnFailure("stream", error) from error
             if isinstance(error, TimeoutError) and chunk_timeout is not None:

@@ -2,10 +2,15 @@
 
 docs/semantics.md §8 (resumable streams). Every event a turn emits goes to its
 RPC's channel as before and, here, to live subscribers and to the store: in
-batches at checkpoint cadence (one write in flight at a time), and at once with
-the TurnEnd. Events stay in memory until their batch has committed, so a
-subscriber that attaches reads everything older from the store, the uncommitted
-rest from here, then the live events: each exactly once, in order.
+batches at checkpoint cadence (one write in flight at a time), and the rest with
+the TurnEnd, before the TurnEnd is sent: in the transaction that records the
+turn's end (:meth:`StreamLog.tail`, ``Store.finish_turn``), or, when hooks that
+run after it shape the TurnEnd, in a write of their own (:meth:`StreamLog.store_end`).
+So a turn recorded ended, or whose TurnEnd anyone received, has its whole stream
+stored, however short it was and whenever the process dies. Events stay in
+memory until their batch has committed, so a subscriber that attaches reads
+everything older from the store, the uncommitted rest from here, then the live
+events: each exactly once, in order.
 
 Only streams that started (their first event is a TurnStart or an AttemptStart)
 are stored: a turn refused before its input was stored has nothing to resume,
@@ -34,6 +39,22 @@ RECOVERY_SEQUENCE_GAP = MAX_UNSTORED_EVENTS
 """After a crash, a recovered attempt numbers its events from the last stored one plus this: above
 any number the lost attempt could have sent (at most this many were unstored), so a client that
 saw lost events still receives the AttemptStart (docs/semantics.md §12)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTail:
+    """What a turn's final write stores of its stream (:meth:`StreamLog.tail`): ``events``
+    (``(sequence_number, serialized TurnEvent)``, ascending), the first ``count`` of them from
+    the log's unstored ones, then ``end``'s (the TurnEnd response, when given: the stream ends)."""
+
+    events: list[tuple[int, bytes]]
+    end: Any | None
+    count: int
+
+    @property
+    def ended(self) -> bool:
+        """The batch holds the TurnEnd."""
+        return self.end is not None
 
 
 @dataclass(slots=True)
@@ -100,6 +121,8 @@ class StreamLog:
         self._timer: asyncio.TimerHandle | None = None
         self._in_flight: asyncio.Task[None] | None = None
         self._ended = False
+        self._final = False  # the final write was prepared: no more timer batches
+        self._stored_end: Any = None  # the TurnEnd response once stored before it was sent
         self.last_sequence_number = 0
         self._sealed_through = 0  # events up to this number may be stored or sent: never amended
 
@@ -110,7 +133,7 @@ class StreamLog:
         if self._subscribers:
             for subscriber in tuple(self._subscribers):  # a put may drop the subscriber
                 subscriber.put(response)
-        if not self._recording:
+        if not self._recording or response is self._stored_end:
             return
         self._unstored.append(response)
         if len(self._unstored) > MAX_UNSTORED_EVENTS:
@@ -122,7 +145,7 @@ class StreamLog:
             self._recording = False
             self._unstored.clear()
             return
-        if self._timer is None and self._in_flight is None:
+        if self._timer is None and self._in_flight is None and not self._final:
             self._timer = asyncio.get_running_loop().call_later(self._interval, self._flush_soon)
 
     def amendable(self, response: Any) -> bool:
@@ -187,13 +210,67 @@ class StreamLog:
             del self._unstored[: len(batch)]
         finally:
             self._in_flight = None
-            if not ended and self._unstored and self._timer is None and not self._ended:
+            if not ended and self._unstored and self._timer is None and not self._ended and not self._final:
                 self._timer = asyncio.get_running_loop().call_later(self._interval, self._flush_soon)
 
+    async def tail(self, end: Any | None = None) -> StreamTail | None:
+        """What the turn's final write stores of the stream (``Store.finish_turn``): every event
+        not stored yet, then ``end``, its TurnEnd (a response ``EventWriter.prepare`` made and
+        filled, not sent yet), serialized now. None when there is nothing to store: no such
+        event, a stream that never started (see the module docstring), or one no longer
+        recorded (past :data:`MAX_UNSTORED_EVENTS`). It stops the batch timer and waits for the
+        batch in flight; no timer batch follows (the final write, or :meth:`finish`, stores the
+        rest). Once the write committed, pass the tail to :meth:`stored`."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._final = True
+        while self._in_flight is not None:
+            await asyncio.shield(self._in_flight)
+        if not self._recording:
+            return None
+        batch = list(self._unstored)
+        if self._started is None:
+            first = batch[0] if batch else end
+            if first is None:
+                return None
+            self._started = first.event.HasField("turn_start") or first.event.HasField("attempt_start")
+        if not self._started:
+            return None
+        events = [(r.event.sequence_number, r.event.SerializeToString()) for r in batch]
+        if events:
+            self._sealed_through = max(self._sealed_through, events[-1][0])
+        if end is not None:
+            events.append((end.event.sequence_number, end.event.SerializeToString()))
+        return StreamTail(events, end, len(batch)) if events else None
+
+    def stored(self, tail: StreamTail) -> None:
+        """``tail`` (from :meth:`tail`) has committed: its events leave memory, and its TurnEnd,
+        when it has one, is not stored again when it is sent."""
+        del self._unstored[: tail.count]
+        if tail.end is not None:
+            self._stored_end = tail.end
+
+    async def store_end(self, end: Any) -> None:
+        """Store what is left of the stream with its TurnEnd ``end`` (a prepared response, not
+        sent yet), before it is sent: for a TurnEnd hooks shaped after the turn's final write
+        (``on_chat_error``, the hook timeline). Never raises: when the write fails it is logged,
+        and :meth:`finish` tries again once the TurnEnd was sent."""
+        tail = await self.tail(end)
+        if tail is None:
+            return
+        try:
+            await self._store.append_events(self.conversation_id, self.request_id, tail.events, ended=True)
+        except Exception as error:
+            log.warning("turn %s: storing its TurnEnd failed: %s", self.request_id, error)
+            return
+        self.stored(tail)
+
     async def finish(self, *, ended: bool = True) -> None:
-        """Store everything left, its TurnEnd included, and mark the stream ended. With ``ended``
-        False (a turn left running for the next start to recover) the TurnEnd is not stored and
-        the stream stays open. Never raises."""
+        """Store everything left, its TurnEnd included, and mark the stream ended, unless that
+        was stored already (:meth:`stored`). With ``ended`` False (a turn left running for the
+        next start to recover) the TurnEnd is not stored and the stream stays open. Never
+        raises."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -201,5 +278,6 @@ class StreamLog:
             await asyncio.shield(self._in_flight)
         if not ended and self._unstored and self._unstored[-1].event.HasField("turn_end"):
             self._unstored.pop()
-        if self._recording and (self._unstored or (self._started and ended)):
+        ending = self._started and ended and self._stored_end is None
+        if self._recording and (self._unstored or ending):
             await self._flush(ended=ended)

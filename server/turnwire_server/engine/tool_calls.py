@@ -63,8 +63,10 @@ class ToolCallRunner:
         repair: RepairToolCall | None = None,
         *,
         max_output_bytes: int = 0,
+        redact: Callable[[str], str] = str,
     ) -> None:
         self.turn = state  # the turn's working state
+        self._redact = redact  # EngineSettings.redact: a tool's error text is outside text
         self._tool_timeout_seconds = tool_timeout_seconds
         self._wait_for_reader = wait_for_reader
         self._max_output_bytes = max_output_bytes
@@ -78,9 +80,23 @@ class ToolCallRunner:
 
     def accept(self, call: chunks.ToolCall, allowed: collections.abc.Set[str]) -> None:
         """Record a complete call from the stream; invalid ones become input errors (or wait for
-        :meth:`repair_invalid` when a ``repair_tool_call`` hook is set)."""
+        :meth:`repair_invalid` when a ``repair_tool_call`` hook is set).
+
+        A provider-executed call is stored and announced, never run and never offered to a hook
+        (its result comes as a :class:`~turnwire.types.ToolResult`); a call of a tool the API
+        defines as the application's (``call.client_executed``) that the turn has no tool for is
+        held for the client as a client tool's call (docs/semantics.md §3, §6)."""
         turn = self.turn
         turn.assistant.complete_tool_call(call)
+        if call.provider_executed:
+            self._announce(call, provider_executed=True)
+            return
+        if call.client_executed and call.error is None and call.tool_name not in turn.tools:
+            self._announce(call)
+            turn.assistant.tool_call(call.tool_call_id).client_executed = True
+            turn.checkpoints.progress()
+            self.waiting = True
+            return
         error = self._problem(call, allowed)
         if error is None:
             self._available(call, allowed)
@@ -97,15 +113,40 @@ class ToolCallRunner:
             return f"Model tried to call unavailable tool '{call.tool_name}'. Available tools: {names}."
         return None
 
-    def _available(self, call: chunks.ToolCall, allowed: collections.abc.Set[str]) -> None:
-        turn = self.turn
-        event = turn.writer.new().tool_input_available
+    def _announce(self, call: chunks.ToolCall, *, provider_executed: bool = False) -> None:
+        """The ``ToolInputAvailable`` event of a complete call."""
+        event = self.turn.writer.new().tool_input_available
         event.tool_call_id = call.tool_call_id
         event.tool_name = call.tool_name
-        part = turn.assistant.tool_call(call.tool_call_id)
+        part = self.turn.assistant.tool_call(call.tool_call_id)
         event.input_json = part.input_json
         if part.HasField("input"):
             event.input.CopyFrom(part.input)
+        event.provider_executed = provider_executed
+
+    def provider_result(self, result: chunks.ToolResult) -> None:
+        """Store and stream the result of a provider-executed call (no tool hook runs: the provider
+        ran it; ``on_chunk`` sees the chunk, as for any chunk of the stream)."""
+        turn = self.turn
+        part = turn.assistant.set_provider_result(result)
+        if part.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
+            error = turn.writer.new().tool_output_error
+            error.tool_call_id = part.tool_call_id
+            error.tool_name = part.tool_name
+            error.error_text = part.error_text
+            error.provider_executed = True
+        else:
+            output = turn.writer.new().tool_output_available
+            output.tool_call_id = part.tool_call_id
+            output.tool_name = part.tool_name
+            output.output_json = part.output_json
+            if part.HasField("output"):
+                output.output.CopyFrom(part.output)
+            output.provider_executed = True
+
+    def _available(self, call: chunks.ToolCall, allowed: collections.abc.Set[str]) -> None:
+        turn = self.turn
+        self._announce(call)
         tool = turn.tools[call.tool_name]
         if hold_call(turn, call.tool_call_id, tool, call.input or {}):
             self.waiting = True
@@ -200,7 +241,7 @@ class ToolCallRunner:
                     )
                 )
             except HookError as hook_error:
-                success, error_text = False, _describe(hook_error.__cause__ or hook_error)
+                success, error_text = False, self._redact(_describe(hook_error.__cause__ or hook_error))
             else:
                 if decision.action == "block":
                     outcome = "blocked"
@@ -217,7 +258,7 @@ class ToolCallRunner:
                     try:
                         output = await self._execute(call, tool, run_input, step_number)
                     except Exception as tool_error:
-                        success, error_text = False, _describe(tool_error)
+                        success, error_text = False, self._redact(_describe(tool_error))
                         # The model sees the message alone; the type goes to the log (§11).
                         log.info(
                             "tool %s (call %s) raised %s: %s",

@@ -4,7 +4,12 @@ The pipeline and hook order are docs/semantics.md §2 and §3:
 
     turn lock ─ TurnStart ─ persist input ─ assemble ─ repair ─ before_turn
       step loop: before_step → model stream (on_chunk) → tool calls → on_step_finish
-      store assistant message ─ release lock ─ on_chat_response ─ TurnEnd
+      store assistant message, end state, last events and TurnEnd ─ release lock
+        ─ on_chat_response ─ TurnEnd sent
+
+The TurnEnd is durable before it is sent (docs/semantics.md §8): it is stored in the transaction
+that records the turn's end, or, when hooks that run after that shape it (on_chat_error, the hook
+timeline), in a write of its own after them.
 
 Failures: classify_chat_error → store partial → on_chat_error → TurnEnd(ERROR). A context
 overflow with reactive compaction on: compact → AttemptStart → the turn again (a new reply
@@ -64,6 +69,7 @@ from turnwire_server.engine.ids import assistant_message_id, attempt_message_id
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.settings import EngineSettings
 from turnwire_server.engine.step_loop import StepLoop
+from turnwire_server.engine.stream_log import StreamTail
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.engine.turn_spec import spec_json
 from turnwire_server.engine.turn_state import TurnWorkingState
@@ -194,6 +200,7 @@ class TurnRun:
                 request_id=request.request_id,
                 model=request.model,
                 metric_models=settings.metric_models,
+                redact=settings.redact,
             )
             if settings.compaction is not None
             else None
@@ -209,6 +216,9 @@ class TurnRun:
         self.messages_persisted = False
         #: Set once the TurnEnd event is queued; cancelling after that is a no-op.
         self.ended = False
+        #: The TurnEnd response, built (and stored) with the turn's end state when nothing that
+        #: runs later can change it; None: built after the hooks (:meth:`_after_lock`).
+        self._end: Any = None
         #: Stopped by a shutdown and left ``running`` in the store for the next start to recover.
         self.left_running = False
         self._record: TurnRecord | None = None
@@ -311,7 +321,7 @@ class TurnRun:
         what that commit read comes with it; a recovery (its input is stored) and a conditional
         continuation (it reads the history under the lock first) take the lock alone (None)."""
         request = self.request
-        if self.recovery is not None or request.skip_unless_assistant_last:
+        if self.recovery is not None or request.skip_unless:
             return self.store.turn_lock(
                 request.conversation_id,
                 request_id=request.request_id,
@@ -422,7 +432,9 @@ class TurnRun:
         request = self.request
         if admission is None:
             history = await self.store.load_messages(request.conversation_id)
-            if not history or history[-1].role != message_pb2.ROLE_ASSISTANT:
+            if not history or (
+                request.skip_unless == "assistant_last" and history[-1].role != message_pb2.ROLE_ASSISTANT
+            ):
                 self.outcome = "skipped"
                 last_role = (
                     message_pb2.Role.Name(history[-1].role).removeprefix("ROLE_").lower() if history else ""
@@ -640,10 +652,21 @@ class TurnRun:
             end_time=dt.datetime.now(dt.UTC),
             error=error_bytes,
         )
+        end = self._end_response(message) if self._end_is_final() else None
+        tail = await self._stream_tail(end)
         try:
             # Shielded: a second cancel (client gone, shutdown) must not lose the reply.
-            await asyncio.shield(self.store.finish_turn(record, message))
+            await asyncio.shield(
+                self.store.finish_turn(
+                    record,
+                    message,
+                    events=tail.events if tail else (),
+                    stream_ended=tail is not None and tail.ended,
+                )
+            )
             self.stored_message = message
+            self._stream_stored(tail)
+            self._end = end
         except TurnNotFound:
             # Its conversation was deleted under it: the store wrote nothing, and must not bring
             # the conversation back (docs/semantics.md §12, deleting). Not a failure of the turn.
@@ -674,8 +697,19 @@ class TurnRun:
             error=self.status_error.SerializeToString(),
         )
         removed = [message.id for message in self.request.messages] + [self.message_id]
+        end = self._end_response(None) if self._end_is_final() else None
+        tail = await self._stream_tail(end)
         try:
-            await asyncio.shield(self.store.roll_back_turn(record, removed))
+            await asyncio.shield(
+                self.store.roll_back_turn(
+                    record,
+                    removed,
+                    events=tail.events if tail else (),
+                    stream_ended=tail is not None and tail.ended,
+                )
+            )
+            self._stream_stored(tail)
+            self._end = end
         except TurnNotFound:
             log.info("turn %s: conversation deleted; nothing to roll back", self.request.request_id)
         except Exception as error:
@@ -716,11 +750,37 @@ class TurnRun:
                     concurrent_input=stopped_by,
                 )
             )
-        self._end_event()
+        end = self._end
+        if end is None:
+            end = self._end_response(self.stored_message)
+            stream = self.writer.log
+            if stream is not None and not self.left_running:  # left running: it has no end yet
+                await stream.store_end(end)
+        self.writer.send(end)
 
-    def _end_event(self) -> None:
-        event = self.writer.new()
-        end = event.turn_end
+    def _end_is_final(self) -> bool:
+        """True when nothing after the turn's final write changes its TurnEnd: no
+        ``on_chat_error`` will replace its error, and no hook timeline records the hooks still
+        to run. Its TurnEnd is then built and stored in that write."""
+        if self.timeline is not None or self.left_running:
+            return False
+        return self.outcome != "error" or not self.hooks.runs("on_chat_error")
+
+    async def _stream_tail(self, end: Any) -> StreamTail | None:
+        """The stream events the turn's final write stores (:meth:`StreamLog.tail`)."""
+        stream = self.writer.log
+        return None if stream is None else await stream.tail(end)
+
+    def _stream_stored(self, tail: StreamTail | None) -> None:
+        stream = self.writer.log
+        if stream is not None and tail is not None:
+            stream.stored(tail)
+
+    def _end_response(self, message: message_pb2.Message | None) -> Any:
+        """The TurnEnd response (prepared, not sent): the outcome, its error, the stored reply
+        ``message``, usage and step count, the hook timeline when kept."""
+        response = self.writer.prepare()
+        end = response.event.turn_end
         end.status = {
             "completed": event_pb2.TURN_STATUS_COMPLETED,
             "error": event_pb2.TURN_STATUS_ERROR,
@@ -731,12 +791,13 @@ class TurnRun:
         }[self.outcome]
         if self.status_error is not None:
             end.error.CopyFrom(self.status_error)
-        if self.stored_message is not None:
-            end.message.CopyFrom(self.stored_message)
+        if message is not None:
+            end.message.CopyFrom(message)
         self.state.usage.copy_to(end.usage)
         end.step_count = self.state.steps_started  # a step cut short by a cancel or an error counts too
         if self.timeline is not None and self.settings.events.hook_timeline:
             end.metadata.update({"hook_timeline": self.timeline.as_dicts()})
+        return response
 
     # --- errors ------------------------------------------------------------
 

@@ -20,16 +20,20 @@ Chunks: text blocks → TextStart/Delta/End; ``thinking`` → ReasoningStart/Del
 with the signature (``provider_metadata={"anthropic": {...}}`` marks it for
 replay); ``redacted_thinking`` → ReasoningStart/End(redacted, signature=data);
 ``tool_use`` → ToolInputStart/Delta, and its ToolCall once the stop reason is known
-(``max_tokens`` → every call errored, never run); ``citations_delta`` → Source;
-server tools (``server_tool_use``, ``mcp_tool_use``) are not client calls: reported in
-``FinishStep.provider_metadata["anthropic"]["server_tool_calls"]``, and each server call (its
-input complete) and result block (``*_tool_result``) → ProviderExecuted, sent back as it came
-(docs/providers.md); blocks ``message_start`` already holds (programmatic tool calling) are
-decoded as if streamed; ``pause_turn`` → ``FinishStep.paused``; a refusal's
-``stop_details`` (category, explanation) in ``...["stop_details"]``. A ``tool_use``
-id the turn already has gets ``<id>_2`` (docs/semantics.md §11); a character split
-between two deltas is joined (:mod:`turnwire_server.providers.wire`); a whole
-``message`` body instead of a stream is one step (:meth:`AnthropicDecoder.whole`).
+(``max_tokens`` → every call errored, never run); each citation (``citations_delta``, or a
+block's ``citations``) → a Source tied to its text block (:mod:`.anthropic_content`);
+server tools (``server_tool_use``, ``mcp_tool_use``: web search, web fetch, code execution, the MCP
+connector, tool search) are not client calls: ToolInputStart/Delta and a ToolCall marked
+``provider_executed``, and their result blocks (``*_tool_result``) a ToolResult, each with its
+block (without the input or content it carries) in ``provider_metadata["anthropic"]`` (``call``,
+``result``) so the request builder sends both back as they came (docs/providers.md); the files a
+code execution result names → Files by ``file_id``; blocks
+``message_start`` already holds (programmatic tool calling) are decoded as if streamed;
+``pause_turn`` → ``FinishStep.paused``; a refusal's ``stop_details`` (category, explanation)
+in ``...["stop_details"]``. A ``tool_use`` id the turn already has gets ``<id>_2``
+(docs/semantics.md §11); a character split between two deltas is joined
+(:mod:`turnwire_server.providers.wire`); a whole ``message`` body instead of a stream is one
+step (:meth:`AnthropicDecoder.whole`).
 
 Finish reasons: ``end_turn``/``stop_sequence`` → stop, ``max_tokens`` and
 ``model_context_window_exceeded`` → length, ``tool_use`` → tool-calls,
@@ -50,21 +54,22 @@ from turnwire.providers import ModelRequest, ProviderError
 from turnwire.types import (
     FinishReason,
     ModelChunk,
-    ProviderExecuted,
     ReasoningDelta,
     ReasoningEnd,
     ReasoningStart,
-    Source,
     TextDelta,
     TextEnd,
     TextStart,
+    ToolCall,
     ToolInputDelta,
     ToolInputStart,
+    ToolResult,
     Usage,
     UsageUpdate,
 )
 from turnwire.values import parse_tool_input
 from turnwire_server.providers import errors
+from turnwire_server.providers.anthropic_content import citation_source, result_files
 from turnwire_server.providers.anthropic_request import (
     OUTPUT_TOOL,
     AnthropicPlan,
@@ -138,8 +143,8 @@ class AnthropicDecoder:
         self.join = TextJoiner()
         self.blocks: dict[int, _Block] = {}
         self.calls: list[PendingCall] = []
-        self.server_calls: list[dict[str, Any]] = []
-        self.sources: set[str] = set()
+        self.server_names: dict[str, str] = {}  # server call id → tool name, for its result
+        self.cited: set[tuple[str, bytes]] = set()  # (text block, citation): each Source has its own id
         # The structured output text: text blocks in native mode, the output tool's input in tool mode.
         self.text: list[str] | None = [] if plan.output_schema is not None and not plan.output_tool else None
         self.output: list[str] = []
@@ -181,8 +186,8 @@ class AnthropicDecoder:
                 if not fragment:
                     return NOTHING
                 block.call.parts.append(fragment)
-                if block.kind == _TOOL:
-                    return (ToolInputDelta(block.id, fragment),)
+                if block.kind in (_TOOL, _SERVER):
+                    return (ToolInputDelta(block.call.tool_call_id, fragment),)
                 if block.kind == _OUTPUT and not self.plan.output_wrapped:
                     self.output.append(fragment)
                     return (TextDelta(block.id, fragment),)
@@ -194,7 +199,7 @@ class AnthropicDecoder:
                 block.data += delta.get("signature") or ""
                 return NOTHING
             if dtype == "citations_delta":
-                return self._citation(delta.get("citation") or {})
+                return self._citation(delta.get("citation") or {}, block.id)
             return NOTHING
         if kind == "content_block_start":
             return self._start(obj["index"], obj.get("content_block") or {})
@@ -238,10 +243,11 @@ class AnthropicDecoder:
             if not isinstance(block, dict):
                 continue
             key = -1 - position
-            out.extend(self._start(key, clean_strings(block), f"{self.prefix}-m{position}"))
+            block_id = f"{self.prefix}-m{position}"
+            out.extend(self._start(key, clean_strings(block), block_id))
             for citation in block.get("citations") or ():
                 if isinstance(citation, dict):
-                    out.extend(self._citation(citation))
+                    out.extend(self._citation(citation, block_id))
             out.extend(self._stop(key))
         return out
 
@@ -276,15 +282,29 @@ class AnthropicDecoder:
             self.calls.append(call)
             return (ToolInputStart(call_id, name),)
         if ctype in _SERVER_USES:
+            # The API's own id: the block goes back verbatim and its result names it.
             call = PendingCall(content.get("id") or block_id, content.get("name") or "")
             _initial_input(call, content.get("input"))
+            self.server_names[call.tool_call_id] = call.tool_name
             self.blocks[index] = _Block(_SERVER, block_id, call=call, start=content)
-            return NOTHING
+            return (ToolInputStart(call.tool_call_id, call.tool_name, provider_executed=True),)
         self.blocks[index] = _Block(_OTHER, block_id)
         if isinstance(ctype, str) and _is_server_result(ctype):
             # Its call's pair: the same API needs both back (docs/providers.md, pause_turn).
-            return (ProviderExecuted("anthropic", dict(content)),)
+            return (self._server_result(ctype, content), *result_files(content))
         return NOTHING
+
+    def _server_result(self, ctype: str, block: Mapping[str, Any]) -> ToolResult:
+        """A server tool's result block as the result of its call: ``content`` is the output, or,
+        for an error (a ``*_error`` content type, an MCP result with ``is_error``), the error text
+        (its ``error_code``, or the text it holds) and the content stays in the kept block."""
+        call_id = str(block.get("tool_use_id") or "")
+        name = self.server_names.get(call_id) or ctype.removesuffix("_tool_result")
+        content = block.get("content")
+        error = _server_error(content, block.get("is_error") is True)
+        kept = {k: v for k, v in block.items() if k != "content"} if error is None else dict(block)
+        metadata = {"anthropic": {"result": kept}}
+        return ToolResult(call_id, name, output=content, error=error, provider_metadata=metadata)
 
     def _stop(self, index: int) -> Sequence[ModelChunk]:
         block = self.blocks.get(index)
@@ -323,22 +343,33 @@ class AnthropicDecoder:
             self.output.append(text)
             return (TextDelta(block.id, text), TextEnd(block.id))
         if kind == _SERVER and block.call is not None:
-            value, _ = parse_tool_input(block.call.raw())
-            self.server_calls.append(
-                {"id": block.call.tool_call_id, "name": block.call.tool_name, "input": value}
+            call = block.call
+            raw = call.raw()
+            value, _ = parse_tool_input(raw)
+            # The block as the API gave it, without its input (the call's input_json): sent back
+            # on the next request with the input complete.
+            start = {k: v for k, v in (block.start or {}).items() if k != "input"}
+            return (
+                *((ToolInputDelta(call.tool_call_id, rest),) if rest else ()),
+                ToolCall(
+                    call.tool_call_id,
+                    call.tool_name,
+                    value or {},
+                    raw_input=raw,
+                    provider_executed=True,
+                    provider_metadata={"anthropic": {"call": start}},
+                ),
             )
-            # The block as the API gave it, its input complete: sent back on the next request.
-            return (ProviderExecuted("anthropic", {**(block.start or {}), "input": value or {}}),)
         return NOTHING
 
-    def _citation(self, citation: Mapping[str, Any]) -> Sequence[ModelChunk]:
-        url = citation.get("url") or ""
-        key = url or f"{citation.get('document_index', '')}:{citation.get('cited_text', '')[:50]}"
-        if key in self.sources:
+    def _citation(self, citation: Mapping[str, Any], text_id: str) -> Sequence[ModelChunk]:
+        """One Source per citation of text block ``text_id`` (:func:`citation_source`); the same
+        citation repeated in one block is one."""
+        key = (text_id, orjson.dumps(citation, option=orjson.OPT_SORT_KEYS))
+        if key in self.cited:
             return NOTHING
-        self.sources.add(key)
-        title = citation.get("title") or citation.get("document_title") or ""
-        return (Source(source_id=key, url=url, title=title),)
+        self.cited.add(key)
+        return (citation_source(citation, f"{self.prefix}-src{len(self.cited)}", text_id),)
 
     def _usage(self) -> Usage:
         """The usage reported so far (``message_start``, then cumulative ``message_delta``s)."""
@@ -372,8 +403,6 @@ class AnthropicDecoder:
             metadata["stop_sequence"] = self.stop_sequence
         if self.stop_details:
             metadata["stop_details"] = self.stop_details
-        if self.server_calls:
-            metadata["server_tool_calls"] = self.server_calls
         if self.ids.renamed:
             metadata["tool_call_ids"] = dict(self.ids.renamed)
         step = finish_step(
@@ -412,7 +441,7 @@ class AnthropicDecoder:
             out.extend(self._start(index, block))
             for citation in block.get("citations") or ():
                 if isinstance(citation, dict):
-                    out.extend(self._citation(citation))
+                    out.extend(self._citation(citation, f"{self.prefix}-{index}"))
             out.extend(self._stop(index))
         self.stop_reason = obj.get("stop_reason") or ("tool_use" if self.calls else "end_turn")
         self.stop_sequence = obj.get("stop_sequence")
@@ -420,6 +449,18 @@ class AnthropicDecoder:
         self.done = True
         out.extend(self._finish())
         return out
+
+
+def _server_error(content: Any, is_error: bool) -> str | None:
+    """The error text of a server tool's result ``content``, or None when it is a result: a
+    ``*_error`` content object (``web_search_tool_result_error`` …) gives its ``error_code``; an
+    MCP result with ``is_error`` its text blocks."""
+    if isinstance(content, Mapping) and str(content.get("type") or "").endswith("_error"):
+        return str(content.get("error_code") or content.get("type"))
+    if is_error:
+        texts = [b.get("text") for b in content or () if isinstance(b, Mapping) and b.get("text")]
+        return "\n".join(map(str, texts)) or "The tool call failed."
+    return None
 
 
 def _initial_input(call: PendingCall, initial: Any) -> None:

@@ -18,7 +18,9 @@ Transcript rules (each avoids a 400):
   with nothing is dropped; a blank tool result is ``(empty result)``
   (docs/semantics.md §11).
 - Only what may go to Anthropic (:mod:`~turnwire_server.providers.carry_over`): its own
-  signed reasoning, and its provider-executed blocks (server tool calls and results) in place;
+  signed reasoning, and its provider-executed calls (server tool calls and results, rebuilt
+  from the kept blocks with their input and content by :func:`_server_blocks`; replies stored
+  before issue 31 keep the blocks whole in a ``DataPart``) in place;
   a server call without its result only while its turn ends the request (:func:`_without_unpaired`).
 - ``tools`` is defined whenever the history holds tool calls (:func:`_history_tools`);
   ``provider_options`` ``tools`` (server tools) join the request's own.
@@ -43,9 +45,10 @@ from typing import Any, Literal
 
 from turnwire.providers import ModelRequest
 from turnwire.types import ToolDefinition
+from turnwire.values import loads
 from turnwire_client.v1 import message_pb2
 from turnwire_server.providers import errors
-from turnwire_server.providers.carry_over import ANTHROPIC, portable_parts, provider_block
+from turnwire_server.providers.carry_over import ANTHROPIC, api_record, portable_parts, provider_block
 from turnwire_server.providers.convert import (
     EMPTY_USER_TEXT,
     PrefixStates,
@@ -59,6 +62,7 @@ from turnwire_server.providers.convert import (
     tool_input,
     tool_result,
 )
+from turnwire_server.providers.tool_content import anthropic_content, tool_media
 
 OUTPUT_TOOL = "turnwire_structured_output"
 """The forced tool that carries structured output in ``tool`` mode."""
@@ -227,7 +231,10 @@ def _convert_message(message: message_pb2.Message) -> _Converted:
             elif kind == "reasoning":
                 block = _reasoning_block(part.reasoning)
             elif kind == "data":
-                block = provider_block(part)  # a server tool's call or result, verbatim
+                block = provider_block(part)  # a server tool's call or result, stored before issue 31
+            elif kind == "tool_call" and part.tool_call.provider_executed:
+                blocks.extend(_server_blocks(part.tool_call))
+                continue
             elif kind == "tool_call":
                 call = part.tool_call
                 calls.append((len(blocks), call.tool_call_id))
@@ -239,7 +246,10 @@ def _convert_message(message: message_pb2.Message) -> _Converted:
                 }
                 content, is_error = tool_result(call)
                 result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call.tool_call_id}
-                if content:
+                media = tool_media(call)  # images, documents: native blocks, never base64 text
+                if media is not None:
+                    result["content"] = anthropic_content(media)
+                elif content:
                     result["content"] = content
                 if is_error:
                     result["is_error"] = True
@@ -251,6 +261,26 @@ def _convert_message(message: message_pb2.Message) -> _Converted:
         segments.append(_segment("assistant", blocks, tuple(calls)))
         segments.append(_segment("user", results))
     return _Converted(None, tuple(segments), ())
+
+
+def _server_blocks(call: message_pb2.ToolCallPart) -> list[dict[str, Any]]:
+    """A server tool's call (``server_tool_use``, ``mcp_tool_use``) and result blocks as the API
+    gave them: the kept blocks (``provider_metadata["anthropic"]``) with the call's input and the
+    result's content put back; a failed result's block was kept whole. A result without its call
+    block, or a call without a result, goes as it is (:func:`_without_unpaired` drops an unpaired
+    call where the API would refuse it)."""
+    record = api_record(call, "anthropic")
+    blocks: list[dict[str, Any]] = []
+    start = record.get("call")
+    if isinstance(start, dict) and isinstance(start.get("type"), str):
+        blocks.append({**start, "input": tool_input(call)})
+    result = record.get("result")
+    if isinstance(result, dict) and isinstance(result.get("type"), str):
+        if "content" in result:
+            blocks.append(result)
+        elif call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE and call.output_json:
+            blocks.append({**result, "content": loads(call.output_json)})
+    return blocks
 
 
 _converted = per_message_cache(_convert_message, max_bytes=16 << 20)

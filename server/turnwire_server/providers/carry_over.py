@@ -9,10 +9,12 @@ A history may hold parts that only the API that made them can read back (docs/pr
   reasoning text from elsewhere is not sent to it either).
 - **OpenAI Responses reasoning items**: marked ``provider_metadata["openai"]["item_id"]``, with
   ``encrypted_content`` as the signature when not stored server-side. Only Responses resolves them.
-- **Provider-executed blocks**: a server tool's call and result (Anthropic ``server_tool_use``,
-  ``web_search_tool_result`` …), stored as a ``DataPart`` of type
-  :data:`turnwire.types.PROVIDER_EXECUTED` with the API that ran them. Only that API can pair
-  them; elsewhere they are dropped (the text the model wrote from them stays).
+- **Provider-executed tool calls**: a ``ToolCallPart`` with ``provider_executed`` (an Anthropic
+  server tool, a Responses built-in), its API named by its ``provider_metadata`` key
+  (``anthropic``, or ``openai`` for Responses), and replies stored before issue 31 that kept an
+  Anthropic server tool's blocks as a ``DataPart`` of type
+  :data:`turnwire.types.PROVIDER_EXECUTED` (read the same way). Only that API can pair them;
+  elsewhere they are dropped (the text the model wrote from them stays).
 
 Plain reasoning (no signature, no provider marks: e.g. ``reasoning_content`` of an
 OpenAI-compatible server) belongs to no API: Chat Completions builders may send it where a model
@@ -59,6 +61,14 @@ def origin(part: message_pb2.Part) -> str | None:
         if reasoning.signature or reasoning.redacted:
             return _UNKNOWN
         return None
+    if kind == "tool_call":
+        call = part.tool_call
+        if not call.provider_executed:
+            return None
+        fields = call.provider_metadata.fields
+        if "anthropic" in fields:
+            return ANTHROPIC
+        return OPENAI_RESPONSES if "openai" in fields else _UNKNOWN
     if kind == "data" and part.data.type == PROVIDER_EXECUTED:
         data = part.data.data
         api = data.struct_value.fields.get("api") if data.WhichOneof("kind") == "struct_value" else None
@@ -68,8 +78,9 @@ def origin(part: message_pb2.Part) -> str | None:
 
 def carries_over(part: message_pb2.Part, api: Api) -> bool:
     """True when ``part`` may be sent to ``api``: parts of no API's own (text, files, tool calls,
-    application data) always; reasoning and provider-executed blocks only to the API that made
-    them, except that plain reasoning text goes only to Chat Completions (see the module)."""
+    application data) always; reasoning and provider-executed calls and blocks only to the API
+    that made them, except that plain reasoning text goes only to Chat Completions (see the
+    module)."""
     made_by = origin(part)
     if made_by is None:
         return api == OPENAI_CHAT or part.WhichOneof("kind") != "reasoning"
@@ -80,7 +91,10 @@ def portable_parts(parts: Sequence[message_pb2.Part], api: Api) -> Sequence[mess
     """``parts`` (one assistant step) without those that cannot go to ``api``; ``parts`` itself
     when all can (the common case costs one pass and no copy)."""
     for index, part in enumerate(parts):
-        if part.WhichOneof("kind") in ("reasoning", "data") and not carries_over(part, api):
+        kind = part.WhichOneof("kind")
+        if (
+            kind in ("reasoning", "data") or (kind == "tool_call" and part.tool_call.provider_executed)
+        ) and not carries_over(part, api):
             return [*parts[:index], *(p for p in parts[index + 1 :] if carries_over(p, api))]
     return parts
 
@@ -97,6 +111,16 @@ def provider_block(part: message_pb2.Part) -> dict[str, Any] | None:
         return None
     result: dict[str, Any] = _ints(block)
     return result
+
+
+def api_record(call: message_pb2.ToolCallPart, api_key: str) -> dict[str, Any]:
+    """What ``call``'s ``provider_metadata`` keeps for the API keyed ``api_key`` (``"anthropic"``,
+    ``"openai"``) as plain JSON values (integral numbers as ints), or ``{}``."""
+    value = call.provider_metadata.fields.get(api_key)
+    if value is None or value.WhichOneof("kind") != "struct_value":
+        return {}
+    record: dict[str, Any] = _ints(json_format.MessageToDict(value.struct_value))
+    return record
 
 
 def _ints(value: Any) -> Any:

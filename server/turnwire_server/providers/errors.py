@@ -182,6 +182,7 @@ def from_status(
         body=body,
         provider=provider,
     )
+    error.endpoint = endpoint
     return _settle(error)
 
 
@@ -235,7 +236,10 @@ def naming_endpoint(error: ProviderError, endpoint: str | None) -> ProviderError
     """``error`` with ``endpoint`` named in its message, after its first clause as in the other
     builders' messages (``"p: error in the stream (POST http://h/v1/messages): overloaded_error: …"``),
     or at its end when it has one clause; unchanged when ``endpoint`` is None or already named."""
-    if not endpoint or endpoint in error.message:
+    if not endpoint:
+        return error
+    error.endpoint = endpoint
+    if endpoint in error.message:
         return error
     prefix = f"{error.provider}: " if error.message.startswith(f"{error.provider}: ") else ""
     head, sep, tail = error.message[len(prefix) :].partition(": ")
@@ -278,7 +282,7 @@ def connection_error(
     detail = str(error) or type(error).__name__
     endpoint = endpoint or request_endpoint(error)
     where = f" ({endpoint})" if endpoint else ""
-    return ProviderError(
+    failure = ProviderError(
         f"{provider}: {kind.replace('_', ' ')}{where}: {detail}",
         status=0,
         type=kind,
@@ -287,6 +291,8 @@ def connection_error(
         provider=provider,
         in_stream=in_stream,
     )
+    failure.endpoint = endpoint
+    return failure
 
 
 def from_sdk_error(provider: str, error: BaseException, sdk: ModuleType) -> ProviderError | None:

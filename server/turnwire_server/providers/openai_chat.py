@@ -28,7 +28,10 @@ split across deltas is joined until the arguments start (a fragment equal to the
 name so far is a repeat), so ``ToolInputStart`` comes with the first argument
 fragment (or at the step's end); ``reasoning_content`` / ``reasoning`` deltas
 become reasoning, and so do Mistral's ``content`` parts of type ``thinking``
-(``content`` as a list of ``text`` / ``thinking`` parts); ``<think>…</think>`` in
+(``content`` as a list of ``text`` / ``thinking`` parts); ``delta.annotations`` (OpenAI search
+models, OpenRouter) and Perplexity's ``search_results`` / ``citations`` → Sources tied to the
+step's first text block, at the step's end; OpenRouter's ``delta.images`` → Files
+(:mod:`~turnwire_server.providers.openai_annotations`); ``<think>…</think>`` in
 the text when the entry sets ``inline_reasoning_tag``
 (:mod:`~turnwire_server.providers.inline_reasoning`); a chunk with a
 top-level ``error`` (or ``finish_reason: "error"``) is a ProviderError; usage may
@@ -73,6 +76,7 @@ from turnwire.types import (
 from turnwire_server.providers import errors
 from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls
 from turnwire_server.providers.inline_reasoning import InlineReasoning, Piece
+from turnwire_server.providers.openai_annotations import annotation_source, image_file, perplexity_sources
 from turnwire_server.providers.openai_chat_request import MaxTokensParam, build_request
 from turnwire_server.providers.openai_common import (
     OpenAIDecoder,
@@ -138,6 +142,7 @@ class ChatDecoder(OpenAIDecoder):
         self.ids = CallIds(taken_ids)
         self.join = TextJoiner()
         self.filter_results: Any = None
+        self.logprobs: list[Any] = []  # choices[0].logprobs.content, when the request asked for them
         self.text_id: str | None = None
         self.reasoning_id: str | None = None
         self.blocks = 0
@@ -146,6 +151,9 @@ class ChatDecoder(OpenAIDecoder):
         self.refusal: list[str] = []
         self.finish: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.cited_text_id = ""  # the step's first text block: what its annotations' spans count in
+        self.annotations: dict[bytes, Mapping[str, Any]] = {}  # by their JSON: sent once or repeated
+        self.perplexity: Mapping[str, Any] | None = None  # the last chunk with citations
 
     def feed(self, event: bytes, data: bytes) -> Sequence[ModelChunk]:
         """Chunks for one ``data:`` line; raises ProviderError for an error chunk."""
@@ -204,6 +212,8 @@ class ChatDecoder(OpenAIDecoder):
         tool_calls = delta.get("tool_calls")
         if tool_calls:
             self._tool_calls(tool_calls, out)
+        if delta.get("annotations") or delta.get("images") or "citations" in obj or "search_results" in obj:
+            self._cited(obj, delta, out)
         finish = choice.get("finish_reason")
         if finish:
             if finish == "error":
@@ -211,7 +221,38 @@ class ChatDecoder(OpenAIDecoder):
             self.finish = finish
         if choice.get("content_filter_results"):  # Azure: why a content filter stopped the step
             self.filter_results = choice["content_filter_results"]
+        logprobs = choice.get("logprobs")  # with `logprobs: true` in provider_options
+        if logprobs and isinstance(logprobs, dict) and logprobs.get("content"):
+            self.logprobs.extend(logprobs["content"])
         return out
+
+    def _cited(self, obj: Mapping[str, Any], delta: Mapping[str, Any], out: list[ModelChunk]) -> None:
+        """Annotations (kept for the step's end, once each), Perplexity's citations (the last chunk's
+        list wins: each chunk repeats it) and OpenRouter's generated ``images`` (a File each, now)."""
+        annotations = delta.get("annotations")
+        for annotation in annotations if isinstance(annotations, list) else ():
+            if isinstance(annotation, Mapping):
+                self.annotations.setdefault(orjson.dumps(annotation), annotation)
+        if "citations" in obj or "search_results" in obj:
+            self.perplexity = obj
+        images = delta.get("images")
+        for image in images if isinstance(images, list) else ():
+            url = (image.get("image_url") or {}).get("url") if isinstance(image, Mapping) else None
+            file = image_file(url) if isinstance(url, str) else None
+            if file is not None:
+                out.append(file)
+
+    def _sources(self) -> list[ModelChunk]:
+        """The step's sources, tied to its first text block (see :mod:`.openai_annotations`)."""
+        text_id, prefix = self.cited_text_id, self.prefix
+        found: list[ModelChunk] = []
+        for annotation in self.annotations.values():
+            source = annotation_source(annotation, f"{prefix}-src{len(found) + 1}", text_id)
+            if source is not None:
+                found.append(source)
+        if self.perplexity is not None and not found:
+            found.extend(perplexity_sources(self.perplexity, prefix, text_id))
+        return found
 
     def _usage_update(self, usage: dict[str, Any]) -> UsageUpdate:
         """Keep the usage a chunk reported, and report it now: a step cut short after it still
@@ -263,6 +304,7 @@ class ChatDecoder(OpenAIDecoder):
             self._end_reasoning(out)
         if self.text_id is None:
             self.text_id = self._block_id()
+            self.cited_text_id = self.cited_text_id or self.text_id
             out.append(TextStart(self.text_id))
         if self.text is not None:
             self.text.append(content)
@@ -354,6 +396,7 @@ class ChatDecoder(OpenAIDecoder):
         self._end_inline(out)
         self._end_reasoning(out)
         self._end_text(out)
+        out.extend(self._sources())
         raw = self.finish or ""
         calls = [c for c in self.calls if c.tool_name]
         for call in calls:
@@ -376,6 +419,8 @@ class ChatDecoder(OpenAIDecoder):
             metadata["content_filter_results"] = self.filter_results
         if self.ids.renamed:
             metadata["tool_call_ids"] = dict(self.ids.renamed)
+        if self.logprobs:
+            metadata["logprobs"] = self.logprobs
         usage = self.usage or {}
         if usage:
             metadata["usage"] = usage
@@ -413,7 +458,8 @@ class ChatDecoder(OpenAIDecoder):
             raise errors.invalid_response(
                 self.provider, "a JSON body that is not a chat completion (no choices[0].message)", body
             )
-        delta: dict[str, Any] = {k: message.get(k) for k in ("reasoning_content", "reasoning", "refusal")}
+        kept = ("reasoning_content", "reasoning", "refusal", "annotations", "images")
+        delta: dict[str, Any] = {k: message.get(k) for k in kept}
         delta["content"] = message.get("content")  # a string, or parts (read as a stream's are)
         calls = message.get("tool_calls")
         if not calls and isinstance(message.get("function_call"), dict):  # the legacy single call
@@ -421,6 +467,7 @@ class ChatDecoder(OpenAIDecoder):
         if isinstance(calls, list):
             delta["tool_calls"] = [{**c, "index": i} for i, c in enumerate(calls) if isinstance(c, dict)]
         as_chunk = {
+            **{k: obj[k] for k in ("citations", "search_results") if k in obj},
             "id": obj.get("id"),
             "model": obj.get("model"),
             "usage": obj.get("usage"),

@@ -36,6 +36,7 @@ from turnwire_server.providers.openai_common import (
     replay_reasoning_for,
     sampling,
 )
+from turnwire_server.providers.tool_content import chat_content, tool_media
 
 MaxTokensParam = Literal["max_completion_tokens", "max_tokens"]
 
@@ -79,9 +80,15 @@ def _user_content(message: message_pb2.Message, warnings: list[str]) -> str | li
 _Item = tuple[dict[str, Any], tuple[str, ...], int, str | None]
 """A Chat message of a converted message: the wire dict, the original ids of its tool calls (an
 assistant message), for a ``tool`` message the index of the call it answers among the
-preceding assistant message's calls (-1 for other messages), and for an assistant message the
+preceding assistant message's calls (:data:`_TOOL_MEDIA` for the user message carrying the
+step's tool result media, -1 for other messages), and for an assistant message the
 reasoning of its step (``""`` when none; None for other messages), sent as ``reasoning_content``
 only when the request replays reasoning (:func:`convert_messages`)."""
+
+
+_TOOL_MEDIA = -2
+"""The ``_Item`` index of the user message that carries a step's tool result media: part of the
+tool loop, not a new user turn (reasoning replay goes on)."""
 
 
 def _reasoning_text(step: Sequence[message_pb2.Part]) -> str:
@@ -133,10 +140,18 @@ def _convert_message(message: message_pb2.Message) -> tuple[tuple[_Item, ...], t
                     for call in calls
                 ]
             items.append((assistant, tuple(call.tool_call_id for call in calls), -1, reasoning))
+            attached: list[dict[str, Any]] = []  # the results' images, files, audio (tool_content.py)
             for index, call in enumerate(calls):
-                content, _ = tool_result(call)
+                media = tool_media(call)
+                if media is not None:
+                    content, parts = chat_content(media, call.tool_name)
+                    attached.extend(parts)
+                else:
+                    content, _ = tool_result(call)
                 tool = {"role": "tool", "tool_call_id": call.tool_call_id, "content": content}
                 items.append((tool, (), index, None))
+            if attached:  # tool messages take text only: the media follow them in a user message
+                items.append(({"role": "user", "content": attached}, (), _TOOL_MEDIA, None))
     return tuple(items), tuple(warnings)
 
 
@@ -199,7 +214,7 @@ def convert_messages(
         new_warnings.extend(converted_warnings)
         for kept, originals, answers, reasoning in items:
             wire = kept  # shared with other requests: replaced, never changed
-            if answers >= 0:
+            if answers >= 0:  # a tool message
                 if renamed is not None:
                     wire = {**wire, "tool_call_id": renamed[answers]}
             elif originals:
@@ -213,7 +228,7 @@ def convert_messages(
             _append_alternating(merged, wire)
             if replay_reasoning is None:
                 continue
-            if wire["role"] == "user":  # a new user turn
+            if wire["role"] == "user" and answers != _TOOL_MEDIA:  # a new user turn
                 called_tools = False
                 unattached.clear()
             elif reasoning is not None:  # an assistant step

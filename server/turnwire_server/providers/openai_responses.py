@@ -22,7 +22,11 @@ Stream: ``response.created`` (id, model) → ``response.output_item.added`` per 
 ``output_index``, else ``item_id``) → ``response.output_item.done`` (reasoning → ReasoningEnd
 with the encrypted content as signature and ``provider_metadata={"openai": {"item_id"}}``, plus
 ``"text_field": "content"`` when its text came as ``reasoning_text``; the call's final
-arguments) → ``response.completed`` | ``response.incomplete`` | ``response.failed``;
+arguments; a message's ``output_text`` annotations not streamed as
+``response.output_text.annotation.added``; an ``image_generation_call``'s ``result`` → File;
+a ``code_interpreter_call``'s image outputs → File by URL) → ``response.completed`` |
+``response.incomplete`` | ``response.failed``; each annotation → a Source tied to its text block
+(:mod:`~turnwire_server.providers.openai_annotations`);
 an ``error`` event (top-level or nested ``error`` object) is a ProviderError.
 
 Finish: completed → stop, or tool-calls when calls were made (raw ``completed``);
@@ -55,11 +59,14 @@ from turnwire.types import (
     TextDelta,
     TextEnd,
     TextStart,
+    ToolCall,
     ToolInputDelta,
     ToolInputStart,
 )
 from turnwire_server.providers import errors
+from turnwire_server.providers import openai_responses_items as built_in
 from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls, transcript_call_ids
+from turnwire_server.providers.openai_annotations import annotation_source, image_file
 from turnwire_server.providers.openai_common import (
     OpenAIDecoder,
     ReplayReasoningSetting,
@@ -102,6 +109,15 @@ class ResponsesDecoder(OpenAIDecoder):
         # id must not merge two calls into one (docs/semantics.md §11).
         self.call_at: dict[int, PendingCall] = {}
         self.call_of_item: dict[str, PendingCall] = {}
+        self.built_ins: dict[int | str, str] = {}  # built-in tool items (by output index) → call id
+        self.client_run = 0  # calls of built-ins the application runs (shell_call …)
+        self.phases: list[dict[str, str]] = []  # message items' phase (commentary, final_answer)
+        self.logprobs: list[Any] = []  # output_text.delta logprobs, when the request asked for them
+        self.text_blocks: dict[
+            tuple[int | str, int], str
+        ] = {}  # every text block: (item, content index) → id
+        self.annotated: set[tuple[int | str, int, int]] = set()  # (item, content index, annotation index)
+        self.sources = 0
         self.refused = False
         self.refusal: list[str] = []
         self.ids = CallIds(taken_ids)
@@ -132,8 +148,10 @@ class ResponsesDecoder(OpenAIDecoder):
                 self.refusal.append(delta)
             elif self.text is not None:
                 self.text.append(delta)
+            if obj.get("logprobs"):
+                self.logprobs.extend(obj["logprobs"])
             if opened:
-                self.texts[key] = block_id
+                self.texts[key] = self.text_blocks[key] = block_id
                 return (TextStart(block_id), TextDelta(block_id, delta))
             return (TextDelta(block_id, delta),)
         if kind == "response.function_call_arguments.delta":
@@ -147,6 +165,10 @@ class ResponsesDecoder(OpenAIDecoder):
             return self._reasoning_delta(obj, "summary")
         if kind == "response.reasoning_text.delta":
             return self._reasoning_delta(obj, "content")
+        if kind == "response.output_text.annotation.added":
+            annotation = obj.get("annotation")
+            key = (_item(obj), obj.get("content_index", 0))
+            return self._annotation(key, obj.get("annotation_index"), annotation)
         if kind in ("response.output_text.done", "response.refusal.done"):
             return self._end_text((_item(obj), obj.get("content_index", 0)))
         if kind == "response.output_item.added":
@@ -221,7 +243,18 @@ class ResponsesDecoder(OpenAIDecoder):
             block_id = f"{self.prefix}-{output_index}"
             self.reasoning[output_index] = (block_id, -1)
             return (ReasoningStart(block_id),)
+        if built_in.is_built_in(itype):
+            return (built_in.started(item, self._built_in_id(item, output_index)),)
         return NOTHING
+
+    def _built_in_id(self, item: Mapping[str, Any], output_index: Any) -> str:
+        """The call id of a built-in tool item, given once per item (unique in the turn)."""
+        key = output_index if isinstance(output_index, int) else item.get("id") or ""
+        call_id = self.built_ins.get(key)
+        if call_id is None:
+            fallback = f"call_{self.prefix}_b{len(self.built_ins)}"
+            call_id = self.built_ins[key] = self.ids.assign(built_in.original_id(item), fallback)
+        return call_id
 
     def _call(self, output_index: Any, item_id: Any) -> PendingCall | None:
         """The function call an event names: by its output index when known, else by its item id."""
@@ -273,9 +306,41 @@ class ResponsesDecoder(OpenAIDecoder):
             )
             return out
         if itype == "message":
+            if item.get("phase"):  # gpt-5.3-codex and later: commentary or final_answer
+                self.phases.append({"item_id": item_id, "phase": str(item["phase"])})
+            cited: list[ModelChunk] = []
+            item_key = output_index if isinstance(output_index, int) else item_id
+            for content_index, part in enumerate(item.get("content") or ()):
+                annotations = part.get("annotations") if isinstance(part, Mapping) else None
+                for position, annotation in enumerate(annotations or ()):  # those not streamed
+                    cited.extend(self._annotation((item_key, content_index), position, annotation))
             ends = [key for key in self.texts if key[0] == output_index or key[0] == item_id]
-            return [chunk for key in ends for chunk in self._end_text(key)]
+            cited.extend(chunk for key in ends for chunk in self._end_text(key))
+            return cited
+        if built_in.is_built_in(itype):
+            announced = (output_index if isinstance(output_index, int) else item_id) in self.built_ins
+            call_id = self._built_in_id(item, output_index)
+            chunks = built_in.finished(item, call_id)
+            self.client_run += sum(1 for c in chunks if isinstance(c, ToolCall) and c.client_executed)
+            started = [] if announced else [built_in.started(item, call_id)]
+            return [*started, *chunks, *_generated_files(item, item_id)]
         return NOTHING
+
+    def _annotation(self, key: tuple[int | str, int], position: Any, annotation: Any) -> Sequence[ModelChunk]:
+        """The Source of annotation ``position`` of text ``key`` (once, whether it streamed or came
+        with its item's done event), tied to that text's block."""
+        if not isinstance(annotation, Mapping):
+            return NOTHING
+        seen = (*key, position if isinstance(position, int) else len(self.annotated))
+        if seen in self.annotated:
+            return NOTHING
+        self.annotated.add(seen)
+        text_id = self.text_blocks.get(key, "")
+        source = annotation_source(annotation, f"{self.prefix}-src{self.sources + 1}", text_id)
+        if source is None:
+            return NOTHING
+        self.sources += 1
+        return (source,)
 
     def _finish(self, response: Mapping[str, Any]) -> Sequence[ModelChunk]:
         out: list[ModelChunk] = [chunk for key in list(self.texts) for chunk in self._end_text(key)]
@@ -292,7 +357,7 @@ class ResponsesDecoder(OpenAIDecoder):
         elif incomplete:
             reason = FinishReason.OTHER
         else:
-            reason = FinishReason.TOOL_CALLS if calls else FinishReason.STOP
+            reason = FinishReason.TOOL_CALLS if calls or self.client_run else FinishReason.STOP
         usage = response.get("usage") or {}
         metadata: dict[str, Any] = {"usage": usage} if usage else {}
         if self.refusal:
@@ -301,6 +366,10 @@ class ResponsesDecoder(OpenAIDecoder):
             metadata["incomplete_details"] = response["incomplete_details"]
         if self.ids.renamed:
             metadata["tool_call_ids"] = dict(self.ids.renamed)
+        if self.phases:
+            metadata["phases"] = self.phases
+        if self.logprobs:
+            metadata["logprobs"] = self.logprobs
         out.append(
             self._finish_step(
                 reason,
@@ -366,6 +435,31 @@ class ResponsesDecoder(OpenAIDecoder):
         out.extend(self._item_done(item, index))
         return out
 
+
+_IMAGE_FIELDS = ("revised_prompt", "size", "quality", "background", "output_format")
+
+
+def _generated_files(item: Mapping[str, Any], item_id: str) -> list[ModelChunk]:
+    """The files a finished built-in tool item produced: the image of an ``image_generation_call``
+    (its final ``result``, base64), the images a ``code_interpreter_call`` output names by URL."""
+    itype = item.get("type")
+    if itype == "image_generation_call" and isinstance(item.get("result"), str):
+        meta = {k: item[k] for k in _IMAGE_FIELDS if item.get(k) is not None}
+        media = f"image/{item['output_format']}" if isinstance(item.get("output_format"), str) else ""
+        file = image_file(item["result"], media, {"openai": {"item_id": item_id, **meta}})
+        return [file] if file is not None else []
+    if itype == "code_interpreter_call":
+        found = [
+            image_file(output["url"], "", {"openai": {"item_id": item_id}})
+            for output in item.get("outputs") or ()
+            if isinstance(output, Mapping) and output.get("type") == "image"
+            if isinstance(output.get("url"), str)
+        ]
+        return [file for file in found if file is not None]
+    return []
+
+
+"""An ``image_generation_call`` item's fields kept in its File's ``provider_metadata["openai"]``."""
 
 _REASONING_FIELDS = (
     ("summary", "response.reasoning_summary_text.delta", "summary_index"),

@@ -52,6 +52,8 @@ from turnwire_server.providers.openai_common import (
     replay_reasoning_for,
     sampling,
 )
+from turnwire_server.providers.openai_responses_items import input_items, is_client_run
+from turnwire_server.providers.tool_content import responses_output, tool_media
 
 EncryptedReasoning = Literal["auto", "always", "never"]
 
@@ -128,6 +130,7 @@ def convert_input(
     held: list[dict[str, Any]] = []  # text-only reasoning of this user turn, sent if it calls a tool
     dropped: set[int] = set()  # ids of held items whose user turn called no tool
     called = False  # this user turn (since the last user message) has called a tool
+    unsent = False  # a provider-executed call was left out (store false): warned once
     for message in messages:
         role = message.role
         if role == message_pb2.ROLE_SYSTEM:
@@ -154,6 +157,24 @@ def convert_input(
                             step_items.append(reasoning)
                             if text_only and replay == "tool_turns":
                                 held.append(reasoning)
+                    elif kind == "tool_call" and (
+                        part.tool_call.provider_executed or is_client_run(part.tool_call)
+                    ):
+                        # A built-in's own items (openai_responses_items.py).
+                        call = part.tool_call
+                        called = called or not call.provider_executed
+                        item, built_in_output = input_items(call, call_id(call.tool_call_id), store)
+                        if item is not None:
+                            step_items.append(item)
+                        elif not store and not unsent:
+                            unsent = True
+                            warnings.append(
+                                "the results of OpenAI's built-in tools (web search, file search, code "
+                                "interpreter …) are not sent back when store is false: the API resolves "
+                                "only items it stored"
+                            )
+                        if built_in_output is not None:
+                            outputs.append(built_in_output)
                     elif kind == "tool_call":
                         called = True
                         call = part.tool_call
@@ -166,8 +187,9 @@ def convert_input(
                                 "arguments": tool_arguments(call),
                             }
                         )
-                        content, _ = tool_result(call)
-                        outputs.append({"type": "function_call_output", "call_id": unique, "output": content})
+                        media = tool_media(call)  # images, PDFs: input items, never base64 text
+                        output = responses_output(media) if media is not None else tool_result(call)[0]
+                        outputs.append({"type": "function_call_output", "call_id": unique, "output": output})
                 # A reasoning item goes back only with the item that followed it in its step.
                 while step_items and step_items[-1].get("type") == "reasoning":
                     step_items.pop()

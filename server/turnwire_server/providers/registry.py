@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from turnwire.errors import CanonicalCode, DomainError, ErrorDetails
 from turnwire.providers import Provider
 from turnwire_client.v1 import error_reason_pb2
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 KEY_VARIABLES = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 """Provider names people try first, with the variable their entry reads by default: an unknown one
@@ -35,7 +38,14 @@ class ProviderRegistry:
         self.providers = dict(providers)
 
     def resolve(self, model_id: str) -> tuple[Provider, str]:
-        """Split ``model_id`` and find its provider. Raises :class:`UnknownModel`."""
+        """Split ``model_id`` and find its provider. Raises :class:`UnknownModel`, also for an id
+        with a control character (U+0000-U+001F, U+007F): no model is named so, and the store's
+        text columns cannot hold NUL (PostgreSQL refuses it in ``text``)."""
+        if _CONTROL.search(model_id):
+            raise UnknownModel(
+                f"model {model_id!r} contains a control character; model ids are provider:model "
+                "in printable characters"
+            )
         provider_name, sep, model = model_id.partition(":")
         if not sep or not provider_name or not model:
             raise UnknownModel(

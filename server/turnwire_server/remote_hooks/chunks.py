@@ -73,16 +73,9 @@ def chunk_event(chunk: Any) -> event_pb2.TurnEvent | None:
             available.tool_call_id, available.tool_name = chunk.tool_call_id, chunk.tool_name
             available.input_json = chunk.raw_input or dumps(chunk.input)
     elif kind is Source:
-        source = event.source
-        source.source_id, source.url, source.title = chunk.source_id, chunk.url, chunk.title
-        source.media_type, source.filename = chunk.media_type, chunk.filename
+        chunk.copy_to(event.source)
     elif kind is File:
-        file = event.file
-        file.media_type, file.filename = chunk.media_type, chunk.filename
-        if chunk.data:
-            file.data = chunk.data
-        elif chunk.url:
-            file.url = chunk.url
+        chunk.copy_to(event.file)
     elif kind is FinishStep:
         finish = event.step_finish
         finish.finish_reason = step_finish_reason(chunk.finish_reason)

@@ -190,7 +190,8 @@ def after_tool_call_request(
 
 
 def step_finish_request(ctx: StepFinishContext, info: hooks_pb2.TurnInfo) -> hooks_pb2.OnStepFinishRequest:
-    """``OnStepFinishRequest``: the step's summary, text, reasoning, tool calls with results."""
+    """``OnStepFinishRequest``: the step's summary, text, reasoning, tool calls with results,
+    sources and files."""
     return hooks_pb2.OnStepFinishRequest(
         turn=info,
         step=step_info(ctx),
@@ -200,6 +201,8 @@ def step_finish_request(ctx: StepFinishContext, info: hooks_pb2.TurnInfo) -> hoo
         raw_finish_reason=ctx.raw_finish_reason,
         response_id=ctx.response_id,
         response_model=ctx.response_model,
+        sources=list(ctx.sources),
+        files=list(ctx.files),
     )
 
 

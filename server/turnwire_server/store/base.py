@@ -243,11 +243,18 @@ class TurnStore(Protocol):
         self,
         turn: TurnRecord,
         message: message_pb2.Message | None,
+        *,
+        events: Sequence[tuple[int, bytes]] = (),
+        stream_ended: bool = False,
     ) -> None:
-        """Durably store the final assistant ``message`` (when given) and ``turn``'s end state.
+        """Durably store the final assistant ``message`` (when given) and ``turn``'s end state,
+        with the last ``events`` of its stream, as :meth:`StreamStore.append_events` stores them
+        (``stream_ended``: they hold its TurnEnd), in one transaction: a turn recorded ended
+        always has its stream up to there (docs/semantics.md §8, resumable streams).
 
         Raises :class:`TurnNotFound` (storing nothing) when no turn ``turn.request_id`` is
-        recorded, e.g. because its conversation was deleted while it ran.
+        recorded, e.g. because its conversation was deleted while it ran, and
+        :class:`ValueError` for events ``append_events`` refuses.
         """
         ...
 
@@ -259,10 +266,18 @@ class TurnStore(Protocol):
         ``turn.request_id`` is recorded."""
         ...
 
-    async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
+    async def roll_back_turn(
+        self,
+        turn: TurnRecord,
+        message_ids: Sequence[str],
+        *,
+        events: Sequence[tuple[int, bytes]] = (),
+        stream_ended: bool = False,
+    ) -> None:
         """ROLLBACK (docs/semantics.md §5, §12): durably remove the messages ``message_ids`` of
         ``turn``'s conversation (its input and its reply; missing ones are skipped) and record
-        ``turn``'s end state and error (ending its submission too), in one transaction. Raises
+        ``turn``'s end state and error (ending its submission too), with the last ``events`` of
+        its stream as :meth:`finish_turn` stores them, in one transaction. Raises
         :class:`TurnNotFound` (changing nothing) when no turn ``turn.request_id`` is recorded."""
         ...
 
@@ -348,7 +363,11 @@ class SubmissionStore(Protocol):
     ) -> tuple[list[SubmissionRecord], str]:
         """One page of submissions in acceptance order, optionally of one conversation and
         state, and of conversations whose id starts with ``id_prefix``; the next page token ("" on
-        the last page). Raises :class:`InvalidPageToken` for a token not issued for these filters."""
+        the last page). Raises :class:`InvalidPageToken` for a token not issued for these filters.
+
+        A token names the page's last submission by its id less ``id_prefix`` (the API's
+        submission keys carry their tenant's prefix, as conversation keys do) and its create
+        time, never by anything of the rest of the store (``seq``)."""
         ...
 
     async def end_submission(
@@ -494,9 +513,9 @@ class TurnRunStore(TurnStore, TranscriptStore, Protocol):
 
 
 @runtime_checkable
-class ReplayStore(StreamStore, TurnStore, Protocol):
-    """What following a turn's events uses (``engine/resume.py``): its stream, and its record
-    when it has no stream yet."""
+class ReplayStore(StreamStore, TurnStore, TranscriptStore, Protocol):
+    """What following a turn's events uses (``engine/resume.py``): its stream, its record when
+    it has no stream yet, and its record and reply when its stream lacks a TurnEnd."""
 
 
 @runtime_checkable

@@ -13,16 +13,26 @@ from turnwire_client.v1 import error_reason_pb2 as reasons
 
 
 class StoreError(DomainError):
-    """The store could not read or write (I/O, database unavailable): retryable."""
+    """The store could not read or write (I/O, database unavailable): retryable.
+
+    ``str(error)`` is the operator's text (logs, spans): it may name the store's address and
+    quote the driver. ``public`` is what a client may read: never the store's user, host, port,
+    database or file, nor the driver's text (docs/security.md); it defaults to the message,
+    for errors whose message names none of these.
+    """
 
     error_reason = reasons.ERROR_REASON_STORE_UNAVAILABLE
     status_code = CanonicalCode.UNAVAILABLE
     retryable = True
     retry_delay_seconds: float | None = 1.0
 
+    def __init__(self, message: str, *, public: str | None = None) -> None:
+        super().__init__(message)
+        self.public = message if public is None else public
+
     @property
     def client_message(self) -> str:
-        return f"store unavailable: {self}"
+        return f"store unavailable: {self.public}"
 
 
 class StoreRefusal(StoreError):
@@ -36,7 +46,16 @@ class StoreRefusal(StoreError):
 
     @property
     def client_message(self) -> str:
-        return str(self)
+        return self.public
+
+
+class StoreValueRefused(StoreRefusal):
+    """The database refused a value the request carried (a data exception, SQLSTATE class 22: a
+    NUL character in a text value, a number out of range): the caller's to fix, not retryable.
+    ``public`` names the operation only; the driver's text stays in ``str(error)``."""
+
+    error_reason = reasons.ERROR_REASON_INVALID_FIELD
+    status_code = CanonicalCode.INVALID_ARGUMENT
 
 
 class StoreCorrupted(StoreError):
@@ -50,7 +69,7 @@ class StoreCorrupted(StoreError):
 
     @property
     def client_message(self) -> str:
-        return f"stored data cannot be read: {self}"
+        return f"stored data cannot be read: {self.public}"
 
 
 class StoreInUse(StoreRefusal):

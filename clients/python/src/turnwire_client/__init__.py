@@ -45,13 +45,24 @@ if TYPE_CHECKING:
     from turnwire_client.stream import TurnStream
     from turnwire_client.sync import SyncTurnStream, SyncTurnwireClient
     from turnwire_client.tls import TlsOptions
-    from turnwire_client.values import STEP_SEPARATOR, ChatMessage, Step, ToolCall, Usage, json_value
+    from turnwire_client.values import (
+        STEP_SEPARATOR,
+        ChatMessage,
+        Citation,
+        MessageFile,
+        Step,
+        ToolCall,
+        Usage,
+        json_value,
+    )
 
 __all__ = [
     "ERROR_DOMAIN",
     "PARENT_REQUEST_METADATA",
     "STEP_SEPARATOR",
     "ChatMessage",
+    "Citation",
+    "MessageFile",
     "ProtocolError",
     "Step",
     "SyncTurnStream",
@@ -85,6 +96,8 @@ _HOMES = {
     "TlsOptions": "tls",
     "STEP_SEPARATOR": "values",
     "ChatMessage": "values",
+    "MessageFile": "values",
+    "Citation": "values",
     "Step": "values",
     "ToolCall": "values",
     "Usage": "values",

@@ -11,7 +11,17 @@ from google.rpc import status_pb2
 
 from turnwire_client.errors import ProtocolError, TurnwireError
 from turnwire_client.v1 import event_pb2, message_pb2
-from turnwire_client.values import STEP_SEPARATOR, ChatMessage, Step, ToolCall, Usage, steps_of, struct_value
+from turnwire_client.values import (
+    STEP_SEPARATOR,
+    ChatMessage,
+    Citation,
+    MessageFile,
+    Step,
+    ToolCall,
+    Usage,
+    steps_of,
+    struct_value,
+)
 
 __all__ = ["TurnResult", "collect", "collect_sync", "status_name"]
 
@@ -83,6 +93,17 @@ class TurnResult:
         """The reply's tool calls in order, with plain inputs and results (see
         :class:`~turnwire_client.values.ToolCall`); ``[]`` without a message."""
         return [call for step in self.steps for call in step.tool_calls]
+
+    @property
+    def sources(self) -> list[Citation]:
+        """The reply's cited sources in order, each with its cited passage and the text that cites
+        it (see :class:`~turnwire_client.values.Citation`); ``[]`` without a message."""
+        return [source for step in self.steps for source in step.sources]
+
+    @property
+    def files(self) -> list[MessageFile]:
+        """The files the reply holds (generated images …) in order; ``[]`` without a message."""
+        return [file for step in self.steps for file in step.files]
 
     def raise_for_error(self) -> None:
         """Raise :class:`TurnwireError` built from :attr:`error` when the turn ended in error."""

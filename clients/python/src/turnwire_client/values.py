@@ -28,6 +28,8 @@ __all__ = [
     "EXACT_INTEGER_LIMIT",
     "STEP_SEPARATOR",
     "ChatMessage",
+    "Citation",
+    "MessageFile",
     "Step",
     "ToolCall",
     "Usage",
@@ -160,6 +162,9 @@ class ToolCall:
         approval_id: The approval request's id, for a tool that needs approval, else ``""``.
         approved: The client's answer to the approval request (``None`` before one).
         client_executed: True for a client-side tool.
+        provider_executed: True for a call the provider ran itself (an Anthropic server tool,
+            a Responses built-in such as web search): nothing to answer; its result, once the
+            provider gave it, is :attr:`output` (or :attr:`error_text`).
         preliminary: True while :attr:`output` is a preliminary result of a streaming tool.
         decision: ``"blocked"`` or ``"substituted"`` when a ``before_tool_call`` hook decided
             the result instead of the tool, else ``""``.
@@ -176,6 +181,7 @@ class ToolCall:
     approval_id: str = ""
     approved: bool | None = None
     client_executed: bool = False
+    provider_executed: bool = False
     preliminary: bool = False
     decision: str = ""
     part: message_pb2.ToolCallPart = field(
@@ -214,9 +220,95 @@ class ToolCall:
             approval_id=approval.id if approval is not None else "",
             approved=approval.approved if approval is not None and answered else None,
             client_executed=part.client_executed,
+            provider_executed=part.provider_executed,
             preliminary=part.preliminary,
             decision=_enum_name(message_pb2.ToolCallDecision, part.decision, "TOOL_CALL_DECISION_"),
             part=part,
+        )
+
+
+_LOCATION_UNITS = {
+    message_pb2.SOURCE_LOCATION_UNIT_CHARACTER: "character",
+    message_pb2.SOURCE_LOCATION_UNIT_PAGE: "page",
+    message_pb2.SOURCE_LOCATION_UNIT_CONTENT_BLOCK: "content_block",
+}
+
+
+@dataclass(frozen=True)
+class Citation:
+    """A source the reply cites (``turnwire.v1.SourcePart`` in plain values).
+
+    Attributes:
+        url: The URL, for a web source.
+        title: Its title (a document's title, a page's).
+        cited_text: The passage of the source the answer relies on, when the provider gave it.
+        text: The reply's text that cites it (its text part), ``""`` when tied to none.
+        kind: ``"url"`` or ``"document"``.
+        location: Where the passage is in a document: ``{"unit": "character" | "page" |
+            "content_block", "document_index", "start", "end"}`` (end exclusive), or ``None``.
+        provider_file_id: The provider's id of the file it is, when it is one.
+        proto: The ``SourcePart`` this view was made from.
+    """
+
+    url: str
+    title: str
+    cited_text: str
+    text: str
+    kind: str
+    location: dict[str, Any] | None
+    provider_file_id: str
+    proto: message_pb2.SourcePart = field(repr=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, part: message_pb2.SourcePart, texts: dict[str, str]) -> Citation:
+        """The plain view of ``part``; ``texts`` maps the message's text part ids to their text."""
+        location = None
+        if part.HasField("location"):
+            where = part.location
+            location = {
+                "unit": _LOCATION_UNITS.get(where.unit),
+                "document_index": where.document_index,
+                "start": where.start,
+                "end": where.end,
+            }
+        kind = "document" if part.source_type == message_pb2.SOURCE_TYPE_DOCUMENT or not part.url else "url"
+        return cls(
+            url=part.url,
+            title=part.title or part.filename,
+            cited_text=part.cited_text,
+            text=texts.get(part.text_id, "") if part.text_id else "",
+            kind=kind,
+            location=location,
+            provider_file_id=part.provider_file_id,
+            proto=part,
+        )
+
+
+@dataclass(frozen=True)
+class MessageFile:
+    """A file of a message (``turnwire.v1.FilePart`` in plain values): ``data`` (its bytes), ``url``
+    or ``provider_file_id`` (a file the provider keeps) says where it is; none of them when the
+    sidecar kept only its ``size_bytes`` (a generated file too large for the reply)."""
+
+    media_type: str
+    filename: str
+    data: bytes
+    url: str
+    provider_file_id: str
+    size_bytes: int
+    proto: message_pb2.FilePart = field(repr=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, part: message_pb2.FilePart) -> MessageFile:
+        """The plain view of ``part``."""
+        return cls(
+            media_type=part.media_type,
+            filename=part.filename,
+            data=part.data,
+            url=part.url,
+            provider_file_id=part.provider_file_id,
+            size_bytes=part.size_bytes or len(part.data),
+            proto=part,
         )
 
 
@@ -228,11 +320,15 @@ class Step:
         text: The step's text parts joined as streamed (no separator).
         reasoning: The step's readable reasoning parts joined the same way.
         tool_calls: The tool calls the step made, in order.
+        sources: The sources the step cited, in order, each with the text that cites it.
+        files: The files the step produced (a generated image …), in order.
     """
 
     text: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    sources: list[Citation] = field(default_factory=list)
+    files: list[MessageFile] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -292,6 +388,7 @@ def steps_of(message: message_pb2.Message) -> list[Step]:
             groups.append([])
         else:
             groups[-1].append(part)
+    texts = {p.text.id: p.text.text for p in message.parts if p.WhichOneof("kind") == "text" and p.text.id}
     return [
         Step(
             text="".join(p.text.text for p in parts if p.WhichOneof("kind") == "text"),
@@ -299,6 +396,8 @@ def steps_of(message: message_pb2.Message) -> list[Step]:
             tool_calls=[
                 ToolCall.from_proto(p.tool_call) for p in parts if p.WhichOneof("kind") == "tool_call"
             ],
+            sources=[Citation.from_proto(p.source, texts) for p in parts if p.WhichOneof("kind") == "source"],
+            files=[MessageFile.from_proto(p.file) for p in parts if p.WhichOneof("kind") == "file"],
         )
         for parts in groups
         if parts  # a step cut short before any part, or the empty head before the first marker

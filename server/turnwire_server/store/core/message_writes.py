@@ -19,6 +19,7 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import TurnRecord
 from turnwire_server.store.core.rows import MessageRow, check_turn, message_insert_params, message_row, to_us
 from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks
+from turnwire_server.store.core.stream_writes import EventBatch, prepare_events, stream_read, stream_writes
 from turnwire_server.store.core.turn_writes import INSERT_MESSAGE, TOUCH_CONVERSATION
 from turnwire_server.store.errors import MessageIdConflict, TurnNotFound
 
@@ -111,36 +112,71 @@ def save_message(
 
 
 class FinishTurn:
-    """``finish_turn``'s arguments, validated and serialized in the caller's task."""
+    """``finish_turn``'s (and ``roll_back_turn``'s) arguments, validated and serialized in the
+    caller's task: the turn, its reply's row, and the last events of its stream (None: none)."""
 
-    __slots__ = ("end_us", "row", "turn")
+    __slots__ = ("end_us", "events", "row", "turn")
 
-    def __init__(self, turn: TurnRecord, row: MessageRow | None) -> None:
+    def __init__(self, turn: TurnRecord, row: MessageRow | None, events: EventBatch | None) -> None:
         self.turn = turn
         self.row = row
+        self.events = events
         self.end_us = None if turn.end_time is None else to_us(turn.end_time, "end_time")
 
 
-def prepare_finish_turn(turn: TurnRecord, message: message_pb2.Message | None) -> FinishTurn:
+def _event_batch(events: Sequence[tuple[int, bytes]], stream_ended: bool) -> EventBatch | None:
+    return prepare_events(events, ended=stream_ended) if events or stream_ended else None
+
+
+def prepare_finish_turn(
+    turn: TurnRecord,
+    message: message_pb2.Message | None,
+    events: Sequence[tuple[int, bytes]] = (),
+    *,
+    stream_ended: bool = False,
+) -> FinishTurn:
     """Validate ``finish_turn``'s arguments; a message without parts is not stored. Raises
-    :class:`ValueError` for an invalid argument."""
+    :class:`ValueError` for an invalid argument (events as ``append_events`` refuses them)."""
     check_turn(turn)
     row = message_row(message) if message is not None else None
-    return FinishTurn(turn, row if row is not None and row.parts else None)
+    return FinishTurn(
+        turn, row if row is not None and row.parts else None, _event_batch(events, stream_ended)
+    )
+
+
+def _stream_reads(finish: FinishTurn, dialect: Dialect) -> list[Statement]:
+    """The read a finish's stream events need (none without events)."""
+    return [] if finish.events is None else [stream_read(finish.turn.request_id, dialect)]
+
+
+def _stream_tail(finish: FinishTurn, stream: list[Any], dialect: Dialect, now_us: int) -> list[Statement]:
+    """A finish's stream events (docs/semantics.md §8: a turn's last events and its TurnEnd are
+    durable with its end state, in one transaction); ``stream``: :func:`stream_read`'s rows."""
+    if finish.events is None:
+        return []
+    turn = finish.turn
+    return stream_writes(
+        turn.conversation_id, turn.request_id, finish.events, stream, dialect=dialect, now_us=now_us
+    )
 
 
 def finish_turn(finish: FinishTurn, dialect: Dialect, now_us: int) -> Program[None]:
     """``Store.finish_turn``: upsert the reply (when it has parts), end the turn and its running
-    submission. Raises :class:`TurnNotFound` (writing nothing) when the turn is not recorded."""
+    submission, store its stream's last events (when given). Raises :class:`TurnNotFound`
+    (writing nothing) when the turn is not recorded."""
     turn, row = finish.turn, finish.row
+    stream_reads = _stream_reads(finish, dialect)
     reads = [*dialect.lock_conversation(turn.conversation_id)]
     if row is not None:
         reads.append(stored_role_read(turn.conversation_id, row))
     reads.append(Statement(_TURN_RECORDED, (turn.request_id,), fetch=True))
+    reads.extend(stream_reads)
     found = yield reads
+    stream = found.pop() if stream_reads else []
     if not found[-1]:
         raise TurnNotFound(turn.request_id)
     writes = [] if row is None else upsert_writes(turn.conversation_id, row, found[-2], dialect, now_us)
+    writes.extend(_stream_tail(finish, stream, dialect, now_us))
     writes.append(
         Statement(
             "UPDATE turns SET state = ?, end_time = ?, error = ?, recovery_count = ? WHERE request_id = ?",
@@ -153,19 +189,27 @@ def finish_turn(finish: FinishTurn, dialect: Dialect, now_us: int) -> Program[No
     yield writes
 
 
-def prepare_roll_back(turn: TurnRecord, message_ids: Sequence[str]) -> tuple[FinishTurn, list[str]]:
-    """Validate ``roll_back_turn``'s arguments: the turn, and the message ids once each."""
+def prepare_roll_back(
+    turn: TurnRecord,
+    message_ids: Sequence[str],
+    events: Sequence[tuple[int, bytes]] = (),
+    *,
+    stream_ended: bool = False,
+) -> tuple[FinishTurn, list[str]]:
+    """Validate ``roll_back_turn``'s arguments: the turn, the message ids once each, and the
+    stream's last events."""
     check_turn(turn)
-    return FinishTurn(turn, None), list(dict.fromkeys(message_ids))
+    return FinishTurn(turn, None, _event_batch(events, stream_ended)), list(dict.fromkeys(message_ids))
 
 
 def roll_back_turn(
     finish: FinishTurn, message_ids: Sequence[str], dialect: Dialect, now_us: int
 ) -> Program[None]:
     """``Store.roll_back_turn``: remove ``message_ids`` (parts first) from the turn's conversation
-    and end the turn and its running submission. Raises :class:`TurnNotFound` (writing nothing)
-    when the turn is not recorded."""
+    and end the turn and its running submission, store its stream's last events (when given).
+    Raises :class:`TurnNotFound` (writing nothing) when the turn is not recorded."""
     turn, conversation_id = finish.turn, finish.turn.conversation_id
+    stream_reads = _stream_reads(finish, dialect)
     reads = [*dialect.lock_conversation(conversation_id)]
     if message_ids:
         marks = in_marks(len(message_ids))
@@ -177,7 +221,9 @@ def roll_back_turn(
             )
         )
     reads.append(Statement(_TURN_RECORDED, (turn.request_id,), fetch=True))
+    reads.extend(stream_reads)
     found = yield reads
+    stream = found.pop() if stream_reads else []
     if not found[-1]:
         raise TurnNotFound(turn.request_id)
     writes: list[Statement] = []
@@ -207,4 +253,5 @@ def roll_back_turn(
     ended = submission_end(turn.state)
     if ended is not None:
         writes.append(Statement(_END_SUBMISSION, (ended, now_us, turn.error, turn.request_id)))
+    writes.extend(_stream_tail(finish, stream, dialect, now_us))
     yield writes

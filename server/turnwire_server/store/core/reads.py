@@ -18,6 +18,7 @@ from turnwire_server.store.base import (
     TurnRecord,
 )
 from turnwire_server.store.core.message_cache import DecodedMessages
+from turnwire_server.store.core.page_tokens import decode_page_token, encode_page_token
 from turnwire_server.store.core.partial_replies import (
     partial_replies_of,
     partial_replies_sql,
@@ -28,8 +29,6 @@ from turnwire_server.store.core.rows import (
     TURN_COLUMNS,
     compaction_from_row,
     conversation_from_row,
-    decode_page_token,
-    encode_page_token,
     to_us,
     turn_from_row,
 )
@@ -88,7 +87,7 @@ class CoreReads:
         where: list[str] = []
         params: list[object] = []
         if page_token:
-            update_us, after_id = decode_page_token(page_token)
+            update_us, after_id = decode_page_token(page_token, id_prefix)
             # Where TEXT cannot hold NUL, no stored id does: for a (forged) token id p + NUL +
             # rest, the stored ids below it in code-point order are exactly those <= p.
             prefix, nul, _ = after_id.partition("\x00")
@@ -107,7 +106,7 @@ class CoreReads:
         next_token = ""
         if len(rows) > page_size:
             last = rows[page_size - 1]
-            next_token = encode_page_token(last[2], last[0])
+            next_token = encode_page_token(last[2], last[0], id_prefix)
         return records, next_token
 
     async def load_messages(self, conversation_id: str) -> Sequence[message_pb2.Message]:

@@ -1,16 +1,12 @@
-"""How both stores encode values in rows: times, messages, turn and conversation rows, page tokens.
+"""How both stores encode values in rows: times, messages, turn and conversation rows.
 
 Pure functions with no connection of their own; used by both drivers' reads and writes.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
 import json
-import re
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, get_args
@@ -19,7 +15,7 @@ from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import CompactionRecord, ConversationRecord, TurnRecord, TurnState
-from turnwire_server.store.errors import InvalidPageToken, StoreCorrupted, StoreError
+from turnwire_server.store.errors import StoreCorrupted, StoreError
 
 __all__ = [
     "COMPACTION_COLUMNS",
@@ -31,8 +27,6 @@ __all__ = [
     "compaction_from_row",
     "compaction_params",
     "conversation_from_row",
-    "decode_page_token",
-    "encode_page_token",
     "message_insert_params",
     "message_row",
     "messages_from_rows",
@@ -290,60 +284,3 @@ def compaction_from_row(row: Any) -> CompactionRecord:
         tokens_after=row[7],
         create_time=_from_us(row[8]),
     )
-
-
-# --------------------------------------------------------------------------- page tokens
-
-_TOKEN_VERSION: Final = 2
-_TOKEN_HEAD: Final = struct.Struct(">Bq")  # the version, the update time in microseconds
-_MAX_TOKEN_CHARS: Final = 4096
-"""Far above any real token (the API's ids have at most 128 characters); a longer one is refused unread."""
-_TOKEN_ALPHABET: Final = re.compile(r"[A-Za-z0-9_-]+")
-_TOKEN_MIN_US: Final = _TS_MIN_SECONDS * 1_000_000
-_TOKEN_MAX_US: Final = (_TS_MAX_SECONDS + 1) * 1_000_000 - 1
-
-
-def encode_page_token(update_us: int, conversation_id: str) -> str:
-    """The opaque token of the page after the conversation ``(update_us, conversation_id)``.
-
-    Base64url without padding of: a version byte (2), ``update_us`` as a signed 64-bit
-    big-endian integer, then the id in UTF-8. Version 1 was JSON, and its parser let crafted
-    tokens raise OverflowError (a huge integer), RecursionError (nested brackets) or a
-    UnicodeEncodeError (a lone surrogate) instead of InvalidPageToken; a fixed binary layout
-    leaves nothing of the kind to parse. Version 1 tokens are now refused, so a listing in
-    progress across the upgrade starts again (AIP-158 lets tokens expire).
-
-    Versioned and length-checked, not signed: a token only says where a listing continues,
-    in a list any caller can read whole from its first page, so a forged token reaches
-    nothing. A signature would need a secret kept per database (a new table: a schema
-    migration), and a per-process secret would void every token at each restart. Once a
-    token carries something to protect (a filter, a tenant), add an HMAC as version 3.
-    """
-    payload = _TOKEN_HEAD.pack(_TOKEN_VERSION, update_us) + conversation_id.encode()
-    return base64.urlsafe_b64encode(payload).decode("ascii").rstrip("=")
-
-
-def decode_page_token(token: str) -> tuple[int, str]:
-    """``(update_us, conversation_id)`` from :func:`encode_page_token`'s ``token``.
-
-    Raises :class:`InvalidPageToken`, and nothing else, for any other string. Strict, so
-    each position has one token: at most :data:`_MAX_TOKEN_CHARS` characters of the
-    base64url alphabet, version 2, a time within ``google.protobuf.Timestamp``'s range, a
-    non-empty id of valid UTF-8 (no surrogates), and exactly what encoding those gives.
-    """
-    invalid = InvalidPageToken(f"invalid page token {token[:64]!r}")
-    if len(token) > _MAX_TOKEN_CHARS or not _TOKEN_ALPHABET.fullmatch(token):
-        raise invalid
-    try:
-        payload = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        conversation_id = payload[_TOKEN_HEAD.size :].decode()
-    except (binascii.Error, UnicodeDecodeError) as exc:
-        raise invalid from exc
-    if not conversation_id or payload[0] != _TOKEN_VERSION:
-        raise invalid
-    update_us: int = _TOKEN_HEAD.unpack_from(payload)[1]
-    if not _TOKEN_MIN_US <= update_us <= _TOKEN_MAX_US:
-        raise invalid
-    if encode_page_token(update_us, conversation_id) != token:  # another spelling of the same bytes
-        raise invalid
-    return update_us, conversation_id

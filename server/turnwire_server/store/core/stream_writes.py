@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from turnwire_server.store.core.sql import Dialect, Program, Statement
 from turnwire_server.store.core.stream_rows import pack_events
 
-__all__ = ["EventBatch", "append_events", "prepare_events"]
+__all__ = ["EventBatch", "append_events", "prepare_events", "stream_read", "stream_writes"]
 
 _PUT_EVENTS: Final = (
     # A batch retried after a failed commit starts at the same number: replace it.
@@ -47,28 +47,30 @@ def prepare_events(events: Sequence[tuple[int, bytes]], *, ended: bool) -> Event
     return EventBatch(numbers[0], numbers[-1], pack_events(events), ended)
 
 
-def append_events(
-    conversation_id: str, request_id: str, batch: EventBatch, dialect: Dialect, now_us: int
-) -> Program[bool]:
-    """``Store.append_events``: create or extend the stream row, insert the batch, wake the
-    readers following the turn elsewhere (the dialect's ``events_stored``); True when written.
+def stream_read(request_id: str, dialect: Dialect) -> Statement:
+    """The read :func:`stream_writes` decides on (after the conversation's lock): the stream's
+    end time and last sequence number, its row locked."""
+    return Statement(
+        "SELECT end_time, last_sequence_number FROM turn_streams WHERE request_id = ?" + dialect.lock_rows,
+        (request_id,),
+        fetch=True,
+    )
 
-    A first batch starting at 1 for a stream that already ended replaces that stream (the
-    request id was retried after a failed turn). Nothing is written (False) when no turn
-    ``request_id`` is recorded (its conversation was deleted while it ran)."""
-    found = yield [
-        *dialect.lock_conversation(conversation_id),
-        Statement("SELECT 1 FROM turns WHERE request_id = ?", (request_id,), fetch=True),
-        Statement(
-            "SELECT end_time, last_sequence_number FROM turn_streams WHERE request_id = ?"
-            + dialect.lock_rows,
-            (request_id,),
-            fetch=True,
-        ),
-    ]
-    recorded, stream = found[-2], found[-1]
-    if not recorded:
-        return False  # its conversation was deleted (or it never stored input): nothing to keep
+
+def stream_writes(
+    conversation_id: str,
+    request_id: str,
+    batch: EventBatch,
+    stream: list[Any],
+    *,
+    dialect: Dialect,
+    now_us: int,
+) -> list[Statement]:
+    """Create or extend the stream row, insert the batch, wake the readers following the turn
+    elsewhere (the dialect's ``events_stored``). ``stream`` is :func:`stream_read`'s rows. A
+    first batch starting at 1 for a stream that already ended replaces that stream (the
+    request id was retried after a failed turn). The caller has checked that the turn is
+    recorded (a deleted conversation's turn keeps nothing)."""
     writes: list[Statement] = []
     if stream and stream[0][0] is not None and batch.first == 1:
         writes.append(Statement("DELETE FROM turn_streams WHERE request_id = ?", (request_id,)))
@@ -92,5 +94,22 @@ def append_events(
         )
     if batch.data is not None:
         writes.append(Statement(_PUT_EVENTS, (request_id, batch.first, batch.last, batch.data)))
-    yield [*writes, *dialect.events_stored(request_id)]
+    return [*writes, *dialect.events_stored(request_id)]
+
+
+def append_events(
+    conversation_id: str, request_id: str, batch: EventBatch, dialect: Dialect, now_us: int
+) -> Program[bool]:
+    """``Store.append_events``: :func:`stream_writes` under the conversation's lock; True when
+    written. Nothing is written (False) when no turn ``request_id`` is recorded (its
+    conversation was deleted while it ran)."""
+    found = yield [
+        *dialect.lock_conversation(conversation_id),
+        Statement("SELECT 1 FROM turns WHERE request_id = ?", (request_id,), fetch=True),
+        stream_read(request_id, dialect),
+    ]
+    recorded, stream = found[-2], found[-1]
+    if not recorded:
+        return False  # its conversation was deleted (or it never stored input): nothing to keep
+    yield stream_writes(conversation_id, request_id, batch, stream, dialect=dialect, now_us=now_us)
     return True

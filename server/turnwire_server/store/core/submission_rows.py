@@ -1,23 +1,17 @@
-"""How both stores encode submissions in rows, and the submission listing's statement, pages and
-page tokens (docs/semantics.md §7)."""
+"""How both stores encode submissions in rows, and the submission listing's statement and pages
+(docs/semantics.md §7; its page tokens are in :mod:`.page_tokens`)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import struct
 from typing import Any, Final, get_args
 
 from turnwire_server.store.base import SubmissionRecord, SubmissionState
-from turnwire_server.store.core.rows import time_from_us
-from turnwire_server.store.errors import InvalidPageToken
+from turnwire_server.store.core.page_tokens import decode_submission_token, encode_submission_token
+from turnwire_server.store.core.rows import time_from_us, to_us
 
 __all__ = [
     "PREFIX_FILTER",
     "SUBMISSION_COLUMNS",
-    "decode_submission_token",
-    "encode_submission_token",
     "submission_from_row",
     "submission_page",
     "submission_page_query",
@@ -67,23 +61,35 @@ def submission_page_query(
     """``Store.list_submissions``' statement and parameters, for either backend (``mark`` is its
     placeholder, ``?`` or ``%s``): one row more than ``page_size``, to know whether a page
     follows. Raises :class:`ValueError` for ``page_size`` < 1 and :class:`InvalidPageToken` for
-    a token not issued for these filters."""
+    a token not issued for these filters.
+
+    A token names the last submission of the page before (:mod:`.page_tokens`); the page goes on
+    after it in acceptance order. Should that submission be gone (its conversation deleted), the
+    page goes on after the caller's last submission created no later than it."""
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
-    after = decode_submission_token(page_token, conversation_id, state, id_prefix) if page_token else 0
-    where, params = [f"seq > {mark}"], list[Any]([after])
+    filters, filter_params = list[str](), list[Any]()
     if conversation_id:
-        where.append(f"conversation_id = {mark}")
-        params.append(conversation_id)
+        filters.append(f"conversation_id = {mark}")
+        filter_params.append(conversation_id)
     if id_prefix:
-        where.append(PREFIX_FILTER.format(column="conversation_id", mark=mark))
-        params.extend((len(id_prefix), id_prefix))
+        filters.append(PREFIX_FILTER.format(column="conversation_id", mark=mark))
+        filter_params.extend((len(id_prefix), id_prefix))
     if state:
-        where.append(f"state = {mark}")
-        params.append(state)
-    sql = (
-        f"SELECT {SUBMISSION_COLUMNS} FROM submissions WHERE {' AND '.join(where)} ORDER BY seq LIMIT {mark}"
-    )
+        filters.append(f"state = {mark}")
+        filter_params.append(state)
+    where, params = list(filters), list(filter_params)
+    if page_token:
+        create_us, after_id = decode_submission_token(page_token, conversation_id, state, id_prefix)
+        before = " AND ".join([f"create_time <= {mark}", *filters])
+        where.insert(
+            0,
+            f"seq > COALESCE((SELECT seq FROM submissions WHERE id = {mark}),"
+            f" (SELECT MAX(seq) FROM submissions WHERE {before}), 0)",
+        )
+        params = [after_id, create_us, *filter_params, *params]
+    condition = f" WHERE {' AND '.join(where)}" if where else ""
+    sql = f"SELECT {SUBMISSION_COLUMNS} FROM submissions{condition} ORDER BY seq LIMIT {mark}"
     return sql, [*params, page_size + 1]
 
 
@@ -92,49 +98,10 @@ def submission_page(
 ) -> tuple[list[SubmissionRecord], str]:
     """The records of :func:`submission_page_query`'s rows and the next page token ("" when none)."""
     records = [submission_from_row(row) for row in rows[:page_size]]
-    token = (
-        encode_submission_token(records[-1].seq, conversation_id, state, id_prefix)
-        if len(rows) > page_size
-        else ""
+    if len(rows) <= page_size:
+        return records, ""
+    last = records[-1]
+    token = encode_submission_token(
+        to_us(last.create_time, "create_time"), last.submission_id, conversation_id, state, id_prefix
     )
     return records, token
-
-
-# --------------------------------------------------------------------------- page tokens
-
-_TOKEN: Final = struct.Struct(">B8sq")  # version, filter digest, last seq
-_TOKEN_VERSION: Final = 1
-
-
-def _filter_digest(conversation_id: str, state: str, id_prefix: str) -> bytes:
-    # Without a prefix the digest is the one tokens had before prefixes existed: they stay valid.
-    scope = f"\0{id_prefix}" if id_prefix else ""
-    return hashlib.blake2b(f"{conversation_id}\0{state}{scope}".encode(), digest_size=8).digest()
-
-
-def encode_submission_token(seq: int, conversation_id: str, state: str, id_prefix: str = "") -> str:
-    """The token of the page after the submission ``seq`` for these filters: base64url of a
-    version byte, a digest of the filters (a token is only valid with the same filters) and
-    ``seq``."""
-    payload = _TOKEN.pack(_TOKEN_VERSION, _filter_digest(conversation_id, state, id_prefix), seq)
-    return base64.urlsafe_b64encode(payload).decode("ascii").rstrip("=")
-
-
-def decode_submission_token(token: str, conversation_id: str, state: str, id_prefix: str = "") -> int:
-    """The ``seq`` in ``token``; raises :class:`InvalidPageToken` (and nothing else) for a token not
-    issued by :func:`encode_submission_token` for these filters."""
-    invalid = InvalidPageToken(f"invalid page token {token[:64]!r}")
-    if len(token) > 64:
-        raise invalid
-    try:
-        payload = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-    except (binascii.Error, ValueError) as exc:
-        raise invalid from exc
-    if len(payload) != _TOKEN.size:
-        raise invalid
-    version, digest, seq = _TOKEN.unpack(payload)
-    if version != _TOKEN_VERSION or digest != _filter_digest(conversation_id, state, id_prefix) or seq < 0:
-        raise invalid
-    if encode_submission_token(seq, conversation_id, state, id_prefix) != token:
-        raise invalid
-    return int(seq)

@@ -100,8 +100,15 @@ class CoreWrites:
             Commit(conversation_id, grouped=True, urgent=False),
         )
 
-    async def finish_turn(self, turn: TurnRecord, message: message_pb2.Message | None) -> None:
-        finish = message_writes.prepare_finish_turn(turn, message)
+    async def finish_turn(
+        self,
+        turn: TurnRecord,
+        message: message_pb2.Message | None,
+        *,
+        events: Sequence[tuple[int, bytes]] = (),
+        stream_ended: bool = False,
+    ) -> None:
+        finish = message_writes.prepare_finish_turn(turn, message, events, stream_ended=stream_ended)
         try:
             await self._commit(
                 f"finish_turn({turn.request_id!r})",
@@ -120,8 +127,15 @@ class CoreWrites:
             Commit(turn.conversation_id),
         )
 
-    async def roll_back_turn(self, turn: TurnRecord, message_ids: Sequence[str]) -> None:
-        finish, ids = message_writes.prepare_roll_back(turn, message_ids)
+    async def roll_back_turn(
+        self,
+        turn: TurnRecord,
+        message_ids: Sequence[str],
+        *,
+        events: Sequence[tuple[int, bytes]] = (),
+        stream_ended: bool = False,
+    ) -> None:
+        finish, ids = message_writes.prepare_roll_back(turn, message_ids, events, stream_ended=stream_ended)
         try:
             await self._commit(
                 f"roll_back_turn({turn.request_id!r})",

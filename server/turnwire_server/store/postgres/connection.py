@@ -23,7 +23,7 @@ from turnwire_server.store.core.message_cache import DecodedMessages
 from turnwire_server.store.core.reads import CoreReads
 from turnwire_server.store.core.sql import Program
 from turnwire_server.store.core.writes import ALONE, Commit, CoreWrites
-from turnwire_server.store.errors import StoreError
+from turnwire_server.store.errors import StoreError, StoreValueRefused
 from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.postgres import db
 from turnwire_server.store.postgres.batching import GroupCommit
@@ -187,17 +187,24 @@ class PostgresConnection(CoreWrites, CoreReads):
         return self._last_us
 
     def _error(self, exc: BaseException, what: str) -> StoreError:
-        """``exc`` as a :class:`StoreError` naming ``what`` and the (redacted) URL."""
+        """``exc`` as a :class:`StoreError`: its message names ``what``, the (password-masked) URL
+        and the driver's text, for the operator; its ``public`` text, for a client, only ``what``
+        and the SQLSTATE (the driver's text may name the user, host, port or database). A data
+        exception (a value the database refuses) is a :class:`StoreValueRefused`."""
         if isinstance(exc, StoreError):
             return exc
+        sqlstate = getattr(exc, "sqlstate", None)
         if isinstance(exc, psycopg_pool.PoolTimeout):
             detail = f"no database connection within {self._timeout_s:g} s (pool of {self._pool_size})"
+            public = f"postgres store: {what} failed: {detail}"
         else:
-            sqlstate = getattr(exc, "sqlstate", None)
             text = str(exc).strip() or type(exc).__name__
             detail = f"{sqlstate}: {text}" if sqlstate else text
+            public = f"postgres store: {what} failed" + (f" (SQLSTATE {sqlstate})" if sqlstate else "")
         message = self._target.redact_text(f"postgres store {self._target.display}: {what} failed: {detail}")
-        err = StoreError(message)
+        # psycopg refuses a NUL in a text parameter itself (DataError, no SQLSTATE).
+        kind = StoreValueRefused if isinstance(exc, psycopg.DataError) else StoreError
+        err = kind(message, public=public)
         err.__cause__ = None
         return err
 

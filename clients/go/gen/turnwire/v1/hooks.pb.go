@@ -1847,6 +1847,11 @@ type OnStepFinishRequest struct {
 	ResponseId string `protobuf:"bytes,7,opt,name=response_id,json=responseId,proto3" json:"response_id,omitempty"`
 	// The model that answered.
 	ResponseModel string `protobuf:"bytes,8,opt,name=response_model,json=responseModel,proto3" json:"response_model,omitempty"`
+	// The sources the step cited, in stream order (numbered apart from the
+	// fields above so issue 31's two halves never take the same number).
+	Sources []*SourcePart `protobuf:"bytes,20,rep,name=sources,proto3" json:"sources,omitempty"`
+	// The files the step produced, in stream order.
+	Files []*FilePart `protobuf:"bytes,21,rep,name=files,proto3" json:"files,omitempty"`
 }
 
 func (x *OnStepFinishRequest) Reset() {
@@ -1935,6 +1940,20 @@ func (x *OnStepFinishRequest) GetResponseModel() string {
 		return x.ResponseModel
 	}
 	return ""
+}
+
+func (x *OnStepFinishRequest) GetSources() []*SourcePart {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+func (x *OnStepFinishRequest) GetFiles() []*FilePart {
+	if x != nil {
+		return x.Files
+	}
+	return nil
 }
 
 // OnStepFinishResponse is empty: the hook only observes.
@@ -3095,7 +3114,7 @@ var file_turnwire_v1_hooks_proto_rawDesc = []byte{
 	0x54, 0x6f, 0x6f, 0x6c, 0x43, 0x61, 0x6c, 0x6c, 0x4f, 0x75, 0x74, 0x63, 0x6f, 0x6d, 0x65, 0x52,
 	0x07, 0x6f, 0x75, 0x74, 0x63, 0x6f, 0x6d, 0x65, 0x22, 0x17, 0x0a, 0x15, 0x41, 0x66, 0x74, 0x65,
 	0x72, 0x54, 0x6f, 0x6f, 0x6c, 0x43, 0x61, 0x6c, 0x6c, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73,
-	0x65, 0x22, 0xd4, 0x02, 0x0a, 0x13, 0x4f, 0x6e, 0x53, 0x74, 0x65, 0x70, 0x46, 0x69, 0x6e, 0x69,
+	0x65, 0x22, 0xb4, 0x03, 0x0a, 0x13, 0x4f, 0x6e, 0x53, 0x74, 0x65, 0x70, 0x46, 0x69, 0x6e, 0x69,
 	0x73, 0x68, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x29, 0x0a, 0x04, 0x74, 0x75, 0x72,
 	0x6e, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x15, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69,
 	0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x54, 0x75, 0x72, 0x6e, 0x49, 0x6e, 0x66, 0x6f, 0x52, 0x04,
@@ -3116,7 +3135,13 @@ var file_turnwire_v1_hooks_proto_rawDesc = []byte{
 	0x07, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x72, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x49,
 	0x64, 0x12, 0x25, 0x0a, 0x0e, 0x72, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x5f, 0x6d, 0x6f,
 	0x64, 0x65, 0x6c, 0x18, 0x08, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0d, 0x72, 0x65, 0x73, 0x70, 0x6f,
-	0x6e, 0x73, 0x65, 0x4d, 0x6f, 0x64, 0x65, 0x6c, 0x22, 0x16, 0x0a, 0x14, 0x4f, 0x6e, 0x53, 0x74,
+	0x6e, 0x73, 0x65, 0x4d, 0x6f, 0x64, 0x65, 0x6c, 0x12, 0x31, 0x0a, 0x07, 0x73, 0x6f, 0x75, 0x72,
+	0x63, 0x65, 0x73, 0x18, 0x14, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x17, 0x2e, 0x74, 0x75, 0x72, 0x6e,
+	0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x6f, 0x75, 0x72, 0x63, 0x65, 0x50, 0x61,
+	0x72, 0x74, 0x52, 0x07, 0x73, 0x6f, 0x75, 0x72, 0x63, 0x65, 0x73, 0x12, 0x2b, 0x0a, 0x05, 0x66,
+	0x69, 0x6c, 0x65, 0x73, 0x18, 0x15, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x15, 0x2e, 0x74, 0x75, 0x72,
+	0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x46, 0x69, 0x6c, 0x65, 0x50, 0x61, 0x72,
+	0x74, 0x52, 0x05, 0x66, 0x69, 0x6c, 0x65, 0x73, 0x22, 0x16, 0x0a, 0x14, 0x4f, 0x6e, 0x53, 0x74,
 	0x65, 0x70, 0x46, 0x69, 0x6e, 0x69, 0x73, 0x68, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65,
 	0x22, 0x6c, 0x0a, 0x0f, 0x4f, 0x6e, 0x43, 0x68, 0x75, 0x6e, 0x6b, 0x73, 0x52, 0x65, 0x71, 0x75,
 	0x65, 0x73, 0x74, 0x12, 0x29, 0x0a, 0x04, 0x74, 0x75, 0x72, 0x6e, 0x18, 0x01, 0x20, 0x01, 0x28,
@@ -3378,8 +3403,10 @@ var file_turnwire_v1_hooks_proto_goTypes = []interface{}{
 	(FinishReason)(0),                             // 44: turnwire.v1.FinishReason
 	(*Usage)(nil),                                 // 45: turnwire.v1.Usage
 	(*ToolCallPart)(nil),                          // 46: turnwire.v1.ToolCallPart
-	(*TurnEvent)(nil),                             // 47: turnwire.v1.TurnEvent
-	(*status.Status)(nil),                         // 48: google.rpc.Status
+	(*SourcePart)(nil),                            // 47: turnwire.v1.SourcePart
+	(*FilePart)(nil),                              // 48: turnwire.v1.FilePart
+	(*TurnEvent)(nil),                             // 49: turnwire.v1.TurnEvent
+	(*status.Status)(nil),                         // 50: google.rpc.Status
 }
 var file_turnwire_v1_hooks_proto_depIdxs = []int32{
 	0,  // 0: turnwire.v1.GetHookSubscriptionsResponse.hooks:type_name -> turnwire.v1.Hook
@@ -3423,46 +3450,48 @@ var file_turnwire_v1_hooks_proto_depIdxs = []int32{
 	7,  // 38: turnwire.v1.OnStepFinishRequest.turn:type_name -> turnwire.v1.TurnInfo
 	15, // 39: turnwire.v1.OnStepFinishRequest.step:type_name -> turnwire.v1.StepInfo
 	46, // 40: turnwire.v1.OnStepFinishRequest.tool_calls:type_name -> turnwire.v1.ToolCallPart
-	7,  // 41: turnwire.v1.OnChunksRequest.turn:type_name -> turnwire.v1.TurnInfo
-	47, // 42: turnwire.v1.OnChunksRequest.events:type_name -> turnwire.v1.TurnEvent
-	7,  // 43: turnwire.v1.OnChatResponseRequest.turn:type_name -> turnwire.v1.TurnInfo
-	42, // 44: turnwire.v1.OnChatResponseRequest.message:type_name -> turnwire.v1.Message
-	2,  // 45: turnwire.v1.OnChatResponseRequest.outcome:type_name -> turnwire.v1.TurnOutcome
-	48, // 46: turnwire.v1.OnChatResponseRequest.error:type_name -> google.rpc.Status
-	6,  // 47: turnwire.v1.OnChatResponseRequest.concurrent_input:type_name -> turnwire.v1.ConcurrentInput
-	7,  // 48: turnwire.v1.ChatErrorInfo.turn:type_name -> turnwire.v1.TurnInfo
-	48, // 49: turnwire.v1.ChatErrorInfo.error:type_name -> google.rpc.Status
-	3,  // 50: turnwire.v1.ChatErrorInfo.classification:type_name -> turnwire.v1.ChatErrorClassification
-	29, // 51: turnwire.v1.ChatErrorInfo.provider_error:type_name -> turnwire.v1.ProviderErrorInfo
-	30, // 52: turnwire.v1.ClassifyChatErrorRequest.failure:type_name -> turnwire.v1.ChatErrorInfo
-	3,  // 53: turnwire.v1.ClassifyChatErrorResponse.classification:type_name -> turnwire.v1.ChatErrorClassification
-	30, // 54: turnwire.v1.OnChatErrorRequest.failure:type_name -> turnwire.v1.ChatErrorInfo
-	48, // 55: turnwire.v1.OnChatErrorResponse.error:type_name -> google.rpc.Status
-	4,  // 56: turnwire.v1.TurnHooksService.GetHookSubscriptions:input_type -> turnwire.v1.GetHookSubscriptionsRequest
-	8,  // 57: turnwire.v1.TurnHooksService.BeforeTurn:input_type -> turnwire.v1.BeforeTurnRequest
-	16, // 58: turnwire.v1.TurnHooksService.BeforeStep:input_type -> turnwire.v1.BeforeStepRequest
-	19, // 59: turnwire.v1.TurnHooksService.BeforeToolCall:input_type -> turnwire.v1.BeforeToolCallRequest
-	21, // 60: turnwire.v1.TurnHooksService.AfterToolCall:input_type -> turnwire.v1.AfterToolCallRequest
-	23, // 61: turnwire.v1.TurnHooksService.OnStepFinish:input_type -> turnwire.v1.OnStepFinishRequest
-	25, // 62: turnwire.v1.TurnHooksService.OnChunks:input_type -> turnwire.v1.OnChunksRequest
-	27, // 63: turnwire.v1.TurnHooksService.OnChatResponse:input_type -> turnwire.v1.OnChatResponseRequest
-	31, // 64: turnwire.v1.TurnHooksService.ClassifyChatError:input_type -> turnwire.v1.ClassifyChatErrorRequest
-	33, // 65: turnwire.v1.TurnHooksService.OnChatError:input_type -> turnwire.v1.OnChatErrorRequest
-	5,  // 66: turnwire.v1.TurnHooksService.GetHookSubscriptions:output_type -> turnwire.v1.GetHookSubscriptionsResponse
-	14, // 67: turnwire.v1.TurnHooksService.BeforeTurn:output_type -> turnwire.v1.BeforeTurnResponse
-	17, // 68: turnwire.v1.TurnHooksService.BeforeStep:output_type -> turnwire.v1.BeforeStepResponse
-	20, // 69: turnwire.v1.TurnHooksService.BeforeToolCall:output_type -> turnwire.v1.BeforeToolCallResponse
-	22, // 70: turnwire.v1.TurnHooksService.AfterToolCall:output_type -> turnwire.v1.AfterToolCallResponse
-	24, // 71: turnwire.v1.TurnHooksService.OnStepFinish:output_type -> turnwire.v1.OnStepFinishResponse
-	26, // 72: turnwire.v1.TurnHooksService.OnChunks:output_type -> turnwire.v1.OnChunksResponse
-	28, // 73: turnwire.v1.TurnHooksService.OnChatResponse:output_type -> turnwire.v1.OnChatResponseResponse
-	32, // 74: turnwire.v1.TurnHooksService.ClassifyChatError:output_type -> turnwire.v1.ClassifyChatErrorResponse
-	34, // 75: turnwire.v1.TurnHooksService.OnChatError:output_type -> turnwire.v1.OnChatErrorResponse
-	66, // [66:76] is the sub-list for method output_type
-	56, // [56:66] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	47, // 41: turnwire.v1.OnStepFinishRequest.sources:type_name -> turnwire.v1.SourcePart
+	48, // 42: turnwire.v1.OnStepFinishRequest.files:type_name -> turnwire.v1.FilePart
+	7,  // 43: turnwire.v1.OnChunksRequest.turn:type_name -> turnwire.v1.TurnInfo
+	49, // 44: turnwire.v1.OnChunksRequest.events:type_name -> turnwire.v1.TurnEvent
+	7,  // 45: turnwire.v1.OnChatResponseRequest.turn:type_name -> turnwire.v1.TurnInfo
+	42, // 46: turnwire.v1.OnChatResponseRequest.message:type_name -> turnwire.v1.Message
+	2,  // 47: turnwire.v1.OnChatResponseRequest.outcome:type_name -> turnwire.v1.TurnOutcome
+	50, // 48: turnwire.v1.OnChatResponseRequest.error:type_name -> google.rpc.Status
+	6,  // 49: turnwire.v1.OnChatResponseRequest.concurrent_input:type_name -> turnwire.v1.ConcurrentInput
+	7,  // 50: turnwire.v1.ChatErrorInfo.turn:type_name -> turnwire.v1.TurnInfo
+	50, // 51: turnwire.v1.ChatErrorInfo.error:type_name -> google.rpc.Status
+	3,  // 52: turnwire.v1.ChatErrorInfo.classification:type_name -> turnwire.v1.ChatErrorClassification
+	29, // 53: turnwire.v1.ChatErrorInfo.provider_error:type_name -> turnwire.v1.ProviderErrorInfo
+	30, // 54: turnwire.v1.ClassifyChatErrorRequest.failure:type_name -> turnwire.v1.ChatErrorInfo
+	3,  // 55: turnwire.v1.ClassifyChatErrorResponse.classification:type_name -> turnwire.v1.ChatErrorClassification
+	30, // 56: turnwire.v1.OnChatErrorRequest.failure:type_name -> turnwire.v1.ChatErrorInfo
+	50, // 57: turnwire.v1.OnChatErrorResponse.error:type_name -> google.rpc.Status
+	4,  // 58: turnwire.v1.TurnHooksService.GetHookSubscriptions:input_type -> turnwire.v1.GetHookSubscriptionsRequest
+	8,  // 59: turnwire.v1.TurnHooksService.BeforeTurn:input_type -> turnwire.v1.BeforeTurnRequest
+	16, // 60: turnwire.v1.TurnHooksService.BeforeStep:input_type -> turnwire.v1.BeforeStepRequest
+	19, // 61: turnwire.v1.TurnHooksService.BeforeToolCall:input_type -> turnwire.v1.BeforeToolCallRequest
+	21, // 62: turnwire.v1.TurnHooksService.AfterToolCall:input_type -> turnwire.v1.AfterToolCallRequest
+	23, // 63: turnwire.v1.TurnHooksService.OnStepFinish:input_type -> turnwire.v1.OnStepFinishRequest
+	25, // 64: turnwire.v1.TurnHooksService.OnChunks:input_type -> turnwire.v1.OnChunksRequest
+	27, // 65: turnwire.v1.TurnHooksService.OnChatResponse:input_type -> turnwire.v1.OnChatResponseRequest
+	31, // 66: turnwire.v1.TurnHooksService.ClassifyChatError:input_type -> turnwire.v1.ClassifyChatErrorRequest
+	33, // 67: turnwire.v1.TurnHooksService.OnChatError:input_type -> turnwire.v1.OnChatErrorRequest
+	5,  // 68: turnwire.v1.TurnHooksService.GetHookSubscriptions:output_type -> turnwire.v1.GetHookSubscriptionsResponse
+	14, // 69: turnwire.v1.TurnHooksService.BeforeTurn:output_type -> turnwire.v1.BeforeTurnResponse
+	17, // 70: turnwire.v1.TurnHooksService.BeforeStep:output_type -> turnwire.v1.BeforeStepResponse
+	20, // 71: turnwire.v1.TurnHooksService.BeforeToolCall:output_type -> turnwire.v1.BeforeToolCallResponse
+	22, // 72: turnwire.v1.TurnHooksService.AfterToolCall:output_type -> turnwire.v1.AfterToolCallResponse
+	24, // 73: turnwire.v1.TurnHooksService.OnStepFinish:output_type -> turnwire.v1.OnStepFinishResponse
+	26, // 74: turnwire.v1.TurnHooksService.OnChunks:output_type -> turnwire.v1.OnChunksResponse
+	28, // 75: turnwire.v1.TurnHooksService.OnChatResponse:output_type -> turnwire.v1.OnChatResponseResponse
+	32, // 76: turnwire.v1.TurnHooksService.ClassifyChatError:output_type -> turnwire.v1.ClassifyChatErrorResponse
+	34, // 77: turnwire.v1.TurnHooksService.OnChatError:output_type -> turnwire.v1.OnChatErrorResponse
+	68, // [68:78] is the sub-list for method output_type
+	58, // [58:68] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_turnwire_v1_hooks_proto_init() }

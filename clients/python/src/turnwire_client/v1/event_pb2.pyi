@@ -3,10 +3,12 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.rpc import status_pb2 as _status_pb2
 from turnwire_client.v1 import message_pb2 as _message_pb2
@@ -553,19 +555,25 @@ class ToolInputStart(_message.Message):
 
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
+    PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id."""
     tool_name: _builtins.str
     """The tool's name."""
+    provider_executed: _builtins.bool
+    """True for a call the provider runs itself (ToolCallPart.provider_executed):
+    Turnwire does not run it.
+    """
     def __init__(
         self,
         *,
         tool_call_id: _builtins.str = ...,
         tool_name: _builtins.str = ...,
+        provider_executed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["provider_executed", b"provider_executed", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -607,12 +615,17 @@ class ToolInputAvailable(_message.Message):
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     INPUT_FIELD_NUMBER: _builtins.int
     INPUT_JSON_FIELD_NUMBER: _builtins.int
+    PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id."""
     tool_name: _builtins.str
     """The tool's name."""
     input_json: _builtins.str
     """The input as JSON text, exactly as the model produced it."""
+    provider_executed: _builtins.bool
+    """True for a call the provider runs itself (ToolCallPart.provider_executed):
+    Turnwire does not run it.
+    """
     @_builtins.property
     @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def input(self) -> _struct_pb2.Struct:
@@ -627,10 +640,11 @@ class ToolInputAvailable(_message.Message):
         tool_name: _builtins.str = ...,
         input: _struct_pb2.Struct | None = ...,
         input_json: _builtins.str = ...,
+        provider_executed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "input_json", b"input_json", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "input_json", b"input_json", "provider_executed", b"provider_executed", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -715,6 +729,7 @@ class ToolOutputAvailable(_message.Message):
     PRELIMINARY_FIELD_NUMBER: _builtins.int
     OUTPUT_JSON_FIELD_NUMBER: _builtins.int
     DECISION_FIELD_NUMBER: _builtins.int
+    PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id."""
@@ -727,6 +742,10 @@ class ToolOutputAvailable(_message.Message):
     decision: _message_pb2.ToolCallDecision.ValueType
     """BLOCKED or SUBSTITUTED when a before_tool_call hook decided the result
     instead of the tool.
+    """
+    provider_executed: _builtins.bool
+    """True for the result of a call the provider ran itself (a server tool, a
+    Responses built-in).
     """
     tool_name: _builtins.str
     """The called tool's name (also in a continuation that runs calls an earlier
@@ -747,11 +766,12 @@ class ToolOutputAvailable(_message.Message):
         preliminary: _builtins.bool = ...,
         output_json: _builtins.str = ...,
         decision: _message_pb2.ToolCallDecision.ValueType = ...,
+        provider_executed: _builtins.bool = ...,
         tool_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["output", b"output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "provider_executed", b"provider_executed", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -765,11 +785,14 @@ class ToolOutputError(_message.Message):
 
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     ERROR_TEXT_FIELD_NUMBER: _builtins.int
+    PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id."""
     error_text: _builtins.str
     """What went wrong."""
+    provider_executed: _builtins.bool
+    """True for the error of a call the provider ran itself."""
     tool_name: _builtins.str
     """The called tool's name."""
     def __init__(
@@ -777,11 +800,12 @@ class ToolOutputError(_message.Message):
         *,
         tool_call_id: _builtins.str = ...,
         error_text: _builtins.str = ...,
+        provider_executed: _builtins.bool = ...,
         tool_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_text", b"error_text", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_text", b"error_text", "provider_executed", b"provider_executed", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -916,6 +940,8 @@ class StepFinish(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     RESPONSE_ID_FIELD_NUMBER: _builtins.int
     RESPONSE_MODEL_FIELD_NUMBER: _builtins.int
+    PROVIDER_METADATA_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     step_number: _builtins.int
     """0-based step number within the turn."""
     finish_reason: Global___FinishReason.ValueType
@@ -930,6 +956,16 @@ class StepFinish(_message.Message):
     def usage(self) -> _message_pb2.Usage:
         """Token usage of this step."""
 
+    @_builtins.property
+    def provider_metadata(self) -> _struct_pb2.Struct:
+        """What the provider reported beyond the normalized fields, keyed by API, at
+        most 64 KiB of JSON (StepStartPart.provider_metadata, stored the same).
+        """
+
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Settings the provider could not honour, and metadata left out for size."""
+
     def __init__(
         self,
         *,
@@ -939,10 +975,12 @@ class StepFinish(_message.Message):
         usage: _message_pb2.Usage | None = ...,
         response_id: _builtins.str = ...,
         response_model: _builtins.str = ...,
+        provider_metadata: _struct_pb2.Struct | None = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["provider_metadata", b"provider_metadata", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "raw_finish_reason", b"raw_finish_reason", "response_id", b"response_id", "response_model", b"response_model", "step_number", b"step_number", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "provider_metadata", b"provider_metadata", "raw_finish_reason", b"raw_finish_reason", "response_id", b"response_id", "response_model", b"response_model", "step_number", b"step_number", "usage", b"usage", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

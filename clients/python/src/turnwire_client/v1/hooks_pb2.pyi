@@ -1095,6 +1095,8 @@ class OnStepFinishRequest(_message.Message):
     RAW_FINISH_REASON_FIELD_NUMBER: _builtins.int
     RESPONSE_ID_FIELD_NUMBER: _builtins.int
     RESPONSE_MODEL_FIELD_NUMBER: _builtins.int
+    SOURCES_FIELD_NUMBER: _builtins.int
+    FILES_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """Its text."""
     reasoning_text: _builtins.str
@@ -1117,6 +1119,16 @@ class OnStepFinishRequest(_message.Message):
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.ToolCallPart]:
         """Its tool calls with their results."""
 
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.SourcePart]:
+        """The sources the step cited, in stream order (numbered apart from the
+        fields above so issue 31's two halves never take the same number).
+        """
+
+    @_builtins.property
+    def files(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.FilePart]:
+        """The files the step produced, in stream order."""
+
     def __init__(
         self,
         *,
@@ -1128,10 +1140,12 @@ class OnStepFinishRequest(_message.Message):
         raw_finish_reason: _builtins.str = ...,
         response_id: _builtins.str = ...,
         response_model: _builtins.str = ...,
+        sources: _abc.Iterable[_message_pb2.SourcePart] | None = ...,
+        files: _abc.Iterable[_message_pb2.FilePart] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["step", b"step", "turn", b"turn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["raw_finish_reason", b"raw_finish_reason", "reasoning_text", b"reasoning_text", "response_id", b"response_id", "response_model", b"response_model", "step", b"step", "text", b"text", "tool_calls", b"tool_calls", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "raw_finish_reason", b"raw_finish_reason", "reasoning_text", b"reasoning_text", "response_id", b"response_id", "response_model", b"response_model", "sources", b"sources", "step", b"step", "text", b"text", "tool_calls", b"tool_calls", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

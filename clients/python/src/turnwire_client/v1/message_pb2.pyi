@@ -124,6 +124,70 @@ TOOL_CALL_DECISION_SUBSTITUTED: ToolCallDecision.ValueType  # 2
 """The hook substituted the result; the tool did not run."""
 Global___ToolCallDecision: _TypeAlias = ToolCallDecision  # noqa: Y015
 
+class _SourceType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SourceTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SourceType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SOURCE_TYPE_UNSPECIFIED: _SourceType.ValueType  # 0
+    """Not set (parts stored before the field existed: a URL source when `url`
+    is set, else a document).
+    """
+    SOURCE_TYPE_URL: _SourceType.ValueType  # 1
+    """A web page or other URL."""
+    SOURCE_TYPE_DOCUMENT: _SourceType.ValueType  # 2
+    """A document: one the request carried, a file the provider keeps, a search
+    result given as content.
+    """
+
+class SourceType(_SourceType, metaclass=_SourceTypeEnumTypeWrapper):
+    """SourceType says whether a source is a web page or a document."""
+
+SOURCE_TYPE_UNSPECIFIED: SourceType.ValueType  # 0
+"""Not set (parts stored before the field existed: a URL source when `url`
+is set, else a document).
+"""
+SOURCE_TYPE_URL: SourceType.ValueType  # 1
+"""A web page or other URL."""
+SOURCE_TYPE_DOCUMENT: SourceType.ValueType  # 2
+"""A document: one the request carried, a file the provider keeps, a search
+result given as content.
+"""
+Global___SourceType: _TypeAlias = SourceType  # noqa: Y015
+
+class _SourceLocationUnit:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SourceLocationUnitEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SourceLocationUnit.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SOURCE_LOCATION_UNIT_UNSPECIFIED: _SourceLocationUnit.ValueType  # 0
+    """Not set: only `document_index` is known."""
+    SOURCE_LOCATION_UNIT_CHARACTER: _SourceLocationUnit.ValueType  # 1
+    """Characters of a plain-text document (Anthropic `char_location`)."""
+    SOURCE_LOCATION_UNIT_PAGE: _SourceLocationUnit.ValueType  # 2
+    """Pages of a PDF (Anthropic `page_location`, 1-based)."""
+    SOURCE_LOCATION_UNIT_CONTENT_BLOCK: _SourceLocationUnit.ValueType  # 3
+    """Content blocks of a custom-content document or a search result
+    (Anthropic `content_block_location`, `search_result_location`).
+    """
+
+class SourceLocationUnit(_SourceLocationUnit, metaclass=_SourceLocationUnitEnumTypeWrapper):
+    """SourceLocationUnit is what a SourceLocation's range counts."""
+
+SOURCE_LOCATION_UNIT_UNSPECIFIED: SourceLocationUnit.ValueType  # 0
+"""Not set: only `document_index` is known."""
+SOURCE_LOCATION_UNIT_CHARACTER: SourceLocationUnit.ValueType  # 1
+"""Characters of a plain-text document (Anthropic `char_location`)."""
+SOURCE_LOCATION_UNIT_PAGE: SourceLocationUnit.ValueType  # 2
+"""Pages of a PDF (Anthropic `page_location`, 1-based)."""
+SOURCE_LOCATION_UNIT_CONTENT_BLOCK: SourceLocationUnit.ValueType  # 3
+"""Content blocks of a custom-content document or a search result
+(Anthropic `content_block_location`, `search_result_location`).
+"""
+Global___SourceLocationUnit: _TypeAlias = SourceLocationUnit  # noqa: Y015
+
 @_typing.final
 class Message(_message.Message):
     """Message is one entry of a conversation's transcript: a user's input, or an
@@ -242,18 +306,25 @@ class TextPart(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TEXT_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """The text, UTF-8. A user or system message needs content: one whose parts are
     all empty or whitespace-only text is refused (INVALID_ARGUMENT).
+    """
+    id: _builtins.str
+    """The id of the model's text block, as its TextStart event named it. Set on
+    an assistant's text that a SourcePart cites (`SourcePart.text_id`); empty
+    otherwise.
     """
     def __init__(
         self,
         *,
         text: _builtins.str = ...,
+        id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -318,6 +389,8 @@ class ToolCallPart(_message.Message):
     APPROVAL_FIELD_NUMBER: _builtins.int
     CLIENT_EXECUTED_FIELD_NUMBER: _builtins.int
     DECISION_FIELD_NUMBER: _builtins.int
+    PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
+    PROVIDER_METADATA_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The provider's id for the call; results refer to it."""
     tool_name: _builtins.str
@@ -349,6 +422,15 @@ class ToolCallPart(_message.Message):
     instead of the tool (docs/semantics.md §3); the model sees it as a
     successful result either way.
     """
+    provider_executed: _builtins.bool
+    """True for a call the provider ran itself (AI SDK `providerExecuted`): an
+    Anthropic server tool (web search, web fetch, code execution, the MCP
+    connector, tool search) or a Responses built-in (web search, file search,
+    code interpreter, image generation, remote MCP, computer use). Turnwire
+    never runs it and no before_tool_call or after_tool_call hook sees it;
+    its result, once the provider gave one, is in `output_json` or
+    `error_text` (docs/providers.md, "What each API's parts become").
+    """
     @_builtins.property
     @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def input(self) -> _struct_pb2.Struct:
@@ -368,6 +450,16 @@ class ToolCallPart(_message.Message):
     def approval(self) -> Global___ToolCallApproval:
         """The approval request and its answer, for a tool that needs approval."""
 
+    @_builtins.property
+    def provider_metadata(self) -> _struct_pb2.Struct:
+        """What the API that made the call needs to have it back, keyed by API
+        (`anthropic`: the `call` and `result` blocks without their input and
+        content, which are `input_json` and `output_json`; `openai`: the item's
+        `type` and `item_id`). Set for provider-executed calls and for the
+        Responses built-ins the application runs (`shell_call`,
+        `local_shell_call`, `apply_patch_call`, `custom_tool_call`).
+        """
+
     def __init__(
         self,
         *,
@@ -384,10 +476,12 @@ class ToolCallPart(_message.Message):
         approval: Global___ToolCallApproval | None = ...,
         client_executed: _builtins.bool = ...,
         decision: Global___ToolCallDecision.ValueType = ...,
+        provider_executed: _builtins.bool = ...,
+        provider_metadata: _struct_pb2.Struct | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "input", b"input", "output", b"output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "input", b"input", "output", b"output", "provider_metadata", b"provider_metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "client_executed", b"client_executed", "decision", b"decision", "error_text", b"error_text", "input", b"input", "input_json", b"input_json", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "raw_input", b"raw_input", "state", b"state", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "client_executed", b"client_executed", "decision", b"decision", "error_text", b"error_text", "input", b"input", "input_json", b"input_json", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "provider_executed", b"provider_executed", "provider_metadata", b"provider_metadata", "raw_input", b"raw_input", "state", b"state", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -425,7 +519,12 @@ Global___ToolCallApproval: _TypeAlias = ToolCallApproval  # noqa: Y015
 
 @_typing.final
 class FilePart(_message.Message):
-    """FilePart is a file, given inline or by URL."""
+    """FilePart is a file, given inline, by URL, or by the id of a file the
+    provider keeps. A file the model produced (a generated image) is kept inline
+    when it fits the reply's size limit, else by reference: `provider_file_id`
+    when the provider has one, otherwise no content, with `size_bytes` and
+    `provider_metadata` saying what it was (docs/providers.md, "Files").
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -433,6 +532,9 @@ class FilePart(_message.Message):
     FILENAME_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     URL_FIELD_NUMBER: _builtins.int
+    PROVIDER_FILE_ID_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    PROVIDER_METADATA_FIELD_NUMBER: _builtins.int
     media_type: _builtins.str
     """IANA media type, for example `image/png`."""
     filename: _builtins.str
@@ -441,6 +543,20 @@ class FilePart(_message.Message):
     """The file's bytes."""
     url: _builtins.str
     """A URL the provider can fetch."""
+    provider_file_id: _builtins.str
+    """The id of a file the provider keeps (OpenAI `file-…` or a container's
+    `cfile_…`, Anthropic Files API `file_…`); `provider_metadata` names the
+    API and, for a container file, the container.
+    """
+    size_bytes: _builtins.int
+    """The file's size in bytes, when known: also set when the bytes are not kept."""
+    @_builtins.property
+    def provider_metadata(self) -> _struct_pb2.Struct:
+        """What the provider said about the file, under the API's name (`openai`:
+        the image generation call's `item_id`, `revised_prompt`, `size`,
+        `quality`, `container_id`; `anthropic`: the code execution result's ids).
+        """
+
     def __init__(
         self,
         *,
@@ -448,12 +564,15 @@ class FilePart(_message.Message):
         filename: _builtins.str = ...,
         data: _builtins.bytes = ...,
         url: _builtins.str = ...,
+        provider_file_id: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        provider_metadata: _struct_pb2.Struct | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "data", b"data", "url", b"url"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "data", b"data", "provider_file_id", b"provider_file_id", "provider_metadata", b"provider_metadata", "url", b"url"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "data", b"data", "filename", b"filename", "media_type", b"media_type", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "data", b"data", "filename", b"filename", "media_type", b"media_type", "provider_file_id", b"provider_file_id", "provider_metadata", b"provider_metadata", "size_bytes", b"size_bytes", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_content: _TypeAlias = _typing.Literal["data", "url"]  # noqa: Y015
+    _WhichOneofReturnType_content: _TypeAlias = _typing.Literal["data", "url", "provider_file_id"]  # noqa: Y015
     _WhichOneofArgType_content: _TypeAlias = _typing.Literal["content", b"content"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_content) -> _WhichOneofReturnType_content | None: ...
 
@@ -461,7 +580,10 @@ Global___FilePart: _TypeAlias = FilePart  # noqa: Y015
 
 @_typing.final
 class SourcePart(_message.Message):
-    """SourcePart is a source the model cited (a URL or a document)."""
+    """SourcePart is a source the model cited (a URL or a document), what it
+    quotes, where in the source that is, and which text of the answer cites it
+    (AI SDK `source-url` / `source-document` parts, with the citation kept).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -470,8 +592,17 @@ class SourcePart(_message.Message):
     TITLE_FIELD_NUMBER: _builtins.int
     MEDIA_TYPE_FIELD_NUMBER: _builtins.int
     FILENAME_FIELD_NUMBER: _builtins.int
+    SOURCE_TYPE_FIELD_NUMBER: _builtins.int
+    CITED_TEXT_FIELD_NUMBER: _builtins.int
+    LOCATION_FIELD_NUMBER: _builtins.int
+    TEXT_ID_FIELD_NUMBER: _builtins.int
+    TEXT_SPAN_FIELD_NUMBER: _builtins.int
+    PROVIDER_FILE_ID_FIELD_NUMBER: _builtins.int
+    PROVIDER_METADATA_FIELD_NUMBER: _builtins.int
     source_id: _builtins.str
-    """The provider's id for the source."""
+    """The source's id: the provider's when it gives one, else one the adapter
+    makes, unique within the message.
+    """
     url: _builtins.str
     """The URL, for a URL source."""
     title: _builtins.str
@@ -480,6 +611,39 @@ class SourcePart(_message.Message):
     """The media type, for a document source."""
     filename: _builtins.str
     """The file name, for a document source."""
+    source_type: Global___SourceType.ValueType
+    """A URL or a document."""
+    cited_text: _builtins.str
+    """The passage of the source the answer relies on, when the provider gives
+    it (Anthropic `cited_text`, OpenRouter's annotation `content`).
+    """
+    text_id: _builtins.str
+    """The TextPart (by `TextPart.id`, the TextStart event's id) of this message
+    whose text cites the source; empty when the provider ties it to no text
+    (a list of citations for the whole answer, as Perplexity's).
+    """
+    provider_file_id: _builtins.str
+    """The id of the file the source is, for a file the provider keeps
+    (Responses `file_citation` and `container_file_citation` file ids).
+    """
+    @_builtins.property
+    def location(self) -> Global___SourceLocation:
+        """Where the passage is in a document source (Anthropic character, page and
+        content block locations); unset when the provider does not say.
+        """
+
+    @_builtins.property
+    def text_span(self) -> Global___TextSpan:
+        """The cited span of that text; unset when the whole text block cites it."""
+
+    @_builtins.property
+    def provider_metadata(self) -> _struct_pb2.Struct:
+        """The citation's other fields as the provider gave them, under the API's
+        name (`anthropic`: `encrypted_index`, `search_result_index` …; `openai`:
+        the annotation's `type`, `container_id`, `index` …). Bounded: strings
+        over 4 KiB are cut.
+        """
+
     def __init__(
         self,
         *,
@@ -488,14 +652,87 @@ class SourcePart(_message.Message):
         title: _builtins.str = ...,
         media_type: _builtins.str = ...,
         filename: _builtins.str = ...,
+        source_type: Global___SourceType.ValueType = ...,
+        cited_text: _builtins.str = ...,
+        location: Global___SourceLocation | None = ...,
+        text_id: _builtins.str = ...,
+        text_span: Global___TextSpan | None = ...,
+        provider_file_id: _builtins.str = ...,
+        provider_metadata: _struct_pb2.Struct | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["location", b"location", "provider_metadata", b"provider_metadata", "text_span", b"text_span"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["filename", b"filename", "media_type", b"media_type", "source_id", b"source_id", "title", b"title", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cited_text", b"cited_text", "filename", b"filename", "location", b"location", "media_type", b"media_type", "provider_file_id", b"provider_file_id", "provider_metadata", b"provider_metadata", "source_id", b"source_id", "source_type", b"source_type", "text_id", b"text_id", "text_span", b"text_span", "title", b"title", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SourcePart: _TypeAlias = SourcePart  # noqa: Y015
+
+@_typing.final
+class SourceLocation(_message.Message):
+    """SourceLocation is where a cited passage lies in a document source. Ranges
+    are half-open: `start` inclusive, `end` exclusive.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UNIT_FIELD_NUMBER: _builtins.int
+    DOCUMENT_INDEX_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    unit: Global___SourceLocationUnit.ValueType
+    """What `start` and `end` count."""
+    document_index: _builtins.int
+    """The document's 0-based index among the request's documents (Anthropic
+    `document_index`, or `search_result_index` for a search result).
+    """
+    start: _builtins.int
+    """The first character (0-based), page (1-based) or content block (0-based)."""
+    end: _builtins.int
+    """One past the last character, page or content block."""
+    def __init__(
+        self,
+        *,
+        unit: Global___SourceLocationUnit.ValueType = ...,
+        document_index: _builtins.int = ...,
+        start: _builtins.int = ...,
+        end: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document_index", b"document_index", "end", b"end", "start", b"start", "unit", b"unit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SourceLocation: _TypeAlias = SourceLocation  # noqa: Y015
+
+@_typing.final
+class TextSpan(_message.Message):
+    """TextSpan is a half-open range of a text part's characters (Unicode code
+    points, as the Responses and OpenRouter annotations count them).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_INDEX_FIELD_NUMBER: _builtins.int
+    END_INDEX_FIELD_NUMBER: _builtins.int
+    start_index: _builtins.int
+    """The first character cited, 0-based."""
+    end_index: _builtins.int
+    """One past the last character cited."""
+    def __init__(
+        self,
+        *,
+        start_index: _builtins.int = ...,
+        end_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_index", b"end_index", "start_index", b"start_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TextSpan: _TypeAlias = TextSpan  # noqa: Y015
 
 @_typing.final
 class DataPart(_message.Message):
@@ -531,16 +768,45 @@ Global___DataPart: _TypeAlias = DataPart  # noqa: Y015
 
 @_typing.final
 class StepStartPart(_message.Message):
-    """StepStartPart marks the start of a model step in an assistant message."""
+    """StepStartPart marks the start of a model step in an assistant message and,
+    once the step finished, holds the step's record from the provider.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    RESPONSE_ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_MODEL_FIELD_NUMBER: _builtins.int
+    PROVIDER_METADATA_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
+    response_id: _builtins.str
+    """The provider's id of the step's response (message, completion or response
+    id); empty until the step finished.
+    """
+    response_model: _builtins.str
+    """The model version that answered the step."""
+    @_builtins.property
+    def provider_metadata(self) -> _struct_pb2.Struct:
+        """What the provider reported beyond the normalized fields, keyed by API
+        (`anthropic`, `openai`): stop details, refusals, token logprobs when the
+        request asked for them, Responses message `phase`s. At most 64 KiB of
+        JSON: larger entries are left out and a warning says which.
+        """
+
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Settings the provider could not honour, and metadata left out for size."""
+
     def __init__(
         self,
+        *,
+        response_id: _builtins.str = ...,
+        response_model: _builtins.str = ...,
+        provider_metadata: _struct_pb2.Struct | None = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["provider_metadata", b"provider_metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["provider_metadata", b"provider_metadata", "response_id", b"response_id", "response_model", b"response_model", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

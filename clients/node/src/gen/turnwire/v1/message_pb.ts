@@ -12,7 +12,7 @@ import type { JsonObject, Message as Message$1 } from "@bufbuild/protobuf";
  * Describes the file turnwire/v1/message.proto.
  */
 export const file_turnwire_v1_message: GenFile = /*@__PURE__*/
-  fileDesc("Chl0dXJud2lyZS92MS9tZXNzYWdlLnByb3RvEgt0dXJud2lyZS52MSK0AQoHTWVzc2FnZRIKCgJpZBgBIAEoCRIfCgRyb2xlGAIgASgOMhEudHVybndpcmUudjEuUm9sZRIgCgVwYXJ0cxgDIAMoCzIRLnR1cm53aXJlLnYxLlBhcnQSLwoLY3JlYXRlX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCG1ldGFkYXRhGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCLBAgoEUGFydBIlCgR0ZXh0GAEgASgLMhUudHVybndpcmUudjEuVGV4dFBhcnRIABIvCglyZWFzb25pbmcYAiABKAsyGi50dXJud2lyZS52MS5SZWFzb25pbmdQYXJ0SAASLgoJdG9vbF9jYWxsGAMgASgLMhkudHVybndpcmUudjEuVG9vbENhbGxQYXJ0SAASJQoEZmlsZRgEIAEoCzIVLnR1cm53aXJlLnYxLkZpbGVQYXJ0SAASKQoGc291cmNlGAUgASgLMhcudHVybndpcmUudjEuU291cmNlUGFydEgAEiUKBGRhdGEYBiABKAsyFS50dXJud2lyZS52MS5EYXRhUGFydEgAEjAKCnN0ZXBfc3RhcnQYByABKAsyGi50dXJud2lyZS52MS5TdGVwU3RhcnRQYXJ0SABCBgoEa2luZCIYCghUZXh0UGFydBIMCgR0ZXh0GAEgASgJInYKDVJlYXNvbmluZ1BhcnQSDAoEdGV4dBgBIAEoCRIRCglzaWduYXR1cmUYAiABKAwSEAoIcmVkYWN0ZWQYAyABKAgSMgoRcHJvdmlkZXJfbWV0YWRhdGEYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IpoDCgxUb29sQ2FsbFBhcnQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIqCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3RCAhgBEikKBXN0YXRlGAQgASgOMhoudHVybndpcmUudjEuVG9vbENhbGxTdGF0ZRIqCgZvdXRwdXQYBSABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVCAhgBEhIKCmVycm9yX3RleHQYBiABKAkSEwoLcHJlbGltaW5hcnkYByABKAgSEQoJcmF3X2lucHV0GAggASgJEhIKCmlucHV0X2pzb24YCSABKAkSEwoLb3V0cHV0X2pzb24YCiABKAkSLwoIYXBwcm92YWwYCyABKAsyHS50dXJud2lyZS52MS5Ub29sQ2FsbEFwcHJvdmFsEhcKD2NsaWVudF9leGVjdXRlZBgMIAEoCBIvCghkZWNpc2lvbhgNIAEoDjIdLnR1cm53aXJlLnYxLlRvb2xDYWxsRGVjaXNpb24iQAoQVG9vbENhbGxBcHByb3ZhbBIKCgJpZBgBIAEoCRIQCghhcHByb3ZlZBgCIAEoCBIOCgZyZWFzb24YAyABKAkiWgoIRmlsZVBhcnQSEgoKbWVkaWFfdHlwZRgBIAEoCRIQCghmaWxlbmFtZRgCIAEoCRIOCgRkYXRhGAMgASgMSAASDQoDdXJsGAQgASgJSABCCQoHY29udGVudCJhCgpTb3VyY2VQYXJ0EhEKCXNvdXJjZV9pZBgBIAEoCRILCgN1cmwYAiABKAkSDQoFdGl0bGUYAyABKAkSEgoKbWVkaWFfdHlwZRgEIAEoCRIQCghmaWxlbmFtZRgFIAEoCSJKCghEYXRhUGFydBIMCgR0eXBlGAEgASgJEgoKAmlkGAIgASgJEiQKBGRhdGEYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiDwoNU3RlcFN0YXJ0UGFydCKjAQoFVXNhZ2USFAoMaW5wdXRfdG9rZW5zGAEgASgDEhUKDW91dHB1dF90b2tlbnMYAiABKAMSFAoMdG90YWxfdG9rZW5zGAMgASgDEhgKEHJlYXNvbmluZ190b2tlbnMYBCABKAMSGwoTY2FjaGVkX2lucHV0X3Rva2VucxgFIAEoAxIgChhjYWNoZV93cml0ZV9pbnB1dF90b2tlbnMYBiABKAMqUAoEUm9sZRIUChBST0xFX1VOU1BFQ0lGSUVEEAASDQoJUk9MRV9VU0VSEAESEgoOUk9MRV9BU1NJU1RBTlQQAhIPCgtST0xFX1NZU1RFTRADKrUCCg1Ub29sQ2FsbFN0YXRlEh8KG1RPT0xfQ0FMTF9TVEFURV9VTlNQRUNJRklFRBAAEiMKH1RPT0xfQ0FMTF9TVEFURV9JTlBVVF9TVFJFQU1JTkcQARIjCh9UT09MX0NBTExfU1RBVEVfSU5QVVRfQVZBSUxBQkxFEAISJgoiVE9PTF9DQUxMX1NUQVRFX0FQUFJPVkFMX1JFUVVFU1RFRBADEiYKIlRPT0xfQ0FMTF9TVEFURV9BUFBST1ZBTF9SRVNQT05ERUQQBBIkCiBUT09MX0NBTExfU1RBVEVfT1VUUFVUX0FWQUlMQUJMRRAFEiAKHFRPT0xfQ0FMTF9TVEFURV9PVVRQVVRfRVJST1IQBhIhCh1UT09MX0NBTExfU1RBVEVfT1VUUFVUX0RFTklFRBAHKnoKEFRvb2xDYWxsRGVjaXNpb24SIgoeVE9PTF9DQUxMX0RFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASHgoaVE9PTF9DQUxMX0RFQ0lTSU9OX0JMT0NLRUQQARIiCh5UT09MX0NBTExfREVDSVNJT05fU1VCU1RJVFVURUQQAmIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Chl0dXJud2lyZS92MS9tZXNzYWdlLnByb3RvEgt0dXJud2lyZS52MSK0AQoHTWVzc2FnZRIKCgJpZBgBIAEoCRIfCgRyb2xlGAIgASgOMhEudHVybndpcmUudjEuUm9sZRIgCgVwYXJ0cxgDIAMoCzIRLnR1cm53aXJlLnYxLlBhcnQSLwoLY3JlYXRlX3RpbWUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKCG1ldGFkYXRhGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCLBAgoEUGFydBIlCgR0ZXh0GAEgASgLMhUudHVybndpcmUudjEuVGV4dFBhcnRIABIvCglyZWFzb25pbmcYAiABKAsyGi50dXJud2lyZS52MS5SZWFzb25pbmdQYXJ0SAASLgoJdG9vbF9jYWxsGAMgASgLMhkudHVybndpcmUudjEuVG9vbENhbGxQYXJ0SAASJQoEZmlsZRgEIAEoCzIVLnR1cm53aXJlLnYxLkZpbGVQYXJ0SAASKQoGc291cmNlGAUgASgLMhcudHVybndpcmUudjEuU291cmNlUGFydEgAEiUKBGRhdGEYBiABKAsyFS50dXJud2lyZS52MS5EYXRhUGFydEgAEjAKCnN0ZXBfc3RhcnQYByABKAsyGi50dXJud2lyZS52MS5TdGVwU3RhcnRQYXJ0SABCBgoEa2luZCIkCghUZXh0UGFydBIMCgR0ZXh0GAEgASgJEgoKAmlkGAIgASgJInYKDVJlYXNvbmluZ1BhcnQSDAoEdGV4dBgBIAEoCRIRCglzaWduYXR1cmUYAiABKAwSEAoIcmVkYWN0ZWQYAyABKAgSMgoRcHJvdmlkZXJfbWV0YWRhdGEYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IukDCgxUb29sQ2FsbFBhcnQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIqCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3RCAhgBEikKBXN0YXRlGAQgASgOMhoudHVybndpcmUudjEuVG9vbENhbGxTdGF0ZRIqCgZvdXRwdXQYBSABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWVCAhgBEhIKCmVycm9yX3RleHQYBiABKAkSEwoLcHJlbGltaW5hcnkYByABKAgSEQoJcmF3X2lucHV0GAggASgJEhIKCmlucHV0X2pzb24YCSABKAkSEwoLb3V0cHV0X2pzb24YCiABKAkSLwoIYXBwcm92YWwYCyABKAsyHS50dXJud2lyZS52MS5Ub29sQ2FsbEFwcHJvdmFsEhcKD2NsaWVudF9leGVjdXRlZBgMIAEoCBIvCghkZWNpc2lvbhgNIAEoDjIdLnR1cm53aXJlLnYxLlRvb2xDYWxsRGVjaXNpb24SGQoRcHJvdmlkZXJfZXhlY3V0ZWQYDiABKAgSMgoRcHJvdmlkZXJfbWV0YWRhdGEYDyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IkAKEFRvb2xDYWxsQXBwcm92YWwSCgoCaWQYASABKAkSEAoIYXBwcm92ZWQYAiABKAgSDgoGcmVhc29uGAMgASgJIr4BCghGaWxlUGFydBISCgptZWRpYV90eXBlGAEgASgJEhAKCGZpbGVuYW1lGAIgASgJEg4KBGRhdGEYAyABKAxIABINCgN1cmwYBCABKAlIABIaChBwcm92aWRlcl9maWxlX2lkGAUgASgJSAASEgoKc2l6ZV9ieXRlcxgGIAEoAxIyChFwcm92aWRlcl9tZXRhZGF0YRgHIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3RCCQoHY29udGVudCLbAgoKU291cmNlUGFydBIRCglzb3VyY2VfaWQYASABKAkSCwoDdXJsGAIgASgJEg0KBXRpdGxlGAMgASgJEhIKCm1lZGlhX3R5cGUYBCABKAkSEAoIZmlsZW5hbWUYBSABKAkSLAoLc291cmNlX3R5cGUYBiABKA4yFy50dXJud2lyZS52MS5Tb3VyY2VUeXBlEhIKCmNpdGVkX3RleHQYByABKAkSLQoIbG9jYXRpb24YCCABKAsyGy50dXJud2lyZS52MS5Tb3VyY2VMb2NhdGlvbhIPCgd0ZXh0X2lkGAkgASgJEigKCXRleHRfc3BhbhgKIAEoCzIVLnR1cm53aXJlLnYxLlRleHRTcGFuEhgKEHByb3ZpZGVyX2ZpbGVfaWQYCyABKAkSMgoRcHJvdmlkZXJfbWV0YWRhdGEYDCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0InMKDlNvdXJjZUxvY2F0aW9uEi0KBHVuaXQYASABKA4yHy50dXJud2lyZS52MS5Tb3VyY2VMb2NhdGlvblVuaXQSFgoOZG9jdW1lbnRfaW5kZXgYAiABKAUSDQoFc3RhcnQYAyABKAMSCwoDZW5kGAQgASgDIjIKCFRleHRTcGFuEhMKC3N0YXJ0X2luZGV4GAEgASgDEhEKCWVuZF9pbmRleBgCIAEoAyJKCghEYXRhUGFydBIMCgR0eXBlGAEgASgJEgoKAmlkGAIgASgJEiQKBGRhdGEYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiggEKDVN0ZXBTdGFydFBhcnQSEwoLcmVzcG9uc2VfaWQYASABKAkSFgoOcmVzcG9uc2VfbW9kZWwYAiABKAkSMgoRcHJvdmlkZXJfbWV0YWRhdGEYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhAKCHdhcm5pbmdzGAQgAygJIqMBCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIUCgx0b3RhbF90b2tlbnMYAyABKAMSGAoQcmVhc29uaW5nX3Rva2VucxgEIAEoAxIbChNjYWNoZWRfaW5wdXRfdG9rZW5zGAUgASgDEiAKGGNhY2hlX3dyaXRlX2lucHV0X3Rva2VucxgGIAEoAypQCgRSb2xlEhQKEFJPTEVfVU5TUEVDSUZJRUQQABINCglST0xFX1VTRVIQARISCg5ST0xFX0FTU0lTVEFOVBACEg8KC1JPTEVfU1lTVEVNEAMqtQIKDVRvb2xDYWxsU3RhdGUSHwobVE9PTF9DQUxMX1NUQVRFX1VOU1BFQ0lGSUVEEAASIwofVE9PTF9DQUxMX1NUQVRFX0lOUFVUX1NUUkVBTUlORxABEiMKH1RPT0xfQ0FMTF9TVEFURV9JTlBVVF9BVkFJTEFCTEUQAhImCiJUT09MX0NBTExfU1RBVEVfQVBQUk9WQUxfUkVRVUVTVEVEEAMSJgoiVE9PTF9DQUxMX1NUQVRFX0FQUFJPVkFMX1JFU1BPTkRFRBAEEiQKIFRPT0xfQ0FMTF9TVEFURV9PVVRQVVRfQVZBSUxBQkxFEAUSIAocVE9PTF9DQUxMX1NUQVRFX09VVFBVVF9FUlJPUhAGEiEKHVRPT0xfQ0FMTF9TVEFURV9PVVRQVVRfREVOSUVEEAcqegoQVG9vbENhbGxEZWNpc2lvbhIiCh5UT09MX0NBTExfREVDSVNJT05fVU5TUEVDSUZJRUQQABIeChpUT09MX0NBTExfREVDSVNJT05fQkxPQ0tFRBABEiIKHlRPT0xfQ0FMTF9ERUNJU0lPTl9TVUJTVElUVVRFRBACKlgKClNvdXJjZVR5cGUSGwoXU09VUkNFX1RZUEVfVU5TUEVDSUZJRUQQABITCg9TT1VSQ0VfVFlQRV9VUkwQARIYChRTT1VSQ0VfVFlQRV9ET0NVTUVOVBACKqUBChJTb3VyY2VMb2NhdGlvblVuaXQSJAogU09VUkNFX0xPQ0FUSU9OX1VOSVRfVU5TUEVDSUZJRUQQABIiCh5TT1VSQ0VfTE9DQVRJT05fVU5JVF9DSEFSQUNURVIQARIdChlTT1VSQ0VfTE9DQVRJT05fVU5JVF9QQUdFEAISJgoiU09VUkNFX0xPQ0FUSU9OX1VOSVRfQ09OVEVOVF9CTE9DSxADYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * Message is one entry of a conversation's transcript: a user's input, or an
@@ -156,6 +156,15 @@ export type TextPart = Message$1<"turnwire.v1.TextPart"> & {
    * @generated from field: string text = 1;
    */
   text: string;
+
+  /**
+   * The id of the model's text block, as its TextStart event named it. Set on
+   * an assistant's text that a SourcePart cites (`SourcePart.text_id`); empty
+   * otherwise.
+   *
+   * @generated from field: string id = 2;
+   */
+  id: string;
 };
 
 /**
@@ -317,6 +326,31 @@ export type ToolCallPart = Message$1<"turnwire.v1.ToolCallPart"> & {
    * @generated from field: turnwire.v1.ToolCallDecision decision = 13;
    */
   decision: ToolCallDecision;
+
+  /**
+   * True for a call the provider ran itself (AI SDK `providerExecuted`): an
+   * Anthropic server tool (web search, web fetch, code execution, the MCP
+   * connector, tool search) or a Responses built-in (web search, file search,
+   * code interpreter, image generation, remote MCP, computer use). Turnwire
+   * never runs it and no before_tool_call or after_tool_call hook sees it;
+   * its result, once the provider gave one, is in `output_json` or
+   * `error_text` (docs/providers.md, "What each API's parts become").
+   *
+   * @generated from field: bool provider_executed = 14;
+   */
+  providerExecuted: boolean;
+
+  /**
+   * What the API that made the call needs to have it back, keyed by API
+   * (`anthropic`: the `call` and `result` blocks without their input and
+   * content, which are `input_json` and `output_json`; `openai`: the item's
+   * `type` and `item_id`). Set for provider-executed calls and for the
+   * Responses built-ins the application runs (`shell_call`,
+   * `local_shell_call`, `apply_patch_call`, `custom_tool_call`).
+   *
+   * @generated from field: google.protobuf.Struct provider_metadata = 15;
+   */
+  providerMetadata?: JsonObject | undefined;
 };
 
 /**
@@ -362,7 +396,11 @@ export const ToolCallApprovalSchema: GenMessage<ToolCallApproval> = /*@__PURE__*
   messageDesc(file_turnwire_v1_message, 5);
 
 /**
- * FilePart is a file, given inline or by URL.
+ * FilePart is a file, given inline, by URL, or by the id of a file the
+ * provider keeps. A file the model produced (a generated image) is kept inline
+ * when it fits the reply's size limit, else by reference: `provider_file_id`
+ * when the provider has one, otherwise no content, with `size_bytes` and
+ * `provider_metadata` saying what it was (docs/providers.md, "Files").
  *
  * @generated from message turnwire.v1.FilePart
  */
@@ -382,7 +420,8 @@ export type FilePart = Message$1<"turnwire.v1.FilePart"> & {
   filename: string;
 
   /**
-   * Where the content is.
+   * Where the content is; none when a generated file was too large to keep and
+   * the provider gave no id for it.
    *
    * @generated from oneof turnwire.v1.FilePart.content
    */
@@ -402,7 +441,33 @@ export type FilePart = Message$1<"turnwire.v1.FilePart"> & {
      */
     value: string;
     case: "url";
+  } | {
+    /**
+     * The id of a file the provider keeps (OpenAI `file-…` or a container's
+     * `cfile_…`, Anthropic Files API `file_…`); `provider_metadata` names the
+     * API and, for a container file, the container.
+     *
+     * @generated from field: string provider_file_id = 5;
+     */
+    value: string;
+    case: "providerFileId";
   } | { case: undefined; value?: undefined };
+
+  /**
+   * The file's size in bytes, when known: also set when the bytes are not kept.
+   *
+   * @generated from field: int64 size_bytes = 6;
+   */
+  sizeBytes: bigint;
+
+  /**
+   * What the provider said about the file, under the API's name (`openai`:
+   * the image generation call's `item_id`, `revised_prompt`, `size`,
+   * `quality`, `container_id`; `anthropic`: the code execution result's ids).
+   *
+   * @generated from field: google.protobuf.Struct provider_metadata = 7;
+   */
+  providerMetadata?: JsonObject | undefined;
 };
 
 /**
@@ -413,13 +478,16 @@ export const FilePartSchema: GenMessage<FilePart> = /*@__PURE__*/
   messageDesc(file_turnwire_v1_message, 6);
 
 /**
- * SourcePart is a source the model cited (a URL or a document).
+ * SourcePart is a source the model cited (a URL or a document), what it
+ * quotes, where in the source that is, and which text of the answer cites it
+ * (AI SDK `source-url` / `source-document` parts, with the citation kept).
  *
  * @generated from message turnwire.v1.SourcePart
  */
 export type SourcePart = Message$1<"turnwire.v1.SourcePart"> & {
   /**
-   * The provider's id for the source.
+   * The source's id: the provider's when it gives one, else one the adapter
+   * makes, unique within the message.
    *
    * @generated from field: string source_id = 1;
    */
@@ -452,6 +520,63 @@ export type SourcePart = Message$1<"turnwire.v1.SourcePart"> & {
    * @generated from field: string filename = 5;
    */
   filename: string;
+
+  /**
+   * A URL or a document.
+   *
+   * @generated from field: turnwire.v1.SourceType source_type = 6;
+   */
+  sourceType: SourceType;
+
+  /**
+   * The passage of the source the answer relies on, when the provider gives
+   * it (Anthropic `cited_text`, OpenRouter's annotation `content`).
+   *
+   * @generated from field: string cited_text = 7;
+   */
+  citedText: string;
+
+  /**
+   * Where the passage is in a document source (Anthropic character, page and
+   * content block locations); unset when the provider does not say.
+   *
+   * @generated from field: turnwire.v1.SourceLocation location = 8;
+   */
+  location?: SourceLocation | undefined;
+
+  /**
+   * The TextPart (by `TextPart.id`, the TextStart event's id) of this message
+   * whose text cites the source; empty when the provider ties it to no text
+   * (a list of citations for the whole answer, as Perplexity's).
+   *
+   * @generated from field: string text_id = 9;
+   */
+  textId: string;
+
+  /**
+   * The cited span of that text; unset when the whole text block cites it.
+   *
+   * @generated from field: turnwire.v1.TextSpan text_span = 10;
+   */
+  textSpan?: TextSpan | undefined;
+
+  /**
+   * The id of the file the source is, for a file the provider keeps
+   * (Responses `file_citation` and `container_file_citation` file ids).
+   *
+   * @generated from field: string provider_file_id = 11;
+   */
+  providerFileId: string;
+
+  /**
+   * The citation's other fields as the provider gave them, under the API's
+   * name (`anthropic`: `encrypted_index`, `search_result_index` …; `openai`:
+   * the annotation's `type`, `container_id`, `index` …). Bounded: strings
+   * over 4 KiB are cut.
+   *
+   * @generated from field: google.protobuf.Struct provider_metadata = 12;
+   */
+  providerMetadata?: JsonObject | undefined;
 };
 
 /**
@@ -460,6 +585,79 @@ export type SourcePart = Message$1<"turnwire.v1.SourcePart"> & {
  */
 export const SourcePartSchema: GenMessage<SourcePart> = /*@__PURE__*/
   messageDesc(file_turnwire_v1_message, 7);
+
+/**
+ * SourceLocation is where a cited passage lies in a document source. Ranges
+ * are half-open: `start` inclusive, `end` exclusive.
+ *
+ * @generated from message turnwire.v1.SourceLocation
+ */
+export type SourceLocation = Message$1<"turnwire.v1.SourceLocation"> & {
+  /**
+   * What `start` and `end` count.
+   *
+   * @generated from field: turnwire.v1.SourceLocationUnit unit = 1;
+   */
+  unit: SourceLocationUnit;
+
+  /**
+   * The document's 0-based index among the request's documents (Anthropic
+   * `document_index`, or `search_result_index` for a search result).
+   *
+   * @generated from field: int32 document_index = 2;
+   */
+  documentIndex: number;
+
+  /**
+   * The first character (0-based), page (1-based) or content block (0-based).
+   *
+   * @generated from field: int64 start = 3;
+   */
+  start: bigint;
+
+  /**
+   * One past the last character, page or content block.
+   *
+   * @generated from field: int64 end = 4;
+   */
+  end: bigint;
+};
+
+/**
+ * Describes the message turnwire.v1.SourceLocation.
+ * Use `create(SourceLocationSchema)` to create a new message.
+ */
+export const SourceLocationSchema: GenMessage<SourceLocation> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_message, 8);
+
+/**
+ * TextSpan is a half-open range of a text part's characters (Unicode code
+ * points, as the Responses and OpenRouter annotations count them).
+ *
+ * @generated from message turnwire.v1.TextSpan
+ */
+export type TextSpan = Message$1<"turnwire.v1.TextSpan"> & {
+  /**
+   * The first character cited, 0-based.
+   *
+   * @generated from field: int64 start_index = 1;
+   */
+  startIndex: bigint;
+
+  /**
+   * One past the last character cited.
+   *
+   * @generated from field: int64 end_index = 2;
+   */
+  endIndex: bigint;
+};
+
+/**
+ * Describes the message turnwire.v1.TextSpan.
+ * Use `create(TextSpanSchema)` to create a new message.
+ */
+export const TextSpanSchema: GenMessage<TextSpan> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_message, 9);
 
 /**
  * DataPart is application-defined structured data carried in a message.
@@ -494,14 +692,46 @@ export type DataPart = Message$1<"turnwire.v1.DataPart"> & {
  * Use `create(DataPartSchema)` to create a new message.
  */
 export const DataPartSchema: GenMessage<DataPart> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_message, 8);
+  messageDesc(file_turnwire_v1_message, 10);
 
 /**
- * StepStartPart marks the start of a model step in an assistant message.
+ * StepStartPart marks the start of a model step in an assistant message and,
+ * once the step finished, holds the step's record from the provider.
  *
  * @generated from message turnwire.v1.StepStartPart
  */
 export type StepStartPart = Message$1<"turnwire.v1.StepStartPart"> & {
+  /**
+   * The provider's id of the step's response (message, completion or response
+   * id); empty until the step finished.
+   *
+   * @generated from field: string response_id = 1;
+   */
+  responseId: string;
+
+  /**
+   * The model version that answered the step.
+   *
+   * @generated from field: string response_model = 2;
+   */
+  responseModel: string;
+
+  /**
+   * What the provider reported beyond the normalized fields, keyed by API
+   * (`anthropic`, `openai`): stop details, refusals, token logprobs when the
+   * request asked for them, Responses message `phase`s. At most 64 KiB of
+   * JSON: larger entries are left out and a warning says which.
+   *
+   * @generated from field: google.protobuf.Struct provider_metadata = 3;
+   */
+  providerMetadata?: JsonObject | undefined;
+
+  /**
+   * Settings the provider could not honour, and metadata left out for size.
+   *
+   * @generated from field: repeated string warnings = 4;
+   */
+  warnings: string[];
 };
 
 /**
@@ -509,7 +739,7 @@ export type StepStartPart = Message$1<"turnwire.v1.StepStartPart"> & {
  * Use `create(StepStartPartSchema)` to create a new message.
  */
 export const StepStartPartSchema: GenMessage<StepStartPart> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_message, 9);
+  messageDesc(file_turnwire_v1_message, 11);
 
 /**
  * Usage is token accounting for one step or a whole turn.
@@ -565,7 +795,7 @@ export type Usage = Message$1<"turnwire.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_message, 10);
+  messageDesc(file_turnwire_v1_message, 12);
 
 /**
  * Role is the author of a message.
@@ -711,4 +941,82 @@ export enum ToolCallDecision {
  */
 export const ToolCallDecisionSchema: GenEnum<ToolCallDecision> = /*@__PURE__*/
   enumDesc(file_turnwire_v1_message, 2);
+
+/**
+ * SourceType says whether a source is a web page or a document.
+ *
+ * @generated from enum turnwire.v1.SourceType
+ */
+export enum SourceType {
+  /**
+   * Not set (parts stored before the field existed: a URL source when `url`
+   * is set, else a document).
+   *
+   * @generated from enum value: SOURCE_TYPE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * A web page or other URL.
+   *
+   * @generated from enum value: SOURCE_TYPE_URL = 1;
+   */
+  URL = 1,
+
+  /**
+   * A document: one the request carried, a file the provider keeps, a search
+   * result given as content.
+   *
+   * @generated from enum value: SOURCE_TYPE_DOCUMENT = 2;
+   */
+  DOCUMENT = 2,
+}
+
+/**
+ * Describes the enum turnwire.v1.SourceType.
+ */
+export const SourceTypeSchema: GenEnum<SourceType> = /*@__PURE__*/
+  enumDesc(file_turnwire_v1_message, 3);
+
+/**
+ * SourceLocationUnit is what a SourceLocation's range counts.
+ *
+ * @generated from enum turnwire.v1.SourceLocationUnit
+ */
+export enum SourceLocationUnit {
+  /**
+   * Not set: only `document_index` is known.
+   *
+   * @generated from enum value: SOURCE_LOCATION_UNIT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Characters of a plain-text document (Anthropic `char_location`).
+   *
+   * @generated from enum value: SOURCE_LOCATION_UNIT_CHARACTER = 1;
+   */
+  CHARACTER = 1,
+
+  /**
+   * Pages of a PDF (Anthropic `page_location`, 1-based).
+   *
+   * @generated from enum value: SOURCE_LOCATION_UNIT_PAGE = 2;
+   */
+  PAGE = 2,
+
+  /**
+   * Content blocks of a custom-content document or a search result
+   * (Anthropic `content_block_location`, `search_result_location`).
+   *
+   * @generated from enum value: SOURCE_LOCATION_UNIT_CONTENT_BLOCK = 3;
+   */
+  CONTENT_BLOCK = 3,
+}
+
+/**
+ * Describes the enum turnwire.v1.SourceLocationUnit.
+ */
+export const SourceLocationUnitSchema: GenEnum<SourceLocationUnit> = /*@__PURE__*/
+  enumDesc(file_turnwire_v1_message, 4);
 
