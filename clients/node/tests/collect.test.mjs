@@ -227,6 +227,7 @@ test('messageSteps gives step objects, as collect() does', () => {
       { stepNumber: 1, text: 'Two.', reasoning: '', toolCallIds: [] },
     ],
   );
+});
 
 test('each step keeps the sources it cited and the files it produced (issue 31)', async () => {
   const source = {
