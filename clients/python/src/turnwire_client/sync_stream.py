@@ -22,8 +22,9 @@ class SyncTurnStream:
 
     Iterate it (``for event in stream``), or use it as a context manager so that the call ends
     with the block. Leaving early cancels the call (and, unless the call's ``disconnect`` was
-    ``"continue"``, the server aborts the turn): ``break`` or an exception out of ``for``, ``with``
-    exit, :meth:`cancel`, or when the stream is garbage-collected. Iterating raises :class:`TurnwireError` when the call fails.
+    ``"continue"``, the server aborts the turn): ``break`` or an exception out of ``for``,
+    ``with`` exit, :meth:`cancel`, or when the stream is garbage-collected. Iterating raises
+    :class:`TurnwireError` when the call fails.
     ``Progress`` keepalives are skipped unless ``include_progress`` is true, as in
     :class:`~turnwire_client.stream.TurnStream`.
     """
