@@ -329,11 +329,51 @@ async def test_chat_defaults_leave_optional_fields_empty(
     fake, target = service
     fake.stream = weather_turn()
     async with TurnwireClient(target) as client:
-        await collect(client.chat(CONV, "hi"))
+        stream = client.chat(CONV, "hi")
+        await collect(stream)
     (request,) = fake.requests
-    assert request.request_id == ""
+    # The client names every turn (so it can be retried, cancelled or resumed before any event).
+    assert re.fullmatch(r"r-[0-9a-f]{32}", request.request_id)
+    assert stream.request_id == request.request_id
     assert request.model == ""
     assert not request.HasField("body")
+
+
+async def test_every_input_message_gets_an_id_that_a_retry_under_the_request_id_repeats(
+    service: tuple[FakeChatService, str],
+) -> None:
+    """A retried send must re-send its message ids, or the server stores the question twice
+    (issue 32 item 12: chat(c, "q", request_id="r1") → 529 → the same call was ALREADY_EXISTS)."""
+    fake, target = service
+    given = message_pb2.Message(
+        id="mine", role=message_pb2.ROLE_USER, parts=[message_pb2.Part(text=message_pb2.TextPart(text="b"))]
+    )
+    unnamed = message_pb2.Message(
+        role=message_pb2.ROLE_USER, parts=[message_pb2.Part(text=message_pb2.TextPart(text="a"))]
+    )
+    long_id = "r" * 128
+    async with TurnwireClient(target) as client:
+        for _ in range(2):
+            fake.stream = weather_turn()
+            await collect(client.chat(CONV, "q", request_id="r1"))
+            fake.stream = weather_turn()
+            await collect(client.save_messages(CONV, [unnamed, given, unnamed], request_id="r2"))
+            fake.stream = weather_turn()
+            await collect(client.chat(CONV, "q", request_id=long_id))
+        fake.stream = weather_turn()
+        await collect(client.chat(CONV, "q"))
+        fake.stream = weather_turn()
+        await collect(client.chat(CONV, "q"))
+    first, saved, long, again, saved_again, long_again, fresh, other = fake.requests
+    assert first.message.id == again.message.id == "r1.m0"
+    assert (
+        [m.id for m in saved.messages] == [m.id for m in saved_again.messages] == ["r2.m0", "mine", "r2.m2"]
+    )
+    assert long.message.id == long_again.message.id
+    assert re.fullmatch(r"m0-[0-9a-f]{64}", long.message.id)
+    assert fresh.message.id == f"{fresh.request_id}.m0"
+    assert fresh.message.id != other.message.id  # a new send is a new message
+    assert not unnamed.id  # the caller's own messages are not changed
 
 
 async def test_collect_reconstructs_turn_result(service: tuple[FakeChatService, str]) -> None:
@@ -397,7 +437,8 @@ async def test_save_messages_and_continue_last_turn(service: tuple[FakeChatServi
     assert cont.tool_calls == []
     save_request, continue_request = fake.requests
     assert isinstance(save_request, chat_service_pb2.SaveMessagesRequest)
-    assert list(save_request.messages) == [user, user]
+    assert [m.parts for m in save_request.messages] == [user.parts, user.parts]
+    assert [m.id for m in save_request.messages] == [f"{save_request.request_id}.m{i}" for i in (0, 1)]
     assert save_request.model == "p:m"
     assert isinstance(continue_request, chat_service_pb2.ContinueLastTurnRequest)
     assert continue_request.request_id == "r2"

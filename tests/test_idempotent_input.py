@@ -106,3 +106,28 @@ async def test_new_input_under_the_request_id_of_an_aborted_turn_is_refused(
     end = end_of(await h.run("second question", message_id="q2", request_id="req-a"))
     assert end.error.code == grpc.StatusCode.ALREADY_EXISTS.value[0]
     assert await h.store.load_messages(CONV) == before
+
+
+async def test_the_refusal_of_a_taken_request_id_says_how_to_retry_without_a_duplicate(
+    make_engine: EngineFactory,
+) -> None:
+    """Issue 32 item 12: the ALREADY_EXISTS text said "use a new request_id", and following it
+    stored the question twice. It now points at the retry that does not."""
+    h = await make_engine(scripts=SCRIPTS)
+    failed = end_of(await h.run("q", message_id="q1", request_id="r1", model="scripted:down"))
+    assert failed.status == event_pb2.TURN_STATUS_ERROR
+    end = end_of(await h.run("q", message_id="q1-other", request_id="r1"))
+    assert end.error.code == grpc.StatusCode.ALREADY_EXISTS.value[0]
+    assert "retry it under this request_id with the same messages and message ids" in end.error.message
+    (violation,) = detail(end.error, error_details_pb2.BadRequest).field_violations
+    assert violation.field == "request_id" and "same messages and message ids" in violation.description
+    # The retry it describes runs, and the question is stored once.
+    assert (
+        end_of(await h.run("q", message_id="q1", request_id="r1")).status == event_pb2.TURN_STATUS_COMPLETED
+    )
+    assert [m.role for m in await h.store.load_messages(CONV)] == [
+        message_pb2.ROLE_USER,
+        message_pb2.ROLE_ASSISTANT,
+    ]
+    end = end_of(await h.run("q2", message_id="q2", request_id="r1"))
+    assert "it completed and its reply is stored" in end.error.message

@@ -48,7 +48,7 @@ TEXT: list[tuple[str, str]] = [
     (r"Async client for", "Synchronous client for"),
     (r"an async context manager", "a context manager"),
     (r"``async with`` exit", "``with`` exit"),
-    (r"``async for ", "``for "),
+    (r"``async for``", "``for``"),
     (r"async with SyncTurnwireClient", "with SyncTurnwireClient"),
     (r"await collect\((client\.chat\([^)]*\))\)", r"\1.collect()"),
     (r"``await stream\.collect\(\)``", "``stream.collect()``"),

@@ -319,6 +319,10 @@ async def start(settings: Settings, *, worker: bool = False) -> Sidecar:
     the metrics, so this process binds the port with ``SO_REUSEPORT`` and opens no metrics endpoint.
     """
     tls = open_tls(settings)
+    if not worker:  # else the supervisor checked it, and holds it
+        # Before the metrics port: a second `serve` on the same configuration reports the gRPC
+        # port it cannot have, not the metrics one (the supervisor checks in the same order).
+        _check_listen(settings.listen)
     endpoint = None if worker else _metrics_endpoint(settings)
     try:
         tools = await open_tools(settings)
@@ -451,8 +455,6 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     _check_model(providers, settings.default_model, "default_model")
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     session = await _configure_session(settings, chain, providers, tools)
-    if not shared_port:  # else the supervisor checked it, and holds it
-        _check_listen(settings.listen)
     access = build_access(settings)
     store = await _open_store(settings.store)
     try:
@@ -494,6 +496,17 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     )
     await _announce(sidecar)
     return sidecar
+
+
+async def check_providers(settings: Settings) -> None:
+    """The provider checks ``serve`` makes first (every provider can be built, ``default_model``
+    is one they serve), for ``config show`` to refuse what ``serve`` would. Raises
+    :class:`StartupError` with ``serve``'s message."""
+    providers = build_providers(settings)
+    try:
+        _check_model(providers, settings.default_model, "default_model")
+    finally:
+        await providers.aclose()
 
 
 def _check_model(providers: ProviderRegistry, model: str, field: str) -> None:

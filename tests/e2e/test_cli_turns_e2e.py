@@ -426,3 +426,29 @@ async def test_approve_and_deny_a_waiting_call_from_the_cli(sidecar: SidecarProc
     again = await run_turnwire("approve", conv, call_id, "--target", sidecar.target)
     assert again.code == 2 and again.stdout == "", again  # no longer waiting: an error, on stderr
     assert again.stderr.strip(), again
+
+
+async def test_history_suggests_continue_for_a_call_approved_without_a_continuation(
+    sidecar: SidecarProcess,
+) -> None:
+    """Issue 32 item 15: approved with auto_continue off (the TypeScript client's old default),
+    the call waits in approval-responded; `history` suggested `turnwire approve …`, which is
+    TOOL_CALL_NOT_PENDING. It now suggests `turnwire continue`, which runs the call."""
+    conv = "cli-approved-not-run"
+    async with TurnwireClient(sidecar.target) as client:
+        asked = await collect(client.chat(conv, "What time is it?", model="scripted:demo"))
+        (call,) = asked.tool_calls
+        assert call.state == "approval-requested"
+        answered = await collect(
+            client.submit_tool_approvals(conv, {call.tool_call_id: True}, auto_continue=False)
+        )
+        assert answered.status_name == "SKIPPED"
+    shown = await run_turnwire("history", conv, "--target", sidecar.target)
+    assert shown.code == 0, shown
+    (line,) = [line for line in shown.stdout.splitlines() if line.startswith("? get_current_time")]
+    assert f"approved, not run yet (run it and go on: `turnwire continue {conv}`)" in line, line
+    assert "turnwire approve" not in shown.stdout
+    # The command it suggests works: the approved call runs, then the model goes on.
+    continued = await run_turnwire("continue", conv, "--target", sidecar.target, "--model", "scripted:demo")
+    assert continued.code == 0, continued
+    assert any(line.startswith("← get_current_time: ") for line in continued.stdout.splitlines()), continued

@@ -6,11 +6,15 @@ streaming, although the docstring promised that leaving the iteration cancels th
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 from support.endless import endless_step, is_prefix_of_repeats
 from support.sidecar import SidecarFactory
 from support.waiting import wait_until
 
-from turnwire_client import TurnwireClient
+from turnwire_client import SyncTurnwireClient, TurnwireClient
+from turnwire_client.sync_stream import SyncTurnStream
 from turnwire_client.v1 import event_pb2, message_pb2
 
 WORDS = "".join(f"w{i} " for i in range(100))
@@ -72,3 +76,48 @@ async def test_an_explicit_cancel_ends_the_stream_and_the_turn(sidecar_factory: 
                 break
         await _assert_aborted_early(client, "by-cancel")
         assert stream.cancel() is False  # already ended
+
+
+async def test_break_cancels_the_turn_of_a_stream_still_referenced(sidecar_factory: SidecarFactory) -> None:
+    # The README's guarantee row: `break` cancels, also when the stream is kept in a variable (so
+    # it is not dropped). Before, only dropping the stream cancelled: this turn ran on forever.
+    sidecar = await sidecar_factory(CONFIG).start()
+    async with TurnwireClient(sidecar.target) as client:
+        stream = client.chat("kept-break", "go", model="scripted:long")
+        async for event in stream:
+            if event.WhichOneof("event") == "text_delta":
+                break
+        await _assert_aborted_early(client, "kept-break")
+        assert stream.cancel() is False  # the break ended the call; the stream is still here
+
+
+async def test_an_exception_out_of_the_loop_cancels_the_turn_of_a_kept_stream(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    sidecar = await sidecar_factory(CONFIG).start()
+    async with TurnwireClient(sidecar.target) as client:
+        stream = client.chat("kept-raise", "go", model="scripted:long")
+        with pytest.raises(LookupError):
+            async for event in stream:
+                if event.WhichOneof("event") == "text_delta":
+                    raise LookupError("the caller's own error")
+        await _assert_aborted_early(client, "kept-raise")
+        assert stream.cancel() is False
+
+
+async def test_break_out_of_the_sync_clients_loop_cancels_the_turn(sidecar_factory: SidecarFactory) -> None:
+    sidecar = await sidecar_factory(CONFIG).start()
+
+    def chat_and_break() -> SyncTurnStream:
+        with SyncTurnwireClient(sidecar.target) as sync_client:
+            stream = sync_client.chat("sync-break", "go", model="scripted:long")
+            for event in stream:
+                if event.WhichOneof("event") == "text_delta":
+                    break
+            # Checked before the client closes its channel (which would cancel the call anyway).
+            assert stream.cancel() is False, "the break did not end the call"
+            return stream
+
+    await asyncio.to_thread(chat_and_break)
+    async with TurnwireClient(sidecar.target) as client:
+        await _assert_aborted_early(client, "sync-break")

@@ -91,3 +91,18 @@ async def test_config_show_leaves_out_the_deprecated_log_level_when_unset() -> N
     shown = yaml.safe_load(result.stdout)
     assert "log_level" not in shown
     assert shown["logging"]["level"] == "info"
+
+
+async def test_config_show_refuses_what_serve_refuses(tmp_path: Path) -> None:
+    """Issue 32 item 19: a default_model no configured provider serves made `serve` exit 1, while
+    `config show` printed the configuration and exited 0."""
+    config = tmp_path / "turnwire.yaml"
+    config.write_text("default_model: openai:gpt-4o-mini\n")
+    shown = await run_turnwire("config", "show", "--config", str(config))
+    assert shown.code == 2, shown
+    assert shown.stdout == ""
+    assert "serve would refuse this configuration: default_model:" in shown.stderr, shown.stderr
+    assert "'openai'" in shown.stderr
+    served = await run_turnwire("serve", "--config", str(config), "--store", f"sqlite:///{tmp_path / 'db'}")
+    assert served.code == 1, served
+    assert "default_model:" in served.stderr

@@ -55,10 +55,10 @@ async def test_a_tower_of_powers_neither_freezes_health_checks_nor_other_convers
         seen: list[event_pb2.TurnEvent] = []
         try:
             async with asyncio.timeout(DEADLINE_SECONDS):
-                async for event in tower:  # until the calculator is called
+                # Until the calculator is called; anext, as leaving an `async for` would cancel.
+                while not (event := await anext(tower)).HasField("tool_input_available"):
                     seen.append(event)
-                    if event.HasField("tool_input_available"):
-                        break
+                seen.append(event)
         except TimeoutError:
             kinds = [e.WhichOneof("event") for e in seen]
             pytest.fail(f"the server sent nothing more for {DEADLINE_SECONDS:g} s after {kinds}: it froze")

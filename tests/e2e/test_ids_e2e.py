@@ -101,3 +101,31 @@ async def test_a_refusal_after_admission_still_ends_the_call_with_its_status(
             assert "already exists" in error.message
         else:
             raise AssertionError("a completed turn's request id was accepted again")
+
+
+async def test_repeating_a_failed_chat_under_its_request_id_stores_the_question_once(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    """Issue 32 item 12: ``chat(c, "q", request_id="r1")`` failed at the provider, the same call
+    then answered ALREADY_EXISTS "use a new request_id", and ``chat(c, "q")`` stored
+    ``[user, user, assistant]``. The client now derives the message id from the request id, so
+    the same call is the retry the server accepts, and the question is stored once."""
+    config = {
+        "providers": {
+            "scripted": {"scripts": {"down": [{"error": {"message": "overloaded", "status": 529}}]}}
+        }
+    }
+    sidecar = await sidecar_factory(config).start()
+    async with TurnwireClient(sidecar.target) as client:
+        failed = await collect(client.chat("retry", "q", request_id="r1", model="scripted:down"))
+        assert failed.status_name == "ERROR"
+        retried = await collect(client.chat("retry", "q", request_id="r1"))
+        assert retried.ok, retried.error
+        conversation = await client.get_conversation("retry")
+        roles = [message.role for message in conversation.messages]
+        assert roles == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
+        # Without a request id of the caller's, the stream names the turn: retry under that one.
+        stream = client.chat("retry-2", "q", model="scripted:down")
+        assert (await collect(stream)).status_name == "ERROR"
+        assert (await collect(client.chat("retry-2", "q", request_id=stream.request_id))).ok
+        assert (await client.get_conversation("retry-2")).message_count == 2

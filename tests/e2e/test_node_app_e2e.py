@@ -331,7 +331,8 @@ async def start_packing(client: TurnwireClient, request_id: str) -> TurnStream:
     """A turn whose pack_order call runs until stopped; returns once its first progress arrived."""
     stream = client.chat(f"conv-{request_id}", "pack", request_id=request_id, model="scripted:pack_slowly")
     seen = []
-    async for event in stream:
+    # anext, not `async for`: leaving such a loop (the return) would cancel the turn.
+    while (event := await anext(stream, None)) is not None:
         if event.WhichOneof("event") == "tool_output_available":
             assert event.tool_output_available.preliminary
             return stream

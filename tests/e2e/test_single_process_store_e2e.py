@@ -32,10 +32,10 @@ async def test_a_second_server_on_the_same_database_is_refused_and_the_first_is_
     async with TurnwireClient(first.target) as client:
         stream = client.chat("c1", "go", model="scripted:endless", request_id="live")
         events = []
-        async for event in stream:
+        # anext, not `async for`: leaving such a loop would cancel the turn, which must stay live.
+        while (event := await anext(stream)).WhichOneof("event") != "text_delta":
             events.append(event)
-            if event.WhichOneof("event") == "text_delta":
-                break  # the turn is live now; keep its stream open below
+        events.append(event)  # the turn is live now; its stream stays open below
         second = sidecar_factory(CONFIG)  # same folder: same turnwire.db
         try:
             await second.start()

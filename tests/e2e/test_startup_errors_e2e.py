@@ -104,3 +104,25 @@ async def test_a_default_model_of_an_unconfigured_well_known_provider_says_what_
     _, stderr = await _serve(tmp_path, {"default_model": "openai:gpt-4o"})
     assert "names provider 'openai', which is not configured" in stderr
     assert "add providers: {openai: {type: openai, api_key_env: OPENAI_API_KEY}}" in stderr
+
+
+async def test_a_second_serve_on_the_same_config_names_the_grpc_port(tmp_path: Path) -> None:
+    """Issue 32 item 19: with metrics on, a second `serve` of a running configuration reported
+    `metrics.listen: cannot listen on …`, the port of the two it matters least for."""
+    port, metrics_port = free_port(), free_port()
+    taken = [socket.socket(), socket.socket()]
+    for sock, bound in zip(taken, (port, metrics_port), strict=True):
+        sock.bind(("127.0.0.1", bound))
+        sock.listen()
+    config = {
+        "listen": f"127.0.0.1:{port}",
+        "metrics": {"enabled": True, "listen": f"127.0.0.1:{metrics_port}"},
+    }
+    try:
+        code, stderr = await _serve(tmp_path, config)
+    finally:
+        for sock in taken:
+            sock.close()
+    assert code == 1
+    assert f"cannot listen on 127.0.0.1:{port}: port {port} is in use" in stderr, stderr
+    assert "metrics.listen" not in stderr

@@ -340,3 +340,29 @@ async def test_mutual_tls_without_a_client_ca_is_a_configuration_error(
     with pytest.raises(Exception, match="exited with code 2"):
         await sidecar.start()
     assert "client_auth: require needs client_ca_file" in sidecar.log_text()
+
+
+async def test_cli_says_which_side_of_a_tls_mismatch_it_is_on(
+    tls_server: TlsServer, mtls_server: MtlsServer, sidecar_factory: SidecarFactory
+) -> None:
+    """Issue 32 item 17: each mismatch printed "cannot reach the sidecar … is `turnwire serve`
+    running? (… Socket closed)" (or a TLS error and a gRPC C-core log line): it now says what the
+    sidecar wants and which options give it."""
+    plaintext = await run_turnwire("conversations", "--target", tls_server.sidecar.target)
+    assert plaintext.code == 3, plaintext
+    assert "wants TLS, and this command connected in plaintext: pass --tls-ca CA_FILE" in plaintext.stderr
+    assert "is `turnwire serve` running?" not in plaintext.stderr
+
+    ca = str(mtls_server.ca_file)
+    no_certificate = await run_turnwire(
+        "conversations", "--target", mtls_server.sidecar.target, "--tls-ca", ca
+    )
+    assert no_certificate.code == 3, no_certificate
+    assert "wants a client certificate (mutual TLS)" in no_certificate.stderr, no_certificate.stderr
+    assert "pass --tls-cert CERT_FILE --tls-key KEY_FILE" in no_certificate.stderr
+
+    plain = await sidecar_factory().start()
+    tls_to_plain = await run_turnwire("chat", "c", "hi", "--target", plain.target, "--tls-ca", ca)
+    assert tls_to_plain.code == 3, tls_to_plain
+    assert "does not speak TLS (it serves plaintext): leave out --tls" in tls_to_plain.stderr
+    assert "ssl_transport_security" not in tls_to_plain.stderr  # no C-core log line

@@ -71,23 +71,48 @@ func (c *Client) Service() turnwirev1.ChatServiceClient {
 // conversation has a turn running or queued (ENQUEUE, REJECT, INTERRUPT,
 // ROLLBACK; unset: the server's limits.concurrent_input); SaveMessages,
 // SubmitToolResults and SubmitToolApprovals take it too.
+//
+// Chat fills in what req leaves empty: req.RequestId (NewRequestID) and
+// req.Message.Id (InputMessageID of the request id), so that calling Chat
+// again with the same req after the turn failed (TurnEnd ERROR, a lost
+// connection) retries that turn and the sidecar stores the message once
+// (docs/semantics.md §11). A new question needs a new request (or a new
+// RequestId).
 func (c *Client) Chat(ctx context.Context, req *turnwirev1.ChatRequest, opts ...grpc.CallOption) (*Stream, error) {
+	if req.RequestId == "" {
+		req.RequestId = NewRequestID()
+	}
+	if req.Message != nil && req.Message.Id == "" {
+		req.Message.Id = InputMessageID(req.RequestId, 0)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.Chat(ctx, req, opts...)
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // SaveMessages appends req.Messages (possibly none) and runs a turn on the
-// resulting history; see Chat.
+// resulting history; see Chat. It fills in req.RequestId and the id of each
+// message without one (InputMessageID of the request id and its index).
 func (c *Client) SaveMessages(ctx context.Context, req *turnwirev1.SaveMessagesRequest, opts ...grpc.CallOption) (*Stream, error) {
+	if req.RequestId == "" {
+		req.RequestId = NewRequestID()
+	}
+	for index, message := range req.Messages {
+		if message.Id == "" {
+			message.Id = InputMessageID(req.RequestId, index)
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.SaveMessages(ctx, req, opts...)
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // ContinueLastTurn lets the model continue after the last assistant message;
-// see Chat.
+// see Chat (req.RequestId is filled in when empty).
 func (c *Client) ContinueLastTurn(ctx context.Context, req *turnwirev1.ContinueLastTurnRequest, opts ...grpc.CallOption) (*Stream, error) {
+	if req.RequestId == "" {
+		req.RequestId = NewRequestID()
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.ContinueLastTurn(ctx, req, opts...)
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
@@ -105,15 +130,26 @@ func (c *Client) ResumeTurn(ctx context.Context, req *turnwirev1.ResumeTurnReque
 // SubmitToolResults stores the results of client-side tool calls; with
 // req.AutoContinue the continuation turn streams here once every pending
 // call has a result, otherwise the stream is one TurnEnd (TURN_STATUS_SKIPPED).
+// req.RequestId is filled in when empty. Set req.AutoContinue to true for
+// the continuation the Python and TypeScript clients run by default: the
+// field is a plain proto3 bool, so this package cannot tell an unset one
+// from false.
 func (c *Client) SubmitToolResults(ctx context.Context, req *turnwirev1.SubmitToolResultsRequest, opts ...grpc.CallOption) (*Stream, error) {
+	if req.RequestId == "" {
+		req.RequestId = NewRequestID()
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.SubmitToolResults(ctx, req, opts...)
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // SubmitToolApprovals approves or denies tool calls waiting for approval,
-// then continues as SubmitToolResults.
+// then continues as SubmitToolResults (set req.AutoContinue; req.RequestId is
+// filled in when empty).
 func (c *Client) SubmitToolApprovals(ctx context.Context, req *turnwirev1.SubmitToolApprovalsRequest, opts ...grpc.CallOption) (*Stream, error) {
+	if req.RequestId == "" {
+		req.RequestId = NewRequestID()
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.SubmitToolApprovals(ctx, req, opts...)
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })

@@ -42,6 +42,8 @@ var config = map[string]any{
 		}},
 		// One word after 2.5 s of silence: Progress keepalives every 0.5 s (progress_test.go).
 		"silent": []any{map[string]any{"text": "late", "delay_ms": 2500}},
+		// A provider failure that a retry may get past (retry_test.go).
+		"down": []any{map[string]any{"error": map[string]any{"message": "overloaded", "status": 529}}},
 	}}},
 	"limits": map[string]any{"max_queued_turns_per_conversation": 1, "progress_interval_seconds": 0.5},
 }

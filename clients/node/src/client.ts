@@ -8,7 +8,9 @@ import { type CallOptions, type Client, Code, type Interceptor, createClient } f
 import { Http2SessionManager, createGrpcTransport } from '@connectrpc/connect-node';
 
 import { TurnwireError } from './errors.js';
+import { inputMessageId, newRequestId } from './ids.js';
 import type { JsonObject, JsonValue } from './json.js';
+import { type ConnectionSecurity, explainTlsMismatch } from './tls_probe.js';
 import { TurnStream } from './turn.js';
 import type { TurnEvent } from './gen/turnwire/v1/event_pb.js';
 import {
@@ -54,6 +56,13 @@ export interface TurnwireClientOptions {
   /** Deadline of each non-streaming call in milliseconds (turns have none unless given per call). */
   timeoutMs?: number;
   /**
+   * The largest request this client sends, in bytes; a larger one fails at once with
+   * `RESOURCE_EXHAUSTED` instead of being sent. Default 16 MiB, the sidecar's default
+   * `limits.max_receive_message_bytes`; set it to the sidecar's value when that is lower (the
+   * sidecar stops reading a request over its limit, and the call would wait for it).
+   */
+  maxSendMessageBytes?: number;
+  /**
    * Let turn streams yield Progress keepalives (events with `event.case ===
    * 'progress'` and sequence number 0, sent while a turn is silent for
    * `limits.progress_interval_seconds`); skipped by default. `collect()` ignores them.
@@ -80,7 +89,12 @@ export interface TurnOptions extends CallOpts {
   model?: string;
   /** Free-form per-turn data for lifecycle hooks (Think's `body`). */
   body?: JsonObject;
-  /** The turn's request id (1-128 characters of [A-Za-z0-9._:-]); assigned by the server when unset. */
+  /**
+   * The turn's request id (1-128 characters of [A-Za-z0-9._:-]); the client chooses one
+   * (`r-<uuid>`) when unset, readable as `stream.requestId` before any event. Input messages
+   * without an id get `<requestId>.m<index>`, so a failed turn retried under the same request id
+   * with the same input stores that input once (docs/semantics.md §11).
+   */
   requestId?: string;
   /** What happens to the turn when the caller goes away; CANCEL when unset. */
   disconnectPolicy?: DisconnectPolicy;
@@ -117,7 +131,11 @@ export interface ToolApprovalInit {
 
 /** Options of the calls that may continue a turn after tool results or approvals. */
 export interface ContinueOptions extends InputOptions {
-  /** Run one continuation turn once every pending call of the message is answered. */
+  /**
+   * Run one continuation turn once every pending call of the message is answered (approved
+   * calls run in it); true when unset, as in the Python client. With false the stream ends
+   * SKIPPED and the approved calls wait for a later turn (`continueLastTurn`).
+   */
   autoContinue?: boolean;
 }
 
@@ -132,6 +150,7 @@ export class TurnwireClient {
   private readonly session: Http2SessionManager;
   private readonly timeoutMs: number | undefined;
   private readonly includeProgress: boolean;
+  private readonly security: ConnectionSecurity;
 
   constructor(options: TurnwireClientOptions) {
     this.includeProgress = options.includeProgress ?? false;
@@ -140,6 +159,14 @@ export class TurnwireClient {
       ? options.address
       : `${secure ? 'https' : 'http'}://${options.address}`;
     const tls = typeof options.tls === 'object' ? options.tls : {};
+    const url = new URL(baseUrl);
+    this.security = {
+      host: url.hostname.replace(/^\[|\]$/g, ''),
+      port: Number(url.port || (secure ? 443 : 80)),
+      secure,
+      clientCertificate: Boolean(tls.cert),
+      servername: tls.serverName,
+    };
     this.session = new Http2SessionManager(baseUrl, undefined, {
       ca: Array.isArray(tls.ca) ? tls.ca.map(nodePem) : tls.ca && nodePem(tls.ca),
       cert: tls.cert && nodePem(tls.cert),
@@ -150,7 +177,12 @@ export class TurnwireClient {
     if (options.token) interceptors.push(bearer(options.token));
     this.rpc = createClient(
       ChatService,
-      createGrpcTransport({ baseUrl, sessionManager: this.session, interceptors }),
+      createGrpcTransport({
+        baseUrl,
+        sessionManager: this.session,
+        interceptors,
+        writeMaxBytes: options.maxSendMessageBytes ?? DEFAULT_MAX_SEND_MESSAGE_BYTES,
+      }),
     );
     this.timeoutMs = options.timeoutMs;
   }
@@ -165,30 +197,42 @@ export class TurnwireClient {
    * use) and runs a turn: iterate its events, or `await ….collect()`.
    */
   chat(conversationId: string, text: string, options: InputOptions = {}): TurnStream {
-    const message: MessageInit = { role: Role.USER, parts: [{ kind: { case: 'text', value: { text } } }] };
-    return this.turn(options, (call) =>
-      this.rpc.chat({ conversationId, message, ...inputFields(options) }, call),
+    const requestId = options.requestId || newRequestId();
+    const message: MessageInit = {
+      id: inputMessageId(requestId, 0),
+      role: Role.USER,
+      parts: [{ kind: { case: 'text', value: { text } } }],
+    };
+    return this.turn(requestId, options, (call) =>
+      this.rpc.chat({ conversationId, message, ...inputFields(options), requestId }, call),
     );
   }
 
   /** Appends zero or more messages and runs a turn on the resulting history (SaveMessages). */
   saveMessages(conversationId: string, messages: MessageInit[], options: InputOptions = {}): TurnStream {
-    return this.turn(options, (call) =>
-      this.rpc.saveMessages({ conversationId, messages, ...inputFields(options) }, call),
+    const requestId = options.requestId || newRequestId();
+    const named = messages.map((message, index) =>
+      message.id ? message : { ...message, id: inputMessageId(requestId, index) },
+    );
+    return this.turn(requestId, options, (call) =>
+      this.rpc.saveMessages({ conversationId, messages: named, ...inputFields(options), requestId }, call),
     );
   }
 
   /** Lets the model continue after the last assistant message; SKIPPED when there is none. */
   continueLastTurn(conversationId: string, options: TurnOptions = {}): TurnStream {
-    return this.turn(options, (call) =>
-      this.rpc.continueLastTurn({ conversationId, ...turnFields(options) }, call),
+    const requestId = options.requestId || newRequestId();
+    return this.turn(requestId, options, (call) =>
+      this.rpc.continueLastTurn({ conversationId, ...turnFields(options), requestId }, call),
     );
   }
 
   /** Re-attaches to a turn: its events after `afterSequenceNumber` (0: all), then the live ones. */
   resumeTurn(requestId: string, options: CallOpts & { afterSequenceNumber?: number } = {}): TurnStream {
     const afterSequenceNumber = BigInt(options.afterSequenceNumber ?? 0);
-    return this.turn(options, (call) => this.rpc.resumeTurn({ requestId, afterSequenceNumber }, call));
+    return this.turn(requestId, options, (call) =>
+      this.rpc.resumeTurn({ requestId, afterSequenceNumber }, call),
+    );
   }
 
   /** Streams a submission's turn once it runs (WatchSubmission). */
@@ -197,7 +241,8 @@ export class TurnwireClient {
     options: CallOpts & { afterSequenceNumber?: number } = {},
   ): TurnStream {
     const afterSequenceNumber = BigInt(options.afterSequenceNumber ?? 0);
-    return this.turn(options, (call) =>
+    // A submission's id is its turn's request id (docs/semantics.md §7).
+    return this.turn(submissionId, options, (call) =>
       this.rpc.watchSubmission({ submissionId, afterSequenceNumber }, call),
     );
   }
@@ -213,13 +258,15 @@ export class TurnwireClient {
         ? { toolCallId, error: true, errorText }
         : { toolCallId, outputJson: JSON.stringify(output ?? null) },
     );
-    return this.turn(options, (call) =>
+    const requestId = options.requestId || newRequestId();
+    return this.turn(requestId, options, (call) =>
       this.rpc.submitToolResults(
         {
           conversationId,
           results: wire,
-          autoContinue: options.autoContinue ?? false,
+          autoContinue: options.autoContinue ?? true,
           ...inputFields(options),
+          requestId,
         },
         call,
       ),
@@ -232,9 +279,16 @@ export class TurnwireClient {
     approvals: ToolApprovalInit[],
     options: ContinueOptions = {},
   ): TurnStream {
-    return this.turn(options, (call) =>
+    const requestId = options.requestId || newRequestId();
+    return this.turn(requestId, options, (call) =>
       this.rpc.submitToolApprovals(
-        { conversationId, approvals, autoContinue: options.autoContinue ?? false, ...inputFields(options) },
+        {
+          conversationId,
+          approvals,
+          autoContinue: options.autoContinue ?? true,
+          ...inputFields(options),
+          requestId,
+        },
         call,
       ),
     );
@@ -324,23 +378,55 @@ export class TurnwireClient {
   }
 
   private turn(
+    requestId: string,
     options: CallOpts,
     open: (call: CallOptions) => AsyncIterable<{ event?: TurnEvent }>,
   ): TurnStream {
     const includeProgress = this.includeProgress;
-    return new TurnStream(async function* (signal) {
-      for await (const { event } of open({ signal, timeoutMs: options.timeoutMs })) {
-        if (event && (includeProgress || event.event.case !== 'progress')) yield event;
-      }
-    }, options.signal);
+    return new TurnStream(
+      async function* (signal) {
+        for await (const { event } of open({ signal, timeoutMs: options.timeoutMs })) {
+          if (event && (includeProgress || event.event.case !== 'progress')) yield event;
+        }
+      },
+      options.signal,
+      requestId,
+      (error) => this.explain(error, options),
+    );
   }
 
   private async unary<T>(options: CallOpts, call: (call: CallOptions) => Promise<T>): Promise<T> {
     try {
       return await call({ signal: options.signal, timeoutMs: options.timeoutMs ?? this.timeoutMs });
     } catch (error) {
-      throw TurnwireError.from(error);
+      throw await this.explain(TurnwireError.from(error), options);
     }
+  }
+
+  /**
+   * `error` of a call that got no answer, with what went wrong said plainly when the transport
+   * only reports a closed stream: a TLS mismatch found by {@link explainTlsMismatch} becomes
+   * `UNAVAILABLE` naming the option to change; a request over `maxSendMessageBytes` names it.
+   */
+  private async explain(error: TurnwireError, options: CallOpts): Promise<TurnwireError> {
+    if (options.signal?.aborted || error.reason) return error;
+    if (error.code === 'RESOURCE_EXHAUSTED' && error.rawMessage.includes('writeMaxBytes')) {
+      return new TurnwireError({
+        grpcCode: Code.ResourceExhausted,
+        message:
+          `${error.rawMessage}: the request is larger than this client sends (maxSendMessageBytes); ` +
+          'the sidecar takes requests up to its limits.max_receive_message_bytes (16 MiB by default)',
+        cause: error,
+      });
+    }
+    if (!['CANCELLED', 'UNAVAILABLE', 'INTERNAL', 'UNKNOWN'].includes(error.code)) return error;
+    const explained = await explainTlsMismatch(this.security, nodeErrorCode(error));
+    if (!explained) return error;
+    return new TurnwireError({
+      grpcCode: Code.Unavailable,
+      message: `${explained} (${error.rawMessage})`,
+      cause: error,
+    });
   }
 }
 
@@ -356,6 +442,18 @@ function turnFields(options: TurnOptions) {
 
 function inputFields(options: InputOptions) {
   return { ...turnFields(options), concurrentInputStrategy: options.concurrentInputStrategy };
+}
+
+/** 16 MiB: the sidecar's default `limits.max_receive_message_bytes`. */
+const DEFAULT_MAX_SEND_MESSAGE_BYTES = 16 * 1024 * 1024;
+
+/** The Node.js error code (`ERR_SSL_…`) somewhere in `error`'s chain of causes, if any. */
+function nodeErrorCode(error: unknown): string | undefined {
+  for (let cause = error; cause instanceof Error; cause = cause.cause) {
+    const code = (cause as NodeJS.ErrnoException).code;
+    if (typeof code === 'string' && code.startsWith('ERR_')) return code;
+  }
+  return undefined;
 }
 
 function nodePem(pem: Pem): string | Buffer {

@@ -16,8 +16,8 @@ import { ToolCallDecision, ToolCallState } from './gen/turnwire/v1/message_pb.js
 export type TurnStatusName = keyof typeof TurnStatus;
 /** A `ToolCallState` name without its prefix, e.g. `"OUTPUT_AVAILABLE"`. */
 export type ToolCallStateName = keyof typeof ToolCallState;
-/** A `ToolCallDecision` name without its prefix: `"BLOCKED"` or `"SUBSTITUTED"` by a hook, else `"UNSPECIFIED"`. */
-export type ToolCallDecisionName = keyof typeof ToolCallDecision;
+/** A `ToolCallDecision` name without its prefix: `"BLOCKED"` or `"SUBSTITUTED"`, what a `before_tool_call` hook decided. */
+export type ToolCallDecisionName = Exclude<keyof typeof ToolCallDecision, 'UNSPECIFIED'>;
 /** A `FinishReason` name without its prefix, e.g. `"STOP"` or `"TOOL_CALLS"`. */
 export type FinishReasonName = keyof typeof FinishReason;
 
@@ -43,8 +43,8 @@ export interface ToolCall {
   output: JsonValue | undefined;
   /** Why the call failed or was denied; `""` otherwise. */
   errorText: string;
-  /** Whether a `before_tool_call` hook blocked the call or substituted its result (the tool did not run). */
-  decision: ToolCallDecisionName;
+  /** `"BLOCKED"` or `"SUBSTITUTED"` when a `before_tool_call` hook answered instead of the tool; `undefined` when the tool ran (or has not yet). */
+  decision: ToolCallDecisionName | undefined;
   /** True when the client runs the tool itself (`client_tools`): send its result with `submitToolResults`. */
   clientExecuted: boolean;
   /**
@@ -91,7 +91,11 @@ export interface TurnResult {
   files: FilePart[];
   /** Usage of the whole turn (`TurnEnd.usage`). */
   usage: Usage;
-  /** `TurnEnd.error` as an error, for a turn that ended `"ERROR"` (returned, not thrown). */
+  /**
+   * `TurnEnd.error` as an error (returned, not thrown): why a turn ended `"ERROR"`, and also why
+   * one ended `"ABORTED"`, `"INTERRUPTED"` or `"SKIPPED"` when the sidecar said (its `reason`,
+   * e.g. `"STREAM_STALLED"`, `"NOTHING_TO_CONTINUE"`); `undefined` when it gave none.
+   */
   error: TurnwireError | undefined;
   /** The assistant message as stored (`TurnEnd.message`), when the turn stored one. */
   message: Message | undefined;
@@ -112,10 +116,18 @@ export interface TurnResult {
 export class TurnStream implements AsyncIterable<TurnEvent> {
   private started = false;
 
-  /** @param open starts the call with the given signal and yields its events. */
+  /**
+   * @param open starts the call with the given signal and yields its events.
+   * @param signal the caller's signal, which cancels the call.
+   * @param requestId the turn's request id (see {@link TurnStream.requestId}).
+   * @param explain rewrites the error of a call that failed before any event (a TLS mismatch said plainly).
+   */
   constructor(
     private readonly open: (signal: AbortSignal) => AsyncIterable<TurnEvent>,
     private readonly signal?: AbortSignal,
+    /** The turn's request id, known before any event: retry a failed turn under it with the same input, cancel it (`cancelChat`) or re-attach (`resumeTurn`). */
+    readonly requestId: string = '',
+    private readonly explain: (error: TurnwireError) => Promise<TurnwireError> = async (error) => error,
   ) {}
 
   async *[Symbol.asyncIterator](): AsyncGenerator<TurnEvent, void, undefined> {
@@ -125,10 +137,14 @@ export class TurnStream implements AsyncIterable<TurnEvent> {
     const abort = () => controller.abort(this.signal?.reason);
     if (this.signal?.aborted) abort();
     this.signal?.addEventListener('abort', abort, { once: true });
+    let received = false;
     try {
-      for await (const event of this.open(controller.signal)) yield event;
+      for await (const event of this.open(controller.signal)) {
+        received = true;
+        yield event;
+      }
     } catch (error) {
-      throw TurnwireError.from(error);
+      throw received ? TurnwireError.from(error) : await this.explain(TurnwireError.from(error));
     } finally {
       this.signal?.removeEventListener('abort', abort);
       // A no-op after the stream's end; cancels the call when the caller left early.
@@ -168,13 +184,12 @@ export function plainUsage(usage: UsageMessage | undefined): Usage {
   };
 }
 
-/** The text parts of a stored message, one string per step (parts split at each step-start part). */
-export function messageSteps(message: Message): string[] {
-  return storedSteps(message).map((step) => step.text);
-}
-
-/** A stored message's steps; what the message does not keep (finish reason, usage) is left empty. */
-function storedSteps(message: Message): Step[] {
+/**
+ * A stored message's steps (parts split at each step-start part) as {@link Step} objects, the
+ * same view `collect()` gives of a streamed turn: `text`, `reasoning`, `toolCallIds`; what a
+ * message does not keep (finish reason, usage) is left empty.
+ */
+export function messageSteps(message: Message): Step[] {
   const steps: Step[] = [];
   for (const part of message.parts) {
     if (part.kind.case === 'stepStart' || steps.length === 0) steps.push(emptyStep(steps.length));
@@ -214,12 +229,19 @@ export function messageToolCalls(message: Message): ToolCall[] {
         input: call.inputJson ? parseJson(call.inputJson) : undefined,
         output: call.outputJson ? parseJson(call.outputJson) : undefined,
         errorText: call.errorText,
-        decision: ToolCallDecision[call.decision] as ToolCallDecisionName,
+        decision: decisionName(call.decision),
         clientExecuted: call.clientExecuted,
         providerExecuted: call.providerExecuted,
       },
     ];
   });
+}
+
+/** A hook's decision by name; `undefined` for none (`TOOL_CALL_DECISION_UNSPECIFIED`). */
+function decisionName(decision: ToolCallDecision): ToolCallDecisionName | undefined {
+  return decision === ToolCallDecision.UNSPECIFIED
+    ? undefined
+    : (ToolCallDecision[decision] as ToolCallDecisionName);
 }
 
 /** Checks the events' order one at a time and builds the TurnResult. */
@@ -258,7 +280,7 @@ class TurnFolder {
         this.steps.length = 0;
         this.calls.clear();
         if (event.value.appends && event.value.message) {
-          this.steps.push(...storedSteps(event.value.message));
+          this.steps.push(...messageSteps(event.value.message));
           for (const call of messageToolCalls(event.value.message)) this.calls.set(call.toolCallId, call);
         }
         break;
@@ -283,20 +305,24 @@ class TurnFolder {
         call.errorText = event.value.errorText;
         break;
       }
+      // The result events name the tool too: a continuation after approvals runs calls whose
+      // ToolInputStart was in an earlier turn's stream.
       case 'toolApprovalRequest':
-        this.call(event.value.toolCallId, '', 'APPROVAL_REQUESTED');
+        this.call(event.value.toolCallId, event.value.toolName, 'APPROVAL_REQUESTED');
         break;
       case 'toolOutputAvailable': {
-        const call = this.call(event.value.toolCallId, '', 'OUTPUT_AVAILABLE');
+        const call = this.call(event.value.toolCallId, event.value.toolName, 'OUTPUT_AVAILABLE');
         call.output = event.value.outputJson ? parseJson(event.value.outputJson) : null;
-        call.decision = ToolCallDecision[event.value.decision] as ToolCallDecisionName;
+        call.decision = decisionName(event.value.decision);
         break;
       }
       case 'toolOutputError':
-        this.call(event.value.toolCallId, '', 'OUTPUT_ERROR').errorText = event.value.errorText;
+        this.call(event.value.toolCallId, event.value.toolName, 'OUTPUT_ERROR').errorText =
+          event.value.errorText;
         break;
       case 'toolOutputDenied':
-        this.call(event.value.toolCallId, '', 'OUTPUT_DENIED').errorText = event.value.reason;
+        this.call(event.value.toolCallId, event.value.toolName, 'OUTPUT_DENIED').errorText =
+          event.value.reason;
         break;
       case 'source':
         step?.sources.push(event.value);
@@ -327,7 +353,7 @@ class TurnFolder {
         input: undefined,
         output: undefined,
         errorText: '',
-        decision: 'UNSPECIFIED',
+        decision: undefined,
         clientExecuted: false,
         providerExecuted: false,
       };
@@ -364,7 +390,7 @@ class TurnFolder {
       sources: this.steps.flatMap((step) => step.sources),
       files: this.steps.flatMap((step) => step.files),
       usage: plainUsage(end.usage),
-      error: end.status === TurnStatus.ERROR && end.error ? TurnwireError.fromStatus(end.error) : undefined,
+      error: end.error ? TurnwireError.fromStatus(end.error) : undefined,
       message: end.message,
       metadata: (end.metadata ?? {}) as Record<string, JsonValue>,
       events: this.events,

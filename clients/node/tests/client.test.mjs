@@ -61,7 +61,14 @@ after(async () => {
 async function storedReplyWords(conversationId) {
   const conversation = await client.getConversation(conversationId);
   const reply = conversation.messages.findLast((message) => message.role === Role.ASSISTANT);
-  return reply && messageSteps(reply).join(' ').split(/\s+/).filter(Boolean);
+  return (
+    reply &&
+    messageSteps(reply)
+      .map((step) => step.text)
+      .join(' ')
+      .split(/\s+/)
+      .filter(Boolean)
+  );
 }
 
 /** The TurnEnd status the server kept for a turn, read back with ResumeTurn. */

@@ -6,8 +6,11 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
 import { create } from '@bufbuild/protobuf';
-import { TurnStream, TurnStatus } from '@turnwire/client';
+import { TurnStream, TurnStatus, messageSteps } from '@turnwire/client';
 import { TurnEventSchema } from '@turnwire/client/gen/turnwire/v1/event_pb';
+import { StatusSchema } from '@turnwire/client/gen/google/rpc/status_pb';
+import { ErrorInfoSchema } from '@turnwire/client/gen/google/rpc/error_details_pb';
+import { anyPack } from '@bufbuild/protobuf/wkt';
 
 /** A TurnStream over events given as [case, value] pairs, numbered from `first`. */
 function stream(events, first = 1) {
@@ -152,6 +155,78 @@ test('a stream that breaks the contract: INTERNAL', async () => {
 test('a resumed stream may start at any sequence number', async () => {
   const result = await stream([['textDelta', { id: 't', delta: 'x' }], END], 42).collect();
   assert.equal(result.status, 'COMPLETED');
+});
+
+test('a call no hook decided has no decision; a continuation names the tools of calls it did not start', async () => {
+  // Issue 32 item 16: `decision` was 'UNSPECIFIED' and `toolName` '' for the approved call a
+  // continuation runs (its ToolInputStart was in the earlier turn's stream).
+  const result = await stream([
+    ['turnStart', {}],
+    ['toolOutputAvailable', { toolCallId: 'a', toolName: 'calculator', outputJson: '42' }],
+    ['toolOutputDenied', { toolCallId: 'b', toolName: 'transfer', reason: 'not now' }],
+    ['stepStart', { stepNumber: 0 }],
+    ['toolInputAvailable', { toolCallId: 'c', toolName: 'get_weather', inputJson: '{}' }],
+    ['toolOutputError', { toolCallId: 'c', toolName: 'get_weather', errorText: 'down' }],
+    END,
+  ]).collect();
+  assert.deepEqual(
+    result.toolCalls.map(({ toolCallId, toolName, state, decision }) => ({
+      toolCallId,
+      toolName,
+      state,
+      decision,
+    })),
+    [
+      { toolCallId: 'a', toolName: 'calculator', state: 'OUTPUT_AVAILABLE', decision: undefined },
+      { toolCallId: 'b', toolName: 'transfer', state: 'OUTPUT_DENIED', decision: undefined },
+      { toolCallId: 'c', toolName: 'get_weather', state: 'OUTPUT_ERROR', decision: undefined },
+    ],
+  );
+});
+
+test('why a turn ended ABORTED or INTERRUPTED is in result.error, as for ERROR', async () => {
+  const status = create(StatusSchema, {
+    code: 10,
+    message: 'the model stream stalled',
+    details: [
+      anyPack(ErrorInfoSchema, create(ErrorInfoSchema, { reason: 'STREAM_STALLED', domain: 'turnwire.dev' })),
+    ],
+  });
+  for (const ended of [TurnStatus.ABORTED, TurnStatus.INTERRUPTED]) {
+    const result = await stream([
+      ['turnStart', {}],
+      ['turnEnd', { status: ended, error: status }],
+    ]).collect();
+    assert.equal(result.error?.reason, 'STREAM_STALLED', TurnStatus[ended]);
+    assert.equal(result.error?.code, 'ABORTED');
+  }
+  const completed = await stream([['turnStart', {}], END]).collect();
+  assert.equal(completed.error, undefined);
+});
+
+test('messageSteps gives step objects, as collect() does', () => {
+  const message = {
+    parts: [
+      { kind: { case: 'stepStart', value: {} } },
+      { kind: { case: 'reasoning', value: { text: 'Think.' } } },
+      { kind: { case: 'text', value: { text: 'One.' } } },
+      { kind: { case: 'toolCall', value: { toolCallId: 'k', toolName: 'calculator' } } },
+      { kind: { case: 'stepStart', value: {} } },
+      { kind: { case: 'text', value: { text: 'Two.' } } },
+    ],
+  };
+  assert.deepEqual(
+    messageSteps(message).map(({ stepNumber, text, reasoning, toolCallIds }) => ({
+      stepNumber,
+      text,
+      reasoning,
+      toolCallIds,
+    })),
+    [
+      { stepNumber: 0, text: 'One.', reasoning: 'Think.', toolCallIds: ['k'] },
+      { stepNumber: 1, text: 'Two.', reasoning: '', toolCallIds: [] },
+    ],
+  );
 });
 
 test('each step keeps the sources it cited and the files it produced (issue 31)', async () => {

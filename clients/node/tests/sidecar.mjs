@@ -54,9 +54,10 @@ function freePort() {
 
 /**
  * A running sidecar: `address` (host:port), `stderrTail()`, and `stop()`, which sends SIGTERM
- * and resolves with the exit code (SIGKILL and a throw after 15 s).
+ * and resolves with the exit code (SIGKILL and a throw after 15 s). `client`: options of the
+ * client that checks it is ready (`tls` for a TLS sidecar).
  */
-export async function startSidecar(config = {}, { startupTimeoutMs = 30_000 } = {}) {
+export async function startSidecar(config = {}, { startupTimeoutMs = 30_000, client = {} } = {}) {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'turnwire-ts-client-'));
   const configPath = path.join(dir, 'turnwire.yaml');
   await writeFile(configPath, JSON.stringify(config));
@@ -112,7 +113,7 @@ export async function startSidecar(config = {}, { startupTimeoutMs = 30_000 } = 
     }
   };
 
-  const probe = new TurnwireClient({ address, timeoutMs: 1000 });
+  const probe = new TurnwireClient({ address, timeoutMs: 1000, ...client });
   try {
     const ready = await waitUntil(
       async () => exited ?? (await probe.listConversations({ pageSize: 1 }), 'ready'),

@@ -7,11 +7,7 @@
 
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import http2 from 'node:http2';
-import os from 'node:os';
-import path from 'node:path';
 
 import { create, toBinary } from '@bufbuild/protobuf';
 import { anyPack, durationFromMs } from '@bufbuild/protobuf/wkt';
@@ -19,75 +15,17 @@ import { TurnwireClient, TurnwireError } from '@turnwire/client';
 import { ErrorInfoSchema, RetryInfoSchema } from '@turnwire/client/gen/google/rpc/error_details_pb';
 import { StatusSchema } from '@turnwire/client/gen/google/rpc/status_pb';
 
-let dir;
+import { makeCertificates } from './certificates.mjs';
+
+let certificates;
 let pem;
 let server;
 let address;
 const seen = [];
 
-/** Runs openssl with `args` in the scratch directory. */
-function openssl(...args) {
-  execFileSync('openssl', args, { cwd: dir, stdio: ['ignore', 'ignore', 'pipe'] });
-}
-
-/** A key and a certificate for `name`, signed by the test CA. */
-function issue(name, extension) {
-  openssl(
-    'req',
-    '-newkey',
-    'rsa:2048',
-    '-nodes',
-    '-keyout',
-    `${name}.key`,
-    '-out',
-    `${name}.csr`,
-    '-subj',
-    `/CN=${name}`,
-  );
-  openssl(
-    'x509',
-    '-req',
-    '-in',
-    `${name}.csr`,
-    '-CA',
-    'ca.pem',
-    '-CAkey',
-    'ca.key',
-    '-CAcreateserial',
-    '-days',
-    '1',
-    '-out',
-    `${name}.pem`,
-    '-extfile',
-    'ext.cnf',
-    '-extensions',
-    extension,
-  );
-}
-
 before(async () => {
-  dir = mkdtempSync(path.join(os.tmpdir(), 'turnwire-ts-tls-'));
-  const ext =
-    '[server]\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n[client]\nextendedKeyUsage=clientAuth\n';
-  execFileSync('sh', ['-c', `printf '${ext}' > ext.cnf`], { cwd: dir });
-  openssl(
-    'req',
-    '-x509',
-    '-newkey',
-    'rsa:2048',
-    '-nodes',
-    '-keyout',
-    'ca.key',
-    '-out',
-    'ca.pem',
-    '-days',
-    '1',
-    '-subj',
-    '/CN=turnwire-test-ca',
-  );
-  issue('server', 'server');
-  issue('client', 'client');
-  pem = (name) => readFileSync(path.join(dir, name));
+  certificates = makeCertificates();
+  pem = certificates.pem;
 
   const details = toBinary(
     StatusSchema,
@@ -136,7 +74,7 @@ before(async () => {
 
 after(() => {
   server?.close();
-  if (dir) rmSync(dir, { recursive: true, force: true });
+  certificates?.remove();
 });
 
 test('TLS with a private CA, a client certificate and a bearer token; RetryInfo decoded', async () => {

@@ -50,6 +50,7 @@ from turnwire_server.api.validation import check_id, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
 from turnwire_server.engine.errors import AdmissionRefused
 from turnwire_server.engine.ids import new_request_id
+from turnwire_server.engine.request import ToolDenial
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.base import AnsweredToolCalls, EngineStore, ToolCallAnswer
 from turnwire_server.store.errors import StoreError
@@ -267,8 +268,15 @@ class ToolResultRpcs:
             if reserved:
                 await self.engine.release_place(conversation_id, request_id)
             raise
+        names = {
+            part.tool_call.tool_call_id: part.tool_call.tool_name
+            for part in outcome.message.parts
+            if part.WhichOneof("kind") == "tool_call"
+        }
         denials = [
-            (answer.tool_call_id, answer.text or DENIED_BY_USER_TEXT)
+            ToolDenial(
+                answer.tool_call_id, names.get(answer.tool_call_id, ""), answer.text or DENIED_BY_USER_TEXT
+            )
             for answer in answers
             if answer.kind == "deny"
         ]
@@ -370,7 +378,7 @@ def _skipped(
     conversation_id: str,
     request_id: str,
     outcome: AnsweredToolCalls,
-    denials: Sequence[tuple[str, str]],
+    denials: Sequence[ToolDenial],
 ) -> list[Any]:
     """The responses of a call that stored answers and runs no turn: a ``ToolOutputDenied`` per
     denial, then ``TurnEnd(SKIPPED)`` with the stored message (and why, when calls still wait)."""
@@ -385,10 +393,11 @@ def _skipped(
         responses.append(response)
         return event
 
-    for tool_call_id, reason in denials:
+    for denial in denials:
         denied = new().tool_output_denied
-        denied.tool_call_id = tool_call_id
-        denied.reason = reason
+        denied.tool_call_id = denial.tool_call_id
+        denied.tool_name = denial.tool_name
+        denied.reason = denial.reason
     end = new().turn_end
     end.status = event_pb2.TURN_STATUS_SKIPPED
     end.message.CopyFrom(outcome.message)

@@ -7,6 +7,7 @@ declared once, in :mod:`.connection`.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -73,4 +74,7 @@ app.command()(server_commands.demo)
 
 def main() -> None:
     """Console-script entry point."""
+    # gRPC's C core logs at info in its own format (a failed TLS handshake of a client command,
+    # a client's GOAWAY in serve), outside logging.level; it reads this when it starts.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     app()

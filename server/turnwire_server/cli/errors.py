@@ -13,7 +13,9 @@ from rich.console import Console
 from rich.text import Text
 
 from turnwire_client import TurnwireError
+from turnwire_server.cli.connection import Connection
 from turnwire_server.cli.exit_codes import EXIT_CALL_FAILED, EXIT_UNREACHABLE
+from turnwire_server.cli.tls_probe import explain_tls_mismatch
 
 __all__ = ["cli_terms", "error_class", "print_call_error"]
 
@@ -27,16 +29,21 @@ def error_class(kind: str) -> str:
     return kind if coarse is None or coarse == kind else f"{coarse}: {kind}"
 
 
-def print_call_error(out: Console, target: str, error: TurnwireError, *, mid_turn: bool = False) -> int:
-    """Print the ``error`` a call to the sidecar at ``target`` ended with on ``out``, and return
-    the exit code: :data:`EXIT_UNREACHABLE` when the sidecar cannot be reached (``mid_turn``: the
-    connection was lost during a turn), else :data:`EXIT_CALL_FAILED` (code, reason, message and
-    field violations, in the CLI's terms)."""
+def print_call_error(
+    out: Console, connection: Connection, error: TurnwireError, *, mid_turn: bool = False
+) -> int:
+    """Print the ``error`` a call to the sidecar of ``connection`` ended with on ``out``, and
+    return the exit code: :data:`EXIT_UNREACHABLE` when the sidecar cannot be reached (``mid_turn``:
+    the connection was lost during a turn; a TLS mismatch is said as such,
+    :func:`~turnwire_server.cli.tls_probe.explain_tls_mismatch`), else :data:`EXIT_CALL_FAILED`
+    (code, reason, message and field violations, in the CLI's terms)."""
+    target = connection.target
     if error.code == grpc.StatusCode.UNAVAILABLE and not error.reason:
+        mismatch = None if mid_turn else explain_tls_mismatch(target, connection.tls, error.message)
         problem = (
             f"lost the connection to the sidecar at {target}"
             if mid_turn
-            else f"cannot reach the sidecar at {target}: is `turnwire serve` running?"
+            else mismatch or f"cannot reach the sidecar at {target}: is `turnwire serve` running?"
         )
         out.print(Text(problem, style="bold red"), soft_wrap=True)
         if error.message:

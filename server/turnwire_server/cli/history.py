@@ -19,6 +19,7 @@ from turnwire_server.cli.errors import print_call_error
 from turnwire_server.cli.exit_codes import EXIT_CALL_FAILED, EXIT_OK
 from turnwire_server.cli.parts import (
     APPROVAL_HINT,
+    RESPONDED_HINT,
     STATUS_STYLES,
     call_line,
     denied_line,
@@ -78,7 +79,7 @@ async def run_history(
         if error.code == grpc.StatusCode.NOT_FOUND:
             err.print(Text(f"conversation {conversation_id!r} not found", style="bold red"), soft_wrap=True)
             return EXIT_CALL_FAILED
-        return print_call_error(err, connection.target, error)
+        return print_call_error(err, connection, error)
 
     header = Text.assemble(
         ("conversation ", "dim"),
@@ -138,7 +139,7 @@ async def run_conversations(
                 if not page_token:
                     break
     except TurnwireError as error:
-        return print_call_error(or_stderr(err_console), connection.target, error)
+        return print_call_error(or_stderr(err_console), connection, error)
     if shown == 0:
         out.print(Text("(no conversations)", style="dim"), soft_wrap=True)
     elif page_token:
@@ -235,11 +236,13 @@ def _print_tool_call(out: Console, call: message_pb2.ToolCallPart, conversation_
         out.print(error_line(call.tool_name, call.error_text), soft_wrap=True)
     elif state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED:
         out.print(denied_line(call.tool_name, call.approval.reason), soft_wrap=True)
-    elif state in (
-        message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED,
-        message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED,
-    ):
+    elif state == message_pb2.TOOL_CALL_STATE_APPROVAL_REQUESTED:
         hint = APPROVAL_HINT.format(call_id=call.tool_call_id, conversation=conversation_id)
         out.print(Text(f"? {call.tool_name} awaits approval{hint}", style="yellow"), soft_wrap=True)
+    elif state == message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED:
+        # Answered without a continuation (a client's auto_continue=false): `approve` would be
+        # TOOL_CALL_NOT_PENDING; the next turn runs an approved call first (docs/semantics.md §6).
+        hint = RESPONDED_HINT.format(conversation=conversation_id)
+        out.print(Text(f"? {call.tool_name} {hint}", style="yellow"), soft_wrap=True)
     else:
         out.print(Text(f"← {call.tool_name}: (no result)", style="dim"), soft_wrap=True)

@@ -218,7 +218,7 @@ class TurnRenderer:
             self.line(call_line(bad.tool_name, short(bad.raw_input), style="red"))
             self.line(error_line(bad.tool_name, f"invalid input: {bad.error_text}"))
         elif kind == "tool_approval_request":
-            name = self._name(event.tool_approval_request.tool_call_id)
+            name = self._name(event.tool_approval_request.tool_call_id, event.tool_approval_request.tool_name)
             call_id = event.tool_approval_request.tool_call_id
             self.open_calls.pop(call_id, None)  # it waits for the application, not running
             self.line(
@@ -230,7 +230,7 @@ class TurnRenderer:
             )
         elif kind == "tool_output_available":
             output = event.tool_output_available
-            name, value = self._name(output.tool_call_id), tool_call_output_json(output)
+            name, value = self._name(output.tool_call_id, output.tool_name), tool_call_output_json(output)
             if not output.preliminary:
                 self.open_calls.pop(output.tool_call_id, None)
             if output.preliminary:
@@ -244,10 +244,11 @@ class TurnRenderer:
         elif kind == "tool_output_error":
             failed = event.tool_output_error
             self.open_calls.pop(failed.tool_call_id, None)
-            self.line(error_line(self._name(failed.tool_call_id), failed.error_text))
+            self.line(error_line(self._name(failed.tool_call_id, failed.tool_name), failed.error_text))
         elif kind == "tool_output_denied":
             self.open_calls.pop(event.tool_output_denied.tool_call_id, None)
-            name = self._name(event.tool_output_denied.tool_call_id)
+            denied = event.tool_output_denied
+            name = self._name(denied.tool_call_id, denied.tool_name)
             self.line(denied_line(name, event.tool_output_denied.reason))
         elif kind == "source":
             self.line(source_line(event.source))
@@ -278,8 +279,9 @@ class TurnRenderer:
         elif kind == "turn_end":
             self.end_line()
 
-    def _name(self, tool_call_id: str) -> str:
-        return self.tool_names.get(tool_call_id, tool_call_id or "tool")
+    def _name(self, tool_call_id: str, tool_name: str) -> str:
+        # Result events name the tool; a sidecar older than that field leaves it empty.
+        return tool_name or self.tool_names.get(tool_call_id, tool_call_id or "tool")
 
     def abort_open_calls(self) -> None:
         """After a Ctrl-C: each call still running is shown as the sidecar stores it, aborted

@@ -33,6 +33,10 @@ APPROVAL_HINT = (
 )
 """Who answers a call waiting for approval: the CLI's ``approve`` (applications: SubmitToolApprovals)."""
 
+RESPONDED_HINT = "approved, not run yet (run it and go on: `turnwire continue {conversation}`)"
+"""A call whose approval was answered but whose turn did not go on (``approval-responded``): the
+next turn runs it (``continue``), where ``approve`` would refuse it as no longer pending."""
+
 
 def call_line(name: str, payload: str, *, style: str = "") -> Text:
     return Text.assemble(("→ ", "cyan"), (name, "bold cyan"), " ", (payload, style))

@@ -56,11 +56,6 @@ def serve(
 
     With --workers N each worker gets the signal and stops so; exit 1 if one cannot start or keeps dying.
     """
-    import os
-
-    # gRPC's C core logs connection events (a client's GOAWAY) at info in its own format, outside
-    # logging.level; read when grpc is first imported (below, and in each worker).
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     settings = _load(config, listen, store, workers)
     from turnwire_server.logs import configure_logging
     from turnwire_server.redaction import redactor_for
@@ -132,13 +127,20 @@ def config_show(
     """Print the effective configuration as YAML, secrets masked.
 
     The configuration serve would load (flags, TURNWIRE_* variables, the file, defaults), with
-    secrets shown as ***. Exit status 2 when it is invalid.
+    secrets shown as ***. Exit status 2 when it is invalid, or when serve would refuse it for its
+    providers (a default_model no provider serves, a missing API key).
     """
     import yaml
 
+    from turnwire_server.app import StartupError, check_providers
     from turnwire_server.redaction import redacted_settings
 
     settings = _load(config, listen, store)
+    try:
+        asyncio.run(check_providers(settings))
+    except StartupError as error:
+        typer.echo(f"turnwire: serve would refuse this configuration: {error}", err=True)
+        raise typer.Exit(2) from None
     for warning in _unknown_variables():
         typer.echo(f"turnwire: warning: {warning}", err=True)
     shown = redacted_settings(settings)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from rich.console import Console
@@ -129,16 +129,6 @@ async def run_approval(
     :func:`run_chat` (2 when the call is not waiting: unknown id, or already answered)."""
     reasons = {tool_call_id: reason} if reason else None
 
-    async def names(client: TurnwireClient) -> dict[str, str]:
-        # The continuation's events name the call by id only; the transcript has its tool name.
-        conversation = await client.get_conversation(conversation_id)
-        return {
-            part.tool_call.tool_call_id: part.tool_call.tool_name
-            for message in conversation.messages
-            for part in message.parts
-            if part.WhichOneof("kind") == "tool_call" and part.tool_call.tool_call_id == tool_call_id
-        }
-
     return await run_turn(
         connection,
         conversation_id,
@@ -147,7 +137,6 @@ async def run_approval(
         ),
         console=console,
         err_console=err_console,
-        tool_names=names,
     )
 
 
@@ -167,11 +156,9 @@ async def run_turn(
     request_id: str | None = None,
     console: Console | None = None,
     err_console: Console | None = None,
-    tool_names: Callable[[TurnwireClient], Awaitable[Mapping[str, str]]] | None = None,
 ) -> int:
     """Render the turn ``open_stream`` opens on ``conversation_id`` under ``request_id`` (a new
-    ``cli-…`` id when None); ``tool_names``: the names of calls the stream will name by id only
-    (``{tool_call_id: tool_name}``, read before it opens). Exit codes as for :func:`run_chat`."""
+    ``cli-…`` id when None). Exit codes as for :func:`run_chat`."""
     request_id = request_id or f"cli-{uuid.uuid4().hex[:16]}"
     out = console if console is not None else Console()
     err = or_stderr(err_console)
@@ -180,8 +167,6 @@ async def run_turn(
         # Progress keepalives (a turn silent for limits.progress_interval_seconds) update the
         # spinner: a turn queued behind another says so instead of "waiting for the sidecar".
         async with connection.client(include_progress=True) as client:
-            if tool_names is not None:
-                renderer.tool_names.update(await tool_names(client))
             result = await collect(renderer.tee(open_stream(client, request_id)))
     except asyncio.CancelledError:
         # Ctrl-C: asyncio.run cancels this task; leaving the stream cancels the turn on the
@@ -216,7 +201,7 @@ async def run_turn(
     except TurnwireError as error:
         renderer.stop_waiting()
         renderer.end_line()
-        return print_call_error(err, connection.target, error, mid_turn=renderer.events_seen > 0)
+        return print_call_error(err, connection, error, mid_turn=renderer.events_seen > 0)
     renderer.stop_waiting()
     renderer.end_line()
     print_status_line(out, result, renderer.model, output_streamed=renderer.output_streamed)
@@ -240,7 +225,7 @@ async def run_cancel(
         async with connection.client() as client:
             cancelled = await client.cancel_chat(request_id)
     except TurnwireError as error:
-        return print_call_error(err, connection.target, error)
+        return print_call_error(err, connection, error)
     if cancelled:
         out.print(Text(f"cancelled {request_id}: its turn ends ABORTED", style="bold yellow"), soft_wrap=True)
         return EXIT_OK

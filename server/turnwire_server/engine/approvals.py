@@ -31,10 +31,11 @@ RunnerFactory = Callable[[TurnWorkingState], ToolCallRunner]
 
 def announce_denials(state: TurnWorkingState) -> None:
     """Send ``ToolOutputDenied`` for each call the request says was just denied."""
-    for tool_call_id, reason in state.request.tool_denials:
+    for denial in state.request.tool_denials:
         event = state.writer.new().tool_output_denied
-        event.tool_call_id = tool_call_id
-        event.reason = reason
+        event.tool_call_id = denial.tool_call_id
+        event.tool_name = denial.tool_name
+        event.reason = denial.reason
 
 
 async def run_approved_calls(
@@ -81,6 +82,7 @@ async def run_approved_calls(
                 )
                 event = state.writer.new().tool_output_error
                 event.tool_call_id = call.tool_call_id
+                event.tool_name = call.tool_name
                 event.error_text = call.error_text
                 continue
             runner.queue(chunk, tool)

@@ -43,6 +43,7 @@ def hold_call(state: TurnWorkingState, tool_call_id: str, tool: Tool, input: Map
         call.approval.id = new_approval_id()
         event = state.writer.new().tool_approval_request
         event.tool_call_id = tool_call_id
+        event.tool_name = call.tool_name
         event.approval_id = call.approval.id
         state.checkpoints.progress()
         return True

@@ -55,7 +55,8 @@ class RequestIdInUse(AdmissionRefused):
 
     def __init__(self, request_id: str) -> None:
         super().__init__(
-            f"a turn with request_id {request_id!r} is already running; use a new request_id for a new turn"
+            f"a turn with request_id {request_id!r} is already running; to follow it re-attach with "
+            "ResumeTurn (sending it again would not run it twice), and use a new request_id for a new turn"
         )
         self.request_id = request_id
 

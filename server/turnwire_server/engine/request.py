@@ -19,6 +19,16 @@ TurnEntry = Literal[
 
 
 @dataclass(frozen=True, slots=True)
+class ToolDenial:
+    """A tool call the client denied just before a continuation: its id, its tool's name and the
+    reason the model is given (docs/semantics.md §6)."""
+
+    tool_call_id: str
+    tool_name: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class TurnRequest:
     """An admitted request for one turn.
 
@@ -32,7 +42,7 @@ class TurnRequest:
     ``continue`` detached (re-attach with ResumeTurn; docs/semantics.md §5).
     ``client_tools`` are the request's client-side tools (:class:`turnwire.tools.ClientTool`),
     added after the server's tools and overriding those of the same name (docs/semantics.md §2, §6).
-    ``tool_denials`` are ``(tool_call_id, reason)`` of calls the client denied just before this
+    ``tool_denials`` are the calls (:class:`ToolDenial`) the client denied just before this
     continuation: its stream announces them with ``ToolOutputDenied`` (docs/semantics.md §6).
     ``entry`` is how the turn came in (:data:`TurnEntry`; a label of the turn metrics).
     ``trace_context`` is the W3C trace context (``traceparent``, ``tracestate``) of the call that
@@ -51,7 +61,7 @@ class TurnRequest:
     skip_unless: Literal["", "history", "assistant_last"] = ""
     disconnect: Literal["cancel", "continue"] = "cancel"
     client_tools: Sequence[Tool] = ()
-    tool_denials: Sequence[tuple[str, str]] = ()
+    tool_denials: Sequence[ToolDenial] = ()
     entry: TurnEntry = "chat"
     trace_context: Mapping[str, str] = field(default_factory=dict)
     concurrent_input: ConcurrentInputStrategy | None = None

@@ -132,11 +132,13 @@ class ToolCallRunner:
         if part.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
             error = turn.writer.new().tool_output_error
             error.tool_call_id = part.tool_call_id
+            error.tool_name = part.tool_name
             error.error_text = part.error_text
             error.provider_executed = True
         else:
             output = turn.writer.new().tool_output_available
             output.tool_call_id = part.tool_call_id
+            output.tool_name = part.tool_name
             output.output_json = part.output_json
             if part.HasField("output"):
                 output.output.CopyFrom(part.output)
@@ -354,6 +356,7 @@ class ToolCallRunner:
         part.decision = decided
         event = turn.writer.new().tool_output_available
         event.tool_call_id = call.tool_call_id
+        event.tool_name = call.tool_name
         event.output_json = part.output_json
         if part.HasField("output"):
             event.output.CopyFrom(part.output)
@@ -366,6 +369,7 @@ class ToolCallRunner:
         part = turn.assistant.set_error(call.tool_call_id, error_text)
         event = turn.writer.new().tool_output_error
         event.tool_call_id = call.tool_call_id
+        event.tool_name = call.tool_name
         event.error_text = error_text
         await self._observe(part, step_number)
 

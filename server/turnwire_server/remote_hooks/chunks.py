@@ -92,13 +92,16 @@ def chunk_event(chunk: Any) -> event_pb2.TurnEvent | None:
 def _tool_result(part: message_pb2.ToolCallPart, event: event_pb2.TurnEvent) -> None:
     if part.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR:
         event.tool_output_error.tool_call_id = part.tool_call_id
+        event.tool_output_error.tool_name = part.tool_name
         event.tool_output_error.error_text = part.error_text
     elif part.state == message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED:
         event.tool_output_denied.tool_call_id = part.tool_call_id
+        event.tool_output_denied.tool_name = part.tool_name
         event.tool_output_denied.reason = part.error_text
     else:
         available = event.tool_output_available
         available.tool_call_id = part.tool_call_id
+        available.tool_name = part.tool_name
         available.output_json = part.output_json
         available.preliminary = part.preliminary
 

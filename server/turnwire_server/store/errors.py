@@ -127,19 +127,41 @@ class MessageAlreadyAnswered(StoreRefusal):
 
 class TurnAlreadyExists(StoreRefusal):
     """A turn with the same request id was already recorded, and this is not a retry of a failed,
-    aborted or interrupted one with the same input."""
+    aborted or interrupted one with the same input.
+
+    The message says which path does not store the question twice (docs/semantics.md §11,
+    "Idempotent input"): a completed turn's reply is stored already; a turn that ended otherwise
+    is retried under its request id with the same messages, ids included (the clients derive an
+    input message's id from the request id, so repeating the same call is that retry).
+    """
 
     error_reason = reasons.ERROR_REASON_INVALID_FIELD
     status_code = CanonicalCode.ALREADY_EXISTS
 
-    def __init__(self, request_id: str) -> None:
-        super().__init__(f"a turn with request_id {request_id!r} already exists")
+    def __init__(self, request_id: str, earlier_state: str) -> None:
+        super().__init__(f"a turn with request_id {request_id!r} already exists: {_advice(earlier_state)}")
         self.request_id = request_id
+        self.earlier_state = earlier_state
 
     def details(self) -> ErrorDetails:
-        return ErrorDetails(
-            field_violations=(("request_id", "already used by an earlier turn; use a new request_id"),)
+        return ErrorDetails(field_violations=(("request_id", _advice(self.earlier_state)),))
+
+
+def _advice(earlier_state: str) -> str:
+    """What to do instead of sending input again under a taken request id (the path that does not
+    store it twice)."""
+    if earlier_state == "completed":
+        return (
+            "it completed and its reply is stored (GetConversation); "
+            "a new question is a new turn under a new request_id"
         )
+    if earlier_state in ("error", "aborted", "interrupted"):
+        return (
+            f"it ended {earlier_state}; retry it under this request_id with the same messages and message "
+            "ids (repeating the same client call does), so the question is stored once; "
+            "this request brings other input, which needs a new request_id"
+        )
+    return "it is still running; re-attach to it with ResumeTurn, and use a new request_id for a new turn"
 
 
 class TurnNotFound(StoreRefusal):

@@ -4,7 +4,10 @@ send exactly the same requests."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypedDict, TypeVar
 
@@ -26,8 +29,11 @@ class TurnOptions(TypedDict, total=False):
     """Options every turn-running call takes as keyword arguments (all optional).
 
     Attributes:
-        request_id: A client-chosen turn id (to cancel it with ``cancel_chat``, re-attach with
-            ``resume_turn``, or retry idempotently); the server assigns one when absent.
+        request_id: The turn's id (to cancel it with ``cancel_chat``, re-attach with
+            ``resume_turn``, or retry it); the client chooses one (:func:`new_request_id`) when
+            absent. Input messages without an id get one derived from it
+            (:func:`input_message_id`), so a failed turn retried under the same request id with
+            the same input stores that input once (docs/semantics.md §11, "Idempotent input").
         body: JSON-like data for the lifecycle hooks (sent as a ``Struct``).
         model: ``provider:model`` for this turn, e.g. ``"scripted:demo"``.
         timeout: Deadline of the whole call in seconds.
@@ -92,18 +98,55 @@ TurnRequest = (
 _Request = TypeVar("_Request", bound=TurnRequest)
 
 
+def new_request_id() -> str:
+    """A request id for a turn-running call given none: ``r-`` and 32 hex digits (a UUID4), in the
+    client's namespace (the server's own ids start with ``tw-``)."""
+    return f"r-{uuid.uuid4().hex}"
+
+
+_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+"""An id the server takes (docs/semantics.md §11)."""
+
+
+def input_message_id(request_id: str, index: int) -> str:
+    """The id of input message ``index`` (from 0) of the turn ``request_id`` when the caller gave
+    that message none: ``<request_id>.m<index>``, or ``m<index>-`` and the SHA-256 digest (hex) of
+    the request id when that is no valid id (over 128 characters; a request id the server will
+    refuse on its own).
+
+    Deterministic, so re-sending the same call under the same request id re-sends the same ids:
+    the server then stores the input once and runs the retry (docs/semantics.md §11). The
+    TypeScript and Go clients derive the same ids."""
+    derived = f"{request_id}.m{index}"
+    if _ID.fullmatch(derived):
+        return derived
+    return f"m{index}-{hashlib.sha256(request_id.encode()).hexdigest()}"
+
+
 def with_turn_options(request: _Request, options: TurnOptions) -> _Request:
     """Set ``options`` (but ``timeout``, a call option) on a turn-running request; returns it.
 
-    Raises :class:`TypeError` for an unknown option and :class:`ValueError` for an unknown
-    ``disconnect`` value, naming the ones there are.
+    The request id is ``options["request_id"]`` or a new one (:func:`new_request_id`); input
+    messages without an id get :func:`input_message_id`. Raises :class:`TypeError` for an
+    unknown option and :class:`ValueError` for an unknown ``disconnect`` value, naming the ones
+    there are.
     """
     unknown = set(options) - set(TurnOptions.__annotations__)
     if unknown:
         raise TypeError(
             f"unknown option(s) {sorted(unknown)}; the options are {sorted(TurnOptions.__annotations__)}"
         )
-    request.request_id = options.get("request_id") or ""
+    request.request_id = options.get("request_id") or new_request_id()
+    inputs = (
+        [request.message]
+        if isinstance(request, chat_service_pb2.ChatRequest)
+        else request.messages
+        if isinstance(request, chat_service_pb2.SaveMessagesRequest)
+        else []
+    )
+    for index, message in enumerate(inputs):
+        if not message.id:
+            message.id = input_message_id(request.request_id, index)
     request.model = options.get("model") or ""
     disconnect = options.get("disconnect", "cancel")
     if disconnect not in _POLICIES:

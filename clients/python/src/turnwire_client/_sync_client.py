@@ -121,8 +121,8 @@ class SyncTurnwireClient:
             A :class:`SyncTurnStream`: the turn's ``TurnEvent``\\ s as they arrive, ``TurnEnd``
             last; ``stream.collect()`` folds it into a :class:`TurnResult`. Leaving it
             early cancels the call and (unless ``disconnect="continue"``) the server aborts the
-            turn: on ``with`` exit, :meth:`SyncTurnStream.cancel`, or when the stream is
-            dropped (``for event in client.chat(...): break``).
+            turn: ``break`` or an exception out of ``for`` (the stream kept in a variable
+            or not), ``with`` exit, :meth:`SyncTurnStream.cancel`, or the stream dropped.
 
         Raises:
             TurnwireError: while iterating, if the call fails (e.g. ``INVALID_ARGUMENT`` with
@@ -239,6 +239,8 @@ class SyncTurnwireClient:
         return SyncTurnStream(
             method(request, timeout=options.get("timeout"), metadata=self._metadata or None),
             include_progress=self._include_progress,
+            # A submission's id is its turn's request id (docs/semantics.md §7).
+            request_id=getattr(request, "request_id", "") or getattr(request, "submission_id", ""),
         )
 
     # -- unary calls --------------------------------------------------------------------

@@ -131,8 +131,8 @@ class TurnwireClient:
             A :class:`TurnStream`: the turn's ``TurnEvent``\\ s as they arrive, ``TurnEnd``
             last; ``await stream.collect()`` folds it into a :class:`TurnResult`. Leaving it
             early cancels the call and (unless ``disconnect="continue"``) the server aborts the
-            turn: on ``async with`` exit, :meth:`TurnStream.cancel`, or when the stream is
-            dropped (``async for event in client.chat(...): break``).
+            turn: ``break`` or an exception out of ``async for`` (the stream kept in a variable
+            or not), ``async with`` exit, :meth:`TurnStream.cancel`, or the stream dropped.
 
         Raises:
             TurnwireError: while iterating, if the call fails (e.g. ``INVALID_ARGUMENT`` with
@@ -249,6 +249,8 @@ class TurnwireClient:
         return TurnStream(
             method(request, timeout=options.get("timeout"), metadata=self._metadata or None),
             include_progress=self._include_progress,
+            # A submission's id is its turn's request id (docs/semantics.md §7).
+            request_id=getattr(request, "request_id", "") or getattr(request, "submission_id", ""),
         )
 
     # -- unary calls --------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """A turn's event stream: an async iterator of ``TurnEvent`` that cancels its call when abandoned.
 
 Leaving the iteration early cancels the call (and so the server aborts the turn), by whichever
-way the iteration is left: ``async with`` exit, :meth:`TurnStream.cancel`, or the stream being
-dropped (``async for … : break`` on a stream not kept in a variable). An async generator cannot
-promise that: Python closes it only when the event loop's finalizer gets to it.
+way the iteration is left: ``break`` or an exception out of ``async for`` (also over a stream
+kept in a variable), ``async with`` exit, :meth:`TurnStream.cancel`, or the stream being dropped.
+Each ``async for`` gets its own iteration object (:class:`_Iteration`) that cancels the call when
+the loop lets go of it before the end: CPython drops it as the loop is left, so the cancel is
+sent at once. An async generator cannot promise that: Python closes it only when the event
+loop's finalizer gets to it.
 """
 
 from __future__ import annotations
@@ -28,17 +31,21 @@ class TurnStream:
     unless ``include_progress`` is true.
     """
 
-    __slots__ = ("_call", "_include_progress")
+    __slots__ = ("_call", "_include_progress", "request_id")
 
-    def __init__(self, call: Any, *, include_progress: bool = False) -> None:
+    def __init__(self, call: Any, *, include_progress: bool = False, request_id: str = "") -> None:
         """Wrap a response-streaming call of a ``grpc.aio`` ``ChatServiceStub``; yield its
         ``Progress`` keepalives too when ``include_progress``."""
         self._call = call
         self._include_progress = include_progress
+        self.request_id = request_id
+        """The turn's request id, known before any event arrives: retry a failed turn under it
+        with the same input, cancel it (``cancel_chat``) or re-attach (``resume_turn``)."""
 
-    def __aiter__(self) -> Self:
-        """Return the stream itself."""
-        return self
+    def __aiter__(self) -> _Iteration:
+        """One ``async for`` over the stream: leaving that loop before the end (``break``, an
+        exception) cancels the call. ``anext(stream)`` reads an event without that rule."""
+        return _Iteration(self)
 
     async def __anext__(self) -> event_pb2.TurnEvent:
         """The next event (``Progress`` keepalives skipped unless asked for);
@@ -87,8 +94,32 @@ class TurnStream:
         self._call.cancel()  # a no-op once the call has finished
 
     def __del__(self) -> None:
-        # Dropped without being read to the end: cancel at once rather than when gRPC's own
-        # call object is collected.
-        call = getattr(self, "_call", None)
-        if call is not None and not call.done():
-            call.cancel()
+        # Dropped without being read to the end: cancel at once rather than when gRPC's own call
+        # object is collected.
+        if hasattr(self, "_call"):  # not when __init__ failed
+            self._cancel_if_running()
+
+    def _cancel_if_running(self) -> None:
+        """Cancel the call unless it already ended (the stream or one loop over it was left)."""
+        if not self._call.done():
+            self._call.cancel()
+
+
+class _Iteration:
+    """One ``async for`` over a :class:`TurnStream`: its events, and a cancel of the call when the
+    loop drops this object before the stream ended (README, "Cancellation")."""
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: TurnStream) -> None:
+        self._stream = stream
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> event_pb2.TurnEvent:
+        return await self._stream.__anext__()
+
+    def __del__(self) -> None:
+        # The loop let go of it: a break, or an exception out of its body. A no-op after the end.
+        self._stream._cancel_if_running()

@@ -22,23 +22,28 @@ class SyncTurnStream:
 
     Iterate it (``for event in stream``), or use it as a context manager so that the call ends
     with the block. Leaving early cancels the call (and, unless the call's ``disconnect`` was
-    ``"continue"``, the server aborts the turn): on ``with`` exit, :meth:`cancel`, or when the
-    stream is garbage-collected. Iterating raises :class:`TurnwireError` when the call fails.
+    ``"continue"``, the server aborts the turn): ``break`` or an exception out of ``for``,
+    ``with`` exit, :meth:`cancel`, or when the stream is garbage-collected. Iterating raises
+    :class:`TurnwireError` when the call fails.
     ``Progress`` keepalives are skipped unless ``include_progress`` is true, as in
     :class:`~turnwire_client.stream.TurnStream`.
     """
 
-    __slots__ = ("_call", "_include_progress")
+    __slots__ = ("_call", "_include_progress", "request_id")
 
-    def __init__(self, call: Any, *, include_progress: bool = False) -> None:
+    def __init__(self, call: Any, *, include_progress: bool = False, request_id: str = "") -> None:
         """Wrap a response-streaming call of a sync ``ChatServiceStub``; yield its ``Progress``
         keepalives too when ``include_progress``."""
         self._call = call
         self._include_progress = include_progress
+        self.request_id = request_id
+        """The turn's request id, known before any event arrives: retry a failed turn under it
+        with the same input, cancel it (``cancel_chat``) or re-attach (``resume_turn``)."""
 
-    def __iter__(self) -> Self:
-        """Return the stream itself."""
-        return self
+    def __iter__(self) -> _Iteration:
+        """One ``for`` over the stream: leaving that loop before the end (``break``, an
+        exception) cancels the call. ``next(stream)`` reads an event without that rule."""
+        return _Iteration(self)
 
     def __next__(self) -> event_pb2.TurnEvent:
         """The next event (``Progress`` keepalives skipped unless asked for);
@@ -81,7 +86,32 @@ class SyncTurnStream:
         self._call.cancel()
 
     def __del__(self) -> None:
-        # Dropped without being read to the end: cancel now rather than when gRPC collects it.
-        call = getattr(self, "_call", None)
-        if call is not None and not call.done():
-            call.cancel()
+        # Dropped without being read to the end: cancel at once rather than when gRPC's own call
+        # object is collected.
+        if hasattr(self, "_call"):  # not when __init__ failed
+            self._cancel_if_running()
+
+    def _cancel_if_running(self) -> None:
+        """Cancel the call unless it already ended (the stream or one loop over it was left)."""
+        if not self._call.done():
+            self._call.cancel()
+
+
+class _Iteration:
+    """One ``for`` over a :class:`SyncTurnStream`: its events, and a cancel of the call when the
+    loop drops this object before the stream ended (as in :mod:`turnwire_client.stream`)."""
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: SyncTurnStream) -> None:
+        self._stream = stream
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> event_pb2.TurnEvent:
+        return next(self._stream)
+
+    def __del__(self) -> None:
+        # The loop let go of it: a break, or an exception out of its body. A no-op after the end.
+        self._stream._cancel_if_running()

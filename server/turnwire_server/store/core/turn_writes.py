@@ -151,7 +151,7 @@ def decide_start_turn(
     if earlier_state is not None and (earlier_state not in _RETRYABLE_STATES or new_rows):
         # A retry re-sends the same input (all of it stored already); new input under an old
         # request id is another request, and the id is taken.
-        raise TurnAlreadyExists(turn.request_id)
+        raise TurnAlreadyExists(turn.request_id, earlier_state)
     return StartTurnPlan(new_rows, earlier_state is not None, submission_state is not None)
 
 

@@ -696,19 +696,23 @@ class ToolApprovalRequest(_message.Message):
 
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     APPROVAL_ID_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id."""
     approval_id: _builtins.str
     """The approval's id, to answer with."""
+    tool_name: _builtins.str
+    """The called tool's name."""
     def __init__(
         self,
         *,
         tool_call_id: _builtins.str = ...,
         approval_id: _builtins.str = ...,
+        tool_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -726,6 +730,7 @@ class ToolOutputAvailable(_message.Message):
     OUTPUT_JSON_FIELD_NUMBER: _builtins.int
     DECISION_FIELD_NUMBER: _builtins.int
     PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id."""
     preliminary: _builtins.bool
@@ -741,6 +746,10 @@ class ToolOutputAvailable(_message.Message):
     provider_executed: _builtins.bool
     """True for the result of a call the provider ran itself (a server tool, a
     Responses built-in).
+    """
+    tool_name: _builtins.str
+    """The called tool's name (also in a continuation that runs calls an earlier
+    turn made, whose ToolInputStart this stream did not carry).
     """
     @_builtins.property
     @_deprecated("""This field has been marked as deprecated using proto field options.""")
@@ -758,10 +767,11 @@ class ToolOutputAvailable(_message.Message):
         output_json: _builtins.str = ...,
         decision: _message_pb2.ToolCallDecision.ValueType = ...,
         provider_executed: _builtins.bool = ...,
+        tool_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["output", b"output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "provider_executed", b"provider_executed", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "provider_executed", b"provider_executed", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -776,22 +786,26 @@ class ToolOutputError(_message.Message):
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     ERROR_TEXT_FIELD_NUMBER: _builtins.int
     PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id."""
     error_text: _builtins.str
     """What went wrong."""
     provider_executed: _builtins.bool
     """True for the error of a call the provider ran itself."""
+    tool_name: _builtins.str
+    """The called tool's name."""
     def __init__(
         self,
         *,
         tool_call_id: _builtins.str = ...,
         error_text: _builtins.str = ...,
         provider_executed: _builtins.bool = ...,
+        tool_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_text", b"error_text", "provider_executed", b"provider_executed", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_text", b"error_text", "provider_executed", b"provider_executed", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -805,19 +819,23 @@ class ToolOutputDenied(_message.Message):
 
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id."""
     reason: _builtins.str
     """The reason the model was given."""
+    tool_name: _builtins.str
+    """The called tool's name."""
     def __init__(
         self,
         *,
         tool_call_id: _builtins.str = ...,
         reason: _builtins.str = ...,
+        tool_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
