@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
-import re
 import secrets
 import sys
 import tempfile
@@ -31,32 +30,14 @@ from pathlib import Path
 
 import grpc
 import yaml
-from _common import PYTHON, ServerProcess, free_port
+from _common import PYTHON, REPO, ServerProcess, free_port
+
+sys.path.insert(0, str(REPO / "tests"))  # the probe shared with tests/stress/test_auth_stress.py
+from support.tokenless_calls import shipped_memory_limit, tokenless_chats
 
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc
 
-MANIFEST = Path(__file__).parents[1] / "deploy" / "kubernetes" / "deployment.yaml"
 MIB = 2**20
-
-
-def shipped_limit() -> int:
-    """The sidecar container's memory limit in the shipped manifest, in bytes."""
-    pod = yaml.safe_load(MANIFEST.read_text())["spec"]["template"]["spec"]
-    (sidecar,) = [c for c in pod["initContainers"] + pod["containers"] if c["name"] == "turnwire"]
-    number, unit = re.fullmatch(r"(\d+)(Mi|Gi)", sidecar["resources"]["limits"]["memory"]).groups()  # type: ignore[union-attr]
-    return int(number) * {"Mi": MIB, "Gi": 1024 * MIB}[unit]
-
-
-def status_bytes(pid: int, field: str) -> int:
-    """``field`` (``VmRSS``, ``VmHWM``) of /proc/<pid>/status, in bytes."""
-    found = re.search(rf"^{field}:\s+(\d+) kB$", Path(f"/proc/{pid}/status").read_text(), re.MULTILINE)
-    assert found is not None
-    return int(found.group(1)) * 1024
-
-
-def reset_peak(pid: int) -> None:
-    """Reset the process's peak RSS (``VmHWM``) to its current RSS (proc(5): clear_refs, 5)."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
 def sidecar(workdir: Path, token: str) -> ServerProcess:
@@ -79,41 +60,6 @@ def sidecar(workdir: Path, token: str) -> ServerProcess:
     return ServerProcess(
         [PYTHON, "-m", "turnwire_server", "serve", "--config", str(config)], port, workdir, "turnwire"
     )
-
-
-async def refused(
-    server: ServerProcess, calls: int, rounds: int, request_bytes: int
-) -> tuple[int, int, float]:
-    """``calls`` concurrent tokenless Chat calls of ``request_bytes``, ``rounds`` times: (RSS
-    before, peak RSS, seconds)."""
-    assert server.popen is not None
-    pid = server.popen.pid
-    request = chat_service_pb2.ChatRequest(conversation_id="c")
-    request.message.parts.add().text.text = "y" * request_bytes
-    channels = [
-        grpc.aio.insecure_channel(server.target, options=[("grpc.max_send_message_length", 2**25)])
-        for _ in range(calls)
-    ]
-
-    async def call(channel: grpc.aio.Channel) -> grpc.StatusCode:
-        try:
-            async for _ in chat_service_pb2_grpc.ChatServiceStub(channel).Chat(request, timeout=120):
-                pass
-        except grpc.aio.AioRpcError as error:
-            return error.code()
-        return grpc.StatusCode.OK
-
-    reset_peak(pid)
-    before = status_bytes(pid, "VmRSS")
-    started = time.monotonic()
-    try:
-        for _ in range(rounds):
-            codes = set(await asyncio.gather(*(call(channel) for channel in channels)))
-            if codes != {grpc.StatusCode.UNAUTHENTICATED}:
-                raise RuntimeError(f"expected UNAUTHENTICATED only, got {codes}")
-    finally:
-        await asyncio.gather(*(channel.close() for channel in channels))
-    return before, status_bytes(pid, "VmHWM"), time.monotonic() - started
 
 
 async def delayed_proxy(target_port: int, delay: float) -> tuple[asyncio.Server, int]:
@@ -177,7 +123,7 @@ async def main() -> None:
     options = parser.parse_args()
     if not sys.platform.startswith("linux"):
         raise SystemExit("reads /proc/<pid>/status: Linux only")
-    limit = shipped_limit()
+    limit = shipped_memory_limit()
     token = secrets.token_urlsafe(32)
     with tempfile.TemporaryDirectory() as directory:
         server = sidecar(Path(directory), token)
@@ -189,8 +135,14 @@ async def main() -> None:
             )
             print("|---|---|---|---|---|---|---|---|")
             for calls in (int(n) for n in options.calls.split(",")):
-                before, peak, seconds = await refused(
-                    server, calls, options.rounds, int(options.request_mib * MIB)
+                assert server.popen is not None
+                before, peak, seconds = await tokenless_chats(
+                    server.target,
+                    server.popen.pid,
+                    calls=calls,
+                    rounds=options.rounds,
+                    request_bytes=int(options.request_mib * MIB),
+                    call_deadline=120,
                 )
                 print(
                     f"| {calls} | {options.rounds} | {before / MIB:.0f} | {peak / MIB:.0f} | "

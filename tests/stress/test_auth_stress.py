@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import sys
 import time
 from pathlib import Path
 
 import grpc
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, settings
 from support.malformed_jwts import hostile_jwts
 from support.sidecar import SidecarFactory
+from support.tokenless_calls import shipped_memory_limit, tokenless_chats
 from support.tokens import Issuer, auth_config, new_token, write_jwks, write_tokens_file
 
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc
@@ -41,30 +40,9 @@ REQUEST_BYTES = 15 * 2**20
 # the rest is room for the allocator. Before: about 6 MiB per call at 8 (126 MiB), and with the
 # refusal alone (windows grown by BDP probing) 1.5-3.5 MiB per call.
 ALLOWED_GROWTH_BYTES = 8 * 2**20
-MANIFEST = Path(__file__).parents[2] / "deploy" / "kubernetes" / "deployment.yaml"
 SIGNER = Issuer("key-1")
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/status")
-
-
-def shipped_memory_limit() -> int:
-    """The sidecar container's ``resources.limits.memory`` in the shipped manifest, in bytes."""
-    pod = yaml.safe_load(MANIFEST.read_text())["spec"]["template"]["spec"]
-    (sidecar,) = [c for c in pod["initContainers"] + pod["containers"] if c["name"] == "turnwire"]
-    quantity = sidecar["resources"]["limits"]["memory"]
-    number, unit = re.fullmatch(r"(\d+)(Mi|Gi)", quantity).groups()  # type: ignore[union-attr]
-    return int(number) * {"Mi": 2**20, "Gi": 2**30}[unit]
-
-
-def _status_bytes(pid: int, field: str) -> int:
-    match = re.search(rf"^{field}:\s+(\d+) kB$", Path(f"/proc/{pid}/status").read_text(), re.MULTILINE)
-    assert match is not None, field
-    return int(match.group(1)) * 1024
-
-
-def reset_peak(pid: int) -> None:
-    """Reset the process's peak RSS (``VmHWM``) to its current RSS (proc(5): clear_refs, 5)."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
 async def test_large_calls_without_a_token_hold_no_request_bytes(
@@ -72,33 +50,14 @@ async def test_large_calls_without_a_token_hold_no_request_bytes(
 ) -> None:
     tokens = write_tokens_file(tmp_path / "tokens.json", {new_token(): ("p", "t")})
     sidecar = await sidecar_factory({"auth": auth_config(tokens)}).start()
-    request = chat_service_pb2.ChatRequest(conversation_id="c")
-    request.message.parts.add().text.text = "y" * REQUEST_BYTES
-    # One connection per call, as separate attackers would: nothing is shared between streams.
-    channels = [
-        grpc.aio.insecure_channel(sidecar.target, options=[("grpc.max_send_message_length", 2**25)])
-        for _ in range(CONCURRENT)
-    ]
-
-    async def call(channel: grpc.aio.Channel) -> grpc.StatusCode:
-        try:
-            async for _ in chat_service_pb2_grpc.ChatServiceStub(channel).Chat(request, timeout=60):
-                pass
-        except grpc.aio.AioRpcError as error:
-            return error.code()
-        return grpc.StatusCode.OK
-
-    try:
-        reset_peak(sidecar.pid)
-        before = _status_bytes(sidecar.pid, "VmRSS")
-        started = time.monotonic()
-        for _ in range(ROUNDS):
-            codes = await asyncio.gather(*(call(channel) for channel in channels))
-            assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}, codes
-        seconds = time.monotonic() - started
-        peak = _status_bytes(sidecar.pid, "VmHWM")
-    finally:
-        await asyncio.gather(*(channel.close() for channel in channels))
+    before, peak, seconds = await tokenless_chats(
+        sidecar.target,
+        sidecar.pid,
+        calls=CONCURRENT,
+        rounds=ROUNDS,
+        request_bytes=REQUEST_BYTES,
+        call_deadline=60,
+    )
     report = (
         f"{CONCURRENT} concurrent x {ROUNDS} rounds of {REQUEST_BYTES / 2**20:.0f} MiB without a token in "
         f"{seconds:.1f} s: RSS {before / 2**20:.0f} -> peak {peak / 2**20:.0f} MiB"
