@@ -402,7 +402,8 @@ async def test_on_chat_response_starts_a_follow_up_turn_with_save_messages(open_
     def follow_up() -> list[dict[str, Any]]:
         return [e for e in app.journal("first") if e["rpc"] == "follow_up"]
 
-    [done] = await wait_until(follow_up, what="the follow-up turn's end in the journal")
+    # A whole second turn through the Node hooks (2 s deadlines each): under a loaded CI it took over 30 s.
+    [done] = await wait_until(follow_up, timeout=90, what="the follow-up turn's end in the journal")
     # Admitted as the next turn of the same conversation (the lock was released), no deadlock.
     assert done["status"] == "TURN_STATUS_COMPLETED"
     async with TurnwireClient(open_system.sidecar.target) as client:
