@@ -118,7 +118,9 @@ class TcpProxy:
             _reset(writer)
             return
         self._links.update((writer, up_writer))
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        # Cancelled only by close(); ending quietly keeps asyncio's stream callback from logging it.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
         self._links.difference_update((writer, up_writer))
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
