@@ -191,6 +191,7 @@ async def test_turns_running_without_their_caller_count_against_the_tenants_shar
             return None
 
         refused = await wait_until(b_refused, what="tenant B's turns without a caller fill its share")
+        assert refused is not None  # wait_until returns only a truthy value
         assert (refused.code, refused.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED")
         assert refused.error_metadata["limit"] == "tenant_shares.turn_calls"
         assert refused.error_metadata["calls"] == str(share)

@@ -395,7 +395,8 @@ async def test_the_client_library_says_which_side_of_a_tls_mismatch_it_is_on(
             mtls_server.sidecar.target,
             ca,
             TlsMismatch.WANTS_CLIENT_CERTIFICATE,
-            "wants a client certificate (mutual TLS), and this client presented none: pass tls=TlsOptions(ca_file=..., cert_file=..., key_file=...)",
+            "wants a client certificate (mutual TLS), and this client presented none: "
+            "pass tls=TlsOptions(ca_file=..., cert_file=..., key_file=...)",
         ),
         (
             plain.target,

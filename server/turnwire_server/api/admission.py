@@ -23,7 +23,8 @@
   whatever the share, since they run already, and a tenant at its share has its next
   turn-running call refused. So one tenant's streams or caller-less turns cannot take every
   slot and shut the others out (issue 32 item 5). A call past its tenant's share ends as one
-  past the limit (``OVERLOADED``), ErrorInfo metadata ``limit`` naming the share. The tenant is the one the access interceptor, which runs first, authenticated
+  past the limit (``OVERLOADED``), ErrorInfo metadata ``limit`` naming the share. The tenant
+  is the one the access interceptor, which runs first, authenticated
   (:data:`~turnwire_server.api.caller.current_caller`); the anonymous tenant of a server
   without authentication has no share but the limit.
 * **Malformed requests.** A request that does not decode as the method's

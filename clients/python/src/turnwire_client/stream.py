@@ -18,8 +18,8 @@ from typing import Any, Self
 import grpc
 
 from turnwire_client.errors import TurnwireError, explain_unreachable
-from turnwire_client.tls import TlsOptions
 from turnwire_client.result import TurnResult, collect
+from turnwire_client.tls import TlsOptions
 from turnwire_client.v1 import event_pb2
 
 
