@@ -31,8 +31,16 @@ type Client struct {
 // opts are gRPC-Go dial options; one of them must choose the transport
 // security, as gRPC-Go requires: grpc.WithInsecure() for a plaintext
 // sidecar, grpc.WithTransportCredentials(credentials.NewTLS(cfg)) for TLS.
-// Errors of every call on the connection are *Error (see Error).
+// Errors of every call on the connection are *Error (see Error). A Dial that
+// fails because its TLS does not match the sidecar's (plaintext to a TLS
+// sidecar, no client certificate for a mutual-TLS one, TLS to a plaintext
+// one) returns a *TLSMismatchError saying what the sidecar wants.
 func Dial(ctx context.Context, addr string, opts ...grpc.DialOption) (*Client, error) {
+	said := &spoken{}
+	// First, so that a dialer of the caller's replaces it.
+	if recorder := recordingDialer(addr, said); recorder != nil {
+		opts = append([]grpc.DialOption{recorder}, opts...)
+	}
 	opts = append(opts,
 		grpc.WithBlock(),
 		grpc.FailOnNonTempDialError(true),
@@ -41,7 +49,7 @@ func Dial(ctx context.Context, addr string, opts ...grpc.DialOption) (*Client, e
 	)
 	conn, err := grpc.DialContext(ctx, addr, opts...)
 	if err != nil {
-		return nil, err
+		return nil, explainDial(addr, said, err)
 	}
 	return &Client{conn: conn, service: turnwirev1.NewChatServiceClient(conn)}, nil
 }

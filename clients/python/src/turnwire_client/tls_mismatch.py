@@ -5,8 +5,9 @@ and a TLS connection without a client certificate that the sidecar wants one (mu
 connection to a plaintext sidecar is told from gRPC's own message (``WRONG_VERSION_NUMBER``).
 Asked only after a call failed ``UNAVAILABLE`` before any answer, so a working connection never
 pays for it. The explanation is written once, here: the client library says it with its own
-arguments (:data:`CLIENT_FIXES`), the ``turnwire`` CLI with its options; the TypeScript client
-(``clients/node/src/tls_probe.ts``) says the same sentences.
+arguments (:data:`CLIENT_FIXES`), the ``turnwire`` CLI with its options; the TypeScript
+(``clients/node/src/tls_probe.ts``) and Go (``clients/go/turnwire/tls_mismatch.go``) clients say
+the same sentences.
 """
 
 from __future__ import annotations
