@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -74,6 +75,10 @@ class Config:
     turn_seconds: list[float] = field(default_factory=list)
     hook_seconds: list[float] = field(default_factory=list)
     tool_hook_seconds: list[float] = field(default_factory=list)
+    rpc_hook_seconds: list[float] = field(default_factory=list)
+    sidecar_cpu: float = 0.0
+    node_cpu: float = 0.0
+    measured_turns: int = 0
     server: ServerProcess | None = None
 
     def sidecar_config(self, port: int, node: str, workdir: Path) -> dict[str, Any]:
@@ -105,6 +110,15 @@ CONFIGS = (
     Config("remote hooks and remote tool (Node)", remote_hooks=True, remote_tool=True),
 )
 BASELINE = CONFIGS[1]
+REMOTE_HOOKS = CONFIGS[2]
+RPC_HOOKS = frozenset(
+    ("before_turn", "before_step", "before_tool_call", "after_tool_call", "on_step_finish", "on_chat_response")
+)
+"""The hooks the example subscribes to that are calls of their own (``on_chunk`` rides one
+``OnChunks`` stream per turn, closed inside ``on_chat_response``)."""
+HOOK_CALLS_PER_TURN = 8
+TARGET_MS = 0.3
+"""Issue 33: one remote hook call costs at most this on loopback."""
 
 
 async def one_turn(client: TurnwireClient, config: Config, index: int) -> None:
@@ -119,9 +133,13 @@ async def one_turn(client: TurnwireClient, config: Config, index: int) -> None:
     config.hook_seconds.append(sum(entry["duration_ms"] for entry in timeline) / 1000)
     around_tool = [e for e in timeline if e["hook"] in ("before_tool_call", "after_tool_call")]
     config.tool_hook_seconds.append(sum(entry["duration_ms"] for entry in around_tool) / 1000)
+    # One entry per hook RPC of the remote entry (the chain's own in-process entries have no RPC).
+    config.rpc_hook_seconds.extend(e["duration_ms"] / 1000 for e in timeline if e["hook"] in RPC_HOOKS)
 
 
-async def measure(args: argparse.Namespace, workdir: Path, node_address: str) -> Table:
+async def measure(
+    args: argparse.Namespace, workdir: Path, node_address: str, node: psutil.Process
+) -> list[Table]:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR), os.environ.get("PYTHONPATH")]))
     try:
         for config in CONFIGS:
@@ -139,16 +157,63 @@ async def measure(args: argparse.Namespace, workdir: Path, node_address: str) ->
                     config.turn_seconds.clear()
                     config.hook_seconds.clear()
                     config.tool_hook_seconds.clear()
+                    config.rpc_hook_seconds.clear()
+                assert config.server is not None
+                sidecar_before, node_before = config.server.cpu_seconds(), cpu_seconds(node)
                 for _ in range(args.turns):
                     index += 1
                     await one_turn(clients[config.name], config, index)
+                if round_number >= args.warmup_rounds:
+                    # The Node app answers only this configuration's sidecar meanwhile.
+                    config.sidecar_cpu += config.server.cpu_seconds() - sidecar_before
+                    config.node_cpu += cpu_seconds(node) - node_before
+                    config.measured_turns += args.turns
         for client in clients.values():
             await client.close()
     finally:
         for config in CONFIGS:
             if config.server is not None:
                 config.server.stop()
-    return table(args)
+    return [table(args), per_call_table(args)]
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def per_call_table(args: argparse.Namespace) -> Table:
+    """One hook call's cost: wall (the hook timeline's RPC entries), and CPU on both sides (the
+    sidecar's CPU per turn over the in-process hooks' sidecar, plus the Node app's, over the 8 calls)."""
+    remote, local = REMOTE_HOOKS, BASELINE
+    sidecar_ms = (remote.sidecar_cpu / remote.measured_turns - local.sidecar_cpu / local.measured_turns) * 1000
+    node_ms = remote.node_cpu / remote.measured_turns * 1000
+    per_call_cpu = (sidecar_ms + node_ms) / HOOK_CALLS_PER_TURN
+    wall_p50 = percentile(remote.rpc_hook_seconds, 50) * 1000
+    added = (percentile(remote.turn_seconds, 50) - percentile(local.turn_seconds, 50)) * 1000
+    result = Table(
+        "One remote hook call on loopback (Node.js example app), against the in-process hooks",
+        ["measure", "value", f"target ≤ {TARGET_MS} ms per call"],
+    )
+    verdict = lambda value: "PASS" if value <= TARGET_MS else "MISS"  # noqa: E731
+    result.add("hook call wall p50 ms", f"{wall_p50:.3f}", verdict(wall_p50))
+    result.add("hook call wall p99 ms", f"{percentile(remote.rpc_hook_seconds, 99) * 1000:.3f}", "")
+    result.add("hook call CPU ms (sidecar + hook server)", f"{per_call_cpu:.3f}", verdict(per_call_cpu))
+    result.add("  sidecar CPU per turn added by remote hooks, ms", f"{sidecar_ms:.3f}", "")
+    result.add("  hook server (Node) CPU per turn, ms", f"{node_ms:.3f}", "")
+    result.add(
+        f"turn p50 added by {HOOK_CALLS_PER_TURN} hook calls, ms",
+        f"{added:+.2f}",
+        verdict(added / HOOK_CALLS_PER_TURN),
+    )
+    result.notes = [
+        f"'{remote.name}' against '{local.name}', {remote.measured_turns} turns each;"
+        f" {HOOK_CALLS_PER_TURN} hook calls per turn plus the OnChunks stream (its close is inside"
+        " on_chat_response's entry); wall: each RPC hook entry of the sidecar's hook timeline",
+        "CPU: user + system of the processes (/proc), all threads; the Node app's includes its"
+        " journal of each call (the example's own work)",
+    ]
+    return result
 
 
 def table(args: argparse.Namespace) -> Table:
@@ -218,14 +283,14 @@ def main() -> None:
                 stderr=subprocess.STDOUT,
             )
             try:
-                result = asyncio.run(measure(args, workdir, node_address))
+                result = asyncio.run(measure(args, workdir, node_address, psutil.Process(node.pid)))
             finally:
                 node.terminate()
                 node.wait()
     if args.json:
-        write_tables_json(args.json, [result])
+        write_tables_json(args.json, result)
     else:
-        print_tables([result])
+        print_tables(result)
 
 
 if __name__ == "__main__":
