@@ -17,12 +17,17 @@ deadline, an answer that cannot be used, or the open breaker) gets its hook's fa
 
 One :class:`~.breaker.CircuitBreaker` per server: while it is open no RPC is made. ``on_chunk``
 is fed to one ``OnChunks`` call per turn in batches (:mod:`.chunks`), closed before the turn's
-``OnChatResponse``.
+``OnChatResponse``. A server that offers ``hook_session`` gets a turn's other calls as messages
+on one ``HookSession`` stream (:mod:`.session`), opened by the turn's first call: the deciding
+hooks and ``OnChatResponse`` wait for their answers, ``AfterToolCall`` and ``OnStepFinish`` do
+not (their answers are read as they come; the server answers in order, so a later awaited call
+is answered after them). A broken stream turns the rest of the turn's calls into unary RPCs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -30,7 +35,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 
 from turnwire.errors import CanonicalCode, DomainError
 from turnwire.hooks import (
@@ -54,7 +59,9 @@ from turnwire_client.metadata import PARENT_REQUEST_METADATA
 from turnwire_client.v1 import error_reason_pb2, hooks_pb2, hooks_pb2_grpc
 from turnwire_server.remote_hooks import convert, metrics
 from turnwire_server.remote_hooks.breaker import BreakerState, CircuitBreaker
+from turnwire_server.remote_hooks.channel import channel_for
 from turnwire_server.remote_hooks.chunks import ChunkStream, chunk_event
+from turnwire_server.remote_hooks.session import HookSession, SessionBroken, TurnSessions, failure_kind
 from turnwire_server.remote_hooks.settings import RemoteHookSettings
 
 log = logging.getLogger("turnwire.middleware")
@@ -83,14 +90,6 @@ MAX_OPEN_CHUNK_CALLS = 1024
 """``OnChunks`` calls open at once per server; past it the oldest is closed (a turn whose
 ``on_chat_response`` never came, for example one cut short by a shutdown)."""
 
-_RECONNECT_OPTIONS = [
-    # A server that comes back is found within a second (gRPC's default backoff grows to 120 s),
-    # so the breaker's half-open probe meets a live connection rather than a stale backoff.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
-
 
 class RemoteHookUnavailable(DomainError):
     """A fail-closed ``before_turn`` / ``before_step`` could not get an answer: the turn fails
@@ -101,6 +100,10 @@ class RemoteHookUnavailable(DomainError):
     retryable = True
 
 
+class _Resend(Exception):
+    """A session call to make again as a unary RPC (an earlier call of the stream timed out)."""
+
+
 class _Failed(Exception):
     """A remote hook call failed; ``kind`` labels the metric (``deadline_exceeded``,
     ``unavailable``, … ``invalid_response``, ``breaker_open``)."""
@@ -108,22 +111,6 @@ class _Failed(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
-
-
-def channel_for(settings: RemoteHookSettings) -> grpc.aio.Channel:
-    """A channel to ``settings.address``: plaintext, or TLS with the configured files."""
-    tls = settings.tls
-    if tls is None:
-        return grpc.aio.insecure_channel(settings.address, options=_RECONNECT_OPTIONS)
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=tls.ca_file.read_bytes() if tls.ca_file else None,
-        private_key=tls.key_file.read_bytes() if tls.key_file else None,
-        certificate_chain=tls.cert_file.read_bytes() if tls.cert_file else None,
-    )
-    options: list[tuple[str, Any]] = list(_RECONNECT_OPTIONS)
-    if tls.server_name:
-        options.append(("grpc.ssl_target_name_override", tls.server_name))
-    return grpc.aio.secure_channel(settings.address, credentials, options=options)
 
 
 class RemoteMiddleware(Middleware):
@@ -150,11 +137,14 @@ class RemoteMiddleware(Middleware):
         )
         metrics.BREAKER_STATE.labels(self.server).set(0)
         self._implemented: frozenset[str] = frozenset({"configure_session"})
+        self._background: set[asyncio.Task[Any]] = set()
         self._channel: grpc.aio.Channel | None = None
         self._stub: hooks_pb2_grpc.TurnHooksServiceStub | None = None
         self._turns: OrderedDict[str, hooks_pb2.TurnInfo] = OrderedDict()
         self._streams: OrderedDict[str, ChunkStream | None] = OrderedDict()
-        self._background: set[asyncio.Task[Any]] = set()
+        self.hook_session = False
+        self._sessions = TurnSessions(settings.deadline_seconds, self._background)
+        self._bound: dict[str, tuple[Any, Any]] = {}  # hook → its calls counter and duration histogram
 
     def implemented_hooks(self) -> frozenset[str]:
         """``configure_session``, then the subscribed hooks, plus ``before_turn`` and
@@ -192,6 +182,7 @@ class RemoteMiddleware(Middleware):
             self._subscribe(frozenset(self.settings.hooks), include_messages=False)
             return None
         self._subscribe(self._hooks_of(subscriptions), include_messages=subscriptions.include_messages)
+        self.hook_session = subscriptions.hook_session
         return None
 
     def _hooks_of(self, response: hooks_pb2.GetHookSubscriptionsResponse) -> frozenset[str]:
@@ -243,13 +234,15 @@ class RemoteMiddleware(Middleware):
                 ", ".join(sorted(added)),
             )
         self.subscribed = hooks & self._implemented
+        self.hook_session = response.hook_session
         configured = self.settings.include_messages
         self.include_messages = response.include_messages if configured is None else configured
 
     async def aclose(self) -> None:
-        """Close the open ``OnChunks`` calls and the channel."""
+        """Close the open ``OnChunks`` and ``HookSession`` calls and the channel."""
         streams = [s for s in self._streams.values() if s is not None]
         self._streams.clear()
+        self._sessions.break_all()
         for stream in streams:
             await stream.close()
         if self._channel is not None:
@@ -277,22 +270,53 @@ class RemoteMiddleware(Middleware):
     def _metadata(self, request_id: str) -> tuple[tuple[str, str], ...]:
         """The call's metadata: the turn's request id, and the current span's W3C trace context
         (the hook's span when tracing is on), so the hook server's spans join the turn's trace."""
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier)
+        carrier = _trace_context()
         return ((PARENT_REQUEST_METADATA, request_id), *carrier.items())
 
+    def _open_session(self, request_id: str) -> HookSession:
+        assert self._channel is not None, "configure_session was not run"
+        return HookSession(self._channel, self._metadata(request_id))
+
+    def _metrics(self, hook: str) -> tuple[Any, Any]:
+        bound = self._bound.get(hook)
+        if bound is None:  # labels() looks up a lock and a dict per call: bound once per hook
+            bound = self._bound[hook] = (
+                metrics.CALLS.labels(self.server, hook),
+                metrics.CALL_DURATION.labels(self.server, hook),
+            )
+        return bound
+
     async def _call(
-        self, hook: str, rpc: str, request: Any, request_id: str, read: Callable[[Any], _T]
+        self,
+        hook: str,
+        rpc: str,
+        request: Any,
+        request_id: str,
+        read: Callable[[Any], _T],
+        *,
+        post: bool = False,
     ) -> _T:
         """Send ``request`` with ``rpc`` and return ``read(response)``. Raises :class:`_Failed`
         (counted, and fed to the breaker) for an open breaker, an RPC error, an answer that does not
-        decode or cannot be used, or any other error of the call."""
+        decode or cannot be used, or any other error of the call. ``post`` (an observing hook): on
+        a ``HookSession`` return None at once; the answer is accounted for when it comes."""
         if not self.breaker.allow():
             metrics.ERRORS.labels(self.server, hook, "breaker_open").inc()
             raise _Failed("breaker_open", f"the circuit breaker of {self.server} is open")
         assert self._stub is not None, "configure_session was not run"
-        metrics.CALLS.labels(self.server, hook).inc()
+        calls, duration = self._metrics(hook)
+        calls.inc()
         started = time.perf_counter()
+        session = self._sessions.get(request_id, hook, self._open_session) if self.hook_session else None
+        if session is not None:
+            try:
+                return await self._session_call(
+                    session, hook, rpc, request, request_id=request_id, read=read, post=post, started=started
+                )
+            except _Resend:
+                # An earlier call's deadline passed before the server took this one (it answers in
+                # order): this call as the unary RPC, with its own deadline, as if never queued.
+                started = time.perf_counter()
         try:
             response = await getattr(self._stub, rpc)(
                 request, timeout=self.settings.deadline_seconds, metadata=self._metadata(request_id)
@@ -319,9 +343,95 @@ class RemoteMiddleware(Middleware):
             metrics.ERRORS.labels(self.server, hook, "internal").inc()
             raise _Failed("internal", f"{rpc} failed: {type(error).__name__}: {error}") from error
         finally:
-            metrics.CALL_DURATION.labels(self.server, hook).observe(time.perf_counter() - started)
+            duration.observe(time.perf_counter() - started)
         self.breaker.succeeded()
         return result
+
+    async def _session_call(
+        self,
+        session: HookSession,
+        hook: str,
+        rpc: str,
+        request: Any,
+        *,
+        request_id: str,
+        read: Callable[[Any], _T],
+        post: bool,
+        started: float,
+    ) -> _T:
+        """:meth:`_call` on the turn's ``HookSession``; the same outcomes and accounting."""
+        try:
+            call_id, future = await session.send(rpc, request, _trace_context())
+        except asyncio.CancelledError:
+            self.breaker.released()  # cancelled while writing: the stream's state is unknown
+            session.break_(RuntimeError("the turn was cancelled"))
+            raise
+        timer = session.expire_after(call_id, future, self.settings.deadline_seconds)
+        if post:
+            done = functools.partial(
+                self._posted, call_id=call_id, hook=hook, rpc=rpc, request=request, request_id=request_id,
+                started=started, timer=timer,
+            )  # fmt: skip
+            future.add_done_callback(done)
+            return None  # type: ignore[return-value]  # observing hooks read nothing
+        try:
+            response = await future
+            result = read(response)
+        except asyncio.CancelledError:
+            self.breaker.released()  # the turn was cancelled: no outcome to count; its stream ends
+            session.break_(RuntimeError("the turn was cancelled"))
+            raise
+        except SessionBroken as broken:
+            self._sessions.unary(request_id)
+            if broken.call_id is not None and broken.call_id < call_id:
+                raise _Resend from None
+            raise self._session_failed(hook, rpc, request_id, broken) from None
+        except Exception as error:
+            raise self._session_failed(hook, rpc, request_id, error) from None
+        finally:
+            timer.cancel()
+            self._metrics(hook)[1].observe(time.perf_counter() - started)
+        self.breaker.succeeded()
+        return result
+
+    def _posted(
+        self,
+        future: asyncio.Future[Any],
+        *,
+        call_id: int,
+        hook: str,
+        rpc: str,
+        request: Any,
+        request_id: str,
+        started: float,
+        timer: asyncio.TimerHandle,
+    ) -> None:
+        """The answer of a posted (not awaited) observing call: the same accounting and logs; a
+        call the stream broke under before the server took it is sent again as a unary RPC."""
+        timer.cancel()
+        self._metrics(hook)[1].observe(time.perf_counter() - started)
+        if future.cancelled():
+            self.breaker.released()
+        elif (error := future.exception()) is None:
+            self.breaker.succeeded()
+        elif isinstance(error, SessionBroken) and error.call_id is not None and error.call_id < call_id:
+            self._sessions.unary(request_id)
+            self.breaker.released()
+            task = asyncio.get_running_loop().create_task(self._observe(hook, rpc, request, request_id))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        else:
+            self._failed_open(hook, self._session_failed(hook, rpc, request_id, error))
+
+    def _session_failed(self, hook: str, rpc: str, request_id: str, error: BaseException) -> _Failed:
+        """Count a failed session call as :meth:`_call` counts a failed RPC; a broken stream makes
+        the turn's later calls unary."""
+        self.breaker.failed()
+        if isinstance(error, SessionBroken):
+            self._sessions.unary(request_id)
+        kind, text = failure_kind(error)
+        metrics.ERRORS.labels(self.server, hook, kind).inc()
+        return _Failed(kind, f"{rpc} (HookSession) failed: {text}")
 
     def _failed_open(self, hook: str, failure: _Failed, *, mode: str = "open") -> None:
         # While the breaker is open every turn would log the same thing: the open is logged once.
@@ -410,9 +520,11 @@ class RemoteMiddleware(Middleware):
 
     # --- observing hooks (always fail open) -------------------------------------------------
 
-    async def _observe(self, hook: str, rpc: str, request: Any, request_id: str) -> None:
+    async def _observe(
+        self, hook: str, rpc: str, request: Any, request_id: str, *, post: bool = False
+    ) -> None:
         try:
-            await self._call(hook, rpc, request, request_id, lambda response: None)
+            await self._call(hook, rpc, request, request_id, _nothing, post=post)
         except _Failed as failure:
             self._failed_open(hook, failure)
 
@@ -421,14 +533,14 @@ class RemoteMiddleware(Middleware):
         if "after_tool_call" in self.subscribed:
             info = self._info(ctx.conversation_id, ctx.request_id)
             request = convert.after_tool_call_request(ctx, info)
-            await self._observe("after_tool_call", "AfterToolCall", request, ctx.request_id)
+            await self._observe("after_tool_call", "AfterToolCall", request, ctx.request_id, post=True)
 
     async def on_step_finish(self, ctx: StepFinishContext) -> None:
         """``OnStepFinish``."""
         if "on_step_finish" in self.subscribed:
             info = self._info(ctx.conversation_id, ctx.request_id)
             request = convert.step_finish_request(ctx, info)
-            await self._observe("on_step_finish", "OnStepFinish", request, ctx.request_id)
+            await self._observe("on_step_finish", "OnStepFinish", request, ctx.request_id, post=True)
 
     async def on_chunk(self, ctx: ChunkContext) -> None:
         """Queue the chunk on the turn's ``OnChunks`` call (opened on the turn's first chunk;
@@ -499,6 +611,7 @@ class RemoteMiddleware(Middleware):
         if "on_chat_response" in self.subscribed:
             request = convert.chat_response_request(ctx, info)
             await self._observe("on_chat_response", "OnChatResponse", request, ctx.request_id)
+        await self._sessions.close(ctx.request_id)
 
     async def classify_chat_error(self, ctx: ChatErrorContext) -> ChatErrorClassification | None:
         """``ClassifyChatError``; a failure counts as no classification."""
@@ -514,7 +627,8 @@ class RemoteMiddleware(Middleware):
             return None
 
     async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
-        """``OnChatError``: the error the client sees; a failure leaves it as it was."""
+        """``OnChatError``: the error the client sees; a failure leaves it as it was. Ends the
+        turn's ``HookSession`` (a later ``on_chat_response`` of the turn is a unary RPC)."""
         if "on_chat_error" not in self.subscribed:
             return ctx.error
         request = hooks_pb2.OnChatErrorRequest(failure=self._failure(ctx))
@@ -529,3 +643,22 @@ class RemoteMiddleware(Middleware):
         except _Failed as failure:
             self._failed_open("on_chat_error", failure)
             return ctx.error
+        finally:
+            await self._sessions.close(ctx.request_id)
+
+
+def _nothing(response: Any) -> None:
+    return None
+
+
+_NO_TRACE: dict[str, str] = {}
+
+
+def _trace_context() -> dict[str, str]:
+    """The current span's W3C trace context, or an empty dict (shared: not to be changed) when
+    no span records, so an untraced call builds nothing."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return _NO_TRACE
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
