@@ -45,12 +45,13 @@ Answer = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]
 
 @dataclass
 class Call:
-    """One recorded call: the RPC's name, its request (for OnChunks: the list of requests), and
-    the metadata it carried."""
+    """One recorded call: the RPC's name, its request (for OnChunks: the list of requests), the
+    metadata it carried, and whether it came on a HookSession stream (``stream``)."""
 
     rpc: str
     request: Any
     metadata: dict[str, str] = field(default_factory=dict)
+    stream: bool = False
 
 
 async def sleep_forever(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -104,7 +105,7 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
         metadata = {
             k: v if isinstance(v, str) else v.decode() for k, v in context.invocation_metadata() or ()
         }
-        call = Call(rpc, request, metadata)
+        call = Call(rpc, request, metadata, stream=isinstance(context, _SessionContext))
         self.calls.append(call)
         if self.record is not None:
             line = {"rpc": rpc, "request_id": metadata.get("turnwire-parent-request-id", "")}
@@ -162,32 +163,38 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
     async def OnChatError(self, request: Any, context: Any) -> Any:
         return await self._answer("OnChatError", request, context, hooks_pb2.OnChatErrorResponse())
 
-
     async def HookSession(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        """Each request as its unary RPC would be handled, answered in order."""
+        """Each call as its unary RPC would be handled, in order; each answered as it is done."""
         self.sessions += 1
-        async for envelope in request_iterator:
-            member = envelope.WhichOneof("hook")
-            rpc = _RPC_OF[member]
-            answer = hooks_pb2.HookSessionResponse(id=envelope.id)
-            if rpc in self.garbage:
-                self._record(rpc, getattr(envelope, member), _SessionContext(context, envelope))
-                yield GARBAGE
-                continue
-            try:
-                response = await getattr(self, rpc)(getattr(envelope, member), _SessionContext(context, envelope))
-            except _Aborted as aborted:
-                answer.error.CopyFrom(status_pb2.Status(code=aborted.code.value[0], message=aborted.details))
-            except Exception as error:  # what a unary handler's exception becomes: UNKNOWN
-                answer.error.CopyFrom(status_pb2.Status(code=grpc.StatusCode.UNKNOWN.value[0], message=str(error)))
-            else:
-                getattr(answer, member).CopyFrom(response)
-            yield answer
+        async for request in request_iterator:
+            for call in request.calls:
+                member = call.WhichOneof("hook")
+                rpc = _RPC_OF[member]
+                response = hooks_pb2.HookSessionResponse()
+                answer = response.answers.add(id=call.id)
+                session_context = _SessionContext(context, call)
+                if rpc in self.garbage:
+                    self._record(rpc, getattr(call, member), session_context)
+                    yield GARBAGE
+                    continue
+                try:
+                    result = await getattr(self, rpc)(getattr(call, member), session_context)
+                except _Aborted as aborted:
+                    answer.error.CopyFrom(
+                        status_pb2.Status(code=aborted.code.value[0], message=aborted.details)
+                    )
+                except Exception as error:  # what a unary handler's exception becomes: UNKNOWN
+                    answer.error.CopyFrom(
+                        status_pb2.Status(code=grpc.StatusCode.UNKNOWN.value[0], message=str(error))
+                    )
+                else:
+                    getattr(answer, member).CopyFrom(result)
+                yield response
 
 
 _RPC_OF = {
     field.name: "".join(word.capitalize() for word in field.name.split("_"))
-    for field in hooks_pb2.HookSessionRequest.DESCRIPTOR.oneofs_by_name["hook"].fields
+    for field in hooks_pb2.HookCall.DESCRIPTOR.oneofs_by_name["hook"].fields
 }
 
 

@@ -36,10 +36,10 @@ const SESSION_HOOKS = {
 
 /**
  * The unary `hooks` handlers plus HookSession, the stream on which the sidecar sends a turn's
- * hook calls (protos/turnwire/v1/hooks.proto): each request goes to its unary handler, one at a
- * time and in order, with the stream's metadata (the turn's parent request id), and its answer
- * or error is written back with the request's id. GetHookSubscriptions says `hookSession: true`
- * so the sidecar uses it; an older sidecar keeps calling the unary handlers.
+ * hook calls (protos/turnwire/v1/hooks.proto): each request holds one or more calls; each call
+ * goes to its unary handler, one at a time and in order, with the stream's metadata (the turn's
+ * parent request id), and is answered (its answer or error, by call id) as soon as it is done. GetHookSubscriptions says `hookSession: true` so the sidecar uses it; an
+ * older sidecar keeps calling the unary handlers.
  */
 export function withHookSession(hooks) {
   return {
@@ -49,35 +49,40 @@ export function withHookSession(hooks) {
         callback(error, error ? response : { ...response, hookSession: true }),
       );
     },
-    HookSession(call) {
+    HookSession(stream) {
       let queue = Promise.resolve();
-      call.on('data', (request) => {
-        queue = queue.then(() => answer(call, request));
+      stream.on('data', (request) => {
+        queue = queue.then(() => respond(stream, request));
       });
-      call.on('end', () => queue.then(() => call.end()));
-      call.on('error', () => {}); // the sidecar cancelled the stream (a deadline, its turn ended)
+      stream.on('end', () => queue.then(() => stream.end()));
+      stream.on('error', () => {}); // the sidecar cancelled the stream (a deadline, its turn ended)
     },
   };
 
-  function answer(call, request) {
-    const member = request.hook;
+  // Each call is answered as soon as it is done (a stuck call must not hold the answers of the
+  // calls before it in the same request).
+  async function respond(stream, request) {
+    for (const call of request.calls) {
+      const answer = await answerOf(stream, call);
+      if (stream.cancelled) return;
+      stream.write(typeof answer === 'symbol' ? answer : { answers: [answer] }); // symbol: a test's raw bytes
+    }
+  }
+
+  function answerOf(stream, call) {
+    const member = call.hook;
     const handler = hooks[SESSION_HOOKS[member]];
+    const failed = (code, message) => ({ id: call.id, error: { code, message } });
+    if (!handler) return failed(grpc.status.UNIMPLEMENTED, `${SESSION_HOOKS[member] ?? member} is not implemented`);
+    const unary = { request: call[member], metadata: stream.metadata, getPeer: () => stream.getPeer() };
     return new Promise((resolve) => {
-      const reply = (message) => {
-        if (!call.cancelled) call.write(message);
-        resolve();
-      };
-      const fail = (code, message) => reply({ id: request.id, error: { code, message } });
-      if (!handler) return fail(grpc.status.UNIMPLEMENTED, `${SESSION_HOOKS[member] ?? member} is not implemented`);
-      const unary = { request: request[member], metadata: call.metadata, getPeer: () => call.getPeer() };
       try {
         handler(unary, (error, response) => {
-          if (error) return fail(error.code ?? grpc.status.UNKNOWN, error.details ?? error.message ?? '');
-          // Anything but a message (a test's raw bytes) is written as it is.
-          reply(typeof response === 'symbol' ? response : { id: request.id, [member]: response ?? {} });
+          if (error) return resolve(failed(error.code ?? grpc.status.UNKNOWN, error.details ?? error.message ?? ''));
+          resolve(typeof response === 'symbol' ? response : { id: call.id, [member]: response ?? {} });
         });
       } catch (error) {
-        fail(grpc.status.UNKNOWN, String(error?.message ?? error));
+        resolve(failed(grpc.status.UNKNOWN, String(error?.message ?? error)));
       }
     });
   }

@@ -27,11 +27,10 @@ is answered after them). A broken stream turns the rest of the turn's calls into
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -61,7 +60,8 @@ from turnwire_server.remote_hooks import convert, metrics
 from turnwire_server.remote_hooks.breaker import BreakerState, CircuitBreaker
 from turnwire_server.remote_hooks.channel import channel_for
 from turnwire_server.remote_hooks.chunks import ChunkStream, chunk_event
-from turnwire_server.remote_hooks.session import HookSession, SessionBroken, TurnSessions, failure_kind
+from turnwire_server.remote_hooks.session import HookSession, TurnSessions
+from turnwire_server.remote_hooks.session_calls import HookCallFailed, ResendUnary, SessionCalls
 from turnwire_server.remote_hooks.settings import RemoteHookSettings
 
 log = logging.getLogger("turnwire.middleware")
@@ -100,20 +100,7 @@ class RemoteHookUnavailable(DomainError):
     retryable = True
 
 
-class _Resend(Exception):
-    """A session call to make again as a unary RPC (an earlier call of the stream timed out)."""
-
-
-class _Failed(Exception):
-    """A remote hook call failed; ``kind`` labels the metric (``deadline_exceeded``,
-    ``unavailable``, … ``invalid_response``, ``breaker_open``)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class RemoteMiddleware(Middleware):
+class RemoteMiddleware(SessionCalls, Middleware):
     """One remote hook server in the chain (see the module docstring).
 
     ``settings`` is the config entry's ``remote`` section. :attr:`subscribed` is the set of
@@ -182,7 +169,7 @@ class RemoteMiddleware(Middleware):
             self._subscribe(frozenset(self.settings.hooks), include_messages=False)
             return None
         self._subscribe(self._hooks_of(subscriptions), include_messages=subscriptions.include_messages)
-        self.hook_session = subscriptions.hook_session
+        self.hook_session = subscriptions.hook_session and self.settings.hook_session
         return None
 
     def _hooks_of(self, response: hooks_pb2.GetHookSubscriptionsResponse) -> frozenset[str]:
@@ -234,7 +221,7 @@ class RemoteMiddleware(Middleware):
                 ", ".join(sorted(added)),
             )
         self.subscribed = hooks & self._implemented
-        self.hook_session = response.hook_session
+        self.hook_session = response.hook_session and self.settings.hook_session
         configured = self.settings.include_messages
         self.include_messages = response.include_messages if configured is None else configured
 
@@ -277,6 +264,9 @@ class RemoteMiddleware(Middleware):
         assert self._channel is not None, "configure_session was not run"
         return HookSession(self._channel, self._metadata(request_id))
 
+    def _trace_context(self) -> Mapping[str, str]:
+        return _trace_context()
+
     def _metrics(self, hook: str) -> tuple[Any, Any]:
         bound = self._bound.get(hook)
         if bound is None:  # labels() looks up a lock and a dict per call: bound once per hook
@@ -296,13 +286,13 @@ class RemoteMiddleware(Middleware):
         *,
         post: bool = False,
     ) -> _T:
-        """Send ``request`` with ``rpc`` and return ``read(response)``. Raises :class:`_Failed`
+        """Send ``request`` with ``rpc`` and return ``read(response)``. Raises :class:`HookCallFailed`
         (counted, and fed to the breaker) for an open breaker, an RPC error, an answer that does not
         decode or cannot be used, or any other error of the call. ``post`` (an observing hook): on
         a ``HookSession`` return None at once; the answer is accounted for when it comes."""
         if not self.breaker.allow():
             metrics.ERRORS.labels(self.server, hook, "breaker_open").inc()
-            raise _Failed("breaker_open", f"the circuit breaker of {self.server} is open")
+            raise HookCallFailed("breaker_open", f"the circuit breaker of {self.server} is open")
         assert self._stub is not None, "configure_session was not run"
         calls, duration = self._metrics(hook)
         calls.inc()
@@ -313,7 +303,7 @@ class RemoteMiddleware(Middleware):
                 return await self._session_call(
                     session, hook, rpc, request, request_id=request_id, read=read, post=post, started=started
                 )
-            except _Resend:
+            except ResendUnary:
                 # An earlier call's deadline passed before the server took this one (it answers in
                 # order): this call as the unary RPC, with its own deadline, as if never queued.
                 started = time.perf_counter()
@@ -329,11 +319,11 @@ class RemoteMiddleware(Middleware):
             self.breaker.failed()
             kind = error.code().name.lower()
             metrics.ERRORS.labels(self.server, hook, kind).inc()
-            raise _Failed(kind, f"{rpc} failed: {error.code().name}: {error.details()}") from None
+            raise HookCallFailed(kind, f"{rpc} failed: {error.code().name}: {error.details()}") from None
         except convert.InvalidResponse as error:
             self.breaker.failed()
             metrics.ERRORS.labels(self.server, hook, "invalid_response").inc()
-            raise _Failed("invalid_response", f"{rpc} answered something unusable: {error}") from None
+            raise HookCallFailed("invalid_response", f"{rpc} answered something unusable: {error}") from None
         except asyncio.CancelledError:
             self.breaker.released()  # the turn was cancelled: no outcome to count
             raise
@@ -341,99 +331,13 @@ class RemoteMiddleware(Middleware):
             # Anything else the call or the conversion raised: a failed call all the same.
             self.breaker.failed()
             metrics.ERRORS.labels(self.server, hook, "internal").inc()
-            raise _Failed("internal", f"{rpc} failed: {type(error).__name__}: {error}") from error
+            raise HookCallFailed("internal", f"{rpc} failed: {type(error).__name__}: {error}") from error
         finally:
             duration.observe(time.perf_counter() - started)
         self.breaker.succeeded()
         return result
 
-    async def _session_call(
-        self,
-        session: HookSession,
-        hook: str,
-        rpc: str,
-        request: Any,
-        *,
-        request_id: str,
-        read: Callable[[Any], _T],
-        post: bool,
-        started: float,
-    ) -> _T:
-        """:meth:`_call` on the turn's ``HookSession``; the same outcomes and accounting."""
-        try:
-            call_id, future = await session.send(rpc, request, _trace_context())
-        except asyncio.CancelledError:
-            self.breaker.released()  # cancelled while writing: the stream's state is unknown
-            session.break_(RuntimeError("the turn was cancelled"))
-            raise
-        timer = session.expire_after(call_id, future, self.settings.deadline_seconds)
-        if post:
-            done = functools.partial(
-                self._posted, call_id=call_id, hook=hook, rpc=rpc, request=request, request_id=request_id,
-                started=started, timer=timer,
-            )  # fmt: skip
-            future.add_done_callback(done)
-            return None  # type: ignore[return-value]  # observing hooks read nothing
-        try:
-            response = await future
-            result = read(response)
-        except asyncio.CancelledError:
-            self.breaker.released()  # the turn was cancelled: no outcome to count; its stream ends
-            session.break_(RuntimeError("the turn was cancelled"))
-            raise
-        except SessionBroken as broken:
-            self._sessions.unary(request_id)
-            if broken.call_id is not None and broken.call_id < call_id:
-                raise _Resend from None
-            raise self._session_failed(hook, rpc, request_id, broken) from None
-        except Exception as error:
-            raise self._session_failed(hook, rpc, request_id, error) from None
-        finally:
-            timer.cancel()
-            self._metrics(hook)[1].observe(time.perf_counter() - started)
-        self.breaker.succeeded()
-        return result
-
-    def _posted(
-        self,
-        future: asyncio.Future[Any],
-        *,
-        call_id: int,
-        hook: str,
-        rpc: str,
-        request: Any,
-        request_id: str,
-        started: float,
-        timer: asyncio.TimerHandle,
-    ) -> None:
-        """The answer of a posted (not awaited) observing call: the same accounting and logs; a
-        call the stream broke under before the server took it is sent again as a unary RPC."""
-        timer.cancel()
-        self._metrics(hook)[1].observe(time.perf_counter() - started)
-        if future.cancelled():
-            self.breaker.released()
-        elif (error := future.exception()) is None:
-            self.breaker.succeeded()
-        elif isinstance(error, SessionBroken) and error.call_id is not None and error.call_id < call_id:
-            self._sessions.unary(request_id)
-            self.breaker.released()
-            task = asyncio.get_running_loop().create_task(self._observe(hook, rpc, request, request_id))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-        else:
-            self._failed_open(hook, self._session_failed(hook, rpc, request_id, error))
-
-    def _session_failed(self, hook: str, rpc: str, request_id: str, error: BaseException) -> _Failed:
-        """Count a failed session call as :meth:`_call` counts a failed RPC; a broken stream makes
-        the turn's later calls unary."""
-        self.breaker.failed()
-        if isinstance(error, SessionBroken):
-            self._sessions.unary(request_id)
-        kind, text = failure_kind(error)
-        metrics.ERRORS.labels(self.server, hook, kind).inc()
-        return _Failed(kind, f"{rpc} (HookSession) failed: {text}")
-
-    def _failed_open(self, hook: str, failure: _Failed, *, mode: str = "open") -> None:
+    def _failed_open(self, hook: str, failure: HookCallFailed, *, mode: str = "open") -> None:
         # While the breaker is open every turn would log the same thing: the open is logged once.
         level = logging.DEBUG if failure.kind == "breaker_open" else logging.WARNING
         log.log(
@@ -453,7 +357,7 @@ class RemoteMiddleware(Middleware):
     def _failure(self, ctx: ChatErrorContext) -> hooks_pb2.ChatErrorInfo:
         return convert.chat_error_info(ctx, self._info(ctx.conversation_id, ctx.request_id))
 
-    def _unavailable(self, hook: str, failure: _Failed) -> RemoteHookUnavailable:
+    def _unavailable(self, hook: str, failure: HookCallFailed) -> RemoteHookUnavailable:
         return RemoteHookUnavailable(
             f"the hook server {self.server} gave no usable {hook} answer ({failure}); "
             "its failure mode is closed"
@@ -494,7 +398,7 @@ class RemoteMiddleware(Middleware):
         raises :class:`RemoteHookUnavailable` when it fails closed."""
         try:
             return await self._call(hook, rpc, request, request_id, read)
-        except _Failed as failure:
+        except HookCallFailed as failure:
             if self.settings.failure_mode.of(hook) == "closed":
                 raise self._unavailable(hook, failure) from None
             self._failed_open(hook, failure)
@@ -509,7 +413,7 @@ class RemoteMiddleware(Middleware):
             return await self._call(
                 "before_tool_call", "BeforeToolCall", request, ctx.request_id, convert.tool_call_decision
             )
-        except _Failed as failure:
+        except HookCallFailed as failure:
             if self.settings.failure_mode.of("before_tool_call") == "closed":
                 self._failed_open("before_tool_call", failure, mode="closed (the call is blocked)")
                 return ToolCallDecision.block(
@@ -525,7 +429,7 @@ class RemoteMiddleware(Middleware):
     ) -> None:
         try:
             await self._call(hook, rpc, request, request_id, _nothing, post=post)
-        except _Failed as failure:
+        except HookCallFailed as failure:
             self._failed_open(hook, failure)
 
     async def after_tool_call(self, ctx: ToolCallResultContext) -> None:
@@ -596,7 +500,7 @@ class RemoteMiddleware(Middleware):
         if not isinstance(error, grpc.aio.AioRpcError | TimeoutError):
             kind = "internal"
         metrics.ERRORS.labels(self.server, "on_chunk", kind).inc()
-        self._failed_open("on_chunk", _Failed(kind, f"OnChunks failed: {error}"))
+        self._failed_open("on_chunk", HookCallFailed(kind, f"OnChunks failed: {error}"))
 
     async def on_chat_response(self, ctx: ChatResponseContext) -> None:
         """Close the turn's ``OnChunks`` call (so every chunk batch is sent first), then
@@ -622,7 +526,7 @@ class RemoteMiddleware(Middleware):
             return await self._call(
                 "classify_chat_error", "ClassifyChatError", request, ctx.request_id, convert.classification
             )
-        except _Failed as failure:
+        except HookCallFailed as failure:
             self._failed_open("classify_chat_error", failure)
             return None
 
@@ -640,7 +544,7 @@ class RemoteMiddleware(Middleware):
                 ctx.request_id,
                 lambda response: convert.surfaced_error(response, ctx.error),
             )
-        except _Failed as failure:
+        except HookCallFailed as failure:
             self._failed_open("on_chat_error", failure)
             return ctx.error
         finally:

@@ -75,14 +75,22 @@ def _varint(value: int) -> bytes:
 _TAGS = {rpc: _varint(number << 3 | 2) for rpc, (_, number) in FIELDS.items()}
 
 
-def _encode(message: tuple[int, str, Any, Mapping[str, str]]) -> bytes:
-    """``HookSessionRequest`` bytes without copying the hook's request into it: the envelope's
-    own fields, then the request's bytes as its oneof member (protobuf merges concatenated
-    fields, so this is the same message)."""
-    call_id, rpc, request, trace_context = message
-    head: bytes = hooks_pb2.HookSessionRequest(id=call_id, trace_context=trace_context).SerializeToString()
+def _encode_call(call_id: int, rpc: str, request: Any, trace_context: Mapping[str, str]) -> bytes:
+    """``HookCall`` bytes without copying the hook's request into a message: the call's own
+    fields, then the request's bytes as its oneof member (protobuf merges concatenated fields,
+    so this is the same message)."""
+    head: bytes = hooks_pb2.HookCall(id=call_id, trace_context=trace_context).SerializeToString()
     payload: bytes = request.SerializeToString()
     return head + _TAGS[rpc] + _varint(len(payload)) + payload
+
+
+def _encode(calls: list[bytes]) -> bytes:
+    """``HookSessionRequest`` bytes of encoded calls (its field 1, repeated)."""
+    return b"".join(b"\x0a" + _varint(len(call)) + call for call in calls)
+
+
+HOLD_SECONDS = 0.05
+"""An observing call waits at most this long for the turn's next call to be sent with it."""
 
 
 class HookSession:
@@ -99,31 +107,68 @@ class HookSession:
         self._loop = asyncio.get_running_loop()
         self._next_id = 0
         self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}
+        self._buffer: list[bytes] = []  # encoded calls not written yet (observing calls held)
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._flushing: set[asyncio.Task[None]] = set()
         self._write_lock = asyncio.Lock()
         self.broken: SessionBroken | None = None
         self._reader = self._loop.create_task(self._read())
 
+    def post(
+        self, rpc: str, request: Any, trace_context: Mapping[str, str]
+    ) -> tuple[int, asyncio.Future[Any]]:
+        """Queue an observing call: written with the turn's next call, or :data:`HOLD_SECONDS`
+        from now. Returns what :meth:`send` returns; raises :class:`SessionBroken` likewise."""
+        call_id, future = self._add(rpc, request, trace_context)
+        if self._flush_timer is None:
+            self._flush_timer = self._loop.call_later(HOLD_SECONDS, self._flush_later)
+        return call_id, future
+
     async def send(
         self, rpc: str, request: Any, trace_context: Mapping[str, str]
     ) -> tuple[int, asyncio.Future[Any]]:
-        """Write ``request`` as the session's next ``rpc`` call: its id, and the future of the
-        answer (the unary response message), which fails with :class:`CallFailed` (an error
-        answer), :class:`SessionBroken` or ``ValueError`` (an answer of another hook). Raises
-        :class:`SessionBroken` when the stream is already broken."""
+        """Write ``request`` as the session's next ``rpc`` call (with the calls held before it):
+        its id, and the future of the answer (the unary response message), which fails with
+        :class:`CallFailed` (an error answer), :class:`SessionBroken` or ``ValueError`` (an
+        answer of another hook). Raises :class:`SessionBroken` when the stream is broken."""
+        call_id, future = self._add(rpc, request, trace_context)
+        await self._flush()
+        return call_id, future
+
+    def _add(
+        self, rpc: str, request: Any, trace_context: Mapping[str, str]
+    ) -> tuple[int, asyncio.Future[Any]]:
         if self.broken is not None:
             raise self.broken
         self._next_id += 1
         call_id = self._next_id
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[call_id] = (rpc, future)
-        try:
-            async with self._write_lock:  # concurrent tool calls: grpc takes one write at a time
-                await self._call.write((call_id, rpc, request, trace_context))
-        except grpc.aio.AioRpcError as error:
-            self.break_(error)
-        except (grpc.aio.UsageError, asyncio.InvalidStateError) as error:
-            self.break_(self.broken.error if self.broken else error)
+        self._buffer.append(_encode_call(call_id, rpc, request, trace_context))
         return call_id, future
+
+    async def _flush(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        # One write at a time (grpc's rule); the buffer is taken under the lock, so the calls
+        # go out in the order of their ids.
+        async with self._write_lock:
+            if not self._buffer or self.broken is not None:
+                return
+            calls, self._buffer = self._buffer, []
+            try:
+                await self._call.write(calls)
+            except grpc.aio.AioRpcError as error:
+                self.break_(error)
+            except (grpc.aio.UsageError, asyncio.InvalidStateError) as error:
+                self.break_(self.broken.error if self.broken else error)
+
+    def _flush_later(self) -> None:
+        self._flush_timer = None
+        task = self._loop.create_task(self._flush())
+        self._flushing.add(task)
+        task.add_done_callback(self._flushing.discard)
 
     def expire_after(self, call_id: int, future: asyncio.Future[Any], seconds: float) -> asyncio.TimerHandle:
         """After ``seconds`` an unanswered call ``call_id`` breaks the session (a deadline, as the
@@ -141,6 +186,10 @@ class HookSession:
         whose deadline passed) and cancel the call."""
         if self.broken is None:
             self.broken = SessionBroken(error, call_id)
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        self._buffer.clear()
         for _, future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(self.broken)
@@ -150,8 +199,9 @@ class HookSession:
             self._reader.cancel()
 
     async def close(self, seconds: float) -> None:
-        """Half-close the stream after the calls sent; the reader takes the answers still due
-        and the server's end of the stream in the background, for at most ``seconds``."""
+        """Send the calls held, half-close the stream and wait (at most ``seconds``) for the
+        answers still due; the reader takes the server's end of the stream in the background."""
+        await self._flush()
         if self.broken is not None:
             return
         try:
@@ -159,6 +209,10 @@ class HookSession:
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
             self.break_(error)
             return
+        if self._pending:
+            # Observing calls not answered yet (no OnChatResponse waited for them): the turn ends
+            # once the server has taken them, as on the unary path.
+            await asyncio.wait([future for _, future in self._pending.values()], timeout=seconds)
         if not self._reader.done():
             handle = self._loop.call_later(
                 seconds, lambda: self.break_(TimeoutError("the stream did not end in time"))
@@ -195,7 +249,8 @@ class HookSession:
                     # grpc.aio logs a message that does not decode and hands back None.
                     self.break_(ValueError("an answer is not a decodable HookSessionResponse"))
                     return
-                self._answer(response)
+                for answer in response.answers:
+                    self._answer(answer)
         except asyncio.CancelledError:
             return
         except grpc.aio.AioRpcError as error:

@@ -2654,38 +2654,22 @@ func (x *OnChatErrorResponse) GetMessage() string {
 	return ""
 }
 
-// HookSessionRequest is one hook call on a turn's HookSession stream. The
-// stream carries one turn (its metadata: `turnwire-parent-request-id`, as on
-// the unary RPCs). The server handles the requests in order, one at a time,
-// as if each were its unary RPC, and answers each with one
-// HookSessionResponse in the same order. The sidecar waits for the answers of
-// the deciding hooks (BeforeTurn, BeforeStep, BeforeToolCall, and the error
-// hooks) and of OnChatResponse, which it sends last; AfterToolCall and
-// OnStepFinish answers are read as they come, without holding up the turn.
+// HookSessionRequest is one or more hook calls on a turn's HookSession stream.
+// The stream carries one turn (its metadata: `turnwire-parent-request-id`, as
+// on the unary RPCs). The server handles the calls in order, one at a time, as
+// if each were its unary RPC, and answers them in the same order, each as soon
+// as it is done (a HookSessionResponse holds one answer or more). The
+// sidecar waits for the answers of the deciding hooks (BeforeTurn, BeforeStep,
+// BeforeToolCall, the error hooks) and of OnChatResponse; AfterToolCall and
+// OnStepFinish are observing calls: they are sent with the turn's next call (or
+// at most 50 ms after they were made) and their answers are not waited for.
 type HookSessionRequest struct {
 	state         protoimpl.MessageState
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// Numbers the hook calls of the stream, from 1; its answer carries it.
-	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	// The hook call's W3C trace context (`traceparent`, `tracestate`) when the
-	// sidecar traces, so the server's span joins the turn's trace; empty
-	// otherwise.
-	TraceContext map[string]string `protobuf:"bytes,2,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
-	// The hook called and its request (the unary RPC's request message).
-	//
-	// Types that are assignable to Hook:
-	//
-	//	*HookSessionRequest_BeforeTurn
-	//	*HookSessionRequest_BeforeStep
-	//	*HookSessionRequest_BeforeToolCall
-	//	*HookSessionRequest_AfterToolCall
-	//	*HookSessionRequest_OnStepFinish
-	//	*HookSessionRequest_OnChatResponse
-	//	*HookSessionRequest_ClassifyChatError
-	//	*HookSessionRequest_OnChatError
-	Hook isHookSessionRequest_Hook `protobuf_oneof:"hook"`
+	// The calls, in the order the sidecar made them.
+	Calls []*HookCall `protobuf:"bytes,1,rep,name=calls,proto3" json:"calls,omitempty"`
 }
 
 func (x *HookSessionRequest) Reset() {
@@ -2720,174 +2704,224 @@ func (*HookSessionRequest) Descriptor() ([]byte, []int) {
 	return file_turnwire_v1_hooks_proto_rawDescGZIP(), []int{31}
 }
 
-func (x *HookSessionRequest) GetId() uint64 {
+func (x *HookSessionRequest) GetCalls() []*HookCall {
+	if x != nil {
+		return x.Calls
+	}
+	return nil
+}
+
+// HookCall is one hook call of a HookSessionRequest.
+type HookCall struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// Numbers the hook calls of the stream, from 1; its answer carries it.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The hook call's W3C trace context (`traceparent`, `tracestate`) when the
+	// sidecar traces, so the server's span joins the turn's trace; empty
+	// otherwise.
+	TraceContext map[string]string `protobuf:"bytes,2,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key,proto3" protobuf_val:"bytes,2,opt,name=value,proto3"`
+	// The hook called and its request (the unary RPC's request message).
+	//
+	// Types that are assignable to Hook:
+	//
+	//	*HookCall_BeforeTurn
+	//	*HookCall_BeforeStep
+	//	*HookCall_BeforeToolCall
+	//	*HookCall_AfterToolCall
+	//	*HookCall_OnStepFinish
+	//	*HookCall_OnChatResponse
+	//	*HookCall_ClassifyChatError
+	//	*HookCall_OnChatError
+	Hook isHookCall_Hook `protobuf_oneof:"hook"`
+}
+
+func (x *HookCall) Reset() {
+	*x = HookCall{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_hooks_proto_msgTypes[32]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *HookCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HookCall) ProtoMessage() {}
+
+func (x *HookCall) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_hooks_proto_msgTypes[32]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HookCall.ProtoReflect.Descriptor instead.
+func (*HookCall) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_hooks_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *HookCall) GetId() uint64 {
 	if x != nil {
 		return x.Id
 	}
 	return 0
 }
 
-func (x *HookSessionRequest) GetTraceContext() map[string]string {
+func (x *HookCall) GetTraceContext() map[string]string {
 	if x != nil {
 		return x.TraceContext
 	}
 	return nil
 }
 
-func (m *HookSessionRequest) GetHook() isHookSessionRequest_Hook {
+func (m *HookCall) GetHook() isHookCall_Hook {
 	if m != nil {
 		return m.Hook
 	}
 	return nil
 }
 
-func (x *HookSessionRequest) GetBeforeTurn() *BeforeTurnRequest {
-	if x, ok := x.GetHook().(*HookSessionRequest_BeforeTurn); ok {
+func (x *HookCall) GetBeforeTurn() *BeforeTurnRequest {
+	if x, ok := x.GetHook().(*HookCall_BeforeTurn); ok {
 		return x.BeforeTurn
 	}
 	return nil
 }
 
-func (x *HookSessionRequest) GetBeforeStep() *BeforeStepRequest {
-	if x, ok := x.GetHook().(*HookSessionRequest_BeforeStep); ok {
+func (x *HookCall) GetBeforeStep() *BeforeStepRequest {
+	if x, ok := x.GetHook().(*HookCall_BeforeStep); ok {
 		return x.BeforeStep
 	}
 	return nil
 }
 
-func (x *HookSessionRequest) GetBeforeToolCall() *BeforeToolCallRequest {
-	if x, ok := x.GetHook().(*HookSessionRequest_BeforeToolCall); ok {
+func (x *HookCall) GetBeforeToolCall() *BeforeToolCallRequest {
+	if x, ok := x.GetHook().(*HookCall_BeforeToolCall); ok {
 		return x.BeforeToolCall
 	}
 	return nil
 }
 
-func (x *HookSessionRequest) GetAfterToolCall() *AfterToolCallRequest {
-	if x, ok := x.GetHook().(*HookSessionRequest_AfterToolCall); ok {
+func (x *HookCall) GetAfterToolCall() *AfterToolCallRequest {
+	if x, ok := x.GetHook().(*HookCall_AfterToolCall); ok {
 		return x.AfterToolCall
 	}
 	return nil
 }
 
-func (x *HookSessionRequest) GetOnStepFinish() *OnStepFinishRequest {
-	if x, ok := x.GetHook().(*HookSessionRequest_OnStepFinish); ok {
+func (x *HookCall) GetOnStepFinish() *OnStepFinishRequest {
+	if x, ok := x.GetHook().(*HookCall_OnStepFinish); ok {
 		return x.OnStepFinish
 	}
 	return nil
 }
 
-func (x *HookSessionRequest) GetOnChatResponse() *OnChatResponseRequest {
-	if x, ok := x.GetHook().(*HookSessionRequest_OnChatResponse); ok {
+func (x *HookCall) GetOnChatResponse() *OnChatResponseRequest {
+	if x, ok := x.GetHook().(*HookCall_OnChatResponse); ok {
 		return x.OnChatResponse
 	}
 	return nil
 }
 
-func (x *HookSessionRequest) GetClassifyChatError() *ClassifyChatErrorRequest {
-	if x, ok := x.GetHook().(*HookSessionRequest_ClassifyChatError); ok {
+func (x *HookCall) GetClassifyChatError() *ClassifyChatErrorRequest {
+	if x, ok := x.GetHook().(*HookCall_ClassifyChatError); ok {
 		return x.ClassifyChatError
 	}
 	return nil
 }
 
-func (x *HookSessionRequest) GetOnChatError() *OnChatErrorRequest {
-	if x, ok := x.GetHook().(*HookSessionRequest_OnChatError); ok {
+func (x *HookCall) GetOnChatError() *OnChatErrorRequest {
+	if x, ok := x.GetHook().(*HookCall_OnChatError); ok {
 		return x.OnChatError
 	}
 	return nil
 }
 
-type isHookSessionRequest_Hook interface {
-	isHookSessionRequest_Hook()
+type isHookCall_Hook interface {
+	isHookCall_Hook()
 }
 
-type HookSessionRequest_BeforeTurn struct {
+type HookCall_BeforeTurn struct {
 	// BeforeTurn.
 	BeforeTurn *BeforeTurnRequest `protobuf:"bytes,10,opt,name=before_turn,json=beforeTurn,proto3,oneof"`
 }
 
-type HookSessionRequest_BeforeStep struct {
+type HookCall_BeforeStep struct {
 	// BeforeStep.
 	BeforeStep *BeforeStepRequest `protobuf:"bytes,11,opt,name=before_step,json=beforeStep,proto3,oneof"`
 }
 
-type HookSessionRequest_BeforeToolCall struct {
+type HookCall_BeforeToolCall struct {
 	// BeforeToolCall.
 	BeforeToolCall *BeforeToolCallRequest `protobuf:"bytes,12,opt,name=before_tool_call,json=beforeToolCall,proto3,oneof"`
 }
 
-type HookSessionRequest_AfterToolCall struct {
+type HookCall_AfterToolCall struct {
 	// AfterToolCall.
 	AfterToolCall *AfterToolCallRequest `protobuf:"bytes,13,opt,name=after_tool_call,json=afterToolCall,proto3,oneof"`
 }
 
-type HookSessionRequest_OnStepFinish struct {
+type HookCall_OnStepFinish struct {
 	// OnStepFinish.
 	OnStepFinish *OnStepFinishRequest `protobuf:"bytes,14,opt,name=on_step_finish,json=onStepFinish,proto3,oneof"`
 }
 
-type HookSessionRequest_OnChatResponse struct {
+type HookCall_OnChatResponse struct {
 	// OnChatResponse.
 	OnChatResponse *OnChatResponseRequest `protobuf:"bytes,15,opt,name=on_chat_response,json=onChatResponse,proto3,oneof"`
 }
 
-type HookSessionRequest_ClassifyChatError struct {
+type HookCall_ClassifyChatError struct {
 	// ClassifyChatError.
 	ClassifyChatError *ClassifyChatErrorRequest `protobuf:"bytes,16,opt,name=classify_chat_error,json=classifyChatError,proto3,oneof"`
 }
 
-type HookSessionRequest_OnChatError struct {
+type HookCall_OnChatError struct {
 	// OnChatError.
 	OnChatError *OnChatErrorRequest `protobuf:"bytes,17,opt,name=on_chat_error,json=onChatError,proto3,oneof"`
 }
 
-func (*HookSessionRequest_BeforeTurn) isHookSessionRequest_Hook() {}
+func (*HookCall_BeforeTurn) isHookCall_Hook() {}
 
-func (*HookSessionRequest_BeforeStep) isHookSessionRequest_Hook() {}
+func (*HookCall_BeforeStep) isHookCall_Hook() {}
 
-func (*HookSessionRequest_BeforeToolCall) isHookSessionRequest_Hook() {}
+func (*HookCall_BeforeToolCall) isHookCall_Hook() {}
 
-func (*HookSessionRequest_AfterToolCall) isHookSessionRequest_Hook() {}
+func (*HookCall_AfterToolCall) isHookCall_Hook() {}
 
-func (*HookSessionRequest_OnStepFinish) isHookSessionRequest_Hook() {}
+func (*HookCall_OnStepFinish) isHookCall_Hook() {}
 
-func (*HookSessionRequest_OnChatResponse) isHookSessionRequest_Hook() {}
+func (*HookCall_OnChatResponse) isHookCall_Hook() {}
 
-func (*HookSessionRequest_ClassifyChatError) isHookSessionRequest_Hook() {}
+func (*HookCall_ClassifyChatError) isHookCall_Hook() {}
 
-func (*HookSessionRequest_OnChatError) isHookSessionRequest_Hook() {}
+func (*HookCall_OnChatError) isHookCall_Hook() {}
 
-// HookSessionResponse answers one HookSessionRequest: the unary RPC's response
-// message, or the status the RPC would have failed with.
+// HookSessionResponse carries the answers of one or more calls of the stream,
+// in the calls' order.
 type HookSessionResponse struct {
 	state         protoimpl.MessageState
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// The id of the request it answers.
-	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	// Set when the hook call failed (what the unary RPC's status would be):
-	// the sidecar applies the hook's failure mode; the stream goes on.
-	Error *status.Status `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
-	// The hook's answer, of the request's hook (unset with `error`).
-	//
-	// Types that are assignable to Hook:
-	//
-	//	*HookSessionResponse_BeforeTurn
-	//	*HookSessionResponse_BeforeStep
-	//	*HookSessionResponse_BeforeToolCall
-	//	*HookSessionResponse_AfterToolCall
-	//	*HookSessionResponse_OnStepFinish
-	//	*HookSessionResponse_OnChatResponse
-	//	*HookSessionResponse_ClassifyChatError
-	//	*HookSessionResponse_OnChatError
-	Hook isHookSessionResponse_Hook `protobuf_oneof:"hook"`
+	// The answers.
+	Answers []*HookAnswer `protobuf:"bytes,1,rep,name=answers,proto3" json:"answers,omitempty"`
 }
 
 func (x *HookSessionResponse) Reset() {
 	*x = HookSessionResponse{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_turnwire_v1_hooks_proto_msgTypes[32]
+		mi := &file_turnwire_v1_hooks_proto_msgTypes[33]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -2900,7 +2934,7 @@ func (x *HookSessionResponse) String() string {
 func (*HookSessionResponse) ProtoMessage() {}
 
 func (x *HookSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_turnwire_v1_hooks_proto_msgTypes[32]
+	mi := &file_turnwire_v1_hooks_proto_msgTypes[33]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2913,145 +2947,211 @@ func (x *HookSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HookSessionResponse.ProtoReflect.Descriptor instead.
 func (*HookSessionResponse) Descriptor() ([]byte, []int) {
-	return file_turnwire_v1_hooks_proto_rawDescGZIP(), []int{32}
+	return file_turnwire_v1_hooks_proto_rawDescGZIP(), []int{33}
 }
 
-func (x *HookSessionResponse) GetId() uint64 {
+func (x *HookSessionResponse) GetAnswers() []*HookAnswer {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
+// HookAnswer answers one HookCall: the unary RPC's response message, or the
+// status the RPC would have failed with.
+type HookAnswer struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// The id of the call it answers.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Set when the hook call failed (what the unary RPC's status would be):
+	// the sidecar applies the hook's failure mode; the stream goes on.
+	Error *status.Status `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// The hook's answer, of the call's hook (unset with `error`).
+	//
+	// Types that are assignable to Hook:
+	//
+	//	*HookAnswer_BeforeTurn
+	//	*HookAnswer_BeforeStep
+	//	*HookAnswer_BeforeToolCall
+	//	*HookAnswer_AfterToolCall
+	//	*HookAnswer_OnStepFinish
+	//	*HookAnswer_OnChatResponse
+	//	*HookAnswer_ClassifyChatError
+	//	*HookAnswer_OnChatError
+	Hook isHookAnswer_Hook `protobuf_oneof:"hook"`
+}
+
+func (x *HookAnswer) Reset() {
+	*x = HookAnswer{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_hooks_proto_msgTypes[34]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *HookAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HookAnswer) ProtoMessage() {}
+
+func (x *HookAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_hooks_proto_msgTypes[34]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HookAnswer.ProtoReflect.Descriptor instead.
+func (*HookAnswer) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_hooks_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *HookAnswer) GetId() uint64 {
 	if x != nil {
 		return x.Id
 	}
 	return 0
 }
 
-func (x *HookSessionResponse) GetError() *status.Status {
+func (x *HookAnswer) GetError() *status.Status {
 	if x != nil {
 		return x.Error
 	}
 	return nil
 }
 
-func (m *HookSessionResponse) GetHook() isHookSessionResponse_Hook {
+func (m *HookAnswer) GetHook() isHookAnswer_Hook {
 	if m != nil {
 		return m.Hook
 	}
 	return nil
 }
 
-func (x *HookSessionResponse) GetBeforeTurn() *BeforeTurnResponse {
-	if x, ok := x.GetHook().(*HookSessionResponse_BeforeTurn); ok {
+func (x *HookAnswer) GetBeforeTurn() *BeforeTurnResponse {
+	if x, ok := x.GetHook().(*HookAnswer_BeforeTurn); ok {
 		return x.BeforeTurn
 	}
 	return nil
 }
 
-func (x *HookSessionResponse) GetBeforeStep() *BeforeStepResponse {
-	if x, ok := x.GetHook().(*HookSessionResponse_BeforeStep); ok {
+func (x *HookAnswer) GetBeforeStep() *BeforeStepResponse {
+	if x, ok := x.GetHook().(*HookAnswer_BeforeStep); ok {
 		return x.BeforeStep
 	}
 	return nil
 }
 
-func (x *HookSessionResponse) GetBeforeToolCall() *BeforeToolCallResponse {
-	if x, ok := x.GetHook().(*HookSessionResponse_BeforeToolCall); ok {
+func (x *HookAnswer) GetBeforeToolCall() *BeforeToolCallResponse {
+	if x, ok := x.GetHook().(*HookAnswer_BeforeToolCall); ok {
 		return x.BeforeToolCall
 	}
 	return nil
 }
 
-func (x *HookSessionResponse) GetAfterToolCall() *AfterToolCallResponse {
-	if x, ok := x.GetHook().(*HookSessionResponse_AfterToolCall); ok {
+func (x *HookAnswer) GetAfterToolCall() *AfterToolCallResponse {
+	if x, ok := x.GetHook().(*HookAnswer_AfterToolCall); ok {
 		return x.AfterToolCall
 	}
 	return nil
 }
 
-func (x *HookSessionResponse) GetOnStepFinish() *OnStepFinishResponse {
-	if x, ok := x.GetHook().(*HookSessionResponse_OnStepFinish); ok {
+func (x *HookAnswer) GetOnStepFinish() *OnStepFinishResponse {
+	if x, ok := x.GetHook().(*HookAnswer_OnStepFinish); ok {
 		return x.OnStepFinish
 	}
 	return nil
 }
 
-func (x *HookSessionResponse) GetOnChatResponse() *OnChatResponseResponse {
-	if x, ok := x.GetHook().(*HookSessionResponse_OnChatResponse); ok {
+func (x *HookAnswer) GetOnChatResponse() *OnChatResponseResponse {
+	if x, ok := x.GetHook().(*HookAnswer_OnChatResponse); ok {
 		return x.OnChatResponse
 	}
 	return nil
 }
 
-func (x *HookSessionResponse) GetClassifyChatError() *ClassifyChatErrorResponse {
-	if x, ok := x.GetHook().(*HookSessionResponse_ClassifyChatError); ok {
+func (x *HookAnswer) GetClassifyChatError() *ClassifyChatErrorResponse {
+	if x, ok := x.GetHook().(*HookAnswer_ClassifyChatError); ok {
 		return x.ClassifyChatError
 	}
 	return nil
 }
 
-func (x *HookSessionResponse) GetOnChatError() *OnChatErrorResponse {
-	if x, ok := x.GetHook().(*HookSessionResponse_OnChatError); ok {
+func (x *HookAnswer) GetOnChatError() *OnChatErrorResponse {
+	if x, ok := x.GetHook().(*HookAnswer_OnChatError); ok {
 		return x.OnChatError
 	}
 	return nil
 }
 
-type isHookSessionResponse_Hook interface {
-	isHookSessionResponse_Hook()
+type isHookAnswer_Hook interface {
+	isHookAnswer_Hook()
 }
 
-type HookSessionResponse_BeforeTurn struct {
+type HookAnswer_BeforeTurn struct {
 	// BeforeTurn.
 	BeforeTurn *BeforeTurnResponse `protobuf:"bytes,10,opt,name=before_turn,json=beforeTurn,proto3,oneof"`
 }
 
-type HookSessionResponse_BeforeStep struct {
+type HookAnswer_BeforeStep struct {
 	// BeforeStep.
 	BeforeStep *BeforeStepResponse `protobuf:"bytes,11,opt,name=before_step,json=beforeStep,proto3,oneof"`
 }
 
-type HookSessionResponse_BeforeToolCall struct {
+type HookAnswer_BeforeToolCall struct {
 	// BeforeToolCall.
 	BeforeToolCall *BeforeToolCallResponse `protobuf:"bytes,12,opt,name=before_tool_call,json=beforeToolCall,proto3,oneof"`
 }
 
-type HookSessionResponse_AfterToolCall struct {
+type HookAnswer_AfterToolCall struct {
 	// AfterToolCall.
 	AfterToolCall *AfterToolCallResponse `protobuf:"bytes,13,opt,name=after_tool_call,json=afterToolCall,proto3,oneof"`
 }
 
-type HookSessionResponse_OnStepFinish struct {
+type HookAnswer_OnStepFinish struct {
 	// OnStepFinish.
 	OnStepFinish *OnStepFinishResponse `protobuf:"bytes,14,opt,name=on_step_finish,json=onStepFinish,proto3,oneof"`
 }
 
-type HookSessionResponse_OnChatResponse struct {
+type HookAnswer_OnChatResponse struct {
 	// OnChatResponse.
 	OnChatResponse *OnChatResponseResponse `protobuf:"bytes,15,opt,name=on_chat_response,json=onChatResponse,proto3,oneof"`
 }
 
-type HookSessionResponse_ClassifyChatError struct {
+type HookAnswer_ClassifyChatError struct {
 	// ClassifyChatError.
 	ClassifyChatError *ClassifyChatErrorResponse `protobuf:"bytes,16,opt,name=classify_chat_error,json=classifyChatError,proto3,oneof"`
 }
 
-type HookSessionResponse_OnChatError struct {
+type HookAnswer_OnChatError struct {
 	// OnChatError.
 	OnChatError *OnChatErrorResponse `protobuf:"bytes,17,opt,name=on_chat_error,json=onChatError,proto3,oneof"`
 }
 
-func (*HookSessionResponse_BeforeTurn) isHookSessionResponse_Hook() {}
+func (*HookAnswer_BeforeTurn) isHookAnswer_Hook() {}
 
-func (*HookSessionResponse_BeforeStep) isHookSessionResponse_Hook() {}
+func (*HookAnswer_BeforeStep) isHookAnswer_Hook() {}
 
-func (*HookSessionResponse_BeforeToolCall) isHookSessionResponse_Hook() {}
+func (*HookAnswer_BeforeToolCall) isHookAnswer_Hook() {}
 
-func (*HookSessionResponse_AfterToolCall) isHookSessionResponse_Hook() {}
+func (*HookAnswer_AfterToolCall) isHookAnswer_Hook() {}
 
-func (*HookSessionResponse_OnStepFinish) isHookSessionResponse_Hook() {}
+func (*HookAnswer_OnStepFinish) isHookAnswer_Hook() {}
 
-func (*HookSessionResponse_OnChatResponse) isHookSessionResponse_Hook() {}
+func (*HookAnswer_OnChatResponse) isHookAnswer_Hook() {}
 
-func (*HookSessionResponse_ClassifyChatError) isHookSessionResponse_Hook() {}
+func (*HookAnswer_ClassifyChatError) isHookAnswer_Hook() {}
 
-func (*HookSessionResponse_OnChatError) isHookSessionResponse_Hook() {}
+func (*HookAnswer_OnChatError) isHookAnswer_Hook() {}
 
 // Run it as it is (the same as no decision).
 type BeforeToolCallResponse_Allow struct {
@@ -3063,7 +3163,7 @@ type BeforeToolCallResponse_Allow struct {
 func (x *BeforeToolCallResponse_Allow) Reset() {
 	*x = BeforeToolCallResponse_Allow{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_turnwire_v1_hooks_proto_msgTypes[34]
+		mi := &file_turnwire_v1_hooks_proto_msgTypes[36]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -3076,7 +3176,7 @@ func (x *BeforeToolCallResponse_Allow) String() string {
 func (*BeforeToolCallResponse_Allow) ProtoMessage() {}
 
 func (x *BeforeToolCallResponse_Allow) ProtoReflect() protoreflect.Message {
-	mi := &file_turnwire_v1_hooks_proto_msgTypes[34]
+	mi := &file_turnwire_v1_hooks_proto_msgTypes[36]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3105,7 +3205,7 @@ type BeforeToolCallResponse_AllowWithInput struct {
 func (x *BeforeToolCallResponse_AllowWithInput) Reset() {
 	*x = BeforeToolCallResponse_AllowWithInput{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_turnwire_v1_hooks_proto_msgTypes[35]
+		mi := &file_turnwire_v1_hooks_proto_msgTypes[37]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -3118,7 +3218,7 @@ func (x *BeforeToolCallResponse_AllowWithInput) String() string {
 func (*BeforeToolCallResponse_AllowWithInput) ProtoMessage() {}
 
 func (x *BeforeToolCallResponse_AllowWithInput) ProtoReflect() protoreflect.Message {
-	mi := &file_turnwire_v1_hooks_proto_msgTypes[35]
+	mi := &file_turnwire_v1_hooks_proto_msgTypes[37]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3154,7 +3254,7 @@ type BeforeToolCallResponse_Block struct {
 func (x *BeforeToolCallResponse_Block) Reset() {
 	*x = BeforeToolCallResponse_Block{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_turnwire_v1_hooks_proto_msgTypes[36]
+		mi := &file_turnwire_v1_hooks_proto_msgTypes[38]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -3167,7 +3267,7 @@ func (x *BeforeToolCallResponse_Block) String() string {
 func (*BeforeToolCallResponse_Block) ProtoMessage() {}
 
 func (x *BeforeToolCallResponse_Block) ProtoReflect() protoreflect.Message {
-	mi := &file_turnwire_v1_hooks_proto_msgTypes[36]
+	mi := &file_turnwire_v1_hooks_proto_msgTypes[38]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3203,7 +3303,7 @@ type BeforeToolCallResponse_Substitute struct {
 func (x *BeforeToolCallResponse_Substitute) Reset() {
 	*x = BeforeToolCallResponse_Substitute{}
 	if protoimpl.UnsafeEnabled {
-		mi := &file_turnwire_v1_hooks_proto_msgTypes[37]
+		mi := &file_turnwire_v1_hooks_proto_msgTypes[39]
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		ms.StoreMessageInfo(mi)
 	}
@@ -3216,7 +3316,7 @@ func (x *BeforeToolCallResponse_Substitute) String() string {
 func (*BeforeToolCallResponse_Substitute) ProtoMessage() {}
 
 func (x *BeforeToolCallResponse_Substitute) ProtoReflect() protoreflect.Message {
-	mi := &file_turnwire_v1_hooks_proto_msgTypes[37]
+	mi := &file_turnwire_v1_hooks_proto_msgTypes[39]
 	if protoimpl.UnsafeEnabled && x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3642,58 +3742,65 @@ var file_turnwire_v1_hooks_proto_rawDesc = []byte{
 	0x65, 0x72, 0x72, 0x6f, 0x72, 0x12, 0x1d, 0x0a, 0x07, 0x6d, 0x65, 0x73, 0x73, 0x61, 0x67, 0x65,
 	0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x48, 0x00, 0x52, 0x07, 0x6d, 0x65, 0x73, 0x73, 0x61, 0x67,
 	0x65, 0x88, 0x01, 0x01, 0x42, 0x0a, 0x0a, 0x08, 0x5f, 0x6d, 0x65, 0x73, 0x73, 0x61, 0x67, 0x65,
-	0x22, 0xa2, 0x06, 0x0a, 0x12, 0x48, 0x6f, 0x6f, 0x6b, 0x53, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e,
-	0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x0e, 0x0a, 0x02, 0x69, 0x64, 0x18, 0x01, 0x20,
-	0x01, 0x28, 0x04, 0x52, 0x02, 0x69, 0x64, 0x12, 0x56, 0x0a, 0x0d, 0x74, 0x72, 0x61, 0x63, 0x65,
-	0x5f, 0x63, 0x6f, 0x6e, 0x74, 0x65, 0x78, 0x74, 0x18, 0x02, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x31,
-	0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x48, 0x6f, 0x6f,
-	0x6b, 0x53, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x2e,
-	0x54, 0x72, 0x61, 0x63, 0x65, 0x43, 0x6f, 0x6e, 0x74, 0x65, 0x78, 0x74, 0x45, 0x6e, 0x74, 0x72,
-	0x79, 0x52, 0x0c, 0x74, 0x72, 0x61, 0x63, 0x65, 0x43, 0x6f, 0x6e, 0x74, 0x65, 0x78, 0x74, 0x12,
-	0x41, 0x0a, 0x0b, 0x62, 0x65, 0x66, 0x6f, 0x72, 0x65, 0x5f, 0x74, 0x75, 0x72, 0x6e, 0x18, 0x0a,
-	0x20, 0x01, 0x28, 0x0b, 0x32, 0x1e, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e,
-	0x76, 0x31, 0x2e, 0x42, 0x65, 0x66, 0x6f, 0x72, 0x65, 0x54, 0x75, 0x72, 0x6e, 0x52, 0x65, 0x71,
-	0x75, 0x65, 0x73, 0x74, 0x48, 0x00, 0x52, 0x0a, 0x62, 0x65, 0x66, 0x6f, 0x72, 0x65, 0x54, 0x75,
-	0x72, 0x6e, 0x12, 0x41, 0x0a, 0x0b, 0x62, 0x65, 0x66, 0x6f, 0x72, 0x65, 0x5f, 0x73, 0x74, 0x65,
-	0x70, 0x18, 0x0b, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1e, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69,
-	0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x42, 0x65, 0x66, 0x6f, 0x72, 0x65, 0x53, 0x74, 0x65, 0x70,
-	0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x48, 0x00, 0x52, 0x0a, 0x62, 0x65, 0x66, 0x6f, 0x72,
-	0x65, 0x53, 0x74, 0x65, 0x70, 0x12, 0x4e, 0x0a, 0x10, 0x62, 0x65, 0x66, 0x6f, 0x72, 0x65, 0x5f,
-	0x74, 0x6f, 0x6f, 0x6c, 0x5f, 0x63, 0x61, 0x6c, 0x6c, 0x18, 0x0c, 0x20, 0x01, 0x28, 0x0b, 0x32,
-	0x22, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x42, 0x65,
-	0x66, 0x6f, 0x72, 0x65, 0x54, 0x6f, 0x6f, 0x6c, 0x43, 0x61, 0x6c, 0x6c, 0x52, 0x65, 0x71, 0x75,
-	0x65, 0x73, 0x74, 0x48, 0x00, 0x52, 0x0e, 0x62, 0x65, 0x66, 0x6f, 0x72, 0x65, 0x54, 0x6f, 0x6f,
-	0x6c, 0x43, 0x61, 0x6c, 0x6c, 0x12, 0x4b, 0x0a, 0x0f, 0x61, 0x66, 0x74, 0x65, 0x72, 0x5f, 0x74,
-	0x6f, 0x6f, 0x6c, 0x5f, 0x63, 0x61, 0x6c, 0x6c, 0x18, 0x0d, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x21,
-	0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x41, 0x66, 0x74,
-	0x65, 0x72, 0x54, 0x6f, 0x6f, 0x6c, 0x43, 0x61, 0x6c, 0x6c, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73,
-	0x74, 0x48, 0x00, 0x52, 0x0d, 0x61, 0x66, 0x74, 0x65, 0x72, 0x54, 0x6f, 0x6f, 0x6c, 0x43, 0x61,
-	0x6c, 0x6c, 0x12, 0x48, 0x0a, 0x0e, 0x6f, 0x6e, 0x5f, 0x73, 0x74, 0x65, 0x70, 0x5f, 0x66, 0x69,
-	0x6e, 0x69, 0x73, 0x68, 0x18, 0x0e, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x20, 0x2e, 0x74, 0x75, 0x72,
-	0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x4f, 0x6e, 0x53, 0x74, 0x65, 0x70, 0x46,
-	0x69, 0x6e, 0x69, 0x73, 0x68, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x48, 0x00, 0x52, 0x0c,
-	0x6f, 0x6e, 0x53, 0x74, 0x65, 0x70, 0x46, 0x69, 0x6e, 0x69, 0x73, 0x68, 0x12, 0x4e, 0x0a, 0x10,
-	0x6f, 0x6e, 0x5f, 0x63, 0x68, 0x61, 0x74, 0x5f, 0x72, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65,
-	0x18, 0x0f, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x22, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72,
-	0x65, 0x2e, 0x76, 0x31, 0x2e, 0x4f, 0x6e, 0x43, 0x68, 0x61, 0x74, 0x52, 0x65, 0x73, 0x70, 0x6f,
-	0x6e, 0x73, 0x65, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x48, 0x00, 0x52, 0x0e, 0x6f, 0x6e,
-	0x43, 0x68, 0x61, 0x74, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x57, 0x0a, 0x13,
-	0x63, 0x6c, 0x61, 0x73, 0x73, 0x69, 0x66, 0x79, 0x5f, 0x63, 0x68, 0x61, 0x74, 0x5f, 0x65, 0x72,
-	0x72, 0x6f, 0x72, 0x18, 0x10, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x25, 0x2e, 0x74, 0x75, 0x72, 0x6e,
-	0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x43, 0x6c, 0x61, 0x73, 0x73, 0x69, 0x66, 0x79,
-	0x43, 0x68, 0x61, 0x74, 0x45, 0x72, 0x72, 0x6f, 0x72, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74,
-	0x48, 0x00, 0x52, 0x11, 0x63, 0x6c, 0x61, 0x73, 0x73, 0x69, 0x66, 0x79, 0x43, 0x68, 0x61, 0x74,
-	0x45, 0x72, 0x72, 0x6f, 0x72, 0x12, 0x45, 0x0a, 0x0d, 0x6f, 0x6e, 0x5f, 0x63, 0x68, 0x61, 0x74,
-	0x5f, 0x65, 0x72, 0x72, 0x6f, 0x72, 0x18, 0x11, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1f, 0x2e, 0x74,
-	0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x4f, 0x6e, 0x43, 0x68, 0x61,
-	0x74, 0x45, 0x72, 0x72, 0x6f, 0x72, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x48, 0x00, 0x52,
-	0x0b, 0x6f, 0x6e, 0x43, 0x68, 0x61, 0x74, 0x45, 0x72, 0x72, 0x6f, 0x72, 0x1a, 0x3f, 0x0a, 0x11,
-	0x54, 0x72, 0x61, 0x63, 0x65, 0x43, 0x6f, 0x6e, 0x74, 0x65, 0x78, 0x74, 0x45, 0x6e, 0x74, 0x72,
-	0x79, 0x12, 0x10, 0x0a, 0x03, 0x6b, 0x65, 0x79, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x03,
-	0x6b, 0x65, 0x79, 0x12, 0x14, 0x0a, 0x05, 0x76, 0x61, 0x6c, 0x75, 0x65, 0x18, 0x02, 0x20, 0x01,
-	0x28, 0x09, 0x52, 0x05, 0x76, 0x61, 0x6c, 0x75, 0x65, 0x3a, 0x02, 0x38, 0x01, 0x42, 0x06, 0x0a,
-	0x04, 0x68, 0x6f, 0x6f, 0x6b, 0x22, 0xbc, 0x05, 0x0a, 0x13, 0x48, 0x6f, 0x6f, 0x6b, 0x53, 0x65,
-	0x73, 0x73, 0x69, 0x6f, 0x6e, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x0e, 0x0a,
+	0x22, 0x41, 0x0a, 0x12, 0x48, 0x6f, 0x6f, 0x6b, 0x53, 0x65, 0x73, 0x73, 0x69, 0x6f, 0x6e, 0x52,
+	0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x2b, 0x0a, 0x05, 0x63, 0x61, 0x6c, 0x6c, 0x73, 0x18,
+	0x01, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x15, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65,
+	0x2e, 0x76, 0x31, 0x2e, 0x48, 0x6f, 0x6f, 0x6b, 0x43, 0x61, 0x6c, 0x6c, 0x52, 0x05, 0x63, 0x61,
+	0x6c, 0x6c, 0x73, 0x22, 0x8e, 0x06, 0x0a, 0x08, 0x48, 0x6f, 0x6f, 0x6b, 0x43, 0x61, 0x6c, 0x6c,
+	0x12, 0x0e, 0x0a, 0x02, 0x69, 0x64, 0x18, 0x01, 0x20, 0x01, 0x28, 0x04, 0x52, 0x02, 0x69, 0x64,
+	0x12, 0x4c, 0x0a, 0x0d, 0x74, 0x72, 0x61, 0x63, 0x65, 0x5f, 0x63, 0x6f, 0x6e, 0x74, 0x65, 0x78,
+	0x74, 0x18, 0x02, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x27, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69,
+	0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x48, 0x6f, 0x6f, 0x6b, 0x43, 0x61, 0x6c, 0x6c, 0x2e, 0x54,
+	0x72, 0x61, 0x63, 0x65, 0x43, 0x6f, 0x6e, 0x74, 0x65, 0x78, 0x74, 0x45, 0x6e, 0x74, 0x72, 0x79,
+	0x52, 0x0c, 0x74, 0x72, 0x61, 0x63, 0x65, 0x43, 0x6f, 0x6e, 0x74, 0x65, 0x78, 0x74, 0x12, 0x41,
+	0x0a, 0x0b, 0x62, 0x65, 0x66, 0x6f, 0x72, 0x65, 0x5f, 0x74, 0x75, 0x72, 0x6e, 0x18, 0x0a, 0x20,
+	0x01, 0x28, 0x0b, 0x32, 0x1e, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76,
+	0x31, 0x2e, 0x42, 0x65, 0x66, 0x6f, 0x72, 0x65, 0x54, 0x75, 0x72, 0x6e, 0x52, 0x65, 0x71, 0x75,
+	0x65, 0x73, 0x74, 0x48, 0x00, 0x52, 0x0a, 0x62, 0x65, 0x66, 0x6f, 0x72, 0x65, 0x54, 0x75, 0x72,
+	0x6e, 0x12, 0x41, 0x0a, 0x0b, 0x62, 0x65, 0x66, 0x6f, 0x72, 0x65, 0x5f, 0x73, 0x74, 0x65, 0x70,
+	0x18, 0x0b, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1e, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72,
+	0x65, 0x2e, 0x76, 0x31, 0x2e, 0x42, 0x65, 0x66, 0x6f, 0x72, 0x65, 0x53, 0x74, 0x65, 0x70, 0x52,
+	0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x48, 0x00, 0x52, 0x0a, 0x62, 0x65, 0x66, 0x6f, 0x72, 0x65,
+	0x53, 0x74, 0x65, 0x70, 0x12, 0x4e, 0x0a, 0x10, 0x62, 0x65, 0x66, 0x6f, 0x72, 0x65, 0x5f, 0x74,
+	0x6f, 0x6f, 0x6c, 0x5f, 0x63, 0x61, 0x6c, 0x6c, 0x18, 0x0c, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x22,
+	0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x42, 0x65, 0x66,
+	0x6f, 0x72, 0x65, 0x54, 0x6f, 0x6f, 0x6c, 0x43, 0x61, 0x6c, 0x6c, 0x52, 0x65, 0x71, 0x75, 0x65,
+	0x73, 0x74, 0x48, 0x00, 0x52, 0x0e, 0x62, 0x65, 0x66, 0x6f, 0x72, 0x65, 0x54, 0x6f, 0x6f, 0x6c,
+	0x43, 0x61, 0x6c, 0x6c, 0x12, 0x4b, 0x0a, 0x0f, 0x61, 0x66, 0x74, 0x65, 0x72, 0x5f, 0x74, 0x6f,
+	0x6f, 0x6c, 0x5f, 0x63, 0x61, 0x6c, 0x6c, 0x18, 0x0d, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x21, 0x2e,
+	0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x41, 0x66, 0x74, 0x65,
+	0x72, 0x54, 0x6f, 0x6f, 0x6c, 0x43, 0x61, 0x6c, 0x6c, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74,
+	0x48, 0x00, 0x52, 0x0d, 0x61, 0x66, 0x74, 0x65, 0x72, 0x54, 0x6f, 0x6f, 0x6c, 0x43, 0x61, 0x6c,
+	0x6c, 0x12, 0x48, 0x0a, 0x0e, 0x6f, 0x6e, 0x5f, 0x73, 0x74, 0x65, 0x70, 0x5f, 0x66, 0x69, 0x6e,
+	0x69, 0x73, 0x68, 0x18, 0x0e, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x20, 0x2e, 0x74, 0x75, 0x72, 0x6e,
+	0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x4f, 0x6e, 0x53, 0x74, 0x65, 0x70, 0x46, 0x69,
+	0x6e, 0x69, 0x73, 0x68, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x48, 0x00, 0x52, 0x0c, 0x6f,
+	0x6e, 0x53, 0x74, 0x65, 0x70, 0x46, 0x69, 0x6e, 0x69, 0x73, 0x68, 0x12, 0x4e, 0x0a, 0x10, 0x6f,
+	0x6e, 0x5f, 0x63, 0x68, 0x61, 0x74, 0x5f, 0x72, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x18,
+	0x0f, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x22, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65,
+	0x2e, 0x76, 0x31, 0x2e, 0x4f, 0x6e, 0x43, 0x68, 0x61, 0x74, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e,
+	0x73, 0x65, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x48, 0x00, 0x52, 0x0e, 0x6f, 0x6e, 0x43,
+	0x68, 0x61, 0x74, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x57, 0x0a, 0x13, 0x63,
+	0x6c, 0x61, 0x73, 0x73, 0x69, 0x66, 0x79, 0x5f, 0x63, 0x68, 0x61, 0x74, 0x5f, 0x65, 0x72, 0x72,
+	0x6f, 0x72, 0x18, 0x10, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x25, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77,
+	0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x43, 0x6c, 0x61, 0x73, 0x73, 0x69, 0x66, 0x79, 0x43,
+	0x68, 0x61, 0x74, 0x45, 0x72, 0x72, 0x6f, 0x72, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x48,
+	0x00, 0x52, 0x11, 0x63, 0x6c, 0x61, 0x73, 0x73, 0x69, 0x66, 0x79, 0x43, 0x68, 0x61, 0x74, 0x45,
+	0x72, 0x72, 0x6f, 0x72, 0x12, 0x45, 0x0a, 0x0d, 0x6f, 0x6e, 0x5f, 0x63, 0x68, 0x61, 0x74, 0x5f,
+	0x65, 0x72, 0x72, 0x6f, 0x72, 0x18, 0x11, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1f, 0x2e, 0x74, 0x75,
+	0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x4f, 0x6e, 0x43, 0x68, 0x61, 0x74,
+	0x45, 0x72, 0x72, 0x6f, 0x72, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x48, 0x00, 0x52, 0x0b,
+	0x6f, 0x6e, 0x43, 0x68, 0x61, 0x74, 0x45, 0x72, 0x72, 0x6f, 0x72, 0x1a, 0x3f, 0x0a, 0x11, 0x54,
+	0x72, 0x61, 0x63, 0x65, 0x43, 0x6f, 0x6e, 0x74, 0x65, 0x78, 0x74, 0x45, 0x6e, 0x74, 0x72, 0x79,
+	0x12, 0x10, 0x0a, 0x03, 0x6b, 0x65, 0x79, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x03, 0x6b,
+	0x65, 0x79, 0x12, 0x14, 0x0a, 0x05, 0x76, 0x61, 0x6c, 0x75, 0x65, 0x18, 0x02, 0x20, 0x01, 0x28,
+	0x09, 0x52, 0x05, 0x76, 0x61, 0x6c, 0x75, 0x65, 0x3a, 0x02, 0x38, 0x01, 0x42, 0x06, 0x0a, 0x04,
+	0x68, 0x6f, 0x6f, 0x6b, 0x22, 0x48, 0x0a, 0x13, 0x48, 0x6f, 0x6f, 0x6b, 0x53, 0x65, 0x73, 0x73,
+	0x69, 0x6f, 0x6e, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x31, 0x0a, 0x07, 0x61,
+	0x6e, 0x73, 0x77, 0x65, 0x72, 0x73, 0x18, 0x01, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x17, 0x2e, 0x74,
+	0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x48, 0x6f, 0x6f, 0x6b, 0x41,
+	0x6e, 0x73, 0x77, 0x65, 0x72, 0x52, 0x07, 0x61, 0x6e, 0x73, 0x77, 0x65, 0x72, 0x73, 0x22, 0xb3,
+	0x05, 0x0a, 0x0a, 0x48, 0x6f, 0x6f, 0x6b, 0x41, 0x6e, 0x73, 0x77, 0x65, 0x72, 0x12, 0x0e, 0x0a,
 	0x02, 0x69, 0x64, 0x18, 0x01, 0x20, 0x01, 0x28, 0x04, 0x52, 0x02, 0x69, 0x64, 0x12, 0x28, 0x0a,
 	0x05, 0x65, 0x72, 0x72, 0x6f, 0x72, 0x18, 0x02, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x12, 0x2e, 0x67,
 	0x6f, 0x6f, 0x67, 0x6c, 0x65, 0x2e, 0x72, 0x70, 0x63, 0x2e, 0x53, 0x74, 0x61, 0x74, 0x75, 0x73,
@@ -3866,7 +3973,7 @@ func file_turnwire_v1_hooks_proto_rawDescGZIP() []byte {
 }
 
 var file_turnwire_v1_hooks_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_turnwire_v1_hooks_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_turnwire_v1_hooks_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_turnwire_v1_hooks_proto_goTypes = []interface{}{
 	(Hook)(0),                                     // 0: turnwire.v1.Hook
 	(ToolCallOutcome)(0),                          // 1: turnwire.v1.ToolCallOutcome
@@ -3904,129 +4011,133 @@ var file_turnwire_v1_hooks_proto_goTypes = []interface{}{
 	(*OnChatErrorRequest)(nil),                    // 33: turnwire.v1.OnChatErrorRequest
 	(*OnChatErrorResponse)(nil),                   // 34: turnwire.v1.OnChatErrorResponse
 	(*HookSessionRequest)(nil),                    // 35: turnwire.v1.HookSessionRequest
-	(*HookSessionResponse)(nil),                   // 36: turnwire.v1.HookSessionResponse
-	nil,                                           // 37: turnwire.v1.ModelSettings.HeadersEntry
-	(*BeforeToolCallResponse_Allow)(nil),          // 38: turnwire.v1.BeforeToolCallResponse.Allow
-	(*BeforeToolCallResponse_AllowWithInput)(nil), // 39: turnwire.v1.BeforeToolCallResponse.AllowWithInput
-	(*BeforeToolCallResponse_Block)(nil),          // 40: turnwire.v1.BeforeToolCallResponse.Block
-	(*BeforeToolCallResponse_Substitute)(nil),     // 41: turnwire.v1.BeforeToolCallResponse.Substitute
-	nil,                          // 42: turnwire.v1.HookSessionRequest.TraceContextEntry
-	(ConcurrentInputStrategy)(0), // 43: turnwire.v1.ConcurrentInputStrategy
-	(*structpb.Struct)(nil),      // 44: google.protobuf.Struct
-	(*Message)(nil),              // 45: turnwire.v1.Message
-	(*durationpb.Duration)(nil),  // 46: google.protobuf.Duration
-	(FinishReason)(0),            // 47: turnwire.v1.FinishReason
-	(*Usage)(nil),                // 48: turnwire.v1.Usage
-	(*ToolCallPart)(nil),         // 49: turnwire.v1.ToolCallPart
-	(*SourcePart)(nil),           // 50: turnwire.v1.SourcePart
-	(*FilePart)(nil),             // 51: turnwire.v1.FilePart
-	(*TurnEvent)(nil),            // 52: turnwire.v1.TurnEvent
-	(*status.Status)(nil),        // 53: google.rpc.Status
+	(*HookCall)(nil),                              // 36: turnwire.v1.HookCall
+	(*HookSessionResponse)(nil),                   // 37: turnwire.v1.HookSessionResponse
+	(*HookAnswer)(nil),                            // 38: turnwire.v1.HookAnswer
+	nil,                                           // 39: turnwire.v1.ModelSettings.HeadersEntry
+	(*BeforeToolCallResponse_Allow)(nil),          // 40: turnwire.v1.BeforeToolCallResponse.Allow
+	(*BeforeToolCallResponse_AllowWithInput)(nil), // 41: turnwire.v1.BeforeToolCallResponse.AllowWithInput
+	(*BeforeToolCallResponse_Block)(nil),          // 42: turnwire.v1.BeforeToolCallResponse.Block
+	(*BeforeToolCallResponse_Substitute)(nil),     // 43: turnwire.v1.BeforeToolCallResponse.Substitute
+	nil,                          // 44: turnwire.v1.HookCall.TraceContextEntry
+	(ConcurrentInputStrategy)(0), // 45: turnwire.v1.ConcurrentInputStrategy
+	(*structpb.Struct)(nil),      // 46: google.protobuf.Struct
+	(*Message)(nil),              // 47: turnwire.v1.Message
+	(*durationpb.Duration)(nil),  // 48: google.protobuf.Duration
+	(FinishReason)(0),            // 49: turnwire.v1.FinishReason
+	(*Usage)(nil),                // 50: turnwire.v1.Usage
+	(*ToolCallPart)(nil),         // 51: turnwire.v1.ToolCallPart
+	(*SourcePart)(nil),           // 52: turnwire.v1.SourcePart
+	(*FilePart)(nil),             // 53: turnwire.v1.FilePart
+	(*TurnEvent)(nil),            // 54: turnwire.v1.TurnEvent
+	(*status.Status)(nil),        // 55: google.rpc.Status
 }
 var file_turnwire_v1_hooks_proto_depIdxs = []int32{
 	0,  // 0: turnwire.v1.GetHookSubscriptionsResponse.hooks:type_name -> turnwire.v1.Hook
-	43, // 1: turnwire.v1.ConcurrentInput.strategy:type_name -> turnwire.v1.ConcurrentInputStrategy
-	44, // 2: turnwire.v1.TurnInfo.body:type_name -> google.protobuf.Struct
+	45, // 1: turnwire.v1.ConcurrentInput.strategy:type_name -> turnwire.v1.ConcurrentInputStrategy
+	46, // 2: turnwire.v1.TurnInfo.body:type_name -> google.protobuf.Struct
 	7,  // 3: turnwire.v1.BeforeTurnRequest.turn:type_name -> turnwire.v1.TurnInfo
-	45, // 4: turnwire.v1.BeforeTurnRequest.messages:type_name -> turnwire.v1.Message
+	47, // 4: turnwire.v1.BeforeTurnRequest.messages:type_name -> turnwire.v1.Message
 	6,  // 5: turnwire.v1.BeforeTurnRequest.concurrent_input:type_name -> turnwire.v1.ConcurrentInput
-	45, // 6: turnwire.v1.MessageList.messages:type_name -> turnwire.v1.Message
+	47, // 6: turnwire.v1.MessageList.messages:type_name -> turnwire.v1.Message
 	9,  // 7: turnwire.v1.ModelSettings.stop_sequences:type_name -> turnwire.v1.StringList
-	37, // 8: turnwire.v1.ModelSettings.headers:type_name -> turnwire.v1.ModelSettings.HeadersEntry
-	44, // 9: turnwire.v1.ModelSettings.provider_options:type_name -> google.protobuf.Struct
-	46, // 10: turnwire.v1.TurnTimeout.total:type_name -> google.protobuf.Duration
-	46, // 11: turnwire.v1.TurnTimeout.step:type_name -> google.protobuf.Duration
-	46, // 12: turnwire.v1.TurnTimeout.chunk:type_name -> google.protobuf.Duration
+	39, // 8: turnwire.v1.ModelSettings.headers:type_name -> turnwire.v1.ModelSettings.HeadersEntry
+	46, // 9: turnwire.v1.ModelSettings.provider_options:type_name -> google.protobuf.Struct
+	48, // 10: turnwire.v1.TurnTimeout.total:type_name -> google.protobuf.Duration
+	48, // 11: turnwire.v1.TurnTimeout.step:type_name -> google.protobuf.Duration
+	48, // 12: turnwire.v1.TurnTimeout.chunk:type_name -> google.protobuf.Duration
 	10, // 13: turnwire.v1.BeforeTurnResponse.messages:type_name -> turnwire.v1.MessageList
 	9,  // 14: turnwire.v1.BeforeTurnResponse.active_tools:type_name -> turnwire.v1.StringList
 	12, // 15: turnwire.v1.BeforeTurnResponse.stop_when:type_name -> turnwire.v1.StopCondition
 	11, // 16: turnwire.v1.BeforeTurnResponse.model_settings:type_name -> turnwire.v1.ModelSettings
 	13, // 17: turnwire.v1.BeforeTurnResponse.timeout:type_name -> turnwire.v1.TurnTimeout
-	46, // 18: turnwire.v1.BeforeTurnResponse.stream_stall_timeout:type_name -> google.protobuf.Duration
-	44, // 19: turnwire.v1.BeforeTurnResponse.output:type_name -> google.protobuf.Struct
-	47, // 20: turnwire.v1.StepInfo.finish_reason:type_name -> turnwire.v1.FinishReason
-	48, // 21: turnwire.v1.StepInfo.usage:type_name -> turnwire.v1.Usage
+	48, // 18: turnwire.v1.BeforeTurnResponse.stream_stall_timeout:type_name -> google.protobuf.Duration
+	46, // 19: turnwire.v1.BeforeTurnResponse.output:type_name -> google.protobuf.Struct
+	49, // 20: turnwire.v1.StepInfo.finish_reason:type_name -> turnwire.v1.FinishReason
+	50, // 21: turnwire.v1.StepInfo.usage:type_name -> turnwire.v1.Usage
 	7,  // 22: turnwire.v1.BeforeStepRequest.turn:type_name -> turnwire.v1.TurnInfo
 	15, // 23: turnwire.v1.BeforeStepRequest.steps:type_name -> turnwire.v1.StepInfo
-	45, // 24: turnwire.v1.BeforeStepRequest.messages:type_name -> turnwire.v1.Message
+	47, // 24: turnwire.v1.BeforeStepRequest.messages:type_name -> turnwire.v1.Message
 	9,  // 25: turnwire.v1.BeforeStepResponse.active_tools:type_name -> turnwire.v1.StringList
 	10, // 26: turnwire.v1.BeforeStepResponse.messages:type_name -> turnwire.v1.MessageList
 	11, // 27: turnwire.v1.BeforeStepResponse.model_settings:type_name -> turnwire.v1.ModelSettings
 	7,  // 28: turnwire.v1.BeforeToolCallRequest.turn:type_name -> turnwire.v1.TurnInfo
 	18, // 29: turnwire.v1.BeforeToolCallRequest.call:type_name -> turnwire.v1.ToolCallInfo
-	38, // 30: turnwire.v1.BeforeToolCallResponse.allow:type_name -> turnwire.v1.BeforeToolCallResponse.Allow
-	39, // 31: turnwire.v1.BeforeToolCallResponse.allow_with_input:type_name -> turnwire.v1.BeforeToolCallResponse.AllowWithInput
-	40, // 32: turnwire.v1.BeforeToolCallResponse.block:type_name -> turnwire.v1.BeforeToolCallResponse.Block
-	41, // 33: turnwire.v1.BeforeToolCallResponse.substitute:type_name -> turnwire.v1.BeforeToolCallResponse.Substitute
+	40, // 30: turnwire.v1.BeforeToolCallResponse.allow:type_name -> turnwire.v1.BeforeToolCallResponse.Allow
+	41, // 31: turnwire.v1.BeforeToolCallResponse.allow_with_input:type_name -> turnwire.v1.BeforeToolCallResponse.AllowWithInput
+	42, // 32: turnwire.v1.BeforeToolCallResponse.block:type_name -> turnwire.v1.BeforeToolCallResponse.Block
+	43, // 33: turnwire.v1.BeforeToolCallResponse.substitute:type_name -> turnwire.v1.BeforeToolCallResponse.Substitute
 	7,  // 34: turnwire.v1.AfterToolCallRequest.turn:type_name -> turnwire.v1.TurnInfo
 	18, // 35: turnwire.v1.AfterToolCallRequest.call:type_name -> turnwire.v1.ToolCallInfo
-	46, // 36: turnwire.v1.AfterToolCallRequest.duration:type_name -> google.protobuf.Duration
+	48, // 36: turnwire.v1.AfterToolCallRequest.duration:type_name -> google.protobuf.Duration
 	1,  // 37: turnwire.v1.AfterToolCallRequest.outcome:type_name -> turnwire.v1.ToolCallOutcome
 	7,  // 38: turnwire.v1.OnStepFinishRequest.turn:type_name -> turnwire.v1.TurnInfo
 	15, // 39: turnwire.v1.OnStepFinishRequest.step:type_name -> turnwire.v1.StepInfo
-	49, // 40: turnwire.v1.OnStepFinishRequest.tool_calls:type_name -> turnwire.v1.ToolCallPart
-	50, // 41: turnwire.v1.OnStepFinishRequest.sources:type_name -> turnwire.v1.SourcePart
-	51, // 42: turnwire.v1.OnStepFinishRequest.files:type_name -> turnwire.v1.FilePart
+	51, // 40: turnwire.v1.OnStepFinishRequest.tool_calls:type_name -> turnwire.v1.ToolCallPart
+	52, // 41: turnwire.v1.OnStepFinishRequest.sources:type_name -> turnwire.v1.SourcePart
+	53, // 42: turnwire.v1.OnStepFinishRequest.files:type_name -> turnwire.v1.FilePart
 	7,  // 43: turnwire.v1.OnChunksRequest.turn:type_name -> turnwire.v1.TurnInfo
-	52, // 44: turnwire.v1.OnChunksRequest.events:type_name -> turnwire.v1.TurnEvent
+	54, // 44: turnwire.v1.OnChunksRequest.events:type_name -> turnwire.v1.TurnEvent
 	7,  // 45: turnwire.v1.OnChatResponseRequest.turn:type_name -> turnwire.v1.TurnInfo
-	45, // 46: turnwire.v1.OnChatResponseRequest.message:type_name -> turnwire.v1.Message
+	47, // 46: turnwire.v1.OnChatResponseRequest.message:type_name -> turnwire.v1.Message
 	2,  // 47: turnwire.v1.OnChatResponseRequest.outcome:type_name -> turnwire.v1.TurnOutcome
-	53, // 48: turnwire.v1.OnChatResponseRequest.error:type_name -> google.rpc.Status
+	55, // 48: turnwire.v1.OnChatResponseRequest.error:type_name -> google.rpc.Status
 	6,  // 49: turnwire.v1.OnChatResponseRequest.concurrent_input:type_name -> turnwire.v1.ConcurrentInput
 	7,  // 50: turnwire.v1.ChatErrorInfo.turn:type_name -> turnwire.v1.TurnInfo
-	53, // 51: turnwire.v1.ChatErrorInfo.error:type_name -> google.rpc.Status
+	55, // 51: turnwire.v1.ChatErrorInfo.error:type_name -> google.rpc.Status
 	3,  // 52: turnwire.v1.ChatErrorInfo.classification:type_name -> turnwire.v1.ChatErrorClassification
 	29, // 53: turnwire.v1.ChatErrorInfo.provider_error:type_name -> turnwire.v1.ProviderErrorInfo
 	30, // 54: turnwire.v1.ClassifyChatErrorRequest.failure:type_name -> turnwire.v1.ChatErrorInfo
 	3,  // 55: turnwire.v1.ClassifyChatErrorResponse.classification:type_name -> turnwire.v1.ChatErrorClassification
 	30, // 56: turnwire.v1.OnChatErrorRequest.failure:type_name -> turnwire.v1.ChatErrorInfo
-	53, // 57: turnwire.v1.OnChatErrorResponse.error:type_name -> google.rpc.Status
-	42, // 58: turnwire.v1.HookSessionRequest.trace_context:type_name -> turnwire.v1.HookSessionRequest.TraceContextEntry
-	8,  // 59: turnwire.v1.HookSessionRequest.before_turn:type_name -> turnwire.v1.BeforeTurnRequest
-	16, // 60: turnwire.v1.HookSessionRequest.before_step:type_name -> turnwire.v1.BeforeStepRequest
-	19, // 61: turnwire.v1.HookSessionRequest.before_tool_call:type_name -> turnwire.v1.BeforeToolCallRequest
-	21, // 62: turnwire.v1.HookSessionRequest.after_tool_call:type_name -> turnwire.v1.AfterToolCallRequest
-	23, // 63: turnwire.v1.HookSessionRequest.on_step_finish:type_name -> turnwire.v1.OnStepFinishRequest
-	27, // 64: turnwire.v1.HookSessionRequest.on_chat_response:type_name -> turnwire.v1.OnChatResponseRequest
-	31, // 65: turnwire.v1.HookSessionRequest.classify_chat_error:type_name -> turnwire.v1.ClassifyChatErrorRequest
-	33, // 66: turnwire.v1.HookSessionRequest.on_chat_error:type_name -> turnwire.v1.OnChatErrorRequest
-	53, // 67: turnwire.v1.HookSessionResponse.error:type_name -> google.rpc.Status
-	14, // 68: turnwire.v1.HookSessionResponse.before_turn:type_name -> turnwire.v1.BeforeTurnResponse
-	17, // 69: turnwire.v1.HookSessionResponse.before_step:type_name -> turnwire.v1.BeforeStepResponse
-	20, // 70: turnwire.v1.HookSessionResponse.before_tool_call:type_name -> turnwire.v1.BeforeToolCallResponse
-	22, // 71: turnwire.v1.HookSessionResponse.after_tool_call:type_name -> turnwire.v1.AfterToolCallResponse
-	24, // 72: turnwire.v1.HookSessionResponse.on_step_finish:type_name -> turnwire.v1.OnStepFinishResponse
-	28, // 73: turnwire.v1.HookSessionResponse.on_chat_response:type_name -> turnwire.v1.OnChatResponseResponse
-	32, // 74: turnwire.v1.HookSessionResponse.classify_chat_error:type_name -> turnwire.v1.ClassifyChatErrorResponse
-	34, // 75: turnwire.v1.HookSessionResponse.on_chat_error:type_name -> turnwire.v1.OnChatErrorResponse
-	4,  // 76: turnwire.v1.TurnHooksService.GetHookSubscriptions:input_type -> turnwire.v1.GetHookSubscriptionsRequest
-	8,  // 77: turnwire.v1.TurnHooksService.BeforeTurn:input_type -> turnwire.v1.BeforeTurnRequest
-	16, // 78: turnwire.v1.TurnHooksService.BeforeStep:input_type -> turnwire.v1.BeforeStepRequest
-	19, // 79: turnwire.v1.TurnHooksService.BeforeToolCall:input_type -> turnwire.v1.BeforeToolCallRequest
-	21, // 80: turnwire.v1.TurnHooksService.AfterToolCall:input_type -> turnwire.v1.AfterToolCallRequest
-	23, // 81: turnwire.v1.TurnHooksService.OnStepFinish:input_type -> turnwire.v1.OnStepFinishRequest
-	25, // 82: turnwire.v1.TurnHooksService.OnChunks:input_type -> turnwire.v1.OnChunksRequest
-	27, // 83: turnwire.v1.TurnHooksService.OnChatResponse:input_type -> turnwire.v1.OnChatResponseRequest
-	31, // 84: turnwire.v1.TurnHooksService.ClassifyChatError:input_type -> turnwire.v1.ClassifyChatErrorRequest
-	33, // 85: turnwire.v1.TurnHooksService.OnChatError:input_type -> turnwire.v1.OnChatErrorRequest
-	35, // 86: turnwire.v1.TurnHooksService.HookSession:input_type -> turnwire.v1.HookSessionRequest
-	5,  // 87: turnwire.v1.TurnHooksService.GetHookSubscriptions:output_type -> turnwire.v1.GetHookSubscriptionsResponse
-	14, // 88: turnwire.v1.TurnHooksService.BeforeTurn:output_type -> turnwire.v1.BeforeTurnResponse
-	17, // 89: turnwire.v1.TurnHooksService.BeforeStep:output_type -> turnwire.v1.BeforeStepResponse
-	20, // 90: turnwire.v1.TurnHooksService.BeforeToolCall:output_type -> turnwire.v1.BeforeToolCallResponse
-	22, // 91: turnwire.v1.TurnHooksService.AfterToolCall:output_type -> turnwire.v1.AfterToolCallResponse
-	24, // 92: turnwire.v1.TurnHooksService.OnStepFinish:output_type -> turnwire.v1.OnStepFinishResponse
-	26, // 93: turnwire.v1.TurnHooksService.OnChunks:output_type -> turnwire.v1.OnChunksResponse
-	28, // 94: turnwire.v1.TurnHooksService.OnChatResponse:output_type -> turnwire.v1.OnChatResponseResponse
-	32, // 95: turnwire.v1.TurnHooksService.ClassifyChatError:output_type -> turnwire.v1.ClassifyChatErrorResponse
-	34, // 96: turnwire.v1.TurnHooksService.OnChatError:output_type -> turnwire.v1.OnChatErrorResponse
-	36, // 97: turnwire.v1.TurnHooksService.HookSession:output_type -> turnwire.v1.HookSessionResponse
-	87, // [87:98] is the sub-list for method output_type
-	76, // [76:87] is the sub-list for method input_type
-	76, // [76:76] is the sub-list for extension type_name
-	76, // [76:76] is the sub-list for extension extendee
-	0,  // [0:76] is the sub-list for field type_name
+	55, // 57: turnwire.v1.OnChatErrorResponse.error:type_name -> google.rpc.Status
+	36, // 58: turnwire.v1.HookSessionRequest.calls:type_name -> turnwire.v1.HookCall
+	44, // 59: turnwire.v1.HookCall.trace_context:type_name -> turnwire.v1.HookCall.TraceContextEntry
+	8,  // 60: turnwire.v1.HookCall.before_turn:type_name -> turnwire.v1.BeforeTurnRequest
+	16, // 61: turnwire.v1.HookCall.before_step:type_name -> turnwire.v1.BeforeStepRequest
+	19, // 62: turnwire.v1.HookCall.before_tool_call:type_name -> turnwire.v1.BeforeToolCallRequest
+	21, // 63: turnwire.v1.HookCall.after_tool_call:type_name -> turnwire.v1.AfterToolCallRequest
+	23, // 64: turnwire.v1.HookCall.on_step_finish:type_name -> turnwire.v1.OnStepFinishRequest
+	27, // 65: turnwire.v1.HookCall.on_chat_response:type_name -> turnwire.v1.OnChatResponseRequest
+	31, // 66: turnwire.v1.HookCall.classify_chat_error:type_name -> turnwire.v1.ClassifyChatErrorRequest
+	33, // 67: turnwire.v1.HookCall.on_chat_error:type_name -> turnwire.v1.OnChatErrorRequest
+	38, // 68: turnwire.v1.HookSessionResponse.answers:type_name -> turnwire.v1.HookAnswer
+	55, // 69: turnwire.v1.HookAnswer.error:type_name -> google.rpc.Status
+	14, // 70: turnwire.v1.HookAnswer.before_turn:type_name -> turnwire.v1.BeforeTurnResponse
+	17, // 71: turnwire.v1.HookAnswer.before_step:type_name -> turnwire.v1.BeforeStepResponse
+	20, // 72: turnwire.v1.HookAnswer.before_tool_call:type_name -> turnwire.v1.BeforeToolCallResponse
+	22, // 73: turnwire.v1.HookAnswer.after_tool_call:type_name -> turnwire.v1.AfterToolCallResponse
+	24, // 74: turnwire.v1.HookAnswer.on_step_finish:type_name -> turnwire.v1.OnStepFinishResponse
+	28, // 75: turnwire.v1.HookAnswer.on_chat_response:type_name -> turnwire.v1.OnChatResponseResponse
+	32, // 76: turnwire.v1.HookAnswer.classify_chat_error:type_name -> turnwire.v1.ClassifyChatErrorResponse
+	34, // 77: turnwire.v1.HookAnswer.on_chat_error:type_name -> turnwire.v1.OnChatErrorResponse
+	4,  // 78: turnwire.v1.TurnHooksService.GetHookSubscriptions:input_type -> turnwire.v1.GetHookSubscriptionsRequest
+	8,  // 79: turnwire.v1.TurnHooksService.BeforeTurn:input_type -> turnwire.v1.BeforeTurnRequest
+	16, // 80: turnwire.v1.TurnHooksService.BeforeStep:input_type -> turnwire.v1.BeforeStepRequest
+	19, // 81: turnwire.v1.TurnHooksService.BeforeToolCall:input_type -> turnwire.v1.BeforeToolCallRequest
+	21, // 82: turnwire.v1.TurnHooksService.AfterToolCall:input_type -> turnwire.v1.AfterToolCallRequest
+	23, // 83: turnwire.v1.TurnHooksService.OnStepFinish:input_type -> turnwire.v1.OnStepFinishRequest
+	25, // 84: turnwire.v1.TurnHooksService.OnChunks:input_type -> turnwire.v1.OnChunksRequest
+	27, // 85: turnwire.v1.TurnHooksService.OnChatResponse:input_type -> turnwire.v1.OnChatResponseRequest
+	31, // 86: turnwire.v1.TurnHooksService.ClassifyChatError:input_type -> turnwire.v1.ClassifyChatErrorRequest
+	33, // 87: turnwire.v1.TurnHooksService.OnChatError:input_type -> turnwire.v1.OnChatErrorRequest
+	35, // 88: turnwire.v1.TurnHooksService.HookSession:input_type -> turnwire.v1.HookSessionRequest
+	5,  // 89: turnwire.v1.TurnHooksService.GetHookSubscriptions:output_type -> turnwire.v1.GetHookSubscriptionsResponse
+	14, // 90: turnwire.v1.TurnHooksService.BeforeTurn:output_type -> turnwire.v1.BeforeTurnResponse
+	17, // 91: turnwire.v1.TurnHooksService.BeforeStep:output_type -> turnwire.v1.BeforeStepResponse
+	20, // 92: turnwire.v1.TurnHooksService.BeforeToolCall:output_type -> turnwire.v1.BeforeToolCallResponse
+	22, // 93: turnwire.v1.TurnHooksService.AfterToolCall:output_type -> turnwire.v1.AfterToolCallResponse
+	24, // 94: turnwire.v1.TurnHooksService.OnStepFinish:output_type -> turnwire.v1.OnStepFinishResponse
+	26, // 95: turnwire.v1.TurnHooksService.OnChunks:output_type -> turnwire.v1.OnChunksResponse
+	28, // 96: turnwire.v1.TurnHooksService.OnChatResponse:output_type -> turnwire.v1.OnChatResponseResponse
+	32, // 97: turnwire.v1.TurnHooksService.ClassifyChatError:output_type -> turnwire.v1.ClassifyChatErrorResponse
+	34, // 98: turnwire.v1.TurnHooksService.OnChatError:output_type -> turnwire.v1.OnChatErrorResponse
+	37, // 99: turnwire.v1.TurnHooksService.HookSession:output_type -> turnwire.v1.HookSessionResponse
+	89, // [89:100] is the sub-list for method output_type
+	78, // [78:89] is the sub-list for method input_type
+	78, // [78:78] is the sub-list for extension type_name
+	78, // [78:78] is the sub-list for extension extendee
+	0,  // [0:78] is the sub-list for field type_name
 }
 
 func init() { file_turnwire_v1_hooks_proto_init() }
@@ -4423,6 +4534,18 @@ func file_turnwire_v1_hooks_proto_init() {
 			}
 		}
 		file_turnwire_v1_hooks_proto_msgTypes[32].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*HookCall); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_hooks_proto_msgTypes[33].Exporter = func(v interface{}, i int) interface{} {
 			switch v := v.(*HookSessionResponse); i {
 			case 0:
 				return &v.state
@@ -4435,19 +4558,7 @@ func file_turnwire_v1_hooks_proto_init() {
 			}
 		}
 		file_turnwire_v1_hooks_proto_msgTypes[34].Exporter = func(v interface{}, i int) interface{} {
-			switch v := v.(*BeforeToolCallResponse_Allow); i {
-			case 0:
-				return &v.state
-			case 1:
-				return &v.sizeCache
-			case 2:
-				return &v.unknownFields
-			default:
-				return nil
-			}
-		}
-		file_turnwire_v1_hooks_proto_msgTypes[35].Exporter = func(v interface{}, i int) interface{} {
-			switch v := v.(*BeforeToolCallResponse_AllowWithInput); i {
+			switch v := v.(*HookAnswer); i {
 			case 0:
 				return &v.state
 			case 1:
@@ -4459,7 +4570,7 @@ func file_turnwire_v1_hooks_proto_init() {
 			}
 		}
 		file_turnwire_v1_hooks_proto_msgTypes[36].Exporter = func(v interface{}, i int) interface{} {
-			switch v := v.(*BeforeToolCallResponse_Block); i {
+			switch v := v.(*BeforeToolCallResponse_Allow); i {
 			case 0:
 				return &v.state
 			case 1:
@@ -4471,6 +4582,30 @@ func file_turnwire_v1_hooks_proto_init() {
 			}
 		}
 		file_turnwire_v1_hooks_proto_msgTypes[37].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*BeforeToolCallResponse_AllowWithInput); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_hooks_proto_msgTypes[38].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*BeforeToolCallResponse_Block); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_hooks_proto_msgTypes[39].Exporter = func(v interface{}, i int) interface{} {
 			switch v := v.(*BeforeToolCallResponse_Substitute); i {
 			case 0:
 				return &v.state
@@ -4497,25 +4632,25 @@ func file_turnwire_v1_hooks_proto_init() {
 		(*BeforeToolCallResponse_Substitute_)(nil),
 	}
 	file_turnwire_v1_hooks_proto_msgTypes[30].OneofWrappers = []interface{}{}
-	file_turnwire_v1_hooks_proto_msgTypes[31].OneofWrappers = []interface{}{
-		(*HookSessionRequest_BeforeTurn)(nil),
-		(*HookSessionRequest_BeforeStep)(nil),
-		(*HookSessionRequest_BeforeToolCall)(nil),
-		(*HookSessionRequest_AfterToolCall)(nil),
-		(*HookSessionRequest_OnStepFinish)(nil),
-		(*HookSessionRequest_OnChatResponse)(nil),
-		(*HookSessionRequest_ClassifyChatError)(nil),
-		(*HookSessionRequest_OnChatError)(nil),
-	}
 	file_turnwire_v1_hooks_proto_msgTypes[32].OneofWrappers = []interface{}{
-		(*HookSessionResponse_BeforeTurn)(nil),
-		(*HookSessionResponse_BeforeStep)(nil),
-		(*HookSessionResponse_BeforeToolCall)(nil),
-		(*HookSessionResponse_AfterToolCall)(nil),
-		(*HookSessionResponse_OnStepFinish)(nil),
-		(*HookSessionResponse_OnChatResponse)(nil),
-		(*HookSessionResponse_ClassifyChatError)(nil),
-		(*HookSessionResponse_OnChatError)(nil),
+		(*HookCall_BeforeTurn)(nil),
+		(*HookCall_BeforeStep)(nil),
+		(*HookCall_BeforeToolCall)(nil),
+		(*HookCall_AfterToolCall)(nil),
+		(*HookCall_OnStepFinish)(nil),
+		(*HookCall_OnChatResponse)(nil),
+		(*HookCall_ClassifyChatError)(nil),
+		(*HookCall_OnChatError)(nil),
+	}
+	file_turnwire_v1_hooks_proto_msgTypes[34].OneofWrappers = []interface{}{
+		(*HookAnswer_BeforeTurn)(nil),
+		(*HookAnswer_BeforeStep)(nil),
+		(*HookAnswer_BeforeToolCall)(nil),
+		(*HookAnswer_AfterToolCall)(nil),
+		(*HookAnswer_OnStepFinish)(nil),
+		(*HookAnswer_OnChatResponse)(nil),
+		(*HookAnswer_ClassifyChatError)(nil),
+		(*HookAnswer_OnChatError)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -4523,7 +4658,7 @@ func file_turnwire_v1_hooks_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: file_turnwire_v1_hooks_proto_rawDesc,
 			NumEnums:      4,
-			NumMessages:   39,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,10 +42,10 @@ type TurnHooksServiceClient interface {
 	// Once per turn that fails: the error the client sees.
 	OnChatError(ctx context.Context, in *OnChatErrorRequest, opts ...grpc.CallOption) (*OnChatErrorResponse, error)
 	// A turn's hook calls on one stream (all but OnChunks), for a server whose
-	// GetHookSubscriptionsResponse sets `hook_session`: one request per hook
-	// call, answered in order with one response each, so a call costs a message
-	// instead of an RPC. The same hooks, order, deadlines and failure modes as
-	// the unary RPCs above (docs/semantics.md §4, remote middleware).
+	// GetHookSubscriptionsResponse sets `hook_session`: each request carries one
+	// or more calls, answered in order, so a call costs a message (or part of
+	// one) instead of an RPC. The same hooks, order, deadlines and failure
+	// modes as the unary RPCs above (docs/semantics.md §4, remote middleware).
 	HookSession(ctx context.Context, opts ...grpc.CallOption) (TurnHooksService_HookSessionClient, error)
 }
 
@@ -232,10 +232,10 @@ type TurnHooksServiceServer interface {
 	// Once per turn that fails: the error the client sees.
 	OnChatError(context.Context, *OnChatErrorRequest) (*OnChatErrorResponse, error)
 	// A turn's hook calls on one stream (all but OnChunks), for a server whose
-	// GetHookSubscriptionsResponse sets `hook_session`: one request per hook
-	// call, answered in order with one response each, so a call costs a message
-	// instead of an RPC. The same hooks, order, deadlines and failure modes as
-	// the unary RPCs above (docs/semantics.md §4, remote middleware).
+	// GetHookSubscriptionsResponse sets `hook_session`: each request carries one
+	// or more calls, answered in order, so a call costs a message (or part of
+	// one) instead of an RPC. The same hooks, order, deadlines and failure
+	// modes as the unary RPCs above (docs/semantics.md §4, remote middleware).
 	HookSession(TurnHooksService_HookSessionServer) error
 	mustEmbedUnimplementedTurnHooksServiceServer()
 }

@@ -1497,15 +1497,40 @@ Global___OnChatErrorResponse: _TypeAlias = OnChatErrorResponse  # noqa: Y015
 
 @_typing.final
 class HookSessionRequest(_message.Message):
-    """HookSessionRequest is one hook call on a turn's HookSession stream. The
-    stream carries one turn (its metadata: `turnwire-parent-request-id`, as on
-    the unary RPCs). The server handles the requests in order, one at a time,
-    as if each were its unary RPC, and answers each with one
-    HookSessionResponse in the same order. The sidecar waits for the answers of
-    the deciding hooks (BeforeTurn, BeforeStep, BeforeToolCall, and the error
-    hooks) and of OnChatResponse, which it sends last; AfterToolCall and
-    OnStepFinish answers are read as they come, without holding up the turn.
+    """HookSessionRequest is one or more hook calls on a turn's HookSession stream.
+    The stream carries one turn (its metadata: `turnwire-parent-request-id`, as
+    on the unary RPCs). The server handles the calls in order, one at a time, as
+    if each were its unary RPC, and answers them in the same order, each as soon
+    as it is done (a HookSessionResponse holds one answer or more). The
+    sidecar waits for the answers of the deciding hooks (BeforeTurn, BeforeStep,
+    BeforeToolCall, the error hooks) and of OnChatResponse; AfterToolCall and
+    OnStepFinish are observing calls: they are sent with the turn's next call (or
+    at most 50 ms after they were made) and their answers are not waited for.
     """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___HookCall]:
+        """The calls, in the order the sidecar made them."""
+
+    def __init__(
+        self,
+        *,
+        calls: _abc.Iterable[Global___HookCall] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HookSessionRequest: _TypeAlias = HookSessionRequest  # noqa: Y015
+
+@_typing.final
+class HookCall(_message.Message):
+    """HookCall is one hook call of a HookSessionRequest."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1602,12 +1627,38 @@ class HookSessionRequest(_message.Message):
     _WhichOneofArgType_hook: _TypeAlias = _typing.Literal["hook", b"hook"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_hook) -> _WhichOneofReturnType_hook | None: ...
 
-Global___HookSessionRequest: _TypeAlias = HookSessionRequest  # noqa: Y015
+Global___HookCall: _TypeAlias = HookCall  # noqa: Y015
 
 @_typing.final
 class HookSessionResponse(_message.Message):
-    """HookSessionResponse answers one HookSessionRequest: the unary RPC's response
-    message, or the status the RPC would have failed with.
+    """HookSessionResponse carries the answers of one or more calls of the stream,
+    in the calls' order.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___HookAnswer]:
+        """The answers."""
+
+    def __init__(
+        self,
+        *,
+        answers: _abc.Iterable[Global___HookAnswer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HookSessionResponse: _TypeAlias = HookSessionResponse  # noqa: Y015
+
+@_typing.final
+class HookAnswer(_message.Message):
+    """HookAnswer answers one HookCall: the unary RPC's response message, or the
+    status the RPC would have failed with.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1623,7 +1674,7 @@ class HookSessionResponse(_message.Message):
     CLASSIFY_CHAT_ERROR_FIELD_NUMBER: _builtins.int
     ON_CHAT_ERROR_FIELD_NUMBER: _builtins.int
     id: _builtins.int
-    """The id of the request it answers."""
+    """The id of the call it answers."""
     @_builtins.property
     def error(self) -> _status_pb2.Status:
         """Set when the hook call failed (what the unary RPC's status would be):
@@ -1684,4 +1735,4 @@ class HookSessionResponse(_message.Message):
     _WhichOneofArgType_hook: _TypeAlias = _typing.Literal["hook", b"hook"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_hook) -> _WhichOneofReturnType_hook | None: ...
 
-Global___HookSessionResponse: _TypeAlias = HookSessionResponse  # noqa: Y015
+Global___HookAnswer: _TypeAlias = HookAnswer  # noqa: Y015

@@ -190,10 +190,10 @@ class TurnHooksServiceServicer:
 
     def HookSession(self, request_iterator, context):
         """A turn's hook calls on one stream (all but OnChunks), for a server whose
-        GetHookSubscriptionsResponse sets `hook_session`: one request per hook
-        call, answered in order with one response each, so a call costs a message
-        instead of an RPC. The same hooks, order, deadlines and failure modes as
-        the unary RPCs above (docs/semantics.md §4, remote middleware).
+        GetHookSubscriptionsResponse sets `hook_session`: each request carries one
+        or more calls, answered in order, so a call costs a message (or part of
+        one) instead of an RPC. The same hooks, order, deadlines and failure
+        modes as the unary RPCs above (docs/semantics.md §4, remote middleware).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

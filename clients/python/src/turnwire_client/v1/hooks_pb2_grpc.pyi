@@ -72,10 +72,10 @@ class TurnHooksServiceStub:
     """Once per turn that fails: the error the client sees."""
     HookSession: _grpc.StreamStreamMultiCallable[_hooks_pb2.HookSessionRequest, _hooks_pb2.HookSessionResponse]
     """A turn's hook calls on one stream (all but OnChunks), for a server whose
-    GetHookSubscriptionsResponse sets `hook_session`: one request per hook
-    call, answered in order with one response each, so a call costs a message
-    instead of an RPC. The same hooks, order, deadlines and failure modes as
-    the unary RPCs above (docs/semantics.md §4, remote middleware).
+    GetHookSubscriptionsResponse sets `hook_session`: each request carries one
+    or more calls, answered in order, so a call costs a message (or part of
+    one) instead of an RPC. The same hooks, order, deadlines and failure
+    modes as the unary RPCs above (docs/semantics.md §4, remote middleware).
     """
 
 @_typing.type_check_only
@@ -122,10 +122,10 @@ class TurnHooksServiceAsyncStub(TurnHooksServiceStub):
     """Once per turn that fails: the error the client sees."""
     HookSession: _aio.StreamStreamMultiCallable[_hooks_pb2.HookSessionRequest, _hooks_pb2.HookSessionResponse]  # type: ignore[assignment]
     """A turn's hook calls on one stream (all but OnChunks), for a server whose
-    GetHookSubscriptionsResponse sets `hook_session`: one request per hook
-    call, answered in order with one response each, so a call costs a message
-    instead of an RPC. The same hooks, order, deadlines and failure modes as
-    the unary RPCs above (docs/semantics.md §4, remote middleware).
+    GetHookSubscriptionsResponse sets `hook_session`: each request carries one
+    or more calls, answered in order, so a call costs a message (or part of
+    one) instead of an RPC. The same hooks, order, deadlines and failure
+    modes as the unary RPCs above (docs/semantics.md §4, remote middleware).
     """
 
 class TurnHooksServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -235,10 +235,10 @@ class TurnHooksServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_hooks_pb2.HookSessionResponse], _abc.AsyncIterator[_hooks_pb2.HookSessionResponse]]:
         """A turn's hook calls on one stream (all but OnChunks), for a server whose
-        GetHookSubscriptionsResponse sets `hook_session`: one request per hook
-        call, answered in order with one response each, so a call costs a message
-        instead of an RPC. The same hooks, order, deadlines and failure modes as
-        the unary RPCs above (docs/semantics.md §4, remote middleware).
+        GetHookSubscriptionsResponse sets `hook_session`: each request carries one
+        or more calls, answered in order, so a call costs a message (or part of
+        one) instead of an RPC. The same hooks, order, deadlines and failure
+        modes as the unary RPCs above (docs/semantics.md §4, remote middleware).
         """
 
 def add_TurnHooksServiceServicer_to_server(servicer: TurnHooksServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
