@@ -9,12 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from support.engine_harness import end_of
+from support.engine_harness import MODEL, EngineFactory, collect, end_of
 from support.hook_server import RecordingHookServer, serving, sleep_forever
+from support.traces import memory_tracing, traceparent_of
 from test_remote_hooks import *  # noqa: F403  # every test of the unary path, collected again here
 from test_remote_hooks import PARENT, RemoteEngine, metric
 
+from turnwire.hooks import SessionContext
 from turnwire_client.v1 import event_pb2
+from turnwire_server.remote_hooks import RemoteMiddleware
+from turnwire_server.remote_hooks.settings import RemoteHookSettings
 
 
 @pytest.fixture(autouse=True)
@@ -106,3 +110,27 @@ async def test_hook_session_false_keeps_unary_rpcs_for_a_server_that_offers_the_
         end = end_of(await harness.run("check"))
     assert end.status == event_pb2.TURN_STATUS_COMPLETED
     assert server.sessions == 0 and server.count("BeforeStep") == 2
+
+
+async def test_each_call_on_the_stream_carries_its_own_hook_spans_trace_context(
+    make_engine: EngineFactory,
+) -> None:
+    # The stream's metadata is set once, at its opening; every HookCall carries the trace context
+    # of its own hook span (trace_context), so each hook's server span joins under the right one.
+    tracing, exporter = memory_tracing()
+    server = RecordingHookServer()
+    async with serving(server) as address:
+        middleware = RemoteMiddleware(RemoteHookSettings(address=address))
+        try:
+            h = await make_engine(middlewares=[middleware], tracing=tracing)
+            await h.chain.configure_session(SessionContext(default_model=MODEL, system="sys", tools={}))
+            events = await collect(await h.start("hi"))
+        finally:
+            await middleware.aclose()
+    assert events[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
+    spans = exporter.get_finished_spans()
+    for hook, rpc in (("before_turn", "BeforeTurn"), ("before_step", "BeforeStep")):
+        [span] = [s for s in spans if (s.attributes or {}).get("turnwire.hook.name") == hook]
+        [call] = [c for c in server.calls if c.rpc == rpc]
+        assert call.stream
+        assert call.metadata["traceparent"] == traceparent_of(span), hook
