@@ -82,8 +82,9 @@ def test_the_budget_counts_bytes_not_entries() -> None:
 
 
 def test_the_store_caches_conversations_by_their_bytes() -> None:
-    """Today's cache held 200,000 messages whatever their size: here 4 KiB messages fill the
-    budget 25 times sooner than 150-byte ones, and the held total never passes it."""
+    """Today's cache held 200,000 messages whatever their size: here a conversation of 4 KiB
+    messages weighs about three times one of 150-byte messages (with their objects' overhead),
+    and the held total never passes the budget."""
     small, large = "s" * 150, "L" * 4096
     per_small = 150 + MESSAGE_OVERHEAD_BYTES
     budget = CacheBudget(100 * 10 * per_small)  # room for about 100 conversations of 10 small messages
@@ -96,12 +97,13 @@ def test_the_store_caches_conversations_by_their_bytes() -> None:
     for number in range(80):
         read(f"small-{number}", small)
     assert all(decoded.read(f"small-{n}").base is not None for n in range(80))
-    for number in range(20):
+    for number in range(40):
         read(f"large-{number}", large)
         assert budget.counted_bytes <= budget.limit_bytes
     held_small = sum(decoded.read(f"small-{n}").base is not None for n in range(80))
-    held_large = sum(decoded.read(f"large-{n}").base is not None for n in range(20))
-    assert held_large < 20 and held_small == 0  # the small ones were older: out first
+    held_large = sum(decoded.read(f"large-{n}").base is not None for n in range(40))
+    assert held_small == 0  # older: out first
+    assert 25 <= held_large < 40  # about 33 fit: 3 small conversations' room each
     assert budget.counted_bytes <= budget.limit_bytes
 
 
