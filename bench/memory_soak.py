@@ -6,7 +6,7 @@ messages and the adapters' conversions, prefix states and kept JSON bodies all f
 clients take the conversations one after another; each conversation gets ``--turns`` Chat turns in a
 row (its provider alternates by conversation), the user messages mixed 150-byte and 4 KiB (every
 ``--large-every``-th is the large one), the replies ``burst-24`` (24 words). The server's RSS
-(``/proc/<pid>/status`` ``VmRSS``, through psutil) is sampled at each tenth of the conversations;
+(``/proc/<pid>/status`` ``VmRSS``, through psutil) is sampled at each twentieth of the conversations;
 the table gives it at the start and at each quarter and the growth over the last quarter, PASS
 under 5 %. What the cache budget counted (``turnwire_cache_bytes``, ``/metrics``) is shown beside
 when the server exports it.
@@ -144,7 +144,7 @@ async def _soak(
     metrics_url: str = server.metrics_url  # type: ignore[attr-defined]
     started = time.monotonic()
     samples = [Sample(0, 0, server.rss(), 0.0, cache_figures(metrics_url))]
-    marks = {conversations * tenth // 10 for tenth in range(1, 11)}
+    marks = {conversations * twentieth // 20 for twentieth in range(1, 21)}
     done = 0
     turns_done = 0
     next_conversation = 0
@@ -200,14 +200,10 @@ def _table(samples: list[Sample], turns: int, concurrency: int, large_every: int
         f"Memory soak: server RSS over {total:,} conversations x {turns} turns (issue 32 item 11)",
         ["point", "conversations", "turns", "RSS MiB", "cache counted MiB (limit)", "elapsed s"],
     )
-    quarters = {0: "start", 2: "", 5: "", 7: "", 10: ""}
     by_conversations = {sample.conversations: sample for sample in samples}
     points = [("start", samples[0])]
-    for quarter in range(1, 5):
-        wanted = total * quarter // 4
-        nearest = min(by_conversations, key=lambda count: abs(count - wanted))
-        points.append((f"{quarter}/4", by_conversations[nearest]))
-    del quarters
+    for quarter in range(1, 5):  # sampled at every twentieth, so at each quarter
+        points.append((f"{quarter}/4", by_conversations[total * quarter // 4]))
     for label, sample in points:
         counted = (
             "-"
@@ -238,7 +234,7 @@ def _table(samples: list[Sample], turns: int, concurrency: int, large_every: int
         "upstream; providers openai and anthropic alternating by conversation; SQLite store.",
         "RSS is VmRSS of the server process (psutil, /proc). Target: under 5 % growth over the last quarter "
         "(PASS/MISS, not asserted).",
-        f"Every tenth: {', '.join(f'{s.rss / MIB:.0f}' for s in samples)} MiB.",
+        f"Every twentieth: {', '.join(f'{s.rss / MIB:.0f}' for s in samples)} MiB.",
         machine_summary(),
     ]
     return table
