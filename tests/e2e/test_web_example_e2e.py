@@ -29,12 +29,13 @@ CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 TOKEN = new_token()
 
 pytestmark = pytest.mark.skipif(
-    not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}: `make install-chromium` installs Debian's"
+    not Path(CHROMIUM).exists(),
+    reason=f"no Chromium at {CHROMIUM}: `make install-chromium` installs Debian's",
 )
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base's name
+    def log_message(self, format: str, *args: object) -> None:
         """Nothing: the request lines would print the page's query (the token) into the test log."""
 
 

@@ -6,6 +6,7 @@ the codecs, which only wrap ``google.protobuf``'s serializers."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,8 @@ from connectrpc.protocol import ProtocolType
 from google.protobuf import message_factory
 from google.protobuf.message import Message
 from google.rpc import error_details_pb2
+from pyqwest import Client as HTTPClient
+from pyqwest import HTTPTransport
 
 from turnwire_client.v1 import chat_service_pb2
 from turnwire_server.http.connect_door import ProtoBinaryCodec, ProtoJsonCodec
@@ -49,11 +52,26 @@ class ConnectChat:
     token: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
 
-    def _client(self) -> ConnectClient:
+    fresh_connection: bool = False
+    """Each call on a new connection (a transport of its own) rather than the shared pool's."""
+
+    @contextlib.asynccontextmanager
+    async def _client(self) -> AsyncIterator[ConnectClient]:
         codec = ProtoJsonCodec() if self.encoding == "json" else ProtoBinaryCodec()
-        return ConnectClient(
-            self.base_url, codec=codec, protocol=PROTOCOLS[self.protocol], send_compression=None
-        )
+        transport = HTTPTransport() if self.fresh_connection else None
+        http_client = HTTPClient(transport) if transport is not None else None
+        try:
+            async with ConnectClient(
+                self.base_url,
+                codec=codec,
+                protocol=PROTOCOLS[self.protocol],
+                send_compression=None,
+                http_client=http_client,
+            ) as client:
+                yield client
+        finally:
+            if transport is not None:
+                await transport.aclose()
 
     def _headers(self) -> dict[str, str]:
         headers = dict(self.headers)
