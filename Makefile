@@ -85,6 +85,7 @@ test-go: setup
 conformance: setup build-node
 	$(PY) clients/conformance/python/run.py
 	node clients/conformance/node/run.mjs
+	TURNWIRE_CONFORMANCE_PROTOCOL=connect node clients/conformance/node/run.mjs
 	@if command -v go >/dev/null; then bash clients/conformance/go/run.sh; else \
 	  echo "Go not installed: NOT running the Go conformance runner (apt-get install $(GO_PACKAGES))"; fi
 
