@@ -57,7 +57,12 @@ _RUNNERS = {
     "python": [str(REPO / ".venv" / "bin" / "python"), "clients/conformance/python/run.py"],
     "node": ["node", "clients/conformance/node/run.mjs"],
     # The same runner over the HTTP listener (Connect, by connect-web's transport).
-    "node-connect": ["env", "TURNWIRE_CONFORMANCE_PROTOCOL=connect", "node", "clients/conformance/node/run.mjs"],
+    "node-connect": [
+        "env",
+        "TURNWIRE_CONFORMANCE_PROTOCOL=connect",
+        "node",
+        "clients/conformance/node/run.mjs",
+    ],
     "go": ["bash", "clients/conformance/go/run.sh"],
 }
 _GOOD = {

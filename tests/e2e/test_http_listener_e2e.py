@@ -36,7 +36,7 @@ def with_http(config: dict[str, object], **http: object) -> dict[str, object]:
 
 def url(sidecar: SidecarProcess, scheme: str = "http") -> str:
     assert sidecar.config is not None
-    return f"{scheme}://{sidecar.config['http']['listen']}"  # type: ignore[index]
+    return f"{scheme}://{sidecar.config['http']['listen']}"
 
 
 def chat_request(conversation: str) -> chat_service_pb2.ChatRequest:

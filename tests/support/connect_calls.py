@@ -99,7 +99,7 @@ def error_reason(error: ConnectError) -> str:
     """The ErrorInfo reason among ``error``'s details ("" when none)."""
     for detail in error.details:
         if detail.type_name == "google.rpc.ErrorInfo":
-            return error_details_pb2.ErrorInfo.FromString(detail.message_bytes).reason
+            return str(error_details_pb2.ErrorInfo.FromString(detail.message_bytes).reason)
     return ""
 
 
