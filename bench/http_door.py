@@ -36,6 +36,7 @@ import grpc
 from connectrpc.client import ConnectClient
 from connectrpc.method import IdempotencyLevel, MethodInfo, StreamType
 from connectrpc.protocol import ProtocolType
+from google.protobuf import json_format
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -189,6 +190,126 @@ async def run(rounds: int, turns: int) -> list[Table]:
     return [table]
 
 
+# ----------------------------------------------------------------------------- in process
+
+
+def _events() -> list[chat_service_pb2.ChatResponse]:
+    """A 4-delta turn's events, as the sidecar sends them."""
+    kinds: list[dict[str, Any]] = [
+        {"turn_start": {"message_id": "tw-a-1", "model": MODEL}},
+        {"step_start": {}},
+        {"text_start": {"id": "s0-t"}},
+        *({"text_delta": {"id": "s0-t", "delta": word}} for word in ("The ", "quick ", "brown ", "fox.")),
+        {"text_end": {"id": "s0-t"}},
+        {"step_finish": {"usage": {"input_tokens": 12, "output_tokens": 4}}},
+        {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
+    ]
+    out = []
+    for number, kind in enumerate(kinds, 1):
+        event = {"conversation_id": "c", "request_id": "tw-r-1", "sequence_number": number, **kind}
+        out.append(json_format.ParseDict({"event": event}, chat_service_pb2.ChatResponse()))
+    return out
+
+
+class _Servicer(chat_service_pb2_grpc.ChatServiceServicer):
+    """Chat answers a pre-built 4-delta turn: the door's cost alone, without the engine's."""
+
+    def __init__(self) -> None:
+        self.events = _events()
+
+    async def Chat(self, request: Any, context: Any) -> Any:
+        for response in self.events:
+            await context.write(response)
+
+
+def _envelope(payload: bytes) -> bytes:
+    return b"\0" + len(payload).to_bytes(4, "big") + payload
+
+
+async def _asgi_call(app: Any, content_type: str, body: bytes) -> int:
+    """One request through the ASGI app, in process; the response bytes."""
+    sent: list[bytes] = []
+    done = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal done
+        if done:
+            await asyncio.Event().wait()
+        done = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            sent.append(message.get("body", b""))
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/turnwire.v1.ChatService/Chat",
+        "raw_path": b"/turnwire.v1.ChatService/Chat",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", content_type.encode()), (b"authorization", b"Bearer x")],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8080),
+        "extensions": {},
+    }
+    await app(scope, receive, send)
+    return sum(len(chunk) for chunk in sent)
+
+
+async def in_process(requests: int) -> Table:
+    """The door's own CPU per Chat (ASGI app, connectrpc, the in-process call; no sockets, no
+    HTTP parsing), against running the same handler with an in-process context alone."""
+    from turnwire_server.api.rpc_observer import RpcObserver
+    from turnwire_server.http.calls import CallInfo, InProcessCalls, MethodTable
+    from turnwire_server.http.doors import DoorContext, build_app, connect_door
+    from turnwire_server.http.settings import CorsSettings
+
+    table_ = MethodTable()
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(_Servicer(), table_)
+    calls = InProcessCalls(table_, [RpcObserver()])
+    service = chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"]
+    app = build_app(DoorContext(calls, [service], 4 << 20), [connect_door], CorsSettings())
+    chat = request()
+    bodies = {
+        "Connect proto": ("application/connect+proto", _envelope(chat.SerializeToString())),
+        "Connect JSON": ("application/connect+json", _envelope(json_format.MessageToJson(chat).encode())),
+        "gRPC-Web proto": ("application/grpc-web+proto", _envelope(chat.SerializeToString())),
+    }
+
+    async def direct() -> None:
+        async for _ in calls.stream("/turnwire.v1.ChatService/Chat", chat, CallInfo(())):
+            pass
+
+    async def measure(one: Callable[[], Awaitable[Any]]) -> float:
+        for _ in range(200):
+            await one()
+        start = time.process_time()
+        for _ in range(requests):
+            await one()
+        return (time.process_time() - start) / requests
+
+    base = statistics.median([await measure(direct) for _ in range(3)])
+    table = Table(
+        f"The door's own CPU per Chat in process ({requests} requests x 3, median; a pre-built 4-delta "
+        "turn of 10 events; µs)",
+        ["path", "CPU / request", "added by HTTP framing and codec"],
+    )
+    table.add("in-process call alone (interceptor: RpcObserver)", f"{base * 1e6:.0f}", "")
+    for name, (content_type, body) in bodies.items():
+
+        async def one(content_type: str = content_type, body: bytes = body) -> None:
+            await _asgi_call(app, content_type, body)
+
+        own = statistics.median([await measure(one) for _ in range(3)])
+        table.add(name, f"{own * 1e6:.0f}", f"{(own - base) * 1e6:+.0f}")
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -197,9 +318,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--turns", type=int, default=40)
     parser.add_argument("--json", type=Path, help="also write the tables as JSON here")
+    parser.add_argument("--in-process-only", action="store_true", help="only the in-process table")
     args = parser.parse_args()
     rounds, turns = (2, 10) if args.quick else (args.rounds, args.turns)
-    tables = asyncio.run(run(rounds, turns))
+    tables = [asyncio.run(in_process(500 if args.quick else 2000))]
+    if not args.in_process_only:
+        tables += asyncio.run(run(rounds, turns))
     print_tables(tables)
     if args.json:
         write_tables_json(args.json, tables)

@@ -250,6 +250,28 @@ async def test_cors_preflight_and_exposed_headers(sidecar: SidecarProcess) -> No
         assert {"grpc-status", "grpc-message", "grpc-status-details-bin"} <= exposed
 
 
+async def test_bad_requests_say_what_to_fix(sidecar: SidecarProcess) -> None:
+    url = f"{base_url(sidecar)}/turnwire.v1.ChatService/GetConversation"
+    headers = {"authorization": f"Bearer {TOKEN_A}"}
+    async with httpx.AsyncClient() as http:
+        broken = await http.post(
+            url, headers={**headers, "content-type": "application/json"}, content=b'{"conver'
+        )
+        assert broken.status_code == 400
+        answer = broken.json()
+        assert answer["code"] == "invalid_argument"
+        assert answer["message"].startswith(
+            "the request body is not a turnwire.v1.GetConversationRequest in JSON"
+        )
+        assert [detail["type"] for detail in answer["details"]] == ["google.rpc.BadRequest"]
+        native = await http.post(
+            url, headers={**headers, "content-type": "application/grpc"}, content=b"\0" * 5
+        )
+        assert native.status_code == 415 and "gRPC listener" in native.text
+        unknown = await http.post(f"{base_url(sidecar)}/turnwire.v1.ChatService/Nope", content=b"{}")
+        assert unknown.status_code == 404
+
+
 def doc_commands() -> list[str]:
     """The ``curl`` commands of docs/http.md's "From curl" section, as written there."""
     section = DOCS.read_text().split("## From curl", 1)[1].split("\n## ", 1)[0]

@@ -15,7 +15,7 @@ The servicer's context is :class:`HttpCallContext`, the part of ``grpc.aio.Servi
 the servicer and the interceptors use: metadata (the HTTP request headers, lowercased; ``-bin``
 values base64-decoded, as gRPC does; never ``cookie``), the peer, the deadline, ``abort``
 (which raises :class:`CallEnded`, a ``grpc.aio.AbortError``), the status code, done callbacks and
-``write`` for response streams. A response stream's writes go through a one-message queue, so a
+``write`` for response streams. A response stream's writes go through a small bounded queue, so a
 reader that stops reading stops the handler's writes (back-pressure, as gRPC's flow control
 does); a reader that leaves (the HTTP client disconnected, the deadline passed) cancels the
 handler, which then sees ``asyncio.CancelledError`` as it would over gRPC.
@@ -239,6 +239,11 @@ class MethodTable:
 
 _END = object()
 
+_BUFFERED = 8
+"""Responses a stream's handler may write ahead of its reader: a few, so a burst of events does not
+cost two task switches each, and still a bound (the engine's own buffer, limits.stream_buffer_events,
+is where a slow reader is judged)."""
+
 
 class InProcessCalls:
     """Run a call of any method in ``table`` through ``interceptors`` (the gRPC server's, in its
@@ -284,7 +289,7 @@ class InProcessCalls:
     async def stream(self, method: str, request: Message, call: CallInfo) -> AsyncIterator[Message]:
         """The responses of the server-streaming ``method`` to ``request``, as they are written.
         Leaving the iteration early (``aclose``, cancellation) cancels the handler."""
-        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1)
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=_BUFFERED)
         handler = await self._handler(method, call)
         context = HttpCallContext(call, queue.put)
         failure: list[BaseException] = []

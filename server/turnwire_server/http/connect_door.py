@@ -200,6 +200,21 @@ def _streaming(path: str, calls: InProcessCalls) -> Any:
     return call
 
 
+def _is_native_grpc(content_type: bytes) -> bool:
+    kind = content_type.split(b";")[0].strip().lower()
+    return kind == b"application/grpc" or kind.startswith(b"application/grpc+")
+
+
+async def _refuse_native_grpc(send: Any) -> None:
+    body = b"native gRPC is served on the gRPC listener (listen:), not here; use Connect or gRPC-Web\n"
+    headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"accept-post", b"application/json, application/proto"),
+    ]
+    await send({"type": "http.response.start", "status": 415, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 class ConnectDoor(ConnectASGIApplication[None]):
     """The ASGI application serving ``endpoints`` (:func:`endpoints_of`) over Connect and
     gRPC-Web; request messages up to ``read_max_bytes`` (larger: ``RESOURCE_EXHAUSTED``)."""
@@ -212,6 +227,16 @@ class ConnectDoor(ConnectASGIApplication[None]):
             codecs=[ProtoBinaryCodec(), ProtoJsonCodec()],
         )
         self._paths = tuple(endpoints)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Serve one ASGI call; native gRPC (``application/grpc``, which needs HTTP/2 trailers)
+        is answered 415 saying where it is served, rather than failing inside connectrpc."""
+        if scope["type"] == "http":
+            for name, value in scope.get("headers", ()):
+                if name == b"content-type" and _is_native_grpc(value):
+                    await _refuse_native_grpc(send)
+                    return
+        await super().__call__(scope, receive, send)
 
     @property
     def path(self) -> str:
