@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -217,9 +217,11 @@ class _Servicer(chat_service_pb2_grpc.ChatServiceServicer):
     def __init__(self) -> None:
         self.events = _events()
 
-    async def Chat(self, request: Any, context: Any) -> Any:
+    async def Chat(
+        self, request: Any, context: Any
+    ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
         for response in self.events:
-            await context.write(response)
+            yield response
 
 
 def _envelope(payload: bytes) -> bytes:
@@ -270,7 +272,7 @@ async def in_process(requests: int) -> Table:
     from turnwire_server.http.settings import CorsSettings
 
     table_ = MethodTable()
-    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(_Servicer(), table_)
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(_Servicer(), table_)  # type: ignore[abstract]
     calls = InProcessCalls(table_, [RpcObserver()])
     service = chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"]
     app = build_app(DoorContext(calls, [service], 4 << 20), [connect_door], CorsSettings())
