@@ -217,9 +217,7 @@ class _Servicer(chat_service_pb2_grpc.ChatServiceServicer):
     def __init__(self) -> None:
         self.events = _events()
 
-    async def Chat(
-        self, request: Any, context: Any
-    ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
+    async def Chat(self, request: Any, context: Any) -> AsyncIterator[chat_service_pb2.ChatResponse]:
         for response in self.events:
             yield response
 
