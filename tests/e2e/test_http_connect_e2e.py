@@ -12,6 +12,7 @@ import asyncio
 import re
 import shlex
 import subprocess
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import httpx2 as httpx
 import pytest
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
+from prometheus_client.parser import text_string_to_metric_families
 from support.connect_calls import CHAT_SERVICE, ConnectChat, detail_types, error_reason
 from support.endless import endless_step
 from support.sidecar import SidecarProcess, free_port, running_sidecar
@@ -51,6 +53,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
         "providers": {"scripted": {"scripts": SCRIPTS}},
         "auth": auth_config(tokens),
         "http": {"listen": f"127.0.0.1:{free_port()}", "cors": {"allow_origins": [ORIGIN]}},
+        "metrics": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"},
     }
     with running_sidecar(workdir, config) as process:
         yield process
@@ -270,6 +273,31 @@ async def test_bad_requests_say_what_to_fix(sidecar: SidecarProcess) -> None:
         assert native.status_code == 415 and "gRPC listener" in native.text
         unknown = await http.post(f"{base_url(sidecar)}/turnwire.v1.ChatService/Nope", content=b"{}")
         assert unknown.status_code == 404
+
+
+def handled(sidecar: SidecarProcess, method: str, code: str) -> float:
+    """``grpc_server_handled_total`` of ChatService ``method`` ending ``code``, from /metrics."""
+    assert sidecar.config is not None
+    with urllib.request.urlopen(f"http://{sidecar.config['metrics']['listen']}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "grpc_server_handled_total"
+        and sample.labels.get("grpc_method") == method
+        and sample.labels.get("grpc_code") == code
+    )
+
+
+async def test_http_calls_count_in_the_rpc_metrics(sidecar: SidecarProcess) -> None:
+    before = handled(sidecar, "ListConversations", "OK"), handled(sidecar, "GetConversation", "NotFound")
+    door = ConnectChat(base_url(sidecar), token=TOKEN_B)
+    await door.unary("ListConversations", chat_service_pb2.ListConversationsRequest())
+    with pytest.raises(ConnectError):
+        await door.unary("GetConversation", chat_service_pb2.GetConversationRequest(conversation_id="none"))
+    after = handled(sidecar, "ListConversations", "OK"), handled(sidecar, "GetConversation", "NotFound")
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
 
 
 def doc_commands() -> list[str]:
