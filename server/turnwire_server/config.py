@@ -41,6 +41,7 @@ from turnwire_server.engine.settings import (
     StoreCheckpointSettings,
 )
 from turnwire_server.event_loop import EventLoopChoice
+from turnwire_server.http.settings import HttpSettings
 from turnwire_server.providers.settings import (
     PROVIDER_TYPES,
     ProviderSettings,
@@ -202,6 +203,7 @@ class Settings(BaseSettings):
     durability: DurabilitySettings = Field(default_factory=DurabilitySettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     tls: ServerTlsSettings | None = None
