@@ -84,6 +84,7 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
                 (4, "0004_compactions"),
                 (5, "0005_queue_order"),
                 (6, "0006_history_versions"),
+                (7, "0007_lease_epochs"),
             ]
             await stores[0].start_turn(_turn("r1", "c1"), [_user("u1")])
             assert [m.id for m in await stores[3].load_messages("c1")] == ["u1"]
