@@ -96,11 +96,24 @@ async def _taken_over_and_completed(url: str, request_id: str, b: SidecarProcess
     def completed_by_b() -> bool:
         return sql(url, "SELECT state FROM turns WHERE request_id = %s", (request_id,)) == [("completed",)]
 
-    await wait_until(completed_by_b, timeout=60, what="B takes the turn over and completes it")
+    try:
+        await wait_until(completed_by_b, timeout=60, what="B takes the turn over and completes it")
+    except AssertionError as error:  # say where it stands
+        turn = sql(
+            url,
+            "SELECT state, owner, lease_epoch, lease_until FROM turns WHERE request_id = %s",
+            (request_id,),
+        )
+        sessions = sql(
+            url, "SELECT state, left(query, 80) FROM pg_stat_activity WHERE datname = current_database()"
+        )
+        raise AssertionError(
+            f"{error}; turn {turn}; sessions {sessions}; B's log: {b.log_text()[-3000:]}"
+        ) from None
     assert b.log_text().count("took over") == 1, "B took it over once"
 
 
-async def _fenced_out(stream: Any, seen: list[Any]) -> event_pb2.TurnEnd:
+async def _fenced_out(stream: Any, seen: list[Any]) -> None:
     """The rest of A's stream: it ends with LEASE_LOST."""
     events = seen + [event async for event in stream]
     ends = [e.turn_end for e in events if e.HasField("turn_end")]
@@ -112,7 +125,6 @@ async def _fenced_out(stream: Any, seen: list[Any]) -> event_pb2.TurnEnd:
     assert any(d.Unpack(info) for d in end.error.details if d.Is(info.DESCRIPTOR))
     assert info.reason == "LEASE_LOST", end.error
     assert "ResumeTurn" in end.error.message
-    return end
 
 
 async def _completed_once(url: str, request_id: str, on_b: TurnwireClient) -> None:
