@@ -60,7 +60,7 @@ def _backend_cpu_s(url: str) -> float:
 
 async def _round(store: object, arm: str, writes: int, n: int, url: str | None) -> tuple[float, float]:
     for module in (message_writes, stream_writes):
-        module.lease_read = _before if arm == "before" else _NOW  # type: ignore[assignment]
+        setattr(module, "lease_read", _before if arm == "before" else _NOW)  # noqa: B010
     turn = TurnRecord(
         request_id=f"r{n}-{arm}",
         conversation_id=f"c{n}-{arm}",
