@@ -92,6 +92,22 @@ async def _start_on_a(client: TurnwireClient, url: str, request_id: str) -> tupl
     return stream, seen
 
 
+async def _pause_between_writes(a: SidecarProcess, url: str) -> None:
+    """SIGSTOP A while none of its database sessions is inside a write. A replica frozen in the
+    middle of a pipelined write holds that write's locks (the turn's row among them) until it
+    goes on or its connection dies, and PostgreSQL ends no such session (it is ``active``, so
+    neither ``idle_in_transaction_session_timeout`` nor ``statement_timeout`` applies): the
+    turn's takeover then waits for it (docs/semantics.md §5, "Fencing"). That case is left out
+    here; the pause itself is what is tested."""
+    busy = "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'replica-a' AND state <> 'idle'"
+    for _ in range(200):
+        a.send_signal(signal.SIGSTOP)
+        if sql(url, busy) == [(0,)] and sql(url, busy) == [(0,)]:
+            return
+        a.send_signal(signal.SIGCONT)
+    raise AssertionError("replica A was inside a write at each of 200 tries")
+
+
 async def _taken_over_and_completed(url: str, request_id: str, b: SidecarProcess) -> None:
     def completed_by_b() -> bool:
         return sql(url, "SELECT state FROM turns WHERE request_id = %s", (request_id,)) == [("completed",)]
@@ -145,12 +161,13 @@ async def _completed_once(url: str, request_id: str, on_b: TurnwireClient) -> No
 async def test_a_replica_paused_past_its_lease_writes_nothing_for_the_turn_taken_over(
     sidecar_factory: SidecarFactory, pg_url: str, tmp_path: Path
 ) -> None:
-    a, b = (sidecar_factory(config(), workdir=tmp_path / name, store_url=pg_url) for name in ("a", "b"))
+    a = sidecar_factory(config(), workdir=tmp_path / "a", store_url=f"{pg_url}?application_name=replica-a")
+    b = sidecar_factory(config(), workdir=tmp_path / "b", store_url=pg_url)
     await asyncio.gather(a.start(), b.start())
     on_a, on_b = TurnwireClient(a.target), TurnwireClient(b.target)
     try:
         stream, seen = await _start_on_a(on_a, pg_url, "r-pause")
-        a.send_signal(signal.SIGSTOP)  # a long GC pause, a frozen VM
+        await _pause_between_writes(a, pg_url)  # a long GC pause, a frozen VM
         try:
             await _taken_over_and_completed(pg_url, "r-pause", b)
             before = stored_state(pg_url, "r-pause")
