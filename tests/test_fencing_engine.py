@@ -73,8 +73,10 @@ async def test_a_replica_whose_turn_was_taken_over_writes_nothing_more(make_engi
     assert text_of(messages[1]) == "the whole answer, word by word"
     stored = [event_pb2.TurnEvent.FromString(e) for e in await a.store.load_events("r1", 0)]
     kinds = [e.WhichOneof("event") for e in stored]
-    assert kinds.count("turn_start") == 1 and kinds.count("attempt_start") == 1
+    # A's TurnStart is stored when its batch committed before the claim (else it is lost as a
+    # crash loses unstored events: a reader gets B's AttemptStart first).
+    assert kinds.count("turn_start") <= 1 and kinds.count("attempt_start") == 1
     assert kinds.count("turn_end") == 1 and stored[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
-    after_start = kinds[kinds.index("turn_start") + 1 : kinds.index("attempt_start")]
-    assert "text_delta" not in after_start, "nothing A streamed after the takeover was stored"
+    before_b = kinds[: kinds.index("attempt_start")]
+    assert "text_delta" not in before_b, "nothing A streamed after the takeover was stored"
     await b.drain(1.0)

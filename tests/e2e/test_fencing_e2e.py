@@ -152,7 +152,8 @@ async def _completed_once(url: str, request_id: str, on_b: TurnwireClient) -> No
     assert text_of(stored.messages[1]).endswith(REST), "B finished the answer in the same message"
     events = [event async for event in on_b.resume_turn(request_id)]
     kinds = [e.WhichOneof("event") for e in events]
-    assert (kinds.count("turn_start"), kinds.count("attempt_start"), kinds.count("turn_end")) == (1, 1, 1)
+    assert kinds.count("turn_start") <= 1, "A's TurnStart once, if its batch committed before the claim"
+    assert (kinds.count("attempt_start"), kinds.count("turn_end")) == (1, 1)
     numbers = [e.sequence_number for e in events]
     assert numbers == sorted(set(numbers)), "each event stored once, in order"
     assert events[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
