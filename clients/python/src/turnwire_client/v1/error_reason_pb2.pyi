@@ -127,6 +127,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     everything it stored (its input and its partial reply) was removed; resend
     the input to run it. ErrorInfo metadata `interrupting_request_id`.
     """
+    ERROR_REASON_STORE_FULL: _ErrorReason.ValueType  # 37
+    """The store has no room for a write (a full disk or a size limit): nothing of
+    the write was stored; retry once the operator freed space.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnwire sends,
@@ -238,5 +242,9 @@ ERROR_REASON_ROLLED_BACK: ErrorReason.ValueType  # 36
 """The turn was stopped by new input with CONCURRENT_INPUT_STRATEGY_ROLLBACK and
 everything it stored (its input and its partial reply) was removed; resend
 the input to run it. ErrorInfo metadata `interrupting_request_id`.
+"""
+ERROR_REASON_STORE_FULL: ErrorReason.ValueType  # 37
+"""The store has no room for a write (a full disk or a size limit): nothing of
+the write was stored; retry once the operator freed space.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
