@@ -10,6 +10,7 @@ writes are the shared core's (:class:`CoreReads` on :meth:`~PostgresConnection._
 
 from __future__ import annotations
 
+import asyncio
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -93,6 +94,7 @@ class PostgresConnection(CoreWrites, CoreReads):
         self._write_order = LocalTurnLocks()
         self._last_us = 0
         self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._releases: set[asyncio.Task[None]] = set()  # turn-lock releases retried after an outage
 
     def connection_info(self) -> tuple[tuple[str], dict[str, Any]]:
         """``(args, kwargs)`` for ``psycopg.AsyncConnection.connect`` to this store's database (a
@@ -192,6 +194,8 @@ class PostgresConnection(CoreWrites, CoreReads):
     async def close(self) -> None:
         """Close the pool (waiting for connections in use to come back). Idempotent."""
         self._closed = True
+        for task in self._releases:
+            task.cancel()
         await self._listener.stop()
         pool, self._pool = self._pool, None
         if pool is not None:
