@@ -66,7 +66,9 @@ class StoreHealth:
                 continue
             serving = reachable
             status = (
-                health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+                health_pb2.HealthCheckResponse.SERVING
+                if serving
+                else health_pb2.HealthCheckResponse.NOT_SERVING
             )
             for service in self._services:
                 await self._health.set(service, status)

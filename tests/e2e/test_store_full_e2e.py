@@ -96,7 +96,9 @@ def fill(where: Path) -> Path:
 
 
 @pytest.fixture
-async def sidecar_on_small_disk(sidecar_factory: SidecarFactory) -> AsyncIterator[tuple[SidecarProcess, Path]]:
+async def sidecar_on_small_disk(
+    sidecar_factory: SidecarFactory,
+) -> AsyncIterator[tuple[SidecarProcess, Path]]:
     with small_disk() as where:
         sidecar = await sidecar_factory(CONFIG, store_url=f"sqlite:///{where}/turnwire.db").start()
         try:
@@ -170,8 +172,10 @@ async def test_a_read_only_store_is_refused_at_start_naming_the_cause(
     with small_disk() as where:
         first = await sidecar_factory(CONFIG, store_url=f"sqlite:///{where}/turnwire.db").start()
         assert await first.terminate() == 0
-        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
-        again = sidecar_factory(CONFIG, workdir=tmp_path / "again", store_url=f"sqlite:///{where}/turnwire.db")
+        await asyncio.to_thread(subprocess.run, ["mount", "-o", "remount,ro", str(where)], check=True)
+        again = sidecar_factory(
+            CONFIG, workdir=tmp_path / "again", store_url=f"sqlite:///{where}/turnwire.db"
+        )
         with pytest.raises(Exception, match="exited") as failed:
             await again.start()
         assert "read-only" in str(failed.value), str(failed.value)[-2000:]
@@ -182,4 +186,3 @@ def test_a_store_made_read_only_under_a_live_sidecar() -> None:
         "not testable here: the kernel refuses to remount read-only a file system with files open "
         "for writing (EBUSY); only a file system error forces it, which a test cannot cause"
     )
-

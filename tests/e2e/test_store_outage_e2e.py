@@ -88,7 +88,7 @@ class Rig:
                 )
             except grpc.RpcError:
                 return "unreachable"
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
     async def wait_health(self, status: str, timeout: float) -> None:  # noqa: ASYNC109
         async def reached() -> bool:

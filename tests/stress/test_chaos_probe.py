@@ -16,8 +16,9 @@ with a pause between them, faults from:
 
 Then every fault is undone and the invariants checked on the database: every acknowledged
 message stored, none stored twice, no turn completed twice (each turn's stored stream, read back
-with ResumeTurn, holds one ``TurnEnd``), each conversation's messages in the order sent (FIFO), nothing left running (no running
-turn, no queue ticket). The seed, the faults and the counts are printed as a table.
+with ResumeTurn, holds one ``TurnEnd``), each conversation's messages in the order sent (FIFO),
+nothing left running (no running turn, no queue ticket). The seed, the faults and the counts are
+printed as a table.
 
 Every kind of fault comes at least once, the rest at random; the senders go on while faults are
 injected (at least ``MESSAGES`` each). Size: ``TURNWIRE_STRESS_SCALE`` (default 1: 6 faults, 3
@@ -64,7 +65,9 @@ CALL_SECONDS = 45.0  # a call's deadline: a turn stuck behind a lost lock fails 
 SEND_DEADLINE_SECONDS = 120.0  # one message's retries give up after this: a probe failure
 KINDS = ("restart", "outage", "pause", "kill")
 CONFIG = {
-    "providers": {"scripted": {"scripts": {"work": [{"text": "one two three four five six", "delay_ms": 40}]}}},
+    "providers": {
+        "scripted": {"scripts": {"work": [{"text": "one two three four five six", "delay_ms": 40}]}}
+    },
     "checkpoint": {"interval_ms": 50},
     "store": {"pool_size": 4},
     "durability": {"lease_seconds": LEASE_SECONDS, "recovery_budget": 10},
@@ -102,7 +105,9 @@ class Cluster:
 
     async def start_replica(self, n: int) -> None:
         url = f"postgresql://postgres@{self.proxies[n].address}/postgres?application_name=chaos-{n}"
-        self.replicas[n] = await self.factory(CONFIG, workdir=self.root / f"replica-{n}", store_url=url).start()
+        self.replicas[n] = await self.factory(
+            CONFIG, workdir=self.root / f"replica-{n}", store_url=url
+        ).start()
 
     def targets(self) -> list[str]:
         return [r.target for n, r in enumerate(self.replicas) if r is not None and n not in self.paused]
@@ -215,7 +220,10 @@ async def test_chaos_probe_keeps_the_invariants(
         conversations = [f"chaos-{n}" for n in range(CONVERSATIONS)]
         faults_done = asyncio.Event()
         senders = asyncio.gather(
-            *(send_in_order(cluster, c, random.Random(rng.random()), tally, faults_done) for c in conversations)
+            *(
+                send_in_order(cluster, c, random.Random(rng.random()), tally, faults_done)
+                for c in conversations
+            )
         )
         # Every kind at least once (a shuffled round of each), the rest at random.
         kinds = rng.sample(KINDS, len(KINDS)) + [rng.choice(KINDS) for _ in range(FAULTS - len(KINDS))]
@@ -236,8 +244,12 @@ async def test_chaos_probe_keeps_the_invariants(
 
         await wait_until(settled, timeout=60, what=f"seed {seed}: no turn running, no queue ticket")
         tally.phases["settled"] = clock() - began
-        rows = cluster.sql("SELECT conversation_id, id, role, seq FROM messages ORDER BY conversation_id, seq")
-        ends = await turn_ends(cluster.targets()[0], [f"{c}-r{n}" for c in conversations for n in range(MESSAGES)])
+        rows = cluster.sql(
+            "SELECT conversation_id, id, role, seq FROM messages ORDER BY conversation_id, seq"
+        )
+        ends = await turn_ends(
+            cluster.targets()[0], [f"{c}-r{n}" for c in conversations for n in range(MESSAGES)]
+        )
     finally:
         cluster.close()
     results = check_invariants(sent_ids, rows, tally, ends)
@@ -275,7 +287,9 @@ def check_invariants(
     ended_twice = sorted(request_id for request_id, count in ends.items() if count != 1)
     out_of_order = []
     for conversation in by_conversation:
-        order = [sent_ids[conversation].index(m) for m in stored_users[conversation] if m in sent_ids[conversation]]
+        order = [
+            sent_ids[conversation].index(m) for m in stored_users[conversation] if m in sent_ids[conversation]
+        ]
         if order != sorted(order):
             out_of_order.append(conversation)
     return {

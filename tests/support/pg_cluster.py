@@ -12,8 +12,9 @@ loopback port (trust auth, ``fsync=off``: a test cluster, not a durable one)::
 
 ``initdb`` and ``postgres`` refuse to run as root: as root, the directory is given to the
 ``postgres`` user and the commands run through ``runuser`` (the directory is made under the
-system's temporary folder, not pytest's ``tmp_path``, whose parents only root may enter). Calls ``pytest.fail`` (never skip)
-when ``initdb``/``pg_ctl`` are missing, like the store tests without a server.
+system's temporary folder, not pytest's ``tmp_path``, whose parents only root may enter).
+Calls ``pytest.fail`` (never skip) when ``initdb``/``pg_ctl`` are missing, like the store tests
+without a server.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from support.sidecar import free_port
 
 __all__ = ["PgCluster"]
@@ -75,7 +77,9 @@ class PgCluster:
     def stop(self, mode: str = "fast") -> None:
         """Stop the server: ``fast`` (sessions disconnected, as a restart does) or ``immediate``
         (a crash: no checkpoint, recovery at the next start)."""
-        self._run("pg_ctl", "-D", str(self._data), "-m", mode, "-w", "-s", "-t", str(_PG_TIMEOUT_SECONDS), "stop")
+        self._run(
+            "pg_ctl", "-D", str(self._data), "-m", mode, "-w", "-s", "-t", str(_PG_TIMEOUT_SECONDS), "stop"
+        )
         self.running = False
 
     def restart(self, mode: str = "fast") -> None:
@@ -96,8 +100,12 @@ class PgCluster:
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def _run(self, *command: str) -> None:
-        result = subprocess.run(  # noqa: S603 - fixed PostgreSQL tools, arguments from this class
-            [*self._owner, *command], capture_output=True, text=True, timeout=_PG_TIMEOUT_SECONDS + 30, check=False
+        result = subprocess.run(
+            [*self._owner, *command],
+            capture_output=True,
+            text=True,
+            timeout=_PG_TIMEOUT_SECONDS + 30,
+            check=False,
         )
         if result.returncode != 0:
             raise RuntimeError(

@@ -21,9 +21,11 @@ import asyncio
 import contextlib
 import socket
 import threading
-from typing import Literal
+from collections.abc import Coroutine
+from typing import Any, Literal, TypeVar
 
 Mode = Literal["pass", "reset", "blackhole"]
+T = TypeVar("T")
 
 
 class TcpProxy:
@@ -78,7 +80,7 @@ class TcpProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
 
-    def _call(self, coroutine):  # type: ignore[no-untyped-def]
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=10)
 
     async def _set_mode(self, mode: Mode) -> None:

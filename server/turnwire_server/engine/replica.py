@@ -91,7 +91,9 @@ class Replica:
             # renew theirs (within a third of it), so an outage takes over no live replica's turns.
             self._cut_off = False
             self._claims_from = time.monotonic() + lease_seconds
-            log.warning("leases renewed after the store was unreachable; no takeovers for %.0f s", lease_seconds)
+            log.warning(
+                "leases renewed after the store was unreachable; no takeovers for %.0f s", lease_seconds
+            )
         if engine.draining or time.monotonic() < self._claims_from:
             return 0  # a stopping replica takes on no new work; one just back waits (above)
         claimed = await engine.store.claim_interrupted_turns(settings.replica_id, now, until, _CLAIM_BATCH)

@@ -38,7 +38,6 @@ from turnwire_server.store.records import (
 )
 
 __all__ = [
-    "ReachableStore",
     "AddMode",
     "AddResult",
     "AnsweredToolCalls",
@@ -46,6 +45,7 @@ __all__ = [
     "ConversationRecord",
     "EngineStore",
     "MaintenanceStore",
+    "ReachableStore",
     "ReplayStore",
     "ReplicaStore",
     "Store",

@@ -43,7 +43,9 @@ class StoreUnreachable(StoreError):
 
     retry_delay_seconds: float | None = 2.0
 
-    def __init__(self, message: str, *, public: str = "the database cannot be reached; retry shortly") -> None:
+    def __init__(
+        self, message: str, *, public: str = "the database cannot be reached; retry shortly"
+    ) -> None:
         super().__init__(message, public=public)
 
     def details(self) -> ErrorDetails:

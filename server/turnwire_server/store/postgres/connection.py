@@ -113,7 +113,11 @@ class PostgresConnection(CoreWrites, CoreReads):
     # ------------------------------------------------------------------ lifecycle
 
     def _connect_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": int(_CONNECT_TIMEOUT_S), **_KEEPALIVE}
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": int(_CONNECT_TIMEOUT_S),
+            **_KEEPALIVE,
+        }
         if self._target.password is not None:
             kwargs["password"] = self._target.password
         return kwargs
@@ -258,7 +262,9 @@ class PostgresConnection(CoreWrites, CoreReads):
         if pool is None:
             raise StoreError(f"postgres store: {what}: store is not open")
         if not self._listener.reachable:
-            raise StoreUnreachable(f"postgres store {self._target.display}: {what}: the database is unreachable")
+            raise StoreUnreachable(
+                f"postgres store {self._target.display}: {what}: the database is unreachable"
+            )
         return pool
 
     async def _read(self, what: str, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[Any]:

@@ -72,7 +72,9 @@ class Listener:
     :attr:`reachable` turns True (the store checks its pooled connections there).
     """
 
-    def __init__(self, connect: Callable[[], Any], on_back: Callable[[], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self, connect: Callable[[], Any], on_back: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         self._connect = connect
         self._on_back = on_back
         self._task: asyncio.Task[None] | None = None
@@ -90,7 +92,9 @@ class Listener:
         listener's next round trip (within :data:`PROBE_SECONDS`) sets :attr:`reachable` back
         when the database still answers."""
         if self.reachable:
-            log.warning("postgres store: the database stopped answering; refusing work until it answers again")
+            log.warning(
+                "postgres store: the database stopped answering; refusing work until it answers again"
+            )
         self.reachable = False
 
     def start(self) -> None:

@@ -36,7 +36,9 @@ def store_error(exc: BaseException, what: str) -> StoreError:
     message = f"sqlite store: {what} failed: {detail}"
     err: StoreError
     if code == "SQLITE_FULL" or getattr(exc, "errno", None) == errno.ENOSPC:
-        err = StoreFull(message, public="no room left on the store's disk for the write; nothing of it was stored")
+        err = StoreFull(
+            message, public="no room left on the store's disk for the write; nothing of it was stored"
+        )
     elif (code or "").startswith("SQLITE_READONLY") or getattr(exc, "errno", None) == errno.EROFS:
         err = StoreReadOnly(message, public="the store's file refuses writes (read-only); nothing was stored")
     else:
