@@ -226,7 +226,10 @@ class PostgresConnection(CoreWrites, CoreReads):
             # once (StoreUnreachable, with a retry delay) until it answers again.
             self._listener.suspect()
             text = self._target.redact_text(str(exc).strip() or type(exc).__name__)
-            gone = StoreUnreachable(f"postgres store {self._target.display}: {what} failed: {text}")
+            gone = StoreUnreachable(
+                f"postgres store {self._target.display}: {what} failed: {text}",
+                public=f"postgres store: {what} failed: the database cannot be reached; retry shortly",
+            )
             gone.__cause__ = None
             return gone
         if isinstance(exc, psycopg_pool.PoolTimeout):
@@ -263,7 +266,8 @@ class PostgresConnection(CoreWrites, CoreReads):
             raise StoreError(f"postgres store: {what}: store is not open")
         if not self._listener.reachable:
             raise StoreUnreachable(
-                f"postgres store {self._target.display}: {what}: the database is unreachable"
+                f"postgres store {self._target.display}: {what}: the database is unreachable",
+                public=f"postgres store: {what}: the database cannot be reached; retry shortly",
             )
         return pool
 
