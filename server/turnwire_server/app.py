@@ -465,6 +465,8 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     store = await _open_store(settings.store)
     try:
         tracing, tracer_provider = _start_tracing(settings)
+        # Before the engine: the turns it recovers count against their tenants' shares already.
+        gate = CallGate(settings.limits.max_concurrent_rpcs, tenant_shares=settings.tenant_shares)
         engine = TurnEngine(
             store=store,
             providers=providers,
@@ -473,9 +475,9 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
             settings=_engine_settings(settings, session),
             error_status=status_of,
             tracing=tracing,
+            turn_slots=gate,
         )
         submissions = await _recover(settings, engine, store)
-        gate = CallGate(settings.limits.max_concurrent_rpcs, tenant_shares=settings.tenant_shares)
         server, health, port = await _serve(
             settings, engine, submissions, gate, tls, access=access, shared_port=shared_port
         )

@@ -5,12 +5,13 @@
 
 import type { MessageInitShape } from '@bufbuild/protobuf';
 import { type CallOptions, type Client, Code, type Interceptor, createClient } from '@connectrpc/connect';
-import { Http2SessionManager, createGrpcTransport } from '@connectrpc/connect-node';
+import { createGrpcTransport } from '@connectrpc/connect-node';
 
 import { TurnwireError } from './errors.js';
 import { inputMessageId, newRequestId } from './ids.js';
 import type { JsonObject, JsonValue } from './json.js';
 import { type ConnectionSecurity, explainTlsMismatch } from './tls_probe.js';
+import { AnsweredSessionManager } from './unanswered_streams.js';
 import { TurnStream } from './turn.js';
 import type { TurnEvent } from './gen/turnwire/v1/event_pb.js';
 import {
@@ -58,8 +59,9 @@ export interface TurnwireClientOptions {
   /**
    * The largest request this client sends, in bytes; a larger one fails at once with
    * `RESOURCE_EXHAUSTED` instead of being sent. Default 16 MiB, the sidecar's default
-   * `limits.max_receive_message_bytes`; set it to the sidecar's value when that is lower (the
-   * sidecar stops reading a request over its limit, and the call would wait for it).
+   * `limits.max_receive_message_bytes`. A request under it but over a lower sidecar limit is
+   * refused by the sidecar: `RESOURCE_EXHAUSTED` too, once the sidecar stops reading it; set this
+   * to the sidecar's value to be told before sending.
    */
   maxSendMessageBytes?: number;
   /**
@@ -147,7 +149,7 @@ export interface ContinueOptions extends InputOptions {
 export class TurnwireClient {
   /** The generated Connect client of turnwire.v1.ChatService: every RPC, typed, with its raw messages. */
   readonly rpc: Client<typeof ChatService>;
-  private readonly session: Http2SessionManager;
+  private readonly session: AnsweredSessionManager;
   private readonly timeoutMs: number | undefined;
   private readonly includeProgress: boolean;
   private readonly security: ConnectionSecurity;
@@ -167,7 +169,7 @@ export class TurnwireClient {
       clientCertificate: Boolean(tls.cert),
       servername: tls.serverName,
     };
-    this.session = new Http2SessionManager(baseUrl, undefined, {
+    this.session = new AnsweredSessionManager(baseUrl, undefined, {
       ca: Array.isArray(tls.ca) ? tls.ca.map(nodePem) : tls.ca && nodePem(tls.ca),
       cert: tls.cert && nodePem(tls.cert),
       key: tls.key && nodePem(tls.key),
