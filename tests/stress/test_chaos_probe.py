@@ -176,6 +176,9 @@ async def send_in_order(
 
 async def inject(cluster: Cluster, kind: str, rng: random.Random) -> None:
     """One fault, undone before returning."""
+    if kind in ("pause", "kill") and sum(r is not None for r in cluster.replicas) < 2:
+        # Keep one replica serving: wait for the killed ones to be back first.
+        await asyncio.gather(*cluster.starting)
     if kind == "restart":
         await asyncio.to_thread(cluster.pg.restart)
     elif kind == "outage":
