@@ -4,7 +4,14 @@
 // client itself for anything these methods leave out.
 
 import type { MessageInitShape } from '@bufbuild/protobuf';
-import { type CallOptions, type Client, Code, type Interceptor, createClient } from '@connectrpc/connect';
+import {
+  type CallOptions,
+  type Client,
+  Code,
+  type Interceptor,
+  type Transport,
+  createClient,
+} from '@connectrpc/connect';
 import { createGrpcTransport } from '@connectrpc/connect-node';
 
 import { TurnwireError } from './errors.js';
@@ -70,6 +77,13 @@ export interface TurnwireClientOptions {
    * `limits.progress_interval_seconds`); skipped by default. `collect()` ignores them.
    */
   includeProgress?: boolean;
+  /**
+   * Call through this transport instead of the gRPC one (HTTP/2, Node.js only) the client makes:
+   * `createConnectTransport` or `createGrpcWebTransport` of `@connectrpc/connect-web` (browsers,
+   * or Node.js's fetch) reach the sidecar's HTTP listener (`http.listen`, docs/api/http.md).
+   * `token` is still sent; `tls` and `maxSendMessageBytes` are then the transport's business.
+   */
+  transport?: Transport;
 }
 
 /** Options every call takes. */
@@ -179,12 +193,14 @@ export class TurnwireClient {
     if (options.token) interceptors.push(bearer(options.token));
     this.rpc = createClient(
       ChatService,
-      createGrpcTransport({
-        baseUrl,
-        sessionManager: this.session,
-        interceptors,
-        writeMaxBytes: options.maxSendMessageBytes ?? DEFAULT_MAX_SEND_MESSAGE_BYTES,
-      }),
+      options.transport
+        ? withBearer(options.transport, options.token)
+        : createGrpcTransport({
+            baseUrl,
+            sessionManager: this.session,
+            interceptors,
+            writeMaxBytes: options.maxSendMessageBytes ?? DEFAULT_MAX_SEND_MESSAGE_BYTES,
+          }),
     );
     this.timeoutMs = options.timeoutMs;
   }
@@ -460,6 +476,22 @@ function nodeErrorCode(error: unknown): string | undefined {
 
 function nodePem(pem: Pem): string | Buffer {
   return typeof pem === 'string' ? pem : Buffer.from(pem);
+}
+
+/** `transport` with `authorization: Bearer <token>` on every call (none without a token). */
+function withBearer(transport: Transport, token: string | undefined): Transport {
+  if (!token) return transport;
+  const add = (header: Parameters<Transport['unary']>[3]): Headers => {
+    const headers = new Headers(header);
+    headers.set('authorization', `Bearer ${token}`);
+    return headers;
+  };
+  return {
+    unary: (method, signal, timeoutMs, header, input, contextValues) =>
+      transport.unary(method, signal, timeoutMs, add(header), input, contextValues),
+    stream: (method, signal, timeoutMs, header, input, contextValues) =>
+      transport.stream(method, signal, timeoutMs, add(header), input, contextValues),
+  };
 }
 
 /** Adds `authorization: Bearer <token>` (RFC 6750 §2.1) to every call. */

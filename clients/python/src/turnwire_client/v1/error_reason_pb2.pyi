@@ -127,7 +127,14 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     everything it stored (its input and its partial reply) was removed; resend
     the input to run it. ErrorInfo metadata `interrupting_request_id`.
     """
-    ERROR_REASON_STORE_FULL: _ErrorReason.ValueType  # 37
+    ERROR_REASON_LEASE_LOST: _ErrorReason.ValueType  # 37
+    """This replica lost the turn's lease (it was paused or cut off from the
+    store longer than `durability.lease_seconds`) and another replica took the
+    turn over; nothing this replica produced after that was stored. The turn
+    goes on there: follow it with ResumeTurn (any replica) from the last
+    sequence number seen. ErrorInfo metadata `request_id`.
+    """
+    ERROR_REASON_STORE_FULL: _ErrorReason.ValueType  # 38
     """The store has no room for a write (a full disk or a size limit): nothing of
     the write was stored; retry once the operator freed space.
     """
@@ -243,7 +250,14 @@ ERROR_REASON_ROLLED_BACK: ErrorReason.ValueType  # 36
 everything it stored (its input and its partial reply) was removed; resend
 the input to run it. ErrorInfo metadata `interrupting_request_id`.
 """
-ERROR_REASON_STORE_FULL: ErrorReason.ValueType  # 37
+ERROR_REASON_LEASE_LOST: ErrorReason.ValueType  # 37
+"""This replica lost the turn's lease (it was paused or cut off from the
+store longer than `durability.lease_seconds`) and another replica took the
+turn over; nothing this replica produced after that was stored. The turn
+goes on there: follow it with ResumeTurn (any replica) from the last
+sequence number seen. ErrorInfo metadata `request_id`.
+"""
+ERROR_REASON_STORE_FULL: ErrorReason.ValueType  # 38
 """The store has no room for a write (a full disk or a size limit): nothing of
 the write was stored; retry once the operator freed space.
 """
