@@ -272,7 +272,7 @@ async def run_budget(opts: BudgetOptions) -> list[Table]:
     try:
         with tempfile.TemporaryDirectory(prefix="turnwire-bench-budget-") as tmp:
             server = sidecar(Path(tmp), upstream.url, 0)
-            await server.start()
+            await server.start(startup_seconds=600)  # a loaded machine imports the SDKs slowly
             client = SidecarClient(server.target)
             bare = {api: BareClient(api, upstream.url) for api in APIS}
             try:
