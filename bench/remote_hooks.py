@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -71,9 +72,14 @@ class Config:
     remote_hooks: bool
     remote_tool: bool
     hooks: bool = True
+    hook_session: bool = True
     turn_seconds: list[float] = field(default_factory=list)
     hook_seconds: list[float] = field(default_factory=list)
     tool_hook_seconds: list[float] = field(default_factory=list)
+    rpc_hook_seconds: list[float] = field(default_factory=list)
+    sidecar_cpu: float = 0.0
+    node_cpu: float = 0.0
+    measured_turns: int = 0
     server: ServerProcess | None = None
 
     def sidecar_config(self, port: int, node: str, workdir: Path) -> dict[str, Any]:
@@ -84,7 +90,8 @@ class Config:
             tools["python"] = IN_PROCESS_TOOL
         middleware: list[dict[str, Any]] = []
         if self.hooks:
-            middleware.append({"remote": {"address": node}} if self.remote_hooks else IN_PROCESS_HOOKS)
+            remote = {"address": node, "hook_session": self.hook_session}
+            middleware.append({"remote": remote} if self.remote_hooks else IN_PROCESS_HOOKS)
         return {
             "listen": f"127.0.0.1:{port}",
             "logging": {"level": "warning"},
@@ -101,10 +108,33 @@ CONFIGS = (
     Config("no hooks, tool in process", remote_hooks=False, remote_tool=False, hooks=False),
     Config("hooks and tool in process", remote_hooks=False, remote_tool=False),
     Config("remote hooks (Node), tool in process", remote_hooks=True, remote_tool=False),
+    Config(
+        "remote hooks (Node, unary RPCs), tool in process",
+        remote_hooks=True,
+        remote_tool=False,
+        hook_session=False,
+    ),
     Config("hooks in process, remote tool (Node)", remote_hooks=False, remote_tool=True),
     Config("remote hooks and remote tool (Node)", remote_hooks=True, remote_tool=True),
 )
 BASELINE = CONFIGS[1]
+REMOTE_HOOKS = CONFIGS[2]
+UNARY_HOOKS = CONFIGS[3]
+RPC_HOOKS = frozenset(
+    (
+        "before_turn",
+        "before_step",
+        "before_tool_call",
+        "after_tool_call",
+        "on_step_finish",
+        "on_chat_response",
+    )
+)
+"""The hooks the example subscribes to that are calls of their own (``on_chunk`` rides one
+``OnChunks`` stream per turn, closed inside ``on_chat_response``)."""
+HOOK_CALLS_PER_TURN = 8
+TARGET_MS = 0.3
+"""Issue 33: one remote hook call costs at most this on loopback."""
 
 
 async def one_turn(client: TurnwireClient, config: Config, index: int) -> None:
@@ -119,9 +149,13 @@ async def one_turn(client: TurnwireClient, config: Config, index: int) -> None:
     config.hook_seconds.append(sum(entry["duration_ms"] for entry in timeline) / 1000)
     around_tool = [e for e in timeline if e["hook"] in ("before_tool_call", "after_tool_call")]
     config.tool_hook_seconds.append(sum(entry["duration_ms"] for entry in around_tool) / 1000)
+    # One entry per hook RPC of the remote entry (the chain's own in-process entries have no RPC).
+    config.rpc_hook_seconds.extend(e["duration_ms"] / 1000 for e in timeline if e["hook"] in RPC_HOOKS)
 
 
-async def measure(args: argparse.Namespace, workdir: Path, node_address: str) -> Table:
+async def measure(
+    args: argparse.Namespace, workdir: Path, node_address: str, node: psutil.Process
+) -> list[Table]:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR), os.environ.get("PYTHONPATH")]))
     try:
         for config in CONFIGS:
@@ -130,7 +164,7 @@ async def measure(args: argparse.Namespace, workdir: Path, node_address: str) ->
             path.write_text(yaml.safe_dump(config.sidecar_config(port, node_address, workdir)))
             argv = [PYTHON, "-m", "turnwire_server", "serve", "--config", str(path)]
             config.server = ServerProcess(argv, port, workdir, f"sidecar-{port}")
-            await config.server.start()
+            await config.server.start(startup_seconds=120)  # a loaded machine starts 6 sidecars slowly
         clients = {config.name: TurnwireClient(config.server.target) for config in CONFIGS if config.server}
         index = 0
         for round_number in range(args.warmup_rounds + args.rounds):
@@ -139,16 +173,78 @@ async def measure(args: argparse.Namespace, workdir: Path, node_address: str) ->
                     config.turn_seconds.clear()
                     config.hook_seconds.clear()
                     config.tool_hook_seconds.clear()
+                    config.rpc_hook_seconds.clear()
+                assert config.server is not None
+                sidecar_before, node_before = config.server.cpu_seconds(), cpu_seconds(node)
                 for _ in range(args.turns):
                     index += 1
                     await one_turn(clients[config.name], config, index)
+                if round_number >= args.warmup_rounds:
+                    # The Node app answers only this configuration's sidecar meanwhile.
+                    config.sidecar_cpu += config.server.cpu_seconds() - sidecar_before
+                    config.node_cpu += cpu_seconds(node) - node_before
+                    config.measured_turns += args.turns
         for client in clients.values():
             await client.close()
     finally:
         for config in CONFIGS:
             if config.server is not None:
                 config.server.stop()
-    return table(args)
+    return [table(args), per_call_table(args)]
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def per_call_table(args: argparse.Namespace) -> Table:
+    """One hook call's cost, on a ``HookSession`` and as unary RPCs: wall (the hook timeline's
+    call entries), and CPU on both sides (the sidecar's CPU per turn over the in-process hooks'
+    sidecar, plus the Node app's, over the 8 calls)."""
+    local = BASELINE
+    result = Table(
+        "One remote hook call on loopback (Node.js example app), against the in-process hooks",
+        ["measure", "HookSession", "unary RPCs", f"target ≤ {TARGET_MS} ms per call (HookSession)"],
+    )
+    rows: dict[str, list[float]] = {}
+    for config in (REMOTE_HOOKS, UNARY_HOOKS):
+        sidecar_ms = (
+            config.sidecar_cpu / config.measured_turns - local.sidecar_cpu / local.measured_turns
+        ) * 1000
+        node_ms = config.node_cpu / config.measured_turns * 1000
+        added = (percentile(config.turn_seconds, 50) - percentile(local.turn_seconds, 50)) * 1000
+        values = {
+            "hook call wall p50 ms": percentile(config.rpc_hook_seconds, 50) * 1000,
+            "hook call wall p99 ms": percentile(config.rpc_hook_seconds, 99) * 1000,
+            "hook call CPU ms (sidecar + hook server)": (sidecar_ms + node_ms) / HOOK_CALLS_PER_TURN,
+            "  sidecar CPU per turn added by remote hooks, ms": sidecar_ms,
+            "  hook server (Node) CPU per turn, ms": node_ms,
+            f"turn p50 added by {HOOK_CALLS_PER_TURN} hook calls, ms": added,
+            "  the same per hook call, ms": added / HOOK_CALLS_PER_TURN,
+        }
+        for name, value in values.items():
+            rows.setdefault(name, []).append(value)
+    judged = {
+        "hook call wall p50 ms",
+        "hook call CPU ms (sidecar + hook server)",
+        "  the same per hook call, ms",
+    }
+    for name, (session, unary) in rows.items():
+        result.add(name, f"{session:.3f}", f"{unary:.3f}", _verdict(session) if name in judged else "")
+    result.notes = [
+        f"'{REMOTE_HOOKS.name}' and '{UNARY_HOOKS.name}' against '{local.name}',"
+        f" {REMOTE_HOOKS.measured_turns} turns each; {HOOK_CALLS_PER_TURN} hook calls per turn plus the"
+        " OnChunks stream (its close is inside on_chat_response's entry); wall: each hook call's entry"
+        " in the sidecar's hook timeline (a posted AfterToolCall / OnStepFinish: the time to queue it)",
+        "CPU: user + system of the processes (/proc), all threads; the Node app's includes its"
+        " journal of each call (the example's own work)",
+    ]
+    return result
+
+
+def _verdict(ms_value: float) -> str:
+    return "PASS" if ms_value <= TARGET_MS else "MISS"
 
 
 def table(args: argparse.Namespace) -> Table:
@@ -218,14 +314,14 @@ def main() -> None:
                 stderr=subprocess.STDOUT,
             )
             try:
-                result = asyncio.run(measure(args, workdir, node_address))
+                result = asyncio.run(measure(args, workdir, node_address, psutil.Process(node.pid)))
             finally:
                 node.terminate()
                 node.wait()
     if args.json:
-        write_tables_json(args.json, [result])
+        write_tables_json(args.json, result)
     else:
-        print_tables([result])
+        print_tables(result)
 
 
 if __name__ == "__main__":

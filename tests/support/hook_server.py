@@ -9,6 +9,9 @@ Answers: ``server.answers["BeforeToolCall"] = fn`` where ``fn(request, context)`
 awaits to) the response; :func:`sleep_forever` never answers (a deadline test), :func:`abort`
 fails with a status. ``server.garbage`` names RPCs answered with bytes that are no protobuf
 message at all (the client cannot decode them).
+
+``hook_session=True`` offers the ``HookSession`` stream (docs/semantics.md §4): its requests are
+recorded and answered by the same methods as the unary RPCs, in order, one at a time.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format, message_factory
+from google.rpc import status_pb2
 
 from turnwire_client.v1 import hooks_pb2, hooks_pb2_grpc
 
@@ -41,12 +45,13 @@ Answer = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]
 
 @dataclass
 class Call:
-    """One recorded call: the RPC's name, its request (for OnChunks: the list of requests), and
-    the metadata it carried."""
+    """One recorded call: the RPC's name, its request (for OnChunks: the list of requests), the
+    metadata it carried, and whether it came on a HookSession stream (``stream``)."""
 
     rpc: str
     request: Any
     metadata: dict[str, str] = field(default_factory=dict)
+    stream: bool = False
 
 
 async def sleep_forever(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -66,7 +71,10 @@ def abort(code: grpc.StatusCode, details: str = "refused by the test") -> Answer
 class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
     """Subscribes to ``hooks`` (``turnwire.v1.Hook`` values; default all), records every call
     in :attr:`calls` (and as a JSON line in ``record`` when given), answers from :attr:`answers`
-    (default: an empty response, i.e. "no change")."""
+    (default: an empty response, i.e. "no change"). ``hook_session``: offer the ``HookSession``
+    stream (default :attr:`default_hook_session`, which a test module may switch on)."""
+
+    default_hook_session = False
 
     def __init__(
         self,
@@ -74,9 +82,12 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
         *,
         include_messages: bool = False,
         record: Path | None = None,
+        hook_session: bool | None = None,
     ) -> None:
         self.hooks = list(hooks)
         self.include_messages = include_messages
+        self.hook_session = self.default_hook_session if hook_session is None else hook_session
+        self.sessions = 0  # HookSession calls opened
         self.calls: list[Call] = []
         self.answers: dict[str, Answer] = {}
         self.garbage: set[str] = set()
@@ -94,7 +105,7 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
         metadata = {
             k: v if isinstance(v, str) else v.decode() for k, v in context.invocation_metadata() or ()
         }
-        call = Call(rpc, request, metadata)
+        call = Call(rpc, request, metadata, stream=isinstance(context, _SessionContext))
         self.calls.append(call)
         if self.record is not None:
             line = {"rpc": rpc, "request_id": metadata.get("turnwire-parent-request-id", "")}
@@ -115,7 +126,7 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
     async def GetHookSubscriptions(self, request: Any, context: Any) -> Any:
         self._record("GetHookSubscriptions", request, context)
         return hooks_pb2.GetHookSubscriptionsResponse(
-            hooks=self.hooks, include_messages=self.include_messages
+            hooks=self.hooks, include_messages=self.include_messages, hook_session=self.hook_session
         )
 
     async def BeforeTurn(self, request: Any, context: Any) -> Any:
@@ -152,6 +163,62 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
     async def OnChatError(self, request: Any, context: Any) -> Any:
         return await self._answer("OnChatError", request, context, hooks_pb2.OnChatErrorResponse())
 
+    async def HookSession(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        """Each call as its unary RPC would be handled, in order; each answered as it is done."""
+        self.sessions += 1
+        async for request in request_iterator:
+            for call in request.calls:
+                member = call.WhichOneof("hook")
+                rpc = _RPC_OF[member]
+                response = hooks_pb2.HookSessionResponse()
+                answer = response.answers.add(id=call.id)
+                session_context = _SessionContext(context, call)
+                if rpc in self.garbage:
+                    self._record(rpc, getattr(call, member), session_context)
+                    yield GARBAGE
+                    continue
+                try:
+                    result = await getattr(self, rpc)(getattr(call, member), session_context)
+                except _Aborted as aborted:
+                    answer.error.CopyFrom(
+                        status_pb2.Status(code=aborted.code.value[0], message=aborted.details)
+                    )
+                except Exception as error:  # what a unary handler's exception becomes: UNKNOWN
+                    answer.error.CopyFrom(
+                        status_pb2.Status(code=grpc.StatusCode.UNKNOWN.value[0], message=str(error))
+                    )
+                else:
+                    getattr(answer, member).CopyFrom(result)
+                yield response
+
+
+_RPC_OF = {
+    field.name: "".join(word.capitalize() for word in field.name.split("_"))
+    for field in hooks_pb2.HookCall.DESCRIPTOR.oneofs_by_name["hook"].fields
+}
+
+
+class _Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class _SessionContext:
+    """What a unary handler reads of its context, for a request of a HookSession stream: the
+    stream's metadata (with the request's trace context), and ``abort`` as an error answer."""
+
+    def __init__(self, context: Any, envelope: Any) -> None:
+        self._context = context
+        self._envelope = envelope
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (*(self._context.invocation_metadata() or ()), *self._envelope.trace_context.items())
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise _Aborted(code, details)
+
 
 class _Handler(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped here (Any)
     """Routes every TurnHooksService RPC to ``server`` (decided per call, so a test can switch
@@ -178,6 +245,14 @@ class _Handler(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
             return grpc.unary_unary_rpc_method_handler(garbage, request_deserializer=request_class.FromString)
         behaviour = getattr(self.server, rpc)
         serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
+        if method.client_streaming and method.server_streaming:
+
+            def passing_bytes(message: Any) -> bytes:
+                return message if isinstance(message, bytes) else serialize(message)
+
+            return grpc.stream_stream_rpc_method_handler(
+                behaviour, request_deserializer=request_class.FromString, response_serializer=passing_bytes
+            )
         if method.client_streaming:
             return grpc.stream_unary_rpc_method_handler(
                 behaviour, request_deserializer=request_class.FromString, response_serializer=serialize
@@ -219,9 +294,10 @@ async def _main() -> None:
     parser.add_argument("--record", type=Path, required=True)
     parser.add_argument("--hooks", default="", help="comma-separated Hook names (default: all)")
     parser.add_argument("--sleep", default="", help="comma-separated RPCs that never answer")
+    parser.add_argument("--hook-session", action="store_true", help="offer the HookSession stream")
     args = parser.parse_args()
     hooks = [hooks_pb2.Hook.Value(name) for name in args.hooks.split(",") if name] or ALL_HOOKS
-    server = RecordingHookServer(hooks, record=args.record)
+    server = RecordingHookServer(hooks, record=args.record, hook_session=args.hook_session)
     for rpc in filter(None, args.sleep.split(",")):
         server.answers[rpc] = sleep_forever
     stop = asyncio.Event()

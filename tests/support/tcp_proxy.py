@@ -21,9 +21,11 @@ import asyncio
 import contextlib
 import socket
 import threading
-from typing import Literal
+from collections.abc import Coroutine
+from typing import Any, Literal, TypeVar
 
 Mode = Literal["pass", "reset", "blackhole"]
+T = TypeVar("T")
 
 
 class TcpProxy:
@@ -74,12 +76,19 @@ class TcpProxy:
         """Stop listening, reset every connection and stop the thread."""
         if self._server is not None:
             self._server.close()
-            self._call(self._reset_all())
+            self._call(self._shut())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
 
-    def _call(self, coroutine):  # type: ignore[no-untyped-def]
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=10)
+
+    async def _shut(self) -> None:
+        await self._reset_all()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _set_mode(self, mode: Mode) -> None:
         self.mode = mode
@@ -111,7 +120,9 @@ class TcpProxy:
             _reset(writer)
             return
         self._links.update((writer, up_writer))
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        # Cancelled only by close(); ending quietly keeps asyncio's stream callback from logging it.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
         self._links.difference_update((writer, up_writer))
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -17,7 +17,11 @@ deadline, an answer that cannot be used, or the open breaker) gets its hook's fa
 
 One :class:`~.breaker.CircuitBreaker` per server: while it is open no RPC is made. ``on_chunk``
 is fed to one ``OnChunks`` call per turn in batches (:mod:`.chunks`), closed before the turn's
-``OnChatResponse``.
+``OnChatResponse``. A server that offers ``hook_session`` gets a turn's other calls as messages
+on one ``HookSession`` stream (:mod:`.session`), opened by the turn's first call: the deciding
+hooks and ``OnChatResponse`` wait for their answers, ``AfterToolCall`` and ``OnStepFinish`` do
+not (their answers are read as they come; the server answers in order, so a later awaited call
+is answered after them). A broken stream turns the rest of the turn's calls into unary RPCs.
 """
 
 from __future__ import annotations
@@ -26,11 +30,11 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 
 from turnwire.errors import CanonicalCode, DomainError
 from turnwire.hooks import (
@@ -54,7 +58,10 @@ from turnwire_client.metadata import PARENT_REQUEST_METADATA
 from turnwire_client.v1 import error_reason_pb2, hooks_pb2, hooks_pb2_grpc
 from turnwire_server.remote_hooks import convert, metrics
 from turnwire_server.remote_hooks.breaker import BreakerState, CircuitBreaker
+from turnwire_server.remote_hooks.channel import channel_for
 from turnwire_server.remote_hooks.chunks import ChunkStream, chunk_event
+from turnwire_server.remote_hooks.session import HookSession, TurnSessions
+from turnwire_server.remote_hooks.session_calls import HookCallFailed, ResendUnary, SessionCalls
 from turnwire_server.remote_hooks.settings import RemoteHookSettings
 
 log = logging.getLogger("turnwire.middleware")
@@ -83,14 +90,6 @@ MAX_OPEN_CHUNK_CALLS = 1024
 """``OnChunks`` calls open at once per server; past it the oldest is closed (a turn whose
 ``on_chat_response`` never came, for example one cut short by a shutdown)."""
 
-_RECONNECT_OPTIONS = [
-    # A server that comes back is found within a second (gRPC's default backoff grows to 120 s),
-    # so the breaker's half-open probe meets a live connection rather than a stale backoff.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
-
 
 class RemoteHookUnavailable(DomainError):
     """A fail-closed ``before_turn`` / ``before_step`` could not get an answer: the turn fails
@@ -101,32 +100,7 @@ class RemoteHookUnavailable(DomainError):
     retryable = True
 
 
-class _Failed(Exception):
-    """A remote hook call failed; ``kind`` labels the metric (``deadline_exceeded``,
-    ``unavailable``, … ``invalid_response``, ``breaker_open``)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-def channel_for(settings: RemoteHookSettings) -> grpc.aio.Channel:
-    """A channel to ``settings.address``: plaintext, or TLS with the configured files."""
-    tls = settings.tls
-    if tls is None:
-        return grpc.aio.insecure_channel(settings.address, options=_RECONNECT_OPTIONS)
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=tls.ca_file.read_bytes() if tls.ca_file else None,
-        private_key=tls.key_file.read_bytes() if tls.key_file else None,
-        certificate_chain=tls.cert_file.read_bytes() if tls.cert_file else None,
-    )
-    options: list[tuple[str, Any]] = list(_RECONNECT_OPTIONS)
-    if tls.server_name:
-        options.append(("grpc.ssl_target_name_override", tls.server_name))
-    return grpc.aio.secure_channel(settings.address, credentials, options=options)
-
-
-class RemoteMiddleware(Middleware):
+class RemoteMiddleware(SessionCalls, Middleware):
     """One remote hook server in the chain (see the module docstring).
 
     ``settings`` is the config entry's ``remote`` section. :attr:`subscribed` is the set of
@@ -150,11 +124,14 @@ class RemoteMiddleware(Middleware):
         )
         metrics.BREAKER_STATE.labels(self.server).set(0)
         self._implemented: frozenset[str] = frozenset({"configure_session"})
+        self._background: set[asyncio.Task[Any]] = set()
         self._channel: grpc.aio.Channel | None = None
         self._stub: hooks_pb2_grpc.TurnHooksServiceStub | None = None
         self._turns: OrderedDict[str, hooks_pb2.TurnInfo] = OrderedDict()
         self._streams: OrderedDict[str, ChunkStream | None] = OrderedDict()
-        self._background: set[asyncio.Task[Any]] = set()
+        self.hook_session = False
+        self._sessions = TurnSessions(settings.deadline_seconds, self._background)
+        self._bound: dict[str, tuple[Any, Any]] = {}  # hook → its calls counter and duration histogram
 
     def implemented_hooks(self) -> frozenset[str]:
         """``configure_session``, then the subscribed hooks, plus ``before_turn`` and
@@ -192,6 +169,7 @@ class RemoteMiddleware(Middleware):
             self._subscribe(frozenset(self.settings.hooks), include_messages=False)
             return None
         self._subscribe(self._hooks_of(subscriptions), include_messages=subscriptions.include_messages)
+        self.hook_session = subscriptions.hook_session and self.settings.hook_session
         return None
 
     def _hooks_of(self, response: hooks_pb2.GetHookSubscriptionsResponse) -> frozenset[str]:
@@ -243,13 +221,15 @@ class RemoteMiddleware(Middleware):
                 ", ".join(sorted(added)),
             )
         self.subscribed = hooks & self._implemented
+        self.hook_session = response.hook_session and self.settings.hook_session
         configured = self.settings.include_messages
         self.include_messages = response.include_messages if configured is None else configured
 
     async def aclose(self) -> None:
-        """Close the open ``OnChunks`` calls and the channel."""
+        """Close the open ``OnChunks`` and ``HookSession`` calls and the channel."""
         streams = [s for s in self._streams.values() if s is not None]
         self._streams.clear()
+        self._sessions.break_all()
         for stream in streams:
             await stream.close()
         if self._channel is not None:
@@ -277,22 +257,56 @@ class RemoteMiddleware(Middleware):
     def _metadata(self, request_id: str) -> tuple[tuple[str, str], ...]:
         """The call's metadata: the turn's request id, and the current span's W3C trace context
         (the hook's span when tracing is on), so the hook server's spans join the turn's trace."""
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier)
+        carrier = _trace_context()
         return ((PARENT_REQUEST_METADATA, request_id), *carrier.items())
 
+    def _open_session(self, request_id: str) -> HookSession:
+        assert self._channel is not None, "configure_session was not run"
+        return HookSession(self._channel, self._metadata(request_id))
+
+    def _trace_context(self) -> Mapping[str, str]:
+        return _trace_context()
+
+    def _metrics(self, hook: str) -> tuple[Any, Any]:
+        bound = self._bound.get(hook)
+        if bound is None:  # labels() looks up a lock and a dict per call: bound once per hook
+            bound = self._bound[hook] = (
+                metrics.CALLS.labels(self.server, hook),
+                metrics.CALL_DURATION.labels(self.server, hook),
+            )
+        return bound
+
     async def _call(
-        self, hook: str, rpc: str, request: Any, request_id: str, read: Callable[[Any], _T]
+        self,
+        hook: str,
+        rpc: str,
+        request: Any,
+        request_id: str,
+        read: Callable[[Any], _T],
+        *,
+        post: bool = False,
     ) -> _T:
-        """Send ``request`` with ``rpc`` and return ``read(response)``. Raises :class:`_Failed`
+        """Send ``request`` with ``rpc`` and return ``read(response)``. Raises :class:`HookCallFailed`
         (counted, and fed to the breaker) for an open breaker, an RPC error, an answer that does not
-        decode or cannot be used, or any other error of the call."""
+        decode or cannot be used, or any other error of the call. ``post`` (an observing hook): on
+        a ``HookSession`` return None at once; the answer is accounted for when it comes."""
         if not self.breaker.allow():
             metrics.ERRORS.labels(self.server, hook, "breaker_open").inc()
-            raise _Failed("breaker_open", f"the circuit breaker of {self.server} is open")
+            raise HookCallFailed("breaker_open", f"the circuit breaker of {self.server} is open")
         assert self._stub is not None, "configure_session was not run"
-        metrics.CALLS.labels(self.server, hook).inc()
+        calls, duration = self._metrics(hook)
+        calls.inc()
         started = time.perf_counter()
+        session = self._sessions.get(request_id, hook, self._open_session) if self.hook_session else None
+        if session is not None:
+            try:
+                return await self._session_call(
+                    session, hook, rpc, request, request_id=request_id, read=read, post=post, started=started
+                )
+            except ResendUnary:
+                # An earlier call's deadline passed before the server took this one (it answers in
+                # order): this call as the unary RPC, with its own deadline, as if never queued.
+                started = time.perf_counter()
         try:
             response = await getattr(self._stub, rpc)(
                 request, timeout=self.settings.deadline_seconds, metadata=self._metadata(request_id)
@@ -305,11 +319,11 @@ class RemoteMiddleware(Middleware):
             self.breaker.failed()
             kind = error.code().name.lower()
             metrics.ERRORS.labels(self.server, hook, kind).inc()
-            raise _Failed(kind, f"{rpc} failed: {error.code().name}: {error.details()}") from None
+            raise HookCallFailed(kind, f"{rpc} failed: {error.code().name}: {error.details()}") from None
         except convert.InvalidResponse as error:
             self.breaker.failed()
             metrics.ERRORS.labels(self.server, hook, "invalid_response").inc()
-            raise _Failed("invalid_response", f"{rpc} answered something unusable: {error}") from None
+            raise HookCallFailed("invalid_response", f"{rpc} answered something unusable: {error}") from None
         except asyncio.CancelledError:
             self.breaker.released()  # the turn was cancelled: no outcome to count
             raise
@@ -317,13 +331,13 @@ class RemoteMiddleware(Middleware):
             # Anything else the call or the conversion raised: a failed call all the same.
             self.breaker.failed()
             metrics.ERRORS.labels(self.server, hook, "internal").inc()
-            raise _Failed("internal", f"{rpc} failed: {type(error).__name__}: {error}") from error
+            raise HookCallFailed("internal", f"{rpc} failed: {type(error).__name__}: {error}") from error
         finally:
-            metrics.CALL_DURATION.labels(self.server, hook).observe(time.perf_counter() - started)
+            duration.observe(time.perf_counter() - started)
         self.breaker.succeeded()
         return result
 
-    def _failed_open(self, hook: str, failure: _Failed, *, mode: str = "open") -> None:
+    def _failed_open(self, hook: str, failure: HookCallFailed, *, mode: str = "open") -> None:
         # While the breaker is open every turn would log the same thing: the open is logged once.
         level = logging.DEBUG if failure.kind == "breaker_open" else logging.WARNING
         log.log(
@@ -343,7 +357,7 @@ class RemoteMiddleware(Middleware):
     def _failure(self, ctx: ChatErrorContext) -> hooks_pb2.ChatErrorInfo:
         return convert.chat_error_info(ctx, self._info(ctx.conversation_id, ctx.request_id))
 
-    def _unavailable(self, hook: str, failure: _Failed) -> RemoteHookUnavailable:
+    def _unavailable(self, hook: str, failure: HookCallFailed) -> RemoteHookUnavailable:
         return RemoteHookUnavailable(
             f"the hook server {self.server} gave no usable {hook} answer ({failure}); "
             "its failure mode is closed"
@@ -384,7 +398,7 @@ class RemoteMiddleware(Middleware):
         raises :class:`RemoteHookUnavailable` when it fails closed."""
         try:
             return await self._call(hook, rpc, request, request_id, read)
-        except _Failed as failure:
+        except HookCallFailed as failure:
             if self.settings.failure_mode.of(hook) == "closed":
                 raise self._unavailable(hook, failure) from None
             self._failed_open(hook, failure)
@@ -399,7 +413,7 @@ class RemoteMiddleware(Middleware):
             return await self._call(
                 "before_tool_call", "BeforeToolCall", request, ctx.request_id, convert.tool_call_decision
             )
-        except _Failed as failure:
+        except HookCallFailed as failure:
             if self.settings.failure_mode.of("before_tool_call") == "closed":
                 self._failed_open("before_tool_call", failure, mode="closed (the call is blocked)")
                 return ToolCallDecision.block(
@@ -410,10 +424,12 @@ class RemoteMiddleware(Middleware):
 
     # --- observing hooks (always fail open) -------------------------------------------------
 
-    async def _observe(self, hook: str, rpc: str, request: Any, request_id: str) -> None:
+    async def _observe(
+        self, hook: str, rpc: str, request: Any, request_id: str, *, post: bool = False
+    ) -> None:
         try:
-            await self._call(hook, rpc, request, request_id, lambda response: None)
-        except _Failed as failure:
+            await self._call(hook, rpc, request, request_id, _nothing, post=post)
+        except HookCallFailed as failure:
             self._failed_open(hook, failure)
 
     async def after_tool_call(self, ctx: ToolCallResultContext) -> None:
@@ -421,14 +437,14 @@ class RemoteMiddleware(Middleware):
         if "after_tool_call" in self.subscribed:
             info = self._info(ctx.conversation_id, ctx.request_id)
             request = convert.after_tool_call_request(ctx, info)
-            await self._observe("after_tool_call", "AfterToolCall", request, ctx.request_id)
+            await self._observe("after_tool_call", "AfterToolCall", request, ctx.request_id, post=True)
 
     async def on_step_finish(self, ctx: StepFinishContext) -> None:
         """``OnStepFinish``."""
         if "on_step_finish" in self.subscribed:
             info = self._info(ctx.conversation_id, ctx.request_id)
             request = convert.step_finish_request(ctx, info)
-            await self._observe("on_step_finish", "OnStepFinish", request, ctx.request_id)
+            await self._observe("on_step_finish", "OnStepFinish", request, ctx.request_id, post=True)
 
     async def on_chunk(self, ctx: ChunkContext) -> None:
         """Queue the chunk on the turn's ``OnChunks`` call (opened on the turn's first chunk;
@@ -484,7 +500,7 @@ class RemoteMiddleware(Middleware):
         if not isinstance(error, grpc.aio.AioRpcError | TimeoutError):
             kind = "internal"
         metrics.ERRORS.labels(self.server, "on_chunk", kind).inc()
-        self._failed_open("on_chunk", _Failed(kind, f"OnChunks failed: {error}"))
+        self._failed_open("on_chunk", HookCallFailed(kind, f"OnChunks failed: {error}"))
 
     async def on_chat_response(self, ctx: ChatResponseContext) -> None:
         """Close the turn's ``OnChunks`` call (so every chunk batch is sent first), then
@@ -499,6 +515,7 @@ class RemoteMiddleware(Middleware):
         if "on_chat_response" in self.subscribed:
             request = convert.chat_response_request(ctx, info)
             await self._observe("on_chat_response", "OnChatResponse", request, ctx.request_id)
+        await self._sessions.close(ctx.request_id)
 
     async def classify_chat_error(self, ctx: ChatErrorContext) -> ChatErrorClassification | None:
         """``ClassifyChatError``; a failure counts as no classification."""
@@ -509,12 +526,13 @@ class RemoteMiddleware(Middleware):
             return await self._call(
                 "classify_chat_error", "ClassifyChatError", request, ctx.request_id, convert.classification
             )
-        except _Failed as failure:
+        except HookCallFailed as failure:
             self._failed_open("classify_chat_error", failure)
             return None
 
     async def on_chat_error(self, ctx: ChatErrorContext) -> BaseException | str:
-        """``OnChatError``: the error the client sees; a failure leaves it as it was."""
+        """``OnChatError``: the error the client sees; a failure leaves it as it was. Ends the
+        turn's ``HookSession`` (a later ``on_chat_response`` of the turn is a unary RPC)."""
         if "on_chat_error" not in self.subscribed:
             return ctx.error
         request = hooks_pb2.OnChatErrorRequest(failure=self._failure(ctx))
@@ -526,6 +544,25 @@ class RemoteMiddleware(Middleware):
                 ctx.request_id,
                 lambda response: convert.surfaced_error(response, ctx.error),
             )
-        except _Failed as failure:
+        except HookCallFailed as failure:
             self._failed_open("on_chat_error", failure)
             return ctx.error
+        finally:
+            await self._sessions.close(ctx.request_id)
+
+
+def _nothing(response: Any) -> None:
+    return None
+
+
+_NO_TRACE: dict[str, str] = {}
+
+
+def _trace_context() -> dict[str, str]:
+    """The current span's W3C trace context, or an empty dict (shared: not to be changed) when
+    no span records, so an untraced call builds nothing."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return _NO_TRACE
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier

@@ -108,7 +108,9 @@ class RemoteHookSettings(ConfigSection):
     absent means plaintext; ``deadline_seconds`` bounds every unary call (and the wait for an
     ``OnChunks`` call to close); ``include_messages`` overrides what the server's
     ``GetHookSubscriptions`` asked for (None: as asked); ``hooks`` is used when the server
-    cannot be reached at start (None: start-up then fails).
+    cannot be reached at start (None: start-up then fails); ``hook_session: false`` keeps a
+    unary RPC per call even for a server that offers ``HookSession`` (for example behind a
+    proxy without bidirectional streams; docs/semantics.md §4).
     """
 
     address: str = Field(min_length=1)
@@ -117,6 +119,7 @@ class RemoteHookSettings(ConfigSection):
     deadline_seconds: float = Field(5.0, gt=0, le=600)
     failure_mode: FailureModes = Field(default_factory=FailureModes)
     include_messages: bool | None = None
+    hook_session: bool = True
     hooks: list[str] | None = None
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
     chunks: ChunkBatchSettings = Field(default_factory=ChunkBatchSettings)

@@ -41,6 +41,12 @@ type TurnHooksServiceClient interface {
 	ClassifyChatError(ctx context.Context, in *ClassifyChatErrorRequest, opts ...grpc.CallOption) (*ClassifyChatErrorResponse, error)
 	// Once per turn that fails: the error the client sees.
 	OnChatError(ctx context.Context, in *OnChatErrorRequest, opts ...grpc.CallOption) (*OnChatErrorResponse, error)
+	// A turn's hook calls on one stream (all but OnChunks), for a server whose
+	// GetHookSubscriptionsResponse sets `hook_session`: each request carries one
+	// or more calls, answered in order, so a call costs a message (or part of
+	// one) instead of an RPC. The same hooks, order, deadlines and failure
+	// modes as the unary RPCs above (docs/semantics.md §4, remote middleware).
+	HookSession(ctx context.Context, opts ...grpc.CallOption) (TurnHooksService_HookSessionClient, error)
 }
 
 type turnHooksServiceClient struct {
@@ -166,6 +172,37 @@ func (c *turnHooksServiceClient) OnChatError(ctx context.Context, in *OnChatErro
 	return out, nil
 }
 
+func (c *turnHooksServiceClient) HookSession(ctx context.Context, opts ...grpc.CallOption) (TurnHooksService_HookSessionClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_TurnHooksService_serviceDesc.Streams[1], "/turnwire.v1.TurnHooksService/HookSession", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &turnHooksServiceHookSessionClient{stream}
+	return x, nil
+}
+
+type TurnHooksService_HookSessionClient interface {
+	Send(*HookSessionRequest) error
+	Recv() (*HookSessionResponse, error)
+	grpc.ClientStream
+}
+
+type turnHooksServiceHookSessionClient struct {
+	grpc.ClientStream
+}
+
+func (x *turnHooksServiceHookSessionClient) Send(m *HookSessionRequest) error {
+	return x.ClientStream.SendMsg(m)
+}
+
+func (x *turnHooksServiceHookSessionClient) Recv() (*HookSessionResponse, error) {
+	m := new(HookSessionResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // TurnHooksServiceServer is the server API for TurnHooksService service.
 // All implementations must embed UnimplementedTurnHooksServiceServer
 // for forward compatibility
@@ -194,6 +231,12 @@ type TurnHooksServiceServer interface {
 	ClassifyChatError(context.Context, *ClassifyChatErrorRequest) (*ClassifyChatErrorResponse, error)
 	// Once per turn that fails: the error the client sees.
 	OnChatError(context.Context, *OnChatErrorRequest) (*OnChatErrorResponse, error)
+	// A turn's hook calls on one stream (all but OnChunks), for a server whose
+	// GetHookSubscriptionsResponse sets `hook_session`: each request carries one
+	// or more calls, answered in order, so a call costs a message (or part of
+	// one) instead of an RPC. The same hooks, order, deadlines and failure
+	// modes as the unary RPCs above (docs/semantics.md §4, remote middleware).
+	HookSession(TurnHooksService_HookSessionServer) error
 	mustEmbedUnimplementedTurnHooksServiceServer()
 }
 
@@ -230,6 +273,9 @@ func (UnimplementedTurnHooksServiceServer) ClassifyChatError(context.Context, *C
 }
 func (UnimplementedTurnHooksServiceServer) OnChatError(context.Context, *OnChatErrorRequest) (*OnChatErrorResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method OnChatError not implemented")
+}
+func (UnimplementedTurnHooksServiceServer) HookSession(TurnHooksService_HookSessionServer) error {
+	return status.Errorf(codes.Unimplemented, "method HookSession not implemented")
 }
 func (UnimplementedTurnHooksServiceServer) mustEmbedUnimplementedTurnHooksServiceServer() {}
 
@@ -432,6 +478,32 @@ func _TurnHooksService_OnChatError_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TurnHooksService_HookSession_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(TurnHooksServiceServer).HookSession(&turnHooksServiceHookSessionServer{stream})
+}
+
+type TurnHooksService_HookSessionServer interface {
+	Send(*HookSessionResponse) error
+	Recv() (*HookSessionRequest, error)
+	grpc.ServerStream
+}
+
+type turnHooksServiceHookSessionServer struct {
+	grpc.ServerStream
+}
+
+func (x *turnHooksServiceHookSessionServer) Send(m *HookSessionResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func (x *turnHooksServiceHookSessionServer) Recv() (*HookSessionRequest, error) {
+	m := new(HookSessionRequest)
+	if err := x.ServerStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 var _TurnHooksService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "turnwire.v1.TurnHooksService",
 	HandlerType: (*TurnHooksServiceServer)(nil),
@@ -477,6 +549,12 @@ var _TurnHooksService_serviceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "OnChunks",
 			Handler:       _TurnHooksService_OnChunks_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "HookSession",
+			Handler:       _TurnHooksService_HookSession_Handler,
+			ServerStreams: true,
 			ClientStreams: true,
 		},
 	},

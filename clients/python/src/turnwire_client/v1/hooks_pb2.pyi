@@ -198,9 +198,15 @@ class GetHookSubscriptionsResponse(_message.Message):
 
     HOOKS_FIELD_NUMBER: _builtins.int
     INCLUDE_MESSAGES_FIELD_NUMBER: _builtins.int
+    HOOK_SESSION_FIELD_NUMBER: _builtins.int
     include_messages: _builtins.bool
     """Send the message history in BeforeTurn and BeforeStep contexts (it can be
     large; off unless asked for).
+    """
+    hook_session: _builtins.bool
+    """The server implements HookSession: the sidecar sends each turn's hook
+    calls on one HookSession call instead of a unary RPC each. Unset (older
+    servers): one unary RPC per hook call.
     """
     @_builtins.property
     def hooks(self) -> _containers.RepeatedScalarFieldContainer[Global___Hook.ValueType]:
@@ -211,10 +217,11 @@ class GetHookSubscriptionsResponse(_message.Message):
         *,
         hooks: _abc.Iterable[Global___Hook.ValueType] | None = ...,
         include_messages: _builtins.bool = ...,
+        hook_session: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hooks", b"hooks", "include_messages", b"include_messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hook_session", b"hook_session", "hooks", b"hooks", "include_messages", b"include_messages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1487,3 +1494,245 @@ class OnChatErrorResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__message) -> _WhichOneofReturnType__message | None: ...
 
 Global___OnChatErrorResponse: _TypeAlias = OnChatErrorResponse  # noqa: Y015
+
+@_typing.final
+class HookSessionRequest(_message.Message):
+    """HookSessionRequest is one or more hook calls on a turn's HookSession stream.
+    The stream carries one turn (its metadata: `turnwire-parent-request-id`, as
+    on the unary RPCs). The server handles the calls in order, one at a time, as
+    if each were its unary RPC, and answers them in the same order, each as soon
+    as it is done (a HookSessionResponse holds one answer or more). The
+    sidecar waits for the answers of the deciding hooks (BeforeTurn, BeforeStep,
+    BeforeToolCall, the error hooks) and of OnChatResponse; AfterToolCall and
+    OnStepFinish are observing calls: they are sent with the turn's next call (or
+    at most 50 ms after they were made) and their answers are not waited for.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___HookCall]:
+        """The calls, in the order the sidecar made them."""
+
+    def __init__(
+        self,
+        *,
+        calls: _abc.Iterable[Global___HookCall] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HookSessionRequest: _TypeAlias = HookSessionRequest  # noqa: Y015
+
+@_typing.final
+class HookCall(_message.Message):
+    """HookCall is one hook call of a HookSessionRequest."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class TraceContextEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ID_FIELD_NUMBER: _builtins.int
+    TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
+    BEFORE_TURN_FIELD_NUMBER: _builtins.int
+    BEFORE_STEP_FIELD_NUMBER: _builtins.int
+    BEFORE_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    AFTER_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    ON_STEP_FINISH_FIELD_NUMBER: _builtins.int
+    ON_CHAT_RESPONSE_FIELD_NUMBER: _builtins.int
+    CLASSIFY_CHAT_ERROR_FIELD_NUMBER: _builtins.int
+    ON_CHAT_ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Numbers the hook calls of the stream, from 1; its answer carries it."""
+    @_builtins.property
+    def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The hook call's W3C trace context (`traceparent`, `tracestate`) when the
+        sidecar traces, so the server's span joins the turn's trace; empty
+        otherwise.
+        """
+
+    @_builtins.property
+    def before_turn(self) -> Global___BeforeTurnRequest:
+        """BeforeTurn."""
+
+    @_builtins.property
+    def before_step(self) -> Global___BeforeStepRequest:
+        """BeforeStep."""
+
+    @_builtins.property
+    def before_tool_call(self) -> Global___BeforeToolCallRequest:
+        """BeforeToolCall."""
+
+    @_builtins.property
+    def after_tool_call(self) -> Global___AfterToolCallRequest:
+        """AfterToolCall."""
+
+    @_builtins.property
+    def on_step_finish(self) -> Global___OnStepFinishRequest:
+        """OnStepFinish."""
+
+    @_builtins.property
+    def on_chat_response(self) -> Global___OnChatResponseRequest:
+        """OnChatResponse."""
+
+    @_builtins.property
+    def classify_chat_error(self) -> Global___ClassifyChatErrorRequest:
+        """ClassifyChatError."""
+
+    @_builtins.property
+    def on_chat_error(self) -> Global___OnChatErrorRequest:
+        """OnChatError."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        before_turn: Global___BeforeTurnRequest | None = ...,
+        before_step: Global___BeforeStepRequest | None = ...,
+        before_tool_call: Global___BeforeToolCallRequest | None = ...,
+        after_tool_call: Global___AfterToolCallRequest | None = ...,
+        on_step_finish: Global___OnStepFinishRequest | None = ...,
+        on_chat_response: Global___OnChatResponseRequest | None = ...,
+        classify_chat_error: Global___ClassifyChatErrorRequest | None = ...,
+        on_chat_error: Global___OnChatErrorRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "hook", b"hook", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_step_finish", b"on_step_finish"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "hook", b"hook", "id", b"id", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_step_finish", b"on_step_finish", "trace_context", b"trace_context"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_hook: _TypeAlias = _typing.Literal["before_turn", "before_step", "before_tool_call", "after_tool_call", "on_step_finish", "on_chat_response", "classify_chat_error", "on_chat_error"]  # noqa: Y015
+    _WhichOneofArgType_hook: _TypeAlias = _typing.Literal["hook", b"hook"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_hook) -> _WhichOneofReturnType_hook | None: ...
+
+Global___HookCall: _TypeAlias = HookCall  # noqa: Y015
+
+@_typing.final
+class HookSessionResponse(_message.Message):
+    """HookSessionResponse carries the answers of one or more calls of the stream,
+    in the calls' order.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___HookAnswer]:
+        """The answers."""
+
+    def __init__(
+        self,
+        *,
+        answers: _abc.Iterable[Global___HookAnswer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HookSessionResponse: _TypeAlias = HookSessionResponse  # noqa: Y015
+
+@_typing.final
+class HookAnswer(_message.Message):
+    """HookAnswer answers one HookCall: the unary RPC's response message, or the
+    status the RPC would have failed with.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    BEFORE_TURN_FIELD_NUMBER: _builtins.int
+    BEFORE_STEP_FIELD_NUMBER: _builtins.int
+    BEFORE_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    AFTER_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    ON_STEP_FINISH_FIELD_NUMBER: _builtins.int
+    ON_CHAT_RESPONSE_FIELD_NUMBER: _builtins.int
+    CLASSIFY_CHAT_ERROR_FIELD_NUMBER: _builtins.int
+    ON_CHAT_ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """The id of the call it answers."""
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """Set when the hook call failed (what the unary RPC's status would be):
+        the sidecar applies the hook's failure mode; the stream goes on.
+        """
+
+    @_builtins.property
+    def before_turn(self) -> Global___BeforeTurnResponse:
+        """BeforeTurn."""
+
+    @_builtins.property
+    def before_step(self) -> Global___BeforeStepResponse:
+        """BeforeStep."""
+
+    @_builtins.property
+    def before_tool_call(self) -> Global___BeforeToolCallResponse:
+        """BeforeToolCall."""
+
+    @_builtins.property
+    def after_tool_call(self) -> Global___AfterToolCallResponse:
+        """AfterToolCall."""
+
+    @_builtins.property
+    def on_step_finish(self) -> Global___OnStepFinishResponse:
+        """OnStepFinish."""
+
+    @_builtins.property
+    def on_chat_response(self) -> Global___OnChatResponseResponse:
+        """OnChatResponse."""
+
+    @_builtins.property
+    def classify_chat_error(self) -> Global___ClassifyChatErrorResponse:
+        """ClassifyChatError."""
+
+    @_builtins.property
+    def on_chat_error(self) -> Global___OnChatErrorResponse:
+        """OnChatError."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        error: _status_pb2.Status | None = ...,
+        before_turn: Global___BeforeTurnResponse | None = ...,
+        before_step: Global___BeforeStepResponse | None = ...,
+        before_tool_call: Global___BeforeToolCallResponse | None = ...,
+        after_tool_call: Global___AfterToolCallResponse | None = ...,
+        on_step_finish: Global___OnStepFinishResponse | None = ...,
+        on_chat_response: Global___OnChatResponseResponse | None = ...,
+        classify_chat_error: Global___ClassifyChatErrorResponse | None = ...,
+        on_chat_error: Global___OnChatErrorResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "error", b"error", "hook", b"hook", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_step_finish", b"on_step_finish"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_tool_call", b"after_tool_call", "before_step", b"before_step", "before_tool_call", b"before_tool_call", "before_turn", b"before_turn", "classify_chat_error", b"classify_chat_error", "error", b"error", "hook", b"hook", "id", b"id", "on_chat_error", b"on_chat_error", "on_chat_response", b"on_chat_response", "on_step_finish", b"on_step_finish"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_hook: _TypeAlias = _typing.Literal["before_turn", "before_step", "before_tool_call", "after_tool_call", "on_step_finish", "on_chat_response", "classify_chat_error", "on_chat_error"]  # noqa: Y015
+    _WhichOneofArgType_hook: _TypeAlias = _typing.Literal["hook", b"hook"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_hook) -> _WhichOneofReturnType_hook | None: ...
+
+Global___HookAnswer: _TypeAlias = HookAnswer  # noqa: Y015

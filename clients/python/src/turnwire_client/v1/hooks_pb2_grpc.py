@@ -94,6 +94,11 @@ class TurnHooksServiceStub:
                 request_serializer=turnwire_dot_v1_dot_hooks__pb2.OnChatErrorRequest.SerializeToString,
                 response_deserializer=turnwire_dot_v1_dot_hooks__pb2.OnChatErrorResponse.FromString,
                 _registered_method=True)
+        self.HookSession = channel.stream_stream(
+                '/turnwire.v1.TurnHooksService/HookSession',
+                request_serializer=turnwire_dot_v1_dot_hooks__pb2.HookSessionRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_hooks__pb2.HookSessionResponse.FromString,
+                _registered_method=True)
 
 
 class TurnHooksServiceServicer:
@@ -183,6 +188,17 @@ class TurnHooksServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HookSession(self, request_iterator, context):
+        """A turn's hook calls on one stream (all but OnChunks), for a server whose
+        GetHookSubscriptionsResponse sets `hook_session`: each request carries one
+        or more calls, answered in order, so a call costs a message (or part of
+        one) instead of an RPC. The same hooks, order, deadlines and failure
+        modes as the unary RPCs above (docs/semantics.md §4, remote middleware).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TurnHooksServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -235,6 +251,11 @@ def add_TurnHooksServiceServicer_to_server(servicer, server):
                     servicer.OnChatError,
                     request_deserializer=turnwire_dot_v1_dot_hooks__pb2.OnChatErrorRequest.FromString,
                     response_serializer=turnwire_dot_v1_dot_hooks__pb2.OnChatErrorResponse.SerializeToString,
+            ),
+            'HookSession': grpc.stream_stream_rpc_method_handler(
+                    servicer.HookSession,
+                    request_deserializer=turnwire_dot_v1_dot_hooks__pb2.HookSessionRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_hooks__pb2.HookSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -517,6 +538,33 @@ class TurnHooksService:
             '/turnwire.v1.TurnHooksService/OnChatError',
             turnwire_dot_v1_dot_hooks__pb2.OnChatErrorRequest.SerializeToString,
             turnwire_dot_v1_dot_hooks__pb2.OnChatErrorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HookSession(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/turnwire.v1.TurnHooksService/HookSession',
+            turnwire_dot_v1_dot_hooks__pb2.HookSessionRequest.SerializeToString,
+            turnwire_dot_v1_dot_hooks__pb2.HookSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

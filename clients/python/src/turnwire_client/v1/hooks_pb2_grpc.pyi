@@ -70,6 +70,13 @@ class TurnHooksServiceStub:
     """When a turn fails, before OnChatError: what kind of failure it is."""
     OnChatError: _grpc.UnaryUnaryMultiCallable[_hooks_pb2.OnChatErrorRequest, _hooks_pb2.OnChatErrorResponse]
     """Once per turn that fails: the error the client sees."""
+    HookSession: _grpc.StreamStreamMultiCallable[_hooks_pb2.HookSessionRequest, _hooks_pb2.HookSessionResponse]
+    """A turn's hook calls on one stream (all but OnChunks), for a server whose
+    GetHookSubscriptionsResponse sets `hook_session`: each request carries one
+    or more calls, answered in order, so a call costs a message (or part of
+    one) instead of an RPC. The same hooks, order, deadlines and failure
+    modes as the unary RPCs above (docs/semantics.md §4, remote middleware).
+    """
 
 @_typing.type_check_only
 class TurnHooksServiceAsyncStub(TurnHooksServiceStub):
@@ -113,6 +120,13 @@ class TurnHooksServiceAsyncStub(TurnHooksServiceStub):
     """When a turn fails, before OnChatError: what kind of failure it is."""
     OnChatError: _aio.UnaryUnaryMultiCallable[_hooks_pb2.OnChatErrorRequest, _hooks_pb2.OnChatErrorResponse]  # type: ignore[assignment]
     """Once per turn that fails: the error the client sees."""
+    HookSession: _aio.StreamStreamMultiCallable[_hooks_pb2.HookSessionRequest, _hooks_pb2.HookSessionResponse]  # type: ignore[assignment]
+    """A turn's hook calls on one stream (all but OnChunks), for a server whose
+    GetHookSubscriptionsResponse sets `hook_session`: each request carries one
+    or more calls, answered in order, so a call costs a message (or part of
+    one) instead of an RPC. The same hooks, order, deadlines and failure
+    modes as the unary RPCs above (docs/semantics.md §4, remote middleware).
+    """
 
 class TurnHooksServiceServicer(metaclass=_abc_1.ABCMeta):
     """TurnHooksService (the TurnHooks of docs/semantics.md §4) is implemented by
@@ -213,5 +227,18 @@ class TurnHooksServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_hooks_pb2.OnChatErrorResponse, _abc.Awaitable[_hooks_pb2.OnChatErrorResponse]]:
         """Once per turn that fails: the error the client sees."""
+
+    @_abc_1.abstractmethod
+    def HookSession(
+        self,
+        request_iterator: _MaybeAsyncIterator[_hooks_pb2.HookSessionRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_hooks_pb2.HookSessionResponse], _abc.AsyncIterator[_hooks_pb2.HookSessionResponse]]:
+        """A turn's hook calls on one stream (all but OnChunks), for a server whose
+        GetHookSubscriptionsResponse sets `hook_session`: each request carries one
+        or more calls, answered in order, so a call costs a message (or part of
+        one) instead of an RPC. The same hooks, order, deadlines and failure
+        modes as the unary RPCs above (docs/semantics.md §4, remote middleware).
+        """
 
 def add_TurnHooksServiceServicer_to_server(servicer: TurnHooksServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

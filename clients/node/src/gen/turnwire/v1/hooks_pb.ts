@@ -20,7 +20,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file turnwire/v1/hooks.proto.
  */
 export const file_turnwire_v1_hooks: GenFile = /*@__PURE__*/
-  fileDesc("Chd0dXJud2lyZS92MS9ob29rcy5wcm90bxILdHVybndpcmUudjEiHQobR2V0SG9va1N1YnNjcmlwdGlvbnNSZXF1ZXN0IloKHEdldEhvb2tTdWJzY3JpcHRpb25zUmVzcG9uc2USIAoFaG9va3MYASADKA4yES50dXJud2lyZS52MS5Ib29rEhgKEGluY2x1ZGVfbWVzc2FnZXMYAiABKAgiXQoPQ29uY3VycmVudElucHV0EjYKCHN0cmF0ZWd5GAEgASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kSEgoKcmVxdWVzdF9pZBgCIAEoCSKFAQoIVHVybkluZm8SFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkSFAoMY29udGludWF0aW9uGAMgASgIEiUKBGJvZHkYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eg8KB2F0dGVtcHQYBSABKAUiywEKEUJlZm9yZVR1cm5SZXF1ZXN0EiMKBHR1cm4YASABKAsyFS50dXJud2lyZS52MS5UdXJuSW5mbxIOCgZzeXN0ZW0YAiABKAkSDQoFbW9kZWwYAyABKAkSEgoKdG9vbF9uYW1lcxgEIAMoCRImCghtZXNzYWdlcxgFIAMoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USNgoQY29uY3VycmVudF9pbnB1dBgGIAEoCzIcLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dCIcCgpTdHJpbmdMaXN0Eg4KBnZhbHVlcxgBIAMoCSI1CgtNZXNzYWdlTGlzdBImCghtZXNzYWdlcxgBIAMoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2UiqQQKDU1vZGVsU2V0dGluZ3MSHgoRbWF4X291dHB1dF90b2tlbnMYASABKANIAIgBARIYCgt0ZW1wZXJhdHVyZRgCIAEoAUgBiAEBEhIKBXRvcF9wGAMgASgBSAKIAQESEgoFdG9wX2sYBCABKANIA4gBARIdChBwcmVzZW5jZV9wZW5hbHR5GAUgASgBSASIAQESHgoRZnJlcXVlbmN5X3BlbmFsdHkYBiABKAFIBYgBARIvCg5zdG9wX3NlcXVlbmNlcxgHIAEoCzIXLnR1cm53aXJlLnYxLlN0cmluZ0xpc3QSEQoEc2VlZBgIIAEoA0gGiAEBEhgKC21heF9yZXRyaWVzGAkgASgFSAeIAQESOAoHaGVhZGVycxgKIAMoCzInLnR1cm53aXJlLnYxLk1vZGVsU2V0dGluZ3MuSGVhZGVyc0VudHJ5EjEKEHByb3ZpZGVyX29wdGlvbnMYCyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Gi4KDEhlYWRlcnNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQhQKEl9tYXhfb3V0cHV0X3Rva2Vuc0IOCgxfdGVtcGVyYXR1cmVCCAoGX3RvcF9wQggKBl90b3Bfa0ITChFfcHJlc2VuY2VfcGVuYWx0eUIUChJfZnJlcXVlbmN5X3BlbmFsdHlCBwoFX3NlZWRCDgoMX21heF9yZXRyaWVzIkkKDVN0b3BDb25kaXRpb24SFQoLdG9vbF9jYWxsZWQYASABKAlIABIUCgpzdGVwX2NvdW50GAIgASgFSABCCwoJY29uZGl0aW9uIooBCgtUdXJuVGltZW91dBIoCgV0b3RhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhInCgRzdGVwGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEigKBWNodW5rGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIp0EChJCZWZvcmVUdXJuUmVzcG9uc2USEgoFbW9kZWwYASABKAlIAIgBARITCgZzeXN0ZW0YAiABKAlIAYgBARIqCghtZXNzYWdlcxgDIAEoCzIYLnR1cm53aXJlLnYxLk1lc3NhZ2VMaXN0Ei0KDGFjdGl2ZV90b29scxgEIAEoCzIXLnR1cm53aXJlLnYxLlN0cmluZ0xpc3QSGAoLdG9vbF9jaG9pY2UYBSABKAlIAogBARIWCgltYXhfc3RlcHMYBiABKAVIA4gBARItCglzdG9wX3doZW4YByADKAsyGi50dXJud2lyZS52MS5TdG9wQ29uZGl0aW9uEhsKDnNlbmRfcmVhc29uaW5nGAggASgISASIAQESMgoObW9kZWxfc2V0dGluZ3MYCSABKAsyGi50dXJud2lyZS52MS5Nb2RlbFNldHRpbmdzEikKB3RpbWVvdXQYCiABKAsyGC50dXJud2lyZS52MS5UdXJuVGltZW91dBI3ChRzdHJlYW1fc3RhbGxfdGltZW91dBgLIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhInCgZvdXRwdXQYDCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0QggKBl9tb2RlbEIJCgdfc3lzdGVtQg4KDF90b29sX2Nob2ljZUIMCgpfbWF4X3N0ZXBzQhEKD19zZW5kX3JlYXNvbmluZyKIAQoIU3RlcEluZm8SEwoLc3RlcF9udW1iZXIYASABKAUSMAoNZmluaXNoX3JlYXNvbhgCIAEoDjIZLnR1cm53aXJlLnYxLkZpbmlzaFJlYXNvbhIhCgV1c2FnZRgDIAEoCzISLnR1cm53aXJlLnYxLlVzYWdlEhIKCnRvb2xfbmFtZXMYBCADKAkiugEKEUJlZm9yZVN0ZXBSZXF1ZXN0EiMKBHR1cm4YASABKAsyFS50dXJud2lyZS52MS5UdXJuSW5mbxITCgtzdGVwX251bWJlchgCIAEoBRIkCgVzdGVwcxgDIAMoCzIVLnR1cm53aXJlLnYxLlN0ZXBJbmZvEg0KBW1vZGVsGAQgASgJEg4KBnN5c3RlbRgFIAEoCRImCghtZXNzYWdlcxgGIAMoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2UiiwIKEkJlZm9yZVN0ZXBSZXNwb25zZRISCgVtb2RlbBgBIAEoCUgAiAEBEhgKC3Rvb2xfY2hvaWNlGAIgASgJSAGIAQESLQoMYWN0aXZlX3Rvb2xzGAMgASgLMhcudHVybndpcmUudjEuU3RyaW5nTGlzdBITCgZzeXN0ZW0YBCABKAlIAogBARIqCghtZXNzYWdlcxgFIAEoCzIYLnR1cm53aXJlLnYxLk1lc3NhZ2VMaXN0EjIKDm1vZGVsX3NldHRpbmdzGAYgASgLMhoudHVybndpcmUudjEuTW9kZWxTZXR0aW5nc0IICgZfbW9kZWxCDgoMX3Rvb2xfY2hvaWNlQgkKB19zeXN0ZW0iYAoMVG9vbENhbGxJbmZvEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIRCgl0b29sX25hbWUYAiABKAkSEgoKaW5wdXRfanNvbhgDIAEoCRITCgtzdGVwX251bWJlchgEIAEoBSJlChVCZWZvcmVUb29sQ2FsbFJlcXVlc3QSIwoEdHVybhgBIAEoCzIVLnR1cm53aXJlLnYxLlR1cm5JbmZvEicKBGNhbGwYAiABKAsyGS50dXJud2lyZS52MS5Ub29sQ2FsbEluZm8inQMKFkJlZm9yZVRvb2xDYWxsUmVzcG9uc2USOgoFYWxsb3cYASABKAsyKS50dXJud2lyZS52MS5CZWZvcmVUb29sQ2FsbFJlc3BvbnNlLkFsbG93SAASTgoQYWxsb3dfd2l0aF9pbnB1dBgCIAEoCzIyLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVzcG9uc2UuQWxsb3dXaXRoSW5wdXRIABI6CgVibG9jaxgDIAEoCzIpLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVzcG9uc2UuQmxvY2tIABJECgpzdWJzdGl0dXRlGAQgASgLMi4udHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXNwb25zZS5TdWJzdGl0dXRlSAAaBwoFQWxsb3caJAoOQWxsb3dXaXRoSW5wdXQSEgoKaW5wdXRfanNvbhgBIAEoCRoXCgVCbG9jaxIOCgZyZWFzb24YASABKAkaIQoKU3Vic3RpdHV0ZRITCgtvdXRwdXRfanNvbhgBIAEoCUIKCghkZWNpc2lvbiL1AQoUQWZ0ZXJUb29sQ2FsbFJlcXVlc3QSIwoEdHVybhgBIAEoCzIVLnR1cm53aXJlLnYxLlR1cm5JbmZvEicKBGNhbGwYAiABKAsyGS50dXJud2lyZS52MS5Ub29sQ2FsbEluZm8SKwoIZHVyYXRpb24YAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDwoHc3VjY2VzcxgEIAEoCBITCgtvdXRwdXRfanNvbhgFIAEoCRINCgVlcnJvchgGIAEoCRItCgdvdXRjb21lGAcgASgOMhwudHVybndpcmUudjEuVG9vbENhbGxPdXRjb21lIhcKFUFmdGVyVG9vbENhbGxSZXNwb25zZSLMAgoTT25TdGVwRmluaXNoUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SIwoEc3RlcBgCIAEoCzIVLnR1cm53aXJlLnYxLlN0ZXBJbmZvEgwKBHRleHQYAyABKAkSFgoOcmVhc29uaW5nX3RleHQYBCABKAkSLQoKdG9vbF9jYWxscxgFIAMoCzIZLnR1cm53aXJlLnYxLlRvb2xDYWxsUGFydBIZChFyYXdfZmluaXNoX3JlYXNvbhgGIAEoCRITCgtyZXNwb25zZV9pZBgHIAEoCRIWCg5yZXNwb25zZV9tb2RlbBgIIAEoCRIoCgdzb3VyY2VzGBQgAygLMhcudHVybndpcmUudjEuU291cmNlUGFydBIkCgVmaWxlcxgVIAMoCzIVLnR1cm53aXJlLnYxLkZpbGVQYXJ0IhYKFE9uU3RlcEZpbmlzaFJlc3BvbnNlIl4KD09uQ2h1bmtzUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SJgoGZXZlbnRzGAIgAygLMhYudHVybndpcmUudjEuVHVybkV2ZW50IhIKEE9uQ2h1bmtzUmVzcG9uc2Ui6QEKFU9uQ2hhdFJlc3BvbnNlUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SJQoHbWVzc2FnZRgCIAEoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USKQoHb3V0Y29tZRgDIAEoDjIYLnR1cm53aXJlLnYxLlR1cm5PdXRjb21lEiEKBWVycm9yGAQgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXMSNgoQY29uY3VycmVudF9pbnB1dBgFIAEoCzIcLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dCIYChZPbkNoYXRSZXNwb25zZVJlc3BvbnNlIooBChFQcm92aWRlckVycm9ySW5mbxIQCghwcm92aWRlchgBIAEoCRITCgtodHRwX3N0YXR1cxgCIAEoBRIMCgR0eXBlGAMgASgJEgwKBGNvZGUYBCABKAkSDAoEYm9keRgFIAEoCRIRCglpbl9zdHJlYW0YBiABKAgSEQoJcmV0cnlhYmxlGAcgASgIIpoCCg1DaGF0RXJyb3JJbmZvEiMKBHR1cm4YASABKAsyFS50dXJud2lyZS52MS5UdXJuSW5mbxIhCgVlcnJvchgCIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzEg0KBXN0YWdlGAMgASgJEhoKEm1lc3NhZ2VzX3BlcnNpc3RlZBgEIAEoCBI8Cg5jbGFzc2lmaWNhdGlvbhgFIAEoDjIkLnR1cm53aXJlLnYxLkNoYXRFcnJvckNsYXNzaWZpY2F0aW9uEjYKDnByb3ZpZGVyX2Vycm9yGAYgASgLMh4udHVybndpcmUudjEuUHJvdmlkZXJFcnJvckluZm8SEgoKbWlkZGxld2FyZRgHIAEoCRIMCgRob29rGAggASgJIkcKGENsYXNzaWZ5Q2hhdEVycm9yUmVxdWVzdBIrCgdmYWlsdXJlGAEgASgLMhoudHVybndpcmUudjEuQ2hhdEVycm9ySW5mbyJZChlDbGFzc2lmeUNoYXRFcnJvclJlc3BvbnNlEjwKDmNsYXNzaWZpY2F0aW9uGAEgASgOMiQudHVybndpcmUudjEuQ2hhdEVycm9yQ2xhc3NpZmljYXRpb24iQQoST25DaGF0RXJyb3JSZXF1ZXN0EisKB2ZhaWx1cmUYASABKAsyGi50dXJud2lyZS52MS5DaGF0RXJyb3JJbmZvIloKE09uQ2hhdEVycm9yUmVzcG9uc2USIQoFZXJyb3IYASABKAsyEi5nb29nbGUucnBjLlN0YXR1cxIUCgdtZXNzYWdlGAIgASgJSACIAQFCCgoIX21lc3NhZ2Uq+wEKBEhvb2sSFAoQSE9PS19VTlNQRUNJRklFRBAAEhQKEEhPT0tfQkVGT1JFX1RVUk4QARIUChBIT09LX0JFRk9SRV9TVEVQEAISGQoVSE9PS19CRUZPUkVfVE9PTF9DQUxMEAMSGAoUSE9PS19BRlRFUl9UT09MX0NBTEwQBBIXChNIT09LX09OX1NURVBfRklOSVNIEAUSEgoOSE9PS19PTl9DSFVOS1MQBhIZChVIT09LX09OX0NIQVRfUkVTUE9OU0UQBxIcChhIT09LX0NMQVNTSUZZX0NIQVRfRVJST1IQCBIWChJIT09LX09OX0NIQVRfRVJST1IQCSq0AQoPVG9vbENhbGxPdXRjb21lEiEKHVRPT0xfQ0FMTF9PVVRDT01FX1VOU1BFQ0lGSUVEEAASHgoaVE9PTF9DQUxMX09VVENPTUVfRVhFQ1VURUQQARIdChlUT09MX0NBTExfT1VUQ09NRV9CTE9DS0VEEAISIQodVE9PTF9DQUxMX09VVENPTUVfU1VCU1RJVFVURUQQAxIcChhUT09MX0NBTExfT1VUQ09NRV9GQUlMRUQQBCp5CgtUdXJuT3V0Y29tZRIcChhUVVJOX09VVENPTUVfVU5TUEVDSUZJRUQQABIaChZUVVJOX09VVENPTUVfQ09NUExFVEVEEAESFgoSVFVSTl9PVVRDT01FX0VSUk9SEAISGAoUVFVSTl9PVVRDT01FX0FCT1JURUQQAyqTAgoXQ2hhdEVycm9yQ2xhc3NpZmljYXRpb24SKQolQ0hBVF9FUlJPUl9DTEFTU0lGSUNBVElPTl9VTlNQRUNJRklFRBAAEi4KKkNIQVRfRVJST1JfQ0xBU1NJRklDQVRJT05fQ09OVEVYVF9PVkVSRkxPVxABEigKJENIQVRfRVJST1JfQ0xBU1NJRklDQVRJT05fUkFURV9MSU1JVBACEicKI0NIQVRfRVJST1JfQ0xBU1NJRklDQVRJT05fVFJBTlNJRU5UEAMSIwofQ0hBVF9FUlJPUl9DTEFTU0lGSUNBVElPTl9GQVRBTBAEEiUKIUNIQVRfRVJST1JfQ0xBU1NJRklDQVRJT05fVU5LTk9XThAFMoEHChBUdXJuSG9va3NTZXJ2aWNlEmsKFEdldEhvb2tTdWJzY3JpcHRpb25zEigudHVybndpcmUudjEuR2V0SG9va1N1YnNjcmlwdGlvbnNSZXF1ZXN0GikudHVybndpcmUudjEuR2V0SG9va1N1YnNjcmlwdGlvbnNSZXNwb25zZRJNCgpCZWZvcmVUdXJuEh4udHVybndpcmUudjEuQmVmb3JlVHVyblJlcXVlc3QaHy50dXJud2lyZS52MS5CZWZvcmVUdXJuUmVzcG9uc2USTQoKQmVmb3JlU3RlcBIeLnR1cm53aXJlLnYxLkJlZm9yZVN0ZXBSZXF1ZXN0Gh8udHVybndpcmUudjEuQmVmb3JlU3RlcFJlc3BvbnNlElkKDkJlZm9yZVRvb2xDYWxsEiIudHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXF1ZXN0GiMudHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXNwb25zZRJWCg1BZnRlclRvb2xDYWxsEiEudHVybndpcmUudjEuQWZ0ZXJUb29sQ2FsbFJlcXVlc3QaIi50dXJud2lyZS52MS5BZnRlclRvb2xDYWxsUmVzcG9uc2USUwoMT25TdGVwRmluaXNoEiAudHVybndpcmUudjEuT25TdGVwRmluaXNoUmVxdWVzdBohLnR1cm53aXJlLnYxLk9uU3RlcEZpbmlzaFJlc3BvbnNlEkkKCE9uQ2h1bmtzEhwudHVybndpcmUudjEuT25DaHVua3NSZXF1ZXN0Gh0udHVybndpcmUudjEuT25DaHVua3NSZXNwb25zZSgBElkKDk9uQ2hhdFJlc3BvbnNlEiIudHVybndpcmUudjEuT25DaGF0UmVzcG9uc2VSZXF1ZXN0GiMudHVybndpcmUudjEuT25DaGF0UmVzcG9uc2VSZXNwb25zZRJiChFDbGFzc2lmeUNoYXRFcnJvchIlLnR1cm53aXJlLnYxLkNsYXNzaWZ5Q2hhdEVycm9yUmVxdWVzdBomLnR1cm53aXJlLnYxLkNsYXNzaWZ5Q2hhdEVycm9yUmVzcG9uc2USUAoLT25DaGF0RXJyb3ISHy50dXJud2lyZS52MS5PbkNoYXRFcnJvclJlcXVlc3QaIC50dXJud2lyZS52MS5PbkNoYXRFcnJvclJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_rpc_status, file_turnwire_v1_chat_service, file_turnwire_v1_event, file_turnwire_v1_message]);
+  fileDesc("Chd0dXJud2lyZS92MS9ob29rcy5wcm90bxILdHVybndpcmUudjEiHQobR2V0SG9va1N1YnNjcmlwdGlvbnNSZXF1ZXN0InAKHEdldEhvb2tTdWJzY3JpcHRpb25zUmVzcG9uc2USIAoFaG9va3MYASADKA4yES50dXJud2lyZS52MS5Ib29rEhgKEGluY2x1ZGVfbWVzc2FnZXMYAiABKAgSFAoMaG9va19zZXNzaW9uGAMgASgIIl0KD0NvbmN1cnJlbnRJbnB1dBI2CghzdHJhdGVneRgBIAEoDjIkLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dFN0cmF0ZWd5EhIKCnJlcXVlc3RfaWQYAiABKAkihQEKCFR1cm5JbmZvEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRISCgpyZXF1ZXN0X2lkGAIgASgJEhQKDGNvbnRpbnVhdGlvbhgDIAEoCBIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIPCgdhdHRlbXB0GAUgASgFIssBChFCZWZvcmVUdXJuUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SDgoGc3lzdGVtGAIgASgJEg0KBW1vZGVsGAMgASgJEhIKCnRvb2xfbmFtZXMYBCADKAkSJgoIbWVzc2FnZXMYBSADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEjYKEGNvbmN1cnJlbnRfaW5wdXQYBiABKAsyHC50dXJud2lyZS52MS5Db25jdXJyZW50SW5wdXQiHAoKU3RyaW5nTGlzdBIOCgZ2YWx1ZXMYASADKAkiNQoLTWVzc2FnZUxpc3QSJgoIbWVzc2FnZXMYASADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlIqkECg1Nb2RlbFNldHRpbmdzEh4KEW1heF9vdXRwdXRfdG9rZW5zGAEgASgDSACIAQESGAoLdGVtcGVyYXR1cmUYAiABKAFIAYgBARISCgV0b3BfcBgDIAEoAUgCiAEBEhIKBXRvcF9rGAQgASgDSAOIAQESHQoQcHJlc2VuY2VfcGVuYWx0eRgFIAEoAUgEiAEBEh4KEWZyZXF1ZW5jeV9wZW5hbHR5GAYgASgBSAWIAQESLwoOc3RvcF9zZXF1ZW5jZXMYByABKAsyFy50dXJud2lyZS52MS5TdHJpbmdMaXN0EhEKBHNlZWQYCCABKANIBogBARIYCgttYXhfcmV0cmllcxgJIAEoBUgHiAEBEjgKB2hlYWRlcnMYCiADKAsyJy50dXJud2lyZS52MS5Nb2RlbFNldHRpbmdzLkhlYWRlcnNFbnRyeRIxChBwcm92aWRlcl9vcHRpb25zGAsgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIUChJfbWF4X291dHB1dF90b2tlbnNCDgoMX3RlbXBlcmF0dXJlQggKBl90b3BfcEIICgZfdG9wX2tCEwoRX3ByZXNlbmNlX3BlbmFsdHlCFAoSX2ZyZXF1ZW5jeV9wZW5hbHR5QgcKBV9zZWVkQg4KDF9tYXhfcmV0cmllcyJJCg1TdG9wQ29uZGl0aW9uEhUKC3Rvb2xfY2FsbGVkGAEgASgJSAASFAoKc3RlcF9jb3VudBgCIAEoBUgAQgsKCWNvbmRpdGlvbiKKAQoLVHVyblRpbWVvdXQSKAoFdG90YWwYASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SJwoEc3RlcBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIoCgVjaHVuaxgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKdBAoSQmVmb3JlVHVyblJlc3BvbnNlEhIKBW1vZGVsGAEgASgJSACIAQESEwoGc3lzdGVtGAIgASgJSAGIAQESKgoIbWVzc2FnZXMYAyABKAsyGC50dXJud2lyZS52MS5NZXNzYWdlTGlzdBItCgxhY3RpdmVfdG9vbHMYBCABKAsyFy50dXJud2lyZS52MS5TdHJpbmdMaXN0EhgKC3Rvb2xfY2hvaWNlGAUgASgJSAKIAQESFgoJbWF4X3N0ZXBzGAYgASgFSAOIAQESLQoJc3RvcF93aGVuGAcgAygLMhoudHVybndpcmUudjEuU3RvcENvbmRpdGlvbhIbCg5zZW5kX3JlYXNvbmluZxgIIAEoCEgEiAEBEjIKDm1vZGVsX3NldHRpbmdzGAkgASgLMhoudHVybndpcmUudjEuTW9kZWxTZXR0aW5ncxIpCgd0aW1lb3V0GAogASgLMhgudHVybndpcmUudjEuVHVyblRpbWVvdXQSNwoUc3RyZWFtX3N0YWxsX3RpbWVvdXQYCyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SJwoGb3V0cHV0GAwgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdEIICgZfbW9kZWxCCQoHX3N5c3RlbUIOCgxfdG9vbF9jaG9pY2VCDAoKX21heF9zdGVwc0IRCg9fc2VuZF9yZWFzb25pbmciiAEKCFN0ZXBJbmZvEhMKC3N0ZXBfbnVtYmVyGAEgASgFEjAKDWZpbmlzaF9yZWFzb24YAiABKA4yGS50dXJud2lyZS52MS5GaW5pc2hSZWFzb24SIQoFdXNhZ2UYAyABKAsyEi50dXJud2lyZS52MS5Vc2FnZRISCgp0b29sX25hbWVzGAQgAygJIroBChFCZWZvcmVTdGVwUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SEwoLc3RlcF9udW1iZXIYAiABKAUSJAoFc3RlcHMYAyADKAsyFS50dXJud2lyZS52MS5TdGVwSW5mbxINCgVtb2RlbBgEIAEoCRIOCgZzeXN0ZW0YBSABKAkSJgoIbWVzc2FnZXMYBiADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlIosCChJCZWZvcmVTdGVwUmVzcG9uc2USEgoFbW9kZWwYASABKAlIAIgBARIYCgt0b29sX2Nob2ljZRgCIAEoCUgBiAEBEi0KDGFjdGl2ZV90b29scxgDIAEoCzIXLnR1cm53aXJlLnYxLlN0cmluZ0xpc3QSEwoGc3lzdGVtGAQgASgJSAKIAQESKgoIbWVzc2FnZXMYBSABKAsyGC50dXJud2lyZS52MS5NZXNzYWdlTGlzdBIyCg5tb2RlbF9zZXR0aW5ncxgGIAEoCzIaLnR1cm53aXJlLnYxLk1vZGVsU2V0dGluZ3NCCAoGX21vZGVsQg4KDF90b29sX2Nob2ljZUIJCgdfc3lzdGVtImAKDFRvb2xDYWxsSW5mbxIUCgx0b29sX2NhbGxfaWQYASABKAkSEQoJdG9vbF9uYW1lGAIgASgJEhIKCmlucHV0X2pzb24YAyABKAkSEwoLc3RlcF9udW1iZXIYBCABKAUiZQoVQmVmb3JlVG9vbENhbGxSZXF1ZXN0EiMKBHR1cm4YASABKAsyFS50dXJud2lyZS52MS5UdXJuSW5mbxInCgRjYWxsGAIgASgLMhkudHVybndpcmUudjEuVG9vbENhbGxJbmZvIp0DChZCZWZvcmVUb29sQ2FsbFJlc3BvbnNlEjoKBWFsbG93GAEgASgLMikudHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXNwb25zZS5BbGxvd0gAEk4KEGFsbG93X3dpdGhfaW5wdXQYAiABKAsyMi50dXJud2lyZS52MS5CZWZvcmVUb29sQ2FsbFJlc3BvbnNlLkFsbG93V2l0aElucHV0SAASOgoFYmxvY2sYAyABKAsyKS50dXJud2lyZS52MS5CZWZvcmVUb29sQ2FsbFJlc3BvbnNlLkJsb2NrSAASRAoKc3Vic3RpdHV0ZRgEIAEoCzIuLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVzcG9uc2UuU3Vic3RpdHV0ZUgAGgcKBUFsbG93GiQKDkFsbG93V2l0aElucHV0EhIKCmlucHV0X2pzb24YASABKAkaFwoFQmxvY2sSDgoGcmVhc29uGAEgASgJGiEKClN1YnN0aXR1dGUSEwoLb3V0cHV0X2pzb24YASABKAlCCgoIZGVjaXNpb24i9QEKFEFmdGVyVG9vbENhbGxSZXF1ZXN0EiMKBHR1cm4YASABKAsyFS50dXJud2lyZS52MS5UdXJuSW5mbxInCgRjYWxsGAIgASgLMhkudHVybndpcmUudjEuVG9vbENhbGxJbmZvEisKCGR1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg8KB3N1Y2Nlc3MYBCABKAgSEwoLb3V0cHV0X2pzb24YBSABKAkSDQoFZXJyb3IYBiABKAkSLQoHb3V0Y29tZRgHIAEoDjIcLnR1cm53aXJlLnYxLlRvb2xDYWxsT3V0Y29tZSIXChVBZnRlclRvb2xDYWxsUmVzcG9uc2UizAIKE09uU3RlcEZpbmlzaFJlcXVlc3QSIwoEdHVybhgBIAEoCzIVLnR1cm53aXJlLnYxLlR1cm5JbmZvEiMKBHN0ZXAYAiABKAsyFS50dXJud2lyZS52MS5TdGVwSW5mbxIMCgR0ZXh0GAMgASgJEhYKDnJlYXNvbmluZ190ZXh0GAQgASgJEi0KCnRvb2xfY2FsbHMYBSADKAsyGS50dXJud2lyZS52MS5Ub29sQ2FsbFBhcnQSGQoRcmF3X2ZpbmlzaF9yZWFzb24YBiABKAkSEwoLcmVzcG9uc2VfaWQYByABKAkSFgoOcmVzcG9uc2VfbW9kZWwYCCABKAkSKAoHc291cmNlcxgUIAMoCzIXLnR1cm53aXJlLnYxLlNvdXJjZVBhcnQSJAoFZmlsZXMYFSADKAsyFS50dXJud2lyZS52MS5GaWxlUGFydCIWChRPblN0ZXBGaW5pc2hSZXNwb25zZSJeCg9PbkNodW5rc1JlcXVlc3QSIwoEdHVybhgBIAEoCzIVLnR1cm53aXJlLnYxLlR1cm5JbmZvEiYKBmV2ZW50cxgCIAMoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCISChBPbkNodW5rc1Jlc3BvbnNlIukBChVPbkNoYXRSZXNwb25zZVJlcXVlc3QSIwoEdHVybhgBIAEoCzIVLnR1cm53aXJlLnYxLlR1cm5JbmZvEiUKB21lc3NhZ2UYAiABKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEikKB291dGNvbWUYAyABKA4yGC50dXJud2lyZS52MS5UdXJuT3V0Y29tZRIhCgVlcnJvchgEIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzEjYKEGNvbmN1cnJlbnRfaW5wdXQYBSABKAsyHC50dXJud2lyZS52MS5Db25jdXJyZW50SW5wdXQiGAoWT25DaGF0UmVzcG9uc2VSZXNwb25zZSKKAQoRUHJvdmlkZXJFcnJvckluZm8SEAoIcHJvdmlkZXIYASABKAkSEwoLaHR0cF9zdGF0dXMYAiABKAUSDAoEdHlwZRgDIAEoCRIMCgRjb2RlGAQgASgJEgwKBGJvZHkYBSABKAkSEQoJaW5fc3RyZWFtGAYgASgIEhEKCXJldHJ5YWJsZRgHIAEoCCKaAgoNQ2hhdEVycm9ySW5mbxIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SIQoFZXJyb3IYAiABKAsyEi5nb29nbGUucnBjLlN0YXR1cxINCgVzdGFnZRgDIAEoCRIaChJtZXNzYWdlc19wZXJzaXN0ZWQYBCABKAgSPAoOY2xhc3NpZmljYXRpb24YBSABKA4yJC50dXJud2lyZS52MS5DaGF0RXJyb3JDbGFzc2lmaWNhdGlvbhI2Cg5wcm92aWRlcl9lcnJvchgGIAEoCzIeLnR1cm53aXJlLnYxLlByb3ZpZGVyRXJyb3JJbmZvEhIKCm1pZGRsZXdhcmUYByABKAkSDAoEaG9vaxgIIAEoCSJHChhDbGFzc2lmeUNoYXRFcnJvclJlcXVlc3QSKwoHZmFpbHVyZRgBIAEoCzIaLnR1cm53aXJlLnYxLkNoYXRFcnJvckluZm8iWQoZQ2xhc3NpZnlDaGF0RXJyb3JSZXNwb25zZRI8Cg5jbGFzc2lmaWNhdGlvbhgBIAEoDjIkLnR1cm53aXJlLnYxLkNoYXRFcnJvckNsYXNzaWZpY2F0aW9uIkEKEk9uQ2hhdEVycm9yUmVxdWVzdBIrCgdmYWlsdXJlGAEgASgLMhoudHVybndpcmUudjEuQ2hhdEVycm9ySW5mbyJaChNPbkNoYXRFcnJvclJlc3BvbnNlEiEKBWVycm9yGAEgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXMSFAoHbWVzc2FnZRgCIAEoCUgAiAEBQgoKCF9tZXNzYWdlIjoKEkhvb2tTZXNzaW9uUmVxdWVzdBIkCgVjYWxscxgBIAMoCzIVLnR1cm53aXJlLnYxLkhvb2tDYWxsIvsECghIb29rQ2FsbBIKCgJpZBgBIAEoBBI+Cg10cmFjZV9jb250ZXh0GAIgAygLMicudHVybndpcmUudjEuSG9va0NhbGwuVHJhY2VDb250ZXh0RW50cnkSNQoLYmVmb3JlX3R1cm4YCiABKAsyHi50dXJud2lyZS52MS5CZWZvcmVUdXJuUmVxdWVzdEgAEjUKC2JlZm9yZV9zdGVwGAsgASgLMh4udHVybndpcmUudjEuQmVmb3JlU3RlcFJlcXVlc3RIABI+ChBiZWZvcmVfdG9vbF9jYWxsGAwgASgLMiIudHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXF1ZXN0SAASPAoPYWZ0ZXJfdG9vbF9jYWxsGA0gASgLMiEudHVybndpcmUudjEuQWZ0ZXJUb29sQ2FsbFJlcXVlc3RIABI6Cg5vbl9zdGVwX2ZpbmlzaBgOIAEoCzIgLnR1cm53aXJlLnYxLk9uU3RlcEZpbmlzaFJlcXVlc3RIABI+ChBvbl9jaGF0X3Jlc3BvbnNlGA8gASgLMiIudHVybndpcmUudjEuT25DaGF0UmVzcG9uc2VSZXF1ZXN0SAASRAoTY2xhc3NpZnlfY2hhdF9lcnJvchgQIAEoCzIlLnR1cm53aXJlLnYxLkNsYXNzaWZ5Q2hhdEVycm9yUmVxdWVzdEgAEjgKDW9uX2NoYXRfZXJyb3IYESABKAsyHy50dXJud2lyZS52MS5PbkNoYXRFcnJvclJlcXVlc3RIABozChFUcmFjZUNvbnRleHRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgYKBGhvb2siPwoTSG9va1Nlc3Npb25SZXNwb25zZRIoCgdhbnN3ZXJzGAEgAygLMhcudHVybndpcmUudjEuSG9va0Fuc3dlciKzBAoKSG9va0Fuc3dlchIKCgJpZBgBIAEoBBIhCgVlcnJvchgCIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzEjYKC2JlZm9yZV90dXJuGAogASgLMh8udHVybndpcmUudjEuQmVmb3JlVHVyblJlc3BvbnNlSAASNgoLYmVmb3JlX3N0ZXAYCyABKAsyHy50dXJud2lyZS52MS5CZWZvcmVTdGVwUmVzcG9uc2VIABI/ChBiZWZvcmVfdG9vbF9jYWxsGAwgASgLMiMudHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXNwb25zZUgAEj0KD2FmdGVyX3Rvb2xfY2FsbBgNIAEoCzIiLnR1cm53aXJlLnYxLkFmdGVyVG9vbENhbGxSZXNwb25zZUgAEjsKDm9uX3N0ZXBfZmluaXNoGA4gASgLMiEudHVybndpcmUudjEuT25TdGVwRmluaXNoUmVzcG9uc2VIABI/ChBvbl9jaGF0X3Jlc3BvbnNlGA8gASgLMiMudHVybndpcmUudjEuT25DaGF0UmVzcG9uc2VSZXNwb25zZUgAEkUKE2NsYXNzaWZ5X2NoYXRfZXJyb3IYECABKAsyJi50dXJud2lyZS52MS5DbGFzc2lmeUNoYXRFcnJvclJlc3BvbnNlSAASOQoNb25fY2hhdF9lcnJvchgRIAEoCzIgLnR1cm53aXJlLnYxLk9uQ2hhdEVycm9yUmVzcG9uc2VIAEIGCgRob29rKvsBCgRIb29rEhQKEEhPT0tfVU5TUEVDSUZJRUQQABIUChBIT09LX0JFRk9SRV9UVVJOEAESFAoQSE9PS19CRUZPUkVfU1RFUBACEhkKFUhPT0tfQkVGT1JFX1RPT0xfQ0FMTBADEhgKFEhPT0tfQUZURVJfVE9PTF9DQUxMEAQSFwoTSE9PS19PTl9TVEVQX0ZJTklTSBAFEhIKDkhPT0tfT05fQ0hVTktTEAYSGQoVSE9PS19PTl9DSEFUX1JFU1BPTlNFEAcSHAoYSE9PS19DTEFTU0lGWV9DSEFUX0VSUk9SEAgSFgoSSE9PS19PTl9DSEFUX0VSUk9SEAkqtAEKD1Rvb2xDYWxsT3V0Y29tZRIhCh1UT09MX0NBTExfT1VUQ09NRV9VTlNQRUNJRklFRBAAEh4KGlRPT0xfQ0FMTF9PVVRDT01FX0VYRUNVVEVEEAESHQoZVE9PTF9DQUxMX09VVENPTUVfQkxPQ0tFRBACEiEKHVRPT0xfQ0FMTF9PVVRDT01FX1NVQlNUSVRVVEVEEAMSHAoYVE9PTF9DQUxMX09VVENPTUVfRkFJTEVEEAQqeQoLVHVybk91dGNvbWUSHAoYVFVSTl9PVVRDT01FX1VOU1BFQ0lGSUVEEAASGgoWVFVSTl9PVVRDT01FX0NPTVBMRVRFRBABEhYKElRVUk5fT1VUQ09NRV9FUlJPUhACEhgKFFRVUk5fT1VUQ09NRV9BQk9SVEVEEAMqkwIKF0NoYXRFcnJvckNsYXNzaWZpY2F0aW9uEikKJUNIQVRfRVJST1JfQ0xBU1NJRklDQVRJT05fVU5TUEVDSUZJRUQQABIuCipDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX0NPTlRFWFRfT1ZFUkZMT1cQARIoCiRDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX1JBVEVfTElNSVQQAhInCiNDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX1RSQU5TSUVOVBADEiMKH0NIQVRfRVJST1JfQ0xBU1NJRklDQVRJT05fRkFUQUwQBBIlCiFDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX1VOS05PV04QBTLXBwoQVHVybkhvb2tzU2VydmljZRJrChRHZXRIb29rU3Vic2NyaXB0aW9ucxIoLnR1cm53aXJlLnYxLkdldEhvb2tTdWJzY3JpcHRpb25zUmVxdWVzdBopLnR1cm53aXJlLnYxLkdldEhvb2tTdWJzY3JpcHRpb25zUmVzcG9uc2USTQoKQmVmb3JlVHVybhIeLnR1cm53aXJlLnYxLkJlZm9yZVR1cm5SZXF1ZXN0Gh8udHVybndpcmUudjEuQmVmb3JlVHVyblJlc3BvbnNlEk0KCkJlZm9yZVN0ZXASHi50dXJud2lyZS52MS5CZWZvcmVTdGVwUmVxdWVzdBofLnR1cm53aXJlLnYxLkJlZm9yZVN0ZXBSZXNwb25zZRJZCg5CZWZvcmVUb29sQ2FsbBIiLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVxdWVzdBojLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVzcG9uc2USVgoNQWZ0ZXJUb29sQ2FsbBIhLnR1cm53aXJlLnYxLkFmdGVyVG9vbENhbGxSZXF1ZXN0GiIudHVybndpcmUudjEuQWZ0ZXJUb29sQ2FsbFJlc3BvbnNlElMKDE9uU3RlcEZpbmlzaBIgLnR1cm53aXJlLnYxLk9uU3RlcEZpbmlzaFJlcXVlc3QaIS50dXJud2lyZS52MS5PblN0ZXBGaW5pc2hSZXNwb25zZRJJCghPbkNodW5rcxIcLnR1cm53aXJlLnYxLk9uQ2h1bmtzUmVxdWVzdBodLnR1cm53aXJlLnYxLk9uQ2h1bmtzUmVzcG9uc2UoARJZCg5PbkNoYXRSZXNwb25zZRIiLnR1cm53aXJlLnYxLk9uQ2hhdFJlc3BvbnNlUmVxdWVzdBojLnR1cm53aXJlLnYxLk9uQ2hhdFJlc3BvbnNlUmVzcG9uc2USYgoRQ2xhc3NpZnlDaGF0RXJyb3ISJS50dXJud2lyZS52MS5DbGFzc2lmeUNoYXRFcnJvclJlcXVlc3QaJi50dXJud2lyZS52MS5DbGFzc2lmeUNoYXRFcnJvclJlc3BvbnNlElAKC09uQ2hhdEVycm9yEh8udHVybndpcmUudjEuT25DaGF0RXJyb3JSZXF1ZXN0GiAudHVybndpcmUudjEuT25DaGF0RXJyb3JSZXNwb25zZRJUCgtIb29rU2Vzc2lvbhIfLnR1cm53aXJlLnYxLkhvb2tTZXNzaW9uUmVxdWVzdBogLnR1cm53aXJlLnYxLkhvb2tTZXNzaW9uUmVzcG9uc2UoATABYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_rpc_status, file_turnwire_v1_chat_service, file_turnwire_v1_event, file_turnwire_v1_message]);
 
 /**
  * GetHookSubscriptionsRequest asks a hook server what it wants.
@@ -57,6 +57,15 @@ export type GetHookSubscriptionsResponse = Message<"turnwire.v1.GetHookSubscript
    * @generated from field: bool include_messages = 2;
    */
   includeMessages: boolean;
+
+  /**
+   * The server implements HookSession: the sidecar sends each turn's hook
+   * calls on one HookSession call instead of a unary RPC each. Unset (older
+   * servers): one unary RPC per hook call.
+   *
+   * @generated from field: bool hook_session = 3;
+   */
+  hookSession: boolean;
 };
 
 /**
@@ -1383,6 +1392,259 @@ export const OnChatErrorResponseSchema: GenMessage<OnChatErrorResponse> = /*@__P
   messageDesc(file_turnwire_v1_hooks, 30);
 
 /**
+ * HookSessionRequest is one or more hook calls on a turn's HookSession stream.
+ * The stream carries one turn (its metadata: `turnwire-parent-request-id`, as
+ * on the unary RPCs). The server handles the calls in order, one at a time, as
+ * if each were its unary RPC, and answers them in the same order, each as soon
+ * as it is done (a HookSessionResponse holds one answer or more). The
+ * sidecar waits for the answers of the deciding hooks (BeforeTurn, BeforeStep,
+ * BeforeToolCall, the error hooks) and of OnChatResponse; AfterToolCall and
+ * OnStepFinish are observing calls: they are sent with the turn's next call (or
+ * at most 50 ms after they were made) and their answers are not waited for.
+ *
+ * @generated from message turnwire.v1.HookSessionRequest
+ */
+export type HookSessionRequest = Message<"turnwire.v1.HookSessionRequest"> & {
+  /**
+   * The calls, in the order the sidecar made them.
+   *
+   * @generated from field: repeated turnwire.v1.HookCall calls = 1;
+   */
+  calls: HookCall[];
+};
+
+/**
+ * Describes the message turnwire.v1.HookSessionRequest.
+ * Use `create(HookSessionRequestSchema)` to create a new message.
+ */
+export const HookSessionRequestSchema: GenMessage<HookSessionRequest> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_hooks, 31);
+
+/**
+ * HookCall is one hook call of a HookSessionRequest.
+ *
+ * @generated from message turnwire.v1.HookCall
+ */
+export type HookCall = Message<"turnwire.v1.HookCall"> & {
+  /**
+   * Numbers the hook calls of the stream, from 1; its answer carries it.
+   *
+   * @generated from field: uint64 id = 1;
+   */
+  id: bigint;
+
+  /**
+   * The hook call's W3C trace context (`traceparent`, `tracestate`) when the
+   * sidecar traces, so the server's span joins the turn's trace; empty
+   * otherwise.
+   *
+   * @generated from field: map<string, string> trace_context = 2;
+   */
+  traceContext: { [key: string]: string };
+
+  /**
+   * The hook called and its request (the unary RPC's request message).
+   *
+   * @generated from oneof turnwire.v1.HookCall.hook
+   */
+  hook: {
+    /**
+     * BeforeTurn.
+     *
+     * @generated from field: turnwire.v1.BeforeTurnRequest before_turn = 10;
+     */
+    value: BeforeTurnRequest;
+    case: "beforeTurn";
+  } | {
+    /**
+     * BeforeStep.
+     *
+     * @generated from field: turnwire.v1.BeforeStepRequest before_step = 11;
+     */
+    value: BeforeStepRequest;
+    case: "beforeStep";
+  } | {
+    /**
+     * BeforeToolCall.
+     *
+     * @generated from field: turnwire.v1.BeforeToolCallRequest before_tool_call = 12;
+     */
+    value: BeforeToolCallRequest;
+    case: "beforeToolCall";
+  } | {
+    /**
+     * AfterToolCall.
+     *
+     * @generated from field: turnwire.v1.AfterToolCallRequest after_tool_call = 13;
+     */
+    value: AfterToolCallRequest;
+    case: "afterToolCall";
+  } | {
+    /**
+     * OnStepFinish.
+     *
+     * @generated from field: turnwire.v1.OnStepFinishRequest on_step_finish = 14;
+     */
+    value: OnStepFinishRequest;
+    case: "onStepFinish";
+  } | {
+    /**
+     * OnChatResponse.
+     *
+     * @generated from field: turnwire.v1.OnChatResponseRequest on_chat_response = 15;
+     */
+    value: OnChatResponseRequest;
+    case: "onChatResponse";
+  } | {
+    /**
+     * ClassifyChatError.
+     *
+     * @generated from field: turnwire.v1.ClassifyChatErrorRequest classify_chat_error = 16;
+     */
+    value: ClassifyChatErrorRequest;
+    case: "classifyChatError";
+  } | {
+    /**
+     * OnChatError.
+     *
+     * @generated from field: turnwire.v1.OnChatErrorRequest on_chat_error = 17;
+     */
+    value: OnChatErrorRequest;
+    case: "onChatError";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message turnwire.v1.HookCall.
+ * Use `create(HookCallSchema)` to create a new message.
+ */
+export const HookCallSchema: GenMessage<HookCall> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_hooks, 32);
+
+/**
+ * HookSessionResponse carries the answers of one or more calls of the stream,
+ * in the calls' order.
+ *
+ * @generated from message turnwire.v1.HookSessionResponse
+ */
+export type HookSessionResponse = Message<"turnwire.v1.HookSessionResponse"> & {
+  /**
+   * The answers.
+   *
+   * @generated from field: repeated turnwire.v1.HookAnswer answers = 1;
+   */
+  answers: HookAnswer[];
+};
+
+/**
+ * Describes the message turnwire.v1.HookSessionResponse.
+ * Use `create(HookSessionResponseSchema)` to create a new message.
+ */
+export const HookSessionResponseSchema: GenMessage<HookSessionResponse> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_hooks, 33);
+
+/**
+ * HookAnswer answers one HookCall: the unary RPC's response message, or the
+ * status the RPC would have failed with.
+ *
+ * @generated from message turnwire.v1.HookAnswer
+ */
+export type HookAnswer = Message<"turnwire.v1.HookAnswer"> & {
+  /**
+   * The id of the call it answers.
+   *
+   * @generated from field: uint64 id = 1;
+   */
+  id: bigint;
+
+  /**
+   * Set when the hook call failed (what the unary RPC's status would be):
+   * the sidecar applies the hook's failure mode; the stream goes on.
+   *
+   * @generated from field: google.rpc.Status error = 2;
+   */
+  error?: Status | undefined;
+
+  /**
+   * The hook's answer, of the call's hook (unset with `error`).
+   *
+   * @generated from oneof turnwire.v1.HookAnswer.hook
+   */
+  hook: {
+    /**
+     * BeforeTurn.
+     *
+     * @generated from field: turnwire.v1.BeforeTurnResponse before_turn = 10;
+     */
+    value: BeforeTurnResponse;
+    case: "beforeTurn";
+  } | {
+    /**
+     * BeforeStep.
+     *
+     * @generated from field: turnwire.v1.BeforeStepResponse before_step = 11;
+     */
+    value: BeforeStepResponse;
+    case: "beforeStep";
+  } | {
+    /**
+     * BeforeToolCall.
+     *
+     * @generated from field: turnwire.v1.BeforeToolCallResponse before_tool_call = 12;
+     */
+    value: BeforeToolCallResponse;
+    case: "beforeToolCall";
+  } | {
+    /**
+     * AfterToolCall.
+     *
+     * @generated from field: turnwire.v1.AfterToolCallResponse after_tool_call = 13;
+     */
+    value: AfterToolCallResponse;
+    case: "afterToolCall";
+  } | {
+    /**
+     * OnStepFinish.
+     *
+     * @generated from field: turnwire.v1.OnStepFinishResponse on_step_finish = 14;
+     */
+    value: OnStepFinishResponse;
+    case: "onStepFinish";
+  } | {
+    /**
+     * OnChatResponse.
+     *
+     * @generated from field: turnwire.v1.OnChatResponseResponse on_chat_response = 15;
+     */
+    value: OnChatResponseResponse;
+    case: "onChatResponse";
+  } | {
+    /**
+     * ClassifyChatError.
+     *
+     * @generated from field: turnwire.v1.ClassifyChatErrorResponse classify_chat_error = 16;
+     */
+    value: ClassifyChatErrorResponse;
+    case: "classifyChatError";
+  } | {
+    /**
+     * OnChatError.
+     *
+     * @generated from field: turnwire.v1.OnChatErrorResponse on_chat_error = 17;
+     */
+    value: OnChatErrorResponse;
+    case: "onChatError";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message turnwire.v1.HookAnswer.
+ * Use `create(HookAnswerSchema)` to create a new message.
+ */
+export const HookAnswerSchema: GenMessage<HookAnswer> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_hooks, 34);
+
+/**
  * Hook names a lifecycle hook (docs/semantics.md §3).
  *
  * @generated from enum turnwire.v1.Hook
@@ -1727,6 +1989,20 @@ export const TurnHooksService: GenService<{
     methodKind: "unary";
     input: typeof OnChatErrorRequestSchema;
     output: typeof OnChatErrorResponseSchema;
+  },
+  /**
+   * A turn's hook calls on one stream (all but OnChunks), for a server whose
+   * GetHookSubscriptionsResponse sets `hook_session`: each request carries one
+   * or more calls, answered in order, so a call costs a message (or part of
+   * one) instead of an RPC. The same hooks, order, deadlines and failure
+   * modes as the unary RPCs above (docs/semantics.md §4, remote middleware).
+   *
+   * @generated from rpc turnwire.v1.TurnHooksService.HookSession
+   */
+  hookSession: {
+    methodKind: "bidi_streaming";
+    input: typeof HookSessionRequestSchema;
+    output: typeof HookSessionResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_turnwire_v1_hooks, 0);

@@ -1,0 +1,337 @@
+"""A turn's hook calls on one ``HookSession`` stream (docs/semantics.md §4, remote middleware).
+
+A server whose ``GetHookSubscriptionsResponse`` sets ``hook_session`` gets each turn's hook
+calls (all but ``OnChunks``) as messages of one bidirectional call instead of a unary RPC each:
+a message costs a fraction of an RPC (no call set-up, metadata or deadline per hook). The server
+answers the requests in order, one each, so the hooks reach it in the order the chain runs them.
+
+:class:`HookSession` is the stream of one turn: :meth:`HookSession.send` writes a request and
+returns the future of its answer, which a reader task resolves by ``id``. A deadline per call is
+a timer on that future (:meth:`HookSession.expire_after`). Anything that breaks the stream (an
+RPC error, an answer that does not decode, a deadline) fails every pending call of it and marks
+it :attr:`HookSession.broken`: the caller then makes the turn's later calls unary, so one stuck
+answer never holds the rest of the turn behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import grpc
+
+from turnwire_client.v1 import hooks_pb2
+
+METHOD = "/turnwire.v1.TurnHooksService/HookSession"
+
+FIELDS = {
+    "BeforeTurn": ("before_turn", 10),
+    "BeforeStep": ("before_step", 11),
+    "BeforeToolCall": ("before_tool_call", 12),
+    "AfterToolCall": ("after_tool_call", 13),
+    "OnStepFinish": ("on_step_finish", 14),
+    "OnChatResponse": ("on_chat_response", 15),
+    "ClassifyChatError": ("classify_chat_error", 16),
+    "OnChatError": ("on_chat_error", 17),
+}
+"""Unary RPC name → the ``hook`` oneof member of ``HookSessionRequest`` / ``Response`` and its
+field number (protos/turnwire/v1/hooks.proto)."""
+
+
+class SessionBroken(Exception):
+    """The stream cannot carry the call: it ended, failed, or a call's deadline passed.
+    ``error`` is the cause (an ``AioRpcError``, ``TimeoutError`` or another exception);
+    ``call_id`` the call whose deadline passed (None: the stream itself failed)."""
+
+    def __init__(self, error: BaseException, call_id: int | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.call_id = call_id
+
+
+class CallFailed(Exception):
+    """The server answered the call with an error status (``code``: a ``grpc.StatusCode``)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_TAGS = {rpc: _varint(number << 3 | 2) for rpc, (_, number) in FIELDS.items()}
+
+
+def _encode_call(call_id: int, rpc: str, request: Any, trace_context: Mapping[str, str]) -> bytes:
+    """``HookCall`` bytes without copying the hook's request into a message: the call's own
+    fields, then the request's bytes as its oneof member (protobuf merges concatenated fields,
+    so this is the same message)."""
+    head: bytes = hooks_pb2.HookCall(id=call_id, trace_context=trace_context).SerializeToString()
+    payload: bytes = request.SerializeToString()
+    return head + _TAGS[rpc] + _varint(len(payload)) + payload
+
+
+def _encode(calls: list[bytes]) -> bytes:
+    """``HookSessionRequest`` bytes of encoded calls (its field 1, repeated)."""
+    return b"".join(b"\x0a" + _varint(len(call)) + call for call in calls)
+
+
+HOLD_SECONDS = 0.05
+"""An observing call waits at most this long for the turn's next call to be sent with it."""
+
+
+class HookSession:
+    """One turn's ``HookSession`` call on ``channel`` with ``metadata`` (the turn's parent
+    request id, the trace context at its opening). Not thread-safe: one event loop uses it."""
+
+    def __init__(self, channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]) -> None:
+        method = channel.stream_stream(
+            METHOD,
+            request_serializer=_encode,
+            response_deserializer=hooks_pb2.HookSessionResponse.FromString,
+        )
+        self._call: Any = method(metadata=metadata)
+        self._loop = asyncio.get_running_loop()
+        self._next_id = 0
+        self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}
+        self._buffer: list[bytes] = []  # encoded calls not written yet (observing calls held)
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._flushing: set[asyncio.Task[None]] = set()
+        self._write_lock = asyncio.Lock()
+        self.broken: SessionBroken | None = None
+        self._reader = self._loop.create_task(self._read())
+
+    def post(
+        self, rpc: str, request: Any, trace_context: Mapping[str, str]
+    ) -> tuple[int, asyncio.Future[Any]]:
+        """Queue an observing call: written with the turn's next call, or :data:`HOLD_SECONDS`
+        from now. Returns what :meth:`send` returns; raises :class:`SessionBroken` likewise."""
+        call_id, future = self._add(rpc, request, trace_context)
+        if self._flush_timer is None:
+            self._flush_timer = self._loop.call_later(HOLD_SECONDS, self._flush_later)
+        return call_id, future
+
+    async def send(
+        self, rpc: str, request: Any, trace_context: Mapping[str, str]
+    ) -> tuple[int, asyncio.Future[Any]]:
+        """Write ``request`` as the session's next ``rpc`` call (with the calls held before it):
+        its id, and the future of the answer (the unary response message), which fails with
+        :class:`CallFailed` (an error answer), :class:`SessionBroken` or ``ValueError`` (an
+        answer of another hook). Raises :class:`SessionBroken` when the stream is broken."""
+        call_id, future = self._add(rpc, request, trace_context)
+        await self._flush()
+        return call_id, future
+
+    def _add(
+        self, rpc: str, request: Any, trace_context: Mapping[str, str]
+    ) -> tuple[int, asyncio.Future[Any]]:
+        if self.broken is not None:
+            raise self.broken
+        self._next_id += 1
+        call_id = self._next_id
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._pending[call_id] = (rpc, future)
+        self._buffer.append(_encode_call(call_id, rpc, request, trace_context))
+        return call_id, future
+
+    async def _flush(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        # One write at a time (grpc's rule); the buffer is taken under the lock, so the calls
+        # go out in the order of their ids.
+        async with self._write_lock:
+            if not self._buffer or self.broken is not None:
+                return
+            calls, self._buffer = self._buffer, []
+            try:
+                await self._call.write(calls)
+            except grpc.aio.AioRpcError as error:
+                self.break_(error)
+            except (grpc.aio.UsageError, asyncio.InvalidStateError) as error:
+                self.break_(self.broken.error if self.broken else error)
+
+    def _flush_later(self) -> None:
+        self._flush_timer = None
+        task = self._loop.create_task(self._flush())
+        self._flushing.add(task)
+        task.add_done_callback(self._flushing.discard)
+
+    def expire_after(self, call_id: int, future: asyncio.Future[Any], seconds: float) -> asyncio.TimerHandle:
+        """After ``seconds`` an unanswered call ``call_id`` breaks the session (a deadline, as the
+        unary RPC's): its pending calls fail with a ``TimeoutError`` cause naming ``call_id``;
+        the later ones were not handled yet (the server answers in order)."""
+
+        def expire() -> None:
+            if not future.done():
+                self.break_(TimeoutError(f"no answer within the deadline ({seconds:g} s)"), call_id)
+
+        return self._loop.call_later(seconds, expire)
+
+    def break_(self, error: BaseException, call_id: int | None = None) -> None:
+        """Fail every pending call with :class:`SessionBroken` (``error``, ``call_id``: the call
+        whose deadline passed) and cancel the call."""
+        if self.broken is None:
+            self.broken = SessionBroken(error, call_id)
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        self._buffer.clear()
+        for _, future in list(self._pending.values()):
+            if not future.done():
+                future.set_exception(self.broken)
+        self._pending.clear()
+        self._call.cancel()
+        if not self._reader.done() and self._reader is not asyncio.current_task():
+            self._reader.cancel()
+
+    async def close(self, seconds: float) -> None:
+        """Send the calls held, half-close the stream and wait (at most ``seconds``) for the
+        answers still due; the reader takes the server's end of the stream in the background."""
+        await self._flush()
+        if self.broken is not None:
+            return
+        try:
+            await self._call.done_writing()
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
+            self.break_(error)
+            return
+        if self._pending:
+            # Observing calls not answered yet (no OnChatResponse waited for them): the turn ends
+            # once the server has taken them, as on the unary path.
+            await asyncio.wait([future for _, future in self._pending.values()], timeout=seconds)
+        if not self._reader.done():
+            handle = self._loop.call_later(
+                seconds, lambda: self.break_(TimeoutError("the stream did not end in time"))
+            )
+            self._reader.add_done_callback(lambda _: handle.cancel())
+
+    def _answer(self, response: Any) -> None:
+        entry = self._pending.pop(response.id, None)
+        if entry is None or entry[1].done():
+            return  # a call already failed or cancelled
+        rpc, future = entry
+        if response.HasField("error"):
+            code = _CODES.get(response.error.code, grpc.StatusCode.UNKNOWN)
+            future.set_exception(CallFailed(code, response.error.message))
+            return
+        field, _ = FIELDS[rpc]
+        answered = response.WhichOneof("hook")
+        if answered != field:
+            future.set_exception(ValueError(f"the answer to {rpc} is {answered or 'empty'}"))
+            return
+        future.set_result(getattr(response, field))
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                response = await self._call.read()
+                if response is grpc.aio.EOF:
+                    code = await self._call.code()
+                    details = await self._call.details()
+                    if self._pending:
+                        self.break_(CallFailed(code, details or "the stream ended before its answers"))
+                    return
+                if response is None:
+                    # grpc.aio logs a message that does not decode and hands back None.
+                    self.break_(ValueError("an answer is not a decodable HookSessionResponse"))
+                    return
+                for answer in response.answers:
+                    self._answer(answer)
+        except asyncio.CancelledError:
+            return
+        except grpc.aio.AioRpcError as error:
+            self.break_(error)
+        except Exception as error:  # any read failure breaks the stream alike
+            self.break_(error)
+
+
+MAX_OPEN_SESSIONS = 1024
+"""``HookSession`` streams open at once per server; past it the oldest is closed (a turn that
+failed with no ``on_chat_error`` subscribed, or was cancelled, leaves its stream to this bound)."""
+
+OPENING_HOOKS = frozenset(
+    ("before_turn", "before_step", "before_tool_call", "after_tool_call", "on_step_finish")
+)
+"""Hooks that open a turn's stream; the others (``on_chat_response``, the error hooks) use the
+turn's stream when one is open, else a unary RPC (one call is not worth a stream)."""
+
+
+class TurnSessions:
+    """The ``HookSession`` of each running turn of one server, by request id (None: the turn's
+    stream broke, its later calls are unary). ``deadline_seconds`` bounds a closing stream's
+    wait for the server's end; ``background`` keeps the tasks of evicted streams' closing."""
+
+    def __init__(self, deadline_seconds: float, background: set[asyncio.Task[Any]]) -> None:
+        self._deadline = deadline_seconds
+        self._background = background
+        self._by_turn: OrderedDict[str, HookSession | None] = OrderedDict()
+
+    def get(
+        self, request_id: str, hook: str, open_session: Callable[[str], HookSession]
+    ) -> HookSession | None:
+        """The turn's open stream (opened now with ``open_session`` for an opening ``hook``), or
+        None: the call is a unary RPC."""
+        if request_id in self._by_turn:
+            session = self._by_turn[request_id]
+            if session is not None and session.broken is not None:
+                self._by_turn[request_id] = session = None
+            return session
+        if hook not in OPENING_HOOKS:
+            return None
+        session = self._by_turn[request_id] = open_session(request_id)
+        while len(self._by_turn) > MAX_OPEN_SESSIONS:
+            _, oldest = self._by_turn.popitem(last=False)
+            if oldest is not None:
+                task = asyncio.get_running_loop().create_task(oldest.close(self._deadline))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+        return session
+
+    def unary(self, request_id: str) -> None:
+        """The turn's stream broke: its later calls are unary RPCs."""
+        if self._by_turn.get(request_id) is not None:
+            self._by_turn[request_id] = None
+
+    async def close(self, request_id: str) -> None:
+        """End the turn's stream (after its last call), if it has one."""
+        if self._by_turn:
+            session = self._by_turn.pop(request_id, None)
+            if session is not None:
+                await session.close(self._deadline)
+
+    def break_all(self) -> None:
+        """The sidecar stops: cancel every stream."""
+        for session in self._by_turn.values():
+            if session is not None:
+                session.break_(RuntimeError("the sidecar stops"))
+        self._by_turn.clear()
+
+
+def failure_kind(error: BaseException) -> tuple[str, str]:
+    """A failed session call's metric kind (as the unary RPC's: a status code name in lower
+    case, ``deadline_exceeded``, ``invalid_response`` or ``internal``) and what to log."""
+    if isinstance(error, SessionBroken):
+        error = error.error
+    if isinstance(error, CallFailed):
+        return error.code.name.lower(), str(error)
+    if isinstance(error, grpc.aio.AioRpcError):
+        return error.code().name.lower(), f"{error.code().name}: {error.details()}"
+    if isinstance(error, TimeoutError):
+        return "deadline_exceeded", str(error)
+    if isinstance(error, ValueError):
+        return "invalid_response", f"an answer that cannot be used: {error}"
+    return "internal", f"{type(error).__name__}: {error}"

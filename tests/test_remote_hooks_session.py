@@ -1,0 +1,136 @@
+"""The remote middleware's tests (``test_remote_hooks.py``) again, with the hook server offering
+the ``HookSession`` stream: the same order, contents, decisions, deadlines, failure modes and
+breaker when a turn's hook calls are messages of one stream (docs/semantics.md §4, remote
+middleware), plus what only the stream does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from support.engine_harness import MODEL, EngineFactory, collect, end_of
+from support.hook_server import RecordingHookServer, serving, sleep_forever
+from support.traces import memory_tracing, traceparent_of
+from test_remote_hooks import *  # noqa: F403  # every test of the unary path, collected again here
+from test_remote_hooks import PARENT, RemoteEngine, metric
+
+from turnwire.hooks import SessionContext
+from turnwire_client.v1 import event_pb2
+from turnwire_server.remote_hooks import RemoteMiddleware
+from turnwire_server.remote_hooks.settings import RemoteHookSettings
+
+
+@pytest.fixture(autouse=True)
+def _hook_session() -> Iterator[None]:
+    RecordingHookServer.default_hook_session = True
+    yield
+    RecordingHookServer.default_hook_session = False
+
+
+# --- what only the stream does ------------------------------------------------------------------
+
+
+async def test_a_turns_hook_calls_are_messages_of_one_hook_session(remote_engine: RemoteEngine) -> None:
+    server = RecordingHookServer()
+    async with serving(server) as address:
+        harness, middleware = await remote_engine(address)
+        assert middleware.hook_session
+        end = end_of(await harness.run("check", request_id="r-session"))
+    assert end.status == event_pb2.TURN_STATUS_COMPLETED
+    assert server.sessions == 1
+    calls = [c for c in server.calls if c.rpc not in ("GetHookSubscriptions", "OnChunks", "OnChunks:end")]
+    assert [(c.rpc, c.stream) for c in calls] == [
+        ("BeforeTurn", True),
+        ("BeforeStep", True),
+        ("BeforeToolCall", True),
+        ("AfterToolCall", True),
+        ("OnStepFinish", True),
+        ("BeforeStep", True),
+        ("OnStepFinish", True),
+        ("OnChatResponse", True),
+    ]
+    assert all(c.metadata.get(PARENT) == "r-session" for c in calls)
+    assert metric("turnwire_remote_hook_calls_total", server=address, hook="before_step") == 2
+
+
+async def test_a_server_without_hook_session_gets_a_unary_rpc_per_call(remote_engine: RemoteEngine) -> None:
+    server = RecordingHookServer(hook_session=False)
+    async with serving(server) as address:
+        harness, middleware = await remote_engine(address)
+        assert not middleware.hook_session
+        end = end_of(await harness.run("check"))
+    assert end.status == event_pb2.TURN_STATUS_COMPLETED
+    assert server.sessions == 0
+    assert server.count("BeforeStep") == 2 and not any(c.stream for c in server.calls)
+
+
+async def test_a_stuck_observer_fails_open_and_the_calls_behind_it_go_unary(
+    remote_engine: RemoteEngine,
+) -> None:
+    # The server answers a stream's calls in order: an OnStepFinish that never answers holds the
+    # BeforeStep sent after it. At OnStepFinish's deadline the stream is given up, and BeforeStep
+    # (not yet taken by the server) is made as a unary RPC: the turn goes on as on the unary path.
+    server = RecordingHookServer()
+    server.answers["OnStepFinish"] = sleep_forever
+    async with serving(server) as address:
+        harness, _ = await remote_engine(address, deadline_seconds=0.3, failure_mode="closed")
+        end = end_of(await harness.run("go", request_id="r-stuck"))
+    assert end.status == event_pb2.TURN_STATUS_COMPLETED
+    assert [(c.rpc, c.stream) for c in server.calls if c.rpc in ("BeforeStep", "OnStepFinish")] == [
+        ("BeforeStep", True),
+        ("OnStepFinish", True),
+        ("BeforeStep", False),
+        ("OnStepFinish", False),
+    ]
+    assert (
+        metric(
+            "turnwire_remote_hook_errors_total",
+            server=address,
+            hook="on_step_finish",
+            kind="deadline_exceeded",
+        )
+        == 2
+    )
+    assert (
+        metric(
+            "turnwire_remote_hook_errors_total", server=address, hook="before_step", kind="deadline_exceeded"
+        )
+        == 0
+    )
+
+
+async def test_hook_session_false_keeps_unary_rpcs_for_a_server_that_offers_the_stream(
+    remote_engine: RemoteEngine,
+) -> None:
+    server = RecordingHookServer()  # offers it (this module's default)
+    async with serving(server) as address:
+        harness, middleware = await remote_engine(address, hook_session=False)
+        assert not middleware.hook_session
+        end = end_of(await harness.run("check"))
+    assert end.status == event_pb2.TURN_STATUS_COMPLETED
+    assert server.sessions == 0 and server.count("BeforeStep") == 2
+
+
+async def test_each_call_on_the_stream_carries_its_own_hook_spans_trace_context(
+    make_engine: EngineFactory,
+) -> None:
+    # The stream's metadata is set once, at its opening; every HookCall carries the trace context
+    # of its own hook span (trace_context), so each hook's server span joins under the right one.
+    tracing, exporter = memory_tracing()
+    server = RecordingHookServer()
+    async with serving(server) as address:
+        middleware = RemoteMiddleware(RemoteHookSettings(address=address))
+        try:
+            h = await make_engine(middlewares=[middleware], tracing=tracing)
+            await h.chain.configure_session(SessionContext(default_model=MODEL, system="sys", tools={}))
+            events = await collect(await h.start("hi"))
+        finally:
+            await middleware.aclose()
+    assert events[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
+    spans = exporter.get_finished_spans()
+    for hook, rpc in (("before_turn", "BeforeTurn"), ("before_step", "BeforeStep")):
+        [span] = [s for s in spans if (s.attributes or {}).get("turnwire.hook.name") == hook]
+        [call] = [c for c in server.calls if c.rpc == rpc]
+        assert call.stream
+        assert call.metadata["traceparent"] == traceparent_of(span), hook
