@@ -240,7 +240,9 @@ def phases_of(timeline: list[tuple[str, float, float, float]]) -> dict[str, tupl
     turn" totals; the rest of the turn after the first token as its own phase."""
     out: dict[str, list[float]] = {}
     first_token = next(i for i, m in enumerate(timeline) if m[0] == LAST)
-    sending = first_token - 1  # the first token's write starts (``write:text_delta>``)
+    # The first token's write starts (``write:text_delta>``); the turn's own marks may follow it
+    # before the write's end.
+    sending = max(i for i, m in enumerate(timeline[:first_token]) if m[0] == "write:text_delta>")
     current = "arrive"  # the turn's own progress: a write's end hands the loop back to it
     for index, (label, wall, thread, process) in enumerate(timeline[:-1]):
         following = timeline[index + 1]
