@@ -56,6 +56,13 @@ def test_cases_cover_every_rpc_and_terminal_status() -> None:
 _RUNNERS = {
     "python": [str(REPO / ".venv" / "bin" / "python"), "clients/conformance/python/run.py"],
     "node": ["node", "clients/conformance/node/run.mjs"],
+    # The same runner over the HTTP listener (Connect, by connect-web's transport).
+    "node-connect": [
+        "env",
+        "TURNWIRE_CONFORMANCE_PROTOCOL=connect",
+        "node",
+        "clients/conformance/node/run.mjs",
+    ],
     "go": ["bash", "clients/conformance/go/run.sh"],
 }
 _GOOD = {
@@ -117,7 +124,7 @@ def test_a_runner_reports_failed_cases(runner: str, tmp_path: Path) -> None:
     """Each runner passes a case that holds, fails each wrong expectation, and exits 1."""
     if runner == "go" and shutil.which("go") is None:
         pytest.skip("Go not installed (make install-go)")
-    if runner == "node" and not (REPO / "clients" / "node" / "dist" / "index.js").is_file():
+    if runner.startswith("node") and not (REPO / "clients" / "node" / "dist" / "index.js").is_file():
         pytest.skip("the TypeScript client is not built (make build-node)")
     (tmp_path / "configs").mkdir()
     (tmp_path / "cases").mkdir()

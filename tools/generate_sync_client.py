@@ -64,6 +64,8 @@ TEXT: list[tuple[str, str]] = [
         r"(chat_service_pb2_grpc\.ChatServiceStub\(self\._channel\)),\s*\)",
         r"\1",
     ),
+    # The TLS probe blocks: the async client runs it on a thread, the sync one calls it.
+    (r"asyncio\.to_thread\(explain_unreachable, ", "explain_unreachable("),
     # The async module's re-exports (ClientToolSpec …) stay there; turnwire_client.sync exports this.
     (r"__all__ = \[[^\]]*\]", '__all__ = ["SyncTurnwireClient"]'),
 ]

@@ -137,8 +137,9 @@ class TenantShare(ConfigSection):
         0.5,
         gt=0,
         le=1,
-        description="its calls that run a turn: Chat, SaveMessages, ContinueLastTurn, "
-        "SubmitToolResults, SubmitToolApprovals",
+        description="its running turns: its calls that run one (Chat, SaveMessages, ContinueLastTurn, "
+        "SubmitToolResults, SubmitToolApprovals) and its turns running without a caller (left running "
+        "under CONTINUE, submitted, recovered)",
     )
     streams: float = Field(
         0.5,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
-from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from turnwire.hooks import Middleware, SessionConfig, SessionContext
@@ -44,6 +44,7 @@ from turnwire_server.api.standard_services import add_standard_services
 from turnwire_server.api.status import status_of
 from turnwire_server.api.submission_rpcs import turn_request_of
 from turnwire_server.api.tls import ServerTls, TlsFileError
+from turnwire_server.cache_budget import CACHES
 from turnwire_server.config import MiddlewareEntry, Settings, StoreSettings
 from turnwire_server.engine import EngineSettings, TurnEngine
 from turnwire_server.engine.maintenance import Maintenance
@@ -53,6 +54,9 @@ from turnwire_server.engine.submissions import Submissions
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.event_loop import running_loop_name
 from turnwire_server.hooks.chain import MiddlewareChain
+from turnwire_server.http.calls import InProcessCalls, MethodTable
+from turnwire_server.http.doors import DoorContext
+from turnwire_server.http.server import HttpListener, HttpListenError, start_http
 from turnwire_server.importing import import_object
 from turnwire_server.listen_check import ListenAddressError, check_listen_address
 from turnwire_server.metrics_endpoint import MetricsEndpoint, start_metrics_endpoint
@@ -179,6 +183,7 @@ class Sidecar:
     tracer_provider: TracerProvider | None = None
     tls: ServerTls | None = None
     authenticator: Authenticator | None = None
+    http: HttpListener | None = None
 
     @property
     def providers(self) -> ProviderRegistry:
@@ -196,6 +201,8 @@ class Sidecar:
         one in use kept."""
         if self.tls is not None:
             self.tls.reload()
+        if self.http is not None:
+            self.http.reload()
         if self.authenticator is not None:
             self.authenticator.reload()
 
@@ -233,6 +240,8 @@ class Sidecar:
         # gets a little longer than the engine so that turns cancelled at the end
         # of the grace period can still send their TurnEnd(ABORTED).
         stopping = asyncio.ensure_future(self.server.stop(grace + _TURN_END_MARGIN_SECONDS))
+        if self.http is not None:
+            self.http.stop_accepting()  # open HTTP calls go on, as gRPC's do
         try:
             # The engine's drain waits for the turn tasks themselves: they store
             # partial replies even after gRPC has cancelled their calls.
@@ -249,6 +258,9 @@ class Sidecar:
                 await self.server.stop(None)
         finally:
             await stopping
+            if self.http is not None:
+                # Every turn has ended: what is left (a health Watch) is closed.
+                await self.http.stop(_TURN_END_MARGIN_SECONDS if self.gate.open_calls else 0.5)
         # Renewed until the turns ended; those left running (for the next start) lapse.
         await self.replica.stop()
         for remote in self.remote_hooks:
@@ -319,6 +331,7 @@ async def start(settings: Settings, *, worker: bool = False) -> Sidecar:
     the metrics, so this process binds the port with ``SO_REUSEPORT`` and opens no metrics endpoint.
     """
     tls = open_tls(settings)
+    CACHES.resize(settings.memory.cache_bytes)
     if not worker:  # else the supervisor checked it, and holds it
         # Before the metrics port: a second `serve` on the same configuration reports the gRPC
         # port it cannot have, not the metrics one (the supervisor checks in the same order).
@@ -459,6 +472,8 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     store = await _open_store(settings.store)
     try:
         tracing, tracer_provider = _start_tracing(settings)
+        # Before the engine: the turns it recovers count against their tenants' shares already.
+        gate = CallGate(settings.limits.max_concurrent_rpcs, tenant_shares=settings.tenant_shares)
         engine = TurnEngine(
             store=store,
             providers=providers,
@@ -467,12 +482,17 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
             settings=_engine_settings(settings, session),
             error_status=status_of,
             tracing=tracing,
+            turn_slots=gate,
         )
         submissions = await _recover(settings, engine, store)
-        gate = CallGate(settings.limits.max_concurrent_rpcs, tenant_shares=settings.tenant_shares)
-        server, health, port = await _serve(
+        server, health, port, calls = await _serve(
             settings, engine, submissions, gate, tls, access=access, shared_port=shared_port
         )
+        try:
+            http = await _start_http(settings, calls, shared_port=shared_port)
+        except BaseException:
+            await server.stop(None)
+            raise
     except BaseException:
         await store.close()
         raise
@@ -493,6 +513,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
         tracer_provider=tracer_provider,
         tls=tls,
         authenticator=access.authenticator if access is not None else None,
+        http=http,
     )
     await _announce(sidecar)
     return sidecar
@@ -623,11 +644,13 @@ async def _serve(
     *,
     access: AccessInterceptor | None,
     shared_port: bool,
-) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
+) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int, InProcessCalls]:
     """The gRPC server with its interceptors (``access`` None: no authentication and no rate
     limits), ChatService and the standard services, bound to
-    ``listen`` and started; returns it, its health servicer (not SERVING yet) and the bound
-    port. Raises :class:`StartupError` when the address cannot be bound."""
+    ``listen`` and started; returns it, its health servicer (not SERVING yet), the bound
+    port and the same servicers behind the same interceptors for the HTTP doors
+    (:class:`~turnwire_server.http.InProcessCalls`). Raises :class:`StartupError` when the
+    address cannot be bound."""
     quiet_grpc_call_noise()
     # The observer first: it sees each call as the client does, the refusals of the access
     # interceptor (authentication, rate limits) and of the gate included. Access before the
@@ -638,18 +661,20 @@ async def _serve(
     server = grpc.aio.server(
         interceptors=interceptors, options=grpc_options(settings, shared_port=shared_port)
     )
-    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
-        ChatService(
-            engine,
-            engine.store,
-            submissions,
-            default_model=settings.default_model,
-            max_message_bytes=settings.limits.max_message_bytes,
-            progress_interval=settings.limits.progress_interval_seconds,
-        ),
-        server,
+    servicer = ChatService(
+        engine,
+        engine.store,
+        submissions,
+        default_model=settings.default_model,
+        max_message_bytes=settings.limits.max_message_bytes,
+        progress_interval=settings.limits.progress_interval_seconds,
     )
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(servicer, server)
     health = add_standard_services(server, (SERVICE_NAME,))
+    # The HTTP doors' methods: the same servicer objects, registered the same way.
+    table = MethodTable()
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(servicer, table)
+    health_pb2_grpc.add_HealthServicer_to_server(health, table)
     try:
         if tls is None:
             port = server.add_insecure_port(settings.listen)
@@ -660,7 +685,23 @@ async def _serve(
     if port == 0:
         raise StartupError(f"cannot listen on {settings.listen}: the address is in use or not local")
     await server.start()
-    return server, health, port
+    return server, health, port, InProcessCalls(table, interceptors)
+
+
+async def _start_http(settings: Settings, calls: InProcessCalls, *, shared_port: bool) -> HttpListener | None:
+    """The HTTP listener (``http.listen``; None when unset) serving ``calls``. Raises
+    :class:`StartupError` when its address cannot be bound."""
+    if settings.http.listen is None:
+        return None
+    services = (
+        chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"],
+        health_pb2.DESCRIPTOR.services_by_name["Health"],
+    )
+    context = DoorContext(calls, services, settings.limits.max_receive_message_bytes)
+    try:
+        return await start_http(settings.http, context, settings.tls, shared_port=shared_port)
+    except HttpListenError as error:
+        raise StartupError(str(error)) from None
 
 
 def _start_maintenance(

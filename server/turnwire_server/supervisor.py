@@ -264,6 +264,18 @@ async def supervise(settings: Settings) -> int:
         held, port = hold_listen_address(settings.listen)
     except ListenAddressError as error:
         raise SupervisorError(str(error)) from None
+    http_listen = settings.http.listen
+    if http_listen is not None:
+        # The HTTP listener's port is held the same way: each worker serves it with SO_REUSEPORT.
+        try:
+            check_listen_address(http_listen)
+            http_held, http_port = hold_listen_address(http_listen)
+        except ListenAddressError as error:
+            for holder in held:
+                holder.close()
+            raise SupervisorError(f"http.listen: {error}") from None
+        held += http_held
+        http_listen = f"{http_listen.rpartition(':')[0]}:{http_port}"
     metrics_dir: str | None = None
     endpoint: MetricsEndpoint | None = None
     try:
@@ -285,7 +297,12 @@ async def supervise(settings: Settings) -> int:
             )
         host = settings.listen.rpartition(":")[0]
         log.info("supervisor holds %s:%d; starting %d workers", host, port, settings.workers)
-        worker_settings = settings.model_copy(update={"listen": f"{host}:{port}"})
+        worker_settings = settings.model_copy(
+            update={
+                "listen": f"{host}:{port}",
+                "http": settings.http.model_copy(update={"listen": http_listen}),
+            }
+        )
         return await Supervisor(worker_settings, metrics_dir).run()
     finally:
         if endpoint is not None:

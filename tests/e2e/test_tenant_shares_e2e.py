@@ -7,6 +7,10 @@ and nothing else: tenant B ran one turn and opened 40 ``ResumeTurn`` streams on 
 streams together ``tenant_shares.streams``, its turn-running calls ``tenant_shares.turn_calls``;
 past it only that tenant's calls are refused (``OVERLOADED``, ErrorInfo ``limit`` naming the
 share, a RetryInfo), and a slot comes back when its call ends.
+
+A turn running without a caller counts too: before, a turn left to run on (disconnect policy
+CONTINUE) or started by ``SubmitMessages`` held no slot, so tenant B could run any number of
+turns at once by leaving them or submitting them, while only its open calls were counted.
 """
 
 from __future__ import annotations
@@ -147,3 +151,67 @@ async def test_turn_calls_have_a_share_of_their_own_and_tenants_an_override(
         assert error.error_metadata["limit"] == "tenant_shares.turn_calls"
         for stream in (*running, follower, *big_running):
             stream.cancel()
+
+
+async def test_turns_running_without_their_caller_count_against_the_tenants_share(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    sidecar = await start(sidecar_factory, tmp_path)  # the default shares: 5 running turns each
+    share = MAX_CONCURRENT_RPCS // 2
+    async with (
+        TurnwireClient(sidecar.target, token=TOKEN_B) as tenant_b,
+        TurnwireClient(sidecar.target, token=TOKEN_A) as tenant_a,
+    ):
+        left = [f"b-left-{index}" for index in range(share - 2)]
+        for request_id in left:  # B leaves its turns running: CONTINUE, then its call ends
+            stream = await opened(
+                tenant_b.chat(
+                    request_id,
+                    "go on",
+                    model="scripted:endless",
+                    request_id=request_id,
+                    disconnect="continue",
+                )
+            )
+            stream.cancel()
+        submitted = [  # and submits two more: they start at once, with no caller at all
+            (await tenant_b.submit_messages(f"b-sub-{index}", "go on", model="scripted:endless")).submission
+            for index in range(2)
+        ]
+
+        async def b_refused() -> TurnwireError | None:
+            """B's next Chat, refused for its turn share once the server saw every call of B's
+            end (an admitted one is ended again: it would count itself)."""
+            stream = tenant_b.chat("b-more", "hello")
+            try:
+                await opened(stream)
+            except TurnwireError as error:
+                return error
+            stream.cancel()
+            return None
+
+        refused = await wait_until(b_refused, what="tenant B's turns without a caller fill its share")
+        assert refused is not None  # wait_until returns only a truthy value
+        assert (refused.code, refused.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED")
+        assert refused.error_metadata["limit"] == "tenant_shares.turn_calls"
+        assert refused.error_metadata["calls"] == str(share)
+        assert "without their caller" in refused.message
+
+        # Tenant A is not crowded: its turns run.
+        assert (await collect(tenant_a.chat("a-conv", "hello"))).ok
+
+        # The slots come back as B's turns end.
+        for request_id in [*left, *(s.submission_id for s in submitted)]:
+            assert await tenant_b.cancel_chat(request_id)
+        await wait_until(
+            lambda: _ok(collect(tenant_b.chat("b-after", "hello"))),
+            what="tenant B's share is free again once its turns ended",
+        )
+
+
+async def _ok(turn: Any) -> bool:
+    try:
+        return bool((await turn).ok)
+    except TurnwireError as error:
+        assert error.error_metadata.get("limit") == "tenant_shares.turn_calls", error
+        return False

@@ -18,7 +18,15 @@ from support.buf_curl import list_services
 from support.sidecar import SidecarFactory, SidecarProcess, run_turnwire, running_sidecar
 from support.waiting import wait_until
 
-from turnwire_client import TlsOptions, TurnwireClient, TurnwireError, collect
+from turnwire_client import (
+    SyncTurnwireClient,
+    TlsMismatchError,
+    TlsOptions,
+    TurnwireClient,
+    TurnwireError,
+    collect,
+)
+from turnwire_client.tls_mismatch import TlsMismatch
 from turnwire_client.v1 import event_pb2
 
 
@@ -366,3 +374,47 @@ async def test_cli_says_which_side_of_a_tls_mismatch_it_is_on(
     assert tls_to_plain.code == 3, tls_to_plain
     assert "does not speak TLS (it serves plaintext): leave out --tls" in tls_to_plain.stderr
     assert "ssl_transport_security" not in tls_to_plain.stderr  # no C-core log line
+
+
+async def test_the_client_library_says_which_side_of_a_tls_mismatch_it_is_on(
+    tls_server: TlsServer, mtls_server: MtlsServer, sidecar_factory: SidecarFactory
+) -> None:
+    """Issue 32 item 17, the Python client: each mismatch raised ``UNAVAILABLE`` "Socket closed"
+    (or a raw TLS error); it is now a :class:`TlsMismatchError` saying what the sidecar wants and
+    which argument gives it, from a stream and a unary call, async and sync alike."""
+    plain = await sidecar_factory().start()
+    ca = TlsOptions(ca_file=mtls_server.ca_file)
+    cases = [
+        (
+            tls_server.sidecar.target,
+            None,
+            TlsMismatch.WANTS_TLS,
+            "wants TLS, and this client connected in plaintext: pass tls=TlsOptions(",
+        ),
+        (
+            mtls_server.sidecar.target,
+            ca,
+            TlsMismatch.WANTS_CLIENT_CERTIFICATE,
+            "wants a client certificate (mutual TLS), and this client presented none: "
+            "pass tls=TlsOptions(ca_file=..., cert_file=..., key_file=...)",
+        ),
+        (
+            plain.target,
+            ca,
+            TlsMismatch.SERVES_PLAINTEXT,
+            "does not speak TLS (it serves plaintext): leave out tls",
+        ),
+    ]
+    for target, tls, mismatch, words in cases:
+        async with TurnwireClient(target, tls=tls) as client:
+            with pytest.raises(TlsMismatchError) as streamed:
+                await collect(client.chat("tls-mismatch", "hello", timeout=10))
+            with pytest.raises(TlsMismatchError) as unary:
+                await client.list_conversations(timeout=10)
+        with SyncTurnwireClient(target, tls=tls) as sync_client, pytest.raises(TlsMismatchError) as synced:
+            sync_client.chat("tls-mismatch", "hello", timeout=10).collect()
+        for raised in (streamed, unary, synced):
+            error = raised.value
+            assert (error.code, error.mismatch) == (grpc.StatusCode.UNAVAILABLE, mismatch), error
+            assert words in error.message, error.message
+            assert error.message.startswith(f"the sidecar at {target} "), error.message

@@ -26,12 +26,14 @@ import psutil
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.connect_calls import ConnectChat
 from support.hooks import pythonpath_env
 from support.sidecar import SidecarFactory, SidecarProcess, free_port, run_turnwire
 from support.stores import postgres_database
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, collect
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server import supervisor
 from turnwire_server.config import load_settings
 
@@ -151,6 +153,30 @@ async def test_two_workers_serve_one_port_metrics_add_up_and_sigterm_drains(
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # gone, and reaped by the supervisor
     assert not is_dir(metrics_dir[1]), "the supervisor removed the multiprocess files"
+
+
+async def test_two_workers_serve_the_http_port(sidecar_factory: SidecarFactory, pg_url: str) -> None:
+    """``http.listen`` under ``--workers 2``: the supervisor holds the HTTP port too, both workers
+    serve it (``SO_REUSEPORT``) and run the turns started over Connect."""
+    settings = {**config(), "http": {"listen": f"127.0.0.1:{free_port()}"}}
+    sidecar = await start_workers(sidecar_factory(settings, WORKERS_ENV, store_url=pg_url))
+    workers = replicas_by_pid(sidecar)
+    door = ConnectChat(f"http://{settings['http']['listen']}", fresh_connection=True)  # type: ignore[index]
+    turns = 0
+    owners: set[str] = set()
+    while owners != set(workers.values()) and turns < 64:
+        request = chat_service_pb2.ChatRequest(
+            conversation_id=f"h{turns}",
+            model="scripted:short",
+            message=message_pb2.Message(parts=[message_pb2.Part(text=message_pb2.TextPart(text="hi"))]),
+        )
+        events = [response.event async for response in door.stream("Chat", request)]
+        assert events[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
+        turns += 1
+        owners = {str(row[0]) for row in sql(pg_url, "SELECT owner FROM turns")}
+    assert owners == set(workers.values()), f"both workers ran turns (of {turns})"
+    sidecar.send_signal(signal.SIGTERM)
+    assert await sidecar.wait() == 0
 
 
 async def test_a_killed_worker_is_restarted_and_its_turn_recovered(

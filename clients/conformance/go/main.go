@@ -293,10 +293,14 @@ func openStream(ctx context.Context, client *turnwire.Client, rpc string, reques
 		message, open = req, func() (*turnwire.Stream, error) { return client.WatchSubmission(ctx, req) }
 	case "SubmitToolResults":
 		req := &turnwirev1.SubmitToolResultsRequest{}
-		message, open = req, func() (*turnwire.Stream, error) { return client.SubmitToolResults(ctx, req) }
+		message, open = req, func() (*turnwire.Stream, error) {
+			return client.SubmitToolResults(ctx, req, continuation(req.AutoContinue)...)
+		}
 	case "SubmitToolApprovals":
 		req := &turnwirev1.SubmitToolApprovalsRequest{}
-		message, open = req, func() (*turnwire.Stream, error) { return client.SubmitToolApprovals(ctx, req) }
+		message, open = req, func() (*turnwire.Stream, error) {
+			return client.SubmitToolApprovals(ctx, req, continuation(req.AutoContinue)...)
+		}
 	default:
 		return nil, fmt.Errorf("unknown streaming RPC %s", rpc)
 	}
@@ -304,6 +308,15 @@ func openStream(ctx context.Context, client *turnwire.Client, rpc string, reques
 		return nil, fmt.Errorf("request of %s: %w", rpc, err)
 	}
 	return open()
+}
+
+// continuation is the call options of a tool answer whose case says
+// autoContinue (the client continues by default; a case without it does not).
+func continuation(autoContinue bool) []grpc.CallOption {
+	if autoContinue {
+		return nil
+	}
+	return []grpc.CallOption{turnwire.WithoutAutoContinue()}
 }
 
 // callUnary runs a unary RPC through the generated client on the client's

@@ -31,8 +31,16 @@ type Client struct {
 // opts are gRPC-Go dial options; one of them must choose the transport
 // security, as gRPC-Go requires: grpc.WithInsecure() for a plaintext
 // sidecar, grpc.WithTransportCredentials(credentials.NewTLS(cfg)) for TLS.
-// Errors of every call on the connection are *Error (see Error).
+// Errors of every call on the connection are *Error (see Error). A Dial that
+// fails because its TLS does not match the sidecar's (plaintext to a TLS
+// sidecar, no client certificate for a mutual-TLS one, TLS to a plaintext
+// one) returns a *TLSMismatchError saying what the sidecar wants.
 func Dial(ctx context.Context, addr string, opts ...grpc.DialOption) (*Client, error) {
+	said := &spoken{}
+	// First, so that a dialer of the caller's replaces it.
+	if recorder := recordingDialer(addr, said); recorder != nil {
+		opts = append([]grpc.DialOption{recorder}, opts...)
+	}
 	opts = append(opts,
 		grpc.WithBlock(),
 		grpc.FailOnNonTempDialError(true),
@@ -41,7 +49,7 @@ func Dial(ctx context.Context, addr string, opts ...grpc.DialOption) (*Client, e
 	)
 	conn, err := grpc.DialContext(ctx, addr, opts...)
 	if err != nil {
-		return nil, err
+		return nil, explainDial(addr, said, err)
 	}
 	return &Client{conn: conn, service: turnwirev1.NewChatServiceClient(conn)}, nil
 }
@@ -127,32 +135,64 @@ func (c *Client) ResumeTurn(ctx context.Context, req *turnwirev1.ResumeTurnReque
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
-// SubmitToolResults stores the results of client-side tool calls; with
-// req.AutoContinue the continuation turn streams here once every pending
-// call has a result, otherwise the stream is one TurnEnd (TURN_STATUS_SKIPPED).
-// req.RequestId is filled in when empty. Set req.AutoContinue to true for
-// the continuation the Python and TypeScript clients run by default: the
-// field is a plain proto3 bool, so this package cannot tell an unset one
-// from false.
+// SubmitToolResults stores the results of client-side tool calls; once every
+// pending call of the message has a result, the continuation turn streams
+// here (the model goes on), as in the Python and TypeScript clients. With
+// WithoutAutoContinue among opts the results are only stored and the stream
+// is one TurnEnd (TURN_STATUS_SKIPPED); run the turn later with
+// ContinueLastTurn. This sets req.AutoContinue accordingly (a plain proto3
+// bool cannot say "unset", so the option, not the field, decides) and fills
+// in req.RequestId when empty.
 func (c *Client) SubmitToolResults(ctx context.Context, req *turnwirev1.SubmitToolResultsRequest, opts ...grpc.CallOption) (*Stream, error) {
 	if req.RequestId == "" {
 		req.RequestId = NewRequestID()
 	}
+	req.AutoContinue, opts = autoContinue(opts)
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.SubmitToolResults(ctx, req, opts...)
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
 
 // SubmitToolApprovals approves or denies tool calls waiting for approval,
-// then continues as SubmitToolResults (set req.AutoContinue; req.RequestId is
-// filled in when empty).
+// then continues as SubmitToolResults: once every waiting call is answered
+// the approved calls run and the model goes on in this stream, unless opts
+// hold WithoutAutoContinue (req.AutoContinue is set accordingly;
+// req.RequestId is filled in when empty).
 func (c *Client) SubmitToolApprovals(ctx context.Context, req *turnwirev1.SubmitToolApprovalsRequest, opts ...grpc.CallOption) (*Stream, error) {
 	if req.RequestId == "" {
 		req.RequestId = NewRequestID()
 	}
+	req.AutoContinue, opts = autoContinue(opts)
 	ctx, cancel := context.WithCancel(ctx)
 	call, err := c.service.SubmitToolApprovals(ctx, req, opts...)
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
+}
+
+// WithoutAutoContinue is a call option of SubmitToolResults and
+// SubmitToolApprovals: store the answers without running the continuation
+// turn (auto_continue false). Without it they continue, the default of every
+// Turnwire client. Other calls ignore it.
+func WithoutAutoContinue() grpc.CallOption {
+	return withoutAutoContinue{}
+}
+
+// withoutAutoContinue carries WithoutAutoContinue among gRPC call options
+// (grpc.EmptyCallOption: gRPC itself ignores it).
+type withoutAutoContinue struct{ grpc.EmptyCallOption }
+
+// autoContinue is whether a tool answer call continues (no
+// WithoutAutoContinue in opts) and opts without that option.
+func autoContinue(opts []grpc.CallOption) (bool, []grpc.CallOption) {
+	kept := make([]grpc.CallOption, 0, len(opts))
+	continues := true
+	for _, opt := range opts {
+		if _, off := opt.(withoutAutoContinue); off {
+			continues = false
+			continue
+		}
+		kept = append(kept, opt)
+	}
+	return continues, kept
 }
 
 // WatchSubmission streams the turn of a submission once it runs (events

@@ -44,7 +44,13 @@ var config = map[string]any{
 		"silent": []any{map[string]any{"text": "late", "delay_ms": 2500}},
 		// A provider failure that a retry may get past (retry_test.go).
 		"down": []any{map[string]any{"error": map[string]any{"message": "overloaded", "status": 529}}},
+		// A call of a tool that waits for approval, then a reply (approval_test.go).
+		"ask-time": []any{map[string]any{"tool_calls": []any{map[string]any{
+			"name": "get_current_time", "input": map[string]any{"timezone": "UTC"},
+		}}}},
+		"done": []any{map[string]any{"text": "Done."}},
 	}}},
+	"tools":  map[string]any{"demo": true, "require_approval": []any{"get_current_time"}},
 	"limits": map[string]any{"max_queued_turns_per_conversation": 1, "progress_interval_seconds": 0.5},
 }
 

@@ -4,13 +4,21 @@
 // client itself for anything these methods leave out.
 
 import type { MessageInitShape } from '@bufbuild/protobuf';
-import { type CallOptions, type Client, Code, type Interceptor, createClient } from '@connectrpc/connect';
-import { Http2SessionManager, createGrpcTransport } from '@connectrpc/connect-node';
+import {
+  type CallOptions,
+  type Client,
+  Code,
+  type Interceptor,
+  type Transport,
+  createClient,
+} from '@connectrpc/connect';
+import { createGrpcTransport } from '@connectrpc/connect-node';
 
 import { TurnwireError } from './errors.js';
 import { inputMessageId, newRequestId } from './ids.js';
 import type { JsonObject, JsonValue } from './json.js';
 import { type ConnectionSecurity, explainTlsMismatch } from './tls_probe.js';
+import { AnsweredSessionManager } from './unanswered_streams.js';
 import { TurnStream } from './turn.js';
 import type { TurnEvent } from './gen/turnwire/v1/event_pb.js';
 import {
@@ -58,8 +66,9 @@ export interface TurnwireClientOptions {
   /**
    * The largest request this client sends, in bytes; a larger one fails at once with
    * `RESOURCE_EXHAUSTED` instead of being sent. Default 16 MiB, the sidecar's default
-   * `limits.max_receive_message_bytes`; set it to the sidecar's value when that is lower (the
-   * sidecar stops reading a request over its limit, and the call would wait for it).
+   * `limits.max_receive_message_bytes`. A request under it but over a lower sidecar limit is
+   * refused by the sidecar: `RESOURCE_EXHAUSTED` too, once the sidecar stops reading it; set this
+   * to the sidecar's value to be told before sending.
    */
   maxSendMessageBytes?: number;
   /**
@@ -68,6 +77,13 @@ export interface TurnwireClientOptions {
    * `limits.progress_interval_seconds`); skipped by default. `collect()` ignores them.
    */
   includeProgress?: boolean;
+  /**
+   * Call through this transport instead of the gRPC one (HTTP/2, Node.js only) the client makes:
+   * `createConnectTransport` or `createGrpcWebTransport` of `@connectrpc/connect-web` (browsers,
+   * or Node.js's fetch) reach the sidecar's HTTP listener (`http.listen`, docs/api/http.md).
+   * `token` is still sent; `tls` and `maxSendMessageBytes` are then the transport's business.
+   */
+  transport?: Transport;
 }
 
 /** Options every call takes. */
@@ -147,7 +163,7 @@ export interface ContinueOptions extends InputOptions {
 export class TurnwireClient {
   /** The generated Connect client of turnwire.v1.ChatService: every RPC, typed, with its raw messages. */
   readonly rpc: Client<typeof ChatService>;
-  private readonly session: Http2SessionManager;
+  private readonly session: AnsweredSessionManager;
   private readonly timeoutMs: number | undefined;
   private readonly includeProgress: boolean;
   private readonly security: ConnectionSecurity;
@@ -167,7 +183,7 @@ export class TurnwireClient {
       clientCertificate: Boolean(tls.cert),
       servername: tls.serverName,
     };
-    this.session = new Http2SessionManager(baseUrl, undefined, {
+    this.session = new AnsweredSessionManager(baseUrl, undefined, {
       ca: Array.isArray(tls.ca) ? tls.ca.map(nodePem) : tls.ca && nodePem(tls.ca),
       cert: tls.cert && nodePem(tls.cert),
       key: tls.key && nodePem(tls.key),
@@ -177,12 +193,14 @@ export class TurnwireClient {
     if (options.token) interceptors.push(bearer(options.token));
     this.rpc = createClient(
       ChatService,
-      createGrpcTransport({
-        baseUrl,
-        sessionManager: this.session,
-        interceptors,
-        writeMaxBytes: options.maxSendMessageBytes ?? DEFAULT_MAX_SEND_MESSAGE_BYTES,
-      }),
+      options.transport
+        ? withBearer(options.transport, options.token)
+        : createGrpcTransport({
+            baseUrl,
+            sessionManager: this.session,
+            interceptors,
+            writeMaxBytes: options.maxSendMessageBytes ?? DEFAULT_MAX_SEND_MESSAGE_BYTES,
+          }),
     );
     this.timeoutMs = options.timeoutMs;
   }
@@ -458,6 +476,22 @@ function nodeErrorCode(error: unknown): string | undefined {
 
 function nodePem(pem: Pem): string | Buffer {
   return typeof pem === 'string' ? pem : Buffer.from(pem);
+}
+
+/** `transport` with `authorization: Bearer <token>` on every call (none without a token). */
+function withBearer(transport: Transport, token: string | undefined): Transport {
+  if (!token) return transport;
+  const add = (header: Parameters<Transport['unary']>[3]): Headers => {
+    const headers = new Headers(header);
+    headers.set('authorization', `Bearer ${token}`);
+    return headers;
+  };
+  return {
+    unary: (method, signal, timeoutMs, header, input, contextValues) =>
+      transport.unary(method, signal, timeoutMs, add(header), input, contextValues),
+    stream: (method, signal, timeoutMs, header, input, contextValues) =>
+      transport.stream(method, signal, timeoutMs, add(header), input, contextValues),
+  };
 }
 
 /** Adds `authorization: Bearer <token>` (RFC 6750 §2.1) to every call. */

@@ -40,7 +40,8 @@ export async function waitUntil(probe, { timeoutMs = 10_000, what = 'the conditi
   }
 }
 
-function freePort() {
+/** An unused TCP port on 127.0.0.1 (free when asked). */
+export function freePort() {
   return new Promise((resolve, reject) => {
     const probe = net.createServer();
     probe.unref();

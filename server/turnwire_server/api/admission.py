@@ -14,12 +14,17 @@
   This is the product's limit, not gRPC's: ``grpc.aio.server(maximum_concurrent_rpcs=...)``
   counts every call, health checks included, and refuses without details.
 * **Tenant shares** (``tenant_shares:``, authentication on). Within that limit one tenant's
-  calls may hold only a share of it: its turn-running calls ``tenant_shares.turn_calls`` of
+  calls may hold only a share of it: its running turns ``tenant_shares.turn_calls`` of
   ``max_concurrent_rpcs``, and all its counted streams together (the turn-running calls,
-  ``ResumeTurn``, ``WatchSubmission``) ``tenant_shares.streams``. So one tenant's streams
-  cannot take every slot and shut the others out (issue 32 item 5). A call past its tenant's
-  share ends as one past the limit (``OVERLOADED``), ErrorInfo metadata ``limit`` naming the
-  share. The tenant is the one the access interceptor, which runs first, authenticated
+  ``ResumeTurn``, ``WatchSubmission``) ``tenant_shares.streams``. Its running turns are its
+  turn-running calls plus its turns that run without a caller (disconnect policy CONTINUE
+  after the call ended, submissions, recoveries), which the engine reports through
+  :meth:`CallGate.hold_turn` (:mod:`turnwire_server.engine.turn_slots`): those are counted
+  whatever the share, since they run already, and a tenant at its share has its next
+  turn-running call refused. So one tenant's streams or caller-less turns cannot take every
+  slot and shut the others out (issue 32 item 5). A call past its tenant's share ends as one
+  past the limit (``OVERLOADED``), ErrorInfo metadata ``limit`` naming the share. The tenant
+  is the one the access interceptor, which runs first, authenticated
   (:data:`~turnwire_server.api.caller.current_caller`); the anonymous tenant of a server
   without authentication has no share but the limit.
 * **Malformed requests.** A request that does not decode as the method's
@@ -55,6 +60,7 @@ from turnwire_server.access_settings import TenantShareSettings
 from turnwire_server.api.caller import current_caller
 from turnwire_server.api.rpc_logging import Throttled, malformed_requests, short
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument
+from turnwire_server.api.tenancy import tenant_of_key
 
 log = logging.getLogger("turnwire.api")
 
@@ -140,10 +146,22 @@ _COUNTED = (CallKind.TURN, CallKind.FOLLOW)
 
 @dataclass
 class _TenantCalls:
-    """One tenant's counted calls running now."""
+    """One tenant's counted calls and caller-less turns running now."""
 
     turn_calls: int = 0
     streams: int = 0
+    unattended_turns: int = 0
+    """Its turns running without a caller (:meth:`CallGate.hold_turn`)."""
+
+    @property
+    def turns(self) -> int:
+        """What counts against ``tenant_shares.turn_calls``: turn calls and caller-less turns."""
+        return self.turn_calls + self.unattended_turns
+
+    @property
+    def idle(self) -> bool:
+        """Nothing of the tenant's is counted."""
+        return not (self.streams or self.unattended_turns)
 
 
 class _Slot:
@@ -227,9 +245,34 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
         calls = self.tenant_calls.get(tenant) or _TenantCalls()
         if calls.streams >= max_streams:
             return self._over_share("streams", max_streams)
-        if kind is CallKind.TURN and calls.turn_calls >= max_turn_calls:
+        if kind is CallKind.TURN and calls.turns >= max_turn_calls:
             return self._over_share("turn_calls", max_turn_calls)
         return None
+
+    def hold_turn(self, conversation_id: str) -> Callable[[], None]:
+        """Count a turn of ``conversation_id`` (a store key) that runs without its caller against
+        its tenant's ``tenant_shares.turn_calls``, whatever the share (it runs already); the
+        returned release uncounts it, once. The tenant is the key's
+        (:func:`~turnwire_server.api.tenancy.tenant_of_key`); the default tenant counts nothing.
+        Implements :class:`~turnwire_server.engine.turn_slots.TurnSlots`."""
+        tenant = tenant_of_key(conversation_id)
+        if not tenant or self.tenant_shares is None:
+            return _release_nothing
+        self.tenant_calls.setdefault(tenant, _TenantCalls()).unattended_turns += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            calls = self.tenant_calls.get(tenant)
+            if calls is not None:
+                calls.unattended_turns -= 1
+                if calls.idle:
+                    del self.tenant_calls[tenant]
+
+        return release
 
     def _release(self, kind: CallKind, tenant: str) -> None:
         self.open_calls -= 1
@@ -240,7 +283,7 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
                 calls.streams -= 1
                 if kind is CallKind.TURN:
                     calls.turn_calls -= 1
-                if calls.streams == 0:
+                if calls.idle:
                     del self.tenant_calls[tenant]
         if kind is not CallKind.FREE:
             self.tracked_calls -= 1
@@ -271,10 +314,14 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
     def _over_share(self, share: str, calls: int) -> TurnwireStatusError:
         """The error of a call past its tenant's ``share`` (``turn_calls`` or ``streams``) of
         ``calls`` calls."""
-        what = "calls that run a turn" if share == "turn_calls" else "streams"
+        what = (
+            "turns running (calls that run a turn, and turns that run on without their caller)"
+            if share == "turn_calls"
+            else "streams open"
+        )
         return TurnwireStatusError(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"your tenant has {calls} {what} open, its share of the server "
+            f"your tenant has {calls} {what}, its share of the server "
             f"(tenant_shares.{share}); end one or retry after {self.retry_after_seconds:g} s",
             reason="OVERLOADED",
             retry_after_seconds=self.retry_after_seconds,
@@ -402,6 +449,10 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
         return grpc.stream_unary_rpc_method_handler(
             guarded_stream_unary, request_deserializer=deserializer, response_serializer=serializer
         )
+
+
+def _release_nothing() -> None:
+    return None
 
 
 def _is_async_stream(behavior: Any) -> bool:

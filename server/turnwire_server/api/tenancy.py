@@ -62,6 +62,13 @@ def scoped_key(client_id: str) -> str:
     return listing_prefix() + client_id if client_id else client_id
 
 
+def tenant_of_key(key: str) -> str:
+    """The tenant whose store key ``key`` is ("" for the default tenant's, which hold no
+    :data:`SEPARATOR`)."""
+    tenant, separator, _ = key.partition(SEPARATOR)
+    return tenant if separator else ""
+
+
 def local_id(key: str) -> str:
     """The client's id in the current caller's ``key`` (the key itself when it has no such prefix)."""
     return key.removeprefix(listing_prefix())

@@ -12,12 +12,12 @@ import grpc
 from rich.console import Console
 from rich.text import Text
 
-from turnwire_client import TurnwireError
+from turnwire_client import TlsMismatchError, TurnwireError
+from turnwire_client.tls_mismatch import TlsFixes
 from turnwire_server.cli.connection import Connection
 from turnwire_server.cli.exit_codes import EXIT_CALL_FAILED, EXIT_UNREACHABLE
-from turnwire_server.cli.tls_probe import explain_tls_mismatch
 
-__all__ = ["cli_terms", "error_class", "print_call_error"]
+__all__ = ["CLI_FIXES", "cli_terms", "error_class", "print_call_error"]
 
 
 def error_class(kind: str) -> str:
@@ -29,25 +29,38 @@ def error_class(kind: str) -> str:
     return kind if coarse is None or coarse == kind else f"{coarse}: {kind}"
 
 
+CLI_FIXES = TlsFixes(
+    who="this command",
+    use_tls="pass --tls-ca CA_FILE (or --tls when a public CA signed its certificate)",
+    add_certificate="pass --tls-cert CERT_FILE --tls-key KEY_FILE",
+    drop_tls="leave out --tls and the --tls-* options",
+)
+"""A TLS mismatch's fixes in the CLI's options (the client library finds the mismatch and says
+it in its own arguments: :class:`~turnwire_client.errors.TlsMismatchError`)."""
+
+
 def print_call_error(
     out: Console, connection: Connection, error: TurnwireError, *, mid_turn: bool = False
 ) -> int:
     """Print the ``error`` a call to the sidecar of ``connection`` ended with on ``out``, and
     return the exit code: :data:`EXIT_UNREACHABLE` when the sidecar cannot be reached (``mid_turn``:
-    the connection was lost during a turn; a TLS mismatch is said as such,
-    :func:`~turnwire_server.cli.tls_probe.explain_tls_mismatch`), else :data:`EXIT_CALL_FAILED`
+    the connection was lost during a turn; a TLS mismatch the client found,
+    :class:`~turnwire_client.errors.TlsMismatchError`, is said in the CLI's options), else
+    :data:`EXIT_CALL_FAILED`
     (code, reason, message and field violations, in the CLI's terms)."""
     target = connection.target
     if error.code == grpc.StatusCode.UNAVAILABLE and not error.reason:
-        mismatch = None if mid_turn else explain_tls_mismatch(target, connection.tls, error.message)
-        problem = (
-            f"lost the connection to the sidecar at {target}"
-            if mid_turn
-            else mismatch or f"cannot reach the sidecar at {target}: is `turnwire serve` running?"
-        )
+        transport = error.message
+        if isinstance(error, TlsMismatchError):
+            problem = error.mismatch.explain(target, CLI_FIXES)
+            transport = error.transport_message
+        elif mid_turn:
+            problem = f"lost the connection to the sidecar at {target}"
+        else:
+            problem = f"cannot reach the sidecar at {target}: is `turnwire serve` running?"
         out.print(Text(problem, style="bold red"), soft_wrap=True)
-        if error.message:
-            out.print(Text(f"  ({error.message})", style="dim"), soft_wrap=True)
+        if transport:
+            out.print(Text(f"  ({transport})", style="dim"), soft_wrap=True)
         return EXIT_UNREACHABLE
     head = Text()
     head.append(error.code.name, style="bold red")

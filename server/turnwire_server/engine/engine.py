@@ -16,7 +16,7 @@ import datetime as dt
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from turnwire.hooks import ConcurrentInput
@@ -44,6 +44,7 @@ from turnwire_server.engine.stream_log import RECOVERY_SEQUENCE_GAP, StreamLog, 
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.engine.transcript import repair_unresolved_tool_calls
 from turnwire_server.engine.turn import ErrorStatus, Recovery, TurnRun
+from turnwire_server.engine.turn_slots import UNCOUNTED, TurnSlots
 from turnwire_server.engine.turn_spec import parse_spec
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.log_context import bind as bind_log_context
@@ -69,6 +70,7 @@ class TurnHandle:
         log: StreamLog,
         *,
         detached: bool = False,
+        slots: TurnSlots = UNCOUNTED,
     ) -> None:
         self.run = run
         #: Started without a caller (a submission, a recovery): it runs again after a restart.
@@ -78,6 +80,10 @@ class TurnHandle:
         self.log = log
         self.request_id = run.request.request_id
         self.conversation_id = run.request.conversation_id
+        self._slots = slots
+        self._free_slot: Callable[[], None] | None = None
+        if detached:
+            self._hold_slot()
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self.channel.__aiter__()
@@ -92,8 +98,22 @@ class TurnHandle:
 
     def detach(self) -> None:
         """The caller left and the turn goes on without it (disconnect policy CONTINUE): its
-        events are no longer queued for the call, which no longer slows the turn."""
+        events are no longer queued for the call, which no longer slows the turn, and it holds a
+        turn slot of its own until it ends (:mod:`~turnwire_server.engine.turn_slots`)."""
         self.channel.detach()
+        self._hold_slot()
+
+    def _hold_slot(self) -> None:
+        """Count the turn as running without a caller, once, unless it is over already (its
+        task's end frees the slot, :meth:`free_slot`)."""
+        if self._free_slot is None and not self.task.done() and not self.run.ended:
+            self._free_slot = self._slots.hold_turn(self.conversation_id)
+
+    def free_slot(self) -> None:
+        """The turn ended: give back the slot :meth:`detach` or a detached start took (if any)."""
+        free, self._free_slot = self._free_slot, None
+        if free is not None:
+            free()
 
     def release(self) -> None:
         """The caller's stream ended: cancel the turn, or detach it when its request asked
@@ -116,6 +136,8 @@ class TurnEngine:
     :class:`~turnwire_server.providers.registry.UnknownModel`.
     ``error_status`` maps a turn's error to the status in its TurnEnd event. ``tracing``
     records each turn's spans (:mod:`turnwire_server.engine.tracing`; off by default).
+    ``turn_slots`` counts the turns running without a caller against their tenant's share
+    (:mod:`turnwire_server.engine.turn_slots`; nothing counted by default).
     """
 
     def __init__(
@@ -128,8 +150,10 @@ class TurnEngine:
         settings: EngineSettings,
         error_status: ErrorStatus,
         tracing: Tracing = TRACING_OFF,
+        turn_slots: TurnSlots = UNCOUNTED,
     ) -> None:
         self.store = store
+        self.turn_slots = turn_slots
         self.tracing = tracing
         self.error_status = error_status
         self.providers = providers
@@ -265,9 +289,10 @@ class TurnEngine:
                     await asyncio.shield(log.finish(ended=not run.left_running))
                 finally:
                     self._turns.pop(request.request_id, None)
+                    handle.free_slot()
 
         task = asyncio.create_task(main(), name=f"turn {request.request_id}")
-        handle = TurnHandle(run, channel, task, log, detached=detached)
+        handle = TurnHandle(run, channel, task, log, detached=detached, slots=self.turn_slots)
         self._turns[request.request_id] = handle
         return handle
 

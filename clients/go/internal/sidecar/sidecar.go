@@ -53,6 +53,13 @@ type Sidecar struct {
 // dropped so the caller's environment cannot change the setup. Stop it with
 // Stop.
 func Start(config any) (*Sidecar, error) {
+	return StartWith(config, grpc.WithInsecure())
+}
+
+// StartWith is Start for a sidecar reached with security (a
+// grpc.WithTransportCredentials for a config with tls:), which the readiness
+// check dials with.
+func StartWith(config any, security grpc.DialOption) (*Sidecar, error) {
 	dir, err := os.MkdirTemp("", "turnwire-go-")
 	if err != nil {
 		return nil, err
@@ -76,7 +83,7 @@ func Start(config any) (*Sidecar, error) {
 			os.RemoveAll(dir)
 			return nil, err
 		}
-		err = s.waitServing()
+		err = s.waitServing(security)
 		if err == nil {
 			return s, nil
 		}
@@ -126,7 +133,7 @@ func spawn(dir, configPath string) (*Sidecar, error) {
 
 // waitServing returns nil once Check answers SERVING; an error when the
 // process exits first or startTimeout passes.
-func (s *Sidecar) waitServing() error {
+func (s *Sidecar) waitServing(security grpc.DialOption) error {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	go func() {
@@ -138,7 +145,7 @@ func (s *Sidecar) waitServing() error {
 	}()
 	// Reconnect quickly while the process starts (gRPC's default backoff
 	// begins at one second).
-	conn, err := grpc.DialContext(ctx, s.Addr, grpc.WithInsecure(),
+	conn, err := grpc.DialContext(ctx, s.Addr, security,
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
 			BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second,
 		}}))

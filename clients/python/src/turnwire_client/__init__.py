@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from turnwire_client._requests import TurnOptions
     from turnwire_client.client import TurnwireClient
-    from turnwire_client.errors import ERROR_DOMAIN, ProtocolError, TurnwireError
+    from turnwire_client.errors import ERROR_DOMAIN, ProtocolError, TlsMismatchError, TurnwireError
     from turnwire_client.metadata import PARENT_REQUEST_METADATA
     from turnwire_client.result import TurnResult, collect, collect_sync
     from turnwire_client.stream import TurnStream
@@ -67,6 +67,7 @@ __all__ = [
     "Step",
     "SyncTurnStream",
     "SyncTurnwireClient",
+    "TlsMismatchError",
     "TlsOptions",
     "ToolCall",
     "TurnOptions",
@@ -85,6 +86,7 @@ _HOMES = {
     "TurnwireClient": "client",
     "ERROR_DOMAIN": "errors",
     "ProtocolError": "errors",
+    "TlsMismatchError": "errors",
     "TurnwireError": "errors",
     "PARENT_REQUEST_METADATA": "metadata",
     "TurnResult": "result",

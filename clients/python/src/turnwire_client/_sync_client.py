@@ -21,7 +21,7 @@ from turnwire_client._requests import (
     user_messages,
     with_turn_options,
 )
-from turnwire_client.errors import TurnwireError
+from turnwire_client.errors import TurnwireError, explain_unreachable
 from turnwire_client.metadata import AUTHORIZATION_METADATA
 from turnwire_client.sync_stream import SyncTurnStream
 from turnwire_client.tls import TlsOptions
@@ -54,6 +54,11 @@ class SyncTurnwireClient:
         include_progress: Let the turn streams yield ``Progress`` keepalives (a silent turn's
             stream sends them; :func:`collect` ignores them); skipped by default.
 
+    A call that cannot reach the sidecar because of a TLS mismatch (a plaintext client to a TLS
+    sidecar, a client without a certificate to a mutual-TLS one, a TLS client to a plaintext
+    one) raises :class:`~turnwire_client.errors.TlsMismatchError` (``UNAVAILABLE``) saying what
+    the sidecar wants, instead of gRPC's "Socket closed" (a channel passed in is not checked).
+
     Safe to use from several threads (gRPC channels are).
     """
 
@@ -81,6 +86,9 @@ class SyncTurnwireClient:
                 else grpc.secure_channel(target, tls.channel_credentials(), options=tls.channel_options())
             )
         self._channel: grpc.Channel = channel
+        # What a failure before any answer is checked against (a TLS mismatch); unknown for a
+        # channel passed in.
+        self._security = (target, tls) if self._owns_channel else None
         self._metadata: tuple[tuple[str, str], ...] = tuple(metadata)
         self._include_progress = include_progress
         if token:
@@ -241,6 +249,7 @@ class SyncTurnwireClient:
             include_progress=self._include_progress,
             # A submission's id is its turn's request id (docs/semantics.md §7).
             request_id=getattr(request, "request_id", "") or getattr(request, "submission_id", ""),
+            security=self._security,
         )
 
     # -- unary calls --------------------------------------------------------------------
@@ -518,4 +527,7 @@ class SyncTurnwireClient:
         try:
             return method(request, timeout=deadline, metadata=self._metadata or None)
         except grpc.RpcError as error:
-            raise TurnwireError.from_rpc_error(error) from error
+            failure = TurnwireError.from_rpc_error(error)
+            if self._security is not None:
+                failure = explain_unreachable(failure, *self._security)
+            raise failure from error

@@ -8,6 +8,7 @@ of :class:`turnwire_client.v1.event_pb2.TurnEvent`; :func:`collect` folds such a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, Unpack, cast
@@ -27,7 +28,7 @@ from turnwire_client._requests import (
     user_messages,
     with_turn_options,
 )
-from turnwire_client.errors import TurnwireError
+from turnwire_client.errors import TurnwireError, explain_unreachable
 from turnwire_client.metadata import AUTHORIZATION_METADATA
 from turnwire_client.stream import TurnStream
 from turnwire_client.tls import TlsOptions
@@ -60,6 +61,11 @@ class TurnwireClient:
         include_progress: Let the turn streams yield ``Progress`` keepalives (a silent turn's
             stream sends them; :func:`collect` ignores them); skipped by default.
 
+    A call that cannot reach the sidecar because of a TLS mismatch (a plaintext client to a TLS
+    sidecar, a client without a certificate to a mutual-TLS one, a TLS client to a plaintext
+    one) raises :class:`~turnwire_client.errors.TlsMismatchError` (``UNAVAILABLE``) saying what
+    the sidecar wants, instead of gRPC's "Socket closed" (a channel passed in is not checked).
+
     Create the client inside a running event loop; grpc.aio channels bind to it.
     """
 
@@ -87,6 +93,9 @@ class TurnwireClient:
                 else grpc.aio.secure_channel(target, tls.channel_credentials(), options=tls.channel_options())
             )
         self._channel: grpc.aio.Channel = channel
+        # What a failure before any answer is checked against (a TLS mismatch); unknown for a
+        # channel passed in.
+        self._security = (target, tls) if self._owns_channel else None
         self._metadata: tuple[tuple[str, str], ...] = tuple(metadata)
         self._include_progress = include_progress
         if token:
@@ -251,6 +260,7 @@ class TurnwireClient:
             include_progress=self._include_progress,
             # A submission's id is its turn's request id (docs/semantics.md §7).
             request_id=getattr(request, "request_id", "") or getattr(request, "submission_id", ""),
+            security=self._security,
         )
 
     # -- unary calls --------------------------------------------------------------------
@@ -532,4 +542,7 @@ class TurnwireClient:
         try:
             return await method(request, timeout=deadline, metadata=self._metadata or None)
         except grpc.aio.AioRpcError as error:
-            raise TurnwireError.from_rpc_error(error) from error
+            failure = TurnwireError.from_rpc_error(error)
+            if self._security is not None:
+                failure = await asyncio.to_thread(explain_unreachable, failure, *self._security)
+            raise failure from error

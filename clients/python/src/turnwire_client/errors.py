@@ -13,7 +13,10 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-__all__ = ["ERROR_DOMAIN", "ProtocolError", "TurnwireError"]
+from turnwire_client.tls import TlsOptions
+from turnwire_client.tls_mismatch import TlsMismatch, find_tls_mismatch
+
+__all__ = ["ERROR_DOMAIN", "ProtocolError", "TlsMismatchError", "TurnwireError", "explain_unreachable"]
 
 ERROR_DOMAIN = "turnwire.dev"
 """The ``google.rpc.ErrorInfo.domain`` of every error Turnwire sends."""
@@ -135,6 +138,43 @@ class TurnwireError(Exception):
         parsed.message = message
         parsed.args = (str(parsed),)
         return parsed
+
+
+class TlsMismatchError(TurnwireError):
+    """A call that could not reach the sidecar because the connection's TLS does not match the
+    sidecar's: it wants TLS, or a client certificate, or serves plaintext
+    (:class:`~turnwire_client.tls_mismatch.TlsMismatch`). Its code is ``UNAVAILABLE``; its
+    message says what the sidecar wants and the client argument that gives it, then gRPC's own
+    words in parentheses.
+
+    Attributes:
+        mismatch: What the sidecar wants.
+        target: The sidecar's address.
+        transport_message: gRPC's message (``"Socket closed"``, a TLS error).
+    """
+
+    def __init__(self, mismatch: TlsMismatch, target: str, transport_message: str) -> None:
+        """Build the error of ``mismatch`` for the sidecar at ``target``."""
+        self.mismatch = mismatch
+        self.target = target
+        self.transport_message = transport_message
+        explanation = mismatch.explain(target)
+        super().__init__(
+            grpc.StatusCode.UNAVAILABLE,
+            f"{explanation} ({transport_message})" if transport_message else explanation,
+        )
+
+
+def explain_unreachable(error: TurnwireError, target: str, tls: TlsOptions | None) -> TurnwireError:
+    """``error``, or a :class:`TlsMismatchError` when it is a call that failed ``UNAVAILABLE``
+    without an answer of the sidecar at ``target`` (connected with ``tls``; None: plaintext) and
+    a TLS handshake of its own finds the mismatch
+    (:func:`~turnwire_client.tls_mismatch.find_tls_mismatch`: blocks up to about 3 s, only in
+    that case). Never raises."""
+    if error.code != grpc.StatusCode.UNAVAILABLE or error.reason or isinstance(error, TlsMismatchError):
+        return error
+    mismatch = find_tls_mismatch(target, tls, error.message)
+    return error if mismatch is None else TlsMismatchError(mismatch, target, error.message)
 
 
 class ProtocolError(TurnwireError):

@@ -11,13 +11,15 @@ loop's finalizer gets to it.
 
 from __future__ import annotations
 
+import asyncio
 from types import TracebackType
 from typing import Any, Self
 
 import grpc
 
-from turnwire_client.errors import TurnwireError
+from turnwire_client.errors import TurnwireError, explain_unreachable
 from turnwire_client.result import TurnResult, collect
+from turnwire_client.tls import TlsOptions
 from turnwire_client.v1 import event_pb2
 
 
@@ -28,16 +30,29 @@ class TurnStream:
     sure the call ends when the block does. Iterating raises :class:`TurnwireError` when the
     call fails. ``Progress`` keepalives (a silent turn's stream sends one per
     ``limits.progress_interval_seconds``; sequence number 0, not part of the turn) are skipped
-    unless ``include_progress`` is true.
+    unless ``include_progress`` is true. A call that fails ``UNAVAILABLE`` before any event
+    because of a TLS mismatch raises :class:`~turnwire_client.errors.TlsMismatchError`, saying
+    what the sidecar wants.
     """
 
-    __slots__ = ("_call", "_include_progress", "request_id")
+    __slots__ = ("_answered", "_call", "_include_progress", "_security", "request_id")
 
-    def __init__(self, call: Any, *, include_progress: bool = False, request_id: str = "") -> None:
+    def __init__(
+        self,
+        call: Any,
+        *,
+        include_progress: bool = False,
+        request_id: str = "",
+        security: tuple[str, TlsOptions | None] | None = None,
+    ) -> None:
         """Wrap a response-streaming call of a ``grpc.aio`` ``ChatServiceStub``; yield its
-        ``Progress`` keepalives too when ``include_progress``."""
+        ``Progress`` keepalives too when ``include_progress``. ``security`` (the target and the
+        TLS options the channel was opened with; None: unknown) lets a failure before any answer
+        be explained as a TLS mismatch."""
         self._call = call
         self._include_progress = include_progress
+        self._security = security
+        self._answered = False
         self.request_id = request_id
         """The turn's request id, known before any event arrives: retry a failed turn under it
         with the same input, cancel it (``cancel_chat``) or re-attach (``resume_turn``)."""
@@ -54,12 +69,17 @@ class TurnStream:
             try:
                 response = await self._call.read()
             except grpc.aio.AioRpcError as error:
-                raise TurnwireError.from_rpc_error(error) from error
+                failure = TurnwireError.from_rpc_error(error)
+                if self._security is not None and not self._answered:
+                    # A handshake of its own (blocking, so off the event loop).
+                    failure = await asyncio.to_thread(explain_unreachable, failure, *self._security)
+                raise failure from error
             except BaseException:
                 self._call.cancel()  # the reader was cancelled or interrupted: end the call too
                 raise
             if response is grpc.aio.EOF:
                 raise StopAsyncIteration
+            self._answered = True
             event: event_pb2.TurnEvent = response.event
             if self._include_progress or not event.HasField("progress"):
                 return event

@@ -10,8 +10,9 @@ from typing import Any, Self
 
 import grpc
 
-from turnwire_client.errors import TurnwireError
+from turnwire_client.errors import TurnwireError, explain_unreachable
 from turnwire_client.result import TurnResult, collect_sync
+from turnwire_client.tls import TlsOptions
 from turnwire_client.v1 import event_pb2
 
 __all__ = ["SyncTurnStream"]
@@ -29,13 +30,23 @@ class SyncTurnStream:
     :class:`~turnwire_client.stream.TurnStream`.
     """
 
-    __slots__ = ("_call", "_include_progress", "request_id")
+    __slots__ = ("_answered", "_call", "_include_progress", "_security", "request_id")
 
-    def __init__(self, call: Any, *, include_progress: bool = False, request_id: str = "") -> None:
+    def __init__(
+        self,
+        call: Any,
+        *,
+        include_progress: bool = False,
+        request_id: str = "",
+        security: tuple[str, TlsOptions | None] | None = None,
+    ) -> None:
         """Wrap a response-streaming call of a sync ``ChatServiceStub``; yield its ``Progress``
-        keepalives too when ``include_progress``."""
+        keepalives too when ``include_progress``. ``security``: as for
+        :class:`~turnwire_client.stream.TurnStream` (a TLS mismatch explained)."""
         self._call = call
         self._include_progress = include_progress
+        self._security = security
+        self._answered = False
         self.request_id = request_id
         """The turn's request id, known before any event arrives: retry a failed turn under it
         with the same input, cancel it (``cancel_chat``) or re-attach (``resume_turn``)."""
@@ -52,10 +63,14 @@ class SyncTurnStream:
             try:
                 response = next(self._call)
             except grpc.RpcError as error:
-                raise TurnwireError.from_rpc_error(error) from error
+                failure = TurnwireError.from_rpc_error(error)
+                if self._security is not None and not self._answered:
+                    failure = explain_unreachable(failure, *self._security)
+                raise failure from error
             except BaseException:
                 self._call.cancel()  # interrupted, or StopIteration at the end: a no-op then
                 raise
+            self._answered = True
             event: event_pb2.TurnEvent = response.event
             if self._include_progress or not event.HasField("progress"):
                 return event

@@ -1,0 +1,342 @@
+"""Calling a gRPC method in process, through the gRPC server's own interceptors and servicers.
+
+Every door of the HTTP listener (Connect and gRPC-Web here; the doors of issue 36 next) reaches
+the RPCs through :class:`InProcessCalls`, never a second implementation: the handlers are the
+ones the generated ``add_*_to_server`` functions register on the gRPC server (captured by
+:class:`MethodTable`), and each call runs the same interceptor instances in the same order
+(:class:`~turnwire_server.api.rpc_observer.RpcObserver`, then
+:class:`~turnwire_server.api.access.AccessInterceptor`, then
+:class:`~turnwire_server.api.admission.CallGate`). So a call over HTTP is authenticated from its
+``authorization`` header, tenant-scoped, rate limited, counted in the gate's slots and the
+tenants' shares, counted in the ``grpc_server_*`` metrics, logged and traced exactly as one over
+gRPC (docs/http.md#one-service-two-listeners).
+
+The servicer's context is :class:`HttpCallContext`, the part of ``grpc.aio.ServicerContext``
+the servicer and the interceptors use: metadata (the HTTP request headers, lowercased; ``-bin``
+values base64-decoded, as gRPC does; never ``cookie``), the peer, the deadline, ``abort``
+(which raises :class:`CallEnded`, a ``grpc.aio.AbortError``), the status code, done callbacks and
+``write`` for response streams. A response stream's writes go through a small bounded queue, so a
+reader that stops reading stops the handler's writes (back-pressure, as gRPC's flow control
+does); a reader that leaves (the HTTP client disconnected, the deadline passed) cancels the
+handler, which then sees ``asyncio.CancelledError`` as it would over gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import functools
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import grpc
+from google.protobuf.message import Message
+
+Metadata = tuple[tuple[str, str | bytes], ...]
+"""gRPC invocation metadata: lowercase keys; ``bytes`` values for keys ending in ``-bin``."""
+
+_NOT_METADATA = frozenset(
+    {
+        "content-type",
+        "content-length",
+        "content-encoding",
+        "accept-encoding",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "host",
+        "upgrade",
+        "cookie",  # authentication is the bearer header only: no cookie reaches a servicer
+        "connect-protocol-version",
+        "connect-timeout-ms",
+        "connect-accept-encoding",
+        "connect-content-encoding",
+        "grpc-timeout",
+        "grpc-accept-encoding",
+        "grpc-encoding",
+        "x-grpc-web",
+    }
+)
+"""HTTP and protocol headers that are not call metadata (gRPC keeps these out of metadata too)."""
+
+
+def metadata_of(headers: Iterable[tuple[str, str]]) -> Metadata:
+    """The gRPC metadata of an HTTP request's ``headers`` (see the module docstring). A ``-bin``
+    header that is not base64 is dropped, as gRPC drops undecodable binary metadata."""
+    found: list[tuple[str, str | bytes]] = []
+    for name, value in headers:
+        key = name.lower()
+        if key in _NOT_METADATA or key.startswith(":"):
+            continue
+        if key.endswith("-bin"):
+            try:
+                found.append((key, base64.b64decode(value + "=" * (-len(value) % 4))))
+            except (binascii.Error, ValueError):
+                continue
+        else:
+            found.append((key, value))
+    return tuple(found)
+
+
+class CallEnded(grpc.aio.AbortError):  # type: ignore[misc]  # grpc is untyped
+    """The call ended with a non-OK status: ``code``, ``details`` and the trailing metadata
+    (``grpc-status-details-bin`` carries the ``google.rpc.Status`` with its details)."""
+
+    def __init__(
+        self, code: grpc.StatusCode, details: str, trailing_metadata: Sequence[tuple[str, Any]] = ()
+    ):
+        super().__init__(details)
+        self.code = code
+        self.details = details
+        self.trailing_metadata = tuple(trailing_metadata)
+
+
+class _CallDetails(NamedTuple):
+    """``grpc.HandlerCallDetails``: what an interceptor reads of a call before its request."""
+
+    method: str
+    invocation_metadata: Metadata
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """What a door knows of one HTTP call: its ``metadata`` (:func:`metadata_of`), the
+    ``peer`` (``ipv4:ADDRESS:PORT`` as gRPC writes it, or ``"unknown"``) and its ``deadline``
+    (``time.monotonic()`` seconds; None: none)."""
+
+    metadata: Metadata
+    peer: str = "unknown"
+    deadline: float | None = None
+
+
+class HttpCallContext:
+    """The servicer context of one in-process call (see the module docstring)."""
+
+    def __init__(self, call: CallInfo, sink: Callable[[Any], Any] | None = None) -> None:
+        self._call = call
+        self._sink = sink
+        self._code: grpc.StatusCode | None = None
+        self._details = ""
+        self._done: list[Callable[[Any], None]] = []
+        self._finished = False
+
+    def invocation_metadata(self) -> Metadata:
+        """The call's metadata."""
+        return self._call.metadata
+
+    def peer(self) -> str:
+        """The client's address, as gRPC writes a peer."""
+        return self._call.peer
+
+    def time_remaining(self) -> float | None:
+        """Seconds to the deadline (may be negative), None without one."""
+        deadline = self._call.deadline
+        return None if deadline is None else deadline - time.monotonic()
+
+    def code(self) -> grpc.StatusCode | None:
+        """The status code set so far (None: not set)."""
+        return self._code
+
+    def details(self) -> str:
+        """The status message set so far."""
+        return self._details
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        """Set the status code the call ends with."""
+        self._code = code
+
+    def set_details(self, details: str) -> None:
+        """Set the status message the call ends with."""
+        self._details = details
+
+    def set_trailing_metadata(self, _metadata: Any) -> None:
+        """Accepted and dropped: the servicer sends details only through ``abort_with_status``."""
+
+    async def send_initial_metadata(self, _metadata: Any) -> None:
+        """Accepted and dropped (no servicer sends initial metadata)."""
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        """Empty: a caller is known by its bearer token, on both listeners."""
+        return {}
+
+    def cancelled(self) -> bool:
+        """Whether the call ended before its handler did."""
+        return self._finished and self._code is None
+
+    def done(self) -> bool:
+        """Whether the call has ended."""
+        return self._finished
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        """Run ``callback(self)`` when the call ends (a gate slot's release, for one)."""
+        if self._finished:
+            callback(self)
+        else:
+            self._done.append(callback)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
+        """End the call with ``code`` and ``details``; raises :class:`CallEnded`."""
+        self._code, self._details = code, details
+        raise CallEnded(code, details, trailing_metadata or ())
+
+    async def abort_with_status(self, status: grpc.Status) -> None:
+        """End the call with a ``grpc.Status`` (details in its trailing metadata); raises
+        :class:`CallEnded`."""
+        await self.abort(status.code, status.details, status.trailing_metadata)
+
+    async def write(self, message: Any) -> None:
+        """Send one response of a response stream (waits while the reader is behind)."""
+        if self._sink is None:
+            raise RuntimeError("write() on a unary call")
+        await self._sink(message)
+
+    def finish(self) -> None:
+        """The call ended: run the done callbacks, once."""
+        if self._finished:
+            return
+        self._finished = True
+        callbacks, self._done = self._done, []
+        for callback in callbacks:
+            callback(self)
+
+
+class MethodTable:
+    """The method handlers of servicers, by full method name (``/package.Service/Method``).
+
+    Pass it as the ``server`` of a generated ``add_*Servicer_to_server(servicer, table)``: it
+    keeps what that function registers, as a ``grpc.aio.Server`` would."""
+
+    def __init__(self) -> None:
+        self._generic: list[Any] = []
+        self._handlers: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[Any]) -> None:
+        """Keep ``grpc.GenericRpcHandler`` s (what generated code and grpcio-health register)."""
+        self._generic.extend(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        """Keep a service's handlers by method name."""
+        for name, handler in handlers.items():
+            self._handlers[f"/{service}/{name}"] = handler
+
+    def handler(self, method: str) -> Any | None:
+        """The handler of ``method``; None when no servicer implements it."""
+        found = self._handlers.get(method)
+        if found is not None:
+            return found
+        for generic in self._generic:
+            found = generic.service(_CallDetails(method, ()))
+            if found is not None:
+                self._handlers[method] = found
+                return found
+        return None
+
+
+_END = object()
+
+_BUFFERED = 8
+"""Responses a stream's handler may write ahead of its reader: a few, so a burst of events does not
+cost two task switches each, and still a bound (the engine's own buffer, limits.stream_buffer_events,
+is where a slow reader is judged)."""
+
+
+class InProcessCalls:
+    """Run a call of any method in ``table`` through ``interceptors`` (the gRPC server's, in its
+    order), with an :class:`HttpCallContext` (see the module docstring).
+
+    Both methods raise :class:`CallEnded` for a call that ends with a non-OK status (refused by
+    an interceptor, aborted by the servicer, ``UNIMPLEMENTED`` for an unknown method), and let
+    ``asyncio.CancelledError`` through."""
+
+    def __init__(self, table: MethodTable, interceptors: Sequence[Any]) -> None:
+        self._table = table
+        self._interceptors = tuple(interceptors)
+
+    async def _handler(self, method: str, call: CallInfo) -> Any:
+        handler = self._table.handler(method)
+        if handler is None:
+            raise CallEnded(grpc.StatusCode.UNIMPLEMENTED, f"method {method} is not served here")
+
+        async def innermost(_details: Any) -> Any:
+            return handler
+
+        continuation: Callable[[Any], Any] = innermost
+        for interceptor in reversed(self._interceptors):
+            continuation = functools.partial(interceptor.intercept_service, continuation)
+        return await continuation(_CallDetails(method, call.metadata))
+
+    async def unary(self, method: str, request: Message, call: CallInfo) -> Message:
+        """The response of the unary ``method`` to ``request``."""
+        handler = await self._handler(method, call)
+        context = HttpCallContext(call)
+        try:
+            if handler.request_streaming:  # a refusal (api/refusal.py) never reads its request
+                response = await handler.stream_unary(_one(request), context)
+            else:
+                response = await handler.unary_unary(request, context)
+        finally:
+            context.finish()
+        code = context.code()
+        if code is not None and code != grpc.StatusCode.OK:
+            raise CallEnded(code, context.details())
+        return response  # type: ignore[no-any-return]
+
+    async def stream(self, method: str, request: Message, call: CallInfo) -> AsyncIterator[Message]:
+        """The responses of the server-streaming ``method`` to ``request``, as they are written.
+        Leaving the iteration early (``aclose``, cancellation) cancels the handler."""
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=_BUFFERED)
+        handler = await self._handler(method, call)
+        context = HttpCallContext(call, queue.put)
+        failure: list[BaseException] = []
+
+        async def run() -> None:
+            argument: Any
+            try:
+                if handler.request_streaming:
+                    behavior, argument = handler.stream_stream, _one(request)
+                else:
+                    behavior, argument = handler.unary_stream, request
+                if inspect.iscoroutinefunction(behavior):
+                    await behavior(argument, context)
+                else:
+                    async for response in behavior(argument, context):
+                        await context.write(response)
+            except Exception as error:  # the reader raises it, after what was written
+                failure.append(error)
+            await queue.put(_END)
+
+        task = asyncio.ensure_future(run())
+        try:
+            while (item := await queue.get()) is not _END:
+                yield item
+            if failure:
+                raise failure[0]
+            code = context.code()
+            if code is not None and code != grpc.StatusCode.OK:
+                raise CallEnded(code, context.details())
+        finally:
+            if not task.done():
+                task.cancel()
+                # The handler's own cleanup (a turn stored as cancelled) runs to its end here.
+                await asyncio.gather(task, return_exceptions=True)
+            context.finish()
+
+
+async def _one(request: Message) -> AsyncIterator[Message]:
+    yield request
+
+
+__all__ = [
+    "CallEnded",
+    "CallInfo",
+    "HttpCallContext",
+    "InProcessCalls",
+    "Metadata",
+    "MethodTable",
+    "metadata_of",
+]

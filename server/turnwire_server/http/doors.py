@@ -1,0 +1,105 @@
+"""The HTTP listener's application: its doors behind one CORS layer, and ``GET /healthz``.
+
+A **door** is a set of Starlette routes that speaks one protocol and reaches the RPCs through
+:class:`~turnwire_server.http.calls.InProcessCalls` (so through the gRPC server's interceptors
+and servicer: the same authentication, tenants, limits, metrics, traces and logs). Adding one
+(the OpenAI, AI SDK and AG-UI doors of issue 36, say) is a function ``(DoorContext) -> Door`` in a
+module of this package, listed in :data:`turnwire_server.http.server.DOORS`
+(docs/http.md#adding-a-door). The Connect and gRPC-Web door (:mod:`.connect_door`) is the first;
+it serves every path that starts with a served service's full name.
+
+CORS is Starlette's ``CORSMiddleware`` (preflight answers and the ``Access-Control-*`` headers),
+configured by ``http.cors`` with the Connect and gRPC-Web headers always allowed and exposed
+(:mod:`turnwire_server.http.settings`). Authentication is the bearer header; no cookie is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from google.protobuf.descriptor import ServiceDescriptor
+from grpc_health.v1 import health_pb2
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+
+from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls, metadata_of
+from turnwire_server.http.connect_door import ConnectDoor, endpoints_of
+from turnwire_server.http.settings import PROTOCOL_REQUEST_HEADERS, PROTOCOL_RESPONSE_HEADERS, CorsSettings
+
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+
+
+@dataclass(frozen=True, slots=True)
+class DoorContext:
+    """What a door is built from: ``calls`` (every served method, through the interceptors),
+    the ``services`` served (their descriptors) and ``read_max_bytes``, the largest request
+    message taken (``limits.max_receive_message_bytes``, as over gRPC)."""
+
+    calls: InProcessCalls
+    services: Sequence[ServiceDescriptor]
+    read_max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Door:
+    """One protocol's routes; ``name`` appears in the start-up log line."""
+
+    name: str
+    routes: Sequence[BaseRoute]
+
+
+DoorFactory = Callable[[DoorContext], Door]
+
+
+def connect_door(context: DoorContext) -> Door:
+    """Connect and gRPC-Web for every unary and server-streaming method of the services."""
+    app = ConnectDoor(endpoints_of(context.services, context.calls), read_max_bytes=context.read_max_bytes)
+    return Door(
+        "Connect, gRPC-Web", [Mount(f"/{service.full_name}", app=app) for service in context.services]
+    )
+
+
+def health_door(context: DoorContext) -> Door:
+    """``GET /healthz``: 200 ``SERVING`` while the sidecar serves, 503 otherwise (the drain
+    window, shutdown): the gRPC health service's overall status, for HTTP load balancers."""
+
+    async def healthz(request: Request) -> Response:
+        call = CallInfo(metadata_of(request.headers.items()))
+        try:
+            response = await context.calls.unary(HEALTH_CHECK, health_pb2.HealthCheckRequest(), call)
+        except CallEnded as ended:
+            return PlainTextResponse(f"{ended.code.name}\n", status_code=503)
+        name = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)  # type: ignore[attr-defined]
+        return PlainTextResponse(f"{name}\n", status_code=200 if name == "SERVING" else 503)
+
+    return Door("health", [Route("/healthz", healthz, methods=["GET"])])
+
+
+def build_app(context: DoorContext, doors: Sequence[DoorFactory], cors: CorsSettings) -> Starlette:
+    """The listener's ASGI application: ``doors`` built from ``context``, in order (the first
+    route that matches a path wins), behind CORS when ``cors.allow_origins`` names any."""
+    built = [factory(context) for factory in doors]
+    middleware = []
+    if cors.allow_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=cors.allow_origins,
+                allow_credentials=cors.allow_credentials,
+                allow_methods=["GET", "POST"],
+                allow_headers=[*PROTOCOL_REQUEST_HEADERS, *cors.allow_headers],
+                expose_headers=[*PROTOCOL_RESPONSE_HEADERS, *cors.expose_headers],
+                max_age=cors.max_age_seconds,
+            )
+        )
+    app = Starlette(routes=[route for door in built for route in door.routes], middleware=middleware)
+    app.state.doors = tuple(door.name for door in built)
+    return app
+
+
+__all__ = ["Door", "DoorContext", "DoorFactory", "build_app", "connect_door", "health_door"]
