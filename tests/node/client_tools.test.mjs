@@ -26,7 +26,8 @@ const protobuf = createRequire(require.resolve('@grpc/proto-loader'))('protobufj
 const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 const PROTOS = path.join(REPO, 'protos');
 const TURNWIRE_BIN = process.env.TURNWIRE_BIN || path.join(REPO, '.venv', 'bin', 'turnwire');
-const STARTUP_TIMEOUT_MS = 20_000;
+// A deadline, not a speed target: a loaded 2-core CI has taken over 30 s to start a sidecar.
+const STARTUP_TIMEOUT_MS = 60_000;
 const CALL_TIMEOUT_MS = 10_000;
 
 const LOADER_OPTIONS = { includeDirs: [PROTOS], keepCase: false, longs: String, enums: String, defaults: true, oneofs: true };
