@@ -49,15 +49,18 @@ class Upstream:
         self.process.wait(5)
 
 
-def sidecar(workdir: Path, upstream: str, middlewares: int) -> ServerProcess:
-    """A sidecar config (SQLite in its own directory) and its (not yet started) process."""
+def upstream_sidecar(
+    home: Path, upstream: str, model: str, extra: str = "", name: str = "turnwire"
+) -> tuple[ServerProcess, Path]:
+    """A bench sidecar on the local upstream, not yet started: both providers at ``upstream`` (no
+    key, no retries), SQLite in ``home``, demo tools off, 1 s shutdown grace; ``extra`` is more
+    top-level YAML (whole sections, each line ending in a newline). Returns the process and its
+    config file (``home/turnwire.yaml``). Shared by ``ttft.py``, ``memory_soak.py`` and
+    ``http_door.py``, so their arms run the same sidecar."""
     port = free_port()
-    home = workdir / f"sidecar-{middlewares}"
-    home.mkdir()
-    chain = "".join("  - path: _ttft_middlewares:EveryHookNoop\n" for _ in range(middlewares))
     config = f"""\
 listen: 127.0.0.1:{port}
-default_model: openai:burst-4
+default_model: {model}
 logging: {{level: warning}}
 store:
   url: sqlite:///{home / "turnwire.db"}
@@ -74,14 +77,23 @@ providers:
     max_retries: 0
 tools:
   demo: false
-middleware:{" []" if not middlewares else ""}
-{chain}limits:
+limits:
   shutdown_grace_seconds: 1
-"""
+{extra}"""
     path = home / "turnwire.yaml"
     path.write_text(config)
     argv = [PYTHON, "-m", "turnwire_server", "serve", "--config", str(path)]
-    return ServerProcess(argv, port, home, f"turnwire-mw{middlewares}")
+    return ServerProcess(argv, port, home, name), path
+
+
+def sidecar(workdir: Path, upstream: str, middlewares: int) -> ServerProcess:
+    """``ttft.py``'s sidecar with ``middlewares`` no-op every-hook middlewares (SQLite in its own
+    directory), not yet started."""
+    home = workdir / f"sidecar-{middlewares}"
+    home.mkdir()
+    chain = "".join("  - path: _ttft_middlewares:EveryHookNoop\n" for _ in range(middlewares))
+    extra = f"middleware:{' []' if not middlewares else ''}\n{chain}"
+    return upstream_sidecar(home, upstream, "openai:burst-4", extra, f"turnwire-mw{middlewares}")[0]
 
 
 # ----------------------------------------------------------------------------- clients

@@ -43,7 +43,6 @@ sys.path.insert(0, str(BENCH))
 
 from _common import (  # noqa: E402
     CLIENT_OPTIONS,
-    PYTHON,
     ServerProcess,
     Table,
     free_port,
@@ -53,7 +52,7 @@ from _common import (  # noqa: E402
     wait_for_quiet,
     write_tables_json,
 )
-from _ttft_clients import QUESTION, Upstream  # noqa: E402
+from _ttft_clients import QUESTION, Upstream, upstream_sidecar  # noqa: E402
 
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2  # noqa: E402
 from turnwire_server.http.connect_door import ProtoBinaryCodec, ProtoJsonCodec  # noqa: E402
@@ -71,31 +70,8 @@ CHAT = MethodInfo(
 
 
 def sidecar(workdir: Path, upstream: str, http_port: int) -> ServerProcess:
-    port = free_port()
-    config = f"""\
-listen: 127.0.0.1:{port}
-default_model: {MODEL}
-logging: {{level: warning}}
-store:
-  url: sqlite:///{workdir / "turnwire.db"}
-providers:
-  openai:
-    type: openai
-    base_url: {upstream}/v1
-    api_key_env: null
-    max_retries: 0
-tools:
-  demo: false
-http:
-  listen: 127.0.0.1:{http_port}
-limits:
-  shutdown_grace_seconds: 1
-"""
-    path = workdir / "turnwire.yaml"
-    path.write_text(config)
-    return ServerProcess(
-        [PYTHON, "-m", "turnwire_server", "serve", "--config", str(path)], port, workdir, "turnwire"
-    )
+    """The sidecar under test (not yet started), with the HTTP listener on ``http_port``."""
+    return upstream_sidecar(workdir, upstream, MODEL, f"http:\n  listen: 127.0.0.1:{http_port}\n")[0]
 
 
 def request() -> chat_service_pb2.ChatRequest:

@@ -35,7 +35,6 @@ from pathlib import Path
 import grpc
 from _common import (
     CLIENT_OPTIONS,
-    PYTHON,
     ServerProcess,
     Table,
     free_port,
@@ -44,7 +43,7 @@ from _common import (
     verdict,
     write_tables_json,
 )
-from _ttft_clients import Upstream
+from _ttft_clients import Upstream, upstream_sidecar
 
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2
 
@@ -65,38 +64,9 @@ def user_text(conversation: int, turn: int, size: int) -> str:
 
 def sidecar(workdir: Path, upstream: str) -> ServerProcess:
     """The sidecar under test (not yet started): SQLite in ``workdir``, both providers on the upstream."""
-    port, metrics_port = free_port(), free_port()
-    config = workdir / "turnwire.yaml"
-    config.write_text(
-        f"""\
-listen: 127.0.0.1:{port}
-default_model: openai:burst-24
-logging: {{level: warning}}
-store:
-  url: sqlite:///{workdir / "turnwire.db"}
-providers:
-  openai:
-    type: openai
-    base_url: {upstream}/v1
-    api_key_env: null
-    max_retries: 0
-  anthropic:
-    type: anthropic
-    base_url: {upstream}
-    api_key_env: null
-    max_retries: 0
-tools:
-  demo: false
-metrics:
-  enabled: true
-  listen: 127.0.0.1:{metrics_port}
-limits:
-  shutdown_grace_seconds: 1
-"""
-    )
-    server = ServerProcess(
-        [PYTHON, "-m", "turnwire_server", "serve", "--config", str(config)], port, workdir, "turnwire"
-    )
+    metrics_port = free_port()
+    extra = f"metrics:\n  enabled: true\n  listen: 127.0.0.1:{metrics_port}\n"
+    server, _ = upstream_sidecar(workdir, upstream, "openai:burst-24", extra)
     server.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"  # type: ignore[attr-defined]
     return server
 
