@@ -1,9 +1,11 @@
-"""The OpenAI-compatible door's Responses API (docs/api/openai.md), driven by the official
+"""The OpenAI-compatible door (docs/api/openai.md): Responses and Chat Completions, driven by the official
 ``openai`` Python SDK, unmodified, against a real ``turnwire serve`` with ``http.listen`` and
 ``auth:`` on: ``responses.create`` streamed and not, ``responses.stream``, resuming with
 ``starting_after``, a client tool round trip with ``function_call_output``, the server tool loop,
 ``previous_response_id``, background responses, cancel, tenants, errors, and a turn started
-over gRPC read over this door. Every streamed event is checked against the SDK's own event types.
+over gRPC read over this door; ``chat.completions.create`` with the sidecar's tool loop, with client
+tools, streamed with usage, and with a named conversation. Every streamed Responses event is checked
+against the SDK's own event types.
 
 Before issue 36 the listener had no ``/v1`` routes: every test here fails with a 404.
 """
@@ -16,6 +18,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 from openai.types.responses import FunctionToolParam, Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from support.endless import endless_step
@@ -251,3 +254,77 @@ async def test_bad_requests_name_the_param(client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad_tool:
         await client.responses.create(input="hi", tools=[{"type": "web_search"}])
     assert isinstance(bad_tool.value.body, dict) and bad_tool.value.body["param"] == "tools[0].type"
+
+
+# -- Chat Completions ---------------------------------------------------------------------------
+
+WEATHER_FUNCTION: ChatCompletionToolParam = {
+    "type": "function",
+    "function": {
+        "name": "get_location",
+        "description": "The user's location, from their device",
+        "parameters": {"type": "object", "properties": {"precision": {"type": "string"}}},
+    },
+}
+
+
+async def test_chat_completions_run_the_tool_loop_and_keep_nothing(
+    client: openai.AsyncOpenAI, grpc_a: TurnwireClient
+) -> None:
+    completion = await client.chat.completions.create(
+        model="scripted:calculate", messages=[{"role": "user", "content": "6 * 7?"}]
+    )
+    assert completion.choices[0].message.content == "It is 42."  # the sidecar ran the calculator
+    assert completion.choices[0].finish_reason == "stop"
+    assert completion.usage is not None
+    listed = await grpc_a.list_conversations(page_size=1000)
+    assert not [c for c in listed.conversations if c.conversation_id.startswith("chatcmpl-")]
+
+
+async def test_chat_completions_with_client_tools(client: openai.AsyncOpenAI) -> None:
+    asked: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Where am I?"}]
+    first = await client.chat.completions.create(
+        model="scripted:locate", messages=asked, tools=[WEATHER_FUNCTION]
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_location"
+    assert json.loads(call.function.arguments) == {"precision": "city"}
+    history: list[ChatCompletionMessageParam] = [
+        *asked,
+        choice.message.model_dump(exclude_none=True),  # type: ignore[list-item]
+        {"role": "tool", "tool_call_id": call.id, "content": '{"city": "Paris"}'},
+    ]
+    second = await client.chat.completions.create(
+        model="scripted:thanks", messages=history, tools=[WEATHER_FUNCTION]
+    )
+    assert second.choices[0].message.content == "You are in Paris."
+
+
+async def test_chat_completions_stream_with_usage(client: openai.AsyncOpenAI) -> None:
+    stream = await client.chat.completions.create(
+        model="scripted:echo",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "answered over the OpenAI door"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 12
+
+
+async def test_a_named_conversation_keeps_the_turn(
+    client: openai.AsyncOpenAI, grpc_a: TurnwireClient
+) -> None:
+    completion = await client.chat.completions.create(
+        model="scripted:echo",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_body={"conversation": "cc-named"},
+    )
+    stored = await grpc_a.get_conversation("cc-named")
+    assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
+    again = await client.responses.retrieve(completion.id)  # the same turn, read at the Responses door
+    assert again.output_text == completion.choices[0].message.content
