@@ -4,7 +4,8 @@
 ``starting_after``, a client tool round trip with ``function_call_output``, the server tool loop,
 ``previous_response_id``, background responses, cancel, tenants, errors, and a turn started
 over gRPC read over this door; ``chat.completions.create`` with the sidecar's tool loop, with client
-tools, streamed with usage, and with a named conversation. Every streamed Responses event is checked
+tools, streamed with usage, and with a named conversation; and the same through the ``openai`` npm SDK
+(6.x, the newest major that runs on Node.js 20). Every streamed Responses event is checked
 against the SDK's own event types.
 
 Before issue 36 the listener had no ``/v1`` routes: every test here fails with a 404.
@@ -12,8 +13,11 @@ Before issue 36 the listener had no ``/v1`` routes: every test here fails with a
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -30,6 +34,7 @@ from turnwire_client.v1 import message_pb2
 
 TOKEN_A = new_token()
 TOKEN_B = new_token()
+NODE_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "openai_node.mjs"
 EVENT = TypeAdapter(ResponseStreamEvent)
 LOCATION_TOOL: FunctionToolParam = {
     "type": "function",
@@ -328,3 +333,45 @@ async def test_a_named_conversation_keeps_the_turn(
     assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
     again = await client.responses.retrieve(completion.id)  # the same turn, read at the Responses door
     assert again.output_text == completion.choices[0].message.content
+
+
+# -- the openai npm SDK ------------------------------------------------------------------------
+
+
+async def test_the_openai_npm_sdk(sidecar: SidecarProcess) -> None:
+    """``tests/support/openai_node.mjs``: the same calls through the official Node.js SDK."""
+    assert sidecar.config is not None
+    node = await asyncio.create_subprocess_exec(
+        shutil.which("node") or "node",
+        str(NODE_SCRIPT),
+        f"http://{sidecar.config['http']['listen']}/v1",
+        TOKEN_A,
+        cwd=NODE_SCRIPT.parents[2],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(node.communicate(), timeout=120)
+    assert node.returncode == 0, err.decode()
+    seen = json.loads(out)
+    assert seen["plain"]["status"] == "completed" and seen["plain"]["text"] == "answered over the OpenAI door"
+    assert seen["plain"]["usage"]["total_tokens"] == 12 and seen["plain"]["conversation"] == {
+        "id": "node-plain"
+    }
+    streamed = seen["streamed"]
+    assert streamed[0] == ["response.created", 0] and streamed[-1][0] == "response.completed"
+    assert [number for _, number in streamed] == list(range(len(streamed)))
+    assert seen["resumed"] == streamed[5:]
+    answer = "answered over the OpenAI door"
+    assert seen["helper"] == {"deltas": answer, "text": answer, "status": "completed"}
+    assert seen["tools"] == {
+        "name": "get_location",
+        "arguments": {"precision": "city"},
+        "answer": "You are in Paris.",
+    }
+    assert seen["chat"] == {"finish": "tool_calls", "name": "get_location", "answer": "You are in Paris."}
+    assert seen["error"] == {
+        "class": "BadRequestError",
+        "status": 400,
+        "param": "conversation",
+        "code": "invalid_field",
+    }
