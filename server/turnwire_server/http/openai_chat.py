@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 from google.protobuf.message import Message
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -274,6 +274,11 @@ def _turn_request(sent: list[Any], named: bool, common: dict[str, Any]) -> tuple
     return "SaveMessages", chat_service_pb2.SaveMessagesRequest(messages=_messages(tail), **common)
 
 
+def _data(chunks: list[dict[str, Any]]) -> bytes:
+    """``chunks`` as server-sent ``data:`` lines, one write (compact JSON holds no newline)."""
+    return b"".join(b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks)
+
+
 class ChatCompletionsDoor:
     """``POST /v1/chat/completions`` over ``calls`` (see the module docstring)."""
 
@@ -354,23 +359,22 @@ class ChatCompletionsDoor:
         include_usage: bool,
         forget: str | None,
         call: CallInfo,
-    ) -> AsyncIterator[ServerSentEvent]:
+    ) -> AsyncIterator[bytes]:
         try:
             if first is not None:
-                for chunk in completion.feed(first.event):
-                    yield ServerSentEvent(data=orjson.dumps(chunk).decode())
+                if chunks := _data(completion.feed(first.event)):
+                    yield chunks
                 async for item in events:
-                    for chunk in completion.feed(item.event):
-                        yield ServerSentEvent(data=orjson.dumps(chunk).decode())
+                    if chunks := _data(completion.feed(item.event)):
+                        yield chunks
             if completion.error is not None:
-                yield ServerSentEvent(data=orjson.dumps({"error": completion.error}).decode())
+                yield _data([{"error": completion.error}])
             elif include_usage:
-                usage_chunk = {**completion.chunk({}), "choices": [], "usage": completion.usage}
-                yield ServerSentEvent(data=orjson.dumps(usage_chunk).decode())
-            yield ServerSentEvent(data="[DONE]")
+                yield _data([{**completion.chunk({}), "choices": [], "usage": completion.usage}])
+            yield b"data: [DONE]\n\n"
         except CallEnded as ended:
             _, error = ended_error(ended, param_names=_PARAMS)
-            yield ServerSentEvent(data=orjson.dumps(error).decode())
+            yield _data([error])
         finally:
             await events.aclose()  # type: ignore[attr-defined]
             await self._forget(forget, call)

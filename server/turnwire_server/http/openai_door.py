@@ -30,7 +30,8 @@ from typing import Any
 import orjson
 from google.protobuf import struct_pb2
 from google.protobuf.message import Message
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
+from sse_starlette.sse import AppStatus
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -95,6 +96,9 @@ class ResponsesDoor:
     def __init__(self, calls: InProcessCalls, read_max_bytes: int) -> None:
         self.calls = calls
         self.read_max_bytes = read_max_bytes
+        # The sidecar's drain and grace govern open streams (docs/operate/stopping.md), not
+        # sse-starlette's own watch for uvicorn's exit, which would end them at once.
+        AppStatus.enable_automatic_graceful_drain = False
 
     def routes(self) -> list[Route]:
         """The door's Starlette routes."""
@@ -268,19 +272,18 @@ class ResponsesDoor:
 
     async def _sse(
         self, first: Any, events: AsyncIterator[Any], log: ResponseLog, after: int
-    ) -> AsyncIterator[ServerSentEvent]:
+    ) -> AsyncIterator[bytes]:
         try:
             if first is not None:
-                for event in log.feed(first.event):
-                    if event["sequence_number"] > after:
-                        yield _sent(event)
+                if frames := _frames(log.feed(first.event), after):
+                    yield frames
                 async for item in events:
-                    for event in log.feed(item.event):
-                        if event["sequence_number"] > after:
-                            yield _sent(event)
+                    if frames := _frames(log.feed(item.event), after):
+                        yield frames
         except CallEnded as ended:
             _, body = ended_error(ended, param_names=_PARAMS)
-            yield _sent({"type": "error", "sequence_number": log.next_sequence_number, **body["error"]})
+            error = {"type": "error", "sequence_number": log.next_sequence_number, **body["error"]}
+            yield _frames([error], -1)
         finally:
             await events.aclose()  # type: ignore[attr-defined]
 
@@ -368,8 +371,14 @@ class ResponsesDoor:
         return await self._read(response_id, call, stream=False)
 
 
-def _sent(event: dict[str, Any]) -> ServerSentEvent:
-    return ServerSentEvent(data=orjson.dumps(event).decode(), event=event["type"])
+def _frames(events: list[dict[str, Any]], after: int) -> bytes:
+    """The server-sent events of ``events`` numbered above ``after``, as one chunk: one write per
+    turn event rather than per OpenAI event (compact JSON holds no newline, so one ``data:`` line)."""
+    return b"".join(
+        b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+        for event in events
+        if event["sequence_number"] > after
+    )
 
 
 __all__ = ["ResponsesDoor", "call_info", "json_response", "read_body", "struct_of"]
