@@ -65,6 +65,9 @@ SCRIPTS = {
         {"tool_calls": [{"name": "calculator", "input": {"expression": "6 * 7"}}]},
         {"text": "It is 42."},
     ],
+    "fails": [
+        {"text": "partial ", "error": {"message": "the model is down", "status": 400, "after_chunks": 1}}
+    ],
     "slow": [endless_step("".join(f"w{i} " for i in range(30)), 30)],
 }
 
@@ -259,6 +262,45 @@ async def test_bad_requests_name_the_param(client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad_tool:
         await client.responses.create(input="hi", tools=[{"type": "web_search"}])
     assert isinstance(bad_tool.value.body, dict) and bad_tool.value.body["param"] == "tools[0].type"
+
+
+async def test_instructions_are_stored_before_the_input(
+    client: openai.AsyncOpenAI, grpc_a: TurnwireClient
+) -> None:
+    await client.responses.create(instructions="Be brief.", input="hi", conversation="oa-instructions")
+    stored = await grpc_a.get_conversation("oa-instructions")
+    roles = [m.role for m in stored.messages]
+    assert roles == [message_pb2.ROLE_SYSTEM, message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
+    assert stored.messages[0].parts[0].text.text == "Be brief."
+
+
+async def test_a_failed_turn_is_a_failed_response(client: openai.AsyncOpenAI) -> None:
+    response = await client.responses.create(model="scripted:fails", input="hi", conversation="oa-fails")
+    assert response.status == "failed" and response.error is not None
+    assert "the model is down" in response.error.message
+    stream = await client.responses.create(
+        model="scripted:fails", input="again", conversation="oa-fails", stream=True
+    )
+    events = [checked(event) async for event in stream]
+    assert events[-1]["type"] == "response.failed" and events[-1]["response"]["status"] == "failed"
+    assert events[-2]["type"] == "response.output_item.done"  # the cut message is closed first
+    assert events[-2]["item"]["status"] == "incomplete"
+
+
+async def test_closing_a_stream_cancels_its_turn(client: openai.AsyncOpenAI) -> None:
+    stream = await client.responses.create(
+        model="scripted:slow", input="go", conversation="oa-leave", stream=True
+    )
+    response_id = ""
+    async for event in stream:
+        if event.type == "response.created":
+            response_id = event.response.id
+        if event.type == "response.output_text.delta":
+            break
+    await stream.close()
+    ended = await client.responses.retrieve(response_id)  # waits for the turn to end
+    assert ended.status == "cancelled"
+    assert ended.output_text  # the partial reply is kept
 
 
 # -- Chat Completions ---------------------------------------------------------------------------
