@@ -15,7 +15,8 @@ The suite, in this order:
   read slowly, and the stuck turns stopped), ``remote_hooks.py`` (a remote
   hook server and tool host, the Node.js example, vs in process), ``observability.py`` (time
   to first token and events/s with traces on vs off) and ``workers.py`` (``serve --workers``: CPU
-  per request and throughput with 1 and 2 workers, on PostgreSQL), each in its own process as when
+  per request and throughput with 1 and 2 workers, on PostgreSQL), ``ttft.py`` and ``memory_soak.py``
+  (the server's RSS over 10,000 conversations, issue 32 item 11; ~20 min), each in its own process as when
   run alone, with their defaults (``--quick``: fewer rounds, requests and
   readers); they hand their tables back as JSON (``--json``).
 
@@ -75,6 +76,7 @@ SUITES = (
     Suite("observability.py", "--skip-observability", full=(), quick=("--quick",)),
     Suite("workers.py", "--skip-workers", full=(), quick=("--quick",)),
     Suite("ttft.py", "--skip-ttft", full=(), quick=("--quick",)),
+    Suite("memory_soak.py", "--skip-memory-soak", full=(), quick=("--quick",)),
 )
 
 

@@ -19,6 +19,7 @@ from support.engine_harness import CONV, EngineFactory, end_of, text_of
 from turnwire.hooks import Middleware, StepConfig, StepContext, TurnConfig, TurnContext
 from turnwire.providers import ModelRequest
 from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.cache_budget import CacheBudget
 from turnwire_server.hooks.readonly import MessagesView
 from turnwire_server.providers import anthropic_request, openai_chat_request
 from turnwire_server.providers.convert import PrefixStates
@@ -47,9 +48,9 @@ def _afresh(messages: list[message_pb2.Message]) -> tuple[Any, Any]:
         openai_chat_request._prefixes,
     )
     anthropic_request._converted = anthropic_request._convert_message
-    anthropic_request._prefixes = PrefixStates(max_messages=0)
+    anthropic_request._prefixes = PrefixStates("off", budget=CacheBudget(0))
     openai_chat_request._converted = openai_chat_request._convert_message
-    openai_chat_request._prefixes = PrefixStates(max_messages=0)
+    openai_chat_request._prefixes = PrefixStates("off", budget=CacheBudget(0))
     try:
         return _converted(fresh)
     finally:

@@ -11,6 +11,7 @@ from support.stores import StoreBackend
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import Store, TurnRecord
+from turnwire_server.store.base import TurnLease
 
 
 def _text(
@@ -143,14 +144,14 @@ async def test_checkpoints_finish_rollback_and_discard_are_seen_between_two_read
     await store.start_turn(turn, [_text("u1", "question")])
     assert _texts(await store.load_messages("c1")) == [("u1", "question")]
     reply = _text(turn.assistant_message_id, "partial", message_pb2.ROLE_ASSISTANT)
-    await store.save_message("c1", reply, turn_request_id="r1")
+    await store.save_message("c1", reply, lease=TurnLease("r1", "", 0))
     assert _texts(await store.load_messages("c1"))[-1] == (turn.assistant_message_id, "partial")
     reply.parts[0].text.text = "partial, longer"
-    await store.save_message("c1", reply, turn_request_id="r1")
+    await store.save_message("c1", reply, lease=TurnLease("r1", "", 0))
     assert _texts(await store.load_messages("c1"))[-1] == (turn.assistant_message_id, "partial, longer")
     await store.discard_reply(turn, turn.assistant_message_id)
     assert _texts(await store.load_messages("c1")) == [("u1", "question")]
-    await store.save_message("c1", reply, turn_request_id="r1")
+    await store.save_message("c1", reply, lease=TurnLease("r1", "", 0))
     await store.load_messages("c1")
     await store.roll_back_turn(turn, ["u1", turn.assistant_message_id])
     assert await store.load_messages("c1") == ()

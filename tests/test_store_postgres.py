@@ -84,6 +84,7 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
                 (4, "0004_compactions"),
                 (5, "0005_queue_order"),
                 (6, "0006_history_versions"),
+                (7, "0007_lease_epochs"),
             ]
             await stores[0].start_turn(_turn("r1", "c1"), [_user("u1")])
             assert [m.id for m in await stores[3].load_messages("c1")] == ["u1"]
@@ -131,7 +132,7 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
             claimed = await old.claim_interrupted_turns("me", now, now + dt.timedelta(seconds=30), 10)
             assert [(t.request_id, t.owner) for t in claimed] == [("r-old", "me")]
             versions = check.sql("SELECT version FROM schema_migrations ORDER BY version")
-            assert versions == [(1,), (2,), (3,), (4,), (5,), (6,)]
+            assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
             record = CompactionRecord("c1", "", None, (("m", "call"),), "threshold", "drop", 9, 3, now)
             await old.save_compaction(record)
             assert await old.load_compaction("c1") == record
@@ -189,6 +190,7 @@ async def test_migrate_reports_what_it_applied() -> None:
             "0004_compactions",
             "0005_queue_order",
             "0006_history_versions",
+            "0007_lease_epochs",
         ]
         assert await store.migrate() == []
         await store.close()
@@ -405,21 +407,22 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
     url = pg_url.replace("postgresql://postgres@", f"postgresql://postgres:{SECRET}@")
     first = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert first.exit_code == 0, first.output
-    assert first.output.splitlines()[:6] == [
+    assert first.output.splitlines()[:7] == [
         "applied 0001_init",
         "applied 0002_durable_turns",
         "applied 0003_turn_leases",
         "applied 0004_compactions",
         "applied 0005_queue_order",
         "applied 0006_history_versions",
+        "applied 0007_lease_epochs",
     ]
-    assert "6 migration(s) applied" in first.output
+    assert "7 migration(s) applied" in first.output
     again = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert again.exit_code == 0, again.output
     assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output
     assert SECRET not in first.output + again.output
     check = StoreBackend("postgres", url=pg_url)
-    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(6,)]
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(7,)]
     asyncio.run(check.close())
 
 

@@ -338,6 +338,7 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
         4,
         5,
         6,
+        7,
     ]
 
 

@@ -19,6 +19,7 @@ from turnwire_server.store import (
     TurnRecord,
     UnknownMessage,
 )
+from turnwire_server.store.base import TurnLease
 from turnwire_server.store.core.rows import to_us
 from turnwire_server.store.core.stream_rows import pack_events
 
@@ -260,7 +261,7 @@ async def test_a_deleted_turn_writes_nothing_back(store: Store, store_backend: S
     await store.start_turn(_turn("r1"), [_text("u1", "q")])
     await store.delete_conversation("c1")
     reply = _text("a1", "late", message_pb2.ROLE_ASSISTANT)
-    await store.save_message("c1", reply, turn_request_id="r1")
+    await store.save_message("c1", reply, lease=TurnLease("r1", "", 0))
     with pytest.raises(TurnNotFound):
         await store.finish_turn(_turn("r1", state="aborted"), reply)
     assert await store.get_conversation("c1") is None

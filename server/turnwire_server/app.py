@@ -44,6 +44,7 @@ from turnwire_server.api.standard_services import add_standard_services
 from turnwire_server.api.status import status_of
 from turnwire_server.api.submission_rpcs import turn_request_of
 from turnwire_server.api.tls import ServerTls, TlsFileError
+from turnwire_server.cache_budget import CACHES
 from turnwire_server.config import MiddlewareEntry, Settings, StoreSettings
 from turnwire_server.engine import EngineSettings, TurnEngine
 from turnwire_server.engine.maintenance import Maintenance
@@ -330,6 +331,7 @@ async def start(settings: Settings, *, worker: bool = False) -> Sidecar:
     the metrics, so this process binds the port with ``SO_REUSEPORT`` and opens no metrics endpoint.
     """
     tls = open_tls(settings)
+    CACHES.resize(settings.memory.cache_bytes)
     if not worker:  # else the supervisor checked it, and holds it
         # Before the metrics port: a second `serve` on the same configuration reports the gRPC
         # port it cannot have, not the metrics one (the supervisor checks in the same order).

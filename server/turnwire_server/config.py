@@ -31,6 +31,7 @@ from pydantic_settings import (
 
 from turnwire_server.access_settings import AuthSettings, RateLimitSettings, TenantShareSettings
 from turnwire_server.api.tls_settings import ServerTlsSettings
+from turnwire_server.cache_budget import DEFAULT_CACHE_BYTES
 from turnwire_server.config_hints import unknown_field_message
 from turnwire_server.config_section import ConfigSection
 from turnwire_server.engine.settings import (
@@ -137,6 +138,21 @@ class MetricsSettings(ConfigSection):
         return _host_port(value, "127.0.0.1:9464")
 
 
+class MemorySettings(ConfigSection):
+    """What the process may hold in memory by its own count. ``cache_bytes``: one budget, in
+    bytes, shared by every cache that grows with conversations (the store's decoded messages, the
+    provider adapters' conversions, prefix states and JSON bodies, the open-call searches), least
+    recently used out first (``turnwire_server.cache_budget``; docs/limits.md, "Memory"). Per
+    process: ``serve --workers N`` holds N budgets. 0 keeps nothing (every turn reads and converts
+    its whole history)."""
+
+    cache_bytes: int = Field(
+        DEFAULT_CACHE_BYTES,
+        ge=0,
+        description="bytes the caches of conversations may hold together in one process",
+    )
+
+
 class LoggingSettings(ConfigSection):
     """Log output on stderr. ``level``: the least severity logged; ``format``: ``text`` lines or
     ``json`` (one object per line, with ``conversation_id``, ``request_id``, ``trace_id`` and
@@ -186,6 +202,7 @@ class Settings(BaseSettings):
     checkpoint: StoreCheckpointSettings = Field(default_factory=StoreCheckpointSettings)
     durability: DurabilitySettings = Field(default_factory=DurabilitySettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)

@@ -13,6 +13,7 @@ from typing import Any
 
 from providers.helpers import a_blocks
 from turnwire_client.v1 import message_pb2
+from turnwire_server.cache_budget import CacheBudget
 from turnwire_server.providers import anthropic_request, openai_chat_request
 from turnwire_server.providers.anthropic_request import _convert_message, convert_messages
 from turnwire_server.providers.convert import PrefixStates
@@ -43,7 +44,7 @@ def _uncached(messages: list[message_pb2.Message]) -> tuple[list[str], list[dict
     """The conversion with caches that keep nothing (every message converted afresh)."""
     original, prefixes = anthropic_request._converted, anthropic_request._prefixes
     anthropic_request._converted = _convert_message
-    anthropic_request._prefixes = PrefixStates(max_messages=0)
+    anthropic_request._prefixes = PrefixStates("off", budget=CacheBudget(0))
     try:
         return convert_messages(messages, [])
     finally:
@@ -136,7 +137,7 @@ def test_merging_turns_never_grows_a_kept_block_list() -> None:
 def _chat_uncached(messages: list[message_pb2.Message]) -> list[dict[str, Any]]:
     original, prefixes = openai_chat_request._converted, openai_chat_request._prefixes
     openai_chat_request._converted = openai_chat_request._convert_message
-    openai_chat_request._prefixes = PrefixStates(max_messages=0)
+    openai_chat_request._prefixes = PrefixStates("off", budget=CacheBudget(0))
     try:
         return openai_chat_request.convert_messages("sys", messages, [])
     finally:
@@ -175,7 +176,12 @@ def test_the_conversion_gathers_the_transcripts_call_ids() -> None:
 
 
 def test_the_kept_conversions_are_bounded_by_bytes_least_recently_used_first() -> None:
-    from turnwire_server.providers.convert import CACHED_MESSAGE_BYTES, per_message_cache
+    from turnwire_server.cache_budget import ENTRY_OVERHEAD_BYTES
+    from turnwire_server.providers.convert import (
+        CACHED_MESSAGE_BYTES,
+        CONVERSION_OVERHEAD_BYTES,
+        per_message_cache,
+    )
 
     converted: list[str] = []
 
@@ -183,8 +189,8 @@ def test_the_kept_conversions_are_bounded_by_bytes_least_recently_used_first() -
         converted.append(message.id)
         return message.id
 
-    size = len(_user("m1", "x" * 100).SerializeToString())
-    cached = per_message_cache(convert, max_bytes=2 * size)
+    size = len(_user("m1", "x" * 100).SerializeToString()) + CONVERSION_OVERHEAD_BYTES + ENTRY_OVERHEAD_BYTES
+    cached = per_message_cache(convert, "test", CacheBudget(2 * size))
     first, second, third = (_user(f"m{i}", "x" * 100) for i in (1, 2, 3))
     for message in (first, second, first, third, first, second):
         cached(message)

@@ -24,6 +24,7 @@ from providers.helpers import (
 )
 from providers.replay import ReplayServer, Reply
 from turnwire.types import ModelSettings
+from turnwire_server.cache_budget import CacheBudget
 from turnwire_server.providers import json_body
 from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider
 from turnwire_server.providers.json_body import JsonBodies
@@ -113,12 +114,13 @@ def test_a_kept_message_is_encoded_once(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_kept_encodings_stay_within_their_bound() -> None:
-    bodies = JsonBodies(max_bytes=1000)
+    budget = CacheBudget(4000)
+    bodies = JsonBodies(budget=budget)
     items = [{"role": "user", "content": "x" * 90} for _ in range(100)]
     for end in range(1, len(items) + 1):
         bodies.encode({"messages": items[:end]})
-        assert bodies._items.size <= 1000 and bodies._lists.size <= 1000
-    assert 0 < len(bodies._items._kept) <= 10
+        assert budget.counted_bytes <= 4000
+    assert 0 < len(budget) <= 10
 
 
 def test_a_non_finite_number_is_refused_as_the_sdks_refuse_it() -> None:
@@ -138,7 +140,7 @@ def test_a_non_finite_number_is_refused_as_the_sdks_refuse_it() -> None:
 def test_every_body_decodes_to_what_was_encoded(steps: list[tuple[str, int, str]]) -> None:
     """However the message lists evolve (appended to, an item replaced, cut short, another
     conversation), each body is exactly its content, with small bounds forcing evictions."""
-    bodies = JsonBodies(max_bytes=400)
+    bodies = JsonBodies(budget=CacheBudget(1200))
     conversations: list[list[dict[str, Any]]] = [[]]
     for op, index, value in steps:
         items = conversations[-1]

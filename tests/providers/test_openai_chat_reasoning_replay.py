@@ -15,6 +15,7 @@ import pytest
 from providers.helpers import assistant, reasoning, request, text, tool_call, user
 from turnwire.types import ModelSettings
 from turnwire_client.v1 import message_pb2
+from turnwire_server.cache_budget import CacheBudget
 from turnwire_server.providers import openai_chat_request
 from turnwire_server.providers.convert import PrefixStates
 from turnwire_server.providers.openai_chat_request import build_request
@@ -140,7 +141,7 @@ def test_redacted_reasoning_is_not_sent() -> None:
 def _afresh(history: list[message_pb2.Message], replay: Any) -> list[dict[str, Any]]:
     original, prefixes = openai_chat_request._converted, openai_chat_request._prefixes
     openai_chat_request._converted = openai_chat_request._convert_message
-    openai_chat_request._prefixes = PrefixStates(max_messages=0)
+    openai_chat_request._prefixes = PrefixStates("off", budget=CacheBudget(0))
     try:
         return openai_chat_request.convert_messages("sys", history, [], replay_reasoning=replay)
     finally:

@@ -90,5 +90,7 @@ async def run_approved_calls(
             await runner.run_pending(0)
         finally:
             # Shielded: the results (or the abort errors of a cancel) must reach the store.
-            await asyncio.shield(store.save_message(state.request.conversation_id, message))
+            await asyncio.shield(
+                store.save_message(state.request.conversation_id, message, lease=state.lease)
+            )
     return replaced

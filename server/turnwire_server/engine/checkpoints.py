@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from turnwire_client.v1 import message_pb2
+from turnwire_server.store.errors import LeaseLost
 
 log = logging.getLogger("turnwire.checkpoints")
 
@@ -23,7 +24,9 @@ class Checkpointer:
     """Schedules ``save(snapshot())`` calls for one turn.
 
     ``snapshot`` returns a copy of the reply so far, or None when there is
-    nothing to store yet; ``interval`` is in seconds.
+    nothing to store yet; ``interval`` is in seconds. ``lost`` is told when a write
+    was refused because another replica took the turn over (``LeaseLost``,
+    docs/semantics.md §5, "Fencing"); checkpointing stops then.
     """
 
     def __init__(
@@ -32,8 +35,10 @@ class Checkpointer:
         snapshot: Callable[[], message_pb2.Message | None],
         interval: float,
         name: str,
+        lost: Callable[[LeaseLost], None] | None = None,
     ) -> None:
         self._save = save
+        self._lost = lost
         self._snapshot = snapshot
         self._interval = interval
         self._name = name
@@ -74,6 +79,11 @@ class Checkpointer:
     async def _write(self, snapshot: message_pb2.Message) -> None:
         try:
             await self._save(snapshot)
+        except LeaseLost as error:  # another replica runs the turn: nothing more of it here
+            self._closed = True
+            if self._lost is not None:
+                self._lost(error)
+            return
         except Exception as error:  # the final write reports store failures
             log.warning("checkpoint of %s failed: %s", self._name, error)
         if self._dirty and not self._closed:

@@ -22,13 +22,13 @@ call) never destroys such a call while the client may still answer it:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 
 from turnwire.errors import INTERRUPTED_TOOL_ERROR
 from turnwire_client.v1 import message_pb2
+from turnwire_server.cache_budget import CACHES, CacheBudget
 from turnwire_server.store.waiting_calls import close_call, deny_call, expired_text, is_waiting
 
 MOVED_PAST_TOOL_ERROR = (
@@ -239,25 +239,28 @@ class _Search:
         self.messages, self.last_user = history, last_user
 
 
-class _Searches:
-    """The last search of each recently searched conversation, least recently used dropped first
-    once more than ``max_messages`` messages are held (the messages are the store's shared
-    objects: holding them costs their references). Holding the searched objects also keeps their
-    ``id()`` from being reused, so "the same object" is a sound test. Not thread-safe: the event
-    loop's."""
+SEARCH_BYTES_PER_MESSAGE = 180
+"""RSS a kept search costs per message it covers: a reference to the store's shared message,
+the message id (a new str) and its slot in the id map (``bench/cache_entry_sizes.py``)."""
 
-    def __init__(self, max_messages: int) -> None:
-        self.max_messages = max_messages
-        self._kept: collections.OrderedDict[str, _Search] = collections.OrderedDict()
-        self._size = 0
+
+class _Searches:
+    """The last search of each recently searched conversation, in the process's cache budget
+    (``turnwire_server.cache_budget``, issue 32 item 11: least recently used out first, with the
+    other caches of conversations), each counting :data:`SEARCH_BYTES_PER_MESSAGE` per message
+    (the messages are the store's shared objects, counted there). Holding the searched objects
+    also keeps their ``id()`` from being reused, so "the same object" is a sound test. Not
+    thread-safe: the event loop's."""
+
+    def __init__(self, budget: CacheBudget = CACHES) -> None:
+        self.region = budget.region("open-call searches")
 
     def search(self, conversation_id: str, history: Sequence[message_pb2.Message]) -> _Search:
         """The search of ``history``, ``conversation_id``'s messages now: the kept one extended by
         the new messages when ``history`` starts with its very messages, else a new one."""
         messages = history if isinstance(history, tuple) else tuple(history)
-        kept = self._kept.pop(conversation_id, None)
+        kept: _Search | None = self.region.get(conversation_id)  # type: ignore[assignment]
         if kept is not None:
-            self._size -= len(kept.messages)
             held = kept.messages
             if len(held) <= len(messages) and held == messages[: len(held)]:  # in C; same objects
                 kept.extend(messages)
@@ -265,14 +268,9 @@ class _Searches:
                 kept = None
         if kept is None:
             kept = _Search.of(messages)
-        if len(messages) <= self.max_messages:
-            self._kept[conversation_id] = kept
-            self._size += len(messages)
-            while self._size > self.max_messages:
-                _, dropped = self._kept.popitem(last=False)
-                self._size -= len(dropped.messages)
+        self.region.put(conversation_id, kept, len(messages) * SEARCH_BYTES_PER_MESSAGE)
         return kept
 
 
-_SEARCHES = _Searches(max_messages=200_000)
-"""The engine's kept searches (bounded as the store's decoded messages are)."""
+_SEARCHES = _Searches()
+"""The engine's kept searches."""

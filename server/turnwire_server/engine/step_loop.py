@@ -113,7 +113,7 @@ class StepLoop:
             expiry_seconds=self.settings.durability.pending_expiry_seconds,
         )
         for message in repaired:
-            await self.store.save_message(request.conversation_id, message)
+            await self.store.save_message(request.conversation_id, message, lease=turn.lease)
         # A retry under a failed turn's request id replaces that turn's partial reply (same id):
         # the model answers the question again rather than continuing the failed attempt.
         open_calls = open_calls.without_reply()

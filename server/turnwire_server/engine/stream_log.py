@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from turnwire_server.engine.channel import EventChannel
-from turnwire_server.store.base import StreamStore
+from turnwire_server.store.base import StreamStore, TurnLease
+from turnwire_server.store.errors import LeaseLost
 
 log = logging.getLogger("turnwire.stream_log")
 
@@ -98,6 +100,10 @@ class StreamLog:
     may fall behind before it is dropped (it re-attaches and reads from the store). The
     event objects are the RPC's response messages, whose field ``event`` is the ``TurnEvent``;
     they are serialized when their batch is written, once the turn has filled them.
+
+    Its writes are fenced (docs/semantics.md §5, "Fencing") once the turn calls :meth:`fence`:
+    a batch the store refuses because another replica took the turn over (``LeaseLost``)
+    stops the recording (nothing more is stored from here) and is reported to the turn.
     """
 
     def __init__(
@@ -125,6 +131,25 @@ class StreamLog:
         self._stored_end: Any = None  # the TurnEnd response once stored before it was sent
         self.last_sequence_number = 0
         self._sealed_through = 0  # events up to this number may be stored or sent: never amended
+        self._lease: Callable[[], TurnLease | None] = lambda: None
+        self._lost: Callable[[LeaseLost], None] | None = None
+
+    def fence(self, lease: Callable[[], TurnLease | None], lost: Callable[[LeaseLost], None]) -> None:
+        """Carry ``lease()`` (the turn's fencing token, read at each write) in every write, and
+        call ``lost`` when the store refuses one because another replica took the turn over."""
+        self._lease = lease
+        self._lost = lost
+
+    def abandon(self) -> None:
+        """Store nothing more of this stream (live readers still get its events): another
+        replica took the turn over, and its stored stream is that replica's now."""
+        self._recording = False
+        self._unstored.clear()
+
+    def _lease_lost(self, error: LeaseLost) -> None:
+        self.abandon()
+        if self._lost is not None:
+            self._lost(error)
 
     def record(self, response: Any) -> None:
         """Called by the turn's :class:`~turnwire_server.engine.events.EventWriter` for every
@@ -203,7 +228,12 @@ class StreamLog:
             if events:
                 self._sealed_through = max(self._sealed_through, events[-1][0])
             try:
-                await self._store.append_events(self.conversation_id, self.request_id, events, ended=ended)
+                await self._store.append_events(
+                    self.conversation_id, self.request_id, events, ended=ended, lease=self._lease()
+                )
+            except LeaseLost as error:
+                self._lease_lost(error)
+                return
             except Exception as error:  # kept in memory; the next batch retries (bounded above)
                 log.warning("turn %s: storing %d events failed: %s", self.request_id, len(events), error)
                 return
@@ -260,7 +290,12 @@ class StreamLog:
         if tail is None:
             return
         try:
-            await self._store.append_events(self.conversation_id, self.request_id, tail.events, ended=True)
+            await self._store.append_events(
+                self.conversation_id, self.request_id, tail.events, ended=True, lease=self._lease()
+            )
+        except LeaseLost as error:
+            self._lease_lost(error)
+            return
         except Exception as error:
             log.warning("turn %s: storing its TurnEnd failed: %s", self.request_id, error)
             return

@@ -78,7 +78,7 @@ from turnwire_server.hooks.timeline import HookTimeline
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.base import TurnAdmission, TurnRecord, TurnRunStore
 from turnwire_server.store.base import TurnState as StoredTurnState
-from turnwire_server.store.errors import TurnNotFound
+from turnwire_server.store.errors import LeaseLost, TurnNotFound
 
 log = logging.getLogger("turnwire.turn")
 
@@ -168,6 +168,9 @@ class TurnRun:
         self.writer = writer
         self._error_status = error_status
         self._on_lock_acquired = on_lock_acquired
+        #: Set when the store refused a write because another replica took the turn over.
+        self.lease_lost: LeaseLost | None = None
+        self._turn_record: TurnRecord | None = None
         # Recorded only when asked for (events.hook_timeline): it costs clock reads per hook call.
         self.timeline = HookTimeline() if chain.middlewares and settings.events.hook_timeline else None
         self.hooks = chain.for_turn(self.timeline, tracing.hook if tracing.enabled else None)
@@ -221,7 +224,8 @@ class TurnRun:
         self._end: Any = None
         #: Stopped by a shutdown and left ``running`` in the store for the next start to recover.
         self.left_running = False
-        self._record: TurnRecord | None = None
+        if writer.log is not None:
+            writer.log.fence(lambda: self.state.lease, self._lease_lost)
         self._classification: ChatErrorClassification | None = None
         self._phase: _Phase = "created"
         #: Why the turn was stopped from outside (set once; see :meth:`cancel`).
@@ -231,13 +235,40 @@ class TurnRun:
     def _checkpointer(self, assistant: AssistantMessage) -> Checkpointer:
         request = self.request
         return Checkpointer(
-            lambda message: self.store.save_message(
-                request.conversation_id, message, turn_request_id=request.request_id
-            ),
+            lambda message: self.store.save_message(request.conversation_id, message, lease=self.state.lease),
             assistant.snapshot_to_store,
             self.settings.checkpoint.interval_ms / 1000.0,
             request.request_id,
+            lost=self._lease_lost,
         )
+
+    @property
+    def _record(self) -> TurnRecord | None:
+        """The turn as stored (None until its input is); its lease is what its writes carry."""
+        return self._turn_record
+
+    @_record.setter
+    def _record(self, record: TurnRecord | None) -> None:
+        self._turn_record = record
+        self.state.lease = None if record is None else record.lease
+
+    def _lease_lost(self, error: LeaseLost) -> None:
+        """A write was refused: another replica took the turn over (this one was paused or cut
+        off from the store past its lease). The turn stops here and stores nothing more; its
+        caller is told to follow it there (docs/semantics.md §5, "Fencing")."""
+        if self.lease_lost is None:
+            self.lease_lost = error
+            self.cancel(error)
+
+    def _fenced_out(self, error: LeaseLost) -> None:
+        """The outcome of a turn another replica took over: INTERRUPTED here (it goes on there),
+        its TurnEnd carrying ``LEASE_LOST`` (``ABORTED``, retryable: ResumeTurn)."""
+        self.lease_lost = self.lease_lost or error
+        if self.writer.log is not None:
+            self.writer.log.abandon()
+        self.outcome = "interrupted"
+        self.error = None
+        self.status_error = self._error_status(error, "persist")
 
     @property
     def cancelled(self) -> asyncio.Event:
@@ -605,6 +636,8 @@ class TurnRun:
             self.outcome = "interrupted"
             self.left_running = True
             self.status_error = self._error_status(stop, "stream")
+        elif isinstance(stop, LeaseLost):
+            self._fenced_out(stop)
         elif isinstance(stop, SlowConsumer | ConversationDeleted | StoppedByInput | CancelledByShutdown):
             self.outcome = "aborted"
             self.status_error = self._error_status(stop, "stream")
@@ -615,6 +648,14 @@ class TurnRun:
         if self._record is None or not self.messages_persisted:
             return
         state = self.state
+        lost = self.lease_lost
+        if lost is None and self.error is not None and isinstance(root := _root(self.error), LeaseLost):
+            lost = root
+        if lost is not None:
+            # Another replica runs the turn: every write would be refused (and must be).
+            await state.checkpoints.close()
+            self._fenced_out(lost)
+            return
         if self.left_running:
             await state.checkpoints.close()
             snapshot = state.assistant.snapshot_to_store()
@@ -667,6 +708,8 @@ class TurnRun:
             self.stored_message = message
             self._stream_stored(tail)
             self._end = end
+        except LeaseLost as error:  # taken over while it finished: nothing was written
+            self._fenced_out(error)
         except TurnNotFound:
             # Its conversation was deleted under it: the store wrote nothing, and must not bring
             # the conversation back (docs/semantics.md §12, deleting). Not a failure of the turn.
@@ -710,6 +753,8 @@ class TurnRun:
             )
             self._stream_stored(tail)
             self._end = end
+        except LeaseLost as error:
+            self._fenced_out(error)
         except TurnNotFound:
             log.info("turn %s: conversation deleted; nothing to roll back", self.request.request_id)
         except Exception as error:

@@ -21,6 +21,7 @@ from turnwire_server.engine.events import EventWriter
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.hooks.chain import TurnHooks
+from turnwire_server.store.records import TurnLease
 
 
 @dataclass(slots=True)
@@ -45,6 +46,9 @@ class TurnWorkingState:
     ``tracing`` creates the spans of its model and tool calls.
     ``concurrent_input`` is what ``before_turn`` is told about the strategy the request used on
     a busy conversation (None: a recovery or a submission).
+    ``lease`` is the fencing token every write of the turn carries (None until its record
+    exists): the store refuses a write once another replica took the turn over
+    (docs/semantics.md §5, "Fencing").
     """
 
     request: TurnRequest
@@ -69,3 +73,4 @@ class TurnWorkingState:
     first_token_seen: bool = False
     tracing: Tracing = TRACING_OFF
     concurrent_input: ConcurrentInput | None = None
+    lease: TurnLease | None = None

@@ -283,7 +283,7 @@ def _server_blocks(call: message_pb2.ToolCallPart) -> list[dict[str, Any]]:
     return blocks
 
 
-_converted = per_message_cache(_convert_message, max_bytes=16 << 20)
+_converted = per_message_cache(_convert_message, "anthropic conversions")
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +302,7 @@ class _Prefix:
     tool_names: frozenset[str] = frozenset()
 
 
-_prefixes: PrefixStates[_Prefix] = PrefixStates()
+_prefixes: PrefixStates[_Prefix] = PrefixStates("anthropic prefix states")
 
 
 def convert_messages(

@@ -16,7 +16,6 @@ off by the output limit is never run with partial input), and the finish step.
 from __future__ import annotations
 
 import base64
-import collections
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -28,6 +27,7 @@ from turnwire.providers import ProviderError
 from turnwire.types import FinishReason, FinishStep, ModelChunk, ToolCall, Usage
 from turnwire.values import dumps, loads, parse_tool_input, tool_call_input, tool_call_output_json
 from turnwire_client.v1 import message_pb2
+from turnwire_server.cache_budget import CACHES, CacheBudget
 from turnwire_server.providers.json_schema import validate
 from turnwire_server.providers.kept import KeptByObject
 
@@ -61,15 +61,32 @@ _T = TypeVar("_T")
 CACHED_MESSAGE_BYTES = 65_536
 """Messages larger than this (serialized; files inline) are converted afresh each time, not kept."""
 
+CONVERSION_OVERHEAD_BYTES = 850
+"""RSS a kept conversion costs beyond its message's serialized bytes (its text is copied into
+the wire dicts once) and the budget's own entry: the dicts and lists of the wire form.
+``bench/cache_entry_sizes.py`` measured 1,230 bytes of RSS per conversion of a 150-byte text
+message and 5,150 per 4 KiB one (CPython 3.11): serialized bytes + 200 + about 830 each."""
+
+PREFIX_BYTES_PER_MESSAGE = 32
+"""RSS a kept prefix state costs per message it covers: the held list of messages and the
+state's tuple of wire turns (references; the turns themselves are the kept conversions)."""
+
+PREFIX_OVERHEAD_BYTES = 1_300
+"""RSS a kept prefix state costs beyond its per-message references: the state object, its sets of
+call ids and its entry (``bench/cache_entry_sizes.py``: 330 bytes per message for states of 10
+messages; these constants count 364)."""
+
 _S = TypeVar("_S")
 
 
 def per_message_cache(
-    convert: Callable[[message_pb2.Message], _T], max_bytes: int
+    convert: Callable[[message_pb2.Message], _T], name: str, budget: CacheBudget = CACHES
 ) -> Callable[[message_pb2.Message], _T]:
     """``convert`` (a pure function of a message's content), with the results for the most recently
-    converted messages kept, up to ``max_bytes`` of serialized messages (least recently used
-    dropped first; issue 17: a turn must not convert its whole history again). Keyed by the
+    converted messages kept in ``budget`` (a region named ``name``), each counting its message's
+    serialized bytes plus :data:`CONVERSION_OVERHEAD_BYTES` (least recently used dropped first,
+    with the other caches of conversations, issue 32 item 11; issue 17: a turn must not convert
+    its whole history again). Keyed by the
     message object itself, held by its entry (so its ``id()`` is not reused while kept): the
     messages a request carries are read-only (``ModelRequest.messages``; the store hands out
     shared objects and a changed message is always a new object: a checkpoint, a hook's change,
@@ -77,7 +94,7 @@ def per_message_cache(
     serialization. A message over :data:`CACHED_MESSAGE_BYTES` is not kept. The results are
     shared: callers must never mutate them (copy what they change). Not thread-safe: call it
     from the event loop."""
-    kept: KeptByObject[message_pb2.Message, _T] = KeptByObject(max_bytes)
+    kept: KeptByObject[message_pb2.Message, _T] = KeptByObject(name, budget)
 
     def cached(message: message_pb2.Message) -> _T:
         entry = kept.get(id(message))
@@ -86,7 +103,7 @@ def per_message_cache(
         result = convert(message)
         length = message.ByteSize()
         if length <= CACHED_MESSAGE_BYTES:
-            kept.put(message, result, length)
+            kept.put(message, result, length + CONVERSION_OVERHEAD_BYTES)
         return result
 
     return cached
@@ -99,33 +116,31 @@ class PrefixStates(Generic[_S]):
     turn to turn while it is only appended to, ``store/core/message_cache.py``).
 
     Kept by the request's first message object (``per_first`` states each, most recent first, with
-    the ``extra`` they were made with, e.g. the system prompt), least recently used first out once
-    more than ``max_messages`` messages are held. A state is used only when its messages are, one by
-    one, the very objects the new request starts with (or equal in content): an edit, a deletion,
-    a compaction or another replica's write makes new objects (or a different first message),
-    so a miss. Holding the
-    messages keeps their ``id()`` from being reused. States must be immutable snapshots (the
-    caller copies what it goes on changing). Not thread-safe: the event loop's."""
+    the ``extra`` they were made with, e.g. the system prompt) in ``budget`` (a region named
+    ``name``), each first message's states counting :data:`PREFIX_BYTES_PER_MESSAGE` per message
+    and :data:`PREFIX_OVERHEAD_BYTES` per state (issue 32 item 11). A state is used only when
+    its messages are, one by one, the very objects the new request starts with (or equal in
+    content): an edit, a deletion, a compaction or another replica's write makes new objects (or
+    a different first message), so a miss. Holding the messages keeps their ``id()`` from being
+    reused. States must be immutable snapshots (the caller copies what it goes on changing). Not
+    thread-safe: the event loop's."""
 
-    def __init__(self, *, max_messages: int = 400_000, per_first: int = 4) -> None:
-        self.max_messages = max_messages
+    def __init__(self, name: str, *, budget: CacheBudget = CACHES, per_first: int = 4) -> None:
         self.per_first = per_first
         # Each held prefix is a list (never changed): the engine's requests carry lists, and a
-        # list compares with a slice of another in one copy.
-        self._kept: collections.OrderedDict[int, list[tuple[list[message_pb2.Message], object, _S]]] = (
-            collections.OrderedDict()
-        )
-        self._size = 0
+        # list compares with a slice of another in one copy. An entry's list of states is
+        # replaced, never changed, once kept.
+        self.region = budget.region(name)
 
     def longest(self, messages: Sequence[message_pb2.Message], extra: object) -> tuple[int, _S | None]:
         """``(n, state)``: the kept state of the longest prefix of ``messages`` (``n`` messages)
         made with an equal ``extra``; ``(0, None)`` when none."""
         if not messages:
             return 0, None
-        entries = self._kept.get(id(messages[0]))
+        entries: list[tuple[list[message_pb2.Message], object, _S]] | None
+        entries = self.region.get(id(messages[0]))  # type: ignore[assignment]
         if entries is None:
             return 0, None
-        self._kept.move_to_end(id(messages[0]))
         best: tuple[int, _S | None] = (0, None)
         for held, held_extra, state in entries:
             length = len(held)
@@ -139,19 +154,15 @@ class PrefixStates(Generic[_S]):
 
     def keep(self, messages: Sequence[message_pb2.Message], extra: object, state: _S) -> None:
         """Keep ``state``, the conversion state after all of ``messages`` with ``extra``."""
-        if not messages or len(messages) > self.max_messages:
+        if not messages:
             return
         held = list(messages)
         key = id(held[0])
-        entries = self._kept.setdefault(key, [])
-        self._kept.move_to_end(key)
-        entries.insert(0, (held, extra, state))
-        self._size += len(held)
-        while len(entries) > self.per_first:
-            self._size -= len(entries.pop()[0])
-        while self._size > self.max_messages:
-            _, dropped = self._kept.popitem(last=False)
-            self._size -= sum(len(entry[0]) for entry in dropped)
+        kept: list[tuple[list[message_pb2.Message], object, _S]] | None
+        kept = self.region.get(key)  # type: ignore[assignment]
+        entries = [(held, extra, state), *(kept or ())][: self.per_first]
+        size = sum(len(entry[0]) for entry in entries) * PREFIX_BYTES_PER_MESSAGE
+        self.region.put(key, entries, size + len(entries) * PREFIX_OVERHEAD_BYTES)
 
 
 def assistant_steps(message: message_pb2.Message) -> list[list[message_pb2.Part]]:

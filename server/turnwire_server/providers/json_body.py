@@ -15,7 +15,14 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from turnwire_server.cache_budget import CACHES, CacheBudget
 from turnwire_server.providers.kept import KeptByObject
+
+JSON_OVERHEAD_BYTES = 220
+"""RSS a kept encoding costs beyond its JSON's length and the budget's own entry: the bytes
+object's header, the tuple holding it, malloc's rounding (``bench/cache_entry_sizes.py``: 1,670
+bytes of RSS per 150-byte text message for both adapters' item and list encodings, 17,500 per 4
+KiB one; these constants count 1,700 and 17,500); a joined list adds 8 bytes per item it holds."""
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -29,8 +36,10 @@ def dumps(value: Any) -> bytes:
 class JsonBodies:
     """Encodes request bodies, keeping the JSON of their ``messages`` lists by object.
 
-    Two kinds are kept, each least recently used first out past ``max_bytes`` of JSON (the
-    objects they hold are mostly the conversions' kept ones, shared): each item's
+    Two kinds are kept in ``budget`` (regions ``json items`` and ``json lists``, least recently
+    used first out with the other caches of conversations, issue 32 item 11), each counting its
+    JSON's length plus :data:`JSON_OVERHEAD_BYTES` (the objects they hold are mostly the
+    conversions' kept ones, shared, counted there): each item's
     encoding, and each list's joined items, by its first item, so the next request that starts
     with the same items (the turn before's, only appended to) joins only its new ones to them (the
     kept list is compared with its start in one C-level pass; an item equal in content counts as
@@ -40,10 +49,9 @@ class JsonBodies:
     the event loop's.
     """
 
-    def __init__(self, *, max_bytes: int = 16 << 20) -> None:
-        self.max_bytes = max_bytes
-        self._items: KeptByObject[object, bytes] = KeptByObject(max_bytes)
-        self._lists: KeptByObject[list[Any], bytes] = KeptByObject(max_bytes)
+    def __init__(self, *, budget: CacheBudget = CACHES) -> None:
+        self._items: KeptByObject[object, bytes] = KeptByObject("json items", budget)
+        self._lists: KeptByObject[list[Any], bytes] = KeptByObject("json lists", budget)
 
     def encode(self, body: Mapping[str, Any], list_key: str = "messages") -> bytes:
         """``body`` as JSON bytes, its keys in order. Raises as :func:`dumps`."""
@@ -80,7 +88,8 @@ class JsonBodies:
         new = [self._item(item) for item in items[done:]]
         if new:
             joined = b",".join([joined, *new]) if done else b",".join(new)
-            self._lists.put(items, joined, len(joined), key=first)  # items[0] has id ``first``
+            size = len(joined) + 8 * len(items) + JSON_OVERHEAD_BYTES
+            self._lists.put(items, joined, size, key=first)  # items[0] has id ``first``
         return joined
 
     def _item(self, item: Any) -> bytes:
@@ -88,5 +97,5 @@ class JsonBodies:
         if kept is not None:
             return kept[1]
         encoded = dumps(item)
-        self._items.put(item, encoded, len(encoded))
+        self._items.put(item, encoded, len(encoded) + JSON_OVERHEAD_BYTES)
         return encoded

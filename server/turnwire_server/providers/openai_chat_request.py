@@ -155,7 +155,7 @@ def _convert_message(message: message_pb2.Message) -> tuple[tuple[_Item, ...], t
     return tuple(items), tuple(warnings)
 
 
-_converted = per_message_cache(_convert_message, max_bytes=16 << 20)
+_converted = per_message_cache(_convert_message, "openai chat conversions")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +176,7 @@ class _Prefix:
     unattached: tuple[tuple[int, str], ...] = ()
 
 
-_prefixes: PrefixStates[_Prefix] = PrefixStates()
+_prefixes: PrefixStates[_Prefix] = PrefixStates("openai chat prefix states")
 
 
 def convert_messages(

@@ -32,6 +32,7 @@ from turnwire_server.store.records import (
     ToolCallAnswer,
     ToolCallAnswerKind,
     TurnAdmission,
+    TurnLease,
     TurnRecord,
     TurnState,
     renewed_lease,
@@ -57,6 +58,7 @@ __all__ = [
     "ToolCallAnswerKind",
     "TranscriptStore",
     "TurnAdmission",
+    "TurnLease",
     "TurnRecord",
     "TurnRunStore",
     "TurnState",
@@ -229,13 +231,15 @@ class TurnStore(Protocol):
         ...
 
     async def save_message(
-        self, conversation_id: str, message: message_pb2.Message, *, turn_request_id: str = ""
+        self, conversation_id: str, message: message_pb2.Message, *, lease: TurnLease | None = None
     ) -> None:
         """Insert or replace ``message`` (by id): the checkpoint of a streaming reply.
 
-        With ``turn_request_id`` the write belongs to that turn and is a no-op once no turn of that
+        With a turn's ``lease`` the write belongs to that turn and is a no-op once no turn of that
         id is recorded: a checkpoint that lands after its conversation was deleted never brings
-        the conversation back (docs/semantics.md §12, deleting).
+        the conversation back (docs/semantics.md §12, deleting); it raises :class:`LeaseLost`
+        (writing nothing) once another replica took the turn over (docs/semantics.md §5,
+        "Fencing").
         """
         ...
 
@@ -253,8 +257,10 @@ class TurnStore(Protocol):
         always has its stream up to there (docs/semantics.md §8, resumable streams).
 
         Raises :class:`TurnNotFound` (storing nothing) when no turn ``turn.request_id`` is
-        recorded, e.g. because its conversation was deleted while it ran, and
-        :class:`ValueError` for events ``append_events`` refuses.
+        recorded, e.g. because its conversation was deleted while it ran, :class:`LeaseLost`
+        (storing nothing) when ``turn.lease`` is no longer the stored turn's (another replica
+        took it over, docs/semantics.md §5, "Fencing"), and :class:`ValueError` for events
+        ``append_events`` refuses.
         """
         ...
 
@@ -263,7 +269,7 @@ class TurnStore(Protocol):
         docs/semantics.md §9: never kept) and record ``turn.assistant_message_id`` (the next
         attempt's reply id) and ``turn.recovery_count``; one transaction. A missing message is
         not an error. Raises :class:`TurnNotFound` (changing nothing) when no turn
-        ``turn.request_id`` is recorded."""
+        ``turn.request_id`` is recorded, :class:`LeaseLost` as :meth:`finish_turn` does."""
         ...
 
     async def roll_back_turn(
@@ -278,7 +284,8 @@ class TurnStore(Protocol):
         ``turn``'s conversation (its input and its reply; missing ones are skipped) and record
         ``turn``'s end state and error (ending its submission too), with the last ``events`` of
         its stream as :meth:`finish_turn` stores them, in one transaction. Raises
-        :class:`TurnNotFound` (changing nothing) when no turn ``turn.request_id`` is recorded."""
+        :class:`TurnNotFound` (changing nothing) when no turn ``turn.request_id`` is recorded,
+        :class:`LeaseLost` as :meth:`finish_turn` does."""
         ...
 
     async def get_turn(self, request_id: str) -> TurnRecord | None:
@@ -297,11 +304,14 @@ class StreamStore(Protocol):
         events: Sequence[tuple[int, bytes]],
         *,
         ended: bool,
+        lease: TurnLease | None = None,
     ) -> None:
         """Durably store ``events`` (``(sequence_number, serialized TurnEvent)``, ascending) of
         a turn's stream, creating the stream on its first batch; ``ended`` marks the batch
         holding its TurnEnd. A batch starting at sequence number 1 for a stream that already
-        ended replaces it (a retry under the same request id)."""
+        ended replaces it (a retry under the same request id). With the turn's ``lease`` it
+        raises :class:`LeaseLost` (storing nothing) once another replica took the turn over
+        (docs/semantics.md §5, "Fencing")."""
         ...
 
     async def get_stream(self, request_id: str) -> StreamRecord | None:

@@ -178,6 +178,37 @@ class TurnNotFound(StoreRefusal):
         self.request_id = request_id
 
 
+class LeaseLost(StoreRefusal):
+    """A turn write carried a lease (:class:`~turnwire_server.store.records.TurnLease`) that is no
+    longer the turn's: another replica claimed the turn after this one's lease lapsed (it was
+    paused or cut off from the store for longer than ``durability.lease_seconds``), or the turn
+    ended there. Nothing was written; the turn goes on where it was taken over, and the caller
+    follows it with ResumeTurn (docs/semantics.md §5, "Fencing").
+
+    ``ABORTED`` (the Google API guide's code for a lost concurrency check; retried at a higher
+    level: re-attach, never resend the input) and retryable, with a short retry hint.
+    """
+
+    error_reason = reasons.ERROR_REASON_LEASE_LOST
+    status_code = CanonicalCode.ABORTED
+    retryable = True
+    retry_delay_seconds: float | None = 1.0
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"this replica lost the lease of turn {request_id!r}: it was paused or cut off from the "
+            "store longer than durability.lease_seconds and another replica took the turn over; "
+            "nothing this replica produced since was stored. Follow the turn with ResumeTurn "
+            "(request_id, the last sequence_number received) on any replica"
+        )
+        self.request_id = request_id
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(
+            metadata={"request_id": self.request_id}, retry_after_seconds=self.retry_delay_seconds
+        )
+
+
 class ConversationNotFound(StoreRefusal):
     """The conversation does not exist and the write may not create it (:meth:`Store.add_messages`
     without ``allow_missing``). Nothing was stored."""

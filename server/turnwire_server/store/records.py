@@ -24,6 +24,7 @@ __all__ = [
     "ToolCallAnswer",
     "ToolCallAnswerKind",
     "TurnAdmission",
+    "TurnLease",
     "TurnRecord",
     "TurnState",
     "renewed_lease",
@@ -98,7 +99,10 @@ class TurnRecord:
     ``spec`` is what a recovery needs to run the turn again (JSON text: body, client
     tools, continuation; see ``turnwire_server.engine.turn_spec``), None for turns
     stored before it existed. ``owner`` is the replica running it and ``lease_until`` when its
-    lease lapses unless renewed (a lapsed running turn is recovered by another replica).
+    lease lapses unless renewed (a lapsed running turn is recovered by another replica);
+    ``lease_epoch`` is the lease's fencing token, 0 when the turn starts and incremented by
+    every claim (takeover), so a write carrying :attr:`lease` is refused once another replica
+    claimed the turn (docs/semantics.md §5, "Fencing").
     """
 
     request_id: str
@@ -114,6 +118,25 @@ class TurnRecord:
     spec: str | None = None
     owner: str = ""
     lease_until: dt.datetime | None = None
+    lease_epoch: int = 0
+
+    @property
+    def lease(self) -> TurnLease:
+        """The fencing token this record's writes carry."""
+        return TurnLease(self.request_id, self.owner, self.lease_epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnLease:
+    """Who may write for a running turn (docs/semantics.md §5, "Fencing"): the turn
+    ``request_id``, its ``owner`` (a replica id) and the ``epoch`` of the owner's claim. A turn
+    write carrying a lease is refused with :class:`~turnwire_server.store.errors.LeaseLost`
+    (nothing written) unless the stored turn has both, checked inside the write's own
+    transaction."""
+
+    request_id: str
+    owner: str
+    epoch: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from turnwire_server.store.base import TurnRecord
+from turnwire_server.store.core.fencing import holds_lease, lease_read
 from turnwire_server.store.core.rows import COMPACTION_COLUMNS
 from turnwire_server.store.core.sql import Dialect, Program, Statement
 from turnwire_server.store.errors import TurnNotFound
@@ -27,13 +28,14 @@ _SAVE_COMPACTION: Final = (
 def discard_reply(turn: TurnRecord, message_id: str, dialect: Dialect, now_us: int) -> Program[None]:
     """``Store.discard_reply``: remove message ``message_id`` (its parts first) and record the
     turn's new reply id and recovery count, under the conversation's lock. Raises
-    :class:`TurnNotFound`."""
+    :class:`TurnNotFound`, or :class:`~turnwire_server.store.errors.LeaseLost` when another
+    replica holds the turn (nothing changed)."""
     conversation_id = turn.conversation_id
     found = yield [
         *dialect.lock_conversation(conversation_id),
-        Statement("SELECT 1 FROM turns WHERE request_id = ?", (turn.request_id,), fetch=True),
+        lease_read(turn.request_id, dialect),
     ]
-    if not found[-1]:
+    if not holds_lease(found[-1], turn.lease):
         raise TurnNotFound(turn.request_id)
     params = (conversation_id, message_id)
     deleted = yield [

@@ -2,6 +2,10 @@
 ``ReplicaStore.renew_leases``, ``ReplicaStore.claim_interrupted_turns`` and
 ``SubmissionStore.claim_pending_submissions`` (the rules: docs/semantics.md §5, "Leases").
 
+A claim takes the turn's lease over: it increments ``lease_epoch``, the fencing token the
+previous owner's writes carry, so that owner writes nothing more for the turn
+(:mod:`.fencing`; docs/semantics.md §5, "Fencing").
+
 Whose work may be claimed is decided here once: a running turn (or pending submission) of
 another owner whose lease lapsed before ``now`` or that has none. A driver whose other owners
 are dead by construction passes ``lapsed_before_us=None``: then every other owner's work is
@@ -34,10 +38,14 @@ _LAPSED: Final = " AND (lease_until IS NULL OR lease_until < ?)"
 def renew_leases(owner: str, until_us: int, dialect: Dialect) -> Program[int]:
     """Extend to ``until_us`` (µs since the epoch) the leases of ``owner``'s running turns,
     pending submissions and what else the dialect leases (``lease_renewals``): one statement
-    each, whatever their number; returns how many turns ``owner`` holds."""
+    each, whatever their number; returns how many turns ``owner`` holds. The turns' rows are
+    locked in the order a group commit of fenced writes locks them (conversation, then request
+    id: :mod:`.fencing`), so the two never wait on each other in a cycle."""
     found = yield [
         Statement(
-            "UPDATE turns SET lease_until = ? WHERE owner = ? AND state = 'running'",
+            "UPDATE turns SET lease_until = ? WHERE request_id IN (SELECT request_id FROM turns"
+            " WHERE owner = ? AND state = 'running' ORDER BY conversation_id, request_id"
+            f"{dialect.lock_rows})",
             (until_us, owner),
             count=True,
         ),
@@ -76,6 +84,7 @@ class _Claimable(Generic[R]):
     table: str
     key: str  # the primary key: the first of ``columns``, and the work's id in line
     columns: str  # the record's columns
+    taken: str  # what else a claim sets (the fencing token's epoch)
     open_rows: str  # the condition of rows still to run
     order: str  # who is claimed first
     record: Callable[[Any], R]
@@ -86,13 +95,21 @@ _TURNS: Final = _Claimable(
     "turns",
     "request_id",
     TURN_COLUMNS,
+    ", lease_epoch = lease_epoch + 1",
     "state = 'running'",
     "start_time, request_id",
     turn_from_row,
     lambda turn: (turn.start_time, turn.request_id),
 )
 _SUBMISSIONS: Final = _Claimable(
-    "submissions", "id", SUBMISSION_COLUMNS, "state = 'pending'", "seq", submission_from_row, lambda r: r.seq
+    "submissions",
+    "id",
+    SUBMISSION_COLUMNS,
+    "",
+    "state = 'pending'",
+    "seq",
+    submission_from_row,
+    lambda r: r.seq,
 )
 
 
@@ -106,7 +123,7 @@ def _claiming(
     def program(dialect: Dialect) -> Program[list[R]]:
         found = yield [
             Statement(
-                f"UPDATE {rows.table} SET owner = ?, lease_until = ? WHERE {rows.key} IN ("
+                f"UPDATE {rows.table} SET owner = ?, lease_until = ?{rows.taken} WHERE {rows.key} IN ("
                 f"SELECT {rows.key} FROM {rows.table} WHERE {rows.open_rows}"
                 f" AND (owner IS NULL OR owner <> ?){lapsed} ORDER BY {rows.order}"
                 f" LIMIT ?{dialect.claim_rows}) RETURNING {rows.columns}",

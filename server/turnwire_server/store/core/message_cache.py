@@ -18,11 +18,14 @@ whoever needs a changed message copies that one message (``CopyFrom``) and chang
 engine's repairs and approved calls do so; hooks see copies, ``turnwire_server.hooks.readonly``).
 So an object's identity stands for its content, which the provider adapters' conversion caches
 rely on (``turnwire_server.providers.convert``).
+
+What is kept counts against the process's one cache budget (``turnwire_server.cache_budget``,
+``memory.cache_bytes``; issue 32 item 11): a conversation's entry costs its messages' stored
+bytes (parts and metadata, as read) plus :data:`MESSAGE_OVERHEAD_BYTES` each.
 """
 
 from __future__ import annotations
 
-import collections
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,12 +34,15 @@ from typing import Any, Final
 from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
+from turnwire_server.cache_budget import CACHES, CacheRegion
 from turnwire_server.store.core.rows import build_message
 from turnwire_server.store.errors import StoreCorrupted
 
-DEFAULT_MAX_MESSAGES = 200_000
-"""How many decoded messages are kept across conversations (least recently read dropped first);
-at a few hundred bytes each, tens of MB at most."""
+MESSAGE_OVERHEAD_BYTES: Final = 1_700
+"""RSS a decoded message costs beyond its stored bytes: the protobuf objects of the message and
+its parts, its entry in the id map and the tuples holding it. ``bench/cache_entry_sizes.py``
+measured 1,900 bytes of RSS per kept 150-byte text message and 5,340 per 4 KiB one (CPython 3.11,
+protobuf 7 upb, 20,000 messages in a fresh process): their stored bytes plus 1,700 cover both."""
 
 _HISTORY_SQL: Final = (
     "SELECT c.create_time, c.history_epoch, c.history_version,"
@@ -75,8 +81,11 @@ class _History:
     create_time: int
     epoch: int
     version: int
-    messages: dict[str, tuple[int, message_pb2.Message]]
+    messages: dict[str, tuple[int, message_pb2.Message, int]]
+    """``{id: (seq, message, counted bytes)}``."""
     ordered: tuple[message_pb2.Message, ...]
+    size_bytes: int
+    """What the entry counts against the cache budget: the messages' counted bytes summed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,23 +109,22 @@ class HistoryRead:
 
 
 class DecodedMessages:
-    """A bounded, least-recently-read cache of decoded messages per conversation.
+    """A least-recently-read cache of decoded messages per conversation, bounded in bytes by the
+    process's cache budget (``region``, default a new region of
+    :data:`turnwire_server.cache_budget.CACHES`): a conversation whose entry would not fit the
+    whole budget is read whole, without the cache.
 
-    ``backend`` (``sqlite`` or ``postgres``) picks the statements and names the store in errors;
-    ``max_messages`` bounds the messages kept (a
-    conversation larger than that is read whole, without the cache). Not thread-safe: call it from
-    the event loop (the store's readers), not from a writer thread.
+    ``backend`` (``sqlite`` or ``postgres``) picks the statements and names the store in errors.
+    Not thread-safe: call it from the event loop (the store's readers), not from a writer thread.
     """
 
-    def __init__(self, backend: str, *, max_messages: int = DEFAULT_MAX_MESSAGES) -> None:
+    def __init__(self, backend: str, *, region: CacheRegion | None = None) -> None:
         self.backend = backend
-        self.max_messages = max_messages
-        self._conversations: collections.OrderedDict[str, _History] = collections.OrderedDict()
-        self._size = 0
+        self.region = CACHES.region(f"{backend} decoded messages") if region is None else region
 
     def read(self, conversation_id: str) -> HistoryRead:
         """A read of ``conversation_id`` building on what is held of it."""
-        base = self._conversations.get(conversation_id)
+        base: _History | None = self.region.get(conversation_id)  # type: ignore[assignment]
         if self.backend == "postgres":
             sql = HISTORY_SQL_POSTGRES
         else:
@@ -138,12 +146,12 @@ class DecodedMessages:
     def _merged(self, read: HistoryRead, rows: Iterable[Any]) -> _History | None:
         base = read.base
         counters: tuple[int, int, int] | None = None
-        changed: list[tuple[str, int, message_pb2.Message]] = []
+        changed: list[tuple[str, int, message_pb2.Message, int]] = []
         try:
-            for create_time, epoch, version, message_id, seq, decoded in _grouped(rows):
+            for create_time, epoch, version, message_id, seq, decoded, size in _grouped(rows):
                 counters = (create_time, epoch, version)
                 if message_id is not None:
-                    changed.append((message_id, seq, decoded))
+                    changed.append((message_id, seq, decoded, size))
         except (DecodeError, RecursionError) as exc:
             raise StoreCorrupted(
                 f"{self.backend} store: conversation {read.conversation_id!r} has a message that cannot "
@@ -156,66 +164,66 @@ class DecodedMessages:
         if base is not None and not whole and not changed:
             if base.version == version:
                 return base
-            return _History(create_time, epoch, version, base.messages, base.ordered)
-        messages: dict[str, tuple[int, message_pb2.Message]] = (
-            {} if whole or base is None else dict(base.messages)
-        )
+            return _History(create_time, epoch, version, base.messages, base.ordered, base.size_bytes)
+        messages: dict[str, tuple[int, message_pb2.Message, int]] = {}
+        size_bytes = 0
+        if not whole and base is not None:
+            messages, size_bytes = dict(base.messages), base.size_bytes
         last = next(reversed(messages.values()))[0] if messages else 0
         in_order = True
         appended = True  # only new messages, after the held ones: the held tuple is extended
-        for message_id, seq, decoded in changed:
+        for message_id, seq, decoded, size in changed:
             held = messages.get(message_id)
             if held is not None:
                 appended = False
+                size_bytes -= held[2]
             if (held is None and seq < last) or (held is not None and held[0] != seq):
                 in_order = False
-            messages[message_id] = (seq, decoded)
+            messages[message_id] = (seq, decoded, size)
+            size_bytes += size
             last = max(last, seq)
         if not in_order:
             messages = dict(sorted(messages.items(), key=lambda item: item[1][0]))
         if in_order and appended and base is not None and not whole:
-            ordered = base.ordered + tuple(decoded for _, _, decoded in changed)
+            ordered = base.ordered + tuple(change[2] for change in changed)
         else:
             ordered = tuple(map(_MESSAGE, messages.values()))
-        return _History(create_time, epoch, version, messages, ordered)
+        return _History(create_time, epoch, version, messages, ordered, size_bytes)
 
     def _keep(self, conversation_id: str, history: _History | None) -> None:
-        held = self._conversations.pop(conversation_id, None)
-        if held is not None:
-            self._size -= len(held.messages)
+        region = self.region
+        held: _History | None = region.get(conversation_id)  # type: ignore[assignment]
         if history is None:
+            region.discard(conversation_id)
             return
         if held is not None and held.create_time == history.create_time and held.version > history.version:
             history = held  # a read that finished later saw an older snapshot: keep the newer one
-        if len(history.messages) > self.max_messages:
-            return
-        self._conversations[conversation_id] = history
-        self._size += len(history.messages)
-        while self._size > self.max_messages:
-            _, dropped = self._conversations.popitem(last=False)
-            self._size -= len(dropped.messages)
+        region.put(conversation_id, history, history.size_bytes)
 
 
 def _grouped(
     rows: Iterable[Any],
-) -> Iterable[tuple[int, int, int, str | None, int, message_pb2.Message]]:
-    """``(create_time, epoch, version, message id, seq, decoded message)`` per message of the rows
-    (``(None, 0, None)`` for the message columns of a row without a message); PostgreSQL's bytea
-    columns come back as memoryview."""
+) -> Iterable[tuple[int, int, int, str | None, int, message_pb2.Message, int]]:
+    """``(create_time, epoch, version, message id, seq, decoded message, counted bytes)`` per
+    message of the rows (``(None, 0, None, 0)`` for the message columns of a row without a
+    message); PostgreSQL's bytea columns come back as memoryview. The counted bytes are the
+    stored parts' and metadata's lengths plus :data:`MESSAGE_OVERHEAD_BYTES`."""
     current: message_pb2.Message | None = None
     head: tuple[int, int, int, str | None, int] | None = None
+    size = 0
     for create_time, epoch, version, message_id, seq, role, create_us, create_nanos, metadata, part in rows:
         if message_id is None:
-            yield (create_time, epoch, version, None, 0, message_pb2.Message())
+            yield (create_time, epoch, version, None, 0, message_pb2.Message(), 0)
             continue
         if current is None or head is None or head[3] != message_id:
             if current is not None and head is not None:
-                yield (*head, current)
+                yield (*head, current, size)
             head = (create_time, epoch, version, message_id, seq)
-            current = build_message(
-                message_id, role, create_us, create_nanos, None if metadata is None else bytes(metadata)
-            )
+            meta = None if metadata is None else bytes(metadata)
+            current = build_message(message_id, role, create_us, create_nanos, meta)
+            size = MESSAGE_OVERHEAD_BYTES + len(message_id) + (0 if meta is None else len(meta))
         if part is not None:
             current.parts.add().MergeFromString(bytes(part))
+            size += len(part)
     if current is not None and head is not None:
-        yield (*head, current)
+        yield (*head, current, size)

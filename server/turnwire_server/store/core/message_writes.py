@@ -8,6 +8,8 @@ A reply never overwrites someone else's message: upserting a stored id of anothe
 longer recorded (its conversation was deleted while it ran) writes nothing: ``save_message``
 silently (a late checkpoint; docs/semantics.md §12, deleting), ``finish_turn`` and
 ``roll_back_turn`` raising :class:`TurnNotFound`, so a reply never brings the conversation back.
+A write of a turn another replica took over writes nothing and raises :class:`LeaseLost`
+(:mod:`.fencing`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import TurnRecord
+from turnwire_server.store.base import TurnLease, TurnRecord
+from turnwire_server.store.core.fencing import holds_lease, lease_read
 from turnwire_server.store.core.rows import MessageRow, check_turn, message_insert_params, message_row, to_us
 from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks
 from turnwire_server.store.core.stream_writes import EventBatch, prepare_events, stream_read, stream_writes
@@ -36,7 +39,6 @@ __all__ = [
     "upsert_writes",
 ]
 
-_TURN_RECORDED: Final = "SELECT 1 FROM turns WHERE request_id = ?"
 _STORED_ROLE: Final = "SELECT role FROM messages WHERE conversation_id = ? AND id = ?"
 _UPDATE_MESSAGE: Final = (
     "UPDATE messages SET role = ?, create_time = ?, create_time_nanos = ?, metadata = ?"
@@ -98,17 +100,17 @@ def prepare_save_message(message: message_pb2.Message) -> MessageRow | None:
 
 
 def save_message(
-    conversation_id: str, row: MessageRow, turn_request_id: str, dialect: Dialect, now_us: int
+    conversation_id: str, row: MessageRow, lease: TurnLease | None, dialect: Dialect, now_us: int
 ) -> Program[None]:
-    """``Store.save_message``: upsert ``row``; nothing when ``turn_request_id`` (if given) names
-    no recorded turn."""
+    """``Store.save_message``: upsert ``row``; with a turn's ``lease``, nothing when no such turn
+    is recorded, and :class:`LeaseLost` when another replica took it over."""
     reads = [*dialect.lock_conversation(conversation_id), stored_role_read(conversation_id, row)]
-    if turn_request_id:
-        reads.append(Statement(_TURN_RECORDED, (turn_request_id,), fetch=True))
+    if lease is not None:
+        reads.append(lease_read(lease.request_id, dialect))
     found = yield reads
-    if turn_request_id and not found[-1]:
+    if lease is not None and not holds_lease(found[-1], lease):
         return
-    yield upsert_writes(conversation_id, row, found[-2] if turn_request_id else found[-1], dialect, now_us)
+    yield upsert_writes(conversation_id, row, found[-2] if lease is not None else found[-1], dialect, now_us)
 
 
 class FinishTurn:
@@ -163,17 +165,18 @@ def _stream_tail(finish: FinishTurn, stream: list[Any], dialect: Dialect, now_us
 def finish_turn(finish: FinishTurn, dialect: Dialect, now_us: int) -> Program[None]:
     """``Store.finish_turn``: upsert the reply (when it has parts), end the turn and its running
     submission, store its stream's last events (when given). Raises :class:`TurnNotFound`
-    (writing nothing) when the turn is not recorded."""
+    (writing nothing) when the turn is not recorded, :class:`LeaseLost` when another replica
+    holds it (``finish.turn.lease`` is not the stored one)."""
     turn, row = finish.turn, finish.row
     stream_reads = _stream_reads(finish, dialect)
     reads = [*dialect.lock_conversation(turn.conversation_id)]
     if row is not None:
         reads.append(stored_role_read(turn.conversation_id, row))
-    reads.append(Statement(_TURN_RECORDED, (turn.request_id,), fetch=True))
+    reads.append(lease_read(turn.request_id, dialect))
     reads.extend(stream_reads)
     found = yield reads
     stream = found.pop() if stream_reads else []
-    if not found[-1]:
+    if not holds_lease(found[-1], turn.lease):
         raise TurnNotFound(turn.request_id)
     writes = [] if row is None else upsert_writes(turn.conversation_id, row, found[-2], dialect, now_us)
     writes.extend(_stream_tail(finish, stream, dialect, now_us))
@@ -207,7 +210,8 @@ def roll_back_turn(
 ) -> Program[None]:
     """``Store.roll_back_turn``: remove ``message_ids`` (parts first) from the turn's conversation
     and end the turn and its running submission, store its stream's last events (when given).
-    Raises :class:`TurnNotFound` (writing nothing) when the turn is not recorded."""
+    Raises :class:`TurnNotFound` (writing nothing) when the turn is not recorded,
+    :class:`LeaseLost` when another replica holds it."""
     turn, conversation_id = finish.turn, finish.turn.conversation_id
     stream_reads = _stream_reads(finish, dialect)
     reads = [*dialect.lock_conversation(conversation_id)]
@@ -220,11 +224,11 @@ def roll_back_turn(
                 fetch=True,
             )
         )
-    reads.append(Statement(_TURN_RECORDED, (turn.request_id,), fetch=True))
+    reads.append(lease_read(turn.request_id, dialect))
     reads.extend(stream_reads)
     found = yield reads
     stream = found.pop() if stream_reads else []
-    if not found[-1]:
+    if not holds_lease(found[-1], turn.lease):
         raise TurnNotFound(turn.request_id)
     writes: list[Statement] = []
     if message_ids:

@@ -191,7 +191,7 @@ def check_turn(turn: TurnRecord) -> None:
 
 TURN_COLUMNS: Final = (
     "request_id, conversation_id, assistant_message_id, continuation, model, state, start_time,"
-    " end_time, error, recovery_count, spec, owner, lease_until"
+    " end_time, error, recovery_count, spec, owner, lease_until, lease_epoch"
 )
 """The ``turns`` columns :func:`turn_from_row` reads, in its order."""
 
@@ -218,6 +218,7 @@ def turn_from_row(row: Any) -> TurnRecord:
         spec=row[10] if len(row) > 10 else None,
         owner=(row[11] or "") if len(row) > 11 else "",
         lease_until=_opt_from_us(row[12]) if len(row) > 12 else None,
+        lease_epoch=int(row[13] or 0) if len(row) > 13 else 0,
     )
 
 

@@ -8,8 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from turnwire_server.store.core.fencing import holds_lease, lease_read
 from turnwire_server.store.core.sql import Dialect, Program, Statement
 from turnwire_server.store.core.stream_rows import pack_events
+from turnwire_server.store.records import TurnLease
 
 __all__ = ["EventBatch", "append_events", "prepare_events", "stream_read", "stream_writes"]
 
@@ -98,18 +100,25 @@ def stream_writes(
 
 
 def append_events(
-    conversation_id: str, request_id: str, batch: EventBatch, dialect: Dialect, now_us: int
+    conversation_id: str,
+    request_id: str,
+    batch: EventBatch,
+    dialect: Dialect,
+    now_us: int,
+    *,
+    lease: TurnLease | None,
 ) -> Program[bool]:
     """``Store.append_events``: :func:`stream_writes` under the conversation's lock; True when
     written. Nothing is written (False) when no turn ``request_id`` is recorded (its
-    conversation was deleted while it ran)."""
+    conversation was deleted while it ran); raises :class:`LeaseLost` (writing nothing) when
+    ``lease`` (None: not fenced) is no longer the turn's."""
     found = yield [
         *dialect.lock_conversation(conversation_id),
-        Statement("SELECT 1 FROM turns WHERE request_id = ?", (request_id,), fetch=True),
+        lease_read(request_id, dialect),
         stream_read(request_id, dialect),
     ]
     recorded, stream = found[-2], found[-1]
-    if not recorded:
+    if not holds_lease(recorded, lease):
         return False  # its conversation was deleted (or it never stored input): nothing to keep
     yield stream_writes(conversation_id, request_id, batch, stream, dialect=dialect, now_us=now_us)
     return True

@@ -60,7 +60,7 @@ TOUCH_CONVERSATION: Final = (
 _INSERT_TURN: Final = (
     "INSERT INTO turns (request_id, conversation_id, assistant_message_id,"
     " continuation, model, state, start_time, end_time, error, recovery_count, spec, owner,"
-    " lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " lease_until, lease_epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _MARK_SUBMISSION_RUNNING: Final = (
     "UPDATE submissions SET state = 'running', start_time = COALESCE(start_time, ?) WHERE id = ?"
@@ -108,6 +108,7 @@ def prepare_start_turn(turn: TurnRecord, messages: Sequence[message_pb2.Message]
         turn.spec,
         turn.owner or None,
         None if turn.lease_until is None else to_us(turn.lease_until, "lease_until"),
+        turn.lease_epoch,
     )
     return StartTurn(turn, rows, turn_params)
 

@@ -26,6 +26,7 @@ from turnwire_server.store.base import (
     SubmissionRecord,
     SubmissionState,
     ToolCallAnswer,
+    TurnLease,
     TurnRecord,
 )
 from turnwire_server.store.core import (
@@ -87,16 +88,14 @@ class CoreWrites:
     # ------------------------------------------------------------------ a turn's writes
 
     async def save_message(
-        self, conversation_id: str, message: message_pb2.Message, *, turn_request_id: str = ""
+        self, conversation_id: str, message: message_pb2.Message, *, lease: TurnLease | None = None
     ) -> None:
         row = message_writes.prepare_save_message(message)
         if row is None:
             return
         await self._commit(
             f"save_message({conversation_id!r}, {message.id!r})",
-            lambda now_us: message_writes.save_message(
-                conversation_id, row, turn_request_id, self._dialect, now_us
-            ),
+            lambda now_us: message_writes.save_message(conversation_id, row, lease, self._dialect, now_us),
             Commit(conversation_id, grouped=True, urgent=False),
         )
 
@@ -161,12 +160,13 @@ class CoreWrites:
         events: Sequence[tuple[int, bytes]],
         *,
         ended: bool,
+        lease: TurnLease | None = None,
     ) -> None:
         batch = stream_writes.prepare_events(events, ended=ended)
         await self._commit(
             f"append_events({request_id!r})",
             lambda now_us: stream_writes.append_events(
-                conversation_id, request_id, batch, self._dialect, now_us
+                conversation_id, request_id, batch, self._dialect, now_us, lease=lease
             ),
             # Only the stream's end is urgent: its turn waits for it.
             Commit(conversation_id, grouped=True, urgent=ended),

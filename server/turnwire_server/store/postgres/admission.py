@@ -104,7 +104,7 @@ class TurnQueue(PostgresConnection):
         lease_us = int(lease_seconds * 1_000_000)
         async with self._tickets.hold(conversation_id):  # this process's tickets in call order
             ticket, head = await self._enqueue(conversation_id, request_id, owner, lease_us, first)
-        async with self._held(conversation_id, ticket, head, lease_seconds):
+        async with self._held(conversation_id, ticket, owner, head, lease_seconds):
             yield
 
     async def _enqueue(
@@ -118,12 +118,12 @@ class TurnQueue(PostgresConnection):
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 taken, _ = await taking
-                await asyncio.shield(self._release(conversation_id, taken))
+                await asyncio.shield(self._release(conversation_id, taken, owner))
             raise
 
     @contextlib.asynccontextmanager
     async def _held(
-        self, conversation_id: str, ticket: int, head: int | None, lease_seconds: float
+        self, conversation_id: str, ticket: int, owner: str, head: int | None, lease_seconds: float
     ) -> AsyncIterator[None]:
         """Wait until ``ticket`` heads the conversation's queue (``head`` as last seen), hold it,
         release it on exit (also when cancelled while waiting)."""
@@ -140,7 +140,7 @@ class TurnQueue(PostgresConnection):
             yield
         finally:
             # Shielded: a cancelled turn must still give the lock up.
-            await asyncio.shield(self._release(conversation_id, ticket))
+            await asyncio.shield(self._release(conversation_id, ticket, owner))
 
     def admit_turn(
         self,
@@ -183,7 +183,7 @@ class TurnQueue(PostgresConnection):
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
                     if (done := await flight) is not None:
-                        await asyncio.shield(self._release(conversation_id, done[0]))
+                        await asyncio.shield(self._release(conversation_id, done[0], owner))
                 raise
             if admitted is None:
                 queued(True)
@@ -193,9 +193,9 @@ class TurnQueue(PostgresConnection):
             try:
                 yield admission
             finally:
-                await asyncio.shield(self._release(conversation_id, ticket))
+                await asyncio.shield(self._release(conversation_id, ticket, owner))
             return
-        async with self._held(conversation_id, ticket, head, lease_seconds):
+        async with self._held(conversation_id, ticket, owner, head, lease_seconds):
             queued(False)
             history = await self.start_turn(renewed_lease(turn, lease_seconds), messages)
             yield TurnAdmission(history=history)
@@ -269,14 +269,16 @@ class TurnQueue(PostgresConnection):
         rows = await self._read("turn_lock", turn_queue.HEAD, {"c": conversation_id, "stale": stale_us})
         return None if rows[0][0] is None else int(rows[0][0])
 
-    async def _release(self, conversation_id: str, ticket: int) -> None:
-        """Give the ticket up and wake the line; returns once that committed. Group-committed
+    async def _release(self, conversation_id: str, ticket: int, owner: str) -> None:
+        """Give the ticket up and wake the line; returns once that committed. Only while
+        ``owner`` holds it: a ticket a survivor took over with its turn (this replica was paused
+        or cut off past its lease) stays the survivor's (docs/semantics.md §5, "Fencing"). Group-committed
         with the turn ends and checkpoints queued meanwhile: with many turns ending, their
         releases share transactions (and WAL flushes) instead of taking a pooled connection and
         a commit each, ahead of the next turns' admissions."""
 
         async def body(conn: Conn, _: int) -> None:
-            await db.run(conn, turn_queue.RELEASE_TICKET, (ticket, QUEUE_CHANNEL, conversation_id))
+            await db.run(conn, turn_queue.RELEASE_TICKET, (ticket, owner, QUEUE_CHANNEL, conversation_id))
 
         try:
             await self._write_batched("turn_lock release", body, conversation_id=conversation_id)

@@ -38,6 +38,11 @@ DEFAULT_POOL_SIZE: Final = 10
 """Connections the pool holds at most unless configured (``store.pool_size``)."""
 
 _CONNECT_TIMEOUT_S: Final = 10.0
+_IDLE_IN_TRANSACTION: Final = "SET idle_in_transaction_session_timeout = '5s'"
+"""How long PostgreSQL lets a pooled connection sit idle inside a transaction before it ends the
+session: the store's transactions never wait on anything but the database, so only a paused process
+(SIGSTOP, a frozen VM) or a partition leaves one open, and its row and advisory locks would
+otherwise keep the other replicas from taking its turns over (docs/semantics.md §5, "Fencing")."""
 _SINGLE_COMMITS = COMMIT_DURATION.labels("postgresql", "single")
 
 _CHECK_IDLE_S: Final = 2.0
@@ -143,6 +148,7 @@ class PostgresConnection(CoreWrites, CoreReads):
             max_size=self._pool_size,
             timeout=self._timeout_s,
             check=self._check_idle,
+            configure=_configure,
             reset=self._stamp_returned,
             name="turnwire-store",
             open=False,
@@ -300,3 +306,8 @@ class PostgresConnection(CoreWrites, CoreReads):
         """Run ``body(conn, now_us)`` in the next group commit (:class:`GroupCommit`): for the hot,
         non-urgent writes; returns once that transaction committed."""
         await self._group_commit.write(what, body, conversation_id=conversation_id)
+
+
+async def _configure(conn: Any) -> None:
+    """A new pooled connection's session settings (see :data:`_IDLE_IN_TRANSACTION`)."""
+    await conn.execute(_IDLE_IN_TRANSACTION)

@@ -49,7 +49,11 @@ HEAD: Final = (
 """Delete the conversation's tickets that lapsed before ``stale``; (the lowest live ticket)."""
 
 
-RELEASE_TICKET: Final = "WITH gone AS (DELETE FROM turn_queue WHERE ticket = %s) SELECT pg_notify(%s, %s)"
+RELEASE_TICKET: Final = (
+    "WITH gone AS (DELETE FROM turn_queue WHERE ticket = %s AND owner = %s) SELECT pg_notify(%s, %s)"
+)
+"""Delete a ticket its owner holds (a ticket taken over with its turn is the claimant's); wake the
+line."""
 
 RELEASE_PLACE: Final = (
     "WITH gone AS (DELETE FROM turn_queue WHERE conversation_id = %s AND request_id = %s RETURNING 1)"

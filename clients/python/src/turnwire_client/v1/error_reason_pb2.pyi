@@ -127,6 +127,13 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     everything it stored (its input and its partial reply) was removed; resend
     the input to run it. ErrorInfo metadata `interrupting_request_id`.
     """
+    ERROR_REASON_LEASE_LOST: _ErrorReason.ValueType  # 37
+    """This replica lost the turn's lease (it was paused or cut off from the
+    store longer than `durability.lease_seconds`) and another replica took the
+    turn over; nothing this replica produced after that was stored. The turn
+    goes on there: follow it with ResumeTurn (any replica) from the last
+    sequence number seen. ErrorInfo metadata `request_id`.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnwire sends,
@@ -238,5 +245,12 @@ ERROR_REASON_ROLLED_BACK: ErrorReason.ValueType  # 36
 """The turn was stopped by new input with CONCURRENT_INPUT_STRATEGY_ROLLBACK and
 everything it stored (its input and its partial reply) was removed; resend
 the input to run it. ErrorInfo metadata `interrupting_request_id`.
+"""
+ERROR_REASON_LEASE_LOST: ErrorReason.ValueType  # 37
+"""This replica lost the turn's lease (it was paused or cut off from the
+store longer than `durability.lease_seconds`) and another replica took the
+turn over; nothing this replica produced after that was stored. The turn
+goes on there: follow it with ResumeTurn (any replica) from the last
+sequence number seen. ErrorInfo metadata `request_id`.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -1,0 +1,82 @@
+"""Fencing in the engine, on SQLite (docs/semantics.md §5, "Fencing"): two engines on one store
+stand for two replicas. Replica B claims a turn replica A still runs (A stalled past its lease);
+when A goes on, the store refuses its first write, so A stops the turn, stores nothing more and
+tells its caller ``LEASE_LOST`` (``ABORTED``, with a retry hint); B's recovery completes the turn
+once, and the stored stream holds B's attempt only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from google.rpc import error_details_pb2
+from support.engine_harness import EngineFactory, collect, detail, end_of, engine_settings, text_of
+from support.waiting import wait_until
+
+from turnwire.testing import ScriptStep
+from turnwire_client.v1 import event_pb2
+from turnwire_server.api.status import status_of
+from turnwire_server.engine import TurnEngine
+from turnwire_server.providers.registry import ProviderRegistry
+
+SCRIPTS = {"main": [ScriptStep(text="the whole answer, word by word", delay_ms=2, repeat=True)]}
+
+
+async def test_a_replica_whose_turn_was_taken_over_writes_nothing_more(make_engine: EngineFactory) -> None:
+    a = await make_engine(scripts=SCRIPTS, checkpoint_interval_ms=5, replica_id="replica-a")
+    b = TurnEngine(
+        store=a.store,
+        providers=ProviderRegistry({"scripted": a.provider}),
+        tools={},
+        chain=a.chain,
+        settings=engine_settings(checkpoint_interval_ms=5, replica_id="replica-b"),
+        error_status=status_of,
+    )
+    stalled = asyncio.Event()
+
+    async def stall_first_call(request: Any) -> None:
+        if a.provider.calls == 1:  # A's call: held as a paused process would be
+            await stalled.wait()
+
+    a.provider.before_stream = stall_first_call
+    handle = await a.start("question", request_id="r1")
+    caller = asyncio.ensure_future(collect(handle))
+    await wait_until(
+        lambda: handle.run.messages_persisted and a.provider.calls == 1, what="A calls the model"
+    )
+
+    assert await b.recover() == 1, "B takes the turn over"
+    (claimed,) = [t for t in [await a.store.get_turn("r1")] if t is not None]
+    assert (claimed.owner, claimed.lease_epoch) == ("replica-b", 1)
+
+    stalled.set()  # A goes on, unaware
+    events = await asyncio.wait_for(caller, 10)
+    end = end_of(events)
+    assert end.status == event_pb2.TURN_STATUS_INTERRUPTED
+    assert end.error.code == 10  # ABORTED: re-attach (ResumeTurn), never resend
+    info = detail(end.error, error_details_pb2.ErrorInfo)
+    assert info.reason == "LEASE_LOST" and info.metadata["request_id"] == "r1"
+    assert detail(end.error, error_details_pb2.RetryInfo) is not None
+    assert "ResumeTurn" in end.error.message
+
+    # B's recovery (queued behind A's turn in this one process) completes the turn, once.
+    await wait_until(lambda: b.running == 0 and a.provider.calls == 2, timeout=10, what="B's recovery ends")
+    record = await a.store.get_turn("r1")
+    assert record is not None and (record.state, record.owner, record.recovery_count) == (
+        "completed",
+        "replica-b",
+        1,
+    )
+    messages = await a.store.load_messages("conv-1")
+    assert [m.id for m in messages] == ["u1", claimed.assistant_message_id], "one stored answer"
+    assert text_of(messages[1]) == "the whole answer, word by word"
+    stored = [event_pb2.TurnEvent.FromString(e) for e in await a.store.load_events("r1", 0)]
+    kinds = [e.WhichOneof("event") for e in stored]
+    # A's TurnStart is stored when its batch committed before the claim (else it is lost as a
+    # crash loses unstored events: a reader gets B's AttemptStart first).
+    assert kinds.count("turn_start") <= 1 and kinds.count("attempt_start") == 1
+    assert kinds.count("turn_end") == 1 and stored[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
+    before_b = kinds[: kinds.index("attempt_start")]
+    assert "text_delta" not in before_b, "nothing A streamed after the takeover was stored"
+    await b.drain(1.0)
