@@ -18,6 +18,8 @@ On a 2-core machine the client, the upstream and the sidecar share the cores, an
 run beside them: the CPU columns are the measure, TTFT is noisy.
 
     .venv/bin/python bench/openai_door.py [--quick] [--rounds 5] [--turns 40] [--json PATH]
+
+Results and conditions: bench/openai_door.md.
 """
 
 from __future__ import annotations

@@ -309,10 +309,13 @@ class ResponseLog:
         elif kind == "step_finish":
             self._finish_length = event.step_finish.finish_reason == event_pb2.FINISH_REASON_LENGTH
         elif kind == "turn_end":
+            self.response["conversation"] = {"id": event.conversation_id}
             self._end(event.turn_end, out)
         return out
 
     def _end(self, end: event_pb2.TurnEnd, out: list[dict[str, Any]]) -> None:
+        if self.next_sequence_number == 0:  # a turn that never started (SKIPPED): still opened first
+            self._event("response.created", out, response=self.snapshot())
         status = _STATUS.get(end.status, "failed")
         for index in sorted(self._open.values()):
             self._done_item(index, out, status="incomplete")
