@@ -26,6 +26,7 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolPara
 from openai.types.responses import FunctionToolParam, Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from support.endless import endless_step
+from support.hooks import pythonpath_env
 from support.sidecar import SidecarProcess, free_port, running_sidecar
 from support.tokens import auth_config, new_token, write_tokens_file
 
@@ -83,8 +84,9 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
         "providers": {"scripted": {"scripts": SCRIPTS}},
         "auth": auth_config(tokens),
         "http": {"listen": f"127.0.0.1:{free_port()}"},
+        "middleware": [{"path": "support.hooks:ModelFromMetadata"}],
     }
-    with running_sidecar(workdir, config) as process:
+    with running_sidecar(workdir, config, env=pythonpath_env()) as process:
         yield process
 
 
@@ -262,6 +264,19 @@ async def test_bad_requests_name_the_param(client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad_tool:
         await client.responses.create(input="hi", tools=[{"type": "web_search"}])
     assert isinstance(bad_tool.value.body, dict) and bad_tool.value.body["param"] == "tools[0].type"
+
+
+async def test_hooks_see_the_request_fields_they_are_handed(client: openai.AsyncOpenAI) -> None:
+    """``metadata`` reaches ``before_turn`` in ``body``; the hook's choice of model is the one used."""
+    response = await client.responses.create(
+        input="hi", conversation="oa-hooks", metadata={"use_model": "scripted:thanks"}
+    )
+    assert response.output_text == "You are in Paris."
+    assert response.metadata == {"use_model": "scripted:thanks"}
+    completion = await client.chat.completions.create(
+        messages=[{"role": "user", "content": "hi"}], model="", metadata={"use_model": "scripted:thanks"}
+    )
+    assert completion.choices[0].message.content == "You are in Paris."
 
 
 async def test_instructions_are_stored_before_the_input(
