@@ -222,6 +222,21 @@ async def test_background_is_a_submission(client: openai.AsyncOpenAI) -> None:
     assert done.status == "completed" and done.output_text == "answered over the OpenAI door"
 
 
+async def test_a_queued_background_response_is_cancelled(
+    client: openai.AsyncOpenAI, grpc_a: TurnwireClient
+) -> None:
+    running = grpc_a.chat("oa-queue", "go", model="scripted:slow", request_id="oa-queue-r")
+    assert (await anext(running)).HasField("turn_start")
+    queued = await client.responses.create(input="later", conversation="oa-queue", background=True)
+    assert (await client.responses.retrieve(queued.id)).status == "queued"  # behind the running turn
+    cancelled = await client.responses.cancel(queued.id)
+    assert cancelled.status == "cancelled"
+    assert (await client.responses.retrieve(queued.id)).status == "cancelled"
+    await client.responses.cancel("oa-queue-r")
+    async for _ in running:
+        pass
+
+
 async def test_a_grpc_turn_is_read_and_cancelled_over_this_door(
     client: openai.AsyncOpenAI, grpc_a: TurnwireClient
 ) -> None:

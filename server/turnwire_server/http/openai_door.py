@@ -301,6 +301,10 @@ class ResponsesDoor:
         return await self._read(response_id, call_info(request), stream=stream, after=after)
 
     async def _read(self, response_id: str, call: CallInfo, *, stream: bool, after: int = -1) -> Response:
+        if not stream:  # a submission that has not run answers at once, not when it has run
+            pending = await self._pending_submission(response_id, call)
+            if pending is not None:
+                return pending
         replay = self.calls.stream(
             _SERVICE + "ResumeTurn", chat_service_pb2.ResumeTurnRequest(request_id=response_id), call
         )
@@ -310,7 +314,7 @@ class ResponsesDoor:
             await replay.aclose()  # type: ignore[attr-defined]
             if ended.code.name != "NOT_FOUND":
                 return ended_response(ended, param_names=_PARAMS)
-            return await self._submission(response_id, call, stream=stream, ended=ended)
+            return await self._submission(response_id, call, stream=stream, after=after, ended=ended)
         except StopAsyncIteration:
             first = None
 
@@ -322,10 +326,31 @@ class ResponsesDoor:
 
         return await self._answer(events(), ResponseLog(response_id), stream=stream, after=after)
 
+    async def _pending_submission(self, response_id: str, call: CallInfo) -> Response | None:
+        """The Response of submission ``response_id`` when it is queued or was cancelled before it
+        ran; None when there is no such submission or it has run (its turn stream tells)."""
+        try:
+            found = await self.calls.unary(
+                _SERVICE + "GetSubmission",
+                chat_service_pb2.GetSubmissionRequest(submission_id=response_id),
+                call,
+            )
+        except CallEnded:
+            return None
+        submission = found.submission  # type: ignore[attr-defined]
+        if submission.state not in (_SUBMISSION_QUEUED, _SUBMISSION_ABORTED) or submission.start_time.seconds:
+            return None
+        log = ResponseLog(response_id, status="queued", echo={"background": True})
+        log.response["conversation"] = {"id": submission.conversation_id}
+        if submission.state == _SUBMISSION_ABORTED:
+            log.response["status"] = "cancelled"
+        return json_response(log.snapshot())
+
     async def _submission(
-        self, response_id: str, call: CallInfo, *, stream: bool, ended: CallEnded
+        self, response_id: str, call: CallInfo, *, stream: bool, after: int, ended: CallEnded
     ) -> Response:
-        """A response with no turn stream yet: a queued (or cancelled before it ran) submission."""
+        """A response whose turn stream ``ResumeTurn`` does not find: a submission (queued, cancelled
+        before it ran, or started since), read with ``WatchSubmission``; else ``ended`` (404)."""
         try:
             found = await self.calls.unary(
                 _SERVICE + "GetSubmission",
@@ -337,15 +362,13 @@ class ResponsesDoor:
         submission = found.submission  # type: ignore[attr-defined]
         log = ResponseLog(response_id, status="queued", echo={"background": True})
         log.response["conversation"] = {"id": submission.conversation_id}
-        if submission.state == _SUBMISSION_ABORTED:
-            log.response["status"] = "cancelled"
-        elif submission.state != _SUBMISSION_QUEUED:  # it started meanwhile: read its stream
-            return await self._read(response_id, call, stream=stream)
-        if not stream:
+        if not stream and submission.state in (_SUBMISSION_QUEUED, _SUBMISSION_ABORTED):
+            if submission.state == _SUBMISSION_ABORTED:
+                log.response["status"] = "cancelled"
             return json_response(log.snapshot())
         watch = chat_service_pb2.WatchSubmissionRequest(submission_id=response_id)
         return await self._answer(
-            self.calls.stream(_SERVICE + "WatchSubmission", watch, call), log, stream=True
+            self.calls.stream(_SERVICE + "WatchSubmission", watch, call), log, stream=stream, after=after
         )
 
     async def cancel(self, request: Request) -> Response:
