@@ -53,7 +53,7 @@ from _common import (  # noqa: E402
     wait_for_quiet,
     write_tables_json,
 )
-from ttft import QUESTION, Upstream  # noqa: E402
+from _ttft_clients import QUESTION, Upstream  # noqa: E402
 
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2  # noqa: E402
 from turnwire_server.http.connect_door import ProtoBinaryCodec, ProtoJsonCodec  # noqa: E402

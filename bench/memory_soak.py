@@ -44,7 +44,7 @@ from _common import (
     verdict,
     write_tables_json,
 )
-from ttft import Upstream
+from _ttft_clients import Upstream
 
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2
 

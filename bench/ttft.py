@@ -33,6 +33,11 @@ PASS/MISS, never asserted. On a 2-core machine the client, the upstream and the 
 the cores: read CPU columns first.
 
     .venv/bin/python bench/ttft.py [--quick] [--rounds 3] [--pairs 30] [--json PATH]
+
+``--budget`` runs issue 33's harness shape instead (``_ttft_budget.py``: interleaved pairs of
+arms of ``--requests`` requests, medians of per-pair differences, the per-turn budget):
+
+    .venv/bin/python bench/ttft.py --budget [--pairs 3] [--requests 200] [--window 3]
 """
 
 from __future__ import annotations
@@ -41,7 +46,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,32 +53,35 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import anthropic
-import grpc
-import openai
 from anthropic.types import MessageParam
-from openai.types.chat import ChatCompletionMessageParam
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
+import _ttft_budget  # noqa: E402
 from _common import (  # noqa: E402
-    CLIENT_OPTIONS,
-    PYTHON,
     REPO,
     ServerProcess,
     Table,
-    free_port,
     percentile,
     print_tables,
     verdict,
     wait_for_quiet,
     write_tables_json,
 )
+from _ttft_clients import (  # noqa: E402
+    QUESTION,
+    BareClient,
+    SidecarClient,
+    Upstream,
+    new_conversation_id,
+    sidecar,
+    text_message,
+)
 
-from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2  # noqa: E402
+from turnwire_client.v1 import chat_service_pb2, message_pb2  # noqa: E402
 
 APIS = ("openai", "anthropic")
 ADDED_P50_TARGET_MS = 1.5
@@ -84,9 +91,6 @@ CPU_PER_REQUEST_TARGET_MS = 2.0
 THROUGHPUT_TARGET = 0.9
 CPU_PER_CHUNK_TARGET_US = 60.0
 STREAM_DELTAS = 64
-ANTHROPIC_MAX_TOKENS = 1024
-QUESTION = "Tell me about the fox."
-ANSWER = "The quick brown fox jumps over the lazy dog while the model streams its answer."
 
 
 @dataclass
@@ -106,175 +110,6 @@ class Options:
     @classmethod
     def quick(cls) -> Options:
         return cls(rounds=2, pairs=8, histories=(0, 1000), window=1.0, hold=50)
-
-
-# ----------------------------------------------------------------------------- processes
-
-
-class Upstream:
-    """``_upstream.py`` in its own process."""
-
-    def __init__(self) -> None:
-        self.process = subprocess.Popen(
-            [PYTHON, str(BENCH / "_upstream.py")], stdout=subprocess.PIPE, text=True, cwd=BENCH
-        )
-        assert self.process.stdout is not None
-        self.url = self.process.stdout.readline().strip()
-        if not self.url:
-            raise RuntimeError("the upstream did not start")
-
-    def close(self) -> None:
-        self.process.terminate()
-        self.process.wait(5)
-
-
-def sidecar(workdir: Path, upstream: str, middlewares: int) -> ServerProcess:
-    """A sidecar config (SQLite in its own directory) and its (not yet started) process."""
-    port = free_port()
-    home = workdir / f"sidecar-{middlewares}"
-    home.mkdir()
-    chain = "".join("  - path: _ttft_middlewares:EveryHookNoop\n" for _ in range(middlewares))
-    config = f"""\
-listen: 127.0.0.1:{port}
-default_model: openai:burst-4
-logging: {{level: warning}}
-store:
-  url: sqlite:///{home / "turnwire.db"}
-providers:
-  openai:
-    type: openai
-    base_url: {upstream}/v1
-    api_key_env: null
-    max_retries: 0
-  anthropic:
-    type: anthropic
-    base_url: {upstream}
-    api_key_env: null
-    max_retries: 0
-tools:
-  demo: false
-middleware:{" []" if not middlewares else ""}
-{chain}limits:
-  shutdown_grace_seconds: 1
-"""
-    path = home / "turnwire.yaml"
-    path.write_text(config)
-    argv = [PYTHON, "-m", "turnwire_server", "serve", "--config", str(path)]
-    return ServerProcess(argv, port, home, f"turnwire-mw{middlewares}")
-
-
-# ----------------------------------------------------------------------------- clients
-
-
-def _text_message(role: message_pb2.Role.ValueType, text: str, message_id: str = "") -> message_pb2.Message:
-    message = message_pb2.Message(id=message_id, role=role)
-    message.parts.add().text.text = text
-    return message
-
-
-class SidecarClient:
-    """Chat calls on one channel; each returns its time to first token (s) and deltas received."""
-
-    def __init__(self, target: str) -> None:
-        self.channel = grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS)
-        self.stub = chat_service_pb2_grpc.ChatServiceStub(self.channel)
-
-    async def seed(self, conversation_id: str, turns: int) -> None:
-        """``turns`` prior user/assistant pairs, one AddMessages call."""
-        if not turns:
-            return
-        messages = []
-        for i in range(turns):
-            messages.append(_text_message(message_pb2.ROLE_USER, f"{QUESTION} ({i})", f"seed-u{i}"))
-            messages.append(_text_message(message_pb2.ROLE_ASSISTANT, ANSWER, f"seed-a{i}"))
-        await self.stub.AddMessages(
-            chat_service_pb2.AddMessagesRequest(
-                conversation_id=conversation_id, messages=messages, allow_missing=True
-            )
-        )
-
-    async def turn(
-        self, conversation_id: str, model: str, stop_after_first: bool = False
-    ) -> tuple[float, int]:
-        """Time to first token and the upstream deltas received: words of text, since the upstream
-        sends one word per delta and the sidecar merges deltas its writer could not keep up with."""
-        request = chat_service_pb2.ChatRequest(
-            conversation_id=conversation_id,
-            message=_text_message(message_pb2.ROLE_USER, QUESTION),
-            model=model,
-        )
-        start = time.perf_counter()
-        first = 0.0
-        text: list[str] = []
-        call = self.stub.Chat(request)
-        async for response in call:
-            if response.event.WhichOneof("event") == "text_delta":
-                if not text:
-                    first = time.perf_counter() - start
-                    if stop_after_first:
-                        return first, 1
-                text.append(response.event.text_delta.delta)
-        if not text:
-            raise RuntimeError(f"no text from the sidecar for {model}")
-        return first, len("".join(text).split())
-
-    async def close(self) -> None:
-        await self.channel.close()
-
-
-class BareClient:
-    """The official SDK calling the upstream directly, with the same history as the sidecar."""
-
-    def __init__(self, api: str, upstream: str) -> None:
-        self.api = api
-        if api == "openai":
-            self.openai = openai.AsyncOpenAI(base_url=f"{upstream}/v1", api_key="bench", max_retries=0)
-        else:
-            self.anthropic = anthropic.AsyncAnthropic(base_url=upstream, api_key="bench", max_retries=0)
-
-    @staticmethod
-    def history(turns: int) -> list[MessageParam]:
-        out: list[MessageParam] = []
-        for i in range(turns):
-            out.append({"role": "user", "content": f"{QUESTION} ({i})"})
-            out.append({"role": "assistant", "content": ANSWER})
-        return out
-
-    async def turn(self, history: list[MessageParam], model: str) -> tuple[float, int]:
-        """One turn on ``history`` (appended to, as an application keeps its transcript)."""
-        history.append({"role": "user", "content": QUESTION})
-        start = time.perf_counter()
-        first = 0.0
-        text: list[str] = []
-        if self.api == "openai":
-            stream = await self.openai.chat.completions.create(
-                model=model,
-                # The same role/content dicts: each SDK types them as its own TypedDicts.
-                messages=cast("list[ChatCompletionMessageParam]", history),
-                stream=True,
-            )
-            async for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta.content:
-                    if not text:
-                        first = time.perf_counter() - start
-                    text.append(chunk.choices[0].delta.content)
-        else:
-            events = await self.anthropic.messages.create(
-                model=model,
-                max_tokens=ANTHROPIC_MAX_TOKENS,
-                messages=history,
-                stream=True,
-            )
-            async for event in events:
-                if event.type == "content_block_delta" and event.delta.type == "text_delta":
-                    if not text:
-                        first = time.perf_counter() - start
-                    text.append(event.delta.text)
-        history.append({"role": "assistant", "content": "".join(text)})
-        return first, len(text)
-
-    async def close(self) -> None:
-        await (self.openai if self.api == "openai" else self.anthropic).close()
 
 
 # ----------------------------------------------------------------------------- (a) TTFT
@@ -308,7 +143,9 @@ async def measure_ttft(
                     state[key] = (conversation, BareClient.history(history))
                     # Warm-up: connections, the SDK's first-call costs, the sidecar's caches.
                     for _ in range(3):
-                        await clients[mw].turn(conversation if history else _new_id(), f"{api}:burst-4")
+                        await clients[mw].turn(
+                            conversation if history else new_conversation_id(), f"{api}:burst-4"
+                        )
                         await bare[api].turn(list(state[key][1]), "burst-4")
         for round_number in range(opts.rounds):
             await wait_for_quiet(max_wait=3.0)
@@ -320,7 +157,7 @@ async def measure_ttft(
                 sdk_cpu = 0.0
                 for _ in range(opts.pairs):
                     first, _ = await clients[mw].turn(
-                        conversation if history else _new_id(), f"{api}:burst-4"
+                        conversation if history else new_conversation_id(), f"{api}:burst-4"
                     )
                     row.sidecar.append(first)
                     # Turns are sequential: this process's CPU over the SDK's turn is the SDK's.
@@ -335,10 +172,6 @@ async def measure_ttft(
         for client in bare.values():
             await client.close()
     return list(rows.values())
-
-
-def _new_id() -> str:
-    return f"ttft-new-{uuid.uuid4().hex}"
 
 
 def ttft_table(rows: list[TtftRow], opts: Options) -> Table:
@@ -469,7 +302,7 @@ async def measure_throughput(
                         entry["sdk"].append(Window(deltas, seconds, sdk_cpu))
 
                         async def sidecar_turn(api: str = api, model: str = model) -> int:
-                            return (await client.turn(_new_id(), f"{api}:{model}"))[1]
+                            return (await client.turn(new_conversation_id(), f"{api}:{model}"))[1]
 
                         cpu0 = server.cpu_seconds()
                         t0 = time.perf_counter()
@@ -534,15 +367,15 @@ async def measure_memory(opts: Options, workdir: Path, upstream: str) -> Table:
     )
     try:
         for _ in range(20):
-            await client.turn(_new_id(), "openai:burst-4")
+            await client.turn(new_conversation_id(), "openai:burst-4")
         await fresh.settle()
         before = fresh.rss()
         calls = []
         firsts = []
         for _ in range(opts.hold):
             request = chat_service_pb2.ChatRequest(
-                conversation_id=_new_id(),
-                message=_text_message(message_pb2.ROLE_USER, QUESTION),
+                conversation_id=new_conversation_id(),
+                message=text_message(message_pb2.ROLE_USER, QUESTION),
                 model="openai:hold",
             )
             call = client.stub.Chat(request)
@@ -625,8 +458,21 @@ def main() -> None:
     parser.add_argument("--hold", type=int, help="streams held open for the memory row")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--budget", action="store_true", help="issue 33's harness and per-turn budget")
+    parser.add_argument("--requests", type=int, help="--budget: requests per arm (default 200)")
     parser.add_argument("--json", type=Path, help="write the tables as JSON here instead of printing them")
     args = parser.parse_args()
+    if args.budget:
+        budget = _ttft_budget.BudgetOptions()
+        for name, value in (("pairs", args.pairs), ("requests", args.requests), ("window", args.window)):
+            if value is not None:
+                setattr(budget, name, value)
+        tables = asyncio.run(_ttft_budget.run_budget(budget))
+        if args.json:
+            write_tables_json(args.json, tables)
+        else:
+            print_tables(tables)
+        return
     opts = Options.quick() if args.quick else Options()
     for name in ("rounds", "pairs", "window", "hold"):
         if getattr(args, name) is not None:

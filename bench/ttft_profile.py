@@ -25,7 +25,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from ttft import SidecarClient, Upstream, _new_id, sidecar  # noqa: E402
+from _ttft_clients import SidecarClient, Upstream, sidecar  # noqa: E402
+from _ttft_clients import new_conversation_id as _new_id  # noqa: E402
 
 
 def summarize(collapsed: Path, top: int) -> str:

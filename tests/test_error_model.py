@@ -29,8 +29,17 @@ NOT_DOMAIN_ERRORS = {
     # The client's own errors: the client installs alone and may not import turnwire.
     "turnwire_client.errors.TurnwireError",
     "turnwire_client.errors.ProtocolError",
+    "turnwire_client.errors.TlsMismatchError",
     # A carrier: the engine unwraps it (its error and stage) before anything maps it.
     "turnwire_server.engine.errors.TurnFailure",
+    # Carriers inside the remote hook middleware: a failed call becomes the hook's failure mode
+    # (fail-open, or HOOK_FAILED when closed) before anything leaves the middleware.
+    "turnwire_server.remote_hooks.session.CallFailed",
+    "turnwire_server.remote_hooks.session.SessionBroken",
+    "turnwire_server.remote_hooks.session_calls.HookCallFailed",
+    "turnwire_server.remote_hooks.session_calls.ResendUnary",
+    # The HTTP listener's carrier of a status the servicer already chose (mapped from a domain error).
+    "turnwire_server.http.calls.CallEnded",
     # Startup and configuration: the process refuses to start; no client ever sees them.
     "turnwire_server.api.authentication.AuthConfigError",
     "turnwire_server.api.tls.TlsFileError",
@@ -38,6 +47,7 @@ NOT_DOMAIN_ERRORS = {
     "turnwire_server.config.ConfigError",
     "turnwire_server.cli.demo.SidecarExited",
     "turnwire_server.event_loop.EventLoopUnavailable",
+    "turnwire_server.http.server.HttpListenError",
     "turnwire_server.listen_check.ListenAddressError",
     "turnwire_server.providers.settings.ProviderConfigError",
     "turnwire_server.supervisor.SupervisorError",

@@ -65,6 +65,7 @@ from turnwire_server.providers.settings import ProviderConfigError, ScriptedProv
 from turnwire_server.redaction import redactor_for
 from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, redact_url
+from turnwire_server.store_health import StoreHealth
 from turnwire_server.tools.demo import DEMO_TOOLS
 from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
 from turnwire_server.tools.loading import ToolLoadError, load_tools
@@ -179,6 +180,7 @@ class Sidecar:
     gate: CallGate
     maintenance: Maintenance
     replica: Replica
+    store_health: StoreHealth | None = None
     metrics_endpoint: MetricsEndpoint | None = None
     tracer_provider: TracerProvider | None = None
     tls: ServerTls | None = None
@@ -212,6 +214,8 @@ class Sidecar:
         ``limits.drain_seconds`` or until ``cut_short`` is set. Kubernetes' readiness and load
         balancers act on the health service; a replica that stopped taking calls at once would
         refuse the calls sent before they noticed."""
+        if self.store_health is not None:
+            await self.store_health.stop()  # draining owns the health status from here
         seconds = self.settings.limits.drain_seconds
         if seconds <= 0 or cut_short.is_set():
             return
@@ -231,6 +235,8 @@ class Sidecar:
         sweep deletes or expires anything while turns drain. ``cut_short`` set (a signal during
         the grace) cancels the running turns at once instead of at the end of the grace."""
         await self.maintenance.stop()
+        if self.store_health is not None:
+            await self.store_health.stop()
         grace = self.settings.limits.shutdown_grace_seconds
         # A person at a terminal waits on this line: say how not to wait, when a signal can do it.
         hint = "" if cut_short is None else " (a second SIGINT/Ctrl-C or SIGTERM cancels them now)"
@@ -499,6 +505,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     maintenance = _start_maintenance(settings.durability, engine, submissions)
     replica = Replica(engine, resume=settings.durability.recover_on_start, submissions=submissions)
     replica.start()
+    store_health = StoreHealth(store, health, ("", SERVICE_NAME))
     sidecar = Sidecar(
         server=server,
         engine=engine,
@@ -514,8 +521,10 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
         tls=tls,
         authenticator=access.authenticator if access is not None else None,
         http=http,
+        store_health=store_health,
     )
     await _announce(sidecar)
+    store_health.start()  # after SERVING: from here NOT_SERVING follows the store's database
     return sidecar
 
 

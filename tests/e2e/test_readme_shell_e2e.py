@@ -38,7 +38,11 @@ RUN_HERE = {
     "certificates": "# A CA (keep ca.key away from the servers)",  # docs/operate/tls.md
     "tls_cli": "turnwire health --target 127.0.0.1:50051 --tls-ca ca.pem",  # docs/operate/tls.md
 }
-RUN_ELSEWHERE = {"node_modules/.bin/buf curl": "tests/test_doc_snippets.py"}  # docs/api/rpcs.md
+RUN_ELSEWHERE = {
+    "node_modules/.bin/buf curl": "tests/test_doc_snippets.py",  # docs/api/rpcs.md
+    # docs/api/http.md, "From curl"
+    "curl -sS http://127.0.0.1:8080/turnwire.v1.ChatService/": "tests/e2e/test_http_connect_e2e.py",
+}
 NOT_RUN = {
     # README.md and docs/getting-started.md
     "make demo": "the README's first screen: CI runs both commands (.ci/run: make test; make demo by hand)",

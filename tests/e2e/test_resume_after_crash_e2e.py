@@ -75,7 +75,10 @@ async def test_a_turn_killed_right_after_its_turn_end_resumes_with_every_event(
     assert first.returncode == -signal.SIGKILL
     assert seen[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
     if script == "long":
-        assert len(seen) == len(WORDS) + 6, [e.WhichOneof("event") for e in seen]
+        # Every word, in enough events to span several checkpoints; a reader that fell behind (a
+        # loaded CI) may get adjacent deltas merged (docs/semantics.md §10), so not one event each.
+        assert "".join(e.text_delta.delta for e in seen if e.HasField("text_delta")).split() == WORDS
+        assert len(seen) > len(WORDS) // 2, [e.WhichOneof("event") for e in seen]
 
     second = await sidecar_factory(settings, env=pythonpath_env(), store_url=store_url).start()
     async with TurnwireClient(second.target) as client:

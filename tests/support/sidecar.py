@@ -321,10 +321,11 @@ def running_sidecar(
     config: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
     tls: TlsOptions | None = None,
+    store_url: str | None = None,
 ) -> Iterator[SidecarProcess]:
     """A started :class:`SidecarProcess` for synchronous code (module-scoped fixtures);
-    killed on exit."""
-    sidecar = SidecarProcess(workdir, config, env, tls=tls)
+    killed on exit. ``store_url`` as for :class:`SidecarProcess`."""
+    sidecar = SidecarProcess(workdir, config, env, store_url=store_url, tls=tls)
     try:
         yield sidecar.start_blocking()
     finally:

@@ -56,9 +56,10 @@ export function freePort() {
 /**
  * A running sidecar: `address` (host:port), `stderrTail()`, and `stop()`, which sends SIGTERM
  * and resolves with the exit code (SIGKILL and a throw after 15 s). `client`: options of the
- * client that checks it is ready (`tls` for a TLS sidecar).
+ * client that checks it is ready (`tls` for a TLS sidecar). `startupTimeoutMs` is a deadline, not a
+ * speed target: a loaded 2-core CI has taken over 30 s to start a sidecar (as tests/support/sidecar.py).
  */
-export async function startSidecar(config = {}, { startupTimeoutMs = 30_000, client = {} } = {}) {
+export async function startSidecar(config = {}, { startupTimeoutMs = 60_000, client = {} } = {}) {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'turnwire-ts-client-'));
   const configPath = path.join(dir, 'turnwire.yaml');
   await writeFile(configPath, JSON.stringify(config));

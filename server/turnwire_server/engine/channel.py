@@ -40,6 +40,7 @@ class EventChannel(Generic[T]):
         "_items",
         "_low_water",
         "_merged",
+        "_take",
         "_waiter",
         "_watch",
         "detached_by",
@@ -55,6 +56,7 @@ class EventChannel(Generic[T]):
         self._high_water = high_water
         self._low_water = high_water // 2
         self._watch: tuple[T, Callable[[], None]] | None = None
+        self._take: tuple[T, asyncio.Future[None]] | None = None
         self._backlog = 0  # events the unread items stand for (merged ones included)
         self._merged: dict[int, int] = {}  # id(unread item) -> events merged into it
 
@@ -85,6 +87,23 @@ class EventChannel(Generic[T]):
             await self._drain_waiter
         finally:
             self._drain_waiter = None
+
+    async def taken(self, timeout_seconds: float) -> None:
+        """Wait until the consumer has taken the item put last, for at most ``timeout_seconds``
+        (at once when nothing is queued; on :meth:`detach` or :meth:`close`). For an RPC, its
+        write has then started: a producer that would go on working without awaiting anything
+        lets the item reach the wire first (a turn's first token, step_loop.py)."""
+        items = self._items
+        if not items:
+            return
+        loop = asyncio.get_running_loop()
+        take = self._take = (items[-1], loop.create_future())
+        handle = loop.call_later(timeout_seconds, _release, take[1])
+        try:
+            await take[1]
+        finally:
+            handle.cancel()
+            self._take = None
 
     def detach(self, reason: BaseException | None = None) -> None:
         """Let the consumer go for good (disconnect policy CONTINUE): drop what is queued and every
@@ -126,6 +145,8 @@ class EventChannel(Generic[T]):
     def close(self) -> None:
         """No more items; the consumer's iteration ends after the pending ones."""
         self._closed = True
+        if self._take is not None:
+            _release(self._take[1])
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
@@ -142,6 +163,9 @@ class EventChannel(Generic[T]):
                 drain_waiter = self._drain_waiter
                 if drain_waiter is not None and self._backlog <= self._low_water and not drain_waiter.done():
                     drain_waiter.set_result(None)
+                take = self._take
+                if take is not None and take[0] is item:
+                    _release(take[1])
                 yield item
                 watch = self._watch
                 if watch is not None and watch[0] is item:
@@ -151,3 +175,8 @@ class EventChannel(Generic[T]):
                 return
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
+
+
+def _release(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

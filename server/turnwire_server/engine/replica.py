@@ -8,6 +8,11 @@ turns (a batch, never a statement per turn), then one claims running turns whose
 store, so with several survivors each turn is recovered by one of them. With the embedded
 SQLite store one process serves the file: the claim at start finds every interrupted turn and
 later claims find none, and no cancel request ever comes from elsewhere.
+
+After the store was unreachable (a renewal failed), the first renewal that succeeds is followed
+by a lease's time without claims (issue 34, docs/operate/outages.md): the other replicas' leases
+may have lapsed during the same outage while they lived, and they renew within a third of a
+lease once they reach the store again.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import time
 
 from turnwire_server.engine.engine import TurnEngine
 from turnwire_server.engine.submissions import Submissions
@@ -39,6 +45,8 @@ class Replica:
         self._resume = resume
         self._submissions = submissions
         self._tasks: list[asyncio.Task[None]] = []
+        self._cut_off = False  # the last renewal failed (the store unreachable)
+        self._claims_from = 0.0  # time.monotonic() before which nothing is claimed
 
     @property
     def interval_seconds(self) -> float:
@@ -69,11 +77,25 @@ class Replica:
         lapsed turns were taken over."""
         engine = self._engine
         settings = engine.settings
+        lease_seconds = settings.durability.lease_seconds
         now = dt.datetime.now(dt.UTC)
-        until = now + dt.timedelta(seconds=settings.durability.lease_seconds)
-        await engine.store.renew_leases(settings.replica_id, until)
-        if engine.draining:
-            return 0  # a stopping replica takes on no new work
+        until = now + dt.timedelta(seconds=lease_seconds)
+        try:
+            await engine.store.renew_leases(settings.replica_id, until)
+        except Exception:
+            self._cut_off = True
+            raise
+        if self._cut_off:
+            # Back after the store was unreachable: every replica's renewals failed meanwhile, so
+            # their leases may have lapsed though they live. Claim nothing for a lease, while they
+            # renew theirs (within a third of it), so an outage takes over no live replica's turns.
+            self._cut_off = False
+            self._claims_from = time.monotonic() + lease_seconds
+            log.warning(
+                "leases renewed after the store was unreachable; no takeovers for %.0f s", lease_seconds
+            )
+        if engine.draining or time.monotonic() < self._claims_from:
+            return 0  # a stopping replica takes on no new work; one just back waits (above)
         claimed = await engine.store.claim_interrupted_turns(settings.replica_id, now, until, _CLAIM_BATCH)
         if claimed:
             log.warning("took over %d turn(s) whose replica stopped renewing its leases", len(claimed))

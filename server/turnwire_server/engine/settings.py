@@ -119,6 +119,12 @@ class DurabilitySettings(_EngineSection):
         le=3600,
         description="a running turn's lease; renewed every third of it; a lapsed one is recovered elsewhere",
     )
+    store_outage_seconds: float = Field(
+        60.0,
+        ge=0,
+        le=3600,
+        description="how long a turn's final write is retried while the store is unavailable (0: once)",
+    )
     stall_recovery: bool = Field(
         False, description="after the stall watchdog interrupts a turn, recover it in the same stream"
     )

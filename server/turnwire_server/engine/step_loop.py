@@ -48,6 +48,11 @@ from turnwire_server.store.base import TurnAdmission, TurnRunStore
 
 log = logging.getLogger("turnwire.turn")
 
+FIRST_TOKEN_HANDOVER_SECONDS = 0.25
+"""How long a turn's task waits, at most, for its RPC to take the first token before it goes on
+(:meth:`StepLoop._first_token`): a reader that does not take it by then is handled by the usual
+backpressure (docs/semantics.md §5)."""
+
 _FINISH_REASONS = {
     "stop": event_pb2.FINISH_REASON_STOP,
     "length": event_pb2.FINISH_REASON_LENGTH,
@@ -489,7 +494,7 @@ class StepLoop:
                         assistant.append(chunk.id, chunk.delta)
                         writer.text_delta(chunk.id, chunk.delta)
                         if first_token:
-                            first_token = self._first_token()
+                            first_token = await self._first_token(sent=True)
                     elif kind is chunks.ReasoningDelta:
                         # Hidden reasoning (send_reasoning=False) is kept for the model's
                         # next step but neither streamed nor stored.
@@ -497,7 +502,7 @@ class StepLoop:
                         if send_reasoning:
                             writer.reasoning_delta(chunk.id, chunk.delta)
                         if first_token:
-                            first_token = self._first_token()
+                            first_token = await self._first_token(sent=send_reasoning)
                     elif kind is chunks.ToolInputDelta:
                         input_delta = writer.new().tool_input_delta
                         input_delta.tool_call_id = chunk.tool_call_id
@@ -567,16 +572,22 @@ class StepLoop:
             raise TurnFailure("stream", unfinished)
         return finish
 
-    def _first_token(self) -> bool:
-        """Once per turn, its first token written: observe its time to first token, and have
-        the turn's spans started once the client has been sent it (``Tracing.start_later``);
-        False, for the caller's flag."""
+    async def _first_token(self, *, sent: bool) -> bool:
+        """Once per turn, its first token written: observe its time to first token, have the
+        turn's spans started once the client has been sent it (``Tracing.start_later``) and, when
+        it was ``sent`` as an event, let the RPC take it before this task goes on. Without that
+        wait a model stream whose next chunks are already read (a short answer arrives in one
+        read) is consumed to its end, and the step finished, before the RPC's task runs: the
+        first token would leave only then (bench/ttft.md, issue 33). False, for the caller's flag."""
         turn = self.state
         turn.first_token_seen = True
         metrics.TIME_TO_FIRST_TOKEN.labels(self._model_label).observe(time.perf_counter() - turn.admitted)
+        channel = turn.writer.channel
         start = turn.tracing.start_later()
         if start is not None:
-            turn.writer.channel.when_taken(start)
+            channel.when_taken(start)
+        if sent:
+            await channel.taken(FIRST_TOKEN_HANDOVER_SECONDS)
         return False
 
 

@@ -69,6 +69,7 @@ from turnwire_server.engine.ids import assistant_message_id, attempt_message_id
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.settings import EngineSettings
 from turnwire_server.engine.step_loop import StepLoop
+from turnwire_server.engine.store_outage import until_stored
 from turnwire_server.engine.stream_log import StreamTail
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.engine.turn_spec import spec_json
@@ -697,12 +698,18 @@ class TurnRun:
         tail = await self._stream_tail(end)
         try:
             # Shielded: a second cancel (client gone, shutdown) must not lose the reply.
+            # Retried through a store outage (the database restarting): the turn ends once its
+            # end is stored, never left running in the store behind an error (issue 34).
             await asyncio.shield(
-                self.store.finish_turn(
-                    record,
-                    message,
-                    events=tail.events if tail else (),
-                    stream_ended=tail is not None and tail.ended,
+                until_stored(
+                    lambda: self.store.finish_turn(
+                        record,
+                        message,
+                        events=tail.events if tail else (),
+                        stream_ended=tail is not None and tail.ended,
+                    ),
+                    patience_seconds=self.settings.durability.store_outage_seconds,
+                    what=f"turn {self.request.request_id}: storing its end",
                 )
             )
             self.stored_message = message

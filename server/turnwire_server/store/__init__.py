@@ -5,7 +5,15 @@ Importing this package loads no backend: :func:`open_store` imports the one a UR
 
 from __future__ import annotations
 
-from turnwire_server.store.base import AddMode, AddResult, ConversationRecord, Store, TurnRecord, TurnState
+from turnwire_server.store.base import (
+    AddMode,
+    AddResult,
+    ConversationRecord,
+    ReachableStore,
+    Store,
+    TurnRecord,
+    TurnState,
+)
 from turnwire_server.store.errors import (
     ConversationNotFound,
     InvalidPageToken,
@@ -14,7 +22,10 @@ from turnwire_server.store.errors import (
     MessageIdConflict,
     StoreCorrupted,
     StoreError,
+    StoreFull,
     StoreInUse,
+    StoreReadOnly,
+    StoreUnreachable,
     TurnAlreadyExists,
     TurnNotFound,
     UnknownMessage,
@@ -30,10 +41,14 @@ __all__ = [
     "MessageAlreadyAnswered",
     "MessageBeingWritten",
     "MessageIdConflict",
+    "ReachableStore",
     "Store",
     "StoreCorrupted",
     "StoreError",
+    "StoreFull",
     "StoreInUse",
+    "StoreReadOnly",
+    "StoreUnreachable",
     "TurnAlreadyExists",
     "TurnNotFound",
     "TurnRecord",

@@ -46,6 +46,7 @@ __all__ = [
     "ConversationRecord",
     "EngineStore",
     "MaintenanceStore",
+    "ReachableStore",
     "ReplayStore",
     "ReplicaStore",
     "Store",
@@ -534,6 +535,18 @@ class EngineStore(
 ):
     """Every role, for the engine that hands each collaborator the role it uses; opening and
     closing the store are the application's (:class:`Store`)."""
+
+
+@runtime_checkable
+class ReachableStore(Protocol):
+    """A store that knows when its database is gone (PostgreSQL: the listener's round trips,
+    docs/operate/outages.md); the application reports it on the health service. A store
+    without it (SQLite: a file, never "gone") counts as always reachable."""
+
+    @property
+    def reachable(self) -> bool:
+        """False while the database is known unreachable (work is refused at once meanwhile)."""
+        ...
 
 
 @runtime_checkable

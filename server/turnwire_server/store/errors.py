@@ -35,6 +35,49 @@ class StoreError(DomainError):
         return f"store unavailable: {self.public}"
 
 
+class StoreUnreachable(StoreError):
+    """The database cannot be reached now (restarted, down, or cut off): nothing was read or
+    written. Raised at once while the store knows the database is gone, so a call is refused
+    quickly rather than left to wait out a connection timeout; retryable after the delay
+    (docs/operate/outages.md). The client message names no address."""
+
+    retry_delay_seconds: float | None = 2.0
+
+    def __init__(
+        self, message: str, *, public: str = "the database cannot be reached; retry shortly"
+    ) -> None:
+        super().__init__(message, public=public)
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"cause": "unreachable"}, retry_after_seconds=self.retry_delay_seconds)
+
+
+class StoreFull(StoreError):
+    """The store has no room for a write (a full disk, a size limit): nothing of the write was
+    stored, what was stored before stays. ``RESOURCE_EXHAUSTED`` with reason ``STORE_FULL``,
+    retryable once the operator frees space (docs/operate/outages.md); the store recovers by
+    itself. The client message names neither the file nor the disk."""
+
+    error_reason = reasons.ERROR_REASON_STORE_FULL
+    status_code = CanonicalCode.RESOURCE_EXHAUSTED
+    retry_delay_seconds: float | None = 10.0
+
+    @property
+    def client_message(self) -> str:
+        return f"store full: {self.public}"
+
+
+class StoreReadOnly(StoreError):
+    """The store's file or disk refuses writes (a read-only mount, permissions): nothing was
+    written; reads still work. ``UNAVAILABLE`` (reason ``STORE_UNAVAILABLE``, metadata ``cause:
+    read_only``), retryable once the operator makes it writable again (docs/operate/outages.md)."""
+
+    retry_delay_seconds: float | None = 10.0
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(metadata={"cause": "read_only"}, retry_after_seconds=self.retry_delay_seconds)
+
+
 class StoreRefusal(StoreError):
     """The store refused a read or write for what it asked, not for a failure: nothing was
     stored, and the same request fails again (not retryable). The client sees the message as is;

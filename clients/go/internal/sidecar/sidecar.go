@@ -30,7 +30,9 @@ import (
 const EnvBinary = "TURNWIRE_BIN"
 
 const (
-	startTimeout = 30 * time.Second
+	// A deadline, not a speed target: as tests/support/sidecar.py, a loaded 2-core CI has taken
+	// over 30 s to start a process that imports grpc, the SDKs and pydantic.
+	startTimeout = 60 * time.Second
 	stopTimeout  = 15 * time.Second
 	portAttempts = 3
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -38,6 +39,9 @@ from turnwire_server.store.postgres.replicas import QUEUE_CHANNEL
 __all__ = ["TurnQueue"]
 
 log = logging.getLogger("turnwire_server.store.postgres")
+
+_RELEASE_RETRY_SECONDS: Final = (0.2, 0.5, 1.0, 2.0, 5.0)
+"""Waits before the retries of a failed turn-lock release (the last repeats)."""
 
 _SINGLE_COMMITS = COMMIT_DURATION.labels("postgresql", "single")
 _LOAD_COMPACTION: Final = db.native(LOAD_COMPACTION_SQL)
@@ -282,8 +286,27 @@ class TurnQueue(PostgresConnection):
 
         try:
             await self._write_batched("turn_lock release", body, conversation_id=conversation_id)
-        except StoreError as error:  # its lease lapses; the others skip it then
-            log.error("releasing the turn lock of %s failed: %s", conversation_id, error)
+        except StoreError as error:
+            # This replica renews its tickets' leases, so a ticket left behind would hold the
+            # line forever (issue 34): the release is retried until the database takes it.
+            log.warning("releasing the turn lock of %s failed (%s); retrying", conversation_id, error)
+            task = asyncio.create_task(self._release_later(conversation_id, body), name="turn_lock release")
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
+
+    async def _release_later(self, conversation_id: str, body: Callable[[Conn, int], Any]) -> None:
+        """Retry a failed release with backoff until it committed (the store closing ends it:
+        the ticket then lapses with this replica's leases)."""
+        for attempt in itertools.count():
+            await asyncio.sleep(_RELEASE_RETRY_SECONDS[min(attempt, len(_RELEASE_RETRY_SECONDS) - 1)])
+            if self._closed:
+                return
+            try:
+                await self._write_batched("turn_lock release", body, conversation_id=conversation_id)
+            except StoreError:
+                continue
+            log.info("released the turn lock of %s after %d retries", conversation_id, attempt + 1)
+            return
 
     def _ticket_params(
         self, conversation_id: str, request_id: str, owner: str, lease_us: int

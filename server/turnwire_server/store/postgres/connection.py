@@ -10,6 +10,7 @@ writes are the shared core's (:class:`CoreReads` on :meth:`~PostgresConnection._
 
 from __future__ import annotations
 
+import asyncio
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -23,7 +24,7 @@ from turnwire_server.store.core.message_cache import DecodedMessages
 from turnwire_server.store.core.reads import CoreReads
 from turnwire_server.store.core.sql import Program
 from turnwire_server.store.core.writes import ALONE, Commit, CoreWrites
-from turnwire_server.store.errors import StoreError, StoreValueRefused
+from turnwire_server.store.errors import StoreError, StoreUnreachable, StoreValueRefused
 from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.postgres import db
 from turnwire_server.store.postgres.batching import GroupCommit
@@ -44,6 +45,19 @@ session: the store's transactions never wait on anything but the database, so on
 (SIGSTOP, a frozen VM) or a partition leaves one open, and its row and advisory locks would
 otherwise keep the other replicas from taking its turns over (docs/semantics.md §5, "Fencing")."""
 _SINGLE_COMMITS = COMMIT_DURATION.labels("postgresql", "single")
+
+_KEEPALIVE: Final = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,
+}
+"""TCP keepalives and a send timeout (ms): a connection whose route was cut fails within about
+15 s instead of the kernel's many minutes, so a write in flight during a partition ends."""
+
+_GONE_SQLSTATES: Final = frozenset({"57P01", "57P02", "57P03"})
+"""Admin shutdown, crash shutdown, cannot connect now: the server is going or not yet back."""
 
 _CHECK_IDLE_S: Final = 2.0
 """A pooled connection idle longer than this is checked (one round trip) before it is handed
@@ -79,12 +93,13 @@ class PostgresConnection(CoreWrites, CoreReads):
         self._decoded = DecodedMessages("postgres")
         self._tickets = LocalTurnLocks()  # this process's tickets of a conversation go in call order
         self._group_commit = GroupCommit(self._require_pool, self._now_us, self._error)
-        self._listener = Listener(self._listen_connection)
+        self._listener = Listener(self._listen_connection, on_back=self._check_pool)
         # Writes of one conversation are applied in call order (Store: checkpoints are applied in
         # call order): taken before the first await, FIFO, so concurrent calls keep their order.
         self._write_order = LocalTurnLocks()
         self._last_us = 0
         self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._releases: set[asyncio.Task[None]] = set()  # turn-lock releases retried after an outage
 
     def connection_info(self) -> tuple[tuple[str], dict[str, Any]]:
         """``(args, kwargs)`` for ``psycopg.AsyncConnection.connect`` to this store's database (a
@@ -103,7 +118,11 @@ class PostgresConnection(CoreWrites, CoreReads):
     # ------------------------------------------------------------------ lifecycle
 
     def _connect_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": int(_CONNECT_TIMEOUT_S)}
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": int(_CONNECT_TIMEOUT_S),
+            **_KEEPALIVE,
+        }
         if self._target.password is not None:
             kwargs["password"] = self._target.password
         return kwargs
@@ -172,6 +191,12 @@ class PostgresConnection(CoreWrites, CoreReads):
         if returned is None or time.monotonic() - returned > _CHECK_IDLE_S:
             await psycopg_pool.AsyncConnectionPool.check_connection(conn)
 
+    async def _check_pool(self) -> None:
+        """The database answers again: replace the pooled connections it dropped meanwhile (a
+        restarted server closed them all) before calls are let through."""
+        if self._pool is not None:
+            await self._pool.check()
+
     async def _listen_connection(self) -> psycopg.AsyncConnection[Any]:
         """A connection of its own for ``LISTEN`` (not from the pool)."""
         return await psycopg.AsyncConnection.connect(self._target.conninfo, **self._connect_kwargs())
@@ -179,6 +204,8 @@ class PostgresConnection(CoreWrites, CoreReads):
     async def close(self) -> None:
         """Close the pool (waiting for connections in use to come back). Idempotent."""
         self._closed = True
+        for task in self._releases:
+            task.cancel()
         await self._listener.stop()
         pool, self._pool = self._pool, None
         if pool is not None:
@@ -200,6 +227,17 @@ class PostgresConnection(CoreWrites, CoreReads):
         if isinstance(exc, StoreError):
             return exc
         sqlstate = getattr(exc, "sqlstate", None)
+        if self._is_gone(exc, sqlstate):
+            # The database went away (issue 34): the listener confirms, and calls are refused at
+            # once (StoreUnreachable, with a retry delay) until it answers again.
+            self._listener.suspect()
+            text = self._target.redact_text(str(exc).strip() or type(exc).__name__)
+            gone = StoreUnreachable(
+                f"postgres store {self._target.display}: {what} failed: {text}",
+                public=f"postgres store: {what} failed: the database cannot be reached; retry shortly",
+            )
+            gone.__cause__ = None
+            return gone
         if isinstance(exc, psycopg_pool.PoolTimeout):
             detail = f"no database connection within {self._timeout_s:g} s (pool of {self._pool_size})"
             public = f"postgres store: {what} failed: {detail}"
@@ -214,10 +252,29 @@ class PostgresConnection(CoreWrites, CoreReads):
         err.__cause__ = None
         return err
 
+    @staticmethod
+    def _is_gone(exc: BaseException, sqlstate: str | None) -> bool:
+        """True for a failure that says the database is gone rather than the statement wrong: a
+        lost or refused connection (no SQLSTATE, or class 08) or a server shutting down."""
+        if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            return False
+        return sqlstate is None or sqlstate.startswith("08") or sqlstate in _GONE_SQLSTATES
+
+    @property
+    def reachable(self) -> bool:
+        """False while the database is known gone (docs/operate/outages.md): work is refused
+        at once with :class:`StoreUnreachable` until the listener's round trip answers again."""
+        return self._listener.reachable
+
     def _require_pool(self, what: str) -> psycopg_pool.AsyncConnectionPool[Any]:
         pool = self._pool
         if pool is None:
             raise StoreError(f"postgres store: {what}: store is not open")
+        if not self._listener.reachable:
+            raise StoreUnreachable(
+                f"postgres store {self._target.display}: {what}: the database is unreachable",
+                public=f"postgres store: {what}: the database cannot be reached; retry shortly",
+            )
         return pool
 
     async def _read(self, what: str, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[Any]:

@@ -22,6 +22,13 @@ was accepted that no replica claimed: its replica had no free slot) and wakes th
 when the connection drops; waiters re-check on their own timeout meanwhile, so a lost
 notification only delays them.
 
+**Reachability.** The listener is also the store's probe of the database (issue 34): between
+notifications it sends ``SELECT 1`` every ``PROBE_SECONDS`` and waits at most ``PROBE_TIMEOUT_SECONDS``
+for the answer, so a restarted server (the connection reset) and a cut route (no answer) are
+both noticed within a few seconds without a connection of its own. :attr:`Listener.reachable`
+is False from then until a new connection has ``LISTEN``\\ ed again; the store refuses work at
+once meanwhile, and the health service reports NOT_SERVING (docs/operate/outages.md).
+
 Why not a queue library (procrastinate and the like): a turn is not a job to hand to any
 worker, it runs on the replica that received the call (its caller streams from there), so what
 is needed is a lock with an order, not a job queue; the two tables and one listener are less
@@ -36,7 +43,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -48,7 +55,11 @@ CANCEL_CHANNEL = "turnwire_cancel"
 EVENTS_CHANNEL = "turnwire_events"
 SUBMISSIONS_CHANNEL = "turnwire_submissions"
 _CHANNELS = (QUEUE_CHANNEL, CANCEL_CHANNEL, EVENTS_CHANNEL, SUBMISSIONS_CHANNEL)
-_RECONNECT_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)
+_RECONNECT_SECONDS = (0.1, 0.5, 1.0, 2.0)
+PROBE_SECONDS = 1.0
+"""Seconds between the listener's round trips when no notification comes."""
+PROBE_TIMEOUT_SECONDS = 3.0
+"""An answer slower than this counts as the database unreachable (a cut route answers never)."""
 _CANCEL_BACKLOG = 1024
 
 
@@ -56,17 +67,35 @@ class Listener:
     """The store's ``LISTEN`` connection: wakes queue waiters by conversation, event followers by
     request id, and hands cancel requests to :meth:`cancel_requests`.
 
-    ``connect`` opens a new autocommit connection (its errors are retried with backoff).
+    ``connect`` opens a new autocommit connection (its errors are retried with backoff);
+    ``on_back`` runs when the database answers again after it was unreachable, before
+    :attr:`reachable` turns True (the store checks its pooled connections there).
     """
 
-    def __init__(self, connect: Callable[[], Any]) -> None:
+    def __init__(
+        self, connect: Callable[[], Any], on_back: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         self._connect = connect
+        self._on_back = on_back
         self._task: asyncio.Task[None] | None = None
         self._waiters: dict[tuple[str, str], set[asyncio.Event]] = defaultdict(set)
         self._cancels: asyncio.Queue[str] = asyncio.Queue(_CANCEL_BACKLOG)
         self.offered = asyncio.Event()  # set by a submission offered to any replica
         self._stopping = False
         self.connected = asyncio.Event()
+        self.reachable = True
+        """False while the database is known gone: from a failed round trip (here, or a pooled
+        connection's, :meth:`suspect`) until the listener has connected and ``LISTEN``\\ ed again."""
+
+    def suspect(self) -> None:
+        """A pooled connection failed as if the database were gone: count it unreachable now; the
+        listener's next round trip (within :data:`PROBE_SECONDS`) sets :attr:`reachable` back
+        when the database still answers."""
+        if self.reachable:
+            log.warning(
+                "postgres store: the database stopped answering; refusing work until it answers again"
+            )
+        self.reachable = False
 
     def start(self) -> None:
         """Start listening (idempotent)."""
@@ -129,19 +158,39 @@ class Listener:
                 for channel in _CHANNELS:
                     await conn.execute(f"LISTEN {channel}")
                 failures = 0
+                await self._back()
                 self.connected.set()
                 # Whatever was notified while not listening is missed: wake every waiter to re-check.
                 self.offered.set()
                 for waiters in self._waiters.values():
                     for event in waiters:
                         event.set()
-                async for notify in conn.notifies():
-                    self._dispatch(notify.channel, notify.payload)
-            except psycopg.Error as error:
+                await self._listen(conn)
+            except (psycopg.Error, TimeoutError) as error:
                 if self._stopping:  # cancelling a wait for notifications can surface as this
                     return
-                log.warning("postgres listener: connection lost (%s); reconnecting", error)
+                self.reachable = False
+                log.warning("postgres listener: connection lost (%s); reconnecting", error or "no answer")
             finally:
                 self.connected.clear()
                 with contextlib.suppress(psycopg.Error):
                     await conn.close()
+
+    async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Dispatch notifications; every :data:`PROBE_SECONDS` one round trip proves the database
+        still answers (and brings :attr:`reachable` back after :meth:`suspect`). Returns never;
+        raises ``psycopg.Error`` or ``TimeoutError`` when the connection is lost."""
+        while True:
+            async for notify in conn.notifies(timeout=PROBE_SECONDS):
+                self._dispatch(notify.channel, notify.payload)
+            async with asyncio.timeout(PROBE_TIMEOUT_SECONDS):
+                await conn.execute("SELECT 1")
+            await self._back()
+
+    async def _back(self) -> None:
+        if self.reachable:
+            return
+        if self._on_back is not None:
+            await self._on_back()
+        log.warning("postgres store: the database answers again")
+        self.reachable = True

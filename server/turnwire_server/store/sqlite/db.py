@@ -3,13 +3,14 @@ core's write programs, the dialect, and how ``sqlite3`` errors become :class:`St
 
 from __future__ import annotations
 
+import errno
 import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
 
 from turnwire_server.store.core.rows import MessageRow
 from turnwire_server.store.core.sql import Program, Statement
-from turnwire_server.store.errors import StoreError
+from turnwire_server.store.errors import StoreError, StoreFull, StoreReadOnly
 
 __all__ = ["DB_ERRORS", "DIALECT", "WriteFn", "run_program", "store_error"]
 
@@ -24,12 +25,24 @@ DB_ERRORS: Final = (sqlite3.Error, ValueError, OSError)
 
 
 def store_error(exc: BaseException, what: str) -> StoreError:
-    """``exc`` as a :class:`StoreError` saying what failed (``exc`` itself when it is one)."""
+    """``exc`` as a :class:`StoreError` saying what failed (``exc`` itself when it is one): a
+    full disk or size limit (``SQLITE_FULL``, ``ENOSPC``) is :class:`StoreFull`, a file or disk
+    that refuses writes (``SQLITE_READONLY*``, ``EROFS``) :class:`StoreReadOnly` (issue 34,
+    docs/operate/outages.md); their client text names the cause, never the file."""
     if isinstance(exc, StoreError):
         return exc
     code = getattr(exc, "sqlite_errorname", None)
     detail = f"{code}: {exc}" if code else str(exc) or type(exc).__name__
-    err = StoreError(f"sqlite store: {what} failed: {detail}")
+    message = f"sqlite store: {what} failed: {detail}"
+    err: StoreError
+    if code == "SQLITE_FULL" or getattr(exc, "errno", None) == errno.ENOSPC:
+        err = StoreFull(
+            message, public="no room left on the store's disk for the write; nothing of it was stored"
+        )
+    elif (code or "").startswith("SQLITE_READONLY") or getattr(exc, "errno", None) == errno.EROFS:
+        err = StoreReadOnly(message, public="the store's file refuses writes (read-only); nothing was stored")
+    else:
+        err = StoreError(message)
     err.__cause__ = exc
     return err
 

@@ -228,6 +228,10 @@ class SqliteWriter:
                 try:
                     apply(conn, self._now_us())
                 except Exception as exc:
+                    if not conn.in_transaction:
+                        # SQLite rolled the whole transaction back (SQLITE_FULL, an I/O error):
+                        # no write of the batch was applied; each fails with this cause.
+                        raise
                     conn.execute("ROLLBACK TO write")
                     outcomes.append(exc)
                 else:

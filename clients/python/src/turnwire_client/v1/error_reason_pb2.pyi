@@ -134,6 +134,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     goes on there: follow it with ResumeTurn (any replica) from the last
     sequence number seen. ErrorInfo metadata `request_id`.
     """
+    ERROR_REASON_STORE_FULL: _ErrorReason.ValueType  # 38
+    """The store has no room for a write (a full disk or a size limit): nothing of
+    the write was stored; retry once the operator freed space.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnwire sends,
@@ -252,5 +256,9 @@ store longer than `durability.lease_seconds`) and another replica took the
 turn over; nothing this replica produced after that was stored. The turn
 goes on there: follow it with ResumeTurn (any replica) from the last
 sequence number seen. ErrorInfo metadata `request_id`.
+"""
+ERROR_REASON_STORE_FULL: ErrorReason.ValueType  # 38
+"""The store has no room for a write (a full disk or a size limit): nothing of
+the write was stored; retry once the operator freed space.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

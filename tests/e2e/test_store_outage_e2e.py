@@ -1,0 +1,191 @@
+"""The database goes away and comes back under a live sidecar (issue 34; docs/operate/outages.md).
+
+One ``turnwire serve`` runs on a PostgreSQL cluster of this module's own (``support.pg_cluster``:
+``initdb`` + ``pg_ctl`` on a free port, never the suite's shared server), reached through a
+cuttable loopback proxy (``support.tcp_proxy``). Faults: the cluster restarted with ``pg_ctl``
+(``stop -m fast``, then ``start``), the link reset (a closed port) and blackholed (a cut route:
+nothing answers) for ``OUTAGE_SECONDS``. Checked:
+
+- while the database is gone, health reports NOT_SERVING and a new call is refused at once with
+  ``UNAVAILABLE`` (reason ``STORE_UNAVAILABLE``) and a ``RetryInfo`` delay, naming no address;
+  once it is back, SERVING again and calls run: the pool and the listener recovered in place;
+- a turn in flight across the outage completes once the database is back: its user message and
+  its whole reply stored once, the turn ended once, its queue ticket gone, never recovered
+  (the replica kept its lease).
+
+Before (main at 5106143): health stayed SERVING throughout; a new call waited out the pool's
+30 s timeout; a turn whose final write met the outage ended ``ERROR`` and stayed ``running`` in
+the store, its lease renewed by its own replica forever (never recovered, its conversation's
+queue blocked).
+
+Size: ``TURNWIRE_STRESS_SCALE`` (default 1: 4 s outages; ``make stress``, 10: 30 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import psycopg
+import pytest
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.pg_cluster import PgCluster
+from support.sidecar import SidecarProcess, running_sidecar
+from support.tcp_proxy import TcpProxy
+from support.waiting import wait_until
+
+from turnwire_client import TurnwireClient, TurnwireError, collect
+from turnwire_client.v1 import event_pb2, message_pb2
+
+pytestmark = pytest.mark.postgres
+
+SCALE = int(os.environ.get("TURNWIRE_STRESS_SCALE", "1"))
+OUTAGE_SECONDS = 30.0 if SCALE >= 10 else 4.0
+REFUSED_WITHIN_SECONDS = 3.0  # a refusal, not a wait for the pool's 30 s timeout
+WORDS = [f"w{i}" for i in range(15)]
+CONFIG = {
+    "providers": {
+        "scripted": {
+            "scripts": {
+                "short": [{"text": "stored after the outage"}],
+                # 15 chunks 100 ms apart: the answer ends, and its final write is due, mid-outage.
+                "slow": [{"text": " ".join(WORDS), "delay_ms": 100}],
+            }
+        }
+    },
+    "checkpoint": {"interval_ms": 50},
+    "store": {"pool_size": 4},
+    "durability": {"lease_seconds": 6, "store_outage_seconds": 90},
+}
+_ids = itertools.count()
+
+
+class Rig:
+    """The module's cluster, the proxy in front of it and the sidecar behind the proxy."""
+
+    def __init__(self, cluster: PgCluster, proxy: TcpProxy, sidecar: SidecarProcess) -> None:
+        self.cluster = cluster
+        self.proxy = proxy
+        self.sidecar = sidecar
+
+    def sql(self, query: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        """Run ``query`` on the cluster directly (not through the proxy)."""
+        with psycopg.connect(self.cluster.url, autocommit=True) as conn:
+            return list(conn.execute(query.encode(), params).fetchall())
+
+    async def health(self) -> str:
+        """The overall health status's name, or ``unreachable``."""
+        async with grpc.aio.insecure_channel(self.sidecar.target) as channel:
+            try:
+                reply = await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=5
+                )
+            except grpc.RpcError:
+                return "unreachable"
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+    async def wait_health(self, status: str, timeout: float) -> None:  # noqa: ASYNC109
+        async def reached() -> bool:
+            return await self.health() == status
+
+        await wait_until(reached, timeout=timeout, what=f"health {status}\n{self.sidecar.log_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    with PgCluster() as cluster, TcpProxy("127.0.0.1", cluster.port) as proxy:
+        workdir: Path = tmp_path_factory.mktemp("store-outage")
+        store_url = f"postgresql://postgres@{proxy.address}/postgres"
+        with running_sidecar(workdir, CONFIG, store_url=store_url) as sidecar:
+            yield Rig(cluster, proxy, sidecar)
+
+
+async def replay(events: list[event_pb2.TurnEvent]) -> AsyncIterator[event_pb2.TurnEvent]:
+    for event in events:
+        yield event
+
+
+def new_conversation() -> str:
+    return f"outage-{next(_ids)}"
+
+
+async def assert_refused_at_once(rig: Rig, client: TurnwireClient) -> None:
+    """A new turn is refused within :data:`REFUSED_WITHIN_SECONDS`: UNAVAILABLE, a retry hint,
+    no address of the database in the message."""
+    started = time.monotonic()
+    with pytest.raises(TurnwireError) as refused:
+        await collect(client.chat(new_conversation(), "are you there?", model="scripted:short"))
+    took = time.monotonic() - started
+    error = refused.value
+    assert error.code == grpc.StatusCode.UNAVAILABLE, error
+    assert error.reason == "STORE_UNAVAILABLE", error
+    assert took < REFUSED_WITHIN_SECONDS, f"refused after {took:.1f} s"
+    assert error.status is not None
+    assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in error.status.details), error
+    for secret in ("127.0.0.1", str(rig.proxy.port), str(rig.cluster.port), "postgres@"):
+        assert secret not in error.message, error.message
+
+
+async def assert_serves_again(rig: Rig, client: TurnwireClient) -> None:
+    await rig.wait_health("SERVING", timeout=30)
+    result = await collect(client.chat(new_conversation(), "hello again", model="scripted:short"))
+    assert result.status_name == "COMPLETED", result.error
+
+
+@pytest.mark.parametrize("how", ["reset", "blackhole"])
+async def test_while_the_database_is_unreachable_calls_are_refused_at_once_and_health_follows(
+    rig: Rig, how: str
+) -> None:
+    async with TurnwireClient(rig.sidecar.target) as client:
+        await assert_serves_again(rig, client)
+        rig.proxy.cut(how)  # type: ignore[arg-type]
+        try:
+            await rig.wait_health("NOT_SERVING", timeout=15)
+            await assert_refused_at_once(rig, client)
+            await asyncio.sleep(OUTAGE_SECONDS)  # the outage's length is the fault being injected
+            await assert_refused_at_once(rig, client)
+        finally:
+            rig.proxy.restore()
+        await assert_serves_again(rig, client)
+
+
+@pytest.mark.parametrize("fault", ["restart", "blackhole"])
+async def test_a_turn_in_flight_across_an_outage_completes_once_the_database_is_back(
+    rig: Rig, fault: str
+) -> None:
+    conversation = new_conversation()
+    async with TurnwireClient(rig.sidecar.target) as client:
+        await assert_serves_again(rig, client)
+        events = aiter(client.chat(conversation, "tell me a long story", model="scripted:slow"))
+        seen = [await anext(events)]
+        while seen[-1].WhichOneof("event") != "text_delta":
+            seen.append(await anext(events))  # up to the first chunk: the turn is stored and running
+        if fault == "restart":
+            await asyncio.to_thread(rig.cluster.stop)
+        else:
+            rig.proxy.cut("blackhole")
+        try:
+            await rig.wait_health("NOT_SERVING", timeout=15)
+            await asyncio.sleep(OUTAGE_SECONDS)  # the outage's length is the fault being injected
+        finally:
+            if fault == "restart":
+                await asyncio.to_thread(rig.cluster.start)
+            else:
+                rig.proxy.restore()
+        seen.extend([event async for event in events])
+        result = await collect(replay(seen))
+        assert result.status_name == "COMPLETED", f"{result.error}\n{rig.sidecar.log_text()[-3000:]}"
+        assert result.text == " ".join(WORDS)
+        await assert_serves_again(rig, client)
+        history = await client.get_conversation(conversation)
+    roles = [message_pb2.Role.Name(message.role) for message in history.messages]
+    assert roles == ["ROLE_USER", "ROLE_ASSISTANT"], roles
+    turns = rig.sql("SELECT state, recovery_count FROM turns WHERE conversation_id = %s", (conversation,))
+    assert turns == [("completed", 0)], turns
+    assert rig.sql("SELECT count(*) FROM turn_queue WHERE conversation_id = %s", (conversation,)) == [(0,)]
