@@ -51,8 +51,8 @@ from _common import (  # noqa: E402
     wait_for_quiet,
     write_tables_json,
 )
+from _ttft_clients import QUESTION, Upstream  # noqa: E402
 from http_door import _Servicer, first_token, request, sidecar  # noqa: E402
-from ttft import QUESTION, Upstream  # noqa: E402
 
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc  # noqa: E402
 
