@@ -52,6 +52,17 @@ class ModelFromBody(Middleware):
         return TurnConfig(model=str(model)) if model else None
 
 
+class ModelFromMetadata(Middleware):
+    """``before_turn``: use ``body["metadata"]["use_model"]`` as the turn's model: what an OpenAI
+    door request's ``metadata`` reaches hooks as (docs/api/openai.md)."""
+
+    async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
+        """``TurnConfig(model=…)`` when the body's metadata names one."""
+        metadata = ctx.body.get("metadata")
+        model = metadata.get("use_model") if isinstance(metadata, dict) else None
+        return TurnConfig(model=str(model)) if model else None
+
+
 class ActiveToolsFromBody(Middleware):
     """``before_turn``: limit the model to ``body["active_tools"]`` (a list of tool names)."""
 

@@ -29,6 +29,8 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls, metadata_of
 from turnwire_server.http.connect_door import ConnectDoor, endpoints_of
+from turnwire_server.http.openai_chat import ChatCompletionsDoor
+from turnwire_server.http.openai_door import ResponsesDoor
 from turnwire_server.http.settings import PROTOCOL_REQUEST_HEADERS, PROTOCOL_RESPONSE_HEADERS, CorsSettings
 
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
@@ -80,6 +82,15 @@ def health_door(context: DoorContext) -> Door:
     return Door("health", [Route("/healthz", healthz, methods=["GET"])])
 
 
+def openai_door(context: DoorContext) -> Door:
+    """OpenAI's Responses and Chat Completions (``/v1/responses``, ``/v1/chat/completions``): the
+    OpenAI SDKs get the sidecar's turns
+    (:mod:`turnwire_server.http.openai_door`, docs/api/openai.md)."""
+    responses = ResponsesDoor(context.calls, context.read_max_bytes)
+    chat = ChatCompletionsDoor(context.calls, context.read_max_bytes)
+    return Door("OpenAI", [*responses.routes(), *chat.routes()])
+
+
 def build_app(context: DoorContext, doors: Sequence[DoorFactory], cors: CorsSettings) -> Starlette:
     """The listener's ASGI application: ``doors`` built from ``context``, in order (the first
     route that matches a path wins), behind CORS when ``cors.allow_origins`` names any."""
@@ -102,4 +113,4 @@ def build_app(context: DoorContext, doors: Sequence[DoorFactory], cors: CorsSett
     return app
 
 
-__all__ = ["Door", "DoorContext", "DoorFactory", "build_app", "connect_door", "health_door"]
+__all__ = ["Door", "DoorContext", "DoorFactory", "build_app", "connect_door", "health_door", "openai_door"]

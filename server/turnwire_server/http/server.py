@@ -34,13 +34,20 @@ import uvicorn
 from starlette.applications import Starlette
 
 from turnwire_server.api.tls_settings import ServerTlsSettings
-from turnwire_server.http.doors import DoorContext, DoorFactory, build_app, connect_door, health_door
+from turnwire_server.http.doors import (
+    DoorContext,
+    DoorFactory,
+    build_app,
+    connect_door,
+    health_door,
+    openai_door,
+)
 from turnwire_server.http.settings import HttpSettings
 from turnwire_server.listen_check import ListenAddressError, check_listen_address, hold_listen_address
 
 log = logging.getLogger("turnwire.http")
 
-DOORS: tuple[DoorFactory, ...] = (health_door, connect_door)
+DOORS: tuple[DoorFactory, ...] = (health_door, connect_door, openai_door)
 """The doors of the listener, in route order (docs/http.md#adding-a-door)."""
 
 

@@ -1,0 +1,391 @@
+"""OpenAI's Chat Completions (``POST /v1/chat/completions``) over Turnwire turns.
+
+docs/api/openai.md#chat-completions. The caller keeps the history and sends it whole, as Chat
+Completions callers do. The sidecar runs a turn on it all the same: the hook chain, the model
+through the configured provider, and the tool loop for the sidecar's own tools (only the
+model's text and the calls of the request's own ``tools`` come back). By default nothing
+outlives the call: the messages are stored under a conversation of their own for the turn's
+duration (the engine runs turns on stored conversations) and deleted when it ends, so there is
+no stored history and no resume. Naming a conversation (``"conversation": "<id>"`` in the body,
+``extra_body`` in the SDKs) keeps it: the request's messages after its last assistant message
+are appended to that conversation (``tool`` messages answer its pending calls), the stored
+history is what the model sees, and the turn is readable and resumable from every door.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from google.protobuf.message import Message
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
+from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls
+from turnwire_server.http.openai_door import call_info, json_response, read_body, struct_of
+from turnwire_server.http.openai_errors import bad_request, ended_error, ended_response
+
+_SERVICE = "/turnwire.v1.ChatService/"
+_PARAMS = {"conversation_id": "conversation", "client_tools": "tools", "messages": "messages"}
+_ROLES = {
+    "user": message_pb2.ROLE_USER,
+    "system": message_pb2.ROLE_SYSTEM,
+    "developer": message_pb2.ROLE_SYSTEM,
+    "assistant": message_pb2.ROLE_ASSISTANT,
+}
+_FOR_HOOKS = (
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "tool_choice",
+    "parallel_tool_calls",
+    "metadata",
+    "user",
+    "stop",
+    "seed",
+    "response_format",
+    "reasoning_effort",
+)
+_FINISH = {
+    event_pb2.FINISH_REASON_LENGTH: "length",
+    event_pb2.FINISH_REASON_CONTENT_FILTER: "content_filter",
+    event_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
+}
+
+
+class _Problem(Exception):
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.message, self.param = message, param
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        texts = []
+        for index, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else part
+                raise _Problem(
+                    f"{where}[{index}]: this door takes text parts only; got {kind!r}", f"{where}[{index}]"
+                )
+            texts.append(str(part.get("text", "")))
+        return "".join(texts)
+    raise _Problem(f"{where}: a string or a list of text parts", where)
+
+
+def _messages(raw: list[Any]) -> list[message_pb2.Message]:
+    """The request's messages as Turnwire messages: an assistant's ``tool_calls`` become tool-call
+    parts, completed by the ``tool`` messages that answer them."""
+    messages: list[message_pb2.Message] = []
+    calls: dict[str, message_pb2.ToolCallPart] = {}
+    for index, item in enumerate(raw):
+        where = f"messages[{index}]"
+        if not isinstance(item, dict):
+            raise _Problem(f"{where}: a message object", where)
+        role = item.get("role")
+        if role == "tool":
+            call = calls.get(str(item.get("tool_call_id")))
+            if call is None:
+                raise _Problem(
+                    f"{where}.tool_call_id: no earlier assistant tool call has this id",
+                    f"{where}.tool_call_id",
+                )
+            output = _text(item.get("content"), f"{where}.content")
+            call.state = message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
+            call.output_json = _json_text(output)
+            continue
+        if role not in _ROLES:
+            raise _Problem(
+                f"{where}.role: one of system, developer, user, assistant, tool; got {role!r}",
+                f"{where}.role",
+            )
+        message = message_pb2.Message(role=_ROLES[role])
+        text = _text(item.get("content"), f"{where}.content")
+        if text or role != "assistant":
+            message.parts.add(text=message_pb2.TextPart(text=text))
+        for number, tool_call in enumerate(item.get("tool_calls") or []) if role == "assistant" else ():
+            function = tool_call.get("function") or {}
+            part = message.parts.add().tool_call
+            part.tool_call_id = str(tool_call.get("id") or f"call-{index}-{number}")
+            part.tool_name = str(function.get("name", ""))
+            part.input_json = function.get("arguments") or "{}"
+            part.state = message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE
+            part.client_executed = True
+            calls[part.tool_call_id] = part
+        messages.append(message)
+    return messages
+
+
+def _json_text(output: str) -> str:
+    try:
+        orjson.loads(output)
+    except orjson.JSONDecodeError:
+        return orjson.dumps(output).decode()
+    return output
+
+
+def _client_tools(raw: list[Any]) -> list[chat_service_pb2.ClientTool]:
+    tools = []
+    for index, tool in enumerate(raw):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
+            raise _Problem(
+                f"tools[{index}]: only function tools are taken by this door", f"tools[{index}].type"
+            )
+        offered = chat_service_pb2.ClientTool(
+            name=str(function.get("name", "")), description=str(function.get("description") or "")
+        )
+        if isinstance(function.get("parameters"), dict):
+            offered.input_schema.update(function["parameters"])
+        tools.append(offered)
+    return tools
+
+
+class _Completion:
+    """The chat completion a turn's events make (text, pending client tool calls, usage)."""
+
+    def __init__(self, completion_id: str, model: str, client_tools: set[str]) -> None:
+        self.id, self.model, self.client_tools = completion_id, model, client_tools
+        self.created = int(time.time())
+        self.text: list[str] = []
+        self.calls: dict[str, dict[str, Any]] = {}
+        self.finish = "stop"
+        self.usage: dict[str, Any] | None = None
+        self.error: dict[str, Any] | None = None
+
+    def chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        }
+
+    def feed(self, event: event_pb2.TurnEvent) -> list[dict[str, Any]]:
+        """The chunks ``event`` makes when streamed."""
+        kind = event.WhichOneof("event")
+        if kind == "turn_start":
+            self.model = self.model or event.turn_start.model
+            return [self.chunk({"role": "assistant", "content": ""})]
+        if kind == "text_delta":
+            self.text.append(event.text_delta.delta)
+            return [self.chunk({"content": event.text_delta.delta})]
+        if kind == "tool_input_available" and event.tool_input_available.tool_name in self.client_tools:
+            available = event.tool_input_available
+            call = {
+                "index": len(self.calls),
+                "id": available.tool_call_id,
+                "type": "function",
+                "function": {"name": available.tool_name, "arguments": available.input_json or "{}"},
+            }
+            self.calls[available.tool_call_id] = call
+            return [self.chunk({"tool_calls": [call]})]
+        if kind in ("tool_output_available", "tool_output_error", "tool_output_denied"):
+            self.calls.pop(getattr(event, kind).tool_call_id, None)
+        elif kind == "step_finish":
+            self.finish = _FINISH.get(event.step_finish.finish_reason, "stop")
+        elif kind == "turn_end":
+            end = event.turn_end
+            usage = end.usage
+            self.usage = {
+                "prompt_tokens": usage.input_tokens,
+                "completion_tokens": usage.output_tokens,
+                "total_tokens": usage.total_tokens or usage.input_tokens + usage.output_tokens,
+                "prompt_tokens_details": {"cached_tokens": usage.cached_input_tokens},
+                "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+            }
+            if self.calls:
+                self.finish = "tool_calls"
+            elif self.finish == "tool_calls":
+                self.finish = "stop"
+            if end.status in (event_pb2.TURN_STATUS_ERROR, event_pb2.TURN_STATUS_INTERRUPTED):
+                self.error = {
+                    "message": end.error.message or "the turn failed",
+                    "type": "server_error",
+                    "param": None,
+                    "code": "server_error",
+                }
+            return [self.chunk({}, self.finish)]
+        return []
+
+    def whole(self) -> dict[str, Any]:
+        """The non-streamed ``chat.completion``."""
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(self.text) or None,
+            "refusal": None,
+        }
+        if self.calls:
+            message["tool_calls"] = [
+                {k: v for k, v in c.items() if k != "index"} for c in self.calls.values()
+            ]
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish, "logprobs": None}],
+            "usage": self.usage,
+        }
+
+
+def _turn_request(sent: list[Any], named: bool, common: dict[str, Any]) -> tuple[str, Message]:
+    """The RPC and request for the request's ``messages``: all of them (``SaveMessages``) in a
+    conversation of the call's own; with a named conversation, those after the last assistant
+    message: ``tool`` messages answer its pending calls (``SubmitToolResults``), other messages
+    are appended (``SaveMessages``)."""
+    if not named:
+        return "SaveMessages", chat_service_pb2.SaveMessagesRequest(messages=_messages(sent), **common)
+    last = max(
+        (i for i, m in enumerate(sent) if isinstance(m, dict) and m.get("role") == "assistant"), default=-1
+    )
+    tail = sent[last + 1 :]
+    answers = [m for m in tail if isinstance(m, dict) and m.get("role") == "tool"]
+    if answers and len(answers) < len(tail):
+        raise _Problem(
+            "messages: after the last assistant message, send either its tool results or new messages, "
+            "not both (with a named conversation)",
+            "messages",
+        )
+    if answers:
+        results = [
+            chat_service_pb2.ToolResult(
+                tool_call_id=str(m.get("tool_call_id", "")),
+                output_json=_json_text(_text(m.get("content"), f"messages[{last + 1 + i}].content")),
+            )
+            for i, m in enumerate(answers)
+        ]
+        return "SubmitToolResults", chat_service_pb2.SubmitToolResultsRequest(
+            results=results, auto_continue=True, **common
+        )
+    if not tail:
+        raise _Problem("messages: nothing new after the last assistant message", "messages")
+    return "SaveMessages", chat_service_pb2.SaveMessagesRequest(messages=_messages(tail), **common)
+
+
+def _data(chunks: list[dict[str, Any]]) -> bytes:
+    """``chunks`` as server-sent ``data:`` lines, one write (compact JSON holds no newline)."""
+    return b"".join(b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks)
+
+
+class ChatCompletionsDoor:
+    """``POST /v1/chat/completions`` over ``calls`` (see the module docstring)."""
+
+    def __init__(self, calls: InProcessCalls, read_max_bytes: int) -> None:
+        self.calls = calls
+        self.read_max_bytes = read_max_bytes
+
+    def routes(self) -> list[Route]:
+        """The door's Starlette routes."""
+        return [Route("/v1/chat/completions", self.create, methods=["POST"])]
+
+    async def create(self, request: Request) -> Response:
+        """``POST /v1/chat/completions``."""
+        raw = await read_body(request, self.read_max_bytes)
+        if isinstance(raw, Response):
+            return raw
+        try:
+            body = orjson.loads(raw or b"{}")
+        except orjson.JSONDecodeError as error:
+            return bad_request(f"the body is not JSON: {error}", None)
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+            return bad_request("messages: a non-empty list of messages", "messages")
+        named = body.get("conversation")
+        if named is not None and not isinstance(named, str):
+            return bad_request("conversation: a Turnwire conversation id (a string)", "conversation")
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        conversation = named or completion_id
+        common: dict[str, Any] = {
+            "conversation_id": conversation,
+            "request_id": completion_id,
+            "model": str(body.get("model") or ""),
+            "body": struct_of({name: body[name] for name in _FOR_HOOKS if name in body}),
+        }
+        try:
+            client_tools = _client_tools(body.get("tools") or [])
+            method, message = _turn_request(body["messages"], bool(named), common)
+        except _Problem as problem:
+            return bad_request(problem.message, problem.param)
+        message.client_tools.extend(client_tools)  # type: ignore[attr-defined]
+        call = call_info(request)
+        completion = _Completion(completion_id, str(body.get("model") or ""), {t.name for t in client_tools})
+        events: AsyncIterator[Any] = self.calls.stream(_SERVICE + method, message, call)
+        forget = None if named else conversation
+        try:
+            first = await anext(events)
+        except CallEnded as ended:
+            await self._forget(forget, call)
+            return ended_response(ended, param_names=_PARAMS)
+        except StopAsyncIteration:
+            first = None
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return EventSourceResponse(
+                self._sse(first, events, completion, include_usage=include_usage, forget=forget, call=call),
+                ping=15,
+            )
+        try:
+            if first is not None:
+                completion.feed(first.event)
+                async for item in events:
+                    completion.feed(item.event)
+        except CallEnded as ended:
+            return ended_response(ended, param_names=_PARAMS)
+        finally:
+            await self._forget(forget, call)
+        if completion.error is not None:
+            return Response(
+                orjson.dumps({"error": completion.error}), status_code=500, media_type="application/json"
+            )
+        return json_response(completion.whole())
+
+    async def _sse(
+        self,
+        first: Any,
+        events: AsyncIterator[Any],
+        completion: _Completion,
+        *,
+        include_usage: bool,
+        forget: str | None,
+        call: CallInfo,
+    ) -> AsyncIterator[bytes]:
+        try:
+            if first is not None:
+                if chunks := _data(completion.feed(first.event)):
+                    yield chunks
+                async for item in events:
+                    if chunks := _data(completion.feed(item.event)):
+                        yield chunks
+            if completion.error is not None:
+                yield _data([{"error": completion.error}])
+            elif include_usage:
+                yield _data([{**completion.chunk({}), "choices": [], "usage": completion.usage}])
+            yield b"data: [DONE]\n\n"
+        except CallEnded as ended:
+            _, error = ended_error(ended, param_names=_PARAMS)
+            yield _data([error])
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+            await self._forget(forget, call)
+
+    async def _forget(self, conversation: str | None, call: CallInfo) -> None:
+        """Delete the call's own conversation (none was named): nothing outlives the call."""
+        if conversation is None:
+            return
+        request = chat_service_pb2.DeleteConversationRequest(conversation_id=conversation, allow_missing=True)
+        with contextlib.suppress(CallEnded):
+            await self.calls.unary(_SERVICE + "DeleteConversation", request, call)
+
+
+__all__ = ["ChatCompletionsDoor"]

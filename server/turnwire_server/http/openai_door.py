@@ -1,0 +1,407 @@
+"""The OpenAI-compatible door: OpenAI's Responses API over the same turns (docs/api/openai.md).
+
+Routes (issue 36):
+
+- ``POST /v1/responses``: a turn (``Chat``, ``SaveMessages``, or ``SubmitToolResults`` for
+  ``function_call_output`` items), streamed as OpenAI's server-sent events (``stream: true``) or
+  answered as one Response object; ``background: true`` is a submission (``SubmitMessages``,
+  streamed with ``WatchSubmission``).
+- ``GET /v1/responses/{id}``: the response of turn ``id`` (``ResumeTurn`` from the start; it
+  waits for the turn to end, a long poll; a submission not yet started answers ``queued``);
+  ``?stream=true&starting_after=N`` streams its events after sequence number ``N``.
+- ``POST /v1/responses/{id}/cancel``: ``CancelSubmission`` or ``CancelChat``, then the Response.
+
+A translator at the edge: every call goes through
+:class:`~turnwire_server.http.calls.InProcessCalls` (the gRPC server's interceptors and
+servicer: authentication by the ``Authorization: Bearer`` header the SDKs send, tenants, limits,
+metrics, traces), and the events are the turn's own sequenced log read by
+:class:`~turnwire_server.http.openai_response_log.ResponseLog`. ``conversation`` is a Turnwire
+conversation id, ``model`` a Turnwire model id, a response id a turn's request id.
+``previous_response_id`` continues the conversation of that response when it is the latest
+response there; an older one (a branch) is refused until conversations can fork.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from google.protobuf import struct_pb2
+from google.protobuf.message import Message
+from sse_starlette import EventSourceResponse
+from sse_starlette.sse import AppStatus
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from turnwire_client.v1 import chat_service_pb2, message_pb2
+from turnwire_server.engine.ids import assistant_message_id
+from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls, metadata_of
+from turnwire_server.http.openai_errors import bad_request, ended_error, ended_response, error_response
+from turnwire_server.http.openai_request import RequestProblem, TurnInput, parse_request, turn_input
+from turnwire_server.http.openai_response_log import ResponseLog
+
+_SERVICE = "/turnwire.v1.ChatService/"
+_PARAMS = {"conversation_id": "conversation", "client_tools": "tools", "request_id": "response_id"}
+"""Turnwire field names to this door's parameters, in error bodies."""
+
+_SUBMISSION_QUEUED = chat_service_pb2.SUBMISSION_STATE_PENDING
+_SUBMISSION_ABORTED = chat_service_pb2.SUBMISSION_STATE_ABORTED
+
+
+def call_info(request: Request) -> CallInfo:
+    """The :class:`CallInfo` of an HTTP request: its headers as metadata, its peer."""
+    client = request.client
+    peer = f"ipv4:{client.host}:{client.port}" if client else "unknown"
+    return CallInfo(metadata_of(request.headers.items()), peer)
+
+
+async def read_body(request: Request, limit: int) -> bytes | Response:
+    """The request's body, or a 413 answer once it passes ``limit`` bytes (read no further)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return error_response(
+                413,
+                f"the body is larger than the sidecar takes ({limit} bytes, "
+                "limits.max_receive_message_bytes)",
+                "invalid_request_error",
+                None,
+                "request_too_large",
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def json_response(value: Any) -> Response:
+    """200 with ``value`` as JSON."""
+    return Response(orjson.dumps(value), media_type="application/json")
+
+
+def struct_of(values: dict[str, Any]) -> struct_pb2.Struct:
+    """``values`` as a ``google.protobuf.Struct`` (a turn's ``body``)."""
+    struct = struct_pb2.Struct()
+    struct.update(values)
+    return struct
+
+
+class ResponsesDoor:
+    """The Responses routes over ``calls`` (see the module docstring); request bodies up to
+    ``read_max_bytes``."""
+
+    def __init__(self, calls: InProcessCalls, read_max_bytes: int) -> None:
+        self.calls = calls
+        self.read_max_bytes = read_max_bytes
+        # The sidecar's drain and grace govern open streams (docs/operate/stopping.md), not
+        # sse-starlette's own watch for uvicorn's exit, which would end them at once.
+        AppStatus.enable_automatic_graceful_drain = False
+
+    def routes(self) -> list[Route]:
+        """The door's Starlette routes."""
+        return [
+            Route("/v1/responses", self.create, methods=["POST"]),
+            Route("/v1/responses/{response_id}", self.retrieve, methods=["GET"]),
+            Route("/v1/responses/{response_id}/cancel", self.cancel, methods=["POST"]),
+        ]
+
+    # -- POST /v1/responses ----------------------------------------------------------------------
+
+    async def create(self, request: Request) -> Response:
+        """``POST /v1/responses``."""
+        raw = await read_body(request, self.read_max_bytes)
+        if isinstance(raw, Response):
+            return raw
+        try:
+            parsed = parse_request(raw)
+            turn = turn_input(parsed)
+        except RequestProblem as problem:
+            return bad_request(problem.message, problem.param)
+        call = call_info(request)
+        if parsed.conversation_id and parsed.previous_response_id:
+            return bad_request(
+                "conversation and previous_response_id cannot both be given: name one",
+                "previous_response_id",
+                "mutually_exclusive",
+            )
+        conversation = parsed.conversation_id
+        if parsed.previous_response_id:
+            found = await self._latest_conversation(parsed.previous_response_id, call)
+            if isinstance(found, Response):
+                return found
+            conversation = found
+        conversation = conversation or f"conv-{uuid.uuid4().hex}"
+        echo = turn.echo | {"background": bool(parsed.background)}
+        if parsed.background:
+            return await self._submit(
+                conversation, parsed.model or "", turn, echo, call, stream=bool(parsed.stream)
+            )
+        response_id = f"resp-{uuid.uuid4().hex}"
+        method, message = self._turn_request(conversation, response_id, parsed.model or "", turn)
+        events = self.calls.stream(_SERVICE + method, message, call)
+        log = ResponseLog(response_id, echo=echo)
+        return await self._answer(events, log, stream=bool(parsed.stream))
+
+    def _turn_request(
+        self, conversation: str, response_id: str, model: str, turn: TurnInput
+    ) -> tuple[str, Message]:
+        common: dict[str, Any] = {
+            "conversation_id": conversation,
+            "request_id": response_id,
+            "model": model,
+            "client_tools": turn.client_tools,
+            "body": struct_of(turn.body),
+        }
+        if turn.results:
+            return "SubmitToolResults", chat_service_pb2.SubmitToolResultsRequest(
+                results=turn.results, auto_continue=True, **common
+            )
+        if len(turn.messages) == 1 and turn.messages[0].role == message_pb2.ROLE_USER:
+            return "Chat", chat_service_pb2.ChatRequest(message=turn.messages[0], **common)
+        return "SaveMessages", chat_service_pb2.SaveMessagesRequest(messages=turn.messages, **common)
+
+    async def _submit(
+        self,
+        conversation: str,
+        model: str,
+        turn: TurnInput,
+        echo: dict[str, Any],
+        call: CallInfo,
+        *,
+        stream: bool,
+    ) -> Response:
+        if turn.results:
+            return bad_request(
+                "background: function_call_output items continue a response in the foreground; "
+                "send them without background",
+                "background",
+            )
+        submission_id = f"resp-{uuid.uuid4().hex}"
+        submit = chat_service_pb2.SubmitMessagesRequest(
+            conversation_id=conversation,
+            messages=turn.messages,
+            submission_id=submission_id,
+            model=model,
+            client_tools=turn.client_tools,
+            body=struct_of(turn.body),
+        )
+        try:
+            await self.calls.unary(_SERVICE + "SubmitMessages", submit, call)
+        except CallEnded as ended:
+            return ended_response(ended, param_names=_PARAMS)
+        log = ResponseLog(submission_id, echo=echo, status="queued")
+        log.response["conversation"] = {"id": conversation}
+        log.response["model"] = model
+        if not stream:
+            return json_response(log.snapshot())
+        watch = chat_service_pb2.WatchSubmissionRequest(submission_id=submission_id)
+        return await self._answer(
+            self.calls.stream(_SERVICE + "WatchSubmission", watch, call), log, stream=True
+        )
+
+    async def _latest_conversation(self, response_id: str, call: CallInfo) -> str | Response:
+        """The conversation of response ``response_id`` when it is that conversation's latest
+        response; else OpenAI's 400 (an older one) or 404 (unknown)."""
+        replay = self.calls.stream(
+            _SERVICE + "ResumeTurn", chat_service_pb2.ResumeTurnRequest(request_id=response_id), call
+        )
+        try:
+            first = await anext(replay)
+        except CallEnded as ended:
+            return error_response(
+                404 if ended.code.name == "NOT_FOUND" else 400,
+                f"previous_response_id: no response {response_id!r} (or its events are past the "
+                "sidecar's durability.event_retention_seconds)",
+                "invalid_request_error",
+                "previous_response_id",
+                "previous_response_not_found",
+            )
+        finally:
+            await replay.aclose()  # type: ignore[attr-defined]
+        conversation = str(first.event.conversation_id)  # type: ignore[attr-defined]
+        own = assistant_message_id(response_id)
+        replies: list[str] = []
+        token = ""
+        while True:
+            page = await self.calls.unary(
+                _SERVICE + "GetConversation",
+                chat_service_pb2.GetConversationRequest(conversation_id=conversation, page_token=token),
+                call,
+            )
+            replies += [m.id for m in page.conversation.messages if m.role == message_pb2.ROLE_ASSISTANT]  # type: ignore[attr-defined]
+            token = page.next_page_token  # type: ignore[attr-defined]
+            if not token:
+                break
+        if own in replies and replies[-1] != own:
+            return bad_request(
+                f"previous_response_id: {response_id!r} is not the latest response of its conversation; "
+                "a response can only follow the latest one (conversations cannot branch yet): "
+                f"continue from the latest, or name the conversation ({conversation!r})",
+                "previous_response_id",
+                "previous_response_not_latest",
+            )
+        return conversation
+
+    # -- answering: one Response, or its events over SSE -----------------------------------------
+
+    async def _answer(
+        self, events: AsyncIterator[Any], log: ResponseLog, *, stream: bool, after: int = -1
+    ) -> Response:
+        """The Response of the turn ``events`` carry, or (``stream``) its events after sequence
+        number ``after`` as server-sent events. A call refused before its first event is
+        OpenAI's error answer."""
+        try:
+            first = await anext(events)
+        except CallEnded as ended:
+            return ended_response(ended, param_names=_PARAMS)
+        except StopAsyncIteration:
+            first = None
+        if not stream:
+            try:
+                if first is not None:
+                    log.feed(first.event)
+                    async for item in events:
+                        log.feed(item.event)
+            except CallEnded as ended:
+                return ended_response(ended, param_names=_PARAMS)
+            return json_response(log.snapshot())
+        return EventSourceResponse(self._sse(first, events, log, after), ping=15)
+
+    async def _sse(
+        self, first: Any, events: AsyncIterator[Any], log: ResponseLog, after: int
+    ) -> AsyncIterator[bytes]:
+        try:
+            if first is not None:
+                if frames := _frames(log.feed(first.event), after):
+                    yield frames
+                async for item in events:
+                    if frames := _frames(log.feed(item.event), after):
+                        yield frames
+        except CallEnded as ended:
+            _, body = ended_error(ended, param_names=_PARAMS)
+            error = {"type": "error", "sequence_number": log.next_sequence_number, **body["error"]}
+            yield _frames([error], -1)
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    # -- GET /v1/responses/{id}, POST /v1/responses/{id}/cancel ----------------------------------
+
+    async def retrieve(self, request: Request) -> Response:
+        """``GET /v1/responses/{id}`` (see the module docstring)."""
+        response_id = request.path_params["response_id"]
+        stream = request.query_params.get("stream", "false").lower() == "true"
+        after_text = request.query_params.get("starting_after", "")
+        try:
+            after = int(after_text) if after_text else -1
+        except ValueError:
+            return bad_request("starting_after: a sequence number (an integer)", "starting_after")
+        return await self._read(response_id, call_info(request), stream=stream, after=after)
+
+    async def _read(self, response_id: str, call: CallInfo, *, stream: bool, after: int = -1) -> Response:
+        if not stream:  # a submission that has not run answers at once, not when it has run
+            pending = await self._pending_submission(response_id, call)
+            if pending is not None:
+                return pending
+        replay = self.calls.stream(
+            _SERVICE + "ResumeTurn", chat_service_pb2.ResumeTurnRequest(request_id=response_id), call
+        )
+        try:
+            first = await anext(replay)
+        except CallEnded as ended:
+            await replay.aclose()  # type: ignore[attr-defined]
+            if ended.code.name != "NOT_FOUND":
+                return ended_response(ended, param_names=_PARAMS)
+            return await self._submission(response_id, call, stream=stream, after=after, ended=ended)
+        except StopAsyncIteration:
+            first = None
+
+        async def events() -> AsyncIterator[Any]:
+            if first is not None:
+                yield first
+            async for item in replay:
+                yield item
+
+        return await self._answer(events(), ResponseLog(response_id), stream=stream, after=after)
+
+    async def _pending_submission(self, response_id: str, call: CallInfo) -> Response | None:
+        """The Response of submission ``response_id`` when it is queued or was cancelled before it
+        ran; None when there is no such submission or it has run (its turn stream tells)."""
+        try:
+            found = await self.calls.unary(
+                _SERVICE + "GetSubmission",
+                chat_service_pb2.GetSubmissionRequest(submission_id=response_id),
+                call,
+            )
+        except CallEnded:
+            return None
+        submission = found.submission  # type: ignore[attr-defined]
+        if submission.state not in (_SUBMISSION_QUEUED, _SUBMISSION_ABORTED) or submission.start_time.seconds:
+            return None
+        log = ResponseLog(response_id, status="queued", echo={"background": True})
+        log.response["conversation"] = {"id": submission.conversation_id}
+        if submission.state == _SUBMISSION_ABORTED:
+            log.response["status"] = "cancelled"
+        return json_response(log.snapshot())
+
+    async def _submission(
+        self, response_id: str, call: CallInfo, *, stream: bool, after: int, ended: CallEnded
+    ) -> Response:
+        """A response whose turn stream ``ResumeTurn`` does not find: a submission (queued, cancelled
+        before it ran, or started since), read with ``WatchSubmission``; else ``ended`` (404)."""
+        try:
+            found = await self.calls.unary(
+                _SERVICE + "GetSubmission",
+                chat_service_pb2.GetSubmissionRequest(submission_id=response_id),
+                call,
+            )
+        except CallEnded:
+            return ended_response(ended, param_names=_PARAMS)
+        submission = found.submission  # type: ignore[attr-defined]
+        log = ResponseLog(response_id, status="queued", echo={"background": True})
+        log.response["conversation"] = {"id": submission.conversation_id}
+        if not stream and submission.state in (_SUBMISSION_QUEUED, _SUBMISSION_ABORTED):
+            if submission.state == _SUBMISSION_ABORTED:
+                log.response["status"] = "cancelled"
+            return json_response(log.snapshot())
+        watch = chat_service_pb2.WatchSubmissionRequest(submission_id=response_id)
+        return await self._answer(
+            self.calls.stream(_SERVICE + "WatchSubmission", watch, call), log, stream=stream, after=after
+        )
+
+    async def cancel(self, request: Request) -> Response:
+        """``POST /v1/responses/{id}/cancel``: the turn (or submission) is cancelled; answers
+        its Response once it has ended."""
+        response_id = request.path_params["response_id"]
+        call = call_info(request)
+        try:
+            await self.calls.unary(
+                _SERVICE + "CancelSubmission",
+                chat_service_pb2.CancelSubmissionRequest(submission_id=response_id),
+                call,
+            )
+        except CallEnded as ended:
+            if ended.code.name != "NOT_FOUND":
+                return ended_response(ended, param_names=_PARAMS)
+            try:
+                await self.calls.unary(
+                    _SERVICE + "CancelChat", chat_service_pb2.CancelChatRequest(request_id=response_id), call
+                )
+            except CallEnded as refused:
+                return ended_response(refused, param_names=_PARAMS)
+        return await self._read(response_id, call, stream=False)
+
+
+def _frames(events: list[dict[str, Any]], after: int) -> bytes:
+    """The server-sent events of ``events`` numbered above ``after``, as one chunk: one write per
+    turn event rather than per OpenAI event (compact JSON holds no newline, so one ``data:`` line)."""
+    return b"".join(
+        b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+        for event in events
+        if event["sequence_number"] > after
+    )
+
+
+__all__ = ["ResponsesDoor", "call_info", "json_response", "read_body", "struct_of"]

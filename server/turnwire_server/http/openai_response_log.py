@@ -1,0 +1,349 @@
+"""A turn's sequenced events, read as an OpenAI Response and its streaming events.
+
+:class:`ResponseLog` is fed a turn's ``TurnEvent`` s in order (from ``Chat``, ``ResumeTurn``,
+``WatchSubmission`` …) and answers the OpenAI Responses streaming events each one makes
+(``response.created``, ``response.output_item.added``, ``response.output_text.delta`` …,
+``response.completed``), and the Response object as it stands (docs/api/openai.md#events).
+
+The translation is a pure function of the turn's event log: the same log always gives the same
+OpenAI events with the same ``sequence_number`` s (0, 1, 2 … without gaps, as OpenAI numbers
+them). So an OpenAI sequence number is a cursor into the turn's log: resuming after ``N``
+(``starting_after``) replays the log from its start through a new log and sends what comes after
+``N``. Events without a sequence number (``Progress`` keepalives) make nothing.
+
+What maps (one turn = one response, its request id = the response id):
+
+- text blocks → ``message`` items with one ``output_text`` part;
+- reasoning blocks → ``reasoning`` items with one ``reasoning_text`` part;
+- tool calls → ``function_call`` items (a client tool's call ends the turn waiting for its
+  ``function_call_output``); the result of a call the sidecar ran (a server tool) →
+  a ``function_call_output`` item, so a caller sees the whole tool loop;
+- ``TurnEnd`` → ``response.completed`` (``incomplete`` when the last step hit the output limit),
+  ``response.failed`` (a failed or interrupted turn), or ``response.incomplete`` with status
+  ``cancelled`` (a cancelled turn), with the turn's usage.
+
+Sources, files, tool approvals and recovery attempts have no Responses event; they are not
+sent (the turn's stored message keeps them: read it over gRPC or Connect).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from turnwire_client.v1 import event_pb2
+from turnwire_server.http.openai_errors import turn_error
+
+_STATUS = {
+    event_pb2.TURN_STATUS_COMPLETED: "completed",
+    event_pb2.TURN_STATUS_ERROR: "failed",
+    event_pb2.TURN_STATUS_ABORTED: "cancelled",
+    event_pb2.TURN_STATUS_INTERRUPTED: "failed",
+    event_pb2.TURN_STATUS_SKIPPED: "completed",
+}
+
+_TERMINAL_EVENT = {
+    "completed": "response.completed",
+    "incomplete": "response.incomplete",
+    "failed": "response.failed",
+    "cancelled": "response.incomplete",
+}
+
+
+def usage_of(usage: Any) -> dict[str, Any]:
+    """OpenAI's ``ResponseUsage`` of a ``turnwire.v1.Usage`` (tokens)."""
+    return {
+        "input_tokens": usage.input_tokens,
+        "input_tokens_details": {
+            "cached_tokens": usage.cached_input_tokens,
+            "cache_write_tokens": usage.cache_write_input_tokens,
+        },
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.total_tokens or usage.input_tokens + usage.output_tokens,
+    }
+
+
+class ResponseLog:
+    """One response, built from its turn's events (see the module docstring).
+
+    ``response_id`` is the turn's request id; ``echo`` holds the request fields a Response repeats
+    (``instructions``, ``tools``, ``metadata``, ``previous_response_id`` …); ``status`` is the
+    status before the turn starts (``queued`` for a background response)."""
+
+    def __init__(self, response_id: str, *, echo: dict[str, Any] | None = None, status: str = "in_progress"):
+        self.response: dict[str, Any] = {
+            "id": response_id,
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": status,
+            "background": False,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": None,
+            "metadata": {},
+            "model": "",
+            "output": [],
+            "parallel_tool_calls": True,
+            "previous_response_id": None,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": None,
+            "conversation": None,
+        }
+        if echo:
+            self.response.update(echo)
+        self.next_sequence_number = 0
+        self.ended = False
+        self._open: dict[str, int] = {}  # text/reasoning block id or tool call id → output index
+        self._finish_length = False
+
+    # -- output items -------------------------------------------------------------------------
+
+    def _event(self, type_: str, out: list[dict[str, Any]], **fields: Any) -> None:
+        out.append({"type": type_, "sequence_number": self.next_sequence_number, **fields})
+        self.next_sequence_number += 1
+
+    def _add_item(self, key: str | None, item: dict[str, Any], out: list[dict[str, Any]]) -> int:
+        index = len(self.response["output"])
+        self.response["output"].append(item)
+        if key is not None:
+            self._open[key] = index
+        self._event("response.output_item.added", out, output_index=index, item=_copy(item))
+        return index
+
+    def _item_id(self, prefix: str) -> str:
+        return f"{prefix}_{self.response['id']}_{len(self.response['output'])}"
+
+    def _done_item(self, index: int, out: list[dict[str, Any]], status: str = "completed") -> None:
+        item = self.response["output"][index]
+        item["status"] = status
+        if item["type"] in ("message", "reasoning"):
+            part = item["content"][0]
+            text_event = (
+                "response.output_text.done" if item["type"] == "message" else "response.reasoning_text.done"
+            )
+            extra: dict[str, Any] = {"logprobs": []} if item["type"] == "message" else {}
+            self._event(
+                text_event,
+                out,
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=part["text"],
+                **extra,
+            )
+            self._event(
+                "response.content_part.done",
+                out,
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=dict(part),
+            )
+        self._event("response.output_item.done", out, output_index=index, item=_copy(item))
+
+    def _block_start(self, key: str, kind: str, out: list[dict[str, Any]]) -> None:
+        item: dict[str, Any]
+        part: dict[str, Any]
+        if kind == "message":
+            item = {
+                "id": self._item_id("msg"),
+                "type": "message",
+                "role": "assistant",
+                "status": "in_progress",
+            }
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        else:
+            item = {"id": self._item_id("rs"), "type": "reasoning", "summary": [], "status": "in_progress"}
+            part = {"type": "reasoning_text", "text": ""}
+        item["content"] = [part]
+        shown = {**item, "content": []}
+        index = len(self.response["output"])
+        self.response["output"].append(item)
+        self._open[key] = index
+        self._event("response.output_item.added", out, output_index=index, item=shown)
+        self._event(
+            "response.content_part.added",
+            out,
+            item_id=item["id"],
+            output_index=index,
+            content_index=0,
+            part=dict(part),
+        )
+
+    def _block_delta(self, key: str, delta: str, out: list[dict[str, Any]]) -> None:
+        index = self._open.get(key)
+        if index is None:
+            return
+        item = self.response["output"][index]
+        item["content"][0]["text"] += delta
+        if item["type"] == "message":
+            self._event(
+                "response.output_text.delta",
+                out,
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                delta=delta,
+                logprobs=[],
+            )
+        else:
+            self._event(
+                "response.reasoning_text.delta",
+                out,
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                delta=delta,
+            )
+
+    def _block_end(self, key: str, out: list[dict[str, Any]]) -> None:
+        index = self._open.pop(key, None)
+        if index is not None:
+            self._done_item(index, out)
+
+    def _call_item(self, call_id: str, name: str, out: list[dict[str, Any]]) -> int:
+        index = self._open.get(call_id)
+        if index is None:
+            item = {
+                "id": self._item_id("fc"),
+                "type": "function_call",
+                "call_id": call_id,
+                "name": name,
+                "arguments": "",
+                "status": "in_progress",
+            }
+            index = self._add_item(call_id, item, out)
+        return index
+
+    def _call_done(self, call_id: str, name: str, arguments: str, out: list[dict[str, Any]]) -> None:
+        index = self._call_item(call_id, name, out)
+        del self._open[call_id]
+        item = self.response["output"][index]
+        item["arguments"] = arguments
+        self._event(
+            "response.function_call_arguments.done",
+            out,
+            item_id=item["id"],
+            output_index=index,
+            name=item["name"],
+            arguments=arguments,
+        )
+        self._done_item(index, out)
+
+    def _call_output(self, call_id: str, name: str, output: str, out: list[dict[str, Any]]) -> None:
+        item = {
+            "id": self._item_id("fco"),
+            "type": "function_call_output",
+            "call_id": call_id,
+            "name": name or None,
+            "output": output,
+            "status": "completed",
+        }
+        index = self._add_item(None, item, out)
+        self._event("response.output_item.done", out, output_index=index, item=_copy(item))
+
+    # -- the turn's events ----------------------------------------------------------------------
+
+    def feed(self, event: event_pb2.TurnEvent) -> list[dict[str, Any]]:
+        """The OpenAI streaming events ``event`` makes (often one, sometimes none or several),
+        each with its ``sequence_number``; the Response (:attr:`response`) is updated."""
+        out: list[dict[str, Any]] = []
+        if self.ended or event.sequence_number == 0:
+            return out
+        kind = event.WhichOneof("event")
+        if kind == "turn_start":
+            self.response["status"] = "in_progress"
+            self.response["model"] = self.response["model"] or event.turn_start.model
+            self.response["conversation"] = {"id": event.conversation_id}
+            self._event("response.created", out, response=self.snapshot())
+            self._event("response.in_progress", out, response=self.snapshot())
+        elif kind == "text_start":
+            self._block_start(f"t:{event.text_start.id}", "message", out)
+        elif kind == "text_delta":
+            self._block_delta(f"t:{event.text_delta.id}", event.text_delta.delta, out)
+        elif kind == "text_end":
+            self._block_end(f"t:{event.text_end.id}", out)
+        elif kind == "reasoning_start":
+            self._block_start(f"r:{event.reasoning_start.id}", "reasoning", out)
+        elif kind == "reasoning_delta":
+            self._block_delta(f"r:{event.reasoning_delta.id}", event.reasoning_delta.delta, out)
+        elif kind == "reasoning_end":
+            self._block_end(f"r:{event.reasoning_end.id}", out)
+        elif kind == "tool_input_start":
+            self._call_item(event.tool_input_start.tool_call_id, event.tool_input_start.tool_name, out)
+        elif kind == "tool_input_delta":
+            delta = event.tool_input_delta
+            index = self._open.get(delta.tool_call_id)
+            if index is not None:
+                item = self.response["output"][index]
+                item["arguments"] += delta.input_text_delta
+                self._event(
+                    "response.function_call_arguments.delta",
+                    out,
+                    item_id=item["id"],
+                    output_index=index,
+                    delta=delta.input_text_delta,
+                )
+        elif kind == "tool_input_available":
+            available = event.tool_input_available
+            self._call_done(available.tool_call_id, available.tool_name, available.input_json or "{}", out)
+        elif kind == "tool_input_error":
+            failed = event.tool_input_error
+            self._call_done(failed.tool_call_id, failed.tool_name, failed.raw_input, out)
+            self._call_output(failed.tool_call_id, failed.tool_name, failed.error_text, out)
+        elif kind == "tool_output_available" and not event.tool_output_available.preliminary:
+            result = event.tool_output_available
+            self._call_output(result.tool_call_id, result.tool_name, result.output_json, out)
+        elif kind == "tool_output_error":
+            self._call_output(
+                event.tool_output_error.tool_call_id,
+                event.tool_output_error.tool_name,
+                event.tool_output_error.error_text,
+                out,
+            )
+        elif kind == "tool_output_denied":
+            denied = event.tool_output_denied
+            self._call_output(denied.tool_call_id, denied.tool_name, denied.reason or "denied", out)
+        elif kind == "step_finish":
+            self._finish_length = event.step_finish.finish_reason == event_pb2.FINISH_REASON_LENGTH
+        elif kind == "turn_end":
+            self.response["conversation"] = {"id": event.conversation_id}
+            self._end(event.turn_end, out)
+        return out
+
+    def _end(self, end: event_pb2.TurnEnd, out: list[dict[str, Any]]) -> None:
+        if self.next_sequence_number == 0:  # a turn that never started (SKIPPED): still opened first
+            self._event("response.created", out, response=self.snapshot())
+        status = _STATUS.get(end.status, "failed")
+        for index in sorted(self._open.values()):
+            self._done_item(index, out, status="incomplete")
+        self._open.clear()
+        if status == "completed" and self._finish_length:
+            status = "incomplete"
+            self.response["incomplete_details"] = {"reason": "max_output_tokens"}
+        if end.HasField("error") and status == "failed":
+            self.response["error"] = turn_error(end.error)
+        elif end.HasField("error") and end.status == event_pb2.TURN_STATUS_SKIPPED:
+            status = "failed"
+            self.response["error"] = turn_error(end.error)
+        self.response["status"] = status
+        self.response["usage"] = usage_of(end.usage)
+        self.response["completed_at"] = int(time.time())
+        self.ended = True
+        self._event(_TERMINAL_EVENT[status], out, response=self.snapshot())
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of the Response as it stands (items copied, so later events do not change it)."""
+        return {**self.response, "output": [_copy(item) for item in self.response["output"]]}
+
+
+def _copy(item: dict[str, Any]) -> dict[str, Any]:
+    copied = dict(item)
+    if "content" in copied:
+        copied["content"] = [dict(part) for part in copied["content"]]
+    return copied
+
+
+__all__ = ["ResponseLog", "usage_of"]

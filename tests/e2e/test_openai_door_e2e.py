@@ -1,0 +1,449 @@
+"""The OpenAI-compatible door (docs/api/openai.md): Responses and Chat Completions, driven by the official
+``openai`` Python SDK, unmodified, against a real ``turnwire serve`` with ``http.listen`` and
+``auth:`` on: ``responses.create`` streamed and not, ``responses.stream``, resuming with
+``starting_after``, a client tool round trip with ``function_call_output``, the server tool loop,
+``previous_response_id``, background responses, cancel, tenants, errors, and a turn started
+over gRPC read over this door; ``chat.completions.create`` with the sidecar's tool loop, with client
+tools, streamed with usage, and with a named conversation; and the same through the ``openai`` npm SDK
+(6.x, the newest major that runs on Node.js 20). Every streamed Responses event is checked
+against the SDK's own event types.
+
+Before issue 36 the listener had no ``/v1`` routes: every test here fails with a 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
+from openai.types.responses import FunctionToolParam, Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+from support.endless import endless_step
+from support.hooks import pythonpath_env
+from support.sidecar import SidecarProcess, free_port, running_sidecar
+from support.tokens import auth_config, new_token, write_tokens_file
+
+from turnwire_client import TurnwireClient
+from turnwire_client.v1 import message_pb2
+
+TOKEN_A = new_token()
+TOKEN_B = new_token()
+NODE_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "openai_node.mjs"
+EVENT = TypeAdapter(ResponseStreamEvent)
+LOCATION_TOOL: FunctionToolParam = {
+    "type": "function",
+    "name": "get_location",
+    "description": "The user's location, from their device",
+    "parameters": {"type": "object", "properties": {"precision": {"type": "string"}}},
+    "strict": False,
+}
+
+SCRIPTS = {
+    "echo": [
+        {
+            "reasoning": "The user greets me.",
+            "text": "answered over the OpenAI door",
+            "chunk_size": 6,
+            "usage": {"input_tokens": 7, "output_tokens": 5, "reasoning_tokens": 2},
+        }
+    ],
+    "locate": [
+        {
+            "text": "Let me ask your device.",
+            "tool_calls": [{"name": "get_location", "input": {"precision": "city"}}],
+        },
+        {"text": "unreachable"},
+    ],
+    "thanks": [{"text": "You are in Paris."}],
+    "calculate": [
+        {"tool_calls": [{"name": "calculator", "input": {"expression": "6 * 7"}}]},
+        {"text": "It is 42."},
+    ],
+    "fails": [
+        {"text": "partial ", "error": {"message": "the model is down", "status": 400, "after_chunks": 1}}
+    ],
+    "slow": [endless_step("".join(f"w{i} " for i in range(30)), 30)],
+}
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess]:
+    workdir = tmp_path_factory.mktemp("openai-responses-e2e")
+    tokens = write_tokens_file(
+        workdir / "tokens.json", {TOKEN_A: ("alice", "tenant-a"), TOKEN_B: ("bob", "tenant-b")}
+    )
+    config = {
+        "default_model": "scripted:echo",
+        "providers": {"scripted": {"scripts": SCRIPTS}},
+        "auth": auth_config(tokens),
+        "http": {"listen": f"127.0.0.1:{free_port()}"},
+        "middleware": [{"path": "support.hooks:ModelFromMetadata"}],
+    }
+    with running_sidecar(workdir, config, env=pythonpath_env()) as process:
+        yield process
+
+
+def openai_client(sidecar: SidecarProcess, token: str = TOKEN_A) -> openai.AsyncOpenAI:
+    assert sidecar.config is not None
+    return openai.AsyncOpenAI(
+        base_url=f"http://{sidecar.config['http']['listen']}/v1", api_key=token, max_retries=0
+    )
+
+
+@pytest.fixture
+async def client(sidecar: SidecarProcess) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai_client(sidecar) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def grpc_a(sidecar: SidecarProcess) -> AsyncIterator[TurnwireClient]:
+    async with TurnwireClient(sidecar.target, token=TOKEN_A) as opened:
+        yield opened
+
+
+def checked(event: Any) -> dict[str, Any]:
+    """The event as sent, validated against the SDK's own event types (strict shapes)."""
+    raw: dict[str, Any] = event.to_dict()
+    EVENT.validate_python(raw)
+    return raw
+
+
+async def test_create_answers_a_stored_turn(client: openai.AsyncOpenAI, grpc_a: TurnwireClient) -> None:
+    response = await client.responses.create(model="scripted:echo", input="hi", conversation="oa-plain")
+    Response.model_validate(response.to_dict())
+    assert response.status == "completed"
+    assert response.output_text == "answered over the OpenAI door"
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert response.usage is not None
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (7, 5)
+    assert response.usage.output_tokens_details.reasoning_tokens == 2
+    assert response.conversation is not None and response.conversation.id == "oa-plain"
+    stored = await grpc_a.get_conversation("oa-plain")
+    assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
+
+
+async def test_create_streams_openai_events_numbered_without_gaps(client: openai.AsyncOpenAI) -> None:
+    stream = await client.responses.create(
+        model="scripted:echo", input="hi", conversation="oa-stream", stream=True
+    )
+    events = [checked(event) async for event in stream]
+    kinds = [event["type"] for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert "response.reasoning_text.delta" in kinds and "response.output_item.done" in kinds
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == "answered over the OpenAI door"
+    assert events[-1]["response"]["usage"]["total_tokens"] == 12
+
+
+async def test_the_stream_helper_gives_the_final_response(client: openai.AsyncOpenAI) -> None:
+    async with client.responses.stream(model="scripted:echo", input="hi", conversation="oa-helper") as stream:
+        deltas = [event.delta async for event in stream if event.type == "response.output_text.delta"]
+        final = await stream.get_final_response()
+    assert "".join(deltas) == final.output_text == "answered over the OpenAI door"
+
+
+async def test_resume_after_a_sequence_number(client: openai.AsyncOpenAI) -> None:
+    stream = await client.responses.create(
+        model="scripted:echo", input="hi", conversation="oa-resume", stream=True
+    )
+    first = [checked(event) async for event in stream]
+    response_id = first[0]["response"]["id"]
+    resumed = await client.responses.retrieve(response_id, stream=True, starting_after=4)
+    rest = [checked(event) async for event in resumed]
+
+    def strip(event: dict[str, Any]) -> dict[str, Any]:  # a Response's timestamps differ
+        return {key: value for key, value in event.items() if key != "response"}
+
+    assert [strip(e) for e in rest] == [strip(e) for e in first[5:]]
+    again = await client.responses.retrieve(response_id)
+    assert again.status == "completed" and again.output_text == "answered over the OpenAI door"
+
+
+async def test_a_client_tool_round_trip_with_function_call_output(
+    client: openai.AsyncOpenAI, grpc_a: TurnwireClient
+) -> None:
+    first = await client.responses.create(
+        model="scripted:locate", input="Where am I?", tools=[LOCATION_TOOL], conversation="oa-tools"
+    )
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_location"
+    assert json.loads(calls[0].arguments) == {"precision": "city"}
+    second = await client.responses.create(
+        model="scripted:thanks",
+        previous_response_id=first.id,
+        tools=[LOCATION_TOOL],
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": '{"city": "Paris"}'}],
+    )
+    assert second.status == "completed" and second.output_text == "You are in Paris."
+    assert second.conversation is not None and second.conversation.id == "oa-tools"
+    stored = await grpc_a.get_conversation("oa-tools")
+    call_part = next(p.tool_call for m in stored.messages for p in m.parts if p.HasField("tool_call"))
+    assert json.loads(call_part.output_json) == {"city": "Paris"}
+    assert call_part.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
+
+
+async def test_the_sidecar_runs_its_own_tools_and_shows_them(client: openai.AsyncOpenAI) -> None:
+    response = await client.responses.create(
+        model="scripted:calculate", input="6 * 7?", conversation="oa-calc"
+    )
+    kinds = [item.type for item in response.output]
+    assert kinds == ["function_call", "function_call_output", "message"], kinds
+    assert "42" in str(response.output[1].to_dict()["output"])
+    assert response.output_text == "It is 42."
+
+
+async def test_previous_response_id_must_be_the_latest(client: openai.AsyncOpenAI) -> None:
+    first = await client.responses.create(input="one", conversation="oa-branch")
+    second = await client.responses.create(input="two", previous_response_id=first.id)
+    assert second.conversation is not None and second.conversation.id == "oa-branch"
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.create(input="three", previous_response_id=first.id)
+    body = refused.value.body
+    assert isinstance(body, dict)
+    assert body["param"] == "previous_response_id" and body["code"] == "previous_response_not_latest"
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.create(input="four", previous_response_id="resp-unknown")
+
+
+async def test_background_is_a_submission(client: openai.AsyncOpenAI) -> None:
+    queued = await client.responses.create(input="later", conversation="oa-background", background=True)
+    assert queued.status == "queued" and queued.background
+    done = await client.responses.retrieve(queued.id)  # waits for the turn to end
+    assert done.status == "completed" and done.output_text == "answered over the OpenAI door"
+
+
+async def test_a_queued_background_response_is_cancelled(
+    client: openai.AsyncOpenAI, grpc_a: TurnwireClient
+) -> None:
+    running = grpc_a.chat("oa-queue", "go", model="scripted:slow", request_id="oa-queue-r")
+    assert (await anext(running)).HasField("turn_start")
+    queued = await client.responses.create(input="later", conversation="oa-queue", background=True)
+    assert (await client.responses.retrieve(queued.id)).status == "queued"  # behind the running turn
+    cancelled = await client.responses.cancel(queued.id)
+    assert cancelled.status == "cancelled"
+    assert (await client.responses.retrieve(queued.id)).status == "cancelled"
+    await client.responses.cancel("oa-queue-r")
+    async for _ in running:
+        pass
+
+
+async def test_a_grpc_turn_is_read_and_cancelled_over_this_door(
+    client: openai.AsyncOpenAI, grpc_a: TurnwireClient
+) -> None:
+    turn = grpc_a.chat("oa-cross", "go", model="scripted:slow", request_id="oa-cross-r")
+    assert (await anext(turn)).HasField("turn_start")
+    stream = await client.responses.retrieve("oa-cross-r", stream=True)
+    seen: list[dict[str, Any]] = []
+    async for event in stream:
+        seen.append(checked(event))
+        if sum(e["type"] == "response.output_text.delta" for e in seen) == 3:
+            cancelled = await client.responses.cancel("oa-cross-r")
+            assert cancelled.status == "cancelled"
+    assert seen[-1]["type"] == "response.incomplete" and seen[-1]["response"]["status"] == "cancelled"
+    async for _ in turn:
+        pass
+
+
+async def test_tenants_and_tokens(sidecar: SidecarProcess, client: openai.AsyncOpenAI) -> None:
+    mine = await client.responses.create(input="private", conversation="oa-tenant")
+    async with openai_client(sidecar, TOKEN_B) as other:
+        with pytest.raises(openai.NotFoundError):
+            await other.responses.retrieve(mine.id)
+        with pytest.raises(openai.NotFoundError):
+            await other.responses.create(input="x", previous_response_id=mine.id)
+    async with openai_client(sidecar, "not-a-token") as stranger:
+        with pytest.raises(openai.AuthenticationError):
+            await stranger.responses.create(input="hi")
+
+
+async def test_bad_requests_name_the_param(client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as bad_id:
+        await client.responses.create(input="hi", conversation="bad id!")
+    assert isinstance(bad_id.value.body, dict) and bad_id.value.body["param"] == "conversation"
+    image = {"type": "input_image", "image_url": "https://example.com/a.png"}
+    with pytest.raises(openai.BadRequestError) as bad_item:
+        await client.responses.create(input=[{"role": "user", "content": [image]}])  # type: ignore[misc,list-item]
+    assert (
+        isinstance(bad_item.value.body, dict) and bad_item.value.body["param"] == "input[0].content[0].type"
+    )
+    with pytest.raises(openai.BadRequestError) as bad_tool:
+        await client.responses.create(input="hi", tools=[{"type": "web_search"}])
+    assert isinstance(bad_tool.value.body, dict) and bad_tool.value.body["param"] == "tools[0].type"
+
+
+async def test_hooks_see_the_request_fields_they_are_handed(client: openai.AsyncOpenAI) -> None:
+    """``metadata`` reaches ``before_turn`` in ``body``; the hook's choice of model is the one used."""
+    response = await client.responses.create(
+        input="hi", conversation="oa-hooks", metadata={"use_model": "scripted:thanks"}
+    )
+    assert response.output_text == "You are in Paris."
+    assert response.metadata == {"use_model": "scripted:thanks"}
+    completion = await client.chat.completions.create(
+        messages=[{"role": "user", "content": "hi"}], model="", metadata={"use_model": "scripted:thanks"}
+    )
+    assert completion.choices[0].message.content == "You are in Paris."
+
+
+async def test_instructions_are_stored_before_the_input(
+    client: openai.AsyncOpenAI, grpc_a: TurnwireClient
+) -> None:
+    await client.responses.create(instructions="Be brief.", input="hi", conversation="oa-instructions")
+    stored = await grpc_a.get_conversation("oa-instructions")
+    roles = [m.role for m in stored.messages]
+    assert roles == [message_pb2.ROLE_SYSTEM, message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
+    assert stored.messages[0].parts[0].text.text == "Be brief."
+
+
+async def test_a_failed_turn_is_a_failed_response(client: openai.AsyncOpenAI) -> None:
+    response = await client.responses.create(model="scripted:fails", input="hi", conversation="oa-fails")
+    assert response.status == "failed" and response.error is not None
+    assert "the model is down" in response.error.message
+    stream = await client.responses.create(
+        model="scripted:fails", input="again", conversation="oa-fails", stream=True
+    )
+    events = [checked(event) async for event in stream]
+    assert events[-1]["type"] == "response.failed" and events[-1]["response"]["status"] == "failed"
+    assert events[-2]["type"] == "response.output_item.done"  # the cut message is closed first
+    assert events[-2]["item"]["status"] == "incomplete"
+
+
+async def test_closing_a_stream_cancels_its_turn(client: openai.AsyncOpenAI) -> None:
+    stream = await client.responses.create(
+        model="scripted:slow", input="go", conversation="oa-leave", stream=True
+    )
+    response_id = ""
+    async for event in stream:
+        if event.type == "response.created":
+            response_id = event.response.id
+        if event.type == "response.output_text.delta":
+            break
+    await stream.close()
+    ended = await client.responses.retrieve(response_id)  # waits for the turn to end
+    assert ended.status == "cancelled"
+    assert ended.output_text  # the partial reply is kept
+
+
+# -- Chat Completions ---------------------------------------------------------------------------
+
+WEATHER_FUNCTION: ChatCompletionToolParam = {
+    "type": "function",
+    "function": {
+        "name": "get_location",
+        "description": "The user's location, from their device",
+        "parameters": {"type": "object", "properties": {"precision": {"type": "string"}}},
+    },
+}
+
+
+async def test_chat_completions_run_the_tool_loop_and_keep_nothing(
+    client: openai.AsyncOpenAI, grpc_a: TurnwireClient
+) -> None:
+    completion = await client.chat.completions.create(
+        model="scripted:calculate", messages=[{"role": "user", "content": "6 * 7?"}]
+    )
+    assert completion.choices[0].message.content == "It is 42."  # the sidecar ran the calculator
+    assert completion.choices[0].finish_reason == "stop"
+    assert completion.usage is not None
+    listed = await grpc_a.list_conversations(page_size=1000)
+    assert not [c for c in listed.conversations if c.conversation_id.startswith("chatcmpl-")]
+
+
+async def test_chat_completions_with_client_tools(client: openai.AsyncOpenAI) -> None:
+    asked: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Where am I?"}]
+    first = await client.chat.completions.create(
+        model="scripted:locate", messages=asked, tools=[WEATHER_FUNCTION]
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_location"
+    assert json.loads(call.function.arguments) == {"precision": "city"}
+    history: list[ChatCompletionMessageParam] = [
+        *asked,
+        choice.message.model_dump(exclude_none=True),  # type: ignore[list-item]
+        {"role": "tool", "tool_call_id": call.id, "content": '{"city": "Paris"}'},
+    ]
+    second = await client.chat.completions.create(
+        model="scripted:thanks", messages=history, tools=[WEATHER_FUNCTION]
+    )
+    assert second.choices[0].message.content == "You are in Paris."
+
+
+async def test_chat_completions_stream_with_usage(client: openai.AsyncOpenAI) -> None:
+    stream = await client.chat.completions.create(
+        model="scripted:echo",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "answered over the OpenAI door"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 12
+
+
+async def test_a_named_conversation_keeps_the_turn(
+    client: openai.AsyncOpenAI, grpc_a: TurnwireClient
+) -> None:
+    completion = await client.chat.completions.create(
+        model="scripted:echo",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_body={"conversation": "cc-named"},
+    )
+    stored = await grpc_a.get_conversation("cc-named")
+    assert [m.role for m in stored.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
+    again = await client.responses.retrieve(completion.id)  # the same turn, read at the Responses door
+    assert again.output_text == completion.choices[0].message.content
+
+
+# -- the openai npm SDK ------------------------------------------------------------------------
+
+
+async def test_the_openai_npm_sdk(sidecar: SidecarProcess) -> None:
+    """``tests/support/openai_node.mjs``: the same calls through the official Node.js SDK."""
+    assert sidecar.config is not None
+    node = await asyncio.create_subprocess_exec(
+        shutil.which("node") or "node",
+        str(NODE_SCRIPT),
+        f"http://{sidecar.config['http']['listen']}/v1",
+        TOKEN_A,
+        cwd=NODE_SCRIPT.parents[2],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(node.communicate(), timeout=120)
+    assert node.returncode == 0, err.decode()
+    seen = json.loads(out)
+    assert seen["plain"]["status"] == "completed" and seen["plain"]["text"] == "answered over the OpenAI door"
+    assert seen["plain"]["usage"]["total_tokens"] == 12 and seen["plain"]["conversation"] == {
+        "id": "node-plain"
+    }
+    streamed = seen["streamed"]
+    assert streamed[0] == ["response.created", 0] and streamed[-1][0] == "response.completed"
+    assert [number for _, number in streamed] == list(range(len(streamed)))
+    assert seen["resumed"] == streamed[5:]
+    answer = "answered over the OpenAI door"
+    assert seen["helper"] == {"deltas": answer, "text": answer, "status": "completed"}
+    assert seen["tools"] == {
+        "name": "get_location",
+        "arguments": {"precision": "city"},
+        "answer": "You are in Paris.",
+    }
+    assert seen["chat"] == {"finish": "tool_calls", "name": "get_location", "answer": "You are in Paris."}
+    assert seen["error"] == {
+        "class": "BadRequestError",
+        "status": 400,
+        "param": "conversation",
+        "code": "invalid_field",
+    }

@@ -1,0 +1,164 @@
+"""A turn's events read as OpenAI Responses events (server/turnwire_server/http/openai_response_log.py,
+docs/api/openai.md#events), in process: every event validates against the ``openai`` SDK's own types,
+numbers run 0, 1, 2 … without gaps, the same log always gives the same events (so a sequence number
+is a resume cursor), and the Response adds up to what was streamed. The request body's mapping and
+its refusals (openai_request.py) name the ``param`` to fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.http.openai_request import RequestProblem, parse_request, turn_input
+from turnwire_server.http.openai_response_log import ResponseLog
+
+EVENT = TypeAdapter(ResponseStreamEvent)
+
+TOOL_TURN: list[dict[str, Any]] = [
+    {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+    {"step_start": {}},
+    {"reasoning_start": {"id": "s0-r"}},
+    {"reasoning_delta": {"id": "s0-r", "delta": "think"}},
+    {"reasoning_end": {"id": "s0-r"}},
+    {"text_start": {"id": "s0-t"}},
+    {"text_delta": {"id": "s0-t", "delta": "Let me "}},
+    {"text_delta": {"id": "s0-t", "delta": "check."}},
+    {"text_end": {"id": "s0-t"}},
+    {"tool_input_start": {"tool_call_id": "c1", "tool_name": "calculator"}},
+    {"tool_input_delta": {"tool_call_id": "c1", "input_text_delta": '{"expression":'}},
+    {"tool_input_delta": {"tool_call_id": "c1", "input_text_delta": '"6*7"}'}},
+    {
+        "tool_input_available": {
+            "tool_call_id": "c1",
+            "tool_name": "calculator",
+            "input_json": '{"expression":"6*7"}',
+        }
+    },
+    {
+        "tool_output_available": {
+            "tool_call_id": "c1",
+            "tool_name": "calculator",
+            "output_json": '{"result":42}',
+        }
+    },
+    {"step_finish": {"finish_reason": "FINISH_REASON_TOOL_CALLS"}},
+    {"progress": {"phase": "PROGRESS_PHASE_MODEL"}},  # a keepalive: no sequence number, no event
+    {"step_start": {"step_number": 1}},
+    {"text_start": {"id": "s1-t"}},
+    {"text_delta": {"id": "s1-t", "delta": "42."}},
+    {"text_end": {"id": "s1-t"}},
+    {"step_finish": {"step_number": 1, "finish_reason": "FINISH_REASON_STOP"}},
+    {"turn_end": {"status": "TURN_STATUS_COMPLETED", "usage": {"input_tokens": 10, "output_tokens": 6}}},
+]
+
+
+def turn_events(kinds: list[dict[str, Any]]) -> list[event_pb2.TurnEvent]:
+    events, number = [], 0
+    for kind in kinds:
+        keepalive = "progress" in kind
+        number += 0 if keepalive else 1
+        value = {
+            "conversation_id": "c",
+            "request_id": "r1",
+            "sequence_number": 0 if keepalive else number,
+            **kind,
+        }
+        events.append(json_format.ParseDict(value, event_pb2.TurnEvent()))
+    return events
+
+
+def translate(kinds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], ResponseLog]:
+    log = ResponseLog("r1")
+    out = [openai_event for event in turn_events(kinds) for openai_event in log.feed(event)]
+    return out, log
+
+
+def without_responses(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in event.items() if k != "response"} for event in events]
+
+
+def test_a_tool_turn_reads_as_openai_events() -> None:
+    events, log = translate(TOOL_TURN)
+    for event in events:
+        EVENT.validate_python(event)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    kinds = [e["type"] for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert kinds.count("response.function_call_arguments.delta") == 2
+    response = Response.model_validate(log.snapshot())
+    assert [item.type for item in response.output] == [
+        "reasoning",
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
+    assert response.output_text == "Let me check.42."
+    assert response.usage is not None and response.usage.total_tokens == 16
+    assert response.conversation is not None and response.conversation.id == "c"
+    added = [e["output_index"] for e in events if e["type"] == "response.output_item.added"]
+    done = [e["output_index"] for e in events if e["type"] == "response.output_item.done"]
+    assert added == done == [0, 1, 2, 3, 4]  # every item opened is closed, in order
+
+
+def test_the_same_log_gives_the_same_events() -> None:
+    first, _ = translate(TOOL_TURN)
+    again, _ = translate(TOOL_TURN)
+    assert without_responses(first) == without_responses(again)
+
+
+def test_a_cancelled_turn_closes_its_open_items() -> None:
+    cut = [*TOOL_TURN[:7], {"turn_end": {"status": "TURN_STATUS_ABORTED"}}]
+    events, log = translate(cut)
+    assert events[-2]["type"] == "response.output_item.done" and events[-2]["item"]["status"] == "incomplete"
+    assert events[-1]["type"] == "response.incomplete" and log.response["status"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"[]", None),
+        (b'{"input": 5}', "input"),
+        (b'{"input": [{"role": "robot", "content": "x"}]}', "input[0].role"),
+        (b'{"input": [{"role": "user", "content": [{"type": "input_audio"}]}]}', "input[0].content[0].type"),
+        (b'{"input": [{"type": "function_call_output", "output": "x"}]}', "input[0].call_id"),
+        (b'{"input": "hi", "tools": [{"type": "file_search"}]}', "tools[0].type"),
+        (
+            b'{"input": [{"role": "user", "content": "x"},'
+            b' {"type": "function_call_output", "call_id": "c", "output": "1"}]}',
+            "input",
+        ),
+    ],
+)
+def test_a_bad_body_names_its_param(body: bytes, param: str | None) -> None:
+    with pytest.raises(RequestProblem) as refused:
+        turn_input(parse_request(body))
+    assert refused.value.param == param
+
+
+def test_a_body_maps_to_messages_tools_and_hooks() -> None:
+    turn = turn_input(
+        parse_request(
+            b'{"instructions": "Be brief.", "input": [{"role": "developer", "content": "Use metric."},'
+            b' {"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],'
+            b' "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],'
+            b' "temperature": 0.2, "metadata": {"k": "v"}, "unknown_new_field": 1}'
+        )
+    )
+    assert [m.role for m in turn.messages] == [
+        message_pb2.ROLE_SYSTEM,
+        message_pb2.ROLE_SYSTEM,
+        message_pb2.ROLE_USER,
+    ]
+    assert [tool.name for tool in turn.client_tools] == ["f"]
+    assert turn.body == {"temperature": 0.2, "metadata": {"k": "v"}}
+    plain = turn_input(
+        parse_request(b'{"input": [{"type": "function_call_output", "call_id": "c", "output": "sunny"}]}')
+    )
+    assert plain.results[0].output_json == '"sunny"'  # not JSON: stored as a JSON string
