@@ -29,6 +29,7 @@ from support.endless import endless_step
 from support.hooks import pythonpath_env
 from support.sidecar import SidecarProcess, free_port, running_sidecar
 from support.tokens import auth_config, new_token, write_tokens_file
+from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient
 from turnwire_client.v1 import message_pb2
@@ -218,7 +219,14 @@ async def test_previous_response_id_must_be_the_latest(client: openai.AsyncOpenA
 async def test_background_is_a_submission(client: openai.AsyncOpenAI) -> None:
     queued = await client.responses.create(input="later", conversation="oa-background", background=True)
     assert queued.status == "queued" and queued.background
-    done = await client.responses.retrieve(queued.id)  # waits for the turn to end
+
+    async def finished() -> Any:
+        # A background response not yet started answers "queued" at once; a started one is
+        # answered when its turn ends: poll, as OpenAI's docs say for background responses.
+        response = await client.responses.retrieve(queued.id)
+        return response if response.status != "queued" else None
+
+    done = await wait_until(finished, what="the background response to run")
     assert done.status == "completed" and done.output_text == "answered over the OpenAI door"
 
 
