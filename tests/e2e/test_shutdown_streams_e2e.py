@@ -22,8 +22,9 @@ from support.sidecar import SidecarFactory
 from turnwire_client import TurnwireClient, collect
 from turnwire_client.v1 import event_pb2
 
-GRACE = 8.0
-"""Long enough that waiting it out (plus gRPC's 5 s margin) is unmistakable."""
+GRACE = 20.0
+"""Long enough that waiting it out (plus gRPC's 5 s margin) is unmistakable, and that a one-second turn
+ends within it on a loaded CI (at 8 s it was cut once)."""
 
 QUICK_EXIT = GRACE / 2
 """What a prompt exit takes at most: closing the store and ending the process, with room to spare."""

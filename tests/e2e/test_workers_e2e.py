@@ -224,7 +224,7 @@ async def test_a_killed_worker_is_restarted_and_its_turn_recovered(
     sidecar.kill()
     for pid in workers:
         await wait_until(
-            functools.partial(gone, pid), 30, what=f"worker pid {pid} to stop without its supervisor"
+            functools.partial(gone, pid), 90, what=f"worker pid {pid} to stop without its supervisor"
         )
 
 

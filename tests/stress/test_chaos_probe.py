@@ -245,7 +245,9 @@ async def test_chaos_probe_keeps_the_invariants(
                 " + (SELECT count(*) FROM turn_queue)"
             ) == [(0,)]
 
-        await wait_until(settled, timeout=60, what=f"seed {seed}: no turn running, no queue ticket")
+        # A deadline, not a target: recovery after the last kill waits out a lease and a takeover, which
+        # took over 60 s once under CI load (4 xdist workers, Node, Go and conformance on 2 cores).
+        await wait_until(settled, timeout=180, what=f"seed {seed}: no turn running, no queue ticket")
         tally.phases["settled"] = clock() - began
         rows = cluster.sql(
             "SELECT conversation_id, id, role, seq FROM messages ORDER BY conversation_id, seq"
