@@ -117,6 +117,24 @@ async def test_a_claim_back_does_not_revive_an_old_lease(store: Store, store_bac
     assert await _reply_text(store, first.assistant_message_id) == "current"
 
 
+async def test_a_released_lease_is_claimed_by_any_replica_its_former_owner_included(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    """``release_leases`` (a turn whose end could not be stored, docs/operate/outages.md): the
+    turn, under that token only, gets no owner and no lease; a renewal of its former owner no
+    longer extends it, and a claim of that very owner, its lease not lapsed, takes it over."""
+    stranded, other = _turn("r1", "a"), _turn("r2", "a", conversation="d")
+    for turn, user in ((stranded, "u1"), (other, "u2")):
+        await store.start_turn(turn, [_message(user, "question", message_pb2.ROLE_USER)])
+    stale = dataclasses.replace(other.lease, epoch=other.lease.epoch + 1)  # not r2's token: left as is
+    await store.release_leases([stranded.lease, stale])
+    assert await store.renew_leases("a", UNTIL) == 1  # r2 only
+    (claimed,) = await store.claim_interrupted_turns("a", T0, UNTIL, 10)
+    assert (claimed.request_id, claimed.owner, claimed.lease_epoch) == ("r1", "a", stranded.lease_epoch + 1)
+    with pytest.raises(LeaseLost):
+        await store.save_message("c", _message(stranded.assistant_message_id, "stale"), lease=stranded.lease)
+
+
 @pytest.mark.postgres
 async def test_a_fenced_replica_leaves_the_claimants_queue_ticket() -> None:
     # PostgreSQL's shared turn queue (SQLite keeps its turn locks in its one process).

@@ -50,6 +50,7 @@ from turnwire_server.engine import EngineSettings, TurnEngine
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.replica import Replica
 from turnwire_server.engine.settings import DurabilitySettings
+from turnwire_server.engine.store_outage import until_stored
 from turnwire_server.engine.submissions import Submissions
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.event_loop import running_loop_name
@@ -65,6 +66,7 @@ from turnwire_server.providers.settings import ProviderConfigError, ScriptedProv
 from turnwire_server.redaction import redactor_for
 from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, redact_url
+from turnwire_server.store.errors import StoreUnreachable
 from turnwire_server.store_health import StoreHealth
 from turnwire_server.tools.demo import DEMO_TOOLS
 from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
@@ -475,7 +477,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     session = await _configure_session(settings, chain, providers, tools)
     access = build_access(settings)
-    store = await _open_store(settings.store)
+    store = await _open_store(settings.store, patience_seconds=settings.durability.store_outage_seconds)
     try:
         tracing, tracer_provider = _start_tracing(settings)
         # Before the engine: the turns it recovers count against their tenants' shares already.
@@ -581,15 +583,21 @@ def _check_listen(listen: str) -> None:
         raise StartupError(str(error)) from error
 
 
-async def _open_store(config: StoreSettings) -> Store:
-    """The configured store, opened (migrated, locked). Raises :class:`StartupError` with the
-    URL's password masked."""
+async def _open_store(config: StoreSettings, *, patience_seconds: float) -> Store:
+    """The configured store, opened (migrated, locked). While the database is unreachable
+    (:class:`StoreUnreachable`: restarting, not yet up, cut off) the opening is retried with
+    backoff for up to ``patience_seconds`` (``durability.store_outage_seconds``), as a turn's
+    final write is (docs/operate/outages.md): a replica started during a database restart comes
+    up once the database does. A refusal (no such database or role, a wrong password) fails at
+    once. Raises :class:`StartupError` with the URL's password masked."""
     try:
         store = open_store(config.url, pool_size=config.pool_size, password_env=config.password_env)
     except ValueError as error:
         raise StartupError(f"store.url: {error}") from error
     try:
-        await store.open()
+        await until_stored(
+            store.open, patience_seconds=patience_seconds, what="opening the store", retry_on=StoreUnreachable
+        )
     except Exception as error:
         raise StartupError(f"cannot open the store {redact_url(config.url)}: {error}") from error
     return store

@@ -36,7 +36,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.pg_cluster import PgCluster
-from support.sidecar import SidecarProcess, running_sidecar
+from support.sidecar import SidecarError, SidecarFactory, SidecarProcess, running_sidecar
 from support.tcp_proxy import TcpProxy
 from support.waiting import wait_until
 
@@ -189,3 +189,90 @@ async def test_a_turn_in_flight_across_an_outage_completes_once_the_database_is_
     turns = rig.sql("SELECT state, recovery_count FROM turns WHERE conversation_id = %s", (conversation,))
     assert turns == [("completed", 0)], turns
     assert rig.sql("SELECT count(*) FROM turn_queue WHERE conversation_id = %s", (conversation,)) == [(0,)]
+
+
+async def test_a_turn_whose_end_outlasts_the_patience_is_recovered_once_the_database_is_back(
+    rig: Rig, sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    """The outage lasts past ``durability.store_outage_seconds`` (1 s here): the caller gets
+    ``UNAVAILABLE``; the turn, still running in the store, is recovered once the database is back
+    (its replica gives up the lease, a claim takes it) and its conversation takes new turns.
+
+    Before: the replica renewed the stranded turn's lease for as long as it lived: the turn
+    stayed ``running`` and its conversation's later turns waited behind it."""
+    config = {**CONFIG, "durability": {"lease_seconds": 6, "store_outage_seconds": 1}}
+    conversation = new_conversation()
+    with TcpProxy("127.0.0.1", rig.cluster.port) as proxy:
+        store_url = f"postgresql://postgres@{proxy.address}/postgres"
+        sidecar = await sidecar_factory(config, workdir=tmp_path / "impatient", store_url=store_url).start()
+        async with TurnwireClient(sidecar.target) as client:
+            events = aiter(client.chat(conversation, "tell me a long story", model="scripted:slow"))
+            seen = [await anext(events)]
+            while seen[-1].WhichOneof("event") != "text_delta":
+                seen.append(await anext(events))  # the turn is stored and running
+            proxy.cut("reset")
+            try:
+                seen.extend([event async for event in events])  # it ends while the link is cut
+            finally:
+                proxy.restore()
+            result = await collect(replay(seen))
+            assert result.status_name == "ERROR", result
+            with pytest.raises(TurnwireError) as ended:
+                result.raise_for_error()
+            assert ended.value.reason == "STORE_UNAVAILABLE", ended.value
+
+            def turn_state() -> list[tuple[object, ...]]:
+                return rig.sql(
+                    "SELECT state, recovery_count FROM turns WHERE conversation_id = %s", (conversation,)
+                )
+
+            await wait_until(
+                lambda: turn_state() == [("completed", 1)],
+                timeout=60,
+                what=f"the stranded turn recovered (now {turn_state()})\n{sidecar.log_text()[-3000:]}",
+            )
+            follow_up = await collect(client.chat(conversation, "and then?", model="scripted:short"))
+            assert follow_up.status_name == "COMPLETED", follow_up.error
+            history = await client.get_conversation(conversation)
+    roles = [message_pb2.Role.Name(message.role) for message in history.messages]
+    assert roles == ["ROLE_USER", "ROLE_ASSISTANT", "ROLE_USER", "ROLE_ASSISTANT"], roles
+    assert rig.sql("SELECT count(*) FROM turn_queue WHERE conversation_id = %s", (conversation,)) == [(0,)]
+
+
+async def test_a_replica_started_while_the_database_is_unreachable_comes_up_once_it_answers(
+    rig: Rig, sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    """A replica (re)started during a database restart waits for it (up to
+    ``durability.store_outage_seconds``) instead of exiting; a database that refuses who
+    connects (no such database) fails the start at once, naming the cause.
+
+    Before: the start failed at once with "cannot open the store" whenever the database did not
+    answer (a killed replica restarted mid-restart stayed down)."""
+    with TcpProxy("127.0.0.1", rig.cluster.port) as proxy:
+        proxy.cut("reset")
+        store_url = f"postgresql://postgres@{proxy.address}/postgres"
+        sidecar = sidecar_factory(CONFIG, workdir=tmp_path / "early", store_url=store_url)
+        starting = asyncio.ensure_future(sidecar.start())
+        try:
+            await wait_until(
+                lambda: "opening the store failed" in sidecar.log_text() or starting.done(),
+                timeout=60,
+                what="the start waits for the database",
+            )
+            assert not starting.done(), sidecar.log_text()
+        finally:
+            proxy.restore()
+        await starting
+        async with TurnwireClient(sidecar.target) as client:
+            result = await collect(client.chat(new_conversation(), "hello", model="scripted:short"))
+        assert result.status_name == "COMPLETED", result.error
+
+    refused = sidecar_factory(
+        CONFIG,
+        workdir=tmp_path / "refused",
+        store_url=f"postgresql://postgres@127.0.0.1:{rig.cluster.port}/no_such_database",
+    )
+    began = time.monotonic()
+    with pytest.raises(SidecarError, match="no_such_database"):
+        await refused.start()
+    assert time.monotonic() - began < 30, "a refusal is not waited out"

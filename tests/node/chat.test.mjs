@@ -207,7 +207,10 @@ before(async () => {
     }
     try {
       await unary('ListConversations', { pageSize: 1 }, 500);
-      break;
+      // Answered by this process (its own announcement), not by another test's sidecar that
+      // took the same port first (this one then exits: cannot listen).
+      if (serverStderr.includes(`turnwire listening on 127.0.0.1:${port}`)) break;
+      throw new Error(`another process answers on port ${port}`);
     } catch (error) {
       if (Date.now() > giveUp) {
         throw new Error(

@@ -198,7 +198,10 @@ before(async () => {
     if (exited) throw new Error(`turnwire exited before it was ready: ${JSON.stringify(exited)}${stderrTail()}`);
     try {
       await unary('ListConversations', { pageSize: 1 }, 500);
-      break;
+      // Answered by this process (its own announcement), not by another test's sidecar that
+      // took the same port first (this one then exits: cannot listen).
+      if (serverStderr.includes(`turnwire listening on 127.0.0.1:${port}`)) break;
+      throw new Error(`another process answers on port ${port}`);
     } catch (error) {
       if (Date.now() > giveUp) throw new Error(`turnwire not ready: ${error.message}${stderrTail()}`);
       await sleep(100); // polling the readiness condition, not a guessed wait

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import grpc
+import psutil
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -47,6 +48,25 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _holds_port(pid: int, port: int) -> bool:
+    """Whether process ``pid`` or one of its children (``--workers``) has a TCP socket on
+    ``port``: the process answering there is this one. Without this check, a health check
+    answered by another test's sidecar on the same port (two ``free_port`` calls of parallel
+    tests can return the same port) passed for this one, and its calls went to that sidecar."""
+    try:
+        parent = psutil.Process(pid)
+        processes = [parent, *parent.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    for process in processes:
+        try:
+            if any(c.laddr and c.laddr.port == port for c in process.net_connections(kind="tcp")):
+                return True
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return False
 
 
 class SidecarError(RuntimeError):
@@ -175,7 +195,11 @@ class SidecarProcess:
                     reply = await stub.Check(
                         health_pb2.HealthCheckRequest(), timeout=0.5, metadata=self.health_metadata or None
                     )
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    # SERVING from this process, not from another test's sidecar that took the
+                    # port first (this one then exits: cannot listen; retried on a new port).
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING and _holds_port(
+                        process.pid, self.port
+                    ):
                         return None
                 except grpc.aio.AioRpcError:
                     pass

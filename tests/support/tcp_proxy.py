@@ -75,7 +75,8 @@ class TcpProxy:
     def close(self) -> None:
         """Stop listening, reset every connection and stop the thread."""
         if self._server is not None:
-            self._server.close()
+            # On the proxy's loop: asyncio.Server is not thread-safe (closed from this thread while
+            # a connection ends on that loop, Python 3.11 wakes its waiters twice: a TypeError).
             self._call(self._shut())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
@@ -84,6 +85,8 @@ class TcpProxy:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=10)
 
     async def _shut(self) -> None:
+        assert self._server is not None
+        self._server.close()
         await self._reset_all()
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in tasks:

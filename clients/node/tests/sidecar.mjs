@@ -118,7 +118,12 @@ export async function startSidecar(config = {}, { startupTimeoutMs = 60_000, cli
   const probe = new TurnwireClient({ address, timeoutMs: 1000, ...client });
   try {
     const ready = await waitUntil(
-      async () => exited ?? (await probe.listConversations({ pageSize: 1 }), 'ready'),
+      async () =>
+        exited ??
+        (await probe.listConversations({ pageSize: 1 }),
+        // Answered by this process (its own announcement), not by another test's sidecar that
+        // took the same port first (this one then exits: cannot listen).
+        stderr.includes(`turnwire listening on ${address}`) ? 'ready' : null),
       { timeoutMs: startupTimeoutMs, what: `turnwire serve on ${address}` },
     );
     if (ready !== 'ready')

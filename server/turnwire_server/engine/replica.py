@@ -9,6 +9,11 @@ store, so with several survivors each turn is recovered by one of them. With the
 SQLite store one process serves the file: the claim at start finds every interrupted turn and
 later claims find none, and no cancel request ever comes from elsewhere.
 
+A turn whose end could not be stored (the store unavailable past
+``durability.store_outage_seconds``) is still ``running`` in the store under this replica's
+lease; the tick after a successful renewal gives that lease up (:meth:`TurnEngine.release_stranded`),
+so a claim, this replica's own included, recovers it.
+
 After the store was unreachable (a renewal failed), the first renewal that succeeds is followed
 by a lease's time without claims (issue 34, docs/operate/outages.md): the other replicas' leases
 may have lapsed during the same outage while they lived, and they renew within a third of a
@@ -94,6 +99,9 @@ class Replica:
             log.warning(
                 "leases renewed after the store was unreachable; no takeovers for %.0f s", lease_seconds
             )
+        # Turns whose end the store did not take (an outage past store_outage_seconds): their
+        # leases, renewed above like any other, are given up so that a claim recovers them.
+        await engine.release_stranded()
         if engine.draining or time.monotonic() < self._claims_from:
             return 0  # a stopping replica takes on no new work; one just back waits (above)
         claimed = await engine.store.claim_interrupted_turns(settings.replica_id, now, until, _CLAIM_BATCH)

@@ -30,17 +30,24 @@ _BACKOFF_SECONDS: Final = (0.2, 0.5, 1.0, 2.0)
 database is gone, so an attempt costs a log line, not a connection timeout."""
 
 
-async def until_stored(write: Callable[[], Awaitable[T]], *, patience_seconds: float, what: str) -> T:
-    """``await write()``, retried while it raises a retryable :class:`StoreError` and less than
-    ``patience_seconds`` (seconds, >= 0; 0: one attempt) passed since the first failure. ``what``
-    names the write in the log. Raises the last error otherwise (and any other error at once)."""
+async def until_stored(
+    write: Callable[[], Awaitable[T]],
+    *,
+    patience_seconds: float,
+    what: str,
+    retry_on: type[StoreError] = StoreError,
+) -> T:
+    """``await write()``, retried while it raises a retryable ``retry_on`` (a
+    :class:`StoreError` kind) and less than ``patience_seconds`` (seconds, >= 0; 0: one attempt)
+    passed since the first failure. ``what`` names the write in the log. Raises the last error
+    otherwise (and any other error at once)."""
     started: float | None = None
     attempt = 0
     while True:
         try:
             return await write()
         except StoreError as error:
-            if not error.retryable:
+            if not (error.retryable and isinstance(error, retry_on)):
                 raise
             now = time.monotonic()
             if started is None:

@@ -225,6 +225,11 @@ class TurnRun:
         self._end: Any = None
         #: Stopped by a shutdown and left ``running`` in the store for the next start to recover.
         self.left_running = False
+        #: Its end could not be stored (the store unavailable past
+        #: ``durability.store_outage_seconds``): still ``running`` in the store, under this
+        #: replica's lease, which the engine gives up so that a replica recovers it
+        #: (docs/operate/outages.md).
+        self.stranded = False
         if writer.log is not None:
             writer.log.fence(lambda: self.state.lease, self._lease_lost)
         self._classification: ChatErrorClassification | None = None
@@ -728,6 +733,7 @@ class TurnRun:
                 )
         except Exception as error:
             log.error("turn %s: storing the assistant message failed: %s", self.request.request_id, error)
+            self.stranded = True
             if self.outcome != "error":
                 self.outcome = "error"
                 self.error = TurnFailure("persist", error)
@@ -766,6 +772,7 @@ class TurnRun:
             log.info("turn %s: conversation deleted; nothing to roll back", self.request.request_id)
         except Exception as error:
             log.error("turn %s: rolling back failed: %s", self.request.request_id, error)
+            self.stranded = True
             self.outcome = "error"
             self.error = TurnFailure("persist", error)
             self.status_error = self._error_status(error, "persist")

@@ -427,6 +427,14 @@ class ReplicaStore(Protocol):
         many turns it holds."""
         ...
 
+    async def release_leases(self, leases: Sequence[TurnLease]) -> None:
+        """Give up ``leases``, in one transaction: each turn still running under that token (owner
+        and epoch) gets no owner and no lease, so the next claim of any replica (its former owner
+        too) recovers it; others are left as they are. For a turn whose end could not be stored
+        (the store unavailable past ``durability.store_outage_seconds``): its owner would
+        otherwise renew its lease while nothing runs it (docs/operate/outages.md)."""
+        ...
+
     async def claim_interrupted_turns(
         self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
     ) -> list[TurnRecord]:
@@ -480,7 +488,9 @@ class ReplicaStore(Protocol):
 
     async def release_place(self, conversation_id: str, request_id: str) -> None:
         """Give up ``request_id``'s place in the conversation's line if it still has one (a
-        :meth:`reserve_place` whose turn never took the lock); a no-op otherwise."""
+        :meth:`reserve_place` whose turn never took the lock); a no-op otherwise. A store that
+        leases places retries a failed release in the background until it commits (a place left
+        behind, its lease renewed, would hold the line)."""
         ...
 
 

@@ -18,7 +18,7 @@ and the claimed work's places in a shared line go over to the claimant in the sa
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
@@ -26,8 +26,9 @@ from turnwire_server.store.base import SubmissionRecord, TurnRecord
 from turnwire_server.store.core.rows import TURN_COLUMNS, turn_from_row
 from turnwire_server.store.core.sql import Dialect, Program, Statement
 from turnwire_server.store.core.submission_rows import SUBMISSION_COLUMNS, submission_from_row
+from turnwire_server.store.records import TurnLease
 
-__all__ = ["claim_interrupted_turns", "claim_pending_submissions", "renew_leases"]
+__all__ = ["claim_interrupted_turns", "claim_pending_submissions", "release_leases", "renew_leases"]
 
 R = TypeVar("R")
 
@@ -55,6 +56,21 @@ def renew_leases(owner: str, until_us: int, dialect: Dialect) -> Program[int]:
         *(Statement(sql, (until_us, owner)) for sql in dialect.lease_renewals),
     ]
     return int(found[0])
+
+
+def release_leases(leases: Sequence[TurnLease]) -> Program[None]:
+    """Give up each of ``leases`` (one statement, a parameter row each): its turn, while still
+    ``running`` under that very token (owner and epoch), gets no owner and no lease, so the next
+    claim of any replica, its former owner's included, takes it over. A turn ended or taken
+    over meanwhile is left as it is."""
+    yield [
+        Statement(
+            "UPDATE turns SET owner = NULL, lease_until = NULL"
+            " WHERE request_id = ? AND owner = ? AND lease_epoch = ? AND state = 'running'",
+            [(lease.request_id, lease.owner, lease.epoch) for lease in leases],
+            many=True,
+        )
+    ]
 
 
 def claim_interrupted_turns(

@@ -284,6 +284,10 @@ class CoreWrites:
             Commit(urgent=False),
         )
 
+    async def release_leases(self, leases: Sequence[TurnLease]) -> None:
+        if leases:
+            await self._commit("release_leases", lambda _: lease_writes.release_leases(leases))
+
     async def claim_interrupted_turns(
         self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
     ) -> list[TurnRecord]:

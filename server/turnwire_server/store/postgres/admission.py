@@ -284,28 +284,31 @@ class TurnQueue(PostgresConnection):
         async def body(conn: Conn, _: int) -> None:
             await db.run(conn, turn_queue.RELEASE_TICKET, (ticket, owner, QUEUE_CHANNEL, conversation_id))
 
+        await self._give_up_place("turn_lock release", conversation_id, body)
+
+    async def _give_up_place(self, what: str, conversation_id: str, body: Callable[[Conn, int], Any]) -> None:
+        """Commit ``body`` (a ticket's release); when the store fails it, retry in the background
+        until the database takes it. This replica renews its tickets' leases, so a ticket left
+        behind would hold the line forever (issue 34); the store closing ends the retries (the
+        ticket then lapses with this replica's leases)."""
         try:
-            await self._write_batched("turn_lock release", body, conversation_id=conversation_id)
+            await self._write_batched(what, body, conversation_id=conversation_id)
         except StoreError as error:
-            # This replica renews its tickets' leases, so a ticket left behind would hold the
-            # line forever (issue 34): the release is retried until the database takes it.
-            log.warning("releasing the turn lock of %s failed (%s); retrying", conversation_id, error)
-            task = asyncio.create_task(self._release_later(conversation_id, body), name="turn_lock release")
+            log.warning("%s of %s failed (%s); retrying", what, conversation_id, error)
+            task = asyncio.create_task(self._release_later(what, conversation_id, body), name=what)
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)
 
-    async def _release_later(self, conversation_id: str, body: Callable[[Conn, int], Any]) -> None:
-        """Retry a failed release with backoff until it committed (the store closing ends it:
-        the ticket then lapses with this replica's leases)."""
+    async def _release_later(self, what: str, conversation_id: str, body: Callable[[Conn, int], Any]) -> None:
         for attempt in itertools.count():
             await asyncio.sleep(_RELEASE_RETRY_SECONDS[min(attempt, len(_RELEASE_RETRY_SECONDS) - 1)])
             if self._closed:
                 return
             try:
-                await self._write_batched("turn_lock release", body, conversation_id=conversation_id)
+                await self._write_batched(what, body, conversation_id=conversation_id)
             except StoreError:
                 continue
-            log.info("released the turn lock of %s after %d retries", conversation_id, attempt + 1)
+            log.info("%s of %s committed after %d retries", what, conversation_id, attempt + 1)
             return
 
     def _ticket_params(
@@ -376,7 +379,7 @@ class TurnQueue(PostgresConnection):
                 conn, turn_queue.RELEASE_PLACE, (conversation_id, request_id, QUEUE_CHANNEL, conversation_id)
             )
 
-        await self._write("release_place", body)
+        await self._give_up_place("release_place", conversation_id, body)
 
 
 async def _start_new_turn(conn: Conn, start: StartTurn, now_us: int) -> None:

@@ -59,6 +59,11 @@ _KEEPALIVE: Final = {
 _GONE_SQLSTATES: Final = frozenset({"57P01", "57P02", "57P03"})
 """Admin shutdown, crash shutdown, cannot connect now: the server is going or not yet back."""
 
+_TRANSIENT_REFUSALS: Final = ("starting up", "shutting down", "in recovery", "too many")
+"""A server's FATAL answer to a connection attempt (libpq gives it no SQLSTATE) that passes:
+starting up or shutting down (57P03), a standby in recovery, out of connection slots (53300).
+Any other FATAL answer (no such role or database, a wrong password) is a refusal, never "gone"."""
+
 _CHECK_IDLE_S: Final = 2.0
 """A pooled connection idle longer than this is checked (one round trip) before it is handed
 out; one back from use more recently is not, so the hot path pays no check per statement."""
@@ -178,6 +183,9 @@ class PostgresConnection(CoreWrites, CoreReads):
             await pool.close()
             raise self._error(exc, "opening the connection pool") from None
         self._pool = pool
+        # It just answered: an earlier attempt of this opening (the start waiting out a database
+        # restart) may have marked it gone, and the listener is not running yet to say otherwise.
+        self._listener.reachable = True
         self._listener.start()
 
     async def _stamp_returned(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -255,9 +263,12 @@ class PostgresConnection(CoreWrites, CoreReads):
     @staticmethod
     def _is_gone(exc: BaseException, sqlstate: str | None) -> bool:
         """True for a failure that says the database is gone rather than the statement wrong: a
-        lost or refused connection (no SQLSTATE, or class 08) or a server shutting down."""
+        lost or refused connection (no SQLSTATE, or class 08) or a server shutting down or
+        starting up; not a server's refusal of who connects (:data:`_TRANSIENT_REFUSALS`)."""
         if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
             return False
+        if sqlstate is None and "FATAL:" in (text := str(exc)):
+            return any(refusal in text for refusal in _TRANSIENT_REFUSALS)
         return sqlstate is None or sqlstate.startswith("08") or sqlstate in _GONE_SQLSTATES
 
     @property
