@@ -164,7 +164,13 @@ func (s *Sidecar) waitServing(security grpc.DialOption) error {
 		for err == nil {
 			var update *grpc_health_v1.HealthCheckResponse
 			if update, err = watch.Recv(); err == nil && update.GetStatus() == grpc_health_v1.HealthCheckResponse_SERVING {
-				return nil
+				// SERVING from this process (its own announcement), not from another
+				// test's sidecar that took the same port first (this one then exits:
+				// cannot listen).
+				if s.announced() {
+					return nil
+				}
+				err = fmt.Errorf("another process answers on %s", s.Addr)
 			}
 		}
 		select {
@@ -178,6 +184,21 @@ func (s *Sidecar) waitServing(security grpc.DialOption) error {
 			return fmt.Errorf("turnwire at %s: %v", s.Addr, err)
 		}
 		// Otherwise the connection broke while the server started: watch again.
+	}
+}
+
+// announced reports whether the process logged that it listens on s.Addr,
+// waiting up to a second for the line (it follows SERVING).
+func (s *Sidecar) announced() bool {
+	line := "turnwire listening on " + s.Addr
+	for deadline := time.Now().Add(time.Second); ; {
+		if strings.Contains(s.Log(), line) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond) // polling the log for the line
 	}
 }
 
