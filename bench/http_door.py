@@ -41,6 +41,7 @@ from google.protobuf import json_format
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
+from _asgi import asgi_post  # noqa: E402
 from _common import (  # noqa: E402
     CLIENT_OPTIONS,
     ServerProcess,
@@ -202,41 +203,6 @@ def _envelope(payload: bytes) -> bytes:
     return b"\0" + len(payload).to_bytes(4, "big") + payload
 
 
-async def _asgi_call(app: Any, content_type: str, body: bytes) -> int:
-    """One request through the ASGI app, in process; the response bytes."""
-    sent: list[bytes] = []
-    done = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal done
-        if done:
-            await asyncio.Event().wait()
-        done = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body":
-            sent.append(message.get("body", b""))
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/turnwire.v1.ChatService/Chat",
-        "raw_path": b"/turnwire.v1.ChatService/Chat",
-        "root_path": "",
-        "query_string": b"",
-        "headers": [(b"content-type", content_type.encode()), (b"authorization", b"Bearer x")],
-        "client": ("127.0.0.1", 40000),
-        "server": ("127.0.0.1", 8080),
-        "extensions": {},
-    }
-    await app(scope, receive, send)
-    return sum(len(chunk) for chunk in sent)
-
-
 async def in_process(requests: int) -> Table:
     """The door's own CPU per Chat (ASGI app, connectrpc, the in-process call; no sockets, no
     HTTP parsing), against running the same handler with an in-process context alone."""
@@ -279,7 +245,7 @@ async def in_process(requests: int) -> Table:
     for name, (content_type, body) in bodies.items():
 
         async def one(content_type: str = content_type, body: bytes = body) -> None:
-            await _asgi_call(app, content_type, body)
+            await asgi_post(app, "/turnwire.v1.ChatService/Chat", body, content_type=content_type)
 
         own = statistics.median([await measure(one) for _ in range(3)])
         table.add(name, f"{own * 1e6:.0f}", f"{(own - base) * 1e6:+.0f}")

@@ -42,6 +42,7 @@ import orjson
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
+from _asgi import asgi_post  # noqa: E402
 from _common import (  # noqa: E402
     CLIENT_OPTIONS,
     Table,
@@ -144,41 +145,6 @@ async def run(rounds: int, turns: int) -> Table:
     return table
 
 
-async def _asgi_post(app: Any, path: str, body: bytes) -> int:
-    """One POST through the ASGI app, in process; the response's size in bytes."""
-    sent: list[bytes] = []
-    done = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal done
-        if done:
-            await asyncio.Event().wait()
-        done = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body":
-            sent.append(message.get("body", b""))
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer x")],
-        "client": ("127.0.0.1", 40000),
-        "server": ("127.0.0.1", 8080),
-        "extensions": {},
-    }
-    await app(scope, receive, send)
-    return sum(len(chunk) for chunk in sent)
-
-
 async def in_process(requests: int) -> Table:
     """The door's own CPU per streamed turn, against the in-process call alone."""
     from turnwire_server.api.rpc_observer import RpcObserver
@@ -220,7 +186,7 @@ async def in_process(requests: int) -> Table:
     ):
 
         async def one(body: bytes = body) -> None:
-            await _asgi_post(app, "/v1/responses", body)
+            await asgi_post(app, "/v1/responses", body)
 
         own = statistics.median([await measure(one) for _ in range(3)])
         table.add(name, f"{own * 1e6:.0f}", f"{(own - base) * 1e6:+.0f}")

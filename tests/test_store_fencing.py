@@ -11,7 +11,7 @@ import dataclasses
 import datetime as dt
 
 import pytest
-from support.stores import StoreBackend, postgres_database
+from support.stores import StoreBackend, leased_turn, postgres_database
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import Store, TurnRecord
@@ -25,17 +25,7 @@ UNTIL = LAPSED + dt.timedelta(seconds=30)
 
 
 def _turn(request_id: str, owner: str, conversation: str = "c") -> TurnRecord:
-    return TurnRecord(
-        request_id=request_id,
-        conversation_id=conversation,
-        assistant_message_id=f"tw-a-{request_id}",
-        continuation=False,
-        model="scripted:x",
-        state="running",
-        start_time=T0,
-        owner=owner,
-        lease_until=LEASE,
-    )
+    return leased_turn(request_id, conversation, owner, start_time=T0)
 
 
 def _message(message_id: str, text: str, role: int = message_pb2.ROLE_ASSISTANT) -> message_pb2.Message:

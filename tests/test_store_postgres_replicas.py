@@ -13,7 +13,7 @@ import datetime as dt
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from support.stores import StoreBackend, postgres_database
+from support.stores import StoreBackend, leased_turn, postgres_database
 from support.waiting import wait_until
 
 from turnwire_client.v1 import message_pb2
@@ -53,17 +53,7 @@ def _user(message_id: str) -> message_pb2.Message:
 
 
 def _turn(request_id: str, conversation_id: str, owner: str) -> TurnRecord:
-    return TurnRecord(
-        request_id=request_id,
-        conversation_id=conversation_id,
-        assistant_message_id=f"a-{request_id}",
-        continuation=False,
-        model="scripted:x",
-        state="running",
-        start_time=T0,
-        owner=owner,
-        lease_until=LEASE,
-    )
+    return leased_turn(request_id, conversation_id, owner, start_time=T0)
 
 
 async def test_claimed_turns_and_submissions_keep_their_queue_tickets_under_the_claimant(

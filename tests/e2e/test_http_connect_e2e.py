@@ -24,8 +24,9 @@ from connectrpc.errors import ConnectError
 from prometheus_client.parser import text_string_to_metric_families
 from support.connect_calls import CHAT_SERVICE, ConnectChat, detail_types, error_reason
 from support.endless import endless_step
+from support.http_sidecar import http_sidecar_config
 from support.sidecar import SidecarProcess, free_port, running_sidecar
-from support.tokens import auth_config, new_token, write_tokens_file
+from support.tokens import new_token
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, collect
@@ -45,16 +46,9 @@ SCRIPTS = {
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess]:
     workdir = tmp_path_factory.mktemp("http-connect-e2e")
-    tokens = write_tokens_file(
-        workdir / "tokens.json", {TOKEN_A: ("alice", "tenant-a"), TOKEN_B: ("bob", "tenant-b")}
-    )
-    config = {
-        "default_model": "scripted:echo",
-        "providers": {"scripted": {"scripts": SCRIPTS}},
-        "auth": auth_config(tokens),
-        "http": {"listen": f"127.0.0.1:{free_port()}", "cors": {"allow_origins": [ORIGIN]}},
-        "metrics": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"},
-    }
+    tokens = {TOKEN_A: ("alice", "tenant-a"), TOKEN_B: ("bob", "tenant-b")}
+    config = http_sidecar_config(workdir, tokens, SCRIPTS, cors={"allow_origins": [ORIGIN]})
+    config["metrics"] = {"enabled": True, "listen": f"127.0.0.1:{free_port()}"}
     with running_sidecar(workdir, config) as process:
         yield process
 

@@ -27,8 +27,9 @@ from openai.types.responses import FunctionToolParam, Response, ResponseStreamEv
 from pydantic import TypeAdapter
 from support.endless import endless_step
 from support.hooks import pythonpath_env
-from support.sidecar import SidecarProcess, free_port, running_sidecar
-from support.tokens import auth_config, new_token, write_tokens_file
+from support.http_sidecar import http_sidecar_config
+from support.sidecar import SidecarProcess, running_sidecar
+from support.tokens import new_token
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient
@@ -77,16 +78,9 @@ SCRIPTS = {
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess]:
     workdir = tmp_path_factory.mktemp("openai-responses-e2e")
-    tokens = write_tokens_file(
-        workdir / "tokens.json", {TOKEN_A: ("alice", "tenant-a"), TOKEN_B: ("bob", "tenant-b")}
-    )
-    config = {
-        "default_model": "scripted:echo",
-        "providers": {"scripted": {"scripts": SCRIPTS}},
-        "auth": auth_config(tokens),
-        "http": {"listen": f"127.0.0.1:{free_port()}"},
-        "middleware": [{"path": "support.hooks:ModelFromMetadata"}],
-    }
+    tokens = {TOKEN_A: ("alice", "tenant-a"), TOKEN_B: ("bob", "tenant-b")}
+    config = http_sidecar_config(workdir, tokens, SCRIPTS)
+    config["middleware"] = [{"path": "support.hooks:ModelFromMetadata"}]
     with running_sidecar(workdir, config, env=pythonpath_env()) as process:
         yield process
 

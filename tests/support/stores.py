@@ -8,6 +8,7 @@ A PostgreSQL server is required: when none is reachable the tests FAIL and say h
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import secrets
 from collections.abc import Iterator, Sequence
@@ -18,7 +19,7 @@ from typing import Any, Final
 import psycopg
 import pytest
 
-from turnwire_server.store import Store
+from turnwire_server.store import Store, TurnRecord
 from turnwire_server.store.postgres import PostgresStore
 from turnwire_server.store.sqlite import SqliteStore
 
@@ -138,3 +139,21 @@ class StoreBackend:
         if self._pg is not None:
             self._pg.close()
             self._pg = None
+
+
+def leased_turn(
+    request_id: str, conversation_id: str, owner: str, *, start_time: dt.datetime, lease_seconds: float = 30
+) -> TurnRecord:
+    """A running turn as a replica records it: ``owner`` holds its lease until ``lease_seconds``
+    after ``start_time``; its reply's id is ``tw-a-<request_id>``."""
+    return TurnRecord(
+        request_id=request_id,
+        conversation_id=conversation_id,
+        assistant_message_id=f"tw-a-{request_id}",
+        continuation=False,
+        model="scripted:x",
+        state="running",
+        start_time=start_time,
+        owner=owner,
+        lease_until=start_time + dt.timedelta(seconds=lease_seconds),
+    )
