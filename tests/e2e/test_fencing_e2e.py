@@ -182,9 +182,12 @@ async def test_a_replica_paused_past_its_lease_writes_nothing_for_the_turn_taken
         await on_b.close()
 
 
+@pytest.mark.parametrize("how", ["reset", "blackhole"])
 async def test_a_replica_cut_off_from_the_database_writes_nothing_once_it_reconnects(
-    sidecar_factory: SidecarFactory, pg_url: str, tmp_path: Path
+    sidecar_factory: SidecarFactory, pg_url: str, tmp_path: Path, how: str
 ) -> None:
+    """``reset``: A's connections are refused (a closed port); ``blackhole``: nothing answers (a
+    dropped route: A's statements in flight hang until its connections' TCP timeouts)."""
     server = urlsplit(pg_url)
     with TcpProxy(server.hostname or "127.0.0.1", server.port or 5432) as proxy:
         through_proxy = server._replace(netloc=f"{server.username}@127.0.0.1:{proxy.port}").geturl()
@@ -193,21 +196,22 @@ async def test_a_replica_cut_off_from_the_database_writes_nothing_once_it_reconn
         await asyncio.gather(a.start(), b.start())
         on_a, on_b = TurnwireClient(a.target), TurnwireClient(b.target)
         try:
-            stream, seen = await _start_on_a(on_a, pg_url, "r-cut")
-            proxy.cut("reset")  # A alone loses the database; B still reaches it
+            request_id = f"r-cut-{how}"
+            stream, seen = await _start_on_a(on_a, pg_url, request_id)
+            proxy.cut(how)  # type: ignore[arg-type]  # A alone loses the database; B still reaches it
             try:
 
                 def claimed_by_b() -> bool:
-                    rows = sql(pg_url, "SELECT lease_epoch FROM turns WHERE request_id = 'r-cut'")
+                    rows = sql(pg_url, "SELECT lease_epoch FROM turns WHERE request_id = %s", (request_id,))
                     return rows == [(1,)]
 
                 await wait_until(claimed_by_b, timeout=60, what="B takes the turn over")
             finally:
                 proxy.restore()
             await _fenced_out(stream, seen)
-            await _taken_over_and_completed(pg_url, "r-cut", b)
-            await _completed_once(pg_url, "r-cut", on_b)
-            assert "lost the lease of turn 'r-cut'" in a.log_text()
+            await _taken_over_and_completed(pg_url, request_id, b)
+            await _completed_once(pg_url, request_id, on_b)
+            assert f"lost the lease of turn '{request_id}'" in a.log_text()
         finally:
             await on_a.close()
             await on_b.close()
