@@ -58,23 +58,29 @@ def call_info(request: Request) -> CallInfo:
     return CallInfo(metadata_of(request.headers.items()), peer)
 
 
-async def read_body(request: Request, limit: int) -> bytes | Response:
-    """The request's body, or a 413 answer once it passes ``limit`` bytes (read no further)."""
+def too_large(limit: int) -> str:
+    """What a 413 answer says: the body passed ``limit`` bytes."""
+    return f"the body is larger than the sidecar takes ({limit} bytes, limits.max_receive_message_bytes)"
+
+
+async def read_within(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None once it passes ``limit`` bytes (read no further)."""
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            return error_response(
-                413,
-                f"the body is larger than the sidecar takes ({limit} bytes, "
-                "limits.max_receive_message_bytes)",
-                "invalid_request_error",
-                None,
-                "request_too_large",
-            )
+            return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def read_body(request: Request, limit: int) -> bytes | Response:
+    """The request's body, or OpenAI's 413 answer once it passes ``limit`` bytes."""
+    raw = await read_within(request, limit)
+    if raw is None:
+        return error_response(413, too_large(limit), "invalid_request_error", None, "request_too_large")
+    return raw
 
 
 def json_response(value: Any) -> Response:
@@ -404,4 +410,12 @@ def _frames(events: list[dict[str, Any]], after: int) -> bytes:
     )
 
 
-__all__ = ["ResponsesDoor", "call_info", "json_response", "read_body", "struct_of"]
+__all__ = [
+    "ResponsesDoor",
+    "call_info",
+    "json_response",
+    "read_body",
+    "read_within",
+    "struct_of",
+    "too_large",
+]
