@@ -52,13 +52,21 @@ SCRIPTS = {
         {"text": "It is 42."},
     ],
     "locate": [
-        {"text": "Let me ask your device.", "tool_calls": [{"name": "get_location", "input": {"precision": "city"}}]},
+        {
+            "text": "Let me ask your device.",
+            "tool_calls": [{"name": "get_location", "input": {"precision": "city"}}],
+        },
         {"text": "unreachable"},
     ],
     "thanks": [{"text": "You are in Paris."}],
-    "weather": [{"tool_calls": [{"name": "get_weather", "input": {"city": "Paris"}}]}, {"text": "unreachable"}],
+    "weather": [
+        {"tool_calls": [{"name": "get_weather", "input": {"city": "Paris"}}]},
+        {"text": "unreachable"},
+    ],
     "after": [{"text": "Done with the weather."}],
-    "fails": [{"text": "partial ", "error": {"message": "the model is down", "status": 400, "after_chunks": 1}}],
+    "fails": [
+        {"text": "partial ", "error": {"message": "the model is down", "status": 400, "after_chunks": 1}}
+    ],
     "slow": [endless_step("".join(f"w{i} " for i in range(30)), 20)],
 }
 
@@ -157,7 +165,14 @@ async def test_the_chunks_as_the_transport_validates_them(sidecar: SidecarProces
     seen = await run_node(sidecar, "chunks", "ai-chunks", {"body": {"model": "scripted:echo"}})
     kinds = [chunk["type"] for chunk in seen["chunks"]]
     assert kinds[0] == "start" and kinds[1] == "start-step" and kinds[-2:] == ["finish-step", "finish"]
-    assert {"reasoning-start", "reasoning-delta", "reasoning-end", "text-start", "text-delta", "text-end"} <= set(kinds)
+    assert {
+        "reasoning-start",
+        "reasoning-delta",
+        "reasoning-end",
+        "text-start",
+        "text-delta",
+        "text-end",
+    } <= set(kinds)
     assert seen["chunks"][-1] == {"type": "finish", "finishReason": "stop"}
     assert "".join(c["delta"] for c in seen["chunks"] if c["type"] == "text-delta") == ANSWER
 
@@ -225,7 +240,11 @@ async def test_an_approval_with_add_tool_approval_response(
         assert call["state"] == "output-denied"
     stored = await grpc_a.get_conversation(chat_id)
     stored_call = next(p.tool_call for p in stored.messages[1].parts if p.HasField("tool_call"))
-    expected = message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE if approved else message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED
+    expected = (
+        message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
+        if approved
+        else message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED
+    )
     assert stored_call.state == expected
 
 
@@ -233,7 +252,10 @@ async def test_resume_after_a_dropped_connection(sidecar: SidecarProcess, grpc_a
     """With ``disconnectPolicy: "continue"`` the turn outlives the aborted fetch, and the
     transport's reconnect replays it from its start, then follows it live."""
     node = await start_node(
-        sidecar, "dropAndResume", "ai-drop", {"body": {"model": "scripted:slow", "disconnectPolicy": "continue"}}
+        sidecar,
+        "dropAndResume",
+        "ai-drop",
+        {"body": {"model": "scripted:slow", "disconnectPolicy": "continue"}},
     )
     await resumed(node)
     await grpc_a.cancel_chat(await running_request(grpc_a, "ai-drop"))
@@ -313,7 +335,9 @@ async def test_tenants_and_tokens(sidecar: SidecarProcess, grpc_a: TurnwireClien
     assert (await anext(turn)).HasField("turn_start")
     try:
         async with httpx.AsyncClient() as http:
-            mine = await http.get(f"{api(sidecar)}/ai-tenant/stream", headers={"authorization": f"Bearer {TOKEN_B}"})
+            mine = await http.get(
+                f"{api(sidecar)}/ai-tenant/stream", headers={"authorization": f"Bearer {TOKEN_B}"}
+            )
             assert mine.status_code == 204  # another tenant's conversation: no turn to see
             stranger = await http.post(
                 api(sidecar), json=body("ai-x", "scripted:echo"), headers={"authorization": "Bearer nope"}
