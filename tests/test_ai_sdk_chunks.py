@@ -17,7 +17,7 @@ from support.event_logs import turn_events
 
 from turnwire_client.v1 import chat_service_pb2, message_pb2
 from turnwire_server.http.ai_sdk_chunks import UIMessageStream
-from turnwire_server.http.ai_sdk_request import RequestProblem, parse_body, turn_input
+from turnwire_server.http.ai_sdk_request import ChatBodyProblem, parse_body, turn_input
 
 TOOL_TURN: list[dict[str, Any]] = [
     {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
@@ -94,7 +94,7 @@ def test_the_same_log_gives_the_same_chunks() -> None:
     assert chunks_of(TOOL_TURN) == chunks_of(TOOL_TURN)
 
 
-CUT = [
+CUT: list[dict[str, Any]] = [
     {"turn_start": {"message_id": "tw-a-r1"}},
     {"step_start": {}},
     {"text_start": {"id": "t"}},
@@ -123,7 +123,9 @@ def test_a_cut_turn_closes_its_blocks_then_ends(end: dict[str, Any], last: dict[
 
 
 def test_a_turn_that_never_started_is_still_opened() -> None:
-    denied = {"tool_output_denied": {"tool_call_id": "c9", "tool_name": "get_weather", "reason": "no"}}
+    denied: dict[str, Any] = {
+        "tool_output_denied": {"tool_call_id": "c9", "tool_name": "get_weather", "reason": "no"}
+    }
     skipped = {"turn_end": {"status": "TURN_STATUS_SKIPPED"}}
     assert chunks_of([denied, skipped], UIMessageStream(message_id="ui-1", known_calls=["c9"])) == [
         {"type": "tool-output-denied", "toolCallId": "c9"},
@@ -136,7 +138,7 @@ def test_a_continuation_announces_the_calls_the_client_does_not_hold() -> None:
     """Read back from its start, a continuation's result of an earlier turn's call comes first
     with that call's ``tool-input-available`` (the AI SDK refuses an output for a call it lacks);
     a client continuing its own message holds the call already."""
-    kinds = [
+    kinds: list[dict[str, Any]] = [
         {"turn_start": {"message_id": "tw-a-r2", "continuation": True}},
         {
             "tool_output_available": {
@@ -160,7 +162,7 @@ def test_a_continuation_announces_the_calls_the_client_does_not_hold() -> None:
 
 
 def test_approvals_and_provider_executed_calls() -> None:
-    kinds = [
+    kinds: list[dict[str, Any]] = [
         {"tool_input_start": {"tool_call_id": "c1", "tool_name": "web_search", "provider_executed": True}},
         {
             "tool_input_available": {
@@ -218,7 +220,7 @@ def test_approvals_and_provider_executed_calls() -> None:
 
 def test_sources_and_files() -> None:
     png = base64.b64encode(b"\x89PNG").decode()
-    kinds = [
+    kinds: list[dict[str, Any]] = [
         {"source": {"source_id": "s1", "url": "https://example.com", "title": "Example"}},
         {
             "source": {
@@ -364,7 +366,7 @@ def test_an_assistant_message_answers_its_last_step() -> None:
     ],
 )
 def test_refusals_say_what_to_fix(body: bytes, says: str) -> None:
-    with pytest.raises(RequestProblem) as refused:
+    with pytest.raises(ChatBodyProblem) as refused:
         turn_input(parse_body(body))
     assert says in str(refused.value)
 

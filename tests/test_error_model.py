@@ -42,6 +42,8 @@ NOT_DOMAIN_ERRORS = {
     "turnwire_server.http.calls.CallEnded",
     # The OpenAI door's refusal of a body: answered in OpenAI's error JSON (400, its param), never a status.
     "turnwire_server.http.openai_request.RequestProblem",
+    # The AI SDK door's refusal of a body: answered 400 with its message as plain text, never a status.
+    "turnwire_server.http.ai_sdk_request.ChatBodyProblem",
     # Startup and configuration: the process refuses to start; no client ever sees them.
     "turnwire_server.api.authentication.AuthConfigError",
     "turnwire_server.api.tls.TlsFileError",

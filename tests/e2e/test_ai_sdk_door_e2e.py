@@ -142,12 +142,17 @@ async def running_request(client: TurnwireClient, conversation: str) -> str:
 
     async def find() -> str | None:
         stored = await client.get_conversation(conversation)
-        for turn in [*stored.partial_replies, *stored.turns_without_reply]:
-            if turn.status == event_pb2.TURN_STATUS_UNSPECIFIED:
-                return turn.request_id
-        return None
+        running = [
+            t.request_id for t in stored.partial_replies if t.status == event_pb2.TURN_STATUS_UNSPECIFIED
+        ]
+        running += [
+            t.request_id for t in stored.turns_without_reply if t.status == event_pb2.TURN_STATUS_UNSPECIFIED
+        ]
+        return running[0] if running else None
 
-    return await wait_until(find, what=f"a running turn on {conversation}")
+    request_id: str | None = await wait_until(find, what=f"a running turn on {conversation}")
+    assert request_id is not None
+    return request_id
 
 
 async def test_a_message_streams_its_reply_into_the_chat(sidecar: SidecarProcess) -> None:

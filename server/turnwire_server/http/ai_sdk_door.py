@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from turnwire_client.v1 import chat_service_pb2, event_pb2
 from turnwire_server.http.ai_sdk_chunks import UIMessageStream
-from turnwire_server.http.ai_sdk_request import RequestProblem, TurnInput, parse_body, turn_input
+from turnwire_server.http.ai_sdk_request import ChatBodyProblem, ChatTurn, parse_body, turn_input
 from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls
 from turnwire_server.http.openai_chat import data_lines
 from turnwire_server.http.openai_door import call_info, read_within, struct_of, too_large
@@ -78,7 +78,7 @@ class AiSdkDoor:
             return PlainTextResponse(too_large(self.read_max_bytes), status_code=413)
         try:
             turn = turn_input(parse_body(raw))
-        except RequestProblem as problem:
+        except ChatBodyProblem as problem:
             return PlainTextResponse(str(problem), status_code=400)
         call = call_info(request)
         try:
@@ -91,7 +91,7 @@ class AiSdkDoor:
         chunks = UIMessageStream(message_id=turn.continues, known_calls=turn.known_calls)
         return self._answer(first, events, chunks)
 
-    async def _events(self, turn: TurnInput, call: CallInfo) -> AsyncIterator[Any]:
+    async def _events(self, turn: ChatTurn, call: CallInfo) -> AsyncIterator[Any]:
         """The turn's event stream; results and approvals in one request store the results first
         (without continuing), then the approvals continue the turn."""
         common = dict(

@@ -15,7 +15,7 @@ Only the last message is read; the conversation's stored history is what the mod
   ``output-available`` / ``output-error`` of a client tool become ``SubmitToolResults``, parts in
   ``approval-responded`` (``addToolApprovalResponse``) become ``SubmitToolApprovals``.
 
-A body in the wrong shape is :class:`RequestProblem`; the door answers 400 with its message.
+A body in the wrong shape is :class:`ChatBodyProblem`; the door answers 400 with its message.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ _POLICIES = {
 }
 
 
-class RequestProblem(Exception):
+class ChatBodyProblem(Exception):
     """The body is not a request this door takes; the message names the field and what to fix."""
 
 
@@ -63,7 +63,7 @@ class ChatBody(BaseModel):
 
 
 @dataclass
-class TurnInput:
+class ChatTurn:
     """What a request asks Turnwire for: the user ``message`` to run a turn on, or the ``results``
     and ``approvals`` answering the tool calls of the assistant message ``continues`` (its id;
     ``known_calls``: its tool call ids). ``common`` holds the fields every RPC's request shares
@@ -78,25 +78,25 @@ class TurnInput:
 
 
 def parse_body(raw: bytes) -> ChatBody:
-    """``raw`` (the HTTP body) read as a :class:`ChatBody`; raises :class:`RequestProblem`."""
+    """``raw`` (the HTTP body) read as a :class:`ChatBody`; raises :class:`ChatBodyProblem`."""
     try:
         data = orjson.loads(raw or b"{}")
     except orjson.JSONDecodeError as error:
-        raise RequestProblem(f"the body is not JSON: {error}") from None
+        raise ChatBodyProblem(f"the body is not JSON: {error}") from None
     if not isinstance(data, dict):
-        raise RequestProblem("the body must be a JSON object: {id, messages, trigger, messageId}")
+        raise ChatBodyProblem("the body must be a JSON object: {id, messages, trigger, messageId}")
     try:
         return ChatBody.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise RequestProblem(f"{where}: {first['msg']}") from None
+        raise ChatBodyProblem(f"{where}: {first['msg']}") from None
 
 
-def turn_input(body: ChatBody) -> TurnInput:
-    """The Turnwire input of ``body`` (see the module docstring); raises :class:`RequestProblem`."""
+def turn_input(body: ChatBody) -> ChatTurn:
+    """The Turnwire input of ``body`` (see the module docstring); raises :class:`ChatBodyProblem`."""
     if body.trigger == "regenerate-message":
-        raise RequestProblem(
+        raise ChatBodyProblem(
             "trigger: regenerate-message is not taken: a stored conversation cannot branch; "
             "send a new user message instead"
         )
@@ -113,12 +113,12 @@ def turn_input(body: ChatBody) -> TurnInput:
     role = last.get("role")
     parts = last.get("parts")
     if not isinstance(parts, list):
-        raise RequestProblem(f"messages[{index}].parts: a list of UIMessage parts")
+        raise ChatBodyProblem(f"messages[{index}].parts: a list of UIMessage parts")
     if role == "user":
-        return TurnInput(common, message=_user_message(last, parts, index))
+        return ChatTurn(common, message=_user_message(last, parts, index))
     if role == "assistant":
         return _answers(common, last, parts, index, set(body.tools))
-    raise RequestProblem(
+    raise ChatBodyProblem(
         f"messages[{index}].role: the last message must be a user or assistant message; got {role!r}"
     )
 
@@ -140,7 +140,7 @@ def _user_message(message: dict[str, Any], parts: list[Any], index: int) -> mess
         elif kind == "file":
             converted.parts.add(file=_file(part, where))
         else:
-            raise RequestProblem(f"{where}.type: a user message takes text and file parts; got {kind!r}")
+            raise ChatBodyProblem(f"{where}.type: a user message takes text and file parts; got {kind!r}")
     metadata = message.get("metadata")
     if isinstance(metadata, dict):
         converted.metadata.update(metadata)
@@ -150,7 +150,7 @@ def _user_message(message: dict[str, Any], parts: list[Any], index: int) -> mess
 def _file(part: dict[str, Any], where: str) -> message_pb2.FilePart:
     url = part.get("url")
     if not isinstance(url, str) or not url:
-        raise RequestProblem(f"{where}.url: a file part needs its url (an https: or data: URL)")
+        raise ChatBodyProblem(f"{where}.url: a file part needs its url (an https: or data: URL)")
     file = message_pb2.FilePart(
         media_type=str(part.get("mediaType", "")), filename=str(part.get("filename") or "")
     )
@@ -159,7 +159,7 @@ def _file(part: dict[str, Any], where: str) -> message_pb2.FilePart:
         try:
             file.data = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
-            raise RequestProblem(f"{where}.url: the data: URL is not valid base64") from None
+            raise ChatBodyProblem(f"{where}.url: the data: URL is not valid base64") from None
     else:
         file.url = url
     return file
@@ -174,12 +174,12 @@ def _tool_name(part: dict[str, Any]) -> str | None:
 
 def _answers(
     common: dict[str, Any], message: dict[str, Any], parts: list[Any], index: int, client_tools: set[str]
-) -> TurnInput:
+) -> ChatTurn:
     """The answers in the last step of assistant ``message`` (see the module docstring)."""
     step = max(
         (i for i, p in enumerate(parts) if isinstance(p, dict) and p.get("type") == "step-start"), default=-1
     )
-    answer = TurnInput(common, continues=str(message.get("id") or ""))
+    answer = ChatTurn(common, continues=str(message.get("id") or ""))
     for number, part in enumerate(parts):
         name = _tool_name(part) if isinstance(part, dict) else None
         if name is None:
@@ -208,15 +208,15 @@ def _answers(
                 chat_service_pb2.ToolResult(tool_call_id=call_id, error=True, error_text=text)
             )
         elif name in client_tools and state in ("input-streaming", "input-available"):
-            raise RequestProblem(
+            raise ChatBodyProblem(
                 f"{where}: client tool call {call_id!r} has no output yet: add it with addToolOutput"
             )
     if not answer.results and not answer.approvals:
-        raise RequestProblem(
+        raise ChatBodyProblem(
             f"messages[{index}]: the last message is an assistant message with no new tool output or "
             "approval answer in its last step; send a user message (or list the client tool in body.tools)"
         )
     return answer
 
 
-__all__ = ["ChatBody", "RequestProblem", "TurnInput", "parse_body", "turn_input"]
+__all__ = ["ChatBody", "ChatBodyProblem", "ChatTurn", "parse_body", "turn_input"]
