@@ -337,7 +337,7 @@ def test_an_assistant_message_answers_its_last_step() -> None:
         (b"[]", "JSON object"),
         (b"{", "not JSON"),
         (orjson.dumps({"id": "c", "messages": []}), "messages"),
-        (request([{"role": "user", "parts": []}], trigger="regenerate-message"), "cannot branch"),
+        (request([{"role": "assistant", "parts": []}], trigger="regenerate-message"), "cannot branch"),
         (
             request([{"role": "user", "parts": [{"type": "reasoning", "text": "x"}]}]),
             "messages[0].parts[0].type",

@@ -335,6 +335,23 @@ async def test_a_failed_turn_is_an_error_chunk(sidecar: SidecarProcess) -> None:
     assert seen["status"] == "error" and "the model is down" in seen["error"]
 
 
+async def test_regenerate_answers_a_failed_turn_again(
+    sidecar: SidecarProcess, grpc_a: TurnwireClient
+) -> None:
+    """``chat.regenerate()`` resends the last user message: a turn that did not complete runs again
+    on it (stored once); a completed one is refused, since a stored conversation cannot branch."""
+    options = {"body": {"model": "scripted:fails"}, "followUpModel": "scripted:thanks"}
+    seen = await run_node(sidecar, "regenerate", "ai-regenerate", options)
+    assert seen["first"]["status"] == "error" and "the model is down" in seen["first"]["error"]
+    assert seen["status"] == "ready" and text_of(seen["messages"][-1]) == "You are in Paris."
+    stored = await grpc_a.get_conversation("ai-regenerate")
+    assert [m.id for m in stored.messages if m.role == message_pb2.ROLE_USER] == [seen["messages"][0]["id"]]
+    options = {"body": {"model": "scripted:thanks"}, "followUpModel": "scripted:thanks"}
+    again = await run_node(sidecar, "regenerate", "ai-regenerate-done", options)
+    assert again["first"]["status"] == "ready" and again["status"] == "error"
+    assert "answer" in again["error"].lower()
+
+
 async def test_tenants_and_tokens(sidecar: SidecarProcess, grpc_a: TurnwireClient) -> None:
     turn = grpc_a.chat("ai-tenant", "go", model="scripted:slow", request_id="ai-tenant-r")
     assert (await anext(turn)).HasField("turn_start")
@@ -360,8 +377,10 @@ async def test_tenants_and_tokens(sidecar: SidecarProcess, grpc_a: TurnwireClien
 
 async def test_bad_requests_say_what_to_fix(sidecar: SidecarProcess) -> None:
     async with httpx.AsyncClient(headers={"authorization": f"Bearer {TOKEN_A}"}) as http:
-        regenerate = await http.post(api(sidecar), json=body("ai-bad", "", trigger="regenerate-message"))
-        assert regenerate.status_code == 400 and "regenerate-message" in regenerate.text
+        regenerate = body("ai-bad", "", trigger="regenerate-message")
+        regenerate["messages"][0] |= {"role": "assistant", "parts": [{"type": "text", "text": "x"}]}
+        refused = await http.post(api(sidecar), json=regenerate)
+        assert refused.status_code == 400 and "regenerate-message" in refused.text
         image = body("ai-bad", "")
         image["messages"][0]["parts"] = [{"type": "reasoning", "text": "x"}]
         refused = await http.post(api(sidecar), json=image)

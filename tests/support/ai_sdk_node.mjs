@@ -95,6 +95,18 @@ const scenarios = {
     return seen(chat);
   },
 
+  // A message, then chat.regenerate() under options.followUpModel: the same user message sent
+  // again (trigger regenerate-message).
+  async regenerate() {
+    const chat = new Chat({ id: chatId, transport: transport(options.body) });
+    await chat.sendMessage({ text: 'hi' });
+    const first = seen(chat);
+    model = options.followUpModel;
+    chat.clearError();
+    await chat.regenerate();
+    return seen(chat, { first });
+  },
+
   // A client tool: onToolCall answers get_location with addToolOutput; the Chat sends it back
   // on its own (sendAutomaticallyWhen), and the continuation streams into the same message.
   async clientTool() {

@@ -10,7 +10,10 @@ in the ``ai`` package), the transport's ``body`` option spread into it. This doo
 Only the last message is read; the conversation's stored history is what the model sees:
 
 - a **user** message is the turn's input (``Chat``), stored under the UIMessage's own id (an id
-  already stored with the same content is not stored twice, docs/semantics.md §11);
+  already stored with the same content is not stored twice, docs/semantics.md §11). So
+  ``regenerate-message`` (``chat.regenerate()``, which resends the last user message) runs a new
+  turn on it when its last turn did not complete, and is refused (``ALREADY_ANSWERED``) after a
+  completed reply: a stored conversation cannot branch;
 - an **assistant** message answers that message's tool calls in its last step: parts in
   ``output-available`` / ``output-error`` of a client tool become ``SubmitToolResults``, parts in
   ``approval-responded`` (``addToolApprovalResponse``) become ``SubmitToolApprovals``.
@@ -95,11 +98,6 @@ def parse_body(raw: bytes) -> ChatBody:
 
 def turn_input(body: ChatBody) -> ChatTurn:
     """The Turnwire input of ``body`` (see the module docstring); raises :class:`ChatBodyProblem`."""
-    if body.trigger == "regenerate-message":
-        raise ChatBodyProblem(
-            "trigger: regenerate-message is not taken: a stored conversation cannot branch; "
-            "send a new user message instead"
-        )
     extra = {name: value for name, value in body.model_dump().items() if name not in _READ}
     common: dict[str, Any] = {
         "conversation_id": body.id,
@@ -116,6 +114,11 @@ def turn_input(body: ChatBody) -> ChatTurn:
         raise ChatBodyProblem(f"messages[{index}].parts: a list of UIMessage parts")
     if role == "user":
         return ChatTurn(common, message=_user_message(last, parts, index))
+    if body.trigger == "regenerate-message":
+        raise ChatBodyProblem(
+            f"messages[{index}]: regenerate-message sends the user message to answer again as the last "
+            "message (a stored conversation cannot branch from an assistant message)"
+        )
     if role == "assistant":
         return _answers(common, last, parts, index, set(body.tools))
     raise ChatBodyProblem(
