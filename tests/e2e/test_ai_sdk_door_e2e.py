@@ -64,6 +64,15 @@ SCRIPTS = {
         {"text": "unreachable"},
     ],
     "after": [{"text": "Done with the weather."}],
+    "mixed": [
+        {
+            "tool_calls": [
+                {"name": "get_location", "input": {"precision": "city"}},
+                {"name": "get_weather", "input": {"city": "Paris"}},
+            ]
+        },
+        {"text": "unreachable"},
+    ],
     "fails": [
         {"text": "partial ", "error": {"message": "the model is down", "status": 400, "after_chunks": 1}}
     ],
@@ -251,6 +260,26 @@ async def test_an_approval_with_add_tool_approval_response(
         else message_pb2.TOOL_CALL_STATE_OUTPUT_DENIED
     )
     assert stored_call.state == expected
+
+
+async def test_a_client_tool_output_and_an_approval_in_one_request(
+    sidecar: SidecarProcess, grpc_a: TurnwireClient
+) -> None:
+    """The results are stored first (``SubmitToolResults`` without continuing), then the approval
+    continues the turn (``SubmitToolApprovals``)."""
+    options = {
+        "body": {"model": "scripted:mixed", "tools": {"get_location": LOCATION_TOOL}},
+        "followUpModel": "scripted:after",
+        "expect": "Done with the weather.",
+    }
+    seen = await run_node(sidecar, "mixed", "ai-mixed", options)
+    assert seen["error"] is None
+    states = {part["type"]: part["state"] for part in tool_parts(seen["messages"][-1])}
+    assert states == {"tool-get_location": "output-available", "tool-get_weather": "output-available"}
+    stored = await grpc_a.get_conversation("ai-mixed")
+    calls = {p.tool_call.tool_name: p.tool_call for p in stored.messages[1].parts if p.HasField("tool_call")}
+    assert json.loads(calls["get_location"].output_json) == {"city": "Paris"}
+    assert json.loads(calls["get_weather"].output_json)["city"] == "Paris"
 
 
 async def test_resume_after_a_dropped_connection(sidecar: SidecarProcess, grpc_a: TurnwireClient) -> None:

@@ -142,6 +142,27 @@ const scenarios = {
     return seen(chat, { requested });
   },
 
+  // One step calling a client tool and a tool that needs approval: the output is added at once,
+  // the approval after; the Chat sends both in one request once both are answered.
+  async mixed() {
+    const chat = new Chat({
+      id: chatId,
+      transport: transport(options.body),
+      sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
+      onToolCall: async ({ toolCall }) => {
+        if (toolCall.toolName !== 'get_location') return;
+        chat.addToolOutput({ tool: 'get_location', toolCallId: toolCall.toolCallId, output: { city: 'Paris' } });
+      },
+    });
+    await chat.sendMessage({ text: 'Where am I, and the weather there?' });
+    await waitFor('the approval request', () => chat.status === 'ready' && chat.messages.at(-1).parts.some((p) => p.state === 'approval-requested'));
+    const asked = chat.messages.at(-1).parts.find((p) => p.state === 'approval-requested');
+    model = options.followUpModel;
+    await chat.addToolApprovalResponse({ id: asked.approval.id, approved: true });
+    await waitFor('the continuation', () => chat.status === 'ready' && text(chat.messages.at(-1)).includes(options.expect));
+    return seen(chat);
+  },
+
   // A turn left after its first text (the fetch aborted: the connection closes), then
   // reconnectToStream (GET .../{id}/stream) replays it from its start; RESUMED on stderr once the
   // replay has passed what the first stream showed (the test then ends the turn).
