@@ -30,6 +30,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 from sse_starlette import EventSourceResponse
+from sse_starlette.sse import AppStatus
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
@@ -63,6 +64,9 @@ class AiSdkDoor:
     def __init__(self, calls: InProcessCalls, read_max_bytes: int) -> None:
         self.calls = calls
         self.read_max_bytes = read_max_bytes
+        # As the OpenAI door: the sidecar's drain and grace govern open streams
+        # (docs/operate/stopping.md), not sse-starlette's own watch for uvicorn's exit.
+        AppStatus.enable_automatic_graceful_drain = False
 
     def routes(self) -> list[Route]:
         """The door's Starlette routes."""
