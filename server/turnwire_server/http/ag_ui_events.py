@@ -24,7 +24,7 @@ What maps:
   ``pendingToolCallIds`` of client tool calls left to answer, and ``usage``), ``RUN_FINISHED``
   with outcome ``cancelled`` (``ABORTED``), or ``RUN_ERROR`` (``ERROR``, ``INTERRUPTED``, a
   ``SKIPPED`` turn with an error, an ``ABORTED`` one whose input was not stored), its ``code``
-  the Turnwire error reason in lower case (``model_error``, ``input_not_stored`` …).
+  the Turnwire error reason in lower case (``provider_error``, ``input_not_stored`` …).
 
 Message ids are ``<reply id>.<n>`` (the turn's stored reply ``tw-a-<runId>``, n counting the
 run's text and reasoning blocks), tool call ids are Turnwire's own. Sources, files, tool
