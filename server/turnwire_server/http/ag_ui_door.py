@@ -137,7 +137,7 @@ class AgUiDoor:
             return await self._reattach(parsed.thread_id, parsed.run_id, call, ended)
         except StopAsyncIteration:
             first = None
-        return EventSourceResponse(self._sse(first, events, log), ping=15)
+        return self._answer(first, events, log)
 
     async def _reattach(self, thread_id: str, run_id: str, call: CallInfo, refused: CallEnded) -> Response:
         """The run ``run_id`` of ``thread_id`` from its start (``ResumeTurn``), when the turn exists
@@ -153,7 +153,13 @@ class AgUiDoor:
         if first.event.conversation_id != thread_id:  # type: ignore[attr-defined]
             await replay.aclose()  # type: ignore[attr-defined]
             return _ended_response(refused)
-        return EventSourceResponse(self._sse(first, replay, RunLog(thread_id, run_id)), ping=15)
+        return self._answer(first, replay, RunLog(thread_id, run_id))
+
+    def _answer(self, first: Any, events: AsyncIterator[Any], log: RunLog) -> Response:
+        """The run's events over SSE; a ``: ping`` comment every 15 s while it is quiet keeps idle
+        proxies from closing the stream (AG-UI's parser reads only ``data:`` lines). Lines end in
+        ``\\n``: AG-UI's parser splits events at ``\\n\\n``."""
+        return EventSourceResponse(self._sse(first, events, log), ping=15, sep="\n")
 
     async def _sse(self, first: Any, events: AsyncIterator[Any], log: RunLog) -> AsyncIterator[bytes]:
         try:
