@@ -61,6 +61,9 @@ SCRIPTS = {
         {"text": "unreachable"},
     ],
     "thanks": [{"text": "You are in Paris."}],
+    "fails": [
+        {"text": "partial ", "error": {"message": "the model is down", "status": 400, "after_chunks": 1}}
+    ],
     "slow": [endless_step(SLOW_TEXT, 30)],
     "paced": [{"text": SLOW_TEXT * 3, "chunk_size": 3, "delay_ms": 20}],
 }
@@ -188,6 +191,15 @@ async def test_a_client_tool_round_trip(sidecar: SidecarProcess, grpc_a: Turnwir
     parts = [part for message in stored.messages for part in message.parts]
     results = [part.tool_call for part in parts if part.HasField("tool_call") and part.tool_call.output_json]
     assert [json.loads(r.output_json) for r in results] == [{"city": "Paris"}]
+
+
+async def test_a_failed_turn_ends_its_run_with_run_error(sidecar: SidecarProcess) -> None:
+    seen = await run_agent(sidecar, "agui-fails", [{"text": "hi", "model": "scripted:fails"}])
+    run = seen["runs"][0]
+    assert types(run)[-3:] == ["TEXT_MESSAGE_END", "STEP_FINISHED", "RUN_ERROR"]
+    error = run["events"][-1]
+    assert "the model is down" in error["message"] and error["code"] == "provider_error"
+    assert "RUN_FINISHED" not in types(run)
 
 
 async def test_an_ag_ui_run_is_read_and_resumed_over_grpc(
