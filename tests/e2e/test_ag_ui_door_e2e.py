@@ -1,10 +1,11 @@
 """The AG-UI door (docs/api/ag-ui.md), driven by AG-UI's own client, ``@ag-ui/client``'s
 ``HttpAgent`` (1.0.0, unmodified, run by ``tests/support/ag_ui_node.mjs``), against a real
 ``turnwire serve`` with ``http.listen`` and ``auth:`` on: a text run with reasoning and steps, the
-sidecar's own calculator tool, a client tool round trip, a run started over AG-UI read and resumed
-over gRPC and one started over gRPC followed over AG-UI, the client aborting a run, tenants, and
-bad input. ``HttpAgent`` checks every event against ``@ag-ui/core``'s schemas and its event order
-rules before a test sees it; a run it refuses fails the test.
+sidecar's own calculator tool, a client tool round trip, a failed turn, a run started over AG-UI
+read and resumed over gRPC, turns started over gRPC followed over AG-UI (running, and ended), the
+client aborting a run, tenants, and bad input. ``HttpAgent`` checks every event against
+``@ag-ui/core``'s schemas and its event order rules before a test sees it; a run it refuses fails
+the test.
 
 Before issue 36's AG-UI door the listener had no ``/v1/ag-ui`` route: every test here fails.
 """
@@ -233,23 +234,44 @@ async def test_an_ag_ui_run_is_read_and_resumed_over_grpc(
     ]
 
 
-async def test_a_grpc_run_is_followed_over_ag_ui(sidecar: SidecarProcess, grpc_a: TurnwireClient) -> None:
+async def test_a_running_grpc_turn_is_followed_over_ag_ui(
+    sidecar: SidecarProcess, grpc_a: TurnwireClient
+) -> None:
     run_id = f"grpc-{uuid.uuid4().hex[:8]}"
-    stream = grpc_a.chat("grpc-to-agui", "go", request_id=run_id, model="scripted:paced")
-    first = await anext(stream)
-    assert first.HasField("turn_start")
+    stream = grpc_a.chat("grpc-to-agui", "go", request_id=run_id, model="scripted:slow")
+    assert (await anext(stream)).HasField("turn_start")  # it runs until cancelled
     # the same runId over AG-UI re-attaches to the running turn, from its start
-    seen = await run_agent(sidecar, "grpc-to-agui", [{"runId": run_id, "text": "go"}])
+    seen = await run_agent(
+        sidecar, "grpc-to-agui", [{"runId": run_id, "text": "go", "abortOn": "TEXT_MESSAGE_CONTENT"}]
+    )
+    run = seen["runs"][0]
+    assert types(run)[:3] == ["RUN_STARTED", "STEP_STARTED", "TEXT_MESSAGE_START"]
+    assert run["events"][0]["runId"] == run_id
+    assert is_prefix_of_repeats(text_of(run), SLOW_TEXT)
+    await grpc_a.cancel_chat(run_id)
+    ends = [event async for event in stream if event.HasField("turn_end")]
+    assert ends[0].turn_end.status == event_pb2.TURN_STATUS_ABORTED
+
+
+async def test_an_ended_grpc_turn_reads_as_the_same_run(
+    sidecar: SidecarProcess, grpc_a: TurnwireClient
+) -> None:
+    run_id = f"grpc-{uuid.uuid4().hex[:8]}"
+    stream = grpc_a.chat("grpc-ended", "go", request_id=run_id, model="scripted:calculate")
     grpc_text = "".join([e.text_delta.delta async for e in stream if e.HasField("text_delta")])
+    seen = await run_agent(sidecar, "grpc-ended", [{"runId": run_id, "text": "go"}])
     run = seen["runs"][0]
     assert "error" not in run, run
-    assert text_of(run) == grpc_text == SLOW_TEXT * 3
+    assert text_of(run) == grpc_text == "It is 42."
+    assert "TOOL_CALL_RESULT" in types(run)
     assert run["events"][-1]["runId"] == run_id and run["events"][-1]["outcome"] == {"type": "success"}
-    # and again once it has ended: the same run
-    again = await run_agent(sidecar, "grpc-to-agui", [{"runId": run_id, "text": "go"}])
-    assert again["runs"][0]["events"] == run["events"]
-    stored = await grpc_a.get_conversation("grpc-to-agui")
-    assert len(stored.messages) == 2  # nothing ran twice
+    again = await run_agent(sidecar, "grpc-ended", [{"runId": run_id, "text": "go"}])
+    assert again["runs"][0]["events"] == run["events"]  # the same log, the same run
+    stored = await grpc_a.get_conversation("grpc-ended")
+    assert [m.role for m in stored.messages] == [
+        message_pb2.ROLE_USER,
+        message_pb2.ROLE_ASSISTANT,
+    ]  # ran once
 
 
 async def test_aborting_a_run_cancels_its_turn(sidecar: SidecarProcess, grpc_a: TurnwireClient) -> None:
