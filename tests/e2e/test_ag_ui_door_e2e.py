@@ -248,7 +248,7 @@ async def test_a_running_grpc_turn_is_followed_over_ag_ui(
     assert types(run)[:3] == ["RUN_STARTED", "STEP_STARTED", "TEXT_MESSAGE_START"]
     assert run["events"][0]["runId"] == run_id
     assert is_prefix_of_repeats(text_of(run), SLOW_TEXT)
-    await grpc_a.cancel_chat(run_id)
+    assert await grpc_a.cancel_chat(run_id)  # leaving a re-attached run left the turn running
     ends = [event async for event in stream if event.HasField("turn_end")]
     assert ends[0].turn_end.status == event_pb2.TURN_STATUS_ABORTED
 
