@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
+from turnwire_server.http.ag_ui_door import AgUiDoor
 from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls, metadata_of
 from turnwire_server.http.connect_door import ConnectDoor, endpoints_of
 from turnwire_server.http.openai_chat import ChatCompletionsDoor
@@ -91,6 +92,12 @@ def openai_door(context: DoorContext) -> Door:
     return Door("OpenAI", [*responses.routes(), *chat.routes()])
 
 
+def ag_ui_door(context: DoorContext) -> Door:
+    """AG-UI (``POST /v1/ag-ui``): ``@ag-ui/client``'s ``HttpAgent`` runs the sidecar's turns
+    (:mod:`turnwire_server.http.ag_ui_door`, docs/api/ag-ui.md)."""
+    return Door("AG-UI", AgUiDoor(context.calls, context.read_max_bytes).routes())
+
+
 def build_app(context: DoorContext, doors: Sequence[DoorFactory], cors: CorsSettings) -> Starlette:
     """The listener's ASGI application: ``doors`` built from ``context``, in order (the first
     route that matches a path wins), behind CORS when ``cors.allow_origins`` names any."""
@@ -113,4 +120,13 @@ def build_app(context: DoorContext, doors: Sequence[DoorFactory], cors: CorsSett
     return app
 
 
-__all__ = ["Door", "DoorContext", "DoorFactory", "build_app", "connect_door", "health_door", "openai_door"]
+__all__ = [
+    "Door",
+    "DoorContext",
+    "DoorFactory",
+    "ag_ui_door",
+    "build_app",
+    "connect_door",
+    "health_door",
+    "openai_door",
+]
