@@ -65,7 +65,7 @@ from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
 from turnwire_server.providers.settings import ProviderConfigError, ScriptedProviderSettings, build_provider
 from turnwire_server.redaction import redactor_for
 from turnwire_server.remote_hooks import RemoteMiddleware
-from turnwire_server.store import Store, open_store, redact_url
+from turnwire_server.store import Store, open_store, store_label
 from turnwire_server.store.errors import StoreUnreachable
 from turnwire_server.store_health import StoreHealth
 from turnwire_server.tools.demo import DEMO_TOOLS
@@ -589,7 +589,7 @@ async def _open_store(config: StoreSettings, *, patience_seconds: float) -> Stor
     backoff for up to ``patience_seconds`` (``durability.store_outage_seconds``), as a turn's
     final write is (docs/operate/outages.md): a replica started during a database restart comes
     up once the database does. A refusal (no such database or role, a wrong password) fails at
-    once. Raises :class:`StartupError` with the URL's password masked."""
+    once. Raises :class:`StartupError` naming no store address (:func:`store_label`)."""
     try:
         store = open_store(config.url, pool_size=config.pool_size, password_env=config.password_env)
     except ValueError as error:
@@ -599,7 +599,7 @@ async def _open_store(config: StoreSettings, *, patience_seconds: float) -> Stor
             store.open, patience_seconds=patience_seconds, what="opening the store", retry_on=StoreUnreachable
         )
     except Exception as error:
-        raise StartupError(f"cannot open the store {redact_url(config.url)}: {error}") from error
+        raise StartupError(f"cannot open the store ({store_label(config.url)}): {error}") from error
     return store
 
 
@@ -758,7 +758,7 @@ async def _announce(sidecar: Sidecar) -> None:
         host,
         sidecar.port,
         _transport(settings),
-        redact_url(settings.store.url),
+        store_label(settings.store.url),
         settings.default_model,
         running_loop_name(),
     )

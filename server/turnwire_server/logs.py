@@ -10,19 +10,21 @@ traceback.
 Every line, in either format, passes a :class:`~turnwire_server.redaction.Redactor` (text: the
 formatted line, traceback included; JSON: each string value before serialization): the secrets
 the configuration holds or names, and anything shaped like a credential, are masked even if some
-library logs them at DEBUG.
+library logs them at DEBUG; the PostgreSQL store's address in the store's and psycopg's own lines
+(:func:`configure_process_logging`).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Literal, TextIO
+from collections.abc import Callable
+from typing import Any, Final, Literal, TextIO
 
 from pythonjsonlogger.json import JsonFormatter
 
 from turnwire_server.log_context import CONTEXT_FIELDS, LogContextFilter
-from turnwire_server.redaction import Redactor
+from turnwire_server.redaction import Redactor, redactor_for
 
 LogFormat = Literal["text", "json"]
 
@@ -85,6 +87,41 @@ def formatter_for(log_format: LogFormat, redactor: Redactor | None = None) -> lo
     credential patterns only)."""
     redactor = redactor or Redactor()
     return _JsonFormatter(redactor) if log_format == "json" else _TextFormatter(redactor)
+
+
+STORE_LOGGERS: Final = ("psycopg", "turnwire_server.store")
+"""The loggers whose lines may name the store's server (psycopg's pool: ``connection to server
+at "db.internal" (10.0.0.7), port 5432 failed``; the PostgreSQL listener quoting it)."""
+
+
+class _StoreAddressFilter(logging.Filter):
+    """Masks the store's address (``mask``: ``PostgresTarget.redact_text``) in the message of a
+    record from one of :data:`STORE_LOGGERS`: no store address in a log line
+    (docs/operate/logs.md). Other loggers' lines are left alone (the sidecar's own listen
+    address and its clients' are not the store's)."""
+
+    def __init__(self, mask: Callable[[str], str]) -> None:
+        super().__init__()
+        self._mask = mask
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith(STORE_LOGGERS):
+            record.msg, record.args = self._mask(record.getMessage()), None
+        return True
+
+
+def configure_process_logging(settings: Any) -> logging.Handler:
+    """:func:`configure_logging` as ``turnwire serve`` and its workers do, from ``settings`` (a
+    ``Settings``): its level and format, every secret it holds or names masked
+    (:func:`~turnwire_server.redaction.redactor_for`), and its PostgreSQL store's address in the
+    store's and psycopg's lines (:func:`turnwire_server.store.address_mask`)."""
+    from turnwire_server.store import address_mask  # the store package only where it is needed
+
+    handler = configure_logging(settings.logging.level, settings.logging.format, redactor_for(settings))
+    mask = address_mask(settings.store.url, settings.store.password_env)
+    if mask is not None:
+        handler.addFilter(_StoreAddressFilter(mask))
+    return handler
 
 
 def configure_logging(

@@ -20,8 +20,7 @@ from collections.abc import Callable
 from turnwire_server.app import Sidecar, StartupError, serve
 from turnwire_server.config import Settings
 from turnwire_server.event_loop import EventLoopUnavailable, run
-from turnwire_server.logs import configure_logging
-from turnwire_server.redaction import redactor_for
+from turnwire_server.logs import configure_process_logging
 
 log = logging.getLogger("turnwire.supervisor")
 
@@ -34,7 +33,7 @@ def main(argv: list[str]) -> int:
     settings = pickle.load(sys.stdin.buffer)  # from the supervisor, our parent: trusted
     if not isinstance(settings, Settings):
         raise TypeError(f"expected Settings on stdin, got {type(settings).__name__}")
-    configure_logging(settings.logging.level, settings.logging.format, redactor_for(settings))
+    configure_process_logging(settings)
 
     def on_ready(sidecar: Sidecar, stop: Callable[[], None]) -> None:
         os.write(ready_fd, b"r")

@@ -234,6 +234,11 @@ async def test_a_turn_whose_end_outlasts_the_patience_is_recovered_once_the_data
             follow_up = await collect(client.chat(conversation, "and then?", model="scripted:short"))
             assert follow_up.status_name == "COMPLETED", follow_up.error
             history = await client.get_conversation(conversation)
+        # Its log told of the outage (its own lines, the driver's text in them, psycopg's pool when it
+        # logged) without the store's address.
+        log = sidecar.log_text()
+        assert 'connection to server at "<host>", port <port> failed' in log, log[-3000:]
+        assert str(proxy.port) not in log, [line for line in log.splitlines() if str(proxy.port) in line]
     roles = [message_pb2.Role.Name(message.role) for message in history.messages]
     assert roles == ["ROLE_USER", "ROLE_ASSISTANT", "ROLE_USER", "ROLE_ASSISTANT"], roles
     assert rig.sql("SELECT count(*) FROM turn_queue WHERE conversation_id = %s", (conversation,)) == [(0,)]
@@ -273,6 +278,6 @@ async def test_a_replica_started_while_the_database_is_unreachable_comes_up_once
         store_url=f"postgresql://postgres@127.0.0.1:{rig.cluster.port}/no_such_database",
     )
     began = time.monotonic()
-    with pytest.raises(SidecarError, match="no_such_database"):
+    with pytest.raises(SidecarError, match='database "no_such_database" does not exist'):
         await refused.start()
     assert time.monotonic() - began < 30, "a refusal is not waited out"

@@ -57,10 +57,9 @@ def serve(
     With --workers N each worker gets the signal and stops so; exit 1 if one cannot start or keeps dying.
     """
     settings = _load(config, listen, store, workers)
-    from turnwire_server.logs import configure_logging
-    from turnwire_server.redaction import redactor_for
+    from turnwire_server.logs import configure_process_logging
 
-    configure_logging(settings.logging.level, settings.logging.format, redactor_for(settings))
+    configure_process_logging(settings)
     if settings.log_level is not None:
         logging.getLogger("turnwire.server").warning(
             "log_level is deprecated: use logging.level (TURNWIRE_LOGGING__LEVEL)"

@@ -40,7 +40,7 @@ from turnwire_server.http.ai_sdk_chunks import UIMessageStream
 from turnwire_server.http.ai_sdk_request import ChatBodyProblem, ChatTurn, parse_body, turn_input
 from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls
 from turnwire_server.http.openai_chat import data_lines
-from turnwire_server.http.openai_door import call_info, read_within, struct_of, too_large
+from turnwire_server.http.openai_door import call_info, read_body, struct_of
 from turnwire_server.http.openai_errors import ended_error
 
 _SERVICE = "/turnwire.v1.ChatService/"
@@ -77,9 +77,13 @@ class AiSdkDoor:
 
     async def send(self, request: Request) -> Response:
         """``POST /v1/ai-sdk/chat``: the transport's ``sendMessages``."""
-        raw = await read_within(request, self.read_max_bytes)
-        if raw is None:
-            return PlainTextResponse(too_large(self.read_max_bytes), status_code=413)
+        raw = await read_body(
+            request,
+            self.read_max_bytes,
+            too_large=lambda message: PlainTextResponse(message, status_code=413),
+        )
+        if isinstance(raw, Response):
+            return raw
         try:
             turn = turn_input(parse_body(raw))
         except ChatBodyProblem as problem:

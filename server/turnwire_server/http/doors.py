@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
+from turnwire_server.http.ag_ui_door import AgUiDoor
 from turnwire_server.http.ai_sdk_door import AiSdkDoor
 from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls, metadata_of
 from turnwire_server.http.connect_door import ConnectDoor, endpoints_of
@@ -92,6 +93,12 @@ def openai_door(context: DoorContext) -> Door:
     return Door("OpenAI", [*responses.routes(), *chat.routes()])
 
 
+def ag_ui_door(context: DoorContext) -> Door:
+    """AG-UI (``POST /v1/ag-ui``): ``@ag-ui/client``'s ``HttpAgent`` runs the sidecar's turns
+    (:mod:`turnwire_server.http.ag_ui_door`, docs/api/ag-ui.md)."""
+    return Door("AG-UI", AgUiDoor(context.calls, context.read_max_bytes).routes())
+
+
 def ai_sdk_door(context: DoorContext) -> Door:
     """The Vercel AI SDK's UI message stream (``/v1/ai-sdk/chat``): ``useChat`` and the AI SDK's
     ``Chat`` with their default transport get the sidecar's turns
@@ -125,6 +132,7 @@ __all__ = [
     "Door",
     "DoorContext",
     "DoorFactory",
+    "ag_ui_door",
     "ai_sdk_door",
     "build_app",
     "connect_door",

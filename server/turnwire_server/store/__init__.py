@@ -5,6 +5,8 @@ Importing this package loads no backend: :func:`open_store` imports the one a UR
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from turnwire_server.store.base import (
     AddMode,
     AddResult,
@@ -30,7 +32,7 @@ from turnwire_server.store.errors import (
     TurnNotFound,
     UnknownMessage,
 )
-from turnwire_server.store.postgres_url import is_postgres_url, redact_url
+from turnwire_server.store.postgres_url import is_postgres_url, parse_postgres_url, redact_url
 
 __all__ = [
     "AddMode",
@@ -54,11 +56,33 @@ __all__ = [
     "TurnRecord",
     "TurnState",
     "UnknownMessage",
+    "address_mask",
     "open_store",
     "redact_url",
+    "store_label",
 ]
 
 _SQLITE_PREFIX = "sqlite:///"
+
+
+def address_mask(url: str, password_env: str | None = None) -> Callable[[str], str] | None:
+    """What masks the address of the store ``url`` names in any text (its host, port, user,
+    database, IP addresses, password: :meth:`PostgresTarget.redact_text`), for the log
+    redactor: the libraries' own log lines name it (psycopg's pool: ``connection to server at
+    …``). None for the embedded SQLite store and for a URL the store would refuse."""
+    if not is_postgres_url(url):
+        return None
+    try:
+        return parse_postgres_url(url, password_env=password_env).redact_text
+    except ValueError:
+        return None
+
+
+def store_label(url: str) -> str:
+    """How log lines name the store ``url`` names: ``postgres`` for a PostgreSQL URL (no host,
+    port, user or database: no store address in a log, docs/operate/logs.md), the
+    ``sqlite:///path`` URL as is for the embedded store (a file of this host)."""
+    return "postgres" if is_postgres_url(url) else url
 
 
 def open_store(url: str, *, pool_size: int = 10, password_env: str | None = None) -> Store:

@@ -10,6 +10,7 @@ else from the environment variable ``store.password_env`` names, else libpq's ow
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ POSTGRES_SCHEMES: Final = ("postgresql", "postgres")
 """The URL schemes of the PostgreSQL store (libpq accepts both)."""
 
 _MASK: Final = "***"
+_ADDRESS_LIKE: Final = re.compile(r"(?<![\w.:])[0-9A-Fa-f.:]*[.:][0-9A-Fa-f.:]+(?![\w.:])")
+"""A token that may be an IPv4 or IPv6 address in a driver's text (:func:`_mask_addresses` checks)."""
 _AUTHORITY: Final = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#]*)")
 
 
@@ -52,8 +55,9 @@ class PostgresTarget:
     """Where a PostgreSQL store connects: ``conninfo`` (the URL without its password, handed to
     libpq) and ``password`` (None: libpq looks for ``PGPASSWORD`` or ``~/.pgpass``).
 
-    ``display`` is the URL with the password masked, for messages; :meth:`redact_text`
-    removes the password from any text.
+    ``display`` is the URL with the password masked, for the operator's own command line (the
+    CLI); log lines and errors name no address: :meth:`redact_text` removes the password and
+    the address from any text.
     """
 
     conninfo: str
@@ -61,11 +65,34 @@ class PostgresTarget:
     password: str | None = field(default=None, repr=False)
 
     def redact_text(self, text: str) -> str:
-        """``text`` with every occurrence of the password replaced by ``***``."""
+        """``text`` (a driver's error, say) with every occurrence of the password replaced by
+        ``***``, the URL's host and port, as whole words, by ``<host>`` and ``<port>``, and any
+        IP address by ``<address>``: a log line names no store address (a driver writes
+        ``connection to server at "db.internal" (10.0.0.7), port 5432 failed``). The user and
+        database names are kept: they say what to fix (``database "orders" does not exist``)."""
         secrets = [s for s in (self.password, os.environ.get("PGPASSWORD")) if s]
         for secret in secrets:
             text = text.replace(secret, _MASK)
-        return text
+        parts = urlsplit(self.conninfo)
+        named = {"host": parts.hostname, "port": str(parts.port) if parts.port else None}
+        for label, value in named.items():
+            if value:
+                text = re.sub(rf"(?<![\w.-]){re.escape(value)}(?![\w-])", f"<{label}>", text)
+        return _mask_addresses(text)  # the address libpq resolved the host to
+
+
+def _mask_addresses(text: str) -> str:
+    """``text`` with each IPv4 or IPv6 address replaced by ``<address>`` (a time such as
+    ``12:30:45`` is not one)."""
+
+    def masked(match: re.Match[str]) -> str:
+        try:
+            ipaddress.ip_address(match.group(0))
+        except ValueError:
+            return match.group(0)
+        return "<address>"
+
+    return _ADDRESS_LIKE.sub(masked, text)
 
 
 def parse_postgres_url(url: str, *, password_env: str | None = None) -> PostgresTarget:

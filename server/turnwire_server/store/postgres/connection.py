@@ -145,7 +145,7 @@ class PostgresConnection(CoreWrites, CoreReads):
             raise self._error(exc, "connecting") from None
         try:
             return await apply_migrations(
-                conn, load_migrations(), where=self._target.display, now_us=self._now_us()
+                conn, load_migrations(), where="the postgres store", now_us=self._now_us()
             )
         except psycopg.Error as exc:
             raise self._error(exc, "migrating") from None
@@ -241,7 +241,7 @@ class PostgresConnection(CoreWrites, CoreReads):
             self._listener.suspect()
             text = self._target.redact_text(str(exc).strip() or type(exc).__name__)
             gone = StoreUnreachable(
-                f"postgres store {self._target.display}: {what} failed: {text}",
+                f"postgres store: {what} failed: {text}",
                 public=f"postgres store: {what} failed: the database cannot be reached; retry shortly",
             )
             gone.__cause__ = None
@@ -253,7 +253,7 @@ class PostgresConnection(CoreWrites, CoreReads):
             text = str(exc).strip() or type(exc).__name__
             detail = f"{sqlstate}: {text}" if sqlstate else text
             public = f"postgres store: {what} failed" + (f" (SQLSTATE {sqlstate})" if sqlstate else "")
-        message = self._target.redact_text(f"postgres store {self._target.display}: {what} failed: {detail}")
+        message = f"postgres store: {what} failed: {self._target.redact_text(detail)}"
         # psycopg refuses a NUL in a text parameter itself (DataError, no SQLSTATE).
         kind = StoreValueRefused if isinstance(exc, psycopg.DataError) else StoreError
         err = kind(message, public=public)
@@ -283,7 +283,7 @@ class PostgresConnection(CoreWrites, CoreReads):
             raise StoreError(f"postgres store: {what}: store is not open")
         if not self._listener.reachable:
             raise StoreUnreachable(
-                f"postgres store {self._target.display}: {what}: the database is unreachable",
+                f"postgres store: {what}: the database is unreachable",
                 public=f"postgres store: {what}: the database cannot be reached; retry shortly",
             )
         return pool
