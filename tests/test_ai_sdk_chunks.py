@@ -17,7 +17,8 @@ from support.event_logs import turn_events
 
 from turnwire_client.v1 import chat_service_pb2, message_pb2
 from turnwire_server.http.ai_sdk_chunks import UIMessageStream
-from turnwire_server.http.ai_sdk_request import ChatBodyProblem, parse_body, turn_input
+from turnwire_server.http.ai_sdk_request import parse_body, turn_input
+from turnwire_server.http.openai_request import RequestProblem
 
 TOOL_TURN: list[dict[str, Any]] = [
     {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
@@ -366,7 +367,7 @@ def test_an_assistant_message_answers_its_last_step() -> None:
     ],
 )
 def test_refusals_say_what_to_fix(body: bytes, says: str) -> None:
-    with pytest.raises(ChatBodyProblem) as refused:
+    with pytest.raises(RequestProblem) as refused:
         turn_input(parse_body(body))
     assert says in str(refused.value)
 

@@ -37,11 +37,12 @@ from starlette.routing import Route
 
 from turnwire_client.v1 import chat_service_pb2, event_pb2
 from turnwire_server.http.ai_sdk_chunks import UIMessageStream
-from turnwire_server.http.ai_sdk_request import ChatBodyProblem, ChatTurn, parse_body, turn_input
+from turnwire_server.http.ai_sdk_request import ChatTurn, parse_body, turn_input
 from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls
 from turnwire_server.http.openai_chat import data_lines
 from turnwire_server.http.openai_door import call_info, read_body, struct_of
 from turnwire_server.http.openai_errors import ended_error
+from turnwire_server.http.openai_request import RequestProblem
 
 _SERVICE = "/turnwire.v1.ChatService/"
 
@@ -86,8 +87,8 @@ class AiSdkDoor:
             return raw
         try:
             turn = turn_input(parse_body(raw))
-        except ChatBodyProblem as problem:
-            return PlainTextResponse(str(problem), status_code=400)
+        except RequestProblem as problem:
+            return PlainTextResponse(problem.message, status_code=400)
         call = call_info(request)
         try:
             events = await self._events(turn, call)

@@ -18,7 +18,9 @@ Only the last message is read; the conversation's stored history is what the mod
   ``output-available`` / ``output-error`` of a client tool become ``SubmitToolResults``, parts in
   ``approval-responded`` (``addToolApprovalResponse``) become ``SubmitToolApprovals``.
 
-A body in the wrong shape is :class:`ChatBodyProblem`; the door answers 400 with its message.
+A body in the wrong shape is the OpenAI door's
+:class:`~turnwire_server.http.openai_request.RequestProblem` (``param`` the field); the door
+answers 400 with its message, which names the field and what to fix.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from turnwire_client.v1 import chat_service_pb2, message_pb2
+from turnwire_server.http.openai_request import RequestProblem
 
 _READ = frozenset({"id", "messages", "trigger", "messageId", "model", "tools", "disconnectPolicy"})
 """Body fields this door reads; the others go to hooks in ``body``."""
@@ -40,10 +43,6 @@ _POLICIES = {
     "cancel": chat_service_pb2.DISCONNECT_POLICY_CANCEL,
     "continue": chat_service_pb2.DISCONNECT_POLICY_CONTINUE,
 }
-
-
-class ChatBodyProblem(Exception):
-    """The body is not a request this door takes; the message names the field and what to fix."""
 
 
 class _Tool(BaseModel):
@@ -81,23 +80,23 @@ class ChatTurn:
 
 
 def parse_body(raw: bytes) -> ChatBody:
-    """``raw`` (the HTTP body) read as a :class:`ChatBody`; raises :class:`ChatBodyProblem`."""
+    """``raw`` (the HTTP body) read as a :class:`ChatBody`; raises :class:`RequestProblem`."""
     try:
         data = orjson.loads(raw or b"{}")
     except orjson.JSONDecodeError as error:
-        raise ChatBodyProblem(f"the body is not JSON: {error}") from None
+        raise RequestProblem(f"the body is not JSON: {error}", None) from None
     if not isinstance(data, dict):
-        raise ChatBodyProblem("the body must be a JSON object: {id, messages, trigger, messageId}")
+        raise RequestProblem("the body must be a JSON object: {id, messages, trigger, messageId}", None)
     try:
         return ChatBody.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise ChatBodyProblem(f"{where}: {first['msg']}") from None
+        raise RequestProblem(f"{where}: {first['msg']}", where) from None
 
 
 def turn_input(body: ChatBody) -> ChatTurn:
-    """The Turnwire input of ``body`` (see the module docstring); raises :class:`ChatBodyProblem`."""
+    """The Turnwire input of ``body`` (see the module docstring); raises :class:`RequestProblem`."""
     extra = {name: value for name, value in body.model_dump().items() if name not in _READ}
     common: dict[str, Any] = {
         "conversation_id": body.id,
@@ -111,18 +110,22 @@ def turn_input(body: ChatBody) -> ChatTurn:
     role = last.get("role")
     parts = last.get("parts")
     if not isinstance(parts, list):
-        raise ChatBodyProblem(f"messages[{index}].parts: a list of UIMessage parts")
+        raise RequestProblem(
+            f"messages[{index}].parts: a list of UIMessage parts", f"messages[{index}].parts"
+        )
     if role == "user":
         return ChatTurn(common, message=_user_message(last, parts, index))
     if body.trigger == "regenerate-message":
-        raise ChatBodyProblem(
+        raise RequestProblem(
             f"messages[{index}]: regenerate-message sends the user message to answer again as the last "
-            "message (a stored conversation cannot branch from an assistant message)"
+            "message (a stored conversation cannot branch from an assistant message)",
+            "trigger",
         )
     if role == "assistant":
         return _answers(common, last, parts, index, set(body.tools))
-    raise ChatBodyProblem(
-        f"messages[{index}].role: the last message must be a user or assistant message; got {role!r}"
+    raise RequestProblem(
+        f"messages[{index}].role: the last message must be a user or assistant message; got {role!r}",
+        f"messages[{index}].role",
     )
 
 
@@ -143,7 +146,9 @@ def _user_message(message: dict[str, Any], parts: list[Any], index: int) -> mess
         elif kind == "file":
             converted.parts.add(file=_file(part, where))
         else:
-            raise ChatBodyProblem(f"{where}.type: a user message takes text and file parts; got {kind!r}")
+            raise RequestProblem(
+                f"{where}.type: a user message takes text and file parts; got {kind!r}", f"{where}.type"
+            )
     metadata = message.get("metadata")
     if isinstance(metadata, dict):
         converted.metadata.update(metadata)
@@ -153,7 +158,9 @@ def _user_message(message: dict[str, Any], parts: list[Any], index: int) -> mess
 def _file(part: dict[str, Any], where: str) -> message_pb2.FilePart:
     url = part.get("url")
     if not isinstance(url, str) or not url:
-        raise ChatBodyProblem(f"{where}.url: a file part needs its url (an https: or data: URL)")
+        raise RequestProblem(
+            f"{where}.url: a file part needs its url (an https: or data: URL)", f"{where}.url"
+        )
     file = message_pb2.FilePart(
         media_type=str(part.get("mediaType", "")), filename=str(part.get("filename") or "")
     )
@@ -162,7 +169,7 @@ def _file(part: dict[str, Any], where: str) -> message_pb2.FilePart:
         try:
             file.data = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
-            raise ChatBodyProblem(f"{where}.url: the data: URL is not valid base64") from None
+            raise RequestProblem(f"{where}.url: the data: URL is not valid base64", f"{where}.url") from None
     else:
         file.url = url
     return file
@@ -211,15 +218,16 @@ def _answers(
                 chat_service_pb2.ToolResult(tool_call_id=call_id, error=True, error_text=text)
             )
         elif name in client_tools and state in ("input-streaming", "input-available"):
-            raise ChatBodyProblem(
-                f"{where}: client tool call {call_id!r} has no output yet: add it with addToolOutput"
+            raise RequestProblem(
+                f"{where}: client tool call {call_id!r} has no output yet: add it with addToolOutput", where
             )
     if not answer.results and not answer.approvals:
-        raise ChatBodyProblem(
+        raise RequestProblem(
             f"messages[{index}]: the last message is an assistant message with no new tool output or "
-            "approval answer in its last step; send a user message (or list the client tool in body.tools)"
+            "approval answer in its last step; send a user message (or list the client tool in body.tools)",
+            f"messages[{index}]",
         )
     return answer
 
 
-__all__ = ["ChatBody", "ChatBodyProblem", "ChatTurn", "parse_body", "turn_input"]
+__all__ = ["ChatBody", "ChatTurn", "parse_body", "turn_input"]
