@@ -299,7 +299,7 @@ async def test_resume_after_a_dropped_connection(sidecar: SidecarProcess, grpc_a
     assert seen["status"] == "ready" and seen["error"] is None
 
 
-async def test_leaving_the_stream_cancels_the_turn_by_default(
+async def test_leaving_the_stream_cancels_the_turn_by_default_and_regenerate_answers_it(
     sidecar: SidecarProcess, grpc_a: TurnwireClient
 ) -> None:
     async with (
@@ -316,6 +316,18 @@ async def test_leaving_the_stream_cancels_the_turn_by_default(
         return [status for status in ends if status != event_pb2.TURN_STATUS_UNSPECIFIED] or None
 
     assert await wait_until(ended, what="the left turn to end") == [event_pb2.TURN_STATUS_ABORTED]
+    # chat.regenerate() after it: the same user message, answered by a new turn.
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {TOKEN_A}"}) as http:
+        again = body("ai-leave", "scripted:thanks", trigger="regenerate-message")
+        response = await http.post(api(sidecar), json=again)
+    deltas = [
+        json.loads(line[6:])
+        for line in response.text.splitlines()
+        if line.startswith('data: {"type":"text-delta"')
+    ]
+    assert "".join(delta["delta"] for delta in deltas) == "You are in Paris."
+    stored = await grpc_a.get_conversation("ai-leave")
+    assert [m.id for m in stored.messages if m.role == message_pb2.ROLE_USER] == ["ai-leave-u1"]
 
 
 async def test_a_grpc_turn_is_resumed_over_this_door(sidecar: SidecarProcess, grpc_a: TurnwireClient) -> None:
