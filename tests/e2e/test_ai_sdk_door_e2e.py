@@ -427,6 +427,8 @@ async def test_bad_requests_say_what_to_fix(sidecar: SidecarProcess) -> None:
         image["messages"][0]["parts"] = [{"type": "reasoning", "text": "x"}]
         refused = await http.post(api(sidecar), json=image)
         assert refused.status_code == 400 and "messages[0].parts[0].type" in refused.text
+        huge = await http.post(api(sidecar), json=body("ai-bad", "", text="x" * (5 << 20)))
+        assert huge.status_code == 400 and "limits.max_message_bytes" in huge.text  # the servicer's limit
         bad_id = await http.post(api(sidecar), json=body("bad id!", ""))
         assert bad_id.status_code == 400 and "conversation_id" in bad_id.text
     seen = await run_node(sidecar, "send", "bad id!", {}, token=TOKEN_A)
