@@ -46,6 +46,7 @@ from turnwire_client.v1 import chat_service_pb2
 from turnwire_server.http.ag_ui_events import RunLog
 from turnwire_server.http.ag_ui_request import RunInput, parse_run_input, run_input
 from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls
+from turnwire_server.http.openai_chat import data_lines
 from turnwire_server.http.openai_door import call_info, read_body, struct_of
 from turnwire_server.http.openai_errors import ended_error
 from turnwire_server.http.openai_request import RequestProblem
@@ -164,14 +165,14 @@ class AgUiDoor:
     async def _sse(self, first: Any, events: AsyncIterator[Any], log: RunLog) -> AsyncIterator[bytes]:
         try:
             if first is not None:
-                if frames := _frames(log.feed(first.event)):
+                if frames := data_lines(log.feed(first.event)):
                     yield frames
                 async for item in events:
-                    if frames := _frames(log.feed(item.event)):
+                    if frames := data_lines(log.feed(item.event)):
                         yield frames
         except CallEnded as ended:
             _, error = ended_run_error(ended)
-            yield _frames([error])
+            yield data_lines([error])
         finally:
             await events.aclose()  # type: ignore[attr-defined]
 
@@ -194,12 +195,6 @@ def _turn_request(thread_id: str, run_id: str, turn: RunInput) -> tuple[str, Any
 def _ended_response(ended: CallEnded) -> Response:
     status, body = ended_run_error(ended)
     return run_error_response(status, body["message"], body["code"])
-
-
-def _frames(events: list[dict[str, Any]]) -> bytes:
-    """``events`` as server-sent events in one chunk (one write per turn event): ``data: <json>``
-    each, as AG-UI's ``EventEncoder.encodeSSE`` writes them (compact JSON holds no newline)."""
-    return b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in events)
 
 
 __all__ = ["PATH", "AgUiDoor", "accepts_sse", "ended_run_error", "run_error_response"]
