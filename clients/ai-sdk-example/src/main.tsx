@@ -28,7 +28,8 @@ const conversationId = query.get("conversation") ?? `ai-sdk-${Date.now()}`;
 // the page, which answers them with addToolOutput.
 const CLIENT_TOOLS = {
   get_location: {
-    description: "The user's location, shared from their browser when they agree",
+    description:
+      "The user's location, shared from their browser when they agree",
     inputSchema: {
       type: "object",
       properties: { precision: { type: "string", enum: ["city", "exact"] } },
@@ -43,12 +44,22 @@ type ToolPart = Extract<Part, { toolCallId: string }>;
 
 const isTool = (part: Part): part is ToolPart => "toolCallId" in part;
 const toolName = (part: ToolPart): string =>
-  part.type === "dynamic-tool" ? part.toolName : part.type.slice("tool-".length);
+  part.type === "dynamic-tool"
+    ? part.toolName
+    : part.type.slice("tool-".length);
 const json = (value: unknown): string => JSON.stringify(value ?? null);
 const textOf = (message: UIMessage | undefined): string =>
-  (message?.parts ?? []).map((part) => (part.type === "text" ? part.text : "")).join("");
+  (message?.parts ?? [])
+    .map((part) => (part.type === "text" ? part.text : ""))
+    .join("");
 
-function Tool({ part, share }: { part: ToolPart; share: (part: ToolPart) => void }) {
+function Tool({
+  part,
+  share,
+}: {
+  part: ToolPart;
+  share: (part: ToolPart) => void;
+}) {
   const name = toolName(part);
   const waiting = name === "get_location" && part.state === "input-available";
   return (
@@ -79,7 +90,10 @@ function App() {
         // the bearer token travels in the authorization header (never a cookie)
         headers: token ? { authorization: `Bearer ${token}` } : undefined,
         // read at each request, the automatic one after addToolOutput included
-        body: () => ({ model: modelRef.current || undefined, tools: CLIENT_TOOLS }),
+        body: () => ({
+          model: modelRef.current || undefined,
+          tools: CLIENT_TOOLS,
+        }),
       }),
   );
   const { messages, sendMessage, addToolOutput, status, error } = useChat({
@@ -93,7 +107,9 @@ function App() {
   // Kept in the transcript's data-text-updates for the browser test.
   const transcript = useRef<HTMLDivElement>(null);
   const updates = useRef(0);
-  const replyLength = textOf(messages.findLast((m) => m.role === "assistant")).length;
+  const replyLength = textOf(
+    messages.findLast((m) => m.role === "assistant"),
+  ).length;
   useEffect(() => {
     if (replyLength > 0) updates.current += 1;
     transcript.current!.dataset.textUpdates = String(updates.current);
@@ -106,18 +122,31 @@ function App() {
     setInput("");
   };
   const share = (part: ToolPart) =>
-    void addToolOutput({ tool: "get_location", toolCallId: part.toolCallId, output: SHARED_LOCATION });
+    void addToolOutput({
+      tool: "get_location",
+      toolCallId: part.toolCallId,
+      output: SHARED_LOCATION,
+    });
 
   return (
     <>
       <p className="status">
-        AI SDK <code>useChat</code> to <code>{api}/v1/ai-sdk/chat</code>; conversation{" "}
-        <code>{conversationId}</code>; model{" "}
-        <input id="model" value={model} placeholder="the sidecar's default" onChange={(e) => setModel(e.target.value)} />
+        AI SDK <code>useChat</code> to <code>{api}/v1/ai-sdk/chat</code>;
+        conversation <code>{conversationId}</code>; model{" "}
+        <input
+          id="model"
+          value={model}
+          placeholder="the sidecar's default"
+          onChange={(e) => setModel(e.target.value)}
+        />
       </p>
       <div id="transcript" ref={transcript}>
         {messages.map((message) => (
-          <div key={message.id} className={message.role} data-role={message.role}>
+          <div
+            key={message.id}
+            className={message.role}
+            data-role={message.role}
+          >
             {message.parts.map((part, index) =>
               part.type === "text" ? (
                 <p key={index} className="text">
@@ -138,7 +167,11 @@ function App() {
           onChange={(e) => setInput(e.target.value)}
           placeholder="Ask something, e.g. What is 6 * 7, and where am I?"
         />
-        <button id="send" type="submit" disabled={status !== "ready" && status !== "error"}>
+        <button
+          id="send"
+          type="submit"
+          disabled={status !== "ready" && status !== "error"}
+        >
           Send
         </button>
       </form>

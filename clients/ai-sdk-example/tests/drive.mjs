@@ -24,7 +24,11 @@ try {
   await page.fill('#text', question);
   await page.click('#send');
   // The first turn ends waiting for the client tool: the page offers to share the location.
-  await page.waitForSelector('#share-location', { timeout });
+  await page.waitForFunction(
+    () => document.getElementById('state').textContent === 'ready' && document.getElementById('share-location'),
+    null,
+    { timeout },
+  );
   const asked = await page.evaluate(() => ({
     state: document.getElementById('state').textContent,
     tools: [...document.querySelectorAll('.tool')].map((element) => element.dataset.state),
