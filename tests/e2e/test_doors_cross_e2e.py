@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
 import openai
 import pytest
 from support.endless import endless_step, is_prefix_of_repeats
+from support.hooks import pythonpath_env
 from support.http_sidecar import http_sidecar_config
 from support.sidecar import SidecarProcess, running_sidecar
 from support.tokens import new_token
@@ -33,9 +35,12 @@ SCRIPTS = {"echo": [{"text": "answered at every door"}], "slow": [endless_step(S
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess]:
     workdir = tmp_path_factory.mktemp("doors-cross-e2e")
-    with running_sidecar(
-        workdir, http_sidecar_config(workdir, {TOKEN: ("ann", "tenant-x")}, SCRIPTS)
-    ) as process:
+    config = http_sidecar_config(workdir, {TOKEN: ("ann", "tenant-x")}, SCRIPTS)
+    record = workdir / "responses.txt"
+    config["middleware"] = [
+        {"path": "support.hooks:RecordResponses", "options": {"label": "hooked", "path": str(record)}}
+    ]
+    with running_sidecar(workdir, config, env=pythonpath_env()) as process:
         yield process
 
 
@@ -142,3 +147,44 @@ async def test_an_openai_response_is_followed_over_ag_ui_and_the_ai_sdk(
     await stream.close()  # the OpenAI caller leaves: its turn is cancelled (the default policy)
     async with TurnwireClient(sidecar.target, token=TOKEN) as grpc_client:
         await grpc_client.cancel_chat(response_id)
+
+
+async def test_every_door_runs_the_hook_chain_and_stores_the_turn(
+    sidecar: SidecarProcess, oa: openai.AsyncOpenAI
+) -> None:
+    """The same turn pipeline behind each door: ``on_chat_response`` of the sidecar's middleware
+    (``support.hooks.RecordResponses``) runs for a turn of each, and each turn is stored."""
+    url = base_url(sidecar)
+    reply = await oa.responses.create(model="scripted:echo", conversation="x-hooks-oa", input="hi")
+    async with httpx.AsyncClient(timeout=30) as http:
+        ag_ui = await http.post(
+            f"{url}/v1/ag-ui",
+            headers=HEADERS,
+            json=run_input("x-hooks-ag", "x-hooks-ag-r", "hi", "scripted:echo"),
+        )
+        message = {"id": "x-hooks-ai-u", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+        ai_sdk = await http.post(
+            f"{url}/v1/ai-sdk/chat",
+            headers=HEADERS,
+            json={
+                "id": "x-hooks-ai",
+                "messages": [message],
+                "trigger": "submit-message",
+                "model": "scripted:echo",
+            },
+        )
+    assert ag_ui.status_code == 200 and '"RUN_FINISHED"' in ag_ui.text, ag_ui.text
+    assert ai_sdk.status_code == 200 and '"type":"finish"' in ai_sdk.text.replace(" ", ""), ai_sdk.text
+    async with TurnwireClient(sidecar.target, token=TOKEN) as grpc_client:
+        stored = {
+            c: await grpc_client.get_conversation(c) for c in ("x-hooks-oa", "x-hooks-ag", "x-hooks-ai")
+        }
+    for conversation, history in stored.items():
+        texts = ["".join(p.text.text for p in m.parts if p.HasField("text")) for m in history.messages]
+        assert texts == ["hi", "answered at every door"], (conversation, texts)
+    record = Path(sidecar.workdir) / "responses.txt"
+    lines = record.read_text().splitlines()
+    # Hooks see ids in the store's terms: the tenant's prefix, then the id its callers use.
+    hooked = {line.split()[1].removeprefix("tenant-x/") for line in lines if line.endswith(" completed")}
+    ai_sdk_request = stored["x-hooks-ai"].messages[-1].id.removeprefix("tw-a-")
+    assert {reply.id, "x-hooks-ag-r", ai_sdk_request} <= hooked, lines
