@@ -111,13 +111,15 @@ async def test_a_released_lease_is_claimed_by_any_replica_its_former_owner_inclu
     store: Store, store_backend: StoreBackend
 ) -> None:
     """``release_leases`` (a turn whose end could not be stored, docs/operate/outages.md): the
-    turn, under that token only, gets no owner and no lease; a renewal of its former owner no
+    turn, under that token and start only, gets no owner and no lease; a renewal of its former owner no
     longer extends it, and a claim of that very owner, its lease not lapsed, takes it over."""
     stranded, other = _turn("r1", "a"), _turn("r2", "a", conversation="d")
     for turn, user in ((stranded, "u1"), (other, "u2")):
         await store.start_turn(turn, [_message(user, "question", message_pb2.ROLE_USER)])
-    stale = dataclasses.replace(other.lease, epoch=other.lease.epoch + 1)  # not r2's token: left as is
-    await store.release_leases([stranded.lease, stale])
+    # Not r2 as stored: another epoch; another start (a later attempt under the same id); never stored.
+    stale = dataclasses.replace(other, lease_epoch=other.lease_epoch + 1)
+    earlier = dataclasses.replace(other, start_time=T0 - dt.timedelta(seconds=5))
+    await store.release_leases([stranded, stale, earlier, _turn("r3", "a")])
     assert await store.renew_leases("a", UNTIL) == 1  # r2 only
     (claimed,) = await store.claim_interrupted_turns("a", T0, UNTIL, 10)
     assert (claimed.request_id, claimed.owner, claimed.lease_epoch) == ("r1", "a", stranded.lease_epoch + 1)

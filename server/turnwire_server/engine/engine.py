@@ -49,7 +49,7 @@ from turnwire_server.engine.turn_spec import parse_spec
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.log_context import bind as bind_log_context
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import EngineStore, TurnLease, TurnRecord
+from turnwire_server.store.base import EngineStore, TurnRecord
 from turnwire_server.store.errors import StoreError
 
 log = logging.getLogger("turnwire.engine")
@@ -162,8 +162,9 @@ class TurnEngine:
         self.chain = chain
         self.settings = settings
         self._turns: dict[str, TurnHandle] = {}
-        # Turns whose end could not be stored: their leases, to give up (release_stranded).
-        self._stranded: dict[str, TurnLease] = {}
+        # Turns left running in the store with nothing running them: their records as this
+        # replica stored them, whose leases release_stranded gives up.
+        self._stranded: dict[str, TurnRecord] = {}
         self._queued: Counter[str] = Counter()
         self._accepting = True
         self._recovery_slots = asyncio.Semaphore(settings.durability.max_concurrent_recoveries)
@@ -179,20 +180,21 @@ class TurnEngine:
         return len(self._turns)
 
     async def release_stranded(self) -> int:
-        """Give up the leases of this replica's stranded turns (their end could not be stored
-        within ``durability.store_outage_seconds``: still ``running`` in the store, run by
-        nothing), so that the next claim of a replica, this one's included, recovers them
-        (docs/operate/outages.md); returns how many were given up. The replica's lease loop
-        calls it after a renewal succeeded. Raises :class:`StoreError` (they are kept for the
-        next call)."""
-        leases = list(self._stranded.values())
-        if not leases:
+        """Give up the leases of this replica's stranded turns (``TurnRun.stranded``: their end
+        could not be stored within ``durability.store_outage_seconds``, or their input's commit
+        was cut off and may have landed: ``running`` in the store, run by nothing), so that the
+        next claim of a replica, this one's included, recovers them (docs/operate/outages.md);
+        returns how many were given up. The replica's lease loop calls it after a renewal
+        succeeded. Raises :class:`StoreError` (they are kept for the next call)."""
+        turns = list(self._stranded.values())
+        if not turns:
             return 0
-        await self.store.release_leases(leases)
-        for lease in leases:
-            self._stranded.pop(lease.request_id, None)
-        log.warning("gave up the leases of %d turn(s) whose end could not be stored", len(leases))
-        return len(leases)
+        await self.store.release_leases(turns)
+        for turn in turns:
+            if self._stranded.get(turn.request_id) is turn:
+                del self._stranded[turn.request_id]
+        log.warning("gave up the leases of %d turn(s) left running in the store", len(turns))
+        return len(turns)
 
     async def start(
         self,
@@ -308,8 +310,8 @@ class TurnEngine:
                 finally:
                     self._turns.pop(request.request_id, None)
                     handle.free_slot()
-                    if run.stranded and run.state.lease is not None:
-                        self._stranded[request.request_id] = run.state.lease
+                    if run.stranded_record is not None:
+                        self._stranded[request.request_id] = run.stranded_record
 
         task = asyncio.create_task(main(), name=f"turn {request.request_id}")
         handle = TurnHandle(run, channel, task, log, detached=detached, slots=self.turn_slots)

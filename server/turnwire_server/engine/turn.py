@@ -79,7 +79,7 @@ from turnwire_server.hooks.timeline import HookTimeline
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.base import TurnAdmission, TurnRecord, TurnRunStore
 from turnwire_server.store.base import TurnState as StoredTurnState
-from turnwire_server.store.errors import LeaseLost, TurnNotFound
+from turnwire_server.store.errors import LeaseLost, StoreError, TurnNotFound
 
 log = logging.getLogger("turnwire.turn")
 
@@ -249,6 +249,12 @@ class TurnRun:
         )
 
     @property
+    def stranded_record(self) -> TurnRecord | None:
+        """The turn as this replica stored it (or tried to) when it is :attr:`stranded`, else
+        None: what the engine gives the lease of up."""
+        return self._record if self.stranded else None
+
+    @property
     def _record(self) -> TurnRecord | None:
         """The turn as stored (None until its input is); its lease is what its writes carry."""
         return self._turn_record
@@ -335,6 +341,7 @@ class TurnRun:
                 except Exception as error:  # the lock or the input's commit failed: nothing stored
                     self.outcome = "error"
                     self.error = TurnFailure("persist", error)
+                    self._maybe_stored(error)
                     await self._classify_failure()
             self._phase = "after"
             await self._after_lock()
@@ -650,8 +657,20 @@ class TurnRun:
         else:
             self.outcome = "aborted"
 
+    def _maybe_stored(self, error: BaseException) -> None:
+        """The input's commit failed with the store unreachable (a connection lost during the
+        commit): it may have landed, and then its turn is ``running`` under this replica's lease
+        with nothing running it. Such a turn is stranded: the engine gives its lease up, so a
+        claim recovers it if it was stored (fenced by the lease: a no-op if it was not;
+        docs/operate/outages.md)."""
+        root = _root(error)
+        if self._record is not None and isinstance(root, StoreError) and root.retryable:
+            self.stranded = True
+
     async def _store_result(self) -> None:
         if self._record is None or not self.messages_persisted:
+            if isinstance(self.error, TurnFailure) and self.error.stage == "persist":
+                self._maybe_stored(self.error)
             return
         state = self.state
         lost = self.lease_lost

@@ -427,12 +427,14 @@ class ReplicaStore(Protocol):
         many turns it holds."""
         ...
 
-    async def release_leases(self, leases: Sequence[TurnLease]) -> None:
-        """Give up ``leases``, in one transaction: each turn still running under that token (owner
-        and epoch) gets no owner and no lease, so the next claim of any replica (its former owner
-        too) recovers it; others are left as they are. For a turn whose end could not be stored
-        (the store unavailable past ``durability.store_outage_seconds``): its owner would
-        otherwise renew its lease while nothing runs it (docs/operate/outages.md)."""
+    async def release_leases(self, turns: Sequence[TurnRecord]) -> None:
+        """Give up the leases of ``turns`` (as their owner recorded them), in one transaction:
+        each turn still running under that token (owner and epoch) and that start
+        (``start_time``) gets no owner and no lease, so the next claim of any replica (its former
+        owner too) recovers it; others, and turns never stored, are left as they are. For a turn
+        whose end could not be stored, or whose input's commit was cut off (the store
+        unreachable): its owner would otherwise renew its lease while nothing runs it
+        (docs/operate/outages.md)."""
         ...
 
     async def claim_interrupted_turns(

@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
 from turnwire_server.store.base import SubmissionRecord, TurnRecord
-from turnwire_server.store.core.rows import TURN_COLUMNS, turn_from_row
+from turnwire_server.store.core.rows import TURN_COLUMNS, to_us, turn_from_row
 from turnwire_server.store.core.sql import Dialect, Program, Statement
 from turnwire_server.store.core.submission_rows import SUBMISSION_COLUMNS, submission_from_row
-from turnwire_server.store.records import TurnLease
 
 __all__ = ["claim_interrupted_turns", "claim_pending_submissions", "release_leases", "renew_leases"]
 
@@ -58,16 +57,20 @@ def renew_leases(owner: str, until_us: int, dialect: Dialect) -> Program[int]:
     return int(found[0])
 
 
-def release_leases(leases: Sequence[TurnLease]) -> Program[None]:
-    """Give up each of ``leases`` (one statement, a parameter row each): its turn, while still
-    ``running`` under that very token (owner and epoch), gets no owner and no lease, so the next
-    claim of any replica, its former owner's included, takes it over. A turn ended or taken
-    over meanwhile is left as it is."""
+def release_leases(turns: Sequence[TurnRecord]) -> Program[None]:
+    """Give up the lease of each of ``turns`` (one statement, a parameter row each): the turn,
+    while still ``running`` under that very token (owner and epoch) and that very start (its
+    ``start_time``: a later attempt under the same request id is another turn), gets no owner
+    and no lease, so the next claim of any replica, its former owner's included, takes it over.
+    A turn ended, taken over or never stored is left as it is."""
     yield [
         Statement(
-            "UPDATE turns SET owner = NULL, lease_until = NULL"
-            " WHERE request_id = ? AND owner = ? AND lease_epoch = ? AND state = 'running'",
-            [(lease.request_id, lease.owner, lease.epoch) for lease in leases],
+            "UPDATE turns SET owner = NULL, lease_until = NULL WHERE request_id = ? AND owner = ?"
+            " AND lease_epoch = ? AND start_time = ? AND state = 'running'",
+            [
+                (turn.request_id, turn.owner, turn.lease_epoch, to_us(turn.start_time, "start_time"))
+                for turn in turns
+            ],
             many=True,
         )
     ]

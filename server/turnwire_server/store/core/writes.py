@@ -284,9 +284,9 @@ class CoreWrites:
             Commit(urgent=False),
         )
 
-    async def release_leases(self, leases: Sequence[TurnLease]) -> None:
-        if leases:
-            await self._commit("release_leases", lambda _: lease_writes.release_leases(leases))
+    async def release_leases(self, turns: Sequence[TurnRecord]) -> None:
+        if turns:
+            await self._commit("release_leases", lambda _: lease_writes.release_leases(turns))
 
     async def claim_interrupted_turns(
         self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int

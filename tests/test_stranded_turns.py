@@ -1,0 +1,80 @@
+"""Turns left running in the store with nothing running them are given up and recovered
+(docs/operate/outages.md; engine/engine.py ``release_stranded``, engine/replica.py).
+
+The sample (the chaos probe under CI load, seed 902827009): a database restart cut the
+connection while a turn's input was being committed. The commit had landed, the replica took the
+error for "nothing stored" and ended the call, and the turn stayed ``running`` under that
+replica's lease, renewed by it for as long as it lived: never recovered, its conversation's next
+turns queued behind it. The kind: any turn whose store write failed with the store unreachable
+when that write may have landed (the input's commit) or left it running (the final write).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from support.engine_harness import CONV, EngineFactory, collect, end_of, text_of
+from support.waiting import wait_until
+
+from turnwire.testing import ScriptStep
+from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.store.errors import StoreUnreachable
+
+
+async def test_an_input_commit_cut_off_after_it_landed_is_recovered(make_engine: EngineFactory) -> None:
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
+    admit = h.store.admit_turn
+
+    @asynccontextmanager
+    async def landed_then_cut_off(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async with admit(*args, **kwargs):  # the input is committed …
+            raise StoreUnreachable("connection lost during COMMIT")  # … and the answer lost
+        yield  # never reached: a generator for asynccontextmanager
+
+    h.store.admit_turn = landed_then_cut_off  # type: ignore[method-assign]
+    events = await collect(await h.start("question", request_id="r-cut"))
+    assert end_of(events).status == event_pb2.TURN_STATUS_ERROR
+    assert not any(e.HasField("turn_start") for e in events)  # never acknowledged
+    h.store.admit_turn = admit  # type: ignore[method-assign]
+    (running,) = await h.store.running_turns()
+    assert running.request_id == "r-cut"
+
+    assert await h.engine.release_stranded() == 1
+    now = dt.datetime.now(dt.UTC)
+    claimed = await h.store.claim_interrupted_turns(h.engine.settings.replica_id, now, now, 10)
+    assert [turn.request_id for turn in claimed] == ["r-cut"]
+    await h.engine.recover_turns(claimed)
+
+    async def answered() -> list[message_pb2.Message] | None:
+        messages = await h.store.load_messages(CONV)
+        return list(messages) if len(messages) == 2 and not await h.store.running_turns() else None
+
+    messages = await wait_until(answered, timeout=10, what="the recovered turn answers")
+    assert [text_of(m) for m in messages] == ["question", "the answer"]
+
+
+async def test_a_commit_refused_before_it_was_sent_releases_nothing(make_engine: EngineFactory) -> None:
+    """The same error when nothing was stored: the release matches no turn, and a later attempt
+    under the same request id is left running (its start differs)."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
+    admit = h.store.admit_turn
+
+    @asynccontextmanager
+    async def refused(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raise StoreUnreachable("the database is unreachable")
+        yield  # never reached: a generator for asynccontextmanager
+
+    h.store.admit_turn = refused  # type: ignore[method-assign]
+    events = await collect(await h.start("question", request_id="r-again"))
+    assert end_of(events).status == event_pb2.TURN_STATUS_ERROR
+    h.store.admit_turn = admit  # type: ignore[method-assign]
+    retry = await h.start("question", request_id="r-again", message_id="u-again")
+    async for response in retry:
+        if response.event.HasField("turn_start"):
+            break  # the retry's turn is stored and running
+    await h.engine.release_stranded()  # the failed attempt's: not the retry's turn
+    events = await collect(retry)
+    assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
