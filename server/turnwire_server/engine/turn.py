@@ -205,6 +205,7 @@ class TurnRun:
                 model=request.model,
                 metric_models=settings.metric_models,
                 redact=settings.redact,
+                prices=settings.prices,
             )
             if settings.compaction is not None
             else None
@@ -541,6 +542,7 @@ class TurnRun:
             writer=self.writer,
         )
         state.usage.add(compacted.usage)
+        state.cost.merge(compacted.cost)
         if not compacted.shortened or state.cancelled.is_set():
             return False
         self.overflow_retries += 1
@@ -807,6 +809,7 @@ class TurnRun:
                     status=outcome,
                     error=self.error,
                     concurrent_input=stopped_by,
+                    cost=self.state.cost.total(),
                 )
             )
         end = self._end
@@ -837,7 +840,7 @@ class TurnRun:
 
     def _end_response(self, message: message_pb2.Message | None) -> Any:
         """The TurnEnd response (prepared, not sent): the outcome, its error, the stored reply
-        ``message``, usage and step count, the hook timeline when kept."""
+        ``message``, usage, cost and step count, the hook timeline when kept."""
         response = self.writer.prepare()
         end = response.event.turn_end
         end.status = {
@@ -853,6 +856,9 @@ class TurnRun:
         if message is not None:
             end.message.CopyFrom(message)
         self.state.usage.copy_to(end.usage)
+        cost = self.state.cost.total()
+        if cost is not None:
+            cost.copy_to(end.cost)
         end.step_count = self.state.steps_started  # a step cut short by a cancel or an error counts too
         if self.timeline is not None and self.settings.events.hook_timeline:
             end.metadata.update({"hook_timeline": self.timeline.as_dicts()})
