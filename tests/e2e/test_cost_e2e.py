@@ -1,13 +1,14 @@
 """The cost of each step and turn from a real ``turnwire serve`` (docs/cost.md): OpenAI and
 Anthropic entries pointed at a replay server that reports usage, and a scripted model priced in
 ``pricing.models``. ``StepFinish.cost`` and ``TurnEnd.cost`` carry it, ``turnwire_cost_usd_total``
-counts it, ``turnwire chat`` shows it on its status line; an unknown model's cost stays unset (never
-0) with one warning in the log however many turns use it."""
+counts it, ``ResumeTurn`` replays it, ``turnwire chat`` shows it on its status line; an unknown
+model's cost stays unset (never 0) with one warning in the log however many turns use it."""
 
 from __future__ import annotations
 
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,7 +23,7 @@ from turnwire_client import TurnResult, TurnwireClient, collect
 from turnwire_client.v1 import event_pb2
 
 SCRIPTED_RATES = (2.0, 8.0)  # pricing.models: USD per million input / output tokens
-SCRIPT = [
+SCRIPT: list[dict[str, Any]] = [
     {
         "text": "Let me check.",
         "tool_calls": [{"name": "get_weather", "input": {"city": "Paris"}}],
@@ -113,6 +114,8 @@ async def test_steps_and_turns_carry_their_cost_and_the_metric_counts_it(
             client.chat("cost-anthropic", "hi", model="anthropic:claude-haiku-4-5")
         )
         scripted_turn = await collect(client.chat("cost-scripted", "weather?", model="scripted:weather"))
+        # ResumeTurn replays the stored stream, costs included.
+        replayed = [event async for event in client.resume_turn(scripted_turn.request_id)]
 
     openai_usd = expected_usd(
         "openai", "gpt-4o", Usage(input_tokens=5200, cached_input_tokens=2048, output_tokens=310)
@@ -139,15 +142,22 @@ async def test_steps_and_turns_carry_their_cost_and_the_metric_counts_it(
     scripted_end = scripted_turn.events[-1].turn_end
     assert scripted_end.cost.usd == pytest.approx(sum(wanted), rel=1e-9)
     assert scripted_end.cost.price_source == "config"
+    assert [e for e in replayed if e.WhichOneof("event") in ("step_finish", "turn_end")] == [
+        e for e in scripted_turn.events if e.WhichOneof("event") in ("step_finish", "turn_end")
+    ]
 
     expected = {
         ("", "openai", "openai:other"): openai_usd,
         ("", "anthropic", "anthropic:other"): anthropic_usd,
         ("", "scripted", "scripted:weather"): sum(wanted),
     }
-    samples = await wait_until(
-        lambda: (found := _cost_samples(metrics_port)).keys() == expected.keys() and found
-    )
+
+    def counted() -> dict[tuple[str, str, str], float] | None:
+        found = _cost_samples(metrics_port)
+        return found if found.keys() == expected.keys() else None
+
+    samples = await wait_until(counted)
+    assert samples is not None
     for labels, usd in expected.items():
         assert samples[labels] == pytest.approx(usd, rel=1e-9), labels
 

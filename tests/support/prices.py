@@ -21,11 +21,17 @@ def expected_usd(price_list: str, model: str, usage: Usage) -> float:
     (reasoning included) at the output rate; rates per million tokens, as of now."""
     _, info = data_snapshot.get_snapshot().find_provider_model(model, None, price_list, None)
     prices = info.get_prices(dt.datetime.now(dt.UTC))
+
+    def rate(name: str) -> Decimal:
+        value = getattr(prices, name)
+        assert isinstance(value, Decimal), f"{model}: {name} is {value!r}, not one flat rate"
+        return value
+
     read, write = usage.cached_input_tokens, usage.cache_write_input_tokens
     total = (
-        (usage.input_tokens - read - write) * prices.input_mtok
-        + read * (prices.cache_read_mtok if read else 0)
-        + write * (prices.cache_write_mtok if write else 0)
-        + usage.output_tokens * prices.output_mtok
+        (usage.input_tokens - read - write) * rate("input_mtok")
+        + (read * rate("cache_read_mtok") if read else 0)
+        + (write * rate("cache_write_mtok") if write else 0)
+        + usage.output_tokens * rate("output_mtok")
     )
-    return float(Decimal(total) / 1_000_000)
+    return float(total / 1_000_000)
