@@ -11,6 +11,7 @@ from support.traces import memory_tracing, named, one
 from turnwire.hooks import ChatResponseContext, Middleware, StepFinishContext
 from turnwire.testing import ScriptedUsage, ScriptStep
 from turnwire.types import Cost
+from turnwire_client.v1 import event_pb2
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.remote_hooks import convert
@@ -96,3 +97,22 @@ async def test_unknown_cost_is_absent_everywhere(make_engine: EngineFactory) -> 
         assert "turnwire.cost.usd" not in (span.attributes or {}), span.name
     assert not convert.step_info(costs.steps[0]).HasField("cost")
     assert not convert.chat_response_request(costs.responses[0], convert.turn_info("c", "r")).HasField("cost")
+
+
+async def test_a_step_cut_short_costs_the_usage_reported_before_the_cut(make_engine: EngineFactory) -> None:
+    step = ScriptStep(
+        text="one two three",
+        usage=ScriptedUsage(input_tokens=1500, output_tokens=3),
+        error={"message": "connection reset", "status": 503, "after_chunks": 2},
+    )
+    h = await make_engine(
+        scripts={"main": [step]},
+        prices=PriceBook(PricingSettings.model_validate({"models": {MODEL: RATES}})),
+    )
+    events = await h.run("hi")
+    end = end_of(events)
+    assert end.status == event_pb2.TURN_STATUS_ERROR
+    assert not of_kind(events, "step_finish")  # no step finished: the input the model read still costs
+    assert end.usage.input_tokens == 1500
+    assert end.cost.usd == pytest.approx(1500 * RATES["input_mtok"] / 1e6)
+    assert end.cost.price_source == "config"
