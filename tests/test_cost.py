@@ -109,3 +109,10 @@ def test_the_price_data_is_not_imported_at_start_up() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert run.returncode == 0, run.stderr or "genai_prices was imported at start-up"
+
+
+def test_usage_the_data_refuses_is_unknown(caplog: pytest.LogCaptureFixture) -> None:
+    refused = Usage(input_tokens=10, output_tokens=5, cached_input_tokens=50)  # more cached than input
+    with caplog.at_level(logging.WARNING, logger="turnwire.cost"):
+        assert PriceBook().cost("openai:gpt-4o", "openai", refused) is None
+    assert ["cannot price its usage" in record.getMessage() for record in caplog.records] == [True]

@@ -53,6 +53,7 @@ class PriceBook:
     def __init__(self, settings: PricingSettings | None = None) -> None:
         self.settings = settings if settings is not None else PricingSettings()
         self._warned: set[str] = set()
+        self._unlisted: set[str] = set()  # model ids the price data does not know: not looked up again
         self._source: str | None = None  # genai-prices <version>, read at the first use
 
     def price_list(self, model_id: str, provider_type: str | None) -> str | None:
@@ -69,8 +70,8 @@ class PriceBook:
             return None
         prices = settings.models.get(model_id)
         price_list = None if prices is not None else self.price_list(model_id, provider_type)
-        if prices is None and price_list is None:
-            return None  # nothing to price with, by configuration: no warning
+        if prices is None and (price_list is None or model_id in self._unlisted):
+            return None  # nothing to price with (by configuration, or already warned about)
         if not (usage.input_tokens or usage.output_tokens):
             self._warn(model_id, "the provider reported no token usage")
             return None
@@ -78,9 +79,12 @@ class PriceBook:
             if prices is not None:
                 return Cost(_configured(prices, usage), CONFIG_SOURCE)
             return Cost(_listed(price_list or "", model_id.partition(":")[2], usage), self._data_source())
-        except (LookupError, ValueError) as error:  # an unknown model or provider; usage the data refuses
-            self._warn(model_id, f"{PRICE_PACKAGE} cannot price it ({error})")
-            return None
+        except LookupError as error:  # a model or provider the data does not know
+            self._unlisted.add(model_id)
+            self._warn(model_id, f"{PRICE_PACKAGE} does not know it ({error})")
+        except ValueError as error:  # usage the data refuses (more cached tokens than input)
+            self._warn(model_id, f"{PRICE_PACKAGE} cannot price its usage ({error})")
+        return None
 
     def _data_source(self) -> str:
         if self._source is None:
