@@ -40,7 +40,7 @@ NOT_DOMAIN_ERRORS = {
     "turnwire_server.remote_hooks.session_calls.ResendUnary",
     # The HTTP listener's carrier of a status the servicer already chose (mapped from a domain error).
     "turnwire_server.http.calls.CallEnded",
-    # The OpenAI door's refusal of a body: answered in OpenAI's error JSON (400, its param), never a status.
+    # The HTTP doors' refusal of a body (OpenAI, AG-UI, AI SDK): a 400 in the door's error shape, no status.
     "turnwire_server.http.openai_request.RequestProblem",
     # Startup and configuration: the process refuses to start; no client ever sees them.
     "turnwire_server.api.authentication.AuthConfigError",

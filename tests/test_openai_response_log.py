@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from google.protobuf import json_format
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
+from support.event_logs import turn_events
 
-from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_client.v1 import message_pb2
 from turnwire_server.http.openai_request import RequestProblem, parse_request, turn_input
 from turnwire_server.http.openai_response_log import ResponseLog
 
@@ -56,21 +56,6 @@ TOOL_TURN: list[dict[str, Any]] = [
     {"step_finish": {"step_number": 1, "finish_reason": "FINISH_REASON_STOP"}},
     {"turn_end": {"status": "TURN_STATUS_COMPLETED", "usage": {"input_tokens": 10, "output_tokens": 6}}},
 ]
-
-
-def turn_events(kinds: list[dict[str, Any]]) -> list[event_pb2.TurnEvent]:
-    events, number = [], 0
-    for kind in kinds:
-        keepalive = "progress" in kind
-        number += 0 if keepalive else 1
-        value = {
-            "conversation_id": "c",
-            "request_id": "r1",
-            "sequence_number": 0 if keepalive else number,
-            **kind,
-        }
-        events.append(json_format.ParseDict(value, event_pb2.TurnEvent()))
-    return events
 
 
 def translate(kinds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], ResponseLog]:

@@ -27,6 +27,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
+from turnwire_server.http.ag_ui_door import AgUiDoor
+from turnwire_server.http.ai_sdk_door import AiSdkDoor
 from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls, metadata_of
 from turnwire_server.http.connect_door import ConnectDoor, endpoints_of
 from turnwire_server.http.openai_chat import ChatCompletionsDoor
@@ -91,6 +93,19 @@ def openai_door(context: DoorContext) -> Door:
     return Door("OpenAI", [*responses.routes(), *chat.routes()])
 
 
+def ag_ui_door(context: DoorContext) -> Door:
+    """AG-UI (``POST /v1/ag-ui``): ``@ag-ui/client``'s ``HttpAgent`` runs the sidecar's turns
+    (:mod:`turnwire_server.http.ag_ui_door`, docs/api/ag-ui.md)."""
+    return Door("AG-UI", AgUiDoor(context.calls, context.read_max_bytes).routes())
+
+
+def ai_sdk_door(context: DoorContext) -> Door:
+    """The Vercel AI SDK's UI message stream (``/v1/ai-sdk/chat``): ``useChat`` and the AI SDK's
+    ``Chat`` with their default transport get the sidecar's turns
+    (:mod:`turnwire_server.http.ai_sdk_door`, docs/api/ai-sdk.md)."""
+    return Door("AI SDK", AiSdkDoor(context.calls, context.read_max_bytes).routes())
+
+
 def build_app(context: DoorContext, doors: Sequence[DoorFactory], cors: CorsSettings) -> Starlette:
     """The listener's ASGI application: ``doors`` built from ``context``, in order (the first
     route that matches a path wins), behind CORS when ``cors.allow_origins`` names any."""
@@ -113,4 +128,14 @@ def build_app(context: DoorContext, doors: Sequence[DoorFactory], cors: CorsSett
     return app
 
 
-__all__ = ["Door", "DoorContext", "DoorFactory", "build_app", "connect_door", "health_door", "openai_door"]
+__all__ = [
+    "Door",
+    "DoorContext",
+    "DoorFactory",
+    "ag_ui_door",
+    "ai_sdk_door",
+    "build_app",
+    "connect_door",
+    "health_door",
+    "openai_door",
+]

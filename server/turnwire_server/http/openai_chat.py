@@ -274,7 +274,7 @@ def _turn_request(sent: list[Any], named: bool, common: dict[str, Any]) -> tuple
     return "SaveMessages", chat_service_pb2.SaveMessagesRequest(messages=_messages(tail), **common)
 
 
-def _data(chunks: list[dict[str, Any]]) -> bytes:
+def data_lines(chunks: list[dict[str, Any]]) -> bytes:
     """``chunks`` as server-sent ``data:`` lines, one write (compact JSON holds no newline)."""
     return b"".join(b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks)
 
@@ -362,19 +362,19 @@ class ChatCompletionsDoor:
     ) -> AsyncIterator[bytes]:
         try:
             if first is not None:
-                if chunks := _data(completion.feed(first.event)):
+                if chunks := data_lines(completion.feed(first.event)):
                     yield chunks
                 async for item in events:
-                    if chunks := _data(completion.feed(item.event)):
+                    if chunks := data_lines(completion.feed(item.event)):
                         yield chunks
             if completion.error is not None:
-                yield _data([{"error": completion.error}])
+                yield data_lines([{"error": completion.error}])
             elif include_usage:
-                yield _data([{**completion.chunk({}), "choices": [], "usage": completion.usage}])
+                yield data_lines([{**completion.chunk({}), "choices": [], "usage": completion.usage}])
             yield b"data: [DONE]\n\n"
         except CallEnded as ended:
             _, error = ended_error(ended, param_names=_PARAMS)
-            yield _data([error])
+            yield data_lines([error])
         finally:
             await events.aclose()  # type: ignore[attr-defined]
             await self._forget(forget, call)
@@ -388,4 +388,4 @@ class ChatCompletionsDoor:
             await self.calls.unary(_SERVICE + "DeleteConversation", request, call)
 
 
-__all__ = ["ChatCompletionsDoor"]
+__all__ = ["ChatCompletionsDoor", "data_lines"]

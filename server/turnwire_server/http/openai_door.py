@@ -24,7 +24,7 @@ response there; an older one (a branch) is refused until conversations can fork.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -58,20 +58,22 @@ def call_info(request: Request) -> CallInfo:
     return CallInfo(metadata_of(request.headers.items()), peer)
 
 
-async def read_body(request: Request, limit: int) -> bytes | Response:
-    """The request's body, or a 413 answer once it passes ``limit`` bytes (read no further)."""
+def _too_large(message: str) -> Response:
+    return error_response(413, message, "invalid_request_error", None, "request_too_large")
+
+
+async def read_body(
+    request: Request, limit: int, *, too_large: Callable[[str], Response] = _too_large
+) -> bytes | Response:
+    """The request's body, or once it passes ``limit`` bytes (read no further) the 413 answer
+    ``too_large`` makes of a message saying so (OpenAI's error body unless given)."""
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            return error_response(
-                413,
-                f"the body is larger than the sidecar takes ({limit} bytes, "
-                "limits.max_receive_message_bytes)",
-                "invalid_request_error",
-                None,
-                "request_too_large",
+            return too_large(
+                f"the body is larger than the sidecar takes ({limit} bytes, limits.max_receive_message_bytes)"
             )
         chunks.append(chunk)
     return b"".join(chunks)

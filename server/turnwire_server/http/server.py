@@ -37,6 +37,8 @@ from turnwire_server.api.tls_settings import ServerTlsSettings
 from turnwire_server.http.doors import (
     DoorContext,
     DoorFactory,
+    ag_ui_door,
+    ai_sdk_door,
     build_app,
     connect_door,
     health_door,
@@ -47,7 +49,7 @@ from turnwire_server.listen_check import ListenAddressError, check_listen_addres
 
 log = logging.getLogger("turnwire.http")
 
-DOORS: tuple[DoorFactory, ...] = (health_door, connect_door, openai_door)
+DOORS: tuple[DoorFactory, ...] = (health_door, connect_door, openai_door, ag_ui_door, ai_sdk_door)
 """The doors of the listener, in route order (docs/http.md#adding-a-door)."""
 
 

@@ -1,0 +1,209 @@
+"""The AG-UI door's cost (issue 36): server CPU per request and time to first token of a turn
+through ``POST /v1/ag-ui`` (AG-UI's SSE, read as ``HttpAgent`` reads it: ``data:`` lines of JSON
+events), against native gRPC, on the same sidecar and upstream.
+
+The setup is ``http_door.py``'s and ``openai_door.py``'s (one local upstream speaking OpenAI Chat
+Completions SSE, a 4-delta answer; one sidecar on SQLite with ``http.listen``; this process the
+client). Sequential turns on a new thread each; protocols in turn, ``--rounds`` rounds of
+``--turns`` turns. **Server CPU per request** = the sidecar's CPU (psutil, all threads) over a
+protocol's block / its turns; medians over rounds. **TTFT** = call → first text delta received,
+p50. *Added* = door - gRPC. The in-process table runs the door's ASGI app on a stub servicer (a
+pre-built 4-delta turn, ``http_door._Servicer``): the door's own CPU (reading the
+``RunAgentInput``, translation to AG-UI's events, SSE), with no engine, sockets or HTTP parsing.
+
+On a 2-core machine the client, the upstream and the sidecar share the cores, and other work may
+run beside them: the CPU columns are the measure, TTFT is noisy.
+
+    .venv/bin/python bench/ag_ui_door.py [--quick] [--rounds 5] [--turns 40] [--in-process-only]
+
+Results and conditions: bench/ag_ui_door.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx2 as httpx
+import orjson
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from _asgi import asgi_post  # noqa: E402
+from _common import (  # noqa: E402
+    CLIENT_OPTIONS,
+    Table,
+    free_port,
+    percentile,
+    print_tables,
+    wait_for_quiet,
+    write_tables_json,
+)
+from _ttft_clients import QUESTION, Upstream  # noqa: E402
+from http_door import MODEL, _Servicer, first_token, request, sidecar  # noqa: E402
+
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc  # noqa: E402
+
+
+def run_input(thread: str) -> bytes:
+    """A ``RunAgentInput`` as ``HttpAgent`` posts it: one user message, the bench's model."""
+    return orjson.dumps(
+        {
+            "threadId": thread,
+            "runId": f"r-{uuid.uuid4().hex}",
+            "messages": [{"id": f"u-{uuid.uuid4().hex[:12]}", "role": "user", "content": QUESTION}],
+            "tools": [],
+            "context": [],
+            "forwardedProps": {"model": MODEL},
+        }
+    )
+
+
+async def ag_ui_first_token(http: httpx.AsyncClient, url: str) -> float:
+    """A run read to its end (``RUN_FINISHED``); seconds to its first ``TEXT_MESSAGE_CONTENT``."""
+    start = time.perf_counter()
+    first = 0.0
+    body = run_input(f"b-{uuid.uuid4().hex[:12]}")
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    async with http.stream("POST", url, content=body, headers=headers) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = orjson.loads(line[6:])
+            if not first and event["type"] == "TEXT_MESSAGE_CONTENT":
+                first = time.perf_counter() - start
+            if event["type"] in ("RUN_FINISHED", "RUN_ERROR"):
+                break
+    if not first:
+        raise RuntimeError("no text delta")
+    return first
+
+
+async def run(rounds: int, turns: int) -> Table:
+    upstream = Upstream()
+    workdir = Path(tempfile.mkdtemp(prefix="turnwire-bench-ag-ui-"))
+    http_port = free_port()
+    server = sidecar(workdir, upstream.url, http_port)
+    await server.start(startup_seconds=120.0)
+    channel = grpc.aio.insecure_channel(server.target, options=CLIENT_OPTIONS)
+    stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+    http = httpx.AsyncClient(timeout=60)
+    url = f"http://127.0.0.1:{http_port}/v1/ag-ui"
+    calls: dict[str, Callable[[], Awaitable[float]]] = {
+        "gRPC": lambda: first_token(stub.Chat(request())),
+        "AG-UI (POST /v1/ag-ui, SSE)": lambda: ag_ui_first_token(http, url),
+    }
+    ttft: dict[str, list[float]] = {name: [] for name in calls}
+    cpu: dict[str, list[float]] = {name: [] for name in calls}
+    try:
+        for call in calls.values():
+            for _ in range(5):
+                await call()
+        for number in range(rounds):
+            await wait_for_quiet(max_wait=3.0)
+            for name, call in calls.items():
+                await server.settle()
+                cpu0 = server.cpu_seconds()
+                for _ in range(turns):
+                    ttft[name].append(await call())
+                cpu[name].append((server.cpu_seconds() - cpu0) / turns)
+            print(f"  [ag-ui door round {number + 1}/{rounds} done]", file=sys.stderr, flush=True)
+    finally:
+        await channel.close()
+        await http.aclose()
+        server.stop()
+        upstream.close()
+    table = Table(
+        f"A turn over the AG-UI door vs gRPC, same sidecar and upstream ({rounds} rounds x {turns} "
+        "sequential turns per protocol, 4-delta answer; ms)",
+        ["protocol", "server CPU / request", "added CPU", "TTFT p50", "added TTFT p50", "TTFT p99"],
+    )
+    base_cpu = statistics.median(cpu["gRPC"])
+    base_ttft = percentile(ttft["gRPC"], 50)
+    for name in calls:
+        own = statistics.median(cpu[name])
+        p50 = percentile(ttft[name], 50)
+        table.add(
+            name,
+            f"{own * 1e3:.2f}",
+            "" if name == "gRPC" else f"{(own - base_cpu) * 1e3:+.2f}",
+            f"{p50 * 1e3:.2f}",
+            "" if name == "gRPC" else f"{(p50 - base_ttft) * 1e3:+.2f}",
+            f"{percentile(ttft[name], 99) * 1e3:.2f}",
+        )
+    return table
+
+
+async def in_process(requests: int) -> Table:
+    """The door's own CPU per streamed run, against the in-process call alone."""
+    from turnwire_server.api.rpc_observer import RpcObserver
+    from turnwire_server.http.calls import CallInfo, InProcessCalls, MethodTable
+    from turnwire_server.http.doors import DoorContext, ag_ui_door, build_app
+    from turnwire_server.http.settings import CorsSettings
+
+    table_ = MethodTable()
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(_Servicer(), table_)  # type: ignore[abstract]
+    calls = InProcessCalls(table_, [RpcObserver()])
+    service = chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"]
+    app = build_app(DoorContext(calls, [service], 4 << 20), [ag_ui_door], CorsSettings())
+    chat = request()
+    body = run_input("c")
+
+    async def direct() -> None:
+        async for _ in calls.stream("/turnwire.v1.ChatService/Chat", chat, CallInfo(())):
+            pass
+
+    async def door() -> None:
+        await asgi_post(app, "/v1/ag-ui", body)
+
+    async def measure(one: Callable[[], Awaitable[Any]]) -> float:
+        for _ in range(200):
+            await one()
+        start = time.process_time()
+        for _ in range(requests):
+            await one()
+        return (time.process_time() - start) / requests
+
+    base = statistics.median([await measure(direct) for _ in range(3)])
+    own = statistics.median([await measure(door) for _ in range(3)])
+    table = Table(
+        f"The AG-UI door's own CPU per run in process ({requests} requests x 3, median; a pre-built "
+        "4-delta turn; µs)",
+        ["path", "CPU / request", "added by the door"],
+    )
+    table.add("in-process call alone (interceptor: RpcObserver)", f"{base * 1e6:.0f}", "")
+    table.add("POST /v1/ag-ui, SSE", f"{own * 1e6:.0f}", f"{(own - base) * 1e6:+.0f}")
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 10 turns")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--json", type=Path, help="also write the tables as JSON here")
+    parser.add_argument("--in-process-only", action="store_true", help="only the in-process table")
+    args = parser.parse_args()
+    rounds, turns = (2, 10) if args.quick else (args.rounds, args.turns)
+    tables = [asyncio.run(in_process(300 if args.quick else 1000))]
+    if not args.in_process_only:
+        tables.append(asyncio.run(run(rounds, turns)))
+    print_tables(tables)
+    if args.json:
+        write_tables_json(args.json, tables)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+"""A turn's events read as AG-UI events (server/turnwire_server/http/ag_ui_events.py,
+docs/api/ag-ui.md#events), in process: every event validates against AG-UI's own event models
+(``ag-ui-protocol`` 1.0.0, the protocol version of the pinned ``@ag-ui/client``) with no field
+they do not declare, the same log always gives the same events (a re-attached run is the run),
+and each terminal status has its event. The body's mapping (ag_ui_request.py) and its refusals
+name the field to fix; the ``Accept`` header decides the encoding as AG-UI's encoder does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from ag_ui.core import Event, RunAgentInput
+from google.protobuf import json_format
+from pydantic import BaseModel, TypeAdapter
+
+from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.http.ag_ui_door import accepts_sse
+from turnwire_server.http.ag_ui_events import RunLog
+from turnwire_server.http.ag_ui_request import parse_run_input, run_input
+from turnwire_server.http.openai_request import RequestProblem
+
+EVENT: TypeAdapter[Any] = TypeAdapter(Event)
+
+SERVER_TOOL_TURN: list[dict[str, Any]] = [
+    {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+    {"step_start": {}},
+    {"reasoning_start": {"id": "s0-r"}},
+    {"reasoning_delta": {"id": "s0-r", "delta": "think"}},
+    {"reasoning_end": {"id": "s0-r"}},
+    {"text_start": {"id": "s0-t"}},
+    {"text_delta": {"id": "s0-t", "delta": "Let me "}},
+    {"text_delta": {"id": "s0-t", "delta": "check."}},
+    {"text_end": {"id": "s0-t"}},
+    {"tool_input_start": {"tool_call_id": "c1", "tool_name": "calculator"}},
+    {"tool_input_delta": {"tool_call_id": "c1", "input_text_delta": '{"expression":'}},
+    {"tool_input_delta": {"tool_call_id": "c1", "input_text_delta": '"6*7"}'}},
+    {
+        "tool_input_available": {
+            "tool_call_id": "c1",
+            "tool_name": "calculator",
+            "input_json": '{"expression":"6*7"}',
+        }
+    },
+    {
+        "tool_output_available": {
+            "tool_call_id": "c1",
+            "tool_name": "calculator",
+            "output_json": '{"result":42}',
+        }
+    },
+    {"step_finish": {"finish_reason": "FINISH_REASON_TOOL_CALLS"}},
+    {"progress": {"phase": "PROGRESS_PHASE_MODEL"}},  # a keepalive: no sequence number, no event
+    {"step_start": {"step_number": 1}},
+    {"text_start": {"id": "s1-t"}},
+    {"text_delta": {"id": "s1-t", "delta": "42."}},
+    {"text_end": {"id": "s1-t"}},
+    {"step_finish": {"step_number": 1, "finish_reason": "FINISH_REASON_STOP"}},
+    {"turn_end": {"status": "TURN_STATUS_COMPLETED", "usage": {"input_tokens": 10, "output_tokens": 6}}},
+]
+
+CLIENT_TOOL_TURN: list[dict[str, Any]] = [
+    {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
+    {"step_start": {}},
+    {"tool_input_available": {"tool_call_id": "c9", "tool_name": "get_location", "input_json": "{}"}},
+    {"step_finish": {"finish_reason": "FINISH_REASON_TOOL_CALLS"}},
+    {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
+]
+
+
+def turn_events(kinds: list[dict[str, Any]]) -> list[event_pb2.TurnEvent]:
+    events, number = [], 0
+    for kind in kinds:
+        keepalive = "progress" in kind
+        number += 0 if keepalive else 1
+        value = {
+            "conversation_id": "t1",
+            "request_id": "r1",
+            "sequence_number": 0 if keepalive else number,
+            **kind,
+        }
+        events.append(json_format.ParseDict(value, event_pb2.TurnEvent()))
+    return events
+
+
+def translate(kinds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    log = RunLog("t1", "r1")
+    out = [shown for event in turn_events(kinds) for shown in log.feed(event)]
+    for shown in out:
+        parsed = EVENT.validate_python(shown)
+        undeclared = [name for name, model in _models(parsed) if model.model_extra]
+        assert not undeclared, (shown, undeclared)
+    return out
+
+
+def _models(model: BaseModel, name: str = "") -> list[tuple[str, BaseModel]]:
+    found = [(name or type(model).__name__, model)]
+    for field, value in model:
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, BaseModel):
+                found += _models(item, field)
+    return found
+
+
+def test_a_server_tool_turn_reads_as_one_ag_ui_run() -> None:
+    events = translate(SERVER_TOOL_TURN)
+    assert [e["type"] for e in events] == [
+        "RUN_STARTED",
+        "STEP_STARTED",
+        "REASONING_START",
+        "REASONING_MESSAGE_START",
+        "REASONING_MESSAGE_CONTENT",
+        "REASONING_MESSAGE_END",
+        "REASONING_END",
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+        "TOOL_CALL_RESULT",
+        "STEP_FINISHED",
+        "STEP_STARTED",
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "STEP_FINISHED",
+        "RUN_FINISHED",
+    ]
+    assert events[0] == {"type": "RUN_STARTED", "threadId": "t1", "runId": "r1"}
+    texts = [e["messageId"] for e in events if e["type"] == "TEXT_MESSAGE_START"]
+    assert texts == ["tw-a-r1.1", "tw-a-r1.2"]  # the reply id, then the run's block count
+    result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")
+    assert result == {
+        "type": "TOOL_CALL_RESULT",
+        "messageId": "tw-result-c1",
+        "toolCallId": "c1",
+        "content": '{"result":42}',
+        "role": "tool",
+    }
+    assert [e["stepName"] for e in events if e["type"] == "STEP_STARTED"] == ["step-0", "step-1"]
+    finished = events[-1]
+    assert finished["outcome"] == {"type": "success"}
+    assert finished["usage"] == [
+        {
+            "provider": "scripted",
+            "model": "scripted:x",
+            "inputTokens": 10,
+            "outputTokens": 6,
+            "totalTokens": 16,
+            "reasoningTokens": 0,
+            "cachedInputTokens": 0,
+            "cacheWriteInputTokens": 0,
+        }
+    ]
+
+
+def test_the_same_log_gives_the_same_run() -> None:
+    assert translate(SERVER_TOOL_TURN) == translate(SERVER_TOOL_TURN)
+
+
+def test_a_client_tool_call_is_left_pending() -> None:
+    events = translate(CLIENT_TOOL_TURN)
+    assert [e["type"] for e in events][2:5] == ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END"]
+    assert events[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["c9"]}
+
+
+@pytest.mark.parametrize(
+    ("end", "expected"),
+    [
+        (
+            {"status": "TURN_STATUS_ERROR", "error": {"code": 14, "message": "the model is down"}},
+            {"type": "RUN_ERROR", "message": "the model is down", "code": "server_error"},
+        ),
+        (
+            {"status": "TURN_STATUS_ERROR", "error": {"code": 8, "message": "slow down"}},
+            {"type": "RUN_ERROR", "message": "slow down", "code": "rate_limit_exceeded"},
+        ),
+        ({"status": "TURN_STATUS_ABORTED"}, {"type": "RUN_FINISHED", "outcome": {"type": "cancelled"}}),
+    ],
+)
+def test_each_end_has_its_event(end: dict[str, Any], expected: dict[str, Any]) -> None:
+    kinds = [
+        SERVER_TOOL_TURN[0],
+        SERVER_TOOL_TURN[1],
+        SERVER_TOOL_TURN[5],
+        SERVER_TOOL_TURN[6],
+        {"turn_end": end},
+    ]
+    events = translate(kinds)
+    # what was open is closed before the run ends
+    assert [e["type"] for e in events][-3:-1] == ["TEXT_MESSAGE_END", "STEP_FINISHED"]
+    assert {k: v for k, v in events[-1].items() if k in expected} == expected
+
+
+def test_a_turn_that_never_started_still_opens_its_run() -> None:
+    events = translate([{"turn_end": {"status": "TURN_STATUS_SKIPPED"}}])
+    assert [e["type"] for e in events] == ["RUN_STARTED", "RUN_FINISHED"]
+
+
+# -- the request body ------------------------------------------------------------------------------
+
+
+def body(messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+    value = {"threadId": "t1", "runId": "r1", "messages": messages, "tools": [], "context": [], **fields}
+    RunAgentInput.model_validate(value)  # a body AG-UI itself takes
+    return value
+
+
+def read(value: dict[str, Any]) -> Any:
+    return run_input(parse_run_input(orjson.dumps(value)))
+
+
+def test_the_last_user_message_is_the_input() -> None:
+    turn = read(
+        body(
+            [
+                {"id": "u0", "role": "user", "content": "earlier"},
+                {"id": "a0", "role": "assistant", "content": "stored already"},
+                {
+                    "id": "u1",
+                    "role": "user",
+                    "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "6*7?"}],
+                },
+            ],
+            tools=[{"name": "get_location", "description": "where", "parameters": {"type": "object"}}],
+            forwardedProps={"model": "scripted:echo", "x": 1},
+            context=[{"description": "tz", "value": "UTC"}],
+            state={"k": [1]},
+        )
+    )
+    assert turn.results == []
+    assert turn.message.id == "u1" and turn.message.role == message_pb2.ROLE_USER
+    assert turn.message.parts[0].text.text == "What is 6*7?"
+    assert [tool.name for tool in turn.client_tools] == ["get_location"]
+    assert turn.model == "scripted:echo"
+    assert turn.body == {
+        "context": [{"description": "tz", "value": "UTC"}],
+        "state": {"k": [1]},
+        "forwardedProps": {"model": "scripted:echo", "x": 1},
+    }
+
+
+def test_trailing_tool_messages_answer_pending_calls() -> None:
+    turn = read(
+        body(
+            [
+                {"id": "u1", "role": "user", "content": "Where am I?"},
+                {
+                    "id": "a1",
+                    "role": "assistant",
+                    "toolCalls": [
+                        {
+                            "id": "c0",
+                            "type": "function",
+                            "function": {"name": "calculator", "arguments": "{}"},
+                        },
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "get_location", "arguments": "{}"},
+                        },
+                        {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+                    ],
+                },
+                {"id": "tw-result-c0", "role": "tool", "toolCallId": "c0", "content": "42"},
+                {"id": "m1", "role": "tool", "toolCallId": "c1", "content": '{"city": "Paris"}'},
+                {"id": "m2", "role": "tool", "toolCallId": "c2", "content": "noon", "error": "no clock"},
+            ]
+        )
+    )
+    assert turn.message is None
+    assert [(r.tool_call_id, r.output_json, r.error, r.error_text) for r in turn.results] == [
+        ("c1", '{"city": "Paris"}', False, ""),
+        ("c2", "", True, "no clock"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "says"),
+    [
+        ({"runId": "r1", "messages": []}, "threadId", "threadId: Field required"),
+        ({"threadId": "t", "runId": "r", "messages": []}, "messages", "the last message must be the user's"),
+        (
+            {"threadId": "t", "runId": "r", "messages": [{"id": "a", "role": "assistant", "content": "x"}]},
+            "messages",
+            "got 'assistant'",
+        ),
+        (
+            {
+                "threadId": "t",
+                "runId": "r",
+                "messages": [{"id": "u", "role": "user", "content": [{"type": "image", "source": {}}]}],
+            },
+            "messages.0.content[0]",
+            "only text parts",
+        ),
+        (
+            {
+                "threadId": "t",
+                "runId": "r",
+                "messages": [{"id": "u", "role": "user", "content": "x"}],
+                "forwardedProps": {"model": 3},
+            },
+            "forwardedProps.model",
+            "a model id as a string",
+        ),
+        (
+            {
+                "threadId": "t",
+                "runId": "r",
+                "messages": [{"id": "u", "role": "user", "content": "x"}],
+                "resume": [{"interruptId": "i", "status": "resolved"}],
+            },
+            "resume",
+            "no interrupts",
+        ),
+    ],
+)
+def test_a_body_in_the_wrong_shape_names_the_field(value: dict[str, Any], field: str, says: str) -> None:
+    with pytest.raises(RequestProblem) as refused:
+        read(value)
+    assert refused.value.param == field
+    assert says in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("accept", "sse"),
+    [
+        (None, True),
+        ("text/event-stream", True),
+        ("*/*", True),
+        ("application/vnd.ag-ui.event+proto, text/event-stream;q=0.5", True),
+        ("application/vnd.ag-ui.event+proto", False),
+        ("application/json", False),
+        ("text/event-stream;q=0", False),
+    ],
+)
+def test_the_accept_header_picks_sse(accept: str | None, sse: bool) -> None:
+    assert accepts_sse(accept) is sse
