@@ -1,20 +1,29 @@
 """Where a turn's cost shows inside the process (docs/cost.md): the hooks' ``StepFinishContext.cost``
 and ``ChatResponseContext.cost``, the remote hooks' ``StepInfo.cost`` and
-``OnChatResponseRequest.cost``, and the ``turnwire.cost.*`` attributes of the chat and turn spans."""
+``OnChatResponseRequest.cost``, and the ``turnwire.cost.*`` attributes of the chat and turn spans;
+a step cut short costs what it reported; a recovered turn's total is unknown."""
 
 from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
 
 import pytest
 from support.engine_harness import MODEL, EngineFactory, echo, end_of, make_tool, of_kind
 from support.traces import memory_tracing, named, one
+from support.waiting import wait_until
 
 from turnwire.hooks import ChatResponseContext, Middleware, StepFinishContext
 from turnwire.testing import ScriptedUsage, ScriptStep
 from turnwire.types import Cost
-from turnwire_client.v1 import event_pb2
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
+from turnwire_server.engine.request import TurnRequest
+from turnwire_server.engine.turn_spec import spec_json
 from turnwire_server.remote_hooks import convert
+from turnwire_server.store import TurnRecord
+from turnwire_server.store.sqlite import SqliteStore
 
 RATES = {"input_mtok": 3.0, "output_mtok": 15.0}
 STEPS = [
@@ -116,3 +125,44 @@ async def test_a_step_cut_short_costs_the_usage_reported_before_the_cut(make_eng
     assert end.usage.input_tokens == 1500
     assert end.cost.usd == pytest.approx(1500 * RATES["input_mtok"] / 1e6)
     assert end.cost.price_source == "config"
+
+
+async def test_a_recovered_turn_has_an_unknown_cost(make_engine: EngineFactory, tmp_path: Path) -> None:
+    # docs/cost.md: what the attempt lost in a crash spent died with its process; the rest is no total.
+    crashed = SqliteStore(tmp_path / "turnwire.db")
+    await crashed.open()
+    request = TurnRequest(
+        conversation_id="c-crash",
+        request_id="r-crash",
+        messages=[],
+        body={},
+        model=MODEL,
+        continuation=False,
+        response_type=chat_service_pb2.ChatResponse,
+    )
+    record = TurnRecord(
+        request_id="r-crash",
+        conversation_id="c-crash",
+        assistant_message_id="tw-a-r-crash",
+        continuation=False,
+        model=MODEL,
+        state="running",
+        start_time=dt.datetime.now(dt.UTC),
+        spec=spec_json(request),
+    )
+    user = message_pb2.Message(id="u-crash", role=message_pb2.ROLE_USER)
+    user.parts.add().text.text = "tell me"
+    await crashed.start_turn(record, [user])
+    await crashed.close()
+
+    h = await make_engine(
+        scripts={"main": [ScriptStep(text="Told.", usage=ScriptedUsage(input_tokens=100, output_tokens=5))]},
+        prices=PriceBook(PricingSettings.model_validate({"models": {MODEL: RATES}})),
+    )
+    assert await h.engine.recover() == 1
+    await wait_until(lambda: h.engine.running == 0, what="the recovery ends")
+    events = [event async for event in h.engine.replay("r-crash", 0)]
+    assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
+    assert of_kind(events, "step_finish")[0].HasField("cost")  # its own step is priced
+    assert not end_of(events).HasField("cost")
+    assert await h.store.conversation_cost("c-crash") is None

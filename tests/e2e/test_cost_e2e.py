@@ -116,6 +116,9 @@ async def test_steps_and_turns_carry_their_cost_and_the_metric_counts_it(
         scripted_turn = await collect(client.chat("cost-scripted", "weather?", model="scripted:weather"))
         # ResumeTurn replays the stored stream, costs included.
         replayed = [event async for event in client.resume_turn(scripted_turn.request_id)]
+        # A second turn on the conversation: GetConversation sums the stored turns' costs.
+        again = await collect(client.chat("cost-scripted", "and now?", model="scripted:weather"))
+        stored = await client.get_conversation("cost-scripted")
 
     openai_usd = expected_usd(
         "openai", "gpt-4o", Usage(input_tokens=5200, cached_input_tokens=2048, output_tokens=310)
@@ -146,10 +149,14 @@ async def test_steps_and_turns_carry_their_cost_and_the_metric_counts_it(
         e for e in scripted_turn.events if e.WhichOneof("event") in ("step_finish", "turn_end")
     ]
 
+    assert again.events[-1].turn_end.cost.usd == pytest.approx(sum(wanted), rel=1e-9)
+    assert stored.cost.usd == pytest.approx(2 * sum(wanted), rel=1e-9)
+    assert stored.cost.price_source == "config"
+
     expected = {
         ("", "openai", "openai:other"): openai_usd,
         ("", "anthropic", "anthropic:other"): anthropic_usd,
-        ("", "scripted", "scripted:weather"): sum(wanted),
+        ("", "scripted", "scripted:weather"): 2 * sum(wanted),
     }
 
     def counted() -> dict[tuple[str, str, str], float] | None:
@@ -172,6 +179,8 @@ async def test_an_unknown_model_has_no_cost_and_one_warning(
             await collect(client.chat(f"cost-unknown-{n}", "hi", model="openai:gpt-nobody-knows"))
             for n in (1, 2)
         ]
+        stored = await client.get_conversation("cost-unknown-1")
+    assert not stored.HasField("cost")
     for result in turns:
         assert result.status == event_pb2.TURN_STATUS_COMPLETED, result.error
         (step,) = _step_costs(result)

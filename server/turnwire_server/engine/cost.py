@@ -126,6 +126,14 @@ class CostTotal:
         self.usd += other.usd
         self.sources.extend(source for source in other.sources if source not in self.sources)
 
+    def stored(self) -> tuple[float | None, str | None]:
+        """``(cost_usd, cost_source)`` as the store keeps them with the turn
+        (``TurnRecord``): ``(None, None)`` when unknown, ``(0.0, "")`` when nothing was priced
+        (no model call: nothing spent), else the total and its sources."""
+        if self.unknown:
+            return None, None
+        return self.usd, ", ".join(self.sources)
+
     def total(self) -> Cost | None:
         """The turn's cost so far, or None when unknown or nothing was priced."""
         if self.unknown or not self.sources:

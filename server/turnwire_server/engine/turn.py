@@ -53,6 +53,7 @@ from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.checkpoints import Checkpointer
 from turnwire_server.engine.client_tools import turn_tools
 from turnwire_server.engine.compaction import Compactor
+from turnwire_server.engine.cost import CostTotal
 from turnwire_server.engine.errors import (
     CancelledByShutdown,
     ConversationDeleted,
@@ -190,6 +191,8 @@ class TurnRun:
             tools=turn_tools(tools, request.client_tools),
             attempt=recovery.attempt if recovery else 1,
             continue_reply=recovery is not None and recovery.reply is not None,
+            # A recovered turn's cost is unknown: what the lost attempt spent died with its process.
+            cost=CostTotal(unknown=recovery is not None),
             admitted=self.admitted,
             tracing=tracing,
             concurrent_input=concurrent_input,
@@ -695,11 +698,14 @@ class TurnRun:
         # Why it ended is kept with the turn, aborted ones too (SHUTTING_DOWN, SLOW_CONSUMER …):
         # GetConversation names it after a restart, when no TurnEnd is around to say it.
         error_bytes = None if self.status_error is None else self.status_error.SerializeToString()
+        cost_usd, cost_source = self.state.cost.stored()
         record = dataclasses.replace(
             self._record,
             state=self.outcome,
             end_time=dt.datetime.now(dt.UTC),
             error=error_bytes,
+            cost_usd=cost_usd,
+            cost_source=cost_source,
         )
         end = self._end_response(message) if self._end_is_final() else None
         tail = await self._stream_tail(end)
