@@ -24,7 +24,7 @@ IN_PROCESS := not (e2e or postgres or packaging or stress)
 TEST_WORKERS ?= 4
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: setup demo install-go install-chromium build-web-example check test test-python test-node test-go conformance build-node lint docs protos check-protos breaking bench stress clean sync-client
+.PHONY: setup demo install-go install-chromium build-web-example build-ai-sdk-example check test test-python test-node test-go conformance build-node lint docs protos check-protos breaking bench stress clean sync-client
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -35,7 +35,8 @@ $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml middleware/pypr
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e clients/python -e middleware -e '.[dev]'
 	touch $@
 
-node_modules/.installed: package.json package-lock.json clients/node/package.json clients/web-example/package.json
+node_modules/.installed: package.json package-lock.json clients/node/package.json clients/web-example/package.json \
+		clients/ai-sdk-example/package.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
@@ -68,8 +69,8 @@ install-go:
 	  $$sudo apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $(GO_PACKAGES); fi
 
-## install-chromium: Debian's Chromium for the browser test (tests/e2e/test_web_example_e2e.py, driven by
-## playwright-core; no browser download); quick when present.
+## install-chromium: Debian's Chromium for the browser tests (tests/e2e/test_web_example_e2e.py,
+## tests/e2e/test_ai_sdk_page_e2e.py, driven by playwright-core; no browser download); quick when present.
 install-chromium:
 	@if dpkg -s chromium >/dev/null 2>&1; then echo "Chromium installed"; else \
 	  sudo=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
@@ -97,6 +98,12 @@ build-web-example: clients/web-example/dist/app.js
 
 clients/web-example/dist/app.js: clients/node/dist/index.js clients/web-example/src/main.ts clients/web-example/src/index.html
 	npm run --silent build -w clients/web-example
+
+## build-ai-sdk-example: bundle the AI SDK example page (clients/ai-sdk-example: useChat, React, esbuild) into its dist/.
+build-ai-sdk-example: clients/ai-sdk-example/dist/app.js
+
+clients/ai-sdk-example/dist/app.js: node_modules/.installed clients/ai-sdk-example/src/main.tsx clients/ai-sdk-example/src/index.html
+	npm run --silent build -w clients/ai-sdk-example
 
 clients/node/dist/index.js: node_modules/.installed clients/node/tsconfig.json $(shell find clients/node/src -name '*.ts')
 	node_modules/.bin/tsc -p clients/node/tsconfig.json

@@ -9,17 +9,15 @@ Before issue 35 the sidecar had no HTTP listener: the page's call fails.
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import os
 import shutil
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.page_server import serving
 from support.sidecar import SidecarProcess, free_port, running_sidecar
 from support.tokens import auth_config, new_token, write_tokens_file
 
@@ -34,23 +32,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        """Nothing: the request lines would print the page's query (the token) into the test log."""
-
-
 @pytest.fixture(scope="module")
 def page_origin() -> Iterator[str]:
     """The built page (``make build-web-example``), served on a port of its own: another origin."""
     subprocess.run(["npm", "run", "--silent", "build", "-w", "clients/web-example"], cwd=ROOT, check=True)
-    handler = functools.partial(_QuietHandler, directory=str(EXAMPLE / "dist"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(EXAMPLE / "dist") as origin:
+        yield origin
 
 
 @pytest.fixture(scope="module")

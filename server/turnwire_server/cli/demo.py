@@ -138,7 +138,13 @@ async def run_demo(workdir: Path, *, overflow: bool = False, listen: str | None 
                 await wait_until_serving(target, process)
             except (SidecarExited, TimeoutError) as error:
                 console.print(f"[red]{error}[/]; its log says:")
-                console.print(log_path.read_text(errors="replace")[-2000:], markup=False, highlight=False)
+                logged = log_path.read_text(errors="replace")
+                console.print(logged[-2000:], markup=False, highlight=False)
+                if "in use by another turnwire process" in logged:
+                    # The demo's own store is the file in its directory: another directory frees it.
+                    console.print(
+                        f"a sidecar already serves {workdir}: run the demo elsewhere with --workdir DIR"
+                    )
                 return 1
             console.print("[green]sidecar is SERVING[/] (grpc.health.v1)\n")
             conversation = f"demo-{int(time.time())}"

@@ -69,7 +69,7 @@ def print_call_error(
     head.append(f": {cli_terms(error.message)}")
     out.print(head, soft_wrap=True, highlight=False)
     for field_path, description in error.field_violations:
-        if description == error.message:
+        if error.message in (description, f"{field_path}: {description}"):
             continue  # a lone violation the message already says in full
         out.print(Text.assemble("  ", (field_path, "bold"), f": {cli_terms(description)}"), soft_wrap=True)
     return EXIT_CALL_FAILED

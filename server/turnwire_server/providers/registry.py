@@ -64,10 +64,21 @@ class ProviderRegistry:
                 f"configured: {sorted(self.providers)}{hint}"
             )
         if not provider.has_model(model):
-            raise UnknownModel(f"model {model_id!r}: provider {provider_name!r} has no model {model!r}")
+            raise UnknownModel(
+                f"model {model_id!r}: provider {provider_name!r} has no model {model!r}"
+                + ("; its scripts: " + ", ".join(names) if (names := _script_names(provider)) else "")
+                + " (docs/providers.md)"
+            )
         return provider, model
 
     async def aclose(self) -> None:
         """Close every provider."""
         for provider in self.providers.values():
             await provider.aclose()
+
+
+def _script_names(provider: Provider) -> list[str]:
+    """The script names of a scripted provider (``turnwire.testing.ScriptedProvider.scripts``),
+    for an unknown-model message; [] for a provider that does not list its models."""
+    scripts = getattr(provider, "scripts", None)
+    return sorted(scripts) if isinstance(scripts, dict) else []

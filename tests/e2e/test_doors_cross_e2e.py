@@ -1,0 +1,144 @@
+"""One turn, every door (issue 36, "the same semantics everywhere"; docs/api/http.md): a turn
+started at one HTTP door is cancelled, resumed and read at another, and over gRPC.
+
+One sidecar with the HTTP listener serves the OpenAI door (driven by the official ``openai``
+Python SDK), AG-UI and the AI SDK's UI message stream (their own wire formats over HTTP here;
+their own clients, ``@ag-ui/client`` and ``ai``, drive them in ``test_ag_ui_door_e2e.py`` and
+``test_ai_sdk_door_e2e.py``). A response id, an AG-UI ``runId`` and a gRPC request id are the
+same id; an AG-UI ``threadId``, an AI SDK chat ``id`` and a Responses ``conversation`` the same
+conversation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx2 as httpx
+import openai
+import pytest
+from support.endless import endless_step, is_prefix_of_repeats
+from support.http_sidecar import http_sidecar_config
+from support.sidecar import SidecarProcess, running_sidecar
+from support.tokens import new_token
+
+from turnwire_client import TurnwireClient
+
+TOKEN = new_token()
+SLOW_TEXT = "".join(f"w{i} " for i in range(8))
+SCRIPTS = {"echo": [{"text": "answered at every door"}], "slow": [endless_step(SLOW_TEXT, 30)]}
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess]:
+    workdir = tmp_path_factory.mktemp("doors-cross-e2e")
+    with running_sidecar(
+        workdir, http_sidecar_config(workdir, {TOKEN: ("ann", "tenant-x")}, SCRIPTS)
+    ) as process:
+        yield process
+
+
+def base_url(sidecar: SidecarProcess) -> str:
+    assert sidecar.config is not None
+    return f"http://{sidecar.config['http']['listen']}"
+
+
+@pytest.fixture
+async def oa(sidecar: SidecarProcess) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=f"{base_url(sidecar)}/v1", api_key=TOKEN, max_retries=0) as client:
+        yield client
+
+
+HEADERS = {"Authorization": f"Bearer {TOKEN}", "Accept": "text/event-stream"}
+
+
+async def sse_data(response: httpx.Response) -> AsyncIterator[Any]:
+    """The JSON of each ``data:`` line of a server-sent event stream (``[DONE]`` ends it)."""
+    async for line in response.aiter_lines():
+        if line.startswith("data: "):
+            payload = line.removeprefix("data: ")
+            if payload == "[DONE]":
+                return
+            yield json.loads(payload)
+
+
+def run_input(thread: str, run: str, text: str, model: str) -> dict[str, Any]:
+    """An AG-UI ``RunAgentInput``."""
+    message = {"id": f"{run}-u", "role": "user", "content": text}
+    return {"threadId": thread, "runId": run, "messages": [message], "tools": [], "context": [],
+            "state": {}, "forwardedProps": {"model": model}}  # fmt: skip
+
+
+async def test_an_ag_ui_run_is_cancelled_over_openai_and_read_at_every_door(
+    sidecar: SidecarProcess, oa: openai.AsyncOpenAI
+) -> None:
+    url = base_url(sidecar)
+    async with httpx.AsyncClient(timeout=30) as http:
+        body = run_input("x-thread-1", "x-run-1", "talk", "scripted:slow")
+        async with http.stream("POST", f"{url}/v1/ag-ui", headers=HEADERS, json=body) as response:
+            assert response.status_code == 200
+            events = sse_data(response)
+            seen: list[dict[str, Any]] = []
+            async for event in events:
+                seen.append(event)
+                if event["type"] == "TEXT_MESSAGE_CONTENT":
+                    break  # streaming: now stop it from another door
+            cancelled = await oa.responses.cancel("x-run-1")
+            assert cancelled.status == "cancelled"
+            seen.extend([event async for event in events])
+        streamed = "".join(e["delta"] for e in seen if e["type"] == "TEXT_MESSAGE_CONTENT")
+        assert seen[-1]["type"] in ("RUN_FINISHED", "RUN_ERROR"), seen[-1]
+        # The AI SDK's reconnect finds no turn running on the conversation: 204.
+        resumed = await http.get(f"{url}/v1/ai-sdk/chat/x-thread-1/stream", headers=HEADERS)
+        assert resumed.status_code == 204
+    # OpenAI's view and gRPC's: the same turn, cancelled, its partial reply stored once.
+    retrieved = await oa.responses.retrieve("x-run-1")
+    assert retrieved.status == "cancelled"
+    async with TurnwireClient(sidecar.target, token=TOKEN) as grpc_client:
+        history = await grpc_client.get_conversation("x-thread-1")
+    stored = "".join(p.text.text for p in history.messages[-1].parts if p.HasField("text"))
+    assert history.messages[0].id == "x-run-1-u"
+    assert is_prefix_of_repeats(stored, SLOW_TEXT) and stored == streamed, (streamed, stored)
+    assert retrieved.output_text == stored
+
+
+async def test_an_openai_response_is_followed_over_ag_ui_and_the_ai_sdk(
+    sidecar: SidecarProcess, oa: openai.AsyncOpenAI
+) -> None:
+    url = base_url(sidecar)
+    stream = await oa.responses.create(
+        model="scripted:slow", conversation="x-thread-2", input="go", stream=True
+    )
+    response_id = ""
+    async for event in stream:
+        if event.type == "response.created":
+            response_id = event.response.id
+        if event.type == "response.output_text.delta":
+            break  # running and streaming
+    assert response_id
+    async with httpx.AsyncClient(timeout=30) as http:
+        # AG-UI: a RunAgentInput naming that run re-attaches to it, from its start.
+        body = run_input("x-thread-2", response_id, "go", "scripted:slow")
+        async with http.stream("POST", f"{url}/v1/ag-ui", headers=HEADERS, json=body) as followed:
+            ag_ui_text = ""
+            async for event in sse_data(followed):
+                if event["type"] == "TEXT_MESSAGE_CONTENT":
+                    ag_ui_text += event["delta"]
+                if len(ag_ui_text) > len(SLOW_TEXT):
+                    break
+        # The AI SDK's reconnect: the running turn's UI message stream, from its start.
+        async with http.stream("GET", f"{url}/v1/ai-sdk/chat/x-thread-2/stream", headers=HEADERS) as resumed:
+            assert resumed.status_code == 200
+            assert resumed.headers["x-vercel-ai-ui-message-stream"] == "v1"
+            ai_sdk_text = ""
+            async for chunk in sse_data(resumed):
+                if chunk["type"] == "text-delta":
+                    ai_sdk_text += chunk["delta"]
+                if len(ai_sdk_text) > len(SLOW_TEXT):
+                    break
+    assert is_prefix_of_repeats(ag_ui_text, SLOW_TEXT) and ag_ui_text.startswith(SLOW_TEXT)
+    assert is_prefix_of_repeats(ai_sdk_text, SLOW_TEXT) and ai_sdk_text.startswith(SLOW_TEXT)
+    await stream.close()  # the OpenAI caller leaves: its turn is cancelled (the default policy)
+    async with TurnwireClient(sidecar.target, token=TOKEN) as grpc_client:
+        await grpc_client.cancel_chat(response_id)
