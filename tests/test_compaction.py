@@ -14,6 +14,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
+import pytest
 from support.engine_harness import CONV, EngineFactory, Harness, end_of, kinds, of_kind, text_of
 
 from turnwire.compaction import (
@@ -29,6 +30,8 @@ from turnwire.hooks import ChatErrorContext, ChatResponseContext, Middleware
 from turnwire.testing import ScriptedToolCall, ScriptedUsage, ScriptStep
 from turnwire.tools import ToolExecution
 from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.engine.cost import PriceBook
+from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.store import TurnRecord
 
 BIG = "x" * 4000  # ~1,000 tokens for the scripted model
@@ -448,3 +451,28 @@ async def test_the_demo_model_answers_a_summary_request_with_a_summary(make_engi
     assert "The secret word is avocado." in text_of(summary) and "I can call the demo tools" not in text_of(
         summary
     )
+
+
+async def test_a_summary_call_costs_for_its_turn(make_engine: EngineFactory) -> None:
+    # docs/cost.md: TurnEnd.cost sums the steps and the compaction summaries, each at its model's price.
+    rates = {"scripted:main": (1.0, 2.0), "scripted:summarizer": (0.5, 4.0)}
+    pricing = {"models": {model: {"input_mtok": i, "output_mtok": o} for model, (i, o) in rates.items()}}
+    h = await engine(
+        make_engine,
+        CompactionConfig(strategy=SUMMARIZE, compact_after=3000),
+        scripts={
+            "main": [ScriptStep(text="ok", usage=ScriptedUsage(input_tokens=800, output_tokens=10))],
+            "summarizer": [
+                ScriptStep(text="Summary.", usage=ScriptedUsage(input_tokens=4000, output_tokens=50))
+            ],
+        },
+        prices=PriceBook(PricingSettings.model_validate(pricing)),
+    )
+    await seed(h, 2)
+    events = await h.run("go")
+    assert compactions(events)
+    (step,) = of_kind(events, "step_finish")
+    assert step.cost.usd == pytest.approx((800 * 1.0 + 10 * 2.0) / 1e6)
+    end = end_of(events)
+    assert end.cost.usd == pytest.approx((800 * 1.0 + 10 * 2.0 + 4000 * 0.5 + 50 * 4.0) / 1e6)
+    assert end.cost.price_source == "config"

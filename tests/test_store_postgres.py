@@ -85,6 +85,7 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
                 (5, "0005_queue_order"),
                 (6, "0006_history_versions"),
                 (7, "0007_lease_epochs"),
+                (8, "0008_turn_costs"),
             ]
             await stores[0].start_turn(_turn("r1", "c1"), [_user("u1")])
             assert [m.id for m in await stores[3].load_messages("c1")] == ["u1"]
@@ -96,7 +97,7 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
 
 
 async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept() -> None:
-    """Upgrading: a database at schema 3 (an earlier release) gets migrations 4 to 6 at open; what it
+    """Upgrading: a database at schema 3 (an earlier release) gets the later migrations at open; what it
     stored is read back unchanged, its running turn (no lease renewed) counts as lapsed, and its
     conversation takes a compaction."""
     import psycopg
@@ -132,7 +133,7 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
             claimed = await old.claim_interrupted_turns("me", now, now + dt.timedelta(seconds=30), 10)
             assert [(t.request_id, t.owner) for t in claimed] == [("r-old", "me")]
             versions = check.sql("SELECT version FROM schema_migrations ORDER BY version")
-            assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
+            assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,)]
             record = CompactionRecord("c1", "", None, (("m", "call"),), "threshold", "drop", 9, 3, now)
             await old.save_compaction(record)
             assert await old.load_compaction("c1") == record
@@ -191,6 +192,7 @@ async def test_migrate_reports_what_it_applied() -> None:
             "0005_queue_order",
             "0006_history_versions",
             "0007_lease_epochs",
+            "0008_turn_costs",
         ]
         assert await store.migrate() == []
         await store.close()
@@ -412,7 +414,7 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
     url = pg_url.replace("postgresql://postgres@", f"postgresql://postgres:{SECRET}@")
     first = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert first.exit_code == 0, first.output
-    assert first.output.splitlines()[:7] == [
+    assert first.output.splitlines()[:8] == [
         "applied 0001_init",
         "applied 0002_durable_turns",
         "applied 0003_turn_leases",
@@ -420,14 +422,15 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
         "applied 0005_queue_order",
         "applied 0006_history_versions",
         "applied 0007_lease_epochs",
+        "applied 0008_turn_costs",
     ]
-    assert "7 migration(s) applied" in first.output
+    assert "8 migration(s) applied" in first.output
     again = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert again.exit_code == 0, again.output
     assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output
     assert SECRET not in first.output + again.output
     check = StoreBackend("postgres", url=pg_url)
-    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(7,)]
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(8,)]
     asyncio.run(check.close())
 
 

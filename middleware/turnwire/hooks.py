@@ -35,7 +35,7 @@ from turnwire.compaction import CompactionConfig
 from turnwire.error_classes import ChatErrorClassification as ChatErrorClassification  # noqa: PLC0414
 from turnwire.errors import CanonicalCode, ErrorWithStatus
 from turnwire.tools import Tool
-from turnwire.types import FinishReason, ModelChunk, ModelSettings, ToolChoice, Usage
+from turnwire.types import Cost, FinishReason, ModelChunk, ModelSettings, ToolChoice, Usage
 from turnwire.types import ToolCall as ModelToolCall
 from turnwire_client.v1 import message_pb2
 
@@ -171,7 +171,8 @@ class StepFinishContext:
 
     Also the element type of ``StepContext.steps`` (the steps so far). ``sources`` and ``files``
     are the step's cited sources (with their cited text, location and the text block they support)
-    and produced files, as stored (docs/providers.md, "What each API's parts become").
+    and produced files, as stored (docs/providers.md, "What each API's parts become"). ``cost``
+    is what the step cost in US dollars, from ``usage``; None when unknown (docs/cost.md).
     """
 
     step_number: int
@@ -191,6 +192,7 @@ class StepFinishContext:
     request_id: str = ""
     sources: Sequence[message_pb2.SourcePart] = ()
     files: Sequence[message_pb2.FilePart] = ()
+    cost: Cost | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,7 +324,8 @@ class ChatResponseContext:
     ``error`` is the turn's error when ``status`` is ``error``. ``concurrent_input`` is set when
     new input stopped the turn (status ``aborted``): ``interrupt`` (``message`` is the stored
     partial reply) or ``rollback`` (``message`` was removed with the turn's input), naming the
-    request that stopped it (:class:`ConcurrentInput`).
+    request that stopped it (:class:`ConcurrentInput`). ``cost`` is what the turn cost so far
+    (as ``TurnEnd.cost``); None when unknown (docs/cost.md).
     """
 
     conversation_id: str
@@ -332,6 +335,7 @@ class ChatResponseContext:
     status: TurnOutcome
     error: BaseException | None = None
     concurrent_input: ConcurrentInput | None = None
+    cost: Cost | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,23 @@ class Usage:
         self.cache_write_input_tokens += other.cache_write_input_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What a step or a turn cost, priced from its :class:`Usage` (docs/cost.md); see
+    ``turnwire_client.v1.Cost``. ``usd``: US dollars. ``price_source``: where the prices came
+    from, ``genai-prices <version>`` (the price data that package version ships) or ``config``
+    (a ``pricing.models`` entry); a turn's total joins its steps' sources with ``, ``. Where a
+    cost is unknown the field holding it is None, never a zero cost."""
+
+    usd: float
+    price_source: str
+
+    def copy_to(self, target: message_pb2.Cost) -> None:
+        """Write this cost into the proto ``target`` (in place)."""
+        target.usd = self.usd
+        target.price_source = self.price_source
+
+
 # --- stream chunks ---------------------------------------------------------
 # Plain slotted classes: one is allocated per token, so they stay cheap.
 

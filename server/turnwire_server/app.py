@@ -47,6 +47,7 @@ from turnwire_server.api.tls import ServerTls, TlsFileError
 from turnwire_server.cache_budget import CACHES
 from turnwire_server.config import MiddlewareEntry, Settings, StoreSettings
 from turnwire_server.engine import EngineSettings, TurnEngine
+from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.replica import Replica
 from turnwire_server.engine.settings import DurabilitySettings
@@ -374,7 +375,8 @@ def _metrics_endpoint(settings: Settings) -> MetricsEndpoint | None:
 
 def metric_models(settings: Settings, session: SessionConfig) -> frozenset[str]:
     """The model ids the configuration names (``default_model``, each scripted provider's scripts,
-    each SDK provider's ``models`` allow-list, the compaction summary model): the ones the
+    each SDK provider's ``models`` allow-list, the compaction summary model, the ids
+    ``pricing.models`` prices): the ones the
     metrics label by name (``EngineSettings.metric_models``)."""
     known = {settings.default_model}
     for name, entry in settings.providers.items():
@@ -383,6 +385,7 @@ def metric_models(settings: Settings, session: SessionConfig) -> frozenset[str]:
         else:
             models = entry.models
         known.update(f"{name}:{model}" for model in models)
+    known.update(settings.pricing.models)
     summary_model = getattr(session.compaction.strategy, "model", None) if session.compaction else None
     if isinstance(summary_model, str):
         known.add(summary_model)
@@ -629,6 +632,7 @@ def _engine_settings(settings: Settings, session: SessionConfig) -> EngineSettin
         compaction=session.compaction,
         metric_models=metric_models(settings, session),
         redact=redactor_for(settings).redact,
+        prices=PriceBook(settings.pricing),
     )
 
 

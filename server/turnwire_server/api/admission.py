@@ -60,7 +60,7 @@ from turnwire_server.access_settings import TenantShareSettings
 from turnwire_server.api.caller import current_caller
 from turnwire_server.api.rpc_logging import Throttled, malformed_requests, short
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument
-from turnwire_server.api.tenancy import tenant_of_key
+from turnwire_server.tenant_keys import tenant_of_key
 
 log = logging.getLogger("turnwire.api")
 
@@ -253,7 +253,7 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
         """Count a turn of ``conversation_id`` (a store key) that runs without its caller against
         its tenant's ``tenant_shares.turn_calls``, whatever the share (it runs already); the
         returned release uncounts it, once. The tenant is the key's
-        (:func:`~turnwire_server.api.tenancy.tenant_of_key`); the default tenant counts nothing.
+        (:func:`~turnwire_server.tenant_keys.tenant_of_key`); the default tenant counts nothing.
         Implements :class:`~turnwire_server.engine.turn_slots.TurnSlots`."""
         tenant = tenant_of_key(conversation_id)
         if not tenant or self.tenant_shares is None:

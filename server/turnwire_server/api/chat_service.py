@@ -336,6 +336,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 unreplied = await self.store.turns_without_reply(
                     request.conversation_id, TURNS_WITHOUT_REPLY_LIMIT
                 )
+                cost = await self.store.conversation_cost(request.conversation_id)
             except StoreError as error:
                 raise status_error_of(error) from error
         except TurnwireStatusError as error:
@@ -344,6 +345,8 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
         page, following = page_of(messages, start, request.page_size)
         conversation = conversation_proto(record)
         conversation.messages.extend(page)
+        if cost is not None:
+            cost.copy_to(conversation.cost)
         for message in page:
             turn = partial.get(message.id)
             if turn is not None:

@@ -37,12 +37,10 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 
 from turnwire_server.api.caller import current_caller
+from turnwire_server.tenant_keys import SEPARATOR
 
 SCOPED_FIELDS = frozenset({"conversation_id", "request_id", "submission_id"})
 """The id fields that are scoped by tenant, in requests, responses and events alike."""
-
-SEPARATOR = "/"
-"""Between the tenant and the id in a store key."""
 
 _STATUS = status_pb2.Status.DESCRIPTOR.full_name
 
@@ -60,13 +58,6 @@ def listing_prefix() -> str:
 def scoped_key(client_id: str) -> str:
     """The store key of ``client_id`` for the current caller ("" stays "")."""
     return listing_prefix() + client_id if client_id else client_id
-
-
-def tenant_of_key(key: str) -> str:
-    """The tenant whose store key ``key`` is ("" for the default tenant's, which hold no
-    :data:`SEPARATOR`)."""
-    tenant, separator, _ = key.partition(SEPARATOR)
-    return tenant if separator else ""
 
 
 def local_id(key: str) -> str:

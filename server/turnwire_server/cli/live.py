@@ -292,7 +292,7 @@ class TurnRenderer:
 
 
 def print_status_line(out: Console, result: TurnResult, model: str, *, output_streamed: bool = False) -> None:
-    """The line that ends a turn: status, why, steps, tokens, model.
+    """The line that ends a turn: status, why, steps, tokens, cost, model.
 
     Why: the error's reason and message; for a provider error its class as ``classify_chat_error``
     and the sidecar's log name it, then the fine class (``(transient: server_error)``,
@@ -302,7 +302,8 @@ def print_status_line(out: Console, result: TurnResult, model: str, *, output_st
     step cut short too: one the model never answered is no step to show). Token counts are the
     provider's: none when it reported none; an output count of 0 after output was streamed
     (``output_streamed``: a stream cut by a cancel before the provider's usage event, or a server
-    that reports no usage) is said to be not reported rather than shown as 0."""
+    that reports no usage) is said to be not reported rather than shown as 0. The cost is
+    ``TurnEnd.cost`` in US dollars, shown only when known (docs/cost.md: unknown is not $0)."""
     line = Text()
     line.append(result.status_name, style=STATUS_STYLES.get(result.status, "bold"))
     if result.error is not None:
@@ -329,11 +330,19 @@ def print_status_line(out: Console, result: TurnResult, model: str, *, output_st
         if usage.cached_input_tokens:
             tokens += f" · cached {usage.cached_input_tokens}"
         facts.append(tokens)
+    end = result.events[-1] if result.events else None
+    if end is not None and end.turn_end.HasField("cost"):
+        facts.append(f"cost {usd(end.turn_end.cost.usd)}")
     if model:
         facts.append(model)
     if facts:
         line.append(" · " + " · ".join(facts), style="dim")
     out.print(line, soft_wrap=True, highlight=False)
+
+
+def usd(value: float) -> str:
+    """``value`` US dollars for reading: ``$0.0026``, ``$3``; to the millionth of a dollar."""
+    return "$" + f"{value:.6f}".rstrip("0").rstrip(".")
 
 
 _CANCELLED_ELSEWHERE = "(cancelled elsewhere: `turnwire cancel` or another client)"

@@ -29,9 +29,10 @@ from turnwire.compaction import (
     elide_outputs,
 )
 from turnwire.providers import ModelRequest, ProviderError
-from turnwire.types import Usage
+from turnwire.types import Cost, Usage
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
+from turnwire_server.engine.cost import CostTotal, PriceBook
 from turnwire_server.engine.events import EventWriter
 from turnwire_server.hooks.readonly import MessagesView
 from turnwire_server.providers.registry import ProviderRegistry
@@ -91,7 +92,8 @@ def input_start(view: Sequence[message_pb2.Message], input_ids: Sequence[str]) -
 class Compacted:
     """One compaction's outcome: the new ``view`` (with ``keep_from`` re-based), the outputs
     dropped from this turn's reply (``elided_current``), whether it ``shortened`` the view,
-    the counted tokens before and after, and the summarizer's usage (it counts for the turn)."""
+    the counted tokens before and after, and the summarizer's usage and cost (they count for the
+    turn)."""
 
     view: list[message_pb2.Message]
     keep_from: int
@@ -100,12 +102,14 @@ class Compacted:
     tokens_before: int
     tokens_after: int
     usage: Usage
+    cost: CostTotal
 
 
 class Compactor:
     """Runs the session's compaction for one turn (``config``, never None here); ``metric_models``
     labels the summary calls' tokens (``EngineSettings.metric_models``); ``redact`` masks a
-    summary call's provider error (``EngineSettings.redact``)."""
+    summary call's provider error (``EngineSettings.redact``); ``prices`` prices the summary calls
+    (``EngineSettings.prices``)."""
 
     def __init__(
         self,
@@ -118,8 +122,10 @@ class Compactor:
         model: str,
         metric_models: frozenset[str] | None = None,
         redact: Callable[[str], str] = str,
+        prices: PriceBook | None = None,
     ) -> None:
         self.config = config
+        self.prices = prices if prices is not None else PriceBook()
         self._redact = redact
         self.metric_models = metric_models
         self.store = store
@@ -168,12 +174,14 @@ class Compactor:
         tail = [shown_current] if shown_current is not None else []
         before = await self.count(system, [*view, *tail])
         usage = Usage()
+        cost = CostTotal()
         estimate = self._estimate or EstimateTokens()
         target = self._target(before)
 
         async def summarize(instructions: str, messages: Sequence[message_pb2.Message]) -> str:
-            text, used = await self._summarize(strategy_model, instructions, messages)
+            text, used, priced = await self._summarize(strategy_model, instructions, messages)
             usage.add(used)
+            cost.add(priced)
             return text
 
         strategy_model = getattr(strategy, "model", None) or self.model
@@ -208,7 +216,7 @@ class Compactor:
         self._announce(
             trigger, shortened=shortened, attempt=attempt, before=before, after=after, writer=writer
         )
-        return Compacted(new_view, new_keep, elided, shortened, before, after, usage)
+        return Compacted(new_view, new_keep, elided, shortened, before, after, usage, cost)
 
     def _target(self, before: int) -> int | None:
         """What a compaction aims under: the guard's threshold when known, else half of now."""
@@ -302,8 +310,9 @@ class Compactor:
 
     async def _summarize(
         self, model: str, instructions: str, messages: Sequence[message_pb2.Message]
-    ) -> tuple[str, Usage]:
-        """Ask ``model`` for a summary of ``messages``; returns its text and usage. Raises what the
+    ) -> tuple[str, Usage, Cost | None]:
+        """Ask ``model`` for a summary of ``messages``; returns its text, usage and cost (None:
+        unknown, docs/cost.md). Raises what the
         provider raises (``ProviderError``, ``UnknownModel``)."""
         provider, model_name = self.providers.resolve(model)
         request_text = message_pb2.Message(id=SUMMARY_REQUEST_ID, role=message_pb2.ROLE_USER)
@@ -322,8 +331,11 @@ class Compactor:
             raise error.redact(self._redact) from None  # the strategy sees the masked text
         finally:
             await stream.aclose()
-        metrics.count_tokens(metrics.model_label(model, self.metric_models), usage)
+        label = metrics.model_label(model, self.metric_models)
+        metrics.count_tokens(label, usage)
+        cost = self.prices.cost(model, getattr(provider, "type", None), usage)
+        metrics.count_cost(self.conversation_id, model.partition(":")[0], label, cost)
         text = "".join(pieces).strip()
         if not text:
             raise ValueError(f"the summary model {model} returned no text")
-        return text, usage
+        return text, usage, cost

@@ -298,7 +298,10 @@ class TurnEngine:
                 provider = self.providers.resolve(request.model)[0] if tracing.enabled else None
                 with tracing.turn(request, provider, attempt=run.state.attempt) as span:
                     await run.run()
-                    tracing.end_turn(span, outcome=run.outcome, usage=run.state.usage, error=run.error)
+                    state = run.state
+                    tracing.end_turn(
+                        span, outcome=run.outcome, usage=state.usage, error=run.error, cost=state.cost.total()
+                    )
             finally:
                 if not acquired:
                     self._dequeue(conversation_id)

@@ -4,8 +4,9 @@ Labels are bounded sets, never conversation or request ids: ``entry`` (:data:`Tu
 ``status`` (a turn's end), ``model`` (:func:`model_label`: a model id from the configuration,
 else ``<provider>:other``), ``type`` (a token kind), ``finish_reason`` (the provider-neutral
 set), ``tool`` (a tool the server runs: its registered names), ``outcome``
-(``turnwire.hooks.ToolCallOutcome``), ``provider`` (a configured provider name) and ``reason``
-(``turnwire.error_classes.ErrorClass``). Each is observed once per event kind (a turn, a step,
+(``turnwire.hooks.ToolCallOutcome``), ``provider`` (a configured provider name), ``reason``
+(``turnwire.error_classes.ErrorClass``) and ``tenant`` (a configured tenant, "" for the default
+one: ``turnwire_server.tenant_keys``). Each is observed once per event kind (a turn, a step,
 a tool call, a first token), never per streamed chunk. Serving them over HTTP is the server's
 business (docs/operate/metrics.md), not the engine's.
 """
@@ -15,7 +16,8 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from turnwire.error_classes import classify_error
-from turnwire.types import Usage
+from turnwire.types import Cost, Usage
+from turnwire_server.tenant_keys import tenant_of_key
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TURN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -55,6 +57,13 @@ TOKENS = Counter(
     "Tokens the providers reported, by model and type (input, output, reasoning, cached_input, "
     "cache_write_input); steps cut short and compaction summaries included.",
     ["model", "type"],
+)
+
+COST = Counter(
+    "turnwire_cost_usd",
+    "US dollars the model calls cost, priced from their usage (docs/cost.md), by tenant, provider "
+    "and model; steps cut short and compaction summaries included, calls of unknown cost not.",
+    ["tenant", "provider", "model"],
 )
 
 TOOL_CALLS = Counter(
@@ -119,6 +128,13 @@ def count_tokens(model: str, usage: Usage) -> None:
     ):
         if count:
             TOKENS.labels(model, kind).inc(count)
+
+
+def count_cost(key: str, provider: str, model: str, cost: Cost | None) -> None:
+    """Add ``cost`` (None: unknown, not counted) to :data:`COST` under the tenant of the
+    conversation key ``key`` and the ``provider`` and ``model`` labels."""
+    if cost is not None:
+        COST.labels(tenant_of_key(key), provider, model).inc(cost.usd)
 
 
 def count_provider_error(provider: str, error: BaseException) -> None:

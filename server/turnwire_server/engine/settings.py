@@ -18,6 +18,7 @@ from pydantic import ConfigDict, Field
 
 from turnwire.compaction import CompactionConfig
 from turnwire_server.config_section import ConfigSection
+from turnwire_server.engine.cost import PriceBook
 
 
 class _EngineSection(ConfigSection):
@@ -170,6 +171,7 @@ class EngineSettings:
     error text) before the turn reports, stores, traces or logs it; the application gives the
     process's redactor (``turnwire_server.redaction``, docs/security.md "Secrets"); the default
     keeps text as it is.
+    ``prices`` prices each step's usage (the ``pricing:`` section, docs/cost.md).
     """
 
     default_model: str = "scripted:demo"
@@ -182,3 +184,4 @@ class EngineSettings:
     metric_models: frozenset[str] | None = None
     replica_id: str = field(default_factory=lambda: f"replica-{uuid.uuid4().hex[:12]}")
     redact: Callable[[str], str] = str
+    prices: PriceBook = field(default_factory=PriceBook)

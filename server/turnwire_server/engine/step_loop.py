@@ -94,6 +94,9 @@ class StepLoop:
         # The current step's metric labels (engine/metrics.py).
         self._provider_label = ""
         self._model_label = ""
+        # The current step's model id and provider type, which price its usage (engine/cost.py).
+        self._model_id = ""
+        self._provider_type: str | None = None
         self._metadata_view: struct_pb2.Struct | None = None  # the finished step's, bounded
 
     async def run(self, admission: TurnAdmission | None = None) -> None:
@@ -200,6 +203,7 @@ class StepLoop:
                 writer=turn.writer,
             )
             turn.usage.add(compacted.usage)
+            turn.cost.merge(compacted.cost)
             view, turn.keep_from = compacted.view, compacted.keep_from
         turn.view = view
         return view
@@ -236,6 +240,7 @@ class StepLoop:
             writer=turn.writer,
         )
         turn.usage.add(compacted.usage)
+        turn.cost.merge(compacted.cost)
         turn.elided_current = compacted.elided_current
         if not compacted.shortened:
             return None
@@ -299,6 +304,7 @@ class StepLoop:
                 raise TurnFailure("step", error) from error
             self._provider_label = model_id.partition(":")[0]
             self._model_label = metrics.model_label(model_id, self.settings.metric_models)
+            self._model_id, self._provider_type = model_id, getattr(provider, "type", None)
             active = step_config.active_tools if step_config.active_tools is not None else config.active_tools
             allowed = active_tool_names(turn.tools, active)
             step_settings = (
@@ -333,7 +339,8 @@ class StepLoop:
                                 runner,
                                 limits.chunk_seconds,
                             )
-                        tracing.end_chat(span, finish, turn.assistant)
+                        cost = self._price(finish.usage)
+                        tracing.end_chat(span, finish, turn.assistant, cost)
                     break
                 except TimeoutError:
                     raise TurnFailure(
@@ -351,11 +358,13 @@ class StepLoop:
                 finish.warnings = (*finish.warnings, clamped.warning)
             await runner.repair_invalid(finish.finish_reason)
             had_tool_results = await runner.run_pending(step_number)
-            result = self._step_result(step_number, finish)
+            result = self._step_result(step_number, finish, cost)
             turn.steps.append(result)
             turn.usage.add(finish.usage)
+            turn.cost.add(cost)
             metrics.STEPS.labels(self._model_label, finish.finish_reason).inc()
             metrics.count_tokens(self._model_label, finish.usage)
+            metrics.count_cost(request.conversation_id, self._provider_label, self._model_label, cost)
             self._step_finish_event(result, finish)
             await turn.hooks.on_step_finish(result)
             turn.continue_reply = False
@@ -409,7 +418,13 @@ class StepLoop:
             return continued(messages)
         return messages
 
-    def _step_result(self, step_number: int, finish: chunks.FinishStep) -> StepFinishContext:
+    def _price(self, usage: chunks.Usage) -> chunks.Cost | None:
+        """The cost of the current step's ``usage`` (None: unknown, docs/cost.md)."""
+        return self.settings.prices.cost(self._model_id, self._provider_type, usage)
+
+    def _step_result(
+        self, step_number: int, finish: chunks.FinishStep, cost: chunks.Cost | None
+    ) -> StepFinishContext:
         turn = self.state
         assistant = turn.assistant
         assistant.close_all()
@@ -444,6 +459,7 @@ class StepLoop:
             files=assistant.step_files(),
             conversation_id=turn.request.conversation_id,
             request_id=turn.request.request_id,
+            cost=cost,
         )
 
     def _step_finish_event(self, result: StepFinishContext, finish: chunks.FinishStep) -> None:
@@ -452,6 +468,8 @@ class StepLoop:
         event.finish_reason = _FINISH_REASONS.get(finish.finish_reason, event_pb2.FINISH_REASON_OTHER)
         event.raw_finish_reason = finish.raw_finish_reason
         finish.usage.copy_to(event.usage)
+        if result.cost is not None:
+            result.cost.copy_to(event.cost)
         event.response_id = finish.response_id
         event.response_model = finish.response_model
         if self._metadata_view is not None and self._metadata_view.fields:
@@ -553,6 +571,9 @@ class StepLoop:
             if finish is None and partial is not None:
                 turn.usage.add(partial)
                 metrics.count_tokens(self._model_label, partial)
+                cost = self._price(partial)
+                turn.cost.add(cost)
+                metrics.count_cost(request.conversation_id, self._provider_label, self._model_label, cost)
             if isinstance(error, ProviderError):
                 # Where a provider's text enters the turn: masked once for the client, the
                 # store, the span and the log alike (docs/security.md, "Secrets").

@@ -28,7 +28,9 @@ Attributes: ``gen_ai.operation.name`` (``invoke_agent`` / ``chat`` / ``execute_t
 ``gen_ai.conversation.id``, ``gen_ai.tool.name`` / ``call.id`` / ``type`` / ``description``,
 ``error.type`` when an operation fails (for a provider error its class from
 :func:`turnwire.error_classes.classify_error`, such as ``rate_limit``; else the exception's type
-name); Turnwire's own under ``turnwire.*`` (``turnwire.continuation`` only on a continuation).
+name); Turnwire's own under ``turnwire.*`` (``turnwire.continuation`` only on a continuation;
+``turnwire.cost.usd`` and ``turnwire.cost.price_source`` on the turn and chat spans when the cost
+is known, docs/cost.md: the conventions have no cost attribute).
 Message content (``gen_ai.system_instructions``, ``gen_ai.input.messages``,
 ``gen_ai.output.messages``, ``gen_ai.tool.call.arguments`` / ``result``) is recorded only when
 ``capture_content`` is on: the conventions' opt-in attributes.
@@ -59,7 +61,7 @@ from opentelemetry.util.types import Attributes, AttributeValue
 
 from turnwire.error_classes import classify_error
 from turnwire.providers import ModelRequest, ProviderError
-from turnwire.types import FinishStep, Usage
+from turnwire.types import Cost, FinishStep, Usage
 from turnwire.values import NotJsonError, dumps
 from turnwire_server.engine import trace_content
 from turnwire_server.engine.errors import TurnFailure
@@ -396,12 +398,20 @@ class Tracing:
 
         return _Scope(span, late, batch.flush)
 
-    def end_turn(self, span: Span, *, outcome: str, usage: Usage, error: BaseException | None) -> None:
+    def end_turn(
+        self,
+        span: Span,
+        *,
+        outcome: str,
+        usage: Usage,
+        error: BaseException | None,
+        cost: Cost | None = None,
+    ) -> None:
         """Record how the turn ended: ``turnwire.turn.status`` (completed, error, aborted,
-        interrupted, skipped), its summed usage, and for ``error`` the error."""
+        interrupted, skipped), its summed usage and cost (:func:`_cost`), and for ``error`` the error."""
         if not span.is_recording():
             return
-        span.set_attributes({"turnwire.turn.status": outcome, **_usage(usage)})
+        span.set_attributes({"turnwire.turn.status": outcome, **_usage(usage), **_cost(cost)})
         if outcome == "error" and error is not None:
             fail(span, error)
 
@@ -438,13 +448,19 @@ class Tracing:
 
         return _Scope(span, late)
 
-    def end_chat(self, span: Span, finish: FinishStep, reply: AssistantMessage) -> None:
-        """Record the model call's response: model, id, finish reason, usage; with content
-        capture the step's reply (its text and tool calls, from ``reply``)."""
+    def end_chat(
+        self, span: Span, finish: FinishStep, reply: AssistantMessage, cost: Cost | None = None
+    ) -> None:
+        """Record the model call's response: model, id, finish reason, usage, cost (:func:`_cost`);
+        with content capture the step's reply (its text and tool calls, from ``reply``)."""
         if not span.is_recording():
             return
         reason = str(finish.raw_finish_reason or finish.finish_reason)  # a plain str (not an enum) to export
-        attributes: dict[str, Any] = {"gen_ai.response.finish_reasons": [reason], **_usage(finish.usage)}
+        attributes: dict[str, Any] = {
+            "gen_ai.response.finish_reasons": [reason],
+            **_usage(finish.usage),
+            **_cost(cost),
+        }
         if finish.response_model:
             attributes["gen_ai.response.model"] = finish.response_model
         if finish.response_id:
@@ -534,6 +550,15 @@ def fail(span: Span, error: BaseException) -> None:
         return
     span.set_attribute("error.type", error_type(error))
     span.set_status(Status(StatusCode.ERROR, str(error)[:512] or None))
+
+
+def _cost(cost: Cost | None) -> dict[str, Any]:
+    """The cost attributes: ``turnwire.cost.usd`` and ``turnwire.cost.price_source``, absent when
+    the cost is unknown. OpenTelemetry's GenAI conventions define no cost attribute
+    (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/), so they are Turnwire's."""
+    if cost is None:
+        return {}
+    return {"turnwire.cost.usd": cost.usd, "turnwire.cost.price_source": cost.price_source}
 
 
 def _usage(usage: Usage) -> dict[str, int]:

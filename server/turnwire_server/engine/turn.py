@@ -53,6 +53,7 @@ from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.checkpoints import Checkpointer
 from turnwire_server.engine.client_tools import turn_tools
 from turnwire_server.engine.compaction import Compactor
+from turnwire_server.engine.cost import CostTotal
 from turnwire_server.engine.errors import (
     CancelledByShutdown,
     ConversationDeleted,
@@ -190,6 +191,8 @@ class TurnRun:
             tools=turn_tools(tools, request.client_tools),
             attempt=recovery.attempt if recovery else 1,
             continue_reply=recovery is not None and recovery.reply is not None,
+            # A recovered turn's cost is unknown: what the lost attempt spent died with its process.
+            cost=CostTotal(unknown=recovery is not None),
             admitted=self.admitted,
             tracing=tracing,
             concurrent_input=concurrent_input,
@@ -205,6 +208,7 @@ class TurnRun:
                 model=request.model,
                 metric_models=settings.metric_models,
                 redact=settings.redact,
+                prices=settings.prices,
             )
             if settings.compaction is not None
             else None
@@ -548,6 +552,7 @@ class TurnRun:
             writer=self.writer,
         )
         state.usage.add(compacted.usage)
+        state.cost.merge(compacted.cost)
         if not compacted.shortened or state.cancelled.is_set():
             return False
         self.overflow_retries += 1
@@ -712,11 +717,14 @@ class TurnRun:
         # Why it ended is kept with the turn, aborted ones too (SHUTTING_DOWN, SLOW_CONSUMER …):
         # GetConversation names it after a restart, when no TurnEnd is around to say it.
         error_bytes = None if self.status_error is None else self.status_error.SerializeToString()
+        cost_usd, cost_source = self.state.cost.stored()
         record = dataclasses.replace(
             self._record,
             state=self.outcome,
             end_time=dt.datetime.now(dt.UTC),
             error=error_bytes,
+            cost_usd=cost_usd,
+            cost_source=cost_source,
         )
         end = self._end_response(message) if self._end_is_final() else None
         tail = await self._stream_tail(end)
@@ -826,6 +834,7 @@ class TurnRun:
                     status=outcome,
                     error=self.error,
                     concurrent_input=stopped_by,
+                    cost=self.state.cost.total(),
                 )
             )
         end = self._end
@@ -856,7 +865,7 @@ class TurnRun:
 
     def _end_response(self, message: message_pb2.Message | None) -> Any:
         """The TurnEnd response (prepared, not sent): the outcome, its error, the stored reply
-        ``message``, usage and step count, the hook timeline when kept."""
+        ``message``, usage, cost and step count, the hook timeline when kept."""
         response = self.writer.prepare()
         end = response.event.turn_end
         end.status = {
@@ -872,6 +881,9 @@ class TurnRun:
         if message is not None:
             end.message.CopyFrom(message)
         self.state.usage.copy_to(end.usage)
+        cost = self.state.cost.total()
+        if cost is not None:
+            cost.copy_to(end.cost)
         end.step_count = self.state.steps_started  # a step cut short by a cancel or an error counts too
         if self.timeline is not None and self.settings.events.hook_timeline:
             end.metadata.update({"hook_timeline": self.timeline.as_dicts()})

@@ -17,6 +17,7 @@ from turnwire.types import Usage
 from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.checkpoints import Checkpointer
+from turnwire_server.engine.cost import CostTotal
 from turnwire_server.engine.events import EventWriter
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
@@ -59,6 +60,7 @@ class TurnWorkingState:
     tools: dict[str, Tool]
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     usage: Usage = field(default_factory=Usage)
+    cost: CostTotal = field(default_factory=CostTotal)
     steps: list[StepFinishContext] = field(default_factory=list)
     steps_started: int = 0
     send_reasoning: bool = True

@@ -115,13 +115,16 @@ def step_finish_reason(reason: str) -> event_pb2.FinishReason.ValueType:
 
 
 def step_info(step: StepFinishContext) -> hooks_pb2.StepInfo:
-    """A finished step's summary: number, finish reason, usage, called tool names in order."""
+    """A finished step's summary: number, finish reason, usage, cost (unset: unknown), called tool
+    names in order."""
     info = hooks_pb2.StepInfo(
         step_number=step.step_number,
         finish_reason=step_finish_reason(step.finish_reason),
         tool_names=[call.tool_name for call in step.tool_calls],
     )
     step.usage.copy_to(info.usage)
+    if step.cost is not None:
+        step.cost.copy_to(info.cost)
     return info
 
 
@@ -216,12 +219,15 @@ _TURN_OUTCOMES = {
 def chat_response_request(
     ctx: ChatResponseContext, info: hooks_pb2.TurnInfo
 ) -> hooks_pb2.OnChatResponseRequest:
-    """``OnChatResponseRequest``: the stored message, the outcome, the error's status when it failed."""
+    """``OnChatResponseRequest``: the stored message, the outcome, the error's status when it
+    failed, the turn's cost (unset: unknown)."""
     request = hooks_pb2.OnChatResponseRequest(
         turn=info, message=ctx.message, outcome=_TURN_OUTCOMES[ctx.status]
     )
     if ctx.concurrent_input is not None:
         request.concurrent_input.CopyFrom(concurrent_input(ctx.concurrent_input))
+    if ctx.cost is not None:
+        ctx.cost.copy_to(request.cost)
     error = ctx.error
     if error is not None:
         # The turn's error as the client saw it in TurnEnd (a TurnFailure names its stage).

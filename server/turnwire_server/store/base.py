@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
+from turnwire.types import Cost
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.records import (
     AddMode,
@@ -99,6 +100,12 @@ class TranscriptStore(Protocol):
         """``{assistant message id: its latest turn}`` for each reply whose latest turn (a
         continuation writes the same message) is ``running``, ``aborted``, ``error`` or
         ``interrupted``; complete replies are absent. One read."""
+        ...
+
+    async def conversation_cost(self, conversation_id: str) -> Cost | None:
+        """What the conversation's ended turns cost together (``TurnRecord.cost_usd``), their
+        sources joined by ``, `` in the order the turns started; None when one of them has an
+        unknown cost or none has ended (docs/cost.md). One read."""
         ...
 
     async def turns_without_reply(self, conversation_id: str, limit: int) -> list[TurnRecord]:

@@ -102,7 +102,9 @@ class TurnRecord:
     lease lapses unless renewed (a lapsed running turn is recovered by another replica);
     ``lease_epoch`` is the lease's fencing token, 0 when the turn starts and incremented by
     every claim (takeover), so a write carrying :attr:`lease` is refused once another replica
-    claimed the turn (docs/semantics.md §5, "Fencing").
+    claimed the turn (docs/semantics.md §5, "Fencing"). ``cost_usd`` is what the turn cost in US
+    dollars, written with its end (None: unknown, docs/cost.md), ``cost_source`` where its prices
+    came from; read by :meth:`~turnwire_server.store.base.Store.conversation_cost` only.
     """
 
     request_id: str
@@ -119,6 +121,8 @@ class TurnRecord:
     owner: str = ""
     lease_until: dt.datetime | None = None
     lease_epoch: int = 0
+    cost_usd: float | None = None
+    cost_source: str | None = None
 
     @property
     def lease(self) -> TurnLease:

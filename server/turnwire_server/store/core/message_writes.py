@@ -182,8 +182,17 @@ def finish_turn(finish: FinishTurn, dialect: Dialect, now_us: int) -> Program[No
     writes.extend(_stream_tail(finish, stream, dialect, now_us))
     writes.append(
         Statement(
-            "UPDATE turns SET state = ?, end_time = ?, error = ?, recovery_count = ? WHERE request_id = ?",
-            (turn.state, finish.end_us, turn.error, turn.recovery_count, turn.request_id),
+            "UPDATE turns SET state = ?, end_time = ?, error = ?, recovery_count = ?, cost_usd = ?,"
+            " cost_source = ? WHERE request_id = ?",
+            (
+                turn.state,
+                finish.end_us,
+                turn.error,
+                turn.recovery_count,
+                turn.cost_usd,
+                turn.cost_source,
+                turn.request_id,
+            ),
         )
     )
     ended = submission_end(turn.state)
@@ -250,8 +259,9 @@ def roll_back_turn(
             )
     writes.append(
         Statement(
-            "UPDATE turns SET state = ?, end_time = ?, error = ? WHERE request_id = ?",
-            (turn.state, finish.end_us, turn.error, turn.request_id),
+            "UPDATE turns SET state = ?, end_time = ?, error = ?, cost_usd = ?, cost_source = ?"
+            " WHERE request_id = ?",
+            (turn.state, finish.end_us, turn.error, turn.cost_usd, turn.cost_source, turn.request_id),
         )
     )
     ended = submission_end(turn.state)

@@ -9,6 +9,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any, Final
 
+from turnwire.types import Cost
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import (
     CompactionRecord,
@@ -48,6 +49,10 @@ LOAD_COMPACTION_SQL: Final = f"SELECT {COMPACTION_COLUMNS} FROM compactions WHER
 
 _PARTIAL_REPLIES_SQL: Final = partial_replies_sql("?")
 _TURNS_WITHOUT_REPLY_SQL: Final = turns_without_reply_sql("?")
+_CONVERSATION_COST_SQL: Final = (
+    "SELECT cost_usd, cost_source FROM turns WHERE conversation_id = ? AND state <> 'running'"
+    " ORDER BY start_time, request_id"
+)
 
 
 class CoreReads:
@@ -129,6 +134,14 @@ class CoreReads:
         """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
         rows = await self._read("partial_replies", _PARTIAL_REPLIES_SQL, (conversation_id,))
         return partial_replies_of(rows)
+
+    async def conversation_cost(self, conversation_id: str) -> Cost | None:
+        """See :meth:`~turnwire_server.store.base.Store.conversation_cost`."""
+        rows = await self._read("conversation_cost", _CONVERSATION_COST_SQL, (conversation_id,))
+        if not rows or any(usd is None for usd, _ in rows):
+            return None
+        sources = dict.fromkeys(part for _, source in rows if source for part in source.split(", "))
+        return Cost(sum(usd for usd, _ in rows), ", ".join(sources))
 
     async def turns_without_reply(self, conversation_id: str, limit: int) -> list[TurnRecord]:
         """See :meth:`~turnwire_server.store.base.Store.turns_without_reply`; raises

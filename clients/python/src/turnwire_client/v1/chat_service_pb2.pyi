@@ -465,6 +465,7 @@ class Conversation(_message.Message):
     MESSAGES_FIELD_NUMBER: _builtins.int
     PARTIAL_REPLIES_FIELD_NUMBER: _builtins.int
     TURNS_WITHOUT_REPLY_FIELD_NUMBER: _builtins.int
+    COST_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation's id."""
     message_count: _builtins.int
@@ -504,6 +505,14 @@ class Conversation(_message.Message):
         considered, to bound the response (docs/semantics.md §5).
         """
 
+    @_builtins.property
+    def cost(self) -> _message_pb2.Cost:
+        """Output only, filled by GetConversation (on every page): what the
+        conversation's ended turns cost together (each as its TurnEnd.cost, 0
+        for a turn that called no model); unset when one of them has an unknown
+        cost, a turn ended before costs were stored included (docs/cost.md).
+        """
+
     def __init__(
         self,
         *,
@@ -514,10 +523,11 @@ class Conversation(_message.Message):
         messages: _abc.Iterable[_message_pb2.Message] | None = ...,
         partial_replies: _abc.Iterable[Global___PartialReply] | None = ...,
         turns_without_reply: _abc.Iterable[Global___TurnWithoutReply] | None = ...,
+        cost: _message_pb2.Cost | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "message_count", b"message_count", "messages", b"messages", "partial_replies", b"partial_replies", "turns_without_reply", b"turns_without_reply", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "cost", b"cost", "create_time", b"create_time", "message_count", b"message_count", "messages", b"messages", "partial_replies", b"partial_replies", "turns_without_reply", b"turns_without_reply", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

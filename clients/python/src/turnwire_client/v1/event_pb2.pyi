@@ -942,6 +942,7 @@ class StepFinish(_message.Message):
     RESPONSE_MODEL_FIELD_NUMBER: _builtins.int
     PROVIDER_METADATA_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    COST_FIELD_NUMBER: _builtins.int
     step_number: _builtins.int
     """0-based step number within the turn."""
     finish_reason: Global___FinishReason.ValueType
@@ -966,6 +967,10 @@ class StepFinish(_message.Message):
     def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Settings the provider could not honour, and metadata left out for size."""
 
+    @_builtins.property
+    def cost(self) -> _message_pb2.Cost:
+        """What this step cost, from `usage`; unset when unknown (docs/cost.md)."""
+
     def __init__(
         self,
         *,
@@ -977,10 +982,11 @@ class StepFinish(_message.Message):
         response_model: _builtins.str = ...,
         provider_metadata: _struct_pb2.Struct | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
+        cost: _message_pb2.Cost | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["provider_metadata", b"provider_metadata", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "provider_metadata", b"provider_metadata", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "provider_metadata", b"provider_metadata", "raw_finish_reason", b"raw_finish_reason", "response_id", b"response_id", "response_model", b"response_model", "step_number", b"step_number", "usage", b"usage", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "finish_reason", b"finish_reason", "provider_metadata", b"provider_metadata", "raw_finish_reason", b"raw_finish_reason", "response_id", b"response_id", "response_model", b"response_model", "step_number", b"step_number", "usage", b"usage", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1047,6 +1053,7 @@ class TurnEnd(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     STEP_COUNT_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    COST_FIELD_NUMBER: _builtins.int
     status: Global___TurnStatus.ValueType
     """How the turn ended."""
     step_count: _builtins.int
@@ -1070,6 +1077,12 @@ class TurnEnd(_message.Message):
     def metadata(self) -> _struct_pb2.Struct:
         """Extra data middlewares attached to the turn's end."""
 
+    @_builtins.property
+    def cost(self) -> _message_pb2.Cost:
+        """What the whole turn cost: the sum of its steps' costs; unset when any
+        usage of the turn (a step's, a compaction summary's) has no known cost.
+        """
+
     def __init__(
         self,
         *,
@@ -1079,10 +1092,11 @@ class TurnEnd(_message.Message):
         usage: _message_pb2.Usage | None = ...,
         step_count: _builtins.int = ...,
         metadata: _struct_pb2.Struct | None = ...,
+        cost: _message_pb2.Cost | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "message", b"message", "metadata", b"metadata", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "error", b"error", "message", b"message", "metadata", b"metadata", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "message", b"message", "metadata", b"metadata", "status", b"status", "step_count", b"step_count", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "error", b"error", "message", b"message", "metadata", b"metadata", "status", b"status", "step_count", b"step_count", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -699,6 +699,7 @@ class StepInfo(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     TOOL_NAMES_FIELD_NUMBER: _builtins.int
+    COST_FIELD_NUMBER: _builtins.int
     step_number: _builtins.int
     """0-based step number."""
     finish_reason: _event_pb2.FinishReason.ValueType
@@ -711,6 +712,10 @@ class StepInfo(_message.Message):
     def tool_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The names of the tools it called, in order."""
 
+    @_builtins.property
+    def cost(self) -> _message_pb2.Cost:
+        """What it cost, from `usage`; unset when unknown (docs/cost.md)."""
+
     def __init__(
         self,
         *,
@@ -718,10 +723,11 @@ class StepInfo(_message.Message):
         finish_reason: _event_pb2.FinishReason.ValueType = ...,
         usage: _message_pb2.Usage | None = ...,
         tool_names: _abc.Iterable[_builtins.str] | None = ...,
+        cost: _message_pb2.Cost | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "step_number", b"step_number", "tool_names", b"tool_names", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "finish_reason", b"finish_reason", "step_number", b"step_number", "tool_names", b"tool_names", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1241,6 +1247,7 @@ class OnChatResponseRequest(_message.Message):
     OUTCOME_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     CONCURRENT_INPUT_FIELD_NUMBER: _builtins.int
+    COST_FIELD_NUMBER: _builtins.int
     outcome: Global___TurnOutcome.ValueType
     """How it ended."""
     @_builtins.property
@@ -1259,6 +1266,10 @@ class OnChatResponseRequest(_message.Message):
     def concurrent_input(self) -> Global___ConcurrentInput:
         """Set when new input stopped the turn (INTERRUPT or ROLLBACK)."""
 
+    @_builtins.property
+    def cost(self) -> _message_pb2.Cost:
+        """What the turn cost (as TurnEnd.cost); unset when unknown (docs/cost.md)."""
+
     def __init__(
         self,
         *,
@@ -1267,10 +1278,11 @@ class OnChatResponseRequest(_message.Message):
         outcome: Global___TurnOutcome.ValueType = ...,
         error: _status_pb2.Status | None = ...,
         concurrent_input: Global___ConcurrentInput | None = ...,
+        cost: _message_pb2.Cost | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["concurrent_input", b"concurrent_input", "error", b"error", "message", b"message", "turn", b"turn"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["concurrent_input", b"concurrent_input", "cost", b"cost", "error", b"error", "message", b"message", "turn", b"turn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrent_input", b"concurrent_input", "error", b"error", "message", b"message", "outcome", b"outcome", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrent_input", b"concurrent_input", "cost", b"cost", "error", b"error", "message", b"message", "outcome", b"outcome", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

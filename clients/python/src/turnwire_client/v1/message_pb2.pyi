@@ -813,6 +813,40 @@ class StepStartPart(_message.Message):
 Global___StepStartPart: _TypeAlias = StepStartPart  # noqa: Y015
 
 @_typing.final
+class Cost(_message.Message):
+    """Cost is what a step or a whole turn cost, in US dollars, priced from its
+    Usage (docs/cost.md). A message that carries one leaves it unset when the
+    cost is unknown (no usage reported, or a model no price data knows): unset
+    means unknown, never free.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USD_FIELD_NUMBER: _builtins.int
+    PRICE_SOURCE_FIELD_NUMBER: _builtins.int
+    usd: _builtins.float
+    """US dollars."""
+    price_source: _builtins.str
+    """Where the prices came from: `genai-prices 0.2.3` (the price data shipped
+    with that version of the genai-prices package) or `config` (a
+    `pricing.models` entry); a turn's total names each source of its steps,
+    joined by `, `.
+    """
+    def __init__(
+        self,
+        *,
+        usd: _builtins.float = ...,
+        price_source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["price_source", b"price_source", "usd", b"usd"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Cost: _TypeAlias = Cost  # noqa: Y015
+
+@_typing.final
 class Usage(_message.Message):
     """Usage is token accounting for one step or a whole turn."""
 
