@@ -53,7 +53,7 @@ async def test_an_input_commit_cut_off_after_it_landed_is_recovered(make_engine:
         return list(messages) if len(messages) == 2 and not await h.store.running_turns() else None
 
     messages = await wait_until(answered, timeout=10, what="the recovered turn answers")
-    assert [text_of(m) for m in messages] == ["question", "the answer"]
+    assert messages is not None and [text_of(m) for m in messages] == ["question", "the answer"]
 
 
 async def test_a_commit_refused_before_it_was_sent_releases_nothing(make_engine: EngineFactory) -> None:
