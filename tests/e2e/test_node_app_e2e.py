@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -325,6 +326,24 @@ async def test_a_hook_server_killed_mid_call_gets_the_failure_mode_and_is_called
         return result.ok and app.rpcs(request_id)[:3] == ["BeforeTurn", "BeforeStep", "BeforeToolCall"]
 
     await wait_until(answered, timeout=20, interval=0.2, what="a turn whose hooks the restarted app answered")
+    # The same app is the tool host: its channel reconnects on its own backoff (up to 5 s); the
+    # next tests call its tools at once.
+    await tools_answer_again(system)
+
+
+_TOOLS_BACK = itertools.count()
+"""Request ids of :func:`tools_answer_again`'s turns, unique in the module."""
+
+
+async def tools_answer_again(system: System) -> None:
+    """Wait until a turn's call of the Node host's ``lookup_order`` runs (after a restart of the
+    app: the sidecar's channel to it reconnects with a backoff of its own)."""
+
+    async def ran() -> bool:
+        result = await system.turn(f"tools-back-{next(_TOOLS_BACK)}", model="scripted:lookup")
+        return result.ok and outputs(result) == [{"order_id": "A-17", "status": "shipped", "carrier": "DHL"}]
+
+    await wait_until(ran, timeout=30, interval=0.2, what="a call the restarted host answered")
 
 
 # --- the tool host --------------------------------------------------------------------------
@@ -363,13 +382,7 @@ async def test_a_tool_host_that_dies_mid_call_fails_the_call_the_turn_goes_on_an
 
     # Back: the sidecar lists the restarted host's tools again, and its calls run.
     await wait_until(lambda: "ListTools" in [e["rpc"] for e in app.journal()[-50:]], timeout=20)
-    attempts = iter(range(1000))
-
-    async def ran() -> bool:
-        result = await open_system.turn(f"host-back-{next(attempts)}", model="scripted:lookup")
-        return result.ok and outputs(result) == [{"order_id": "A-17", "status": "shipped", "carrier": "DHL"}]
-
-    await wait_until(ran, timeout=20, interval=0.2, what="a call the restarted host answered")
+    await tools_answer_again(open_system)
 
 
 async def test_cancelling_the_turn_cancels_the_call_in_the_node_host(open_system: System) -> None:
