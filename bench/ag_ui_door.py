@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import grpc
 import httpx2 as httpx
@@ -44,11 +42,10 @@ from _common import (  # noqa: E402
     CLIENT_OPTIONS,
     Table,
     free_port,
-    percentile,
     print_tables,
-    wait_for_quiet,
     write_tables_json,
 )
+from _door_bench import against_grpc, comparison_table, cpu_per_call  # noqa: E402
 from _ttft_clients import QUESTION, Upstream  # noqa: E402
 from http_door import MODEL, _Servicer, first_token, request, sidecar  # noqa: E402
 
@@ -103,45 +100,19 @@ async def run(rounds: int, turns: int) -> Table:
         "gRPC": lambda: first_token(stub.Chat(request())),
         "AG-UI (POST /v1/ag-ui, SSE)": lambda: ag_ui_first_token(http, url),
     }
-    ttft: dict[str, list[float]] = {name: [] for name in calls}
-    cpu: dict[str, list[float]] = {name: [] for name in calls}
     try:
-        for call in calls.values():
-            for _ in range(5):
-                await call()
-        for number in range(rounds):
-            await wait_for_quiet(max_wait=3.0)
-            for name, call in calls.items():
-                await server.settle()
-                cpu0 = server.cpu_seconds()
-                for _ in range(turns):
-                    ttft[name].append(await call())
-                cpu[name].append((server.cpu_seconds() - cpu0) / turns)
-            print(f"  [ag-ui door round {number + 1}/{rounds} done]", file=sys.stderr, flush=True)
+        ttft, cpu = await against_grpc(server, calls, rounds=rounds, turns=turns, label="ag-ui door")
     finally:
         await channel.close()
         await http.aclose()
         server.stop()
         upstream.close()
-    table = Table(
+    return comparison_table(
         f"A turn over the AG-UI door vs gRPC, same sidecar and upstream ({rounds} rounds x {turns} "
         "sequential turns per protocol, 4-delta answer; ms)",
-        ["protocol", "server CPU / request", "added CPU", "TTFT p50", "added TTFT p50", "TTFT p99"],
+        ttft,
+        cpu,
     )
-    base_cpu = statistics.median(cpu["gRPC"])
-    base_ttft = percentile(ttft["gRPC"], 50)
-    for name in calls:
-        own = statistics.median(cpu[name])
-        p50 = percentile(ttft[name], 50)
-        table.add(
-            name,
-            f"{own * 1e3:.2f}",
-            "" if name == "gRPC" else f"{(own - base_cpu) * 1e3:+.2f}",
-            f"{p50 * 1e3:.2f}",
-            "" if name == "gRPC" else f"{(p50 - base_ttft) * 1e3:+.2f}",
-            f"{percentile(ttft[name], 99) * 1e3:.2f}",
-        )
-    return table
 
 
 async def in_process(requests: int) -> Table:
@@ -166,16 +137,8 @@ async def in_process(requests: int) -> Table:
     async def door() -> None:
         await asgi_post(app, "/v1/ag-ui", body)
 
-    async def measure(one: Callable[[], Awaitable[Any]]) -> float:
-        for _ in range(200):
-            await one()
-        start = time.process_time()
-        for _ in range(requests):
-            await one()
-        return (time.process_time() - start) / requests
-
-    base = statistics.median([await measure(direct) for _ in range(3)])
-    own = statistics.median([await measure(door) for _ in range(3)])
+    base = await cpu_per_call(direct, requests)
+    own = await cpu_per_call(door, requests)
     table = Table(
         f"The AG-UI door's own CPU per run in process ({requests} requests x 3, median; a pre-built "
         "4-delta turn; µs)",

@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import grpc
 import openai
@@ -47,11 +45,10 @@ from _common import (  # noqa: E402
     CLIENT_OPTIONS,
     Table,
     free_port,
-    percentile,
     print_tables,
-    wait_for_quiet,
     write_tables_json,
 )
+from _door_bench import against_grpc, comparison_table, cpu_per_call  # noqa: E402
 from _ttft_clients import QUESTION, Upstream  # noqa: E402
 from http_door import _Servicer, first_token, request, sidecar  # noqa: E402
 
@@ -104,45 +101,19 @@ async def run(rounds: int, turns: int) -> Table:
         "OpenAI Responses (stream)": lambda: responses_first_token(client),
         "OpenAI Chat Completions (stream)": lambda: chat_first_token(client),
     }
-    ttft: dict[str, list[float]] = {name: [] for name in calls}
-    cpu: dict[str, list[float]] = {name: [] for name in calls}
     try:
-        for call in calls.values():
-            for _ in range(5):
-                await call()
-        for number in range(rounds):
-            await wait_for_quiet(max_wait=3.0)
-            for name, call in calls.items():
-                await server.settle()
-                cpu0 = server.cpu_seconds()
-                for _ in range(turns):
-                    ttft[name].append(await call())
-                cpu[name].append((server.cpu_seconds() - cpu0) / turns)
-            print(f"  [openai door round {number + 1}/{rounds} done]", file=sys.stderr, flush=True)
+        ttft, cpu = await against_grpc(server, calls, rounds=rounds, turns=turns, label="openai door")
     finally:
         await channel.close()
         await client.close()
         server.stop()
         upstream.close()
-    table = Table(
+    return comparison_table(
         f"A turn over the OpenAI door vs gRPC, same sidecar and upstream ({rounds} rounds x {turns} "
         "sequential turns per protocol, 4-delta answer; ms)",
-        ["protocol", "server CPU / request", "added CPU", "TTFT p50", "added TTFT p50", "TTFT p99"],
+        ttft,
+        cpu,
     )
-    base_cpu = statistics.median(cpu["gRPC"])
-    base_ttft = percentile(ttft["gRPC"], 50)
-    for name in calls:
-        own = statistics.median(cpu[name])
-        p50 = percentile(ttft[name], 50)
-        table.add(
-            name,
-            f"{own * 1e3:.2f}",
-            "" if name == "gRPC" else f"{(own - base_cpu) * 1e3:+.2f}",
-            f"{p50 * 1e3:.2f}",
-            "" if name == "gRPC" else f"{(p50 - base_ttft) * 1e3:+.2f}",
-            f"{percentile(ttft[name], 99) * 1e3:.2f}",
-        )
-    return table
 
 
 async def in_process(requests: int) -> Table:
@@ -165,15 +136,7 @@ async def in_process(requests: int) -> Table:
         async for _ in calls.stream("/turnwire.v1.ChatService/Chat", chat, CallInfo(())):
             pass
 
-    async def measure(one: Callable[[], Awaitable[Any]]) -> float:
-        for _ in range(200):
-            await one()
-        start = time.process_time()
-        for _ in range(requests):
-            await one()
-        return (time.process_time() - start) / requests
-
-    base = statistics.median([await measure(direct) for _ in range(3)])
+    base = await cpu_per_call(direct, requests)
     table = Table(
         f"The OpenAI door's own CPU per turn in process ({requests} requests x 3, median; a pre-built "
         "4-delta turn of 10 events, 18 OpenAI events; µs)",
@@ -188,7 +151,7 @@ async def in_process(requests: int) -> Table:
         async def one(body: bytes = body) -> None:
             await asgi_post(app, "/v1/responses", body)
 
-        own = statistics.median([await measure(one) for _ in range(3)])
+        own = await cpu_per_call(one, requests)
         table.add(name, f"{own * 1e6:.0f}", f"{(own - base) * 1e6:+.0f}")
     return table
 

@@ -1,0 +1,80 @@
+"""What the door benchmarks (``openai_door.py``, ``ai_sdk_door.py``, ``ag_ui_door.py``) measure
+alike: sequential turns per protocol against native gRPC on one sidecar (server CPU per request
+from the sidecar process's CPU per block of turns, time to first token), and a door's own CPU per
+call in process."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from _common import ServerProcess, Table, percentile, wait_for_quiet
+
+FirstToken = Callable[[], Awaitable[float]]
+"""One turn over one protocol, read to its end; seconds from the call to its first text delta."""
+
+
+async def against_grpc(
+    server: ServerProcess, calls: dict[str, FirstToken], *, rounds: int, turns: int, label: str
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Run ``turns`` sequential turns per protocol of ``calls`` (the first is the baseline),
+    protocols in turn, ``rounds`` times, after 5 warm-up turns each; returns the times to first
+    token (seconds, every turn) and the server CPU per request (seconds, one per round and
+    protocol: the sidecar's CPU over the block / ``turns``, the sidecar settled before each block).
+    ``label`` names the progress lines on stderr."""
+    ttft: dict[str, list[float]] = {name: [] for name in calls}
+    cpu: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():
+        for _ in range(5):
+            await call()
+    for number in range(rounds):
+        await wait_for_quiet(max_wait=3.0)
+        for name, call in calls.items():
+            await server.settle()
+            cpu0 = server.cpu_seconds()
+            for _ in range(turns):
+                ttft[name].append(await call())
+            cpu[name].append((server.cpu_seconds() - cpu0) / turns)
+        print(f"  [{label} round {number + 1}/{rounds} done]", file=sys.stderr, flush=True)
+    return ttft, cpu
+
+
+def comparison_table(title: str, ttft: dict[str, list[float]], cpu: dict[str, list[float]]) -> Table:
+    """:func:`against_grpc`'s figures as a table (ms): per protocol, server CPU per request
+    (median over rounds) and what it adds to the first protocol's, TTFT p50 and what it adds,
+    TTFT p99."""
+    table = Table(
+        title, ["protocol", "server CPU / request", "added CPU", "TTFT p50", "added TTFT p50", "TTFT p99"]
+    )
+    base = next(iter(cpu))
+    base_cpu = statistics.median(cpu[base])
+    base_ttft = percentile(ttft[base], 50)
+    for name, blocks in cpu.items():
+        own = statistics.median(blocks)
+        p50 = percentile(ttft[name], 50)
+        table.add(
+            name,
+            f"{own * 1e3:.2f}",
+            "" if name == base else f"{(own - base_cpu) * 1e3:+.2f}",
+            f"{p50 * 1e3:.2f}",
+            "" if name == base else f"{(p50 - base_ttft) * 1e3:+.2f}",
+            f"{percentile(ttft[name], 99) * 1e3:.2f}",
+        )
+    return table
+
+
+async def cpu_per_call(one: Callable[[], Awaitable[Any]], requests: int) -> float:
+    """This process's CPU (seconds) per ``await one()``: after 200 warm-up calls, the median of
+    3 blocks of ``requests`` calls."""
+    for _ in range(200):
+        await one()
+    blocks = []
+    for _ in range(3):
+        start = time.process_time()
+        for _ in range(requests):
+            await one()
+        blocks.append((time.process_time() - start) / requests)
+    return statistics.median(blocks)
