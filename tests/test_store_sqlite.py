@@ -288,7 +288,7 @@ def test_open_store_rejects_other_urls(url: str) -> None:
 
 
 async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(tmp_path: Path) -> None:
-    """Upgrading: a file at schema 3 (an earlier release) gets migrations 4 to 6 at open; its rows
+    """Upgrading: a file at schema 3 (an earlier release) gets migrations 4 to 8 at open; its rows
     are read back (messages from before 6 by the first, whole read, then deltas), its running turn
     (no lease renewed) is claimed for recovery, and its conversation takes a compaction."""
     from turnwire_server.store.sqlite.migrations import apply_migrations, load_migrations
@@ -339,6 +339,7 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
         5,
         6,
         7,
+        8,
     ]
 
 

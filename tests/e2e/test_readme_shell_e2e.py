@@ -42,6 +42,9 @@ RUN_ELSEWHERE = {
     "node_modules/.bin/buf curl": "tests/test_doc_snippets.py",  # docs/api/rpcs.md
     # docs/api/http.md, "From curl"
     "curl -sS http://127.0.0.1:8080/turnwire.v1.ChatService/": "tests/e2e/test_http_connect_e2e.py",
+    # docs/api/ai-sdk.md, "A page with useChat": the same build, a sidecar with http.listen and CORS for
+    # the page's origin, the page served from another port, driven in Chromium
+    "make setup build-ai-sdk-example": "tests/e2e/test_ai_sdk_page_e2e.py",
 }
 NOT_RUN = {
     # README.md and docs/getting-started.md

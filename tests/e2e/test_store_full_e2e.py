@@ -80,18 +80,17 @@ def small_disk() -> Iterator[Path]:
 def fill(where: Path) -> Path:
     """Write a filler file into ``where`` until the disk is full; returns it."""
     filler = where / "filler"
-    with filler.open("wb") as out:
+    # Unbuffered: nothing is left to flush at close (a buffered file's close raised ENOSPC again).
+    with filler.open("wb", buffering=0) as out:
         chunk = b"\0" * 65536
         try:
             while True:
                 out.write(chunk)
-                out.flush()
         except OSError as error:
             assert error.errno == errno.ENOSPC, error
-    with contextlib.suppress(OSError), filler.open("ab") as out:  # the last partial block
+    with contextlib.suppress(OSError), filler.open("ab", buffering=0) as out:  # the last partial block
         while True:
             out.write(b"\0")
-            out.flush()
     return filler
 
 
