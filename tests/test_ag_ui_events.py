@@ -13,53 +13,16 @@ from typing import Any
 import orjson
 import pytest
 from ag_ui.core import Event, RunAgentInput
-from google.protobuf import json_format
 from pydantic import BaseModel, TypeAdapter
+from support.event_logs import SERVER_TOOL_TURN, turn_events
 
-from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_client.v1 import message_pb2
 from turnwire_server.http.ag_ui_door import accepts_sse
 from turnwire_server.http.ag_ui_events import RunLog
 from turnwire_server.http.ag_ui_request import parse_run_input, run_input
 from turnwire_server.http.openai_request import RequestProblem
 
 EVENT: TypeAdapter[Any] = TypeAdapter(Event)
-
-SERVER_TOOL_TURN: list[dict[str, Any]] = [
-    {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
-    {"step_start": {}},
-    {"reasoning_start": {"id": "s0-r"}},
-    {"reasoning_delta": {"id": "s0-r", "delta": "think"}},
-    {"reasoning_end": {"id": "s0-r"}},
-    {"text_start": {"id": "s0-t"}},
-    {"text_delta": {"id": "s0-t", "delta": "Let me "}},
-    {"text_delta": {"id": "s0-t", "delta": "check."}},
-    {"text_end": {"id": "s0-t"}},
-    {"tool_input_start": {"tool_call_id": "c1", "tool_name": "calculator"}},
-    {"tool_input_delta": {"tool_call_id": "c1", "input_text_delta": '{"expression":'}},
-    {"tool_input_delta": {"tool_call_id": "c1", "input_text_delta": '"6*7"}'}},
-    {
-        "tool_input_available": {
-            "tool_call_id": "c1",
-            "tool_name": "calculator",
-            "input_json": '{"expression":"6*7"}',
-        }
-    },
-    {
-        "tool_output_available": {
-            "tool_call_id": "c1",
-            "tool_name": "calculator",
-            "output_json": '{"result":42}',
-        }
-    },
-    {"step_finish": {"finish_reason": "FINISH_REASON_TOOL_CALLS"}},
-    {"progress": {"phase": "PROGRESS_PHASE_MODEL"}},  # a keepalive: no sequence number, no event
-    {"step_start": {"step_number": 1}},
-    {"text_start": {"id": "s1-t"}},
-    {"text_delta": {"id": "s1-t", "delta": "42."}},
-    {"text_end": {"id": "s1-t"}},
-    {"step_finish": {"step_number": 1, "finish_reason": "FINISH_REASON_STOP"}},
-    {"turn_end": {"status": "TURN_STATUS_COMPLETED", "usage": {"input_tokens": 10, "output_tokens": 6}}},
-]
 
 CLIENT_TOOL_TURN: list[dict[str, Any]] = [
     {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
@@ -70,24 +33,9 @@ CLIENT_TOOL_TURN: list[dict[str, Any]] = [
 ]
 
 
-def turn_events(kinds: list[dict[str, Any]]) -> list[event_pb2.TurnEvent]:
-    events, number = [], 0
-    for kind in kinds:
-        keepalive = "progress" in kind
-        number += 0 if keepalive else 1
-        value = {
-            "conversation_id": "t1",
-            "request_id": "r1",
-            "sequence_number": 0 if keepalive else number,
-            **kind,
-        }
-        events.append(json_format.ParseDict(value, event_pb2.TurnEvent()))
-    return events
-
-
 def translate(kinds: list[dict[str, Any]]) -> list[dict[str, Any]]:
     log = RunLog("t1", "r1")
-    out = [shown for event in turn_events(kinds) for shown in log.feed(event)]
+    out = [shown for event in turn_events(kinds, "t1") for shown in log.feed(event)]
     for shown in out:
         parsed = EVENT.validate_python(shown)
         undeclared = [name for name, model in _models(parsed) if model.model_extra]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
-from support.event_logs import turn_events
+from support.event_logs import SERVER_TOOL_TURN, turn_events
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.http.openai_request import RequestProblem, parse_request, turn_input
@@ -20,42 +20,7 @@ from turnwire_server.http.openai_response_log import ResponseLog
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 
-TOOL_TURN: list[dict[str, Any]] = [
-    {"turn_start": {"message_id": "tw-a-r1", "model": "scripted:x"}},
-    {"step_start": {}},
-    {"reasoning_start": {"id": "s0-r"}},
-    {"reasoning_delta": {"id": "s0-r", "delta": "think"}},
-    {"reasoning_end": {"id": "s0-r"}},
-    {"text_start": {"id": "s0-t"}},
-    {"text_delta": {"id": "s0-t", "delta": "Let me "}},
-    {"text_delta": {"id": "s0-t", "delta": "check."}},
-    {"text_end": {"id": "s0-t"}},
-    {"tool_input_start": {"tool_call_id": "c1", "tool_name": "calculator"}},
-    {"tool_input_delta": {"tool_call_id": "c1", "input_text_delta": '{"expression":'}},
-    {"tool_input_delta": {"tool_call_id": "c1", "input_text_delta": '"6*7"}'}},
-    {
-        "tool_input_available": {
-            "tool_call_id": "c1",
-            "tool_name": "calculator",
-            "input_json": '{"expression":"6*7"}',
-        }
-    },
-    {
-        "tool_output_available": {
-            "tool_call_id": "c1",
-            "tool_name": "calculator",
-            "output_json": '{"result":42}',
-        }
-    },
-    {"step_finish": {"finish_reason": "FINISH_REASON_TOOL_CALLS"}},
-    {"progress": {"phase": "PROGRESS_PHASE_MODEL"}},  # a keepalive: no sequence number, no event
-    {"step_start": {"step_number": 1}},
-    {"text_start": {"id": "s1-t"}},
-    {"text_delta": {"id": "s1-t", "delta": "42."}},
-    {"text_end": {"id": "s1-t"}},
-    {"step_finish": {"step_number": 1, "finish_reason": "FINISH_REASON_STOP"}},
-    {"turn_end": {"status": "TURN_STATUS_COMPLETED", "usage": {"input_tokens": 10, "output_tokens": 6}}},
-]
+TOOL_TURN = SERVER_TOOL_TURN
 
 
 def translate(kinds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], ResponseLog]:
