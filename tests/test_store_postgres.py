@@ -573,3 +573,25 @@ async def test_a_reject_racing_another_replicas_turn_is_decided_under_the_queue_
         await replica_a.close()
         await replica_b.close()
         await check.close()
+
+
+async def test_pooled_sessions_end_on_the_server_when_their_client_is_gone(pg_url: str) -> None:
+    """Each pooled session carries the server's side of the timeouts (connection.py
+    ``_IDLE_IN_TRANSACTION``, ``_SERVER_TCP``): a replica frozen inside a transaction, or whose
+    route dropped, does not hold its row locks (a turn's, which another replica's claim skips)
+    for the operating system's default of hours."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        pool = store._pool  # the pool's own configure callback ran on this connection
+        assert pool is not None
+        async with pool.connection() as conn:
+            cursor = await conn.execute(
+                "SELECT current_setting('idle_in_transaction_session_timeout'),"
+                " current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'),"
+                " current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout')"
+            )
+            settings = await cursor.fetchone()
+    finally:
+        await store.close()
+    assert settings == ("5s", "5", "2", "3", "15000"), settings  # seconds, seconds, count, ms

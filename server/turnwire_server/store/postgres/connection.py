@@ -44,6 +44,18 @@ _IDLE_IN_TRANSACTION: Final = "SET idle_in_transaction_session_timeout = '5s'"
 session: the store's transactions never wait on anything but the database, so only a paused process
 (SIGSTOP, a frozen VM) or a partition leaves one open, and its row and advisory locks would
 otherwise keep the other replicas from taking its turns over (docs/semantics.md §5, "Fencing")."""
+_SERVER_TCP: Final = (
+    "SET tcp_keepalives_idle = 5",
+    "SET tcp_keepalives_interval = 2",
+    "SET tcp_keepalives_count = 3",
+    "SET tcp_user_timeout = 15000",
+)
+"""The server's side of a pooled connection's TCP timeouts (session settings; ignored over a Unix
+socket): a replica whose route to the database drops while its transaction holds row locks (inside
+a pipeline, between a write's read batch and its writes: not idle, so
+:data:`_IDLE_IN_TRANSACTION` does not apply) is dropped by the server within about 15 s instead of
+the operating system's default of hours, and its locks with it, so another replica can claim its
+turns (docs/operate/outages.md)."""
 _SINGLE_COMMITS = COMMIT_DURATION.labels("postgresql", "single")
 
 _KEEPALIVE: Final = {
@@ -377,5 +389,6 @@ class PostgresConnection(CoreWrites, CoreReads):
 
 
 async def _configure(conn: Any) -> None:
-    """A new pooled connection's session settings (see :data:`_IDLE_IN_TRANSACTION`)."""
-    await conn.execute(_IDLE_IN_TRANSACTION)
+    """A new pooled connection's session settings (:data:`_IDLE_IN_TRANSACTION`,
+    :data:`_SERVER_TCP`)."""
+    await conn.execute("; ".join((_IDLE_IN_TRANSACTION, *_SERVER_TCP)))  # one round trip
