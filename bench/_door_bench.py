@@ -7,14 +7,64 @@ from __future__ import annotations
 
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
-from _common import ServerProcess, Table, percentile, wait_for_quiet
+import grpc
+from _common import CLIENT_OPTIONS, ServerProcess, Table, free_port, percentile, wait_for_quiet
+from _ttft_clients import Upstream
+from http_door import _Servicer, first_token, request, sidecar
+
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc
 
 FirstToken = Callable[[], Awaitable[float]]
 """One turn over one protocol, read to its end; seconds from the call to its first text delta."""
+
+
+@asynccontextmanager
+async def sidecar_with_doors(name: str) -> AsyncIterator[tuple[ServerProcess, FirstToken, str]]:
+    """The benches' sidecar (``http_door.sidecar``: SQLite, the ``openai`` provider on a local
+    upstream, ``http.listen`` on) started in a temp dir named after ``name``; yields it, the
+    baseline (a Chat over native gRPC) and the HTTP listener's base URL (``http://127.0.0.1:<port>``).
+    Stops both processes on exit."""
+    upstream = Upstream()
+    http_port = free_port()
+    server = sidecar(Path(tempfile.mkdtemp(prefix=f"turnwire-bench-{name}-")), upstream.url, http_port)
+    try:
+        await server.start(startup_seconds=120.0)
+        async with grpc.aio.insecure_channel(server.target, options=CLIENT_OPTIONS) as channel:
+            stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+            yield server, lambda: first_token(stub.Chat(request())), f"http://127.0.0.1:{http_port}"
+    finally:
+        server.stop()
+        upstream.close()
+
+
+def in_process_door(door: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
+    """The ASGI app of ``door`` (a ``turnwire_server.http.doors`` factory) over a stub servicer
+    whose Chat answers a pre-built 4-delta turn, and the same Chat through the in-process call
+    alone (the baseline: its interceptor, RpcObserver, without HTTP)."""
+    from turnwire_server.api.rpc_observer import RpcObserver
+    from turnwire_server.http.calls import CallInfo, InProcessCalls, MethodTable
+    from turnwire_server.http.doors import DoorContext, build_app
+    from turnwire_server.http.settings import CorsSettings
+
+    table = MethodTable()
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(_Servicer(), table)  # type: ignore[abstract]
+    calls = InProcessCalls(table, [RpcObserver()])
+    service = chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"]
+    app = build_app(DoorContext(calls, [service], 4 << 20), [door], CorsSettings())
+    chat = request()
+
+    async def direct() -> None:
+        async for _ in calls.stream("/turnwire.v1.ChatService/Chat", chat, CallInfo(())):
+            pass
+
+    return app, direct
 
 
 async def against_grpc(

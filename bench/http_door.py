@@ -206,16 +206,11 @@ def _envelope(payload: bytes) -> bytes:
 async def in_process(requests: int) -> Table:
     """The door's own CPU per Chat (ASGI app, connectrpc, the in-process call; no sockets, no
     HTTP parsing), against running the same handler with an in-process context alone."""
-    from turnwire_server.api.rpc_observer import RpcObserver
-    from turnwire_server.http.calls import CallInfo, InProcessCalls, MethodTable
-    from turnwire_server.http.doors import DoorContext, build_app, connect_door
-    from turnwire_server.http.settings import CorsSettings
+    from _door_bench import cpu_per_call, in_process_door  # it imports this module: not at the top
 
-    table_ = MethodTable()
-    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(_Servicer(), table_)  # type: ignore[abstract]
-    calls = InProcessCalls(table_, [RpcObserver()])
-    service = chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"]
-    app = build_app(DoorContext(calls, [service], 4 << 20), [connect_door], CorsSettings())
+    from turnwire_server.http.doors import connect_door
+
+    app, direct = in_process_door(connect_door)
     chat = request()
     bodies = {
         "Connect proto": ("application/connect+proto", _envelope(chat.SerializeToString())),
@@ -223,19 +218,7 @@ async def in_process(requests: int) -> Table:
         "gRPC-Web proto": ("application/grpc-web+proto", _envelope(chat.SerializeToString())),
     }
 
-    async def direct() -> None:
-        async for _ in calls.stream("/turnwire.v1.ChatService/Chat", chat, CallInfo(())):
-            pass
-
-    async def measure(one: Callable[[], Awaitable[Any]]) -> float:
-        for _ in range(200):
-            await one()
-        start = time.process_time()
-        for _ in range(requests):
-            await one()
-        return (time.process_time() - start) / requests
-
-    base = statistics.median([await measure(direct) for _ in range(3)])
+    base = await cpu_per_call(direct, requests)
     table = Table(
         f"The door's own CPU per Chat in process ({requests} requests x 3, median; a pre-built 4-delta "
         "turn of 10 events; µs)",
@@ -247,7 +230,7 @@ async def in_process(requests: int) -> Table:
         async def one(content_type: str = content_type, body: bytes = body) -> None:
             await asgi_post(app, "/turnwire.v1.ChatService/Chat", body, content_type=content_type)
 
-        own = statistics.median([await measure(one) for _ in range(3)])
+        own = await cpu_per_call(one, requests)
         table.add(name, f"{own * 1e6:.0f}", f"{(own - base) * 1e6:+.0f}")
     return table
 

@@ -27,13 +27,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import grpc
 import openai
 import orjson
 
@@ -42,17 +39,19 @@ sys.path.insert(0, str(BENCH))
 
 from _asgi import asgi_post  # noqa: E402
 from _common import (  # noqa: E402
-    CLIENT_OPTIONS,
     Table,
-    free_port,
     print_tables,
     write_tables_json,
 )
-from _door_bench import against_grpc, comparison_table, cpu_per_call  # noqa: E402
-from _ttft_clients import QUESTION, Upstream  # noqa: E402
-from http_door import _Servicer, first_token, request, sidecar  # noqa: E402
-
-from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc  # noqa: E402
+from _door_bench import (  # noqa: E402
+    FirstToken,
+    against_grpc,
+    comparison_table,
+    cpu_per_call,
+    in_process_door,
+    sidecar_with_doors,
+)
+from _ttft_clients import QUESTION  # noqa: E402
 
 MODEL = "openai:burst-4"
 
@@ -88,26 +87,16 @@ async def chat_first_token(client: openai.AsyncOpenAI) -> float:
 
 
 async def run(rounds: int, turns: int) -> Table:
-    upstream = Upstream()
-    workdir = Path(tempfile.mkdtemp(prefix="turnwire-bench-openai-"))
-    http_port = free_port()
-    server = sidecar(workdir, upstream.url, http_port)
-    await server.start(startup_seconds=120.0)
-    channel = grpc.aio.insecure_channel(server.target, options=CLIENT_OPTIONS)
-    stub = chat_service_pb2_grpc.ChatServiceStub(channel)
-    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="-", max_retries=0)
-    calls: dict[str, Callable[[], Awaitable[float]]] = {
-        "gRPC": lambda: first_token(stub.Chat(request())),
-        "OpenAI Responses (stream)": lambda: responses_first_token(client),
-        "OpenAI Chat Completions (stream)": lambda: chat_first_token(client),
-    }
-    try:
+    async with (
+        sidecar_with_doors("openai") as (server, grpc_chat, base),
+        openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="-", max_retries=0) as client,
+    ):
+        calls: dict[str, FirstToken] = {
+            "gRPC": grpc_chat,
+            "OpenAI Responses (stream)": lambda: responses_first_token(client),
+            "OpenAI Chat Completions (stream)": lambda: chat_first_token(client),
+        }
         ttft, cpu = await against_grpc(server, calls, rounds=rounds, turns=turns, label="openai door")
-    finally:
-        await channel.close()
-        await client.close()
-        server.stop()
-        upstream.close()
     return comparison_table(
         f"A turn over the OpenAI door vs gRPC, same sidecar and upstream ({rounds} rounds x {turns} "
         "sequential turns per protocol, 4-delta answer; ms)",
@@ -118,23 +107,11 @@ async def run(rounds: int, turns: int) -> Table:
 
 async def in_process(requests: int) -> Table:
     """The door's own CPU per streamed turn, against the in-process call alone."""
-    from turnwire_server.api.rpc_observer import RpcObserver
-    from turnwire_server.http.calls import CallInfo, InProcessCalls, MethodTable
-    from turnwire_server.http.doors import DoorContext, build_app, openai_door
-    from turnwire_server.http.settings import CorsSettings
+    from turnwire_server.http.doors import openai_door
 
-    table_ = MethodTable()
-    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(_Servicer(), table_)  # type: ignore[abstract]
-    calls = InProcessCalls(table_, [RpcObserver()])
-    service = chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"]
-    app = build_app(DoorContext(calls, [service], 4 << 20), [openai_door], CorsSettings())
-    chat = request()
+    app, direct = in_process_door(openai_door)
     responses = orjson.dumps({"model": MODEL, "input": QUESTION, "conversation": "c", "stream": True})
     responses_whole = orjson.dumps({"model": MODEL, "input": QUESTION, "conversation": "c"})
-
-    async def direct() -> None:
-        async for _ in calls.stream("/turnwire.v1.ChatService/Chat", chat, CallInfo(())):
-            pass
 
     base = await cpu_per_call(direct, requests)
     table = Table(
