@@ -23,7 +23,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 from support.endless import endless_step, is_prefix_of_repeats
-from support.http_sidecar import http_sidecar_config
+from support.http_sidecar import http_base, http_sidecar_config
 from support.sidecar import SidecarProcess, running_sidecar
 from support.tokens import new_token
 from support.waiting import wait_until
@@ -79,8 +79,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
 
 
 def url_of(sidecar: SidecarProcess) -> str:
-    assert sidecar.config is not None
-    return f"http://{sidecar.config['http']['listen']}/v1/ag-ui"
+    return f"{http_base(sidecar)}/v1/ag-ui"
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 from support.endless import endless_step
-from support.http_sidecar import http_sidecar_config
+from support.http_sidecar import http_base, http_sidecar_config
 from support.sidecar import SidecarProcess, running_sidecar
 from support.tokens import new_token
 from support.waiting import wait_until
@@ -91,8 +91,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
 
 
 def api(sidecar: SidecarProcess) -> str:
-    assert sidecar.config is not None
-    return f"http://{sidecar.config['http']['listen']}/v1/ai-sdk/chat"
+    return f"{http_base(sidecar)}/v1/ai-sdk/chat"
 
 
 @pytest.fixture

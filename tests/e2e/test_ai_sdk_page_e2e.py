@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from support.http_sidecar import http_sidecar_config
+from support.http_sidecar import http_base, http_sidecar_config
 from support.page_server import serving
 from support.sidecar import SidecarProcess, running_sidecar
 from support.tokens import new_token
@@ -98,8 +98,7 @@ async def test_the_page_streams_a_server_tool_a_client_tool_and_the_answer(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert sidecar.config is not None
-    api = f"http://{sidecar.config['http']['listen']}"
+    api = http_base(sidecar)
     screenshot = tmp_path / "ai-sdk-example.png"
     url = f"{page_origin}/index.html?api={api}&token={TOKEN}&conversation={CONVERSATION}"
     node = await asyncio.create_subprocess_exec(

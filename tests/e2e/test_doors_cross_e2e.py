@@ -21,7 +21,7 @@ import openai
 import pytest
 from support.endless import endless_step, is_prefix_of_repeats
 from support.hooks import pythonpath_env
-from support.http_sidecar import http_sidecar_config
+from support.http_sidecar import http_base, http_sidecar_config
 from support.sidecar import SidecarProcess, running_sidecar
 from support.tokens import new_token
 
@@ -45,8 +45,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
 
 
 def base_url(sidecar: SidecarProcess) -> str:
-    assert sidecar.config is not None
-    return f"http://{sidecar.config['http']['listen']}"
+    return http_base(sidecar)
 
 
 @pytest.fixture

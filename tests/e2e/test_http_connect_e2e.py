@@ -24,7 +24,7 @@ from connectrpc.errors import ConnectError
 from prometheus_client.parser import text_string_to_metric_families
 from support.connect_calls import CHAT_SERVICE, ConnectChat, detail_types, error_reason
 from support.endless import endless_step
-from support.http_sidecar import http_sidecar_config
+from support.http_sidecar import http_base, http_sidecar_config
 from support.sidecar import SidecarProcess, free_port, running_sidecar
 from support.tokens import new_token
 from support.waiting import wait_until
@@ -54,8 +54,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
 
 
 def base_url(sidecar: SidecarProcess) -> str:
-    assert sidecar.config is not None
-    return f"http://{sidecar.config['http']['listen']}"
+    return http_base(sidecar)
 
 
 def text(value: str) -> message_pb2.Message:

@@ -27,7 +27,7 @@ from openai.types.responses import FunctionToolParam, Response, ResponseStreamEv
 from pydantic import TypeAdapter
 from support.endless import endless_step
 from support.hooks import pythonpath_env
-from support.http_sidecar import http_sidecar_config
+from support.http_sidecar import http_base, http_sidecar_config
 from support.sidecar import SidecarProcess, running_sidecar
 from support.tokens import new_token
 from support.waiting import wait_until
@@ -86,10 +86,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
 
 
 def openai_client(sidecar: SidecarProcess, token: str = TOKEN_A) -> openai.AsyncOpenAI:
-    assert sidecar.config is not None
-    return openai.AsyncOpenAI(
-        base_url=f"http://{sidecar.config['http']['listen']}/v1", api_key=token, max_retries=0
-    )
+    return openai.AsyncOpenAI(base_url=f"{http_base(sidecar)}/v1", api_key=token, max_retries=0)
 
 
 @pytest.fixture
@@ -418,7 +415,7 @@ async def test_the_openai_npm_sdk(sidecar: SidecarProcess) -> None:
     node = await asyncio.create_subprocess_exec(
         shutil.which("node") or "node",
         str(NODE_SCRIPT),
-        f"http://{sidecar.config['http']['listen']}/v1",
+        f"{http_base(sidecar)}/v1",
         TOKEN_A,
         cwd=NODE_SCRIPT.parents[2],
         stdout=asyncio.subprocess.PIPE,

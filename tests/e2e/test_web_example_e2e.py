@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.http_sidecar import http_base
 from support.page_server import serving
 from support.sidecar import SidecarProcess, free_port, running_sidecar
 from support.tokens import auth_config, new_token, write_tokens_file
@@ -55,8 +56,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory, page_origin: str) -> Itera
 def test_the_page_streams_a_reply_and_a_tool_call(
     sidecar: SidecarProcess, page_origin: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert sidecar.config is not None
-    api = f"http://{sidecar.config['http']['listen']}"
+    api = http_base(sidecar)
     screenshot = tmp_path / "web-example.png"
     node = shutil.which("node") or "node"
     done = subprocess.run(

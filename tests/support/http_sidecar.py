@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from support.sidecar import free_port
+from support.sidecar import SidecarProcess, free_port
 from support.tokens import auth_config, write_tokens_file
 
 
@@ -24,3 +24,9 @@ def http_sidecar_config(
         "auth": auth_config(write_tokens_file(workdir / "tokens.json", tokens)),
         "http": {"listen": f"127.0.0.1:{free_port()}", **http},
     }
+
+
+def http_base(sidecar: SidecarProcess) -> str:
+    """``http://<http.listen>`` of a sidecar started with a config that has an ``http`` section."""
+    assert sidecar.config is not None, "the sidecar has no config, so no http.listen"
+    return f"http://{sidecar.config['http']['listen']}"
