@@ -31,7 +31,7 @@ async def test_an_input_commit_cut_off_after_it_landed_is_recovered(make_engine:
     @asynccontextmanager
     async def landed_then_cut_off(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         async with admit(*args, **kwargs):  # the input is committed …
-            raise StoreUnreachable("connection lost during COMMIT")  # … and the answer lost
+            raise StoreUnreachable("connection lost during COMMIT", in_flight=True)  # … and the answer lost
         yield  # never reached: a generator for asynccontextmanager
 
     h.store.admit_turn = landed_then_cut_off  # type: ignore[method-assign]
@@ -56,15 +56,16 @@ async def test_an_input_commit_cut_off_after_it_landed_is_recovered(make_engine:
     assert messages is not None and [text_of(m) for m in messages] == ["question", "the answer"]
 
 
-async def test_a_commit_refused_before_it_was_sent_releases_nothing(make_engine: EngineFactory) -> None:
+async def test_a_cut_off_commit_that_did_not_land_releases_nothing(make_engine: EngineFactory) -> None:
     """The same error when nothing was stored: the release matches no turn, and a later attempt
-    under the same request id is left running (its start differs)."""
+    under the same request id, running when the release comes, is left running (its start
+    differs)."""
     h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
     admit = h.store.admit_turn
 
     @asynccontextmanager
     async def refused(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        raise StoreUnreachable("the database is unreachable")
+        raise StoreUnreachable("connection lost before the COMMIT arrived", in_flight=True)
         yield  # never reached: a generator for asynccontextmanager
 
     h.store.admit_turn = refused  # type: ignore[method-assign]
@@ -78,3 +79,20 @@ async def test_a_commit_refused_before_it_was_sent_releases_nothing(make_engine:
     await h.engine.release_stranded()  # the failed attempt's: not the retry's turn
     events = await collect(retry)
     assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
+
+
+async def test_a_call_refused_before_anything_was_sent_is_not_stranded(make_engine: EngineFactory) -> None:
+    """During an outage most calls are refused at once (nothing sent): they keep nothing in the
+    engine, which would otherwise grow with every refused call until the database answers."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
+
+    @asynccontextmanager
+    async def refused(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raise StoreUnreachable("the database is unreachable")
+        yield  # never reached: a generator for asynccontextmanager
+
+    h.store.admit_turn = refused  # type: ignore[method-assign]
+    for n in range(3):
+        events = await collect(await h.start("question", request_id=f"r-refused-{n}"))
+        assert end_of(events).status == event_pb2.TURN_STATUS_ERROR
+    assert await h.engine.release_stranded() == 0

@@ -80,7 +80,7 @@ from turnwire_server.hooks.timeline import HookTimeline
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.base import TurnAdmission, TurnRecord, TurnRunStore
 from turnwire_server.store.base import TurnState as StoredTurnState
-from turnwire_server.store.errors import LeaseLost, StoreError, TurnNotFound
+from turnwire_server.store.errors import LeaseLost, StoreUnreachable, TurnNotFound
 
 log = logging.getLogger("turnwire.turn")
 
@@ -255,8 +255,10 @@ class TurnRun:
     @property
     def stranded_record(self) -> TurnRecord | None:
         """The turn as this replica stored it (or tried to) when it is :attr:`stranded`, else
-        None: what the engine gives the lease of up."""
-        return self._record if self.stranded else None
+        None: what the engine gives the lease of up (its recovery data left out: the release
+        needs only its id, token and start, and the engine keeps it until the store answers)."""
+        record = self._record
+        return dataclasses.replace(record, spec=None) if self.stranded and record is not None else None
 
     @property
     def _record(self) -> TurnRecord | None:
@@ -663,13 +665,14 @@ class TurnRun:
             self.outcome = "aborted"
 
     def _maybe_stored(self, error: BaseException) -> None:
-        """The input's commit failed with the store unreachable (a connection lost during the
-        commit): it may have landed, and then its turn is ``running`` under this replica's lease
-        with nothing running it. Such a turn is stranded: the engine gives its lease up, so a
-        claim recovers it if it was stored (fenced by the lease: a no-op if it was not;
-        docs/operate/outages.md)."""
+        """The input's commit was cut off (the database went away with it in flight:
+        ``StoreUnreachable.in_flight``): it may have landed, and then its turn is ``running``
+        under this replica's lease with nothing running it. Such a turn is stranded: the engine
+        gives its lease up, so a claim recovers it if it was stored (fenced by the lease and the
+        turn's start: a no-op if it was not; docs/operate/outages.md). A call refused before
+        anything was sent is not: during an outage those are many, and nothing of them landed."""
         root = _root(error)
-        if self._record is not None and isinstance(root, StoreError) and root.retryable:
+        if self._record is not None and isinstance(root, StoreUnreachable) and root.in_flight:
             self.stranded = True
 
     async def _store_result(self) -> None:

@@ -36,17 +36,25 @@ class StoreError(DomainError):
 
 
 class StoreUnreachable(StoreError):
-    """The database cannot be reached now (restarted, down, or cut off): nothing was read or
-    written. Raised at once while the store knows the database is gone, so a call is refused
-    quickly rather than left to wait out a connection timeout; retryable after the delay
-    (docs/operate/outages.md). The client message names no address."""
+    """The database cannot be reached now (restarted, down, or cut off). Raised at once while the
+    store knows the database is gone, so a call is refused quickly rather than left to wait out a
+    connection timeout; retryable after the delay (docs/operate/outages.md). The client message
+    names no address.
+
+    ``in_flight``: the database went away while the operation was under way, so a write may have
+    been applied (a COMMIT sent, its answer lost); False: refused before anything was sent."""
 
     retry_delay_seconds: float | None = 2.0
 
     def __init__(
-        self, message: str, *, public: str = "the database cannot be reached; retry shortly"
+        self,
+        message: str,
+        *,
+        public: str = "the database cannot be reached; retry shortly",
+        in_flight: bool = False,
     ) -> None:
         super().__init__(message, public=public)
+        self.in_flight = in_flight
 
     def details(self) -> ErrorDetails:
         return ErrorDetails(metadata={"cause": "unreachable"}, retry_after_seconds=self.retry_delay_seconds)

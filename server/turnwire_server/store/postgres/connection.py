@@ -255,6 +255,7 @@ class PostgresConnection(CoreWrites, CoreReads):
             gone = StoreUnreachable(
                 f"postgres store: {what} failed: {text}",
                 public=f"postgres store: {what} failed: the database cannot be reached; retry shortly",
+                in_flight=True,
             )
             gone.__cause__ = None
             return gone
