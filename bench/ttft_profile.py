@@ -7,7 +7,7 @@ the sidecar and runs ``--turns`` sequential turns on that conversation (``--hist
 conversation per turn) through ``--api``. Needs py-spy (``.venv/bin/pip install py-spy``) and the
 right to ptrace the sidecar (root, or ``kernel.yama.ptrace_scope = 0``).
 
-    .venv/bin/python bench/ttft_profile.py [--api openai] [--history 1000] [--turns 200] [--top 25]
+    .venv/bin/python bench/ttft_profile.py [--api openai] [--history 1000] [--turns 200] [--deltas 4] [--top 25]
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ async def main() -> None:
     parser.add_argument("--api", choices=("openai", "anthropic"), default="openai")
     parser.add_argument("--history", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--deltas", type=int, default=4, help="text deltas per answer (burst-N)")
     parser.add_argument("--rate", type=int, default=500)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", type=Path, help="keep the collapsed stacks here")
@@ -67,7 +68,7 @@ async def main() -> None:
         client = SidecarClient(server.target)
         conversation = _new_id()
         await client.seed(conversation, args.history)
-        model = f"{args.api}:burst-4"
+        model = f"{args.api}:burst-{args.deltas}"
         for _ in range(5):
             await client.turn(conversation if args.history else _new_id(), model)
         out = args.out or Path(tmp) / "stacks.txt"
@@ -97,7 +98,7 @@ async def main() -> None:
         spy.wait(30)
         await client.close()
         server.stop()
-        print(f"{args.api}, {args.history} prior turns, {args.turns} turns")
+        print(f"{args.api}, {args.history} prior turns, {args.turns} turns of {args.deltas} deltas")
         print(summarize(out, args.top))
     upstream.close()
 

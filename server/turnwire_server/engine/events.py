@@ -72,6 +72,7 @@ class EventWriter:
 
     __slots__ = (
         "_aged_delta",
+        "_aging",
         "_coalesce",
         "_flush_handle",
         "_last_delta",
@@ -114,6 +115,7 @@ class EventWriter:
         self._last_delta: Any = None  # the response of the last text or reasoning delta sent
         self._last_delta_id = ""
         self._aged_delta: Any = None  # the last delta's response once a loop turn has passed
+        self._aging = False  # an _age callback is scheduled
         self._merge_budget = MERGE_BUDGET
 
     def new(self) -> event_pb2.TurnEvent:
@@ -162,10 +164,9 @@ class EventWriter:
         last = self._last_delta
         if last is not None and self._merged(last, "text_delta", block_id, delta):
             return
-        event = self.new()
-        event.text_delta.id = block_id
-        event.text_delta.delta = delta
-        self._sent_delta(block_id)
+        payload = self._delta(block_id).text_delta
+        payload.id = block_id
+        payload.delta = delta
 
     def reasoning_delta(self, block_id: str, delta: str) -> None:
         """Send (or coalesce, or merge: see the module docstring) a reasoning delta of block ``block_id``."""
@@ -175,21 +176,29 @@ class EventWriter:
         last = self._last_delta
         if last is not None and self._merged(last, "reasoning_delta", block_id, delta):
             return
-        event = self.new()
-        event.reasoning_delta.id = block_id
-        event.reasoning_delta.delta = delta
-        self._sent_delta(block_id)
+        payload = self._delta(block_id).reasoning_delta
+        payload.id = block_id
+        payload.delta = delta
 
-    def _sent_delta(self, block_id: str) -> None:
+    def _delta(self, block_id: str) -> event_pb2.TurnEvent:
+        """Queue a new event for a delta of ``block_id`` (nothing coalesced is pending: a writer
+        coalesces all its deltas or none) and keep it as the one the next delta may merge into;
+        fill its payload in place."""
+        event = self._emit()
         last = self.channel.last_unread()  # the delta's response (None: nobody will read it)
         self._last_delta = last
         self._last_delta_id = block_id
-        if last is not None:
-            # Runs on the loop's next turn: deltas sent in the same turn never merge.
-            asyncio.get_running_loop().call_soon(self._aged, last)
+        if last is not None and not self._aging:
+            # One callback per loop turn, not per delta: it runs on the loop's next turn, before
+            # this turn's task can run again, so it ages the last delta sent in this turn and no
+            # later one: deltas sent in the same turn never merge.
+            self._aging = True
+            asyncio.get_running_loop().call_soon(self._age)
+        return event
 
-    def _aged(self, response: Any) -> None:
-        self._aged_delta = response
+    def _age(self) -> None:
+        self._aging = False
+        self._aged_delta = self._last_delta
 
     def _merged(self, last: Any, kind: str, block_id: str, delta: str) -> bool:
         """Append ``delta`` to ``last`` (the response of the last delta sent) when it is a delta of
