@@ -15,7 +15,9 @@ from support.engine_harness import CONV, EngineFactory, collect, end_of, text_of
 from support.waiting import wait_until
 
 from turnwire.testing import ScriptStep
-from turnwire_client.v1 import event_pb2
+from turnwire_client.v1 import chat_service_pb2, event_pb2
+from turnwire_server.engine.channel import EventChannel
+from turnwire_server.engine.events import EventWriter
 
 WORDS = [f"w{i}" for i in range(300)]
 TEXT = " ".join(WORDS)
@@ -78,3 +80,60 @@ async def test_a_reader_that_keeps_up_gets_every_delta_as_it_came(make_engine: E
     assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
     assert len(deltas(events)) == len(WORDS)
     assert "".join(e.text_delta.delta for e in deltas(events)) == TEXT
+
+
+def _sent(channel: EventChannel[chat_service_pb2.ChatResponse]) -> list[tuple[int, str, str]]:
+    """What an unread channel holds: (sequence number, event kind, delta or block id) each."""
+    out = []
+    for response in list(channel._items):
+        event = response.event
+        kind = event.WhichOneof("event")
+        payload = getattr(event, kind)
+        out.append((event.sequence_number, kind, payload.delta if kind.endswith("_delta") else payload.id))
+    return out
+
+
+async def test_only_a_delta_sent_a_loop_turn_before_is_merged_into() -> None:
+    # The writer ages deltas once per loop turn: the last delta sent in a turn takes the next turn's
+    # deltas of its block; deltas sent in one turn, however many, stay apart (docs/semantics.md §10).
+    channel: EventChannel[chat_service_pb2.ChatResponse] = EventChannel()
+    writer = EventWriter("c", "r", chat_service_pb2.ChatResponse, channel)
+    writer.new().text_start.id = "a"
+    for delta in ("1", "2", "3"):
+        writer.text_delta("a", delta)
+    await asyncio.sleep(0)  # one loop turn: "3" has waited unread
+    writer.text_delta("a", "4")
+    writer.text_delta("a", "5")
+    writer.new().text_end.id = "a"
+    writer.new().reasoning_start.id = "b"
+    writer.reasoning_delta("b", "6")
+    writer.reasoning_delta("b", "7")  # sent in the turn "6" was: apart
+    await asyncio.sleep(0)
+    writer.reasoning_delta("b", "8")
+    await asyncio.sleep(0)
+    writer.text_delta("b", "9")  # another kind than the waiting delta: apart
+    assert _sent(channel) == [
+        (1, "text_start", "a"),
+        (2, "text_delta", "1"),
+        (3, "text_delta", "2"),
+        (4, "text_delta", "345"),
+        (5, "text_end", "a"),
+        (6, "reasoning_start", "b"),
+        (7, "reasoning_delta", "6"),
+        (8, "reasoning_delta", "78"),
+        (9, "text_delta", "9"),
+    ]
+
+
+async def test_a_delta_sent_after_its_predecessor_was_read_is_not_merged() -> None:
+    channel: EventChannel[chat_service_pb2.ChatResponse] = EventChannel()
+    writer = EventWriter("c", "r", chat_service_pb2.ChatResponse, channel)
+    reader = aiter(channel)
+    writer.text_delta("a", "1")
+    await asyncio.sleep(0)
+    taken = await anext(reader)  # read: the writer keeps up
+    writer.text_delta("a", "2")
+    await asyncio.sleep(0)
+    writer.text_delta("a", "3")  # "2" waited a turn unread: merged
+    assert taken.event.text_delta.delta == "1"
+    assert _sent(channel) == [(2, "text_delta", "23")]
