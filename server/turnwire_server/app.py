@@ -48,6 +48,7 @@ from turnwire_server.cache_budget import CACHES
 from turnwire_server.config import MiddlewareEntry, Settings, StoreSettings
 from turnwire_server.engine import EngineSettings, TurnEngine
 from turnwire_server.engine.cost import PriceBook
+from turnwire_server.engine.fallback import Fallbacks
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.replica import Replica
 from turnwire_server.engine.settings import DurabilitySettings, new_replica_id
@@ -476,7 +477,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     store, then the store, the engine with its recoveries, the gRPC server, and the background
     loops; each step is one function below. The store is closed again when a step after it fails."""
     providers = build_providers(settings)
-    _check_model(providers, settings.default_model, "default_model")
+    _check_models(providers, settings)
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     session = await _configure_session(settings, chain, providers, tools)
     access = build_access(settings)
@@ -542,9 +543,17 @@ async def check_providers(settings: Settings) -> None:
     :class:`StartupError` with ``serve``'s message."""
     providers = build_providers(settings)
     try:
-        _check_model(providers, settings.default_model, "default_model")
+        _check_models(providers, settings)
     finally:
         await providers.aclose()
+
+
+def _check_models(providers: ProviderRegistry, settings: Settings) -> None:
+    """:func:`_check_model` of ``default_model`` and of every model ``fallback.models`` names."""
+    _check_model(providers, settings.default_model, "default_model")
+    for model, fallbacks in settings.fallback.models.items():
+        for model_id in (model, *fallbacks):
+            _check_model(providers, model_id, f"fallback.models[{model!r}]")
 
 
 def _check_model(providers: ProviderRegistry, model: str, field: str) -> None:
@@ -640,13 +649,22 @@ def _engine_settings(settings: Settings, session: SessionConfig, replica_id: str
         metric_models=metric_models(settings, session),
         redact=redactor_for(settings).redact,
         prices=PriceBook(settings.pricing),
+        fallbacks=Fallbacks(settings.fallback),
     )
 
 
 async def _recover(settings: Settings, engine: TurnEngine, store: Store) -> Submissions:
     """Recover the turns a crash interrupted (``durability.recover_on_start``), then start the
-    pending submissions; returns the submissions runner the API and the replica use."""
-    recovered = await engine.recover(resume=settings.durability.recover_on_start)
+    pending submissions; returns the submissions runner the API and the replica use. Each waits
+    out the database being unreachable as the store's opening does (a replica restarted during a
+    database restart; a claim is safe to repeat: it takes only what no live replica holds)."""
+    patience = settings.durability.store_outage_seconds
+    recovered = await until_stored(
+        lambda: engine.recover(resume=settings.durability.recover_on_start),
+        patience_seconds=patience,
+        what="recovering interrupted turns",
+        retry_on=StoreUnreachable,
+    )
     if recovered:
         log.warning("found %d turn(s) interrupted by a previous crash", recovered)
     submissions = Submissions(
@@ -657,7 +675,12 @@ async def _recover(settings: Settings, engine: TurnEngine, store: Store) -> Subm
         max_running=settings.durability.max_running_submissions,
         error_status=status_of,
     )
-    restarted = await submissions.claim()
+    restarted = await until_stored(
+        submissions.claim,
+        patience_seconds=patience,
+        what="claiming pending submissions",
+        retry_on=StoreUnreachable,
+    )
     if restarted:
         log.info("started %d pending submission(s)", restarted)
     return submissions

@@ -19,6 +19,7 @@ from pydantic import ConfigDict, Field
 from turnwire.compaction import CompactionConfig
 from turnwire_server.config_section import ConfigSection
 from turnwire_server.engine.cost import PriceBook
+from turnwire_server.engine.fallback import Fallbacks
 
 
 class _EngineSection(ConfigSection):
@@ -178,6 +179,8 @@ class EngineSettings:
     process's redactor (``turnwire_server.redaction``, docs/security.md "Secrets"); the default
     keeps text as it is.
     ``prices`` prices each step's usage (the ``pricing:`` section, docs/cost.md).
+    ``fallbacks``: the models a step falls back to and the providers' breakers (the ``fallback:``
+    section, :mod:`~turnwire_server.engine.fallback`).
     """
 
     default_model: str = "scripted:demo"
@@ -191,3 +194,4 @@ class EngineSettings:
     replica_id: str = field(default_factory=new_replica_id)
     redact: Callable[[str], str] = str
     prices: PriceBook = field(default_factory=PriceBook)
+    fallbacks: Fallbacks = field(default_factory=Fallbacks)
