@@ -51,7 +51,8 @@ dist: setup build-node
 	for project in clients/python middleware .; do \
 	  $(PY) -m build --no-isolation --outdir "$(DIST)" $$project >/dev/null || exit 1; done
 	$(VENV)/bin/twine check --strict "$(DIST)"/*.whl "$(DIST)"/*.tar.gz
-	npm pack ./clients/node --pack-destination "$(DIST)" --loglevel=error
+	@# --ignore-scripts: build-node compiled dist/ (prepack would rewrite it under the Node.js tests beside).
+	npm pack ./clients/node --pack-destination "$(DIST)" --ignore-scripts --loglevel=error
 	$(PY) tools/go_module_release.py "$(DIST)/goproxy"
 	@ls -1 "$(DIST)" "$(DIST)"/goproxy/*/*/@v
 

@@ -3,7 +3,7 @@
 // from protos/; Node.js only. Every RPC of turnwire.v1.ChatService is a method;
 // `rpc` is the generated client itself for anything the methods leave out.
 
-import { Code, type Interceptor, type Transport, createClient } from '@connectrpc/connect';
+import { Code, type Interceptor, createClient } from '@connectrpc/connect';
 import { createGrpcTransport } from '@connectrpc/connect-node';
 
 import { type CallOpts, type CallSettings, TurnwireCalls, bearer } from './calls.js';
@@ -43,18 +43,11 @@ export interface TurnwireClientOptions extends CallSettings {
    * to the sidecar's value to be told before sending.
    */
   maxSendMessageBytes?: number;
-  /**
-   * Call through this transport instead of the gRPC one (HTTP/2, Node.js only) the client makes:
-   * `createConnectTransport` or `createGrpcWebTransport` of `@connectrpc/connect-web` (Node.js's
-   * fetch) reach the sidecar's HTTP listener (`http.listen`, docs/api/http.md). In a browser,
-   * use `TurnwireWebClient` from `@turnwire/client/web`, which imports no Node.js module.
-   * `token` is still sent; `tls` and `maxSendMessageBytes` are then the transport's business.
-   */
-  transport?: Transport;
 }
 
 /**
- * A client of one Turnwire sidecar over gRPC. It holds one HTTP/2 connection, opened
+ * A client of one Turnwire sidecar over gRPC (its `listen` port; for the HTTP listener, and in
+ * browsers, `TurnwireWebClient` of `@turnwire/client/web`). It holds one HTTP/2 connection, opened
  * on the first call; {@link TurnwireClient.close} closes it. Calls throw
  * {@link TurnwireError}; calls that run a turn return a {@link TurnStream}.
  */
@@ -75,20 +68,13 @@ export class TurnwireClient extends TurnwireCalls {
       servername: tls.serverName,
     });
     const interceptors: Interceptor[] = options.token ? [bearer(options.token)] : [];
-    super(
-      createClient(
-        ChatService,
-        options.transport
-          ? withBearer(options.transport, options.token)
-          : createGrpcTransport({
-              baseUrl,
-              sessionManager: session,
-              interceptors,
-              writeMaxBytes: options.maxSendMessageBytes ?? DEFAULT_MAX_SEND_MESSAGE_BYTES,
-            }),
-      ),
-      options,
-    );
+    const transport = createGrpcTransport({
+      baseUrl,
+      sessionManager: session,
+      interceptors,
+      writeMaxBytes: options.maxSendMessageBytes ?? DEFAULT_MAX_SEND_MESSAGE_BYTES,
+    });
+    super(createClient(ChatService, transport), options);
     this.session = session;
     const url = new URL(baseUrl);
     this.security = {
@@ -146,20 +132,4 @@ function nodeErrorCode(error: unknown): string | undefined {
 
 function nodePem(pem: Pem): string | Buffer {
   return typeof pem === 'string' ? pem : Buffer.from(pem);
-}
-
-/** `transport` with `authorization: Bearer <token>` on every call (none without a token). */
-function withBearer(transport: Transport, token: string | undefined): Transport {
-  if (!token) return transport;
-  const add = (header: Parameters<Transport['unary']>[3]): Headers => {
-    const headers = new Headers(header);
-    headers.set('authorization', `Bearer ${token}`);
-    return headers;
-  };
-  return {
-    unary: (method, signal, timeoutMs, header, input, contextValues) =>
-      transport.unary(method, signal, timeoutMs, add(header), input, contextValues),
-    stream: (method, signal, timeoutMs, header, input, contextValues) =>
-      transport.stream(method, signal, timeoutMs, add(header), input, contextValues),
-  };
 }
