@@ -50,7 +50,7 @@ from turnwire_server.engine import EngineSettings, TurnEngine
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.replica import Replica
-from turnwire_server.engine.settings import DurabilitySettings
+from turnwire_server.engine.settings import DurabilitySettings, new_replica_id
 from turnwire_server.engine.store_outage import until_stored
 from turnwire_server.engine.submissions import Submissions
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
@@ -480,7 +480,10 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     session = await _configure_session(settings, chain, providers, tools)
     access = build_access(settings)
-    store = await _open_store(settings.store, patience_seconds=settings.durability.store_outage_seconds)
+    replica_id = new_replica_id()
+    store = await _open_store(
+        settings.store, patience_seconds=settings.durability.store_outage_seconds, replica_id=replica_id
+    )
     try:
         tracing, tracer_provider = _start_tracing(settings)
         # Before the engine: the turns it recovers count against their tenants' shares already.
@@ -490,7 +493,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
             providers=providers,
             tools=tools,
             chain=chain,
-            settings=_engine_settings(settings, session),
+            settings=_engine_settings(settings, session, replica_id),
             error_status=status_of,
             tracing=tracing,
             turn_slots=gate,
@@ -586,15 +589,18 @@ def _check_listen(listen: str) -> None:
         raise StartupError(str(error)) from error
 
 
-async def _open_store(config: StoreSettings, *, patience_seconds: float) -> Store:
+async def _open_store(config: StoreSettings, *, patience_seconds: float, replica_id: str) -> Store:
     """The configured store, opened (migrated, locked). While the database is unreachable
     (:class:`StoreUnreachable`: restarting, not yet up, cut off) the opening is retried with
     backoff for up to ``patience_seconds`` (``durability.store_outage_seconds``), as a turn's
     final write is (docs/operate/outages.md): a replica started during a database restart comes
     up once the database does. A refusal (no such database or role, a wrong password) fails at
-    once. Raises :class:`StartupError` naming no store address (:func:`store_label`)."""
+    once. ``replica_id`` names its database sessions (this process's turns' owner). Raises
+    :class:`StartupError` naming no store address (:func:`store_label`)."""
     try:
-        store = open_store(config.url, pool_size=config.pool_size, password_env=config.password_env)
+        store = open_store(
+            config.url, pool_size=config.pool_size, password_env=config.password_env, replica_id=replica_id
+        )
     except ValueError as error:
         raise StartupError(f"store.url: {error}") from error
     try:
@@ -620,9 +626,10 @@ def _start_tracing(settings: Settings) -> tuple[Tracing, TracerProvider | None]:
         raise StartupError(f"tracing.ca_file: {error}") from error
 
 
-def _engine_settings(settings: Settings, session: SessionConfig) -> EngineSettings:
+def _engine_settings(settings: Settings, session: SessionConfig, replica_id: str) -> EngineSettings:
     """The engine's settings: its validated sections as they are, and what start-up decided."""
     return EngineSettings(
+        replica_id=replica_id,
         default_model=settings.default_model,
         system_prompt=settings.system_prompt,
         limits=settings.limits,

@@ -153,6 +153,12 @@ class StoreCheckpointSettings(_EngineSection):
     interval_ms: float = Field(250.0, ge=10)
 
 
+def new_replica_id() -> str:
+    """A new process's replica id, ``replica-<12 hex digits>`` (random: a restarted process is
+    another replica, so it never takes its predecessor's turns for its own running ones)."""
+    return f"replica-{uuid.uuid4().hex[:12]}"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineSettings:
     """What the engine runs with: the validated sections it reads, taken whole, plus what
@@ -182,6 +188,6 @@ class EngineSettings:
     durability: DurabilitySettings = field(default_factory=DurabilitySettings)
     compaction: CompactionConfig | None = None
     metric_models: frozenset[str] | None = None
-    replica_id: str = field(default_factory=lambda: f"replica-{uuid.uuid4().hex[:12]}")
+    replica_id: str = field(default_factory=new_replica_id)
     redact: Callable[[str], str] = str
     prices: PriceBook = field(default_factory=PriceBook)
