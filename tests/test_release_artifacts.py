@@ -14,7 +14,7 @@ chat that calls a tool (docs/install.md).
   module, beside Debian's packages of its requirements at the versions its ``go.mod`` names, and a
   program built in module mode (``-mod=vendor``, no module proxy) chats with the sidecar.
 
-Slow (about a minute and a half on 2 cores: the builds and installs), so marked ``packaging``
+Slow (about a minute on 2 cores: the builds and installs), so marked ``packaging``
 and ``e2e``: ``make check`` skips them and ``make test`` runs them once.
 """
 
@@ -110,6 +110,7 @@ def test_the_wheels_install_in_a_fresh_venv_and_turnwire_demo_calls_tools(dist: 
         cwd=app,
     )
     assert Path(where.strip()).is_relative_to(venv), where
+    assert _run([str(venv / "bin" / "turnwire"), "--version"], cwd=app) == f"turnwire {VERSION}\n"
     output = _run([str(venv / "bin" / "turnwire"), "demo"], cwd=app, timeout=300)
     assert "get_weather" in output and "calculator" in output, output
 
