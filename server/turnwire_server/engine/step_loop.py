@@ -36,6 +36,7 @@ from turnwire_server.engine.approvals import announce_denials, run_approved_call
 from turnwire_server.engine.compaction import Compactor, input_start
 from turnwire_server.engine.continuation import continued
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
+from turnwire_server.engine.ids import conversation_cache_key
 from turnwire_server.engine.output_clamp import ClampedStep, clamped_step
 from turnwire_server.engine.pending_calls import OpenCalls, repair_pending, with_pending_placeholders
 from turnwire_server.engine.settings import EngineSettings
@@ -320,6 +321,7 @@ class StepLoop:
                 output_schema=config.output,
                 step_number=step_number,
                 attempt=turn.attempt,
+                cache_key=conversation_cache_key(request.conversation_id),
             )
             turn.step_messages = model_request.messages
             turn.assistant.start_step()
