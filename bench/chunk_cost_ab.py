@@ -6,11 +6,11 @@ local upstream (``_upstream.py``), A started with ``--base`` (a source tree's ``
 directory, e.g. a ``git archive`` of ``main``) first on ``PYTHONPATH``, B with this checkout.
 Each round runs, per API and for each build in turn (the order alternating from round to round),
 ``--requests`` sequential turns of ``burst-4`` and of ``burst-N`` (``--deltas``) answers, and a
-``--window`` of 16 streams of ``burst-64`` answers. The sidecar's CPU (all its threads, ``/proc/<pid>/task/*/schedstat``, ns)
-per request, the slope between the two answer lengths (CPU per extra chunk: the turn's fixed cost
-is not divided into it) and, at 16 streams, the CPU per delta and deltas/s. Medians over the rounds
-and the median of the rounds' B−A differences (each round measures both builds within seconds, so
-a drift of the machine's load falls on both).
+``--window`` of 16 streams of ``burst-64`` answers. Measured: the sidecar's CPU (all its threads,
+``/proc/<pid>/task/*/schedstat``, ns) per request, the slope between the two answer lengths (CPU
+per extra chunk: the turn's fixed cost is not divided into it) and, at 16 streams, the CPU per
+delta and deltas/s. Medians over the rounds and the median of the rounds' B-A differences (each
+round measures both builds within seconds, so a drift of the machine's load falls on both).
 
     .venv/bin/python bench/chunk_cost_ab.py --base /tmp/main-snapshot/server [--rounds 6]
         [--requests 30] [--deltas 200] [--window 2] [--apis openai,anthropic]
@@ -19,8 +19,9 @@ a drift of the machine's load falls on both).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import asyncio
+import contextlib
+import functools
 import os
 import statistics
 import sys
@@ -38,8 +39,9 @@ BUILDS = ("A", "B")
 
 
 def _run_seconds(pid: int) -> float:
-    """CPU time of every live thread of process ``pid`` in ns precision (``/proc/<pid>/task/*/schedstat``:
-    time on a CPU), s; ``/proc/<pid>/stat`` counts whole clock ticks (10 ms), too coarse for short arms."""
+    """CPU time (s) of every live thread of process ``pid``, to the nanosecond
+    (``/proc/<pid>/task/*/schedstat``); ``/proc/<pid>/stat`` counts whole 10 ms ticks, too coarse
+    for arms of a few hundred milliseconds."""
     total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):
@@ -65,7 +67,68 @@ async def _start(workdir: Path, upstream: str, name: str, pythonpath: str | None
     return server
 
 
-async def main() -> None:
+Rows = dict[str, dict[str, dict[str, list[float]]]]
+"""figure -> API -> build -> one value per round."""
+
+
+async def _measure(
+    rows: Rows,
+    build: str,
+    api: str,
+    server: ServerProcess,
+    *,
+    client: SidecarClient,
+    args: argparse.Namespace,
+) -> None:
+    """One build's figures for one API in one round, added to ``rows``."""
+    assert server.popen is not None
+    cpu = functools.partial(_run_seconds, server.popen.pid)
+
+    async def turn(model: str) -> tuple[float, int]:
+        return await client.turn(new_conversation_id(), f"{api}:{model}")
+
+    def add(figure: str, value: float) -> None:
+        rows.setdefault(figure, {}).setdefault(api, {b: [] for b in BUILDS})[build].append(value)
+
+    short = await _arm(turn, f"burst-{SHORT}", args.requests, cpu)
+    long = await _arm(turn, f"burst-{args.deltas}", args.requests, cpu)
+    rate, per_delta = await _rate(turn, f"burst-{RATE_DELTAS}", STREAMS, args.window, cpu)
+    add("CPU ms/request, 4 deltas", short.cpu_per_request * 1e3)
+    add(f"CPU ms/request, {args.deltas} deltas", long.cpu_per_request * 1e3)
+    add("CPU µs/chunk (slope)", (long.cpu_per_request - short.cpu_per_request) / (args.deltas - SHORT) * 1e6)
+    add("CPU µs/delta at 16 streams", per_delta * 1e6)
+    add("deltas/s at 16 streams", rate)
+
+
+async def _rounds(args: argparse.Namespace, upstream: str, workdir: Path) -> Rows:
+    rows: Rows = {}
+    apis = args.apis.split(",")
+    servers = {
+        "A": await _start(workdir, upstream, "a", args.base),
+        "B": await _start(workdir, upstream, "b", None),
+    }
+    clients = {build: SidecarClient(server.target) for build, server in servers.items()}
+    try:
+        for build in BUILDS:  # warm-up: connections, first-call costs
+            for api in apis:
+                for deltas in (SHORT, args.deltas, RATE_DELTAS):
+                    for _ in range(5):
+                        await clients[build].turn(new_conversation_id(), f"{api}:burst-{deltas}")
+        for number in range(args.rounds):
+            order = BUILDS if number % 2 == 0 else BUILDS[::-1]
+            for api in apis:
+                for build in order:
+                    await _measure(rows, build, api, servers[build], client=clients[build], args=args)
+            print(f"  [round {number + 1}/{args.rounds} done]", file=sys.stderr, flush=True)
+    finally:
+        for client in clients.values():
+            await client.close()
+        for server in servers.values():
+            server.stop()
+    return rows
+
+
+def _options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="the A build's server/ directory (first on PYTHONPATH)")
     parser.add_argument("--rounds", type=int, default=6)
@@ -74,61 +137,21 @@ async def main() -> None:
     parser.add_argument("--window", type=float, default=2.0)
     parser.add_argument("--apis", default="openai,anthropic")
     args = parser.parse_args()
-    apis = args.apis.split(",")
+    args.base = str(Path(args.base).resolve())
+    return args
+
+
+async def main(args: argparse.Namespace) -> None:
+    """Run the rounds, print the table (and its markdown)."""
     upstream = Upstream()
-    # figure -> api -> build -> one value per round
-    rows: dict[str, dict[str, dict[str, list[float]]]] = {}
-
-    def add(figure: str, api: str, build: str, value: float) -> None:
-        rows.setdefault(figure, {}).setdefault(api, {b: [] for b in BUILDS})[build].append(value)
-
     try:
         with tempfile.TemporaryDirectory(prefix="turnwire-bench-ab-") as tmp:
-            servers = {
-                "A": await _start(Path(tmp), upstream.url, "a", str(Path(args.base).resolve())),
-                "B": await _start(Path(tmp), upstream.url, "b", None),
-            }
-            clients = {build: SidecarClient(server.target) for build, server in servers.items()}
-            try:
-                for build in BUILDS:  # warm-up: connections, first-call costs
-                    for api in apis:
-                        for model in (f"burst-{SHORT}", f"burst-{args.deltas}", f"burst-{RATE_DELTAS}"):
-                            for _ in range(5):
-                                await clients[build].turn(new_conversation_id(), f"{api}:{model}")
-                for number in range(args.rounds):
-                    order = list(BUILDS) if number % 2 == 0 else list(reversed(BUILDS))
-                    for api in apis:
-                        for build in order:
-                            client = clients[build]
-                            pid = servers[build].popen.pid  # type: ignore[union-attr]
-
-                            def cpu(pid: int = pid) -> float:
-                                return _run_seconds(pid)
-
-
-                            async def turn(model: str, client: SidecarClient = client, api: str = api) -> tuple[float, int]:
-                                return await client.turn(new_conversation_id(), f"{api}:{model}")
-
-                            short = await _arm(turn, f"burst-{SHORT}", args.requests, cpu)
-                            long = await _arm(turn, f"burst-{args.deltas}", args.requests, cpu)
-                            rate, per_delta = await _rate(turn, f"burst-{RATE_DELTAS}", STREAMS, args.window, cpu)
-                            add("CPU ms/request, 4 deltas", api, build, short.cpu_per_request * 1e3)
-                            add(f"CPU ms/request, {args.deltas} deltas", api, build, long.cpu_per_request * 1e3)
-                            slope = (long.cpu_per_request - short.cpu_per_request) / (args.deltas - SHORT)
-                            add("CPU µs/chunk (slope)", api, build, slope * 1e6)
-                            add("CPU µs/delta at 16 streams", api, build, per_delta * 1e6)
-                            add("deltas/s at 16 streams", api, build, rate)
-                    print(f"  [round {number + 1}/{args.rounds} done]", file=sys.stderr, flush=True)
-            finally:
-                for client in clients.values():
-                    await client.close()
-                for server in servers.values():
-                    server.stop()
+            rows = await _rounds(args, upstream.url, Path(tmp))
     finally:
         upstream.close()
     table = Table(
         f"A/B, {args.rounds} interleaved rounds: A = {args.base}, B = this checkout (medians)",
-        ["API", "figure", "A", "B", "B−A (median of rounds)", "B/A"],
+        ["API", "figure", "A", "B", "B-A (median of rounds)", "B/A"],
     )
     for figure, per_api in rows.items():
         for api, values in per_api.items():
@@ -140,4 +163,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(_options()))

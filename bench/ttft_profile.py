@@ -7,7 +7,8 @@ the sidecar and runs ``--turns`` sequential turns on that conversation (``--hist
 conversation per turn) through ``--api``. Needs py-spy (``.venv/bin/pip install py-spy``) and the
 right to ptrace the sidecar (root, or ``kernel.yama.ptrace_scope = 0``).
 
-    .venv/bin/python bench/ttft_profile.py [--api openai] [--history 1000] [--turns 200] [--deltas 4] [--top 25]
+    .venv/bin/python bench/ttft_profile.py [--api openai] [--history 1000] [--turns 200] [--deltas 4]
+        [--top 25]
 """
 
 from __future__ import annotations

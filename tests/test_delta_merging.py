@@ -10,6 +10,7 @@ after it (§8); a reader that keeps up gets every delta as it came.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 from support.engine_harness import CONV, EngineFactory, collect, end_of, text_of
 from support.waiting import wait_until
@@ -82,12 +83,16 @@ async def test_a_reader_that_keeps_up_gets_every_delta_as_it_came(make_engine: E
     assert "".join(e.text_delta.delta for e in deltas(events)) == TEXT
 
 
-def _sent(channel: EventChannel[chat_service_pb2.ChatResponse]) -> list[tuple[int, str, str]]:
-    """What an unread channel holds: (sequence number, event kind, delta or block id) each."""
+async def _sent(
+    writer: EventWriter, reader: AsyncIterator[chat_service_pb2.ChatResponse] | None = None
+) -> list[tuple[int, str, str]]:
+    """What ``reader`` (default: a new one of the writer's channel) reads once the writer closes:
+    (sequence number, event kind, delta or block id) each."""
+    writer.close()
     out = []
-    for response in list(channel._items):
+    async for response in reader or aiter(writer.channel):
         event = response.event
-        kind = event.WhichOneof("event")
+        kind = event.WhichOneof("event") or ""
         payload = getattr(event, kind)
         out.append((event.sequence_number, kind, payload.delta if kind.endswith("_delta") else payload.id))
     return out
@@ -112,7 +117,7 @@ async def test_only_a_delta_sent_a_loop_turn_before_is_merged_into() -> None:
     writer.reasoning_delta("b", "8")
     await asyncio.sleep(0)
     writer.text_delta("b", "9")  # another kind than the waiting delta: apart
-    assert _sent(channel) == [
+    assert await _sent(writer) == [
         (1, "text_start", "a"),
         (2, "text_delta", "1"),
         (3, "text_delta", "2"),
@@ -136,4 +141,4 @@ async def test_a_delta_sent_after_its_predecessor_was_read_is_not_merged() -> No
     await asyncio.sleep(0)
     writer.text_delta("a", "3")  # "2" waited a turn unread: merged
     assert taken.event.text_delta.delta == "1"
-    assert _sent(channel) == [(2, "text_delta", "23")]
+    assert await _sent(writer, reader) == [(2, "text_delta", "23")]
