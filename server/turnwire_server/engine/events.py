@@ -190,8 +190,9 @@ class EventWriter:
         self._last_delta_id = block_id
         if last is not None and not self._aging:
             # One callback per loop turn, not per delta: it runs on the loop's next turn, before
-            # this turn's task can run again, so it ages the last delta sent in this turn and no
-            # later one: deltas sent in the same turn never merge.
+            # the task sending deltas (the turn's, StepLoop._stream: the only one) can run again,
+            # so it ages the last delta sent in this turn and no later one: deltas sent in the
+            # same turn never merge.
             self._aging = True
             asyncio.get_running_loop().call_soon(self._age)
         return event
