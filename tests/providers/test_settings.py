@@ -227,3 +227,23 @@ async def test_a_404_from_the_upstream_names_the_url_called(kind: str) -> None:
         kind
     ]
     assert f"p: HTTP 404 (POST {base}{path}; check base_url): 404 page not found" in str(result.error)
+
+
+def test_unquoted_on_and_off_in_yaml_mean_what_they_say() -> None:
+    """YAML 1.1 reads an unquoted ``on``/``off`` as a boolean; the caching switches take it as the
+    word the user wrote (docs/providers.md, "Prompt caching")."""
+    import yaml
+
+    entries = yaml.safe_load(
+        "a: {type: anthropic, prompt_caching: off}\n"
+        "b: {type: openai, prompt_cache_key: on}\n"
+        "c: {type: openai-responses, prompt_cache_key: off}\n"
+        "d: {type: anthropic, prompt_caching: on}\n"
+    )
+    parsed = ENTRIES.validate_python(entries)
+    assert [getattr(parsed[n], f) for n, f in (("a", "prompt_caching"), ("b", "prompt_cache_key"))] == [
+        "off",
+        "on",
+    ]
+    assert parsed["c"].prompt_cache_key == "off"  # type: ignore[union-attr]
+    assert parsed["d"].prompt_caching == "5m"  # type: ignore[union-attr]

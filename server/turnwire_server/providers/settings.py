@@ -142,6 +142,12 @@ class AnthropicProviderSettings(_SdkProviderSettings):
         "tools, kept 5m or 1h (1h writes cost more); off for a server that rejects cache_control",
     )
 
+    @field_validator("prompt_caching", mode="before")
+    @classmethod
+    def _caching_switch(cls, value: Any) -> Any:
+        # YAML 1.1 reads an unquoted on/off (yes/no) as a boolean: take it as meant.
+        return ("5m" if value else "off") if isinstance(value, bool) else value
+
 
 class OpenAIProviderSettings(_SdkProviderSettings):
     """OpenAI Chat Completions or an OpenAI-compatible server (vLLM, Ollama, llama.cpp, LiteLLM,
@@ -178,6 +184,12 @@ class OpenAIProviderSettings(_SdkProviderSettings):
         "only), on, off",
     )
 
+    @field_validator("prompt_cache_key", mode="before")
+    @classmethod
+    def _cache_key_switch(cls, value: Any) -> Any:
+        # YAML 1.1 reads an unquoted on/off (yes/no) as a boolean: take it as meant.
+        return ("on" if value else "off") if isinstance(value, bool) else value
+
     @field_validator("inline_reasoning_tag")
     @classmethod
     def _tag_name(cls, value: str | None) -> str | None:
@@ -211,6 +223,12 @@ class OpenAIResponsesProviderSettings(_SdkProviderSettings):
         description="send each conversation's opaque prompt_cache_key: auto (to OpenAI's own API "
         "only), on, off",
     )
+
+    @field_validator("prompt_cache_key", mode="before")
+    @classmethod
+    def _cache_key_switch(cls, value: Any) -> Any:
+        # YAML 1.1 reads an unquoted on/off (yes/no) as a boolean: take it as meant.
+        return ("on" if value else "off") if isinstance(value, bool) else value
 
 
 def _entry_type(value: Any) -> str | None:
