@@ -67,6 +67,15 @@ _RETRYABLE_TYPES = frozenset(
         "timeout_error",
         "service_unavailable",
         "internal_error",
+        # Bedrock's exception types (x-amzn-ErrorType, an event stream's :exception-type), lower-cased:
+        # https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_InvokeModelWithResponseStream.html
+        "throttlingexception",
+        "servicequotaexceededexception",
+        "serviceunavailableexception",
+        "internalserverexception",
+        "modelstreamerrorexception",
+        "modeltimeoutexception",
+        "modelnotreadyexception",
     }
 )
 
@@ -162,7 +171,7 @@ def from_status(
         amz = headers.get("x-amzn-errortype") or headers.get("x-amzn-ErrorType")
         if amz:
             type_ = amz.split(":", 1)[0]
-    retryable = status in _RETRYABLE_STATUS or status >= 500 or type_ in _RETRYABLE_TYPES
+    retryable = status in _RETRYABLE_STATUS or status >= 500 or type_.lower() in _RETRYABLE_TYPES
     if status in (400, 401, 402, 403, 404, 413, 422):
         retryable = False
     if headers:
@@ -207,7 +216,7 @@ def from_stream_error(provider: str, body: Any) -> ProviderError:
     message, type_, code = _fields(body)
     if isinstance(body, dict) and type_ == "error" and not isinstance(body.get("error"), dict):
         type_ = ""  # Responses' top-level {"type":"error","code":…}: "error" is the event type
-    retryable = type_ in _RETRYABLE_TYPES or code in _RETRYABLE_TYPES
+    retryable = type_.lower() in _RETRYABLE_TYPES or code.lower() in _RETRYABLE_TYPES
     label = type_ or code or "error"
     return _settle(
         ProviderError(
@@ -330,6 +339,19 @@ def incomplete_stream(provider: str, what: str) -> ProviderError:
         f"{provider}: the stream ended before {what}",
         status=0,
         type="incomplete_stream",
+        retryable=True,
+        provider=provider,
+        in_stream=True,
+    )
+
+
+def corrupt_stream(provider: str, problem: str) -> ProviderError:
+    """A stream whose framing is broken (an AWS event-stream message with a wrong checksum or
+    length): retryable, status 0, like a connection cut mid-stream."""
+    return ProviderError(
+        f"{provider}: the stream is corrupt: {problem}",
+        status=0,
+        type="corrupt_stream",
         retryable=True,
         provider=provider,
         in_stream=True,

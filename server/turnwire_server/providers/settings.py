@@ -9,14 +9,17 @@
 ``openai``                   OpenAI Chat Completions, and OpenAI-compatible
                              servers through ``base_url`` (:mod:`.openai_chat`)
 ``openai-responses``         OpenAI Responses (:mod:`.openai_responses`)
+``bedrock``                  Claude on Amazon Bedrock (:mod:`.anthropic_platforms`)
+``vertex``                   Claude on Google Vertex AI (:mod:`.anthropic_platforms`)
 ============================ ==================================================
 
-Every SDK entry has ``api_key_env`` (the *name* of the environment variable that
-holds the key; ``null`` for servers that need none), ``base_url``,
+Every SDK entry has ``base_url``,
 ``default_headers``, ``timeout_seconds`` (per request, and per read while
 streaming), ``max_retries`` (the SDK's retry count, also the bound for retrying
 an in-stream failure before the first chunk) and ``models`` (an allow-list for
-admission; empty: any model). :func:`build_provider` raises
+admission; empty: any model); those authenticated by an API key ``api_key_env`` (the *name* of
+the environment variable that holds the key; ``null`` for servers that need none), the cloud
+platforms their default credential chains. :func:`build_provider` raises
 :class:`ProviderConfigError` at start when the key variable is missing or empty.
 """
 
@@ -86,10 +89,9 @@ def _api_key_env(default: str | None) -> Any:
     )
 
 
-class _SdkProviderSettings(ConfigSection):
+class _HttpProviderSettings(ConfigSection):
     """Fields every official-SDK provider has. Times in seconds."""
 
-    api_key_env: str | None = _api_key_env(None)
     base_url: str | None = Field(
         None,
         description="API base URL; the SDK's default (the vendor's API) when unset",
@@ -126,15 +128,48 @@ class _SdkProviderSettings(ConfigSection):
         return headers
 
 
-class AnthropicProviderSettings(_SdkProviderSettings):
+class _SdkProviderSettings(_HttpProviderSettings):
+    """An SDK provider authenticated by an API key from the environment."""
+
+    api_key_env: str | None = _api_key_env(None)
+
+
+class _MessagesSettings(ConfigSection):
+    """Fields of every Anthropic Messages entry (``anthropic``, ``bedrock``, ``vertex``)."""
+
+    default_max_tokens: int = Field(8192, ge=1)
+    structured_output: Literal["tool", "native"] = "tool"
+
+
+class AnthropicProviderSettings(_SdkProviderSettings, _MessagesSettings):
     """Anthropic Messages. ``default_max_tokens`` is sent when a turn sets no ``max_output_tokens``
     (the API requires one); ``structured_output`` is ``tool`` (a forced tool) or ``native``
     (``output_config.format``)."""
 
     type: Literal["anthropic"]
     api_key_env: str | None = _api_key_env("ANTHROPIC_API_KEY")
-    default_max_tokens: int = Field(8192, ge=1)
-    structured_output: Literal["tool", "native"] = "tool"
+
+
+class BedrockProviderSettings(_HttpProviderSettings, _MessagesSettings):
+    """Claude on Amazon Bedrock (``AsyncAnthropicBedrock``). Credentials come from the AWS default
+    chain (environment, shared files and ``profile``, SSO, container or instance role; or a Bedrock
+    API key in ``AWS_BEARER_TOKEN_BEDROCK``), never from this file. ``region``: the AWS region
+    (null: ``AWS_REGION``, ``AWS_DEFAULT_REGION`` or the profile's). docs/providers.md, "bedrock"."""
+
+    type: Literal["bedrock"]
+    region: str | None = Field(None, description="AWS region, e.g. us-east-1; null: from the environment")
+    profile: str | None = Field(None, description="a named profile of the AWS shared config files")
+
+
+class VertexProviderSettings(_HttpProviderSettings, _MessagesSettings):
+    """Claude on Google Cloud Vertex AI (``AsyncAnthropicVertex``). Credentials are Google's
+    Application Default Credentials, never from this file. ``project`` (null:
+    ``GOOGLE_CLOUD_PROJECT``) and ``location`` (a region such as ``us-east5``, or ``global``).
+    docs/providers.md, "vertex"."""
+
+    type: Literal["vertex"]
+    project: str | None = Field(None, description="Google Cloud project id; null: GOOGLE_CLOUD_PROJECT")
+    location: str = Field("global", min_length=1, description="Vertex AI location: a region or global")
 
 
 class OpenAIProviderSettings(_SdkProviderSettings):
@@ -210,7 +245,9 @@ ProviderSettings = Annotated[
     Annotated[ScriptedProviderSettings, Tag("scripted")]
     | Annotated[AnthropicProviderSettings, Tag("anthropic")]
     | Annotated[OpenAIProviderSettings, Tag("openai")]
-    | Annotated[OpenAIResponsesProviderSettings, Tag("openai-responses")],
+    | Annotated[OpenAIResponsesProviderSettings, Tag("openai-responses")]
+    | Annotated[BedrockProviderSettings, Tag("bedrock")]
+    | Annotated[VertexProviderSettings, Tag("vertex")],
     Discriminator(_entry_type),
 ]
 """One ``providers:`` entry; ``type`` defaults to ``scripted``."""
@@ -255,6 +292,8 @@ def build_provider(
             context_window=settings.context_window,
             strict=settings.strict,
         )
+    if isinstance(settings, BedrockProviderSettings | VertexProviderSettings):
+        return _platform_provider(name, settings, env)
     key = _api_key(name, settings, env)
     common: dict[str, Any] = {
         "api_key": key,
@@ -306,6 +345,59 @@ def build_provider(
     )
 
 
+def _platform_provider(
+    name: str, settings: BedrockProviderSettings | VertexProviderSettings, env: Mapping[str, str]
+) -> Provider:
+    """Claude on Bedrock or Vertex AI through the ``anthropic`` SDK's platform client; credentials
+    are the platform's default chain, looked up at the first request (not at start: an instance
+    role or the metadata server answers only there). Raises :class:`ProviderConfigError` when the
+    region (Bedrock) or project (Vertex AI) is nowhere, or the SDK extra is not installed."""
+    extra = "bedrock" if isinstance(settings, BedrockProviderSettings) else "vertex"
+    try:
+        import anthropic
+
+        from turnwire_server.providers import anthropic_platforms
+
+        if extra == "bedrock":
+            import boto3  # noqa: F401  (the SDK imports it only at the first request)
+        else:
+            import google.auth  # noqa: F401
+    except ImportError as error:
+        raise ProviderConfigError(
+            f"provider {name!r}: type {extra} needs the {extra} extra: pip install 'turnwire[{extra}]' "
+            f"({error.name} is not installed)"
+        ) from None
+    common: dict[str, Any] = {
+        "base_url": settings.base_url,
+        "timeout": settings.timeout_seconds,
+        "max_retries": settings.max_retries,
+        "default_headers": settings.default_headers or None,
+        "http_client": _http_client(anthropic, name),
+    }
+    options = {
+        "models": settings.models,
+        "default_max_tokens": settings.default_max_tokens,
+        "structured_output": settings.structured_output,
+    }
+    if isinstance(settings, BedrockProviderSettings):
+        from botocore.exceptions import BotoCoreError
+
+        try:
+            client = anthropic.AsyncAnthropicBedrock(
+                aws_region=settings.region, aws_profile=settings.profile, **common
+            )
+        except (ValueError, BotoCoreError) as error:  # no region anywhere; a profile not in the files
+            raise ProviderConfigError(f"provider {name!r}: {error}; set region in its entry") from None
+        return anthropic_platforms.BedrockMessagesProvider(name, client, **options)
+    project = settings.project or env.get("GOOGLE_CLOUD_PROJECT") or env.get("ANTHROPIC_VERTEX_PROJECT_ID")
+    if not project:
+        raise ProviderConfigError(
+            f"provider {name!r}: no Google Cloud project: set project in its entry or GOOGLE_CLOUD_PROJECT"
+        )
+    vertex = anthropic.AsyncAnthropicVertex(region=settings.location, project_id=project, **common)
+    return anthropic_platforms.VertexMessagesProvider(name, vertex, **options)
+
+
 def _http_client(sdk: Any, name: str) -> Any:
     """The SDK's own HTTP client (its defaults: connection limits, keep-alive, redirects) with
     the event hooks of provider ``name``: its retries counted (providers/metrics.py)."""
@@ -319,7 +411,7 @@ def default_providers() -> dict[str, ProviderSettings]:
     return {"scripted": ScriptedProviderSettings()}
 
 
-PROVIDER_TYPES = frozenset({"scripted", "anthropic", "openai", "openai-responses"})
+PROVIDER_TYPES = frozenset({"scripted", "anthropic", "openai", "openai-responses", "bedrock", "vertex"})
 
 
 def entry_location(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:

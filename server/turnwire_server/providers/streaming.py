@@ -63,6 +63,9 @@ DRAIN_SECONDS = 0.25
 MAX_RETRY_DELAY = 8.0
 NOTHING: tuple[ModelChunk, ...] = ()
 
+EventReader = Callable[[AsyncIterator[bytes]], AsyncIterator[tuple[bytes, bytes]]]
+"""A response body's framing: byte chunks → ``(event, data)`` pairs (:func:`iter_sse`)."""
+
 
 class Decoder(Protocol):
     """Turns one provider's SSE events into chunks. ``done`` is set by the terminal event."""
@@ -100,8 +103,12 @@ async def run_stream(
     *,
     retries: int,
     retry_delay: float = 0.5,
+    read_events: EventReader = iter_sse,
 ) -> AsyncGenerator[ModelChunk, None]:
     """Stream one step; see the module docstring for the retry, cancel and drain rules.
+
+    ``read_events`` turns the 2xx body into ``(event, data)`` pairs for the decoder: server-sent
+    events by default; Bedrock's AWS event stream (:mod:`.aws_event_stream`) otherwise.
 
     Usage reported by attempts that failed and were retried is carried into the next attempt's
     usage (its ``UsageUpdate``\\ s and ``FinishStep``): every model call counts
@@ -127,7 +134,7 @@ async def run_stream(
                         sent = sent or carry.is_content(chunk)
                         yield carry.apply(chunk)
                     return
-                events = iter_sse(body)
+                events = read_events(body)
                 async for event, data in events:
                     for chunk in decoder.feed(event, data):
                         sent = sent or carry.is_content(chunk)
@@ -309,6 +316,18 @@ class SdkProvider(Generic[ClientT]):
         """The SDK call for ``request``; raises ProviderError for a request the API would reject."""
         raise NotImplementedError
 
+    def _events(self, body: AsyncIterator[bytes]) -> AsyncIterator[tuple[bytes, bytes]]:
+        """The ``(event, data)`` pairs of a 2xx body: server-sent events, unless the platform
+        frames its stream otherwise (Bedrock)."""
+        return iter_sse(body)
+
+    def _json_post(self, kwargs: dict[str, Any], extra_body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The path and body of a step posted as JSON (:attr:`json_path`): the body the SDK method
+        would send, ``{**kwargs, "stream": True, **extra_body}``. A platform whose SDK client moves
+        fields into the URL (Bedrock, Vertex AI) says where here."""
+        assert self.json_path is not None
+        return self.json_path, {**kwargs, "stream": True, **extra_body}
+
     def _create(self, client: ClientT) -> OpenStream:
         """The SDK's ``with_streaming_response.create`` of this API on ``client``."""
         raise NotImplementedError
@@ -344,13 +363,12 @@ class SdkProvider(Generic[ClientT]):
         if self.json_path is not None and kwargs.keys() <= self.json_fields:
             # The body the SDK method would send ({**arguments, stream, **extra_body}), encoded
             # here with the transcript's kept JSON instead of copied and encoded whole per step.
-            content = _BODIES.encode({**kwargs, "stream": True, **extra_body})
+            path, body = self._json_post(kwargs, extra_body)
+            content = _BODIES.encode(body)
             options: dict[str, Any] = {"headers": headers}
             if settings.timeout_seconds is not None:
                 options["timeout"] = settings.timeout_seconds
-            open_response = functools.partial(
-                _posted, client, self.json_path, content, options, self.stream_cls
-            )
+            open_response = functools.partial(_posted, client, path, content, options, self.stream_cls)
         else:
             extra: dict[str, Any] = {"extra_body": extra_body} if extra_body else {}
             if headers:
@@ -369,6 +387,7 @@ class SdkProvider(Generic[ClientT]):
             self._map_error,
             retries=client.max_retries,
             retry_delay=self.retry_delay,
+            read_events=self._events,
         ):
             yield chunk
 
