@@ -14,6 +14,7 @@ import anthropic
 import pytest
 from anthropic.lib.aws._auth import _get_session
 from support import aws_event_stream as aws
+from support import cloud_credentials as clouds
 
 from providers.helpers import (
     Stored,
@@ -47,30 +48,16 @@ WEATHER = ToolDefinition(
     "Current weather for a city",
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 )
-TOKEN_REPLY = {"access_token": "ya29.test-token", "expires_in": 3600, "token_type": "Bearer"}
 
 
 @pytest.fixture(autouse=True)
 def no_cloud_metadata(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """Neither SDK may ask a metadata server (it hangs without a network) or read the host's own
     credential files: AWS and Google look only where each test says."""
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("NO_GCE_CHECK", "True")
-    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
-    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
-    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
-    for name in (
-        "AWS_PROFILE",
-        "AWS_REGION",
-        "AWS_DEFAULT_REGION",
-        "AWS_BEARER_TOKEN_BEDROCK",
-        "AWS_SESSION_TOKEN",
-    ):
+    for name in clouds.CLEARED:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
-    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+    for name, value in clouds.no_metadata_environment(tmp_path).items():
+        monkeypatch.setenv(name, value)
     cast(
         Any, _get_session
     ).cache_clear()  # the SDK keeps a boto3 session (and its credentials) per argument set
@@ -80,11 +67,11 @@ def no_cloud_metadata(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterat
 
 @pytest.fixture
 async def bedrock(
-    replay: ReplayServer, monkeypatch: pytest.MonkeyPatch
+    replay: ReplayServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> AsyncIterator[BedrockMessagesProvider]:
     """A ``bedrock`` entry at the replay server, with AWS keys in the environment."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY")
+    for name, value in clouds.cloud_environment(tmp_path, replay.url).items():
+        monkeypatch.setenv(name, value)
     settings = BedrockProviderSettings(type="bedrock", region="us-east-1", base_url=replay.url, max_retries=0)
     provider = build_provider("bedrock", settings)
     assert isinstance(provider, BedrockMessagesProvider)
@@ -97,8 +84,10 @@ async def bedrock(
 async def vertex(
     replay: ReplayServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> AsyncIterator[VertexMessagesProvider]:
-    """A ``vertex`` entry at the replay server; Application Default Credentials from a file."""
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc_file(tmp_path, replay.url)))
+    """A ``vertex`` entry at the replay server; Application Default Credentials from a file whose
+    token endpoint is the replay server (its first reply must be :data:`clouds.clouds.TOKEN_REPLY`)."""
+    for name, value in clouds.cloud_environment(tmp_path, replay.url).items():
+        monkeypatch.setenv(name, value)
     settings = VertexProviderSettings(
         type="vertex", project="test-project", location="us-east5", base_url=f"{replay.url}/v1", max_retries=0
     )
@@ -107,24 +96,6 @@ async def vertex(
     provider.retry_delay = 0.01
     yield provider
     await provider.aclose()
-
-
-def adc_file(folder: Path, token_host: str) -> Path:
-    """An Application Default Credentials file of workforce identity federation
-    (``external_account_authorized_user``) whose token endpoint is ``token_host``: the first request
-    trades its refresh token for an access token there. (An ``authorized_user`` file always goes to
-    Google's endpoint; a service account needs a private key.)"""
-    path = folder / "adc.json"
-    info = {
-        "type": "external_account_authorized_user",
-        "audience": "//iam.googleapis.com/locations/global/workforcePools/test-pool/providers/test",
-        "client_id": "test-client",
-        "client_secret": "test-secret",
-        "refresh_token": "test-refresh",
-        "token_url": f"{token_host}/token",
-    }
-    path.write_text(json.dumps(info))
-    return path
 
 
 def bedrock_reply(*events: dict[str, Any], tail: list[bytes] | None = None) -> Reply:
@@ -164,7 +135,7 @@ async def test_bedrock_streams_text_signed_with_sigv4(
     assert (sent.method, sent.path) == ("POST", f"/model/{BEDROCK_MODEL}/invoke-with-response-stream")
     auth = sent.headers["authorization"]
     assert (
-        auth.startswith("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/")
+        auth.startswith(f"AWS4-HMAC-SHA256 Credential={clouds.AWS_ACCESS_KEY_ID}/")
         and "/us-east-1/bedrock/aws4_request" in auth
     )
     assert "x-amz-date" in sent.headers
@@ -320,6 +291,13 @@ def test_bedrock_needs_a_region_from_the_entry_or_the_environment() -> None:
         build_provider("bedrock", BedrockProviderSettings(type="bedrock"))
 
 
+def test_bedrock_refuses_an_empty_api_key_variable() -> None:
+    """The SDK would send an empty ``AWS_BEARER_TOKEN_BEDROCK`` as the bearer token of every request."""
+    settings = BedrockProviderSettings(type="bedrock", region="us-east-1")
+    with pytest.raises(ProviderConfigError, match="AWS_BEARER_TOKEN_BEDROCK is set but empty"):
+        build_provider("bedrock", settings, {"AWS_BEARER_TOKEN_BEDROCK": ""})
+
+
 # --- Vertex AI ---------------------------------------------------------------------------------
 
 
@@ -327,7 +305,7 @@ async def test_vertex_streams_text_with_an_adc_token(
     replay: ReplayServer, vertex: VertexMessagesProvider
 ) -> None:
     replay.enqueue(
-        Reply.error(200, TOKEN_REPLY), Reply.sse(anthropic_sse(*text_events("Hello from Vertex.")))
+        Reply.error(200, clouds.TOKEN_REPLY), Reply.sse(anthropic_sse(*text_events("Hello from Vertex.")))
     )
     result = await collect(vertex, request(user("hi"), model=VERTEX_MODEL))
     assert result.error is None and result.text == "Hello from Vertex."
@@ -336,7 +314,7 @@ async def test_vertex_streams_text_with_an_adc_token(
     assert sent.path == (
         f"/v1/projects/test-project/locations/us-east5/publishers/anthropic/models/{VERTEX_MODEL}:streamRawPredict"
     )
-    assert sent.headers["authorization"] == "Bearer ya29.test-token"
+    assert sent.headers["authorization"] == f"Bearer {clouds.GOOGLE_ACCESS_TOKEN}"
     assert "model" not in sent.json and sent.json["stream"] is True and sent.json["anthropic_version"]
 
 
@@ -344,7 +322,7 @@ async def test_vertex_posts_what_the_sdk_client_itself_sends(
     replay: ReplayServer, vertex: VertexMessagesProvider
 ) -> None:
     sse = Reply.sse(anthropic_sse(*text_events("a")))
-    replay.enqueue(Reply.error(200, TOKEN_REPLY), sse, Reply.sse(anthropic_sse(*text_events("b"))))
+    replay.enqueue(Reply.error(200, clouds.TOKEN_REPLY), sse, Reply.sse(anthropic_sse(*text_events("b"))))
     model_request = request(user("hi"), model=VERTEX_MODEL, tools=[WEATHER])
     await collect(vertex, model_request)
     kwargs = vertex._prepare(model_request).kwargs
@@ -357,7 +335,7 @@ async def test_vertex_posts_what_the_sdk_client_itself_sends(
 async def test_vertex_tool_call_and_usage(replay: ReplayServer, vertex: VertexMessagesProvider) -> None:
     events = tool_events()
     events[0]["message"]["usage"].update(cache_read_input_tokens=50)
-    replay.enqueue(Reply.error(200, TOKEN_REPLY), Reply.sse(anthropic_sse(*events)))
+    replay.enqueue(Reply.error(200, clouds.TOKEN_REPLY), Reply.sse(anthropic_sse(*events)))
     result = await collect(vertex, request(user("Weather in Oslo?"), model=VERTEX_MODEL, tools=[WEATHER]))
     (call,) = result.calls
     assert (call.tool_name, call.input) == ("get_weather", {"city": "Oslo"})
@@ -379,7 +357,7 @@ async def test_vertex_resource_exhausted_is_a_retryable_rate_limit(
             }
         }
     ]
-    replay.enqueue(Reply.error(200, TOKEN_REPLY), Reply.error(429, json.dumps(body)))
+    replay.enqueue(Reply.error(200, clouds.TOKEN_REPLY), Reply.error(429, json.dumps(body)))
     result = await collect(vertex, request(user("hi"), model=VERTEX_MODEL))
     error = result.error
     assert error is not None and error.retryable
@@ -390,7 +368,7 @@ async def test_vertex_resource_exhausted_is_a_retryable_rate_limit(
 async def test_vertex_counts_tokens_through_the_sdk(
     replay: ReplayServer, vertex: VertexMessagesProvider
 ) -> None:
-    replay.enqueue(Reply.error(200, TOKEN_REPLY), Reply.error(200, {"input_tokens": 42}))
+    replay.enqueue(Reply.error(200, clouds.TOKEN_REPLY), Reply.error(200, {"input_tokens": 42}))
     assert await vertex.count_tokens(request(user("hi"), model=VERTEX_MODEL)) == 42
     assert replay.requests[1].path == (
         "/v1/projects/test-project/locations/us-east5/publishers/anthropic/models/count-tokens:rawPredict"
@@ -398,8 +376,12 @@ async def test_vertex_counts_tokens_through_the_sdk(
 
 
 async def test_vertex_without_credentials_fails_the_step_naming_adc(
-    replay: ReplayServer, tmp_path: Path
+    replay: ReplayServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from google.auth.compute_engine import _metadata
+
+    # google-auth reads NO_GCE_CHECK when it is first imported, which may have been before this test.
+    monkeypatch.setattr(_metadata, "_NO_GCE_CHECK", True)
     settings = VertexProviderSettings(type="vertex", project="p", base_url=f"{replay.url}/v1", max_retries=0)
     provider = build_provider("vertex", settings)
     try:

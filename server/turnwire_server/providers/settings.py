@@ -382,6 +382,13 @@ def _platform_provider(
     if isinstance(settings, BedrockProviderSettings):
         from botocore.exceptions import BotoCoreError
 
+        if env.get("AWS_BEARER_TOKEN_BEDROCK") == "":
+            # The SDK would send it as an empty bearer token, which no request survives.
+            raise ProviderConfigError(
+                f"provider {name!r}: AWS_BEARER_TOKEN_BEDROCK is set but empty; unset it to use the "
+                "AWS credential chain, or set it to a Bedrock API key"
+            )
+
         try:
             client = anthropic.AsyncAnthropicBedrock(
                 aws_region=settings.region, aws_profile=settings.profile, **common
