@@ -64,7 +64,9 @@ def test_the_final_stage_installs_only_the_runtime_dependencies_from_the_builder
         assert not BUILD_TOOLS.search(command), f"a build tool in the runtime stage: {command}"
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     # The cloud platforms' SDKs (boto3 and botocore alone are ~90 MB) stay out of the image.
-    assert set(extras) == {"dev", "bedrock", "vertex"}, "a new extra: decide whether the image needs it"
+    assert set(extras) == {"dev", "bedrock", "vertex", "gemini"}, (
+        "a new extra: decide whether the image needs it"
+    )
 
 
 def test_the_final_stage_runs_as_a_fixed_non_root_uid_with_a_writable_data_directory() -> None:

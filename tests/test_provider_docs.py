@@ -24,11 +24,13 @@ from turnwire_server.app import build_providers
 from turnwire_server.config import Settings, load_settings
 from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider
 from turnwire_server.providers.anthropic_platforms import BedrockMessagesProvider, VertexMessagesProvider
+from turnwire_server.providers.gemini import GeminiProvider
 from turnwire_server.providers.openai_chat import OpenAIChatProvider
 from turnwire_server.providers.openai_responses import OpenAIResponsesProvider
 from turnwire_server.providers.settings import (
     AnthropicProviderSettings,
     BedrockProviderSettings,
+    GeminiProviderSettings,
     OpenAIProviderSettings,
     OpenAIResponsesProviderSettings,
     ScriptedProviderSettings,
@@ -107,6 +109,7 @@ async def test_there_is_an_example_for_each_provider_type_and_a_local_server(
             OpenAIResponsesProvider,
             BedrockMessagesProvider,
             VertexMessagesProvider,
+            GeminiProvider,
         } <= defaults
         local = [
             (settings.providers[name], provider)
@@ -169,6 +172,7 @@ def _table_rows() -> dict[str, list[str]]:
         OpenAIResponsesProviderSettings,
         BedrockProviderSettings,
         VertexProviderSettings,
+        GeminiProviderSettings,
     ],
 )
 def test_the_field_tables_list_every_field_with_its_default(model: type[BaseModel]) -> None:

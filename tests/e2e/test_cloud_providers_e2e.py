@@ -1,12 +1,13 @@
-"""A tool-calling turn on Claude through Amazon Bedrock and Google Vertex AI, end to end.
+"""A tool-calling turn on Claude through Amazon Bedrock and Google Vertex AI, and on Gemini, end to end.
 
-A real ``turnwire serve`` has a ``bedrock`` and a ``vertex`` entry, each pointed (``base_url``) at
-its own replay server in this process; its credentials come the platforms' way: AWS keys in its
-environment (signed with SigV4 by the SDK), Google Application Default Credentials from a file whose
-token endpoint is the Vertex replay server; the metadata servers are switched off. The client asks
-"What's the weather in Paris?": request 1 streams a ``get_weather`` call, the sidecar runs the demo
-tool, request 2 streams the answer. Bedrock's replies are AWS event-stream messages, Vertex AI's
-server-sent events.
+A real ``turnwire serve`` has a ``bedrock``, a ``vertex`` and a ``gemini`` entry, each pointed
+(``base_url``) at its own replay server in this process; credentials come the platforms' way: AWS
+keys in its environment (signed with SigV4 by the SDK), Google Application Default Credentials from
+a file whose token endpoint is the Vertex replay server, Gemini's API key from ``GEMINI_API_KEY``;
+the metadata servers are switched off. The client asks "What's the weather in Paris?": request 1
+streams a ``get_weather`` call, the sidecar runs the demo tool, request 2 streams the answer.
+Bedrock's replies are AWS event-stream messages, Vertex AI's Anthropic server-sent events, Gemini's
+``streamGenerateContent?alt=sse`` events.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ QUESTION = "What's the weather in Paris?"
 CALL_ID = "toolu_01CloudE2E0000000000000"
 BEDROCK_MODEL = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
 VERTEX_MODEL = "claude-sonnet-4-5@20250929"
+GEMINI_MODEL = "gemini-2.5-flash"
+GEMINI_KEY = "e2e-gemini-key"
 
 
 def call_step(model: str) -> list[dict[str, Any]]:
@@ -62,16 +65,32 @@ def answer_step(model: str, answer: str) -> list[dict[str, Any]]:
     ]
 
 
+def gemini_step(parts: list[dict[str, Any]], finish: str, usage: dict[str, int]) -> Reply:
+    """One ``streamGenerateContent`` response: the parts, then the finish reason and usage."""
+    candidate = {"content": {"role": "model", "parts": parts}, "finishReason": finish, "index": 0}
+    body = {
+        "candidates": [candidate],
+        "usageMetadata": usage,
+        "modelVersion": GEMINI_MODEL,
+        "responseId": "r",
+    }
+    return Reply(
+        headers={"content-type": "text/event-stream"},
+        chunks=[b"data: %s\r\n\r\n" % json.dumps(body).encode()],
+    )
+
+
 @dataclass
 class Clouds:
     sidecar: SidecarProcess
     bedrock: ReplayServer
     vertex: ReplayServer
+    gemini: ReplayServer
 
 
 @pytest.fixture(scope="module")
 def clouds_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clouds]:
-    bedrock, vertex = ReplayServer().start(), ReplayServer().start()
+    bedrock, vertex, gemini = ReplayServer().start(), ReplayServer().start(), ReplayServer().start()
     folder = tmp_path_factory.mktemp("cloud-providers-e2e")
     common = {"max_retries": 0, "timeout_seconds": 10}
     config = {
@@ -85,17 +104,19 @@ def clouds_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clouds]
                 "base_url": f"{vertex.url}/v1",
                 **common,
             },
+            "gemini": {"type": "gemini", "base_url": gemini.url, **common},
         },
     }
     # The test's AWS keys come first in the AWS chain and the entries name region and project, so
     # the host's own AWS and Google variables change nothing (an empty AWS_BEARER_TOKEN_BEDROCK
     # would: the SDK sends it as an empty bearer token, so none is set here).
     try:
-        with running_sidecar(folder, config, clouds.cloud_environment(folder, vertex.url)) as sidecar:
-            yield Clouds(sidecar, bedrock, vertex)
+        env = {**clouds.cloud_environment(folder, vertex.url), "GEMINI_API_KEY": GEMINI_KEY}
+        with running_sidecar(folder, config, env) as sidecar:
+            yield Clouds(sidecar, bedrock, vertex, gemini)
     finally:
-        bedrock.stop()
-        vertex.stop()
+        for server in (bedrock, vertex, gemini):
+            server.stop()
 
 
 async def weather_turn(sidecar: SidecarProcess, conversation: str, model: str) -> Any:
@@ -103,11 +124,11 @@ async def weather_turn(sidecar: SidecarProcess, conversation: str, model: str) -
         return await collect(client.chat(conversation, QUESTION, model=model))
 
 
-def check_turn(result: Any, log: str) -> str:
+def check_turn(result: Any, log: str, call_id: str = CALL_ID) -> str:
     """The turn completed with one ``get_weather`` call run by the sidecar; returns the answer."""
     assert result.status == event_pb2.TURN_STATUS_COMPLETED, (result.error, log)
     (call,) = result.tool_calls
-    assert (call.tool_call_id, call.tool_name, call.input) == (CALL_ID, "get_weather", {"city": "Paris"})
+    assert (call.tool_call_id, call.tool_name, call.input) == (call_id, "get_weather", {"city": "Paris"})
     assert call.state == "output-available" and call.output["city"] == "Paris"
     finishes = [e.step_finish for e in result.events if e.WhichOneof("event") == "step_finish"]
     assert [f.finish_reason for f in finishes] == [
@@ -172,3 +193,31 @@ async def test_a_tool_call_turn_on_vertex(clouds_sidecar: Clouds) -> None:
     check_second_request(steps[1].json)
     assert clouds.GOOGLE_ACCESS_TOKEN not in clouds_sidecar.sidecar.log_text()
     assert json_format.MessageToDict(result.events[0].turn_start)["model"] == f"vertex:{VERTEX_MODEL}"
+
+
+async def test_a_tool_call_turn_on_gemini(clouds_sidecar: Clouds) -> None:
+    replay = clouds_sidecar.gemini
+    answer = "Sunny in Paris, says Gemini."
+    call = {
+        "functionCall": {"name": "get_weather", "args": {"city": "Paris"}},
+        "thoughtSignature": "c2lnbmVk",
+    }
+    usage = {"promptTokenCount": 656, "cachedContentTokenCount": 256, "candidatesTokenCount": 30}
+    replay.enqueue(
+        gemini_step([{"text": "Let me check."}, call], "STOP", usage),
+        gemini_step([{"text": answer}], "STOP", {"promptTokenCount": 700, "candidatesTokenCount": 12}),
+    )
+    result = await weather_turn(clouds_sidecar.sidecar, "gemini-weather", f"gemini:{GEMINI_MODEL}")
+    assert check_turn(result, clouds_sidecar.sidecar.log_text(), "s0-call0").endswith(answer)
+    path = f"/models/{GEMINI_MODEL}:streamGenerateContent?alt=sse"
+    assert all(r.path.endswith(path) for r in replay.requests) and len(replay.requests) == 2
+    assert {r.headers["x-goog-api-key"] for r in replay.requests} == {GEMINI_KEY}
+    model, results = replay.requests[1].json["contents"][1:]
+    assert model["parts"][-1] == {
+        "functionCall": {"name": "get_weather", "args": {"city": "Paris"}},
+        "thoughtSignature": "c2lnbmVk",
+    }
+    (response,) = results["parts"]
+    assert response["functionResponse"]["name"] == "get_weather"
+    assert response["functionResponse"]["response"]["output"]["city"] == "Paris"
+    assert GEMINI_KEY not in clouds_sidecar.sidecar.log_text()

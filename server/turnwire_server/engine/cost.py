@@ -43,6 +43,7 @@ PRICE_LISTS = {
     "openai-responses": "openai",
     "bedrock": "aws",  # Bedrock's model ids (us.anthropic.claude-…-v1:0) as genai-prices lists them
     "vertex": "google",  # Vertex AI's Claude ids (claude-sonnet-4-5@20250929)
+    "gemini": "google",
 }
 """A provider entry's ``type`` → the genai-prices provider id its models are priced under by
 default (``pricing.provider_ids`` overrides it per entry)."""
@@ -52,7 +53,7 @@ class PriceBook:
     """Prices steps for one process: ``cost(model_id, provider_type, usage)``.
 
     ``model_id`` is the turn's ``provider:model``; ``provider_type`` the entry's ``type``
-    (``anthropic``, ``openai``, ``openai-responses``, ``bedrock``, ``vertex``, ``scripted``; None
+    (``anthropic``, ``openai``, ``openai-responses``, ``bedrock``, ``vertex``, ``gemini``, ``scripted``; None
     when unknown). Never
     raises: a step whose cost cannot be known gets None and, once per model id, a warning.
     """

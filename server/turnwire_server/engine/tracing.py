@@ -85,6 +85,7 @@ _PROVIDER_NAMES = {
     "openai-responses": "openai",
     "bedrock": "aws.bedrock",
     "vertex": "gcp.vertex_ai",
+    "gemini": "gcp.gemini",
 }
 
 _SETTINGS = (

@@ -35,21 +35,13 @@ import anthropic
 from anthropic._models import FinalRequestOptions
 
 from turnwire.providers import ModelRequest, ProviderError
+from turnwire_server.providers import errors
 from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider
 from turnwire_server.providers.aws_event_stream import iter_bedrock_events
 
 ROUTES_KEPT = 256
 """Model names whose path and platform fields are kept per provider (a step's model is one of a
 few; a caller naming endless models only recomputes them)."""
-
-AWS_CREDENTIALS = (
-    "the AWS default chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the entry's "
-    "profile in the shared files, SSO, a container or instance role; or AWS_BEARER_TOKEN_BEDROCK"
-)
-GOOGLE_CREDENTIALS = (
-    "Google Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS, "
-    "`gcloud auth application-default login`, or the attached service account"
-)
 
 
 class _PlatformMessages(AnthropicMessagesProvider):
@@ -81,17 +73,6 @@ def _fields(json_data: object) -> dict[str, Any]:
     return dict(json_data) if isinstance(json_data, dict) else {}
 
 
-def _no_credentials(provider: str, where: str, error: BaseException) -> ProviderError:
-    # The exception's class only: its text may quote a credentials file's path or content.
-    return ProviderError(
-        f"{provider}: no usable credentials ({type(error).__name__}); they are looked up in {where}",
-        status=0,
-        type="authentication_error",
-        retryable=False,
-        provider=provider,
-    )
-
-
 class BedrockMessagesProvider(_PlatformMessages):
     """Streams steps from Claude on Amazon Bedrock through ``client`` (an ``AsyncAnthropicBedrock``);
     options as :class:`AnthropicMessagesProvider`'s."""
@@ -121,7 +102,7 @@ class BedrockMessagesProvider(_PlatformMessages):
         if isinstance(error, BotoCoreError) or (
             isinstance(error, RuntimeError) and "credentials" in str(error)
         ):
-            return _no_credentials(self.name, AWS_CREDENTIALS, error)
+            return errors.no_credentials(self.name, errors.AWS_CREDENTIALS, error)
         return None
 
 
@@ -147,11 +128,11 @@ class VertexMessagesProvider(_PlatformMessages):
 
         if isinstance(error, TransportError):
             # The token endpoint or metadata server did not answer: the next try may get a token.
-            failure = _no_credentials(self.name, GOOGLE_CREDENTIALS, error)
+            failure = errors.no_credentials(self.name, errors.GOOGLE_CREDENTIALS, error)
             failure.retryable = True
             return failure
         if isinstance(error, GoogleAuthError) or (
             isinstance(error, RuntimeError) and "API token" in str(error)
         ):
-            return _no_credentials(self.name, GOOGLE_CREDENTIALS, error)
+            return errors.no_credentials(self.name, errors.GOOGLE_CREDENTIALS, error)
         return None

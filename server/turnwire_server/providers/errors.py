@@ -345,6 +345,30 @@ def incomplete_stream(provider: str, what: str) -> ProviderError:
     )
 
 
+AWS_CREDENTIALS = (
+    "the AWS default chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the entry's "
+    "profile in the shared files, SSO, a container or instance role; or AWS_BEARER_TOKEN_BEDROCK"
+)
+GOOGLE_CREDENTIALS = (
+    "Google Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS, "
+    "`gcloud auth application-default login`, or the attached service account"
+)
+"""Where the cloud platforms' default chains look for credentials, for :func:`no_credentials`."""
+
+
+def no_credentials(provider: str, where: str, error: BaseException) -> ProviderError:
+    """A cloud platform's credential chain found no usable credentials (``where`` says where it
+    looks): status 0, type ``authentication_error``, not retryable. Only the exception's class is
+    named: its text may quote a credentials file's path or content."""
+    return ProviderError(
+        f"{provider}: no usable credentials ({type(error).__name__}); they are looked up in {where}",
+        status=0,
+        type="authentication_error",
+        retryable=False,
+        provider=provider,
+    )
+
+
 def corrupt_stream(provider: str, problem: str) -> ProviderError:
     """A stream whose framing is broken (an AWS event-stream message with a wrong checksum or
     length): retryable, status 0, like a connection cut mid-stream."""

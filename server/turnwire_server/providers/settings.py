@@ -11,6 +11,7 @@
 ``openai-responses``         OpenAI Responses (:mod:`.openai_responses`)
 ``bedrock``                  Claude on Amazon Bedrock (:mod:`.anthropic_platforms`)
 ``vertex``                   Claude on Google Vertex AI (:mod:`.anthropic_platforms`)
+``gemini``                   Gemini, on the Gemini API or Vertex AI (:mod:`.gemini`)
 ============================ ==================================================
 
 Every SDK entry has ``base_url``,
@@ -172,6 +173,22 @@ class VertexProviderSettings(_HttpProviderSettings, _MessagesSettings):
     location: str = Field("global", min_length=1, description="Vertex AI location: a region or global")
 
 
+class GeminiProviderSettings(_SdkProviderSettings):
+    """Gemini through ``google-genai``: the Gemini Developer API with an API key (``api_key_env``,
+    ``GEMINI_API_KEY`` by default), or Vertex AI (``vertex: true``) with Application Default
+    Credentials, ``project`` (null: ``GOOGLE_CLOUD_PROJECT``) and ``location``. docs/providers.md,
+    "gemini"."""
+
+    type: Literal["gemini"]
+    api_key_env: str | None = _api_key_env("GEMINI_API_KEY")
+    vertex: bool = Field(False, description="Vertex AI with Application Default Credentials instead of a key")
+    project: str | None = Field(
+        None, description="with vertex: the Google Cloud project; null: GOOGLE_CLOUD_PROJECT"
+    )
+    location: str = Field("global", min_length=1, description="with vertex: a region, or global")
+    default_max_tokens: int | None = Field(None, ge=1, description="max_output_tokens when a turn sets none")
+
+
 class OpenAIProviderSettings(_SdkProviderSettings):
     """OpenAI Chat Completions or an OpenAI-compatible server (vLLM, Ollama, llama.cpp, LiteLLM,
     OpenRouter) at ``base_url``. ``max_tokens_param``: ``auto`` sends ``max_completion_tokens`` to
@@ -247,7 +264,8 @@ ProviderSettings = Annotated[
     | Annotated[OpenAIProviderSettings, Tag("openai")]
     | Annotated[OpenAIResponsesProviderSettings, Tag("openai-responses")]
     | Annotated[BedrockProviderSettings, Tag("bedrock")]
-    | Annotated[VertexProviderSettings, Tag("vertex")],
+    | Annotated[VertexProviderSettings, Tag("vertex")]
+    | Annotated[GeminiProviderSettings, Tag("gemini")],
     Discriminator(_entry_type),
 ]
 """One ``providers:`` entry; ``type`` defaults to ``scripted``."""
@@ -294,6 +312,8 @@ def build_provider(
         )
     if isinstance(settings, BedrockProviderSettings | VertexProviderSettings):
         return _platform_provider(name, settings, env)
+    if isinstance(settings, GeminiProviderSettings):
+        return _gemini_provider(name, settings, env)
     key = _api_key(name, settings, env)
     common: dict[str, Any] = {
         "api_key": key,
@@ -405,6 +425,48 @@ def _platform_provider(
     return anthropic_platforms.VertexMessagesProvider(name, vertex, **options)
 
 
+def _gemini_provider(name: str, settings: GeminiProviderSettings, env: Mapping[str, str]) -> Provider:
+    """Gemini through ``google-genai``: with an API key from ``api_key_env``, or on Vertex AI with
+    Application Default Credentials (looked up by the SDK). Raises :class:`ProviderConfigError`
+    when the key variable or the project is missing, or the ``gemini`` extra is not installed."""
+    try:
+        from google import genai
+        from google.genai import types
+
+        from turnwire_server.providers.gemini import GeminiProvider
+    except ImportError as error:
+        raise ProviderConfigError(
+            f"provider {name!r}: type gemini needs the gemini extra: pip install 'turnwire[gemini]' "
+            f"({error.name} is not installed)"
+        ) from None
+    http_options = types.HttpOptions(
+        base_url=settings.base_url,
+        headers=settings.default_headers or None,
+        timeout=int(settings.timeout_seconds * 1000),  # milliseconds
+        retry_options=types.HttpRetryOptions(attempts=settings.max_retries + 1),
+    )
+    if settings.vertex:
+        project = settings.project or env.get("GOOGLE_CLOUD_PROJECT")
+        if not project:
+            raise ProviderConfigError(
+                f"provider {name!r}: vertex: true needs a Google Cloud project: set project in its entry "
+                "or GOOGLE_CLOUD_PROJECT"
+            )
+        client = genai.Client(
+            vertexai=True, project=project, location=settings.location, http_options=http_options
+        )
+    else:
+        client = genai.Client(api_key=_api_key(name, settings, env), http_options=http_options)
+    return GeminiProvider(
+        name,
+        client,
+        models=settings.models,
+        max_retries=settings.max_retries,
+        timeout_seconds=settings.timeout_seconds,
+        default_max_tokens=settings.default_max_tokens,
+    )
+
+
 def _http_client(sdk: Any, name: str) -> Any:
     """The SDK's own HTTP client (its defaults: connection limits, keep-alive, redirects) with
     the event hooks of provider ``name``: its retries counted (providers/metrics.py)."""
@@ -418,7 +480,9 @@ def default_providers() -> dict[str, ProviderSettings]:
     return {"scripted": ScriptedProviderSettings()}
 
 
-PROVIDER_TYPES = frozenset({"scripted", "anthropic", "openai", "openai-responses", "bedrock", "vertex"})
+PROVIDER_TYPES = frozenset(
+    {"scripted", "anthropic", "openai", "openai-responses", "bedrock", "vertex", "gemini"}
+)
 
 
 def entry_location(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:

@@ -95,6 +95,22 @@ def map_transport_error(provider: str, error: BaseException, *, in_stream: bool)
     return None
 
 
+class Attempt:
+    """How far one attempt of a step got: ``opened`` once its response began (a failure after that
+    is in the stream, and may be retried while nothing was yielded); ``endpoint`` the request's
+    ``"POST http://host/path"``, named in its errors."""
+
+    __slots__ = ("endpoint", "opened")
+
+    def __init__(self) -> None:
+        self.opened = False
+        self.endpoint: str | None = None
+
+
+AttemptStream = Callable[[Attempt], AsyncGenerator[ModelChunk, None]]
+"""One attempt of a step: its chunks, updating the :class:`Attempt` it is given."""
+
+
 async def run_stream(
     provider: str,
     open_response: Callable[[], AbstractAsyncContextManager[Any]],
@@ -109,6 +125,52 @@ async def run_stream(
 
     ``read_events`` turns the 2xx body into ``(event, data)`` pairs for the decoder: server-sent
     events by default; Bedrock's AWS event stream (:mod:`.aws_event_stream`) otherwise.
+    """
+
+    async def attempt(state: Attempt) -> AsyncGenerator[ModelChunk, None]:
+        decoder = new_decoder()
+        async with open_response() as response:
+            state.opened = True
+            http = response.http_response
+            state.endpoint = errors.endpoint_of(http.request)
+            whole, body = await _whole_json(provider, http.aiter_bytes(), http.headers.get("content-type"))
+            if whole is not None:
+                for chunk in decoder.whole(whole):
+                    yield chunk
+                return
+            events = read_events(body)
+            async for event, data in events:
+                for chunk in decoder.feed(event, data):
+                    yield chunk
+                if decoder.done:
+                    break
+            if not decoder.done:
+                for chunk in decoder.end():
+                    yield chunk
+                return
+            # Drain what follows the terminal event (usually nothing) so the connection is reused.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(DRAIN_SECONDS):
+                    async for _ in events:
+                        pass
+
+    async for chunk in retry_before_first_chunk(
+        provider, attempt, map_error, retries=retries, retry_delay=retry_delay
+    ):
+        yield chunk
+
+
+async def retry_before_first_chunk(
+    provider: str,
+    attempt_stream: AttemptStream,
+    map_error: Callable[[BaseException], ProviderError | None],
+    *,
+    retries: int,
+    retry_delay: float = 0.5,
+) -> AsyncGenerator[ModelChunk, None]:
+    """The chunks of ``attempt_stream``, attempted again (up to ``retries`` times) when it fails
+    retryably after its response opened and before any content was yielded; see the module
+    docstring. Closing this generator closes the attempt's at once (its response with it).
 
     Usage reported by attempts that failed and were retried is carried into the next attempt's
     usage (its ``UsageUpdate``\\ s and ``FinishStep``): every model call counts
@@ -117,52 +179,25 @@ async def run_stream(
     attempt = 0
     carry = _UsageCarry()
     while True:
-        decoder = new_decoder()
+        state = Attempt()
         sent = False
-        opened = False
-        endpoint: str | None = None
         try:
-            async with open_response() as response:
-                opened = True
-                http = response.http_response
-                endpoint = errors.endpoint_of(http.request)
-                whole, body = await _whole_json(
-                    provider, http.aiter_bytes(), http.headers.get("content-type")
-                )
-                if whole is not None:
-                    for chunk in decoder.whole(whole):
-                        sent = sent or carry.is_content(chunk)
-                        yield carry.apply(chunk)
-                    return
-                events = read_events(body)
-                async for event, data in events:
-                    for chunk in decoder.feed(event, data):
-                        sent = sent or carry.is_content(chunk)
-                        yield carry.apply(chunk)
-                    if decoder.done:
-                        break
-                if not decoder.done:
-                    for chunk in decoder.end():
-                        sent = sent or carry.is_content(chunk)
-                        yield carry.apply(chunk)
-                    return
-                # Drain what follows the terminal event (usually nothing) so the connection is reused.
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(DRAIN_SECONDS):
-                        async for _ in events:
-                            pass
+            async with contextlib.aclosing(attempt_stream(state)) as chunks:
+                async for chunk in chunks:
+                    sent = sent or carry.is_content(chunk)
+                    yield carry.apply(chunk)
             return
         except ProviderError as error:
-            failure = errors.naming_endpoint(error, endpoint) if error.in_stream else error
+            failure = errors.naming_endpoint(error, state.endpoint) if error.in_stream else error
         except Exception as exc:
-            mapped = map_error(exc) or map_transport_error(provider, exc, in_stream=opened)
+            mapped = map_error(exc) or map_transport_error(provider, exc, in_stream=state.opened)
             if mapped is None:
                 raise
-            mapped = errors.naming_endpoint(mapped, endpoint)
-            if sent or not opened or not mapped.retryable or attempt >= retries:
+            mapped = errors.naming_endpoint(mapped, state.endpoint)
+            if sent or not state.opened or not mapped.retryable or attempt >= retries:
                 raise mapped from exc
             failure = mapped
-        if sent or not opened or not failure.retryable or attempt >= retries:
+        if sent or not state.opened or not failure.retryable or attempt >= retries:
             raise failure
         carry.next_attempt()
         delay = failure.retry_after_seconds
