@@ -141,7 +141,10 @@ async def test_bedrock_streams_text_signed_with_sigv4(
     assert "x-amz-date" in sent.headers
     body = sent.json
     assert "model" not in body and "stream" not in body  # both are in the URL
-    assert body["messages"] == [{"role": "user", "content": "hi"}]
+    # Prompt caching as on Anthropic: the conversation so far ends with a cache breakpoint.
+    assert body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}
+    ]
     assert body["anthropic_version"]
 
 
@@ -176,9 +179,13 @@ async def test_bedrock_tool_call_round_trip(replay: ReplayServer, bedrock: Bedro
     assert messages[1]["content"] == [
         {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}
     ]
-    assert messages[2]["content"] == [
-        {"type": "tool_result", "tool_use_id": "toolu_1", "content": '{"temp_c":3}'}
-    ]
+    (result,) = messages[2]["content"]
+    assert result == {
+        "type": "tool_result",
+        "tool_use_id": "toolu_1",
+        "content": '{"temp_c":3}',
+        "cache_control": {"type": "ephemeral"},
+    }
 
 
 async def test_bedrock_usage_counts_cache_reads_and_writes_and_is_priced(
