@@ -5,6 +5,7 @@ Credentials from a file) and the cloud metadata servers switched off."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ from providers.helpers import (
     user,
 )
 from providers.replay import ReplayServer, Reply
+from turnwire import types as base
 from turnwire.error_classes import classify_error
 from turnwire.types import ToolDefinition
 from turnwire_server.engine.cost import PriceBook
@@ -408,3 +410,26 @@ def test_vertex_needs_a_project_from_the_entry_or_the_environment(monkeypatch: p
     assert isinstance(provider, VertexMessagesProvider)
     assert isinstance(provider.client, anthropic.AsyncAnthropicVertex)
     assert provider.client.project_id == "from-env"
+
+
+async def test_bedrock_closing_the_stream_closes_the_http_response_at_once(
+    replay: ReplayServer, bedrock: BedrockMessagesProvider
+) -> None:
+    head = b"".join(aws.chunks(text_events("")[:2]))
+    delta = aws.chunk(a_text(0, "tok "))
+    replay.enqueue(
+        Reply(
+            headers={"content-type": aws.CONTENT_TYPE},
+            delay=0.005,
+            endless=lambda n: head if n == 0 else delta,
+        )
+    )
+    stream = bedrock.stream(request(user("hi"), model=BEDROCK_MODEL))
+    deltas = 0
+    async for chunk in stream:
+        deltas += isinstance(chunk, base.TextDelta)
+        if deltas == 3:
+            break
+    await stream.aclose()
+    assert await asyncio.to_thread(replay.disconnected.wait, 2.0), "the server kept streaming"
+    assert replay.chunks_after_close <= 2

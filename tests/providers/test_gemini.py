@@ -5,6 +5,7 @@ them)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -271,3 +272,20 @@ async def test_unknown_provider_options_are_refused(replay: ReplayServer, gemini
     assert result.error is not None and result.error.type == "invalid_request_error"
     assert "thinking_budget_typo" in result.error.message
     assert replay.requests == []
+
+
+async def test_closing_the_stream_closes_the_http_response_at_once(
+    replay: ReplayServer, gemini: GeminiProvider
+) -> None:
+    """A turn cancelled (or a client gone) mid-stream: the SDK's stream and its HTTP response close."""
+    delta = b"data: " + json.dumps(response([{"text": "tok "}])).encode() + b"\r\n\r\n"
+    replay.enqueue(Reply(headers={"content-type": "text/event-stream"}, delay=0.005, endless=lambda n: delta))
+    stream = gemini.stream(request(user("hi"), model=MODEL))
+    deltas = 0
+    async for chunk in stream:
+        deltas += isinstance(chunk, base.TextDelta)
+        if deltas == 3:
+            break
+    await stream.aclose()
+    assert await asyncio.to_thread(replay.disconnected.wait, 2.0), "the server kept streaming"
+    assert replay.chunks_after_close <= 2

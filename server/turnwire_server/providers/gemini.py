@@ -32,10 +32,11 @@ Usage: input = ``promptTokenCount`` (cached included) + ``toolUsePromptTokenCoun
 from __future__ import annotations
 
 import base64
-import contextlib
 from collections.abc import AsyncGenerator, Sequence
+from contextvars import ContextVar
 from typing import Any, cast
 
+import httpx2
 import orjson
 from google import genai
 from google.genai import errors as genai_errors
@@ -82,6 +83,24 @@ _FILTERED = frozenset(
     }
 )
 _CONFIG_FIELDS = frozenset(types.GenerateContentConfig.model_fields)
+
+_OPENED: ContextVar[list[httpx2.Response] | None] = ContextVar("turnwire_gemini_responses", default=None)
+"""The HTTP responses the current attempt opened (see :func:`event_hooks`)."""
+
+
+async def _opened(response: httpx2.Response) -> None:
+    opened = _OPENED.get()
+    if opened is not None:
+        opened.append(response)
+
+
+def event_hooks() -> dict[str, list[Any]]:
+    """httpx event hooks for the SDK's HTTP client (``HttpOptions.async_client_args``): each response
+    an attempt opens is noted, so that closing the attempt closes it at once. The SDK's stream is
+    nested generators that do not close the response when the outer one is closed (it would stay
+    open, and the model go on generating, until garbage collection)."""
+    return {"response": [_opened]}
+
 
 # Block kinds.
 _TEXT, _THINKING = range(2)
@@ -314,22 +333,29 @@ class GeminiProvider:
 
         async def attempt(state: Attempt) -> AsyncGenerator[ModelChunk, None]:
             decoder = GeminiDecoder(name, prefix, plan)
-            stream = await models.generate_content_stream(
-                model=request.model,
-                contents=plan.contents,
-                config=config,  # type: ignore[arg-type]  # a dict, as the SDK documents
-            )
-            async with contextlib.aclosing(
-                cast(AsyncGenerator[types.GenerateContentResponse, None], stream)
-            ) as responses:
+            opened: list[httpx2.Response] = []
+            _OPENED.set(opened)  # this task's context: the SDK sends from it (event_hooks)
+            try:
+                stream = await models.generate_content_stream(
+                    model=request.model,
+                    contents=plan.contents,
+                    config=config,  # type: ignore[arg-type]  # a dict, as the SDK documents
+                )
+                responses = cast(AsyncGenerator[types.GenerateContentResponse, None], stream)
                 async for response in responses:
                     # The request is sent at the first read: an HTTP error comes before this, once
                     # the SDK's own retries are spent, and is not retried again.
                     state.opened = True
+                    if state.endpoint is None and opened:
+                        state.endpoint = errors.endpoint_of(opened[-1].request)
                     for chunk in decoder.feed(response):
                         yield chunk
-            for chunk in decoder.end():
-                yield chunk
+                for chunk in decoder.end():
+                    yield chunk
+            finally:
+                _OPENED.set(None)
+                for http in opened:
+                    await http.aclose()
 
         async for chunk in retry_before_first_chunk(
             self.name,

@@ -454,7 +454,7 @@ def _gemini_provider(name: str, settings: GeminiProviderSettings, env: Mapping[s
         from google import genai
         from google.genai import types
 
-        from turnwire_server.providers.gemini import GeminiProvider
+        from turnwire_server.providers.gemini import GeminiProvider, event_hooks
     except ImportError as error:
         raise ProviderConfigError(
             f"provider {name!r}: type gemini needs the gemini extra: pip install 'turnwire[gemini]' "
@@ -465,6 +465,7 @@ def _gemini_provider(name: str, settings: GeminiProviderSettings, env: Mapping[s
         headers=settings.default_headers or None,
         timeout=int(settings.timeout_seconds * 1000),  # milliseconds
         retry_options=types.HttpRetryOptions(attempts=settings.max_retries + 1),
+        async_client_args={"event_hooks": event_hooks()},
     )
     if settings.vertex:
         project = settings.project or env.get("GOOGLE_CLOUD_PROJECT")
