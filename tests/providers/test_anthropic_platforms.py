@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import anthropic
+import orjson
 import pytest
 from anthropic.lib.aws._auth import _get_session
 from support import aws_event_stream as aws
@@ -30,11 +31,12 @@ from providers.helpers import (
     request,
     user,
 )
-from providers.replay import ReplayServer, Reply
+from providers.replay import CASES, ReplayServer, Reply, split_events
 from turnwire import types as base
 from turnwire.error_classes import classify_error
 from turnwire.types import ToolDefinition
 from turnwire_server.engine.cost import PriceBook
+from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider
 from turnwire_server.providers.anthropic_platforms import BedrockMessagesProvider, VertexMessagesProvider
 from turnwire_server.providers.settings import (
     BedrockProviderSettings,
@@ -433,3 +435,34 @@ async def test_bedrock_closing_the_stream_closes_the_http_response_at_once(
     await stream.aclose()
     assert await asyncio.to_thread(replay.disconnected.wait, 2.0), "the server kept streaming"
     assert replay.chunks_after_close <= 2
+
+
+SHARED_ANTHROPIC = sorted(
+    path.name.removesuffix(".sse")
+    for path in (CASES / "sse").glob("anthropic_*.sse")
+    if orjson.loads(path.with_suffix(".expected.json").read_bytes())["expected"].get("error") is None
+)
+
+
+@pytest.mark.parametrize("name", SHARED_ANTHROPIC)
+async def test_shared_anthropic_streams_read_the_same_through_bedrock(
+    name: str,
+    replay: ReplayServer,
+    bedrock: BedrockMessagesProvider,
+    anthropic_provider: AnthropicMessagesProvider,
+) -> None:
+    """Each shared Anthropic case, its events sent as Bedrock's ``chunk`` messages, gives the very
+    chunks the Anthropic adapter gives for its SSE."""
+    body = (CASES / "sse" / f"{name}.sse").read_bytes()
+    events = [
+        orjson.loads(line.removeprefix(b"data:").strip())
+        for event in split_events(body)
+        for line in event.splitlines()
+        if line.startswith(b"data:")
+    ]
+    replay.enqueue(Reply.sse(body), bedrock_reply(*events))
+    direct = await collect(anthropic_provider, request())
+    through_bedrock = await collect(bedrock, request())
+    assert direct.error is None and direct.chunks
+    assert through_bedrock.chunks == direct.chunks
+    assert through_bedrock.usage_updates == direct.usage_updates

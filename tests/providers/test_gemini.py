@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from support import cloud_credentials as clouds
 
-from providers.helpers import Stored, collect, request, user
+from providers.helpers import Stored, assistant, collect, request, tool_call, user
 from providers.replay import ReplayServer, Reply
 from turnwire import types as base
 from turnwire.error_classes import classify_error
@@ -289,3 +289,50 @@ async def test_closing_the_stream_closes_the_http_response_at_once(
     await stream.aclose()
     assert await asyncio.to_thread(replay.disconnected.wait, 2.0), "the server kept streaming"
     assert replay.chunks_after_close <= 2
+
+
+async def test_thoughts_and_parallel_calls_go_back_as_they_came(
+    replay: ReplayServer, gemini: GeminiProvider
+) -> None:
+    """Thought summaries stream as reasoning; of two parallel calls only the first has a signature
+    (Gemini's way), and each goes back as it came; a call another model made gets Google's placeholder."""
+    signed = {"functionCall": {"name": "get_weather", "args": {"city": "Oslo"}}, "thoughtSignature": "c2ln"}
+    second = {"functionCall": {"name": "get_weather", "args": {"city": "Rome"}}}
+    replay.enqueue(
+        gemini_reply(
+            response([{"text": "Two cities, ", "thought": True}]),
+            response([{"text": "two calls.", "thought": True}]),
+            response(
+                [signed, second], "STOP", promptTokenCount=9, candidatesTokenCount=6, thoughtsTokenCount=4
+            ),
+        ),
+        text_reply("Oslo 3 °C, Rome 18 °C."),
+    )
+    first = await collect(gemini, request(user("Oslo and Rome?"), model=MODEL, tools=[WEATHER]))
+    assert first.reasoning == "Two cities, two calls."
+    kinds = [type(c).__name__ for c in first.chunks]
+    assert kinds[:4] == ["ReasoningStart", "ReasoningDelta", "ReasoningDelta", "ReasoningEnd"]
+    assert [c.input for c in first.calls] == [{"city": "Oslo"}, {"city": "Rome"}]
+    outputs = {"s0-call0": {"temp_c": 3}, "s0-call1": {"temp_c": 18}}
+    stored = Stored().step(first.chunks, outputs).build()
+    foreign = assistant([tool_call("toolu_9", "get_weather", {"city": "Paris"}, output={"temp_c": 20})])
+    history = request(user("Paris?"), foreign, user("Oslo and Rome?"), stored, model=MODEL, tools=[WEATHER])
+    await collect(gemini, history)
+    contents = replay.requests[1].json["contents"]
+    # Roles alternate: the foreign call's result and the next question are one user turn.
+    assert [c["role"] for c in contents] == ["user", "model", "user", "model", "user"]
+    assert [next(iter(part)) for part in contents[2]["parts"]] == ["functionResponse", "text"]
+    assert contents[1]["parts"] == [
+        {
+            "functionCall": {"name": "get_weather", "args": {"city": "Paris"}},
+            "thoughtSignature": base64.b64encode(b"skip_thought_signature_validator").decode(),
+        }
+    ]
+    assert contents[3]["parts"] == [
+        {"functionCall": {"name": "get_weather", "args": {"city": "Oslo"}}, "thoughtSignature": "c2ln"},
+        {"functionCall": {"name": "get_weather", "args": {"city": "Rome"}}},
+    ]
+    assert [p["functionResponse"]["response"] for p in contents[4]["parts"]] == [
+        {"output": {"temp_c": 3}},
+        {"output": {"temp_c": 18}},
+    ]

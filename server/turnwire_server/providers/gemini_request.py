@@ -6,8 +6,10 @@ and the ``config`` for ``google-genai``'s ``models.generate_content_stream``:
 - The system prompt and transcript ``ROLE_SYSTEM`` messages → ``system_instruction``.
 - User messages → ``user`` contents: text; files inline (``inline_data``: the bytes and their media
   type) or by URL (``file_data``); ``text/*`` and JSON files as text.
+- Consecutive turns of one role are joined into one (roles alternate).
 - Each assistant step → a ``model`` content (its text; its tool calls as ``function_call`` parts
-  with the thought signature Gemini gave them, ``provider_metadata["gemini"]``), then, when it
+  with the thought signature Gemini gave them, ``provider_metadata["gemini"]``; of parallel calls
+  only the first has one), then, when it
   called tools, a ``user`` content of one ``function_response`` per call (``response``:
   ``{"output": …}`` or ``{"error": …}``, as the API documents). A call Gemini did not make (another
   model's, earlier in the conversation) carries Google's documented placeholder signature, which
@@ -93,9 +95,10 @@ def build_request(
                 system.append(text)
         elif role == message_pb2.ROLE_ASSISTANT:
             for step in assistant_steps(message):
-                contents.extend(_assistant_step(step, call_ids))
+                for content in _assistant_step(step, call_ids):
+                    _add(contents, content)
         else:
-            contents.append({"role": "user", "parts": _user_parts(message)})
+            _add(contents, {"role": "user", "parts": _user_parts(message)})
     config: dict[str, Any] = {}
     if system:
         config["system_instruction"] = "\n\n".join(system)
@@ -132,6 +135,15 @@ def build_request(
         )
     config.update(options)
     return GeminiPlan(contents, config, request.output_schema, call_ids)
+
+
+def _add(contents: list[dict[str, Any]], content: dict[str, Any]) -> None:
+    """Append ``content``, joined to the last one when it has the same role: turns alternate (a
+    tool step's results and the next user message are one ``user`` turn)."""
+    if contents and contents[-1]["role"] == content["role"]:
+        contents[-1] = {"role": content["role"], "parts": [*contents[-1]["parts"], *content["parts"]]}
+    else:
+        contents.append(content)
 
 
 def _calling_config(choice: str) -> dict[str, Any]:
@@ -180,14 +192,14 @@ def _assistant_step(step: Sequence[message_pb2.Part], call_ids: set[str]) -> lis
             if record.get("id"):
                 function_call["id"] = call.tool_call_id
             signature = record.get("thought_signature")
-            parts.append(
-                {
-                    "function_call": function_call,
-                    "thought_signature": base64.b64decode(signature)
-                    if isinstance(signature, str)
-                    else FOREIGN_SIGNATURE,
-                }
-            )
+            if isinstance(signature, str):
+                parts.append(
+                    {"function_call": function_call, "thought_signature": base64.b64decode(signature)}
+                )
+            elif record:  # Gemini's, without a signature (a parallel call after the first): as it came
+                parts.append({"function_call": function_call})
+            else:
+                parts.append({"function_call": function_call, "thought_signature": FOREIGN_SIGNATURE})
             response: dict[str, Any] = {"name": call.tool_name, "response": _response(call)}
             if record.get("id"):
                 response["id"] = call.tool_call_id
