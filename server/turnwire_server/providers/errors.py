@@ -70,7 +70,6 @@ _RETRYABLE_TYPES = frozenset(
         # Bedrock's exception types (x-amzn-ErrorType, an event stream's :exception-type), lower-cased:
         # https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_InvokeModelWithResponseStream.html
         "throttlingexception",
-        "servicequotaexceededexception",
         "serviceunavailableexception",
         "internalserverexception",
         "modelstreamerrorexception",
