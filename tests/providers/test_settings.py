@@ -42,7 +42,10 @@ def test_entries_parse_by_type_and_scripted_is_the_default() -> None:
         {"type": "openai", "max_retries": -1},
         {"type": "openai-responses", "timeout_seconds": 0},
         {"type": "openai-responses", "replay_reasoning": "sometimes"},
-        {"type": "gemini"},
+        {"type": "cohere"},  # no such type
+        {"type": "bedrock", "aws_secret_access_key": "inline"},  # cloud credentials never in the file
+        {"type": "vertex", "api_key_env": "GOOGLE_KEY"},  # Application Default Credentials only
+        {"type": "gemini", "vertex": True, "location": ""},
         {"scripts": {}, "base_url": "http://x"},
     ],
 )
