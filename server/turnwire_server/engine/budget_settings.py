@@ -1,0 +1,72 @@
+"""The ``budgets:`` section: how many tokens and US dollars turns may spend (docs/cost.md,
+"Budgets").
+
+A limit is in tokens (input and output of every model step, as the provider reports them:
+``Usage.input_tokens + Usage.output_tokens``) and/or in US dollars (priced as
+:mod:`turnwire_server.engine.cost` prices a step); unset: no limit of that kind. Scopes: one
+``turn``, one ``conversation`` (all its turns, for as long as it exists), and a ``tenant``
+(every conversation of one tenant, ``turnwire_server.tenant_keys``) per calendar ``day`` and
+per calendar ``month`` in UTC. No limit set anywhere: budgets cost nothing (no store write, no
+estimate).
+"""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict, Field
+
+from turnwire_server.config_section import ConfigSection
+
+
+class BudgetLimit(ConfigSection):
+    """One scope's limit: ``tokens`` (input plus output tokens) and/or ``usd`` (US dollars);
+    either unset is no limit of that kind."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokens: int | None = Field(None, ge=1, description="most input plus output tokens")
+    usd: float | None = Field(None, ge=0, description="most US dollars")
+
+    @property
+    def limited(self) -> bool:
+        """Whether it limits anything."""
+        return self.tokens is not None or self.usd is not None
+
+
+class TenantBudgets(ConfigSection):
+    """Each tenant's limits per calendar period in UTC: ``day`` (resets at 00:00 UTC) and
+    ``month`` (resets at 00:00 UTC on the 1st). The same limits apply to every tenant, the
+    default one ("") included."""
+
+    model_config = ConfigDict(frozen=True)
+
+    day: BudgetLimit = Field(default_factory=BudgetLimit)
+    month: BudgetLimit = Field(default_factory=BudgetLimit)
+
+
+class BudgetSettings(ConfigSection):
+    """Budgets (docs/cost.md, "Budgets"). ``turn``, ``conversation``: those scopes' limits;
+    ``tenant``: per period. ``assumed_max_output_tokens``: the output a step reserves when
+    nothing sets its ``max_output_tokens`` (with a budget every step is sent an explicit one,
+    at most this)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    turn: BudgetLimit = Field(default_factory=BudgetLimit)
+    conversation: BudgetLimit = Field(default_factory=BudgetLimit)
+    tenant: TenantBudgets = Field(default_factory=TenantBudgets)
+    assumed_max_output_tokens: int = Field(
+        4096,
+        ge=1,
+        description="output tokens a step reserves (and is limited to) when nothing sets its "
+        "max_output_tokens",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any limit is set (else budgets add no work to a turn)."""
+        return (
+            self.turn.limited
+            or self.conversation.limited
+            or self.tenant.day.limited
+            or self.tenant.month.limited
+        )
