@@ -633,6 +633,7 @@ def _engine_settings(settings: Settings, session: SessionConfig) -> EngineSettin
         metric_models=metric_models(settings, session),
         redact=redactor_for(settings).redact,
         prices=PriceBook(settings.pricing),
+        budgets=settings.budgets,
     )
 
 

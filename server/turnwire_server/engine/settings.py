@@ -18,6 +18,7 @@ from pydantic import ConfigDict, Field
 
 from turnwire.compaction import CompactionConfig
 from turnwire_server.config_section import ConfigSection
+from turnwire_server.engine.budget_settings import BudgetSettings
 from turnwire_server.engine.cost import PriceBook
 
 
@@ -172,6 +173,7 @@ class EngineSettings:
     process's redactor (``turnwire_server.redaction``, docs/security.md "Secrets"); the default
     keeps text as it is.
     ``prices`` prices each step's usage (the ``pricing:`` section, docs/cost.md).
+    ``budgets``: the ``budgets:`` section (docs/cost.md, "Budgets").
     """
 
     default_model: str = "scripted:demo"
@@ -185,3 +187,4 @@ class EngineSettings:
     replica_id: str = field(default_factory=lambda: f"replica-{uuid.uuid4().hex[:12]}")
     redact: Callable[[str], str] = str
     prices: PriceBook = field(default_factory=PriceBook)
+    budgets: BudgetSettings = field(default_factory=BudgetSettings)
