@@ -134,7 +134,7 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
             claimed = await old.claim_interrupted_turns("me", now, now + dt.timedelta(seconds=30), 10)
             assert [(t.request_id, t.owner) for t in claimed] == [("r-old", "me")]
             versions = check.sql("SELECT version FROM schema_migrations ORDER BY version")
-            assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,)]
+            assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,), (9,)]
             record = CompactionRecord("c1", "", None, (("m", "call"),), "threshold", "drop", 9, 3, now)
             await old.save_compaction(record)
             assert await old.load_compaction("c1") == record
@@ -433,7 +433,7 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
     assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output
     assert SECRET not in first.output + again.output
     check = StoreBackend("postgres", url=pg_url)
-    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(8,)]
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(9,)]
     asyncio.run(check.close())
 
 
