@@ -34,7 +34,7 @@ def _detail(error: TurnwireError, kind: type[object]) -> object:
     assert error.status is not None
     for detail in error.status.details:
         found = kind()
-        if detail.Unpack(found):  # type: ignore[arg-type]
+        if detail.Unpack(found):
             return found
     raise AssertionError(f"no {kind.__name__} in {error.status}")
 
