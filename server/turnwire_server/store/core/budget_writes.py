@@ -27,24 +27,26 @@ T = TypeVar("T", int, float)
 
 _KEY: Final = "scope = ? AND scope_key = ? AND period = ?"
 _SPEND_COLUMNS: Final = "spent_tokens, spent_usd, reserved_tokens, reserved_usd"
-_ENSURE: Final = (
-    "INSERT INTO budget_spend (scope, scope_key, period, conversation_id) VALUES (?, ?, ?, ?)"
-    " ON CONFLICT (scope, scope_key, period) DO NOTHING"
-)
+_ENSURE_ROWS: Final = "INSERT INTO budget_spend (scope, scope_key, period, conversation_id) VALUES "
+_ON_CONFLICT: Final = " ON CONFLICT (scope, scope_key, period) DO NOTHING"
 _RESERVATIONS: Final = (
     "SELECT scope, scope_key, period, epoch, tokens, usd FROM budget_reservations WHERE request_id = ?"
 )
-_UPDATE: Final = (
-    "UPDATE budget_spend SET spent_tokens = ?, spent_usd = ?, reserved_tokens = ?, reserved_usd = ?,"
-    f" limit_tokens = ?, limit_usd = ? WHERE {_KEY}"
-)
-_SETTLE: Final = (
-    "UPDATE budget_spend SET spent_tokens = ?, spent_usd = ?, reserved_tokens = ?, reserved_usd = ?"
-    f" WHERE {_KEY}"
+_ROW_MARKS: Final = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_UPDATE_ROWS: Final = (
+    # VALUES columns are column1 … in both dialects; the casts type a column of NULLs alike.
+    "UPDATE budget_spend SET spent_tokens = CAST(v.column4 AS BIGINT),"
+    " spent_usd = CAST(v.column5 AS DOUBLE PRECISION), reserved_tokens = CAST(v.column6 AS BIGINT),"
+    " reserved_usd = CAST(v.column7 AS DOUBLE PRECISION),"
+    " limit_tokens = CASE WHEN v.column8 THEN CAST(v.column9 AS BIGINT) ELSE limit_tokens END,"
+    " limit_usd = CASE WHEN v.column8 THEN CAST(v.column10 AS DOUBLE PRECISION) ELSE limit_usd END"
+    " FROM (VALUES {values}) AS v"
+    " WHERE budget_spend.scope = v.column1 AND budget_spend.scope_key = v.column2"
+    " AND budget_spend.period = v.column3"
 )
 _RESERVE: Final = (
     "INSERT INTO budget_reservations (request_id, scope, scope_key, period, conversation_id, epoch,"
-    " tokens, usd) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " tokens, usd) VALUES "
 )
 
 _SUM: Final = (
@@ -80,36 +82,47 @@ def _spend(row: Sequence[Any]) -> BudgetSpend:
 
 def charge_budget(charge: BudgetCharge, dialect: Dialect) -> Program[BudgetGrant]:
     """``BudgetStore.charge_budget``: settle ``charge.request_id``'s reservations and reserve
-    ``charge.ask`` in one transaction. Raises :class:`LeaseLost` (writing nothing) when the
-    turn's token is no longer ``charge.lease``; a turn no longer recorded (its conversation was
-    deleted) is charged nothing."""
-    found = yield [
+    ``charge.ask`` in one transaction of two batches (on PostgreSQL two round trips): the reads
+    and row locks, then the writes. Raises :class:`LeaseLost` (writing nothing) when the turn's
+    token is no longer ``charge.lease``; a turn no longer recorded (its conversation was deleted)
+    is charged nothing."""
+    keys = sorted({budget.key for budget in charge.budgets})
+    owners = {budget.key: budget.conversation_id for budget in charge.budgets}
+    reads = [
         lease_read(charge.request_id, dialect),
         Statement(_RESERVATIONS, (charge.request_id,), fetch=True),
     ]
+    if keys:
+        reads.append(
+            Statement(
+                _ENSURE_ROWS + ", ".join(["(?, ?, ?, ?)"] * len(keys)) + _ON_CONFLICT,
+                [value for k in keys for value in (*_key(k), owners[k])],
+            )
+        )
+    # One statement locks the charged rows and those of the turn's reservations (a past period's
+    # among them), sorted: charges racing for the same rows lock them in one order. A join on the
+    # keys (not an OR of two IN lists, which SQLite answers with a scan of the table).
+    keys_sql = f"VALUES {', '.join(['(?, ?, ?)'] * len(keys))} UNION " if keys else ""
+    reads.append(
+        Statement(
+            f"SELECT b.scope, b.scope_key, b.period, {_SPEND_COLUMNS}, limit_tokens, limit_usd"
+            f" FROM ({keys_sql}SELECT scope, scope_key, period FROM budget_reservations"
+            " WHERE request_id = ?) AS k"
+            " JOIN budget_spend b ON b.scope = k.column1 AND b.scope_key = k.column2 AND b.period = k.column3"
+            " ORDER BY b.scope, b.scope_key, b.period"
+            + (f"{dialect.lock_rows} OF b" if dialect.lock_rows else ""),
+            [*(value for k in keys for value in _key(k)), charge.request_id],
+            fetch=True,
+        )
+    )
+    found = yield reads
     if not holds_lease(found[0], charge.lease):
         return BudgetGrant(output_tokens=charge.ask.max_output if charge.ask else 0)
     reservations = [
         Reservation(BudgetKey(scope, key, period), int(epoch), int(tokens), float(usd))
         for scope, key, period, epoch, tokens, usd in found[1]
     ]
-    owners = {budget.key: budget.conversation_id for budget in charge.budgets}
-    for reservation in reservations:  # its row exists: it was created when it was reserved
-        owners.setdefault(reservation.key, None)
-    keys = sorted(owners)
-    locked = yield [
-        *(Statement(_ENSURE, (*_key(k), owners[k])) for k in keys),
-        *(
-            Statement(
-                f"SELECT {_SPEND_COLUMNS}, limit_tokens, limit_usd FROM budget_spend WHERE {_KEY}"
-                + dialect.lock_rows,
-                _key(k),
-                fetch=True,
-            )
-            for k in keys
-        ),
-    ]
-    rows = {k: found_rows[0] for k, found_rows in zip(keys, locked[len(keys) :], strict=True)}
+    rows = {BudgetKey(row[0], row[1], row[2]): row[3:] for row in found[-1]}
     spends = {k: _spend(row) for k, row in rows.items()}
     budgets = tuple(
         kept_limits(budget, rows[budget.key][4], rows[budget.key][5]) for budget in charge.budgets
@@ -137,30 +150,39 @@ def charge_budget(charge: BudgetCharge, dialect: Dialect) -> Program[BudgetGrant
                 )
             writes.append(
                 Statement(
-                    _RESERVE,
+                    _RESERVE + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(budgets)),
                     [
-                        (charge.request_id, *_key(b.key), charge.conversation_id, epoch, tokens, usd)
+                        value
                         for b in budgets
+                        for value in (
+                            charge.request_id,
+                            *_key(b.key),
+                            charge.conversation_id,
+                            epoch,
+                            tokens,
+                            usd,
+                        )
                     ],
-                    many=True,
                 )
             )
         else:
             grant = BudgetGrant(refused=refused)
     limits = {budget.key: (budget.tokens, budget.usd) for budget in budgets}
-    writes.append(
-        Statement(
-            _UPDATE,
-            [(*_columns(spends[k]), *limits[k], *_key(k)) for k in keys if k in limits],
-            many=True,
+    # Every row back in one statement (a row a past period's reservation settled keeps its limits).
+    changed = sorted(spends)
+    if changed:
+        writes.append(
+            Statement(
+                _UPDATE_ROWS.format(values=", ".join([_ROW_MARKS] * len(changed))),
+                [
+                    value
+                    for k in changed
+                    for value in (*_key(k), *_columns(spends[k]), k in limits, *limits.get(k, (None, None)))
+                ],
+            )
         )
-    )
-    writes.append(
-        Statement(_SETTLE, [(*_columns(spends[k]), *_key(k)) for k in keys if k not in limits], many=True)
-    )
     yield writes
-    grant_spends = {k: spends[k] for k in keys}
-    return BudgetGrant(grant.output_tokens, grant.tokens, grant.usd, grant.refused, grant_spends)
+    return BudgetGrant(grant.output_tokens, grant.tokens, grant.usd, grant.refused, spends)
 
 
 def _key(key: BudgetKey) -> tuple[str, str, str]:
