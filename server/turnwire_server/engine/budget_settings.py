@@ -47,7 +47,8 @@ class BudgetSettings(ConfigSection):
     """Budgets (docs/cost.md, "Budgets"). ``turn``, ``conversation``: those scopes' limits;
     ``tenant``: per period. ``assumed_max_output_tokens``: the output a step reserves when
     nothing sets its ``max_output_tokens`` (with a budget every step is sent an explicit one,
-    at most this)."""
+    at most this). ``min_output_tokens``: the least output a step is sent with; a budget
+    without room for it (or for the step's own smaller ``max_output_tokens``) ends the turn."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -59,6 +60,12 @@ class BudgetSettings(ConfigSection):
         ge=1,
         description="output tokens a step reserves (and is limited to) when nothing sets its "
         "max_output_tokens",
+    )
+    min_output_tokens: int = Field(
+        1,
+        ge=1,
+        description="the least output a step is sent with: a budget without room for it ends the turn "
+        "rather than send a step clamped to a uselessly short reply",
     )
 
     @property

@@ -7,7 +7,7 @@ A step reserves its prompt (an estimate: :class:`turnwire.compaction.EstimateTok
 at the model's top-tier uncached rates (:meth:`PriceBook.rates`), in US dollars. The store grants
 the most output that fits every budget in the transaction that takes the reservation
 (:meth:`~turnwire_server.store.base.BudgetStore.charge_budget`); the step is sent with
-``max_output_tokens`` clamped to it. No room for one output token: the turn ends
+``max_output_tokens`` clamped to it. No room for ``budgets.min_output_tokens`` (default 1): the turn ends
 (:class:`BudgetExhausted`). A model without a known price cannot be reserved against a US dollar
 budget: the step is refused the same way (never counted as free).
 """
@@ -191,8 +191,8 @@ class StepBudgets:
     ) -> ModelRequest:
         """``request`` with ``max_output_tokens`` clamped to what every budget has room for, its
         reservation stored. Raises :class:`BudgetExhausted` (nothing reserved, the last step
-        settled; as a :class:`TurnFailure` at stage ``step``) when a budget has no room for one
-        output token, or a US dollar budget applies and ``model_id`` has no known price;
+        settled; as a :class:`TurnFailure` at stage ``step``) when a budget has no room for
+        ``min_output_tokens`` of output, or a US dollar budget applies and ``model_id`` has no known price;
         :class:`LeaseLost` as every turn write does."""
         now = dt.datetime.now(dt.UTC)
         budgets = budgets_for(self.settings, self.request_id, self.conversation_id, self.turn_limit, now)
@@ -212,14 +212,15 @@ class StepBudgets:
             raise TurnFailure("step", error) from error
         usd_in, usd_out = rates or (0.0, 0.0)
         prompt = await _ESTIMATE.count(request, provider)
-        grant = await self._charge(budgets, BudgetAsk(prompt, prompt * usd_in, usd_out, max_output))
+        least = min(self.settings.min_output_tokens, max_output)
+        grant = await self._charge(budgets, BudgetAsk(prompt, prompt * usd_in, usd_out, max_output, least))
         if grant.refused is not None:
             refused = next(budget for budget in budgets if budget.key == grant.refused)
             metrics.BUDGET_EXHAUSTED.labels(self._tenant, refused.key.scope).inc()
             why = _why(refused, grant.spends.get(refused.key, BudgetSpend()))
             error = BudgetExhausted(
                 refused.key.scope,
-                f"{why}, and the next step needs about {prompt:,} tokens of prompt and at least 1 of output",
+                f"{why}, and the next step needs about {prompt:,} tokens of prompt and at least {least:,} of output",
                 resets_in(refused.key, now),
             )
             raise TurnFailure("step", error) from error
