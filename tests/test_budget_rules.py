@@ -87,6 +87,20 @@ def test_a_turn_runs_under_its_own_its_conversations_and_its_tenants_periods() -
     assert not BudgetSettings().enabled and settings.enabled
 
 
+def test_a_principals_budgets_are_keyed_by_its_tenant_and_reset_with_the_period() -> None:
+    settings = BudgetSettings.model_validate({"principal": {"day": {"usd": 1}, "month": {"tokens": 5}}})
+    assert settings.enabled
+    now = dt.datetime(2026, 12, 2, 18, 0, tzinfo=dt.UTC)
+    found = budgets_for(settings, "r1", "acme/c1", BudgetLimit(), now, principal="alice", with_turn=False)
+    assert [(b.key, b.tokens, b.usd, b.conversation_id) for b in found] == [
+        (BudgetKey("principal/day", "acme/alice", "2026-12-02"), None, 1.0, None),
+        (BudgetKey("principal/month", "acme/alice", "2026-12"), 5, None, None),
+    ]
+    assert [resets_in(b.key, now) for b in found] == [6 * 3_600, (29 * 24 + 6) * 3_600]
+    # No principal known (authentication off): no principal budget.
+    assert budgets_for(settings, "r1", "c1", BudgetLimit(), now, with_turn=False) == ()
+
+
 def test_a_step_is_reserved_at_the_models_top_rates() -> None:
     prices = PriceBook(
         PricingSettings.model_validate({"models": {"x:m": {"input_mtok": 3, "output_mtok": 15}}})

@@ -159,6 +159,36 @@ async def test_a_request_lowers_its_own_budget_and_never_raises_it(make_engine: 
     assert 150 < first < 200 and 4_900 < second < 5_000
 
 
+async def test_a_principals_spent_day_refuses_its_turns_not_anothers(make_engine: EngineFactory) -> None:
+    h = await make_engine(
+        scripts={
+            "main": [
+                ScriptStep(
+                    text="Long.", usage=ScriptedUsage(input_tokens=900, output_tokens=200), repeat=True
+                )
+            ]
+        },
+        budgets=_budgets(principal={"day": {"tokens": 1_000}}, assumed_max_output_tokens=100),
+    )
+    alice = TurnRequest(**{**_fields(h.request("hi", conversation_id="acme/a1")), "principal": "alice"})
+    assert end_of(await _run(h, alice)).status == event_pb2.TURN_STATUS_COMPLETED
+    again = TurnRequest(**{**_fields(h.request("hi", conversation_id="acme/a2")), "principal": "alice"})
+    with pytest.raises(BudgetRefused) as refused:
+        await h.engine.start(again)
+    assert refused.value.budget == "principal/day" and refused.value.resets_in_seconds is not None
+    bob = TurnRequest(**{**_fields(h.request("hi", conversation_id="acme/b1")), "principal": "bob"})
+    assert end_of(await _run(h, bob)).status == event_pb2.TURN_STATUS_COMPLETED
+
+
+async def test_min_output_tokens_ends_a_turn_rather_than_send_a_step_too_short(
+    make_engine: EngineFactory,
+) -> None:
+    h = await make_engine(budgets=_budgets(turn={"tokens": 300}, min_output_tokens=500))
+    end = end_of(await h.run("hi"))
+    assert end.status == event_pb2.TURN_STATUS_ERROR and _reason(end) == "BUDGET_EXHAUSTED"
+    assert h.provider.calls == 0
+
+
 async def test_no_budget_configured_writes_nothing(make_engine: EngineFactory) -> None:
     h = await make_engine()
     assert end_of(await h.run("hi")).status == event_pb2.TURN_STATUS_COMPLETED
@@ -181,6 +211,7 @@ async def test_a_recovered_turn_settles_the_lost_attempts_reservation_once(
         model=MODEL,
         continuation=False,
         response_type=chat_service_pb2.ChatResponse,
+        principal="alice",  # kept in the turn's spec: the recovery runs under alice's budgets
     )
     record = TurnRecord(
         request_id="r-crash",
@@ -210,14 +241,20 @@ async def test_a_recovered_turn_settles_the_lost_attempts_reservation_once(
 
     h = await make_engine(
         scripts={"main": [ScriptStep(text="Told.", usage=ScriptedUsage(input_tokens=100, output_tokens=5))]},
-        budgets=_budgets(conversation={"tokens": 100_000}, assumed_max_output_tokens=2_000),
+        budgets=_budgets(
+            conversation={"tokens": 100_000},
+            principal={"day": {"tokens": 100_000}},
+            assumed_max_output_tokens=2_000,
+        ),
     )
     assert await h.engine.recover() == 1
     await wait_until(lambda: h.engine.running == 0, what="the recovery ends")
     events = [event async for event in h.engine.replay("r-crash", 0)]
     assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
-    spends = await h.store.budget_spends([conversation])
+    alice = BudgetKey("principal/day", "/alice", dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"))
+    spends = await h.store.budget_spends([conversation, alice])
     assert spends[conversation] == BudgetSpend(3_000 + 105, 0.0, 0, 0.0)
+    assert spends[alice] == BudgetSpend(105, 0.0, 0, 0.0)
 
 
 def _fields(request: TurnRequest) -> dict[str, Any]:

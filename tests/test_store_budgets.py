@@ -14,7 +14,14 @@ from support.stores import StoreBackend, leased_turn, postgres_database
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import Store, TurnRecord
-from turnwire_server.store.base import BudgetAsk, BudgetCharge, BudgetKey, BudgetLimits, BudgetSpend
+from turnwire_server.store.base import (
+    BudgetAsk,
+    BudgetCharge,
+    BudgetKey,
+    BudgetLimits,
+    BudgetSpend,
+    SubmissionRecord,
+)
 from turnwire_server.store.errors import LeaseLost
 from turnwire_server.store.postgres import PostgresStore
 
@@ -140,6 +147,22 @@ async def test_deleting_a_conversation_deletes_its_budgets_not_its_tenants(store
     # The running step's reservation on the tenant is settled at what it reserved (the provider
     # may have billed it), not left reserved forever.
     assert await store.budget_spends([b.key for b in budgets]) == {TENANT_DAY: BudgetSpend(200, 0.0, 0, 0.0)}
+
+
+async def test_a_submission_keeps_who_submitted_it(store: Store) -> None:
+    submission = SubmissionRecord(
+        submission_id="s1",
+        conversation_id="c",
+        idempotency_key=None,
+        state="pending",
+        request=b"request",
+        create_time=T0,
+        principal="alice",
+    )
+    created, _ = await store.create_submission(submission, max_open=10)
+    assert created.principal == "alice"
+    stored = await store.get_submission("s1")
+    assert stored is not None and stored.principal == "alice"
 
 
 async def test_two_replicas_racing_for_the_last_of_a_budget_one_gets_it() -> None:

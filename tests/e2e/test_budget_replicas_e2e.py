@@ -19,9 +19,9 @@ from turnwire_client import TurnResult, TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import event_pb2
 
 # A step reserves its prompt (a few tokens of "go" and the system prompt) and 1 000 tokens of
-# output, and is sent with at least 100: the day's 1 030 hold one such reservation, not two. The winner's step streams for about
-# two seconds, so the other's reservation meets the first's; it reports 1 030 tokens, so even a
-# late loser finds the day spent.
+# output, and is sent with at least 100: the day's 1 030 hold one such reservation, not two. The
+# winner's step streams for about two seconds, so the other's reservation meets the first's; it
+# reports 1 030 tokens, so even a late loser finds the day spent.
 WORDS = " ".join(f"w{i}" for i in range(40))
 CONFIG: dict[str, object] = {
     "default_model": "scripted:slow",

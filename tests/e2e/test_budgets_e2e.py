@@ -3,18 +3,21 @@ next step has no room in the tenant's daily budget ends ``TURN_STATUS_ERROR`` wi
 ``BUDGET_EXHAUSTED`` (its first step's reply stored); the next turn is refused before anything
 is stored with ``RESOURCE_EXHAUSTED``, ``QuotaFailure`` naming the budget, ``ErrorInfo`` and a
 ``RetryInfo`` delay until midnight UTC; an accepted submission meeting it runs and ends ``error``
-with that reason; the metrics count them and show the day's spend."""
+with that reason; the metrics count them and show the day's spend. A principal's daily budget
+holds for its own calls and submissions, not another principal's of the same tenant."""
 
 from __future__ import annotations
 
 import datetime as dt
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
 from google.rpc import error_details_pb2
 from prometheus_client.parser import text_string_to_metric_families
 from support.sidecar import SidecarFactory, free_port
+from support.tokens import auth_config, new_token, write_tokens_file
 from support.waiting import wait_until
 
 from turnwire_client import TurnwireClient, TurnwireError, collect
@@ -111,3 +114,39 @@ async def test_a_turn_over_budget_ends_with_the_reason_and_the_next_is_refused(
     # The turn ended, the next refused, the submission's turn ended.
     assert samples[("turnwire_budget_exhausted_total", day)] == 3
     assert samples[("turnwire_budget_spent_tokens", day)] == 1_240
+
+
+async def test_a_principals_daily_budget_follows_its_calls_and_submissions(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    alice, bob = new_token(), new_token()
+    tokens = write_tokens_file(tmp_path / "tokens.json", {alice: ("alice", "acme"), bob: ("bob", "acme")})
+    config = {
+        "default_model": "scripted:weather",
+        "providers": {"scripted": {"scripts": {"weather": SCRIPT}}},
+        "auth": auth_config(tokens),
+        "budgets": {"principal": {"day": {"tokens": 1_200}}, "assumed_max_output_tokens": 50},
+    }
+    sidecar = await sidecar_factory(config=config, workdir=tmp_path / "sidecar").start()
+    async with TurnwireClient(sidecar.target, token=alice) as as_alice:
+        spent = await collect(as_alice.chat("a1", "weather?"))  # its first step spends the day
+        assert spent.status == event_pb2.TURN_STATUS_ERROR
+        with pytest.raises(TurnwireError) as raised:
+            await collect(as_alice.chat("a2", "again"))
+        assert raised.value.reason == "BUDGET_EXHAUSTED"
+        assert raised.value.error_metadata["budget"] == "principal/day"
+        # Her submission runs under her budget too, whichever replica runs it, whenever.
+        submitted = await as_alice.submit_messages("a3", "later")
+        submission_id = submitted.submission.submission_id
+
+        async def ended() -> bool:
+            record = await as_alice.get_submission(submission_id)
+            return record.state == chat_service_pb2.SUBMISSION_STATE_ERROR
+
+        await wait_until(ended, what="alice's submission ends")
+    async with TurnwireClient(sidecar.target, token=bob) as as_bob:
+        # Bob, of the same tenant, has a day of his own.
+        assert (await collect(as_bob.chat("b1", "weather?"))).status == event_pb2.TURN_STATUS_ERROR
+        with pytest.raises(TurnwireError) as bob_raised:
+            await collect(as_bob.chat("b2", "again"))
+        assert bob_raised.value.error_metadata["budget"] == "principal/day"

@@ -22,7 +22,7 @@ from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.resources import conversation_proto, timestamp
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
 from turnwire_server.api.submission_rpcs import SubmissionRpcs
-from turnwire_server.api.tenancy import listing_prefix, scoped_key
+from turnwire_server.api.tenancy import caller_principal, listing_prefix, scoped_key
 from turnwire_server.api.tool_result_rpcs import ToolResultRpcs
 from turnwire_server.api.transcript_rpcs import TranscriptRpcs
 from turnwire_server.api.turn_streams import (
@@ -299,6 +299,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 trace_context=trace_context(context),
                 concurrent_input=strategy_of(concurrent_input),
                 budget=budget,
+                principal=caller_principal(),
             ),
             parent_request_id=parent_request_id(context),
         )

@@ -36,7 +36,7 @@ from turnwire.values import loads, tool_call_output_json
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.status import TurnwireStatusError, status_error_of
-from turnwire_server.api.tenancy import scoped_key
+from turnwire_server.api.tenancy import caller_principal, scoped_key
 from turnwire_server.api.turn_streams import (
     Started,
     disconnect_of,
@@ -304,6 +304,7 @@ class ToolResultRpcs:
                     trace_context=trace_context(context),
                     concurrent_input=strategy,
                     budget=budget,
+                    principal=caller_principal(),
                 ),
                 parent_request_id=parent_request_id(context),
                 reserved=reserved,

@@ -4,9 +4,10 @@
 A limit is in tokens (input and output of every model step, as the provider reports them:
 ``Usage.input_tokens + Usage.output_tokens``) and/or in US dollars (priced as
 :mod:`turnwire_server.engine.cost` prices a step); unset: no limit of that kind. Scopes: one
-``turn``, one ``conversation`` (all its turns, for as long as it exists), and a ``tenant``
-(every conversation of one tenant, ``turnwire_server.tenant_keys``) per calendar ``day`` and
-per calendar ``month`` in UTC. No limit set anywhere: budgets cost nothing (no store write, no
+``turn``, one ``conversation`` (all its turns, for as long as it exists), a ``tenant`` (every
+conversation of one tenant, ``turnwire_server.tenant_keys``) and a ``principal`` (every turn an
+authenticated caller started, in its tenant) per calendar ``day`` and per calendar ``month`` in
+UTC. No limit set anywhere: budgets cost nothing (no store write, no
 estimate).
 """
 
@@ -32,10 +33,10 @@ class BudgetLimit(ConfigSection):
         return self.tokens is not None or self.usd is not None
 
 
-class TenantBudgets(ConfigSection):
-    """Each tenant's limits per calendar period in UTC: ``day`` (resets at 00:00 UTC) and
-    ``month`` (resets at 00:00 UTC on the 1st). The same limits apply to every tenant, the
-    default one ("") included."""
+class PeriodBudgets(ConfigSection):
+    """Limits per calendar period in UTC: ``day`` (resets at 00:00 UTC) and ``month`` (resets at
+    00:00 UTC on the 1st), the same for every tenant (the default one, "", included) or every
+    principal."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -45,16 +46,19 @@ class TenantBudgets(ConfigSection):
 
 class BudgetSettings(ConfigSection):
     """Budgets (docs/cost.md, "Budgets"). ``turn``, ``conversation``: those scopes' limits;
-    ``tenant``: per period. ``assumed_max_output_tokens``: the output a step reserves when
-    nothing sets its ``max_output_tokens`` (with a budget every step is sent an explicit one,
-    at most this). ``min_output_tokens``: the least output a step is sent with; a budget
-    without room for it (or for the step's own smaller ``max_output_tokens``) ends the turn."""
+    ``tenant``, ``principal``: per period (a principal's apply to the turns an authenticated
+    caller starts, its submissions and their recoveries). ``assumed_max_output_tokens``: the
+    output a step reserves when nothing sets its ``max_output_tokens`` (with a budget every step
+    is sent an explicit one, at most this). ``min_output_tokens``: the least output a step is
+    sent with; a budget without room for it (or for the step's own smaller
+    ``max_output_tokens``) ends the turn."""
 
     model_config = ConfigDict(frozen=True)
 
     turn: BudgetLimit = Field(default_factory=BudgetLimit)
     conversation: BudgetLimit = Field(default_factory=BudgetLimit)
-    tenant: TenantBudgets = Field(default_factory=TenantBudgets)
+    tenant: PeriodBudgets = Field(default_factory=PeriodBudgets)
+    principal: PeriodBudgets = Field(default_factory=PeriodBudgets)
     assumed_max_output_tokens: int = Field(
         4096,
         ge=1,
@@ -74,6 +78,5 @@ class BudgetSettings(ConfigSection):
         return (
             self.turn.limited
             or self.conversation.limited
-            or self.tenant.day.limited
-            or self.tenant.month.limited
+            or any(p.day.limited or p.month.limited for p in (self.tenant, self.principal))
         )

@@ -79,12 +79,15 @@ def budgets_for(
     turn_limit: BudgetLimit,
     now: dt.datetime,
     *,
+    principal: str = "",
     with_turn: bool = True,
 ) -> tuple[BudgetLimits, ...]:
-    """The budgets a turn of ``conversation_id`` runs under at ``now`` (tz-aware), in the order
-    a refusal names the first: its own (``turn_limit``; always, so a request's lowered limit is
-    stored for a recovery of the turn, unless not ``with_turn``), its conversation's and its
-    tenant's for the UTC day and month, each only when limited."""
+    """The budgets a turn of ``conversation_id`` asked for by ``principal`` ("": none known)
+    runs under at ``now`` (tz-aware), in the order a refusal names the first: its own
+    (``turn_limit``; always, so a request's lowered limit is stored for a recovery of the turn,
+    unless not ``with_turn``), its conversation's, its tenant's and its principal's (keyed
+    ``tenant/principal``: a principal is a name in one tenant) for the UTC day and month, each
+    only when limited."""
     found: list[BudgetLimits] = []
     if with_turn:
         found.append(
@@ -97,12 +100,16 @@ def budgets_for(
         )
     tenant = tenant_of_key(conversation_id)
     utc = now.astimezone(dt.UTC)
-    for scope, limit, period in (
-        ("tenant/day", settings.tenant.day, utc.strftime("%Y-%m-%d")),
-        ("tenant/month", settings.tenant.month, utc.strftime("%Y-%m")),
-    ):
-        if limit.limited:
-            found.append(BudgetLimits(BudgetKey(scope, tenant, period), limit.tokens, limit.usd))
+    day, month = utc.strftime("%Y-%m-%d"), utc.strftime("%Y-%m")
+    owners = [("tenant", tenant, settings.tenant)]
+    if principal:
+        owners.append(("principal", f"{tenant}/{principal}", settings.principal))
+    for kind, key, periods in owners:
+        for period_name, limit, period in (("day", periods.day, day), ("month", periods.month, month)):
+            if limit.limited:
+                found.append(
+                    BudgetLimits(BudgetKey(f"{kind}/{period_name}", key, period), limit.tokens, limit.usd)
+                )
     return tuple(found)
 
 
@@ -110,9 +117,9 @@ def resets_in(key: BudgetKey, now: dt.datetime) -> float | None:
     """Seconds from ``now`` until the period of ``key`` ends (UTC midnight, or the next month's
     first); None for a budget that never resets (a turn's, a conversation's)."""
     utc = now.astimezone(dt.UTC)
-    if key.scope == "tenant/day":
+    if key.scope.endswith("/day"):
         start = dt.datetime.combine(utc.date(), dt.time(), dt.UTC) + dt.timedelta(days=1)
-    elif key.scope == "tenant/month":
+    elif key.scope.endswith("/month"):
         days = calendar.monthrange(utc.year, utc.month)[1]
         start = dt.datetime(utc.year, utc.month, 1, tzinfo=dt.UTC) + dt.timedelta(days=days)
     else:
@@ -137,13 +144,16 @@ def _exhausted(budget: BudgetLimits, spend: BudgetSpend) -> bool:
 
 
 async def admission_refusal(
-    store: BudgetStore, settings: BudgetSettings, conversation_id: str, now: dt.datetime
+    store: BudgetStore, settings: BudgetSettings, conversation_id: str, principal: str, now: dt.datetime
 ) -> BudgetRefused | None:
-    """Why a new turn on ``conversation_id`` is refused before anything is stored: its
-    conversation's or tenant's budget exhausted (None: admitted). One read, no lock; a turn
+    """Why a new turn on ``conversation_id`` asked for by ``principal`` is refused before
+    anything is stored: its conversation's, tenant's or principal's budget exhausted (None:
+    admitted). One read, no lock; a turn
     admitted in a race with another's last step meets the budget at its first step instead and
     ends with the same reason (the charge, under the rows' locks, never lets it overspend)."""
-    budgets = budgets_for(settings, "", conversation_id, BudgetLimit(), now, with_turn=False)
+    budgets = budgets_for(
+        settings, "", conversation_id, BudgetLimit(), now, principal=principal, with_turn=False
+    )
     if not budgets:
         return None
     spends = await store.budget_spends([budget.key for budget in budgets])
@@ -172,6 +182,7 @@ class StepBudgets:
         lease: TurnLease | None,
         turn_limit: BudgetLimit,
         recovered: bool,
+        principal: str = "",
     ) -> None:
         self.store = store
         self.settings = settings
@@ -180,6 +191,7 @@ class StepBudgets:
         self.conversation_id = conversation_id
         self.lease = lease
         self.turn_limit = turn_limit
+        self.principal = principal
         self._tenant = tenant_of_key(conversation_id)
         # Something may be reserved under this turn: a step of this attempt, or (recovered) of
         # the attempt a crash or a takeover cut off.
@@ -195,7 +207,7 @@ class StepBudgets:
         ``min_output_tokens`` of output, or a US dollar budget applies and ``model_id`` has no known price;
         :class:`LeaseLost` as every turn write does."""
         now = dt.datetime.now(dt.UTC)
-        budgets = budgets_for(self.settings, self.request_id, self.conversation_id, self.turn_limit, now)
+        budgets = self._budgets(now)
         asked = request.settings.max_output_tokens
         max_output = asked if asked is not None else self.settings.assumed_max_output_tokens
         rates = self.prices.rates(model_id, provider_type)
@@ -220,7 +232,8 @@ class StepBudgets:
             why = _why(refused, grant.spends.get(refused.key, BudgetSpend()))
             error = BudgetExhausted(
                 refused.key.scope,
-                f"{why}, and the next step needs about {prompt:,} tokens of prompt and at least {least:,} of output",
+                f"{why}, and the next step needs about {prompt:,} tokens of prompt and at least "
+                f"{least:,} of output",
                 resets_in(refused.key, now),
             )
             raise TurnFailure("step", error) from error
@@ -242,9 +255,17 @@ class StepBudgets:
         A step that never reported its use is charged its reservation."""
         if self._open:
             now = dt.datetime.now(dt.UTC)
-            await self._charge(
-                budgets_for(self.settings, self.request_id, self.conversation_id, self.turn_limit, now), None
-            )
+            await self._charge(self._budgets(now), None)
+
+    def _budgets(self, now: dt.datetime) -> tuple[BudgetLimits, ...]:
+        return budgets_for(
+            self.settings,
+            self.request_id,
+            self.conversation_id,
+            self.turn_limit,
+            now,
+            principal=self.principal,
+        )
 
     async def _charge(self, budgets: tuple[BudgetLimits, ...], ask: BudgetAsk | None) -> BudgetGrant:
         spent, self._spent = self._spent, None
@@ -254,6 +275,7 @@ class StepBudgets:
         self._open = False
         current = {budget.key for budget in budgets}  # not a past period a settlement touched
         for key, spend in grant.spends.items():
+            # Tenants only: a principal label would grow with every caller (and share a tenant's).
             if key in current and key.scope.startswith("tenant/"):
                 metrics.BUDGET_SPENT_TOKENS.labels(self._tenant, key.scope).set(spend.spent_tokens)
                 metrics.BUDGET_SPENT_USD.labels(self._tenant, key.scope).set(spend.spent_usd)
@@ -275,6 +297,7 @@ def step_budgets(store: BudgetStore, settings: EngineSettings, state: TurnWorkin
         lease=state.lease,
         turn_limit=lowered(settings.budgets.turn, request.budget),
         recovered=state.attempt > 1,
+        principal=request.principal,
     )
 
 

@@ -242,7 +242,11 @@ class TurnEngine:
         try:
             if recovery is None and request.entry in _REFUSED_OVER_BUDGET and self.settings.budgets.enabled:
                 refusal = await admission_refusal(
-                    self.store, self.settings.budgets, request.conversation_id, dt.datetime.now(dt.UTC)
+                    self.store,
+                    self.settings.budgets,
+                    request.conversation_id,
+                    request.principal,
+                    dt.datetime.now(dt.UTC),
                 )
                 if refusal is not None:
                     raise refusal
@@ -635,6 +639,7 @@ class TurnEngine:
                     client_tools=spec.client_tools,
                     entry="recovery",
                     trace_context=spec.trace_context,
+                    principal=spec.principal,
                 )
                 await self.start(
                     request,

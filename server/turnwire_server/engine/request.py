@@ -51,7 +51,8 @@ class TurnRequest:
     ``concurrent_input`` is what the request does when its conversation has a turn running or
     queued (docs/semantics.md §5; None: ``limits.concurrent_input``).
     ``budget`` is the request's own turn budget, which lowers ``budgets.turn`` and never raises
-    it (docs/cost.md, "Budgets"; None: the configured one).
+    it (docs/cost.md, "Budgets"; None: the configured one). ``principal`` is the caller who asked
+    for the turn ("" when authentication is off, or unknown): the turn runs under its budgets.
     """
 
     conversation_id: str
@@ -69,3 +70,4 @@ class TurnRequest:
     trace_context: Mapping[str, str] = field(default_factory=dict)
     concurrent_input: ConcurrentInputStrategy | None = None
     budget: BudgetLimit | None = None
+    principal: str = ""

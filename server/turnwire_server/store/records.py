@@ -212,7 +212,8 @@ class SubmissionRecord:
     ``request`` is the accepted request, serialized by the API layer (opaque to the store);
     ``seq`` its order of acceptance (assigned by the store, from 1); ``error`` a serialized
     ``google.rpc.Status`` when it failed or was aborted; ``owner`` the replica that queued its
-    turn, holding it while ``lease_until`` is renewed.
+    turn, holding it while ``lease_until`` is renewed; ``principal`` who submitted it ("" when
+    authentication is off): its turn runs under that principal's budgets (docs/cost.md).
     """
 
     submission_id: str
@@ -227,6 +228,7 @@ class SubmissionRecord:
     seq: int = 0
     owner: str = ""
     lease_until: dt.datetime | None = None
+    principal: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +255,8 @@ def renewed_lease(turn: TurnRecord, lease_seconds: float) -> TurnRecord:
 @dataclass(frozen=True, slots=True, order=True)
 class BudgetKey:
     """One budget's row (docs/cost.md, "Budgets"): ``scope`` (``turn``, ``conversation``,
-    ``tenant/day``, ``tenant/month``), ``key`` (the request id, conversation id or tenant) and
+    ``tenant/day``, ``tenant/month``, ``principal/day``, ``principal/month``), ``key`` (the
+    request id, conversation id, tenant, or ``tenant/principal``) and
     ``period`` (``""``, or the UTC day ``2026-12-02`` / month ``2026-12`` it counts)."""
 
     scope: str
@@ -265,7 +268,7 @@ class BudgetKey:
 class BudgetLimits:
     """A budget to charge: its ``key``, its limits (``tokens``: input plus output tokens;
     ``usd``: US dollars; None: no limit of that kind) and the ``conversation_id`` whose deletion
-    removes its row (None: a tenant's)."""
+    removes its row (None: a tenant's or a principal's)."""
 
     key: BudgetKey
     tokens: int | None = None

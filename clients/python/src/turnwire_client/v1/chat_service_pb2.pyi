@@ -979,6 +979,7 @@ class SubmitMessagesRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
     CONCURRENT_INPUT_STRATEGY_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to run on; created when the turn runs."""
     submission_id: _builtins.str
@@ -1013,6 +1014,12 @@ class SubmitMessagesRequest(_message.Message):
     def client_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientTool]:
         """Tools the client runs itself, offered to the model for the turn."""
 
+    @_builtins.property
+    def budget(self) -> Global___TurnBudget:
+        """Lowers this submission's turn budget (docs/cost.md, "Budgets"); never
+        raises it.
+        """
+
     def __init__(
         self,
         *,
@@ -1025,10 +1032,11 @@ class SubmitMessagesRequest(_message.Message):
         model: _builtins.str = ...,
         client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
         concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType = ...,
+        budget: Global___TurnBudget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "metadata", b"metadata"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "budget", b"budget", "metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "idempotency_key", b"idempotency_key", "messages", b"messages", "metadata", b"metadata", "model", b"model", "submission_id", b"submission_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "budget", b"budget", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "idempotency_key", b"idempotency_key", "messages", b"messages", "metadata", b"metadata", "model", b"model", "submission_id", b"submission_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,15 +1,16 @@
 -- turnwire: readable-by 8
 -- Budgets (issue 37, docs/cost.md "Budgets"). budget_spend: one row per
--- budget scope (scope: turn, conversation, tenant/day, tenant/month; scope_key: the request
--- id, conversation id or tenant; period: '' or the UTC day/month it counts), what was spent
+-- budget scope (scope: turn, conversation, tenant/day, tenant/month, principal/day,
+-- principal/month; scope_key: the request id, conversation id, tenant or tenant/principal; period: '' or the UTC day/month it counts), what was spent
 -- (settled steps) and what running steps reserved, and the limits it was last charged under.
 -- Each charge locks its rows (in key order) in the transaction that settles the last step and
 -- reserves the next, so two replicas never both spend the last of a budget.
 -- budget_reservations: what each running step of a turn (request_id) reserved per scope, with
 -- the lease epoch of the attempt that took it: a later attempt (a recovery, a takeover)
 -- settles a lost attempt's reservation once instead of leaving it reserved or charging it
--- twice. conversation_id: the rows a conversation's deletion removes (NULL for tenant scopes).
--- Expand-only: older code never reads the tables.
+-- twice. conversation_id: the rows a conversation's deletion removes (NULL for tenant and
+-- principal scopes). submissions.principal: who submitted (its turn runs under that principal's
+-- budgets). Expand-only: older code never reads the tables or the column.
 CREATE TABLE budget_spend (
     scope TEXT NOT NULL,
     scope_key TEXT NOT NULL,
@@ -36,3 +37,4 @@ CREATE TABLE budget_reservations (
     PRIMARY KEY (request_id, scope, scope_key, period)
 );
 CREATE INDEX budget_reservations_by_conversation ON budget_reservations (conversation_id);
+ALTER TABLE submissions ADD COLUMN principal TEXT;
