@@ -28,19 +28,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fencing_cost import _backend_cpu_s  # noqa: E402
-from support.stores import postgres_database  # noqa: E402
+from fencing_cost import _backend_cpu_s
+from support.stores import postgres_database
 
-from turnwire.providers import ModelRequest  # noqa: E402
-from turnwire.types import Cost, ModelSettings, Usage  # noqa: E402
-from turnwire_client.v1 import message_pb2  # noqa: E402
-from turnwire_server.engine.budget_settings import BudgetSettings  # noqa: E402
-from turnwire_server.engine.budgets import StepBudgets  # noqa: E402
-from turnwire_server.engine.cost import PriceBook  # noqa: E402
-from turnwire_server.engine.cost_settings import PricingSettings  # noqa: E402
-from turnwire_server.store import Store, TurnRecord  # noqa: E402
-from turnwire_server.store.postgres import PostgresStore  # noqa: E402
-from turnwire_server.store.sqlite import SqliteStore  # noqa: E402
+from turnwire.providers import ModelRequest
+from turnwire.types import Cost, ModelSettings, Usage
+from turnwire_client.v1 import message_pb2
+from turnwire_server.engine.budget_settings import BudgetSettings
+from turnwire_server.engine.budgets import StepBudgets
+from turnwire_server.engine.cost import PriceBook
+from turnwire_server.engine.cost_settings import PricingSettings
+from turnwire_server.store import Store, TurnRecord
+from turnwire_server.store.postgres import PostgresStore
+from turnwire_server.store.sqlite import SqliteStore
 
 MODEL = "bench:model"
 PRICES = PriceBook(PricingSettings.model_validate({"models": {MODEL: {"input_mtok": 3, "output_mtok": 15}}}))
@@ -139,7 +139,8 @@ async def main() -> None:
         print(f"| {n} | {sc:.0f} | {sw:.0f} | {pc:.0f} | {ps:.0f} | {pw:.0f} |")
     print(
         f"\nbudgets on (turn, conversation, tenant/day; tokens and USD); off: 0 (nothing runs). "
-        f"{args.steps} steps per round, {args.messages} messages of 400 bytes per step; load average {load:.1f}"
+        f"{args.steps} steps per round, {args.messages} messages of 400 bytes per step; "
+        f"load average {load:.1f}"
     )
 
 
