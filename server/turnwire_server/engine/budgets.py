@@ -237,7 +237,6 @@ class StepBudgets:
                 resets_in(refused.key, now),
             )
             raise TurnFailure("step", error) from error
-        self._open = True
         if asked is not None and grant.output_tokens >= asked:
             return request
         if grant.output_tokens < max_output:
@@ -269,10 +268,13 @@ class StepBudgets:
 
     async def _charge(self, budgets: tuple[BudgetLimits, ...], ask: BudgetAsk | None) -> BudgetGrant:
         spent, self._spent = self._spent, None
+        # Open until the charge is known to have left nothing reserved: one cut off in flight
+        # (a cancel, a store failure) may have committed a reservation, which close settles.
+        self._open = True
         grant = await self.store.charge_budget(
             BudgetCharge(self.request_id, self.conversation_id, self.lease, budgets, spent=spent, ask=ask)
         )
-        self._open = False
+        self._open = ask is not None and grant.refused is None
         current = {budget.key for budget in budgets}  # not a past period a settlement touched
         for key, spend in grant.spends.items():
             # Tenants only: a principal label would grow with every caller (and share a tenant's).

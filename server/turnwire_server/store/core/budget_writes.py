@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any, Final, TypeVar
 
 from turnwire_server.store.core.budget_rules import Reservation, fit_output, settle
-from turnwire_server.store.core.fencing import holds_lease, lease_read
+from turnwire_server.store.core.fencing import holds_lease
 from turnwire_server.store.core.sql import Dialect, Program, Statement
 from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetKey, BudgetLimits, BudgetSpend
 
@@ -29,8 +29,12 @@ _KEY: Final = "scope = ? AND scope_key = ? AND period = ?"
 _SPEND_COLUMNS: Final = "spent_tokens, spent_usd, reserved_tokens, reserved_usd"
 _ENSURE_ROWS: Final = "INSERT INTO budget_spend (scope, scope_key, period, conversation_id) VALUES "
 _ON_CONFLICT: Final = " ON CONFLICT (scope, scope_key, period) DO NOTHING"
-_RESERVATIONS: Final = (
-    "SELECT scope, scope_key, period, epoch, tokens, usd FROM budget_reservations WHERE request_id = ?"
+_TOKEN_AND_RESERVATIONS: Final = (
+    # The turn's fencing token (its row locked, as fencing.lease_read's) and its reservations in
+    # one read: a row per reservation, or one with NULL reservation columns when it has none.
+    "SELECT t.owner, t.lease_epoch, r.scope, r.scope_key, r.period, r.epoch, r.tokens, r.usd"
+    " FROM turns t LEFT JOIN budget_reservations r ON r.request_id = t.request_id"
+    " WHERE t.request_id = ?"
 )
 _ROW_MARKS: Final = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _UPDATE_ROWS: Final = (
@@ -89,8 +93,11 @@ def charge_budget(charge: BudgetCharge, dialect: Dialect) -> Program[BudgetGrant
     keys = sorted({budget.key for budget in charge.budgets})
     owners = {budget.key: budget.conversation_id for budget in charge.budgets}
     reads = [
-        lease_read(charge.request_id, dialect),
-        Statement(_RESERVATIONS, (charge.request_id,), fetch=True),
+        Statement(
+            _TOKEN_AND_RESERVATIONS + (f"{dialect.lock_rows} OF t" if dialect.lock_rows else ""),
+            (charge.request_id,),
+            fetch=True,
+        )
     ]
     if keys:
         reads.append(
@@ -116,11 +123,12 @@ def charge_budget(charge: BudgetCharge, dialect: Dialect) -> Program[BudgetGrant
         )
     )
     found = yield reads
-    if not holds_lease(found[0], charge.lease):
+    if not holds_lease([row[:2] for row in found[0][:1]], charge.lease):
         return BudgetGrant(output_tokens=charge.ask.max_output if charge.ask else 0)
     reservations = [
         Reservation(BudgetKey(scope, key, period), int(epoch), int(tokens), float(usd))
-        for scope, key, period, epoch, tokens, usd in found[1]
+        for _, _, scope, key, period, epoch, tokens, usd in found[0]
+        if scope is not None
     ]
     rows = {BudgetKey(row[0], row[1], row[2]): row[3:] for row in found[-1]}
     spends = {k: _spend(row) for k, row in rows.items()}
