@@ -21,12 +21,13 @@ def test_the_engine_holds_the_validated_sections_themselves() -> None:
         events={"hook_timeline": True},
         checkpoint={"interval_ms": 40},
     )
-    engine = _engine_settings(settings, SessionConfig())
+    engine = _engine_settings(settings, SessionConfig(), "replica-test")
     assert engine.limits is settings.limits
     assert engine.events is settings.events
     assert engine.checkpoint is settings.checkpoint
     assert engine.durability is settings.durability
     assert engine.limits.concurrent_input == "reject"
+    assert engine.replica_id == "replica-test"
     assert (engine.default_model, engine.system_prompt) == (settings.default_model, settings.system_prompt)
 
 

@@ -96,3 +96,81 @@ async def test_a_call_refused_before_anything_was_sent_is_not_stranded(make_engi
         events = await collect(await h.start("question", request_id=f"r-refused-{n}"))
         assert end_of(events).status == event_pb2.TURN_STATUS_ERROR
     assert await h.engine.release_stranded() == 0
+
+
+async def _a_stranded_turn_claimed(h: Any, request_id: str) -> list[Any]:
+    """A turn running in the store with nothing running it (its input's commit cut off after it
+    landed), its lease given up, then claimed by this replica for recovery."""
+    admit = h.store.admit_turn
+
+    @asynccontextmanager
+    async def landed_then_cut_off(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async with admit(*args, **kwargs):
+            raise StoreUnreachable("connection lost during COMMIT", in_flight=True)
+        yield  # never reached: a generator for asynccontextmanager
+
+    h.store.admit_turn = landed_then_cut_off
+    await collect(await h.start("question", request_id=request_id))
+    h.store.admit_turn = admit
+    assert await h.engine.release_stranded() == 1
+    now = dt.datetime.now(dt.UTC)
+    claimed = await h.store.claim_interrupted_turns(h.engine.settings.replica_id, now, now, 10)
+    assert [turn.request_id for turn in claimed] == [request_id]
+    return list(claimed)
+
+
+async def _recovered_once(h: Any, request_id: str) -> None:
+    now = dt.datetime.now(dt.UTC)
+    claimed = await h.store.claim_interrupted_turns(h.engine.settings.replica_id, now, now, 10)
+    assert [turn.request_id for turn in claimed] == [request_id], "the stranded turn is claimable again"
+    await h.engine.recover_turns(claimed)
+
+    async def answered() -> list[message_pb2.Message] | None:
+        messages = await h.store.load_messages(CONV)
+        return list(messages) if len(messages) == 2 and not await h.store.running_turns() else None
+
+    messages = await wait_until(answered, timeout=10, what="the recovered turn answers")
+    assert messages is not None and [text_of(m) for m in messages] == ["question", "the answer"]
+    stored = [event async for event in h.engine.replay(request_id, 0)]
+    assert sum(1 for e in stored if e.HasField("turn_end")) == 1
+
+
+async def test_claimed_turns_whose_recovery_the_store_cut_off_are_given_up(
+    make_engine: EngineFactory,
+) -> None:
+    """The chaos probe's sample (seed 3312282815): a replica claimed a turn, then the database
+    restarted while it prepared the recovery (reading the stored reply); the turn stayed
+    ``running`` under that replica's lease, renewed, and was never run."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
+    claimed = await _a_stranded_turn_claimed(h, "r-claimed")
+    load = h.store.load_messages
+
+    async def cut_off(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnreachable("terminating connection due to administrator command", in_flight=True)
+
+    h.store.load_messages = cut_off  # type: ignore[method-assign]
+    try:
+        await h.engine.recover_turns(claimed)
+    except StoreUnreachable:
+        pass
+    else:
+        raise AssertionError("the recovery's store error propagates (the tick logs it)")
+    h.store.load_messages = load  # type: ignore[method-assign]
+    assert await h.engine.release_stranded() == 1
+    await _recovered_once(h, "r-claimed")
+
+
+async def test_a_recovery_whose_turn_lock_fails_is_given_up(make_engine: EngineFactory) -> None:
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
+    claimed = await _a_stranded_turn_claimed(h, "r-lock")
+    lock = h.store.turn_lock
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnreachable("the database is unreachable")
+
+    h.store.turn_lock = refused  # type: ignore[method-assign]
+    await h.engine.recover_turns(claimed)  # a detached run: it fails at its turn lock
+    released = await wait_until(h.engine.release_stranded, timeout=10, what="the failed recovery is stranded")
+    assert released == 1
+    h.store.turn_lock = lock  # type: ignore[method-assign]
+    await _recovered_once(h, "r-lock")

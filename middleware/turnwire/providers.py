@@ -38,7 +38,9 @@ class ModelRequest:
     and may keep a conversion by message object. ``step_number`` is the 0-based step within
     the turn (adapters may ignore it; the scripted model uses it). ``attempt`` is the
     turn's attempt, from 1; a recovery after a stall or a crash runs attempt 2 and later
-    (docs/semantics.md §8, §12).
+    (docs/semantics.md §8, §12). ``cache_key`` is an opaque key of the conversation, the same
+    for all its steps and turns ("" for none): adapters give it to a provider's prompt cache
+    (OpenAI's ``prompt_cache_key``), never a conversation id.
     """
 
     model: str
@@ -50,6 +52,7 @@ class ModelRequest:
     output_schema: Mapping[str, Any] | None = None
     step_number: int = 0
     attempt: int = 1
+    cache_key: str = ""
 
 
 class ProviderError(DomainError):

@@ -48,9 +48,10 @@ from turnwire_server.cache_budget import CACHES
 from turnwire_server.config import MiddlewareEntry, Settings, StoreSettings
 from turnwire_server.engine import EngineSettings, TurnEngine
 from turnwire_server.engine.cost import PriceBook
+from turnwire_server.engine.fallback import Fallbacks
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.replica import Replica
-from turnwire_server.engine.settings import DurabilitySettings
+from turnwire_server.engine.settings import DurabilitySettings, new_replica_id
 from turnwire_server.engine.store_outage import until_stored
 from turnwire_server.engine.submissions import Submissions
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
@@ -476,11 +477,14 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
     store, then the store, the engine with its recoveries, the gRPC server, and the background
     loops; each step is one function below. The store is closed again when a step after it fails."""
     providers = build_providers(settings)
-    _check_model(providers, settings.default_model, "default_model")
+    _check_models(providers, settings)
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     session = await _configure_session(settings, chain, providers, tools)
     access = build_access(settings)
-    store = await _open_store(settings.store, patience_seconds=settings.durability.store_outage_seconds)
+    replica_id = new_replica_id()
+    store = await _open_store(
+        settings.store, patience_seconds=settings.durability.store_outage_seconds, replica_id=replica_id
+    )
     try:
         tracing, tracer_provider = _start_tracing(settings)
         # Before the engine: the turns it recovers count against their tenants' shares already.
@@ -490,7 +494,7 @@ async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, s
             providers=providers,
             tools=tools,
             chain=chain,
-            settings=_engine_settings(settings, session),
+            settings=_engine_settings(settings, session, replica_id),
             error_status=status_of,
             tracing=tracing,
             turn_slots=gate,
@@ -539,9 +543,17 @@ async def check_providers(settings: Settings) -> None:
     :class:`StartupError` with ``serve``'s message."""
     providers = build_providers(settings)
     try:
-        _check_model(providers, settings.default_model, "default_model")
+        _check_models(providers, settings)
     finally:
         await providers.aclose()
+
+
+def _check_models(providers: ProviderRegistry, settings: Settings) -> None:
+    """:func:`_check_model` of ``default_model`` and of every model ``fallback.models`` names."""
+    _check_model(providers, settings.default_model, "default_model")
+    for model, fallbacks in settings.fallback.models.items():
+        for model_id in (model, *fallbacks):
+            _check_model(providers, model_id, f"fallback.models[{model!r}]")
 
 
 def _check_model(providers: ProviderRegistry, model: str, field: str) -> None:
@@ -586,15 +598,18 @@ def _check_listen(listen: str) -> None:
         raise StartupError(str(error)) from error
 
 
-async def _open_store(config: StoreSettings, *, patience_seconds: float) -> Store:
+async def _open_store(config: StoreSettings, *, patience_seconds: float, replica_id: str) -> Store:
     """The configured store, opened (migrated, locked). While the database is unreachable
     (:class:`StoreUnreachable`: restarting, not yet up, cut off) the opening is retried with
     backoff for up to ``patience_seconds`` (``durability.store_outage_seconds``), as a turn's
     final write is (docs/operate/outages.md): a replica started during a database restart comes
     up once the database does. A refusal (no such database or role, a wrong password) fails at
-    once. Raises :class:`StartupError` naming no store address (:func:`store_label`)."""
+    once. ``replica_id`` names its database sessions (this process's turns' owner). Raises
+    :class:`StartupError` naming no store address (:func:`store_label`)."""
     try:
-        store = open_store(config.url, pool_size=config.pool_size, password_env=config.password_env)
+        store = open_store(
+            config.url, pool_size=config.pool_size, password_env=config.password_env, replica_id=replica_id
+        )
     except ValueError as error:
         raise StartupError(f"store.url: {error}") from error
     try:
@@ -620,9 +635,10 @@ def _start_tracing(settings: Settings) -> tuple[Tracing, TracerProvider | None]:
         raise StartupError(f"tracing.ca_file: {error}") from error
 
 
-def _engine_settings(settings: Settings, session: SessionConfig) -> EngineSettings:
+def _engine_settings(settings: Settings, session: SessionConfig, replica_id: str) -> EngineSettings:
     """The engine's settings: its validated sections as they are, and what start-up decided."""
     return EngineSettings(
+        replica_id=replica_id,
         default_model=settings.default_model,
         system_prompt=settings.system_prompt,
         limits=settings.limits,
@@ -633,14 +649,23 @@ def _engine_settings(settings: Settings, session: SessionConfig) -> EngineSettin
         metric_models=metric_models(settings, session),
         redact=redactor_for(settings).redact,
         prices=PriceBook(settings.pricing),
+        fallbacks=Fallbacks(settings.fallback),
         budgets=settings.budgets,
     )
 
 
 async def _recover(settings: Settings, engine: TurnEngine, store: Store) -> Submissions:
     """Recover the turns a crash interrupted (``durability.recover_on_start``), then start the
-    pending submissions; returns the submissions runner the API and the replica use."""
-    recovered = await engine.recover(resume=settings.durability.recover_on_start)
+    pending submissions; returns the submissions runner the API and the replica use. Each waits
+    out the database being unreachable as the store's opening does (a replica restarted during a
+    database restart; a claim is safe to repeat: it takes only what no live replica holds)."""
+    patience = settings.durability.store_outage_seconds
+    recovered = await until_stored(
+        lambda: engine.recover(resume=settings.durability.recover_on_start),
+        patience_seconds=patience,
+        what="recovering interrupted turns",
+        retry_on=StoreUnreachable,
+    )
     if recovered:
         log.warning("found %d turn(s) interrupted by a previous crash", recovered)
     submissions = Submissions(
@@ -651,7 +676,12 @@ async def _recover(settings: Settings, engine: TurnEngine, store: Store) -> Subm
         max_running=settings.durability.max_running_submissions,
         error_status=status_of,
     )
-    restarted = await submissions.claim()
+    restarted = await until_stored(
+        submissions.claim,
+        patience_seconds=patience,
+        what="claiming pending submissions",
+        retry_on=StoreUnreachable,
+    )
     if restarted:
         log.info("started %d pending submission(s)", restarted)
     return submissions

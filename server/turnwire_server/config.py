@@ -36,6 +36,7 @@ from turnwire_server.config_hints import unknown_field_message
 from turnwire_server.config_section import ConfigSection
 from turnwire_server.engine.budget_settings import BudgetSettings
 from turnwire_server.engine.cost_settings import PricingSettings
+from turnwire_server.engine.fallback import FallbackSettings
 from turnwire_server.engine.settings import (
     DurabilitySettings,
     EventsSettings,
@@ -201,6 +202,7 @@ class Settings(BaseSettings):
     middleware: list[MiddlewareEntry] = Field(default_factory=list)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     pricing: PricingSettings = Field(default_factory=PricingSettings)
+    fallback: FallbackSettings = Field(default_factory=FallbackSettings)
     budgets: BudgetSettings = Field(default_factory=BudgetSettings)
     events: EventsSettings = Field(default_factory=EventsSettings)
     checkpoint: StoreCheckpointSettings = Field(default_factory=StoreCheckpointSettings)

@@ -4,7 +4,8 @@ next step has no room in the tenant's daily budget ends ``TURN_STATUS_ERROR`` wi
 is stored with ``RESOURCE_EXHAUSTED``, ``QuotaFailure`` naming the budget, ``ErrorInfo`` and a
 ``RetryInfo`` delay until midnight UTC; an accepted submission meeting it runs and ends ``error``
 with that reason; the metrics count them and show the day's spend. A principal's daily budget
-holds for its own calls and submissions, not another principal's of the same tenant."""
+holds for its own calls and submissions, not another principal's of the same tenant. A step that
+falls back to another model is reserved again at that model's prices."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from prometheus_client.parser import text_string_to_metric_families
+from providers.helpers import c_chunk, chat_sse
+from providers.replay import ReplayServer, Reply
 from support.sidecar import SidecarFactory, free_port
 from support.tokens import auth_config, new_token, write_tokens_file
 from support.waiting import wait_until
@@ -23,6 +26,7 @@ from support.waiting import wait_until
 from turnwire_client import TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import chat_service_pb2, event_pb2
 
+OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
 SCRIPT = [
     {
         "text": "Let me check.",
@@ -150,3 +154,38 @@ async def test_a_principals_daily_budget_follows_its_calls_and_submissions(
         with pytest.raises(TurnwireError) as bob_raised:
             await collect(as_bob.chat("b2", "again"))
         assert bob_raised.value.error_metadata["budget"] == "principal/day"
+
+
+async def test_a_step_falling_back_is_reserved_again_at_the_fallbacks_prices(
+    sidecar_factory: SidecarFactory,
+) -> None:
+    """A dollar budget of $0.01 a turn: the Anthropic step (claude-haiku-4-5, $5 per million output
+    tokens) is sent with max_tokens just under 2 000; it is overloaded before any output, so the
+    step falls back to gpt-4o ($10 per million): charged only its prompt for the failed attempt, it
+    is reserved again and sent with just under 1 000."""
+    with ReplayServer() as anthropic, ReplayServer() as openai:
+        sdk = {"api_key_env": None, "max_retries": 0}
+        config = {
+            "default_model": "anthropic:claude-haiku-4-5",
+            "providers": {
+                "anthropic": {"type": "anthropic", "base_url": anthropic.url, **sdk},
+                "openai": {"type": "openai", "base_url": f"{openai.url}/v1", **sdk},
+            },
+            "fallback": {"models": {"anthropic:claude-haiku-4-5": ["openai:gpt-4o"]}},
+            "tools": {"demo": False},
+            "budgets": {"turn": {"usd": 0.01}},
+        }
+        sidecar = await sidecar_factory(config=config).start()
+        anthropic.enqueue(Reply.error(529, OVERLOADED))
+        usage = {"prompt_tokens": 900, "completion_tokens": 12, "total_tokens": 912}
+        openai.enqueue(
+            Reply.sse(
+                chat_sse(c_chunk({"content": "Hi."}), c_chunk({}, "stop"), c_chunk(usage=usage, empty=True))
+            )
+        )
+        async with TurnwireClient(sidecar.target) as client:
+            result = await collect(client.chat("falls-back", "hi"))
+    assert result.status == event_pb2.TURN_STATUS_COMPLETED, result.error
+    assert 1_900 < anthropic.requests[0].json["max_tokens"] < 2_000
+    sent = openai.requests[0].json
+    assert 900 < sent.get("max_completion_tokens", sent.get("max_tokens", 0)) < 1_000

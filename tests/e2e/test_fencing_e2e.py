@@ -2,11 +2,11 @@
 
 Two real ``turnwire serve`` replicas share a fresh PostgreSQL database with a short lease. Replica
 A runs a turn; A is then paused (SIGSTOP) or cut off from the database (a loopback TCP proxy
-between A and PostgreSQL resets A's connections while B reaches the database directly) for
-longer than its lease. B takes the turn over once and completes it. When A goes on (SIGCONT, or
-the proxy forwards again), A writes nothing more for the turn and its caller's stream ends with
-``LEASE_LOST`` (``ABORTED``, retryable: follow the turn with ResumeTurn); the turn is completed
-once, its events stored once.
+between A and PostgreSQL resets A's connections, or stops answering, while B reaches the database
+directly) for longer than its lease, between its writes or inside one. B takes the turn over once
+and completes it. When A goes on (SIGCONT, or the proxy forwards again), A writes nothing more for
+the turn and its caller's stream ends with ``LEASE_LOST`` (``ABORTED``, retryable: follow the turn
+with ResumeTurn); the turn is completed once, its events stored once.
 """
 
 from __future__ import annotations
@@ -92,20 +92,32 @@ async def _start_on_a(client: TurnwireClient, url: str, request_id: str) -> tupl
     return stream, seen
 
 
-async def _pause_between_writes(a: SidecarProcess, url: str) -> None:
-    """SIGSTOP A while none of its database sessions is inside a write. A replica frozen in the
-    middle of a pipelined write holds that write's locks (the turn's row among them) until it
-    goes on or its connection dies, and PostgreSQL ends no such session (it is ``active``, so
-    neither ``idle_in_transaction_session_timeout`` nor ``statement_timeout`` applies): the
-    turn's takeover then waits for it (docs/semantics.md §5, "Fencing"). That case is left out
-    here; the pause itself is what is tested."""
-    busy = "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'replica-a' AND state <> 'idle'"
-    for _ in range(200):
+def _sessions_of_a(url: str, request_id: str) -> str:
+    """The condition on ``pg_stat_activity`` that picks replica A's sessions: A runs the turn,
+    and its sessions carry its replica id (``turnwire/<id>``, the turn's owner)."""
+    ((owner,),) = sql(url, "SELECT owner FROM turns WHERE request_id = %s", (request_id,))
+    return f"application_name = 'turnwire/{owner}'"
+
+
+async def _pause(a: SidecarProcess, url: str, request_id: str, where: str) -> None:
+    """SIGSTOP A ``between`` its writes (none of its sessions busy) or ``inside`` one: a session
+    of A holding a transaction open, waiting for A (``ClientRead``), with the turn's row lock
+    among its locks when it is a fenced write. PostgreSQL ends no such session by itself; B's
+    claims end it once A's lease lapsed (``stuck_sessions``), or the takeover would wait forever."""
+    mine = _sessions_of_a(url, request_id)
+    if where == "between":
+        wanted = f"SELECT COUNT(*) = 0 FROM pg_stat_activity WHERE {mine} AND state <> 'idle'"
+    else:
+        wanted = (
+            f"SELECT COUNT(*) > 0 FROM pg_stat_activity WHERE {mine} AND state = 'active'"
+            " AND wait_event = 'ClientRead' AND xact_start IS NOT NULL"
+        )
+    for _ in range(2000):
         a.send_signal(signal.SIGSTOP)
-        if sql(url, busy) == [(0,)] and sql(url, busy) == [(0,)]:
+        if sql(url, wanted) == [(True,)] and sql(url, wanted) == [(True,)]:
             return
         a.send_signal(signal.SIGCONT)
-    raise AssertionError("replica A was inside a write at each of 200 tries")
+    raise AssertionError(f"replica A was never paused {where} a write in 2000 tries")
 
 
 async def _taken_over_and_completed(url: str, request_id: str, b: SidecarProcess) -> None:
@@ -159,16 +171,20 @@ async def _completed_once(url: str, request_id: str, on_b: TurnwireClient) -> No
     assert events[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED
 
 
+@pytest.mark.parametrize("where", ["between", "inside"])
 async def test_a_replica_paused_past_its_lease_writes_nothing_for_the_turn_taken_over(
-    sidecar_factory: SidecarFactory, pg_url: str, tmp_path: Path
+    sidecar_factory: SidecarFactory, pg_url: str, tmp_path: Path, where: str
 ) -> None:
-    a = sidecar_factory(config(), workdir=tmp_path / "a", store_url=f"{pg_url}?application_name=replica-a")
+    """``between``: A paused while none of its sessions is inside a write. ``inside``: paused
+    inside one, its session holding its locks (the turn's row among them, when the write is a
+    fenced one) and waiting for A."""
+    a = sidecar_factory(config(), workdir=tmp_path / "a", store_url=pg_url)
     b = sidecar_factory(config(), workdir=tmp_path / "b", store_url=pg_url)
     await asyncio.gather(a.start(), b.start())
     on_a, on_b = TurnwireClient(a.target), TurnwireClient(b.target)
     try:
         stream, seen = await _start_on_a(on_a, pg_url, "r-pause")
-        await _pause_between_writes(a, pg_url)  # a long GC pause, a frozen VM
+        await _pause(a, pg_url, "r-pause", where)  # a long GC pause, a frozen VM
         try:
             await _taken_over_and_completed(pg_url, "r-pause", b)
             before = stored_state(pg_url, "r-pause")
@@ -182,16 +198,14 @@ async def test_a_replica_paused_past_its_lease_writes_nothing_for_the_turn_taken
         await on_b.close()
 
 
-@pytest.mark.parametrize("how", ["reset"])
+@pytest.mark.parametrize("how", ["reset", "blackhole"])
 async def test_a_replica_cut_off_from_the_database_writes_nothing_once_it_reconnects(
     sidecar_factory: SidecarFactory, pg_url: str, tmp_path: Path, how: str
 ) -> None:
-    """``reset``: A's connections are refused (a closed port). Not ``blackhole`` (nothing answers):
-    a cut that falls between a write's read batch and its write batch leaves A's backend inside
-    the pipeline (``active``, waiting on ``ClientRead``) holding the turn's row lock, which B's claim
-    skips; the test proxy keeps the TCP stream alive, so the server never drops that backend
-    (session TCP timeouts, :data:`turnwire_server.store.postgres.connection._SERVER_TCP`, cover a
-    real dropped route). Open in issue 34's note."""
+    """``reset``: A's connections are refused (a closed port). ``blackhole``: nothing answers (a
+    partition; the test proxy keeps the TCP streams alive, so the server's TCP timeouts never end
+    A's sessions): a cut inside a write leaves A's session holding its locks, which B's claims
+    end once A's lease lapsed."""
     server = urlsplit(pg_url)
     with TcpProxy(server.hostname or "127.0.0.1", server.port or 5432) as proxy:
         through_proxy = server._replace(netloc=f"{server.username}@127.0.0.1:{proxy.port}").geturl()

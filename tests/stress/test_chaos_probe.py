@@ -11,7 +11,10 @@ with a pause between them, faults from:
 - ``restart``: the cluster restarted with ``pg_ctl`` (``stop -m fast``, then ``start``);
 - ``outage``: every replica's link reset or blackholed for :data:`OUTAGE_SECONDS`;
 - ``pause``: one replica SIGSTOPped for :data:`PAUSE_SECONDS`, then SIGCONTed: shorter than its
-  lease (a pause longer than a lease needs fencing, issue 34's other half);
+  lease, so nobody takes its turns;
+- ``stall``: one replica SIGSTOPped for :data:`STALL_SECONDS`, longer than its lease, wherever it
+  is (inside a write too): the others take its turns over, and once SIGCONTed it is fenced (it
+  writes nothing more for them, its callers get ``LEASE_LOST``);
 - ``kill``: one replica SIGKILLed, then started again; its turns are taken over by the others.
 
 Then every fault is undone and the invariants checked on the database: every acknowledged
@@ -40,6 +43,7 @@ from pathlib import Path
 import grpc
 import psycopg
 import pytest
+from google.rpc import error_details_pb2, status_pb2
 from support.pg_cluster import PgCluster
 from support.sidecar import SidecarFactory, SidecarProcess
 from support.tcp_proxy import TcpProxy
@@ -60,10 +64,11 @@ REPLICAS = 3
 LEASE_SECONDS = 4.0
 OUTAGE_SECONDS = 2.0
 PAUSE_SECONDS = LEASE_SECONDS / 2  # shorter than a lease: no takeover of a live replica's turns
+STALL_SECONDS = LEASE_SECONDS * 2.5  # past the lease, a stuck session's end and the next claim
 GAP_SECONDS = 0.5  # between faults: load runs undisturbed a while
 CALL_SECONDS = 45.0  # a call's deadline: a turn stuck behind a lost lock fails the probe, never hangs it
 SEND_DEADLINE_SECONDS = 120.0  # one message's retries give up after this: a probe failure
-KINDS = ("restart", "outage", "pause", "kill")
+KINDS = ("restart", "outage", "pause", "stall", "kill")
 CONFIG = {
     "providers": {
         "scripted": {"scripts": {"work": [{"text": "one two three four five six", "delay_ms": 40}]}}
@@ -83,6 +88,7 @@ class Tally:
     completed: int = 0
     retries: int = 0
     broken_after_ack: int = 0
+    fenced: int = 0  # streams ended with LEASE_LOST: their replica stalled past its lease
     phases: dict[str, float] = field(default_factory=dict)  # seconds since the start, by phase
 
 
@@ -104,7 +110,7 @@ class Cluster:
         await asyncio.gather(*(self.start_replica(n) for n in range(REPLICAS)))
 
     async def start_replica(self, n: int) -> None:
-        url = f"postgresql://postgres@{self.proxies[n].address}/postgres?application_name=chaos-{n}"
+        url = f"postgresql://postgres@{self.proxies[n].address}/postgres"
         self.replicas[n] = await self.factory(
             CONFIG, workdir=self.root / f"replica-{n}", store_url=url
         ).start()
@@ -163,6 +169,7 @@ async def send_in_order(
                             tally.acknowledged.add(message_id)
                         elif kind == "turn_end":
                             tally.completed += event.turn_end.status == 1
+                            tally.fenced += _lease_lost(event.turn_end.error)
                 except TurnwireError as error:
                     if message_id in tally.acknowledged:
                         tally.broken_after_ack += 1  # its replica died or stopped: recovered elsewhere
@@ -174,9 +181,14 @@ async def send_in_order(
     return ids
 
 
+def _lease_lost(error: status_pb2.Status) -> bool:
+    info = error_details_pb2.ErrorInfo()
+    return any(d.Unpack(info) and info.reason == "LEASE_LOST" for d in error.details if d.Is(info.DESCRIPTOR))
+
+
 async def inject(cluster: Cluster, kind: str, rng: random.Random) -> None:
     """One fault, undone before returning."""
-    if kind in ("pause", "kill") and sum(r is not None for r in cluster.replicas) < 2:
+    if kind in ("pause", "stall", "kill") and sum(r is not None for r in cluster.replicas) < 2:
         # Keep one replica serving: wait for the killed ones to be back first.
         await asyncio.gather(*cluster.starting)
     if kind == "restart":
@@ -188,14 +200,14 @@ async def inject(cluster: Cluster, kind: str, rng: random.Random) -> None:
         await asyncio.sleep(OUTAGE_SECONDS)  # the outage's length is the fault
         for proxy in cluster.proxies:
             proxy.restore()
-    elif kind == "pause":
+    elif kind in ("pause", "stall"):
         live = [n for n, r in enumerate(cluster.replicas) if r is not None]
         n = rng.choice(live)
         replica = cluster.replicas[n]
         assert replica is not None
         cluster.paused.add(n)
         replica.send_signal(signal.SIGSTOP)
-        await asyncio.sleep(PAUSE_SECONDS)  # the pause's length is the fault
+        await asyncio.sleep(PAUSE_SECONDS if kind == "pause" else STALL_SECONDS)  # the length is the fault
         replica.send_signal(signal.SIGCONT)
         cluster.paused.discard(n)
     else:
@@ -331,6 +343,7 @@ def print_table(seed: int, tally: Tally, results: dict[str, tuple[bool, str]]) -
         f"| completed, seen by their caller | {tally.completed} |",
         f"| calls refused or broken before acknowledgement (retried) | {tally.retries} |",
         f"| calls broken after acknowledgement (recovered by a replica) | {tally.broken_after_ack} |",
+        f"| streams ended LEASE_LOST (their replica stalled past its lease; taken over) | {tally.fenced} |",
         "| phase | done after (s) |",
         "| --- | ---: |",
         *(f"| {name} | {seconds:.1f} |" for name, seconds in tally.phases.items()),

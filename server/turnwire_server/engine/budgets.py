@@ -197,6 +197,7 @@ class StepBudgets:
         # the attempt a crash or a takeover cut off.
         self._open = recovered
         self._spent: tuple[int | None, float | None] | None = None
+        self._prompt: tuple[int, float] = (0, 0.0)  # the reserved step's prompt: tokens, US dollars
 
     async def reserve(
         self, request: ModelRequest, model_id: str, provider_type: str | None, provider: object
@@ -224,6 +225,7 @@ class StepBudgets:
             raise TurnFailure("step", error) from error
         usd_in, usd_out = rates or (0.0, 0.0)
         prompt = await _ESTIMATE.count(request, provider)
+        self._prompt = (prompt, prompt * usd_in)
         least = min(self.settings.min_output_tokens, max_output)
         grant = await self._charge(budgets, BudgetAsk(prompt, prompt * usd_in, usd_out, max_output, least))
         if grant.refused is not None:
@@ -248,6 +250,12 @@ class StepBudgets:
         """The reserved step's actual use (its tokens; its cost, None: unknown, charged at the
         reservation); settled by the next charge."""
         self._spent = (usage.input_tokens + usage.output_tokens, None if cost is None else cost.usd)
+
+    def unanswered(self) -> None:
+        """The reserved step failed before any output (a fallback follows): charged its prompt's
+        reservation, the most a request answered with an error before any output can bill (none
+        of its output was produced); settled by the next charge."""
+        self._spent = self._prompt
 
     async def close(self) -> None:
         """Settle what this turn still has reserved (nothing to do, no write, when nothing is).

@@ -609,77 +609,89 @@ class TurnEngine:
 
     async def recover_turns(self, turns: Sequence[TurnRecord], *, resume: bool = True) -> None:
         """Recover ``turns``, claimed by this replica (see :meth:`recover`)."""
+        for index, turn in enumerate(turns):
+            try:
+                await self._recover_turn(turn, resume)
+            except StoreError:
+                # Claimed (running under this replica's lease) and run by nothing: given up once
+                # the store answers (release_stranded), so a claim, this replica's too, recovers them.
+                for left in turns[index:]:
+                    self._stranded[left.request_id] = dataclasses.replace(left, spec=None)
+                raise
+
+    async def _recover_turn(self, turn: TurnRecord, resume: bool) -> None:
+        """Recover one claimed ``turn`` (see :meth:`recover`). Raises :class:`StoreError` when the
+        store fails before its run started."""
         slots = self._recovery_slots
-        for turn in turns:
-            messages = await self.store.load_messages(turn.conversation_id)
-            stored = next((m for m in messages if m.id == turn.assistant_message_id), None)
-            reply = None
-            if stored is not None:
-                reply = message_pb2.Message()  # the store's messages are shared: repair a copy
-                reply.CopyFrom(stored)
-                repair_unresolved_tool_calls([reply])
-                if not any(p.WhichOneof("kind") != "step_start" for p in reply.parts):
-                    reply = None
-            stream = await self.store.get_stream(turn.request_id)
-            last_sequence = stream.last_sequence_number if stream is not None else 0
-            problem = self._unrecoverable(turn, resume)
-            if problem is None:
-                spec = parse_spec(turn.spec or "")
-                record = dataclasses.replace(turn, recovery_count=turn.recovery_count + 1)
-                await self.store.finish_turn(record, reply)
-                request = TurnRequest(
-                    conversation_id=turn.conversation_id,
-                    request_id=turn.request_id,
-                    messages=[],
-                    body=spec.body,
-                    model=turn.model,
-                    continuation=True if reply is not None else spec.continuation,
-                    response_type=DetachedResponse,
-                    disconnect="continue",
-                    client_tools=spec.client_tools,
-                    entry="recovery",
-                    trace_context=spec.trace_context,
-                    principal=spec.principal,
-                )
-                await self.start(
-                    request,
-                    detached=True,
-                    queue_limit=False,
-                    recovery=Recovery(record, reply, attempt=record.recovery_count + 1, slots=slots),
-                    last_sequence_number=last_sequence,
-                )
-                log.warning(
-                    "recovering turn %s of conversation %s (recovery %d of %d, %s)",
-                    turn.request_id,
-                    turn.conversation_id,
-                    record.recovery_count,
-                    self.settings.durability.recovery_budget,
-                    "continuing its reply" if reply is not None else "re-running it",
-                )
-                continue
-            error = self.error_status(problem, "turn")
-            record = dataclasses.replace(
-                turn, state="interrupted", end_time=dt.datetime.now(dt.UTC), error=error.SerializeToString()
-            )
-            end = event_pb2.TurnEvent(
+        messages = await self.store.load_messages(turn.conversation_id)
+        stored = next((m for m in messages if m.id == turn.assistant_message_id), None)
+        reply = None
+        if stored is not None:
+            reply = message_pb2.Message()  # the store's messages are shared: repair a copy
+            reply.CopyFrom(stored)
+            repair_unresolved_tool_calls([reply])
+            if not any(p.WhichOneof("kind") != "step_start" for p in reply.parts):
+                reply = None
+        stream = await self.store.get_stream(turn.request_id)
+        last_sequence = stream.last_sequence_number if stream is not None else 0
+        problem = self._unrecoverable(turn, resume)
+        if problem is None:
+            spec = parse_spec(turn.spec or "")
+            record = dataclasses.replace(turn, recovery_count=turn.recovery_count + 1)
+            await self.store.finish_turn(record, reply)
+            request = TurnRequest(
                 conversation_id=turn.conversation_id,
                 request_id=turn.request_id,
-                sequence_number=last_sequence + RECOVERY_SEQUENCE_GAP,
+                messages=[],
+                body=spec.body,
+                model=turn.model,
+                continuation=True if reply is not None else spec.continuation,
+                response_type=DetachedResponse,
+                disconnect="continue",
+                client_tools=spec.client_tools,
+                entry="recovery",
+                trace_context=spec.trace_context,
+                principal=spec.principal,
             )
-            end.turn_end.status = event_pb2.TURN_STATUS_INTERRUPTED
-            end.turn_end.error.CopyFrom(error)
-            if reply is not None:
-                end.turn_end.message.CopyFrom(reply)
-            # Its TurnEnd with its end state, in one transaction (docs/semantics.md §8).
-            await self.store.finish_turn(
-                record, reply, events=[(end.sequence_number, end.SerializeToString())], stream_ended=True
+            await self.start(
+                request,
+                detached=True,
+                queue_limit=False,
+                recovery=Recovery(record, reply, attempt=record.recovery_count + 1, slots=slots),
+                last_sequence_number=last_sequence,
             )
             log.warning(
-                "turn %s of conversation %s left interrupted: %s",
+                "recovering turn %s of conversation %s (recovery %d of %d, %s)",
                 turn.request_id,
                 turn.conversation_id,
-                problem,
+                record.recovery_count,
+                self.settings.durability.recovery_budget,
+                "continuing its reply" if reply is not None else "re-running it",
             )
+            return
+        error = self.error_status(problem, "turn")
+        record = dataclasses.replace(
+            turn, state="interrupted", end_time=dt.datetime.now(dt.UTC), error=error.SerializeToString()
+        )
+        end = event_pb2.TurnEvent(
+            conversation_id=turn.conversation_id,
+            request_id=turn.request_id,
+            sequence_number=last_sequence + RECOVERY_SEQUENCE_GAP,
+        )
+        end.turn_end.status = event_pb2.TURN_STATUS_INTERRUPTED
+        end.turn_end.error.CopyFrom(error)
+        if reply is not None:
+            end.turn_end.message.CopyFrom(reply)
+        # Its TurnEnd with its end state, in one transaction (docs/semantics.md §8).
+        await self.store.finish_turn(
+            record, reply, events=[(end.sequence_number, end.SerializeToString())], stream_ended=True
+        )
+        log.warning(
+            "turn %s of conversation %s left interrupted: %s",
+            turn.request_id,
+            turn.conversation_id,
+            problem,
+        )
 
     def _unrecoverable(self, turn: TurnRecord, resume: bool) -> ServerRestarted | None:
         """Why ``turn`` cannot be recovered, or None when it can."""

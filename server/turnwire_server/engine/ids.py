@@ -73,3 +73,11 @@ def submission_message_id(submission_id: str, index: int) -> str:
     (and so never stores its messages twice)."""
     digest = hashlib.sha256(submission_id.encode()).hexdigest()[:32]
     return f"{RESERVED_PREFIX}u-{digest}-{index}"
+
+
+def conversation_cache_key(conversation_id: str) -> str:
+    """The opaque key of conversation ``conversation_id`` (its key as stored, the tenant's prefix
+    included when authentication is on) that steps give a provider's prompt cache
+    (``ModelRequest.cache_key``; docs/providers.md, "Prompt caching"): 32 hex digits of its
+    SHA-256, the same on every step, turn and replica, telling the provider nothing of the id."""
+    return hashlib.sha256(conversation_id.encode()).hexdigest()[:32]

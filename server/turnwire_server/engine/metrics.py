@@ -66,6 +66,19 @@ COST = Counter(
     ["tenant", "provider", "model"],
 )
 
+FALLBACKS = Counter(
+    "turnwire_fallbacks",
+    "Steps sent to a fallback model after their model failed before any output, by the provider "
+    "entry that failed, the one fallen back to, and the failure's classification (rate_limit, "
+    "transient).",
+    ["from_provider", "to_provider", "classification"],
+)
+BREAKER_OPENS = Counter(
+    "turnwire_provider_breaker_opens",
+    "Times a provider entry's circuit breaker opened (fallback.breaker_failures failures in a row): "
+    "its steps then go to their fallbacks for fallback.breaker_open_seconds.",
+    ["provider"],
+)
 TOOL_CALLS = Counter(
     "turnwire_tool_calls",
     "Server-side tool calls, by tool and outcome (executed, blocked, substituted, failed).",

@@ -20,6 +20,7 @@ from turnwire.compaction import CompactionConfig
 from turnwire_server.config_section import ConfigSection
 from turnwire_server.engine.budget_settings import BudgetSettings
 from turnwire_server.engine.cost import PriceBook
+from turnwire_server.engine.fallback import Fallbacks
 
 
 class _EngineSection(ConfigSection):
@@ -154,6 +155,12 @@ class StoreCheckpointSettings(_EngineSection):
     interval_ms: float = Field(250.0, ge=10)
 
 
+def new_replica_id() -> str:
+    """A new process's replica id, ``replica-<12 hex digits>`` (random: a restarted process is
+    another replica, so it never takes its predecessor's turns for its own running ones)."""
+    return f"replica-{uuid.uuid4().hex[:12]}"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineSettings:
     """What the engine runs with: the validated sections it reads, taken whole, plus what
@@ -173,6 +180,8 @@ class EngineSettings:
     process's redactor (``turnwire_server.redaction``, docs/security.md "Secrets"); the default
     keeps text as it is.
     ``prices`` prices each step's usage (the ``pricing:`` section, docs/cost.md).
+    ``fallbacks``: the models a step falls back to and the providers' breakers (the ``fallback:``
+    section, :mod:`~turnwire_server.engine.fallback`).
     ``budgets``: the ``budgets:`` section (docs/cost.md, "Budgets").
     """
 
@@ -184,7 +193,8 @@ class EngineSettings:
     durability: DurabilitySettings = field(default_factory=DurabilitySettings)
     compaction: CompactionConfig | None = None
     metric_models: frozenset[str] | None = None
-    replica_id: str = field(default_factory=lambda: f"replica-{uuid.uuid4().hex[:12]}")
+    replica_id: str = field(default_factory=new_replica_id)
     redact: Callable[[str], str] = str
     prices: PriceBook = field(default_factory=PriceBook)
+    fallbacks: Fallbacks = field(default_factory=Fallbacks)
     budgets: BudgetSettings = field(default_factory=BudgetSettings)

@@ -26,8 +26,16 @@ from google.protobuf import struct_pb2
 from turnwire import types as chunks
 from turnwire.compaction import elide_outputs
 from turnwire.error_classes import finish_overflows
-from turnwire.hooks import ChunkContext, StepContext, StepFinishContext, TurnConfig, TurnContext, TurnTimeout
-from turnwire.providers import ModelRequest, ProviderError
+from turnwire.hooks import (
+    ChatErrorContext,
+    ChunkContext,
+    StepContext,
+    StepFinishContext,
+    TurnConfig,
+    TurnContext,
+    TurnTimeout,
+)
+from turnwire.providers import ModelRequest, Provider, ProviderError
 from turnwire.tools import definition_of
 from turnwire.types import ModelSettings
 from turnwire_client.v1 import event_pb2, message_pb2
@@ -37,6 +45,7 @@ from turnwire_server.engine.budgets import settled, step_budgets
 from turnwire_server.engine.compaction import Compactor, input_start
 from turnwire_server.engine.continuation import continued
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
+from turnwire_server.engine.ids import conversation_cache_key
 from turnwire_server.engine.output_clamp import ClampedStep, clamped_step
 from turnwire_server.engine.pending_calls import OpenCalls, repair_pending, with_pending_placeholders
 from turnwire_server.engine.settings import EngineSettings
@@ -299,14 +308,10 @@ class StepLoop:
                 step_config = await turn.hooks.before_step(step_ctx)
             except HookError as error:
                 raise TurnFailure("step", error) from error
-            model_id = step_config.model or ctx.model
-            try:
-                provider, model_name = self.providers.resolve(model_id)
-            except LookupError as error:
-                raise TurnFailure("step", error) from error
-            self._provider_label = model_id.partition(":")[0]
-            self._model_label = metrics.model_label(model_id, self.settings.metric_models)
-            self._model_id, self._provider_type = model_id, getattr(provider, "type", None)
+            configured = step_config.model or ctx.model
+            model_id = self.settings.fallbacks.first(configured)  # its provider's breaker may be open
+            tried = [configured, model_id] if model_id != configured else [model_id]
+            provider, model_name = self._use_model(model_id)
             active = step_config.active_tools if step_config.active_tools is not None else config.active_tools
             allowed = active_tool_names(turn.tools, active)
             step_settings = (
@@ -322,6 +327,7 @@ class StepLoop:
                 output_schema=config.output,
                 step_number=step_number,
                 attempt=turn.attempt,
+                cache_key=conversation_cache_key(request.conversation_id),
             )
             if self.budgets is not None:
                 model_request = await self.budgets.reserve(
@@ -355,13 +361,38 @@ class StepLoop:
                         "stream", ModelTimeout(f"model step {step_number} exceeded {limits.step_seconds:g} s")
                     ) from None
                 except TurnFailure as failure:
-                    # Once per step, and only while nothing of it was streamed (§9).
-                    if clamped is not None or turn.writer.sequence_number != events_sent:
+                    # Only while nothing of the step was streamed: a smaller output reservation once
+                    # (§9), else another model (fallback.py).
+                    if turn.writer.sequence_number != events_sent:
                         raise
-                    clamped = await clamped_step(turn.hooks, turn.request, model_request, failure.error)
                     if clamped is None:
+                        clamped = await clamped_step(turn.hooks, turn.request, model_request, failure.error)
+                        if clamped is not None:
+                            model_request = clamped.request
+                            continue
+                    context = ChatErrorContext(
+                        request.conversation_id,
+                        request.request_id,
+                        failure.error,
+                        "stream",
+                        messages_persisted=True,
+                    )
+                    fallback = await self.settings.fallbacks.after_failure(
+                        turn.hooks, context, model_id, tried
+                    )
+                    if fallback is None:
                         raise
-                    model_request = clamped.request
+                    tried.append(fallback)
+                    model_id = fallback
+                    provider, model_name = self._use_model(model_id)
+                    model_request = dataclasses.replace(model_request, model=model_name)
+                    if self.budgets is not None:  # reserved again, at the fallback's prices
+                        self.budgets.unanswered()
+                        model_request = await self.budgets.reserve(
+                            model_request, model_id, self._provider_type, provider
+                        )
+                    self._fallback_attempt(step_number, model_id)
+            self.settings.fallbacks.succeeded(model_id)
             if clamped is not None:
                 finish.warnings = (*finish.warnings, clamped.warning)
             await runner.repair_invalid(finish.finish_reason)
@@ -386,6 +417,36 @@ class StepLoop:
                 # write follows at once: no checkpoint of the last step.
                 break
             turn.checkpoints.now()
+
+    def _use_model(self, model_id: str) -> tuple[Provider, str]:
+        """The provider and provider-local name of ``model_id``, which the step's metrics, cost
+        and events are labelled with from here on. Raises :class:`TurnFailure` (stage ``step``)
+        when no provider serves it."""
+        try:
+            provider, model_name = self.providers.resolve(model_id)
+        except LookupError as error:
+            raise TurnFailure("step", error) from error
+        self._provider_label = model_id.partition(":")[0]
+        self._model_label = metrics.model_label(model_id, self.settings.metric_models)
+        self._model_id, self._provider_type = model_id, getattr(provider, "type", None)
+        return provider, model_name
+
+    def _fallback_attempt(self, step_number: int, model_id: str) -> None:
+        """AttemptStart (``PROVIDER_FALLBACK``, naming ``model_id``) and the step's StepStart
+        again: the client keeps the reply so far (``appends``: the steps before this one) and
+        shows the step as the fallback model streams it (docs/semantics.md §12)."""
+        turn = self.state
+        turn.attempt += 1
+        event = turn.writer.new().attempt_start
+        event.attempt = turn.attempt
+        event.message_id = turn.assistant.message.id
+        event.reason = "PROVIDER_FALLBACK"
+        event.model = model_id
+        snapshot = turn.assistant.snapshot_to_store() if turn.assistant.has_parts else None
+        event.appends = snapshot is not None
+        if snapshot is not None:
+            event.message.CopyFrom(snapshot)
+        turn.writer.new().step_start.step_number = step_number
 
     def _runner_for(self, config: TurnConfig) -> Callable[[TurnWorkingState], ToolCallRunner]:
         def runner(state: TurnWorkingState) -> ToolCallRunner:

@@ -670,9 +670,15 @@ class TurnRun:
         under this replica's lease with nothing running it. Such a turn is stranded: the engine
         gives its lease up, so a claim recovers it if it was stored (fenced by the lease and the
         turn's start: a no-op if it was not; docs/operate/outages.md). A call refused before
-        anything was sent is not: during an outage those are many, and nothing of them landed."""
+        anything was sent is not: during an outage those are many, and nothing of them landed. A
+        recovery's turn is stored whatever failed: always stranded."""
         root = _root(error)
-        if self._record is not None and isinstance(root, StoreUnreachable) and root.in_flight:
+        if self.recovery is not None:
+            # A recovery's turn is stored running under this replica's lease whatever failed (its
+            # turn lock, say): left as a crash would leave it, for a claim to recover it again.
+            self._record = self._record or self.recovery.record
+            self.stranded = self.left_running = True
+        elif self._record is not None and isinstance(root, StoreUnreachable) and root.in_flight:
             self.stranded = True
 
     async def _store_result(self) -> None:

@@ -84,6 +84,7 @@ from turnwire_server.providers.convert import (
     finish_step,
     finish_tool_calls,
 )
+from turnwire_server.providers.prompt_cache import CacheTtl, place_breakpoints
 from turnwire_server.providers.streaming import NOTHING, OpenStream, SdkCall, SdkProvider
 from turnwire_server.providers.wire import TextJoiner, clean_strings, load_json
 
@@ -483,7 +484,8 @@ class AnthropicMessagesProvider(SdkProvider[anthropic.AsyncAnthropic]):
 
     ``models`` is an optional allow-list for :meth:`has_model`; ``default_max_tokens``
     is sent when a turn sets no ``max_output_tokens``; ``structured_output`` picks
-    the forced-tool (``tool``) or ``output_config.format`` (``native``) way.
+    the forced-tool (``tool``) or ``output_config.format`` (``native``) way; ``prompt_caching``
+    the lifetime of the cache breakpoints the sidecar places (:mod:`.prompt_cache`; None: none).
     """
 
     type = "anthropic"
@@ -505,11 +507,13 @@ class AnthropicMessagesProvider(SdkProvider[anthropic.AsyncAnthropic]):
         models: Sequence[str] = (),
         default_max_tokens: int = 8192,
         structured_output: StructuredMode = "tool",
+        prompt_caching: CacheTtl | None = None,
         retry_delay: float = 0.5,
     ) -> None:
         super().__init__(name, client, models=models, retry_delay=retry_delay)
         self.default_max_tokens = default_max_tokens
         self.structured_output: StructuredMode = structured_output
+        self.prompt_caching: CacheTtl | None = prompt_caching
 
     def _prepare(self, request: ModelRequest) -> SdkCall:
         plan = build_request(
@@ -518,6 +522,8 @@ class AnthropicMessagesProvider(SdkProvider[anthropic.AsyncAnthropic]):
             default_max_tokens=self.default_max_tokens,
             structured_output=self.structured_output,
         )
+        if self.prompt_caching is not None:
+            place_breakpoints(plan.kwargs, self.prompt_caching)
         prefix, name = f"s{request.step_number}", self.name
         taken = plan.call_ids
         return SdkCall(plan.kwargs, plan.extra_body, lambda: AnthropicDecoder(name, prefix, plan, taken))

@@ -487,8 +487,9 @@ class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
     carry their reasoning back as ``reasoning_content`` (:func:`.openai_common.replay_reasoning_for`);
     ``inline_reasoning_tag`` (e.g. ``"think"``) reads ``<think>…</think>`` in the text as reasoning,
     ``inline_reasoning_starts_inside`` when the output begins inside it
-    (:mod:`~turnwire_server.providers.inline_reasoning`). Raises ValueError for a tag that is not
-    a tag name."""
+    (:mod:`~turnwire_server.providers.inline_reasoning`); ``prompt_cache_key`` sends the request's
+    ``cache_key`` as ``prompt_cache_key`` (:mod:`.prompt_cache`). Raises ValueError for a tag that
+    is not a tag name."""
 
     type = "openai"
     json_path = "/chat/completions"
@@ -506,9 +507,11 @@ class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
         replay_reasoning: ReplayReasoningSetting = "auto",
         inline_reasoning_tag: str | None = None,
         inline_reasoning_starts_inside: bool = False,
+        prompt_cache_key: bool = False,
         retry_delay: float = 0.5,
     ) -> None:
         super().__init__(name, client, models=models, retry_delay=retry_delay)
+        self.prompt_cache_key = prompt_cache_key
         self.max_tokens_param: MaxTokensParam = max_tokens_param
         self.include_usage = include_usage
         self.replay_reasoning: ReplayReasoningSetting = replay_reasoning
@@ -527,6 +530,8 @@ class OpenAIChatProvider(SdkProvider[openai.AsyncOpenAI]):
             call_ids=taken,
             replay_reasoning=self.replay_reasoning,
         )
+        if self.prompt_cache_key and request.cache_key:
+            body.setdefault("prompt_cache_key", request.cache_key)  # provider options win
         # The messages go in extra_body, sent as built: they are wire-format dicts already, and the
         # SDK's typed transform of ``messages`` costs ~0.2 ms per message (issue 17's profile: 80 %
         # of a 1,000-turn turn's CPU). The body is posted as encoded by json_body (json_path).

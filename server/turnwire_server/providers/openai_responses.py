@@ -480,7 +480,8 @@ class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
     reasoning round-trips as encrypted content); ``encrypted_reasoning`` says when
     to ask for it (``auto``: reasoning models only); ``replay_reasoning`` which
     reasoning with neither goes back as text
-    (:func:`~turnwire_server.providers.openai_common.replay_reasoning_for`)."""
+    (:func:`~turnwire_server.providers.openai_common.replay_reasoning_for`); ``prompt_cache_key``
+    sends the request's ``cache_key`` as ``prompt_cache_key`` (:mod:`.prompt_cache`)."""
 
     type = "openai-responses"
 
@@ -493,9 +494,11 @@ class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
         store: bool = False,
         encrypted_reasoning: EncryptedReasoning = "auto",
         replay_reasoning: ReplayReasoningSetting = "auto",
+        prompt_cache_key: bool = False,
         retry_delay: float = 0.5,
     ) -> None:
         super().__init__(name, client, models=models, retry_delay=retry_delay)
+        self.prompt_cache_key = prompt_cache_key
         self.store = store
         self.encrypted_reasoning: EncryptedReasoning = encrypted_reasoning
         self.replay_reasoning: ReplayReasoningSetting = replay_reasoning
@@ -508,6 +511,8 @@ class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
             encrypted_reasoning=self.encrypted_reasoning,
             replay_reasoning=self.replay_reasoning,
         )
+        if self.prompt_cache_key and request.cache_key:
+            body.setdefault("prompt_cache_key", request.cache_key)  # provider options win
         kwargs = {"model": body.pop("model"), "input": body.pop("input")}
         prefix, name, schema = f"s{request.step_number}", self.name, request.output_schema
         taken = transcript_call_ids(request.messages)

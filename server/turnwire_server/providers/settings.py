@@ -129,12 +129,18 @@ class _SdkProviderSettings(ConfigSection):
 class AnthropicProviderSettings(_SdkProviderSettings):
     """Anthropic Messages. ``default_max_tokens`` is sent when a turn sets no ``max_output_tokens``
     (the API requires one); ``structured_output`` is ``tool`` (a forced tool) or ``native``
-    (``output_config.format``)."""
+    (``output_config.format``); ``prompt_caching`` the lifetime of the cache breakpoints the
+    sidecar places, or ``off`` (docs/providers.md, "Prompt caching")."""
 
     type: Literal["anthropic"]
     api_key_env: str | None = _api_key_env("ANTHROPIC_API_KEY")
     default_max_tokens: int = Field(8192, ge=1)
     structured_output: Literal["tool", "native"] = "tool"
+    prompt_caching: Literal["5m", "1h", "off"] = Field(
+        "5m",
+        description="cache_control breakpoints on the conversation so far, the system prompt and the "
+        "tools, kept 5m or 1h (1h writes cost more); off for a server that rejects cache_control",
+    )
 
 
 class OpenAIProviderSettings(_SdkProviderSettings):
@@ -145,6 +151,7 @@ class OpenAIProviderSettings(_SdkProviderSettings):
     ``reasoning_content`` (``auto``: a tool turn's, for DeepSeek and Kimi K2 thinking models).
     ``inline_reasoning_tag`` (off by default): a tag name such as ``think`` whose ``<think>…</think>``
     in the text is reasoning; ``inline_reasoning_starts_inside`` when the output begins inside it.
+    ``prompt_cache_key``: send each conversation's opaque key (``auto``: to OpenAI only).
     docs/providers.md, "openai"."""
 
     type: Literal["openai"]
@@ -165,6 +172,11 @@ class OpenAIProviderSettings(_SdkProviderSettings):
         description="with inline_reasoning_tag: the output begins inside the reasoning (the chat "
         "template opened the tag in the prompt, as DeepSeek-R1's and QwQ's do)",
     )
+    prompt_cache_key: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="send each conversation's opaque prompt_cache_key: auto (to OpenAI's own API "
+        "only), on, off",
+    )
 
     @field_validator("inline_reasoning_tag")
     @classmethod
@@ -182,6 +194,7 @@ class OpenAIResponsesProviderSettings(_SdkProviderSettings):
     as encrypted content; ``encrypted_reasoning`` says when to request it (``auto``: reasoning models).
     ``replay_reasoning``: which reasoning that has neither encrypted content nor an item stored at
     OpenAI goes back as text (``auto``: a tool turn's, for DeepSeek and Kimi K2 thinking models).
+    ``prompt_cache_key``: send each conversation's opaque key (``auto``: to OpenAI only).
     docs/providers.md, "openai-responses"."""
 
     type: Literal["openai-responses"]
@@ -192,6 +205,11 @@ class OpenAIResponsesProviderSettings(_SdkProviderSettings):
         "auto",
         description="reasoning items without encrypted content sent back as text: auto (a tool "
         "turn's, for DeepSeek and Kimi K2 thinking models), tool_turns, always, never",
+    )
+    prompt_cache_key: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="send each conversation's opaque prompt_cache_key: auto (to OpenAI's own API "
+        "only), on, off",
     )
 
 
@@ -274,6 +292,7 @@ def build_provider(
             models=settings.models,
             default_max_tokens=settings.default_max_tokens,
             structured_output=settings.structured_output,
+            prompt_caching=None if settings.prompt_caching == "off" else settings.prompt_caching,
         )
     import openai
 
@@ -282,8 +301,7 @@ def build_provider(
 
         param = settings.max_tokens_param
         if param == "auto":
-            official = settings.base_url is None or "api.openai.com" in settings.base_url
-            param = "max_completion_tokens" if official else "max_tokens"
+            param = "max_completion_tokens" if _is_openai(settings) else "max_tokens"
         return OpenAIChatProvider(
             name,
             openai.AsyncOpenAI(**common, http_client=_http_client(openai, name)),
@@ -293,6 +311,7 @@ def build_provider(
             replay_reasoning=settings.replay_reasoning,
             inline_reasoning_tag=settings.inline_reasoning_tag,
             inline_reasoning_starts_inside=settings.inline_reasoning_starts_inside,
+            prompt_cache_key=_cache_key_on(settings),
         )
     from turnwire_server.providers.openai_responses import OpenAIResponsesProvider
 
@@ -303,7 +322,19 @@ def build_provider(
         store=settings.store,
         encrypted_reasoning=settings.encrypted_reasoning,
         replay_reasoning=settings.replay_reasoning,
+        prompt_cache_key=_cache_key_on(settings),
     )
+
+
+def _is_openai(settings: _SdkProviderSettings) -> bool:
+    """Whether the entry reaches OpenAI's own API (no ``base_url``, or api.openai.com)."""
+    return settings.base_url is None or "api.openai.com" in settings.base_url
+
+
+def _cache_key_on(settings: OpenAIProviderSettings | OpenAIResponsesProviderSettings) -> bool:
+    """``prompt_cache_key``: ``auto`` sends it to OpenAI's own API only (a compatible server may
+    refuse a field it does not know)."""
+    return settings.prompt_cache_key == "on" or (settings.prompt_cache_key == "auto" and _is_openai(settings))
 
 
 def _http_client(sdk: Any, name: str) -> Any:

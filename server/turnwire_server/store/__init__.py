@@ -85,7 +85,9 @@ def store_label(url: str) -> str:
     return "postgres" if is_postgres_url(url) else url
 
 
-def open_store(url: str, *, pool_size: int = 10, password_env: str | None = None) -> Store:
+def open_store(
+    url: str, *, pool_size: int = 10, password_env: str | None = None, replica_id: str | None = None
+) -> Store:
     """The store a database URL names, constructed but not opened (call ``await store.open()``).
 
     Understood: ``sqlite:///relative/path.db`` (relative to the working
@@ -96,12 +98,13 @@ def open_store(url: str, *, pool_size: int = 10, password_env: str | None = None
     variable ``password_env`` names, else ``PGPASSWORD``. Only the backend the URL names is
     imported. Raises :class:`ValueError` (naming the URL with any password masked) for any
     other scheme, a missing path, ``:memory:``, a query string or fragment on a SQLite URL,
-    or a malformed PostgreSQL URL.
+    or a malformed PostgreSQL URL, or a ``replica_id`` (the PostgreSQL sessions' name, see
+    :class:`~turnwire_server.store.postgres.PostgresStore`) too long for a session name.
     """
     if is_postgres_url(url):
         from turnwire_server.store.postgres import PostgresStore  # only the backend the URL names
 
-        return PostgresStore(url, pool_size=pool_size, password_env=password_env)
+        return PostgresStore(url, pool_size=pool_size, password_env=password_env, replica_id=replica_id)
     if not url.startswith(_SQLITE_PREFIX):
         shown = redact_url(url)
         scheme = shown.partition("://")[0] if "://" in shown else shown

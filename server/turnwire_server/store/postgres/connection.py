@@ -31,6 +31,7 @@ from turnwire_server.store.postgres.batching import GroupCommit
 from turnwire_server.store.postgres.db import DIALECT, RACE_ERRORS, RETRIES, Conn, run_program
 from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
 from turnwire_server.store.postgres.replicas import Listener
+from turnwire_server.store.postgres.stuck_sessions import session_name
 from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
 
 __all__ = ["DEFAULT_POOL_SIZE", "PostgresConnection"]
@@ -55,7 +56,8 @@ socket): a replica whose route to the database drops while its transaction holds
 a pipeline, between a write's read batch and its writes: not idle, so
 :data:`_IDLE_IN_TRANSACTION` does not apply) is dropped by the server within about 15 s instead of
 the operating system's default of hours, and its locks with it, so another replica can claim its
-turns (docs/operate/outages.md)."""
+turns (docs/operate/outages.md). A paused process (its kernel answers keepalives) is ended by the
+other replicas' claims instead (:mod:`.stuck_sessions`)."""
 _SINGLE_COMMITS = COMMIT_DURATION.labels("postgresql", "single")
 
 _KEEPALIVE: Final = {
@@ -98,10 +100,13 @@ class PostgresConnection(CoreWrites, CoreReads):
         pool_size: int = DEFAULT_POOL_SIZE,
         password_env: str | None = None,
         timeout_s: float = 30.0,
+        replica_id: str | None = None,
     ) -> None:
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
         self._target: PostgresTarget = parse_postgres_url(url, password_env=password_env)
+        # Sessions named for their replica, so a claim can end a paused one's (.stuck_sessions).
+        self._session_name = None if replica_id is None else session_name(replica_id)
         self._pool_size = pool_size
         self._timeout_s = timeout_s
         self._pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
@@ -142,6 +147,8 @@ class PostgresConnection(CoreWrites, CoreReads):
         }
         if self._target.password is not None:
             kwargs["password"] = self._target.password
+        if self._session_name is not None:
+            kwargs["application_name"] = self._session_name
         return kwargs
 
     async def migrate(self) -> list[str]:

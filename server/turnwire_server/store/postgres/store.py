@@ -23,9 +23,17 @@ and the cancel relay and wake-ups (:mod:`.notifications`). What its writes do be
 
 from __future__ import annotations
 
+import datetime as dt
+
+import psycopg
+import psycopg_pool
+
+from turnwire_server.store.base import TurnRecord
+from turnwire_server.store.core.rows import to_us
 from turnwire_server.store.postgres.admission import TurnQueue
 from turnwire_server.store.postgres.connection import DEFAULT_POOL_SIZE
 from turnwire_server.store.postgres.notifications import Notifications
+from turnwire_server.store.postgres.stuck_sessions import end_stuck_sessions
 
 __all__ = ["DEFAULT_POOL_SIZE", "PostgresStore"]
 
@@ -43,5 +51,24 @@ class PostgresStore(TurnQueue, Notifications):
     stored data that cannot be decoded, the domain errors of
     :mod:`turnwire_server.store.base` as the SQLite store raises them, and
     :class:`ValueError` for a malformed URL (at construction) or an argument no backend could
-    store. Besides the pool, the store holds one ``LISTEN`` connection.
+    store. Besides the pool, the store holds one ``LISTEN`` connection. ``replica_id`` names
+    the sessions for the replica whose turns they write (:func:`.stuck_sessions.session_name`;
+    None: the libpq default), which is what lets another replica end them once that replica's
+    leases lapsed inside a write (:meth:`claim_interrupted_turns`).
     """
+
+    async def claim_interrupted_turns(
+        self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
+    ) -> list[TurnRecord]:
+        """:meth:`Store.claim_interrupted_turns`, after ending the sessions of the replicas whose
+        leases lapsed that are stuck inside a transaction for longer than a lease
+        (:func:`.stuck_sessions.end_stuck_sessions`): their row locks would keep the claim off
+        their turns. A turn whose lock goes with them is claimed by the next claim (a third of
+        a lease later), once the server has ended the session."""
+        pool = self._require_pool("claim_interrupted_turns")
+        try:
+            async with pool.connection() as conn:
+                await end_stuck_sessions(conn, owner, to_us(now, "now"), (lease_until - now).total_seconds())
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise self._error(exc, "claim_interrupted_turns") from None
+        return await super().claim_interrupted_turns(owner, now, lease_until, limit)

@@ -857,6 +857,7 @@ class AttemptStart(_message.Message):
     APPENDS_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     attempt: _builtins.int
     """The attempt, from 2."""
     message_id: _builtins.str
@@ -867,7 +868,13 @@ class AttemptStart(_message.Message):
     """True when it continues the stored partial reply."""
     reason: _builtins.str
     """Why the previous attempt ended (`STREAM_STALLED`, `SERVER_RESTARTED`,
-    `CONTEXT_OVERFLOW`: it overflowed the context window and the history was compacted).
+    `CONTEXT_OVERFLOW`: it overflowed the context window and the history was compacted;
+    `PROVIDER_FALLBACK`: its step's model failed before any output with a rate limit or a
+    transient error, and the step runs on a fallback model).
+    """
+    model: _builtins.str
+    """The model id (`provider:model`) the attempt's step runs on, when it changed
+    (`PROVIDER_FALLBACK`); empty otherwise.
     """
     @_builtins.property
     def message(self) -> _message_pb2.Message:
@@ -881,10 +888,11 @@ class AttemptStart(_message.Message):
         appends: _builtins.bool = ...,
         message: _message_pb2.Message | None = ...,
         reason: _builtins.str = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["appends", b"appends", "attempt", b"attempt", "message", b"message", "message_id", b"message_id", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["appends", b"appends", "attempt", b"attempt", "message", b"message", "message_id", b"message_id", "model", b"model", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

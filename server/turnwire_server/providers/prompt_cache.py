@@ -1,0 +1,86 @@
+"""Prompt caching the sidecar asks for (issue 37; docs/providers.md, "Prompt caching").
+
+**Anthropic** caches a request's prefix up to each ``cache_control`` breakpoint (tools, then
+system, then messages), at most four per request; a later request reading the same prefix pays
+the cache-read price (a tenth of the input price) instead of the input price
+(https://docs.claude.com/en/docs/build-with-claude/prompt-caching). :func:`place_breakpoints`
+puts them where a turn's requests share the most: the end of the conversation so far (the next
+step and the next turn start with it), the system prompt, and the tools (what stays when the
+history is compacted), in that order of priority, after any the request's provider options
+placed already. A prefix shorter than the model's minimum (1,024 tokens and up) is simply not
+cached: the API ignores the marker.
+
+**OpenAI** routes requests with the same ``prompt_cache_key`` to the same cache
+(https://platform.openai.com/docs/guides/prompt-caching): the adapters send the request's
+``cache_key``, one per conversation and opaque (a hash: the conversation's id and tenant never
+reach the provider; ``turnwire_server.engine.ids.conversation_cache_key``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from typing import Any, Final, Literal, TypeAlias
+
+__all__ = ["CacheTtl", "place_breakpoints"]
+
+CacheTtl: TypeAlias = Literal["5m", "1h"]
+"""How long Anthropic keeps a cached prefix after its last use; ``1h`` writes cost twice the
+input price instead of 1.25 times."""
+
+MAX_BREAKPOINTS: Final = 4
+"""Anthropic's limit of ``cache_control`` markers in one request."""
+
+_NOT_CACHEABLE: Final = frozenset({"thinking", "redacted_thinking"})
+"""Blocks that cannot carry ``cache_control`` (they are cached with the turn around them)."""
+
+
+def place_breakpoints(kwargs: MutableMapping[str, Any], ttl: CacheTtl) -> int:
+    """Add ``cache_control`` breakpoints to the ``messages.create`` arguments ``kwargs`` (module
+    docstring: where), up to :data:`MAX_BREAKPOINTS` in all; returns how many it added. Replaces
+    what it marks (the last message, its content list and block; the system prompt; the last
+    tool), never changes a dict it did not make: converted messages are shared between requests."""
+    marker: dict[str, Any] = {"type": "ephemeral"} if ttl == "5m" else {"type": "ephemeral", "ttl": ttl}
+    free = MAX_BREAKPOINTS - _placed(kwargs)
+    added = 0
+    # A top-level cache_control (provider options) marks the last block itself: not twice.
+    if free > added and not kwargs.get("cache_control") and _mark_last_message(kwargs, marker):
+        added += 1
+    system = kwargs.get("system")
+    if free > added and isinstance(system, str) and system:
+        kwargs["system"] = [{"type": "text", "text": system, "cache_control": marker}]
+        added += 1
+    tools = kwargs.get("tools")
+    if free > added and tools and "cache_control" not in tools[-1]:
+        kwargs["tools"] = [*tools[:-1], {**tools[-1], "cache_control": marker}]
+        added += 1
+    return added
+
+
+def _mark_last_message(kwargs: MutableMapping[str, Any], marker: dict[str, Any]) -> bool:
+    messages = kwargs.get("messages")
+    if not messages:
+        return False
+    last = messages[-1]
+    content = last["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    for index in range(len(blocks) - 1, -1, -1):
+        block = blocks[index]
+        if block.get("type") in _NOT_CACHEABLE or (block.get("type") == "text" and not block.get("text")):
+            continue
+        if "cache_control" in block:
+            return False  # the request's own marker is there already
+        blocks[index] = {**block, "cache_control": marker}
+        kwargs["messages"] = [*messages[:-1], {**last, "content": blocks}]
+        return True
+    return False
+
+
+def _placed(kwargs: Mapping[str, Any]) -> int:
+    """The breakpoints the request has already (provider options: a top-level ``cache_control``,
+    marked tools or system blocks)."""
+    count = 1 if kwargs.get("cache_control") else 0
+    for key in ("tools", "system"):
+        value = kwargs.get(key)
+        if isinstance(value, list):
+            count += sum(1 for item in value if isinstance(item, Mapping) and "cache_control" in item)
+    return count

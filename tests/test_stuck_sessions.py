@@ -1,0 +1,133 @@
+"""A replica stopped inside a write keeps no turn from being taken over (issue 34; PostgreSQL;
+``turnwire_server.store.postgres.stuck_sessions``).
+
+A replica paused or cut off between a fenced write's read batch and its writes leaves its
+session inside the transaction with the turn's row locked; PostgreSQL ends no such session by
+itself. These tests hold such a transaction open on a session named for replica A (exactly what
+the server sees of a frozen A) and check that replica B's claims end it once A's lease lapsed
+and the transaction is older than a lease, and then take the turn over; and that nothing else
+is ended: a replica whose lease is live, a young transaction, a session of no replica.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+from support.stores import leased_turn, postgres_database
+from support.waiting import wait_until
+
+from turnwire_client.v1 import message_pb2
+from turnwire_server.store import TurnRecord
+from turnwire_server.store.postgres import PostgresStore
+from turnwire_server.store.postgres.stuck_sessions import session_name
+
+T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+LAPSED = T0 + dt.timedelta(seconds=31)  # A's lease (30 s from T0) has lapsed by then
+LEASE = dt.timedelta(seconds=0.3)  # the claimant's lease: transactions older than this are stuck
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+async def replica_b(pg_url: str) -> AsyncIterator[PostgresStore]:
+    store = PostgresStore(pg_url, replica_id="replica-b")
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def _running_turn(
+    store: PostgresStore, request_id: str, owner: str = "replica-a", *, lease_seconds: float = 30
+) -> TurnRecord:
+    turn = leased_turn(request_id, "c-" + request_id, owner, start_time=T0, lease_seconds=lease_seconds)
+    question = message_pb2.Message(id="u-" + request_id, role=message_pb2.ROLE_USER)
+    question.parts.add().text.text = "question"
+    await store.start_turn(turn, [question])
+    return turn
+
+
+async def _frozen_inside_a_write(url: str, request_id: str, application_name: str) -> psycopg.AsyncConnection:
+    """A session that locked turn ``request_id``'s row, as a fenced write's read batch does, and
+    then waits for its client forever."""
+    conn = await psycopg.AsyncConnection.connect(url, application_name=application_name)
+    await conn.execute("BEGIN")
+    await conn.execute("SELECT owner, lease_epoch FROM turns WHERE request_id = %s FOR UPDATE", (request_id,))
+    return conn
+
+
+async def _claims(store: PostgresStore) -> list[str]:
+    claimed = await store.claim_interrupted_turns("replica-b", LAPSED, LAPSED + LEASE, 10)
+    return [turn.request_id for turn in claimed]
+
+
+async def _is_dead(conn: psycopg.AsyncConnection) -> bool:
+    try:
+        await conn.execute("SELECT 1")
+    except psycopg.OperationalError:
+        return True
+    return False
+
+
+async def test_a_claim_ends_the_stuck_session_of_a_lapsed_replica_then_takes_its_turn(
+    pg_url: str, replica_b: PostgresStore
+) -> None:
+    await _running_turn(replica_b, "r1")
+    frozen = await _frozen_inside_a_write(pg_url, "r1", session_name("replica-a"))
+    claimed: list[str] = []
+
+    async def taken_over() -> bool:
+        claimed.extend(await _claims(replica_b))
+        return bool(claimed)
+
+    # Without ending A's session, its row lock keeps every claim off the turn for good.
+    await wait_until(taken_over, timeout=20, what="B takes over the turn A's stuck session locked")
+    assert claimed == ["r1"]
+    assert await _is_dead(frozen), "A's stuck session was ended"
+    await frozen.close()
+
+
+async def test_sessions_of_a_live_replica_young_transactions_and_other_clients_are_left_alone(
+    pg_url: str, replica_b: PostgresStore
+) -> None:
+    # A's lease on r2 is live at LAPSED (it runs until T0 + 60 s): A is not stuck, only slow.
+    await _running_turn(replica_b, "r2", lease_seconds=60)
+    live = await _frozen_inside_a_write(pg_url, "r2", session_name("replica-a"))
+    # A session of no replica holding the row of replica C's lapsed turn (an operator's psql).
+    await _running_turn(replica_b, "r3", "replica-c")
+    foreign = await _frozen_inside_a_write(pg_url, "r3", "psql")
+    try:
+        for _ in range(3):  # transactions long past the claimant's lease by the last claim
+            assert await _claims(replica_b) == []
+            await foreign.execute("SELECT pg_sleep(0.2)")  # what ages the transactions
+        assert not await _is_dead(live)
+        assert not await _is_dead(foreign)
+    finally:
+        await live.close()
+        await foreign.close()
+
+
+async def test_a_transaction_younger_than_a_lease_is_not_stuck(pg_url: str, replica_b: PostgresStore) -> None:
+    await _running_turn(replica_b, "r4")
+    young = await _frozen_inside_a_write(pg_url, "r4", session_name("replica-a"))
+    try:
+        hour_lease = LAPSED + dt.timedelta(hours=1)  # the transaction is far younger than that
+        claimed = await replica_b.claim_interrupted_turns("replica-b", LAPSED, hour_lease, 10)
+        assert claimed == []
+        assert not await _is_dead(young)
+    finally:
+        await young.close()
+
+
+def test_a_replica_id_too_long_for_a_session_name_is_refused() -> None:
+    assert session_name("replica-0123456789ab") == "turnwire/replica-0123456789ab"
+    with pytest.raises(ValueError, match="too long"):
+        PostgresStore("postgresql://u@127.0.0.1/db", replica_id="x" * 55)
