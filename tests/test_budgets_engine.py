@@ -263,3 +263,41 @@ def _fields(request: TurnRequest) -> dict[str, Any]:
 
 async def _run(h: Any, request: TurnRequest) -> list[event_pb2.TurnEvent]:
     return await collect(await h.engine.start(request))
+
+
+async def test_a_turn_left_interrupted_settles_what_it_had_reserved(
+    make_engine: EngineFactory, tmp_path: Path
+) -> None:
+    crashed = SqliteStore(tmp_path / "turnwire.db")
+    await crashed.open()
+    record = TurnRecord(
+        request_id="r-spent",
+        conversation_id="c-spent",
+        assistant_message_id="tw-a-r-spent",
+        continuation=False,
+        model=MODEL,
+        state="running",
+        start_time=dt.datetime.now(dt.UTC),
+        owner="dead-replica",
+        recovery_count=3,  # its recovery budget is spent: it is left interrupted
+    )
+    user = message_pb2.Message(id="u-spent", role=message_pb2.ROLE_USER)
+    user.parts.add().text.text = "tell me"
+    await crashed.start_turn(record, [user])
+    tenant = BudgetKey("tenant/day", "", "2026-12-02")
+    await crashed.charge_budget(
+        BudgetCharge(
+            "r-spent",
+            "c-spent",
+            record.lease,
+            (BudgetLimits(tenant, tokens=100_000),),
+            ask=BudgetAsk(prompt_tokens=1_000, prompt_usd=0.0, usd_per_output_token=0.0, max_output=2_000),
+        )
+    )
+    await crashed.close()
+
+    h = await make_engine(recovery_budget=3)  # no budget configured now: settled all the same
+    await h.engine.recover()
+    turn = await h.store.get_turn("r-spent")
+    assert turn is not None and turn.state == "interrupted"
+    assert (await h.store.budget_spends([tenant]))[tenant] == BudgetSpend(3_000, 0.0, 0, 0.0)

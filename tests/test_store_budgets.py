@@ -117,6 +117,15 @@ async def test_a_lost_attempts_reservation_is_settled_once_not_charged_twice(
     assert grant.spends[CONVERSATION] == BudgetSpend(4_200, 0.0, 0, 0.0)
 
 
+async def test_a_charge_naming_no_budget_settles_what_the_turn_reserved(store: Store) -> None:
+    # A turn left interrupted, its budgets no longer configured: its reservation is settled all the same.
+    turn = await _started(store, "r1")
+    await store.charge_budget(_charge(turn, BudgetLimits(TENANT_DAY, tokens=5_000), ask=_ask(100, 100)))
+    grant = await store.charge_budget(BudgetCharge("r1", "c", None, ()))
+    assert grant.spends == {TENANT_DAY: BudgetSpend(200, 0.0, 0, 0.0)}
+    assert (await store.charge_budget(BudgetCharge("r1", "c", None, ()))).spends == {}  # nothing left
+
+
 async def test_a_turn_budget_keeps_its_lower_stored_limit(store: Store) -> None:
     turn = await _started(store, "r1")
     key = BudgetKey("turn", "r1")

@@ -49,6 +49,7 @@ __all__ = [
     "budgets_for",
     "lowered",
     "resets_in",
+    "settle_abandoned",
     "settled",
     "step_budgets",
 ]
@@ -290,6 +291,14 @@ class StepBudgets:
                 metrics.BUDGET_SPENT_TOKENS.labels(self._tenant, key.scope).set(spend.spent_tokens)
                 metrics.BUDGET_SPENT_USD.labels(self._tenant, key.scope).set(spend.spent_usd)
         return grant
+
+
+async def settle_abandoned(store: BudgetStore, request_id: str, conversation_id: str) -> None:
+    """Settle what turn ``request_id``, which will not run again (left interrupted after a
+    crash), still has reserved: at what it reserved, as a lost attempt's; nothing to do (one
+    read) when it reserved nothing. Runs whatever the configuration, so budgets a previous
+    configuration charged are not left reserved forever."""
+    await store.charge_budget(BudgetCharge(request_id, conversation_id, None, ()))
 
 
 def step_budgets(store: BudgetStore, settings: EngineSettings, state: TurnWorkingState) -> StepBudgets | None:

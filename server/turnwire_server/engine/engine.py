@@ -23,7 +23,7 @@ from turnwire.hooks import ConcurrentInput
 from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
-from turnwire_server.engine.budgets import admission_refusal
+from turnwire_server.engine.budgets import admission_refusal, settle_abandoned
 from turnwire_server.engine.channel import EventChannel
 from turnwire_server.engine.errors import (
     CancelledByShutdown,
@@ -686,6 +686,7 @@ class TurnEngine:
         await self.store.finish_turn(
             record, reply, events=[(end.sequence_number, end.SerializeToString())], stream_ended=True
         )
+        await settle_abandoned(self.store, turn.request_id, turn.conversation_id)
         log.warning(
             "turn %s of conversation %s left interrupted: %s",
             turn.request_id,

@@ -113,7 +113,8 @@ def charge_budget(charge: BudgetCharge, dialect: Dialect) -> Program[BudgetGrant
     reads.append(
         Statement(
             f"SELECT b.scope, b.scope_key, b.period, {_SPEND_COLUMNS}, limit_tokens, limit_usd"
-            f" FROM ({keys_sql}SELECT scope, scope_key, period FROM budget_reservations"
+            f" FROM ({keys_sql}SELECT scope AS column1, scope_key AS column2, period AS column3"
+            " FROM budget_reservations"
             " WHERE request_id = ?) AS k"
             " JOIN budget_spend b ON b.scope = k.column1 AND b.scope_key = k.column2 AND b.period = k.column3"
             " ORDER BY b.scope, b.scope_key, b.period"
