@@ -2,12 +2,14 @@
 :mod:`turnwire_server.store.core.sql`; the rules: docs/cost.md, "Budgets", and
 :mod:`.budget_rules`).
 
-A charge is one transaction: it reads the turn's fencing token (its row locked, :mod:`.fencing`)
-and its stored reservations, then locks every budget row it touches in key order (created at
-zero when missing), so charges racing from several replicas for one budget take turns on its row
-and each sees the other's reservation (PostgreSQL: ``SELECT … FOR UPDATE`` after an
-``INSERT … ON CONFLICT DO NOTHING``; SQLite applies writes one at a time). Sorted locks never
-wait on each other in a cycle. Then it settles, reserves, and writes the rows back.
+A charge is one transaction of two batches. The first reads the turn's fencing token (its row
+locked, as :mod:`.fencing` does) with its stored reservations, creates the charged budget rows at
+zero when missing (``INSERT … ON CONFLICT DO NOTHING``) and locks them and the reservations' rows
+in key order (``SELECT … FOR UPDATE OF``), so charges racing from several replicas for one budget
+take turns on its row and each sees the other's reservation (SQLite applies writes one at a
+time). Every charge locks the turn's row, then budget rows sorted; a conversation's deletion
+its conversation, its turns' rows, then budget rows: no two wait on each other in a cycle. The
+second batch settles, reserves and writes the rows back.
 """
 
 from __future__ import annotations
