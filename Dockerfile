@@ -17,7 +17,8 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_NO_INPUT=1
 WORKDIR /src
-COPY constraints.txt pyproject.toml README.md ./
+# VERSION: every distribution's version (clients/python/VERSION and middleware/VERSION link to it).
+COPY constraints.txt pyproject.toml README.md VERSION ./
 COPY server/ server/
 COPY middleware/ middleware/
 COPY clients/python/ clients/python/

@@ -24,7 +24,7 @@ IN_PROCESS := not (e2e or postgres or packaging or stress)
 TEST_WORKERS ?= 4
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: setup demo install-go install-chromium build-web-example build-ai-sdk-example check test test-python test-node test-go conformance build-node lint docs protos check-protos breaking bench stress clean sync-client
+.PHONY: setup dist demo install-go install-chromium build-web-example build-ai-sdk-example check test test-python test-node test-go conformance build-node lint docs protos check-protos breaking bench stress clean sync-client
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -39,6 +39,22 @@ node_modules/.installed: package.json package-lock.json clients/node/package.jso
 		clients/ai-sdk-example/package.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
+
+## dist: the release artifacts of VERSION into dist/ (docs/install.md): an sdist and a wheel of each Python
+## distribution (turnwire, turnwire-sdk, turnwire-client; checked by twine), the npm package of the TypeScript client
+## (npm pack), and the Go module in the module proxy's layout (dist/goproxy). Versions checked against VERSION first.
+# DIST: where (tests/test_release_artifacts.py builds elsewhere); emptied first.
+DIST ?= dist
+dist: setup build-node
+	$(PY) -m pytest -q -p no:randomly tests/test_release_version.py
+	rm -rf "$(DIST)" && mkdir -p "$(DIST)"
+	for project in clients/python middleware .; do \
+	  $(PY) -m build --no-isolation --outdir "$(DIST)" $$project >/dev/null || exit 1; done
+	$(VENV)/bin/twine check --strict "$(DIST)"/*.whl "$(DIST)"/*.tar.gz
+	@# --ignore-scripts: build-node compiled dist/ (prepack would rewrite it under the Node.js tests beside).
+	npm pack ./clients/node --pack-destination "$(DIST)" --ignore-scripts --loglevel=error
+	$(PY) tools/go_module_release.py "$(DIST)/goproxy"
+	@ls -1 "$(DIST)" "$(DIST)"/goproxy/*/*/@v
 
 ## demo: start the sidecar on its embedded defaults, hold a conversation that calls tools, stop it.
 demo: setup
@@ -148,4 +164,4 @@ bench: setup
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) node_modules clients/node/dist site .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) node_modules clients/node/dist dist site .mypy_cache .ruff_cache .pytest_cache

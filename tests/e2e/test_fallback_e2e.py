@@ -15,7 +15,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from providers.helpers import a_block, a_end, a_json, a_start, a_stop, anthropic_sse, c_chunk, chat_sse
+from providers.helpers import (
+    a_block,
+    a_end,
+    a_json,
+    a_start,
+    a_stop,
+    a_text,
+    anthropic_sse,
+    c_chunk,
+    chat_sse,
+)
 from providers.replay import ReplayServer, Reply
 from support.prices import expected_usd
 from support.sidecar import SidecarFactory
@@ -164,3 +174,45 @@ async def test_an_open_breaker_sends_steps_to_the_fallback_without_a_call(
     assert len(anthropic.requests) == 1, "the open breaker kept the second step off Anthropic"
     assert second.text == "second"
     assert "provider anthropic: 1 failures in a row" in sidecar.log_text()
+
+
+def _anthropic_overloaded_mid_stream() -> Reply:
+    return Reply.sse(
+        anthropic_sse(
+            a_start(input_tokens=700),
+            a_block(0, {"type": "text", "text": ""}),
+            a_text(0, "Partial answer that "),
+            {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+        )
+    )
+
+
+@pytest.mark.parametrize("after_output", ["never", "restart"])
+async def test_a_failure_after_output_falls_back_only_when_configured(
+    sidecar_factory: SidecarFactory, servers: tuple[ReplayServer, ReplayServer], after_output: str
+) -> None:
+    anthropic, openai = servers
+    config = _config(anthropic, openai)
+    config["fallback"]["after_output"] = after_output  # type: ignore[index]
+    sidecar = await sidecar_factory(config=config).start()
+    anthropic.enqueue(_anthropic_overloaded_mid_stream())
+    openai.enqueue(_openai_text())
+    async with TurnwireClient(sidecar.target) as client:
+        result = await collect(client.chat("mid-stream", "Weather in Paris?"))
+        stored = await client.get_conversation("mid-stream")
+    deltas = [e.text_delta.delta for e in result.events if e.WhichOneof("event") == "text_delta"]
+    assert deltas[0] == "Partial answer that ", "the failed attempt's output reached the client"
+    if after_output == "never":
+        assert result.status == event_pb2.TURN_STATUS_ERROR
+        assert openai.requests == []
+        return
+    assert result.status == event_pb2.TURN_STATUS_COMPLETED, result.error
+    kinds = _kinds(result)
+    at = kinds.index("attempt_start")
+    assert kinds[at - 2 : at + 2] == ["text_start", "text_delta", "attempt_start", "step_start"]
+    attempt = _attempt(result)
+    assert (attempt.reason, attempt.model, attempt.appends) == ("PROVIDER_FALLBACK", FALLBACK, False)
+    assert result.text == "Sunny in Paris.", "the dropped partial is not part of the answer"
+    assert [p.text.text for p in stored.messages[-1].parts if p.WhichOneof("kind") == "text"] == [
+        "Sunny in Paris."
+    ]

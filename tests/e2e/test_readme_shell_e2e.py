@@ -45,12 +45,20 @@ RUN_ELSEWHERE = {
     # docs/api/ai-sdk.md, "A page with useChat": the same build, a sidecar with http.listen and CORS for
     # the page's origin, the page served from another port, driven in Chromium
     "make setup build-ai-sdk-example": "tests/e2e/test_ai_sdk_page_e2e.py",
+    # docs/install.md: make dist (into a temporary DIST), the wheels into a fresh venv and
+    # `turnwire demo`, the npm tarball into a scratch project
+    "make dist": "tests/test_release_artifacts.py",
+    "python3 -m venv ~/turnwire": "tests/test_release_artifacts.py",
+    "npm install /path/to/turnwire/dist/turnwire-client-": "tests/test_release_artifacts.py",
 }
 NOT_RUN = {
     # README.md and docs/getting-started.md
     "make demo": "the README's first screen: CI runs both commands (.ci/run: make test; make demo by hand)",
     # docs/operate/deploy.md
     "docker build": "no container daemon on these machines; tests/test_dockerfile.py checks the Dockerfile",
+    # docs/install.md, "The Go client"
+    "export GOPROXY=file://": "no module proxy here for the module's requirements; "
+    "tests/test_release_artifacts.py builds the same module zip against Debian's packages, vendored",
 }
 
 

@@ -3,8 +3,8 @@
 //
 // Usage: node clients/conformance/node/run.mjs [CASE_NAME ...]   (default: all cases)
 // TURNWIRE_CONFORMANCE_PROTOCOL=connect (or grpc-web) runs the cases over the sidecar's HTTP
-// listener (http.listen) instead of gRPC: the same client, with a @connectrpc/connect-web
-// transport on Node.js's fetch, as a browser page would call.
+// listener (http.listen) instead of gRPC: the browser entry's TurnwireWebClient
+// (@turnwire/client/web, @connectrpc/connect-web) on Node.js's fetch, as a browser page would call.
 // Starts one `turnwire serve` per distinct config (TURNWIRE_BIN, default the repo's
 // .venv/bin/turnwire), runs the cases in file order, prints one line per case and
 // `N passed, M failed`; exits 1 when a case failed. The case format and the matching rules:
@@ -20,6 +20,7 @@ import {
   toJson as toJsonBare,
 } from "@bufbuild/protobuf";
 import { TurnwireClient, TurnwireError } from "@turnwire/client";
+import { TurnwireWebClient } from "@turnwire/client/web";
 import {
   AddMessagesRequestSchema,
   ClientToolSchema,
@@ -40,19 +41,10 @@ import {
 import { MessageSchema } from "@turnwire/client/gen/turnwire/v1/message_pb";
 import { file_google_rpc_error_details } from "@turnwire/client/gen/google/rpc/error_details_pb";
 
-import {
-  createConnectTransport,
-  createGrpcWebTransport,
-} from "@connectrpc/connect-web";
-
 import { freePort, startSidecar } from "../../node/tests/sidecar.mjs";
 
 const PROTOCOL = process.env.TURNWIRE_CONFORMANCE_PROTOCOL || "grpc";
-const HTTP_TRANSPORTS = {
-  connect: createConnectTransport,
-  "grpc-web": createGrpcWebTransport,
-};
-if (PROTOCOL !== "grpc" && !HTTP_TRANSPORTS[PROTOCOL])
+if (!["grpc", "connect", "grpc-web"].includes(PROTOCOL))
   throw new Error(
     `TURNWIRE_CONFORMANCE_PROTOCOL must be grpc, connect or grpc-web, not ${PROTOCOL}`,
   );
@@ -545,16 +537,9 @@ async function main(names) {
       PROTOCOL === "grpc" ? undefined : `127.0.0.1:${await freePort()}`;
     if (http) settings.http = { listen: http };
     const sidecar = await startSidecar(settings, { startupTimeoutMs: 60_000 });
-    const client = new TurnwireClient({
-      address: sidecar.address,
-      // JSON, connect-web's default; the registry lets it read the google.rpc details in Any.
-      transport:
-        http &&
-        HTTP_TRANSPORTS[PROTOCOL]({
-          baseUrl: `http://${http}`,
-          jsonOptions: { registry },
-        }),
-    });
+    const client = http
+      ? new TurnwireWebClient({ baseUrl: `http://${http}`, protocol: PROTOCOL })
+      : new TurnwireClient({ address: sidecar.address });
     try {
       for (const testCase of cases.filter((c) => c.config === config)) {
         let timer;

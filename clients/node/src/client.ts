@@ -1,42 +1,16 @@
-// TurnwireClient: Connect's gRPC transport (HTTP/2, @connectrpc/connect-node)
-// over the service descriptors protoc-gen-es generates from protos/. Every
-// RPC of turnwire.v1.ChatService is a method here; `rpc` is the generated
-// client itself for anything these methods leave out.
+// TurnwireClient: the calls of calls.ts over Connect's gRPC transport (HTTP/2,
+// @connectrpc/connect-node) and the service descriptors protoc-gen-es generates
+// from protos/; Node.js only. Every RPC of turnwire.v1.ChatService is a method;
+// `rpc` is the generated client itself for anything the methods leave out.
 
-import type { MessageInitShape } from '@bufbuild/protobuf';
-import {
-  type CallOptions,
-  type Client,
-  Code,
-  type Interceptor,
-  type Transport,
-  createClient,
-} from '@connectrpc/connect';
+import { Code, type Interceptor, createClient } from '@connectrpc/connect';
 import { createGrpcTransport } from '@connectrpc/connect-node';
 
+import { type CallOpts, type CallSettings, TurnwireCalls, bearer } from './calls.js';
 import { TurnwireError } from './errors.js';
-import { inputMessageId, newRequestId } from './ids.js';
-import type { JsonObject, JsonValue } from './json.js';
 import { type ConnectionSecurity, explainTlsMismatch } from './tls_probe.js';
 import { AnsweredSessionManager } from './unanswered_streams.js';
-import { TurnStream } from './turn.js';
-import type { TurnEvent } from './gen/turnwire/v1/event_pb.js';
-import {
-  type AddMessagesRequestSchema,
-  type AddMessagesResponse,
-  ChatService,
-  type ClientToolSchema,
-  type Conversation,
-  type ConcurrentInputStrategy,
-  type DisconnectPolicy,
-  type ListConversationsResponse,
-  type ListSubmissionsRequestSchema,
-  type ListSubmissionsResponse,
-  type Submission,
-  type SubmitMessagesRequestSchema,
-  type SubmitMessagesResponse,
-} from './gen/turnwire/v1/chat_service_pb.js';
-import { type MessageSchema, Role } from './gen/turnwire/v1/message_pb.js';
+import { ChatService } from './gen/turnwire/v1/chat_service_pb.js';
 
 /** PEM text, or its bytes (e.g. a `Buffer` from `readFileSync`). */
 export type Pem = string | Uint8Array;
@@ -54,15 +28,13 @@ export interface TlsOptions {
 }
 
 /** What a {@link TurnwireClient} connects to, and how. */
-export interface TurnwireClientOptions {
+export interface TurnwireClientOptions extends CallSettings {
   /** The sidecar's gRPC address, `host:port` (or a `http://` / `https://` URL). */
   address: string;
   /** Connect over TLS: `true` trusts Node's default CAs; an object sets CAs and a client certificate. */
   tls?: boolean | TlsOptions;
   /** Sent as `authorization: Bearer <token>` on every call. */
   token?: string;
-  /** Deadline of each non-streaming call in milliseconds (turns have none unless given per call). */
-  timeoutMs?: number;
   /**
    * The largest request this client sends, in bytes; a larger one fails at once with
    * `RESOURCE_EXHAUSTED` instead of being sent. Default 16 MiB, the sidecar's default
@@ -71,110 +43,39 @@ export interface TurnwireClientOptions {
    * to the sidecar's value to be told before sending.
    */
   maxSendMessageBytes?: number;
-  /**
-   * Let turn streams yield Progress keepalives (events with `event.case ===
-   * 'progress'` and sequence number 0, sent while a turn is silent for
-   * `limits.progress_interval_seconds`); skipped by default. `collect()` ignores them.
-   */
-  includeProgress?: boolean;
-  /**
-   * Call through this transport instead of the gRPC one (HTTP/2, Node.js only) the client makes:
-   * `createConnectTransport` or `createGrpcWebTransport` of `@connectrpc/connect-web` (browsers,
-   * or Node.js's fetch) reach the sidecar's HTTP listener (`http.listen`, docs/api/http.md).
-   * `token` is still sent; `tls` and `maxSendMessageBytes` are then the transport's business.
-   */
-  transport?: Transport;
-}
-
-/** Options every call takes. */
-export interface CallOpts {
-  /** Aborting it cancels the call (for a turn: the turn, server-side). */
-  signal?: AbortSignal;
-  /** The call's deadline in milliseconds. */
-  timeoutMs?: number;
-}
-
-/** A tool the client runs itself, offered to the model for one turn (ClientTool). */
-export type ClientToolInit = MessageInitShape<typeof ClientToolSchema>;
-/** A message to store (turnwire.v1.Message), as a plain object. */
-export type MessageInit = MessageInitShape<typeof MessageSchema>;
-
-/** Options of every call that runs a turn. */
-export interface TurnOptions extends CallOpts {
-  /** The turn's model as `provider:model`; the configured default when unset. */
-  model?: string;
-  /** Free-form per-turn data for lifecycle hooks (Think's `body`). */
-  body?: JsonObject;
-  /**
-   * The turn's request id (1-128 characters of [A-Za-z0-9._:-]); the client chooses one
-   * (`r-<uuid>`) when unset, readable as `stream.requestId` before any event. Input messages
-   * without an id get `<requestId>.m<index>`, so a failed turn retried under the same request id
-   * with the same input stores that input once (docs/semantics.md §11).
-   */
-  requestId?: string;
-  /** What happens to the turn when the caller goes away; CANCEL when unset. */
-  disconnectPolicy?: DisconnectPolicy;
-  /** Tools the client runs itself, offered to the model for this turn. */
-  clientTools?: ClientToolInit[];
-}
-
-/** Options of the calls that bring new input to a conversation (all turn calls but ContinueLastTurn). */
-export interface InputOptions extends TurnOptions {
-  /**
-   * What this input does when the conversation has a turn running or queued: ENQUEUE (wait in
-   * line), REJECT (FAILED_PRECONDITION, reason TURN_IN_PROGRESS; nothing stored), INTERRUPT (stop
-   * the running turn, keep its partial reply, run next) or ROLLBACK (stop it, remove its input
-   * and partial reply, run next). The server's default (`limits.concurrent_input`) when unset.
-   */
-  concurrentInputStrategy?: ConcurrentInputStrategy;
-}
-
-/** The result of one client-side tool call: a JSON `output`, or an `errorText` the model sees. */
-export interface ToolResultInit {
-  toolCallId: string;
-  output?: JsonValue;
-  /** Set to report a failure; the model sees this text. */
-  errorText?: string;
-}
-
-/** One answer to a tool call waiting for approval. */
-export interface ToolApprovalInit {
-  toolCallId: string;
-  approved: boolean;
-  /** Why, for a denial; the model is told. */
-  reason?: string;
-}
-
-/** Options of the calls that may continue a turn after tool results or approvals. */
-export interface ContinueOptions extends InputOptions {
-  /**
-   * Run one continuation turn once every pending call of the message is answered (approved
-   * calls run in it); true when unset, as in the Python client. With false the stream ends
-   * SKIPPED and the approved calls wait for a later turn (`continueLastTurn`).
-   */
-  autoContinue?: boolean;
 }
 
 /**
- * A client of one Turnwire sidecar. It holds one HTTP/2 connection, opened
+ * A client of one Turnwire sidecar over gRPC (its `listen` port; for the HTTP listener, and in
+ * browsers, `TurnwireWebClient` of `@turnwire/client/web`). It holds one HTTP/2 connection, opened
  * on the first call; {@link TurnwireClient.close} closes it. Calls throw
  * {@link TurnwireError}; calls that run a turn return a {@link TurnStream}.
  */
-export class TurnwireClient {
-  /** The generated Connect client of turnwire.v1.ChatService: every RPC, typed, with its raw messages. */
-  readonly rpc: Client<typeof ChatService>;
+export class TurnwireClient extends TurnwireCalls {
   private readonly session: AnsweredSessionManager;
-  private readonly timeoutMs: number | undefined;
-  private readonly includeProgress: boolean;
   private readonly security: ConnectionSecurity;
 
   constructor(options: TurnwireClientOptions) {
-    this.includeProgress = options.includeProgress ?? false;
     const secure = Boolean(options.tls) || options.address.startsWith('https://');
     const baseUrl = options.address.includes('://')
       ? options.address
       : `${secure ? 'https' : 'http'}://${options.address}`;
     const tls = typeof options.tls === 'object' ? options.tls : {};
+    const session = new AnsweredSessionManager(baseUrl, undefined, {
+      ca: Array.isArray(tls.ca) ? tls.ca.map(nodePem) : tls.ca && nodePem(tls.ca),
+      cert: tls.cert && nodePem(tls.cert),
+      key: tls.key && nodePem(tls.key),
+      servername: tls.serverName,
+    });
+    const interceptors: Interceptor[] = options.token ? [bearer(options.token)] : [];
+    const transport = createGrpcTransport({
+      baseUrl,
+      sessionManager: session,
+      interceptors,
+      writeMaxBytes: options.maxSendMessageBytes ?? DEFAULT_MAX_SEND_MESSAGE_BYTES,
+    });
+    super(createClient(ChatService, transport), options);
+    this.session = session;
     const url = new URL(baseUrl);
     this.security = {
       host: url.hostname.replace(/^\[|\]$/g, ''),
@@ -183,26 +84,6 @@ export class TurnwireClient {
       clientCertificate: Boolean(tls.cert),
       servername: tls.serverName,
     };
-    this.session = new AnsweredSessionManager(baseUrl, undefined, {
-      ca: Array.isArray(tls.ca) ? tls.ca.map(nodePem) : tls.ca && nodePem(tls.ca),
-      cert: tls.cert && nodePem(tls.cert),
-      key: tls.key && nodePem(tls.key),
-      servername: tls.serverName,
-    });
-    const interceptors: Interceptor[] = [];
-    if (options.token) interceptors.push(bearer(options.token));
-    this.rpc = createClient(
-      ChatService,
-      options.transport
-        ? withBearer(options.transport, options.token)
-        : createGrpcTransport({
-            baseUrl,
-            sessionManager: this.session,
-            interceptors,
-            writeMaxBytes: options.maxSendMessageBytes ?? DEFAULT_MAX_SEND_MESSAGE_BYTES,
-          }),
-    );
-    this.timeoutMs = options.timeoutMs;
   }
 
   /** Closes the connection; calls still running fail with `UNAVAILABLE`/`CANCELLED`. */
@@ -211,222 +92,11 @@ export class TurnwireClient {
   }
 
   /**
-   * Appends a user message with `text` to the conversation (created on first
-   * use) and runs a turn: iterate its events, or `await ….collect()`.
-   */
-  chat(conversationId: string, text: string, options: InputOptions = {}): TurnStream {
-    const requestId = options.requestId || newRequestId();
-    const message: MessageInit = {
-      id: inputMessageId(requestId, 0),
-      role: Role.USER,
-      parts: [{ kind: { case: 'text', value: { text } } }],
-    };
-    return this.turn(requestId, options, (call) =>
-      this.rpc.chat({ conversationId, message, ...inputFields(options), requestId }, call),
-    );
-  }
-
-  /** Appends zero or more messages and runs a turn on the resulting history (SaveMessages). */
-  saveMessages(conversationId: string, messages: MessageInit[], options: InputOptions = {}): TurnStream {
-    const requestId = options.requestId || newRequestId();
-    const named = messages.map((message, index) =>
-      message.id ? message : { ...message, id: inputMessageId(requestId, index) },
-    );
-    return this.turn(requestId, options, (call) =>
-      this.rpc.saveMessages({ conversationId, messages: named, ...inputFields(options), requestId }, call),
-    );
-  }
-
-  /** Lets the model continue after the last assistant message; SKIPPED when there is none. */
-  continueLastTurn(conversationId: string, options: TurnOptions = {}): TurnStream {
-    const requestId = options.requestId || newRequestId();
-    return this.turn(requestId, options, (call) =>
-      this.rpc.continueLastTurn({ conversationId, ...turnFields(options), requestId }, call),
-    );
-  }
-
-  /** Re-attaches to a turn: its events after `afterSequenceNumber` (0: all), then the live ones. */
-  resumeTurn(requestId: string, options: CallOpts & { afterSequenceNumber?: number } = {}): TurnStream {
-    const afterSequenceNumber = BigInt(options.afterSequenceNumber ?? 0);
-    return this.turn(requestId, options, (call) =>
-      this.rpc.resumeTurn({ requestId, afterSequenceNumber }, call),
-    );
-  }
-
-  /** Streams a submission's turn once it runs (WatchSubmission). */
-  watchSubmission(
-    submissionId: string,
-    options: CallOpts & { afterSequenceNumber?: number } = {},
-  ): TurnStream {
-    const afterSequenceNumber = BigInt(options.afterSequenceNumber ?? 0);
-    // A submission's id is its turn's request id (docs/semantics.md §7).
-    return this.turn(submissionId, options, (call) =>
-      this.rpc.watchSubmission({ submissionId, afterSequenceNumber }, call),
-    );
-  }
-
-  /** Stores results of client-side tool calls; with `autoContinue` the continuation turn streams here. */
-  submitToolResults(
-    conversationId: string,
-    results: ToolResultInit[],
-    options: ContinueOptions = {},
-  ): TurnStream {
-    const wire = results.map(({ toolCallId, output, errorText }) =>
-      errorText !== undefined
-        ? { toolCallId, error: true, errorText }
-        : { toolCallId, outputJson: JSON.stringify(output ?? null) },
-    );
-    const requestId = options.requestId || newRequestId();
-    return this.turn(requestId, options, (call) =>
-      this.rpc.submitToolResults(
-        {
-          conversationId,
-          results: wire,
-          autoContinue: options.autoContinue ?? true,
-          ...inputFields(options),
-          requestId,
-        },
-        call,
-      ),
-    );
-  }
-
-  /** Approves or denies tool calls waiting for approval, then continues as {@link submitToolResults}. */
-  submitToolApprovals(
-    conversationId: string,
-    approvals: ToolApprovalInit[],
-    options: ContinueOptions = {},
-  ): TurnStream {
-    const requestId = options.requestId || newRequestId();
-    return this.turn(requestId, options, (call) =>
-      this.rpc.submitToolApprovals(
-        {
-          conversationId,
-          approvals,
-          autoContinue: options.autoContinue ?? true,
-          ...inputFields(options),
-          requestId,
-        },
-        call,
-      ),
-    );
-  }
-
-  /** The conversation with all its messages, oldest first, and every page's partialReplies and turnsWithoutReply (follows GetConversation's pages). NOT_FOUND when unknown. */
-  async getConversation(conversationId: string, options: CallOpts = {}): Promise<Conversation> {
-    let pageToken = '';
-    let conversation: Conversation | undefined;
-    do {
-      const page = await this.unary(options, (call) =>
-        this.rpc.getConversation({ conversationId, pageToken }, call),
-      );
-      if (!page.conversation)
-        throw new TurnwireError({
-          grpcCode: Code.Internal,
-          message: 'GetConversation answered without a conversation',
-        });
-      if (conversation) {
-        // Each page carries the marks of its own messages: keep every page's.
-        conversation.messages.push(...page.conversation.messages);
-        conversation.partialReplies.push(...page.conversation.partialReplies);
-        conversation.turnsWithoutReply.push(...page.conversation.turnsWithoutReply);
-      } else conversation = page.conversation;
-      pageToken = page.nextPageToken;
-    } while (pageToken);
-    return conversation;
-  }
-
-  /** One page of conversations, most recently updated first (without their messages). */
-  listConversations(
-    options: CallOpts & { pageSize?: number; pageToken?: string } = {},
-  ): Promise<ListConversationsResponse> {
-    const { pageSize = 0, pageToken = '' } = options;
-    return this.unary(options, (call) => this.rpc.listConversations({ pageSize, pageToken }, call));
-  }
-
-  /** Cancels a running or queued turn by request id; true when one was found. */
-  async cancelChat(requestId: string, options: CallOpts = {}): Promise<boolean> {
-    return (await this.unary(options, (call) => this.rpc.cancelChat({ requestId }, call))).cancelled;
-  }
-
-  /** Deletes a conversation with everything stored about it; false when it did not exist (with `allowMissing`). */
-  async deleteConversation(
-    conversationId: string,
-    options: CallOpts & { allowMissing?: boolean } = {},
-  ): Promise<boolean> {
-    const allowMissing = options.allowMissing ?? false;
-    return (
-      await this.unary(options, (call) => this.rpc.deleteConversation({ conversationId, allowMissing }, call))
-    ).deleted;
-  }
-
-  /** Writes messages to a transcript without running a turn (AddMessages). */
-  addMessages(
-    request: MessageInitShape<typeof AddMessagesRequestSchema>,
-    options: CallOpts = {},
-  ): Promise<AddMessagesResponse> {
-    return this.unary(options, (call) => this.rpc.addMessages(request, call));
-  }
-
-  /** Durably accepts messages for a turn that runs later (SubmitMessages). */
-  submitMessages(
-    request: MessageInitShape<typeof SubmitMessagesRequestSchema>,
-    options: CallOpts = {},
-  ): Promise<SubmitMessagesResponse> {
-    return this.unary(options, (call) => this.rpc.submitMessages(request, call));
-  }
-
-  /** One submission. */
-  async getSubmission(submissionId: string, options: CallOpts = {}): Promise<Submission | undefined> {
-    return (await this.unary(options, (call) => this.rpc.getSubmission({ submissionId }, call))).submission;
-  }
-
-  /** One page of submissions, oldest first. */
-  listSubmissions(
-    request: MessageInitShape<typeof ListSubmissionsRequestSchema> = {},
-    options: CallOpts = {},
-  ): Promise<ListSubmissionsResponse> {
-    return this.unary(options, (call) => this.rpc.listSubmissions(request, call));
-  }
-
-  /** Cancels a pending or running submission; returns it as stored after the cancel. */
-  async cancelSubmission(submissionId: string, options: CallOpts = {}): Promise<Submission | undefined> {
-    return (await this.unary(options, (call) => this.rpc.cancelSubmission({ submissionId }, call)))
-      .submission;
-  }
-
-  private turn(
-    requestId: string,
-    options: CallOpts,
-    open: (call: CallOptions) => AsyncIterable<{ event?: TurnEvent }>,
-  ): TurnStream {
-    const includeProgress = this.includeProgress;
-    return new TurnStream(
-      async function* (signal) {
-        for await (const { event } of open({ signal, timeoutMs: options.timeoutMs })) {
-          if (event && (includeProgress || event.event.case !== 'progress')) yield event;
-        }
-      },
-      options.signal,
-      requestId,
-      (error) => this.explain(error, options),
-    );
-  }
-
-  private async unary<T>(options: CallOpts, call: (call: CallOptions) => Promise<T>): Promise<T> {
-    try {
-      return await call({ signal: options.signal, timeoutMs: options.timeoutMs ?? this.timeoutMs });
-    } catch (error) {
-      throw await this.explain(TurnwireError.from(error), options);
-    }
-  }
-
-  /**
    * `error` of a call that got no answer, with what went wrong said plainly when the transport
    * only reports a closed stream: a TLS mismatch found by {@link explainTlsMismatch} becomes
    * `UNAVAILABLE` naming the option to change; a request over `maxSendMessageBytes` names it.
    */
-  private async explain(error: TurnwireError, options: CallOpts): Promise<TurnwireError> {
+  protected override async explain(error: TurnwireError, options: CallOpts): Promise<TurnwireError> {
     if (options.signal?.aborted || error.reason) return error;
     if (error.code === 'RESOURCE_EXHAUSTED' && error.rawMessage.includes('writeMaxBytes')) {
       return new TurnwireError({
@@ -448,20 +118,6 @@ export class TurnwireClient {
   }
 }
 
-function turnFields(options: TurnOptions) {
-  return {
-    model: options.model ?? '',
-    body: options.body,
-    requestId: options.requestId ?? '',
-    disconnectPolicy: options.disconnectPolicy,
-    clientTools: options.clientTools ?? [],
-  };
-}
-
-function inputFields(options: InputOptions) {
-  return { ...turnFields(options), concurrentInputStrategy: options.concurrentInputStrategy };
-}
-
 /** 16 MiB: the sidecar's default `limits.max_receive_message_bytes`. */
 const DEFAULT_MAX_SEND_MESSAGE_BYTES = 16 * 1024 * 1024;
 
@@ -476,28 +132,4 @@ function nodeErrorCode(error: unknown): string | undefined {
 
 function nodePem(pem: Pem): string | Buffer {
   return typeof pem === 'string' ? pem : Buffer.from(pem);
-}
-
-/** `transport` with `authorization: Bearer <token>` on every call (none without a token). */
-function withBearer(transport: Transport, token: string | undefined): Transport {
-  if (!token) return transport;
-  const add = (header: Parameters<Transport['unary']>[3]): Headers => {
-    const headers = new Headers(header);
-    headers.set('authorization', `Bearer ${token}`);
-    return headers;
-  };
-  return {
-    unary: (method, signal, timeoutMs, header, input, contextValues) =>
-      transport.unary(method, signal, timeoutMs, add(header), input, contextValues),
-    stream: (method, signal, timeoutMs, header, input, contextValues) =>
-      transport.stream(method, signal, timeoutMs, add(header), input, contextValues),
-  };
-}
-
-/** Adds `authorization: Bearer <token>` (RFC 6750 §2.1) to every call. */
-function bearer(token: string): Interceptor {
-  return (next) => (request) => {
-    request.header.set('authorization', `Bearer ${token}`);
-    return next(request);
-  };
 }

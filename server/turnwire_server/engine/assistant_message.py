@@ -28,6 +28,7 @@ class _StepParts:
     #: Provider-executed calls of earlier steps whose result came in this one (a paused turn).
     late_results: list[message_pb2.Part] = field(default_factory=list)
     marker: message_pb2.Part | None = None  # the step's step_start part
+    start: int = -1  # the marker's index in the message's parts
     sources: list[message_pb2.SourcePart] = field(default_factory=list)
     files: list[message_pb2.FilePart] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -82,7 +83,24 @@ class AssistantMessage:
         """Mark a new model step."""
         marker = self.message.parts.add()
         marker.step_start.SetInParent()
-        self._step = _StepParts(marker=marker)
+        self._step = _StepParts(marker=marker, start=len(self.message.parts) - 1)
+
+    @property
+    def step_discardable(self) -> bool:
+        """Whether :meth:`discard_step` can undo the current step: it started, and it began no
+        tool call and changed no earlier step's part (a provider-executed call's late result)."""
+        step = self._step
+        return step.marker is not None and not step.tool_calls and not step.late_results
+
+    def discard_step(self) -> None:
+        """Drop everything the current step added after its ``step_start`` marker, for the step to
+        run again from its start (a fallback after output, engine/fallback.py). Only when
+        :attr:`step_discardable`; raises :class:`AssertionError` otherwise."""
+        assert self.step_discardable, "the step began a tool call or changed an earlier part"
+        step = self._step
+        del self.message.parts[step.start + 1 :]
+        self._open.clear()  # blocks are closed at every step's end: open ones are this step's
+        self._step = _StepParts(marker=step.marker, start=step.start)
 
     def record_step(
         self,

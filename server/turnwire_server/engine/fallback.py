@@ -7,8 +7,10 @@ dropped connection: never an invalid request, an authentication failure or a con
 runs again on the next model of the failed one's fallback list (``fallback.models``), across
 APIs too: the request is provider-neutral, each adapter converts the history by the same rules
 as for any history (docs/providers.md, "The history each API gets"). A failure after output
-streamed is never sent elsewhere (**Decision**: the client saw it; a second model's answer would
-not continue it).
+streamed falls back only with ``after_output: restart``: the step's output so far is dropped and
+the step runs again from its start on the fallback, the client told by an ``AttemptStart``
+(**Decision**: by default never, since the client saw part of an answer another model would not
+continue; a step that began a tool call is never restarted: its call may be the client's to answer).
 
 Each provider entry has a circuit breaker, per process: ``breaker_failures`` such failures in a
 row open it for ``breaker_open_seconds``, during which steps go straight to the next model of
@@ -23,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -42,13 +45,20 @@ FALLBACK_CLASSES = frozenset({"rate_limit", "transient"})
 
 class FallbackSettings(ConfigSection):
     """The ``fallback:`` section. ``models``: a model id (``provider:model``) → the model ids to
-    try after it, in order. ``breaker_failures`` fallback-worthy failures in a row open a provider
-    entry's circuit breaker for ``breaker_open_seconds``."""
+    try after it, in order. ``after_output``: whether a step that failed after some of it streamed
+    falls back too (``restart``: its output so far dropped, the step run again). ``breaker_failures``
+    fallback-worthy failures in a row open a provider entry's circuit breaker for
+    ``breaker_open_seconds``."""
 
     models: dict[str, list[str]] = Field(
         default_factory=dict,
         description="model id -> the model ids tried in order when it fails before any output "
         "with a rate limit or a transient error",
+    )
+    after_output: Literal["never", "restart"] = Field(
+        "never",
+        description="a failure after some of the step streamed: never falls back, or restart runs the "
+        "step again on the fallback from its start (the client is told by an AttemptStart)",
     )
     breaker_failures: int = Field(5, ge=1, description="failures in a row that open a provider's breaker")
     breaker_open_seconds: float = Field(30.0, gt=0, description="how long an open breaker skips its provider")
@@ -84,6 +94,11 @@ class Fallbacks:
         self._clock = clock
         self._breakers: dict[str, _Breaker] = {}
 
+    @property
+    def restarts(self) -> bool:
+        """Whether a step that failed after some of it streamed may fall back (``after_output``)."""
+        return self.settings.after_output == "restart"
+
     def first(self, model_id: str) -> str:
         """The model a step of ``model_id`` starts on: ``model_id``, unless its provider's breaker
         is open and one of its fallbacks' is not (then the first such)."""
@@ -95,7 +110,8 @@ class Fallbacks:
         self, hooks: TurnHooks, context: ChatErrorContext, model_id: str, tried: list[str]
     ) -> str | None:
         """The model to run the step on after ``model_id`` (the last of ``tried``, the step's models
-        so far, its configured one first) failed with ``context.error`` before any output; None:
+        so far, its configured one first) failed with ``context.error`` (the caller decides whether
+        the step may fall back after what it streamed); None:
         the step fails. Counts the failure against ``model_id``'s breaker when it is one that falls
         back. Raises what ``classify_chat_error`` raises."""
         if not isinstance(context.error, ProviderError):
@@ -110,7 +126,7 @@ class Fallbacks:
         chosen = next((m for m in untried if not self._open(m)), untried[0])
         metrics.FALLBACKS.labels(model_id.partition(":")[0], chosen.partition(":")[0], classification).inc()
         log.warning(
-            "turn %s: %s failed before any output (%s): the step goes on %s",
+            "turn %s: %s failed (%s): the step runs on %s",
             context.request_id,
             model_id,
             classification,

@@ -361,11 +361,15 @@ class StepLoop:
                         "stream", ModelTimeout(f"model step {step_number} exceeded {limits.step_seconds:g} s")
                     ) from None
                 except TurnFailure as failure:
-                    # Only while nothing of the step was streamed: a smaller output reservation once
-                    # (§9), else another model (fallback.py).
-                    if turn.writer.sequence_number != events_sent:
+                    # While nothing of the step was streamed: a smaller output reservation once (§9),
+                    # else another model; after output, another model only if so configured and the
+                    # step can be run again from its start (fallback.py).
+                    streamed = turn.writer.sequence_number != events_sent
+                    if streamed and not (
+                        self.settings.fallbacks.restarts and turn.assistant.step_discardable
+                    ):
                         raise
-                    if clamped is None:
+                    if clamped is None and not streamed:
                         clamped = await clamped_step(turn.hooks, turn.request, model_request, failure.error)
                         if clamped is not None:
                             model_request = clamped.request
@@ -382,12 +386,15 @@ class StepLoop:
                     )
                     if fallback is None:
                         raise
+                    if streamed:
+                        turn.assistant.discard_step()
                     tried.append(fallback)
                     model_id = fallback
                     provider, model_name = self._use_model(model_id)
                     model_request = dataclasses.replace(model_request, model=model_name)
                     if self.budgets is not None:  # reserved again, at the fallback's prices
-                        self.budgets.unanswered()
+                        if not streamed:  # else its output was billed: charged its reservation
+                            self.budgets.unanswered()
                         model_request = await self.budgets.reserve(
                             model_request, model_id, self._provider_type, provider
                         )

@@ -7,6 +7,12 @@ import {
   type JsonValue,
   type TurnResult,
 } from '@turnwire/client';
+import {
+  TurnwireError as WebError,
+  TurnwireWebClient,
+  type TurnwireCalls,
+  type TurnwireWebClientOptions,
+} from '@turnwire/client/web';
 import { ErrorReason } from '@turnwire/client/gen/turnwire/v1/error_reason_pb';
 
 export async function chat(pem: Uint8Array): Promise<JsonValue[]> {
@@ -34,4 +40,24 @@ export async function chat(pem: Uint8Array): Promise<JsonValue[]> {
   }
   client.close();
   return result.toolCalls.flatMap((call) => [call.input ?? null, call.output ?? null]);
+}
+
+// The browser entry: the same calls, values and error class over Connect or gRPC-Web.
+export async function chatFromAPage(token: string): Promise<number | undefined> {
+  const options: TurnwireWebClientOptions = {
+    baseUrl: 'https://chat.example.com',
+    protocol: 'grpc-web',
+    token,
+  };
+  const client: TurnwireCalls = new TurnwireWebClient(options);
+  try {
+    const result: TurnResult = await client
+      .chat('c', 'Hi', { disconnectPolicy: DisconnectPolicy.CONTINUE })
+      .collect();
+    return result.toolCalls.length;
+  } catch (error) {
+    const sameClass: typeof TurnwireError = WebError;
+    if (error instanceof sameClass) return error.retryDelayMs;
+    throw error;
+  }
 }
