@@ -22,6 +22,7 @@ import psutil
 import pytest
 from pydantic import BaseModel
 from support.engine_harness import (
+    CONV,
     EngineFactory,
     collect,
     end_of,
@@ -35,6 +36,7 @@ from support.waiting import wait_until
 from turnwire.testing import ScriptedToolCall, ScriptStep
 from turnwire.tools import PythonTool, ToolError, ToolExecution, tool
 from turnwire_client.v1 import event_pb2
+from turnwire_server.engine.ids import tool_idempotency_key
 from turnwire_server.tools.demo import DEMO_TOOLS, calculator, evaluate
 
 TOWER = "1+(((9**99)**99)**99)**99"
@@ -194,7 +196,12 @@ def job(input: Job, execution: ToolExecution) -> dict[str, Any]:
     if input.pid_file is not None:
         Path(input.pid_file).write_text(str(os.getpid()))
     if input.action == "pid":
-        return {"pid": os.getpid(), "tool_call_id": execution.tool_call_id, "step": execution.step_number}
+        return {
+            "pid": os.getpid(),
+            "tool_call_id": execution.tool_call_id,
+            "step": execution.step_number,
+            "key": execution.idempotency_key,
+        }
     if input.action == "tool-error":
         raise ToolError("the job failed as asked")
     if input.action == "value-error":
@@ -239,9 +246,10 @@ async def test_a_process_isolated_tool_runs_in_a_child_process(make_engine: Engi
     (output,) = [value(e.output) for e in of_kind(events, "tool_output_available")]
     assert output["pid"] != os.getpid()
     assert psutil.Process(int(output["pid"])).ppid() == os.getpid()
-    # The worker got a copy of the ToolExecution.
+    # The worker got a copy of the ToolExecution, the call's idempotency key included.
     (call,) = of_kind(events, "tool_input_available")
     assert (output["tool_call_id"], output["step"]) == (call.tool_call_id, 0)
+    assert output["key"] == tool_idempotency_key(CONV, call.tool_call_id)
 
 
 @pytest.mark.parametrize(
@@ -392,3 +400,27 @@ async def test_the_demo_model_gets_the_calculators_refusal_without_stalling_the_
     end = end_of(events)
     assert end.status == event_pb2.TURN_STATUS_COMPLETED
     assert "The calculator tool failed: number too large" in text_of(end.message)
+
+
+async def test_each_call_gets_its_own_stable_idempotency_key(make_engine: EngineFactory) -> None:
+    """docs/tools.md, "Idempotency keys": a digest of the conversation and the call id, the same
+    wherever and whenever the call runs, another for another call."""
+    keys: dict[str, str] = {}
+
+    async def charge(input: dict[str, Any], execution: ToolExecution) -> str:
+        keys[execution.tool_call_id] = execution.idempotency_key
+        return "charged"
+
+    calls = [ScriptedToolCall(name="charge"), ScriptedToolCall(name="charge")]
+    h = await make_engine(
+        scripts={"main": [ScriptStep(tool_calls=calls), ScriptStep(text="ok")]},
+        tools=[make_tool("charge", charge)],
+    )
+    events = await h.run()
+    assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
+    ids = [call.tool_call_id for call in of_kind(events, "tool_input_available")]
+    assert len(set(ids)) == 2
+    assert keys == {call_id: tool_idempotency_key(CONV, call_id) for call_id in ids}
+    assert len(set(keys.values())) == 2
+    assert all(key.startswith("tw-k-") and len(key) == 37 for key in keys.values())
+    assert tool_idempotency_key("other", ids[0]) != keys[ids[0]], "another conversation, another key"

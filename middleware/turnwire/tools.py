@@ -75,6 +75,12 @@ class ToolExecution:
     should check it (they are also cancelled as asyncio tasks). A
     process-isolated tool gets a copy whose ``cancelled`` is never set: its
     worker process is killed instead.
+
+    ``idempotency_key`` is the call's key, the same for this call on every attempt of its turn,
+    every recovery and every replica (a digest of the conversation and the call id, 32 hex digits
+    after ``tw-k-``; "" when the caller gave none): hand it to what the tool changes (a payment
+    API's ``Idempotency-Key``, a unique column) so that a call made again has its effect once
+    (docs/tools.md, "Idempotency keys").
     """
 
     tool_call_id: str
@@ -82,6 +88,7 @@ class ToolExecution:
     request_id: str
     step_number: int
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    idempotency_key: str = ""
 
 
 class ToolError(DomainError):
@@ -317,12 +324,13 @@ class PythonTool:
 
         from pebble import ProcessExpired
 
-        copy = (
-            execution.tool_call_id,
-            execution.conversation_id,
-            execution.request_id,
-            execution.step_number,
-        )
+        copy = {
+            "tool_call_id": execution.tool_call_id,
+            "conversation_id": execution.conversation_id,
+            "request_id": execution.request_id,
+            "step_number": execution.step_number,
+            "idempotency_key": execution.idempotency_key,
+        }
         try:
             payload = pickle.dumps((argument, copy))
         except Exception as error:  # pickle raises PicklingError, TypeError or AttributeError
@@ -403,7 +411,7 @@ def _run_in_worker(reference: tuple[str, str], payload: bytes) -> Any:
         argument, copy = pickle.loads(payload)
     except Exception as error:  # a class the worker cannot import, for example
         raise ToolError(f"the tool input cannot be read in the worker process: {error}") from None
-    result = function(argument, ToolExecution(*copy))
+    result = function(argument, ToolExecution(**copy))
     if isinstance(result, BaseModel):
         return result.model_dump(mode="json")
     try:

@@ -18,6 +18,7 @@ from support.sidecar import SidecarFactory, SidecarProcess, free_port
 from support.waiting import wait_until
 
 from turnwire_client import TurnResult, TurnwireClient, collect
+from turnwire_server.engine.ids import tool_idempotency_key
 
 SERVER = Path(__file__).parent.parent / "support" / "mcp_tools.py"
 A, B = 123456789012345678901234567890, 9007199254740993
@@ -30,6 +31,7 @@ SCRIPTS: dict[str, Any] = {
         "wait": {"name": "wait"},
         "exit": {"name": "exit_now"},
         "pid": {"name": "pid"},
+        "key": {"name": "idempotency_key"},
     }.items()
 }
 
@@ -72,6 +74,19 @@ async def test_stdio_tools_are_listed_and_called_and_is_error_is_a_tool_error(
     assert refused.ok and refused.text == "after"
     (error,) = errors(refused)
     assert "not today" in error
+
+
+async def test_the_calls_idempotency_key_reaches_the_mcp_server_in_meta(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    sidecar = await sidecar_factory(config(stdio(tmp_path / "record"))).start()
+    result = await chat(sidecar, "key", conversation="keyed")
+    assert result.ok, result.error
+    (call,) = [
+        e.tool_input_available for e in result.events if e.WhichOneof("event") == "tool_input_available"
+    ]
+    (output,) = final_outputs(result)
+    assert json.loads(output) == {"result": tool_idempotency_key("keyed", call.tool_call_id)}
 
 
 async def test_cancelling_the_turn_cancels_the_mcp_call(

@@ -28,6 +28,7 @@ from support.waiting import wait_until
 
 from turnwire_client import TurnResult, TurnStream, TurnwireClient, TurnwireError, collect
 from turnwire_client.v1 import event_pb2
+from turnwire_server.engine.ids import tool_idempotency_key
 
 DEADLINE_SECONDS = 5.0
 """Each hook call's deadline: what a hanging hook costs a test. It was 2 s, and this module flaked
@@ -240,6 +241,8 @@ async def test_each_before_tool_call_decision_of_the_node_policy(
     expected = {name for name, decision in decisions.items() if decision.startswith("allow")}
     assert set(executed) == expected  # blocked and substituted calls never reach the host
     assert executed["lookup_order"] == {"order_id": "A-17"}
+    for entry in (e for e in journal if e["rpc"] == "ExecuteTool"):  # each call's own stable key
+        assert entry["idempotencyKey"] == tool_idempotency_key(entry["conversationId"], entry["toolCallId"])
     for name in expected:  # before_tool_call → execute → after_tool_call, per call
         of_call = [e["rpc"] for e in journal if e.get("toolName") == name]
         assert of_call == ["BeforeToolCall", "ExecuteTool", "AfterToolCall"], of_call

@@ -19,6 +19,7 @@ from support.tool_host import ToolHostProcess
 from support.waiting import wait_until
 
 from turnwire_client import TurnResult, TurnwireClient, collect
+from turnwire_server.engine.ids import tool_idempotency_key
 
 A, B = 123456789012345678901234567890, 9007199254740993  # past 2**64 and 2**53
 
@@ -114,6 +115,7 @@ async def test_a_host_tool_runs_with_exact_big_integers_both_ways(one_host: OneH
     (started,) = host.events("started", "add_big")
     assert json.loads(started["input_json"]) == {"a": A, "b": B}
     assert started["parent"] == result.request_id == started["request_id"]
+    assert started["idempotency_key"] == tool_idempotency_key("c", started["tool_call_id"])
 
 
 async def test_a_streaming_host_tool_sends_preliminary_results_on_the_chat_stream(one_host: OneHost) -> None:

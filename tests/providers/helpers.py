@@ -342,6 +342,18 @@ def r_response(status: str = "in_progress", **fields: Any) -> dict[str, Any]:
     }
 
 
+def c_usage_stream(prompt: int, cached: int, output: int, text: str = "Hi.") -> bytes:
+    """A whole Chat Completions stream of ``text`` whose last chunk reports usage: ``prompt``
+    input tokens of which ``cached`` read from the cache, ``output`` output tokens."""
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": output,
+        "total_tokens": prompt + output,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+    return chat_sse(c_chunk({"content": text}), c_chunk({}, "stop"), c_chunk(usage=usage, empty=True))
+
+
 def c_text_stream(value: str = "ok") -> bytes:
     """A whole text-only Chat Completions stream."""
     return chat_sse(c_chunk({"role": "assistant", "content": value}), c_chunk({}, "stop"))

@@ -11,7 +11,8 @@ Tools: ``add_big(a, b)`` (exact integers), ``refuse(reason)`` (an ``isError`` re
 exits mid-call), ``pid()`` and ``text(size)`` (``size`` characters; the SDK sends them twice in one
 result: a text block and ``structuredContent``), ``sales_chart()`` (the content blocks of
 ``tests/providers/cases_extra/mcp/tool_result_media.json``: text, an image, audio, a PDF and a text
-resource, a resource link).
+resource, a resource link), ``idempotency_key()`` (the ``dev.turnwire/idempotency-key`` of the
+call's ``_meta``, "" when none).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
@@ -42,6 +43,13 @@ def _note(line: str) -> None:
 def add_big(a: int, b: int) -> dict[str, int]:
     """Add two integers exactly."""
     return {"sum": a + b}
+
+
+@app.tool()
+def idempotency_key(ctx: Context) -> str:
+    """The idempotency key the client put in the call's ``_meta``."""
+    meta: Any = ctx.request_context.meta or {}
+    return str(meta.get("dev.turnwire/idempotency-key", ""))
 
 
 @app.tool()

@@ -3,7 +3,8 @@
 Run as ``python tests/support/tool_host.py --port N --record FILE [--sidecar HOST:PORT]
 [--variant 2]``; tests use :class:`ToolHostProcess`. Every call appends one JSON line to the
 record file when it starts, ends, is cancelled or calls back (``{"event": "started", "tool": ...,
-"tool_call_id": ..., "parent": <turnwire-parent-request-id>, "traceparent": ..., "input_json": ...}``),
+"tool_call_id": ..., "parent": <turnwire-parent-request-id>, "traceparent": ..., "input_json": ...,
+"idempotency_key": ...}``),
 so a test sees from outside what the host saw, the cancellation of its handler included.
 
 Tools (``--variant 2`` adds ``added_after_restart``):
@@ -128,6 +129,7 @@ class Executor(tools_pb2_grpc.ToolExecutorServiceServicer):
             input_json=request.input_json,
             request_id=request.request_id,
             traceparent=metadata.get("traceparent", ""),
+            idempotency_key=request.idempotency_key,
         )
         try:
             async for response in self._run(request, parent):

@@ -8,47 +8,56 @@
 // model reads) or {error} (a failure the model reads), then end the call. An ordinary failure is
 // an {error} message, not a failed RPC.
 
-import { randomUUID } from 'node:crypto';
-import { setTimeout as sleep } from 'node:timers/promises';
+import { randomUUID } from "node:crypto";
+import { setTimeout as sleep } from "node:timers/promises";
 
-import { toStruct } from './proto.mjs';
+import { toStruct } from "./proto.mjs";
 
 /** New for every process: tells the sidecar that this host restarted, so it lists again. */
 const INSTANCE_ID = randomUUID();
 
-const ORDER_ID = { type: 'string', description: 'The order id, e.g. A-17' };
+const ORDER_ID = { type: "string", description: "The order id, e.g. A-17" };
 
 /** The tools, as the model sees them (ToolSpec without the Struct wrapping). */
 export const TOOLS = [
   {
-    name: 'lookup_order',
-    description: 'The status of an order.',
-    inputSchema: { type: 'object', properties: { order_id: ORDER_ID }, required: ['order_id'] },
-  },
-  {
-    name: 'pack_order',
-    description: 'Packs the items of an order, reporting progress as it goes.',
+    name: "lookup_order",
+    description: "The status of an order.",
     inputSchema: {
-      type: 'object',
-      properties: {
-        order_id: ORDER_ID,
-        items: { type: 'integer', minimum: 1, maximum: 1000 },
-        delay_ms: { type: 'integer', minimum: 0, description: 'time per item' },
-      },
-      required: ['order_id', 'items'],
+      type: "object",
+      properties: { order_id: ORDER_ID },
+      required: ["order_id"],
     },
   },
   {
-    name: 'refund_order',
-    description: 'Refunds an order. Only admins may (the BeforeToolCall policy enforces it).',
-    inputSchema: { type: 'object', properties: { order_id: ORDER_ID }, required: ['order_id'] },
+    name: "pack_order",
+    description: "Packs the items of an order, reporting progress as it goes.",
+    inputSchema: {
+      type: "object",
+      properties: {
+        order_id: ORDER_ID,
+        items: { type: "integer", minimum: 1, maximum: 1000 },
+        delay_ms: { type: "integer", minimum: 0, description: "time per item" },
+      },
+      required: ["order_id", "items"],
+    },
+  },
+  {
+    name: "refund_order",
+    description:
+      "Refunds an order. Only admins may (the BeforeToolCall policy enforces it).",
+    inputSchema: {
+      type: "object",
+      properties: { order_id: ORDER_ID },
+      required: ["order_id"],
+    },
   },
 ];
 
 /** Runs one call; yields preliminary results and returns the final one (thrown errors become `error`). */
 const RUN = {
   async *lookup_order({ order_id }) {
-    return { order_id, status: 'shipped', carrier: 'DHL' };
+    return { order_id, status: "shipped", carrier: "DHL" };
   },
 
   // A streaming tool: each yield is a preliminary result; `signal` aborts when the call is
@@ -77,24 +86,44 @@ const RUN = {
  */
 export function createTools({ journal, extra = {}, extraSpecs = [] }) {
   const run = { ...RUN, ...extra };
-  const specs = [...TOOLS, ...extraSpecs].map((tool) => ({ ...tool, inputSchema: toStruct(tool.inputSchema) }));
+  const specs = [...TOOLS, ...extraSpecs].map((tool) => ({
+    ...tool,
+    inputSchema: toStruct(tool.inputSchema),
+  }));
 
   return {
     ListTools(call, callback) {
-      journal.record({ rpc: 'ListTools' });
+      journal.record({ rpc: "ListTools" });
       callback(null, { tools: specs, instanceId: INSTANCE_ID });
     },
 
     async ExecuteTool(call) {
-      const { toolName, toolCallId, requestId, conversationId, inputJson, stepNumber } = call.request;
-      const ids = { requestId, conversationId, toolCallId, toolName, stepNumber };
-      journal.record({ rpc: 'ExecuteTool', ...ids, input: inputJson });
+      const {
+        toolName,
+        toolCallId,
+        requestId,
+        conversationId,
+        inputJson,
+        stepNumber,
+        idempotencyKey,
+      } = call.request;
+      // idempotencyKey: the same for this call on every attempt, recovery and replica; a tool with
+      // effects would hand it to the system it changes (docs/tools.md, "Idempotency keys").
+      const ids = {
+        requestId,
+        conversationId,
+        toolCallId,
+        toolName,
+        stepNumber,
+        idempotencyKey,
+      };
+      journal.record({ rpc: "ExecuteTool", ...ids, input: inputJson });
       const aborted = new AbortController();
       let ended = false;
-      call.on('cancelled', () => {
+      call.on("cancelled", () => {
         // grpc-js may also report a call the sidecar closed after the final result: not a cancel.
         if (ended) return;
-        journal.record({ rpc: 'ExecuteTool:cancelled', ...ids });
+        journal.record({ rpc: "ExecuteTool:cancelled", ...ids });
         aborted.abort();
       });
       try {

@@ -81,3 +81,13 @@ def conversation_cache_key(conversation_id: str) -> str:
     (``ModelRequest.cache_key``; docs/providers.md, "Prompt caching"): 32 hex digits of its
     SHA-256, the same on every step, turn and replica, telling the provider nothing of the id."""
     return hashlib.sha256(conversation_id.encode()).hexdigest()[:32]
+
+
+def tool_idempotency_key(conversation_id: str, tool_call_id: str) -> str:
+    """The idempotency key of tool call ``tool_call_id`` of conversation ``conversation_id`` (its
+    key as stored, the tenant's prefix included when authentication is on): ``tw-k-`` and 32 hex
+    digits of a SHA-256 of both, the same on every attempt, recovery and replica, for every tool
+    home (``ToolExecution.idempotency_key``, ``ExecuteToolRequest.idempotency_key``, an MCP
+    call's ``_meta``; docs/tools.md, "Idempotency keys")."""
+    digest = hashlib.sha256(f"{conversation_id}\0{tool_call_id}".encode()).hexdigest()
+    return f"{RESERVED_PREFIX}k-{digest[:32]}"

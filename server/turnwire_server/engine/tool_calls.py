@@ -33,6 +33,7 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.assistant_message import OutputTooLarge
 from turnwire_server.engine.client_tools import hold_call
+from turnwire_server.engine.ids import tool_idempotency_key
 from turnwire_server.engine.turn_state import TurnWorkingState
 from turnwire_server.hooks.chain import HookError
 
@@ -314,6 +315,7 @@ class ToolCallRunner:
             request_id=turn.request.request_id,
             step_number=step_number,
             cancelled=turn.cancelled,
+            idempotency_key=tool_idempotency_key(turn.request.conversation_id, call.tool_call_id),
         )
         timeout = tool_timeout(tool, self._tool_timeout_seconds)
         # Expiry cancels the awaiting call: a process-isolated tool's worker process is killed,

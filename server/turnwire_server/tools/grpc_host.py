@@ -221,6 +221,7 @@ class RemoteTool:
             tool_name=self.name,
             input_json=dumps(input),
             step_number=execution.step_number,
+            idempotency_key=execution.idempotency_key,
         )
         # The tool call's span continues on the host: its W3C trace context goes with the call.
         carrier: dict[str, str] = {}

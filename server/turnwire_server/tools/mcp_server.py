@@ -47,6 +47,10 @@ from turnwire_server.tools.settings import McpServerSettings
 
 log = logging.getLogger("turnwire.tools")
 
+IDEMPOTENCY_META = "dev.turnwire/idempotency-key"
+"""The ``_meta`` key of a ``tools/call`` that carries the call's idempotency key (MCP's ``_meta``
+keys take a reverse-DNS prefix; a server may ignore it: docs/tools.md, "Idempotency keys")."""
+
 REFRESH_INTERVAL_SECONDS = 60.0
 """How often an open session lists its tools again (a failed listing restarts the session)."""
 
@@ -290,7 +294,7 @@ class McpTool:
         if session is None:
             raise ToolError(f"MCP server {server.name!r} is not connected (it is starting or restarting)")
         try:
-            return await self._call(session, input)
+            return await self._call(session, input, execution.idempotency_key)
         except _SessionExpired:
             log.info(
                 "MCP server %r: its session expired (HTTP 404); calling %r on a new one",
@@ -304,15 +308,17 @@ class McpTool:
                 f"{server.settings.startup_timeout_seconds:g} s"
             )
         try:
-            return await self._call(renewed, input)
+            return await self._call(renewed, input, execution.idempotency_key)
         except _SessionExpired:
             raise ToolError(f"MCP server {server.name!r} refused a new session as expired") from None
 
-    async def _call(self, session: McpSession, input: dict[str, Any]) -> Any:
-        """One ``tools/call`` on ``session``; raises :class:`_SessionExpired` for its 404."""
+    async def _call(self, session: McpSession, input: dict[str, Any], idempotency_key: str) -> Any:
+        """One ``tools/call`` on ``session``, the call's ``idempotency_key`` in the request's
+        ``_meta`` (:data:`IDEMPOTENCY_META`); raises :class:`_SessionExpired` for its 404."""
         server = self.server
+        meta: Any = {IDEMPOTENCY_META: idempotency_key} if idempotency_key else None
         try:
-            result = await session.client.call_tool(self.name, input)
+            result = await session.client.call_tool(self.name, input, meta=meta)
         except MCPError as error:
             if session.expired.is_set():
                 raise _SessionExpired from None

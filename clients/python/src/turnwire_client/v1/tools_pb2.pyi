@@ -127,6 +127,7 @@ class ExecuteToolRequest(_message.Message):
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     INPUT_JSON_FIELD_NUMBER: _builtins.int
     STEP_NUMBER_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation."""
     request_id: _builtins.str
@@ -142,6 +143,11 @@ class ExecuteToolRequest(_message.Message):
     """
     step_number: _builtins.int
     """0-based step number."""
+    idempotency_key: _builtins.str
+    """The call's idempotency key: the same for this call on every attempt of its
+    turn, every recovery and every replica (`tw-k-` and 32 hex digits). Hand it
+    to what the tool changes so that a call made again has its effect once.
+    """
     def __init__(
         self,
         *,
@@ -151,10 +157,11 @@ class ExecuteToolRequest(_message.Message):
         tool_name: _builtins.str = ...,
         input_json: _builtins.str = ...,
         step_number: _builtins.int = ...,
+        idempotency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "input_json", b"input_json", "request_id", b"request_id", "step_number", b"step_number", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "idempotency_key", b"idempotency_key", "input_json", b"input_json", "request_id", b"request_id", "step_number", b"step_number", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
