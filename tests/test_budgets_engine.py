@@ -201,43 +201,11 @@ async def test_a_recovered_turn_settles_the_lost_attempts_reservation_once(
 ) -> None:
     # A replica reserved a step (epoch 0) and died: the recovery (epoch 1) charges that
     # reservation once, at what it reserved, plus what its own step used; nothing stays reserved.
-    crashed = SqliteStore(tmp_path / "turnwire.db")
-    await crashed.open()
-    request = TurnRequest(
-        conversation_id="c-crash",
-        request_id="r-crash",
-        messages=[],
-        body={},
-        model=MODEL,
-        continuation=False,
-        response_type=chat_service_pb2.ChatResponse,
-        principal="alice",  # kept in the turn's spec: the recovery runs under alice's budgets
-    )
-    record = TurnRecord(
-        request_id="r-crash",
-        conversation_id="c-crash",
-        assistant_message_id="tw-a-r-crash",
-        continuation=False,
-        model=MODEL,
-        state="running",
-        start_time=dt.datetime.now(dt.UTC),
-        spec=spec_json(request),
-        owner="dead-replica",
-    )
-    user = message_pb2.Message(id="u-crash", role=message_pb2.ROLE_USER)
-    user.parts.add().text.text = "tell me"
-    await crashed.start_turn(record, [user])
     conversation = BudgetKey("conversation", "c-crash")
-    await crashed.charge_budget(
-        BudgetCharge(
-            "r-crash",
-            "c-crash",
-            record.lease,
-            (BudgetLimits(conversation, tokens=100_000, conversation_id="c-crash"),),
-            ask=BudgetAsk(prompt_tokens=1_000, prompt_usd=0.0, usd_per_output_token=0.0, max_output=2_000),
-        )
+    # "alice" is kept in the turn's spec: the recovery runs under alice's budgets.
+    await _crashed_with_a_reservation(
+        tmp_path, "c-crash", BudgetLimits(conversation, tokens=100_000, conversation_id="c-crash"), "alice"
     )
-    await crashed.close()
 
     h = await make_engine(
         scripts={"main": [ScriptStep(text="Told.", usage=ScriptedUsage(input_tokens=100, output_tokens=5))]},
@@ -249,7 +217,7 @@ async def test_a_recovered_turn_settles_the_lost_attempts_reservation_once(
     )
     assert await h.engine.recover() == 1
     await wait_until(lambda: h.engine.running == 0, what="the recovery ends")
-    events = [event async for event in h.engine.replay("r-crash", 0)]
+    events = [event async for event in h.engine.replay("r-c-crash", 0)]
     assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
     alice = BudgetKey("principal/day", "/alice", dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"))
     spends = await h.store.budget_spends([conversation, alice])
@@ -268,36 +236,50 @@ async def _run(h: Any, request: TurnRequest) -> list[event_pb2.TurnEvent]:
 async def test_a_turn_left_interrupted_settles_what_it_had_reserved(
     make_engine: EngineFactory, tmp_path: Path
 ) -> None:
+    tenant = BudgetKey("tenant/day", "", "2026-12-02")
+    # Its recovery budget (3) is spent: it is left interrupted.
+    await _crashed_with_a_reservation(tmp_path, "c-spent", BudgetLimits(tenant, tokens=100_000), recoveries=3)
+
+    h = await make_engine(recovery_budget=3)  # no budget configured now: settled all the same
+    await h.engine.recover()
+    turn = await h.store.get_turn("r-c-spent")
+    assert turn is not None and turn.state == "interrupted"
+    assert (await h.store.budget_spends([tenant]))[tenant] == BudgetSpend(3_000, 0.0, 0, 0.0)
+
+
+async def _crashed_with_a_reservation(
+    tmp_path: Path, conversation_id: str, budget: BudgetLimits, principal: str = "", *, recoveries: int = 0
+) -> None:
+    """A turn ``r-<conversation_id>`` a dead replica left running in the harness's database after
+    reserving a step of 1 000 tokens of prompt and 2 000 of output against ``budget``."""
     crashed = SqliteStore(tmp_path / "turnwire.db")
     await crashed.open()
+    request_id = f"r-{conversation_id}"
+    request = TurnRequest(
+        conversation_id=conversation_id,
+        request_id=request_id,
+        messages=[],
+        body={},
+        model=MODEL,
+        continuation=False,
+        response_type=chat_service_pb2.ChatResponse,
+        principal=principal,
+    )
     record = TurnRecord(
-        request_id="r-spent",
-        conversation_id="c-spent",
-        assistant_message_id="tw-a-r-spent",
+        request_id=request_id,
+        conversation_id=conversation_id,
+        assistant_message_id=f"tw-a-{request_id}",
         continuation=False,
         model=MODEL,
         state="running",
         start_time=dt.datetime.now(dt.UTC),
+        spec=spec_json(request),
         owner="dead-replica",
-        recovery_count=3,  # its recovery budget is spent: it is left interrupted
+        recovery_count=recoveries,
     )
-    user = message_pb2.Message(id="u-spent", role=message_pb2.ROLE_USER)
+    user = message_pb2.Message(id=f"u-{conversation_id}", role=message_pb2.ROLE_USER)
     user.parts.add().text.text = "tell me"
     await crashed.start_turn(record, [user])
-    tenant = BudgetKey("tenant/day", "", "2026-12-02")
-    await crashed.charge_budget(
-        BudgetCharge(
-            "r-spent",
-            "c-spent",
-            record.lease,
-            (BudgetLimits(tenant, tokens=100_000),),
-            ask=BudgetAsk(prompt_tokens=1_000, prompt_usd=0.0, usd_per_output_token=0.0, max_output=2_000),
-        )
-    )
+    ask = BudgetAsk(prompt_tokens=1_000, prompt_usd=0.0, usd_per_output_token=0.0, max_output=2_000)
+    await crashed.charge_budget(BudgetCharge(request_id, conversation_id, record.lease, (budget,), ask=ask))
     await crashed.close()
-
-    h = await make_engine(recovery_budget=3)  # no budget configured now: settled all the same
-    await h.engine.recover()
-    turn = await h.store.get_turn("r-spent")
-    assert turn is not None and turn.state == "interrupted"
-    assert (await h.store.budget_spends([tenant]))[tenant] == BudgetSpend(3_000, 0.0, 0, 0.0)

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from prometheus_client.parser import text_string_to_metric_families
-from providers.helpers import c_chunk, chat_sse
+from providers.helpers import c_usage_stream
 from providers.replay import ReplayServer, Reply
 from support.sidecar import SidecarFactory, free_port
 from support.tokens import auth_config, new_token, write_tokens_file
@@ -177,12 +177,7 @@ async def test_a_step_falling_back_is_reserved_again_at_the_fallbacks_prices(
         }
         sidecar = await sidecar_factory(config=config).start()
         anthropic.enqueue(Reply.error(529, OVERLOADED))
-        usage = {"prompt_tokens": 900, "completion_tokens": 12, "total_tokens": 912}
-        openai.enqueue(
-            Reply.sse(
-                chat_sse(c_chunk({"content": "Hi."}), c_chunk({}, "stop"), c_chunk(usage=usage, empty=True))
-            )
-        )
+        openai.enqueue(Reply.sse(c_usage_stream(prompt=900, cached=0, output=12)))
         async with TurnwireClient(sidecar.target) as client:
             result = await collect(client.chat("falls-back", "hi"))
     assert result.status == event_pb2.TURN_STATUS_COMPLETED, result.error
