@@ -99,8 +99,9 @@ async def test_max_output_tokens_is_clamped_to_the_room_left(make_engine: Engine
     (request,) = h.provider.requests
     assert request.settings.max_output_tokens is not None and 250 < request.settings.max_output_tokens < 300
     # Settled at the 12 tokens it used; nothing stays reserved.
-    spends = await h.store.budget_spends([BudgetKey("conversation", CONV)])
-    assert spends[BudgetKey("conversation", CONV)] == BudgetSpend(12, 0.0, 0, 0.0)
+    spends = await h.store.budget_spends([BudgetKey("conversation", CONV), BudgetKey("turn", "r1")])
+    # No row of the turn's own: it has no limit.
+    assert spends == {BudgetKey("conversation", CONV): BudgetSpend(12, 0.0, 0, 0.0)}
 
 
 async def test_a_new_turn_on_a_spent_conversation_is_refused_before_anything_is_stored(
@@ -187,6 +188,13 @@ async def test_min_output_tokens_ends_a_turn_rather_than_send_a_step_too_short(
     end = end_of(await h.run("hi"))
     assert end.status == event_pb2.TURN_STATUS_ERROR and _reason(end) == "BUDGET_EXHAUSTED"
     assert h.provider.calls == 0
+
+
+async def test_a_principals_budget_without_authentication_writes_nothing(make_engine: EngineFactory) -> None:
+    h = await make_engine(budgets=_budgets(principal={"day": {"usd": 1}}))  # no principal: none applies
+    assert end_of(await h.run("hi")).status == event_pb2.TURN_STATUS_COMPLETED
+    assert h.provider.requests[0].settings.max_output_tokens is None  # nothing clamped
+    assert await h.store.budget_spends([BudgetKey("turn", "r1")]) == {}
 
 
 async def test_no_budget_configured_writes_nothing(make_engine: EngineFactory) -> None:

@@ -197,6 +197,7 @@ class StepBudgets:
         # Something may be reserved under this turn: a step of this attempt, or (recovered) of
         # the attempt a crash or a takeover cut off.
         self._open = recovered
+        self._recovered = recovered
         self._spent: tuple[int | None, float | None] | None = None
         self._prompt: tuple[int, float] = (0, 0.0)  # the reserved step's prompt: tokens, US dollars
 
@@ -206,10 +207,13 @@ class StepBudgets:
         """``request`` with ``max_output_tokens`` clamped to what every budget has room for, its
         reservation stored. Raises :class:`BudgetExhausted` (nothing reserved, the last step
         settled; as a :class:`TurnFailure` at stage ``step``) when a budget has no room for
-        ``min_output_tokens`` of output, or a US dollar budget applies and ``model_id`` has no known price;
-        :class:`LeaseLost` as every turn write does."""
+        ``min_output_tokens`` of output, or a US dollar budget applies and ``model_id`` has no
+        known price; :class:`LeaseLost` as every turn write does. ``request`` as it is, and no
+        write, when no budget applies to the turn and nothing is reserved."""
         now = dt.datetime.now(dt.UTC)
         budgets = self._budgets(now)
+        if not budgets and not self._open:
+            return request  # none applies (a principal's, authentication off): nothing to write
         asked = request.settings.max_output_tokens
         max_output = asked if asked is not None else self.settings.assumed_max_output_tokens
         rates = self.prices.rates(model_id, provider_type)
@@ -266,6 +270,8 @@ class StepBudgets:
             await self._charge(self._budgets(now), None)
 
     def _budgets(self, now: dt.datetime) -> tuple[BudgetLimits, ...]:
+        # The turn's own row only when it has a limit, or may have one stored (a recovery does
+        # not know whether its request lowered it): no row per turn for nothing.
         return budgets_for(
             self.settings,
             self.request_id,
@@ -273,6 +279,7 @@ class StepBudgets:
             self.turn_limit,
             now,
             principal=self.principal,
+            with_turn=self.turn_limit.limited or self._recovered,
         )
 
     async def _charge(self, budgets: tuple[BudgetLimits, ...], ask: BudgetAsk | None) -> BudgetGrant:
