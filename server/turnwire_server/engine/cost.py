@@ -37,7 +37,14 @@ PRICE_PACKAGE = "genai-prices"
 CONFIG_SOURCE = "config"
 """The source of a cost priced by a ``pricing.models`` entry."""
 
-PRICE_LISTS = {"anthropic": "anthropic", "openai": "openai", "openai-responses": "openai"}
+PRICE_LISTS = {
+    "anthropic": "anthropic",
+    "openai": "openai",
+    "openai-responses": "openai",
+    "bedrock": "aws",  # Bedrock's model ids (us.anthropic.claude-…-v1:0) as genai-prices lists them
+    "vertex": "google",  # Vertex AI's Claude ids (claude-sonnet-4-5@20250929)
+    "gemini": "google",
+}
 """A provider entry's ``type`` → the genai-prices provider id its models are priced under by
 default (``pricing.provider_ids`` overrides it per entry)."""
 
@@ -46,7 +53,8 @@ class PriceBook:
     """Prices steps for one process: ``cost(model_id, provider_type, usage)``.
 
     ``model_id`` is the turn's ``provider:model``; ``provider_type`` the entry's ``type``
-    (``anthropic``, ``openai``, ``openai-responses``, ``scripted``; None when unknown). Never
+    (``anthropic``, ``openai``, ``openai-responses``, ``bedrock``, ``vertex``, ``gemini``, ``scripted``; None
+    when unknown). Never
     raises: a step whose cost cannot be known gets None and, once per model id, a warning.
     """
 
