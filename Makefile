@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml middleware/pypr
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "Python 3.11+ is required (set PYTHON=...)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e clients/python -e middleware -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e clients/python -e middleware -e '.[dev,bedrock,vertex,gemini]'
 	touch $@
 
 node_modules/.installed: package.json package-lock.json clients/node/package.json clients/web-example/package.json \

@@ -9,6 +9,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,10 +17,10 @@ from typing import Any
 
 import grpc
 from _common import CLIENT_OPTIONS, ServerProcess, Table, free_port, percentile, wait_for_quiet
-from _ttft_clients import Upstream
-from http_door import _Servicer, first_token, request, sidecar
+from _ttft_clients import QUESTION, Upstream, upstream_sidecar
+from google.protobuf import json_format
 
-from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
 
 FirstToken = Callable[[], Awaitable[float]]
 """One turn over one protocol, read to its end; seconds from the call to its first text delta."""
@@ -27,7 +28,7 @@ FirstToken = Callable[[], Awaitable[float]]
 
 @asynccontextmanager
 async def sidecar_with_doors(name: str) -> AsyncIterator[tuple[ServerProcess, FirstToken, str]]:
-    """The benches' sidecar (``http_door.sidecar``: SQLite, the ``openai`` provider on a local
+    """The benches' sidecar (:func:`sidecar`: SQLite, the ``openai`` provider on a local
     upstream, ``http.listen`` on) started in a temp dir named after ``name``; yields it, the
     baseline (a Chat over native gRPC) and the HTTP listener's base URL (``http://127.0.0.1:<port>``).
     Stops both processes on exit."""
@@ -44,6 +45,64 @@ async def sidecar_with_doors(name: str) -> AsyncIterator[tuple[ServerProcess, Fi
         upstream.close()
 
 
+MODEL = "openai:burst-4"
+"""The model the door benches' turns name: the local upstream's 4-delta answer."""
+
+
+def sidecar(workdir: Path, upstream: str, http_port: int) -> ServerProcess:
+    """The sidecar under test (not yet started), with the HTTP listener on ``http_port``."""
+    return upstream_sidecar(workdir, upstream, MODEL, f"http:\n  listen: 127.0.0.1:{http_port}\n")[0]
+
+
+def request() -> chat_service_pb2.ChatRequest:
+    message = message_pb2.Message(role=message_pb2.ROLE_USER)
+    message.parts.add().text.text = QUESTION
+    return chat_service_pb2.ChatRequest(
+        conversation_id=f"b-{uuid.uuid4().hex[:12]}", message=message, model=MODEL
+    )
+
+
+async def first_token(events: Any) -> float:
+    """Read a Chat to its end; seconds from the call to its first text delta."""
+    start = time.perf_counter()
+    first = 0.0
+    async for response in events:
+        if not first and response.event.WhichOneof("event") == "text_delta":
+            first = time.perf_counter() - start
+    if not first:
+        raise RuntimeError("no text delta")
+    return first
+
+
+def _events() -> list[chat_service_pb2.ChatResponse]:
+    """A 4-delta turn's events, as the sidecar sends them."""
+    kinds: list[dict[str, Any]] = [
+        {"turn_start": {"message_id": "tw-a-1", "model": MODEL}},
+        {"step_start": {}},
+        {"text_start": {"id": "s0-t"}},
+        *({"text_delta": {"id": "s0-t", "delta": word}} for word in ("The ", "quick ", "brown ", "fox.")),
+        {"text_end": {"id": "s0-t"}},
+        {"step_finish": {"usage": {"input_tokens": 12, "output_tokens": 4}}},
+        {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
+    ]
+    out = []
+    for number, kind in enumerate(kinds, 1):
+        event = {"conversation_id": "c", "request_id": "tw-r-1", "sequence_number": number, **kind}
+        out.append(json_format.ParseDict({"event": event}, chat_service_pb2.ChatResponse()))
+    return out
+
+
+class Servicer(chat_service_pb2_grpc.ChatServiceServicer):
+    """Chat answers a pre-built 4-delta turn: the door's cost alone, without the engine's."""
+
+    def __init__(self) -> None:
+        self.events = _events()
+
+    async def Chat(self, request: Any, context: Any) -> AsyncIterator[chat_service_pb2.ChatResponse]:
+        for response in self.events:
+            yield response
+
+
 def in_process_door(door: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
     """The ASGI app of ``door`` (a ``turnwire_server.http.doors`` factory) over a stub servicer
     whose Chat answers a pre-built 4-delta turn, and the same Chat through the in-process call
@@ -54,7 +113,7 @@ def in_process_door(door: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
     from turnwire_server.http.settings import CorsSettings
 
     table = MethodTable()
-    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(_Servicer(), table)  # type: ignore[abstract]
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(Servicer(), table)  # type: ignore[abstract]
     calls = InProcessCalls(table, [RpcObserver()])
     service = chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"]
     app = build_app(DoorContext(calls, [service], 4 << 20), [door], CorsSettings())

@@ -8,7 +8,7 @@ client). Sequential turns on a new thread each; protocols in turn, ``--rounds`` 
 ``--turns`` turns. **Server CPU per request** = the sidecar's CPU (psutil, all threads) over a
 protocol's block / its turns; medians over rounds. **TTFT** = call → first text delta received,
 p50. *Added* = door - gRPC. The in-process table runs the door's ASGI app on a stub servicer (a
-pre-built 4-delta turn, ``http_door._Servicer``): the door's own CPU (reading the
+pre-built 4-delta turn, ``_door_bench.Servicer``): the door's own CPU (reading the
 ``RunAgentInput``, translation to AG-UI's events, SSE), with no engine, sockets or HTTP parsing.
 
 On a 2-core machine the client, the upstream and the sidecar share the cores, and other work may
@@ -41,6 +41,7 @@ from _common import (  # noqa: E402
     write_tables_json,
 )
 from _door_bench import (  # noqa: E402
+    MODEL,
     FirstToken,
     against_grpc,
     comparison_table,
@@ -49,7 +50,6 @@ from _door_bench import (  # noqa: E402
     sidecar_with_doors,
 )
 from _ttft_clients import QUESTION  # noqa: E402
-from http_door import MODEL  # noqa: E402
 
 
 def run_input(thread: str) -> bytes:

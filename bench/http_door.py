@@ -26,11 +26,8 @@ import asyncio
 import statistics
 import sys
 import tempfile
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import grpc
 from connectrpc.client import ConnectClient
@@ -44,7 +41,6 @@ sys.path.insert(0, str(BENCH))
 from _asgi import asgi_post  # noqa: E402
 from _common import (  # noqa: E402
     CLIENT_OPTIONS,
-    ServerProcess,
     Table,
     free_port,
     percentile,
@@ -53,13 +49,13 @@ from _common import (  # noqa: E402
     wait_for_quiet,
     write_tables_json,
 )
-from _ttft_clients import QUESTION, Upstream, upstream_sidecar  # noqa: E402
+from _door_bench import cpu_per_call, first_token, in_process_door, request, sidecar  # noqa: E402
+from _ttft_clients import Upstream  # noqa: E402
 
-from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2  # noqa: E402
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc  # noqa: E402
 from turnwire_server.http.connect_door import ProtoBinaryCodec, ProtoJsonCodec  # noqa: E402
 
 CPU_TARGET_MS = 0.5
-MODEL = "openai:burst-4"
 CHAT = MethodInfo(
     name="Chat",
     service_name="turnwire.v1.ChatService",
@@ -68,31 +64,6 @@ CHAT = MethodInfo(
     idempotency_level=IdempotencyLevel.UNKNOWN,
     stream_type=StreamType.SERVER_STREAM,
 )
-
-
-def sidecar(workdir: Path, upstream: str, http_port: int) -> ServerProcess:
-    """The sidecar under test (not yet started), with the HTTP listener on ``http_port``."""
-    return upstream_sidecar(workdir, upstream, MODEL, f"http:\n  listen: 127.0.0.1:{http_port}\n")[0]
-
-
-def request() -> chat_service_pb2.ChatRequest:
-    message = message_pb2.Message(role=message_pb2.ROLE_USER)
-    message.parts.add().text.text = QUESTION
-    return chat_service_pb2.ChatRequest(
-        conversation_id=f"b-{uuid.uuid4().hex[:12]}", message=message, model=MODEL
-    )
-
-
-async def first_token(events: Any) -> float:
-    """Read a Chat to its end; seconds from the call to its first text delta."""
-    start = time.perf_counter()
-    first = 0.0
-    async for response in events:
-        if not first and response.event.WhichOneof("event") == "text_delta":
-            first = time.perf_counter() - start
-    if not first:
-        raise RuntimeError("no text delta")
-    return first
 
 
 async def run(rounds: int, turns: int) -> list[Table]:
@@ -170,35 +141,6 @@ async def run(rounds: int, turns: int) -> list[Table]:
 # ----------------------------------------------------------------------------- in process
 
 
-def _events() -> list[chat_service_pb2.ChatResponse]:
-    """A 4-delta turn's events, as the sidecar sends them."""
-    kinds: list[dict[str, Any]] = [
-        {"turn_start": {"message_id": "tw-a-1", "model": MODEL}},
-        {"step_start": {}},
-        {"text_start": {"id": "s0-t"}},
-        *({"text_delta": {"id": "s0-t", "delta": word}} for word in ("The ", "quick ", "brown ", "fox.")),
-        {"text_end": {"id": "s0-t"}},
-        {"step_finish": {"usage": {"input_tokens": 12, "output_tokens": 4}}},
-        {"turn_end": {"status": "TURN_STATUS_COMPLETED"}},
-    ]
-    out = []
-    for number, kind in enumerate(kinds, 1):
-        event = {"conversation_id": "c", "request_id": "tw-r-1", "sequence_number": number, **kind}
-        out.append(json_format.ParseDict({"event": event}, chat_service_pb2.ChatResponse()))
-    return out
-
-
-class _Servicer(chat_service_pb2_grpc.ChatServiceServicer):
-    """Chat answers a pre-built 4-delta turn: the door's cost alone, without the engine's."""
-
-    def __init__(self) -> None:
-        self.events = _events()
-
-    async def Chat(self, request: Any, context: Any) -> AsyncIterator[chat_service_pb2.ChatResponse]:
-        for response in self.events:
-            yield response
-
-
 def _envelope(payload: bytes) -> bytes:
     return b"\0" + len(payload).to_bytes(4, "big") + payload
 
@@ -206,8 +148,6 @@ def _envelope(payload: bytes) -> bytes:
 async def in_process(requests: int) -> Table:
     """The door's own CPU per Chat (ASGI app, connectrpc, the in-process call; no sockets, no
     HTTP parsing), against running the same handler with an in-process context alone."""
-    from _door_bench import cpu_per_call, in_process_door  # it imports this module: not at the top
-
     from turnwire_server.http.doors import connect_door
 
     app, direct = in_process_door(connect_door)

@@ -10,7 +10,8 @@ The suite, in this order:
   event, throughput, CPU per event, memory per open stream, text coalescing),
   run in this process; its options are accepted here too (``--help``);
 * ``middleware_chain.py`` (the middleware chain's cost per chunk and per turn),
-  ``provider_adapters.py`` (provider adapters vs the bare SDKs),
+  ``provider_adapters.py`` (provider adapters vs the bare SDKs), ``cloud_providers.py`` (Bedrock,
+  Vertex AI and Gemini vs the Anthropic adapter),
   ``slow_readers.py`` (server memory per stream for readers that stop reading or
   read slowly, and the stuck turns stopped), ``remote_hooks.py`` (a remote
   hook server and tool host, the Node.js example, vs in process), ``observability.py`` (time
@@ -71,6 +72,7 @@ SUITES = (
         quick=("--rounds", "3", "--turns", "10", "--isolated-chunks", "20000"),
     ),
     Suite("provider_adapters.py", "--skip-providers", full=(), quick=("--requests", "10")),
+    Suite("cloud_providers.py", "--skip-cloud-providers", full=(), quick=("--requests", "10")),
     Suite("slow_readers.py", "--skip-slow-readers", full=(), quick=("--quick",)),
     Suite("remote_hooks.py", "--skip-remote-hooks", full=(), quick=("--rounds", "3", "--turns", "10")),
     Suite("observability.py", "--skip-observability", full=(), quick=("--quick",)),

@@ -12,9 +12,10 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from turnwire_client.v1 import message_pb2
+from turnwire_client.v1 import chat_service_pb2, message_pb2
 from turnwire_server.api.status import TurnwireStatusError
-from turnwire_server.api.validation import ID_PATTERN, check_id, check_message, raise_if_any
+from turnwire_server.api.validation import ID_PATTERN, check_budget, check_id, check_message, raise_if_any
+from turnwire_server.engine.budget_settings import BudgetLimit
 from turnwire_server.engine.ids import RESERVED_PREFIX, is_reserved
 
 Violations = list[tuple[str, str]]
@@ -375,3 +376,16 @@ def test_only_size_violations_are_message_too_large() -> None:
         raise_if_any(violations)
     assert raised.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert raised.value.reason == "MESSAGE_TOO_LARGE"
+
+
+def test_a_requests_own_budget_is_checked_and_read() -> None:
+    """docs/cost.md, "Budgets": TurnBudget lowers the turn's budget; unset fields leave it."""
+    violations: Violations = []
+    unset = chat_service_pb2.ChatRequest()
+    assert check_budget(unset, violations) is None
+    request = chat_service_pb2.ChatRequest(budget=chat_service_pb2.TurnBudget(max_usd=0.5))
+    assert check_budget(request, violations) == BudgetLimit(usd=0.5)
+    assert violations == []
+    bad = chat_service_pb2.ChatRequest(budget=chat_service_pb2.TurnBudget(max_tokens=0, max_usd=float("nan")))
+    check_budget(bad, violations)
+    assert [field for field, _ in violations] == ["budget.max_tokens", "budget.max_usd"]

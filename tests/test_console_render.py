@@ -489,3 +489,32 @@ def test_history_shows_what_a_source_cites_and_where_a_file_is() -> None:
     assert "[file] image/png 5 bytes" in lines
     assert "[file] image/png 4000000 bytes, not kept" in lines
     assert "[file] text/csv file_01 (kept by the provider)" in lines
+
+
+def test_a_fallback_names_the_model_that_goes_on_and_shows_its_step_once() -> None:
+    """A fresh-user trial: after a fallback the status line named the configured model, and the
+    step's line was printed again with every StepStart the fallback repeats."""
+    from turnwire_client.v1 import event_pb2
+    from turnwire_server.cli.live import TurnRenderer
+
+    buffer = io.StringIO()
+    renderer = TurnRenderer(Console(file=buffer, width=200), "cli-f")
+    events = [
+        event_pb2.TurnEvent(turn_start=event_pb2.TurnStart(model="anthropic:claude-sonnet-4-5")),
+        event_pb2.TurnEvent(step_start=event_pb2.StepStart(step_number=1)),
+        event_pb2.TurnEvent(
+            attempt_start=event_pb2.AttemptStart(
+                attempt=2, reason="PROVIDER_FALLBACK", model="openai:gpt-4o", appends=True
+            )
+        ),
+        event_pb2.TurnEvent(step_start=event_pb2.StepStart(step_number=1)),
+    ]
+    try:
+        for event in events:
+            renderer.render(event)
+    finally:
+        renderer.stop_waiting()
+    lines = buffer.getvalue().splitlines()
+    assert [line for line in lines if line.startswith("· step")] == ["· step 2"]
+    assert "(attempt 2 after provider fallback: continuing the reply on openai:gpt-4o)" in lines
+    assert renderer.model == "openai:gpt-4o"

@@ -23,13 +23,18 @@ from turnwire.testing import ScriptedProvider
 from turnwire_server.app import build_providers
 from turnwire_server.config import Settings, load_settings
 from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider
+from turnwire_server.providers.anthropic_platforms import BedrockMessagesProvider, VertexMessagesProvider
+from turnwire_server.providers.gemini import GeminiProvider
 from turnwire_server.providers.openai_chat import OpenAIChatProvider
 from turnwire_server.providers.openai_responses import OpenAIResponsesProvider
 from turnwire_server.providers.settings import (
     AnthropicProviderSettings,
+    BedrockProviderSettings,
+    GeminiProviderSettings,
     OpenAIProviderSettings,
     OpenAIResponsesProviderSettings,
     ScriptedProviderSettings,
+    VertexProviderSettings,
 )
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "providers.md"
@@ -98,7 +103,14 @@ async def test_there_is_an_example_for_each_provider_type_and_a_local_server(
     built = _built(tmp_path, monkeypatch)
     try:
         defaults = {type(providers[s.default_model.split(":", 1)[0]]) for s, providers in built}
-        assert {AnthropicMessagesProvider, OpenAIChatProvider, OpenAIResponsesProvider} <= defaults
+        assert {
+            AnthropicMessagesProvider,
+            OpenAIChatProvider,
+            OpenAIResponsesProvider,
+            BedrockMessagesProvider,
+            VertexMessagesProvider,
+            GeminiProvider,
+        } <= defaults
         local = [
             (settings.providers[name], provider)
             for settings, providers in built
@@ -158,6 +170,9 @@ def _table_rows() -> dict[str, list[str]]:
         AnthropicProviderSettings,
         OpenAIProviderSettings,
         OpenAIResponsesProviderSettings,
+        BedrockProviderSettings,
+        VertexProviderSettings,
+        GeminiProviderSettings,
     ],
 )
 def test_the_field_tables_list_every_field_with_its_default(model: type[BaseModel]) -> None:

@@ -657,6 +657,7 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
         (6, "0006_history_versions"),
         (7, "0007_lease_epochs"),
         (8, "0008_turn_costs"),
+        (9, "0009_budgets"),
     ]
     assert isinstance(rows[0][2], int)
     assert {

@@ -340,6 +340,7 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
         6,
         7,
         8,
+        9,
     ]
 
 

@@ -26,34 +26,7 @@ from turnwire_server.store.errors import StoreUnreachable
 
 async def test_an_input_commit_cut_off_after_it_landed_is_recovered(make_engine: EngineFactory) -> None:
     h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
-    admit = h.store.admit_turn
-
-    @asynccontextmanager
-    async def landed_then_cut_off(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        async with admit(*args, **kwargs):  # the input is committed …
-            raise StoreUnreachable("connection lost during COMMIT", in_flight=True)  # … and the answer lost
-        yield  # never reached: a generator for asynccontextmanager
-
-    h.store.admit_turn = landed_then_cut_off  # type: ignore[method-assign]
-    events = await collect(await h.start("question", request_id="r-cut"))
-    assert end_of(events).status == event_pb2.TURN_STATUS_ERROR
-    assert not any(e.HasField("turn_start") for e in events)  # never acknowledged
-    h.store.admit_turn = admit  # type: ignore[method-assign]
-    (running,) = await h.store.running_turns()
-    assert running.request_id == "r-cut"
-
-    assert await h.engine.release_stranded() == 1
-    now = dt.datetime.now(dt.UTC)
-    claimed = await h.store.claim_interrupted_turns(h.engine.settings.replica_id, now, now, 10)
-    assert [turn.request_id for turn in claimed] == ["r-cut"]
-    await h.engine.recover_turns(claimed)
-
-    async def answered() -> list[message_pb2.Message] | None:
-        messages = await h.store.load_messages(CONV)
-        return list(messages) if len(messages) == 2 and not await h.store.running_turns() else None
-
-    messages = await wait_until(answered, timeout=10, what="the recovered turn answers")
-    assert messages is not None and [text_of(m) for m in messages] == ["question", "the answer"]
+    await _recovered_once(h, "r-cut", await _a_stranded_turn_claimed(h, "r-cut"))
 
 
 async def test_a_cut_off_commit_that_did_not_land_releases_nothing(make_engine: EngineFactory) -> None:
@@ -110,8 +83,12 @@ async def _a_stranded_turn_claimed(h: Any, request_id: str) -> list[Any]:
         yield  # never reached: a generator for asynccontextmanager
 
     h.store.admit_turn = landed_then_cut_off
-    await collect(await h.start("question", request_id=request_id))
+    events = await collect(await h.start("question", request_id=request_id))
+    assert end_of(events).status == event_pb2.TURN_STATUS_ERROR
+    assert not any(e.HasField("turn_start") for e in events)  # never acknowledged
     h.store.admit_turn = admit
+    (running,) = await h.store.running_turns()
+    assert running.request_id == request_id
     assert await h.engine.release_stranded() == 1
     now = dt.datetime.now(dt.UTC)
     claimed = await h.store.claim_interrupted_turns(h.engine.settings.replica_id, now, now, 10)
@@ -119,10 +96,12 @@ async def _a_stranded_turn_claimed(h: Any, request_id: str) -> list[Any]:
     return list(claimed)
 
 
-async def _recovered_once(h: Any, request_id: str) -> None:
-    now = dt.datetime.now(dt.UTC)
-    claimed = await h.store.claim_interrupted_turns(h.engine.settings.replica_id, now, now, 10)
-    assert [turn.request_id for turn in claimed] == [request_id], "the stranded turn is claimable again"
+async def _recovered_once(h: Any, request_id: str, claimed: list[Any] | None = None) -> None:
+    """Recover ``claimed`` (None: claim the stranded turn first) and check that it answers once."""
+    if claimed is None:
+        now = dt.datetime.now(dt.UTC)
+        claimed = await h.store.claim_interrupted_turns(h.engine.settings.replica_id, now, now, 10)
+        assert [turn.request_id for turn in claimed] == [request_id], "the stranded turn is claimable again"
     await h.engine.recover_turns(claimed)
 
     async def answered() -> list[message_pb2.Message] | None:

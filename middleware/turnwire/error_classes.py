@@ -100,6 +100,7 @@ _QUOTA_IDS = frozenset(
         "billing_hard_limit_reached",
         "billing_error",
         "payment_required",
+        "servicequotaexceededexception",  # Bedrock: over an account quota
     }
 )
 _RATE_IDS = frozenset(
@@ -128,13 +129,50 @@ _OVERFLOW_IDS = frozenset(
 _TOO_LARGE_IDS = frozenset(
     {"request_too_large", "payload_too_large", "request_entity_too_large", "string_above_max_length"}
 )
-_OVERLOADED_IDS = frozenset({"overloaded_error", "overloaded", "service_unavailable", "serviceunavailable"})
-_AUTH_IDS = frozenset(
-    {"authentication_error", "permission_error", "invalid_api_key", "unauthenticated", "permission_denied"}
+_OVERLOADED_IDS = frozenset(
+    {
+        "overloaded_error",
+        "overloaded",
+        "service_unavailable",
+        "serviceunavailable",
+        "serviceunavailableexception",  # Bedrock
+        "modelnotreadyexception",  # Bedrock: the model is not ready to serve yet
+    }
 )
-_NOT_FOUND_IDS = frozenset({"not_found_error", "model_not_found", "not_found"})
-_SERVER_IDS = frozenset({"api_error", "server_error", "internal_error", "internal", "internalservererror"})
-_TRANSIENT_IDS = frozenset({"connection_error", "timeout", "timeout_error", "incomplete_stream"})
+_AUTH_IDS = frozenset(
+    {
+        "authentication_error",
+        "permission_error",
+        "invalid_api_key",
+        "unauthenticated",
+        "permission_denied",
+        "accessdeniedexception",  # Bedrock
+    }
+)
+_NOT_FOUND_IDS = frozenset({"not_found_error", "model_not_found", "not_found", "resourcenotfoundexception"})
+_SERVER_IDS = frozenset(
+    {
+        "api_error",
+        "server_error",
+        "internal_error",
+        "internal",
+        "internalservererror",
+        # Bedrock (an event stream's :exception-type, lower-cased): the service or the model failed.
+        "internalserverexception",
+        "modelstreamerrorexception",
+        "modelerrorexception",
+    }
+)
+_TRANSIENT_IDS = frozenset(
+    {
+        "connection_error",
+        "timeout",
+        "timeout_error",
+        "incomplete_stream",
+        "corrupt_stream",
+        "modeltimeoutexception",
+    }
+)
 _INVALID_RESPONSE_IDS = frozenset({"invalid_stream_data", "invalid_response", "structured_output_invalid"})
 _INVALID_REQUEST_IDS = frozenset(
     {"invalid_request_error", "invalid_request", "badrequesterror", "validationexception", "invalid_argument"}

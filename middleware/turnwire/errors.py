@@ -59,12 +59,15 @@ class CanonicalCode(enum.IntEnum):
 @dataclass(frozen=True, slots=True)
 class ErrorDetails:
     """What an error adds to its status: ``metadata`` for ``google.rpc.ErrorInfo``,
-    ``field_violations`` (pairs of field path and what to fix) for ``google.rpc.BadRequest``, and
-    ``retry_after_seconds`` for ``google.rpc.RetryInfo`` (``None``: no RetryInfo)."""
+    ``field_violations`` (pairs of field path and what to fix) for ``google.rpc.BadRequest``,
+    ``retry_after_seconds`` for ``google.rpc.RetryInfo`` (``None``: no RetryInfo), and
+    ``quota_violations`` (pairs of the quota's subject and what is exceeded) for
+    ``google.rpc.QuotaFailure``."""
 
     metadata: Mapping[str, str] = field(default_factory=dict)
     field_violations: tuple[tuple[str, str], ...] = ()
     retry_after_seconds: float | None = None
+    quota_violations: tuple[tuple[str, str], ...] = ()
 
 
 class DomainError(Exception):

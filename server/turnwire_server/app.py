@@ -650,6 +650,7 @@ def _engine_settings(settings: Settings, session: SessionConfig, replica_id: str
         redact=redactor_for(settings).redact,
         prices=PriceBook(settings.pricing),
         fallbacks=Fallbacks(settings.fallback),
+        budgets=settings.budgets,
     )
 
 

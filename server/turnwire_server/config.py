@@ -34,6 +34,7 @@ from turnwire_server.api.tls_settings import ServerTlsSettings
 from turnwire_server.cache_budget import DEFAULT_CACHE_BYTES
 from turnwire_server.config_hints import unknown_field_message
 from turnwire_server.config_section import ConfigSection
+from turnwire_server.engine.budget_settings import BudgetSettings
 from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.engine.fallback import FallbackSettings
 from turnwire_server.engine.settings import (
@@ -202,6 +203,7 @@ class Settings(BaseSettings):
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     pricing: PricingSettings = Field(default_factory=PricingSettings)
     fallback: FallbackSettings = Field(default_factory=FallbackSettings)
+    budgets: BudgetSettings = Field(default_factory=BudgetSettings)
     events: EventsSettings = Field(default_factory=EventsSettings)
     checkpoint: StoreCheckpointSettings = Field(default_factory=StoreCheckpointSettings)
     durability: DurabilitySettings = Field(default_factory=DurabilitySettings)

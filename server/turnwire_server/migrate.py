@@ -63,8 +63,11 @@ COPIED_TABLES: tuple[str, ...] = (
     "turn_events",
     "submissions",
     "compactions",
+    "budget_spend",
+    "budget_reservations",
 )
-"""What ``turnwire migrate --from … --to …`` copies, parents first (foreign keys). Not copied:
+"""What ``turnwire migrate --from … --to …`` copies, parents first (foreign keys); budgets too,
+so what was spent is not forgotten by a move (docs/cost.md, "Budgets"). Not copied:
 ``schema_migrations`` (each store has its own) and ``turn_queue`` (live tickets of running
 processes; there are none once the source is stopped)."""
 

@@ -260,6 +260,26 @@ async def test_continue_cancel_and_conversations_commands(sidecar: SidecarProces
     assert again.stdout == ""
 
 
+async def test_resume_follows_a_turn_by_its_request_id(sidecar: SidecarProcess) -> None:
+    """What a LEASE_LOST end (or any broken stream) tells a CLI user to do: follow the turn."""
+    async with TurnwireClient(sidecar.target) as client:
+        done = await collect(
+            client.chat("cli-resumed", "go", request_id="cli-resume-me", model="scripted:two-calcs")
+        )
+    assert done.ok
+    whole = await run_turnwire("resume", "cli-resume-me", "--target", sidecar.target)
+    assert whole.code == 0, whole
+    assert "calculator" in whole.stdout and "Done." in whole.stdout
+    assert whole.stdout.splitlines()[-1].startswith("COMPLETED · 2 steps")
+    last = done.events[-1].sequence_number
+    tail = await run_turnwire("resume", "cli-resume-me", "--after", str(last - 1), "--target", sidecar.target)
+    assert tail.code == 0, tail
+    assert "calculator" not in tail.stdout and tail.stdout.splitlines()[-1].startswith("COMPLETED")
+    unknown = await run_turnwire("resume", "cli-nobody", "--target", sidecar.target)
+    assert unknown.code == 2, unknown
+    assert "cli-nobody" in unknown.stderr
+
+
 def test_the_help_flag_has_a_short_form() -> None:
     import subprocess
 
@@ -305,6 +325,7 @@ def test_top_level_help_lists_each_command_in_one_whole_line() -> None:
         "continue",
         "approve",
         "cancel",
+        "resume",
         "conversations",
         "history",
         "health",

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from providers.helpers import a_block, a_end, a_start, a_stop, a_text, anthropic_sse, c_chunk, chat_sse
+from providers.helpers import a_block, a_end, a_start, a_stop, a_text, anthropic_sse, c_usage_stream
 from providers.replay import ReplayServer, Reply
 from support.prices import SOURCE, expected_usd
 from support.sidecar import SidecarFactory, SidecarProcess, free_port, run_turnwire
@@ -58,15 +58,7 @@ def _config(replay: ReplayServer, metrics_port: int) -> dict[str, object]:
 
 
 def _openai_stream(prompt: int, cached: int, output: int) -> Reply:
-    usage = {
-        "prompt_tokens": prompt,
-        "completion_tokens": output,
-        "total_tokens": prompt + output,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-    return Reply.sse(
-        chat_sse(c_chunk({"content": "Hi."}), c_chunk({}, "stop"), c_chunk(usage=usage, empty=True))
-    )
+    return Reply.sse(c_usage_stream(prompt, cached, output))
 
 
 def _anthropic_stream(uncached: int, output: int) -> Reply:

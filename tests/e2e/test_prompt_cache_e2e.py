@@ -23,8 +23,7 @@ from providers.helpers import (
     a_stop,
     a_text,
     anthropic_sse,
-    c_chunk,
-    chat_sse,
+    c_usage_stream,
     r_response,
     responses_sse,
 )
@@ -78,15 +77,7 @@ def _anthropic_reply(uncached: int, read: int, write: int, output: int) -> Reply
 
 
 def _chat_reply(prompt: int, cached: int, output: int) -> Reply:
-    usage = {
-        "prompt_tokens": prompt,
-        "completion_tokens": output,
-        "total_tokens": prompt + output,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-    return Reply.sse(
-        chat_sse(c_chunk({"content": "Hi."}), c_chunk({}, "stop"), c_chunk(usage=usage, empty=True))
-    )
+    return Reply.sse(c_usage_stream(prompt, cached, output))
 
 
 def _responses_reply() -> Reply:

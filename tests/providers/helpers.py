@@ -23,6 +23,42 @@ def anthropic_http() -> anthropic.DefaultAsyncHttpxClient:
     return anthropic.DefaultAsyncHttpxClient(verify=False)
 
 
+def cloud_adapter(api: str, url: str) -> Provider:
+    """The ``bedrock``, ``vertex`` or ``gemini`` adapter at ``url`` with explicit test credentials
+    (no credential chain is asked): AWS keys, a Vertex AI access token, a Gemini API key. The
+    caller closes it (``aclose``)."""
+    if api == "gemini":
+        from google import genai
+        from google.genai import types
+
+        from turnwire_server.providers.gemini import GeminiProvider, event_hooks
+
+        options = types.HttpOptions(base_url=url, async_client_args={"event_hooks": event_hooks()})
+        client = genai.Client(api_key="test-key", http_options=options)
+        return GeminiProvider("gemini", client, max_retries=0, retry_delay=0.01)
+    from turnwire_server.providers.anthropic_platforms import BedrockMessagesProvider, VertexMessagesProvider
+
+    if api == "bedrock":
+        bedrock = anthropic.AsyncAnthropicBedrock(
+            aws_access_key="AKIDEXAMPLE",
+            aws_secret_key="test-secret",
+            aws_region="us-east-1",
+            base_url=url,
+            max_retries=0,
+            http_client=anthropic_http(),
+        )
+        return BedrockMessagesProvider("bedrock", bedrock, retry_delay=0.01)
+    vertex = anthropic.AsyncAnthropicVertex(
+        region="us-east5",
+        project_id="test-project",
+        access_token="test-token",
+        base_url=f"{url}/v1",
+        max_retries=0,
+        http_client=anthropic_http(),
+    )
+    return VertexMessagesProvider("vertex", vertex, retry_delay=0.01)
+
+
 def openai_http() -> openai.DefaultAsyncHttpxClient:
     """See :func:`anthropic_http`."""
     return openai.DefaultAsyncHttpxClient(verify=False)
@@ -340,6 +376,18 @@ def r_response(status: str = "in_progress", **fields: Any) -> dict[str, Any]:
         "output": [],
         **fields,
     }
+
+
+def c_usage_stream(prompt: int, cached: int, output: int, text: str = "Hi.") -> bytes:
+    """A whole Chat Completions stream of ``text`` whose last chunk reports usage: ``prompt``
+    input tokens of which ``cached`` read from the cache, ``output`` output tokens."""
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": output,
+        "total_tokens": prompt + output,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+    return chat_sse(c_chunk({"content": text}), c_chunk({}, "stop"), c_chunk(usage=usage, empty=True))
 
 
 def c_text_stream(value: str = "ok") -> bytes:

@@ -15,6 +15,7 @@ import grpc
 import orjson
 import pytest
 from google.rpc import error_details_pb2
+from support import aws_event_stream
 
 from providers.helpers import (
     a_block,
@@ -24,6 +25,7 @@ from providers.helpers import (
     anthropic_sse,
     c_chunk,
     chat_sse,
+    cloud_adapter,
     collect,
     r_response,
     request,
@@ -52,6 +54,8 @@ ADAPTER = {
     "openai": "chat_provider",
     "openai-responses": "responses_provider",
 }
+CLOUD = frozenset({"bedrock", "vertex", "gemini"})
+"""Entries whose adapter is built for them alone (:func:`providers.helpers.cloud_adapter`)."""
 
 CODE = {
     "context_overflow": grpc.StatusCode.INVALID_ARGUMENT,
@@ -100,9 +104,21 @@ async def _extra_error(
 ) -> ProviderError:
     if entry["transport"] == "http_response":
         replay.enqueue(Reply.error(entry["http_status"], entry["body"], entry.get("headers")))
+    elif entry["transport"] == "event_stream_exception":
+        # Bedrock: an exception message of the AWS event stream (its type in :exception-type).
+        frame = aws_event_stream.exception(entry["exception_type"], entry["body"])
+        replay.enqueue(Reply(headers={"content-type": aws_event_stream.CONTENT_TYPE}, chunks=[frame]))
     else:
         replay.enqueue(Reply.sse(entry["body"].encode()))
-    result = await collect(adapters[ADAPTER[entry["adapter"]]], request())
+    model_request = request(model=entry.get("model", "m"))
+    if entry["adapter"] in CLOUD:
+        provider = cloud_adapter(entry["adapter"], replay.url)
+        try:
+            result = await collect(provider, model_request)
+        finally:
+            await provider.aclose()
+    else:
+        result = await collect(adapters[ADAPTER[entry["adapter"]]], model_request)
     assert result.error is not None, entry["id"]
     return result.error
 

@@ -42,7 +42,10 @@ def test_entries_parse_by_type_and_scripted_is_the_default() -> None:
         {"type": "openai", "max_retries": -1},
         {"type": "openai-responses", "timeout_seconds": 0},
         {"type": "openai-responses", "replay_reasoning": "sometimes"},
-        {"type": "gemini"},
+        {"type": "cohere"},  # no such type
+        {"type": "bedrock", "aws_secret_access_key": "inline"},  # cloud credentials never in the file
+        {"type": "vertex", "api_key_env": "GOOGLE_KEY"},  # Application Default Credentials only
+        {"type": "gemini", "vertex": True, "location": ""},
         {"scripts": {}, "base_url": "http://x"},
     ],
 )
@@ -227,3 +230,23 @@ async def test_a_404_from_the_upstream_names_the_url_called(kind: str) -> None:
         kind
     ]
     assert f"p: HTTP 404 (POST {base}{path}; check base_url): 404 page not found" in str(result.error)
+
+
+def test_unquoted_on_and_off_in_yaml_mean_what_they_say() -> None:
+    """YAML 1.1 reads an unquoted ``on``/``off`` as a boolean; the caching switches take it as the
+    word the user wrote (docs/providers.md, "Prompt caching")."""
+    import yaml
+
+    entries = yaml.safe_load(
+        "a: {type: anthropic, prompt_caching: off}\n"
+        "b: {type: openai, prompt_cache_key: on}\n"
+        "c: {type: openai-responses, prompt_cache_key: off}\n"
+        "d: {type: anthropic, prompt_caching: on}\n"
+    )
+    parsed = ENTRIES.validate_python(entries)
+    assert [getattr(parsed[n], f) for n, f in (("a", "prompt_caching"), ("b", "prompt_cache_key"))] == [
+        "off",
+        "on",
+    ]
+    assert parsed["c"].prompt_cache_key == "off"  # type: ignore[union-attr]
+    assert parsed["d"].prompt_caching == "5m"  # type: ignore[union-attr]

@@ -22,7 +22,7 @@ from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.resources import conversation_proto, timestamp
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
 from turnwire_server.api.submission_rpcs import SubmissionRpcs
-from turnwire_server.api.tenancy import listing_prefix, scoped_key
+from turnwire_server.api.tenancy import caller_principal, listing_prefix, scoped_key
 from turnwire_server.api.tool_result_rpcs import ToolResultRpcs
 from turnwire_server.api.transcript_rpcs import TranscriptRpcs
 from turnwire_server.api.turn_streams import (
@@ -36,12 +36,14 @@ from turnwire_server.api.turn_streams import (
 )
 from turnwire_server.api.turn_streams import stream_turn as _stream_turn
 from turnwire_server.api.validation import (
+    check_budget,
     check_id,
     check_message,
     json_object,
     raise_if_any,
 )
 from turnwire_server.engine import TurnEngine, TurnHandle, TurnRequest
+from turnwire_server.engine.budget_settings import BudgetLimit
 from turnwire_server.engine.ids import new_request_id
 from turnwire_server.engine.submissions import Submissions
 from turnwire_server.store.base import ConversationRecord, EngineStore, TurnRecord
@@ -139,6 +141,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 if request.message.role != message_pb2.ROLE_USER:
                     violations.append(("message.role", "must be ROLE_USER (or unset) in Chat"))
             client_tools = check_client_tools(request.client_tools, "client_tools", violations)
+            budget = check_budget(request, violations)
             raise_if_any(violations)
             return await self._start(
                 context,
@@ -152,6 +155,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 disconnect_policy=request.disconnect_policy,
                 client_tools=client_tools,
                 concurrent_input=request.concurrent_input_strategy,
+                budget=budget,
             )
 
         async for response in _stream_turn(context, start, self.progress_interval):
@@ -186,6 +190,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                     )
                 seen.add(message.id)
             client_tools = check_client_tools(request.client_tools, "client_tools", violations)
+            budget = check_budget(request, violations)
             raise_if_any(violations)
             if not request.messages and await self._get_record(request.conversation_id) is None:
                 # A turn on the stored history needs one (docs/semantics.md §1), as ContinueLastTurn.
@@ -204,6 +209,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                     messages=[message for _, message in plain],
                     disconnect_policy=request.disconnect_policy,
                     concurrent_input=request.concurrent_input_strategy,
+                    budget=budget,
                 )
             return await self._start(
                 context,
@@ -217,6 +223,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 disconnect_policy=request.disconnect_policy,
                 client_tools=client_tools,
                 concurrent_input=request.concurrent_input_strategy,
+                budget=budget,
             )
 
         async for response in _stream_turn(context, start, self.progress_interval):
@@ -233,6 +240,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
             violations: list[tuple[str, str]] = []
             self._check_common(request.conversation_id, request.request_id, violations)
             client_tools = check_client_tools(request.client_tools, "client_tools", violations)
+            budget = check_budget(request, violations)
             raise_if_any(violations)
             if await self._get_record(request.conversation_id) is None:
                 raise _not_found(request.conversation_id)
@@ -247,6 +255,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 continuation=True,
                 disconnect_policy=request.disconnect_policy,
                 client_tools=client_tools,
+                budget=budget,
             )
 
         async for response in _stream_turn(context, start, self.progress_interval):
@@ -270,6 +279,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
         disconnect_policy: int = 0,
         client_tools: Sequence[Tool] = (),
         concurrent_input: int = 0,
+        budget: BudgetLimit | None = None,
     ) -> TurnHandle:
         return await self.engine.start(
             TurnRequest(
@@ -288,6 +298,8 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 entry=entry_of(response_type),
                 trace_context=trace_context(context),
                 concurrent_input=strategy_of(concurrent_input),
+                budget=budget,
+                principal=caller_principal(),
             ),
             parent_request_id=parent_request_id(context),
         )

@@ -35,7 +35,8 @@ class TurnwireStatusError(ErrorWithStatus):
     ``code`` is a :class:`grpc.StatusCode`; ``reason`` an ``ErrorReason`` name
     without its prefix (``CONVERSATION_NOT_FOUND``); ``field_violations`` pairs
     of (field path, what to fix); ``retry_after_seconds`` the ``RetryInfo`` delay;
-    ``metadata`` extra ErrorInfo metadata.
+    ``metadata`` extra ErrorInfo metadata; ``quota_violations`` pairs of (subject, what is
+    exceeded) for ``QuotaFailure``.
     """
 
     def __init__(
@@ -47,6 +48,7 @@ class TurnwireStatusError(ErrorWithStatus):
         field_violations: Sequence[tuple[str, str]] = (),
         retry_after_seconds: float | None = None,
         metadata: Mapping[str, str] | None = None,
+        quota_violations: Sequence[tuple[str, str]] = (),
     ) -> None:
         super().__init__(
             message,
@@ -57,6 +59,7 @@ class TurnwireStatusError(ErrorWithStatus):
             metadata=metadata,
         )
         self.code = code
+        self.quota_violations = tuple(quota_violations)
 
     def to_status(self) -> status_pb2.Status:
         """The ``google.rpc.Status`` of this error, details included."""
@@ -67,6 +70,7 @@ class TurnwireStatusError(ErrorWithStatus):
             field_violations=self.field_violations,
             retry_after_seconds=self.retry_after_seconds,
             metadata=self.metadata,
+            quota_violations=self.quota_violations,
         )
 
 
@@ -88,8 +92,10 @@ def build_status(
     field_violations: Sequence[tuple[str, str]] = (),
     retry_after_seconds: float | None = None,
     metadata: Mapping[str, str] | None = None,
+    quota_violations: Sequence[tuple[str, str]] = (),
 ) -> status_pb2.Status:
-    """A ``google.rpc.Status`` with ErrorInfo (always), BadRequest and RetryInfo (when given)."""
+    """A ``google.rpc.Status`` with ErrorInfo (always), BadRequest, QuotaFailure and RetryInfo
+    (when given)."""
     details: list[any_pb2.Any] = []
     info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=dict(metadata or {}))
     packed = any_pb2.Any()
@@ -104,6 +110,16 @@ def build_status(
         )
         packed = any_pb2.Any()
         packed.Pack(bad_request)
+        details.append(packed)
+    if quota_violations:
+        quota = error_details_pb2.QuotaFailure(
+            violations=[
+                error_details_pb2.QuotaFailure.Violation(subject=subject, description=description)
+                for subject, description in quota_violations
+            ]
+        )
+        packed = any_pb2.Any()
+        packed.Pack(quota)
         details.append(packed)
     if retry_after_seconds is not None:
         delay = duration_pb2.Duration()
@@ -183,6 +199,7 @@ def status_error_of(error: BaseException, stage: ErrorStage = "turn") -> Turnwir
         field_violations=details.field_violations,
         retry_after_seconds=details.retry_after_seconds,
         metadata=metadata,
+        quota_violations=details.quota_violations,
     )
 
 

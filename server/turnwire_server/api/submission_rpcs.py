@@ -23,9 +23,16 @@ from turnwire_server.api.progress import Silence
 from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.resources import timestamp
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
-from turnwire_server.api.tenancy import listing_prefix, local_id, scoped_key
+from turnwire_server.api.tenancy import caller_principal, listing_prefix, local_id, scoped_key
 from turnwire_server.api.turn_streams import abort, strategy_of, trace_context
-from turnwire_server.api.validation import check_id, check_message, check_text, json_object, raise_if_any
+from turnwire_server.api.validation import (
+    check_budget,
+    check_id,
+    check_message,
+    check_text,
+    json_object,
+    raise_if_any,
+)
 from turnwire_server.engine import TurnEngine, TurnRequest
 from turnwire_server.engine.errors import AdmissionRefused, SubmissionNotFound, TurnStreamNotFound
 from turnwire_server.engine.ids import (
@@ -98,7 +105,8 @@ def submission_proto(record: SubmissionRecord) -> chat_service_pb2.Submission:
 
 def turn_request_of(record: SubmissionRecord, default_model: str) -> TurnRequest:
     """The turn of a stored submission: its messages (an unset role is the user's, a missing id
-    derived from the submission id, see ``submission_message_id``), body and model."""
+    derived from the submission id, see ``submission_message_id``), body, model, own budget and
+    the principal who submitted it."""
     request = chat_service_pb2.SubmitMessagesRequest.FromString(record.request)
     messages = []
     for index, message in enumerate(request.messages):
@@ -118,6 +126,8 @@ def turn_request_of(record: SubmissionRecord, default_model: str) -> TurnRequest
         disconnect="continue",
         client_tools=check_client_tools(request.client_tools, "client_tools", []),
         entry="submission",
+        budget=check_budget(request, []),
+        principal=record.principal,
     )
 
 
@@ -187,6 +197,7 @@ class SubmissionRpcs:
                     )
                 seen.add(message.id)
             check_client_tools(request.client_tools, "client_tools", violations)
+            check_budget(request, violations)
             raise_if_any(violations)
             json_object(request.body, "body")
             json_object(request.metadata, "metadata")
@@ -198,6 +209,7 @@ class SubmissionRpcs:
                 state="pending",
                 request=stored.SerializeToString(deterministic=True),
                 create_time=dt.datetime.now(dt.UTC),
+                principal=caller_principal(),
             )
             strategy = (
                 strategy_of(request.concurrent_input_strategy) or self.engine.settings.limits.concurrent_input

@@ -55,6 +55,12 @@ def listing_prefix() -> str:
     return prefix_of(current_caller.get().tenant)
 
 
+def caller_principal() -> str:
+    """The principal of the call being handled ("" when authentication is off): whose budgets its
+    turns run under (docs/cost.md, "Budgets")."""
+    return current_caller.get().principal
+
+
 def scoped_key(client_id: str) -> str:
     """The store key of ``client_id`` for the current caller ("" stays "")."""
     return listing_prefix() + client_id if client_id else client_id

@@ -36,7 +36,7 @@ from turnwire.values import loads, tool_call_output_json
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.status import TurnwireStatusError, status_error_of
-from turnwire_server.api.tenancy import scoped_key
+from turnwire_server.api.tenancy import caller_principal, scoped_key
 from turnwire_server.api.turn_streams import (
     Started,
     disconnect_of,
@@ -48,6 +48,7 @@ from turnwire_server.api.turn_streams import (
 )
 from turnwire_server.api.validation import check_id, json_object, raise_if_any
 from turnwire_server.engine import TurnEngine, TurnRequest
+from turnwire_server.engine.budget_settings import BudgetLimit
 from turnwire_server.engine.errors import AdmissionRefused
 from turnwire_server.engine.ids import new_request_id
 from turnwire_server.engine.request import ToolDenial
@@ -233,9 +234,11 @@ class ToolResultRpcs:
         messages: Sequence[message_pb2.Message] = (),
         disconnect_policy: int = 0,
         concurrent_input: int = 0,
+        budget: BudgetLimit | None = None,
     ) -> Started:
         """Store ``answers`` (one atomic write), then start the turn that follows, or return the
-        responses of a SKIPPED call (see the module docstring).
+        responses of a SKIPPED call (see the module docstring). ``budget``: the request's own
+        turn budget (docs/cost.md, "Budgets").
 
         With ``messages`` (SaveMessages with other input too) an ordinary turn appending them
         runs whether or not the batch is complete. Raises :class:`TurnwireStatusError` for a
@@ -300,6 +303,8 @@ class ToolResultRpcs:
                     entry=entry_of(response_type),
                     trace_context=trace_context(context),
                     concurrent_input=strategy,
+                    budget=budget,
+                    principal=caller_principal(),
                 ),
                 parent_request_id=parent_request_id(context),
                 reserved=reserved,

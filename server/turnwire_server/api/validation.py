@@ -6,6 +6,7 @@ Runs before anything is stored, so a rejected request changes nothing
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -15,6 +16,7 @@ from turnwire.values import NotJsonError, from_struct, normalize
 from turnwire_client.v1 import message_pb2
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument
 from turnwire_server.api.tenancy import SCOPED_FIELDS, local_id
+from turnwire_server.engine.budget_settings import BudgetLimit
 from turnwire_server.engine.ids import RESERVED_PREFIX, is_reserved, new_message_id
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -160,3 +162,21 @@ def json_object(value: struct_pb2.Struct, field: str) -> dict[str, Any]:
     except NotJsonError as error:
         path = field + error.path.removeprefix("$")
         raise invalid_argument([(path, "NaN and Infinity have no JSON form; send a finite number")]) from None
+
+
+def check_budget(request: Any, violations: list[tuple[str, str]]) -> BudgetLimit | None:
+    """The request's own turn budget (its ``budget`` field, a ``TurnBudget``), or None when it
+    sets none; a ``max_tokens`` below 1 or a ``max_usd`` below 0 (or not finite) is a violation
+    of ``budget.max_tokens`` / ``budget.max_usd`` (docs/cost.md, "Budgets")."""
+    if not request.HasField("budget"):
+        return None
+    budget = request.budget
+    tokens = budget.max_tokens if budget.HasField("max_tokens") else None
+    usd = budget.max_usd if budget.HasField("max_usd") else None
+    if tokens is not None and tokens < 1:
+        violations.append(("budget.max_tokens", "must be at least 1 (unset: the configured budget)"))
+    if usd is not None and not (0 <= usd < math.inf):
+        violations.append(("budget.max_usd", "must be a finite number of US dollars, at least 0"))
+    if tokens is None and usd is None:
+        return None
+    return BudgetLimit.model_construct(tokens=tokens, usd=usd)

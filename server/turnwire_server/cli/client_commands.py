@@ -156,6 +156,29 @@ def cancel(
 
 
 @client_command
+def resume(
+    request_id: Annotated[
+        str, typer.Argument(metavar="REQUEST_ID", help="The turn's request id (turnwire chat shows it).")
+    ],
+    *,
+    after: Annotated[
+        int, typer.Option(min=0, help="Show the events after this sequence number (0: all).")
+    ] = 0,
+    sidecar: ConnectionOptions,
+) -> None:
+    """Follow a turn by its request id, on any replica.
+
+    Shows what it streamed, then the rest as it comes: for a turn started elsewhere, or one whose
+    stream broke (a LEASE_LOST end says to follow it here). Ctrl-C stops following and leaves the
+    turn running. Exit status as for chat; 2 when no such turn is known (or its events are past
+    the retention).
+    """
+    from turnwire_server.cli.turns import run_resume
+
+    raise typer.Exit(_interruptible(run_resume(sidecar.connection(), request_id, after=after)))
+
+
+@client_command
 def conversations(
     *,
     sidecar: ConnectionOptions,

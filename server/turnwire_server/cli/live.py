@@ -95,6 +95,8 @@ class TurnRenderer:
         #: The model streamed output (text, reasoning, a tool call): its token count is not 0.
         self.output_streamed = False
         self.model = ""
+        #: The step number of the last StepStart shown (-1: none yet).
+        self.step_shown = -1
         self.events_seen = 0
         #: TurnStart arrived: the input is stored (and a cancel stores the partial reply).
         self.started = False
@@ -196,8 +198,10 @@ class TurnRenderer:
         if kind == "turn_start":
             self.model = event.turn_start.model
         elif kind == "step_start":
-            if event.step_start.step_number > 0:
+            # A fallback's AttemptStart is followed by the same step's StepStart again: shown once.
+            if event.step_start.step_number > 0 and event.step_start.step_number != self.step_shown:
                 self.line(Text(f"· step {event.step_start.step_number + 1}", style="dim"))
+            self.step_shown = event.step_start.step_number
         elif kind == "text_delta":
             self.write(event.text_delta.delta)
         elif kind == "reasoning_delta":
@@ -271,6 +275,9 @@ class TurnRenderer:
         elif kind == "attempt_start":
             a = event.attempt_start
             how = "continuing the reply" if a.appends else "starting the reply over"
+            if a.model:  # a fallback: the step runs on another model from here on
+                how = f"{how} on {a.model}"
+                self.model = a.model
             self.line(
                 Text(
                     f"(attempt {a.attempt} after {a.reason.lower().replace('_', ' ')}: {how})", style="yellow"

@@ -148,17 +148,42 @@ def _unanswered(event: event_pb2.TurnEvent) -> bool:
     return error.reason == "NOTHING_TO_CONTINUE" and error.error_metadata.get("last_role") == "user"
 
 
+async def run_resume(
+    connection: Connection,
+    request_id: str,
+    *,
+    after: int = 0,
+    console: Console | None = None,
+    err_console: Console | None = None,
+) -> int:
+    """Follow turn ``request_id`` (``ResumeTurn``, on any replica): its stored events after
+    sequence number ``after`` (0: all), then the live ones to its end, rendered as :func:`run_chat`
+    does. Leaving (Ctrl-C) never affects the turn. Exit codes as for :func:`run_chat` (2 for an
+    unknown turn or one past the events' retention)."""
+    return await run_turn(
+        connection,
+        "CONVERSATION",
+        lambda client, _: client.resume_turn(request_id, after),
+        request_id=request_id,
+        following=True,
+        console=console,
+        err_console=err_console,
+    )
+
+
 async def run_turn(
     connection: Connection,
     conversation_id: str,
     open_stream: OpenStream,
     *,
     request_id: str | None = None,
+    following: bool = False,
     console: Console | None = None,
     err_console: Console | None = None,
 ) -> int:
     """Render the turn ``open_stream`` opens on ``conversation_id`` under ``request_id`` (a new
-    ``cli-…`` id when None). Exit codes as for :func:`run_chat`."""
+    ``cli-…`` id when None); ``following``: the stream follows a turn started elsewhere
+    (``ResumeTurn``), which leaving does not stop. Exit codes as for :func:`run_chat`."""
     request_id = request_id or f"cli-{uuid.uuid4().hex[:16]}"
     out = console if console is not None else Console()
     err = or_stderr(err_console)
@@ -173,6 +198,13 @@ async def run_turn(
         # sidecar (disconnect policy "cancel"), which stores the partial reply as ABORTED.
         renderer.stop_waiting()
         renderer.end_line()
+        if following:
+            out.print(
+                Text(f"stopped following turn {request_id}; it goes on in the sidecar", style="yellow"),
+                soft_wrap=True,
+                highlight=False,
+            )
+            raise
         if renderer.started:
             renderer.abort_open_calls()
         # Before TurnStart the input was not yet durable (queued, or being stored): nothing stays.

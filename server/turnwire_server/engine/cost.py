@@ -37,7 +37,14 @@ PRICE_PACKAGE = "genai-prices"
 CONFIG_SOURCE = "config"
 """The source of a cost priced by a ``pricing.models`` entry."""
 
-PRICE_LISTS = {"anthropic": "anthropic", "openai": "openai", "openai-responses": "openai"}
+PRICE_LISTS = {
+    "anthropic": "anthropic",
+    "openai": "openai",
+    "openai-responses": "openai",
+    "bedrock": "aws",  # Bedrock's model ids (us.anthropic.claude-…-v1:0) as genai-prices lists them
+    "vertex": "google",  # Vertex AI's Claude ids (claude-sonnet-4-5@20250929)
+    "gemini": "google",
+}
 """A provider entry's ``type`` → the genai-prices provider id its models are priced under by
 default (``pricing.provider_ids`` overrides it per entry)."""
 
@@ -46,7 +53,8 @@ class PriceBook:
     """Prices steps for one process: ``cost(model_id, provider_type, usage)``.
 
     ``model_id`` is the turn's ``provider:model``; ``provider_type`` the entry's ``type``
-    (``anthropic``, ``openai``, ``openai-responses``, ``scripted``; None when unknown). Never
+    (``anthropic``, ``openai``, ``openai-responses``, ``bedrock``, ``vertex``, ``gemini``, ``scripted``; None
+    when unknown). Never
     raises: a step whose cost cannot be known gets None and, once per model id, a warning.
     """
 
@@ -55,6 +63,7 @@ class PriceBook:
         self._warned: set[str] = set()
         self._unlisted: set[str] = set()  # model ids the price data does not know: not looked up again
         self._source: str | None = None  # genai-prices <version>, read at the first use
+        self._rates: dict[str, tuple[float, float] | None] = {}  # by model id, for budgets
 
     def price_list(self, model_id: str, provider_type: str | None) -> str | None:
         """The genai-prices provider id ``model_id``'s entry is priced under, or None."""
@@ -85,6 +94,23 @@ class PriceBook:
         except ValueError as error:  # usage the data refuses (more cached tokens than input)
             self._warn(model_id, f"{PRICE_PACKAGE} cannot price its usage ({error})")
         return None
+
+    def rates(self, model_id: str, provider_type: str | None) -> tuple[float, float] | None:
+        """``(USD per input token, USD per output token)`` of ``model_id``, or None when its
+        cost is unknown: what a budget reserves a step at (docs/cost.md, "Budgets"). Priced as a
+        million uncached input tokens and a million output tokens: the top tier of tiered prices
+        and no cache discount, so a reservation is never below what the step can cost. Looked
+        up once per model id."""
+        if model_id not in self._rates:
+            # Tiers go by the input: the output's top-tier rate is what a million more adds.
+            per_input = self.cost(model_id, provider_type, Usage(input_tokens=1_000_000))
+            both = self.cost(model_id, provider_type, Usage(input_tokens=1_000_000, output_tokens=1_000_000))
+            self._rates[model_id] = (
+                None
+                if per_input is None or both is None
+                else (per_input.usd / 1_000_000, (both.usd - per_input.usd) / 1_000_000)
+            )
+        return self._rates[model_id]
 
     def _data_source(self) -> str:
         if self._source is None:

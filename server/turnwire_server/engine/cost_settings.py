@@ -4,7 +4,8 @@ Prices are in US dollars per million tokens, as genai-prices and the vendors' pr
 them. A ``models`` entry prices one model id (``provider:model``, the id a turn names) and wins
 over the price data; ``provider_ids`` says under which genai-prices provider the models of a
 configured provider entry are looked up (by default from its ``type``: ``anthropic`` →
-``anthropic``, ``openai`` and ``openai-responses`` → ``openai``; a ``scripted`` entry has none).
+``anthropic``, ``openai`` and ``openai-responses`` → ``openai``, ``bedrock`` → ``aws``, ``vertex``
+and ``gemini`` → ``google``; a ``scripted`` entry has none).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from turnwire.hooks import ConcurrentInput
 from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
+from turnwire_server.engine.budgets import admission_refusal, settle_abandoned
 from turnwire_server.engine.channel import EventChannel
 from turnwire_server.engine.errors import (
     CancelledByShutdown,
@@ -53,6 +54,10 @@ from turnwire_server.store.base import EngineStore, TurnRecord
 from turnwire_server.store.errors import StoreError
 
 log = logging.getLogger("turnwire.engine")
+
+_REFUSED_OVER_BUDGET = frozenset({"chat", "save_messages", "continue"})
+"""The entries whose turns an exhausted budget refuses before they store anything; the others
+carry input stored already (a submission, tool results) and end at their first step instead."""
 
 _current_turn: contextvars.ContextVar[TurnRun | None] = contextvars.ContextVar(
     "turnwire_current_turn", default=None
@@ -224,6 +229,10 @@ class TurnEngine:
         or queued (:meth:`_apply_strategy`): ``reject`` raises
         :class:`~turnwire_server.engine.errors.TurnInProgress`; ``interrupt`` and ``rollback``
         stop the running turn and put this one first in line.
+        A new turn on a conversation whose budget or tenant's budget is exhausted is refused
+        (:class:`~turnwire_server.engine.errors.BudgetRefused`) before anything is stored; turns
+        that carry stored input (a submission, a continuation after tool results) run and meet
+        the budget at their first step (docs/cost.md, "Budgets").
         Raises :class:`~turnwire_server.engine.errors.AdmissionRefused` subclasses.
         """
         previous = self._turns.get(request.request_id)
@@ -231,6 +240,16 @@ class TurnEngine:
             await asyncio.wait({previous.task})  # neither raises its error nor cancels it
         concurrent_input = ConcurrentInput("reject") if reserved else None
         try:
+            if recovery is None and request.entry in _REFUSED_OVER_BUDGET and self.settings.budgets.enabled:
+                refusal = await admission_refusal(
+                    self.store,
+                    self.settings.budgets,
+                    request.conversation_id,
+                    request.principal,
+                    dt.datetime.now(dt.UTC),
+                )
+                if refusal is not None:
+                    raise refusal
             self._admit(request, parent_request_id, queue_limit=queue_limit)
             # A submission's strategy applies only when started at acceptance (Submissions.submit).
             if recovery is None and (request.entry != "submission" or request.concurrent_input is not None):
@@ -632,6 +651,7 @@ class TurnEngine:
                 client_tools=spec.client_tools,
                 entry="recovery",
                 trace_context=spec.trace_context,
+                principal=spec.principal,
             )
             await self.start(
                 request,
@@ -666,6 +686,7 @@ class TurnEngine:
         await self.store.finish_turn(
             record, reply, events=[(end.sequence_number, end.SerializeToString())], stream_ended=True
         )
+        await settle_abandoned(self.store, turn.request_id, turn.conversation_id)
         log.warning(
             "turn %s of conversation %s left interrupted: %s",
             turn.request_id,

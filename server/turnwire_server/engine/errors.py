@@ -339,3 +339,33 @@ class StoppedByInput(DomainError):
 
     def details(self) -> ErrorDetails:
         return ErrorDetails(metadata={"interrupting_request_id": self.interrupting_request_id})
+
+
+class BudgetExhausted(DomainError):
+    """A budget (docs/cost.md, "Budgets") has no room for the next model step: ``budget`` names
+    it (``turn``, ``conversation``, ``tenant/day``, ``tenant/month``), ``why`` says what ran out;
+    ``resets_in_seconds`` is when a period's budget resets (None: never). A turn that meets it
+    ends ``error`` with this reason, its partial reply stored."""
+
+    error_reason = reasons.ERROR_REASON_BUDGET_EXHAUSTED
+    status_code = CanonicalCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, budget: str, why: str, resets_in_seconds: float | None = None) -> None:
+        when = "" if resets_in_seconds is None else f"; it resets in {resets_in_seconds:,.0f} s"
+        super().__init__(f"the {budget} budget has no room for another model step: {why}{when}")
+        self.budget = budget
+        self.why = why
+        self.resets_in_seconds = resets_in_seconds
+        self.retryable = resets_in_seconds is not None
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(
+            metadata={"budget": self.budget},
+            quota_violations=((self.budget, self.why),),
+            retry_after_seconds=self.resets_in_seconds,
+        )
+
+
+class BudgetRefused(BudgetExhausted, AdmissionRefused):
+    """A new turn was refused, nothing stored: a budget it would run under is exhausted
+    (:class:`BudgetExhausted`'s fields)."""

@@ -117,6 +117,33 @@ CHAT_ERROR_CLASSIFICATIONS = Counter(
     ["classification"],
 )
 
+BUDGET_EXHAUSTED = Counter(
+    "turnwire_budget_exhausted",
+    "Turns a budget stopped (ended with reason BUDGET_EXHAUSTED) or refused before they started, by "
+    "tenant and budget (turn, conversation, tenant/day, tenant/month).",
+    ["tenant", "budget"],
+)
+
+BUDGET_CLAMPED_STEPS = Counter(
+    "turnwire_budget_clamped_steps",
+    "Model steps sent with max_output_tokens lowered to what their budgets had room for, by tenant.",
+    ["tenant"],
+)
+
+BUDGET_SPENT_TOKENS = Gauge(
+    "turnwire_budget_spent_tokens",
+    "Tokens a tenant's current period spent (settled steps), by tenant and budget (tenant/day, "
+    "tenant/month), as of this process's last charge of it.",
+    ["tenant", "budget"],
+)
+
+BUDGET_SPENT_USD = Gauge(
+    "turnwire_budget_spent_usd",
+    "US dollars a tenant's current period spent (settled steps), by tenant and budget (tenant/day, "
+    "tenant/month), as of this process's last charge of it.",
+    ["tenant", "budget"],
+)
+
 OTHER_MODEL = "other"
 """The model part of the ``model`` label of a model id the configuration does not name."""
 

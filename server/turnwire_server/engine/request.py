@@ -10,6 +10,7 @@ from typing import Any, Literal
 from turnwire.hooks import ConcurrentInputStrategy
 from turnwire.tools import Tool
 from turnwire_client.v1 import message_pb2
+from turnwire_server.engine.budget_settings import BudgetLimit
 
 TurnEntry = Literal[
     "chat", "save_messages", "continue", "tool_results", "tool_approvals", "submission", "recovery"
@@ -49,6 +50,9 @@ class TurnRequest:
     asked for the turn: its span continues that trace (:mod:`turnwire_server.engine.tracing`).
     ``concurrent_input`` is what the request does when its conversation has a turn running or
     queued (docs/semantics.md §5; None: ``limits.concurrent_input``).
+    ``budget`` is the request's own turn budget, which lowers ``budgets.turn`` and never raises
+    it (docs/cost.md, "Budgets"; None: the configured one). ``principal`` is the caller who asked
+    for the turn ("" when authentication is off, or unknown): the turn runs under its budgets.
     """
 
     conversation_id: str
@@ -65,3 +69,5 @@ class TurnRequest:
     entry: TurnEntry = "chat"
     trace_context: Mapping[str, str] = field(default_factory=dict)
     concurrent_input: ConcurrentInputStrategy | None = None
+    budget: BudgetLimit | None = None
+    principal: str = ""

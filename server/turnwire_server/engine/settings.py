@@ -18,6 +18,7 @@ from pydantic import ConfigDict, Field
 
 from turnwire.compaction import CompactionConfig
 from turnwire_server.config_section import ConfigSection
+from turnwire_server.engine.budget_settings import BudgetSettings
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.fallback import Fallbacks
 
@@ -181,6 +182,7 @@ class EngineSettings:
     ``prices`` prices each step's usage (the ``pricing:`` section, docs/cost.md).
     ``fallbacks``: the models a step falls back to and the providers' breakers (the ``fallback:``
     section, :mod:`~turnwire_server.engine.fallback`).
+    ``budgets``: the ``budgets:`` section (docs/cost.md, "Budgets").
     """
 
     default_model: str = "scripted:demo"
@@ -195,3 +197,4 @@ class EngineSettings:
     redact: Callable[[str], str] = str
     prices: PriceBook = field(default_factory=PriceBook)
     fallbacks: Fallbacks = field(default_factory=Fallbacks)
+    budgets: BudgetSettings = field(default_factory=BudgetSettings)

@@ -41,6 +41,7 @@ from turnwire.types import ModelSettings
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.approvals import announce_denials, run_approved_calls
+from turnwire_server.engine.budgets import settled, step_budgets
 from turnwire_server.engine.compaction import Compactor, input_start
 from turnwire_server.engine.continuation import continued
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
@@ -107,6 +108,7 @@ class StepLoop:
         self._model_id = ""
         self._provider_type: str | None = None
         self._metadata_view: struct_pb2.Struct | None = None  # the finished step's, bounded
+        self.budgets = step_budgets(store, settings, state)  # None: no budget configured
 
     async def run(self, admission: TurnAdmission | None = None) -> None:
         """Assemble, ``before_turn``, then the steps; ``admission`` is what the turn's input
@@ -168,7 +170,7 @@ class StepLoop:
             else None
         )
         try:
-            async with asyncio.timeout(timeout.total_seconds):
+            async with asyncio.timeout(timeout.total_seconds), settled(self.budgets, request.request_id):
                 # Answered approvals first: denials announced, approved calls run (§6).
                 announce_denials(turn)
                 ran = await run_approved_calls(turn, self.store, open_calls, self._runner_for(config))
@@ -327,6 +329,10 @@ class StepLoop:
                 attempt=turn.attempt,
                 cache_key=conversation_cache_key(request.conversation_id),
             )
+            if self.budgets is not None:
+                model_request = await self.budgets.reserve(
+                    model_request, model_id, self._provider_type, provider
+                )
             turn.step_messages = model_request.messages
             turn.assistant.start_step()
             turn.writer.new().step_start.step_number = step_number
@@ -346,6 +352,8 @@ class StepLoop:
                                 limits.chunk_seconds,
                             )
                         cost = self._price(finish.usage)
+                        if self.budgets is not None:
+                            self.budgets.used(finish.usage, cost)
                         tracing.end_chat(span, finish, turn.assistant, cost)
                     break
                 except TimeoutError:
@@ -384,6 +392,12 @@ class StepLoop:
                     model_id = fallback
                     provider, model_name = self._use_model(model_id)
                     model_request = dataclasses.replace(model_request, model=model_name)
+                    if self.budgets is not None:  # reserved again, at the fallback's prices
+                        if not streamed:  # else its output was billed: charged its reservation
+                            self.budgets.unanswered()
+                        model_request = await self.budgets.reserve(
+                            model_request, model_id, self._provider_type, provider
+                        )
                     self._fallback_attempt(step_number, model_id)
             self.settings.fallbacks.succeeded(model_id)
             if clamped is not None:

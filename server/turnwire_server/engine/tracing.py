@@ -79,7 +79,14 @@ AGENT_NAME = "turnwire"
 _TURN_SPAN = f"invoke_agent {AGENT_NAME}"
 
 # Provider adapter types and the gen_ai.provider.name each reports (well-known values).
-_PROVIDER_NAMES = {"anthropic": "anthropic", "openai": "openai", "openai-responses": "openai"}
+_PROVIDER_NAMES = {
+    "anthropic": "anthropic",
+    "openai": "openai",
+    "openai-responses": "openai",
+    "bedrock": "aws.bedrock",
+    "vertex": "gcp.vertex_ai",
+    "gemini": "gcp.gemini",
+}
 
 _SETTINGS = (
     ("max_output_tokens", "gen_ai.request.max_tokens"),

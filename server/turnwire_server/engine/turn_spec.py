@@ -24,12 +24,14 @@ _VERSION = 1
 class TurnSpec:
     """The stored part of a turn's request; ``body`` is JSON; ``client_tools`` the tools the
     client offered (a recovery offers them again); ``trace_context`` the caller's W3C trace
-    context (a recovery's span links to it)."""
+    context (a recovery's span links to it); ``principal`` the caller (a recovery runs under its
+    budgets)."""
 
     body: Mapping[str, Any] = field(default_factory=dict)
     continuation: bool = False
     client_tools: tuple[ClientTool, ...] = ()
     trace_context: Mapping[str, str] = field(default_factory=dict)
+    principal: str = ""
 
 
 def spec_json(request: TurnRequest) -> str:
@@ -46,6 +48,8 @@ def spec_json(request: TurnRequest) -> str:
     }
     if request.trace_context:
         spec["trace_context"] = dict(request.trace_context)
+    if request.principal:
+        spec["principal"] = request.principal
     return dumps(spec)
 
 
@@ -71,4 +75,5 @@ def parse_spec(text: str) -> TurnSpec:
         continuation=bool(value.get("continuation", False)),
         client_tools=tuple(tools),
         trace_context={str(key): str(text) for key, text in trace_context.items()},
+        principal=str(value.get("principal", "")),
     )

@@ -479,8 +479,14 @@ _COUNTED = frozenset({"model", "messages", "system", "tools", "tool_choice", "th
 """The ``messages.create`` arguments ``messages.count_tokens`` takes too."""
 
 
-class AnthropicMessagesProvider(SdkProvider[anthropic.AsyncAnthropic]):
-    """Streams steps from the Anthropic Messages API through ``client`` (an ``AsyncAnthropic``).
+AnthropicClient = anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock | anthropic.AsyncAnthropicVertex
+"""The SDK's clients of the Messages API: Anthropic's own, and its Bedrock and Vertex AI ones
+(:mod:`~turnwire_server.providers.anthropic_platforms`)."""
+
+
+class AnthropicMessagesProvider(SdkProvider[AnthropicClient]):
+    """Streams steps from the Anthropic Messages API through ``client`` (an ``AsyncAnthropic``, or a
+    platform's client for its subclasses).
 
     ``models`` is an optional allow-list for :meth:`has_model`; ``default_max_tokens``
     is sent when a turn sets no ``max_output_tokens``; ``structured_output`` picks
@@ -502,7 +508,7 @@ class AnthropicMessagesProvider(SdkProvider[anthropic.AsyncAnthropic]):
     def __init__(
         self,
         name: str,
-        client: anthropic.AsyncAnthropic,
+        client: AnthropicClient,
         *,
         models: Sequence[str] = (),
         default_max_tokens: int = 8192,
@@ -528,7 +534,7 @@ class AnthropicMessagesProvider(SdkProvider[anthropic.AsyncAnthropic]):
         taken = plan.call_ids
         return SdkCall(plan.kwargs, plan.extra_body, lambda: AnthropicDecoder(name, prefix, plan, taken))
 
-    def _create(self, client: anthropic.AsyncAnthropic) -> OpenStream:
+    def _create(self, client: AnthropicClient) -> OpenStream:
         return client.messages.with_streaming_response.create
 
     async def count_tokens(self, request: ModelRequest) -> int | None:

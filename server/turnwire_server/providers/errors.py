@@ -67,6 +67,14 @@ _RETRYABLE_TYPES = frozenset(
         "timeout_error",
         "service_unavailable",
         "internal_error",
+        # Bedrock's exception types (x-amzn-ErrorType, an event stream's :exception-type), lower-cased:
+        # https://docs.aws.amazon.com/bedrock/latest/APIReference/API_runtime_InvokeModelWithResponseStream.html
+        "throttlingexception",
+        "serviceunavailableexception",
+        "internalserverexception",
+        "modelstreamerrorexception",
+        "modeltimeoutexception",
+        "modelnotreadyexception",
     }
 )
 
@@ -162,7 +170,7 @@ def from_status(
         amz = headers.get("x-amzn-errortype") or headers.get("x-amzn-ErrorType")
         if amz:
             type_ = amz.split(":", 1)[0]
-    retryable = status in _RETRYABLE_STATUS or status >= 500 or type_ in _RETRYABLE_TYPES
+    retryable = status in _RETRYABLE_STATUS or status >= 500 or type_.lower() in _RETRYABLE_TYPES
     if status in (400, 401, 402, 403, 404, 413, 422):
         retryable = False
     if headers:
@@ -207,7 +215,7 @@ def from_stream_error(provider: str, body: Any) -> ProviderError:
     message, type_, code = _fields(body)
     if isinstance(body, dict) and type_ == "error" and not isinstance(body.get("error"), dict):
         type_ = ""  # Responses' top-level {"type":"error","code":…}: "error" is the event type
-    retryable = type_ in _RETRYABLE_TYPES or code in _RETRYABLE_TYPES
+    retryable = type_.lower() in _RETRYABLE_TYPES or code.lower() in _RETRYABLE_TYPES
     label = type_ or code or "error"
     return _settle(
         ProviderError(
@@ -330,6 +338,43 @@ def incomplete_stream(provider: str, what: str) -> ProviderError:
         f"{provider}: the stream ended before {what}",
         status=0,
         type="incomplete_stream",
+        retryable=True,
+        provider=provider,
+        in_stream=True,
+    )
+
+
+AWS_CREDENTIALS = (
+    "the AWS default chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the entry's "
+    "profile in the shared files, SSO, a container or instance role; or AWS_BEARER_TOKEN_BEDROCK"
+)
+GOOGLE_CREDENTIALS = (
+    "Google Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS, "
+    "`gcloud auth application-default login`, or the attached service account"
+)
+"""Where the cloud platforms' default chains look for credentials, for :func:`no_credentials`."""
+
+
+def no_credentials(provider: str, where: str, error: BaseException) -> ProviderError:
+    """A cloud platform's credential chain found no usable credentials (``where`` says where it
+    looks): status 0, type ``authentication_error``, not retryable. Only the exception's class is
+    named: its text may quote a credentials file's path or content."""
+    return ProviderError(
+        f"{provider}: no usable credentials ({type(error).__name__}); they are looked up in {where}",
+        status=0,
+        type="authentication_error",
+        retryable=False,
+        provider=provider,
+    )
+
+
+def corrupt_stream(provider: str, problem: str) -> ProviderError:
+    """A stream whose framing is broken (an AWS event-stream message with a wrong checksum or
+    length): retryable, status 0, like a connection cut mid-stream."""
+    return ProviderError(
+        f"{provider}: the stream is corrupt: {problem}",
+        status=0,
+        type="corrupt_stream",
         retryable=True,
         provider=provider,
         in_stream=True,

@@ -11,7 +11,7 @@ from turnwire_client.v1 import error_reason_pb2
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
-KEY_VARIABLES = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+KEY_VARIABLES = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY", "gemini": "GEMINI_API_KEY"}
 """Provider names people try first, with the variable their entry reads by default: an unknown one
 gets the entry to add (an API key alone configures nothing)."""
 

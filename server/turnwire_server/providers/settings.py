@@ -9,14 +9,18 @@
 ``openai``                   OpenAI Chat Completions, and OpenAI-compatible
                              servers through ``base_url`` (:mod:`.openai_chat`)
 ``openai-responses``         OpenAI Responses (:mod:`.openai_responses`)
+``bedrock``                  Claude on Amazon Bedrock (:mod:`.anthropic_platforms`)
+``vertex``                   Claude on Google Vertex AI (:mod:`.anthropic_platforms`)
+``gemini``                   Gemini, on the Gemini API or Vertex AI (:mod:`.gemini`)
 ============================ ==================================================
 
-Every SDK entry has ``api_key_env`` (the *name* of the environment variable that
-holds the key; ``null`` for servers that need none), ``base_url``,
+Every SDK entry has ``base_url``,
 ``default_headers``, ``timeout_seconds`` (per request, and per read while
 streaming), ``max_retries`` (the SDK's retry count, also the bound for retrying
 an in-stream failure before the first chunk) and ``models`` (an allow-list for
-admission; empty: any model). :func:`build_provider` raises
+admission; empty: any model); those authenticated by an API key ``api_key_env`` (the *name* of
+the environment variable that holds the key; ``null`` for servers that need none), the cloud
+platforms their default credential chains. :func:`build_provider` raises
 :class:`ProviderConfigError` at start when the key variable is missing or empty.
 """
 
@@ -86,10 +90,9 @@ def _api_key_env(default: str | None) -> Any:
     )
 
 
-class _SdkProviderSettings(ConfigSection):
+class _HttpProviderSettings(ConfigSection):
     """Fields every official-SDK provider has. Times in seconds."""
 
-    api_key_env: str | None = _api_key_env(None)
     base_url: str | None = Field(
         None,
         description="API base URL; the SDK's default (the vendor's API) when unset",
@@ -126,14 +129,15 @@ class _SdkProviderSettings(ConfigSection):
         return headers
 
 
-class AnthropicProviderSettings(_SdkProviderSettings):
-    """Anthropic Messages. ``default_max_tokens`` is sent when a turn sets no ``max_output_tokens``
-    (the API requires one); ``structured_output`` is ``tool`` (a forced tool) or ``native``
-    (``output_config.format``); ``prompt_caching`` the lifetime of the cache breakpoints the
-    sidecar places, or ``off`` (docs/providers.md, "Prompt caching")."""
+class _SdkProviderSettings(_HttpProviderSettings):
+    """An SDK provider authenticated by an API key from the environment."""
 
-    type: Literal["anthropic"]
-    api_key_env: str | None = _api_key_env("ANTHROPIC_API_KEY")
+    api_key_env: str | None = _api_key_env(None)
+
+
+class _MessagesSettings(ConfigSection):
+    """Fields of every Anthropic Messages entry (``anthropic``, ``bedrock``, ``vertex``)."""
+
     default_max_tokens: int = Field(8192, ge=1)
     structured_output: Literal["tool", "native"] = "tool"
     prompt_caching: Literal["5m", "1h", "off"] = Field(
@@ -141,6 +145,60 @@ class AnthropicProviderSettings(_SdkProviderSettings):
         description="cache_control breakpoints on the conversation so far, the system prompt and the "
         "tools, kept 5m or 1h (1h writes cost more); off for a server that rejects cache_control",
     )
+
+    @field_validator("prompt_caching", mode="before")
+    @classmethod
+    def _caching_switch(cls, value: Any) -> Any:
+        # YAML 1.1 reads an unquoted on/off (yes/no) as a boolean: take it as meant.
+        return ("5m" if value else "off") if isinstance(value, bool) else value
+
+
+class AnthropicProviderSettings(_SdkProviderSettings, _MessagesSettings):
+    """Anthropic Messages. ``default_max_tokens`` is sent when a turn sets no ``max_output_tokens``
+    (the API requires one); ``structured_output`` is ``tool`` (a forced tool) or ``native``
+    (``output_config.format``); ``prompt_caching`` the lifetime of the cache breakpoints the
+    sidecar places, or ``off`` (docs/providers.md, "Prompt caching")."""
+
+    type: Literal["anthropic"]
+    api_key_env: str | None = _api_key_env("ANTHROPIC_API_KEY")
+
+
+class BedrockProviderSettings(_HttpProviderSettings, _MessagesSettings):
+    """Claude on Amazon Bedrock (``AsyncAnthropicBedrock``). Credentials come from the AWS default
+    chain (environment, shared files and ``profile``, SSO, container or instance role; or a Bedrock
+    API key in ``AWS_BEARER_TOKEN_BEDROCK``), never from this file. ``region``: the AWS region
+    (null: ``AWS_REGION``, ``AWS_DEFAULT_REGION`` or the profile's). docs/providers.md, "bedrock"."""
+
+    type: Literal["bedrock"]
+    region: str | None = Field(None, description="AWS region, e.g. us-east-1; null: from the environment")
+    profile: str | None = Field(None, description="a named profile of the AWS shared config files")
+
+
+class VertexProviderSettings(_HttpProviderSettings, _MessagesSettings):
+    """Claude on Google Cloud Vertex AI (``AsyncAnthropicVertex``). Credentials are Google's
+    Application Default Credentials, never from this file. ``project`` (null:
+    ``GOOGLE_CLOUD_PROJECT``) and ``location`` (a region such as ``us-east5``, or ``global``).
+    docs/providers.md, "vertex"."""
+
+    type: Literal["vertex"]
+    project: str | None = Field(None, description="Google Cloud project id; null: GOOGLE_CLOUD_PROJECT")
+    location: str = Field("global", min_length=1, description="Vertex AI location: a region or global")
+
+
+class GeminiProviderSettings(_SdkProviderSettings):
+    """Gemini through ``google-genai``: the Gemini Developer API with an API key (``api_key_env``,
+    ``GEMINI_API_KEY`` by default), or Vertex AI (``vertex: true``) with Application Default
+    Credentials, ``project`` (null: ``GOOGLE_CLOUD_PROJECT``) and ``location``. docs/providers.md,
+    "gemini"."""
+
+    type: Literal["gemini"]
+    api_key_env: str | None = _api_key_env("GEMINI_API_KEY")
+    vertex: bool = Field(False, description="Vertex AI with Application Default Credentials instead of a key")
+    project: str | None = Field(
+        None, description="with vertex: the Google Cloud project; null: GOOGLE_CLOUD_PROJECT"
+    )
+    location: str = Field("global", min_length=1, description="with vertex: a region, or global")
+    default_max_tokens: int | None = Field(None, ge=1, description="max_output_tokens when a turn sets none")
 
 
 class OpenAIProviderSettings(_SdkProviderSettings):
@@ -178,6 +236,12 @@ class OpenAIProviderSettings(_SdkProviderSettings):
         "only), on, off",
     )
 
+    @field_validator("prompt_cache_key", mode="before")
+    @classmethod
+    def _cache_key_switch(cls, value: Any) -> Any:
+        # YAML 1.1 reads an unquoted on/off (yes/no) as a boolean: take it as meant.
+        return ("on" if value else "off") if isinstance(value, bool) else value
+
     @field_validator("inline_reasoning_tag")
     @classmethod
     def _tag_name(cls, value: str | None) -> str | None:
@@ -212,6 +276,12 @@ class OpenAIResponsesProviderSettings(_SdkProviderSettings):
         "only), on, off",
     )
 
+    @field_validator("prompt_cache_key", mode="before")
+    @classmethod
+    def _cache_key_switch(cls, value: Any) -> Any:
+        # YAML 1.1 reads an unquoted on/off (yes/no) as a boolean: take it as meant.
+        return ("on" if value else "off") if isinstance(value, bool) else value
+
 
 def _entry_type(value: Any) -> str | None:
     """The entry's tag. No ``type:`` means ``scripted`` only when every key is a scripted field:
@@ -228,7 +298,10 @@ ProviderSettings = Annotated[
     Annotated[ScriptedProviderSettings, Tag("scripted")]
     | Annotated[AnthropicProviderSettings, Tag("anthropic")]
     | Annotated[OpenAIProviderSettings, Tag("openai")]
-    | Annotated[OpenAIResponsesProviderSettings, Tag("openai-responses")],
+    | Annotated[OpenAIResponsesProviderSettings, Tag("openai-responses")]
+    | Annotated[BedrockProviderSettings, Tag("bedrock")]
+    | Annotated[VertexProviderSettings, Tag("vertex")]
+    | Annotated[GeminiProviderSettings, Tag("gemini")],
     Discriminator(_entry_type),
 ]
 """One ``providers:`` entry; ``type`` defaults to ``scripted``."""
@@ -273,6 +346,10 @@ def build_provider(
             context_window=settings.context_window,
             strict=settings.strict,
         )
+    if isinstance(settings, BedrockProviderSettings | VertexProviderSettings):
+        return _platform_provider(name, settings, env)
+    if isinstance(settings, GeminiProviderSettings):
+        return _gemini_provider(name, settings, env)
     key = _api_key(name, settings, env)
     common: dict[str, Any] = {
         "api_key": key,
@@ -326,6 +403,110 @@ def build_provider(
     )
 
 
+def _platform_provider(
+    name: str, settings: BedrockProviderSettings | VertexProviderSettings, env: Mapping[str, str]
+) -> Provider:
+    """Claude on Bedrock or Vertex AI through the ``anthropic`` SDK's platform client; credentials
+    are the platform's default chain, looked up at the first request (not at start: an instance
+    role or the metadata server answers only there). Raises :class:`ProviderConfigError` when the
+    region (Bedrock) or project (Vertex AI) is nowhere, or the SDK extra is not installed."""
+    extra = "bedrock" if isinstance(settings, BedrockProviderSettings) else "vertex"
+    try:
+        import anthropic
+
+        from turnwire_server.providers import anthropic_platforms
+
+        if extra == "bedrock":
+            import boto3  # noqa: F401  (the SDK imports it only at the first request)
+        else:
+            import google.auth  # noqa: F401
+    except ImportError as error:
+        raise ProviderConfigError(
+            f"provider {name!r}: type {extra} needs the {extra} extra: pip install 'turnwire[{extra}]' "
+            f"({error.name} is not installed)"
+        ) from None
+    common: dict[str, Any] = {
+        "base_url": settings.base_url,
+        "timeout": settings.timeout_seconds,
+        "max_retries": settings.max_retries,
+        "default_headers": settings.default_headers or None,
+        "http_client": _http_client(anthropic, name),
+    }
+    options = {
+        "models": settings.models,
+        "default_max_tokens": settings.default_max_tokens,
+        "structured_output": settings.structured_output,
+        "prompt_caching": None if settings.prompt_caching == "off" else settings.prompt_caching,
+    }
+    if isinstance(settings, BedrockProviderSettings):
+        from botocore.exceptions import BotoCoreError
+
+        if env.get("AWS_BEARER_TOKEN_BEDROCK") == "":
+            # The SDK would send it as an empty bearer token, which no request survives.
+            raise ProviderConfigError(
+                f"provider {name!r}: AWS_BEARER_TOKEN_BEDROCK is set but empty; unset it to use the "
+                "AWS credential chain, or set it to a Bedrock API key"
+            )
+
+        try:
+            client = anthropic.AsyncAnthropicBedrock(
+                aws_region=settings.region, aws_profile=settings.profile, **common
+            )
+        except (ValueError, BotoCoreError) as error:  # no region anywhere; a profile not in the files
+            raise ProviderConfigError(f"provider {name!r}: {error}; set region in its entry") from None
+        return anthropic_platforms.BedrockMessagesProvider(name, client, **options)
+    project = settings.project or env.get("GOOGLE_CLOUD_PROJECT") or env.get("ANTHROPIC_VERTEX_PROJECT_ID")
+    if not project:
+        raise ProviderConfigError(
+            f"provider {name!r}: no Google Cloud project: set project in its entry or GOOGLE_CLOUD_PROJECT"
+        )
+    vertex = anthropic.AsyncAnthropicVertex(region=settings.location, project_id=project, **common)
+    return anthropic_platforms.VertexMessagesProvider(name, vertex, **options)
+
+
+def _gemini_provider(name: str, settings: GeminiProviderSettings, env: Mapping[str, str]) -> Provider:
+    """Gemini through ``google-genai``: with an API key from ``api_key_env``, or on Vertex AI with
+    Application Default Credentials (looked up by the SDK). Raises :class:`ProviderConfigError`
+    when the key variable or the project is missing, or the ``gemini`` extra is not installed."""
+    try:
+        from google import genai
+        from google.genai import types
+
+        from turnwire_server.providers.gemini import GeminiProvider, event_hooks
+    except ImportError as error:
+        raise ProviderConfigError(
+            f"provider {name!r}: type gemini needs the gemini extra: pip install 'turnwire[gemini]' "
+            f"({error.name} is not installed)"
+        ) from None
+    http_options = types.HttpOptions(
+        base_url=settings.base_url,
+        headers=settings.default_headers or None,
+        timeout=int(settings.timeout_seconds * 1000),  # milliseconds
+        retry_options=types.HttpRetryOptions(attempts=settings.max_retries + 1),
+        async_client_args={"event_hooks": event_hooks()},
+    )
+    if settings.vertex:
+        project = settings.project or env.get("GOOGLE_CLOUD_PROJECT")
+        if not project:
+            raise ProviderConfigError(
+                f"provider {name!r}: vertex: true needs a Google Cloud project: set project in its entry "
+                "or GOOGLE_CLOUD_PROJECT"
+            )
+        client = genai.Client(
+            vertexai=True, project=project, location=settings.location, http_options=http_options
+        )
+    else:
+        client = genai.Client(api_key=_api_key(name, settings, env), http_options=http_options)
+    return GeminiProvider(
+        name,
+        client,
+        models=settings.models,
+        max_retries=settings.max_retries,
+        timeout_seconds=settings.timeout_seconds,
+        default_max_tokens=settings.default_max_tokens,
+    )
+
+
 def _is_openai(settings: _SdkProviderSettings) -> bool:
     """Whether the entry reaches OpenAI's own API (no ``base_url``, or api.openai.com)."""
     return settings.base_url is None or "api.openai.com" in settings.base_url
@@ -350,7 +531,9 @@ def default_providers() -> dict[str, ProviderSettings]:
     return {"scripted": ScriptedProviderSettings()}
 
 
-PROVIDER_TYPES = frozenset({"scripted", "anthropic", "openai", "openai-responses"})
+PROVIDER_TYPES = frozenset(
+    {"scripted", "anthropic", "openai", "openai-responses", "bedrock", "vertex", "gemini"}
+)
 
 
 def entry_location(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:

@@ -63,6 +63,9 @@ DRAIN_SECONDS = 0.25
 MAX_RETRY_DELAY = 8.0
 NOTHING: tuple[ModelChunk, ...] = ()
 
+EventReader = Callable[[AsyncIterator[bytes]], AsyncIterator[tuple[bytes, bytes]]]
+"""A response body's framing: byte chunks → ``(event, data)`` pairs (:func:`iter_sse`)."""
+
 
 class Decoder(Protocol):
     """Turns one provider's SSE events into chunks. ``done`` is set by the terminal event."""
@@ -92,6 +95,22 @@ def map_transport_error(provider: str, error: BaseException, *, in_stream: bool)
     return None
 
 
+class Attempt:
+    """How far one attempt of a step got: ``opened`` once its response began (a failure after that
+    is in the stream, and may be retried while nothing was yielded); ``endpoint`` the request's
+    ``"POST http://host/path"``, named in its errors."""
+
+    __slots__ = ("endpoint", "opened")
+
+    def __init__(self) -> None:
+        self.opened = False
+        self.endpoint: str | None = None
+
+
+AttemptStream = Callable[[Attempt], AsyncGenerator[ModelChunk, None]]
+"""One attempt of a step: its chunks, updating the :class:`Attempt` it is given."""
+
+
 async def run_stream(
     provider: str,
     open_response: Callable[[], AbstractAsyncContextManager[Any]],
@@ -100,8 +119,58 @@ async def run_stream(
     *,
     retries: int,
     retry_delay: float = 0.5,
+    read_events: EventReader = iter_sse,
 ) -> AsyncGenerator[ModelChunk, None]:
     """Stream one step; see the module docstring for the retry, cancel and drain rules.
+
+    ``read_events`` turns the 2xx body into ``(event, data)`` pairs for the decoder: server-sent
+    events by default; Bedrock's AWS event stream (:mod:`.aws_event_stream`) otherwise.
+    """
+
+    async def attempt(state: Attempt) -> AsyncGenerator[ModelChunk, None]:
+        decoder = new_decoder()
+        async with open_response() as response:
+            state.opened = True
+            http = response.http_response
+            state.endpoint = errors.endpoint_of(http.request)
+            whole, body = await _whole_json(provider, http.aiter_bytes(), http.headers.get("content-type"))
+            if whole is not None:
+                for chunk in decoder.whole(whole):
+                    yield chunk
+                return
+            events = read_events(body)
+            async for event, data in events:
+                for chunk in decoder.feed(event, data):
+                    yield chunk
+                if decoder.done:
+                    break
+            if not decoder.done:
+                for chunk in decoder.end():
+                    yield chunk
+                return
+            # Drain what follows the terminal event (usually nothing) so the connection is reused.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(DRAIN_SECONDS):
+                    async for _ in events:
+                        pass
+
+    async for chunk in retry_before_first_chunk(
+        provider, attempt, map_error, retries=retries, retry_delay=retry_delay
+    ):
+        yield chunk
+
+
+async def retry_before_first_chunk(
+    provider: str,
+    attempt_stream: AttemptStream,
+    map_error: Callable[[BaseException], ProviderError | None],
+    *,
+    retries: int,
+    retry_delay: float = 0.5,
+) -> AsyncGenerator[ModelChunk, None]:
+    """The chunks of ``attempt_stream``, attempted again (up to ``retries`` times) when it fails
+    retryably after its response opened and before any content was yielded; see the module
+    docstring. Closing this generator closes the attempt's at once (its response with it).
 
     Usage reported by attempts that failed and were retried is carried into the next attempt's
     usage (its ``UsageUpdate``\\ s and ``FinishStep``): every model call counts
@@ -110,52 +179,25 @@ async def run_stream(
     attempt = 0
     carry = _UsageCarry()
     while True:
-        decoder = new_decoder()
+        state = Attempt()
         sent = False
-        opened = False
-        endpoint: str | None = None
         try:
-            async with open_response() as response:
-                opened = True
-                http = response.http_response
-                endpoint = errors.endpoint_of(http.request)
-                whole, body = await _whole_json(
-                    provider, http.aiter_bytes(), http.headers.get("content-type")
-                )
-                if whole is not None:
-                    for chunk in decoder.whole(whole):
-                        sent = sent or carry.is_content(chunk)
-                        yield carry.apply(chunk)
-                    return
-                events = iter_sse(body)
-                async for event, data in events:
-                    for chunk in decoder.feed(event, data):
-                        sent = sent or carry.is_content(chunk)
-                        yield carry.apply(chunk)
-                    if decoder.done:
-                        break
-                if not decoder.done:
-                    for chunk in decoder.end():
-                        sent = sent or carry.is_content(chunk)
-                        yield carry.apply(chunk)
-                    return
-                # Drain what follows the terminal event (usually nothing) so the connection is reused.
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(DRAIN_SECONDS):
-                        async for _ in events:
-                            pass
+            async with contextlib.aclosing(attempt_stream(state)) as chunks:
+                async for chunk in chunks:
+                    sent = sent or carry.is_content(chunk)
+                    yield carry.apply(chunk)
             return
         except ProviderError as error:
-            failure = errors.naming_endpoint(error, endpoint) if error.in_stream else error
+            failure = errors.naming_endpoint(error, state.endpoint) if error.in_stream else error
         except Exception as exc:
-            mapped = map_error(exc) or map_transport_error(provider, exc, in_stream=opened)
+            mapped = map_error(exc) or map_transport_error(provider, exc, in_stream=state.opened)
             if mapped is None:
                 raise
-            mapped = errors.naming_endpoint(mapped, endpoint)
-            if sent or not opened or not mapped.retryable or attempt >= retries:
+            mapped = errors.naming_endpoint(mapped, state.endpoint)
+            if sent or not state.opened or not mapped.retryable or attempt >= retries:
                 raise mapped from exc
             failure = mapped
-        if sent or not opened or not failure.retryable or attempt >= retries:
+        if sent or not state.opened or not failure.retryable or attempt >= retries:
             raise failure
         carry.next_attempt()
         delay = failure.retry_after_seconds
@@ -309,6 +351,18 @@ class SdkProvider(Generic[ClientT]):
         """The SDK call for ``request``; raises ProviderError for a request the API would reject."""
         raise NotImplementedError
 
+    def _events(self, body: AsyncIterator[bytes]) -> AsyncIterator[tuple[bytes, bytes]]:
+        """The ``(event, data)`` pairs of a 2xx body: server-sent events, unless the platform
+        frames its stream otherwise (Bedrock)."""
+        return iter_sse(body)
+
+    def _json_post(self, kwargs: dict[str, Any], extra_body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The path and body of a step posted as JSON (:attr:`json_path`): the body the SDK method
+        would send, ``{**kwargs, "stream": True, **extra_body}``. A platform whose SDK client moves
+        fields into the URL (Bedrock, Vertex AI) says where here."""
+        assert self.json_path is not None
+        return self.json_path, {**kwargs, "stream": True, **extra_body}
+
     def _create(self, client: ClientT) -> OpenStream:
         """The SDK's ``with_streaming_response.create`` of this API on ``client``."""
         raise NotImplementedError
@@ -344,13 +398,12 @@ class SdkProvider(Generic[ClientT]):
         if self.json_path is not None and kwargs.keys() <= self.json_fields:
             # The body the SDK method would send ({**arguments, stream, **extra_body}), encoded
             # here with the transcript's kept JSON instead of copied and encoded whole per step.
-            content = _BODIES.encode({**kwargs, "stream": True, **extra_body})
+            path, body = self._json_post(kwargs, extra_body)
+            content = _BODIES.encode(body)
             options: dict[str, Any] = {"headers": headers}
             if settings.timeout_seconds is not None:
                 options["timeout"] = settings.timeout_seconds
-            open_response = functools.partial(
-                _posted, client, self.json_path, content, options, self.stream_cls
-            )
+            open_response = functools.partial(_posted, client, path, content, options, self.stream_cls)
         else:
             extra: dict[str, Any] = {"extra_body": extra_body} if extra_body else {}
             if headers:
@@ -369,6 +422,7 @@ class SdkProvider(Generic[ClientT]):
             self._map_error,
             retries=client.max_retries,
             retry_delay=self.retry_delay,
+            read_events=self._events,
         ):
             yield chunk
 

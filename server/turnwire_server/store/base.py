@@ -25,6 +25,12 @@ from turnwire_server.store.records import (
     AddMode,
     AddResult,
     AnsweredToolCalls,
+    BudgetAsk,
+    BudgetCharge,
+    BudgetGrant,
+    BudgetKey,
+    BudgetLimits,
+    BudgetSpend,
     CompactionRecord,
     ConversationRecord,
     StreamRecord,
@@ -43,6 +49,13 @@ __all__ = [
     "AddMode",
     "AddResult",
     "AnsweredToolCalls",
+    "BudgetAsk",
+    "BudgetCharge",
+    "BudgetGrant",
+    "BudgetKey",
+    "BudgetLimits",
+    "BudgetSpend",
+    "BudgetStore",
     "CompactionRecord",
     "ConversationRecord",
     "EngineStore",
@@ -504,12 +517,36 @@ class ReplicaStore(Protocol):
 
 
 @runtime_checkable
+class BudgetStore(Protocol):
+    """Budgets in tokens and US dollars (docs/cost.md, "Budgets"): what turns spent and what
+    their running steps reserved, per budget row (:class:`BudgetKey`)."""
+
+    async def charge_budget(self, charge: BudgetCharge) -> BudgetGrant:
+        """Settle turn ``charge.request_id``'s reservations and reserve ``charge.ask`` against
+        every budget of ``charge.budgets``, in one transaction that locks their rows, so charges
+        from several replicas for one budget take turns and never both reserve its last room
+        (:class:`BudgetCharge` says how each reservation settles; a lost attempt's is settled
+        once, at what it reserved). Refused (nothing reserved, the settlement stored) when a
+        budget has no room for ``ask.min_output`` output tokens. A ``turn`` budget keeps its
+        stored limits where lower than the given ones (a request's lowered budget holds for its
+        recovery). Raises :class:`LeaseLost` (writing nothing) when ``charge.lease`` is no
+        longer the turn's; a turn no longer recorded is charged nothing."""
+        ...
+
+    async def budget_spends(self, keys: Sequence[BudgetKey]) -> dict[BudgetKey, BudgetSpend]:
+        """The states of the budgets ``keys`` that were ever charged (others are at zero). One
+        read, no lock: an admission check, which the next charge confirms under the rows' locks."""
+        ...
+
+
+@runtime_checkable
 class MaintenanceStore(Protocol):
     """Deletion and retention."""
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         """Delete the conversation with its messages, parts, turns, turn streams and their events,
-        and submissions, in one transaction. False when there was nothing to delete.
+        submissions and budgets (its own and its turns'), in one transaction. False when there was
+        nothing to delete.
 
         Rows of other tables that name the conversation (streams, submissions) go even when the
         conversation row itself is missing. The caller stops the conversation's turns first
@@ -537,9 +574,9 @@ class MaintenanceStore(Protocol):
 
 
 @runtime_checkable
-class TurnRunStore(TurnStore, TranscriptStore, Protocol):
-    """What a running turn uses (``engine/turn.py``, ``engine/step_loop.py``): its lifecycle and
-    its conversation's transcript."""
+class TurnRunStore(TurnStore, TranscriptStore, BudgetStore, Protocol):
+    """What a running turn uses (``engine/turn.py``, ``engine/step_loop.py``): its lifecycle, its
+    conversation's transcript and its budgets."""
 
 
 @runtime_checkable
@@ -550,7 +587,14 @@ class ReplayStore(StreamStore, TurnStore, TranscriptStore, Protocol):
 
 @runtime_checkable
 class EngineStore(
-    TranscriptStore, TurnStore, StreamStore, SubmissionStore, ReplicaStore, MaintenanceStore, Protocol
+    TranscriptStore,
+    TurnStore,
+    StreamStore,
+    SubmissionStore,
+    ReplicaStore,
+    MaintenanceStore,
+    BudgetStore,
+    Protocol,
 ):
     """Every role, for the engine that hands each collaborator the role it uses; opening and
     closing the store are the application's (:class:`Store`)."""

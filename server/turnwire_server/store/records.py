@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from turnwire_client.v1 import message_pb2
@@ -16,6 +16,12 @@ __all__ = [
     "AddMode",
     "AddResult",
     "AnsweredToolCalls",
+    "BudgetAsk",
+    "BudgetCharge",
+    "BudgetGrant",
+    "BudgetKey",
+    "BudgetLimits",
+    "BudgetSpend",
     "CompactionRecord",
     "ConversationRecord",
     "StreamRecord",
@@ -206,7 +212,8 @@ class SubmissionRecord:
     ``request`` is the accepted request, serialized by the API layer (opaque to the store);
     ``seq`` its order of acceptance (assigned by the store, from 1); ``error`` a serialized
     ``google.rpc.Status`` when it failed or was aborted; ``owner`` the replica that queued its
-    turn, holding it while ``lease_until`` is renewed.
+    turn, holding it while ``lease_until`` is renewed; ``principal`` who submitted it ("" when
+    authentication is off): its turn runs under that principal's budgets (docs/cost.md).
     """
 
     submission_id: str
@@ -221,6 +228,7 @@ class SubmissionRecord:
     seq: int = 0
     owner: str = ""
     lease_until: dt.datetime | None = None
+    principal: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,3 +250,82 @@ def renewed_lease(turn: TurnRecord, lease_seconds: float) -> TurnRecord:
         return turn
     until = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=lease_seconds)
     return dataclasses.replace(turn, lease_until=until)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class BudgetKey:
+    """One budget's row (docs/cost.md, "Budgets"): ``scope`` (``turn``, ``conversation``,
+    ``tenant/day``, ``tenant/month``, ``principal/day``, ``principal/month``), ``key`` (the
+    request id, conversation id, tenant, or ``tenant/principal``) and
+    ``period`` (``""``, or the UTC day ``2026-12-02`` / month ``2026-12`` it counts)."""
+
+    scope: str
+    key: str
+    period: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetLimits:
+    """A budget to charge: its ``key``, its limits (``tokens``: input plus output tokens;
+    ``usd``: US dollars; None: no limit of that kind) and the ``conversation_id`` whose deletion
+    removes its row (None: a tenant's or a principal's)."""
+
+    key: BudgetKey
+    tokens: int | None = None
+    usd: float | None = None
+    conversation_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSpend:
+    """A budget's state: what settled steps spent and running steps reserved, in tokens and US
+    dollars."""
+
+    spent_tokens: int = 0
+    spent_usd: float = 0.0
+    reserved_tokens: int = 0
+    reserved_usd: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetAsk:
+    """What a model step asks to reserve: its prompt (``prompt_tokens``, an estimate, costing
+    ``prompt_usd``) plus up to ``max_output`` output tokens at ``usd_per_output_token`` each, at
+    least ``min_output`` of them. Linear in the output, so the store can grant the most that
+    fits every budget in the transaction that reserves it."""
+
+    prompt_tokens: int
+    prompt_usd: float
+    usd_per_output_token: float
+    max_output: int
+    min_output: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetCharge:
+    """One charge of turn ``request_id`` (``lease``: its fencing token, None: unfenced) against
+    ``budgets``: settle what the turn reserved (its last step's actual use ``spent``, tokens and
+    US dollars, None for a step that ended without usage or a dollar amount unknown: charged
+    what it reserved; an earlier attempt's reservation, lost to a crash or a takeover: charged
+    what it reserved), then reserve ``ask`` (None: settle only, the turn is ending)."""
+
+    request_id: str
+    conversation_id: str
+    lease: TurnLease | None
+    budgets: tuple[BudgetLimits, ...]
+    spent: tuple[int | None, float | None] | None = None
+    ask: BudgetAsk | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetGrant:
+    """What a charge reserved: ``output_tokens`` the step may produce (0 when nothing was asked
+    or it was refused), the reservation (``tokens``, ``usd``), ``refused`` (the first budget with
+    no room for ``ask.min_output``; nothing reserved then, the settlement still stored) and the
+    budgets' states after it (``spends``)."""
+
+    output_tokens: int = 0
+    tokens: int = 0
+    usd: float = 0.0
+    refused: BudgetKey | None = None
+    spends: dict[BudgetKey, BudgetSpend] = field(default_factory=dict)

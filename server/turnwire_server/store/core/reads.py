@@ -12,12 +12,15 @@ from typing import Any, Final
 from turnwire.types import Cost
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import (
+    BudgetKey,
+    BudgetSpend,
     CompactionRecord,
     ConversationRecord,
     StreamRecord,
     SubmissionRecord,
     TurnRecord,
 )
+from turnwire_server.store.core.budget_writes import read_spends, spends_from_rows
 from turnwire_server.store.core.message_cache import DecodedMessages
 from turnwire_server.store.core.page_tokens import decode_page_token, encode_page_token
 from turnwire_server.store.core.partial_replies import (
@@ -142,6 +145,13 @@ class CoreReads:
             return None
         sources = dict.fromkeys(part for _, source in rows if source for part in source.split(", "))
         return Cost(sum(usd for usd, _ in rows), ", ".join(sources))
+
+    async def budget_spends(self, keys: Sequence[BudgetKey]) -> dict[BudgetKey, BudgetSpend]:
+        """See :meth:`~turnwire_server.store.base.BudgetStore.budget_spends`."""
+        if not keys:
+            return {}
+        sql, params = read_spends(keys)
+        return spends_from_rows(await self._read("budget_spends", sql, params))
 
     async def turns_without_reply(self, conversation_id: str, limit: int) -> list[TurnRecord]:
         """See :meth:`~turnwire_server.store.base.Store.turns_without_reply`; raises

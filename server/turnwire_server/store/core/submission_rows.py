@@ -21,7 +21,7 @@ _SUBMISSION_STATES: Final[frozenset[str]] = frozenset(get_args(SubmissionState))
 
 SUBMISSION_COLUMNS: Final = (
     "id, conversation_id, idempotency_key, state, request, create_time, start_time, end_time, error, seq,"
-    " owner, lease_until"
+    " owner, lease_until, principal"
 )
 """The columns :func:`submission_from_row` reads, in its order."""
 
@@ -46,6 +46,7 @@ def submission_from_row(row: Any) -> SubmissionRecord:
         seq=row[9],
         owner=row[10] or "",
         lease_until=time_from_us(row[11]),
+        principal=row[12] or "",
     )
 
 

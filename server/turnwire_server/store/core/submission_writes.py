@@ -86,7 +86,7 @@ def create_submission(
     written = yield [
         Statement(
             "INSERT INTO submissions (id, conversation_id, idempotency_key, state, request, seq, create_time,"
-            " owner, lease_until) VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
+            " owner, lease_until, principal) VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?)",
             (
                 submission.submission_id,
                 submission.conversation_id,
@@ -96,6 +96,7 @@ def create_submission(
                 to_us(submission.create_time, "create_time"),
                 submission.owner or None,
                 None if submission.lease_until is None else to_us(submission.lease_until, "lease_until"),
+                submission.principal or None,
             ),
         ),
         Statement(_BY_ID, (submission.submission_id,), fetch=True),

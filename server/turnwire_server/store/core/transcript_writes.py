@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import AddMode, AddResult, AnsweredToolCalls, ToolCallAnswer
+from turnwire_server.store.core.budget_writes import conversation_deleted
 from turnwire_server.store.core.message_writes import upsert_message
 from turnwire_server.store.core.rows import (
     LOAD_MESSAGES_SQL,
@@ -213,11 +214,13 @@ def delete_conversation(conversation_id: str, dialect: Dialect) -> Program[bool]
     """``Store.delete_conversation``: every row of the conversation (the driver's own tables
     first: the dialect's ``conversation_tables``); False when there was none."""
     statements = [*dialect.conversation_tables, *_CONVERSATION_TABLES]
+    budgets = conversation_deleted(conversation_id)
     counts = yield [
         *dialect.lock_conversation(conversation_id),
         *(Statement(sql, (conversation_id,), count=True) for sql in statements),
+        *budgets,
     ]
-    removed: int = sum(counts[-len(statements) :])
+    removed: int = sum(counts[-len(statements) - len(budgets) : -len(budgets)])
     return removed > 0
 
 

@@ -22,6 +22,8 @@ from turnwire_server.store.base import (
     AddMode,
     AddResult,
     AnsweredToolCalls,
+    BudgetCharge,
+    BudgetGrant,
     CompactionRecord,
     SubmissionRecord,
     SubmissionState,
@@ -30,6 +32,7 @@ from turnwire_server.store.base import (
     TurnRecord,
 )
 from turnwire_server.store.core import (
+    budget_writes,
     compaction_writes,
     lease_writes,
     message_writes,
@@ -273,6 +276,13 @@ class CoreWrites:
     async def expire_events(self, before: dt.datetime, limit: int) -> int:
         make = retention_writes.expire_events(to_us(before, "before"), limit)
         return await self._commit("expire_events", lambda _: make(self._dialect), Commit(urgent=False))
+
+    async def charge_budget(self, charge: BudgetCharge) -> BudgetGrant:
+        return await self._commit(
+            f"charge_budget({charge.request_id!r})",
+            lambda _: budget_writes.charge_budget(charge, self._dialect),
+            Commit(charge.conversation_id),
+        )
 
     # ------------------------------------------------------------------ leases and claims
 

@@ -164,7 +164,7 @@ class PostgresConnection(CoreWrites, CoreReads):
             raise self._error(exc, "connecting") from None
         try:
             return await apply_migrations(
-                conn, load_migrations(), where="the postgres store", now_us=self._now_us()
+                conn, load_migrations(), where="postgres store", now_us=self._now_us()
             )
         except psycopg.Error as exc:
             raise self._error(exc, "migrating") from None

@@ -61,10 +61,10 @@ async def apply_migrations(
     ``conn`` must be in autocommit mode and outside a transaction. Everything happens in one
     transaction holding ``pg_advisory_xact_lock(MIGRATION_LOCK_KEY)``: creating
     ``schema_migrations`` if missing, the version check and every pending migration.
-    ``where`` (the redacted URL) is for messages, ``now_us`` the ``applied_at`` value (µs
-    since the epoch). Raises :class:`StoreError` when the database's schema is newer than the
-    newest of ``migrations`` (nothing is changed) and :class:`psycopg.Error` when a statement
-    fails (the whole run is rolled back).
+    ``where`` names the store in messages (``postgres store``: no address, docs/operate/logs.md),
+    ``now_us`` is the ``applied_at`` value (µs since the epoch). Raises :class:`StoreError` when
+    the database's schema is newer than the newest of ``migrations`` (nothing is changed) and
+    :class:`psycopg.Error` when a statement fails (the whole run is rolled back).
     """
     known = migrations[-1].version if migrations else 0
     applied: list[str] = []
@@ -85,10 +85,8 @@ async def apply_migrations(
             newer = [(int(str(v)), None if r is None else int(str(r))) for v, r in await cur.fetchall()]
             problem = newer_schema_problem(known, newer)
             if problem is not None:
-                raise StoreError(f"postgres store {where}: {problem}")
-            _log.warning(
-                "postgres store %s: schema %d is newer but readable by this build (%d)", where, newest, known
-            )
+                raise StoreError(f"{where}: {problem}")
+            _log.warning("%s: schema %d is newer but readable by this build (%d)", where, newest, known)
         for migration in migrations:
             if migration.version <= newest:
                 continue
@@ -100,5 +98,5 @@ async def apply_migrations(
             )
             applied.append(migration.name)
     for name in applied:
-        _log.info("postgres store %s: applied migration %s", where, name)
+        _log.info("%s: applied migration %s", where, name)
     return applied

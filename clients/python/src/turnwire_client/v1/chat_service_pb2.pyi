@@ -208,6 +208,45 @@ class ClientTool(_message.Message):
 Global___ClientTool: _TypeAlias = ClientTool  # noqa: Y015
 
 @_typing.final
+class TurnBudget(_message.Message):
+    """TurnBudget lowers the budgets of one turn below the configured ones
+    (docs/cost.md, "Budgets"): a request may lower its own budget, never raise
+    it. An unset field leaves the configured `budgets.turn` limit as it is; a
+    value above it is the configured one.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    MAX_USD_FIELD_NUMBER: _builtins.int
+    max_tokens: _builtins.int
+    """Most tokens (input and output of every step, as the provider reports
+    them) the turn may use; at least 1.
+    """
+    max_usd: _builtins.float
+    """Most US dollars the turn may spend, priced as Cost is; at least 0."""
+    def __init__(
+        self,
+        *,
+        max_tokens: _builtins.int | None = ...,
+        max_usd: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_max_usd", b"_max_usd", "max_tokens", b"max_tokens", "max_usd", b"max_usd"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_max_usd", b"_max_usd", "max_tokens", b"max_tokens", "max_usd", b"max_usd"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_tokens: _TypeAlias = _typing.Literal["max_tokens"]  # noqa: Y015
+    _WhichOneofArgType__max_tokens: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__max_usd: _TypeAlias = _typing.Literal["max_usd"]  # noqa: Y015
+    _WhichOneofArgType__max_usd: _TypeAlias = _typing.Literal["_max_usd", b"_max_usd"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tokens) -> _WhichOneofReturnType__max_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_usd) -> _WhichOneofReturnType__max_usd | None: ...
+
+Global___TurnBudget: _TypeAlias = TurnBudget  # noqa: Y015
+
+@_typing.final
 class ChatRequest(_message.Message):
     """ChatRequest is the input of ChatService.Chat."""
 
@@ -221,6 +260,7 @@ class ChatRequest(_message.Message):
     DISCONNECT_POLICY_FIELD_NUMBER: _builtins.int
     CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
     CONCURRENT_INPUT_STRATEGY_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to append to; created on first use. 1-128 characters
     of [A-Za-z0-9._:-].
@@ -251,6 +291,10 @@ class ChatRequest(_message.Message):
     def client_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientTool]:
         """Tools the client runs itself, offered to the model for this turn."""
 
+    @_builtins.property
+    def budget(self) -> Global___TurnBudget:
+        """Lowers this turn's budget (docs/cost.md, "Budgets"); never raises it."""
+
     def __init__(
         self,
         *,
@@ -262,10 +306,11 @@ class ChatRequest(_message.Message):
         disconnect_policy: Global___DisconnectPolicy.ValueType = ...,
         client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
         concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType = ...,
+        budget: Global___TurnBudget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "message", b"message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "budget", b"budget", "message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "message", b"message", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "budget", b"budget", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "message", b"message", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -309,6 +354,7 @@ class SaveMessagesRequest(_message.Message):
     DISCONNECT_POLICY_FIELD_NUMBER: _builtins.int
     CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
     CONCURRENT_INPUT_STRATEGY_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to append to; created on first use."""
     request_id: _builtins.str
@@ -334,6 +380,10 @@ class SaveMessagesRequest(_message.Message):
     def client_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientTool]:
         """Tools the client runs itself, offered to the model for this turn."""
 
+    @_builtins.property
+    def budget(self) -> Global___TurnBudget:
+        """Lowers this turn's budget (docs/cost.md, "Budgets"); never raises it."""
+
     def __init__(
         self,
         *,
@@ -345,10 +395,11 @@ class SaveMessagesRequest(_message.Message):
         disconnect_policy: Global___DisconnectPolicy.ValueType = ...,
         client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
         concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType = ...,
+        budget: Global___TurnBudget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "budget", b"budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "messages", b"messages", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "budget", b"budget", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "messages", b"messages", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -392,6 +443,7 @@ class ContinueLastTurnRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     DISCONNECT_POLICY_FIELD_NUMBER: _builtins.int
     CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to continue; it must exist."""
     request_id: _builtins.str
@@ -408,6 +460,10 @@ class ContinueLastTurnRequest(_message.Message):
     def client_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientTool]:
         """Tools the client runs itself, offered to the model for this turn."""
 
+    @_builtins.property
+    def budget(self) -> Global___TurnBudget:
+        """Lowers this turn's budget (docs/cost.md, "Budgets"); never raises it."""
+
     def __init__(
         self,
         *,
@@ -417,10 +473,11 @@ class ContinueLastTurnRequest(_message.Message):
         model: _builtins.str = ...,
         disconnect_policy: Global___DisconnectPolicy.ValueType = ...,
         client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
+        budget: Global___TurnBudget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "budget", b"budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "budget", b"budget", "client_tools", b"client_tools", "conversation_id", b"conversation_id", "disconnect_policy", b"disconnect_policy", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -922,6 +979,7 @@ class SubmitMessagesRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
     CONCURRENT_INPUT_STRATEGY_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to run on; created when the turn runs."""
     submission_id: _builtins.str
@@ -956,6 +1014,12 @@ class SubmitMessagesRequest(_message.Message):
     def client_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientTool]:
         """Tools the client runs itself, offered to the model for the turn."""
 
+    @_builtins.property
+    def budget(self) -> Global___TurnBudget:
+        """Lowers this submission's turn budget (docs/cost.md, "Budgets"); never
+        raises it.
+        """
+
     def __init__(
         self,
         *,
@@ -968,10 +1032,11 @@ class SubmitMessagesRequest(_message.Message):
         model: _builtins.str = ...,
         client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
         concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType = ...,
+        budget: Global___TurnBudget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "metadata", b"metadata"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "budget", b"budget", "metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "idempotency_key", b"idempotency_key", "messages", b"messages", "metadata", b"metadata", "model", b"model", "submission_id", b"submission_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "budget", b"budget", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "idempotency_key", b"idempotency_key", "messages", b"messages", "metadata", b"metadata", "model", b"model", "submission_id", b"submission_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -138,6 +138,15 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The store has no room for a write (a full disk or a size limit): nothing of
     the write was stored; retry once the operator freed space.
     """
+    ERROR_REASON_BUDGET_EXHAUSTED: _ErrorReason.ValueType  # 39
+    """A budget (docs/cost.md, "Budgets") has no room for the next model step:
+    a turn that meets it ends TURN_STATUS_ERROR with its partial reply
+    stored; a new turn is refused with RESOURCE_EXHAUSTED before anything is
+    stored. google.rpc.QuotaFailure names the budget (`turn`,
+    `conversation` or `tenant/day` …) and ErrorInfo metadata `budget` too;
+    RetryInfo says when a period's budget resets (none for a budget that
+    never resets).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnwire sends,
@@ -260,5 +269,14 @@ sequence number seen. ErrorInfo metadata `request_id`.
 ERROR_REASON_STORE_FULL: ErrorReason.ValueType  # 38
 """The store has no room for a write (a full disk or a size limit): nothing of
 the write was stored; retry once the operator freed space.
+"""
+ERROR_REASON_BUDGET_EXHAUSTED: ErrorReason.ValueType  # 39
+"""A budget (docs/cost.md, "Budgets") has no room for the next model step:
+a turn that meets it ends TURN_STATUS_ERROR with its partial reply
+stored; a new turn is refused with RESOURCE_EXHAUSTED before anything is
+stored. google.rpc.QuotaFailure names the budget (`turn`,
+`conversation` or `tenant/day` …) and ErrorInfo metadata `budget` too;
+RetryInfo says when a period's budget resets (none for a budget that
+never resets).
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -18,7 +18,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file turnwire/v1/chat_service.proto.
  */
 export const file_turnwire_v1_chat_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch50dXJud2lyZS92MS9jaGF0X3NlcnZpY2UucHJvdG8SC3R1cm53aXJlLnYxIl4KCkNsaWVudFRvb2wSDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRItCgxpbnB1dF9zY2hlbWEYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IskCCgtDaGF0UmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJQoHbWVzc2FnZRgCIAEoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USEgoKcmVxdWVzdF9pZBgDIAEoCRIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgFIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgGIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAcgAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAggASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kiNQoMQ2hhdFJlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50ItICChNTYXZlTWVzc2FnZXNSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRImCghtZXNzYWdlcxgCIAMoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USEgoKcmVxdWVzdF9pZBgDIAEoCRIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgFIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgGIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAcgAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAggASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kiPQoUU2F2ZU1lc3NhZ2VzUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQi5QEKF0NvbnRpbnVlTGFzdFR1cm5SZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRISCgpyZXF1ZXN0X2lkGAIgASgJEiUKBGJvZHkYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eg0KBW1vZGVsGAQgASgJEjgKEWRpc2Nvbm5lY3RfcG9saWN5GAUgASgOMh0udHVybndpcmUudjEuRGlzY29ubmVjdFBvbGljeRItCgxjbGllbnRfdG9vbHMYBiADKAsyFy50dXJud2lyZS52MS5DbGllbnRUb29sIkEKGENvbnRpbnVlTGFzdFR1cm5SZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCLZAgoMQ29udmVyc2F0aW9uEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLdXBkYXRlX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDW1lc3NhZ2VfY291bnQYBCABKAMSJgoIbWVzc2FnZXMYBSADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEjIKD3BhcnRpYWxfcmVwbGllcxgGIAMoCzIZLnR1cm53aXJlLnYxLlBhcnRpYWxSZXBseRI6ChN0dXJuc193aXRob3V0X3JlcGx5GAcgAygLMh0udHVybndpcmUudjEuVHVybldpdGhvdXRSZXBseRIfCgRjb3N0GAggASgLMhEudHVybndpcmUudjEuQ29zdCKCAQoMUGFydGlhbFJlcGx5EhIKCm1lc3NhZ2VfaWQYASABKAkSEgoKcmVxdWVzdF9pZBgCIAEoCRInCgZzdGF0dXMYAyABKA4yFy50dXJud2lyZS52MS5UdXJuU3RhdHVzEiEKBWVycm9yGAQgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXMiogEKEFR1cm5XaXRob3V0UmVwbHkSEgoKcmVxdWVzdF9pZBgBIAEoCRInCgZzdGF0dXMYAiABKA4yFy50dXJud2lyZS52MS5UdXJuU3RhdHVzEi4KCnN0YXJ0X3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiEKBWVycm9yGAQgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXMiWAoWR2V0Q29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiYwoXR2V0Q29udmVyc2F0aW9uUmVzcG9uc2USLwoMY29udmVyc2F0aW9uGAEgASgLMhkudHVybndpcmUudjEuQ29udmVyc2F0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJBChhMaXN0Q29udmVyc2F0aW9uc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiZgoZTGlzdENvbnZlcnNhdGlvbnNSZXNwb25zZRIwCg1jb252ZXJzYXRpb25zGAEgAygLMhkudHVybndpcmUudjEuQ29udmVyc2F0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSInChFDYW5jZWxDaGF0UmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJIicKEkNhbmNlbENoYXRSZXNwb25zZRIRCgljYW5jZWxsZWQYASABKAgiRgoRUmVzdW1lVHVyblJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCRIdChVhZnRlcl9zZXF1ZW5jZV9udW1iZXIYAiABKAMiOwoSUmVzdW1lVHVyblJlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50IpQDCgpTdWJtaXNzaW9uEhUKDXN1Ym1pc3Npb25faWQYASABKAkSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLnR1cm53aXJlLnYxLlN1Ym1pc3Npb25TdGF0ZRIpCghtZXRhZGF0YRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSLwoLY3JlYXRlX3RpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0X3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZF90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIhCgVlcnJvchgJIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzEhwKFGFzc2lzdGFudF9tZXNzYWdlX2lkGAogASgJEhUKDW1lc3NhZ2VfY291bnQYCyABKAUi4QIKFVN1Ym1pdE1lc3NhZ2VzUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJgoIbWVzc2FnZXMYAiADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEhUKDXN1Ym1pc3Npb25faWQYAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEikKCG1ldGFkYXRhGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIlCgRib2R5GAYgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgHIAEoCRItCgxjbGllbnRfdG9vbHMYCCADKAsyFy50dXJud2lyZS52MS5DbGllbnRUb29sEkcKGWNvbmN1cnJlbnRfaW5wdXRfc3RyYXRlZ3kYCSABKA4yJC50dXJud2lyZS52MS5Db25jdXJyZW50SW5wdXRTdHJhdGVneSJXChZTdWJtaXRNZXNzYWdlc1Jlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uEhAKCGFjY2VwdGVkGAIgASgIIi0KFEdldFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkiRAoVR2V0U3VibWlzc2lvblJlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uIoUBChZMaXN0U3VibWlzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLnR1cm53aXJlLnYxLlN1Ym1pc3Npb25TdGF0ZSJgChdMaXN0U3VibWlzc2lvbnNSZXNwb25zZRIsCgtzdWJtaXNzaW9ucxgBIAMoCzIXLnR1cm53aXJlLnYxLlN1Ym1pc3Npb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjAKF0NhbmNlbFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkiRwoYQ2FuY2VsU3VibWlzc2lvblJlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uIk4KFldhdGNoU3VibWlzc2lvblJlcXVlc3QSFQoNc3VibWlzc2lvbl9pZBgBIAEoCRIdChVhZnRlcl9zZXF1ZW5jZV9udW1iZXIYAiABKAMiQAoXV2F0Y2hTdWJtaXNzaW9uUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQikAEKEkFkZE1lc3NhZ2VzUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJgoIbWVzc2FnZXMYAiADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEiIKBG1vZGUYAyABKA4yFC50dXJud2lyZS52MS5BZGRNb2RlEhUKDWFsbG93X21pc3NpbmcYBCABKAgiiwEKE0FkZE1lc3NhZ2VzUmVzcG9uc2USLwoMY29udmVyc2F0aW9uGAEgASgLMhkudHVybndpcmUudjEuQ29udmVyc2F0aW9uEhMKC2FkZGVkX2NvdW50GAIgASgFEhUKDXVwZGF0ZWRfY291bnQYAyABKAUSFwoPdW5jaGFuZ2VkX2NvdW50GAQgASgFIksKGURlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhUKDWFsbG93X21pc3NpbmcYAiABKAgiLQoaRGVsZXRlQ29udmVyc2F0aW9uUmVzcG9uc2USDwoHZGVsZXRlZBgBIAEoCCJaCgpUb29sUmVzdWx0EhQKDHRvb2xfY2FsbF9pZBgBIAEoCRITCgtvdXRwdXRfanNvbhgCIAEoCRINCgVlcnJvchgDIAEoCBISCgplcnJvcl90ZXh0GAQgASgJIvACChhTdWJtaXRUb29sUmVzdWx0c1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEigKB3Jlc3VsdHMYAiADKAsyFy50dXJud2lyZS52MS5Ub29sUmVzdWx0EhUKDWF1dG9fY29udGludWUYAyABKAgSEgoKcmVxdWVzdF9pZBgEIAEoCRIlCgRib2R5GAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgGIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgHIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAggAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAkgASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kiQgoZU3VibWl0VG9vbFJlc3VsdHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCJGCgxUb29sQXBwcm92YWwSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhAKCGFwcHJvdmVkGAIgASgIEg4KBnJlYXNvbhgDIAEoCSL2AgoaU3VibWl0VG9vbEFwcHJvdmFsc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiwKCWFwcHJvdmFscxgCIAMoCzIZLnR1cm53aXJlLnYxLlRvb2xBcHByb3ZhbBIVCg1hdXRvX2NvbnRpbnVlGAMgASgIEhIKCnJlcXVlc3RfaWQYBCABKAkSJQoEYm9keRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYBiABKAkSOAoRZGlzY29ubmVjdF9wb2xpY3kYByABKA4yHS50dXJud2lyZS52MS5EaXNjb25uZWN0UG9saWN5Ei0KDGNsaWVudF90b29scxgIIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wSRwoZY29uY3VycmVudF9pbnB1dF9zdHJhdGVneRgJIAEoDjIkLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dFN0cmF0ZWd5IkQKG1N1Ym1pdFRvb2xBcHByb3ZhbHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCpzChBEaXNjb25uZWN0UG9saWN5EiEKHURJU0NPTk5FQ1RfUE9MSUNZX1VOU1BFQ0lGSUVEEAASHAoYRElTQ09OTkVDVF9QT0xJQ1lfQ0FOQ0VMEAESHgoaRElTQ09OTkVDVF9QT0xJQ1lfQ09OVElOVUUQAiriAQoXQ29uY3VycmVudElucHV0U3RyYXRlZ3kSKQolQ09OQ1VSUkVOVF9JTlBVVF9TVFJBVEVHWV9VTlNQRUNJRklFRBAAEiUKIUNPTkNVUlJFTlRfSU5QVVRfU1RSQVRFR1lfRU5RVUVVRRABEiQKIENPTkNVUlJFTlRfSU5QVVRfU1RSQVRFR1lfUkVKRUNUEAISJwojQ09OQ1VSUkVOVF9JTlBVVF9TVFJBVEVHWV9JTlRFUlJVUFQQAxImCiJDT05DVVJSRU5UX0lOUFVUX1NUUkFURUdZX1JPTExCQUNLEAQq5wEKD1N1Ym1pc3Npb25TdGF0ZRIgChxTVUJNSVNTSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHAoYU1VCTUlTU0lPTl9TVEFURV9QRU5ESU5HEAESHAoYU1VCTUlTU0lPTl9TVEFURV9SVU5OSU5HEAISHgoaU1VCTUlTU0lPTl9TVEFURV9DT01QTEVURUQQAxIaChZTVUJNSVNTSU9OX1NUQVRFX0VSUk9SEAQSHAoYU1VCTUlTU0lPTl9TVEFURV9BQk9SVEVEEAUSHAoYU1VCTUlTU0lPTl9TVEFURV9TS0lQUEVEEAYqTQoHQWRkTW9kZRIYChRBRERfTU9ERV9VTlNQRUNJRklFRBAAEhMKD0FERF9NT0RFX0FQUEVORBABEhMKD0FERF9NT0RFX1VQU0VSVBACMsULCgtDaGF0U2VydmljZRI9CgRDaGF0EhgudHVybndpcmUudjEuQ2hhdFJlcXVlc3QaGS50dXJud2lyZS52MS5DaGF0UmVzcG9uc2UwARJVCgxTYXZlTWVzc2FnZXMSIC50dXJud2lyZS52MS5TYXZlTWVzc2FnZXNSZXF1ZXN0GiEudHVybndpcmUudjEuU2F2ZU1lc3NhZ2VzUmVzcG9uc2UwARJhChBDb250aW51ZUxhc3RUdXJuEiQudHVybndpcmUudjEuQ29udGludWVMYXN0VHVyblJlcXVlc3QaJS50dXJud2lyZS52MS5Db250aW51ZUxhc3RUdXJuUmVzcG9uc2UwARJcCg9HZXRDb252ZXJzYXRpb24SIy50dXJud2lyZS52MS5HZXRDb252ZXJzYXRpb25SZXF1ZXN0GiQudHVybndpcmUudjEuR2V0Q29udmVyc2F0aW9uUmVzcG9uc2USYgoRTGlzdENvbnZlcnNhdGlvbnMSJS50dXJud2lyZS52MS5MaXN0Q29udmVyc2F0aW9uc1JlcXVlc3QaJi50dXJud2lyZS52MS5MaXN0Q29udmVyc2F0aW9uc1Jlc3BvbnNlEk0KCkNhbmNlbENoYXQSHi50dXJud2lyZS52MS5DYW5jZWxDaGF0UmVxdWVzdBofLnR1cm53aXJlLnYxLkNhbmNlbENoYXRSZXNwb25zZRJPCgpSZXN1bWVUdXJuEh4udHVybndpcmUudjEuUmVzdW1lVHVyblJlcXVlc3QaHy50dXJud2lyZS52MS5SZXN1bWVUdXJuUmVzcG9uc2UwARJZCg5TdWJtaXRNZXNzYWdlcxIiLnR1cm53aXJlLnYxLlN1Ym1pdE1lc3NhZ2VzUmVxdWVzdBojLnR1cm53aXJlLnYxLlN1Ym1pdE1lc3NhZ2VzUmVzcG9uc2USVgoNR2V0U3VibWlzc2lvbhIhLnR1cm53aXJlLnYxLkdldFN1Ym1pc3Npb25SZXF1ZXN0GiIudHVybndpcmUudjEuR2V0U3VibWlzc2lvblJlc3BvbnNlElwKD0xpc3RTdWJtaXNzaW9ucxIjLnR1cm53aXJlLnYxLkxpc3RTdWJtaXNzaW9uc1JlcXVlc3QaJC50dXJud2lyZS52MS5MaXN0U3VibWlzc2lvbnNSZXNwb25zZRJfChBDYW5jZWxTdWJtaXNzaW9uEiQudHVybndpcmUudjEuQ2FuY2VsU3VibWlzc2lvblJlcXVlc3QaJS50dXJud2lyZS52MS5DYW5jZWxTdWJtaXNzaW9uUmVzcG9uc2USXgoPV2F0Y2hTdWJtaXNzaW9uEiMudHVybndpcmUudjEuV2F0Y2hTdWJtaXNzaW9uUmVxdWVzdBokLnR1cm53aXJlLnYxLldhdGNoU3VibWlzc2lvblJlc3BvbnNlMAESUAoLQWRkTWVzc2FnZXMSHy50dXJud2lyZS52MS5BZGRNZXNzYWdlc1JlcXVlc3QaIC50dXJud2lyZS52MS5BZGRNZXNzYWdlc1Jlc3BvbnNlEmUKEkRlbGV0ZUNvbnZlcnNhdGlvbhImLnR1cm53aXJlLnYxLkRlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QaJy50dXJud2lyZS52MS5EZWxldGVDb252ZXJzYXRpb25SZXNwb25zZRJkChFTdWJtaXRUb29sUmVzdWx0cxIlLnR1cm53aXJlLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVxdWVzdBomLnR1cm53aXJlLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVzcG9uc2UwARJqChNTdWJtaXRUb29sQXBwcm92YWxzEicudHVybndpcmUudjEuU3VibWl0VG9vbEFwcHJvdmFsc1JlcXVlc3QaKC50dXJud2lyZS52MS5TdWJtaXRUb29sQXBwcm92YWxzUmVzcG9uc2UwAWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_google_rpc_status, file_turnwire_v1_event, file_turnwire_v1_message]);
+  fileDesc("Ch50dXJud2lyZS92MS9jaGF0X3NlcnZpY2UucHJvdG8SC3R1cm53aXJlLnYxIl4KCkNsaWVudFRvb2wSDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRItCgxpbnB1dF9zY2hlbWEYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IlYKClR1cm5CdWRnZXQSFwoKbWF4X3Rva2VucxgBIAEoA0gAiAEBEhQKB21heF91c2QYAiABKAFIAYgBAUINCgtfbWF4X3Rva2Vuc0IKCghfbWF4X3VzZCLyAgoLQ2hhdFJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiUKB21lc3NhZ2UYAiABKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEhIKCnJlcXVlc3RfaWQYAyABKAkSJQoEYm9keRgEIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYBSABKAkSOAoRZGlzY29ubmVjdF9wb2xpY3kYBiABKA4yHS50dXJud2lyZS52MS5EaXNjb25uZWN0UG9saWN5Ei0KDGNsaWVudF90b29scxgHIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wSRwoZY29uY3VycmVudF9pbnB1dF9zdHJhdGVneRgIIAEoDjIkLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dFN0cmF0ZWd5EicKBmJ1ZGdldBgJIAEoCzIXLnR1cm53aXJlLnYxLlR1cm5CdWRnZXQiNQoMQ2hhdFJlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50IvsCChNTYXZlTWVzc2FnZXNSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRImCghtZXNzYWdlcxgCIAMoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USEgoKcmVxdWVzdF9pZBgDIAEoCRIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgFIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgGIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAcgAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAggASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kSJwoGYnVkZ2V0GAkgASgLMhcudHVybndpcmUudjEuVHVybkJ1ZGdldCI9ChRTYXZlTWVzc2FnZXNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCKOAgoXQ29udGludWVMYXN0VHVyblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkSJQoEYm9keRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYBCABKAkSOAoRZGlzY29ubmVjdF9wb2xpY3kYBSABKA4yHS50dXJud2lyZS52MS5EaXNjb25uZWN0UG9saWN5Ei0KDGNsaWVudF90b29scxgGIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wSJwoGYnVkZ2V0GAcgASgLMhcudHVybndpcmUudjEuVHVybkJ1ZGdldCJBChhDb250aW51ZUxhc3RUdXJuUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQi2QIKDENvbnZlcnNhdGlvbhIXCg9jb252ZXJzYXRpb25faWQYASABKAkSLwoLY3JlYXRlX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1tZXNzYWdlX2NvdW50GAQgASgDEiYKCG1lc3NhZ2VzGAUgAygLMhQudHVybndpcmUudjEuTWVzc2FnZRIyCg9wYXJ0aWFsX3JlcGxpZXMYBiADKAsyGS50dXJud2lyZS52MS5QYXJ0aWFsUmVwbHkSOgoTdHVybnNfd2l0aG91dF9yZXBseRgHIAMoCzIdLnR1cm53aXJlLnYxLlR1cm5XaXRob3V0UmVwbHkSHwoEY29zdBgIIAEoCzIRLnR1cm53aXJlLnYxLkNvc3QiggEKDFBhcnRpYWxSZXBseRISCgptZXNzYWdlX2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkSJwoGc3RhdHVzGAMgASgOMhcudHVybndpcmUudjEuVHVyblN0YXR1cxIhCgVlcnJvchgEIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzIqIBChBUdXJuV2l0aG91dFJlcGx5EhIKCnJlcXVlc3RfaWQYASABKAkSJwoGc3RhdHVzGAIgASgOMhcudHVybndpcmUudjEuVHVyblN0YXR1cxIuCgpzdGFydF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIhCgVlcnJvchgEIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzIlgKFkdldENvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJImMKF0dldENvbnZlcnNhdGlvblJlc3BvbnNlEi8KDGNvbnZlcnNhdGlvbhgBIAEoCzIZLnR1cm53aXJlLnYxLkNvbnZlcnNhdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiQQoYTGlzdENvbnZlcnNhdGlvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJImYKGUxpc3RDb252ZXJzYXRpb25zUmVzcG9uc2USMAoNY29udmVyc2F0aW9ucxgBIAMoCzIZLnR1cm53aXJlLnYxLkNvbnZlcnNhdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiJwoRQ2FuY2VsQ2hhdFJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCSInChJDYW5jZWxDaGF0UmVzcG9uc2USEQoJY2FuY2VsbGVkGAEgASgIIkYKEVJlc3VtZVR1cm5SZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkSHQoVYWZ0ZXJfc2VxdWVuY2VfbnVtYmVyGAIgASgDIjsKElJlc3VtZVR1cm5SZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCKUAwoKU3VibWlzc2lvbhIVCg1zdWJtaXNzaW9uX2lkGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYAyABKAkSKwoFc3RhdGUYBCABKA4yHC50dXJud2lyZS52MS5TdWJtaXNzaW9uU3RhdGUSKQoIbWV0YWRhdGEYBSABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei8KC2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpzdGFydF90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASIQoFZXJyb3IYCSABKAsyEi5nb29nbGUucnBjLlN0YXR1cxIcChRhc3Npc3RhbnRfbWVzc2FnZV9pZBgKIAEoCRIVCg1tZXNzYWdlX2NvdW50GAsgASgFIooDChVTdWJtaXRNZXNzYWdlc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiYKCG1lc3NhZ2VzGAIgAygLMhQudHVybndpcmUudjEuTWVzc2FnZRIVCg1zdWJtaXNzaW9uX2lkGAMgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRIpCghtZXRhZGF0YRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSJQoEYm9keRgGIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYByABKAkSLQoMY2xpZW50X3Rvb2xzGAggAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAkgASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kSJwoGYnVkZ2V0GAogASgLMhcudHVybndpcmUudjEuVHVybkJ1ZGdldCJXChZTdWJtaXRNZXNzYWdlc1Jlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uEhAKCGFjY2VwdGVkGAIgASgIIi0KFEdldFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkiRAoVR2V0U3VibWlzc2lvblJlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uIoUBChZMaXN0U3VibWlzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLnR1cm53aXJlLnYxLlN1Ym1pc3Npb25TdGF0ZSJgChdMaXN0U3VibWlzc2lvbnNSZXNwb25zZRIsCgtzdWJtaXNzaW9ucxgBIAMoCzIXLnR1cm53aXJlLnYxLlN1Ym1pc3Npb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjAKF0NhbmNlbFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkiRwoYQ2FuY2VsU3VibWlzc2lvblJlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uIk4KFldhdGNoU3VibWlzc2lvblJlcXVlc3QSFQoNc3VibWlzc2lvbl9pZBgBIAEoCRIdChVhZnRlcl9zZXF1ZW5jZV9udW1iZXIYAiABKAMiQAoXV2F0Y2hTdWJtaXNzaW9uUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQikAEKEkFkZE1lc3NhZ2VzUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJgoIbWVzc2FnZXMYAiADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEiIKBG1vZGUYAyABKA4yFC50dXJud2lyZS52MS5BZGRNb2RlEhUKDWFsbG93X21pc3NpbmcYBCABKAgiiwEKE0FkZE1lc3NhZ2VzUmVzcG9uc2USLwoMY29udmVyc2F0aW9uGAEgASgLMhkudHVybndpcmUudjEuQ29udmVyc2F0aW9uEhMKC2FkZGVkX2NvdW50GAIgASgFEhUKDXVwZGF0ZWRfY291bnQYAyABKAUSFwoPdW5jaGFuZ2VkX2NvdW50GAQgASgFIksKGURlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhUKDWFsbG93X21pc3NpbmcYAiABKAgiLQoaRGVsZXRlQ29udmVyc2F0aW9uUmVzcG9uc2USDwoHZGVsZXRlZBgBIAEoCCJaCgpUb29sUmVzdWx0EhQKDHRvb2xfY2FsbF9pZBgBIAEoCRITCgtvdXRwdXRfanNvbhgCIAEoCRINCgVlcnJvchgDIAEoCBISCgplcnJvcl90ZXh0GAQgASgJIvACChhTdWJtaXRUb29sUmVzdWx0c1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEigKB3Jlc3VsdHMYAiADKAsyFy50dXJud2lyZS52MS5Ub29sUmVzdWx0EhUKDWF1dG9fY29udGludWUYAyABKAgSEgoKcmVxdWVzdF9pZBgEIAEoCRIlCgRib2R5GAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgGIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgHIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAggAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAkgASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kiQgoZU3VibWl0VG9vbFJlc3VsdHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCJGCgxUb29sQXBwcm92YWwSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhAKCGFwcHJvdmVkGAIgASgIEg4KBnJlYXNvbhgDIAEoCSL2AgoaU3VibWl0VG9vbEFwcHJvdmFsc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiwKCWFwcHJvdmFscxgCIAMoCzIZLnR1cm53aXJlLnYxLlRvb2xBcHByb3ZhbBIVCg1hdXRvX2NvbnRpbnVlGAMgASgIEhIKCnJlcXVlc3RfaWQYBCABKAkSJQoEYm9keRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYBiABKAkSOAoRZGlzY29ubmVjdF9wb2xpY3kYByABKA4yHS50dXJud2lyZS52MS5EaXNjb25uZWN0UG9saWN5Ei0KDGNsaWVudF90b29scxgIIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wSRwoZY29uY3VycmVudF9pbnB1dF9zdHJhdGVneRgJIAEoDjIkLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dFN0cmF0ZWd5IkQKG1N1Ym1pdFRvb2xBcHByb3ZhbHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCpzChBEaXNjb25uZWN0UG9saWN5EiEKHURJU0NPTk5FQ1RfUE9MSUNZX1VOU1BFQ0lGSUVEEAASHAoYRElTQ09OTkVDVF9QT0xJQ1lfQ0FOQ0VMEAESHgoaRElTQ09OTkVDVF9QT0xJQ1lfQ09OVElOVUUQAiriAQoXQ29uY3VycmVudElucHV0U3RyYXRlZ3kSKQolQ09OQ1VSUkVOVF9JTlBVVF9TVFJBVEVHWV9VTlNQRUNJRklFRBAAEiUKIUNPTkNVUlJFTlRfSU5QVVRfU1RSQVRFR1lfRU5RVUVVRRABEiQKIENPTkNVUlJFTlRfSU5QVVRfU1RSQVRFR1lfUkVKRUNUEAISJwojQ09OQ1VSUkVOVF9JTlBVVF9TVFJBVEVHWV9JTlRFUlJVUFQQAxImCiJDT05DVVJSRU5UX0lOUFVUX1NUUkFURUdZX1JPTExCQUNLEAQq5wEKD1N1Ym1pc3Npb25TdGF0ZRIgChxTVUJNSVNTSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHAoYU1VCTUlTU0lPTl9TVEFURV9QRU5ESU5HEAESHAoYU1VCTUlTU0lPTl9TVEFURV9SVU5OSU5HEAISHgoaU1VCTUlTU0lPTl9TVEFURV9DT01QTEVURUQQAxIaChZTVUJNSVNTSU9OX1NUQVRFX0VSUk9SEAQSHAoYU1VCTUlTU0lPTl9TVEFURV9BQk9SVEVEEAUSHAoYU1VCTUlTU0lPTl9TVEFURV9TS0lQUEVEEAYqTQoHQWRkTW9kZRIYChRBRERfTU9ERV9VTlNQRUNJRklFRBAAEhMKD0FERF9NT0RFX0FQUEVORBABEhMKD0FERF9NT0RFX1VQU0VSVBACMsULCgtDaGF0U2VydmljZRI9CgRDaGF0EhgudHVybndpcmUudjEuQ2hhdFJlcXVlc3QaGS50dXJud2lyZS52MS5DaGF0UmVzcG9uc2UwARJVCgxTYXZlTWVzc2FnZXMSIC50dXJud2lyZS52MS5TYXZlTWVzc2FnZXNSZXF1ZXN0GiEudHVybndpcmUudjEuU2F2ZU1lc3NhZ2VzUmVzcG9uc2UwARJhChBDb250aW51ZUxhc3RUdXJuEiQudHVybndpcmUudjEuQ29udGludWVMYXN0VHVyblJlcXVlc3QaJS50dXJud2lyZS52MS5Db250aW51ZUxhc3RUdXJuUmVzcG9uc2UwARJcCg9HZXRDb252ZXJzYXRpb24SIy50dXJud2lyZS52MS5HZXRDb252ZXJzYXRpb25SZXF1ZXN0GiQudHVybndpcmUudjEuR2V0Q29udmVyc2F0aW9uUmVzcG9uc2USYgoRTGlzdENvbnZlcnNhdGlvbnMSJS50dXJud2lyZS52MS5MaXN0Q29udmVyc2F0aW9uc1JlcXVlc3QaJi50dXJud2lyZS52MS5MaXN0Q29udmVyc2F0aW9uc1Jlc3BvbnNlEk0KCkNhbmNlbENoYXQSHi50dXJud2lyZS52MS5DYW5jZWxDaGF0UmVxdWVzdBofLnR1cm53aXJlLnYxLkNhbmNlbENoYXRSZXNwb25zZRJPCgpSZXN1bWVUdXJuEh4udHVybndpcmUudjEuUmVzdW1lVHVyblJlcXVlc3QaHy50dXJud2lyZS52MS5SZXN1bWVUdXJuUmVzcG9uc2UwARJZCg5TdWJtaXRNZXNzYWdlcxIiLnR1cm53aXJlLnYxLlN1Ym1pdE1lc3NhZ2VzUmVxdWVzdBojLnR1cm53aXJlLnYxLlN1Ym1pdE1lc3NhZ2VzUmVzcG9uc2USVgoNR2V0U3VibWlzc2lvbhIhLnR1cm53aXJlLnYxLkdldFN1Ym1pc3Npb25SZXF1ZXN0GiIudHVybndpcmUudjEuR2V0U3VibWlzc2lvblJlc3BvbnNlElwKD0xpc3RTdWJtaXNzaW9ucxIjLnR1cm53aXJlLnYxLkxpc3RTdWJtaXNzaW9uc1JlcXVlc3QaJC50dXJud2lyZS52MS5MaXN0U3VibWlzc2lvbnNSZXNwb25zZRJfChBDYW5jZWxTdWJtaXNzaW9uEiQudHVybndpcmUudjEuQ2FuY2VsU3VibWlzc2lvblJlcXVlc3QaJS50dXJud2lyZS52MS5DYW5jZWxTdWJtaXNzaW9uUmVzcG9uc2USXgoPV2F0Y2hTdWJtaXNzaW9uEiMudHVybndpcmUudjEuV2F0Y2hTdWJtaXNzaW9uUmVxdWVzdBokLnR1cm53aXJlLnYxLldhdGNoU3VibWlzc2lvblJlc3BvbnNlMAESUAoLQWRkTWVzc2FnZXMSHy50dXJud2lyZS52MS5BZGRNZXNzYWdlc1JlcXVlc3QaIC50dXJud2lyZS52MS5BZGRNZXNzYWdlc1Jlc3BvbnNlEmUKEkRlbGV0ZUNvbnZlcnNhdGlvbhImLnR1cm53aXJlLnYxLkRlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QaJy50dXJud2lyZS52MS5EZWxldGVDb252ZXJzYXRpb25SZXNwb25zZRJkChFTdWJtaXRUb29sUmVzdWx0cxIlLnR1cm53aXJlLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVxdWVzdBomLnR1cm53aXJlLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVzcG9uc2UwARJqChNTdWJtaXRUb29sQXBwcm92YWxzEicudHVybndpcmUudjEuU3VibWl0VG9vbEFwcHJvdmFsc1JlcXVlc3QaKC50dXJud2lyZS52MS5TdWJtaXRUb29sQXBwcm92YWxzUmVzcG9uc2UwAWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_google_rpc_status, file_turnwire_v1_event, file_turnwire_v1_message]);
 
 /**
  * ClientTool is a tool the client runs itself, offered to the model for one
@@ -58,6 +58,38 @@ export type ClientTool = Message<"turnwire.v1.ClientTool"> & {
  */
 export const ClientToolSchema: GenMessage<ClientTool> = /*@__PURE__*/
   messageDesc(file_turnwire_v1_chat_service, 0);
+
+/**
+ * TurnBudget lowers the budgets of one turn below the configured ones
+ * (docs/cost.md, "Budgets"): a request may lower its own budget, never raise
+ * it. An unset field leaves the configured `budgets.turn` limit as it is; a
+ * value above it is the configured one.
+ *
+ * @generated from message turnwire.v1.TurnBudget
+ */
+export type TurnBudget = Message<"turnwire.v1.TurnBudget"> & {
+  /**
+   * Most tokens (input and output of every step, as the provider reports
+   * them) the turn may use; at least 1.
+   *
+   * @generated from field: optional int64 max_tokens = 1;
+   */
+  maxTokens?: bigint | undefined;
+
+  /**
+   * Most US dollars the turn may spend, priced as Cost is; at least 0.
+   *
+   * @generated from field: optional double max_usd = 2;
+   */
+  maxUsd?: number | undefined;
+};
+
+/**
+ * Describes the message turnwire.v1.TurnBudget.
+ * Use `create(TurnBudgetSchema)` to create a new message.
+ */
+export const TurnBudgetSchema: GenMessage<TurnBudget> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_chat_service, 1);
 
 /**
  * ChatRequest is the input of ChatService.Chat.
@@ -124,6 +156,13 @@ export type ChatRequest = Message<"turnwire.v1.ChatRequest"> & {
    * @generated from field: turnwire.v1.ConcurrentInputStrategy concurrent_input_strategy = 8;
    */
   concurrentInputStrategy: ConcurrentInputStrategy;
+
+  /**
+   * Lowers this turn's budget (docs/cost.md, "Budgets"); never raises it.
+   *
+   * @generated from field: turnwire.v1.TurnBudget budget = 9;
+   */
+  budget?: TurnBudget | undefined;
 };
 
 /**
@@ -131,7 +170,7 @@ export type ChatRequest = Message<"turnwire.v1.ChatRequest"> & {
  * Use `create(ChatRequestSchema)` to create a new message.
  */
 export const ChatRequestSchema: GenMessage<ChatRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 1);
+  messageDesc(file_turnwire_v1_chat_service, 2);
 
 /**
  * ChatResponse is one event of the turn ChatService.Chat runs.
@@ -152,7 +191,7 @@ export type ChatResponse = Message<"turnwire.v1.ChatResponse"> & {
  * Use `create(ChatResponseSchema)` to create a new message.
  */
 export const ChatResponseSchema: GenMessage<ChatResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 2);
+  messageDesc(file_turnwire_v1_chat_service, 3);
 
 /**
  * SaveMessagesRequest is the input of ChatService.SaveMessages.
@@ -217,6 +256,13 @@ export type SaveMessagesRequest = Message<"turnwire.v1.SaveMessagesRequest"> & {
    * @generated from field: turnwire.v1.ConcurrentInputStrategy concurrent_input_strategy = 8;
    */
   concurrentInputStrategy: ConcurrentInputStrategy;
+
+  /**
+   * Lowers this turn's budget (docs/cost.md, "Budgets"); never raises it.
+   *
+   * @generated from field: turnwire.v1.TurnBudget budget = 9;
+   */
+  budget?: TurnBudget | undefined;
 };
 
 /**
@@ -224,7 +270,7 @@ export type SaveMessagesRequest = Message<"turnwire.v1.SaveMessagesRequest"> & {
  * Use `create(SaveMessagesRequestSchema)` to create a new message.
  */
 export const SaveMessagesRequestSchema: GenMessage<SaveMessagesRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 3);
+  messageDesc(file_turnwire_v1_chat_service, 4);
 
 /**
  * SaveMessagesResponse is one event of the turn ChatService.SaveMessages
@@ -246,7 +292,7 @@ export type SaveMessagesResponse = Message<"turnwire.v1.SaveMessagesResponse"> &
  * Use `create(SaveMessagesResponseSchema)` to create a new message.
  */
 export const SaveMessagesResponseSchema: GenMessage<SaveMessagesResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 4);
+  messageDesc(file_turnwire_v1_chat_service, 5);
 
 /**
  * ContinueLastTurnRequest is the input of ChatService.ContinueLastTurn.
@@ -295,6 +341,13 @@ export type ContinueLastTurnRequest = Message<"turnwire.v1.ContinueLastTurnReque
    * @generated from field: repeated turnwire.v1.ClientTool client_tools = 6;
    */
   clientTools: ClientTool[];
+
+  /**
+   * Lowers this turn's budget (docs/cost.md, "Budgets"); never raises it.
+   *
+   * @generated from field: turnwire.v1.TurnBudget budget = 7;
+   */
+  budget?: TurnBudget | undefined;
 };
 
 /**
@@ -302,7 +355,7 @@ export type ContinueLastTurnRequest = Message<"turnwire.v1.ContinueLastTurnReque
  * Use `create(ContinueLastTurnRequestSchema)` to create a new message.
  */
 export const ContinueLastTurnRequestSchema: GenMessage<ContinueLastTurnRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 5);
+  messageDesc(file_turnwire_v1_chat_service, 6);
 
 /**
  * ContinueLastTurnResponse is one event of the turn
@@ -324,7 +377,7 @@ export type ContinueLastTurnResponse = Message<"turnwire.v1.ContinueLastTurnResp
  * Use `create(ContinueLastTurnResponseSchema)` to create a new message.
  */
 export const ContinueLastTurnResponseSchema: GenMessage<ContinueLastTurnResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 6);
+  messageDesc(file_turnwire_v1_chat_service, 7);
 
 /**
  * Conversation is a persisted conversation.
@@ -410,7 +463,7 @@ export type Conversation = Message<"turnwire.v1.Conversation"> & {
  * Use `create(ConversationSchema)` to create a new message.
  */
 export const ConversationSchema: GenMessage<Conversation> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 7);
+  messageDesc(file_turnwire_v1_chat_service, 8);
 
 /**
  * PartialReply marks an assistant message whose turn did not complete.
@@ -456,7 +509,7 @@ export type PartialReply = Message<"turnwire.v1.PartialReply"> & {
  * Use `create(PartialReplySchema)` to create a new message.
  */
 export const PartialReplySchema: GenMessage<PartialReply> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 8);
+  messageDesc(file_turnwire_v1_chat_service, 9);
 
 /**
  * TurnWithoutReply is a turn of a conversation with no stored reply
@@ -502,7 +555,7 @@ export type TurnWithoutReply = Message<"turnwire.v1.TurnWithoutReply"> & {
  * Use `create(TurnWithoutReplySchema)` to create a new message.
  */
 export const TurnWithoutReplySchema: GenMessage<TurnWithoutReply> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 9);
+  messageDesc(file_turnwire_v1_chat_service, 10);
 
 /**
  * GetConversationRequest is the input of ChatService.GetConversation.
@@ -540,7 +593,7 @@ export type GetConversationRequest = Message<"turnwire.v1.GetConversationRequest
  * Use `create(GetConversationRequestSchema)` to create a new message.
  */
 export const GetConversationRequestSchema: GenMessage<GetConversationRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 10);
+  messageDesc(file_turnwire_v1_chat_service, 11);
 
 /**
  * GetConversationResponse is the output of ChatService.GetConversation.
@@ -569,7 +622,7 @@ export type GetConversationResponse = Message<"turnwire.v1.GetConversationRespon
  * Use `create(GetConversationResponseSchema)` to create a new message.
  */
 export const GetConversationResponseSchema: GenMessage<GetConversationResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 11);
+  messageDesc(file_turnwire_v1_chat_service, 12);
 
 /**
  * ListConversationsRequest is the input of ChatService.ListConversations.
@@ -598,7 +651,7 @@ export type ListConversationsRequest = Message<"turnwire.v1.ListConversationsReq
  * Use `create(ListConversationsRequestSchema)` to create a new message.
  */
 export const ListConversationsRequestSchema: GenMessage<ListConversationsRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 12);
+  messageDesc(file_turnwire_v1_chat_service, 13);
 
 /**
  * ListConversationsResponse is the output of ChatService.ListConversations.
@@ -626,7 +679,7 @@ export type ListConversationsResponse = Message<"turnwire.v1.ListConversationsRe
  * Use `create(ListConversationsResponseSchema)` to create a new message.
  */
 export const ListConversationsResponseSchema: GenMessage<ListConversationsResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 13);
+  messageDesc(file_turnwire_v1_chat_service, 14);
 
 /**
  * CancelChatRequest is the input of ChatService.CancelChat.
@@ -647,7 +700,7 @@ export type CancelChatRequest = Message<"turnwire.v1.CancelChatRequest"> & {
  * Use `create(CancelChatRequestSchema)` to create a new message.
  */
 export const CancelChatRequestSchema: GenMessage<CancelChatRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 14);
+  messageDesc(file_turnwire_v1_chat_service, 15);
 
 /**
  * CancelChatResponse is the output of ChatService.CancelChat.
@@ -668,7 +721,7 @@ export type CancelChatResponse = Message<"turnwire.v1.CancelChatResponse"> & {
  * Use `create(CancelChatResponseSchema)` to create a new message.
  */
 export const CancelChatResponseSchema: GenMessage<CancelChatResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 15);
+  messageDesc(file_turnwire_v1_chat_service, 16);
 
 /**
  * ResumeTurnRequest is the input of ChatService.ResumeTurn.
@@ -696,7 +749,7 @@ export type ResumeTurnRequest = Message<"turnwire.v1.ResumeTurnRequest"> & {
  * Use `create(ResumeTurnRequestSchema)` to create a new message.
  */
 export const ResumeTurnRequestSchema: GenMessage<ResumeTurnRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 16);
+  messageDesc(file_turnwire_v1_chat_service, 17);
 
 /**
  * ResumeTurnResponse is one event of a resumed turn.
@@ -717,7 +770,7 @@ export type ResumeTurnResponse = Message<"turnwire.v1.ResumeTurnResponse"> & {
  * Use `create(ResumeTurnResponseSchema)` to create a new message.
  */
 export const ResumeTurnResponseSchema: GenMessage<ResumeTurnResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 17);
+  messageDesc(file_turnwire_v1_chat_service, 18);
 
 /**
  * Submission is a durably accepted request for a turn (docs/semantics.md §7).
@@ -808,7 +861,7 @@ export type Submission = Message<"turnwire.v1.Submission"> & {
  * Use `create(SubmissionSchema)` to create a new message.
  */
 export const SubmissionSchema: GenMessage<Submission> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 18);
+  messageDesc(file_turnwire_v1_chat_service, 19);
 
 /**
  * SubmitMessagesRequest is the input of ChatService.SubmitMessages.
@@ -883,6 +936,14 @@ export type SubmitMessagesRequest = Message<"turnwire.v1.SubmitMessagesRequest">
    * @generated from field: turnwire.v1.ConcurrentInputStrategy concurrent_input_strategy = 9;
    */
   concurrentInputStrategy: ConcurrentInputStrategy;
+
+  /**
+   * Lowers this submission's turn budget (docs/cost.md, "Budgets"); never
+   * raises it.
+   *
+   * @generated from field: turnwire.v1.TurnBudget budget = 10;
+   */
+  budget?: TurnBudget | undefined;
 };
 
 /**
@@ -890,7 +951,7 @@ export type SubmitMessagesRequest = Message<"turnwire.v1.SubmitMessagesRequest">
  * Use `create(SubmitMessagesRequestSchema)` to create a new message.
  */
 export const SubmitMessagesRequestSchema: GenMessage<SubmitMessagesRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 19);
+  messageDesc(file_turnwire_v1_chat_service, 20);
 
 /**
  * SubmitMessagesResponse is the output of ChatService.SubmitMessages.
@@ -918,7 +979,7 @@ export type SubmitMessagesResponse = Message<"turnwire.v1.SubmitMessagesResponse
  * Use `create(SubmitMessagesResponseSchema)` to create a new message.
  */
 export const SubmitMessagesResponseSchema: GenMessage<SubmitMessagesResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 20);
+  messageDesc(file_turnwire_v1_chat_service, 21);
 
 /**
  * GetSubmissionRequest is the input of ChatService.GetSubmission.
@@ -939,7 +1000,7 @@ export type GetSubmissionRequest = Message<"turnwire.v1.GetSubmissionRequest"> &
  * Use `create(GetSubmissionRequestSchema)` to create a new message.
  */
 export const GetSubmissionRequestSchema: GenMessage<GetSubmissionRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 21);
+  messageDesc(file_turnwire_v1_chat_service, 22);
 
 /**
  * GetSubmissionResponse is the output of ChatService.GetSubmission.
@@ -960,7 +1021,7 @@ export type GetSubmissionResponse = Message<"turnwire.v1.GetSubmissionResponse">
  * Use `create(GetSubmissionResponseSchema)` to create a new message.
  */
 export const GetSubmissionResponseSchema: GenMessage<GetSubmissionResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 22);
+  messageDesc(file_turnwire_v1_chat_service, 23);
 
 /**
  * ListSubmissionsRequest is the input of ChatService.ListSubmissions.
@@ -1004,7 +1065,7 @@ export type ListSubmissionsRequest = Message<"turnwire.v1.ListSubmissionsRequest
  * Use `create(ListSubmissionsRequestSchema)` to create a new message.
  */
 export const ListSubmissionsRequestSchema: GenMessage<ListSubmissionsRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 23);
+  messageDesc(file_turnwire_v1_chat_service, 24);
 
 /**
  * ListSubmissionsResponse is the output of ChatService.ListSubmissions.
@@ -1032,7 +1093,7 @@ export type ListSubmissionsResponse = Message<"turnwire.v1.ListSubmissionsRespon
  * Use `create(ListSubmissionsResponseSchema)` to create a new message.
  */
 export const ListSubmissionsResponseSchema: GenMessage<ListSubmissionsResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 24);
+  messageDesc(file_turnwire_v1_chat_service, 25);
 
 /**
  * CancelSubmissionRequest is the input of ChatService.CancelSubmission.
@@ -1053,7 +1114,7 @@ export type CancelSubmissionRequest = Message<"turnwire.v1.CancelSubmissionReque
  * Use `create(CancelSubmissionRequestSchema)` to create a new message.
  */
 export const CancelSubmissionRequestSchema: GenMessage<CancelSubmissionRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 25);
+  messageDesc(file_turnwire_v1_chat_service, 26);
 
 /**
  * CancelSubmissionResponse is the output of ChatService.CancelSubmission.
@@ -1074,7 +1135,7 @@ export type CancelSubmissionResponse = Message<"turnwire.v1.CancelSubmissionResp
  * Use `create(CancelSubmissionResponseSchema)` to create a new message.
  */
 export const CancelSubmissionResponseSchema: GenMessage<CancelSubmissionResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 26);
+  messageDesc(file_turnwire_v1_chat_service, 27);
 
 /**
  * WatchSubmissionRequest is the input of ChatService.WatchSubmission.
@@ -1102,7 +1163,7 @@ export type WatchSubmissionRequest = Message<"turnwire.v1.WatchSubmissionRequest
  * Use `create(WatchSubmissionRequestSchema)` to create a new message.
  */
 export const WatchSubmissionRequestSchema: GenMessage<WatchSubmissionRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 27);
+  messageDesc(file_turnwire_v1_chat_service, 28);
 
 /**
  * WatchSubmissionResponse is one event of a watched submission's turn.
@@ -1123,7 +1184,7 @@ export type WatchSubmissionResponse = Message<"turnwire.v1.WatchSubmissionRespon
  * Use `create(WatchSubmissionResponseSchema)` to create a new message.
  */
 export const WatchSubmissionResponseSchema: GenMessage<WatchSubmissionResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 28);
+  messageDesc(file_turnwire_v1_chat_service, 29);
 
 /**
  * AddMessagesRequest is the input of ChatService.AddMessages.
@@ -1165,7 +1226,7 @@ export type AddMessagesRequest = Message<"turnwire.v1.AddMessagesRequest"> & {
  * Use `create(AddMessagesRequestSchema)` to create a new message.
  */
 export const AddMessagesRequestSchema: GenMessage<AddMessagesRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 29);
+  messageDesc(file_turnwire_v1_chat_service, 30);
 
 /**
  * AddMessagesResponse is the output of ChatService.AddMessages.
@@ -1207,7 +1268,7 @@ export type AddMessagesResponse = Message<"turnwire.v1.AddMessagesResponse"> & {
  * Use `create(AddMessagesResponseSchema)` to create a new message.
  */
 export const AddMessagesResponseSchema: GenMessage<AddMessagesResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 30);
+  messageDesc(file_turnwire_v1_chat_service, 31);
 
 /**
  * DeleteConversationRequest is the input of ChatService.DeleteConversation.
@@ -1235,7 +1296,7 @@ export type DeleteConversationRequest = Message<"turnwire.v1.DeleteConversationR
  * Use `create(DeleteConversationRequestSchema)` to create a new message.
  */
 export const DeleteConversationRequestSchema: GenMessage<DeleteConversationRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 31);
+  messageDesc(file_turnwire_v1_chat_service, 32);
 
 /**
  * DeleteConversationResponse is the output of ChatService.DeleteConversation.
@@ -1256,7 +1317,7 @@ export type DeleteConversationResponse = Message<"turnwire.v1.DeleteConversation
  * Use `create(DeleteConversationResponseSchema)` to create a new message.
  */
 export const DeleteConversationResponseSchema: GenMessage<DeleteConversationResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 32);
+  messageDesc(file_turnwire_v1_chat_service, 33);
 
 /**
  * ToolResult is the result of one client-side tool call.
@@ -1298,7 +1359,7 @@ export type ToolResult = Message<"turnwire.v1.ToolResult"> & {
  * Use `create(ToolResultSchema)` to create a new message.
  */
 export const ToolResultSchema: GenMessage<ToolResult> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 33);
+  messageDesc(file_turnwire_v1_chat_service, 34);
 
 /**
  * SubmitToolResultsRequest is the input of ChatService.SubmitToolResults.
@@ -1376,7 +1437,7 @@ export type SubmitToolResultsRequest = Message<"turnwire.v1.SubmitToolResultsReq
  * Use `create(SubmitToolResultsRequestSchema)` to create a new message.
  */
 export const SubmitToolResultsRequestSchema: GenMessage<SubmitToolResultsRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 34);
+  messageDesc(file_turnwire_v1_chat_service, 35);
 
 /**
  * SubmitToolResultsResponse is one event of the continuation turn.
@@ -1397,7 +1458,7 @@ export type SubmitToolResultsResponse = Message<"turnwire.v1.SubmitToolResultsRe
  * Use `create(SubmitToolResultsResponseSchema)` to create a new message.
  */
 export const SubmitToolResultsResponseSchema: GenMessage<SubmitToolResultsResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 35);
+  messageDesc(file_turnwire_v1_chat_service, 36);
 
 /**
  * ToolApproval answers one approval request.
@@ -1432,7 +1493,7 @@ export type ToolApproval = Message<"turnwire.v1.ToolApproval"> & {
  * Use `create(ToolApprovalSchema)` to create a new message.
  */
 export const ToolApprovalSchema: GenMessage<ToolApproval> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 36);
+  messageDesc(file_turnwire_v1_chat_service, 37);
 
 /**
  * SubmitToolApprovalsRequest is the input of ChatService.SubmitToolApprovals.
@@ -1509,7 +1570,7 @@ export type SubmitToolApprovalsRequest = Message<"turnwire.v1.SubmitToolApproval
  * Use `create(SubmitToolApprovalsRequestSchema)` to create a new message.
  */
 export const SubmitToolApprovalsRequestSchema: GenMessage<SubmitToolApprovalsRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 37);
+  messageDesc(file_turnwire_v1_chat_service, 38);
 
 /**
  * SubmitToolApprovalsResponse is one event of the continuation turn.
@@ -1530,7 +1591,7 @@ export type SubmitToolApprovalsResponse = Message<"turnwire.v1.SubmitToolApprova
  * Use `create(SubmitToolApprovalsResponseSchema)` to create a new message.
  */
 export const SubmitToolApprovalsResponseSchema: GenMessage<SubmitToolApprovalsResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_chat_service, 38);
+  messageDesc(file_turnwire_v1_chat_service, 39);
 
 /**
  * DisconnectPolicy is what happens to a turn when its caller goes away

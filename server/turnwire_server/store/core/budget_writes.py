@@ -1,0 +1,235 @@
+"""Budget charges and reads, once for both drivers (core programs,
+:mod:`turnwire_server.store.core.sql`; the rules: docs/cost.md, "Budgets", and
+:mod:`.budget_rules`).
+
+A charge is one transaction of two batches. The first reads the turn's fencing token (its row
+locked, as :mod:`.fencing` does) with its stored reservations, creates the charged budget rows at
+zero when missing (``INSERT … ON CONFLICT DO NOTHING``) and locks them and the reservations' rows
+in key order (``SELECT … FOR UPDATE OF``), so charges racing from several replicas for one budget
+take turns on its row and each sees the other's reservation (SQLite applies writes one at a
+time). Every charge locks the turn's row, then budget rows sorted; a conversation's deletion
+its conversation, its turns' rows, then budget rows: no two wait on each other in a cycle. The
+second batch settles, reserves and writes the rows back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, Final, TypeVar
+
+from turnwire_server.store.core.budget_rules import Reservation, fit_output, settle
+from turnwire_server.store.core.fencing import holds_lease
+from turnwire_server.store.core.sql import Dialect, Program, Statement
+from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetKey, BudgetLimits, BudgetSpend
+
+__all__ = ["charge_budget", "conversation_deleted", "kept_limits", "read_spends", "spends_from_rows"]
+
+T = TypeVar("T", int, float)
+
+_KEY: Final = "scope = ? AND scope_key = ? AND period = ?"
+_SPEND_COLUMNS: Final = "spent_tokens, spent_usd, reserved_tokens, reserved_usd"
+_ENSURE_ROWS: Final = "INSERT INTO budget_spend (scope, scope_key, period, conversation_id) VALUES "
+_ON_CONFLICT: Final = " ON CONFLICT (scope, scope_key, period) DO NOTHING"
+_TOKEN_AND_RESERVATIONS: Final = (
+    # The turn's fencing token (its row locked, as fencing.lease_read's) and its reservations in
+    # one read: a row per reservation, or one with NULL reservation columns when it has none.
+    "SELECT t.owner, t.lease_epoch, r.scope, r.scope_key, r.period, r.epoch, r.tokens, r.usd"
+    " FROM turns t LEFT JOIN budget_reservations r ON r.request_id = t.request_id"
+    " WHERE t.request_id = ?"
+)
+_ROW_MARKS: Final = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_UPDATE_ROWS: Final = (
+    # VALUES columns are column1 … in both dialects; the casts type a column of NULLs alike.
+    "UPDATE budget_spend SET spent_tokens = CAST(v.column4 AS BIGINT),"
+    " spent_usd = CAST(v.column5 AS DOUBLE PRECISION), reserved_tokens = CAST(v.column6 AS BIGINT),"
+    " reserved_usd = CAST(v.column7 AS DOUBLE PRECISION),"
+    " limit_tokens = CASE WHEN v.column8 THEN CAST(v.column9 AS BIGINT) ELSE limit_tokens END,"
+    " limit_usd = CASE WHEN v.column8 THEN CAST(v.column10 AS DOUBLE PRECISION) ELSE limit_usd END"
+    " FROM (VALUES {values}) AS v"
+    " WHERE budget_spend.scope = v.column1 AND budget_spend.scope_key = v.column2"
+    " AND budget_spend.period = v.column3"
+)
+_RESERVE: Final = (
+    "INSERT INTO budget_reservations (request_id, scope, scope_key, period, conversation_id, epoch,"
+    " tokens, usd) VALUES "
+)
+
+_SUM: Final = (
+    "(SELECT COALESCE(SUM(r.{column}), 0) FROM budget_reservations r WHERE r.conversation_id = ?"
+    " AND r.scope = budget_spend.scope AND r.scope_key = budget_spend.scope_key"
+    " AND r.period = budget_spend.period)"
+)
+_SETTLE_DELETED: Final = (
+    f"UPDATE budget_spend SET spent_tokens = spent_tokens + {_SUM.format(column='tokens')},"
+    f" reserved_tokens = reserved_tokens - {_SUM.format(column='tokens')},"
+    f" spent_usd = spent_usd + {_SUM.format(column='usd')},"
+    f" reserved_usd = reserved_usd - {_SUM.format(column='usd')}"
+    " WHERE conversation_id IS NULL AND (scope, scope_key, period) IN"
+    " (SELECT scope, scope_key, period FROM budget_reservations WHERE conversation_id = ?)"
+)
+
+
+def conversation_deleted(conversation_id: str) -> list[Statement]:
+    """The statements removing a deleted conversation's budget rows (its turns' and its own),
+    after its turns' rows (so they lock rows in a charge's order: the turn, then the budgets):
+    what its running steps reserved on the budgets that stay (its tenant's) is settled at what it
+    reserved first, as a lost attempt's is (the provider may have billed those steps)."""
+    return [
+        Statement(_SETTLE_DELETED, (conversation_id,) * 5),
+        Statement("DELETE FROM budget_reservations WHERE conversation_id = ?", (conversation_id,)),
+        Statement("DELETE FROM budget_spend WHERE conversation_id = ?", (conversation_id,)),
+    ]
+
+
+def _spend(row: Sequence[Any]) -> BudgetSpend:
+    return BudgetSpend(int(row[0]), float(row[1]), int(row[2]), float(row[3]))
+
+
+def charge_budget(charge: BudgetCharge, dialect: Dialect) -> Program[BudgetGrant]:
+    """``BudgetStore.charge_budget``: settle ``charge.request_id``'s reservations and reserve
+    ``charge.ask`` in one transaction of two batches (on PostgreSQL two round trips): the reads
+    and row locks, then the writes. Raises :class:`LeaseLost` (writing nothing) when the turn's
+    token is no longer ``charge.lease``; a turn no longer recorded (its conversation was deleted)
+    is charged nothing."""
+    keys = sorted({budget.key for budget in charge.budgets})
+    owners = {budget.key: budget.conversation_id for budget in charge.budgets}
+    reads = [
+        Statement(
+            _TOKEN_AND_RESERVATIONS + (f"{dialect.lock_rows} OF t" if dialect.lock_rows else ""),
+            (charge.request_id,),
+            fetch=True,
+        )
+    ]
+    if keys:
+        reads.append(
+            Statement(
+                _ENSURE_ROWS + ", ".join(["(?, ?, ?, ?)"] * len(keys)) + _ON_CONFLICT,
+                [value for k in keys for value in (*_key(k), owners[k])],
+            )
+        )
+    # One statement locks the charged rows and those of the turn's reservations (a past period's
+    # among them), sorted: charges racing for the same rows lock them in one order. A join on the
+    # keys (not an OR of two IN lists, which SQLite answers with a scan of the table).
+    keys_sql = f"VALUES {', '.join(['(?, ?, ?)'] * len(keys))} UNION " if keys else ""
+    reads.append(
+        Statement(
+            f"SELECT b.scope, b.scope_key, b.period, {_SPEND_COLUMNS}, limit_tokens, limit_usd"
+            f" FROM ({keys_sql}SELECT scope AS column1, scope_key AS column2, period AS column3"
+            " FROM budget_reservations"
+            " WHERE request_id = ?) AS k"
+            " JOIN budget_spend b ON b.scope = k.column1 AND b.scope_key = k.column2 AND b.period = k.column3"
+            " ORDER BY b.scope, b.scope_key, b.period"
+            + (f"{dialect.lock_rows} OF b" if dialect.lock_rows else ""),
+            [*(value for k in keys for value in _key(k)), charge.request_id],
+            fetch=True,
+        )
+    )
+    found = yield reads
+    if not holds_lease([row[:2] for row in found[0][:1]], charge.lease):
+        return BudgetGrant(output_tokens=charge.ask.max_output if charge.ask else 0)
+    reservations = [
+        Reservation(BudgetKey(scope, key, period), int(epoch), int(tokens), float(usd))
+        for _, _, scope, key, period, epoch, tokens, usd in found[0]
+        if scope is not None
+    ]
+    rows = {BudgetKey(row[0], row[1], row[2]): row[3:] for row in found[-1]}
+    spends = {k: _spend(row) for k, row in rows.items()}
+    budgets = tuple(
+        kept_limits(budget, rows[budget.key][4], rows[budget.key][5]) for budget in charge.budgets
+    )
+    epoch = charge.lease.epoch if charge.lease is not None else 0
+    spends = settle(spends, reservations, epoch=epoch, spent=charge.spent)
+    grant = BudgetGrant()
+    writes: list[Statement] = []
+    if reservations:
+        writes.append(Statement("DELETE FROM budget_reservations WHERE request_id = ?", (charge.request_id,)))
+    ask = charge.ask
+    if ask is not None:
+        output, refused = fit_output(ask, budgets, spends)
+        if refused is None:
+            tokens = ask.prompt_tokens + output
+            usd = ask.prompt_usd + output * ask.usd_per_output_token
+            grant = BudgetGrant(output_tokens=output, tokens=tokens, usd=usd)
+            for budget in budgets:
+                state = spends[budget.key]
+                spends[budget.key] = BudgetSpend(
+                    state.spent_tokens,
+                    state.spent_usd,
+                    state.reserved_tokens + tokens,
+                    state.reserved_usd + usd,
+                )
+            writes.append(
+                Statement(
+                    _RESERVE + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(budgets)),
+                    [
+                        value
+                        for b in budgets
+                        for value in (
+                            charge.request_id,
+                            *_key(b.key),
+                            charge.conversation_id,
+                            epoch,
+                            tokens,
+                            usd,
+                        )
+                    ],
+                )
+            )
+        else:
+            grant = BudgetGrant(refused=refused)
+    limits = {budget.key: (budget.tokens, budget.usd) for budget in budgets}
+    # Every row back in one statement (a row a past period's reservation settled keeps its limits).
+    changed = sorted(spends)
+    if changed:
+        writes.append(
+            Statement(
+                _UPDATE_ROWS.format(values=", ".join([_ROW_MARKS] * len(changed))),
+                [
+                    value
+                    for k in changed
+                    for value in (*_key(k), *_columns(spends[k]), k in limits, *limits.get(k, (None, None)))
+                ],
+            )
+        )
+    yield writes
+    return BudgetGrant(grant.output_tokens, grant.tokens, grant.usd, grant.refused, spends)
+
+
+def _key(key: BudgetKey) -> tuple[str, str, str]:
+    return key.scope, key.key, key.period
+
+
+def _columns(state: BudgetSpend) -> tuple[int, float, int, float]:
+    return state.spent_tokens, state.spent_usd, state.reserved_tokens, state.reserved_usd
+
+
+def kept_limits(budget: BudgetLimits, stored_tokens: Any, stored_usd: Any) -> BudgetLimits:
+    """``budget`` with a ``turn`` budget's stored limits kept where lower: a request's own lower
+    budget holds for every attempt of its turn (a recovery knows only the configured one)."""
+    if budget.key.scope != "turn":
+        return budget
+    return replace(
+        budget,
+        tokens=_lower(budget.tokens, None if stored_tokens is None else int(stored_tokens)),
+        usd=_lower(budget.usd, None if stored_usd is None else float(stored_usd)),
+    )
+
+
+def _lower(given: T | None, stored: T | None) -> T | None:
+    if given is None or stored is None:
+        return given if stored is None else stored
+    return min(given, stored)
+
+
+def read_spends(keys: Sequence[BudgetKey]) -> tuple[str, list[Any]]:
+    """The read of ``keys``' states (one statement): rows of ``scope, scope_key, period`` and
+    the spend columns; a budget never charged has no row (its state is zero)."""
+    condition = " OR ".join(f"({_KEY})" for _ in keys)
+    params = [value for key in keys for value in _key(key)]
+    return f"SELECT scope, scope_key, period, {_SPEND_COLUMNS} FROM budget_spend WHERE {condition}", params
+
+
+def spends_from_rows(rows: Sequence[Sequence[Any]]) -> dict[BudgetKey, BudgetSpend]:
+    """``{key: state}`` of :func:`read_spends`' rows."""
+    return {BudgetKey(row[0], row[1], row[2]): _spend(row[3:]) for row in rows}

@@ -1,0 +1,216 @@
+"""Budget charges in the store (``BudgetStore.charge_budget``, migration 0009_budgets; docs/cost.md
+"Budgets"), on SQLite and PostgreSQL alike: a charge reserves the most that fits, refuses when
+nothing does, settles the last step at its actual use, settles a lost attempt's reservation once,
+is fenced like every turn write; a conversation's deletion takes its budgets along. And on one
+PostgreSQL database shared by two replicas, two turns racing for the last of a budget: one wins."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import pytest
+from support.stores import StoreBackend, leased_turn, postgres_database
+
+from turnwire_client.v1 import message_pb2
+from turnwire_server.store import Store, TurnRecord
+from turnwire_server.store.base import (
+    BudgetAsk,
+    BudgetCharge,
+    BudgetKey,
+    BudgetLimits,
+    BudgetSpend,
+    SubmissionRecord,
+)
+from turnwire_server.store.errors import LeaseLost
+from turnwire_server.store.postgres import PostgresStore
+
+T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+LAPSED = T0 + dt.timedelta(seconds=31)
+UNTIL = LAPSED + dt.timedelta(seconds=30)
+CONVERSATION = BudgetKey("conversation", "c")
+TENANT_DAY = BudgetKey("tenant/day", "", "2026-01-02")
+
+
+async def _started(store: Store, request_id: str, conversation: str = "c") -> TurnRecord:
+    turn = leased_turn(request_id, conversation, "a", start_time=T0)
+    user = message_pb2.Message(id=f"u-{request_id}", role=message_pb2.ROLE_USER)
+    user.parts.add().text.text = "q"
+    await store.start_turn(turn, [user])
+    return turn
+
+
+def _charge(
+    turn: TurnRecord,
+    *budgets: BudgetLimits,
+    ask: BudgetAsk | None = None,
+    spent: tuple[int | None, float | None] | None = None,
+) -> BudgetCharge:
+    return BudgetCharge(turn.request_id, turn.conversation_id, turn.lease, budgets, spent=spent, ask=ask)
+
+
+def _ask(prompt: int, output: int, *, usd_in: float = 0.0, usd_out: float = 0.0) -> BudgetAsk:
+    return BudgetAsk(prompt, prompt * usd_in, usd_out, output)
+
+
+async def test_a_step_reserves_what_fits_and_settles_at_its_actual_use(store: Store) -> None:
+    turn = await _started(store, "r1")
+    budget = BudgetLimits(CONVERSATION, tokens=1_000, conversation_id="c")
+    grant = await store.charge_budget(_charge(turn, budget, ask=_ask(400, 800)))
+    # 400 of prompt leaves room for 600 output tokens, not the 800 asked: clamped.
+    assert (grant.output_tokens, grant.tokens, grant.refused) == (600, 1_000, None)
+    assert grant.spends[CONVERSATION] == BudgetSpend(0, 0.0, 1_000, 0.0)
+
+    # The step used 450 tokens: settled at that, the next step reserves from what is left.
+    grant = await store.charge_budget(_charge(turn, budget, ask=_ask(500, 800), spent=(450, None)))
+    assert (grant.output_tokens, grant.refused) == (50, None)
+    assert grant.spends[CONVERSATION] == BudgetSpend(450, 0.0, 550, 0.0)
+
+    # The turn ends: settled only; nothing reserved any more.
+    grant = await store.charge_budget(_charge(turn, budget, spent=(520, None)))
+    assert grant.spends[CONVERSATION] == BudgetSpend(970, 0.0, 0, 0.0)
+    assert await store.budget_spends([CONVERSATION, TENANT_DAY]) == {
+        CONVERSATION: BudgetSpend(970, 0.0, 0, 0.0)
+    }
+
+
+async def test_no_room_for_one_output_token_is_refused_and_reserves_nothing(store: Store) -> None:
+    turn = await _started(store, "r1")
+    tokens = BudgetLimits(CONVERSATION, tokens=1_000, conversation_id="c")
+    usd = BudgetLimits(TENANT_DAY, usd=0.01)
+    grant = await store.charge_budget(_charge(turn, tokens, usd, ask=_ask(1_000, 100)))
+    assert (grant.output_tokens, grant.refused) == (0, CONVERSATION)
+    # In US dollars: 0.004 of prompt, 0.001 per output token: room for 6 of the 100 asked.
+    grant = await store.charge_budget(
+        _charge(turn, tokens, usd, ask=_ask(100, 100, usd_in=4e-5, usd_out=1e-3))
+    )
+    assert (grant.output_tokens, grant.refused) == (6, None)
+    assert grant.usd == pytest.approx(0.004 + 0.006)
+    grant = await store.charge_budget(
+        _charge(turn, tokens, usd, ask=_ask(100, 100, usd_in=4e-5, usd_out=1e-3))
+    )
+    # The first reservation was settled at what it reserved (no usage given): no room left.
+    assert (grant.output_tokens, grant.refused) == (0, TENANT_DAY)
+    state = (await store.budget_spends([TENANT_DAY]))[TENANT_DAY]
+    assert (state.spent_tokens, state.reserved_tokens) == (106, 0)
+    assert state.spent_usd == pytest.approx(0.01)
+
+
+async def test_a_lost_attempts_reservation_is_settled_once_not_charged_twice(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    mine = await _started(store, "r1")
+    budget = BudgetLimits(CONVERSATION, tokens=10_000, conversation_id="c")
+    await store.charge_budget(_charge(mine, budget, ask=_ask(1_000, 2_000)))  # then the replica dies
+    now = LAPSED if store_backend.name == "postgres" else T0
+    (taken,) = await store.claim_interrupted_turns("b", now, UNTIL, 10)
+    assert taken.lease_epoch == mine.lease_epoch + 1
+
+    # The lost attempt's writes are fenced, its charges too.
+    with pytest.raises(LeaseLost):
+        await store.charge_budget(_charge(mine, budget, spent=(10, None)))
+    # The recovered attempt's first charge settles the lost reservation at what it reserved,
+    # once, and reserves its own step; its settlement counts its actual use only.
+    grant = await store.charge_budget(_charge(taken, budget, ask=_ask(1_000, 2_000), spent=(5, None)))
+    assert grant.spends[CONVERSATION] == BudgetSpend(3_000, 0.0, 3_000, 0.0)
+    grant = await store.charge_budget(_charge(taken, budget, spent=(1_200, None)))
+    assert grant.spends[CONVERSATION] == BudgetSpend(4_200, 0.0, 0, 0.0)
+
+
+async def test_a_charge_naming_no_budget_settles_what_the_turn_reserved(store: Store) -> None:
+    # A turn left interrupted, its budgets no longer configured: its reservation is settled all the same.
+    turn = await _started(store, "r1")
+    await store.charge_budget(_charge(turn, BudgetLimits(TENANT_DAY, tokens=5_000), ask=_ask(100, 100)))
+    grant = await store.charge_budget(BudgetCharge("r1", "c", None, ()))
+    assert grant.spends == {TENANT_DAY: BudgetSpend(200, 0.0, 0, 0.0)}
+    assert (await store.charge_budget(BudgetCharge("r1", "c", None, ()))).spends == {}  # nothing left
+
+
+async def test_a_turn_budget_keeps_its_lower_stored_limit(store: Store) -> None:
+    turn = await _started(store, "r1")
+    key = BudgetKey("turn", "r1")
+    # The request lowered its turn budget to 500; a recovery knows only the configured 5 000.
+    await store.charge_budget(
+        _charge(turn, BudgetLimits(key, tokens=500, conversation_id="c"), ask=_ask(100, 100))
+    )
+    grant = await store.charge_budget(
+        _charge(
+            turn,
+            BudgetLimits(key, tokens=5_000, conversation_id="c"),
+            ask=_ask(100, 1_000),
+            spent=(150, None),
+        )
+    )
+    assert grant.output_tokens == 250  # 500 - 150 spent - 100 of prompt
+
+
+async def test_deleting_a_conversation_deletes_its_budgets_not_its_tenants(store: Store) -> None:
+    turn = await _started(store, "r1")
+    budgets = (
+        BudgetLimits(BudgetKey("turn", "r1"), tokens=5_000, conversation_id="c"),
+        BudgetLimits(CONVERSATION, tokens=5_000, conversation_id="c"),
+        BudgetLimits(TENANT_DAY, tokens=5_000),
+    )
+    await store.charge_budget(_charge(turn, *budgets, ask=_ask(100, 100)))
+    assert await store.delete_conversation("c")
+    # The running step's reservation on the tenant is settled at what it reserved (the provider
+    # may have billed it), not left reserved forever.
+    assert await store.budget_spends([b.key for b in budgets]) == {TENANT_DAY: BudgetSpend(200, 0.0, 0, 0.0)}
+
+
+async def test_a_submission_keeps_who_submitted_it(store: Store) -> None:
+    submission = SubmissionRecord(
+        submission_id="s1",
+        conversation_id="c",
+        idempotency_key=None,
+        state="pending",
+        request=b"request",
+        create_time=T0,
+        principal="alice",
+    )
+    created, _ = await store.create_submission(submission, max_open=10)
+    assert created.principal == "alice"
+    stored = await store.get_submission("s1")
+    assert stored is not None and stored.principal == "alice"
+
+
+async def test_two_replicas_racing_for_the_last_of_a_budget_one_gets_it() -> None:
+    """Two PostgreSQL replicas, a turn each on two conversations of one tenant, a tenant budget
+    with room for one step: however the charges interleave, exactly one is granted."""
+    with postgres_database() as url:
+        replicas = [PostgresStore(url), PostgresStore(url)]
+        for replica in replicas:
+            await replica.open()
+        try:
+            for round_number in range(20):
+                key = BudgetKey("tenant/day", f"t{round_number}", "2026-01-02")
+                budget = BudgetLimits(key, tokens=2_000)
+                first, *turns = [
+                    await _started(replica, f"r{round_number}-{n}", f"t{round_number}/c{n}")
+                    for n, replica in enumerate([replicas[0], *replicas])
+                ]
+                # An earlier step holds 500 (the row exists: the race is on its lock, not its insert).
+                await replicas[0].charge_budget(
+                    BudgetCharge(
+                        first.request_id, first.conversation_id, first.lease, (budget,), ask=_ask(499, 1)
+                    )
+                )
+                grants = await asyncio.gather(
+                    *(
+                        replica.charge_budget(
+                            BudgetCharge(
+                                turn.request_id,
+                                turn.conversation_id,
+                                turn.lease,
+                                (budget,),
+                                ask=_ask(500, 500),
+                            )
+                        )
+                        for replica, turn in zip(replicas, turns, strict=True)
+                    )
+                )
+                assert sorted(g.refused is None for g in grants) == [False, True], grants
+                assert (await replicas[0].budget_spends([key]))[key] == BudgetSpend(0, 0.0, 1_500, 0.0)
+        finally:
+            for replica in replicas:
+                await replica.close()
