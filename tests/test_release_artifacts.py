@@ -39,7 +39,9 @@ REPO = Path(__file__).resolve().parents[1]
 VERSION = (REPO / "VERSION").read_text().strip()
 DEBIAN_GOPATH = Path("/usr/share/gocode")
 
-pytestmark = [pytest.mark.e2e, pytest.mark.packaging]
+# One worker builds and installs (the module's fixtures run once per worker): two `make dist` at
+# once in one checkout race on setuptools' release tree (`turnwire-VERSION/`) and `build/`.
+pytestmark = [pytest.mark.e2e, pytest.mark.packaging, pytest.mark.xdist_group("release_artifacts")]
 
 
 def _run(command: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None) -> str:

@@ -47,6 +47,9 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory, replay: ReplayServer) -> I
                 "type": "anthropic",
                 "api_key_env": "E2E_A_KEY",
                 "base_url": replay.url,
+                # The bodies compared here are the API's own shapes; the sidecar's cache breakpoints
+                # are tested in test_prompt_cache_e2e.py.
+                "prompt_caching": "off",
                 "max_retries": 0,
                 "timeout_seconds": 10,
             }
