@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from packaging.requirements import Requirement
 from support.http_sidecar import http_base
 from support.sidecar import SidecarProcess, free_port
@@ -39,9 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 VERSION = (REPO / "VERSION").read_text().strip()
 DEBIAN_GOPATH = Path("/usr/share/gocode")
 
-# One worker builds and installs (the module's fixtures run once per worker): two `make dist` at
-# once in one checkout race on setuptools' release tree (`turnwire-VERSION/`) and `build/`.
-pytestmark = [pytest.mark.e2e, pytest.mark.packaging, pytest.mark.xdist_group("release_artifacts")]
+pytestmark = [pytest.mark.e2e, pytest.mark.packaging]
 
 
 def _run(command: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None) -> str:
@@ -55,9 +54,16 @@ def _run(command: list[str], cwd: Path, timeout: float = 600, env: dict[str, str
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """What ``make dist`` wrote, in a temporary directory."""
-    out = tmp_path_factory.mktemp("dist")
-    _run(["make", "--no-print-directory", "dist", f"DIST={out}"], cwd=REPO, timeout=900)
+    """What ``make dist`` wrote, in a temporary directory: built once for all pytest-xdist workers
+    (their shared base directory, under a file lock). Two ``make dist`` at once in one checkout
+    race on setuptools' release trees (``turnwire-VERSION/``), and this module's tests may run
+    on several workers."""
+    shared = tmp_path_factory.getbasetemp().parent
+    out = shared / "release-dist"
+    with FileLock(str(shared / "release-dist.lock")):
+        if not (out / "built").is_file():
+            _run(["make", "--no-print-directory", "dist", f"DIST={out}"], cwd=REPO, timeout=900)
+            (out / "built").write_text("make dist finished\n")
     return out
 
 

@@ -103,9 +103,10 @@ async def test_the_cli_tour_runs_as_written(sidecar_factory: SidecarFactory, tmp
     assert serve[:2] == ["serve", "--listen"]  # the sidecar the other lines talk to
     sidecar = await sidecar_factory().start()
     env = {"TURNWIRE_TARGET": sidecar.target}
-    # "cancel a running turn": none runs, so exit status 1; "approve a call awaiting approval":
-    # the demo's calls need none, so the sidecar refuses it (exit status 2, the reason on stderr).
-    expected_codes = {"cancel": 1, "approve": 2}
+    # "cancel a running turn": none runs, so exit status 1; "follow a turn": no such turn, exit
+    # status 2; "approve a call awaiting approval": the demo's calls need none, so the sidecar
+    # refuses it (exit status 2, the reason on stderr).
+    expected_codes = {"cancel": 1, "resume": 2, "approve": 2}
     outputs = {}
     for command in commands[1:]:
         args = _argv(command, sidecar.target)
