@@ -201,7 +201,24 @@ class GeminiProviderSettings(_SdkProviderSettings):
     default_max_tokens: int | None = Field(None, ge=1, description="max_output_tokens when a turn sets none")
 
 
-class OpenAIProviderSettings(_SdkProviderSettings):
+class _CacheKeySettings(ConfigSection):
+    """The field of every OpenAI entry (``openai``, ``openai-responses``) that sends each
+    conversation's opaque ``prompt_cache_key`` (docs/providers.md, "Prompt caching")."""
+
+    prompt_cache_key: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="send each conversation's opaque prompt_cache_key: auto (to OpenAI's own API "
+        "only), on, off",
+    )
+
+    @field_validator("prompt_cache_key", mode="before")
+    @classmethod
+    def _cache_key_switch(cls, value: Any) -> Any:
+        # YAML 1.1 reads an unquoted on/off (yes/no) as a boolean: take it as meant.
+        return ("on" if value else "off") if isinstance(value, bool) else value
+
+
+class OpenAIProviderSettings(_SdkProviderSettings, _CacheKeySettings):
     """OpenAI Chat Completions or an OpenAI-compatible server (vLLM, Ollama, llama.cpp, LiteLLM,
     OpenRouter) at ``base_url``. ``max_tokens_param``: ``auto`` sends ``max_completion_tokens`` to
     OpenAI and ``max_tokens`` to other servers. ``include_usage`` asks for the final usage chunk.
@@ -230,17 +247,6 @@ class OpenAIProviderSettings(_SdkProviderSettings):
         description="with inline_reasoning_tag: the output begins inside the reasoning (the chat "
         "template opened the tag in the prompt, as DeepSeek-R1's and QwQ's do)",
     )
-    prompt_cache_key: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="send each conversation's opaque prompt_cache_key: auto (to OpenAI's own API "
-        "only), on, off",
-    )
-
-    @field_validator("prompt_cache_key", mode="before")
-    @classmethod
-    def _cache_key_switch(cls, value: Any) -> Any:
-        # YAML 1.1 reads an unquoted on/off (yes/no) as a boolean: take it as meant.
-        return ("on" if value else "off") if isinstance(value, bool) else value
 
     @field_validator("inline_reasoning_tag")
     @classmethod
@@ -253,7 +259,7 @@ class OpenAIProviderSettings(_SdkProviderSettings):
         return value
 
 
-class OpenAIResponsesProviderSettings(_SdkProviderSettings):
+class OpenAIResponsesProviderSettings(_SdkProviderSettings, _CacheKeySettings):
     """OpenAI Responses. ``store`` false (the default) keeps nothing at OpenAI and round-trips reasoning
     as encrypted content; ``encrypted_reasoning`` says when to request it (``auto``: reasoning models).
     ``replay_reasoning``: which reasoning that has neither encrypted content nor an item stored at
@@ -270,17 +276,6 @@ class OpenAIResponsesProviderSettings(_SdkProviderSettings):
         description="reasoning items without encrypted content sent back as text: auto (a tool "
         "turn's, for DeepSeek and Kimi K2 thinking models), tool_turns, always, never",
     )
-    prompt_cache_key: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="send each conversation's opaque prompt_cache_key: auto (to OpenAI's own API "
-        "only), on, off",
-    )
-
-    @field_validator("prompt_cache_key", mode="before")
-    @classmethod
-    def _cache_key_switch(cls, value: Any) -> Any:
-        # YAML 1.1 reads an unquoted on/off (yes/no) as a boolean: take it as meant.
-        return ("on" if value else "off") if isinstance(value, bool) else value
 
 
 def _entry_type(value: Any) -> str | None:
