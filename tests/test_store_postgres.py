@@ -537,7 +537,10 @@ async def test_a_reject_racing_another_replicas_turn_is_decided_under_the_queue_
             await release.wait()
 
     def waiting_for_the_gate() -> int:
-        rows = check.sql("SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        rows = check.sql(  # this test's database only: other tests' run beside it on the same server
+            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
         return int(rows[0][0])
 
     try:
