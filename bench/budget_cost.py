@@ -21,15 +21,13 @@ import asyncio
 import datetime as dt
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fencing_cost import _backend_cpu_s
-from support.stores import postgres_database
+from _stores import backend_cpu_s, both_stores
 
 from turnwire.providers import ModelRequest
 from turnwire.types import Cost, ModelSettings, Usage
@@ -39,8 +37,6 @@ from turnwire_server.engine.budgets import StepBudgets
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.store import Store, TurnRecord
-from turnwire_server.store.postgres import PostgresStore
-from turnwire_server.store.sqlite import SqliteStore
 
 MODEL = "bench:model"
 PRICES = PriceBook(PricingSettings.model_validate({"models": {MODEL: {"input_mtok": 3, "output_mtok": 15}}}))
@@ -96,7 +92,7 @@ async def _turn(
         messages=_history(messages),
         settings=ModelSettings(),
     )
-    server_before = _backend_cpu_s(url) if url else 0.0
+    server_before = backend_cpu_s(url) if url else 0.0
     cpu_before, wall_before = time.process_time(), time.perf_counter()
     for _ in range(steps):
         await budgets.reserve(request, MODEL, None, None)
@@ -104,7 +100,7 @@ async def _turn(
     await budgets.close()
     cpu = (time.process_time() - cpu_before) / steps * 1e6
     wall = (time.perf_counter() - wall_before) / steps * 1e6
-    server = ((_backend_cpu_s(url) - server_before) / steps * 1e6) if url else 0.0
+    server = ((backend_cpu_s(url) - server_before) / steps * 1e6) if url else 0.0
     return cpu, server, wall
 
 
@@ -115,20 +111,13 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        lite = SqliteStore(Path(tmp) / "bench.db")
-        await lite.open()
-        with postgres_database() as url:
-            pg = PostgresStore(url)
-            await pg.open()
-            await _turn(lite, 20, args.messages, -1, None)  # warm: imports, caches
-            await _turn(pg, 20, args.messages, -1, url)
-            for n in range(args.rounds):
-                sqlite_cpu, _, sqlite_wall = await _turn(lite, args.steps, args.messages, n, None)
-                pg_cpu, pg_server, pg_wall = await _turn(pg, args.steps, args.messages, n, url)
-                rows.append((n + 1, sqlite_cpu, sqlite_wall, pg_cpu, pg_server, pg_wall))
-            await pg.close()
-        await lite.close()
+    async with both_stores() as (lite, pg, url):
+        await _turn(lite, 20, args.messages, -1, None)  # warm: imports, caches
+        await _turn(pg, 20, args.messages, -1, url)
+        for n in range(args.rounds):
+            sqlite_cpu, _, sqlite_wall = await _turn(lite, args.steps, args.messages, n, None)
+            pg_cpu, pg_server, pg_wall = await _turn(pg, args.steps, args.messages, n, url)
+            rows.append((n + 1, sqlite_cpu, sqlite_wall, pg_cpu, pg_server, pg_wall))
     load = os.getloadavg()[0]
     print(
         "| round | SQLite CPU µs/step | SQLite wall µs/step | PG client CPU µs/step | PG server CPU µs/step "

@@ -16,21 +16,17 @@ import asyncio
 import datetime as dt
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import psycopg
-from support.stores import postgres_database
+from _stores import backend_cpu_s, both_stores
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import TurnRecord
 from turnwire_server.store.core import fencing, message_writes, stream_writes
 from turnwire_server.store.core.sql import Statement
-from turnwire_server.store.postgres import PostgresStore
-from turnwire_server.store.sqlite import SqliteStore
 
 _NOW = fencing.lease_read
 
@@ -38,24 +34,6 @@ _NOW = fencing.lease_read
 def _before(request_id: str, dialect: object) -> Statement:
     """The read of before, as far as the statement goes: the turn's row, no row lock."""
     return Statement("SELECT owner, lease_epoch FROM turns WHERE request_id = ?", (request_id,), fetch=True)
-
-
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _backend_cpu_s(url: str) -> float:
-    with psycopg.connect(url, autocommit=True) as conn:
-        pids = [
-            p for (p,) in conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
-        ]
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError):
-            pass
-    return total / _TICKS
 
 
 async def _round(store: object, arm: str, writes: int, n: int, url: str | None) -> tuple[float, float]:
@@ -76,7 +54,7 @@ async def _round(store: object, arm: str, writes: int, n: int, url: str | None) 
     await store.start_turn(turn, [user])  # type: ignore[attr-defined]
     reply = message_pb2.Message(id=turn.assistant_message_id, role=message_pb2.ROLE_ASSISTANT)
     text = reply.parts.add().text
-    server_before = _backend_cpu_s(url) if url else 0.0
+    server_before = backend_cpu_s(url) if url else 0.0
     started = time.process_time()
     for i in range(writes):
         text.text += " word"
@@ -85,7 +63,7 @@ async def _round(store: object, arm: str, writes: int, n: int, url: str | None) 
             turn.conversation_id, turn.request_id, [(i + 1, b"event")], ended=False, lease=turn.lease
         )
     client = (time.process_time() - started) / (2 * writes) * 1e6
-    server = ((_backend_cpu_s(url) - server_before) / (2 * writes) * 1e6) if url else 0.0
+    server = ((backend_cpu_s(url) - server_before) / (2 * writes) * 1e6) if url else 0.0
     return client, server
 
 
@@ -97,19 +75,12 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        lite = SqliteStore(Path(tmp) / "bench.db")
-        await lite.open()
-        with postgres_database() as url:
-            pg = PostgresStore(url)
-            await pg.open()
-            for n in range(args.rounds):
-                for arm in ("before", "now") if n % 2 == 0 else ("now", "before"):
-                    sc, _ = await _round(lite, arm, args.writes, n, None)
-                    pc, ps = await _round(pg, arm, args.writes, n, url)
-                    rows.append((n + 1, arm, sc, pc, ps))
-            await pg.close()
-        await lite.close()
+    async with both_stores() as (lite, pg, url):
+        for n in range(args.rounds):
+            for arm in ("before", "now") if n % 2 == 0 else ("now", "before"):
+                sc, _ = await _round(lite, arm, args.writes, n, None)
+                pc, ps = await _round(pg, arm, args.writes, n, url)
+                rows.append((n + 1, arm, sc, pc, ps))
     load = os.getloadavg()[0]
     print("| round | statement | SQLite CPU µs/write | PG client CPU µs/write | PG server CPU µs/write |")
     print("|---|---|---|---|---|")
