@@ -29,13 +29,15 @@ from turnwire_server.store import Store
 _MARKED_BY_PATH: dict[str, tuple[str, ...]] = {"e2e": ("e2e",), "stress": ("e2e", "stress")}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark tests by what they need (see the module docstring): ``tests/e2e/`` and
     ``tests/stress/`` by path, the PostgreSQL case of ``store_backend`` by its parameter.
 
     Under pytest-xdist (``--dist loadgroup``), the tests of a module that share a module-scoped
     fixture (a sidecar started once for the module) are grouped onto one worker, so the fixture
-    is made once; every other test goes to whichever worker is free."""
+    is made once; every other test goes to whichever worker is free. First among the hooks: the
+    worker's own hook reads the ``xdist_group`` marks to group by, so they must be on already."""
     tests = Path(__file__).parent
     for item in items:
         parts = item.path.relative_to(tests).parts

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import io
 import re
-import socket
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +19,7 @@ from google.protobuf import struct_pb2, timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from rich.console import Console
+from support.sidecar import free_port
 
 from turnwire_client import ProtocolError, TurnResult, TurnwireClient, TurnwireError, Usage, collect
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
@@ -286,13 +286,6 @@ async def agen(items: Iterable[event_pb2.TurnEvent]) -> AsyncIterator[event_pb2.
 def capture() -> tuple[Console, Callable[[], str]]:
     buffer = io.StringIO()
     return Console(file=buffer, width=100), buffer.getvalue
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 # -- client: streams -------------------------------------------------------------------------

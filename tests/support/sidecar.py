@@ -17,7 +17,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
+import itertools
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -43,11 +46,44 @@ CONFIG_FILE_NAME = "turnwire.yaml"
 DB_FILE_NAME = "turnwire.db"
 
 
+# Ports handed to servers come from below the kernel's ephemeral range (32768-60999 on Linux),
+# which outgoing connections (to PostgreSQL, to a sidecar) draw from: a port taken from that range
+# with ``bind(0)`` could be given to some connection before the server bound it ("Address already
+# in use"). Each pytest-xdist worker has its own slice, so two workers never hand out one port.
+_PORT_RANGE_START = 20000
+_PORT_SLICE = 1500
+
+
+@functools.cache
+def _slice_ports() -> Iterator[int]:
+    """This process's slice of ``[20000, 32000)`` (by xdist worker number: ``gw3`` → slice 3,
+    modulo 8; slice 0 outside xdist), endlessly, from a random start: two test runs at once
+    rarely meet."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) % 8 if worker.isdigit() else 0
+    start = _PORT_RANGE_START + index * _PORT_SLICE
+    first = random.randrange(_PORT_SLICE)
+    return itertools.cycle([start + (first + i) % _PORT_SLICE for i in range(_PORT_SLICE)])
+
+
 def free_port() -> int:
-    """An unused TCP port on 127.0.0.1 (free when asked; the server binds it soon after)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """An unused TCP port on 127.0.0.1 that no other test of this run hands out and no outgoing
+    connection is given (see above); the server binds it soon after. Each is checked free by
+    binding it.
+
+    Raises:
+        RuntimeError: every port of this process's slice is held.
+    """
+    ports = _slice_ports()
+    for _ in range(_PORT_SLICE):
+        port = next(ports)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("every port of this test process's slice is held")
 
 
 def _holds_port(pid: int, port: int) -> bool:
