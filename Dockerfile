@@ -10,9 +10,14 @@
 # then write PYTHON_IMAGE=python:3.11.<patch>-slim-bookworm@sha256:… (the tag stays for readers;
 # the digest is what is pulled). Rebuild for the base's security updates.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+# The cloud platforms' SDKs stay out of the default image (boto3 and botocore alone are ~90 MB).
+# To serve bedrock:, vertex: or gemini: models, name their extras (docs/install.md):
+#   docker build --build-arg EXTRAS=bedrock,gemini -t turnwire:0.1.0-cloud .
+ARG EXTRAS=""
 
 # --- builder: wheels of the three distributions and every runtime dependency, pinned -----------
 FROM ${PYTHON_IMAGE} AS builder
+ARG EXTRAS
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_NO_INPUT=1
@@ -25,17 +30,18 @@ COPY clients/python/ clients/python/
 # No [dev] extra: only what `turnwire` needs at run time becomes a wheel, at the versions
 # constraints.txt pins. The dependencies publish binary wheels for CPython 3.11 on Linux, so the
 # slim base (no compiler) suffices; one that needed compiling would fail here, not at run time.
-RUN pip wheel --wheel-dir /wheels -c constraints.txt ./clients/python ./middleware .
+RUN pip wheel --wheel-dir /wheels -c constraints.txt ./clients/python ./middleware ".${EXTRAS:+[$EXTRAS]}"
 
 # --- runtime: the wheels installed offline, a non-root user, a data directory -------------------
 FROM ${PYTHON_IMAGE} AS runtime
+ARG EXTRAS
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 # --no-index: nothing but the builder's wheels. The bind mount keeps them out of every layer.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --find-links /wheels turnwire
+    pip install --no-index --find-links /wheels "turnwire${EXTRAS:+[$EXTRAS]}"
 # A fixed UID/GID (10001), numeric in USER so that Kubernetes' runAsNonRoot can verify it.
 # /var/lib/turnwire is the working directory, so the default store (sqlite:///turnwire.db)
 # lives there: mount a volume on it to keep conversations across containers.

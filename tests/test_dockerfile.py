@@ -13,7 +13,7 @@ import shlex
 import tomllib
 
 import pytest
-from support.dockerfile import REPO, Stage, exec_form, stages
+from support.dockerfile import REPO, Stage, exec_form, shell_words, stages
 
 DOCKERIGNORE = REPO / ".dockerignore"
 
@@ -35,16 +35,21 @@ def test_a_builder_stage_and_a_runtime_stage_on_one_pinned_base() -> None:
     assert all("latest" not in stage.base for stage in found)
 
 
+CLOUD_EXTRAS = {"bedrock", "vertex", "gemini"}
+
+
 def test_the_builder_makes_wheels_of_the_three_distributions_with_the_constraints() -> None:
     (command,) = stages()[0].values("RUN")
-    argv = shlex.split(command)
+    argv = shell_words(command, EXTRAS="")
     assert argv[:2] == ["pip", "wheel"]
     assert argv[argv.index("-c") + 1] == "constraints.txt"
     packages = [arg for arg in argv if arg.startswith(".")]
     assert packages == ["./clients/python", "./middleware", "."]
     names = {tomllib.loads((REPO / p / "pyproject.toml").read_text())["project"]["name"] for p in packages}
     assert names == {"turnwire-client", "turnwire-sdk", "turnwire"}
-    assert not any("[" in arg for arg in argv), "no extras (dev tools) are built"
+    assert not any("[" in arg for arg in argv), "no extras by default"
+    cloud = shell_words(command, EXTRAS="bedrock,gemini")
+    assert cloud[-1] == ".[bedrock,gemini]", "EXTRAS names the server's extras"
 
 
 def test_the_final_stage_installs_only_the_runtime_dependencies_from_the_builders_wheels() -> None:
@@ -53,20 +58,28 @@ def test_the_final_stage_installs_only_the_runtime_dependencies_from_the_builder
     (install, user_setup) = stage.values("RUN")
     options, _, command = install.partition(" pip ")
     assert "--mount=type=bind,from=builder,source=/wheels" in options
-    argv = shlex.split("pip " + command)
+    argv = shell_words("pip " + command, EXTRAS="")
     assert argv[:2] == ["pip", "install"]
     assert "--no-index" in argv
     assert argv[argv.index("--find-links") + 1] == "/wheels"
     assert [arg for arg in argv if not arg.startswith("-") and arg not in ("pip", "install", "/wheels")] == [
         "turnwire"
     ], "the server distribution alone, without extras: pip takes its runtime dependencies"
+    assert shell_words("pip " + command, EXTRAS="vertex")[-1] == "turnwire[vertex]"
     for command in (install, user_setup):
         assert not BUILD_TOOLS.search(command), f"a build tool in the runtime stage: {command}"
+
+
+def test_the_cloud_extras_are_a_build_argument_not_in_the_default_image() -> None:
+    """The cloud platforms' SDKs (boto3 and botocore alone are ~90 MB) are built in only when
+    ``--build-arg EXTRAS=…`` names them; each stage that installs declares the argument."""
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    # The cloud platforms' SDKs (boto3 and botocore alone are ~90 MB) stay out of the image.
-    assert set(extras) == {"dev", "bedrock", "vertex", "gemini"}, (
-        "a new extra: decide whether the image needs it"
-    )
+    assert set(extras) == {"dev", *CLOUD_EXTRAS}, "a new extra: decide whether the image can carry it"
+    text = (REPO / "Dockerfile").read_text()
+    assert 'ARG EXTRAS=""' in text, "empty by default"
+    for stage in stages():
+        assert "EXTRAS" in stage.values("ARG"), f"stage {stage.name} does not declare EXTRAS"
+    assert "--build-arg EXTRAS=" in (REPO / "docs" / "operate" / "deploy.md").read_text()
 
 
 def test_the_final_stage_runs_as_a_fixed_non_root_uid_with_a_writable_data_directory() -> None:

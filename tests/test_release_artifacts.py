@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,6 +88,27 @@ def test_dist_holds_every_artifact_at_the_one_version(dist: Path) -> None:
     release = dist / "goproxy" / "turnwire.dev" / "go" / "@v"
     assert (release / "list").read_text().split() == [f"v{VERSION}"]
     assert (release / f"v{VERSION}.mod").read_text() == (REPO / "clients" / "go" / "go.mod").read_text()
+
+
+def test_every_artifact_carries_the_license(dist: Path) -> None:
+    """The Apache-2.0 text the packages declare travels in each: the wheels' and sdists'
+    ``LICENSE``, the npm tarball's, the Go module zip's (the packages' copies are links to the
+    repository's, or, where npm skips links, a copy checked here)."""
+    license_text = (REPO / "LICENSE").read_bytes()
+    assert b"Apache License" in license_text and b"Version 2.0" in license_text
+    for wheel in dist.glob("*.whl"):
+        with zipfile.ZipFile(wheel) as zipped:
+            (name,) = [n for n in zipped.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+            assert zipped.read(name) == license_text, wheel.name
+    for sdist in dist.glob("*.tar.gz"):
+        with tarfile.open(sdist) as tarred:
+            member = tarred.extractfile(f"{sdist.name.removesuffix('.tar.gz')}/LICENSE")
+            assert member is not None and member.read() == license_text, sdist.name
+    with tarfile.open(dist / f"turnwire-client-{VERSION}.tgz") as tarred:
+        member = tarred.extractfile("package/LICENSE")
+        assert member is not None and member.read() == license_text
+    with zipfile.ZipFile(dist / "goproxy" / "turnwire.dev" / "go" / "@v" / f"v{VERSION}.zip") as zipped:
+        assert zipped.read(f"turnwire.dev/go@v{VERSION}/LICENSE") == license_text
 
 
 def test_python_dependencies_are_ranges_not_pins(dist: Path) -> None:

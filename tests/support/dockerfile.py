@@ -5,6 +5,7 @@ runs it (``tests/test_kubernetes_example.py``)."""
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,3 +55,13 @@ def exec_form(value: str) -> list[str]:
     parsed = json.loads(value)
     assert isinstance(parsed, list) and all(isinstance(arg, str) for arg in parsed), value
     return parsed
+
+
+def shell_words(command: str, **build_args: str) -> list[str]:
+    """The words of a shell-form ``RUN`` after ``/bin/sh`` expands them with ``build_args`` set
+    (``${EXTRAS:+[$EXTRAS]}`` → ``[bedrock]`` or nothing): what the build would run, by a real
+    shell rather than a reimplementation of its expansion."""
+    env = {"PATH": "/usr/bin:/bin", **build_args}
+    script = f'set -- {command}\nprintf "%s\\0" "$@"'
+    words = subprocess.run(["sh", "-c", script], env=env, capture_output=True, check=True).stdout
+    return words.decode().split("\0")[:-1]
