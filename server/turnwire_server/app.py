@@ -342,6 +342,11 @@ async def start(settings: Settings, *, worker: bool = False) -> Sidecar:
     """
     tls = open_tls(settings)
     CACHES.resize(settings.memory.cache_bytes)
+    # Before the port: a configuration error (a missing API key, an unknown model) is what to
+    # fix, even while another process (a draining sidecar) still holds the port.
+    providers = build_providers(settings)
+    _check_models(providers, settings)
+    access = build_access(settings)
     if not worker:  # else the supervisor checked it, and holds it
         # Before the metrics port: a second `serve` on the same configuration reports the gRPC
         # port it cannot have, not the metrics one (the supervisor checks in the same order).
@@ -350,7 +355,7 @@ async def start(settings: Settings, *, worker: bool = False) -> Sidecar:
     try:
         tools = await open_tools(settings)
         try:
-            sidecar = await _start(settings, tools, tls, shared_port=worker)
+            sidecar = await _start(settings, providers, access, tools, tls, shared_port=worker)
         except BaseException:
             await tools.aclose()
             raise
@@ -472,15 +477,21 @@ def _warn_of_demo_tools(settings: Settings) -> None:
     )
 
 
-async def _start(settings: Settings, tools: ToolSet, tls: ServerTls | None, *, shared_port: bool) -> Sidecar:
-    """The start-up after the tools are listed, in order: everything checkable without the
-    store, then the store, the engine with its recoveries, the gRPC server, and the background
-    loops; each step is one function below. The store is closed again when a step after it fails."""
-    providers = build_providers(settings)
-    _check_models(providers, settings)
+async def _start(
+    settings: Settings,
+    providers: ProviderRegistry,
+    access: AccessInterceptor | None,
+    tools: ToolSet,
+    tls: ServerTls | None,
+    *,
+    shared_port: bool,
+) -> Sidecar:
+    """The start-up after the providers are built and the tools listed, in order: everything
+    else checkable without the store, then the store, the engine with its recoveries, the gRPC
+    server, and the background loops; each step is one function below. The store is closed
+    again when a step after it fails."""
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     session = await _configure_session(settings, chain, providers, tools)
-    access = build_access(settings)
     replica_id = new_replica_id()
     store = await _open_store(
         settings.store, patience_seconds=settings.durability.store_outage_seconds, replica_id=replica_id

@@ -87,6 +87,20 @@ async def test_a_port_in_use_is_named_before_the_store_is_created(tmp_path: Path
     assert "add_port.cc" not in stderr  # no gRPC C-core log line
 
 
+async def test_a_config_error_is_named_even_while_the_port_is_held(tmp_path: Path) -> None:
+    """Fresh-user trial (stop 45): a sidecar still draining on the port hid the configuration
+    error behind "port in use"; the error to fix comes first."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        _, stderr = await _serve(
+            tmp_path, {"default_model": "openai:gpt-4o"}, "--listen", f"127.0.0.1:{port}"
+        )
+    assert "names provider 'openai', which is not configured" in stderr
+    assert "is in use" not in stderr
+
+
 async def test_a_host_that_is_not_this_machine_says_so(tmp_path: Path) -> None:
     _, stderr = await _serve(tmp_path, {}, "--listen", f"192.0.2.1:{free_port()}")  # TEST-NET-1
     assert "is not an address of this machine" in stderr
