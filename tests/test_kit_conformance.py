@@ -39,7 +39,9 @@ def _cases() -> list[dict[str, Any]]:
 
 
 def test_every_case_fits_the_schema_and_names_its_configs() -> None:
-    schemas = [json.loads(path.read_text()) for path in (KITS.parent / "case.schema.json", KITS / "case.schema.json")]
+    schemas = [
+        json.loads(path.read_text()) for path in (KITS.parent / "case.schema.json", KITS / "case.schema.json")
+    ]
     registry: Registry[Any] = Registry().with_resources(
         (schema["$id"], Resource.from_contents(schema)) for schema in schemas
     )
@@ -68,10 +70,19 @@ def test_the_cases_cover_the_contract() -> None:
                 "session",
                 "unary",
             }
-    for case in ("system-prompt", "block-tool", "edit-tool-input", "streaming-tool", "tool-error", "cancel-slow-tool"):
+    for case in (
+        "system-prompt",
+        "block-tool",
+        "edit-tool-input",
+        "streaming-tool",
+        "tool-error",
+        "cancel-slow-tool",
+    ):
         assert names[case] == ["session", "unary"], case
     scripts = json.loads((KITS / "configs" / "common.json").read_text())["providers"]["scripted"]["scripts"]
-    called = {call["name"] for steps in scripts.values() for step in steps for call in step.get("tool_calls", [])}
+    called = {
+        call["name"] for steps in scripts.values() for step in steps for call in step.get("tool_calls", [])
+    }
     assert called == {"echo", "stream", "slow", "fail"}
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -21,6 +23,7 @@ from turnwire.tools import PythonTool, ToolError, ToolExecution, tool
 from turnwire_client.v1 import event_pb2, hooks_pb2, hooks_pb2_grpc, tools_pb2, tools_pb2_grpc
 
 BIG = 2**64 + 1
+DOCS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "api" / "kit-python.md"
 
 
 class Policy(HookServer):
@@ -171,7 +174,10 @@ async def test_the_tool_host_lists_runs_streams_and_fails_tools(channel: grpc.ai
 
     async def run(name: str, input_json: str) -> list[tuple[str, str]]:
         request = tools_pb2.ExecuteToolRequest(tool_name=name, input_json=input_json, request_id="r1")
-        return [(m.WhichOneof("result"), getattr(m, m.WhichOneof("result"))) async for m in stub.ExecuteTool(request)]
+        return [
+            (m.WhichOneof("result"), getattr(m, m.WhichOneof("result")))
+            async for m in stub.ExecuteTool(request)
+        ]
 
     streamed = await run("count", '{"to": 3}')
     assert streamed == [
@@ -215,3 +221,28 @@ def test_tool_specs_carry_approval_and_timeout_and_refuse_what_cannot_cross() ->
     with pytest.raises(ValueError, match="two tools have the same name"):
         ToolHost([count, count])
     assert substitute({"n": BIG}).substitute.output_json == f'{{"n":{BIG}}}'
+
+
+async def test_the_docs_example_decides_and_runs_as_the_page_says() -> None:
+    """docs/api/kit-python.md's program, served: its policy and its tool behave as described."""
+    code = re.search(r"^```python\n(.*?)^```", DOCS_PAGE.read_text(), re.DOTALL | re.MULTILINE)
+    assert code is not None
+    namespace: dict[str, Any] = {"__name__": "kit_docs_example"}
+    exec(compile(code.group(1), "kit-python.md", "exec"), namespace)
+    served = await start(hooks=namespace["Policy"](), tools=[namespace["refund"]])
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+            hooks = hooks_pb2_grpc.TurnHooksServiceStub(channel)
+            big = await hooks.BeforeToolCall(_call("refund", {"order_id": "A1", "amount_cents": 60_000}))
+            assert big.block.reason == "refunds above 500 EUR need a human"
+            small = await hooks.BeforeToolCall(_call("refund", {"order_id": "A1", "amount_cents": 100}))
+            assert json.loads(small.allow_with_input.input_json)["currency"] == "EUR"
+            turn = await hooks.BeforeTurn(hooks_pb2.BeforeTurnRequest(system="Be brief."))
+            assert turn.system == "Be brief.\nAnswer in English."
+            tools = tools_pb2_grpc.ToolExecutorServiceStub(channel)
+            request = tools_pb2.ExecuteToolRequest(
+                tool_name="refund", input_json='{"order_id": "X9", "amount_cents": 5}'
+            )
+            assert [m.error async for m in tools.ExecuteTool(request)] == ["order X9 is closed"]
+    finally:
+        await served.stop(0)

@@ -102,7 +102,9 @@ class Fixture:
         try:
             line = await asyncio.wait_for(self.process.stdout.readline(), FIXTURE_START_TIMEOUT)
         except TimeoutError:
-            raise RuntimeError(f"no ready line after {FIXTURE_START_TIMEOUT:g} s:\n{self.stderr_tail()}") from None
+            raise RuntimeError(
+                f"no ready line after {FIXTURE_START_TIMEOUT:g} s:\n{self.stderr_tail()}"
+            ) from None
         found = READY.fullmatch(line.decode(errors="replace").rstrip("\r\n"))
         if found is None:
             raise RuntimeError(f"expected the ready line, got {line!r}:\n{self.stderr_tail()}")
@@ -190,7 +192,9 @@ class KitSteps:
         if "modelRequests" in step:
             script = step["modelRequests"]
             return await self._eventually(
-                lambda: [r for r in _lines(self.model_requests) if r.get("model") in (script, f"scripted:{script}")],
+                lambda: [
+                    r for r in _lines(self.model_requests) if r.get("model") in (script, f"scripted:{script}")
+                ],
                 step["expect"],
                 "modelRequests",
             )
@@ -200,7 +204,9 @@ class KitSteps:
         async with grpc.aio.insecure_channel(self.fixture.address) as channel:
             if rpc == "GetHookSubscriptions":
                 stub: Any = hooks_pb2_grpc.TurnHooksServiceStub(channel)
-                response = await stub.GetHookSubscriptions(hooks_pb2.GetHookSubscriptionsRequest(), timeout=10)
+                response = await stub.GetHookSubscriptions(
+                    hooks_pb2.GetHookSubscriptionsRequest(), timeout=10
+                )
             else:
                 stub = tools_pb2_grpc.ToolExecutorServiceStub(channel)
                 response = await stub.ListTools(tools_pb2.ListToolsRequest(), timeout=10)

@@ -113,7 +113,9 @@ class HookServer:
         """When a turn fails: what kind of failure it is (``None``: no opinion)."""
         return None
 
-    async def on_chat_error(self, request: hooks_pb2.OnChatErrorRequest) -> hooks_pb2.OnChatErrorResponse | None:
+    async def on_chat_error(
+        self, request: hooks_pb2.OnChatErrorRequest
+    ) -> hooks_pb2.OnChatErrorResponse | None:
         """Once per failed turn: the error the client sees instead (``None``: unchanged)."""
         return None
 

@@ -77,7 +77,7 @@ class ToolHost(tools_pb2_grpc.ToolExecutorServiceServicer):
             return
         input, problem = parse_tool_input(request.input_json)
         if input is None:
-            yield tools_pb2.ExecuteToolResponse(error=problem)
+            yield tools_pb2.ExecuteToolResponse(error=problem or "the tool input is not a JSON object")
             return
         execution = ToolExecution(
             tool_call_id=request.tool_call_id,

@@ -28,7 +28,10 @@ BIG = 18446744073709551616  # 2^64: the stream tool's results carry integers bey
 class Journal:
     """The JSON-lines journal: one whole line per record, flushed before the caller goes on."""
 
-    def __init__(self, path: Path) -> None:
+    path = Path("journal.jsonl")
+
+    def start(self, path: Path) -> None:
+        """Write to ``path``, emptied first."""
         self.path = path
         path.write_text("")
 
@@ -38,7 +41,7 @@ class Journal:
             out.write(json.dumps({"event": event, **members}, separators=(",", ":")) + "\n")
 
 
-journal: Journal  # set by main()
+journal = Journal()  # main() points it at --journal
 
 
 def _controls(turn: hooks_pb2.TurnInfo) -> dict[str, Any]:
@@ -60,7 +63,10 @@ class FixtureHooks(HookServer):
 
     async def before_turn(self, request: hooks_pb2.BeforeTurnRequest) -> hooks_pb2.BeforeTurnResponse | None:
         journal.write(
-            "before_turn", request_id=request.turn.request_id, system=request.system, attempt=request.turn.attempt
+            "before_turn",
+            request_id=request.turn.request_id,
+            system=request.system,
+            attempt=request.turn.attempt,
         )
         controls = _controls(request.turn)
         await _misbehave(controls, "before_turn")
@@ -193,12 +199,11 @@ async def fail(input: FailInput, execution: ToolExecution) -> Any:
 
 def main() -> None:
     """Parse the flags, serve until SIGTERM."""
-    global journal
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--journal", type=Path, required=True)
     args = parser.parse_args()
-    journal = Journal(args.journal)
+    journal.start(args.journal)
     asyncio.run(
         run(
             f"127.0.0.1:{args.port}",
