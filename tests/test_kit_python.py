@@ -43,6 +43,8 @@ class Policy(HookServer):
             raise RuntimeError("the policy exploded")
         if name == "echo":
             return allow({**tool_input(request.call), "checked": True})
+        if name == "confused":
+            return hooks_pb2.BeforeTurnResponse()  # type: ignore[return-value]  # a mistake, on purpose
         return None
 
     async def after_tool_call(self, request: hooks_pb2.AfterToolCallRequest) -> None:
@@ -132,6 +134,11 @@ async def test_unary_decisions_keep_big_integers_and_a_raising_hook_fails_the_ca
         await stub.BeforeToolCall(_call("explode", {}))
     assert failure.value.code() == grpc.StatusCode.INTERNAL
     assert failure.value.details() == "the policy exploded"
+    with pytest.raises(grpc.aio.AioRpcError) as failure:
+        await stub.BeforeToolCall(_call("confused", {}))
+    assert failure.value.details() == (
+        "hook before_tool_call returned BeforeTurnResponse, not BeforeToolCallResponse or None"
+    )
 
 
 async def test_hook_session_answers_in_order_and_goes_on_after_a_failure(channel: grpc.aio.Channel) -> None:

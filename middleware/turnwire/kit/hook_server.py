@@ -168,13 +168,20 @@ async def _call(server: HookServer, name: str, request: Any) -> Any:
     """Run hook ``name``; its response message (an empty one for ``None``). Raises
     :class:`HookFailed` when the hook raised (cancellation passes through)."""
     method: Callable[[Any], Awaitable[Any]] = getattr(server, name)
+    expected = HOOKS[name].response
     try:
         response = await method(request)
     except Exception as error:
         logger.exception("hook %s failed", name)
         message = str(error) or type(error).__name__
         raise HookFailed(status_pb2.Status(code=code_pb2.INTERNAL, message=message)) from error
-    return HOOKS[name].response() if response is None else response
+    if response is None:
+        return expected()
+    if not isinstance(response, expected):
+        message = f"hook {name} returned {type(response).__name__}, not {expected.__name__} or None"
+        logger.error(message)
+        raise HookFailed(status_pb2.Status(code=code_pb2.INTERNAL, message=message))
+    return response
 
 
 class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
