@@ -156,8 +156,8 @@ HOOKS: dict[str, _Hook] = {
 ``HookCall``/``HookAnswer`` oneof field) that carries it, in ``Hook`` enum order."""
 
 
-class HookFailed(Exception):
-    """A hook raised: ``status`` is the failed call's ``google.rpc.Status``."""
+class _HookFailed(Exception):
+    """A hook failed: ``status`` is the failed call's ``google.rpc.Status``."""
 
     def __init__(self, status: status_pb2.Status) -> None:
         super().__init__(status.message)
@@ -166,7 +166,8 @@ class HookFailed(Exception):
 
 async def _call(server: HookServer, name: str, request: Any) -> Any:
     """Run hook ``name``; its response message (an empty one for ``None``). Raises
-    :class:`HookFailed` when the hook raised (cancellation passes through)."""
+    :class:`_HookFailed` when the hook raised (cancellation passes through) or answered with
+    another message type."""
     method: Callable[[Any], Awaitable[Any]] = getattr(server, name)
     expected = HOOKS[name].response
     try:
@@ -174,13 +175,13 @@ async def _call(server: HookServer, name: str, request: Any) -> Any:
     except Exception as error:
         logger.exception("hook %s failed", name)
         message = str(error) or type(error).__name__
-        raise HookFailed(status_pb2.Status(code=code_pb2.INTERNAL, message=message)) from error
+        raise _HookFailed(status_pb2.Status(code=code_pb2.INTERNAL, message=message)) from error
     if response is None:
         return expected()
     if not isinstance(response, expected):
         message = f"hook {name} returned {type(response).__name__}, not {expected.__name__} or None"
         logger.error(message)
-        raise HookFailed(status_pb2.Status(code=code_pb2.INTERNAL, message=message))
+        raise _HookFailed(status_pb2.Status(code=code_pb2.INTERNAL, message=message))
     return response
 
 
@@ -201,7 +202,7 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
     async def _unary(self, name: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
             return await _call(self._server, name, request)
-        except HookFailed as failure:
+        except _HookFailed as failure:
             await context.abort(grpc.StatusCode.INTERNAL, failure.status.message)
 
     async def BeforeTurn(self, request: Any, context: Any) -> Any:
@@ -263,6 +264,6 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
                 else:
                     try:
                         getattr(answer, name).CopyFrom(await _call(self._server, name, getattr(call, name)))
-                    except HookFailed as failure:
+                    except _HookFailed as failure:
                         answer.error.CopyFrom(failure.status)
                 yield hooks_pb2.HookSessionResponse(answers=[answer])
