@@ -7,9 +7,7 @@ every journal event); and its runner failing a kit that breaks the contract. `ma
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 from referencing import Registry, Resource
+from support.suite_runs import run_suite
 
 pytestmark = pytest.mark.e2e
 
@@ -97,21 +96,14 @@ def test_the_runner_fails_a_kit_that_rounds_big_integers(tmp_path: Path) -> None
     wrong["steps"][0]["expect"]["everyOf"]["tool_output_available"][0]["outputJson"] = {"$json": "other"}
     for index, case in enumerate((by_name["listing"], by_name["edit-tool-input"], wrong)):
         (tmp_path / "cases" / f"{index:02d}.json").write_text(json.dumps({**case, "configs": ["session"]}))
-    result = subprocess.run(
+    returncode, output = run_suite(
         [sys.executable, str(KITS / "run.py"), "--kit", "python"],
-        cwd=REPO,
-        env={
-            **os.environ,
+        {
             "TURNWIRE_KIT_CONFORMANCE_DIR": str(tmp_path),
             "TURNWIRE_KIT_FIXTURE_PYTHON": f"{sys.executable} tests/support/kit_fixture_rounding.py",
         },
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
     )
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output
+    assert returncode == 1, output
     assert "ok   listing [session]" in output, output
     assert "FAIL edit-tool-input [session]: step 1 (Chat): everyOf.tool_output_available" in output, output
     assert "FAIL wrong-reason [session]" in output, output
