@@ -18,7 +18,17 @@ import pytest
 from pydantic import BaseModel
 from support.waiting import wait_until
 
-from turnwire.kit import HookServer, ToolHost, allow, block, start, substitute, tool_input, tool_spec
+from turnwire.kit import (
+    HookServer,
+    ToolHost,
+    allow,
+    block,
+    call_info,
+    start,
+    substitute,
+    tool_input,
+    tool_spec,
+)
 from turnwire.tools import PythonTool, ToolError, ToolExecution, tool
 from turnwire_client.v1 import event_pb2, hooks_pb2, hooks_pb2_grpc, tools_pb2, tools_pb2_grpc
 
@@ -253,3 +263,47 @@ async def test_the_docs_example_decides_and_runs_as_the_page_says() -> None:
             assert [m.error async for m in tools.ExecuteTool(request)] == ["order X9 is closed"]
     finally:
         await served.stop(0)
+
+
+class Traced(HookServer):
+    """Answers before_turn with what call_info() saw, as the system prompt."""
+
+    async def before_turn(self, request: hooks_pb2.BeforeTurnRequest) -> hooks_pb2.BeforeTurnResponse:
+        info = call_info()
+        return hooks_pb2.BeforeTurnResponse(
+            system=f"{info.parent_request_id}|{info.trace_context.get('traceparent', '')}"
+        )
+
+
+@tool(Slow)
+async def traced_tool(input: Slow, execution: ToolExecution) -> Any:
+    """Return what call_info() saw."""
+    return {"parent": call_info().parent_request_id, "trace": dict(call_info().trace_context)}
+
+
+async def test_call_info_gives_the_parent_request_id_and_trace_context() -> None:
+    """Unary hooks and tools take the trace context from the metadata, HookSession calls from
+    each HookCall; the parent request id comes from the metadata."""
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    served = await start(hooks=Traced(), tools=[traced_tool])
+    metadata = (("turnwire-parent-request-id", "r42"), ("traceparent", parent))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+            hooks = hooks_pb2_grpc.TurnHooksServiceStub(channel)
+            unary = await hooks.BeforeTurn(hooks_pb2.BeforeTurnRequest(), metadata=metadata)
+            assert unary.system == f"r42|{parent}"
+            session = hooks.HookSession(metadata=(metadata[0],))
+            call = hooks_pb2.HookCall(
+                id=1, trace_context={"traceparent": "00-1-2-01"}, before_turn=hooks_pb2.BeforeTurnRequest()
+            )
+            await session.write(hooks_pb2.HookSessionRequest(calls=[call]))
+            assert (await session.read()).answers[0].before_turn.system == "r42|00-1-2-01"
+            await session.done_writing()
+            tools = tools_pb2_grpc.ToolExecutorServiceStub(channel)
+            request = tools_pb2.ExecuteToolRequest(tool_name="traced_tool", input_json="{}")
+            [message] = [m async for m in tools.ExecuteTool(request, metadata=metadata)]
+            assert json.loads(message.output_json) == {"parent": "r42", "trace": {"traceparent": parent}}
+    finally:
+        await served.stop(0)
+    with pytest.raises(LookupError):
+        call_info()

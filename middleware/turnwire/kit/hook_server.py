@@ -11,7 +11,8 @@ A hook that raises fails its call: the unary RPC ends ``INTERNAL`` with the exce
 ``HookSession``: ``HookAnswer.error``, the stream goes on), and the sidecar applies the entry's
 failure mode (``open``: as if it answered nothing; ``closed``: the tool call is blocked or the turn
 fails). When the sidecar's deadline passes or the turn ends, the call is cancelled: the hook's task
-gets ``asyncio.CancelledError``.
+gets ``asyncio.CancelledError``. Inside a hook, :func:`turnwire.kit.call_info` gives the call's
+metadata and W3C trace context.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, ClassVar
 import grpc
 from google.rpc import code_pb2, status_pb2
 
+from turnwire.kit import calls
 from turnwire.values import dumps, loads
 from turnwire_client.v1 import event_pb2, hooks_pb2, hooks_pb2_grpc
 
@@ -200,6 +202,7 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
         )
 
     async def _unary(self, name: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        calls.enter(calls.metadata_of(context.invocation_metadata()))
         try:
             return await _call(self._server, name, request)
         except _HookFailed as failure:
@@ -230,6 +233,7 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
         return await self._unary("on_chat_error", request, context)
 
     async def OnChunks(self, request_iterator: AsyncIterator[Any], context: Any) -> Any:
+        calls.enter(calls.metadata_of(context.invocation_metadata()))
         batches = aiter(request_iterator)
         first = await anext(batches, None)
         if first is None:
@@ -253,8 +257,10 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
 
     async def HookSession(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         # One call at a time, in order, each answered as soon as it is done (hooks.proto).
+        metadata = calls.metadata_of(context.invocation_metadata())
         async for request in request_iterator:
             for call in request.calls:
+                calls.enter(metadata, dict(call.trace_context))
                 name = call.WhichOneof("hook")
                 answer = hooks_pb2.HookAnswer(id=call.id)
                 if name not in HOOKS:

@@ -14,7 +14,8 @@ and how a tool says it:
 - **cancellation**: when the turn is cancelled or the call's deadline passes, the sidecar cancels
   the RPC; the tool's task gets ``asyncio.CancelledError`` and ``ToolExecution.cancelled`` is set;
 - ``needs_approval`` (a bool) becomes ``requires_approval``, ``timeout_seconds`` the spec's
-  ``timeout``, ``ExecuteToolRequest.idempotency_key`` is ``ToolExecution.idempotency_key``.
+  ``timeout``, ``ExecuteToolRequest.idempotency_key`` is ``ToolExecution.idempotency_key``;
+  :func:`turnwire.kit.call_info` gives the call's metadata and trace context.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from google.protobuf import duration_pb2, json_format, struct_pb2
 
+from turnwire.kit import calls
 from turnwire.tools import TOOL_NAME_PATTERN, Tool, ToolExecution
 from turnwire.values import dumps, parse_tool_input
 from turnwire_client.v1 import tools_pb2, tools_pb2_grpc
@@ -71,6 +73,7 @@ class ToolHost(tools_pb2_grpc.ToolExecutorServiceServicer):
         return tools_pb2.ListToolsResponse(tools=self._specs, instance_id=self._instance_id)
 
     async def ExecuteTool(self, request: Any, context: Any) -> AsyncIterator[tools_pb2.ExecuteToolResponse]:
+        calls.enter(calls.metadata_of(context.invocation_metadata()))
         tool = self._tools.get(request.tool_name)
         if tool is None:
             yield tools_pb2.ExecuteToolResponse(error=f"this host has no tool {request.tool_name!r}")
