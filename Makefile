@@ -24,7 +24,7 @@ IN_PROCESS := not (e2e or postgres or packaging or stress)
 TEST_WORKERS ?= 4
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: setup dist demo install-go install-chromium build-web-example build-ai-sdk-example check test test-python test-node test-go conformance build-node lint docs protos check-protos breaking bench stress clean sync-client
+.PHONY: setup dist demo install-go install-chromium build-web-example build-ai-sdk-example check test test-python test-node test-go conformance kit-conformance build-node lint docs protos check-protos breaking bench stress clean sync-client
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -98,13 +98,24 @@ test-go: setup
 	@if command -v go >/dev/null; then bash tools/go-test.sh; else \
 	  echo "Go not installed: skipping Go client tests (apt-get install $(GO_PACKAGES))"; fi
 
-## conformance: the conformance suite (clients/conformance) through the Python, TypeScript and Go clients (Go when installed).
+## conformance: the conformance suite (clients/conformance) through the Python, TypeScript and Go clients (Go when installed), then kit-conformance.
 conformance: setup build-node
 	$(PY) clients/conformance/python/run.py
 	node clients/conformance/node/run.mjs
 	TURNWIRE_CONFORMANCE_PROTOCOL=connect node clients/conformance/node/run.mjs
 	@if command -v go >/dev/null; then bash clients/conformance/go/run.sh; else \
 	  echo "Go not installed: NOT running the Go conformance runner (apt-get install $(GO_PACKAGES))"; fi
+	$(MAKE) --no-print-directory kit-conformance
+
+## kit-conformance: the hook and tool kits' suite (clients/conformance/kits) against each kit's fixture (a kit's once its fixture exists; Go's when installed).
+kit-conformance: setup build-node
+	$(PY) clients/conformance/kits/run.py --kit python
+	@if [ -f clients/conformance/kits/node/fixture.mjs ]; then $(PY) clients/conformance/kits/run.py --kit node; else \
+	  echo "No TypeScript kit fixture (clients/conformance/kits/node/fixture.mjs): NOT running the kit suite for it"; fi
+	@if [ ! -f clients/conformance/kits/go/fixture.sh ]; then \
+	  echo "No Go kit fixture (clients/conformance/kits/go/fixture.sh): NOT running the kit suite for it"; \
+	elif command -v go >/dev/null; then $(PY) clients/conformance/kits/run.py --kit go; else \
+	  echo "Go not installed: NOT running the kit suite for the Go kit (apt-get install $(GO_PACKAGES))"; fi
 
 ## build-node: compile the TypeScript client, clients/node/src -> dist/ (when a source changed).
 build-node: clients/node/dist/index.js

@@ -6,14 +6,13 @@ the suite itself in `make conformance` (part of `make test`)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from support.suite_runs import run_suite
 
 from turnwire_client.v1 import chat_service_pb2, event_pb2
 
@@ -137,17 +136,8 @@ def test_a_runner_reports_failed_cases(runner: str, tmp_path: Path) -> None:
     for index, step in enumerate(_BAD, 1):
         case = {"name": f"bad-{index}", "description": "Fails.", "config": "tiny", "steps": [step]}
         (tmp_path / "cases" / f"{index:02d}-bad.json").write_text(json.dumps(case))
-    result = subprocess.run(
-        _RUNNERS[runner],
-        cwd=REPO,
-        env={**os.environ, "TURNWIRE_CONFORMANCE_DIR": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output
+    returncode, output = run_suite(_RUNNERS[runner], {"TURNWIRE_CONFORMANCE_DIR": str(tmp_path)})
+    assert returncode == 1, output
     assert "ok   good" in output, output
     assert all(f"FAIL bad-{index}:" in output for index in range(1, len(_BAD) + 1)), output
     assert f"1 passed, {len(_BAD)} failed" in output, output

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +50,8 @@ class CaseFailure(Exception):
 class Sidecar:
     """A ``turnwire serve`` process on a free port with a throwaway SQLite store."""
 
-    def __init__(self, config_name: str) -> None:
+    def __init__(self, config_path: Path) -> None:
         self.dir = tempfile.TemporaryDirectory(prefix="turnwire-conformance-py-")
-        config_path = SUITE / "configs" / f"{config_name}.json"
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
@@ -122,13 +121,23 @@ def match(pattern: Any, actual: Any, path: str = "$") -> list[str]:
     """Mismatches of ``actual`` (proto JSON as plain values; ``_MISSING`` when absent) against
     ``pattern``: objects match by subset, lists by length and element, ``$nonempty`` /
     ``$absent`` test presence, ``{"$contains": [...]}`` finds each element somewhere in a list,
-    an absent field matches a default pattern, numbers match their int64 strings."""
+    an absent field matches a default pattern, numbers match their int64 strings (integers
+    exactly). ``{"$json": pattern}`` (the kit suite's, clients/conformance/kits/SPEC.md) parses
+    JSON text and matches the value."""
     if pattern == "$nonempty":
         return (
             []
             if actual is not _MISSING and not _is_default(actual)
             else [f"{path}: expected a value, got {actual!r}"]
         )
+    if isinstance(pattern, dict) and set(pattern) == {"$json"}:
+        if not isinstance(actual, str):
+            return [f"{path}: expected JSON text, got {actual!r}"]
+        try:
+            parsed = json.loads(actual)  # integers of any size exactly
+        except ValueError as error:
+            return [f"{path}: not JSON ({error}): {actual!r}"]
+        return match(pattern["$json"], parsed, f"{path}<json>")
     if pattern == "$absent":
         return (
             [] if actual is _MISSING or _is_default(actual) else [f"{path}: expected nothing, got {actual!r}"]
@@ -171,14 +180,15 @@ def match(pattern: Any, actual: Any, path: str = "$") -> list[str]:
     return [f"{path}: expected {pattern!r}, got {actual!r}"]
 
 
-def _number(value: Any) -> float | None:
-    """A JSON number, or an int64 in its proto JSON string form, as a float; else None."""
+def _number(value: Any) -> int | float | None:
+    """A JSON number, or an int64 in its proto JSON string form (an exact ``int``); else None.
+    Integers stay exact: 2^53 + 1 never matches 2^53."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value)
+        return value
     if isinstance(value, str) and re.fullmatch(r"-?\d+", value):
-        return float(value)
+        return int(value)
     return None
 
 
@@ -414,6 +424,9 @@ def check_stream(step: dict[str, Any], outcome: StreamOutcome) -> list[str]:
     for kind, pattern in expect.get("firstOf", {}).items():
         found = next((e for e, k in zip(events, kinds, strict=True) if k == kind), None)
         problems += match(pattern, to_json(getattr(found, kind)) if found else _MISSING, f"firstOf.{kind}")
+    for kind, pattern in expect.get("everyOf", {}).items():  # the kit suite's (kits/SPEC.md)
+        found = [to_json(getattr(e, kind)) for e, k in zip(events, kinds, strict=True) if k == kind]
+        problems += match(pattern, found, f"everyOf.{kind}")
     if "text" in expect:
         text = "".join(e.text_delta.delta for e in events if e.WhichOneof("event") == "text_delta")
         if text != expect["text"]:
@@ -421,11 +434,20 @@ def check_stream(step: dict[str, Any], outcome: StreamOutcome) -> list[str]:
     return problems
 
 
-async def run_case(client: TurnwireClient, case: dict[str, Any]) -> None:
+ExtraStep = Callable[[dict[str, Any]], Awaitable[list[str] | None]]
+"""Another suite's steps (the kit suite's): the problems of a step it handles, None for others."""
+
+
+async def run_case(client: TurnwireClient, case: dict[str, Any], extra: ExtraStep | None = None) -> None:
     """Run a case's steps in order; raise CaseFailure at the first unmet expectation."""
     background: dict[str, tuple[asyncio.Task[StreamOutcome], dict[str, Any], StreamOutcome]] = {}
     for index, step in enumerate(case["steps"]):
         where = f"step {index + 1}"
+        handled = None if extra is None else await extra(step)
+        if handled is not None:
+            if handled:
+                raise CaseFailure(f"{where} ({next(iter(step))}): " + "; ".join(handled))
+            continue
         if "wait" in step:
             live = background[step["wait"]][2]
             wanted: int = step["events"]
@@ -508,7 +530,7 @@ async def main(names: list[str]) -> int:
     cases = load_cases(names)
     passed = failed = 0
     for config in dict.fromkeys(case["config"] for case in cases):
-        sidecar = Sidecar(config)
+        sidecar = Sidecar(SUITE / "configs" / f"{config}.json")
         try:
             await sidecar.wait_serving()
             async with TurnwireClient(sidecar.address) as client:

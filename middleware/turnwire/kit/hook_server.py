@@ -1,0 +1,275 @@
+"""A hook server in a few lines: subclass :class:`HookServer`, override the hooks you need.
+
+Each hook takes the ``turnwire.v1`` request message of its RPC (``protos/turnwire/v1/hooks.proto``,
+typed by the generated ``hooks_pb2.pyi``) and returns its response message, or ``None`` for "no
+change" (an empty response). ``GetHookSubscriptions`` lists exactly the hooks the subclass
+overrides, so the sidecar calls nothing else; :class:`HookServer` also serves ``HookSession`` (the
+sidecar then sends a turn's hook calls as messages of one stream, docs/semantics.md §4, remote
+middleware), answering with the same methods.
+
+A hook that raises fails its call: the unary RPC ends ``INTERNAL`` with the exception's text (on
+``HookSession``: ``HookAnswer.error``, the stream goes on), and the sidecar applies the entry's
+failure mode (``open``: as if it answered nothing; ``closed``: the tool call is blocked or the turn
+fails). When the sidecar's deadline passes or the turn ends, the call is cancelled: the hook's task
+gets ``asyncio.CancelledError``. Inside a hook, :func:`turnwire.kit.call_info` gives the call's
+metadata and W3C trace context.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import grpc
+from google.rpc import code_pb2, status_pb2
+
+from turnwire.kit import calls
+from turnwire.values import dumps, loads
+from turnwire_client.v1 import event_pb2, hooks_pb2, hooks_pb2_grpc
+
+logger = logging.getLogger("turnwire.kit")
+
+
+def tool_input(call: hooks_pb2.ToolCallInfo) -> dict[str, Any]:
+    """The call's input (``input_json``) as a JSON object, integers of any size exact."""
+    value = loads(call.input_json or "{}")
+    if not isinstance(value, dict):
+        raise ValueError(f"the input of tool call {call.tool_call_id!r} is not a JSON object")
+    return value
+
+
+def tool_output(request: hooks_pb2.AfterToolCallRequest) -> Any:
+    """A finished call's output (``output_json``) as a JSON value; ``None`` when it has none."""
+    return loads(request.output_json) if request.output_json else None
+
+
+def allow(input: dict[str, Any] | None = None) -> hooks_pb2.BeforeToolCallResponse:
+    """A before_tool_call decision: run the call, with ``input`` instead of the model's when given
+    (written exactly, integers of any size kept)."""
+    if input is None:
+        return hooks_pb2.BeforeToolCallResponse(allow=hooks_pb2.BeforeToolCallResponse.Allow())
+    return hooks_pb2.BeforeToolCallResponse(
+        allow_with_input=hooks_pb2.BeforeToolCallResponse.AllowWithInput(input_json=dumps(input))
+    )
+
+
+def block(reason: str = "") -> hooks_pb2.BeforeToolCallResponse:
+    """A before_tool_call decision: do not run the call; the model reads ``reason`` (empty: the
+    sidecar's ``Tool "<name>" was blocked by beforeToolCall.``)."""
+    return hooks_pb2.BeforeToolCallResponse(block=hooks_pb2.BeforeToolCallResponse.Block(reason=reason))
+
+
+def substitute(output: Any) -> hooks_pb2.BeforeToolCallResponse:
+    """A before_tool_call decision: do not run the call; the model reads ``output`` (any JSON
+    value) as its result."""
+    return hooks_pb2.BeforeToolCallResponse(
+        substitute=hooks_pb2.BeforeToolCallResponse.Substitute(output_json=dumps(output))
+    )
+
+
+class HookServer:
+    """Base class of a hook server: override the hooks you implement (``async def``).
+
+    ``include_messages``: ask for the message history in ``BeforeTurnRequest`` and
+    ``BeforeStepRequest`` (it can be large). ``hook_session``: offer the ``HookSession`` stream
+    (the sidecar uses it unless its config entry says ``hook_session: false``). Serve it with
+    :func:`turnwire.kit.serve` (or add :meth:`servicer` to your own ``grpc.aio.Server``).
+    """
+
+    include_messages: ClassVar[bool] = False
+    hook_session: ClassVar[bool] = True
+
+    async def before_turn(self, request: hooks_pb2.BeforeTurnRequest) -> hooks_pb2.BeforeTurnResponse | None:
+        """Once per attempt of a turn, before its first step: change the turn."""
+        return None
+
+    async def before_step(self, request: hooks_pb2.BeforeStepRequest) -> hooks_pb2.BeforeStepResponse | None:
+        """Before every step: change this step."""
+        return None
+
+    async def before_tool_call(
+        self, request: hooks_pb2.BeforeToolCallRequest
+    ) -> hooks_pb2.BeforeToolCallResponse | None:
+        """Before each server-executed tool call: :func:`allow`, :func:`block`, :func:`substitute`
+        (``None``: run it as it is). :func:`tool_input` parses its input."""
+        return None
+
+    async def after_tool_call(self, request: hooks_pb2.AfterToolCallRequest) -> None:
+        """After each tool call's outcome is known (observation)."""
+
+    async def on_step_finish(self, request: hooks_pb2.OnStepFinishRequest) -> None:
+        """After each step, once its tool calls are done (observation)."""
+
+    async def on_chunks(self, turn: hooks_pb2.TurnInfo, events: AsyncIterator[event_pb2.TurnEvent]) -> None:
+        """The turn's streamed events, in order, as they come (observation; one call per turn).
+        Events left unread when it returns are read and dropped."""
+
+    async def on_chat_response(self, request: hooks_pb2.OnChatResponseRequest) -> None:
+        """After the reply is stored (observation)."""
+
+    async def classify_chat_error(
+        self, request: hooks_pb2.ClassifyChatErrorRequest
+    ) -> hooks_pb2.ClassifyChatErrorResponse | None:
+        """When a turn fails: what kind of failure it is (``None``: no opinion)."""
+        return None
+
+    async def on_chat_error(
+        self, request: hooks_pb2.OnChatErrorRequest
+    ) -> hooks_pb2.OnChatErrorResponse | None:
+        """Once per failed turn: the error the client sees instead (``None``: unchanged)."""
+        return None
+
+    def implemented_hooks(self) -> list[hooks_pb2.Hook.ValueType]:
+        """The hooks this server subscribes to: those its class overrides, in ``Hook`` order."""
+        return [
+            spec.hook
+            for name, spec in HOOKS.items()
+            if getattr(type(self), name) is not getattr(HookServer, name)
+        ]
+
+    def servicer(self) -> hooks_pb2_grpc.TurnHooksServiceServicer:
+        """The ``TurnHooksService`` implementation that calls this server's hooks."""
+        return _Servicer(self)
+
+
+@dataclass(frozen=True, slots=True)
+class _Hook:
+    """One hook of the contract: its enum value, and its response type (sent empty when the hook
+    returns ``None``)."""
+
+    hook: hooks_pb2.Hook.ValueType
+    response: type[Any]
+
+
+HOOKS: dict[str, _Hook] = {
+    "before_turn": _Hook(hooks_pb2.HOOK_BEFORE_TURN, hooks_pb2.BeforeTurnResponse),
+    "before_step": _Hook(hooks_pb2.HOOK_BEFORE_STEP, hooks_pb2.BeforeStepResponse),
+    "before_tool_call": _Hook(hooks_pb2.HOOK_BEFORE_TOOL_CALL, hooks_pb2.BeforeToolCallResponse),
+    "after_tool_call": _Hook(hooks_pb2.HOOK_AFTER_TOOL_CALL, hooks_pb2.AfterToolCallResponse),
+    "on_step_finish": _Hook(hooks_pb2.HOOK_ON_STEP_FINISH, hooks_pb2.OnStepFinishResponse),
+    "on_chunks": _Hook(hooks_pb2.HOOK_ON_CHUNKS, hooks_pb2.OnChunksResponse),
+    "on_chat_response": _Hook(hooks_pb2.HOOK_ON_CHAT_RESPONSE, hooks_pb2.OnChatResponseResponse),
+    "classify_chat_error": _Hook(hooks_pb2.HOOK_CLASSIFY_CHAT_ERROR, hooks_pb2.ClassifyChatErrorResponse),
+    "on_chat_error": _Hook(hooks_pb2.HOOK_ON_CHAT_ERROR, hooks_pb2.OnChatErrorResponse),
+}
+"""Every hook of ``TurnHooksService``, keyed by the :class:`HookServer` method (and the
+``HookCall``/``HookAnswer`` oneof field) that carries it, in ``Hook`` enum order."""
+
+
+class _HookFailed(Exception):
+    """A hook failed: ``status`` is the failed call's ``google.rpc.Status``."""
+
+    def __init__(self, status: status_pb2.Status) -> None:
+        super().__init__(status.message)
+        self.status = status
+
+
+async def _call(server: HookServer, name: str, request: Any) -> Any:
+    """Run hook ``name``; its response message (an empty one for ``None``). Raises
+    :class:`_HookFailed` when the hook raised (cancellation passes through) or answered with
+    another message type."""
+    method: Callable[[Any], Awaitable[Any]] = getattr(server, name)
+    expected = HOOKS[name].response
+    try:
+        response = await method(request)
+    except Exception as error:
+        logger.exception("hook %s failed", name)
+        message = str(error) or type(error).__name__
+        raise _HookFailed(status_pb2.Status(code=code_pb2.INTERNAL, message=message)) from error
+    if response is None:
+        return expected()
+    if not isinstance(response, expected):
+        message = f"hook {name} returned {type(response).__name__}, not {expected.__name__} or None"
+        logger.error(message)
+        raise _HookFailed(status_pb2.Status(code=code_pb2.INTERNAL, message=message))
+    return response
+
+
+class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
+    """``TurnHooksService`` over a :class:`HookServer`: unary RPCs, ``OnChunks`` and
+    ``HookSession`` all call its methods."""
+
+    def __init__(self, server: HookServer) -> None:
+        self._server = server
+
+    async def GetHookSubscriptions(self, request: Any, context: Any) -> Any:
+        return hooks_pb2.GetHookSubscriptionsResponse(
+            hooks=self._server.implemented_hooks(),
+            include_messages=self._server.include_messages,
+            hook_session=self._server.hook_session,
+        )
+
+    async def _unary(self, name: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        calls.enter(calls.metadata_of(context.invocation_metadata()))
+        try:
+            return await _call(self._server, name, request)
+        except _HookFailed as failure:
+            await context.abort(grpc.StatusCode.INTERNAL, failure.status.message)
+
+    async def BeforeTurn(self, request: Any, context: Any) -> Any:
+        return await self._unary("before_turn", request, context)
+
+    async def BeforeStep(self, request: Any, context: Any) -> Any:
+        return await self._unary("before_step", request, context)
+
+    async def BeforeToolCall(self, request: Any, context: Any) -> Any:
+        return await self._unary("before_tool_call", request, context)
+
+    async def AfterToolCall(self, request: Any, context: Any) -> Any:
+        return await self._unary("after_tool_call", request, context)
+
+    async def OnStepFinish(self, request: Any, context: Any) -> Any:
+        return await self._unary("on_step_finish", request, context)
+
+    async def OnChatResponse(self, request: Any, context: Any) -> Any:
+        return await self._unary("on_chat_response", request, context)
+
+    async def ClassifyChatError(self, request: Any, context: Any) -> Any:
+        return await self._unary("classify_chat_error", request, context)
+
+    async def OnChatError(self, request: Any, context: Any) -> Any:
+        return await self._unary("on_chat_error", request, context)
+
+    async def OnChunks(self, request_iterator: AsyncIterator[Any], context: Any) -> Any:
+        calls.enter(calls.metadata_of(context.invocation_metadata()))
+        batches = aiter(request_iterator)
+        first = await anext(batches, None)
+        if first is None:
+            return hooks_pb2.OnChunksResponse()
+
+        async def events() -> AsyncIterator[event_pb2.TurnEvent]:
+            for event in first.events:
+                yield event
+            async for batch in batches:
+                for event in batch.events:
+                    yield event
+
+        stream = events()
+        try:
+            await self._server.on_chunks(first.turn, stream)
+        except Exception:
+            logger.exception("hook on_chunks failed")  # observing: the sidecar goes on either way
+        async for _ in stream:  # what the hook left unread, so the sidecar's stream can close
+            pass
+        return hooks_pb2.OnChunksResponse()
+
+    async def HookSession(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        # One call at a time, in order, each answered as soon as it is done (hooks.proto).
+        metadata = calls.metadata_of(context.invocation_metadata())
+        async for request in request_iterator:
+            for call in request.calls:
+                calls.enter(metadata, dict(call.trace_context))
+                name = call.WhichOneof("hook")
+                answer = hooks_pb2.HookAnswer(id=call.id)
+                if name not in HOOKS:
+                    answer.error.CopyFrom(
+                        status_pb2.Status(code=code_pb2.UNIMPLEMENTED, message=f"unknown hook call {name}")
+                    )
+                else:
+                    try:
+                        getattr(answer, name).CopyFrom(await _call(self._server, name, getattr(call, name)))
+                    except _HookFailed as failure:
+                        answer.error.CopyFrom(failure.status)
+                yield hooks_pb2.HookSessionResponse(answers=[answer])

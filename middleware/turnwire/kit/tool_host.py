@@ -1,0 +1,111 @@
+"""A tool host from ``turnwire.tools`` tools: ``ToolExecutorService`` (``protos/turnwire/v1/tools.proto``).
+
+The tools are the sidecar's own kind (:class:`turnwire.tools.Tool`; usually ``@tool(Model)``, whose
+input schema comes from the pydantic model and whose input is validated before the function runs),
+so one tool runs in the sidecar (``tools.python``) or in a host unchanged. What the contract asks,
+and how a tool says it:
+
+- **result**: what ``execute`` returns (any JSON value; integers of any size exact);
+- **preliminary results**: an async generator tool; each yield is sent as a preliminary result when
+  the next one comes, the last yield is the final result (the sidecar shows it once more as
+  preliminary, then as final, as for a streaming tool in the sidecar);
+- **errors**: any exception (a :class:`turnwire.tools.ToolError` for a message meant for the model)
+  is sent as ``ExecuteToolResponse.error``, its text what the model reads; the RPC ends OK;
+- **cancellation**: when the turn is cancelled or the call's deadline passes, the sidecar cancels
+  the RPC; the tool's task gets ``asyncio.CancelledError`` and ``ToolExecution.cancelled`` is set;
+- ``needs_approval`` (a bool) becomes ``requires_approval``, ``timeout_seconds`` the spec's
+  ``timeout``, ``ExecuteToolRequest.idempotency_key`` is ``ToolExecution.idempotency_key``;
+  :func:`turnwire.kit.call_info` gives the call's metadata and trace context.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from google.protobuf import duration_pb2, json_format, struct_pb2
+
+from turnwire.kit import calls
+from turnwire.tools import TOOL_NAME_PATTERN, Tool, ToolExecution
+from turnwire.values import dumps, parse_tool_input
+from turnwire_client.v1 import tools_pb2, tools_pb2_grpc
+
+logger = logging.getLogger("turnwire.kit")
+
+
+def tool_spec(tool: Tool) -> tools_pb2.ToolSpec:
+    """``tool`` as the model sees it.
+
+    Raises :class:`ValueError` for a name the sidecar would leave out (not 1-64 of
+    ``[A-Za-z0-9_-]``) and for a ``needs_approval`` function (it cannot cross the wire: decide in
+    a ``before_tool_call`` hook instead).
+    """
+    if not TOOL_NAME_PATTERN.fullmatch(tool.name):
+        raise ValueError(f"tool name {tool.name!r}: use 1-64 of A-Z a-z 0-9 _ -")
+    approval = getattr(tool, "needs_approval", False)
+    if not isinstance(approval, bool):
+        raise ValueError(f"tool {tool.name!r}: a tool host's needs_approval is True or False, not a function")
+    spec = tools_pb2.ToolSpec(name=tool.name, description=tool.description, requires_approval=approval)
+    spec.input_schema.CopyFrom(json_format.ParseDict(dict(tool.input_schema), struct_pb2.Struct()))
+    timeout = getattr(tool, "timeout_seconds", None)
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0:
+        spec.timeout.CopyFrom(duration_pb2.Duration(seconds=int(timeout), nanos=int(timeout % 1 * 1e9)))
+    return spec
+
+
+class ToolHost(tools_pb2_grpc.ToolExecutorServiceServicer):
+    """``ToolExecutorService`` serving ``tools`` (see the module docstring).
+
+    Raises :class:`ValueError` for two tools of one name and for a tool :func:`tool_spec` refuses.
+    """
+
+    def __init__(self, tools: Sequence[Tool]) -> None:
+        self._specs = [tool_spec(tool) for tool in tools]
+        self._tools = {tool.name: tool for tool in tools}
+        if len(self._tools) != len(tools):
+            raise ValueError("two tools have the same name")
+        self._instance_id = str(uuid.uuid4())  # new per process: the sidecar lists again
+
+    async def ListTools(self, request: Any, context: Any) -> tools_pb2.ListToolsResponse:
+        return tools_pb2.ListToolsResponse(tools=self._specs, instance_id=self._instance_id)
+
+    async def ExecuteTool(self, request: Any, context: Any) -> AsyncIterator[tools_pb2.ExecuteToolResponse]:
+        calls.enter(calls.metadata_of(context.invocation_metadata()))
+        tool = self._tools.get(request.tool_name)
+        if tool is None:
+            yield tools_pb2.ExecuteToolResponse(error=f"this host has no tool {request.tool_name!r}")
+            return
+        input, problem = parse_tool_input(request.input_json)
+        if input is None:
+            yield tools_pb2.ExecuteToolResponse(error=problem or "the tool input is not a JSON object")
+            return
+        execution = ToolExecution(
+            tool_call_id=request.tool_call_id,
+            conversation_id=request.conversation_id,
+            request_id=request.request_id,
+            step_number=request.step_number,
+            idempotency_key=request.idempotency_key,
+        )
+        try:
+            result = await tool.execute(input, execution)
+            if isinstance(result, collections.abc.AsyncIterator):
+                # Each yield goes out when the next comes: the last one is the final result.
+                pending: Any = None
+                started = False
+                async for value in result:
+                    if started:
+                        yield tools_pb2.ExecuteToolResponse(preliminary_output_json=dumps(pending))
+                    pending, started = value, True
+                result = pending
+            final = dumps(result)
+        except BaseException as error:
+            if not isinstance(error, Exception):  # cancelled (the call ended), or the process stops
+                execution.cancelled.set()
+                raise
+            logger.info("tool %s failed: %s", request.tool_name, error)
+            yield tools_pb2.ExecuteToolResponse(error=str(error) or type(error).__name__)
+            return
+        yield tools_pb2.ExecuteToolResponse(output_json=final)

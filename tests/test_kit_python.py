@@ -1,0 +1,309 @@
+"""The Python kit (``turnwire.kit``, docs/api/kit-python.md) at the wire, called as the sidecar
+calls it: subscriptions derived from the overridden hooks, HookSession and unary answers and
+failures, OnChunks, and the tool host's listing, results, preliminary results, errors and
+cancellation. The sidecar driving a kit end to end is the kit conformance suite
+(clients/conformance/kits, `make kit-conformance`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from pydantic import BaseModel
+from support.waiting import wait_until
+
+from turnwire.kit import (
+    HookServer,
+    ToolHost,
+    allow,
+    block,
+    call_info,
+    start,
+    substitute,
+    tool_input,
+    tool_spec,
+)
+from turnwire.tools import PythonTool, ToolError, ToolExecution, tool
+from turnwire_client.v1 import event_pb2, hooks_pb2, hooks_pb2_grpc, tools_pb2, tools_pb2_grpc
+
+BIG = 2**64 + 1
+DOCS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "api" / "kit-python.md"
+
+
+class Policy(HookServer):
+    """Blocks `delete`, rewrites `echo`'s input, fails on `explode`; records what it observed."""
+
+    def __init__(self) -> None:
+        self.observed: list[str] = []
+        self.chunk_kinds: list[str] = []
+
+    async def before_tool_call(
+        self, request: hooks_pb2.BeforeToolCallRequest
+    ) -> hooks_pb2.BeforeToolCallResponse | None:
+        name = request.call.tool_name
+        if name == "delete":
+            return block("no deleting")
+        if name == "explode":
+            raise RuntimeError("the policy exploded")
+        if name == "echo":
+            return allow({**tool_input(request.call), "checked": True})
+        if name == "confused":
+            return hooks_pb2.BeforeTurnResponse()  # type: ignore[return-value]  # a mistake, on purpose
+        return None
+
+    async def after_tool_call(self, request: hooks_pb2.AfterToolCallRequest) -> None:
+        self.observed.append(request.call.tool_name)
+
+    async def on_chunks(self, turn: hooks_pb2.TurnInfo, events: AsyncIterator[event_pb2.TurnEvent]) -> None:
+        async for event in events:
+            self.chunk_kinds.append(f"{turn.request_id}:{event.WhichOneof('event')}")
+            return  # leaves the rest unread: the kit drains it
+
+
+class Slow(BaseModel):
+    pass
+
+
+class Count(BaseModel):
+    to: int
+
+
+started: list[ToolExecution] = []
+cancelled: list[ToolExecution] = []
+
+
+@tool(Slow)
+async def wait_forever(input: Slow, execution: ToolExecution) -> Any:
+    """Wait until cancelled."""
+    started.append(execution)
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        cancelled.append(execution)
+        raise
+
+
+@tool(Count)
+async def count(input: Count, execution: ToolExecution) -> Any:
+    """Count to `to`, as preliminary results; the last is the final one."""
+    for i in range(1, input.to + 1):
+        yield {"i": i, "big": BIG}
+
+
+@tool(Count)
+async def refuse(input: Count, execution: ToolExecution) -> Any:
+    """Fail."""
+    raise ToolError(f"refused {input.to}")
+
+
+@pytest.fixture
+def policy() -> Policy:
+    return Policy()
+
+
+@pytest.fixture
+async def channel(policy: Policy) -> AsyncIterator[grpc.aio.Channel]:
+    served = await start(hooks=policy, tools=[wait_forever, count, refuse])
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+        yield channel
+    await served.stop(0)
+
+
+def _call(name: str, input: dict[str, Any]) -> hooks_pb2.BeforeToolCallRequest:
+    info = hooks_pb2.ToolCallInfo(tool_call_id="c1", tool_name=name, input_json=json.dumps(input))
+    return hooks_pb2.BeforeToolCallRequest(turn=hooks_pb2.TurnInfo(request_id="r1"), call=info)
+
+
+async def test_subscriptions_are_the_overridden_hooks(channel: grpc.aio.Channel) -> None:
+    stub = hooks_pb2_grpc.TurnHooksServiceStub(channel)
+    answer = await stub.GetHookSubscriptions(hooks_pb2.GetHookSubscriptionsRequest())
+    assert list(answer.hooks) == [
+        hooks_pb2.HOOK_BEFORE_TOOL_CALL,
+        hooks_pb2.HOOK_AFTER_TOOL_CALL,
+        hooks_pb2.HOOK_ON_CHUNKS,
+    ]
+    assert answer.hook_session and not answer.include_messages
+
+
+async def test_unary_decisions_keep_big_integers_and_a_raising_hook_fails_the_call(
+    channel: grpc.aio.Channel,
+) -> None:
+    stub = hooks_pb2_grpc.TurnHooksServiceStub(channel)
+    blocked = await stub.BeforeToolCall(_call("delete", {}))
+    assert blocked.WhichOneof("decision") == "block" and blocked.block.reason == "no deleting"
+    edited = await stub.BeforeToolCall(_call("echo", {"n": BIG}))
+    assert edited.allow_with_input.input_json == f'{{"n":{BIG},"checked":true}}'
+    assert (await stub.BeforeToolCall(_call("other", {}))).WhichOneof("decision") is None
+    with pytest.raises(grpc.aio.AioRpcError) as failure:
+        await stub.BeforeToolCall(_call("explode", {}))
+    assert failure.value.code() == grpc.StatusCode.INTERNAL
+    assert failure.value.details() == "the policy exploded"
+    with pytest.raises(grpc.aio.AioRpcError) as failure:
+        await stub.BeforeToolCall(_call("confused", {}))
+    assert failure.value.details() == (
+        "hook before_tool_call returned BeforeTurnResponse, not BeforeToolCallResponse or None"
+    )
+
+
+async def test_hook_session_answers_in_order_and_goes_on_after_a_failure(channel: grpc.aio.Channel) -> None:
+    stub = hooks_pb2_grpc.TurnHooksServiceStub(channel)
+    calls = [
+        hooks_pb2.HookCall(id=1, before_tool_call=_call("explode", {})),
+        hooks_pb2.HookCall(id=2, after_tool_call=hooks_pb2.AfterToolCallRequest(call=_call("x", {}).call)),
+        hooks_pb2.HookCall(id=3, before_tool_call=_call("delete", {})),
+    ]
+    session = stub.HookSession()
+    await session.write(hooks_pb2.HookSessionRequest(calls=calls))
+    answers = [(await session.read()).answers[0] for _ in calls]
+    await session.done_writing()
+    assert [a.id for a in answers] == [1, 2, 3]
+    assert answers[0].error.code == grpc.StatusCode.INTERNAL.value[0]
+    assert answers[0].error.message == "the policy exploded"
+    assert answers[1].WhichOneof("hook") == "after_tool_call"
+    assert answers[2].before_tool_call.block.reason == "no deleting"
+
+
+async def test_on_chunks_sees_the_turn_and_the_unread_rest_is_drained(
+    channel: grpc.aio.Channel, policy: Policy
+) -> None:
+    stub = hooks_pb2_grpc.TurnHooksServiceStub(channel)
+    text = event_pb2.TurnEvent(text_delta=event_pb2.TextDelta(delta="hi"))
+    requests = [
+        hooks_pb2.OnChunksRequest(turn=hooks_pb2.TurnInfo(request_id="r9"), events=[text, text]),
+        hooks_pb2.OnChunksRequest(events=[text]),
+    ]
+    assert await stub.OnChunks(iter(requests)) == hooks_pb2.OnChunksResponse()
+    assert policy.chunk_kinds == ["r9:text_delta"]
+
+
+async def test_the_tool_host_lists_runs_streams_and_fails_tools(channel: grpc.aio.Channel) -> None:
+    stub = tools_pb2_grpc.ToolExecutorServiceStub(channel)
+    listing = await stub.ListTools(tools_pb2.ListToolsRequest())
+    assert [t.name for t in listing.tools] == ["wait_forever", "count", "refuse"]
+    assert dict(listing.tools[1].input_schema)["required"] == ["to"]
+    assert listing.instance_id
+
+    async def run(name: str, input_json: str) -> list[tuple[str, str]]:
+        request = tools_pb2.ExecuteToolRequest(tool_name=name, input_json=input_json, request_id="r1")
+        return [
+            (m.WhichOneof("result"), getattr(m, m.WhichOneof("result")))
+            async for m in stub.ExecuteTool(request)
+        ]
+
+    streamed = await run("count", '{"to": 3}')
+    assert streamed == [
+        ("preliminary_output_json", f'{{"i":1,"big":{BIG}}}'),
+        ("preliminary_output_json", f'{{"i":2,"big":{BIG}}}'),
+        ("output_json", f'{{"i":3,"big":{BIG}}}'),
+    ]
+    assert await run("refuse", '{"to": 7}') == [("error", "refused 7")]
+    [(kind, text)] = await run("count", '{"to": "many"}')
+    assert kind == "error" and "invalid input for tool 'count'" in text
+    assert await run("count", "[1]") == [("error", "The tool input is not a JSON object: '[1]'")]
+    assert await run("nothing", "{}") == [("error", "this host has no tool 'nothing'")]
+
+
+async def test_a_cancelled_call_cancels_the_tool(channel: grpc.aio.Channel) -> None:
+    stub = tools_pb2_grpc.ToolExecutorServiceStub(channel)
+    call = stub.ExecuteTool(
+        tools_pb2.ExecuteToolRequest(tool_name="wait_forever", tool_call_id="c7", idempotency_key="tw-k-1")
+    )
+    reading = asyncio.ensure_future(call.read())
+    await wait_until(lambda: any(e.tool_call_id == "c7" for e in started), what="the tool's start")
+    call.cancel()
+    executions = await wait_until(lambda: list(cancelled), what="the tool's cancellation")
+    assert executions[0].tool_call_id == "c7" and executions[0].idempotency_key == "tw-k-1"
+    assert executions[0].cancelled.is_set()
+    reading.cancel()
+
+
+def test_tool_specs_carry_approval_and_timeout_and_refuse_what_cannot_cross() -> None:
+    guarded = PythonTool(
+        "guarded", "Needs approval.", lambda i, e: None, input_schema={"type": "object"}, needs_approval=True
+    )
+    guarded.timeout_seconds = 2.5  # type: ignore[attr-defined]
+    spec = tool_spec(guarded)
+    assert spec.requires_approval and spec.timeout.seconds == 2 and spec.timeout.nanos == 500_000_000
+    by_input = PythonTool(
+        "by_input", "", lambda i, e: None, input_schema={"type": "object"}, needs_approval=lambda i: True
+    )
+    with pytest.raises(ValueError, match="True or False, not a function"):
+        tool_spec(by_input)
+    with pytest.raises(ValueError, match="two tools have the same name"):
+        ToolHost([count, count])
+    assert substitute({"n": BIG}).substitute.output_json == f'{{"n":{BIG}}}'
+
+
+async def test_the_docs_example_decides_and_runs_as_the_page_says() -> None:
+    """docs/api/kit-python.md's program, served: its policy and its tool behave as described."""
+    code = re.search(r"^```python\n(.*?)^```", DOCS_PAGE.read_text(), re.DOTALL | re.MULTILINE)
+    assert code is not None
+    namespace: dict[str, Any] = {"__name__": "kit_docs_example"}
+    exec(compile(code.group(1), "kit-python.md", "exec"), namespace)
+    served = await start(hooks=namespace["Policy"](), tools=[namespace["refund"]])
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+            hooks = hooks_pb2_grpc.TurnHooksServiceStub(channel)
+            big = await hooks.BeforeToolCall(_call("refund", {"order_id": "A1", "amount_cents": 60_000}))
+            assert big.block.reason == "refunds above 500 EUR need a human"
+            small = await hooks.BeforeToolCall(_call("refund", {"order_id": "A1", "amount_cents": 100}))
+            assert json.loads(small.allow_with_input.input_json)["currency"] == "EUR"
+            turn = await hooks.BeforeTurn(hooks_pb2.BeforeTurnRequest(system="Be brief."))
+            assert turn.system == "Be brief.\nAnswer in English."
+            tools = tools_pb2_grpc.ToolExecutorServiceStub(channel)
+            request = tools_pb2.ExecuteToolRequest(
+                tool_name="refund", input_json='{"order_id": "X9", "amount_cents": 5}'
+            )
+            assert [m.error async for m in tools.ExecuteTool(request)] == ["order X9 is closed"]
+    finally:
+        await served.stop(0)
+
+
+class Traced(HookServer):
+    """Answers before_turn with what call_info() saw, as the system prompt."""
+
+    async def before_turn(self, request: hooks_pb2.BeforeTurnRequest) -> hooks_pb2.BeforeTurnResponse:
+        info = call_info()
+        return hooks_pb2.BeforeTurnResponse(
+            system=f"{info.parent_request_id}|{info.trace_context.get('traceparent', '')}"
+        )
+
+
+@tool(Slow)
+async def traced_tool(input: Slow, execution: ToolExecution) -> Any:
+    """Return what call_info() saw."""
+    return {"parent": call_info().parent_request_id, "trace": dict(call_info().trace_context)}
+
+
+async def test_call_info_gives_the_parent_request_id_and_trace_context() -> None:
+    """Unary hooks and tools take the trace context from the metadata, HookSession calls from
+    each HookCall; the parent request id comes from the metadata."""
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    served = await start(hooks=Traced(), tools=[traced_tool])
+    metadata = (("turnwire-parent-request-id", "r42"), ("traceparent", parent))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+            hooks = hooks_pb2_grpc.TurnHooksServiceStub(channel)
+            unary = await hooks.BeforeTurn(hooks_pb2.BeforeTurnRequest(), metadata=metadata)
+            assert unary.system == f"r42|{parent}"
+            session = hooks.HookSession(metadata=(metadata[0],))
+            call = hooks_pb2.HookCall(
+                id=1, trace_context={"traceparent": "00-1-2-01"}, before_turn=hooks_pb2.BeforeTurnRequest()
+            )
+            await session.write(hooks_pb2.HookSessionRequest(calls=[call]))
+            assert (await session.read()).answers[0].before_turn.system == "r42|00-1-2-01"
+            await session.done_writing()
+            tools = tools_pb2_grpc.ToolExecutorServiceStub(channel)
+            request = tools_pb2.ExecuteToolRequest(tool_name="traced_tool", input_json="{}")
+            [message] = [m async for m in tools.ExecuteTool(request, metadata=metadata)]
+            assert json.loads(message.output_json) == {"parent": "r42", "trace": {"traceparent": parent}}
+    finally:
+        await served.stop(0)
+    with pytest.raises(LookupError):
+        call_info()
