@@ -23,7 +23,8 @@ import (
 )
 
 // The end-to-end tests: a real `turnwire serve` uses a kit server of this
-// process as its remote hook server (on HookSession) and tool host.
+// process as its remote hook server (on HookSession) and tool host, and
+// docs/api/kit-go.md's program as another (on unary RPCs; docs_test.go).
 var (
 	side     *sidecar.Sidecar
 	client   *turnwire.Client
@@ -144,6 +145,14 @@ var scripts = map[string]any{
 		map[string]any{"tool_calls": []any{map[string]any{"name": "delete"}}},
 		map[string]any{"text": "Done."},
 	},
+	"kit-docs-stock": []any{
+		map[string]any{"tool_calls": []any{map[string]any{"name": "lookup_stock", "input": map[string]any{"sku": "A-1"}}}},
+		map[string]any{"text": "Done."},
+	},
+	"kit-docs-internal": []any{
+		map[string]any{"tool_calls": []any{map[string]any{"name": "lookup_stock", "input": map[string]any{"sku": "internal-9"}}}},
+		map[string]any{"text": "Done."},
+	},
 	"kit-slow": []any{
 		map[string]any{"tool_calls": []any{map[string]any{"name": "slow"}}},
 		map[string]any{"text": "Done."},
@@ -175,12 +184,26 @@ func run(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	requests = filepath.Join(dir, "requests.jsonl")
 	address := listener.Addr().String()
+	docs, stopDocs, err := startDocsProgram(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer stopDocs()
 	side, err = sidecar.Start(map[string]any{
-		"middleware": []any{map[string]any{"remote": map[string]any{
-			"address": address, "deadline_seconds": 5, "hook_session": true,
-			"failure_mode": map[string]any{"default": "closed"},
-		}}},
-		"tools": map[string]any{"demo": false, "hosts": []any{map[string]any{"name": "kit", "address": address}}},
+		"middleware": []any{
+			map[string]any{"remote": map[string]any{
+				"address": address, "deadline_seconds": 5, "hook_session": true,
+				"failure_mode": map[string]any{"default": "closed"},
+			}},
+			// docs/api/kit-go.md's program, on unary RPCs.
+			map[string]any{"remote": map[string]any{
+				"address": docs, "hook_session": false, "failure_mode": map[string]any{"before_tool_call": "closed"},
+			}},
+		},
+		"tools": map[string]any{"demo": false, "hosts": []any{
+			map[string]any{"name": "kit", "address": address}, map[string]any{"name": "docs", "address": docs},
+		}},
 		"providers": map[string]any{"scripted": map[string]any{
 			"scripts": scripts, "strict": true, "record_requests": requests,
 		}},
