@@ -12,7 +12,10 @@ import (
 
 // run calls handler on request as one hook or tool call: a panic becomes a
 // codes.Internal error (logged with its stack: a bug in one handler must not
-// stop the server), and the error a status (toStatus).
+// stop the server), and the error a status (toStatus). A handler that returns
+// after ctx ended fails with ctx's error whatever it returned: the caller
+// gave up (a deadline the server's clock saw pass first would otherwise let a
+// late answer through).
 func run[Req, Resp any](ctx context.Context, what string, handler func(context.Context, Req) (Resp, error), request Req) (response Resp, err error) {
 	defer func() {
 		if recovered := recover(); recovered != nil {
@@ -21,6 +24,9 @@ func run[Req, Resp any](ctx context.Context, what string, handler func(context.C
 		}
 	}()
 	response, err = handler(ctx, request)
+	if err == nil {
+		err = ctx.Err()
+	}
 	return response, toStatus(err)
 }
 
