@@ -190,7 +190,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer stopDocs()
-	side, err = sidecar.Start(map[string]any{
+	config := map[string]any{
 		"middleware": []any{
 			map[string]any{"remote": map[string]any{
 				"address": address, "deadline_seconds": 5, "hook_session": true,
@@ -207,26 +207,8 @@ func run(m *testing.M) int {
 		"providers": map[string]any{"scripted": map[string]any{
 			"scripts": scripts, "strict": true, "record_requests": requests,
 		}},
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start the sidecar:", err)
-		return 1
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-	defer cancel()
-	client, err = turnwire.Dial(ctx, side.Addr, grpc.WithInsecure())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "dial the sidecar:", err)
-		_ = side.Stop()
-		return 1
-	}
-	code := m.Run()
-	client.Close()
-	if err := side.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return code
+	return sidecar.RunTests(m, config, func(s *sidecar.Sidecar, c *turnwire.Client) { side, client = s, c })
 }
 
 // chat runs a turn of scripted:<script> to its end and returns its events.
