@@ -28,9 +28,9 @@ import (
 //
 // ctx is cancelled when the sidecar gives up on the call (its
 // deadline_seconds, a cancelled turn) and carries the call's metadata
-// (metadata.FromIncomingContext: turnwire-parent-request-id, and traceparent
-// when the sidecar traces), on the unary RPCs and the HookSession stream
-// alike. Handlers may be called concurrently for different turns.
+// (CallInfo: the turn's request id, the trace context), on the unary RPCs
+// and the HookSession stream alike. Handlers may be called concurrently for
+// different turns.
 type Hooks struct {
 	// IncludeMessages asks for the message history in BeforeTurn and
 	// BeforeStep requests (it can be large).

@@ -180,8 +180,8 @@ func failing(ctx context.Context, r *turnwirev1.BeforeTurnRequest) (*turnwirev1.
 	case "panic":
 		panic("a bug in the handler")
 	case "metadata":
-		md, _ := metadata.FromIncomingContext(ctx)
-		return &turnwirev1.BeforeTurnResponse{System: ptr(strings.Join(md.Get("turnwire-parent-request-id"), ",") + "|" + strings.Join(md.Get("traceparent"), ","))}, nil
+		info := kit.CallInfo(ctx)
+		return &turnwirev1.BeforeTurnResponse{System: ptr(info.ParentRequestID + "|" + info.TraceContext["traceparent"] + "|" + info.Metadata.Get("tenant")[0])}, nil
 	}
 	return &turnwirev1.BeforeTurnResponse{System: ptr(r.GetSystem() + "!")}, nil
 }
@@ -218,7 +218,7 @@ func TestHookSessionAnswersInOrderWithTheSameHandlers(t *testing.T) {
 		},
 	}
 	client := turnwirev1.NewTurnHooksServiceClient(serve(t, hooks))
-	ctx := metadata.AppendToOutgoingContext(testContext(t), "turnwire-parent-request-id", "r-1")
+	ctx := metadata.AppendToOutgoingContext(testContext(t), kit.ParentRequestMetadata, "r-1", "tenant", "acme")
 	stream, err := client.HookSession(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -278,7 +278,7 @@ func TestHookSessionAnswersInOrderWithTheSameHandlers(t *testing.T) {
 		}
 	}
 	// The stream's metadata and the call's own trace context, as on a unary RPC.
-	if got := answers[0].GetBeforeTurn().GetSystem(); got != "r-1|"+traceparent {
+	if got := answers[0].GetBeforeTurn().GetSystem(); got != "r-1|"+traceparent+"|acme" {
 		t.Errorf("BeforeTurn saw metadata %q", got)
 	}
 	if answers[1].GetAfterToolCall() == nil || wait(t, observed, "AfterToolCall") != "echo" {

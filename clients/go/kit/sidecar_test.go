@@ -77,8 +77,8 @@ var (
 // e2eHooks: BeforeTurn sets the system prompt, BeforeToolCall blocks
 // "delete", the observing hooks write the journal.
 var e2eHooks = &kit.Hooks{
-	BeforeTurn: func(_ context.Context, r *turnwirev1.BeforeTurnRequest) (*turnwirev1.BeforeTurnResponse, error) {
-		seen.add(r.GetTurn().GetRequestId(), "before_turn", "")
+	BeforeTurn: func(ctx context.Context, r *turnwirev1.BeforeTurnRequest) (*turnwirev1.BeforeTurnResponse, error) {
+		seen.add(r.GetTurn().GetRequestId(), "before_turn", "parent "+kit.CallInfo(ctx).ParentRequestID)
 		system := "from the Go kit"
 		return &turnwirev1.BeforeTurnResponse{System: &system}, nil
 	},
@@ -114,7 +114,7 @@ var (
 		Name:        "slow",
 		Description: "Waits until cancelled.",
 		Run: func(ctx context.Context, call *kit.Call, _ struct{}) (string, error) {
-			slowStarted <- call.RequestID
+			slowStarted <- call.RequestID + " parent " + kit.CallInfo(ctx).ParentRequestID
 			<-ctx.Done()
 			slowCancelled <- ctx.Err()
 			return "", ctx.Err()
@@ -277,7 +277,7 @@ func TestSidecarRunsAKitToolWithExactIntegersAndCallsTheHooks(t *testing.T) {
 		}
 	}
 	wantOrdered := []string{
-		"before_turn ",
+		"before_turn parent kit-add-1",
 		`before_tool_call {"a":123456789012345678901234567890,"b":-18446744073709551617}`,
 		`after_tool_call TOOL_CALL_OUTCOME_EXECUTED {"sum":123456788993898934827525016273}`,
 		"on_chat_response TURN_OUTCOME_COMPLETED",
@@ -356,7 +356,7 @@ func TestCancellingTheTurnCancelsTheKitTool(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stream.Close()
-	if id := wait(t, slowStarted, "the slow tool's start"); id != "kit-slow-1" {
+	if id := wait(t, slowStarted, "the slow tool's start"); id != "kit-slow-1 parent kit-slow-1" {
 		t.Fatalf("the slow tool ran for %q", id)
 	}
 	if _, err := client.Service().CancelChat(ctx, &turnwirev1.CancelChatRequest{RequestId: "kit-slow-1"}); err != nil {

@@ -45,7 +45,8 @@ type Tool[In, Out any] struct {
 	// and the turn goes on; the call itself ends OK, as the contract asks.
 	// ctx is cancelled when the sidecar cancels the call (the turn was
 	// cancelled, the deadline passed): stop the work and return; nothing more
-	// is sent. call carries the call's ids and sends preliminary results.
+	// is sent (CallInfo(ctx) has the call's metadata). call carries the
+	// call's ids and sends preliminary results.
 	Run func(ctx context.Context, call *Call, input In) (Out, error)
 }
 
