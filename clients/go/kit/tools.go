@@ -110,7 +110,9 @@ func (t Tool[In, Out]) execute(ctx context.Context, call *Call) (string, error) 
 	if err != nil {
 		return "", toolError{fmt.Sprintf("invalid input for tool %q: %v", t.Name, err)}
 	}
-	var failure error // Run's error: the tool failed (run's own error: it panicked)
+	// Run's error is the tool's failure; run's own error is a panic or the
+	// call's cancellation.
+	var failure error
 	output, err := run(ctx, "tool "+t.Name, func(ctx context.Context, input In) (Out, error) {
 		output, err := t.Run(ctx, call, input)
 		failure = err
@@ -119,8 +121,6 @@ func (t Tool[In, Out]) execute(ctx context.Context, call *Call) (string, error) 
 	switch {
 	case err != nil:
 		return "", err
-	case ctx.Err() != nil:
-		return "", toStatus(ctx.Err())
 	case failure != nil:
 		return "", toolError{failure.Error()}
 	}
