@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"reflect"
@@ -59,27 +58,7 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	var err error
-	server, err = sidecar.Start(config)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start the sidecar:", err)
-		return 1
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-	defer cancel()
-	client, err = turnwire.Dial(ctx, server.Addr, grpc.WithInsecure())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "dial the sidecar:", err)
-		_ = server.Stop()
-		return 1
-	}
-	code := m.Run()
-	client.Close()
-	if err := server.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return code
+	return sidecar.RunTests(m, config, func(s *sidecar.Sidecar, c *turnwire.Client) { server, client = s, c })
 }
 
 func testContext(t *testing.T) context.Context {

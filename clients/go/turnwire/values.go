@@ -1,15 +1,12 @@
 package turnwire
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 
 	"google.golang.org/protobuf/types/known/structpb"
 
 	turnwirev1 "turnwire.dev/go/gen/turnwire/v1"
+	"turnwire.dev/go/internal/exactjson"
 )
 
 // UserText is a user message of one text part, for ChatRequest.Message.
@@ -43,7 +40,7 @@ type outputCarrier interface {
 // not a JSON object; see its RawInput).
 func ToolInput(call inputCarrier) (map[string]any, error) {
 	if text := call.GetInputJson(); text != "" {
-		value, err := decodeJSON(text)
+		value, err := exactjson.Decode[any](text)
 		if err != nil {
 			return nil, fmt.Errorf("turnwire: tool input: %w", err)
 		}
@@ -65,7 +62,7 @@ func ToolInput(call inputCarrier) (map[string]any, error) {
 // result.
 func ToolOutput(call outputCarrier) (any, error) {
 	if text := call.GetOutputJson(); text != "" {
-		value, err := decodeJSON(text)
+		value, err := exactjson.Decode[any](text)
 		if err != nil {
 			return nil, fmt.Errorf("turnwire: tool output: %w", err)
 		}
@@ -75,21 +72,6 @@ func ToolOutput(call outputCarrier) (any, error) {
 		return output.AsInterface(), nil
 	}
 	return nil, nil
-}
-
-// decodeJSON decodes one JSON value (RFC 8259) keeping numbers exact
-// (json.Number); trailing data is an error.
-func decodeJSON(text string) (any, error) {
-	decoder := json.NewDecoder(bytes.NewReader([]byte(text)))
-	decoder.UseNumber()
-	var value any
-	if err := decoder.Decode(&value); err != nil {
-		return nil, err
-	}
-	if _, err := decoder.Token(); !errors.Is(err, io.EOF) {
-		return nil, errors.New("data after the JSON value")
-	}
-	return value, nil
 }
 
 // CitedText is the text of message's text part that source cites (the part whose

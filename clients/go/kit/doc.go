@@ -1,0 +1,21 @@
+// Package kit writes Turnwire hook servers and tool hosts in Go: typed
+// handlers for the lifecycle hooks you implement (Hooks) and typed tools
+// (Tool), served on one gRPC server (Serve, or Register on a server of your
+// own). docs/api/kit-go.md shows a policy hook and a tool host.
+//
+// It serves the two services the sidecar calls (protos/turnwire/v1):
+//
+//   - turnwire.v1.TurnHooksService: GetHookSubscriptions answers the hooks
+//     whose handler is set and offers the HookSession stream; each hook is
+//     served both as its unary RPC and on HookSession (the sidecar's config
+//     picks, docs/hooks.md), by the same handler. Errors and panics become the
+//     failed call the sidecar applies its failure mode to.
+//   - turnwire.v1.ToolExecutorService: ListTools lists the tools with JSON
+//     Schemas derived from their Go input types and a new instance id per
+//     process; ExecuteTool decodes the input (integers exact), runs the tool
+//     with a context the sidecar's cancellation cancels, streams its
+//     preliminary results in order and ends with its result, or with its error
+//     as a tool error the model reads (docs/tools.md).
+//
+// Like package turnwire it builds with Debian 12's Go 1.19 and gRPC-Go 1.33.
+package kit

@@ -1,0 +1,177 @@
+package kit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	turnwirev1 "turnwire.dev/go/gen/turnwire/v1"
+	"turnwire.dev/go/internal/exactjson"
+)
+
+// Hooks are the lifecycle hooks a hook server implements (docs/semantics.md
+// §3, protos/turnwire/v1/hooks.proto): set the ones you need. The sidecar
+// calls only those: GetHookSubscriptions answers the hooks whose handler is
+// set, in the Hook enum's order.
+//
+// Requests and responses are the generated types; each context is a snapshot
+// of the turn (changing the request does nothing, what a handler returns is
+// what counts). A nil response is "no change" (for BeforeToolCall: allow the
+// call as it is). A handler's error fails the call: its gRPC status when it
+// has one (status.Error), codes.Canceled or codes.DeadlineExceeded for the
+// context's errors, else codes.Unknown with the error's text; the sidecar then
+// applies the hook's failure mode (open: as if no change, closed: the tool
+// call is blocked or the turn fails). A panic fails the call with
+// codes.Internal (and is logged with its stack) instead of stopping the
+// server.
+//
+// ctx is cancelled when the sidecar gives up on the call (its
+// deadline_seconds, a cancelled turn) and carries the call's metadata
+// (CallInfo: the turn's request id, the trace context), on the unary RPCs
+// and the HookSession stream alike. Handlers may be called concurrently for
+// different turns.
+type Hooks struct {
+	// IncludeMessages asks for the message history in BeforeTurn and
+	// BeforeStep requests (it can be large).
+	IncludeMessages bool
+
+	// BeforeTurn changes the turn, once per attempt, before its first step.
+	BeforeTurn func(context.Context, *turnwirev1.BeforeTurnRequest) (*turnwirev1.BeforeTurnResponse, error)
+	// BeforeStep changes a step, before every step.
+	BeforeStep func(context.Context, *turnwirev1.BeforeStepRequest) (*turnwirev1.BeforeStepResponse, error)
+	// BeforeToolCall decides each server-executed tool call: nil allows it,
+	// Block, AllowWithInput and Substitute build the other decisions.
+	BeforeToolCall func(context.Context, *turnwirev1.BeforeToolCallRequest) (*turnwirev1.BeforeToolCallResponse, error)
+	// AfterToolCall observes each tool call's outcome.
+	AfterToolCall func(context.Context, *turnwirev1.AfterToolCallRequest) error
+	// OnStepFinish observes each finished step.
+	OnStepFinish func(context.Context, *turnwirev1.OnStepFinishRequest) error
+	// OnChunks observes a turn's streamed events, batch by batch, on one call
+	// per turn (Chunks); the call ends when the handler returns (the batches it
+	// did not read are read and dropped first, so the sidecar is not cut off).
+	OnChunks func(context.Context, *Chunks) error
+	// OnChatResponse observes a finished turn, after its reply is stored.
+	OnChatResponse func(context.Context, *turnwirev1.OnChatResponseRequest) error
+	// ClassifyChatError classifies a failed turn's error;
+	// CHAT_ERROR_CLASSIFICATION_UNSPECIFIED leaves it to the chain's others.
+	ClassifyChatError func(context.Context, *turnwirev1.ClassifyChatErrorRequest) (turnwirev1.ChatErrorClassification, error)
+	// OnChatError replaces the error the client sees for a failed turn.
+	OnChatError func(context.Context, *turnwirev1.OnChatErrorRequest) (*turnwirev1.OnChatErrorResponse, error)
+}
+
+// subscriptions are the hooks whose handler is set, in the Hook enum's order.
+func (h *Hooks) subscriptions() []turnwirev1.Hook {
+	set := []struct {
+		hook turnwirev1.Hook
+		on   bool
+	}{
+		{turnwirev1.Hook_HOOK_BEFORE_TURN, h.BeforeTurn != nil},
+		{turnwirev1.Hook_HOOK_BEFORE_STEP, h.BeforeStep != nil},
+		{turnwirev1.Hook_HOOK_BEFORE_TOOL_CALL, h.BeforeToolCall != nil},
+		{turnwirev1.Hook_HOOK_AFTER_TOOL_CALL, h.AfterToolCall != nil},
+		{turnwirev1.Hook_HOOK_ON_STEP_FINISH, h.OnStepFinish != nil},
+		{turnwirev1.Hook_HOOK_ON_CHUNKS, h.OnChunks != nil},
+		{turnwirev1.Hook_HOOK_ON_CHAT_RESPONSE, h.OnChatResponse != nil},
+		{turnwirev1.Hook_HOOK_CLASSIFY_CHAT_ERROR, h.ClassifyChatError != nil},
+		{turnwirev1.Hook_HOOK_ON_CHAT_ERROR, h.OnChatError != nil},
+	}
+	var hooks []turnwirev1.Hook
+	for _, s := range set {
+		if s.on {
+			hooks = append(hooks, s.hook)
+		}
+	}
+	return hooks
+}
+
+// Block is the BeforeToolCall decision not to run the call; the model is told
+// reason (empty: the sidecar's `Tool "<name>" was blocked by beforeToolCall.`).
+func Block(reason string) *turnwirev1.BeforeToolCallResponse {
+	return &turnwirev1.BeforeToolCallResponse{Decision: &turnwirev1.BeforeToolCallResponse_Block_{
+		Block: &turnwirev1.BeforeToolCallResponse_Block{Reason: reason},
+	}}
+}
+
+// AllowWithInput is the BeforeToolCall decision to run the call with input
+// instead (encoded as encoding/json does, numbers exact; it must encode to a
+// JSON object). The sidecar does not validate it again.
+func AllowWithInput(input any) (*turnwirev1.BeforeToolCallResponse, error) {
+	text, err := exactjson.Encode(input)
+	if err != nil {
+		return nil, fmt.Errorf("kit: AllowWithInput: %w", err)
+	}
+	if text == "" || text[0] != '{' {
+		return nil, fmt.Errorf("kit: AllowWithInput: the input must be a JSON object, not %s", text)
+	}
+	return &turnwirev1.BeforeToolCallResponse{Decision: &turnwirev1.BeforeToolCallResponse_AllowWithInput_{
+		AllowWithInput: &turnwirev1.BeforeToolCallResponse_AllowWithInput{InputJson: text},
+	}}, nil
+}
+
+// Substitute is the BeforeToolCall decision not to run the call and give the
+// model output (any value encoding/json encodes) as its result.
+func Substitute(output any) (*turnwirev1.BeforeToolCallResponse, error) {
+	text, err := exactjson.Encode(output)
+	if err != nil {
+		return nil, fmt.Errorf("kit: Substitute: %w", err)
+	}
+	return &turnwirev1.BeforeToolCallResponse{Decision: &turnwirev1.BeforeToolCallResponse_Substitute_{
+		Substitute: &turnwirev1.BeforeToolCallResponse_Substitute{OutputJson: text},
+	}}, nil
+}
+
+// DecodeJSON reads JSON text of a request (ToolCallInfo.InputJson,
+// AfterToolCallRequest.OutputJson, ...) into a T as encoding/json does, with
+// numbers that land in an interface (any, map[string]any) as json.Number so
+// that integers of any size stay exact; data after the value is an error.
+func DecodeJSON[T any](text string) (T, error) {
+	return exactjson.Decode[T](text)
+}
+
+// Chunks is one OnChunks call: a turn's streamed events (deltas, tool inputs
+// and results, sources, files, each step's step_start), batch by batch, in
+// order (hooks.proto, OnChunksRequest). Read it as bufio.Scanner:
+//
+//	for chunks.Next() {
+//		for _, event := range chunks.Events() { ... }
+//	}
+//	return chunks.Err()
+type Chunks struct {
+	turn    *turnwirev1.TurnInfo
+	recv    func() (*turnwirev1.OnChunksRequest, error)
+	pending *turnwirev1.OnChunksRequest // the first request, read before the handler runs
+	events  []*turnwirev1.TurnEvent
+	err     error
+}
+
+// Turn is the turn the events belong to (from the call's first request).
+func (c *Chunks) Turn() *turnwirev1.TurnInfo { return c.turn }
+
+// Next reads the next batch; false at the end of the call or on an error
+// (Err).
+func (c *Chunks) Next() bool {
+	if c.err != nil {
+		return false
+	}
+	request := c.pending
+	c.pending = nil
+	if request == nil {
+		var err error
+		if request, err = c.recv(); err != nil {
+			if !errors.Is(err, io.EOF) {
+				c.err = err
+			}
+			c.events = nil
+			return false
+		}
+	}
+	c.events = request.GetEvents()
+	return true
+}
+
+// Events are the current batch's events, in order.
+func (c *Chunks) Events() []*turnwirev1.TurnEvent { return c.events }
+
+// Err is what ended the call early (its cancellation), nil at its normal end.
+func (c *Chunks) Err() error { return c.err }

@@ -1,0 +1,49 @@
+package kit_test
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+
+	turnwirev1 "turnwire.dev/go/gen/turnwire/v1"
+	"turnwire.dev/go/kit"
+)
+
+// Serve on a unix socket answers until its context ends, then returns nil.
+func TestServeUntilTheContextEnds(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "kit.sock")
+	ctx, cancel := context.WithCancel(testContext(t))
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- kit.Serve(ctx, "unix:"+socket, nil, add) }()
+
+	// Serve may not listen yet: retry the connection soon, not after gRPC's 1 s.
+	retry := grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1, MaxDelay: 20 * time.Millisecond}}
+	conn, err := grpc.DialContext(testContext(t), "unix:"+socket, grpc.WithInsecure(), grpc.WithConnectParams(retry))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	listed, err := turnwirev1.NewToolExecutorServiceClient(conn).ListTools(testContext(t), &turnwirev1.ListToolsRequest{}, grpc.WaitForReady(true))
+	if err != nil || len(listed.GetTools()) != 1 {
+		t.Fatalf("ListTools: %v, %v", listed, err)
+	}
+	cancel()
+	if err := wait(t, served, "Serve's return"); err != nil {
+		t.Fatalf("Serve returned %v; want nil after its context ended", err)
+	}
+}
+
+func TestServeReportsWhatCannotServe(t *testing.T) {
+	if err := kit.Serve(testContext(t), "127.0.0.1:0", nil); err == nil || !strings.Contains(err.Error(), "no hooks and no tools") {
+		t.Errorf("Serve of nothing: %v", err)
+	}
+	if err := kit.Serve(testContext(t), "unix:"+filepath.Join(t.TempDir(), "missing", "kit.sock"), nil, add); err == nil {
+		t.Errorf("Serve on a socket in a missing folder: nil; want the listener's error")
+	}
+}
