@@ -17,10 +17,10 @@ from turnwire.types import ModelChunk
 from turnwire_client.v1 import message_pb2
 
 
-def anthropic_http() -> anthropic.DefaultAsyncHttpxClient:
-    """The SDK's default HTTP client, without TLS setup (the replay server is plain HTTP; building a
-    verifying SSL context costs ~50 ms per client)."""
-    return anthropic.DefaultAsyncHttpxClient(verify=False)
+def anthropic_http() -> anthropic.DefaultAioHttpClient:
+    """The SDK's aiohttp client, the one the sidecar uses (providers/settings.py), without TLS setup
+    (the replay server is plain HTTP; building a verifying SSL context costs ~50 ms per client)."""
+    return anthropic.DefaultAioHttpClient(verify=False)
 
 
 def cloud_adapter(api: str, url: str) -> Provider:
@@ -31,9 +31,9 @@ def cloud_adapter(api: str, url: str) -> Provider:
         from google import genai
         from google.genai import types
 
-        from turnwire_server.providers.gemini import GeminiProvider, event_hooks
+        from turnwire_server.providers.gemini import GeminiProvider, async_http_client
 
-        options = types.HttpOptions(base_url=url, async_client_args={"event_hooks": event_hooks()})
+        options = types.HttpOptions(base_url=url, httpx_async_client=async_http_client())
         client = genai.Client(api_key="test-key", http_options=options)
         return GeminiProvider("gemini", client, max_retries=0, retry_delay=0.01)
     from turnwire_server.providers.anthropic_platforms import BedrockMessagesProvider, VertexMessagesProvider
@@ -59,9 +59,9 @@ def cloud_adapter(api: str, url: str) -> Provider:
     return VertexMessagesProvider("vertex", vertex, retry_delay=0.01)
 
 
-def openai_http() -> openai.DefaultAsyncHttpxClient:
+def openai_http() -> openai.DefaultAioHttpClient:
     """See :func:`anthropic_http`."""
-    return openai.DefaultAsyncHttpxClient(verify=False)
+    return openai.DefaultAioHttpClient(verify=False)
 
 
 def user(*parts: str | message_pb2.FilePart) -> message_pb2.Message:

@@ -211,6 +211,24 @@ async def test_connection_refused(adapters: dict[str, Any]) -> None:
     assert (result.error.status, result.error.type, result.error.retryable) == (0, "connection_error", True)
 
 
+@pytest.mark.parametrize("entry", ["anthropic", "openai", "openai-responses"])
+async def test_a_refused_connection_is_a_connection_error_not_a_timeout(entry: str) -> None:
+    """Through the sidecar's own client (settings.py: the SDKs' aiohttp transport, whose ``openai``
+    copy reports every connection failure as ``ConnectTimeout``): a mistyped ``base_url`` must
+    read "connection error … refused", not "timeout"."""
+    from pydantic import TypeAdapter
+
+    from turnwire_server.providers.settings import ProviderSettings, build_provider
+
+    entry_settings = {"type": entry, "base_url": "http://127.0.0.1:9", "max_retries": 0, "api_key_env": None}
+    provider = build_provider(entry, TypeAdapter(ProviderSettings).validate_python(entry_settings), {})
+    result = await collect(provider, request())
+    await provider.aclose()
+    assert result.error is not None
+    assert (result.error.status, result.error.type, result.error.retryable) == (0, "connection_error", True)
+    assert "127.0.0.1:9" in str(result.error)
+
+
 async def test_read_timeout_is_a_retryable_timeout(replay: ReplayServer, adapters: dict[str, Any]) -> None:
     replay.enqueue(Reply.sse(a_text_stream(), delay=0.5))
     result = await collect(

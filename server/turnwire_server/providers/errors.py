@@ -45,6 +45,7 @@ whatever the shape of the body it came in (docs/semantics.md §11).
 from __future__ import annotations
 
 import email.utils
+import errno
 import time
 from collections.abc import Mapping
 from types import ModuleType
@@ -325,11 +326,29 @@ def from_sdk_error(provider: str, error: BaseException, sdk: ModuleType) -> Prov
             fallback_message=error.message,
             endpoint=request_endpoint(error),
         )
-    if isinstance(error, sdk.APITimeoutError):
+    if isinstance(error, sdk.APITimeoutError) and not _refused_as_timeout(error):
         return connection_error(provider, error, timeout=True, endpoint=request_endpoint(error))
     if isinstance(error, sdk.APIConnectionError):
         return connection_error(provider, error.__cause__ or error, endpoint=request_endpoint(error))
     return None
+
+
+def _refused_as_timeout(error: BaseException) -> bool:
+    """Whether an SDK timeout was caused by a connection failure that is no timeout (refused,
+    unreachable, reset): the ``openai`` SDK's aiohttp transport maps every
+    ``aiohttp.ClientConnectionError`` to ``ConnectTimeout`` (its vendored httpx-aiohttp's
+    exception table; the ``anthropic`` SDK's copy maps it to ``ConnectError``), which would tell
+    an operator with a mistyped ``base_url`` that the provider is slow. Read from the exception
+    chain: an ``OSError`` other than a timeout (aiohttp's connection errors are ``OSError``s)."""
+    chain: list[BaseException] = []
+    link: BaseException | None = error
+    while link is not None and link not in chain:  # a chain may loop back on itself
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    return any(
+        isinstance(link, OSError) and not isinstance(link, TimeoutError) and link.errno != errno.ETIMEDOUT
+        for link in chain
+    )
 
 
 def incomplete_stream(provider: str, what: str) -> ProviderError:

@@ -85,7 +85,7 @@ _FILTERED = frozenset(
 _CONFIG_FIELDS = frozenset(types.GenerateContentConfig.model_fields)
 
 _OPENED: ContextVar[list[httpx2.Response] | None] = ContextVar("turnwire_gemini_responses", default=None)
-"""The HTTP responses the current attempt opened (see :func:`event_hooks`)."""
+"""The HTTP responses the current attempt opened (see :func:`async_http_client`)."""
 
 
 async def _opened(response: httpx2.Response) -> None:
@@ -94,12 +94,13 @@ async def _opened(response: httpx2.Response) -> None:
         opened.append(response)
 
 
-def event_hooks() -> dict[str, list[Any]]:
-    """httpx event hooks for the SDK's HTTP client (``HttpOptions.async_client_args``): each response
-    an attempt opens is noted, so that closing the attempt closes it at once. The SDK's stream is
-    nested generators that do not close the response when the outer one is closed (it would stay
-    open, and the model go on generating, until garbage collection)."""
-    return {"response": [_opened]}
+def async_http_client() -> httpx2.AsyncClient:
+    """The SDK's HTTP client (``HttpOptions.httpx_async_client``): httpx2 with an event hook that
+    notes each response an attempt opens, so that closing the attempt closes it at once. The
+    SDK's stream is nested generators that do not close the response when the outer one is closed
+    (it would stay open, and the model go on generating, until garbage collection). Our own client
+    also keeps the SDK off aiohttp (installed for the other SDKs), whose responses no such hook sees."""
+    return httpx2.AsyncClient(event_hooks={"response": [_opened]})
 
 
 # Block kinds.
@@ -367,5 +368,9 @@ class GeminiProvider:
             yield chunk
 
     async def aclose(self) -> None:
-        """Close the SDK client and its connections."""
+        """Close the SDK client and its connections, and the HTTP client it was given
+        (:func:`async_http_client`), which the SDK leaves to its owner."""
         await self.client.aio.aclose()
+        given = self.client._api_client._http_options.httpx_async_client  # the SDK keeps it only here
+        if given is not None:
+            await given.aclose()

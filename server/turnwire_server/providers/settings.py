@@ -467,7 +467,7 @@ def _gemini_provider(name: str, settings: GeminiProviderSettings, env: Mapping[s
         from google import genai
         from google.genai import types
 
-        from turnwire_server.providers.gemini import GeminiProvider, event_hooks
+        from turnwire_server.providers.gemini import GeminiProvider, async_http_client
     except ImportError as error:
         raise ProviderConfigError(
             f"provider {name!r}: type gemini needs the gemini extra: pip install 'turnwire[gemini]' "
@@ -478,7 +478,7 @@ def _gemini_provider(name: str, settings: GeminiProviderSettings, env: Mapping[s
         headers=settings.default_headers or None,
         timeout=int(settings.timeout_seconds * 1000),  # milliseconds
         retry_options=types.HttpRetryOptions(attempts=settings.max_retries + 1),
-        async_client_args={"event_hooks": event_hooks()},
+        httpx_async_client=async_http_client(),
     )
     if settings.vertex:
         project = settings.project or env.get("GOOGLE_CLOUD_PROJECT")
@@ -514,11 +514,14 @@ def _cache_key_on(settings: OpenAIProviderSettings | OpenAIResponsesProviderSett
 
 
 def _http_client(sdk: Any, name: str) -> Any:
-    """The SDK's own HTTP client (its defaults: connection limits, keep-alive, redirects) with
-    the event hooks of provider ``name``: its retries counted (providers/metrics.py)."""
+    """The SDK's own aiohttp-backed HTTP client (``DefaultAioHttpClient``: the SDK's defaults for
+    connection limits, keep-alive and timeouts, proxies from the environment) with the event hooks
+    of provider ``name``: its retries counted (providers/metrics.py). aiohttp rather than the
+    default httpx2/h11 stack: it parses a streamed response in C and costs about half the CPU per
+    event (bench/ttft.md, "Issue 33: the SDKs' aiohttp transport")."""
     from turnwire_server.providers.metrics import count_sdk_retries
 
-    return sdk.DefaultAsyncHttpxClient(event_hooks={"request": [count_sdk_retries(name)]})
+    return sdk.DefaultAioHttpClient(event_hooks={"request": [count_sdk_retries(name)]})
 
 
 def default_providers() -> dict[str, ProviderSettings]:
