@@ -11,6 +11,9 @@ the most output that fits every budget in the transaction that takes the reserva
 (:class:`BudgetExhausted`). A model without a known price cannot be reserved against a US dollar
 budget: the step is refused the same way (never counted as free).
 
+The charges ride the turn's own writes where they can: a later step's reservation its checkpoint,
+the last settlement the final write (docs/cost.md, "What it costs per request").
+
 Hooks see the budgets' states (:func:`budget_states`) and ``before_step`` may lower a step's
 budget (``StepConfig.max_step_tokens`` / ``max_step_usd``): a limit on the step's own reservation,
 applied before the store's grant, so the lower of it and the turn's budgets wins (docs/cost.md,
@@ -243,9 +246,11 @@ async def admission_refusal(
 class StepBudgets:
     """One attempt's budget charges: :meth:`reserve` before each step, :meth:`used` with its
     usage after it, :meth:`close` when the attempt ends (settles the last step; a recovered
-    attempt's close also settles what the lost attempt left reserved). Each charge is one store
-    transaction; the settlement of a step rides the next step's reservation. :meth:`states`
-    is what the last charge left in the store, for the hooks."""
+    attempt's close also settles what the lost attempt left reserved). The settlement of a step
+    rides the next step's reservation; the first reservation is a store transaction of its own,
+    each later one rides the step's checkpoint (``reserve``'s ``checkpoint``), and the last
+    settlement the turn's final write (:meth:`final_charge`, else :meth:`close` on its own).
+    :meth:`states` is what the last charge left in the store, for the hooks."""
 
     def __init__(
         self,
