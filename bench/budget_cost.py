@@ -1,27 +1,39 @@
-"""What budgets (issue 37, docs/cost.md "Budgets") add to each model step, on SQLite and PostgreSQL.
+"""What budgets (issue 37, docs/cost.md "Budgets") add to a request's store writes, on SQLite and
+PostgreSQL, against the 0.3 ms CPU allowance per request.
 
-With a budget configured, a step runs :meth:`StepBudgets.reserve` before it is sent (the prompt
-estimate over the step's history, the model's rates, and one store transaction that settles the
-previous step and reserves this one: ``charge_budget``), and the turn's end one more charge
-(``close``). With none configured, ``step_budgets`` returns None and nothing runs: zero by
-construction, so only the "on" arm is measured. Budgets here: the turn's, the conversation's and
-the tenant's day, in tokens and US dollars (four rows locked per charge), a model priced by
-``pricing.models``, a history of ``--messages`` messages of 400 bytes.
+One request is a turn of ``--steps`` model steps, measured from its admission to its final write:
+the writes a running turn makes in any case (a checkpoint of the reply at the end of each step but
+the last, ``save_message``; the final write, ``finish_turn``) plus what budgets add, in three arms
+run interleaved on the same stores:
 
-Prints CPU per step: this process's (``time.process_time``: the estimate, the program, the
-driver; the SQLite writer thread included) and, on PostgreSQL, the server backends'
-(``/proc/<pid>/stat`` of the database's sessions), with the wall time per step.
-Run: ``.venv/bin/python bench/budget_cost.py [--steps 500] [--messages 20]``.
+- **off**: no budget configured (``step_budgets`` returns None: no estimate, no charge);
+- **separate** (before the folds): each step's reservation its own transaction
+  (``charge_budget``, settling the previous step), the step's checkpoint another, the last
+  settlement another (``StepBudgets.close``), then the final write;
+- **folded** (now): the first step's reservation its own transaction, each later step's reservation
+  and the previous step's settlement riding that step's checkpoint (``charge_budget(...,
+  checkpoint=...)``), the last settlement riding the final write (``finish_turn(..., budget=...)``).
+
+The added cost of an arm is its CPU per request minus the off arm's: this process's
+(``time.process_time``: the prompt estimate, the programs, the driver; the SQLite writer thread
+included) and, on PostgreSQL, the server backends' (``/proc/<pid>/stat`` of the database's
+sessions). Budgets: the turn's, the conversation's and the tenant's day, in tokens and US dollars
+(three rows locked per charge), a model priced by ``pricing.models``, ``--messages`` messages of
+400 bytes in each step's history. A request PASSes when budgets add at most 0.3 ms of CPU to it
+(client plus server). Run: ``.venv/bin/python bench/budget_cost.py [--steps 1] [--rounds 15] [--block 20]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as dt
 import os
+import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -47,6 +59,8 @@ BUDGETS = BudgetSettings.model_validate(
         "tenant": {"day": {"tokens": 10**12, "usd": 10**6}},
     }
 )
+ALLOWANCE_US = 300.0
+ARMS = ("off", "separate", "folded")
 
 
 def _history(messages: int) -> list[message_pb2.Message]:
@@ -60,75 +74,139 @@ def _history(messages: int) -> list[message_pb2.Message]:
     return history
 
 
-async def _turn(
-    store: Store, steps: int, messages: int, n: int, url: str | None
-) -> tuple[float, float, float]:
+def _taken(reply: message_pb2.Message) -> Callable[[], Awaitable[message_pb2.Message]]:
+    """``Checkpointer.take`` of a turn whose reply is ``reply`` and no checkpoint in flight."""
+
+    async def take() -> message_pb2.Message:
+        return reply
+
+    return take
+
+
+async def _turn(store: Store, arm: str, steps: int, request: ModelRequest, n: int) -> None:
+    """One request of ``arm``: its admission (not measured by the caller's difference: every arm
+    has it), its steps' writes and its final write."""
     turn = TurnRecord(
-        request_id=f"r{n}",
-        conversation_id=f"c{n}",
-        assistant_message_id=f"a{n}",
+        request_id=f"{arm}-r{n}",
+        conversation_id=f"{arm}-c{n}",
+        assistant_message_id=f"{arm}-a{n}",
         continuation=False,
         model=MODEL,
         state="running",
         start_time=dt.datetime.now(dt.UTC),
         owner="bench",
     )
-    user = message_pb2.Message(id=f"u{n}", role=message_pb2.ROLE_USER)
+    user = message_pb2.Message(id=f"{arm}-u{n}", role=message_pb2.ROLE_USER)
     user.parts.add().text.text = "q"
     await store.start_turn(turn, [user])
-    budgets = StepBudgets(
-        store,
-        BUDGETS,
-        PRICES,
-        request_id=turn.request_id,
-        conversation_id=turn.conversation_id,
-        lease=turn.lease,
-        turn_limit=BUDGETS.turn,
-        recovered=False,
-    )
-    request = ModelRequest(
-        model="model",
-        system="You are a helpful assistant.",
-        messages=_history(messages),
-        settings=ModelSettings(),
-    )
+    reply = message_pb2.Message(id=turn.assistant_message_id, role=message_pb2.ROLE_ASSISTANT)
+    budgets = None
+    if arm != "off":
+        budgets = StepBudgets(
+            store,
+            BUDGETS,
+            PRICES,
+            request_id=turn.request_id,
+            conversation_id=turn.conversation_id,
+            lease=turn.lease,
+            turn_limit=BUDGETS.turn,
+            recovered=False,
+        )
+    for step in range(steps):
+        if budgets is not None:
+            await budgets.reserve(
+                request, MODEL, None, None, checkpoint=_taken(reply) if arm == "folded" and step > 0 else None
+            )
+            budgets.used(Usage(input_tokens=500, output_tokens=50), Cost(0.002, "config"))
+        reply.parts.add().text.text = f"step {step} " * 40
+        if step < steps - 1 and arm != "folded":  # the step's checkpoint (folded: the next charge)
+            await store.save_message(turn.conversation_id, reply, lease=turn.lease)
+    charge = None
+    if budgets is not None and arm == "separate":
+        await budgets.close()
+    elif budgets is not None:
+        charge = budgets.final_charge()
+    ended = dataclasses.replace(turn, state="completed", end_time=dt.datetime.now(dt.UTC))
+    grant = await store.finish_turn(ended, reply, budget=charge)
+    if budgets is not None and charge is not None:
+        budgets.settled_by(grant)
+
+
+async def _block(
+    store: Store, arm: str, request: ModelRequest, *, turns: int, steps: int, url: str | None, base: int
+) -> tuple[list[float], list[float], float]:
+    """``turns`` requests of ``arm``: each one's client CPU and wall, and the server's CPU per
+    request over the block, in µs."""
     server_before = backend_cpu_s(url) if url else 0.0
-    cpu_before, wall_before = time.process_time(), time.perf_counter()
-    for _ in range(steps):
-        await budgets.reserve(request, MODEL, None, None)
-        budgets.used(Usage(input_tokens=500, output_tokens=50), Cost(0.002, "config"))
-    await budgets.close()
-    cpu = (time.process_time() - cpu_before) / steps * 1e6
-    wall = (time.perf_counter() - wall_before) / steps * 1e6
-    server = ((backend_cpu_s(url) - server_before) / steps * 1e6) if url else 0.0
-    return cpu, server, wall
+    cpu, wall = [], []
+    for n in range(turns):
+        cpu_before, wall_before = time.process_time(), time.perf_counter()
+        await _turn(store, arm, steps, request, base + n)
+        cpu.append((time.process_time() - cpu_before) * 1e6)
+        wall.append((time.perf_counter() - wall_before) * 1e6)
+    server = ((backend_cpu_s(url) - server_before) / turns * 1e6) if url else 0.0
+    return cpu, wall, server
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=500, help="steps per round (one turn)")
+    parser.add_argument("--block", type=int, default=20, help="requests per arm in a row")
+    parser.add_argument("--rounds", type=int, default=15, help="blocks of each arm, interleaved")
+    parser.add_argument("--steps", type=int, default=1, help="model steps per request")
     parser.add_argument("--messages", type=int, default=20, help="messages in each step's history")
-    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    rows = []
+    request = ModelRequest(
+        model="model",
+        system="You are a helpful assistant.",
+        messages=_history(args.messages),
+        settings=ModelSettings(),
+    )
+    # (store, arm) -> client CPU and wall samples per request, server CPU per request per block
+    cpu: dict[tuple[str, str], list[float]] = {}
+    wall: dict[tuple[str, str], list[float]] = {}
+    server: dict[tuple[str, str], list[float]] = {}
     async with both_stores() as (lite, pg, url):
-        await _turn(lite, 20, args.messages, -1, None)  # warm: imports, caches
-        await _turn(pg, 20, args.messages, -1, url)
-        for n in range(args.rounds):
-            sqlite_cpu, _, sqlite_wall = await _turn(lite, args.steps, args.messages, n, None)
-            pg_cpu, pg_server, pg_wall = await _turn(pg, args.steps, args.messages, n, url)
-            rows.append((n + 1, sqlite_cpu, sqlite_wall, pg_cpu, pg_server, pg_wall))
+        stores = (("SQLite", lite, None), ("PostgreSQL", pg, url))
+        for _, store, store_url in stores:
+            for arm in ARMS:  # warm: imports, caches, the statement cache
+                await _block(store, arm, request, turns=20, steps=args.steps, url=store_url, base=-100)
+        for r in range(args.rounds):
+            for name, store, store_url in stores:
+                # Interleaved, each round in another order: a load change hits every arm alike.
+                for arm in ARMS[r % 3 :] + ARMS[: r % 3]:
+                    samples, walls, per_request = await _block(
+                        store,
+                        arm,
+                        request,
+                        turns=args.block,
+                        steps=args.steps,
+                        url=store_url,
+                        base=r * args.block,
+                    )
+                    cpu.setdefault((name, arm), []).extend(samples)
+                    wall.setdefault((name, arm), []).extend(walls)
+                    server.setdefault((name, arm), []).append(per_request)
     load = os.getloadavg()[0]
     print(
-        "| round | SQLite CPU µs/step | SQLite wall µs/step | PG client CPU µs/step | PG server CPU µs/step "
-        "| PG wall µs/step |"
+        "| store | arm | client CPU µs/request | server CPU µs/request | wall µs/request "
+        "| added CPU µs/request (client + server) | ≤ 300 µs |"
     )
-    print("|---|---|---|---|---|---|")
-    for n, sc, sw, pc, ps, pw in rows:
-        print(f"| {n} | {sc:.0f} | {sw:.0f} | {pc:.0f} | {ps:.0f} | {pw:.0f} |")
+    print("|---|---|---|---|---|---|---|")
+    for name in ("SQLite", "PostgreSQL"):
+        off_total = statistics.median(cpu[(name, "off")]) + statistics.median(server[(name, "off")])
+        for arm in ARMS:
+            client, server_cpu = statistics.median(cpu[(name, arm)]), statistics.median(server[(name, arm)])
+            wall_us = statistics.median(wall[(name, arm)])
+            row = f"| {name} | {arm} | {client:.0f} | {server_cpu:.0f} | {wall_us:.0f} "
+            if arm == "off":
+                print(row + "| – | – |")
+                continue
+            added = client + server_cpu - off_total
+            print(row + f"| {added:.0f} | {'PASS' if added <= ALLOWANCE_US else 'MISS'} |")
     print(
-        f"\nbudgets on (turn, conversation, tenant/day; tokens and USD); off: 0 (nothing runs). "
-        f"{args.steps} steps per round, {args.messages} messages of 400 bytes per step; "
+        f"\n{args.steps} model step(s) per request; medians of {args.rounds} interleaved blocks of "
+        f"{args.block} requests per arm (client: of the requests; server: of the blocks); budgets: turn, "
+        f"conversation, tenant/day (tokens and USD); {args.messages} messages of 400 bytes per step; "
         f"load average {load:.1f}"
     )
 

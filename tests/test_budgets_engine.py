@@ -104,6 +104,44 @@ async def test_max_output_tokens_is_clamped_to_the_room_left(make_engine: Engine
     assert spends == {BudgetKey("conversation", CONV): BudgetSpend(12, 0.0, 0, 0.0)}
 
 
+async def test_the_charges_ride_the_steps_checkpoint_and_the_turns_final_write(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = await make_engine(
+        scripts={"main": [TOOL_STEP, LAST_STEP]},
+        tools=[make_tool("echo", echo)],
+        budgets=_budgets(conversation={"tokens": 10_000}, assumed_max_output_tokens=500),
+    )
+    charges: list[tuple[BudgetCharge, message_pb2.Message | None]] = []
+    finishes: list[BudgetCharge | None] = []
+    charge, finish = h.store.charge_budget, h.store.finish_turn
+
+    async def counted_charge(c: BudgetCharge, *, checkpoint: message_pb2.Message | None = None) -> Any:
+        charges.append((c, checkpoint))
+        return await charge(c, checkpoint=checkpoint)
+
+    async def counted_finish(*args: Any, budget: BudgetCharge | None = None, **kwargs: Any) -> Any:
+        finishes.append(budget)
+        return await finish(*args, budget=budget, **kwargs)
+
+    monkeypatch.setattr(h.store, "charge_budget", counted_charge)
+    monkeypatch.setattr(h.store, "finish_turn", counted_finish)
+    assert end_of(await h.run("hi")).status == event_pb2.TURN_STATUS_COMPLETED
+    # One charge per step (the second settles the first), none at the end: the final write
+    # settles the last step at its usage. The second step's charge stores the reply so far
+    # (the first step and its tool result): the step's checkpoint.
+    assert [c.ask is not None for c, _ in charges] == [True, True]
+    (_, first), (_, second) = charges
+    assert first is None and second is not None
+    assert "Calling." in text_of(second)
+    (call,) = (part.tool_call for part in second.parts if part.HasField("tool_call"))
+    assert call.state == message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE and call.output_json
+    (settlement,) = finishes
+    assert settlement is not None and settlement.ask is None and settlement.spent == (750, None)
+    spends = await h.store.budget_spends([BudgetKey("conversation", CONV)])
+    assert spends == {BudgetKey("conversation", CONV): BudgetSpend(1_745, 0.0, 0, 0.0)}
+
+
 async def test_a_new_turn_on_a_spent_conversation_is_refused_before_anything_is_stored(
     make_engine: EngineFactory,
 ) -> None:

@@ -7,6 +7,7 @@ PostgreSQL database shared by two replicas, two turns racing for the last of a b
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 
 import pytest
@@ -115,6 +116,64 @@ async def test_a_lost_attempts_reservation_is_settled_once_not_charged_twice(
     assert grant.spends[CONVERSATION] == BudgetSpend(3_000, 0.0, 3_000, 0.0)
     grant = await store.charge_budget(_charge(taken, budget, spent=(1_200, None)))
     assert grant.spends[CONVERSATION] == BudgetSpend(4_200, 0.0, 0, 0.0)
+
+
+def _ended(turn: TurnRecord) -> TurnRecord:
+    return dataclasses.replace(turn, state="completed", end_time=T0 + dt.timedelta(seconds=1))
+
+
+async def test_the_turns_end_settles_its_budgets_in_the_same_transaction(store: Store) -> None:
+    turn = await _started(store, "r1")
+    budget = BudgetLimits(CONVERSATION, tokens=1_000, conversation_id="c")
+    await store.charge_budget(_charge(turn, budget, ask=_ask(400, 500)))
+    reply = message_pb2.Message(id="tw-a-r1", role=message_pb2.ROLE_ASSISTANT)
+    reply.parts.add().text.text = "done"
+    grant = await store.finish_turn(_ended(turn), reply, budget=_charge(turn, budget, spent=(450, None)))
+    assert grant is not None and grant.spends[CONVERSATION] == BudgetSpend(450, 0.0, 0, 0.0)
+    stored = await store.get_turn("r1")
+    assert stored is not None and stored.state == "completed"
+    assert await store.budget_spends([CONVERSATION]) == {CONVERSATION: BudgetSpend(450, 0.0, 0, 0.0)}
+    # Without a charge, nothing of budgets is touched (and nothing returned).
+    other = await _started(store, "r2")
+    assert await store.finish_turn(_ended(other), None) is None
+
+
+async def test_a_fenced_turns_end_settles_nothing(store: Store, store_backend: StoreBackend) -> None:
+    mine = await _started(store, "r1")
+    budget = BudgetLimits(CONVERSATION, tokens=10_000, conversation_id="c")
+    await store.charge_budget(_charge(mine, budget, ask=_ask(1_000, 2_000)))
+    now = LAPSED if store_backend.name == "postgres" else T0
+    (taken,) = await store.claim_interrupted_turns("b", now, UNTIL, 10)
+    with pytest.raises(LeaseLost):
+        await store.finish_turn(_ended(mine), None, budget=_charge(mine, budget, spent=(10, None)))
+    # Neither its end nor its settlement landed: the taker settles the lost reservation once.
+    assert await store.budget_spends([CONVERSATION]) == {CONVERSATION: BudgetSpend(0, 0.0, 3_000, 0.0)}
+    grant = await store.finish_turn(_ended(taken), None, budget=_charge(taken, budget, spent=(5, None)))
+    assert grant is not None and grant.spends[CONVERSATION] == BudgetSpend(3_000, 0.0, 0, 0.0)
+
+
+async def test_a_steps_checkpoint_rides_its_charge_fenced_alike(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    mine = await _started(store, "r1")
+    budget = BudgetLimits(CONVERSATION, tokens=10_000, conversation_id="c")
+    reply = message_pb2.Message(id="tw-a-r1", role=message_pb2.ROLE_ASSISTANT)
+    reply.parts.add().text.text = "step one"
+    grant = await store.charge_budget(_charge(mine, budget, ask=_ask(100, 200)), checkpoint=reply)
+    assert grant.spends[CONVERSATION] == BudgetSpend(0, 0.0, 300, 0.0)
+    assert [m.id for m in await store.load_messages("c")] == ["u-r1", "tw-a-r1"]
+
+    now = LAPSED if store_backend.name == "postgres" else T0
+    (taken,) = await store.claim_interrupted_turns("b", now, UNTIL, 10)
+    reply.parts.add().text.text = "step two"
+    with pytest.raises(LeaseLost):  # the lost attempt's: neither its charge nor its checkpoint
+        await store.charge_budget(_charge(mine, budget, ask=_ask(100, 200)), checkpoint=reply)
+    (stored,) = [m for m in await store.load_messages("c") if m.id == "tw-a-r1"]
+    assert len(stored.parts) == 1
+    assert await store.budget_spends([CONVERSATION]) == {CONVERSATION: BudgetSpend(0, 0.0, 300, 0.0)}
+    await store.charge_budget(_charge(taken, budget, ask=_ask(100, 200)), checkpoint=reply)
+    (stored,) = [m for m in await store.load_messages("c") if m.id == "tw-a-r1"]
+    assert len(stored.parts) == 2
 
 
 async def test_a_charge_naming_no_budget_settles_what_the_turn_reserved(store: Store) -> None:

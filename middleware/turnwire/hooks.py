@@ -35,7 +35,7 @@ from turnwire.compaction import CompactionConfig
 from turnwire.error_classes import ChatErrorClassification as ChatErrorClassification  # noqa: PLC0414
 from turnwire.errors import CanonicalCode, ErrorWithStatus
 from turnwire.tools import Tool
-from turnwire.types import Cost, FinishReason, ModelChunk, ModelSettings, ToolChoice, Usage
+from turnwire.types import BudgetState, Cost, FinishReason, ModelChunk, ModelSettings, ToolChoice, Usage
 from turnwire.types import ToolCall as ModelToolCall
 from turnwire_client.v1 import message_pb2
 
@@ -173,6 +173,9 @@ class StepFinishContext:
     are the step's cited sources (with their cited text, location and the text block they support)
     and produced files, as stored (docs/providers.md, "What each API's parts become"). ``cost``
     is what the step cost in US dollars, from ``usage``; None when unknown (docs/cost.md).
+    ``budgets`` are the turn's budgets after this step's reservation, as the store holds them
+    (the step is settled at its actual use by the turn's next charge); empty when no budget is
+    configured (docs/cost.md, "Budgets in hooks").
     """
 
     step_number: int
@@ -193,6 +196,7 @@ class StepFinishContext:
     sources: Sequence[message_pb2.SourcePart] = ()
     files: Sequence[message_pb2.FilePart] = ()
     cost: Cost | None = None
+    budgets: Sequence[BudgetState] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +205,10 @@ class StepContext:
 
     ``step_number`` is 0-based; ``steps`` are the results so far;
     ``messages`` is what will be sent to the model: read-only, as in :class:`TurnContext`
-    (return :attr:`StepConfig.messages` to change it for this step).
+    (return :attr:`StepConfig.messages` to change it for this step). ``budgets`` are the turn's
+    budgets before this step's reservation, as the turn's last charge left them in the store
+    (step 0 of an attempt: read for the hook); empty when no budget is configured
+    (docs/cost.md, "Budgets in hooks").
     """
 
     conversation_id: str
@@ -211,6 +218,7 @@ class StepContext:
     model: str
     system: str
     messages: Sequence[message_pb2.Message]
+    budgets: Sequence[BudgetState] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +228,13 @@ class StepConfig:
     ``model_settings`` merges field by field over the turn's (``headers`` and
     ``provider_options`` shallowly); the other fields replace. ``messages`` as in
     :class:`TurnConfig` (never change them once returned).
+
+    ``max_step_tokens`` and ``max_step_usd`` lower this step's budget: its reservation (the
+    prompt's estimate plus its output) must fit within them, so ``max_output_tokens`` is clamped
+    to what fits, and a step without room for ``budgets.min_output_tokens`` of output ends the
+    turn ERROR with reason ``BUDGET_EXHAUSTED`` (scope ``step``). They only ever lower: the
+    turn's budgets still apply, the lower of the two wins (docs/cost.md, "Budgets in hooks").
+    A dollar limit needs the model's price (a step of an unpriced model is refused under it).
     """
 
     model: str | None = None
@@ -228,6 +243,8 @@ class StepConfig:
     system: str | None = None
     messages: Sequence[message_pb2.Message] | None = None
     model_settings: ModelSettings | None = None
+    max_step_tokens: int | None = None
+    max_step_usd: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,7 +342,9 @@ class ChatResponseContext:
     new input stopped the turn (status ``aborted``): ``interrupt`` (``message`` is the stored
     partial reply) or ``rollback`` (``message`` was removed with the turn's input), naming the
     request that stopped it (:class:`ConcurrentInput`). ``cost`` is what the turn cost so far
-    (as ``TurnEnd.cost``); None when unknown (docs/cost.md).
+    (as ``TurnEnd.cost``); None when unknown (docs/cost.md). ``budgets`` are the turn's
+    budgets once its last step was settled, as the store holds them; empty when no budget is
+    configured or the settlement failed (docs/cost.md, "Budgets in hooks").
     """
 
     conversation_id: str
@@ -336,6 +355,7 @@ class ChatResponseContext:
     error: BaseException | None = None
     concurrent_input: ConcurrentInput | None = None
     cost: Cost | None = None
+    budgets: Sequence[BudgetState] = ()
 
 
 @dataclass(frozen=True, slots=True)

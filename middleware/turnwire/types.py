@@ -7,6 +7,7 @@ Chunk names follow the AI SDK's stream parts (``text-start``, ``text-delta``,
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -120,6 +121,27 @@ class Cost:
         """Write this cost into the proto ``target`` (in place)."""
         target.usd = self.usd
         target.price_source = self.price_source
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetState:
+    """One budget a turn runs under, in one ``unit`` (``tokens``: input plus output tokens;
+    ``usd``: US dollars), as the store holds it (docs/cost.md, "Budgets in hooks"); a budget
+    limited in both units is two entries. ``scope``: ``turn``, ``conversation``, ``tenant/day``,
+    ``tenant/month``, ``principal/day`` or ``principal/month``; ``period``: the UTC day
+    (``2026-12-02``) or month (``2026-12``) a period's budget counts, ``""`` for the others.
+    ``spent``: what settled steps spent; ``reserved``: what running steps (this turn's among
+    them) reserved; ``remaining``: ``limit - spent - reserved``, never below 0; ``resets_at``:
+    when its period ends (UTC), None for a budget that never resets."""
+
+    scope: str
+    period: str
+    unit: Literal["tokens", "usd"]
+    limit: float
+    spent: float
+    reserved: float
+    remaining: float
+    resets_at: dt.datetime | None = None
 
 
 # --- stream chunks ---------------------------------------------------------

@@ -10,6 +10,14 @@ the most output that fits every budget in the transaction that takes the reserva
 ``max_output_tokens`` clamped to it. No room for ``budgets.min_output_tokens`` (default 1): the turn ends
 (:class:`BudgetExhausted`). A model without a known price cannot be reserved against a US dollar
 budget: the step is refused the same way (never counted as free).
+
+The charges ride the turn's own writes where they can: a later step's reservation its checkpoint,
+the last settlement the final write (docs/cost.md, "What it costs per request").
+
+Hooks see the budgets' states (:func:`budget_states`) and ``before_step`` may lower a step's
+budget (``StepConfig.max_step_tokens`` / ``max_step_usd``): a limit on the step's own reservation,
+applied before the store's grant, so the lower of it and the turn's budgets wins (docs/cost.md,
+"Budgets in hooks").
 """
 
 from __future__ import annotations
@@ -20,11 +28,13 @@ import contextlib
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from turnwire.compaction import EstimateTokens
 from turnwire.providers import ModelRequest
-from turnwire.types import Cost, Usage
+from turnwire.types import BudgetState, Cost, Usage
+from turnwire_client.v1 import message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.cost import PriceBook
@@ -45,13 +55,17 @@ from turnwire_server.tenant_keys import tenant_of_key
 
 __all__ = [
     "StepBudgets",
+    "StepLimit",
     "admission_refusal",
+    "budget_states",
     "budgets_for",
     "lowered",
     "resets_in",
+    "settle",
     "settle_abandoned",
-    "settled",
     "step_budgets",
+    "step_limit",
+    "unsettled",
 ]
 
 log = logging.getLogger("turnwire.budgets")
@@ -101,7 +115,8 @@ def budgets_for(
         )
     tenant = tenant_of_key(conversation_id)
     utc = now.astimezone(dt.UTC)
-    day, month = utc.strftime("%Y-%m-%d"), utc.strftime("%Y-%m")
+    month = f"{utc.year:04d}-{utc.month:02d}"  # half the CPU of two strftime calls
+    day = f"{month}-{utc.day:02d}"
     owners = [("tenant", tenant, settings.tenant)]
     if principal:
         owners.append(("principal", f"{tenant}/{principal}", settings.principal))
@@ -126,6 +141,68 @@ def resets_in(key: BudgetKey, now: dt.datetime) -> float | None:
     else:
         return None
     return (start - utc).total_seconds()
+
+
+def budget_states(
+    budgets: Sequence[BudgetLimits], spends: Mapping[BudgetKey, BudgetSpend], now: dt.datetime
+) -> tuple[BudgetState, ...]:
+    """What hooks see of ``budgets`` in their states ``spends`` (a budget missing there is at
+    zero) at ``now``: an entry per budget and limited unit, tokens before US dollars."""
+    states = []
+    for budget in budgets:
+        spend = spends.get(budget.key, BudgetSpend())
+        seconds = resets_in(budget.key, now)
+        resets_at = None if seconds is None else now + dt.timedelta(seconds=seconds)
+        units = (
+            ("tokens", budget.tokens, spend.spent_tokens, spend.reserved_tokens),
+            ("usd", budget.usd, spend.spent_usd, spend.reserved_usd),
+        )
+        for unit, limit, spent, reserved in units:
+            if limit is not None:
+                states.append(
+                    BudgetState(
+                        scope=budget.key.scope,
+                        period=budget.key.period,
+                        unit=unit,  # type: ignore[arg-type]
+                        limit=limit,
+                        spent=spent,
+                        reserved=reserved,
+                        remaining=max(0, limit - spent - reserved),
+                        resets_at=resets_at,
+                    )
+                )
+    return tuple(states)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepLimit:
+    """The limit ``before_step`` set on one step's own reservation: ``tokens`` (prompt plus
+    output), ``usd`` (US dollars); None: no limit of that kind; 0 or less: no room."""
+
+    tokens: int | None
+    usd: float | None
+
+
+def step_limit(max_step_tokens: int | None, max_step_usd: float | None) -> StepLimit | None:
+    """The limit ``before_step`` set on a step's own reservation (None: none)."""
+    if max_step_tokens is None and max_step_usd is None:
+        return None
+    return StepLimit(max_step_tokens, max_step_usd)
+
+
+def _step_room(limit: StepLimit, ask: BudgetAsk) -> int:
+    """The most output (at most ``ask.max_output``) whose reservation fits ``limit``, a step's
+    own: below ``ask.min_output`` when it has no room (the store's rule for a budget at zero)."""
+    room = ask.max_output
+    if limit.tokens is not None:
+        room = min(room, limit.tokens - ask.prompt_tokens)
+    if limit.usd is not None:
+        left_usd = limit.usd - ask.prompt_usd
+        if ask.usd_per_output_token > 0:
+            room = min(room, math.floor(left_usd / ask.usd_per_output_token + 1e-9))
+        elif left_usd < 0:
+            room = -1
+    return room
 
 
 def _why(budget: BudgetLimits, spend: BudgetSpend) -> str:
@@ -169,8 +246,11 @@ async def admission_refusal(
 class StepBudgets:
     """One attempt's budget charges: :meth:`reserve` before each step, :meth:`used` with its
     usage after it, :meth:`close` when the attempt ends (settles the last step; a recovered
-    attempt's close also settles what the lost attempt left reserved). Each charge is one store
-    transaction; the settlement of a step rides the next step's reservation."""
+    attempt's close also settles what the lost attempt left reserved). The settlement of a step
+    rides the next step's reservation; the first reservation is a store transaction of its own,
+    each later one rides the step's checkpoint (``reserve``'s ``checkpoint``), and the last
+    settlement the turn's final write (:meth:`final_charge`, else :meth:`close` on its own).
+    :meth:`states` is what the last charge left in the store, for the hooks."""
 
     def __init__(
         self,
@@ -200,39 +280,91 @@ class StepBudgets:
         self._recovered = recovered
         self._spent: tuple[int | None, float | None] | None = None
         self._prompt: tuple[int, float] = (0, 0.0)  # the reserved step's prompt: tokens, US dollars
+        # The budgets as the last charge stored them, and their states then (for the hooks).
+        self._seen: tuple[tuple[BudgetLimits, ...], dict[BudgetKey, BudgetSpend]] | None = None
+        self._final: BudgetCharge | None = None  # the final write's settlement, once asked for
 
     async def reserve(
-        self, request: ModelRequest, model_id: str, provider_type: str | None, provider: object
+        self,
+        request: ModelRequest,
+        model_id: str,
+        provider_type: str | None,
+        provider: object,
+        *,
+        step: StepLimit | None = None,
+        checkpoint: Callable[[], Awaitable[message_pb2.Message | None]] | None = None,
     ) -> ModelRequest:
-        """``request`` with ``max_output_tokens`` clamped to what every budget has room for, its
-        reservation stored. Raises :class:`BudgetExhausted` (nothing reserved, the last step
-        settled; as a :class:`TurnFailure` at stage ``step``) when a budget has no room for
+        """``request`` with ``max_output_tokens`` clamped to what every budget, and the step's
+        own limit ``step`` (``before_step``'s), has room for, its reservation stored. Raises
+        :class:`BudgetExhausted` (nothing reserved, the last step settled; as a
+        :class:`TurnFailure` at stage ``step``) when a budget has no room for
         ``min_output_tokens`` of output, or a US dollar budget applies and ``model_id`` has no
         known price; :class:`LeaseLost` as every turn write does. ``request`` as it is, and no
-        write, when no budget applies to the turn and nothing is reserved."""
+        write, when no budget nor ``step`` applies to the turn and nothing is reserved (see
+        :meth:`writes`); no write (``request`` clamped) when only ``step`` does.
+        ``checkpoint()``, when given, is the reply so far (awaited: :meth:`Checkpointer.take`),
+        stored in the charge's transaction (the step's checkpoint carries its reservation);
+        called only when the charge is written."""
         now = dt.datetime.now(dt.UTC)
         budgets = self._budgets(now)
-        if not budgets and not self._open:
+        if not budgets and not self._open and step is None:
             return request  # none applies (a principal's, authentication off): nothing to write
         asked = request.settings.max_output_tokens
         max_output = asked if asked is not None else self.settings.assumed_max_output_tokens
         rates = self.prices.rates(model_id, provider_type)
-        priced = [budget for budget in budgets if budget.usd is not None]
+        priced = [budget.key.scope for budget in budgets if budget.usd is not None]
+        if step is not None and step.usd is not None:
+            priced.append("step")
         if rates is None and priced:
-            await self.close()
-            scope = priced[0].key.scope
-            metrics.BUDGET_EXHAUSTED.labels(self._tenant, scope).inc()
-            error = BudgetExhausted(
-                scope,
+            await self._refuse(
+                priced[0],
                 f"model {model_id} has no known price, so its steps cannot be reserved against a US "
                 "dollar budget (price it under pricing.models)",
             )
-            raise TurnFailure("step", error) from error
         usd_in, usd_out = rates or (0.0, 0.0)
         prompt = await _ESTIMATE.count(request, provider)
         self._prompt = (prompt, prompt * usd_in)
         least = min(self.settings.min_output_tokens, max_output)
-        grant = await self._charge(budgets, BudgetAsk(prompt, prompt * usd_in, usd_out, max_output, least))
+        ask = BudgetAsk(prompt, prompt * usd_in, usd_out, max_output, least)
+        if step is not None:  # the step's own limit first: the lower of it and the budgets' wins
+            room = _step_room(step, ask)
+            if room < least:
+                await self._refuse(
+                    "step",
+                    f"before_step limited it to {_limit_text(step)}, and it needs about {prompt:,} "
+                    f"tokens of prompt and at least {least:,} of output",
+                )
+            ask = dataclasses.replace(ask, max_output=room)
+        if not budgets and not self._open:
+            granted = ask.max_output
+        else:
+            granted = (await self._granted(budgets, ask, now, checkpoint)).output_tokens
+        if asked is not None and granted >= asked:
+            return request
+        if granted < max_output:
+            metrics.BUDGET_CLAMPED_STEPS.labels(self._tenant).inc()
+        settings = dataclasses.replace(request.settings, max_output_tokens=granted)
+        return dataclasses.replace(request, settings=settings)
+
+    async def _refuse(self, scope: str, why: str) -> None:
+        """End the turn (the last step settled, nothing reserved): ``scope``'s budget has no
+        room, ``why``. Raises :class:`TurnFailure`."""
+        await self.close()
+        metrics.BUDGET_EXHAUSTED.labels(self._tenant, scope).inc()
+        error = BudgetExhausted(scope, why)
+        raise TurnFailure("step", error) from error
+
+    async def _granted(
+        self,
+        budgets: tuple[BudgetLimits, ...],
+        ask: BudgetAsk,
+        now: dt.datetime,
+        checkpoint: Callable[[], Awaitable[message_pb2.Message | None]] | None,
+    ) -> BudgetGrant:
+        """The store's grant of ``ask`` against ``budgets`` (with ``checkpoint()`` stored).
+        Raises :class:`TurnFailure` when a budget has no room for it."""
+        prompt, least = ask.prompt_tokens, ask.min_output
+        grant = await self._charge(budgets, ask, None if checkpoint is None else await checkpoint())
         if grant.refused is not None:
             refused = next(budget for budget in budgets if budget.key == grant.refused)
             metrics.BUDGET_EXHAUSTED.labels(self._tenant, refused.key.scope).inc()
@@ -244,12 +376,7 @@ class StepBudgets:
                 resets_in(refused.key, now),
             )
             raise TurnFailure("step", error) from error
-        if asked is not None and grant.output_tokens >= asked:
-            return request
-        if grant.output_tokens < max_output:
-            metrics.BUDGET_CLAMPED_STEPS.labels(self._tenant).inc()
-        settings = dataclasses.replace(request.settings, max_output_tokens=grant.output_tokens)
-        return dataclasses.replace(request, settings=settings)
+        return grant
 
     def used(self, usage: Usage, cost: Cost | None) -> None:
         """The reserved step's actual use (its tokens; its cost, None: unknown, charged at the
@@ -262,12 +389,56 @@ class StepBudgets:
         of its output was produced); settled by the next charge."""
         self._spent = self._prompt
 
+    @property
+    def writes(self) -> bool:
+        """Whether the next :meth:`reserve` writes a charge (a budget applies, or something is
+        reserved), so a checkpoint may ride it."""
+        return self._open or bool(self._budgets(dt.datetime.now(dt.UTC)))
+
+    def states(self) -> tuple[BudgetState, ...]:
+        """The turn's budgets as this attempt's last charge left them in the store (empty before
+        its first charge): what ``on_step_finish`` and ``on_chat_response`` see."""
+        if self._seen is None:
+            return ()
+        budgets, spends = self._seen
+        return budget_states(budgets, spends, dt.datetime.now(dt.UTC))
+
+    async def current(self) -> tuple[BudgetState, ...]:
+        """:meth:`states`, read from the store before this attempt's first charge (one read):
+        what ``before_step`` sees."""
+        if self._seen is not None:
+            return self.states()
+        now = dt.datetime.now(dt.UTC)
+        budgets = self._budgets(now)
+        if not budgets:
+            return ()
+        return budget_states(budgets, await self.store.budget_spends([b.key for b in budgets]), now)
+
     async def close(self) -> None:
         """Settle what this turn still has reserved (nothing to do, no write, when nothing is).
         A step that never reported its use is charged its reservation."""
         if self._open:
             now = dt.datetime.now(dt.UTC)
             await self._charge(self._budgets(now), None)
+
+    def final_charge(self) -> BudgetCharge | None:
+        """:meth:`close`'s charge, for the turn's final write to carry (``Store.finish_turn``,
+        one transaction fewer); None when nothing is reserved. Nothing changes here until
+        :meth:`settled_by` says the write stored it."""
+        if not self._open:
+            return None
+        budgets = self._budgets(dt.datetime.now(dt.UTC))
+        self._final = BudgetCharge(
+            self.request_id, self.conversation_id, self.lease, budgets, spent=self._spent
+        )
+        return self._final
+
+    def settled_by(self, grant: BudgetGrant | None) -> None:
+        """The turn's final write stored the last :meth:`final_charge` and returned ``grant``."""
+        charge, self._final = self._final, None
+        if charge is not None and grant is not None:
+            self._spent = None
+            self._charged(charge.budgets, None, grant)
 
     def _budgets(self, now: dt.datetime) -> tuple[BudgetLimits, ...]:
         # The turn's own row only when it has a limit, or may have one stored (a recovery does
@@ -282,22 +453,34 @@ class StepBudgets:
             with_turn=self.turn_limit.limited or self._recovered,
         )
 
-    async def _charge(self, budgets: tuple[BudgetLimits, ...], ask: BudgetAsk | None) -> BudgetGrant:
+    async def _charge(
+        self,
+        budgets: tuple[BudgetLimits, ...],
+        ask: BudgetAsk | None,
+        checkpoint: message_pb2.Message | None = None,
+    ) -> BudgetGrant:
         spent, self._spent = self._spent, None
         # Open until the charge is known to have left nothing reserved: one cut off in flight
         # (a cancel, a store failure) may have committed a reservation, which close settles.
         self._open = True
         grant = await self.store.charge_budget(
-            BudgetCharge(self.request_id, self.conversation_id, self.lease, budgets, spent=spent, ask=ask)
+            BudgetCharge(self.request_id, self.conversation_id, self.lease, budgets, spent=spent, ask=ask),
+            checkpoint=checkpoint,
         )
+        self._charged(budgets, ask, grant)
+        return grant
+
+    def _charged(self, budgets: tuple[BudgetLimits, ...], ask: BudgetAsk | None, grant: BudgetGrant) -> None:
+        """A charge of ``budgets`` (reserving ``ask``) was stored and returned ``grant``."""
         self._open = ask is not None and grant.refused is None
+        if grant.spends:  # else the lease was lost, or the turn is gone: nothing charged
+            self._seen = (grant.budgets or budgets, grant.spends)
         current = {budget.key for budget in budgets}  # not a past period a settlement touched
         for key, spend in grant.spends.items():
             # Tenants only: a principal label would grow with every caller (and share a tenant's).
             if key in current and key.scope.startswith("tenant/"):
                 metrics.BUDGET_SPENT_TOKENS.labels(self._tenant, key.scope).set(spend.spent_tokens)
                 metrics.BUDGET_SPENT_USD.labels(self._tenant, key.scope).set(spend.spent_usd)
-        return grant
 
 
 async def settle_abandoned(store: BudgetStore, request_id: str, conversation_id: str) -> None:
@@ -308,10 +491,20 @@ async def settle_abandoned(store: BudgetStore, request_id: str, conversation_id:
     await store.charge_budget(BudgetCharge(request_id, conversation_id, None, ()))
 
 
-def step_budgets(store: BudgetStore, settings: EngineSettings, state: TurnWorkingState) -> StepBudgets | None:
+def _limit_text(limit: StepLimit) -> str:
+    parts = [] if limit.tokens is None else [f"{limit.tokens:,} tokens"]
+    if limit.usd is not None:
+        parts.append(f"${limit.usd:.6g}")
+    return " and ".join(parts)
+
+
+def step_budgets(
+    store: BudgetStore, settings: EngineSettings, state: TurnWorkingState, *, always: bool = False
+) -> StepBudgets | None:
     """The budget charges of the attempt ``state`` runs, or None when no budget is configured
-    (then budgets add nothing to a step: no estimate, no write)."""
-    if not settings.budgets.enabled:
+    (then budgets add nothing to a step: no estimate, no write) unless ``always`` (a
+    ``before_step`` limited a step: its budget is applied, still without a write)."""
+    if not settings.budgets.enabled and not always:
         return None
     request = state.request
     return StepBudgets(
@@ -328,15 +521,32 @@ def step_budgets(store: BudgetStore, settings: EngineSettings, state: TurnWorkin
 
 
 @contextlib.asynccontextmanager
-async def settled(budgets: StepBudgets | None, request_id: str) -> AsyncIterator[None]:
-    """Settle ``budgets`` (:meth:`StepBudgets.close`) when the attempt ends, however it ends; a
-    settlement that fails is logged (what stays reserved is settled by the turn's next attempt,
-    or by its conversation's deletion) and never hides why the attempt ended."""
+async def unsettled(
+    budgets: Callable[[], StepBudgets | None], state: TurnWorkingState
+) -> AsyncIterator[None]:
+    """Leave ``budgets()`` (a callable: a ``before_step`` may start them mid-attempt) in
+    ``state.unsettled`` when the attempt ends, however it ends: the turn's final write settles
+    them (``Store.finish_turn``'s ``budget``), else :func:`settle` does."""
     try:
         yield
     finally:
-        if budgets is not None:
-            try:
-                await asyncio.shield(budgets.close())
-            except Exception as error:
-                log.warning("turn %s: settling its budgets failed: %s", request_id, error)
+        charges = budgets()
+        if charges is not None:
+            state.unsettled = charges
+
+
+async def settle(state: TurnWorkingState) -> None:
+    """Settle ``state.unsettled`` on its own (:meth:`StepBudgets.close`: the turn ends without a
+    final write that carries it, or another attempt starts) and keep its states in
+    ``state.budget_states`` (for ``on_chat_response``). Nothing to do when nothing is left. A
+    settlement that fails is logged (what stays reserved is settled by the turn's next attempt,
+    or by its conversation's deletion; the hook sees no states then), never raised: it must not
+    hide why the turn ended."""
+    charges, state.unsettled = state.unsettled, None
+    if charges is None:
+        return
+    try:
+        await asyncio.shield(charges.close())
+        state.budget_states = charges.states()
+    except Exception as error:
+        log.warning("turn %s: settling its budgets failed: %s", state.request.request_id, error)

@@ -76,6 +76,23 @@ class Checkpointer:
         self._dirty = False
         self._in_flight = asyncio.create_task(self._write(snapshot), name=f"checkpoint {self._name}")
 
+    async def take(self) -> message_pb2.Message | None:
+        """The reply so far, for another write of the turn to store as this checkpoint (a
+        step's budget charge), once the checkpoint in flight (if any) is stored, so the other
+        write lands after it (grouped and other writes are not ordered among themselves on
+        PostgreSQL): counts as a checkpoint written now. None when there is nothing to store or
+        checkpointing stopped."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._dirty = False  # the write in flight is not followed by another: the caller's is
+        while self._in_flight is not None and not self._in_flight.done():
+            await asyncio.shield(self._in_flight)
+        if self._closed:
+            return None
+        self._last = time.monotonic()
+        return self._snapshot()
+
     async def _write(self, snapshot: message_pb2.Message) -> None:
         try:
             await self._save(snapshot)

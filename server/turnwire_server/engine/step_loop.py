@@ -41,7 +41,7 @@ from turnwire.types import ModelSettings
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.approvals import announce_denials, run_approved_calls
-from turnwire_server.engine.budgets import settled, step_budgets
+from turnwire_server.engine.budgets import step_budgets, step_limit, unsettled
 from turnwire_server.engine.compaction import Compactor, input_start
 from turnwire_server.engine.continuation import continued
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
@@ -170,7 +170,7 @@ class StepLoop:
             else None
         )
         try:
-            async with asyncio.timeout(timeout.total_seconds), settled(self.budgets, request.request_id):
+            async with asyncio.timeout(timeout.total_seconds), unsettled(lambda: self.budgets, turn):
                 # Answered approvals first: denials announced, approved calls run (§6).
                 announce_denials(turn)
                 ran = await run_approved_calls(turn, self.store, open_calls, self._runner_for(config))
@@ -303,11 +303,17 @@ class StepLoop:
                 model=ctx.model,
                 system=ctx.system,
                 messages=self._model_messages(base_messages),
+                budgets=await self.budgets.current()
+                if self.budgets is not None and turn.hooks.runs("before_step")
+                else (),
             )
             try:
                 step_config = await turn.hooks.before_step(step_ctx)
             except HookError as error:
                 raise TurnFailure("step", error) from error
+            limit = step_limit(step_config.max_step_tokens, step_config.max_step_usd)
+            if limit is not None and self.budgets is None:  # none configured: this step's only
+                self.budgets = step_budgets(self.store, self.settings, turn, always=True)
             configured = step_config.model or ctx.model
             model_id = self.settings.fallbacks.first(configured)  # its provider's breaker may be open
             tried = [configured, model_id] if model_id != configured else [model_id]
@@ -331,7 +337,12 @@ class StepLoop:
             )
             if self.budgets is not None:
                 model_request = await self.budgets.reserve(
-                    model_request, model_id, self._provider_type, provider
+                    model_request,
+                    model_id,
+                    self._provider_type,
+                    provider,
+                    step=limit,
+                    checkpoint=turn.checkpoints.take,
                 )
             turn.step_messages = model_request.messages
             turn.assistant.start_step()
@@ -396,7 +407,7 @@ class StepLoop:
                         if not streamed:  # else its output was billed: charged its reservation
                             self.budgets.unanswered()
                         model_request = await self.budgets.reserve(
-                            model_request, model_id, self._provider_type, provider
+                            model_request, model_id, self._provider_type, provider, step=limit
                         )
                     self._fallback_attempt(step_number, model_id)
             self.settings.fallbacks.succeeded(model_id)
@@ -423,7 +434,10 @@ class StepLoop:
                 # A call waiting for the client ends the turn after its step (§6). The final
                 # write follows at once: no checkpoint of the last step.
                 break
-            turn.checkpoints.now()
+            if self.budgets is None or not self.budgets.writes:
+                turn.checkpoints.now()
+            # Else the next step's reservation stores it (one transaction for both); a turn
+            # that ends before (a hook, a compaction failed) stores its reply in its final write.
 
     def _use_model(self, model_id: str) -> tuple[Provider, str]:
         """The provider and provider-local name of ``model_id``, which the step's metrics, cost
@@ -536,6 +550,7 @@ class StepLoop:
             conversation_id=turn.request.conversation_id,
             request_id=turn.request.request_id,
             cost=cost,
+            budgets=self.budgets.states() if self.budgets is not None else (),
         )
 
     def _step_finish_event(self, result: StepFinishContext, finish: chunks.FinishStep) -> None:

@@ -50,6 +50,7 @@ from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.assistant_message import AssistantMessage
+from turnwire_server.engine.budgets import settle
 from turnwire_server.engine.checkpoints import Checkpointer
 from turnwire_server.engine.client_tools import turn_tools
 from turnwire_server.engine.compaction import Compactor
@@ -454,6 +455,7 @@ class TurnRun:
         self._phase = "finishing"
         await self._classify_failure()
         await self._store_result()
+        await settle(self.state)  # when the final write did not (none, or it failed)
 
     async def _classify_failure(self) -> None:
         """classify_chat_error for a turn that failed (once), counted by class."""
@@ -737,22 +739,28 @@ class TurnRun:
         )
         end = self._end_response(message) if self._end_is_final() else None
         tail = await self._stream_tail(end)
+        budgets = state.unsettled
+        charge = budgets.final_charge() if budgets is not None else None  # its settlement rides along
         try:
             # Shielded: a second cancel (client gone, shutdown) must not lose the reply.
             # Retried through a store outage (the database restarting): the turn ends once its
             # end is stored, never left running in the store behind an error (issue 34).
-            await asyncio.shield(
+            grant = await asyncio.shield(
                 until_stored(
                     lambda: self.store.finish_turn(
                         record,
                         message,
                         events=tail.events if tail else (),
                         stream_ended=tail is not None and tail.ended,
+                        budget=charge,
                     ),
                     patience_seconds=self.settings.durability.store_outage_seconds,
                     what=f"turn {self.request.request_id}: storing its end",
                 )
             )
+            if budgets is not None:
+                budgets.settled_by(grant)
+                state.unsettled, state.budget_states = None, budgets.states()
             self.stored_message = message
             self._stream_stored(tail)
             self._end = end
@@ -844,6 +852,7 @@ class TurnRun:
                     error=self.error,
                     concurrent_input=stopped_by,
                     cost=self.state.cost.total(),
+                    budgets=self.state.budget_states,
                 )
             )
         end = self._end
@@ -964,6 +973,7 @@ class TurnRun:
 
     async def _run_steps(self) -> None:
         admission, self._admission = self._admission, None  # a later attempt reads the store again
+        await settle(self.state)  # what an earlier attempt of this run left reserved
         loop = StepLoop(
             self.state,
             store=self.store,

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from turnwire.compaction import CallKey
 from turnwire.hooks import ConcurrentInput, StepFinishContext
 from turnwire.tools import Tool
-from turnwire.types import Usage
+from turnwire.types import BudgetState, Usage
 from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.checkpoints import Checkpointer
@@ -22,7 +23,28 @@ from turnwire_server.engine.events import EventWriter
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.hooks.chain import TurnHooks
-from turnwire_server.store.records import TurnLease
+from turnwire_server.store.records import BudgetCharge, BudgetGrant, TurnLease
+
+
+class BudgetSettlement(Protocol):
+    """An attempt's budget charges (:class:`turnwire_server.engine.budgets.StepBudgets`) left
+    to settle when the turn ends: in its final write when it has one, else on their own."""
+
+    def final_charge(self) -> BudgetCharge | None:
+        """The settlement the turn's final write carries (None: nothing is reserved)."""
+        ...
+
+    def settled_by(self, grant: BudgetGrant | None) -> None:
+        """The final write stored :meth:`final_charge` (``grant``: what it returned)."""
+        ...
+
+    async def close(self) -> None:
+        """Settle on their own (a store transaction of its own)."""
+        ...
+
+    def states(self) -> tuple[BudgetState, ...]:
+        """The budgets' states as the last charge left them."""
+        ...
 
 
 @dataclass(slots=True)
@@ -50,6 +72,9 @@ class TurnWorkingState:
     ``lease`` is the fencing token every write of the turn carries (None until its record
     exists): the store refuses a write once another replica took the turn over
     (docs/semantics.md §5, "Fencing").
+    ``budget_states`` are the turn's budgets once its attempt's last charge settled them
+    (``on_chat_response``'s; docs/cost.md, "Budgets in hooks"); ``unsettled`` the budget charges
+    of the last attempt, until the turn's final write (or their own) settles them.
     """
 
     request: TurnRequest
@@ -76,3 +101,5 @@ class TurnWorkingState:
     tracing: Tracing = TRACING_OFF
     concurrent_input: ConcurrentInput | None = None
     lease: TurnLease | None = None
+    budget_states: Sequence[BudgetState] = ()
+    unsettled: BudgetSettlement | None = None

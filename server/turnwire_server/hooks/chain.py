@@ -52,6 +52,8 @@ log = logging.getLogger("turnwire.middleware")
 _ADDITIVE = frozenset({"tools", "stop_when"})
 _FIELDWISE = frozenset({"model_settings", "timeout"})
 _SHALLOW_MERGED = frozenset({"headers", "provider_options"})
+# A step's budget only ever lowers (docs/cost.md, "Budgets in hooks"): the lowest set wins.
+_LOWEST = frozenset({"max_step_tokens", "max_step_usd"})
 
 _Config = TypeVar("_Config", TurnConfig, StepConfig, ModelSettings)
 _Ctx = TypeVar("_Ctx", TurnContext, StepContext)
@@ -101,7 +103,8 @@ def merge_config(base: _Config, update: _Config) -> _Config:
 
     ``None`` leaves a field as it was; ``tools`` and ``stop_when`` add;
     ``model_settings`` and ``timeout`` merge field by field; ``headers`` and
-    ``provider_options`` merge shallowly; anything else replaces.
+    ``provider_options`` merge shallowly; ``max_step_tokens`` and ``max_step_usd`` keep the
+    lower; anything else replaces.
     """
     changes: dict[str, Any] = {}
     for f in dataclasses.fields(update):
@@ -116,6 +119,8 @@ def merge_config(base: _Config, update: _Config) -> _Config:
                 value = {**previous, **value}
             elif f.name in _FIELDWISE:
                 value = merge_config(previous, value)
+            elif f.name in _LOWEST:
+                value = min(previous, value)
         changes[f.name] = value
     return dataclasses.replace(base, **changes) if changes else base
 

@@ -9,7 +9,8 @@ the caller treats as a failed call (its failure mode).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from google.protobuf import duration_pb2
@@ -34,7 +35,7 @@ from turnwire.hooks import (
     TurnTimeout,
 )
 from turnwire.providers import ProviderError
-from turnwire.types import ModelSettings
+from turnwire.types import BudgetState, ModelSettings
 from turnwire.values import NotJsonError, dumps, from_struct, loads
 from turnwire_client.v1 import chat_service_pb2, error_reason_pb2, event_pb2, hooks_pb2
 from turnwire_server.api.status import status_of
@@ -128,16 +129,41 @@ def step_info(step: StepFinishContext) -> hooks_pb2.StepInfo:
     return info
 
 
+_BUDGET_UNITS = {"tokens": hooks_pb2.BUDGET_UNIT_TOKENS, "usd": hooks_pb2.BUDGET_UNIT_USD}
+
+
+def budget_states(states: Sequence[BudgetState]) -> list[hooks_pb2.BudgetState]:
+    """The ``BudgetState`` messages of a hook context's budget states (docs/cost.md, "Budgets
+    in hooks")."""
+    messages = []
+    for state in states:
+        message = hooks_pb2.BudgetState(
+            scope=state.scope,
+            period=state.period,
+            unit=_BUDGET_UNITS[state.unit],
+            limit=state.limit,
+            spent=state.spent,
+            reserved=state.reserved,
+            remaining=state.remaining,
+        )
+        if state.resets_at is not None:
+            message.resets_at.FromDatetime(state.resets_at)
+        messages.append(message)
+    return messages
+
+
 def before_step_request(
     ctx: StepContext, info: hooks_pb2.TurnInfo, *, include_messages: bool
 ) -> hooks_pb2.BeforeStepRequest:
-    """``BeforeStepRequest``: the step number, the steps so far, model, system (messages when asked)."""
+    """``BeforeStepRequest``: the step number, the steps so far, model, system, the budgets
+    (messages when asked)."""
     request = hooks_pb2.BeforeStepRequest(
         turn=info,
         step_number=ctx.step_number,
         steps=[step_info(step) for step in ctx.steps],
         model=ctx.model,
         system=ctx.system,
+        budgets=budget_states(ctx.budgets),
     )
     if include_messages:
         request.messages.extend(MessagesView.read_only(ctx.messages))  # extend copies them
@@ -194,7 +220,7 @@ def after_tool_call_request(
 
 def step_finish_request(ctx: StepFinishContext, info: hooks_pb2.TurnInfo) -> hooks_pb2.OnStepFinishRequest:
     """``OnStepFinishRequest``: the step's summary, text, reasoning, tool calls with results,
-    sources and files."""
+    sources and files, the budgets."""
     return hooks_pb2.OnStepFinishRequest(
         turn=info,
         step=step_info(ctx),
@@ -206,6 +232,7 @@ def step_finish_request(ctx: StepFinishContext, info: hooks_pb2.TurnInfo) -> hoo
         response_model=ctx.response_model,
         sources=list(ctx.sources),
         files=list(ctx.files),
+        budgets=budget_states(ctx.budgets),
     )
 
 
@@ -220,9 +247,9 @@ def chat_response_request(
     ctx: ChatResponseContext, info: hooks_pb2.TurnInfo
 ) -> hooks_pb2.OnChatResponseRequest:
     """``OnChatResponseRequest``: the stored message, the outcome, the error's status when it
-    failed, the turn's cost (unset: unknown)."""
+    failed, the turn's cost (unset: unknown), the budgets."""
     request = hooks_pb2.OnChatResponseRequest(
-        turn=info, message=ctx.message, outcome=_TURN_OUTCOMES[ctx.status]
+        turn=info, message=ctx.message, outcome=_TURN_OUTCOMES[ctx.status], budgets=budget_states(ctx.budgets)
     )
     if ctx.concurrent_input is not None:
         request.concurrent_input.CopyFrom(concurrent_input(ctx.concurrent_input))
@@ -386,7 +413,23 @@ def step_config(response: hooks_pb2.BeforeStepResponse) -> StepConfig | None:
         model_settings=_model_settings(response.model_settings)
         if response.HasField("model_settings")
         else None,
+        max_step_tokens=_step_tokens(response.max_step_tokens)
+        if response.HasField("max_step_tokens")
+        else None,
+        max_step_usd=_step_usd(response.max_step_usd) if response.HasField("max_step_usd") else None,
     )
+
+
+def _step_tokens(value: int) -> int:
+    if value < 0:
+        raise InvalidResponse(f"max_step_tokens must be 0 or more, not {value}")
+    return value
+
+
+def _step_usd(value: float) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise InvalidResponse(f"max_step_usd must be a finite amount of 0 or more, not {value}")
+    return value
 
 
 def _parse(text: str, field: str) -> Any:

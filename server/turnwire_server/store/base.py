@@ -271,11 +271,15 @@ class TurnStore(Protocol):
         *,
         events: Sequence[tuple[int, bytes]] = (),
         stream_ended: bool = False,
-    ) -> None:
+        budget: BudgetCharge | None = None,
+    ) -> BudgetGrant | None:
         """Durably store the final assistant ``message`` (when given) and ``turn``'s end state,
         with the last ``events`` of its stream, as :meth:`StreamStore.append_events` stores them
-        (``stream_ended``: they hold its TurnEnd), in one transaction: a turn recorded ended
-        always has its stream up to there (docs/semantics.md §8, resumable streams).
+        (``stream_ended``: they hold its TurnEnd), and ``budget``'s settlement (a
+        :meth:`BudgetStore.charge_budget` without an ask) in one transaction: a turn recorded
+        ended always has its stream up to there (docs/semantics.md §8, resumable streams), and
+        its budgets settled (docs/cost.md, "Budgets"). Returns the settlement's grant (None
+        without ``budget``).
 
         Raises :class:`TurnNotFound` (storing nothing) when no turn ``turn.request_id`` is
         recorded, e.g. because its conversation was deleted while it ran, :class:`LeaseLost`
@@ -521,7 +525,9 @@ class BudgetStore(Protocol):
     """Budgets in tokens and US dollars (docs/cost.md, "Budgets"): what turns spent and what
     their running steps reserved, per budget row (:class:`BudgetKey`)."""
 
-    async def charge_budget(self, charge: BudgetCharge) -> BudgetGrant:
+    async def charge_budget(
+        self, charge: BudgetCharge, *, checkpoint: message_pb2.Message | None = None
+    ) -> BudgetGrant:
         """Settle turn ``charge.request_id``'s reservations and reserve ``charge.ask`` against
         every budget of ``charge.budgets``, in one transaction that locks their rows, so charges
         from several replicas for one budget take turns and never both reserve its last room
@@ -529,8 +535,11 @@ class BudgetStore(Protocol):
         once, at what it reserved). Refused (nothing reserved, the settlement stored) when a
         budget has no room for ``ask.min_output`` output tokens. A ``turn`` budget keeps its
         stored limits where lower than the given ones (a request's lowered budget holds for its
-        recovery). Raises :class:`LeaseLost` (writing nothing) when ``charge.lease`` is no
-        longer the turn's; a turn no longer recorded is charged nothing."""
+        recovery). With ``checkpoint``, the running turn's reply so far is stored in the same
+        transaction, as :meth:`TurnStore.save_message` with ``charge.lease`` stores it (a step's
+        checkpoint carries the next step's reservation: docs/cost.md, "What it costs").
+        Raises :class:`LeaseLost` (writing nothing) when ``charge.lease`` is no longer the
+        turn's; a turn no longer recorded is charged nothing (and its checkpoint not stored)."""
         ...
 
     async def budget_spends(self, keys: Sequence[BudgetKey]) -> dict[BudgetKey, BudgetSpend]:

@@ -322,10 +322,12 @@ class BudgetGrant:
     """What a charge reserved: ``output_tokens`` the step may produce (0 when nothing was asked
     or it was refused), the reservation (``tokens``, ``usd``), ``refused`` (the first budget with
     no room for ``ask.min_output``; nothing reserved then, the settlement still stored) and the
-    budgets' states after it (``spends``)."""
+    budgets' states after it (``spends``), and the budgets as charged (``budgets``: a turn's own
+    with the lower limits its request stored)."""
 
     output_tokens: int = 0
     tokens: int = 0
     usd: float = 0.0
     refused: BudgetKey | None = None
     spends: dict[BudgetKey, BudgetSpend] = field(default_factory=dict)
+    budgets: tuple[BudgetLimits, ...] = ()

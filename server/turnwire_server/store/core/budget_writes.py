@@ -193,7 +193,7 @@ def charge_budget(charge: BudgetCharge, dialect: Dialect) -> Program[BudgetGrant
             )
         )
     yield writes
-    return BudgetGrant(grant.output_tokens, grant.tokens, grant.usd, grant.refused, spends)
+    return BudgetGrant(grant.output_tokens, grant.tokens, grant.usd, grant.refused, spends, budgets)
 
 
 def _key(key: BudgetKey) -> tuple[str, str, str]:

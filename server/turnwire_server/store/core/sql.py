@@ -20,9 +20,10 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, TypeVar
 
-__all__ = ["Dialect", "Program", "Statement", "in_marks", "just"]
+__all__ = ["Dialect", "Program", "Statement", "in_marks", "joined", "just"]
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,3 +131,30 @@ def in_marks(count: int) -> str:
 def just(statements: Sequence[Statement]) -> Program[None]:
     """A program of one batch of ``statements`` that reads nothing."""
     yield statements
+
+
+def joined(first: Program[T], second: Program[U]) -> Program[tuple[T, U]]:
+    """``first`` and ``second`` as one program, batch by batch: each batch holds ``first``'s
+    statements then ``second``'s (so their locks are taken in that order), and each is sent its
+    own statements' results; one that ends early leaves the other's batches alone. Returns both
+    results; an exception of either ends both (the transaction writes nothing)."""
+    programs: list[Program[Any]] = [first, second]
+    results: list[Any] = [None, None]
+    batches: list[Sequence[Statement] | None] = [None, None]
+    for n, program in enumerate(programs):
+        try:
+            batches[n] = next(program)
+        except StopIteration as done:
+            results[n] = done.value
+    while any(batch is not None for batch in batches):
+        found = yield [statement for batch in batches if batch is not None for statement in batch]
+        at = 0
+        for n, batch in enumerate(batches):
+            if batch is None:
+                continue
+            part, at = found[at : at + len(batch)], at + len(batch)
+            try:
+                batches[n] = programs[n].send(part)
+            except StopIteration as done:
+                results[n], batches[n] = done.value, None
+    return results[0], results[1]

@@ -43,7 +43,7 @@ from turnwire_server.store.core import (
 )
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.rows import compaction_params, to_us
-from turnwire_server.store.core.sql import Dialect, Program
+from turnwire_server.store.core.sql import Dialect, Program, joined
 
 __all__ = ["ALONE", "Commit", "CoreWrites"]
 
@@ -109,15 +109,29 @@ class CoreWrites:
         *,
         events: Sequence[tuple[int, bytes]] = (),
         stream_ended: bool = False,
-    ) -> None:
+        budget: BudgetCharge | None = None,
+    ) -> BudgetGrant | None:
         finish = message_writes.prepare_finish_turn(turn, message, events, stream_ended=stream_ended)
         try:
-            await self._commit(
+            if budget is None:
+                await self._commit(
+                    f"finish_turn({turn.request_id!r})",
+                    lambda now_us: message_writes.finish_turn(finish, self._dialect, now_us),
+                    # The turn waits for it before its TurnEnd, but shares the commit.
+                    Commit(turn.conversation_id, grouped=True),
+                )
+                return None
+            _, grant = await self._commit(
                 f"finish_turn({turn.request_id!r})",
-                lambda now_us: message_writes.finish_turn(finish, self._dialect, now_us),
-                # The turn waits for it before its TurnEnd, but shares the commit.
-                Commit(turn.conversation_id, grouped=True),
+                lambda now_us: joined(
+                    message_writes.finish_turn(finish, self._dialect, now_us),
+                    budget_writes.charge_budget(budget, self._dialect),
+                ),
+                # Not grouped: the budget rows it locks (a tenant's) are shared with other
+                # conversations, whose writes a shared commit would hold behind those locks.
+                Commit(turn.conversation_id),
             )
+            return grant
         finally:
             if self._locks is not None and turn.state != "running":  # else a recovery runs it on
                 self._locks.drop(turn.request_id)
@@ -277,12 +291,25 @@ class CoreWrites:
         make = retention_writes.expire_events(to_us(before, "before"), limit)
         return await self._commit("expire_events", lambda _: make(self._dialect), Commit(urgent=False))
 
-    async def charge_budget(self, charge: BudgetCharge) -> BudgetGrant:
-        return await self._commit(
+    async def charge_budget(
+        self, charge: BudgetCharge, *, checkpoint: message_pb2.Message | None = None
+    ) -> BudgetGrant:
+        row = None if checkpoint is None else message_writes.prepare_save_message(checkpoint)
+        if row is None:
+            return await self._commit(
+                f"charge_budget({charge.request_id!r})",
+                lambda _: budget_writes.charge_budget(charge, self._dialect),
+                Commit(charge.conversation_id),
+            )
+        _, grant = await self._commit(
             f"charge_budget({charge.request_id!r})",
-            lambda _: budget_writes.charge_budget(charge, self._dialect),
+            lambda now_us: joined(
+                message_writes.save_message(charge.conversation_id, row, charge.lease, self._dialect, now_us),
+                budget_writes.charge_budget(charge, self._dialect),
+            ),
             Commit(charge.conversation_id),
         )
+        return grant
 
     # ------------------------------------------------------------------ leases and claims
 

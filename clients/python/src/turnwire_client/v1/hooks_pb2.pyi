@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.rpc import status_pb2 as _status_pb2
@@ -76,6 +77,30 @@ HOOK_CLASSIFY_CHAT_ERROR: Hook.ValueType  # 8
 HOOK_ON_CHAT_ERROR: Hook.ValueType  # 9
 """OnChatError."""
 Global___Hook: _TypeAlias = Hook  # noqa: Y015
+
+class _BudgetUnit:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _BudgetUnitEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BudgetUnit.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    BUDGET_UNIT_UNSPECIFIED: _BudgetUnit.ValueType  # 0
+    """Unset."""
+    BUDGET_UNIT_TOKENS: _BudgetUnit.ValueType  # 1
+    """Input plus output tokens."""
+    BUDGET_UNIT_USD: _BudgetUnit.ValueType  # 2
+    """US dollars."""
+
+class BudgetUnit(_BudgetUnit, metaclass=_BudgetUnitEnumTypeWrapper):
+    """BudgetUnit is what a budget counts."""
+
+BUDGET_UNIT_UNSPECIFIED: BudgetUnit.ValueType  # 0
+"""Unset."""
+BUDGET_UNIT_TOKENS: BudgetUnit.ValueType  # 1
+"""Input plus output tokens."""
+BUDGET_UNIT_USD: BudgetUnit.ValueType  # 2
+"""US dollars."""
+Global___BudgetUnit: _TypeAlias = BudgetUnit  # noqa: Y015
 
 class _ToolCallOutcome:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -745,6 +770,7 @@ class BeforeStepRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     SYSTEM_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    BUDGETS_FIELD_NUMBER: _builtins.int
     step_number: _builtins.int
     """0-based step number."""
     model: _builtins.str
@@ -763,6 +789,13 @@ class BeforeStepRequest(_message.Message):
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]:
         """What the step will send (only with `include_messages`)."""
 
+    @_builtins.property
+    def budgets(self) -> _containers.RepeatedCompositeFieldContainer[Global___BudgetState]:
+        """The turn's budgets before this step's reservation, as its last charge
+        left them in the store (empty: no budget configured; docs/cost.md,
+        "Budgets in hooks").
+        """
+
     def __init__(
         self,
         *,
@@ -772,10 +805,11 @@ class BeforeStepRequest(_message.Message):
         model: _builtins.str = ...,
         system: _builtins.str = ...,
         messages: _abc.Iterable[_message_pb2.Message] | None = ...,
+        budgets: _abc.Iterable[Global___BudgetState] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "step_number", b"step_number", "steps", b"steps", "system", b"system", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "messages", b"messages", "model", b"model", "step_number", b"step_number", "steps", b"steps", "system", b"system", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -793,12 +827,25 @@ class BeforeStepResponse(_message.Message):
     SYSTEM_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     MODEL_SETTINGS_FIELD_NUMBER: _builtins.int
+    MAX_STEP_TOKENS_FIELD_NUMBER: _builtins.int
+    MAX_STEP_USD_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """The model, as `provider:model`."""
     tool_choice: _builtins.str
     """`auto`, `none`, `required`, or a tool's name."""
     system: _builtins.str
     """The system prompt."""
+    max_step_tokens: _builtins.int
+    """Lower this step's budget: its reservation (prompt estimate plus output)
+    within this many tokens; `max_output_tokens` is clamped to fit, and a step
+    without room for `budgets.min_output_tokens` of output ends the turn with
+    reason BUDGET_EXHAUSTED (scope `step`). Only ever lowers: the turn's
+    budgets still apply, the lower wins (docs/cost.md, "Budgets in hooks").
+    """
+    max_step_usd: _builtins.float
+    """The same in US dollars, at the model's prices (a model without a known
+    price cannot run under it).
+    """
     @_builtins.property
     def active_tools(self) -> Global___StringList:
         """Limit the tools the model may call to these names."""
@@ -820,17 +867,27 @@ class BeforeStepResponse(_message.Message):
         system: _builtins.str | None = ...,
         messages: Global___MessageList | None = ...,
         model_settings: Global___ModelSettings | None = ...,
+        max_step_tokens: _builtins.int | None = ...,
+        max_step_usd: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_model", b"_model", "_system", b"_system", "_tool_choice", b"_tool_choice", "active_tools", b"active_tools", "messages", b"messages", "model", b"model", "model_settings", b"model_settings", "system", b"system", "tool_choice", b"tool_choice"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_step_tokens", b"_max_step_tokens", "_max_step_usd", b"_max_step_usd", "_model", b"_model", "_system", b"_system", "_tool_choice", b"_tool_choice", "active_tools", b"active_tools", "max_step_tokens", b"max_step_tokens", "max_step_usd", b"max_step_usd", "messages", b"messages", "model", b"model", "model_settings", b"model_settings", "system", b"system", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_model", b"_model", "_system", b"_system", "_tool_choice", b"_tool_choice", "active_tools", b"active_tools", "messages", b"messages", "model", b"model", "model_settings", b"model_settings", "system", b"system", "tool_choice", b"tool_choice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_step_tokens", b"_max_step_tokens", "_max_step_usd", b"_max_step_usd", "_model", b"_model", "_system", b"_system", "_tool_choice", b"_tool_choice", "active_tools", b"active_tools", "max_step_tokens", b"max_step_tokens", "max_step_usd", b"max_step_usd", "messages", b"messages", "model", b"model", "model_settings", b"model_settings", "system", b"system", "tool_choice", b"tool_choice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_step_tokens: _TypeAlias = _typing.Literal["max_step_tokens"]  # noqa: Y015
+    _WhichOneofArgType__max_step_tokens: _TypeAlias = _typing.Literal["_max_step_tokens", b"_max_step_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__max_step_usd: _TypeAlias = _typing.Literal["max_step_usd"]  # noqa: Y015
+    _WhichOneofArgType__max_step_usd: _TypeAlias = _typing.Literal["_max_step_usd", b"_max_step_usd"]  # noqa: Y015
     _WhichOneofReturnType__model: _TypeAlias = _typing.Literal["model"]  # noqa: Y015
     _WhichOneofArgType__model: _TypeAlias = _typing.Literal["_model", b"_model"]  # noqa: Y015
     _WhichOneofReturnType__system: _TypeAlias = _typing.Literal["system"]  # noqa: Y015
     _WhichOneofArgType__system: _TypeAlias = _typing.Literal["_system", b"_system"]  # noqa: Y015
     _WhichOneofReturnType__tool_choice: _TypeAlias = _typing.Literal["tool_choice"]  # noqa: Y015
     _WhichOneofArgType__tool_choice: _TypeAlias = _typing.Literal["_tool_choice", b"_tool_choice"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_step_tokens) -> _WhichOneofReturnType__max_step_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_step_usd) -> _WhichOneofReturnType__max_step_usd | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__model) -> _WhichOneofReturnType__model | None: ...
     @_typing.overload
@@ -839,6 +896,65 @@ class BeforeStepResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__tool_choice) -> _WhichOneofReturnType__tool_choice | None: ...
 
 Global___BeforeStepResponse: _TypeAlias = BeforeStepResponse  # noqa: Y015
+
+@_typing.final
+class BudgetState(_message.Message):
+    """BudgetState is one budget a turn runs under, in one unit, as the store
+    holds it (docs/cost.md, "Budgets in hooks"): a budget limited in tokens
+    and in US dollars is two entries.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    PERIOD_FIELD_NUMBER: _builtins.int
+    UNIT_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    SPENT_FIELD_NUMBER: _builtins.int
+    RESERVED_FIELD_NUMBER: _builtins.int
+    REMAINING_FIELD_NUMBER: _builtins.int
+    RESETS_AT_FIELD_NUMBER: _builtins.int
+    scope: _builtins.str
+    """`turn`, `conversation`, `tenant/day`, `tenant/month`, `principal/day` or
+    `principal/month`.
+    """
+    period: _builtins.str
+    """The UTC day (`2026-12-02`) or month (`2026-12`) a period's budget
+    counts; empty for a turn's or a conversation's.
+    """
+    unit: Global___BudgetUnit.ValueType
+    """What it counts."""
+    limit: _builtins.float
+    """Its limit."""
+    spent: _builtins.float
+    """What settled steps spent."""
+    reserved: _builtins.float
+    """What running steps (this turn's among them) have reserved."""
+    remaining: _builtins.float
+    """limit - spent - reserved, never below 0."""
+    @_builtins.property
+    def resets_at(self) -> _timestamp_pb2.Timestamp:
+        """When its period ends; unset for a budget that never resets."""
+
+    def __init__(
+        self,
+        *,
+        scope: _builtins.str = ...,
+        period: _builtins.str = ...,
+        unit: Global___BudgetUnit.ValueType = ...,
+        limit: _builtins.float = ...,
+        spent: _builtins.float = ...,
+        reserved: _builtins.float = ...,
+        remaining: _builtins.float = ...,
+        resets_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resets_at", b"resets_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "period", b"period", "remaining", b"remaining", "reserved", b"reserved", "resets_at", b"resets_at", "scope", b"scope", "spent", b"spent", "unit", b"unit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BudgetState: _TypeAlias = BudgetState  # noqa: Y015
 
 @_typing.final
 class ToolCallInfo(_message.Message):
@@ -1110,6 +1226,7 @@ class OnStepFinishRequest(_message.Message):
     RESPONSE_MODEL_FIELD_NUMBER: _builtins.int
     SOURCES_FIELD_NUMBER: _builtins.int
     FILES_FIELD_NUMBER: _builtins.int
+    BUDGETS_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """Its text."""
     reasoning_text: _builtins.str
@@ -1142,6 +1259,12 @@ class OnStepFinishRequest(_message.Message):
     def files(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.FilePart]:
         """The files the step produced, in stream order."""
 
+    @_builtins.property
+    def budgets(self) -> _containers.RepeatedCompositeFieldContainer[Global___BudgetState]:
+        """The turn's budgets after this step's reservation, as the store holds
+        them (this step is settled at its actual use by the next charge).
+        """
+
     def __init__(
         self,
         *,
@@ -1155,10 +1278,11 @@ class OnStepFinishRequest(_message.Message):
         response_model: _builtins.str = ...,
         sources: _abc.Iterable[_message_pb2.SourcePart] | None = ...,
         files: _abc.Iterable[_message_pb2.FilePart] | None = ...,
+        budgets: _abc.Iterable[Global___BudgetState] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["step", b"step", "turn", b"turn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "raw_finish_reason", b"raw_finish_reason", "reasoning_text", b"reasoning_text", "response_id", b"response_id", "response_model", b"response_model", "sources", b"sources", "step", b"step", "text", b"text", "tool_calls", b"tool_calls", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "files", b"files", "raw_finish_reason", b"raw_finish_reason", "reasoning_text", b"reasoning_text", "response_id", b"response_id", "response_model", b"response_model", "sources", b"sources", "step", b"step", "text", b"text", "tool_calls", b"tool_calls", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1248,6 +1372,7 @@ class OnChatResponseRequest(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     CONCURRENT_INPUT_FIELD_NUMBER: _builtins.int
     COST_FIELD_NUMBER: _builtins.int
+    BUDGETS_FIELD_NUMBER: _builtins.int
     outcome: Global___TurnOutcome.ValueType
     """How it ended."""
     @_builtins.property
@@ -1270,6 +1395,12 @@ class OnChatResponseRequest(_message.Message):
     def cost(self) -> _message_pb2.Cost:
         """What the turn cost (as TurnEnd.cost); unset when unknown (docs/cost.md)."""
 
+    @_builtins.property
+    def budgets(self) -> _containers.RepeatedCompositeFieldContainer[Global___BudgetState]:
+        """The turn's budgets once its last step was settled (empty: no budget
+        configured, or the settlement failed).
+        """
+
     def __init__(
         self,
         *,
@@ -1279,10 +1410,11 @@ class OnChatResponseRequest(_message.Message):
         error: _status_pb2.Status | None = ...,
         concurrent_input: Global___ConcurrentInput | None = ...,
         cost: _message_pb2.Cost | None = ...,
+        budgets: _abc.Iterable[Global___BudgetState] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["concurrent_input", b"concurrent_input", "cost", b"cost", "error", b"error", "message", b"message", "turn", b"turn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrent_input", b"concurrent_input", "cost", b"cost", "error", b"error", "message", b"message", "outcome", b"outcome", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "concurrent_input", b"concurrent_input", "cost", b"cost", "error", b"error", "message", b"message", "outcome", b"outcome", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

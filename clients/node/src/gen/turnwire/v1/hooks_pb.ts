@@ -4,8 +4,8 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { Duration } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_duration, file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
+import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Status } from "../../google/rpc/status_pb.js";
 import { file_google_rpc_status } from "../../google/rpc/status_pb.js";
 import type { ConcurrentInputStrategy } from "./chat_service_pb.js";
@@ -20,7 +20,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file turnwire/v1/hooks.proto.
  */
 export const file_turnwire_v1_hooks: GenFile = /*@__PURE__*/
-  fileDesc("Chd0dXJud2lyZS92MS9ob29rcy5wcm90bxILdHVybndpcmUudjEiHQobR2V0SG9va1N1YnNjcmlwdGlvbnNSZXF1ZXN0InAKHEdldEhvb2tTdWJzY3JpcHRpb25zUmVzcG9uc2USIAoFaG9va3MYASADKA4yES50dXJud2lyZS52MS5Ib29rEhgKEGluY2x1ZGVfbWVzc2FnZXMYAiABKAgSFAoMaG9va19zZXNzaW9uGAMgASgIIl0KD0NvbmN1cnJlbnRJbnB1dBI2CghzdHJhdGVneRgBIAEoDjIkLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dFN0cmF0ZWd5EhIKCnJlcXVlc3RfaWQYAiABKAkihQEKCFR1cm5JbmZvEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRISCgpyZXF1ZXN0X2lkGAIgASgJEhQKDGNvbnRpbnVhdGlvbhgDIAEoCBIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIPCgdhdHRlbXB0GAUgASgFIssBChFCZWZvcmVUdXJuUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SDgoGc3lzdGVtGAIgASgJEg0KBW1vZGVsGAMgASgJEhIKCnRvb2xfbmFtZXMYBCADKAkSJgoIbWVzc2FnZXMYBSADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEjYKEGNvbmN1cnJlbnRfaW5wdXQYBiABKAsyHC50dXJud2lyZS52MS5Db25jdXJyZW50SW5wdXQiHAoKU3RyaW5nTGlzdBIOCgZ2YWx1ZXMYASADKAkiNQoLTWVzc2FnZUxpc3QSJgoIbWVzc2FnZXMYASADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlIqkECg1Nb2RlbFNldHRpbmdzEh4KEW1heF9vdXRwdXRfdG9rZW5zGAEgASgDSACIAQESGAoLdGVtcGVyYXR1cmUYAiABKAFIAYgBARISCgV0b3BfcBgDIAEoAUgCiAEBEhIKBXRvcF9rGAQgASgDSAOIAQESHQoQcHJlc2VuY2VfcGVuYWx0eRgFIAEoAUgEiAEBEh4KEWZyZXF1ZW5jeV9wZW5hbHR5GAYgASgBSAWIAQESLwoOc3RvcF9zZXF1ZW5jZXMYByABKAsyFy50dXJud2lyZS52MS5TdHJpbmdMaXN0EhEKBHNlZWQYCCABKANIBogBARIYCgttYXhfcmV0cmllcxgJIAEoBUgHiAEBEjgKB2hlYWRlcnMYCiADKAsyJy50dXJud2lyZS52MS5Nb2RlbFNldHRpbmdzLkhlYWRlcnNFbnRyeRIxChBwcm92aWRlcl9vcHRpb25zGAsgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIUChJfbWF4X291dHB1dF90b2tlbnNCDgoMX3RlbXBlcmF0dXJlQggKBl90b3BfcEIICgZfdG9wX2tCEwoRX3ByZXNlbmNlX3BlbmFsdHlCFAoSX2ZyZXF1ZW5jeV9wZW5hbHR5QgcKBV9zZWVkQg4KDF9tYXhfcmV0cmllcyJJCg1TdG9wQ29uZGl0aW9uEhUKC3Rvb2xfY2FsbGVkGAEgASgJSAASFAoKc3RlcF9jb3VudBgCIAEoBUgAQgsKCWNvbmRpdGlvbiKKAQoLVHVyblRpbWVvdXQSKAoFdG90YWwYASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SJwoEc3RlcBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIoCgVjaHVuaxgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKdBAoSQmVmb3JlVHVyblJlc3BvbnNlEhIKBW1vZGVsGAEgASgJSACIAQESEwoGc3lzdGVtGAIgASgJSAGIAQESKgoIbWVzc2FnZXMYAyABKAsyGC50dXJud2lyZS52MS5NZXNzYWdlTGlzdBItCgxhY3RpdmVfdG9vbHMYBCABKAsyFy50dXJud2lyZS52MS5TdHJpbmdMaXN0EhgKC3Rvb2xfY2hvaWNlGAUgASgJSAKIAQESFgoJbWF4X3N0ZXBzGAYgASgFSAOIAQESLQoJc3RvcF93aGVuGAcgAygLMhoudHVybndpcmUudjEuU3RvcENvbmRpdGlvbhIbCg5zZW5kX3JlYXNvbmluZxgIIAEoCEgEiAEBEjIKDm1vZGVsX3NldHRpbmdzGAkgASgLMhoudHVybndpcmUudjEuTW9kZWxTZXR0aW5ncxIpCgd0aW1lb3V0GAogASgLMhgudHVybndpcmUudjEuVHVyblRpbWVvdXQSNwoUc3RyZWFtX3N0YWxsX3RpbWVvdXQYCyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SJwoGb3V0cHV0GAwgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdEIICgZfbW9kZWxCCQoHX3N5c3RlbUIOCgxfdG9vbF9jaG9pY2VCDAoKX21heF9zdGVwc0IRCg9fc2VuZF9yZWFzb25pbmciqQEKCFN0ZXBJbmZvEhMKC3N0ZXBfbnVtYmVyGAEgASgFEjAKDWZpbmlzaF9yZWFzb24YAiABKA4yGS50dXJud2lyZS52MS5GaW5pc2hSZWFzb24SIQoFdXNhZ2UYAyABKAsyEi50dXJud2lyZS52MS5Vc2FnZRISCgp0b29sX25hbWVzGAQgAygJEh8KBGNvc3QYBSABKAsyES50dXJud2lyZS52MS5Db3N0IroBChFCZWZvcmVTdGVwUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SEwoLc3RlcF9udW1iZXIYAiABKAUSJAoFc3RlcHMYAyADKAsyFS50dXJud2lyZS52MS5TdGVwSW5mbxINCgVtb2RlbBgEIAEoCRIOCgZzeXN0ZW0YBSABKAkSJgoIbWVzc2FnZXMYBiADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlIosCChJCZWZvcmVTdGVwUmVzcG9uc2USEgoFbW9kZWwYASABKAlIAIgBARIYCgt0b29sX2Nob2ljZRgCIAEoCUgBiAEBEi0KDGFjdGl2ZV90b29scxgDIAEoCzIXLnR1cm53aXJlLnYxLlN0cmluZ0xpc3QSEwoGc3lzdGVtGAQgASgJSAKIAQESKgoIbWVzc2FnZXMYBSABKAsyGC50dXJud2lyZS52MS5NZXNzYWdlTGlzdBIyCg5tb2RlbF9zZXR0aW5ncxgGIAEoCzIaLnR1cm53aXJlLnYxLk1vZGVsU2V0dGluZ3NCCAoGX21vZGVsQg4KDF90b29sX2Nob2ljZUIJCgdfc3lzdGVtImAKDFRvb2xDYWxsSW5mbxIUCgx0b29sX2NhbGxfaWQYASABKAkSEQoJdG9vbF9uYW1lGAIgASgJEhIKCmlucHV0X2pzb24YAyABKAkSEwoLc3RlcF9udW1iZXIYBCABKAUiZQoVQmVmb3JlVG9vbENhbGxSZXF1ZXN0EiMKBHR1cm4YASABKAsyFS50dXJud2lyZS52MS5UdXJuSW5mbxInCgRjYWxsGAIgASgLMhkudHVybndpcmUudjEuVG9vbENhbGxJbmZvIp0DChZCZWZvcmVUb29sQ2FsbFJlc3BvbnNlEjoKBWFsbG93GAEgASgLMikudHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXNwb25zZS5BbGxvd0gAEk4KEGFsbG93X3dpdGhfaW5wdXQYAiABKAsyMi50dXJud2lyZS52MS5CZWZvcmVUb29sQ2FsbFJlc3BvbnNlLkFsbG93V2l0aElucHV0SAASOgoFYmxvY2sYAyABKAsyKS50dXJud2lyZS52MS5CZWZvcmVUb29sQ2FsbFJlc3BvbnNlLkJsb2NrSAASRAoKc3Vic3RpdHV0ZRgEIAEoCzIuLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVzcG9uc2UuU3Vic3RpdHV0ZUgAGgcKBUFsbG93GiQKDkFsbG93V2l0aElucHV0EhIKCmlucHV0X2pzb24YASABKAkaFwoFQmxvY2sSDgoGcmVhc29uGAEgASgJGiEKClN1YnN0aXR1dGUSEwoLb3V0cHV0X2pzb24YASABKAlCCgoIZGVjaXNpb24i9QEKFEFmdGVyVG9vbENhbGxSZXF1ZXN0EiMKBHR1cm4YASABKAsyFS50dXJud2lyZS52MS5UdXJuSW5mbxInCgRjYWxsGAIgASgLMhkudHVybndpcmUudjEuVG9vbENhbGxJbmZvEisKCGR1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg8KB3N1Y2Nlc3MYBCABKAgSEwoLb3V0cHV0X2pzb24YBSABKAkSDQoFZXJyb3IYBiABKAkSLQoHb3V0Y29tZRgHIAEoDjIcLnR1cm53aXJlLnYxLlRvb2xDYWxsT3V0Y29tZSIXChVBZnRlclRvb2xDYWxsUmVzcG9uc2UizAIKE09uU3RlcEZpbmlzaFJlcXVlc3QSIwoEdHVybhgBIAEoCzIVLnR1cm53aXJlLnYxLlR1cm5JbmZvEiMKBHN0ZXAYAiABKAsyFS50dXJud2lyZS52MS5TdGVwSW5mbxIMCgR0ZXh0GAMgASgJEhYKDnJlYXNvbmluZ190ZXh0GAQgASgJEi0KCnRvb2xfY2FsbHMYBSADKAsyGS50dXJud2lyZS52MS5Ub29sQ2FsbFBhcnQSGQoRcmF3X2ZpbmlzaF9yZWFzb24YBiABKAkSEwoLcmVzcG9uc2VfaWQYByABKAkSFgoOcmVzcG9uc2VfbW9kZWwYCCABKAkSKAoHc291cmNlcxgUIAMoCzIXLnR1cm53aXJlLnYxLlNvdXJjZVBhcnQSJAoFZmlsZXMYFSADKAsyFS50dXJud2lyZS52MS5GaWxlUGFydCIWChRPblN0ZXBGaW5pc2hSZXNwb25zZSJeCg9PbkNodW5rc1JlcXVlc3QSIwoEdHVybhgBIAEoCzIVLnR1cm53aXJlLnYxLlR1cm5JbmZvEiYKBmV2ZW50cxgCIAMoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCISChBPbkNodW5rc1Jlc3BvbnNlIooCChVPbkNoYXRSZXNwb25zZVJlcXVlc3QSIwoEdHVybhgBIAEoCzIVLnR1cm53aXJlLnYxLlR1cm5JbmZvEiUKB21lc3NhZ2UYAiABKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEikKB291dGNvbWUYAyABKA4yGC50dXJud2lyZS52MS5UdXJuT3V0Y29tZRIhCgVlcnJvchgEIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzEjYKEGNvbmN1cnJlbnRfaW5wdXQYBSABKAsyHC50dXJud2lyZS52MS5Db25jdXJyZW50SW5wdXQSHwoEY29zdBgGIAEoCzIRLnR1cm53aXJlLnYxLkNvc3QiGAoWT25DaGF0UmVzcG9uc2VSZXNwb25zZSKKAQoRUHJvdmlkZXJFcnJvckluZm8SEAoIcHJvdmlkZXIYASABKAkSEwoLaHR0cF9zdGF0dXMYAiABKAUSDAoEdHlwZRgDIAEoCRIMCgRjb2RlGAQgASgJEgwKBGJvZHkYBSABKAkSEQoJaW5fc3RyZWFtGAYgASgIEhEKCXJldHJ5YWJsZRgHIAEoCCKaAgoNQ2hhdEVycm9ySW5mbxIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SIQoFZXJyb3IYAiABKAsyEi5nb29nbGUucnBjLlN0YXR1cxINCgVzdGFnZRgDIAEoCRIaChJtZXNzYWdlc19wZXJzaXN0ZWQYBCABKAgSPAoOY2xhc3NpZmljYXRpb24YBSABKA4yJC50dXJud2lyZS52MS5DaGF0RXJyb3JDbGFzc2lmaWNhdGlvbhI2Cg5wcm92aWRlcl9lcnJvchgGIAEoCzIeLnR1cm53aXJlLnYxLlByb3ZpZGVyRXJyb3JJbmZvEhIKCm1pZGRsZXdhcmUYByABKAkSDAoEaG9vaxgIIAEoCSJHChhDbGFzc2lmeUNoYXRFcnJvclJlcXVlc3QSKwoHZmFpbHVyZRgBIAEoCzIaLnR1cm53aXJlLnYxLkNoYXRFcnJvckluZm8iWQoZQ2xhc3NpZnlDaGF0RXJyb3JSZXNwb25zZRI8Cg5jbGFzc2lmaWNhdGlvbhgBIAEoDjIkLnR1cm53aXJlLnYxLkNoYXRFcnJvckNsYXNzaWZpY2F0aW9uIkEKEk9uQ2hhdEVycm9yUmVxdWVzdBIrCgdmYWlsdXJlGAEgASgLMhoudHVybndpcmUudjEuQ2hhdEVycm9ySW5mbyJaChNPbkNoYXRFcnJvclJlc3BvbnNlEiEKBWVycm9yGAEgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXMSFAoHbWVzc2FnZRgCIAEoCUgAiAEBQgoKCF9tZXNzYWdlIjoKEkhvb2tTZXNzaW9uUmVxdWVzdBIkCgVjYWxscxgBIAMoCzIVLnR1cm53aXJlLnYxLkhvb2tDYWxsIvsECghIb29rQ2FsbBIKCgJpZBgBIAEoBBI+Cg10cmFjZV9jb250ZXh0GAIgAygLMicudHVybndpcmUudjEuSG9va0NhbGwuVHJhY2VDb250ZXh0RW50cnkSNQoLYmVmb3JlX3R1cm4YCiABKAsyHi50dXJud2lyZS52MS5CZWZvcmVUdXJuUmVxdWVzdEgAEjUKC2JlZm9yZV9zdGVwGAsgASgLMh4udHVybndpcmUudjEuQmVmb3JlU3RlcFJlcXVlc3RIABI+ChBiZWZvcmVfdG9vbF9jYWxsGAwgASgLMiIudHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXF1ZXN0SAASPAoPYWZ0ZXJfdG9vbF9jYWxsGA0gASgLMiEudHVybndpcmUudjEuQWZ0ZXJUb29sQ2FsbFJlcXVlc3RIABI6Cg5vbl9zdGVwX2ZpbmlzaBgOIAEoCzIgLnR1cm53aXJlLnYxLk9uU3RlcEZpbmlzaFJlcXVlc3RIABI+ChBvbl9jaGF0X3Jlc3BvbnNlGA8gASgLMiIudHVybndpcmUudjEuT25DaGF0UmVzcG9uc2VSZXF1ZXN0SAASRAoTY2xhc3NpZnlfY2hhdF9lcnJvchgQIAEoCzIlLnR1cm53aXJlLnYxLkNsYXNzaWZ5Q2hhdEVycm9yUmVxdWVzdEgAEjgKDW9uX2NoYXRfZXJyb3IYESABKAsyHy50dXJud2lyZS52MS5PbkNoYXRFcnJvclJlcXVlc3RIABozChFUcmFjZUNvbnRleHRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgYKBGhvb2siPwoTSG9va1Nlc3Npb25SZXNwb25zZRIoCgdhbnN3ZXJzGAEgAygLMhcudHVybndpcmUudjEuSG9va0Fuc3dlciKzBAoKSG9va0Fuc3dlchIKCgJpZBgBIAEoBBIhCgVlcnJvchgCIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzEjYKC2JlZm9yZV90dXJuGAogASgLMh8udHVybndpcmUudjEuQmVmb3JlVHVyblJlc3BvbnNlSAASNgoLYmVmb3JlX3N0ZXAYCyABKAsyHy50dXJud2lyZS52MS5CZWZvcmVTdGVwUmVzcG9uc2VIABI/ChBiZWZvcmVfdG9vbF9jYWxsGAwgASgLMiMudHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXNwb25zZUgAEj0KD2FmdGVyX3Rvb2xfY2FsbBgNIAEoCzIiLnR1cm53aXJlLnYxLkFmdGVyVG9vbENhbGxSZXNwb25zZUgAEjsKDm9uX3N0ZXBfZmluaXNoGA4gASgLMiEudHVybndpcmUudjEuT25TdGVwRmluaXNoUmVzcG9uc2VIABI/ChBvbl9jaGF0X3Jlc3BvbnNlGA8gASgLMiMudHVybndpcmUudjEuT25DaGF0UmVzcG9uc2VSZXNwb25zZUgAEkUKE2NsYXNzaWZ5X2NoYXRfZXJyb3IYECABKAsyJi50dXJud2lyZS52MS5DbGFzc2lmeUNoYXRFcnJvclJlc3BvbnNlSAASOQoNb25fY2hhdF9lcnJvchgRIAEoCzIgLnR1cm53aXJlLnYxLk9uQ2hhdEVycm9yUmVzcG9uc2VIAEIGCgRob29rKvsBCgRIb29rEhQKEEhPT0tfVU5TUEVDSUZJRUQQABIUChBIT09LX0JFRk9SRV9UVVJOEAESFAoQSE9PS19CRUZPUkVfU1RFUBACEhkKFUhPT0tfQkVGT1JFX1RPT0xfQ0FMTBADEhgKFEhPT0tfQUZURVJfVE9PTF9DQUxMEAQSFwoTSE9PS19PTl9TVEVQX0ZJTklTSBAFEhIKDkhPT0tfT05fQ0hVTktTEAYSGQoVSE9PS19PTl9DSEFUX1JFU1BPTlNFEAcSHAoYSE9PS19DTEFTU0lGWV9DSEFUX0VSUk9SEAgSFgoSSE9PS19PTl9DSEFUX0VSUk9SEAkqtAEKD1Rvb2xDYWxsT3V0Y29tZRIhCh1UT09MX0NBTExfT1VUQ09NRV9VTlNQRUNJRklFRBAAEh4KGlRPT0xfQ0FMTF9PVVRDT01FX0VYRUNVVEVEEAESHQoZVE9PTF9DQUxMX09VVENPTUVfQkxPQ0tFRBACEiEKHVRPT0xfQ0FMTF9PVVRDT01FX1NVQlNUSVRVVEVEEAMSHAoYVE9PTF9DQUxMX09VVENPTUVfRkFJTEVEEAQqeQoLVHVybk91dGNvbWUSHAoYVFVSTl9PVVRDT01FX1VOU1BFQ0lGSUVEEAASGgoWVFVSTl9PVVRDT01FX0NPTVBMRVRFRBABEhYKElRVUk5fT1VUQ09NRV9FUlJPUhACEhgKFFRVUk5fT1VUQ09NRV9BQk9SVEVEEAMqkwIKF0NoYXRFcnJvckNsYXNzaWZpY2F0aW9uEikKJUNIQVRfRVJST1JfQ0xBU1NJRklDQVRJT05fVU5TUEVDSUZJRUQQABIuCipDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX0NPTlRFWFRfT1ZFUkZMT1cQARIoCiRDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX1JBVEVfTElNSVQQAhInCiNDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX1RSQU5TSUVOVBADEiMKH0NIQVRfRVJST1JfQ0xBU1NJRklDQVRJT05fRkFUQUwQBBIlCiFDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX1VOS05PV04QBTLXBwoQVHVybkhvb2tzU2VydmljZRJrChRHZXRIb29rU3Vic2NyaXB0aW9ucxIoLnR1cm53aXJlLnYxLkdldEhvb2tTdWJzY3JpcHRpb25zUmVxdWVzdBopLnR1cm53aXJlLnYxLkdldEhvb2tTdWJzY3JpcHRpb25zUmVzcG9uc2USTQoKQmVmb3JlVHVybhIeLnR1cm53aXJlLnYxLkJlZm9yZVR1cm5SZXF1ZXN0Gh8udHVybndpcmUudjEuQmVmb3JlVHVyblJlc3BvbnNlEk0KCkJlZm9yZVN0ZXASHi50dXJud2lyZS52MS5CZWZvcmVTdGVwUmVxdWVzdBofLnR1cm53aXJlLnYxLkJlZm9yZVN0ZXBSZXNwb25zZRJZCg5CZWZvcmVUb29sQ2FsbBIiLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVxdWVzdBojLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVzcG9uc2USVgoNQWZ0ZXJUb29sQ2FsbBIhLnR1cm53aXJlLnYxLkFmdGVyVG9vbENhbGxSZXF1ZXN0GiIudHVybndpcmUudjEuQWZ0ZXJUb29sQ2FsbFJlc3BvbnNlElMKDE9uU3RlcEZpbmlzaBIgLnR1cm53aXJlLnYxLk9uU3RlcEZpbmlzaFJlcXVlc3QaIS50dXJud2lyZS52MS5PblN0ZXBGaW5pc2hSZXNwb25zZRJJCghPbkNodW5rcxIcLnR1cm53aXJlLnYxLk9uQ2h1bmtzUmVxdWVzdBodLnR1cm53aXJlLnYxLk9uQ2h1bmtzUmVzcG9uc2UoARJZCg5PbkNoYXRSZXNwb25zZRIiLnR1cm53aXJlLnYxLk9uQ2hhdFJlc3BvbnNlUmVxdWVzdBojLnR1cm53aXJlLnYxLk9uQ2hhdFJlc3BvbnNlUmVzcG9uc2USYgoRQ2xhc3NpZnlDaGF0RXJyb3ISJS50dXJud2lyZS52MS5DbGFzc2lmeUNoYXRFcnJvclJlcXVlc3QaJi50dXJud2lyZS52MS5DbGFzc2lmeUNoYXRFcnJvclJlc3BvbnNlElAKC09uQ2hhdEVycm9yEh8udHVybndpcmUudjEuT25DaGF0RXJyb3JSZXF1ZXN0GiAudHVybndpcmUudjEuT25DaGF0RXJyb3JSZXNwb25zZRJUCgtIb29rU2Vzc2lvbhIfLnR1cm53aXJlLnYxLkhvb2tTZXNzaW9uUmVxdWVzdBogLnR1cm53aXJlLnYxLkhvb2tTZXNzaW9uUmVzcG9uc2UoATABYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_rpc_status, file_turnwire_v1_chat_service, file_turnwire_v1_event, file_turnwire_v1_message]);
+  fileDesc("Chd0dXJud2lyZS92MS9ob29rcy5wcm90bxILdHVybndpcmUudjEiHQobR2V0SG9va1N1YnNjcmlwdGlvbnNSZXF1ZXN0InAKHEdldEhvb2tTdWJzY3JpcHRpb25zUmVzcG9uc2USIAoFaG9va3MYASADKA4yES50dXJud2lyZS52MS5Ib29rEhgKEGluY2x1ZGVfbWVzc2FnZXMYAiABKAgSFAoMaG9va19zZXNzaW9uGAMgASgIIl0KD0NvbmN1cnJlbnRJbnB1dBI2CghzdHJhdGVneRgBIAEoDjIkLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dFN0cmF0ZWd5EhIKCnJlcXVlc3RfaWQYAiABKAkihQEKCFR1cm5JbmZvEhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRISCgpyZXF1ZXN0X2lkGAIgASgJEhQKDGNvbnRpbnVhdGlvbhgDIAEoCBIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIPCgdhdHRlbXB0GAUgASgFIssBChFCZWZvcmVUdXJuUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SDgoGc3lzdGVtGAIgASgJEg0KBW1vZGVsGAMgASgJEhIKCnRvb2xfbmFtZXMYBCADKAkSJgoIbWVzc2FnZXMYBSADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEjYKEGNvbmN1cnJlbnRfaW5wdXQYBiABKAsyHC50dXJud2lyZS52MS5Db25jdXJyZW50SW5wdXQiHAoKU3RyaW5nTGlzdBIOCgZ2YWx1ZXMYASADKAkiNQoLTWVzc2FnZUxpc3QSJgoIbWVzc2FnZXMYASADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlIqkECg1Nb2RlbFNldHRpbmdzEh4KEW1heF9vdXRwdXRfdG9rZW5zGAEgASgDSACIAQESGAoLdGVtcGVyYXR1cmUYAiABKAFIAYgBARISCgV0b3BfcBgDIAEoAUgCiAEBEhIKBXRvcF9rGAQgASgDSAOIAQESHQoQcHJlc2VuY2VfcGVuYWx0eRgFIAEoAUgEiAEBEh4KEWZyZXF1ZW5jeV9wZW5hbHR5GAYgASgBSAWIAQESLwoOc3RvcF9zZXF1ZW5jZXMYByABKAsyFy50dXJud2lyZS52MS5TdHJpbmdMaXN0EhEKBHNlZWQYCCABKANIBogBARIYCgttYXhfcmV0cmllcxgJIAEoBUgHiAEBEjgKB2hlYWRlcnMYCiADKAsyJy50dXJud2lyZS52MS5Nb2RlbFNldHRpbmdzLkhlYWRlcnNFbnRyeRIxChBwcm92aWRlcl9vcHRpb25zGAsgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIUChJfbWF4X291dHB1dF90b2tlbnNCDgoMX3RlbXBlcmF0dXJlQggKBl90b3BfcEIICgZfdG9wX2tCEwoRX3ByZXNlbmNlX3BlbmFsdHlCFAoSX2ZyZXF1ZW5jeV9wZW5hbHR5QgcKBV9zZWVkQg4KDF9tYXhfcmV0cmllcyJJCg1TdG9wQ29uZGl0aW9uEhUKC3Rvb2xfY2FsbGVkGAEgASgJSAASFAoKc3RlcF9jb3VudBgCIAEoBUgAQgsKCWNvbmRpdGlvbiKKAQoLVHVyblRpbWVvdXQSKAoFdG90YWwYASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SJwoEc3RlcBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIoCgVjaHVuaxgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKdBAoSQmVmb3JlVHVyblJlc3BvbnNlEhIKBW1vZGVsGAEgASgJSACIAQESEwoGc3lzdGVtGAIgASgJSAGIAQESKgoIbWVzc2FnZXMYAyABKAsyGC50dXJud2lyZS52MS5NZXNzYWdlTGlzdBItCgxhY3RpdmVfdG9vbHMYBCABKAsyFy50dXJud2lyZS52MS5TdHJpbmdMaXN0EhgKC3Rvb2xfY2hvaWNlGAUgASgJSAKIAQESFgoJbWF4X3N0ZXBzGAYgASgFSAOIAQESLQoJc3RvcF93aGVuGAcgAygLMhoudHVybndpcmUudjEuU3RvcENvbmRpdGlvbhIbCg5zZW5kX3JlYXNvbmluZxgIIAEoCEgEiAEBEjIKDm1vZGVsX3NldHRpbmdzGAkgASgLMhoudHVybndpcmUudjEuTW9kZWxTZXR0aW5ncxIpCgd0aW1lb3V0GAogASgLMhgudHVybndpcmUudjEuVHVyblRpbWVvdXQSNwoUc3RyZWFtX3N0YWxsX3RpbWVvdXQYCyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SJwoGb3V0cHV0GAwgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdEIICgZfbW9kZWxCCQoHX3N5c3RlbUIOCgxfdG9vbF9jaG9pY2VCDAoKX21heF9zdGVwc0IRCg9fc2VuZF9yZWFzb25pbmciqQEKCFN0ZXBJbmZvEhMKC3N0ZXBfbnVtYmVyGAEgASgFEjAKDWZpbmlzaF9yZWFzb24YAiABKA4yGS50dXJud2lyZS52MS5GaW5pc2hSZWFzb24SIQoFdXNhZ2UYAyABKAsyEi50dXJud2lyZS52MS5Vc2FnZRISCgp0b29sX25hbWVzGAQgAygJEh8KBGNvc3QYBSABKAsyES50dXJud2lyZS52MS5Db3N0IuUBChFCZWZvcmVTdGVwUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SEwoLc3RlcF9udW1iZXIYAiABKAUSJAoFc3RlcHMYAyADKAsyFS50dXJud2lyZS52MS5TdGVwSW5mbxINCgVtb2RlbBgEIAEoCRIOCgZzeXN0ZW0YBSABKAkSJgoIbWVzc2FnZXMYBiADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEikKB2J1ZGdldHMYByADKAsyGC50dXJud2lyZS52MS5CdWRnZXRTdGF0ZSLpAgoSQmVmb3JlU3RlcFJlc3BvbnNlEhIKBW1vZGVsGAEgASgJSACIAQESGAoLdG9vbF9jaG9pY2UYAiABKAlIAYgBARItCgxhY3RpdmVfdG9vbHMYAyABKAsyFy50dXJud2lyZS52MS5TdHJpbmdMaXN0EhMKBnN5c3RlbRgEIAEoCUgCiAEBEioKCG1lc3NhZ2VzGAUgASgLMhgudHVybndpcmUudjEuTWVzc2FnZUxpc3QSMgoObW9kZWxfc2V0dGluZ3MYBiABKAsyGi50dXJud2lyZS52MS5Nb2RlbFNldHRpbmdzEhwKD21heF9zdGVwX3Rva2VucxgHIAEoA0gDiAEBEhkKDG1heF9zdGVwX3VzZBgIIAEoAUgEiAEBQggKBl9tb2RlbEIOCgxfdG9vbF9jaG9pY2VCCQoHX3N5c3RlbUISChBfbWF4X3N0ZXBfdG9rZW5zQg8KDV9tYXhfc3RlcF91c2QixQEKC0J1ZGdldFN0YXRlEg0KBXNjb3BlGAEgASgJEg4KBnBlcmlvZBgCIAEoCRIlCgR1bml0GAMgASgOMhcudHVybndpcmUudjEuQnVkZ2V0VW5pdBINCgVsaW1pdBgEIAEoARINCgVzcGVudBgFIAEoARIQCghyZXNlcnZlZBgGIAEoARIRCglyZW1haW5pbmcYByABKAESLQoJcmVzZXRzX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJgCgxUb29sQ2FsbEluZm8SFAoMdG9vbF9jYWxsX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRISCgppbnB1dF9qc29uGAMgASgJEhMKC3N0ZXBfbnVtYmVyGAQgASgFImUKFUJlZm9yZVRvb2xDYWxsUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SJwoEY2FsbBgCIAEoCzIZLnR1cm53aXJlLnYxLlRvb2xDYWxsSW5mbyKdAwoWQmVmb3JlVG9vbENhbGxSZXNwb25zZRI6CgVhbGxvdxgBIAEoCzIpLnR1cm53aXJlLnYxLkJlZm9yZVRvb2xDYWxsUmVzcG9uc2UuQWxsb3dIABJOChBhbGxvd193aXRoX2lucHV0GAIgASgLMjIudHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXNwb25zZS5BbGxvd1dpdGhJbnB1dEgAEjoKBWJsb2NrGAMgASgLMikudHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXNwb25zZS5CbG9ja0gAEkQKCnN1YnN0aXR1dGUYBCABKAsyLi50dXJud2lyZS52MS5CZWZvcmVUb29sQ2FsbFJlc3BvbnNlLlN1YnN0aXR1dGVIABoHCgVBbGxvdxokCg5BbGxvd1dpdGhJbnB1dBISCgppbnB1dF9qc29uGAEgASgJGhcKBUJsb2NrEg4KBnJlYXNvbhgBIAEoCRohCgpTdWJzdGl0dXRlEhMKC291dHB1dF9qc29uGAEgASgJQgoKCGRlY2lzaW9uIvUBChRBZnRlclRvb2xDYWxsUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SJwoEY2FsbBgCIAEoCzIZLnR1cm53aXJlLnYxLlRvb2xDYWxsSW5mbxIrCghkdXJhdGlvbhgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdzdWNjZXNzGAQgASgIEhMKC291dHB1dF9qc29uGAUgASgJEg0KBWVycm9yGAYgASgJEi0KB291dGNvbWUYByABKA4yHC50dXJud2lyZS52MS5Ub29sQ2FsbE91dGNvbWUiFwoVQWZ0ZXJUb29sQ2FsbFJlc3BvbnNlIvcCChNPblN0ZXBGaW5pc2hSZXF1ZXN0EiMKBHR1cm4YASABKAsyFS50dXJud2lyZS52MS5UdXJuSW5mbxIjCgRzdGVwGAIgASgLMhUudHVybndpcmUudjEuU3RlcEluZm8SDAoEdGV4dBgDIAEoCRIWCg5yZWFzb25pbmdfdGV4dBgEIAEoCRItCgp0b29sX2NhbGxzGAUgAygLMhkudHVybndpcmUudjEuVG9vbENhbGxQYXJ0EhkKEXJhd19maW5pc2hfcmVhc29uGAYgASgJEhMKC3Jlc3BvbnNlX2lkGAcgASgJEhYKDnJlc3BvbnNlX21vZGVsGAggASgJEigKB3NvdXJjZXMYFCADKAsyFy50dXJud2lyZS52MS5Tb3VyY2VQYXJ0EiQKBWZpbGVzGBUgAygLMhUudHVybndpcmUudjEuRmlsZVBhcnQSKQoHYnVkZ2V0cxgeIAMoCzIYLnR1cm53aXJlLnYxLkJ1ZGdldFN0YXRlIhYKFE9uU3RlcEZpbmlzaFJlc3BvbnNlIl4KD09uQ2h1bmtzUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SJgoGZXZlbnRzGAIgAygLMhYudHVybndpcmUudjEuVHVybkV2ZW50IhIKEE9uQ2h1bmtzUmVzcG9uc2UitQIKFU9uQ2hhdFJlc3BvbnNlUmVxdWVzdBIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SJQoHbWVzc2FnZRgCIAEoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USKQoHb3V0Y29tZRgDIAEoDjIYLnR1cm53aXJlLnYxLlR1cm5PdXRjb21lEiEKBWVycm9yGAQgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXMSNgoQY29uY3VycmVudF9pbnB1dBgFIAEoCzIcLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dBIfCgRjb3N0GAYgASgLMhEudHVybndpcmUudjEuQ29zdBIpCgdidWRnZXRzGAcgAygLMhgudHVybndpcmUudjEuQnVkZ2V0U3RhdGUiGAoWT25DaGF0UmVzcG9uc2VSZXNwb25zZSKKAQoRUHJvdmlkZXJFcnJvckluZm8SEAoIcHJvdmlkZXIYASABKAkSEwoLaHR0cF9zdGF0dXMYAiABKAUSDAoEdHlwZRgDIAEoCRIMCgRjb2RlGAQgASgJEgwKBGJvZHkYBSABKAkSEQoJaW5fc3RyZWFtGAYgASgIEhEKCXJldHJ5YWJsZRgHIAEoCCKaAgoNQ2hhdEVycm9ySW5mbxIjCgR0dXJuGAEgASgLMhUudHVybndpcmUudjEuVHVybkluZm8SIQoFZXJyb3IYAiABKAsyEi5nb29nbGUucnBjLlN0YXR1cxINCgVzdGFnZRgDIAEoCRIaChJtZXNzYWdlc19wZXJzaXN0ZWQYBCABKAgSPAoOY2xhc3NpZmljYXRpb24YBSABKA4yJC50dXJud2lyZS52MS5DaGF0RXJyb3JDbGFzc2lmaWNhdGlvbhI2Cg5wcm92aWRlcl9lcnJvchgGIAEoCzIeLnR1cm53aXJlLnYxLlByb3ZpZGVyRXJyb3JJbmZvEhIKCm1pZGRsZXdhcmUYByABKAkSDAoEaG9vaxgIIAEoCSJHChhDbGFzc2lmeUNoYXRFcnJvclJlcXVlc3QSKwoHZmFpbHVyZRgBIAEoCzIaLnR1cm53aXJlLnYxLkNoYXRFcnJvckluZm8iWQoZQ2xhc3NpZnlDaGF0RXJyb3JSZXNwb25zZRI8Cg5jbGFzc2lmaWNhdGlvbhgBIAEoDjIkLnR1cm53aXJlLnYxLkNoYXRFcnJvckNsYXNzaWZpY2F0aW9uIkEKEk9uQ2hhdEVycm9yUmVxdWVzdBIrCgdmYWlsdXJlGAEgASgLMhoudHVybndpcmUudjEuQ2hhdEVycm9ySW5mbyJaChNPbkNoYXRFcnJvclJlc3BvbnNlEiEKBWVycm9yGAEgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXMSFAoHbWVzc2FnZRgCIAEoCUgAiAEBQgoKCF9tZXNzYWdlIjoKEkhvb2tTZXNzaW9uUmVxdWVzdBIkCgVjYWxscxgBIAMoCzIVLnR1cm53aXJlLnYxLkhvb2tDYWxsIvsECghIb29rQ2FsbBIKCgJpZBgBIAEoBBI+Cg10cmFjZV9jb250ZXh0GAIgAygLMicudHVybndpcmUudjEuSG9va0NhbGwuVHJhY2VDb250ZXh0RW50cnkSNQoLYmVmb3JlX3R1cm4YCiABKAsyHi50dXJud2lyZS52MS5CZWZvcmVUdXJuUmVxdWVzdEgAEjUKC2JlZm9yZV9zdGVwGAsgASgLMh4udHVybndpcmUudjEuQmVmb3JlU3RlcFJlcXVlc3RIABI+ChBiZWZvcmVfdG9vbF9jYWxsGAwgASgLMiIudHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXF1ZXN0SAASPAoPYWZ0ZXJfdG9vbF9jYWxsGA0gASgLMiEudHVybndpcmUudjEuQWZ0ZXJUb29sQ2FsbFJlcXVlc3RIABI6Cg5vbl9zdGVwX2ZpbmlzaBgOIAEoCzIgLnR1cm53aXJlLnYxLk9uU3RlcEZpbmlzaFJlcXVlc3RIABI+ChBvbl9jaGF0X3Jlc3BvbnNlGA8gASgLMiIudHVybndpcmUudjEuT25DaGF0UmVzcG9uc2VSZXF1ZXN0SAASRAoTY2xhc3NpZnlfY2hhdF9lcnJvchgQIAEoCzIlLnR1cm53aXJlLnYxLkNsYXNzaWZ5Q2hhdEVycm9yUmVxdWVzdEgAEjgKDW9uX2NoYXRfZXJyb3IYESABKAsyHy50dXJud2lyZS52MS5PbkNoYXRFcnJvclJlcXVlc3RIABozChFUcmFjZUNvbnRleHRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgYKBGhvb2siPwoTSG9va1Nlc3Npb25SZXNwb25zZRIoCgdhbnN3ZXJzGAEgAygLMhcudHVybndpcmUudjEuSG9va0Fuc3dlciKzBAoKSG9va0Fuc3dlchIKCgJpZBgBIAEoBBIhCgVlcnJvchgCIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzEjYKC2JlZm9yZV90dXJuGAogASgLMh8udHVybndpcmUudjEuQmVmb3JlVHVyblJlc3BvbnNlSAASNgoLYmVmb3JlX3N0ZXAYCyABKAsyHy50dXJud2lyZS52MS5CZWZvcmVTdGVwUmVzcG9uc2VIABI/ChBiZWZvcmVfdG9vbF9jYWxsGAwgASgLMiMudHVybndpcmUudjEuQmVmb3JlVG9vbENhbGxSZXNwb25zZUgAEj0KD2FmdGVyX3Rvb2xfY2FsbBgNIAEoCzIiLnR1cm53aXJlLnYxLkFmdGVyVG9vbENhbGxSZXNwb25zZUgAEjsKDm9uX3N0ZXBfZmluaXNoGA4gASgLMiEudHVybndpcmUudjEuT25TdGVwRmluaXNoUmVzcG9uc2VIABI/ChBvbl9jaGF0X3Jlc3BvbnNlGA8gASgLMiMudHVybndpcmUudjEuT25DaGF0UmVzcG9uc2VSZXNwb25zZUgAEkUKE2NsYXNzaWZ5X2NoYXRfZXJyb3IYECABKAsyJi50dXJud2lyZS52MS5DbGFzc2lmeUNoYXRFcnJvclJlc3BvbnNlSAASOQoNb25fY2hhdF9lcnJvchgRIAEoCzIgLnR1cm53aXJlLnYxLk9uQ2hhdEVycm9yUmVzcG9uc2VIAEIGCgRob29rKvsBCgRIb29rEhQKEEhPT0tfVU5TUEVDSUZJRUQQABIUChBIT09LX0JFRk9SRV9UVVJOEAESFAoQSE9PS19CRUZPUkVfU1RFUBACEhkKFUhPT0tfQkVGT1JFX1RPT0xfQ0FMTBADEhgKFEhPT0tfQUZURVJfVE9PTF9DQUxMEAQSFwoTSE9PS19PTl9TVEVQX0ZJTklTSBAFEhIKDkhPT0tfT05fQ0hVTktTEAYSGQoVSE9PS19PTl9DSEFUX1JFU1BPTlNFEAcSHAoYSE9PS19DTEFTU0lGWV9DSEFUX0VSUk9SEAgSFgoSSE9PS19PTl9DSEFUX0VSUk9SEAkqVgoKQnVkZ2V0VW5pdBIbChdCVURHRVRfVU5JVF9VTlNQRUNJRklFRBAAEhYKEkJVREdFVF9VTklUX1RPS0VOUxABEhMKD0JVREdFVF9VTklUX1VTRBACKrQBCg9Ub29sQ2FsbE91dGNvbWUSIQodVE9PTF9DQUxMX09VVENPTUVfVU5TUEVDSUZJRUQQABIeChpUT09MX0NBTExfT1VUQ09NRV9FWEVDVVRFRBABEh0KGVRPT0xfQ0FMTF9PVVRDT01FX0JMT0NLRUQQAhIhCh1UT09MX0NBTExfT1VUQ09NRV9TVUJTVElUVVRFRBADEhwKGFRPT0xfQ0FMTF9PVVRDT01FX0ZBSUxFRBAEKnkKC1R1cm5PdXRjb21lEhwKGFRVUk5fT1VUQ09NRV9VTlNQRUNJRklFRBAAEhoKFlRVUk5fT1VUQ09NRV9DT01QTEVURUQQARIWChJUVVJOX09VVENPTUVfRVJST1IQAhIYChRUVVJOX09VVENPTUVfQUJPUlRFRBADKpMCChdDaGF0RXJyb3JDbGFzc2lmaWNhdGlvbhIpCiVDSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX1VOU1BFQ0lGSUVEEAASLgoqQ0hBVF9FUlJPUl9DTEFTU0lGSUNBVElPTl9DT05URVhUX09WRVJGTE9XEAESKAokQ0hBVF9FUlJPUl9DTEFTU0lGSUNBVElPTl9SQVRFX0xJTUlUEAISJwojQ0hBVF9FUlJPUl9DTEFTU0lGSUNBVElPTl9UUkFOU0lFTlQQAxIjCh9DSEFUX0VSUk9SX0NMQVNTSUZJQ0FUSU9OX0ZBVEFMEAQSJQohQ0hBVF9FUlJPUl9DTEFTU0lGSUNBVElPTl9VTktOT1dOEAUy1wcKEFR1cm5Ib29rc1NlcnZpY2USawoUR2V0SG9va1N1YnNjcmlwdGlvbnMSKC50dXJud2lyZS52MS5HZXRIb29rU3Vic2NyaXB0aW9uc1JlcXVlc3QaKS50dXJud2lyZS52MS5HZXRIb29rU3Vic2NyaXB0aW9uc1Jlc3BvbnNlEk0KCkJlZm9yZVR1cm4SHi50dXJud2lyZS52MS5CZWZvcmVUdXJuUmVxdWVzdBofLnR1cm53aXJlLnYxLkJlZm9yZVR1cm5SZXNwb25zZRJNCgpCZWZvcmVTdGVwEh4udHVybndpcmUudjEuQmVmb3JlU3RlcFJlcXVlc3QaHy50dXJud2lyZS52MS5CZWZvcmVTdGVwUmVzcG9uc2USWQoOQmVmb3JlVG9vbENhbGwSIi50dXJud2lyZS52MS5CZWZvcmVUb29sQ2FsbFJlcXVlc3QaIy50dXJud2lyZS52MS5CZWZvcmVUb29sQ2FsbFJlc3BvbnNlElYKDUFmdGVyVG9vbENhbGwSIS50dXJud2lyZS52MS5BZnRlclRvb2xDYWxsUmVxdWVzdBoiLnR1cm53aXJlLnYxLkFmdGVyVG9vbENhbGxSZXNwb25zZRJTCgxPblN0ZXBGaW5pc2gSIC50dXJud2lyZS52MS5PblN0ZXBGaW5pc2hSZXF1ZXN0GiEudHVybndpcmUudjEuT25TdGVwRmluaXNoUmVzcG9uc2USSQoIT25DaHVua3MSHC50dXJud2lyZS52MS5PbkNodW5rc1JlcXVlc3QaHS50dXJud2lyZS52MS5PbkNodW5rc1Jlc3BvbnNlKAESWQoOT25DaGF0UmVzcG9uc2USIi50dXJud2lyZS52MS5PbkNoYXRSZXNwb25zZVJlcXVlc3QaIy50dXJud2lyZS52MS5PbkNoYXRSZXNwb25zZVJlc3BvbnNlEmIKEUNsYXNzaWZ5Q2hhdEVycm9yEiUudHVybndpcmUudjEuQ2xhc3NpZnlDaGF0RXJyb3JSZXF1ZXN0GiYudHVybndpcmUudjEuQ2xhc3NpZnlDaGF0RXJyb3JSZXNwb25zZRJQCgtPbkNoYXRFcnJvchIfLnR1cm53aXJlLnYxLk9uQ2hhdEVycm9yUmVxdWVzdBogLnR1cm53aXJlLnYxLk9uQ2hhdEVycm9yUmVzcG9uc2USVAoLSG9va1Nlc3Npb24SHy50dXJud2lyZS52MS5Ib29rU2Vzc2lvblJlcXVlc3QaIC50dXJud2lyZS52MS5Ib29rU2Vzc2lvblJlc3BvbnNlKAEwAWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_google_rpc_status, file_turnwire_v1_chat_service, file_turnwire_v1_event, file_turnwire_v1_message]);
 
 /**
  * GetHookSubscriptionsRequest asks a hook server what it wants.
@@ -615,6 +615,15 @@ export type BeforeStepRequest = Message<"turnwire.v1.BeforeStepRequest"> & {
    * @generated from field: repeated turnwire.v1.Message messages = 6;
    */
   messages: Message$1[];
+
+  /**
+   * The turn's budgets before this step's reservation, as its last charge
+   * left them in the store (empty: no budget configured; docs/cost.md,
+   * "Budgets in hooks").
+   *
+   * @generated from field: repeated turnwire.v1.BudgetState budgets = 7;
+   */
+  budgets: BudgetState[];
 };
 
 /**
@@ -671,6 +680,25 @@ export type BeforeStepResponse = Message<"turnwire.v1.BeforeStepResponse"> & {
    * @generated from field: turnwire.v1.ModelSettings model_settings = 6;
    */
   modelSettings?: ModelSettings | undefined;
+
+  /**
+   * Lower this step's budget: its reservation (prompt estimate plus output)
+   * within this many tokens; `max_output_tokens` is clamped to fit, and a step
+   * without room for `budgets.min_output_tokens` of output ends the turn with
+   * reason BUDGET_EXHAUSTED (scope `step`). Only ever lowers: the turn's
+   * budgets still apply, the lower wins (docs/cost.md, "Budgets in hooks").
+   *
+   * @generated from field: optional int64 max_step_tokens = 7;
+   */
+  maxStepTokens?: bigint | undefined;
+
+  /**
+   * The same in US dollars, at the model's prices (a model without a known
+   * price cannot run under it).
+   *
+   * @generated from field: optional double max_step_usd = 8;
+   */
+  maxStepUsd?: number | undefined;
 };
 
 /**
@@ -679,6 +707,80 @@ export type BeforeStepResponse = Message<"turnwire.v1.BeforeStepResponse"> & {
  */
 export const BeforeStepResponseSchema: GenMessage<BeforeStepResponse> = /*@__PURE__*/
   messageDesc(file_turnwire_v1_hooks, 13);
+
+/**
+ * BudgetState is one budget a turn runs under, in one unit, as the store
+ * holds it (docs/cost.md, "Budgets in hooks"): a budget limited in tokens
+ * and in US dollars is two entries.
+ *
+ * @generated from message turnwire.v1.BudgetState
+ */
+export type BudgetState = Message<"turnwire.v1.BudgetState"> & {
+  /**
+   * `turn`, `conversation`, `tenant/day`, `tenant/month`, `principal/day` or
+   * `principal/month`.
+   *
+   * @generated from field: string scope = 1;
+   */
+  scope: string;
+
+  /**
+   * The UTC day (`2026-12-02`) or month (`2026-12`) a period's budget
+   * counts; empty for a turn's or a conversation's.
+   *
+   * @generated from field: string period = 2;
+   */
+  period: string;
+
+  /**
+   * What it counts.
+   *
+   * @generated from field: turnwire.v1.BudgetUnit unit = 3;
+   */
+  unit: BudgetUnit;
+
+  /**
+   * Its limit.
+   *
+   * @generated from field: double limit = 4;
+   */
+  limit: number;
+
+  /**
+   * What settled steps spent.
+   *
+   * @generated from field: double spent = 5;
+   */
+  spent: number;
+
+  /**
+   * What running steps (this turn's among them) have reserved.
+   *
+   * @generated from field: double reserved = 6;
+   */
+  reserved: number;
+
+  /**
+   * limit - spent - reserved, never below 0.
+   *
+   * @generated from field: double remaining = 7;
+   */
+  remaining: number;
+
+  /**
+   * When its period ends; unset for a budget that never resets.
+   *
+   * @generated from field: google.protobuf.Timestamp resets_at = 8;
+   */
+  resetsAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message turnwire.v1.BudgetState.
+ * Use `create(BudgetStateSchema)` to create a new message.
+ */
+export const BudgetStateSchema: GenMessage<BudgetState> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_hooks, 14);
 
 /**
  * ToolCallInfo is one tool call.
@@ -721,7 +823,7 @@ export type ToolCallInfo = Message<"turnwire.v1.ToolCallInfo"> & {
  * Use `create(ToolCallInfoSchema)` to create a new message.
  */
 export const ToolCallInfoSchema: GenMessage<ToolCallInfo> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 14);
+  messageDesc(file_turnwire_v1_hooks, 15);
 
 /**
  * BeforeToolCallRequest is a server-executed call about to run.
@@ -749,7 +851,7 @@ export type BeforeToolCallRequest = Message<"turnwire.v1.BeforeToolCallRequest">
  * Use `create(BeforeToolCallRequestSchema)` to create a new message.
  */
 export const BeforeToolCallRequestSchema: GenMessage<BeforeToolCallRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 15);
+  messageDesc(file_turnwire_v1_hooks, 16);
 
 /**
  * BeforeToolCallResponse decides the call; no decision runs it as it is.
@@ -802,7 +904,7 @@ export type BeforeToolCallResponse = Message<"turnwire.v1.BeforeToolCallResponse
  * Use `create(BeforeToolCallResponseSchema)` to create a new message.
  */
 export const BeforeToolCallResponseSchema: GenMessage<BeforeToolCallResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 16);
+  messageDesc(file_turnwire_v1_hooks, 17);
 
 /**
  * Run it as it is (the same as no decision).
@@ -817,7 +919,7 @@ export type BeforeToolCallResponse_Allow = Message<"turnwire.v1.BeforeToolCallRe
  * Use `create(BeforeToolCallResponse_AllowSchema)` to create a new message.
  */
 export const BeforeToolCallResponse_AllowSchema: GenMessage<BeforeToolCallResponse_Allow> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 16, 0);
+  messageDesc(file_turnwire_v1_hooks, 17, 0);
 
 /**
  * Run it with another input.
@@ -838,7 +940,7 @@ export type BeforeToolCallResponse_AllowWithInput = Message<"turnwire.v1.BeforeT
  * Use `create(BeforeToolCallResponse_AllowWithInputSchema)` to create a new message.
  */
 export const BeforeToolCallResponse_AllowWithInputSchema: GenMessage<BeforeToolCallResponse_AllowWithInput> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 16, 1);
+  messageDesc(file_turnwire_v1_hooks, 17, 1);
 
 /**
  * Do not run it; the model is told why.
@@ -859,7 +961,7 @@ export type BeforeToolCallResponse_Block = Message<"turnwire.v1.BeforeToolCallRe
  * Use `create(BeforeToolCallResponse_BlockSchema)` to create a new message.
  */
 export const BeforeToolCallResponse_BlockSchema: GenMessage<BeforeToolCallResponse_Block> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 16, 2);
+  messageDesc(file_turnwire_v1_hooks, 17, 2);
 
 /**
  * Do not run it; the model sees this output as the result.
@@ -880,7 +982,7 @@ export type BeforeToolCallResponse_Substitute = Message<"turnwire.v1.BeforeToolC
  * Use `create(BeforeToolCallResponse_SubstituteSchema)` to create a new message.
  */
 export const BeforeToolCallResponse_SubstituteSchema: GenMessage<BeforeToolCallResponse_Substitute> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 16, 3);
+  messageDesc(file_turnwire_v1_hooks, 17, 3);
 
 /**
  * AfterToolCallRequest is a call's outcome: real, blocked, substituted or failed.
@@ -943,7 +1045,7 @@ export type AfterToolCallRequest = Message<"turnwire.v1.AfterToolCallRequest"> &
  * Use `create(AfterToolCallRequestSchema)` to create a new message.
  */
 export const AfterToolCallRequestSchema: GenMessage<AfterToolCallRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 17);
+  messageDesc(file_turnwire_v1_hooks, 18);
 
 /**
  * AfterToolCallResponse is empty: the hook only observes.
@@ -958,7 +1060,7 @@ export type AfterToolCallResponse = Message<"turnwire.v1.AfterToolCallResponse">
  * Use `create(AfterToolCallResponseSchema)` to create a new message.
  */
 export const AfterToolCallResponseSchema: GenMessage<AfterToolCallResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 18);
+  messageDesc(file_turnwire_v1_hooks, 19);
 
 /**
  * OnStepFinishRequest is a finished step.
@@ -1036,6 +1138,14 @@ export type OnStepFinishRequest = Message<"turnwire.v1.OnStepFinishRequest"> & {
    * @generated from field: repeated turnwire.v1.FilePart files = 21;
    */
   files: FilePart[];
+
+  /**
+   * The turn's budgets after this step's reservation, as the store holds
+   * them (this step is settled at its actual use by the next charge).
+   *
+   * @generated from field: repeated turnwire.v1.BudgetState budgets = 30;
+   */
+  budgets: BudgetState[];
 };
 
 /**
@@ -1043,7 +1153,7 @@ export type OnStepFinishRequest = Message<"turnwire.v1.OnStepFinishRequest"> & {
  * Use `create(OnStepFinishRequestSchema)` to create a new message.
  */
 export const OnStepFinishRequestSchema: GenMessage<OnStepFinishRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 19);
+  messageDesc(file_turnwire_v1_hooks, 20);
 
 /**
  * OnStepFinishResponse is empty: the hook only observes.
@@ -1058,7 +1168,7 @@ export type OnStepFinishResponse = Message<"turnwire.v1.OnStepFinishResponse"> &
  * Use `create(OnStepFinishResponseSchema)` to create a new message.
  */
 export const OnStepFinishResponseSchema: GenMessage<OnStepFinishResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 20);
+  messageDesc(file_turnwire_v1_hooks, 21);
 
 /**
  * OnChunksRequest is one batch of a turn's streamed output: the turn's events
@@ -1093,7 +1203,7 @@ export type OnChunksRequest = Message<"turnwire.v1.OnChunksRequest"> & {
  * Use `create(OnChunksRequestSchema)` to create a new message.
  */
 export const OnChunksRequestSchema: GenMessage<OnChunksRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 21);
+  messageDesc(file_turnwire_v1_hooks, 22);
 
 /**
  * OnChunksResponse ends an OnChunks call.
@@ -1108,7 +1218,7 @@ export type OnChunksResponse = Message<"turnwire.v1.OnChunksResponse"> & {
  * Use `create(OnChunksResponseSchema)` to create a new message.
  */
 export const OnChunksResponseSchema: GenMessage<OnChunksResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 22);
+  messageDesc(file_turnwire_v1_hooks, 23);
 
 /**
  * OnChatResponseRequest is a finished turn.
@@ -1157,6 +1267,14 @@ export type OnChatResponseRequest = Message<"turnwire.v1.OnChatResponseRequest">
    * @generated from field: turnwire.v1.Cost cost = 6;
    */
   cost?: Cost | undefined;
+
+  /**
+   * The turn's budgets once its last step was settled (empty: no budget
+   * configured, or the settlement failed).
+   *
+   * @generated from field: repeated turnwire.v1.BudgetState budgets = 7;
+   */
+  budgets: BudgetState[];
 };
 
 /**
@@ -1164,7 +1282,7 @@ export type OnChatResponseRequest = Message<"turnwire.v1.OnChatResponseRequest">
  * Use `create(OnChatResponseRequestSchema)` to create a new message.
  */
 export const OnChatResponseRequestSchema: GenMessage<OnChatResponseRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 23);
+  messageDesc(file_turnwire_v1_hooks, 24);
 
 /**
  * OnChatResponseResponse is empty: the hook only observes.
@@ -1179,7 +1297,7 @@ export type OnChatResponseResponse = Message<"turnwire.v1.OnChatResponseResponse
  * Use `create(OnChatResponseResponseSchema)` to create a new message.
  */
 export const OnChatResponseResponseSchema: GenMessage<OnChatResponseResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 24);
+  messageDesc(file_turnwire_v1_hooks, 25);
 
 /**
  * ProviderErrorInfo is the normalized provider error behind a failure.
@@ -1242,7 +1360,7 @@ export type ProviderErrorInfo = Message<"turnwire.v1.ProviderErrorInfo"> & {
  * Use `create(ProviderErrorInfoSchema)` to create a new message.
  */
 export const ProviderErrorInfoSchema: GenMessage<ProviderErrorInfo> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 25);
+  messageDesc(file_turnwire_v1_hooks, 26);
 
 /**
  * ChatErrorInfo is a failed turn (docs/semantics.md §3, ChatErrorContext).
@@ -1312,7 +1430,7 @@ export type ChatErrorInfo = Message<"turnwire.v1.ChatErrorInfo"> & {
  * Use `create(ChatErrorInfoSchema)` to create a new message.
  */
 export const ChatErrorInfoSchema: GenMessage<ChatErrorInfo> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 26);
+  messageDesc(file_turnwire_v1_hooks, 27);
 
 /**
  * ClassifyChatErrorRequest asks for a classification.
@@ -1333,7 +1451,7 @@ export type ClassifyChatErrorRequest = Message<"turnwire.v1.ClassifyChatErrorReq
  * Use `create(ClassifyChatErrorRequestSchema)` to create a new message.
  */
 export const ClassifyChatErrorRequestSchema: GenMessage<ClassifyChatErrorRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 27);
+  messageDesc(file_turnwire_v1_hooks, 28);
 
 /**
  * ClassifyChatErrorResponse is a classification; unspecified leaves it to others.
@@ -1354,7 +1472,7 @@ export type ClassifyChatErrorResponse = Message<"turnwire.v1.ClassifyChatErrorRe
  * Use `create(ClassifyChatErrorResponseSchema)` to create a new message.
  */
 export const ClassifyChatErrorResponseSchema: GenMessage<ClassifyChatErrorResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 28);
+  messageDesc(file_turnwire_v1_hooks, 29);
 
 /**
  * OnChatErrorRequest is a failed turn, classified.
@@ -1375,7 +1493,7 @@ export type OnChatErrorRequest = Message<"turnwire.v1.OnChatErrorRequest"> & {
  * Use `create(OnChatErrorRequestSchema)` to create a new message.
  */
 export const OnChatErrorRequestSchema: GenMessage<OnChatErrorRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 29);
+  messageDesc(file_turnwire_v1_hooks, 30);
 
 /**
  * OnChatErrorResponse replaces what the client sees; empty leaves it as it is.
@@ -1403,7 +1521,7 @@ export type OnChatErrorResponse = Message<"turnwire.v1.OnChatErrorResponse"> & {
  * Use `create(OnChatErrorResponseSchema)` to create a new message.
  */
 export const OnChatErrorResponseSchema: GenMessage<OnChatErrorResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 30);
+  messageDesc(file_turnwire_v1_hooks, 31);
 
 /**
  * HookSessionRequest is one or more hook calls on a turn's HookSession stream.
@@ -1432,7 +1550,7 @@ export type HookSessionRequest = Message<"turnwire.v1.HookSessionRequest"> & {
  * Use `create(HookSessionRequestSchema)` to create a new message.
  */
 export const HookSessionRequestSchema: GenMessage<HookSessionRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 31);
+  messageDesc(file_turnwire_v1_hooks, 32);
 
 /**
  * HookCall is one hook call of a HookSessionRequest.
@@ -1533,7 +1651,7 @@ export type HookCall = Message<"turnwire.v1.HookCall"> & {
  * Use `create(HookCallSchema)` to create a new message.
  */
 export const HookCallSchema: GenMessage<HookCall> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 32);
+  messageDesc(file_turnwire_v1_hooks, 33);
 
 /**
  * HookSessionResponse carries the answers of one or more calls of the stream,
@@ -1555,7 +1673,7 @@ export type HookSessionResponse = Message<"turnwire.v1.HookSessionResponse"> & {
  * Use `create(HookSessionResponseSchema)` to create a new message.
  */
 export const HookSessionResponseSchema: GenMessage<HookSessionResponse> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 33);
+  messageDesc(file_turnwire_v1_hooks, 34);
 
 /**
  * HookAnswer answers one HookCall: the unary RPC's response message, or the
@@ -1656,7 +1774,7 @@ export type HookAnswer = Message<"turnwire.v1.HookAnswer"> & {
  * Use `create(HookAnswerSchema)` to create a new message.
  */
 export const HookAnswerSchema: GenMessage<HookAnswer> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_hooks, 34);
+  messageDesc(file_turnwire_v1_hooks, 35);
 
 /**
  * Hook names a lifecycle hook (docs/semantics.md §3).
@@ -1742,6 +1860,40 @@ export const HookSchema: GenEnum<Hook> = /*@__PURE__*/
   enumDesc(file_turnwire_v1_hooks, 0);
 
 /**
+ * BudgetUnit is what a budget counts.
+ *
+ * @generated from enum turnwire.v1.BudgetUnit
+ */
+export enum BudgetUnit {
+  /**
+   * Unset.
+   *
+   * @generated from enum value: BUDGET_UNIT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Input plus output tokens.
+   *
+   * @generated from enum value: BUDGET_UNIT_TOKENS = 1;
+   */
+  TOKENS = 1,
+
+  /**
+   * US dollars.
+   *
+   * @generated from enum value: BUDGET_UNIT_USD = 2;
+   */
+  USD = 2,
+}
+
+/**
+ * Describes the enum turnwire.v1.BudgetUnit.
+ */
+export const BudgetUnitSchema: GenEnum<BudgetUnit> = /*@__PURE__*/
+  enumDesc(file_turnwire_v1_hooks, 1);
+
+/**
  * ToolCallOutcome is how a tool call's result came about (docs/semantics.md §3).
  *
  * @generated from enum turnwire.v1.ToolCallOutcome
@@ -1787,7 +1939,7 @@ export enum ToolCallOutcome {
  * Describes the enum turnwire.v1.ToolCallOutcome.
  */
 export const ToolCallOutcomeSchema: GenEnum<ToolCallOutcome> = /*@__PURE__*/
-  enumDesc(file_turnwire_v1_hooks, 1);
+  enumDesc(file_turnwire_v1_hooks, 2);
 
 /**
  * TurnOutcome is how a turn ended, for OnChatResponse.
@@ -1828,7 +1980,7 @@ export enum TurnOutcome {
  * Describes the enum turnwire.v1.TurnOutcome.
  */
 export const TurnOutcomeSchema: GenEnum<TurnOutcome> = /*@__PURE__*/
-  enumDesc(file_turnwire_v1_hooks, 2);
+  enumDesc(file_turnwire_v1_hooks, 3);
 
 /**
  * ChatErrorClassification is what kind of failure a turn had.
@@ -1883,7 +2035,7 @@ export enum ChatErrorClassification {
  * Describes the enum turnwire.v1.ChatErrorClassification.
  */
 export const ChatErrorClassificationSchema: GenEnum<ChatErrorClassification> = /*@__PURE__*/
-  enumDesc(file_turnwire_v1_hooks, 3);
+  enumDesc(file_turnwire_v1_hooks, 4);
 
 /**
  * TurnHooksService (the TurnHooks of docs/semantics.md §4) is implemented by
