@@ -119,7 +119,14 @@ function unary(client, rpc, request) {
 }
 
 function toolCall(toolName, input) {
-  return { toolName, inputJson: input, requestId: 'r-1', conversationId: 'c-1', toolCallId: 't-1', idempotencyKey: 'tw-k-1' };
+  return {
+    toolName,
+    inputJson: input,
+    requestId: 'r-1',
+    conversationId: 'c-1',
+    toolCallId: 't-1',
+    idempotencyKey: 'tw-k-1',
+  };
 }
 
 /** Runs ExecuteTool; resolves with its messages as [case, value] pairs. */
@@ -142,27 +149,48 @@ test('the subscriptions are the hooks that have handlers, on HookSession', async
 });
 
 test('a deciding hook answers a plain object; no answer is no change', async () => {
-  assert.equal((await unary(hooksClient, 'BeforeTurn', { turn, system: 'Be brief.' })).system, 'Be brief. (ada)');
-  const allowed = await unary(hooksClient, 'BeforeToolCall', { turn, call: { toolName: 'lookup', inputJson: '{}' } });
+  assert.equal(
+    (await unary(hooksClient, 'BeforeTurn', { turn, system: 'Be brief.' })).system,
+    'Be brief. (ada)',
+  );
+  const allowed = await unary(hooksClient, 'BeforeToolCall', {
+    turn,
+    call: { toolName: 'lookup', inputJson: '{}' },
+  });
   assert.equal(allowed.decision.case, undefined);
-  const blocked = await unary(hooksClient, 'BeforeToolCall', { turn, call: { toolName: 'refund', inputJson: '{}' } });
-  assert.deepEqual([blocked.decision.case, blocked.decision.value.reason], ['block', 'refunds need an admin']);
+  const blocked = await unary(hooksClient, 'BeforeToolCall', {
+    turn,
+    call: { toolName: 'refund', inputJson: '{}' },
+  });
+  assert.deepEqual(
+    [blocked.decision.case, blocked.decision.value.reason],
+    ['block', 'refunds need an admin'],
+  );
   assert.equal(seen.beforeToolCall.parent, 'r-1');
 });
 
 test('integers beyond 2^53 reach a hook and leave it exact', async () => {
   const input = `{"n":${BIG}}`;
-  const changed = await unary(hooksClient, 'BeforeToolCall', { turn, call: { toolName: 'big', inputJson: input } });
+  const changed = await unary(hooksClient, 'BeforeToolCall', {
+    turn,
+    call: { toolName: 'big', inputJson: input },
+  });
   assert.equal(seen.beforeToolCall.input.n, BIG);
   assert.equal(changed.decision.value.inputJson, `{"n":${BIG + 1n}}`);
-  const dry = await unary(hooksClient, 'BeforeToolCall', { turn, call: { toolName: 'dry', inputJson: '{}' } });
+  const dry = await unary(hooksClient, 'BeforeToolCall', {
+    turn,
+    call: { toolName: 'dry', inputJson: '{}' },
+  });
   assert.equal(dry.decision.value.outputJson, `{"dry_run":true,"n":${BIG}}`);
 });
 
 test("a hook's thrown error fails the call: UNKNOWN, or the error's gRPC code", async () => {
   const failed = unary(hooksClient, 'BeforeToolCall', { turn, call: { toolName: 'fail', inputJson: '{}' } });
   await assert.rejects(failed, { code: grpc.status.UNKNOWN, details: 'policy store unreachable' });
-  const denied = unary(hooksClient, 'BeforeToolCall', { turn, call: { toolName: 'denied', inputJson: '{}' } });
+  const denied = unary(hooksClient, 'BeforeToolCall', {
+    turn,
+    call: { toolName: 'denied', inputJson: '{}' },
+  });
   await assert.rejects(denied, { code: grpc.status.PERMISSION_DENIED });
   // A hook without a handler is not served (and never subscribed).
   await assert.rejects(unary(hooksClient, 'BeforeStep', { turn }), { code: grpc.status.UNIMPLEMENTED });
@@ -176,27 +204,45 @@ test('HookSession answers its calls in order, a failed one as its error, and goe
     stream.on('error', reject);
     stream.on('end', resolve);
   });
-  const call = (id, toolName) => ({ id: BigInt(id), hook: { case: 'beforeToolCall', value: { turn, call: { toolName, inputJson: '{}' } } } });
+  const call = (id, toolName) => ({
+    id: BigInt(id),
+    hook: { case: 'beforeToolCall', value: { turn, call: { toolName, inputJson: '{}' } } },
+  });
   stream.write({ calls: [call(1, 'refund'), call(2, 'fail')] });
   stream.write({ calls: [{ id: 3n, hook: { case: 'beforeStep', value: { turn } } }, call(4, 'lookup')] });
   stream.write({ calls: [{ id: 5n, hook: { case: 'beforeTurn', value: { turn, system: 'S' } } }] });
   stream.end();
   await ended;
-  assert.deepEqual(answers.map((a) => a.id), [1n, 2n, 3n, 4n, 5n]);
+  assert.deepEqual(
+    answers.map((a) => a.id),
+    [1n, 2n, 3n, 4n, 5n],
+  );
   assert.equal(answers[0].hook.value.decision.case, 'block');
-  assert.deepEqual([answers[1].error.code, answers[1].error.message], [grpc.status.UNKNOWN, 'policy store unreachable']);
+  assert.deepEqual(
+    [answers[1].error.code, answers[1].error.message],
+    [grpc.status.UNKNOWN, 'policy store unreachable'],
+  );
   assert.equal(answers[2].error.code, grpc.status.UNIMPLEMENTED); // no beforeStep handler
-  assert.deepEqual([answers[3].hook.case, answers[3].hook.value.decision.case], ['beforeToolCall', undefined]);
+  assert.deepEqual(
+    [answers[3].hook.case, answers[3].hook.value.decision.case],
+    ['beforeToolCall', undefined],
+  );
   assert.equal(answers[4].hook.value.system, 'S (ada)');
 });
 
 test('ListTools answers the definitions', async () => {
   const { tools, instanceId } = await unary(toolsClient, 'ListTools', {});
-  assert.deepEqual(tools.map((t) => t.name), ['pack', 'echo', 'broken', 'wait']);
+  assert.deepEqual(
+    tools.map((t) => t.name),
+    ['pack', 'echo', 'broken', 'wait'],
+  );
   assert.deepEqual(tools[0].inputSchema, TOOLS[0].inputSchema);
   assert.equal(tools[1].timeout.nanos, 500_000_000);
   assert.match(instanceId, /^[0-9a-f-]{36}$/);
-  assert.throws(() => defineTool({ name: 'x', description: '', inputSchema: { type: 'string' }, execute() {} }), /object schema/);
+  assert.throws(
+    () => defineTool({ name: 'x', description: '', inputSchema: { type: 'string' }, execute() {} }),
+    /object schema/,
+  );
 });
 
 test('a generator tool streams its preliminary results in order, then its final one', async () => {

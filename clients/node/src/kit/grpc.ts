@@ -2,9 +2,17 @@
 // protobuf-es descriptors the client package generates (src/gen): grpc-js carries the calls,
 // protobuf-es encodes the messages, so there is one generated code for the client and the kit.
 
-import { create, fromBinary, type DescMessage, type DescService, type MessageShape, toBinary } from '@bufbuild/protobuf';
+import {
+  create,
+  fromBinary,
+  type DescMessage,
+  type DescService,
+  type MessageShape,
+  toBinary,
+} from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 
+import { PARENT_REQUEST_ID } from '../calls.js';
 import { TurnHooksService } from '../gen/turnwire/v1/hooks_pb.js';
 import { ToolExecutorService } from '../gen/turnwire/v1/tools_pb.js';
 
@@ -44,9 +52,6 @@ export const TURN_HOOKS_SERVICE = serviceDefinition(TurnHooksService);
 
 /** `turnwire.v1.ToolExecutorService` for `grpc.Server.addService`. */
 export const TOOL_EXECUTOR_SERVICE = serviceDefinition(ToolExecutorService);
-
-/** The metadata key of every hook and tool call: the request id of the turn it belongs to. */
-export const PARENT_REQUEST_ID = 'turnwire-parent-request-id';
 
 /** The turn's request id a call carries in its metadata (empty when absent). */
 export function parentRequestIdOf(metadata: grpc.Metadata): string {
@@ -90,7 +95,10 @@ export function callSignal(call: CancellableCall): { signal: AbortSignal; done: 
   const deadline = call.getDeadline();
   const ms = deadline instanceof Date ? deadline.getTime() - Date.now() : Number(deadline) - Date.now();
   const timer = Number.isFinite(ms)
-    ? setTimeout(() => finished || controller.abort(new DOMException('the call passed its deadline', 'TimeoutError')), Math.max(0, ms))
+    ? setTimeout(
+        () => finished || controller.abort(new DOMException('the call passed its deadline', 'TimeoutError')),
+        Math.max(0, ms),
+      )
     : undefined;
   return {
     signal: controller.signal,

@@ -4,7 +4,7 @@
 // returned plain object into the response message and a thrown error into the call's status, so
 // the sidecar applies the entry's failure mode to it.
 
-import type { DescMessage, MessageInitShape } from '@bufbuild/protobuf';
+import { create, type DescMessage, type JsonObject, type MessageInitShape } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 
 import {
@@ -15,6 +15,8 @@ import {
   type BeforeToolCallResponseSchema,
   type BeforeTurnRequest,
   type BeforeTurnResponseSchema,
+  type ChatErrorInfo,
+  ChatErrorInfoSchema,
   type ClassifyChatErrorRequest,
   type ClassifyChatErrorResponseSchema,
   Hook,
@@ -27,6 +29,12 @@ import {
   type OnChatResponseRequest,
   type OnChunksRequest,
   type OnStepFinishRequest,
+  type StepInfo,
+  StepInfoSchema,
+  type ToolCallInfo,
+  ToolCallInfoSchema,
+  type TurnInfo,
+  TurnInfoSchema,
 } from '../gen/turnwire/v1/hooks_pb.js';
 import { callSignal, parentRequestIdOf, statusOf, TURN_HOOKS_SERVICE } from './grpc.js';
 import { type KitJson, type KitJsonObject, parseKitJson, stringifyKitJson } from './json.js';
@@ -34,6 +42,22 @@ import { type KitJson, type KitJsonObject, parseKitJson, stringifyKitJson } from
 type MaybePromise<T> = T | Promise<T>;
 /** What a deciding hook returns: the response as a plain object (only what changes), or nothing. */
 type Answer<S extends DescMessage> = MaybePromise<MessageInitShape<S> | undefined | void>;
+
+/** TurnInfo with `body` always an object (`{}` when the client sent none). */
+export type Turn = TurnInfo & { body: JsonObject };
+/** A failed turn (ChatErrorInfo) with its turn always set. */
+export type Failure = ChatErrorInfo & { turn: Turn };
+
+// The requests as handlers get them: the members the sidecar always sends are never undefined
+// (the kit fills in an empty message should one be missing), so handlers need no `?.`.
+export type BeforeTurnCall = BeforeTurnRequest & { turn: Turn };
+export type BeforeStepCall = BeforeStepRequest & { turn: Turn };
+export type BeforeToolCallCall = BeforeToolCallRequest & { turn: Turn; call: ToolCallInfo };
+export type AfterToolCallCall = AfterToolCallRequest & { turn: Turn; call: ToolCallInfo };
+export type OnStepFinishCall = OnStepFinishRequest & { turn: Turn; step: StepInfo };
+export type OnChatResponseCall = OnChatResponseRequest & { turn: Turn };
+export type ClassifyChatErrorCall = ClassifyChatErrorRequest & { failure: Failure };
+export type OnChatErrorCall = OnChatErrorRequest & { failure: Failure };
 
 /** What every hook handler gets besides its request. */
 export interface HookContext {
@@ -60,21 +84,21 @@ export interface BeforeToolCallContext extends HookContext {
  * mode. `onChunks` gets the turn's event batches as they come; return once done with them.
  */
 export interface HookHandlers {
-  beforeTurn?(request: BeforeTurnRequest, context: HookContext): Answer<typeof BeforeTurnResponseSchema>;
-  beforeStep?(request: BeforeStepRequest, context: HookContext): Answer<typeof BeforeStepResponseSchema>;
+  beforeTurn?(request: BeforeTurnCall, context: HookContext): Answer<typeof BeforeTurnResponseSchema>;
+  beforeStep?(request: BeforeStepCall, context: HookContext): Answer<typeof BeforeStepResponseSchema>;
   beforeToolCall?(
-    request: BeforeToolCallRequest,
+    request: BeforeToolCallCall,
     context: BeforeToolCallContext,
   ): Answer<typeof BeforeToolCallResponseSchema>;
-  afterToolCall?(request: AfterToolCallRequest, context: HookContext): MaybePromise<void>;
-  onStepFinish?(request: OnStepFinishRequest, context: HookContext): MaybePromise<void>;
+  afterToolCall?(request: AfterToolCallCall, context: HookContext): MaybePromise<void>;
+  onStepFinish?(request: OnStepFinishCall, context: HookContext): MaybePromise<void>;
   onChunks?(batches: AsyncIterable<OnChunksRequest>, context: HookContext): MaybePromise<void>;
-  onChatResponse?(request: OnChatResponseRequest, context: HookContext): MaybePromise<void>;
+  onChatResponse?(request: OnChatResponseCall, context: HookContext): MaybePromise<void>;
   classifyChatError?(
-    request: ClassifyChatErrorRequest,
+    request: ClassifyChatErrorCall,
     context: HookContext,
   ): Answer<typeof ClassifyChatErrorResponseSchema>;
-  onChatError?(request: OnChatErrorRequest, context: HookContext): Answer<typeof OnChatErrorResponseSchema>;
+  onChatError?(request: OnChatErrorCall, context: HookContext): Answer<typeof OnChatErrorResponseSchema>;
 }
 
 type HookName = keyof HookHandlers;
@@ -134,17 +158,28 @@ export function substitute(output: KitJson): MessageInitShape<typeof BeforeToolC
  * be called).
  */
 export function hooks(handlers: HookHandlers, options: HookOptions = {}): HookServer {
-  const names = Object.keys(handlers).filter((name) => (handlers as Record<string, unknown>)[name] !== undefined);
+  const names = Object.keys(handlers).filter(
+    (name) => (handlers as Record<string, unknown>)[name] !== undefined,
+  );
   for (const name of names) {
-    if (!(name in HOOKS)) throw new TypeError(`hooks(): "${name}" is no hook (one of ${Object.keys(HOOKS).join(', ')})`);
+    if (!(name in HOOKS))
+      throw new TypeError(`hooks(): "${name}" is no hook (one of ${Object.keys(HOOKS).join(', ')})`);
   }
   const present = names as HookName[];
   const subscriptions = present.map((name) => HOOKS[name].hook).sort((a, b) => a - b);
   const implementation: grpc.UntypedServiceImplementation = {
-    GetHookSubscriptions(_call: grpc.ServerUnaryCall<unknown, unknown>, callback: grpc.sendUnaryData<unknown>) {
-      callback(null, { hooks: subscriptions, includeMessages: options.includeMessages ?? false, hookSession: true });
+    GetHookSubscriptions(
+      _call: grpc.ServerUnaryCall<unknown, unknown>,
+      callback: grpc.sendUnaryData<unknown>,
+    ) {
+      callback(null, {
+        hooks: subscriptions,
+        includeMessages: options.includeMessages ?? false,
+        hookSession: true,
+      });
     },
-    HookSession: (stream: grpc.ServerDuplexStream<HookSessionRequest, HookSessionResponse>) => session(handlers, stream),
+    HookSession: (stream: grpc.ServerDuplexStream<HookSessionRequest, HookSessionResponse>) =>
+      session(handlers, stream),
   };
   for (const name of present) {
     if (name === 'onChunks') implementation.OnChunks = chunks(handlers.onChunks!);
@@ -155,11 +190,49 @@ export function hooks(handlers: HookHandlers, options: HookOptions = {}): HookSe
 
 type UnaryName = Exclude<HookName, 'onChunks'>;
 
+/** The members each hook's request always has (see BeforeTurnCall…), with their message types. */
+const ALWAYS: Record<UnaryName, [string, DescMessage][]> = {
+  beforeTurn: [['turn', TurnInfoSchema]],
+  beforeStep: [['turn', TurnInfoSchema]],
+  beforeToolCall: [
+    ['turn', TurnInfoSchema],
+    ['call', ToolCallInfoSchema],
+  ],
+  afterToolCall: [
+    ['turn', TurnInfoSchema],
+    ['call', ToolCallInfoSchema],
+  ],
+  onStepFinish: [
+    ['turn', TurnInfoSchema],
+    ['step', StepInfoSchema],
+  ],
+  onChatResponse: [['turn', TurnInfoSchema]],
+  classifyChatError: [['failure', ChatErrorInfoSchema]],
+  onChatError: [['failure', ChatErrorInfoSchema]],
+};
+
+/** `request` with the members its hook always has set, and `turn.body` an object. */
+function completed(name: UnaryName, request: Record<string, unknown>): Record<string, unknown> {
+  for (const [field, schema] of ALWAYS[name]) request[field] ??= create(schema);
+  const turn = ((request.failure as Record<string, unknown> | undefined) ?? request) as { turn?: TurnInfo };
+  turn.turn ??= create(TurnInfoSchema);
+  turn.turn.body ??= {};
+  return request;
+}
+
 /** Runs handler `name` on one request; resolves with its response (an initializer, `{}` for none). */
-async function run(handlers: HookHandlers, name: UnaryName, request: unknown, context: HookContext): Promise<object> {
+async function run(
+  handlers: HookHandlers,
+  name: UnaryName,
+  request: unknown,
+  context: HookContext,
+): Promise<object> {
   const handler = handlers[name] as (request: unknown, context: HookContext) => unknown;
+  completed(name, request as Record<string, unknown>);
   const full =
-    name === 'beforeToolCall' ? withInput(context, (request as BeforeToolCallRequest).call?.inputJson) : context;
+    name === 'beforeToolCall'
+      ? withInput(context, (request as BeforeToolCallRequest).call?.inputJson)
+      : context;
   return ((await handler.call(handlers, request, full)) as object | undefined) ?? {};
 }
 
@@ -174,7 +247,12 @@ function withInput(context: HookContext, inputJson = ''): BeforeToolCallContext 
 function unary(handlers: HookHandlers, name: UnaryName) {
   return (call: grpc.ServerUnaryCall<unknown, unknown>, callback: grpc.sendUnaryData<unknown>) => {
     const { signal, done } = callSignal(call);
-    const context = { parentRequestId: parentRequestIdOf(call.metadata), metadata: call.metadata, signal, traceContext: {} };
+    const context = {
+      parentRequestId: parentRequestIdOf(call.metadata),
+      metadata: call.metadata,
+      signal,
+      traceContext: {},
+    };
     run(handlers, name, call.request, context).then(
       (response) => {
         done();
@@ -189,9 +267,17 @@ function unary(handlers: HookHandlers, name: UnaryName) {
 }
 
 function chunks(handler: NonNullable<HookHandlers['onChunks']>) {
-  return (call: grpc.ServerReadableStream<OnChunksRequest, unknown>, callback: grpc.sendUnaryData<unknown>) => {
+  return (
+    call: grpc.ServerReadableStream<OnChunksRequest, unknown>,
+    callback: grpc.sendUnaryData<unknown>,
+  ) => {
     const { signal, done } = callSignal(call);
-    const context = { parentRequestId: parentRequestIdOf(call.metadata), metadata: call.metadata, signal, traceContext: {} };
+    const context = {
+      parentRequestId: parentRequestIdOf(call.metadata),
+      metadata: call.metadata,
+      signal,
+      traceContext: {},
+    };
     Promise.resolve()
       .then(() => handler(call, context))
       .then(
@@ -208,7 +294,10 @@ function chunks(handler: NonNullable<HookHandlers['onChunks']>) {
 }
 
 /** HookSession: a turn's calls, handled one at a time in order, each answered once done. */
-function session(handlers: HookHandlers, stream: grpc.ServerDuplexStream<HookSessionRequest, HookSessionResponse>) {
+function session(
+  handlers: HookHandlers,
+  stream: grpc.ServerDuplexStream<HookSessionRequest, HookSessionResponse>,
+) {
   const { signal, done } = callSignal(stream);
   const parentRequestId = parentRequestIdOf(stream.metadata);
   let queue = Promise.resolve();

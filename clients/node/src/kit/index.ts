@@ -4,12 +4,29 @@
 // both on one gRPC server.
 
 export { allow, allowWithInput, block, hooks, substitute } from './hooks.js';
-export type { BeforeToolCallContext, HookContext, HookHandlers, HookOptions, HookServer } from './hooks.js';
+export type {
+  AfterToolCallCall,
+  BeforeStepCall,
+  BeforeToolCallCall,
+  BeforeToolCallContext,
+  BeforeTurnCall,
+  ClassifyChatErrorCall,
+  Failure,
+  HookContext,
+  HookHandlers,
+  HookOptions,
+  HookServer,
+  OnChatErrorCall,
+  OnChatResponseCall,
+  OnStepFinishCall,
+  Turn,
+} from './hooks.js';
 export { defineTool, toolHost } from './tools.js';
 export type { Tool, ToolContext, ToolDefinition, ToolHost } from './tools.js';
 export { serve } from './serve.js';
 export type { Served, ServeOptions } from './serve.js';
-export { PARENT_REQUEST_ID, TOOL_EXECUTOR_SERVICE, TURN_HOOKS_SERVICE } from './grpc.js';
+export { TOOL_EXECUTOR_SERVICE, TURN_HOOKS_SERVICE } from './grpc.js';
+export { PARENT_REQUEST_ID } from '../calls.js';
 export { parseKitJson, stringifyKitJson } from './json.js';
 export type { KitJson, KitJsonObject } from './json.js';
 export { ChatErrorClassification, Hook, ToolCallOutcome, TurnOutcome } from '../gen/turnwire/v1/hooks_pb.js';

@@ -34,7 +34,13 @@ export interface Served {
  * Serves `hooks` and `tools` on one gRPC server at `listen`. Resolves once it listens; rejects
  * when the address cannot be bound (in use, no such interface).
  */
-export async function serve({ hooks, tools, listen = '127.0.0.1:7001', credentials, options }: ServeOptions): Promise<Served> {
+export async function serve({
+  hooks,
+  tools,
+  listen = '127.0.0.1:7001',
+  credentials,
+  options,
+}: ServeOptions): Promise<Served> {
   const server = new grpc.Server(options);
   if (hooks) server.addService(hooks.definition, hooks.implementation);
   if (tools) {
@@ -46,7 +52,12 @@ export async function serve({ hooks, tools, listen = '127.0.0.1:7001', credentia
       error ? reject(error) : resolve(bound),
     ),
   );
-  return { server, port, address: `${listen.slice(0, listen.lastIndexOf(':'))}:${port}`, close: (graceMs) => close(server, graceMs) };
+  return {
+    server,
+    port,
+    address: `${listen.slice(0, listen.lastIndexOf(':'))}:${port}`,
+    close: (graceMs) => close(server, graceMs),
+  };
 }
 
 function close(server: grpc.Server, graceMs = 5000): Promise<void> {

@@ -73,7 +73,9 @@ export function defineTool<I = KitJsonObject, O = KitJson, P = KitJson>(
 ): ToolDefinition<I, O, P> {
   if (!definition.name) throw new TypeError('defineTool(): a tool needs a name');
   if (definition.inputSchema?.type !== 'object') {
-    throw new TypeError(`defineTool(): ${definition.name}'s inputSchema must be an object schema ({type: 'object', …})`);
+    throw new TypeError(
+      `defineTool(): ${definition.name}'s inputSchema must be an object schema ({type: 'object', …})`,
+    );
   }
   return Object.freeze({ ...definition });
 }
@@ -99,7 +101,8 @@ export function toolHost(tools: readonly Tool[]): ToolHost {
     ListTools(_call: grpc.ServerUnaryCall<unknown, unknown>, callback: grpc.sendUnaryData<unknown>) {
       callback(null, { tools: specs, instanceId });
     },
-    ExecuteTool: (call: grpc.ServerWritableStream<ExecuteToolRequest, ExecuteToolResponse>) => execute(byName, call),
+    ExecuteTool: (call: grpc.ServerWritableStream<ExecuteToolRequest, ExecuteToolResponse>) =>
+      execute(byName, call),
   };
   return { instanceId, definition: TOOL_EXECUTOR_SERVICE, implementation };
 }
@@ -167,7 +170,10 @@ async function execute(
 }
 
 function isAsyncGenerator(value: unknown): value is AsyncGenerator<unknown, unknown, undefined> {
-  return typeof (value as AsyncGenerator | null)?.[Symbol.asyncIterator] === 'function' && typeof (value as AsyncGenerator).next === 'function';
+  return (
+    typeof (value as AsyncGenerator | null)?.[Symbol.asyncIterator] === 'function' &&
+    typeof (value as AsyncGenerator).next === 'function'
+  );
 }
 
 function errorText(error: unknown): string {
