@@ -1,5 +1,5 @@
 // docs/api/kit-typescript.md's first ```ts block, as a reader would use it: type-checked against
-// the built @turnwire/client/kit (strict), then run as a hook server and tool host under a real
+// the built @turnwire/client/kit (strict, with docs/tools.md's tool host block), then run as a hook server and tool host under a real
 // `turnwire serve` whose scripted model calls its tools: the policy blocks a refund for a non-admin
 // and lets an admin's through, the streaming tool's progress and result reach the client.
 //
@@ -17,7 +17,9 @@ import { TurnwireClient } from '@turnwire/client';
 import { freePort, startSidecar } from './sidecar.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
-const PAGE = path.resolve(HERE, '..', '..', '..', 'docs', 'api', 'kit-typescript.md');
+const DOCS = path.resolve(HERE, '..', '..', '..', 'docs');
+const PAGE = path.join(DOCS, 'api', 'kit-typescript.md');
+const BLOCK = /^```ts\n([\s\S]*?)^```/m;
 const ADDRESS = '127.0.0.1:7001';
 
 let dir;
@@ -26,13 +28,15 @@ let sidecar;
 let client;
 
 before(async () => {
-  const [, code] = (await readFile(PAGE, 'utf8')).match(/^```ts\n([\s\S]*?)^```/m);
+  const [, code] = (await readFile(PAGE, 'utf8')).match(BLOCK);
+  const [, toolsPage] = (await readFile(path.join(DOCS, 'tools.md'), 'utf8')).match(BLOCK);
   const port = await freePort();
   // Inside this package, so that `@turnwire/client/kit` resolves to it (a self-reference).
   dir = await mkdtemp(path.join(HERE, '.kit-docs-'));
   const source = path.join(dir, 'snippet.ts');
   await writeFile(source, `${code.replaceAll(ADDRESS, `127.0.0.1:${port}`)}\nexport { server };\n`);
-  const program = ts.createProgram([source], {
+  await writeFile(path.join(dir, 'tools_page.ts'), `${toolsPage}\nexport {};\n`);
+  const program = ts.createProgram([source, path.join(dir, 'tools_page.ts')], {
     strict: true,
     noEmit: true,
     target: ts.ScriptTarget.ES2022,
@@ -44,7 +48,7 @@ before(async () => {
   const problems = ts
     .getPreEmitDiagnostics(program)
     .map((d) => ts.flattenDiagnosticMessageText(d.messageText, '\n'));
-  assert.deepEqual(problems, [], "the page's snippet type-checks");
+  assert.deepEqual(problems, [], "the pages' snippets type-check");
   const js = ts.transpileModule(await readFile(source, 'utf8'), {
     compilerOptions: { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.ESNext },
   }).outputText;
