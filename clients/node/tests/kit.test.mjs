@@ -22,6 +22,8 @@ import {
   substitute,
 } from '@turnwire/client/kit';
 
+import { waitUntil } from './sidecar.mjs';
+
 const BIG = 12345678901234567890n; // beyond 2^53: a double would round it
 
 /** What the handlers saw, by name; `aborted` resolves with the reason a tool's signal aborted. */
@@ -30,8 +32,18 @@ let abortedReason;
 const aborted = new Promise((resolve) => (abortedReason = resolve));
 
 const hookServer = hooks({
-  beforeTurn(request) {
+  async beforeTurn(request, { signal }) {
+    if (request.turn.body.wait) {
+      // Waits for the sidecar to give up: the call's deadline aborts the signal.
+      await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+      seen.deadline = signal.reason.name;
+    }
     return { system: `${request.system} (${request.turn.body.user})` };
+  },
+  async onChunks(batches, { parentRequestId }) {
+    const kinds = [];
+    for await (const batch of batches) kinds.push(...batch.events.map(({ event }) => event.case));
+    seen.chunks = { kinds, parentRequestId };
   },
   beforeToolCall(request, context) {
     seen.beforeToolCall = { input: context.input, parent: context.parentRequestId };
@@ -142,7 +154,12 @@ function execute(toolName, inputJson) {
 
 test('the subscriptions are the hooks that have handlers, on HookSession', async () => {
   const answer = await unary(hooksClient, 'GetHookSubscriptions', {});
-  assert.deepEqual(answer.hooks, [Hook.BEFORE_TURN, Hook.BEFORE_TOOL_CALL, Hook.ON_CHAT_RESPONSE]);
+  assert.deepEqual(answer.hooks, [
+    Hook.BEFORE_TURN,
+    Hook.BEFORE_TOOL_CALL,
+    Hook.ON_CHUNKS,
+    Hook.ON_CHAT_RESPONSE,
+  ]);
   assert.equal(answer.hookSession, true);
   assert.equal(answer.includeMessages, false);
   assert.throws(() => hooks({ beforeToolcall() {} }), /"beforeToolcall" is no hook/);
@@ -194,6 +211,33 @@ test("a hook's thrown error fails the call: UNKNOWN, or the error's gRPC code", 
   await assert.rejects(denied, { code: grpc.status.PERMISSION_DENIED });
   // A hook without a handler is not served (and never subscribed).
   await assert.rejects(unary(hooksClient, 'BeforeStep', { turn }), { code: grpc.status.UNIMPLEMENTED });
+});
+
+test("a unary hook's signal aborts at the call's deadline", async () => {
+  const late = new Promise((resolve, reject) =>
+    hooksClient.BeforeTurn(
+      { turn: { ...turn, body: { wait: true } } },
+      metadata(),
+      { deadline: Date.now() + 200 },
+      (error) => (error ? resolve(error) : reject(new Error('answered after the deadline'))),
+    ),
+  );
+  assert.equal((await late).code, grpc.status.DEADLINE_EXCEEDED);
+  await waitUntil(() => seen.deadline, { what: 'the handler seeing its signal abort' });
+});
+
+test('onChunks gets the batches of the stream, in order, and answers at its end', async () => {
+  await new Promise((resolve, reject) => {
+    const call = hooksClient.OnChunks(metadata(), (error) => (error ? reject(error) : resolve()));
+    const delta = (text) => ({ event: { case: 'textDelta', value: { delta: text } } });
+    call.write({ turn, events: [{ event: { case: 'stepStart', value: {} } }, delta('a')] });
+    call.write({ events: [delta('b'), { event: { case: 'textEnd', value: {} } }] });
+    call.end();
+  });
+  assert.deepEqual(seen.chunks, {
+    kinds: ['stepStart', 'textDelta', 'textDelta', 'textEnd'],
+    parentRequestId: 'r-1',
+  });
 });
 
 test('HookSession answers its calls in order, a failed one as its error, and goes on', async () => {

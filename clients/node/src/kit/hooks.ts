@@ -245,15 +245,31 @@ function withInput(context: HookContext, inputJson = ''): BeforeToolCallContext 
 }
 
 function unary(handlers: HookHandlers, name: UnaryName) {
-  return (call: grpc.ServerUnaryCall<unknown, unknown>, callback: grpc.sendUnaryData<unknown>) => {
-    const { signal, done } = callSignal(call);
-    const context = {
-      parentRequestId: parentRequestIdOf(call.metadata),
-      metadata: call.metadata,
-      signal,
-      traceContext: {},
-    };
-    run(handlers, name, call.request, context).then(
+  return (call: grpc.ServerUnaryCall<unknown, unknown>, callback: grpc.sendUnaryData<unknown>) =>
+    answer(call, callback, (context) => run(handlers, name, call.request, context));
+}
+
+function chunks(handler: NonNullable<HookHandlers['onChunks']>) {
+  return (call: grpc.ServerReadableStream<OnChunksRequest, unknown>, callback: grpc.sendUnaryData<unknown>) =>
+    answer(call, callback, async (context) => (await handler(call, context), {}));
+}
+
+/** Answers a call that has one response with what `work` resolves to, or its error's status. */
+function answer(
+  call: grpc.ServerUnaryCall<unknown, unknown> | grpc.ServerReadableStream<unknown, unknown>,
+  callback: grpc.sendUnaryData<unknown>,
+  work: (context: HookContext) => Promise<object>,
+): void {
+  const { signal, done } = callSignal(call);
+  const context = {
+    parentRequestId: parentRequestIdOf(call.metadata),
+    metadata: call.metadata,
+    signal,
+    traceContext: {},
+  };
+  Promise.resolve()
+    .then(() => work(context))
+    .then(
       (response) => {
         done();
         callback(null, response);
@@ -263,34 +279,6 @@ function unary(handlers: HookHandlers, name: UnaryName) {
         callback(statusOf(error));
       },
     );
-  };
-}
-
-function chunks(handler: NonNullable<HookHandlers['onChunks']>) {
-  return (
-    call: grpc.ServerReadableStream<OnChunksRequest, unknown>,
-    callback: grpc.sendUnaryData<unknown>,
-  ) => {
-    const { signal, done } = callSignal(call);
-    const context = {
-      parentRequestId: parentRequestIdOf(call.metadata),
-      metadata: call.metadata,
-      signal,
-      traceContext: {},
-    };
-    Promise.resolve()
-      .then(() => handler(call, context))
-      .then(
-        () => {
-          done();
-          callback(null, {});
-        },
-        (error: unknown) => {
-          done();
-          callback(statusOf(error));
-        },
-      );
-  };
 }
 
 /** HookSession: a turn's calls, handled one at a time in order, each answered once done. */
