@@ -61,8 +61,8 @@ export interface ToolDefinition<I = KitJsonObject, O = KitJson, P = KitJson> {
   execute(input: I, context: ToolContext): O | Promise<O> | AsyncGenerator<P, O, undefined>;
 }
 
-/** A defined tool (ToolDefinition, checked). */
-export type Tool = ToolDefinition<any, any, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
+/** A defined tool of any input and result types (a host's list mixes them). */
+export type Tool = ToolDefinition<any, any, any>;
 
 /**
  * Checks and returns `definition` (typed: `execute` gets `I`). Throws `TypeError` when the name is
