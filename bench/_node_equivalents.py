@@ -1,7 +1,7 @@
 """The Node.js example's hooks and ``lookup_order`` tool (clients/node-example/lib/), in Python,
 for ``remote_hooks.py``: the in-process baseline its remote numbers are compared with.
 
-Same hooks subscribed (the example's DEFAULT_HOOKS), same work: the body into the system
+Same hooks subscribed (those the example's createHooks writes), same work: the body into the system
 prompt, the tool policy, a journal entry per call kept in memory.
 """
 

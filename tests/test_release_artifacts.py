@@ -9,7 +9,8 @@ chat that calls a tool (docs/install.md).
 - the npm tarball goes into a scratch npm project with TypeScript, where a typed program is
   compiled by ``tsc`` and chats with a real sidecar twice: ``TurnwireClient`` over gRPC and the
   browser entry's ``TurnwireWebClient`` over Connect (Node.js's fetch); the browser entry is also
-  bundled for the browser platform, which fails on any Node.js module;
+  bundled for the browser platform, which fails on any Node.js module; and a typed hook server
+  and tool host on the kit entry (``@turnwire/client/kit``) serves a second sidecar's chat;
 - the Go module zip (``dist/goproxy``) is unpacked into the vendor directory of a scratch Go
   module, beside Debian's packages of its requirements at the versions its ``go.mod`` names, and a
   program built in module mode (``-mod=vendor``, no module proxy) chats with the sidecar.
@@ -20,6 +21,7 @@ and ``e2e``: ``make check`` skips them and ``make test`` runs them once.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -30,12 +32,15 @@ import tarfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from filelock import FileLock
 from packaging.requirements import Requirement
 from support.http_sidecar import http_base
 from support.sidecar import SidecarProcess, free_port
+
+from turnwire_client import TurnResult, TurnwireClient, collect
 
 REPO = Path(__file__).resolve().parents[1]
 VERSION = (REPO / "VERSION").read_text().strip()
@@ -58,8 +63,11 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What ``make dist`` wrote, in a temporary directory: built once for all pytest-xdist workers
     (their shared base directory, under a file lock). Two ``make dist`` at once in one checkout
     race on setuptools' release trees (``turnwire-VERSION/``), and this module's tests may run
-    on several workers."""
-    shared = tmp_path_factory.getbasetemp().parent
+    on several workers. Without xdist the base directory itself: its parent is the user's pytest
+    folder, which every session (of every checkout) shares, and a dist built there by another
+    checkout or an earlier commit would be taken for this one."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     out = shared / "release-dist"
     with FileLock(str(shared / "release-dist.lock")):
         if not (out / "built").is_file():
@@ -174,8 +182,29 @@ TS_CONFIG = {
         "strict": True,
         "skipLibCheck": True,
     },
-    "files": ["chat.mts"],
+    "files": ["chat.mts", "kit.mts"],
 }
+
+TS_KIT = """\
+import { block, defineTool, hooks, serve } from '@turnwire/client/kit';
+
+const double = defineTool<{ n: number }>({
+  name: 'double',
+  description: 'Doubles n.',
+  inputSchema: { type: 'object', properties: { n: { type: 'integer' } }, required: ['n'] },
+  async *execute({ n }) {
+    yield { doubling: n };
+    return { doubled: n * 2 };
+  },
+});
+const policy = hooks({
+  beforeToolCall(_request, { input }) {
+    return Number(input.n) < 0 ? block('n must not be negative') : undefined;
+  },
+});
+const served = await serve({ hooks: policy, tools: [double], listen: 'KIT_ADDRESS' });
+console.log(`listening on ${served.address}`);
+"""
 
 
 def test_the_npm_package_installs_in_a_scratch_project_and_chats_typed(
@@ -191,6 +220,8 @@ def test_the_npm_package_installs_in_a_scratch_project_and_chats_typed(
     _run([*npm, str(dist / f"turnwire-client-{VERSION}.tgz"), f"typescript@{typescript}"], cwd=project)
     source = TS_CHAT.replace("GRPC_ADDRESS", sidecar.target).replace("HTTP_BASE", http_base(sidecar))
     (project / "chat.mts").write_text(source)
+    kit_address = f"127.0.0.1:{free_port()}"
+    (project / "kit.mts").write_text(TS_KIT.replace("KIT_ADDRESS", kit_address))
     (project / "tsconfig.json").write_text(json.dumps(TS_CONFIG))
     _run([str(project / "node_modules" / ".bin" / "tsc"), "-p", "."], cwd=project)
     output = _run(["node", "chat.mjs"], cwd=project, timeout=120)
@@ -199,6 +230,9 @@ def test_the_npm_package_installs_in_a_scratch_project_and_chats_typed(
             output
         )
 
+    # The kit: a typed hook server and tool host from the tarball, called by a real sidecar.
+    assert _kit_chat(project, tmp_path, kit_address) == [{"doubled": 42}, "n must not be negative"]
+
     # The browser entry bundles for browsers: esbuild fails on an import of a Node.js module.
     (project / "page.mjs").write_text("export { TurnwireWebClient } from '@turnwire/client/web';\n")
     esbuild = REPO / "node_modules" / ".bin" / "esbuild"
@@ -206,6 +240,41 @@ def test_the_npm_package_installs_in_a_scratch_project_and_chats_typed(
         [str(esbuild), "page.mjs", "--bundle", "--platform=browser", "--format=esm", "--outfile=page.js"],
         cwd=project,
     )
+
+
+def _kit_chat(project: Path, tmp_path: Path, address: str) -> list[Any]:
+    """Runs ``kit.mjs`` (compiled from TS_KIT, listening on ``address``), then a sidecar whose hook
+    server and tool host it is, and a chat whose scripted model calls ``double`` twice; the tool
+    results (JSON values, or the text of a blocked call)."""
+    kit = subprocess.Popen(["node", "kit.mjs"], cwd=project, stdout=subprocess.PIPE, text=True)
+    try:
+        assert kit.stdout is not None
+        assert kit.stdout.readline() == f"listening on {address}\n"
+        calls = [{"name": "double", "input": {"n": 21}}, {"name": "double", "input": {"n": -1}}]
+        script = [{"tool_calls": calls}]
+        config = {
+            "providers": {"scripted": {"scripts": {"kit": [*script, {"text": "Done."}]}}},
+            "middleware": [{"remote": {"address": address, "name": "kit"}}],
+            "tools": {"demo": False, "hosts": [{"name": "kit", "address": address}]},
+        }
+        sidecar = SidecarProcess(tmp_path / "kit-sidecar", config)
+        sidecar.start_blocking()
+        try:
+            result = asyncio.run(_chat(sidecar.target, "scripted:kit"))
+        finally:
+            sidecar.kill()
+    finally:
+        kit.terminate()
+        kit.wait(timeout=30)
+    assert result.ok, result.error
+    return [
+        call.output if call.state == "output-available" else call.error_text for call in result.tool_calls
+    ]
+
+
+async def _chat(target: str, model: str) -> TurnResult:
+    async with TurnwireClient(target) as client:
+        return await collect(client.chat("artifact-kit", "double 21 and -1", model=model))
 
 
 GO_CHAT = """\

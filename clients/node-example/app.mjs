@@ -9,12 +9,13 @@
 
 import { parseArgs } from 'node:util';
 
+import { TurnwireClient } from '@turnwire/client';
+import { hooks, serve } from '@turnwire/client/kit';
+
 import { chat } from './lib/chat.mjs';
 import { createHooks } from './lib/hooks.mjs';
 import { Journal } from './lib/journal.mjs';
-import { sidecarClient } from './lib/proto.mjs';
-import { serve } from './lib/server.mjs';
-import { createTools } from './lib/tools.mjs';
+import { journaled } from './lib/tools.mjs';
 
 const OPTIONS = {
   listen: { type: 'string', default: '127.0.0.1:7001' },
@@ -25,17 +26,18 @@ const OPTIONS = {
 
 async function serveCommand({ listen, sidecar, journal: file }) {
   const journal = new Journal(file);
-  const log = (line) => console.log(line);
-  const { server, address } = await serve({
+  const client = new TurnwireClient({ address: sidecar });
+  const served = await serve({
     listen,
-    hooks: createHooks({ journal, sidecar, log }),
-    tools: createTools({ journal }),
+    hooks: hooks(createHooks({ journal, client, log: (line) => console.log(line) })),
+    tools: journaled(journal),
   });
-  console.log(`hooks and tools listening on ${address}`);
-  const stop = () => {
+  console.log(`hooks and tools listening on ${served.address}`);
+  const stop = async () => {
     const turns = journal.entries.filter((e) => e.rpc === 'OnChatResponse').length;
     console.log(`stopping: ${journal.entries.length} calls recorded, ${turns} turns`);
-    server.tryShutdown(() => process.exit(0));
+    await served.close();
+    client.close();
   };
   process.once('SIGINT', stop);
   process.once('SIGTERM', stop);
@@ -50,7 +52,7 @@ const TURNS = [
 ];
 
 async function chatCommand({ sidecar, conversation }) {
-  const client = sidecarClient(sidecar);
+  const client = new TurnwireClient({ address: sidecar });
   try {
     for (const turn of TURNS) {
       console.log(`user: ${turn.text}  (body ${JSON.stringify(turn.body)})`);

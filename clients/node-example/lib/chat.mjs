@@ -1,37 +1,35 @@
-// The client part: runs turns through the sidecar's ChatService and prints what streams back.
+// The client part: runs turns through the sidecar with @turnwire/client and prints what streams back.
 
-import { toStruct, userMessage } from './proto.mjs';
+import { TurnStatus } from '@turnwire/client';
 
 /**
- * Runs one Chat turn and resolves with its events (TurnEvent objects) once the stream ends.
+ * Runs one Chat turn and resolves with its events (TurnEvent messages) once the stream ends.
  * `print` gets one readable line per event worth showing.
+ *
+ * @param {import('@turnwire/client').TurnwireClient} client
  */
-export function chat(client, { conversationId, text, body = {}, model = '', requestId = '' }, print = () => {}) {
-  return new Promise((resolve, reject) => {
-    const events = [];
-    const stream = client.Chat({ conversationId, requestId, model, message: userMessage(text), body: toStruct(body) });
-    let line = '';
-    stream.on('data', ({ event }) => {
-      events.push(event);
-      if (event.event === 'textDelta') {
-        line += event.textDelta.delta;
-        return;
-      }
-      if (line) {
-        print(`  assistant: ${line}`);
-        line = '';
-      }
-      const shown = describe(event);
-      if (shown) print(`  ${shown}`);
-    });
-    stream.on('error', reject);
-    stream.on('end', () => resolve(events));
-  });
+export async function chat(client, { conversationId, text, body = {}, model = '' }, print = () => {}) {
+  const events = [];
+  let line = '';
+  for await (const event of client.chat(conversationId, text, { body, model })) {
+    events.push(event);
+    if (event.event.case === 'textDelta') {
+      line += event.event.value.delta;
+      continue;
+    }
+    if (line) {
+      print(`  assistant: ${line}`);
+      line = '';
+    }
+    const shown = describe(event);
+    if (shown) print(`  ${shown}`);
+  }
+  return events;
 }
 
 function describe(event) {
-  const e = event[event.event];
-  switch (event.event) {
+  const e = event.event.value;
+  switch (event.event.case) {
     case 'turnStart':
       return `turn ${event.requestId} started (model ${e.model})`;
     case 'toolInputAvailable':
@@ -41,7 +39,7 @@ function describe(event) {
     case 'toolOutputError':
       return `tool error: ${e.errorText}`;
     case 'turnEnd':
-      return `turn ended ${e.status}${e.error ? `: ${e.error.message}` : ''}`;
+      return `turn ended ${TurnStatus[e.status]}${e.error ? `: ${e.error.message}` : ''}`;
     default:
       return '';
   }

@@ -1,148 +1,120 @@
-// The TurnHooksService handlers: the sidecar calls these at each point of a turn
-// (protos/turnwire/v1/hooks.proto; the rules in middleware/README.md §10).
+// The hook handlers: the sidecar calls these at each point of a turn (protos/turnwire/v1/hooks.proto;
+// the rules in middleware/README.md §10). `hooks(createHooks(...))` from @turnwire/client/kit
+// serves them: it subscribes to exactly the hooks written here and serves them both as unary RPCs
+// and on the HookSession stream the sidecar prefers.
 //
 // What this hook server does:
-//   BeforeTurn      adds the caller's `body` (ChatRequest.body) to the system prompt
-//   BeforeToolCall  a policy: blocks refund_order unless body.role is "admin", substitutes a
+//   beforeTurn      adds the caller's `body` (ChatRequest.body) to the system prompt
+//   beforeToolCall  a policy: blocks refund_order unless body.role is "admin", substitutes a
 //                   dry-run answer for tools with effects when body.dry_run is true, normalizes
 //                   lookup_order's order id; everything else runs as the model asked
-//   OnChatResponse  records the finished turn (and, when body.follow_up is a text, sends it as
+//   onChatResponse  records the finished turn (and, when body.follow_up is a text, sends it as
 //                   the next user message with SaveMessages: a follow-up turn)
 //   the others      only record the call, so the journal shows the order of a turn's hooks
 //
-// Every handler has the grpc-js shape (call, callback): call.request is the request message,
-// callback(null, response) answers, callback(error) fails the call. An answer with no fields
-// set means "no change" (for BeforeToolCall: run the tool as it is).
+// A handler gets the request (protobuf-es messages: lowerCamelCase fields, `turn.body` a plain
+// object) and a context (parentRequestId, signal, input for beforeToolCall) and returns the
+// answer as a plain object, or nothing for "no change". A thrown error fails the call: the
+// sidecar applies the entry's failure mode.
 
-import { fromStruct, parentMetadata, parentRequestIdOf, sidecarClient, userMessage } from './proto.mjs';
+import { Role } from '@turnwire/client';
+import { ToolCallOutcome, TurnOutcome, allowWithInput, block, substitute } from '@turnwire/client/kit';
 
 /** Tools that change something: a dry run must not execute them. */
 const TOOLS_WITH_EFFECTS = new Set(['pack_order', 'refund_order']);
 
-/** The hooks this server subscribes to by default (GetHookSubscriptions). */
-export const DEFAULT_HOOKS = [
-  'HOOK_BEFORE_TURN',
-  'HOOK_BEFORE_STEP',
-  'HOOK_BEFORE_TOOL_CALL',
-  'HOOK_AFTER_TOOL_CALL',
-  'HOOK_ON_STEP_FINISH',
-  'HOOK_ON_CHUNKS',
-  'HOOK_ON_CHAT_RESPONSE',
-];
-
-/** A tool call decision (BeforeToolCallResponse) from the policy; undefined: run it as it is. */
+/** A tool call decision from the policy (a BeforeToolCall answer); undefined: run it as it is. */
 export function decide(toolName, input, body) {
   if (toolName === 'refund_order' && body.role !== 'admin') {
-    return { block: { reason: 'Refunds need an admin: tell the user to contact support.' } };
+    return block('Refunds need an admin: tell the user to contact support.');
   }
   if (body.dry_run === true && TOOLS_WITH_EFFECTS.has(toolName)) {
-    return { substitute: { outputJson: JSON.stringify({ dry_run: true, would_call: toolName, input }) } };
+    return substitute({ dry_run: true, would_call: toolName, input });
   }
   if (toolName === 'lookup_order' && typeof input.order_id === 'string') {
     const normalized = input.order_id.trim().toUpperCase();
-    if (normalized !== input.order_id) {
-      return { allowWithInput: { inputJson: JSON.stringify({ ...input, order_id: normalized }) } };
-    }
+    if (normalized !== input.order_id) return allowWithInput({ ...input, order_id: normalized });
   }
   return undefined;
 }
 
+/** The decision's name for the journal: allow, allowWithInput, block or substitute. */
+const decisionName = (decision) => decision?.decision.case ?? 'allow';
+
 /**
- * The TurnHooksService implementation.
+ * The hook handlers (a HookHandlers object for `hooks()`).
  *
  * @param {object} options
  * @param {import('./journal.mjs').Journal} options.journal  where calls and turns are recorded
- * @param {string} [options.sidecar]  the sidecar's HOST:PORT, for follow-up turns
- * @param {string[]} [options.hooks]  the hooks to subscribe to (default DEFAULT_HOOKS)
+ * @param {import('@turnwire/client').TurnwireClient} [options.client]  the sidecar, for follow-up turns
  * @param {(line: string) => void} [options.log]  where a line per finished turn goes
  */
-export function createHooks({ journal, sidecar, hooks = DEFAULT_HOOKS, log = () => {} }) {
-  const client = sidecar ? sidecarClient(sidecar) : null;
+export function createHooks({ journal, client, log = () => {} }) {
   // The turn's identity, as every request carries it in `turn` (TurnInfo).
   const ids = (turn) => ({ requestId: turn.requestId, conversationId: turn.conversationId });
 
   return {
-    GetHookSubscriptions(call, callback) {
-      journal.record({ rpc: 'GetHookSubscriptions' });
-      callback(null, { hooks, includeMessages: false });
+    beforeTurn({ turn, system }) {
+      journal.record({ rpc: 'BeforeTurn', ...ids(turn), attempt: turn.attempt, body: turn.body });
+      if (!turn.body || Object.keys(turn.body).length === 0) return undefined; // nothing to add
+      return { system: `${system}\n\nAbout this request: ${JSON.stringify(turn.body)}` };
     },
 
-    BeforeTurn(call, callback) {
-      const { turn, system } = call.request;
-      const body = fromStruct(turn.body);
-      journal.record({ rpc: 'BeforeTurn', ...ids(turn), attempt: turn.attempt, body });
-      if (Object.keys(body).length === 0) return callback(null, {}); // nothing to add
-      callback(null, { system: `${system}\n\nAbout this request: ${JSON.stringify(body)}` });
-    },
-
-    BeforeStep(call, callback) {
-      const { turn, stepNumber, system, model } = call.request;
+    beforeStep({ turn, stepNumber, system, model }) {
       journal.record({ rpc: 'BeforeStep', ...ids(turn), stepNumber, system, model });
-      callback(null, {});
     },
 
-    BeforeToolCall(call, callback) {
-      const { turn, call: toolCall } = call.request;
-      const input = JSON.parse(toolCall.inputJson || '{}');
-      const decision = decide(toolCall.toolName, input, fromStruct(turn.body));
+    beforeToolCall({ turn, call }, { input }) {
+      const decision = decide(call.toolName, input, turn.body ?? {});
       journal.record({
         rpc: 'BeforeToolCall',
         ...ids(turn),
-        stepNumber: toolCall.stepNumber,
-        toolName: toolCall.toolName,
-        toolCallId: toolCall.toolCallId,
-        decision: decision ? Object.keys(decision)[0] : 'allow',
+        stepNumber: call.stepNumber,
+        toolName: call.toolName,
+        toolCallId: call.toolCallId,
+        decision: decisionName(decision),
       });
-      callback(null, decision ?? {});
+      return decision;
     },
 
-    AfterToolCall(call, callback) {
-      const { turn, call: toolCall, outcome, success, outputJson, error } = call.request;
+    afterToolCall({ turn, call, outcome, success, outputJson, error }) {
       journal.record({
         rpc: 'AfterToolCall',
         ...ids(turn),
-        stepNumber: toolCall.stepNumber,
-        toolName: toolCall.toolName,
-        toolCallId: toolCall.toolCallId,
-        outcome,
+        stepNumber: call.stepNumber,
+        toolName: call.toolName,
+        toolCallId: call.toolCallId,
+        outcome: `TOOL_CALL_OUTCOME_${ToolCallOutcome[outcome]}`,
         success,
         output: success ? outputJson : error,
       });
-      callback(null, {});
     },
 
-    OnStepFinish(call, callback) {
-      const { turn, step, text } = call.request;
+    onStepFinish({ turn, step, text }) {
       journal.record({ rpc: 'OnStepFinish', ...ids(turn), stepNumber: step.stepNumber, finishReason: step.finishReason, text });
-      callback(null, {});
     },
 
-    // Client streaming: one call per turn, a request per batch of events. Count them here;
-    // never do slow work per event.
-    OnChunks(call, callback) {
-      let turn = null;
+    // One call per turn, a batch of events per message. Count them here; never do slow work per event.
+    async onChunks(batches) {
+      let turn;
       const counts = {};
-      call.on('data', (request) => {
-        turn ??= request.turn;
-        for (const event of request.events) counts[event.event] = (counts[event.event] ?? 0) + 1;
-      });
-      call.on('end', () => {
-        journal.record({ rpc: 'OnChunks', ...(turn ? ids(turn) : {}), counts });
-        callback(null, {});
-      });
+      for await (const batch of batches) {
+        turn ??= batch.turn;
+        for (const { event } of batch.events) counts[event.case] = (counts[event.case] ?? 0) + 1;
+      }
+      journal.record({ rpc: 'OnChunks', ...(turn ? ids(turn) : {}), counts });
     },
 
-    OnChatResponse(call, callback) {
-      const { turn, message, outcome } = call.request;
-      const parts = message?.parts ?? [];
-      const text = parts.filter((p) => p.kind === 'text').map((p) => p.text.text).join(' ');
-      const tools = parts.filter((p) => p.kind === 'toolCall').map((p) => p.toolCall.toolName);
-      journal.record({ rpc: 'OnChatResponse', ...ids(turn), outcome, text, tools });
-      log(`turn ${turn.requestId} on ${turn.conversationId}: ${outcome}, tools [${tools.join(', ')}]: ${text}`);
-      callback(null, {});
-      // Answer first: the sidecar waits for this hook before it sends TurnEnd to the client.
-      const followUp = fromStruct(turn.body).follow_up;
-      if (client && typeof followUp === 'string') startFollowUp(turn, followUp, parentRequestIdOf(call));
+    onChatResponse({ turn, message, outcome }, { parentRequestId }) {
+      const parts = (message?.parts ?? []).map((part) => part.kind);
+      const text = parts.filter((p) => p.case === 'text').map((p) => p.value.text).join(' ');
+      const tools = parts.filter((p) => p.case === 'toolCall').map((p) => p.value.toolName);
+      const outcomeName = `TURN_OUTCOME_${TurnOutcome[outcome]}`;
+      journal.record({ rpc: 'OnChatResponse', ...ids(turn), outcome: outcomeName, text, tools });
+      log(`turn ${turn.requestId} on ${turn.conversationId}: ${outcomeName}, tools [${tools.join(', ')}]: ${text}`);
+      // Not awaited: the sidecar waits for this hook's answer before it sends TurnEnd to the client.
+      const followUp = turn.body?.follow_up;
+      if (client && typeof followUp === 'string') startFollowUp(turn, followUp, parentRequestId);
     },
   };
 
@@ -150,17 +122,15 @@ export function createHooks({ journal, sidecar, hooks = DEFAULT_HOOKS, log = () 
   // is admitted as the next turn. The parent request id tells the sidecar where the call comes
   // from (from inside a running turn, a blocking call on its conversation is refused instead of
   // waiting forever for the lock that turn holds).
-  function startFollowUp(turn, text, parent) {
-    const stream = client.SaveMessages(
-      { conversationId: turn.conversationId, messages: [userMessage(text)] },
-      parentMetadata(parent),
-    );
-    let status = 'NO_TURN_END';
-    stream.on('data', ({ event }) => {
-      if (event.event === 'turnEnd') status = event.turnEnd.status;
-    });
-    stream.on('error', (error) => (status = `error ${error.code}: ${error.details}`));
-    // 'status' comes once, after the last message or the error.
-    stream.on('status', () => journal.record({ rpc: 'follow_up', ...ids(turn), status }));
+  async function startFollowUp(turn, text, parentRequestId) {
+    let status;
+    try {
+      const message = { role: Role.USER, parts: [{ kind: { case: 'text', value: { text } } }] };
+      const result = await client.saveMessages(turn.conversationId, [message], { parentRequestId }).collect();
+      status = `TURN_STATUS_${result.status}`;
+    } catch (error) {
+      status = `error ${error.code}: ${error.rawMessage ?? error.message}`;
+    }
+    journal.record({ rpc: 'follow_up', ...ids(turn), status });
   }
 }

@@ -1,150 +1,76 @@
-// The ToolExecutorService handlers: this app is also a tool host. The sidecar lists the tools
-// (ListTools) at start-up and whenever this process comes back, offers them to the model next to
-// its own, and runs a call here (ExecuteTool) when the model makes one, after the hooks'
-// BeforeToolCall allowed it (protos/turnwire/v1/tools.proto; docs/tools.md).
-//
-// An ExecuteTool call is a server stream: write zero or more {preliminaryOutputJson} (shown to
-// the client as they come, not to the model), then exactly one {outputJson} (the result the
-// model reads) or {error} (a failure the model reads), then end the call. An ordinary failure is
-// an {error} message, not a failed RPC.
+// The tools: this app is also a tool host. The sidecar lists them (ListTools) at start-up and
+// whenever this process comes back, offers them to the model next to its own, and runs a call
+// here (ExecuteTool) when the model makes one, after the hooks' beforeToolCall allowed it
+// (protos/turnwire/v1/tools.proto; docs/tools.md). `defineTool` from @turnwire/client/kit: a
+// returned value is the result the model reads; an async generator's yields are progress the
+// client sees (the model does not) and its return value the result; a thrown error is the
+// call's error, which the model reads.
 
-import { randomUUID } from "node:crypto";
-import { setTimeout as sleep } from "node:timers/promises";
+import { setTimeout as sleep } from 'node:timers/promises';
 
-import { toStruct } from "./proto.mjs";
+import { defineTool } from '@turnwire/client/kit';
 
-/** New for every process: tells the sidecar that this host restarted, so it lists again. */
-const INSTANCE_ID = randomUUID();
+const ORDER_ID = { type: 'string', description: 'The order id, e.g. A-17' };
 
-const ORDER_ID = { type: "string", description: "The order id, e.g. A-17" };
-
-/** The tools, as the model sees them (ToolSpec without the Struct wrapping). */
+/** The example's tools. */
 export const TOOLS = [
-  {
-    name: "lookup_order",
-    description: "The status of an order.",
-    inputSchema: {
-      type: "object",
-      properties: { order_id: ORDER_ID },
-      required: ["order_id"],
-    },
-  },
-  {
-    name: "pack_order",
-    description: "Packs the items of an order, reporting progress as it goes.",
-    inputSchema: {
-      type: "object",
-      properties: {
-        order_id: ORDER_ID,
-        items: { type: "integer", minimum: 1, maximum: 1000 },
-        delay_ms: { type: "integer", minimum: 0, description: "time per item" },
-      },
-      required: ["order_id", "items"],
-    },
-  },
-  {
-    name: "refund_order",
-    description:
-      "Refunds an order. Only admins may (the BeforeToolCall policy enforces it).",
-    inputSchema: {
-      type: "object",
-      properties: { order_id: ORDER_ID },
-      required: ["order_id"],
-    },
-  },
-];
-
-/** Runs one call; yields preliminary results and returns the final one (thrown errors become `error`). */
-const RUN = {
-  async *lookup_order({ order_id }) {
-    return { order_id, status: "shipped", carrier: "DHL" };
-  },
+  defineTool({
+    name: 'lookup_order',
+    description: 'The status of an order.',
+    inputSchema: { type: 'object', properties: { order_id: ORDER_ID }, required: ['order_id'] },
+    execute: ({ order_id }) => ({ order_id, status: 'shipped', carrier: 'DHL' }),
+  }),
 
   // A streaming tool: each yield is a preliminary result; `signal` aborts when the call is
   // cancelled (the turn was cancelled, or the call's deadline passed).
-  async *pack_order({ order_id, items, delay_ms = 50 }, signal) {
-    for (let packed = 1; packed <= items; packed++) {
-      await sleep(delay_ms, undefined, { signal }); // throws once the call is cancelled
-      yield { order_id, packed, of: items };
-    }
-    return { order_id, packed: items, done: true };
-  },
+  defineTool({
+    name: 'pack_order',
+    description: 'Packs the items of an order, reporting progress as it goes.',
+    inputSchema: {
+      type: 'object',
+      properties: {
+        order_id: ORDER_ID,
+        items: { type: 'integer', minimum: 1, maximum: 1000 },
+        delay_ms: { type: 'integer', minimum: 0, description: 'time per item' },
+      },
+      required: ['order_id', 'items'],
+    },
+    async *execute({ order_id, items, delay_ms = 50 }, { signal }) {
+      for (let packed = 1; packed <= items; packed++) {
+        await sleep(delay_ms, undefined, { signal }); // throws once the call is cancelled
+        yield { order_id, packed, of: items };
+      }
+      return { order_id, packed: items, done: true };
+    },
+  }),
 
-  async *refund_order({ order_id }) {
-    return { order_id, refunded: true };
-  },
-};
+  defineTool({
+    name: 'refund_order',
+    description: 'Refunds an order. Only admins may (the beforeToolCall policy enforces it).',
+    inputSchema: { type: 'object', properties: { order_id: ORDER_ID }, required: ['order_id'] },
+    // context.idempotencyKey is the same for this call on every attempt, recovery and replica:
+    // a real refund would hand it to the payment system so that it happens once.
+    execute: ({ order_id }, { idempotencyKey }) => ({ order_id, refunded: true, idempotency_key: idempotencyKey }),
+  }),
+];
 
 /**
- * The ToolExecutorService implementation.
+ * `tools`, each call recorded in `journal` (before it runs) and its cancellation too.
  *
- * @param {object} options
- * @param {import('./journal.mjs').Journal} options.journal  where calls are recorded
- * @param {Record<string, Function>} [options.extra]  more tools: name → async generator
- *   function (input, signal, call) (their specs go in `extraSpecs`)
- * @param {object[]} [options.extraSpecs]
+ * @param {import('./journal.mjs').Journal} journal
+ * @param {import('@turnwire/client/kit').Tool[]} [tools]  default TOOLS
  */
-export function createTools({ journal, extra = {}, extraSpecs = [] }) {
-  const run = { ...RUN, ...extra };
-  const specs = [...TOOLS, ...extraSpecs].map((tool) => ({
-    ...tool,
-    inputSchema: toStruct(tool.inputSchema),
-  }));
-
-  return {
-    ListTools(call, callback) {
-      journal.record({ rpc: "ListTools" });
-      callback(null, { tools: specs, instanceId: INSTANCE_ID });
-    },
-
-    async ExecuteTool(call) {
-      const {
-        toolName,
-        toolCallId,
-        requestId,
-        conversationId,
-        inputJson,
-        stepNumber,
-        idempotencyKey,
-      } = call.request;
-      // idempotencyKey: the same for this call on every attempt, recovery and replica; a tool with
-      // effects would hand it to the system it changes (docs/tools.md, "Idempotency keys").
-      const ids = {
-        requestId,
-        conversationId,
-        toolCallId,
-        toolName,
-        stepNumber,
-        idempotencyKey,
-      };
-      journal.record({ rpc: "ExecuteTool", ...ids, input: inputJson });
-      const aborted = new AbortController();
-      let ended = false;
-      call.on("cancelled", () => {
-        // grpc-js may also report a call the sidecar closed after the final result: not a cancel.
-        if (ended) return;
-        journal.record({ rpc: "ExecuteTool:cancelled", ...ids });
-        aborted.abort();
-      });
-      try {
-        const tool = run[toolName];
-        if (!tool) throw new Error(`this host has no tool ${toolName}`);
-        const calls = tool(JSON.parse(inputJson), aborted.signal, call);
-        for (;;) {
-          const { value, done } = await calls.next();
-          if (aborted.signal.aborted) return; // nobody is listening any more
-          if (done) {
-            call.write({ outputJson: JSON.stringify(value) });
-            break;
-          }
-          call.write({ preliminaryOutputJson: JSON.stringify(value) });
-        }
-      } catch (error) {
-        if (aborted.signal.aborted) return;
-        call.write({ error: error.message });
-      }
-      ended = true;
-      call.end();
-    },
-  };
+export function journaled(journal, tools = TOOLS) {
+  return tools.map((tool) =>
+    defineTool({
+      ...tool,
+      execute(input, context) {
+        const { requestId, conversationId, toolCallId, toolName, stepNumber, idempotencyKey, signal } = context;
+        const ids = { requestId, conversationId, toolCallId, toolName, stepNumber, idempotencyKey };
+        journal.record({ rpc: 'ExecuteTool', ...ids, input: context.inputJson });
+        signal.addEventListener('abort', () => journal.record({ rpc: 'ExecuteTool:cancelled', ...ids }), { once: true });
+        return tool.execute(input, context);
+      },
+    }),
+  );
 }

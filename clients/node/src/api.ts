@@ -2,7 +2,7 @@
 // calls, turn streams, errors, JSON values and the enums and messages callers name. Nothing here
 // imports a Node.js module.
 
-export { TurnwireCalls } from './calls.js';
+export { PARENT_REQUEST_ID, TurnwireCalls } from './calls.js';
 export type {
   CallOpts,
   CallSettings,

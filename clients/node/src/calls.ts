@@ -28,12 +28,21 @@ import {
 } from './gen/turnwire/v1/chat_service_pb.js';
 import { type MessageSchema, Role } from './gen/turnwire/v1/message_pb.js';
 
+/** The metadata key naming the turn a call is made from inside of (docs/semantics.md §5). */
+export const PARENT_REQUEST_ID = 'turnwire-parent-request-id';
+
 /** Options every call takes. */
 export interface CallOpts {
   /** Aborting it cancels the call (for a turn: the turn, server-side). */
   signal?: AbortSignal;
   /** The call's deadline in milliseconds. */
   timeoutMs?: number;
+  /**
+   * For a call made from inside a hook or tool of a running turn: that turn's request id (the
+   * `turnwire-parent-request-id` its call carried, `context.parentRequestId` in the kit), sent
+   * back so the sidecar applies the nesting rule (docs/semantics.md §5) instead of deadlocking.
+   */
+  parentRequestId?: string;
 }
 
 /** A tool the client runs itself, offered to the model for one turn (ClientTool). */
@@ -329,7 +338,11 @@ export abstract class TurnwireCalls {
     const includeProgress = this.includeProgress;
     return new TurnStream(
       async function* (signal) {
-        for await (const { event } of await open({ signal, timeoutMs: options.timeoutMs })) {
+        for await (const { event } of await open({
+          signal,
+          timeoutMs: options.timeoutMs,
+          headers: headersOf(options),
+        })) {
           if (event && (includeProgress || event.event.case !== 'progress')) yield event;
         }
       },
@@ -341,7 +354,11 @@ export abstract class TurnwireCalls {
 
   private async unary<T>(options: CallOpts, call: (call: CallOptions) => Promise<T>): Promise<T> {
     try {
-      return await call({ signal: options.signal, timeoutMs: options.timeoutMs ?? this.timeoutMs });
+      return await call({
+        signal: options.signal,
+        timeoutMs: options.timeoutMs ?? this.timeoutMs,
+        headers: headersOf(options),
+      });
     } catch (error) {
       throw await this.explain(TurnwireError.from(error), options);
     }
@@ -351,6 +368,11 @@ export abstract class TurnwireCalls {
   protected async explain(error: TurnwireError, _options: CallOpts): Promise<TurnwireError> {
     return error;
   }
+}
+
+/** The metadata of a call: the parent turn's request id, when it is made from inside one. */
+function headersOf(options: CallOpts): Record<string, string> | undefined {
+  return options.parentRequestId ? { [PARENT_REQUEST_ID]: options.parentRequestId } : undefined;
 }
 
 function turnFields(options: TurnOptions) {

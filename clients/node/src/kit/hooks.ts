@@ -1,0 +1,324 @@
+// A TurnHooksService from typed handlers: write the hooks you want, and the kit derives the
+// subscription list (GetHookSubscriptions) from them, serves each as its unary RPC and on the
+// HookSession stream the sidecar prefers (middleware/README.md §10, docs/hooks.md), turns a
+// returned plain object into the response message and a thrown error into the call's status, so
+// the sidecar applies the entry's failure mode to it.
+
+import { create, type DescMessage, type JsonObject, type MessageInitShape } from '@bufbuild/protobuf';
+import * as grpc from '@grpc/grpc-js';
+
+import {
+  type AfterToolCallRequest,
+  type BeforeStepRequest,
+  type BeforeStepResponseSchema,
+  type BeforeToolCallRequest,
+  type BeforeToolCallResponseSchema,
+  type BeforeTurnRequest,
+  type BeforeTurnResponseSchema,
+  type ChatErrorInfo,
+  ChatErrorInfoSchema,
+  type ClassifyChatErrorRequest,
+  type ClassifyChatErrorResponseSchema,
+  Hook,
+  type HookAnswer,
+  type HookCall,
+  type HookSessionRequest,
+  type HookSessionResponse,
+  type OnChatErrorRequest,
+  type OnChatErrorResponseSchema,
+  type OnChatResponseRequest,
+  type OnChunksRequest,
+  type OnStepFinishRequest,
+  type StepInfo,
+  StepInfoSchema,
+  type ToolCallInfo,
+  ToolCallInfoSchema,
+  type TurnInfo,
+  TurnInfoSchema,
+} from '../gen/turnwire/v1/hooks_pb.js';
+import { callSignal, parentRequestIdOf, statusOf, TURN_HOOKS_SERVICE } from './grpc.js';
+import { type KitJson, type KitJsonObject, parseKitJson, stringifyKitJson } from './json.js';
+
+type MaybePromise<T> = T | Promise<T>;
+/** What a deciding hook returns: the response as a plain object (only what changes), or nothing. */
+type Answer<S extends DescMessage> = MaybePromise<MessageInitShape<S> | undefined | void>;
+
+/** TurnInfo with `body` always an object (`{}` when the client sent none). */
+export type Turn = TurnInfo & { body: JsonObject };
+/** A failed turn (ChatErrorInfo) with its turn always set. */
+export type Failure = ChatErrorInfo & { turn: Turn };
+
+// The requests as handlers get them: the members the sidecar always sends are never undefined
+// (the kit fills in an empty message should one be missing), so handlers need no `?.`.
+export type BeforeTurnCall = BeforeTurnRequest & { turn: Turn };
+export type BeforeStepCall = BeforeStepRequest & { turn: Turn };
+export type BeforeToolCallCall = BeforeToolCallRequest & { turn: Turn; call: ToolCallInfo };
+export type AfterToolCallCall = AfterToolCallRequest & { turn: Turn; call: ToolCallInfo };
+export type OnStepFinishCall = OnStepFinishRequest & { turn: Turn; step: StepInfo };
+export type OnChatResponseCall = OnChatResponseRequest & { turn: Turn };
+export type ClassifyChatErrorCall = ClassifyChatErrorRequest & { failure: Failure };
+export type OnChatErrorCall = OnChatErrorRequest & { failure: Failure };
+
+/** What every hook handler gets besides its request. */
+export interface HookContext {
+  /** The request id of the turn the call belongs to (metadata `turnwire-parent-request-id`). */
+  parentRequestId: string;
+  /** The call's metadata (on HookSession: the stream's). */
+  metadata: grpc.Metadata;
+  /** Aborts when the sidecar gives the call up: its deadline passed, or it cancelled the call. */
+  signal: AbortSignal;
+  /** The call's W3C trace context (`traceparent`, `tracestate`) on HookSession; `{}` otherwise. */
+  traceContext: Record<string, string>;
+}
+
+/** BeforeToolCall's context: the call's input, parsed (integers beyond 2^53 as `bigint`). */
+export interface BeforeToolCallContext extends HookContext {
+  input: KitJsonObject;
+}
+
+/**
+ * The hooks a server implements (docs/semantics.md §3): only those present are subscribed to.
+ * Deciding hooks return their response as a plain object (`{system: '…'}`, or a decision from
+ * allow/allowWithInput/block/substitute), or nothing for "no change"; observing hooks return
+ * nothing. A thrown error (or rejected promise) fails the call: the sidecar applies the failure
+ * mode. `onChunks` gets the turn's event batches as they come; return once done with them.
+ */
+export interface HookHandlers {
+  beforeTurn?(request: BeforeTurnCall, context: HookContext): Answer<typeof BeforeTurnResponseSchema>;
+  beforeStep?(request: BeforeStepCall, context: HookContext): Answer<typeof BeforeStepResponseSchema>;
+  beforeToolCall?(
+    request: BeforeToolCallCall,
+    context: BeforeToolCallContext,
+  ): Answer<typeof BeforeToolCallResponseSchema>;
+  afterToolCall?(request: AfterToolCallCall, context: HookContext): MaybePromise<void>;
+  onStepFinish?(request: OnStepFinishCall, context: HookContext): MaybePromise<void>;
+  onChunks?(batches: AsyncIterable<OnChunksRequest>, context: HookContext): MaybePromise<void>;
+  onChatResponse?(request: OnChatResponseCall, context: HookContext): MaybePromise<void>;
+  classifyChatError?(
+    request: ClassifyChatErrorCall,
+    context: HookContext,
+  ): Answer<typeof ClassifyChatErrorResponseSchema>;
+  onChatError?(request: OnChatErrorCall, context: HookContext): Answer<typeof OnChatErrorResponseSchema>;
+}
+
+type HookName = keyof HookHandlers;
+
+/** Each handler's Hook value and RPC name; its key is also its HookCall/HookAnswer member. */
+const HOOKS: Record<HookName, { hook: Hook; rpc: string }> = {
+  beforeTurn: { hook: Hook.BEFORE_TURN, rpc: 'BeforeTurn' },
+  beforeStep: { hook: Hook.BEFORE_STEP, rpc: 'BeforeStep' },
+  beforeToolCall: { hook: Hook.BEFORE_TOOL_CALL, rpc: 'BeforeToolCall' },
+  afterToolCall: { hook: Hook.AFTER_TOOL_CALL, rpc: 'AfterToolCall' },
+  onStepFinish: { hook: Hook.ON_STEP_FINISH, rpc: 'OnStepFinish' },
+  onChunks: { hook: Hook.ON_CHUNKS, rpc: 'OnChunks' },
+  onChatResponse: { hook: Hook.ON_CHAT_RESPONSE, rpc: 'OnChatResponse' },
+  classifyChatError: { hook: Hook.CLASSIFY_CHAT_ERROR, rpc: 'ClassifyChatError' },
+  onChatError: { hook: Hook.ON_CHAT_ERROR, rpc: 'OnChatError' },
+};
+
+/** Options of `hooks()`. */
+export interface HookOptions {
+  /** Ask for the message history in BeforeTurn and BeforeStep requests (large; default false). */
+  includeMessages?: boolean;
+}
+
+/** A TurnHooksService ready to serve: `serve({hooks})`, or `server.addService(definition, implementation)`. */
+export interface HookServer {
+  /** The hooks subscribed to, derived from the handlers present (in Hook order). */
+  readonly subscriptions: Hook[];
+  readonly definition: grpc.ServiceDefinition;
+  readonly implementation: grpc.UntypedServiceImplementation;
+}
+
+/** Run it as it is (BeforeToolCall; the same as returning nothing). */
+export function allow(): MessageInitShape<typeof BeforeToolCallResponseSchema> {
+  return { decision: { case: 'allow', value: {} } };
+}
+
+/** Run it with `input` instead (BeforeToolCall); written as JSON, `bigint`s exact. */
+export function allowWithInput(input: KitJsonObject): MessageInitShape<typeof BeforeToolCallResponseSchema> {
+  return { decision: { case: 'allowWithInput', value: { inputJson: stringifyKitJson(input) } } };
+}
+
+/** Do not run it; the model reads `reason` (BeforeToolCall). */
+export function block(reason: string): MessageInitShape<typeof BeforeToolCallResponseSchema> {
+  return { decision: { case: 'block', value: { reason } } };
+}
+
+/** Do not run it; the model reads `output` as its result (BeforeToolCall). */
+export function substitute(output: KitJson): MessageInitShape<typeof BeforeToolCallResponseSchema> {
+  return { decision: { case: 'substitute', value: { outputJson: stringifyKitJson(output) } } };
+}
+
+/**
+ * A TurnHooksService from `handlers` (see HookHandlers). GetHookSubscriptions answers the hooks
+ * present and `hook_session: true`; every hook but onChunks is served both as its unary RPC and
+ * on HookSession, where a stream's calls are handled one at a time, in order, each answered as
+ * soon as it is done. Throws `TypeError` for a key that is no hook (a typo would silently never
+ * be called).
+ */
+export function hooks(handlers: HookHandlers, options: HookOptions = {}): HookServer {
+  const names = Object.keys(handlers).filter(
+    (name) => (handlers as Record<string, unknown>)[name] !== undefined,
+  );
+  for (const name of names) {
+    if (!(name in HOOKS))
+      throw new TypeError(`hooks(): "${name}" is no hook (one of ${Object.keys(HOOKS).join(', ')})`);
+  }
+  const present = names as HookName[];
+  const subscriptions = present.map((name) => HOOKS[name].hook).sort((a, b) => a - b);
+  const implementation: grpc.UntypedServiceImplementation = {
+    GetHookSubscriptions(
+      _call: grpc.ServerUnaryCall<unknown, unknown>,
+      callback: grpc.sendUnaryData<unknown>,
+    ) {
+      callback(null, {
+        hooks: subscriptions,
+        includeMessages: options.includeMessages ?? false,
+        hookSession: true,
+      });
+    },
+    HookSession: (stream: grpc.ServerDuplexStream<HookSessionRequest, HookSessionResponse>) =>
+      session(handlers, stream),
+  };
+  for (const name of present) {
+    if (name === 'onChunks') implementation.OnChunks = chunks(handlers.onChunks!);
+    else implementation[HOOKS[name].rpc] = unary(handlers, name);
+  }
+  return { subscriptions, definition: TURN_HOOKS_SERVICE, implementation };
+}
+
+type UnaryName = Exclude<HookName, 'onChunks'>;
+
+/** The members each hook's request always has (see BeforeTurnCall…), with their message types. */
+const ALWAYS: Record<UnaryName, [string, DescMessage][]> = {
+  beforeTurn: [['turn', TurnInfoSchema]],
+  beforeStep: [['turn', TurnInfoSchema]],
+  beforeToolCall: [
+    ['turn', TurnInfoSchema],
+    ['call', ToolCallInfoSchema],
+  ],
+  afterToolCall: [
+    ['turn', TurnInfoSchema],
+    ['call', ToolCallInfoSchema],
+  ],
+  onStepFinish: [
+    ['turn', TurnInfoSchema],
+    ['step', StepInfoSchema],
+  ],
+  onChatResponse: [['turn', TurnInfoSchema]],
+  classifyChatError: [['failure', ChatErrorInfoSchema]],
+  onChatError: [['failure', ChatErrorInfoSchema]],
+};
+
+/** `request` with the members its hook always has set, and `turn.body` an object. */
+function completed(name: UnaryName, request: Record<string, unknown>): Record<string, unknown> {
+  for (const [field, schema] of ALWAYS[name]) request[field] ??= create(schema);
+  const turn = ((request.failure as Record<string, unknown> | undefined) ?? request) as { turn?: TurnInfo };
+  turn.turn ??= create(TurnInfoSchema);
+  turn.turn.body ??= {};
+  return request;
+}
+
+/** Runs handler `name` on one request; resolves with its response (an initializer, `{}` for none). */
+async function run(
+  handlers: HookHandlers,
+  name: UnaryName,
+  request: unknown,
+  context: HookContext,
+): Promise<object> {
+  const handler = handlers[name] as (request: unknown, context: HookContext) => unknown;
+  completed(name, request as Record<string, unknown>);
+  const full =
+    name === 'beforeToolCall'
+      ? withInput(context, (request as BeforeToolCallRequest).call?.inputJson)
+      : context;
+  return ((await handler.call(handlers, request, full)) as object | undefined) ?? {};
+}
+
+function withInput(context: HookContext, inputJson = ''): BeforeToolCallContext {
+  let input: KitJsonObject | undefined;
+  return Object.defineProperty({ ...context }, 'input', {
+    enumerable: true,
+    get: () => (input ??= (inputJson ? parseKitJson(inputJson) : {}) as KitJsonObject),
+  }) as BeforeToolCallContext;
+}
+
+function unary(handlers: HookHandlers, name: UnaryName) {
+  return (call: grpc.ServerUnaryCall<unknown, unknown>, callback: grpc.sendUnaryData<unknown>) =>
+    answer(call, callback, (context) => run(handlers, name, call.request, context));
+}
+
+function chunks(handler: NonNullable<HookHandlers['onChunks']>) {
+  return (call: grpc.ServerReadableStream<OnChunksRequest, unknown>, callback: grpc.sendUnaryData<unknown>) =>
+    answer(call, callback, async (context) => (await handler(call, context), {}));
+}
+
+/** Answers a call that has one response with what `work` resolves to, or its error's status. */
+function answer(
+  call: grpc.ServerUnaryCall<unknown, unknown> | grpc.ServerReadableStream<unknown, unknown>,
+  callback: grpc.sendUnaryData<unknown>,
+  work: (context: HookContext) => Promise<object>,
+): void {
+  const { signal, done } = callSignal(call);
+  const context = {
+    parentRequestId: parentRequestIdOf(call.metadata),
+    metadata: call.metadata,
+    signal,
+    traceContext: {},
+  };
+  Promise.resolve()
+    .then(() => work(context))
+    .then(
+      (response) => {
+        done();
+        callback(null, response);
+      },
+      (error: unknown) => {
+        done();
+        callback(statusOf(error));
+      },
+    );
+}
+
+/** HookSession: a turn's calls, handled one at a time in order, each answered once done. */
+function session(
+  handlers: HookHandlers,
+  stream: grpc.ServerDuplexStream<HookSessionRequest, HookSessionResponse>,
+) {
+  const { signal, done } = callSignal(stream);
+  const parentRequestId = parentRequestIdOf(stream.metadata);
+  let queue = Promise.resolve();
+  stream.on('data', (request: HookSessionRequest) => {
+    queue = queue.then(async () => {
+      for (const call of request.calls) {
+        if (signal.aborted) return;
+        const answer = await answerOf(call);
+        if (!signal.aborted) stream.write({ answers: [answer] } as HookSessionResponse);
+      }
+    });
+  });
+  stream.on('end', () =>
+    queue.then(() => {
+      done();
+      stream.end();
+    }),
+  );
+  stream.on('error', () => {}); // the sidecar gave the stream up (a deadline, a cancel): signal aborts
+
+  async function answerOf(call: HookCall): Promise<HookAnswer> {
+    const name = call.hook.case as UnaryName | undefined;
+    if (name === undefined || !handlers[name]) {
+      const message = `${name ? HOOKS[name].rpc : 'this hook call'} is not implemented by this server`;
+      return { id: call.id, error: { code: grpc.status.UNIMPLEMENTED, message } } as HookAnswer;
+    }
+    const context = { parentRequestId, metadata: stream.metadata, signal, traceContext: call.traceContext };
+    try {
+      const value = await run(handlers, name, call.hook.value, context);
+      return { id: call.id, hook: { case: name, value } } as HookAnswer;
+    } catch (error) {
+      const { code, details } = statusOf(error);
+      return { id: call.id, error: { code, message: details } } as HookAnswer;
+    }
+  }
+}

@@ -1,0 +1,182 @@
+// A ToolExecutorService from tool definitions (tools.proto, docs/tools.md): ListTools from the
+// definitions, ExecuteTool runs one: a returned value is the final result, an async generator's
+// yields are preliminary results (streamed in order, with back-pressure) and its return value the
+// final one; a thrown error is the call's `error` (the model reads it). When the sidecar cancels
+// the call (the turn was cancelled, the call's deadline passed) the tool's `signal` aborts and
+// nothing more is written.
+
+import { randomUUID } from 'node:crypto';
+import { once } from 'node:events';
+
+import type { JsonObject } from '@bufbuild/protobuf';
+import { durationFromMs } from '@bufbuild/protobuf/wkt';
+import type * as grpc from '@grpc/grpc-js';
+
+import type { ExecuteToolRequest, ExecuteToolResponse, ToolSpec } from '../gen/turnwire/v1/tools_pb.js';
+import { callSignal, parentRequestIdOf, TOOL_EXECUTOR_SERVICE } from './grpc.js';
+import { type KitJson, type KitJsonObject, parseKitJson, stringifyKitJson } from './json.js';
+
+/** What a tool's `execute` gets besides its input. */
+export interface ToolContext {
+  /** Aborts when the sidecar cancels the call (the turn was cancelled, its deadline passed). */
+  signal: AbortSignal;
+  /**
+   * The same for this call on every attempt, recovery and replica (`tw-k-` and 32 hex digits):
+   * hand it to what the tool changes so that a call made again has its effect once.
+   */
+  idempotencyKey: string;
+  toolName: string;
+  toolCallId: string;
+  conversationId: string;
+  /** The turn's request id. */
+  requestId: string;
+  /** 0-based step number. */
+  stepNumber: number;
+  /** The turn's request id from the call metadata: send it back on calls into the sidecar. */
+  parentRequestId: string;
+  metadata: grpc.Metadata;
+  /** The input as the sidecar sent it (JSON text), for a reader of your own. */
+  inputJson: string;
+}
+
+/**
+ * A tool: what the model sees (`name`, `description`, `inputSchema`, a JSON Schema of an object)
+ * and what runs (`execute`). `I` is the input's type as the schema describes it (TypeScript types
+ * do not exist at run time, so the schema is given, not derived); numbers in the input beyond
+ * 2^53 arrive as `bigint`. `execute` returns the final result (any JSON value; a `bigint` is
+ * written exactly, `undefined` as null), or is an async generator: each `yield` is a preliminary
+ * result the client sees (the model does not), the `return` value the final one. A thrown error
+ * becomes the call's error text, which the model reads.
+ */
+export interface ToolDefinition<I = KitJsonObject, O = KitJson, P = KitJson> {
+  name: string;
+  description: string;
+  inputSchema: JsonObject;
+  /** The output's JSON Schema (informational). */
+  outputSchema?: JsonObject;
+  /** Every call waits for the client's approval (docs/semantics.md §6). */
+  requiresApproval?: boolean;
+  /** How long one call may run; unset: the sidecar's tool timeout. */
+  timeoutMs?: number;
+  execute(input: I, context: ToolContext): O | Promise<O> | AsyncGenerator<P, O, undefined>;
+}
+
+/** A defined tool of any input and result types (a host's list mixes them). */
+export type Tool = ToolDefinition<any, any, any>;
+
+/**
+ * Checks and returns `definition` (typed: `execute` gets `I`). Throws `TypeError` when the name is
+ * empty or `inputSchema` is not an object schema (`{type: 'object', …}`, what the model needs).
+ */
+export function defineTool<I = KitJsonObject, O = KitJson, P = KitJson>(
+  definition: ToolDefinition<I, O, P>,
+): ToolDefinition<I, O, P> {
+  if (!definition.name) throw new TypeError('defineTool(): a tool needs a name');
+  if (definition.inputSchema?.type !== 'object') {
+    throw new TypeError(
+      `defineTool(): ${definition.name}'s inputSchema must be an object schema ({type: 'object', …})`,
+    );
+  }
+  return Object.freeze({ ...definition });
+}
+
+/** A ToolExecutorService ready to serve: `serve({tools})`, or `server.addService(definition, implementation)`. */
+export interface ToolHost {
+  /** New per host: the sidecar lists the tools again when it changes (a restart). */
+  readonly instanceId: string;
+  readonly definition: grpc.ServiceDefinition;
+  readonly implementation: grpc.UntypedServiceImplementation;
+}
+
+/** A ToolExecutorService serving `tools`. Throws `TypeError` when two have the same name. */
+export function toolHost(tools: readonly Tool[]): ToolHost {
+  const byName = new Map<string, Tool>();
+  for (const tool of tools) {
+    if (byName.has(tool.name)) throw new TypeError(`toolHost(): two tools are named ${tool.name}`);
+    byName.set(tool.name, tool);
+  }
+  const instanceId = randomUUID();
+  const specs = tools.map(specOf);
+  const implementation: grpc.UntypedServiceImplementation = {
+    ListTools(_call: grpc.ServerUnaryCall<unknown, unknown>, callback: grpc.sendUnaryData<unknown>) {
+      callback(null, { tools: specs, instanceId });
+    },
+    ExecuteTool: (call: grpc.ServerWritableStream<ExecuteToolRequest, ExecuteToolResponse>) =>
+      execute(byName, call),
+  };
+  return { instanceId, definition: TOOL_EXECUTOR_SERVICE, implementation };
+}
+
+function specOf(tool: Tool): Partial<ToolSpec> {
+  return {
+    name: tool.name,
+    description: tool.description,
+    inputSchema: tool.inputSchema,
+    ...(tool.outputSchema ? { outputSchema: tool.outputSchema } : {}),
+    requiresApproval: tool.requiresApproval ?? false,
+    ...(tool.timeoutMs !== undefined ? { timeout: durationFromMs(tool.timeoutMs) } : {}),
+  };
+}
+
+type Result = ExecuteToolResponse['result'];
+
+async function execute(
+  byName: Map<string, Tool>,
+  call: grpc.ServerWritableStream<ExecuteToolRequest, ExecuteToolResponse>,
+): Promise<void> {
+  const { signal, done } = callSignal(call);
+  const request = call.request;
+  // Writes one message, waiting while the sidecar reads slower than the tool yields.
+  const send = async (result: Result) => {
+    if (!call.write({ result } as ExecuteToolResponse)) await once(call, 'drain', { signal });
+  };
+  try {
+    const tool = byName.get(request.toolName);
+    if (!tool) throw new Error(`this host has no tool ${JSON.stringify(request.toolName)}`);
+    const context: ToolContext = {
+      signal,
+      idempotencyKey: request.idempotencyKey,
+      toolName: request.toolName,
+      toolCallId: request.toolCallId,
+      conversationId: request.conversationId,
+      requestId: request.requestId,
+      stepNumber: request.stepNumber,
+      parentRequestId: parentRequestIdOf(call.metadata),
+      metadata: call.metadata,
+      inputJson: request.inputJson,
+    };
+    const result = tool.execute(parseKitJson(request.inputJson || '{}'), context);
+    let final: unknown;
+    if (isAsyncGenerator(result)) {
+      for (;;) {
+        const step = await result.next();
+        if (signal.aborted) return;
+        if (step.done) {
+          final = step.value;
+          break;
+        }
+        await send({ case: 'preliminaryOutputJson', value: stringifyKitJson(step.value) });
+      }
+    } else {
+      final = await result;
+    }
+    if (!signal.aborted) await send({ case: 'outputJson', value: stringifyKitJson(final) });
+  } catch (error) {
+    if (!signal.aborted) await send({ case: 'error', value: errorText(error) }).catch(() => {});
+  } finally {
+    done();
+    if (!call.cancelled) call.end();
+  }
+}
+
+function isAsyncGenerator(value: unknown): value is AsyncGenerator<unknown, unknown, undefined> {
+  return (
+    typeof (value as AsyncGenerator | null)?.[Symbol.asyncIterator] === 'function' &&
+    typeof (value as AsyncGenerator).next === 'function'
+  );
+}
+
+function errorText(error: unknown): string {
+  if (error instanceof Error) return error.message || error.name;
+  return String(error);
+}

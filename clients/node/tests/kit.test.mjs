@@ -1,0 +1,328 @@
+// @turnwire/client/kit against a grpc-js client playing the sidecar: the subscription list
+// derived from the handlers, decisions, thrown errors as the contract's errors (unary and on
+// HookSession), streaming tools in order, integers beyond 2^53 kept exact both ways, and a
+// cancelled call aborting the tool's signal. kit_sidecar.test.mjs runs it under a real sidecar.
+//
+// Run: npm test -w @turnwire/client (after npm run build -w @turnwire/client), or `make test`.
+
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+
+import * as grpc from '@grpc/grpc-js';
+import {
+  Hook,
+  PARENT_REQUEST_ID,
+  TOOL_EXECUTOR_SERVICE,
+  TURN_HOOKS_SERVICE,
+  allowWithInput,
+  block,
+  defineTool,
+  hooks,
+  serve,
+  substitute,
+} from '@turnwire/client/kit';
+
+import { waitUntil } from './sidecar.mjs';
+
+const BIG = 12345678901234567890n; // beyond 2^53: a double would round it
+
+/** What the handlers saw, by name; `aborted` resolves with the reason a tool's signal aborted. */
+const seen = {};
+let abortedReason;
+const aborted = new Promise((resolve) => (abortedReason = resolve));
+
+const hookServer = hooks({
+  async beforeTurn(request, { signal }) {
+    if (request.turn.body.wait) {
+      // Waits for the sidecar to give up: the call's deadline aborts the signal.
+      await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+      seen.deadline = signal.reason.name;
+    }
+    return { system: `${request.system} (${request.turn.body.user})` };
+  },
+  async onChunks(batches, { parentRequestId }) {
+    const kinds = [];
+    for await (const batch of batches) kinds.push(...batch.events.map(({ event }) => event.case));
+    seen.chunks = { kinds, parentRequestId };
+  },
+  beforeToolCall(request, context) {
+    seen.beforeToolCall = { input: context.input, parent: context.parentRequestId };
+    const { toolName } = request.call;
+    if (toolName === 'refund') return block('refunds need an admin');
+    if (toolName === 'dry') return substitute({ dry_run: true, n: BIG });
+    if (toolName === 'fail') throw new Error('policy store unreachable');
+    if (toolName === 'denied') throw Object.assign(new Error('no'), { code: grpc.status.PERMISSION_DENIED });
+    if (toolName === 'big') return allowWithInput({ ...context.input, n: context.input.n + 1n });
+    return undefined;
+  },
+  onChatResponse() {},
+});
+
+const TOOLS = [
+  defineTool({
+    name: 'pack',
+    description: 'Packs items, reporting progress.',
+    inputSchema: { type: 'object', properties: { items: { type: 'integer' } }, required: ['items'] },
+    async *execute({ items }, context) {
+      seen.pack = { idempotencyKey: context.idempotencyKey, parent: context.parentRequestId };
+      for (let packed = 1; packed <= items; packed++) yield { packed, of: items };
+      return { done: true, packed: items };
+    },
+  }),
+  defineTool({
+    name: 'echo',
+    description: 'Returns its input.',
+    inputSchema: { type: 'object' },
+    timeoutMs: 1500,
+    execute: (input) => input,
+  }),
+  defineTool({
+    name: 'broken',
+    description: 'Always fails.',
+    inputSchema: { type: 'object' },
+    async execute() {
+      throw new Error('the warehouse is closed');
+    },
+  }),
+  defineTool({
+    name: 'wait',
+    description: 'Runs until cancelled.',
+    inputSchema: { type: 'object' },
+    async *execute(_input, { signal }) {
+      yield 'started';
+      await new Promise((resolve) => signal.addEventListener('abort', resolve, { once: true }));
+      abortedReason(signal.reason?.name);
+      yield 'never sent';
+      return 'never sent';
+    },
+  }),
+];
+
+const HooksClient = grpc.makeGenericClientConstructor(TURN_HOOKS_SERVICE, 'TurnHooksService');
+const ToolsClient = grpc.makeGenericClientConstructor(TOOL_EXECUTOR_SERVICE, 'ToolExecutorService');
+let served;
+let hooksClient;
+let toolsClient;
+
+before(async () => {
+  served = await serve({ hooks: hookServer, tools: TOOLS, listen: '127.0.0.1:0' });
+  hooksClient = new HooksClient(served.address, grpc.credentials.createInsecure());
+  toolsClient = new ToolsClient(served.address, grpc.credentials.createInsecure());
+});
+
+after(async () => {
+  hooksClient.close();
+  toolsClient.close();
+  await served.close();
+});
+
+const turn = { conversationId: 'c-1', requestId: 'r-1', body: { user: 'ada' }, attempt: 1 };
+
+function metadata() {
+  const m = new grpc.Metadata();
+  m.set(PARENT_REQUEST_ID, 'r-1');
+  return m;
+}
+
+function unary(client, rpc, request) {
+  return new Promise((resolve, reject) =>
+    client[rpc](request, metadata(), (error, response) => (error ? reject(error) : resolve(response))),
+  );
+}
+
+function toolCall(toolName, input) {
+  return {
+    toolName,
+    inputJson: input,
+    requestId: 'r-1',
+    conversationId: 'c-1',
+    toolCallId: 't-1',
+    idempotencyKey: 'tw-k-1',
+  };
+}
+
+/** Runs ExecuteTool; resolves with its messages as [case, value] pairs. */
+function execute(toolName, inputJson) {
+  return new Promise((resolve, reject) => {
+    const messages = [];
+    const call = toolsClient.ExecuteTool(toolCall(toolName, inputJson), metadata());
+    call.on('data', ({ result }) => messages.push([result.case, result.value]));
+    call.on('error', reject);
+    call.on('end', () => resolve(messages));
+  });
+}
+
+test('the subscriptions are the hooks that have handlers, on HookSession', async () => {
+  const answer = await unary(hooksClient, 'GetHookSubscriptions', {});
+  assert.deepEqual(answer.hooks, [
+    Hook.BEFORE_TURN,
+    Hook.BEFORE_TOOL_CALL,
+    Hook.ON_CHUNKS,
+    Hook.ON_CHAT_RESPONSE,
+  ]);
+  assert.equal(answer.hookSession, true);
+  assert.equal(answer.includeMessages, false);
+  assert.throws(() => hooks({ beforeToolcall() {} }), /"beforeToolcall" is no hook/);
+});
+
+test('a deciding hook answers a plain object; no answer is no change', async () => {
+  assert.equal(
+    (await unary(hooksClient, 'BeforeTurn', { turn, system: 'Be brief.' })).system,
+    'Be brief. (ada)',
+  );
+  const allowed = await unary(hooksClient, 'BeforeToolCall', {
+    turn,
+    call: { toolName: 'lookup', inputJson: '{}' },
+  });
+  assert.equal(allowed.decision.case, undefined);
+  const blocked = await unary(hooksClient, 'BeforeToolCall', {
+    turn,
+    call: { toolName: 'refund', inputJson: '{}' },
+  });
+  assert.deepEqual(
+    [blocked.decision.case, blocked.decision.value.reason],
+    ['block', 'refunds need an admin'],
+  );
+  assert.equal(seen.beforeToolCall.parent, 'r-1');
+});
+
+test('integers beyond 2^53 reach a hook and leave it exact', async () => {
+  const input = `{"n":${BIG}}`;
+  const changed = await unary(hooksClient, 'BeforeToolCall', {
+    turn,
+    call: { toolName: 'big', inputJson: input },
+  });
+  assert.equal(seen.beforeToolCall.input.n, BIG);
+  assert.equal(changed.decision.value.inputJson, `{"n":${BIG + 1n}}`);
+  const dry = await unary(hooksClient, 'BeforeToolCall', {
+    turn,
+    call: { toolName: 'dry', inputJson: '{}' },
+  });
+  assert.equal(dry.decision.value.outputJson, `{"dry_run":true,"n":${BIG}}`);
+});
+
+test("a hook's thrown error fails the call: UNKNOWN, or the error's gRPC code", async () => {
+  const failed = unary(hooksClient, 'BeforeToolCall', { turn, call: { toolName: 'fail', inputJson: '{}' } });
+  await assert.rejects(failed, { code: grpc.status.UNKNOWN, details: 'policy store unreachable' });
+  const denied = unary(hooksClient, 'BeforeToolCall', {
+    turn,
+    call: { toolName: 'denied', inputJson: '{}' },
+  });
+  await assert.rejects(denied, { code: grpc.status.PERMISSION_DENIED });
+  // A hook without a handler is not served (and never subscribed).
+  await assert.rejects(unary(hooksClient, 'BeforeStep', { turn }), { code: grpc.status.UNIMPLEMENTED });
+});
+
+test("a unary hook's signal aborts at the call's deadline", async () => {
+  const late = new Promise((resolve, reject) =>
+    hooksClient.BeforeTurn(
+      { turn: { ...turn, body: { wait: true } } },
+      metadata(),
+      { deadline: Date.now() + 200 },
+      (error) => (error ? resolve(error) : reject(new Error('answered after the deadline'))),
+    ),
+  );
+  assert.equal((await late).code, grpc.status.DEADLINE_EXCEEDED);
+  await waitUntil(() => seen.deadline, { what: 'the handler seeing its signal abort' });
+});
+
+test('onChunks gets the batches of the stream, in order, and answers at its end', async () => {
+  await new Promise((resolve, reject) => {
+    const call = hooksClient.OnChunks(metadata(), (error) => (error ? reject(error) : resolve()));
+    const delta = (text) => ({ event: { case: 'textDelta', value: { delta: text } } });
+    call.write({ turn, events: [{ event: { case: 'stepStart', value: {} } }, delta('a')] });
+    call.write({ events: [delta('b'), { event: { case: 'textEnd', value: {} } }] });
+    call.end();
+  });
+  assert.deepEqual(seen.chunks, {
+    kinds: ['stepStart', 'textDelta', 'textDelta', 'textEnd'],
+    parentRequestId: 'r-1',
+  });
+});
+
+test('HookSession answers its calls in order, a failed one as its error, and goes on', async () => {
+  const stream = hooksClient.HookSession(metadata());
+  const answers = [];
+  const ended = new Promise((resolve, reject) => {
+    stream.on('data', (response) => answers.push(...response.answers));
+    stream.on('error', reject);
+    stream.on('end', resolve);
+  });
+  const call = (id, toolName) => ({
+    id: BigInt(id),
+    hook: { case: 'beforeToolCall', value: { turn, call: { toolName, inputJson: '{}' } } },
+  });
+  stream.write({ calls: [call(1, 'refund'), call(2, 'fail')] });
+  stream.write({ calls: [{ id: 3n, hook: { case: 'beforeStep', value: { turn } } }, call(4, 'lookup')] });
+  stream.write({ calls: [{ id: 5n, hook: { case: 'beforeTurn', value: { turn, system: 'S' } } }] });
+  stream.end();
+  await ended;
+  assert.deepEqual(
+    answers.map((a) => a.id),
+    [1n, 2n, 3n, 4n, 5n],
+  );
+  assert.equal(answers[0].hook.value.decision.case, 'block');
+  assert.deepEqual(
+    [answers[1].error.code, answers[1].error.message],
+    [grpc.status.UNKNOWN, 'policy store unreachable'],
+  );
+  assert.equal(answers[2].error.code, grpc.status.UNIMPLEMENTED); // no beforeStep handler
+  assert.deepEqual(
+    [answers[3].hook.case, answers[3].hook.value.decision.case],
+    ['beforeToolCall', undefined],
+  );
+  assert.equal(answers[4].hook.value.system, 'S (ada)');
+});
+
+test('ListTools answers the definitions', async () => {
+  const { tools, instanceId } = await unary(toolsClient, 'ListTools', {});
+  assert.deepEqual(
+    tools.map((t) => t.name),
+    ['pack', 'echo', 'broken', 'wait'],
+  );
+  assert.deepEqual(tools[0].inputSchema, TOOLS[0].inputSchema);
+  assert.equal(tools[1].timeout.nanos, 500_000_000);
+  assert.match(instanceId, /^[0-9a-f-]{36}$/);
+  assert.throws(
+    () => defineTool({ name: 'x', description: '', inputSchema: { type: 'string' }, execute() {} }),
+    /object schema/,
+  );
+});
+
+test('a generator tool streams its preliminary results in order, then its final one', async () => {
+  assert.deepEqual(await execute('pack', '{"items":3}'), [
+    ['preliminaryOutputJson', '{"packed":1,"of":3}'],
+    ['preliminaryOutputJson', '{"packed":2,"of":3}'],
+    ['preliminaryOutputJson', '{"packed":3,"of":3}'],
+    ['outputJson', '{"done":true,"packed":3}'],
+  ]);
+  assert.deepEqual(seen.pack, { idempotencyKey: 'tw-k-1', parent: 'r-1' });
+});
+
+test('a tool keeps integers beyond 2^53 exact', async () => {
+  const text = `{"id":${BIG},"small":1.5,"list":[${-BIG}]}`;
+  assert.deepEqual(await execute('echo', text), [['outputJson', text]]);
+});
+
+test("a tool's thrown error, an unknown tool and bad input are the call's error", async () => {
+  assert.deepEqual(await execute('broken', '{}'), [['error', 'the warehouse is closed']]);
+  assert.deepEqual(await execute('nope', '{}'), [['error', 'this host has no tool "nope"']]);
+  const [[kind]] = await execute('echo', '{not json');
+  assert.equal(kind, 'error');
+});
+
+test("cancelling the call aborts the tool's signal and nothing more is written", async () => {
+  const messages = [];
+  const call = toolsClient.ExecuteTool(toolCall('wait', '{}'), metadata());
+  const failed = new Promise((resolve) => call.on('error', resolve));
+  await new Promise((resolve) =>
+    call.on('data', ({ result }) => {
+      messages.push(result.value);
+      resolve();
+    }),
+  );
+  call.cancel();
+  assert.equal(await aborted, 'AbortError');
+  assert.equal((await failed).code, grpc.status.CANCELLED);
+  assert.deepEqual(messages, ['"started"']);
+});
