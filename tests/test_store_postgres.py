@@ -87,6 +87,8 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
                 (7, "0007_lease_epochs"),
                 (8, "0008_turn_costs"),
                 (9, "0009_budgets"),
+                (10, "0010_reserved"),
+                (11, "0011_turn_timelines"),
             ]
             await stores[0].start_turn(_turn("r1", "c1"), [_user("u1")])
             assert [m.id for m in await stores[3].load_messages("c1")] == ["u1"]
@@ -195,6 +197,8 @@ async def test_migrate_reports_what_it_applied() -> None:
             "0007_lease_epochs",
             "0008_turn_costs",
             "0009_budgets",
+            "0010_reserved",
+            "0011_turn_timelines",
         ]
         assert await store.migrate() == []
         await store.close()
@@ -426,14 +430,16 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
         "applied 0007_lease_epochs",
         "applied 0008_turn_costs",
         "applied 0009_budgets",
+        "applied 0010_reserved",
+        "applied 0011_turn_timelines",
     ]
-    assert "9 migration(s) applied" in first.output
+    assert "11 migration(s) applied" in first.output
     again = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert again.exit_code == 0, again.output
     assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output
     assert SECRET not in first.output + again.output
     check = StoreBackend("postgres", url=pg_url)
-    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(9,)]
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(11,)]
     asyncio.run(check.close())
 
 

@@ -25,6 +25,7 @@ from turnwire_server.api.submission_rpcs import SubmissionRpcs
 from turnwire_server.api.tenancy import caller_principal, listing_prefix, scoped_key
 from turnwire_server.api.tool_result_rpcs import ToolResultRpcs
 from turnwire_server.api.transcript_rpcs import TranscriptRpcs
+from turnwire_server.api.turn_rpcs import TurnRpcs
 from turnwire_server.api.turn_streams import (
     Started,
     abort,
@@ -91,7 +92,9 @@ def _turn_without_reply(turn: TurnRecord) -> chat_service_pb2.TurnWithoutReply:
     return entry
 
 
-class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_pb2_grpc.ChatServiceServicer):
+class ChatService(
+    SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, TurnRpcs, chat_service_pb2_grpc.ChatServiceServicer
+):
     """Implements ``turnwire.v1.ChatService`` on a :class:`~turnwire_server.engine.TurnEngine`.
 
     The turn-running RPCs, reads, CancelChat and ResumeTurn are here; each other group of
