@@ -35,7 +35,12 @@ async def test_the_timeline_written_with_the_end_is_listed_with_the_turn(store: 
     done, failed, rolled_back, running = [await _turn(store, "c", n) for n in range(4)]
     await store.finish_turn(
         dataclasses.replace(
-            done, state="completed", end_time=T0, cost_usd=0.5, cost_source="config", timeline=b"\x00\x01 done"
+            done,
+            state="completed",
+            end_time=T0,
+            cost_usd=0.5,
+            cost_source="config",
+            timeline=b"\x00\x01 done",
         ),
         None,
     )
