@@ -261,6 +261,18 @@ async def test_the_page_draws_the_stored_times_and_the_exact_tool_output(
     assert "blocked" in shown["badges"] and "provider-executed" in shown["badges"]
     assert "tool calculator" in shown["tooltip"] and "outcome: executed" in shown["tooltip"]
     assert shown["focusedTooltip"].startswith("queue")
+    # The failed turn's step and model stream end with its attempt, failed.
+    failing = next(turn for turn in stored.values() if turn.status == event_pb2.TURN_STATUS_ERROR)
+    cut = {
+        _kind(span): span for span in failing.timeline.spans if _kind(span) in ("ATTEMPT", "STEP", "MODEL")
+    }
+    assert {kind: span.outcome for kind, span in cut.items()} == {
+        "ATTEMPT": "failed",
+        "STEP": "failed",
+        "MODEL": "failed",
+    }
+    attempt_end = cut["ATTEMPT"].start_offset_micros + cut["ATTEMPT"].duration_micros
+    assert cut["STEP"].start_offset_micros + cut["STEP"].duration_micros <= attempt_end
     # Failed only: the 429 turn, with its classification and error.
     (failed,) = shown["failedTurns"]
     assert failed["status"] == "error"

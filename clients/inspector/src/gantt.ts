@@ -91,7 +91,8 @@ export function drawGantt(into: HTMLElement, bars: Bar[], label: string, tooltip
       svg,
     );
     const name = element('text', { class: 'bar-label', x: LABEL - 8, y: y + 14, 'text-anchor': 'end' }, group);
-    name.textContent = `${bar.kind.toLowerCase()} ${bar.name}`.slice(0, 30);
+    const kind = bar.kind.toLowerCase();
+    name.textContent = (bar.name.startsWith(kind) ? bar.name : `${kind} ${bar.name}`).slice(0, 30);
     element('rect', { x, y, width, height: ROW - 6, rx: 2 }, group);
     const duration = element('text', { class: 'duration', x: x + width + 4, y: y + 14 }, group);
     duration.textContent = bar.open ? `${formatUs(bar.durationUs)}…` : formatUs(bar.durationUs);

@@ -70,7 +70,7 @@ try {
     await bar.locator('rect').hover();
     await page.locator('#tooltip').waitFor({ state: 'visible' });
     result.tooltip = await page.locator('#tooltip').textContent();
-    await page.locator('section.turn .chart').first().screenshot({ path: `${outDir}/inspector-gantt.png` });
+    await page.locator('section.turn[data-status="completed"] .chart').first().screenshot({ path: `${outDir}/inspector-gantt.png` });
     // The keyboard reaches the bars too.
     await page.locator('section.turn g.bar').first().focus();
     result.focusedTooltip = await page.locator('#tooltip').textContent();

@@ -111,7 +111,13 @@ class TurnTimeline:
         try:
             yield handle
         except BaseException as error:
-            self.end(handle, _outcome_of(error))
+            # It ends, and so do the spans begun inside it that the error cut short (a step).
+            outcome = _outcome_of(error)
+            if handle != _NOT_KEPT:
+                now = time.perf_counter()
+                for inner in self._spans[handle:]:
+                    if inner.end is None:
+                        inner.end, inner.outcome = now, outcome
             raise
         if handle != _NOT_KEPT and self._spans[handle].end is None:
             self.end(handle)
@@ -146,7 +152,8 @@ class TurnTimeline:
                 kind=recorded.kind,  # type: ignore[arg-type]
                 name=recorded.name,
                 start_offset_micros=_micros(recorded.start - origin),
-                duration_micros=_micros(end - recorded.start),
+                # From the rounded ends: a span that ends with another ends with it in micros too.
+                duration_micros=_micros(end - origin) - _micros(recorded.start - origin),
                 attempt=recorded.attempt,
                 tool_call_id=recorded.tool_call_id,
                 outcome=outcome,
