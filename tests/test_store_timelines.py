@@ -4,35 +4,18 @@ migration 0011_turn_timelines; docs/inspector.md), on SQLite and PostgreSQL alik
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 
 import pytest
+from support.store_turns import T0, started_turn
 
-from turnwire_client.v1 import message_pb2
-from turnwire_server.store import Store, TurnRecord
+from turnwire_server.store import Store
 from turnwire_server.store.errors import InvalidPageToken
-
-T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
-
-
-async def _turn(store: Store, conversation_id: str, n: int) -> TurnRecord:
-    record = TurnRecord(
-        request_id=f"t/{conversation_id}-r{n}",
-        conversation_id=f"t/{conversation_id}",
-        assistant_message_id=f"{conversation_id}-a{n}",
-        continuation=False,
-        model="scripted:demo",
-        state="running",
-        start_time=T0 + dt.timedelta(seconds=n),
-    )
-    user = message_pb2.Message(id=f"{conversation_id}-u{n}", role=message_pb2.ROLE_USER)
-    user.parts.add().text.text = "q"
-    await store.start_turn(record, [user])
-    return record
 
 
 async def test_the_timeline_written_with_the_end_is_listed_with_the_turn(store: Store) -> None:
-    done, failed, rolled_back, running = [await _turn(store, "c", n) for n in range(4)]
+    done, failed, rolled_back, running = [
+        await started_turn(store, "c", n, key_prefix="t/") for n in range(4)
+    ]
     await store.finish_turn(
         dataclasses.replace(
             done,
@@ -70,7 +53,7 @@ async def test_the_timeline_written_with_the_end_is_listed_with_the_turn(store: 
 
 async def test_turn_pages_list_each_turn_once(store: Store) -> None:
     for n in range(5):
-        await _turn(store, "p", n)
+        await started_turn(store, "p", n, key_prefix="t/")
     seen: list[str] = []
     token = ""
     while True:

@@ -4,7 +4,8 @@ a provider-executed call is drawn as a Gantt chart whose bars follow the stored 
 (ListTurns); a tool call expands to its exact output (a big integer intact); a running turn's
 chart grows live and is redrawn from the store once it ends; failed turns filter with their
 classification; another tenant's token sees none of it; axe-core finds no serious violation.
-Screenshots go to the test's output directory (their paths are printed); the docs' are these.
+Screenshots go to the test's output directory (their paths are printed); with
+``TURNWIRE_DOCS_SCREENSHOTS=docs/images/inspector`` they are copied there too: the docs' are these.
 
 Before issue 39 the timeline was not stored and there was no page: ListTurns and ``/inspector/``
 do not exist.
@@ -159,6 +160,14 @@ async def _drive(
     )
 
 
+def _publish(*screenshots: Path) -> None:
+    """Copy ``screenshots`` to ``$TURNWIRE_DOCS_SCREENSHOTS`` when set (docs/inspector.md's)."""
+    target = os.environ.get("TURNWIRE_DOCS_SCREENSHOTS")
+    if target:
+        for screenshot in screenshots:
+            shutil.copy(screenshot, ROOT / target / screenshot.name)
+
+
 async def _chat(client: TurnwireClient, conversation: str, text: str, model: str) -> None:
     async for _ in client.chat(conversation, text, model=model):
         pass
@@ -281,6 +290,12 @@ async def test_the_page_draws_the_stored_times_and_the_exact_tool_output(
     assert serious == [], shown["axe"]
     for name in ("conversation", "tool-call", "gantt", "failed-turns"):
         assert (tmp_path / f"inspector-{name}.png").stat().st_size > 5_000
+    _publish(
+        *(
+            tmp_path / f"inspector-{name}.png"
+            for name in ("conversation", "tool-call", "gantt", "failed-turns")
+        )
+    )
     with capsys.disabled():
         print(f"\ninspector screenshots: {tmp_path}")
 
@@ -307,6 +322,7 @@ async def test_a_running_turn_is_tailed_live(
         span.duration_micros for span in stored.timeline.spans
     ]
     assert (tmp_path / "inspector-live.png").stat().st_size > 5_000
+    _publish(tmp_path / "inspector-live.png")
     with capsys.disabled():
         print(f"\ninspector live screenshot: {tmp_path / 'inspector-live.png'}")
 

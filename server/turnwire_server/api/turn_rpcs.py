@@ -15,7 +15,11 @@ from google.rpc import status_pb2
 
 from turnwire_client.v1 import chat_service_pb2, event_pb2
 from turnwire_server.api.resources import timestamp
-from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
+from turnwire_server.api.status import (
+    TurnwireStatusError,
+    invalid_page_token,
+    status_error_of,
+)
 from turnwire_server.api.turn_streams import abort
 from turnwire_server.api.validation import check_id, raise_if_any
 from turnwire_server.store.base import EngineStore, TurnRecord
@@ -82,16 +86,7 @@ class TurnRpcs:
                     request.conversation_id, page_size, request.page_token, failed_only=request.failed_only
                 )
             except InvalidPageToken:
-                raise invalid_argument(
-                    [
-                        (
-                            "page_token",
-                            "is not a token this server issued for this listing; "
-                            "pass next_page_token unchanged with the same request, or leave it empty",
-                        )
-                    ],
-                    reason="INVALID_PAGE_TOKEN",
-                ) from None
+                raise invalid_page_token("for this listing", "with the same request,") from None
             except StoreError as error:
                 raise status_error_of(error) from error
         except TurnwireStatusError as error:
