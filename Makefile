@@ -141,6 +141,7 @@ clients/node/dist/index.js: node_modules/.installed clients/node/tsconfig.json $
 lint: setup check-protos breaking docs
 	PYTHON=$(PY) bash tools/check-sync-client.sh
 	cd clients/node && ../../node_modules/.bin/prettier --check --log-level warn .
+	cd clients/inspector && ../../node_modules/.bin/prettier --check --log-level warn . && ../../node_modules/.bin/tsc -p .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

@@ -24,7 +24,11 @@ export function barsOf(timeline: Json | undefined): Bar[] {
     const kind = String(span.kind ?? '').replace('TIMELINE_SPAN_KIND_', '');
     const startUs = Number(span.startOffsetMicros ?? 0);
     const durationUs = Number(span.durationMicros ?? 0);
-    const details = [`${kind.toLowerCase()} ${span.name}`, `starts at ${formatUs(startUs)}`, `took ${formatUs(durationUs)}`];
+    const details = [
+      `${kind.toLowerCase()} ${span.name}`,
+      `starts at ${formatUs(startUs)}`,
+      `took ${formatUs(durationUs)}`,
+    ];
     if (span.stepNumber !== undefined) details.push(`step ${span.stepNumber}`);
     if (span.attempt) details.push(`attempt ${span.attempt}`);
     if (span.toolCallId) details.push(`tool call ${span.toolCallId}`);
@@ -53,7 +57,12 @@ function element(name: string, attributes: Record<string, string | number>, pare
 }
 
 // Draw `bars` into a new <svg> (replacing `into`'s content); `tooltip` shows a bar's details.
-export function drawGantt(into: HTMLElement, bars: Bar[], label: string, tooltip: HTMLElement): SVGSVGElement {
+export function drawGantt(
+  into: HTMLElement,
+  bars: Bar[],
+  label: string,
+  tooltip: HTMLElement,
+): SVGSVGElement {
   const end = Math.max(1, ...bars.map((bar) => bar.startUs + bar.durationUs));
   const scale = PLOT / end;
   const height = ROW * bars.length + 28;
@@ -90,7 +99,11 @@ export function drawGantt(into: HTMLElement, bars: Bar[], label: string, tooltip
       },
       svg,
     );
-    const name = element('text', { class: 'bar-label', x: LABEL - 8, y: y + 14, 'text-anchor': 'end' }, group);
+    const name = element(
+      'text',
+      { class: 'bar-label', x: LABEL - 8, y: y + 14, 'text-anchor': 'end' },
+      group,
+    );
     const kind = bar.kind.toLowerCase();
     name.textContent = (bar.name.startsWith(kind) ? bar.name : `${kind} ${bar.name}`).slice(0, 30);
     element('rect', { x, y, width, height: ROW - 6, rx: 2 }, group);
@@ -98,7 +111,11 @@ export function drawGantt(into: HTMLElement, bars: Bar[], label: string, tooltip
     duration.textContent = bar.open ? `${formatUs(bar.durationUs)}…` : formatUs(bar.durationUs);
     if (bar.firstTokenUs !== undefined) {
       const at = LABEL + bar.firstTokenUs * scale;
-      element('line', { class: 'first-token', x1: at, x2: at, y1: y - 2, y2: y + ROW - 4, 'data-at-us': bar.firstTokenUs }, group);
+      element(
+        'line',
+        { class: 'first-token', x1: at, x2: at, y1: y - 2, y2: y + ROW - 4, 'data-at-us': bar.firstTokenUs },
+        group,
+      );
     }
     const show = () => {
       tooltip.textContent = bar.details.join('\n');

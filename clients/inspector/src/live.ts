@@ -49,7 +49,10 @@ export class LiveTimeline {
     } else if (event.toolInputAvailable) {
       this.end('model');
       const call = event.toolInputAvailable;
-      this.begin(`tool:${call.toolCallId}`, 'TOOL', call.toolName, [`tool ${call.toolName} (live)`, `tool call ${call.toolCallId}`]);
+      this.begin(`tool:${call.toolCallId}`, 'TOOL', call.toolName, [
+        `tool ${call.toolName} (live)`,
+        `tool call ${call.toolCallId}`,
+      ]);
     } else if (event.toolOutputAvailable || event.toolOutputError || event.toolOutputDenied) {
       const output = event.toolOutputAvailable ?? event.toolOutputError ?? event.toolOutputDenied;
       this.end(`tool:${output.toolCallId}`, event.toolOutputAvailable ? 'output' : 'error');
@@ -66,7 +69,13 @@ export class LiveTimeline {
 }
 
 // Follow `requestId` until its TurnEnd, calling `changed` as the bars change.
-export async function tail(api: Api, requestId: string, live: LiveTimeline, changed: () => void, signal: AbortSignal): Promise<void> {
+export async function tail(
+  api: Api,
+  requestId: string,
+  live: LiveTimeline,
+  changed: () => void,
+  signal: AbortSignal,
+): Promise<void> {
   const timer = setInterval(() => {
     live.tick();
     changed();

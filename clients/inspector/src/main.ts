@@ -13,6 +13,8 @@ const status = $('status');
 const tooltip = $('tooltip');
 let api = new Api('');
 let conversations: Json[] = [];
+// Each listed conversation's cost line, by id and update time: read once, not per redraw.
+const costs = new Map<string, Promise<string>>();
 let current = '';
 let following: AbortController | null = null;
 let watching: number | undefined;
@@ -21,6 +23,10 @@ const WATCH_MS = 1500;
 function say(text: string, error = false): void {
   status.textContent = text;
   status.classList.toggle('error', error);
+}
+
+function failed(error: unknown): void {
+  say(error instanceof ApiError ? `${error.code}: ${error.message}` : String(error), true);
 }
 
 function fragment(): URLSearchParams {
@@ -56,23 +62,30 @@ function drawConversations(): void {
     button.dataset.id = conversation.conversationId;
     button.setAttribute('aria-current', String(conversation.conversationId === current));
     const updated = new Date(conversation.updateTime).toLocaleString();
-    button.innerHTML = '';
     button.append(conversation.conversationId);
     const meta = document.createElement('span');
     meta.className = 'meta';
     meta.textContent = `${conversation.messageCount ?? 0} messages · ${updated}`;
     meta.dataset.cost = '';
     button.append(meta);
-    button.addEventListener('click', () => void openConversation(conversation.conversationId));
+    button.addEventListener('click', () => void openConversation(conversation.conversationId).catch(failed));
     item.append(button);
     list.append(item);
-    void api
-      .call('GetConversation', { conversationId: conversation.conversationId, pageSize: 1 })
-      .then((found) => {
-        const cost = found.conversation?.cost;
-        meta.textContent += cost ? ` · $${Number(cost.usd ?? 0).toFixed(6)}` : ' · cost unknown';
-      })
-      .catch(() => undefined);
+    const key = `${conversation.conversationId}@${conversation.updateTime}`;
+    if (!costs.has(key))
+      costs.set(
+        key,
+        api
+          .call('GetConversation', { conversationId: conversation.conversationId, pageSize: 1 })
+          .then((found) => {
+            const cost = found.conversation?.cost;
+            return cost ? ` · $${Number(cost.usd ?? 0).toFixed(6)}` : ' · cost unknown';
+          })
+          .catch(() => ''),
+      );
+    void costs.get(key)!.then((line) => {
+      meta.textContent += line;
+    });
   }
 }
 
@@ -94,11 +107,19 @@ async function openConversation(conversationId: string): Promise<void> {
     const conversation = page.conversation ?? {};
     messages.push(...(conversation.messages ?? []));
     for (const reply of conversation.partialReplies ?? [])
-      partial.set(reply.messageId, String(reply.status ?? 'TURN_STATUS_UNSPECIFIED').replace('TURN_STATUS_', '').toLowerCase().replace('unspecified', 'running'));
+      partial.set(
+        reply.messageId,
+        String(reply.status ?? 'TURN_STATUS_UNSPECIFIED')
+          .replace('TURN_STATUS_', '')
+          .toLowerCase()
+          .replace('unspecified', 'running'),
+      );
     cost = conversation.cost;
     pageToken = page.nextPageToken ?? '';
   } while (pageToken);
-  $('conversation-cost').textContent = cost ? `cost $${Number(cost.usd ?? 0).toFixed(6)} (${cost.priceSource ?? ''})` : 'cost unknown';
+  $('conversation-cost').textContent = cost
+    ? `cost $${Number(cost.usd ?? 0).toFixed(6)} (${cost.priceSource ?? ''})`
+    : 'cost unknown';
   $('transcript').replaceChildren(drawTranscript(messages, partial));
   await loadTurns();
   say(`${messages.length} message(s)`);
@@ -116,7 +137,9 @@ async function watch(conversationId: string): Promise<void> {
 
 function errorText(error: Json | undefined): string {
   if (!error) return '';
-  const info = (error.details ?? []).find((detail: Json) => String(detail['@type'] ?? '').endsWith('ErrorInfo'));
+  const info = (error.details ?? []).find((detail: Json) =>
+    String(detail['@type'] ?? '').endsWith('ErrorInfo'),
+  );
   const reason = info?.reason ? `${info.reason}: ` : '';
   const metadata = info?.metadata ? ` ${JSON.stringify(info.metadata)}` : '';
   return `${reason}${error.message ?? ''}${metadata}`;
@@ -128,9 +151,16 @@ async function loadTurns(): Promise<void> {
   const turns: Json[] = page.turns ?? [];
   const box = $('turns');
   box.replaceChildren();
-  if (!turns.length) box.append(Object.assign(document.createElement('p'), { textContent: failedOnly ? 'No failed turns.' : 'No turns.' }));
+  if (!turns.length)
+    box.append(
+      Object.assign(document.createElement('p'), {
+        textContent: failedOnly ? 'No failed turns.' : 'No turns.',
+      }),
+    );
   for (const turn of turns) {
-    const state = String(turn.status ?? 'TURN_STATUS_UNSPECIFIED').replace('TURN_STATUS_', '').toLowerCase();
+    const state = String(turn.status ?? 'TURN_STATUS_UNSPECIFIED')
+      .replace('TURN_STATUS_', '')
+      .toLowerCase();
     const running = state === 'unspecified';
     const section = document.createElement('section');
     section.className = `turn status-${running ? 'running' : state}`;
@@ -138,7 +168,9 @@ async function loadTurns(): Promise<void> {
     section.dataset.status = running ? 'running' : state;
     const heading = document.createElement('h3');
     const started = new Date(turn.startTime).toLocaleTimeString();
-    const took = turn.endTime ? ` · ${formatUs((Date.parse(turn.endTime) - Date.parse(turn.startTime)) * 1000)}` : '';
+    const took = turn.endTime
+      ? ` · ${formatUs((Date.parse(turn.endTime) - Date.parse(turn.startTime)) * 1000)}`
+      : '';
     const cost = turn.cost ? ` · $${Number(turn.cost.usd ?? 0).toFixed(6)}` : '';
     heading.textContent = `turn ${turn.requestId} · ${running ? 'running' : state} · ${turn.model} · ${started}${took}${cost}`;
     section.append(heading);
@@ -153,7 +185,8 @@ async function loadTurns(): Promise<void> {
     section.append(chart);
     box.append(section);
     if (running) follow(turn.requestId, chart, section);
-    else if (turn.timeline) drawGantt(chart, barsOf(turn.timeline), `timeline of turn ${turn.requestId}`, tooltip);
+    else if (turn.timeline)
+      drawGantt(chart, barsOf(turn.timeline), `timeline of turn ${turn.requestId}`, tooltip);
     else chart.textContent = 'No stored timeline (the turn ended before timelines were stored).';
   }
 }
@@ -186,7 +219,7 @@ async function connect(): Promise<void> {
     const wanted = fragment().get('conversation');
     if (wanted) await openConversation(wanted);
   } catch (error) {
-    say(error instanceof ApiError ? `${error.code}: ${error.message}` : String(error), true);
+    failed(error);
   }
 }
 
@@ -206,10 +239,10 @@ function start(): void {
   $('search-form').addEventListener('submit', (event) => {
     event.preventDefault(); // Enter opens the conversation of exactly that id
     const id = ($('search') as HTMLInputElement).value.trim();
-    if (id) void openConversation(id).catch((error) => say(String(error), true));
+    if (id) void openConversation(id).catch(failed);
   });
   $('failed-only').addEventListener('change', () => {
-    if (current) void loadTurns().catch((error) => say(String(error), true));
+    if (current) void loadTurns().catch(failed);
   });
   void connect();
 }

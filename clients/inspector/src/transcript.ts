@@ -4,7 +4,11 @@
 
 import { Json } from './api.js';
 
-function el<K extends keyof HTMLElementTagNameMap>(tag: K, className = '', text?: string): HTMLElementTagNameMap[K] {
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className = '',
+  text?: string,
+): HTMLElementTagNameMap[K] {
   const created = document.createElement(tag);
   if (className) created.className = className;
   if (text !== undefined) created.textContent = text;
@@ -14,12 +18,17 @@ function el<K extends keyof HTMLElementTagNameMap>(tag: K, className = '', text?
 function toolCall(part: Json): HTMLElement {
   const details = el('details', 'part part-tool');
   details.dataset.toolCallId = part.toolCallId ?? '';
-  const state = String(part.state ?? '').replace('TOOL_CALL_STATE_', '').toLowerCase();
+  const state = String(part.state ?? '')
+    .replace('TOOL_CALL_STATE_', '')
+    .toLowerCase();
   const summary = el('summary', '', `tool ${part.toolName} · ${state}`);
   if (part.providerExecuted) summary.append(el('span', 'badge provider-executed', 'provider-executed'));
   if (part.clientExecuted) summary.append(el('span', 'badge', 'client-executed'));
-  const decision = String(part.decision ?? '').replace('TOOL_CALL_DECISION_', '').toLowerCase();
-  if (decision && decision !== 'unspecified') summary.append(el('span', `badge decision decision-${decision}`, decision));
+  const decision = String(part.decision ?? '')
+    .replace('TOOL_CALL_DECISION_', '')
+    .toLowerCase();
+  if (decision && decision !== 'unspecified')
+    summary.append(el('span', `badge decision decision-${decision}`, decision));
   details.append(summary);
   details.append(el('h4', '', 'input'));
   details.append(el('pre', 'tool-input', part.inputJson ?? part.rawInput ?? ''));
@@ -34,7 +43,13 @@ function toolCall(part: Json): HTMLElement {
   if (part.approval) {
     const approval = part.approval;
     const answer = approval.approved === undefined ? 'waiting' : approval.approved ? 'approved' : 'denied';
-    details.append(el('p', 'approval', `approval ${approval.id ?? ''}: ${answer}${approval.reason ? ` (${approval.reason})` : ''}`));
+    details.append(
+      el(
+        'p',
+        'approval',
+        `approval ${approval.id ?? ''}: ${answer}${approval.reason ? ` (${approval.reason})` : ''}`,
+      ),
+    );
   }
   return details;
 }
@@ -53,7 +68,13 @@ function file(part: Json): HTMLElement {
     link.rel = 'noreferrer';
     box.append(link);
   }
-  box.append(el('figcaption', '', `file ${part.filename ?? ''} ${type} ${part.sizeBytes ? `${part.sizeBytes} bytes` : ''}`.trim()));
+  box.append(
+    el(
+      'figcaption',
+      '',
+      `file ${part.filename ?? ''} ${type} ${part.sizeBytes ? `${part.sizeBytes} bytes` : ''}`.trim(),
+    ),
+  );
   return box;
 }
 
@@ -88,7 +109,9 @@ function partOf(part: Json): HTMLElement | null {
 export function drawTranscript(messages: Json[], partial: Map<string, string>): HTMLOListElement {
   const list = el('ol', 'messages');
   for (const message of messages) {
-    const role = String(message.role ?? '').replace('ROLE_', '').toLowerCase();
+    const role = String(message.role ?? '')
+      .replace('ROLE_', '')
+      .toLowerCase();
     const item = el('li', `message role-${role}`);
     item.dataset.id = message.id;
     item.dataset.role = role;

@@ -50,11 +50,15 @@ try {
     if (message.type() === 'error') problems.push(message.text());
   });
   page.on('pageerror', (error) => problems.push(String(error)));
-  await page.goto(`${base}/inspector/#token=${encodeURIComponent(token)}&conversation=${encodeURIComponent(conversation)}`);
+  await page.goto(
+    `${base}/inspector/#token=${encodeURIComponent(token)}&conversation=${encodeURIComponent(conversation)}`,
+  );
   result.address = page.url();
   if (mode === 'inspect') {
     await page.waitForSelector('section.turn g.bar', { timeout: 60_000 });
-    result.conversations = await page.$$eval('button.conversation', (buttons) => buttons.map((b) => b.dataset.id));
+    result.conversations = await page.$$eval('button.conversation', (buttons) =>
+      buttons.map((b) => b.dataset.id),
+    );
     result.turns = await barsOf(page);
     await page.screenshot({ path: `${outDir}/inspector-conversation.png`, fullPage: true });
     // Expand the tool call and read its output as shown.
@@ -70,13 +74,18 @@ try {
     await bar.locator('rect').hover();
     await page.locator('#tooltip').waitFor({ state: 'visible' });
     result.tooltip = await page.locator('#tooltip').textContent();
-    await page.locator('section.turn[data-status="completed"] .chart').first().screenshot({ path: `${outDir}/inspector-gantt.png` });
+    await page
+      .locator('section.turn[data-status="completed"] .chart')
+      .first()
+      .screenshot({ path: `${outDir}/inspector-gantt.png` });
     // The keyboard reaches the bars too.
     await page.locator('section.turn g.bar').first().focus();
     result.focusedTooltip = await page.locator('#tooltip').textContent();
     // Failed turns only.
     await page.getByLabel('Failed turns only').check();
-    await page.waitForFunction(() => [...document.querySelectorAll('section.turn')].every((s) => s.dataset.status !== 'completed'));
+    await page.waitForFunction(() =>
+      [...document.querySelectorAll('section.turn')].every((s) => s.dataset.status !== 'completed'),
+    );
     result.failedTurns = await barsOf(page);
     await page.screenshot({ path: `${outDir}/inspector-failed-turns.png`, fullPage: true });
     await page.getByLabel('Failed turns only').uncheck();
@@ -86,7 +95,12 @@ try {
     await page.evaluate(readFileSync(require.resolve('axe-core/axe.min.js'), 'utf8'));
     result.axe = await page.evaluate(async () => {
       const found = await window.axe.run(document, { resultTypes: ['violations'] });
-      return found.violations.map((v) => ({ id: v.id, impact: v.impact, nodes: v.nodes.length, help: v.help }));
+      return found.violations.map((v) => ({
+        id: v.id,
+        impact: v.impact,
+        nodes: v.nodes.length,
+        help: v.help,
+      }));
     });
   } else if (mode === 'live') {
     // The page is open on the conversation; the test starts the turn once it reads `ready`.
@@ -100,10 +114,16 @@ try {
       const live = turns.find((turn) => turn.live);
       if (!live) break;
       const last = samples.at(-1);
-      const counts = { bars: live.bars.length, kinds: live.bars.map((bar) => bar.kind), totalUs: Math.max(0, ...live.bars.map((b) => b.startUs + b.durationUs)) };
+      const counts = {
+        bars: live.bars.length,
+        kinds: live.bars.map((bar) => bar.kind),
+        totalUs: Math.max(0, ...live.bars.map((b) => b.startUs + b.durationUs)),
+      };
       if (!last || last.bars !== counts.bars || last.totalUs !== counts.totalUs) samples.push(counts);
       if (!shot && live.bars.length >= 3) {
-        await page.locator('section.turn[data-live="true"]').screenshot({ path: `${outDir}/inspector-live.png` });
+        await page
+          .locator('section.turn[data-live="true"]')
+          .screenshot({ path: `${outDir}/inspector-live.png` });
         shot = true;
       }
       await page.waitForTimeout(100);
@@ -112,10 +132,18 @@ try {
     await page.waitForSelector('section.turn[data-status="completed"] g.bar', { timeout: 60_000 });
     result.after = await barsOf(page);
   } else if (mode === 'tenant') {
-    await page.waitForFunction(() => document.getElementById('status').textContent !== '', null, { timeout: 30_000 });
-    await page.waitForFunction(() => !document.getElementById('status').textContent.startsWith('loading'), null, { timeout: 30_000 });
+    await page.waitForFunction(() => document.getElementById('status').textContent !== '', null, {
+      timeout: 30_000,
+    });
+    await page.waitForFunction(
+      () => !document.getElementById('status').textContent.startsWith('loading'),
+      null,
+      { timeout: 30_000 },
+    );
     result.status = await page.locator('#status').textContent();
-    result.conversations = await page.$$eval('button.conversation', (buttons) => buttons.map((b) => b.dataset.id));
+    result.conversations = await page.$$eval('button.conversation', (buttons) =>
+      buttons.map((b) => b.dataset.id),
+    );
     result.messages = await page.$$eval('.message', (items) => items.length);
     result.turns = await page.$$eval('section.turn', (items) => items.length);
     await page.screenshot({ path: `${outDir}/inspector-other-tenant.png`, fullPage: true });
