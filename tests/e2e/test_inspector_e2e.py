@@ -18,6 +18,8 @@ import json
 import os
 import shutil
 import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -175,6 +177,19 @@ async def _chat(client: TurnwireClient, conversation: str, text: str, model: str
 
 def _kind(span: chat_service_pb2.TimelineSpan) -> str:
     return chat_service_pb2.TimelineSpanKind.Name(span.kind).removeprefix("TIMELINE_SPAN_KIND_")
+
+
+def test_the_page_is_static_files_of_its_own_origin(sidecar: SidecarProcess) -> None:
+    """The page's files only (a fixed list: no path names a file), with a policy that loads
+    nothing from elsewhere and no token needed to fetch them (they hold no data)."""
+    with urllib.request.urlopen(f"{http_base(sidecar)}/inspector/", timeout=30) as page:
+        policy = page.headers["content-security-policy"]
+        assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy
+        assert "<title>Turnwire inspector</title>" in page.read().decode()
+    for path in ("/inspector/turnwire.yaml", "/inspector/..%2Fturnwire.yaml", "/inspector/tokens.json"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{http_base(sidecar)}{path}", timeout=30)
+        assert refused.value.code == 404, path
 
 
 async def test_the_stored_timeline_of_two_steps_with_tools(
