@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _stores import backend_cpu_s, both_stores
+from support.store_turns import started_turn
 
-from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.turn_timeline import ATTEMPT, MODEL, QUEUE, STEP, TOOL, TurnTimeline
 from turnwire_server.store import Store, TurnRecord
 
@@ -79,23 +79,6 @@ def _recording(turns: int, hooks: int, *, recorded: bool) -> float:
     for _ in range(turns):
         _one_turn(hooks, recorded=recorded)
     return (time.process_time() - before) / turns * 1e6
-
-
-async def _started(store: Store, n: int) -> TurnRecord:
-    turn = TurnRecord(
-        request_id=f"tl-{os.getpid()}-{n}",
-        conversation_id=f"tl-{os.getpid()}-{n}",
-        assistant_message_id=f"a{n}",
-        continuation=False,
-        model="bench:model",
-        state="running",
-        start_time=dt.datetime.now(dt.UTC),
-        owner="bench",
-    )
-    user = message_pb2.Message(id=f"u{n}", role=message_pb2.ROLE_USER)
-    user.parts.add().text.text = "q"
-    await store.start_turn(turn, [user])
-    return turn
 
 
 async def _finishes(
@@ -148,7 +131,7 @@ async def main() -> None:
                     turns = []
                     for _ in range(args.writes):
                         counter += 1
-                        turns.append(await _started(store, counter))
+                        turns.append(await started_turn(store, f"tl-{os.getpid()}", counter))
                     arms[arm] = await _finishes(store, turns, blob, url)
                 added = arms["with"][0] - arms["without"][0]
                 server = arms["with"][1] - arms["without"][1]
