@@ -24,7 +24,7 @@ IN_PROCESS := not (e2e or postgres or packaging or stress)
 TEST_WORKERS ?= 4
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: setup dist demo install-go install-chromium build-web-example build-ai-sdk-example check test test-python test-node test-go conformance kit-conformance build-node lint docs protos check-protos breaking bench stress clean sync-client
+.PHONY: setup dist demo install-go install-chromium build-inspector build-web-example build-ai-sdk-example check test test-python test-node test-go conformance kit-conformance build-node lint docs protos check-protos breaking bench stress clean sync-client
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -117,8 +117,20 @@ kit-conformance: setup build-node
 	elif command -v go >/dev/null; then $(PY) clients/conformance/kits/run.py --kit go; else \
 	  echo "Go not installed: NOT running the kit suite for the Go kit (apt-get install $(GO_PACKAGES))"; fi
 
-## build-node: compile the TypeScript client, clients/node/src -> dist/ (when a source changed).
-build-node: clients/node/dist/index.js
+## build-node: compile the TypeScript client, clients/node/src -> dist/ (when a source changed),
+## and the inspector page (build-inspector).
+build-node: clients/node/dist/index.js build-inspector
+
+## build-inspector: the inspector page (clients/inspector: type-checked by tsc, bundled by esbuild,
+## no framework) into the sidecar's package, server/turnwire_server/http/inspector_page/.
+INSPECTOR_PAGE := server/turnwire_server/http/inspector_page
+build-inspector: $(INSPECTOR_PAGE)/inspector.js
+
+$(INSPECTOR_PAGE)/inspector.js: node_modules/.installed $(wildcard clients/inspector/src/*) clients/inspector/tsconfig.json
+	node_modules/.bin/tsc -p clients/inspector
+	node_modules/.bin/esbuild clients/inspector/src/main.ts --bundle --format=esm --target=es2022 \
+	  --log-level=warning --outfile=$(INSPECTOR_PAGE)/inspector.js
+	cp clients/inspector/src/index.html clients/inspector/src/inspector.css $(INSPECTOR_PAGE)/
 
 ## build-web-example: bundle the browser example (clients/web-example, esbuild) into its dist/.
 build-web-example: clients/web-example/dist/app.js
@@ -140,6 +152,7 @@ clients/node/dist/index.js: node_modules/.installed clients/node/tsconfig.json $
 lint: setup check-protos breaking docs
 	PYTHON=$(PY) bash tools/check-sync-client.sh
 	cd clients/node && ../../node_modules/.bin/prettier --check --log-level warn .
+	cd clients/inspector && ../../node_modules/.bin/prettier --check --log-level warn . && ../../node_modules/.bin/tsc -p .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

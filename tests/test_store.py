@@ -658,6 +658,7 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
         (7, "0007_lease_epochs"),
         (8, "0008_turn_costs"),
         (9, "0009_budgets"),
+        (10, "0010_turn_timelines"),
     ]
     assert isinstance(rows[0][2], int)
     assert {

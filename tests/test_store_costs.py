@@ -4,31 +4,12 @@ migrations 0008_turn_costs; docs/cost.md), on SQLite and PostgreSQL alike."""
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 
 import pytest
+from support.store_turns import T0, started_turn
 
 from turnwire.types import Cost
-from turnwire_client.v1 import message_pb2
 from turnwire_server.store import Store, TurnRecord
-
-T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
-
-
-async def _turn(store: Store, conversation_id: str, n: int) -> TurnRecord:
-    record = TurnRecord(
-        request_id=f"{conversation_id}-r{n}",
-        conversation_id=conversation_id,
-        assistant_message_id=f"{conversation_id}-a{n}",
-        continuation=False,
-        model="openai:gpt-4o",
-        state="running",
-        start_time=T0 + dt.timedelta(seconds=n),
-    )
-    user = message_pb2.Message(id=f"{conversation_id}-u{n}", role=message_pb2.ROLE_USER)
-    user.parts.add().text.text = "q"
-    await store.start_turn(record, [user])
-    return record
 
 
 async def _end(store: Store, record: TurnRecord, usd: float | None, source: str | None) -> None:
@@ -37,7 +18,7 @@ async def _end(store: Store, record: TurnRecord, usd: float | None, source: str 
 
 
 async def test_the_ended_turns_costs_add_up_and_name_each_source_once(store: Store) -> None:
-    first, second, nothing, running = [await _turn(store, "c", n) for n in range(4)]
+    first, second, nothing, running = [await started_turn(store, "c", n) for n in range(4)]
     await _end(store, first, 0.25, "config")
     await _end(store, second, 0.125, "genai-prices 0.2.3, config")
     await _end(store, nothing, 0.0, "")  # called no model: cost nothing
@@ -47,7 +28,7 @@ async def test_the_ended_turns_costs_add_up_and_name_each_source_once(store: Sto
 
 
 async def test_one_unknown_cost_makes_the_conversation_cost_unknown(store: Store) -> None:
-    known, unknown = [await _turn(store, "u", n) for n in range(2)]
+    known, unknown = [await started_turn(store, "u", n) for n in range(2)]
     await _end(store, known, 0.5, "config")
     assert await store.conversation_cost("u") == Cost(0.5, "config")
     await _end(store, unknown, None, None)
@@ -56,5 +37,5 @@ async def test_one_unknown_cost_makes_the_conversation_cost_unknown(store: Store
 
 async def test_no_ended_turn_no_cost(store: Store) -> None:
     assert await store.conversation_cost("never") is None
-    await _turn(store, "busy", 0)
+    await started_turn(store, "busy", 0)
     assert await store.conversation_cost("busy") is None

@@ -760,7 +760,9 @@ async def _start_http(settings: Settings, calls: InProcessCalls, *, shared_port:
         chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"],
         health_pb2.DESCRIPTOR.services_by_name["Health"],
     )
-    context = DoorContext(calls, services, settings.limits.max_receive_message_bytes)
+    context = DoorContext(
+        calls, services, settings.limits.max_receive_message_bytes, inspector=settings.http.inspector
+    )
     try:
         return await start_http(settings.http, context, settings.tls, shared_port=shared_port)
     except HttpListenError as error:

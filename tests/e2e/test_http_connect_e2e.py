@@ -266,6 +266,8 @@ async def test_bad_requests_say_what_to_fix(sidecar: SidecarProcess) -> None:
         assert native.status_code == 415 and "gRPC listener" in native.text
         unknown = await http.post(f"{base_url(sidecar)}/turnwire.v1.ChatService/Nope", content=b"{}")
         assert unknown.status_code == 404
+        # The inspector page is off unless http.inspector is on (docs/inspector.md).
+        assert (await http.get(f"{base_url(sidecar)}/inspector/")).status_code == 404
 
 
 def handled(sidecar: SidecarProcess, method: str, code: str) -> float:

@@ -332,6 +332,9 @@ func callUnary(ctx context.Context, client *turnwire.Client, rpc string, request
 	case "ListConversations":
 		req := &turnwirev1.ListConversationsRequest{}
 		message, call = req, func() (proto.Message, error) { return service.ListConversations(ctx, req) }
+	case "ListTurns":
+		req := &turnwirev1.ListTurnsRequest{}
+		message, call = req, func() (proto.Message, error) { return service.ListTurns(ctx, req) }
 	case "CancelChat":
 		req := &turnwirev1.CancelChatRequest{}
 		message, call = req, func() (proto.Message, error) { return service.CancelChat(ctx, req) }

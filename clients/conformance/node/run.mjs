@@ -27,6 +27,7 @@ import {
   ConversationSchema,
   DisconnectPolicy,
   ListConversationsResponseSchema,
+  ListTurnsResponseSchema,
   ListSubmissionsRequestSchema,
   ListSubmissionsResponseSchema,
   AddMessagesResponseSchema,
@@ -252,6 +253,15 @@ async function callUnary(client, rpc, request) {
         await client.listConversations({
           pageSize: request.pageSize ?? 0,
           pageToken: request.pageToken ?? "",
+        }),
+      );
+    case "ListTurns":
+      return toJson(
+        ListTurnsResponseSchema,
+        await client.listTurns(request.conversationId ?? "", {
+          pageSize: request.pageSize ?? 0,
+          pageToken: request.pageToken ?? "",
+          failedOnly: request.failedOnly ?? false,
         }),
       );
     case "CancelChat":

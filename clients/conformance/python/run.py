@@ -294,6 +294,14 @@ async def call_unary(client: TurnwireClient, rpc: str, request: dict[str, Any]) 
             int(request.get("pageSize", 0)), request.get("pageToken", "")
         )
         return to_json(conversations)
+    if rpc == "ListTurns":
+        turns = await client.list_turns(
+            request.get("conversationId", ""),
+            int(request.get("pageSize", 0)),
+            request.get("pageToken", ""),
+            failed_only=bool(request.get("failedOnly", False)),
+        )
+        return to_json(turns)
     if rpc == "CancelChat":
         return {"cancelled": await client.cancel_chat(request.get("requestId", ""))}
     if rpc == "DeleteConversation":

@@ -22,6 +22,7 @@ import {
   type ListConversationsResponse,
   type ListSubmissionsRequestSchema,
   type ListSubmissionsResponse,
+  type ListTurnsResponse,
   type Submission,
   type SubmitMessagesRequestSchema,
   type SubmitMessagesResponse,
@@ -275,6 +276,20 @@ export abstract class TurnwireCalls {
   ): Promise<ListConversationsResponse> {
     const { pageSize = 0, pageToken = '' } = options;
     return this.unary(options, (call) => this.rpc.listConversations({ pageSize, pageToken }, call));
+  }
+
+  /**
+   * One page of a conversation's turns, most recently started first, each with its status, error,
+   * cost and stored timeline (docs/inspector.md); `failedOnly`: only the turns that did not complete.
+   */
+  listTurns(
+    conversationId: string,
+    options: CallOpts & { pageSize?: number; pageToken?: string; failedOnly?: boolean } = {},
+  ): Promise<ListTurnsResponse> {
+    const { pageSize = 0, pageToken = '', failedOnly = false } = options;
+    return this.unary(options, (call) =>
+      this.rpc.listTurns({ conversationId, pageSize, pageToken, failedOnly }, call),
+    );
   }
 
   /** Cancels a running or queued turn by request id; true when one was found. */

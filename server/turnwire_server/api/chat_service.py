@@ -20,11 +20,17 @@ from turnwire_server.api.message_pages import decode_token, encode_token, on_pag
 from turnwire_server.api.progress import Silence
 from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.resources import conversation_proto, timestamp
-from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
+from turnwire_server.api.status import (
+    TurnwireStatusError,
+    invalid_argument,
+    invalid_page_token,
+    status_error_of,
+)
 from turnwire_server.api.submission_rpcs import SubmissionRpcs
 from turnwire_server.api.tenancy import caller_principal, listing_prefix, scoped_key
 from turnwire_server.api.tool_result_rpcs import ToolResultRpcs
 from turnwire_server.api.transcript_rpcs import TranscriptRpcs
+from turnwire_server.api.turn_rpcs import TurnRpcs
 from turnwire_server.api.turn_streams import (
     Started,
     abort,
@@ -91,7 +97,9 @@ def _turn_without_reply(turn: TurnRecord) -> chat_service_pb2.TurnWithoutReply:
     return entry
 
 
-class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_pb2_grpc.ChatServiceServicer):
+class ChatService(
+    SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, TurnRpcs, chat_service_pb2_grpc.ChatServiceServicer
+):
     """Implements ``turnwire.v1.ChatService`` on a :class:`~turnwire_server.engine.TurnEngine`.
 
     The turn-running RPCs, reads, CancelChat and ResumeTurn are here; each other group of
@@ -329,16 +337,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                 try:
                     start = decode_token(request.page_token, request.conversation_id)
                 except InvalidPageToken:
-                    raise invalid_argument(
-                        [
-                            (
-                                "page_token",
-                                "is not a token this server issued for this conversation; "
-                                "pass next_page_token unchanged or leave it empty",
-                            )
-                        ],
-                        reason="INVALID_PAGE_TOKEN",
-                    ) from None
+                    raise invalid_page_token("for this conversation") from None
             record = await self._get_record(request.conversation_id)
             if record is None:
                 raise _not_found(request.conversation_id)
@@ -391,16 +390,7 @@ class ChatService(SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, chat_service_p
                     page_size, request.page_token, id_prefix=listing_prefix()
                 )
             except InvalidPageToken:
-                raise invalid_argument(
-                    [
-                        (
-                            "page_token",
-                            "is not a token this server issued; "
-                            "pass next_page_token unchanged or leave it empty",
-                        )
-                    ],
-                    reason="INVALID_PAGE_TOKEN",
-                ) from None
+                raise invalid_page_token("") from None
             except StoreError as error:
                 raise status_error_of(error) from error
         except TurnwireStatusError as error:

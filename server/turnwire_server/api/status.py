@@ -84,6 +84,22 @@ def invalid_argument(
     )
 
 
+def invalid_page_token(issued_for: str, same: str = "") -> TurnwireStatusError:
+    """INVALID_ARGUMENT (reason ``INVALID_PAGE_TOKEN``) for a ``page_token`` this server did not
+    issue ``issued_for`` (``"for this conversation"``, …; "" for any listing), saying to pass
+    ``next_page_token`` unchanged (``same``: with what else unchanged) or leave it empty."""
+    issued = f"is not a token this server issued{' ' + issued_for if issued_for else ''}"
+    return invalid_argument(
+        [
+            (
+                "page_token",
+                f"{issued}; pass next_page_token unchanged{' ' + same if same else ''} or leave it empty",
+            )
+        ],
+        reason="INVALID_PAGE_TOKEN",
+    )
+
+
 def build_status(
     code: grpc.StatusCode,
     message: str,

@@ -22,7 +22,12 @@ from turnwire_server.api.client_tool_input import check_client_tools
 from turnwire_server.api.progress import Silence
 from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.resources import timestamp
-from turnwire_server.api.status import TurnwireStatusError, invalid_argument, status_error_of
+from turnwire_server.api.status import (
+    TurnwireStatusError,
+    invalid_argument,
+    invalid_page_token,
+    status_error_of,
+)
 from turnwire_server.api.tenancy import caller_principal, listing_prefix, local_id, scoped_key
 from turnwire_server.api.turn_streams import abort, strategy_of, trace_context
 from turnwire_server.api.validation import (
@@ -273,16 +278,7 @@ class SubmissionRpcs:
         except InvalidPageToken:
             await _abort(
                 context,
-                invalid_argument(
-                    [
-                        (
-                            "page_token",
-                            "is not a token this server issued for these filters; pass next_page_token "
-                            "unchanged with the same conversation_id and state, or leave it empty",
-                        )
-                    ],
-                    reason="INVALID_PAGE_TOKEN",
-                ),
+                invalid_page_token("for these filters", "with the same conversation_id and state,"),
             )
             raise AssertionError("unreachable") from None
         except StoreError as error:

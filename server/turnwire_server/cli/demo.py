@@ -9,11 +9,17 @@ transcript, then stops the sidecar with SIGTERM and checks it exited cleanly.
 model gets a small context window and the built-in ``ContextCompaction`` middleware turns on
 reactive compaction (docs/semantics.md §9), so a longer conversation outgrows the window and
 the turn that overflows recovers in its own stream.
+
+``turnwire demo --inspect`` also serves the HTTP listener with the inspector page
+(docs/inspector.md) on a free port, prints the page's address (authentication is off in the
+demo: no token), and keeps the sidecar up after the conversation until Ctrl-C, so the demo's
+turns can be looked at.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import sys
@@ -96,11 +102,27 @@ async def wait_until_serving(
             await asyncio.sleep(0.1)
 
 
-async def run_demo(workdir: Path, *, overflow: bool = False, listen: str | None = None) -> int:
+async def wait_for_interrupt() -> None:
+    """Return on SIGINT (Ctrl-C) or SIGTERM."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+async def run_demo(
+    workdir: Path, *, overflow: bool = False, listen: str | None = None, inspect: bool = False
+) -> int:
     """Run the demo in ``workdir`` (an existing directory); returns a process exit code.
     ``overflow``: the context-overflow demo (module docstring). ``listen``: the sidecar's
     ``HOST:PORT`` (a wildcard host, ``0.0.0.0`` or ``[::]``, is reached on the loopback; port 0:
-    a free one); None: 127.0.0.1 and a free port."""
+    a free one); None: 127.0.0.1 and a free port. ``inspect``: the inspector page too, the
+    sidecar kept up until Ctrl-C (module docstring)."""
     console = Console()
     host, _, port = (listen or "127.0.0.1:0").rpartition(":")
     if port == "0":  # the demo must know the port to talk to its sidecar: pick one now
@@ -119,6 +141,12 @@ async def run_demo(workdir: Path, *, overflow: bool = False, listen: str | None 
     command = " ".join(["turnwire serve --listen", listen, *config])
     console.print(f"starting [bold]{command}[/] in {workdir}")
     console.print(f"sidecar log: {log_path}", soft_wrap=True)
+    environment = dict(os.environ)
+    page = ""
+    if inspect:
+        http_listen = f"127.0.0.1:{free_port()}"
+        environment.update({"TURNWIRE_HTTP__LISTEN": http_listen, "TURNWIRE_HTTP__INSPECTOR": "true"})
+        page = f"http://{http_listen}/inspector/"
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -131,6 +159,7 @@ async def run_demo(workdir: Path, *, overflow: bool = False, listen: str | None 
             cwd=workdir,
             stdout=log,
             stderr=log,
+            env=environment,
         )
         code = 1
         try:
@@ -148,6 +177,8 @@ async def run_demo(workdir: Path, *, overflow: bool = False, listen: str | None 
                 return 1
             console.print("[green]sidecar is SERVING[/] (grpc.health.v1)\n")
             conversation = f"demo-{int(time.time())}"
+            if page:
+                console.print(f"inspector: [bold]{page}#conversation={conversation}[/]\n", soft_wrap=True)
             code = 0
             for text in messages:
                 console.print(f"[bold cyan]you>[/] {text}")
@@ -156,6 +187,11 @@ async def run_demo(workdir: Path, *, overflow: bool = False, listen: str | None 
                 console.print()
             console.rule(f"stored transcript of {conversation}")
             code = code or await run_history(Connection(target), conversation, console=console)
+            if page:
+                console.rule()
+                console.print(f"inspector: [bold]{page}#conversation={conversation}[/]", soft_wrap=True)
+                console.print("the sidecar stays up for the page: press Ctrl-C to stop it")
+                await wait_for_interrupt()
         finally:
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)

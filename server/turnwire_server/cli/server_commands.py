@@ -245,14 +245,22 @@ def demo(
             help="Address the demo's sidecar listens on, HOST:PORT. Default: 127.0.0.1 and a free port.",
         ),
     ] = None,
+    inspect: Annotated[
+        bool,
+        typer.Option(
+            "--inspect",
+            help="Serve the inspector page too, print its address, and keep the sidecar up until Ctrl-C.",
+        ),
+    ] = False,
 ) -> None:
     """Run a demo conversation that calls tools.
 
     Starts the sidecar on its embedded defaults, holds a conversation that calls tools, and
-    stops it.
+    stops it (with ``--inspect``: once you press Ctrl-C, after looking at its turns in the
+    inspector page it prints the address of).
     """
     from turnwire_server.cli.demo import run_demo
 
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    raise typer.Exit(asyncio.run(run_demo(workdir, overflow=overflow, listen=listen)))
+    raise typer.Exit(asyncio.run(run_demo(workdir, overflow=overflow, listen=listen, inspect=inspect)))

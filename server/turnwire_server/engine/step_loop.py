@@ -52,6 +52,7 @@ from turnwire_server.engine.settings import EngineSettings
 from turnwire_server.engine.step_record import bounded_metadata
 from turnwire_server.engine.tool_calls import ToolCallRunner
 from turnwire_server.engine.turn_state import TurnWorkingState
+from turnwire_server.engine.turn_timeline import COMPACTION, MODEL, STEP
 from turnwire_server.hooks.chain import HookError, merge_config
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.base import TurnAdmission, TurnRunStore
@@ -203,16 +204,17 @@ class StepLoop:
         turn.keep_from = input_start(view, [m.id for m in turn.request.messages])
         threshold = compactor.config.compact_after
         if threshold is not None and await compactor.count(self.settings.system_prompt, view) > threshold:
-            compacted = await compactor.compact(
-                "threshold",
-                system=self.settings.system_prompt,
-                view=view,
-                keep_from=turn.keep_from,
-                current=None,
-                elided_current=frozenset(),
-                attempt=turn.attempt,
-                writer=turn.writer,
-            )
+            with turn.timeline.span(COMPACTION, "compaction", detail="threshold"):
+                compacted = await compactor.compact(
+                    "threshold",
+                    system=self.settings.system_prompt,
+                    view=view,
+                    keep_from=turn.keep_from,
+                    current=None,
+                    elided_current=frozenset(),
+                    attempt=turn.attempt,
+                    writer=turn.writer,
+                )
             turn.usage.add(compacted.usage)
             turn.cost.merge(compacted.cost)
             view, turn.keep_from = compacted.view, compacted.keep_from
@@ -240,16 +242,17 @@ class StepLoop:
             return None
         turn.compactions += 1
         history = list(ctx.messages)
-        compacted = await compactor.compact(
-            "proactive",
-            system=ctx.system,
-            view=history,
-            keep_from=input_start(history, [m.id for m in turn.request.messages]),
-            current=turn.assistant.snapshot() if turn.assistant.has_parts else None,
-            elided_current=turn.elided_current,
-            attempt=turn.attempt,
-            writer=turn.writer,
-        )
+        with turn.timeline.span(COMPACTION, "compaction", detail="proactive"):
+            compacted = await compactor.compact(
+                "proactive",
+                system=ctx.system,
+                view=history,
+                keep_from=input_start(history, [m.id for m in turn.request.messages]),
+                current=turn.assistant.snapshot() if turn.assistant.has_parts else None,
+                elided_current=turn.elided_current,
+                attempt=turn.attempt,
+                writer=turn.writer,
+            )
         turn.usage.add(compacted.usage)
         turn.cost.merge(compacted.cost)
         turn.elided_current = compacted.elided_current
@@ -295,6 +298,9 @@ class StepLoop:
             if compacted is not None:
                 ctx = dataclasses.replace(ctx, messages=compacted)
                 base_messages = _base_messages(OpenCalls.find(compacted))
+            timeline = turn.timeline
+            timeline.step = step_number
+            step_span = timeline.begin(STEP, f"step {step_number}")
             step_ctx = StepContext(
                 conversation_id=request.conversation_id,
                 request_id=request.request_id,
@@ -353,7 +359,10 @@ class StepLoop:
             while True:
                 events_sent = turn.writer.sequence_number
                 try:
-                    with tracing.chat(provider, model_request, request.conversation_id) as span:
+                    with (
+                        timeline.span(MODEL, model_id),
+                        tracing.chat(provider, model_request, request.conversation_id) as span,
+                    ):
                         async with asyncio.timeout(limits.step_seconds):
                             finish = await self._stream(
                                 provider.stream(model_request),
@@ -424,6 +433,8 @@ class StepLoop:
             metrics.count_cost(request.conversation_id, self._provider_label, self._model_label, cost)
             self._step_finish_event(result, finish)
             await turn.hooks.on_step_finish(result)
+            timeline.end(step_span, finish.finish_reason)
+            timeline.step = None
             turn.continue_reply = False
             # A step the provider paused (finish.paused) goes on as a step with results does.
             if (
@@ -458,6 +469,7 @@ class StepLoop:
         shows the step as the fallback model streams it (docs/semantics.md §12)."""
         turn = self.state
         turn.attempt += 1
+        turn.timeline.attempt = turn.attempt
         event = turn.writer.new().attempt_start
         event.attempt = turn.attempt
         event.message_id = turn.assistant.message.id
@@ -693,6 +705,7 @@ class StepLoop:
         first token would leave only then (bench/ttft.md, issue 33). False, for the caller's flag."""
         turn = self.state
         turn.first_token_seen = True
+        turn.timeline.first_token()
         metrics.TIME_TO_FIRST_TOKEN.labels(self._model_label).observe(time.perf_counter() - turn.admitted)
         channel = turn.writer.channel
         start = turn.tracing.start_later()

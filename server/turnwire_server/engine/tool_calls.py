@@ -35,6 +35,7 @@ from turnwire_server.engine.assistant_message import OutputTooLarge
 from turnwire_server.engine.client_tools import hold_call
 from turnwire_server.engine.ids import tool_idempotency_key
 from turnwire_server.engine.turn_state import TurnWorkingState
+from turnwire_server.engine.turn_timeline import TOOL
 from turnwire_server.hooks.chain import HookError
 
 log = logging.getLogger("turnwire.tools")
@@ -208,9 +209,14 @@ class ToolCallRunner:
 
     async def _run(self, call: chunks.ToolCall, tool: Tool, step_number: int) -> None:
         tracing = self.turn.tracing
-        with tracing.tool(call.tool_call_id, call.tool_name, tool, call.input or {}) as span:
+        timeline = self.turn.timeline
+        with (
+            timeline.span(TOOL, call.tool_name, tool_call_id=call.tool_call_id) as timed,
+            tracing.tool(call.tool_call_id, call.tool_name, tool, call.input or {}) as span,
+        ):
             outcome, output, error_text = await self._call(call, tool, step_number)
             tracing.end_tool(span, outcome=outcome, output=output, error_text=error_text)
+            timeline.end(timed, outcome)
 
     async def _call(
         self, call: chunks.ToolCall, tool: Tool, step_number: int

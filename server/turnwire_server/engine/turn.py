@@ -76,6 +76,7 @@ from turnwire_server.engine.stream_log import StreamTail
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.engine.turn_spec import spec_json
 from turnwire_server.engine.turn_state import TurnWorkingState
+from turnwire_server.engine.turn_timeline import ATTEMPT, COMPACTION, QUEUE, TurnTimeline
 from turnwire_server.hooks.chain import HookError, MiddlewareChain
 from turnwire_server.hooks.timeline import HookTimeline
 from turnwire_server.providers.registry import ProviderRegistry
@@ -176,7 +177,11 @@ class TurnRun:
         self._turn_record: TurnRecord | None = None
         # Recorded only when asked for (events.hook_timeline): it costs clock reads per hook call.
         self.timeline = HookTimeline() if chain.middlewares and settings.events.hook_timeline else None
-        self.hooks = chain.for_turn(self.timeline, tracing.hook if tracing.enabled else None)
+        # What took its time, stored with its end (docs/inspector.md); hooks included.
+        timeline = TurnTimeline(self.admitted)
+        self.hooks = chain.for_turn(
+            self.timeline, timeline.hook_spans(tracing.hook if tracing.enabled else None)
+        )
         self.message_id = (
             recovery.record.assistant_message_id if recovery else assistant_message_id(request.request_id)
         )
@@ -197,7 +202,9 @@ class TurnRun:
             admitted=self.admitted,
             tracing=tracing,
             concurrent_input=concurrent_input,
+            timeline=timeline,
         )
+        timeline.attempt = self.state.attempt
         self._tools = tools
         self.compactor = (
             Compactor(
@@ -338,7 +345,9 @@ class TurnRun:
             else:
                 self._phase = "queued"
                 try:
+                    queue = self.state.timeline.begin(QUEUE, "queue", at=self.admitted)
                     async with self._turn_lock() as admission:
+                        self.state.timeline.end(queue)
                         self._on_lock_acquired()
                         await self._locked(admission)
                 except asyncio.CancelledError:
@@ -545,16 +554,17 @@ class TurnRun:
         if self.overflow_retries >= config.overflow_retries:
             return False
         state = self.state
-        compacted = await compactor.compact(
-            "reactive",
-            system=self.settings.system_prompt,
-            view=state.view,
-            keep_from=state.keep_from,
-            current=None,
-            elided_current=frozenset(),
-            attempt=state.attempt,
-            writer=self.writer,
-        )
+        with state.timeline.span(COMPACTION, "compaction", detail="reactive"):
+            compacted = await compactor.compact(
+                "reactive",
+                system=self.settings.system_prompt,
+                view=state.view,
+                keep_from=state.keep_from,
+                current=None,
+                elided_current=frozenset(),
+                attempt=state.attempt,
+                writer=self.writer,
+            )
         state.usage.add(compacted.usage)
         state.cost.merge(compacted.cost)
         if not compacted.shortened or state.cancelled.is_set():
@@ -736,6 +746,7 @@ class TurnRun:
             error=error_bytes,
             cost_usd=cost_usd,
             cost_source=cost_source,
+            timeline=self.state.timeline.serialize(),
         )
         end = self._end_response(message) if self._end_is_final() else None
         tail = await self._stream_tail(end)
@@ -795,6 +806,7 @@ class TurnRun:
             state="aborted",
             end_time=dt.datetime.now(dt.UTC),
             error=self.status_error.SerializeToString(),
+            timeline=self.state.timeline.serialize(),
         )
         removed = [message.id for message in self.request.messages] + [self.message_id]
         end = self._end_response(None) if self._end_is_final() else None
@@ -974,6 +986,8 @@ class TurnRun:
     async def _run_steps(self) -> None:
         admission, self._admission = self._admission, None  # a later attempt reads the store again
         await settle(self.state)  # what an earlier attempt of this run left reserved
+        timeline = self.state.timeline
+        timeline.attempt = self.state.attempt
         loop = StepLoop(
             self.state,
             store=self.store,
@@ -982,7 +996,8 @@ class TurnRun:
             stop=self.cancel,
             compactor=self.compactor,
         )
-        await loop.run(admission)
+        with timeline.span(ATTEMPT, f"attempt {self.state.attempt}"):
+            await loop.run(admission)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

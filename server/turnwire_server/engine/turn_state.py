@@ -22,6 +22,7 @@ from turnwire_server.engine.cost import CostTotal
 from turnwire_server.engine.events import EventWriter
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
+from turnwire_server.engine.turn_timeline import TurnTimeline
 from turnwire_server.hooks.chain import TurnHooks
 from turnwire_server.store.records import BudgetCharge, BudgetGrant, TurnLease
 
@@ -66,7 +67,8 @@ class TurnWorkingState:
     proactive compactions of this attempt (docs/semantics.md §9).
     ``admitted`` is when the turn was admitted (``time.perf_counter``) and ``first_token_seen``
     whether its time to first token was measured (once per turn, ``engine/metrics.py``).
-    ``tracing`` creates the spans of its model and tool calls.
+    ``tracing`` creates the spans of its model and tool calls; ``timeline`` records what took its
+    time, stored with its end (docs/inspector.md).
     ``concurrent_input`` is what ``before_turn`` is told about the strategy the request used on
     a busy conversation (None: a recovery or a submission).
     ``lease`` is the fencing token every write of the turn carries (None until its record
@@ -103,3 +105,4 @@ class TurnWorkingState:
     lease: TurnLease | None = None
     budget_states: Sequence[BudgetState] = ()
     unsettled: BudgetSettlement | None = None
+    timeline: TurnTimeline = field(default_factory=lambda: TurnTimeline(0.0))

@@ -31,6 +31,7 @@ from turnwire_server.http.ag_ui_door import AgUiDoor
 from turnwire_server.http.ai_sdk_door import AiSdkDoor
 from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls, metadata_of
 from turnwire_server.http.connect_door import ConnectDoor, endpoints_of
+from turnwire_server.http.inspector_door import inspector_routes
 from turnwire_server.http.openai_chat import ChatCompletionsDoor
 from turnwire_server.http.openai_door import ResponsesDoor
 from turnwire_server.http.settings import PROTOCOL_REQUEST_HEADERS, PROTOCOL_RESPONSE_HEADERS, CorsSettings
@@ -42,11 +43,13 @@ HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 class DoorContext:
     """What a door is built from: ``calls`` (every served method, through the interceptors),
     the ``services`` served (their descriptors) and ``read_max_bytes``, the largest request
-    message taken (``limits.max_receive_message_bytes``, as over gRPC)."""
+    message taken (``limits.max_receive_message_bytes``, as over gRPC); ``inspector``: serve the
+    inspector page (``http.inspector``)."""
 
     calls: InProcessCalls
     services: Sequence[ServiceDescriptor]
     read_max_bytes: int
+    inspector: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,12 @@ def ai_sdk_door(context: DoorContext) -> Door:
     return Door("AI SDK", AiSdkDoor(context.calls, context.read_max_bytes).routes())
 
 
+def inspector_door(context: DoorContext) -> Door:
+    """The inspector page at ``/inspector/`` when ``http.inspector`` is on, else no route
+    (:mod:`turnwire_server.http.inspector_door`, docs/inspector.md)."""
+    return Door("inspector" if context.inspector else "", inspector_routes() if context.inspector else [])
+
+
 def build_app(context: DoorContext, doors: Sequence[DoorFactory], cors: CorsSettings) -> Starlette:
     """The listener's ASGI application: ``doors`` built from ``context``, in order (the first
     route that matches a path wins), behind CORS when ``cors.allow_origins`` names any."""
@@ -124,7 +133,7 @@ def build_app(context: DoorContext, doors: Sequence[DoorFactory], cors: CorsSett
             )
         )
     app = Starlette(routes=[route for door in built for route in door.routes], middleware=middleware)
-    app.state.doors = tuple(door.name for door in built)
+    app.state.doors = tuple(door.name for door in built if door.name)
     return app
 
 
@@ -137,5 +146,6 @@ __all__ = [
     "build_app",
     "connect_door",
     "health_door",
+    "inspector_door",
     "openai_door",
 ]

@@ -42,6 +42,7 @@ from turnwire_server.http.doors import (
     build_app,
     connect_door,
     health_door,
+    inspector_door,
     openai_door,
 )
 from turnwire_server.http.settings import HttpSettings
@@ -49,7 +50,14 @@ from turnwire_server.listen_check import ListenAddressError, check_listen_addres
 
 log = logging.getLogger("turnwire.http")
 
-DOORS: tuple[DoorFactory, ...] = (health_door, connect_door, openai_door, ag_ui_door, ai_sdk_door)
+DOORS: tuple[DoorFactory, ...] = (
+    health_door,
+    connect_door,
+    openai_door,
+    ag_ui_door,
+    ai_sdk_door,
+    inspector_door,
+)
 """The doors of the listener, in route order (docs/http.md#adding-a-door)."""
 
 

@@ -82,6 +82,10 @@ class HttpSettings(ConfigSection):
         None, description="HOST:PORT of the HTTP listener (Connect, gRPC-Web); unset: off"
     )
     cors: CorsSettings = Field(default_factory=CorsSettings)
+    inspector: bool = Field(
+        False,
+        description="serve the read-only inspector page at /inspector/ (docs/inspector.md); needs listen",
+    )
 
     @field_validator("listen")
     @classmethod

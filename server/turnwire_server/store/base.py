@@ -129,6 +129,17 @@ class TranscriptStore(Protocol):
         read, index-served (docs/semantics.md §5)."""
         ...
 
+    async def list_turns(
+        self, conversation_id: str, page_size: int, page_token: str, *, failed_only: bool = False
+    ) -> tuple[list[TurnRecord], str]:
+        """Up to ``page_size`` (>= 1) of the conversation's turns, most recently started first
+        (ties by request id, descending), with their cost and timeline; only those that ended
+        ``error``, ``aborted`` or ``interrupted`` with ``failed_only``. Returns the records and
+        the next page's token ("" on the last page; pass "" for the first). Served by the
+        ``turns_by_conversation`` index. Raises :class:`InvalidPageToken` for a token not issued
+        for this listing, :class:`ValueError` when ``page_size`` < 1."""
+        ...
+
     async def add_messages(
         self,
         conversation_id: str,

@@ -338,6 +338,40 @@ class SyncTurnwireClient:
         )
         return response
 
+    def list_turns(
+        self,
+        conversation_id: str,
+        page_size: int = 0,
+        page_token: str = "",
+        *,
+        failed_only: bool = False,
+        timeout: float | None = None,
+    ) -> chat_service_pb2.ListTurnsResponse:
+        """List a conversation's turns, most recently started first, each with its status, error,
+        cost and stored timeline (docs/inspector.md).
+
+        Args:
+            conversation_id: The conversation (an unknown one has no turns).
+            page_size: 1-1000; 0 means the server default (100).
+            page_token: ``next_page_token`` of the previous page; ``""`` for the first.
+            failed_only: Only the turns that ended ``ERROR``, ``ABORTED`` or ``INTERRUPTED``.
+
+        Returns:
+            The page; its ``next_page_token`` is ``""`` on the last page.
+
+        Raises:
+            TurnwireError: ``INVALID_ARGUMENT`` for a bad id or a foreign page token (reason
+                ``INVALID_PAGE_TOKEN``), or any call failure.
+        """
+        request = chat_service_pb2.ListTurnsRequest(
+            conversation_id=conversation_id,
+            page_size=page_size,
+            page_token=page_token,
+            failed_only=failed_only,
+        )
+        response: chat_service_pb2.ListTurnsResponse = self._unary(self._stub.ListTurns, request, timeout)
+        return response
+
     def cancel_chat(
         self,
         request_id: str,

@@ -183,7 +183,7 @@ def finish_turn(finish: FinishTurn, dialect: Dialect, now_us: int) -> Program[No
     writes.append(
         Statement(
             "UPDATE turns SET state = ?, end_time = ?, error = ?, recovery_count = ?, cost_usd = ?,"
-            " cost_source = ? WHERE request_id = ?",
+            " cost_source = ?, timeline = ? WHERE request_id = ?",
             (
                 turn.state,
                 finish.end_us,
@@ -191,6 +191,7 @@ def finish_turn(finish: FinishTurn, dialect: Dialect, now_us: int) -> Program[No
                 turn.recovery_count,
                 turn.cost_usd,
                 turn.cost_source,
+                turn.timeline,
                 turn.request_id,
             ),
         )
@@ -259,9 +260,17 @@ def roll_back_turn(
             )
     writes.append(
         Statement(
-            "UPDATE turns SET state = ?, end_time = ?, error = ?, cost_usd = ?, cost_source = ?"
-            " WHERE request_id = ?",
-            (turn.state, finish.end_us, turn.error, turn.cost_usd, turn.cost_source, turn.request_id),
+            "UPDATE turns SET state = ?, end_time = ?, error = ?, cost_usd = ?, cost_source = ?,"
+            " timeline = ? WHERE request_id = ?",
+            (
+                turn.state,
+                finish.end_us,
+                turn.error,
+                turn.cost_usd,
+                turn.cost_source,
+                turn.timeline,
+                turn.request_id,
+            ),
         )
     )
     ended = submission_end(turn.state)

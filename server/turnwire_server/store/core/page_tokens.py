@@ -32,8 +32,10 @@ from turnwire_server.store.errors import InvalidPageToken
 __all__ = [
     "decode_page_token",
     "decode_submission_token",
+    "decode_turn_token",
     "encode_page_token",
     "encode_submission_token",
+    "encode_turn_token",
 ]
 
 _HEAD: Final = struct.Struct(">B8sq")  # version, digest of the filters and scope, time (µs)
@@ -49,6 +51,8 @@ _CONVERSATIONS: Final = 3
 """Version 1 was JSON, version 2 the same binary layout with the whole key and no scope digest."""
 _SUBMISSIONS: Final = 2
 """Version 1 carried the submission's store-wide ``seq``."""
+_TURNS: Final = 4
+"""The turn listing's (``list_turns``): its own version, so no other listing's token passes."""
 
 
 def _digest(*filters: str) -> bytes:
@@ -115,3 +119,28 @@ def decode_submission_token(
     if "\0" in local_id:
         raise InvalidPageToken(f"invalid page token {token[:64]!r}")
     return create_us, id_prefix + local_id
+
+
+def encode_turn_token(start_us: int, request_id: str, conversation_id: str, failed_only: bool) -> str:
+    """The token of the turn listing's page after the turn ``request_id`` (a key) started at
+    ``start_us``, in the listing of ``conversation_id``'s turns (``failed_only`` or all). The id
+    is kept without the conversation's tenant prefix, as the other listings keep theirs."""
+    prefix = _tenant_prefix(conversation_id)
+    digest = _digest(conversation_id, "failed" if failed_only else "")
+    return _encode(_TURNS, digest, start_us, request_id.removeprefix(prefix))
+
+
+def decode_turn_token(token: str, conversation_id: str, failed_only: bool) -> tuple[int, str]:
+    """``(start_us, request_id)`` (the key) of a token :func:`encode_turn_token` made for this
+    listing. Raises :class:`InvalidPageToken`, and nothing else, for any other string."""
+    digest = _digest(conversation_id, "failed" if failed_only else "")
+    start_us, local_id = _decode(token, _TURNS, digest)
+    if "\0" in local_id:
+        raise InvalidPageToken(f"invalid page token {token[:64]!r}")
+    return start_us, _tenant_prefix(conversation_id) + local_id
+
+
+def _tenant_prefix(key: str) -> str:
+    """``"<tenant>/"`` of a store key, "" for the default tenant's (tenant_keys.py)."""
+    tenant, separator, _ = key.partition("/")
+    return tenant + separator if separator else ""

@@ -22,7 +22,12 @@ from turnwire_server.store.base import (
 )
 from turnwire_server.store.core.budget_writes import read_spends, spends_from_rows
 from turnwire_server.store.core.message_cache import DecodedMessages
-from turnwire_server.store.core.page_tokens import decode_page_token, encode_page_token
+from turnwire_server.store.core.page_tokens import (
+    decode_page_token,
+    decode_turn_token,
+    encode_page_token,
+    encode_turn_token,
+)
 from turnwire_server.store.core.partial_replies import (
     partial_replies_of,
     partial_replies_sql,
@@ -31,6 +36,7 @@ from turnwire_server.store.core.partial_replies import (
 from turnwire_server.store.core.rows import (
     COMPACTION_COLUMNS,
     TURN_COLUMNS,
+    TURN_LISTING_COLUMNS,
     compaction_from_row,
     conversation_from_row,
     to_us,
@@ -52,6 +58,7 @@ LOAD_COMPACTION_SQL: Final = f"SELECT {COMPACTION_COLUMNS} FROM compactions WHER
 
 _PARTIAL_REPLIES_SQL: Final = partial_replies_sql("?")
 _TURNS_WITHOUT_REPLY_SQL: Final = turns_without_reply_sql("?")
+_FAILED_STATES: Final = "('error', 'aborted', 'interrupted')"
 _CONVERSATION_COST_SQL: Final = (
     "SELECT cost_usd, cost_source FROM turns WHERE conversation_id = ? AND state <> 'running'"
     " ORDER BY start_time, request_id"
@@ -160,6 +167,34 @@ class CoreReads:
             raise ValueError(f"limit must be >= 1, got {limit}")
         rows = await self._read("turns_without_reply", _TURNS_WITHOUT_REPLY_SQL, (conversation_id, limit))
         return [turn_from_row(row) for row in reversed(rows)]
+
+    async def list_turns(
+        self, conversation_id: str, page_size: int, page_token: str, *, failed_only: bool = False
+    ) -> tuple[list[TurnRecord], str]:
+        """See :meth:`~turnwire_server.store.base.TranscriptStore.list_turns`."""
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        where = ["conversation_id = ?"]
+        params: list[object] = [conversation_id]
+        if failed_only:
+            where.append(f"state IN {_FAILED_STATES}")
+        if page_token:
+            start_us, after_id = decode_turn_token(page_token, conversation_id, failed_only)
+            where.append("(start_time < ? OR (start_time = ? AND request_id < ?))")
+            params.extend((start_us, start_us, after_id))
+        sql = (
+            f"SELECT {TURN_LISTING_COLUMNS} FROM turns WHERE {' AND '.join(where)}"
+            " ORDER BY start_time DESC, request_id DESC LIMIT ?"
+        )
+        rows = await self._read("list_turns", sql, (*params, page_size + 1))
+        turns = [turn_from_row(row) for row in rows[:page_size]]
+        token = ""
+        if len(rows) > page_size:
+            last = turns[-1]
+            token = encode_turn_token(
+                to_us(last.start_time, "start_time"), last.request_id, conversation_id, failed_only
+            )
+        return turns, token
 
     async def load_compaction(self, conversation_id: str) -> CompactionRecord | None:
         """The conversation's compaction, None when none. Raises :class:`StoreCorrupted`."""

@@ -21,6 +21,7 @@ __all__ = [
     "COMPACTION_COLUMNS",
     "LOAD_MESSAGES_SQL",
     "TURN_COLUMNS",
+    "TURN_LISTING_COLUMNS",
     "MessageRow",
     "build_message",
     "check_turn",
@@ -195,6 +196,9 @@ TURN_COLUMNS: Final = (
 )
 """The ``turns`` columns :func:`turn_from_row` reads, in its order."""
 
+TURN_LISTING_COLUMNS: Final = TURN_COLUMNS + ", cost_usd, cost_source, timeline"
+""":data:`TURN_COLUMNS` and what ``Store.list_turns`` adds: the cost and the timeline."""
+
 
 def turn_from_row(row: Any) -> TurnRecord:
     """A ``turns`` row (columns in table order) as a :class:`TurnRecord` (times tz-aware UTC).
@@ -219,6 +223,9 @@ def turn_from_row(row: Any) -> TurnRecord:
         owner=(row[11] or "") if len(row) > 11 else "",
         lease_until=_opt_from_us(row[12]) if len(row) > 12 else None,
         lease_epoch=int(row[13] or 0) if len(row) > 13 else 0,
+        cost_usd=row[14] if len(row) > 14 else None,
+        cost_source=row[15] if len(row) > 15 else None,
+        timeline=None if len(row) <= 16 or row[16] is None else bytes(row[16]),
     )
 
 

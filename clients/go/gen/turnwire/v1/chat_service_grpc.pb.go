@@ -72,6 +72,9 @@ type ChatServiceClient interface {
 	// SubmitToolApprovals approves or denies tool calls waiting in
 	// TOOL_CALL_STATE_APPROVAL_REQUESTED, then continues as SubmitToolResults.
 	SubmitToolApprovals(ctx context.Context, in *SubmitToolApprovalsRequest, opts ...grpc.CallOption) (ChatService_SubmitToolApprovalsClient, error)
+	// The turns of a conversation, most recently started first, each with how it
+	// ended, its cost and its timeline (docs/inspector.md). Read-only.
+	ListTurns(ctx context.Context, in *ListTurnsRequest, opts ...grpc.CallOption) (*ListTurnsResponse, error)
 }
 
 type chatServiceClient struct {
@@ -387,6 +390,15 @@ func (x *chatServiceSubmitToolApprovalsClient) Recv() (*SubmitToolApprovalsRespo
 	return m, nil
 }
 
+func (c *chatServiceClient) ListTurns(ctx context.Context, in *ListTurnsRequest, opts ...grpc.CallOption) (*ListTurnsResponse, error) {
+	out := new(ListTurnsResponse)
+	err := c.cc.Invoke(ctx, "/turnwire.v1.ChatService/ListTurns", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ChatServiceServer is the server API for ChatService service.
 // All implementations must embed UnimplementedChatServiceServer
 // for forward compatibility
@@ -446,6 +458,9 @@ type ChatServiceServer interface {
 	// SubmitToolApprovals approves or denies tool calls waiting in
 	// TOOL_CALL_STATE_APPROVAL_REQUESTED, then continues as SubmitToolResults.
 	SubmitToolApprovals(*SubmitToolApprovalsRequest, ChatService_SubmitToolApprovalsServer) error
+	// The turns of a conversation, most recently started first, each with how it
+	// ended, its cost and its timeline (docs/inspector.md). Read-only.
+	ListTurns(context.Context, *ListTurnsRequest) (*ListTurnsResponse, error)
 	mustEmbedUnimplementedChatServiceServer()
 }
 
@@ -500,6 +515,9 @@ func (UnimplementedChatServiceServer) SubmitToolResults(*SubmitToolResultsReques
 }
 func (UnimplementedChatServiceServer) SubmitToolApprovals(*SubmitToolApprovalsRequest, ChatService_SubmitToolApprovalsServer) error {
 	return status.Errorf(codes.Unimplemented, "method SubmitToolApprovals not implemented")
+}
+func (UnimplementedChatServiceServer) ListTurns(context.Context, *ListTurnsRequest) (*ListTurnsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListTurns not implemented")
 }
 func (UnimplementedChatServiceServer) mustEmbedUnimplementedChatServiceServer() {}
 
@@ -823,6 +841,24 @@ func (x *chatServiceSubmitToolApprovalsServer) Send(m *SubmitToolApprovalsRespon
 	return x.ServerStream.SendMsg(m)
 }
 
+func _ChatService_ListTurns_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListTurnsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ChatServiceServer).ListTurns(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/turnwire.v1.ChatService/ListTurns",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ChatServiceServer).ListTurns(ctx, req.(*ListTurnsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _ChatService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "turnwire.v1.ChatService",
 	HandlerType: (*ChatServiceServer)(nil),
@@ -862,6 +898,10 @@ var _ChatService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteConversation",
 			Handler:    _ChatService_DeleteConversation_Handler,
+		},
+		{
+			MethodName: "ListTurns",
+			Handler:    _ChatService_ListTurns_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -169,6 +169,58 @@ ADD_MODE_UPSERT: AddMode.ValueType  # 2
 """Append new messages; replace stored ones (same id) in place."""
 Global___AddMode: _TypeAlias = AddMode  # noqa: Y015
 
+class _TimelineSpanKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TimelineSpanKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TimelineSpanKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TIMELINE_SPAN_KIND_UNSPECIFIED: _TimelineSpanKind.ValueType  # 0
+    """Not set."""
+    TIMELINE_SPAN_KIND_QUEUE: _TimelineSpanKind.ValueType  # 1
+    """Waiting for the turns ahead on the conversation and storing the input."""
+    TIMELINE_SPAN_KIND_ATTEMPT: _TimelineSpanKind.ValueType  # 2
+    """One attempt of the turn (a recovery or a context-overflow re-run starts
+    another).
+    """
+    TIMELINE_SPAN_KIND_STEP: _TimelineSpanKind.ValueType  # 3
+    """One step: before_step, the model stream, its tool calls, on_step_finish."""
+    TIMELINE_SPAN_KIND_MODEL: _TimelineSpanKind.ValueType  # 4
+    """One model stream of a step (a fallback model is another)."""
+    TIMELINE_SPAN_KIND_TOOL: _TimelineSpanKind.ValueType  # 5
+    """One tool call with its before/after hooks (blocked and substituted calls
+    included).
+    """
+    TIMELINE_SPAN_KIND_HOOK: _TimelineSpanKind.ValueType  # 6
+    """One hook call of one middleware (on_chunk is not timed)."""
+    TIMELINE_SPAN_KIND_COMPACTION: _TimelineSpanKind.ValueType  # 7
+    """A compaction of the conversation's history (docs/semantics.md §9)."""
+
+class TimelineSpanKind(_TimelineSpanKind, metaclass=_TimelineSpanKindEnumTypeWrapper):
+    """TimelineSpanKind is what a TimelineSpan timed."""
+
+TIMELINE_SPAN_KIND_UNSPECIFIED: TimelineSpanKind.ValueType  # 0
+"""Not set."""
+TIMELINE_SPAN_KIND_QUEUE: TimelineSpanKind.ValueType  # 1
+"""Waiting for the turns ahead on the conversation and storing the input."""
+TIMELINE_SPAN_KIND_ATTEMPT: TimelineSpanKind.ValueType  # 2
+"""One attempt of the turn (a recovery or a context-overflow re-run starts
+another).
+"""
+TIMELINE_SPAN_KIND_STEP: TimelineSpanKind.ValueType  # 3
+"""One step: before_step, the model stream, its tool calls, on_step_finish."""
+TIMELINE_SPAN_KIND_MODEL: TimelineSpanKind.ValueType  # 4
+"""One model stream of a step (a fallback model is another)."""
+TIMELINE_SPAN_KIND_TOOL: TimelineSpanKind.ValueType  # 5
+"""One tool call with its before/after hooks (blocked and substituted calls
+included).
+"""
+TIMELINE_SPAN_KIND_HOOK: TimelineSpanKind.ValueType  # 6
+"""One hook call of one middleware (on_chunk is not timed)."""
+TIMELINE_SPAN_KIND_COMPACTION: TimelineSpanKind.ValueType  # 7
+"""A compaction of the conversation's history (docs/semantics.md §9)."""
+Global___TimelineSpanKind: _TypeAlias = TimelineSpanKind  # noqa: Y015
+
 @_typing.final
 class ClientTool(_message.Message):
     """ClientTool is a tool the client runs itself, offered to the model for one
@@ -1631,3 +1683,266 @@ class SubmitToolApprovalsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubmitToolApprovalsResponse: _TypeAlias = SubmitToolApprovalsResponse  # noqa: Y015
+
+@_typing.final
+class ListTurnsRequest(_message.Message):
+    """ListTurnsRequest is the input of ChatService.ListTurns."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    FAILED_ONLY_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The conversation whose turns to list."""
+    page_size: _builtins.int
+    """Maximum number of turns to return: 1-1000; 0 means 100; larger values are
+    coerced to 1000.
+    """
+    page_token: _builtins.str
+    """The `next_page_token` of a previous call with the same request; empty for
+    the first page.
+    """
+    failed_only: _builtins.bool
+    """Only the turns that ended TURN_STATUS_ERROR, TURN_STATUS_ABORTED or
+    TURN_STATUS_INTERRUPTED.
+    """
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        failed_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "failed_only", b"failed_only", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTurnsRequest: _TypeAlias = ListTurnsRequest  # noqa: Y015
+
+@_typing.final
+class ListTurnsResponse(_message.Message):
+    """ListTurnsResponse is the output of ChatService.ListTurns."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURNS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token for the next page; empty when there are no more."""
+    @_builtins.property
+    def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___Turn]:
+        """The turns, most recently started first. An unknown conversation (or
+        another tenant's) has none.
+        """
+
+    def __init__(
+        self,
+        *,
+        turns: _abc.Iterable[Global___Turn] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "turns", b"turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTurnsResponse: _TypeAlias = ListTurnsResponse  # noqa: Y015
+
+@_typing.final
+class Turn(_message.Message):
+    """Turn is one stored turn of a conversation: how it ended and what took its
+    time.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    ASSISTANT_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    CONTINUATION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    COST_FIELD_NUMBER: _builtins.int
+    RECOVERY_COUNT_FIELD_NUMBER: _builtins.int
+    TIMELINE_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """The turn's request id."""
+    conversation_id: _builtins.str
+    """Its conversation."""
+    status: _event_pb2.TurnStatus.ValueType
+    """How it ended; TURN_STATUS_UNSPECIFIED while it is running."""
+    model: _builtins.str
+    """The model it was asked to use."""
+    assistant_message_id: _builtins.str
+    """The id of its assistant message (which may not exist: see
+    Conversation.turns_without_reply).
+    """
+    continuation: _builtins.bool
+    """True for a ContinueLastTurn."""
+    recovery_count: _builtins.int
+    """How many recoveries (crash, stall) it spent."""
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was accepted."""
+
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp:
+        """When it ended; unset while it is running."""
+
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """Why it ended, when that was recorded (as TurnEnd.error): a
+        google.rpc.Status with google.rpc.ErrorInfo (domain `turnwire.dev`, the
+        reason from ErrorReason: its classification; the metadata says more).
+        """
+
+    @_builtins.property
+    def cost(self) -> _message_pb2.Cost:
+        """What it cost (docs/cost.md); unset while running or when unknown."""
+
+    @_builtins.property
+    def timeline(self) -> Global___TurnTimeline:
+        """Its timeline, written with its end; unset while it runs and for turns
+        stored before timelines were (docs/inspector.md).
+        """
+
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        status: _event_pb2.TurnStatus.ValueType = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
+        model: _builtins.str = ...,
+        assistant_message_id: _builtins.str = ...,
+        continuation: _builtins.bool = ...,
+        error: _status_pb2.Status | None = ...,
+        cost: _message_pb2.Cost | None = ...,
+        recovery_count: _builtins.int = ...,
+        timeline: Global___TurnTimeline | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "end_time", b"end_time", "error", b"error", "start_time", b"start_time", "timeline", b"timeline"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_message_id", b"assistant_message_id", "continuation", b"continuation", "conversation_id", b"conversation_id", "cost", b"cost", "end_time", b"end_time", "error", b"error", "model", b"model", "recovery_count", b"recovery_count", "request_id", b"request_id", "start_time", b"start_time", "status", b"status", "timeline", b"timeline"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Turn: _TypeAlias = Turn  # noqa: Y015
+
+@_typing.final
+class TurnTimeline(_message.Message):
+    """TurnTimeline is what took a turn's time, recorded while it ran (with a
+    monotonic clock) and stored with its end: the phases a Gantt chart draws.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ORIGIN_FIELD_NUMBER: _builtins.int
+    SPANS_FIELD_NUMBER: _builtins.int
+    DROPPED_SPANS_FIELD_NUMBER: _builtins.int
+    dropped_spans: _builtins.int
+    """Phases not kept because the turn had more than the server keeps (4096)."""
+    @_builtins.property
+    def origin(self) -> _timestamp_pb2.Timestamp:
+        """The wall-clock time of offset 0: when the turn was accepted."""
+
+    @_builtins.property
+    def spans(self) -> _containers.RepeatedCompositeFieldContainer[Global___TimelineSpan]:
+        """The phases in the order they started."""
+
+    def __init__(
+        self,
+        *,
+        origin: _timestamp_pb2.Timestamp | None = ...,
+        spans: _abc.Iterable[Global___TimelineSpan] | None = ...,
+        dropped_spans: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["origin", b"origin"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped_spans", b"dropped_spans", "origin", b"origin", "spans", b"spans"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnTimeline: _TypeAlias = TurnTimeline  # noqa: Y015
+
+@_typing.final
+class TimelineSpan(_message.Message):
+    """TimelineSpan is one timed phase of a turn. Offsets are microseconds after
+    TurnTimeline.origin.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    START_OFFSET_MICROS_FIELD_NUMBER: _builtins.int
+    DURATION_MICROS_FIELD_NUMBER: _builtins.int
+    STEP_NUMBER_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    FIRST_TOKEN_OFFSET_MICROS_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    kind: Global___TimelineSpanKind.ValueType
+    """What it timed."""
+    name: _builtins.str
+    """Its label: the hook's name, the tool's, the model's, `queue`, `step 0` …"""
+    start_offset_micros: _builtins.int
+    """When it started."""
+    duration_micros: _builtins.int
+    """How long it took."""
+    step_number: _builtins.int
+    """The step it belongs to; unset outside steps."""
+    attempt: _builtins.int
+    """The attempt it belongs to (from 1)."""
+    tool_call_id: _builtins.str
+    """The tool call, for TOOL spans."""
+    first_token_offset_micros: _builtins.int
+    """When the model's first token (text or reasoning) arrived, for the MODEL
+    span that had the turn's first token; unset otherwise.
+    """
+    outcome: _builtins.str
+    """How it ended: a tool call's `executed`, `blocked`, `substituted`,
+    `failed`; `failed` for a hook that raised or a model stream that failed;
+    `cancelled` when the turn was stopped during it; empty otherwise.
+    """
+    detail: _builtins.str
+    """More to show: the middleware of a HOOK span, a compaction's reason."""
+    def __init__(
+        self,
+        *,
+        kind: Global___TimelineSpanKind.ValueType = ...,
+        name: _builtins.str = ...,
+        start_offset_micros: _builtins.int = ...,
+        duration_micros: _builtins.int = ...,
+        step_number: _builtins.int | None = ...,
+        attempt: _builtins.int = ...,
+        tool_call_id: _builtins.str = ...,
+        first_token_offset_micros: _builtins.int | None = ...,
+        outcome: _builtins.str = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_first_token_offset_micros", b"_first_token_offset_micros", "_step_number", b"_step_number", "first_token_offset_micros", b"first_token_offset_micros", "step_number", b"step_number"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_first_token_offset_micros", b"_first_token_offset_micros", "_step_number", b"_step_number", "attempt", b"attempt", "detail", b"detail", "duration_micros", b"duration_micros", "first_token_offset_micros", b"first_token_offset_micros", "kind", b"kind", "name", b"name", "outcome", b"outcome", "start_offset_micros", b"start_offset_micros", "step_number", b"step_number", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__first_token_offset_micros: _TypeAlias = _typing.Literal["first_token_offset_micros"]  # noqa: Y015
+    _WhichOneofArgType__first_token_offset_micros: _TypeAlias = _typing.Literal["_first_token_offset_micros", b"_first_token_offset_micros"]  # noqa: Y015
+    _WhichOneofReturnType__step_number: _TypeAlias = _typing.Literal["step_number"]  # noqa: Y015
+    _WhichOneofArgType__step_number: _TypeAlias = _typing.Literal["_step_number", b"_step_number"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__first_token_offset_micros) -> _WhichOneofReturnType__first_token_offset_micros | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__step_number) -> _WhichOneofReturnType__step_number | None: ...
+
+Global___TimelineSpan: _TypeAlias = TimelineSpan  # noqa: Y015

@@ -123,6 +123,11 @@ class ChatServiceStub:
                 request_serializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitToolApprovalsRequest.SerializeToString,
                 response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitToolApprovalsResponse.FromString,
                 _registered_method=True)
+        self.ListTurns = channel.unary_unary(
+                '/turnwire.v1.ChatService/ListTurns',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.ListTurnsRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ListTurnsResponse.FromString,
+                _registered_method=True)
 
 
 class ChatServiceServicer:
@@ -272,6 +277,14 @@ class ChatServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTurns(self, request, context):
+        """The turns of a conversation, most recently started first, each with how it
+        ended, its cost and its timeline (docs/inspector.md). Read-only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChatServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -354,6 +367,11 @@ def add_ChatServiceServicer_to_server(servicer, server):
                     servicer.SubmitToolApprovals,
                     request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitToolApprovalsRequest.FromString,
                     response_serializer=turnwire_dot_v1_dot_chat__service__pb2.SubmitToolApprovalsResponse.SerializeToString,
+            ),
+            'ListTurns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTurns,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ListTurnsRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.ListTurnsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -797,6 +815,33 @@ class ChatService:
             '/turnwire.v1.ChatService/SubmitToolApprovals',
             turnwire_dot_v1_dot_chat__service__pb2.SubmitToolApprovalsRequest.SerializeToString,
             turnwire_dot_v1_dot_chat__service__pb2.SubmitToolApprovalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTurns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/ListTurns',
+            turnwire_dot_v1_dot_chat__service__pb2.ListTurnsRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.ListTurnsResponse.FromString,
             options,
             channel_credentials,
             insecure,

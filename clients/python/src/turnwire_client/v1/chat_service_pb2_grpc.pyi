@@ -111,6 +111,10 @@ class ChatServiceStub:
     """SubmitToolApprovals approves or denies tool calls waiting in
     TOOL_CALL_STATE_APPROVAL_REQUESTED, then continues as SubmitToolResults.
     """
+    ListTurns: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.ListTurnsRequest, _chat_service_pb2.ListTurnsResponse]
+    """The turns of a conversation, most recently started first, each with how it
+    ended, its cost and its timeline (docs/inspector.md). Read-only.
+    """
 
 @_typing.type_check_only
 class ChatServiceAsyncStub(ChatServiceStub):
@@ -194,6 +198,10 @@ class ChatServiceAsyncStub(ChatServiceStub):
     SubmitToolApprovals: _aio.UnaryStreamMultiCallable[_chat_service_pb2.SubmitToolApprovalsRequest, _chat_service_pb2.SubmitToolApprovalsResponse]  # type: ignore[assignment]
     """SubmitToolApprovals approves or denies tool calls waiting in
     TOOL_CALL_STATE_APPROVAL_REQUESTED, then continues as SubmitToolResults.
+    """
+    ListTurns: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.ListTurnsRequest, _chat_service_pb2.ListTurnsResponse]  # type: ignore[assignment]
+    """The turns of a conversation, most recently started first, each with how it
+    ended, its cost and its timeline (docs/inspector.md). Read-only.
     """
 
 class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -371,6 +379,16 @@ class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_chat_service_pb2.SubmitToolApprovalsResponse], _abc.AsyncIterator[_chat_service_pb2.SubmitToolApprovalsResponse]]:
         """SubmitToolApprovals approves or denies tool calls waiting in
         TOOL_CALL_STATE_APPROVAL_REQUESTED, then continues as SubmitToolResults.
+        """
+
+    @_abc_1.abstractmethod
+    def ListTurns(
+        self,
+        request: _chat_service_pb2.ListTurnsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.ListTurnsResponse, _abc.Awaitable[_chat_service_pb2.ListTurnsResponse]]:
+        """The turns of a conversation, most recently started first, each with how it
+        ended, its cost and its timeline (docs/inspector.md). Read-only.
         """
 
 def add_ChatServiceServicer_to_server(servicer: ChatServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

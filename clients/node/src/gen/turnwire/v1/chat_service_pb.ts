@@ -18,7 +18,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file turnwire/v1/chat_service.proto.
  */
 export const file_turnwire_v1_chat_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch50dXJud2lyZS92MS9jaGF0X3NlcnZpY2UucHJvdG8SC3R1cm53aXJlLnYxIl4KCkNsaWVudFRvb2wSDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRItCgxpbnB1dF9zY2hlbWEYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IlYKClR1cm5CdWRnZXQSFwoKbWF4X3Rva2VucxgBIAEoA0gAiAEBEhQKB21heF91c2QYAiABKAFIAYgBAUINCgtfbWF4X3Rva2Vuc0IKCghfbWF4X3VzZCLyAgoLQ2hhdFJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiUKB21lc3NhZ2UYAiABKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEhIKCnJlcXVlc3RfaWQYAyABKAkSJQoEYm9keRgEIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYBSABKAkSOAoRZGlzY29ubmVjdF9wb2xpY3kYBiABKA4yHS50dXJud2lyZS52MS5EaXNjb25uZWN0UG9saWN5Ei0KDGNsaWVudF90b29scxgHIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wSRwoZY29uY3VycmVudF9pbnB1dF9zdHJhdGVneRgIIAEoDjIkLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dFN0cmF0ZWd5EicKBmJ1ZGdldBgJIAEoCzIXLnR1cm53aXJlLnYxLlR1cm5CdWRnZXQiNQoMQ2hhdFJlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50IvsCChNTYXZlTWVzc2FnZXNSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRImCghtZXNzYWdlcxgCIAMoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USEgoKcmVxdWVzdF9pZBgDIAEoCRIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgFIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgGIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAcgAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAggASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kSJwoGYnVkZ2V0GAkgASgLMhcudHVybndpcmUudjEuVHVybkJ1ZGdldCI9ChRTYXZlTWVzc2FnZXNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCKOAgoXQ29udGludWVMYXN0VHVyblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkSJQoEYm9keRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYBCABKAkSOAoRZGlzY29ubmVjdF9wb2xpY3kYBSABKA4yHS50dXJud2lyZS52MS5EaXNjb25uZWN0UG9saWN5Ei0KDGNsaWVudF90b29scxgGIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wSJwoGYnVkZ2V0GAcgASgLMhcudHVybndpcmUudjEuVHVybkJ1ZGdldCJBChhDb250aW51ZUxhc3RUdXJuUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQi2QIKDENvbnZlcnNhdGlvbhIXCg9jb252ZXJzYXRpb25faWQYASABKAkSLwoLY3JlYXRlX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1tZXNzYWdlX2NvdW50GAQgASgDEiYKCG1lc3NhZ2VzGAUgAygLMhQudHVybndpcmUudjEuTWVzc2FnZRIyCg9wYXJ0aWFsX3JlcGxpZXMYBiADKAsyGS50dXJud2lyZS52MS5QYXJ0aWFsUmVwbHkSOgoTdHVybnNfd2l0aG91dF9yZXBseRgHIAMoCzIdLnR1cm53aXJlLnYxLlR1cm5XaXRob3V0UmVwbHkSHwoEY29zdBgIIAEoCzIRLnR1cm53aXJlLnYxLkNvc3QiggEKDFBhcnRpYWxSZXBseRISCgptZXNzYWdlX2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkSJwoGc3RhdHVzGAMgASgOMhcudHVybndpcmUudjEuVHVyblN0YXR1cxIhCgVlcnJvchgEIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzIqIBChBUdXJuV2l0aG91dFJlcGx5EhIKCnJlcXVlc3RfaWQYASABKAkSJwoGc3RhdHVzGAIgASgOMhcudHVybndpcmUudjEuVHVyblN0YXR1cxIuCgpzdGFydF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIhCgVlcnJvchgEIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzIlgKFkdldENvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJImMKF0dldENvbnZlcnNhdGlvblJlc3BvbnNlEi8KDGNvbnZlcnNhdGlvbhgBIAEoCzIZLnR1cm53aXJlLnYxLkNvbnZlcnNhdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiQQoYTGlzdENvbnZlcnNhdGlvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJImYKGUxpc3RDb252ZXJzYXRpb25zUmVzcG9uc2USMAoNY29udmVyc2F0aW9ucxgBIAMoCzIZLnR1cm53aXJlLnYxLkNvbnZlcnNhdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiJwoRQ2FuY2VsQ2hhdFJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCSInChJDYW5jZWxDaGF0UmVzcG9uc2USEQoJY2FuY2VsbGVkGAEgASgIIkYKEVJlc3VtZVR1cm5SZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkSHQoVYWZ0ZXJfc2VxdWVuY2VfbnVtYmVyGAIgASgDIjsKElJlc3VtZVR1cm5SZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCKUAwoKU3VibWlzc2lvbhIVCg1zdWJtaXNzaW9uX2lkGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYAyABKAkSKwoFc3RhdGUYBCABKA4yHC50dXJud2lyZS52MS5TdWJtaXNzaW9uU3RhdGUSKQoIbWV0YWRhdGEYBSABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei8KC2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpzdGFydF90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASIQoFZXJyb3IYCSABKAsyEi5nb29nbGUucnBjLlN0YXR1cxIcChRhc3Npc3RhbnRfbWVzc2FnZV9pZBgKIAEoCRIVCg1tZXNzYWdlX2NvdW50GAsgASgFIooDChVTdWJtaXRNZXNzYWdlc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiYKCG1lc3NhZ2VzGAIgAygLMhQudHVybndpcmUudjEuTWVzc2FnZRIVCg1zdWJtaXNzaW9uX2lkGAMgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRIpCghtZXRhZGF0YRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSJQoEYm9keRgGIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYByABKAkSLQoMY2xpZW50X3Rvb2xzGAggAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAkgASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kSJwoGYnVkZ2V0GAogASgLMhcudHVybndpcmUudjEuVHVybkJ1ZGdldCJXChZTdWJtaXRNZXNzYWdlc1Jlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uEhAKCGFjY2VwdGVkGAIgASgIIi0KFEdldFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkiRAoVR2V0U3VibWlzc2lvblJlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uIoUBChZMaXN0U3VibWlzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLnR1cm53aXJlLnYxLlN1Ym1pc3Npb25TdGF0ZSJgChdMaXN0U3VibWlzc2lvbnNSZXNwb25zZRIsCgtzdWJtaXNzaW9ucxgBIAMoCzIXLnR1cm53aXJlLnYxLlN1Ym1pc3Npb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjAKF0NhbmNlbFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkiRwoYQ2FuY2VsU3VibWlzc2lvblJlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uIk4KFldhdGNoU3VibWlzc2lvblJlcXVlc3QSFQoNc3VibWlzc2lvbl9pZBgBIAEoCRIdChVhZnRlcl9zZXF1ZW5jZV9udW1iZXIYAiABKAMiQAoXV2F0Y2hTdWJtaXNzaW9uUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQikAEKEkFkZE1lc3NhZ2VzUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJgoIbWVzc2FnZXMYAiADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEiIKBG1vZGUYAyABKA4yFC50dXJud2lyZS52MS5BZGRNb2RlEhUKDWFsbG93X21pc3NpbmcYBCABKAgiiwEKE0FkZE1lc3NhZ2VzUmVzcG9uc2USLwoMY29udmVyc2F0aW9uGAEgASgLMhkudHVybndpcmUudjEuQ29udmVyc2F0aW9uEhMKC2FkZGVkX2NvdW50GAIgASgFEhUKDXVwZGF0ZWRfY291bnQYAyABKAUSFwoPdW5jaGFuZ2VkX2NvdW50GAQgASgFIksKGURlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhUKDWFsbG93X21pc3NpbmcYAiABKAgiLQoaRGVsZXRlQ29udmVyc2F0aW9uUmVzcG9uc2USDwoHZGVsZXRlZBgBIAEoCCJaCgpUb29sUmVzdWx0EhQKDHRvb2xfY2FsbF9pZBgBIAEoCRITCgtvdXRwdXRfanNvbhgCIAEoCRINCgVlcnJvchgDIAEoCBISCgplcnJvcl90ZXh0GAQgASgJIvACChhTdWJtaXRUb29sUmVzdWx0c1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEigKB3Jlc3VsdHMYAiADKAsyFy50dXJud2lyZS52MS5Ub29sUmVzdWx0EhUKDWF1dG9fY29udGludWUYAyABKAgSEgoKcmVxdWVzdF9pZBgEIAEoCRIlCgRib2R5GAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgGIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgHIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAggAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAkgASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kiQgoZU3VibWl0VG9vbFJlc3VsdHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCJGCgxUb29sQXBwcm92YWwSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhAKCGFwcHJvdmVkGAIgASgIEg4KBnJlYXNvbhgDIAEoCSL2AgoaU3VibWl0VG9vbEFwcHJvdmFsc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiwKCWFwcHJvdmFscxgCIAMoCzIZLnR1cm53aXJlLnYxLlRvb2xBcHByb3ZhbBIVCg1hdXRvX2NvbnRpbnVlGAMgASgIEhIKCnJlcXVlc3RfaWQYBCABKAkSJQoEYm9keRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYBiABKAkSOAoRZGlzY29ubmVjdF9wb2xpY3kYByABKA4yHS50dXJud2lyZS52MS5EaXNjb25uZWN0UG9saWN5Ei0KDGNsaWVudF90b29scxgIIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wSRwoZY29uY3VycmVudF9pbnB1dF9zdHJhdGVneRgJIAEoDjIkLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dFN0cmF0ZWd5IkQKG1N1Ym1pdFRvb2xBcHByb3ZhbHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCpzChBEaXNjb25uZWN0UG9saWN5EiEKHURJU0NPTk5FQ1RfUE9MSUNZX1VOU1BFQ0lGSUVEEAASHAoYRElTQ09OTkVDVF9QT0xJQ1lfQ0FOQ0VMEAESHgoaRElTQ09OTkVDVF9QT0xJQ1lfQ09OVElOVUUQAiriAQoXQ29uY3VycmVudElucHV0U3RyYXRlZ3kSKQolQ09OQ1VSUkVOVF9JTlBVVF9TVFJBVEVHWV9VTlNQRUNJRklFRBAAEiUKIUNPTkNVUlJFTlRfSU5QVVRfU1RSQVRFR1lfRU5RVUVVRRABEiQKIENPTkNVUlJFTlRfSU5QVVRfU1RSQVRFR1lfUkVKRUNUEAISJwojQ09OQ1VSUkVOVF9JTlBVVF9TVFJBVEVHWV9JTlRFUlJVUFQQAxImCiJDT05DVVJSRU5UX0lOUFVUX1NUUkFURUdZX1JPTExCQUNLEAQq5wEKD1N1Ym1pc3Npb25TdGF0ZRIgChxTVUJNSVNTSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHAoYU1VCTUlTU0lPTl9TVEFURV9QRU5ESU5HEAESHAoYU1VCTUlTU0lPTl9TVEFURV9SVU5OSU5HEAISHgoaU1VCTUlTU0lPTl9TVEFURV9DT01QTEVURUQQAxIaChZTVUJNSVNTSU9OX1NUQVRFX0VSUk9SEAQSHAoYU1VCTUlTU0lPTl9TVEFURV9BQk9SVEVEEAUSHAoYU1VCTUlTU0lPTl9TVEFURV9TS0lQUEVEEAYqTQoHQWRkTW9kZRIYChRBRERfTU9ERV9VTlNQRUNJRklFRBAAEhMKD0FERF9NT0RFX0FQUEVORBABEhMKD0FERF9NT0RFX1VQU0VSVBACMsULCgtDaGF0U2VydmljZRI9CgRDaGF0EhgudHVybndpcmUudjEuQ2hhdFJlcXVlc3QaGS50dXJud2lyZS52MS5DaGF0UmVzcG9uc2UwARJVCgxTYXZlTWVzc2FnZXMSIC50dXJud2lyZS52MS5TYXZlTWVzc2FnZXNSZXF1ZXN0GiEudHVybndpcmUudjEuU2F2ZU1lc3NhZ2VzUmVzcG9uc2UwARJhChBDb250aW51ZUxhc3RUdXJuEiQudHVybndpcmUudjEuQ29udGludWVMYXN0VHVyblJlcXVlc3QaJS50dXJud2lyZS52MS5Db250aW51ZUxhc3RUdXJuUmVzcG9uc2UwARJcCg9HZXRDb252ZXJzYXRpb24SIy50dXJud2lyZS52MS5HZXRDb252ZXJzYXRpb25SZXF1ZXN0GiQudHVybndpcmUudjEuR2V0Q29udmVyc2F0aW9uUmVzcG9uc2USYgoRTGlzdENvbnZlcnNhdGlvbnMSJS50dXJud2lyZS52MS5MaXN0Q29udmVyc2F0aW9uc1JlcXVlc3QaJi50dXJud2lyZS52MS5MaXN0Q29udmVyc2F0aW9uc1Jlc3BvbnNlEk0KCkNhbmNlbENoYXQSHi50dXJud2lyZS52MS5DYW5jZWxDaGF0UmVxdWVzdBofLnR1cm53aXJlLnYxLkNhbmNlbENoYXRSZXNwb25zZRJPCgpSZXN1bWVUdXJuEh4udHVybndpcmUudjEuUmVzdW1lVHVyblJlcXVlc3QaHy50dXJud2lyZS52MS5SZXN1bWVUdXJuUmVzcG9uc2UwARJZCg5TdWJtaXRNZXNzYWdlcxIiLnR1cm53aXJlLnYxLlN1Ym1pdE1lc3NhZ2VzUmVxdWVzdBojLnR1cm53aXJlLnYxLlN1Ym1pdE1lc3NhZ2VzUmVzcG9uc2USVgoNR2V0U3VibWlzc2lvbhIhLnR1cm53aXJlLnYxLkdldFN1Ym1pc3Npb25SZXF1ZXN0GiIudHVybndpcmUudjEuR2V0U3VibWlzc2lvblJlc3BvbnNlElwKD0xpc3RTdWJtaXNzaW9ucxIjLnR1cm53aXJlLnYxLkxpc3RTdWJtaXNzaW9uc1JlcXVlc3QaJC50dXJud2lyZS52MS5MaXN0U3VibWlzc2lvbnNSZXNwb25zZRJfChBDYW5jZWxTdWJtaXNzaW9uEiQudHVybndpcmUudjEuQ2FuY2VsU3VibWlzc2lvblJlcXVlc3QaJS50dXJud2lyZS52MS5DYW5jZWxTdWJtaXNzaW9uUmVzcG9uc2USXgoPV2F0Y2hTdWJtaXNzaW9uEiMudHVybndpcmUudjEuV2F0Y2hTdWJtaXNzaW9uUmVxdWVzdBokLnR1cm53aXJlLnYxLldhdGNoU3VibWlzc2lvblJlc3BvbnNlMAESUAoLQWRkTWVzc2FnZXMSHy50dXJud2lyZS52MS5BZGRNZXNzYWdlc1JlcXVlc3QaIC50dXJud2lyZS52MS5BZGRNZXNzYWdlc1Jlc3BvbnNlEmUKEkRlbGV0ZUNvbnZlcnNhdGlvbhImLnR1cm53aXJlLnYxLkRlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QaJy50dXJud2lyZS52MS5EZWxldGVDb252ZXJzYXRpb25SZXNwb25zZRJkChFTdWJtaXRUb29sUmVzdWx0cxIlLnR1cm53aXJlLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVxdWVzdBomLnR1cm53aXJlLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVzcG9uc2UwARJqChNTdWJtaXRUb29sQXBwcm92YWxzEicudHVybndpcmUudjEuU3VibWl0VG9vbEFwcHJvdmFsc1JlcXVlc3QaKC50dXJud2lyZS52MS5TdWJtaXRUb29sQXBwcm92YWxzUmVzcG9uc2UwAWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_google_rpc_status, file_turnwire_v1_event, file_turnwire_v1_message]);
+  fileDesc("Ch50dXJud2lyZS92MS9jaGF0X3NlcnZpY2UucHJvdG8SC3R1cm53aXJlLnYxIl4KCkNsaWVudFRvb2wSDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRItCgxpbnB1dF9zY2hlbWEYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IlYKClR1cm5CdWRnZXQSFwoKbWF4X3Rva2VucxgBIAEoA0gAiAEBEhQKB21heF91c2QYAiABKAFIAYgBAUINCgtfbWF4X3Rva2Vuc0IKCghfbWF4X3VzZCLyAgoLQ2hhdFJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiUKB21lc3NhZ2UYAiABKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEhIKCnJlcXVlc3RfaWQYAyABKAkSJQoEYm9keRgEIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYBSABKAkSOAoRZGlzY29ubmVjdF9wb2xpY3kYBiABKA4yHS50dXJud2lyZS52MS5EaXNjb25uZWN0UG9saWN5Ei0KDGNsaWVudF90b29scxgHIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wSRwoZY29uY3VycmVudF9pbnB1dF9zdHJhdGVneRgIIAEoDjIkLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dFN0cmF0ZWd5EicKBmJ1ZGdldBgJIAEoCzIXLnR1cm53aXJlLnYxLlR1cm5CdWRnZXQiNQoMQ2hhdFJlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50IvsCChNTYXZlTWVzc2FnZXNSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRImCghtZXNzYWdlcxgCIAMoCzIULnR1cm53aXJlLnYxLk1lc3NhZ2USEgoKcmVxdWVzdF9pZBgDIAEoCRIlCgRib2R5GAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgFIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgGIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAcgAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAggASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kSJwoGYnVkZ2V0GAkgASgLMhcudHVybndpcmUudjEuVHVybkJ1ZGdldCI9ChRTYXZlTWVzc2FnZXNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCKOAgoXQ29udGludWVMYXN0VHVyblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkSJQoEYm9keRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYBCABKAkSOAoRZGlzY29ubmVjdF9wb2xpY3kYBSABKA4yHS50dXJud2lyZS52MS5EaXNjb25uZWN0UG9saWN5Ei0KDGNsaWVudF90b29scxgGIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wSJwoGYnVkZ2V0GAcgASgLMhcudHVybndpcmUudjEuVHVybkJ1ZGdldCJBChhDb250aW51ZUxhc3RUdXJuUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQi2QIKDENvbnZlcnNhdGlvbhIXCg9jb252ZXJzYXRpb25faWQYASABKAkSLwoLY3JlYXRlX3RpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1tZXNzYWdlX2NvdW50GAQgASgDEiYKCG1lc3NhZ2VzGAUgAygLMhQudHVybndpcmUudjEuTWVzc2FnZRIyCg9wYXJ0aWFsX3JlcGxpZXMYBiADKAsyGS50dXJud2lyZS52MS5QYXJ0aWFsUmVwbHkSOgoTdHVybnNfd2l0aG91dF9yZXBseRgHIAMoCzIdLnR1cm53aXJlLnYxLlR1cm5XaXRob3V0UmVwbHkSHwoEY29zdBgIIAEoCzIRLnR1cm53aXJlLnYxLkNvc3QiggEKDFBhcnRpYWxSZXBseRISCgptZXNzYWdlX2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkSJwoGc3RhdHVzGAMgASgOMhcudHVybndpcmUudjEuVHVyblN0YXR1cxIhCgVlcnJvchgEIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzIqIBChBUdXJuV2l0aG91dFJlcGx5EhIKCnJlcXVlc3RfaWQYASABKAkSJwoGc3RhdHVzGAIgASgOMhcudHVybndpcmUudjEuVHVyblN0YXR1cxIuCgpzdGFydF90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIhCgVlcnJvchgEIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzIlgKFkdldENvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJImMKF0dldENvbnZlcnNhdGlvblJlc3BvbnNlEi8KDGNvbnZlcnNhdGlvbhgBIAEoCzIZLnR1cm53aXJlLnYxLkNvbnZlcnNhdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiQQoYTGlzdENvbnZlcnNhdGlvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJImYKGUxpc3RDb252ZXJzYXRpb25zUmVzcG9uc2USMAoNY29udmVyc2F0aW9ucxgBIAMoCzIZLnR1cm53aXJlLnYxLkNvbnZlcnNhdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiJwoRQ2FuY2VsQ2hhdFJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCSInChJDYW5jZWxDaGF0UmVzcG9uc2USEQoJY2FuY2VsbGVkGAEgASgIIkYKEVJlc3VtZVR1cm5SZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkSHQoVYWZ0ZXJfc2VxdWVuY2VfbnVtYmVyGAIgASgDIjsKElJlc3VtZVR1cm5SZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCKUAwoKU3VibWlzc2lvbhIVCg1zdWJtaXNzaW9uX2lkGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYAyABKAkSKwoFc3RhdGUYBCABKA4yHC50dXJud2lyZS52MS5TdWJtaXNzaW9uU3RhdGUSKQoIbWV0YWRhdGEYBSABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei8KC2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpzdGFydF90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASIQoFZXJyb3IYCSABKAsyEi5nb29nbGUucnBjLlN0YXR1cxIcChRhc3Npc3RhbnRfbWVzc2FnZV9pZBgKIAEoCRIVCg1tZXNzYWdlX2NvdW50GAsgASgFIooDChVTdWJtaXRNZXNzYWdlc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiYKCG1lc3NhZ2VzGAIgAygLMhQudHVybndpcmUudjEuTWVzc2FnZRIVCg1zdWJtaXNzaW9uX2lkGAMgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRIpCghtZXRhZGF0YRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSJQoEYm9keRgGIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYByABKAkSLQoMY2xpZW50X3Rvb2xzGAggAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAkgASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kSJwoGYnVkZ2V0GAogASgLMhcudHVybndpcmUudjEuVHVybkJ1ZGdldCJXChZTdWJtaXRNZXNzYWdlc1Jlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uEhAKCGFjY2VwdGVkGAIgASgIIi0KFEdldFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkiRAoVR2V0U3VibWlzc2lvblJlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uIoUBChZMaXN0U3VibWlzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLnR1cm53aXJlLnYxLlN1Ym1pc3Npb25TdGF0ZSJgChdMaXN0U3VibWlzc2lvbnNSZXNwb25zZRIsCgtzdWJtaXNzaW9ucxgBIAMoCzIXLnR1cm53aXJlLnYxLlN1Ym1pc3Npb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjAKF0NhbmNlbFN1Ym1pc3Npb25SZXF1ZXN0EhUKDXN1Ym1pc3Npb25faWQYASABKAkiRwoYQ2FuY2VsU3VibWlzc2lvblJlc3BvbnNlEisKCnN1Ym1pc3Npb24YASABKAsyFy50dXJud2lyZS52MS5TdWJtaXNzaW9uIk4KFldhdGNoU3VibWlzc2lvblJlcXVlc3QSFQoNc3VibWlzc2lvbl9pZBgBIAEoCRIdChVhZnRlcl9zZXF1ZW5jZV9udW1iZXIYAiABKAMiQAoXV2F0Y2hTdWJtaXNzaW9uUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi50dXJud2lyZS52MS5UdXJuRXZlbnQikAEKEkFkZE1lc3NhZ2VzUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSJgoIbWVzc2FnZXMYAiADKAsyFC50dXJud2lyZS52MS5NZXNzYWdlEiIKBG1vZGUYAyABKA4yFC50dXJud2lyZS52MS5BZGRNb2RlEhUKDWFsbG93X21pc3NpbmcYBCABKAgiiwEKE0FkZE1lc3NhZ2VzUmVzcG9uc2USLwoMY29udmVyc2F0aW9uGAEgASgLMhkudHVybndpcmUudjEuQ29udmVyc2F0aW9uEhMKC2FkZGVkX2NvdW50GAIgASgFEhUKDXVwZGF0ZWRfY291bnQYAyABKAUSFwoPdW5jaGFuZ2VkX2NvdW50GAQgASgFIksKGURlbGV0ZUNvbnZlcnNhdGlvblJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhUKDWFsbG93X21pc3NpbmcYAiABKAgiLQoaRGVsZXRlQ29udmVyc2F0aW9uUmVzcG9uc2USDwoHZGVsZXRlZBgBIAEoCCJaCgpUb29sUmVzdWx0EhQKDHRvb2xfY2FsbF9pZBgBIAEoCRITCgtvdXRwdXRfanNvbhgCIAEoCRINCgVlcnJvchgDIAEoCBISCgplcnJvcl90ZXh0GAQgASgJIvACChhTdWJtaXRUb29sUmVzdWx0c1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEigKB3Jlc3VsdHMYAiADKAsyFy50dXJud2lyZS52MS5Ub29sUmVzdWx0EhUKDWF1dG9fY29udGludWUYAyABKAgSEgoKcmVxdWVzdF9pZBgEIAEoCRIlCgRib2R5GAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVtb2RlbBgGIAEoCRI4ChFkaXNjb25uZWN0X3BvbGljeRgHIAEoDjIdLnR1cm53aXJlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGAggAygLMhcudHVybndpcmUudjEuQ2xpZW50VG9vbBJHChljb25jdXJyZW50X2lucHV0X3N0cmF0ZWd5GAkgASgOMiQudHVybndpcmUudjEuQ29uY3VycmVudElucHV0U3RyYXRlZ3kiQgoZU3VibWl0VG9vbFJlc3VsdHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCJGCgxUb29sQXBwcm92YWwSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhAKCGFwcHJvdmVkGAIgASgIEg4KBnJlYXNvbhgDIAEoCSL2AgoaU3VibWl0VG9vbEFwcHJvdmFsc1JlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEiwKCWFwcHJvdmFscxgCIAMoCzIZLnR1cm53aXJlLnYxLlRvb2xBcHByb3ZhbBIVCg1hdXRvX2NvbnRpbnVlGAMgASgIEhIKCnJlcXVlc3RfaWQYBCABKAkSJQoEYm9keRgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFbW9kZWwYBiABKAkSOAoRZGlzY29ubmVjdF9wb2xpY3kYByABKA4yHS50dXJud2lyZS52MS5EaXNjb25uZWN0UG9saWN5Ei0KDGNsaWVudF90b29scxgIIAMoCzIXLnR1cm53aXJlLnYxLkNsaWVudFRvb2wSRwoZY29uY3VycmVudF9pbnB1dF9zdHJhdGVneRgJIAEoDjIkLnR1cm53aXJlLnYxLkNvbmN1cnJlbnRJbnB1dFN0cmF0ZWd5IkQKG1N1Ym1pdFRvb2xBcHByb3ZhbHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5FdmVudCJnChBMaXN0VHVybnNSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCRITCgtmYWlsZWRfb25seRgEIAEoCCJOChFMaXN0VHVybnNSZXNwb25zZRIgCgV0dXJucxgBIAMoCzIRLnR1cm53aXJlLnYxLlR1cm4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIoYDCgRUdXJuEhIKCnJlcXVlc3RfaWQYASABKAkSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEicKBnN0YXR1cxgDIAEoDjIXLnR1cm53aXJlLnYxLlR1cm5TdGF0dXMSLgoKc3RhcnRfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBW1vZGVsGAYgASgJEhwKFGFzc2lzdGFudF9tZXNzYWdlX2lkGAcgASgJEhQKDGNvbnRpbnVhdGlvbhgIIAEoCBIhCgVlcnJvchgJIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzEh8KBGNvc3QYCiABKAsyES50dXJud2lyZS52MS5Db3N0EhYKDnJlY292ZXJ5X2NvdW50GAsgASgFEisKCHRpbWVsaW5lGAwgASgLMhkudHVybndpcmUudjEuVHVyblRpbWVsaW5lInsKDFR1cm5UaW1lbGluZRIqCgZvcmlnaW4YASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEigKBXNwYW5zGAIgAygLMhkudHVybndpcmUudjEuVGltZWxpbmVTcGFuEhUKDWRyb3BwZWRfc3BhbnMYAyABKAUitwIKDFRpbWVsaW5lU3BhbhIrCgRraW5kGAEgASgOMh0udHVybndpcmUudjEuVGltZWxpbmVTcGFuS2luZBIMCgRuYW1lGAIgASgJEhsKE3N0YXJ0X29mZnNldF9taWNyb3MYAyABKAMSFwoPZHVyYXRpb25fbWljcm9zGAQgASgDEhgKC3N0ZXBfbnVtYmVyGAUgASgFSACIAQESDwoHYXR0ZW1wdBgGIAEoBRIUCgx0b29sX2NhbGxfaWQYByABKAkSJgoZZmlyc3RfdG9rZW5fb2Zmc2V0X21pY3JvcxgIIAEoA0gBiAEBEg8KB291dGNvbWUYCSABKAkSDgoGZGV0YWlsGAogASgJQg4KDF9zdGVwX251bWJlckIcChpfZmlyc3RfdG9rZW5fb2Zmc2V0X21pY3JvcypzChBEaXNjb25uZWN0UG9saWN5EiEKHURJU0NPTk5FQ1RfUE9MSUNZX1VOU1BFQ0lGSUVEEAASHAoYRElTQ09OTkVDVF9QT0xJQ1lfQ0FOQ0VMEAESHgoaRElTQ09OTkVDVF9QT0xJQ1lfQ09OVElOVUUQAiriAQoXQ29uY3VycmVudElucHV0U3RyYXRlZ3kSKQolQ09OQ1VSUkVOVF9JTlBVVF9TVFJBVEVHWV9VTlNQRUNJRklFRBAAEiUKIUNPTkNVUlJFTlRfSU5QVVRfU1RSQVRFR1lfRU5RVUVVRRABEiQKIENPTkNVUlJFTlRfSU5QVVRfU1RSQVRFR1lfUkVKRUNUEAISJwojQ09OQ1VSUkVOVF9JTlBVVF9TVFJBVEVHWV9JTlRFUlJVUFQQAxImCiJDT05DVVJSRU5UX0lOUFVUX1NUUkFURUdZX1JPTExCQUNLEAQq5wEKD1N1Ym1pc3Npb25TdGF0ZRIgChxTVUJNSVNTSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHAoYU1VCTUlTU0lPTl9TVEFURV9QRU5ESU5HEAESHAoYU1VCTUlTU0lPTl9TVEFURV9SVU5OSU5HEAISHgoaU1VCTUlTU0lPTl9TVEFURV9DT01QTEVURUQQAxIaChZTVUJNSVNTSU9OX1NUQVRFX0VSUk9SEAQSHAoYU1VCTUlTU0lPTl9TVEFURV9BQk9SVEVEEAUSHAoYU1VCTUlTU0lPTl9TVEFURV9TS0lQUEVEEAYqTQoHQWRkTW9kZRIYChRBRERfTU9ERV9VTlNQRUNJRklFRBAAEhMKD0FERF9NT0RFX0FQUEVORBABEhMKD0FERF9NT0RFX1VQU0VSVBACKowCChBUaW1lbGluZVNwYW5LaW5kEiIKHlRJTUVMSU5FX1NQQU5fS0lORF9VTlNQRUNJRklFRBAAEhwKGFRJTUVMSU5FX1NQQU5fS0lORF9RVUVVRRABEh4KGlRJTUVMSU5FX1NQQU5fS0lORF9BVFRFTVBUEAISGwoXVElNRUxJTkVfU1BBTl9LSU5EX1NURVAQAxIcChhUSU1FTElORV9TUEFOX0tJTkRfTU9ERUwQBBIbChdUSU1FTElORV9TUEFOX0tJTkRfVE9PTBAFEhsKF1RJTUVMSU5FX1NQQU5fS0lORF9IT09LEAYSIQodVElNRUxJTkVfU1BBTl9LSU5EX0NPTVBBQ1RJT04QBzKRDAoLQ2hhdFNlcnZpY2USPQoEQ2hhdBIYLnR1cm53aXJlLnYxLkNoYXRSZXF1ZXN0GhkudHVybndpcmUudjEuQ2hhdFJlc3BvbnNlMAESVQoMU2F2ZU1lc3NhZ2VzEiAudHVybndpcmUudjEuU2F2ZU1lc3NhZ2VzUmVxdWVzdBohLnR1cm53aXJlLnYxLlNhdmVNZXNzYWdlc1Jlc3BvbnNlMAESYQoQQ29udGludWVMYXN0VHVybhIkLnR1cm53aXJlLnYxLkNvbnRpbnVlTGFzdFR1cm5SZXF1ZXN0GiUudHVybndpcmUudjEuQ29udGludWVMYXN0VHVyblJlc3BvbnNlMAESXAoPR2V0Q29udmVyc2F0aW9uEiMudHVybndpcmUudjEuR2V0Q29udmVyc2F0aW9uUmVxdWVzdBokLnR1cm53aXJlLnYxLkdldENvbnZlcnNhdGlvblJlc3BvbnNlEmIKEUxpc3RDb252ZXJzYXRpb25zEiUudHVybndpcmUudjEuTGlzdENvbnZlcnNhdGlvbnNSZXF1ZXN0GiYudHVybndpcmUudjEuTGlzdENvbnZlcnNhdGlvbnNSZXNwb25zZRJNCgpDYW5jZWxDaGF0Eh4udHVybndpcmUudjEuQ2FuY2VsQ2hhdFJlcXVlc3QaHy50dXJud2lyZS52MS5DYW5jZWxDaGF0UmVzcG9uc2USTwoKUmVzdW1lVHVybhIeLnR1cm53aXJlLnYxLlJlc3VtZVR1cm5SZXF1ZXN0Gh8udHVybndpcmUudjEuUmVzdW1lVHVyblJlc3BvbnNlMAESWQoOU3VibWl0TWVzc2FnZXMSIi50dXJud2lyZS52MS5TdWJtaXRNZXNzYWdlc1JlcXVlc3QaIy50dXJud2lyZS52MS5TdWJtaXRNZXNzYWdlc1Jlc3BvbnNlElYKDUdldFN1Ym1pc3Npb24SIS50dXJud2lyZS52MS5HZXRTdWJtaXNzaW9uUmVxdWVzdBoiLnR1cm53aXJlLnYxLkdldFN1Ym1pc3Npb25SZXNwb25zZRJcCg9MaXN0U3VibWlzc2lvbnMSIy50dXJud2lyZS52MS5MaXN0U3VibWlzc2lvbnNSZXF1ZXN0GiQudHVybndpcmUudjEuTGlzdFN1Ym1pc3Npb25zUmVzcG9uc2USXwoQQ2FuY2VsU3VibWlzc2lvbhIkLnR1cm53aXJlLnYxLkNhbmNlbFN1Ym1pc3Npb25SZXF1ZXN0GiUudHVybndpcmUudjEuQ2FuY2VsU3VibWlzc2lvblJlc3BvbnNlEl4KD1dhdGNoU3VibWlzc2lvbhIjLnR1cm53aXJlLnYxLldhdGNoU3VibWlzc2lvblJlcXVlc3QaJC50dXJud2lyZS52MS5XYXRjaFN1Ym1pc3Npb25SZXNwb25zZTABElAKC0FkZE1lc3NhZ2VzEh8udHVybndpcmUudjEuQWRkTWVzc2FnZXNSZXF1ZXN0GiAudHVybndpcmUudjEuQWRkTWVzc2FnZXNSZXNwb25zZRJlChJEZWxldGVDb252ZXJzYXRpb24SJi50dXJud2lyZS52MS5EZWxldGVDb252ZXJzYXRpb25SZXF1ZXN0GicudHVybndpcmUudjEuRGVsZXRlQ29udmVyc2F0aW9uUmVzcG9uc2USZAoRU3VibWl0VG9vbFJlc3VsdHMSJS50dXJud2lyZS52MS5TdWJtaXRUb29sUmVzdWx0c1JlcXVlc3QaJi50dXJud2lyZS52MS5TdWJtaXRUb29sUmVzdWx0c1Jlc3BvbnNlMAESagoTU3VibWl0VG9vbEFwcHJvdmFscxInLnR1cm53aXJlLnYxLlN1Ym1pdFRvb2xBcHByb3ZhbHNSZXF1ZXN0GigudHVybndpcmUudjEuU3VibWl0VG9vbEFwcHJvdmFsc1Jlc3BvbnNlMAESSgoJTGlzdFR1cm5zEh0udHVybndpcmUudjEuTGlzdFR1cm5zUmVxdWVzdBoeLnR1cm53aXJlLnYxLkxpc3RUdXJuc1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_google_rpc_status, file_turnwire_v1_event, file_turnwire_v1_message]);
 
 /**
  * ClientTool is a tool the client runs itself, offered to the model for one
@@ -1594,6 +1594,307 @@ export const SubmitToolApprovalsResponseSchema: GenMessage<SubmitToolApprovalsRe
   messageDesc(file_turnwire_v1_chat_service, 39);
 
 /**
+ * ListTurnsRequest is the input of ChatService.ListTurns.
+ *
+ * @generated from message turnwire.v1.ListTurnsRequest
+ */
+export type ListTurnsRequest = Message<"turnwire.v1.ListTurnsRequest"> & {
+  /**
+   * The conversation whose turns to list.
+   *
+   * @generated from field: string conversation_id = 1;
+   */
+  conversationId: string;
+
+  /**
+   * Maximum number of turns to return: 1-1000; 0 means 100; larger values are
+   * coerced to 1000.
+   *
+   * @generated from field: int32 page_size = 2;
+   */
+  pageSize: number;
+
+  /**
+   * The `next_page_token` of a previous call with the same request; empty for
+   * the first page.
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
+
+  /**
+   * Only the turns that ended TURN_STATUS_ERROR, TURN_STATUS_ABORTED or
+   * TURN_STATUS_INTERRUPTED.
+   *
+   * @generated from field: bool failed_only = 4;
+   */
+  failedOnly: boolean;
+};
+
+/**
+ * Describes the message turnwire.v1.ListTurnsRequest.
+ * Use `create(ListTurnsRequestSchema)` to create a new message.
+ */
+export const ListTurnsRequestSchema: GenMessage<ListTurnsRequest> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_chat_service, 40);
+
+/**
+ * ListTurnsResponse is the output of ChatService.ListTurns.
+ *
+ * @generated from message turnwire.v1.ListTurnsResponse
+ */
+export type ListTurnsResponse = Message<"turnwire.v1.ListTurnsResponse"> & {
+  /**
+   * The turns, most recently started first. An unknown conversation (or
+   * another tenant's) has none.
+   *
+   * @generated from field: repeated turnwire.v1.Turn turns = 1;
+   */
+  turns: Turn[];
+
+  /**
+   * Token for the next page; empty when there are no more.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message turnwire.v1.ListTurnsResponse.
+ * Use `create(ListTurnsResponseSchema)` to create a new message.
+ */
+export const ListTurnsResponseSchema: GenMessage<ListTurnsResponse> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_chat_service, 41);
+
+/**
+ * Turn is one stored turn of a conversation: how it ended and what took its
+ * time.
+ *
+ * @generated from message turnwire.v1.Turn
+ */
+export type Turn = Message<"turnwire.v1.Turn"> & {
+  /**
+   * The turn's request id.
+   *
+   * @generated from field: string request_id = 1;
+   */
+  requestId: string;
+
+  /**
+   * Its conversation.
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  conversationId: string;
+
+  /**
+   * How it ended; TURN_STATUS_UNSPECIFIED while it is running.
+   *
+   * @generated from field: turnwire.v1.TurnStatus status = 3;
+   */
+  status: TurnStatus;
+
+  /**
+   * When it was accepted.
+   *
+   * @generated from field: google.protobuf.Timestamp start_time = 4;
+   */
+  startTime?: Timestamp | undefined;
+
+  /**
+   * When it ended; unset while it is running.
+   *
+   * @generated from field: google.protobuf.Timestamp end_time = 5;
+   */
+  endTime?: Timestamp | undefined;
+
+  /**
+   * The model it was asked to use.
+   *
+   * @generated from field: string model = 6;
+   */
+  model: string;
+
+  /**
+   * The id of its assistant message (which may not exist: see
+   * Conversation.turns_without_reply).
+   *
+   * @generated from field: string assistant_message_id = 7;
+   */
+  assistantMessageId: string;
+
+  /**
+   * True for a ContinueLastTurn.
+   *
+   * @generated from field: bool continuation = 8;
+   */
+  continuation: boolean;
+
+  /**
+   * Why it ended, when that was recorded (as TurnEnd.error): a
+   * google.rpc.Status with google.rpc.ErrorInfo (domain `turnwire.dev`, the
+   * reason from ErrorReason: its classification; the metadata says more).
+   *
+   * @generated from field: google.rpc.Status error = 9;
+   */
+  error?: Status | undefined;
+
+  /**
+   * What it cost (docs/cost.md); unset while running or when unknown.
+   *
+   * @generated from field: turnwire.v1.Cost cost = 10;
+   */
+  cost?: Cost | undefined;
+
+  /**
+   * How many recoveries (crash, stall) it spent.
+   *
+   * @generated from field: int32 recovery_count = 11;
+   */
+  recoveryCount: number;
+
+  /**
+   * Its timeline, written with its end; unset while it runs and for turns
+   * stored before timelines were (docs/inspector.md).
+   *
+   * @generated from field: turnwire.v1.TurnTimeline timeline = 12;
+   */
+  timeline?: TurnTimeline | undefined;
+};
+
+/**
+ * Describes the message turnwire.v1.Turn.
+ * Use `create(TurnSchema)` to create a new message.
+ */
+export const TurnSchema: GenMessage<Turn> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_chat_service, 42);
+
+/**
+ * TurnTimeline is what took a turn's time, recorded while it ran (with a
+ * monotonic clock) and stored with its end: the phases a Gantt chart draws.
+ *
+ * @generated from message turnwire.v1.TurnTimeline
+ */
+export type TurnTimeline = Message<"turnwire.v1.TurnTimeline"> & {
+  /**
+   * The wall-clock time of offset 0: when the turn was accepted.
+   *
+   * @generated from field: google.protobuf.Timestamp origin = 1;
+   */
+  origin?: Timestamp | undefined;
+
+  /**
+   * The phases in the order they started.
+   *
+   * @generated from field: repeated turnwire.v1.TimelineSpan spans = 2;
+   */
+  spans: TimelineSpan[];
+
+  /**
+   * Phases not kept because the turn had more than the server keeps (4096).
+   *
+   * @generated from field: int32 dropped_spans = 3;
+   */
+  droppedSpans: number;
+};
+
+/**
+ * Describes the message turnwire.v1.TurnTimeline.
+ * Use `create(TurnTimelineSchema)` to create a new message.
+ */
+export const TurnTimelineSchema: GenMessage<TurnTimeline> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_chat_service, 43);
+
+/**
+ * TimelineSpan is one timed phase of a turn. Offsets are microseconds after
+ * TurnTimeline.origin.
+ *
+ * @generated from message turnwire.v1.TimelineSpan
+ */
+export type TimelineSpan = Message<"turnwire.v1.TimelineSpan"> & {
+  /**
+   * What it timed.
+   *
+   * @generated from field: turnwire.v1.TimelineSpanKind kind = 1;
+   */
+  kind: TimelineSpanKind;
+
+  /**
+   * Its label: the hook's name, the tool's, the model's, `queue`, `step 0` …
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * When it started.
+   *
+   * @generated from field: int64 start_offset_micros = 3;
+   */
+  startOffsetMicros: bigint;
+
+  /**
+   * How long it took.
+   *
+   * @generated from field: int64 duration_micros = 4;
+   */
+  durationMicros: bigint;
+
+  /**
+   * The step it belongs to; unset outside steps.
+   *
+   * @generated from field: optional int32 step_number = 5;
+   */
+  stepNumber?: number | undefined;
+
+  /**
+   * The attempt it belongs to (from 1).
+   *
+   * @generated from field: int32 attempt = 6;
+   */
+  attempt: number;
+
+  /**
+   * The tool call, for TOOL spans.
+   *
+   * @generated from field: string tool_call_id = 7;
+   */
+  toolCallId: string;
+
+  /**
+   * When the model's first token (text or reasoning) arrived, for the MODEL
+   * span that had the turn's first token; unset otherwise.
+   *
+   * @generated from field: optional int64 first_token_offset_micros = 8;
+   */
+  firstTokenOffsetMicros?: bigint | undefined;
+
+  /**
+   * How it ended: a tool call's `executed`, `blocked`, `substituted`,
+   * `failed`; `failed` for a hook that raised or a model stream that failed;
+   * `cancelled` when the turn was stopped during it; empty otherwise.
+   *
+   * @generated from field: string outcome = 9;
+   */
+  outcome: string;
+
+  /**
+   * More to show: the middleware of a HOOK span, a compaction's reason.
+   *
+   * @generated from field: string detail = 10;
+   */
+  detail: string;
+};
+
+/**
+ * Describes the message turnwire.v1.TimelineSpan.
+ * Use `create(TimelineSpanSchema)` to create a new message.
+ */
+export const TimelineSpanSchema: GenMessage<TimelineSpan> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_chat_service, 44);
+
+/**
  * DisconnectPolicy is what happens to a turn when its caller goes away
  * (cancels the call, hits its deadline, or loses the connection).
  *
@@ -1779,6 +2080,77 @@ export enum AddMode {
  */
 export const AddModeSchema: GenEnum<AddMode> = /*@__PURE__*/
   enumDesc(file_turnwire_v1_chat_service, 3);
+
+/**
+ * TimelineSpanKind is what a TimelineSpan timed.
+ *
+ * @generated from enum turnwire.v1.TimelineSpanKind
+ */
+export enum TimelineSpanKind {
+  /**
+   * Not set.
+   *
+   * @generated from enum value: TIMELINE_SPAN_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Waiting for the turns ahead on the conversation and storing the input.
+   *
+   * @generated from enum value: TIMELINE_SPAN_KIND_QUEUE = 1;
+   */
+  QUEUE = 1,
+
+  /**
+   * One attempt of the turn (a recovery or a context-overflow re-run starts
+   * another).
+   *
+   * @generated from enum value: TIMELINE_SPAN_KIND_ATTEMPT = 2;
+   */
+  ATTEMPT = 2,
+
+  /**
+   * One step: before_step, the model stream, its tool calls, on_step_finish.
+   *
+   * @generated from enum value: TIMELINE_SPAN_KIND_STEP = 3;
+   */
+  STEP = 3,
+
+  /**
+   * One model stream of a step (a fallback model is another).
+   *
+   * @generated from enum value: TIMELINE_SPAN_KIND_MODEL = 4;
+   */
+  MODEL = 4,
+
+  /**
+   * One tool call with its before/after hooks (blocked and substituted calls
+   * included).
+   *
+   * @generated from enum value: TIMELINE_SPAN_KIND_TOOL = 5;
+   */
+  TOOL = 5,
+
+  /**
+   * One hook call of one middleware (on_chunk is not timed).
+   *
+   * @generated from enum value: TIMELINE_SPAN_KIND_HOOK = 6;
+   */
+  HOOK = 6,
+
+  /**
+   * A compaction of the conversation's history (docs/semantics.md §9).
+   *
+   * @generated from enum value: TIMELINE_SPAN_KIND_COMPACTION = 7;
+   */
+  COMPACTION = 7,
+}
+
+/**
+ * Describes the enum turnwire.v1.TimelineSpanKind.
+ */
+export const TimelineSpanKindSchema: GenEnum<TimelineSpanKind> = /*@__PURE__*/
+  enumDesc(file_turnwire_v1_chat_service, 4);
 
 /**
  * ChatService runs persisted, multi-step chat turns. Each turn-running RPC
@@ -1976,6 +2348,17 @@ export const ChatService: GenService<{
     methodKind: "server_streaming";
     input: typeof SubmitToolApprovalsRequestSchema;
     output: typeof SubmitToolApprovalsResponseSchema;
+  },
+  /**
+   * The turns of a conversation, most recently started first, each with how it
+   * ended, its cost and its timeline (docs/inspector.md). Read-only.
+   *
+   * @generated from rpc turnwire.v1.ChatService.ListTurns
+   */
+  listTurns: {
+    methodKind: "unary";
+    input: typeof ListTurnsRequestSchema;
+    output: typeof ListTurnsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_turnwire_v1_chat_service, 0);
