@@ -135,7 +135,7 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
             claimed = await old.claim_interrupted_turns("me", now, now + dt.timedelta(seconds=30), 10)
             assert [(t.request_id, t.owner) for t in claimed] == [("r-old", "me")]
             versions = check.sql("SELECT version FROM schema_migrations ORDER BY version")
-            assert versions == [(n,) for n in range(1, 12)]
+            assert versions == [(n,) for n in range(1, 11)]
             record = CompactionRecord("c1", "", None, (("m", "call"),), "threshold", "drop", 9, 3, now)
             await old.save_compaction(record)
             assert await old.load_compaction("c1") == record
@@ -418,7 +418,7 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
     url = pg_url.replace("postgresql://postgres@", f"postgresql://postgres:{SECRET}@")
     first = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert first.exit_code == 0, first.output
-    assert first.output.splitlines()[:11] == [
+    assert first.output.splitlines()[:10] == [
         "applied 0001_init",
         "applied 0002_durable_turns",
         "applied 0003_turn_leases",
@@ -430,13 +430,13 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
         "applied 0009_budgets",
         "applied 0010_turn_timelines",
     ]
-    assert "11 migration(s) applied" in first.output
+    assert "10 migration(s) applied" in first.output
     again = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert again.exit_code == 0, again.output
     assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output
     assert SECRET not in first.output + again.output
     check = StoreBackend("postgres", url=pg_url)
-    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(11,)]
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(10,)]
     asyncio.run(check.close())
 
 

@@ -71,7 +71,7 @@ from turnwire_server.store import Store, open_store, store_label
 from turnwire_server.store.errors import StoreUnreachable
 from turnwire_server.store_health import StoreHealth
 from turnwire_server.tools.demo import DEMO_TOOLS
-from turnwire_server.tools.grpc_host import ToolHost, ToolHostError
+from turnwire_server.tools.grpc_host import RemoteToolHost, ToolHostError
 from turnwire_server.tools.loading import ToolLoadError, load_tools
 from turnwire_server.tools.tool_set import ToolSet
 
@@ -423,7 +423,7 @@ async def open_tools(settings: Settings) -> ToolSet:
     timeout = settings.limits.tool_timeout_seconds
     try:
         tool_set.sources.extend(
-            ToolHost(entry, default_timeout_seconds=timeout, on_change=tool_set.refresh)
+            RemoteToolHost(entry, default_timeout_seconds=timeout, on_change=tool_set.refresh)
             for entry in config.hosts
         )
     except ToolHostError as error:

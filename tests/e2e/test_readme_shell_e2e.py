@@ -50,6 +50,8 @@ RUN_ELSEWHERE = {
     "make dist": "tests/test_release_artifacts.py",
     "python3 -m venv ~/turnwire": "tests/test_release_artifacts.py",
     "npm install /path/to/turnwire/dist/turnwire-client-": "tests/test_release_artifacts.py",
+    # docs/api/kit-python.md: the wheels of make dist into a fresh venv
+    "pip install dist/turnwire_sdk-": "tests/test_release_artifacts.py",
 }
 NOT_RUN = {
     # README.md and docs/getting-started.md

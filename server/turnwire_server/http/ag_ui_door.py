@@ -45,7 +45,7 @@ from starlette.routing import Route
 from turnwire_client.v1 import chat_service_pb2
 from turnwire_server.http.ag_ui_events import RunLog
 from turnwire_server.http.ag_ui_request import RunInput, parse_run_input, run_input
-from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls
+from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls
 from turnwire_server.http.openai_chat import data_lines
 from turnwire_server.http.openai_door import call_info, read_body, struct_of
 from turnwire_server.http.openai_errors import ended_error
@@ -140,7 +140,7 @@ class AgUiDoor:
             first = None
         return self._answer(first, events, log)
 
-    async def _reattach(self, thread_id: str, run_id: str, call: CallInfo, refused: CallEnded) -> Response:
+    async def _reattach(self, thread_id: str, run_id: str, call: DoorCallInfo, refused: CallEnded) -> Response:
         """The run ``run_id`` of ``thread_id`` from its start (``ResumeTurn``), when the turn exists
         there; else the ``refused`` answer of the call that could not start it."""
         replay = self.calls.stream(

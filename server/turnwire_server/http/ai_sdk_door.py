@@ -38,7 +38,7 @@ from starlette.routing import Route
 from turnwire_client.v1 import chat_service_pb2, event_pb2
 from turnwire_server.http.ai_sdk_chunks import UIMessageStream
 from turnwire_server.http.ai_sdk_request import ChatTurn, parse_body, turn_input
-from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls
+from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls
 from turnwire_server.http.openai_chat import data_lines
 from turnwire_server.http.openai_door import call_info, read_body, struct_of
 from turnwire_server.http.openai_errors import ended_error
@@ -100,7 +100,7 @@ class AiSdkDoor:
         chunks = UIMessageStream(message_id=turn.continues, known_calls=turn.known_calls)
         return self._answer(first, events, chunks)
 
-    async def _events(self, turn: ChatTurn, call: CallInfo) -> AsyncIterator[Any]:
+    async def _events(self, turn: ChatTurn, call: DoorCallInfo) -> AsyncIterator[Any]:
         """The turn's event stream; results and approvals in one request store the results first
         (without continuing), then the approvals continue the turn."""
         common = dict(
@@ -149,7 +149,7 @@ class AiSdkDoor:
             first = None
         return self._answer(first, replay, UIMessageStream())
 
-    async def _running_turn(self, conversation: str, call: CallInfo) -> str | None:
+    async def _running_turn(self, conversation: str, call: DoorCallInfo) -> str | None:
         """The request id of the turn running on ``conversation``; None when none runs or there is
         no such conversation (for this caller's tenant). Reads every page of the conversation:
         a running turn is a partial reply or a turn without reply whose status is not set yet."""

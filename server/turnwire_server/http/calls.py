@@ -104,7 +104,7 @@ class _CallDetails(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class CallInfo:
+class DoorCallInfo:
     """What a door knows of one HTTP call: its ``metadata`` (:func:`metadata_of`), the
     ``peer`` (``ipv4:ADDRESS:PORT`` as gRPC writes it, or ``"unknown"``) and its ``deadline``
     (``time.monotonic()`` seconds; None: none)."""
@@ -117,7 +117,7 @@ class CallInfo:
 class HttpCallContext:
     """The servicer context of one in-process call (see the module docstring)."""
 
-    def __init__(self, call: CallInfo, sink: Callable[[Any], Any] | None = None) -> None:
+    def __init__(self, call: DoorCallInfo, sink: Callable[[Any], Any] | None = None) -> None:
         self._call = call
         self._sink = sink
         self._code: grpc.StatusCode | None = None
@@ -257,7 +257,7 @@ class InProcessCalls:
         self._table = table
         self._interceptors = tuple(interceptors)
 
-    async def _handler(self, method: str, call: CallInfo) -> Any:
+    async def _handler(self, method: str, call: DoorCallInfo) -> Any:
         handler = self._table.handler(method)
         if handler is None:
             raise CallEnded(grpc.StatusCode.UNIMPLEMENTED, f"method {method} is not served here")
@@ -270,7 +270,7 @@ class InProcessCalls:
             continuation = functools.partial(interceptor.intercept_service, continuation)
         return await continuation(_CallDetails(method, call.metadata))
 
-    async def unary(self, method: str, request: Message, call: CallInfo) -> Message:
+    async def unary(self, method: str, request: Message, call: DoorCallInfo) -> Message:
         """The response of the unary ``method`` to ``request``."""
         handler = await self._handler(method, call)
         context = HttpCallContext(call)
@@ -286,7 +286,7 @@ class InProcessCalls:
             raise CallEnded(code, context.details())
         return response  # type: ignore[no-any-return]
 
-    async def stream(self, method: str, request: Message, call: CallInfo) -> AsyncIterator[Message]:
+    async def stream(self, method: str, request: Message, call: DoorCallInfo) -> AsyncIterator[Message]:
         """The responses of the server-streaming ``method`` to ``request``, as they are written.
         Leaving the iteration early (``aclose``, cancellation) cancels the handler."""
         queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=_BUFFERED)
@@ -333,7 +333,7 @@ async def _one(request: Message) -> AsyncIterator[Message]:
 
 __all__ = [
     "CallEnded",
-    "CallInfo",
+    "DoorCallInfo",
     "HttpCallContext",
     "InProcessCalls",
     "Metadata",

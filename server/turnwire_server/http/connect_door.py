@@ -39,7 +39,7 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 from protobuf.wkt import Any as WireAny
 
-from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls, metadata_of
+from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls, metadata_of
 
 log = logging.getLogger("turnwire.http")
 
@@ -124,12 +124,12 @@ def connect_error(ended: CallEnded) -> ConnectError:
     return ConnectError(_CODES.get(ended.code, Code.UNKNOWN), ended.details, details)
 
 
-def _call_info(ctx: RequestContext[Any, Any]) -> CallInfo:
+def _call_info(ctx: RequestContext[Any, Any]) -> DoorCallInfo:
     remaining = ctx.timeout_ms
     deadline = None if remaining is None else time.monotonic() + remaining / 1000
     address = ctx.client_address
     peer = f"ipv4:{address}" if address else "unknown"
-    return CallInfo(metadata_of(ctx.request_headers.allitems()), peer, deadline)
+    return DoorCallInfo(metadata_of(ctx.request_headers.allitems()), peer, deadline)
 
 
 def _method_info(service: ServiceDescriptor, method: MethodDescriptor) -> MethodInfo[Any, Any]:

@@ -29,7 +29,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from turnwire_server.http.ag_ui_door import AgUiDoor
 from turnwire_server.http.ai_sdk_door import AiSdkDoor
-from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls, metadata_of
+from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls, metadata_of
 from turnwire_server.http.connect_door import ConnectDoor, endpoints_of
 from turnwire_server.http.inspector_door import inspector_routes
 from turnwire_server.http.openai_chat import ChatCompletionsDoor
@@ -76,7 +76,7 @@ def health_door(context: DoorContext) -> Door:
     window, shutdown): the gRPC health service's overall status, for HTTP load balancers."""
 
     async def healthz(request: Request) -> Response:
-        call = CallInfo(metadata_of(request.headers.items()))
+        call = DoorCallInfo(metadata_of(request.headers.items()))
         try:
             response = await context.calls.unary(HEALTH_CHECK, health_pb2.HealthCheckRequest(), call)
         except CallEnded as ended:

@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
-from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls
+from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls
 from turnwire_server.http.openai_door import call_info, json_response, read_body, struct_of
 from turnwire_server.http.openai_errors import bad_request, ended_error, ended_response
 
@@ -358,7 +358,7 @@ class ChatCompletionsDoor:
         *,
         include_usage: bool,
         forget: str | None,
-        call: CallInfo,
+        call: DoorCallInfo,
     ) -> AsyncIterator[bytes]:
         try:
             if first is not None:
@@ -379,7 +379,7 @@ class ChatCompletionsDoor:
             await events.aclose()  # type: ignore[attr-defined]
             await self._forget(forget, call)
 
-    async def _forget(self, conversation: str | None, call: CallInfo) -> None:
+    async def _forget(self, conversation: str | None, call: DoorCallInfo) -> None:
         """Delete the call's own conversation (none was named): nothing outlives the call."""
         if conversation is None:
             return

@@ -38,7 +38,7 @@ from starlette.routing import Route
 
 from turnwire_client.v1 import chat_service_pb2, message_pb2
 from turnwire_server.engine.ids import assistant_message_id
-from turnwire_server.http.calls import CallEnded, CallInfo, InProcessCalls, metadata_of
+from turnwire_server.http.calls import CallEnded, DoorCallInfo, InProcessCalls, metadata_of
 from turnwire_server.http.openai_errors import bad_request, ended_error, ended_response, error_response
 from turnwire_server.http.openai_request import RequestProblem, TurnInput, parse_request, turn_input
 from turnwire_server.http.openai_response_log import ResponseLog
@@ -51,11 +51,11 @@ _SUBMISSION_QUEUED = chat_service_pb2.SUBMISSION_STATE_PENDING
 _SUBMISSION_ABORTED = chat_service_pb2.SUBMISSION_STATE_ABORTED
 
 
-def call_info(request: Request) -> CallInfo:
-    """The :class:`CallInfo` of an HTTP request: its headers as metadata, its peer."""
+def call_info(request: Request) -> DoorCallInfo:
+    """The :class:`DoorCallInfo` of an HTTP request: its headers as metadata, its peer."""
     client = request.client
     peer = f"ipv4:{client.host}:{client.port}" if client else "unknown"
-    return CallInfo(metadata_of(request.headers.items()), peer)
+    return DoorCallInfo(metadata_of(request.headers.items()), peer)
 
 
 def _too_large(message: str) -> Response:
@@ -171,7 +171,7 @@ class ResponsesDoor:
         model: str,
         turn: TurnInput,
         echo: dict[str, Any],
-        call: CallInfo,
+        call: DoorCallInfo,
         *,
         stream: bool,
     ) -> Response:
@@ -204,7 +204,7 @@ class ResponsesDoor:
             self.calls.stream(_SERVICE + "WatchSubmission", watch, call), log, stream=True
         )
 
-    async def _latest_conversation(self, response_id: str, call: CallInfo) -> str | Response:
+    async def _latest_conversation(self, response_id: str, call: DoorCallInfo) -> str | Response:
         """The conversation of response ``response_id`` when it is that conversation's latest
         response; else OpenAI's 400 (an older one) or 404 (unknown)."""
         replay = self.calls.stream(
@@ -302,7 +302,7 @@ class ResponsesDoor:
             return bad_request("starting_after: a sequence number (an integer)", "starting_after")
         return await self._read(response_id, call_info(request), stream=stream, after=after)
 
-    async def _read(self, response_id: str, call: CallInfo, *, stream: bool, after: int = -1) -> Response:
+    async def _read(self, response_id: str, call: DoorCallInfo, *, stream: bool, after: int = -1) -> Response:
         if not stream:  # a submission that has not run answers at once, not when it has run
             pending = await self._pending_submission(response_id, call)
             if pending is not None:
@@ -328,7 +328,7 @@ class ResponsesDoor:
 
         return await self._answer(events(), ResponseLog(response_id), stream=stream, after=after)
 
-    async def _pending_submission(self, response_id: str, call: CallInfo) -> Response | None:
+    async def _pending_submission(self, response_id: str, call: DoorCallInfo) -> Response | None:
         """The Response of submission ``response_id`` when it is queued or was cancelled before it
         ran; None when there is no such submission or it has run (its turn stream tells)."""
         try:
@@ -349,7 +349,7 @@ class ResponsesDoor:
         return json_response(log.snapshot())
 
     async def _submission(
-        self, response_id: str, call: CallInfo, *, stream: bool, after: int, ended: CallEnded
+        self, response_id: str, call: DoorCallInfo, *, stream: bool, after: int, ended: CallEnded
     ) -> Response:
         """A response whose turn stream ``ResumeTurn`` does not find: a submission (queued, cancelled
         before it ran, or started since), read with ``WatchSubmission``; else ``ended`` (404)."""

@@ -1,6 +1,6 @@
 """Tool hosts: processes serving ``turnwire.v1.ToolExecutorService`` (protos/turnwire/v1/tools.proto).
 
-:class:`ToolHost` is one configured host (``tools.hosts``): a gRPC channel, the host's tools from
+:class:`RemoteToolHost` is one configured host (``tools.hosts``): a gRPC channel, the host's tools from
 its last ``ListTools`` (each a :class:`RemoteTool`), and a watcher that lists again whenever the
 channel reconnects (the host restarted, or came back after being unreachable), when a call found
 the host unavailable, and every ``refresh_interval_seconds``. Until its first successful listing a
@@ -60,7 +60,7 @@ class ToolHostError(Exception):
     """A tool host's configuration cannot be used (an unreadable TLS file); the message says which."""
 
 
-class ToolHost:
+class RemoteToolHost:
     """One ToolExecutorService host (see the module docstring).
 
     ``default_timeout_seconds`` bounds a call of a tool that declares no timeout when the entry
@@ -161,7 +161,7 @@ class ToolHost:
                 await asyncio.wait_for(self._channel.wait_for_state_change(state), WATCH_INTERVAL_SECONDS)
 
     def __repr__(self) -> str:
-        return f"ToolHost({self.name!r}, {self.settings.address!r})"
+        return f"RemoteToolHost({self.name!r}, {self.settings.address!r})"
 
 
 def _open_channel(settings: ToolHostSettings) -> grpc.aio.Channel:
@@ -191,7 +191,7 @@ Outcome = tuple[Literal["preliminary", "final"], Any]
 
 
 class RemoteTool:
-    """A tool of a :class:`ToolHost` (see the module docstring); a ``turnwire.tools.Tool``.
+    """A tool of a :class:`RemoteToolHost` (see the module docstring); a ``turnwire.tools.Tool``.
 
     ``needs_approval`` is the spec's ``requires_approval`` (docs/semantics.md §6);
     ``timeout_seconds`` is the spec's ``timeout``, else the host's default. ``execute`` returns the
@@ -203,7 +203,7 @@ class RemoteTool:
 
     streaming = False
 
-    def __init__(self, host: ToolHost, spec: tools_pb2.ToolSpec, input_schema: dict[str, Any]) -> None:
+    def __init__(self, host: RemoteToolHost, spec: tools_pb2.ToolSpec, input_schema: dict[str, Any]) -> None:
         self.host = host
         self.name = spec.name
         self.description = spec.description
