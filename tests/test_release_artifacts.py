@@ -12,8 +12,11 @@ chat that calls a tool (docs/install.md).
   bundled for the browser platform, which fails on any Node.js module; and a typed hook server
   and tool host on the kit entry (``@turnwire/client/kit``) serves a second sidecar's chat;
 - the Go module zip (``dist/goproxy``) is unpacked into the vendor directory of a scratch Go
-  module, beside Debian's packages of its requirements at the versions its ``go.mod`` names, and a
-  program built in module mode (``-mod=vendor``, no module proxy) chats with the sidecar.
+  module, beside Debian's packages of its requirements at the versions its ``go.mod`` names, and
+  two programs built in module mode (``-mod=vendor``, no module proxy): one chats with the sidecar,
+  the other is docs/api/kit-go.md's typed tool host and policy hook on ``turnwire.dev/go/kit``,
+  taken from the page as a user copies it, which serves a second sidecar's chat (listed in its
+  config as the page says).
 
 Slow (about a minute on 2 cores: the builds and installs), so marked ``packaging``
 and ``e2e``: ``make check`` skips them and ``make test`` runs them once.
@@ -22,6 +25,7 @@ and ``e2e``: ``make check`` skips them and ``make test`` runs them once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -35,10 +39,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from filelock import FileLock
 from packaging.requirements import Requirement
 from support.http_sidecar import http_base
+from support.port_process import PortProcess
 from support.sidecar import SidecarProcess, free_port
+from support.waiting import wait_until
 
 from turnwire_client import TurnResult, TurnwireClient, collect
 
@@ -220,7 +227,8 @@ def test_the_npm_package_installs_in_a_scratch_project_and_chats_typed(
     _run([*npm, str(dist / f"turnwire-client-{VERSION}.tgz"), f"typescript@{typescript}"], cwd=project)
     source = TS_CHAT.replace("GRPC_ADDRESS", sidecar.target).replace("HTTP_BASE", http_base(sidecar))
     (project / "chat.mts").write_text(source)
-    kit_address = f"127.0.0.1:{free_port()}"
+    kit_port = free_port()
+    kit_address = f"127.0.0.1:{kit_port}"
     (project / "kit.mts").write_text(TS_KIT.replace("KIT_ADDRESS", kit_address))
     (project / "tsconfig.json").write_text(json.dumps(TS_CONFIG))
     _run([str(project / "node_modules" / ".bin" / "tsc"), "-p", "."], cwd=project)
@@ -231,7 +239,16 @@ def test_the_npm_package_installs_in_a_scratch_project_and_chats_typed(
         )
 
     # The kit: a typed hook server and tool host from the tarball, called by a real sidecar.
-    assert _kit_chat(project, tmp_path, kit_address) == [{"doubled": 42}, "n must not be negative"]
+    wiring = {
+        "middleware": [{"remote": {"address": kit_address, "name": "kit"}}],
+        "tools": {"hosts": [{"name": "kit", "address": kit_address}]},
+    }
+    calls = [{"name": "double", "input": {"n": 21}}, {"name": "double", "input": {"n": -1}}]
+    with _kit_program(["node", "kit.mjs"], project, kit_port) as kit:
+        assert kit.stdout is not None
+        assert kit.stdout.readline() == f"listening on {kit_address}\n".encode()
+        outcomes = _kit_chat(tmp_path / "kit-sidecar", wiring, calls)
+    assert outcomes == [({"doubled": 42}, ""), ("n must not be negative", "blocked")]
 
     # The browser entry bundles for browsers: esbuild fails on an import of a Node.js module.
     (project / "page.mjs").write_text("export { TurnwireWebClient } from '@turnwire/client/web';\n")
@@ -242,33 +259,40 @@ def test_the_npm_package_installs_in_a_scratch_project_and_chats_typed(
     )
 
 
-def _kit_chat(project: Path, tmp_path: Path, address: str) -> list[Any]:
-    """Runs ``kit.mjs`` (compiled from TS_KIT, listening on ``address``), then a sidecar whose hook
-    server and tool host it is, and a chat whose scripted model calls ``double`` twice; the tool
-    results (JSON values, or the text of a blocked call)."""
-    kit = subprocess.Popen(["node", "kit.mjs"], cwd=project, stdout=subprocess.PIPE, text=True)
+@contextlib.contextmanager
+def _kit_program(command: list[str], cwd: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """Runs a kit program (a hook server and tool host that listens on 127.0.0.1:``port``), its
+    stdout piped; yields it once the port accepts connections (failing the test if it exits
+    first), and kills it at exit."""
+    program = PortProcess(port)
+    program.process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE)
     try:
-        assert kit.stdout is not None
-        assert kit.stdout.readline() == f"listening on {address}\n"
-        calls = [{"name": "double", "input": {"n": 21}}, {"name": "double", "input": {"n": -1}}]
-        script = [{"tool_calls": calls}]
-        config = {
-            "providers": {"scripted": {"scripts": {"kit": [*script, {"text": "Done."}]}}},
-            "middleware": [{"remote": {"address": address, "name": "kit"}}],
-            "tools": {"demo": False, "hosts": [{"name": "kit", "address": address}]},
-        }
-        sidecar = SidecarProcess(tmp_path / "kit-sidecar", config)
-        sidecar.start_blocking()
-        try:
-            result = asyncio.run(_chat(sidecar.target, "scripted:kit"))
-        finally:
-            sidecar.kill()
+        asyncio.run(wait_until(program.listening, what=f"{command[0]} listening on port {port}"))
+        yield program.process
     finally:
-        kit.terminate()
-        kit.wait(timeout=30)
+        program.kill()
+
+
+def _kit_chat(workdir: Path, wiring: dict[str, Any], calls: list[dict[str, Any]]) -> list[tuple[Any, str]]:
+    """Runs a sidecar (in ``workdir``) configured with ``wiring``'s ``middleware`` and ``tools``
+    (a running kit program as its hook server and tool host), and a chat whose scripted model makes
+    ``calls`` in one step; per call, its result (a JSON value, or the text of a failed call) and
+    the ``before_tool_call`` decision (``""``: none, ``"blocked"``, ``"substituted"``)."""
+    config = {
+        "providers": {"scripted": {"scripts": {"kit": [{"tool_calls": calls}, {"text": "Done."}]}}},
+        "middleware": wiring["middleware"],
+        "tools": {"demo": False, **wiring["tools"]},
+    }
+    sidecar = SidecarProcess(workdir, config)
+    sidecar.start_blocking()
+    try:
+        result = asyncio.run(_chat(sidecar.target, "scripted:kit"))
+    finally:
+        sidecar.kill()
     assert result.ok, result.error
     return [
-        call.output if call.state == "output-available" else call.error_text for call in result.tool_calls
+        (call.output if call.state == "output-available" else call.error_text, call.decision)
+        for call in result.tool_calls
     ]
 
 
@@ -317,17 +341,36 @@ func main() {
 """
 
 
+GO_KIT_PAGE = REPO / "docs" / "api" / "kit-go.md"
+#: Where the page's program serves, and where its sidecar config points.
+GO_KIT_PAGE_ADDRESS = "127.0.0.1:7001"
+
+
+def _go_kit_page(address: str) -> tuple[str, dict[str, Any]]:
+    """docs/api/kit-go.md's program (its ``go`` block of ``package main``) and the sidecar config
+    that lists it (its ``yaml`` block of ``middleware`` and ``tools``), as a user copies them, with
+    the page's address replaced by ``address``."""
+    page = GO_KIT_PAGE.read_text()
+    program = re.search(r"^```go\n(package main\n.*?)^```", page, re.MULTILINE | re.DOTALL)
+    config = re.search(r"^```yaml\n(middleware:.*?)^```", page, re.MULTILINE | re.DOTALL)
+    assert program and config, f"{GO_KIT_PAGE} has no go program or yaml config block"
+    assert f'"{GO_KIT_PAGE_ADDRESS}"' in program.group(1), f"{GO_KIT_PAGE}'s program moved"
+    return program.group(1).replace(GO_KIT_PAGE_ADDRESS, address), yaml.safe_load(
+        config.group(1).replace(GO_KIT_PAGE_ADDRESS, address)
+    )
+
+
 def _go_requirements(go_mod: str) -> dict[str, str]:
     """Module path → version of every ``require`` of a ``go.mod``."""
     return dict(re.findall(r"^\s*(?:require\s+)?([a-z0-9.-]+\.[a-z]+/\S*)\s+(v\S+)", go_mod, re.MULTILINE))
 
 
 def _vendor(app: Path, listing_gopath: Path, modules: dict[str, str], env: dict[str, str]) -> None:
-    """Writes ``app/vendor`` (the packages ``app`` imports, by ``go list -deps`` over
+    """Writes ``app/vendor`` (the packages ``app``'s programs import, by ``go list -deps`` over
     ``listing_gopath`` in GOPATH mode) and ``vendor/modules.txt``, and ``app/go.mod`` requiring
     each module at ``modules``' version (Go checks the two agree)."""
     listed = _run(
-        ["go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}} {{.Dir}}{{end}}", "."],
+        ["go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}} {{.Dir}}{{end}}", "./..."],
         cwd=listing_gopath / "src" / "example.com" / "app",
         env={**env, "GO111MODULE": "off", "GOPATH": f"{listing_gopath}:{DEBIAN_GOPATH}"},
     )
@@ -356,7 +399,7 @@ def _vendor(app: Path, listing_gopath: Path, modules: dict[str, str], env: dict[
     (app / "go.mod").write_text(f"module example.com/app\n\ngo 1.19\n\nrequire (\n{requires})\n")
 
 
-def test_the_go_module_builds_in_a_scratch_module_and_chats(
+def test_the_go_module_builds_in_a_scratch_module_and_chats_and_serves_a_kit(
     dist: Path, tmp_path: Path, sidecar: SidecarProcess
 ) -> None:
     if shutil.which("go") is None or not DEBIAN_GOPATH.is_dir():
@@ -370,12 +413,14 @@ def test_the_go_module_builds_in_a_scratch_module_and_chats(
         zipped.extractall(tmp_path / "unpacked")
     (listing / "src" / "turnwire.dev").mkdir(parents=True)
     shutil.move(tmp_path / "unpacked" / f"turnwire.dev/go@{version}", listing / "src" / "turnwire.dev" / "go")
-    source = GO_CHAT.replace("GRPC_ADDRESS", sidecar.target)
-    (listing / "src" / "example.com" / "app").mkdir(parents=True)
-    (listing / "src" / "example.com" / "app" / "main.go").write_text(source)
+    kit_port = free_port()
+    stock, wiring = _go_kit_page(f"127.0.0.1:{kit_port}")
+    programs = {"chat": GO_CHAT.replace("GRPC_ADDRESS", sidecar.target), "stock": stock}
     app = tmp_path / "app"
-    app.mkdir()
-    (app / "main.go").write_text(source)
+    for root in (listing / "src" / "example.com" / "app", app):
+        for name, source in programs.items():
+            (root / name).mkdir(parents=True)
+            (root / name / "main.go").write_text(source)
     modules = {**_go_requirements((release / f"{version}.mod").read_text()), "turnwire.dev/go": version}
     env = {
         **{key: value for key, value in os.environ.items() if not key.startswith("GO")},
@@ -384,7 +429,16 @@ def test_the_go_module_builds_in_a_scratch_module_and_chats(
         "GOPATH": str(tmp_path / "go-home"),
     }
     _vendor(app, listing, modules, env)
-    _run(["go", "build", "-o", "chat", "."], cwd=app, env={**env, "GO111MODULE": "on"}, timeout=600)
-    output = _run([str(app / "chat")], cwd=app, timeout=120)
+    _run(["go", "build", "-o", "bin/", "./..."], cwd=app, env={**env, "GO111MODULE": "on"}, timeout=600)
+    output = _run([str(app / "bin" / "chat")], cwd=app, timeout=120)
     assert re.search(r"^tool get_weather map\[city:Paris ", output, re.MULTILINE), output
     assert f"client {VERSION} TURN_STATUS_COMPLETED" in output, output
+
+    # The kit: the page's typed tool and policy hook, called by a real sidecar.
+    calls = [
+        {"name": "lookup_stock", "input": {"sku": "A-1"}},
+        {"name": "lookup_stock", "input": {"sku": "internal-9"}},
+    ]
+    with _kit_program([str(app / "bin" / "stock")], app, kit_port):
+        outcomes = _kit_chat(tmp_path / "kit-sidecar", wiring, calls)
+    assert outcomes == [({"sku": "A-1", "units": 3}, ""), ("internal SKUs are not for customers", "blocked")]
