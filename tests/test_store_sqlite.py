@@ -331,7 +331,9 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
         assert await store.load_compaction("c1") == record
     finally:
         await store.close()
-    assert [v for (v,) in _raw(path, "SELECT version FROM schema_migrations ORDER BY version")] == list(range(1, 11))
+    assert [v for (v,) in _raw(path, "SELECT version FROM schema_migrations ORDER BY version")] == list(
+        range(1, 11)
+    )
 
 
 @pytest.mark.parametrize("read_only", ["file", "folder"])

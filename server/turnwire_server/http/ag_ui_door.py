@@ -140,7 +140,9 @@ class AgUiDoor:
             first = None
         return self._answer(first, events, log)
 
-    async def _reattach(self, thread_id: str, run_id: str, call: DoorCallInfo, refused: CallEnded) -> Response:
+    async def _reattach(
+        self, thread_id: str, run_id: str, call: DoorCallInfo, refused: CallEnded
+    ) -> Response:
         """The run ``run_id`` of ``thread_id`` from its start (``ResumeTurn``), when the turn exists
         there; else the ``refused`` answer of the call that could not start it."""
         replay = self.calls.stream(
