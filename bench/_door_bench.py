@@ -108,7 +108,7 @@ def in_process_door(door: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
     whose Chat answers a pre-built 4-delta turn, and the same Chat through the in-process call
     alone (the baseline: its interceptor, RpcObserver, without HTTP)."""
     from turnwire_server.api.rpc_observer import RpcObserver
-    from turnwire_server.http.calls import CallInfo, InProcessCalls, MethodTable
+    from turnwire_server.http.calls import DoorCallInfo, InProcessCalls, MethodTable
     from turnwire_server.http.doors import DoorContext, build_app
     from turnwire_server.http.settings import CorsSettings
 
@@ -120,7 +120,7 @@ def in_process_door(door: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
     chat = request()
 
     async def direct() -> None:
-        async for _ in calls.stream("/turnwire.v1.ChatService/Chat", chat, CallInfo(())):
+        async for _ in calls.stream("/turnwire.v1.ChatService/Chat", chat, DoorCallInfo(())):
             pass
 
     return app, direct
