@@ -57,7 +57,7 @@ dist: setup build-node
 	@ls -1 "$(DIST)" "$(DIST)"/goproxy/*/*/@v
 
 ## demo: start the sidecar on its embedded defaults, hold a conversation that calls tools, stop it.
-demo: setup
+demo: setup build-inspector
 	$(VENV)/bin/turnwire demo
 
 ## check: the inner loop, after every edit: lint, then the in-process tests (no process, package or database), in parallel.
