@@ -158,6 +158,10 @@ def test_the_wheels_install_in_a_fresh_venv_and_turnwire_demo_calls_tools(dist: 
     assert _run([str(venv / "bin" / "turnwire"), "--version"], cwd=app) == f"turnwire {VERSION}\n"
     output = _run([str(venv / "bin" / "turnwire"), "demo"], cwd=app, timeout=300)
     assert "get_weather" in output and "calculator" in output, output
+    # The wheel ships the inspector page built (issue 39): `turnwire demo --inspect` serves it.
+    page = Path(where.strip()).parent / "http" / "inspector_page"
+    assert sorted(path.name for path in page.iterdir()) == ["index.html", "inspector.css", "inspector.js"]
+    assert "turnwire demo --inspect" in output, output
 
 
 TS_CHAT = """\
