@@ -337,11 +337,23 @@ async def _crashed_with_a_reservation(
     ("budget", "used", "needs"),
     [
         # A token limit speaks in tokens.
-        ({"tokens": 300}, "0 of its 300 tokens used or reserved", r"needs about \d+ tokens of prompt and at least 500 of output"),
+        (
+            {"tokens": 300},
+            "0 of its 300 tokens used or reserved",
+            r"needs about \d+ tokens of prompt and at least 500 of output",
+        ),
         # A dollar limit speaks in dollars: 500 output tokens at $15 per million are $0.0075.
-        ({"usd": 0.0001}, "$0.00 of its $0.0001 used or reserved", r"needs about \$0\.0075\d* at the model's price"),
+        (
+            {"usd": 0.0001},
+            "$0.00 of its $0.0001 used or reserved",
+            r"needs about \$0\.0075\d* at the model's price",
+        ),
         # Both limits: the one without room speaks (the tokens have plenty).
-        ({"tokens": 1_000_000, "usd": 0.0001}, "$0.00 of its $0.0001 used or reserved", r"needs about \$0\.0075"),
+        (
+            {"tokens": 1_000_000, "usd": 0.0001},
+            "$0.00 of its $0.0001 used or reserved",
+            r"needs about \$0\.0075",
+        ),
     ],
 )
 async def test_a_budget_refusal_names_the_unit_of_the_limit_that_refused(

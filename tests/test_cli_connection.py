@@ -87,7 +87,9 @@ def test_options_before_and_after_the_name_add_up(tmp_path: Path) -> None:
     assert (options.token, options.tls_ca, options.tls_server_name) == ("before", ca, "sidecar")
 
 
-def _commands(group: typer.core.TyperGroup, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+def _commands(
+    group: typer.core.TyperGroup, prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], Any]]:
     """Every command of ``group`` and its subgroups, with the words that run it (``("config", "show")``)."""
     for name, command in group.commands.items():
         yield (*prefix, name), command

@@ -42,7 +42,9 @@ def exhausted_text(tokens: int | None, usd: float | None, spend: BudgetSpend) ->
     """What of a used-up budget (limits ``tokens``, ``usd`` US dollars) is used or reserved, in
     the unit that ran out: ``1,100 of its 1,000 tokens used or reserved``."""
     if _refusing_unit(tokens, usd, spend, None) == "tokens":
-        return f"{spend.spent_tokens + spend.reserved_tokens:,} of its {tokens or 0:,} tokens used or reserved"
+        return (
+            f"{spend.spent_tokens + spend.reserved_tokens:,} of its {tokens or 0:,} tokens used or reserved"
+        )
     used = spend.spent_usd + spend.reserved_usd
     return f"{dollars(used)} of its {dollars(usd or 0.0)} used or reserved"
 
@@ -52,9 +54,13 @@ def refusal_text(tokens: int | None, usd: float | None, spend: BudgetSpend, ask:
     step ``ask``, in the unit that has no room: what is used, then what the step needs."""
     unit = _refusing_unit(tokens, usd, spend, ask)
     if unit == "tokens":
-        used = f"{spend.spent_tokens + spend.reserved_tokens:,} of its {tokens or 0:,} tokens used or reserved"
+        used = (
+            f"{spend.spent_tokens + spend.reserved_tokens:,} of its {tokens or 0:,} tokens used or reserved"
+        )
     else:
-        used = f"{dollars(spend.spent_usd + spend.reserved_usd)} of its {dollars(usd or 0.0)} used or reserved"
+        used = (
+            f"{dollars(spend.spent_usd + spend.reserved_usd)} of its {dollars(usd or 0.0)} used or reserved"
+        )
     return f"{used}, and the next step needs {_needs(unit, ask)}"
 
 

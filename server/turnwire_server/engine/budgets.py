@@ -231,7 +231,9 @@ async def admission_refusal(
         spend = spends.get(budget.key, BudgetSpend())
         if _exhausted(budget, spend):
             metrics.BUDGET_EXHAUSTED.labels(tenant_of_key(conversation_id), budget.key.scope).inc()
-            return BudgetRefused(budget.key.scope, exhausted_text(budget.tokens, budget.usd, spend), resets_in(budget.key, now))
+            return BudgetRefused(
+                budget.key.scope, exhausted_text(budget.tokens, budget.usd, spend), resets_in(budget.key, now)
+            )
     return None
 
 
