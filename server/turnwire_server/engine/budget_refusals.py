@@ -41,27 +41,22 @@ def _refusing_unit(tokens: int | None, usd: float | None, spend: BudgetSpend, as
 def exhausted_text(tokens: int | None, usd: float | None, spend: BudgetSpend) -> str:
     """What of a used-up budget (limits ``tokens``, ``usd`` US dollars) is used or reserved, in
     the unit that ran out: ``1,100 of its 1,000 tokens used or reserved``."""
-    if _refusing_unit(tokens, usd, spend, None) == "tokens":
-        return (
-            f"{spend.spent_tokens + spend.reserved_tokens:,} of its {tokens or 0:,} tokens used or reserved"
-        )
-    used = spend.spent_usd + spend.reserved_usd
-    return f"{dollars(used)} of its {dollars(usd or 0.0)} used or reserved"
+    return _used(_refusing_unit(tokens, usd, spend, None), tokens, usd, spend)
 
 
 def refusal_text(tokens: int | None, usd: float | None, spend: BudgetSpend, ask: BudgetAsk) -> str:
     """Why a budget (limits ``tokens``, ``usd`` US dollars; in the state ``spend``) refuses the
     step ``ask``, in the unit that has no room: what is used, then what the step needs."""
     unit = _refusing_unit(tokens, usd, spend, ask)
+    return f"{_used(unit, tokens, usd, spend)}, and the next step needs {_needs(unit, ask)}"
+
+
+def _used(unit: Unit, tokens: int | None, usd: float | None, spend: BudgetSpend) -> str:
     if unit == "tokens":
-        used = (
+        return (
             f"{spend.spent_tokens + spend.reserved_tokens:,} of its {tokens or 0:,} tokens used or reserved"
         )
-    else:
-        used = (
-            f"{dollars(spend.spent_usd + spend.reserved_usd)} of its {dollars(usd or 0.0)} used or reserved"
-        )
-    return f"{used}, and the next step needs {_needs(unit, ask)}"
+    return f"{dollars(spend.spent_usd + spend.reserved_usd)} of its {dollars(usd or 0.0)} used or reserved"
 
 
 def step_refusal_text(tokens: int | None, usd: float | None, ask: BudgetAsk) -> str:
