@@ -48,7 +48,7 @@ async def test_a_watched_host_closes_on_the_first_try_whenever_the_cancel_lands(
     for round_ in range(ROUNDS):
         host = RemoteToolHost(settings, default_timeout_seconds=5, on_change=lambda: None)
         await host._channel.close()
-        channel = host._channel = _FlappingChannel()  # type: ignore[assignment]
+        channel = host._channel = _FlappingChannel()
         watcher = host._watcher = asyncio.create_task(host._watch())
         for _ in range(round_ % 7):  # the cancel lands at another point of the watcher's cycle
             await asyncio.sleep(0)
