@@ -70,6 +70,7 @@ from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, store_label
 from turnwire_server.store.errors import StoreUnreachable
 from turnwire_server.store_health import StoreHealth
+from turnwire_server.subagent_loading import SubagentConfigError, build_subagents
 from turnwire_server.tools.demo import DEMO_TOOLS
 from turnwire_server.tools.grpc_host import RemoteToolHost, ToolHostError
 from turnwire_server.tools.loading import ToolLoadError, load_tools
@@ -492,6 +493,10 @@ async def _start(
     again when a step after it fails."""
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     session = await _configure_session(settings, chain, providers, tools)
+    try:
+        subagents = await build_subagents(settings, providers, tools, load_middlewares)
+    except SubagentConfigError as error:
+        raise StartupError(str(error)) from error
     replica_id = new_replica_id()
     store = await _open_store(
         settings.store, patience_seconds=settings.durability.store_outage_seconds, replica_id=replica_id
@@ -503,13 +508,14 @@ async def _start(
         engine = TurnEngine(
             store=store,
             providers=providers,
-            tools=tools,
+            tools=subagents.all_tools,
             chain=chain,
             settings=_engine_settings(settings, session, replica_id),
             error_status=status_of,
             tracing=tracing,
             turn_slots=gate,
         )
+        subagents.bind(engine)
         submissions = await _recover(settings, engine, store)
         server, health, port, calls = await _serve(
             settings, engine, submissions, gate, tls, access=access, shared_port=shared_port

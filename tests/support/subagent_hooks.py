@@ -1,0 +1,73 @@
+"""A recording middleware for the sub-agent tests, loaded by a real server process as
+``support.subagent_hooks:RecordHooks`` (tests/e2e/test_subagents_e2e.py).
+
+Every hook it implements appends one JSON line to the file ``path`` names: its ``label`` (which
+chain it sits in), the hook, the turn's request id, and for ``before_turn`` the entry path and
+the sub-agent path the turn was told (docs/semantics.md §4, docs/subagents.md). It implements
+no ``on_chunk``, so the log is the turn's hook order and nothing per chunk.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from turnwire.hooks import (
+    ChatResponseContext,
+    Middleware,
+    StepConfig,
+    StepContext,
+    StepFinishContext,
+    ToolCallContext,
+    ToolCallDecision,
+    ToolCallResultContext,
+    TurnConfig,
+    TurnContext,
+)
+
+
+class RecordHooks(Middleware):
+    """Appends a line per hook call to ``path`` (``label``: the chain's name in the log)."""
+
+    def __init__(self, *, label: str, path: str) -> None:
+        """``label`` names the chain; ``path`` is the JSON-lines log it appends to."""
+        super().__init__(label=label)
+        self.name = label
+        self._path = Path(path)
+
+    def _record(self, hook: str, request_id: str, **fields: Any) -> None:
+        line = {"label": self.name, "hook": hook, "request_id": request_id, **fields}
+        with self._path.open("a", encoding="utf-8") as log:
+            log.write(json.dumps(line) + "\n")
+
+    async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
+        """Record the turn's entry path and sub-agent path."""
+        path = [[call.subagent, call.conversation_id] for call in ctx.subagent_path]
+        self._record(
+            "before_turn", ctx.request_id, entry=ctx.entry, path=path, conversation_id=ctx.conversation_id,
+            system=ctx.system,
+        )
+        return None
+
+    async def before_step(self, ctx: StepContext) -> StepConfig | None:
+        """Record the step's start."""
+        self._record("before_step", ctx.request_id, step=ctx.step_number, system=ctx.system)
+        return None
+
+    async def before_tool_call(self, ctx: ToolCallContext) -> ToolCallDecision | None:
+        """Record the call."""
+        self._record("before_tool_call", ctx.request_id, tool=ctx.tool_name)
+        return None
+
+    async def after_tool_call(self, ctx: ToolCallResultContext) -> None:
+        """Record the call's result."""
+        self._record("after_tool_call", ctx.request_id, tool=ctx.tool_name, success=ctx.success)
+
+    async def on_step_finish(self, ctx: StepFinishContext) -> None:
+        """Record the step's end."""
+        self._record("on_step_finish", ctx.request_id, step=ctx.step_number)
+
+    async def on_chat_response(self, result: ChatResponseContext) -> None:
+        """Record the turn's end."""
+        self._record("on_chat_response", result.request_id, status=result.status)
