@@ -101,7 +101,9 @@ def hook_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory, hook_log: Path) -> Iterator[SidecarProcess]:
     """One server for the module, with ``tests/`` on its PYTHONPATH."""
-    with running_sidecar(tmp_path_factory.mktemp("subagents-e2e"), config(hook_log), pythonpath_env()) as process:
+    with running_sidecar(
+        tmp_path_factory.mktemp("subagents-e2e"), config(hook_log), pythonpath_env()
+    ) as process:
         yield process
 
 
@@ -184,7 +186,9 @@ async def test_a_call_nested_two_deep(sidecar: SidecarProcess, hook_log: Path) -
         ]
         assert order.index((1, "tool_input_available")) < order.index((2, "turn_start"))
         assert order.index((2, "turn_end")) < order.index((1, "tool_output_available"))
-        outputs = [e.tool_output_available for e in events if e.WhichOneof("event") == "tool_output_available"]
+        outputs = [
+            e.tool_output_available for e in events if e.WhichOneof("event") == "tool_output_available"
+        ]
         assert [(o.tool_name, o.output_json) for o in outputs] == [("researcher", '"Researched: 42."')]
         assert result.text == "Top-level answer."
 
@@ -205,7 +209,12 @@ async def test_a_call_nested_two_deep(sidecar: SidecarProcess, hook_log: Path) -
     check_hooks = hooks_of(hook_log, check_call.request_id)
     assert [h["hook"] for h in top_hooks] == ONE_TOOL_CALL
     assert [h["hook"] for h in research_hooks] == ONE_TOOL_CALL
-    assert [h["hook"] for h in check_hooks] == ["before_turn", "before_step", "on_step_finish", "on_chat_response"]
+    assert [h["hook"] for h in check_hooks] == [
+        "before_turn",
+        "before_step",
+        "on_step_finish",
+        "on_chat_response",
+    ]
     assert {h["label"] for h in top_hooks} == {"top"}
     assert {h["label"] for h in research_hooks} == {"researcher"}
     assert {h["label"] for h in check_hooks} == {"checker"}
@@ -250,7 +259,9 @@ async def test_cancelling_the_parent_cancels_the_child(sidecar: SidecarProcess) 
     async with TurnwireClient(sidecar.target) as client:
 
         async def read() -> None:
-            async for event in client.chat(conversation, "Start.", model="scripted:top-waits", request_id=request_id):
+            async for event in client.chat(
+                conversation, "Start.", model="scripted:top-waits", request_id=request_id
+            ):
                 events.append(event)
 
         reader = asyncio.create_task(read())

@@ -45,7 +45,11 @@ class RecordHooks(Middleware):
         """Record the turn's entry path and sub-agent path."""
         path = [[call.subagent, call.conversation_id] for call in ctx.subagent_path]
         self._record(
-            "before_turn", ctx.request_id, entry=ctx.entry, path=path, conversation_id=ctx.conversation_id,
+            "before_turn",
+            ctx.request_id,
+            entry=ctx.entry,
+            path=path,
+            conversation_id=ctx.conversation_id,
             system=ctx.system,
         )
         return None

@@ -27,8 +27,8 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from turnwire_server.engine.deletion import delete_conversation
-from turnwire_server.engine.subagents import is_child
 from turnwire_server.engine.engine import TurnEngine
+from turnwire_server.engine.subagents import is_child
 
 log = logging.getLogger("turnwire.maintenance")
 

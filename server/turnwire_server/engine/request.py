@@ -14,7 +14,14 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.budget_settings import BudgetLimit
 
 TurnEntry = Literal[
-    "chat", "save_messages", "continue", "tool_results", "tool_approvals", "submission", "recovery", "subagent"
+    "chat",
+    "save_messages",
+    "continue",
+    "tool_results",
+    "tool_approvals",
+    "submission",
+    "recovery",
+    "subagent",
 ]
 """How a turn came in: the RPC that started it (``Chat``, ``SaveMessages``, ``ContinueLastTurn``,
 ``SubmitToolResults``, ``SubmitToolApprovals``), a stored submission, a crash recovery, or a

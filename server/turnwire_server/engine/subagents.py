@@ -227,7 +227,8 @@ class Subagents:
             request_id=request_id,
             messages=[message],
             body={},
-            model=subagent.model or (parent_request.model if parent_request else engine.settings.default_model),
+            model=subagent.model
+            or (parent_request.model if parent_request else engine.settings.default_model),
             continuation=False,
             response_type=DetachedResponse,
             entry="subagent",
@@ -330,7 +331,9 @@ def _result(subagent: Subagent, end: event_pb2.TurnEnd) -> Any:
     try:
         return loads(text)
     except ValueError as error:
-        raise ToolError(f"sub-agent {subagent.name!r} answered no JSON for its output schema: {error}") from None
+        raise ToolError(
+            f"sub-agent {subagent.name!r} answered no JSON for its output schema: {error}"
+        ) from None
 
 
 def _final_text(message: message_pb2.Message) -> str:

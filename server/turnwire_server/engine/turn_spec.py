@@ -82,7 +82,9 @@ def parse_spec(text: str) -> TurnSpec:
     if not isinstance(path, list) or not all(
         isinstance(call, list) and len(call) == 4 and all(isinstance(v, str) for v in call) for call in path
     ):
-        raise ValueError("turn spec subagent_path is not a list of [tool_call_id, subagent, conversation, request]")
+        raise ValueError(
+            "turn spec subagent_path is not a list of [tool_call_id, subagent, conversation, request]"
+        )
     return TurnSpec(
         subagent_path=tuple(SubagentCall(*call) for call in path),
         body=body,
