@@ -66,10 +66,19 @@ def config(log: Path) -> dict[str, Any]:
                         {"text": "never"},
                     ],
                     "endless": [{"text": "more ", "delay_ms": 50, "until_cancelled": True}],
+                    "top-delegates": [
+                        {
+                            "tool_calls": [
+                                {"name": "delegate", "input": {"subagent": "checker", "prompt": "Check 7."}}
+                            ]
+                        },
+                        {"text": "Delegated."},
+                    ],
                 }
             }
         },
-        "middleware": [recorder("top", log)],
+        "tools": {"python": ["support.subagent_hooks:delegate"]},
+        "middleware": [recorder("top", log), {"path": "support.subagent_hooks:ReviewFromBody"}],
         "subagents": [
             {
                 "name": "researcher",
@@ -298,3 +307,33 @@ async def test_deleting_the_parent_deletes_its_children(sidecar: SidecarProcess)
             with pytest.raises(TurnwireError) as missing:
                 await client.get_conversation(child)
             assert missing.value.reason == "CONVERSATION_NOT_FOUND"
+
+
+async def test_a_tool_and_a_hook_call_a_subagent_through_the_sdk(
+    sidecar: SidecarProcess, hook_log: Path
+) -> None:
+    async with TurnwireClient(sidecar.target) as client:
+        by_tool = await collect(client.chat(new_id("sdk-tool"), "Delegate.", model="scripted:top-delegates"))
+        by_hook = await collect(
+            client.chat(new_id("sdk-hook"), "Hi.", model="scripted:check", body={"review": "Check 9."})
+        )
+    assert by_tool.ok and by_hook.ok, (by_tool.error, by_hook.error)
+    outputs = [
+        e.tool_output_available for e in by_tool.events if e.WhichOneof("event") == "tool_output_available"
+    ]
+    assert [(o.tool_name, json.loads(o.output_json)) for o in outputs] == [
+        ("delegate", {"answer": "Checked."})
+    ]
+    tool_nested = nested(list(by_tool.events), 1)
+    assert {(c.subagent, c.tool_call_id) for e in tool_nested for c in e.path} == {
+        ("checker", f"{outputs[0].tool_call_id}.checker")
+    }
+    assert kinds(tool_nested) == ["turn_start", "step_start", "step_finish", "turn_end"]
+    # The hook's call runs in before_turn: nested after the turn's TurnStart, before its first step.
+    hook_events = list(by_hook.events)
+    hook_kinds = [e.WhichOneof("event") for e in hook_events]
+    assert hook_kinds[0] == "turn_start"
+    assert hook_kinds.index("subagent_event") < hook_kinds.index("step_start")
+    assert {c.tool_call_id for e in nested(hook_events, 1) for c in e.path} == {"review"}
+    steps = [h for h in hooks_of(hook_log, hook_events[0].request_id) if h["hook"] == "before_step"]
+    assert steps[0]["system"].endswith("The reviewer said: Checked.")

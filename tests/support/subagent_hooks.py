@@ -1,5 +1,8 @@
-"""A recording middleware for the sub-agent tests, loaded by a real server process as
-``support.subagent_hooks:RecordHooks`` (tests/e2e/test_subagents_e2e.py).
+"""Test-only middlewares and a tool for the sub-agent tests, loaded by a real server process as
+``support.subagent_hooks:…`` (tests/e2e/test_subagents_e2e.py).
+
+``RecordHooks`` records; ``ReviewFromBody`` (a hook) and ``delegate`` (a tool) run a sub-agent
+themselves through the SDK (:func:`turnwire.subagents.call_subagent`).
 
 Every hook it implements appends one JSON line to the file ``path`` names: its ``label`` (which
 chain it sits in), the hook, the turn's request id, and for ``before_turn`` the entry path and
@@ -13,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from turnwire.hooks import (
     ChatResponseContext,
     Middleware,
@@ -25,6 +30,8 @@ from turnwire.hooks import (
     TurnConfig,
     TurnContext,
 )
+from turnwire.subagents import call_subagent, call_subagent_from_tool
+from turnwire.tools import ToolExecution, tool
 
 
 class RecordHooks(Middleware):
@@ -75,3 +82,29 @@ class RecordHooks(Middleware):
     async def on_chat_response(self, result: ChatResponseContext) -> None:
         """Record the turn's end."""
         self._record("on_chat_response", result.request_id, status=result.status)
+
+
+class ReviewFromBody(Middleware):
+    """With ``body["review"]``, ``before_turn`` has sub-agent ``checker`` review that text (call
+    id ``review``) and puts its answer in the turn's system prompt."""
+
+    async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
+        """Run the review when asked."""
+        text = ctx.body.get("review")
+        if not isinstance(text, str):
+            return None
+        answer = await call_subagent(
+            "checker", text, conversation_id=ctx.conversation_id, request_id=ctx.request_id, call_id="review"
+        )
+        return TurnConfig(system=f"{ctx.system} The reviewer said: {answer}")
+
+
+class DelegateInput(BaseModel):
+    subagent: str
+    prompt: str
+
+
+@tool(DelegateInput)
+async def delegate(args: DelegateInput, execution: ToolExecution) -> dict[str, object]:
+    """Hand ``prompt`` to sub-agent ``subagent`` and answer with what it said."""
+    return {"answer": await call_subagent_from_tool(args.subagent, args.prompt, execution)}

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import propagate, trace
 
 from turnwire.hooks import Middleware, TurnConfig, TurnContext
-from turnwire.subagents import SubagentCall
+from turnwire.subagents import SubagentCall, install_runner
 from turnwire.tools import Tool, ToolError, ToolExecution
 from turnwire.values import loads
 from turnwire_client.v1 import event_pb2, message_pb2
@@ -186,9 +186,26 @@ class Subagents:
         self._engine: TurnEngine | None = None
 
     def bind(self, engine: TurnEngine) -> None:
-        """Run calls on ``engine`` and let it find each sub-agent's chain and tools."""
+        """Run calls on ``engine``, let it find each sub-agent's chain and tools, and serve
+        :func:`turnwire.subagents.call_subagent` in this process."""
         self._engine = engine
         engine.subagents = self
+        install_runner(self)
+
+    async def run(
+        self, name: str, prompt: str, *, conversation_id: str, request_id: str, call_id: str
+    ) -> Any:
+        """:func:`turnwire.subagents.call_subagent`: sub-agent ``name`` called as ``call_id`` by
+        turn ``request_id`` on ``conversation_id``. Raises :class:`ToolError` for an unknown name
+        and as :meth:`call` does."""
+        subagent = self._subagents.get(name)
+        if subagent is None:
+            known = ", ".join(sorted(self._subagents)) or "none"
+            raise ToolError(f"no sub-agent is named {name!r} (configured: {known})")
+        execution = ToolExecution(
+            tool_call_id=call_id, conversation_id=conversation_id, request_id=request_id, step_number=0
+        )
+        return await self.call(subagent, prompt, execution)
 
     def home(self, name: str) -> tuple[MiddlewareChain, Mapping[str, Tool]]:
         """Sub-agent ``name``'s chain and the tools it may call (those of its ``tools`` that
