@@ -117,7 +117,8 @@ class _Profile(Middleware):
     step limit and structured output."""
 
     def __init__(self, subagent: Subagent) -> None:
-        super().__init__(label=f"subagent:{subagent.name}")
+        super().__init__()
+        self.name = f"subagent:{subagent.name}"  # its name in hook timelines and logs
         self._subagent = subagent
 
     async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
