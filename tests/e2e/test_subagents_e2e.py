@@ -66,6 +66,10 @@ def config(log: Path) -> dict[str, Any]:
                         {"text": "never"},
                     ],
                     "endless": [{"text": "more ", "delay_ms": 50, "until_cancelled": True}],
+                    "recurse": [
+                        {"tool_calls": [{"name": "recursive", "input": {"prompt": "Deeper."}}]},
+                        {"text": "Unwound."},
+                    ],
                     "top-delegates": [
                         {
                             "tool_calls": [
@@ -97,7 +101,14 @@ def config(log: Path) -> dict[str, Any]:
             },
             {"name": "breaker", "description": "Always fails.", "model": "scripted:broken"},
             {"name": "slowpoke", "description": "Never finishes.", "model": "scripted:endless"},
+            {
+                "name": "recursive",
+                "description": "Calls itself.",
+                "model": "scripted:recurse",
+                "tools": ["recursive"],
+            },
         ],
+        "limits": {"max_subagent_depth": 2},
     }
 
 
@@ -337,3 +348,18 @@ async def test_a_tool_and_a_hook_call_a_subagent_through_the_sdk(
     assert {c.tool_call_id for e in nested(hook_events, 1) for c in e.path} == {"review"}
     steps = [h for h in hooks_of(hook_log, hook_events[0].request_id) if h["hook"] == "before_step"]
     assert steps[0]["system"].endswith("The reviewer said: Checked.")
+
+
+async def test_calls_nest_at_most_max_subagent_depth(sidecar: SidecarProcess) -> None:
+    async with TurnwireClient(sidecar.target) as client:
+        result = await collect(client.chat(new_id("depth"), "Recurse.", model="scripted:recurse"))
+    assert result.ok, result.error
+    events = list(result.events)
+    # Top → recursive (depth 1) → recursive (depth 2), whose own call is refused: nothing deeper.
+    assert nested(events, 1) and nested(events, 2) and not nested(events, 3)
+    refused = [e.event.tool_output_error for e in nested(events, 2) if e.event.HasField("tool_output_error")]
+    assert [r.error_text for r in refused] == [
+        "sub-agent 'recursive' not run: 2 sub-agent calls deep already, the limit "
+        "(limits.max_subagent_depth) is 2"
+    ]
+    assert result.text == "Unwound."
