@@ -147,9 +147,7 @@ class SubagentSettings(ConfigSection):
     @field_validator("model")
     @classmethod
     def _model_id(cls, value: str | None) -> str | None:
-        if value is not None and ":" not in value:
-            raise ValueError("must be provider:model, for example scripted:demo")
-        return value
+        return value if value is None else _model_id(value)
 
 
 class MetricsSettings(ConfigSection):
@@ -189,6 +187,13 @@ class LoggingSettings(ConfigSection):
 
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["text", "json"] = "text"
+
+
+def _model_id(value: str) -> str:
+    """``value`` when it is a model id (``provider:model``); raises :class:`ValueError`."""
+    if ":" not in value:
+        raise ValueError("must be provider:model, for example scripted:demo")
+    return value
 
 
 def _host_port(value: str, example: str) -> str:
@@ -282,9 +287,7 @@ class Settings(BaseSettings):
     @field_validator("default_model")
     @classmethod
     def _model_id(cls, value: str) -> str:
-        if ":" not in value:
-            raise ValueError("must be provider:model, for example scripted:demo")
-        return value
+        return _model_id(value)
 
     @classmethod
     def settings_customise_sources(

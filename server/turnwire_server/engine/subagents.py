@@ -28,6 +28,7 @@ from opentelemetry import propagate, trace
 from turnwire.hooks import Middleware, TurnConfig, TurnContext
 from turnwire.subagents import SubagentCall, install_runner
 from turnwire.tools import Tool, ToolError, ToolExecution
+from turnwire.types import last_step_text
 from turnwire.values import loads
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.errors import SlowConsumer
@@ -343,7 +344,7 @@ def _result(subagent: Subagent, end: event_pb2.TurnEnd) -> Any:
         status = event_pb2.TurnStatus.Name(end.status).removeprefix("TURN_STATUS_")
         why = f": {end.error.message}" if end.error.message else ""
         raise ToolError(f"sub-agent {subagent.name!r} ended {status}{why}")
-    text = _final_text(end.message)
+    text = last_step_text(end.message)
     if subagent.output is None:
         return text
     try:
@@ -352,18 +353,6 @@ def _result(subagent: Subagent, end: event_pb2.TurnEnd) -> Any:
         raise ToolError(
             f"sub-agent {subagent.name!r} answered no JSON for its output schema: {error}"
         ) from None
-
-
-def _final_text(message: message_pb2.Message) -> str:
-    """The text parts after the message's last step start, joined: the answer of its last step."""
-    texts: list[str] = []
-    for part in message.parts:
-        kind = part.WhichOneof("kind")
-        if kind == "step_start":
-            texts = []
-        elif kind == "text":
-            texts.append(part.text.text)
-    return "".join(texts)
 
 
 def _trace_context(parent: TurnRequest | None) -> Mapping[str, str]:
