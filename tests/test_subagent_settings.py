@@ -1,5 +1,6 @@
 """The ``subagents:`` configuration and what start-up checks of it (docs/subagents.md), the
-child conversation's derived id, and the sub-agent path a recovery reads back."""
+child conversation's derived id, the sub-agent path a recovery reads back, and what a remote
+hook server is told of it."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ from typing import Any
 
 import pytest
 
+from turnwire.hooks import TurnContext
 from turnwire.subagents import SubagentCall
 from turnwire.tools import ToolError
+from turnwire_client.v1 import hooks_pb2
 from turnwire_server.app import build_providers, load_middlewares
 from turnwire_server.config import ConfigError, load_settings
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.subagents import child_conversation_id, is_child
 from turnwire_server.engine.turn_spec import parse_spec, spec_json
+from turnwire_server.remote_hooks.convert import before_turn_request
 from turnwire_server.subagent_loading import SubagentConfigError, build_subagents
 from turnwire_server.tools.demo import DEMO_TOOLS
 
@@ -101,3 +105,24 @@ def test_a_recovery_reads_the_subagent_path_back() -> None:
         parse_spec(spec_json(TurnRequest("c", "r", [], {}, "scripted:demo", False, object))).subagent_path
         == ()
     )
+
+
+def test_a_remote_hook_server_sees_the_entry_path_and_the_subagent_path() -> None:
+    call = SubagentCall("call_0_0", "researcher", "c1:sub-0123456789abcdef", "tw-r-1")
+    ctx = TurnContext(
+        conversation_id=call.conversation_id,
+        request_id=call.request_id,
+        system="",
+        messages=[],
+        tools={},
+        model="scripted:demo",
+        continuation=False,
+        body={},
+        entry="subagent",
+        subagent_path=(call,),
+    )
+    request = before_turn_request(ctx, hooks_pb2.TurnInfo(), include_messages=False)
+    assert request.entry == "subagent"
+    assert [(c.tool_call_id, c.subagent, c.conversation_id, c.request_id) for c in request.subagent_path] == [
+        ("call_0_0", "researcher", "c1:sub-0123456789abcdef", "tw-r-1")
+    ]
