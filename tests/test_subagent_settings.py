@@ -12,7 +12,8 @@ import pytest
 from turnwire.hooks import TurnContext
 from turnwire.subagents import SubagentCall
 from turnwire.tools import ToolError
-from turnwire_client.v1 import hooks_pb2
+from turnwire_client.v1 import event_pb2, hooks_pb2
+from turnwire_server.api.tenancy import Tenancy
 from turnwire_server.app import build_providers, load_middlewares
 from turnwire_server.config import ConfigError, load_settings
 from turnwire_server.engine.request import TurnRequest
@@ -126,3 +127,19 @@ def test_a_remote_hook_server_sees_the_entry_path_and_the_subagent_path() -> Non
     assert [(c.tool_call_id, c.subagent, c.conversation_id, c.request_id) for c in request.subagent_path] == [
         ("call_0_0", "researcher", "c1:sub-0123456789abcdef", "tw-r-1")
     ]
+
+
+def test_nested_ids_lose_the_tenants_prefix_on_the_way_out() -> None:
+    event = event_pb2.TurnEvent(conversation_id="acme/c1", request_id="acme/r1", sequence_number=3)
+    nested = event.subagent_event
+    nested.path.add(
+        tool_call_id="call_0_0", subagent="x", conversation_id="acme/c1:sub-0", request_id="acme/tw-r-1"
+    )
+    nested.event.conversation_id = "acme/c1:sub-0"
+    nested.event.turn_end.error.message = "turn acme/tw-r-1 failed"
+    Tenancy("acme").unscope(event)
+    assert (nested.path[0].conversation_id, nested.path[0].request_id) == ("c1:sub-0", "tw-r-1")
+    assert (nested.event.conversation_id, nested.event.turn_end.error.message) == (
+        "c1:sub-0",
+        "turn tw-r-1 failed",
+    )
