@@ -71,6 +71,7 @@ async def test_a_subagent_is_offered_as_a_tool_beside_the_server_tools() -> None
         ({**ENTRY, "name": "calculator"}, "name is also a tool's"),
         ({**ENTRY, "model": "nowhere:model"}, r"subagents\[0\] \(researcher\)\.model"),
         ({**ENTRY, "middleware": [{"remote": {"address": "127.0.0.1:1"}}]}, "only in-process entries"),
+        ({**ENTRY, "output": {"type": "string"}}, r"\.output must be a JSON Schema of an object"),
     ],
 )
 async def test_start_up_refuses_what_cannot_run(entry: dict[str, Any], message: str) -> None:

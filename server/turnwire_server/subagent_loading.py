@@ -1,9 +1,9 @@
 """Builds the configured sub-agents (``subagents:``, docs/subagents.md) at start.
 
 Checked against what start-up knows: every sub-agent's name is no tool's, its model is one the
-providers serve, its tools are loaded tools or other sub-agents (a name that a tool host or MCP
-server not answering yet may list later is only warned of), and its middleware chain loads and
-answers ``configure_session``.
+providers serve, its ``output`` (when given) is a JSON Schema of an object, its tools are loaded
+tools or other sub-agents (a name that a tool host or MCP server not answering yet may list later
+is only warned of), and its middleware chain loads and answers ``configure_session``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from turnwire.hooks import Middleware, SessionContext
 from turnwire.tools import Tool
 from turnwire_server.config import MiddlewareEntry, Settings
 from turnwire_server.engine.subagents import Subagent, Subagents
+from turnwire_server.providers.json_schema import object_schema_problem
 from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
 
 log = logging.getLogger("turnwire.server")
@@ -51,6 +52,8 @@ async def build_subagents(
                 where,
                 ", ".join(map(repr, unknown)),
             )
+        if entry.output is not None and (problem := object_schema_problem(entry.output)) is not None:
+            raise SubagentConfigError(f"{where}.output {problem}")
         if any(m.remote is not None for m in entry.middleware):
             raise SubagentConfigError(
                 f"{where}.middleware: only in-process entries (path:) are supported for a sub-agent"
