@@ -517,6 +517,8 @@ async def _start(
         )
         subagents.bind(engine)
         submissions = await _recover(settings, engine, store)
+        if subagents.detached is not None:
+            subagents.detached.bind(submissions, store)
         server, health, port, calls = await _serve(
             settings, engine, submissions, gate, tls, access=access, shared_port=shared_port
         )

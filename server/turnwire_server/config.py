@@ -133,7 +133,8 @@ class SubagentSettings(ConfigSection):
     top-level one), the ``tools`` it may call by name (server tools and other sub-agents), its
     own ``middleware`` chain (entries as in the top-level ``middleware:``), at most ``max_steps``
     model steps (default: ``limits.max_steps``), and, with ``output`` (a JSON Schema object), a
-    structured answer that is the call's result as JSON."""
+    structured answer that is the call's result as JSON. ``detached``: a call returns a handle at
+    once, the child runs on, and its answer is submitted to the calling conversation."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="the tool name the model calls it by")
     description: str = Field(min_length=1, description="what it does, for the model")
@@ -143,6 +144,9 @@ class SubagentSettings(ConfigSection):
     middleware: list[MiddlewareEntry] = Field(default_factory=list)
     max_steps: int | None = Field(None, ge=1, le=1000)
     output: dict[str, Any] | None = Field(None, description="a JSON Schema its answer follows")
+    detached: bool = Field(
+        False, description="a call returns a handle at once; the answer comes as a submission"
+    )
 
     @field_validator("model")
     @classmethod

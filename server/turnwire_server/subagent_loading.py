@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from turnwire.hooks import Middleware, SessionContext
 from turnwire.tools import Tool
 from turnwire_server.config import MiddlewareEntry, Settings
+from turnwire_server.engine.detached_subagents import DetachedResults
 from turnwire_server.engine.subagents import Subagent, Subagents
 from turnwire_server.providers.json_schema import object_schema_problem
 from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
@@ -67,6 +68,7 @@ async def build_subagents(
             middlewares=load_middlewares(entry.middleware),
             max_steps=entry.max_steps,
             output=entry.output,
+            detached=entry.detached,
         )
         try:
             await subagent.chain.configure_session(
@@ -79,4 +81,4 @@ async def build_subagents(
         except Exception as error:
             raise SubagentConfigError(f"{where}: configure_session failed: {error}") from error
         built.append(subagent)
-    return Subagents(built, tools)
+    return Subagents(built, tools, DetachedResults() if any(s.detached for s in built) else None)

@@ -108,3 +108,17 @@ class DelegateInput(BaseModel):
 async def delegate(args: DelegateInput, execution: ToolExecution) -> dict[str, object]:
     """Hand ``prompt`` to sub-agent ``subagent`` and answer with what it said."""
     return {"answer": await call_subagent_from_tool(args.subagent, args.prompt, execution)}
+
+
+class FollowupModel(Middleware):
+    """A turn that delivers a detached sub-agent's answer (``body["subagent_result"]``) runs on
+    ``model``, so the test's scripts tell it from the turn that made the call."""
+
+    def __init__(self, *, model: str) -> None:
+        """``model``: ``provider:model`` of the delivering turns."""
+        super().__init__(model=model)
+        self._model = model
+
+    async def before_turn(self, ctx: TurnContext) -> TurnConfig | None:
+        """Switch the model for a delivering turn."""
+        return TurnConfig(model=self._model) if "subagent_result" in ctx.body else None

@@ -71,6 +71,10 @@ class SubagentHomes(Protocol):
         """The middleware chain and tools of sub-agent ``name`` (docs/subagents.md)."""
         ...
 
+    def started(self, handle: TurnHandle) -> None:
+        """A sub-agent's turn started (a call, or the recovery of one)."""
+        ...
+
 
 class TurnHandle:
     """A started turn: iterate it for its responses (each wraps a ``TurnEvent``)."""
@@ -352,6 +356,8 @@ class TurnEngine:
         task = asyncio.create_task(main(), name=f"turn {request.request_id}")
         handle = TurnHandle(run, channel, task, log, detached=detached, slots=self.turn_slots)
         self._turns[request.request_id] = handle
+        if request.subagent_path and self.subagents is not None:
+            self.subagents.started(handle)
         return handle
 
     async def busy_turn(self, conversation_id: str, *, own_id: str = "") -> str | None:

@@ -39,6 +39,7 @@ from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.tenant_keys import SEPARATOR
 
 if TYPE_CHECKING:
+    from turnwire_server.engine.detached_subagents import DetachedResults
     from turnwire_server.engine.engine import TurnEngine, TurnHandle
 
 log = logging.getLogger("turnwire.subagents")
@@ -71,7 +72,7 @@ def child_conversation_id(conversation_id: str, request_id: str, tool_call_id: s
     of the id would pass :data:`MAX_ID_CHARS`."""
     digest = hashlib.sha256(f"{request_id}\0{tool_call_id}".encode()).hexdigest()[:_DIGEST_CHARS]
     child = f"{conversation_id}{CHILD_MARK}{digest}"
-    local = child.rpartition(SEPARATOR)[2]
+    local = local_id(child)
     if len(local) > MAX_ID_CHARS:
         raise ToolError(
             f"the sub-agent's conversation id would be {len(local)} characters, past the "
@@ -79,6 +80,12 @@ def child_conversation_id(conversation_id: str, request_id: str, tool_call_id: s
             f"{MAX_ID_CHARS - len(CHILD_MARK) - _DIGEST_CHARS} characters per level of sub-agents"
         )
     return child
+
+
+def local_id(key: str) -> str:
+    """The client's id in a store key (its tenant's prefix removed): what a tool result, which a
+    client reads as it is stored, may hold."""
+    return key.rpartition(SEPARATOR)[2]
 
 
 def is_child(conversation_id: str) -> bool:
@@ -94,7 +101,9 @@ class Subagent:
     the sidecar's (""  keeps it); ``tools`` names the tools it may call (server tools and other
     sub-agents); ``middlewares`` its own chain (first outermost); ``max_steps`` its step limit
     (None: ``limits.max_steps``); ``output`` a JSON Schema its final answer must follow (its
-    result is then that JSON value, else its final text).
+    result is then that JSON value, else its final text); ``detached``: a call returns a handle
+    at once and the answer comes as a submission on the parent conversation
+    (:mod:`~turnwire_server.engine.detached_subagents`).
     """
 
     name: str
@@ -105,6 +114,7 @@ class Subagent:
     middlewares: Sequence[Middleware] = ()
     max_steps: int | None = None
     output: Mapping[str, Any] | None = None
+    detached: bool = False
     chain: MiddlewareChain = field(init=False)
 
     def __post_init__(self) -> None:
@@ -181,11 +191,26 @@ class Subagents:
     their calls (:meth:`call`). ``tools`` are the server's tools; :meth:`bind` attaches the
     engine (built after this, since its tools include these)."""
 
-    def __init__(self, subagents: Sequence[Subagent], tools: Mapping[str, Tool]) -> None:
+    def __init__(
+        self,
+        subagents: Sequence[Subagent],
+        tools: Mapping[str, Tool],
+        detached: DetachedResults | None = None,
+    ) -> None:
         self.tools: dict[str, Tool] = {s.name: SubagentTool(s, self) for s in subagents}
         self._subagents = {s.name: s for s in subagents}
         self.all_tools = ToolsWithSubagents(tools, self.tools)
         self._engine: TurnEngine | None = None
+        #: Delivers the answers of detached sub-agents (None: none is detached).
+        self.detached = detached
+        self._following: set[asyncio.Task[None]] = set()
+
+    def started(self, handle: TurnHandle) -> None:
+        """The engine started a sub-agent's turn (a call, or the recovery of one after a crash):
+        a detached sub-agent's answer is delivered when it ends."""
+        subagent = self._subagents.get(handle.run.request.subagent_path[-1].subagent)
+        if subagent is not None and subagent.detached and self.detached is not None:
+            self.detached.watch(handle, subagent.name)
 
     def bind(self, engine: TurnEngine) -> None:
         """Run calls on ``engine``, let it find each sub-agent's chain and tools, and serve
@@ -250,6 +275,8 @@ class Subagents:
             or (parent_request.model if parent_request else engine.settings.default_model),
             continuation=False,
             response_type=DetachedResponse,
+            # A detached child outlives its caller: a shutdown leaves it for the recovery.
+            disconnect="continue" if subagent.detached else "cancel",
             entry="subagent",
             trace_context=_trace_context(parent_request),
             budget=parent_request.budget if parent_request is not None else None,
@@ -260,8 +287,38 @@ class Subagents:
             child = await engine.start(request, parent_request_id=execution.request_id, queue_limit=False)
         except Exception as error:
             raise ToolError(f"sub-agent {subagent.name!r} could not start: {error}") from error
+        if subagent.detached:
+            return await self._detach(child, parent, call)
         end = await _follow(child, parent, call)
         return _result(subagent, end)
+
+    async def _detach(self, child: TurnHandle, parent: TurnHandle | None, call: SubagentCall) -> Any:
+        """A detached call: wait for the child's input to be stored (its TurnStart; a crash from
+        there recovers it), forward its events while the calling turn runs, return its handle."""
+        forward = _Forwarder(parent, call)
+        try:
+            async for response in child.channel:
+                event = response.event
+                if await forward(event) is not None:  # ended before its input was stored
+                    raise ToolError(
+                        f"sub-agent {call.subagent!r} could not start: {event.turn_end.error.message}"
+                    )
+                if event.HasField("turn_start"):
+                    break
+        except asyncio.CancelledError:
+            child.cancel()
+            raise
+        task = asyncio.create_task(
+            _forward_while_open(child, parent, forward), name=f"subagent {call.request_id}"
+        )
+        self._following.add(task)
+        task.add_done_callback(self._following.discard)
+        return {
+            "subagent": call.subagent,
+            "conversation_id": local_id(call.conversation_id),
+            "request_id": local_id(call.request_id),
+            "status": "running",
+        }
 
 
 async def _follow(child: TurnHandle, parent: TurnHandle | None, call: SubagentCall) -> event_pb2.TurnEnd:
@@ -285,6 +342,17 @@ async def _follow(child: TurnHandle, parent: TurnHandle | None, call: SubagentCa
     if end is None:  # the channel closed without a TurnEnd: the child was let go
         raise ToolError(f"sub-agent {call.subagent!r} ended without an answer")
     return end
+
+
+async def _forward_while_open(child: TurnHandle, parent: TurnHandle | None, forward: _Forwarder) -> None:
+    """A detached child's events, nested in the calling turn's stream until that turn ends; then
+    the child goes on without a reader (its own stream is stored: ResumeTurn reads it)."""
+    async for response in child.channel:
+        if parent is None or parent.run.ended:
+            child.detach()
+            return
+        if await forward(response.event) is not None:
+            return
 
 
 async def _drain(child: TurnHandle, forward: _Forwarder) -> None:
