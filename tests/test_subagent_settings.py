@@ -16,6 +16,7 @@ from turnwire_client.v1 import event_pb2, hooks_pb2
 from turnwire_server.api.tenancy import Tenancy
 from turnwire_server.app import build_providers, load_middlewares
 from turnwire_server.config import ConfigError, load_settings
+from turnwire_server.engine.detached_subagents import DetachedResults
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.subagents import child_conversation_id, is_child
 from turnwire_server.engine.turn_spec import parse_spec, spec_json
@@ -50,7 +51,9 @@ async def build(*entries: dict[str, Any]) -> Any:
     settings = settings_with(*entries)
     providers = build_providers(settings)
     try:
-        return await build_subagents(settings, providers, {t.name: t for t in DEMO_TOOLS}, load_middlewares)
+        return await build_subagents(
+            settings, providers, {t.name: t for t in DEMO_TOOLS}, load_middlewares, DetachedResults()
+        )
     finally:
         await providers.aclose()
 

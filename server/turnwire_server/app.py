@@ -48,6 +48,7 @@ from turnwire_server.cache_budget import CACHES
 from turnwire_server.config import MiddlewareEntry, Settings, StoreSettings
 from turnwire_server.engine import EngineSettings, TurnEngine
 from turnwire_server.engine.cost import PriceBook
+from turnwire_server.engine.detached_subagents import DetachedResults
 from turnwire_server.engine.fallback import Fallbacks
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.replica import Replica
@@ -494,7 +495,8 @@ async def _start(
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     session = await _configure_session(settings, chain, providers, tools)
     try:
-        subagents = await build_subagents(settings, providers, tools, load_middlewares)
+        detached_results = DetachedResults()
+        subagents = await build_subagents(settings, providers, tools, load_middlewares, detached_results)
     except SubagentConfigError as error:
         raise StartupError(str(error)) from error
     replica_id = new_replica_id()
@@ -517,8 +519,7 @@ async def _start(
         )
         subagents.bind(engine)
         submissions = await _recover(settings, engine, store)
-        if subagents.detached is not None:
-            subagents.detached.bind(submissions, store)
+        detached_results.bind(submissions, store)
         server, health, port, calls = await _serve(
             settings, engine, submissions, gate, tls, access=access, shared_port=shared_port
         )

@@ -31,9 +31,11 @@ async def build_subagents(
     providers: ProviderRegistry,
     tools: Mapping[str, Tool],
     load_middlewares: Callable[[Sequence[MiddlewareEntry]], list[Middleware]],
+    detached: DetachedResults,
 ) -> Subagents:
     """The sub-agents of ``settings`` over the server's ``tools`` (bind the engine to them
-    afterwards). ``load_middlewares`` loads a chain as the top-level one is loaded. Raises
+    afterwards). ``load_middlewares`` loads a chain as the top-level one is loaded; ``detached``
+    delivers the answers of detached sub-agents (bind it to the submissions once they exist). Raises
     :class:`SubagentConfigError`, or what ``load_middlewares`` raises."""
     names = {entry.name for entry in settings.subagents}
     built: list[Subagent] = []
@@ -81,4 +83,4 @@ async def build_subagents(
         except Exception as error:
             raise SubagentConfigError(f"{where}: configure_session failed: {error}") from error
         built.append(subagent)
-    return Subagents(built, tools, DetachedResults() if any(s.detached for s in built) else None)
+    return Subagents(built, tools, detached)

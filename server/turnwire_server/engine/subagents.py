@@ -21,7 +21,7 @@ import hashlib
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import propagate, trace
 
@@ -39,7 +39,6 @@ from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.tenant_keys import SEPARATOR
 
 if TYPE_CHECKING:
-    from turnwire_server.engine.detached_subagents import DetachedResults
     from turnwire_server.engine.engine import TurnEngine, TurnHandle
 
 log = logging.getLogger("turnwire.subagents")
@@ -185,6 +184,15 @@ class ToolsWithSubagents(Mapping[str, Tool]):
         return name in self._subagents or name in self._tools
 
 
+class AnswerDelivery(Protocol):
+    """Delivers a detached sub-agent's answer when its turn ends
+    (:class:`~turnwire_server.engine.detached_subagents.DetachedResults`)."""
+
+    def watch(self, handle: TurnHandle, subagent: str) -> None:
+        """Deliver the answer of ``handle``'s turn, a turn of sub-agent ``subagent``, once it ends."""
+        ...
+
+
 class Subagents:
     """The configured sub-agents of one engine: their tools, where their turns run
     (:meth:`home`, the engine's :class:`~turnwire_server.engine.engine.SubagentHomes`), and
@@ -195,7 +203,7 @@ class Subagents:
         self,
         subagents: Sequence[Subagent],
         tools: Mapping[str, Tool],
-        detached: DetachedResults | None = None,
+        detached: AnswerDelivery | None = None,
     ) -> None:
         self.tools: dict[str, Tool] = {s.name: SubagentTool(s, self) for s in subagents}
         self._subagents = {s.name: s for s in subagents}
