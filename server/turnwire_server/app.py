@@ -50,6 +50,7 @@ from turnwire_server.closing import close_within
 from turnwire_server.config import MiddlewareEntry, Settings, StoreSettings
 from turnwire_server.engine import EngineSettings, TurnEngine
 from turnwire_server.engine.cost import PriceBook
+from turnwire_server.engine.detached_subagents import DetachedResults
 from turnwire_server.engine.fallback import Fallbacks
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.replica import Replica
@@ -72,6 +73,7 @@ from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, store_label
 from turnwire_server.store.errors import StoreUnreachable
 from turnwire_server.store_health import StoreHealth
+from turnwire_server.subagent_loading import SubagentConfigError, build_subagents
 from turnwire_server.tools.demo import DEMO_TOOLS
 from turnwire_server.tools.grpc_host import RemoteToolHost, ToolHostError
 from turnwire_server.tools.loading import ToolLoadError, load_tools
@@ -499,6 +501,11 @@ async def _start(
     again when a step after it fails."""
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     session = await _configure_session(settings, chain, providers, tools)
+    try:
+        detached_results = DetachedResults()
+        subagents = await build_subagents(settings, providers, tools, load_middlewares, detached_results)
+    except SubagentConfigError as error:
+        raise StartupError(str(error)) from error
     replica_id = new_replica_id()
     store = await _open_store(
         settings.store, patience_seconds=settings.durability.store_outage_seconds, replica_id=replica_id
@@ -510,14 +517,16 @@ async def _start(
         engine = TurnEngine(
             store=store,
             providers=providers,
-            tools=tools,
+            tools=subagents.all_tools,
             chain=chain,
             settings=_engine_settings(settings, session, replica_id),
             error_status=status_of,
             tracing=tracing,
             turn_slots=gate,
         )
+        subagents.bind(engine)
         submissions = await _recover(settings, engine, store)
+        detached_results.bind(submissions, store)
         server, health, port, calls = await _serve(
             settings, engine, submissions, gate, tls, access=access, shared_port=shared_port
         )
