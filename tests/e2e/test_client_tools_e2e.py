@@ -221,11 +221,14 @@ async def test_a_client_tool_call_ends_the_turn_pending_and_skips_the_tool_hooks
     channel: grpc.aio.Channel,
 ) -> None:
     _, result = await pending_turn(channel)
-    assert kinds(result) == [
+    seen = kinds(result)
+    # One "text_delta" per run: deltas the server read in one piece may merge (docs/semantics.md §10).
+    runs = [kind for i, kind in enumerate(seen) if not (kind == "text_delta" and seen[i - 1] == kind)]
+    assert runs == [
         "turn_start",
         "step_start",
         "text_start",
-        *["text_delta"] * 5,
+        "text_delta",
         "text_end",
         "tool_input_start",
         "tool_input_delta",
