@@ -125,7 +125,8 @@ class CoreWrites:
                 f"finish_turn({turn.request_id!r})",
                 lambda now_us: joined(
                     message_writes.finish_turn(finish, self._dialect, now_us),
-                    budget_writes.charge_budget(budget, self._dialect),
+                    # The final write reads and locks the turn's token: the charge need not.
+                    budget_writes.charge_budget(budget, self._dialect, fenced=budget.lease == turn.lease),
                 ),
                 # Not grouped: the budget rows it locks (a tenant's) are shared with other
                 # conversations, whose writes a shared commit would hold behind those locks.
@@ -305,7 +306,8 @@ class CoreWrites:
             f"charge_budget({charge.request_id!r})",
             lambda now_us: joined(
                 message_writes.save_message(charge.conversation_id, row, charge.lease, self._dialect, now_us),
-                budget_writes.charge_budget(charge, self._dialect),
+                # A fenced checkpoint reads and locks the turn's token: the charge need not.
+                budget_writes.charge_budget(charge, self._dialect, fenced=charge.lease is not None),
             ),
             Commit(charge.conversation_id),
         )
