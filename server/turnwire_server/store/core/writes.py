@@ -62,6 +62,10 @@ class Commit:
     urgent: bool = True
     """A caller waits on its durability (SQLite's writer, which always group-commits, does not
     hold the batch open for more writes then)."""
+    pipelined: bool = False
+    """Alone, its transaction may run in pipeline mode (its program has no ``count`` statement):
+    on PostgreSQL ``BEGIN`` and the writes cost no round trip of their own, a batch's reads one
+    (a group commit is pipelined anyway; SQLite has no round trips)."""
 
 
 ALONE: Final = Commit()
@@ -130,7 +134,7 @@ class CoreWrites:
                 ),
                 # Not grouped: the budget rows it locks (a tenant's) are shared with other
                 # conversations, whose writes a shared commit would hold behind those locks.
-                Commit(turn.conversation_id),
+                Commit(turn.conversation_id, pipelined=True),
             )
             return grant
         finally:
@@ -300,7 +304,7 @@ class CoreWrites:
             return await self._commit(
                 f"charge_budget({charge.request_id!r})",
                 lambda _: budget_writes.charge_budget(charge, self._dialect),
-                Commit(charge.conversation_id),
+                Commit(charge.conversation_id, pipelined=True),
             )
         _, grant = await self._commit(
             f"charge_budget({charge.request_id!r})",
@@ -309,7 +313,7 @@ class CoreWrites:
                 # A fenced checkpoint reads and locks the turn's token: the charge need not.
                 budget_writes.charge_budget(charge, self._dialect, fenced=charge.lease is not None),
             ),
-            Commit(charge.conversation_id),
+            Commit(charge.conversation_id, pipelined=True),
         )
         return grant
 
