@@ -21,6 +21,12 @@ sessions). Budgets: the turn's, the conversation's and the tenant's day, in toke
 (three rows locked per charge), a model priced by ``pricing.models``, ``--messages`` messages of
 400 bytes in each step's history. A request PASSes when budgets add at most 0.3 ms of CPU to it
 (client plus server). Run: ``.venv/bin/python bench/budget_cost.py [--steps 1] [--rounds 15] [--block 20]``.
+
+``--base DIR`` (another checkout, e.g. main's) adds a fourth arm, **base**: the folded arm with
+that checkout's charge program (its ``store/core/budget_writes.py`` and ``budget_rules.py``, loaded
+under other names) in place of this one's, interleaved with the others in the same process and
+stores: an A/B of the charge's statements that a loaded machine's drift between two runs would
+hide. The rest of the request (the turn's writes, the estimate, the engine) is this checkout's.
 """
 
 from __future__ import annotations
@@ -29,12 +35,15 @@ import argparse
 import asyncio
 import dataclasses
 import datetime as dt
+import importlib.util
 import os
 import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,6 +58,8 @@ from turnwire_server.engine.budgets import StepBudgets
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.store import Store, TurnRecord
+from turnwire_server.store.core import budget_writes
+from turnwire_server.store.core import writes as core_writes
 
 MODEL = "bench:model"
 PRICES = PriceBook(PricingSettings.model_validate({"models": {MODEL: {"input_mtok": 3, "output_mtok": 15}}}))
@@ -61,6 +72,36 @@ BUDGETS = BudgetSettings.model_validate(
 )
 ALLOWANCE_US = 300.0
 ARMS = ("off", "separate", "folded")
+
+
+def _use(charges: Any) -> None:
+    """The store's writes call ``charges.charge_budget`` from now on (a module attribute of theirs)."""
+    setattr(core_writes, "budget_writes", charges)  # noqa: B010 (not an exported name)
+
+
+def _base_charges(checkout: Path) -> Any:
+    """``checkout``'s ``charge_budget`` as the store's writes call it (``fenced`` dropped when
+    that checkout's program has no such parameter): its ``budget_rules`` and ``budget_writes``
+    executed while they stand in for this checkout's in ``sys.modules`` (so its writes import its
+    rules), then put back."""
+    core = checkout / "server" / "turnwire_server" / "store" / "core"
+    names = [f"turnwire_server.store.core.{name}" for name in ("budget_rules", "budget_writes")]
+    saved = {name: sys.modules[name] for name in names}
+    loaded: list[ModuleType] = []
+    try:
+        for name in names:
+            spec = importlib.util.spec_from_file_location(name, core / f"{name.rsplit('.', 1)[1]}.py")
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            loaded.append(module)
+    finally:
+        sys.modules.update(saved)
+    charge = loaded[1].charge_budget
+    if "fenced" in charge.__code__.co_varnames:
+        return SimpleNamespace(charge_budget=charge)
+    return SimpleNamespace(charge_budget=lambda c, dialect, fenced=False: charge(c, dialect))
 
 
 def _history(messages: int) -> list[message_pb2.Message]:
@@ -154,7 +195,13 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=15, help="blocks of each arm, interleaved")
     parser.add_argument("--steps", type=int, default=1, help="model steps per request")
     parser.add_argument("--messages", type=int, default=20, help="messages in each step's history")
+    parser.add_argument("--base", type=Path, help="another checkout: its charge program as a fourth arm")
     args = parser.parse_args()
+    arms = (*ARMS, "base") if args.base else ARMS
+    # arm -> the arm _turn runs, the charge program the store's writes call, its request ids' offset
+    runs: dict[str, tuple[str, Any, int]] = {arm: (arm, budget_writes, 0) for arm in ARMS}
+    if args.base:
+        runs["base"] = ("folded", _base_charges(args.base.resolve()), 10**6)  # ids apart from folded's
     request = ModelRequest(
         model="model",
         system="You are a helpful assistant.",
@@ -168,24 +215,31 @@ async def main() -> None:
     async with both_stores() as (lite, pg, url):
         stores = (("SQLite", lite, None), ("PostgreSQL", pg, url))
         for _, store, store_url in stores:
-            for arm in ARMS:  # warm: imports, caches, the statement cache
-                await _block(store, arm, request, turns=20, steps=args.steps, url=store_url, base=-100)
+            for arm in arms:  # warm: imports, caches, the statement cache
+                run, charges, offset = runs[arm]
+                _use(charges)
+                await _block(
+                    store, run, request, turns=20, steps=args.steps, url=store_url, base=offset - 100
+                )
         for r in range(args.rounds):
             for name, store, store_url in stores:
                 # Interleaved, each round in another order: a load change hits every arm alike.
-                for arm in ARMS[r % 3 :] + ARMS[: r % 3]:
+                for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
+                    run, charges, offset = runs[arm]
+                    _use(charges)
                     samples, walls, per_request = await _block(
                         store,
-                        arm,
+                        run,
                         request,
                         turns=args.block,
                         steps=args.steps,
                         url=store_url,
-                        base=r * args.block,
+                        base=offset + r * args.block,
                     )
                     cpu.setdefault((name, arm), []).extend(samples)
                     wall.setdefault((name, arm), []).extend(walls)
                     server.setdefault((name, arm), []).append(per_request)
+        _use(budget_writes)
     load = os.getloadavg()[0]
     print(
         "| store | arm | client CPU µs/request | server CPU µs/request | wall µs/request "
@@ -194,7 +248,7 @@ async def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name in ("SQLite", "PostgreSQL"):
         off_total = statistics.median(cpu[(name, "off")]) + statistics.median(server[(name, "off")])
-        for arm in ARMS:
+        for arm in arms:
             client, server_cpu = statistics.median(cpu[(name, arm)]), statistics.median(server[(name, arm)])
             wall_us = statistics.median(wall[(name, arm)])
             row = f"| {name} | {arm} | {client:.0f} | {server_cpu:.0f} | {wall_us:.0f} "

@@ -217,6 +217,51 @@ async def test_deleting_a_conversation_deletes_its_budgets_not_its_tenants(store
     assert await store.budget_spends([b.key for b in budgets]) == {TENANT_DAY: BudgetSpend(200, 0.0, 0, 0.0)}
 
 
+async def test_a_turn_running_past_midnight_settles_yesterday_and_reserves_today(store: Store) -> None:
+    # Each step rewrites the turn's reservations in place; one of a budget the step no longer
+    # charges (yesterday's) is settled and removed, the day's new one reserved.
+    turn = await _started(store, "r1")
+    today = BudgetKey("tenant/day", "", "2026-01-03")
+    conversation = BudgetLimits(CONVERSATION, tokens=10_000, conversation_id="c")
+    await store.charge_budget(
+        _charge(turn, conversation, BudgetLimits(TENANT_DAY, tokens=5_000), ask=_ask(100, 100))
+    )
+    grant = await store.charge_budget(
+        _charge(turn, conversation, BudgetLimits(today, tokens=5_000), ask=_ask(300, 100), spent=(150, None))
+    )
+    assert grant.spends == {
+        CONVERSATION: BudgetSpend(150, 0.0, 400, 0.0),
+        TENANT_DAY: BudgetSpend(150, 0.0, 0, 0.0),
+        today: BudgetSpend(0, 0.0, 400, 0.0),
+    }
+    grant = await store.charge_budget(
+        _charge(turn, conversation, BudgetLimits(today, tokens=5_000), spent=(350, None))
+    )
+    assert await store.budget_spends([CONVERSATION, TENANT_DAY, today]) == {
+        CONVERSATION: BudgetSpend(500, 0.0, 0, 0.0),
+        TENANT_DAY: BudgetSpend(150, 0.0, 0, 0.0),
+        today: BudgetSpend(350, 0.0, 0, 0.0),
+    }
+
+
+async def test_a_deleted_conversations_turn_charges_nothing_and_leaves_no_row(store: Store) -> None:
+    # Its turn's late writes find it gone: a checkpoint carrying a charge (the charge then reads
+    # no token of its own) and a final write carrying the settlement store no budget row.
+    turn = await _started(store, "r1")
+    assert await store.delete_conversation("c")
+    budgets = (
+        BudgetLimits(CONVERSATION, tokens=5_000, conversation_id="c"),
+        BudgetLimits(TENANT_DAY, tokens=5_000),
+    )
+    reply = message_pb2.Message(id="tw-a-r1", role=message_pb2.ROLE_ASSISTANT)
+    reply.parts.add().text.text = "late"
+    grant = await store.charge_budget(_charge(turn, *budgets, ask=_ask(100, 100)), checkpoint=reply)
+    assert (grant.output_tokens, grant.spends) == (100, {})
+    grant = await store.charge_budget(_charge(turn, *budgets, ask=_ask(100, 100)))
+    assert (grant.output_tokens, grant.spends) == (100, {})
+    assert await store.budget_spends([b.key for b in budgets]) == {}
+
+
 async def test_a_submission_keeps_who_submitted_it(store: Store) -> None:
     submission = SubmissionRecord(
         submission_id="s1",

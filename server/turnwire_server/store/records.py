@@ -8,7 +8,7 @@ import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from turnwire_client.v1 import message_pb2
 
@@ -256,12 +256,12 @@ def renewed_lease(turn: TurnRecord, lease_seconds: float) -> TurnRecord:
     return dataclasses.replace(turn, lease_until=until)
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class BudgetKey:
+class BudgetKey(NamedTuple):
     """One budget's row (docs/cost.md, "Budgets"): ``scope`` (``turn``, ``conversation``,
     ``tenant/day``, ``tenant/month``, ``principal/day``, ``principal/month``), ``key`` (the
     request id, conversation id, tenant, or ``tenant/principal``) and
-    ``period`` (``""``, or the UTC day ``2026-12-02`` / month ``2026-12`` it counts)."""
+    ``period`` (``""``, or the UTC day ``2026-12-02`` / month ``2026-12`` it counts). A named
+    tuple: a charge hashes, compares and sorts its keys dozens of times, in C this way."""
 
     scope: str
     key: str

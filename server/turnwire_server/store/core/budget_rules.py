@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from turnwire_server.store.records import BudgetAsk, BudgetKey, BudgetLimits, BudgetSpend
 
@@ -47,8 +47,7 @@ def settle(
         if reservation.epoch == epoch and spent is not None:
             tokens = reservation.tokens if spent[0] is None else spent[0]
             usd = reservation.usd if spent[1] is None else spent[1]
-        settled[reservation.key] = replace(
-            state,
+        settled[reservation.key] = BudgetSpend(
             spent_tokens=state.spent_tokens + tokens,
             spent_usd=state.spent_usd + usd,
             # Never below 0: a reservation written before a limit row was reset stays harmless.

@@ -2,25 +2,31 @@
 :mod:`turnwire_server.store.core.sql`; the rules: docs/cost.md, "Budgets", and
 :mod:`.budget_rules`).
 
-A charge is one transaction of two batches. The first reads the turn's fencing token (its row
-locked, as :mod:`.fencing` does) with its stored reservations, creates the charged budget rows at
-zero when missing (``INSERT … ON CONFLICT DO NOTHING``) and locks them and the reservations' rows
-in key order (``SELECT … FOR UPDATE OF``), so charges racing from several replicas for one budget
-take turns on its row and each sees the other's reservation (SQLite applies writes one at a
-time). Every charge locks the turn's row, then budget rows sorted; a conversation's deletion
-its conversation, its turns' rows, then budget rows: no two wait on each other in a cycle. The
-second batch settles, reserves and writes the rows back.
+A charge is one transaction of two batches, of two statements each (on PostgreSQL the writes
+fold into one). The first reads the turn's fencing token (its row locked, as :mod:`.fencing`
+does) with its stored reservations, or only the reservations when the charge rides a turn write
+that read and locked the token already (``fenced``); and takes the budget rows: the charged ones
+and those of the turn's reservations, in key order, created at zero when missing and locked by
+one upsert that returns them (``INSERT … ON CONFLICT DO UPDATE … RETURNING``: on PostgreSQL the
+update locks the row, an existing one or one a racing charge just created, and returns its
+latest committed state), so charges racing from several replicas for one budget take turns on
+its row and each sees the other's reservation (SQLite applies writes one at a time). Every charge
+locks the turn's row, then budget rows sorted; a conversation's deletion its conversation, its
+turns' rows, then budget rows: no two wait on each other in a cycle. The second batch writes the
+turn's reservations in place (an upsert; a reservation of a budget no longer charged deleted)
+and the budget rows back.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Final, TypeVar
 
 from turnwire_server.store.core.budget_rules import Reservation, fit_output, settle
 from turnwire_server.store.core.fencing import holds_lease
-from turnwire_server.store.core.sql import Dialect, Program, Statement
+from turnwire_server.store.core.sql import Dialect, Program, Statement, folded
 from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetKey, BudgetLimits, BudgetSpend
 
 __all__ = ["charge_budget", "conversation_deleted", "kept_limits", "read_spends", "spends_from_rows"]
@@ -29,14 +35,36 @@ T = TypeVar("T", int, float)
 
 _KEY: Final = "scope = ? AND scope_key = ? AND period = ?"
 _SPEND_COLUMNS: Final = "spent_tokens, spent_usd, reserved_tokens, reserved_usd"
-_ENSURE_ROWS: Final = "INSERT INTO budget_spend (scope, scope_key, period, conversation_id) VALUES "
-_ON_CONFLICT: Final = " ON CONFLICT (scope, scope_key, period) DO NOTHING"
 _TOKEN_AND_RESERVATIONS: Final = (
     # The turn's fencing token (its row locked, as fencing.lease_read's) and its reservations in
     # one read: a row per reservation, or one with NULL reservation columns when it has none.
     "SELECT t.owner, t.lease_epoch, r.scope, r.scope_key, r.period, r.epoch, r.tokens, r.usd"
     " FROM turns t LEFT JOIN budget_reservations r ON r.request_id = t.request_id"
     " WHERE t.request_id = ?"
+)
+_RESERVATIONS: Final = (
+    # The same rows without the token: the turn write the charge rides read and locked it.
+    "SELECT NULL, NULL, scope, scope_key, period, epoch, tokens, usd FROM budget_reservations"
+    " WHERE request_id = ?"
+)
+_TAKE_ROWS: Final = (
+    # The charged rows (k: VALUES of key and conversation) and those of the turn's other
+    # reservations (a past period's, a budget no longer configured), sorted: charges racing for
+    # the same rows lock them in one order. Created at zero when missing, only while the turn is
+    # recorded (a deleted conversation's turn leaves no row behind); the no-op update locks an
+    # existing row and makes RETURNING give it. WHERE before ON CONFLICT: SQLite's parser needs it.
+    "INSERT INTO budget_spend (scope, scope_key, period, conversation_id)"
+    " SELECT k.column1, k.column2, k.column3, k.column4 FROM ({keys}) AS k"
+    " WHERE EXISTS (SELECT 1 FROM turns WHERE request_id = ?)"
+    " ORDER BY k.column1, k.column2, k.column3"
+    " ON CONFLICT (scope, scope_key, period) DO UPDATE SET limit_tokens = budget_spend.limit_tokens"
+    f" RETURNING scope, scope_key, period, {_SPEND_COLUMNS}, limit_tokens, limit_usd"
+)
+_OTHER_RESERVED: Final = (
+    # A reservation's budget row belongs to the turn's conversation when its scope does.
+    "SELECT scope AS column1, scope_key AS column2, period AS column3,"
+    " CASE WHEN scope IN ('turn', 'conversation') THEN conversation_id END AS column4"
+    " FROM budget_reservations WHERE request_id = ?"
 )
 _ROW_MARKS: Final = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _UPDATE_ROWS: Final = (
@@ -51,10 +79,13 @@ _UPDATE_ROWS: Final = (
     " AND budget_spend.period = v.column3"
 )
 _RESERVE: Final = (
+    # In place: a turn's next step reserves on the rows its last step's reservation used.
     "INSERT INTO budget_reservations (request_id, scope, scope_key, period, conversation_id, epoch,"
-    " tokens, usd) VALUES "
+    " tokens, usd) VALUES {values}"
+    " ON CONFLICT (request_id, scope, scope_key, period) DO UPDATE SET epoch = excluded.epoch,"
+    " tokens = excluded.tokens, usd = excluded.usd, conversation_id = excluded.conversation_id"
 )
-
+_UNRESERVE: Final = "DELETE FROM budget_reservations WHERE request_id = ?"
 _SUM: Final = (
     "(SELECT COALESCE(SUM(r.{column}), 0) FROM budget_reservations r WHERE r.conversation_id = ?"
     " AND r.scope = budget_spend.scope AND r.scope_key = budget_spend.scope_key"
@@ -86,64 +117,44 @@ def _spend(row: Sequence[Any]) -> BudgetSpend:
     return BudgetSpend(int(row[0]), float(row[1]), int(row[2]), float(row[3]))
 
 
-def charge_budget(charge: BudgetCharge, dialect: Dialect) -> Program[BudgetGrant]:
+def charge_budget(charge: BudgetCharge, dialect: Dialect, *, fenced: bool = False) -> Program[BudgetGrant]:
     """``BudgetStore.charge_budget``: settle ``charge.request_id``'s reservations and reserve
     ``charge.ask`` in one transaction of two batches (on PostgreSQL two round trips): the reads
     and row locks, then the writes. Raises :class:`LeaseLost` (writing nothing) when the turn's
     token is no longer ``charge.lease``; a turn no longer recorded (its conversation was deleted)
-    is charged nothing."""
+    is charged nothing. ``fenced``: the program this one is joined to (:func:`~.sql.joined`, its
+    statements first in each batch) reads and locks the turn's token under ``charge.lease`` and
+    raises when it was lost, so this one does not read it again."""
     keys = sorted({budget.key for budget in charge.budgets})
     owners = {budget.key: budget.conversation_id for budget in charge.budgets}
-    reads = [
-        Statement(
-            _TOKEN_AND_RESERVATIONS + (f"{dialect.lock_rows} OF t" if dialect.lock_rows else ""),
-            (charge.request_id,),
-            fetch=True,
-        )
-    ]
-    if keys:
-        reads.append(
-            Statement(
-                _ENSURE_ROWS + ", ".join(["(?, ?, ?, ?)"] * len(keys)) + _ON_CONFLICT,
-                [value for k in keys for value in (*_key(k), owners[k])],
-            )
-        )
-    # One statement locks the charged rows and those of the turn's reservations (a past period's
-    # among them), sorted: charges racing for the same rows lock them in one order. A join on the
-    # keys (not an OR of two IN lists, which SQLite answers with a scan of the table).
-    keys_sql = f"VALUES {', '.join(['(?, ?, ?)'] * len(keys))} UNION " if keys else ""
-    reads.append(
-        Statement(
-            f"SELECT b.scope, b.scope_key, b.period, {_SPEND_COLUMNS}, limit_tokens, limit_usd"
-            f" FROM ({keys_sql}SELECT scope AS column1, scope_key AS column2, period AS column3"
-            " FROM budget_reservations"
-            " WHERE request_id = ?) AS k"
-            " JOIN budget_spend b ON b.scope = k.column1 AND b.scope_key = k.column2 AND b.period = k.column3"
-            " ORDER BY b.scope, b.scope_key, b.period"
-            + (f"{dialect.lock_rows} OF b" if dialect.lock_rows else ""),
-            [*(value for k in keys for value in _key(k)), charge.request_id],
-            fetch=True,
-        )
-    )
-    found = yield reads
-    if not holds_lease([row[:2] for row in found[0][:1]], charge.lease):
+    if fenced:
+        first = Statement(_RESERVATIONS, (charge.request_id,), fetch=True)
+    else:
+        lock = f"{dialect.lock_rows} OF t" if dialect.lock_rows else ""
+        first = Statement(_TOKEN_AND_RESERVATIONS + lock, (charge.request_id,), fetch=True)
+    params: list[Any] = [value for k in keys for value in (*k, owners[k])]
+    params.append(charge.request_id)
+    params.extend(value for k in keys for value in k)
+    params.append(charge.request_id)
+    found = yield [first, Statement(_take_rows(len(keys)), params, fetch=True)]
+    if not fenced and not holds_lease([row[:2] for row in found[0][:1]], charge.lease):
+        return BudgetGrant(output_tokens=charge.ask.max_output if charge.ask else 0)
+    rows = {BudgetKey(*row[:3]): row[3:] for row in found[1]}
+    if fenced and len(rows) < len(keys):  # no row created: the turn is not recorded
         return BudgetGrant(output_tokens=charge.ask.max_output if charge.ask else 0)
     reservations = [
         Reservation(BudgetKey(scope, key, period), int(epoch), int(tokens), float(usd))
         for _, _, scope, key, period, epoch, tokens, usd in found[0]
         if scope is not None
     ]
-    rows = {BudgetKey(row[0], row[1], row[2]): row[3:] for row in found[-1]}
-    spends = {k: _spend(row) for k, row in rows.items()}
-    budgets = tuple(
-        kept_limits(budget, rows[budget.key][4], rows[budget.key][5]) for budget in charge.budgets
-    )
+    budgets = tuple(kept_limits(budget, *rows[budget.key][4:6]) for budget in charge.budgets)
     epoch = charge.lease.epoch if charge.lease is not None else 0
-    spends = settle(spends, reservations, epoch=epoch, spent=charge.spent)
+    spends = settle(
+        {k: _spend(row) for k, row in rows.items()}, reservations, epoch=epoch, spent=charge.spent
+    )
     grant = BudgetGrant()
     writes: list[Statement] = []
-    if reservations:
-        writes.append(Statement("DELETE FROM budget_reservations WHERE request_id = ?", (charge.request_id,)))
+    reserved: set[BudgetKey] = set()
     ask = charge.ask
     if ask is not None:
         output, refused = fit_output(ask, budgets, spends)
@@ -152,52 +163,72 @@ def charge_budget(charge: BudgetCharge, dialect: Dialect) -> Program[BudgetGrant
             usd = ask.prompt_usd + output * ask.usd_per_output_token
             grant = BudgetGrant(output_tokens=output, tokens=tokens, usd=usd)
             for budget in budgets:
-                state = spends[budget.key]
+                spent_tokens, spent_usd, reserved_tokens, reserved_usd = _columns(spends[budget.key])
                 spends[budget.key] = BudgetSpend(
-                    state.spent_tokens,
-                    state.spent_usd,
-                    state.reserved_tokens + tokens,
-                    state.reserved_usd + usd,
+                    spent_tokens, spent_usd, reserved_tokens + tokens, reserved_usd + usd
                 )
+            reserved = {budget.key for budget in budgets}
             writes.append(
                 Statement(
-                    _RESERVE + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(budgets)),
+                    _reserve(len(budgets)),
                     [
                         value
                         for b in budgets
-                        for value in (
-                            charge.request_id,
-                            *_key(b.key),
-                            charge.conversation_id,
-                            epoch,
-                            tokens,
-                            usd,
-                        )
+                        for value in (charge.request_id, *b.key, charge.conversation_id, epoch, tokens, usd)
                     ],
                 )
             )
         else:
             grant = BudgetGrant(refused=refused)
+    stale = sorted({r.key for r in reservations} - reserved)
+    if stale and not reserved:
+        writes.append(Statement(_UNRESERVE, (charge.request_id,)))
+    elif stale:  # a reservation of a budget this step does not charge (a past period's)
+        writes.append(Statement(_unreserve(len(stale)), [charge.request_id, *(v for k in stale for v in k)]))
     limits = {budget.key: (budget.tokens, budget.usd) for budget in budgets}
     # Every row back in one statement (a row a past period's reservation settled keeps its limits).
     changed = sorted(spends)
     if changed:
         writes.append(
             Statement(
-                _UPDATE_ROWS.format(values=", ".join([_ROW_MARKS] * len(changed))),
+                _update_rows(len(changed)),
                 [
                     value
                     for k in changed
-                    for value in (*_key(k), *_columns(spends[k]), k in limits, *limits.get(k, (None, None)))
+                    for value in (*k, *_columns(spends[k]), k in limits, *limits.get(k, (None, None)))
                 ],
             )
         )
-    yield writes
+    yield folded(writes, dialect)
     return BudgetGrant(grant.output_tokens, grant.tokens, grant.usd, grant.refused, spends, budgets)
 
 
-def _key(key: BudgetKey) -> tuple[str, str, str]:
-    return key.scope, key.key, key.period
+# A charge's statements by how many rows they name (the SQL built once per count).
+
+
+@functools.lru_cache(maxsize=32)
+def _take_rows(count: int) -> str:
+    # A join on the keys (not an OR of conditions, which SQLite answers with a scan of the table).
+    if not count:
+        return _TAKE_ROWS.format(keys=_OTHER_RESERVED)
+    charged, named = ", ".join(["(?, ?, ?, ?)"] * count), ", ".join(["(?, ?, ?)"] * count)
+    others = f"{_OTHER_RESERVED} AND (scope, scope_key, period) NOT IN (VALUES {named})"
+    return _TAKE_ROWS.format(keys=f"VALUES {charged} UNION ALL {others}")
+
+
+@functools.lru_cache(maxsize=32)
+def _reserve(count: int) -> str:
+    return _RESERVE.format(values=", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * count))
+
+
+@functools.lru_cache(maxsize=32)
+def _unreserve(count: int) -> str:
+    return f"{_UNRESERVE} AND (scope, scope_key, period) IN (VALUES {', '.join(['(?, ?, ?)'] * count)})"
+
+
+@functools.lru_cache(maxsize=32)
+def _update_rows(count: int) -> str:
+    return _UPDATE_ROWS.format(values=", ".join([_ROW_MARKS] * count))
 
 
 def _columns(state: BudgetSpend) -> tuple[int, float, int, float]:
@@ -226,7 +257,7 @@ def read_spends(keys: Sequence[BudgetKey]) -> tuple[str, list[Any]]:
     """The read of ``keys``' states (one statement): rows of ``scope, scope_key, period`` and
     the spend columns; a budget never charged has no row (its state is zero)."""
     condition = " OR ".join(f"({_KEY})" for _ in keys)
-    params = [value for key in keys for value in _key(key)]
+    params = [value for key in keys for value in key]
     return f"SELECT scope, scope_key, period, {_SPEND_COLUMNS} FROM budget_spend WHERE {condition}", params
 
 

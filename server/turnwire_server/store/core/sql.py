@@ -20,7 +20,7 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, TypeVar
 
-__all__ = ["Dialect", "Program", "Statement", "in_marks", "joined", "just"]
+__all__ = ["Dialect", "Program", "Statement", "folded", "in_marks", "joined", "just"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -58,6 +58,10 @@ class Dialect(Protocol):
     lock_rows: str
     """Appended to a read of rows the write then changes: ``" FOR UPDATE"`` where several
     connections write at once (PostgreSQL), ``""`` where one writer applies writes in turn."""
+
+    writes_with: bool
+    """Whether one statement may carry other writes in its ``WITH`` clause (PostgreSQL's
+    data-modifying CTEs), so :func:`folded` sends several writes as one statement."""
 
     claim_rows: str
     """Appended to a read of rows a maintenance write then changes: ``" FOR UPDATE SKIP LOCKED"``
@@ -131,6 +135,21 @@ def in_marks(count: int) -> str:
 def just(statements: Sequence[Statement]) -> Program[None]:
     """A program of one batch of ``statements`` that reads nothing."""
     yield statements
+
+
+def folded(writes: Sequence[Statement], dialect: Dialect) -> list[Statement]:
+    """``writes`` (statements that read nothing: no ``fetch``, ``many`` or ``count``), as one
+    statement where the dialect allows it (:attr:`Dialect.writes_with`: all but the last in its
+    ``WITH`` clause, which runs each to completion once, whatever the last one does), else as
+    they are: a statement fewer to send, parse and plan each. All of them see one snapshot, so
+    no two may change the same rows (the caller's to ensure)."""
+    if not dialect.writes_with or len(writes) < 2:
+        return list(writes)
+    if any(write.fetch or write.many or write.count or isinstance(write.params, Mapping) for write in writes):
+        raise ValueError("folded: writes only, with positional parameters")
+    ctes = ", ".join(f"w{n} AS ({write.sql})" for n, write in enumerate(writes[:-1]))
+    params = [value for write in writes for value in write.params]  # in the order of their marks
+    return [Statement(f"WITH {ctes} {writes[-1].sql}", params)]
 
 
 def joined(first: Program[T], second: Program[U]) -> Program[tuple[T, U]]:

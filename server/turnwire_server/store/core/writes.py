@@ -62,6 +62,10 @@ class Commit:
     urgent: bool = True
     """A caller waits on its durability (SQLite's writer, which always group-commits, does not
     hold the batch open for more writes then)."""
+    pipelined: bool = False
+    """Alone, its transaction may run in pipeline mode (its program has no ``count`` statement):
+    on PostgreSQL ``BEGIN`` and the writes cost no round trip of their own, a batch's reads one
+    (a group commit is pipelined anyway; SQLite has no round trips)."""
 
 
 ALONE: Final = Commit()
@@ -125,11 +129,12 @@ class CoreWrites:
                 f"finish_turn({turn.request_id!r})",
                 lambda now_us: joined(
                     message_writes.finish_turn(finish, self._dialect, now_us),
-                    budget_writes.charge_budget(budget, self._dialect),
+                    # The final write reads and locks the turn's token: the charge need not.
+                    budget_writes.charge_budget(budget, self._dialect, fenced=budget.lease == turn.lease),
                 ),
                 # Not grouped: the budget rows it locks (a tenant's) are shared with other
                 # conversations, whose writes a shared commit would hold behind those locks.
-                Commit(turn.conversation_id),
+                Commit(turn.conversation_id, pipelined=True),
             )
             return grant
         finally:
@@ -299,15 +304,16 @@ class CoreWrites:
             return await self._commit(
                 f"charge_budget({charge.request_id!r})",
                 lambda _: budget_writes.charge_budget(charge, self._dialect),
-                Commit(charge.conversation_id),
+                Commit(charge.conversation_id, pipelined=True),
             )
         _, grant = await self._commit(
             f"charge_budget({charge.request_id!r})",
             lambda now_us: joined(
                 message_writes.save_message(charge.conversation_id, row, charge.lease, self._dialect, now_us),
-                budget_writes.charge_budget(charge, self._dialect),
+                # A fenced checkpoint reads and locks the turn's token: the charge need not.
+                budget_writes.charge_budget(charge, self._dialect, fenced=charge.lease is not None),
             ),
-            Commit(charge.conversation_id),
+            Commit(charge.conversation_id, pipelined=True),
         )
         return grant
 

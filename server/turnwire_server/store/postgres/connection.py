@@ -369,14 +369,15 @@ class PostgresConnection(CoreWrites, CoreReads):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _commit(self, what: str, program: Callable[[int], Program[T]], how: Commit = ALONE) -> T:
-        """A transaction of its own (:meth:`_write`), or, ``how.grouped`` (with a conversation),
-        the next group commit (:meth:`_write_batched`); ``how.urgent`` does not apply: nothing
-        here holds a transaction open for more writes."""
+        """A transaction of its own (:meth:`_write`; in pipeline mode when ``how.pipelined``), or,
+        ``how.grouped`` (with a conversation), the next group commit (:meth:`_write_batched`);
+        ``how.urgent`` does not apply: nothing here holds a transaction open for more writes."""
         if not how.grouped or how.conversation_id is None:
             return await self._write(
                 what,
                 lambda conn, now_us: run_program(conn, program(now_us)),
                 conversation_id=how.conversation_id,
+                pipeline=how.pipelined,
             )
         # The group commit may apply a write again (after another write of its batch failed, or
         # a race): the result is the last application's.

@@ -204,6 +204,7 @@ class _PostgresDialect:
 
     name = "postgres"
     lock_rows = " FOR UPDATE"
+    writes_with = True
     claim_rows = " FOR UPDATE SKIP LOCKED"
     conversation_tables: tuple[str, ...] = (
         # Tickets of its pending submissions no replica claimed (the others go with their turns).

@@ -76,6 +76,7 @@ class _SqliteDialect:
 
     name = "sqlite"
     lock_rows = ""
+    writes_with = False
     claim_rows = ""
     conversation_tables: tuple[str, ...] = ()
     lease_renewals: tuple[str, ...] = ()
