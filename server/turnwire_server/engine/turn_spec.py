@@ -25,13 +25,16 @@ class TurnSpec:
     """The stored part of a turn's request; ``body`` is JSON; ``client_tools`` the tools the
     client offered (a recovery offers them again); ``trace_context`` the caller's W3C trace
     context (a recovery's span links to it); ``principal`` the caller (a recovery runs under its
-    budgets)."""
+    budgets); ``tool_starts`` whether the turn ran under a sidecar that marks tool calls
+    ``started`` before they run (a call without the mark then never ran; an older turn's are
+    taken as started: docs/semantics.md §8, "Tool effects")."""
 
     body: Mapping[str, Any] = field(default_factory=dict)
     continuation: bool = False
     client_tools: tuple[ClientTool, ...] = ()
     trace_context: Mapping[str, str] = field(default_factory=dict)
     principal: str = ""
+    tool_starts: bool = False
 
 
 def spec_json(request: TurnRequest) -> str:
@@ -45,6 +48,7 @@ def spec_json(request: TurnRequest) -> str:
             for tool in request.client_tools
             if isinstance(tool, ClientTool)
         ],
+        "tool_starts": True,
     }
     if request.trace_context:
         spec["trace_context"] = dict(request.trace_context)
@@ -76,4 +80,5 @@ def parse_spec(text: str) -> TurnSpec:
         client_tools=tuple(tools),
         trace_context={str(key): str(text) for key, text in trace_context.items()},
         principal=str(value.get("principal", "")),
+        tool_starts=value.get("tool_starts") is True,
     )
