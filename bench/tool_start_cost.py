@@ -137,7 +137,8 @@ async def main() -> None:
         base_total = statistics.median(cpu[(name, "before")]) + statistics.median(server[(name, "before")])
         for arm in ARMS:
             client, server_cpu = statistics.median(cpu[(name, arm)]), statistics.median(server[(name, arm)])
-            row = f"| {name} | {arm} | {client:.0f} | {server_cpu:.0f} | {statistics.median(wall[(name, arm)]):.0f} "
+            wall_us = statistics.median(wall[(name, arm)])
+            row = f"| {name} | {arm} | {client:.0f} | {server_cpu:.0f} | {wall_us:.0f} "
             if arm == "before":
                 print(row + "| – | – |")
                 continue

@@ -199,7 +199,9 @@ async def test_the_start_is_stored_before_the_tool_runs(make_engine: EngineFacto
         return "sent"
 
     h = await make_engine(
-        scripts={"main": [ScriptStep(tool_calls=[ScriptedToolCall(name="send", id="c1")]), ScriptStep(text="ok")]},
+        scripts={
+            "main": [ScriptStep(tool_calls=[ScriptedToolCall(name="send", id="c1")]), ScriptStep(text="ok")]
+        },
         tools=[PythonTool("send", "send", slow, input_schema={"type": "object"})],
         checkpoint_interval_ms=60_000,  # no timer checkpoint: only the start's own write
     )
@@ -220,7 +222,9 @@ async def test_a_call_whose_start_cannot_be_stored_is_not_run(
 ) -> None:
     runs: list[ToolExecution] = []
     h = await make_engine(
-        scripts={"main": [ScriptStep(tool_calls=[ScriptedToolCall(name="send", id="c1")]), ScriptStep(text="ok")]},
+        scripts={
+            "main": [ScriptStep(tool_calls=[ScriptedToolCall(name="send", id="c1")]), ScriptStep(text="ok")]
+        },
         tools=recording_tools(runs),
         checkpoint_interval_ms=60_000,
     )

@@ -105,7 +105,9 @@ async def assert_effects_once(sidecar: SidecarProcess, log: Path, conversation: 
     assert send.state == message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR and send.interrupted and send.started
     assert send.error_text == INTERRUPTED_RUNNING_TOOL_ERROR
     interrupted = [
-        e.tool_output_error for e in events if e.HasField("tool_output_error") and e.tool_output_error.interrupted
+        e.tool_output_error
+        for e in events
+        if e.HasField("tool_output_error") and e.tool_output_error.interrupted
     ]
     assert [e.tool_call_id for e in interrupted] == [send.tool_call_id], "the client is told which"
 
@@ -152,7 +154,9 @@ async def test_a_takeover_by_a_surviving_replica_never_repeats_an_effect(
         ]
         for replica in replicas:  # one after the other: they migrate the new database
             await replica.start()
-        await chat_until_killed(replicas[0], "fx-pg", "effects", slow_tools_running(log), "both slow tools run")
+        await chat_until_killed(
+            replicas[0], "fx-pg", "effects", slow_tools_running(log), "both slow tools run"
+        )
         # The survivor claims the turn once the killed replica's lease lapses, and recovers it.
         await assert_effects_once(replicas[1], log, "fx-pg")
         assert await replicas[1].terminate() == 0, replicas[1].log_text()
@@ -165,11 +169,15 @@ class TsToolHost(PortProcess):
         super().__init__(port)
         self.log, self.output = log, output
 
-    async def start(self) -> TsToolHost:
+    def _spawn(self) -> None:
+        # Popen returns once the child is forked; it does not wait for it.
         node = shutil.which("node") or "node"
         command = [node, str(TS_HOST), "--listen", f"127.0.0.1:{self.port}", "--log", str(self.log)]
         with self.output.open("wb") as out:
             self.process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+
+    async def start(self) -> TsToolHost:
+        self._spawn()
         await wait_until(self.listening, timeout=20, what="the TypeScript tool host listening")
         return self
 
@@ -205,7 +213,11 @@ async def test_the_key_and_the_idempotent_declaration_reach_a_ts_kit_host_and_an
 
     first = await sidecar_factory(cfg).start()
     await chat_until_killed(
-        first, "remote", "remote", lambda: bool(runs(ts_host.log)) and bool(charges()), "both remote tools run"
+        first,
+        "remote",
+        "remote",
+        lambda: bool(runs(ts_host.log)) and bool(charges()),
+        "both remote tools run",
     )
 
     second = await sidecar_factory(cfg).start()

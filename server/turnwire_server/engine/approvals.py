@@ -38,7 +38,9 @@ def announce_denials(state: TurnWorkingState) -> None:
         event.reason = denial.reason
 
 
-def _saver(store: TurnStore, state: TurnWorkingState, message: message_pb2.Message) -> Callable[[], Awaitable[bool]]:
+def _saver(
+    store: TurnStore, state: TurnWorkingState, message: message_pb2.Message
+) -> Callable[[], Awaitable[bool]]:
     """What stores ``message`` (an earlier reply whose approved calls run, marked ``started``)
     before they run (docs/semantics.md §8, "Tool effects")."""
 

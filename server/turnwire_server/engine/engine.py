@@ -673,6 +673,7 @@ class TurnEngine:
                 "continuing its reply" if reply is not None else "re-running it",
             )
             return
+        assert problem is not None  # no spec: not recoverable
         error = self.error_status(problem, "turn")
         record = dataclasses.replace(
             turn, state="interrupted", end_time=dt.datetime.now(dt.UTC), error=error.SerializeToString()

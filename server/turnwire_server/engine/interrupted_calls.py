@@ -63,7 +63,8 @@ async def resume_interrupted_calls(state: TurnWorkingState, runner_for: RunnerFa
             await runner.interrupted(call, step)
         else:
             state.assistant.set_error(
-                stored.tool_call_id, f"The tool '{stored.tool_name}' is no longer available, so it was not run."
+                stored.tool_call_id,
+                f"The tool '{stored.tool_name}' is no longer available, so it was not run.",
             )
             event = state.writer.new().tool_output_error
             event.tool_call_id = stored.tool_call_id

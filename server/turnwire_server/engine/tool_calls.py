@@ -342,7 +342,7 @@ class ToolCallRunner:
                 else:
                     run_input = dict(decision.input) if decision.input is not None else model_input
                     try:
-                        output = await self._execute(call, tool, run_input, step_number, key, rerun)
+                        output = await self._execute(call, tool, run_input, step_number, key=key, rerun=rerun)
                     except Exception as tool_error:
                         success, error_text = False, self._redact(_describe(tool_error))
                         # The model sees the message alone; the type goes to the log (§11).
@@ -400,6 +400,7 @@ class ToolCallRunner:
         tool: Tool,
         run_input: dict[str, Any],
         step_number: int,
+        *,
         key: str,
         rerun: bool,
     ) -> Any:

@@ -279,7 +279,10 @@ def _idempotent(listed: Any) -> bool:
     annotations = getattr(listed, "annotations", None)
     if annotations is None:
         return False
-    return getattr(annotations, "read_only_hint", None) is True or getattr(annotations, "idempotent_hint", None) is True
+    return (
+        getattr(annotations, "read_only_hint", None) is True
+        or getattr(annotations, "idempotent_hint", None) is True
+    )
 
 
 class McpTool:
