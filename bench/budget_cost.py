@@ -30,16 +30,14 @@ import asyncio
 import dataclasses
 import datetime as dt
 import os
-import statistics
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _stores import backend_cpu_s, both_stores
+from _stores import both_stores, interleaved, print_arms
 
 from turnwire.providers import ModelRequest
 from turnwire.types import Cost, ModelSettings, Usage
@@ -132,22 +130,6 @@ async def _turn(store: Store, arm: str, steps: int, request: ModelRequest, n: in
         budgets.settled_by(grant)
 
 
-async def _block(
-    store: Store, arm: str, request: ModelRequest, *, turns: int, steps: int, url: str | None, base: int
-) -> tuple[list[float], list[float], float]:
-    """``turns`` requests of ``arm``: each one's client CPU and wall, and the server's CPU per
-    request over the block, in µs."""
-    server_before = backend_cpu_s(url) if url else 0.0
-    cpu, wall = [], []
-    for n in range(turns):
-        cpu_before, wall_before = time.process_time(), time.perf_counter()
-        await _turn(store, arm, steps, request, base + n)
-        cpu.append((time.process_time() - cpu_before) * 1e6)
-        wall.append((time.perf_counter() - wall_before) * 1e6)
-    server = ((backend_cpu_s(url) - server_before) / turns * 1e6) if url else 0.0
-    return cpu, wall, server
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--block", type=int, default=20, help="requests per arm in a row")
@@ -161,48 +143,15 @@ async def main() -> None:
         messages=_history(args.messages),
         settings=ModelSettings(),
     )
-    # (store, arm) -> client CPU and wall samples per request, server CPU per request per block
-    cpu: dict[tuple[str, str], list[float]] = {}
-    wall: dict[tuple[str, str], list[float]] = {}
-    server: dict[tuple[str, str], list[float]] = {}
     async with both_stores() as (lite, pg, url):
+
+        def run(store: Store, arm: str) -> Callable[[int], Awaitable[None]]:
+            return lambda n: _turn(store, arm, args.steps, request, n)
+
         stores = (("SQLite", lite, None), ("PostgreSQL", pg, url))
-        for _, store, store_url in stores:
-            for arm in ARMS:  # warm: imports, caches, the statement cache
-                await _block(store, arm, request, turns=20, steps=args.steps, url=store_url, base=-100)
-        for r in range(args.rounds):
-            for name, store, store_url in stores:
-                # Interleaved, each round in another order: a load change hits every arm alike.
-                for arm in ARMS[r % 3 :] + ARMS[: r % 3]:
-                    samples, walls, per_request = await _block(
-                        store,
-                        arm,
-                        request,
-                        turns=args.block,
-                        steps=args.steps,
-                        url=store_url,
-                        base=r * args.block,
-                    )
-                    cpu.setdefault((name, arm), []).extend(samples)
-                    wall.setdefault((name, arm), []).extend(walls)
-                    server.setdefault((name, arm), []).append(per_request)
+        samples = await interleaved(stores, ARMS, run, rounds=args.rounds, block=args.block)
     load = os.getloadavg()[0]
-    print(
-        "| store | arm | client CPU µs/request | server CPU µs/request | wall µs/request "
-        "| added CPU µs/request (client + server) | ≤ 300 µs |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for name in ("SQLite", "PostgreSQL"):
-        off_total = statistics.median(cpu[(name, "off")]) + statistics.median(server[(name, "off")])
-        for arm in ARMS:
-            client, server_cpu = statistics.median(cpu[(name, arm)]), statistics.median(server[(name, arm)])
-            wall_us = statistics.median(wall[(name, arm)])
-            row = f"| {name} | {arm} | {client:.0f} | {server_cpu:.0f} | {wall_us:.0f} "
-            if arm == "off":
-                print(row + "| – | – |")
-                continue
-            added = client + server_cpu - off_total
-            print(row + f"| {added:.0f} | {'PASS' if added <= ALLOWANCE_US else 'MISS'} |")
+    print_arms(samples, ARMS, ALLOWANCE_US)
     print(
         f"\n{args.steps} model step(s) per request; medians of {args.rounds} interleaved blocks of "
         f"{args.block} requests per arm (client: of the requests; server: of the blocks); budgets: turn, "

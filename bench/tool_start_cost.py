@@ -28,18 +28,18 @@ import asyncio
 import dataclasses
 import datetime as dt
 import os
-import statistics
 import sys
-import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _stores import backend_cpu_s, both_stores
+from _stores import both_stores, interleaved, print_arms
+from support.store_turns import started_turn
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store import Store, TurnRecord
+from turnwire_server.store import Store
 
 ALLOWANCE_US = 300.0
 ARMS = ("before", "separate", "folded")
@@ -48,19 +48,7 @@ ARMS = ("before", "separate", "folded")
 async def _turn(store: Store, arm: str, calls: int, n: int) -> None:
     """One request of ``arm`` (see the module docstring): its admission (every arm has it), the
     tool step's writes and the final write."""
-    turn = TurnRecord(
-        request_id=f"{arm}-r{n}",
-        conversation_id=f"{arm}-c{n}",
-        assistant_message_id=f"{arm}-a{n}",
-        continuation=False,
-        model="scripted:bench",
-        state="running",
-        start_time=dt.datetime.now(dt.UTC),
-        owner="bench",
-    )
-    user = message_pb2.Message(id=f"{arm}-u{n}", role=message_pb2.ROLE_USER)
-    user.parts.add().text.text = "look it up"
-    await store.start_turn(turn, [user])
+    turn = await started_turn(store, f"{arm}-c{n}", n)
     reply = message_pb2.Message(id=turn.assistant_message_id, role=message_pb2.ROLE_ASSISTANT)
     reply.parts.add().step_start.SetInParent()
     reply.parts.add().text.text = "let me look that up " * 5
@@ -87,67 +75,24 @@ async def _turn(store: Store, arm: str, calls: int, n: int) -> None:
     await store.finish_turn(ended, reply)
 
 
-async def _block(
-    store: Store, arm: str, *, turns: int, calls: int, url: str | None, base: int
-) -> tuple[list[float], list[float], float]:
-    """``turns`` requests of ``arm``: each one's client CPU and wall, and the server's CPU per
-    request over the block, in µs."""
-    server_before = backend_cpu_s(url) if url else 0.0
-    cpu, wall = [], []
-    for n in range(turns):
-        cpu_before, wall_before = time.process_time(), time.perf_counter()
-        await _turn(store, arm, calls, base + n)
-        cpu.append((time.process_time() - cpu_before) * 1e6)
-        wall.append((time.perf_counter() - wall_before) * 1e6)
-    server = ((backend_cpu_s(url) - server_before) / turns * 1e6) if url else 0.0
-    return cpu, wall, server
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--block", type=int, default=20, help="requests per arm in a row")
     parser.add_argument("--rounds", type=int, default=9, help="blocks of each arm, interleaved")
     parser.add_argument("--calls", type=int, default=1, help="tool calls in the request's tool step")
     args = parser.parse_args()
-    cpu: dict[tuple[str, str], list[float]] = {}
-    wall: dict[tuple[str, str], list[float]] = {}
-    server: dict[tuple[str, str], list[float]] = {}
     async with both_stores() as (lite, pg, url):
+
+        def run(store: Store, arm: str) -> Callable[[int], Awaitable[None]]:
+            return lambda n: _turn(store, arm, args.calls, n)
+
         stores = (("SQLite", lite, None), ("PostgreSQL", pg, url))
-        for _, store, store_url in stores:
-            for arm in ARMS:  # warm: imports, caches, the statement cache
-                await _block(store, arm, turns=10, calls=args.calls, url=store_url, base=-100)
-        for r in range(args.rounds):
-            for name, store, store_url in stores:
-                # Interleaved, each round in another order: a load change hits every arm alike.
-                for arm in ARMS[r % 3 :] + ARMS[: r % 3]:
-                    samples, walls, per_request = await _block(
-                        store, arm, turns=args.block, calls=args.calls, url=store_url, base=r * args.block
-                    )
-                    cpu.setdefault((name, arm), []).extend(samples)
-                    wall.setdefault((name, arm), []).extend(walls)
-                    server.setdefault((name, arm), []).append(per_request)
-    load = os.getloadavg()[0]
-    print(
-        "| store | arm | client CPU µs/request | server CPU µs/request | wall µs/request "
-        "| added CPU µs/request (client + server) | ≤ 300 µs |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for name in ("SQLite", "PostgreSQL"):
-        base_total = statistics.median(cpu[(name, "before")]) + statistics.median(server[(name, "before")])
-        for arm in ARMS:
-            client, server_cpu = statistics.median(cpu[(name, arm)]), statistics.median(server[(name, arm)])
-            wall_us = statistics.median(wall[(name, arm)])
-            row = f"| {name} | {arm} | {client:.0f} | {server_cpu:.0f} | {wall_us:.0f} "
-            if arm == "before":
-                print(row + "| – | – |")
-                continue
-            added = client + server_cpu - base_total
-            print(row + f"| {added:.0f} | {'PASS' if added <= ALLOWANCE_US else 'MISS'} |")
+        samples = await interleaved(stores, ARMS, run, rounds=args.rounds, block=args.block)
+    print_arms(samples, ARMS, ALLOWANCE_US)
     print(
         f"\n{args.calls} tool call(s) in the request's tool step, two model steps; medians of "
         f"{args.rounds} interleaved blocks of {args.block} requests per arm (client: of the requests; "
-        f"server: of the blocks); load average {load:.1f}"
+        f"server: of the blocks); load average {os.getloadavg()[0]:.1f}"
     )
 
 

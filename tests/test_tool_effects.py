@@ -10,23 +10,20 @@ each tool home) are ``tests/e2e/test_tool_effects_e2e.py``.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.engine_harness import CONV, MODEL, EngineFactory, end_of, of_kind, tool_parts
+from support.store_turns import crashed_turn
 from support.waiting import wait_until
 
 from turnwire.errors import INTERRUPTED_RUNNING_TOOL_ERROR
 from turnwire.hooks import Middleware, ToolCallContext, ToolCallDecision, ToolCallResultContext
 from turnwire.testing import ScriptedToolCall, ScriptStep
 from turnwire.tools import PythonTool, ToolExecution
-from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
-from turnwire_server.engine import TurnRequest
+from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.ids import tool_idempotency_key
-from turnwire_server.engine.turn_spec import spec_json
-from turnwire_server.store import TurnRecord
 from turnwire_server.store.sqlite import SqliteStore
 
 OUTPUT = message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
@@ -73,7 +70,7 @@ def call_part(
         call.state, call.output_json = OUTPUT, output
 
 
-async def crashed_turn(path: Path, *, tool_starts: bool = True) -> None:
+async def crash_during_tools(path: Path, *, tool_starts: bool = True) -> None:
     """Leave in ``path``'s store what a process killed during a step's tool calls leaves: the
     turn running (with its recovery spec), its reply holding calls ``c-charge`` (started,
     idempotent tool), ``c-send`` (started, not idempotent), ``c-fresh`` (not started) and ``c-done``
@@ -81,32 +78,9 @@ async def crashed_turn(path: Path, *, tool_starts: bool = True) -> None:
     starts."""
     store = SqliteStore(path)
     await store.open()
-    request = TurnRequest(
-        conversation_id=CONV,
-        request_id="r-crash",
-        messages=[],
-        body={},
-        model=MODEL,
-        continuation=False,
-        response_type=chat_service_pb2.ChatResponse,
-    )
-    spec = spec_json(request)
-    if not tool_starts:
-        spec = spec.replace('"tool_starts":true', '"tool_starts":false')
-        assert '"tool_starts":false' in spec
-    record = TurnRecord(
-        request_id="r-crash",
-        conversation_id=CONV,
-        assistant_message_id="tw-a-r-crash",
-        continuation=False,
-        model=MODEL,
-        state="running",
-        start_time=dt.datetime.now(dt.UTC),
-        spec=spec,
-    )
-    user = message_pb2.Message(id="u-crash", role=message_pb2.ROLE_USER)
-    user.parts.add().text.text = "pay and tell them"
-    await store.start_turn(record, [user])
+    # tool_starts false: the spec as a sidecar that did not mark starts wrote it.
+    older = None if tool_starts else (lambda spec: spec.replace(',"tool_starts":true', ""))
+    await crashed_turn(store, CONV, "r-crash", model=MODEL, text="pay and tell them", edit_spec=older)
     reply = message_pb2.Message(id="tw-a-r-crash", role=message_pb2.ROLE_ASSISTANT)
     reply.parts.add().step_start.SetInParent()
     reply.parts.add().text.text = "On it."
@@ -133,7 +107,7 @@ async def recovered(make_engine: EngineFactory, runs: list[ToolExecution], recor
 async def test_a_recovery_runs_reruns_or_interrupts_each_call_by_its_start_and_tool(
     make_engine: EngineFactory, tmp_path: Path
 ) -> None:
-    await crashed_turn(tmp_path / "turnwire.db")
+    await crash_during_tools(tmp_path / "turnwire.db")
     runs: list[ToolExecution] = []
     recorder = Recorder()
     h = await recovered(make_engine, runs, recorder)
@@ -153,7 +127,7 @@ async def test_a_recovery_runs_reruns_or_interrupts_each_call_by_its_start_and_t
     assert after["c-fresh"].outcome == "executed" and "c-done" not in after
 
     stored = await h.store.load_messages(CONV)
-    assert [m.id for m in stored] == ["u-crash", "tw-a-r-crash"], "the same message continued"
+    assert [m.id for m in stored] == ["u-r-crash", "tw-a-r-crash"], "the same message continued"
     calls = {c.tool_call_id: c for c in tool_parts(stored[1])}
     assert calls["c-send"].state == ERROR and calls["c-send"].interrupted
     assert calls["c-send"].error_text == INTERRUPTED_RUNNING_TOOL_ERROR
@@ -180,7 +154,7 @@ async def test_a_turn_stored_without_start_marks_takes_every_open_call_as_starte
     make_engine: EngineFactory, tmp_path: Path
 ) -> None:
     """A sidecar that did not mark starts may have run c-fresh: the recovery does not run it."""
-    await crashed_turn(tmp_path / "turnwire.db", tool_starts=False)
+    await crash_during_tools(tmp_path / "turnwire.db", tool_starts=False)
     runs: list[ToolExecution] = []
     recorder = Recorder()
     h = await recovered(make_engine, runs, recorder)

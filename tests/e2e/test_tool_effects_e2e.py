@@ -50,6 +50,18 @@ SCRIPTS: dict[str, Any] = {
 PYTHON_TOOLS = [f"support.durable_tools:{name}" for name in ("note", "send_slow", "charge_slow")]
 
 
+def python_tools(log: Path, **sections: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """A sidecar config with the scripts and the Python tools (more ``sections`` beside them), and
+    the environment that has the tools log their runs to ``log``."""
+    cfg = {
+        "providers": {"scripted": {"scripts": SCRIPTS}},
+        "tools": {"python": PYTHON_TOOLS},
+        "checkpoint": {"interval_ms": 20},
+        **sections,
+    }
+    return cfg, {**pythonpath_env(), "TURNWIRE_TEST_EFFECTS_LOG": str(log)}
+
+
 def runs(log: Path) -> list[dict[str, Any]]:
     """The tool runs logged so far (``support.durable_tools``)."""
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -116,12 +128,7 @@ async def test_sigkill_during_tools_interrupts_the_unsafe_call_and_reruns_the_id
     sidecar_factory: SidecarFactory, tmp_path: Path
 ) -> None:
     log = tmp_path / "tool-runs.jsonl"
-    cfg = {
-        "providers": {"scripted": {"scripts": SCRIPTS}},
-        "tools": {"python": PYTHON_TOOLS},
-        "checkpoint": {"interval_ms": 20},
-    }
-    env = {**pythonpath_env(), "TURNWIRE_TEST_EFFECTS_LOG": str(log)}
+    cfg, env = python_tools(log)
     first = await sidecar_factory(cfg, env=env).start()
     await chat_until_killed(first, "fx", "effects", slow_tools_running(log), "both slow tools run")
 
@@ -140,14 +147,7 @@ async def test_a_takeover_by_a_surviving_replica_never_repeats_an_effect(
     sidecar_factory: SidecarFactory, tmp_path: Path
 ) -> None:
     log = tmp_path / "tool-runs.jsonl"
-    cfg = {
-        "providers": {"scripted": {"scripts": SCRIPTS}},
-        "tools": {"python": PYTHON_TOOLS},
-        "checkpoint": {"interval_ms": 20},
-        "store": {"pool_size": 3},
-        "durability": {"lease_seconds": 1.5},
-    }
-    env = {**pythonpath_env(), "TURNWIRE_TEST_EFFECTS_LOG": str(log)}
+    cfg, env = python_tools(log, store={"pool_size": 3}, durability={"lease_seconds": 1.5})
     with postgres_database() as url:
         replicas = [
             sidecar_factory(cfg, env=env, workdir=tmp_path / f"replica-{n}", store_url=url) for n in range(2)

@@ -249,32 +249,12 @@ class ToolCallRunner:
         its interrupted result: stored (``interrupted`` set) and streamed as ``ToolOutputError``
         with ``interrupted`` set, then ``after_tool_call`` with outcome ``interrupted``
         (docs/semantics.md §8, "Tool effects")."""
-        turn = self.turn
-        part = turn.assistant.set_error(call.tool_call_id, INTERRUPTED_RUNNING_TOOL_ERROR)
-        part.interrupted = True
-        event = turn.writer.new().tool_output_error
-        event.tool_call_id = call.tool_call_id
-        event.tool_name = call.tool_name
-        event.error_text = INTERRUPTED_RUNNING_TOOL_ERROR
-        event.interrupted = True
         self._had_results = True
-        await self._observe(part, step_number)
+        await self._error(call, step_number, INTERRUPTED_RUNNING_TOOL_ERROR, interrupted=True)
         metrics.TOOL_CALLS.labels(call.tool_name, "interrupted").inc()
-        request = turn.request
-        await turn.hooks.after_tool_call(
-            ToolCallResultContext(
-                conversation_id=request.conversation_id,
-                request_id=request.request_id,
-                tool_call_id=call.tool_call_id,
-                tool_name=call.tool_name,
-                input=call.input or {},
-                step_number=step_number,
-                duration_ms=0.0,
-                success=False,
-                error=INTERRUPTED_RUNNING_TOOL_ERROR,
-                outcome="interrupted",
-                idempotency_key=tool_idempotency_key(request.conversation_id, call.tool_call_id),
-            )
+        text = INTERRUPTED_RUNNING_TOOL_ERROR
+        await self.turn.hooks.after_tool_call(
+            self._finished(call, step_number, 0.0, error=text, outcome="interrupted")
         )
 
     async def _run(
@@ -374,25 +354,49 @@ class ToolCallRunner:
         metrics.TOOL_CALLS.labels(call.tool_name, outcome).inc()
         metrics.TOOL_CALL_DURATION.labels(call.tool_name).observe(duration_ms / 1000.0)
         await turn.hooks.after_tool_call(
-            ToolCallResultContext(
-                conversation_id=request.conversation_id,
-                request_id=request.request_id,
-                tool_call_id=call.tool_call_id,
-                tool_name=call.tool_name,
-                input=model_input,
-                step_number=step_number,
-                duration_ms=duration_ms,
-                success=success,
+            self._finished(
+                call,
+                step_number,
+                duration_ms,
                 output=output if success else None,
-                error=None if success else error_text,
+                error=None if success else (error_text or "tool failed"),
                 outcome=outcome,
                 rerun=rerun,
-                idempotency_key=key,
             )
         )
         if cancelled:
             raise asyncio.CancelledError
         return outcome, output, error_text
+
+    def _finished(
+        self,
+        call: chunks.ToolCall,
+        step_number: int,
+        duration_ms: float,
+        *,
+        output: Any = None,
+        error: str | None,
+        outcome: ToolCallOutcome,
+        rerun: bool = False,
+    ) -> ToolCallResultContext:
+        """``after_tool_call``'s context for ``call`` (the model's input); a call with an
+        ``error`` did not succeed."""
+        request = self.turn.request
+        return ToolCallResultContext(
+            conversation_id=request.conversation_id,
+            request_id=request.request_id,
+            tool_call_id=call.tool_call_id,
+            tool_name=call.tool_name,
+            input=call.input or {},
+            step_number=step_number,
+            duration_ms=duration_ms,
+            success=error is None,
+            output=output,
+            error=error,
+            outcome=outcome,
+            rerun=rerun,
+            idempotency_key=tool_idempotency_key(request.conversation_id, call.tool_call_id),
+        )
 
     async def _execute(
         self,
@@ -463,13 +467,19 @@ class ToolCallRunner:
         event.decision = decided
         await self._observe(part, step_number)
 
-    async def _error(self, call: chunks.ToolCall, step_number: int, error_text: str) -> None:
+    async def _error(
+        self, call: chunks.ToolCall, step_number: int, error_text: str, *, interrupted: bool = False
+    ) -> None:
+        """Store and stream the call's error; ``interrupted`` marks the interrupted result of a
+        call a crash cut off (docs/semantics.md §8, "Tool effects")."""
         turn = self.turn
         part = turn.assistant.set_error(call.tool_call_id, error_text)
+        part.interrupted = interrupted
         event = turn.writer.new().tool_output_error
         event.tool_call_id = call.tool_call_id
         event.tool_name = call.tool_name
         event.error_text = error_text
+        event.interrupted = interrupted
         await self._observe(part, step_number)
 
     async def _observe(self, part: Any, step_number: int) -> None:
