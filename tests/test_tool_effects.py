@@ -13,6 +13,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import mcp_types
 import pytest
 from support.engine_harness import CONV, MODEL, EngineFactory, end_of, of_kind, tool_parts
 from support.store_turns import crashed_turn
@@ -25,6 +26,7 @@ from turnwire.tools import PythonTool, ToolExecution
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.ids import tool_idempotency_key
 from turnwire_server.store.sqlite import SqliteStore
+from turnwire_server.tools.mcp_server import mcp_tool_idempotent
 
 OUTPUT = message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE
 ERROR = message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR
@@ -215,3 +217,24 @@ async def test_a_call_whose_start_cannot_be_stored_is_not_run(
     (error,) = of_kind(events, "tool_output_error")
     assert "its start could not be stored" in error.error_text
     assert "disk gone" not in error.error_text
+
+
+@pytest.mark.parametrize(
+    ("annotations", "idempotent"),
+    [
+        (None, False),
+        ({"idempotentHint": True}, True),
+        ({"readOnlyHint": True}, True),
+        ({"idempotentHint": False, "destructiveHint": True}, False),
+        ({"title": "Charge"}, False),
+    ],
+)
+def test_an_mcp_tool_is_idempotent_when_its_annotations_say_so(
+    annotations: dict[str, Any] | None, idempotent: bool
+) -> None:
+    """docs/tools.md, "Tool effects by tool home": MCP's ``idempotentHint`` (no further effect
+    when called again) or ``readOnlyHint`` (no effect at all)."""
+    listed = mcp_types.Tool.model_validate(
+        {"name": "charge", "inputSchema": {"type": "object"}, "annotations": annotations}
+    )
+    assert mcp_tool_idempotent(listed) is idempotent

@@ -255,7 +255,11 @@ class McpServer:
                         log.warning("MCP server %r: tool %r left out: %s", self.name, listed.name, problem)
                         continue
                     tools[listed.name] = McpTool(
-                        self, listed.name, listed.description or "", schema, idempotent=_idempotent(listed)
+                        self,
+                        listed.name,
+                        listed.description or "",
+                        schema,
+                        idempotent=mcp_tool_idempotent(listed),
                     )
                 cursor = page.next_cursor
                 if cursor is None:
@@ -270,7 +274,7 @@ class McpServer:
         return f"McpServer({self.name!r})"
 
 
-def _idempotent(listed: Any) -> bool:
+def mcp_tool_idempotent(listed: Any) -> bool:
     """Whether a listed MCP tool (an ``mcp_types.Tool``) declares that calling it again has no
     further effect: its ``annotations`` say ``readOnlyHint`` (no effect at all) or
     ``idempotentHint`` (MCP's "calling it repeatedly with the same arguments has no additional
@@ -289,7 +293,7 @@ class McpTool:
     """A tool of an :class:`McpServer` (see the module docstring); a ``turnwire.tools.Tool``.
 
     ``timeout_seconds`` is the server entry's ``timeout_seconds``, else the sidecar's tool timeout;
-    ``idempotent`` what the listing's annotations say (:func:`_idempotent`).
+    ``idempotent`` what the listing's annotations say (:func:`mcp_tool_idempotent`).
     Raises :class:`~turnwire.tools.ToolError` for an ``isError`` result (the text of its content),
     an MCP error, a transport failure (the session is then restarted) and a server that is not
     connected. A call refused because the server no longer knows the session (HTTP 404) is sent
