@@ -9,10 +9,15 @@ from __future__ import annotations
 import datetime as dt
 
 from turnwire_server.engine.engine import TurnEngine
+from turnwire_server.engine.subagents import CHILD_MARK
 
 
 async def delete_conversation(
-    engine: TurnEngine, conversation_id: str, *, updated_before: dt.datetime | None = None
+    engine: TurnEngine,
+    conversation_id: str,
+    *,
+    updated_before: dt.datetime | None = None,
+    children: bool = True,
 ) -> bool:
     """Delete ``conversation_id`` with everything stored of it; False when nothing was stored.
 
@@ -23,7 +28,9 @@ async def delete_conversation(
     turn, or updated since ``updated_before``, is left alone (False).
 
     The delete runs under the conversation's turn lock, so no turn can store input into it
-    meanwhile; a turn admitted later starts a fresh conversation. Raises
+    meanwhile; a turn admitted later starts a fresh conversation. With ``children`` (the default)
+    the sub-agents' child conversations of a deleted conversation go with it
+    (:func:`delete_children`; docs/subagents.md). Raises
     :class:`~turnwire_server.store.base.StoreError` when the store fails.
     """
     store = engine.store
@@ -43,4 +50,22 @@ async def delete_conversation(
             record = await store.get_conversation(conversation_id)
             if record is None or record.update_time >= updated_before:
                 return False
-        return await store.delete_conversation(conversation_id)
+        deleted = await store.delete_conversation(conversation_id)
+    if children:
+        deleted = await delete_children(engine, conversation_id) > 0 or deleted
+    return deleted
+
+
+async def delete_children(engine: TurnEngine, conversation_id: str) -> int:
+    """Delete the sub-agents' child conversations of ``conversation_id``, every level (their ids
+    start with its own and :data:`~turnwire_server.engine.subagents.CHILD_MARK`), each as
+    ``DeleteConversation`` deletes (its turns cancelled first); returns how many went. Raises
+    :class:`~turnwire_server.store.base.StoreError`."""
+    prefix = f"{conversation_id}{CHILD_MARK}"
+    deleted = 0
+    while True:
+        records, _ = await engine.store.list_conversations(100, "", id_prefix=prefix)
+        went = [r for r in records if await delete_conversation(engine, r.conversation_id, children=False)]
+        deleted += len(went)
+        if not went:  # none left (or none that would go: never loop on it)
+            return deleted
