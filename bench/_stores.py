@@ -1,14 +1,17 @@
-"""What the store benches share (``fencing_cost.py``, ``budget_cost.py``): both stores opened side
-by side, and the PostgreSQL server's CPU spent for a database (the backends' own time, which the
-client's CPU does not show)."""
+"""What the store benches share (``fencing_cost.py``, ``budget_cost.py``, ``tool_start_cost.py``):
+both stores opened side by side, the PostgreSQL server's CPU spent for a database (the backends'
+own time, which the client's CPU does not show), a timed block of requests and the table of arms."""
 
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from support.stores import postgres_database
@@ -54,3 +57,78 @@ def backend_cpu_s(url: str) -> float:
         except (OSError, IndexError):
             pass
     return total / _TICKS
+
+
+async def timed_block(
+    run: Callable[[int], Awaitable[None]], *, turns: int, url: str | None, base: int
+) -> tuple[list[float], list[float], float]:
+    """``run(base + n)`` for ``n`` in ``range(turns)`` (one request each): each one's client CPU
+    (``time.process_time``) and wall, and the PostgreSQL server's CPU per request over the block
+    (``url``'s backends; 0 without a URL), in µs."""
+    server_before = backend_cpu_s(url) if url else 0.0
+    cpu, wall = [], []
+    for n in range(turns):
+        cpu_before, wall_before = time.process_time(), time.perf_counter()
+        await run(base + n)
+        cpu.append((time.process_time() - cpu_before) * 1e6)
+        wall.append((time.perf_counter() - wall_before) * 1e6)
+    server = ((backend_cpu_s(url) - server_before) / turns * 1e6) if url else 0.0
+    return cpu, wall, server
+
+
+def print_arms(
+    samples: Mapping[tuple[str, str], tuple[list[float], list[float], list[float]]],
+    arms: Sequence[str],
+    allowance_us: float,
+) -> None:
+    """The table of ``samples`` (``(store, arm)`` → client CPU and wall per request, server CPU
+    per request per block, µs): medians, and what each arm adds to the first one's CPU (client
+    plus server) against ``allowance_us`` (PASS or MISS)."""
+    print(
+        "| store | arm | client CPU µs/request | server CPU µs/request | wall µs/request "
+        f"| added CPU µs/request (client + server) | ≤ {allowance_us:.0f} µs |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name in dict.fromkeys(store for store, _ in samples):
+        first = samples[(name, arms[0])]
+        base_total = statistics.median(first[0]) + statistics.median(first[2])
+        for arm in arms:
+            cpu, wall, server = (statistics.median(values) for values in samples[(name, arm)])
+            row = f"| {name} | {arm} | {cpu:.0f} | {server:.0f} | {wall:.0f} "
+            if arm == arms[0]:
+                print(row + "| – | – |")
+                continue
+            added = cpu + server - base_total
+            print(row + f"| {added:.0f} | {'PASS' if added <= allowance_us else 'MISS'} |")
+
+
+Samples = dict[tuple[str, str], tuple[list[float], list[float], list[float]]]
+"""``(store, arm)`` → client CPU and wall per request, server CPU per request per block (µs)."""
+
+
+async def interleaved(
+    stores: Sequence[tuple[str, object, str | None]],
+    arms: Sequence[str],
+    run: Callable[[Any, str], Callable[[int], Awaitable[None]]],
+    *,
+    rounds: int,
+    block: int,
+    warm: int = 10,
+) -> Samples:
+    """Blocks of ``block`` requests of each arm on each of ``stores`` (name, store, PostgreSQL URL
+    or None), ``rounds`` times, each round in another order of the arms, so a change of load hits
+    every arm alike; ``warm`` requests of each arm first (imports, caches, statement caches), not
+    kept. ``run(store, arm)`` runs request ``n`` when called with ``n``."""
+    samples: Samples = {}
+    for _, store, url in stores:
+        for arm in arms:
+            await timed_block(run(store, arm), turns=warm, url=url, base=-10 * warm)
+    for r in range(rounds):
+        for name, store, url in stores:
+            for arm in [*arms[r % len(arms) :], *arms[: r % len(arms)]]:
+                cpu, wall, server = await timed_block(run(store, arm), turns=block, url=url, base=r * block)
+                kept = samples.setdefault((name, arm), ([], [], []))
+                kept[0].extend(cpu)
+                kept[1].extend(wall)
+                kept[2].append(server)
+    return samples

@@ -214,24 +214,33 @@ async def test_the_tool_host_lists_runs_streams_and_fails_tools(channel: grpc.ai
 async def test_a_cancelled_call_cancels_the_tool(channel: grpc.aio.Channel) -> None:
     stub = tools_pb2_grpc.ToolExecutorServiceStub(channel)
     call = stub.ExecuteTool(
-        tools_pb2.ExecuteToolRequest(tool_name="wait_forever", tool_call_id="c7", idempotency_key="tw-k-1")
+        tools_pb2.ExecuteToolRequest(
+            tool_name="wait_forever", tool_call_id="c7", idempotency_key="tw-k-1", rerun=True
+        )
     )
     reading = asyncio.ensure_future(call.read())
     await wait_until(lambda: any(e.tool_call_id == "c7" for e in started), what="the tool's start")
     call.cancel()
     executions = await wait_until(lambda: list(cancelled), what="the tool's cancellation")
     assert executions[0].tool_call_id == "c7" and executions[0].idempotency_key == "tw-k-1"
+    assert executions[0].rerun, "a re-run after a crash is told so (docs/semantics.md §8)"
     assert executions[0].cancelled.is_set()
     reading.cancel()
 
 
 def test_tool_specs_carry_approval_and_timeout_and_refuse_what_cannot_cross() -> None:
     guarded = PythonTool(
-        "guarded", "Needs approval.", lambda i, e: None, input_schema={"type": "object"}, needs_approval=True
+        "guarded",
+        "Needs approval.",
+        lambda i, e: None,
+        input_schema={"type": "object"},
+        needs_approval=True,
+        idempotent=True,
     )
     guarded.timeout_seconds = 2.5  # type: ignore[attr-defined]
     spec = tool_spec(guarded)
     assert spec.requires_approval and spec.timeout.seconds == 2 and spec.timeout.nanos == 500_000_000
+    assert spec.idempotent
     by_input = PythonTool(
         "by_input", "", lambda i, e: None, input_schema={"type": "object"}, needs_approval=lambda i: True
     )

@@ -338,3 +338,25 @@ async def test_a_submission_keeps_the_place_reserved_for_it(
     assert await store.reserve_place("c", "s2", owner="me", lease_seconds=30, only_if_idle=True) == "s1"
     if store_backend.name == "postgres":
         assert store_backend.sql("SELECT request_id, owner FROM turn_queue") == [("s1", "")]
+
+
+# ----------------------------------------------------------------------------- tool starts
+
+
+async def test_a_tool_calls_started_and_interrupted_marks_are_stored(store: Store) -> None:
+    """docs/semantics.md §8, "Tool effects": the started record rides the reply's checkpoint
+    (``save_message``) and its final write (``finish_turn``), read back exactly by a new reader."""
+    await store.start_turn(_turn("r1"), [_user("u1")])
+    reply = message_pb2.Message(id="tw-a-r1", role=message_pb2.ROLE_ASSISTANT)
+    call = reply.parts.add().tool_call
+    call.tool_call_id, call.tool_name, call.input_json = "c1", "send", "{}"
+    call.state = message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE
+    call.started = True
+    await store.save_message("c", reply)
+    (stored,) = [m for m in await store.load_messages("c") if m.id == "tw-a-r1"]
+    assert stored.parts[0].tool_call.started and not stored.parts[0].tool_call.interrupted
+    call.state, call.error_text, call.interrupted = message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR, "gone", True
+    await store.finish_turn(dataclasses.replace(_turn("r1"), state="completed", end_time=T0), reply)
+    (stored,) = [m for m in await store.load_messages("c") if m.id == "tw-a-r1"]
+    assert stored == reply
+    assert stored.parts[0].tool_call.started and stored.parts[0].tool_call.interrupted

@@ -177,3 +177,11 @@ ABORTED_TOOL_ERROR = "The tool call was aborted before it finished."
 
 INTERRUPTED_TOOL_ERROR = "The tool call was interrupted before a result was recorded."
 """The result given to a tool call found without one (docs/semantics.md §8)."""
+
+INTERRUPTED_RUNNING_TOOL_ERROR = (
+    "The tool call was interrupted while it ran, before a result was recorded: its effect may or "
+    "may not have happened, and it was not run again."
+)
+"""The result of a call that was started (``ToolCallPart.started``) and has no result when its
+process died, and whose tool is not idempotent, so it is not run again: the model reads that its
+effect is unknown (docs/semantics.md §8, "Tool effects"). Marked ``ToolCallPart.interrupted``."""

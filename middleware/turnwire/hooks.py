@@ -262,6 +262,9 @@ class ToolCallContext:
     ``input`` is the parsed JSON object (after any earlier middleware's
     ``allow(input=…)``); ``cancelled`` is set when the turn is cancelled; ``messages`` the
     step's request, read-only (copies on read; changes to them are dropped).
+    ``idempotency_key`` is the call's key, the one its tool gets (docs/tools.md, "Idempotency
+    keys"); ``rerun`` is True when the call runs again after a crash interrupted it while it ran
+    (its tool is idempotent; docs/semantics.md §8, "Tool effects").
     """
 
     conversation_id: str
@@ -272,6 +275,8 @@ class ToolCallContext:
     step_number: int
     messages: Sequence[message_pb2.Message]
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    idempotency_key: str = ""
+    rerun: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +304,7 @@ class ToolCallDecision:
         return cls(action="substitute", output=output)
 
 
-ToolCallOutcome = Literal["executed", "blocked", "substituted", "failed"]
+ToolCallOutcome = Literal["executed", "blocked", "substituted", "failed", "interrupted"]
 """How a tool call's result came about (``ToolCallResultContext.outcome``)."""
 
 
@@ -311,7 +316,12 @@ class ToolCallResultContext:
     execution in milliseconds; ``success`` is true for real results, blocks
     and substitutes, false when the tool or ``before_tool_call`` raised.
     ``outcome`` says which: ``executed`` (the tool ran and returned),
-    ``blocked`` or ``substituted`` (a ``before_tool_call`` decision), ``failed``.
+    ``blocked`` or ``substituted`` (a ``before_tool_call`` decision), ``failed``, or
+    ``interrupted``: the call was running when its process died and was not run again (its tool
+    is not idempotent), so its effect may or may not have happened; ``success`` is False, ``error``
+    the interrupted text the model reads, ``duration_ms`` 0, and no ``before_tool_call`` preceded
+    it in this process. ``rerun`` is True for a call run again after such a crash (its tool is
+    idempotent; docs/semantics.md §8, "Tool effects"); ``idempotency_key`` is the call's key.
     """
 
     conversation_id: str
@@ -325,6 +335,8 @@ class ToolCallResultContext:
     output: Any = None
     error: str | None = None
     outcome: ToolCallOutcome = "executed"
+    rerun: bool = False
+    idempotency_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)

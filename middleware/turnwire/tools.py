@@ -81,6 +81,10 @@ class ToolExecution:
     after ``tw-k-``; "" when the caller gave none): hand it to what the tool changes (a payment
     API's ``Idempotency-Key``, a unique column) so that a call made again has its effect once
     (docs/tools.md, "Idempotency keys").
+
+    ``rerun`` is True when this call runs again after a crash interrupted it while it ran: only
+    for a tool that declared itself idempotent (:func:`is_idempotent`), with the same
+    ``idempotency_key`` as before (docs/semantics.md §8, "Tool effects").
     """
 
     tool_call_id: str
@@ -89,6 +93,7 @@ class ToolExecution:
     step_number: int
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     idempotency_key: str = ""
+    rerun: bool = False
 
 
 class ToolError(DomainError):
@@ -122,7 +127,10 @@ class Tool(Protocol):
     ``client_executed = True`` for a tool the client runs (:class:`ClientTool`).
     And ``timeout_seconds`` (a float, read with :func:`tool_timeout`): how long one call may
     run, instead of the sidecar's ``limits.tool_timeout_seconds`` (a remote tool's declared
-    timeout, for example).
+    timeout, for example). And ``idempotent = True`` (read with :func:`is_idempotent`): running a
+    call again with the same ``ToolExecution.idempotency_key`` has its effect once, so a call that
+    was running when the process died is run again on recovery (docs/semantics.md §8, "Tool
+    effects").
     """
 
     name: str
@@ -157,6 +165,14 @@ def tool_timeout(tool: Tool, default: float) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
         return float(value)
     return default
+
+
+def is_idempotent(tool: Tool) -> bool:
+    """True when ``tool`` declares that a call run again with the same idempotency key has its
+    effect once (its ``idempotent`` attribute; absent: False). Such a call, interrupted by a crash
+    while it ran, is run again on recovery; any other gets the interrupted result
+    (docs/semantics.md §8, "Tool effects")."""
+    return getattr(tool, "idempotent", False) is True
 
 
 def is_client_executed(tool: Tool) -> bool:
@@ -239,7 +255,9 @@ class PythonTool:
 
     ``needs_approval`` (a bool, or a function of the call's input returning one) makes a
     call wait in ``approval-requested`` for the client's answer before it runs
-    (docs/semantics.md §6).
+    (docs/semantics.md §6). ``idempotent`` declares that a call run again with the same
+    ``ToolExecution.idempotency_key`` has its effect once: a call a crash interrupted while it ran
+    is then run again on recovery (docs/semantics.md §8, "Tool effects").
 
     Raises :class:`ValueError` when neither or both of ``input_model`` and
     ``input_schema`` are given, and when ``isolation="process"`` is given an
@@ -257,6 +275,7 @@ class PythonTool:
         isolation: Isolation = "thread",
         max_workers: int = DEFAULT_MAX_WORKERS,
         needs_approval: NeedsApproval = False,
+        idempotent: bool = False,
     ) -> None:
         if (input_model is None) == (input_schema is None):
             raise ValueError(f"tool {name!r}: give exactly one of input_model or input_schema")
@@ -274,6 +293,7 @@ class PythonTool:
         self.max_workers = max_workers
         #: Whether a call waits for the client's approval (docs/semantics.md §6).
         self.needs_approval: NeedsApproval = needs_approval
+        self.idempotent = idempotent
         self._runs_on_loop = _is_async(function)
         self._reference: tuple[str, str] | None = None
         self._pool: ProcessPool | None = None
@@ -330,6 +350,7 @@ class PythonTool:
             "request_id": execution.request_id,
             "step_number": execution.step_number,
             "idempotency_key": execution.idempotency_key,
+            "rerun": execution.rerun,
         }
         try:
             payload = pickle.dumps((argument, copy))
@@ -429,6 +450,7 @@ def tool(
     isolation: Isolation = "thread",
     max_workers: int = DEFAULT_MAX_WORKERS,
     needs_approval: NeedsApproval = False,
+    idempotent: bool = False,
 ) -> Callable[[Callable[[Any, ToolExecution], Any]], PythonTool]:
     """Decorator: turn ``def f(input: Model, execution) -> ...`` (or ``async def``) into a
     :class:`PythonTool`.
@@ -437,7 +459,10 @@ def tool(
     A synchronous function runs in a worker thread, or with
     ``isolation="process"`` in a worker process that a timeout kills; an async
     one runs on the event loop and must not block it (see :class:`PythonTool`).
-    ``needs_approval`` makes its calls wait for the client's approval (docs/semantics.md §6).
+    ``needs_approval`` makes its calls wait for the client's approval (docs/semantics.md §6);
+    ``idempotent=True`` declares that a call run again with the same idempotency key has its
+    effect once, so a call a crash interrupted while it ran is run again on recovery
+    (docs/semantics.md §8, "Tool effects").
     """
 
     def wrap(function: Callable[[Any, ToolExecution], Any]) -> PythonTool:
@@ -449,6 +474,7 @@ def tool(
             isolation=isolation,
             max_workers=max_workers,
             needs_approval=needs_approval,
+            idempotent=idempotent,
         )
 
     return wrap

@@ -12,7 +12,9 @@ exits mid-call), ``pid()`` and ``text(size)`` (``size`` characters; the SDK send
 result: a text block and ``structuredContent``), ``sales_chart()`` (the content blocks of
 ``tests/providers/cases_extra/mcp/tool_result_media.json``: text, an image, audio, a PDF and a text
 resource, a resource link), ``idempotency_key()`` (the ``dev.turnwire/idempotency-key`` of the
-call's ``_meta``, "" when none).
+call's ``_meta``, "" when none), ``charge()`` (annotated ``idempotentHint``: appends ``charge
+<key>`` to the record file; waits until cancelled unless that key was recorded before, so a
+call a crash interrupted answers when it is run again).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult
+from mcp.types import CallToolResult, ToolAnnotations
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 app = MCPServer("turnwire-test-tools")
@@ -50,6 +52,18 @@ def idempotency_key(ctx: Context) -> str:
     """The idempotency key the client put in the call's ``_meta``."""
     meta: Any = ctx.request_context.meta or {}
     return str(meta.get("dev.turnwire/idempotency-key", ""))
+
+
+@app.tool(annotations=ToolAnnotations(idempotent_hint=True))
+async def charge(ctx: Context) -> str:
+    """An idempotent effect keyed by the call's idempotency key."""
+    meta: Any = ctx.request_context.meta or {}
+    key = str(meta.get("dev.turnwire/idempotency-key", ""))
+    seen = RECORD[0].exists() and f"charge {key}" in RECORD[0].read_text().splitlines()
+    _note(f"charge {key}")
+    if not seen:
+        await asyncio.Event().wait()
+    return f"charged {key}"
 
 
 @app.tool()

@@ -40,6 +40,12 @@ type Tool[In, Out any] struct {
 	// Timeout bounds one call (the sidecar's deadline, which cancels ctx);
 	// zero: the sidecar's tool timeout.
 	Timeout time.Duration
+	// Idempotent declares that running a call again with the same
+	// Call.IdempotencyKey has its effect once: a call that was running when
+	// the sidecar died is then run again on recovery (Call.Rerun set);
+	// otherwise the model gets the interrupted result (docs/semantics.md §8,
+	// "Tool effects").
+	Idempotent bool
 	// Run runs one call. Its result is encoded as encoding/json does (numbers
 	// exact). An error is a tool error whose text (err.Error()) the model reads,
 	// and the turn goes on; the call itself ends OK, as the contract asks.
@@ -73,7 +79,7 @@ func (t Tool[In, Out]) spec() (*turnwirev1.ToolSpec, error) {
 	if input["type"] != "object" {
 		return nil, fmt.Errorf("kit: tool %q: the input type must be a JSON object (a struct or a map), not %T", t.Name, *new(In))
 	}
-	spec := &turnwirev1.ToolSpec{Name: t.Name, Description: t.Description, RequiresApproval: t.RequiresApproval}
+	spec := &turnwirev1.ToolSpec{Name: t.Name, Description: t.Description, RequiresApproval: t.RequiresApproval, Idempotent: t.Idempotent}
 	if spec.InputSchema, err = structpb.NewStruct(input); err != nil {
 		return nil, fmt.Errorf("kit: tool %q: input schema: %w", t.Name, err)
 	}
@@ -145,6 +151,9 @@ type Call struct {
 	// what the tool changes so that a call made again has its effect once
 	// (docs/tools.md, "Idempotency keys").
 	IdempotencyKey string
+	// Rerun is true when the call runs again after a crash interrupted it
+	// while it ran (the tool is Idempotent): same IdempotencyKey as before.
+	Rerun bool
 	// InputJSON is the input as the sidecar sent it (compact JSON text).
 	InputJSON string
 

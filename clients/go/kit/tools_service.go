@@ -54,6 +54,7 @@ func (s *toolsService) ExecuteTool(request *turnwirev1.ExecuteToolRequest, strea
 		ToolName:       request.GetToolName(),
 		StepNumber:     int(request.GetStepNumber()),
 		IdempotencyKey: request.GetIdempotencyKey(),
+		Rerun:          request.GetRerun(),
 		InputJSON:      request.GetInputJson(),
 		send:           stream.Send,
 	}

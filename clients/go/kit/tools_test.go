@@ -64,6 +64,7 @@ var crash = kit.Tool[struct{}, string]{
 	Name:             "crash",
 	Description:      "Panics.",
 	RequiresApproval: true,
+	Idempotent:       true,
 	Run: func(context.Context, *kit.Call, struct{}) (string, error) {
 		panic("a bug in the tool")
 	},
@@ -115,6 +116,9 @@ func TestListTools(t *testing.T) {
 	}
 	if addSpec.GetDescription() != "Add two integers exactly." || addSpec.GetTimeout() != nil || addSpec.GetRequiresApproval() {
 		t.Errorf("add: %v", addSpec)
+	}
+	if addSpec.GetIdempotent() || !crashSpec.GetIdempotent() {
+		t.Errorf("add's idempotent %v, crash's %v", addSpec.GetIdempotent(), crashSpec.GetIdempotent())
 	}
 	if countSpec.GetTimeout().AsDuration() != 1500*time.Millisecond || !crashSpec.GetRequiresApproval() {
 		t.Errorf("count's timeout %v, crash's approval %v", countSpec.GetTimeout(), crashSpec.GetRequiresApproval())
@@ -211,7 +215,7 @@ func TestACancelledToolCallCancelsItsContext(t *testing.T) {
 	defer cancel()
 	stream, err := client.ExecuteTool(ctx, &turnwirev1.ExecuteToolRequest{
 		ToolName: "slow", ConversationId: "c", RequestId: "r", ToolCallId: "call_0_0", StepNumber: 2,
-		IdempotencyKey: "tw-k-0123456789abcdef0123456789abcdef", InputJson: "{}",
+		IdempotencyKey: "tw-k-0123456789abcdef0123456789abcdef", InputJson: "{}", Rerun: true,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -222,7 +226,8 @@ func TestACancelledToolCallCancelsItsContext(t *testing.T) {
 	}
 	call := wait(t, started, "the call")
 	if call.ConversationID != "c" || call.RequestID != "r" || call.ToolCallID != "call_0_0" || call.ToolName != "slow" ||
-		call.StepNumber != 2 || call.IdempotencyKey != "tw-k-0123456789abcdef0123456789abcdef" || call.InputJSON != "{}" {
+		call.StepNumber != 2 || call.IdempotencyKey != "tw-k-0123456789abcdef0123456789abcdef" || call.InputJSON != "{}" ||
+		!call.Rerun {
 		t.Errorf("call %+v", call)
 	}
 	cancel()

@@ -14,7 +14,8 @@ and how a tool says it:
 - **cancellation**: when the turn is cancelled or the call's deadline passes, the sidecar cancels
   the RPC; the tool's task gets ``asyncio.CancelledError`` and ``ToolExecution.cancelled`` is set;
 - ``needs_approval`` (a bool) becomes ``requires_approval``, ``timeout_seconds`` the spec's
-  ``timeout``, ``ExecuteToolRequest.idempotency_key`` is ``ToolExecution.idempotency_key``;
+  ``timeout``, ``idempotent`` the spec's ``idempotent``; ``ExecuteToolRequest.idempotency_key``
+  and ``rerun`` are ``ToolExecution.idempotency_key`` and ``rerun``;
   :func:`turnwire.kit.call_info` gives the call's metadata and trace context.
 """
 
@@ -29,7 +30,7 @@ from typing import Any
 from google.protobuf import duration_pb2, json_format, struct_pb2
 
 from turnwire.kit import calls
-from turnwire.tools import TOOL_NAME_PATTERN, Tool, ToolExecution
+from turnwire.tools import TOOL_NAME_PATTERN, Tool, ToolExecution, is_idempotent
 from turnwire.values import dumps, parse_tool_input
 from turnwire_client.v1 import tools_pb2, tools_pb2_grpc
 
@@ -48,7 +49,12 @@ def tool_spec(tool: Tool) -> tools_pb2.ToolSpec:
     approval = getattr(tool, "needs_approval", False)
     if not isinstance(approval, bool):
         raise ValueError(f"tool {tool.name!r}: a tool host's needs_approval is True or False, not a function")
-    spec = tools_pb2.ToolSpec(name=tool.name, description=tool.description, requires_approval=approval)
+    spec = tools_pb2.ToolSpec(
+        name=tool.name,
+        description=tool.description,
+        requires_approval=approval,
+        idempotent=is_idempotent(tool),
+    )
     spec.input_schema.CopyFrom(json_format.ParseDict(dict(tool.input_schema), struct_pb2.Struct()))
     timeout = getattr(tool, "timeout_seconds", None)
     if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0:
@@ -88,6 +94,7 @@ class ToolHost(tools_pb2_grpc.ToolExecutorServiceServicer):
             request_id=request.request_id,
             step_number=request.step_number,
             idempotency_key=request.idempotency_key,
+            rerun=request.rerun,
         )
         try:
             result = await tool.execute(input, execution)

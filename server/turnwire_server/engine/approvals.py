@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from turnwire import types as chunks
 from turnwire.values import tool_call_input
@@ -36,6 +36,19 @@ def announce_denials(state: TurnWorkingState) -> None:
         event.tool_call_id = denial.tool_call_id
         event.tool_name = denial.tool_name
         event.reason = denial.reason
+
+
+def _saver(
+    store: TurnStore, state: TurnWorkingState, message: message_pb2.Message
+) -> Callable[[], Awaitable[bool]]:
+    """What stores ``message`` (an earlier reply whose approved calls run, marked ``started``)
+    before they run (docs/semantics.md §8, "Tool effects")."""
+
+    async def save() -> bool:
+        await store.save_message(state.request.conversation_id, message, lease=state.lease)
+        return True
+
+    return save
 
 
 async def run_approved_calls(
@@ -70,6 +83,7 @@ async def run_approved_calls(
         ]
         original = AssistantMessage.resume(message)
         runner = runner_for(dataclasses.replace(state, assistant=original, step_messages=messages))
+        runner.record_start = _saver(store, state, message)
         for call in approved:
             chunk = chunks.ToolCall(
                 call.tool_call_id, call.tool_name, tool_call_input(call), raw_input=call.input_json

@@ -93,6 +93,24 @@ class Checkpointer:
         self._last = time.monotonic()
         return self._snapshot()
 
+    async def store_now(self) -> bool:
+        """Store the reply as it is now and return once it is stored: the checkpoint that carries
+        a step's tool calls marked ``started`` before they run (docs/semantics.md §8, "Tool
+        effects"); it counts as the interval's checkpoint (one write for all the step's calls).
+        False when nothing was stored because checkpointing stopped (the turn is ending, or
+        another replica took it over: ``lost`` is told). Raises what the store raised."""
+        snapshot = await self.take()
+        if snapshot is None:
+            return False
+        try:
+            await self._save(snapshot)
+        except LeaseLost as error:
+            self._closed = True
+            if self._lost is not None:
+                self._lost(error)
+            return False
+        return True
+
     async def _write(self, snapshot: message_pb2.Message) -> None:
         try:
             await self._save(snapshot)

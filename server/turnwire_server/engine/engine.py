@@ -43,7 +43,7 @@ from turnwire_server.engine.resume import replay
 from turnwire_server.engine.settings import EngineSettings
 from turnwire_server.engine.stream_log import RECOVERY_SEQUENCE_GAP, StreamLog, Subscription
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
-from turnwire_server.engine.transcript import repair_unresolved_tool_calls
+from turnwire_server.engine.transcript import mark_unknown_starts, repair_unresolved_tool_calls
 from turnwire_server.engine.turn import ErrorStatus, Recovery, TurnRun
 from turnwire_server.engine.turn_slots import UNCOUNTED, TurnSlots
 from turnwire_server.engine.turn_spec import parse_spec
@@ -645,18 +645,22 @@ class TurnEngine:
         slots = self._recovery_slots
         messages = await self.store.load_messages(turn.conversation_id)
         stored = next((m for m in messages if m.id == turn.assistant_message_id), None)
+        problem = self._unrecoverable(turn, resume)
+        spec = parse_spec(turn.spec or "") if problem is None else None
         reply = None
         if stored is not None:
             reply = message_pb2.Message()  # the store's messages are shared: repair a copy
             reply.CopyFrom(stored)
-            repair_unresolved_tool_calls([reply])
+            # A recovery decides its calls without a result once it knows their tools
+            # (interrupted_calls); a turn left interrupted gives them their interrupted result.
+            repair_unresolved_tool_calls([reply], keep_runnable=spec is not None)
+            if spec is not None and not spec.tool_starts:
+                mark_unknown_starts(reply)
             if not any(p.WhichOneof("kind") != "step_start" for p in reply.parts):
                 reply = None
         stream = await self.store.get_stream(turn.request_id)
         last_sequence = stream.last_sequence_number if stream is not None else 0
-        problem = self._unrecoverable(turn, resume)
-        if problem is None:
-            spec = parse_spec(turn.spec or "")
+        if spec is not None:
             record = dataclasses.replace(turn, recovery_count=turn.recovery_count + 1)
             await self.store.finish_turn(record, reply)
             request = TurnRequest(
@@ -690,6 +694,7 @@ class TurnEngine:
                 "continuing its reply" if reply is not None else "re-running it",
             )
             return
+        assert problem is not None  # no spec: not recoverable
         error = self.error_status(problem, "turn")
         record = dataclasses.replace(
             turn, state="interrupted", end_time=dt.datetime.now(dt.UTC), error=error.SerializeToString()

@@ -16,8 +16,10 @@ call) never destroys such a call while the client may still answer it:
   expiry (:func:`expired_text`), stored;
 - an approved call (``approval-responded``, approved) is left for the turn to run
   before its first model call (:mod:`turnwire_server.engine.approvals`);
-- every other call without a result (interrupted) gets
-  :data:`~turnwire.errors.INTERRUPTED_TOOL_ERROR`, as before.
+- every other call without a result (interrupted) gets its interrupted result
+  (:func:`~turnwire_server.engine.transcript.interrupt_call`: whether it was started decides
+  the text and ``interrupted``; a recovery of its own turn may run it instead, §8 "Tool
+  effects").
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 
-from turnwire.errors import INTERRUPTED_TOOL_ERROR
 from turnwire_client.v1 import message_pb2
 from turnwire_server.cache_budget import CACHES, CacheBudget
+from turnwire_server.engine.transcript import interrupt_call
 from turnwire_server.store.waiting_calls import close_call, deny_call, expired_text, is_waiting
 
 MOVED_PAST_TOOL_ERROR = (
@@ -166,13 +168,15 @@ def repair_pending(
             elif call.state == message_pb2.TOOL_CALL_STATE_APPROVAL_RESPONDED:
                 error = None  # a denial
             else:
-                error = INTERRUPTED_TOOL_ERROR
+                error = ""  # interrupted
             if copy is None:
                 copy = message_pb2.Message()
                 copy.CopyFrom(message)
             target = copy.parts[position].tool_call
             if error is None:
                 deny_call(target, target.approval.reason)
+            elif not error:
+                interrupt_call(target)
             else:
                 close_call(target, error)
         if copy is not None:

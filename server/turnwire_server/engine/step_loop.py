@@ -46,6 +46,7 @@ from turnwire_server.engine.compaction import Compactor, input_start
 from turnwire_server.engine.continuation import continued
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
 from turnwire_server.engine.ids import conversation_cache_key
+from turnwire_server.engine.interrupted_calls import resume_interrupted_calls
 from turnwire_server.engine.output_clamp import ClampedStep, clamped_step
 from turnwire_server.engine.pending_calls import OpenCalls, repair_pending, with_pending_placeholders
 from turnwire_server.engine.settings import EngineSettings
@@ -126,6 +127,10 @@ class StepLoop:
         open_calls = OpenCalls.find(
             history, reply_id=turn.assistant.message.id, conversation_id=request.conversation_id
         )
+        if turn.continue_reply:
+            # A recovery's reply is the turn's own (turn.assistant): its open calls are decided
+            # once the tools are known (interrupted_calls), never repaired as another turn's.
+            open_calls = open_calls.without_reply()
         # Calls the client may still answer are kept (docs/semantics.md §8, pending_calls).
         repaired = repair_pending(
             open_calls,
@@ -180,6 +185,8 @@ class StepLoop:
                 if ran:  # the messages with results replace the ones held elsewhere too
                     turn.view = _replaced(turn.view, ran)
                     ctx = dataclasses.replace(ctx, messages=_replaced(ctx.messages, ran))
+                # A recovery's calls a crash left without a result: run, re-run or interrupted (§8).
+                await resume_interrupted_calls(turn, self._runner_for(config))
                 await self._steps(ctx, config, timeout, open_calls)
         except TimeoutError:
             raise TurnFailure(
@@ -447,7 +454,9 @@ class StepLoop:
                 # A call waiting for the client ends the turn after its step (§6). The final
                 # write follows at once: no checkpoint of the last step.
                 break
-            if self.budgets is None or not self.budgets.writes:
+            if (self.budgets is None or not self.budgets.writes) and not runner.start_stored:
+                # A step whose calls were stored as started had its checkpoint then (§8, "Tool
+                # effects"): their results armed the interval's timer, no write of its own.
                 turn.checkpoints.now()
             # Else the next step's reservation stores it (one transaction for both); a turn
             # that ends before (a hook, a compaction failed) stores its reply in its final write.

@@ -4,6 +4,10 @@ Calls start in the order the model emitted them and run concurrently; result
 events and ``after_tool_call`` come in completion order; the stored message
 keeps emission order (docs/semantics.md §3). Decisions and error
 rules are that section's ``before_tool_call`` table.
+
+Before a step's calls run (before ``before_tool_call``), each is marked ``started`` and the reply
+is stored once for all of them (the step's checkpoint): a call found started without a result
+after a crash may have had its effect (docs/semantics.md §8, "Tool effects").
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from turnwire import types as chunks
-from turnwire.errors import ABORTED_TOOL_ERROR
+from turnwire.errors import ABORTED_TOOL_ERROR, INTERRUPTED_RUNNING_TOOL_ERROR
 from turnwire.hooks import (
     ChunkContext,
     RepairToolCall,
@@ -54,7 +58,10 @@ class ToolCallRunner:
     ``tool_timeout_seconds`` bounds each execution (a tool's own ``timeout_seconds`` replaces it);
     ``wait_for_reader`` is awaited after a result when the client is behind (backpressure); ``repair`` is the
     turn's ``repair_tool_call`` (or None); ``max_output_bytes`` bounds a result's
-    JSON text (0: no bound; a larger result becomes the call's error).
+    JSON text (0: no bound; a larger result becomes the call's error). ``record_start`` stores the
+    message that holds the calls (their ``started`` marks) and returns once it is stored, False
+    when it could not be (the turn is ending or was taken over); default: the turn's checkpoint
+    (:meth:`Checkpointer.store_now`).
     """
 
     def __init__(
@@ -66,16 +73,21 @@ class ToolCallRunner:
         *,
         max_output_bytes: int = 0,
         redact: Callable[[str], str] = str,
+        record_start: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.turn = state  # the turn's working state
+        self.record_start = record_start or state.checkpoints.store_now
         self._redact = redact  # EngineSettings.redact: a tool's error text is outside text
         self._tool_timeout_seconds = tool_timeout_seconds
         self._wait_for_reader = wait_for_reader
         self._max_output_bytes = max_output_bytes
         self._repair = repair
-        self._pending: list[tuple[chunks.ToolCall, Tool]] = []
+        self._pending: list[tuple[chunks.ToolCall, Tool, bool]] = []  # (call, tool, rerun)
         self._invalid: list[tuple[chunks.ToolCall, str, collections.abc.Set[str]]] = []
         self._had_results = False
+        #: True once the last :meth:`run_pending` stored its calls as started (the step's
+        #: checkpoint, docs/semantics.md §8 "Tool effects"; the step loop then writes no other).
+        self.start_stored = False
         #: True once a call of this turn waits for the client (a client tool's call, an approval
         #: request): the step loop then ends the turn after the current step (docs/semantics.md §6).
         self.waiting = False
@@ -153,12 +165,13 @@ class ToolCallRunner:
         if hold_call(turn, call.tool_call_id, tool, call.input or {}):
             self.waiting = True
             return
-        self._pending.append((call, tool))
+        self._pending.append((call, tool, False))
 
-    def queue(self, call: chunks.ToolCall, tool: Tool) -> None:
+    def queue(self, call: chunks.ToolCall, tool: Tool, *, rerun: bool = False) -> None:
         """Queue a call to run with the next :meth:`run_pending` without announcing it: an approved
-        call resumed by a continuation (docs/semantics.md §6)."""
-        self._pending.append((call, tool))
+        call resumed by a continuation (docs/semantics.md §6), or one a recovery runs (``rerun``:
+        it was started before the crash and its tool is idempotent; §8, "Tool effects")."""
+        self._pending.append((call, tool, rerun))
 
     def _input_error(self, call: chunks.ToolCall, error: str) -> None:
         turn = self.turn
@@ -197,34 +210,76 @@ class ToolCallRunner:
         """Run the step's accepted calls concurrently; True when the step produced any tool result."""
         pending, self._pending = self._pending, []
         had_results, self._had_results = self._had_results, False
+        self.start_stored = False
         if not pending:
             return had_results
+        refused = await self._start(pending)
         if len(pending) == 1:
-            await self._run(*pending[0], step_number)
+            await self._run(*pending[0], step_number, refused)
         else:
             async with asyncio.TaskGroup() as group:
-                for call, tool in pending:
-                    group.create_task(self._run(call, tool, step_number))
+                for call, tool, rerun in pending:
+                    group.create_task(self._run(call, tool, rerun, step_number, refused))
         return True
 
-    async def _run(self, call: chunks.ToolCall, tool: Tool, step_number: int) -> None:
+    async def _start(self, pending: list[tuple[chunks.ToolCall, Tool, bool]]) -> str | None:
+        """Mark ``pending`` calls ``started`` and store that before any of them runs, in one write
+        (docs/semantics.md §8, "Tool effects"). Returns None when they may run, else the error
+        text every one of them gets instead (the start could not be stored: running them would
+        leave a crash unable to tell that they may have had their effect)."""
+        assistant = self.turn.assistant
+        fresh = False
+        for call, _, _ in pending:
+            part = assistant.tool_call(call.tool_call_id)
+            fresh = fresh or not part.started
+            part.started = True
+        if not fresh:  # all of them re-runs: their start is stored already
+            return None
+        try:
+            if await self.record_start():
+                self.start_stored = True
+                return None
+        except Exception as error:
+            log.warning("the start of %d tool call(s) could not be stored: %s", len(pending), error)
+            return "The tool call was not run: its start could not be stored (the store failed)."
+        return "The tool call was not run: the turn is ending (or another replica runs it)."
+
+    async def interrupted(self, call: chunks.ToolCall, step_number: int) -> None:
+        """Give ``call``, started before a crash and not run again (its tool is not idempotent),
+        its interrupted result: stored (``interrupted`` set) and streamed as ``ToolOutputError``
+        with ``interrupted`` set, then ``after_tool_call`` with outcome ``interrupted``
+        (docs/semantics.md §8, "Tool effects")."""
+        self._had_results = True
+        await self._error(call, step_number, INTERRUPTED_RUNNING_TOOL_ERROR, interrupted=True)
+        metrics.TOOL_CALLS.labels(call.tool_name, "interrupted").inc()
+        text = INTERRUPTED_RUNNING_TOOL_ERROR
+        await self.turn.hooks.after_tool_call(
+            self._finished(call, step_number, 0.0, error=text, outcome="interrupted")
+        )
+
+    async def _run(
+        self, call: chunks.ToolCall, tool: Tool, rerun: bool, step_number: int, refused: str | None
+    ) -> None:
         tracing = self.turn.tracing
         timeline = self.turn.timeline
         with (
             timeline.span(TOOL, call.tool_name, tool_call_id=call.tool_call_id) as timed,
             tracing.tool(call.tool_call_id, call.tool_name, tool, call.input or {}) as span,
         ):
-            outcome, output, error_text = await self._call(call, tool, step_number)
+            outcome, output, error_text = await self._call(call, tool, rerun, step_number, refused)
             tracing.end_tool(span, outcome=outcome, output=output, error_text=error_text)
             timeline.end(timed, outcome)
 
     async def _call(
-        self, call: chunks.ToolCall, tool: Tool, step_number: int
+        self, call: chunks.ToolCall, tool: Tool, rerun: bool, step_number: int, refused: str | None
     ) -> tuple[ToolCallOutcome, Any, str | None]:
-        """Run one call with its hooks; returns its outcome, output and error text. Raises
-        CancelledError when the turn was cancelled during it (after its ``after_tool_call``)."""
+        """Run one call with its hooks; returns its outcome, output and error text. ``refused``
+        (its start could not be stored) fails it without running it or ``before_tool_call``.
+        Raises CancelledError when the turn was cancelled during it (after its
+        ``after_tool_call``)."""
         turn = self.turn
         request = turn.request
+        key = tool_idempotency_key(request.conversation_id, call.tool_call_id)
         model_input: dict[str, Any] = call.input or {}
         streaming = bool(getattr(tool, "streaming", False))
         started = time.perf_counter()
@@ -234,6 +289,8 @@ class ToolCallRunner:
         error_text: str | None = None
         cancelled = False
         try:
+            if refused is not None:
+                raise _Refused(refused)
             try:
                 decision = await turn.hooks.before_tool_call(
                     ToolCallContext(
@@ -245,6 +302,8 @@ class ToolCallRunner:
                         step_number=step_number,
                         messages=turn.step_messages,
                         cancelled=turn.cancelled,
+                        idempotency_key=key,
+                        rerun=rerun,
                     )
                 )
             except HookError as hook_error:
@@ -263,7 +322,7 @@ class ToolCallRunner:
                 else:
                     run_input = dict(decision.input) if decision.input is not None else model_input
                     try:
-                        output = await self._execute(call, tool, run_input, step_number)
+                        output = await self._execute(call, tool, run_input, step_number, key=key, rerun=rerun)
                     except Exception as tool_error:
                         success, error_text = False, self._redact(_describe(tool_error))
                         # The model sees the message alone; the type goes to the log (§11).
@@ -274,6 +333,8 @@ class ToolCallRunner:
                             type(tool_error).__name__,
                             error_text,
                         )
+        except _Refused as refusal:
+            success, error_text = False, str(refusal)
         except asyncio.CancelledError:
             # Cut off by a cancel: the call still gets its after_tool_call, with the error
             # (docs/semantics.md §5); the cancel goes on once the hooks have run.
@@ -293,26 +354,59 @@ class ToolCallRunner:
         metrics.TOOL_CALLS.labels(call.tool_name, outcome).inc()
         metrics.TOOL_CALL_DURATION.labels(call.tool_name).observe(duration_ms / 1000.0)
         await turn.hooks.after_tool_call(
-            ToolCallResultContext(
-                conversation_id=request.conversation_id,
-                request_id=request.request_id,
-                tool_call_id=call.tool_call_id,
-                tool_name=call.tool_name,
-                input=model_input,
-                step_number=step_number,
-                duration_ms=duration_ms,
-                success=success,
+            self._finished(
+                call,
+                step_number,
+                duration_ms,
                 output=output if success else None,
-                error=None if success else error_text,
+                error=None if success else (error_text or "tool failed"),
                 outcome=outcome,
+                rerun=rerun,
             )
         )
         if cancelled:
             raise asyncio.CancelledError
         return outcome, output, error_text
 
+    def _finished(
+        self,
+        call: chunks.ToolCall,
+        step_number: int,
+        duration_ms: float,
+        *,
+        output: Any = None,
+        error: str | None,
+        outcome: ToolCallOutcome,
+        rerun: bool = False,
+    ) -> ToolCallResultContext:
+        """``after_tool_call``'s context for ``call`` (the model's input); a call with an
+        ``error`` did not succeed."""
+        request = self.turn.request
+        return ToolCallResultContext(
+            conversation_id=request.conversation_id,
+            request_id=request.request_id,
+            tool_call_id=call.tool_call_id,
+            tool_name=call.tool_name,
+            input=call.input or {},
+            step_number=step_number,
+            duration_ms=duration_ms,
+            success=error is None,
+            output=output,
+            error=error,
+            outcome=outcome,
+            rerun=rerun,
+            idempotency_key=tool_idempotency_key(request.conversation_id, call.tool_call_id),
+        )
+
     async def _execute(
-        self, call: chunks.ToolCall, tool: Tool, run_input: dict[str, Any], step_number: int
+        self,
+        call: chunks.ToolCall,
+        tool: Tool,
+        run_input: dict[str, Any],
+        step_number: int,
+        *,
+        key: str,
+        rerun: bool,
     ) -> Any:
         turn = self.turn
         execution = ToolExecution(
@@ -321,7 +415,8 @@ class ToolCallRunner:
             request_id=turn.request.request_id,
             step_number=step_number,
             cancelled=turn.cancelled,
-            idempotency_key=tool_idempotency_key(turn.request.conversation_id, call.tool_call_id),
+            idempotency_key=key,
+            rerun=rerun,
         )
         timeout = tool_timeout(tool, self._tool_timeout_seconds)
         # Expiry cancels the awaiting call: a process-isolated tool's worker process is killed,
@@ -372,13 +467,19 @@ class ToolCallRunner:
         event.decision = decided
         await self._observe(part, step_number)
 
-    async def _error(self, call: chunks.ToolCall, step_number: int, error_text: str) -> None:
+    async def _error(
+        self, call: chunks.ToolCall, step_number: int, error_text: str, *, interrupted: bool = False
+    ) -> None:
+        """Store and stream the call's error; ``interrupted`` marks the interrupted result of a
+        call a crash cut off (docs/semantics.md §8, "Tool effects")."""
         turn = self.turn
         part = turn.assistant.set_error(call.tool_call_id, error_text)
+        part.interrupted = interrupted
         event = turn.writer.new().tool_output_error
         event.tool_call_id = call.tool_call_id
         event.tool_name = call.tool_name
         event.error_text = error_text
+        event.interrupted = interrupted
         await self._observe(part, step_number)
 
     async def _observe(self, part: Any, step_number: int) -> None:
@@ -390,6 +491,10 @@ class ToolCallRunner:
             await turn.hooks.on_chunk(
                 ChunkContext(turn.request.conversation_id, turn.request.request_id, step_number, part)
             )
+
+
+class _Refused(Exception):
+    """A call not run because its start could not be stored (:meth:`ToolCallRunner._start`)."""
 
 
 @contextlib.asynccontextmanager

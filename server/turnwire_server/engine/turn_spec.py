@@ -27,7 +27,10 @@ class TurnSpec:
     client offered (a recovery offers them again); ``trace_context`` the caller's W3C trace
     context (a recovery's span links to it); ``principal`` the caller (a recovery runs under its
     budgets); ``subagent_path`` a sub-agent's turn's calls (a recovery runs it with its
-    sub-agent's own chain and tools, docs/subagents.md)."""
+    sub-agent's own chain and tools, docs/subagents.md); ``tool_starts`` whether the turn ran
+    under a sidecar that marks tool calls ``started`` before they run (a call without the mark
+    then never ran; an older turn's are taken as started: docs/semantics.md §8, "Tool
+    effects")."""
 
     body: Mapping[str, Any] = field(default_factory=dict)
     continuation: bool = False
@@ -35,6 +38,7 @@ class TurnSpec:
     trace_context: Mapping[str, str] = field(default_factory=dict)
     principal: str = ""
     subagent_path: tuple[SubagentCall, ...] = ()
+    tool_starts: bool = False
 
 
 def spec_json(request: TurnRequest) -> str:
@@ -48,6 +52,7 @@ def spec_json(request: TurnRequest) -> str:
             for tool in request.client_tools
             if isinstance(tool, ClientTool)
         ],
+        "tool_starts": True,
     }
     if request.trace_context:
         spec["trace_context"] = dict(request.trace_context)
@@ -92,4 +97,5 @@ def parse_spec(text: str) -> TurnSpec:
         client_tools=tuple(tools),
         trace_context={str(key): str(text) for key, text in trace_context.items()},
         principal=str(value.get("principal", "")),
+        tool_starts=value.get("tool_starts") is True,
     )

@@ -199,6 +199,8 @@ def _call_info(ctx: ToolCallContext | ToolCallResultContext) -> hooks_pb2.ToolCa
         tool_name=ctx.tool_name,
         input_json=_json(ctx.input),
         step_number=ctx.step_number,
+        idempotency_key=ctx.idempotency_key,
+        rerun=ctx.rerun,
     )
 
 
@@ -207,6 +209,7 @@ _OUTCOMES = {
     "blocked": hooks_pb2.TOOL_CALL_OUTCOME_BLOCKED,
     "substituted": hooks_pb2.TOOL_CALL_OUTCOME_SUBSTITUTED,
     "failed": hooks_pb2.TOOL_CALL_OUTCOME_FAILED,
+    "interrupted": hooks_pb2.TOOL_CALL_OUTCOME_INTERRUPTED,
 }
 
 

@@ -201,7 +201,8 @@ Outcome = tuple[Literal["preliminary", "final"], Any]
 class RemoteTool:
     """A tool of a :class:`RemoteToolHost` (see the module docstring); a ``turnwire.tools.Tool``.
 
-    ``needs_approval`` is the spec's ``requires_approval`` (docs/semantics.md §6);
+    ``needs_approval`` is the spec's ``requires_approval`` (docs/semantics.md §6), ``idempotent``
+    its ``idempotent`` (docs/semantics.md §8, "Tool effects");
     ``timeout_seconds`` is the spec's ``timeout``, else the host's default. ``execute`` returns the
     final result, or, once the host sent a preliminary result, an async iterator of the results
     (the last one final). Every failure is a :class:`~turnwire.tools.ToolError` whose text the
@@ -217,6 +218,7 @@ class RemoteTool:
         self.description = spec.description
         self.input_schema: Mapping[str, Any] = input_schema
         self.needs_approval = spec.requires_approval
+        self.idempotent = spec.idempotent
         declared = spec.timeout.ToTimedelta().total_seconds() if spec.HasField("timeout") else 0.0
         self.timeout_seconds = declared if declared > 0 else host.default_timeout_seconds
 
@@ -230,6 +232,7 @@ class RemoteTool:
             input_json=dumps(input),
             step_number=execution.step_number,
             idempotency_key=execution.idempotency_key,
+            rerun=execution.rerun,
         )
         # The tool call's span continues on the host: its W3C trace context goes with the call.
         carrier: dict[str, str] = {}

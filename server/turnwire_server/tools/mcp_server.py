@@ -257,7 +257,13 @@ class McpServer:
                     if problem is not None:
                         log.warning("MCP server %r: tool %r left out: %s", self.name, listed.name, problem)
                         continue
-                    tools[listed.name] = McpTool(self, listed.name, listed.description or "", schema)
+                    tools[listed.name] = McpTool(
+                        self,
+                        listed.name,
+                        listed.description or "",
+                        schema,
+                        idempotent=mcp_tool_idempotent(listed),
+                    )
                 cursor = page.next_cursor
                 if cursor is None:
                     break
@@ -271,10 +277,26 @@ class McpServer:
         return f"McpServer({self.name!r})"
 
 
+def mcp_tool_idempotent(listed: Any) -> bool:
+    """Whether a listed MCP tool (an ``mcp_types.Tool``) declares that calling it again has no
+    further effect: its ``annotations`` say ``readOnlyHint`` (no effect at all) or
+    ``idempotentHint`` (MCP's "calling it repeatedly with the same arguments has no additional
+    effect"). Annotations are hints a server gives; the sidecar trusts the servers its config
+    names (docs/semantics.md §8, "Tool effects")."""
+    annotations = getattr(listed, "annotations", None)
+    if annotations is None:
+        return False
+    return (
+        getattr(annotations, "read_only_hint", None) is True
+        or getattr(annotations, "idempotent_hint", None) is True
+    )
+
+
 class McpTool:
     """A tool of an :class:`McpServer` (see the module docstring); a ``turnwire.tools.Tool``.
 
-    ``timeout_seconds`` is the server entry's ``timeout_seconds``, else the sidecar's tool timeout.
+    ``timeout_seconds`` is the server entry's ``timeout_seconds``, else the sidecar's tool timeout;
+    ``idempotent`` what the listing's annotations say (:func:`mcp_tool_idempotent`).
     Raises :class:`~turnwire.tools.ToolError` for an ``isError`` result (the text of its content),
     an MCP error, a transport failure (the session is then restarted) and a server that is not
     connected. A call refused because the server no longer knows the session (HTTP 404) is sent
@@ -283,8 +305,17 @@ class McpTool:
 
     streaming = False
 
-    def __init__(self, server: McpServer, name: str, description: str, input_schema: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        server: McpServer,
+        name: str,
+        description: str,
+        input_schema: dict[str, Any],
+        *,
+        idempotent: bool = False,
+    ) -> None:
         self.server = server
+        self.idempotent = idempotent
         self.name = name
         self.description = description
         self.input_schema: Mapping[str, Any] = input_schema

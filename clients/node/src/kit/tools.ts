@@ -25,6 +25,11 @@ export interface ToolContext {
    * hand it to what the tool changes so that a call made again has its effect once.
    */
   idempotencyKey: string;
+  /**
+   * True when the call runs again after a crash interrupted it while it ran (the tool is
+   * `idempotent`): same `idempotencyKey` as before (docs/semantics.md §8, "Tool effects").
+   */
+  rerun: boolean;
   toolName: string;
   toolCallId: string;
   conversationId: string;
@@ -58,6 +63,12 @@ export interface ToolDefinition<I = KitJsonObject, O = KitJson, P = KitJson> {
   requiresApproval?: boolean;
   /** How long one call may run; unset: the sidecar's tool timeout. */
   timeoutMs?: number;
+  /**
+   * Running a call again with the same `idempotencyKey` has its effect once: a call that was
+   * running when the sidecar died is then run again on recovery (`rerun` set); otherwise the model
+   * gets the interrupted result (docs/semantics.md §8, "Tool effects").
+   */
+  idempotent?: boolean;
   execute(input: I, context: ToolContext): O | Promise<O> | AsyncGenerator<P, O, undefined>;
 }
 
@@ -114,6 +125,7 @@ function specOf(tool: Tool): Partial<ToolSpec> {
     inputSchema: tool.inputSchema,
     ...(tool.outputSchema ? { outputSchema: tool.outputSchema } : {}),
     requiresApproval: tool.requiresApproval ?? false,
+    idempotent: tool.idempotent ?? false,
     ...(tool.timeoutMs !== undefined ? { timeout: durationFromMs(tool.timeoutMs) } : {}),
   };
 }
@@ -136,6 +148,7 @@ async function execute(
     const context: ToolContext = {
       signal,
       idempotencyKey: request.idempotencyKey,
+      rerun: request.rerun,
       toolName: request.toolName,
       toolCallId: request.toolCallId,
       conversationId: request.conversationId,

@@ -868,6 +868,7 @@ class ToolOutputError(_message.Message):
     ERROR_TEXT_FIELD_NUMBER: _builtins.int
     PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
+    INTERRUPTED_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id."""
     error_text: _builtins.str
@@ -876,6 +877,11 @@ class ToolOutputError(_message.Message):
     """True for the error of a call the provider ran itself."""
     tool_name: _builtins.str
     """The called tool's name."""
+    interrupted: _builtins.bool
+    """True for the interrupted result of a call that was running when its
+    process died and was not run again (its tool is not idempotent): its
+    effect may or may not have happened (docs/semantics.md §8, "Tool effects").
+    """
     def __init__(
         self,
         *,
@@ -883,10 +889,11 @@ class ToolOutputError(_message.Message):
         error_text: _builtins.str = ...,
         provider_executed: _builtins.bool = ...,
         tool_name: _builtins.str = ...,
+        interrupted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_text", b"error_text", "provider_executed", b"provider_executed", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_text", b"error_text", "interrupted", b"interrupted", "provider_executed", b"provider_executed", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

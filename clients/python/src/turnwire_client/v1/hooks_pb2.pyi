@@ -118,6 +118,11 @@ class _ToolCallOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolC
     """A before_tool_call decision substituted its output."""
     TOOL_CALL_OUTCOME_FAILED: _ToolCallOutcome.ValueType  # 4
     """The tool (or before_tool_call) failed."""
+    TOOL_CALL_OUTCOME_INTERRUPTED: _ToolCallOutcome.ValueType  # 5
+    """The call was running when its process died and was not run again (its
+    tool is not idempotent): its effect may or may not have happened; the
+    model reads the interrupted result (docs/semantics.md §8, "Tool effects").
+    """
 
 class ToolCallOutcome(_ToolCallOutcome, metaclass=_ToolCallOutcomeEnumTypeWrapper):
     """ToolCallOutcome is how a tool call's result came about (docs/semantics.md §3)."""
@@ -132,6 +137,11 @@ TOOL_CALL_OUTCOME_SUBSTITUTED: ToolCallOutcome.ValueType  # 3
 """A before_tool_call decision substituted its output."""
 TOOL_CALL_OUTCOME_FAILED: ToolCallOutcome.ValueType  # 4
 """The tool (or before_tool_call) failed."""
+TOOL_CALL_OUTCOME_INTERRUPTED: ToolCallOutcome.ValueType  # 5
+"""The call was running when its process died and was not run again (its
+tool is not idempotent): its effect may or may not have happened; the
+model reads the interrupted result (docs/semantics.md §8, "Tool effects").
+"""
 Global___ToolCallOutcome: _TypeAlias = ToolCallOutcome  # noqa: Y015
 
 class _TurnOutcome:
@@ -982,6 +992,8 @@ class ToolCallInfo(_message.Message):
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     INPUT_JSON_FIELD_NUMBER: _builtins.int
     STEP_NUMBER_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    RERUN_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The call's id (Turnwire's own; the provider's is kept for replay)."""
     tool_name: _builtins.str
@@ -992,6 +1004,15 @@ class ToolCallInfo(_message.Message):
     """
     step_number: _builtins.int
     """0-based step number."""
+    idempotency_key: _builtins.str
+    """The call's idempotency key (`tw-k-` and 32 hex digits): the same on every
+    attempt, recovery and replica (docs/tools.md, "Idempotency keys").
+    """
+    rerun: _builtins.bool
+    """True when the call runs again after a crash interrupted it while it ran:
+    its tool is idempotent, and it runs with the same idempotency key
+    (docs/semantics.md §8, "Tool effects").
+    """
     def __init__(
         self,
         *,
@@ -999,10 +1020,12 @@ class ToolCallInfo(_message.Message):
         tool_name: _builtins.str = ...,
         input_json: _builtins.str = ...,
         step_number: _builtins.int = ...,
+        idempotency_key: _builtins.str = ...,
+        rerun: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_json", b"input_json", "step_number", b"step_number", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "input_json", b"input_json", "rerun", b"rerun", "step_number", b"step_number", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

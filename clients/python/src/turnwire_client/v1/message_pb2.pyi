@@ -391,6 +391,8 @@ class ToolCallPart(_message.Message):
     DECISION_FIELD_NUMBER: _builtins.int
     PROVIDER_EXECUTED_FIELD_NUMBER: _builtins.int
     PROVIDER_METADATA_FIELD_NUMBER: _builtins.int
+    STARTED_FIELD_NUMBER: _builtins.int
+    INTERRUPTED_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The provider's id for the call; results refer to it."""
     tool_name: _builtins.str
@@ -430,6 +432,18 @@ class ToolCallPart(_message.Message):
     never runs it and no before_tool_call or after_tool_call hook sees it;
     its result, once the provider gave one, is in `output_json` or
     `error_text` (docs/providers.md, "What each API's parts become").
+    """
+    started: _builtins.bool
+    """True once the sidecar began running the call: stored before the tool
+    runs (before before_tool_call), in the step's checkpoint write, so a
+    recovery knows which calls may have had an effect (docs/semantics.md §8,
+    "Tool effects").
+    """
+    interrupted: _builtins.bool
+    """True when the result is the interrupted result of a call that was
+    started when its process died and was not run again (its tool is not
+    idempotent): its effect may or may not have happened. `error_text` says
+    so to the model (docs/semantics.md §8, "Tool effects").
     """
     @_builtins.property
     @_deprecated("""This field has been marked as deprecated using proto field options.""")
@@ -478,10 +492,12 @@ class ToolCallPart(_message.Message):
         decision: Global___ToolCallDecision.ValueType = ...,
         provider_executed: _builtins.bool = ...,
         provider_metadata: _struct_pb2.Struct | None = ...,
+        started: _builtins.bool = ...,
+        interrupted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "input", b"input", "output", b"output", "provider_metadata", b"provider_metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "client_executed", b"client_executed", "decision", b"decision", "error_text", b"error_text", "input", b"input", "input_json", b"input_json", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "provider_executed", b"provider_executed", "provider_metadata", b"provider_metadata", "raw_input", b"raw_input", "state", b"state", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "client_executed", b"client_executed", "decision", b"decision", "error_text", b"error_text", "input", b"input", "input_json", b"input_json", "interrupted", b"interrupted", "output", b"output", "output_json", b"output_json", "preliminary", b"preliminary", "provider_executed", b"provider_executed", "provider_metadata", b"provider_metadata", "raw_input", b"raw_input", "started", b"started", "state", b"state", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

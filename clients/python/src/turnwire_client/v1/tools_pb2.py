@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17turnwire/v1/tools.proto\x12\x0bturnwire.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x12\n\x10ListToolsRequest\"\x9c\x02\n\x08ToolSpec\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12 \n\x0b\x64\x65scription\x18\x02 \x01(\tR\x0b\x64\x65scription\x12:\n\x0cinput_schema\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructR\x0binputSchema\x12<\n\routput_schema\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructR\x0coutputSchema\x12+\n\x11requires_approval\x18\x05 \x01(\x08R\x10requiresApproval\x12\x33\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.DurationR\x07timeout\"a\n\x11ListToolsResponse\x12+\n\x05tools\x18\x01 \x03(\x0b\x32\x15.turnwire.v1.ToolSpecR\x05tools\x12\x1f\n\x0binstance_id\x18\x02 \x01(\tR\ninstanceId\"\x84\x02\n\x12\x45xecuteToolRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x1d\n\nrequest_id\x18\x02 \x01(\tR\trequestId\x12 \n\x0ctool_call_id\x18\x03 \x01(\tR\ntoolCallId\x12\x1b\n\ttool_name\x18\x04 \x01(\tR\x08toolName\x12\x1d\n\ninput_json\x18\x05 \x01(\tR\tinputJson\x12\x1f\n\x0bstep_number\x18\x06 \x01(\x05R\nstepNumber\x12\'\n\x0fidempotency_key\x18\x07 \x01(\tR\x0eidempotencyKey\"\x94\x01\n\x13\x45xecuteToolResponse\x12\x38\n\x17preliminary_output_json\x18\x01 \x01(\tH\x00R\x15preliminaryOutputJson\x12!\n\x0boutput_json\x18\x02 \x01(\tH\x00R\noutputJson\x12\x16\n\x05\x65rror\x18\x03 \x01(\tH\x00R\x05\x65rrorB\x08\n\x06result2\xb5\x01\n\x13ToolExecutorService\x12J\n\tListTools\x12\x1d.turnwire.v1.ListToolsRequest\x1a\x1e.turnwire.v1.ListToolsResponse\x12R\n\x0b\x45xecuteTool\x12\x1f.turnwire.v1.ExecuteToolRequest\x1a .turnwire.v1.ExecuteToolResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17turnwire/v1/tools.proto\x12\x0bturnwire.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x12\n\x10ListToolsRequest\"\xbc\x02\n\x08ToolSpec\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12 \n\x0b\x64\x65scription\x18\x02 \x01(\tR\x0b\x64\x65scription\x12:\n\x0cinput_schema\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructR\x0binputSchema\x12<\n\routput_schema\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructR\x0coutputSchema\x12+\n\x11requires_approval\x18\x05 \x01(\x08R\x10requiresApproval\x12\x33\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.DurationR\x07timeout\x12\x1e\n\nidempotent\x18\x07 \x01(\x08R\nidempotent\"a\n\x11ListToolsResponse\x12+\n\x05tools\x18\x01 \x03(\x0b\x32\x15.turnwire.v1.ToolSpecR\x05tools\x12\x1f\n\x0binstance_id\x18\x02 \x01(\tR\ninstanceId\"\x9a\x02\n\x12\x45xecuteToolRequest\x12\'\n\x0f\x63onversation_id\x18\x01 \x01(\tR\x0e\x63onversationId\x12\x1d\n\nrequest_id\x18\x02 \x01(\tR\trequestId\x12 \n\x0ctool_call_id\x18\x03 \x01(\tR\ntoolCallId\x12\x1b\n\ttool_name\x18\x04 \x01(\tR\x08toolName\x12\x1d\n\ninput_json\x18\x05 \x01(\tR\tinputJson\x12\x1f\n\x0bstep_number\x18\x06 \x01(\x05R\nstepNumber\x12\'\n\x0fidempotency_key\x18\x07 \x01(\tR\x0eidempotencyKey\x12\x14\n\x05rerun\x18\x08 \x01(\x08R\x05rerun\"\x94\x01\n\x13\x45xecuteToolResponse\x12\x38\n\x17preliminary_output_json\x18\x01 \x01(\tH\x00R\x15preliminaryOutputJson\x12!\n\x0boutput_json\x18\x02 \x01(\tH\x00R\noutputJson\x12\x16\n\x05\x65rror\x18\x03 \x01(\tH\x00R\x05\x65rrorB\x08\n\x06result2\xb5\x01\n\x13ToolExecutorService\x12J\n\tListTools\x12\x1d.turnwire.v1.ListToolsRequest\x1a\x1e.turnwire.v1.ListToolsResponse\x12R\n\x0b\x45xecuteTool\x12\x1f.turnwire.v1.ExecuteToolRequest\x1a .turnwire.v1.ExecuteToolResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,13 +36,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTTOOLSREQUEST']._serialized_start=102
   _globals['_LISTTOOLSREQUEST']._serialized_end=120
   _globals['_TOOLSPEC']._serialized_start=123
-  _globals['_TOOLSPEC']._serialized_end=407
-  _globals['_LISTTOOLSRESPONSE']._serialized_start=409
-  _globals['_LISTTOOLSRESPONSE']._serialized_end=506
-  _globals['_EXECUTETOOLREQUEST']._serialized_start=509
-  _globals['_EXECUTETOOLREQUEST']._serialized_end=769
-  _globals['_EXECUTETOOLRESPONSE']._serialized_start=772
-  _globals['_EXECUTETOOLRESPONSE']._serialized_end=920
-  _globals['_TOOLEXECUTORSERVICE']._serialized_start=923
-  _globals['_TOOLEXECUTORSERVICE']._serialized_end=1104
+  _globals['_TOOLSPEC']._serialized_end=439
+  _globals['_LISTTOOLSRESPONSE']._serialized_start=441
+  _globals['_LISTTOOLSRESPONSE']._serialized_end=538
+  _globals['_EXECUTETOOLREQUEST']._serialized_start=541
+  _globals['_EXECUTETOOLREQUEST']._serialized_end=823
+  _globals['_EXECUTETOOLRESPONSE']._serialized_start=826
+  _globals['_EXECUTETOOLRESPONSE']._serialized_end=974
+  _globals['_TOOLEXECUTORSERVICE']._serialized_start=977
+  _globals['_TOOLEXECUTORSERVICE']._serialized_end=1158
 # @@protoc_insertion_point(module_scope)

@@ -49,12 +49,19 @@ class ToolSpec(_message.Message):
     OUTPUT_SCHEMA_FIELD_NUMBER: _builtins.int
     REQUIRES_APPROVAL_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
+    IDEMPOTENT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The tool's name (what the model calls)."""
     description: _builtins.str
     """What it does, for the model."""
     requires_approval: _builtins.bool
     """Every call waits for the client's approval (docs/semantics.md §6)."""
+    idempotent: _builtins.bool
+    """The tool is idempotent: running a call again with the same
+    `idempotency_key` has its effect once. A call that was running when the
+    sidecar died is then run again on recovery (with `rerun` set); otherwise
+    the model gets the interrupted result (docs/semantics.md §8, "Tool effects").
+    """
     @_builtins.property
     def input_schema(self) -> _struct_pb2.Struct:
         """Its input: a JSON Schema object (`{"type": "object", ...}`)."""
@@ -76,10 +83,11 @@ class ToolSpec(_message.Message):
         output_schema: _struct_pb2.Struct | None = ...,
         requires_approval: _builtins.bool = ...,
         timeout: _duration_pb2.Duration | None = ...,
+        idempotent: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input_schema", b"input_schema", "output_schema", b"output_schema", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "input_schema", b"input_schema", "name", b"name", "output_schema", b"output_schema", "requires_approval", b"requires_approval", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "idempotent", b"idempotent", "input_schema", b"input_schema", "name", b"name", "output_schema", b"output_schema", "requires_approval", b"requires_approval", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -128,6 +136,7 @@ class ExecuteToolRequest(_message.Message):
     INPUT_JSON_FIELD_NUMBER: _builtins.int
     STEP_NUMBER_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    RERUN_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation."""
     request_id: _builtins.str
@@ -148,6 +157,10 @@ class ExecuteToolRequest(_message.Message):
     turn, every recovery and every replica (`tw-k-` and 32 hex digits). Hand it
     to what the tool changes so that a call made again has its effect once.
     """
+    rerun: _builtins.bool
+    """True when this call runs again after a crash interrupted it while it ran
+    (the tool declared itself idempotent); same `idempotency_key` as before.
+    """
     def __init__(
         self,
         *,
@@ -158,10 +171,11 @@ class ExecuteToolRequest(_message.Message):
         input_json: _builtins.str = ...,
         step_number: _builtins.int = ...,
         idempotency_key: _builtins.str = ...,
+        rerun: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "idempotency_key", b"idempotency_key", "input_json", b"input_json", "request_id", b"request_id", "step_number", b"step_number", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "idempotency_key", b"idempotency_key", "input_json", b"input_json", "request_id", b"request_id", "rerun", b"rerun", "step_number", b"step_number", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

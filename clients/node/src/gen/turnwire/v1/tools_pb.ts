@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file turnwire/v1/tools.proto.
  */
 export const file_turnwire_v1_tools: GenFile = /*@__PURE__*/
-  fileDesc("Chd0dXJud2lyZS92MS90b29scy5wcm90bxILdHVybndpcmUudjEiEgoQTGlzdFRvb2xzUmVxdWVzdCLTAQoIVG9vbFNwZWMSDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRItCgxpbnB1dF9zY2hlbWEYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei4KDW91dHB1dF9zY2hlbWEYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhkKEXJlcXVpcmVzX2FwcHJvdmFsGAUgASgIEioKB3RpbWVvdXQYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iTgoRTGlzdFRvb2xzUmVzcG9uc2USJAoFdG9vbHMYASADKAsyFS50dXJud2lyZS52MS5Ub29sU3BlYxITCgtpbnN0YW5jZV9pZBgCIAEoCSKsAQoSRXhlY3V0ZVRvb2xSZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRISCgpyZXF1ZXN0X2lkGAIgASgJEhQKDHRvb2xfY2FsbF9pZBgDIAEoCRIRCgl0b29sX25hbWUYBCABKAkSEgoKaW5wdXRfanNvbhgFIAEoCRITCgtzdGVwX251bWJlchgGIAEoBRIXCg9pZGVtcG90ZW5jeV9rZXkYByABKAkiagoTRXhlY3V0ZVRvb2xSZXNwb25zZRIhChdwcmVsaW1pbmFyeV9vdXRwdXRfanNvbhgBIAEoCUgAEhUKC291dHB1dF9qc29uGAIgASgJSAASDwoFZXJyb3IYAyABKAlIAEIICgZyZXN1bHQytQEKE1Rvb2xFeGVjdXRvclNlcnZpY2USSgoJTGlzdFRvb2xzEh0udHVybndpcmUudjEuTGlzdFRvb2xzUmVxdWVzdBoeLnR1cm53aXJlLnYxLkxpc3RUb29sc1Jlc3BvbnNlElIKC0V4ZWN1dGVUb29sEh8udHVybndpcmUudjEuRXhlY3V0ZVRvb2xSZXF1ZXN0GiAudHVybndpcmUudjEuRXhlY3V0ZVRvb2xSZXNwb25zZTABYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct]);
+  fileDesc("Chd0dXJud2lyZS92MS90b29scy5wcm90bxILdHVybndpcmUudjEiEgoQTGlzdFRvb2xzUmVxdWVzdCLnAQoIVG9vbFNwZWMSDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRItCgxpbnB1dF9zY2hlbWEYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei4KDW91dHB1dF9zY2hlbWEYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhkKEXJlcXVpcmVzX2FwcHJvdmFsGAUgASgIEioKB3RpbWVvdXQYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKaWRlbXBvdGVudBgHIAEoCCJOChFMaXN0VG9vbHNSZXNwb25zZRIkCgV0b29scxgBIAMoCzIVLnR1cm53aXJlLnYxLlRvb2xTcGVjEhMKC2luc3RhbmNlX2lkGAIgASgJIrsBChJFeGVjdXRlVG9vbFJlcXVlc3QSFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkSFAoMdG9vbF9jYWxsX2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRISCgppbnB1dF9qc29uGAUgASgJEhMKC3N0ZXBfbnVtYmVyGAYgASgFEhcKD2lkZW1wb3RlbmN5X2tleRgHIAEoCRINCgVyZXJ1bhgIIAEoCCJqChNFeGVjdXRlVG9vbFJlc3BvbnNlEiEKF3ByZWxpbWluYXJ5X291dHB1dF9qc29uGAEgASgJSAASFQoLb3V0cHV0X2pzb24YAiABKAlIABIPCgVlcnJvchgDIAEoCUgAQggKBnJlc3VsdDK1AQoTVG9vbEV4ZWN1dG9yU2VydmljZRJKCglMaXN0VG9vbHMSHS50dXJud2lyZS52MS5MaXN0VG9vbHNSZXF1ZXN0Gh4udHVybndpcmUudjEuTGlzdFRvb2xzUmVzcG9uc2USUgoLRXhlY3V0ZVRvb2wSHy50dXJud2lyZS52MS5FeGVjdXRlVG9vbFJlcXVlc3QaIC50dXJud2lyZS52MS5FeGVjdXRlVG9vbFJlc3BvbnNlMAFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct]);
 
 /**
  * ListToolsRequest asks for the host's tools.
@@ -76,6 +76,16 @@ export type ToolSpec = Message<"turnwire.v1.ToolSpec"> & {
    * @generated from field: google.protobuf.Duration timeout = 6;
    */
   timeout?: Duration | undefined;
+
+  /**
+   * The tool is idempotent: running a call again with the same
+   * `idempotency_key` has its effect once. A call that was running when the
+   * sidecar died is then run again on recovery (with `rerun` set); otherwise
+   * the model gets the interrupted result (docs/semantics.md §8, "Tool effects").
+   *
+   * @generated from field: bool idempotent = 7;
+   */
+  idempotent: boolean;
 };
 
 /**
@@ -172,6 +182,14 @@ export type ExecuteToolRequest = Message<"turnwire.v1.ExecuteToolRequest"> & {
    * @generated from field: string idempotency_key = 7;
    */
   idempotencyKey: string;
+
+  /**
+   * True when this call runs again after a crash interrupted it while it ran
+   * (the tool declared itself idempotent); same `idempotency_key` as before.
+   *
+   * @generated from field: bool rerun = 8;
+   */
+  rerun: boolean;
 };
 
 /**
