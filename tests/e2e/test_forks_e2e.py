@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
-from support.sidecar import SidecarProcess, running_sidecar
+from support.sidecar import SidecarProcess, run_turnwire, running_sidecar
 from support.stores import postgres_database
 
 from turnwire_client import TurnwireClient, TurnwireError, collect
@@ -174,3 +174,25 @@ async def test_a_bad_fork_says_what_to_fix(sidecar: Sidecar) -> None:
         with pytest.raises(TurnwireError) as raised:
             await client.fork_conversation(source, "a", new_conversation_id="tw-c-mine")
         assert raised.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_the_cli_forks_and_lists_the_branch(sidecar: Sidecar) -> None:
+    if sidecar.url is not None:
+        pytest.skip("the CLI is the same on both stores: run once, on SQLite")
+    source = new_id("cli")
+    async with TurnwireClient(sidecar.process.target) as client:
+        await collect(client.chat(source, "the question"))
+    target = ("--target", sidecar.process.target)
+    forked = await run_turnwire("fork", source, "tw-u-none", *target)
+    assert forked.code != 0 and "at_message_id" in forked.stderr
+    async with TurnwireClient(sidecar.process.target) as client:
+        first = (await client.get_conversation(source)).messages[0].id
+    fork_id = new_id("cli-fork")
+    forked = await run_turnwire("fork", source, first, "--as", fork_id, *target)
+    assert forked.code == 0, forked.stderr
+    assert forked.stdout.splitlines()[0] == fork_id
+    assert "1 message shared" in forked.stdout
+    listed = await run_turnwire("conversations", *target)
+    assert f"forked from {source} at {first}" in listed.stdout
+    shown = await run_turnwire("history", fork_id, *target)
+    assert "the question" in shown.stdout and "Noted." not in shown.stdout
