@@ -136,7 +136,7 @@ async def test_a_database_of_the_previous_schema_is_migrated_with_its_data_kept(
             claimed = await old.claim_interrupted_turns("me", now, now + dt.timedelta(seconds=30), 10)
             assert [(t.request_id, t.owner) for t in claimed] == [("r-old", "me")]
             versions = check.sql("SELECT version FROM schema_migrations ORDER BY version")
-            assert versions == [(n,) for n in range(1, 11)]
+            assert versions == [(n,) for n in range(1, 12)]
             record = CompactionRecord("c1", "", None, (("m", "call"),), "threshold", "drop", 9, 3, now)
             await old.save_compaction(record)
             assert await old.load_compaction("c1") == record
