@@ -6,17 +6,12 @@ deleting with forks removes them all."""
 from __future__ import annotations
 
 import pytest
+from support.messages import text_message
 from support.stores import StoreBackend
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import Store
 from turnwire_server.store.errors import ConversationExists, ForkPointNotFound, ForkSourceNotFound
-
-
-def _message(message_id: str, text: str, role: int = message_pb2.ROLE_USER) -> message_pb2.Message:
-    message = message_pb2.Message(id=message_id, role=message_pb2.Role.ValueType(role))
-    message.parts.add().text.text = text
-    return message
 
 
 def _texts(messages: object) -> list[tuple[str, str]]:
@@ -27,7 +22,7 @@ async def _conversation(store: Store, conversation_id: str, count: int) -> None:
     await store.add_messages(
         conversation_id,
         [
-            _message(
+            text_message(
                 f"m{n}", f"text {n}", message_pb2.ROLE_USER if n % 2 == 0 else message_pb2.ROLE_ASSISTANT
             )
             for n in range(count)
@@ -51,15 +46,15 @@ async def test_a_fork_holds_the_history_up_to_its_point_and_each_side_grows_alon
     assert (record.forked_from_conversation_id, record.forked_from_message_id) == ("src", "m3")
     assert _texts(await store.load_messages("fork")) == [(f"m{n}", f"text {n}") for n in range(4)]
 
-    await store.add_messages("fork", [_message("f1", "fork input")], mode="append", allow_missing=False)
-    await store.add_messages("src", [_message("s1", "source input")], mode="append", allow_missing=False)
+    await store.add_messages("fork", [text_message("f1", "fork input")], mode="append", allow_missing=False)
+    await store.add_messages("src", [text_message("s1", "source input")], mode="append", allow_missing=False)
     assert [m for m, _ in _texts(await store.load_messages("fork"))] == ["m0", "m1", "m2", "m3", "f1"]
     assert [m for m, _ in _texts(await store.load_messages("src"))] == [f"m{n}" for n in range(6)] + ["s1"]
     fork = await store.get_conversation("fork")
     assert fork is not None and fork.message_count == 5
     # A fork of the fork reads through both.
     await store.fork_conversation("fork", "f1", "fork2")
-    await store.add_messages("fork2", [_message("g1", "deeper")], mode="append", allow_missing=False)
+    await store.add_messages("fork2", [text_message("g1", "deeper")], mode="append", allow_missing=False)
     assert [m for m, _ in _texts(await store.load_messages("fork2"))] == ["m0", "m1", "m2", "m3", "f1", "g1"]
     assert await store.fork_descendants("src") == ["fork", "fork2"]
 
@@ -110,7 +105,7 @@ async def test_an_upsert_on_a_shared_message_changes_one_side_only(
     await store.load_messages("fork")  # held in the cache: the next read is a delta read
     await store.add_messages(
         "fork",
-        [_message("m1", "edited in the fork", message_pb2.ROLE_ASSISTANT)],
+        [text_message("m1", "edited in the fork", message_pb2.ROLE_ASSISTANT)],
         mode="upsert",
         allow_missing=False,
     )
@@ -119,7 +114,7 @@ async def test_an_upsert_on_a_shared_message_changes_one_side_only(
     assert _rows(store_backend, "fork") == (1, 1)  # its own copy of that one message only
 
     await store.add_messages(
-        "src", [_message("m2", "edited in the source")], mode="upsert", allow_missing=False
+        "src", [text_message("m2", "edited in the source")], mode="upsert", allow_missing=False
     )
     assert _texts(await store.load_messages("src"))[2] == ("m2", "edited in the source")
     assert _texts(await store.load_messages("fork")) == [
@@ -130,7 +125,7 @@ async def test_an_upsert_on_a_shared_message_changes_one_side_only(
     ]
     # Positions stay: the fork's copies keep their places, and the source puts nothing new at a
     # position the fork shares.
-    await store.add_messages("src", [_message("s1", "later")], mode="append", allow_missing=False)
+    await store.add_messages("src", [text_message("s1", "later")], mode="append", allow_missing=False)
     assert [m for m, _ in _texts(await store.load_messages("fork"))] == ["m0", "m1", "m2", "m3"]
 
 
@@ -140,7 +135,7 @@ async def test_deleting_the_source_keeps_its_forks_readable(
     await _conversation(store, "src", 5)
     await store.fork_conversation("src", "m2", "fork")
     await store.fork_conversation("fork", "m1", "fork2")
-    await store.add_messages("fork", [_message("f1", "own")], mode="append", allow_missing=False)
+    await store.add_messages("fork", [text_message("f1", "own")], mode="append", allow_missing=False)
     held = await store.load_messages("fork")
     assert await store.delete_conversation("src")
     assert await store.get_conversation("src") is None
@@ -149,7 +144,7 @@ async def test_deleting_the_source_keeps_its_forks_readable(
     assert [m for m, _ in _texts(await store.load_messages("fork2"))] == ["m0", "m1"]
     record = await store.get_conversation("fork")
     assert record is not None and record.forked_from_conversation_id == "src"  # history, kept
-    await store.add_messages("fork", [_message("f2", "after")], mode="append", allow_missing=False)
+    await store.add_messages("fork", [text_message("f2", "after")], mode="append", allow_missing=False)
     assert [m for m, _ in _texts(await store.load_messages("fork"))] == ["m0", "m1", "m2", "f1", "f2"]
 
 
@@ -170,7 +165,7 @@ async def test_deleting_a_shared_message_in_a_fork_leaves_the_source_whole(store
     await _conversation(store, "src", 3)
     await store.fork_conversation("src", "m2", "fork")
     await store.add_messages(
-        "fork", [_message("m2", "changed", message_pb2.ROLE_USER)], mode="upsert", allow_missing=False
+        "fork", [text_message("m2", "changed", message_pb2.ROLE_USER)], mode="upsert", allow_missing=False
     )
     assert _texts(await store.load_messages("src"))[2] == ("m2", "text 2")
 

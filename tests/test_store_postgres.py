@@ -439,7 +439,7 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
     assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output
     assert SECRET not in first.output + again.output
     check = StoreBackend("postgres", url=pg_url)
-    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(10,)]
+    assert check.sql("SELECT COUNT(*) FROM schema_migrations") == [(11,)]
     asyncio.run(check.close())
 
 

@@ -14,11 +14,11 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
+from support.messages import text_message as msg
 from support.sidecar import SidecarProcess, run_turnwire, running_sidecar
 from support.stores import postgres_database
 
 from turnwire_client import TurnwireClient, TurnwireError, collect
-from turnwire_client.v1 import message_pb2
 
 CONFIG: dict[str, Any] = {
     "default_model": "scripted:main",
@@ -60,14 +60,6 @@ def sidecar(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{next(_ids)}"
-
-
-def msg(
-    message_id: str, text: str, role: message_pb2.Role.ValueType = message_pb2.ROLE_USER
-) -> message_pb2.Message:
-    message = message_pb2.Message(id=message_id, role=role)
-    message.parts.add().text.text = text
-    return message
 
 
 async def transcript(client: TurnwireClient, conversation_id: str) -> list[str]:
