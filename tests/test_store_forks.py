@@ -5,12 +5,17 @@ deleting with forks removes them all."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+
 import pytest
 from support.messages import text_message
+from support.store_turns import T0, started_turn
 from support.stores import StoreBackend
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import Store
+from turnwire_server.store.base import CompactionRecord
 from turnwire_server.store.errors import ConversationExists, ForkPointNotFound, ForkSourceNotFound
 
 
@@ -161,13 +166,22 @@ async def test_delete_with_forks_removes_them_all(store: Store, store_backend: S
     assert _texts(await store.load_messages("other")) == [("m0", "text 0")]
 
 
-async def test_deleting_a_shared_message_in_a_fork_leaves_the_source_whole(store: Store) -> None:
-    await _conversation(store, "src", 3)
-    await store.fork_conversation("src", "m2", "fork")
-    await store.add_messages(
-        "fork", [text_message("m2", "changed", message_pb2.ROLE_USER)], mode="upsert", allow_missing=False
-    )
-    assert _texts(await store.load_messages("src"))[2] == ("m2", "text 2")
+async def test_removing_a_shared_message_in_a_fork_leaves_the_source_whole(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    first = await started_turn(store, "src", 0)  # its input "src-u0"
+    await store.finish_turn(dataclasses.replace(first, state="completed", end_time=T0), None)
+    await _conversation(store, "src", 2)
+    await store.fork_conversation("src", "m1", "fork")
+    turn = dataclasses.replace(await started_turn(store, "fork", 1), state="aborted", end_time=T0)
+    # A rollback in the fork removes its own input and a message it shares: the fork takes its
+    # own copies of what it shares first, so the source keeps everything.
+    await store.roll_back_turn(turn, ["fork-u1", "m0"])
+    assert [m.id for m in await store.load_messages("fork")] == ["src-u0", "m1"]
+    assert [m.id for m in await store.load_messages("src")] == ["src-u0", "m0", "m1"]
+    record = await store.get_conversation("fork")
+    assert record is not None and record.message_count == 2
+    assert store_backend.sql("SELECT COUNT(*) FROM fork_ancestors WHERE conversation_id = 'fork'") == [(0,)]
 
 
 async def test_a_fork_is_refused_with_what_to_fix(store: Store) -> None:
@@ -180,3 +194,16 @@ async def test_a_fork_is_refused_with_what_to_fix(store: Store) -> None:
     with pytest.raises(ForkPointNotFound):
         await store.fork_conversation("src", "nope", "new")
     assert await store.get_conversation("new") is None
+
+
+async def test_the_compaction_is_carried_where_it_covers_only_shared_messages(store: Store) -> None:
+    await _conversation(store, "src", 4)
+    now = dt.datetime.now(dt.UTC)
+    elided = (("m1", "call-1"), ("m3", "call-3"))
+    await store.save_compaction(CompactionRecord("src", "m1", None, elided, "threshold", "drop", 90, 30, now))
+    await store.fork_conversation("src", "m2", "covered")
+    carried = await store.load_compaction("covered")
+    assert carried is not None
+    assert (carried.through_message_id, carried.elided_calls) == ("m1", (("m1", "call-1"),))
+    await store.fork_conversation("src", "m0", "before")  # the summary reaches past the fork point
+    assert await store.load_compaction("before") is None
