@@ -8,8 +8,8 @@ one's history, then appends the reply, as the engine does; plain and fork altern
 drifts hit both. Two reads: **warm** (the reader's cache holds the conversation: the delta read,
 what a turn pays after the first) and **cold** (the cache dropped first: the whole read, what the
 first turn after a restart or an eviction pays, where the fork's shared messages come from the
-source's rows). Wall µs per read (CPU of this process for SQLite, whose reads run in its threads;
-PostgreSQL's server time is in the wall figure), median of ``--turns`` turns. Printed, never
+source's rows). µs per read, median of ``--turns`` turns: this process's CPU for SQLite (its
+reads run in this process's threads), wall time for PostgreSQL (the server's time is in it). Printed, never
 asserted. Compare with another code version (plain only) by putting it first on ``PYTHONPATH``.
 
     .venv/bin/python bench/fork_history.py [--history 1000] [--turns 40]
@@ -51,16 +51,18 @@ async def _seed(store: Any, conversation_id: str, history: int) -> None:
         await store.add_messages(conversation_id, batch, mode="append", allow_missing=True)
 
 
-async def _read(store: Any, conversation_id: str, *, cold: bool) -> float:
-    """µs of wall time for one ``load_messages`` (the cache dropped first when ``cold``)."""
+async def _read(store: Any, conversation_id: str, *, cold: bool, cpu: bool) -> float:
+    """µs for one ``load_messages`` (the cache dropped first when ``cold``): this process's CPU
+    (all its threads: SQLite's reader too) with ``cpu``, else wall time."""
     if cold:
         store._decoded.region.discard(conversation_id)
-    start = time.perf_counter()
+    clock = time.process_time if cpu else time.perf_counter
+    start = clock()
     await store.load_messages(conversation_id)
-    return (time.perf_counter() - start) * 1e6
+    return (clock() - start) * 1e6
 
 
-async def measure(store: Any, history: int, turns: int) -> dict[str, dict[str, float]]:
+async def measure(store: Any, history: int, turns: int, *, cpu: bool) -> dict[str, dict[str, float]]:
     """Median µs per read: ``{"plain"|"fork": {"warm": …, "cold": …}}``."""
     await _seed(store, "plain", history)
     await _seed(store, "source", history)
@@ -74,8 +76,8 @@ async def measure(store: Any, history: int, turns: int) -> dict[str, dict[str, f
     for i in range(history, history + turns):
         for name in names:
             await store.add_messages(name, [_turn(i)[0]], mode="append", allow_missing=False)
-            spent[name]["warm"].append(await _read(store, name, cold=False))
-            spent[name]["cold"].append(await _read(store, name, cold=True))
+            spent[name]["warm"].append(await _read(store, name, cold=False, cpu=cpu))
+            spent[name]["cold"].append(await _read(store, name, cold=True, cpu=cpu))
             await store.add_messages(name, [_turn(i)[1]], mode="append", allow_missing=False)
     return {n: {k: statistics.median(v) for k, v in kinds.items()} for n, kinds in spent.items()}
 
@@ -89,11 +91,13 @@ async def main() -> None:
     args = parser.parse_args()
     async with both_stores() as (lite, pg, _):
         print(f"history: {args.history} prior turns ({2 * args.history} messages), {args.turns} turns")
-        print("| store | conversation | warm read µs (delta) | cold read µs (whole) |")
-        print("|---|---|---|---|")
-        for name, store in (("sqlite", lite), ("postgres", pg)):
-            for conversation, figures in (await measure(store, args.history, args.turns)).items():
-                print(f"| {name} | {conversation} | {figures['warm']:.0f} | {figures['cold']:.0f} |")
+        print("| store | conversation | clock | warm read µs (delta) | cold read µs (whole) |")
+        print("|---|---|---|---|---|")
+        for name, store, cpu in (("sqlite", lite, True), ("postgres", pg, False)):
+            figures_of = await measure(store, args.history, args.turns, cpu=cpu)
+            for conversation, figures in figures_of.items():
+                warm, cold = figures["warm"], figures["cold"]
+                print(f"| {name} | {conversation} | {'CPU' if cpu else 'wall'} | {warm:.0f} | {cold:.0f} |")
 
 
 if __name__ == "__main__":
