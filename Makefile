@@ -57,7 +57,7 @@ dist: setup build-node
 	@ls -1 "$(DIST)" "$(DIST)"/goproxy/*/*/@v
 
 ## demo: start the sidecar on its embedded defaults, hold a conversation that calls tools, stop it.
-demo: setup
+demo: setup build-inspector
 	$(VENV)/bin/turnwire demo
 
 ## check: the inner loop, after every edit: lint, then the in-process tests (no process, package or database), in parallel.
@@ -107,14 +107,11 @@ conformance: setup build-node
 	  echo "Go not installed: NOT running the Go conformance runner (apt-get install $(GO_PACKAGES))"; fi
 	$(MAKE) --no-print-directory kit-conformance
 
-## kit-conformance: the hook and tool kits' suite (clients/conformance/kits) against each kit's fixture (a kit's once its fixture exists; Go's when installed).
+## kit-conformance: the hook and tool kits' suite (clients/conformance/kits) against each kit's fixture (Go's when installed).
 kit-conformance: setup build-node
 	$(PY) clients/conformance/kits/run.py --kit python
-	@if [ -f clients/conformance/kits/node/fixture.mjs ]; then $(PY) clients/conformance/kits/run.py --kit node; else \
-	  echo "No TypeScript kit fixture (clients/conformance/kits/node/fixture.mjs): NOT running the kit suite for it"; fi
-	@if [ ! -f clients/conformance/kits/go/fixture.sh ]; then \
-	  echo "No Go kit fixture (clients/conformance/kits/go/fixture.sh): NOT running the kit suite for it"; \
-	elif command -v go >/dev/null; then $(PY) clients/conformance/kits/run.py --kit go; else \
+	$(PY) clients/conformance/kits/run.py --kit node
+	@if command -v go >/dev/null; then $(PY) clients/conformance/kits/run.py --kit go; else \
 	  echo "Go not installed: NOT running the kit suite for the Go kit (apt-get install $(GO_PACKAGES))"; fi
 
 ## build-node: compile the TypeScript client, clients/node/src -> dist/ (when a source changed),

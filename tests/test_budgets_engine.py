@@ -8,6 +8,7 @@ reserved once; with no budget configured nothing is written."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from support.waiting import wait_until
 from turnwire.hooks import ChatErrorContext, Middleware
 from turnwire.testing import ScriptedUsage, ScriptStep
 from turnwire_client.v1 import chat_service_pb2, error_reason_pb2, event_pb2, message_pb2
+from turnwire_server.engine.budget_refusals import dollars
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
@@ -329,3 +331,46 @@ async def _crashed_with_a_reservation(
     ask = BudgetAsk(prompt_tokens=1_000, prompt_usd=0.0, usd_per_output_token=0.0, max_output=2_000)
     await crashed.charge_budget(BudgetCharge(request_id, conversation_id, record.lease, (budget,), ask=ask))
     await crashed.close()
+
+
+@pytest.mark.parametrize(
+    ("budget", "used", "needs"),
+    [
+        # A token limit speaks in tokens.
+        (
+            {"tokens": 300},
+            "0 of its 300 tokens used or reserved",
+            r"needs about \d+ tokens of prompt and at least 500 of output",
+        ),
+        # A dollar limit speaks in dollars: 500 output tokens at $15 per million are $0.0075.
+        (
+            {"usd": 0.0001},
+            "$0.00 of its $0.0001 used or reserved",
+            r"needs about \$0\.0075\d* at the model's price",
+        ),
+        # Both limits: the one without room speaks (the tokens have plenty).
+        (
+            {"tokens": 1_000_000, "usd": 0.0001},
+            "$0.00 of its $0.0001 used or reserved",
+            r"needs about \$0\.0075",
+        ),
+    ],
+)
+async def test_a_budget_refusal_names_the_unit_of_the_limit_that_refused(
+    make_engine: EngineFactory, budget: dict[str, Any], used: str, needs: str
+) -> None:
+    h = await make_engine(prices=PRICED, budgets=_budgets(turn=budget, min_output_tokens=500))
+    end = end_of(await h.run("hi"))
+    assert end.status == event_pb2.TURN_STATUS_ERROR and _reason(end) == "BUDGET_EXHAUSTED"
+    assert used in end.error.message and re.search(needs, end.error.message), end.error.message
+    if "usd" in budget:
+        assert "tokens of prompt" not in end.error.message and "e-0" not in end.error.message
+    assert h.provider.calls == 0
+
+
+@pytest.mark.parametrize(
+    ("amount", "text"),
+    [(0.0, "$0.00"), (5, "$5.00"), (1234.5, "$1,234.50"), (0.0042, "$0.0042"), (0.00000123, "$0.00000123")],
+)
+def test_dollar_amounts_read_as_dollars(amount: float, text: str) -> None:
+    assert dollars(amount) == text

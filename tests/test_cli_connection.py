@@ -4,6 +4,8 @@ before it, before it over the ``TURNWIRE_*`` variables, the variables over the d
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from turnwire_server.cli.connection import (
     options_before_command,
 )
 
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 SEVEN = {"--target", "--token", "--tls", "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name"}
 
 
@@ -82,3 +85,46 @@ def test_options_before_and_after_the_name_add_up(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     [options] = seen
     assert (options.token, options.tls_ca, options.tls_server_name) == ("before", ca, "sidecar")
+
+
+def _commands(
+    group: typer.core.TyperGroup, prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every command of ``group`` and its subgroups, with the words that run it (``("config", "show")``)."""
+    for name, command in group.commands.items():
+        yield (*prefix, name), command
+        if isinstance(command, typer.core.TyperGroup):
+            yield from _commands(command, (*prefix, name))
+
+
+def test_client_commands_are_the_commands_that_connect_and_every_list_names_them() -> None:
+    """CLIENT_COMMANDS (which admits the options before the command name), the top-level ``-h``
+    and docs/getting-started.md name exactly the commands that take ``--target``."""
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    connecting = {words[-1] for words, command in _commands(group) if _options(command) == SEVEN}
+    assert set(CLIENT_COMMANDS) == connecting
+    top_help = CliRunner().invoke(app, ["--help"])
+    assert top_help.exit_code == 0, top_help.output
+    listed = re.search(r"client commands \(([^)]*)\)", " ".join(top_help.output.split()))
+    assert listed is not None, top_help.output
+    assert set(listed[1].split(", ")) == connecting
+    guide = " ".join((DOCS / "getting-started.md").read_text().split())
+    in_guide = re.search(r"The client commands \(([^)]*)\)", guide)
+    assert in_guide is not None
+    assert set(in_guide[1].replace("`", "").split(", ")) == connecting
+    for name in connecting:
+        assert f"turnwire {name} " in guide, f"docs/getting-started.md shows no `turnwire {name}` line"
+
+
+def test_every_command_help_renders_without_rst_markup() -> None:
+    """``-h`` shows docstrings and option help as written (plain click help): no reST ``double
+    backticks`` or ``:role:`` markup may reach it."""
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    runner = CliRunner()
+    for words in [(), *(words for words, _ in _commands(group))]:
+        shown = runner.invoke(app, [*words, "--help"])
+        assert shown.exit_code == 0, (words, shown.output)
+        assert "``" not in shown.output, (words, shown.output)
+        assert not re.search(r":(func|class|meth|mod|attr):`", shown.output), (words, shown.output)

@@ -1,7 +1,7 @@
 """Text deltas merged while the stream's writer is behind (issue 17), and resume around them.
 
-engine/events.py: a delta whose block's previous delta has waited unread in the channel for a
-turn of the event loop is appended to it instead of becoming an event of its own. Numbering
+engine/events.py: a delta whose block's previous delta is still unread in the channel is appended
+to it instead of becoming an event of its own. Numbering
 stays gap-free (docs/semantics.md §10), the stored stream holds the merged events exactly as
 sent, so ResumeTurn from any sequence number, a merged delta's included, continues exactly
 after it (§8); a reader that keeps up gets every delta as it came.
@@ -98,35 +98,34 @@ async def _sent(
     return out
 
 
-async def test_only_a_delta_sent_a_loop_turn_before_is_merged_into() -> None:
-    # The writer ages deltas once per loop turn: the last delta sent in a turn takes the next turn's
-    # deltas of its block; deltas sent in one turn, however many, stay apart (docs/semantics.md §10).
+async def test_unread_deltas_of_a_block_merge_in_one_loop_turn_and_across_turns() -> None:
+    # Issue 33: deltas the server read in one piece (sent in one loop turn) merge too, as do those
+    # a writer is behind on; another block or kind, or an event in between, keeps them apart
+    # (docs/semantics.md §10). Before, deltas sent in one turn stayed apart: a burst of 64 cost
+    # 64 gRPC messages.
     channel: EventChannel[chat_service_pb2.ChatResponse] = EventChannel()
     writer = EventWriter("c", "r", chat_service_pb2.ChatResponse, channel)
     writer.new().text_start.id = "a"
     for delta in ("1", "2", "3"):
         writer.text_delta("a", delta)
-    await asyncio.sleep(0)  # one loop turn: "3" has waited unread
+    await asyncio.sleep(0)  # a loop turn: "123" still unread
     writer.text_delta("a", "4")
     writer.text_delta("a", "5")
     writer.new().text_end.id = "a"
     writer.new().reasoning_start.id = "b"
     writer.reasoning_delta("b", "6")
-    writer.reasoning_delta("b", "7")  # sent in the turn "6" was: apart
+    writer.reasoning_delta("b", "7")
     await asyncio.sleep(0)
     writer.reasoning_delta("b", "8")
     await asyncio.sleep(0)
     writer.text_delta("b", "9")  # another kind than the waiting delta: apart
     assert await _sent(writer) == [
         (1, "text_start", "a"),
-        (2, "text_delta", "1"),
-        (3, "text_delta", "2"),
-        (4, "text_delta", "345"),
-        (5, "text_end", "a"),
-        (6, "reasoning_start", "b"),
-        (7, "reasoning_delta", "6"),
-        (8, "reasoning_delta", "78"),
-        (9, "text_delta", "9"),
+        (2, "text_delta", "12345"),
+        (3, "text_end", "a"),
+        (4, "reasoning_start", "b"),
+        (5, "reasoning_delta", "678"),
+        (6, "text_delta", "9"),
     ]
 
 

@@ -66,7 +66,9 @@ from turnwire_server.store.sqlite import SqliteStore
 
 
 async def test_text_only_turn_event_order_status_and_transcript(make_engine: EngineFactory) -> None:
-    h = await make_engine(scripts={"main": [ScriptStep(text="Hello there, friend.")]})
+    # delay_ms: the deltas come apart (as a model's stream does), so a reader that keeps up gets
+    # each; deltas read in one piece would be merged (docs/semantics.md §10).
+    h = await make_engine(scripts={"main": [ScriptStep(text="Hello there, friend.", delay_ms=1)]})
     events = await h.run("hi", request_id="req-a", message_id="user-a")
 
     n_deltas = kinds(events).count("text_delta")
@@ -774,7 +776,9 @@ async def test_continue_last_turn_sends_the_prompt_and_stores_a_new_message(
 
 async def test_text_coalescing_sends_fewer_deltas_with_the_same_text(make_engine: EngineFactory) -> None:
     text = "The quick brown fox jumps over the lazy dog."
-    script = {"main": [ScriptStep(text=text, chunk_size=1)]}
+    # Deltas 1 ms apart: without coalescing a reader that keeps up gets each (merging needs them
+    # unread); the 50 ms window sends them as one or a few.
+    script = {"main": [ScriptStep(text=text, chunk_size=1, delay_ms=1)]}
     plain = await make_engine(scripts=script, db="plain.db")
     coalesced = await make_engine(scripts=script, db="coalesced.db", text_coalesce_ms=50)
 

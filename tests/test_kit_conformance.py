@@ -59,7 +59,24 @@ def test_the_cases_cover_the_contract() -> None:
     cases = _cases()
     steps = [step for case in cases for step in case["steps"]]
     assert {step["journal"]["event"] for step in steps if "journal" in step} == JOURNAL_EVENTS
-    assert {step["fixture"] for step in steps if "fixture" in step} == {"GetHookSubscriptions", "ListTools"}
+    assert {step["fixture"] for step in steps if "fixture" in step} == {
+        "GetHookSubscriptions",
+        "ListTools",
+        "BeforeTurn",
+        "HookSession",
+    }
+    # A failing hook's status is the same in every kit: UNKNOWN, on both paths (SPEC.md §2).
+    failures = [step["expect"] for step in steps if step.get("fixture") in ("BeforeTurn", "HookSession")]
+    assert failures == [
+        {"failure": {"code": "UNKNOWN", "message": "fixture: before_turn failed on purpose"}},
+        {
+            "response": {
+                "answers": [
+                    {"id": "1", "error": {"code": 2, "message": "fixture: before_turn failed on purpose"}}
+                ]
+            }
+        },
+    ]
     # Each deciding hook's failure, sleeping past its deadline and raising, fails open and closed,
     # over HookSession (config `session`) and unary RPCs (`unary`), as the configs set the modes.
     names = {case["name"]: case["configs"] for case in cases}

@@ -31,3 +31,24 @@ def test_every_readme_link_names_a_file_and_heading_that_exist() -> None:
         if anchor:
             headings = re.findall(r"^#+ (.*)$", target.read_text(), re.MULTILINE)
             assert anchor in {_slug(heading) for heading in headings}, f"{path} has no heading #{anchor}"
+
+
+def test_every_docs_page_is_in_the_nav_the_index_and_the_readme() -> None:
+    """A page nobody links to is not found: each page under docs/ is in mkdocs.yml's nav, in
+    docs/index.md's table and in the README's list of the documentation."""
+    docs = REPO / "docs"
+    pages = {path.relative_to(docs).as_posix() for path in docs.rglob("*.md")}
+    nav = set(
+        re.findall(
+            r"^\s*- (?:[^\n:]+|\"[^\"]+\"): (\S+\.md)$", (REPO / "mkdocs.yml").read_text(), re.MULTILINE
+        )
+    )
+    index = {path for path, _ in _LINK.findall((docs / "index.md").read_text())}
+    readme = README.read_text()
+    listed = {
+        path.removeprefix("docs/")
+        for path, _ in _LINK.findall(readme[readme.index("## The documentation") :])
+    }
+    assert pages - nav == set(), "pages missing from mkdocs.yml's nav"
+    assert pages - index - {"index.md"} == set(), "pages missing from docs/index.md"
+    assert pages - listed - {"index.md"} == set(), "pages missing from the README's documentation list"

@@ -158,6 +158,10 @@ def test_the_wheels_install_in_a_fresh_venv_and_turnwire_demo_calls_tools(dist: 
     assert _run([str(venv / "bin" / "turnwire"), "--version"], cwd=app) == f"turnwire {VERSION}\n"
     output = _run([str(venv / "bin" / "turnwire"), "demo"], cwd=app, timeout=300)
     assert "get_weather" in output and "calculator" in output, output
+    # The wheel ships the inspector page built (issue 39): `turnwire demo --inspect` serves it.
+    page = Path(where.strip()).parent / "http" / "inspector_page"
+    assert sorted(path.name for path in page.iterdir()) == ["index.html", "inspector.css", "inspector.js"]
+    assert "turnwire demo --inspect" in output, output
 
 
 TS_CHAT = """\
@@ -360,6 +364,11 @@ def _go_kit_page(address: str) -> tuple[str, dict[str, Any]]:
     )
 
 
+def _go_root() -> str:
+    """The Go installation's directory (``go env GOROOT``)."""
+    return subprocess.run(["go", "env", "GOROOT"], capture_output=True, text=True, check=True).stdout.strip()
+
+
 def _go_requirements(go_mod: str) -> dict[str, str]:
     """Module path → version of every ``require`` of a ``go.mod``."""
     return dict(re.findall(r"^\s*(?:require\s+)?([a-z0-9.-]+\.[a-z]+/\S*)\s+(v\S+)", go_mod, re.MULTILINE))
@@ -429,13 +438,22 @@ def test_the_go_module_builds_in_a_scratch_module_and_chats_and_serves_a_kit(
         "GOPATH": str(tmp_path / "go-home"),
     }
     _vendor(app, listing, modules, env)
-    _run(["go", "build", "-o", "bin/", "./..."], cwd=app, env={**env, "GO111MODULE": "on"}, timeout=600)
+    # -trimpath, as a release build is made: no path of this machine (the module's, the Go
+    # installation's) is written into the binaries.
+    build = ["go", "build", "-trimpath", "-o", "bin/", "./..."]
+    _run(build, cwd=app, env={**env, "GO111MODULE": "on"}, timeout=600)
+    for program in programs:
+        binary = (app / "bin" / program).read_bytes()
+        for path in (str(tmp_path), str(REPO), _go_root()):
+            assert path.encode() not in binary, f"bin/{program} holds the path {path}"
     output = _run([str(app / "bin" / "chat")], cwd=app, timeout=120)
     assert re.search(r"^tool get_weather map\[city:Paris ", output, re.MULTILINE), output
     assert f"client {VERSION} TURN_STATUS_COMPLETED" in output, output
 
-    # The kit: the page's typed tool and policy hook, called by a real sidecar.
-    calls = [
+    # The kit: the page's typed tool and policy hook, called by a real sidecar with the calls of
+    # the page's own script (what a reader without an API key runs).
+    calls = wiring["providers"]["scripted"]["scripts"]["stock"][0]["tool_calls"]
+    assert calls == [
         {"name": "lookup_stock", "input": {"sku": "A-1"}},
         {"name": "lookup_stock", "input": {"sku": "internal-9"}},
     ]

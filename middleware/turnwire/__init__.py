@@ -9,6 +9,8 @@ Flat public modules, one concern each:
 - :mod:`turnwire.types`: usage, finish reasons, model stream chunks, tool choice,
   model settings.
 - :mod:`turnwire.providers`: the model-provider interface.
+- :mod:`turnwire.subagents`: sub-agents in the hook contract (:class:`~turnwire.subagents.SubagentCall`)
+  and :func:`~turnwire.subagents.call_subagent`, a sub-agent run from a hook or a tool.
 - :mod:`turnwire.errors`: :class:`~turnwire.errors.DomainError`, the base of every error a client
   may see (its ``ErrorReason``, status, retryability, message and details).
 - :mod:`turnwire.testing`: the scripted model (the offline default and test double).

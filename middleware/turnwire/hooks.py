@@ -34,6 +34,7 @@ from turnwire.compaction import CompactionConfig
 # Re-exported: part of the hook contract (defined beside the classifier to keep imports acyclic).
 from turnwire.error_classes import ChatErrorClassification as ChatErrorClassification  # noqa: PLC0414
 from turnwire.errors import CanonicalCode, ErrorWithStatus
+from turnwire.subagents import SubagentCall
 from turnwire.tools import Tool
 from turnwire.types import BudgetState, Cost, FinishReason, ModelChunk, ModelSettings, ToolChoice, Usage
 from turnwire.types import ToolCall as ModelToolCall
@@ -112,6 +113,11 @@ class TurnContext:
     of the turn from 1 (a re-run after a stall, a crash or an overflow is 2 and later).
     ``concurrent_input``: the strategy the request used on a busy conversation and the turn it
     stopped (:class:`ConcurrentInput`; None for a recovery or a submission).
+    ``entry`` is the entry path the turn came in by (docs/semantics.md §1: ``chat``,
+    ``save_messages``, ``continue``, ``tool_results``, ``tool_approvals``, ``submission``,
+    ``recovery``, or ``subagent`` for a sub-agent's turn); ``subagent_path`` is, for a
+    sub-agent's turn, the calls from the top-level turn down to it (:class:`SubagentCall`,
+    outermost first; docs/subagents.md), empty otherwise.
 
     ``messages`` (the stored history, as the model is sent it) is read-only, as in every
     context (docs/semantics.md §3, "Messages are read-only"): an immutable sequence whose items
@@ -130,6 +136,8 @@ class TurnContext:
     body: Mapping[str, Any]
     attempt: int = 1
     concurrent_input: ConcurrentInput | None = None
+    entry: str = ""
+    subagent_path: Sequence[SubagentCall] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,7 @@ from turnwire.types import (
     ToolResult,
     Usage,
     UsageUpdate,
+    last_step_text,
 )
 from turnwire.values import dumps, parse_tool_input, tool_call_output
 from turnwire_client.v1 import message_pb2
@@ -246,18 +247,6 @@ def _is_continuation_prompt(message: message_pb2.Message) -> bool:
     return message.role == message_pb2.ROLE_USER and _text(message) == CONTINUATION_PROMPT
 
 
-def _last_step_text(message: message_pb2.Message) -> str:
-    """The text an assistant message's last step wrote (after its last step start)."""
-    texts: list[str] = []
-    for part in message.parts:
-        kind = part.WhichOneof("kind")
-        if kind == "step_start":
-            texts = []
-        elif kind == "text":
-            texts.append(part.text.text)
-    return "".join(texts)
-
-
 def _last_user_text(messages: Sequence[message_pb2.Message]) -> str:
     for message in reversed(messages):
         if message.role == message_pb2.ROLE_USER:
@@ -317,7 +306,7 @@ class DemoScript:
         written: a reply cut off by a cancel or a crash is completed), else a note that the reply
         was complete (``turnwire continue`` after a finished answer)."""
         before = dataclasses.replace(request, messages=request.messages[:-1])
-        written = _last_step_text(before.messages[-1])
+        written = last_step_text(before.messages[-1])
         whole = self.step(before)
         rest = whole.text[len(written) :] if whole.text.startswith(written) else ""
         if rest or (whole.tool_calls and whole.text.startswith(written)):

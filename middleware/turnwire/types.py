@@ -464,3 +464,17 @@ ModelChunk = (
     | FinishStep
 )
 """One normalized piece of a model's stream."""
+
+
+def last_step_text(message: message_pb2.Message) -> str:
+    """The text an assistant message's last step wrote: its text parts after its last step start,
+    joined ("" when that step wrote none). A sub-agent's answer is this of its reply
+    (docs/subagents.md)."""
+    texts: list[str] = []
+    for part in message.parts:
+        kind = part.WhichOneof("kind")
+        if kind == "step_start":
+            texts = []
+        elif kind == "text":
+            texts.append(part.text.text)
+    return "".join(texts)

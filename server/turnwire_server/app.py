@@ -8,7 +8,8 @@ load balancers move traffic away first; a second SIGTERM/SIGINT ends it), then
 no new calls are accepted, running turns get ``limits.shutdown_grace_seconds``
 to finish, the rest are cancelled and store their partial replies; once every
 ChatService call has ended, the streams that never end on their own (health
-``Watch``, reflection) are cancelled, and the process exits 0. SIGHUP re-reads
+``Watch``, reflection) are cancelled, the connections are closed within what is left of the
+stop's deadline (:mod:`turnwire_server.closing`), and the process exits 0. SIGHUP re-reads
 the ``tls:`` files (:mod:`turnwire_server.api.tls`) and the ``auth:`` token sources
 (:mod:`turnwire_server.api.authentication`).
 """
@@ -21,7 +22,7 @@ import datetime as dt
 import gc
 import logging
 import signal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,9 +46,11 @@ from turnwire_server.api.status import status_of
 from turnwire_server.api.submission_rpcs import turn_request_of
 from turnwire_server.api.tls import ServerTls, TlsFileError
 from turnwire_server.cache_budget import CACHES
+from turnwire_server.closing import close_within
 from turnwire_server.config import MiddlewareEntry, Settings, StoreSettings
 from turnwire_server.engine import EngineSettings, TurnEngine
 from turnwire_server.engine.cost import PriceBook
+from turnwire_server.engine.detached_subagents import DetachedResults
 from turnwire_server.engine.fallback import Fallbacks
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.replica import Replica
@@ -70,6 +73,7 @@ from turnwire_server.remote_hooks import RemoteMiddleware
 from turnwire_server.store import Store, open_store, store_label
 from turnwire_server.store.errors import StoreUnreachable
 from turnwire_server.store_health import StoreHealth
+from turnwire_server.subagent_loading import SubagentConfigError, build_subagents
 from turnwire_server.tools.demo import DEMO_TOOLS
 from turnwire_server.tools.grpc_host import RemoteToolHost, ToolHostError
 from turnwire_server.tools.loading import ToolLoadError, load_tools
@@ -242,6 +246,9 @@ class Sidecar:
         if self.store_health is not None:
             await self.store_health.stop()
         grace = self.settings.limits.shutdown_grace_seconds
+        # What a supervisor waits after the drain window (docs/operate/stopping.md): the closes
+        # at the end get what is left of it, so no other process can hold the exit.
+        deadline = asyncio.get_running_loop().time() + grace + _TURN_END_MARGIN_SECONDS
         # A person at a terminal waits on this line: say how not to wait, when a signal can do it.
         hint = "" if cut_short is None else " (a second SIGINT/Ctrl-C or SIGTERM cancels them now)"
         log.info("shutting down: running turns have %.1f s to finish%s", grace, hint)
@@ -273,11 +280,13 @@ class Sidecar:
                 await self.http.stop(_TURN_END_MARGIN_SECONDS if self.gate.open_calls else 0.5)
         # Renewed until the turns ended; those left running (for the next start) lapse.
         await self.replica.stop()
-        for remote in self.remote_hooks:
-            await remote.aclose()
-        await self.store.close()
-        await self.providers.aclose()
-        await self.tools.aclose()
+        closes: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            *((f"remote hook server {remote.name!r}", remote.aclose) for remote in self.remote_hooks),
+            *((f"{source.kind} {source.name!r}", source.aclose) for source in self.tools.sources),
+            ("the store", self.store.close),
+            ("the providers", self.providers.aclose),
+        ]
+        await close_within(closes, deadline)
         if self.tracer_provider is not None:
             # Exports the spans still queued (bounded by the exporter's timeout).
             await asyncio.to_thread(self.tracer_provider.shutdown)
@@ -492,6 +501,11 @@ async def _start(
     again when a step after it fails."""
     chain = MiddlewareChain(load_middlewares(settings.middleware))
     session = await _configure_session(settings, chain, providers, tools)
+    try:
+        detached_results = DetachedResults()
+        subagents = await build_subagents(settings, providers, tools, load_middlewares, detached_results)
+    except SubagentConfigError as error:
+        raise StartupError(str(error)) from error
     replica_id = new_replica_id()
     store = await _open_store(
         settings.store, patience_seconds=settings.durability.store_outage_seconds, replica_id=replica_id
@@ -503,14 +517,16 @@ async def _start(
         engine = TurnEngine(
             store=store,
             providers=providers,
-            tools=tools,
+            tools=subagents.all_tools,
             chain=chain,
             settings=_engine_settings(settings, session, replica_id),
             error_status=status_of,
             tracing=tracing,
             turn_slots=gate,
         )
+        subagents.bind(engine)
         submissions = await _recover(settings, engine, store)
+        detached_results.bind(submissions, store)
         server, health, port, calls = await _serve(
             settings, engine, submissions, gate, tls, access=access, shared_port=shared_port
         )

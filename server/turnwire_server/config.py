@@ -126,6 +126,34 @@ class MiddlewareEntry(ConfigSection):
         return self
 
 
+class SubagentSettings(ConfigSection):
+    """One sub-agent (docs/subagents.md): offered to the model as the tool ``name``
+    (``description`` tells the model when to call it), it runs a child turn on ``model``
+    (``provider:model``; default: the calling turn's) with ``system_prompt`` (default: the
+    top-level one), the ``tools`` it may call by name (server tools and other sub-agents), its
+    own ``middleware`` chain (entries as in the top-level ``middleware:``), at most ``max_steps``
+    model steps (default: ``limits.max_steps``), and, with ``output`` (a JSON Schema object), a
+    structured answer that is the call's result as JSON. ``detached``: a call returns a handle at
+    once, the child runs on, and its answer is submitted to the calling conversation."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="the tool name the model calls it by")
+    description: str = Field(min_length=1, description="what it does, for the model")
+    model: str | None = Field(None, description="provider:model (default: the calling turn's)")
+    system_prompt: str | None = Field(None, description="its system prompt (default: system_prompt)")
+    tools: list[str] = Field(default_factory=list, description="the tools and sub-agents it may call")
+    middleware: list[MiddlewareEntry] = Field(default_factory=list)
+    max_steps: int | None = Field(None, ge=1, le=1000)
+    output: dict[str, Any] | None = Field(None, description="a JSON Schema its answer follows")
+    detached: bool = Field(
+        False, description="a call returns a handle at once; the answer comes as a submission"
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _model_id(cls, value: str | None) -> str | None:
+        return value if value is None else _model_id(value)
+
+
 class MetricsSettings(ConfigSection):
     """The Prometheus endpoint (``GET /metrics`` in the text exposition format, on its own HTTP
     port). Off by default: the sidecar opens no port beyond its gRPC one unless asked, and which
@@ -165,6 +193,13 @@ class LoggingSettings(ConfigSection):
     format: Literal["text", "json"] = "text"
 
 
+def _model_id(value: str) -> str:
+    """``value`` when it is a model id (``provider:model``); raises :class:`ValueError`."""
+    if ":" not in value:
+        raise ValueError("must be provider:model, for example scripted:demo")
+    return value
+
+
 def _host_port(value: str, example: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -200,6 +235,7 @@ class Settings(BaseSettings):
     providers: dict[str, ProviderSettings] = Field(default_factory=default_providers)
     tools: ToolsSettings = Field(default_factory=ToolsSettings)
     middleware: list[MiddlewareEntry] = Field(default_factory=list)
+    subagents: list[SubagentSettings] = Field(default_factory=list)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     pricing: PricingSettings = Field(default_factory=PricingSettings)
     fallback: FallbackSettings = Field(default_factory=FallbackSettings)
@@ -221,6 +257,15 @@ class Settings(BaseSettings):
     @classmethod
     def _host_port(cls, value: str) -> str:
         return _host_port(value, "127.0.0.1:50051")
+
+    @field_validator("subagents")
+    @classmethod
+    def _distinct_subagents(cls, value: list[SubagentSettings]) -> list[SubagentSettings]:
+        names = [entry.name for entry in value]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"sub-agent names must differ; {', '.join(map(repr, twice))} is given twice")
+        return value
 
     @model_validator(mode="after")
     def _deprecated_log_level(self) -> Settings:
@@ -246,9 +291,7 @@ class Settings(BaseSettings):
     @field_validator("default_model")
     @classmethod
     def _model_id(cls, value: str) -> str:
-        if ":" not in value:
-            raise ValueError("must be provider:model, for example scripted:demo")
-        return value
+        return _model_id(value)
 
     @classmethod
     def settings_customise_sources(

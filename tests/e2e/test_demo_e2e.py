@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def _demo(tmp_path: Path, *flags: str) -> tuple[int, str]:
     """Run ``turnwire demo FLAGS`` in ``tmp_path``: its exit code and output."""
@@ -32,6 +34,8 @@ def test_the_demo_calls_tools_and_stops_the_sidecar_cleanly(tmp_path: Path) -> N
     assert "= 294." in output  # (12 + 30) * 7, computed by the calculator tool
     assert "sidecar stopped cleanly" in output
     assert (tmp_path / "turnwire.db").exists()
+    # Issue 39's "Done means": the plain demo names the way to see its turns as pictures.
+    assert "inspector page: turnwire demo --inspect" in output
 
 
 def test_the_overflow_demo_recovers_a_turn_that_outgrew_the_window(tmp_path: Path) -> None:
@@ -57,3 +61,18 @@ def test_the_demo_listens_where_asked(tmp_path: Path) -> None:
     assert returncode == 0, output
     assert f"starting turnwire serve --listen {listen}" in output
     assert "sidecar stopped cleanly" in output
+
+
+async def test_demo_inspect_without_a_built_page_says_how_to_build_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stop 46's gap: in a checkout whose page was never built, ``demo --inspect`` started a sidecar
+    whose page answered 503. It now stops before starting anything and says what to run."""
+    from turnwire_server.cli import demo
+    from turnwire_server.http import inspector_door
+
+    monkeypatch.setattr(inspector_door, "PAGE_DIR", tmp_path / "not-built")
+    assert await demo.run_demo(tmp_path, inspect=True) == 2
+    output = capsys.readouterr().out
+    assert "the inspector page is not built" in output and "make build-inspector" in output
+    assert not (tmp_path / "turnwire-demo.log").exists()  # no sidecar was started

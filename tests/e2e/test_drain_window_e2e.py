@@ -9,6 +9,7 @@ within ``limits.shutdown_grace_seconds``. A second SIGTERM ends the window early
 from __future__ import annotations
 
 import signal
+import socket
 import time
 
 import grpc
@@ -170,3 +171,30 @@ async def test_a_second_signal_during_the_grace_cancels_the_running_turns(
     history = await run_turnwire("history", "second-signal", "--target", restarted.target)
     assert history.code == 0, history.stderr
     assert f"(partial: turn {result.events[-1].request_id} ended ABORTED: SHUTTING_DOWN)" in history.stdout
+
+
+async def test_a_tool_host_that_never_answers_does_not_hold_the_stop(sidecar_factory: SidecarFactory) -> None:
+    """A tool host whose port takes connections but never answers one (a hung process): the
+    sidecar starts without its tools, and SIGTERM still ends the process within the deadline a
+    supervisor waits (drain window + grace + 5 s, docs/operate/stopping.md), exit 0. The closes
+    that end the stop are bounded by that deadline (turnwire_server/closing.py)."""
+    drain, grace = 1.0, 2.0
+    with socket.socket() as silent:  # listens, never accepts: connections open, nothing answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        config = {
+            "limits": {"drain_seconds": drain, "shutdown_grace_seconds": grace},
+            "tools": {"hosts": [{"name": "silent", "address": address, "startup_timeout_seconds": 1}]},
+        }
+        sidecar = await sidecar_factory(config).start()
+        await wait_until(
+            lambda: "tool host 'silent'" in sidecar.log_text(), what="the silent host's failed listing logged"
+        )
+        signalled = time.monotonic()
+        sidecar.send_signal(signal.SIGTERM)
+        # The process's own exit (interpreter shutdown) on a loaded machine takes a few seconds more.
+        assert await sidecar.wait(timeout=drain + grace + 5 + 10) == 0, sidecar.log_text()
+        took = time.monotonic() - signalled
+    assert took < drain + grace + 5 + 5, f"the stop took {took:.1f} s:\n{sidecar.log_text()}"
+    assert "stopped" in sidecar.log_text()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from turnwire_client import TurnwireClient, TurnwireError
 from turnwire_client.v1 import hooks_pb2, hooks_pb2_grpc, tools_pb2, tools_pb2_grpc
@@ -181,7 +182,7 @@ class KitSteps:
 
     async def __call__(self, step: dict[str, Any]) -> list[str] | None:
         if "fixture" in step:
-            return await self._call_fixture(step["fixture"], step.get("expect", {}))
+            return await self._call_fixture(step["fixture"], step.get("request", {}), step.get("expect", {}))
         if "journal" in step:
             wanted = step["journal"]
             return await self._eventually(
@@ -200,16 +201,36 @@ class KitSteps:
             )
         return None
 
-    async def _call_fixture(self, rpc: str, expect: dict[str, Any]) -> list[str]:
+    async def _call_fixture(self, rpc: str, request: dict[str, Any], expect: dict[str, Any]) -> list[str]:
+        """Call ``rpc`` on the fixture with ``request`` (proto JSON); match its response against
+        ``expect.response``, or the status it failed with (``{code: NAME, message}``) against
+        ``expect.failure``. ``HookSession`` sends one request and reads one response."""
         async with grpc.aio.insecure_channel(self.fixture.address) as channel:
-            if rpc == "GetHookSubscriptions":
-                stub: Any = hooks_pb2_grpc.TurnHooksServiceStub(channel)
-                response = await stub.GetHookSubscriptions(
-                    hooks_pb2.GetHookSubscriptionsRequest(), timeout=10
-                )
-            else:
-                stub = tools_pb2_grpc.ToolExecutorServiceStub(channel)
-                response = await stub.ListTools(tools_pb2.ListToolsRequest(), timeout=10)
+            hooks: Any = hooks_pb2_grpc.TurnHooksServiceStub(channel)
+            try:
+                if rpc == "GetHookSubscriptions":
+                    response = await hooks.GetHookSubscriptions(
+                        hooks_pb2.GetHookSubscriptionsRequest(), timeout=10
+                    )
+                elif rpc == "ListTools":
+                    tools: Any = tools_pb2_grpc.ToolExecutorServiceStub(channel)
+                    response = await tools.ListTools(tools_pb2.ListToolsRequest(), timeout=10)
+                elif rpc == "BeforeTurn":
+                    message = json_format.ParseDict(request, hooks_pb2.BeforeTurnRequest())
+                    response = await hooks.BeforeTurn(message, timeout=10)
+                else:  # HookSession: one request, its first response, then the stream is closed
+                    session = hooks.HookSession(timeout=10)
+                    await session.write(json_format.ParseDict(request, hooks_pb2.HookSessionRequest()))
+                    response = await session.read()
+                    await session.done_writing()
+                    session.cancel()
+            except grpc.aio.AioRpcError as error:
+                failed = {"code": error.code().name, "message": error.details()}
+                if "failure" not in expect:
+                    return [f"{rpc} failed: {failed}"]
+                return match(expect["failure"], failed, "failure")
+        if "failure" in expect:
+            return [f"{rpc} answered {client_suite.to_json(response)} where it should have failed"]
         return match(expect.get("response", {}), client_suite.to_json(response), "response")
 
     @staticmethod

@@ -7,12 +7,14 @@ overrides, so the sidecar calls nothing else; :class:`HookServer` also serves ``
 sidecar then sends a turn's hook calls as messages of one stream, docs/semantics.md §4, remote
 middleware), answering with the same methods.
 
-A hook that raises fails its call: the unary RPC ends ``INTERNAL`` with the exception's text (on
-``HookSession``: ``HookAnswer.error``, the stream goes on), and the sidecar applies the entry's
-failure mode (``open``: as if it answered nothing; ``closed``: the tool call is blocked or the turn
-fails). When the sidecar's deadline passes or the turn ends, the call is cancelled: the hook's task
-gets ``asyncio.CancelledError``. Inside a hook, :func:`turnwire.kit.call_info` gives the call's
-metadata and W3C trace context.
+A hook that raises fails its call: the unary RPC ends ``UNKNOWN`` (what gRPC's own servers send
+for a handler's unhandled exception; the TypeScript and Go kits send the same) with the
+exception's text (on ``HookSession``: ``HookAnswer.error``, the stream goes on); one that answers
+with another message type fails it ``INTERNAL`` (a bug of the hook server, not of the turn). The
+sidecar then applies the entry's failure mode (``open``: as if it answered nothing; ``closed``:
+the tool call is blocked or the turn fails). When the sidecar's deadline passes or the turn ends,
+the call is cancelled: the hook's task gets ``asyncio.CancelledError``. Inside a hook,
+:func:`turnwire.kit.call_info` gives the call's metadata and W3C trace context.
 """
 
 from __future__ import annotations
@@ -158,6 +160,10 @@ HOOKS: dict[str, _Hook] = {
 ``HookCall``/``HookAnswer`` oneof field) that carries it, in ``Hook`` enum order."""
 
 
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+"""grpc's status codes by number (a ``google.rpc.Status`` code)."""
+
+
 class _HookFailed(Exception):
     """A hook failed: ``status`` is the failed call's ``google.rpc.Status``."""
 
@@ -177,7 +183,7 @@ async def _call(server: HookServer, name: str, request: Any) -> Any:
     except Exception as error:
         logger.exception("hook %s failed", name)
         message = str(error) or type(error).__name__
-        raise _HookFailed(status_pb2.Status(code=code_pb2.INTERNAL, message=message)) from error
+        raise _HookFailed(status_pb2.Status(code=code_pb2.UNKNOWN, message=message)) from error
     if response is None:
         return expected()
     if not isinstance(response, expected):
@@ -206,7 +212,7 @@ class _Servicer(hooks_pb2_grpc.TurnHooksServiceServicer):
         try:
             return await _call(self._server, name, request)
         except _HookFailed as failure:
-            await context.abort(grpc.StatusCode.INTERNAL, failure.status.message)
+            await context.abort(_STATUS_CODES[failure.status.code], failure.status.message)
 
     async def BeforeTurn(self, request: Any, context: Any) -> Any:
         return await self._unary("before_turn", request, context)

@@ -1,5 +1,5 @@
 """The ``turnwire`` command: ``serve`` the sidecar, ``migrate`` its store, ``chat`` with it,
-``continue`` or ``cancel`` a turn, list ``conversations``, read ``history``, check its ``health``,
+``continue``, ``cancel`` or ``resume`` a turn, list ``conversations``, read ``history``, check its ``health``,
 run the ``demo``, ``config show``; ``--version``.
 
 Modules: :mod:`.app` (the typer app and its global options), :mod:`.server_commands` and

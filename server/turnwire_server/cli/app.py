@@ -13,14 +13,14 @@ from typing import Annotated
 import typer
 
 from turnwire_server.cli import client_commands, server_commands
-from turnwire_server.cli.connection import options_before_command
+from turnwire_server.cli.connection import CLIENT_COMMANDS, options_before_command
 
 __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="turnwire",
     help="Turnwire: a gRPC sidecar that runs persisted, multi-step LLM chat turns.\n\n"
-    "The client commands (chat, continue, approve, cancel, conversations, history, health) take their "
+    f"The client commands ({', '.join(CLIENT_COMMANDS)}) take their "
     "connection options (--target, --token, --tls*) before or after the command name.",
     no_args_is_help=True,
     add_completion=False,

@@ -1,5 +1,5 @@
 """The commands that talk to a sidecar: ``chat``, ``continue``, ``approve``, ``cancel``,
-``conversations``, ``history``, ``fork``, ``health``.
+``resume``, ``conversations``, ``history``, ``fork``, ``health``.
 
 Each declares its own arguments and options and takes the connection options through
 :func:`~turnwire_server.cli.connection.client_command`; the runners are imported when a command

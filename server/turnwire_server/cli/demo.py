@@ -124,6 +124,15 @@ async def run_demo(
     a free one); None: 127.0.0.1 and a free port. ``inspect``: the inspector page too, the
     sidecar kept up until Ctrl-C (module docstring)."""
     console = Console()
+    from turnwire_server.http.inspector_door import page_built  # starlette: only the page needs it
+
+    if inspect and not page_built():
+        # A checkout builds the page with `make build-inspector` (`make demo` does); a wheel ships it.
+        console.print(
+            "[red]the inspector page is not built in this install[/]: run `make build-inspector` "
+            "(or `make demo`, which builds it) in the repository, then `turnwire demo --inspect` again"
+        )
+        return 2
     host, _, port = (listen or "127.0.0.1:0").rpartition(":")
     if port == "0":  # the demo must know the port to talk to its sidecar: pick one now
         port = str(free_port())
@@ -192,6 +201,10 @@ async def run_demo(
                 console.print(f"inspector: [bold]{page}#conversation={conversation}[/]", soft_wrap=True)
                 console.print("the sidecar stays up for the page: press Ctrl-C to stop it")
                 await wait_for_interrupt()
+            elif code == 0 and not overflow:
+                console.print(
+                    "\nsee these turns as timelines in the inspector page: [bold]turnwire demo --inspect[/]"
+                )
         finally:
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)

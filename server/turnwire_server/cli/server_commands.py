@@ -256,8 +256,8 @@ def demo(
     """Run a demo conversation that calls tools.
 
     Starts the sidecar on its embedded defaults, holds a conversation that calls tools, and
-    stops it (with ``--inspect``: once you press Ctrl-C, after looking at its turns in the
-    inspector page it prints the address of).
+    stops it. With --inspect it also serves the inspector page, prints its address, and stops
+    once you press Ctrl-C (look at the turns there first).
     """
     from turnwire_server.cli.demo import run_demo
 

@@ -36,6 +36,7 @@ from turnwire.providers import ModelRequest
 from turnwire.types import BudgetState, Cost, Usage
 from turnwire_client.v1 import message_pb2
 from turnwire_server.engine import metrics
+from turnwire_server.engine.budget_refusals import exhausted_text, refusal_text, step_refusal_text
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.errors import BudgetExhausted, BudgetRefused, TurnFailure
@@ -205,15 +206,6 @@ def _step_room(limit: StepLimit, ask: BudgetAsk) -> int:
     return room
 
 
-def _why(budget: BudgetLimits, spend: BudgetSpend) -> str:
-    """What of ``budget`` is used, in the kind that ran out first."""
-    used_tokens = spend.spent_tokens + spend.reserved_tokens
-    if budget.tokens is not None and (budget.usd is None or used_tokens / budget.tokens >= 1):
-        return f"{used_tokens:,} of its {budget.tokens:,} tokens used or reserved"
-    used_usd = spend.spent_usd + spend.reserved_usd
-    return f"${used_usd:.6g} of its ${budget.usd or 0:.6g} used or reserved"
-
-
 def _exhausted(budget: BudgetLimits, spend: BudgetSpend) -> bool:
     """No room left for a step of one token (or of any cost)."""
     if budget.tokens is not None and spend.spent_tokens + spend.reserved_tokens >= budget.tokens:
@@ -239,7 +231,9 @@ async def admission_refusal(
         spend = spends.get(budget.key, BudgetSpend())
         if _exhausted(budget, spend):
             metrics.BUDGET_EXHAUSTED.labels(tenant_of_key(conversation_id), budget.key.scope).inc()
-            return BudgetRefused(budget.key.scope, _why(budget, spend), resets_in(budget.key, now))
+            return BudgetRefused(
+                budget.key.scope, exhausted_text(budget.tokens, budget.usd, spend), resets_in(budget.key, now)
+            )
     return None
 
 
@@ -329,11 +323,7 @@ class StepBudgets:
         if step is not None:  # the step's own limit first: the lower of it and the budgets' wins
             room = _step_room(step, ask)
             if room < least:
-                await self._refuse(
-                    "step",
-                    f"before_step limited it to {_limit_text(step)}, and it needs about {prompt:,} "
-                    f"tokens of prompt and at least {least:,} of output",
-                )
+                await self._refuse("step", step_refusal_text(step.tokens, step.usd, ask))
             ask = dataclasses.replace(ask, max_output=room)
         if not budgets and not self._open:
             granted = ask.max_output
@@ -363,18 +353,13 @@ class StepBudgets:
     ) -> BudgetGrant:
         """The store's grant of ``ask`` against ``budgets`` (with ``checkpoint()`` stored).
         Raises :class:`TurnFailure` when a budget has no room for it."""
-        prompt, least = ask.prompt_tokens, ask.min_output
         grant = await self._charge(budgets, ask, None if checkpoint is None else await checkpoint())
         if grant.refused is not None:
             refused = next(budget for budget in budgets if budget.key == grant.refused)
             metrics.BUDGET_EXHAUSTED.labels(self._tenant, refused.key.scope).inc()
-            why = _why(refused, grant.spends.get(refused.key, BudgetSpend()))
-            error = BudgetExhausted(
-                refused.key.scope,
-                f"{why}, and the next step needs about {prompt:,} tokens of prompt and at least "
-                f"{least:,} of output",
-                resets_in(refused.key, now),
-            )
+            spend = grant.spends.get(refused.key, BudgetSpend())
+            why = refusal_text(refused.tokens, refused.usd, spend, ask)
+            error = BudgetExhausted(refused.key.scope, why, resets_in(refused.key, now))
             raise TurnFailure("step", error) from error
         return grant
 
@@ -489,13 +474,6 @@ async def settle_abandoned(store: BudgetStore, request_id: str, conversation_id:
     read) when it reserved nothing. Runs whatever the configuration, so budgets a previous
     configuration charged are not left reserved forever."""
     await store.charge_budget(BudgetCharge(request_id, conversation_id, None, ()))
-
-
-def _limit_text(limit: StepLimit) -> str:
-    parts = [] if limit.tokens is None else [f"{limit.tokens:,} tokens"]
-    if limit.usd is not None:
-        parts.append(f"${limit.usd:.6g}")
-    return " and ".join(parts)
 
 
 def step_budgets(

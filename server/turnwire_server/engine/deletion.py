@@ -10,6 +10,7 @@ import datetime as dt
 from collections.abc import Sequence
 
 from turnwire_server.engine.engine import TurnEngine
+from turnwire_server.engine.subagents import CHILD_MARK
 
 
 async def delete_conversation(
@@ -18,6 +19,7 @@ async def delete_conversation(
     *,
     updated_before: dt.datetime | None = None,
     forks: Sequence[str] = (),
+    children: bool = True,
 ) -> bool:
     """Delete ``conversation_id`` with everything stored of it; False when nothing was stored.
     Its forks stay readable (docs/forks.md); with ``forks`` (its :meth:`fork_descendants`, read
@@ -31,7 +33,9 @@ async def delete_conversation(
     turn, or updated since ``updated_before``, is left alone (False).
 
     The delete runs under the conversation's turn lock, so no turn can store input into it
-    meanwhile; a turn admitted later starts a fresh conversation. Raises
+    meanwhile; a turn admitted later starts a fresh conversation. With ``children`` (the default)
+    the sub-agents' child conversations of a deleted conversation go with it
+    (:func:`delete_children`; docs/subagents.md). Raises
     :class:`~turnwire_server.store.base.StoreError` when the store fails.
     """
     store = engine.store
@@ -53,14 +57,33 @@ async def delete_conversation(
             record = await store.get_conversation(conversation_id)
             if record is None or record.update_time >= updated_before:
                 return False
-        return await store.delete_conversation(conversation_id, with_forks=bool(forks))
+        deleted = await store.delete_conversation(conversation_id, with_forks=bool(forks))
+    if children:
+        deleted = await delete_children(engine, conversation_id) > 0 or deleted
+    return deleted
 
 
 async def delete_with_forks(engine: TurnEngine, conversation_id: str) -> tuple[bool, int]:
     """Delete ``conversation_id`` and every conversation forked from it, directly or not (an
-    erasure request; docs/forks.md): whether the conversation was deleted and how many forks
-    were listed for deletion with it. Raises as :func:`delete_conversation`."""
+    erasure request; docs/forks.md), with its sub-agents' child conversations as
+    :func:`delete_conversation`: whether the conversation was deleted and how many forks were
+    listed for deletion with it. Raises as :func:`delete_conversation`."""
     forks = await engine.store.fork_descendants(conversation_id)
     if not forks:
         return await delete_conversation(engine, conversation_id), 0
     return await delete_conversation(engine, conversation_id, forks=forks), len(forks)
+
+
+async def delete_children(engine: TurnEngine, conversation_id: str) -> int:
+    """Delete the sub-agents' child conversations of ``conversation_id``, every level (their ids
+    start with its own and :data:`~turnwire_server.engine.subagents.CHILD_MARK`), each as
+    ``DeleteConversation`` deletes (its turns cancelled first); returns how many went. Raises
+    :class:`~turnwire_server.store.base.StoreError`."""
+    prefix = f"{conversation_id}{CHILD_MARK}"
+    deleted = 0
+    while True:
+        records, _ = await engine.store.list_conversations(100, "", id_prefix=prefix)
+        went = [r for r in records if await delete_conversation(engine, r.conversation_id, children=False)]
+        deleted += len(went)
+        if not went:  # none left (or none that would go: never loop on it)
+            return deleted

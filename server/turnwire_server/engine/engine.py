@@ -17,7 +17,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from turnwire.hooks import ConcurrentInput
 from turnwire.tools import Tool
@@ -62,6 +62,18 @@ carry input stored already (a submission, tool results) and end at their first s
 _current_turn: contextvars.ContextVar[TurnRun | None] = contextvars.ContextVar(
     "turnwire_current_turn", default=None
 )
+
+
+class SubagentHomes(Protocol):
+    """Where a sub-agent's turn runs (:class:`~turnwire_server.engine.subagents.Subagents`)."""
+
+    def home(self, name: str) -> tuple[MiddlewareChain, Mapping[str, Tool]]:
+        """The middleware chain and tools of sub-agent ``name`` (docs/subagents.md)."""
+        ...
+
+    def started(self, handle: TurnHandle) -> None:
+        """A sub-agent's turn started (a call, or the recovery of one)."""
+        ...
 
 
 class TurnHandle:
@@ -173,6 +185,9 @@ class TurnEngine:
         self._queued: Counter[str] = Counter()
         self._accepting = True
         self._recovery_slots = asyncio.Semaphore(settings.durability.max_concurrent_recoveries)
+        #: The configured sub-agents (docs/subagents.md), set once they are built; a sub-agent's
+        #: turn runs with its own middleware chain and tools.
+        self.subagents: SubagentHomes | None = None
 
     @property
     def draining(self) -> bool:
@@ -292,12 +307,15 @@ class TurnEngine:
             acquired = True
             self._dequeue(conversation_id)
 
+        chain, tools = self.chain, self.tools
+        if request.subagent_path and self.subagents is not None:
+            chain, tools = self.subagents.home(request.subagent_path[-1].subagent)
         run = TurnRun(
             request,
             store=self.store,
             providers=self.providers,
-            tools=self.tools,
-            chain=self.chain,
+            tools=tools,
+            chain=chain,
             settings=self.settings,
             writer=writer,
             error_status=self.error_status,
@@ -338,6 +356,8 @@ class TurnEngine:
         task = asyncio.create_task(main(), name=f"turn {request.request_id}")
         handle = TurnHandle(run, channel, task, log, detached=detached, slots=self.turn_slots)
         self._turns[request.request_id] = handle
+        if request.subagent_path and self.subagents is not None:
+            self.subagents.started(handle)
         return handle
 
     async def busy_turn(self, conversation_id: str, *, own_id: str = "") -> str | None:
@@ -652,6 +672,7 @@ class TurnEngine:
                 entry="recovery",
                 trace_context=spec.trace_context,
                 principal=spec.principal,
+                subagent_path=spec.subagent_path,
             )
             await self.start(
                 request,

@@ -9,12 +9,13 @@ same text or reasoning block that arrive within the window are sent as one
 delta. The concatenated text is identical, so what the client reconstructs
 does not change; only the number of messages does.
 
-Merging (always, when coalescing is off; issue 17): a delta whose block's previous delta
-has waited in the channel for at least one turn of the event loop and is still unread (the
-RPC's writer had its chance and is behind, busy writing earlier events) is appended to that
-one instead of becoming an event of its own, up to :data:`MERGE_LIMIT` characters and
+Merging (always, when coalescing is off; issues 17 and 33): a delta whose block's previous
+delta is still unread in the channel (the RPC's writer has not taken it: the server read both
+in one piece, or the writer is behind, busy writing earlier events) is appended to that one
+instead of becoming an event of its own, up to :data:`MERGE_LIMIT` characters and
 :data:`MERGE_BUDGET` merged deltas per turn: one message and one gRPC write instead of
-several. Nothing waits for it, so a writer that keeps up sends every delta as it came.
+several (a gRPC message costs the sidecar more CPU than the rest of a chunk's path, bench/ttft.md).
+Nothing waits for it: a delta the writer can take at once is sent as it came.
 Numbering stays gap-free, and the stream log stores the merged event, never a version a
 reader was sent before it grew (:meth:`StreamLog.amendable`), so a resume from its
 sequence number continues exactly after it (docs/semantics.md §10, §8).
@@ -71,8 +72,6 @@ class EventWriter:
     """
 
     __slots__ = (
-        "_aged_delta",
-        "_aging",
         "_coalesce",
         "_flush_handle",
         "_last_delta",
@@ -114,8 +113,6 @@ class EventWriter:
         self._flush_handle: asyncio.TimerHandle | None = None
         self._last_delta: Any = None  # the response of the last text or reasoning delta sent
         self._last_delta_id = ""
-        self._aged_delta: Any = None  # the last delta's response once a loop turn has passed
-        self._aging = False  # an _age callback is scheduled
         self._merge_budget = MERGE_BUDGET
 
     def new(self) -> event_pb2.TurnEvent:
@@ -185,30 +182,17 @@ class EventWriter:
         coalesces all its deltas or none) and keep it as the one the next delta may merge into;
         fill its payload in place."""
         event = self._emit()
-        last = self.channel.last_unread()  # the delta's response (None: nobody will read it)
-        self._last_delta = last
+        self._last_delta = self.channel.last_unread()  # the delta's response (None: nobody reads it)
         self._last_delta_id = block_id
-        if last is not None and not self._aging:
-            # One callback per loop turn, not per delta: it runs on the loop's next turn, before
-            # the task sending deltas (the turn's, StepLoop._stream: the only one) can run again,
-            # so it ages the last delta sent in this turn and no later one: deltas sent in the
-            # same turn never merge.
-            self._aging = True
-            asyncio.get_running_loop().call_soon(self._age)
         return event
-
-    def _age(self) -> None:
-        self._aging = False
-        self._aged_delta = self._last_delta
 
     def _merged(self, last: Any, kind: str, block_id: str, delta: str) -> bool:
         """Append ``delta`` to ``last`` (the response of the last delta sent) when it is a delta of
-        ``kind`` (``text_delta``, ``reasoning_delta``) of the same block, unread for a loop turn
-        already, not yet stored, and within :data:`MERGE_LIMIT` and :data:`MERGE_BUDGET`."""
+        ``kind`` (``text_delta``, ``reasoning_delta``) of the same block, still unread, not yet
+        stored, and within :data:`MERGE_LIMIT` and :data:`MERGE_BUDGET`."""
         event = last.event
         if (
-            self._aged_delta is not last
-            or self._last_delta_id != block_id
+            self._last_delta_id != block_id
             or not self._merge_budget
             or self.channel.last_unread() is not last
             or event.WhichOneof("event") != kind

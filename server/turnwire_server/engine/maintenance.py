@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 
 from turnwire_server.engine.deletion import delete_conversation
 from turnwire_server.engine.engine import TurnEngine
+from turnwire_server.engine.subagents import is_child
 
 log = logging.getLogger("turnwire.maintenance")
 
@@ -131,6 +132,8 @@ class Maintenance:
         candidates = await self.engine.store.expired_conversations(before, self.batch_size)
         deleted = 0
         for conversation_id in candidates:
+            if is_child(conversation_id):  # a sub-agent's: it goes with its parent (docs/subagents.md)
+                continue
             if await delete_conversation(self.engine, conversation_id, updated_before=before):
                 deleted += 1
         return deleted

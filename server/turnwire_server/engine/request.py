@@ -8,15 +8,24 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from turnwire.hooks import ConcurrentInputStrategy
+from turnwire.subagents import SubagentCall
 from turnwire.tools import Tool
 from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.budget_settings import BudgetLimit
 
 TurnEntry = Literal[
-    "chat", "save_messages", "continue", "tool_results", "tool_approvals", "submission", "recovery"
+    "chat",
+    "save_messages",
+    "continue",
+    "tool_results",
+    "tool_approvals",
+    "submission",
+    "recovery",
+    "subagent",
 ]
 """How a turn came in: the RPC that started it (``Chat``, ``SaveMessages``, ``ContinueLastTurn``,
-``SubmitToolResults``, ``SubmitToolApprovals``), a stored submission, or a crash recovery."""
+``SubmitToolResults``, ``SubmitToolApprovals``), a stored submission, a crash recovery, or a
+sub-agent's call (docs/subagents.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +62,9 @@ class TurnRequest:
     ``budget`` is the request's own turn budget, which lowers ``budgets.turn`` and never raises
     it (docs/cost.md, "Budgets"; None: the configured one). ``principal`` is the caller who asked
     for the turn ("" when authentication is off, or unknown): the turn runs under its budgets.
+    ``subagent_path`` is set on a sub-agent's turn (entry ``subagent``): the sub-agent calls from
+    the top-level turn down to this one, outermost first (docs/subagents.md); its length is the
+    turn's depth.
     """
 
     conversation_id: str
@@ -71,3 +83,4 @@ class TurnRequest:
     concurrent_input: ConcurrentInputStrategy | None = None
     budget: BudgetLimit | None = None
     principal: str = ""
+    subagent_path: tuple[SubagentCall, ...] = ()

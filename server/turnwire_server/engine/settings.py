@@ -32,6 +32,9 @@ class LimitsSettings(_EngineSection):
     """Bounds. Sizes in bytes, times in seconds."""
 
     max_steps: int = Field(10, ge=1, le=1000)
+    max_subagent_depth: int = Field(
+        3, ge=1, le=16, description="sub-agent calls nested at most (docs/subagents.md)"
+    )
     max_message_bytes: int = Field(1 << 20, ge=1024)
     max_receive_message_bytes: int = Field(16 << 20, ge=4096)
     max_concurrent_rpcs: int = Field(

@@ -152,6 +152,8 @@ class StepLoop:
                     body=request.body,
                     attempt=turn.attempt,
                     concurrent_input=turn.concurrent_input,
+                    entry=request.entry,
+                    subagent_path=request.subagent_path,
                 )
             )
         except HookError as error:

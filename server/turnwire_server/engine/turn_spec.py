@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from turnwire.subagents import SubagentCall
 from turnwire.tools import ClientTool
 from turnwire.values import dumps, loads
 from turnwire_server.engine.request import TurnRequest
@@ -25,13 +26,15 @@ class TurnSpec:
     """The stored part of a turn's request; ``body`` is JSON; ``client_tools`` the tools the
     client offered (a recovery offers them again); ``trace_context`` the caller's W3C trace
     context (a recovery's span links to it); ``principal`` the caller (a recovery runs under its
-    budgets)."""
+    budgets); ``subagent_path`` a sub-agent's turn's calls (a recovery runs it with its
+    sub-agent's own chain and tools, docs/subagents.md)."""
 
     body: Mapping[str, Any] = field(default_factory=dict)
     continuation: bool = False
     client_tools: tuple[ClientTool, ...] = ()
     trace_context: Mapping[str, str] = field(default_factory=dict)
     principal: str = ""
+    subagent_path: tuple[SubagentCall, ...] = ()
 
 
 def spec_json(request: TurnRequest) -> str:
@@ -50,6 +53,11 @@ def spec_json(request: TurnRequest) -> str:
         spec["trace_context"] = dict(request.trace_context)
     if request.principal:
         spec["principal"] = request.principal
+    if request.subagent_path:
+        spec["subagent_path"] = [
+            [call.tool_call_id, call.subagent, call.conversation_id, call.request_id]
+            for call in request.subagent_path
+        ]
     return dumps(spec)
 
 
@@ -70,7 +78,15 @@ def parse_spec(text: str) -> TurnSpec:
     trace_context = value.get("trace_context", {})
     if not isinstance(trace_context, dict):
         raise ValueError("turn spec trace_context is not an object")
+    path = value.get("subagent_path", [])
+    if not isinstance(path, list) or not all(
+        isinstance(call, list) and len(call) == 4 and all(isinstance(v, str) for v in call) for call in path
+    ):
+        raise ValueError(
+            "turn spec subagent_path is not a list of [tool_call_id, subagent, conversation, request]"
+        )
     return TurnSpec(
+        subagent_path=tuple(SubagentCall(*call) for call in path),
         body=body,
         continuation=bool(value.get("continuation", False)),
         client_tools=tuple(tools),

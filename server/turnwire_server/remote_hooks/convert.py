@@ -83,7 +83,8 @@ def turn_info_of(ctx: TurnContext) -> hooks_pb2.TurnInfo:
 def before_turn_request(
     ctx: TurnContext, info: hooks_pb2.TurnInfo, *, include_messages: bool
 ) -> hooks_pb2.BeforeTurnRequest:
-    """``BeforeTurnRequest``: system, model and tool names as assembled (messages when asked)."""
+    """``BeforeTurnRequest``: system, model and tool names as assembled (messages when asked),
+    the entry path and, for a sub-agent's turn, its path of calls."""
     request = hooks_pb2.BeforeTurnRequest(
         turn=info, system=ctx.system, model=ctx.model, tool_names=list(ctx.tools)
     )
@@ -91,6 +92,14 @@ def before_turn_request(
         request.messages.extend(MessagesView.read_only(ctx.messages))  # extend copies them
     if ctx.concurrent_input is not None:
         request.concurrent_input.CopyFrom(concurrent_input(ctx.concurrent_input))
+    request.entry = ctx.entry
+    for call in ctx.subagent_path:
+        request.subagent_path.add(
+            tool_call_id=call.tool_call_id,
+            subagent=call.subagent,
+            conversation_id=call.conversation_id,
+            request_id=call.request_id,
+        )
     return request
 
 

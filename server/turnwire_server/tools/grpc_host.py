@@ -104,11 +104,15 @@ class RemoteToolHost:
         self._stale = True
 
     async def aclose(self) -> None:
-        """Stop watching and close the channel (calls in flight are cancelled)."""
+        """Stop watching and close the channel (calls in flight are cancelled). Unbounded here:
+        the sidecar's stop bounds it by its deadline and cancels it past that
+        (``Sidecar.stop``, docs/operate/stopping.md)."""
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+            # asyncio.wait, not gather: cancelled itself (the stop's deadline), this returns at
+            # once instead of waiting on for the watcher.
+            await asyncio.wait({watcher})
         await self._channel.close()
 
     async def _list(self, timeout: float) -> bool:  # noqa: ASYNC109
@@ -157,8 +161,12 @@ class RemoteToolHost:
                 self._stale = True  # reconnecting: the host may have restarted, list again once ready
             elif self._stale or (refresh and time.monotonic() - self._listed_at >= refresh):
                 await self._list(self.settings.startup_timeout_seconds)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result of a wait
+            # that ended as the task was cancelled, swallowing the cancel (a close that waits
+            # forever for a watcher of a flapping connection); timeout passes it on.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._channel.wait_for_state_change(state), WATCH_INTERVAL_SECONDS)
+                async with asyncio.timeout(WATCH_INTERVAL_SECONDS):
+                    await self._channel.wait_for_state_change(state)
 
     def __repr__(self) -> str:
         return f"RemoteToolHost({self.name!r}, {self.settings.address!r})"
@@ -275,7 +283,8 @@ class RemoteTool:
     async def _end(self, call: Any) -> None:
         """After the final result the host ends the call; one that does not is cancelled."""
         with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError):
-            await asyncio.wait_for(call.read(), END_GRACE_SECONDS)
+            async with asyncio.timeout(END_GRACE_SECONDS):  # not wait_for: see _watch
+                await call.read()
 
     def _failure(self, error: grpc.aio.AioRpcError) -> ToolError:
         code = error.code()

@@ -170,7 +170,7 @@ class McpServer:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await asyncio.wait({task})  # cancelled itself (the stop's deadline): returns at once
 
     async def _run(self) -> None:
         first, longest = RESTART_DELAYS_SECONDS
@@ -185,8 +185,11 @@ class McpServer:
                     self._attempted.set()
                     delay = first
                     while not self._broken.is_set():
+                        # asyncio.timeout, not wait_for, which swallows a cancel that lands as
+                        # the wait ends (Python 3.11): the close would wait forever.
                         with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._broken.wait(), REFRESH_INTERVAL_SECONDS)
+                            async with asyncio.timeout(REFRESH_INTERVAL_SECONDS):
+                                await self._broken.wait()
                         if not self._broken.is_set():
                             await self._list(client)
                     log.warning("MCP server %r: its connection closed; restarting it", self.name)

@@ -209,6 +209,7 @@ class TurnEvent(_message.Message):
     TURN_END_FIELD_NUMBER: _builtins.int
     ATTEMPT_START_FIELD_NUMBER: _builtins.int
     PROGRESS_FIELD_NUMBER: _builtins.int
+    SUBAGENT_EVENT_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation the turn runs on."""
     request_id: _builtins.str
@@ -315,6 +316,13 @@ class TurnEvent(_message.Message):
         it unless asked.
         """
 
+    @_builtins.property
+    def subagent_event(self) -> Global___SubagentEvent:
+        """An event of a sub-agent's turn that a tool call of this turn runs
+        (docs/subagents.md): the child's event, with the path of sub-agent calls
+        that led to it. Numbered, stored and replayed as this turn's own events.
+        """
+
     def __init__(
         self,
         *,
@@ -344,16 +352,89 @@ class TurnEvent(_message.Message):
         turn_end: Global___TurnEnd | None = ...,
         attempt_start: Global___AttemptStart | None = ...,
         progress: Global___Progress | None = ...,
+        subagent_event: Global___SubagentEvent | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_start", b"attempt_start", "context_compacted", b"context_compacted", "event", b"event", "file", b"file", "progress", b"progress", "reasoning_delta", b"reasoning_delta", "reasoning_end", b"reasoning_end", "reasoning_start", b"reasoning_start", "source", b"source", "step_finish", b"step_finish", "step_start", b"step_start", "text_delta", b"text_delta", "text_end", b"text_end", "text_start", b"text_start", "tool_approval_request", b"tool_approval_request", "tool_input_available", b"tool_input_available", "tool_input_delta", b"tool_input_delta", "tool_input_error", b"tool_input_error", "tool_input_start", b"tool_input_start", "tool_output_available", b"tool_output_available", "tool_output_denied", b"tool_output_denied", "tool_output_error", b"tool_output_error", "turn_end", b"turn_end", "turn_start", b"turn_start"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt_start", b"attempt_start", "context_compacted", b"context_compacted", "event", b"event", "file", b"file", "progress", b"progress", "reasoning_delta", b"reasoning_delta", "reasoning_end", b"reasoning_end", "reasoning_start", b"reasoning_start", "source", b"source", "step_finish", b"step_finish", "step_start", b"step_start", "subagent_event", b"subagent_event", "text_delta", b"text_delta", "text_end", b"text_end", "text_start", b"text_start", "tool_approval_request", b"tool_approval_request", "tool_input_available", b"tool_input_available", "tool_input_delta", b"tool_input_delta", "tool_input_error", b"tool_input_error", "tool_input_start", b"tool_input_start", "tool_output_available", b"tool_output_available", "tool_output_denied", b"tool_output_denied", "tool_output_error", b"tool_output_error", "turn_end", b"turn_end", "turn_start", b"turn_start"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_start", b"attempt_start", "context_compacted", b"context_compacted", "conversation_id", b"conversation_id", "event", b"event", "file", b"file", "progress", b"progress", "reasoning_delta", b"reasoning_delta", "reasoning_end", b"reasoning_end", "reasoning_start", b"reasoning_start", "request_id", b"request_id", "sequence_number", b"sequence_number", "source", b"source", "step_finish", b"step_finish", "step_start", b"step_start", "text_delta", b"text_delta", "text_end", b"text_end", "text_start", b"text_start", "tool_approval_request", b"tool_approval_request", "tool_input_available", b"tool_input_available", "tool_input_delta", b"tool_input_delta", "tool_input_error", b"tool_input_error", "tool_input_start", b"tool_input_start", "tool_output_available", b"tool_output_available", "tool_output_denied", b"tool_output_denied", "tool_output_error", b"tool_output_error", "turn_end", b"turn_end", "turn_start", b"turn_start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_start", b"attempt_start", "context_compacted", b"context_compacted", "conversation_id", b"conversation_id", "event", b"event", "file", b"file", "progress", b"progress", "reasoning_delta", b"reasoning_delta", "reasoning_end", b"reasoning_end", "reasoning_start", b"reasoning_start", "request_id", b"request_id", "sequence_number", b"sequence_number", "source", b"source", "step_finish", b"step_finish", "step_start", b"step_start", "subagent_event", b"subagent_event", "text_delta", b"text_delta", "text_end", b"text_end", "text_start", b"text_start", "tool_approval_request", b"tool_approval_request", "tool_input_available", b"tool_input_available", "tool_input_delta", b"tool_input_delta", "tool_input_error", b"tool_input_error", "tool_input_start", b"tool_input_start", "tool_output_available", b"tool_output_available", "tool_output_denied", b"tool_output_denied", "tool_output_error", b"tool_output_error", "turn_end", b"turn_end", "turn_start", b"turn_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["turn_start", "step_start", "text_start", "text_delta", "text_end", "reasoning_start", "reasoning_delta", "reasoning_end", "tool_input_start", "tool_input_delta", "tool_input_available", "tool_input_error", "tool_approval_request", "tool_output_available", "tool_output_error", "tool_output_denied", "source", "file", "step_finish", "context_compacted", "turn_end", "attempt_start", "progress"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["turn_start", "step_start", "text_start", "text_delta", "text_end", "reasoning_start", "reasoning_delta", "reasoning_end", "tool_input_start", "tool_input_delta", "tool_input_available", "tool_input_error", "tool_approval_request", "tool_output_available", "tool_output_error", "tool_output_denied", "source", "file", "step_finish", "context_compacted", "turn_end", "attempt_start", "progress", "subagent_event"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
 Global___TurnEvent: _TypeAlias = TurnEvent  # noqa: Y015
+
+@_typing.final
+class SubagentCall(_message.Message):
+    """SubagentCall is one sub-agent call on the way from a turn to a nested
+    turn: the parent's tool call that runs it and the child turn it started.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    SUBAGENT_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    tool_call_id: _builtins.str
+    """The tool call of the calling turn that runs the sub-agent."""
+    subagent: _builtins.str
+    """The sub-agent's name (its tool name, from the config's `subagents:`)."""
+    conversation_id: _builtins.str
+    """The child conversation (derived from the caller's: docs/subagents.md)."""
+    request_id: _builtins.str
+    """The child turn's request id (ResumeTurn reads its own stream too)."""
+    def __init__(
+        self,
+        *,
+        tool_call_id: _builtins.str = ...,
+        subagent: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "request_id", b"request_id", "subagent", b"subagent", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubagentCall: _TypeAlias = SubagentCall  # noqa: Y015
+
+@_typing.final
+class SubagentEvent(_message.Message):
+    """SubagentEvent wraps an event of a sub-agent's turn in the stream of the
+    turn that called it. `path` runs from the outermost call to the innermost:
+    a grandchild's event reaches the top-level stream once, with a path of two.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    EVENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def path(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubagentCall]:
+        """The sub-agent calls from this turn down to the turn that emitted `event`."""
+
+    @_builtins.property
+    def event(self) -> Global___TurnEvent:
+        """The nested turn's event as its own stream numbers it (its own
+        conversation, request id and sequence number); never itself a
+        SubagentEvent.
+        """
+
+    def __init__(
+        self,
+        *,
+        path: _abc.Iterable[Global___SubagentCall] | None = ...,
+        event: Global___TurnEvent | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubagentEvent: _TypeAlias = SubagentEvent  # noqa: Y015
 
 @_typing.final
 class TurnStart(_message.Message):

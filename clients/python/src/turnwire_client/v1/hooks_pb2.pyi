@@ -338,10 +338,17 @@ class BeforeTurnRequest(_message.Message):
     TOOL_NAMES_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     CONCURRENT_INPUT_FIELD_NUMBER: _builtins.int
+    ENTRY_FIELD_NUMBER: _builtins.int
+    SUBAGENT_PATH_FIELD_NUMBER: _builtins.int
     system: _builtins.str
     """The system prompt as assembled (after earlier middlewares' changes)."""
     model: _builtins.str
     """The model, as `provider:model`."""
+    entry: _builtins.str
+    """The entry path the turn came in by (docs/semantics.md §1): `chat`,
+    `save_messages`, `continue`, `tool_results`, `tool_approvals`,
+    `submission`, `recovery` or `subagent`.
+    """
     @_builtins.property
     def turn(self) -> Global___TurnInfo:
         """The turn."""
@@ -360,6 +367,13 @@ class BeforeTurnRequest(_message.Message):
         stopped; unset for a recovery or a submission.
         """
 
+    @_builtins.property
+    def subagent_path(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.SubagentCall]:
+        """For a sub-agent's turn (entry `subagent`), the sub-agent calls from the
+        top-level turn down to it, outermost first (docs/subagents.md); empty
+        otherwise.
+        """
+
     def __init__(
         self,
         *,
@@ -369,10 +383,12 @@ class BeforeTurnRequest(_message.Message):
         tool_names: _abc.Iterable[_builtins.str] | None = ...,
         messages: _abc.Iterable[_message_pb2.Message] | None = ...,
         concurrent_input: Global___ConcurrentInput | None = ...,
+        entry: _builtins.str = ...,
+        subagent_path: _abc.Iterable[_event_pb2.SubagentCall] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["concurrent_input", b"concurrent_input", "turn", b"turn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrent_input", b"concurrent_input", "messages", b"messages", "model", b"model", "system", b"system", "tool_names", b"tool_names", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrent_input", b"concurrent_input", "entry", b"entry", "messages", b"messages", "model", b"model", "subagent_path", b"subagent_path", "system", b"system", "tool_names", b"tool_names", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

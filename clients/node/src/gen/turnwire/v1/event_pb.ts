@@ -16,7 +16,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file turnwire/v1/event.proto.
  */
 export const file_turnwire_v1_event: GenFile = /*@__PURE__*/
-  fileDesc("Chd0dXJud2lyZS92MS9ldmVudC5wcm90bxILdHVybndpcmUudjEikQoKCVR1cm5FdmVudBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEgoKcmVxdWVzdF9pZBgCIAEoCRIXCg9zZXF1ZW5jZV9udW1iZXIYAyABKAMSLAoKdHVybl9zdGFydBgKIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5TdGFydEgAEiwKCnN0ZXBfc3RhcnQYCyABKAsyFi50dXJud2lyZS52MS5TdGVwU3RhcnRIABIsCgp0ZXh0X3N0YXJ0GAwgASgLMhYudHVybndpcmUudjEuVGV4dFN0YXJ0SAASLAoKdGV4dF9kZWx0YRgNIAEoCzIWLnR1cm53aXJlLnYxLlRleHREZWx0YUgAEigKCHRleHRfZW5kGA4gASgLMhQudHVybndpcmUudjEuVGV4dEVuZEgAEjYKD3JlYXNvbmluZ19zdGFydBgPIAEoCzIbLnR1cm53aXJlLnYxLlJlYXNvbmluZ1N0YXJ0SAASNgoPcmVhc29uaW5nX2RlbHRhGBAgASgLMhsudHVybndpcmUudjEuUmVhc29uaW5nRGVsdGFIABIyCg1yZWFzb25pbmdfZW5kGBEgASgLMhkudHVybndpcmUudjEuUmVhc29uaW5nRW5kSAASNwoQdG9vbF9pbnB1dF9zdGFydBgSIAEoCzIbLnR1cm53aXJlLnYxLlRvb2xJbnB1dFN0YXJ0SAASNwoQdG9vbF9pbnB1dF9kZWx0YRgTIAEoCzIbLnR1cm53aXJlLnYxLlRvb2xJbnB1dERlbHRhSAASPwoUdG9vbF9pbnB1dF9hdmFpbGFibGUYFCABKAsyHy50dXJud2lyZS52MS5Ub29sSW5wdXRBdmFpbGFibGVIABI3ChB0b29sX2lucHV0X2Vycm9yGBUgASgLMhsudHVybndpcmUudjEuVG9vbElucHV0RXJyb3JIABJBChV0b29sX2FwcHJvdmFsX3JlcXVlc3QYFiABKAsyIC50dXJud2lyZS52MS5Ub29sQXBwcm92YWxSZXF1ZXN0SAASQQoVdG9vbF9vdXRwdXRfYXZhaWxhYmxlGBcgASgLMiAudHVybndpcmUudjEuVG9vbE91dHB1dEF2YWlsYWJsZUgAEjkKEXRvb2xfb3V0cHV0X2Vycm9yGBggASgLMhwudHVybndpcmUudjEuVG9vbE91dHB1dEVycm9ySAASOwoSdG9vbF9vdXRwdXRfZGVuaWVkGBkgASgLMh0udHVybndpcmUudjEuVG9vbE91dHB1dERlbmllZEgAEikKBnNvdXJjZRgaIAEoCzIXLnR1cm53aXJlLnYxLlNvdXJjZVBhcnRIABIlCgRmaWxlGBsgASgLMhUudHVybndpcmUudjEuRmlsZVBhcnRIABIuCgtzdGVwX2ZpbmlzaBgcIAEoCzIXLnR1cm53aXJlLnYxLlN0ZXBGaW5pc2hIABI6ChFjb250ZXh0X2NvbXBhY3RlZBgdIAEoCzIdLnR1cm53aXJlLnYxLkNvbnRleHRDb21wYWN0ZWRIABIoCgh0dXJuX2VuZBgeIAEoCzIULnR1cm53aXJlLnYxLlR1cm5FbmRIABIyCg1hdHRlbXB0X3N0YXJ0GB8gASgLMhkudHVybndpcmUudjEuQXR0ZW1wdFN0YXJ0SAASKQoIcHJvZ3Jlc3MYICABKAsyFS50dXJud2lyZS52MS5Qcm9ncmVzc0gAQgcKBWV2ZW50IkQKCVR1cm5TdGFydBISCgptZXNzYWdlX2lkGAEgASgJEhQKDGNvbnRpbnVhdGlvbhgCIAEoCBINCgVtb2RlbBgDIAEoCSIgCglTdGVwU3RhcnQSEwoLc3RlcF9udW1iZXIYASABKAUiFwoJVGV4dFN0YXJ0EgoKAmlkGAEgASgJIiYKCVRleHREZWx0YRIKCgJpZBgBIAEoCRINCgVkZWx0YRgCIAEoCSIVCgdUZXh0RW5kEgoKAmlkGAEgASgJIhwKDlJlYXNvbmluZ1N0YXJ0EgoKAmlkGAEgASgJIisKDlJlYXNvbmluZ0RlbHRhEgoKAmlkGAEgASgJEg0KBWRlbHRhGAIgASgJIhoKDFJlYXNvbmluZ0VuZBIKCgJpZBgBIAEoCSJUCg5Ub29sSW5wdXRTdGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSEQoJdG9vbF9uYW1lGAIgASgJEhkKEXByb3ZpZGVyX2V4ZWN1dGVkGAMgASgIIkAKDlRvb2xJbnB1dERlbHRhEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIYChBpbnB1dF90ZXh0X2RlbHRhGAIgASgJIpgBChJUb29sSW5wdXRBdmFpbGFibGUSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIqCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3RCAhgBEhIKCmlucHV0X2pzb24YBCABKAkSGQoRcHJvdmlkZXJfZXhlY3V0ZWQYBSABKAgiYAoOVG9vbElucHV0RXJyb3ISFAoMdG9vbF9jYWxsX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIRCglyYXdfaW5wdXQYAyABKAkSEgoKZXJyb3JfdGV4dBgEIAEoCSJTChNUb29sQXBwcm92YWxSZXF1ZXN0EhQKDHRvb2xfY2FsbF9pZBgBIAEoCRITCgthcHByb3ZhbF9pZBgCIAEoCRIRCgl0b29sX25hbWUYAyABKAki4AEKE1Rvb2xPdXRwdXRBdmFpbGFibGUSFAoMdG9vbF9jYWxsX2lkGAEgASgJEioKBm91dHB1dBgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUICGAESEwoLcHJlbGltaW5hcnkYAyABKAgSEwoLb3V0cHV0X2pzb24YBCABKAkSLwoIZGVjaXNpb24YBSABKA4yHS50dXJud2lyZS52MS5Ub29sQ2FsbERlY2lzaW9uEhkKEXByb3ZpZGVyX2V4ZWN1dGVkGAYgASgIEhEKCXRvb2xfbmFtZRgHIAEoCSJpCg9Ub29sT3V0cHV0RXJyb3ISFAoMdG9vbF9jYWxsX2lkGAEgASgJEhIKCmVycm9yX3RleHQYAiABKAkSGQoRcHJvdmlkZXJfZXhlY3V0ZWQYAyABKAgSEQoJdG9vbF9uYW1lGAQgASgJIksKEFRvb2xPdXRwdXREZW5pZWQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIRCgl0b29sX25hbWUYAyABKAkiigEKDEF0dGVtcHRTdGFydBIPCgdhdHRlbXB0GAEgASgFEhIKCm1lc3NhZ2VfaWQYAiABKAkSDwoHYXBwZW5kcxgDIAEoCBIlCgdtZXNzYWdlGAQgASgLMhQudHVybndpcmUudjEuTWVzc2FnZRIOCgZyZWFzb24YBSABKAkSDQoFbW9kZWwYBiABKAkiYQoIUHJvZ3Jlc3MSKQoFcGhhc2UYASABKA4yGi50dXJud2lyZS52MS5Qcm9ncmVzc1BoYXNlEioKB2VsYXBzZWQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24ipQIKClN0ZXBGaW5pc2gSEwoLc3RlcF9udW1iZXIYASABKAUSMAoNZmluaXNoX3JlYXNvbhgCIAEoDjIZLnR1cm53aXJlLnYxLkZpbmlzaFJlYXNvbhIZChFyYXdfZmluaXNoX3JlYXNvbhgDIAEoCRIhCgV1c2FnZRgEIAEoCzISLnR1cm53aXJlLnYxLlVzYWdlEhMKC3Jlc3BvbnNlX2lkGAUgASgJEhYKDnJlc3BvbnNlX21vZGVsGAYgASgJEjIKEXByb3ZpZGVyX21ldGFkYXRhGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIQCgh3YXJuaW5ncxgIIAMoCRIfCgRjb3N0GAkgASgLMhEudHVybndpcmUudjEuQ29zdCKkAQoQQ29udGV4dENvbXBhY3RlZBItCgZyZWFzb24YASABKA4yHS50dXJud2lyZS52MS5Db21wYWN0aW9uUmVhc29uEhEKCXNob3J0ZW5lZBgCIAEoCBIPCgdhdHRlbXB0GAMgASgFEhUKDXRva2Vuc19iZWZvcmUYBCABKAMSFAoMdG9rZW5zX2FmdGVyGAUgASgDEhAKCHN0cmF0ZWd5GAYgASgJIv8BCgdUdXJuRW5kEicKBnN0YXR1cxgBIAEoDjIXLnR1cm53aXJlLnYxLlR1cm5TdGF0dXMSIQoFZXJyb3IYAiABKAsyEi5nb29nbGUucnBjLlN0YXR1cxIlCgdtZXNzYWdlGAMgASgLMhQudHVybndpcmUudjEuTWVzc2FnZRIhCgV1c2FnZRgEIAEoCzISLnR1cm53aXJlLnYxLlVzYWdlEhIKCnN0ZXBfY291bnQYBSABKAUSKQoIbWV0YWRhdGEYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eh8KBGNvc3QYByABKAsyES50dXJud2lyZS52MS5Db3N0Kn0KDVByb2dyZXNzUGhhc2USHgoaUFJPR1JFU1NfUEhBU0VfVU5TUEVDSUZJRUQQABIZChVQUk9HUkVTU19QSEFTRV9RVUVVRUQQARIYChRQUk9HUkVTU19QSEFTRV9NT0RFTBACEhcKE1BST0dSRVNTX1BIQVNFX1RPT0wQAyrRAQoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIWChJGSU5JU0hfUkVBU09OX1NUT1AQARIYChRGSU5JU0hfUkVBU09OX0xFTkdUSBACEhwKGEZJTklTSF9SRUFTT05fVE9PTF9DQUxMUxADEiAKHEZJTklTSF9SRUFTT05fQ09OVEVOVF9GSUxURVIQBBIXChNGSU5JU0hfUkVBU09OX0VSUk9SEAUSFwoTRklOSVNIX1JFQVNPTl9PVEhFUhAGKpcBChBDb21wYWN0aW9uUmVhc29uEiEKHUNPTVBBQ1RJT05fUkVBU09OX1VOU1BFQ0lGSUVEEAASHgoaQ09NUEFDVElPTl9SRUFTT05fUkVBQ1RJVkUQARIfChtDT01QQUNUSU9OX1JFQVNPTl9QUk9BQ1RJVkUQAhIfChtDT01QQUNUSU9OX1JFQVNPTl9USFJFU0hPTEQQAyqqAQoKVHVyblN0YXR1cxIbChdUVVJOX1NUQVRVU19VTlNQRUNJRklFRBAAEhkKFVRVUk5fU1RBVFVTX0NPTVBMRVRFRBABEhUKEVRVUk5fU1RBVFVTX0VSUk9SEAISFwoTVFVSTl9TVEFUVVNfQUJPUlRFRBADEhsKF1RVUk5fU1RBVFVTX0lOVEVSUlVQVEVEEAQSFwoTVFVSTl9TVEFUVVNfU0tJUFBFRBAFYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_rpc_status, file_turnwire_v1_message]);
+  fileDesc("Chd0dXJud2lyZS92MS9ldmVudC5wcm90bxILdHVybndpcmUudjEixwoKCVR1cm5FdmVudBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSEgoKcmVxdWVzdF9pZBgCIAEoCRIXCg9zZXF1ZW5jZV9udW1iZXIYAyABKAMSLAoKdHVybl9zdGFydBgKIAEoCzIWLnR1cm53aXJlLnYxLlR1cm5TdGFydEgAEiwKCnN0ZXBfc3RhcnQYCyABKAsyFi50dXJud2lyZS52MS5TdGVwU3RhcnRIABIsCgp0ZXh0X3N0YXJ0GAwgASgLMhYudHVybndpcmUudjEuVGV4dFN0YXJ0SAASLAoKdGV4dF9kZWx0YRgNIAEoCzIWLnR1cm53aXJlLnYxLlRleHREZWx0YUgAEigKCHRleHRfZW5kGA4gASgLMhQudHVybndpcmUudjEuVGV4dEVuZEgAEjYKD3JlYXNvbmluZ19zdGFydBgPIAEoCzIbLnR1cm53aXJlLnYxLlJlYXNvbmluZ1N0YXJ0SAASNgoPcmVhc29uaW5nX2RlbHRhGBAgASgLMhsudHVybndpcmUudjEuUmVhc29uaW5nRGVsdGFIABIyCg1yZWFzb25pbmdfZW5kGBEgASgLMhkudHVybndpcmUudjEuUmVhc29uaW5nRW5kSAASNwoQdG9vbF9pbnB1dF9zdGFydBgSIAEoCzIbLnR1cm53aXJlLnYxLlRvb2xJbnB1dFN0YXJ0SAASNwoQdG9vbF9pbnB1dF9kZWx0YRgTIAEoCzIbLnR1cm53aXJlLnYxLlRvb2xJbnB1dERlbHRhSAASPwoUdG9vbF9pbnB1dF9hdmFpbGFibGUYFCABKAsyHy50dXJud2lyZS52MS5Ub29sSW5wdXRBdmFpbGFibGVIABI3ChB0b29sX2lucHV0X2Vycm9yGBUgASgLMhsudHVybndpcmUudjEuVG9vbElucHV0RXJyb3JIABJBChV0b29sX2FwcHJvdmFsX3JlcXVlc3QYFiABKAsyIC50dXJud2lyZS52MS5Ub29sQXBwcm92YWxSZXF1ZXN0SAASQQoVdG9vbF9vdXRwdXRfYXZhaWxhYmxlGBcgASgLMiAudHVybndpcmUudjEuVG9vbE91dHB1dEF2YWlsYWJsZUgAEjkKEXRvb2xfb3V0cHV0X2Vycm9yGBggASgLMhwudHVybndpcmUudjEuVG9vbE91dHB1dEVycm9ySAASOwoSdG9vbF9vdXRwdXRfZGVuaWVkGBkgASgLMh0udHVybndpcmUudjEuVG9vbE91dHB1dERlbmllZEgAEikKBnNvdXJjZRgaIAEoCzIXLnR1cm53aXJlLnYxLlNvdXJjZVBhcnRIABIlCgRmaWxlGBsgASgLMhUudHVybndpcmUudjEuRmlsZVBhcnRIABIuCgtzdGVwX2ZpbmlzaBgcIAEoCzIXLnR1cm53aXJlLnYxLlN0ZXBGaW5pc2hIABI6ChFjb250ZXh0X2NvbXBhY3RlZBgdIAEoCzIdLnR1cm53aXJlLnYxLkNvbnRleHRDb21wYWN0ZWRIABIoCgh0dXJuX2VuZBgeIAEoCzIULnR1cm53aXJlLnYxLlR1cm5FbmRIABIyCg1hdHRlbXB0X3N0YXJ0GB8gASgLMhkudHVybndpcmUudjEuQXR0ZW1wdFN0YXJ0SAASKQoIcHJvZ3Jlc3MYICABKAsyFS50dXJud2lyZS52MS5Qcm9ncmVzc0gAEjQKDnN1YmFnZW50X2V2ZW50GCEgASgLMhoudHVybndpcmUudjEuU3ViYWdlbnRFdmVudEgAQgcKBWV2ZW50ImMKDFN1YmFnZW50Q2FsbBIUCgx0b29sX2NhbGxfaWQYASABKAkSEAoIc3ViYWdlbnQYAiABKAkSFwoPY29udmVyc2F0aW9uX2lkGAMgASgJEhIKCnJlcXVlc3RfaWQYBCABKAkiXwoNU3ViYWdlbnRFdmVudBInCgRwYXRoGAEgAygLMhkudHVybndpcmUudjEuU3ViYWdlbnRDYWxsEiUKBWV2ZW50GAIgASgLMhYudHVybndpcmUudjEuVHVybkV2ZW50IkQKCVR1cm5TdGFydBISCgptZXNzYWdlX2lkGAEgASgJEhQKDGNvbnRpbnVhdGlvbhgCIAEoCBINCgVtb2RlbBgDIAEoCSIgCglTdGVwU3RhcnQSEwoLc3RlcF9udW1iZXIYASABKAUiFwoJVGV4dFN0YXJ0EgoKAmlkGAEgASgJIiYKCVRleHREZWx0YRIKCgJpZBgBIAEoCRINCgVkZWx0YRgCIAEoCSIVCgdUZXh0RW5kEgoKAmlkGAEgASgJIhwKDlJlYXNvbmluZ1N0YXJ0EgoKAmlkGAEgASgJIisKDlJlYXNvbmluZ0RlbHRhEgoKAmlkGAEgASgJEg0KBWRlbHRhGAIgASgJIhoKDFJlYXNvbmluZ0VuZBIKCgJpZBgBIAEoCSJUCg5Ub29sSW5wdXRTdGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSEQoJdG9vbF9uYW1lGAIgASgJEhkKEXByb3ZpZGVyX2V4ZWN1dGVkGAMgASgIIkAKDlRvb2xJbnB1dERlbHRhEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIYChBpbnB1dF90ZXh0X2RlbHRhGAIgASgJIpgBChJUb29sSW5wdXRBdmFpbGFibGUSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIqCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3RCAhgBEhIKCmlucHV0X2pzb24YBCABKAkSGQoRcHJvdmlkZXJfZXhlY3V0ZWQYBSABKAgiYAoOVG9vbElucHV0RXJyb3ISFAoMdG9vbF9jYWxsX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIRCglyYXdfaW5wdXQYAyABKAkSEgoKZXJyb3JfdGV4dBgEIAEoCSJTChNUb29sQXBwcm92YWxSZXF1ZXN0EhQKDHRvb2xfY2FsbF9pZBgBIAEoCRITCgthcHByb3ZhbF9pZBgCIAEoCRIRCgl0b29sX25hbWUYAyABKAki4AEKE1Rvb2xPdXRwdXRBdmFpbGFibGUSFAoMdG9vbF9jYWxsX2lkGAEgASgJEioKBm91dHB1dBgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZUICGAESEwoLcHJlbGltaW5hcnkYAyABKAgSEwoLb3V0cHV0X2pzb24YBCABKAkSLwoIZGVjaXNpb24YBSABKA4yHS50dXJud2lyZS52MS5Ub29sQ2FsbERlY2lzaW9uEhkKEXByb3ZpZGVyX2V4ZWN1dGVkGAYgASgIEhEKCXRvb2xfbmFtZRgHIAEoCSJpCg9Ub29sT3V0cHV0RXJyb3ISFAoMdG9vbF9jYWxsX2lkGAEgASgJEhIKCmVycm9yX3RleHQYAiABKAkSGQoRcHJvdmlkZXJfZXhlY3V0ZWQYAyABKAgSEQoJdG9vbF9uYW1lGAQgASgJIksKEFRvb2xPdXRwdXREZW5pZWQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIRCgl0b29sX25hbWUYAyABKAkiigEKDEF0dGVtcHRTdGFydBIPCgdhdHRlbXB0GAEgASgFEhIKCm1lc3NhZ2VfaWQYAiABKAkSDwoHYXBwZW5kcxgDIAEoCBIlCgdtZXNzYWdlGAQgASgLMhQudHVybndpcmUudjEuTWVzc2FnZRIOCgZyZWFzb24YBSABKAkSDQoFbW9kZWwYBiABKAkiYQoIUHJvZ3Jlc3MSKQoFcGhhc2UYASABKA4yGi50dXJud2lyZS52MS5Qcm9ncmVzc1BoYXNlEioKB2VsYXBzZWQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24ipQIKClN0ZXBGaW5pc2gSEwoLc3RlcF9udW1iZXIYASABKAUSMAoNZmluaXNoX3JlYXNvbhgCIAEoDjIZLnR1cm53aXJlLnYxLkZpbmlzaFJlYXNvbhIZChFyYXdfZmluaXNoX3JlYXNvbhgDIAEoCRIhCgV1c2FnZRgEIAEoCzISLnR1cm53aXJlLnYxLlVzYWdlEhMKC3Jlc3BvbnNlX2lkGAUgASgJEhYKDnJlc3BvbnNlX21vZGVsGAYgASgJEjIKEXByb3ZpZGVyX21ldGFkYXRhGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIQCgh3YXJuaW5ncxgIIAMoCRIfCgRjb3N0GAkgASgLMhEudHVybndpcmUudjEuQ29zdCKkAQoQQ29udGV4dENvbXBhY3RlZBItCgZyZWFzb24YASABKA4yHS50dXJud2lyZS52MS5Db21wYWN0aW9uUmVhc29uEhEKCXNob3J0ZW5lZBgCIAEoCBIPCgdhdHRlbXB0GAMgASgFEhUKDXRva2Vuc19iZWZvcmUYBCABKAMSFAoMdG9rZW5zX2FmdGVyGAUgASgDEhAKCHN0cmF0ZWd5GAYgASgJIv8BCgdUdXJuRW5kEicKBnN0YXR1cxgBIAEoDjIXLnR1cm53aXJlLnYxLlR1cm5TdGF0dXMSIQoFZXJyb3IYAiABKAsyEi5nb29nbGUucnBjLlN0YXR1cxIlCgdtZXNzYWdlGAMgASgLMhQudHVybndpcmUudjEuTWVzc2FnZRIhCgV1c2FnZRgEIAEoCzISLnR1cm53aXJlLnYxLlVzYWdlEhIKCnN0ZXBfY291bnQYBSABKAUSKQoIbWV0YWRhdGEYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eh8KBGNvc3QYByABKAsyES50dXJud2lyZS52MS5Db3N0Kn0KDVByb2dyZXNzUGhhc2USHgoaUFJPR1JFU1NfUEhBU0VfVU5TUEVDSUZJRUQQABIZChVQUk9HUkVTU19QSEFTRV9RVUVVRUQQARIYChRQUk9HUkVTU19QSEFTRV9NT0RFTBACEhcKE1BST0dSRVNTX1BIQVNFX1RPT0wQAyrRAQoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIWChJGSU5JU0hfUkVBU09OX1NUT1AQARIYChRGSU5JU0hfUkVBU09OX0xFTkdUSBACEhwKGEZJTklTSF9SRUFTT05fVE9PTF9DQUxMUxADEiAKHEZJTklTSF9SRUFTT05fQ09OVEVOVF9GSUxURVIQBBIXChNGSU5JU0hfUkVBU09OX0VSUk9SEAUSFwoTRklOSVNIX1JFQVNPTl9PVEhFUhAGKpcBChBDb21wYWN0aW9uUmVhc29uEiEKHUNPTVBBQ1RJT05fUkVBU09OX1VOU1BFQ0lGSUVEEAASHgoaQ09NUEFDVElPTl9SRUFTT05fUkVBQ1RJVkUQARIfChtDT01QQUNUSU9OX1JFQVNPTl9QUk9BQ1RJVkUQAhIfChtDT01QQUNUSU9OX1JFQVNPTl9USFJFU0hPTEQQAyqqAQoKVHVyblN0YXR1cxIbChdUVVJOX1NUQVRVU19VTlNQRUNJRklFRBAAEhkKFVRVUk5fU1RBVFVTX0NPTVBMRVRFRBABEhUKEVRVUk5fU1RBVFVTX0VSUk9SEAISFwoTVFVSTl9TVEFUVVNfQUJPUlRFRBADEhsKF1RVUk5fU1RBVFVTX0lOVEVSUlVQVEVEEAQSFwoTVFVSTl9TVEFUVVNfU0tJUFBFRBAFYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_rpc_status, file_turnwire_v1_message]);
 
 /**
  * TurnEvent is one event of a turn's stream. A stream is a TurnStart, then
@@ -241,6 +241,16 @@ export type TurnEvent = Message<"turnwire.v1.TurnEvent"> & {
      */
     value: Progress;
     case: "progress";
+  } | {
+    /**
+     * An event of a sub-agent's turn that a tool call of this turn runs
+     * (docs/subagents.md): the child's event, with the path of sub-agent calls
+     * that led to it. Numbered, stored and replayed as this turn's own events.
+     *
+     * @generated from field: turnwire.v1.SubagentEvent subagent_event = 33;
+     */
+    value: SubagentEvent;
+    case: "subagentEvent";
   } | { case: undefined; value?: undefined };
 };
 
@@ -250,6 +260,81 @@ export type TurnEvent = Message<"turnwire.v1.TurnEvent"> & {
  */
 export const TurnEventSchema: GenMessage<TurnEvent> = /*@__PURE__*/
   messageDesc(file_turnwire_v1_event, 0);
+
+/**
+ * SubagentCall is one sub-agent call on the way from a turn to a nested
+ * turn: the parent's tool call that runs it and the child turn it started.
+ *
+ * @generated from message turnwire.v1.SubagentCall
+ */
+export type SubagentCall = Message<"turnwire.v1.SubagentCall"> & {
+  /**
+   * The tool call of the calling turn that runs the sub-agent.
+   *
+   * @generated from field: string tool_call_id = 1;
+   */
+  toolCallId: string;
+
+  /**
+   * The sub-agent's name (its tool name, from the config's `subagents:`).
+   *
+   * @generated from field: string subagent = 2;
+   */
+  subagent: string;
+
+  /**
+   * The child conversation (derived from the caller's: docs/subagents.md).
+   *
+   * @generated from field: string conversation_id = 3;
+   */
+  conversationId: string;
+
+  /**
+   * The child turn's request id (ResumeTurn reads its own stream too).
+   *
+   * @generated from field: string request_id = 4;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message turnwire.v1.SubagentCall.
+ * Use `create(SubagentCallSchema)` to create a new message.
+ */
+export const SubagentCallSchema: GenMessage<SubagentCall> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_event, 1);
+
+/**
+ * SubagentEvent wraps an event of a sub-agent's turn in the stream of the
+ * turn that called it. `path` runs from the outermost call to the innermost:
+ * a grandchild's event reaches the top-level stream once, with a path of two.
+ *
+ * @generated from message turnwire.v1.SubagentEvent
+ */
+export type SubagentEvent = Message<"turnwire.v1.SubagentEvent"> & {
+  /**
+   * The sub-agent calls from this turn down to the turn that emitted `event`.
+   *
+   * @generated from field: repeated turnwire.v1.SubagentCall path = 1;
+   */
+  path: SubagentCall[];
+
+  /**
+   * The nested turn's event as its own stream numbers it (its own
+   * conversation, request id and sequence number); never itself a
+   * SubagentEvent.
+   *
+   * @generated from field: turnwire.v1.TurnEvent event = 2;
+   */
+  event?: TurnEvent | undefined;
+};
+
+/**
+ * Describes the message turnwire.v1.SubagentEvent.
+ * Use `create(SubagentEventSchema)` to create a new message.
+ */
+export const SubagentEventSchema: GenMessage<SubagentEvent> = /*@__PURE__*/
+  messageDesc(file_turnwire_v1_event, 2);
 
 /**
  * TurnStart opens a turn's stream.
@@ -284,7 +369,7 @@ export type TurnStart = Message<"turnwire.v1.TurnStart"> & {
  * Use `create(TurnStartSchema)` to create a new message.
  */
 export const TurnStartSchema: GenMessage<TurnStart> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 1);
+  messageDesc(file_turnwire_v1_event, 3);
 
 /**
  * StepStart opens a model step.
@@ -305,7 +390,7 @@ export type StepStart = Message<"turnwire.v1.StepStart"> & {
  * Use `create(StepStartSchema)` to create a new message.
  */
 export const StepStartSchema: GenMessage<StepStart> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 2);
+  messageDesc(file_turnwire_v1_event, 4);
 
 /**
  * TextStart opens a text block.
@@ -326,7 +411,7 @@ export type TextStart = Message<"turnwire.v1.TextStart"> & {
  * Use `create(TextStartSchema)` to create a new message.
  */
 export const TextStartSchema: GenMessage<TextStart> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 3);
+  messageDesc(file_turnwire_v1_event, 5);
 
 /**
  * TextDelta carries more text of a block.
@@ -354,7 +439,7 @@ export type TextDelta = Message<"turnwire.v1.TextDelta"> & {
  * Use `create(TextDeltaSchema)` to create a new message.
  */
 export const TextDeltaSchema: GenMessage<TextDelta> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 4);
+  messageDesc(file_turnwire_v1_event, 6);
 
 /**
  * TextEnd closes a text block.
@@ -375,7 +460,7 @@ export type TextEnd = Message<"turnwire.v1.TextEnd"> & {
  * Use `create(TextEndSchema)` to create a new message.
  */
 export const TextEndSchema: GenMessage<TextEnd> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 5);
+  messageDesc(file_turnwire_v1_event, 7);
 
 /**
  * ReasoningStart opens a reasoning block.
@@ -396,7 +481,7 @@ export type ReasoningStart = Message<"turnwire.v1.ReasoningStart"> & {
  * Use `create(ReasoningStartSchema)` to create a new message.
  */
 export const ReasoningStartSchema: GenMessage<ReasoningStart> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 6);
+  messageDesc(file_turnwire_v1_event, 8);
 
 /**
  * ReasoningDelta carries more reasoning text of a block.
@@ -424,7 +509,7 @@ export type ReasoningDelta = Message<"turnwire.v1.ReasoningDelta"> & {
  * Use `create(ReasoningDeltaSchema)` to create a new message.
  */
 export const ReasoningDeltaSchema: GenMessage<ReasoningDelta> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 7);
+  messageDesc(file_turnwire_v1_event, 9);
 
 /**
  * ReasoningEnd closes a reasoning block.
@@ -445,7 +530,7 @@ export type ReasoningEnd = Message<"turnwire.v1.ReasoningEnd"> & {
  * Use `create(ReasoningEndSchema)` to create a new message.
  */
 export const ReasoningEndSchema: GenMessage<ReasoningEnd> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 8);
+  messageDesc(file_turnwire_v1_event, 10);
 
 /**
  * ToolInputStart says the model started a tool call.
@@ -481,7 +566,7 @@ export type ToolInputStart = Message<"turnwire.v1.ToolInputStart"> & {
  * Use `create(ToolInputStartSchema)` to create a new message.
  */
 export const ToolInputStartSchema: GenMessage<ToolInputStart> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 9);
+  messageDesc(file_turnwire_v1_event, 11);
 
 /**
  * ToolInputDelta carries more of a tool call's input text.
@@ -509,7 +594,7 @@ export type ToolInputDelta = Message<"turnwire.v1.ToolInputDelta"> & {
  * Use `create(ToolInputDeltaSchema)` to create a new message.
  */
 export const ToolInputDeltaSchema: GenMessage<ToolInputDelta> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 10);
+  messageDesc(file_turnwire_v1_event, 12);
 
 /**
  * ToolInputAvailable carries a tool call's complete input.
@@ -561,7 +646,7 @@ export type ToolInputAvailable = Message<"turnwire.v1.ToolInputAvailable"> & {
  * Use `create(ToolInputAvailableSchema)` to create a new message.
  */
 export const ToolInputAvailableSchema: GenMessage<ToolInputAvailable> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 11);
+  messageDesc(file_turnwire_v1_event, 13);
 
 /**
  * ToolInputError says a tool call's input could not be used (not JSON, an
@@ -604,7 +689,7 @@ export type ToolInputError = Message<"turnwire.v1.ToolInputError"> & {
  * Use `create(ToolInputErrorSchema)` to create a new message.
  */
 export const ToolInputErrorSchema: GenMessage<ToolInputError> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 12);
+  messageDesc(file_turnwire_v1_event, 14);
 
 /**
  * ToolApprovalRequest says a tool call waits for the client's approval
@@ -640,7 +725,7 @@ export type ToolApprovalRequest = Message<"turnwire.v1.ToolApprovalRequest"> & {
  * Use `create(ToolApprovalRequestSchema)` to create a new message.
  */
 export const ToolApprovalRequestSchema: GenMessage<ToolApprovalRequest> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 13);
+  messageDesc(file_turnwire_v1_event, 15);
 
 /**
  * ToolOutputAvailable carries a tool call's result.
@@ -709,7 +794,7 @@ export type ToolOutputAvailable = Message<"turnwire.v1.ToolOutputAvailable"> & {
  * Use `create(ToolOutputAvailableSchema)` to create a new message.
  */
 export const ToolOutputAvailableSchema: GenMessage<ToolOutputAvailable> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 14);
+  messageDesc(file_turnwire_v1_event, 16);
 
 /**
  * ToolOutputError says a tool call failed; the model sees `error_text`.
@@ -751,7 +836,7 @@ export type ToolOutputError = Message<"turnwire.v1.ToolOutputError"> & {
  * Use `create(ToolOutputErrorSchema)` to create a new message.
  */
 export const ToolOutputErrorSchema: GenMessage<ToolOutputError> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 15);
+  messageDesc(file_turnwire_v1_event, 17);
 
 /**
  * ToolOutputDenied says the client denied a tool call.
@@ -786,7 +871,7 @@ export type ToolOutputDenied = Message<"turnwire.v1.ToolOutputDenied"> & {
  * Use `create(ToolOutputDeniedSchema)` to create a new message.
  */
 export const ToolOutputDeniedSchema: GenMessage<ToolOutputDenied> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 16);
+  messageDesc(file_turnwire_v1_event, 18);
 
 /**
  * AttemptStart opens a new attempt of a turn: a recovery after a stall or a
@@ -851,7 +936,7 @@ export type AttemptStart = Message<"turnwire.v1.AttemptStart"> & {
  * Use `create(AttemptStartSchema)` to create a new message.
  */
 export const AttemptStartSchema: GenMessage<AttemptStart> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 17);
+  messageDesc(file_turnwire_v1_event, 19);
 
 /**
  * Progress is a keepalive: a blocking stream that sent nothing for
@@ -887,7 +972,7 @@ export type Progress = Message<"turnwire.v1.Progress"> & {
  * Use `create(ProgressSchema)` to create a new message.
  */
 export const ProgressSchema: GenMessage<Progress> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 18);
+  messageDesc(file_turnwire_v1_event, 20);
 
 /**
  * StepFinish closes a model step.
@@ -965,7 +1050,7 @@ export type StepFinish = Message<"turnwire.v1.StepFinish"> & {
  * Use `create(StepFinishSchema)` to create a new message.
  */
 export const StepFinishSchema: GenMessage<StepFinish> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 19);
+  messageDesc(file_turnwire_v1_event, 21);
 
 /**
  * ContextCompacted says the history sent to the model was compacted
@@ -1026,7 +1111,7 @@ export type ContextCompacted = Message<"turnwire.v1.ContextCompacted"> & {
  * Use `create(ContextCompactedSchema)` to create a new message.
  */
 export const ContextCompactedSchema: GenMessage<ContextCompacted> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 20);
+  messageDesc(file_turnwire_v1_event, 22);
 
 /**
  * TurnEnd closes a turn's stream.
@@ -1092,7 +1177,7 @@ export type TurnEnd = Message<"turnwire.v1.TurnEnd"> & {
  * Use `create(TurnEndSchema)` to create a new message.
  */
 export const TurnEndSchema: GenMessage<TurnEnd> = /*@__PURE__*/
-  messageDesc(file_turnwire_v1_event, 21);
+  messageDesc(file_turnwire_v1_event, 23);
 
 /**
  * ProgressPhase is what a silent turn is waiting for, as far as its stream

@@ -1,0 +1,118 @@
+"""Detached sub-agents end to end (docs/subagents.md, "Detached sub-agents"): the call returns a
+handle at once, the calling turn ends, the child runs on, and its answer arrives as a submission
+on the calling conversation, whose turn continues it; a SIGKILL during the child recovers it
+once, and its answer still arrives, once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from support.hooks import pythonpath_env
+from support.sidecar import SidecarProcess
+from support.waiting import wait_until
+
+from turnwire_client import TurnwireClient, collect
+from turnwire_client.v1 import chat_service_pb2, message_pb2
+
+WORDS = " ".join(f"w{n}" for n in range(1, 31))
+
+CONFIG: dict[str, Any] = {
+    "default_model": "scripted:top",
+    "providers": {
+        "scripted": {
+            "scripts": {
+                "top": [
+                    {"tool_calls": [{"name": "background", "input": {"prompt": "Work slowly."}}]},
+                    {"text": "Started it."},
+                ],
+                "followup": [{"text": "Got the result."}],
+                "slow": [{"text": WORDS, "delay_ms": 100, "retry": {"text": "recovered."}}],
+            }
+        }
+    },
+    "subagents": [
+        {
+            "name": "background",
+            "description": "Works in the background.",
+            "model": "scripted:slow",
+            "detached": True,
+        }
+    ],
+    "middleware": [
+        {"path": "support.subagent_hooks:FollowupModel", "options": {"model": "scripted:followup"}}
+    ],
+    "checkpoint": {"interval_ms": 20},
+}
+
+
+def texts(message: message_pb2.Message) -> str:
+    return "".join(p.text.text for p in message.parts if p.WhichOneof("kind") == "text")
+
+
+async def call_in_background(client: TurnwireClient, conversation: str) -> dict[str, Any]:
+    """Run the calling turn to its end; the sub-agent's handle, as the call's result."""
+    result = await collect(client.chat(conversation, "Start the work."))
+    assert result.ok, result.error
+    assert result.text == "Started it."
+    (call,) = [e.tool_output_available for e in result.events if e.HasField("tool_output_available")]
+    handle: dict[str, Any] = json.loads(call.output_json)
+    assert handle["status"] == "running" and handle["subagent"] == "background"
+    assert handle["conversation_id"].startswith(f"{conversation}:sub-")
+    return handle
+
+
+async def delivered(client: TurnwireClient, conversation: str) -> chat_service_pb2.Conversation | None:
+    """The calling conversation once the answer's turn stored its reply, else None."""
+    stored = await client.get_conversation(conversation)
+    return stored if len(stored.messages) >= 4 and texts(stored.messages[-1]) == "Got the result." else None
+
+
+async def test_the_answer_arrives_as_a_submission_and_the_conversation_continues(
+    sidecar_factory: Any,
+) -> None:
+    sidecar: SidecarProcess = await sidecar_factory(CONFIG, env=pythonpath_env()).start()
+    async with TurnwireClient(sidecar.target) as client:
+        handle = await call_in_background(client, "detached")
+        child = await client.get_conversation(handle["conversation_id"])
+        assert len(child.messages) <= 2 and not (
+            len(child.messages) == 2 and texts(child.messages[1]) == WORDS
+        )
+        stored = await wait_until(lambda: delivered(client, "detached"), timeout=30, what="the answer's turn")
+        assert stored is not None
+        answer = stored.messages[2]
+        assert answer.role == message_pb2.ROLE_USER
+        assert texts(answer) == f"Sub-agent background (call call_0_0) answered: {WORDS}"
+        child = await client.get_conversation(handle["conversation_id"])
+        assert [texts(m) for m in child.messages] == ["Work slowly.", WORDS]
+
+
+async def test_sigkill_during_the_child_recovers_it_once(sidecar_factory: Any) -> None:
+    first: SidecarProcess = await sidecar_factory(CONFIG, env=pythonpath_env()).start()
+    async with TurnwireClient(first.target) as client:
+        handle = await call_in_background(client, "crash")
+
+        async def partly_stored() -> bool:
+            child = await client.get_conversation(handle["conversation_id"])
+            return len(child.messages) == 2 and len(texts(child.messages[1]).split()) >= 3
+
+        await wait_until(partly_stored, timeout=30, what="a checkpoint of the child's partial reply")
+    first.kill()
+
+    second: SidecarProcess = await sidecar_factory(CONFIG, env=pythonpath_env()).start()
+    async with TurnwireClient(second.target) as client:
+        stored = await wait_until(lambda: delivered(client, "crash"), timeout=30, what="the recovered answer")
+        assert stored is not None
+        answers = [m for m in stored.messages if texts(m).startswith("Sub-agent background")]
+        assert len(answers) == 1, [texts(m) for m in stored.messages]
+        assert texts(answers[0]).endswith("recovered.")
+        child = await client.get_conversation(handle["conversation_id"])
+        assert [m.role for m in child.messages] == [message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT]
+    with sqlite3.connect(second.db_path) as db:
+        rows = db.execute(
+            "SELECT state, recovery_count FROM turns WHERE conversation_id = ?", (handle["conversation_id"],)
+        ).fetchall()
+    assert rows == [("completed", 1)]
+    assert await second.terminate() == 0, second.log_text()
