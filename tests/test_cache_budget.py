@@ -41,6 +41,7 @@ def _rows(conversation: str, texts: list[str]) -> list[tuple[Any, ...]]:
                 0,
                 None,
                 part.SerializeToString(),
+                0,
             )
         )
     return rows

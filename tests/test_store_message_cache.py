@@ -205,10 +205,10 @@ async def test_an_older_snapshot_finishing_last_does_not_replace_a_newer_one() -
     first = cache.read("c1")
     second = cache.read("c1")
     newer = [
-        (100, 0, 2, "u1", 1, message_pb2.ROLE_USER, None, 0, None, part),
-        (100, 0, 2, "u2", 2, message_pb2.ROLE_USER, None, 0, None, part2),
+        (100, 0, 2, "u1", 1, message_pb2.ROLE_USER, None, 0, None, part, 0),
+        (100, 0, 2, "u2", 2, message_pb2.ROLE_USER, None, 0, None, part2, 0),
     ]
     assert _texts(cache.messages(second, newer)) == [("u1", "one"), ("u2", "two")]
-    older = [(100, 0, 1, "u1", 1, message_pb2.ROLE_USER, None, 0, None, part)]
+    older = [(100, 0, 1, "u1", 1, message_pb2.ROLE_USER, None, 0, None, part, 0)]
     assert _texts(cache.messages(first, older)) == [("u1", "one")]  # what that snapshot held
-    assert cache.read("c1").params == (100, 0, 2, "c1")
+    assert cache.read("c1").params == (100, 0, 2, "c1", "c1", 100, 0)

@@ -56,6 +56,7 @@ async def migrate_store(url: str, *, pool_size: int = 10, password_env: str | No
 
 COPIED_TABLES: tuple[str, ...] = (
     "conversations",
+    "fork_ancestors",
     "messages",
     "parts",
     "turns",

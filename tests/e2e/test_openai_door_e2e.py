@@ -194,15 +194,21 @@ async def test_the_sidecar_runs_its_own_tools_and_shows_them(client: openai.Asyn
     assert response.output_text == "It is 42."
 
 
-async def test_previous_response_id_must_be_the_latest(client: openai.AsyncOpenAI) -> None:
+async def test_previous_response_id_of_an_older_response_continues_a_fork(
+    client: openai.AsyncOpenAI, grpc_a: TurnwireClient
+) -> None:
     first = await client.responses.create(input="one", conversation="oa-branch")
     second = await client.responses.create(input="two", previous_response_id=first.id)
     assert second.conversation is not None and second.conversation.id == "oa-branch"
-    with pytest.raises(openai.BadRequestError) as refused:
-        await client.responses.create(input="three", previous_response_id=first.id)
-    body = refused.value.body
-    assert isinstance(body, dict)
-    assert body["param"] == "previous_response_id" and body["code"] == "previous_response_not_latest"
+    # An older response: a branch, on a fork made at it (docs/forks.md); the original stays.
+    third = await client.responses.create(input="three", previous_response_id=first.id)
+    assert third.status == "completed"
+    assert third.conversation is not None and third.conversation.id.startswith("conv-")
+    branch = await grpc_a.get_conversation(third.conversation.id)
+    assert branch.forked_from.conversation_id == "oa-branch"
+    assert [m.parts[0].text.text for m in branch.messages][::2] == ["one", "three"]
+    original = await grpc_a.get_conversation("oa-branch")
+    assert [m.parts[0].text.text for m in original.messages][::2] == ["one", "two"]
     with pytest.raises(openai.NotFoundError):
         await client.responses.create(input="four", previous_response_id="resp-unknown")
 

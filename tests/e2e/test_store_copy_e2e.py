@@ -15,7 +15,7 @@ CONFIG = {"providers": {"scripted": {"scripts": {"short": [{"text": "one two thr
 
 async def _snapshot(target: str) -> tuple[list[bytes], list[bytes], list[bytes]]:
     async with TurnwireClient(target) as client:
-        conversations = [await client.get_conversation(c) for c in ("a", "b")]
+        conversations = [await client.get_conversation(c) for c in ("a", "b", "a-fork")]
         submission = await client.get_submission("s-1")
         events = [e async for e in client.resume_turn("r-a")]
     return (
@@ -34,6 +34,9 @@ async def test_an_sqlite_store_copied_to_postgres_serves_the_same_data(
         assert (await collect(client.chat("b", "hello", model="scripted:short"))).ok
         await client.submit_messages("b", "and then?", submission_id="s-1", model="scripted:short")
         assert [e async for e in client.watch_submission("s-1")][-1].HasField("turn_end")
+        # A fork (docs/forks.md): it reads a's rows, so its sharing is copied too.
+        first_message = (await client.get_conversation("a")).messages[0].id
+        await client.fork_conversation("a", first_message, new_conversation_id="a-fork")
     before = await _snapshot(first.target)
     assert await first.terminate() == 0, first.log_text()
 
@@ -43,7 +46,7 @@ async def test_an_sqlite_store_copied_to_postgres_serves_the_same_data(
         assert status == 1 and "no SQLite store at" in err and not missing.exists(), "a typo creates nothing"
         status, out, err = await run_turnwire("migrate", "--from", first.store_url, "--to", url)
         assert status == 0, err
-        assert "copied 2 conversations" in out and "copied 1 submissions" in out
+        assert "copied 3 conversations" in out and "copied 1 submissions" in out
         status, out, err = await run_turnwire("migrate", "--from", first.store_url, "--to", url)
         assert status == 1 and "already holds conversations" in err, "never into a used store"
 

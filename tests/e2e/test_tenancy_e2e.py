@@ -218,6 +218,23 @@ def matrix(stub: Any, metadata: Any) -> dict[str, Callable[[], Awaitable[Outcome
                 chat_service_pb2.DeleteConversationRequest(conversation_id=CONVERSATION), metadata=m
             )
         ),
+        "ForkConversation": lambda: unary(
+            stub.ForkConversation(
+                chat_service_pb2.ForkConversationRequest(
+                    # B's reply to REQUEST: a message of B's conversation (engine/ids.py).
+                    conversation_id=CONVERSATION,
+                    at_message_id=f"tw-a-{REQUEST}",
+                    new_conversation_id="fork-of-b",
+                ),
+                metadata=m,
+            )
+        ),
+        "DeleteConversation(include_forks)": lambda: unary(
+            stub.DeleteConversation(
+                chat_service_pb2.DeleteConversationRequest(conversation_id=CONVERSATION, include_forks=True),
+                metadata=m,
+            )
+        ),
         "DeleteConversation(submissions)": lambda: unary(
             stub.DeleteConversation(
                 chat_service_pb2.DeleteConversationRequest(conversation_id=SUBMISSION_CONVERSATION),

@@ -19,6 +19,7 @@ import grpc
 import pytest
 from support.endless import endless_step
 from support.hooks import pythonpath_env
+from support.messages import text_message as msg
 from support.sidecar import SidecarFactory, SidecarProcess, running_sidecar
 from support.waiting import wait_until
 
@@ -62,14 +63,6 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
     """One server for the module, with ``tests/`` on its PYTHONPATH (for support.transcript)."""
     with running_sidecar(tmp_path_factory.mktemp("transcript-e2e"), CONFIG, pythonpath_env()) as process:
         yield process
-
-
-def msg(
-    message_id: str, text: str, role: message_pb2.Role.ValueType = message_pb2.ROLE_USER
-) -> message_pb2.Message:
-    message = message_pb2.Message(id=message_id, role=role)
-    message.parts.add().text.text = text
-    return message
 
 
 def texts(conversation: Any) -> list[tuple[str, str]]:

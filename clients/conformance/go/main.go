@@ -341,6 +341,9 @@ func callUnary(ctx context.Context, client *turnwire.Client, rpc string, request
 	case "DeleteConversation":
 		req := &turnwirev1.DeleteConversationRequest{}
 		message, call = req, func() (proto.Message, error) { return service.DeleteConversation(ctx, req) }
+	case "ForkConversation":
+		req := &turnwirev1.ForkConversationRequest{}
+		message, call = req, func() (proto.Message, error) { return service.ForkConversation(ctx, req) }
 	case "AddMessages":
 		req := &turnwirev1.AddMessagesRequest{}
 		message, call = req, func() (proto.Message, error) { return service.AddMessages(ctx, req) }

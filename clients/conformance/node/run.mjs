@@ -270,7 +270,19 @@ async function callUnary(client, rpc, request) {
       return {
         deleted: await client.deleteConversation(request.conversationId ?? "", {
           allowMissing: Boolean(request.allowMissing),
+          includeForks: Boolean(request.includeForks),
         }),
+      };
+    case "ForkConversation":
+      return {
+        conversation: toJson(
+          ConversationSchema,
+          await client.forkConversation(
+            request.conversationId ?? "",
+            request.atMessageId ?? "",
+            { newConversationId: request.newConversationId ?? "" },
+          ),
+        ),
       };
     case "AddMessages":
       return toJson(

@@ -306,9 +306,18 @@ async def call_unary(client: TurnwireClient, rpc: str, request: dict[str, Any]) 
         return {"cancelled": await client.cancel_chat(request.get("requestId", ""))}
     if rpc == "DeleteConversation":
         deleted = await client.delete_conversation(
-            request.get("conversationId", ""), allow_missing=bool(request.get("allowMissing", False))
+            request.get("conversationId", ""),
+            allow_missing=bool(request.get("allowMissing", False)),
+            include_forks=bool(request.get("includeForks", False)),
         )
         return {"deleted": deleted}
+    if rpc == "ForkConversation":
+        fork = await client.fork_conversation(
+            request.get("conversationId", ""),
+            request.get("atMessageId", ""),
+            new_conversation_id=request.get("newConversationId", ""),
+        )
+        return {"conversation": to_json(fork)}
     if rpc == "AddMessages":
         added = await client.add_messages(
             request.get("conversationId", ""),

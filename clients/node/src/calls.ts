@@ -297,15 +297,43 @@ export abstract class TurnwireCalls {
     return (await this.unary(options, (call) => this.rpc.cancelChat({ requestId }, call))).cancelled;
   }
 
-  /** Deletes a conversation with everything stored about it; false when it did not exist (with `allowMissing`). */
+  /**
+   * Deletes a conversation with everything stored about it; false when it did not exist (with
+   * `allowMissing`). Its forks stay readable unless `includeForks` deletes them too (docs/forks.md).
+   */
   async deleteConversation(
     conversationId: string,
-    options: CallOpts & { allowMissing?: boolean } = {},
+    options: CallOpts & { allowMissing?: boolean; includeForks?: boolean } = {},
   ): Promise<boolean> {
-    const allowMissing = options.allowMissing ?? false;
+    const { allowMissing = false, includeForks = false } = options;
     return (
-      await this.unary(options, (call) => this.rpc.deleteConversation({ conversationId, allowMissing }, call))
+      await this.unary(options, (call) =>
+        this.rpc.deleteConversation({ conversationId, allowMissing, includeForks }, call),
+      )
     ).deleted;
+  }
+
+  /**
+   * Forks a conversation at one of its messages (ForkConversation, docs/forks.md): a new
+   * conversation holding its messages up to and including `atMessageId`, shared without a copy;
+   * later changes on either side never show on the other. `newConversationId`: the new id (empty:
+   * the server assigns one). Resolves to the new conversation, without messages, `forkedFrom` set.
+   */
+  async forkConversation(
+    conversationId: string,
+    atMessageId: string,
+    options: CallOpts & { newConversationId?: string } = {},
+  ): Promise<Conversation> {
+    const newConversationId = options.newConversationId ?? '';
+    const response = await this.unary(options, (call) =>
+      this.rpc.forkConversation({ conversationId, atMessageId, newConversationId }, call),
+    );
+    if (!response.conversation)
+      throw new TurnwireError({
+        grpcCode: Code.Internal,
+        message: 'ForkConversation answered without a conversation',
+      });
+    return response.conversation;
   }
 
   /** Writes messages to a transcript without running a turn (AddMessages). */

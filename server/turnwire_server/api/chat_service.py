@@ -16,6 +16,7 @@ from google.rpc import status_pb2
 from turnwire.tools import Tool
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
 from turnwire_server.api.client_tool_input import check_client_tools
+from turnwire_server.api.fork_rpcs import ForkRpcs
 from turnwire_server.api.message_pages import decode_token, encode_token, on_page, page_of
 from turnwire_server.api.progress import Silence
 from turnwire_server.api.replays import replay_stream
@@ -98,7 +99,12 @@ def _turn_without_reply(turn: TurnRecord) -> chat_service_pb2.TurnWithoutReply:
 
 
 class ChatService(
-    SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, TurnRpcs, chat_service_pb2_grpc.ChatServiceServicer
+    SubmissionRpcs,
+    TranscriptRpcs,
+    ToolResultRpcs,
+    TurnRpcs,
+    ForkRpcs,
+    chat_service_pb2_grpc.ChatServiceServicer,
 ):
     """Implements ``turnwire.v1.ChatService`` on a :class:`~turnwire_server.engine.TurnEngine`.
 

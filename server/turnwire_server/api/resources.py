@@ -24,4 +24,12 @@ def conversation_proto(record: ConversationRecord) -> chat_service_pb2.Conversat
         create_time=timestamp(record.create_time),
         update_time=timestamp(record.update_time),
         message_count=record.message_count,
+        forked_from=(
+            chat_service_pb2.ConversationFork(
+                conversation_id=record.forked_from_conversation_id,
+                message_id=record.forked_from_message_id,
+            )
+            if record.forked_from_conversation_id
+            else None
+        ),
     )

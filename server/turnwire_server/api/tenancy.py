@@ -39,7 +39,7 @@ from google.rpc import error_details_pb2, status_pb2
 from turnwire_server.api.caller import current_caller
 from turnwire_server.tenant_keys import SEPARATOR
 
-SCOPED_FIELDS = frozenset({"conversation_id", "request_id", "submission_id"})
+SCOPED_FIELDS = frozenset({"conversation_id", "request_id", "submission_id", "new_conversation_id"})
 """The id fields that are scoped by tenant, in requests, responses and events alike."""
 
 _STATUS = status_pb2.Status.DESCRIPTOR.full_name

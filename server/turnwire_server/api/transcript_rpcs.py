@@ -18,7 +18,7 @@ from turnwire_server.api.status import TurnwireStatusError, invalid_argument, st
 from turnwire_server.api.turn_streams import abort
 from turnwire_server.api.validation import check_id, check_message, raise_if_any
 from turnwire_server.engine import TurnEngine
-from turnwire_server.engine.deletion import delete_conversation
+from turnwire_server.engine.deletion import delete_conversation, delete_with_forks
 from turnwire_server.engine.ids import RESERVED_PREFIX, is_reserved
 from turnwire_server.store.base import AddMode, AddResult, EngineStore
 from turnwire_server.store.errors import StoreError, UnknownMessage
@@ -135,7 +135,8 @@ class TranscriptRpcs:
         Its running or queued turns are cancelled first (they end ``ABORTED``, reason
         ``CONVERSATION_DELETED``) and write nothing afterwards. NOT_FOUND
         (``CONVERSATION_NOT_FOUND``) when there is no such conversation, unless
-        ``allow_missing``.
+        ``allow_missing``. Its forks stay readable; ``include_forks`` deletes them too, their
+        turns cancelled the same way (docs/forks.md).
         """
         try:
             violations: list[tuple[str, str]] = []
@@ -155,10 +156,14 @@ class TranscriptRpcs:
                         metadata={"conversation_id": conversation_id},
                     )
                 # Also with allow_missing: rows stored before the conversation (submissions) go too.
-                deleted = await delete_conversation(self.engine, conversation_id)
+                forks = 0
+                if request.include_forks:
+                    deleted, forks = await delete_with_forks(self.engine, conversation_id)
+                else:
+                    deleted = await delete_conversation(self.engine, conversation_id)
             except StoreError as error:
                 raise status_error_of(error) from error
         except TurnwireStatusError as error:
             await abort(context, error)
             raise AssertionError("unreachable") from None
-        return chat_service_pb2.DeleteConversationResponse(deleted=deleted)
+        return chat_service_pb2.DeleteConversationResponse(deleted=deleted, deleted_fork_count=forks)

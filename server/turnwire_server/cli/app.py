@@ -69,6 +69,7 @@ app.command()(client_commands.cancel)
 app.command()(client_commands.resume)
 app.command()(client_commands.conversations)
 app.command()(client_commands.history)
+app.command()(client_commands.fork)
 app.command()(client_commands.health)
 app.command()(server_commands.demo)
 

@@ -1,5 +1,5 @@
 """The commands that talk to a sidecar: ``chat``, ``continue``, ``approve``, ``cancel``,
-``resume``, ``conversations``, ``history``, ``health``.
+``resume``, ``conversations``, ``history``, ``fork``, ``health``.
 
 Each declares its own arguments and options and takes the connection options through
 :func:`~turnwire_server.cli.connection.client_command`; the runners are imported when a command
@@ -18,7 +18,7 @@ import typer
 
 from turnwire_server.cli.connection import ConnectionOptions, client_command
 
-__all__ = ["approve", "cancel", "chat", "continue_", "conversations", "health", "history"]
+__all__ = ["approve", "cancel", "chat", "continue_", "conversations", "fork", "health", "history"]
 
 ConversationArgument = Annotated[str, typer.Argument(metavar="CONVERSATION", help="Conversation id.")]
 ModelOption = Annotated[str | None, typer.Option(help="Model for this turn, provider:model.")]
@@ -196,6 +196,32 @@ def history(conversation: ConversationArgument, *, sidecar: ConnectionOptions) -
     from turnwire_server.cli.history import run_history
 
     raise typer.Exit(asyncio.run(run_history(sidecar.connection(), conversation)))
+
+
+@client_command
+def fork(
+    conversation: ConversationArgument,
+    message_id: Annotated[
+        str,
+        typer.Argument(metavar="MESSAGE_ID", help="The message to fork at (turnwire history shows the ids)."),
+    ],
+    *,
+    new_id: Annotated[
+        str, typer.Option("--as", help="The new conversation's id; default: one the server assigns.")
+    ] = "",
+    sidecar: ConnectionOptions,
+) -> None:
+    """Fork a conversation at one of its messages into a new conversation.
+
+    The fork holds the messages up to and including MESSAGE_ID, shared with the source without a
+    copy; later turns and edits on either side never show on the other. Prints the new id. To
+    edit a message and regenerate, fork at the message before it, then chat on the fork.
+    """
+    from turnwire_server.cli.forks import run_fork
+
+    raise typer.Exit(
+        asyncio.run(run_fork(sidecar.connection(), conversation, message_id, new_conversation_id=new_id))
+    )
 
 
 @client_command

@@ -133,6 +133,11 @@ async def run_conversations(
                     line.append(f" · {plural(conversation.message_count, 'message')}", style="dim")
                     if conversation.HasField("update_time"):
                         line.append(f" · updated {utc_time(conversation.update_time)}", style="dim")
+                    if conversation.HasField("forked_from"):
+                        source = conversation.forked_from
+                        line.append(
+                            f" · forked from {source.conversation_id} at {source.message_id}", style="dim"
+                        )
                     out.print(line, soft_wrap=True, highlight=False)
                     shown += 1
                 page_token = page.next_page_token

@@ -7,6 +7,7 @@ retention sweep (:mod:`turnwire_server.engine.maintenance`), so both delete the 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 
 from turnwire_server.engine.engine import TurnEngine
 from turnwire_server.engine.subagents import CHILD_MARK
@@ -17,9 +18,13 @@ async def delete_conversation(
     conversation_id: str,
     *,
     updated_before: dt.datetime | None = None,
+    forks: Sequence[str] = (),
     children: bool = True,
 ) -> bool:
     """Delete ``conversation_id`` with everything stored of it; False when nothing was stored.
+    Its forks stay readable (docs/forks.md); with ``forks`` (its :meth:`fork_descendants`, read
+    by :func:`delete_with_forks`) their turns are cancelled too and every conversation forked
+    from it is deleted in the same store transaction.
 
     Without ``updated_before`` (DeleteConversation): every running or queued turn of the
     conversation is cancelled and waited for (:meth:`TurnEngine.cancel_conversation`), so its
@@ -35,6 +40,8 @@ async def delete_conversation(
     """
     store = engine.store
     if updated_before is None:
+        for fork in forks:
+            await engine.cancel_conversation(fork)
         await engine.cancel_conversation(conversation_id)
     elif engine.active_turns(conversation_id):
         return False
@@ -50,10 +57,21 @@ async def delete_conversation(
             record = await store.get_conversation(conversation_id)
             if record is None or record.update_time >= updated_before:
                 return False
-        deleted = await store.delete_conversation(conversation_id)
+        deleted = await store.delete_conversation(conversation_id, with_forks=bool(forks))
     if children:
         deleted = await delete_children(engine, conversation_id) > 0 or deleted
     return deleted
+
+
+async def delete_with_forks(engine: TurnEngine, conversation_id: str) -> tuple[bool, int]:
+    """Delete ``conversation_id`` and every conversation forked from it, directly or not (an
+    erasure request; docs/forks.md), with its sub-agents' child conversations as
+    :func:`delete_conversation`: whether the conversation was deleted and how many forks were
+    listed for deletion with it. Raises as :func:`delete_conversation`."""
+    forks = await engine.store.fork_descendants(conversation_id)
+    if not forks:
+        return await delete_conversation(engine, conversation_id), 0
+    return await delete_conversation(engine, conversation_id, forks=forks), len(forks)
 
 
 async def delete_children(engine: TurnEngine, conversation_id: str) -> int:

@@ -5,7 +5,8 @@ client-chosen ones). Every id the server makes starts with
 :data:`RESERVED_PREFIX`; the API refuses client-chosen request and message ids
 with that prefix, so a client's message can never take (and overwrite) the id
 of a stored assistant message, and the other way round. The kinds are
-disjoint too: ``tw-r-`` request ids, ``tw-u-`` input message ids, ``tw-a-``
+disjoint too: ``tw-r-`` request ids, ``tw-u-`` input message ids, ``tw-c-`` conversation ids
+(a fork's), ``tw-a-``
 assistant message ids (``tw-a<n>-`` for attempt ``n`` of a turn run again after an overflow).
 """
 
@@ -28,6 +29,11 @@ def new_request_id() -> str:
 def new_message_id() -> str:
     """A fresh message id, for an input message that came without one."""
     return f"{RESERVED_PREFIX}u-{uuid.uuid4().hex}"
+
+
+def new_conversation_id() -> str:
+    """A fresh conversation id, for a fork that came without one (docs/forks.md)."""
+    return f"{RESERVED_PREFIX}c-{uuid.uuid4().hex}"
 
 
 def new_approval_id() -> str:

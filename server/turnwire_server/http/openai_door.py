@@ -18,7 +18,8 @@ metrics, traces), and the events are the turn's own sequenced log read by
 :class:`~turnwire_server.http.openai_response_log.ResponseLog`. ``conversation`` is a Turnwire
 conversation id, ``model`` a Turnwire model id, a response id a turn's request id.
 ``previous_response_id`` continues the conversation of that response when it is the latest
-response there; an older one (a branch) is refused until conversations can fork.
+response there; an older one continues a fork of that conversation made at that response
+(``ForkConversation``, docs/forks.md), so the later responses stay as they were.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class ResponsesDoor:
             )
         conversation = parsed.conversation_id
         if parsed.previous_response_id:
-            found = await self._latest_conversation(parsed.previous_response_id, call)
+            found = await self._continued_conversation(parsed.previous_response_id, call)
             if isinstance(found, Response):
                 return found
             conversation = found
@@ -204,9 +205,10 @@ class ResponsesDoor:
             self.calls.stream(_SERVICE + "WatchSubmission", watch, call), log, stream=True
         )
 
-    async def _latest_conversation(self, response_id: str, call: DoorCallInfo) -> str | Response:
-        """The conversation of response ``response_id`` when it is that conversation's latest
-        response; else OpenAI's 400 (an older one) or 404 (unknown)."""
+    async def _continued_conversation(self, response_id: str, call: DoorCallInfo) -> str | Response:
+        """The conversation to continue response ``response_id`` in: its own when it is that
+        conversation's latest response, else a new fork of it made at that response (a branch:
+        docs/forks.md); OpenAI's 404 when the response is unknown."""
         replay = self.calls.stream(
             _SERVICE + "ResumeTurn", chat_service_pb2.ResumeTurnRequest(request_id=response_id), call
         )
@@ -238,13 +240,16 @@ class ResponsesDoor:
             if not token:
                 break
         if own in replies and replies[-1] != own:
-            return bad_request(
-                f"previous_response_id: {response_id!r} is not the latest response of its conversation; "
-                "a response can only follow the latest one (conversations cannot branch yet): "
-                f"continue from the latest, or name the conversation ({conversation!r})",
-                "previous_response_id",
-                "previous_response_not_latest",
+            fork = chat_service_pb2.ForkConversationRequest(
+                conversation_id=conversation,
+                at_message_id=own,
+                new_conversation_id=f"conv-{uuid.uuid4().hex}",
             )
+            try:
+                forked = await self.calls.unary(_SERVICE + "ForkConversation", fork, call)
+            except CallEnded as ended:
+                return ended_response(ended, param_names=_PARAMS)
+            return str(forked.conversation.conversation_id)  # type: ignore[attr-defined]
         return conversation
 
     # -- answering: one Response, or its events over SSE -----------------------------------------

@@ -185,6 +185,20 @@ class TranscriptStore(Protocol):
         """
         ...
 
+    async def fork_conversation(
+        self, conversation_id: str, message_id: str, fork_id: str
+    ) -> ConversationRecord:
+        """Create conversation ``fork_id`` holding ``conversation_id``'s history up to and
+        including message ``message_id`` without copying it (O(1) rows, whatever the history's
+        length), with the source's compaction when it covers only those messages; later changes
+        on either side are copy-on-write (docs/forks.md). Returns the new conversation's record.
+
+        Raises, storing nothing: :class:`ForkSourceNotFound`, :class:`ConversationExists` when
+        ``fork_id`` is a conversation, :class:`ForkPointNotFound` when ``message_id`` is not in
+        the source's history.
+        """
+        ...
+
     async def load_compaction(self, conversation_id: str) -> CompactionRecord | None:
         """The conversation's latest compaction, None when it has none. Raises
         :class:`StoreCorrupted` when it cannot be decoded."""
@@ -563,15 +577,22 @@ class BudgetStore(Protocol):
 class MaintenanceStore(Protocol):
     """Deletion and retention."""
 
-    async def delete_conversation(self, conversation_id: str) -> bool:
+    async def delete_conversation(self, conversation_id: str, *, with_forks: bool = False) -> bool:
         """Delete the conversation with its messages, parts, turns, turn streams and their events,
         submissions and budgets (its own and its turns'), in one transaction. False when there was
         nothing to delete.
 
         Rows of other tables that name the conversation (streams, submissions) go even when the
         conversation row itself is missing. The caller stops the conversation's turns first
-        (docs/semantics.md §12, deleting).
+        (docs/semantics.md §12, deleting). Its forks stay readable: what they shared with it
+        becomes theirs, an O(shared messages) copy in the same transaction; ``with_forks``
+        deletes every conversation forked from it, directly or not, too (docs/forks.md).
         """
+        ...
+
+    async def fork_descendants(self, conversation_id: str) -> list[str]:
+        """Ids of the conversations forked from ``conversation_id``, directly or through other
+        forks, sorted (docs/forks.md). One index-served read."""
         ...
 
     async def expired_conversations(self, before: dt.datetime, limit: int) -> list[str]:

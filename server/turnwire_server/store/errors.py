@@ -278,6 +278,64 @@ class ConversationNotFound(StoreRefusal):
         return ErrorDetails(metadata={"conversation_id": self.conversation_id})
 
 
+class ForkSourceNotFound(ConversationNotFound):
+    """The conversation to fork does not exist (docs/forks.md). Nothing was stored."""
+
+    def __init__(self, conversation_id: str) -> None:
+        StoreRefusal.__init__(
+            self,
+            f"conversation {conversation_id!r} does not exist; fork a conversation that "
+            "GetConversation finds",
+        )
+        self.conversation_id = conversation_id
+
+
+class ConversationExists(StoreRefusal):
+    """A fork's new conversation id is already a conversation's (docs/forks.md). Nothing was
+    stored."""
+
+    error_reason = reasons.ERROR_REASON_INVALID_FIELD
+    status_code = CanonicalCode.ALREADY_EXISTS
+
+    def __init__(self, conversation_id: str) -> None:
+        super().__init__(f"conversation {conversation_id!r} already exists")
+        self.conversation_id = conversation_id
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(
+            field_violations=(
+                (
+                    "new_conversation_id",
+                    "choose an id no conversation has, or leave it empty for a server-assigned one",
+                ),
+            )
+        )
+
+
+class ForkPointNotFound(StoreRefusal):
+    """The message to fork at is not in the conversation's history (docs/forks.md). Nothing was
+    stored."""
+
+    error_reason = reasons.ERROR_REASON_INVALID_FIELD
+    status_code = CanonicalCode.INVALID_ARGUMENT
+
+    def __init__(self, conversation_id: str, message_id: str) -> None:
+        super().__init__(f"conversation {conversation_id!r} has no message {message_id!r}")
+        self.conversation_id = conversation_id
+        self.message_id = message_id
+
+    def details(self) -> ErrorDetails:
+        return ErrorDetails(
+            field_violations=(
+                (
+                    "at_message_id",
+                    "name a message of the conversation (GetConversation lists them); the fork "
+                    "holds the messages up to and including it",
+                ),
+            )
+        )
+
+
 class MessageBeingWritten(StoreRefusal):
     """An upsert would replace the assistant message a running turn is still writing
     (docs/semantics.md §1); nothing was stored. Retry once that turn has ended."""

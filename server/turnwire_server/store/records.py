@@ -92,6 +92,11 @@ class ConversationRecord:
     create_time: dt.datetime
     update_time: dt.datetime
     message_count: int
+    forked_from_conversation_id: str = ""
+    """The conversation this one was forked from ("" when it was not; docs/forks.md). Kept when
+    that conversation is deleted."""
+    forked_from_message_id: str = ""
+    """The message of that conversation it was forked at ("" when it was not forked)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -530,16 +530,19 @@ class SyncTurnwireClient:
         conversation_id: str,
         *,
         allow_missing: bool = False,
+        include_forks: bool = False,
         timeout: float | None = None,
     ) -> bool:
         """Delete a conversation with its messages, turns, stored events and submissions.
 
         A running or queued turn on it is cancelled first (its stream ends ``ABORTED``) and
-        writes nothing afterwards. A later :meth:`chat` on the same id starts afresh.
+        writes nothing afterwards. A later :meth:`chat` on the same id starts afresh. Its forks
+        stay readable unless ``include_forks`` (docs/forks.md).
 
         Args:
             conversation_id: The conversation to delete.
             allow_missing: Succeed when it does not exist.
+            include_forks: Delete every conversation forked from it too (an erasure request).
             timeout: Optional deadline in seconds.
 
         Returns:
@@ -550,12 +553,41 @@ class SyncTurnwireClient:
                 ``allow_missing``, ``INVALID_ARGUMENT`` for a malformed id, or any call failure.
         """
         request = chat_service_pb2.DeleteConversationRequest(
-            conversation_id=conversation_id, allow_missing=allow_missing
+            conversation_id=conversation_id, allow_missing=allow_missing, include_forks=include_forks
         )
         response: chat_service_pb2.DeleteConversationResponse = self._unary(
             self._stub.DeleteConversation, request, timeout
         )
         return response.deleted
+
+    def fork_conversation(
+        self,
+        conversation_id: str,
+        at_message_id: str,
+        *,
+        new_conversation_id: str = "",
+        timeout: float | None = None,
+    ) -> chat_service_pb2.Conversation:
+        """Fork a conversation: a new one holding its messages up to and including
+        ``at_message_id``, shared without a copy; later changes on either side never show on the
+        other (docs/forks.md). Edit and regenerate: fork at the message before the edited one,
+        then :meth:`chat` on the fork with the edited text.
+
+        Returns the new conversation (without messages; ``forked_from`` set; its id is
+        ``new_conversation_id``, or a server id when empty). Raises :class:`TurnwireError`:
+        ``NOT_FOUND`` (no such conversation), ``ALREADY_EXISTS`` (``new_conversation_id`` is
+        taken), ``INVALID_ARGUMENT`` (a malformed id, a message not in the conversation), or
+        any call failure.
+        """
+        request = chat_service_pb2.ForkConversationRequest(
+            conversation_id=conversation_id,
+            at_message_id=at_message_id,
+            new_conversation_id=new_conversation_id,
+        )
+        response: chat_service_pb2.ForkConversationResponse = self._unary(
+            self._stub.ForkConversation, request, timeout
+        )
+        return response.conversation
 
     def _unary(self, method: Any, request: Any, deadline: float | None) -> Any:
         try:

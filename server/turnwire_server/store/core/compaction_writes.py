@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from turnwire_server.store.base import TurnRecord
 from turnwire_server.store.core.fencing import holds_lease, lease_read
+from turnwire_server.store.core.fork_writes import delete_guard_reads, delete_guard_writes
 from turnwire_server.store.core.rows import COMPACTION_COLUMNS
 from turnwire_server.store.core.sql import Dialect, Program, Statement
 from turnwire_server.store.errors import TurnNotFound
@@ -33,16 +34,18 @@ def discard_reply(turn: TurnRecord, message_id: str, dialect: Dialect, now_us: i
     conversation_id = turn.conversation_id
     found = yield [
         *dialect.lock_conversation(conversation_id),
+        *delete_guard_reads(conversation_id, (message_id,)),
         lease_read(turn.request_id, dialect),
     ]
     if not holds_lease(found[-1], turn.lease):
         raise TurnNotFound(turn.request_id)
     params = (conversation_id, message_id)
     deleted = yield [
+        *delete_guard_writes(conversation_id, (message_id,), found[-3:-1], dialect),
         Statement("DELETE FROM parts WHERE conversation_id = ? AND message_id = ?", params),
         Statement("DELETE FROM messages WHERE conversation_id = ? AND id = ?", params, count=True),
     ]
-    removed: int = deleted[1]
+    removed: int = deleted[-1]
     writes = []
     if removed:
         writes.append(

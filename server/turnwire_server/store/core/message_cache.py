@@ -46,19 +46,33 @@ protobuf 7 upb, 20,000 messages in a fresh process): their stored bytes plus 1,7
 
 _HISTORY_SQL: Final = (
     "SELECT c.create_time, c.history_epoch, c.history_version,"
-    " m.id, m.seq, m.role, m.create_time, m.create_time_nanos, m.metadata, p.data"
+    " m.id, m.seq AS seq, m.role, m.create_time, m.create_time_nanos, m.metadata, p.data, p.idx AS idx"
     " FROM conversations AS c"
     " LEFT JOIN messages AS m{indexed} ON m.conversation_id = c.id AND m.version >"
     " CASE WHEN c.create_time = {p} AND c.history_epoch = {p} THEN {p} ELSE -1 END"
     " LEFT JOIN parts AS p ON p.conversation_id = m.conversation_id AND p.message_id = m.id"
-    " WHERE c.id = {p} ORDER BY m.seq, p.idx"
+    " WHERE c.id = {p}"
+    # A fork's shared messages (docs/forks.md, store/core/fork_rules.py), on a whole read only:
+    # they never change under the fork (a change is the fork's own copy, caught above).
+    " UNION ALL SELECT c.create_time, c.history_epoch, c.history_version,"
+    " m.id, m.seq, m.role, m.create_time, m.create_time_nanos, m.metadata, p.data, p.idx"
+    " FROM conversations AS c JOIN fork_ancestors AS a ON a.conversation_id = c.id"
+    " JOIN messages AS m ON m.conversation_id = a.ancestor_id AND m.seq <= a.through_seq"
+    " LEFT JOIN parts AS p ON p.conversation_id = m.conversation_id AND p.message_id = m.id"
+    " WHERE c.id = {p} AND NOT (c.create_time = {p} AND c.history_epoch = {p})"
+    " AND NOT EXISTS (SELECT 1 FROM messages AS o WHERE o.conversation_id = c.id AND o.id = m.id)"
+    " AND (a.depth = 1 OR NOT EXISTS (SELECT 1 FROM fork_ancestors AS b JOIN messages AS n"
+    " ON n.conversation_id = b.ancestor_id AND n.seq <= b.through_seq"
+    " WHERE b.conversation_id = c.id AND b.depth < a.depth AND n.id = m.id))"
+    " ORDER BY seq, idx"
 )
 
 HISTORY_SQL: Final = _HISTORY_SQL.format(p="?", indexed="")
 """A conversation's counters and its messages changed since a held version, with their parts, by
-message then part. Parameters: :attr:`HistoryRead.params`. No row when there is no such
-conversation; one row with NULL message columns when nothing changed. (SQLite without
-statistics scans the conversation's messages in ``seq`` order here: right for a whole read.)"""
+message then part; on a whole read of a fork, the messages it shares with its sources too.
+Parameters: :attr:`HistoryRead.params`. No row when there is no such conversation; one row
+with NULL message columns when nothing changed. (SQLite without statistics scans the
+conversation's messages in ``seq`` order here: right for a whole read.)"""
 
 HISTORY_DELTA_SQL: Final = _HISTORY_SQL.format(p="?", indexed=" INDEXED BY messages_by_version")
 """:data:`HISTORY_SQL` for SQLite when a version is held: through ``messages_by_version``, so
@@ -100,12 +114,22 @@ class HistoryRead:
     :data:`HISTORY_SQL_POSTGRES`."""
 
     @property
-    def params(self) -> tuple[int, int, int, str]:
-        """``(create_time, epoch, version, conversation id)`` for :data:`HISTORY_SQL`."""
+    def params(self) -> tuple[int | str, ...]:
+        """``(create_time, epoch, version, conversation id, conversation id, create_time,
+        epoch)`` for :data:`HISTORY_SQL`."""
         base = self.base
+        conversation_id = self.conversation_id
         if base is None:
-            return (_NONE, _NONE, _NONE, self.conversation_id)
-        return (base.create_time, base.epoch, base.version, self.conversation_id)
+            return (_NONE, _NONE, _NONE, conversation_id, conversation_id, _NONE, _NONE)
+        return (
+            base.create_time,
+            base.epoch,
+            base.version,
+            conversation_id,
+            conversation_id,
+            base.create_time,
+            base.epoch,
+        )
 
 
 class DecodedMessages:
@@ -211,7 +235,19 @@ def _grouped(
     current: message_pb2.Message | None = None
     head: tuple[int, int, int, str | None, int] | None = None
     size = 0
-    for create_time, epoch, version, message_id, seq, role, create_us, create_nanos, metadata, part in rows:
+    for (
+        create_time,
+        epoch,
+        version,
+        message_id,
+        seq,
+        role,
+        create_us,
+        create_nanos,
+        metadata,
+        part,
+        _,
+    ) in rows:
         if message_id is None:
             yield (create_time, epoch, version, None, 0, message_pb2.Message(), 0)
             continue

@@ -20,6 +20,8 @@ from typing import Any, Final
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import TurnLease, TurnRecord
 from turnwire_server.store.core.fencing import holds_lease, lease_read
+from turnwire_server.store.core.fork_rules import children_read, claim_reads, push_writes
+from turnwire_server.store.core.fork_writes import delete_guard_reads, delete_guard_writes
 from turnwire_server.store.core.rows import MessageRow, check_turn, message_insert_params, message_row, to_us
 from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks
 from turnwire_server.store.core.stream_writes import EventBatch, prepare_events, stream_read, stream_writes
@@ -35,10 +37,14 @@ __all__ = [
     "roll_back_turn",
     "save_message",
     "submission_end",
+    "upsert_found",
     "upsert_message",
+    "upsert_reads",
     "upsert_writes",
+    "upserting",
 ]
 
+_CLAIMS: Final = 2  # statements of claim_reads for one message
 _STORED_ROLE: Final = "SELECT role FROM messages WHERE conversation_id = ? AND id = ?"
 _UPDATE_MESSAGE: Final = (
     "UPDATE messages SET role = ?, create_time = ?, create_time_nanos = ?, metadata = ?"
@@ -86,10 +92,37 @@ def upsert_writes(
     return [touch, updated, *dialect.replace_parts(conversation_id, row)]
 
 
+def upsert_reads(conversation_id: str, row: MessageRow) -> list[Statement]:
+    """The reads :func:`upserting` decides on (after the conversation's lock): a fork's own copy
+    of the message taken first when it shares it (docs/forks.md), then its stored role and the
+    conversation's forks. :func:`upsert_found` picks their rows out of a batch's."""
+    return [
+        *claim_reads(conversation_id, (row.id,)),
+        stored_role_read(conversation_id, row),
+        children_read(conversation_id),
+    ]
+
+
+def upsert_found(found: list[Any], first: int) -> tuple[list[Any], list[Any]]:
+    """The stored role and forks rows of :func:`upsert_reads` put at ``first`` in a batch."""
+    return found[first + _CLAIMS], found[first + _CLAIMS + 1]
+
+
+def upserting(
+    conversation_id: str, row: MessageRow, found: tuple[list[Any], list[Any]], dialect: Dialect, now_us: int
+) -> list[Statement]:
+    """:func:`upsert_writes` after the forks that share the message got their copy of it."""
+    stored_role, children = found
+    return [
+        *push_writes(conversation_id, (row.id,), children, dialect),
+        *upsert_writes(conversation_id, row, stored_role, dialect, now_us),
+    ]
+
+
 def upsert_message(conversation_id: str, row: MessageRow, dialect: Dialect, now_us: int) -> Program[None]:
-    """:func:`upsert_writes` with its read, for a write that holds the conversation's lock."""
-    found = yield [stored_role_read(conversation_id, row)]
-    yield upsert_writes(conversation_id, row, found[0], dialect, now_us)
+    """:func:`upsert_writes` with its reads, for a write that holds the conversation's lock."""
+    found = yield upsert_reads(conversation_id, row)
+    yield upserting(conversation_id, row, upsert_found(found, 0), dialect, now_us)
 
 
 def prepare_save_message(message: message_pb2.Message) -> MessageRow | None:
@@ -104,13 +137,14 @@ def save_message(
 ) -> Program[None]:
     """``Store.save_message``: upsert ``row``; with a turn's ``lease``, nothing when no such turn
     is recorded, and :class:`LeaseLost` when another replica took it over."""
-    reads = [*dialect.lock_conversation(conversation_id), stored_role_read(conversation_id, row)]
+    locks = dialect.lock_conversation(conversation_id)
+    reads = [*locks, *upsert_reads(conversation_id, row)]
     if lease is not None:
         reads.append(lease_read(lease.request_id, dialect))
     found = yield reads
     if lease is not None and not holds_lease(found[-1], lease):
         return
-    yield upsert_writes(conversation_id, row, found[-2] if lease is not None else found[-1], dialect, now_us)
+    yield upserting(conversation_id, row, upsert_found(found, len(locks)), dialect, now_us)
 
 
 class FinishTurn:
@@ -170,15 +204,20 @@ def finish_turn(finish: FinishTurn, dialect: Dialect, now_us: int) -> Program[No
     turn, row = finish.turn, finish.row
     stream_reads = _stream_reads(finish, dialect)
     reads = [*dialect.lock_conversation(turn.conversation_id)]
+    first = len(reads)
     if row is not None:
-        reads.append(stored_role_read(turn.conversation_id, row))
+        reads += upsert_reads(turn.conversation_id, row)
     reads.append(lease_read(turn.request_id, dialect))
     reads.extend(stream_reads)
     found = yield reads
     stream = found.pop() if stream_reads else []
     if not holds_lease(found[-1], turn.lease):
         raise TurnNotFound(turn.request_id)
-    writes = [] if row is None else upsert_writes(turn.conversation_id, row, found[-2], dialect, now_us)
+    writes = (
+        []
+        if row is None
+        else upserting(turn.conversation_id, row, upsert_found(found, first), dialect, now_us)
+    )
     writes.extend(_stream_tail(finish, stream, dialect, now_us))
     writes.append(
         Statement(
@@ -227,6 +266,7 @@ def roll_back_turn(
     reads = [*dialect.lock_conversation(conversation_id)]
     if message_ids:
         marks = in_marks(len(message_ids))
+        reads += delete_guard_reads(conversation_id, message_ids)
         reads.append(
             Statement(
                 f"SELECT COUNT(*) FROM messages WHERE conversation_id = ? AND id IN ({marks})",
@@ -242,7 +282,9 @@ def roll_back_turn(
         raise TurnNotFound(turn.request_id)
     writes: list[Statement] = []
     if message_ids:
-        removed = found[-2][0][0]
+        # Inherited ones among them become the conversation's own first (then deleted too).
+        removed = found[-2][0][0] + found[-4][0][0]
+        writes += delete_guard_writes(conversation_id, message_ids, found[-4:-2], dialect)
         params = (conversation_id, *message_ids)
         writes.append(
             Statement(f"DELETE FROM parts WHERE conversation_id = ? AND message_id IN ({marks})", params)

@@ -21,6 +21,7 @@ from turnwire_server.store.base import (
     TurnRecord,
 )
 from turnwire_server.store.core.budget_writes import read_spends, spends_from_rows
+from turnwire_server.store.core.fork_rules import DESCENDANTS_SQL
 from turnwire_server.store.core.message_cache import DecodedMessages
 from turnwire_server.store.core.page_tokens import (
     decode_page_token,
@@ -35,6 +36,7 @@ from turnwire_server.store.core.partial_replies import (
 )
 from turnwire_server.store.core.rows import (
     COMPACTION_COLUMNS,
+    CONVERSATION_COLUMNS,
     TURN_COLUMNS,
     TURN_LISTING_COLUMNS,
     compaction_from_row,
@@ -97,7 +99,7 @@ class CoreReads:
         """
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
-        columns = "SELECT id, create_time, update_time, message_count FROM conversations"
+        columns = f"SELECT {CONVERSATION_COLUMNS} FROM conversations"
         order = " ORDER BY update_time DESC, id DESC LIMIT ?"
         where: list[str] = []
         params: list[object] = []
@@ -135,10 +137,15 @@ class CoreReads:
         """The conversation's record (times tz-aware UTC), or ``None`` when it does not exist."""
         rows = await self._read(
             "get_conversation",
-            "SELECT id, create_time, update_time, message_count FROM conversations WHERE id = ?",
+            f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = ?",
             (conversation_id,),
         )
         return conversation_from_row(rows[0]) if rows else None
+
+    async def fork_descendants(self, conversation_id: str) -> list[str]:
+        """See :meth:`~turnwire_server.store.base.MaintenanceStore.fork_descendants`."""
+        rows = await self._read("fork_descendants", DESCENDANTS_SQL, (conversation_id,))
+        return sorted(row[0] for row in rows)
 
     async def partial_replies(self, conversation_id: str) -> dict[str, TurnRecord]:
         """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""

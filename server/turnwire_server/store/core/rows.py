@@ -15,10 +15,12 @@ from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import CompactionRecord, ConversationRecord, TurnRecord, TurnState
+from turnwire_server.store.core.fork_rules import INHERITED_FROM, INHERITED_WHERE
 from turnwire_server.store.errors import StoreCorrupted, StoreError
 
 __all__ = [
     "COMPACTION_COLUMNS",
+    "CONVERSATION_COLUMNS",
     "LOAD_MESSAGES_SQL",
     "TURN_COLUMNS",
     "TURN_LISTING_COLUMNS",
@@ -112,11 +114,13 @@ def message_row(message: message_pb2.Message) -> MessageRow:
 
 
 def message_insert_params(conversation_id: str, row: MessageRow) -> tuple[Any, ...]:
-    """The parameters of both backends' message INSERT: ``(conversation_id, id, conversation_id
-    (for the next-position subquery), role, create_time_us, create_time_nanos, metadata)``."""
+    """The parameters of both backends' message INSERT: ``(conversation_id, id, conversation_id,
+    conversation_id (for the next-position subquery), role, create_time_us, create_time_nanos,
+    metadata)``."""
     return (
         conversation_id,
         row.id,
+        conversation_id,
         conversation_id,
         row.role,
         row.create_time_us,
@@ -144,14 +148,22 @@ def build_message(
     return message
 
 
-LOAD_MESSAGES_SQL: Final = (
-    "SELECT m.id, m.role, m.create_time, m.create_time_nanos, m.metadata, p.data"
-    " FROM messages AS m LEFT JOIN parts AS p"
-    " ON p.conversation_id = m.conversation_id AND p.message_id = m.id"
-    " WHERE m.conversation_id = ? ORDER BY m.seq, p.idx"
+_MESSAGE_WITH_PARTS: Final = (
+    "SELECT m.id, m.role, m.create_time, m.create_time_nanos, m.metadata, p.data, m.seq AS seq, p.idx AS idx"
 )
-"""A conversation's messages with their parts, in one statement (one consistent snapshot);
-the parameter is the conversation id. Rows for :func:`messages_from_rows`."""
+_PARTS_OF_M: Final = " LEFT JOIN parts AS p ON p.conversation_id = m.conversation_id AND p.message_id = m.id"
+LOAD_MESSAGES_SQL: Final = (
+    _MESSAGE_WITH_PARTS + " FROM messages AS m" + _PARTS_OF_M + " WHERE m.conversation_id = ?"
+    " UNION ALL "
+    + _MESSAGE_WITH_PARTS
+    + INHERITED_FROM
+    + _PARTS_OF_M
+    + INHERITED_WHERE
+    + " ORDER BY seq, idx"
+)
+"""A conversation's messages with their parts, a fork's shared ones included (docs/forks.md),
+in one statement (one consistent snapshot); the parameters are the conversation id, twice. Rows
+for :func:`messages_from_rows`."""
 
 
 def messages_from_rows(
@@ -162,7 +174,7 @@ def messages_from_rows(
     messages: list[message_pb2.Message] = []
     current: message_pb2.Message | None = None
     try:
-        for message_id, role, create_us, create_nanos, metadata, part in rows:
+        for message_id, role, create_us, create_nanos, metadata, part, _, _ in rows:
             if current is None or current.id != message_id:
                 metadata_bytes = None if metadata is None else bytes(metadata)
                 current = build_message(message_id, role, create_us, create_nanos, metadata_bytes)
@@ -229,13 +241,21 @@ def turn_from_row(row: Any) -> TurnRecord:
     )
 
 
+CONVERSATION_COLUMNS: Final = (
+    "id, create_time, update_time, message_count, forked_from_conversation_id, forked_from_message_id"
+)
+"""The ``conversations`` columns :func:`conversation_from_row` reads, in its order."""
+
+
 def conversation_from_row(row: Any) -> ConversationRecord:
-    """A ``conversations`` row ``(id, create_time, update_time, message_count)`` as a record."""
+    """A ``conversations`` row (:data:`CONVERSATION_COLUMNS`) as a record."""
     return ConversationRecord(
         conversation_id=row[0],
         create_time=_from_us(row[1]),
         update_time=_from_us(row[2]),
         message_count=row[3],
+        forked_from_conversation_id=row[4] or "",
+        forked_from_message_id=row[5] or "",
     )
 
 

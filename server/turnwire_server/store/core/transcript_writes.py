@@ -20,8 +20,17 @@ from google.protobuf.message import DecodeError
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import AddMode, AddResult, AnsweredToolCalls, ToolCallAnswer
 from turnwire_server.store.core.budget_writes import conversation_deleted
+from turnwire_server.store.core.fork_rules import (
+    CHILDREN_SQL,
+    DESCENDANTS_SQL,
+    children_read,
+    claim_reads,
+    push_writes,
+)
+from turnwire_server.store.core.fork_writes import release_forks
 from turnwire_server.store.core.message_writes import upsert_message
 from turnwire_server.store.core.rows import (
+    CONVERSATION_COLUMNS,
     LOAD_MESSAGES_SQL,
     MessageRow,
     build_message,
@@ -62,7 +71,7 @@ _RUNNING_REPLY: Final = (
     " WHERE conversation_id = ? AND assistant_message_id = ? AND state = 'running' LIMIT 1"
 )
 _UPDATE_METADATA: Final = "UPDATE messages SET metadata = ? WHERE conversation_id = ? AND id = ?"
-_RECORD: Final = "SELECT id, create_time, update_time, message_count FROM conversations WHERE id = ?"
+_RECORD: Final = f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = ?"
 
 _CONVERSATION_TABLES: Final = (
     # Children first; turn_events hang off turn_streams by request id.
@@ -155,6 +164,8 @@ def add_messages(
     """
     reads = [
         *dialect.lock_conversation(conversation_id),
+        # A fork judges (and replaces) a message it shares on its own copy (docs/forks.md).
+        *claim_reads(conversation_id, [row.id for row in rows]),
         Statement(_CONVERSATION, (conversation_id,), fetch=True),
     ]
     first = len(reads)
@@ -164,7 +175,9 @@ def add_messages(
             Statement(_STORED_PARTS, (conversation_id, row.id), fetch=True),
             Statement(_RUNNING_REPLY, (conversation_id, row.id), fetch=True),
         ]
+    reads.append(children_read(conversation_id))
     found = yield reads
+    children = found.pop()
     exists = bool(found[first - 1])
     if not exists and not allow_missing:
         raise ConversationNotFound(conversation_id)
@@ -199,6 +212,7 @@ def add_messages(
             )
         )
         writes += dialect.insert_parts(conversation_id, added)
+    writes += push_writes(conversation_id, [row.id for row in updated], children, dialect)
     for row in updated:
         writes.append(Statement(_UPDATE_METADATA, (row.metadata, conversation_id, row.id)))
         writes += dialect.replace_parts(conversation_id, row)
@@ -210,18 +224,43 @@ def add_messages(
 # --------------------------------------------------------------------------- delete_conversation
 
 
-def delete_conversation(conversation_id: str, dialect: Dialect) -> Program[bool]:
+def delete_conversation(
+    conversation_id: str, dialect: Dialect, *, with_forks: bool = False
+) -> Program[tuple[bool, list[str]]]:
     """``Store.delete_conversation``: every row of the conversation (the driver's own tables
-    first: the dialect's ``conversation_tables``); False when there was none."""
-    statements = [*dialect.conversation_tables, *_CONVERSATION_TABLES]
-    budgets = conversation_deleted(conversation_id)
-    counts = yield [
-        *dialect.lock_conversation(conversation_id),
-        *(Statement(sql, (conversation_id,), count=True) for sql in statements),
-        *budgets,
+    first: the dialect's ``conversation_tables``); whether there was one, and the forks deleted
+    with it. Its forks keep what they share with it (their own copies, docs/forks.md);
+    ``with_forks`` deletes every conversation forked from it, directly or not, in the same
+    transaction instead."""
+    locks = list(dialect.lock_conversation(conversation_id))
+    found = yield [
+        *locks,
+        Statement(DESCENDANTS_SQL if with_forks else CHILDREN_SQL, (conversation_id,), fetch=True),
     ]
-    removed: int = sum(counts[-len(statements) - len(budgets) : -len(budgets)])
-    return removed > 0
+    forks = sorted(row[0] for row in found[-1])
+    writes: list[Statement] = []
+    if with_forks:
+        for fork in forks:
+            writes += dialect.lock_conversation(fork)
+            writes += _deletion(fork, dialect)
+        writes.append(Statement("DELETE FROM fork_ancestors WHERE ancestor_id = ?", (conversation_id,)))
+    else:
+        writes += release_forks(conversation_id, found[-1], dialect)
+    statements = _deletion(conversation_id, dialect)
+    counts = yield [*writes, *statements]
+    removed: int = sum(count for count in counts[-len(statements) :] if isinstance(count, int))
+    return removed > 0, forks if with_forks else []
+
+
+def _deletion(conversation_id: str, dialect: Dialect) -> list[Statement]:
+    """Statements deleting every row of one conversation, its sharing with sources included,
+    each counting what it removed."""
+    statements = [*dialect.conversation_tables, *_CONVERSATION_TABLES]
+    return [
+        Statement("DELETE FROM fork_ancestors WHERE conversation_id = ?", (conversation_id,)),
+        *(Statement(sql, (conversation_id,), count=True) for sql in statements),
+        *conversation_deleted(conversation_id),
+    ]
 
 
 # --------------------------------------------------------------------------- tool calls
@@ -252,7 +291,7 @@ def answer_tool_calls(
                 "SELECT 1 FROM messages WHERE conversation_id = ?" + dialect.lock_rows, (conversation_id,)
             )
         )
-    reads.append(Statement(LOAD_MESSAGES_SQL, (conversation_id,), fetch=True))
+    reads.append(Statement(LOAD_MESSAGES_SQL, (conversation_id, conversation_id), fetch=True))
     found = yield reads
     messages = messages_from_rows(conversation_id, found[-1], dialect.name)
     message, outcome = answer_calls(conversation_id, messages, answers, expired_before=expired_before)

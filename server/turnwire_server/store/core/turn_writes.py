@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import TurnRecord
+from turnwire_server.store.core.fork_rules import claim_reads
 from turnwire_server.store.core.rows import MessageRow, check_turn, message_insert_params, message_row, to_us
 from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks
 from turnwire_server.store.errors import (
@@ -43,10 +44,14 @@ __all__ = [
 INSERT_MESSAGE: Final = (
     "INSERT INTO messages"
     " (conversation_id, id, seq, role, create_time, create_time_nanos, metadata)"
-    " VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE conversation_id = ?),"
+    " VALUES (?, ?, (SELECT CASE WHEN s.top_seq > s.floor_seq THEN s.top_seq ELSE s.floor_seq END + 1"
+    " FROM (SELECT COALESCE((SELECT MAX(seq) FROM messages WHERE conversation_id = ?), 0) AS top_seq,"
+    " COALESCE((SELECT seq_floor FROM conversations WHERE id = ?), 0) AS floor_seq) AS s),"
     " ?, ?, ?, ?)"
 )
-"""Append a message at the conversation's next position (:func:`message_insert_params`)."""
+"""Append a message at the conversation's next position (:func:`message_insert_params`): after
+its last message and after its ``seq_floor`` (a fork's fork point; the last position a fork of
+it shares: docs/forks.md)."""
 
 TOUCH_CONVERSATION: Final = (
     "INSERT INTO conversations (id, create_time, update_time, message_count)"
@@ -239,9 +244,11 @@ def start_turn(start: StartTurn, dialect: Dialect, now_us: int) -> Program[None]
     """``Store.start_turn``: the conversation's lock, :func:`start_turn_reads` in one batch,
     :func:`decide_start_turn`, then :func:`start_turn_writes` (sent without waiting)."""
     locked = list(dialect.lock_conversation(start.turn.conversation_id))
+    # A fork's input that repeats a message it shares is judged on its own copy (docs/forks.md).
+    claims = claim_reads(start.turn.conversation_id, [row.id for row in start.rows])
     reads = start_turn_reads(start, dialect)
-    found = yield [*locked, *reads]
-    submission, earlier, *messages = found[len(locked) :]
+    found = yield [*locked, *claims, *reads]
+    submission, earlier, *messages = found[len(locked) + len(claims) :]
     plan = decide_start_turn(
         start,
         submission[0][0] if submission else None,

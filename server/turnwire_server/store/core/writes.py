@@ -25,6 +25,7 @@ from turnwire_server.store.base import (
     BudgetCharge,
     BudgetGrant,
     CompactionRecord,
+    ConversationRecord,
     SubmissionRecord,
     SubmissionState,
     ToolCallAnswer,
@@ -34,6 +35,7 @@ from turnwire_server.store.base import (
 from turnwire_server.store.core import (
     budget_writes,
     compaction_writes,
+    fork_writes,
     lease_writes,
     message_writes,
     retention_writes,
@@ -282,15 +284,29 @@ class CoreWrites:
             lambda now_us: transcript_writes.expire_pending_tool_calls(cutoff_us, self._dialect, now_us),
         )
 
-    async def delete_conversation(self, conversation_id: str) -> bool:
-        deleted = await self._commit(
+    async def delete_conversation(self, conversation_id: str, *, with_forks: bool = False) -> bool:
+        deleted, forks = await self._commit(
             f"delete_conversation({conversation_id!r})",
-            lambda _: transcript_writes.delete_conversation(conversation_id, self._dialect),
+            lambda _: transcript_writes.delete_conversation(
+                conversation_id, self._dialect, with_forks=with_forks
+            ),
             Commit(conversation_id),
         )
         if self._locks is not None:
-            self._locks.drop_all(conversation_id)  # the places of its deleted pending submissions
+            for gone in (conversation_id, *forks):
+                self._locks.drop_all(gone)  # the places of its deleted pending submissions
         return deleted
+
+    async def fork_conversation(
+        self, conversation_id: str, message_id: str, fork_id: str
+    ) -> ConversationRecord:
+        return await self._commit(
+            f"fork_conversation({conversation_id!r}, {message_id!r}, {fork_id!r})",
+            lambda now_us: fork_writes.fork_conversation(
+                conversation_id, message_id, fork_id, self._dialect, now_us
+            ),
+            Commit(conversation_id),
+        )
 
     async def expire_events(self, before: dt.datetime, limit: int) -> int:
         make = retention_writes.expire_events(to_us(before, "before"), limit)

@@ -25,6 +25,7 @@ import psycopg_pool
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import TurnAdmission, TurnRecord, renewed_lease
 from turnwire_server.store.core import turn_writes
+from turnwire_server.store.core.fork_rules import claim_reads
 from turnwire_server.store.core.reads import LOAD_COMPACTION_SQL
 from turnwire_server.store.core.rows import compaction_from_row
 from turnwire_server.store.core.sql import just
@@ -395,4 +396,7 @@ async def _start_new_turn(conn: Conn, start: StartTurn, now_us: int) -> None:
     await db.send_conversation_lock(conn, start.turn.conversation_id)
     await db.run(conn, _SUBMISSION_NOT_PENDING, (start.turn.request_id,))
     plan = StartTurnPlan(new_rows=start.rows, replace_earlier=False, submission_running=True)
-    await run_program(conn, just(turn_writes.start_turn_writes(start, plan, DIALECT, now_us)))
+    # A fork's input repeating a message it shares: its own copy first, so the insert fails as
+    # for any stored id (docs/forks.md).
+    claims = claim_reads(start.turn.conversation_id, [row.id for row in start.rows])
+    await run_program(conn, just([*claims, *turn_writes.start_turn_writes(start, plan, DIALECT, now_us)]))

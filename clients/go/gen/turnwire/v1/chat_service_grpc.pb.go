@@ -75,6 +75,14 @@ type ChatServiceClient interface {
 	// The turns of a conversation, most recently started first, each with how it
 	// ended, its cost and its timeline (docs/inspector.md). Read-only.
 	ListTurns(ctx context.Context, in *ListTurnsRequest, opts ...grpc.CallOption) (*ListTurnsResponse, error)
+	// ForkConversation creates a conversation holding another's messages up to
+	// and including one of them, without copying them: forking costs the same
+	// whatever the history's length. Later changes on either side never show on
+	// the other (copy-on-write); the source's compaction is carried when it
+	// covers only the shared messages. Turns then run on each side alone. Edit
+	// and regenerate is a fork at the message before the edited one, then a
+	// turn with the edited message on the fork (docs/forks.md).
+	ForkConversation(ctx context.Context, in *ForkConversationRequest, opts ...grpc.CallOption) (*ForkConversationResponse, error)
 }
 
 type chatServiceClient struct {
@@ -399,6 +407,15 @@ func (c *chatServiceClient) ListTurns(ctx context.Context, in *ListTurnsRequest,
 	return out, nil
 }
 
+func (c *chatServiceClient) ForkConversation(ctx context.Context, in *ForkConversationRequest, opts ...grpc.CallOption) (*ForkConversationResponse, error) {
+	out := new(ForkConversationResponse)
+	err := c.cc.Invoke(ctx, "/turnwire.v1.ChatService/ForkConversation", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ChatServiceServer is the server API for ChatService service.
 // All implementations must embed UnimplementedChatServiceServer
 // for forward compatibility
@@ -461,6 +478,14 @@ type ChatServiceServer interface {
 	// The turns of a conversation, most recently started first, each with how it
 	// ended, its cost and its timeline (docs/inspector.md). Read-only.
 	ListTurns(context.Context, *ListTurnsRequest) (*ListTurnsResponse, error)
+	// ForkConversation creates a conversation holding another's messages up to
+	// and including one of them, without copying them: forking costs the same
+	// whatever the history's length. Later changes on either side never show on
+	// the other (copy-on-write); the source's compaction is carried when it
+	// covers only the shared messages. Turns then run on each side alone. Edit
+	// and regenerate is a fork at the message before the edited one, then a
+	// turn with the edited message on the fork (docs/forks.md).
+	ForkConversation(context.Context, *ForkConversationRequest) (*ForkConversationResponse, error)
 	mustEmbedUnimplementedChatServiceServer()
 }
 
@@ -518,6 +543,9 @@ func (UnimplementedChatServiceServer) SubmitToolApprovals(*SubmitToolApprovalsRe
 }
 func (UnimplementedChatServiceServer) ListTurns(context.Context, *ListTurnsRequest) (*ListTurnsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListTurns not implemented")
+}
+func (UnimplementedChatServiceServer) ForkConversation(context.Context, *ForkConversationRequest) (*ForkConversationResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ForkConversation not implemented")
 }
 func (UnimplementedChatServiceServer) mustEmbedUnimplementedChatServiceServer() {}
 
@@ -859,6 +887,24 @@ func _ChatService_ListTurns_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ChatService_ForkConversation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForkConversationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ChatServiceServer).ForkConversation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/turnwire.v1.ChatService/ForkConversation",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ChatServiceServer).ForkConversation(ctx, req.(*ForkConversationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _ChatService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "turnwire.v1.ChatService",
 	HandlerType: (*ChatServiceServer)(nil),
@@ -902,6 +948,10 @@ var _ChatService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListTurns",
 			Handler:    _ChatService_ListTurns_Handler,
+		},
+		{
+			MethodName: "ForkConversation",
+			Handler:    _ChatService_ForkConversation_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -575,6 +575,7 @@ class Conversation(_message.Message):
     PARTIAL_REPLIES_FIELD_NUMBER: _builtins.int
     TURNS_WITHOUT_REPLY_FIELD_NUMBER: _builtins.int
     COST_FIELD_NUMBER: _builtins.int
+    FORKED_FROM_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation's id."""
     message_count: _builtins.int
@@ -622,6 +623,13 @@ class Conversation(_message.Message):
         cost, a turn ended before costs were stored included (docs/cost.md).
         """
 
+    @_builtins.property
+    def forked_from(self) -> Global___ConversationFork:
+        """Output only: where this conversation was forked from (ForkConversation);
+        unset for a conversation that was not forked. Kept when the source is
+        deleted (docs/forks.md).
+        """
+
     def __init__(
         self,
         *,
@@ -633,10 +641,11 @@ class Conversation(_message.Message):
         partial_replies: _abc.Iterable[Global___PartialReply] | None = ...,
         turns_without_reply: _abc.Iterable[Global___TurnWithoutReply] | None = ...,
         cost: _message_pb2.Cost | None = ...,
+        forked_from: Global___ConversationFork | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "create_time", b"create_time", "forked_from", b"forked_from", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "cost", b"cost", "create_time", b"create_time", "message_count", b"message_count", "messages", b"messages", "partial_replies", b"partial_replies", "turns_without_reply", b"turns_without_reply", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "cost", b"cost", "create_time", b"create_time", "forked_from", b"forked_from", "message_count", b"message_count", "messages", b"messages", "partial_replies", b"partial_replies", "turns_without_reply", b"turns_without_reply", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1410,19 +1419,27 @@ class DeleteConversationRequest(_message.Message):
 
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     ALLOW_MISSING_FIELD_NUMBER: _builtins.int
+    INCLUDE_FORKS_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to delete."""
     allow_missing: _builtins.bool
     """Succeed when the conversation does not exist (AIP-135)."""
+    include_forks: _builtins.bool
+    """Also delete every conversation forked from it, directly or from one of
+    its forks, in the same transaction (what an erasure request needs).
+    Without it the forks stay, and what they shared with it becomes theirs
+    (docs/forks.md).
+    """
     def __init__(
         self,
         *,
         conversation_id: _builtins.str = ...,
         allow_missing: _builtins.bool = ...,
+        include_forks: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_missing", b"allow_missing", "conversation_id", b"conversation_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_missing", b"allow_missing", "conversation_id", b"conversation_id", "include_forks", b"include_forks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1435,16 +1452,20 @@ class DeleteConversationResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DELETED_FIELD_NUMBER: _builtins.int
+    DELETED_FORK_COUNT_FIELD_NUMBER: _builtins.int
     deleted: _builtins.bool
     """True when a conversation was deleted (false only with `allow_missing`)."""
+    deleted_fork_count: _builtins.int
+    """How many forks were deleted with it (`include_forks`)."""
     def __init__(
         self,
         *,
         deleted: _builtins.bool = ...,
+        deleted_fork_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted", "deleted_fork_count", b"deleted_fork_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1946,3 +1967,89 @@ class TimelineSpan(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__step_number) -> _WhichOneofReturnType__step_number | None: ...
 
 Global___TimelineSpan: _TypeAlias = TimelineSpan  # noqa: Y015
+
+@_typing.final
+class ConversationFork(_message.Message):
+    """ConversationFork says where a conversation was forked from."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The source conversation's id (it may since have been deleted)."""
+    message_id: _builtins.str
+    """The source's message the fork was made at: the fork's last shared
+    message.
+    """
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        message_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "message_id", b"message_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConversationFork: _TypeAlias = ConversationFork  # noqa: Y015
+
+@_typing.final
+class ForkConversationRequest(_message.Message):
+    """ForkConversationRequest is the input of ChatService.ForkConversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    AT_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    NEW_CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The conversation to fork (the source); it must exist."""
+    at_message_id: _builtins.str
+    """The source's message to fork at: the fork holds the source's messages up
+    to and including it.
+    """
+    new_conversation_id: _builtins.str
+    """The new conversation's id; it must not exist. Empty: the server assigns
+    one (`tw-c-…`).
+    """
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        at_message_id: _builtins.str = ...,
+        new_conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_message_id", b"at_message_id", "conversation_id", b"conversation_id", "new_conversation_id", b"new_conversation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkConversationRequest: _TypeAlias = ForkConversationRequest  # noqa: Y015
+
+@_typing.final
+class ForkConversationResponse(_message.Message):
+    """ForkConversationResponse is the output of ChatService.ForkConversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def conversation(self) -> Global___Conversation:
+        """The new conversation, without its messages, `forked_from` set."""
+
+    def __init__(
+        self,
+        *,
+        conversation: Global___Conversation | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkConversationResponse: _TypeAlias = ForkConversationResponse  # noqa: Y015

@@ -128,6 +128,11 @@ class ChatServiceStub:
                 request_serializer=turnwire_dot_v1_dot_chat__service__pb2.ListTurnsRequest.SerializeToString,
                 response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ListTurnsResponse.FromString,
                 _registered_method=True)
+        self.ForkConversation = channel.unary_unary(
+                '/turnwire.v1.ChatService/ForkConversation',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.ForkConversationRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ForkConversationResponse.FromString,
+                _registered_method=True)
 
 
 class ChatServiceServicer:
@@ -285,6 +290,19 @@ class ChatServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkConversation(self, request, context):
+        """ForkConversation creates a conversation holding another's messages up to
+        and including one of them, without copying them: forking costs the same
+        whatever the history's length. Later changes on either side never show on
+        the other (copy-on-write); the source's compaction is carried when it
+        covers only the shared messages. Turns then run on each side alone. Edit
+        and regenerate is a fork at the message before the edited one, then a
+        turn with the edited message on the fork (docs/forks.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChatServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -372,6 +390,11 @@ def add_ChatServiceServicer_to_server(servicer, server):
                     servicer.ListTurns,
                     request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ListTurnsRequest.FromString,
                     response_serializer=turnwire_dot_v1_dot_chat__service__pb2.ListTurnsResponse.SerializeToString,
+            ),
+            'ForkConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkConversation,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ForkConversationRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.ForkConversationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -842,6 +865,33 @@ class ChatService:
             '/turnwire.v1.ChatService/ListTurns',
             turnwire_dot_v1_dot_chat__service__pb2.ListTurnsRequest.SerializeToString,
             turnwire_dot_v1_dot_chat__service__pb2.ListTurnsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/ForkConversation',
+            turnwire_dot_v1_dot_chat__service__pb2.ForkConversationRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.ForkConversationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -115,6 +115,15 @@ class ChatServiceStub:
     """The turns of a conversation, most recently started first, each with how it
     ended, its cost and its timeline (docs/inspector.md). Read-only.
     """
+    ForkConversation: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.ForkConversationRequest, _chat_service_pb2.ForkConversationResponse]
+    """ForkConversation creates a conversation holding another's messages up to
+    and including one of them, without copying them: forking costs the same
+    whatever the history's length. Later changes on either side never show on
+    the other (copy-on-write); the source's compaction is carried when it
+    covers only the shared messages. Turns then run on each side alone. Edit
+    and regenerate is a fork at the message before the edited one, then a
+    turn with the edited message on the fork (docs/forks.md).
+    """
 
 @_typing.type_check_only
 class ChatServiceAsyncStub(ChatServiceStub):
@@ -202,6 +211,15 @@ class ChatServiceAsyncStub(ChatServiceStub):
     ListTurns: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.ListTurnsRequest, _chat_service_pb2.ListTurnsResponse]  # type: ignore[assignment]
     """The turns of a conversation, most recently started first, each with how it
     ended, its cost and its timeline (docs/inspector.md). Read-only.
+    """
+    ForkConversation: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.ForkConversationRequest, _chat_service_pb2.ForkConversationResponse]  # type: ignore[assignment]
+    """ForkConversation creates a conversation holding another's messages up to
+    and including one of them, without copying them: forking costs the same
+    whatever the history's length. Later changes on either side never show on
+    the other (copy-on-write); the source's compaction is carried when it
+    covers only the shared messages. Turns then run on each side alone. Edit
+    and regenerate is a fork at the message before the edited one, then a
+    turn with the edited message on the fork (docs/forks.md).
     """
 
 class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -389,6 +407,21 @@ class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_chat_service_pb2.ListTurnsResponse, _abc.Awaitable[_chat_service_pb2.ListTurnsResponse]]:
         """The turns of a conversation, most recently started first, each with how it
         ended, its cost and its timeline (docs/inspector.md). Read-only.
+        """
+
+    @_abc_1.abstractmethod
+    def ForkConversation(
+        self,
+        request: _chat_service_pb2.ForkConversationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.ForkConversationResponse, _abc.Awaitable[_chat_service_pb2.ForkConversationResponse]]:
+        """ForkConversation creates a conversation holding another's messages up to
+        and including one of them, without copying them: forking costs the same
+        whatever the history's length. Later changes on either side never show on
+        the other (copy-on-write); the source's compaction is carried when it
+        covers only the shared messages. Turns then run on each side alone. Edit
+        and regenerate is a fork at the message before the edited one, then a
+        turn with the edited message on the fork (docs/forks.md).
         """
 
 def add_ChatServiceServicer_to_server(servicer: ChatServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
