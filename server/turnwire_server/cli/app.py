@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from turnwire_server.cli import client_commands, server_commands
+from turnwire_server.cli import client_commands, schedule_commands, server_commands
 from turnwire_server.cli.connection import options_before_command
 
 __all__ = ["app", "main"]
@@ -71,6 +71,7 @@ app.command()(client_commands.conversations)
 app.command()(client_commands.history)
 app.command()(client_commands.health)
 app.command()(server_commands.demo)
+app.add_typer(schedule_commands.schedule_app, name="schedule")
 
 
 def main() -> None:

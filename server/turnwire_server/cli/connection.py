@@ -30,7 +30,7 @@ __all__ = [
     "options_before_command",
 ]
 
-CLIENT_COMMANDS = ("chat", "continue", "cancel", "approve", "conversations", "history", "health")
+CLIENT_COMMANDS = ("chat", "continue", "cancel", "approve", "conversations", "history", "health", "schedule")
 """The commands that connect to a sidecar: they take the connection options, after the command or
 before it (``turnwire --target HOST:PORT chat …``)."""
 
