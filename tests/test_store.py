@@ -659,6 +659,8 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
         (8, "0008_turn_costs"),
         (9, "0009_budgets"),
         (10, "0010_turn_timelines"),
+        (11, "0011_placeholder"),
+        (12, "0012_schedules"),
     ]
     assert isinstance(rows[0][2], int)
     assert {
@@ -671,6 +673,7 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
         "turn_events",
         "submissions",
         "compactions",
+        "schedules",
     } <= store_backend.tables()
 
 
