@@ -381,12 +381,14 @@ export abstract class TurnwireCalls {
   }
 
   /** Deletes a schedule (its submissions stay); false when it did not exist (with `allowMissing`). */
-  async deleteSchedule(scheduleId: string, options: CallOpts & { allowMissing?: boolean } = {}): Promise<boolean> {
+  async deleteSchedule(
+    scheduleId: string,
+    options: CallOpts & { allowMissing?: boolean } = {},
+  ): Promise<boolean> {
     const allowMissing = options.allowMissing ?? false;
     return (await this.unary(options, (call) => this.rpc.deleteSchedule({ scheduleId, allowMissing }, call)))
       .deleted;
   }
-
 
   private turn(
     requestId: string,
