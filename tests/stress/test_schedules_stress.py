@@ -31,13 +31,15 @@ CONFIG = {
     "schedules": {"poll_interval_seconds": 0.2, "misfire_grace_seconds": GRACE_SECONDS},
     "store": {"pool_size": 5},
 }
+START_SECONDS = 180.0
 EVERY_SECOND = "* * * * * *"
 EVERY_TWO = "*/2 * * * * *"
 
 
 async def _start(factory: SidecarFactory, url: str, tmp_path: Path, round_: int) -> list[SidecarProcess]:
     replicas = [factory(CONFIG, workdir=tmp_path / f"r{round_}-{n}", store_url=url) for n in range(3)]
-    await asyncio.gather(*(replica.start() for replica in replicas))
+    # Three starts at once on 2 cores: more patient than one start (they migrate together too).
+    await asyncio.gather(*(replica.start(timeout=START_SECONDS) for replica in replicas))
     return replicas
 
 
