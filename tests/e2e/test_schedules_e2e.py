@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -46,6 +47,7 @@ async def test_a_cron_schedule_fires_turns_in_order_and_pauses(sidecar_factory: 
         )
         assert created.state == chat_service_pb2.SCHEDULE_STATE_ACTIVE and created.HasField("next_fire_time")
         done = await wait_until(lambda: _fires(client, "every", 3), what="three fires completed")
+        assert done is not None
         assert [s.submission_id for s in done[:3]] == ["tw-every.1", "tw-every.2", "tw-every.3"]
         assert [s.conversation_id for s in done[:3]] == ["run-1", "run-2", "run-3"]
         transcript = await client.get_conversation("run-2")
@@ -119,11 +121,12 @@ async def test_a_fire_missed_while_stopped_runs_once_after_the_restart(
 async def test_bad_timing_is_invalid_argument_with_the_field(sidecar_factory: SidecarFactory) -> None:
     sidecar = await sidecar_factory(CONFIG).start()
     async with TurnwireClient(sidecar.target) as client:
-        for options, field in (
+        cases: list[tuple[dict[str, Any], str]] = [
             ({"cron": "61 * * * *"}, "schedule.cron"),
             ({"cron": "* * * * *", "time_zone": "Mars/Olympus"}, "schedule.time_zone"),
             ({}, "schedule.cron"),
-        ):
+        ]
+        for options, field in cases:
             with pytest.raises(TurnwireError) as refused:
                 await client.create_schedule("c", "ping", **options)
             assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT

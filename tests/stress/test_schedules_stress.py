@@ -100,10 +100,12 @@ async def test_fires_once_in_order_across_replicas_pause_and_a_full_stop(
             replicas = await _start(sidecar_factory, url, tmp_path, 1)
             clients = [TurnwireClient(r.target) for r in replicas]
             a = clients[0]
-            after = {
-                sid: await wait_until(lambda sid=sid: fired(sid, before[sid].fire_count + 2, a), interval=0.2)
-                for sid in ("once", "skip")
-            }
+            after: dict[str, chat_service_pb2.Schedule] = {}
+            for sid in ("once", "skip"):
+                wanted = before[sid].fire_count + 2
+                found = await wait_until(lambda sid=sid, wanted=wanted: fired(sid, wanted, a), interval=0.2)  # type: ignore[misc]
+                assert found is not None
+                after[sid] = found
             every_two = ScheduleTiming.of(EVERY_TWO, "", None)
             gap, _ = every_two.times_until(every_two.first_after(stopped) or restarting, restarting)
             assert gap >= 2
