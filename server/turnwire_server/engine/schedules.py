@@ -167,14 +167,20 @@ class Scheduler:
         return fired
 
     async def _run(self) -> None:
+        failing = False
         while True:
             try:
                 fired = await self.poll()
                 made = sum(fire.submission is not None for fire in fired)
                 if made:
                     log.info("schedules: %d fire(s) made %d submission(s)", len(fired), made)
+                if failing:
+                    log.info("schedules: firing again")
+                failing = False
             except Exception as error:  # the store away, a schedule that cannot be read: next poll
-                log.error("schedules: firing failed: %s", error)
+                # Once per outage, not once per poll: a poll a second would flood the log.
+                log.log(logging.DEBUG if failing else logging.ERROR, "schedules: firing failed: %s", error)
+                failing = True
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._interval):
                     await self._wake.wait()

@@ -3917,8 +3917,9 @@ type Schedule struct {
 	// `conversation_id_template` is set), and the messages leave `id` empty
 	// (each fire's messages get ids from its submission). `submission_id` and
 	// `idempotency_key` stay empty (each fire's submission id is
-	// `tw-<schedule_id>.<fire number>`), and the concurrent input strategy is
-	// ENQUEUE or unset.
+	// `<schedule_id>.<fire number>`, with `tw-` put before a schedule id that
+	// does not start with it), and the concurrent input strategy is ENQUEUE or
+	// unset.
 	Input *SubmitMessagesRequest `protobuf:"bytes,5,opt,name=input,proto3" json:"input,omitempty"`
 	// When set, each run goes to a new conversation whose id is this template
 	// with `{schedule_id}`, `{fire_number}` and `{fire_time}` (UTC,

@@ -2110,8 +2110,9 @@ class Schedule(_message.Message):
         `conversation_id_template` is set), and the messages leave `id` empty
         (each fire's messages get ids from its submission). `submission_id` and
         `idempotency_key` stay empty (each fire's submission id is
-        `tw-<schedule_id>.<fire number>`), and the concurrent input strategy is
-        ENQUEUE or unset.
+        `<schedule_id>.<fire number>`, with `tw-` put before a schedule id that
+        does not start with it), and the concurrent input strategy is ENQUEUE or
+        unset.
         """
 
     @_builtins.property

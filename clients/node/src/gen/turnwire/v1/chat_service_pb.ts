@@ -1939,8 +1939,9 @@ export type Schedule = Message<"turnwire.v1.Schedule"> & {
    * `conversation_id_template` is set), and the messages leave `id` empty
    * (each fire's messages get ids from its submission). `submission_id` and
    * `idempotency_key` stay empty (each fire's submission id is
-   * `tw-<schedule_id>.<fire number>`), and the concurrent input strategy is
-   * ENQUEUE or unset.
+   * `<schedule_id>.<fire number>`, with `tw-` put before a schedule id that
+   * does not start with it), and the concurrent input strategy is ENQUEUE or
+   * unset.
    *
    * @generated from field: turnwire.v1.SubmitMessagesRequest input = 5;
    */
