@@ -660,6 +660,7 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
         (9, "0009_budgets"),
         (10, "0010_turn_timelines"),
         (11, "0011_conversation_forks"),
+        (12, "0012_schedules"),
     ]
     assert isinstance(rows[0][2], int)
     assert {
@@ -672,6 +673,7 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
         "turn_events",
         "submissions",
         "compactions",
+        "schedules",
     } <= store_backend.tables()
 
 

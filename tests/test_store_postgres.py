@@ -89,6 +89,7 @@ async def test_replicas_opening_a_fresh_database_together_migrate_it_once() -> N
                 (9, "0009_budgets"),
                 (10, "0010_turn_timelines"),
                 (11, "0011_conversation_forks"),
+                (12, "0012_schedules"),
             ]
             await stores[0].start_turn(_turn("r1", "c1"), [_user("u1")])
             assert [m.id for m in await stores[3].load_messages("c1")] == ["u1"]
@@ -199,6 +200,7 @@ async def test_migrate_reports_what_it_applied() -> None:
             "0009_budgets",
             "0010_turn_timelines",
             "0011_conversation_forks",
+            "0012_schedules",
         ]
         assert await store.migrate() == []
         await store.close()
@@ -432,8 +434,9 @@ def test_turnwire_migrate_applies_pending_migrations_and_says_which(pg_url: str)
         "applied 0009_budgets",
         "applied 0010_turn_timelines",
         "applied 0011_conversation_forks",
+        "applied 0012_schedules",
     ]
-    assert "11 migration(s) applied" in first.output
+    assert "12 migration(s) applied" in first.output
     again = runner.invoke(cli.app, ["migrate", "--store-url", url])
     assert again.exit_code == 0, again.output
     assert "applied 0001" not in again.output and "0 migration(s) applied" in again.output

@@ -38,6 +38,8 @@ NAMES = {
     "TurnStream": "SyncTurnStream",
     "stream": "sync_stream",  # the module turnwire_client.stream
     "AioRpcError": "RpcError",
+    # The schedule calls' mixins (_schedules.py: the sync one delegates to the same request builder).
+    "ScheduleCalls": "SyncScheduleCalls",
 }
 
 # Text (docstrings and comments), applied in order; each must match at least once.

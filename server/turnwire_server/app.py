@@ -41,6 +41,7 @@ from turnwire_server.api.chat_service import ChatService
 from turnwire_server.api.rate_limits import RateLimits
 from turnwire_server.api.rpc_logging import quiet_grpc_call_noise
 from turnwire_server.api.rpc_observer import RpcObserver
+from turnwire_server.api.schedule_rpcs import schedule_spec_of
 from turnwire_server.api.standard_services import add_standard_services
 from turnwire_server.api.status import status_of
 from turnwire_server.api.submission_rpcs import turn_request_of
@@ -54,6 +55,7 @@ from turnwire_server.engine.detached_subagents import DetachedResults
 from turnwire_server.engine.fallback import Fallbacks
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.replica import Replica
+from turnwire_server.engine.schedules import Scheduler
 from turnwire_server.engine.settings import DurabilitySettings, new_replica_id
 from turnwire_server.engine.store_outage import until_stored
 from turnwire_server.engine.submissions import Submissions
@@ -188,6 +190,7 @@ class Sidecar:
     gate: CallGate
     maintenance: Maintenance
     replica: Replica
+    scheduler: Scheduler | None = None
     store_health: StoreHealth | None = None
     metrics_endpoint: MetricsEndpoint | None = None
     tracer_provider: TracerProvider | None = None
@@ -243,6 +246,8 @@ class Sidecar:
         sweep deletes or expires anything while turns drain. ``cut_short`` set (a signal during
         the grace) cancels the running turns at once instead of at the end of the grace."""
         await self.maintenance.stop()
+        if self.scheduler is not None:  # no fire is made while turns drain: the next replica makes it
+            await self.scheduler.stop()
         if self.store_health is not None:
             await self.store_health.stop()
         grace = self.settings.limits.shutdown_grace_seconds
@@ -527,8 +532,16 @@ async def _start(
         subagents.bind(engine)
         submissions = await _recover(settings, engine, store)
         detached_results.bind(submissions, store)
+        scheduler = _scheduler(settings, store, submissions)
         server, health, port, calls = await _serve(
-            settings, engine, submissions, gate, tls, access=access, shared_port=shared_port
+            settings,
+            engine,
+            submissions,
+            gate,
+            tls,
+            access=access,
+            shared_port=shared_port,
+            scheduler=scheduler,
         )
         try:
             http = await _start_http(settings, calls, shared_port=shared_port)
@@ -541,6 +554,7 @@ async def _start(
     maintenance = _start_maintenance(settings.durability, engine, submissions)
     replica = Replica(engine, resume=settings.durability.recover_on_start, submissions=submissions)
     replica.start()
+    scheduler.start()
     store_health = StoreHealth(store, health, ("", SERVICE_NAME))
     sidecar = Sidecar(
         server=server,
@@ -553,6 +567,7 @@ async def _start(
         gate=gate,
         maintenance=maintenance,
         replica=replica,
+        scheduler=scheduler,
         tracer_provider=tracer_provider,
         tls=tls,
         authenticator=access.authenticator if access is not None else None,
@@ -723,6 +738,7 @@ async def _serve(
     *,
     access: AccessInterceptor | None,
     shared_port: bool,
+    scheduler: Scheduler | None = None,
 ) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int, InProcessCalls]:
     """The gRPC server with its interceptors (``access`` None: no authentication and no rate
     limits), ChatService and the standard services, bound to
@@ -747,6 +763,7 @@ async def _serve(
         default_model=settings.default_model,
         max_message_bytes=settings.limits.max_message_bytes,
         progress_interval=settings.limits.progress_interval_seconds,
+        scheduler=scheduler,
     )
     chat_service_pb2_grpc.add_ChatServiceServicer_to_server(servicer, server)
     health = add_standard_services(server, (SERVICE_NAME,))
@@ -783,6 +800,19 @@ async def _start_http(settings: Settings, calls: InProcessCalls, *, shared_port:
         return await start_http(settings.http, context, settings.tls, shared_port=shared_port)
     except HttpListenError as error:
         raise StartupError(str(error)) from None
+
+
+def _scheduler(settings: Settings, store: Store, submissions: Submissions) -> Scheduler:
+    """The replica's schedule loop (docs/schedules.md), started with the other loops. A fire's
+    submission meets the same bound on a conversation's open submissions as SubmitMessages."""
+    store.max_open_submissions = settings.durability.max_pending_submissions_per_conversation
+    return Scheduler(
+        store,
+        spec_of=schedule_spec_of,
+        claim=submissions.claim,
+        poll_interval_seconds=settings.schedules.poll_interval_seconds,
+        misfire_grace_seconds=settings.schedules.misfire_grace_seconds,
+    )
 
 
 def _start_maintenance(

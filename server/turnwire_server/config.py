@@ -37,6 +37,7 @@ from turnwire_server.config_section import ConfigSection
 from turnwire_server.engine.budget_settings import BudgetSettings
 from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.engine.fallback import FallbackSettings
+from turnwire_server.engine.schedule_settings import ScheduleSettings
 from turnwire_server.engine.settings import (
     DurabilitySettings,
     EventsSettings,
@@ -252,6 +253,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings)
     tenant_shares: TenantShareSettings = Field(default_factory=TenantShareSettings)
+    schedules: ScheduleSettings = Field(default_factory=ScheduleSettings)
 
     @field_validator("listen")
     @classmethod

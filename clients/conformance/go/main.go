@@ -359,6 +359,24 @@ func callUnary(ctx context.Context, client *turnwire.Client, rpc string, request
 	case "CancelSubmission":
 		req := &turnwirev1.CancelSubmissionRequest{}
 		message, call = req, func() (proto.Message, error) { return service.CancelSubmission(ctx, req) }
+	case "CreateSchedule":
+		req := &turnwirev1.CreateScheduleRequest{}
+		message, call = req, func() (proto.Message, error) { return service.CreateSchedule(ctx, req) }
+	case "GetSchedule":
+		req := &turnwirev1.GetScheduleRequest{}
+		message, call = req, func() (proto.Message, error) { return service.GetSchedule(ctx, req) }
+	case "ListSchedules":
+		req := &turnwirev1.ListSchedulesRequest{}
+		message, call = req, func() (proto.Message, error) { return service.ListSchedules(ctx, req) }
+	case "PauseSchedule":
+		req := &turnwirev1.PauseScheduleRequest{}
+		message, call = req, func() (proto.Message, error) { return service.PauseSchedule(ctx, req) }
+	case "ResumeSchedule":
+		req := &turnwirev1.ResumeScheduleRequest{}
+		message, call = req, func() (proto.Message, error) { return service.ResumeSchedule(ctx, req) }
+	case "DeleteSchedule":
+		req := &turnwirev1.DeleteScheduleRequest{}
+		message, call = req, func() (proto.Message, error) { return service.DeleteSchedule(ctx, req) }
 	default:
 		return nil, fmt.Errorf("unknown unary RPC %s", rpc)
 	}

@@ -28,6 +28,9 @@ import {
   DisconnectPolicy,
   ListConversationsResponseSchema,
   ListTurnsResponseSchema,
+  CreateScheduleRequestSchema,
+  ListSchedulesResponseSchema,
+  ScheduleSchema,
   ListSubmissionsRequestSchema,
   ListSubmissionsResponseSchema,
   AddMessagesResponseSchema,
@@ -316,6 +319,30 @@ async function callUnary(client, rpc, request) {
           SubmissionSchema,
           await client.cancelSubmission(request.submissionId ?? ""),
         ),
+      };
+    case "CreateSchedule":
+      return {
+        schedule: toJson(
+          ScheduleSchema,
+          await client.createSchedule(fromJson(CreateScheduleRequestSchema, request)),
+        ),
+      };
+    case "GetSchedule":
+      return { schedule: toJson(ScheduleSchema, await client.getSchedule(request.scheduleId ?? "")) };
+    case "ListSchedules":
+      return toJson(
+        ListSchedulesResponseSchema,
+        await client.listSchedules({ pageSize: request.pageSize ?? 0, pageToken: request.pageToken ?? "" }),
+      );
+    case "PauseSchedule":
+      return { schedule: toJson(ScheduleSchema, await client.pauseSchedule(request.scheduleId ?? "")) };
+    case "ResumeSchedule":
+      return { schedule: toJson(ScheduleSchema, await client.resumeSchedule(request.scheduleId ?? "")) };
+    case "DeleteSchedule":
+      return {
+        deleted: await client.deleteSchedule(request.scheduleId ?? "", {
+          allowMissing: Boolean(request.allowMissing),
+        }),
       };
     default:
       throw new CaseFailure(`unknown unary RPC ${rpc}`);

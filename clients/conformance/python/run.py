@@ -10,6 +10,7 @@ format and the matching rules are in clients/conformance/README.md.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import os
 import re
@@ -355,7 +356,58 @@ async def call_unary(client: TurnwireClient, rpc: str, request: dict[str, Any]) 
         return to_json(page)
     if rpc == "CancelSubmission":
         return {"submission": to_json(await client.cancel_submission(request.get("submissionId", "")))}
+    if rpc in _SCHEDULE_CALLS:
+        return await _schedule_call(client, rpc, request)
     raise CaseFailure(f"unknown unary RPC {rpc}")
+
+
+_SCHEDULE_CALLS = {
+    "CreateSchedule",
+    "GetSchedule",
+    "ListSchedules",
+    "PauseSchedule",
+    "ResumeSchedule",
+    "DeleteSchedule",
+}
+_OVERLAP = {chat_service_pb2.SCHEDULE_OVERLAP_POLICY_ENQUEUE: "enqueue"}
+_MISSED = {chat_service_pb2.MISSED_RUNS_POLICY_RUN_ONCE: "run_once"}
+
+
+async def _schedule_call(client: TurnwireClient, rpc: str, request: dict[str, Any]) -> Any:
+    """The schedule RPCs through the client's schedule methods."""
+    schedule_id = request.get("scheduleId", "")
+    if rpc == "CreateSchedule":
+        parsed = json_format.ParseDict(request, chat_service_pb2.CreateScheduleRequest())
+        spec, given = parsed.schedule, parsed.schedule.input
+        created = await client.create_schedule(
+            given.conversation_id,
+            list(given.messages),
+            cron=spec.cron,
+            time_zone=spec.time_zone,
+            fire_time=spec.fire_time.ToDatetime(dt.UTC) if spec.HasField("fire_time") else None,
+            conversation_id_template=spec.conversation_id_template,
+            overlap=_OVERLAP.get(spec.overlap_policy, "skip"),
+            missed_runs=_MISSED.get(spec.missed_runs_policy, "skip"),
+            schedule_id=parsed.schedule_id,
+            model=given.model or None,
+        )
+        return {"schedule": to_json(created)}
+    if rpc == "ListSchedules":
+        page = await client.list_schedules(
+            page_size=int(request.get("pageSize", 0)), page_token=request.get("pageToken", "")
+        )
+        return to_json(page)
+    if rpc == "DeleteSchedule":
+        deleted = await client.delete_schedule(
+            schedule_id, allow_missing=bool(request.get("allowMissing", False))
+        )
+        return {"deleted": deleted}
+    method = {
+        "GetSchedule": client.get_schedule,
+        "PauseSchedule": client.pause_schedule,
+        "ResumeSchedule": client.resume_schedule,
+    }[rpc]
+    return {"schedule": to_json(await method(schedule_id))}
 
 
 STREAMING = {

@@ -16,6 +16,9 @@ import {
   type AddMessagesResponse,
   type ChatService,
   type ClientToolSchema,
+  type CreateScheduleRequestSchema,
+  type ListSchedulesResponse,
+  type Schedule,
   type Conversation,
   type ConcurrentInputStrategy,
   type DisconnectPolicy,
@@ -369,6 +372,50 @@ export abstract class TurnwireCalls {
   async cancelSubmission(submissionId: string, options: CallOpts = {}): Promise<Submission | undefined> {
     return (await this.unary(options, (call) => this.rpc.cancelSubmission({ submissionId }, call)))
       .submission;
+  }
+  /**
+   * Creates a schedule (docs/schedules.md): `schedule.input` is submitted on `schedule.cron` (five
+   * fields, or six with seconds first) in `schedule.timeZone`, or once at `schedule.fireTime`.
+   * INVALID_ARGUMENT names the field for a bad cron expression or time zone.
+   */
+  async createSchedule(
+    request: MessageInitShape<typeof CreateScheduleRequestSchema>,
+    options: CallOpts = {},
+  ): Promise<Schedule | undefined> {
+    return (await this.unary(options, (call) => this.rpc.createSchedule(request, call))).schedule;
+  }
+
+  /** One schedule; NOT_FOUND (SCHEDULE_NOT_FOUND) for an unknown id. */
+  async getSchedule(scheduleId: string, options: CallOpts = {}): Promise<Schedule | undefined> {
+    return (await this.unary(options, (call) => this.rpc.getSchedule({ scheduleId }, call))).schedule;
+  }
+
+  /** One page of the caller's schedules, by id. */
+  listSchedules(
+    options: CallOpts & { pageSize?: number; pageToken?: string } = {},
+  ): Promise<ListSchedulesResponse> {
+    const { pageSize = 0, pageToken = '' } = options;
+    return this.unary(options, (call) => this.rpc.listSchedules({ pageSize, pageToken }, call));
+  }
+
+  /** Pauses a schedule; returns it as stored afterwards. */
+  async pauseSchedule(scheduleId: string, options: CallOpts = {}): Promise<Schedule | undefined> {
+    return (await this.unary(options, (call) => this.rpc.pauseSchedule({ scheduleId }, call))).schedule;
+  }
+
+  /** Resumes a paused schedule from its next time after now; returns it as stored afterwards. */
+  async resumeSchedule(scheduleId: string, options: CallOpts = {}): Promise<Schedule | undefined> {
+    return (await this.unary(options, (call) => this.rpc.resumeSchedule({ scheduleId }, call))).schedule;
+  }
+
+  /** Deletes a schedule (its submissions stay); false when it did not exist (with `allowMissing`). */
+  async deleteSchedule(
+    scheduleId: string,
+    options: CallOpts & { allowMissing?: boolean } = {},
+  ): Promise<boolean> {
+    const allowMissing = options.allowMissing ?? false;
+    return (await this.unary(options, (call) => this.rpc.deleteSchedule({ scheduleId, allowMissing }, call)))
+      .deleted;
   }
 
   private turn(

@@ -21,6 +21,7 @@ from turnwire_server.api.message_pages import decode_token, encode_token, on_pag
 from turnwire_server.api.progress import Silence
 from turnwire_server.api.replays import replay_stream
 from turnwire_server.api.resources import conversation_proto, timestamp
+from turnwire_server.api.schedule_rpcs import ScheduleRpcs
 from turnwire_server.api.status import (
     TurnwireStatusError,
     invalid_argument,
@@ -52,6 +53,7 @@ from turnwire_server.api.validation import (
 from turnwire_server.engine import TurnEngine, TurnHandle, TurnRequest
 from turnwire_server.engine.budget_settings import BudgetLimit
 from turnwire_server.engine.ids import new_request_id
+from turnwire_server.engine.schedules import Scheduler
 from turnwire_server.engine.submissions import Submissions
 from turnwire_server.store.base import ConversationRecord, EngineStore, TurnRecord
 from turnwire_server.store.errors import InvalidPageToken, StoreError
@@ -104,6 +106,7 @@ class ChatService(
     ToolResultRpcs,
     TurnRpcs,
     ForkRpcs,
+    ScheduleRpcs,
     chat_service_pb2_grpc.ChatServiceServicer,
 ):
     """Implements ``turnwire.v1.ChatService`` on a :class:`~turnwire_server.engine.TurnEngine`.
@@ -113,6 +116,8 @@ class ChatService(
     ``max_message_bytes`` bounds each input message (``limits.max_message_bytes``);
     ``progress_interval`` is the silence (seconds; 0: off) after which a turn stream sends a
     Progress keepalive (``limits.progress_interval_seconds``).
+    ``scheduler``: the replica's schedule loop, woken by CreateSchedule and ResumeSchedule (None:
+    schedules fire on its next poll only).
     """
 
     def __init__(
@@ -124,6 +129,7 @@ class ChatService(
         default_model: str,
         max_message_bytes: int,
         progress_interval: float = 0.0,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
@@ -131,6 +137,7 @@ class ChatService(
         self.default_model = default_model
         self.max_message_bytes = max_message_bytes
         self.progress_interval = progress_interval
+        self.scheduler = scheduler
 
     # --- turn-running RPCs ---------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Tenant isolation at the API boundary: client ids to tenant-scoped store keys and back.
 
-Design (docs/operate/authentication.md): a conversation, request or submission id a
+Design (docs/operate/authentication.md): a conversation, request, submission or schedule id a
 client sends is stored under the key ``"<tenant>/<id>"``. Client ids never hold ``/``
 (``api/validation.py``) and tenant names never do (``access_settings.TENANT_PATTERN``), so a key
 names exactly one tenant and one id, and two tenants may use the same id. The engine and the
@@ -39,7 +39,9 @@ from google.rpc import error_details_pb2, status_pb2
 from turnwire_server.api.caller import current_caller
 from turnwire_server.tenant_keys import SEPARATOR
 
-SCOPED_FIELDS = frozenset({"conversation_id", "request_id", "submission_id", "new_conversation_id"})
+SCOPED_FIELDS = frozenset(
+    {"conversation_id", "request_id", "submission_id", "new_conversation_id", "schedule_id"}
+)
 """The id fields that are scoped by tenant, in requests, responses and events alike."""
 
 _STATUS = status_pb2.Status.DESCRIPTOR.full_name

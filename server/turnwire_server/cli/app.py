@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from turnwire_server.cli import client_commands, server_commands
+from turnwire_server.cli import client_commands, schedule_commands, server_commands
 from turnwire_server.cli.connection import CLIENT_COMMANDS, options_before_command
 
 __all__ = ["app", "main"]
@@ -72,6 +72,7 @@ app.command()(client_commands.history)
 app.command()(client_commands.fork)
 app.command()(client_commands.health)
 app.command()(server_commands.demo)
+app.add_typer(schedule_commands.schedule_app, name="schedule")
 
 
 def main() -> None:

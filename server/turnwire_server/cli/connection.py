@@ -39,6 +39,7 @@ CLIENT_COMMANDS = (
     "conversations",
     "history",
     "fork",
+    "schedule",
     "health",
 )
 """The commands that connect to a sidecar: they take the connection options, after the command or

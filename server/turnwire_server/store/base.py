@@ -44,6 +44,7 @@ from turnwire_server.store.records import (
     TurnState,
     renewed_lease,
 )
+from turnwire_server.store.schedules import ScheduleStore
 
 __all__ = [
     "AddMode",
@@ -63,6 +64,7 @@ __all__ = [
     "ReachableStore",
     "ReplayStore",
     "ReplicaStore",
+    "ScheduleStore",
     "Store",
     "StreamRecord",
     "StreamStore",
@@ -654,7 +656,7 @@ class ReachableStore(Protocol):
 
 
 @runtime_checkable
-class Store(EngineStore, Protocol):
+class Store(EngineStore, ScheduleStore, Protocol):
     """Persistence for conversations, messages and turns.
 
     The union of the role protocols above (the engine's collaborators take the role they use),

@@ -21,6 +21,7 @@ from turnwire_client._requests import (
     user_messages,
     with_turn_options,
 )
+from turnwire_client._schedules import SyncScheduleCalls
 from turnwire_client.errors import TurnwireError, explain_unreachable
 from turnwire_client.metadata import AUTHORIZATION_METADATA
 from turnwire_client.sync_stream import SyncTurnStream
@@ -30,7 +31,7 @@ from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_
 __all__ = ["SyncTurnwireClient"]
 
 
-class SyncTurnwireClient:
+class SyncTurnwireClient(SyncScheduleCalls):
     """Synchronous client for a Turnwire sidecar's ``turnwire.v1.ChatService``.
 
     Use it as a context manager, or call :meth:`close` when done::

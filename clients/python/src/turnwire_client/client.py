@@ -28,6 +28,7 @@ from turnwire_client._requests import (
     user_messages,
     with_turn_options,
 )
+from turnwire_client._schedules import ScheduleCalls
 from turnwire_client.errors import TurnwireError, explain_unreachable
 from turnwire_client.metadata import AUTHORIZATION_METADATA
 from turnwire_client.stream import TurnStream
@@ -37,7 +38,7 @@ from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_
 __all__ = ["ClientToolSpec", "DisconnectPolicy", "TurnOptions", "TurnwireClient"]
 
 
-class TurnwireClient:
+class TurnwireClient(ScheduleCalls):
     """Async client for a Turnwire sidecar's ``turnwire.v1.ChatService``.
 
     Use it as an async context manager, or call :meth:`close` when done::

@@ -31,9 +31,11 @@ from turnwire_server.store.errors import InvalidPageToken
 
 __all__ = [
     "decode_page_token",
+    "decode_schedule_token",
     "decode_submission_token",
     "decode_turn_token",
     "encode_page_token",
+    "encode_schedule_token",
     "encode_submission_token",
     "encode_turn_token",
 ]
@@ -138,6 +140,25 @@ def decode_turn_token(token: str, conversation_id: str, failed_only: bool) -> tu
     if "\0" in local_id:
         raise InvalidPageToken(f"invalid page token {token[:64]!r}")
     return start_us, _tenant_prefix(conversation_id) + local_id
+
+
+_SCHEDULES: Final = 5
+"""The schedule listing's (``list_schedules``)."""
+
+
+def encode_schedule_token(schedule_id: str, id_prefix: str = "") -> str:
+    """The token of the schedule listing's page after the schedule ``schedule_id`` (a key starting
+    with ``id_prefix``), in the listing of ``id_prefix``. The listing is by id: no time (0)."""
+    return _encode(_SCHEDULES, _digest(id_prefix), 0, schedule_id.removeprefix(id_prefix))
+
+
+def decode_schedule_token(token: str, id_prefix: str = "") -> str:
+    """The schedule id (the key) of a token :func:`encode_schedule_token` made for the listing of
+    ``id_prefix``. Raises :class:`InvalidPageToken`, and nothing else, for any other string."""
+    _, local_id = _decode(token, _SCHEDULES, _digest(id_prefix))
+    if "\0" in local_id:
+        raise InvalidPageToken(f"invalid page token {token[:64]!r}")
+    return id_prefix + local_id
 
 
 def _tenant_prefix(key: str) -> str:

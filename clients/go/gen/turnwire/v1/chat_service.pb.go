@@ -343,6 +343,176 @@ func (TimelineSpanKind) EnumDescriptor() ([]byte, []int) {
 	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{4}
 }
 
+// ScheduleState is where a schedule is in its life.
+type ScheduleState int32
+
+const (
+	// Not set.
+	ScheduleState_SCHEDULE_STATE_UNSPECIFIED ScheduleState = 0
+	// It fires at `next_fire_time`.
+	ScheduleState_SCHEDULE_STATE_ACTIVE ScheduleState = 1
+	// PauseSchedule stopped it; ResumeSchedule starts it again.
+	ScheduleState_SCHEDULE_STATE_PAUSED ScheduleState = 2
+	// It will not fire again: a single-time schedule that fired (or whose time
+	// was skipped), or a cron expression with no time left.
+	ScheduleState_SCHEDULE_STATE_COMPLETED ScheduleState = 3
+)
+
+// Enum value maps for ScheduleState.
+var (
+	ScheduleState_name = map[int32]string{
+		0: "SCHEDULE_STATE_UNSPECIFIED",
+		1: "SCHEDULE_STATE_ACTIVE",
+		2: "SCHEDULE_STATE_PAUSED",
+		3: "SCHEDULE_STATE_COMPLETED",
+	}
+	ScheduleState_value = map[string]int32{
+		"SCHEDULE_STATE_UNSPECIFIED": 0,
+		"SCHEDULE_STATE_ACTIVE":      1,
+		"SCHEDULE_STATE_PAUSED":      2,
+		"SCHEDULE_STATE_COMPLETED":   3,
+	}
+)
+
+func (x ScheduleState) Enum() *ScheduleState {
+	p := new(ScheduleState)
+	*p = x
+	return p
+}
+
+func (x ScheduleState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ScheduleState) Descriptor() protoreflect.EnumDescriptor {
+	return file_turnwire_v1_chat_service_proto_enumTypes[5].Descriptor()
+}
+
+func (ScheduleState) Type() protoreflect.EnumType {
+	return &file_turnwire_v1_chat_service_proto_enumTypes[5]
+}
+
+func (x ScheduleState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ScheduleState.Descriptor instead.
+func (ScheduleState) EnumDescriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{5}
+}
+
+// ScheduleOverlapPolicy is what a fire does while the schedule's previous
+// submission is still pending or running.
+type ScheduleOverlapPolicy int32
+
+const (
+	// SCHEDULE_OVERLAP_POLICY_SKIP.
+	ScheduleOverlapPolicy_SCHEDULE_OVERLAP_POLICY_UNSPECIFIED ScheduleOverlapPolicy = 0
+	// Make no submission for this fire; it counts in `skipped_count`.
+	ScheduleOverlapPolicy_SCHEDULE_OVERLAP_POLICY_SKIP ScheduleOverlapPolicy = 1
+	// Make the submission anyway: it waits in its conversation's queue, first
+	// in, first out (with a new conversation per run, runs overlap).
+	ScheduleOverlapPolicy_SCHEDULE_OVERLAP_POLICY_ENQUEUE ScheduleOverlapPolicy = 2
+)
+
+// Enum value maps for ScheduleOverlapPolicy.
+var (
+	ScheduleOverlapPolicy_name = map[int32]string{
+		0: "SCHEDULE_OVERLAP_POLICY_UNSPECIFIED",
+		1: "SCHEDULE_OVERLAP_POLICY_SKIP",
+		2: "SCHEDULE_OVERLAP_POLICY_ENQUEUE",
+	}
+	ScheduleOverlapPolicy_value = map[string]int32{
+		"SCHEDULE_OVERLAP_POLICY_UNSPECIFIED": 0,
+		"SCHEDULE_OVERLAP_POLICY_SKIP":        1,
+		"SCHEDULE_OVERLAP_POLICY_ENQUEUE":     2,
+	}
+)
+
+func (x ScheduleOverlapPolicy) Enum() *ScheduleOverlapPolicy {
+	p := new(ScheduleOverlapPolicy)
+	*p = x
+	return p
+}
+
+func (x ScheduleOverlapPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ScheduleOverlapPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_turnwire_v1_chat_service_proto_enumTypes[6].Descriptor()
+}
+
+func (ScheduleOverlapPolicy) Type() protoreflect.EnumType {
+	return &file_turnwire_v1_chat_service_proto_enumTypes[6]
+}
+
+func (x ScheduleOverlapPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ScheduleOverlapPolicy.Descriptor instead.
+func (ScheduleOverlapPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{6}
+}
+
+// MissedRunsPolicy is what happens to fires whose time passed while no
+// replica was up to make them (more than the server's
+// `schedules.misfire_grace_seconds` late).
+type MissedRunsPolicy int32
+
+const (
+	// MISSED_RUNS_POLICY_SKIP.
+	MissedRunsPolicy_MISSED_RUNS_POLICY_UNSPECIFIED MissedRunsPolicy = 0
+	// Make none of them; they count in `skipped_count`. The schedule fires next
+	// at its first time after now.
+	MissedRunsPolicy_MISSED_RUNS_POLICY_SKIP MissedRunsPolicy = 1
+	// Make one submission now for all of them, then go on from the first time
+	// after now.
+	MissedRunsPolicy_MISSED_RUNS_POLICY_RUN_ONCE MissedRunsPolicy = 2
+)
+
+// Enum value maps for MissedRunsPolicy.
+var (
+	MissedRunsPolicy_name = map[int32]string{
+		0: "MISSED_RUNS_POLICY_UNSPECIFIED",
+		1: "MISSED_RUNS_POLICY_SKIP",
+		2: "MISSED_RUNS_POLICY_RUN_ONCE",
+	}
+	MissedRunsPolicy_value = map[string]int32{
+		"MISSED_RUNS_POLICY_UNSPECIFIED": 0,
+		"MISSED_RUNS_POLICY_SKIP":        1,
+		"MISSED_RUNS_POLICY_RUN_ONCE":    2,
+	}
+)
+
+func (x MissedRunsPolicy) Enum() *MissedRunsPolicy {
+	p := new(MissedRunsPolicy)
+	*p = x
+	return p
+}
+
+func (x MissedRunsPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MissedRunsPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_turnwire_v1_chat_service_proto_enumTypes[7].Descriptor()
+}
+
+func (MissedRunsPolicy) Type() protoreflect.EnumType {
+	return &file_turnwire_v1_chat_service_proto_enumTypes[7]
+}
+
+func (x MissedRunsPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MissedRunsPolicy.Descriptor instead.
+func (MissedRunsPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{7}
+}
+
 // ClientTool is a tool the client runs itself, offered to the model for one
 // turn. A call of it ends the turn with the call in
 // TOOL_CALL_STATE_INPUT_AVAILABLE; send its result with SubmitToolResults (or
@@ -3932,6 +4102,831 @@ func (x *ForkConversationResponse) GetConversation() *Conversation {
 	return nil
 }
 
+// Schedule submits the same input on a cron expression or once at a time
+// (docs/schedules.md).
+type Schedule struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// The schedule's id (1-128 characters of [A-Za-z0-9._:-]). Output only: set
+	// it with CreateScheduleRequest.schedule_id.
+	ScheduleId string `protobuf:"bytes,1,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
+	// A cron expression: five fields (minute hour day-of-month month
+	// day-of-week) or six with seconds first, read as Debian's cron reads
+	// them (its DST rules included) in `time_zone`. Exactly one of `cron` and
+	// `fire_time` is set.
+	Cron string `protobuf:"bytes,2,opt,name=cron,proto3" json:"cron,omitempty"`
+	// The IANA time zone `cron` is read in (`Europe/Paris`); empty means UTC.
+	TimeZone string `protobuf:"bytes,3,opt,name=time_zone,json=timeZone,proto3" json:"time_zone,omitempty"`
+	// The single time to fire at, instead of `cron`.
+	FireTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=fire_time,json=fireTime,proto3" json:"fire_time,omitempty"`
+	// What each fire submits, as SubmitMessages takes it: `conversation_id`
+	// is the conversation every run goes to (unless
+	// `conversation_id_template` is set), and the messages leave `id` empty
+	// (each fire's messages get ids from its submission). `submission_id` and
+	// `idempotency_key` stay empty (each fire's submission id is
+	// `<schedule_id>.<fire number>`, with `tw-` put before a schedule id that
+	// does not start with it), and the concurrent input strategy is ENQUEUE or
+	// unset.
+	Input *SubmitMessagesRequest `protobuf:"bytes,5,opt,name=input,proto3" json:"input,omitempty"`
+	// When set, each run goes to a new conversation whose id is this template
+	// with `{schedule_id}`, `{fire_number}` and `{fire_time}` (UTC,
+	// `20261203T070000Z`) replaced.
+	ConversationIdTemplate string `protobuf:"bytes,6,opt,name=conversation_id_template,json=conversationIdTemplate,proto3" json:"conversation_id_template,omitempty"`
+	// What a fire does while the previous run is still pending or running.
+	OverlapPolicy ScheduleOverlapPolicy `protobuf:"varint,7,opt,name=overlap_policy,json=overlapPolicy,proto3,enum=turnwire.v1.ScheduleOverlapPolicy" json:"overlap_policy,omitempty"`
+	// What happens to fires missed while no replica was up.
+	MissedRunsPolicy MissedRunsPolicy `protobuf:"varint,8,opt,name=missed_runs_policy,json=missedRunsPolicy,proto3,enum=turnwire.v1.MissedRunsPolicy" json:"missed_runs_policy,omitempty"`
+	// Where it is. Output only.
+	State ScheduleState `protobuf:"varint,9,opt,name=state,proto3,enum=turnwire.v1.ScheduleState" json:"state,omitempty"`
+	// When it fires next; unset once it will not fire again. Output only.
+	NextFireTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=next_fire_time,json=nextFireTime,proto3" json:"next_fire_time,omitempty"`
+	// When it last fired (the time it was due). Output only.
+	LastFireTime *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=last_fire_time,json=lastFireTime,proto3" json:"last_fire_time,omitempty"`
+	// The submission its last fire made. Output only.
+	LastSubmissionId string `protobuf:"bytes,12,opt,name=last_submission_id,json=lastSubmissionId,proto3" json:"last_submission_id,omitempty"`
+	// How many submissions its fires made. Output only.
+	FireCount int64 `protobuf:"varint,13,opt,name=fire_count,json=fireCount,proto3" json:"fire_count,omitempty"`
+	// How many fires made no submission (overlap, missed, or the conversation's
+	// pending submissions at their limit). Output only.
+	SkippedCount int64 `protobuf:"varint,14,opt,name=skipped_count,json=skippedCount,proto3" json:"skipped_count,omitempty"`
+	// When it was created. Output only.
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// When it was last changed (created, paused, resumed, fired). Output only.
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+}
+
+func (x *Schedule) Reset() {
+	*x = Schedule{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_chat_service_proto_msgTypes[48]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *Schedule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Schedule) ProtoMessage() {}
+
+func (x *Schedule) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_chat_service_proto_msgTypes[48]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Schedule.ProtoReflect.Descriptor instead.
+func (*Schedule) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *Schedule) GetScheduleId() string {
+	if x != nil {
+		return x.ScheduleId
+	}
+	return ""
+}
+
+func (x *Schedule) GetCron() string {
+	if x != nil {
+		return x.Cron
+	}
+	return ""
+}
+
+func (x *Schedule) GetTimeZone() string {
+	if x != nil {
+		return x.TimeZone
+	}
+	return ""
+}
+
+func (x *Schedule) GetFireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FireTime
+	}
+	return nil
+}
+
+func (x *Schedule) GetInput() *SubmitMessagesRequest {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
+func (x *Schedule) GetConversationIdTemplate() string {
+	if x != nil {
+		return x.ConversationIdTemplate
+	}
+	return ""
+}
+
+func (x *Schedule) GetOverlapPolicy() ScheduleOverlapPolicy {
+	if x != nil {
+		return x.OverlapPolicy
+	}
+	return ScheduleOverlapPolicy_SCHEDULE_OVERLAP_POLICY_UNSPECIFIED
+}
+
+func (x *Schedule) GetMissedRunsPolicy() MissedRunsPolicy {
+	if x != nil {
+		return x.MissedRunsPolicy
+	}
+	return MissedRunsPolicy_MISSED_RUNS_POLICY_UNSPECIFIED
+}
+
+func (x *Schedule) GetState() ScheduleState {
+	if x != nil {
+		return x.State
+	}
+	return ScheduleState_SCHEDULE_STATE_UNSPECIFIED
+}
+
+func (x *Schedule) GetNextFireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextFireTime
+	}
+	return nil
+}
+
+func (x *Schedule) GetLastFireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastFireTime
+	}
+	return nil
+}
+
+func (x *Schedule) GetLastSubmissionId() string {
+	if x != nil {
+		return x.LastSubmissionId
+	}
+	return ""
+}
+
+func (x *Schedule) GetFireCount() int64 {
+	if x != nil {
+		return x.FireCount
+	}
+	return 0
+}
+
+func (x *Schedule) GetSkippedCount() int64 {
+	if x != nil {
+		return x.SkippedCount
+	}
+	return 0
+}
+
+func (x *Schedule) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *Schedule) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+// CreateScheduleRequest is the input of ChatService.CreateSchedule.
+type CreateScheduleRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// The schedule to create (its output-only fields are ignored).
+	Schedule *Schedule `protobuf:"bytes,1,opt,name=schedule,proto3" json:"schedule,omitempty"`
+	// Optional client-chosen id (1-128 characters of [A-Za-z0-9._:-]); assigned
+	// when empty. An id already in use is ALREADY_EXISTS.
+	ScheduleId string `protobuf:"bytes,2,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
+}
+
+func (x *CreateScheduleRequest) Reset() {
+	*x = CreateScheduleRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_chat_service_proto_msgTypes[49]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *CreateScheduleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateScheduleRequest) ProtoMessage() {}
+
+func (x *CreateScheduleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_chat_service_proto_msgTypes[49]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateScheduleRequest.ProtoReflect.Descriptor instead.
+func (*CreateScheduleRequest) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *CreateScheduleRequest) GetSchedule() *Schedule {
+	if x != nil {
+		return x.Schedule
+	}
+	return nil
+}
+
+func (x *CreateScheduleRequest) GetScheduleId() string {
+	if x != nil {
+		return x.ScheduleId
+	}
+	return ""
+}
+
+// CreateScheduleResponse is the output of ChatService.CreateSchedule.
+type CreateScheduleResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// The schedule as stored, with its first `next_fire_time`.
+	Schedule *Schedule `protobuf:"bytes,1,opt,name=schedule,proto3" json:"schedule,omitempty"`
+}
+
+func (x *CreateScheduleResponse) Reset() {
+	*x = CreateScheduleResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_chat_service_proto_msgTypes[50]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *CreateScheduleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateScheduleResponse) ProtoMessage() {}
+
+func (x *CreateScheduleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_chat_service_proto_msgTypes[50]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateScheduleResponse.ProtoReflect.Descriptor instead.
+func (*CreateScheduleResponse) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *CreateScheduleResponse) GetSchedule() *Schedule {
+	if x != nil {
+		return x.Schedule
+	}
+	return nil
+}
+
+// GetScheduleRequest is the input of ChatService.GetSchedule.
+type GetScheduleRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// The schedule's id.
+	ScheduleId string `protobuf:"bytes,1,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
+}
+
+func (x *GetScheduleRequest) Reset() {
+	*x = GetScheduleRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_chat_service_proto_msgTypes[51]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *GetScheduleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetScheduleRequest) ProtoMessage() {}
+
+func (x *GetScheduleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_chat_service_proto_msgTypes[51]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetScheduleRequest.ProtoReflect.Descriptor instead.
+func (*GetScheduleRequest) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *GetScheduleRequest) GetScheduleId() string {
+	if x != nil {
+		return x.ScheduleId
+	}
+	return ""
+}
+
+// GetScheduleResponse is the output of ChatService.GetSchedule.
+type GetScheduleResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// The schedule.
+	Schedule *Schedule `protobuf:"bytes,1,opt,name=schedule,proto3" json:"schedule,omitempty"`
+}
+
+func (x *GetScheduleResponse) Reset() {
+	*x = GetScheduleResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_chat_service_proto_msgTypes[52]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *GetScheduleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetScheduleResponse) ProtoMessage() {}
+
+func (x *GetScheduleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_chat_service_proto_msgTypes[52]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetScheduleResponse.ProtoReflect.Descriptor instead.
+func (*GetScheduleResponse) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *GetScheduleResponse) GetSchedule() *Schedule {
+	if x != nil {
+		return x.Schedule
+	}
+	return nil
+}
+
+// ListSchedulesRequest is the input of ChatService.ListSchedules.
+type ListSchedulesRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// Maximum number to return: 1-100; 0 means 50; larger values are coerced
+	// to 100.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The `next_page_token` of a previous call; empty for the first page.
+	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+}
+
+func (x *ListSchedulesRequest) Reset() {
+	*x = ListSchedulesRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_chat_service_proto_msgTypes[53]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *ListSchedulesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSchedulesRequest) ProtoMessage() {}
+
+func (x *ListSchedulesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_chat_service_proto_msgTypes[53]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSchedulesRequest.ProtoReflect.Descriptor instead.
+func (*ListSchedulesRequest) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *ListSchedulesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSchedulesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListSchedulesResponse is the output of ChatService.ListSchedules.
+type ListSchedulesResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// The schedules, by id.
+	Schedules []*Schedule `protobuf:"bytes,1,rep,name=schedules,proto3" json:"schedules,omitempty"`
+	// Token for the next page; empty when there are no more.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+}
+
+func (x *ListSchedulesResponse) Reset() {
+	*x = ListSchedulesResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_chat_service_proto_msgTypes[54]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *ListSchedulesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSchedulesResponse) ProtoMessage() {}
+
+func (x *ListSchedulesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_chat_service_proto_msgTypes[54]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSchedulesResponse.ProtoReflect.Descriptor instead.
+func (*ListSchedulesResponse) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *ListSchedulesResponse) GetSchedules() []*Schedule {
+	if x != nil {
+		return x.Schedules
+	}
+	return nil
+}
+
+func (x *ListSchedulesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// PauseScheduleRequest is the input of ChatService.PauseSchedule.
+type PauseScheduleRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// The schedule's id.
+	ScheduleId string `protobuf:"bytes,1,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
+}
+
+func (x *PauseScheduleRequest) Reset() {
+	*x = PauseScheduleRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_chat_service_proto_msgTypes[55]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *PauseScheduleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseScheduleRequest) ProtoMessage() {}
+
+func (x *PauseScheduleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_chat_service_proto_msgTypes[55]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseScheduleRequest.ProtoReflect.Descriptor instead.
+func (*PauseScheduleRequest) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *PauseScheduleRequest) GetScheduleId() string {
+	if x != nil {
+		return x.ScheduleId
+	}
+	return ""
+}
+
+// PauseScheduleResponse is the output of ChatService.PauseSchedule.
+type PauseScheduleResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// The schedule after the pause.
+	Schedule *Schedule `protobuf:"bytes,1,opt,name=schedule,proto3" json:"schedule,omitempty"`
+}
+
+func (x *PauseScheduleResponse) Reset() {
+	*x = PauseScheduleResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_chat_service_proto_msgTypes[56]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *PauseScheduleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseScheduleResponse) ProtoMessage() {}
+
+func (x *PauseScheduleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_chat_service_proto_msgTypes[56]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseScheduleResponse.ProtoReflect.Descriptor instead.
+func (*PauseScheduleResponse) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *PauseScheduleResponse) GetSchedule() *Schedule {
+	if x != nil {
+		return x.Schedule
+	}
+	return nil
+}
+
+// ResumeScheduleRequest is the input of ChatService.ResumeSchedule.
+type ResumeScheduleRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// The schedule's id.
+	ScheduleId string `protobuf:"bytes,1,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
+}
+
+func (x *ResumeScheduleRequest) Reset() {
+	*x = ResumeScheduleRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_chat_service_proto_msgTypes[57]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *ResumeScheduleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeScheduleRequest) ProtoMessage() {}
+
+func (x *ResumeScheduleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_chat_service_proto_msgTypes[57]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeScheduleRequest.ProtoReflect.Descriptor instead.
+func (*ResumeScheduleRequest) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *ResumeScheduleRequest) GetScheduleId() string {
+	if x != nil {
+		return x.ScheduleId
+	}
+	return ""
+}
+
+// ResumeScheduleResponse is the output of ChatService.ResumeSchedule.
+type ResumeScheduleResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// The schedule after the resume.
+	Schedule *Schedule `protobuf:"bytes,1,opt,name=schedule,proto3" json:"schedule,omitempty"`
+}
+
+func (x *ResumeScheduleResponse) Reset() {
+	*x = ResumeScheduleResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_chat_service_proto_msgTypes[58]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *ResumeScheduleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeScheduleResponse) ProtoMessage() {}
+
+func (x *ResumeScheduleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_chat_service_proto_msgTypes[58]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeScheduleResponse.ProtoReflect.Descriptor instead.
+func (*ResumeScheduleResponse) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *ResumeScheduleResponse) GetSchedule() *Schedule {
+	if x != nil {
+		return x.Schedule
+	}
+	return nil
+}
+
+// DeleteScheduleRequest is the input of ChatService.DeleteSchedule.
+type DeleteScheduleRequest struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// The schedule's id.
+	ScheduleId string `protobuf:"bytes,1,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
+	// Succeed when the schedule does not exist (AIP-135).
+	AllowMissing bool `protobuf:"varint,2,opt,name=allow_missing,json=allowMissing,proto3" json:"allow_missing,omitempty"`
+}
+
+func (x *DeleteScheduleRequest) Reset() {
+	*x = DeleteScheduleRequest{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_chat_service_proto_msgTypes[59]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *DeleteScheduleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteScheduleRequest) ProtoMessage() {}
+
+func (x *DeleteScheduleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_chat_service_proto_msgTypes[59]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteScheduleRequest.ProtoReflect.Descriptor instead.
+func (*DeleteScheduleRequest) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *DeleteScheduleRequest) GetScheduleId() string {
+	if x != nil {
+		return x.ScheduleId
+	}
+	return ""
+}
+
+func (x *DeleteScheduleRequest) GetAllowMissing() bool {
+	if x != nil {
+		return x.AllowMissing
+	}
+	return false
+}
+
+// DeleteScheduleResponse is the output of ChatService.DeleteSchedule.
+type DeleteScheduleResponse struct {
+	state         protoimpl.MessageState
+	sizeCache     protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+
+	// True when a schedule was deleted (false only with `allow_missing`).
+	Deleted bool `protobuf:"varint,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
+}
+
+func (x *DeleteScheduleResponse) Reset() {
+	*x = DeleteScheduleResponse{}
+	if protoimpl.UnsafeEnabled {
+		mi := &file_turnwire_v1_chat_service_proto_msgTypes[60]
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		ms.StoreMessageInfo(mi)
+	}
+}
+
+func (x *DeleteScheduleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteScheduleResponse) ProtoMessage() {}
+
+func (x *DeleteScheduleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_turnwire_v1_chat_service_proto_msgTypes[60]
+	if protoimpl.UnsafeEnabled && x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteScheduleResponse.ProtoReflect.Descriptor instead.
+func (*DeleteScheduleResponse) Descriptor() ([]byte, []int) {
+	return file_turnwire_v1_chat_service_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *DeleteScheduleResponse) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
 var File_turnwire_v1_chat_service_proto protoreflect.FileDescriptor
 
 var file_turnwire_v1_chat_service_proto_rawDesc = []byte{
@@ -4515,66 +5510,201 @@ var file_turnwire_v1_chat_service_proto_rawDesc = []byte{
 	0x0a, 0x0c, 0x63, 0x6f, 0x6e, 0x76, 0x65, 0x72, 0x73, 0x61, 0x74, 0x69, 0x6f, 0x6e, 0x18, 0x01,
 	0x20, 0x01, 0x28, 0x0b, 0x32, 0x19, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e,
 	0x76, 0x31, 0x2e, 0x43, 0x6f, 0x6e, 0x76, 0x65, 0x72, 0x73, 0x61, 0x74, 0x69, 0x6f, 0x6e, 0x52,
-	0x0c, 0x63, 0x6f, 0x6e, 0x76, 0x65, 0x72, 0x73, 0x61, 0x74, 0x69, 0x6f, 0x6e, 0x2a, 0x73, 0x0a,
-	0x10, 0x44, 0x69, 0x73, 0x63, 0x6f, 0x6e, 0x6e, 0x65, 0x63, 0x74, 0x50, 0x6f, 0x6c, 0x69, 0x63,
-	0x79, 0x12, 0x21, 0x0a, 0x1d, 0x44, 0x49, 0x53, 0x43, 0x4f, 0x4e, 0x4e, 0x45, 0x43, 0x54, 0x5f,
-	0x50, 0x4f, 0x4c, 0x49, 0x43, 0x59, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49,
-	0x45, 0x44, 0x10, 0x00, 0x12, 0x1c, 0x0a, 0x18, 0x44, 0x49, 0x53, 0x43, 0x4f, 0x4e, 0x4e, 0x45,
-	0x43, 0x54, 0x5f, 0x50, 0x4f, 0x4c, 0x49, 0x43, 0x59, 0x5f, 0x43, 0x41, 0x4e, 0x43, 0x45, 0x4c,
-	0x10, 0x01, 0x12, 0x1e, 0x0a, 0x1a, 0x44, 0x49, 0x53, 0x43, 0x4f, 0x4e, 0x4e, 0x45, 0x43, 0x54,
-	0x5f, 0x50, 0x4f, 0x4c, 0x49, 0x43, 0x59, 0x5f, 0x43, 0x4f, 0x4e, 0x54, 0x49, 0x4e, 0x55, 0x45,
-	0x10, 0x02, 0x2a, 0xe2, 0x01, 0x0a, 0x17, 0x43, 0x6f, 0x6e, 0x63, 0x75, 0x72, 0x72, 0x65, 0x6e,
-	0x74, 0x49, 0x6e, 0x70, 0x75, 0x74, 0x53, 0x74, 0x72, 0x61, 0x74, 0x65, 0x67, 0x79, 0x12, 0x29,
-	0x0a, 0x25, 0x43, 0x4f, 0x4e, 0x43, 0x55, 0x52, 0x52, 0x45, 0x4e, 0x54, 0x5f, 0x49, 0x4e, 0x50,
-	0x55, 0x54, 0x5f, 0x53, 0x54, 0x52, 0x41, 0x54, 0x45, 0x47, 0x59, 0x5f, 0x55, 0x4e, 0x53, 0x50,
-	0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x25, 0x0a, 0x21, 0x43, 0x4f, 0x4e,
+	0x0c, 0x63, 0x6f, 0x6e, 0x76, 0x65, 0x72, 0x73, 0x61, 0x74, 0x69, 0x6f, 0x6e, 0x22, 0xc3, 0x06,
+	0x0a, 0x08, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x12, 0x1f, 0x0a, 0x0b, 0x73, 0x63,
+	0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x5f, 0x69, 0x64, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52,
+	0x0a, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x49, 0x64, 0x12, 0x12, 0x0a, 0x04, 0x63,
+	0x72, 0x6f, 0x6e, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x04, 0x63, 0x72, 0x6f, 0x6e, 0x12,
+	0x1b, 0x0a, 0x09, 0x74, 0x69, 0x6d, 0x65, 0x5f, 0x7a, 0x6f, 0x6e, 0x65, 0x18, 0x03, 0x20, 0x01,
+	0x28, 0x09, 0x52, 0x08, 0x74, 0x69, 0x6d, 0x65, 0x5a, 0x6f, 0x6e, 0x65, 0x12, 0x37, 0x0a, 0x09,
+	0x66, 0x69, 0x72, 0x65, 0x5f, 0x74, 0x69, 0x6d, 0x65, 0x18, 0x04, 0x20, 0x01, 0x28, 0x0b, 0x32,
+	0x1a, 0x2e, 0x67, 0x6f, 0x6f, 0x67, 0x6c, 0x65, 0x2e, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x62, 0x75,
+	0x66, 0x2e, 0x54, 0x69, 0x6d, 0x65, 0x73, 0x74, 0x61, 0x6d, 0x70, 0x52, 0x08, 0x66, 0x69, 0x72,
+	0x65, 0x54, 0x69, 0x6d, 0x65, 0x12, 0x38, 0x0a, 0x05, 0x69, 0x6e, 0x70, 0x75, 0x74, 0x18, 0x05,
+	0x20, 0x01, 0x28, 0x0b, 0x32, 0x22, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e,
+	0x76, 0x31, 0x2e, 0x53, 0x75, 0x62, 0x6d, 0x69, 0x74, 0x4d, 0x65, 0x73, 0x73, 0x61, 0x67, 0x65,
+	0x73, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x52, 0x05, 0x69, 0x6e, 0x70, 0x75, 0x74, 0x12,
+	0x38, 0x0a, 0x18, 0x63, 0x6f, 0x6e, 0x76, 0x65, 0x72, 0x73, 0x61, 0x74, 0x69, 0x6f, 0x6e, 0x5f,
+	0x69, 0x64, 0x5f, 0x74, 0x65, 0x6d, 0x70, 0x6c, 0x61, 0x74, 0x65, 0x18, 0x06, 0x20, 0x01, 0x28,
+	0x09, 0x52, 0x16, 0x63, 0x6f, 0x6e, 0x76, 0x65, 0x72, 0x73, 0x61, 0x74, 0x69, 0x6f, 0x6e, 0x49,
+	0x64, 0x54, 0x65, 0x6d, 0x70, 0x6c, 0x61, 0x74, 0x65, 0x12, 0x49, 0x0a, 0x0e, 0x6f, 0x76, 0x65,
+	0x72, 0x6c, 0x61, 0x70, 0x5f, 0x70, 0x6f, 0x6c, 0x69, 0x63, 0x79, 0x18, 0x07, 0x20, 0x01, 0x28,
+	0x0e, 0x32, 0x22, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e,
+	0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x4f, 0x76, 0x65, 0x72, 0x6c, 0x61, 0x70, 0x50,
+	0x6f, 0x6c, 0x69, 0x63, 0x79, 0x52, 0x0d, 0x6f, 0x76, 0x65, 0x72, 0x6c, 0x61, 0x70, 0x50, 0x6f,
+	0x6c, 0x69, 0x63, 0x79, 0x12, 0x4b, 0x0a, 0x12, 0x6d, 0x69, 0x73, 0x73, 0x65, 0x64, 0x5f, 0x72,
+	0x75, 0x6e, 0x73, 0x5f, 0x70, 0x6f, 0x6c, 0x69, 0x63, 0x79, 0x18, 0x08, 0x20, 0x01, 0x28, 0x0e,
+	0x32, 0x1d, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x4d,
+	0x69, 0x73, 0x73, 0x65, 0x64, 0x52, 0x75, 0x6e, 0x73, 0x50, 0x6f, 0x6c, 0x69, 0x63, 0x79, 0x52,
+	0x10, 0x6d, 0x69, 0x73, 0x73, 0x65, 0x64, 0x52, 0x75, 0x6e, 0x73, 0x50, 0x6f, 0x6c, 0x69, 0x63,
+	0x79, 0x12, 0x30, 0x0a, 0x05, 0x73, 0x74, 0x61, 0x74, 0x65, 0x18, 0x09, 0x20, 0x01, 0x28, 0x0e,
+	0x32, 0x1a, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x53,
+	0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x53, 0x74, 0x61, 0x74, 0x65, 0x52, 0x05, 0x73, 0x74,
+	0x61, 0x74, 0x65, 0x12, 0x40, 0x0a, 0x0e, 0x6e, 0x65, 0x78, 0x74, 0x5f, 0x66, 0x69, 0x72, 0x65,
+	0x5f, 0x74, 0x69, 0x6d, 0x65, 0x18, 0x0a, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1a, 0x2e, 0x67, 0x6f,
+	0x6f, 0x67, 0x6c, 0x65, 0x2e, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x62, 0x75, 0x66, 0x2e, 0x54, 0x69,
+	0x6d, 0x65, 0x73, 0x74, 0x61, 0x6d, 0x70, 0x52, 0x0c, 0x6e, 0x65, 0x78, 0x74, 0x46, 0x69, 0x72,
+	0x65, 0x54, 0x69, 0x6d, 0x65, 0x12, 0x40, 0x0a, 0x0e, 0x6c, 0x61, 0x73, 0x74, 0x5f, 0x66, 0x69,
+	0x72, 0x65, 0x5f, 0x74, 0x69, 0x6d, 0x65, 0x18, 0x0b, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1a, 0x2e,
+	0x67, 0x6f, 0x6f, 0x67, 0x6c, 0x65, 0x2e, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x62, 0x75, 0x66, 0x2e,
+	0x54, 0x69, 0x6d, 0x65, 0x73, 0x74, 0x61, 0x6d, 0x70, 0x52, 0x0c, 0x6c, 0x61, 0x73, 0x74, 0x46,
+	0x69, 0x72, 0x65, 0x54, 0x69, 0x6d, 0x65, 0x12, 0x2c, 0x0a, 0x12, 0x6c, 0x61, 0x73, 0x74, 0x5f,
+	0x73, 0x75, 0x62, 0x6d, 0x69, 0x73, 0x73, 0x69, 0x6f, 0x6e, 0x5f, 0x69, 0x64, 0x18, 0x0c, 0x20,
+	0x01, 0x28, 0x09, 0x52, 0x10, 0x6c, 0x61, 0x73, 0x74, 0x53, 0x75, 0x62, 0x6d, 0x69, 0x73, 0x73,
+	0x69, 0x6f, 0x6e, 0x49, 0x64, 0x12, 0x1d, 0x0a, 0x0a, 0x66, 0x69, 0x72, 0x65, 0x5f, 0x63, 0x6f,
+	0x75, 0x6e, 0x74, 0x18, 0x0d, 0x20, 0x01, 0x28, 0x03, 0x52, 0x09, 0x66, 0x69, 0x72, 0x65, 0x43,
+	0x6f, 0x75, 0x6e, 0x74, 0x12, 0x23, 0x0a, 0x0d, 0x73, 0x6b, 0x69, 0x70, 0x70, 0x65, 0x64, 0x5f,
+	0x63, 0x6f, 0x75, 0x6e, 0x74, 0x18, 0x0e, 0x20, 0x01, 0x28, 0x03, 0x52, 0x0c, 0x73, 0x6b, 0x69,
+	0x70, 0x70, 0x65, 0x64, 0x43, 0x6f, 0x75, 0x6e, 0x74, 0x12, 0x3b, 0x0a, 0x0b, 0x63, 0x72, 0x65,
+	0x61, 0x74, 0x65, 0x5f, 0x74, 0x69, 0x6d, 0x65, 0x18, 0x0f, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1a,
+	0x2e, 0x67, 0x6f, 0x6f, 0x67, 0x6c, 0x65, 0x2e, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x62, 0x75, 0x66,
+	0x2e, 0x54, 0x69, 0x6d, 0x65, 0x73, 0x74, 0x61, 0x6d, 0x70, 0x52, 0x0a, 0x63, 0x72, 0x65, 0x61,
+	0x74, 0x65, 0x54, 0x69, 0x6d, 0x65, 0x12, 0x3b, 0x0a, 0x0b, 0x75, 0x70, 0x64, 0x61, 0x74, 0x65,
+	0x5f, 0x74, 0x69, 0x6d, 0x65, 0x18, 0x10, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1a, 0x2e, 0x67, 0x6f,
+	0x6f, 0x67, 0x6c, 0x65, 0x2e, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x62, 0x75, 0x66, 0x2e, 0x54, 0x69,
+	0x6d, 0x65, 0x73, 0x74, 0x61, 0x6d, 0x70, 0x52, 0x0a, 0x75, 0x70, 0x64, 0x61, 0x74, 0x65, 0x54,
+	0x69, 0x6d, 0x65, 0x22, 0x6b, 0x0a, 0x15, 0x43, 0x72, 0x65, 0x61, 0x74, 0x65, 0x53, 0x63, 0x68,
+	0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x31, 0x0a, 0x08,
+	0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x15,
+	0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x63, 0x68,
+	0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x08, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x12,
+	0x1f, 0x0a, 0x0b, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x5f, 0x69, 0x64, 0x18, 0x02,
+	0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x49, 0x64,
+	0x22, 0x4b, 0x0a, 0x16, 0x43, 0x72, 0x65, 0x61, 0x74, 0x65, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75,
+	0x6c, 0x65, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x31, 0x0a, 0x08, 0x73, 0x63,
+	0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x15, 0x2e, 0x74,
+	0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x63, 0x68, 0x65, 0x64,
+	0x75, 0x6c, 0x65, 0x52, 0x08, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x22, 0x35, 0x0a,
+	0x12, 0x47, 0x65, 0x74, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x65, 0x71, 0x75,
+	0x65, 0x73, 0x74, 0x12, 0x1f, 0x0a, 0x0b, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x5f,
+	0x69, 0x64, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75,
+	0x6c, 0x65, 0x49, 0x64, 0x22, 0x48, 0x0a, 0x13, 0x47, 0x65, 0x74, 0x53, 0x63, 0x68, 0x65, 0x64,
+	0x75, 0x6c, 0x65, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x31, 0x0a, 0x08, 0x73,
+	0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x15, 0x2e,
+	0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x63, 0x68, 0x65,
+	0x64, 0x75, 0x6c, 0x65, 0x52, 0x08, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x22, 0x52,
+	0x0a, 0x14, 0x4c, 0x69, 0x73, 0x74, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x73, 0x52,
+	0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x1b, 0x0a, 0x09, 0x70, 0x61, 0x67, 0x65, 0x5f, 0x73,
+	0x69, 0x7a, 0x65, 0x18, 0x01, 0x20, 0x01, 0x28, 0x05, 0x52, 0x08, 0x70, 0x61, 0x67, 0x65, 0x53,
+	0x69, 0x7a, 0x65, 0x12, 0x1d, 0x0a, 0x0a, 0x70, 0x61, 0x67, 0x65, 0x5f, 0x74, 0x6f, 0x6b, 0x65,
+	0x6e, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x09, 0x70, 0x61, 0x67, 0x65, 0x54, 0x6f, 0x6b,
+	0x65, 0x6e, 0x22, 0x74, 0x0a, 0x15, 0x4c, 0x69, 0x73, 0x74, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75,
+	0x6c, 0x65, 0x73, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x33, 0x0a, 0x09, 0x73,
+	0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x73, 0x18, 0x01, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x15,
+	0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x63, 0x68,
+	0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x09, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x73,
+	0x12, 0x26, 0x0a, 0x0f, 0x6e, 0x65, 0x78, 0x74, 0x5f, 0x70, 0x61, 0x67, 0x65, 0x5f, 0x74, 0x6f,
+	0x6b, 0x65, 0x6e, 0x18, 0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0d, 0x6e, 0x65, 0x78, 0x74, 0x50,
+	0x61, 0x67, 0x65, 0x54, 0x6f, 0x6b, 0x65, 0x6e, 0x22, 0x37, 0x0a, 0x14, 0x50, 0x61, 0x75, 0x73,
+	0x65, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74,
+	0x12, 0x1f, 0x0a, 0x0b, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x5f, 0x69, 0x64, 0x18,
+	0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x49,
+	0x64, 0x22, 0x4a, 0x0a, 0x15, 0x50, 0x61, 0x75, 0x73, 0x65, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75,
+	0x6c, 0x65, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x31, 0x0a, 0x08, 0x73, 0x63,
+	0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x18, 0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x15, 0x2e, 0x74,
+	0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x53, 0x63, 0x68, 0x65, 0x64,
+	0x75, 0x6c, 0x65, 0x52, 0x08, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x22, 0x38, 0x0a,
+	0x15, 0x52, 0x65, 0x73, 0x75, 0x6d, 0x65, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x52,
+	0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x1f, 0x0a, 0x0b, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75,
+	0x6c, 0x65, 0x5f, 0x69, 0x64, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x0a, 0x73, 0x63, 0x68,
+	0x65, 0x64, 0x75, 0x6c, 0x65, 0x49, 0x64, 0x22, 0x4b, 0x0a, 0x16, 0x52, 0x65, 0x73, 0x75, 0x6d,
+	0x65, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73,
+	0x65, 0x12, 0x31, 0x0a, 0x08, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x18, 0x01, 0x20,
+	0x01, 0x28, 0x0b, 0x32, 0x15, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76,
+	0x31, 0x2e, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x08, 0x73, 0x63, 0x68, 0x65,
+	0x64, 0x75, 0x6c, 0x65, 0x22, 0x5d, 0x0a, 0x15, 0x44, 0x65, 0x6c, 0x65, 0x74, 0x65, 0x53, 0x63,
+	0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x1f, 0x0a,
+	0x0b, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x5f, 0x69, 0x64, 0x18, 0x01, 0x20, 0x01,
+	0x28, 0x09, 0x52, 0x0a, 0x73, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x49, 0x64, 0x12, 0x23,
+	0x0a, 0x0d, 0x61, 0x6c, 0x6c, 0x6f, 0x77, 0x5f, 0x6d, 0x69, 0x73, 0x73, 0x69, 0x6e, 0x67, 0x18,
+	0x02, 0x20, 0x01, 0x28, 0x08, 0x52, 0x0c, 0x61, 0x6c, 0x6c, 0x6f, 0x77, 0x4d, 0x69, 0x73, 0x73,
+	0x69, 0x6e, 0x67, 0x22, 0x32, 0x0a, 0x16, 0x44, 0x65, 0x6c, 0x65, 0x74, 0x65, 0x53, 0x63, 0x68,
+	0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x18, 0x0a,
+	0x07, 0x64, 0x65, 0x6c, 0x65, 0x74, 0x65, 0x64, 0x18, 0x01, 0x20, 0x01, 0x28, 0x08, 0x52, 0x07,
+	0x64, 0x65, 0x6c, 0x65, 0x74, 0x65, 0x64, 0x2a, 0x73, 0x0a, 0x10, 0x44, 0x69, 0x73, 0x63, 0x6f,
+	0x6e, 0x6e, 0x65, 0x63, 0x74, 0x50, 0x6f, 0x6c, 0x69, 0x63, 0x79, 0x12, 0x21, 0x0a, 0x1d, 0x44,
+	0x49, 0x53, 0x43, 0x4f, 0x4e, 0x4e, 0x45, 0x43, 0x54, 0x5f, 0x50, 0x4f, 0x4c, 0x49, 0x43, 0x59,
+	0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x1c,
+	0x0a, 0x18, 0x44, 0x49, 0x53, 0x43, 0x4f, 0x4e, 0x4e, 0x45, 0x43, 0x54, 0x5f, 0x50, 0x4f, 0x4c,
+	0x49, 0x43, 0x59, 0x5f, 0x43, 0x41, 0x4e, 0x43, 0x45, 0x4c, 0x10, 0x01, 0x12, 0x1e, 0x0a, 0x1a,
+	0x44, 0x49, 0x53, 0x43, 0x4f, 0x4e, 0x4e, 0x45, 0x43, 0x54, 0x5f, 0x50, 0x4f, 0x4c, 0x49, 0x43,
+	0x59, 0x5f, 0x43, 0x4f, 0x4e, 0x54, 0x49, 0x4e, 0x55, 0x45, 0x10, 0x02, 0x2a, 0xe2, 0x01, 0x0a,
+	0x17, 0x43, 0x6f, 0x6e, 0x63, 0x75, 0x72, 0x72, 0x65, 0x6e, 0x74, 0x49, 0x6e, 0x70, 0x75, 0x74,
+	0x53, 0x74, 0x72, 0x61, 0x74, 0x65, 0x67, 0x79, 0x12, 0x29, 0x0a, 0x25, 0x43, 0x4f, 0x4e, 0x43,
+	0x55, 0x52, 0x52, 0x45, 0x4e, 0x54, 0x5f, 0x49, 0x4e, 0x50, 0x55, 0x54, 0x5f, 0x53, 0x54, 0x52,
+	0x41, 0x54, 0x45, 0x47, 0x59, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45,
+	0x44, 0x10, 0x00, 0x12, 0x25, 0x0a, 0x21, 0x43, 0x4f, 0x4e, 0x43, 0x55, 0x52, 0x52, 0x45, 0x4e,
+	0x54, 0x5f, 0x49, 0x4e, 0x50, 0x55, 0x54, 0x5f, 0x53, 0x54, 0x52, 0x41, 0x54, 0x45, 0x47, 0x59,
+	0x5f, 0x45, 0x4e, 0x51, 0x55, 0x45, 0x55, 0x45, 0x10, 0x01, 0x12, 0x24, 0x0a, 0x20, 0x43, 0x4f,
+	0x4e, 0x43, 0x55, 0x52, 0x52, 0x45, 0x4e, 0x54, 0x5f, 0x49, 0x4e, 0x50, 0x55, 0x54, 0x5f, 0x53,
+	0x54, 0x52, 0x41, 0x54, 0x45, 0x47, 0x59, 0x5f, 0x52, 0x45, 0x4a, 0x45, 0x43, 0x54, 0x10, 0x02,
+	0x12, 0x27, 0x0a, 0x23, 0x43, 0x4f, 0x4e, 0x43, 0x55, 0x52, 0x52, 0x45, 0x4e, 0x54, 0x5f, 0x49,
+	0x4e, 0x50, 0x55, 0x54, 0x5f, 0x53, 0x54, 0x52, 0x41, 0x54, 0x45, 0x47, 0x59, 0x5f, 0x49, 0x4e,
+	0x54, 0x45, 0x52, 0x52, 0x55, 0x50, 0x54, 0x10, 0x03, 0x12, 0x26, 0x0a, 0x22, 0x43, 0x4f, 0x4e,
 	0x43, 0x55, 0x52, 0x52, 0x45, 0x4e, 0x54, 0x5f, 0x49, 0x4e, 0x50, 0x55, 0x54, 0x5f, 0x53, 0x54,
-	0x52, 0x41, 0x54, 0x45, 0x47, 0x59, 0x5f, 0x45, 0x4e, 0x51, 0x55, 0x45, 0x55, 0x45, 0x10, 0x01,
-	0x12, 0x24, 0x0a, 0x20, 0x43, 0x4f, 0x4e, 0x43, 0x55, 0x52, 0x52, 0x45, 0x4e, 0x54, 0x5f, 0x49,
-	0x4e, 0x50, 0x55, 0x54, 0x5f, 0x53, 0x54, 0x52, 0x41, 0x54, 0x45, 0x47, 0x59, 0x5f, 0x52, 0x45,
-	0x4a, 0x45, 0x43, 0x54, 0x10, 0x02, 0x12, 0x27, 0x0a, 0x23, 0x43, 0x4f, 0x4e, 0x43, 0x55, 0x52,
-	0x52, 0x45, 0x4e, 0x54, 0x5f, 0x49, 0x4e, 0x50, 0x55, 0x54, 0x5f, 0x53, 0x54, 0x52, 0x41, 0x54,
-	0x45, 0x47, 0x59, 0x5f, 0x49, 0x4e, 0x54, 0x45, 0x52, 0x52, 0x55, 0x50, 0x54, 0x10, 0x03, 0x12,
-	0x26, 0x0a, 0x22, 0x43, 0x4f, 0x4e, 0x43, 0x55, 0x52, 0x52, 0x45, 0x4e, 0x54, 0x5f, 0x49, 0x4e,
-	0x50, 0x55, 0x54, 0x5f, 0x53, 0x54, 0x52, 0x41, 0x54, 0x45, 0x47, 0x59, 0x5f, 0x52, 0x4f, 0x4c,
-	0x4c, 0x42, 0x41, 0x43, 0x4b, 0x10, 0x04, 0x2a, 0xe7, 0x01, 0x0a, 0x0f, 0x53, 0x75, 0x62, 0x6d,
-	0x69, 0x73, 0x73, 0x69, 0x6f, 0x6e, 0x53, 0x74, 0x61, 0x74, 0x65, 0x12, 0x20, 0x0a, 0x1c, 0x53,
-	0x55, 0x42, 0x4d, 0x49, 0x53, 0x53, 0x49, 0x4f, 0x4e, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f,
-	0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x1c, 0x0a,
+	0x52, 0x41, 0x54, 0x45, 0x47, 0x59, 0x5f, 0x52, 0x4f, 0x4c, 0x4c, 0x42, 0x41, 0x43, 0x4b, 0x10,
+	0x04, 0x2a, 0xe7, 0x01, 0x0a, 0x0f, 0x53, 0x75, 0x62, 0x6d, 0x69, 0x73, 0x73, 0x69, 0x6f, 0x6e,
+	0x53, 0x74, 0x61, 0x74, 0x65, 0x12, 0x20, 0x0a, 0x1c, 0x53, 0x55, 0x42, 0x4d, 0x49, 0x53, 0x53,
+	0x49, 0x4f, 0x4e, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43,
+	0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x1c, 0x0a, 0x18, 0x53, 0x55, 0x42, 0x4d, 0x49,
+	0x53, 0x53, 0x49, 0x4f, 0x4e, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f, 0x50, 0x45, 0x4e, 0x44,
+	0x49, 0x4e, 0x47, 0x10, 0x01, 0x12, 0x1c, 0x0a, 0x18, 0x53, 0x55, 0x42, 0x4d, 0x49, 0x53, 0x53,
+	0x49, 0x4f, 0x4e, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f, 0x52, 0x55, 0x4e, 0x4e, 0x49, 0x4e,
+	0x47, 0x10, 0x02, 0x12, 0x1e, 0x0a, 0x1a, 0x53, 0x55, 0x42, 0x4d, 0x49, 0x53, 0x53, 0x49, 0x4f,
+	0x4e, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f, 0x43, 0x4f, 0x4d, 0x50, 0x4c, 0x45, 0x54, 0x45,
+	0x44, 0x10, 0x03, 0x12, 0x1a, 0x0a, 0x16, 0x53, 0x55, 0x42, 0x4d, 0x49, 0x53, 0x53, 0x49, 0x4f,
+	0x4e, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f, 0x45, 0x52, 0x52, 0x4f, 0x52, 0x10, 0x04, 0x12,
+	0x1c, 0x0a, 0x18, 0x53, 0x55, 0x42, 0x4d, 0x49, 0x53, 0x53, 0x49, 0x4f, 0x4e, 0x5f, 0x53, 0x54,
+	0x41, 0x54, 0x45, 0x5f, 0x41, 0x42, 0x4f, 0x52, 0x54, 0x45, 0x44, 0x10, 0x05, 0x12, 0x1c, 0x0a,
 	0x18, 0x53, 0x55, 0x42, 0x4d, 0x49, 0x53, 0x53, 0x49, 0x4f, 0x4e, 0x5f, 0x53, 0x54, 0x41, 0x54,
-	0x45, 0x5f, 0x50, 0x45, 0x4e, 0x44, 0x49, 0x4e, 0x47, 0x10, 0x01, 0x12, 0x1c, 0x0a, 0x18, 0x53,
-	0x55, 0x42, 0x4d, 0x49, 0x53, 0x53, 0x49, 0x4f, 0x4e, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f,
-	0x52, 0x55, 0x4e, 0x4e, 0x49, 0x4e, 0x47, 0x10, 0x02, 0x12, 0x1e, 0x0a, 0x1a, 0x53, 0x55, 0x42,
-	0x4d, 0x49, 0x53, 0x53, 0x49, 0x4f, 0x4e, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f, 0x43, 0x4f,
-	0x4d, 0x50, 0x4c, 0x45, 0x54, 0x45, 0x44, 0x10, 0x03, 0x12, 0x1a, 0x0a, 0x16, 0x53, 0x55, 0x42,
-	0x4d, 0x49, 0x53, 0x53, 0x49, 0x4f, 0x4e, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f, 0x45, 0x52,
-	0x52, 0x4f, 0x52, 0x10, 0x04, 0x12, 0x1c, 0x0a, 0x18, 0x53, 0x55, 0x42, 0x4d, 0x49, 0x53, 0x53,
-	0x49, 0x4f, 0x4e, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f, 0x41, 0x42, 0x4f, 0x52, 0x54, 0x45,
-	0x44, 0x10, 0x05, 0x12, 0x1c, 0x0a, 0x18, 0x53, 0x55, 0x42, 0x4d, 0x49, 0x53, 0x53, 0x49, 0x4f,
-	0x4e, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f, 0x53, 0x4b, 0x49, 0x50, 0x50, 0x45, 0x44, 0x10,
-	0x06, 0x2a, 0x4d, 0x0a, 0x07, 0x41, 0x64, 0x64, 0x4d, 0x6f, 0x64, 0x65, 0x12, 0x18, 0x0a, 0x14,
-	0x41, 0x44, 0x44, 0x5f, 0x4d, 0x4f, 0x44, 0x45, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49,
-	0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x13, 0x0a, 0x0f, 0x41, 0x44, 0x44, 0x5f, 0x4d, 0x4f,
-	0x44, 0x45, 0x5f, 0x41, 0x50, 0x50, 0x45, 0x4e, 0x44, 0x10, 0x01, 0x12, 0x13, 0x0a, 0x0f, 0x41,
-	0x44, 0x44, 0x5f, 0x4d, 0x4f, 0x44, 0x45, 0x5f, 0x55, 0x50, 0x53, 0x45, 0x52, 0x54, 0x10, 0x02,
-	0x2a, 0x8c, 0x02, 0x0a, 0x10, 0x54, 0x69, 0x6d, 0x65, 0x6c, 0x69, 0x6e, 0x65, 0x53, 0x70, 0x61,
-	0x6e, 0x4b, 0x69, 0x6e, 0x64, 0x12, 0x22, 0x0a, 0x1e, 0x54, 0x49, 0x4d, 0x45, 0x4c, 0x49, 0x4e,
-	0x45, 0x5f, 0x53, 0x50, 0x41, 0x4e, 0x5f, 0x4b, 0x49, 0x4e, 0x44, 0x5f, 0x55, 0x4e, 0x53, 0x50,
-	0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x1c, 0x0a, 0x18, 0x54, 0x49, 0x4d,
-	0x45, 0x4c, 0x49, 0x4e, 0x45, 0x5f, 0x53, 0x50, 0x41, 0x4e, 0x5f, 0x4b, 0x49, 0x4e, 0x44, 0x5f,
-	0x51, 0x55, 0x45, 0x55, 0x45, 0x10, 0x01, 0x12, 0x1e, 0x0a, 0x1a, 0x54, 0x49, 0x4d, 0x45, 0x4c,
-	0x49, 0x4e, 0x45, 0x5f, 0x53, 0x50, 0x41, 0x4e, 0x5f, 0x4b, 0x49, 0x4e, 0x44, 0x5f, 0x41, 0x54,
-	0x54, 0x45, 0x4d, 0x50, 0x54, 0x10, 0x02, 0x12, 0x1b, 0x0a, 0x17, 0x54, 0x49, 0x4d, 0x45, 0x4c,
-	0x49, 0x4e, 0x45, 0x5f, 0x53, 0x50, 0x41, 0x4e, 0x5f, 0x4b, 0x49, 0x4e, 0x44, 0x5f, 0x53, 0x54,
-	0x45, 0x50, 0x10, 0x03, 0x12, 0x1c, 0x0a, 0x18, 0x54, 0x49, 0x4d, 0x45, 0x4c, 0x49, 0x4e, 0x45,
-	0x5f, 0x53, 0x50, 0x41, 0x4e, 0x5f, 0x4b, 0x49, 0x4e, 0x44, 0x5f, 0x4d, 0x4f, 0x44, 0x45, 0x4c,
-	0x10, 0x04, 0x12, 0x1b, 0x0a, 0x17, 0x54, 0x49, 0x4d, 0x45, 0x4c, 0x49, 0x4e, 0x45, 0x5f, 0x53,
-	0x50, 0x41, 0x4e, 0x5f, 0x4b, 0x49, 0x4e, 0x44, 0x5f, 0x54, 0x4f, 0x4f, 0x4c, 0x10, 0x05, 0x12,
-	0x1b, 0x0a, 0x17, 0x54, 0x49, 0x4d, 0x45, 0x4c, 0x49, 0x4e, 0x45, 0x5f, 0x53, 0x50, 0x41, 0x4e,
-	0x5f, 0x4b, 0x49, 0x4e, 0x44, 0x5f, 0x48, 0x4f, 0x4f, 0x4b, 0x10, 0x06, 0x12, 0x21, 0x0a, 0x1d,
+	0x45, 0x5f, 0x53, 0x4b, 0x49, 0x50, 0x50, 0x45, 0x44, 0x10, 0x06, 0x2a, 0x4d, 0x0a, 0x07, 0x41,
+	0x64, 0x64, 0x4d, 0x6f, 0x64, 0x65, 0x12, 0x18, 0x0a, 0x14, 0x41, 0x44, 0x44, 0x5f, 0x4d, 0x4f,
+	0x44, 0x45, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00,
+	0x12, 0x13, 0x0a, 0x0f, 0x41, 0x44, 0x44, 0x5f, 0x4d, 0x4f, 0x44, 0x45, 0x5f, 0x41, 0x50, 0x50,
+	0x45, 0x4e, 0x44, 0x10, 0x01, 0x12, 0x13, 0x0a, 0x0f, 0x41, 0x44, 0x44, 0x5f, 0x4d, 0x4f, 0x44,
+	0x45, 0x5f, 0x55, 0x50, 0x53, 0x45, 0x52, 0x54, 0x10, 0x02, 0x2a, 0x8c, 0x02, 0x0a, 0x10, 0x54,
+	0x69, 0x6d, 0x65, 0x6c, 0x69, 0x6e, 0x65, 0x53, 0x70, 0x61, 0x6e, 0x4b, 0x69, 0x6e, 0x64, 0x12,
+	0x22, 0x0a, 0x1e, 0x54, 0x49, 0x4d, 0x45, 0x4c, 0x49, 0x4e, 0x45, 0x5f, 0x53, 0x50, 0x41, 0x4e,
+	0x5f, 0x4b, 0x49, 0x4e, 0x44, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45,
+	0x44, 0x10, 0x00, 0x12, 0x1c, 0x0a, 0x18, 0x54, 0x49, 0x4d, 0x45, 0x4c, 0x49, 0x4e, 0x45, 0x5f,
+	0x53, 0x50, 0x41, 0x4e, 0x5f, 0x4b, 0x49, 0x4e, 0x44, 0x5f, 0x51, 0x55, 0x45, 0x55, 0x45, 0x10,
+	0x01, 0x12, 0x1e, 0x0a, 0x1a, 0x54, 0x49, 0x4d, 0x45, 0x4c, 0x49, 0x4e, 0x45, 0x5f, 0x53, 0x50,
+	0x41, 0x4e, 0x5f, 0x4b, 0x49, 0x4e, 0x44, 0x5f, 0x41, 0x54, 0x54, 0x45, 0x4d, 0x50, 0x54, 0x10,
+	0x02, 0x12, 0x1b, 0x0a, 0x17, 0x54, 0x49, 0x4d, 0x45, 0x4c, 0x49, 0x4e, 0x45, 0x5f, 0x53, 0x50,
+	0x41, 0x4e, 0x5f, 0x4b, 0x49, 0x4e, 0x44, 0x5f, 0x53, 0x54, 0x45, 0x50, 0x10, 0x03, 0x12, 0x1c,
+	0x0a, 0x18, 0x54, 0x49, 0x4d, 0x45, 0x4c, 0x49, 0x4e, 0x45, 0x5f, 0x53, 0x50, 0x41, 0x4e, 0x5f,
+	0x4b, 0x49, 0x4e, 0x44, 0x5f, 0x4d, 0x4f, 0x44, 0x45, 0x4c, 0x10, 0x04, 0x12, 0x1b, 0x0a, 0x17,
 	0x54, 0x49, 0x4d, 0x45, 0x4c, 0x49, 0x4e, 0x45, 0x5f, 0x53, 0x50, 0x41, 0x4e, 0x5f, 0x4b, 0x49,
-	0x4e, 0x44, 0x5f, 0x43, 0x4f, 0x4d, 0x50, 0x41, 0x43, 0x54, 0x49, 0x4f, 0x4e, 0x10, 0x07, 0x32,
-	0xf2, 0x0c, 0x0a, 0x0b, 0x43, 0x68, 0x61, 0x74, 0x53, 0x65, 0x72, 0x76, 0x69, 0x63, 0x65, 0x12,
+	0x4e, 0x44, 0x5f, 0x54, 0x4f, 0x4f, 0x4c, 0x10, 0x05, 0x12, 0x1b, 0x0a, 0x17, 0x54, 0x49, 0x4d,
+	0x45, 0x4c, 0x49, 0x4e, 0x45, 0x5f, 0x53, 0x50, 0x41, 0x4e, 0x5f, 0x4b, 0x49, 0x4e, 0x44, 0x5f,
+	0x48, 0x4f, 0x4f, 0x4b, 0x10, 0x06, 0x12, 0x21, 0x0a, 0x1d, 0x54, 0x49, 0x4d, 0x45, 0x4c, 0x49,
+	0x4e, 0x45, 0x5f, 0x53, 0x50, 0x41, 0x4e, 0x5f, 0x4b, 0x49, 0x4e, 0x44, 0x5f, 0x43, 0x4f, 0x4d,
+	0x50, 0x41, 0x43, 0x54, 0x49, 0x4f, 0x4e, 0x10, 0x07, 0x2a, 0x83, 0x01, 0x0a, 0x0d, 0x53, 0x63,
+	0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x53, 0x74, 0x61, 0x74, 0x65, 0x12, 0x1e, 0x0a, 0x1a, 0x53,
+	0x43, 0x48, 0x45, 0x44, 0x55, 0x4c, 0x45, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f, 0x55, 0x4e,
+	0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10, 0x00, 0x12, 0x19, 0x0a, 0x15, 0x53,
+	0x43, 0x48, 0x45, 0x44, 0x55, 0x4c, 0x45, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f, 0x41, 0x43,
+	0x54, 0x49, 0x56, 0x45, 0x10, 0x01, 0x12, 0x19, 0x0a, 0x15, 0x53, 0x43, 0x48, 0x45, 0x44, 0x55,
+	0x4c, 0x45, 0x5f, 0x53, 0x54, 0x41, 0x54, 0x45, 0x5f, 0x50, 0x41, 0x55, 0x53, 0x45, 0x44, 0x10,
+	0x02, 0x12, 0x1c, 0x0a, 0x18, 0x53, 0x43, 0x48, 0x45, 0x44, 0x55, 0x4c, 0x45, 0x5f, 0x53, 0x54,
+	0x41, 0x54, 0x45, 0x5f, 0x43, 0x4f, 0x4d, 0x50, 0x4c, 0x45, 0x54, 0x45, 0x44, 0x10, 0x03, 0x2a,
+	0x87, 0x01, 0x0a, 0x15, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x4f, 0x76, 0x65, 0x72,
+	0x6c, 0x61, 0x70, 0x50, 0x6f, 0x6c, 0x69, 0x63, 0x79, 0x12, 0x27, 0x0a, 0x23, 0x53, 0x43, 0x48,
+	0x45, 0x44, 0x55, 0x4c, 0x45, 0x5f, 0x4f, 0x56, 0x45, 0x52, 0x4c, 0x41, 0x50, 0x5f, 0x50, 0x4f,
+	0x4c, 0x49, 0x43, 0x59, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44,
+	0x10, 0x00, 0x12, 0x20, 0x0a, 0x1c, 0x53, 0x43, 0x48, 0x45, 0x44, 0x55, 0x4c, 0x45, 0x5f, 0x4f,
+	0x56, 0x45, 0x52, 0x4c, 0x41, 0x50, 0x5f, 0x50, 0x4f, 0x4c, 0x49, 0x43, 0x59, 0x5f, 0x53, 0x4b,
+	0x49, 0x50, 0x10, 0x01, 0x12, 0x23, 0x0a, 0x1f, 0x53, 0x43, 0x48, 0x45, 0x44, 0x55, 0x4c, 0x45,
+	0x5f, 0x4f, 0x56, 0x45, 0x52, 0x4c, 0x41, 0x50, 0x5f, 0x50, 0x4f, 0x4c, 0x49, 0x43, 0x59, 0x5f,
+	0x45, 0x4e, 0x51, 0x55, 0x45, 0x55, 0x45, 0x10, 0x02, 0x2a, 0x74, 0x0a, 0x10, 0x4d, 0x69, 0x73,
+	0x73, 0x65, 0x64, 0x52, 0x75, 0x6e, 0x73, 0x50, 0x6f, 0x6c, 0x69, 0x63, 0x79, 0x12, 0x22, 0x0a,
+	0x1e, 0x4d, 0x49, 0x53, 0x53, 0x45, 0x44, 0x5f, 0x52, 0x55, 0x4e, 0x53, 0x5f, 0x50, 0x4f, 0x4c,
+	0x49, 0x43, 0x59, 0x5f, 0x55, 0x4e, 0x53, 0x50, 0x45, 0x43, 0x49, 0x46, 0x49, 0x45, 0x44, 0x10,
+	0x00, 0x12, 0x1b, 0x0a, 0x17, 0x4d, 0x49, 0x53, 0x53, 0x45, 0x44, 0x5f, 0x52, 0x55, 0x4e, 0x53,
+	0x5f, 0x50, 0x4f, 0x4c, 0x49, 0x43, 0x59, 0x5f, 0x53, 0x4b, 0x49, 0x50, 0x10, 0x01, 0x12, 0x1f,
+	0x0a, 0x1b, 0x4d, 0x49, 0x53, 0x53, 0x45, 0x44, 0x5f, 0x52, 0x55, 0x4e, 0x53, 0x5f, 0x50, 0x4f,
+	0x4c, 0x49, 0x43, 0x59, 0x5f, 0x52, 0x55, 0x4e, 0x5f, 0x4f, 0x4e, 0x43, 0x45, 0x10, 0x02, 0x32,
+	0x85, 0x11, 0x0a, 0x0b, 0x43, 0x68, 0x61, 0x74, 0x53, 0x65, 0x72, 0x76, 0x69, 0x63, 0x65, 0x12,
 	0x3d, 0x0a, 0x04, 0x43, 0x68, 0x61, 0x74, 0x12, 0x18, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69,
 	0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x43, 0x68, 0x61, 0x74, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73,
 	0x74, 0x1a, 0x19, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e,
@@ -4677,7 +5807,40 @@ var file_turnwire_v1_chat_service_proto_rawDesc = []byte{
 	0x73, 0x61, 0x74, 0x69, 0x6f, 0x6e, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x25, 0x2e,
 	0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x46, 0x6f, 0x72, 0x6b,
 	0x43, 0x6f, 0x6e, 0x76, 0x65, 0x72, 0x73, 0x61, 0x74, 0x69, 0x6f, 0x6e, 0x52, 0x65, 0x73, 0x70,
-	0x6f, 0x6e, 0x73, 0x65, 0x62, 0x06, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x33,
+	0x6f, 0x6e, 0x73, 0x65, 0x12, 0x59, 0x0a, 0x0e, 0x43, 0x72, 0x65, 0x61, 0x74, 0x65, 0x53, 0x63,
+	0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x12, 0x22, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72,
+	0x65, 0x2e, 0x76, 0x31, 0x2e, 0x43, 0x72, 0x65, 0x61, 0x74, 0x65, 0x53, 0x63, 0x68, 0x65, 0x64,
+	0x75, 0x6c, 0x65, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x23, 0x2e, 0x74, 0x75, 0x72,
+	0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x43, 0x72, 0x65, 0x61, 0x74, 0x65, 0x53,
+	0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12,
+	0x50, 0x0a, 0x0b, 0x47, 0x65, 0x74, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x12, 0x1f,
+	0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x47, 0x65, 0x74,
+	0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a,
+	0x20, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x47, 0x65,
+	0x74, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73,
+	0x65, 0x12, 0x56, 0x0a, 0x0d, 0x4c, 0x69, 0x73, 0x74, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c,
+	0x65, 0x73, 0x12, 0x21, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31,
+	0x2e, 0x4c, 0x69, 0x73, 0x74, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x73, 0x52, 0x65,
+	0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x22, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65,
+	0x2e, 0x76, 0x31, 0x2e, 0x4c, 0x69, 0x73, 0x74, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65,
+	0x73, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x56, 0x0a, 0x0d, 0x50, 0x61, 0x75,
+	0x73, 0x65, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x12, 0x21, 0x2e, 0x74, 0x75, 0x72,
+	0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x50, 0x61, 0x75, 0x73, 0x65, 0x53, 0x63,
+	0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x22, 0x2e,
+	0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x50, 0x61, 0x75, 0x73,
+	0x65, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73,
+	0x65, 0x12, 0x59, 0x0a, 0x0e, 0x52, 0x65, 0x73, 0x75, 0x6d, 0x65, 0x53, 0x63, 0x68, 0x65, 0x64,
+	0x75, 0x6c, 0x65, 0x12, 0x22, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76,
+	0x31, 0x2e, 0x52, 0x65, 0x73, 0x75, 0x6d, 0x65, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65,
+	0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x23, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69,
+	0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x52, 0x65, 0x73, 0x75, 0x6d, 0x65, 0x53, 0x63, 0x68, 0x65,
+	0x64, 0x75, 0x6c, 0x65, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x12, 0x59, 0x0a, 0x0e,
+	0x44, 0x65, 0x6c, 0x65, 0x74, 0x65, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x12, 0x22,
+	0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31, 0x2e, 0x44, 0x65, 0x6c,
+	0x65, 0x74, 0x65, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x52, 0x65, 0x71, 0x75, 0x65,
+	0x73, 0x74, 0x1a, 0x23, 0x2e, 0x74, 0x75, 0x72, 0x6e, 0x77, 0x69, 0x72, 0x65, 0x2e, 0x76, 0x31,
+	0x2e, 0x44, 0x65, 0x6c, 0x65, 0x74, 0x65, 0x53, 0x63, 0x68, 0x65, 0x64, 0x75, 0x6c, 0x65, 0x52,
+	0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x62, 0x06, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x33,
 }
 
 var (
@@ -4692,191 +5855,234 @@ func file_turnwire_v1_chat_service_proto_rawDescGZIP() []byte {
 	return file_turnwire_v1_chat_service_proto_rawDescData
 }
 
-var file_turnwire_v1_chat_service_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_turnwire_v1_chat_service_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_turnwire_v1_chat_service_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_turnwire_v1_chat_service_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_turnwire_v1_chat_service_proto_goTypes = []interface{}{
 	(DisconnectPolicy)(0),               // 0: turnwire.v1.DisconnectPolicy
 	(ConcurrentInputStrategy)(0),        // 1: turnwire.v1.ConcurrentInputStrategy
 	(SubmissionState)(0),                // 2: turnwire.v1.SubmissionState
 	(AddMode)(0),                        // 3: turnwire.v1.AddMode
 	(TimelineSpanKind)(0),               // 4: turnwire.v1.TimelineSpanKind
-	(*ClientTool)(nil),                  // 5: turnwire.v1.ClientTool
-	(*TurnBudget)(nil),                  // 6: turnwire.v1.TurnBudget
-	(*ChatRequest)(nil),                 // 7: turnwire.v1.ChatRequest
-	(*ChatResponse)(nil),                // 8: turnwire.v1.ChatResponse
-	(*SaveMessagesRequest)(nil),         // 9: turnwire.v1.SaveMessagesRequest
-	(*SaveMessagesResponse)(nil),        // 10: turnwire.v1.SaveMessagesResponse
-	(*ContinueLastTurnRequest)(nil),     // 11: turnwire.v1.ContinueLastTurnRequest
-	(*ContinueLastTurnResponse)(nil),    // 12: turnwire.v1.ContinueLastTurnResponse
-	(*Conversation)(nil),                // 13: turnwire.v1.Conversation
-	(*PartialReply)(nil),                // 14: turnwire.v1.PartialReply
-	(*TurnWithoutReply)(nil),            // 15: turnwire.v1.TurnWithoutReply
-	(*GetConversationRequest)(nil),      // 16: turnwire.v1.GetConversationRequest
-	(*GetConversationResponse)(nil),     // 17: turnwire.v1.GetConversationResponse
-	(*ListConversationsRequest)(nil),    // 18: turnwire.v1.ListConversationsRequest
-	(*ListConversationsResponse)(nil),   // 19: turnwire.v1.ListConversationsResponse
-	(*CancelChatRequest)(nil),           // 20: turnwire.v1.CancelChatRequest
-	(*CancelChatResponse)(nil),          // 21: turnwire.v1.CancelChatResponse
-	(*ResumeTurnRequest)(nil),           // 22: turnwire.v1.ResumeTurnRequest
-	(*ResumeTurnResponse)(nil),          // 23: turnwire.v1.ResumeTurnResponse
-	(*Submission)(nil),                  // 24: turnwire.v1.Submission
-	(*SubmitMessagesRequest)(nil),       // 25: turnwire.v1.SubmitMessagesRequest
-	(*SubmitMessagesResponse)(nil),      // 26: turnwire.v1.SubmitMessagesResponse
-	(*GetSubmissionRequest)(nil),        // 27: turnwire.v1.GetSubmissionRequest
-	(*GetSubmissionResponse)(nil),       // 28: turnwire.v1.GetSubmissionResponse
-	(*ListSubmissionsRequest)(nil),      // 29: turnwire.v1.ListSubmissionsRequest
-	(*ListSubmissionsResponse)(nil),     // 30: turnwire.v1.ListSubmissionsResponse
-	(*CancelSubmissionRequest)(nil),     // 31: turnwire.v1.CancelSubmissionRequest
-	(*CancelSubmissionResponse)(nil),    // 32: turnwire.v1.CancelSubmissionResponse
-	(*WatchSubmissionRequest)(nil),      // 33: turnwire.v1.WatchSubmissionRequest
-	(*WatchSubmissionResponse)(nil),     // 34: turnwire.v1.WatchSubmissionResponse
-	(*AddMessagesRequest)(nil),          // 35: turnwire.v1.AddMessagesRequest
-	(*AddMessagesResponse)(nil),         // 36: turnwire.v1.AddMessagesResponse
-	(*DeleteConversationRequest)(nil),   // 37: turnwire.v1.DeleteConversationRequest
-	(*DeleteConversationResponse)(nil),  // 38: turnwire.v1.DeleteConversationResponse
-	(*ToolResult)(nil),                  // 39: turnwire.v1.ToolResult
-	(*SubmitToolResultsRequest)(nil),    // 40: turnwire.v1.SubmitToolResultsRequest
-	(*SubmitToolResultsResponse)(nil),   // 41: turnwire.v1.SubmitToolResultsResponse
-	(*ToolApproval)(nil),                // 42: turnwire.v1.ToolApproval
-	(*SubmitToolApprovalsRequest)(nil),  // 43: turnwire.v1.SubmitToolApprovalsRequest
-	(*SubmitToolApprovalsResponse)(nil), // 44: turnwire.v1.SubmitToolApprovalsResponse
-	(*ListTurnsRequest)(nil),            // 45: turnwire.v1.ListTurnsRequest
-	(*ListTurnsResponse)(nil),           // 46: turnwire.v1.ListTurnsResponse
-	(*Turn)(nil),                        // 47: turnwire.v1.Turn
-	(*TurnTimeline)(nil),                // 48: turnwire.v1.TurnTimeline
-	(*TimelineSpan)(nil),                // 49: turnwire.v1.TimelineSpan
-	(*ConversationFork)(nil),            // 50: turnwire.v1.ConversationFork
-	(*ForkConversationRequest)(nil),     // 51: turnwire.v1.ForkConversationRequest
-	(*ForkConversationResponse)(nil),    // 52: turnwire.v1.ForkConversationResponse
-	(*structpb.Struct)(nil),             // 53: google.protobuf.Struct
-	(*Message)(nil),                     // 54: turnwire.v1.Message
-	(*TurnEvent)(nil),                   // 55: turnwire.v1.TurnEvent
-	(*timestamppb.Timestamp)(nil),       // 56: google.protobuf.Timestamp
-	(*Cost)(nil),                        // 57: turnwire.v1.Cost
-	(TurnStatus)(0),                     // 58: turnwire.v1.TurnStatus
-	(*status.Status)(nil),               // 59: google.rpc.Status
+	(ScheduleState)(0),                  // 5: turnwire.v1.ScheduleState
+	(ScheduleOverlapPolicy)(0),          // 6: turnwire.v1.ScheduleOverlapPolicy
+	(MissedRunsPolicy)(0),               // 7: turnwire.v1.MissedRunsPolicy
+	(*ClientTool)(nil),                  // 8: turnwire.v1.ClientTool
+	(*TurnBudget)(nil),                  // 9: turnwire.v1.TurnBudget
+	(*ChatRequest)(nil),                 // 10: turnwire.v1.ChatRequest
+	(*ChatResponse)(nil),                // 11: turnwire.v1.ChatResponse
+	(*SaveMessagesRequest)(nil),         // 12: turnwire.v1.SaveMessagesRequest
+	(*SaveMessagesResponse)(nil),        // 13: turnwire.v1.SaveMessagesResponse
+	(*ContinueLastTurnRequest)(nil),     // 14: turnwire.v1.ContinueLastTurnRequest
+	(*ContinueLastTurnResponse)(nil),    // 15: turnwire.v1.ContinueLastTurnResponse
+	(*Conversation)(nil),                // 16: turnwire.v1.Conversation
+	(*PartialReply)(nil),                // 17: turnwire.v1.PartialReply
+	(*TurnWithoutReply)(nil),            // 18: turnwire.v1.TurnWithoutReply
+	(*GetConversationRequest)(nil),      // 19: turnwire.v1.GetConversationRequest
+	(*GetConversationResponse)(nil),     // 20: turnwire.v1.GetConversationResponse
+	(*ListConversationsRequest)(nil),    // 21: turnwire.v1.ListConversationsRequest
+	(*ListConversationsResponse)(nil),   // 22: turnwire.v1.ListConversationsResponse
+	(*CancelChatRequest)(nil),           // 23: turnwire.v1.CancelChatRequest
+	(*CancelChatResponse)(nil),          // 24: turnwire.v1.CancelChatResponse
+	(*ResumeTurnRequest)(nil),           // 25: turnwire.v1.ResumeTurnRequest
+	(*ResumeTurnResponse)(nil),          // 26: turnwire.v1.ResumeTurnResponse
+	(*Submission)(nil),                  // 27: turnwire.v1.Submission
+	(*SubmitMessagesRequest)(nil),       // 28: turnwire.v1.SubmitMessagesRequest
+	(*SubmitMessagesResponse)(nil),      // 29: turnwire.v1.SubmitMessagesResponse
+	(*GetSubmissionRequest)(nil),        // 30: turnwire.v1.GetSubmissionRequest
+	(*GetSubmissionResponse)(nil),       // 31: turnwire.v1.GetSubmissionResponse
+	(*ListSubmissionsRequest)(nil),      // 32: turnwire.v1.ListSubmissionsRequest
+	(*ListSubmissionsResponse)(nil),     // 33: turnwire.v1.ListSubmissionsResponse
+	(*CancelSubmissionRequest)(nil),     // 34: turnwire.v1.CancelSubmissionRequest
+	(*CancelSubmissionResponse)(nil),    // 35: turnwire.v1.CancelSubmissionResponse
+	(*WatchSubmissionRequest)(nil),      // 36: turnwire.v1.WatchSubmissionRequest
+	(*WatchSubmissionResponse)(nil),     // 37: turnwire.v1.WatchSubmissionResponse
+	(*AddMessagesRequest)(nil),          // 38: turnwire.v1.AddMessagesRequest
+	(*AddMessagesResponse)(nil),         // 39: turnwire.v1.AddMessagesResponse
+	(*DeleteConversationRequest)(nil),   // 40: turnwire.v1.DeleteConversationRequest
+	(*DeleteConversationResponse)(nil),  // 41: turnwire.v1.DeleteConversationResponse
+	(*ToolResult)(nil),                  // 42: turnwire.v1.ToolResult
+	(*SubmitToolResultsRequest)(nil),    // 43: turnwire.v1.SubmitToolResultsRequest
+	(*SubmitToolResultsResponse)(nil),   // 44: turnwire.v1.SubmitToolResultsResponse
+	(*ToolApproval)(nil),                // 45: turnwire.v1.ToolApproval
+	(*SubmitToolApprovalsRequest)(nil),  // 46: turnwire.v1.SubmitToolApprovalsRequest
+	(*SubmitToolApprovalsResponse)(nil), // 47: turnwire.v1.SubmitToolApprovalsResponse
+	(*ListTurnsRequest)(nil),            // 48: turnwire.v1.ListTurnsRequest
+	(*ListTurnsResponse)(nil),           // 49: turnwire.v1.ListTurnsResponse
+	(*Turn)(nil),                        // 50: turnwire.v1.Turn
+	(*TurnTimeline)(nil),                // 51: turnwire.v1.TurnTimeline
+	(*TimelineSpan)(nil),                // 52: turnwire.v1.TimelineSpan
+	(*ConversationFork)(nil),            // 53: turnwire.v1.ConversationFork
+	(*ForkConversationRequest)(nil),     // 54: turnwire.v1.ForkConversationRequest
+	(*ForkConversationResponse)(nil),    // 55: turnwire.v1.ForkConversationResponse
+	(*Schedule)(nil),                    // 56: turnwire.v1.Schedule
+	(*CreateScheduleRequest)(nil),       // 57: turnwire.v1.CreateScheduleRequest
+	(*CreateScheduleResponse)(nil),      // 58: turnwire.v1.CreateScheduleResponse
+	(*GetScheduleRequest)(nil),          // 59: turnwire.v1.GetScheduleRequest
+	(*GetScheduleResponse)(nil),         // 60: turnwire.v1.GetScheduleResponse
+	(*ListSchedulesRequest)(nil),        // 61: turnwire.v1.ListSchedulesRequest
+	(*ListSchedulesResponse)(nil),       // 62: turnwire.v1.ListSchedulesResponse
+	(*PauseScheduleRequest)(nil),        // 63: turnwire.v1.PauseScheduleRequest
+	(*PauseScheduleResponse)(nil),       // 64: turnwire.v1.PauseScheduleResponse
+	(*ResumeScheduleRequest)(nil),       // 65: turnwire.v1.ResumeScheduleRequest
+	(*ResumeScheduleResponse)(nil),      // 66: turnwire.v1.ResumeScheduleResponse
+	(*DeleteScheduleRequest)(nil),       // 67: turnwire.v1.DeleteScheduleRequest
+	(*DeleteScheduleResponse)(nil),      // 68: turnwire.v1.DeleteScheduleResponse
+	(*structpb.Struct)(nil),             // 69: google.protobuf.Struct
+	(*Message)(nil),                     // 70: turnwire.v1.Message
+	(*TurnEvent)(nil),                   // 71: turnwire.v1.TurnEvent
+	(*timestamppb.Timestamp)(nil),       // 72: google.protobuf.Timestamp
+	(*Cost)(nil),                        // 73: turnwire.v1.Cost
+	(TurnStatus)(0),                     // 74: turnwire.v1.TurnStatus
+	(*status.Status)(nil),               // 75: google.rpc.Status
 }
 var file_turnwire_v1_chat_service_proto_depIdxs = []int32{
-	53, // 0: turnwire.v1.ClientTool.input_schema:type_name -> google.protobuf.Struct
-	54, // 1: turnwire.v1.ChatRequest.message:type_name -> turnwire.v1.Message
-	53, // 2: turnwire.v1.ChatRequest.body:type_name -> google.protobuf.Struct
-	0,  // 3: turnwire.v1.ChatRequest.disconnect_policy:type_name -> turnwire.v1.DisconnectPolicy
-	5,  // 4: turnwire.v1.ChatRequest.client_tools:type_name -> turnwire.v1.ClientTool
-	1,  // 5: turnwire.v1.ChatRequest.concurrent_input_strategy:type_name -> turnwire.v1.ConcurrentInputStrategy
-	6,  // 6: turnwire.v1.ChatRequest.budget:type_name -> turnwire.v1.TurnBudget
-	55, // 7: turnwire.v1.ChatResponse.event:type_name -> turnwire.v1.TurnEvent
-	54, // 8: turnwire.v1.SaveMessagesRequest.messages:type_name -> turnwire.v1.Message
-	53, // 9: turnwire.v1.SaveMessagesRequest.body:type_name -> google.protobuf.Struct
-	0,  // 10: turnwire.v1.SaveMessagesRequest.disconnect_policy:type_name -> turnwire.v1.DisconnectPolicy
-	5,  // 11: turnwire.v1.SaveMessagesRequest.client_tools:type_name -> turnwire.v1.ClientTool
-	1,  // 12: turnwire.v1.SaveMessagesRequest.concurrent_input_strategy:type_name -> turnwire.v1.ConcurrentInputStrategy
-	6,  // 13: turnwire.v1.SaveMessagesRequest.budget:type_name -> turnwire.v1.TurnBudget
-	55, // 14: turnwire.v1.SaveMessagesResponse.event:type_name -> turnwire.v1.TurnEvent
-	53, // 15: turnwire.v1.ContinueLastTurnRequest.body:type_name -> google.protobuf.Struct
-	0,  // 16: turnwire.v1.ContinueLastTurnRequest.disconnect_policy:type_name -> turnwire.v1.DisconnectPolicy
-	5,  // 17: turnwire.v1.ContinueLastTurnRequest.client_tools:type_name -> turnwire.v1.ClientTool
-	6,  // 18: turnwire.v1.ContinueLastTurnRequest.budget:type_name -> turnwire.v1.TurnBudget
-	55, // 19: turnwire.v1.ContinueLastTurnResponse.event:type_name -> turnwire.v1.TurnEvent
-	56, // 20: turnwire.v1.Conversation.create_time:type_name -> google.protobuf.Timestamp
-	56, // 21: turnwire.v1.Conversation.update_time:type_name -> google.protobuf.Timestamp
-	54, // 22: turnwire.v1.Conversation.messages:type_name -> turnwire.v1.Message
-	14, // 23: turnwire.v1.Conversation.partial_replies:type_name -> turnwire.v1.PartialReply
-	15, // 24: turnwire.v1.Conversation.turns_without_reply:type_name -> turnwire.v1.TurnWithoutReply
-	57, // 25: turnwire.v1.Conversation.cost:type_name -> turnwire.v1.Cost
-	50, // 26: turnwire.v1.Conversation.forked_from:type_name -> turnwire.v1.ConversationFork
-	58, // 27: turnwire.v1.PartialReply.status:type_name -> turnwire.v1.TurnStatus
-	59, // 28: turnwire.v1.PartialReply.error:type_name -> google.rpc.Status
-	58, // 29: turnwire.v1.TurnWithoutReply.status:type_name -> turnwire.v1.TurnStatus
-	56, // 30: turnwire.v1.TurnWithoutReply.start_time:type_name -> google.protobuf.Timestamp
-	59, // 31: turnwire.v1.TurnWithoutReply.error:type_name -> google.rpc.Status
-	13, // 32: turnwire.v1.GetConversationResponse.conversation:type_name -> turnwire.v1.Conversation
-	13, // 33: turnwire.v1.ListConversationsResponse.conversations:type_name -> turnwire.v1.Conversation
-	55, // 34: turnwire.v1.ResumeTurnResponse.event:type_name -> turnwire.v1.TurnEvent
-	2,  // 35: turnwire.v1.Submission.state:type_name -> turnwire.v1.SubmissionState
-	53, // 36: turnwire.v1.Submission.metadata:type_name -> google.protobuf.Struct
-	56, // 37: turnwire.v1.Submission.create_time:type_name -> google.protobuf.Timestamp
-	56, // 38: turnwire.v1.Submission.start_time:type_name -> google.protobuf.Timestamp
-	56, // 39: turnwire.v1.Submission.end_time:type_name -> google.protobuf.Timestamp
-	59, // 40: turnwire.v1.Submission.error:type_name -> google.rpc.Status
-	54, // 41: turnwire.v1.SubmitMessagesRequest.messages:type_name -> turnwire.v1.Message
-	53, // 42: turnwire.v1.SubmitMessagesRequest.metadata:type_name -> google.protobuf.Struct
-	53, // 43: turnwire.v1.SubmitMessagesRequest.body:type_name -> google.protobuf.Struct
-	5,  // 44: turnwire.v1.SubmitMessagesRequest.client_tools:type_name -> turnwire.v1.ClientTool
-	1,  // 45: turnwire.v1.SubmitMessagesRequest.concurrent_input_strategy:type_name -> turnwire.v1.ConcurrentInputStrategy
-	6,  // 46: turnwire.v1.SubmitMessagesRequest.budget:type_name -> turnwire.v1.TurnBudget
-	24, // 47: turnwire.v1.SubmitMessagesResponse.submission:type_name -> turnwire.v1.Submission
-	24, // 48: turnwire.v1.GetSubmissionResponse.submission:type_name -> turnwire.v1.Submission
-	2,  // 49: turnwire.v1.ListSubmissionsRequest.state:type_name -> turnwire.v1.SubmissionState
-	24, // 50: turnwire.v1.ListSubmissionsResponse.submissions:type_name -> turnwire.v1.Submission
-	24, // 51: turnwire.v1.CancelSubmissionResponse.submission:type_name -> turnwire.v1.Submission
-	55, // 52: turnwire.v1.WatchSubmissionResponse.event:type_name -> turnwire.v1.TurnEvent
-	54, // 53: turnwire.v1.AddMessagesRequest.messages:type_name -> turnwire.v1.Message
-	3,  // 54: turnwire.v1.AddMessagesRequest.mode:type_name -> turnwire.v1.AddMode
-	13, // 55: turnwire.v1.AddMessagesResponse.conversation:type_name -> turnwire.v1.Conversation
-	39, // 56: turnwire.v1.SubmitToolResultsRequest.results:type_name -> turnwire.v1.ToolResult
-	53, // 57: turnwire.v1.SubmitToolResultsRequest.body:type_name -> google.protobuf.Struct
-	0,  // 58: turnwire.v1.SubmitToolResultsRequest.disconnect_policy:type_name -> turnwire.v1.DisconnectPolicy
-	5,  // 59: turnwire.v1.SubmitToolResultsRequest.client_tools:type_name -> turnwire.v1.ClientTool
-	1,  // 60: turnwire.v1.SubmitToolResultsRequest.concurrent_input_strategy:type_name -> turnwire.v1.ConcurrentInputStrategy
-	55, // 61: turnwire.v1.SubmitToolResultsResponse.event:type_name -> turnwire.v1.TurnEvent
-	42, // 62: turnwire.v1.SubmitToolApprovalsRequest.approvals:type_name -> turnwire.v1.ToolApproval
-	53, // 63: turnwire.v1.SubmitToolApprovalsRequest.body:type_name -> google.protobuf.Struct
-	0,  // 64: turnwire.v1.SubmitToolApprovalsRequest.disconnect_policy:type_name -> turnwire.v1.DisconnectPolicy
-	5,  // 65: turnwire.v1.SubmitToolApprovalsRequest.client_tools:type_name -> turnwire.v1.ClientTool
-	1,  // 66: turnwire.v1.SubmitToolApprovalsRequest.concurrent_input_strategy:type_name -> turnwire.v1.ConcurrentInputStrategy
-	55, // 67: turnwire.v1.SubmitToolApprovalsResponse.event:type_name -> turnwire.v1.TurnEvent
-	47, // 68: turnwire.v1.ListTurnsResponse.turns:type_name -> turnwire.v1.Turn
-	58, // 69: turnwire.v1.Turn.status:type_name -> turnwire.v1.TurnStatus
-	56, // 70: turnwire.v1.Turn.start_time:type_name -> google.protobuf.Timestamp
-	56, // 71: turnwire.v1.Turn.end_time:type_name -> google.protobuf.Timestamp
-	59, // 72: turnwire.v1.Turn.error:type_name -> google.rpc.Status
-	57, // 73: turnwire.v1.Turn.cost:type_name -> turnwire.v1.Cost
-	48, // 74: turnwire.v1.Turn.timeline:type_name -> turnwire.v1.TurnTimeline
-	56, // 75: turnwire.v1.TurnTimeline.origin:type_name -> google.protobuf.Timestamp
-	49, // 76: turnwire.v1.TurnTimeline.spans:type_name -> turnwire.v1.TimelineSpan
-	4,  // 77: turnwire.v1.TimelineSpan.kind:type_name -> turnwire.v1.TimelineSpanKind
-	13, // 78: turnwire.v1.ForkConversationResponse.conversation:type_name -> turnwire.v1.Conversation
-	7,  // 79: turnwire.v1.ChatService.Chat:input_type -> turnwire.v1.ChatRequest
-	9,  // 80: turnwire.v1.ChatService.SaveMessages:input_type -> turnwire.v1.SaveMessagesRequest
-	11, // 81: turnwire.v1.ChatService.ContinueLastTurn:input_type -> turnwire.v1.ContinueLastTurnRequest
-	16, // 82: turnwire.v1.ChatService.GetConversation:input_type -> turnwire.v1.GetConversationRequest
-	18, // 83: turnwire.v1.ChatService.ListConversations:input_type -> turnwire.v1.ListConversationsRequest
-	20, // 84: turnwire.v1.ChatService.CancelChat:input_type -> turnwire.v1.CancelChatRequest
-	22, // 85: turnwire.v1.ChatService.ResumeTurn:input_type -> turnwire.v1.ResumeTurnRequest
-	25, // 86: turnwire.v1.ChatService.SubmitMessages:input_type -> turnwire.v1.SubmitMessagesRequest
-	27, // 87: turnwire.v1.ChatService.GetSubmission:input_type -> turnwire.v1.GetSubmissionRequest
-	29, // 88: turnwire.v1.ChatService.ListSubmissions:input_type -> turnwire.v1.ListSubmissionsRequest
-	31, // 89: turnwire.v1.ChatService.CancelSubmission:input_type -> turnwire.v1.CancelSubmissionRequest
-	33, // 90: turnwire.v1.ChatService.WatchSubmission:input_type -> turnwire.v1.WatchSubmissionRequest
-	35, // 91: turnwire.v1.ChatService.AddMessages:input_type -> turnwire.v1.AddMessagesRequest
-	37, // 92: turnwire.v1.ChatService.DeleteConversation:input_type -> turnwire.v1.DeleteConversationRequest
-	40, // 93: turnwire.v1.ChatService.SubmitToolResults:input_type -> turnwire.v1.SubmitToolResultsRequest
-	43, // 94: turnwire.v1.ChatService.SubmitToolApprovals:input_type -> turnwire.v1.SubmitToolApprovalsRequest
-	45, // 95: turnwire.v1.ChatService.ListTurns:input_type -> turnwire.v1.ListTurnsRequest
-	51, // 96: turnwire.v1.ChatService.ForkConversation:input_type -> turnwire.v1.ForkConversationRequest
-	8,  // 97: turnwire.v1.ChatService.Chat:output_type -> turnwire.v1.ChatResponse
-	10, // 98: turnwire.v1.ChatService.SaveMessages:output_type -> turnwire.v1.SaveMessagesResponse
-	12, // 99: turnwire.v1.ChatService.ContinueLastTurn:output_type -> turnwire.v1.ContinueLastTurnResponse
-	17, // 100: turnwire.v1.ChatService.GetConversation:output_type -> turnwire.v1.GetConversationResponse
-	19, // 101: turnwire.v1.ChatService.ListConversations:output_type -> turnwire.v1.ListConversationsResponse
-	21, // 102: turnwire.v1.ChatService.CancelChat:output_type -> turnwire.v1.CancelChatResponse
-	23, // 103: turnwire.v1.ChatService.ResumeTurn:output_type -> turnwire.v1.ResumeTurnResponse
-	26, // 104: turnwire.v1.ChatService.SubmitMessages:output_type -> turnwire.v1.SubmitMessagesResponse
-	28, // 105: turnwire.v1.ChatService.GetSubmission:output_type -> turnwire.v1.GetSubmissionResponse
-	30, // 106: turnwire.v1.ChatService.ListSubmissions:output_type -> turnwire.v1.ListSubmissionsResponse
-	32, // 107: turnwire.v1.ChatService.CancelSubmission:output_type -> turnwire.v1.CancelSubmissionResponse
-	34, // 108: turnwire.v1.ChatService.WatchSubmission:output_type -> turnwire.v1.WatchSubmissionResponse
-	36, // 109: turnwire.v1.ChatService.AddMessages:output_type -> turnwire.v1.AddMessagesResponse
-	38, // 110: turnwire.v1.ChatService.DeleteConversation:output_type -> turnwire.v1.DeleteConversationResponse
-	41, // 111: turnwire.v1.ChatService.SubmitToolResults:output_type -> turnwire.v1.SubmitToolResultsResponse
-	44, // 112: turnwire.v1.ChatService.SubmitToolApprovals:output_type -> turnwire.v1.SubmitToolApprovalsResponse
-	46, // 113: turnwire.v1.ChatService.ListTurns:output_type -> turnwire.v1.ListTurnsResponse
-	52, // 114: turnwire.v1.ChatService.ForkConversation:output_type -> turnwire.v1.ForkConversationResponse
-	97, // [97:115] is the sub-list for method output_type
-	79, // [79:97] is the sub-list for method input_type
-	79, // [79:79] is the sub-list for extension type_name
-	79, // [79:79] is the sub-list for extension extendee
-	0,  // [0:79] is the sub-list for field type_name
+	69,  // 0: turnwire.v1.ClientTool.input_schema:type_name -> google.protobuf.Struct
+	70,  // 1: turnwire.v1.ChatRequest.message:type_name -> turnwire.v1.Message
+	69,  // 2: turnwire.v1.ChatRequest.body:type_name -> google.protobuf.Struct
+	0,   // 3: turnwire.v1.ChatRequest.disconnect_policy:type_name -> turnwire.v1.DisconnectPolicy
+	8,   // 4: turnwire.v1.ChatRequest.client_tools:type_name -> turnwire.v1.ClientTool
+	1,   // 5: turnwire.v1.ChatRequest.concurrent_input_strategy:type_name -> turnwire.v1.ConcurrentInputStrategy
+	9,   // 6: turnwire.v1.ChatRequest.budget:type_name -> turnwire.v1.TurnBudget
+	71,  // 7: turnwire.v1.ChatResponse.event:type_name -> turnwire.v1.TurnEvent
+	70,  // 8: turnwire.v1.SaveMessagesRequest.messages:type_name -> turnwire.v1.Message
+	69,  // 9: turnwire.v1.SaveMessagesRequest.body:type_name -> google.protobuf.Struct
+	0,   // 10: turnwire.v1.SaveMessagesRequest.disconnect_policy:type_name -> turnwire.v1.DisconnectPolicy
+	8,   // 11: turnwire.v1.SaveMessagesRequest.client_tools:type_name -> turnwire.v1.ClientTool
+	1,   // 12: turnwire.v1.SaveMessagesRequest.concurrent_input_strategy:type_name -> turnwire.v1.ConcurrentInputStrategy
+	9,   // 13: turnwire.v1.SaveMessagesRequest.budget:type_name -> turnwire.v1.TurnBudget
+	71,  // 14: turnwire.v1.SaveMessagesResponse.event:type_name -> turnwire.v1.TurnEvent
+	69,  // 15: turnwire.v1.ContinueLastTurnRequest.body:type_name -> google.protobuf.Struct
+	0,   // 16: turnwire.v1.ContinueLastTurnRequest.disconnect_policy:type_name -> turnwire.v1.DisconnectPolicy
+	8,   // 17: turnwire.v1.ContinueLastTurnRequest.client_tools:type_name -> turnwire.v1.ClientTool
+	9,   // 18: turnwire.v1.ContinueLastTurnRequest.budget:type_name -> turnwire.v1.TurnBudget
+	71,  // 19: turnwire.v1.ContinueLastTurnResponse.event:type_name -> turnwire.v1.TurnEvent
+	72,  // 20: turnwire.v1.Conversation.create_time:type_name -> google.protobuf.Timestamp
+	72,  // 21: turnwire.v1.Conversation.update_time:type_name -> google.protobuf.Timestamp
+	70,  // 22: turnwire.v1.Conversation.messages:type_name -> turnwire.v1.Message
+	17,  // 23: turnwire.v1.Conversation.partial_replies:type_name -> turnwire.v1.PartialReply
+	18,  // 24: turnwire.v1.Conversation.turns_without_reply:type_name -> turnwire.v1.TurnWithoutReply
+	73,  // 25: turnwire.v1.Conversation.cost:type_name -> turnwire.v1.Cost
+	53,  // 26: turnwire.v1.Conversation.forked_from:type_name -> turnwire.v1.ConversationFork
+	74,  // 27: turnwire.v1.PartialReply.status:type_name -> turnwire.v1.TurnStatus
+	75,  // 28: turnwire.v1.PartialReply.error:type_name -> google.rpc.Status
+	74,  // 29: turnwire.v1.TurnWithoutReply.status:type_name -> turnwire.v1.TurnStatus
+	72,  // 30: turnwire.v1.TurnWithoutReply.start_time:type_name -> google.protobuf.Timestamp
+	75,  // 31: turnwire.v1.TurnWithoutReply.error:type_name -> google.rpc.Status
+	16,  // 32: turnwire.v1.GetConversationResponse.conversation:type_name -> turnwire.v1.Conversation
+	16,  // 33: turnwire.v1.ListConversationsResponse.conversations:type_name -> turnwire.v1.Conversation
+	71,  // 34: turnwire.v1.ResumeTurnResponse.event:type_name -> turnwire.v1.TurnEvent
+	2,   // 35: turnwire.v1.Submission.state:type_name -> turnwire.v1.SubmissionState
+	69,  // 36: turnwire.v1.Submission.metadata:type_name -> google.protobuf.Struct
+	72,  // 37: turnwire.v1.Submission.create_time:type_name -> google.protobuf.Timestamp
+	72,  // 38: turnwire.v1.Submission.start_time:type_name -> google.protobuf.Timestamp
+	72,  // 39: turnwire.v1.Submission.end_time:type_name -> google.protobuf.Timestamp
+	75,  // 40: turnwire.v1.Submission.error:type_name -> google.rpc.Status
+	70,  // 41: turnwire.v1.SubmitMessagesRequest.messages:type_name -> turnwire.v1.Message
+	69,  // 42: turnwire.v1.SubmitMessagesRequest.metadata:type_name -> google.protobuf.Struct
+	69,  // 43: turnwire.v1.SubmitMessagesRequest.body:type_name -> google.protobuf.Struct
+	8,   // 44: turnwire.v1.SubmitMessagesRequest.client_tools:type_name -> turnwire.v1.ClientTool
+	1,   // 45: turnwire.v1.SubmitMessagesRequest.concurrent_input_strategy:type_name -> turnwire.v1.ConcurrentInputStrategy
+	9,   // 46: turnwire.v1.SubmitMessagesRequest.budget:type_name -> turnwire.v1.TurnBudget
+	27,  // 47: turnwire.v1.SubmitMessagesResponse.submission:type_name -> turnwire.v1.Submission
+	27,  // 48: turnwire.v1.GetSubmissionResponse.submission:type_name -> turnwire.v1.Submission
+	2,   // 49: turnwire.v1.ListSubmissionsRequest.state:type_name -> turnwire.v1.SubmissionState
+	27,  // 50: turnwire.v1.ListSubmissionsResponse.submissions:type_name -> turnwire.v1.Submission
+	27,  // 51: turnwire.v1.CancelSubmissionResponse.submission:type_name -> turnwire.v1.Submission
+	71,  // 52: turnwire.v1.WatchSubmissionResponse.event:type_name -> turnwire.v1.TurnEvent
+	70,  // 53: turnwire.v1.AddMessagesRequest.messages:type_name -> turnwire.v1.Message
+	3,   // 54: turnwire.v1.AddMessagesRequest.mode:type_name -> turnwire.v1.AddMode
+	16,  // 55: turnwire.v1.AddMessagesResponse.conversation:type_name -> turnwire.v1.Conversation
+	42,  // 56: turnwire.v1.SubmitToolResultsRequest.results:type_name -> turnwire.v1.ToolResult
+	69,  // 57: turnwire.v1.SubmitToolResultsRequest.body:type_name -> google.protobuf.Struct
+	0,   // 58: turnwire.v1.SubmitToolResultsRequest.disconnect_policy:type_name -> turnwire.v1.DisconnectPolicy
+	8,   // 59: turnwire.v1.SubmitToolResultsRequest.client_tools:type_name -> turnwire.v1.ClientTool
+	1,   // 60: turnwire.v1.SubmitToolResultsRequest.concurrent_input_strategy:type_name -> turnwire.v1.ConcurrentInputStrategy
+	71,  // 61: turnwire.v1.SubmitToolResultsResponse.event:type_name -> turnwire.v1.TurnEvent
+	45,  // 62: turnwire.v1.SubmitToolApprovalsRequest.approvals:type_name -> turnwire.v1.ToolApproval
+	69,  // 63: turnwire.v1.SubmitToolApprovalsRequest.body:type_name -> google.protobuf.Struct
+	0,   // 64: turnwire.v1.SubmitToolApprovalsRequest.disconnect_policy:type_name -> turnwire.v1.DisconnectPolicy
+	8,   // 65: turnwire.v1.SubmitToolApprovalsRequest.client_tools:type_name -> turnwire.v1.ClientTool
+	1,   // 66: turnwire.v1.SubmitToolApprovalsRequest.concurrent_input_strategy:type_name -> turnwire.v1.ConcurrentInputStrategy
+	71,  // 67: turnwire.v1.SubmitToolApprovalsResponse.event:type_name -> turnwire.v1.TurnEvent
+	50,  // 68: turnwire.v1.ListTurnsResponse.turns:type_name -> turnwire.v1.Turn
+	74,  // 69: turnwire.v1.Turn.status:type_name -> turnwire.v1.TurnStatus
+	72,  // 70: turnwire.v1.Turn.start_time:type_name -> google.protobuf.Timestamp
+	72,  // 71: turnwire.v1.Turn.end_time:type_name -> google.protobuf.Timestamp
+	75,  // 72: turnwire.v1.Turn.error:type_name -> google.rpc.Status
+	73,  // 73: turnwire.v1.Turn.cost:type_name -> turnwire.v1.Cost
+	51,  // 74: turnwire.v1.Turn.timeline:type_name -> turnwire.v1.TurnTimeline
+	72,  // 75: turnwire.v1.TurnTimeline.origin:type_name -> google.protobuf.Timestamp
+	52,  // 76: turnwire.v1.TurnTimeline.spans:type_name -> turnwire.v1.TimelineSpan
+	4,   // 77: turnwire.v1.TimelineSpan.kind:type_name -> turnwire.v1.TimelineSpanKind
+	16,  // 78: turnwire.v1.ForkConversationResponse.conversation:type_name -> turnwire.v1.Conversation
+	72,  // 79: turnwire.v1.Schedule.fire_time:type_name -> google.protobuf.Timestamp
+	28,  // 80: turnwire.v1.Schedule.input:type_name -> turnwire.v1.SubmitMessagesRequest
+	6,   // 81: turnwire.v1.Schedule.overlap_policy:type_name -> turnwire.v1.ScheduleOverlapPolicy
+	7,   // 82: turnwire.v1.Schedule.missed_runs_policy:type_name -> turnwire.v1.MissedRunsPolicy
+	5,   // 83: turnwire.v1.Schedule.state:type_name -> turnwire.v1.ScheduleState
+	72,  // 84: turnwire.v1.Schedule.next_fire_time:type_name -> google.protobuf.Timestamp
+	72,  // 85: turnwire.v1.Schedule.last_fire_time:type_name -> google.protobuf.Timestamp
+	72,  // 86: turnwire.v1.Schedule.create_time:type_name -> google.protobuf.Timestamp
+	72,  // 87: turnwire.v1.Schedule.update_time:type_name -> google.protobuf.Timestamp
+	56,  // 88: turnwire.v1.CreateScheduleRequest.schedule:type_name -> turnwire.v1.Schedule
+	56,  // 89: turnwire.v1.CreateScheduleResponse.schedule:type_name -> turnwire.v1.Schedule
+	56,  // 90: turnwire.v1.GetScheduleResponse.schedule:type_name -> turnwire.v1.Schedule
+	56,  // 91: turnwire.v1.ListSchedulesResponse.schedules:type_name -> turnwire.v1.Schedule
+	56,  // 92: turnwire.v1.PauseScheduleResponse.schedule:type_name -> turnwire.v1.Schedule
+	56,  // 93: turnwire.v1.ResumeScheduleResponse.schedule:type_name -> turnwire.v1.Schedule
+	10,  // 94: turnwire.v1.ChatService.Chat:input_type -> turnwire.v1.ChatRequest
+	12,  // 95: turnwire.v1.ChatService.SaveMessages:input_type -> turnwire.v1.SaveMessagesRequest
+	14,  // 96: turnwire.v1.ChatService.ContinueLastTurn:input_type -> turnwire.v1.ContinueLastTurnRequest
+	19,  // 97: turnwire.v1.ChatService.GetConversation:input_type -> turnwire.v1.GetConversationRequest
+	21,  // 98: turnwire.v1.ChatService.ListConversations:input_type -> turnwire.v1.ListConversationsRequest
+	23,  // 99: turnwire.v1.ChatService.CancelChat:input_type -> turnwire.v1.CancelChatRequest
+	25,  // 100: turnwire.v1.ChatService.ResumeTurn:input_type -> turnwire.v1.ResumeTurnRequest
+	28,  // 101: turnwire.v1.ChatService.SubmitMessages:input_type -> turnwire.v1.SubmitMessagesRequest
+	30,  // 102: turnwire.v1.ChatService.GetSubmission:input_type -> turnwire.v1.GetSubmissionRequest
+	32,  // 103: turnwire.v1.ChatService.ListSubmissions:input_type -> turnwire.v1.ListSubmissionsRequest
+	34,  // 104: turnwire.v1.ChatService.CancelSubmission:input_type -> turnwire.v1.CancelSubmissionRequest
+	36,  // 105: turnwire.v1.ChatService.WatchSubmission:input_type -> turnwire.v1.WatchSubmissionRequest
+	38,  // 106: turnwire.v1.ChatService.AddMessages:input_type -> turnwire.v1.AddMessagesRequest
+	40,  // 107: turnwire.v1.ChatService.DeleteConversation:input_type -> turnwire.v1.DeleteConversationRequest
+	43,  // 108: turnwire.v1.ChatService.SubmitToolResults:input_type -> turnwire.v1.SubmitToolResultsRequest
+	46,  // 109: turnwire.v1.ChatService.SubmitToolApprovals:input_type -> turnwire.v1.SubmitToolApprovalsRequest
+	48,  // 110: turnwire.v1.ChatService.ListTurns:input_type -> turnwire.v1.ListTurnsRequest
+	54,  // 111: turnwire.v1.ChatService.ForkConversation:input_type -> turnwire.v1.ForkConversationRequest
+	57,  // 112: turnwire.v1.ChatService.CreateSchedule:input_type -> turnwire.v1.CreateScheduleRequest
+	59,  // 113: turnwire.v1.ChatService.GetSchedule:input_type -> turnwire.v1.GetScheduleRequest
+	61,  // 114: turnwire.v1.ChatService.ListSchedules:input_type -> turnwire.v1.ListSchedulesRequest
+	63,  // 115: turnwire.v1.ChatService.PauseSchedule:input_type -> turnwire.v1.PauseScheduleRequest
+	65,  // 116: turnwire.v1.ChatService.ResumeSchedule:input_type -> turnwire.v1.ResumeScheduleRequest
+	67,  // 117: turnwire.v1.ChatService.DeleteSchedule:input_type -> turnwire.v1.DeleteScheduleRequest
+	11,  // 118: turnwire.v1.ChatService.Chat:output_type -> turnwire.v1.ChatResponse
+	13,  // 119: turnwire.v1.ChatService.SaveMessages:output_type -> turnwire.v1.SaveMessagesResponse
+	15,  // 120: turnwire.v1.ChatService.ContinueLastTurn:output_type -> turnwire.v1.ContinueLastTurnResponse
+	20,  // 121: turnwire.v1.ChatService.GetConversation:output_type -> turnwire.v1.GetConversationResponse
+	22,  // 122: turnwire.v1.ChatService.ListConversations:output_type -> turnwire.v1.ListConversationsResponse
+	24,  // 123: turnwire.v1.ChatService.CancelChat:output_type -> turnwire.v1.CancelChatResponse
+	26,  // 124: turnwire.v1.ChatService.ResumeTurn:output_type -> turnwire.v1.ResumeTurnResponse
+	29,  // 125: turnwire.v1.ChatService.SubmitMessages:output_type -> turnwire.v1.SubmitMessagesResponse
+	31,  // 126: turnwire.v1.ChatService.GetSubmission:output_type -> turnwire.v1.GetSubmissionResponse
+	33,  // 127: turnwire.v1.ChatService.ListSubmissions:output_type -> turnwire.v1.ListSubmissionsResponse
+	35,  // 128: turnwire.v1.ChatService.CancelSubmission:output_type -> turnwire.v1.CancelSubmissionResponse
+	37,  // 129: turnwire.v1.ChatService.WatchSubmission:output_type -> turnwire.v1.WatchSubmissionResponse
+	39,  // 130: turnwire.v1.ChatService.AddMessages:output_type -> turnwire.v1.AddMessagesResponse
+	41,  // 131: turnwire.v1.ChatService.DeleteConversation:output_type -> turnwire.v1.DeleteConversationResponse
+	44,  // 132: turnwire.v1.ChatService.SubmitToolResults:output_type -> turnwire.v1.SubmitToolResultsResponse
+	47,  // 133: turnwire.v1.ChatService.SubmitToolApprovals:output_type -> turnwire.v1.SubmitToolApprovalsResponse
+	49,  // 134: turnwire.v1.ChatService.ListTurns:output_type -> turnwire.v1.ListTurnsResponse
+	55,  // 135: turnwire.v1.ChatService.ForkConversation:output_type -> turnwire.v1.ForkConversationResponse
+	58,  // 136: turnwire.v1.ChatService.CreateSchedule:output_type -> turnwire.v1.CreateScheduleResponse
+	60,  // 137: turnwire.v1.ChatService.GetSchedule:output_type -> turnwire.v1.GetScheduleResponse
+	62,  // 138: turnwire.v1.ChatService.ListSchedules:output_type -> turnwire.v1.ListSchedulesResponse
+	64,  // 139: turnwire.v1.ChatService.PauseSchedule:output_type -> turnwire.v1.PauseScheduleResponse
+	66,  // 140: turnwire.v1.ChatService.ResumeSchedule:output_type -> turnwire.v1.ResumeScheduleResponse
+	68,  // 141: turnwire.v1.ChatService.DeleteSchedule:output_type -> turnwire.v1.DeleteScheduleResponse
+	118, // [118:142] is the sub-list for method output_type
+	94,  // [94:118] is the sub-list for method input_type
+	94,  // [94:94] is the sub-list for extension type_name
+	94,  // [94:94] is the sub-list for extension extendee
+	0,   // [0:94] is the sub-list for field type_name
 }
 
 func init() { file_turnwire_v1_chat_service_proto_init() }
@@ -5463,6 +6669,162 @@ func file_turnwire_v1_chat_service_proto_init() {
 				return nil
 			}
 		}
+		file_turnwire_v1_chat_service_proto_msgTypes[48].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*Schedule); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_chat_service_proto_msgTypes[49].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*CreateScheduleRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_chat_service_proto_msgTypes[50].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*CreateScheduleResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_chat_service_proto_msgTypes[51].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*GetScheduleRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_chat_service_proto_msgTypes[52].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*GetScheduleResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_chat_service_proto_msgTypes[53].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*ListSchedulesRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_chat_service_proto_msgTypes[54].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*ListSchedulesResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_chat_service_proto_msgTypes[55].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*PauseScheduleRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_chat_service_proto_msgTypes[56].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*PauseScheduleResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_chat_service_proto_msgTypes[57].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*ResumeScheduleRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_chat_service_proto_msgTypes[58].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*ResumeScheduleResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_chat_service_proto_msgTypes[59].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*DeleteScheduleRequest); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
+		file_turnwire_v1_chat_service_proto_msgTypes[60].Exporter = func(v interface{}, i int) interface{} {
+			switch v := v.(*DeleteScheduleResponse); i {
+			case 0:
+				return &v.state
+			case 1:
+				return &v.sizeCache
+			case 2:
+				return &v.unknownFields
+			default:
+				return nil
+			}
+		}
 	}
 	file_turnwire_v1_chat_service_proto_msgTypes[1].OneofWrappers = []interface{}{}
 	file_turnwire_v1_chat_service_proto_msgTypes[44].OneofWrappers = []interface{}{}
@@ -5471,8 +6833,8 @@ func file_turnwire_v1_chat_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: file_turnwire_v1_chat_service_proto_rawDesc,
-			NumEnums:      5,
-			NumMessages:   48,
+			NumEnums:      8,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -221,6 +221,103 @@ TIMELINE_SPAN_KIND_COMPACTION: TimelineSpanKind.ValueType  # 7
 """A compaction of the conversation's history (docs/semantics.md §9)."""
 Global___TimelineSpanKind: _TypeAlias = TimelineSpanKind  # noqa: Y015
 
+class _ScheduleState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ScheduleStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ScheduleState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SCHEDULE_STATE_UNSPECIFIED: _ScheduleState.ValueType  # 0
+    """Not set."""
+    SCHEDULE_STATE_ACTIVE: _ScheduleState.ValueType  # 1
+    """It fires at `next_fire_time`."""
+    SCHEDULE_STATE_PAUSED: _ScheduleState.ValueType  # 2
+    """PauseSchedule stopped it; ResumeSchedule starts it again."""
+    SCHEDULE_STATE_COMPLETED: _ScheduleState.ValueType  # 3
+    """It will not fire again: a single-time schedule that fired (or whose time
+    was skipped), or a cron expression with no time left.
+    """
+
+class ScheduleState(_ScheduleState, metaclass=_ScheduleStateEnumTypeWrapper):
+    """ScheduleState is where a schedule is in its life."""
+
+SCHEDULE_STATE_UNSPECIFIED: ScheduleState.ValueType  # 0
+"""Not set."""
+SCHEDULE_STATE_ACTIVE: ScheduleState.ValueType  # 1
+"""It fires at `next_fire_time`."""
+SCHEDULE_STATE_PAUSED: ScheduleState.ValueType  # 2
+"""PauseSchedule stopped it; ResumeSchedule starts it again."""
+SCHEDULE_STATE_COMPLETED: ScheduleState.ValueType  # 3
+"""It will not fire again: a single-time schedule that fired (or whose time
+was skipped), or a cron expression with no time left.
+"""
+Global___ScheduleState: _TypeAlias = ScheduleState  # noqa: Y015
+
+class _ScheduleOverlapPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ScheduleOverlapPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ScheduleOverlapPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SCHEDULE_OVERLAP_POLICY_UNSPECIFIED: _ScheduleOverlapPolicy.ValueType  # 0
+    """SCHEDULE_OVERLAP_POLICY_SKIP."""
+    SCHEDULE_OVERLAP_POLICY_SKIP: _ScheduleOverlapPolicy.ValueType  # 1
+    """Make no submission for this fire; it counts in `skipped_count`."""
+    SCHEDULE_OVERLAP_POLICY_ENQUEUE: _ScheduleOverlapPolicy.ValueType  # 2
+    """Make the submission anyway: it waits in its conversation's queue, first
+    in, first out (with a new conversation per run, runs overlap).
+    """
+
+class ScheduleOverlapPolicy(_ScheduleOverlapPolicy, metaclass=_ScheduleOverlapPolicyEnumTypeWrapper):
+    """ScheduleOverlapPolicy is what a fire does while the schedule's previous
+    submission is still pending or running.
+    """
+
+SCHEDULE_OVERLAP_POLICY_UNSPECIFIED: ScheduleOverlapPolicy.ValueType  # 0
+"""SCHEDULE_OVERLAP_POLICY_SKIP."""
+SCHEDULE_OVERLAP_POLICY_SKIP: ScheduleOverlapPolicy.ValueType  # 1
+"""Make no submission for this fire; it counts in `skipped_count`."""
+SCHEDULE_OVERLAP_POLICY_ENQUEUE: ScheduleOverlapPolicy.ValueType  # 2
+"""Make the submission anyway: it waits in its conversation's queue, first
+in, first out (with a new conversation per run, runs overlap).
+"""
+Global___ScheduleOverlapPolicy: _TypeAlias = ScheduleOverlapPolicy  # noqa: Y015
+
+class _MissedRunsPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MissedRunsPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MissedRunsPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MISSED_RUNS_POLICY_UNSPECIFIED: _MissedRunsPolicy.ValueType  # 0
+    """MISSED_RUNS_POLICY_SKIP."""
+    MISSED_RUNS_POLICY_SKIP: _MissedRunsPolicy.ValueType  # 1
+    """Make none of them; they count in `skipped_count`. The schedule fires next
+    at its first time after now.
+    """
+    MISSED_RUNS_POLICY_RUN_ONCE: _MissedRunsPolicy.ValueType  # 2
+    """Make one submission now for all of them, then go on from the first time
+    after now.
+    """
+
+class MissedRunsPolicy(_MissedRunsPolicy, metaclass=_MissedRunsPolicyEnumTypeWrapper):
+    """MissedRunsPolicy is what happens to fires whose time passed while no
+    replica was up to make them (more than the server's
+    `schedules.misfire_grace_seconds` late).
+    """
+
+MISSED_RUNS_POLICY_UNSPECIFIED: MissedRunsPolicy.ValueType  # 0
+"""MISSED_RUNS_POLICY_SKIP."""
+MISSED_RUNS_POLICY_SKIP: MissedRunsPolicy.ValueType  # 1
+"""Make none of them; they count in `skipped_count`. The schedule fires next
+at its first time after now.
+"""
+MISSED_RUNS_POLICY_RUN_ONCE: MissedRunsPolicy.ValueType  # 2
+"""Make one submission now for all of them, then go on from the first time
+after now.
+"""
+Global___MissedRunsPolicy: _TypeAlias = MissedRunsPolicy  # noqa: Y015
+
 @_typing.final
 class ClientTool(_message.Message):
     """ClientTool is a tool the client runs itself, offered to the model for one
@@ -2053,3 +2150,417 @@ class ForkConversationResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ForkConversationResponse: _TypeAlias = ForkConversationResponse  # noqa: Y015
+
+@_typing.final
+class Schedule(_message.Message):
+    """Schedule submits the same input on a cron expression or once at a time
+    (docs/schedules.md).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    CRON_FIELD_NUMBER: _builtins.int
+    TIME_ZONE_FIELD_NUMBER: _builtins.int
+    FIRE_TIME_FIELD_NUMBER: _builtins.int
+    INPUT_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_TEMPLATE_FIELD_NUMBER: _builtins.int
+    OVERLAP_POLICY_FIELD_NUMBER: _builtins.int
+    MISSED_RUNS_POLICY_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    NEXT_FIRE_TIME_FIELD_NUMBER: _builtins.int
+    LAST_FIRE_TIME_FIELD_NUMBER: _builtins.int
+    LAST_SUBMISSION_ID_FIELD_NUMBER: _builtins.int
+    FIRE_COUNT_FIELD_NUMBER: _builtins.int
+    SKIPPED_COUNT_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """The schedule's id (1-128 characters of [A-Za-z0-9._:-]). Output only: set
+    it with CreateScheduleRequest.schedule_id.
+    """
+    cron: _builtins.str
+    """A cron expression: five fields (minute hour day-of-month month
+    day-of-week) or six with seconds first, read as Debian's cron reads
+    them (its DST rules included) in `time_zone`. Exactly one of `cron` and
+    `fire_time` is set.
+    """
+    time_zone: _builtins.str
+    """The IANA time zone `cron` is read in (`Europe/Paris`); empty means UTC."""
+    conversation_id_template: _builtins.str
+    """When set, each run goes to a new conversation whose id is this template
+    with `{schedule_id}`, `{fire_number}` and `{fire_time}` (UTC,
+    `20261203T070000Z`) replaced.
+    """
+    overlap_policy: Global___ScheduleOverlapPolicy.ValueType
+    """What a fire does while the previous run is still pending or running."""
+    missed_runs_policy: Global___MissedRunsPolicy.ValueType
+    """What happens to fires missed while no replica was up."""
+    state: Global___ScheduleState.ValueType
+    """Where it is. Output only."""
+    last_submission_id: _builtins.str
+    """The submission its last fire made. Output only."""
+    fire_count: _builtins.int
+    """How many submissions its fires made. Output only."""
+    skipped_count: _builtins.int
+    """How many fires made no submission (overlap, missed, or the conversation's
+    pending submissions at their limit). Output only.
+    """
+    @_builtins.property
+    def fire_time(self) -> _timestamp_pb2.Timestamp:
+        """The single time to fire at, instead of `cron`."""
+
+    @_builtins.property
+    def input(self) -> Global___SubmitMessagesRequest:
+        """What each fire submits, as SubmitMessages takes it: `conversation_id`
+        is the conversation every run goes to (unless
+        `conversation_id_template` is set), and the messages leave `id` empty
+        (each fire's messages get ids from its submission). `submission_id` and
+        `idempotency_key` stay empty (each fire's submission id is
+        `<schedule_id>.<fire number>`, with `tw-` put before a schedule id that
+        does not start with it), and the concurrent input strategy is ENQUEUE or
+        unset.
+        """
+
+    @_builtins.property
+    def next_fire_time(self) -> _timestamp_pb2.Timestamp:
+        """When it fires next; unset once it will not fire again. Output only."""
+
+    @_builtins.property
+    def last_fire_time(self) -> _timestamp_pb2.Timestamp:
+        """When it last fired (the time it was due). Output only."""
+
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was created. Output only."""
+
+    @_builtins.property
+    def update_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was last changed (created, paused, resumed, fired). Output only.
+        Field 17 is left for the webhook endpoint a schedule's fires notify
+        (issue 41, webhooks): a schedule names an endpoint as a submission does.
+        """
+
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+        cron: _builtins.str = ...,
+        time_zone: _builtins.str = ...,
+        fire_time: _timestamp_pb2.Timestamp | None = ...,
+        input: Global___SubmitMessagesRequest | None = ...,
+        conversation_id_template: _builtins.str = ...,
+        overlap_policy: Global___ScheduleOverlapPolicy.ValueType = ...,
+        missed_runs_policy: Global___MissedRunsPolicy.ValueType = ...,
+        state: Global___ScheduleState.ValueType = ...,
+        next_fire_time: _timestamp_pb2.Timestamp | None = ...,
+        last_fire_time: _timestamp_pb2.Timestamp | None = ...,
+        last_submission_id: _builtins.str = ...,
+        fire_count: _builtins.int = ...,
+        skipped_count: _builtins.int = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        update_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "fire_time", b"fire_time", "input", b"input", "last_fire_time", b"last_fire_time", "next_fire_time", b"next_fire_time", "update_time", b"update_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id_template", b"conversation_id_template", "create_time", b"create_time", "cron", b"cron", "fire_count", b"fire_count", "fire_time", b"fire_time", "input", b"input", "last_fire_time", b"last_fire_time", "last_submission_id", b"last_submission_id", "missed_runs_policy", b"missed_runs_policy", "next_fire_time", b"next_fire_time", "overlap_policy", b"overlap_policy", "schedule_id", b"schedule_id", "skipped_count", b"skipped_count", "state", b"state", "time_zone", b"time_zone", "update_time", b"update_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Schedule: _TypeAlias = Schedule  # noqa: Y015
+
+@_typing.final
+class CreateScheduleRequest(_message.Message):
+    """CreateScheduleRequest is the input of ChatService.CreateSchedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """Optional client-chosen id (1-128 characters of [A-Za-z0-9._:-]); assigned
+    when empty. An id already in use is ALREADY_EXISTS.
+    """
+    @_builtins.property
+    def schedule(self) -> Global___Schedule:
+        """The schedule to create (its output-only fields are ignored)."""
+
+    def __init__(
+        self,
+        *,
+        schedule: Global___Schedule | None = ...,
+        schedule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule", "schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateScheduleRequest: _TypeAlias = CreateScheduleRequest  # noqa: Y015
+
+@_typing.final
+class CreateScheduleResponse(_message.Message):
+    """CreateScheduleResponse is the output of ChatService.CreateSchedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> Global___Schedule:
+        """The schedule as stored, with its first `next_fire_time`."""
+
+    def __init__(
+        self,
+        *,
+        schedule: Global___Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateScheduleResponse: _TypeAlias = CreateScheduleResponse  # noqa: Y015
+
+@_typing.final
+class GetScheduleRequest(_message.Message):
+    """GetScheduleRequest is the input of ChatService.GetSchedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """The schedule's id."""
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetScheduleRequest: _TypeAlias = GetScheduleRequest  # noqa: Y015
+
+@_typing.final
+class GetScheduleResponse(_message.Message):
+    """GetScheduleResponse is the output of ChatService.GetSchedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> Global___Schedule:
+        """The schedule."""
+
+    def __init__(
+        self,
+        *,
+        schedule: Global___Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetScheduleResponse: _TypeAlias = GetScheduleResponse  # noqa: Y015
+
+@_typing.final
+class ListSchedulesRequest(_message.Message):
+    """ListSchedulesRequest is the input of ChatService.ListSchedules."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Maximum number to return: 1-100; 0 means 50; larger values are coerced
+    to 100.
+    """
+    page_token: _builtins.str
+    """The `next_page_token` of a previous call; empty for the first page."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSchedulesRequest: _TypeAlias = ListSchedulesRequest  # noqa: Y015
+
+@_typing.final
+class ListSchedulesResponse(_message.Message):
+    """ListSchedulesResponse is the output of ChatService.ListSchedules."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token for the next page; empty when there are no more."""
+    @_builtins.property
+    def schedules(self) -> _containers.RepeatedCompositeFieldContainer[Global___Schedule]:
+        """The schedules, by id."""
+
+    def __init__(
+        self,
+        *,
+        schedules: _abc.Iterable[Global___Schedule] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "schedules", b"schedules"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSchedulesResponse: _TypeAlias = ListSchedulesResponse  # noqa: Y015
+
+@_typing.final
+class PauseScheduleRequest(_message.Message):
+    """PauseScheduleRequest is the input of ChatService.PauseSchedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """The schedule's id."""
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseScheduleRequest: _TypeAlias = PauseScheduleRequest  # noqa: Y015
+
+@_typing.final
+class PauseScheduleResponse(_message.Message):
+    """PauseScheduleResponse is the output of ChatService.PauseSchedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> Global___Schedule:
+        """The schedule after the pause."""
+
+    def __init__(
+        self,
+        *,
+        schedule: Global___Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseScheduleResponse: _TypeAlias = PauseScheduleResponse  # noqa: Y015
+
+@_typing.final
+class ResumeScheduleRequest(_message.Message):
+    """ResumeScheduleRequest is the input of ChatService.ResumeSchedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """The schedule's id."""
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeScheduleRequest: _TypeAlias = ResumeScheduleRequest  # noqa: Y015
+
+@_typing.final
+class ResumeScheduleResponse(_message.Message):
+    """ResumeScheduleResponse is the output of ChatService.ResumeSchedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> Global___Schedule:
+        """The schedule after the resume."""
+
+    def __init__(
+        self,
+        *,
+        schedule: Global___Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeScheduleResponse: _TypeAlias = ResumeScheduleResponse  # noqa: Y015
+
+@_typing.final
+class DeleteScheduleRequest(_message.Message):
+    """DeleteScheduleRequest is the input of ChatService.DeleteSchedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    ALLOW_MISSING_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """The schedule's id."""
+    allow_missing: _builtins.bool
+    """Succeed when the schedule does not exist (AIP-135)."""
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+        allow_missing: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_missing", b"allow_missing", "schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteScheduleRequest: _TypeAlias = DeleteScheduleRequest  # noqa: Y015
+
+@_typing.final
+class DeleteScheduleResponse(_message.Message):
+    """DeleteScheduleResponse is the output of ChatService.DeleteSchedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_FIELD_NUMBER: _builtins.int
+    deleted: _builtins.bool
+    """True when a schedule was deleted (false only with `allow_missing`)."""
+    def __init__(
+        self,
+        *,
+        deleted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteScheduleResponse: _TypeAlias = DeleteScheduleResponse  # noqa: Y015

@@ -133,6 +133,36 @@ class ChatServiceStub:
                 request_serializer=turnwire_dot_v1_dot_chat__service__pb2.ForkConversationRequest.SerializeToString,
                 response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ForkConversationResponse.FromString,
                 _registered_method=True)
+        self.CreateSchedule = channel.unary_unary(
+                '/turnwire.v1.ChatService/CreateSchedule',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.CreateScheduleRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.CreateScheduleResponse.FromString,
+                _registered_method=True)
+        self.GetSchedule = channel.unary_unary(
+                '/turnwire.v1.ChatService/GetSchedule',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.GetScheduleRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.GetScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListSchedules = channel.unary_unary(
+                '/turnwire.v1.ChatService/ListSchedules',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ListSchedulesResponse.FromString,
+                _registered_method=True)
+        self.PauseSchedule = channel.unary_unary(
+                '/turnwire.v1.ChatService/PauseSchedule',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.PauseScheduleRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.PauseScheduleResponse.FromString,
+                _registered_method=True)
+        self.ResumeSchedule = channel.unary_unary(
+                '/turnwire.v1.ChatService/ResumeSchedule',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.ResumeScheduleRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ResumeScheduleResponse.FromString,
+                _registered_method=True)
+        self.DeleteSchedule = channel.unary_unary(
+                '/turnwire.v1.ChatService/DeleteSchedule',
+                request_serializer=turnwire_dot_v1_dot_chat__service__pb2.DeleteScheduleRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.DeleteScheduleResponse.FromString,
+                _registered_method=True)
 
 
 class ChatServiceServicer:
@@ -303,6 +333,53 @@ class ChatServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSchedule(self, request, context):
+        """CreateSchedule stores a schedule that submits `Schedule.input` on a cron
+        expression in a time zone, or once at a given time (docs/schedules.md).
+        Each fire is a submission (SubmitMessages' FIFO, durability, recovery,
+        hooks and budgets apply), made exactly once across replicas and restarts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSchedule(self, request, context):
+        """GetSchedule returns one schedule.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchedules(self, request, context):
+        """ListSchedules lists the caller's schedules by id (AIP-158 pagination).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseSchedule(self, request, context):
+        """PauseSchedule stops a schedule's fires until ResumeSchedule; fires due
+        meanwhile are not made. Pausing a paused schedule changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSchedule(self, request, context):
+        """ResumeSchedule lets a paused schedule fire again, from its next time
+        after now. Resuming an active schedule changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """DeleteSchedule deletes a schedule; the submissions it made stay.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChatServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -395,6 +472,36 @@ def add_ChatServiceServicer_to_server(servicer, server):
                     servicer.ForkConversation,
                     request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ForkConversationRequest.FromString,
                     response_serializer=turnwire_dot_v1_dot_chat__service__pb2.ForkConversationResponse.SerializeToString,
+            ),
+            'CreateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSchedule,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.CreateScheduleRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.CreateScheduleResponse.SerializeToString,
+            ),
+            'GetSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSchedule,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.GetScheduleRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.GetScheduleResponse.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.ListSchedulesResponse.SerializeToString,
+            ),
+            'PauseSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSchedule,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.PauseScheduleRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.PauseScheduleResponse.SerializeToString,
+            ),
+            'ResumeSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSchedule,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.ResumeScheduleRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.ResumeScheduleResponse.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.DeleteScheduleRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_chat__service__pb2.DeleteScheduleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -892,6 +999,168 @@ class ChatService:
             '/turnwire.v1.ChatService/ForkConversation',
             turnwire_dot_v1_dot_chat__service__pb2.ForkConversationRequest.SerializeToString,
             turnwire_dot_v1_dot_chat__service__pb2.ForkConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/CreateSchedule',
+            turnwire_dot_v1_dot_chat__service__pb2.CreateScheduleRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.CreateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/GetSchedule',
+            turnwire_dot_v1_dot_chat__service__pb2.GetScheduleRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.GetScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/ListSchedules',
+            turnwire_dot_v1_dot_chat__service__pb2.ListSchedulesRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.ListSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/PauseSchedule',
+            turnwire_dot_v1_dot_chat__service__pb2.PauseScheduleRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.PauseScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/ResumeSchedule',
+            turnwire_dot_v1_dot_chat__service__pb2.ResumeScheduleRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.ResumeScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/DeleteSchedule',
+            turnwire_dot_v1_dot_chat__service__pb2.DeleteScheduleRequest.SerializeToString,
+            turnwire_dot_v1_dot_chat__service__pb2.DeleteScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

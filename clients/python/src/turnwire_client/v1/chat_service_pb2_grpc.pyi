@@ -124,6 +124,26 @@ class ChatServiceStub:
     and regenerate is a fork at the message before the edited one, then a
     turn with the edited message on the fork (docs/forks.md).
     """
+    CreateSchedule: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.CreateScheduleRequest, _chat_service_pb2.CreateScheduleResponse]
+    """CreateSchedule stores a schedule that submits `Schedule.input` on a cron
+    expression in a time zone, or once at a given time (docs/schedules.md).
+    Each fire is a submission (SubmitMessages' FIFO, durability, recovery,
+    hooks and budgets apply), made exactly once across replicas and restarts.
+    """
+    GetSchedule: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.GetScheduleRequest, _chat_service_pb2.GetScheduleResponse]
+    """GetSchedule returns one schedule."""
+    ListSchedules: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.ListSchedulesRequest, _chat_service_pb2.ListSchedulesResponse]
+    """ListSchedules lists the caller's schedules by id (AIP-158 pagination)."""
+    PauseSchedule: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.PauseScheduleRequest, _chat_service_pb2.PauseScheduleResponse]
+    """PauseSchedule stops a schedule's fires until ResumeSchedule; fires due
+    meanwhile are not made. Pausing a paused schedule changes nothing.
+    """
+    ResumeSchedule: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.ResumeScheduleRequest, _chat_service_pb2.ResumeScheduleResponse]
+    """ResumeSchedule lets a paused schedule fire again, from its next time
+    after now. Resuming an active schedule changes nothing.
+    """
+    DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.DeleteScheduleRequest, _chat_service_pb2.DeleteScheduleResponse]
+    """DeleteSchedule deletes a schedule; the submissions it made stay."""
 
 @_typing.type_check_only
 class ChatServiceAsyncStub(ChatServiceStub):
@@ -221,6 +241,26 @@ class ChatServiceAsyncStub(ChatServiceStub):
     and regenerate is a fork at the message before the edited one, then a
     turn with the edited message on the fork (docs/forks.md).
     """
+    CreateSchedule: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.CreateScheduleRequest, _chat_service_pb2.CreateScheduleResponse]  # type: ignore[assignment]
+    """CreateSchedule stores a schedule that submits `Schedule.input` on a cron
+    expression in a time zone, or once at a given time (docs/schedules.md).
+    Each fire is a submission (SubmitMessages' FIFO, durability, recovery,
+    hooks and budgets apply), made exactly once across replicas and restarts.
+    """
+    GetSchedule: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.GetScheduleRequest, _chat_service_pb2.GetScheduleResponse]  # type: ignore[assignment]
+    """GetSchedule returns one schedule."""
+    ListSchedules: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.ListSchedulesRequest, _chat_service_pb2.ListSchedulesResponse]  # type: ignore[assignment]
+    """ListSchedules lists the caller's schedules by id (AIP-158 pagination)."""
+    PauseSchedule: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.PauseScheduleRequest, _chat_service_pb2.PauseScheduleResponse]  # type: ignore[assignment]
+    """PauseSchedule stops a schedule's fires until ResumeSchedule; fires due
+    meanwhile are not made. Pausing a paused schedule changes nothing.
+    """
+    ResumeSchedule: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.ResumeScheduleRequest, _chat_service_pb2.ResumeScheduleResponse]  # type: ignore[assignment]
+    """ResumeSchedule lets a paused schedule fire again, from its next time
+    after now. Resuming an active schedule changes nothing.
+    """
+    DeleteSchedule: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.DeleteScheduleRequest, _chat_service_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
+    """DeleteSchedule deletes a schedule; the submissions it made stay."""
 
 class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
     """ChatService runs persisted, multi-step chat turns. Each turn-running RPC
@@ -423,5 +463,61 @@ class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
         and regenerate is a fork at the message before the edited one, then a
         turn with the edited message on the fork (docs/forks.md).
         """
+
+    @_abc_1.abstractmethod
+    def CreateSchedule(
+        self,
+        request: _chat_service_pb2.CreateScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.CreateScheduleResponse, _abc.Awaitable[_chat_service_pb2.CreateScheduleResponse]]:
+        """CreateSchedule stores a schedule that submits `Schedule.input` on a cron
+        expression in a time zone, or once at a given time (docs/schedules.md).
+        Each fire is a submission (SubmitMessages' FIFO, durability, recovery,
+        hooks and budgets apply), made exactly once across replicas and restarts.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSchedule(
+        self,
+        request: _chat_service_pb2.GetScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.GetScheduleResponse, _abc.Awaitable[_chat_service_pb2.GetScheduleResponse]]:
+        """GetSchedule returns one schedule."""
+
+    @_abc_1.abstractmethod
+    def ListSchedules(
+        self,
+        request: _chat_service_pb2.ListSchedulesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.ListSchedulesResponse, _abc.Awaitable[_chat_service_pb2.ListSchedulesResponse]]:
+        """ListSchedules lists the caller's schedules by id (AIP-158 pagination)."""
+
+    @_abc_1.abstractmethod
+    def PauseSchedule(
+        self,
+        request: _chat_service_pb2.PauseScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.PauseScheduleResponse, _abc.Awaitable[_chat_service_pb2.PauseScheduleResponse]]:
+        """PauseSchedule stops a schedule's fires until ResumeSchedule; fires due
+        meanwhile are not made. Pausing a paused schedule changes nothing.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeSchedule(
+        self,
+        request: _chat_service_pb2.ResumeScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.ResumeScheduleResponse, _abc.Awaitable[_chat_service_pb2.ResumeScheduleResponse]]:
+        """ResumeSchedule lets a paused schedule fire again, from its next time
+        after now. Resuming an active schedule changes nothing.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteSchedule(
+        self,
+        request: _chat_service_pb2.DeleteScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.DeleteScheduleResponse, _abc.Awaitable[_chat_service_pb2.DeleteScheduleResponse]]:
+        """DeleteSchedule deletes a schedule; the submissions it made stay."""
 
 def add_ChatServiceServicer_to_server(servicer: ChatServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

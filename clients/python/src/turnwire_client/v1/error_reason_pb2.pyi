@@ -147,6 +147,14 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     RetryInfo says when a period's budget resets (none for a budget that
     never resets).
     """
+    ERROR_REASON_SCHEDULE_NOT_FOUND: _ErrorReason.ValueType  # 40
+    """No schedule has this id (docs/schedules.md). ErrorInfo metadata
+    `schedule_id`.
+    """
+    ERROR_REASON_SCHEDULE_EXISTS: _ErrorReason.ValueType  # 41
+    """CreateSchedule named a schedule id already in use. ErrorInfo metadata
+    `schedule_id`.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the `google.rpc.ErrorInfo.reason` values Turnwire sends,
@@ -278,5 +286,13 @@ stored. google.rpc.QuotaFailure names the budget (`turn`,
 `conversation` or `tenant/day` …) and ErrorInfo metadata `budget` too;
 RetryInfo says when a period's budget resets (none for a budget that
 never resets).
+"""
+ERROR_REASON_SCHEDULE_NOT_FOUND: ErrorReason.ValueType  # 40
+"""No schedule has this id (docs/schedules.md). ErrorInfo metadata
+`schedule_id`.
+"""
+ERROR_REASON_SCHEDULE_EXISTS: ErrorReason.ValueType  # 41
+"""CreateSchedule named a schedule id already in use. ErrorInfo metadata
+`schedule_id`.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -1,0 +1,23 @@
+-- turnwire: readable-by 10
+-- Schedules (issue 41, docs/schedules.md): one row per schedule.
+-- id: the key (with its tenant's prefix); state: active, paused, completed; spec: a serialized
+-- turnwire.v1.Schedule (timing, input, policies; opaque to the store); next_fire_at: when it
+-- fires next, microseconds since the Unix epoch, UTC (NULL once it will not fire again). A fire
+-- claims the row (FOR UPDATE SKIP LOCKED on PostgreSQL), creates its submission and moves
+-- next_fire_at on in one transaction: exactly once across replicas and restarts.
+-- Expand-only: older code never reads the table.
+CREATE TABLE schedules (
+    id                 TEXT PRIMARY KEY,
+    state              TEXT    NOT NULL,
+    spec               BLOB   NOT NULL,
+    next_fire_at       INTEGER,
+    fire_count         INTEGER  NOT NULL DEFAULT 0,
+    skipped_count      INTEGER  NOT NULL DEFAULT 0,
+    last_fire_at       INTEGER,
+    last_submission_id TEXT,
+    principal          TEXT,
+    create_time        INTEGER  NOT NULL,
+    update_time        INTEGER  NOT NULL
+);
+-- The scheduler's poll: the active schedules that are due, most overdue first.
+CREATE INDEX schedules_due ON schedules (next_fire_at) WHERE state = 'active';
