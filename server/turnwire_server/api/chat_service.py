@@ -31,6 +31,7 @@ from turnwire_server.api.tenancy import caller_principal, listing_prefix, scoped
 from turnwire_server.api.tool_result_rpcs import ToolResultRpcs
 from turnwire_server.api.transcript_rpcs import TranscriptRpcs
 from turnwire_server.api.turn_rpcs import TurnRpcs
+from turnwire_server.api.webhook_rpcs import WebhookRpcs
 from turnwire_server.api.turn_streams import (
     Started,
     abort,
@@ -55,6 +56,7 @@ from turnwire_server.engine.submissions import Submissions
 from turnwire_server.store.base import ConversationRecord, EngineStore, TurnRecord
 from turnwire_server.store.errors import InvalidPageToken, StoreError
 from turnwire_server.turn_places import turn_places
+from turnwire_server.webhooks.settings import WebhookSettings
 
 log = logging.getLogger("turnwire.api")
 
@@ -98,7 +100,12 @@ def _turn_without_reply(turn: TurnRecord) -> chat_service_pb2.TurnWithoutReply:
 
 
 class ChatService(
-    SubmissionRpcs, TranscriptRpcs, ToolResultRpcs, TurnRpcs, chat_service_pb2_grpc.ChatServiceServicer
+    SubmissionRpcs,
+    TranscriptRpcs,
+    ToolResultRpcs,
+    TurnRpcs,
+    WebhookRpcs,
+    chat_service_pb2_grpc.ChatServiceServicer,
 ):
     """Implements ``turnwire.v1.ChatService`` on a :class:`~turnwire_server.engine.TurnEngine`.
 
@@ -106,7 +113,8 @@ class ChatService(
     RPCs is a mixin in its own module (:class:`SubmissionRpcs`, …).
     ``max_message_bytes`` bounds each input message (``limits.max_message_bytes``);
     ``progress_interval`` is the silence (seconds; 0: off) after which a turn stream sends a
-    Progress keepalive (``limits.progress_interval_seconds``).
+    Progress keepalive (``limits.progress_interval_seconds``); ``webhooks`` is the ``webhooks:``
+    section a request's webhook target is checked against (docs/webhooks.md).
     """
 
     def __init__(
@@ -118,8 +126,10 @@ class ChatService(
         default_model: str,
         max_message_bytes: int,
         progress_interval: float = 0.0,
+        webhooks: WebhookSettings | None = None,
     ) -> None:
         self.engine = engine
+        self.webhooks = WebhookSettings() if webhooks is None else webhooks
         self.store = store
         self.submissions = submissions
         self.default_model = default_model

@@ -21,6 +21,7 @@ from typing import Protocol, runtime_checkable
 
 from turnwire.types import Cost
 from turnwire_client.v1 import message_pb2
+from turnwire_server.store.webhooks import WebhookStore
 from turnwire_server.store.records import (
     AddMode,
     AddResult,
@@ -633,7 +634,7 @@ class ReachableStore(Protocol):
 
 
 @runtime_checkable
-class Store(EngineStore, Protocol):
+class Store(EngineStore, WebhookStore, Protocol):
     """Persistence for conversations, messages and turns.
 
     The union of the role protocols above (the engine's collaborators take the role they use),

@@ -22,6 +22,7 @@ import psycopg_pool
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.message_cache import DecodedMessages
 from turnwire_server.store.core.reads import CoreReads
+from turnwire_server.store.core.webhook_store import CoreWebhooks
 from turnwire_server.store.core.sql import Program
 from turnwire_server.store.core.writes import ALONE, Commit, CoreWrites
 from turnwire_server.store.errors import StoreError, StoreUnreachable, StoreValueRefused
@@ -85,7 +86,7 @@ out; one back from use more recently is not, so the hot path pays no check per s
 T = TypeVar("T")
 
 
-class PostgresConnection(CoreWrites, CoreReads):
+class PostgresConnection(CoreWrites, CoreReads, CoreWebhooks):
     """The pool, the listener and the transactions of one PostgreSQL store (arguments: see
     :class:`~turnwire_server.store.postgres.PostgresStore`)."""
 

@@ -28,6 +28,7 @@ from turnwire_server.store.core import turn_writes
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.message_cache import DecodedMessages
 from turnwire_server.store.core.reads import CoreReads
+from turnwire_server.store.core.webhook_store import CoreWebhooks
 from turnwire_server.store.core.sql import Program
 from turnwire_server.store.core.turn_writes import prepare_start_turn
 from turnwire_server.store.core.writes import ALONE, Commit, CoreWrites
@@ -83,7 +84,7 @@ def _read_only_mount_problem(kind: str, path: Path) -> str:
     )
 
 
-class SqliteStore(CoreWrites, CoreReads):
+class SqliteStore(CoreWrites, CoreReads, CoreWebhooks):
     """:class:`~turnwire_server.store.base.Store` on one SQLite database file, for one process.
 
     ``path`` is the database file; missing parent directories are created at

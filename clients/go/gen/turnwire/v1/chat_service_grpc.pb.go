@@ -75,6 +75,9 @@ type ChatServiceClient interface {
 	// The turns of a conversation, most recently started first, each with how it
 	// ended, its cost and its timeline (docs/inspector.md). Read-only.
 	ListTurns(ctx context.Context, in *ListTurnsRequest, opts ...grpc.CallOption) (*ListTurnsResponse, error)
+	// The webhook deliveries of the caller's submissions (docs/webhooks.md),
+	// oldest first, each with every attempt. Read-only.
+	ListWebhookDeliveries(ctx context.Context, in *ListWebhookDeliveriesRequest, opts ...grpc.CallOption) (*ListWebhookDeliveriesResponse, error)
 }
 
 type chatServiceClient struct {
@@ -399,6 +402,15 @@ func (c *chatServiceClient) ListTurns(ctx context.Context, in *ListTurnsRequest,
 	return out, nil
 }
 
+func (c *chatServiceClient) ListWebhookDeliveries(ctx context.Context, in *ListWebhookDeliveriesRequest, opts ...grpc.CallOption) (*ListWebhookDeliveriesResponse, error) {
+	out := new(ListWebhookDeliveriesResponse)
+	err := c.cc.Invoke(ctx, "/turnwire.v1.ChatService/ListWebhookDeliveries", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ChatServiceServer is the server API for ChatService service.
 // All implementations must embed UnimplementedChatServiceServer
 // for forward compatibility
@@ -461,6 +473,9 @@ type ChatServiceServer interface {
 	// The turns of a conversation, most recently started first, each with how it
 	// ended, its cost and its timeline (docs/inspector.md). Read-only.
 	ListTurns(context.Context, *ListTurnsRequest) (*ListTurnsResponse, error)
+	// The webhook deliveries of the caller's submissions (docs/webhooks.md),
+	// oldest first, each with every attempt. Read-only.
+	ListWebhookDeliveries(context.Context, *ListWebhookDeliveriesRequest) (*ListWebhookDeliveriesResponse, error)
 	mustEmbedUnimplementedChatServiceServer()
 }
 
@@ -518,6 +533,9 @@ func (UnimplementedChatServiceServer) SubmitToolApprovals(*SubmitToolApprovalsRe
 }
 func (UnimplementedChatServiceServer) ListTurns(context.Context, *ListTurnsRequest) (*ListTurnsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListTurns not implemented")
+}
+func (UnimplementedChatServiceServer) ListWebhookDeliveries(context.Context, *ListWebhookDeliveriesRequest) (*ListWebhookDeliveriesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListWebhookDeliveries not implemented")
 }
 func (UnimplementedChatServiceServer) mustEmbedUnimplementedChatServiceServer() {}
 
@@ -859,6 +877,24 @@ func _ChatService_ListTurns_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ChatService_ListWebhookDeliveries_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWebhookDeliveriesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ChatServiceServer).ListWebhookDeliveries(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/turnwire.v1.ChatService/ListWebhookDeliveries",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ChatServiceServer).ListWebhookDeliveries(ctx, req.(*ListWebhookDeliveriesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _ChatService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "turnwire.v1.ChatService",
 	HandlerType: (*ChatServiceServer)(nil),
@@ -902,6 +938,10 @@ var _ChatService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListTurns",
 			Handler:    _ChatService_ListTurns_Handler,
+		},
+		{
+			MethodName: "ListWebhookDeliveries",
+			Handler:    _ChatService_ListWebhookDeliveries_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

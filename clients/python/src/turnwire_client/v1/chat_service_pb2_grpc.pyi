@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from grpc import aio as _aio
 from turnwire_client.v1 import chat_service_pb2 as _chat_service_pb2
+from turnwire_client.v1 import webhook_pb2 as _webhook_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -115,6 +116,10 @@ class ChatServiceStub:
     """The turns of a conversation, most recently started first, each with how it
     ended, its cost and its timeline (docs/inspector.md). Read-only.
     """
+    ListWebhookDeliveries: _grpc.UnaryUnaryMultiCallable[_webhook_pb2.ListWebhookDeliveriesRequest, _webhook_pb2.ListWebhookDeliveriesResponse]
+    """The webhook deliveries of the caller's submissions (docs/webhooks.md),
+    oldest first, each with every attempt. Read-only.
+    """
 
 @_typing.type_check_only
 class ChatServiceAsyncStub(ChatServiceStub):
@@ -202,6 +207,10 @@ class ChatServiceAsyncStub(ChatServiceStub):
     ListTurns: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.ListTurnsRequest, _chat_service_pb2.ListTurnsResponse]  # type: ignore[assignment]
     """The turns of a conversation, most recently started first, each with how it
     ended, its cost and its timeline (docs/inspector.md). Read-only.
+    """
+    ListWebhookDeliveries: _aio.UnaryUnaryMultiCallable[_webhook_pb2.ListWebhookDeliveriesRequest, _webhook_pb2.ListWebhookDeliveriesResponse]  # type: ignore[assignment]
+    """The webhook deliveries of the caller's submissions (docs/webhooks.md),
+    oldest first, each with every attempt. Read-only.
     """
 
 class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -389,6 +398,16 @@ class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_chat_service_pb2.ListTurnsResponse, _abc.Awaitable[_chat_service_pb2.ListTurnsResponse]]:
         """The turns of a conversation, most recently started first, each with how it
         ended, its cost and its timeline (docs/inspector.md). Read-only.
+        """
+
+    @_abc_1.abstractmethod
+    def ListWebhookDeliveries(
+        self,
+        request: _webhook_pb2.ListWebhookDeliveriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_webhook_pb2.ListWebhookDeliveriesResponse, _abc.Awaitable[_webhook_pb2.ListWebhookDeliveriesResponse]]:
+        """The webhook deliveries of the caller's submissions (docs/webhooks.md),
+        oldest first, each with every attempt. Read-only.
         """
 
 def add_ChatServiceServicer_to_server(servicer: ChatServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
