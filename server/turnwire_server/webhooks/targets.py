@@ -78,7 +78,7 @@ class _CheckedResolver(AbstractResolver):
                 refused.add(reason)
         if not passed:
             raise TargetRefused(
-                f"host {host!r} resolves only to {' and '.join(sorted(refused))} addresses, which "
+                f"the target's host resolves only to {' and '.join(sorted(refused))} addresses, which "
                 "webhooks do not call unless webhooks.allowed_networks includes them"
             )
         return passed
@@ -152,7 +152,7 @@ class WebhookCaller:
         reason = refusal_of(address, self._allowed)
         if reason is not None:
             raise TargetRefused(
-                f"{host} is a {reason} address, which webhooks do not call unless "
+                f"the target's host is a {reason} address, which webhooks do not call unless "
                 "webhooks.allowed_networks includes it"
             )
 
