@@ -659,6 +659,9 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
         (8, "0008_turn_costs"),
         (9, "0009_budgets"),
         (10, "0010_turn_timelines"),
+        (11, "0011_reserved_forks"),
+        (12, "0012_reserved_schedules"),
+        (13, "0013_webhooks"),
     ]
     assert isinstance(rows[0][2], int)
     assert {
