@@ -13,7 +13,7 @@ import grpc
 import pytest
 from standardwebhooks import Webhook
 from support.endless import endless_step
-from support.sidecar import SidecarFactory
+from support.sidecar import SidecarFactory, run_turnwire
 from support.waiting import wait_until
 from support.webhook_receiver import WebhookReceiver, new_secret, webhook_receiver
 
@@ -129,6 +129,11 @@ async def test_500_twice_then_200_makes_three_calls_with_one_id(sidecar_factory:
             assert len({c.body for c in receiver.calls}) == 1  # the same payload each time
             for index in range(3):
                 verified(receiver, secret, index)
+        # The CLI lists the same.
+        listed = await run_turnwire("webhooks", "deliveries", "--submission", "s-retry", "--target", sidecar.target)
+        assert listed.code == 0, listed.stderr
+        assert delivery.delivery_id in listed.stdout and "delivered" in listed.stdout
+        assert [line.split(" · ")[2] for line in listed.stdout.splitlines()[1:]] == ["HTTP 500", "HTTP 500", "HTTP 200"]
     assert await sidecar.terminate() == 0, sidecar.log_text()
 
 
