@@ -57,7 +57,9 @@ async def _all(store: Store, **filters: str) -> list[str]:
 
 async def test_every_way_a_submission_ends_writes_one_delivery_with_its_event(store: Store) -> None:
     for sid in ("t/done", "t/cancelled", "t/expired", "t/plain"):
-        await store.create_submission(_submission(sid, endpoint=None if sid == "t/plain" else "orders"), max_open=10)
+        await store.create_submission(
+            _submission(sid, endpoint=None if sid == "t/plain" else "orders"), max_open=10
+        )
     # Completed through its turn's end (finish_turn), in the same transaction.
     await store.start_turn(_turn("t/done"), [_user("u1")])
     await store.finish_turn(dataclasses.replace(_turn("t/done"), state="completed", end_time=T0), None)
@@ -74,7 +76,9 @@ async def test_every_way_a_submission_ends_writes_one_delivery_with_its_event(st
     assert by_submission["t/done"].delivery_id == delivery_id_of("t/done")
     assert all(d.state == "pending" and d.endpoint == "orders" and d.attempt_count == 0 for d in page)
     # Ending again writes nothing twice.
-    await store.end_submission("t/cancelled", "aborted", b"again", only_from=("pending", "running", "aborted"))
+    await store.end_submission(
+        "t/cancelled", "aborted", b"again", only_from=("pending", "running", "aborted")
+    )
     assert len(await _all(store)) == 3
 
 
@@ -85,7 +89,9 @@ async def test_claims_are_leased_and_every_attempt_is_recorded(store_backend: St
         await store.create_submission(_submission("t/s1"), max_open=10)
         await store.end_submission("t/s1", "completed", None, only_from=("pending",))
         lease = T0 + dt.timedelta(seconds=30)
-        (claimed,) = await store.claim_webhook_deliveries("replica-a", LATER, LATER + dt.timedelta(seconds=30), 10)
+        (claimed,) = await store.claim_webhook_deliveries(
+            "replica-a", LATER, LATER + dt.timedelta(seconds=30), 10
+        )
         assert claimed.attempt_count == 1
         # Held: the same owner does not claim it twice while its attempt runs.
         assert await store.claim_webhook_deliveries("replica-a", LATER, lease, 10) == []
@@ -93,7 +99,9 @@ async def test_claims_are_leased_and_every_attempt_is_recorded(store_backend: St
         failed = AttemptResult("pending", 1500, 500, "HTTP 500", retry_at)
         assert await store.finish_webhook_attempt(claimed.delivery_id, "replica-a", 1, failed, LATER)
         assert await store.claim_webhook_deliveries("replica-a", LATER, lease, 10) == []  # not due yet
-        (second,) = await store.claim_webhook_deliveries("replica-a", retry_at, retry_at + dt.timedelta(seconds=30), 10)
+        (second,) = await store.claim_webhook_deliveries(
+            "replica-a", retry_at, retry_at + dt.timedelta(seconds=30), 10
+        )
         assert second.attempt_count == 2
         # A stale owner's result moves nothing (another replica took the delivery over).
         late = AttemptResult("delivered", 10, 200)
@@ -110,7 +118,9 @@ async def test_claims_are_leased_and_every_attempt_is_recorded(store_backend: St
         await store.close()
 
 
-async def test_a_lapsed_lease_is_claimed_by_another_replica(store: Store, store_backend: StoreBackend) -> None:
+async def test_a_lapsed_lease_is_claimed_by_another_replica(
+    store: Store, store_backend: StoreBackend
+) -> None:
     await store.create_submission(_submission("t/s1"), max_open=10)
     await store.end_submission("t/s1", "error", b"boom", only_from=("pending",))
     until = LATER + dt.timedelta(seconds=10)
@@ -131,7 +141,8 @@ async def test_the_listing_is_tenant_scoped_filtered_and_paged(store: Store) -> 
         await store.end_submission(f"t/s{n}", "completed", None, only_from=("pending",))
     await store.create_submission(_submission("u/s9", conversation="u/c0"), max_open=10)
     await store.end_submission("u/s9", "completed", None, only_from=("pending",))
-    seen, token = [], ""
+    seen: list[str] = []
+    token = ""
     while True:
         page, token = await store.list_webhook_deliveries(2, token, id_prefix="t/")
         seen.extend(d.submission_id for d in page)

@@ -56,11 +56,12 @@ async def deliveries(client: TurnwireClient, submission_id: str) -> list[webhook
 async def ended(client: TurnwireClient, submission_id: str) -> webhook_pb2.WebhookDelivery:
     """The submission's one delivery, once delivered or failed."""
 
-    async def done() -> webhook_pb2.WebhookDelivery | None:
+    async def done() -> list[webhook_pb2.WebhookDelivery]:
         found = await deliveries(client, submission_id)
-        return found[0] if found and found[0].state in (DELIVERED, FAILED) else None
+        return found if found and found[0].state in (DELIVERED, FAILED) else []
 
-    return await wait_until(done, what=f"the webhook delivery of {submission_id} ends")
+    (delivery,) = await wait_until(done, what=f"the webhook delivery of {submission_id} ends")
+    return delivery
 
 
 def verified(receiver: WebhookReceiver, secret: str, index: int) -> dict[str, Any]:
@@ -79,9 +80,13 @@ async def test_calls_are_signed_per_the_specification_on_completion_failure_and_
             done = await client.submit_messages("wh", "hello", submission_id="s-done", webhook="app")
             assert done.submission.webhook.endpoint == "app"
             await ended(client, "s-done")
-            await client.submit_messages("wh", "fail", submission_id="s-fail", model="scripted:broken", webhook="app")
+            await client.submit_messages(
+                "wh", "fail", submission_id="s-fail", model="scripted:broken", webhook="app"
+            )
             await ended(client, "s-fail")
-            await client.submit_messages("wh-2", "go", submission_id="s-cancel", model="scripted:endless", webhook="app")
+            await client.submit_messages(
+                "wh-2", "go", submission_id="s-cancel", model="scripted:endless", webhook="app"
+            )
             await client.cancel_submission("s-cancel")
             cancelled = await ended(client, "s-cancel")
             await client.submit_messages("wh", "quiet", submission_id="s-none")  # no target: no call
@@ -100,7 +105,9 @@ async def test_calls_are_signed_per_the_specification_on_completion_failure_and_
             assert by_submission["s-cancel"]["type"] == "turn.cancelled"
             assert by_submission["s-cancel"]["data"]["state"] == "aborted"
             # The id is the delivery's, listed with its attempt.
-            ids = {json.loads(c.body)["data"]["submission_id"]: c.headers["webhook-id"] for c in receiver.calls}
+            ids = {
+                json.loads(c.body)["data"]["submission_id"]: c.headers["webhook-id"] for c in receiver.calls
+            }
             assert ids["s-cancel"] == cancelled.delivery_id
             assert [(a.attempt, a.http_status) for a in cancelled.attempts] == [(1, 200)]
             assert cancelled.event_type == "turn.cancelled" and cancelled.target.endpoint == "app"
@@ -130,10 +137,16 @@ async def test_500_twice_then_200_makes_three_calls_with_one_id(sidecar_factory:
             for index in range(3):
                 verified(receiver, secret, index)
         # The CLI lists the same.
-        listed = await run_turnwire("webhooks", "deliveries", "--submission", "s-retry", "--target", sidecar.target)
+        listed = await run_turnwire(
+            "webhooks", "deliveries", "--submission", "s-retry", "--target", sidecar.target
+        )
         assert listed.code == 0, listed.stderr
         assert delivery.delivery_id in listed.stdout and "delivered" in listed.stdout
-        assert [line.split(" · ")[2] for line in listed.stdout.splitlines()[1:]] == ["HTTP 500", "HTTP 500", "HTTP 200"]
+        assert [line.split(" · ")[2] for line in listed.stdout.splitlines()[1:]] == [
+            "HTTP 500",
+            "HTTP 500",
+            "HTTP 200",
+        ]
     assert await sidecar.terminate() == 0, sidecar.log_text()
 
 
@@ -161,7 +174,9 @@ async def test_a_loopback_target_is_refused_by_default(sidecar_factory: SidecarF
     assert await sidecar.terminate() == 0, sidecar.log_text()
 
 
-async def test_sigkill_between_the_end_and_the_delivery_still_delivers(sidecar_factory: SidecarFactory) -> None:
+async def test_sigkill_between_the_end_and_the_delivery_still_delivers(
+    sidecar_factory: SidecarFactory,
+) -> None:
     secret = new_secret()
     # The first call is held open: the sidecar dies with its attempt unanswered.
     async with webhook_receiver([None]) as receiver:

@@ -44,7 +44,9 @@ class WebhookReceiver:
         self._released.set()
 
     async def _handle(self, request: web.Request) -> web.Response:
-        self.calls.append(ReceivedCall({k.lower(): v for k, v in request.headers.items()}, await request.read()))
+        self.calls.append(
+            ReceivedCall({k.lower(): v for k, v in request.headers.items()}, await request.read())
+        )
         status = self._statuses.pop(0) if self._statuses else 200
         if status is None:
             await self._released.wait()

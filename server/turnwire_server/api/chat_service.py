@@ -31,7 +31,6 @@ from turnwire_server.api.tenancy import caller_principal, listing_prefix, scoped
 from turnwire_server.api.tool_result_rpcs import ToolResultRpcs
 from turnwire_server.api.transcript_rpcs import TranscriptRpcs
 from turnwire_server.api.turn_rpcs import TurnRpcs
-from turnwire_server.api.webhook_rpcs import WebhookRpcs
 from turnwire_server.api.turn_streams import (
     Started,
     abort,
@@ -49,6 +48,7 @@ from turnwire_server.api.validation import (
     json_object,
     raise_if_any,
 )
+from turnwire_server.api.webhook_rpcs import WebhookRpcs
 from turnwire_server.engine import TurnEngine, TurnHandle, TurnRequest
 from turnwire_server.engine.budget_settings import BudgetLimit
 from turnwire_server.engine.ids import new_request_id

@@ -30,7 +30,6 @@ from turnwire_server.api.status import (
 )
 from turnwire_server.api.tenancy import caller_principal, listing_prefix, local_id, scoped_key
 from turnwire_server.api.turn_streams import abort, strategy_of, trace_context
-from turnwire_server.api.webhook_rpcs import check_webhook_target
 from turnwire_server.api.validation import (
     check_budget,
     check_id,
@@ -39,6 +38,7 @@ from turnwire_server.api.validation import (
     json_object,
     raise_if_any,
 )
+from turnwire_server.api.webhook_rpcs import check_webhook_target
 from turnwire_server.engine import TurnEngine, TurnRequest
 from turnwire_server.engine.errors import AdmissionRefused, SubmissionNotFound, TurnStreamNotFound
 from turnwire_server.engine.ids import (

@@ -70,7 +70,9 @@ def check_webhook_target(
     return None, None
 
 
-def _checked_url(url: str, path: str, settings: WebhookSettings, violations: list[tuple[str, str]]) -> str | None:
+def _checked_url(
+    url: str, path: str, settings: WebhookSettings, violations: list[tuple[str, str]]
+) -> str | None:
     if not settings.allow_request_urls:
         violations.append(
             (path, "this server takes no per-request webhook URLs; name a configured endpoint instead")
@@ -164,7 +166,9 @@ class WebhookRpcs:
         except InvalidPageToken:
             await abort(
                 context,
-                invalid_page_token("for these filters", "with the same submission_id, conversation_id and state,"),
+                invalid_page_token(
+                    "for these filters", "with the same submission_id, conversation_id and state,"
+                ),
             )
             raise AssertionError("unreachable") from None
         except StoreError as error:
@@ -173,4 +177,3 @@ class WebhookRpcs:
         return webhook_pb2.ListWebhookDeliveriesResponse(
             deliveries=[delivery_proto(r) for r in records], next_page_token=token
         )
-

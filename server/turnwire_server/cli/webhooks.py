@@ -87,7 +87,9 @@ def _print_delivery(out: Console, delivery: webhook_pb2.WebhookDelivery) -> None
             outcome += f" ({attempt.error})"
         took = f" · {attempt.duration.ToMilliseconds()} ms" if attempt.HasField("duration") else ""
         out.print(
-            Text(f"  attempt {attempt.attempt} · {utc_time(attempt.start_time)} · {outcome}{took}", style="dim"),
+            Text(
+                f"  attempt {attempt.attempt} · {utc_time(attempt.start_time)} · {outcome}{took}", style="dim"
+            ),
             soft_wrap=True,
             highlight=False,
         )

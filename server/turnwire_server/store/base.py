@@ -21,7 +21,6 @@ from typing import Protocol, runtime_checkable
 
 from turnwire.types import Cost
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.webhooks import WebhookStore
 from turnwire_server.store.records import (
     AddMode,
     AddResult,
@@ -45,6 +44,7 @@ from turnwire_server.store.records import (
     TurnState,
     renewed_lease,
 )
+from turnwire_server.store.webhooks import WebhookStore
 
 __all__ = [
     "AddMode",

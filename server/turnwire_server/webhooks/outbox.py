@@ -37,14 +37,17 @@ _SWEEP_BATCH = 500
 def backoff_seconds(attempt: int, settings: WebhookSettings) -> float:
     """The wait after failed attempt ``attempt`` (from 1): ``initial_backoff_seconds`` doubling
     per attempt, at most ``max_backoff_seconds``."""
-    return min(settings.initial_backoff_seconds * 2 ** min(attempt - 1, 40), settings.max_backoff_seconds)
+    doubled: float = settings.initial_backoff_seconds * 2.0 ** min(attempt - 1, 40)
+    return min(doubled, settings.max_backoff_seconds)
 
 
 class WebhookOutbox:
     """Makes the calls of the deliveries in ``store`` (see the module docstring) as replica
     ``owner``. :meth:`start` in the event loop, :meth:`stop` before the store closes."""
 
-    def __init__(self, store: WebhookStore, settings: WebhookSettings, signers: Signers, *, owner: str) -> None:
+    def __init__(
+        self, store: WebhookStore, settings: WebhookSettings, signers: Signers, *, owner: str
+    ) -> None:
         self._store = store
         self._settings = settings
         self._signers = signers
@@ -118,7 +121,12 @@ class WebhookOutbox:
                 delivery.delivery_id, self._owner, delivery.attempt_count, result, now
             )
         except Exception as error:  # the lease lapses and the attempt is made again
-            log.error("webhook %s: recording attempt %d failed: %s", delivery.delivery_id, delivery.attempt_count, error)
+            log.error(
+                "webhook %s: recording attempt %d failed: %s",
+                delivery.delivery_id,
+                delivery.attempt_count,
+                error,
+            )
             return
         level = logging.INFO if result.state != "failed" else logging.WARNING
         log.log(

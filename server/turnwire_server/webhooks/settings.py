@@ -71,7 +71,9 @@ class WebhookSettings(ConfigSection):
     max_backoff_seconds: float = Field(3_600.0, gt=0, le=86_400)
     timeout_seconds: float = Field(10.0, gt=0, le=120)
     max_response_bytes: int = Field(65_536, ge=0, le=16 << 20)
-    poll_interval_seconds: float = Field(1.0, gt=0, le=60, description="how often due deliveries are looked for")
+    poll_interval_seconds: float = Field(
+        1.0, gt=0, le=60, description="how often due deliveries are looked for"
+    )
     max_in_flight: int = Field(16, ge=1, le=1000, description="attempts one replica runs at once")
     retention_seconds: float = Field(7 * 86_400.0, ge=0)
 

@@ -86,7 +86,9 @@ class Signers:
             for name, endpoint in settings.endpoints.items()
         }
         self._urls = {name: endpoint.url for name, endpoint in settings.endpoints.items()}
-        self._own = None if settings.secret_env is None else _signer(env, settings.secret_env, "webhooks.secret_env")
+        self._own = (
+            None if settings.secret_env is None else _signer(env, settings.secret_env, "webhooks.secret_env")
+        )
 
     def endpoint(self, name: str) -> tuple[str, Webhook] | None:
         """The URL and signer of the endpoint ``name``; None when it is not configured (any

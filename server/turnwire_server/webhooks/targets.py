@@ -176,7 +176,9 @@ class WebhookCaller:
         except aiohttp.ClientConnectorError as error:
             if isinstance(error.os_error, TargetRefused):
                 return CallOutcome(None, str(error.os_error), refused=True)
-            return CallOutcome(None, f"cannot connect: {error.os_error.strerror or type(error.os_error).__name__}")
+            return CallOutcome(
+                None, f"cannot connect: {error.os_error.strerror or type(error.os_error).__name__}"
+            )
         except TimeoutError:
             return CallOutcome(None, f"no answer within {self._timeout.total:g} s")
         except aiohttp.ClientError as error:

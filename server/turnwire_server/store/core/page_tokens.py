@@ -126,7 +126,7 @@ def decode_submission_token(
 
 
 def encode_delivery_token(
-    create_us: int, delivery_id: str, submission_id: str, conversation_id: str, state: str, id_prefix: str
+    create_us: int, delivery_id: str, *, submission_id: str, conversation_id: str, state: str, id_prefix: str
 ) -> str:
     """The token of the delivery listing's page after the delivery ``delivery_id`` (an id without
     a tenant prefix) created at ``create_us``, for these filters in the scope ``id_prefix``."""

@@ -57,7 +57,9 @@ class CoreWebhooks:
         now_us = to_us(now, "now")
         return await self._commit(
             f"finish_webhook_attempt({delivery_id!r}, {attempt})",
-            lambda _: webhook_writes.finish_attempt(delivery_id, owner, attempt, result, now_us, self._dialect),
+            lambda _: webhook_writes.finish_attempt(
+                delivery_id, owner, attempt, result, now_us=now_us, dialect=self._dialect
+            ),
         )
 
     async def list_webhook_deliveries(
@@ -82,7 +84,9 @@ class CoreWebhooks:
         if rows:
             ids = [row[0] for row in rows[:page_size]]
             sql, params = webhook_writes.attempts_query(ids)
-            attempts = webhook_writes.attempts_from_rows(await self._read("list_webhook_attempts", sql, params))
+            attempts = webhook_writes.attempts_from_rows(
+                await self._read("list_webhook_attempts", sql, params)
+            )
         return webhook_writes.delivery_page(rows, attempts, page_size, **filters)
 
     async def delete_webhook_deliveries(self, ended_before: dt.datetime, limit: int) -> int:

@@ -32,8 +32,8 @@ __all__ = [
     "attempts_from_rows",
     "attempts_query",
     "claim_deliveries",
-    "deliveries_on_end",
     "delete_ended_deliveries",
+    "deliveries_on_end",
     "delivery_from_row",
     "delivery_id_of",
     "delivery_page",
@@ -142,7 +142,7 @@ def claim_deliveries(
 
 
 def finish_attempt(
-    delivery_id: str, owner: str, attempt: int, result: AttemptResult, now_us: int, dialect: Dialect
+    delivery_id: str, owner: str, attempt: int, result: AttemptResult, *, now_us: int, dialect: Dialect
 ) -> Program[bool]:
     """``WebhookStore.finish_webhook_attempt``: the attempt row completed; the delivery moved
     only while ``owner`` still holds it at ``attempt`` (else False)."""
@@ -270,5 +270,12 @@ def delivery_page(
     token = ""
     if len(rows) > page_size and records:
         last = rows[page_size - 1]
-        token = encode_delivery_token(last[8], last[0], submission_id, conversation_id, state, id_prefix)
+        token = encode_delivery_token(
+            last[8],
+            last[0],
+            submission_id=submission_id,
+            conversation_id=conversation_id,
+            state=state,
+            id_prefix=id_prefix,
+        )
     return records, token

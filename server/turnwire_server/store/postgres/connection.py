@@ -22,8 +22,8 @@ import psycopg_pool
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.message_cache import DecodedMessages
 from turnwire_server.store.core.reads import CoreReads
-from turnwire_server.store.core.webhook_store import CoreWebhooks
 from turnwire_server.store.core.sql import Program
+from turnwire_server.store.core.webhook_store import CoreWebhooks
 from turnwire_server.store.core.writes import ALONE, Commit, CoreWrites
 from turnwire_server.store.errors import StoreError, StoreUnreachable, StoreValueRefused
 from turnwire_server.store.metrics import COMMIT_DURATION

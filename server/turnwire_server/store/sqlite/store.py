@@ -28,9 +28,9 @@ from turnwire_server.store.core import turn_writes
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.message_cache import DecodedMessages
 from turnwire_server.store.core.reads import CoreReads
-from turnwire_server.store.core.webhook_store import CoreWebhooks
 from turnwire_server.store.core.sql import Program
 from turnwire_server.store.core.turn_writes import prepare_start_turn
+from turnwire_server.store.core.webhook_store import CoreWebhooks
 from turnwire_server.store.core.writes import ALONE, Commit, CoreWrites
 from turnwire_server.store.errors import StoreError, StoreInUse
 from turnwire_server.store.sqlite.db import DB_ERRORS, DIALECT, run_program, store_error
