@@ -8,15 +8,14 @@ import dataclasses
 import datetime as dt
 
 import pytest
+from support.store_turns import T0, started_turn
 from support.stores import StoreBackend
 
-from turnwire_client.v1 import message_pb2
-from turnwire_server.store import InvalidPageToken, Store, TurnRecord
+from turnwire_server.store import InvalidPageToken, Store
 from turnwire_server.store.base import SubmissionRecord
 from turnwire_server.store.core.webhook_writes import delivery_id_of
 from turnwire_server.store.webhooks import AttemptResult
 
-T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 LATER = T0 + dt.timedelta(days=3650)  # every row is due by then
 
 
@@ -32,48 +31,30 @@ def _submission(sid: str, conversation: str = "t/c", *, endpoint: str | None = "
     )
 
 
-def _turn(request_id: str, conversation: str = "t/c") -> TurnRecord:
-    return TurnRecord(
-        request_id=request_id,
-        conversation_id=conversation,
-        assistant_message_id=f"tw-a-{request_id}",
-        continuation=False,
-        model="scripted:x",
-        state="running",
-        start_time=T0,
-    )
-
-
-def _user(message_id: str) -> message_pb2.Message:
-    message = message_pb2.Message(id=message_id, role=message_pb2.ROLE_USER)
-    message.parts.add().text.text = message_id
-    return message
-
-
 async def _all(store: Store, **filters: str) -> list[str]:
     page, _ = await store.list_webhook_deliveries(100, "", **filters)
     return [d.submission_id for d in page]
 
 
 async def test_every_way_a_submission_ends_writes_one_delivery_with_its_event(store: Store) -> None:
-    for sid in ("t/done", "t/cancelled", "t/expired", "t/plain"):
+    for sid in ("t/c-r0", "t/cancelled", "t/expired", "t/plain"):
         await store.create_submission(
             _submission(sid, endpoint=None if sid == "t/plain" else "orders"), max_open=10
         )
     # Completed through its turn's end (finish_turn), in the same transaction.
-    await store.start_turn(_turn("t/done"), [_user("u1")])
-    await store.finish_turn(dataclasses.replace(_turn("t/done"), state="completed", end_time=T0), None)
+    turn = await started_turn(store, "c", 0, key_prefix="t/")
+    await store.finish_turn(dataclasses.replace(turn, state="completed", end_time=T0), None)
     await store.end_submission("t/cancelled", "aborted", b"why", only_from=("pending", "running"))
     await store.expire_submissions(T0 + dt.timedelta(seconds=1), 10, b"expired")
     page, token = await store.list_webhook_deliveries(10, "")
     assert token == ""
     by_submission = {d.submission_id: d for d in page}
-    assert set(by_submission) == {"t/done", "t/cancelled", "t/expired"}  # none for the one without a target
-    assert by_submission["t/done"].event_type == "turn.completed"
+    assert set(by_submission) == {"t/c-r0", "t/cancelled", "t/expired"}  # none for the one without a target
+    assert by_submission["t/c-r0"].event_type == "turn.completed"
     assert by_submission["t/cancelled"].event_type == "turn.cancelled"
     assert by_submission["t/cancelled"].error == b"why"
     assert by_submission["t/expired"].event_type == "turn.failed"
-    assert by_submission["t/done"].delivery_id == delivery_id_of("t/done")
+    assert by_submission["t/c-r0"].delivery_id == delivery_id_of("t/c-r0")
     assert all(d.state == "pending" and d.endpoint == "orders" and d.attempt_count == 0 for d in page)
     # Ending again writes nothing twice.
     await store.end_submission(

@@ -15,7 +15,7 @@ from turnwire_client.v1 import webhook_pb2
 from turnwire_server.cli.connection import Connection, ConnectionOptions, client_command
 from turnwire_server.cli.errors import print_call_error
 from turnwire_server.cli.exit_codes import EXIT_OK
-from turnwire_server.cli.parts import or_stderr, utc_time
+from turnwire_server.cli.parts import or_stderr, print_listing_end, utc_time
 
 __all__ = ["deliveries", "run_deliveries", "webhooks_app"]
 
@@ -64,10 +64,7 @@ async def run_deliveries(
                     break
     except TurnwireError as error:
         return print_call_error(or_stderr(err_console), connection, error)
-    if shown == 0:
-        out.print(Text("(no webhook deliveries)", style="dim"), soft_wrap=True)
-    elif page_token:
-        out.print(Text(f"(more than {shown}; use --limit to see more)", style="dim"), soft_wrap=True)
+    print_listing_end(out, shown, bool(page_token), "no webhook deliveries")
     return EXIT_OK
 
 
