@@ -7,6 +7,7 @@ turn's end and the delivery still delivers after the restart."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -14,6 +15,7 @@ import pytest
 from standardwebhooks import Webhook
 from support.endless import endless_step
 from support.sidecar import SidecarFactory, run_turnwire
+from support.stores import postgres_database
 from support.waiting import wait_until
 from support.webhook_receiver import WebhookReceiver, new_secret, webhook_receiver
 
@@ -199,3 +201,33 @@ async def test_sigkill_between_the_end_and_the_delivery_still_delivers(
             assert [c.headers["webhook-id"] for c in receiver.calls] == [delivery.delivery_id] * 2
             verified(receiver, secret, 1)
     assert await second.terminate() == 0, second.log_text()
+
+
+async def test_another_replica_delivers_what_a_killed_one_was_calling(
+    sidecar_factory: SidecarFactory, tmp_path: Path
+) -> None:
+    """PostgreSQL replicas: the one that died mid-attempt held the delivery under a lease; once
+    it lapses (timeout_seconds + 5 s) the live replica claims it and delivers, same id."""
+    secret = new_secret()
+    cfg = config("", timeout_seconds=1)
+    async with webhook_receiver([None]) as receiver:
+        cfg["webhooks"]["endpoints"]["app"]["url"] = receiver.url
+        with postgres_database() as url:
+            first = await sidecar_factory(
+                cfg, env={SECRET_ENV: secret}, workdir=tmp_path / "a", store_url=url
+            ).start()
+            async with TurnwireClient(first.target) as client:
+                await client.submit_messages("pg", "hello", submission_id="s-pg", webhook="app")
+                await wait_until(
+                    lambda: len(receiver.calls) == 1, what="replica a's attempt reaches the receiver"
+                )
+            second = await sidecar_factory(
+                cfg, env={SECRET_ENV: secret}, workdir=tmp_path / "b", store_url=url
+            ).start()
+            first.kill()
+            async with TurnwireClient(second.target) as client:
+                delivery = await ended(client, "s-pg")
+                assert delivery.state == DELIVERED
+                assert [(a.attempt, a.http_status) for a in delivery.attempts] == [(1, 0), (2, 200)]
+                assert [c.headers["webhook-id"] for c in receiver.calls] == [delivery.delivery_id] * 2
+            assert await second.terminate() == 0, second.log_text()
