@@ -112,7 +112,11 @@ class WebhookOutbox:
 
     async def _attempt(self, delivery: WebhookDeliveryRecord) -> None:
         started = time.monotonic()
-        outcome = await self._call(delivery)
+        try:
+            outcome = await self._call(delivery)
+        except Exception as error:  # a row this build cannot make a call of: retrying cannot help
+            log.exception("webhook %s: making the call failed", delivery.delivery_id)
+            outcome = CallOutcome(None, f"internal error: {type(error).__name__}", refused=True)
         duration_us = int((time.monotonic() - started) * 1_000_000)
         now = dt.datetime.now(dt.UTC)
         result = self._result(delivery, outcome, duration_us, now)
