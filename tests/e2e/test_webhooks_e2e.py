@@ -1,8 +1,9 @@
 """Webhooks end to end, on real sidecar processes and a receiver on loopback (docs/webhooks.md;
 issue 41): the call signed per the Standard Webhooks specification and verified with its
-library; completion, failure and cancellation; a receiver answering 500 twice then 200 gets
-three calls with one id; a private (loopback) target refused by default; a SIGKILL between the
-turn's end and the delivery still delivers after the restart."""
+library; completion, failure and cancellation; a loopback target not allowed is refused (every
+non-public address is, by default); a receiver answering 500 twice then 200 gets three calls with
+one id; a SIGKILL between the turn's end and the delivery still delivers after the restart, also
+by another PostgreSQL replica."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ DELIVERED = webhook_pb2.WEBHOOK_DELIVERY_STATE_DELIVERED
 FAILED = webhook_pb2.WEBHOOK_DELIVERY_STATE_FAILED
 
 
-def config(url: str, *, loopback_allowed: bool = True, **webhooks: Any) -> dict[str, Any]:
+def config(url: str, **webhooks: Any) -> dict[str, Any]:
+    """Endpoint ``app`` at ``url`` (on 127.0.0.1, which ``allowed_networks`` allows) and ``inside``
+    on 127.0.0.2: loopback too, but not allowed, as every non-public address is by default."""
     return {
         "default_model": "scripted:echo",
         "providers": {
@@ -40,8 +43,13 @@ def config(url: str, *, loopback_allowed: bool = True, **webhooks: Any) -> dict[
             }
         },
         "webhooks": {
-            "endpoints": {"app": {"url": url, "secret_env": SECRET_ENV}},
-            "allowed_networks": ["127.0.0.1/32"] if loopback_allowed else [],
+            "endpoints": {
+                "app": {"url": url, "secret_env": SECRET_ENV},
+                "inside": {"url": "http://127.0.0.2:8080/hook", "secret_env": SECRET_ENV},
+            },
+            "allowed_networks": ["127.0.0.1/32"],
+            "allow_request_urls": True,
+            "secret_env": SECRET_ENV,
             # Fast retries and polls, so the test waits little.
             "initial_backoff_seconds": 0.2,
             "poll_interval_seconds": 0.2,
@@ -72,7 +80,7 @@ def verified(receiver: WebhookReceiver, secret: str, index: int) -> dict[str, An
     return payload
 
 
-async def test_calls_are_signed_per_the_specification_on_completion_failure_and_cancel(
+async def test_calls_are_signed_on_every_end_and_non_public_targets_are_refused(
     sidecar_factory: SidecarFactory,
 ) -> None:
     secret = new_secret()
@@ -116,6 +124,25 @@ async def test_calls_are_signed_per_the_specification_on_completion_failure_and_
             # A signature made with another secret does not verify.
             with pytest.raises(Exception, match="signature"):
                 Webhook(new_secret()).verify(receiver.calls[0].body, receiver.calls[0].headers)
+
+            # A loopback address not allowed is refused, at once and without a call.
+            await client.submit_messages("ssrf", "hello", submission_id="s-inside", webhook="inside")
+            refused_delivery = await ended(client, "s-inside")
+            assert refused_delivery.state == FAILED  # refused: no retry
+            (attempt,) = refused_delivery.attempts
+            assert attempt.http_status == 0 and "loopback" in attempt.error
+            assert len(receiver.calls) == len(payloads)
+            # A per-request URL naming a non-public address is refused when submitted; so is an
+            # unknown endpoint.
+            for target, field in (
+                ({"url": "http://10.1.2.3/hook"}, "webhook.url"),
+                ({"url": "http://[::1]:8080/hook"}, "webhook.url"),
+                ("nope", "webhook.endpoint"),
+            ):
+                with pytest.raises(TurnwireError) as refused:
+                    await client.submit_messages("ssrf", "again", webhook=target)
+                assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+                assert field in str(refused.value)
     assert await sidecar.terminate() == 0, sidecar.log_text()
     assert secret.removeprefix("whsec_") not in sidecar.log_text()
 
@@ -149,30 +176,6 @@ async def test_500_twice_then_200_makes_three_calls_with_one_id(sidecar_factory:
             "HTTP 500",
             "HTTP 200",
         ]
-    assert await sidecar.terminate() == 0, sidecar.log_text()
-
-
-async def test_a_loopback_target_is_refused_by_default(sidecar_factory: SidecarFactory) -> None:
-    async with webhook_receiver() as receiver:
-        cfg = config(receiver.url, loopback_allowed=False, allow_request_urls=True, secret_env=SECRET_ENV)
-        sidecar = await sidecar_factory(cfg, env={SECRET_ENV: new_secret()}).start()
-        async with TurnwireClient(sidecar.target) as client:
-            await client.submit_messages("ssrf", "hello", submission_id="s-local", webhook="app")
-            delivery = await ended(client, "s-local")
-            assert delivery.state == FAILED  # refused: no retry
-            (attempt,) = delivery.attempts
-            assert attempt.http_status == 0 and "loopback" in attempt.error
-            assert receiver.calls == []
-            # A per-request URL naming a private address is refused at once; so is an unknown name.
-            for target, field in (
-                ({"url": "http://10.1.2.3/hook"}, "webhook.url"),
-                ({"url": "http://[::1]:8080/hook"}, "webhook.url"),
-                ("nope", "webhook.endpoint"),
-            ):
-                with pytest.raises(TurnwireError) as refused:
-                    await client.submit_messages("ssrf", "again", webhook=target)
-                assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
-                assert field in str(refused.value)
     assert await sidecar.terminate() == 0, sidecar.log_text()
 
 
