@@ -80,6 +80,7 @@ from turnwire_server.tools.demo import DEMO_TOOLS
 from turnwire_server.tools.grpc_host import RemoteToolHost, ToolHostError
 from turnwire_server.tools.loading import ToolLoadError, load_tools
 from turnwire_server.tools.tool_set import ToolSet
+from turnwire_server.webhooks import MissingSecret, Signers, WebhookOutbox, WebhookSettings
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -197,6 +198,7 @@ class Sidecar:
     tls: ServerTls | None = None
     authenticator: Authenticator | None = None
     http: HttpListener | None = None
+    webhooks: WebhookOutbox | None = None
 
     @property
     def providers(self) -> ProviderRegistry:
@@ -283,6 +285,8 @@ class Sidecar:
             if self.http is not None:
                 # Every turn has ended: what is left (a health Watch) is closed.
                 await self.http.stop(_TURN_END_MARGIN_SECONDS if self.gate.open_calls else 0.5)
+        if self.webhooks is not None:
+            await self.webhooks.stop()  # calls cut short lapse and are made again (docs/webhooks.md)
         # Renewed until the turns ended; those left running (for the next start) lapse.
         await self.replica.stop()
         closes: list[tuple[str, Callable[[], Awaitable[None]]]] = [
@@ -511,6 +515,10 @@ async def _start(
         subagents = await build_subagents(settings, providers, tools, load_middlewares, detached_results)
     except SubagentConfigError as error:
         raise StartupError(str(error)) from error
+    try:
+        signers = Signers(settings.webhooks)  # before the store: a missing secret stops the start
+    except MissingSecret as error:
+        raise StartupError(str(error)) from None
     replica_id = new_replica_id()
     store = await _open_store(
         settings.store, patience_seconds=settings.durability.store_outage_seconds, replica_id=replica_id
@@ -552,6 +560,7 @@ async def _start(
         await store.close()
         raise
     maintenance = _start_maintenance(settings.durability, engine, submissions)
+    webhooks = _start_webhooks(settings.webhooks, store, signers, replica_id, maintenance)
     replica = Replica(engine, resume=settings.durability.recover_on_start, submissions=submissions)
     replica.start()
     scheduler.start()
@@ -573,6 +582,7 @@ async def _start(
         authenticator=access.authenticator if access is not None else None,
         http=http,
         store_health=store_health,
+        webhooks=webhooks,
     )
     await _announce(sidecar)
     store_health.start()  # after SERVING: from here NOT_SERVING follows the store's database
@@ -764,6 +774,7 @@ async def _serve(
         max_message_bytes=settings.limits.max_message_bytes,
         progress_interval=settings.limits.progress_interval_seconds,
         scheduler=scheduler,
+        webhooks=settings.webhooks,
     )
     chat_service_pb2_grpc.add_ChatServiceServicer_to_server(servicer, server)
     health = add_standard_services(server, (SERVICE_NAME,))
@@ -836,6 +847,20 @@ def _start_maintenance(
         maintenance.add_hook("expired tool calls", lambda now: store.expire_pending_tool_calls(now - expiry))
     maintenance.start()
     return maintenance
+
+
+def _start_webhooks(
+    settings: WebhookSettings, store: Store, signers: Signers, replica_id: str, maintenance: Maintenance
+) -> WebhookOutbox | None:
+    """Start the webhook sender and its retention sweep when any target is configured (else no
+    delivery can be made, and none is polled for); docs/webhooks.md."""
+    if not settings.endpoints and not settings.allow_request_urls:
+        return None
+    outbox = WebhookOutbox(store, settings, signers, owner=replica_id)
+    if settings.retention_seconds > 0:
+        maintenance.add_hook("ended webhook deliveries", outbox.sweep)
+    outbox.start()
+    return outbox
 
 
 async def _announce(sidecar: Sidecar) -> None:

@@ -57,6 +57,7 @@ from turnwire_server.remote_hooks.settings import RemoteHookSettings
 from turnwire_server.store.postgres_url import is_postgres_url
 from turnwire_server.tools.settings import ToolsSettings
 from turnwire_server.tracing_settings import TracingSettings
+from turnwire_server.webhooks.settings import WebhookSettings
 
 
 class StoreSettings(ConfigSection):
@@ -254,6 +255,7 @@ class Settings(BaseSettings):
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings)
     tenant_shares: TenantShareSettings = Field(default_factory=TenantShareSettings)
     schedules: ScheduleSettings = Field(default_factory=ScheduleSettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
 
     @field_validator("listen")
     @classmethod

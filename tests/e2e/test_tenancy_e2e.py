@@ -23,10 +23,12 @@ from support.endless import endless_step
 from support.sidecar import SidecarProcess, running_sidecar
 from support.tokens import auth_config, new_token, write_tokens_file
 from support.waiting import wait_until
+from support.webhook_receiver import new_secret
 
 from turnwire_client import TurnStream, collect
-from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, event_pb2, message_pb2, webhook_pb2
 
+WEBHOOK_SECRET_ENV = "TENANCY_WEBHOOK_SECRET"
 TOKEN_A = new_token()
 TOKEN_B = new_token()
 TOKEN_C = new_token()
@@ -83,8 +85,14 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
         "providers": {"scripted": {"scripts": SCRIPTS}},
         "tools": {"demo": True, "require_approval": ["calculator"]},
         "auth": auth_config(tokens),
+        # B's submission names this endpoint; its address is refused (loopback), so the delivery
+        # fails at once: what it shows is whose listing it is in (docs/webhooks.md, "Tenancy").
+        "webhooks": {
+            "endpoints": {"app": {"url": "http://127.0.0.2:8080/hook", "secret_env": WEBHOOK_SECRET_ENV}},
+            "poll_interval_seconds": 0.2,
+        },
     }
-    with running_sidecar(workdir, config) as process:
+    with running_sidecar(workdir, config, env={WEBHOOK_SECRET_ENV: new_secret()}) as process:
         yield process
 
 
@@ -170,6 +178,14 @@ def matrix(stub: Any, metadata: Any) -> dict[str, Callable[[], Awaitable[Outcome
         "ListSubmissions(conversation)": lambda: unary(
             stub.ListSubmissions(
                 chat_service_pb2.ListSubmissionsRequest(conversation_id=SUBMISSION_CONVERSATION), metadata=m
+            )
+        ),
+        "ListWebhookDeliveries": lambda: unary(
+            stub.ListWebhookDeliveries(webhook_pb2.ListWebhookDeliveriesRequest(), metadata=m)
+        ),
+        "ListWebhookDeliveries(submission)": lambda: unary(
+            stub.ListWebhookDeliveries(
+                webhook_pb2.ListWebhookDeliveriesRequest(submission_id=SUBMISSION), metadata=m
             )
         ),
         "CancelSubmission": lambda: unary(
@@ -282,7 +298,10 @@ async def test_another_tenants_ids_answer_exactly_as_ids_that_do_not_exist(
     assert waiting.status == event_pb2.TURN_STATUS_COMPLETED, waiting
     submitted = await stub.SubmitMessages(
         chat_service_pb2.SubmitMessagesRequest(
-            conversation_id=SUBMISSION_CONVERSATION, submission_id=SUBMISSION, messages=[text("later")]
+            conversation_id=SUBMISSION_CONVERSATION,
+            submission_id=SUBMISSION,
+            messages=[text("later")],
+            webhook=webhook_pb2.WebhookTarget(endpoint="app"),
         ),
         metadata=as_b,
     )
@@ -305,6 +324,15 @@ async def test_another_tenants_ids_answer_exactly_as_ids_that_do_not_exist(
         return SLOW_CONVERSATION in [c.conversation_id for c in listed.conversations]
 
     await wait_until(slow_running, timeout=10, what="B's slow turn started")
+
+    async def b_delivery_listed() -> bool:
+        listed = await stub.ListWebhookDeliveries(
+            webhook_pb2.ListWebhookDeliveriesRequest(submission_id=SUBMISSION), metadata=as_b
+        )
+        ids = [(d.submission_id, d.conversation_id) for d in listed.deliveries]
+        return ids == [(SUBMISSION, SUBMISSION_CONVERSATION)]  # B's own ids, no tenant prefix
+
+    await wait_until(b_delivery_listed, what="B's submission's webhook delivery is listed to B")
 
     while_they_exist = await run_matrix(stub, as_a)
     assert not slow_result.done(), "B's slow turn must still run while A's calls are made"

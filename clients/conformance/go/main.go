@@ -356,6 +356,9 @@ func callUnary(ctx context.Context, client *turnwire.Client, rpc string, request
 	case "ListSubmissions":
 		req := &turnwirev1.ListSubmissionsRequest{}
 		message, call = req, func() (proto.Message, error) { return service.ListSubmissions(ctx, req) }
+	case "ListWebhookDeliveries":
+		req := &turnwirev1.ListWebhookDeliveriesRequest{}
+		message, call = req, func() (proto.Message, error) { return service.ListWebhookDeliveries(ctx, req) }
 	case "CancelSubmission":
 		req := &turnwirev1.CancelSubmissionRequest{}
 		message, call = req, func() (proto.Message, error) { return service.CancelSubmission(ctx, req) }
@@ -750,7 +753,14 @@ func run(suite string, names []string) (int, error) {
 	return 0, nil
 }
 
+// webhookSecret signs configs/webhooks.json's calls: a public test value,
+// passed to the sidecars in the environment they inherit.
+const webhookSecret = "whsec_Y29uZm9ybWFuY2Ugc3VpdGUgdGVzdCBzZWNyZXQgb25seQ=="
+
 func main() {
+	if os.Getenv("CONFORMANCE_WEBHOOK_SECRET") == "" {
+		os.Setenv("CONFORMANCE_WEBHOOK_SECRET", webhookSecret)
+	}
 	suite := os.Getenv("TURNWIRE_CONFORMANCE_DIR")
 	if suite == "" {
 		suite = "clients/conformance"

@@ -43,6 +43,10 @@ import {
   TurnEndSchema,
 } from "@turnwire/client/gen/turnwire/v1/event_pb";
 import { MessageSchema } from "@turnwire/client/gen/turnwire/v1/message_pb";
+import {
+  ListWebhookDeliveriesRequestSchema,
+  ListWebhookDeliveriesResponseSchema,
+} from "@turnwire/client/gen/turnwire/v1/webhook_pb";
 import { file_google_rpc_error_details } from "@turnwire/client/gen/google/rpc/error_details_pb";
 
 import { freePort, startSidecar } from "../../node/tests/sidecar.mjs";
@@ -311,6 +315,13 @@ async function callUnary(client, rpc, request) {
         ListSubmissionsResponseSchema,
         await client.listSubmissions(
           fromJson(ListSubmissionsRequestSchema, request),
+        ),
+      );
+    case "ListWebhookDeliveries":
+      return toJson(
+        ListWebhookDeliveriesResponseSchema,
+        await client.listWebhookDeliveries(
+          fromJson(ListWebhookDeliveriesRequestSchema, request),
         ),
       );
     case "CancelSubmission":

@@ -30,12 +30,14 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from turnwire_client import TurnwireClient, TurnwireError
-from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2, webhook_pb2
 
 REPO = Path(__file__).resolve().parents[3]
 # The suite's folder (cases/, configs/); another one for the runners' own tests.
 SUITE = Path(os.environ.get("TURNWIRE_CONFORMANCE_DIR") or REPO / "clients" / "conformance")
 TURNWIRE_BIN = os.environ.get("TURNWIRE_BIN") or str(REPO / ".venv" / "bin" / "turnwire")
+WEBHOOK_SECRET_ENV = "CONFORMANCE_WEBHOOK_SECRET"
+WEBHOOK_SECRET = "whsec_Y29uZm9ybWFuY2Ugc3VpdGUgdGVzdCBzZWNyZXQgb25seQ=="
 START_TIMEOUT = 60.0  # seconds: a loaded 2-core machine is slow to import the server
 WAIT_TIMEOUT = 20.0  # seconds: for `eventually` steps and background waits
 _MISSING = object()
@@ -59,6 +61,8 @@ class Sidecar:
         self.address = f"127.0.0.1:{port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("TURNWIRE_")}
         env["TURNWIRE_LIMITS__DRAIN_SECONDS"] = "0"  # nothing to drain from: stop at once
+        # configs/webhooks.json signs with it (a test value, public like the rest of the suite).
+        env.setdefault(WEBHOOK_SECRET_ENV, WEBHOOK_SECRET)
         self.log = open(Path(self.dir.name) / "turnwire.log", "wb")  # noqa: SIM115 - closed in stop
         self.process = subprocess.Popen(
             [
@@ -335,6 +339,7 @@ async def call_unary(client: TurnwireClient, rpc: str, request: dict[str, Any]) 
             ("metadata", "metadata"),
             ("body", "body"),
             ("model", "model"),
+            ("webhook", "webhook"),
         ):
             if request.get(field):
                 options[name] = request[field]
@@ -354,6 +359,17 @@ async def call_unary(client: TurnwireClient, rpc: str, request: dict[str, Any]) 
             page_token=request.get("pageToken", ""),
         )
         return to_json(page)
+    if rpc == "ListWebhookDeliveries":
+        deliveries = await client.list_webhook_deliveries(
+            submission_id=request.get("submissionId", ""),
+            conversation_id=request.get("conversationId", ""),
+            state=webhook_pb2.WebhookDeliveryState.Value(
+                request.get("state", "WEBHOOK_DELIVERY_STATE_UNSPECIFIED")
+            ),
+            page_size=int(request.get("pageSize", 0)),
+            page_token=request.get("pageToken", ""),
+        )
+        return to_json(deliveries)
     if rpc == "CancelSubmission":
         return {"submission": to_json(await client.cancel_submission(request.get("submissionId", "")))}
     if rpc in _SCHEDULE_CALLS:

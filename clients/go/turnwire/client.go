@@ -67,7 +67,8 @@ func (c *Client) Conn() *grpc.ClientConn {
 
 // Service is the generated ChatService client on this connection, for the
 // RPCs this package does not wrap (GetConversation, ListConversations,
-// CancelChat, SubmitMessages, ...). Its errors are *Error too.
+// CancelChat, SubmitMessages with its Webhook target, ListWebhookDeliveries,
+// ...). Its errors are *Error too.
 func (c *Client) Service() turnwirev1.ChatServiceClient {
 	return c.service
 }

@@ -47,3 +47,5 @@ export {
 } from './gen/turnwire/v1/message_pb.js';
 export type { FilePart, Message, Part, SourcePart } from './gen/turnwire/v1/message_pb.js';
 export { ErrorReason } from './gen/turnwire/v1/error_reason_pb.js';
+export { WebhookDeliveryState } from './gen/turnwire/v1/webhook_pb.js';
+export type { WebhookAttempt, WebhookDelivery, WebhookTarget } from './gen/turnwire/v1/webhook_pb.js';

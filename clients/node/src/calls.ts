@@ -31,6 +31,10 @@ import {
   type SubmitMessagesResponse,
 } from './gen/turnwire/v1/chat_service_pb.js';
 import { type MessageSchema, Role } from './gen/turnwire/v1/message_pb.js';
+import type {
+  ListWebhookDeliveriesRequestSchema,
+  ListWebhookDeliveriesResponse,
+} from './gen/turnwire/v1/webhook_pb.js';
 
 /** The metadata key naming the turn a call is made from inside of (docs/semantics.md §5). */
 export const PARENT_REQUEST_ID = 'turnwire-parent-request-id';
@@ -366,6 +370,19 @@ export abstract class TurnwireCalls {
     options: CallOpts = {},
   ): Promise<ListSubmissionsResponse> {
     return this.unary(options, (call) => this.rpc.listSubmissions(request, call));
+  }
+
+  /**
+   * One page of webhook deliveries, oldest first, each with every attempt; filter by
+   * `submissionId`, `conversationId` or `state` (docs/webhooks.md). A submission asks for calls
+   * with `webhook: { endpoint: 'name' }` (or `{ url }` where the server allows it) in
+   * {@link submitMessages}.
+   */
+  listWebhookDeliveries(
+    request: MessageInitShape<typeof ListWebhookDeliveriesRequestSchema> = {},
+    options: CallOpts = {},
+  ): Promise<ListWebhookDeliveriesResponse> {
+    return this.unary(options, (call) => this.rpc.listWebhookDeliveries(request, call));
   }
 
   /** Cancels a pending or running submission; returns it as stored after the cancel. */

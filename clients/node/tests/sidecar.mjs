@@ -70,6 +70,8 @@ export async function startSidecar(config = {}, { startupTimeoutMs = 60_000, cli
     Object.entries(process.env).filter(([name]) => !name.startsWith('TURNWIRE_')),
   );
   env.TURNWIRE_LIMITS__DRAIN_SECONDS = '0'; // no load balancer to drain from: stop at once
+  // The conformance suite's configs/webhooks.json signs with it (a public test value).
+  env.CONFORMANCE_WEBHOOK_SECRET ??= 'whsec_Y29uZm9ybWFuY2Ugc3VpdGUgdGVzdCBzZWNyZXQgb25seQ==';
   const child = spawn(
     TURNWIRE_BIN,
     [

@@ -50,6 +50,7 @@ from turnwire_server.api.validation import (
     json_object,
     raise_if_any,
 )
+from turnwire_server.api.webhook_rpcs import WebhookRpcs
 from turnwire_server.engine import TurnEngine, TurnHandle, TurnRequest
 from turnwire_server.engine.budget_settings import BudgetLimit
 from turnwire_server.engine.ids import new_request_id
@@ -58,6 +59,7 @@ from turnwire_server.engine.submissions import Submissions
 from turnwire_server.store.base import ConversationRecord, EngineStore, TurnRecord
 from turnwire_server.store.errors import InvalidPageToken, StoreError
 from turnwire_server.turn_places import turn_places
+from turnwire_server.webhooks.settings import WebhookSettings
 
 log = logging.getLogger("turnwire.api")
 
@@ -107,6 +109,7 @@ class ChatService(
     TurnRpcs,
     ForkRpcs,
     ScheduleRpcs,
+    WebhookRpcs,
     chat_service_pb2_grpc.ChatServiceServicer,
 ):
     """Implements ``turnwire.v1.ChatService`` on a :class:`~turnwire_server.engine.TurnEngine`.
@@ -115,7 +118,8 @@ class ChatService(
     RPCs is a mixin in its own module (:class:`SubmissionRpcs`, …).
     ``max_message_bytes`` bounds each input message (``limits.max_message_bytes``);
     ``progress_interval`` is the silence (seconds; 0: off) after which a turn stream sends a
-    Progress keepalive (``limits.progress_interval_seconds``).
+    Progress keepalive (``limits.progress_interval_seconds``); ``webhooks`` is the ``webhooks:``
+    section a request's webhook target is checked against (docs/webhooks.md).
     ``scheduler``: the replica's schedule loop, woken by CreateSchedule and ResumeSchedule (None:
     schedules fire on its next poll only).
     """
@@ -130,8 +134,10 @@ class ChatService(
         max_message_bytes: int,
         progress_interval: float = 0.0,
         scheduler: Scheduler | None = None,
+        webhooks: WebhookSettings | None = None,
     ) -> None:
         self.engine = engine
+        self.webhooks = WebhookSettings() if webhooks is None else webhooks
         self.store = store
         self.submissions = submissions
         self.default_model = default_model

@@ -38,6 +38,7 @@ from turnwire_server.api.validation import (
     json_object,
     raise_if_any,
 )
+from turnwire_server.api.webhook_rpcs import check_webhook_target
 from turnwire_server.engine import TurnEngine, TurnRequest
 from turnwire_server.engine.errors import AdmissionRefused, SubmissionNotFound, TurnStreamNotFound
 from turnwire_server.engine.ids import (
@@ -51,6 +52,7 @@ from turnwire_server.engine.submissions import Submissions
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.base import EngineStore, SubmissionRecord
 from turnwire_server.store.errors import InvalidPageToken, StoreError
+from turnwire_server.webhooks.settings import WebhookSettings
 
 _STATES: dict[str, int] = {
     "pending": chat_service_pb2.SUBMISSION_STATE_PENDING,
@@ -81,6 +83,7 @@ class _Servicer(Protocol):
     default_model: str
     max_message_bytes: int
     progress_interval: float
+    webhooks: WebhookSettings
 
 
 def _timestamp(value: dt.datetime | None) -> timestamp_pb2.Timestamp | None:
@@ -103,6 +106,8 @@ def submission_proto(record: SubmissionRecord) -> chat_service_pb2.Submission:
     )
     if request.HasField("metadata"):
         proto.metadata.CopyFrom(request.metadata)
+    if request.HasField("webhook"):
+        proto.webhook.CopyFrom(request.webhook)
     if record.error is not None:
         proto.error.CopyFrom(status_pb2.Status.FromString(record.error))
     return proto
@@ -143,7 +148,7 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: BaseExcepti
 class SubmissionRpcs:
     """``SubmitMessages``, ``GetSubmission``, ``ListSubmissions``, ``CancelSubmission``,
     ``WatchSubmission``: a mixin of the ChatService servicer (it supplies ``engine``, ``store``,
-    ``submissions``, ``default_model`` and ``max_message_bytes``)."""
+    ``submissions``, ``default_model``, ``max_message_bytes`` and ``webhooks``)."""
 
     async def SubmitMessages(
         self: Any,
@@ -203,6 +208,7 @@ class SubmissionRpcs:
                 seen.add(message.id)
             check_client_tools(request.client_tools, "client_tools", violations)
             check_budget(request, violations)
+            endpoint, url = check_webhook_target(request, "webhook", self.webhooks, violations)
             raise_if_any(violations)
             json_object(request.body, "body")
             json_object(request.metadata, "metadata")
@@ -215,6 +221,8 @@ class SubmissionRpcs:
                 request=stored.SerializeToString(deterministic=True),
                 create_time=dt.datetime.now(dt.UTC),
                 principal=caller_principal(),
+                webhook_endpoint=endpoint,
+                webhook_url=url,
             )
             strategy = (
                 strategy_of(request.concurrent_input_strategy) or self.engine.settings.limits.concurrent_input

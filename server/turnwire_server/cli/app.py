@@ -14,6 +14,7 @@ import typer
 
 from turnwire_server.cli import client_commands, schedule_commands, server_commands
 from turnwire_server.cli.connection import CLIENT_COMMANDS, options_before_command
+from turnwire_server.cli.webhooks import webhooks_app
 
 __all__ = ["app", "main"]
 
@@ -71,6 +72,7 @@ app.command()(client_commands.conversations)
 app.command()(client_commands.history)
 app.command()(client_commands.fork)
 app.command()(client_commands.health)
+app.add_typer(webhooks_app, name="webhooks")
 app.command()(server_commands.demo)
 app.add_typer(schedule_commands.schedule_app, name="schedule")
 

@@ -28,6 +28,7 @@ from turnwire_server.cli.parts import (
     input_json,
     or_stderr,
     plural,
+    print_listing_end,
     result_line,
     short,
     sorted_json,
@@ -145,10 +146,7 @@ async def run_conversations(
                     break
     except TurnwireError as error:
         return print_call_error(or_stderr(err_console), connection, error)
-    if shown == 0:
-        out.print(Text("(no conversations)", style="dim"), soft_wrap=True)
-    elif page_token:
-        out.print(Text(f"(more than {shown}; use --limit to see more)", style="dim"), soft_wrap=True)
+    print_listing_end(out, shown, bool(page_token), "no conversations")
     return EXIT_OK
 
 

@@ -179,6 +179,14 @@ def or_stderr(console: Console | None) -> Console:
     return console if console is not None else Console(stderr=True)
 
 
+def print_listing_end(out: Console, shown: int, more: bool, nothing: str) -> None:
+    """A listing's last line: ``(nothing)`` when it showed none, a hint when more exist."""
+    if shown == 0:
+        out.print(Text(f"({nothing})", style="dim"), soft_wrap=True)
+    elif more:
+        out.print(Text(f"(more than {shown}; use --limit to see more)", style="dim"), soft_wrap=True)
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 

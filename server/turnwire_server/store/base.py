@@ -45,6 +45,7 @@ from turnwire_server.store.records import (
     renewed_lease,
 )
 from turnwire_server.store.schedules import ScheduleStore
+from turnwire_server.store.webhooks import WebhookStore
 
 __all__ = [
     "AddMode",
@@ -656,7 +657,7 @@ class ReachableStore(Protocol):
 
 
 @runtime_checkable
-class Store(EngineStore, ScheduleStore, Protocol):
+class Store(EngineStore, ScheduleStore, WebhookStore, Protocol):
     """Persistence for conversations, messages and turns.
 
     The union of the role protocols above (the engine's collaborators take the role they use),

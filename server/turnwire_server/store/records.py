@@ -223,6 +223,9 @@ class SubmissionRecord:
     ``google.rpc.Status`` when it failed or was aborted; ``owner`` the replica that queued its
     turn, holding it while ``lease_until`` is renewed; ``principal`` who submitted it ("" when
     authentication is off): its turn runs under that principal's budgets (docs/cost.md).
+    ``webhook_endpoint`` / ``webhook_url``: where its end is reported (docs/webhooks.md), a
+    configured endpoint's name or a per-request URL, at most one of them; written when it is
+    created (the delivery row made at its end copies them).
     """
 
     submission_id: str
@@ -238,6 +241,8 @@ class SubmissionRecord:
     owner: str = ""
     lease_until: dt.datetime | None = None
     principal: str = ""
+    webhook_endpoint: str | None = None
+    webhook_url: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

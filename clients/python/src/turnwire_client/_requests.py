@@ -13,7 +13,7 @@ from typing import Any, Literal, TypedDict, TypeVar
 
 from google.protobuf import struct_pb2
 
-from turnwire_client.v1 import chat_service_pb2, message_pb2
+from turnwire_client.v1 import chat_service_pb2, message_pb2, webhook_pb2
 
 DisconnectPolicy = Literal["cancel", "continue"]
 """What a turn does when its call ends early (``ChatRequest.disconnect_policy``)."""
@@ -23,6 +23,10 @@ ClientToolSpec = chat_service_pb2.ClientTool | Mapping[str, Any]
 
 MessagesSpec = str | Sequence[message_pb2.Message]
 """Messages to send: a plain text (one user message with one text part), or messages."""
+
+WebhookSpec = str | Mapping[str, str] | webhook_pb2.WebhookTarget
+"""A webhook target (docs/webhooks.md): a configured endpoint's name, ``{"url": …}`` for a
+per-request URL (when the server allows them), or the ``WebhookTarget`` itself."""
 
 
 class TurnOptions(TypedDict, total=False):
@@ -164,6 +168,16 @@ def with_turn_options(request: _Request, options: TurnOptions) -> _Request:
     return request
 
 
+def webhook_target(spec: WebhookSpec) -> webhook_pb2.WebhookTarget:
+    """``spec`` as a ``WebhookTarget``: a string names an endpoint; a mapping gives ``endpoint``
+    or ``url``."""
+    if isinstance(spec, webhook_pb2.WebhookTarget):
+        return spec
+    if isinstance(spec, str):
+        return webhook_pb2.WebhookTarget(endpoint=spec)
+    return webhook_pb2.WebhookTarget(endpoint=spec.get("endpoint", ""), url=spec.get("url", ""))
+
+
 def user_messages(messages: MessagesSpec) -> list[message_pb2.Message]:
     """``messages`` as a list; a plain text becomes one user message with one text part."""
     if isinstance(messages, str):
@@ -219,6 +233,7 @@ def submit_messages_request(
     model: str | None,
     client_tools: Sequence[ClientToolSpec],
     concurrent_input: ConcurrentInputStrategy | None = None,
+    webhook: WebhookSpec | None = None,
 ) -> chat_service_pb2.SubmitMessagesRequest:
     """The ``SubmitMessagesRequest`` of ``submit_messages`` (see there for the arguments)."""
     request = chat_service_pb2.SubmitMessagesRequest(
@@ -234,6 +249,8 @@ def submit_messages_request(
         request.metadata.CopyFrom(struct(metadata))
     if body is not None:
         request.body.CopyFrom(struct(body))
+    if webhook is not None:
+        request.webhook.CopyFrom(webhook_target(webhook))
     return request
 
 

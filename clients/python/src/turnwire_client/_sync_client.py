@@ -14,6 +14,7 @@ from turnwire_client._requests import (
     ConcurrentInputStrategy,
     MessagesSpec,
     TurnOptions,
+    WebhookSpec,
     submit_messages_request,
     tool_approvals,
     tool_results,
@@ -26,7 +27,7 @@ from turnwire_client.errors import TurnwireError, explain_unreachable
 from turnwire_client.metadata import AUTHORIZATION_METADATA
 from turnwire_client.sync_stream import SyncTurnStream
 from turnwire_client.tls import TlsOptions
-from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2
+from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2, webhook_pb2
 
 __all__ = ["SyncTurnwireClient"]
 
@@ -405,10 +406,12 @@ class SyncTurnwireClient(SyncScheduleCalls):
         model: str | None = None,
         client_tools: Sequence[ClientToolSpec] = (),
         concurrent_input: ConcurrentInputStrategy | None = None,
+        webhook: WebhookSpec | None = None,
         timeout: float | None = None,
     ) -> chat_service_pb2.SubmitMessagesResponse:
         """Durably submit messages for a turn that runs later, in order with the conversation's
-        other turns. ``messages`` may be a plain text (one user message).
+        other turns. ``messages`` may be a plain text (one user message). ``webhook``: call this
+        target when the submission ends (an endpoint's name, or ``{"url": …}``; docs/webhooks.md).
 
         Returns:
             The response: ``submission`` (its id is the turn's request id) and ``accepted``
@@ -430,6 +433,7 @@ class SyncTurnwireClient(SyncScheduleCalls):
             model=model,
             client_tools=client_tools,
             concurrent_input=concurrent_input,
+            webhook=webhook,
         )
         response: chat_service_pb2.SubmitMessagesResponse = self._unary(
             self._stub.SubmitMessages, request, timeout
@@ -464,6 +468,30 @@ class SyncTurnwireClient(SyncScheduleCalls):
         )
         response: chat_service_pb2.ListSubmissionsResponse = self._unary(
             self._stub.ListSubmissions, request, timeout
+        )
+        return response
+
+    def list_webhook_deliveries(
+        self,
+        *,
+        submission_id: str = "",
+        conversation_id: str = "",
+        state: webhook_pb2.WebhookDeliveryState.ValueType = webhook_pb2.WEBHOOK_DELIVERY_STATE_UNSPECIFIED,
+        page_size: int = 0,
+        page_token: str = "",
+        timeout: float | None = None,
+    ) -> webhook_pb2.ListWebhookDeliveriesResponse:
+        """One page of webhook deliveries (each with every attempt), oldest first, optionally of
+        one submission, conversation or state (docs/webhooks.md)."""
+        request = webhook_pb2.ListWebhookDeliveriesRequest(
+            submission_id=submission_id,
+            conversation_id=conversation_id,
+            state=state,
+            page_size=page_size,
+            page_token=page_token,
+        )
+        response: webhook_pb2.ListWebhookDeliveriesResponse = self._unary(
+            self._stub.ListWebhookDeliveries, request, timeout
         )
         return response
 

@@ -26,6 +26,7 @@ from turnwire_server.store.core.rows import MessageRow, check_turn, message_inse
 from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks
 from turnwire_server.store.core.stream_writes import EventBatch, prepare_events, stream_read, stream_writes
 from turnwire_server.store.core.turn_writes import INSERT_MESSAGE, TOUCH_CONVERSATION
+from turnwire_server.store.core.webhook_writes import deliveries_on_end
 from turnwire_server.store.errors import MessageIdConflict, TurnNotFound
 
 __all__ = [
@@ -238,6 +239,7 @@ def finish_turn(finish: FinishTurn, dialect: Dialect, now_us: int) -> Program[No
     ended = submission_end(turn.state)
     if ended is not None:
         writes.append(Statement(_END_SUBMISSION, (ended, now_us, turn.error, turn.request_id)))
+        writes.extend(deliveries_on_end([turn.request_id]))  # the outbox row, in this transaction
     yield writes
 
 
@@ -318,5 +320,6 @@ def roll_back_turn(
     ended = submission_end(turn.state)
     if ended is not None:
         writes.append(Statement(_END_SUBMISSION, (ended, now_us, turn.error, turn.request_id)))
+        writes.extend(deliveries_on_end([turn.request_id]))  # the outbox row, in this transaction
     writes.extend(_stream_tail(finish, stream, dialect, now_us))
     yield writes

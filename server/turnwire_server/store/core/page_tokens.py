@@ -30,10 +30,12 @@ from typing import Final
 from turnwire_server.store.errors import InvalidPageToken
 
 __all__ = [
+    "decode_delivery_token",
     "decode_page_token",
     "decode_schedule_token",
     "decode_submission_token",
     "decode_turn_token",
+    "encode_delivery_token",
     "encode_page_token",
     "encode_schedule_token",
     "encode_submission_token",
@@ -55,6 +57,8 @@ _SUBMISSIONS: Final = 2
 """Version 1 carried the submission's store-wide ``seq``."""
 _TURNS: Final = 4
 """The turn listing's (``list_turns``): its own version, so no other listing's token passes."""
+_DELIVERIES: Final = 5
+"""The webhook delivery listing's (``list_webhook_deliveries``)."""
 
 
 def _digest(*filters: str) -> bytes:
@@ -121,6 +125,27 @@ def decode_submission_token(
     if "\0" in local_id:
         raise InvalidPageToken(f"invalid page token {token[:64]!r}")
     return create_us, id_prefix + local_id
+
+
+def encode_delivery_token(
+    create_us: int, delivery_id: str, *, submission_id: str, conversation_id: str, state: str, id_prefix: str
+) -> str:
+    """The token of the delivery listing's page after the delivery ``delivery_id`` (an id without
+    a tenant prefix) created at ``create_us``, for these filters in the scope ``id_prefix``."""
+    digest = _digest(submission_id, conversation_id, state, id_prefix)
+    return _encode(_DELIVERIES, digest, create_us, delivery_id)
+
+
+def decode_delivery_token(
+    token: str, submission_id: str, conversation_id: str, state: str, id_prefix: str
+) -> tuple[int, str]:
+    """``(create_us, delivery_id)`` of a token :func:`encode_delivery_token` made for these
+    filters. Raises :class:`InvalidPageToken`, and nothing else, for any other string."""
+    digest = _digest(submission_id, conversation_id, state, id_prefix)
+    create_us, delivery_id = _decode(token, _DELIVERIES, digest)
+    if "\0" in delivery_id:
+        raise InvalidPageToken(f"invalid page token {token[:64]!r}")
+    return create_us, delivery_id
 
 
 def encode_turn_token(start_us: int, request_id: str, conversation_id: str, failed_only: bool) -> str:

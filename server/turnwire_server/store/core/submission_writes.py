@@ -14,6 +14,7 @@ from turnwire_server.store.core.rows import to_us
 from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks
 from turnwire_server.store.core.submission_rows import SUBMISSION_COLUMNS, submission_from_row
 from turnwire_server.store.core.submission_rules import repeated_submission
+from turnwire_server.store.core.webhook_writes import deliveries_on_end
 from turnwire_server.store.errors import TooManySubmissions
 
 __all__ = [
@@ -86,7 +87,8 @@ def create_submission(
     written = yield [
         Statement(
             "INSERT INTO submissions (id, conversation_id, idempotency_key, state, request, seq, create_time,"
-            " owner, lease_until, principal) VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?)",
+            " owner, lease_until, principal, webhook_endpoint, webhook_url)"
+            " VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 submission.submission_id,
                 submission.conversation_id,
@@ -97,6 +99,8 @@ def create_submission(
                 submission.owner or None,
                 None if submission.lease_until is None else to_us(submission.lease_until, "lease_until"),
                 submission.principal or None,
+                submission.webhook_endpoint or None,
+                submission.webhook_url or None,
             ),
         ),
         Statement(_BY_ID, (submission.submission_id,), fetch=True),
@@ -126,9 +130,10 @@ def end_submission(
             f"UPDATE submissions SET state = ?, end_time = ?, error = ? WHERE id = ? AND state IN ({marks})",
             (state, now_us, error, submission_id, *allowed),
         ),
+        *deliveries_on_end([submission_id]),  # the outbox row, in this transaction
         Statement(_BY_ID, (submission_id,), fetch=True),
     ]
-    record = _record(done[1])
+    record = _record(done[-1])
     if record is not None and record.state not in OPEN:
         yield dialect.submissions_ended([submission_id])
     return record
@@ -157,6 +162,7 @@ def expire_submissions(
             [(now_us, error, submission_id) for submission_id in ids],
             many=True,
         ),
+        *deliveries_on_end(ids),  # the outbox rows, in this transaction
         *dialect.submissions_ended(ids),
     ]
     return ids

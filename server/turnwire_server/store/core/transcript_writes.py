@@ -78,6 +78,10 @@ _CONVERSATION_TABLES: Final = (
     "DELETE FROM turn_events WHERE request_id IN"
     " (SELECT request_id FROM turn_streams WHERE conversation_id = ?)",
     "DELETE FROM turn_streams WHERE conversation_id = ?",
+    # Its submissions' webhook deliveries (docs/webhooks.md, "Retention"): pending ones too.
+    "DELETE FROM webhook_attempts WHERE delivery_id IN"
+    " (SELECT id FROM webhook_deliveries WHERE conversation_id = ?)",
+    "DELETE FROM webhook_deliveries WHERE conversation_id = ?",
     "DELETE FROM submissions WHERE conversation_id = ?",
     "DELETE FROM compactions WHERE conversation_id = ?",
     "DELETE FROM parts WHERE conversation_id = ?",

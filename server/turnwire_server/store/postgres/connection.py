@@ -24,6 +24,7 @@ from turnwire_server.store.core.message_cache import DecodedMessages
 from turnwire_server.store.core.reads import CoreReads
 from turnwire_server.store.core.schedule_writes import CoreSchedules
 from turnwire_server.store.core.sql import Program
+from turnwire_server.store.core.webhook_store import CoreWebhooks
 from turnwire_server.store.core.writes import ALONE, Commit, CoreWrites
 from turnwire_server.store.errors import StoreError, StoreUnreachable, StoreValueRefused
 from turnwire_server.store.metrics import COMMIT_DURATION
@@ -86,7 +87,7 @@ out; one back from use more recently is not, so the hot path pays no check per s
 T = TypeVar("T")
 
 
-class PostgresConnection(CoreWrites, CoreReads, CoreSchedules):
+class PostgresConnection(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
     """The pool, the listener and the transactions of one PostgreSQL store (arguments: see
     :class:`~turnwire_server.store.postgres.PostgresStore`)."""
 

@@ -31,6 +31,7 @@ from turnwire_server.store.core.reads import CoreReads
 from turnwire_server.store.core.schedule_writes import CoreSchedules
 from turnwire_server.store.core.sql import Program
 from turnwire_server.store.core.turn_writes import prepare_start_turn
+from turnwire_server.store.core.webhook_store import CoreWebhooks
 from turnwire_server.store.core.writes import ALONE, Commit, CoreWrites
 from turnwire_server.store.errors import StoreError, StoreInUse
 from turnwire_server.store.sqlite.db import DB_ERRORS, DIALECT, run_program, store_error
@@ -84,7 +85,7 @@ def _read_only_mount_problem(kind: str, path: Path) -> str:
     )
 
 
-class SqliteStore(CoreWrites, CoreReads, CoreSchedules):
+class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
     """:class:`~turnwire_server.store.base.Store` on one SQLite database file, for one process.
 
     ``path`` is the database file; missing parent directories are created at

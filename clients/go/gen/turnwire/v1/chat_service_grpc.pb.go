@@ -100,6 +100,9 @@ type ChatServiceClient interface {
 	ResumeSchedule(ctx context.Context, in *ResumeScheduleRequest, opts ...grpc.CallOption) (*ResumeScheduleResponse, error)
 	// DeleteSchedule deletes a schedule; the submissions it made stay.
 	DeleteSchedule(ctx context.Context, in *DeleteScheduleRequest, opts ...grpc.CallOption) (*DeleteScheduleResponse, error)
+	// The webhook deliveries of the caller's submissions (docs/webhooks.md),
+	// oldest first, each with every attempt. Read-only.
+	ListWebhookDeliveries(ctx context.Context, in *ListWebhookDeliveriesRequest, opts ...grpc.CallOption) (*ListWebhookDeliveriesResponse, error)
 }
 
 type chatServiceClient struct {
@@ -487,6 +490,15 @@ func (c *chatServiceClient) DeleteSchedule(ctx context.Context, in *DeleteSchedu
 	return out, nil
 }
 
+func (c *chatServiceClient) ListWebhookDeliveries(ctx context.Context, in *ListWebhookDeliveriesRequest, opts ...grpc.CallOption) (*ListWebhookDeliveriesResponse, error) {
+	out := new(ListWebhookDeliveriesResponse)
+	err := c.cc.Invoke(ctx, "/turnwire.v1.ChatService/ListWebhookDeliveries", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ChatServiceServer is the server API for ChatService service.
 // All implementations must embed UnimplementedChatServiceServer
 // for forward compatibility
@@ -574,6 +586,9 @@ type ChatServiceServer interface {
 	ResumeSchedule(context.Context, *ResumeScheduleRequest) (*ResumeScheduleResponse, error)
 	// DeleteSchedule deletes a schedule; the submissions it made stay.
 	DeleteSchedule(context.Context, *DeleteScheduleRequest) (*DeleteScheduleResponse, error)
+	// The webhook deliveries of the caller's submissions (docs/webhooks.md),
+	// oldest first, each with every attempt. Read-only.
+	ListWebhookDeliveries(context.Context, *ListWebhookDeliveriesRequest) (*ListWebhookDeliveriesResponse, error)
 	mustEmbedUnimplementedChatServiceServer()
 }
 
@@ -652,6 +667,9 @@ func (UnimplementedChatServiceServer) ResumeSchedule(context.Context, *ResumeSch
 }
 func (UnimplementedChatServiceServer) DeleteSchedule(context.Context, *DeleteScheduleRequest) (*DeleteScheduleResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method DeleteSchedule not implemented")
+}
+func (UnimplementedChatServiceServer) ListWebhookDeliveries(context.Context, *ListWebhookDeliveriesRequest) (*ListWebhookDeliveriesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListWebhookDeliveries not implemented")
 }
 func (UnimplementedChatServiceServer) mustEmbedUnimplementedChatServiceServer() {}
 
@@ -1119,6 +1137,24 @@ func _ChatService_DeleteSchedule_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ChatService_ListWebhookDeliveries_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWebhookDeliveriesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ChatServiceServer).ListWebhookDeliveries(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/turnwire.v1.ChatService/ListWebhookDeliveries",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ChatServiceServer).ListWebhookDeliveries(ctx, req.(*ListWebhookDeliveriesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _ChatService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "turnwire.v1.ChatService",
 	HandlerType: (*ChatServiceServer)(nil),
@@ -1190,6 +1226,10 @@ var _ChatService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteSchedule",
 			Handler:    _ChatService_DeleteSchedule_Handler,
+		},
+		{
+			MethodName: "ListWebhookDeliveries",
+			Handler:    _ChatService_ListWebhookDeliveries_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -13,6 +13,7 @@ from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.rpc import status_pb2 as _status_pb2
 from turnwire_client.v1 import event_pb2 as _event_pb2
 from turnwire_client.v1 import message_pb2 as _message_pb2
+from turnwire_client.v1 import webhook_pb2 as _webhook_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -1067,6 +1068,7 @@ class Submission(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     ASSISTANT_MESSAGE_ID_FIELD_NUMBER: _builtins.int
     MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
+    WEBHOOK_FIELD_NUMBER: _builtins.int
     submission_id: _builtins.str
     """The submission's id; also the request id of its turn."""
     conversation_id: _builtins.str
@@ -1099,6 +1101,10 @@ class Submission(_message.Message):
     def error(self) -> _status_pb2.Status:
         """Why it failed or was aborted, when it did."""
 
+    @_builtins.property
+    def webhook(self) -> _webhook_pb2.WebhookTarget:
+        """Where its end is reported, when its request named a target."""
+
     def __init__(
         self,
         *,
@@ -1113,10 +1119,11 @@ class Submission(_message.Message):
         error: _status_pb2.Status | None = ...,
         assistant_message_id: _builtins.str = ...,
         message_count: _builtins.int = ...,
+        webhook: _webhook_pb2.WebhookTarget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "error", b"error", "metadata", b"metadata", "start_time", b"start_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "error", b"error", "metadata", b"metadata", "start_time", b"start_time", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_message_id", b"assistant_message_id", "conversation_id", b"conversation_id", "create_time", b"create_time", "end_time", b"end_time", "error", b"error", "idempotency_key", b"idempotency_key", "message_count", b"message_count", "metadata", b"metadata", "start_time", b"start_time", "state", b"state", "submission_id", b"submission_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_message_id", b"assistant_message_id", "conversation_id", b"conversation_id", "create_time", b"create_time", "end_time", b"end_time", "error", b"error", "idempotency_key", b"idempotency_key", "message_count", b"message_count", "metadata", b"metadata", "start_time", b"start_time", "state", b"state", "submission_id", b"submission_id", "webhook", b"webhook"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1138,6 +1145,7 @@ class SubmitMessagesRequest(_message.Message):
     CLIENT_TOOLS_FIELD_NUMBER: _builtins.int
     CONCURRENT_INPUT_STRATEGY_FIELD_NUMBER: _builtins.int
     BUDGET_FIELD_NUMBER: _builtins.int
+    WEBHOOK_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation to run on; created when the turn runs."""
     submission_id: _builtins.str
@@ -1178,6 +1186,12 @@ class SubmitMessagesRequest(_message.Message):
         raises it.
         """
 
+    @_builtins.property
+    def webhook(self) -> _webhook_pb2.WebhookTarget:
+        """Optional: call this webhook target when the submission ends (completed,
+        failed, cancelled or skipped; docs/webhooks.md).
+        """
+
     def __init__(
         self,
         *,
@@ -1191,10 +1205,11 @@ class SubmitMessagesRequest(_message.Message):
         client_tools: _abc.Iterable[Global___ClientTool] | None = ...,
         concurrent_input_strategy: Global___ConcurrentInputStrategy.ValueType = ...,
         budget: Global___TurnBudget | None = ...,
+        webhook: _webhook_pb2.WebhookTarget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "budget", b"budget", "metadata", b"metadata"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "budget", b"budget", "metadata", b"metadata", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "budget", b"budget", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "idempotency_key", b"idempotency_key", "messages", b"messages", "metadata", b"metadata", "model", b"model", "submission_id", b"submission_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "budget", b"budget", "client_tools", b"client_tools", "concurrent_input_strategy", b"concurrent_input_strategy", "conversation_id", b"conversation_id", "idempotency_key", b"idempotency_key", "messages", b"messages", "metadata", b"metadata", "model", b"model", "submission_id", b"submission_id", "webhook", b"webhook"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

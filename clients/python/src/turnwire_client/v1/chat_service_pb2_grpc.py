@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from turnwire_client.v1 import chat_service_pb2 as turnwire_dot_v1_dot_chat__service__pb2
+from turnwire_client.v1 import webhook_pb2 as turnwire_dot_v1_dot_webhook__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -162,6 +163,11 @@ class ChatServiceStub:
                 '/turnwire.v1.ChatService/DeleteSchedule',
                 request_serializer=turnwire_dot_v1_dot_chat__service__pb2.DeleteScheduleRequest.SerializeToString,
                 response_deserializer=turnwire_dot_v1_dot_chat__service__pb2.DeleteScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListWebhookDeliveries = channel.unary_unary(
+                '/turnwire.v1.ChatService/ListWebhookDeliveries',
+                request_serializer=turnwire_dot_v1_dot_webhook__pb2.ListWebhookDeliveriesRequest.SerializeToString,
+                response_deserializer=turnwire_dot_v1_dot_webhook__pb2.ListWebhookDeliveriesResponse.FromString,
                 _registered_method=True)
 
 
@@ -380,6 +386,14 @@ class ChatServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListWebhookDeliveries(self, request, context):
+        """The webhook deliveries of the caller's submissions (docs/webhooks.md),
+        oldest first, each with every attempt. Read-only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChatServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -502,6 +516,11 @@ def add_ChatServiceServicer_to_server(servicer, server):
                     servicer.DeleteSchedule,
                     request_deserializer=turnwire_dot_v1_dot_chat__service__pb2.DeleteScheduleRequest.FromString,
                     response_serializer=turnwire_dot_v1_dot_chat__service__pb2.DeleteScheduleResponse.SerializeToString,
+            ),
+            'ListWebhookDeliveries': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWebhookDeliveries,
+                    request_deserializer=turnwire_dot_v1_dot_webhook__pb2.ListWebhookDeliveriesRequest.FromString,
+                    response_serializer=turnwire_dot_v1_dot_webhook__pb2.ListWebhookDeliveriesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1161,6 +1180,33 @@ class ChatService:
             '/turnwire.v1.ChatService/DeleteSchedule',
             turnwire_dot_v1_dot_chat__service__pb2.DeleteScheduleRequest.SerializeToString,
             turnwire_dot_v1_dot_chat__service__pb2.DeleteScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWebhookDeliveries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnwire.v1.ChatService/ListWebhookDeliveries',
+            turnwire_dot_v1_dot_webhook__pb2.ListWebhookDeliveriesRequest.SerializeToString,
+            turnwire_dot_v1_dot_webhook__pb2.ListWebhookDeliveriesResponse.FromString,
             options,
             channel_credentials,
             insecure,

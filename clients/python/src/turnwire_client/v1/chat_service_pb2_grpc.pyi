@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from grpc import aio as _aio
 from turnwire_client.v1 import chat_service_pb2 as _chat_service_pb2
+from turnwire_client.v1 import webhook_pb2 as _webhook_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -144,6 +145,10 @@ class ChatServiceStub:
     """
     DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.DeleteScheduleRequest, _chat_service_pb2.DeleteScheduleResponse]
     """DeleteSchedule deletes a schedule; the submissions it made stay."""
+    ListWebhookDeliveries: _grpc.UnaryUnaryMultiCallable[_webhook_pb2.ListWebhookDeliveriesRequest, _webhook_pb2.ListWebhookDeliveriesResponse]
+    """The webhook deliveries of the caller's submissions (docs/webhooks.md),
+    oldest first, each with every attempt. Read-only.
+    """
 
 @_typing.type_check_only
 class ChatServiceAsyncStub(ChatServiceStub):
@@ -261,6 +266,10 @@ class ChatServiceAsyncStub(ChatServiceStub):
     """
     DeleteSchedule: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.DeleteScheduleRequest, _chat_service_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
     """DeleteSchedule deletes a schedule; the submissions it made stay."""
+    ListWebhookDeliveries: _aio.UnaryUnaryMultiCallable[_webhook_pb2.ListWebhookDeliveriesRequest, _webhook_pb2.ListWebhookDeliveriesResponse]  # type: ignore[assignment]
+    """The webhook deliveries of the caller's submissions (docs/webhooks.md),
+    oldest first, each with every attempt. Read-only.
+    """
 
 class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
     """ChatService runs persisted, multi-step chat turns. Each turn-running RPC
@@ -519,5 +528,15 @@ class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_chat_service_pb2.DeleteScheduleResponse, _abc.Awaitable[_chat_service_pb2.DeleteScheduleResponse]]:
         """DeleteSchedule deletes a schedule; the submissions it made stay."""
+
+    @_abc_1.abstractmethod
+    def ListWebhookDeliveries(
+        self,
+        request: _webhook_pb2.ListWebhookDeliveriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_webhook_pb2.ListWebhookDeliveriesResponse, _abc.Awaitable[_webhook_pb2.ListWebhookDeliveriesResponse]]:
+        """The webhook deliveries of the caller's submissions (docs/webhooks.md),
+        oldest first, each with every attempt. Read-only.
+        """
 
 def add_ChatServiceServicer_to_server(servicer: ChatServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
