@@ -40,10 +40,12 @@ CLIENT_COMMANDS = (
     "history",
     "fork",
     "schedule",
+    "webhooks",
     "health",
 )
 """The commands that connect to a sidecar: they take the connection options, after the command or
-before it (``turnwire --target HOST:PORT chat …``)."""
+before it (``turnwire --target HOST:PORT chat …``). A group (``schedule``, ``webhooks``) stands for
+its subcommands, every one of which connects."""
 
 
 class Connection(NamedTuple):
