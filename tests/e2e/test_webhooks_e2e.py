@@ -3,10 +3,12 @@ issue 41): the call signed per the Standard Webhooks specification and verified 
 library; completion, failure and cancellation; a loopback target not allowed is refused (every
 non-public address is, by default); a receiver answering 500 twice then 200 gets three calls with
 one id; a SIGKILL between the turn's end and the delivery still delivers after the restart, also
-by another PostgreSQL replica."""
+by another PostgreSQL replica; a schedule's fires call the target of its input when they complete,
+fail or are cancelled, and a schedule naming a target the server refuses is not created."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from support.waiting import wait_until
 from support.webhook_receiver import WebhookReceiver, new_secret, webhook_receiver
 
 from turnwire_client import TurnwireClient, TurnwireError
-from turnwire_client.v1 import webhook_pb2
+from turnwire_client.v1 import chat_service_pb2, webhook_pb2
 
 SECRET_ENV = "TURNWIRE_TEST_WEBHOOK_SECRET"
 DELIVERED = webhook_pb2.WEBHOOK_DELIVERY_STATE_DELIVERED
@@ -145,6 +147,73 @@ async def test_calls_are_signed_on_every_end_and_non_public_targets_are_refused(
                 assert field in str(refused.value)
     assert await sidecar.terminate() == 0, sidecar.log_text()
     assert secret.removeprefix("whsec_") not in sidecar.log_text()
+
+
+async def test_a_schedule_s_fires_call_its_input_s_webhook(sidecar_factory: SidecarFactory) -> None:
+    """docs/schedules.md, "Webhooks": the target of ``Schedule.input`` goes with each fire's
+    submission (``tw-<schedule>.<n>``), so its end is called as a submission's is; CreateSchedule
+    checks the target as SubmitMessages does, under ``schedule.input.webhook``."""
+    secret = new_secret()
+    async with webhook_receiver() as receiver:
+        cfg = {**config(receiver.url), "schedules": {"poll_interval_seconds": 0.2}}
+        sidecar = await sidecar_factory(cfg, env={SECRET_ENV: secret}).start()
+        async with TurnwireClient(sidecar.target) as client:
+            # Three single-time schedules a second ahead, one per way a run ends; each on its own
+            # conversation, so none waits behind another.
+            at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
+            runs = {"done": "scripted:echo", "fail": "scripted:broken", "cancel": "scripted:endless"}
+            for name, model in runs.items():
+                created = await client.create_schedule(
+                    f"sw-{name}", "hello", fire_time=at, model=model, schedule_id=f"sw-{name}", webhook="app"
+                )
+                assert created.input.webhook.endpoint == "app"
+
+            async def fired(submission_id: str) -> bool:
+                page = await client.list_submissions(page_size=100)
+                return any(s.submission_id == submission_id for s in page.submissions)
+
+            await wait_until(lambda: fired("tw-sw-cancel.1"), what="the endless schedule fires")
+            await client.cancel_submission("tw-sw-cancel.1")
+            ends = {name: await ended(client, f"tw-sw-{name}.1") for name in runs}
+            assert {name: d.state for name, d in ends.items()} == dict.fromkeys(runs, DELIVERED)
+            assert (await client.get_submission("tw-sw-done.1")).webhook.endpoint == "app"
+
+            payloads = {
+                p["data"]["submission_id"]: p
+                for p in (verified(receiver, secret, i) for i in range(len(receiver.calls)))
+            }
+            assert payloads["tw-sw-done.1"] == {
+                "type": "turn.completed",
+                "timestamp": payloads["tw-sw-done.1"]["timestamp"],
+                "data": {"submission_id": "tw-sw-done.1", "conversation_id": "sw-done", "state": "completed"},
+            }
+            assert payloads["tw-sw-fail.1"]["type"] == "turn.failed"
+            assert "the model is down" in payloads["tw-sw-fail.1"]["data"]["error"]["message"]
+            assert payloads["tw-sw-cancel.1"]["type"] == "turn.cancelled"
+            assert {c.headers["webhook-id"] for c in receiver.calls} == {d.delivery_id for d in ends.values()}
+
+            # A target the server refuses is refused at creation, under schedule.input.webhook.
+            for target, field in (
+                ("nope", "schedule.input.webhook.endpoint"),
+                ({"url": "http://10.1.2.3/hook"}, "schedule.input.webhook.url"),
+            ):
+                with pytest.raises(TurnwireError) as refused:
+                    await client.create_schedule("sw", "hello", cron="0 9 * * *", webhook=target)
+                assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+                assert field in {name for name, _ in refused.value.field_violations}, refused.value
+        # The CLI names the target with --webhook, and shows it.
+        made = await run_turnwire(
+            "schedule", "create", "sw", "hello", "--cron", "0 9 * * *", "--webhook", "app",
+            "--schedule-id", "sw-cli", "--target", sidecar.target,
+        )  # fmt: skip
+        assert made.code == 0, made.stderr
+        assert made.stdout.strip().endswith(" skipped · webhook app"), made.stdout
+        async with TurnwireClient(sidecar.target) as client:
+            listed = await client.list_schedules()
+            assert [s.schedule_id for s in listed.schedules] == ["sw-cancel", "sw-cli", "sw-done", "sw-fail"]
+            states = {s.schedule_id: s.state for s in listed.schedules}
+            assert states["sw-done"] == chat_service_pb2.SCHEDULE_STATE_COMPLETED
+    assert await sidecar.terminate() == 0, sidecar.log_text()
 
 
 async def test_500_twice_then_200_makes_three_calls_with_one_id(sidecar_factory: SidecarFactory) -> None:

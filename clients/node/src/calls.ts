@@ -393,7 +393,9 @@ export abstract class TurnwireCalls {
   /**
    * Creates a schedule (docs/schedules.md): `schedule.input` is submitted on `schedule.cron` (five
    * fields, or six with seconds first) in `schedule.timeZone`, or once at `schedule.fireTime`.
-   * INVALID_ARGUMENT names the field for a bad cron expression or time zone.
+   * INVALID_ARGUMENT names the field for a bad cron expression or time zone. `schedule.input.webhook`
+   * (`{ endpoint: 'name' }`) is called when each run ends (docs/schedules.md, "Webhooks"); a target
+   * the server refuses is INVALID_ARGUMENT under `schedule.input.webhook`.
    */
   async createSchedule(
     request: MessageInitShape<typeof CreateScheduleRequestSchema>,

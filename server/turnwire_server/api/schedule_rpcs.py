@@ -6,7 +6,9 @@ store's columns hold those), its input's conversation id as a tenant-scoped key 
 stored id (api/tenancy.py). :func:`schedule_spec_of` reads it back for the engine's
 scheduler, with the submission each fire makes: the input as ``SubmitMessages`` stores it,
 under the submission id of the fire (``engine/schedules.py``), run under the principal who
-created the schedule.
+created the schedule. Its input's ``webhook`` target, checked as SubmitMessages checks it, goes
+with every fire's submission, so each run's end is called as a submission's is
+(docs/schedules.md, "Webhooks").
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from turnwire_server.api.submission_rpcs import MAX_METADATA_BYTES
 from turnwire_server.api.tenancy import caller_principal, listing_prefix, local_id, scoped_key
 from turnwire_server.api.turn_streams import abort
 from turnwire_server.api.validation import check_budget, check_id, check_message, json_object
+from turnwire_server.api.webhook_rpcs import check_webhook_target
 from turnwire_server.engine.ids import RESERVED_PREFIX
 from turnwire_server.engine.schedule_times import ScheduleTiming, TimingError
 from turnwire_server.engine.schedules import MissedRunsPolicy, OverlapPolicy, ScheduleSpec, fire_submission_id
@@ -37,6 +40,7 @@ from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.errors import InvalidPageToken, StoreError
 from turnwire_server.store.records import SubmissionRecord
 from turnwire_server.store.schedules import ScheduleNotFound, ScheduleRecord, ScheduleState
+from turnwire_server.webhooks.settings import WebhookSettings
 
 __all__ = ["ScheduleRpcs", "schedule_proto", "schedule_spec_of"]
 
@@ -96,7 +100,8 @@ def _conversation_of(template: str, schedule_id: str, number: int, fire_at: dt.d
 def schedule_spec_of(record: ScheduleRecord) -> ScheduleSpec:
     """The engine's view of a stored schedule: its timing, policies and the submission of each
     fire (its conversation the input's, or the template's for the fire; its request the input
-    as SubmitMessages stores it; its principal the schedule creator's). Raises
+    as SubmitMessages stores it; its principal the schedule creator's; its webhook target the
+    input's, so the outbox calls it when the fire's submission ends). Raises
     :class:`ValueError` for a spec that no longer decodes."""
     stored = chat_service_pb2.Schedule.FromString(record.spec)
     tenant = _tenant_of(record.schedule_id)
@@ -117,6 +122,10 @@ def schedule_spec_of(record: ScheduleRecord) -> ScheduleSpec:
             request=request.SerializeToString(deterministic=True),
             create_time=now,
             principal=record.principal,
+            # Checked when the schedule was created; an endpoint or URL the server has stopped
+            # accepting since fails its delivery at once (docs/webhooks.md, "Delivery").
+            webhook_endpoint=request.webhook.endpoint or None,
+            webhook_url=request.webhook.url or None,
         )
 
     return ScheduleSpec(
@@ -179,8 +188,10 @@ def _check_input(
     templated: bool,
     violations: list[tuple[str, str]],
     max_bytes: int,
+    webhooks: WebhookSettings,
 ) -> None:
-    """SubmitMessages' checks of the schedule's input, its field paths under ``schedule.input``."""
+    """SubmitMessages' checks of the schedule's input, its field paths under ``schedule.input``
+    (its webhook target against this server's ``webhooks:`` section, as SubmitMessages')."""
     field = "schedule.input"
     if templated:
         if request.conversation_id:
@@ -237,15 +248,17 @@ def _check_input(
             default_role=message_pb2.ROLE_USER,
         )
     check_client_tools(request.client_tools, f"{field}.client_tools", violations)
-    budget: list[tuple[str, str]] = []
-    check_budget(request, budget)
-    violations.extend((f"{field}.{name}", description) for name, description in budget)
+    own: list[tuple[str, str]] = []  # SubmitMessages' checks name its top-level fields
+    check_budget(request, own)
+    check_webhook_target(request, "webhook", webhooks, own)
+    violations.extend((f"{field}.{name}", description) for name, description in own)
 
 
 class ScheduleRpcs:
     """The schedule RPCs: a mixin of the ChatService servicer (it supplies ``engine``, ``store``,
-    ``default_model``, ``max_message_bytes`` and ``scheduler``, the replica's schedule loop,
-    woken when a schedule is created or resumed)."""
+    ``default_model``, ``max_message_bytes``, ``webhooks`` (the ``webhooks:`` section an input's
+    target is checked against) and ``scheduler``, the replica's schedule loop, woken when a
+    schedule is created or resumed)."""
 
     async def CreateSchedule(
         self: Any,
@@ -278,7 +291,7 @@ class ScheduleRpcs:
             violations.append(
                 ("schedule.missed_runs_policy", f"unknown policy {schedule.missed_runs_policy}")
             )
-        _check_input(schedule.input, templated, violations, self.max_message_bytes)
+        _check_input(schedule.input, templated, violations, self.max_message_bytes, self.webhooks)
         now = dt.datetime.now(dt.UTC)
         first = None
         if timing is not None:

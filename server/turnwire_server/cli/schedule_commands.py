@@ -1,8 +1,9 @@
 """``turnwire schedule create|list|get|pause|resume|delete`` (docs/schedules.md).
 
 Each prints the schedule(s) it got back, one line each: id, state, timing, next fire time, how
-many fires submitted and were skipped. Exit status 0, 2 when the sidecar refused the call (a bad
-cron expression, an unknown id), 3 when it cannot be reached.
+many fires submitted and were skipped, and the webhook target its runs call, when it has one.
+Exit status 0, 2 when the sidecar refused the call (a bad cron expression, an unknown id), 3 when
+it cannot be reached.
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ def _line(schedule: chat_service_pb2.Schedule) -> str:
     following = (
         schedule.next_fire_time.ToDatetime(dt.UTC).isoformat() if schedule.HasField("next_fire_time") else "-"
     )
+    target = schedule.input.webhook
+    called = f" · webhook {target.endpoint or target.url}" if schedule.input.HasField("webhook") else ""
     return (
         f"{schedule.schedule_id} · {state} · {timing} · next {following} · "
-        f"{schedule.fire_count} fired · {schedule.skipped_count} skipped"
+        f"{schedule.fire_count} fired · {schedule.skipped_count} skipped{called}"
     )
 
 
@@ -103,6 +106,14 @@ def create(
     ] = "skip",
     schedule_id: Annotated[str, typer.Option(help="Choose the schedule's id (default: assigned).")] = "",
     model: Annotated[str | None, typer.Option(help="Model for each run, provider:model.")] = None,
+    webhook: Annotated[
+        str,
+        typer.Option(
+            metavar="ENDPOINT",
+            help="Call this configured webhook endpoint when each run ends (an http(s) URL where the "
+            "server takes per-request URLs).",
+        ),
+    ] = "",
 ) -> None:
     """Create a schedule that submits TEXT on a cron expression or once at a time."""
     fire_time = None
@@ -124,6 +135,8 @@ def create(
         "missed_runs": missed_runs,
         "schedule_id": schedule_id,
         "model": model,
+        # An endpoint's name holds no ":" (webhooks.settings.ENDPOINT_NAME): "://" marks a URL.
+        "webhook": ({"url": webhook} if "://" in webhook else webhook) if webhook else None,
     }
     if overlap not in ("skip", "enqueue") or missed_runs not in ("skip", "run_once"):
         typer.echo("turnwire: --overlap is skip or enqueue; --missed-runs is skip or run_once", err=True)

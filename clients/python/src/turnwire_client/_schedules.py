@@ -12,7 +12,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from turnwire_client._requests import ClientToolSpec, MessagesSpec, submit_messages_request
+from turnwire_client._requests import ClientToolSpec, MessagesSpec, WebhookSpec, submit_messages_request
 from turnwire_client.v1 import chat_service_pb2
 
 __all__ = ["ScheduleCalls", "SyncScheduleCalls", "create_schedule_request"]
@@ -45,6 +45,7 @@ def create_schedule_request(
     body: Mapping[str, Any] | None = None,
     model: str | None = None,
     client_tools: Sequence[ClientToolSpec] = (),
+    webhook: WebhookSpec | None = None,
 ) -> chat_service_pb2.CreateScheduleRequest:
     """The ``CreateScheduleRequest`` of :meth:`ScheduleCalls.create_schedule` (see there)."""
     if overlap not in _OVERLAP:
@@ -68,6 +69,7 @@ def create_schedule_request(
             body=body,
             model=model,
             client_tools=client_tools,
+            webhook=webhook,
         )
     )
     if fire_time is not None:
@@ -97,11 +99,14 @@ class ScheduleCalls:
         ``conversation_id_template`` (a new conversation per run: pass "" as
         ``conversation_id``), ``overlap`` (``"skip"`` or ``"enqueue"``), ``missed_runs``
         (``"skip"`` or ``"run_once"``), ``schedule_id``, and ``metadata``, ``body``, ``model``,
-        ``client_tools`` as :meth:`submit_messages` takes them.
+        ``client_tools``, ``webhook`` as :meth:`submit_messages` takes them (``webhook``: each
+        fire's submission calls this target when it ends; docs/schedules.md, "Webhooks").
 
         Returns the stored schedule (its ``next_fire_time`` the first fire). Raises
         :class:`TurnwireError`: ``INVALID_ARGUMENT`` with field violations (a bad cron
-        expression or time zone among them), ``ALREADY_EXISTS`` for a ``schedule_id`` in use.
+        expression or time zone, a webhook endpoint the server does not have,
+        ``schedule.input.webhook.endpoint``, among them), ``ALREADY_EXISTS`` for a
+        ``schedule_id`` in use.
         """
         request = create_schedule_request(conversation_id, messages, **schedule)
         response: chat_service_pb2.CreateScheduleResponse = await self._unary(

@@ -4147,7 +4147,9 @@ type Schedule struct {
 	// `idempotency_key` stay empty (each fire's submission id is
 	// `<schedule_id>.<fire number>`, with `tw-` put before a schedule id that
 	// does not start with it), and the concurrent input strategy is ENQUEUE or
-	// unset.
+	// unset. Its `webhook` target, checked as SubmitMessages checks it, goes
+	// with every fire's submission: each run's end is called as a
+	// submission's is (docs/schedules.md, "Webhooks").
 	Input *SubmitMessagesRequest `protobuf:"bytes,5,opt,name=input,proto3" json:"input,omitempty"`
 	// When set, each run goes to a new conversation whose id is this template
 	// with `{schedule_id}`, `{fire_number}` and `{fire_time}` (UTC,

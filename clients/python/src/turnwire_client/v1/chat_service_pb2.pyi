@@ -2234,7 +2234,9 @@ class Schedule(_message.Message):
         `idempotency_key` stay empty (each fire's submission id is
         `<schedule_id>.<fire number>`, with `tw-` put before a schedule id that
         does not start with it), and the concurrent input strategy is ENQUEUE or
-        unset.
+        unset. Its `webhook` target, checked as SubmitMessages checks it, goes
+        with every fire's submission: each run's end is called as a
+        submission's is (docs/schedules.md, "Webhooks").
         """
 
     @_builtins.property
@@ -2251,10 +2253,7 @@ class Schedule(_message.Message):
 
     @_builtins.property
     def update_time(self) -> _timestamp_pb2.Timestamp:
-        """When it was last changed (created, paused, resumed, fired). Output only.
-        Field 17 is left for the webhook endpoint a schedule's fires notify
-        (issue 41, webhooks): a schedule names an endpoint as a submission does.
-        """
+        """When it was last changed (created, paused, resumed, fired). Output only."""
 
     def __init__(
         self,

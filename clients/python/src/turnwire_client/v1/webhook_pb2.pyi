@@ -61,7 +61,7 @@ Global___WebhookDeliveryState: _TypeAlias = WebhookDeliveryState  # noqa: Y015
 class WebhookTarget(_message.Message):
     """WebhookTarget names where the server calls when background work ends
     (docs/webhooks.md). One small message, reused by every request that asks
-    for a call (a submission today; a schedule names its target the same way).
+    for a call (a submission; a schedule in its input, `Schedule.input.webhook`).
     Exactly one of `endpoint` and `url` is set.
     """
 

@@ -2071,7 +2071,9 @@ export type Schedule = Message<"turnwire.v1.Schedule"> & {
    * `idempotency_key` stay empty (each fire's submission id is
    * `<schedule_id>.<fire number>`, with `tw-` put before a schedule id that
    * does not start with it), and the concurrent input strategy is ENQUEUE or
-   * unset.
+   * unset. Its `webhook` target, checked as SubmitMessages checks it, goes
+   * with every fire's submission: each run's end is called as a
+   * submission's is (docs/schedules.md, "Webhooks").
    *
    * @generated from field: turnwire.v1.SubmitMessagesRequest input = 5;
    */
@@ -2152,9 +2154,6 @@ export type Schedule = Message<"turnwire.v1.Schedule"> & {
 
   /**
    * When it was last changed (created, paused, resumed, fired). Output only.
-   *
-   * Field 17 is left for the webhook endpoint a schedule's fires notify
-   * (issue 41, webhooks): a schedule names an endpoint as a submission does.
    *
    * @generated from field: google.protobuf.Timestamp update_time = 16;
    */

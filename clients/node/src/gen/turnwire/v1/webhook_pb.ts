@@ -17,7 +17,7 @@ export const file_turnwire_v1_webhook: GenFile = /*@__PURE__*/
 /**
  * WebhookTarget names where the server calls when background work ends
  * (docs/webhooks.md). One small message, reused by every request that asks
- * for a call (a submission today; a schedule names its target the same way).
+ * for a call (a submission; a schedule in its input, `Schedule.input.webhook`).
  * Exactly one of `endpoint` and `url` is set.
  *
  * @generated from message turnwire.v1.WebhookTarget
