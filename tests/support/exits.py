@@ -1,13 +1,14 @@
-"""A test-only middleware that makes its server process exit on its own, for the supervisor's
-restart tests (``serve --workers N``); loaded as ``support.exits:ExitsSoon`` with ``PYTHONPATH``
-set as :func:`support.hooks.pythonpath_env` does."""
+"""Test-only middlewares that make their server process exit on its own, as a crash does: for the
+supervisor's restart tests (``serve --workers N``, ``support.exits:ExitsSoon``) and for a crash
+right after a turn's end is stored (``support.exits:ExitsAfterTurnEnd``, the detached sub-agent
+tests); loaded with ``PYTHONPATH`` set as :func:`support.hooks.pythonpath_env` does."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 
-from turnwire.hooks import Middleware, SessionConfig, SessionContext
+from turnwire.hooks import ChatResponseContext, Middleware, SessionConfig, SessionContext
 
 
 class ExitsSoon(Middleware):
@@ -21,3 +22,14 @@ class ExitsSoon(Middleware):
         """Schedule the exit; configures nothing."""
         asyncio.get_running_loop().call_later(self.seconds, os._exit, 3)
         return None
+
+
+class ExitsAfterTurnEnd(Middleware):
+    """``on_chat_response``: the process exits with status 3 at once, without stopping. The hook
+    runs after the turn's end is stored (``Store.finish_turn``) and before anything that follows
+    the turn (its TurnEnd sent, a detached sub-agent's answer submitted; docs/semantics.md §4),
+    so the crash lands exactly between the two."""
+
+    async def on_chat_response(self, ctx: ChatResponseContext) -> None:
+        """Exit; a crash leaves nothing flushed or stopped."""
+        os._exit(3)
