@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
+from support.waiting import wait_until
 from turnwire.hooks import ChatResponseContext, Middleware, SessionConfig, SessionContext
 
 
@@ -25,11 +27,16 @@ class ExitsSoon(Middleware):
 
 
 class ExitsAfterTurnEnd(Middleware):
-    """``on_chat_response``: the process exits with status 3 at once, without stopping. The hook
-    runs after the turn's end is stored (``Store.finish_turn``) and before anything that follows
-    the turn (its TurnEnd sent, a detached sub-agent's answer submitted; docs/semantics.md §4),
-    so the crash lands exactly between the two."""
+    """``on_chat_response``: once the file ``go_file`` exists (the test creates it when it is
+    ready for the crash), the process exits with status 3, without stopping. The hook runs after
+    the turn's end is stored (``Store.finish_turn``) and before anything that follows the turn
+    (its TurnEnd sent, a detached sub-agent's answer submitted; docs/semantics.md §4), so the
+    crash lands exactly between the two."""
+
+    def __init__(self, go_file: str) -> None:
+        self.go_file = Path(go_file)
 
     async def on_chat_response(self, ctx: ChatResponseContext) -> None:
-        """Exit; a crash leaves nothing flushed or stopped."""
+        """Wait for the go, then exit; a crash leaves nothing flushed or stopped."""
+        await wait_until(self.go_file.exists, timeout=120, what="the test's go to crash")
         os._exit(3)
