@@ -540,6 +540,7 @@ async def _start(
         subagents.bind(engine)
         submissions = await _recover(settings, engine, store)
         detached_results.bind(submissions, store)
+        await _deliver_detached_answers(settings, detached_results)
         scheduler = _scheduler(settings, store, submissions)
         server, health, port, calls = await _serve(
             settings,
@@ -560,6 +561,7 @@ async def _start(
         await store.close()
         raise
     maintenance = _start_maintenance(settings.durability, engine, submissions)
+    _sweep_detached_answers(settings, detached_results, maintenance)
     webhooks = _start_webhooks(settings.webhooks, store, signers, replica_id, maintenance)
     replica = Replica(engine, resume=settings.durability.recover_on_start, submissions=submissions)
     replica.start()
@@ -704,6 +706,43 @@ def _engine_settings(settings: Settings, session: SessionConfig, replica_id: str
         fallbacks=Fallbacks(settings.fallback),
         budgets=settings.budgets,
     )
+
+
+async def _deliver_detached_answers(settings: Settings, detached: DetachedResults) -> None:
+    """Submit the answers of detached sub-agents that a crash left undelivered: their turn's end
+    stored, their submission not (docs/subagents.md, "Detached sub-agents"); those whose stream
+    is still kept (``durability.event_retention_seconds``, 0: all). Waits out the database being
+    unreachable as the recoveries do (a repeat is safe: the submission id is derived)."""
+    names = {entry.name for entry in settings.subagents if entry.detached}
+    if not names:
+        return
+    retention = settings.durability.event_retention_seconds
+    since = (
+        dt.datetime.now(dt.UTC) - dt.timedelta(seconds=retention)
+        if retention > 0
+        else dt.datetime.fromtimestamp(0, dt.UTC)
+    )
+    delivered = await until_stored(
+        lambda: detached.reconcile(names, since),
+        patience_seconds=settings.durability.store_outage_seconds,
+        what="delivering detached sub-agents' answers",
+        retry_on=StoreUnreachable,
+    )
+    if delivered:
+        log.warning("delivered %d detached sub-agent answer(s) a crash had left undelivered", delivered)
+
+
+def _sweep_detached_answers(settings: Settings, detached: DetachedResults, maintenance: Maintenance) -> None:
+    """Have every sweep deliver the detached answers left undelivered among the children that
+    ended lately: another replica's crash in the gap (it may never restart), a delivery the store
+    refused. Lately: two sweep intervals and a lease back, so a late sweep or the replicas'
+    clocks apart miss none between sweeps (the start-up pass covers the rest)."""
+    names = {entry.name for entry in settings.subagents if entry.detached}
+    if not names:
+        return
+    durability = settings.durability
+    window = dt.timedelta(seconds=2 * durability.sweep_interval_seconds + durability.lease_seconds)
+    maintenance.add_hook("undelivered detached answers", lambda now: detached.reconcile(names, now - window))
 
 
 async def _recover(settings: Settings, engine: TurnEngine, store: Store) -> Submissions:

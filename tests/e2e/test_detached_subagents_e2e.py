@@ -1,13 +1,16 @@
 """Detached sub-agents end to end (docs/subagents.md, "Detached sub-agents"): the call returns a
 handle at once, the calling turn ends, the child runs on, and its answer arrives as a submission
 on the calling conversation, whose turn continues it; a SIGKILL during the child recovers it
-once, and its answer still arrives, once.
+once, and its answer still arrives, once; a crash after the child's end is stored and before its
+answer's submission is leaves the answer to the next start, which submits it, once.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 from support.hooks import pythonpath_env
@@ -116,3 +119,55 @@ async def test_sigkill_during_the_child_recovers_it_once(sidecar_factory: Any) -
         ).fetchall()
     assert rows == [("completed", 1)]
     assert await second.terminate() == 0, second.log_text()
+
+
+def crashing_after_the_child(config: dict[str, Any], go_file: Path) -> dict[str, Any]:
+    """``config`` with a quick child whose process exits right after its end is stored, once
+    ``go_file`` exists."""
+    crashing = copy.deepcopy(config)
+    crashing["providers"]["scripted"]["scripts"]["quick"] = [{"text": "Done quickly."}]
+    (background,) = crashing["subagents"]
+    background["model"] = "scripted:quick"
+    background["middleware"] = [
+        {"path": "support.exits:ExitsAfterTurnEnd", "options": {"go_file": str(go_file)}}
+    ]
+    return crashing
+
+
+def submissions_of(db_path: Any) -> list[tuple[str, str]]:
+    with sqlite3.connect(db_path) as db:
+        return db.execute("SELECT id, conversation_id FROM submissions ORDER BY seq").fetchall()
+
+
+async def test_a_crash_between_the_childs_end_and_its_submission_delivers_once_at_restart(
+    sidecar_factory: Any, tmp_path: Path
+) -> None:
+    go = tmp_path / "crash-now"
+    first: SidecarProcess = await sidecar_factory(
+        crashing_after_the_child(CONFIG, go), env=pythonpath_env()
+    ).start()
+    async with TurnwireClient(first.target) as client:
+        handle = await call_in_background(client, "gap")
+    go.touch()  # the calling turn has ended: the child's process may crash now
+    assert await first.wait() == 3, first.log_text()  # exited in the child's on_chat_response
+    with sqlite3.connect(first.db_path) as db:
+        child_turn = db.execute(
+            "SELECT state FROM turns WHERE conversation_id = ?", (handle["conversation_id"],)
+        ).fetchall()
+    assert child_turn == [("completed",)]  # its end is stored ...
+    assert submissions_of(first.db_path) == []  # ... its answer's submission is not
+
+    second: SidecarProcess = await sidecar_factory(CONFIG, env=pythonpath_env()).start()
+    async with TurnwireClient(second.target) as client:
+        stored = await wait_until(
+            lambda: delivered(client, "gap"), timeout=30, what="the answer after restart"
+        )
+        assert stored is not None
+        answers = [texts(m) for m in stored.messages if texts(m).startswith("Sub-agent background")]
+        assert answers == ["Sub-agent background (call call_0_0) answered: Done quickly."]
+        child = await client.get_conversation(handle["conversation_id"])
+        assert [texts(m) for m in child.messages] == ["Work slowly.", "Done quickly."]  # not run again
+    # One submission, though the start-up and the maintenance sweep may both have looked.
+    assert await second.terminate() == 0, second.log_text()
+    (submission,) = submissions_of(second.db_path)
+    assert submission[1] == "gap" and "tw-r-" in submission[0]

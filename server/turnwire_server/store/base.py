@@ -472,6 +472,18 @@ class ReplicaStore(Protocol):
         """Turns still recorded as ``running`` (after a crash, to recover)."""
         ...
 
+    async def ended_turns_marked(
+        self, mark: str, since: dt.datetime, limit: int, after: tuple[dt.datetime, str] | None = None
+    ) -> list[TurnRecord]:
+        """Up to ``limit`` (>= 1) ended turns whose conversation id contains ``mark`` (a
+        sub-agent's: ``:sub-``) and whose stream ended at or after ``since`` with its events
+        still kept (``durability.event_retention_seconds``), oldest end first (ties by request
+        id), after the turn ``after`` (its end time and request id; None: from the first). For
+        the start-up's delivery of detached sub-agents' answers (docs/subagents.md, "Detached
+        sub-agents"). Raises :class:`ValueError` for a ``mark`` holding ``%``, ``_`` or ``\\``, or
+        ``limit`` < 1."""
+        ...
+
     async def renew_leases(self, owner: str, until: dt.datetime) -> int:
         """Extend to ``until`` the lease of every running turn (and pending submission, queue
         ticket) ``owner`` holds, in one statement each

@@ -217,6 +217,31 @@ class CoreReads:
         )
         return [turn_from_row(row) for row in rows]
 
+    async def ended_turns_marked(
+        self, mark: str, since: dt.datetime, limit: int, after: tuple[dt.datetime, str] | None = None
+    ) -> list[TurnRecord]:
+        """Up to ``limit`` (>= 1) ended turns whose conversation id contains ``mark`` and whose
+        stream ended at or after ``since`` with its events kept, oldest end first (ties by
+        request id), after the turn ``after`` (its end time and request id; None: from the
+        start). Served by the ``turn_streams_by_end`` index. Raises :class:`ValueError` for a
+        ``mark`` with a LIKE wildcard (``%``, ``_``) or ``limit`` < 1."""
+        if not mark or "%" in mark or "_" in mark or "\\" in mark:
+            raise ValueError(f"mark must be a non-empty string without %, _ or \\, got {mark!r}")
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        after_us, after_id = (to_us(after[0], "after"), after[1]) if after is not None else (-1, "")
+        rows = await self._read(
+            "ended_turns_marked",
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE request_id IN ("
+            " SELECT request_id FROM turn_streams WHERE end_time IS NOT NULL AND events_expired = 0"
+            " AND end_time >= ? AND conversation_id LIKE ?)"
+            " AND state <> 'running' AND end_time IS NOT NULL"
+            " AND (end_time > ? OR (end_time = ? AND request_id > ?))"
+            " ORDER BY end_time, request_id LIMIT ?",
+            (to_us(since, "since"), f"%{mark}%", after_us, after_us, after_id, limit),
+        )
+        return [turn_from_row(row) for row in rows]
+
     async def get_turn(self, request_id: str) -> TurnRecord | None:
         """The turn recorded under ``request_id``, or None."""
         rows = await self._read(
