@@ -42,7 +42,16 @@ NOT_DOMAIN_ERRORS = {
     "turnwire_server.http.calls.CallEnded",
     # The HTTP doors' refusal of a body (OpenAI, AG-UI, AI SDK): a 400 in the door's error shape, no status.
     "turnwire_server.http.openai_request.RequestProblem",
+    # Inside the sidecar only: a schedule's timing refused is answered INVALID_ARGUMENT with
+    # BadRequest by the API layer (api/schedule_rpcs.py); a webhook target refused on its resolved
+    # address is stored with the delivery attempt, never raised to a client.
+    "turnwire_server.engine.schedule_times.TimingError",
+    "turnwire_server.webhooks.targets.TargetRefused",
+    # For the authors of hooks and tools, in process: a sub-agent called where none is served.
+    "turnwire.subagents.SubagentsUnavailable",
     # Startup and configuration: the process refuses to start; no client ever sees them.
+    "turnwire_server.subagent_loading.SubagentConfigError",
+    "turnwire_server.webhooks.signing.MissingSecret",
     "turnwire_server.api.authentication.AuthConfigError",
     "turnwire_server.api.tls.TlsFileError",
     "turnwire_server.app.StartupError",

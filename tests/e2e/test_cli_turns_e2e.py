@@ -328,9 +328,12 @@ def test_top_level_help_lists_each_command_in_one_whole_line() -> None:
         "resume",
         "conversations",
         "history",
+        "fork",
         "health",
         "demo",
         "config",
+        "webhooks",
+        "schedule",
     ]
     for line in commands:
         assert line.startswith("  ") and not line.startswith("   "), f"a wrapped summary: {line!r}"

@@ -52,6 +52,9 @@ RUN_ELSEWHERE = {
     "npm install /path/to/turnwire/dist/turnwire-client-": "tests/test_release_artifacts.py",
     # docs/api/kit-python.md: the wheels of make dist into a fresh venv
     "pip install dist/turnwire_sdk-": "tests/test_release_artifacts.py",
+    # docs/api/kit-go.md, offline: GOPATH mode on Debian's packages, as tools/go-test.sh builds the
+    # Go client and its kit for `make test` (the page's program itself: tests/test_release_artifacts.py)
+    "sudo apt-get install -y --no-install-recommends golang-go": "tools/go-test.sh",
 }
 NOT_RUN = {
     # README.md and docs/getting-started.md
@@ -107,8 +110,9 @@ async def test_the_cli_tour_runs_as_written(sidecar_factory: SidecarFactory, tmp
     env = {"TURNWIRE_TARGET": sidecar.target}
     # "cancel a running turn": none runs, so exit status 1; "follow a turn": no such turn, exit
     # status 2; "approve a call awaiting approval": the demo's calls need none, so the sidecar
-    # refuses it (exit status 2, the reason on stderr).
-    expected_codes = {"cancel": 1, "resume": 2, "approve": 2}
+    # refuses it (exit status 2, the reason on stderr); "fork … at that message": the page's message
+    # id stands for one of the reader's, so this sidecar has none (exit status 2).
+    expected_codes = {"cancel": 1, "resume": 2, "approve": 2, "fork": 2}
     outputs = {}
     for command in commands[1:]:
         args = _argv(command, sidecar.target)
@@ -121,6 +125,9 @@ async def test_the_cli_tour_runs_as_written(sidecar_factory: SidecarFactory, tmp
     assert outputs["health"].strip() == "SERVING"
     assert "store:" in outputs["config show"]
     assert "TOOL_CALL_NOT" in outputs["approve my-conversation"], outputs["approve my-conversation"]
+    assert "tw-a-cli-0123456789abcdef" in outputs["fork my-conversation"], outputs["fork my-conversation"]
+    assert "0 9 * * *" in outputs["schedule create"], outputs["schedule create"]
+    assert "no webhook deliveries" in outputs["webhooks deliveries"], outputs["webhooks deliveries"]
 
 
 async def test_two_replicas_on_one_postgresql_database_as_written(tmp_path: Path) -> None:

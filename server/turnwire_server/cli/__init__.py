@@ -11,6 +11,13 @@ The CLI talks to the sidecar through :mod:`turnwire_client` only: it imports no 
 server's API layer.
 """
 
+import os
+
+# gRPC's C core logs at info in its own format (a failed TLS handshake of a client command, a
+# client's GOAWAY in serve), outside logging.level. It reads this when its first module that
+# starts it is imported, which a command's imports may do: set before any of them.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from turnwire_server.cli.app import app, main
 
 __all__ = ["app", "main"]

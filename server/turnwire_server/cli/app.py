@@ -7,7 +7,6 @@ declared once, in :mod:`.connection`.
 
 from __future__ import annotations
 
-import os
 from typing import Annotated
 
 import typer
@@ -78,8 +77,5 @@ app.add_typer(schedule_commands.schedule_app, name="schedule")
 
 
 def main() -> None:
-    """Console-script entry point."""
-    # gRPC's C core logs at info in its own format (a failed TLS handshake of a client command,
-    # a client's GOAWAY in serve), outside logging.level; it reads this when it starts.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    """Console-script entry point (the package's ``__init__`` quiets gRPC's C core first)."""
     app()

@@ -211,7 +211,7 @@ def fork(
     ] = "",
     sidecar: ConnectionOptions,
 ) -> None:
-    """Fork a conversation at one of its messages into a new conversation.
+    """Fork a conversation at one of its messages.
 
     The fork holds the messages up to and including MESSAGE_ID, shared with the source without a
     copy; later turns and edits on either side never show on the other. Prints the new id. To

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["schedule_app"]
 
 schedule_app = typer.Typer(
-    help="Schedules: submit a message on a cron expression or once at a time.",
+    help="Submit a message on a cron schedule or once.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )

@@ -4,18 +4,19 @@ every attempt (``ListWebhookDeliveries``; docs/webhooks.md)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from turnwire_client import TurnwireError
-from turnwire_client.v1 import webhook_pb2
 from turnwire_server.cli.connection import Connection, ConnectionOptions, client_command
 from turnwire_server.cli.errors import print_call_error
 from turnwire_server.cli.exit_codes import EXIT_OK
 from turnwire_server.cli.parts import or_stderr, print_listing_end, utc_time
+
+if TYPE_CHECKING:
+    from turnwire_client.v1 import webhook_pb2
 
 __all__ = ["deliveries", "run_deliveries", "webhooks_app"]
 
@@ -24,11 +25,7 @@ webhooks_app = typer.Typer(
 )
 
 _STATES = {"pending": 1, "delivered": 2, "failed": 3}
-_STATE_STYLES = {
-    webhook_pb2.WEBHOOK_DELIVERY_STATE_PENDING: "yellow",
-    webhook_pb2.WEBHOOK_DELIVERY_STATE_DELIVERED: "green",
-    webhook_pb2.WEBHOOK_DELIVERY_STATE_FAILED: "red",
-}
+_STATE_STYLES = {"pending": "yellow", "delivered": "green", "failed": "red"}
 
 
 async def run_deliveries(
@@ -44,6 +41,10 @@ async def run_deliveries(
     """Print up to ``limit`` deliveries, oldest first: a line each (id, event, target, state,
     submission) and a line per attempt (number, start time UTC, HTTP status or error, duration).
     Exit codes: 0, 2 when the call is refused, 3 when the sidecar cannot be reached."""
+    # Imported here: the client imports gRPC, which must not start before the CLI quiets its log
+    # (cli/app.py: GRPC_VERBOSITY), and `turnwire -h` stays fast.
+    from turnwire_client import TurnwireError
+
     out = console if console is not None else Console()
     shown, page_token = 0, ""
     try:
@@ -69,11 +70,13 @@ async def run_deliveries(
 
 
 def _print_delivery(out: Console, delivery: webhook_pb2.WebhookDelivery) -> None:
+    from turnwire_client.v1 import webhook_pb2
+
     state = webhook_pb2.WebhookDeliveryState.Name(delivery.state).removeprefix("WEBHOOK_DELIVERY_STATE_")
     target = delivery.target.endpoint or delivery.target.url
     line = Text(delivery.delivery_id, style="bold")
     line.append(f" · {delivery.event_type} → {target} · ")
-    line.append(state.lower(), style=_STATE_STYLES.get(delivery.state, ""))
+    line.append(state.lower(), style=_STATE_STYLES.get(state.lower(), ""))
     line.append(f" · submission {delivery.submission_id}", style="dim")
     if delivery.HasField("next_attempt_time"):
         line.append(f" · next attempt {utc_time(delivery.next_attempt_time)}", style="dim")
