@@ -10,9 +10,16 @@ run interleaved on the same stores:
 - **separate** (before the folds): each step's reservation its own transaction
   (``charge_budget``, settling the previous step), the step's checkpoint another, the last
   settlement another (``StepBudgets.close``), then the final write;
-- **folded** (now): the first step's reservation its own transaction, each later step's reservation
+- **folded**: the first step's reservation its own transaction, each later step's reservation
   and the previous step's settlement riding that step's checkpoint (``charge_budget(...,
-  checkpoint=...)``), the last settlement riding the final write (``finish_turn(..., budget=...)``).
+  checkpoint=...)``), the last settlement riding the final write (``finish_turn(..., budget=...)``);
+- **admitted** (now): as folded, but the first step's reservation rides the turn's admission
+  (``admit_turn(..., budget=...)``, sized by ``FirstStepEstimates`` as a process that served the
+  conversation's last turn sizes it) and the step uses it without a write. PostgreSQL's one-flight
+  admission does not carry it (docs/cost.md, "What it costs per request"): there this arm is the
+  folded one plus the estimate.
+
+Every arm is admitted by ``admit_turn`` (the engine's path), the turn's lock held to its end.
 
 The added cost of an arm is its CPU per request minus the off arm's: this process's
 (``time.process_time``: the prompt estimate, the programs, the driver; the SQLite writer thread
@@ -22,7 +29,7 @@ sessions). Budgets: the turn's, the conversation's and the tenant's day, in toke
 400 bytes in each step's history. A request PASSes when budgets add at most 0.3 ms of CPU to it
 (client plus server). Run: ``.venv/bin/python bench/budget_cost.py [--steps 1] [--rounds 15] [--block 20]``.
 
-``--base DIR`` (another checkout, e.g. main's) adds a fourth arm, **base**: the folded arm with
+``--base DIR`` (another checkout, e.g. main's) adds a fifth arm, **base**: the folded arm with
 that checkout's charge program (its ``store/core/budget_writes.py`` and ``budget_rules.py``, loaded
 under other names) in place of this one's, interleaved with the others in the same process and
 stores: an A/B of the charge's statements that a loaded machine's drift between two runs would
@@ -50,14 +57,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _stores import backend_cpu_s, both_stores
 
+from turnwire.compaction import EstimateTokens
 from turnwire.providers import ModelRequest
 from turnwire.types import Cost, ModelSettings, Usage
 from turnwire_client.v1 import message_pb2
+from turnwire_server.engine.budget_admission import FirstStepEstimates
 from turnwire_server.engine.budget_settings import BudgetSettings
-from turnwire_server.engine.budgets import StepBudgets
+from turnwire_server.engine.budgets import StepBudgets, admission_charge
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
+from turnwire_server.engine.request import TurnRequest
 from turnwire_server.store import Store, TurnRecord
+from turnwire_server.store.base import BudgetGrant
 from turnwire_server.store.core import budget_writes
 from turnwire_server.store.core import writes as core_writes
 
@@ -71,7 +82,11 @@ BUDGETS = BudgetSettings.model_validate(
     }
 )
 ALLOWANCE_US = 300.0
-ARMS = ("off", "separate", "folded")
+ARMS = ("off", "separate", "folded", "admitted")
+RATES = PRICES.rates(MODEL, None)
+ESTIMATES = FirstStepEstimates()
+_ESTIMATE = EstimateTokens()
+_PROMPTS: dict[int, tuple[int, int]] = {}
 
 
 def _use(charges: Any) -> None:
@@ -125,8 +140,8 @@ def _taken(reply: message_pb2.Message) -> Callable[[], Awaitable[message_pb2.Mes
 
 
 async def _turn(store: Store, arm: str, steps: int, request: ModelRequest, n: int) -> None:
-    """One request of ``arm``: its admission (not measured by the caller's difference: every arm
-    has it), its steps' writes and its final write."""
+    """One request of ``arm``: its admission (``admit_turn``, as the engine's; the admitted arm's
+    carries the first reservation), its steps' writes and its final write, the lock held."""
     turn = TurnRecord(
         request_id=f"{arm}-r{n}",
         conversation_id=f"{arm}-c{n}",
@@ -139,7 +154,52 @@ async def _turn(store: Store, arm: str, steps: int, request: ModelRequest, n: in
     )
     user = message_pb2.Message(id=f"{arm}-u{n}", role=message_pb2.ROLE_USER)
     user.parts.add().text.text = "q"
-    await store.start_turn(turn, [user])
+    first = None
+    if arm == "admitted":
+        # As a process that served the conversation's last turn: its prompt is known (what that
+        # turn's step paid to learn it is not this request's).
+        ESTIMATES.sent(turn.conversation_id, *_prompt_of(request))
+        asked = TurnRequest(
+            conversation_id=turn.conversation_id,
+            request_id=turn.request_id,
+            messages=[user],
+            body={},
+            model=MODEL,
+            continuation=False,
+            response_type=object,
+        )
+        first = admission_charge(
+            BUDGETS, ESTIMATES, asked, turn.lease, rates=RATES, now=dt.datetime.now(dt.UTC)
+        )
+    async with store.admit_turn(
+        turn, [user], lease_seconds=30, read_compaction=False, queued=_ignored, budget=first
+    ) as admission:
+        await _steps(store, arm, steps, request, turn, admitted=admission.budget)
+
+
+def _prompt_of(request: ModelRequest) -> tuple[int, int]:
+    """``request``'s estimated prompt and, of it, its system prompt and tools, in tokens (the
+    bench's one request, estimated once)."""
+    if id(request) not in _PROMPTS:
+        framing = _ESTIMATE.framing(request)
+        _PROMPTS[id(request)] = (_ESTIMATE.messages(request.messages) + framing, framing)
+    return _PROMPTS[id(request)]
+
+
+def _ignored(_: bool) -> None:
+    """``admit_turn``'s ``queued``: nothing waits here."""
+
+
+async def _steps(
+    store: Store,
+    arm: str,
+    steps: int,
+    request: ModelRequest,
+    turn: TurnRecord,
+    *,
+    admitted: BudgetGrant | None,
+) -> None:
+    """The turn's steps' writes and its final write (see :func:`_turn`)."""
     reply = message_pb2.Message(id=turn.assistant_message_id, role=message_pb2.ROLE_ASSISTANT)
     budgets = None
     if arm != "off":
@@ -152,15 +212,20 @@ async def _turn(store: Store, arm: str, steps: int, request: ModelRequest, n: in
             lease=turn.lease,
             turn_limit=BUDGETS.turn,
             recovered=False,
+            admitted=admitted,
         )
     for step in range(steps):
         if budgets is not None:
             await budgets.reserve(
-                request, MODEL, None, None, checkpoint=_taken(reply) if arm == "folded" and step > 0 else None
+                request,
+                MODEL,
+                None,
+                None,
+                checkpoint=_taken(reply) if arm != "separate" and step > 0 else None,
             )
             budgets.used(Usage(input_tokens=500, output_tokens=50), Cost(0.002, "config"))
         reply.parts.add().text.text = f"step {step} " * 40
-        if step < steps - 1 and arm != "folded":  # the step's checkpoint (folded: the next charge)
+        if step < steps - 1 and arm == "separate":  # the step's checkpoint (else: the next charge)
             await store.save_message(turn.conversation_id, reply, lease=turn.lease)
     charge = None
     if budgets is not None and arm == "separate":

@@ -12,18 +12,20 @@ import datetime as dt
 
 import pytest
 from support.stores import StoreBackend, leased_turn, postgres_database
+from support.waiting import wait_until
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import Store, TurnRecord
 from turnwire_server.store.base import (
     BudgetAsk,
     BudgetCharge,
+    BudgetGrant,
     BudgetKey,
     BudgetLimits,
     BudgetSpend,
     SubmissionRecord,
 )
-from turnwire_server.store.errors import LeaseLost
+from turnwire_server.store.errors import LeaseLost, MessageIdConflict
 from turnwire_server.store.postgres import PostgresStore
 
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
@@ -318,3 +320,75 @@ async def test_two_replicas_racing_for_the_last_of_a_budget_one_gets_it() -> Non
         finally:
             for replica in replicas:
                 await replica.close()
+
+
+def _input(request_id: str, message_id: str | None = None) -> list[message_pb2.Message]:
+    user = message_pb2.Message(id=message_id or f"u-{request_id}", role=message_pb2.ROLE_USER)
+    user.parts.add().text.text = "q"
+    return [user]
+
+
+async def test_a_turns_first_reservation_rides_the_commit_of_its_input(store: Store) -> None:
+    """``admit_turn``'s ``budget``: on the path every backend carries it (waiting behind a running
+    turn, then ``start_turn``'s transaction), the grant comes back and the reservation is stored
+    with the input; the settlement later finds it like any step's."""
+    budget = BudgetLimits(CONVERSATION, tokens=1_000, conversation_id="c")
+    first = leased_turn("r1", "c", "a1", start_time=T0)
+    second = leased_turn("r2", "c", "a2", start_time=T0)
+    queued: list[bool] = []
+
+    async def admit_second() -> BudgetGrant | None:
+        charge = _charge(second, budget, ask=_ask(100, 300))
+        async with store.admit_turn(
+            second, _input("r2"), lease_seconds=30, read_compaction=False, queued=queued.append, budget=charge
+        ) as admission:
+            return admission.budget
+
+    async with store.admit_turn(
+        first, _input("r1"), lease_seconds=30, read_compaction=False, queued=lambda _: None
+    ):
+        waiting = asyncio.create_task(admit_second())
+        await wait_until(lambda: queued == [True], what="the second turn waits in line")
+    grant = await waiting
+    assert grant is not None and (grant.output_tokens, grant.tokens, grant.refused) == (300, 400, None)
+    assert (await store.budget_spends([CONVERSATION]))[CONVERSATION] == BudgetSpend(0, 0.0, 400, 0.0)
+    assert [m.id for m in await store.load_messages("c")] == ["u-r1", "u-r2"]
+    settled = await store.charge_budget(_charge(second, budget, spent=(0, 0.0)))
+    assert settled.spends[CONVERSATION] == BudgetSpend(0, 0.0, 0, 0.0)
+
+
+async def test_an_admission_whose_reservation_is_refused_still_stores_the_input(store: Store) -> None:
+    spent = await _started(store, "r0")
+    budget = BudgetLimits(CONVERSATION, tokens=100, conversation_id="c")
+    await store.charge_budget(_charge(spent, budget, ask=_ask(50, 50)))
+    turn = await _started(store, "r1")  # a turn with the input stored, as the waiting path's
+    await store.finish_turn(dataclasses.replace(turn, state="completed"), None)
+    late = leased_turn("r2", "c", "a2", start_time=T0)
+    charge = _charge(late, budget, ask=_ask(10, 10))
+    async with store.admit_turn(
+        late, _input("r2"), lease_seconds=30, read_compaction=False, queued=lambda _: None, budget=charge
+    ) as admission:
+        # No room: nothing reserved, the admission not refused (the step refuses it, §"Budgets").
+        assert admission.budget is None or admission.budget.refused == CONVERSATION
+    assert "u-r2" in [m.id for m in await store.load_messages("c")]
+    assert (await store.budget_spends([CONVERSATION]))[CONVERSATION] == BudgetSpend(0, 0.0, 100, 0.0)
+
+
+async def test_an_admission_refused_by_its_input_rules_reserves_nothing(store: Store) -> None:
+    await _started(store, "r1")
+    budget = BudgetLimits(CONVERSATION, tokens=1_000, conversation_id="c")
+    clash = _input("r2", message_id="u-r1")
+    clash[0].parts[0].text.text = "another text under a stored id"
+    turn = leased_turn("r2", "c", "a2", start_time=T0)
+    with pytest.raises(MessageIdConflict):
+        async with store.admit_turn(
+            turn,
+            clash,
+            lease_seconds=30,
+            read_compaction=False,
+            queued=lambda _: None,
+            budget=_charge(turn, budget, ask=_ask(10, 10)),
+        ):
+            pass
+    assert await store.budget_spends([CONVERSATION]) == {}
+    assert await store.get_turn("r2") is None

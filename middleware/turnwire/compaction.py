@@ -109,10 +109,15 @@ class EstimateTokens:
         total = sum(message_bytes(m) for m in messages)
         return int(total / self.bytes_per_token) + self.tokens_per_message * len(messages)
 
+    def framing(self, request: ModelRequest) -> int:
+        """Estimated tokens of ``request``'s system prompt and tool definitions (what it sends
+        besides its messages)."""
+        tools = sum(len(t.name) + len(t.description) + len(str(t.input_schema)) for t in request.tools)
+        return int((len(request.system) + tools) / self.bytes_per_token)
+
     async def count(self, request: ModelRequest, provider: object) -> int:
         """Estimated tokens of the system prompt, the messages and the tool definitions."""
-        tools = sum(len(t.name) + len(t.description) + len(str(t.input_schema)) for t in request.tools)
-        return self.messages(request.messages) + int((len(request.system) + tools) / self.bytes_per_token)
+        return self.messages(request.messages) + self.framing(request)
 
 
 @dataclass(frozen=True, slots=True)

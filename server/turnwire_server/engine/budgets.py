@@ -11,8 +11,9 @@ the most output that fits every budget in the transaction that takes the reserva
 (:class:`BudgetExhausted`). A model without a known price cannot be reserved against a US dollar
 budget: the step is refused the same way (never counted as free).
 
-The charges ride the turn's own writes where they can: a later step's reservation its checkpoint,
-the last settlement the final write (docs/cost.md, "What it costs per request").
+The charges ride the turn's own writes where they can: a new turn's first reservation its
+admission (:mod:`.budget_admission`), a later step's its checkpoint, the last settlement the final
+write (docs/cost.md, "What it costs per request").
 
 Hooks see the budgets' states (:func:`budget_states`) and ``before_step`` may lower a step's
 budget (``StepConfig.max_step_tokens`` / ``max_step_usd``): a limit on the step's own reservation,
@@ -30,6 +31,7 @@ import datetime as dt
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from turnwire.compaction import EstimateTokens
 from turnwire.providers import ModelRequest
@@ -40,7 +42,7 @@ from turnwire_server.engine.budget_refusals import exhausted_text, refusal_text,
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.errors import BudgetExhausted, BudgetRefused, TurnFailure
-from turnwire_server.engine.settings import EngineSettings
+from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.turn_state import TurnWorkingState
 from turnwire_server.store.base import (
     BudgetAsk,
@@ -54,12 +56,18 @@ from turnwire_server.store.base import (
 from turnwire_server.store.records import TurnLease
 from turnwire_server.tenant_keys import tenant_of_key
 
+if TYPE_CHECKING:
+    from turnwire_server.engine.budget_admission import FirstStepEstimates
+    from turnwire_server.engine.settings import EngineSettings
+
 __all__ = [
     "StepBudgets",
     "StepLimit",
+    "admission_charge",
     "admission_refusal",
     "budget_states",
     "budgets_for",
+    "covers",
     "lowered",
     "resets_in",
     "settle",
@@ -206,6 +214,17 @@ def _step_room(limit: StepLimit, ask: BudgetAsk) -> int:
     return room
 
 
+def covers(grant: BudgetGrant, budgets: Sequence[BudgetLimits], ask: BudgetAsk) -> bool:
+    """Whether a reservation already stored, ``grant`` (the admission's), holds a step asking
+    ``ask`` under ``budgets``: the same budgets, nothing refused, and the step's prompt plus its
+    whole output within what was reserved, in tokens and in US dollars."""
+    if grant.refused is not None or [b.key for b in grant.budgets] != [b.key for b in budgets]:
+        return False
+    tokens = ask.prompt_tokens + ask.max_output
+    usd = ask.prompt_usd + ask.max_output * ask.usd_per_output_token
+    return tokens <= grant.tokens and usd <= grant.usd * (1 + 1e-9)
+
+
 def _exhausted(budget: BudgetLimits, spend: BudgetSpend) -> bool:
     """No room left for a step of one token (or of any cost)."""
     if budget.tokens is not None and spend.spent_tokens + spend.reserved_tokens >= budget.tokens:
@@ -237,14 +256,54 @@ async def admission_refusal(
     return None
 
 
+def admission_charge(
+    settings: BudgetSettings,
+    estimates: FirstStepEstimates,
+    request: TurnRequest,
+    lease: TurnLease,
+    *,
+    rates: tuple[float, float] | None,
+    now: dt.datetime,
+) -> BudgetCharge | None:
+    """The reservation a new turn's admission carries for its first step
+    (:mod:`.budget_admission`): ``request``'s budgets at ``now``, the prompt ``estimates`` gives,
+    the assumed output, priced at ``rates`` (US dollars per input and output token; None: the
+    model has no known price). None when no budget applies, when nothing estimates the prompt
+    yet, or when a US dollar budget applies to an unpriced model (its first step refuses it, as
+    before)."""
+    if not settings.enabled:
+        return None
+    turn_limit = lowered(settings.turn, request.budget)
+    budgets = budgets_for(
+        settings,
+        request.request_id,
+        request.conversation_id,
+        turn_limit,
+        now,
+        principal=request.principal,
+        with_turn=turn_limit.limited,
+    )
+    if not budgets or (rates is None and any(budget.usd is not None for budget in budgets)):
+        return None
+    prompt = estimates.prompt_tokens(request.conversation_id, request.messages)
+    if prompt is None:
+        return None
+    usd_in, usd_out = rates or (0.0, 0.0)
+    most = settings.assumed_max_output_tokens
+    ask = BudgetAsk(prompt, prompt * usd_in, usd_out, most, min(settings.min_output_tokens, most))
+    return BudgetCharge(request.request_id, request.conversation_id, lease, budgets, ask=ask)
+
+
 class StepBudgets:
     """One attempt's budget charges: :meth:`reserve` before each step, :meth:`used` with its
     usage after it, :meth:`close` when the attempt ends (settles the last step; a recovered
     attempt's close also settles what the lost attempt left reserved). The settlement of a step
-    rides the next step's reservation; the first reservation is a store transaction of its own,
-    each later one rides the step's checkpoint (``reserve``'s ``checkpoint``), and the last
-    settlement the turn's final write (:meth:`final_charge`, else :meth:`close` on its own).
-    :meth:`states` is what the last charge left in the store, for the hooks."""
+    rides the next step's reservation; the first reservation is the admission's (``admitted``,
+    its grant, used when it :func:`covers` the step) or a store transaction of its own, each later
+    one rides the step's checkpoint (``reserve``'s ``checkpoint``), and the last settlement the
+    turn's final write (:meth:`final_charge`, else :meth:`close` on its own). ``estimates`` learns
+    from each step sent (:class:`~.budget_admission.FirstStepEstimates`). :meth:`states` is what
+    the last charge left in the store, for the hooks."""
 
     def __init__(
         self,
@@ -258,6 +317,8 @@ class StepBudgets:
         turn_limit: BudgetLimit,
         recovered: bool,
         principal: str = "",
+        admitted: BudgetGrant | None = None,
+        estimates: FirstStepEstimates | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -277,6 +338,14 @@ class StepBudgets:
         # The budgets as the last charge stored them, and their states then (for the hooks).
         self._seen: tuple[tuple[BudgetLimits, ...], dict[BudgetKey, BudgetSpend]] | None = None
         self._final: BudgetCharge | None = None  # the final write's settlement, once asked for
+        self._estimates = estimates
+        self._admitted: BudgetGrant | None = None  # the admission's reservation, until a step takes it
+        if admitted is not None:
+            self._charged(admitted.budgets, None, admitted)
+            self._open = admitted.refused is None
+            if self._open:
+                self._admitted = admitted
+                self._spent = (0, 0.0)  # nothing sent on it yet: settled at zero unless a step takes it
 
     async def reserve(
         self,
@@ -316,7 +385,10 @@ class StepBudgets:
                 "dollar budget (price it under pricing.models)",
             )
         usd_in, usd_out = rates or (0.0, 0.0)
-        prompt = await _ESTIMATE.count(request, provider)
+        framing = _ESTIMATE.framing(request)
+        prompt = _ESTIMATE.messages(request.messages) + framing  # EstimateTokens.count, in its parts
+        if self._estimates is not None:
+            self._estimates.sent(self.conversation_id, prompt, framing)
         self._prompt = (prompt, prompt * usd_in)
         least = min(self.settings.min_output_tokens, max_output)
         ask = BudgetAsk(prompt, prompt * usd_in, usd_out, max_output, least)
@@ -325,7 +397,11 @@ class StepBudgets:
             if room < least:
                 await self._refuse("step", step_refusal_text(step.tokens, step.usd, ask))
             ask = dataclasses.replace(ask, max_output=room)
-        if not budgets and not self._open:
+        admitted, self._admitted = self._admitted, None
+        if admitted is not None and covers(admitted, budgets, ask):
+            self._spent = None  # sent on the admission's reservation: cut off, charged at it
+            granted = ask.max_output
+        elif not budgets and not self._open:
             granted = ask.max_output
         else:
             granted = (await self._granted(budgets, ask, now, checkpoint)).output_tokens
@@ -367,6 +443,8 @@ class StepBudgets:
         """The reserved step's actual use (its tokens; its cost, None: unknown, charged at the
         reservation); settled by the next charge."""
         self._spent = (usage.input_tokens + usage.output_tokens, None if cost is None else cost.usd)
+        if self._estimates is not None:
+            self._estimates.answered(self.conversation_id, usage.output_tokens)
 
     def unanswered(self) -> None:
         """The reserved step failed before any output (a fallback follows): charged its prompt's
@@ -477,12 +555,18 @@ async def settle_abandoned(store: BudgetStore, request_id: str, conversation_id:
 
 
 def step_budgets(
-    store: BudgetStore, settings: EngineSettings, state: TurnWorkingState, *, always: bool = False
+    store: BudgetStore,
+    settings: EngineSettings,
+    state: TurnWorkingState,
+    *,
+    always: bool = False,
+    admitted: BudgetGrant | None = None,
 ) -> StepBudgets | None:
     """The budget charges of the attempt ``state`` runs, or None when no budget is configured
     (then budgets add nothing to a step: no estimate, no write) unless ``always`` (a
-    ``before_step`` limited a step: its budget is applied, still without a write)."""
-    if not settings.budgets.enabled and not always:
+    ``before_step`` limited a step: its budget is applied, still without a write) or
+    ``admitted`` (the grant of the reservation the turn's admission stored)."""
+    if not settings.budgets.enabled and not always and admitted is None:
         return None
     request = state.request
     return StepBudgets(
@@ -495,6 +579,8 @@ def step_budgets(
         turn_limit=lowered(settings.budgets.turn, request.budget),
         recovered=state.attempt > 1,
         principal=request.principal,
+        admitted=admitted,
+        estimates=settings.first_steps,
     )
 
 

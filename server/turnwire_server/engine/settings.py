@@ -18,6 +18,7 @@ from pydantic import ConfigDict, Field
 
 from turnwire.compaction import CompactionConfig
 from turnwire_server.config_section import ConfigSection
+from turnwire_server.engine.budget_admission import FirstStepEstimates
 from turnwire_server.engine.budget_settings import BudgetSettings
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.fallback import Fallbacks
@@ -185,7 +186,9 @@ class EngineSettings:
     ``prices`` prices each step's usage (the ``pricing:`` section, docs/cost.md).
     ``fallbacks``: the models a step falls back to and the providers' breakers (the ``fallback:``
     section, :mod:`~turnwire_server.engine.fallback`).
-    ``budgets``: the ``budgets:`` section (docs/cost.md, "Budgets").
+    ``budgets``: the ``budgets:`` section (docs/cost.md, "Budgets"); ``first_steps``: what this
+    process learned of its conversations' prompts, which sizes a new turn's first reservation
+    (:mod:`~turnwire_server.engine.budget_admission`).
     """
 
     default_model: str = "scripted:demo"
@@ -201,3 +204,4 @@ class EngineSettings:
     prices: PriceBook = field(default_factory=PriceBook)
     fallbacks: Fallbacks = field(default_factory=Fallbacks)
     budgets: BudgetSettings = field(default_factory=BudgetSettings)
+    first_steps: FirstStepEstimates = field(default_factory=FirstStepEstimates)

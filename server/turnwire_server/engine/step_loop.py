@@ -41,7 +41,7 @@ from turnwire.types import ModelSettings
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.approvals import announce_denials, run_approved_calls
-from turnwire_server.engine.budgets import step_budgets, step_limit, unsettled
+from turnwire_server.engine.budgets import StepBudgets, step_budgets, step_limit, unsettled
 from turnwire_server.engine.compaction import Compactor, input_start
 from turnwire_server.engine.continuation import continued
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
@@ -84,7 +84,8 @@ class StepLoop:
     :class:`~turnwire_server.engine.errors.StreamStalled` (the turn ends
     INTERRUPTED), a client too slow to read a :class:`SlowConsumer`. ``compactor`` (when
     compaction is configured) makes the history view and runs ``compact_after`` and the
-    proactive guard (docs/semantics.md §9).
+    proactive guard (docs/semantics.md §9). ``budgets``: the attempt's budget charges when the
+    turn's admission already reserved its first step (:mod:`.budget_admission`).
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class StepLoop:
         settings: EngineSettings,
         stop: Callable[[BaseException], object],
         compactor: Compactor | None = None,
+        budgets: StepBudgets | None = None,
     ) -> None:
         self.state = state
         self.store = store
@@ -110,7 +112,9 @@ class StepLoop:
         self._model_id = ""
         self._provider_type: str | None = None
         self._metadata_view: struct_pb2.Struct | None = None  # the finished step's, bounded
-        self.budgets = step_budgets(store, settings, state)  # None: no budget configured
+        # The attempt's charges: the admission's (its first reservation stored), else new ones
+        # (None: no budget configured).
+        self.budgets = budgets if budgets is not None else step_budgets(store, settings, state)
 
     async def run(self, admission: TurnAdmission | None = None) -> None:
         """Assemble, ``before_turn``, then the steps; ``admission`` is what the turn's input

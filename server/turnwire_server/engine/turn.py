@@ -50,7 +50,7 @@ from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.assistant_message import AssistantMessage
-from turnwire_server.engine.budgets import settle
+from turnwire_server.engine.budgets import StepBudgets, admission_charge, settle, step_budgets
 from turnwire_server.engine.checkpoints import Checkpointer
 from turnwire_server.engine.client_tools import turn_tools
 from turnwire_server.engine.compaction import Compactor
@@ -80,7 +80,7 @@ from turnwire_server.engine.turn_timeline import ATTEMPT, COMPACTION, QUEUE, Tur
 from turnwire_server.hooks.chain import HookError, MiddlewareChain
 from turnwire_server.hooks.timeline import HookTimeline
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import TurnAdmission, TurnRecord, TurnRunStore
+from turnwire_server.store.base import BudgetCharge, TurnAdmission, TurnRecord, TurnRunStore
 from turnwire_server.store.base import TurnState as StoredTurnState
 from turnwire_server.store.errors import LeaseLost, StoreUnreachable, TurnNotFound
 
@@ -225,6 +225,8 @@ class TurnRun:
         self.overflow_retries = 0
         #: What the input's commit read (history, compaction), for the first attempt's steps.
         self._admission: TurnAdmission | None = None
+        #: The budget charges holding the reservation that commit stored, for the first attempt.
+        self._admitted: StepBudgets | None = None
         self.outcome: StoredTurnState = "running"
         self.status_error: WireStatus | None = None
         self.error: BaseException | None = None
@@ -398,6 +400,27 @@ class TurnRun:
             read_compaction=self.compactor is not None,
             queued=self._queued,
             first=self.first_in_line,
+            budget=self._admission_charge(self._record),
+        )
+
+    def _admission_charge(self, record: TurnRecord) -> BudgetCharge | None:
+        """The first step's reservation for the admission to carry (:mod:`.budget_admission`),
+        priced at the turn's model; None when there is none to carry."""
+        settings = self.settings
+        if not settings.budgets.enabled:
+            return None
+        try:
+            provider, _ = self.providers.resolve(self.request.model)
+        except LookupError:
+            return None  # the step says why
+        rates = settings.prices.rates(self.request.model, getattr(provider, "type", None))
+        return admission_charge(
+            settings.budgets,
+            settings.first_steps,
+            self.request,
+            record.lease,
+            rates=rates,
+            now=dt.datetime.now(dt.UTC),
         )
 
     def _queued(self, waiting: bool) -> None:
@@ -509,6 +532,11 @@ class TurnRun:
             except Exception as error:
                 raise TurnFailure("persist", error) from error
         self._admission = admission
+        if admission.budget is not None:
+            # Its steps take it; until they do, the turn's end settles it (at zero).
+            self._admitted = self.state.unsettled = step_budgets(
+                self.store, self.settings, self.state, admitted=admission.budget
+            )
         self.messages_persisted = True
         self._phase = "running"
         self._start_event()
@@ -985,7 +1013,10 @@ class TurnRun:
 
     async def _run_steps(self) -> None:
         admission, self._admission = self._admission, None  # a later attempt reads the store again
-        await settle(self.state)  # what an earlier attempt of this run left reserved
+        admitted, self._admitted = self._admitted, None  # the first attempt's, reserved at admission
+        if admitted is None:
+            await settle(self.state)  # what an earlier attempt of this run left reserved
+        # Else it stays the turn's to settle until the steps' own end does (before_turn may fail).
         timeline = self.state.timeline
         timeline.attempt = self.state.attempt
         loop = StepLoop(
@@ -995,6 +1026,7 @@ class TurnRun:
             settings=self.settings,
             stop=self.cancel,
             compactor=self.compactor,
+            budgets=admitted,
         )
         with timeline.span(ATTEMPT, f"attempt {self.state.attempt}"):
             await loop.run(admission)

@@ -226,11 +226,18 @@ class TurnStore(Protocol):
         read_compaction: bool,
         queued: Callable[[bool], None],
         first: bool = False,
+        budget: BudgetCharge | None = None,
     ) -> AbstractAsyncContextManager[TurnAdmission]:
         """Hold the conversation's turn lock and start ``turn`` in it: :meth:`turn_lock` (for
         ``turn.request_id``, held by ``turn.owner``) and then :meth:`start_turn`, released on
         exit; what that commit read comes back as a :class:`TurnAdmission` (with the compaction
         record when ``read_compaction``).
+
+        ``budget`` (a :meth:`BudgetStore.charge_budget` with an ask, no settlement: the turn's
+        first step's reservation) rides the input's commit where the backend can carry it, its
+        grant in ``TurnAdmission.budget``; None there when it did not (the caller reserves at the
+        step). It never refuses the admission: a grant that was refused reserved nothing
+        (docs/cost.md, "What it costs per request").
 
         The backend may do both in one step: PostgreSQL takes the ticket, checks that it heads
         the queue, writes the input and reads the history in one transaction sent in one flight

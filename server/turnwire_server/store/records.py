@@ -190,12 +190,14 @@ class TurnAdmission:
     ``history`` is the conversation's messages as that commit left them (read-only, as
     :meth:`Store.load_messages` gives them), None when the backend did not read them (the
     caller loads them); ``compaction`` its compaction record when ``compaction_read`` (None: it
-    has none), unread otherwise.
+    has none), unread otherwise. ``budget`` is the grant of the first step's reservation the
+    commit carried (``admit_turn``'s ``budget``), None when it carried none.
     """
 
     history: Sequence[message_pb2.Message] | None = None
     compaction: CompactionRecord | None = None
     compaction_read: bool = False
+    budget: BudgetGrant | None = None
 
 
 @dataclass(frozen=True, slots=True)

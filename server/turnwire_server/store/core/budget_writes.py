@@ -51,15 +51,16 @@ _TAKE_ROWS: Final = (
     # The charged rows (k: VALUES of key and conversation) and those of the turn's other
     # reservations (a past period's, a budget no longer configured), sorted: charges racing for
     # the same rows lock them in one order. Created at zero when missing, only while the turn is
-    # recorded (a deleted conversation's turn leaves no row behind); the no-op update locks an
+    # recorded (a deleted conversation's turn leaves no row behind; not checked for the charge
+    # riding the turn's admission, whose row that transaction writes); the no-op update locks an
     # existing row and makes RETURNING give it. WHERE before ON CONFLICT: SQLite's parser needs it.
     "INSERT INTO budget_spend (scope, scope_key, period, conversation_id)"
     " SELECT k.column1, k.column2, k.column3, k.column4 FROM ({keys}) AS k"
-    " WHERE EXISTS (SELECT 1 FROM turns WHERE request_id = ?)"
-    " ORDER BY k.column1, k.column2, k.column3"
+    "{guard} ORDER BY k.column1, k.column2, k.column3"
     " ON CONFLICT (scope, scope_key, period) DO UPDATE SET limit_tokens = budget_spend.limit_tokens"
     f" RETURNING scope, scope_key, period, {_SPEND_COLUMNS}, limit_tokens, limit_usd"
 )
+_RECORDED: Final = " WHERE EXISTS (SELECT 1 FROM turns WHERE request_id = ?)"
 _OTHER_RESERVED: Final = (
     # A reservation's budget row belongs to the turn's conversation when its scope does.
     "SELECT scope AS column1, scope_key AS column2, period AS column3,"
@@ -117,14 +118,19 @@ def _spend(row: Sequence[Any]) -> BudgetSpend:
     return BudgetSpend(int(row[0]), float(row[1]), int(row[2]), float(row[3]))
 
 
-def charge_budget(charge: BudgetCharge, dialect: Dialect, *, fenced: bool = False) -> Program[BudgetGrant]:
+def charge_budget(
+    charge: BudgetCharge, dialect: Dialect, *, fenced: bool = False, admitting: bool = False
+) -> Program[BudgetGrant]:
     """``BudgetStore.charge_budget``: settle ``charge.request_id``'s reservations and reserve
     ``charge.ask`` in one transaction of two batches (on PostgreSQL two round trips): the reads
     and row locks, then the writes. Raises :class:`LeaseLost` (writing nothing) when the turn's
     token is no longer ``charge.lease``; a turn no longer recorded (its conversation was deleted)
     is charged nothing. ``fenced``: the program this one is joined to (:func:`~.sql.joined`, its
     statements first in each batch) reads and locks the turn's token under ``charge.lease`` and
-    raises when it was lost, so this one does not read it again."""
+    raises when it was lost, so this one does not read it again. ``admitting``: the program it is
+    joined to is the turn's start (``start_turn``), which writes the turn's row in its last batch,
+    after this one's reads (``fenced`` implied: the token is the one that start writes)."""
+    fenced = fenced or admitting
     keys = sorted({budget.key for budget in charge.budgets})
     owners = {budget.key: budget.conversation_id for budget in charge.budgets}
     if fenced:
@@ -135,8 +141,9 @@ def charge_budget(charge: BudgetCharge, dialect: Dialect, *, fenced: bool = Fals
     params: list[Any] = [value for k in keys for value in (*k, owners[k])]
     params.append(charge.request_id)
     params.extend(value for k in keys for value in k)
-    params.append(charge.request_id)
-    found = yield [first, Statement(_take_rows(len(keys)), params, fetch=True)]
+    if not admitting:
+        params.append(charge.request_id)
+    found = yield [first, Statement(_take_rows(len(keys), not admitting), params, fetch=True)]
     if not fenced and not holds_lease([row[:2] for row in found[0][:1]], charge.lease):
         return BudgetGrant(output_tokens=charge.ask.max_output if charge.ask else 0)
     rows = {BudgetKey(*row[:3]): row[3:] for row in found[1]}
@@ -206,14 +213,15 @@ def charge_budget(charge: BudgetCharge, dialect: Dialect, *, fenced: bool = Fals
 # A charge's statements by how many rows they name (the SQL built once per count).
 
 
-@functools.lru_cache(maxsize=32)
-def _take_rows(count: int) -> str:
+@functools.lru_cache(maxsize=64)
+def _take_rows(count: int, guarded: bool) -> str:
     # A join on the keys (not an OR of conditions, which SQLite answers with a scan of the table).
+    guard = _RECORDED if guarded else " WHERE true"  # a WHERE before ON CONFLICT, as above
     if not count:
-        return _TAKE_ROWS.format(keys=_OTHER_RESERVED)
+        return _TAKE_ROWS.format(keys=_OTHER_RESERVED, guard=guard)
     charged, named = ", ".join(["(?, ?, ?, ?)"] * count), ", ".join(["(?, ?, ?)"] * count)
     others = f"{_OTHER_RESERVED} AND (scope, scope_key, period) NOT IN (VALUES {named})"
-    return _TAKE_ROWS.format(keys=f"VALUES {charged} UNION ALL {others}")
+    return _TAKE_ROWS.format(keys=f"VALUES {charged} UNION ALL {others}", guard=guard)
 
 
 @functools.lru_cache(maxsize=32)

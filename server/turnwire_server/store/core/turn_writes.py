@@ -19,15 +19,17 @@ from typing import Any, Final
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store.base import TurnRecord
+from turnwire_server.store.core import budget_writes
 from turnwire_server.store.core.fork_rules import claim_reads
 from turnwire_server.store.core.rows import MessageRow, check_turn, message_insert_params, message_row, to_us
-from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks
+from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks, joined
 from turnwire_server.store.errors import (
     MessageAlreadyAnswered,
     MessageIdConflict,
     SubmissionNotPending,
     TurnAlreadyExists,
 )
+from turnwire_server.store.records import BudgetCharge, BudgetGrant
 
 __all__ = [
     "INSERT_MESSAGE",
@@ -240,9 +242,24 @@ def start_turn_writes(
     return writes
 
 
-def start_turn(start: StartTurn, dialect: Dialect, now_us: int) -> Program[None]:
+def start_turn(
+    start: StartTurn, dialect: Dialect, now_us: int, budget: BudgetCharge | None = None
+) -> Program[BudgetGrant | None]:
     """``Store.start_turn``: the conversation's lock, :func:`start_turn_reads` in one batch,
-    :func:`decide_start_turn`, then :func:`start_turn_writes` (sent without waiting)."""
+    :func:`decide_start_turn`, then :func:`start_turn_writes` (sent without waiting). With
+    ``budget``, the turn's first reservation (``Store.admit_turn``'s) rides the same transaction,
+    batch by batch (:func:`~.budget_writes.charge_budget`, ``admitting``), and its grant is
+    returned (None without)."""
+    if budget is None:
+        yield from _start_turn(start, dialect, now_us)
+        return None
+    _, grant = yield from joined(
+        _start_turn(start, dialect, now_us), budget_writes.charge_budget(budget, dialect, admitting=True)
+    )
+    return grant
+
+
+def _start_turn(start: StartTurn, dialect: Dialect, now_us: int) -> Program[None]:
     locked = list(dialect.lock_conversation(start.turn.conversation_id))
     # A fork's input that repeats a message it shares is judged on its own copy (docs/forks.md).
     claims = claim_reads(start.turn.conversation_id, [row.id for row in start.rows])

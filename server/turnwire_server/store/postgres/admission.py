@@ -23,7 +23,7 @@ import psycopg
 import psycopg_pool
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import TurnAdmission, TurnRecord, renewed_lease
+from turnwire_server.store.base import BudgetCharge, TurnAdmission, TurnRecord, renewed_lease
 from turnwire_server.store.core import turn_writes
 from turnwire_server.store.core.fork_rules import claim_reads
 from turnwire_server.store.core.reads import LOAD_COMPACTION_SQL
@@ -60,25 +60,33 @@ class TurnQueue(PostgresConnection):
 
     async def start_turn(
         self, turn: TurnRecord, messages: Sequence[message_pb2.Message]
-    ) -> list[message_pb2.Message]:
+    ) -> Sequence[message_pb2.Message]:
         """Returns the conversation's messages as the transaction left them, read in the same
         flight as its commit."""
+        history = (await self._start_turn(turn, messages, None)).history
+        assert history is not None  # always read
+        return history
+
+    async def _start_turn(
+        self, turn: TurnRecord, messages: Sequence[message_pb2.Message], budget: BudgetCharge | None
+    ) -> TurnAdmission:
+        """:meth:`start_turn`, ``budget`` riding its transaction: the history read and the grant."""
         start = prepare_start_turn(turn, messages)
         conversation_id = turn.conversation_id
 
         async def body(conn: Conn, now_us: int) -> Any:
-            await run_program(conn, turn_writes.start_turn(start, DIALECT, now_us))
+            grant = await run_program(conn, turn_writes.start_turn(start, DIALECT, now_us, budget))
             # Sent with the writes, answered with the COMMIT: the history costs no round trip.
             read = self._decoded.read(conversation_id)
-            return read, await conn.execute(read.sql.encode(), read.params)
+            return grant, read, await conn.execute(read.sql.encode(), read.params)
 
         async def history(sent: Any) -> Any:
-            read, cursor = sent
-            return self._decoded.messages(read, await cursor.fetchall())
+            grant, read, cursor = sent
+            return TurnAdmission(history=self._decoded.messages(read, await cursor.fetchall()), budget=grant)
 
         # On the hot path (a turn waits for this commit before its model call): pipelined, so it
         # costs two round trips, the reads and the commit (with the history).
-        result: list[message_pb2.Message] = await self._write(
+        result: TurnAdmission = await self._write(
             f"start_turn({turn.request_id!r})",
             body,
             conversation_id=conversation_id,
@@ -156,15 +164,26 @@ class TurnQueue(PostgresConnection):
         read_compaction: bool,
         queued: Callable[[bool], None],
         first: bool = False,
+        budget: BudgetCharge | None = None,
     ) -> AbstractAsyncContextManager[TurnAdmission]:
         """The ticket, the check that it heads the queue, the input's writes, the history (and
         compaction) reads and the ``COMMIT`` in one transaction sent in one flight; else (turns
         ahead, or the input needs :meth:`start_turn`'s checks: a retried request id, a re-sent
         message, a submission no longer pending) wait in line, then :meth:`start_turn`. Raises
-        :class:`ValueError` for an invalid turn or message before anything is sent."""
+        :class:`ValueError` for an invalid turn or message before anything is sent. ``budget``
+        rides :meth:`start_turn`'s transaction on the waiting path; the one flight does not carry
+        it (its statements are sent before any result is back, and a charge decides its writes on
+        the rows it read): ``TurnAdmission.budget`` is None then."""
         start = prepare_start_turn(turn, messages)
         return self._admit(
-            turn, messages, start, lease_seconds, read_compaction=read_compaction, queued=queued, first=first
+            turn,
+            messages,
+            start,
+            lease_seconds,
+            read_compaction=read_compaction,
+            queued=queued,
+            first=first,
+            budget=budget,
         )
 
     @contextlib.asynccontextmanager
@@ -178,6 +197,7 @@ class TurnQueue(PostgresConnection):
         read_compaction: bool,
         queued: Callable[[bool], None],
         first: bool,
+        budget: BudgetCharge | None,
     ) -> AsyncIterator[TurnAdmission]:
         conversation_id, request_id, owner = turn.conversation_id, turn.request_id, turn.owner
         lease_us = int(lease_seconds * 1_000_000)
@@ -202,8 +222,7 @@ class TurnQueue(PostgresConnection):
             return
         async with self._held(conversation_id, ticket, owner, head, lease_seconds):
             queued(False)
-            history = await self.start_turn(renewed_lease(turn, lease_seconds), messages)
-            yield TurnAdmission(history=history)
+            yield await self._start_turn(renewed_lease(turn, lease_seconds), messages, budget)
 
     async def _admit_flight(
         self, turn: TurnRecord, start: StartTurn, lease_us: int, read_compaction: bool

@@ -23,7 +23,7 @@ import aiosqlite
 import filelock
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import TurnAdmission, TurnRecord, renewed_lease
+from turnwire_server.store.base import BudgetCharge, BudgetGrant, TurnAdmission, TurnRecord, renewed_lease
 from turnwire_server.store.core import turn_writes
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.message_cache import DecodedMessages
@@ -225,10 +225,15 @@ class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
     async def start_turn(self, turn: TurnRecord, messages: Sequence[message_pb2.Message]) -> None:
         """Returns None: the caller loads the history (a read in the single writer's transaction
         would hold up every other write)."""
+        await self._start_turn(turn, messages, None)
+
+    async def _start_turn(
+        self, turn: TurnRecord, messages: Sequence[message_pb2.Message], budget: BudgetCharge | None
+    ) -> BudgetGrant | None:
         start = prepare_start_turn(turn, messages)
-        await self._commit(
+        return await self._commit(
             f"start_turn({turn.request_id!r})",
-            lambda now_us: turn_writes.start_turn(start, DIALECT, now_us),
+            lambda now_us: turn_writes.start_turn(start, DIALECT, now_us, budget),
         )
 
     @asynccontextmanager
@@ -241,14 +246,15 @@ class SqliteStore(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         read_compaction: bool,
         queued: Callable[[bool], None],
         first: bool = False,
+        budget: BudgetCharge | None = None,
     ) -> AsyncIterator[TurnAdmission]:
-        """:meth:`turn_lock`, then :meth:`start_turn` in it: the lock is in the process, so only
-        the commit reaches the database; nothing is read with it."""
+        """:meth:`turn_lock`, then :meth:`start_turn` in it (``budget`` riding its commit): the
+        lock is in the process, so only the commit reaches the database; nothing is read with it."""
         queued(True)
         async with self.turn_lock(turn.conversation_id, request_id=turn.request_id, first=first):
             queued(False)
-            await self.start_turn(renewed_lease(turn, lease_seconds), messages)
-            yield TurnAdmission()
+            grant = await self._start_turn(renewed_lease(turn, lease_seconds), messages, budget)
+            yield TurnAdmission(budget=grant)
 
     def turn_lock(
         self,

@@ -1,0 +1,125 @@
+"""A new turn's first reservation rides its admission (docs/cost.md, "What it costs per request";
+``engine/budget_admission.py``): once the process has seen the conversation's prompt, the commit of
+a new turn's input carries the first step's reservation and the step uses it without a write of
+its own; a step the reservation does not cover charges as before, the admission's settled at zero;
+a turn that ends before its first step settles it at zero. What is spent is the steps' use either
+way, and nothing stays reserved."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from support.engine_harness import CONV, EngineFactory, Harness, end_of
+
+from turnwire.hooks import Middleware, StepConfig, StepContext, TurnContext
+from turnwire.testing import ScriptedUsage, ScriptStep
+from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.engine.budget_settings import BudgetSettings
+from turnwire_server.store.base import BudgetCharge, BudgetKey, BudgetSpend
+
+CONVERSATION = BudgetKey("conversation", CONV)
+STEP = ScriptStep(text="Answer.", usage=ScriptedUsage(input_tokens=40, output_tokens=8), repeat=True)
+
+
+def _budgets() -> BudgetSettings:
+    return BudgetSettings.model_validate(
+        {"conversation": {"tokens": 100_000}, "assumed_max_output_tokens": 500}
+    )
+
+
+class Charges:
+    """Counts the store's charges of their own and the admissions that carried one."""
+
+    def __init__(self, h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.own: list[BudgetCharge] = []
+        self.admitted: list[BudgetCharge | None] = []
+        charge, admit = h.store.charge_budget, h.store.admit_turn
+
+        async def counted_charge(c: BudgetCharge, *, checkpoint: message_pb2.Message | None = None) -> Any:
+            self.own.append(c)
+            return await charge(c, checkpoint=checkpoint)
+
+        def counted_admit(*args: Any, budget: BudgetCharge | None = None, **kwargs: Any) -> Any:
+            self.admitted.append(budget)
+            return admit(*args, budget=budget, **kwargs)
+
+        monkeypatch.setattr(h.store, "charge_budget", counted_charge)
+        monkeypatch.setattr(h.store, "admit_turn", counted_admit)
+
+
+async def _spend(h: Harness) -> BudgetSpend:
+    return (await h.store.budget_spends([CONVERSATION]))[CONVERSATION]
+
+
+async def test_a_seen_conversations_next_turn_reserves_in_its_admission(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = await make_engine(scripts={"main": [STEP]}, budgets=_budgets())
+    charges = Charges(h, monkeypatch)
+    # The process has seen no prompt yet: the first turn's admission carries nothing, its step
+    # charges on its own.
+    assert end_of(await h.run("hi")).status == event_pb2.TURN_STATUS_COMPLETED
+    assert charges.admitted == [None] and len(charges.own) == 1
+    # The next turn's admission carries the reservation: its step sends without a charge.
+    assert end_of(await h.run("and then?")).status == event_pb2.TURN_STATUS_COMPLETED
+    admitted = charges.admitted[1]
+    assert admitted is not None and admitted.ask is not None and admitted.spent is None
+    assert admitted.ask.max_output == 500
+    assert len(charges.own) == 1
+    (_, second) = h.provider.requests
+    assert second.settings.max_output_tokens == 500  # the reservation's output, as a step's own is
+    # A new conversation's turn goes by the system prompt and tools the process last sent.
+    assert end_of(await h.run("hello", conversation_id="other")).status == event_pb2.TURN_STATUS_COMPLETED
+    assert charges.admitted[2] is not None and len(charges.own) == 1
+    # Spent: each step's use, nothing of the reservations left.
+    assert await _spend(h) == BudgetSpend(2 * 48, 0.0, 0, 0.0)
+
+
+class LongSystem(Middleware):
+    """Sends each step with a system prompt far longer than anything seen before it."""
+
+    async def before_step(self, ctx: StepContext) -> StepConfig:
+        return StepConfig(system="You are careful. " * 2_000)
+
+
+async def test_a_step_the_admissions_reservation_does_not_cover_charges_on_its_own(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    long_system = LongSystem()
+    h = await make_engine(scripts={"main": [STEP]}, middlewares=[long_system], budgets=_budgets())
+    assert end_of(await h.run("hi")).status == event_pb2.TURN_STATUS_COMPLETED
+    # The admission reserved for a short prompt (as the last turn's, before its system prompt grew).
+    h.engine.settings.first_steps.sent(CONV, 20, 10)
+    charges = Charges(h, monkeypatch)
+    assert end_of(await h.run("again")).status == event_pb2.TURN_STATUS_COMPLETED
+    (admitted,) = charges.admitted
+    (own,) = charges.own
+    assert admitted is not None and admitted.ask is not None
+    assert own.ask is not None and own.ask.prompt_tokens > admitted.ask.prompt_tokens
+    assert own.spent == (0, 0.0)  # the admission's reservation settled at zero: nothing was sent on it
+    assert await _spend(h) == BudgetSpend(2 * 48, 0.0, 0, 0.0)
+
+
+class FailsBeforeTurn(Middleware):
+    def __init__(self) -> None:
+        self.fail = False
+
+    async def before_turn(self, ctx: TurnContext) -> None:
+        if self.fail:
+            raise RuntimeError("the application refused the turn")
+
+
+async def test_a_turn_ending_before_its_first_step_settles_the_admissions_reservation_at_zero(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook = FailsBeforeTurn()
+    h = await make_engine(scripts={"main": [STEP]}, middlewares=[hook], budgets=_budgets())
+    assert end_of(await h.run("hi")).status == event_pb2.TURN_STATUS_COMPLETED
+    charges = Charges(h, monkeypatch)
+    hook.fail = True
+    assert end_of(await h.run("again")).status == event_pb2.TURN_STATUS_ERROR
+    assert charges.admitted[0] is not None
+    assert charges.own == []  # settled by the turn's final write
+    assert len(h.provider.requests) == 1
+    assert await _spend(h) == BudgetSpend(48, 0.0, 0, 0.0)
