@@ -3,7 +3,7 @@
 a new turn's input carries the first step's reservation and the step uses it without a write of
 its own; a step the reservation does not cover charges as before, the admission's settled at zero;
 a turn that ends before its first step settles it at zero. What is spent is the steps' use either
-way, and nothing stays reserved."""
+way, and nothing stays reserved. A step's prompt estimate walks only the messages it has not seen."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 from support.engine_harness import CONV, EngineFactory, Harness, end_of
 
+from turnwire.compaction import EstimateTokens, message_bytes
 from turnwire.hooks import Middleware, StepConfig, StepContext, TurnContext
 from turnwire.testing import ScriptedUsage, ScriptStep
 from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.cache_budget import CacheBudget
+from turnwire_server.engine.budget_admission import FirstStepEstimates
 from turnwire_server.engine.budget_settings import BudgetSettings
 from turnwire_server.store.base import BudgetCharge, BudgetKey, BudgetSpend
 
@@ -123,3 +126,42 @@ async def test_a_turn_ending_before_its_first_step_settles_the_admissions_reserv
     assert charges.own == []  # settled by the turn's final write
     assert len(h.provider.requests) == 1
     assert await _spend(h) == BudgetSpend(48, 0.0, 0, 0.0)
+
+
+def _message(message_id: str, text: str) -> message_pb2.Message:
+    message = message_pb2.Message(id=message_id, role=message_pb2.ROLE_USER)
+    message.parts.add().text.text = text
+    return message
+
+
+def test_a_steps_message_estimate_walks_only_the_messages_it_has_not_seen() -> None:
+    budget = CacheBudget(10**6)
+    estimates = FirstStepEstimates(budget.region("estimates"), budget.region("sized"))
+    history = [_message(f"m{n}", "word " * (n + 1)) for n in range(50)]
+    walked: list[str] = []
+
+    def counted(message: message_pb2.Message) -> int:
+        walked.append(message.id)
+        return message_bytes(message)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("turnwire_server.engine.budget_admission.message_bytes", counted)
+        assert estimates.message_tokens(CONV, history) == EstimateTokens().messages(history)
+        assert len(walked) == 50
+        walked.clear()
+        # The next step: the same objects plus the reply so far.
+        step = [*history, _message("reply", "an answer " * 30)]
+        assert estimates.message_tokens(CONV, step) == EstimateTokens().messages(step)
+        assert walked == ["reply"]
+        walked.clear()
+        # A message replaced by another object (an edit, a repair's copy): walked from there on.
+        edited = [*history[:10], _message("m10", "changed"), *history[11:]]
+        assert estimates.message_tokens(CONV, edited) == EstimateTokens().messages(edited)
+        assert walked == [f"m{n}" for n in range(10, 50)]
+        walked.clear()
+        # Shorter (a compaction's view): its own sum, nothing walked twice.
+        assert estimates.message_tokens(CONV, edited[:5]) == EstimateTokens().messages(edited[:5])
+        assert walked == []
+        # Another conversation is its own.
+        assert estimates.message_tokens("other", history[:3]) == EstimateTokens().messages(history[:3])
+        assert walked == ["m0", "m1", "m2"]

@@ -20,8 +20,9 @@ on its own as before. Nothing here changes what a step may spend: only where it 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from turnwire.compaction import EstimateTokens
+from turnwire.compaction import EstimateTokens, message_bytes
 from turnwire_client.v1 import message_pb2
 from turnwire_server.cache_budget import CACHES, CacheRegion
 
@@ -31,6 +32,16 @@ _ESTIMATE = EstimateTokens()
 _ENTRY_BYTES = 160  # a held estimate: the conversation id's key, an int, the cache's entry
 _MARGIN = 1.1  # of the estimated prompt, for what a turn's hooks add (a longer system prompt, tools)
 _MARGIN_TOKENS = 64
+_SIZED_BYTES_PER_MESSAGE = 24  # a kept message's reference and its running sum
+
+
+@dataclass(frozen=True, slots=True)
+class _Sized:
+    """The messages of a conversation's last estimated step and their sizes summed so far:
+    ``sums[i]`` is the size of ``messages[: i + 1]`` (:func:`~turnwire.compaction.message_bytes`)."""
+
+    messages: tuple[message_pb2.Message, ...]
+    sums: tuple[int, ...]
 
 
 class FirstStepEstimates:
@@ -42,9 +53,31 @@ class FirstStepEstimates:
     :class:`~turnwire.compaction.EstimateTokens`, as the reservations do. Not thread-safe: the
     event loop's."""
 
-    def __init__(self, region: CacheRegion | None = None) -> None:
+    def __init__(self, region: CacheRegion | None = None, sized: CacheRegion | None = None) -> None:
         self.region = CACHES.region("first-step estimates") if region is None else region
+        self.sized = CACHES.region("estimated step messages") if sized is None else sized
         self._framing: int | None = None
+
+    def message_tokens(self, conversation_id: str, messages: Sequence[message_pb2.Message]) -> int:
+        """``EstimateTokens().messages(messages)`` for a step of ``conversation_id``, walking only
+        the messages that are not, object for object, where the conversation's last estimated step
+        had them: a history the store hands out is the same objects from step to step and turn to
+        turn, and nothing changes them in place (docs/semantics.md §3, "Messages are read-only"),
+        so a step's estimate costs O(its new messages), not O(history). The messages are kept
+        (their sizes counted against the cache budget) until the next step's replace them."""
+        held = self.sized.get(conversation_id)
+        kept: tuple[message_pb2.Message, ...] = held.messages if isinstance(held, _Sized) else ()
+        same, limit = 0, min(len(kept), len(messages))
+        while same < limit and kept[same] is messages[same]:
+            same += 1
+        sums = list(held.sums[:same]) if isinstance(held, _Sized) else []
+        total = sums[-1] if sums else 0
+        for message in messages[same:]:
+            total += message_bytes(message)
+            sums.append(total)
+        size = total + _SIZED_BYTES_PER_MESSAGE * len(messages)
+        self.sized.put(conversation_id, _Sized(tuple(messages), tuple(sums)), size)
+        return int(total / _ESTIMATE.bytes_per_token) + _ESTIMATE.tokens_per_message * len(messages)
 
     def sent(self, conversation_id: str, prompt_tokens: int, framing_tokens: int) -> None:
         """A step of ``conversation_id`` is sent with ``prompt_tokens``, ``framing_tokens`` of

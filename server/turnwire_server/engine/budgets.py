@@ -385,10 +385,13 @@ class StepBudgets:
                 "dollar budget (price it under pricing.models)",
             )
         usd_in, usd_out = rates or (0.0, 0.0)
+        # EstimateTokens.count, in its parts: the messages' kept by object where they can be.
         framing = _ESTIMATE.framing(request)
-        prompt = _ESTIMATE.messages(request.messages) + framing  # EstimateTokens.count, in its parts
         if self._estimates is not None:
+            prompt = self._estimates.message_tokens(self.conversation_id, request.messages) + framing
             self._estimates.sent(self.conversation_id, prompt, framing)
+        else:
+            prompt = _ESTIMATE.messages(request.messages) + framing
         self._prompt = (prompt, prompt * usd_in)
         least = min(self.settings.min_output_tokens, max_output)
         ask = BudgetAsk(prompt, prompt * usd_in, usd_out, max_output, least)
