@@ -19,7 +19,7 @@ from turnwire_server.api.authentication import Authenticator, AuthError, StaticT
 from turnwire_server.api.caller import Caller
 from turnwire_server.api.status import TurnwireStatusError
 from turnwire_server.api.tenancy import Tenancy
-from turnwire_server.app import StartupError, build_access
+from turnwire_server.assembly import StartupError, build_access
 from turnwire_server.config import ConfigError, load_settings
 
 

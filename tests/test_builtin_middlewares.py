@@ -51,7 +51,7 @@ from turnwire.middlewares import (
 from turnwire.testing import ScriptedError, ScriptedToolCall, ScriptStep
 from turnwire.tools import PythonTool, ToolError, ToolExecution
 from turnwire_client.v1 import event_pb2, message_pb2
-from turnwire_server.app import StartupError, load_middlewares
+from turnwire_server.assembly import StartupError, load_middlewares
 from turnwire_server.config import MiddlewareEntry
 
 # --------------------------------------------------------------------------- helpers

@@ -1,4 +1,4 @@
-"""The engine gets its configuration sections whole (``app._engine_settings``): nothing is copied
+"""The engine gets its configuration sections whole (``assembly.engine_settings``): nothing is copied
 field by field on the way, so a field added to a section reaches the engine without a second
 edit. ``limits.concurrent_input`` is the case a hand copy once lost (docs/configuration.md)."""
 
@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from turnwire.hooks import SessionConfig
-from turnwire_server.app import _engine_settings
+from turnwire_server.assembly import engine_settings
 from turnwire_server.config import load_settings
 from turnwire_server.engine.settings import EngineSettings, LimitsSettings
 
@@ -21,7 +21,7 @@ def test_the_engine_holds_the_validated_sections_themselves() -> None:
         events={"hook_timeline": True},
         checkpoint={"interval_ms": 40},
     )
-    engine = _engine_settings(settings, SessionConfig(), "replica-test")
+    engine = engine_settings(settings, SessionConfig(), "replica-test")
     assert engine.limits is settings.limits
     assert engine.events is settings.events
     assert engine.checkpoint is settings.checkpoint

@@ -54,7 +54,7 @@ NOT_DOMAIN_ERRORS = {
     "turnwire_server.webhooks.signing.MissingSecret",
     "turnwire_server.api.authentication.AuthConfigError",
     "turnwire_server.api.tls.TlsFileError",
-    "turnwire_server.app.StartupError",
+    "turnwire_server.assembly.StartupError",
     "turnwire_server.config.ConfigError",
     "turnwire_server.cli.demo.SidecarExited",
     "turnwire_server.event_loop.EventLoopUnavailable",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from turnwire_server.app import StartupError, load_middlewares
+from turnwire_server.assembly import StartupError, load_middlewares
 from turnwire_server.config import MiddlewareEntry, load_settings
 from turnwire_server.importing import import_object
 from turnwire_server.tools.loading import ToolLoadError, load_tools

@@ -2,7 +2,7 @@
 
 Every ```yaml block in it is a complete config file: it must load with
 ``turnwire_server.config.load_settings`` and its providers must build with
-``turnwire_server.app.build_providers`` (the named API key variables set to dummy values),
+``turnwire_server.assembly.build_providers`` (the named API key variables set to dummy values),
 and its ``default_model`` must resolve. The field tables must list every field of
 every entry type with its real default, and the guide must keep a working example
 for each provider type and for a local OpenAI-compatible server.
@@ -20,7 +20,7 @@ import pytest
 from pydantic import BaseModel
 
 from turnwire.testing import ScriptedProvider
-from turnwire_server.app import build_providers
+from turnwire_server.assembly import build_providers
 from turnwire_server.config import Settings, load_settings
 from turnwire_server.providers.anthropic_messages import AnthropicMessagesProvider
 from turnwire_server.providers.anthropic_platforms import BedrockMessagesProvider, VertexMessagesProvider

@@ -12,7 +12,7 @@ from support.hook_server import RecordingHookServer, serving
 
 from turnwire.hooks import SessionContext
 from turnwire_client.v1 import hooks_pb2
-from turnwire_server.app import load_middlewares
+from turnwire_server.assembly import load_middlewares
 from turnwire_server.config import ConfigError, Settings, load_settings
 from turnwire_server.hooks.chain import HookError, MiddlewareChain
 from turnwire_server.remote_hooks import RemoteMiddleware

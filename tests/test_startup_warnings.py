@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from turnwire_server.app import _warn_of_demo_tools
+from turnwire_server.assembly import warn_of_demo_tools
 from turnwire_server.config import Settings
 
 OPENAI = {"o": {"type": "openai", "api_key_env": "TW_TEST_OPENAI_KEY"}}
@@ -16,7 +16,7 @@ OPENAI = {"o": {"type": "openai", "api_key_env": "TW_TEST_OPENAI_KEY"}}
 def _warnings(caplog: pytest.LogCaptureFixture, **config: Any) -> list[str]:
     caplog.clear()
     with caplog.at_level("WARNING", logger="turnwire.server"):
-        _warn_of_demo_tools(Settings(**config))
+        warn_of_demo_tools(Settings(**config))
     return [r.getMessage() for r in caplog.records]
 
 
@@ -47,7 +47,8 @@ async def test_a_start_that_fails_prints_no_demo_tools_warning(
 ) -> None:
     """Trial 3: a start that failed for a missing API key first warned about the demo tools being
     offered to that real model: the fatal error is the one thing to say."""
-    from turnwire_server.app import StartupError, start
+    from turnwire_server.app import start
+    from turnwire_server.assembly import StartupError
 
     monkeypatch.delenv("TW_TEST_OPENAI_KEY", raising=False)
     settings = Settings(

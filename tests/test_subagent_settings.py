@@ -14,7 +14,7 @@ from turnwire.subagents import SubagentCall
 from turnwire.tools import ToolError
 from turnwire_client.v1 import event_pb2, hooks_pb2
 from turnwire_server.api.tenancy import Tenancy
-from turnwire_server.app import build_providers, load_middlewares
+from turnwire_server.assembly import build_providers, load_middlewares
 from turnwire_server.config import ConfigError, load_settings
 from turnwire_server.engine.detached_subagents import DetachedResults
 from turnwire_server.engine.request import TurnRequest

@@ -17,7 +17,7 @@ from support.engine_harness import EngineFactory, collect, end_of, kinds, of_kin
 from turnwire.testing import ScriptedToolCall, ScriptStep
 from turnwire.tools import ClientTool, PythonTool, ToolExecution, requires_approval, tool
 from turnwire_client.v1 import message_pb2
-from turnwire_server.app import StartupError, open_tools
+from turnwire_server.assembly import StartupError, open_tools
 from turnwire_server.config import load_settings
 from turnwire_server.tools.loading import load_tools
 from turnwire_server.tools.tool_set import ToolSet

@@ -15,7 +15,7 @@ from mcp_types import CallToolResult, ImageContent, TextContent
 
 from turnwire.tools import Tool, ToolError, ToolExecution
 from turnwire.values import dumps
-from turnwire_server.app import StartupError, open_tools
+from turnwire_server.assembly import StartupError, open_tools
 from turnwire_server.config import ConfigError, load_settings
 from turnwire_server.tools.listing import listing_problem
 from turnwire_server.tools.loading import ApprovalRequired

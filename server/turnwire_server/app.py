@@ -1,15 +1,15 @@
 """Assemble and run the sidecar: store, providers, tools, middleware, engine, gRPC server.
 
-This is the only place that names concrete implementations; the engine sees
-interfaces. ``serve`` runs until SIGTERM or SIGINT, then shuts down
-gracefully: health goes NOT_SERVING (overall and per service) while calls are
-still taken for ``limits.drain_seconds`` (the drain window: readiness probes and
-load balancers move traffic away first; a second SIGTERM/SIGINT ends it), then
-no new calls are accepted, running turns get ``limits.shutdown_grace_seconds``
-to finish, the rest are cancelled and store their partial replies; once every
-ChatService call has ended, the streams that never end on their own (health
-``Watch``, reflection) are cancelled, the connections are closed within what is left of the
-stop's deadline (:mod:`turnwire_server.closing`), and the process exits 0. SIGHUP re-reads
+This module, :mod:`turnwire_server.assembly` (what the sidecar is built from) and
+:mod:`turnwire_server.background` (what runs beside its RPCs) are the only places that name
+concrete implementations; the engine sees interfaces. ``serve`` runs until SIGTERM or SIGINT,
+then shuts down gracefully: health goes NOT_SERVING (overall and per service) while calls are
+still taken for ``limits.drain_seconds`` (the drain window: readiness probes and load balancers
+move traffic away first; a second SIGTERM/SIGINT ends it), then no new calls are accepted,
+running turns get ``limits.shutdown_grace_seconds`` to finish, the rest are cancelled and store
+their partial replies; once every ChatService call has ended, the streams that never end on their
+own (health ``Watch``, reflection) are cancelled, the connections are closed within what is left
+of the stop's deadline (:mod:`turnwire_server.closing`), and the process exits 0. SIGHUP re-reads
 the ``tls:`` files (:mod:`turnwire_server.api.tls`) and the ``auth:`` token sources
 (:mod:`turnwire_server.api.authentication`).
 """
@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import gc
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,60 +29,66 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from turnwire.hooks import Middleware, SessionConfig, SessionContext
-from turnwire.providers import Provider
-from turnwire.testing import BUILTIN_SCRIPTS
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc
-from turnwire_server.api.access import HEALTH_SERVICE, REFLECTION_SERVICES, AccessInterceptor
+from turnwire_server.api.access import AccessInterceptor
 from turnwire_server.api.admission import CallGate
-from turnwire_server.api.authentication import AuthConfigError, Authenticator
+from turnwire_server.api.authentication import Authenticator
 from turnwire_server.api.chat_service import ChatService
-from turnwire_server.api.rate_limits import RateLimits
 from turnwire_server.api.rpc_logging import quiet_grpc_call_noise
 from turnwire_server.api.rpc_observer import RpcObserver
-from turnwire_server.api.schedule_rpcs import schedule_spec_of
 from turnwire_server.api.standard_services import add_standard_services
 from turnwire_server.api.status import status_of
-from turnwire_server.api.submission_rpcs import turn_request_of
-from turnwire_server.api.tls import ServerTls, TlsFileError
+from turnwire_server.api.tls import ServerTls
+from turnwire_server.assembly import (
+    StartupError,
+    build_access,
+    build_providers,
+    check_listen,
+    check_models,
+    configure_session,
+    engine_settings,
+    load_middlewares,
+    open_configured_store,
+    open_tls,
+    open_tools,
+    open_tracing,
+    warn_of_demo_tools,
+)
+from turnwire_server.background import (
+    build_scheduler,
+    deliver_detached_answers,
+    recover_turns,
+    start_maintenance,
+    start_webhooks,
+    sweep_detached_answers,
+)
 from turnwire_server.cache_budget import CACHES
 from turnwire_server.closing import close_within
-from turnwire_server.config import MiddlewareEntry, Settings, StoreSettings
-from turnwire_server.engine import EngineSettings, TurnEngine
-from turnwire_server.engine.cost import PriceBook
+from turnwire_server.config import Settings
+from turnwire_server.engine import TurnEngine
 from turnwire_server.engine.detached_subagents import DetachedResults
-from turnwire_server.engine.fallback import Fallbacks
 from turnwire_server.engine.maintenance import Maintenance
 from turnwire_server.engine.replica import Replica
 from turnwire_server.engine.schedules import Scheduler
-from turnwire_server.engine.settings import DurabilitySettings, new_replica_id
-from turnwire_server.engine.store_outage import until_stored
+from turnwire_server.engine.settings import new_replica_id
 from turnwire_server.engine.submissions import Submissions
-from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.event_loop import running_loop_name
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.http.calls import InProcessCalls, MethodTable
 from turnwire_server.http.doors import DoorContext
 from turnwire_server.http.server import HttpListener, HttpListenError, start_http
-from turnwire_server.importing import import_object
-from turnwire_server.listen_check import ListenAddressError, check_listen_address
 from turnwire_server.metrics_endpoint import MetricsEndpoint, start_metrics_endpoint
-from turnwire_server.providers.registry import ProviderRegistry, UnknownModel
-from turnwire_server.providers.settings import ProviderConfigError, ScriptedProviderSettings, build_provider
-from turnwire_server.redaction import redactor_for
+from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.remote_hooks import RemoteMiddleware
-from turnwire_server.store import Store, open_store, store_label
-from turnwire_server.store.errors import StoreUnreachable
+from turnwire_server.store import Store, store_label
 from turnwire_server.store_health import StoreHealth
 from turnwire_server.subagent_loading import SubagentConfigError, build_subagents
-from turnwire_server.tools.demo import DEMO_TOOLS
-from turnwire_server.tools.grpc_host import RemoteToolHost, ToolHostError
-from turnwire_server.tools.loading import ToolLoadError, load_tools
 from turnwire_server.tools.tool_set import ToolSet
-from turnwire_server.webhooks import MissingSecret, Signers, WebhookOutbox, WebhookSettings
+from turnwire_server.webhooks import MissingSecret, Signers, WebhookOutbox
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
+
 
 log = logging.getLogger("turnwire.server")
 
@@ -92,84 +97,6 @@ _TURN_END_MARGIN_SECONDS = 5.0
 _UNBOUNDED = 2**31 - 1
 
 SERVICE_NAME = chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"].full_name
-
-
-class StartupError(Exception):
-    """The sidecar cannot start; the message says what to fix."""
-
-
-def load_middlewares(entries: Sequence[MiddlewareEntry]) -> list[Middleware]:
-    """Instantiate the configured middlewares in order: a ``path`` entry by importing its class,
-    a ``remote`` entry as a :class:`RemoteMiddleware` (connected in ``configure_session``).
-    Raises :class:`StartupError`."""
-    middlewares: list[Middleware] = []
-    for index, entry in enumerate(entries):
-        if entry.remote is not None:
-            middlewares.append(RemoteMiddleware(entry.remote))
-            continue
-        assert entry.path is not None  # MiddlewareEntry: exactly one of path and remote
-        try:
-            factory = import_object(entry.path)
-        except (ModuleNotFoundError, AttributeError, ValueError) as error:
-            # import_object's message already says what is missing and the close name, if any
-            raise StartupError(f"middleware[{index}] {entry.path}: {error}") from error
-        except Exception as error:  # the module itself raised while importing
-            raise StartupError(
-                f"middleware[{index}] {entry.path}: importing it raised {type(error).__name__}: {error}"
-            ) from error
-        try:
-            middleware = factory(**entry.options)
-        except Exception as error:
-            raise StartupError(
-                f"middleware[{index}] {entry.path}: {type(error).__name__}: {error}"
-            ) from error
-        if not isinstance(middleware, Middleware):
-            raise StartupError(f"middleware[{index}] {entry.path} is not a turnwire.hooks.Middleware")
-        middlewares.append(middleware)
-    return middlewares
-
-
-def build_providers(settings: Settings) -> ProviderRegistry:
-    """The configured providers by name. Raises :class:`StartupError` listing every provider that
-    cannot be built (all missing API keys at once, not the first only)."""
-    providers: dict[str, Provider] = {}
-    problems: list[str] = []
-    for name, config in settings.providers.items():
-        try:
-            providers[name] = build_provider(name, config)
-        except ProviderConfigError as error:
-            problems.append(str(error))
-    if len(problems) == 1:
-        raise StartupError(problems[0])
-    if problems:
-        raise StartupError(
-            "\n".join([f"{len(problems)} providers cannot start:", *(f"  {p}" for p in problems)])
-        )
-    return ProviderRegistry(providers)
-
-
-def build_access(settings: Settings) -> AccessInterceptor | None:
-    """The interceptor for ``auth:`` and ``rate_limits:``; None when both are off. Raises
-    :class:`StartupError` for a token file, variable or key set that cannot be used."""
-    auth, limits = settings.auth, settings.rate_limits
-    if not auth.enabled and not limits.enabled:
-        return None
-    authenticator = None
-    if auth.enabled:
-        try:
-            authenticator = Authenticator.from_settings(auth)
-        except AuthConfigError as error:
-            raise StartupError(str(error)) from error
-    open_services: set[str] = set()
-    if auth.open_health:
-        open_services.add(HEALTH_SERVICE)
-    if auth.open_reflection:
-        open_services |= REFLECTION_SERVICES
-    return AccessInterceptor(
-        authenticator,
-        RateLimits(limits) if limits.enabled else None,
-        open_services=frozenset(open_services),
-    )
 
 
 @dataclass(kw_only=True)
@@ -363,12 +290,12 @@ async def start(settings: Settings, *, worker: bool = False) -> Sidecar:
     # Before the port: a configuration error (a missing API key, an unknown model) is what to
     # fix, even while another process (a draining sidecar) still holds the port.
     providers = build_providers(settings)
-    _check_models(providers, settings)
+    check_models(providers, settings)
     access = build_access(settings)
     if not worker:  # else the supervisor checked it, and holds it
         # Before the metrics port: a second `serve` on the same configuration reports the gRPC
         # port it cannot have, not the metrics one (the supervisor checks in the same order).
-        _check_listen(settings.listen)
+        check_listen(settings.listen)
     endpoint = None if worker else _metrics_endpoint(settings)
     try:
         tools = await open_tools(settings)
@@ -397,104 +324,6 @@ def _metrics_endpoint(settings: Settings) -> MetricsEndpoint | None:
     return endpoint
 
 
-def metric_models(settings: Settings, session: SessionConfig) -> frozenset[str]:
-    """The model ids the configuration names (``default_model``, each scripted provider's scripts,
-    each SDK provider's ``models`` allow-list, the compaction summary model, the ids
-    ``pricing.models`` prices): the ones the
-    metrics label by name (``EngineSettings.metric_models``)."""
-    known = {settings.default_model}
-    for name, entry in settings.providers.items():
-        if isinstance(entry, ScriptedProviderSettings):
-            models: Iterable[str] = (*BUILTIN_SCRIPTS, *entry.scripts)
-        else:
-            models = entry.models
-        known.update(f"{name}:{model}" for model in models)
-    known.update(settings.pricing.models)
-    summary_model = getattr(session.compaction.strategy, "model", None) if session.compaction else None
-    if isinstance(summary_model, str):
-        known.add(summary_model)
-    return frozenset(known)
-
-
-def open_tls(settings: Settings) -> ServerTls | None:
-    """The server's TLS credentials (None: plaintext), its files checked. Raises
-    :class:`StartupError`."""
-    if settings.tls is None:
-        return None
-    try:
-        return ServerTls(settings.tls)
-    except TlsFileError as error:
-        raise StartupError(str(error)) from error
-
-
-async def open_tools(settings: Settings) -> ToolSet:
-    """The tool set: in-process tools, then tool hosts and MCP servers in config order, each
-    listed once (concurrently) before serving (docs/semantics.md §2). A source that does not
-    answer is logged and joins once it does; a ``tools.require_approval`` name that no source
-    could list is an error only when every source answered. Raises :class:`StartupError`."""
-    config = settings.tools
-    try:
-        local = load_tools(config.demo, config.python)
-    except ToolLoadError as error:
-        raise StartupError(f"tools: {error}") from error
-    tool_set = ToolSet(local, config.require_approval)
-    timeout = settings.limits.tool_timeout_seconds
-    try:
-        tool_set.sources.extend(
-            RemoteToolHost(entry, default_timeout_seconds=timeout, on_change=tool_set.refresh)
-            for entry in config.hosts
-        )
-    except ToolHostError as error:
-        await tool_set.aclose()
-        raise StartupError(f"tools.hosts: {error}") from error
-    if config.mcp:
-        # Imported only when configured: the MCP SDK costs about half a second of every start.
-        from turnwire_server.tools.mcp_server import McpServer
-
-        tool_set.sources.extend(
-            McpServer(
-                entry,
-                default_timeout_seconds=timeout,
-                max_result_bytes=settings.limits.max_tool_output_bytes,
-                on_change=tool_set.refresh,
-            )
-            for entry in config.mcp
-        )
-    missing = await tool_set.start()
-    unknown = [name for name in config.require_approval if name not in tool_set]
-    if unknown and not missing:
-        known = ", ".join(sorted(tool_set)) or "none"
-        await tool_set.aclose()
-        raise StartupError(
-            f"tools: require_approval names {', '.join(map(repr, unknown))}, which is no loaded tool "
-            f"(loaded: {known})"
-        )
-    if unknown:
-        log.warning(
-            "tools.require_approval names %s, not listed yet (%s not answering); it applies once listed",
-            ", ".join(map(repr, unknown)),
-            ", ".join(f"{source.kind} {source.name!r}" for source in missing),
-        )
-    return tool_set
-
-
-def _warn_of_demo_tools(settings: Settings) -> None:
-    """Warn when the demo tools are on by default while the default model is a real one: their
-    made-up data (get_weather) would reach it. An explicit ``tools.demo: true`` is not warned of.
-    Called once start-up succeeded, never before a fatal start-up error."""
-    if not settings.tools.demo or "demo" in settings.tools.model_fields_set:
-        return
-    provider = settings.providers.get(settings.default_model.partition(":")[0])
-    if provider is None or isinstance(provider, ScriptedProviderSettings):
-        return
-    log.warning(
-        "the demo tools (%s) are on and are offered to %s, a real model; set tools.demo: false to "
-        "turn them off (or tools.demo: true to keep them without this warning)",
-        ", ".join(tool.name for tool in DEMO_TOOLS),
-        settings.default_model,
-    )
-
-
 async def _start(
     settings: Settings,
     providers: ProviderRegistry,
@@ -509,7 +338,7 @@ async def _start(
     server, and the background loops; each step is one function below. The store is closed
     again when a step after it fails."""
     chain = MiddlewareChain(load_middlewares(settings.middleware))
-    session = await _configure_session(settings, chain, providers, tools)
+    session = await configure_session(settings, chain, providers, tools)
     try:
         detached_results = DetachedResults()
         subagents = await build_subagents(settings, providers, tools, load_middlewares, detached_results)
@@ -520,11 +349,11 @@ async def _start(
     except MissingSecret as error:
         raise StartupError(str(error)) from None
     replica_id = new_replica_id()
-    store = await _open_store(
+    store = await open_configured_store(
         settings.store, patience_seconds=settings.durability.store_outage_seconds, replica_id=replica_id
     )
     try:
-        tracing, tracer_provider = _start_tracing(settings)
+        tracing, tracer_provider = open_tracing(settings)
         # Before the engine: the turns it recovers count against their tenants' shares already.
         gate = CallGate(settings.limits.max_concurrent_rpcs, tenant_shares=settings.tenant_shares)
         engine = TurnEngine(
@@ -532,16 +361,16 @@ async def _start(
             providers=providers,
             tools=subagents.all_tools,
             chain=chain,
-            settings=_engine_settings(settings, session, replica_id),
+            settings=engine_settings(settings, session, replica_id),
             error_status=status_of,
             tracing=tracing,
             turn_slots=gate,
         )
         subagents.bind(engine)
-        submissions = await _recover(settings, engine, store)
+        submissions = await recover_turns(settings, engine, store)
         detached_results.bind(submissions, store)
-        await _deliver_detached_answers(settings, detached_results)
-        scheduler = _scheduler(settings, store, submissions)
+        await deliver_detached_answers(settings, detached_results)
+        scheduler = build_scheduler(settings, store, submissions)
         server, health, port, calls = await _serve(
             settings,
             engine,
@@ -560,9 +389,9 @@ async def _start(
     except BaseException:
         await store.close()
         raise
-    maintenance = _start_maintenance(settings.durability, engine, submissions)
-    _sweep_detached_answers(settings, detached_results, maintenance)
-    webhooks = _start_webhooks(settings.webhooks, store, signers, replica_id, maintenance)
+    maintenance = start_maintenance(settings.durability, engine, submissions)
+    sweep_detached_answers(settings, detached_results, maintenance)
+    webhooks = start_webhooks(settings.webhooks, store, signers, replica_id, maintenance)
     replica = Replica(engine, resume=settings.durability.recover_on_start, submissions=submissions)
     replica.start()
     scheduler.start()
@@ -589,193 +418,6 @@ async def _start(
     await _announce(sidecar)
     store_health.start()  # after SERVING: from here NOT_SERVING follows the store's database
     return sidecar
-
-
-async def check_providers(settings: Settings) -> None:
-    """The provider checks ``serve`` makes first (every provider can be built, ``default_model``
-    is one they serve), for ``config show`` to refuse what ``serve`` would. Raises
-    :class:`StartupError` with ``serve``'s message."""
-    providers = build_providers(settings)
-    try:
-        _check_models(providers, settings)
-    finally:
-        await providers.aclose()
-
-
-def _check_models(providers: ProviderRegistry, settings: Settings) -> None:
-    """:func:`_check_model` of ``default_model`` and of every model ``fallback.models`` names."""
-    _check_model(providers, settings.default_model, "default_model")
-    for model, fallbacks in settings.fallback.models.items():
-        for model_id in (model, *fallbacks):
-            _check_model(providers, model_id, f"fallback.models[{model!r}]")
-
-
-def _check_model(providers: ProviderRegistry, model: str, field: str) -> None:
-    """Raise :class:`StartupError` naming ``field`` when no configured provider serves ``model``."""
-    try:
-        providers.resolve(model)
-    except UnknownModel as error:
-        raise StartupError(f"{field}: {error}") from error
-
-
-async def _configure_session(
-    settings: Settings, chain: MiddlewareChain, providers: ProviderRegistry, tools: ToolSet
-) -> SessionConfig:
-    """The chain's ``configure_session`` answer (docs/semantics.md §3), its compaction summary
-    model checked against the providers. Raises :class:`StartupError`."""
-    try:
-        session = await chain.configure_session(
-            SessionContext(
-                default_model=settings.default_model, system=settings.system_prompt, tools=dict(tools)
-            )
-        )
-    except Exception as error:
-        raise StartupError(f"configure_session failed: {error}") from error
-    summary_model = getattr(session.compaction.strategy, "model", None) if session.compaction else None
-    if summary_model is not None:
-        try:
-            providers.resolve(summary_model)
-        except UnknownModel as error:
-            raise StartupError(
-                f"compaction summary model: {error}; configure that provider under providers:, or set "
-                "the summary model (ContextCompaction's summary_model) to a configured one "
-                "(offline: scripted:summarizer)"
-            ) from error
-    return session
-
-
-def _check_listen(listen: str) -> None:
-    """Raise :class:`StartupError` when ``listen`` cannot be bound (:func:`check_listen_address`)."""
-    try:
-        check_listen_address(listen)
-    except ListenAddressError as error:
-        raise StartupError(str(error)) from error
-
-
-async def _open_store(config: StoreSettings, *, patience_seconds: float, replica_id: str) -> Store:
-    """The configured store, opened (migrated, locked). While the database is unreachable
-    (:class:`StoreUnreachable`: restarting, not yet up, cut off) the opening is retried with
-    backoff for up to ``patience_seconds`` (``durability.store_outage_seconds``), as a turn's
-    final write is (docs/operate/outages.md): a replica started during a database restart comes
-    up once the database does. A refusal (no such database or role, a wrong password) fails at
-    once. ``replica_id`` names its database sessions (this process's turns' owner). Raises
-    :class:`StartupError` naming no store address (:func:`store_label`)."""
-    try:
-        store = open_store(
-            config.url, pool_size=config.pool_size, password_env=config.password_env, replica_id=replica_id
-        )
-    except ValueError as error:
-        raise StartupError(f"store.url: {error}") from error
-    try:
-        await until_stored(
-            store.open, patience_seconds=patience_seconds, what="opening the store", retry_on=StoreUnreachable
-        )
-    except Exception as error:
-        raise StartupError(f"cannot open the store ({store_label(config.url)}): {error}") from error
-    return store
-
-
-def _start_tracing(settings: Settings) -> tuple[Tracing, TracerProvider | None]:
-    """The engine's span starter and the SDK provider to shut down at stop; tracing off (and no
-    SDK imported) unless ``tracing.enabled``. Raises :class:`StartupError`."""
-    if not settings.tracing.enabled:
-        return TRACING_OFF, None
-    # Imported only when on: the OpenTelemetry SDK and its exporter cost every start.
-    from turnwire_server.trace_export import start_tracing
-
-    try:
-        return start_tracing(settings.tracing)
-    except OSError as error:
-        raise StartupError(f"tracing.ca_file: {error}") from error
-
-
-def _engine_settings(settings: Settings, session: SessionConfig, replica_id: str) -> EngineSettings:
-    """The engine's settings: its validated sections as they are, and what start-up decided."""
-    return EngineSettings(
-        replica_id=replica_id,
-        default_model=settings.default_model,
-        system_prompt=settings.system_prompt,
-        limits=settings.limits,
-        events=settings.events,
-        checkpoint=settings.checkpoint,
-        durability=settings.durability,
-        compaction=session.compaction,
-        metric_models=metric_models(settings, session),
-        redact=redactor_for(settings).redact,
-        prices=PriceBook(settings.pricing),
-        fallbacks=Fallbacks(settings.fallback),
-        budgets=settings.budgets,
-    )
-
-
-async def _deliver_detached_answers(settings: Settings, detached: DetachedResults) -> None:
-    """Submit the answers of detached sub-agents that a crash left undelivered: their turn's end
-    stored, their submission not (docs/subagents.md, "Detached sub-agents"); those whose stream
-    is still kept (``durability.event_retention_seconds``, 0: all). Waits out the database being
-    unreachable as the recoveries do (a repeat is safe: the submission id is derived)."""
-    names = {entry.name for entry in settings.subagents if entry.detached}
-    if not names:
-        return
-    retention = settings.durability.event_retention_seconds
-    since = (
-        dt.datetime.now(dt.UTC) - dt.timedelta(seconds=retention)
-        if retention > 0
-        else dt.datetime.fromtimestamp(0, dt.UTC)
-    )
-    delivered = await until_stored(
-        lambda: detached.reconcile(names, since),
-        patience_seconds=settings.durability.store_outage_seconds,
-        what="delivering detached sub-agents' answers",
-        retry_on=StoreUnreachable,
-    )
-    if delivered:
-        log.warning("delivered %d detached sub-agent answer(s) a crash had left undelivered", delivered)
-
-
-def _sweep_detached_answers(settings: Settings, detached: DetachedResults, maintenance: Maintenance) -> None:
-    """Have every sweep deliver the detached answers left undelivered among the children that
-    ended lately: another replica's crash in the gap (it may never restart), a delivery the store
-    refused. Lately: two sweep intervals and a lease back, so a late sweep or the replicas'
-    clocks apart miss none between sweeps (the start-up pass covers the rest)."""
-    names = {entry.name for entry in settings.subagents if entry.detached}
-    if not names:
-        return
-    durability = settings.durability
-    window = dt.timedelta(seconds=2 * durability.sweep_interval_seconds + durability.lease_seconds)
-    maintenance.add_hook("undelivered detached answers", lambda now: detached.reconcile(names, now - window))
-
-
-async def _recover(settings: Settings, engine: TurnEngine, store: Store) -> Submissions:
-    """Recover the turns a crash interrupted (``durability.recover_on_start``), then start the
-    pending submissions; returns the submissions runner the API and the replica use. Each waits
-    out the database being unreachable as the store's opening does (a replica restarted during a
-    database restart; a claim is safe to repeat: it takes only what no live replica holds)."""
-    patience = settings.durability.store_outage_seconds
-    recovered = await until_stored(
-        lambda: engine.recover(resume=settings.durability.recover_on_start),
-        patience_seconds=patience,
-        what="recovering interrupted turns",
-        retry_on=StoreUnreachable,
-    )
-    if recovered:
-        log.warning("found %d turn(s) interrupted by a previous crash", recovered)
-    submissions = Submissions(
-        engine,
-        store,
-        turn_request=lambda record: turn_request_of(record, settings.default_model),
-        max_open=settings.durability.max_pending_submissions_per_conversation,
-        max_running=settings.durability.max_running_submissions,
-        error_status=status_of,
-    )
-    restarted = await until_stored(
-        submissions.claim,
-        patience_seconds=patience,
-        what="claiming pending submissions",
-        retry_on=StoreUnreachable,
-    )
-    if restarted:
-        log.info("started %d pending submission(s)", restarted)
-    return submissions
 
 
 async def _serve(
@@ -852,56 +494,6 @@ async def _start_http(settings: Settings, calls: InProcessCalls, *, shared_port:
         raise StartupError(str(error)) from None
 
 
-def _scheduler(settings: Settings, store: Store, submissions: Submissions) -> Scheduler:
-    """The replica's schedule loop (docs/schedules.md), started with the other loops. A fire's
-    submission meets the same bound on a conversation's open submissions as SubmitMessages."""
-    store.max_open_submissions = settings.durability.max_pending_submissions_per_conversation
-    return Scheduler(
-        store,
-        spec_of=schedule_spec_of,
-        claim=submissions.claim,
-        poll_interval_seconds=settings.schedules.poll_interval_seconds,
-        misfire_grace_seconds=settings.schedules.misfire_grace_seconds,
-    )
-
-
-def _start_maintenance(
-    durability: DurabilitySettings, engine: TurnEngine, submissions: Submissions
-) -> Maintenance:
-    """Start the retention sweeps and the expiry of pending submissions and tool calls
-    (docs/semantics.md §12)."""
-    maintenance = Maintenance(
-        engine,
-        interval_seconds=durability.sweep_interval_seconds,
-        conversation_retention_seconds=durability.conversation_retention_seconds,
-        event_retention_seconds=durability.event_retention_seconds,
-    )
-    maintenance.add_hook(
-        "expired submissions",
-        lambda now: submissions.expire(now, expiry_seconds=durability.pending_expiry_seconds),
-    )
-    if durability.pending_expiry_seconds > 0:
-        expiry = dt.timedelta(seconds=durability.pending_expiry_seconds)
-        store = engine.store
-        maintenance.add_hook("expired tool calls", lambda now: store.expire_pending_tool_calls(now - expiry))
-    maintenance.start()
-    return maintenance
-
-
-def _start_webhooks(
-    settings: WebhookSettings, store: Store, signers: Signers, replica_id: str, maintenance: Maintenance
-) -> WebhookOutbox | None:
-    """Start the webhook sender and its retention sweep when any target is configured (else no
-    delivery can be made, and none is polled for); docs/webhooks.md."""
-    if not settings.endpoints and not settings.allow_request_urls:
-        return None
-    outbox = WebhookOutbox(store, settings, signers, owner=replica_id)
-    if settings.retention_seconds > 0:
-        maintenance.add_hook("ended webhook deliveries", outbox.sweep)
-    outbox.start()
-    return outbox
-
-
 async def _announce(sidecar: Sidecar) -> None:
     """Health SERVING (overall and for ChatService), then the start-up warnings and the
     "listening" lines. Only now: a start that fails (a missing API key, say) says what to fix
@@ -909,7 +501,7 @@ async def _announce(sidecar: Sidecar) -> None:
     settings = sidecar.settings
     for service in ("", SERVICE_NAME):
         await sidecar.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-    _warn_of_demo_tools(settings)
+    warn_of_demo_tools(settings)
     host = settings.listen.rpartition(":")[0]
     log.info(
         "turnwire listening on %s:%d, %s (store %s, default model %s, event loop %s)",

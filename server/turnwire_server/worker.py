@@ -17,7 +17,8 @@ import pickle
 import sys
 from collections.abc import Callable
 
-from turnwire_server.app import Sidecar, StartupError, serve
+from turnwire_server.app import Sidecar, serve
+from turnwire_server.assembly import StartupError
 from turnwire_server.config import Settings
 from turnwire_server.event_loop import EventLoopUnavailable, run
 from turnwire_server.logs import configure_process_logging

@@ -69,8 +69,8 @@ def serve(
     if settings.workers > 1:
         _supervise(settings)
         return
-    from turnwire_server.app import StartupError
     from turnwire_server.app import serve as run_server
+    from turnwire_server.assembly import StartupError
     from turnwire_server.event_loop import EventLoopUnavailable, run
 
     try:
@@ -131,7 +131,7 @@ def config_show(
     """
     import yaml
 
-    from turnwire_server.app import StartupError, check_providers
+    from turnwire_server.assembly import StartupError, check_providers
     from turnwire_server.redaction import redacted_settings
 
     settings = _load(config, listen, store)
