@@ -68,6 +68,10 @@ SCRIPTS = {
         {"tool_calls": [{"name": "calculator", "input": {"expression": "6 * 7"}}]},
         {"text": "It is 42."},
     ],
+    "narrate": [
+        {"text": "Let me calculate.", "tool_calls": [{"name": "calculator", "input": {"expression": "6 * 7"}}]},
+        {"text": "It is 42."},
+    ],
     "fails": [
         {"text": "partial ", "error": {"message": "the model is down", "status": 400, "after_chunks": 1}}
     ],
@@ -354,9 +358,10 @@ async def test_chat_completions_run_the_tool_loop_and_keep_nothing(
     client: openai.AsyncOpenAI, grpc_a: TurnwireClient
 ) -> None:
     completion = await client.chat.completions.create(
-        model="scripted:calculate", messages=[{"role": "user", "content": "6 * 7?"}]
+        model="scripted:narrate", messages=[{"role": "user", "content": "6 * 7?"}]
     )
-    assert completion.choices[0].message.content == "It is 42."  # the sidecar ran the calculator
+    # The sidecar ran the calculator; each step's text is kept, a blank line between them.
+    assert completion.choices[0].message.content == "Let me calculate.\n\nIt is 42."
     assert completion.choices[0].finish_reason == "stop"
     assert completion.usage is not None
     listed = await grpc_a.list_conversations(page_size=1000)

@@ -151,6 +151,9 @@ def _client_tools(raw: list[Any]) -> list[chat_service_pb2.ClientTool]:
     return tools
 
 
+_BLOCK_SEPARATOR = "\n\n"  # between the text blocks of a turn in one message's content
+
+
 class _Completion:
     """The chat completion a turn's events make (text, pending client tool calls, usage)."""
 
@@ -178,6 +181,10 @@ class _Completion:
         if kind == "turn_start":
             self.model = self.model or event.turn_start.model
             return [self.chunk({"role": "assistant", "content": ""})]
+        if kind == "text_start" and self.text:
+            # Another text block (a later step's, after tool calls): apart from the one before.
+            self.text.append(_BLOCK_SEPARATOR)
+            return [self.chunk({"content": _BLOCK_SEPARATOR})]
         if kind == "text_delta":
             self.text.append(event.text_delta.delta)
             return [self.chunk({"content": event.text_delta.delta})]
