@@ -69,7 +69,10 @@ SCRIPTS = {
         {"text": "It is 42."},
     ],
     "narrate": [
-        {"text": "Let me calculate.", "tool_calls": [{"name": "calculator", "input": {"expression": "6 * 7"}}]},
+        {
+            "text": "Let me calculate.",
+            "tool_calls": [{"name": "calculator", "input": {"expression": "6 * 7"}}],
+        },
         {"text": "It is 42."},
     ],
     "fails": [
