@@ -15,19 +15,18 @@ from typing import Any
 import pytest
 from google.rpc import error_details_pb2
 from support.engine_harness import CONV, MODEL, EngineFactory, collect, echo, end_of, make_tool, text_of
+from support.store_turns import crashed_turn
 from support.waiting import wait_until
 
 from turnwire.hooks import ChatErrorContext, Middleware
 from turnwire.testing import ScriptedUsage, ScriptStep
-from turnwire_client.v1 import chat_service_pb2, error_reason_pb2, event_pb2, message_pb2
+from turnwire_client.v1 import error_reason_pb2, event_pb2, message_pb2
 from turnwire_server.engine.budget_refusals import dollars
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.engine.errors import BudgetExhausted, BudgetRefused
 from turnwire_server.engine.request import TurnRequest
-from turnwire_server.engine.turn_spec import spec_json
-from turnwire_server.store import TurnRecord
 from turnwire_server.store.base import BudgetAsk, BudgetCharge, BudgetKey, BudgetLimits, BudgetSpend
 from turnwire_server.store.sqlite import SqliteStore
 
@@ -303,31 +302,16 @@ async def _crashed_with_a_reservation(
     crashed = SqliteStore(tmp_path / "turnwire.db")
     await crashed.open()
     request_id = f"r-{conversation_id}"
-    request = TurnRequest(
-        conversation_id=conversation_id,
-        request_id=request_id,
-        messages=[],
-        body={},
+    record = await crashed_turn(
+        crashed,
+        conversation_id,
+        request_id,
         model=MODEL,
-        continuation=False,
-        response_type=chat_service_pb2.ChatResponse,
+        text="tell me",
         principal=principal,
-    )
-    record = TurnRecord(
-        request_id=request_id,
-        conversation_id=conversation_id,
-        assistant_message_id=f"tw-a-{request_id}",
-        continuation=False,
-        model=MODEL,
-        state="running",
-        start_time=dt.datetime.now(dt.UTC),
-        spec=spec_json(request),
         owner="dead-replica",
         recovery_count=recoveries,
     )
-    user = message_pb2.Message(id=f"u-{conversation_id}", role=message_pb2.ROLE_USER)
-    user.parts.add().text.text = "tell me"
-    await crashed.start_turn(record, [user])
     ask = BudgetAsk(prompt_tokens=1_000, prompt_usd=0.0, usd_per_output_token=0.0, max_output=2_000)
     await crashed.charge_budget(BudgetCharge(request_id, conversation_id, record.lease, (budget,), ask=ask))
     await crashed.close()

@@ -5,24 +5,21 @@ a step cut short costs what it reported; a recovered turn's total is unknown."""
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
 import pytest
 from support.engine_harness import MODEL, EngineFactory, echo, end_of, make_tool, of_kind
+from support.store_turns import crashed_turn
 from support.traces import memory_tracing, named, one
 from support.waiting import wait_until
 
 from turnwire.hooks import ChatResponseContext, Middleware, StepFinishContext
 from turnwire.testing import ScriptedUsage, ScriptStep
 from turnwire.types import Cost
-from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
+from turnwire_client.v1 import event_pb2
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
-from turnwire_server.engine.request import TurnRequest
-from turnwire_server.engine.turn_spec import spec_json
 from turnwire_server.remote_hooks import convert
-from turnwire_server.store import TurnRecord
 from turnwire_server.store.sqlite import SqliteStore
 
 RATES = {"input_mtok": 3.0, "output_mtok": 15.0}
@@ -131,28 +128,7 @@ async def test_a_recovered_turn_has_an_unknown_cost(make_engine: EngineFactory, 
     # docs/cost.md: what the attempt lost in a crash spent died with its process; the rest is no total.
     crashed = SqliteStore(tmp_path / "turnwire.db")
     await crashed.open()
-    request = TurnRequest(
-        conversation_id="c-crash",
-        request_id="r-crash",
-        messages=[],
-        body={},
-        model=MODEL,
-        continuation=False,
-        response_type=chat_service_pb2.ChatResponse,
-    )
-    record = TurnRecord(
-        request_id="r-crash",
-        conversation_id="c-crash",
-        assistant_message_id="tw-a-r-crash",
-        continuation=False,
-        model=MODEL,
-        state="running",
-        start_time=dt.datetime.now(dt.UTC),
-        spec=spec_json(request),
-    )
-    user = message_pb2.Message(id="u-crash", role=message_pb2.ROLE_USER)
-    user.parts.add().text.text = "tell me"
-    await crashed.start_turn(record, [user])
+    await crashed_turn(crashed, "c-crash", "r-crash", model=MODEL, text="tell me")
     await crashed.close()
 
     h = await make_engine(

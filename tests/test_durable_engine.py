@@ -5,22 +5,19 @@ turn leases (docs/semantics.md §8)."""
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.engine_harness import EngineFactory, collect, end_of, text_of
+from support.store_turns import crashed_turn
 from support.waiting import wait_until
 
 from turnwire.testing import ScriptStep
-from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
+from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.errors import TurnStreamNotFound
 from turnwire_server.engine.replica import Replica
-from turnwire_server.engine.request import TurnRequest
-from turnwire_server.engine.turn_spec import spec_json
-from turnwire_server.store import TurnRecord
 from turnwire_server.store.sqlite import SqliteStore
 
 WORDS = [f"w{i}" for i in range(120)]
@@ -80,28 +77,7 @@ async def test_recoveries_at_start_are_bounded_and_each_finishes_its_answer(
     crashed = SqliteStore(tmp_path / "turnwire.db")
     await crashed.open()
     for n in range(5):
-        request = TurnRequest(
-            conversation_id=f"c{n}",
-            request_id=f"r-crash-{n}",
-            messages=[],
-            body={},
-            model="scripted:slow",
-            continuation=False,
-            response_type=chat_service_pb2.ChatResponse,
-        )
-        record = TurnRecord(
-            request_id=request.request_id,
-            conversation_id=request.conversation_id,
-            assistant_message_id=f"tw-a-r-crash-{n}",
-            continuation=False,
-            model="scripted:slow",
-            state="running",
-            start_time=dt.datetime.now(dt.UTC),
-            spec=spec_json(request),
-        )
-        user = message_pb2.Message(id=f"u{n}", role=message_pb2.ROLE_USER)
-        user.parts.add().text.text = "tell me"
-        await crashed.start_turn(record, [user])
+        record = await crashed_turn(crashed, f"c{n}", f"r-crash-{n}", model="scripted:slow", text="tell me")
         partial = message_pb2.Message(id=record.assistant_message_id, role=message_pb2.ROLE_ASSISTANT)
         partial.parts.add().text.text = "once upon"
         await crashed.save_message(record.conversation_id, partial)
@@ -129,7 +105,7 @@ async def test_recoveries_at_start_are_bounded_and_each_finishes_its_answer(
     assert peak == 2
     for n in range(5):
         messages = await h.store.load_messages(f"c{n}")
-        assert [m.id for m in messages] == [f"u{n}", f"tw-a-r-crash-{n}"], "one stored answer each"
+        assert [m.id for m in messages] == [f"u-r-crash-{n}", f"tw-a-r-crash-{n}"], "one stored answer each"
         assert text_of(messages[1]).startswith("once upon") and len(text_of(messages[1])) > len("once upon")
 
 

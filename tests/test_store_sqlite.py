@@ -225,6 +225,44 @@ async def test_checkpoint_batching_waits_but_turn_writes_do_not(tmp_path: Path) 
         await reopened.close()
 
 
+@pytest.mark.parametrize("ticks", [1, 2, 3])
+async def test_a_close_cancelled_as_the_writer_flushes_is_cancelled_and_its_writes_tell_the_truth(
+    tmp_path: Path, ticks: int
+) -> None:
+    # close() ends the writer's wait for more checkpoints and awaits the writer, so a cancel of
+    # close's caller in the next few loop ticks reaches the writer as that wait ends, or while
+    # its batch commits on the thread. It must stay a cancel (Python 3.11's wait_for returned
+    # from the wait as if not cancelled, and so did close), and the held save must report what
+    # the thread did (a batch cancelled mid-commit was applied yet reported as not).
+    store = SqliteStore(tmp_path / "c.db", checkpoint_batch_ms=60_000)
+    await store.open()
+    try:
+        urgent = _WatchedEvent()
+        store._writer._urgent = urgent
+        save = asyncio.create_task(store.save_message("c", _text("m1", "x")))
+        await wait_until(urgent.waited_on.is_set, what="the writer holds the save back, waiting for more")
+        closing = asyncio.create_task(store.close())
+        for _ in range(ticks):
+            await asyncio.sleep(0)  # a loop tick, not a wait for time
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        try:
+            await save
+            stored = ["m1"]
+        except StoreError as error:
+            assert "writer stopped before the write was applied" in str(error)
+            stored = []
+    finally:
+        await store.close()  # a second close finishes what the cancelled one left
+    reopened = SqliteStore(tmp_path / "c.db")
+    await reopened.open()
+    try:
+        assert [m.id for m in await reopened.load_messages("c")] == stored
+    finally:
+        await reopened.close()
+
+
 # ----------------------------------------------------------------------------- reads
 
 

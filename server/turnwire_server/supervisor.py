@@ -213,7 +213,8 @@ class Supervisor:
                 delay,
             )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._stopping.wait()
             if self._stopping.is_set():
                 return True  # stopped during the backoff: nothing left to stop
             await self._start(worker)  # a worker that cannot start exits: the loop counts it

@@ -3,9 +3,10 @@
 
 It reads its settings (pickled :class:`~turnwire_server.config.Settings`) from stdin, serves them
 as a single sidecar does but binding the port with ``SO_REUSEPORT`` and without a metrics endpoint
-(:func:`turnwire_server.app.serve` with ``worker=True``), writes one byte to ``READY_FD`` once
-serving, and stops as on SIGTERM when its stdin closes (the supervisor is gone). Exit status 1
-when it cannot start (the reason on stderr, as ``turnwire serve`` prints it).
+(:func:`turnwire_server.app.serve` with ``worker=True``), logs its replica id and then writes
+one byte to ``READY_FD`` once serving (:func:`announce_ready`), and stops as on SIGTERM when its
+stdin closes (the supervisor is gone). Exit status 1 when it cannot start (the reason on stderr,
+as ``turnwire serve`` prints it).
 """
 
 from __future__ import annotations
@@ -37,15 +38,7 @@ def main(argv: list[str]) -> int:
     configure_process_logging(settings)
 
     def on_ready(sidecar: Sidecar, stop: Callable[[], None]) -> None:
-        os.write(ready_fd, b"r")
-        os.close(ready_fd)
-        log.info(
-            "worker %d of %d (pid %d) serving as replica %s",
-            number,
-            count,
-            os.getpid(),
-            sidecar.engine.settings.replica_id,
-        )
+        announce_ready(ready_fd, number, count, sidecar.engine.settings.replica_id)
         loop = asyncio.get_running_loop()
 
         def supervisor_gone() -> None:
@@ -62,6 +55,16 @@ def main(argv: list[str]) -> int:
         print(f"turnwire: worker {number} cannot start: {error}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def announce_ready(ready_fd: int, number: int, count: int, replica_id: str) -> None:
+    """Log that worker ``number`` of ``count`` serves as ``replica_id``, then write the ready
+    byte to ``ready_fd`` and close it. In this order: the supervisor logs "N workers serving"
+    once every worker's byte came, so a reader of the shared log who sees that line also sees
+    every worker's own line (its pid and replica id) before it."""
+    log.info("worker %d of %d (pid %d) serving as replica %s", number, count, os.getpid(), replica_id)
+    os.write(ready_fd, b"r")
+    os.close(ready_fd)
 
 
 if __name__ == "__main__":

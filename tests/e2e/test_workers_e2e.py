@@ -93,11 +93,15 @@ def is_dir(path: str) -> bool:
 
 
 async def start_workers(sidecar: SidecarProcess) -> SidecarProcess:
-    """Start the supervisor and wait until both workers serve (health alone reaches one)."""
+    """Start the supervisor and wait until both workers serve (health alone reaches one). Each
+    worker logs its replica id before it tells the supervisor it serves, so both ids are in the
+    log once the supervisor's "2 workers serving" is (a test that read one id only would wait
+    for turns on a worker it does not know of, or pass on the one it does)."""
     await sidecar.start()
     await wait_until(
         lambda: "2 workers serving" in sidecar.log_text(), START_SECONDS, what="both workers to serve"
     )
+    assert len(replicas_by_pid(sidecar)) == 2, "both workers' replica ids precede the supervisor's line"
     return sidecar
 
 
@@ -120,7 +124,6 @@ async def test_two_workers_serve_one_port_metrics_add_up_and_sigterm_drains(
     metrics_port = free_port()
     sidecar = await start_workers(sidecar_factory(config(metrics_port), WORKERS_ENV, store_url=pg_url))
     workers = replicas_by_pid(sidecar)
-    assert len(workers) == 2
 
     # A new client, so a new connection, each turn: the kernel spreads connections over the
     # workers by a hash, so turns go on until both have run some (a loaded machine may keep a
@@ -161,6 +164,8 @@ async def test_two_workers_serve_the_http_port(sidecar_factory: SidecarFactory, 
     settings = {**config(), "http": {"listen": f"127.0.0.1:{free_port()}"}}
     sidecar = await start_workers(sidecar_factory(settings, WORKERS_ENV, store_url=pg_url))
     workers = replicas_by_pid(sidecar)
+    # A new connection each turn: the kernel picks a worker per connection by a hash of its
+    # addresses, so turns go on until both workers ran some (64 on one has 2**-63 odds).
     door = ConnectChat(f"http://{settings['http']['listen']}", fresh_connection=True)  # type: ignore[index]
     turns = 0
     owners: set[str] = set()

@@ -42,12 +42,16 @@ async def crashed_turn(
     model: str,
     text: str = "q",
     edit_spec: Callable[[str], str] | None = None,
+    principal: str = "",
+    owner: str = "",
+    recovery_count: int = 0,
 ) -> TurnRecord:
     """What a process killed mid-turn leaves of turn ``request_id``: running in ``store`` with its
-    recovery spec (a plain Chat request's: no body, not a continuation; docs/semantics.md §8) and
-    its user message (id ``u-<request_id>``, ``text``) stored; its reply id ``tw-a-<request_id>``.
-    ``edit_spec`` changes the spec's JSON text (an older sidecar's spec). The caller stores the
-    partial reply it wants the recovery to find."""
+    recovery spec (a plain Chat request's: no body, not a continuation, asked by ``principal``;
+    docs/semantics.md §8) and its user message (id ``u-<request_id>``, ``text``) stored; its reply
+    id ``tw-a-<request_id>``; held by replica ``owner`` (lease epoch 0), recovered
+    ``recovery_count`` times already. ``edit_spec`` changes the spec's JSON text (an older
+    sidecar's spec). The caller stores the partial reply it wants the recovery to find."""
     request = TurnRequest(
         conversation_id=conversation_id,
         request_id=request_id,
@@ -56,6 +60,7 @@ async def crashed_turn(
         model=model,
         continuation=False,
         response_type=chat_service_pb2.ChatResponse,
+        principal=principal,
     )
     record = TurnRecord(
         request_id=request_id,
@@ -66,6 +71,8 @@ async def crashed_turn(
         state="running",
         start_time=dt.datetime.now(dt.UTC),
         spec=(edit_spec or str)(spec_json(request)),
+        owner=owner,
+        recovery_count=recovery_count,
     )
     user = message_pb2.Message(id=f"u-{request_id}", role=message_pb2.ROLE_USER)
     user.parts.add().text.text = text

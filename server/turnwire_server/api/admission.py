@@ -293,7 +293,8 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
     async def wait_idle(self, timeout: float) -> bool:  # noqa: ASYNC109
         """Wait until no ChatService call runs, for at most ``timeout`` seconds; whether none does."""
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
         except TimeoutError:
             return False
         return True

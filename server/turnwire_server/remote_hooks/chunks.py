@@ -176,7 +176,8 @@ class ChunkStream:
             self._queue.put_nowait(_END)
         self._full.set()
         try:
-            await asyncio.wait_for(asyncio.shield(self._task), self._deadline)
+            async with asyncio.timeout(self._deadline):
+                await asyncio.shield(self._task)
         except TimeoutError:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -199,8 +200,11 @@ class ChunkStream:
                 batch = [item]
                 if self._queue.qsize() < self._max_events - 1:
                     # Wait for a full batch, or the batch's time window, whichever comes first.
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for returns when the wait
+                    # ended as close() cancelled this task, and the call then hung unanswered.
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._full.wait(), self._max_delay)
+                        async with asyncio.timeout(self._max_delay):
+                            await self._full.wait()
                 self._full.clear()
                 while len(batch) < self._max_events and not self._queue.empty():
                     item = self._queue.get_nowait()

@@ -134,7 +134,8 @@ class McpServer:
         self._task = asyncio.create_task(self._run(), name=f"MCP server {self.name}")
         timeout = self.settings.startup_timeout_seconds
         try:
-            await asyncio.wait_for(self._attempted.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._attempted.wait()
         except TimeoutError:
             log.warning("MCP server %r: not ready within %g s; its tools join once it is", self.name, timeout)
         return self.client is not None

@@ -162,7 +162,6 @@ class SqliteWriter:
 
     async def _run(self) -> None:
         """Apply queued writes in call order, everything pending in one transaction."""
-        batch: list[_Write] = []
         try:
             while True:
                 if not self._pending:
@@ -172,44 +171,39 @@ class SqliteWriter:
                     await self._has_work.wait()
                     continue
                 if self._batch_s > 0 and not self._urgent.is_set():
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for returns when the wait
+                    # ended as this task was cancelled (close() sets _urgent, then its caller's
+                    # cancel reaches this task through `await task`), and the cancel was lost.
                     with suppress(TimeoutError):
-                        await asyncio.wait_for(self._urgent.wait(), self._batch_s)
+                        async with asyncio.timeout(self._batch_s):
+                            await self._urgent.wait()
                 batch = list(self._pending)
                 self._pending.clear()
                 self._urgent.clear()
                 await self._apply_batch(batch)
-                batch = []
         finally:
-            # Empty after a normal close; on cancellation, fail whoever still waits.
+            # Empty after a normal close; on cancellation, fail whoever still waits (a batch on
+            # the thread is settled by _apply_batch).
             err = StoreError("sqlite store: writer stopped before the write was applied")
-            for write in (*batch, *self._pending):
+            for write in self._pending:
                 if not write.future.done():
                     write.future.set_exception(err)
             self._pending.clear()
 
     async def _apply_batch(self, batch: list[_Write]) -> None:
-        """Commit ``batch`` in one thread round trip, then settle each write's future."""
+        """Commit ``batch`` in one thread round trip, then settle each write's future. Cancelled
+        meanwhile, it settles them once the thread is done all the same: the batch commits or
+        rolls back whatever happens on the loop, and its callers learn which."""
         assert self._executor is not None
         applies = [write.apply for write in batch]
         started = time.perf_counter()
+        commit = asyncio.get_running_loop().run_in_executor(self._executor, self._commit, applies)
         try:
-            outcomes = await asyncio.get_running_loop().run_in_executor(self._executor, self._commit, applies)
-            _COMMITS.observe(time.perf_counter() - started)
-        except Exception as exc:
-            what = f"writing {len(batch)} queued write(s) ({batch[0].what}, ...)"
-            for write in batch:
-                if not write.future.done():
-                    write.future.set_exception(store_error(exc, what))
-            return
-        for write, outcome in zip(batch, outcomes, strict=True):
-            if write.future.done():  # the caller was cancelled; the write still happened
-                continue
-            if outcome is None:
-                write.future.set_result(None)
-            elif isinstance(outcome, DB_ERRORS):
-                write.future.set_exception(store_error(outcome, write.what))
-            else:
-                write.future.set_exception(outcome)
+            await asyncio.wait((commit,))  # a cancel of this wait leaves the commit's future alone
+        except asyncio.CancelledError:
+            commit.add_done_callback(lambda done: _settle(batch, done, started))
+            raise
+        _settle(batch, commit, started)
 
     def _commit(self, applies: list[WriteFn]) -> list[Exception | None]:  # on the writer thread
         """One transaction: each write under its own savepoint; what each raised (None: applied).
@@ -244,3 +238,25 @@ class SqliteWriter:
                     conn.execute("ROLLBACK")
             raise
         return outcomes
+
+
+def _settle(batch: list[_Write], commit: asyncio.Future[list[Exception | None]], started: float) -> None:
+    """Resolve the futures of ``batch`` from its ``commit`` (done): each write's own outcome, or
+    the transaction's error for all; ``started`` (``perf_counter``) times a commit."""
+    error = commit.exception()
+    if error is not None:
+        what = f"writing {len(batch)} queued write(s) ({batch[0].what}, ...)"
+        for write in batch:
+            if not write.future.done():
+                write.future.set_exception(store_error(error, what))
+        return
+    _COMMITS.observe(time.perf_counter() - started)
+    for write, outcome in zip(batch, commit.result(), strict=True):
+        if write.future.done():  # the caller was cancelled; the write still happened
+            continue
+        if outcome is None:
+            write.future.set_result(None)
+        elif isinstance(outcome, DB_ERRORS):
+            write.future.set_exception(store_error(outcome, write.what))
+        else:
+            write.future.set_exception(outcome)
