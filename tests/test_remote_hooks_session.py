@@ -12,6 +12,7 @@ import pytest
 from support.engine_harness import MODEL, EngineFactory, collect, end_of
 from support.hook_server import RecordingHookServer, serving, sleep_forever
 from support.traces import memory_tracing, traceparent_of
+from support.waiting import wait_until
 from test_remote_hooks import *  # noqa: F403  # every test of the unary path, collected again here
 from test_remote_hooks import PARENT, RemoteEngine, metric
 
@@ -52,6 +53,23 @@ async def test_a_turns_hook_calls_are_messages_of_one_hook_session(remote_engine
     ]
     assert all(c.metadata.get(PARENT) == "r-session" for c in calls)
     assert metric("turnwire_remote_hook_calls_total", server=address, hook="before_step") == 2
+
+
+async def test_the_turn_ends_without_waiting_for_its_streams_half_close_which_still_comes(
+    remote_engine: RemoteEngine,
+) -> None:
+    # A call's write and the stream's half-close are not waited for (the answer implies the
+    # write; nothing of the turn depends on the close): every answer is in when the turn ends,
+    # and the server sees its stream end soon after, turn after turn.
+    server = RecordingHookServer()
+    async with serving(server) as address:
+        harness, _ = await remote_engine(address)
+        for n in range(3):
+            end = end_of(await harness.run("check", request_id=f"r-close-{n}"))
+            assert end.status == event_pb2.TURN_STATUS_COMPLETED
+            assert server.count("OnChatResponse") == n + 1
+        await wait_until(lambda: server.sessions_ended == 3, what="the three streams half-closed")
+    assert server.sessions == 3
 
 
 async def test_a_server_without_hook_session_gets_a_unary_rpc_per_call(remote_engine: RemoteEngine) -> None:

@@ -88,6 +88,7 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
         self.include_messages = include_messages
         self.hook_session = self.default_hook_session if hook_session is None else hook_session
         self.sessions = 0  # HookSession calls opened
+        self.sessions_ended = 0  # HookSession calls the sidecar half-closed (their requests ended)
         self.calls: list[Call] = []
         self.answers: dict[str, Answer] = {}
         self.garbage: set[str] = set()
@@ -190,6 +191,7 @@ class RecordingHookServer(hooks_pb2_grpc.TurnHooksServiceServicer):
                 else:
                     getattr(answer, member).CopyFrom(result)
                 yield response
+        self.sessions_ended += 1
 
 
 _RPC_OF = {

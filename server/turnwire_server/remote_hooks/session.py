@@ -5,8 +5,8 @@ calls (all but ``OnChunks``) as messages of one bidirectional call instead of a 
 a message costs a fraction of an RPC (no call set-up, metadata or deadline per hook). The server
 answers the requests in order, one each, so the hooks reach it in the order the chain runs them.
 
-:class:`HookSession` is the stream of one turn: :meth:`HookSession.send` writes a request and
-returns the future of its answer, which a reader task resolves by ``id``. A deadline per call is
+:class:`HookSession` is the stream of one turn: :meth:`HookSession.send` queues a request for
+its writer task and returns the future of its answer, which a reader task resolves by ``id``. A deadline per call is
 a timer on that future (:meth:`HookSession.expire_after`). Anything that breaks the stream (an
 RPC error, an answer that does not decode, a deadline) fails every pending call of it and marks
 it :attr:`HookSession.broken`: the caller then makes the turn's later calls unary, so one stuck
@@ -95,7 +95,11 @@ HOLD_SECONDS = 0.05
 
 class HookSession:
     """One turn's ``HookSession`` call on ``channel`` with ``metadata`` (the turn's parent
-    request id, the trace context at its opening). Not thread-safe: one event loop uses it."""
+    request id, the trace context at its opening). Not thread-safe: one event loop uses it.
+
+    Writes go out from one writer task, in the order of the calls' ids: a caller does not wait
+    for its write's completion, only for the answer (which implies it), so the send's completion
+    and the server's work overlap instead of adding up."""
 
     def __init__(self, channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]) -> None:
         method = channel.stream_stream(
@@ -107,10 +111,10 @@ class HookSession:
         self._loop = asyncio.get_running_loop()
         self._next_id = 0
         self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}
-        self._buffer: list[bytes] = []  # encoded calls not written yet (observing calls held)
+        self._buffer: list[bytes] = []  # encoded calls not handed to the writer yet
         self._flush_timer: asyncio.TimerHandle | None = None
-        self._flushing: set[asyncio.Task[None]] = set()
-        self._write_lock = asyncio.Lock()
+        self._writer: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # the writer and the half-close, kept alive
         self.broken: SessionBroken | None = None
         self._reader = self._loop.create_task(self._read())
 
@@ -121,18 +125,19 @@ class HookSession:
         from now. Returns what :meth:`send` returns; raises :class:`SessionBroken` likewise."""
         call_id, future = self._add(rpc, request, trace_context)
         if self._flush_timer is None:
-            self._flush_timer = self._loop.call_later(HOLD_SECONDS, self._flush_later)
+            self._flush_timer = self._loop.call_later(HOLD_SECONDS, self._flush)
         return call_id, future
 
-    async def send(
+    def send(
         self, rpc: str, request: Any, trace_context: Mapping[str, str]
     ) -> tuple[int, asyncio.Future[Any]]:
-        """Write ``request`` as the session's next ``rpc`` call (with the calls held before it):
-        its id, and the future of the answer (the unary response message), which fails with
-        :class:`CallFailed` (an error answer), :class:`SessionBroken` or ``ValueError`` (an
-        answer of another hook). Raises :class:`SessionBroken` when the stream is broken."""
+        """Queue ``request`` as the session's next ``rpc`` call and have it written now (with the
+        calls held before it): its id, and the future of the answer (the unary response
+        message), which fails with :class:`CallFailed` (an error answer), :class:`SessionBroken`
+        (the stream broke, its write included) or ``ValueError`` (an answer of another hook).
+        Raises :class:`SessionBroken` when the stream is already broken."""
         call_id, future = self._add(rpc, request, trace_context)
-        await self._flush()
+        self._flush()
         return call_id, future
 
     def _add(
@@ -147,28 +152,33 @@ class HookSession:
         self._buffer.append(_encode_call(call_id, rpc, request, trace_context))
         return call_id, future
 
-    async def _flush(self) -> None:
+    def _flush(self) -> None:
+        """Hand the buffered calls to the writer task (started when none runs)."""
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
-        # One write at a time (grpc's rule); the buffer is taken under the lock, so the calls
-        # go out in the order of their ids.
-        async with self._write_lock:
-            if not self._buffer or self.broken is not None:
-                return
+        if self._buffer and self.broken is None and (self._writer is None or self._writer.done()):
+            self._writer = self._spawn(self._write())
+
+    def _spawn(self, work: Any) -> asyncio.Task[None]:
+        task = self._loop.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _write(self) -> None:
+        # One write at a time (grpc's rule), each taking every call buffered meanwhile, so the
+        # calls go out in the order of their ids; the task ends once the buffer is empty (a
+        # later call starts another).
+        while self._buffer and self.broken is None:
             calls, self._buffer = self._buffer, []
             try:
                 await self._call.write(calls)
-            except grpc.aio.AioRpcError as error:
-                self.break_(error)
-            except (grpc.aio.UsageError, asyncio.InvalidStateError) as error:
+            except asyncio.CancelledError:
+                self.break_(RuntimeError("the stream's writer was cancelled"))
+                raise
+            except Exception as error:  # an RPC error, or the call already ended or cancelled
                 self.break_(self.broken.error if self.broken else error)
-
-    def _flush_later(self) -> None:
-        self._flush_timer = None
-        task = self._loop.create_task(self._flush())
-        self._flushing.add(task)
-        task.add_done_callback(self._flushing.discard)
 
     def expire_after(self, call_id: int, future: asyncio.Future[Any], seconds: float) -> asyncio.TimerHandle:
         """After ``seconds`` an unanswered call ``call_id`` breaks the session (a deadline, as the
@@ -199,20 +209,29 @@ class HookSession:
             self._reader.cancel()
 
     async def close(self, seconds: float) -> None:
-        """Send the calls held, half-close the stream and wait (at most ``seconds``) for the
-        answers still due; the reader takes the server's end of the stream in the background."""
-        await self._flush()
+        """Send the calls held and wait (at most ``seconds``) for the answers still due; then
+        half-close the stream in the background (the turn does not wait for it), the reader
+        taking the server's end of the stream (given up after ``seconds``)."""
+        self._flush()
         if self.broken is not None:
-            return
-        try:
-            await self._call.done_writing()
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
-            self.break_(error)
             return
         if self._pending:
             # Observing calls not answered yet (no OnChatResponse waited for them): the turn ends
             # once the server has taken them, as on the unary path.
             await asyncio.wait([future for _, future in self._pending.values()], timeout=seconds)
+        if self.broken is None:
+            self._spawn(self._half_close(seconds))
+
+    async def _half_close(self, seconds: float) -> None:
+        if self._writer is not None:
+            await asyncio.wait([self._writer])  # the last calls are written before the close
+        if self.broken is not None:
+            return
+        try:
+            await self._call.done_writing()
+        except Exception as error:  # an RPC error, or the call already ended or cancelled
+            self.break_(error)
+            return
         if not self._reader.done():
             handle = self._loop.call_later(
                 seconds, lambda: self.break_(TimeoutError("the stream did not end in time"))

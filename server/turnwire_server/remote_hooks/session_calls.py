@@ -62,16 +62,10 @@ class SessionCalls:
     ) -> _T:
         """:meth:`_call` on the turn's ``HookSession``; the same outcomes and accounting."""
         try:
-            if post:
-                call_id, future = session.post(rpc, request, self._trace_context())
-            else:
-                call_id, future = await session.send(rpc, request, self._trace_context())
+            queue = session.post if post else session.send
+            call_id, future = queue(rpc, request, self._trace_context())
         except SessionBroken:
             raise ResendUnary from None  # it broke before this call went out
-        except asyncio.CancelledError:
-            self.breaker.released()  # cancelled while writing: the stream's state is unknown
-            session.break_(RuntimeError("the turn was cancelled"))
-            raise
         timer = session.expire_after(call_id, future, self.settings.deadline_seconds)
         if post:
             done = functools.partial(
