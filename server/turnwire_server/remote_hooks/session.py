@@ -6,11 +6,11 @@ a message costs a fraction of an RPC (no call set-up, metadata or deadline per h
 answers the requests in order, one each, so the hooks reach it in the order the chain runs them.
 
 :class:`HookSession` is the stream of one turn: :meth:`HookSession.send` queues a request for
-its writer task and returns the future of its answer, which a reader task resolves by ``id``. A deadline per call is
-a timer on that future (:meth:`HookSession.expire_after`). Anything that breaks the stream (an
-RPC error, an answer that does not decode, a deadline) fails every pending call of it and marks
-it :attr:`HookSession.broken`: the caller then makes the turn's later calls unary, so one stuck
-answer never holds the rest of the turn behind it.
+its writer task and returns the future of its answer, which a reader task resolves by ``id``. A
+deadline per call is a timer on that future (:meth:`HookSession.expire_after`). Anything that
+breaks the stream (an RPC error, an answer that does not decode, a deadline) fails every pending
+call of it and marks it :attr:`HookSession.broken`: the caller then makes the turn's later calls
+unary, so one stuck answer never holds the rest of the turn behind it.
 """
 
 from __future__ import annotations
