@@ -12,7 +12,7 @@ import pytest
 from support.stores import StoreBackend
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store import InvalidPageToken, Store, TurnRecord
+from turnwire_server.store import HeldTurn, InvalidPageToken, Store, TurnRecord
 from turnwire_server.store.base import SubmissionRecord
 from turnwire_server.store.core.page_tokens import decode_submission_token
 from turnwire_server.store.core.rows import to_us
@@ -224,7 +224,8 @@ async def test_leases_are_renewed_in_one_write_and_interrupted_turns_claimed_onc
     await store.start_turn(mine, [_user("u1")])
     await store.start_turn(theirs, [_user("u2")])
     later = T0 + dt.timedelta(minutes=5)
-    assert await store.renew_leases("me", later) == 1
+    # What "me" holds, as the replica compares it with what it runs (its token and start).
+    assert await store.renew_leases("me", later) == [HeldTurn(mine.lease, mine.start_time)]
     (renewed,) = [t for t in await store.running_turns() if t.request_id == "r-mine"]
     assert renewed.owner == "me" and renewed.lease_until == later
     if store_backend.name == "postgres":
@@ -267,7 +268,7 @@ async def test_pending_submissions_of_a_dead_owner_are_claimed_once(
     rest = await store.claim_pending_submissions("me", now, later, 10)
     assert [r.submission_id for r in rest] == ["s2"]
     assert await store.claim_pending_submissions("me", now, later, 10) == []
-    assert await store.renew_leases("me", later + dt.timedelta(hours=1)) == 0  # no running turn
+    assert await store.renew_leases("me", later + dt.timedelta(hours=1)) == []  # no running turn
     renewed = await store.get_submission("s0")
     assert renewed is not None and renewed.lease_until == later + dt.timedelta(hours=1)
 

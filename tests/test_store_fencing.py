@@ -14,7 +14,7 @@ import pytest
 from support.stores import StoreBackend, leased_turn, postgres_database
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store import Store, TurnRecord
+from turnwire_server.store import HeldTurn, Store, TurnRecord
 from turnwire_server.store.errors import LeaseLost
 from turnwire_server.store.postgres import PostgresStore
 
@@ -22,6 +22,10 @@ T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 LEASE = T0 + dt.timedelta(seconds=30)
 LAPSED = LEASE + dt.timedelta(seconds=1)
 UNTIL = LAPSED + dt.timedelta(seconds=30)
+
+
+def _held(turn: TurnRecord) -> HeldTurn:
+    return HeldTurn(turn.lease, turn.start_time)
 
 
 def _turn(request_id: str, owner: str, conversation: str = "c") -> TurnRecord:
@@ -119,8 +123,8 @@ async def test_a_released_lease_is_claimed_by_any_replica_its_former_owner_inclu
     # Not r2 as stored: another epoch; another start (a later attempt under the same id); never stored.
     stale = dataclasses.replace(other, lease_epoch=other.lease_epoch + 1)
     earlier = dataclasses.replace(other, start_time=T0 - dt.timedelta(seconds=5))
-    await store.release_leases([stranded, stale, earlier, _turn("r3", "a")])
-    assert await store.renew_leases("a", UNTIL) == 1  # r2 only
+    await store.release_leases([_held(t) for t in (stranded, stale, earlier, _turn("r3", "a"))])
+    assert await store.renew_leases("a", UNTIL) == [_held(other)]  # r2 only
     (claimed,) = await store.claim_interrupted_turns("a", T0, UNTIL, 10)
     assert (claimed.request_id, claimed.owner, claimed.lease_epoch) == ("r1", "a", stranded.lease_epoch + 1)
     with pytest.raises(LeaseLost):

@@ -504,12 +504,13 @@ async def _announce(sidecar: Sidecar) -> None:
     warn_of_demo_tools(settings)
     host = settings.listen.rpartition(":")[0]
     log.info(
-        "turnwire listening on %s:%d, %s (store %s, default model %s, event loop %s)",
+        "turnwire listening on %s:%d, %s (store %s, default model %s, replica %s, event loop %s)",
         host,
         sidecar.port,
         _transport(settings),
         store_label(settings.store.url),
         settings.default_model,
+        sidecar.engine.settings.replica_id,  # the owner the store records for its turns
         running_loop_name(),
     )
     log.info(

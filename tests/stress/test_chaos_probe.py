@@ -45,6 +45,7 @@ import psycopg
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 from support.pg_cluster import PgCluster
+from support.seeds import stress_seed
 from support.sidecar import SidecarFactory, SidecarProcess
 from support.tcp_proxy import TcpProxy
 from support.waiting import wait_until
@@ -223,7 +224,7 @@ async def inject(cluster: Cluster, kind: str, rng: random.Random) -> None:
 async def test_chaos_probe_keeps_the_invariants(
     sidecar_factory: SidecarFactory, pg: PgCluster, tmp_path: Path
 ) -> None:
-    seed = random.randrange(2**32)
+    seed = stress_seed()
     rng = random.Random(seed)
     cluster = Cluster(pg, sidecar_factory, tmp_path)
     tally = Tally()
@@ -266,12 +267,7 @@ async def test_chaos_probe_keeps_the_invariants(
         try:
             await wait_until(settled, timeout=180, what=f"seed {seed}: no turn running, no queue ticket")
         except AssertionError as error:
-            left = cluster.sql(
-                "SELECT 'turn', request_id, owner, lease_until, lease_epoch FROM turns"
-                " WHERE state = 'running' UNION ALL"
-                " SELECT 'ticket', request_id, owner, lease_until, ticket FROM turn_queue"
-            )
-            raise AssertionError(f"{error}; left: {left}") from None
+            raise AssertionError(f"{error}\n{diagnosis(cluster)}") from None
         tally.phases["settled"] = clock() - began
         rows = cluster.sql(
             "SELECT conversation_id, id, role, seq FROM messages ORDER BY conversation_id, seq"
@@ -285,6 +281,51 @@ async def test_chaos_probe_keeps_the_invariants(
     print_table(seed, tally, results)
     failed = {name: detail for name, (ok, detail) in results.items() if not ok}
     assert not failed, f"seed {seed}: {failed}"
+
+
+LOG_MARKS = ("turnwire.leases", "turnwire.engine", "turnwire.maintenance", "took over", "gave up", "recover")
+"""The log lines that say what a replica did about leases, claims and recoveries."""
+
+
+def diagnosis(cluster: Cluster) -> str:
+    """What is left running, and what each replica process (killed ones included) said of it:
+    each running turn's and queue ticket's row (its owner's lease against the database's clock:
+    lapsed, or held by a live renewal), which process its owner is (the "listening" line names
+    each one's replica id), and each process's last lease, claim and recovery lines."""
+    rows = cluster.sql(
+        "SELECT 'turn', request_id, conversation_id, owner, lease_epoch, recovery_count,"
+        " (lease_until - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1000000.0"
+        " FROM turns WHERE state = 'running' UNION ALL"
+        " SELECT 'ticket', request_id, conversation_id, owner, ticket, NULL,"
+        " (lease_until - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) / 1000000.0"
+        " FROM turn_queue"
+    )
+    logs = sorted(cluster.root.glob("replica-*/*.log"))
+    ids = {log: _replica_id(log) for log in logs}
+    lines = ["left (kind, request id, conversation, owner, epoch or ticket, recoveries, lease left in s):"]
+    for row in rows:
+        owner_logs = [log.relative_to(cluster.root).as_posix() for log, id_ in ids.items() if id_ == row[3]]
+        lines.append(f"  {row}: owner is {', '.join(owner_logs) or 'no process of this probe (released?)'}")
+    stuck = {str(row[1]) for row in rows}
+    for log in logs:
+        text = log.read_text(errors="replace").splitlines()
+        marked = [line for line in text if any(m in line for m in LOG_MARKS) or any(r in line for r in stuck)]
+        # A replica's earlier processes were killed: each start logs to the next sidecar-N.log.
+        fate = (
+            "killed" if log.name != f"sidecar-{len(list(log.parent.glob('sidecar-*.log')))}.log" else "last"
+        )
+        name = log.relative_to(cluster.root).as_posix()
+        lines.append(f"{name} (replica {ids[log]}, {fate}): last of {len(marked)} lines")
+        lines.extend(f"    {line[:300]}" for line in marked[-15:])
+    return "\n".join(lines)
+
+
+def _replica_id(log: Path) -> str:
+    """The replica id a sidecar's log names in its "listening" line ("?" before it got there)."""
+    for line in log.read_text(errors="replace").splitlines():
+        if "turnwire listening on" in line and ", replica " in line:
+            return line.split(", replica ", 1)[1].split(",", 1)[0]
+    return "?"
 
 
 async def turn_ends(target: str, request_ids: list[str]) -> dict[str, int]:

@@ -21,6 +21,7 @@ import sqlite3
 from collections import Counter
 
 import grpc
+from support.seeds import stress_seed
 from support.sidecar import SidecarFactory
 from support.waiting import wait_until
 
@@ -58,7 +59,7 @@ CONFIG = {
 async def test_sigkill_at_random_points_loses_no_acknowledged_message(
     sidecar_factory: SidecarFactory,
 ) -> None:
-    seed = random.randrange(2**32)
+    seed = stress_seed()
     rng = random.Random(seed)
     acknowledged: list[tuple[str, str]] = []  # (conversation, message id)
     sent: list[tuple[str, str]] = []

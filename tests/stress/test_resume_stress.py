@@ -15,6 +15,7 @@ import asyncio
 import os
 import random
 
+from support.seeds import stress_seed
 from support.sidecar import SidecarFactory
 
 from turnwire_client import TurnwireClient
@@ -52,7 +53,7 @@ async def _one(client: TurnwireClient, number: int, rng: random.Random) -> list[
 async def test_reattaching_repeatedly_yields_every_event_exactly_once(
     sidecar_factory: SidecarFactory,
 ) -> None:
-    seed = random.randrange(2**32)
+    seed = stress_seed()
     sidecar = await sidecar_factory(CONFIG).start()
     async with TurnwireClient(sidecar.target) as client:
         results = await asyncio.gather(*(_one(client, n, random.Random(seed + n)) for n in range(TURNS)))

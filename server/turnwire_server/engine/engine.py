@@ -50,7 +50,7 @@ from turnwire_server.engine.turn_spec import parse_spec
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.log_context import bind as bind_log_context
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import EngineStore, TurnRecord
+from turnwire_server.store.base import EngineStore, HeldTurn, TurnRecord
 from turnwire_server.store.errors import StoreError
 
 log = logging.getLogger("turnwire.engine")
@@ -179,9 +179,6 @@ class TurnEngine:
         self.chain = chain
         self.settings = settings
         self._turns: dict[str, TurnHandle] = {}
-        # Turns left running in the store with nothing running them: their records as this
-        # replica stored them, whose leases release_stranded gives up.
-        self._stranded: dict[str, TurnRecord] = {}
         self._queued: Counter[str] = Counter()
         self._accepting = True
         self._recovery_slots = asyncio.Semaphore(settings.durability.max_concurrent_recoveries)
@@ -199,22 +196,30 @@ class TurnEngine:
         """Turns started and not yet ended (queued ones included)."""
         return len(self._turns)
 
-    async def release_stranded(self) -> int:
-        """Give up the leases of this replica's stranded turns (``TurnRun.stranded``: their end
-        could not be stored within ``durability.store_outage_seconds``, or their input's commit
-        was cut off and may have landed: ``running`` in the store, run by nothing), so that the
-        next claim of a replica, this one's included, recovers them (docs/operate/outages.md);
-        returns how many were given up. The replica's lease loop calls it after a renewal
-        succeeded. Raises :class:`StoreError` (they are kept for the next call)."""
-        turns = list(self._stranded.values())
-        if not turns:
+    async def release_orphaned(self, held: Sequence[HeldTurn]) -> int:
+        """Give up the leases of the turns among ``held`` (what this replica's lease renewal found
+        it holds: ``Store.renew_leases``) that nothing here runs, so that the next claim of a
+        replica, this one's included, recovers them (docs/operate/outages.md); returns how many.
+        Such a turn is ``running`` in the store under this replica's lease, which would otherwise
+        be renewed for as long as the replica lives: its end could not be stored (the store
+        unavailable past ``durability.store_outage_seconds``), its input's commit or its claim
+        was cut off after it landed, its recovery did not start (a store error, a refusal) or
+        was stopped while it waited for its turn lock. The replica's lease loop calls this right
+        after a renewal, between its claims (a turn claimed here is running here before the next
+        renewal). Each release is fenced by the token and start the renewal found, so a turn that
+        ended or was taken over meanwhile is left as it is. Raises :class:`StoreError` (the next
+        renewal finds them again)."""
+        orphaned = [turn for turn in held if turn.lease.request_id not in self._turns]
+        if not orphaned:
             return 0
-        await self.store.release_leases(turns)
-        for turn in turns:
-            if self._stranded.get(turn.request_id) is turn:
-                del self._stranded[turn.request_id]
-        log.warning("gave up the leases of %d turn(s) left running in the store", len(turns))
-        return len(turns)
+        await self.store.release_leases(orphaned)
+        log.warning(
+            "gave up the leases of %d turn(s) running in the store under this replica that it does"
+            " not run: %s",
+            len(orphaned),
+            ", ".join(turn.lease.request_id for turn in orphaned[:10]),
+        )
+        return len(orphaned)
 
     async def start(
         self,
@@ -350,8 +355,6 @@ class TurnEngine:
                 finally:
                     self._turns.pop(request.request_id, None)
                     handle.free_slot()
-                    if run.stranded_record is not None:
-                        self._stranded[request.request_id] = run.stranded_record
 
         task = asyncio.create_task(main(), name=f"turn {request.request_id}")
         handle = TurnHandle(run, channel, task, log, detached=detached, slots=self.turn_slots)
@@ -628,16 +631,19 @@ class TurnEngine:
         return len(turns)
 
     async def recover_turns(self, turns: Sequence[TurnRecord], *, resume: bool = True) -> None:
-        """Recover ``turns``, claimed by this replica (see :meth:`recover`)."""
-        for index, turn in enumerate(turns):
+        """Recover ``turns``, claimed by this replica (see :meth:`recover`). A turn whose recovery
+        does not start is running under this replica's lease with nothing running it: the next
+        lease renewal gives it up (:meth:`release_orphaned`), so a claim recovers it (its
+        recovery counted: ``durability.recovery_budget`` bounds the attempts). Raises
+        :class:`StoreError` at the first store failure (the others wait for the next claim); any
+        other failure is logged and the next turn recovered."""
+        for turn in turns:
             try:
                 await self._recover_turn(turn, resume)
             except StoreError:
-                # Claimed (running under this replica's lease) and run by nothing: given up once
-                # the store answers (release_stranded), so a claim, this replica's too, recovers them.
-                for left in turns[index:]:
-                    self._stranded[left.request_id] = dataclasses.replace(left, spec=None)
                 raise
+            except Exception:  # a refusal (RequestIdInUse, ShuttingDown) or a bug: not the others' fault
+                log.exception("turn %s: its recovery did not start; its lease is given up", turn.request_id)
 
     async def _recover_turn(self, turn: TurnRecord, resume: bool) -> None:
         """Recover one claimed ``turn`` (see :meth:`recover`). Raises :class:`StoreError` when the

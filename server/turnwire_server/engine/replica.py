@@ -9,10 +9,12 @@ store, so with several survivors each turn is recovered by one of them. With the
 SQLite store one process serves the file: the claim at start finds every interrupted turn and
 later claims find none, and no cancel request ever comes from elsewhere.
 
-A turn whose end could not be stored (the store unavailable past
-``durability.store_outage_seconds``) is still ``running`` in the store under this replica's
-lease; the tick after a successful renewal gives that lease up (:meth:`TurnEngine.release_stranded`),
-so a claim, this replica's own included, recovers it.
+A renewal extends the lease of every turn the store records ``running`` under this replica, and
+says which those are. One among them that nothing here runs (its end could not be stored, its
+input's commit or its claim was cut off after it landed, its recovery did not start) would keep
+its lease for as long as the replica lives, and never be recovered: right after each renewal its
+lease is given up (:meth:`TurnEngine.release_orphaned`), so a claim, this replica's own
+included, recovers it.
 
 After the store was unreachable (a renewal failed), the first renewal that succeeds is followed
 by a lease's time without claims (issue 34, docs/operate/outages.md): the other replicas' leases
@@ -86,7 +88,7 @@ class Replica:
         now = dt.datetime.now(dt.UTC)
         until = now + dt.timedelta(seconds=lease_seconds)
         try:
-            await engine.store.renew_leases(settings.replica_id, until)
+            held = await engine.store.renew_leases(settings.replica_id, until)
         except Exception:
             self._cut_off = True
             raise
@@ -99,9 +101,10 @@ class Replica:
             log.warning(
                 "leases renewed after the store was unreachable; no takeovers for %.0f s", lease_seconds
             )
-        # Turns whose end the store did not take (an outage past store_outage_seconds): their
-        # leases, renewed above like any other, are given up so that a claim recovers them.
-        await engine.release_stranded()
+        # Turns running in the store under this replica that nothing here runs: their leases,
+        # renewed above like any other, are given up so that a claim recovers them. Before this
+        # tick's claim: a turn it claims runs here (or is given up) by the next renewal.
+        await engine.release_orphaned(held)
         if engine.draining or time.monotonic() < self._claims_from:
             return 0  # a stopping replica takes on no new work; one just back waits (above)
         claimed = await engine.store.claim_interrupted_turns(settings.replica_id, now, until, _CLAIM_BATCH)

@@ -82,7 +82,7 @@ from turnwire_server.hooks.timeline import HookTimeline
 from turnwire_server.providers.registry import ProviderRegistry
 from turnwire_server.store.base import BudgetCharge, TurnAdmission, TurnRecord, TurnRunStore
 from turnwire_server.store.base import TurnState as StoredTurnState
-from turnwire_server.store.errors import LeaseLost, StoreUnreachable, TurnNotFound
+from turnwire_server.store.errors import LeaseLost, TurnNotFound
 
 log = logging.getLogger("turnwire.turn")
 
@@ -237,13 +237,10 @@ class TurnRun:
         #: The TurnEnd response, built (and stored) with the turn's end state when nothing that
         #: runs later can change it; None: built after the hooks (:meth:`_after_lock`).
         self._end: Any = None
-        #: Stopped by a shutdown and left ``running`` in the store for the next start to recover.
+        #: Left ``running`` in the store, not over: stopped by a shutdown, or a recovery that
+        #: stopped before it ran; the engine gives its lease up (``release_orphaned``), so a claim
+        #: recovers it (the next start's, with one process).
         self.left_running = False
-        #: Its end could not be stored (the store unavailable past
-        #: ``durability.store_outage_seconds``): still ``running`` in the store, under this
-        #: replica's lease, which the engine gives up so that a replica recovers it
-        #: (docs/operate/outages.md).
-        self.stranded = False
         if writer.log is not None:
             writer.log.fence(lambda: self.state.lease, self._lease_lost)
         self._classification: ChatErrorClassification | None = None
@@ -261,14 +258,6 @@ class TurnRun:
             request.request_id,
             lost=self._lease_lost,
         )
-
-    @property
-    def stranded_record(self) -> TurnRecord | None:
-        """The turn as this replica stored it (or tried to) when it is :attr:`stranded`, else
-        None: what the engine gives the lease of up (its recovery data left out: the release
-        needs only its id, token and start, and the engine keeps it until the store answers)."""
-        record = self._record
-        return dataclasses.replace(record, spec=None) if self.stranded and record is not None else None
 
     @property
     def _record(self) -> TurnRecord | None:
@@ -344,6 +333,7 @@ class TurnRun:
             if self.state.cancelled.is_set():  # stopped before the task first ran
                 self.outcome = "aborted"
                 self._not_stored("it was cancelled before it ran")
+                self._left_for_recovery()
             else:
                 self._phase = "queued"
                 try:
@@ -356,10 +346,11 @@ class TurnRun:
                     # Stopped while queued for the lock: nothing was stored.
                     self.outcome = "aborted"
                     self._not_stored("it was cancelled while it waited for the turn before it")
+                    self._left_for_recovery()
                 except Exception as error:  # the lock or the input's commit failed: nothing stored
                     self.outcome = "error"
                     self.error = TurnFailure("persist", error)
-                    self._maybe_stored(error)
+                    self._left_for_recovery()
                     await self._classify_failure()
             self._phase = "after"
             await self._after_lock()
@@ -704,27 +695,19 @@ class TurnRun:
         else:
             self.outcome = "aborted"
 
-    def _maybe_stored(self, error: BaseException) -> None:
-        """The input's commit was cut off (the database went away with it in flight:
-        ``StoreUnreachable.in_flight``): it may have landed, and then its turn is ``running``
-        under this replica's lease with nothing running it. Such a turn is stranded: the engine
-        gives its lease up, so a claim recovers it if it was stored (fenced by the lease and the
-        turn's start: a no-op if it was not; docs/operate/outages.md). A call refused before
-        anything was sent is not: during an outage those are many, and nothing of them landed. A
-        recovery's turn is stored whatever failed: always stranded."""
-        root = _root(error)
+    def _left_for_recovery(self) -> None:
+        """A recovery that stopped before it ran (its turn lock failed or was cancelled): its turn
+        is stored ``running`` under this replica's lease, and stays so, as a crash would leave it
+        (no end stored, none in its stream), for the engine to give its lease up and a claim to
+        recover it again (docs/operate/outages.md). A new turn's input whose commit was cut off
+        may have landed too: that turn, if stored, is given up the same way (the engine finds
+        it running and not run: ``TurnEngine.release_orphaned``)."""
         if self.recovery is not None:
-            # A recovery's turn is stored running under this replica's lease whatever failed (its
-            # turn lock, say): left as a crash would leave it, for a claim to recover it again.
             self._record = self._record or self.recovery.record
-            self.stranded = self.left_running = True
-        elif self._record is not None and isinstance(root, StoreUnreachable) and root.in_flight:
-            self.stranded = True
+            self.left_running = True
 
     async def _store_result(self) -> None:
         if self._record is None or not self.messages_persisted:
-            if isinstance(self.error, TurnFailure) and self.error.stage == "persist":
-                self._maybe_stored(self.error)
             return
         state = self.state
         lost = self.lease_lost
@@ -816,7 +799,6 @@ class TurnRun:
                 )
         except Exception as error:
             log.error("turn %s: storing the assistant message failed: %s", self.request.request_id, error)
-            self.stranded = True
             if self.outcome != "error":
                 self.outcome = "error"
                 self.error = TurnFailure("persist", error)
@@ -856,7 +838,6 @@ class TurnRun:
             log.info("turn %s: conversation deleted; nothing to roll back", self.request.request_id)
         except Exception as error:
             log.error("turn %s: rolling back failed: %s", self.request.request_id, error)
-            self.stranded = True
             self.outcome = "error"
             self.error = TurnFailure("persist", error)
             self.status_error = self._error_status(error, "persist")

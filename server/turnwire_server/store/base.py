@@ -33,6 +33,7 @@ from turnwire_server.store.records import (
     BudgetSpend,
     CompactionRecord,
     ConversationRecord,
+    HeldTurn,
     StreamRecord,
     SubmissionRecord,
     SubmissionState,
@@ -61,6 +62,7 @@ __all__ = [
     "CompactionRecord",
     "ConversationRecord",
     "EngineStore",
+    "HeldTurn",
     "MaintenanceStore",
     "ReachableStore",
     "ReplayStore",
@@ -491,21 +493,22 @@ class ReplicaStore(Protocol):
         ``limit`` < 1."""
         ...
 
-    async def renew_leases(self, owner: str, until: dt.datetime) -> int:
+    async def renew_leases(self, owner: str, until: dt.datetime) -> list[HeldTurn]:
         """Extend to ``until`` the lease of every running turn (and pending submission, queue
         ticket) ``owner`` holds, in one statement each
-        (docs/semantics.md §8: a replica renews its leases in a batch, not per turn). Returns how
-        many turns it holds."""
+        (docs/semantics.md §8: a replica renews its leases in a batch, not per turn). Returns the
+        running turns ``owner`` holds (their tokens and starts), so that the replica gives up the
+        leases of those it does not run (:meth:`release_leases`)."""
         ...
 
-    async def release_leases(self, turns: Sequence[TurnRecord]) -> None:
-        """Give up the leases of ``turns`` (as their owner recorded them), in one transaction:
-        each turn still running under that token (owner and epoch) and that start
-        (``start_time``) gets no owner and no lease, so the next claim of any replica (its former
-        owner too) recovers it; others, and turns never stored, are left as they are. For a turn
-        whose end could not be stored, or whose input's commit was cut off (the store
-        unreachable): its owner would otherwise renew its lease while nothing runs it
-        (docs/operate/outages.md)."""
+    async def release_leases(self, turns: Sequence[HeldTurn]) -> None:
+        """Give up the leases of ``turns`` (as a renewal found them), in one transaction: each
+        turn still running under that token (owner and epoch) and that start (``start_time``)
+        gets no owner and no lease, so the next claim of any replica (its former owner too)
+        recovers it; others, and turns never stored, are left as they are. For a turn ``running``
+        under its owner's lease that its owner does not run (its end could not be stored, its
+        input's commit or its claim was cut off, its recovery failed to start): its owner would
+        otherwise renew its lease while nothing runs it (docs/operate/outages.md)."""
         ...
 
     async def claim_interrupted_turns(

@@ -24,6 +24,7 @@ __all__ = [
     "BudgetSpend",
     "CompactionRecord",
     "ConversationRecord",
+    "HeldTurn",
     "StreamRecord",
     "SubmissionRecord",
     "SubmissionState",
@@ -156,6 +157,17 @@ class TurnLease:
     request_id: str
     owner: str
     epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeldTurn:
+    """A running turn as a lease renewal found it (``ReplicaStore.renew_leases``): its fencing
+    token (``lease``) and its ``start_time`` (tz-aware UTC; a later attempt under the same
+    request id is another turn), the two a release of its lease is fenced by
+    (``ReplicaStore.release_leases``)."""
+
+    lease: TurnLease
+    start_time: dt.datetime
 
 
 @dataclass(frozen=True, slots=True)

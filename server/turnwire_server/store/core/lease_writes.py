@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
-from turnwire_server.store.base import SubmissionRecord, TurnRecord
-from turnwire_server.store.core.rows import TURN_COLUMNS, to_us, turn_from_row
+from turnwire_server.store.base import HeldTurn, SubmissionRecord, TurnLease, TurnRecord
+from turnwire_server.store.core.rows import TURN_COLUMNS, time_from_us, to_us, turn_from_row
 from turnwire_server.store.core.sql import Dialect, Program, Statement
 from turnwire_server.store.core.submission_rows import SUBMISSION_COLUMNS, submission_from_row
 
@@ -35,29 +35,41 @@ _LAPSED: Final = " AND (lease_until IS NULL OR lease_until < ?)"
 """The lease condition of a claim (µs since the epoch), left out when ``lapsed_before_us`` is None."""
 
 
-def renew_leases(owner: str, until_us: int, dialect: Dialect) -> Program[int]:
+def renew_leases(owner: str, until_us: int, dialect: Dialect) -> Program[list[HeldTurn]]:
     """Extend to ``until_us`` (µs since the epoch) the leases of ``owner``'s running turns,
     pending submissions and what else the dialect leases (``lease_renewals``): one statement
-    each, whatever their number; returns how many turns ``owner`` holds. The turns' rows are
-    locked in the order a group commit of fenced writes locks them (conversation, then request
-    id: :mod:`.fencing`), so the two never wait on each other in a cycle."""
+    each, whatever their number; returns the turns ``owner`` holds (their tokens and starts: what
+    the replica compares with the turns it runs, to give up the others' leases). The turns' rows
+    are locked in the order a group commit of fenced writes locks them (conversation, then
+    request id: :mod:`.fencing`), so the two never wait on each other in a cycle."""
     found = yield [
         Statement(
             "UPDATE turns SET lease_until = ? WHERE request_id IN (SELECT request_id FROM turns"
             " WHERE owner = ? AND state = 'running' ORDER BY conversation_id, request_id"
-            f"{dialect.lock_rows})",
+            f"{dialect.lock_rows}) RETURNING request_id, owner, lease_epoch, start_time",
             (until_us, owner),
-            count=True,
+            fetch=True,
         ),
         Statement(
             "UPDATE submissions SET lease_until = ? WHERE owner = ? AND state = 'pending'", (until_us, owner)
         ),
         *(Statement(sql, (until_us, owner)) for sql in dialect.lease_renewals),
     ]
-    return int(found[0])
+    return [_held_turn(row) for row in found[0]]
 
 
-def release_leases(turns: Sequence[TurnRecord]) -> Program[None]:
+def _token(lease: TurnLease) -> tuple[str, str, int]:
+    return lease.request_id, lease.owner, lease.epoch
+
+
+def _held_turn(row: Any) -> HeldTurn:
+    """A renewal's row (request id, owner, epoch, start in µs) as a :class:`HeldTurn`."""
+    start_time = time_from_us(row[3])
+    assert start_time is not None  # NOT NULL in the schema
+    return HeldTurn(TurnLease(row[0], row[1], int(row[2] or 0)), start_time)
+
+
+def release_leases(turns: Sequence[HeldTurn]) -> Program[None]:
     """Give up the lease of each of ``turns`` (one statement, a parameter row each): the turn,
     while still ``running`` under that very token (owner and epoch) and that very start (its
     ``start_time``: a later attempt under the same request id is another turn), gets no owner
@@ -67,10 +79,7 @@ def release_leases(turns: Sequence[TurnRecord]) -> Program[None]:
         Statement(
             "UPDATE turns SET owner = NULL, lease_until = NULL WHERE request_id = ? AND owner = ?"
             " AND lease_epoch = ? AND start_time = ? AND state = 'running'",
-            [
-                (turn.request_id, turn.owner, turn.lease_epoch, to_us(turn.start_time, "start_time"))
-                for turn in turns
-            ],
+            [(*_token(turn.lease), to_us(turn.start_time, "start_time")) for turn in turns],
             many=True,
         )
     ]

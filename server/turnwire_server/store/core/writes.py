@@ -26,6 +26,7 @@ from turnwire_server.store.base import (
     BudgetGrant,
     CompactionRecord,
     ConversationRecord,
+    HeldTurn,
     SubmissionRecord,
     SubmissionState,
     ToolCallAnswer,
@@ -335,7 +336,7 @@ class CoreWrites:
 
     # ------------------------------------------------------------------ leases and claims
 
-    async def renew_leases(self, owner: str, until: dt.datetime) -> int:
+    async def renew_leases(self, owner: str, until: dt.datetime) -> list[HeldTurn]:
         until_us = to_us(until, "until")
         return await self._commit(
             "renew_leases",
@@ -343,7 +344,7 @@ class CoreWrites:
             Commit(urgent=False),
         )
 
-    async def release_leases(self, turns: Sequence[TurnRecord]) -> None:
+    async def release_leases(self, turns: Sequence[HeldTurn]) -> None:
         if turns:
             await self._commit("release_leases", lambda _: lease_writes.release_leases(turns))
 
