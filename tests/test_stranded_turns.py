@@ -162,6 +162,34 @@ async def test_a_recovery_whose_turn_lock_fails_is_given_up(make_engine: EngineF
     await _recovered_once(h, "r-lock")
 
 
+async def test_a_one_flight_admission_that_landed_then_a_refusal_is_recovered(
+    make_engine: EngineFactory,
+) -> None:
+    """The chaos probe's sample (old code, seed 2924828388, on one core: ``chaos-2-r4`` running
+    under a live replica's renewed lease 180 s after the faults). A database restart cut
+    PostgreSQL's one-flight admission (ticket, input and COMMIT in one flight) after its COMMIT
+    landed; the admission took the broken connection for "nothing stored" and went the waiting
+    path, whose ticket was refused at once (``StoreUnreachable``, not in flight: the store knew
+    the database gone by then). The turn was not taken for stranded, and its replica renewed its
+    lease for good (the client's retry was told "still running")."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
+    admit = h.store.admit_turn
+
+    @asynccontextmanager
+    async def landed_then_refused(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async with admit(*args, **kwargs):
+            raise StoreUnreachable("postgres store: turn_lock: the database is unreachable")
+        yield  # never reached: a generator for asynccontextmanager
+
+    h.store.admit_turn = landed_then_refused  # type: ignore[method-assign]
+    events = await collect(await h.start("question", request_id="r-flight"))
+    h.store.admit_turn = admit  # type: ignore[method-assign]
+    assert end_of(events).status == event_pb2.TURN_STATUS_ERROR
+    assert [t.request_id for t in await h.store.running_turns()] == ["r-flight"]
+    assert await Replica(h.engine, resume=True).tick() == 1, "given up and claimed again in one tick"
+    await _wait_answered(h, "r-flight")
+
+
 async def test_a_claim_whose_answer_was_lost_is_recovered_by_the_next_tick(
     make_engine: EngineFactory,
 ) -> None:
