@@ -8,7 +8,7 @@ conversation per turn) through ``--api``. Needs py-spy (``.venv/bin/pip install 
 right to ptrace the sidecar (root, or ``kernel.yama.ptrace_scope = 0``).
 
     .venv/bin/python bench/ttft_profile.py [--api openai] [--history 1000] [--turns 200] [--deltas 4]
-        [--top 25]
+        [--streams 1] [--top 25]
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ async def main() -> None:
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--deltas", type=int, default=4, help="text deltas per answer (burst-N)")
     parser.add_argument("--rate", type=int, default=500)
+    parser.add_argument(
+        "--streams", type=int, default=1, help="concurrent turns (each a new conversation when > 1)"
+    )
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", type=Path, help="keep the collapsed stacks here")
     args = parser.parse_args()
@@ -93,13 +96,24 @@ async def main() -> None:
             stderr=subprocess.DEVNULL,
         )
         await asyncio.sleep(1.0)  # py-spy attaches
-        for _ in range(args.turns):
-            await client.turn(conversation if args.history else _new_id(), model)
+        if args.streams > 1:  # --turns split over --streams concurrent workers, new conversations
+
+            async def worker(turns: int) -> None:
+                for _ in range(turns):
+                    await client.turn(_new_id(), model)
+
+            await asyncio.gather(*(worker(args.turns // args.streams) for _ in range(args.streams)))
+        else:
+            for _ in range(args.turns):
+                await client.turn(conversation if args.history else _new_id(), model)
         spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
         spy.wait(30)
         await client.close()
         server.stop()
-        print(f"{args.api}, {args.history} prior turns, {args.turns} turns of {args.deltas} deltas")
+        print(
+            f"{args.api}, {args.history} prior turns, {args.turns} turns of {args.deltas} deltas,"
+            f" {args.streams} stream(s)"
+        )
         print(summarize(out, args.top))
     upstream.close()
 

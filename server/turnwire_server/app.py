@@ -92,6 +92,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnwire.server")
 
+GC_THRESHOLDS = (10_000, 10, 10)
+"""``gc.set_threshold`` of ``turnwire serve`` once started (Python's default: 700, 10, 10). A turn
+in flight holds a few thousand young objects (events, records, the SDK's request and response):
+at 700 the youngest pass runs several times per turn and promotes what is merely in flight, so
+objects that die a moment later fill the older generations and set off full passes (tens of ms
+each over the objects loaded after start-up, the price list among them). At 10,000 most of a
+turn's objects die before a pass sees them (bench/ttft.md, "Issue 33: per-request CPU")."""
+
 _TURN_END_MARGIN_SECONDS = 5.0
 
 _UNBOUNDED = 2**31 - 1
@@ -557,6 +565,7 @@ async def serve(
     # 100k+ objects) as objects held a while (queued spans, stream buffers) pile up.
     gc.collect()
     gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
     stop = asyncio.Event()
     hurry = asyncio.Event()  # a signal during the drain window: skip what is left of it
     now = asyncio.Event()  # a signal during the shutdown grace: cancel the running turns now
