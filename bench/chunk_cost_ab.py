@@ -137,7 +137,7 @@ def _options() -> argparse.Namespace:
     parser.add_argument("--window", type=float, default=2.0)
     parser.add_argument("--apis", default="openai,anthropic")
     args = parser.parse_args()
-    # A whole tree's packages: "OLD/server:OLD/middleware:OLD/clients/python" (os.pathsep-separated).
+    # A whole tree's packages: "OLD/server:OLD/middleware:OLD/clients/python/src" (os.pathsep-separated).
     args.base = os.pathsep.join(str(Path(part).resolve()) for part in args.base.split(os.pathsep))
     return args
 
