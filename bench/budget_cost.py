@@ -61,9 +61,9 @@ from turnwire.compaction import EstimateTokens
 from turnwire.providers import ModelRequest
 from turnwire.types import Cost, ModelSettings, Usage
 from turnwire_client.v1 import message_pb2
-from turnwire_server.engine.budget_admission import FirstStepEstimates
+from turnwire_server.engine.budget_admission import FirstStepEstimates, admission_charge
 from turnwire_server.engine.budget_settings import BudgetSettings
-from turnwire_server.engine.budgets import StepBudgets, admission_charge
+from turnwire_server.engine.budgets import StepBudgets
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.engine.request import TurnRequest

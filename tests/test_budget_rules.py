@@ -9,8 +9,8 @@ import datetime as dt
 
 import pytest
 
+from turnwire_server.engine.budget_scopes import budgets_for, lowered, resets_in
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
-from turnwire_server.engine.budgets import budgets_for, lowered, resets_in
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.store.base import BudgetAsk, BudgetKey, BudgetLimits, BudgetSpend

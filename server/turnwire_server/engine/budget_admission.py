@@ -1,5 +1,7 @@
-"""A new turn's first reservation in the transaction that admits it (docs/cost.md, "What it
-costs per request").
+"""Budgets at a new turn's admission (docs/cost.md, "Budgets"): the check that refuses a turn
+on a spent conversation, tenant or principal before anything is stored
+(:func:`admission_refusal`), and the first reservation in the transaction that admits it
+(:func:`admission_charge`; docs/cost.md, "What it costs per request").
 
 A step reserves its prompt's estimate plus its output before it is sent (:mod:`.budgets`); for a
 new turn's first step that reservation would be a store transaction of its own, right before the
@@ -19,14 +21,23 @@ on its own as before. Nothing here changes what a step may spend: only where it 
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from turnwire.compaction import EstimateTokens, message_bytes
 from turnwire_client.v1 import message_pb2
 from turnwire_server.cache_budget import CACHES, CacheRegion
+from turnwire_server.engine import metrics
+from turnwire_server.engine.budget_refusals import exhausted_text
+from turnwire_server.engine.budget_scopes import budgets_for, exhausted, lowered, resets_in
+from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
+from turnwire_server.engine.errors import BudgetRefused
+from turnwire_server.engine.request import TurnRequest
+from turnwire_server.store.base import BudgetAsk, BudgetCharge, BudgetSpend, BudgetStore, TurnLease
+from turnwire_server.tenant_keys import tenant_of_key
 
-__all__ = ["FirstStepEstimates"]
+__all__ = ["FirstStepEstimates", "admission_charge", "admission_refusal"]
 
 _ESTIMATE = EstimateTokens()
 _ENTRY_BYTES = 160  # a held estimate: the conversation id's key, an int, the cache's entry
@@ -100,3 +111,65 @@ class FirstStepEstimates:
                 return None
             base = self._framing
         return int((base + _ESTIMATE.messages(messages)) * _MARGIN) + _MARGIN_TOKENS
+
+
+async def admission_refusal(
+    store: BudgetStore, settings: BudgetSettings, conversation_id: str, principal: str, now: dt.datetime
+) -> BudgetRefused | None:
+    """Why a new turn on ``conversation_id`` asked for by ``principal`` is refused before
+    anything is stored: its conversation's, tenant's or principal's budget exhausted (None:
+    admitted). One read, no lock; a turn
+    admitted in a race with another's last step meets the budget at its first step instead and
+    ends with the same reason (the charge, under the rows' locks, never lets it overspend)."""
+    budgets = budgets_for(
+        settings, "", conversation_id, BudgetLimit(), now, principal=principal, with_turn=False
+    )
+    if not budgets:
+        return None
+    spends = await store.budget_spends([budget.key for budget in budgets])
+    for budget in budgets:
+        spend = spends.get(budget.key, BudgetSpend())
+        if exhausted(budget, spend):
+            metrics.BUDGET_EXHAUSTED.labels(tenant_of_key(conversation_id), budget.key.scope).inc()
+            return BudgetRefused(
+                budget.key.scope, exhausted_text(budget.tokens, budget.usd, spend), resets_in(budget.key, now)
+            )
+    return None
+
+
+def admission_charge(
+    settings: BudgetSettings,
+    estimates: FirstStepEstimates,
+    request: TurnRequest,
+    lease: TurnLease,
+    *,
+    rates: tuple[float, float] | None,
+    now: dt.datetime,
+) -> BudgetCharge | None:
+    """The reservation a new turn's admission carries for its first step
+    (:mod:`.budget_admission`): ``request``'s budgets at ``now``, the prompt ``estimates`` gives,
+    the assumed output, priced at ``rates`` (US dollars per input and output token; None: the
+    model has no known price). None when no budget applies, when nothing estimates the prompt
+    yet, or when a US dollar budget applies to an unpriced model (its first step refuses it, as
+    before)."""
+    if not settings.enabled:
+        return None
+    turn_limit = lowered(settings.turn, request.budget)
+    budgets = budgets_for(
+        settings,
+        request.request_id,
+        request.conversation_id,
+        turn_limit,
+        now,
+        principal=request.principal,
+        with_turn=turn_limit.limited,
+    )
+    if not budgets or (rates is None and any(budget.usd is not None for budget in budgets)):
+        return None
+    prompt = estimates.prompt_tokens(request.conversation_id, request.messages)
+    if prompt is None:
+        return None
+    usd_in, usd_out = rates or (0.0, 0.0)
+    most = settings.assumed_max_output_tokens
+    ask = BudgetAsk(prompt, prompt * usd_in, usd_out, most, min(settings.min_output_tokens, most))
+    return BudgetCharge(request.request_id, request.conversation_id, lease, budgets, ask=ask)

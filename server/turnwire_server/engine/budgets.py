@@ -1,6 +1,6 @@
-"""Budgets in a turn (docs/cost.md, "Budgets"): which budgets a turn runs under, the admission
-check, and :class:`StepBudgets`, which reserves each model step before it is sent and settles it
-after.
+"""Budgets in a turn (docs/cost.md, "Budgets"): :class:`StepBudgets`, which reserves each model
+step before it is sent and settles it after (which budgets apply: :mod:`.budget_scopes`; the
+admission's check and first reservation: :mod:`.budget_admission`).
 
 A step reserves its prompt (an estimate: :class:`turnwire.compaction.EstimateTokens`) plus its
 ``max_output_tokens`` (``budgets.assumed_max_output_tokens`` when unset), in tokens and, priced
@@ -24,13 +24,12 @@ applied before the store's grant, so the lower of it and the turn's budgets wins
 from __future__ import annotations
 
 import asyncio
-import calendar
 import contextlib
 import dataclasses
 import datetime as dt
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from turnwire.compaction import EstimateTokens
@@ -38,11 +37,11 @@ from turnwire.providers import ModelRequest
 from turnwire.types import BudgetState, Cost, Usage
 from turnwire_client.v1 import message_pb2
 from turnwire_server.engine import metrics
-from turnwire_server.engine.budget_refusals import exhausted_text, refusal_text, step_refusal_text
+from turnwire_server.engine.budget_refusals import refusal_text, step_refusal_text
+from turnwire_server.engine.budget_scopes import budget_states, budgets_for, lowered, resets_in
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.cost import PriceBook
-from turnwire_server.engine.errors import BudgetExhausted, BudgetRefused, TurnFailure
-from turnwire_server.engine.request import TurnRequest
+from turnwire_server.engine.errors import BudgetExhausted, TurnFailure
 from turnwire_server.engine.turn_state import TurnWorkingState
 from turnwire_server.store.base import (
     BudgetAsk,
@@ -63,13 +62,7 @@ if TYPE_CHECKING:
 __all__ = [
     "StepBudgets",
     "StepLimit",
-    "admission_charge",
-    "admission_refusal",
-    "budget_states",
-    "budgets_for",
     "covers",
-    "lowered",
-    "resets_in",
     "settle",
     "settle_abandoned",
     "step_budgets",
@@ -80,107 +73,6 @@ __all__ = [
 log = logging.getLogger("turnwire.budgets")
 
 _ESTIMATE = EstimateTokens()
-
-
-def lowered(configured: BudgetLimit, requested: BudgetLimit | None) -> BudgetLimit:
-    """``configured`` lowered by a request's own ``requested`` limits, never raised."""
-    if requested is None:
-        return configured
-
-    def lower(a: float | None, b: float | None) -> float | None:
-        return b if a is None else a if b is None else min(a, b)
-
-    tokens = lower(configured.tokens, requested.tokens)
-    return BudgetLimit(
-        tokens=None if tokens is None else int(tokens), usd=lower(configured.usd, requested.usd)
-    )
-
-
-def budgets_for(
-    settings: BudgetSettings,
-    request_id: str,
-    conversation_id: str,
-    turn_limit: BudgetLimit,
-    now: dt.datetime,
-    *,
-    principal: str = "",
-    with_turn: bool = True,
-) -> tuple[BudgetLimits, ...]:
-    """The budgets a turn of ``conversation_id`` asked for by ``principal`` ("": none known)
-    runs under at ``now`` (tz-aware), in the order a refusal names the first: its own
-    (``turn_limit``; always, so a request's lowered limit is stored for a recovery of the turn,
-    unless not ``with_turn``), its conversation's, its tenant's and its principal's (keyed
-    ``tenant/principal``: a principal is a name in one tenant) for the UTC day and month, each
-    only when limited."""
-    found: list[BudgetLimits] = []
-    if with_turn:
-        found.append(
-            BudgetLimits(BudgetKey("turn", request_id), turn_limit.tokens, turn_limit.usd, conversation_id)
-        )
-    if settings.conversation.limited:
-        limit = settings.conversation
-        found.append(
-            BudgetLimits(BudgetKey("conversation", conversation_id), limit.tokens, limit.usd, conversation_id)
-        )
-    tenant = tenant_of_key(conversation_id)
-    utc = now.astimezone(dt.UTC)
-    month = f"{utc.year:04d}-{utc.month:02d}"  # half the CPU of two strftime calls
-    day = f"{month}-{utc.day:02d}"
-    owners = [("tenant", tenant, settings.tenant)]
-    if principal:
-        owners.append(("principal", f"{tenant}/{principal}", settings.principal))
-    for kind, key, periods in owners:
-        for period_name, limit, period in (("day", periods.day, day), ("month", periods.month, month)):
-            if limit.limited:
-                found.append(
-                    BudgetLimits(BudgetKey(f"{kind}/{period_name}", key, period), limit.tokens, limit.usd)
-                )
-    return tuple(found)
-
-
-def resets_in(key: BudgetKey, now: dt.datetime) -> float | None:
-    """Seconds from ``now`` until the period of ``key`` ends (UTC midnight, or the next month's
-    first); None for a budget that never resets (a turn's, a conversation's)."""
-    utc = now.astimezone(dt.UTC)
-    if key.scope.endswith("/day"):
-        start = dt.datetime.combine(utc.date(), dt.time(), dt.UTC) + dt.timedelta(days=1)
-    elif key.scope.endswith("/month"):
-        days = calendar.monthrange(utc.year, utc.month)[1]
-        start = dt.datetime(utc.year, utc.month, 1, tzinfo=dt.UTC) + dt.timedelta(days=days)
-    else:
-        return None
-    return (start - utc).total_seconds()
-
-
-def budget_states(
-    budgets: Sequence[BudgetLimits], spends: Mapping[BudgetKey, BudgetSpend], now: dt.datetime
-) -> tuple[BudgetState, ...]:
-    """What hooks see of ``budgets`` in their states ``spends`` (a budget missing there is at
-    zero) at ``now``: an entry per budget and limited unit, tokens before US dollars."""
-    states = []
-    for budget in budgets:
-        spend = spends.get(budget.key, BudgetSpend())
-        seconds = resets_in(budget.key, now)
-        resets_at = None if seconds is None else now + dt.timedelta(seconds=seconds)
-        units = (
-            ("tokens", budget.tokens, spend.spent_tokens, spend.reserved_tokens),
-            ("usd", budget.usd, spend.spent_usd, spend.reserved_usd),
-        )
-        for unit, limit, spent, reserved in units:
-            if limit is not None:
-                states.append(
-                    BudgetState(
-                        scope=budget.key.scope,
-                        period=budget.key.period,
-                        unit=unit,  # type: ignore[arg-type]
-                        limit=limit,
-                        spent=spent,
-                        reserved=reserved,
-                        remaining=max(0, limit - spent - reserved),
-                        resets_at=resets_at,
-                    )
-                )
-    return tuple(states)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -223,75 +115,6 @@ def covers(grant: BudgetGrant, budgets: Sequence[BudgetLimits], ask: BudgetAsk) 
     tokens = ask.prompt_tokens + ask.max_output
     usd = ask.prompt_usd + ask.max_output * ask.usd_per_output_token
     return tokens <= grant.tokens and usd <= grant.usd * (1 + 1e-9)
-
-
-def _exhausted(budget: BudgetLimits, spend: BudgetSpend) -> bool:
-    """No room left for a step of one token (or of any cost)."""
-    if budget.tokens is not None and spend.spent_tokens + spend.reserved_tokens >= budget.tokens:
-        return True
-    return budget.usd is not None and spend.spent_usd + spend.reserved_usd >= budget.usd
-
-
-async def admission_refusal(
-    store: BudgetStore, settings: BudgetSettings, conversation_id: str, principal: str, now: dt.datetime
-) -> BudgetRefused | None:
-    """Why a new turn on ``conversation_id`` asked for by ``principal`` is refused before
-    anything is stored: its conversation's, tenant's or principal's budget exhausted (None:
-    admitted). One read, no lock; a turn
-    admitted in a race with another's last step meets the budget at its first step instead and
-    ends with the same reason (the charge, under the rows' locks, never lets it overspend)."""
-    budgets = budgets_for(
-        settings, "", conversation_id, BudgetLimit(), now, principal=principal, with_turn=False
-    )
-    if not budgets:
-        return None
-    spends = await store.budget_spends([budget.key for budget in budgets])
-    for budget in budgets:
-        spend = spends.get(budget.key, BudgetSpend())
-        if _exhausted(budget, spend):
-            metrics.BUDGET_EXHAUSTED.labels(tenant_of_key(conversation_id), budget.key.scope).inc()
-            return BudgetRefused(
-                budget.key.scope, exhausted_text(budget.tokens, budget.usd, spend), resets_in(budget.key, now)
-            )
-    return None
-
-
-def admission_charge(
-    settings: BudgetSettings,
-    estimates: FirstStepEstimates,
-    request: TurnRequest,
-    lease: TurnLease,
-    *,
-    rates: tuple[float, float] | None,
-    now: dt.datetime,
-) -> BudgetCharge | None:
-    """The reservation a new turn's admission carries for its first step
-    (:mod:`.budget_admission`): ``request``'s budgets at ``now``, the prompt ``estimates`` gives,
-    the assumed output, priced at ``rates`` (US dollars per input and output token; None: the
-    model has no known price). None when no budget applies, when nothing estimates the prompt
-    yet, or when a US dollar budget applies to an unpriced model (its first step refuses it, as
-    before)."""
-    if not settings.enabled:
-        return None
-    turn_limit = lowered(settings.turn, request.budget)
-    budgets = budgets_for(
-        settings,
-        request.request_id,
-        request.conversation_id,
-        turn_limit,
-        now,
-        principal=request.principal,
-        with_turn=turn_limit.limited,
-    )
-    if not budgets or (rates is None and any(budget.usd is not None for budget in budgets)):
-        return None
-    prompt = estimates.prompt_tokens(request.conversation_id, request.messages)
-    if prompt is None:
-        return None
-    usd_in, usd_out = rates or (0.0, 0.0)
-    most = settings.assumed_max_output_tokens
-    ask = BudgetAsk(prompt, prompt * usd_in, usd_out, most, min(settings.min_output_tokens, most))
-    return BudgetCharge(request.request_id, request.conversation_id, lease, budgets, ask=ask)
 
 
 class StepBudgets:

@@ -23,7 +23,8 @@ from turnwire.hooks import ConcurrentInput
 from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
-from turnwire_server.engine.budgets import admission_refusal, settle_abandoned
+from turnwire_server.engine.budget_admission import admission_refusal
+from turnwire_server.engine.budgets import settle_abandoned
 from turnwire_server.engine.channel import EventChannel
 from turnwire_server.engine.errors import (
     CancelledByShutdown,

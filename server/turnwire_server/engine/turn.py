@@ -50,7 +50,8 @@ from turnwire.tools import Tool
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.assistant_message import AssistantMessage
-from turnwire_server.engine.budgets import StepBudgets, admission_charge, settle, step_budgets
+from turnwire_server.engine.budget_admission import admission_charge
+from turnwire_server.engine.budgets import StepBudgets, settle, step_budgets
 from turnwire_server.engine.checkpoints import Checkpointer
 from turnwire_server.engine.client_tools import turn_tools
 from turnwire_server.engine.compaction import Compactor
