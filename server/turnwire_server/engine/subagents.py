@@ -353,10 +353,11 @@ async def _follow(child: TurnHandle, parent: TurnHandle | None, call: SubagentCa
 
 
 async def _forward_while_open(child: TurnHandle, parent: TurnHandle | None, forward: _Forwarder) -> None:
-    """A detached child's events, nested in the calling turn's stream until that turn ends; then
-    the child goes on without a reader (its own stream is stored: ResumeTurn reads it)."""
+    """A detached child's events, nested in the calling turn's stream until that turn starts
+    finishing (``TurnRun.takes_events``: its TurnEnd is numbered after every event before it);
+    then the child goes on without a reader (its own stream is stored: ResumeTurn reads it)."""
     async for response in child.channel:
-        if parent is None or parent.run.ended:
+        if parent is None or not parent.run.takes_events:
             child.detach()
             return
         if await forward(response.event) is not None:
@@ -384,7 +385,7 @@ class _Forwarder:
         if not event.sequence_number:  # a Progress keepalive: never part of a stream
             return None
         parent = self._parent
-        if parent is not None and not parent.run.ended:
+        if parent is not None and parent.run.takes_events:
             writer = parent.run.writer
             nested = writer.new().subagent_event
             nested.path.add(

@@ -301,6 +301,13 @@ class TurnRun:
         return self._phase in ("after", "ended")
 
     @property
+    def takes_events(self) -> bool:
+        """True until the turn starts finishing: from then on its end, and the tail of its stream
+        stored with it, are being decided, so nothing else may add to its stream (a detached
+        sub-agent's events nested in it stop there; docs/subagents.md)."""
+        return self._phase in ("created", "queued", "storing", "running")
+
+    @property
     def holds_lock(self) -> bool:
         """True while the turn holds the conversation's lock and has not begun storing its reply
         (its input is being written or its steps run): the turn new input may stop."""
