@@ -141,7 +141,10 @@ class TurnRenderer:
         if self.console.is_terminal or self.err_console is None or not self.request_id:
             return
         self.err_console.print(
-            Text(f"request {self.request_id} · `turnwire cancel {self.request_id}` cancels it", style="dim"),
+            Text(
+                f"request {self.request_id} · `turnwire cancel {self.request_id}` cancels it while it runs",
+                style="dim",
+            ),
             soft_wrap=True,
             highlight=False,
         )
