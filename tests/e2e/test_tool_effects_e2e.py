@@ -212,6 +212,9 @@ async def test_the_key_and_the_idempotent_declaration_reach_a_ts_kit_host_and_an
         return [line.split(" ", 1)[1] for line in record.read_text().splitlines()] if record.exists() else []
 
     first = await sidecar_factory(cfg).start()
+    # An MCP server whose first start failed joins later (docs/tools.md): its tool must be listed
+    # before the model calls it.
+    await wait_until(lambda: "MCP server 'tiny': 9 tool(s)" in first.log_text(), what="the MCP tools listed")
     await chat_until_killed(
         first,
         "remote",

@@ -196,11 +196,7 @@ class McpServer:
                     log.warning("MCP server %r: its connection closed; restarting it", self.name)
             except Exception as error:  # the SDK raises many kinds (and groups of them) for one failure
                 log.warning(
-                    "MCP server %r failed (%s: %s); starting it again in %g s",
-                    self.name,
-                    type(error).__name__,
-                    error,
-                    delay,
+                    "MCP server %r failed (%s); starting it again in %g s", self.name, _causes(error), delay
                 )
             finally:
                 if self.session is not None:
@@ -384,3 +380,11 @@ def output_of(result: CallToolResult, tool: str, server: str) -> Any:
     if len(result.content) == 1 and isinstance(result.content[0], TextContent):
         return result.content[0].text
     return [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content]
+
+
+def _causes(error: BaseException) -> str:
+    """``error`` as ``Type: message``; a group as its leaf errors', ``; ``-separated (the SDK's
+    task groups wrap the one error that says what failed)."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(_causes(inner) for inner in error.exceptions)
+    return f"{type(error).__name__}: {error}"
