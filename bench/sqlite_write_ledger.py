@@ -95,7 +95,10 @@ async def _pass(args: argparse.Namespace, upstream: Upstream, traced: bool) -> d
         role = roles.get(tid, "other threads")
         threads[role] = threads.get(role, 0.0) + (ns - before_ns.get(tid, 0)) / 1e6 / turns
     statements = {
-        shape: ((count - before.get(shape, [0, 0])[0]) / turns, (ns - before.get(shape, [0, 0])[1]) / 1e3 / turns)
+        shape: (
+            (count - before.get(shape, [0, 0])[0]) / turns,
+            (ns - before.get(shape, [0, 0])[1]) / 1e3 / turns,
+        )
         for shape, (count, ns) in after.items()
     }
     return {"threads": threads, "statements": statements, "turns": turns}

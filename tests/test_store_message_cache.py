@@ -133,7 +133,9 @@ async def test_the_stores_own_writes_bump_the_counter_once_a_write(
     assert _counters(store_backend) == (1, 0)
     versions = "SELECT id, version FROM messages WHERE conversation_id = ? ORDER BY seq"
     assert store_backend.sql(versions, ("c1",)) == [("u1", 1), ("u2", 1)]
-    assert store_backend.sql("SELECT DISTINCT version FROM parts WHERE conversation_id = ?", ("c1",)) == [(1,)]
+    assert store_backend.sql("SELECT DISTINCT version FROM parts WHERE conversation_id = ?", ("c1",)) == [
+        (1,)
+    ]
     await store.load_messages("c1")
     rewritten = _text("u2", "two, rewritten")
     rewritten.parts.add().text.text = " and more"
@@ -142,7 +144,9 @@ async def test_the_stores_own_writes_bump_the_counter_once_a_write(
     assert store_backend.sql(versions, ("c1",)) == [("u1", 1), ("u2", 2)]
     assert _texts(await store.load_messages("c1")) == [("u1", "one"), ("u2", "two, rewritten and more")]
     # Beside the store: a part changed with its version left as the store wrote it.
-    store_backend.sql("UPDATE parts SET kind = kind WHERE conversation_id = ? AND message_id = ?", ("c1", "u1"))
+    store_backend.sql(
+        "UPDATE parts SET kind = kind WHERE conversation_id = ? AND message_id = ?", ("c1", "u1")
+    )
     version, _ = _counters(store_backend)
     assert version > 2 and store_backend.sql(versions, ("c1",))[0] == ("u1", version)
 

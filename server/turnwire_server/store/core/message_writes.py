@@ -88,7 +88,15 @@ def upsert_writes(
         return [touch, inserted, *dialect.insert_parts(conversation_id, (row,))]
     updated = Statement(
         _UPDATE_MESSAGE,
-        (row.role, row.create_time_us, row.create_time_nanos, row.metadata, conversation_id, conversation_id, row.id),
+        (
+            row.role,
+            row.create_time_us,
+            row.create_time_nanos,
+            row.metadata,
+            conversation_id,
+            conversation_id,
+            row.id,
+        ),
     )
     return [touch, updated, *dialect.replace_parts(conversation_id, row)]
 

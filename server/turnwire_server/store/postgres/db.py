@@ -246,7 +246,9 @@ class _PostgresDialect:
         if not parts:
             return ()
         message_ids, indexes, kinds, datas = (list(column) for column in zip(*parts, strict=True))
-        return (Statement(_PARTS_OF_ROWS, (conversation_id, conversation_id, message_ids, indexes, kinds, datas)),)
+        return (
+            Statement(_PARTS_OF_ROWS, (conversation_id, conversation_id, message_ids, indexes, kinds, datas)),
+        )
 
     def replace_parts(self, conversation_id: str, row: MessageRow) -> Sequence[Statement]:
         return (
