@@ -60,7 +60,7 @@ def install() -> None:
     connect = sqlite3.connect
 
     def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-        conn = connect(*args, **kwargs)
+        conn: sqlite3.Connection = connect(*args, **kwargs)
         role = "writer" if threading.current_thread().name.startswith("sqlite-store-writer") else "reader"
         with open(path + ".tids", "a") as out:
             out.write(f"{role} {threading.get_native_id()}\n")
