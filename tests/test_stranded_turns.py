@@ -267,3 +267,34 @@ async def _wait_answered(h: Any, request_id: str) -> None:
     assert messages is not None and [text_of(m) for m in messages] == ["question", "the answer"]
     stored = [event async for event in h.engine.replay(request_id, 0)]
     assert sum(1 for e in stored if e.HasField("turn_end")) == 1
+
+
+async def test_a_recovery_refused_for_its_request_id_in_use_spends_no_recovery(
+    make_engine: EngineFactory,
+) -> None:
+    """A claimed turn whose recovery is refused because its request id is in use here (another
+    attempt under it, queued: a client's retry) is not counted against ``recovery_budget``
+    (docs/semantics.md §8): that refusal ran nothing. Recovered once the other attempt is gone,
+    it is the turn's first recovery."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]}, recovery_budget=1)
+    claimed = await _a_stranded_turn_claimed(h, "r-in-use")
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def hold_the_lock() -> None:
+        async with h.store.turn_lock(CONV, request_id="r-ahead"):
+            held.set()
+            await release.wait()
+
+    holder = asyncio.create_task(hold_the_lock())
+    await held.wait()
+    retry = await h.start("question", request_id="r-in-use")  # queued behind the lock holder
+    await h.engine.recover_turns(claimed)  # refused: RequestIdInUse (logged)
+    (turn,) = await h.store.running_turns()
+    assert turn.recovery_count == 0
+    release.set()
+    await holder
+    assert end_of(await collect(retry)).status == event_pb2.TURN_STATUS_ERROR  # the id is taken
+    assert await Replica(h.engine, resume=True).tick() == 1
+    await _wait_answered(h, "r-in-use")
+    ended = await h.store.get_turn("r-in-use")
+    assert ended is not None and (ended.state, ended.recovery_count) == ("completed", 1)
