@@ -319,26 +319,42 @@ class TurnRun:
         effect.
 
         docs/semantics.md §5 (Decision: exactly one terminal event, whatever the timing): only
-        the first stop counts and the task is cancelled at most once, so a second cancel can
-        never interrupt the clean-up; a turn whose task has not run yet is stopped when it
+        the first stop counts (save a shutdown's after a cancel a recovery waits in line to
+        end: :meth:`_ends_in_line`) and the task is cancelled at most once, so a second cancel
+        can never interrupt the clean-up; a turn whose task has not run yet is stopped when it
         starts (a task cancelled before it first runs would skip every ``finally``); once the
         reply is being stored, stopping changes nothing.
         """
-        if self._phase not in _CANCELLABLE or self.state.cancelled.is_set():
+        # A recovery cancelled to end in line (_ends_in_line) is stopped again by a shutdown,
+        # which does not wait for the line: left for recovery, as a shutdown leaves it.
+        overrides = isinstance(stop, ServerStopping) and self._ends_in_line()
+        if self._phase not in _CANCELLABLE or (self.state.cancelled.is_set() and not overrides):
             return False
         if stop is not None:
             log.warning("turn %s stopped: %s", self.request.request_id, stop)
         self._stop = stop
         self.state.cancelled.set()
-        if self._phase not in _DEFERRED and self._task is not None:
+        if self._phase not in _DEFERRED and not self._ends_in_line() and self._task is not None:
             self._task.cancel()
         return True
+
+    def _ends_in_line(self) -> bool:
+        """A recovery cancelled (``CancelChat``) before it ran: unlike a new turn's, its input and
+        reply are stored, so it keeps its place in line and ends ``ABORTED`` under the lock when
+        its turn comes (its end written as any cancelled turn's; docs/semantics.md §5,
+        Cancellation). Other stops (a shutdown, a lost lease) leave it for recovery."""
+        return (
+            self.recovery is not None
+            and self._phase in ("created", "queued")
+            and self.state.cancelled.is_set()
+            and self._stop is None
+        )
 
     async def run(self) -> None:
         """Run to the end; never raises. The stream always ends with exactly one TurnEnd."""
         self._task = asyncio.current_task()
         try:
-            if self.state.cancelled.is_set():  # stopped before the task first ran
+            if self.state.cancelled.is_set() and not self._ends_in_line():  # stopped before it first ran
                 self.outcome = "aborted"
                 self._not_stored("it was cancelled before it ran")
                 self._left_for_recovery()
