@@ -32,6 +32,7 @@ from turnwire.types import (
 )
 from turnwire.values import dumps
 from turnwire_client.v1 import event_pb2, hooks_pb2, message_pb2
+from turnwire_server.event_waits import set_within
 from turnwire_server.remote_hooks import metrics
 from turnwire_server.remote_hooks.convert import step_finish_reason
 
@@ -210,11 +211,7 @@ class ChunkStream:
                 if self._expiry is None and self._queue.qsize() < self._max_events - 1:
                     # Wait for a full batch, or the batch's time window, whichever comes first
                     # (not once closed: the end is queued, nothing more comes).
-                    # asyncio.timeout, not wait_for: Python 3.11's wait_for returns when the wait
-                    # ended as close() cancelled this task, and the call then hung unanswered.
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self._max_delay):
-                            await self._full.wait()
+                    await set_within(self._full, self._max_delay)
                 self._full.clear()
                 while len(batch) < self._max_events and not self._queue.empty():
                     item = self._queue.get_nowait()

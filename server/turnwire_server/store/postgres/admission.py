@@ -23,6 +23,7 @@ import psycopg
 import psycopg_pool
 
 from turnwire_client.v1 import message_pb2
+from turnwire_server.event_waits import set_within
 from turnwire_server.store.base import BudgetCharge, TurnAdmission, TurnRecord, renewed_lease
 from turnwire_server.store.core import turn_writes
 from turnwire_server.store.core.fork_rules import claim_reads
@@ -154,9 +155,7 @@ class TurnQueue(PostgresConnection):
                     head = await self._head(conversation_id, lease_us)
                     if head == ticket:
                         break
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(max(lease_seconds / 3, 0.05)):
-                            await moved.wait()
+                    await set_within(moved, max(lease_seconds / 3, 0.05))
             yield
         finally:
             # Shielded: a cancelled turn must still give the lock up.
