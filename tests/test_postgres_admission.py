@@ -8,6 +8,7 @@ right after the server committed it (the answer lost) or before the ``COMMIT`` w
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator, Iterator
@@ -16,8 +17,10 @@ from typing import Any, Literal
 import psycopg
 import pytest
 from support.stores import StoreBackend, leased_turn, postgres_database
+from support.waiting import wait_until
 
 from turnwire_client.v1 import message_pb2
+from turnwire_server.store.errors import StoreUnreachable
 from turnwire_server.store.postgres import PostgresStore, db
 
 pytestmark = pytest.mark.postgres
@@ -38,7 +41,9 @@ def _user(message_id: str) -> message_pb2.Message:
     return message
 
 
-def _lose_next_flight(monkeypatch: pytest.MonkeyPatch, when: Literal["after_commit", "before_commit"]) -> list[int]:
+def _lose_next_flight(
+    monkeypatch: pytest.MonkeyPatch, when: Literal["after_commit", "before_commit"]
+) -> list[int]:
     """Make the store's next pipelined transaction (``db.flight``) lose its connection: closed
     once the server committed it (``after_commit``: its answer lost) or before its ``COMMIT``
     is sent (``before_commit``: nothing stored). Returns a list that counts the losses made."""
@@ -90,6 +95,45 @@ async def test_an_admission_whose_connection_is_lost_at_commit_resolves_the_comm
         assert check.sql("SELECT request_id, state FROM turns") == [("r1", "running")]
         assert check.sql("SELECT id FROM messages") == [("u1",)]
         assert check.sql("SELECT COUNT(*) FROM turn_queue") == [(0,)]
+    finally:
+        await store.close()
+        await check.close()
+
+
+@pytest.mark.parametrize("taking", ["turn_lock", "reserve_place", "reserve_place_if_idle"])
+async def test_a_ticket_whose_answer_was_lost_is_given_up(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, taking: str
+) -> None:
+    """A ticket's taking committed and its answer was lost (``StoreUnreachable``, in flight): the
+    caller fails, and the ticket it may hold is given up, instead of staying in line under this
+    replica's renewed leases with no turn behind it; the next turn takes the lock."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    check = StoreBackend("postgres", url=pg_url)
+    real = store._simple_query
+
+    async def answer_lost(what: str, sql: bytes, params: Any) -> list[Any]:
+        await real(what, sql, params)
+        raise StoreUnreachable("connection lost with the answer", in_flight=True)
+
+    try:
+        monkeypatch.setattr(store, "_simple_query", answer_lost)
+        with pytest.raises(StoreUnreachable):
+            if taking == "turn_lock":
+                async with store.turn_lock("c", request_id="r1", owner="replica-a", lease_seconds=30):
+                    raise AssertionError("the lock is not held when its taking failed")
+            else:
+                idle = taking == "reserve_place_if_idle"
+                await store.reserve_place("c", "r1", owner="replica-a", lease_seconds=30, only_if_idle=idle)
+        monkeypatch.undo()
+        await wait_until(
+            lambda: check.sql("SELECT COUNT(*) FROM turn_queue") == [(0,)], what="the ticket is given up"
+        )
+        async with (
+            asyncio.timeout(10),
+            store.turn_lock("c", request_id="r2", owner="replica-a", lease_seconds=30),
+        ):
+            pass
     finally:
         await store.close()
         await check.close()

@@ -31,7 +31,7 @@ from turnwire_server.store.core.reads import LOAD_COMPACTION_SQL
 from turnwire_server.store.core.rows import compaction_from_row, to_us
 from turnwire_server.store.core.sql import just
 from turnwire_server.store.core.turn_writes import StartTurn, StartTurnPlan, prepare_start_turn
-from turnwire_server.store.errors import StoreError
+from turnwire_server.store.errors import StoreError, StoreUnreachable
 from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.postgres import db, turn_queue
 from turnwire_server.store.postgres.connection import PostgresConnection
@@ -319,7 +319,7 @@ class TurnQueue(PostgresConnection):
         and ticket order is commit order (first in, first out), except that a ``first`` ticket
         takes the free number right behind the head (and the ``first`` tickets before it)."""
         params = self._ticket_params(conversation_id, request_id, owner, lease_us)
-        rows = await self._simple_query("turn_lock", turn_queue.TAKE_TICKET, {**params, "first": first})
+        rows = await self._ticket_query("turn_lock", turn_queue.TAKE_TICKET, {**params, "first": first})
         mine, earliest = int(rows[0][0]), rows[0][1]
         # The statement saw the queue as it was before it: a re-owned ticket is among those rows.
         return mine, mine if earliest is None else min(mine, int(earliest))
@@ -385,6 +385,27 @@ class TurnQueue(PostgresConnection):
             "stale": now_us - lease_us,
         }
 
+    async def _ticket_query(self, what: str, sql: bytes, params: Mapping[str, Any]) -> list[Any]:
+        """:meth:`_simple_query` of a statement taking a ticket (``params``: :meth:`_ticket_params`).
+        When its commit's answer was lost (``StoreUnreachable``, in flight) the ticket may have
+        been taken: it is given up (retried until the database takes it), or this replica's lease
+        renewals would keep it in line for good with no turn behind it (docs/semantics.md §5, "A
+        commit's lost answer")."""
+        try:
+            return await self._simple_query(what, sql, params)
+        except StoreUnreachable as error:
+            conversation_id, request_id, owner = params["c"], params["r"], params["owner"]
+            if error.in_flight and request_id:
+
+                async def body(conn: Conn, _: int) -> None:
+                    notify = (QUEUE_CHANNEL, conversation_id)
+                    await db.run(
+                        conn, turn_queue.RELEASE_OWN_PLACE, (conversation_id, request_id, owner, *notify)
+                    )
+
+                await self._give_up_place(f"{what} (answer lost) release", conversation_id, body)
+            raise
+
     async def _simple_query(self, what: str, sql: bytes, params: Mapping[str, Any]) -> list[Any]:
         """The rows of the last of ``sql``'s statements, sent as one simple query (client-side
         binding): one round trip and one implicit transaction, so the queue lock its statements
@@ -430,7 +451,7 @@ class TurnQueue(PostgresConnection):
                 await self._take_ticket(conversation_id, request_id, owner, lease_us, first)
                 return None
             params = self._ticket_params(conversation_id, request_id, owner, lease_us)
-            rows = await self._simple_query("reserve_place", turn_queue.TAKE_TICKET_IF_IDLE, params)
+            rows = await self._ticket_query("reserve_place", turn_queue.TAKE_TICKET_IF_IDLE, params)
         return None if rows[0][0] is None else str(rows[0][0])
 
     async def release_place(self, conversation_id: str, request_id: str) -> None:
