@@ -269,18 +269,23 @@ async def test_a_recovery_stopped_by_a_shutdown_while_it_waits_for_its_lock_is_r
     await _wait_answered(h, "r-queued")
 
 
-async def test_cancel_chat_on_a_recovery_waiting_for_its_lock_ends_it_aborted(
-    make_engine: EngineFactory,
+@pytest.mark.parametrize("in_line", [True, False], ids=["waiting-in-line", "before-it-ran"])
+async def test_cancel_chat_on_a_recovery_that_has_not_run_ends_it_aborted(
+    make_engine: EngineFactory, in_line: bool
 ) -> None:
-    """``CancelChat`` on a recovery queued for its conversation's lock is honoured as for a
-    queued turn (docs/semantics.md §5, Cancellation): the turn ends ``ABORTED`` when its turn
-    comes, its input and the question kept, its stream ended once, and nothing recovers it
-    again; the model is never called."""
+    """``CancelChat`` on a recovery queued for its conversation's lock (``in_line``), or sent
+    right after the recovery started, is honoured as for a queued turn (docs/semantics.md §5,
+    Cancellation): the turn ends ``ABORTED`` when its turn comes, its question kept, its stream
+    ended once, and nothing recovers it again; the model is never called."""
     h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
-    release, holder = await _a_recovery_in_line(h, "r-cancelled")
-    assert await h.engine.cancel_anywhere("r-cancelled")
-    release.set()
-    await holder
+    if in_line:
+        release, holder = await _a_recovery_in_line(h, "r-cancelled")
+        assert await h.engine.cancel_anywhere("r-cancelled")
+        release.set()
+        await holder
+    else:
+        await h.engine.recover_turns(await _a_stranded_turn_claimed(h, "r-cancelled"))
+        assert await h.engine.cancel_anywhere("r-cancelled")
     await wait_until(
         lambda: h.engine.handle("r-cancelled") is None, timeout=10, what="the cancelled recovery ended"
     )
@@ -289,6 +294,7 @@ async def test_cancel_chat_on_a_recovery_waiting_for_its_lock_ends_it_aborted(
     assert await h.store.running_turns() == []
     assert await Replica(h.engine, resume=True).tick() == 0
     assert [text_of(m) for m in await h.store.load_messages(CONV)] == ["question"]
+    assert h.provider.calls == 0
     stored = [event async for event in h.engine.replay("r-cancelled", 0)]
     ends = [e.turn_end for e in stored if e.HasField("turn_end")]
     assert [end.status for end in ends] == [event_pb2.TURN_STATUS_ABORTED]
