@@ -156,10 +156,9 @@ async def test_a_recovery_whose_turn_lock_fails_is_given_up(make_engine: EngineF
 
     h.store.turn_lock = refused  # type: ignore[method-assign]
     await h.engine.recover_turns(claimed)  # a detached run: it fails at its turn lock
-    released = await wait_until(
-        lambda: _give_up_orphans(h), timeout=10, what="the failed recovery is given up"
-    )
-    assert released == 1
+    await wait_until(lambda: h.engine.handle("r-lock") is None, timeout=10, what="the failed recovery ended")
+    await _ran_no_recovery(h, "r-lock")
+    assert await _give_up_orphans(h) == 1
     h.store.turn_lock = lock  # type: ignore[method-assign]
     await _recovered_once(h, "r-lock")
 
@@ -250,9 +249,9 @@ async def test_a_recovery_stopped_by_a_shutdown_while_it_waits_for_its_lock_is_r
     make_engine: EngineFactory, cancelled_first: bool
 ) -> None:
     """A recovery a shutdown stops while queued for its conversation's lock is left running in
-    the store as a crash would leave it, its stream with no end: given up and recovered, its
-    stream ends once. A shutdown does not wait for the line of a recovery ``CancelChat`` left
-    to end in it (``cancelled_first``)."""
+    the store as a crash would leave it, its stream with no end, its recovery not counted
+    (nothing ran): given up and recovered, its stream ends once. A shutdown does not wait for
+    the line of a recovery ``CancelChat`` left to end in it (``cancelled_first``)."""
     h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
     release, holder = await _a_recovery_in_line(h, "r-queued")
     handle = h.engine.handle("r-queued")
@@ -262,6 +261,7 @@ async def test_a_recovery_stopped_by_a_shutdown_while_it_waits_for_its_lock_is_r
     await wait_until(
         lambda: h.engine.handle("r-queued") is None, timeout=10, what="the queued recovery ended"
     )
+    await _ran_no_recovery(h, "r-queued")
     release.set()
     await holder
     replica = Replica(h.engine, resume=True)
@@ -300,6 +300,13 @@ async def test_cancel_chat_on_a_recovery_that_has_not_run_ends_it_aborted(
     assert [end.status for end in ends] == [event_pb2.TURN_STATUS_ABORTED]
 
 
+async def _ran_no_recovery(h: Any, request_id: str) -> None:
+    """``request_id`` is running in the store with no recovery counted (docs/semantics.md §8:
+    one that ran nothing is not)."""
+    (turn,) = await h.store.running_turns()
+    assert (turn.request_id, turn.recovery_count) == (request_id, 0)
+
+
 async def _wait_answered(h: Any, request_id: str) -> None:
     """Wait until ``request_id``'s recovery answered once, and nothing is left running."""
 
@@ -333,8 +340,7 @@ async def test_a_recovery_refused_for_its_request_id_in_use_spends_no_recovery(
     await held.wait()
     retry = await h.start("question", request_id="r-in-use")  # queued behind the lock holder
     await h.engine.recover_turns(claimed)  # refused: RequestIdInUse (logged)
-    (turn,) = await h.store.running_turns()
-    assert turn.recovery_count == 0
+    await _ran_no_recovery(h, "r-in-use")
     release.set()
     await holder
     assert end_of(await collect(retry)).status == event_pb2.TURN_STATUS_ERROR  # the id is taken

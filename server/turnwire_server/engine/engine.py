@@ -635,8 +635,8 @@ class TurnEngine:
         """Recover ``turns``, claimed by this replica (see :meth:`recover`). A turn whose recovery
         does not start is running under this replica's lease with nothing running it: the next
         lease renewal gives it up (:meth:`release_orphaned`), so a claim recovers it (its
-        recovery counted: ``durability.recovery_budget`` bounds the attempts; not when it was
-        refused for its request id in use here or a shutdown, docs/semantics.md §8). Raises
+        recovery counted: ``durability.recovery_budget`` bounds the attempts; not when it ran
+        nothing, docs/semantics.md §8). Raises
         :class:`StoreError` at the first store failure (the others wait for the next claim); any
         other failure is logged and the next turn recovered."""
         for turn in turns:
@@ -686,18 +686,19 @@ class TurnEngine:
                 principal=spec.principal,
                 subagent_path=spec.subagent_path,
             )
+            recovery = Recovery(record, reply, attempt=record.recovery_count + 1, slots=slots)
             try:
                 await self.start(
                     request,
                     detached=True,
                     queue_limit=False,
-                    recovery=Recovery(record, reply, attempt=record.recovery_count + 1, slots=slots),
+                    recovery=recovery,
                     last_sequence_number=last_sequence,
                 )
             except (RequestIdInUse, ShuttingDown):
-                # Refused for now, nothing run: the count goes back (docs/semantics.md §8), and
-                # the turn, unrun here, is given up and claimed again (release_orphaned).
-                await self.store.finish_turn(turn, reply)
+                # Refused for now, nothing run: not counted (docs/semantics.md §8); the turn,
+                # not run here, is given up and claimed again (release_orphaned).
+                await recovery.uncount(self.store)
                 raise
             log.warning(
                 "recovering turn %s of conversation %s (recovery %d of %d, %s)",
