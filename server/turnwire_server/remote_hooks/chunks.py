@@ -179,7 +179,7 @@ class ChunkStream:
         called, not when the wait starts, so a task running the wait that is cancelled before
         it starts leaves nothing open. Cancelling the wait once it runs cancels the sender.
         Idempotent."""
-        if self._expiry is None:
+        if self._expiry is None and not self._task.done():
             with contextlib.suppress(asyncio.QueueFull):
                 self._queue.put_nowait(_END)
             self._full.set()
