@@ -635,7 +635,8 @@ class TurnEngine:
         """Recover ``turns``, claimed by this replica (see :meth:`recover`). A turn whose recovery
         does not start is running under this replica's lease with nothing running it: the next
         lease renewal gives it up (:meth:`release_orphaned`), so a claim recovers it (its
-        recovery counted: ``durability.recovery_budget`` bounds the attempts). Raises
+        recovery counted: ``durability.recovery_budget`` bounds the attempts; not when it ran
+        nothing, docs/semantics.md §8). Raises
         :class:`StoreError` at the first store failure (the others wait for the next claim); any
         other failure is logged and the next turn recovered."""
         for turn in turns:
@@ -685,13 +686,20 @@ class TurnEngine:
                 principal=spec.principal,
                 subagent_path=spec.subagent_path,
             )
-            await self.start(
-                request,
-                detached=True,
-                queue_limit=False,
-                recovery=Recovery(record, reply, attempt=record.recovery_count + 1, slots=slots),
-                last_sequence_number=last_sequence,
-            )
+            recovery = Recovery(record, reply, attempt=record.recovery_count + 1, slots=slots)
+            try:
+                await self.start(
+                    request,
+                    detached=True,
+                    queue_limit=False,
+                    recovery=recovery,
+                    last_sequence_number=last_sequence,
+                )
+            except (RequestIdInUse, ShuttingDown):
+                # Refused for now, nothing run: not counted (docs/semantics.md §8); the turn,
+                # not run here, is given up and claimed again (release_orphaned).
+                await recovery.uncount(self.store)
+                raise
             log.warning(
                 "recovering turn %s of conversation %s (recovery %d of %d, %s)",
                 turn.request_id,

@@ -319,29 +319,45 @@ class TurnRun:
         effect.
 
         docs/semantics.md §5 (Decision: exactly one terminal event, whatever the timing): only
-        the first stop counts and the task is cancelled at most once, so a second cancel can
-        never interrupt the clean-up; a turn whose task has not run yet is stopped when it
+        the first stop counts (save a shutdown's after a cancel a recovery waits in line to
+        end: :meth:`_ends_in_line`) and the task is cancelled at most once, so a second cancel
+        can never interrupt the clean-up; a turn whose task has not run yet is stopped when it
         starts (a task cancelled before it first runs would skip every ``finally``); once the
         reply is being stored, stopping changes nothing.
         """
-        if self._phase not in _CANCELLABLE or self.state.cancelled.is_set():
+        # A recovery cancelled to end in line (_ends_in_line) is stopped again by a shutdown,
+        # which does not wait for the line: left for recovery, as a shutdown leaves it.
+        overrides = isinstance(stop, ServerStopping) and self._ends_in_line()
+        if self._phase not in _CANCELLABLE or (self.state.cancelled.is_set() and not overrides):
             return False
         if stop is not None:
             log.warning("turn %s stopped: %s", self.request.request_id, stop)
         self._stop = stop
         self.state.cancelled.set()
-        if self._phase not in _DEFERRED and self._task is not None:
+        if self._phase not in _DEFERRED and not self._ends_in_line() and self._task is not None:
             self._task.cancel()
         return True
+
+    def _ends_in_line(self) -> bool:
+        """A recovery cancelled (``CancelChat``) before it ran: unlike a new turn's, its input and
+        reply are stored, so it keeps its place in line and ends ``ABORTED`` under the lock when
+        its turn comes (its end written as any cancelled turn's; docs/semantics.md §5,
+        Cancellation). Other stops (a shutdown, a lost lease) leave it for recovery."""
+        return (
+            self.recovery is not None
+            and self._phase in ("created", "queued")
+            and self.state.cancelled.is_set()
+            and self._stop is None
+        )
 
     async def run(self) -> None:
         """Run to the end; never raises. The stream always ends with exactly one TurnEnd."""
         self._task = asyncio.current_task()
         try:
-            if self.state.cancelled.is_set():  # stopped before the task first ran
+            if self.state.cancelled.is_set() and not self._ends_in_line():  # stopped before it first ran
                 self.outcome = "aborted"
                 self._not_stored("it was cancelled before it ran")
-                self._left_for_recovery()
+                await self._left_for_recovery()
             else:
                 self._phase = "queued"
                 try:
@@ -354,11 +370,11 @@ class TurnRun:
                     # Stopped while queued for the lock: nothing was stored.
                     self.outcome = "aborted"
                     self._not_stored("it was cancelled while it waited for the turn before it")
-                    self._left_for_recovery()
+                    await self._left_for_recovery()
                 except Exception as error:  # the lock or the input's commit failed: nothing stored
                     self.outcome = "error"
                     self.error = TurnFailure("persist", error)
-                    self._left_for_recovery()
+                    await self._left_for_recovery()
                     await self._classify_failure()
             self._phase = "after"
             await self._after_lock()
@@ -703,16 +719,23 @@ class TurnRun:
         else:
             self.outcome = "aborted"
 
-    def _left_for_recovery(self) -> None:
+    async def _left_for_recovery(self) -> None:
         """A recovery that stopped before it ran (its turn lock failed or was cancelled): its turn
         is stored ``running`` under this replica's lease, and stays so, as a crash would leave it
         (no end stored, none in its stream), for the engine to give its lease up and a claim to
-        recover it again (docs/operate/outages.md). A new turn's input whose commit was cut off
-        may have landed too: that turn, if stored, is given up the same way (the engine finds
-        it running and not run: ``TurnEngine.release_orphaned``)."""
-        if self.recovery is not None:
-            self._record = self._record or self.recovery.record
+        recover it again (docs/operate/outages.md); having run nothing, its recovery is not
+        counted (:meth:`Recovery.uncount`; counted when the store refuses that write, as a crash
+        would leave it). A new turn's input whose commit was cut off may have landed too: that
+        turn, if stored, is given up the same way (the engine finds it running and not run:
+        ``TurnEngine.release_orphaned``)."""
+        recovery = self.recovery
+        if recovery is not None:
+            self._record = self._record or recovery.record
             self.left_running = True
+            try:
+                await asyncio.shield(recovery.uncount(self.store))
+            except Exception as error:
+                log.warning("turn %s: its recovery stays counted: %s", self.request.request_id, error)
 
     async def _store_result(self) -> None:
         if self._record is None or not self.messages_persisted:
@@ -1037,6 +1060,14 @@ class Recovery:
     attempt: int
     slots: asyncio.Semaphore
     reason: str = "SERVER_RESTARTED"
+
+    async def uncount(self, store: TurnRunStore) -> None:
+        """Put back this recovery's count: it ran nothing (refused or stopped before its turn
+        came; docs/semantics.md §8). ``record`` as claimed, with ``reply``, in one write under
+        the claim's lease. Raises what ``Store.finish_turn`` raises (``LeaseLost`` once the
+        turn was given up or taken over: nothing written)."""
+        claimed = dataclasses.replace(self.record, recovery_count=self.record.recovery_count - 1)
+        await store.finish_turn(claimed, self.reply)
 
 
 def _root(error: BaseException) -> BaseException:
