@@ -45,7 +45,8 @@ from turnwire_server.engine.settings import EngineSettings
 from turnwire_server.engine.stream_log import RECOVERY_SEQUENCE_GAP, StreamLog, Subscription
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
 from turnwire_server.engine.transcript import mark_unknown_starts, repair_unresolved_tool_calls
-from turnwire_server.engine.turn import ErrorStatus, Recovery, TurnRun
+from turnwire_server.engine.turn import TurnRun
+from turnwire_server.engine.turn_base import ErrorStatus, Recovery
 from turnwire_server.engine.turn_slots import UNCOUNTED, TurnSlots
 from turnwire_server.engine.turn_spec import parse_spec
 from turnwire_server.hooks.chain import MiddlewareChain

@@ -34,7 +34,7 @@ from turnwire_server.engine.errors import (
     SubmissionNotFound,
 )
 from turnwire_server.engine.request import TurnRequest
-from turnwire_server.engine.turn import ErrorStatus
+from turnwire_server.engine.turn_base import ErrorStatus
 from turnwire_server.store.base import SubmissionRecord, SubmissionState, SubmissionStore
 
 log = logging.getLogger("turnwire.submissions")
