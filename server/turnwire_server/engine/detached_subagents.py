@@ -37,8 +37,8 @@ from turnwire_server.store.records import SubmissionRecord, TurnRecord
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-    from turnwire_server.engine.engine import TurnHandle
     from turnwire_server.engine.submissions import Submissions
+    from turnwire_server.engine.turn_handle import TurnHandle
     from turnwire_server.store.base import EngineStore
 
 log = logging.getLogger("turnwire.subagents")
