@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Final, TypeVar
 
-from turnwire_server.store.core.budget_rules import Reservation, fit_output, settle
-from turnwire_server.store.core.fencing import holds_lease
+from turnwire_server.store.core.budget_rules import fit_output
+from turnwire_server.store.core.fencing import holds_lease, lease_read
 from turnwire_server.store.core.sql import Dialect, Program, Statement, folded
 from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetKey, BudgetLimits, BudgetSpend
 
@@ -35,18 +35,6 @@ T = TypeVar("T", int, float)
 
 _KEY: Final = "scope = ? AND scope_key = ? AND period = ?"
 _SPEND_COLUMNS: Final = "spent_tokens, spent_usd, reserved_tokens, reserved_usd"
-_TOKEN_AND_RESERVATIONS: Final = (
-    # The turn's fencing token (its row locked, as fencing.lease_read's) and its reservations in
-    # one read: a row per reservation, or one with NULL reservation columns when it has none.
-    "SELECT t.owner, t.lease_epoch, r.scope, r.scope_key, r.period, r.epoch, r.tokens, r.usd"
-    " FROM turns t LEFT JOIN budget_reservations r ON r.request_id = t.request_id"
-    " WHERE t.request_id = ?"
-)
-_RESERVATIONS: Final = (
-    # The same rows without the token: the turn write the charge rides read and locked it.
-    "SELECT NULL, NULL, scope, scope_key, period, epoch, tokens, usd FROM budget_reservations"
-    " WHERE request_id = ?"
-)
 _TAKE_ROWS: Final = (
     # The charged rows (k: VALUES of key and conversation) and those of the turn's other
     # reservations (a past period's, a budget no longer configured), sorted: charges racing for
@@ -67,18 +55,43 @@ _OTHER_RESERVED: Final = (
     " CASE WHEN scope IN ('turn', 'conversation') THEN conversation_id END AS column4"
     " FROM budget_reservations WHERE request_id = ?"
 )
-_ROW_MARKS: Final = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_ROW_MARKS: Final = "(?, ?, ?, ?, ?, ?, ?)"
 _UPDATE_ROWS: Final = (
     # VALUES columns are column1 … in both dialects; the casts type a column of NULLs alike.
-    "UPDATE budget_spend SET spent_tokens = CAST(v.column4 AS BIGINT),"
-    " spent_usd = CAST(v.column5 AS DOUBLE PRECISION), reserved_tokens = CAST(v.column6 AS BIGINT),"
-    " reserved_usd = CAST(v.column7 AS DOUBLE PRECISION),"
-    " limit_tokens = CASE WHEN v.column8 THEN CAST(v.column9 AS BIGINT) ELSE limit_tokens END,"
-    " limit_usd = CASE WHEN v.column8 THEN CAST(v.column10 AS DOUBLE PRECISION) ELSE limit_usd END"
-    " FROM (VALUES {values}) AS v"
+    "UPDATE budget_spend SET reserved_tokens = CAST(v.column4 AS BIGINT),"
+    " reserved_usd = CAST(v.column5 AS DOUBLE PRECISION), limit_tokens = CAST(v.column6 AS BIGINT),"
+    " limit_usd = CAST(v.column7 AS DOUBLE PRECISION) FROM (VALUES {values}) AS v"
     " WHERE budget_spend.scope = v.column1 AND budget_spend.scope_key = v.column2"
     " AND budget_spend.period = v.column3"
 )
+_SETTLE: Final = (
+    # The settlement (docs/cost.md, "Reserved before each step, settled after it"): each of the
+    # turn's reservations (r) moves from reserved to spent, at the step's actual use (the
+    # parameters: tokens, US dollars, NULL where unknown) when it is this attempt's (its lease
+    # epoch), at what it reserved otherwise (a lost attempt's, a use never reported: the provider
+    # may have billed it, and unknown is never 0); reserved never below 0 (a reservation written
+    # before a limit row was reset stays harmless). One reservation a row: the key is r's too.
+    "UPDATE budget_spend SET"
+    " spent_tokens = spent_tokens + COALESCE(CASE WHEN r.epoch = ? THEN CAST(? AS BIGINT) END, r.tokens),"
+    " spent_usd = spent_usd + COALESCE(CASE WHEN r.epoch = ? THEN CAST(? AS DOUBLE PRECISION) END, r.usd),"
+    " reserved_tokens = CASE WHEN reserved_tokens > r.tokens THEN reserved_tokens - r.tokens ELSE 0 END,"
+    " reserved_usd = CASE WHEN reserved_usd > r.usd THEN reserved_usd - r.usd ELSE 0.0 END"
+    " FROM {source} AS r WHERE budget_spend.scope = r.scope AND budget_spend.scope_key = r.scope_key"
+    " AND budget_spend.period = r.period{guard}"
+    " RETURNING budget_spend.scope, budget_spend.scope_key, budget_spend.period,"
+    " budget_spend.spent_tokens, budget_spend.spent_usd, budget_spend.reserved_tokens,"
+    " budget_spend.reserved_usd"
+)
+_RESERVED_ROWS: Final = (
+    "(SELECT scope, scope_key, period, epoch, tokens, usd FROM budget_reservations WHERE request_id = ?)"
+)
+_TAKEN_ROWS: Final = (
+    # PostgreSQL: the reservations deleted as they are settled (a data-modifying WITH; the
+    # update sees the rows as the statement found them), so no statement is left to delete them.
+    "DELETE FROM budget_reservations WHERE request_id = ?"
+    " RETURNING scope, scope_key, period, epoch, tokens, usd"
+)
+_RECORDED_SETTLE: Final = " AND EXISTS (SELECT 1 FROM turns WHERE request_id = ?)"
 _RESERVE: Final = (
     # In place: a turn's next step reserves on the rows its last step's reservation used.
     "INSERT INTO budget_reservations (request_id, scope, scope_key, period, conversation_id, epoch,"
@@ -122,92 +135,105 @@ def charge_budget(
     charge: BudgetCharge, dialect: Dialect, *, fenced: bool = False, admitting: bool = False
 ) -> Program[BudgetGrant]:
     """``BudgetStore.charge_budget``: settle ``charge.request_id``'s reservations and reserve
-    ``charge.ask`` in one transaction of two batches (on PostgreSQL two round trips): the reads
-    and row locks, then the writes. Raises :class:`LeaseLost` (writing nothing) when the turn's
-    token is no longer ``charge.lease``; a turn no longer recorded (its conversation was deleted)
-    is charged nothing. ``fenced``: the program this one is joined to (:func:`~.sql.joined`, its
-    statements first in each batch) reads and locks the turn's token under ``charge.lease`` and
-    raises when it was lost, so this one does not read it again. ``admitting``: the program it is
-    joined to is the turn's start (``start_turn``), which writes the turn's row in its last batch,
-    after this one's reads (``fenced`` implied: the token is the one that start writes)."""
+    ``charge.ask`` in one transaction: the reads, row locks and the settlement (:data:`_SETTLE`,
+    the rule's one implementation) in one batch; then, with an ask, the reservation's writes in a
+    second (on PostgreSQL two round trips; a settlement alone, one). Raises :class:`LeaseLost`
+    (writing nothing) when the turn's token is no longer ``charge.lease``; a turn no longer
+    recorded (its conversation was deleted) is charged nothing. ``fenced``: the program this one
+    is joined to (:func:`~.sql.joined`, its statements first in each batch) reads and locks the
+    turn's token under ``charge.lease`` and raises when it was lost, so this one does not read
+    it again. ``admitting``: the program it is joined to is the turn's start (``start_turn``),
+    which writes the turn's row in its last batch, after this one's reads (``fenced`` implied:
+    the token is the one that start writes)."""
     fenced = fenced or admitting
     keys = sorted({budget.key for budget in charge.budgets})
     owners = {budget.key: budget.conversation_id for budget in charge.budgets}
-    if fenced:
-        first = Statement(_RESERVATIONS, (charge.request_id,), fetch=True)
-    else:
-        lock = f"{dialect.lock_rows} OF t" if dialect.lock_rows else ""
-        first = Statement(_TOKEN_AND_RESERVATIONS + lock, (charge.request_id,), fetch=True)
+    reads = [] if fenced else [lease_read(charge.request_id, dialect)]
     params: list[Any] = [value for k in keys for value in (*k, owners[k])]
     params.append(charge.request_id)
     params.extend(value for k in keys for value in k)
     if not admitting:
         params.append(charge.request_id)
-    found = yield [first, Statement(_take_rows(len(keys), not admitting), params, fetch=True)]
-    if not fenced and not holds_lease([row[:2] for row in found[0][:1]], charge.lease):
+    reads.append(Statement(_take_rows(len(keys), not admitting), params, fetch=True))
+    epoch = charge.lease.epoch if charge.lease is not None else 0
+    # Without an ask every reservation goes: deleted in this batch, no second one.
+    settlement, gone = _settlement(charge, epoch, dialect, guarded=not admitting, delete=charge.ask is None)
+    found = yield [*reads, *settlement]
+    if not fenced and not holds_lease(found[0], charge.lease):
         return BudgetGrant(output_tokens=charge.ask.max_output if charge.ask else 0)
-    rows = {BudgetKey(*row[:3]): row[3:] for row in found[1]}
+    rows = {BudgetKey(*row[:3]): row[3:] for row in found[len(reads) - 1]}
     if fenced and len(rows) < len(keys):  # no row created: the turn is not recorded
         return BudgetGrant(output_tokens=charge.ask.max_output if charge.ask else 0)
-    reservations = [
-        Reservation(BudgetKey(scope, key, period), int(epoch), int(tokens), float(usd))
-        for _, _, scope, key, period, epoch, tokens, usd in found[0]
-        if scope is not None
-    ]
+    spends = {k: _spend(row) for k, row in rows.items()}
+    settled = [BudgetKey(*row[:3]) for row in found[len(reads)]]
+    spends.update(zip(settled, (_spend(row[3:]) for row in found[len(reads)]), strict=True))
     budgets = tuple(kept_limits(budget, *rows[budget.key][4:6]) for budget in charge.budgets)
-    epoch = charge.lease.epoch if charge.lease is not None else 0
-    spends = settle(
-        {k: _spend(row) for k, row in rows.items()}, reservations, epoch=epoch, spent=charge.spent
-    )
+    ask = charge.ask
+    if ask is None:
+        return BudgetGrant(spends=spends, budgets=budgets)
     grant = BudgetGrant()
     writes: list[Statement] = []
-    reserved: set[BudgetKey] = set()
-    ask = charge.ask
-    if ask is not None:
-        output, refused = fit_output(ask, budgets, spends)
-        if refused is None:
-            tokens = ask.prompt_tokens + output
-            usd = ask.prompt_usd + output * ask.usd_per_output_token
-            grant = BudgetGrant(output_tokens=output, tokens=tokens, usd=usd)
-            for budget in budgets:
-                spent_tokens, spent_usd, reserved_tokens, reserved_usd = _columns(spends[budget.key])
-                spends[budget.key] = BudgetSpend(
-                    spent_tokens, spent_usd, reserved_tokens + tokens, reserved_usd + usd
-                )
-            reserved = {budget.key for budget in budgets}
-            writes.append(
-                Statement(
-                    _reserve(len(budgets)),
-                    [
-                        value
-                        for b in budgets
-                        for value in (charge.request_id, *b.key, charge.conversation_id, epoch, tokens, usd)
-                    ],
-                )
-            )
-        else:
-            grant = BudgetGrant(refused=refused)
-    stale = sorted({r.key for r in reservations} - reserved)
-    if stale and not reserved:
-        writes.append(Statement(_UNRESERVE, (charge.request_id,)))
-    elif stale:  # a reservation of a budget this step does not charge (a past period's)
-        writes.append(Statement(_unreserve(len(stale)), [charge.request_id, *(v for k in stale for v in k)]))
-    limits = {budget.key: (budget.tokens, budget.usd) for budget in budgets}
-    # Every row back in one statement (a row a past period's reservation settled keeps its limits).
-    changed = sorted(spends)
-    if changed:
+    output, refused = fit_output(ask, budgets, spends)
+    if refused is None:
+        tokens = ask.prompt_tokens + output
+        usd = ask.prompt_usd + output * ask.usd_per_output_token
+        grant = BudgetGrant(output_tokens=output, tokens=tokens, usd=usd)
+        for budget in budgets:
+            spent_tokens, spent_usd, reserved_tokens, reserved_usd = _columns(spends[budget.key])
+            spends[budget.key] = BudgetSpend(spent_tokens, spent_usd, reserved_tokens + tokens, reserved_usd + usd)
         writes.append(
             Statement(
-                _update_rows(len(changed)),
+                _reserve(len(budgets)),
                 [
                     value
-                    for k in changed
-                    for value in (*k, *_columns(spends[k]), k in limits, *limits.get(k, (None, None)))
+                    for b in budgets
+                    for value in (charge.request_id, *b.key, charge.conversation_id, epoch, tokens, usd)
                 ],
             )
         )
+    else:
+        grant = BudgetGrant(refused=refused)
+    stale = [] if gone else sorted(set(settled) - (set(keys) if refused is None else set()))
+    if stale and refused is not None:
+        writes.append(Statement(_UNRESERVE, (charge.request_id,)))
+    elif stale:  # a reservation of a budget this step does not charge (a past period's)
+        writes.append(Statement(_unreserve(len(stale)), [charge.request_id, *(v for k in stale for v in k)]))
+    # The charged rows' reservations and limits back in one statement (settled ones: above).
+    writes.append(
+        Statement(
+            _update_rows(len(budgets)),
+            [
+                value
+                for b in sorted(budgets, key=lambda budget: budget.key)
+                for value in (*b.key, *_columns(spends[b.key])[2:], b.tokens, b.usd)
+            ],
+        )
+    )
     yield folded(writes, dialect)
     return BudgetGrant(grant.output_tokens, grant.tokens, grant.usd, grant.refused, spends, budgets)
+
+
+def _settlement(
+    charge: BudgetCharge, epoch: int, dialect: Dialect, *, guarded: bool, delete: bool
+) -> tuple[list[Statement], bool]:
+    """The statements settling ``charge.request_id``'s reservations (:data:`_SETTLE`; rows of the
+    settled budgets' states), and whether they also delete the reservations: always on
+    PostgreSQL (one statement), with ``delete`` on SQLite (a second one). ``guarded``: only while
+    the turn is recorded, as :data:`_TAKE_ROWS` creates rows."""
+    tokens, usd = charge.spent if charge.spent is not None else (None, None)
+    spent = (epoch, tokens, epoch, usd)
+    recorded = (charge.request_id,) if guarded else ()
+    guard = _RECORDED_SETTLE if guarded else ""
+    if dialect.writes_with:
+        taken = f"WITH gone AS ({_TAKEN_ROWS.replace(' RETURNING', guard + ' RETURNING')}) "
+        sql = taken + _SETTLE.format(source="gone", guard="")
+        return [Statement(sql, (charge.request_id, *recorded, *spent), fetch=True)], True
+    settle = Statement(
+        _SETTLE.format(source=_RESERVED_ROWS, guard=guard), (*spent, charge.request_id, *recorded), fetch=True
+    )
+    if not delete:
+        return [settle], False
+    return [settle, Statement(_UNRESERVE + guard, (charge.request_id, *recorded))], True
 
 
 # A charge's statements by how many rows they name (the SQL built once per count).
