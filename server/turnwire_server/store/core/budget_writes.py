@@ -80,7 +80,7 @@ _SETTLE: Final = (
     " AND budget_spend.period = r.period{guard}"
     " RETURNING budget_spend.scope, budget_spend.scope_key, budget_spend.period,"
     " budget_spend.spent_tokens, budget_spend.spent_usd, budget_spend.reserved_tokens,"
-    " budget_spend.reserved_usd"
+    " budget_spend.reserved_usd, budget_spend.limit_tokens, budget_spend.limit_usd"
 )
 _RESERVED_ROWS: Final = (
     "(SELECT scope, scope_key, period, epoch, tokens, usd FROM budget_reservations WHERE request_id = ?)"
@@ -92,6 +92,17 @@ _TAKEN_ROWS: Final = (
     " RETURNING scope, scope_key, period, epoch, tokens, usd"
 )
 _RECORDED_SETTLE: Final = " AND EXISTS (SELECT 1 FROM turns WHERE request_id = ?)"
+_LOCK_RESERVED: Final = (
+    # PostgreSQL, before a settlement without the rows' upsert: the rows it updates locked in key
+    # order (the lock follows the sort), as every charge locks them.
+    "SELECT 1 FROM budget_spend WHERE (scope, scope_key, period) IN"
+    " (SELECT scope, scope_key, period FROM budget_reservations WHERE request_id = ?)"
+    " ORDER BY scope, scope_key, period"
+)
+_STATES: Final = (
+    f"SELECT scope, scope_key, period, {_SPEND_COLUMNS}, limit_tokens, limit_usd FROM budget_spend"
+    " WHERE (scope, scope_key, period) IN (VALUES {{keys}})"
+)
 _RESERVE: Final = (
     # In place: a turn's next step reserves on the rows its last step's reservation used.
     "INSERT INTO budget_reservations (request_id, scope, scope_key, period, conversation_id, epoch,"
@@ -145,6 +156,9 @@ def charge_budget(
     it again. ``admitting``: the program it is joined to is the turn's start (``start_turn``),
     which writes the turn's row in its last batch, after this one's reads (``fenced`` implied:
     the token is the one that start writes)."""
+    ask = charge.ask
+    if ask is None:
+        return (yield from _settled(charge, dialect, fenced=fenced or admitting))
     fenced = fenced or admitting
     keys = sorted({budget.key for budget in charge.budgets})
     owners = {budget.key: budget.conversation_id for budget in charge.budgets}
@@ -156,21 +170,17 @@ def charge_budget(
         params.append(charge.request_id)
     reads.append(Statement(_take_rows(len(keys), not admitting), params, fetch=True))
     epoch = charge.lease.epoch if charge.lease is not None else 0
-    # Without an ask every reservation goes: deleted in this batch, no second one.
-    settlement, gone = _settlement(charge, epoch, dialect, guarded=not admitting, delete=charge.ask is None)
+    settlement, gone = _settlement(charge, epoch, dialect, guarded=not admitting, delete=False)
     found = yield [*reads, *settlement]
     if not fenced and not holds_lease(found[0], charge.lease):
-        return BudgetGrant(output_tokens=charge.ask.max_output if charge.ask else 0)
+        return BudgetGrant(output_tokens=ask.max_output)
     rows = {BudgetKey(*row[:3]): row[3:] for row in found[len(reads) - 1]}
     if fenced and len(rows) < len(keys):  # no row created: the turn is not recorded
-        return BudgetGrant(output_tokens=charge.ask.max_output if charge.ask else 0)
+        return BudgetGrant(output_tokens=ask.max_output)
     spends = {k: _spend(row) for k, row in rows.items()}
     settled = [BudgetKey(*row[:3]) for row in found[len(reads)]]
     spends.update(zip(settled, (_spend(row[3:]) for row in found[len(reads)]), strict=True))
     budgets = tuple(kept_limits(budget, *rows[budget.key][4:6]) for budget in charge.budgets)
-    ask = charge.ask
-    if ask is None:
-        return BudgetGrant(spends=spends, budgets=budgets)
     grant = BudgetGrant()
     writes: list[Statement] = []
     output, refused = fit_output(ask, budgets, spends)
@@ -213,6 +223,33 @@ def charge_budget(
     return BudgetGrant(grant.output_tokens, grant.tokens, grant.usd, grant.refused, spends, budgets)
 
 
+def _settled(charge: BudgetCharge, dialect: Dialect, *, fenced: bool) -> Program[BudgetGrant]:
+    """:func:`charge_budget` without an ask (the turn's last settlement, a lost attempt's): the
+    settlement and the reservations' deletion in one batch (on PostgreSQL after the rows' lock in
+    key order), without the rows' upsert: a charged budget the turn had nothing reserved on (a
+    day begun since its last step) is read in a second batch, with whether the turn is recorded."""
+    epoch = charge.lease.epoch if charge.lease is not None else 0
+    reads = [] if fenced else [lease_read(charge.request_id, dialect)]
+    if dialect.lock_rows:
+        reads.append(Statement(_LOCK_RESERVED + dialect.lock_rows, (charge.request_id,)))
+    settlement, _ = _settlement(charge, epoch, dialect, guarded=True, delete=True)
+    found = yield [*reads, *settlement]
+    if not fenced and not holds_lease(found[0], charge.lease):
+        return BudgetGrant()
+    rows = {BudgetKey(*row[:3]): row[3:] for row in found[len(reads)]}
+    missing = sorted({budget.key for budget in charge.budgets} - rows.keys())
+    if missing:
+        recorded = Statement("SELECT 1 FROM turns WHERE request_id = ?", (charge.request_id,), fetch=True)
+        states = Statement(_states(len(missing)), [v for k in missing for v in k], fetch=True)
+        turn, more = yield [recorded, states]
+        if not turn:  # its conversation was deleted: nothing was charged
+            return BudgetGrant()
+        rows.update({k: (0, 0.0, 0, 0.0, None, None) for k in missing})
+        rows.update({BudgetKey(*row[:3]): row[3:] for row in more})
+    budgets = tuple(kept_limits(budget, *rows[budget.key][4:6]) for budget in charge.budgets)
+    return BudgetGrant(spends={k: _spend(row) for k, row in rows.items()}, budgets=budgets)
+
+
 def _settlement(
     charge: BudgetCharge, epoch: int, dialect: Dialect, *, guarded: bool, delete: bool
 ) -> tuple[list[Statement], bool]:
@@ -223,17 +260,13 @@ def _settlement(
     tokens, usd = charge.spent if charge.spent is not None else (None, None)
     spent = (epoch, tokens, epoch, usd)
     recorded = (charge.request_id,) if guarded else ()
-    guard = _RECORDED_SETTLE if guarded else ""
+    settle, unreserve = _settle_sql(dialect.writes_with, guarded)
     if dialect.writes_with:
-        taken = f"WITH gone AS ({_TAKEN_ROWS.replace(' RETURNING', guard + ' RETURNING')}) "
-        sql = taken + _SETTLE.format(source="gone", guard="")
-        return [Statement(sql, (charge.request_id, *recorded, *spent), fetch=True)], True
-    settle = Statement(
-        _SETTLE.format(source=_RESERVED_ROWS, guard=guard), (*spent, charge.request_id, *recorded), fetch=True
-    )
+        return [Statement(settle, (charge.request_id, *recorded, *spent), fetch=True)], True
+    statement = Statement(settle, (*spent, charge.request_id, *recorded), fetch=True)
     if not delete:
-        return [settle], False
-    return [settle, Statement(_UNRESERVE + guard, (charge.request_id, *recorded))], True
+        return [statement], False
+    return [statement, Statement(unreserve, (charge.request_id, *recorded))], True
 
 
 # A charge's statements by how many rows they name (the SQL built once per count).
@@ -248,6 +281,21 @@ def _take_rows(count: int, guarded: bool) -> str:
     charged, named = ", ".join(["(?, ?, ?, ?)"] * count), ", ".join(["(?, ?, ?)"] * count)
     others = f"{_OTHER_RESERVED} AND (scope, scope_key, period) NOT IN (VALUES {named})"
     return _TAKE_ROWS.format(keys=f"VALUES {charged} UNION ALL {others}", guard=guard)
+
+
+@functools.lru_cache(maxsize=4)
+def _settle_sql(writes_with: bool, guarded: bool) -> tuple[str, str]:
+    # The settlement and (SQLite) the reservations' deletion, by dialect and guard.
+    guard = _RECORDED_SETTLE if guarded else ""
+    if writes_with:
+        taken = f"WITH gone AS ({_TAKEN_ROWS.replace(' RETURNING', guard + ' RETURNING')}) "
+        return taken + _SETTLE.format(source="gone", guard=""), ""
+    return _SETTLE.format(source=_RESERVED_ROWS, guard=guard), _UNRESERVE + guard
+
+
+@functools.lru_cache(maxsize=32)
+def _states(count: int) -> str:
+    return _STATES.format(keys=", ".join(["(?, ?, ?)"] * count))
 
 
 @functools.lru_cache(maxsize=32)
