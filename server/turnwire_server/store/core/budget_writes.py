@@ -101,7 +101,7 @@ _LOCK_RESERVED: Final = (
 )
 _STATES: Final = (
     f"SELECT scope, scope_key, period, {_SPEND_COLUMNS}, limit_tokens, limit_usd FROM budget_spend"
-    " WHERE (scope, scope_key, period) IN (VALUES {{keys}})"
+    " WHERE (scope, scope_key, period) IN (VALUES {keys})"
 )
 _RESERVE: Final = (
     # In place: a turn's next step reserves on the rows its last step's reservation used.
