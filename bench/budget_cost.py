@@ -73,8 +73,7 @@ from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.store import Store, TurnRecord
 from turnwire_server.store.base import BudgetGrant
-from turnwire_server.store.core import budget_writes
-from turnwire_server.store.core import turn_writes
+from turnwire_server.store.core import budget_writes, turn_writes
 from turnwire_server.store.core import writes as core_writes
 
 MODEL = "bench:model"

@@ -1,7 +1,7 @@
 """The arithmetic of budgets (docs/cost.md, "Budgets"): what a step may reserve and how much output
-that leaves it (``store/core/budget_rules.py``; how reservations settle: the store's tests), which budgets a turn
-runs under and when a period's resets (``engine/budgets.py``), and a request that may lower its
-own budget but never raise it."""
+that leaves it (``store/core/budget_rules.py``; how reservations settle, a statement of the store:
+``test_store_budgets.py``), which budgets a turn runs under and when a period's resets
+(``engine/budgets.py``), and a request that may lower its own budget but never raise it."""
 
 from __future__ import annotations
 

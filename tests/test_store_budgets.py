@@ -127,7 +127,10 @@ async def test_the_final_writes_settlement_charges_a_lost_attempt_at_its_reserva
     # alone, one batch): a reservation of the lost attempt's epoch at what it reserved, whatever
     # the use given; this attempt's at its use where known (tokens), at what it reserved where
     # not (US dollars).
-    budgets = (BudgetLimits(CONVERSATION, tokens=10_000, conversation_id="c"), BudgetLimits(TENANT_DAY, usd=10.0))
+    budgets = (
+        BudgetLimits(CONVERSATION, tokens=10_000, conversation_id="c"),
+        BudgetLimits(TENANT_DAY, usd=10.0),
+    )
     ask = _ask(1_000, 2_000, usd_in=1e-3, usd_out=1e-3)  # 3 000 tokens, 3.0 US dollars
     mine = await _started(store, "r1")
     await store.charge_budget(_charge(mine, *budgets, ask=ask))
@@ -153,10 +156,15 @@ async def test_the_final_writes_settlement_charges_a_lost_attempt_at_its_reserva
     assert grant.spends[TENANT_DAY].spent_usd == pytest.approx(6.0)
 
 
-async def test_an_abandoned_turns_settlement_charges_every_reservation_at_what_it_reserved(store: Store) -> None:
+async def test_an_abandoned_turns_settlement_charges_every_reservation_at_what_it_reserved(
+    store: Store,
+) -> None:
     # settle_abandoned's charge: no lease, no use: each reservation at what it reserved, once.
     mine = await _started(store, "r1")
-    budgets = (BudgetLimits(CONVERSATION, tokens=10_000, conversation_id="c"), BudgetLimits(TENANT_DAY, usd=1.0))
+    budgets = (
+        BudgetLimits(CONVERSATION, tokens=10_000, conversation_id="c"),
+        BudgetLimits(TENANT_DAY, usd=1.0),
+    )
     await store.charge_budget(_charge(mine, *budgets, ask=_ask(100, 100, usd_in=1e-3, usd_out=1e-3)))
     grant = await store.charge_budget(BudgetCharge("r1", "c", None, ()))
     for key in (CONVERSATION, TENANT_DAY):

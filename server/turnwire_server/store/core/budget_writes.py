@@ -2,19 +2,24 @@
 :mod:`turnwire_server.store.core.sql`; the rules: docs/cost.md, "Budgets", and
 :mod:`.budget_rules`).
 
-A charge is one transaction of two batches, of two statements each (on PostgreSQL the writes
-fold into one). The first reads the turn's fencing token (its row locked, as :mod:`.fencing`
-does) with its stored reservations, or only the reservations when the charge rides a turn write
-that read and locked the token already (``fenced``); and takes the budget rows: the charged ones
-and those of the turn's reservations, in key order, created at zero when missing and locked by
-one upsert that returns them (``INSERT … ON CONFLICT DO UPDATE … RETURNING``: on PostgreSQL the
-update locks the row, an existing one or one a racing charge just created, and returns its
-latest committed state), so charges racing from several replicas for one budget take turns on
-its row and each sees the other's reservation (SQLite applies writes one at a time). Every charge
-locks the turn's row, then budget rows sorted; a conversation's deletion its conversation, its
-turns' rows, then budget rows: no two wait on each other in a cycle. The second batch writes the
-turn's reservations in place (an upsert; a reservation of a budget no longer charged deleted)
-and the budget rows back.
+A charge is one transaction. Its first batch reads the turn's fencing token (its row locked, as
+:mod:`.fencing` does; not when the charge rides a turn write that read and locked it already,
+``fenced``), takes the budget rows and settles the turn's reservations. The rows taken are the
+charged ones and those of the turn's reservations, in key order, created at zero when missing and
+locked by one upsert that returns them (``INSERT … ON CONFLICT DO UPDATE … RETURNING``: on
+PostgreSQL the update locks the row, an existing one or one a racing charge just created, and
+returns its latest committed state), so charges racing from several replicas for one budget take
+turns on its row and each sees the other's reservation (SQLite applies writes one at a time).
+The settlement is one statement (:data:`_SETTLE`, the rule's only implementation: each
+reservation moved to spent by the database, ``UPDATE budget_spend … FROM`` the reservations,
+returning the rows' new states; on PostgreSQL it also deletes them, a data-modifying ``WITH``).
+With an ask, the second batch writes the step's reservation (in place on SQLite, an upsert; a
+reservation of a budget no longer charged deleted) and the charged rows' reserved amounts and
+limits. A charge without an ask (the turn's last settlement, a lost attempt's) is the first batch
+alone, without the upsert: the settlement and the reservations' deletion (on PostgreSQL after a
+read that locks the rows in key order). Every charge locks the turn's row, then budget rows
+sorted; a conversation's deletion its conversation, its turns' rows, then budget rows: no two
+wait on each other in a cycle.
 """
 
 from __future__ import annotations
@@ -190,7 +195,9 @@ def charge_budget(
         grant = BudgetGrant(output_tokens=output, tokens=tokens, usd=usd)
         for budget in budgets:
             spent_tokens, spent_usd, reserved_tokens, reserved_usd = _columns(spends[budget.key])
-            spends[budget.key] = BudgetSpend(spent_tokens, spent_usd, reserved_tokens + tokens, reserved_usd + usd)
+            spends[budget.key] = BudgetSpend(
+                spent_tokens, spent_usd, reserved_tokens + tokens, reserved_usd + usd
+            )
         writes.append(
             Statement(
                 _reserve(len(budgets)),
