@@ -1,7 +1,7 @@
 """The arithmetic of budgets (docs/cost.md, "Budgets"): what a step may reserve and how much output
-that leaves it (``store/core/budget_rules.py``; how reservations settle, a statement of the store:
-``test_store_budgets.py``), which budgets a turn runs under and when a period's resets
-(``engine/budgets.py``), and a request that may lower its own budget but never raise it."""
+that leaves it (``store/core/budget_rules.py``), how reservations settle, which budgets a turn
+runs under and when a period's resets (``engine/budgets.py``), and a request that may lower its
+own budget but never raise it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.store.base import BudgetAsk, BudgetKey, BudgetLimits, BudgetSpend
-from turnwire_server.store.core.budget_rules import fit_output
+from turnwire_server.store.core.budget_rules import Reservation, fit_output, settle
 
 KEY = BudgetKey("conversation", "c")
 OTHER = BudgetKey("tenant/day", "", "2026-12-02")
@@ -46,6 +46,17 @@ def test_no_room_for_the_least_output_names_the_first_budget_without_it() -> Non
         prompt_tokens=0, prompt_usd=0.0, usd_per_output_token=0.0, max_output=100, min_output=50
     )
     assert fit_output(picky, [BudgetLimits(KEY, tokens=49)], {}) == (0, KEY)
+
+
+def test_settling_charges_this_attempts_use_and_any_other_reservation_in_full() -> None:
+    spends = {KEY: BudgetSpend(100, 1.0, 700, 7.0)}
+    mine = Reservation(KEY, epoch=2, tokens=400, usd=4.0)
+    lost = Reservation(KEY, epoch=1, tokens=300, usd=3.0)
+    settled = settle(spends, [mine, lost], epoch=2, spent=(150, 1.5))
+    assert settled[KEY] == BudgetSpend(100 + 150 + 300, pytest.approx(1.0 + 1.5 + 3.0), 0, 0.0)  # type: ignore[arg-type]
+    # Unknown use (a step cut off before its usage, an unknown cost) is charged its reservation.
+    assert settle(spends, [mine], epoch=2, spent=None)[KEY] == BudgetSpend(500, 5.0, 300, 3.0)
+    assert settle(spends, [mine], epoch=2, spent=(10, None))[KEY] == BudgetSpend(110, 5.0, 300, 3.0)
 
 
 def test_a_request_lowers_its_own_budget_never_raises_it() -> None:

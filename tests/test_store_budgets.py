@@ -25,6 +25,7 @@ from turnwire_server.store.base import (
     BudgetSpend,
     SubmissionRecord,
 )
+from turnwire_server.store.core.budget_rules import Reservation, settle
 from turnwire_server.store.errors import LeaseLost, MessageIdConflict
 from turnwire_server.store.postgres import PostgresStore
 
@@ -196,6 +197,36 @@ async def test_a_settlement_reports_a_charged_budget_it_reserved_nothing_on(stor
     assert await store.delete_conversation("c0")
     late = await store.charge_budget(_charge(other, BudgetLimits(today, tokens=5_000), spent=(1, None)))
     assert late.spends == {}
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["own", "lost"])
+@pytest.mark.parametrize("spent", [(150, 0.25), (150, None), (None, 0.25), None], ids=str)
+async def test_the_sql_settlement_agrees_with_the_rule(
+    store: Store, store_backend: StoreBackend, lost: bool, spent: tuple[int | None, float | None] | None
+) -> None:
+    # A charge without an ask settles in SQL (budget_writes._SETTLE), one with an ask by
+    # budget_rules.settle: the same states from the same reservations, on the final write's path.
+    other = await _started(store, "r0", "c0")  # the day's row holds another turn's reservation too
+    budgets = (
+        BudgetLimits(CONVERSATION, tokens=10_000, conversation_id="c"),
+        BudgetLimits(TENANT_DAY, usd=10.0),
+    )
+    await store.charge_budget(_charge(other, budgets[1], ask=_ask(300, 100, usd_in=1e-3, usd_out=3e-3)))
+    turn = await _started(store, "r1")
+    reserved = await store.charge_budget(
+        _charge(turn, *budgets, ask=_ask(1_000, 2_000, usd_in=1e-3, usd_out=1e-3))
+    )
+    charging = turn
+    if lost:
+        now = LAPSED if store_backend.name == "postgres" else T0
+        (charging,) = [
+            t for t in await store.claim_interrupted_turns("b", now, UNTIL, 10) if t.request_id == "r1"
+        ]
+    stored = [Reservation(b.key, turn.lease_epoch, reserved.tokens, reserved.usd) for b in budgets]
+    expected = settle(reserved.spends, stored, epoch=charging.lease_epoch, spent=spent)
+    grant = await store.finish_turn(_ended(charging), None, budget=_charge(charging, *budgets, spent=spent))
+    assert grant is not None and grant.spends == expected
+    assert await store.budget_spends([b.key for b in budgets]) == expected
 
 
 def _ended(turn: TurnRecord) -> TurnRecord:

@@ -1,20 +1,62 @@
-"""The arithmetic of a budget charge's grant (docs/cost.md, "Budgets"), pure: what the store's
-charge program (:mod:`.budget_writes`) decides over the rows it locked.
+"""The arithmetic of a budget charge (docs/cost.md, "Budgets"), pure: what the store's charge
+program (:mod:`.budget_writes`) decides over the rows it locked.
 
-A charge first settles the turn's reservations, in SQL (``budget_writes._SETTLE``: each becomes
-spent, at the step's actual use when it is this attempt's and the use is known, else at what it
-reserved). Then it grants the step the most output tokens that fit every budget, at least
-``min_output`` (:func:`fit_output`).
+A charge first settles the turn's reservations: each becomes spent, at the step's actual use
+when it is this attempt's and the use is known, else at what it reserved (a step that ended
+without usage, a dollar amount unknown, or an earlier attempt's reservation that a crash or a
+takeover cut off: the provider may have billed it, and an unknown cost never counts as 0). Then
+it grants the step the most output tokens that fit every budget, at least ``min_output``. A charge
+without an ask (nothing to grant) settles in SQL instead, by the same rule
+(``budget_writes._SETTLE``; the two are tested for agreement).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from turnwire_server.store.records import BudgetAsk, BudgetKey, BudgetLimits, BudgetSpend
 
-__all__ = ["fit_output"]
+__all__ = ["Reservation", "fit_output", "settle"]
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A stored reservation: its budget, the lease ``epoch`` of the attempt that took it, and
+    what it reserved (``tokens``, ``usd``)."""
+
+    key: BudgetKey
+    epoch: int
+    tokens: int
+    usd: float
+
+
+def settle(
+    spends: Mapping[BudgetKey, BudgetSpend],
+    reservations: Sequence[Reservation],
+    *,
+    epoch: int,
+    spent: tuple[int | None, float | None] | None,
+) -> dict[BudgetKey, BudgetSpend]:
+    """``spends`` with ``reservations`` moved from reserved to spent: a reservation of attempt
+    ``epoch`` at ``spent`` (tokens, US dollars; a None part, or None: at what it reserved), any
+    other at what it reserved. A budget missing from ``spends`` starts at zero."""
+    settled = dict(spends)
+    for reservation in reservations:
+        state = settled.get(reservation.key, BudgetSpend())
+        tokens, usd = reservation.tokens, reservation.usd
+        if reservation.epoch == epoch and spent is not None:
+            tokens = reservation.tokens if spent[0] is None else spent[0]
+            usd = reservation.usd if spent[1] is None else spent[1]
+        settled[reservation.key] = BudgetSpend(
+            spent_tokens=state.spent_tokens + tokens,
+            spent_usd=state.spent_usd + usd,
+            # Never below 0: a reservation written before a limit row was reset stays harmless.
+            reserved_tokens=max(0, state.reserved_tokens - reservation.tokens),
+            reserved_usd=max(0.0, state.reserved_usd - reservation.usd),
+        )
+    return settled
 
 
 def fit_output(

@@ -2,22 +2,26 @@
 :mod:`turnwire_server.store.core.sql`; the rules: docs/cost.md, "Budgets", and
 :mod:`.budget_rules`).
 
-A charge is one transaction. Its first batch reads the turn's fencing token (its row locked, as
-:mod:`.fencing` does; not when the charge rides a turn write that read and locked it already,
-``fenced``), takes the budget rows and settles the turn's reservations. The rows taken are the
-charged ones and those of the turn's reservations, in key order, created at zero when missing and
-locked by one upsert that returns them (``INSERT … ON CONFLICT DO UPDATE … RETURNING``: on
-PostgreSQL the update locks the row, an existing one or one a racing charge just created, and
-returns its latest committed state), so charges racing from several replicas for one budget take
-turns on its row and each sees the other's reservation (SQLite applies writes one at a time).
-The settlement is one statement (:data:`_SETTLE`, the rule's only implementation: each
-reservation moved to spent by the database, ``UPDATE budget_spend … FROM`` the reservations,
-returning the rows' new states; on PostgreSQL it also deletes them, a data-modifying ``WITH``).
-With an ask, the second batch writes the step's reservation (in place on SQLite, an upsert; a
-reservation of a budget no longer charged deleted) and the charged rows' reserved amounts and
-limits. A charge without an ask (the turn's last settlement, a lost attempt's) is the first batch
-alone, without the upsert: the settlement and the reservations' deletion (on PostgreSQL after a
-read that locks the rows in key order). Every charge locks the turn's row, then budget rows
+A charge with an ask is one transaction of two batches, of two statements each (on PostgreSQL
+the writes fold into one). The first reads the turn's fencing token (its row locked, as
+:mod:`.fencing` does) with its stored reservations, or only the reservations when the charge
+rides a turn write that read and locked the token already (``fenced``); and takes the budget
+rows: the charged ones and those of the turn's reservations, in key order, created at zero when
+missing and locked by one upsert that returns them (``INSERT … ON CONFLICT DO UPDATE …
+RETURNING``: on PostgreSQL the update locks the row, an existing one or one a racing charge just
+created, and returns its latest committed state), so charges racing from several replicas for
+one budget take turns on its row and each sees the other's reservation (SQLite applies writes one
+at a time). The second batch writes the turn's reservations in place (an upsert; a reservation of
+a budget no longer charged deleted) and the budget rows back, settled by
+:func:`~.budget_rules.settle`.
+
+A charge without an ask (the turn's last settlement, riding its final write; a lost attempt's)
+has nothing to decide: one batch (after the token's read when not ``fenced``; on PostgreSQL
+after a read that locks the turn's reserved rows in key order) in which the database settles
+(:data:`_SETTLE`, ``UPDATE budget_spend … FROM`` the reservations, returning the rows' states)
+and deletes the reservations (on PostgreSQL in the same statement, a data-modifying ``WITH``).
+:data:`_SETTLE` is the rule of :func:`~.budget_rules.settle` in SQL, the two tested for
+agreement (``tests/test_store_budgets.py``). Every charge locks the turn's row, then budget rows
 sorted; a conversation's deletion its conversation, its turns' rows, then budget rows: no two
 wait on each other in a cycle.
 """
@@ -29,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Final, TypeVar
 
-from turnwire_server.store.core.budget_rules import fit_output
+from turnwire_server.store.core.budget_rules import Reservation, fit_output, settle
 from turnwire_server.store.core.fencing import holds_lease, lease_read
 from turnwire_server.store.core.sql import Dialect, Program, Statement, folded
 from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetKey, BudgetLimits, BudgetSpend
@@ -40,6 +44,18 @@ T = TypeVar("T", int, float)
 
 _KEY: Final = "scope = ? AND scope_key = ? AND period = ?"
 _SPEND_COLUMNS: Final = "spent_tokens, spent_usd, reserved_tokens, reserved_usd"
+_TOKEN_AND_RESERVATIONS: Final = (
+    # The turn's fencing token (its row locked, as fencing.lease_read's) and its reservations in
+    # one read: a row per reservation, or one with NULL reservation columns when it has none.
+    "SELECT t.owner, t.lease_epoch, r.scope, r.scope_key, r.period, r.epoch, r.tokens, r.usd"
+    " FROM turns t LEFT JOIN budget_reservations r ON r.request_id = t.request_id"
+    " WHERE t.request_id = ?"
+)
+_RESERVATIONS: Final = (
+    # The same rows without the token: the turn write the charge rides read and locked it.
+    "SELECT NULL, NULL, scope, scope_key, period, epoch, tokens, usd FROM budget_reservations"
+    " WHERE request_id = ?"
+)
 _TAKE_ROWS: Final = (
     # The charged rows (k: VALUES of key and conversation) and those of the turn's other
     # reservations (a past period's, a budget no longer configured), sorted: charges racing for
@@ -60,22 +76,23 @@ _OTHER_RESERVED: Final = (
     " CASE WHEN scope IN ('turn', 'conversation') THEN conversation_id END AS column4"
     " FROM budget_reservations WHERE request_id = ?"
 )
-_ROW_MARKS: Final = "(?, ?, ?, ?, ?, ?, ?)"
+_ROW_MARKS: Final = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _UPDATE_ROWS: Final = (
     # VALUES columns are column1 … in both dialects; the casts type a column of NULLs alike.
-    "UPDATE budget_spend SET reserved_tokens = CAST(v.column4 AS BIGINT),"
-    " reserved_usd = CAST(v.column5 AS DOUBLE PRECISION), limit_tokens = CAST(v.column6 AS BIGINT),"
-    " limit_usd = CAST(v.column7 AS DOUBLE PRECISION) FROM (VALUES {values}) AS v"
+    "UPDATE budget_spend SET spent_tokens = CAST(v.column4 AS BIGINT),"
+    " spent_usd = CAST(v.column5 AS DOUBLE PRECISION), reserved_tokens = CAST(v.column6 AS BIGINT),"
+    " reserved_usd = CAST(v.column7 AS DOUBLE PRECISION),"
+    " limit_tokens = CASE WHEN v.column8 THEN CAST(v.column9 AS BIGINT) ELSE limit_tokens END,"
+    " limit_usd = CASE WHEN v.column8 THEN CAST(v.column10 AS DOUBLE PRECISION) ELSE limit_usd END"
+    " FROM (VALUES {values}) AS v"
     " WHERE budget_spend.scope = v.column1 AND budget_spend.scope_key = v.column2"
     " AND budget_spend.period = v.column3"
 )
 _SETTLE: Final = (
-    # The settlement (docs/cost.md, "Reserved before each step, settled after it"): each of the
-    # turn's reservations (r) moves from reserved to spent, at the step's actual use (the
+    # budget_rules.settle in SQL, for a charge without an ask (tested for agreement with it): each
+    # of the turn's reservations (r) moves from reserved to spent, at the step's actual use (the
     # parameters: tokens, US dollars, NULL where unknown) when it is this attempt's (its lease
-    # epoch), at what it reserved otherwise (a lost attempt's, a use never reported: the provider
-    # may have billed it, and unknown is never 0); reserved never below 0 (a reservation written
-    # before a limit row was reset stays harmless). One reservation a row: the key is r's too.
+    # epoch), at what it reserved otherwise; reserved never below 0. One reservation a row.
     "UPDATE budget_spend SET"
     " spent_tokens = spent_tokens + COALESCE(CASE WHEN r.epoch = ? THEN CAST(? AS BIGINT) END, r.tokens),"
     " spent_usd = spent_usd + COALESCE(CASE WHEN r.epoch = ? THEN CAST(? AS DOUBLE PRECISION) END, r.usd),"
@@ -151,43 +168,51 @@ def charge_budget(
     charge: BudgetCharge, dialect: Dialect, *, fenced: bool = False, admitting: bool = False
 ) -> Program[BudgetGrant]:
     """``BudgetStore.charge_budget``: settle ``charge.request_id``'s reservations and reserve
-    ``charge.ask`` in one transaction: the reads, row locks and the settlement (:data:`_SETTLE`,
-    the rule's one implementation) in one batch; then, with an ask, the reservation's writes in a
-    second (on PostgreSQL two round trips; a settlement alone, one). Raises :class:`LeaseLost`
-    (writing nothing) when the turn's token is no longer ``charge.lease``; a turn no longer
-    recorded (its conversation was deleted) is charged nothing. ``fenced``: the program this one
-    is joined to (:func:`~.sql.joined`, its statements first in each batch) reads and locks the
-    turn's token under ``charge.lease`` and raises when it was lost, so this one does not read
-    it again. ``admitting``: the program it is joined to is the turn's start (``start_turn``),
-    which writes the turn's row in its last batch, after this one's reads (``fenced`` implied:
-    the token is the one that start writes)."""
+    ``charge.ask`` in one transaction. With an ask, two batches (on PostgreSQL two round trips):
+    the reads and row locks, then the writes, the settlement decided here
+    (:func:`~.budget_rules.settle`); without, one (:func:`_settled`: the settlement in SQL).
+    Raises :class:`LeaseLost` (writing nothing) when the turn's token is no longer
+    ``charge.lease``; a turn no longer recorded (its conversation was deleted) is charged nothing.
+    ``fenced``: the program this one is joined to (:func:`~.sql.joined`, its statements first in
+    each batch) reads and locks the turn's token under ``charge.lease`` and raises when it was
+    lost, so this one does not read it again. ``admitting``: the program it is joined to is the
+    turn's start (``start_turn``), which writes the turn's row in its last batch, after this
+    one's reads (``fenced`` implied: the token is the one that start writes)."""
+    fenced = fenced or admitting
     ask = charge.ask
     if ask is None:
-        return (yield from _settled(charge, dialect, fenced=fenced or admitting))
-    fenced = fenced or admitting
+        return (yield from _settled(charge, dialect, fenced=fenced))
     keys = sorted({budget.key for budget in charge.budgets})
     owners = {budget.key: budget.conversation_id for budget in charge.budgets}
-    reads = [] if fenced else [lease_read(charge.request_id, dialect)]
+    if fenced:
+        first = Statement(_RESERVATIONS, (charge.request_id,), fetch=True)
+    else:
+        lock = f"{dialect.lock_rows} OF t" if dialect.lock_rows else ""
+        first = Statement(_TOKEN_AND_RESERVATIONS + lock, (charge.request_id,), fetch=True)
     params: list[Any] = [value for k in keys for value in (*k, owners[k])]
     params.append(charge.request_id)
     params.extend(value for k in keys for value in k)
     if not admitting:
         params.append(charge.request_id)
-    reads.append(Statement(_take_rows(len(keys), not admitting), params, fetch=True))
-    epoch = charge.lease.epoch if charge.lease is not None else 0
-    settlement, gone = _settlement(charge, epoch, dialect, guarded=not admitting, delete=False)
-    found = yield [*reads, *settlement]
-    if not fenced and not holds_lease(found[0], charge.lease):
+    found = yield [first, Statement(_take_rows(len(keys), not admitting), params, fetch=True)]
+    if not fenced and not holds_lease([row[:2] for row in found[0][:1]], charge.lease):
         return BudgetGrant(output_tokens=ask.max_output)
-    rows = {BudgetKey(*row[:3]): row[3:] for row in found[len(reads) - 1]}
+    rows = {BudgetKey(*row[:3]): row[3:] for row in found[1]}
     if fenced and len(rows) < len(keys):  # no row created: the turn is not recorded
         return BudgetGrant(output_tokens=ask.max_output)
-    spends = {k: _spend(row) for k, row in rows.items()}
-    settled = [BudgetKey(*row[:3]) for row in found[len(reads)]]
-    spends.update(zip(settled, (_spend(row[3:]) for row in found[len(reads)]), strict=True))
+    reservations = [
+        Reservation(BudgetKey(scope, key, period), int(epoch), int(tokens), float(usd))
+        for _, _, scope, key, period, epoch, tokens, usd in found[0]
+        if scope is not None
+    ]
     budgets = tuple(kept_limits(budget, *rows[budget.key][4:6]) for budget in charge.budgets)
+    epoch = charge.lease.epoch if charge.lease is not None else 0
+    spends = settle(
+        {k: _spend(row) for k, row in rows.items()}, reservations, epoch=epoch, spent=charge.spent
+    )
     grant = BudgetGrant()
     writes: list[Statement] = []
+    reserved: set[BudgetKey] = set()
     output, refused = fit_output(ask, budgets, spends)
     if refused is None:
         tokens = ask.prompt_tokens + output
@@ -198,6 +223,7 @@ def charge_budget(
             spends[budget.key] = BudgetSpend(
                 spent_tokens, spent_usd, reserved_tokens + tokens, reserved_usd + usd
             )
+        reserved = {budget.key for budget in budgets}
         writes.append(
             Statement(
                 _reserve(len(budgets)),
@@ -210,22 +236,25 @@ def charge_budget(
         )
     else:
         grant = BudgetGrant(refused=refused)
-    stale = [] if gone else sorted(set(settled) - (set(keys) if refused is None else set()))
-    if stale and refused is not None:
+    stale = sorted({r.key for r in reservations} - reserved)
+    if stale and not reserved:
         writes.append(Statement(_UNRESERVE, (charge.request_id,)))
     elif stale:  # a reservation of a budget this step does not charge (a past period's)
         writes.append(Statement(_unreserve(len(stale)), [charge.request_id, *(v for k in stale for v in k)]))
-    # The charged rows' reservations and limits back in one statement (settled ones: above).
-    writes.append(
-        Statement(
-            _update_rows(len(budgets)),
-            [
-                value
-                for b in sorted(budgets, key=lambda budget: budget.key)
-                for value in (*b.key, *_columns(spends[b.key])[2:], b.tokens, b.usd)
-            ],
+    limits = {budget.key: (budget.tokens, budget.usd) for budget in budgets}
+    # Every row back in one statement (a row a past period's reservation settled keeps its limits).
+    changed = sorted(spends)
+    if changed:
+        writes.append(
+            Statement(
+                _update_rows(len(changed)),
+                [
+                    value
+                    for k in changed
+                    for value in (*k, *_columns(spends[k]), k in limits, *limits.get(k, (None, None)))
+                ],
+            )
         )
-    )
     yield folded(writes, dialect)
     return BudgetGrant(grant.output_tokens, grant.tokens, grant.usd, grant.refused, spends, budgets)
 
@@ -239,7 +268,7 @@ def _settled(charge: BudgetCharge, dialect: Dialect, *, fenced: bool) -> Program
     reads = [] if fenced else [lease_read(charge.request_id, dialect)]
     if dialect.lock_rows:
         reads.append(Statement(_LOCK_RESERVED + dialect.lock_rows, (charge.request_id,)))
-    settlement, _ = _settlement(charge, epoch, dialect, guarded=True, delete=True)
+    settlement = _settlement(charge, epoch, dialect)
     found = yield [*reads, *settlement]
     if not fenced and not holds_lease(found[0], charge.lease):
         return BudgetGrant()
@@ -257,23 +286,19 @@ def _settled(charge: BudgetCharge, dialect: Dialect, *, fenced: bool) -> Program
     return BudgetGrant(spends={k: _spend(row) for k, row in rows.items()}, budgets=budgets)
 
 
-def _settlement(
-    charge: BudgetCharge, epoch: int, dialect: Dialect, *, guarded: bool, delete: bool
-) -> tuple[list[Statement], bool]:
-    """The statements settling ``charge.request_id``'s reservations (:data:`_SETTLE`; rows of the
-    settled budgets' states), and whether they also delete the reservations: always on
-    PostgreSQL (one statement), with ``delete`` on SQLite (a second one). ``guarded``: only while
-    the turn is recorded, as :data:`_TAKE_ROWS` creates rows."""
+def _settlement(charge: BudgetCharge, epoch: int, dialect: Dialect) -> list[Statement]:
+    """The statements settling ``charge.request_id``'s reservations (:data:`_SETTLE`: rows of the
+    settled budgets' states) and deleting them (on PostgreSQL one statement), only while the turn
+    is recorded (as :data:`_TAKE_ROWS` creates rows)."""
     tokens, usd = charge.spent if charge.spent is not None else (None, None)
     spent = (epoch, tokens, epoch, usd)
-    recorded = (charge.request_id,) if guarded else ()
-    settle, unreserve = _settle_sql(dialect.writes_with, guarded)
+    settling, unreserve = _settle_sql(dialect.writes_with)
     if dialect.writes_with:
-        return [Statement(settle, (charge.request_id, *recorded, *spent), fetch=True)], True
-    statement = Statement(settle, (*spent, charge.request_id, *recorded), fetch=True)
-    if not delete:
-        return [statement], False
-    return [statement, Statement(unreserve, (charge.request_id, *recorded))], True
+        return [Statement(settling, (charge.request_id, charge.request_id, *spent), fetch=True)]
+    return [
+        Statement(settling, (*spent, charge.request_id, charge.request_id), fetch=True),
+        Statement(unreserve, (charge.request_id, charge.request_id)),
+    ]
 
 
 # A charge's statements by how many rows they name (the SQL built once per count).
@@ -290,14 +315,13 @@ def _take_rows(count: int, guarded: bool) -> str:
     return _TAKE_ROWS.format(keys=f"VALUES {charged} UNION ALL {others}", guard=guard)
 
 
-@functools.lru_cache(maxsize=4)
-def _settle_sql(writes_with: bool, guarded: bool) -> tuple[str, str]:
-    # The settlement and (SQLite) the reservations' deletion, by dialect and guard.
-    guard = _RECORDED_SETTLE if guarded else ""
+@functools.lru_cache(maxsize=2)
+def _settle_sql(writes_with: bool) -> tuple[str, str]:
+    # The settlement and (SQLite) the reservations' deletion, by dialect.
     if writes_with:
-        taken = f"WITH gone AS ({_TAKEN_ROWS.replace(' RETURNING', guard + ' RETURNING')}) "
+        taken = f"WITH gone AS ({_TAKEN_ROWS.replace(' RETURNING', _RECORDED_SETTLE + ' RETURNING')}) "
         return taken + _SETTLE.format(source="gone", guard=""), ""
-    return _SETTLE.format(source=_RESERVED_ROWS, guard=guard), _UNRESERVE + guard
+    return _SETTLE.format(source=_RESERVED_ROWS, guard=_RECORDED_SETTLE), _UNRESERVE + _RECORDED_SETTLE
 
 
 @functools.lru_cache(maxsize=32)
