@@ -466,6 +466,31 @@ async def test_a_turns_first_reservation_rides_the_commit_of_its_input(store: St
     assert settled.spends[CONVERSATION] == BudgetSpend(0, 0.0, 0, 0.0)
 
 
+async def test_an_idle_conversations_admission_carries_the_first_reservation(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    """On the idle path too (PostgreSQL: the one-flight admission, its charge's reads answered with
+    the flight's, its writes sent with the COMMIT): the grant comes back, the reservation stored."""
+    budget = BudgetLimits(CONVERSATION, tokens=1_000, conversation_id="c")
+    turn = leased_turn("r1", "c", "a1", start_time=T0)
+    queued: list[bool] = []
+    async with store.admit_turn(
+        turn,
+        _input("r1"),
+        lease_seconds=30,
+        read_compaction=False,
+        queued=queued.append,
+        budget=_charge(turn, budget, ask=_ask(100, 300)),
+    ) as admission:
+        assert admission.budget is not None
+        assert (admission.budget.output_tokens, admission.budget.tokens) == (300, 400)
+        assert admission.history is None or [m.id for m in admission.history] == ["u-r1"]
+    if store_backend.name == "postgres":
+        assert queued == []  # the one flight: it never took the waiting path
+    assert (await store.budget_spends([CONVERSATION]))[CONVERSATION] == BudgetSpend(0, 0.0, 400, 0.0)
+    assert [m.id for m in await store.load_messages("c")] == ["u-r1"]
+
+
 async def test_an_admission_whose_reservation_is_refused_still_stores_the_input(store: Store) -> None:
     spent = await _started(store, "r0")
     budget = BudgetLimits(CONVERSATION, tokens=100, conversation_id="c")
