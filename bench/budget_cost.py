@@ -18,9 +18,8 @@ run interleaved on the same stores:
   conversation's last turn sizes it) and the step uses it without a write; the step estimates its
   prompt by message object as the engine does (``FirstStepEstimates.message_tokens``: only the
   two messages new since that turn's step; before 2026-12-03's stop 49 this arm walked all of
-  them, as the others still do). PostgreSQL's one-flight
-  admission does not carry it (docs/cost.md, "What it costs per request"): there this arm is the
-  folded one plus the estimate.
+  them, as the others still do). PostgreSQL's one-flight admission carries it since stop 49
+  (before, there this arm was the folded one plus the estimate).
 
 Every arm is admitted by ``admit_turn`` (the engine's path), the turn's lock held to its end.
 
@@ -35,9 +34,10 @@ sessions). Budgets: the turn's, the conversation's and the tenant's day, in toke
 ``--base DIR`` (another checkout, e.g. main's) adds a fifth arm, **base**: the admitted arm with
 that checkout's charge program (its ``store/core/budget_writes.py`` and ``budget_rules.py``, loaded
 under other names) in place of this one's, the admission's charge and the final write's included,
-interleaved with the others in the same process and stores: an A/B of the charge's statements
-that a loaded machine's drift between two runs would hide. The rest of the request (the turn's
-writes, the estimate, the engine) is this checkout's.
+and on PostgreSQL without the first reservation at the admission (the one flight of checkouts
+before stop 49 did not carry it: the first step charges on its own), interleaved with the others
+in the same process and stores: an A/B that a loaded machine's drift between two runs would hide.
+The rest of the request (the turn's writes, the estimate, the engine) is this checkout's.
 """
 
 from __future__ import annotations
@@ -142,9 +142,10 @@ def _taken(reply: message_pb2.Message) -> Callable[[], Awaitable[message_pb2.Mes
     return take
 
 
-async def _turn(store: Store, arm: str, steps: int, request: ModelRequest, n: int) -> None:
+async def _turn(store: Store, arm: str, steps: int, request: ModelRequest, n: int, *, carried: bool) -> None:
     """One request of ``arm``: its admission (``admit_turn``, as the engine's; the admitted arm's
-    carries the first reservation), its steps' writes and its final write, the lock held."""
+    carries the first reservation when ``carried``), its steps' writes and its final write, the
+    lock held."""
     turn = TurnRecord(
         request_id=f"{arm}-r{n}",
         conversation_id=f"{arm}-c{n}",
@@ -158,7 +159,7 @@ async def _turn(store: Store, arm: str, steps: int, request: ModelRequest, n: in
     user = message_pb2.Message(id=f"{arm}-u{n}", role=message_pb2.ROLE_USER)
     user.parts.add().text.text = "q"
     first = None
-    if arm == "admitted":
+    if arm == "admitted" and carried:
         asked = TurnRequest(
             conversation_id=turn.conversation_id,
             request_id=turn.request_id,
@@ -251,16 +252,24 @@ async def _steps(
 
 
 async def _block(
-    store: Store, arm: str, request: ModelRequest, *, turns: int, steps: int, url: str | None, base: int
+    store: Store,
+    arm: str,
+    request: ModelRequest,
+    *,
+    turns: int,
+    steps: int,
+    url: str | None,
+    base: int,
+    carried: bool = True,
 ) -> tuple[list[float], list[float], float]:
-    """``turns`` requests of ``arm``: each one's client CPU and wall, and the server's CPU per
-    request over the block, in µs."""
+    """``turns`` requests of ``arm`` (``carried``: see :func:`_turn`): each one's client CPU and
+    wall, and the server's CPU per request over the block, in µs."""
     server_before = backend_cpu_s(url) if url else 0.0
     cpu, wall = [], []
     for n in range(turns):
         _served(arm, base + n, request)
         cpu_before, wall_before = time.process_time(), time.perf_counter()
-        await _turn(store, arm, steps, request, base + n)
+        await _turn(store, arm, steps, request, base + n, carried=carried)
         cpu.append((time.process_time() - cpu_before) * 1e6)
         wall.append((time.perf_counter() - wall_before) * 1e6)
     server = ((backend_cpu_s(url) - server_before) / turns * 1e6) if url else 0.0
@@ -276,10 +285,11 @@ async def main() -> None:
     parser.add_argument("--base", type=Path, help="another checkout: its charge program as a fifth arm")
     args = parser.parse_args()
     arms = (*ARMS, "base") if args.base else ARMS
-    # arm -> the arm _turn runs, the charge program the store's writes call, its request ids' offset
-    runs: dict[str, tuple[str, Any, int]] = {arm: (arm, budget_writes, 0) for arm in ARMS}
-    if args.base:
-        runs["base"] = ("admitted", _base_charges(args.base.resolve()), 10**6)  # ids apart from admitted's
+    # arm -> the arm _turn runs, the charge program the store's writes call, its request ids'
+    # offset, whether PostgreSQL's admission carries the first reservation
+    runs: dict[str, tuple[str, Any, int, bool]] = {arm: (arm, budget_writes, 0, True) for arm in ARMS}
+    if args.base:  # request ids apart from admitted's
+        runs["base"] = ("admitted", _base_charges(args.base.resolve()), 10**6, False)
     request = ModelRequest(
         model="model",
         system="You are a helpful assistant.",
@@ -294,16 +304,23 @@ async def main() -> None:
         stores = (("SQLite", lite, None), ("PostgreSQL", pg, url))
         for _, store, store_url in stores:
             for arm in arms:  # warm: imports, caches, the statement cache
-                run, charges, offset = runs[arm]
+                run, charges, offset, carries = runs[arm]
                 _use(charges)
                 await _block(
-                    store, run, request, turns=20, steps=args.steps, url=store_url, base=offset - 100
+                    store,
+                    run,
+                    request,
+                    turns=20,
+                    steps=args.steps,
+                    url=store_url,
+                    base=offset - 100,
+                    carried=carries or store is lite,
                 )
         for r in range(args.rounds):
             for name, store, store_url in stores:
                 # Interleaved, each round in another order: a load change hits every arm alike.
                 for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
-                    run, charges, offset = runs[arm]
+                    run, charges, offset, carries = runs[arm]
                     _use(charges)
                     samples, walls, per_request = await _block(
                         store,
@@ -313,6 +330,7 @@ async def main() -> None:
                         steps=args.steps,
                         url=store_url,
                         base=offset + r * args.block,
+                        carried=carries or store is lite,
                     )
                     cpu.setdefault((name, arm), []).extend(samples)
                     wall.setdefault((name, arm), []).extend(walls)
