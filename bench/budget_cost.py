@@ -238,7 +238,8 @@ async def _steps(
             )
             budgets.used(Usage(input_tokens=500, output_tokens=50), Cost(0.002, "config"))
         reply.parts.add().text.text = f"step {step} " * 40
-        if step < steps - 1 and arm == "separate":  # the step's checkpoint (else: the next charge)
+        # The step's checkpoint, with no budget too (else: the next charge carries it).
+        if step < steps - 1 and arm in ("off", "separate"):
             await store.save_message(turn.conversation_id, reply, lease=turn.lease)
     charge = None
     if budgets is not None and arm == "separate":
