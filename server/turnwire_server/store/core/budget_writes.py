@@ -92,7 +92,8 @@ _SETTLE: Final = (
     # budget_rules.settle in SQL, for a charge without an ask (tested for agreement with it): each
     # of the turn's reservations (r) moves from reserved to spent, at the step's actual use (the
     # parameters: tokens, US dollars, NULL where unknown) when it is this attempt's (its lease
-    # epoch), at what it reserved otherwise; reserved never below 0. One reservation a row.
+    # epoch), at what it reserved otherwise; reserved never below 0 (a reservation written before
+    # a limit row was reset stays harmless). One reservation a row.
     "UPDATE budget_spend SET"
     " spent_tokens = spent_tokens + COALESCE(CASE WHEN r.epoch = ? THEN CAST(? AS BIGINT) END, r.tokens),"
     " spent_usd = spent_usd + COALESCE(CASE WHEN r.epoch = ? THEN CAST(? AS DOUBLE PRECISION) END, r.usd),"
@@ -110,7 +111,7 @@ _RESERVED_ROWS: Final = (
 _TAKEN_ROWS: Final = (
     # PostgreSQL: the reservations deleted as they are settled (a data-modifying WITH; the
     # update sees the rows as the statement found them), so no statement is left to delete them.
-    "DELETE FROM budget_reservations WHERE request_id = ?"
+    "DELETE FROM budget_reservations WHERE request_id = ?{guard}"
     " RETURNING scope, scope_key, period, epoch, tokens, usd"
 )
 _RECORDED_SETTLE: Final = " AND EXISTS (SELECT 1 FROM turns WHERE request_id = ?)"
@@ -319,8 +320,8 @@ def _take_rows(count: int, guarded: bool) -> str:
 def _settle_sql(writes_with: bool) -> tuple[str, str]:
     # The settlement and (SQLite) the reservations' deletion, by dialect.
     if writes_with:
-        taken = f"WITH gone AS ({_TAKEN_ROWS.replace(' RETURNING', _RECORDED_SETTLE + ' RETURNING')}) "
-        return taken + _SETTLE.format(source="gone", guard=""), ""
+        taken = _TAKEN_ROWS.format(guard=_RECORDED_SETTLE)
+        return f"WITH gone AS ({taken}) " + _SETTLE.format(source="gone", guard=""), ""
     return _SETTLE.format(source=_RESERVED_ROWS, guard=_RECORDED_SETTLE), _UNRESERVE + _RECORDED_SETTLE
 
 
