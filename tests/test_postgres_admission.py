@@ -20,6 +20,14 @@ from support.stores import StoreBackend, leased_turn, postgres_database
 from support.waiting import wait_until
 
 from turnwire_client.v1 import message_pb2
+from turnwire_server.store.base import (
+    BudgetAsk,
+    BudgetCharge,
+    BudgetGrant,
+    BudgetKey,
+    BudgetLimits,
+    BudgetSpend,
+)
 from turnwire_server.store.errors import StoreUnreachable
 from turnwire_server.store.postgres import PostgresStore, db
 
@@ -95,6 +103,41 @@ async def test_an_admission_whose_connection_is_lost_at_commit_resolves_the_comm
         assert check.sql("SELECT request_id, state FROM turns") == [("r1", "running")]
         assert check.sql("SELECT id FROM messages") == [("u1",)]
         assert check.sql("SELECT COUNT(*) FROM turn_queue") == [(0,)]
+    finally:
+        await store.close()
+        await check.close()
+
+
+@pytest.mark.parametrize("when", ["after_commit", "before_commit"])
+async def test_a_first_reservation_whose_flight_lost_its_connection_is_reserved_once(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, when: Literal["after_commit", "before_commit"]
+) -> None:
+    """The flight carries the first step's reservation (docs/cost.md, "What it costs per
+    request") and loses its connection at its ``COMMIT``. Committed (the answer lost): the
+    reservation is stored once and the admission's grant is an empty one, which the first step
+    does not take as covering it (it settles the reservation at zero). Not committed: the waiting
+    path carries it, its grant returned. Either way, reserved once."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    check = StoreBackend("postgres", url=pg_url)
+    key = BudgetKey("conversation", "c")
+    try:
+        lost = _lose_next_flight(monkeypatch, when)
+        turn = leased_turn("r1", "c", "replica-a", start_time=T0)
+        ask = BudgetAsk(prompt_tokens=100, prompt_usd=0.0, usd_per_output_token=0.0, max_output=300)
+        charge = BudgetCharge(
+            "r1", "c", turn.lease, (BudgetLimits(key, tokens=1_000, conversation_id="c"),), ask=ask
+        )
+        async with store.admit_turn(
+            turn, [_user("u1")], lease_seconds=30, read_compaction=False, queued=lambda _: None, budget=charge
+        ) as admission:
+            assert lost == [1]
+            if when == "after_commit":
+                assert admission.budget == BudgetGrant()
+            else:
+                assert admission.budget is not None and admission.budget.tokens == 400
+        assert await store.budget_spends([key]) == {key: BudgetSpend(0, 0.0, 400, 0.0)}
+        assert check.sql("SELECT request_id, tokens FROM budget_reservations") == [("r1", 400)]
     finally:
         await store.close()
         await check.close()

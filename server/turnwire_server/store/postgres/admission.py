@@ -24,8 +24,8 @@ import psycopg_pool
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.event_waits import set_within
-from turnwire_server.store.base import BudgetCharge, TurnAdmission, TurnRecord, renewed_lease
-from turnwire_server.store.core import turn_writes
+from turnwire_server.store.base import BudgetCharge, BudgetGrant, TurnAdmission, TurnRecord, renewed_lease
+from turnwire_server.store.core import budget_writes, turn_writes
 from turnwire_server.store.core.fork_rules import claim_reads
 from turnwire_server.store.core.reads import LOAD_COMPACTION_SQL
 from turnwire_server.store.core.rows import compaction_from_row, to_us
@@ -177,9 +177,10 @@ class TurnQueue(PostgresConnection):
         ahead, or the input needs :meth:`start_turn`'s checks: a retried request id, a re-sent
         message, a submission no longer pending) wait in line, then :meth:`start_turn`. Raises
         :class:`ValueError` for an invalid turn or message before anything is sent. ``budget``
-        rides :meth:`start_turn`'s transaction on the waiting path; the one flight does not carry
-        it (its statements are sent before any result is back, and a charge decides its writes on
-        the rows it read): ``TurnAdmission.budget`` is None then."""
+        rides the admitting transaction either way (``TurnAdmission.budget``, its grant): on the
+        waiting path :meth:`start_turn`'s; on the idle path the flight's, which then goes out
+        without its ``COMMIT`` (a charge decides its writes on the rows it read): the charge's
+        reads are answered with the flight's, its writes go out with the ``COMMIT``."""
         start = prepare_start_turn(turn, messages)
         return self._admit(
             turn,
@@ -208,7 +209,7 @@ class TurnQueue(PostgresConnection):
         conversation_id, request_id, owner = turn.conversation_id, turn.request_id, turn.owner
         lease_us = int(lease_seconds * 1_000_000)
         async with self._tickets.hold(conversation_id):  # this process's tickets in call order
-            flight = asyncio.ensure_future(self._admit_flight(turn, start, lease_us, read_compaction))
+            flight = asyncio.ensure_future(self._admit_flight(turn, start, lease_us, read_compaction, budget))
             try:
                 admitted = await asyncio.shield(flight)
             except asyncio.CancelledError:
@@ -231,13 +232,20 @@ class TurnQueue(PostgresConnection):
             yield await self._start_turn(renewed_lease(turn, lease_seconds), messages, budget)
 
     async def _admit_flight(
-        self, turn: TurnRecord, start: StartTurn, lease_us: int, read_compaction: bool
+        self,
+        turn: TurnRecord,
+        start: StartTurn,
+        lease_us: int,
+        read_compaction: bool,
+        budget: BudgetCharge | None,
     ) -> tuple[int, TurnAdmission] | None:
         """The one-flight admission: ``BEGIN``, the conversation's write lock, the queue lock, the
         ticket (failing the transaction unless it heads the queue), the input's writes
         (:func:`_start_new_turn`, failing it in the uncommon cases), the history and compaction
-        reads, ``COMMIT``, sent together; the server is waited for once. Returns the ticket and
-        what was read; None when the transaction failed (nothing stored, no ticket taken: the
+        reads, ``COMMIT``, sent together; the server is waited for once. With ``budget`` (the
+        first reservation), its charge's reads go out before the ``COMMIT`` and are answered with
+        the flight's (one round trip for both), its writes with the ``COMMIT`` (a second). Returns
+        the ticket and what was read; None when the transaction failed (nothing stored, no ticket taken: the
         caller takes the waiting path, which also reports a database that is down). A connection
         lost on the way leaves the ``COMMIT``'s outcome unknown: :meth:`_own_start` tells it."""
         conversation_id = turn.conversation_id
@@ -261,6 +269,11 @@ class TurnQueue(PostgresConnection):
                         compaction = None
                         if read_compaction:
                             compaction = await conn.execute(_LOAD_COMPACTION, (conversation_id,))
+                        grant = None
+                        if budget is not None:  # the turn's row is the flight's: fenced
+                            grant = await run_program(
+                                conn, budget_writes.charge_budget(budget, DIALECT, fenced=True)
+                            )
                 except psycopg.Error as error:
                     await db.discard(conn)
                     if not self._is_gone(error, error.sqlstate):
@@ -273,20 +286,25 @@ class TurnQueue(PostgresConnection):
                     record = None
                     if compaction is not None and (found := await compaction.fetchall()):
                         record = compaction_from_row(found[0])
-                    return taken, TurnAdmission(stored, record, compaction_read=read_compaction)
+                    return taken, TurnAdmission(stored, record, compaction_read=read_compaction, budget=grant)
         except (psycopg.Error, psycopg_pool.PoolTimeout):
             return None
-        return await self._own_start(turn, read_compaction)
+        return await self._own_start(turn, read_compaction, carried=budget is not None)
 
-    async def _own_start(self, turn: TurnRecord, read_compaction: bool) -> tuple[int, TurnAdmission] | None:
+    async def _own_start(
+        self, turn: TurnRecord, read_compaction: bool, *, carried: bool
+    ) -> tuple[int, TurnAdmission] | None:
         """The outcome of a start of ``turn`` whose connection was lost before its ``COMMIT``'s
         answer came (docs/semantics.md §5, "A commit's lost answer"): when the stored turn of its
         request id is this attempt's (``turn``'s owner and start time: a replica runs a request id
         once at a time, and each attempt stamps its own start), it committed, and this returns
         its ticket and the conversation read as :meth:`_admit_flight` does (the compaction record
-        when ``read_compaction``); None when nothing of it was stored. Raises
-        :class:`StoreError` (``StoreUnreachable`` while the database is gone) when that cannot be
-        told."""
+        when ``read_compaction``); None when nothing of it was stored. ``carried``: the flight
+        carried a first reservation, whose grant was lost with the answer: the admission's
+        ``budget`` is then an empty grant, which covers no step, so the first step charges on its
+        own and settles what was reserved at zero (nothing was sent on it), as when a grant does
+        not cover it (docs/cost.md, "What it costs per request"). Raises :class:`StoreError`
+        (``StoreUnreachable`` while the database is gone) when that cannot be told."""
         conversation_id = turn.conversation_id
         mine = (turn.request_id, turn.owner or None, to_us(turn.start_time, "start_time"))
         try:
@@ -305,7 +323,10 @@ class TurnQueue(PostgresConnection):
         log.info(
             "start of %s: its connection was lost with the commit's answer; it had committed", turn.request_id
         )
-        return int(found[0][0]), TurnAdmission(self._decoded.messages(read, rows), record, read_compaction)
+        admission = TurnAdmission(
+            self._decoded.messages(read, rows), record, read_compaction, BudgetGrant() if carried else None
+        )
+        return int(found[0][0]), admission
 
     async def _take_ticket(
         self, conversation_id: str, request_id: str, owner: str, lease_us: int, first: bool = False
