@@ -58,7 +58,7 @@ dist: setup build-node
 
 ## demo: start the sidecar on its embedded defaults, hold a conversation that calls tools, stop it.
 demo: setup build-inspector
-	$(VENV)/bin/turnwire demo
+	$(VENV)/bin/turnwire demo $(DEMO_ARGS)
 
 ## check: the inner loop, after every edit: lint, then the in-process tests (no process, package or database), in parallel.
 check: lint

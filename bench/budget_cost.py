@@ -15,9 +15,11 @@ run interleaved on the same stores:
   checkpoint=...)``), the last settlement riding the final write (``finish_turn(..., budget=...)``);
 - **admitted** (now): as folded, but the first step's reservation rides the turn's admission
   (``admit_turn(..., budget=...)``, sized by ``FirstStepEstimates`` as a process that served the
-  conversation's last turn sizes it) and the step uses it without a write. PostgreSQL's one-flight
-  admission does not carry it (docs/cost.md, "What it costs per request"): there this arm is the
-  folded one plus the estimate.
+  conversation's last turn sizes it) and the step uses it without a write; the step estimates its
+  prompt by message object as the engine does (``FirstStepEstimates.message_tokens``: only the
+  two messages new since that turn's step; before 2026-12-03's stop 49 this arm walked all of
+  them, as the others still do). PostgreSQL's one-flight admission carries it since stop 49
+  (before, there this arm was the folded one plus the estimate).
 
 Every arm is admitted by ``admit_turn`` (the engine's path), the turn's lock held to its end.
 
@@ -29,11 +31,13 @@ sessions). Budgets: the turn's, the conversation's and the tenant's day, in toke
 400 bytes in each step's history. A request PASSes when budgets add at most 0.3 ms of CPU to it
 (client plus server). Run: ``.venv/bin/python bench/budget_cost.py [--steps 1] [--rounds 15] [--block 20]``.
 
-``--base DIR`` (another checkout, e.g. main's) adds a fifth arm, **base**: the folded arm with
+``--base DIR`` (another checkout, e.g. main's) adds a fifth arm, **base**: the admitted arm with
 that checkout's charge program (its ``store/core/budget_writes.py`` and ``budget_rules.py``, loaded
-under other names) in place of this one's, interleaved with the others in the same process and
-stores: an A/B of the charge's statements that a loaded machine's drift between two runs would
-hide. The rest of the request (the turn's writes, the estimate, the engine) is this checkout's.
+under other names) in place of this one's, the admission's charge and the final write's included,
+and on PostgreSQL without the first reservation at the admission (the one flight of checkouts
+before stop 49 did not carry it: the first step charges on its own), interleaved with the others
+in the same process and stores: an A/B that a loaded machine's drift between two runs would hide.
+The rest of the request (the turn's writes, the estimate, the engine) is this checkout's.
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.store import Store, TurnRecord
 from turnwire_server.store.base import BudgetGrant
-from turnwire_server.store.core import budget_writes
+from turnwire_server.store.core import budget_writes, turn_writes
 from turnwire_server.store.core import writes as core_writes
 
 MODEL = "bench:model"
@@ -90,13 +94,15 @@ _PROMPTS: dict[int, tuple[int, int]] = {}
 
 
 def _use(charges: Any) -> None:
-    """The store's writes call ``charges.charge_budget`` from now on (a module attribute of theirs)."""
-    setattr(core_writes, "budget_writes", charges)  # noqa: B010 (not an exported name)
+    """The store's writes, the admission's included, call ``charges.charge_budget`` from now on
+    (a module attribute of theirs)."""
+    for module in (core_writes, turn_writes):
+        setattr(module, "budget_writes", charges)  # noqa: B010 (not an exported name)
 
 
 def _base_charges(checkout: Path) -> Any:
-    """``checkout``'s ``charge_budget`` as the store's writes call it (``fenced`` dropped when
-    that checkout's program has no such parameter): its ``budget_rules`` and ``budget_writes``
+    """``checkout``'s ``charge_budget`` as the store's writes call it (its ``fenced`` and
+    ``admitting`` as this checkout's): its ``budget_rules`` and ``budget_writes``
     executed while they stand in for this checkout's in ``sys.modules`` (so its writes import its
     rules), then put back."""
     core = checkout / "server" / "turnwire_server" / "store" / "core"
@@ -113,10 +119,7 @@ def _base_charges(checkout: Path) -> Any:
             loaded.append(module)
     finally:
         sys.modules.update(saved)
-    charge = loaded[1].charge_budget
-    if "fenced" in charge.__code__.co_varnames:
-        return SimpleNamespace(charge_budget=charge)
-    return SimpleNamespace(charge_budget=lambda c, dialect, fenced=False: charge(c, dialect))
+    return SimpleNamespace(charge_budget=loaded[1].charge_budget)
 
 
 def _history(messages: int) -> list[message_pb2.Message]:
@@ -139,9 +142,10 @@ def _taken(reply: message_pb2.Message) -> Callable[[], Awaitable[message_pb2.Mes
     return take
 
 
-async def _turn(store: Store, arm: str, steps: int, request: ModelRequest, n: int) -> None:
+async def _turn(store: Store, arm: str, steps: int, request: ModelRequest, n: int, *, carried: bool) -> None:
     """One request of ``arm``: its admission (``admit_turn``, as the engine's; the admitted arm's
-    carries the first reservation), its steps' writes and its final write, the lock held."""
+    carries the first reservation when ``carried``), its steps' writes and its final write, the
+    lock held."""
     turn = TurnRecord(
         request_id=f"{arm}-r{n}",
         conversation_id=f"{arm}-c{n}",
@@ -155,10 +159,7 @@ async def _turn(store: Store, arm: str, steps: int, request: ModelRequest, n: in
     user = message_pb2.Message(id=f"{arm}-u{n}", role=message_pb2.ROLE_USER)
     user.parts.add().text.text = "q"
     first = None
-    if arm == "admitted":
-        # As a process that served the conversation's last turn: its prompt is known (what that
-        # turn's step paid to learn it is not this request's).
-        ESTIMATES.sent(turn.conversation_id, *_prompt_of(request))
+    if arm == "admitted" and carried:
         asked = TurnRequest(
             conversation_id=turn.conversation_id,
             request_id=turn.request_id,
@@ -175,6 +176,17 @@ async def _turn(store: Store, arm: str, steps: int, request: ModelRequest, n: in
         turn, [user], lease_seconds=30, read_compaction=False, queued=_ignored, budget=first
     ) as admission:
         await _steps(store, arm, steps, request, turn, admitted=admission.budget)
+
+
+def _served(arm: str, n: int, request: ModelRequest) -> None:
+    """Before request ``n`` of ``arm`` (not timed): as the process that served its conversation's
+    last turn, whose step sent ``request``'s history but its last two messages (that turn's reply
+    and this turn's input) and estimated it by message object (what that step paid to learn
+    it is not this request's). The admitted arm's only: the others stand for mains before it."""
+    if arm == "admitted":
+        conversation_id = f"{arm}-c{n}"
+        ESTIMATES.message_tokens(conversation_id, request.messages[:-2])
+        ESTIMATES.sent(conversation_id, *_prompt_of(request))
 
 
 def _prompt_of(request: ModelRequest) -> tuple[int, int]:
@@ -213,6 +225,7 @@ async def _steps(
             turn_limit=BUDGETS.turn,
             recovered=False,
             admitted=admitted,
+            estimates=ESTIMATES if arm == "admitted" else None,
         )
     for step in range(steps):
         if budgets is not None:
@@ -225,7 +238,8 @@ async def _steps(
             )
             budgets.used(Usage(input_tokens=500, output_tokens=50), Cost(0.002, "config"))
         reply.parts.add().text.text = f"step {step} " * 40
-        if step < steps - 1 and arm == "separate":  # the step's checkpoint (else: the next charge)
+        # The step's checkpoint, with no budget too (else: the next charge carries it).
+        if step < steps - 1 and arm in ("off", "separate"):
             await store.save_message(turn.conversation_id, reply, lease=turn.lease)
     charge = None
     if budgets is not None and arm == "separate":
@@ -239,15 +253,24 @@ async def _steps(
 
 
 async def _block(
-    store: Store, arm: str, request: ModelRequest, *, turns: int, steps: int, url: str | None, base: int
+    store: Store,
+    arm: str,
+    request: ModelRequest,
+    *,
+    turns: int,
+    steps: int,
+    url: str | None,
+    base: int,
+    carried: bool = True,
 ) -> tuple[list[float], list[float], float]:
-    """``turns`` requests of ``arm``: each one's client CPU and wall, and the server's CPU per
-    request over the block, in µs."""
+    """``turns`` requests of ``arm`` (``carried``: see :func:`_turn`): each one's client CPU and
+    wall, and the server's CPU per request over the block, in µs."""
     server_before = backend_cpu_s(url) if url else 0.0
     cpu, wall = [], []
     for n in range(turns):
+        _served(arm, base + n, request)
         cpu_before, wall_before = time.process_time(), time.perf_counter()
-        await _turn(store, arm, steps, request, base + n)
+        await _turn(store, arm, steps, request, base + n, carried=carried)
         cpu.append((time.process_time() - cpu_before) * 1e6)
         wall.append((time.perf_counter() - wall_before) * 1e6)
     server = ((backend_cpu_s(url) - server_before) / turns * 1e6) if url else 0.0
@@ -260,13 +283,14 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=15, help="blocks of each arm, interleaved")
     parser.add_argument("--steps", type=int, default=1, help="model steps per request")
     parser.add_argument("--messages", type=int, default=20, help="messages in each step's history")
-    parser.add_argument("--base", type=Path, help="another checkout: its charge program as a fourth arm")
+    parser.add_argument("--base", type=Path, help="another checkout: its charge program as a fifth arm")
     args = parser.parse_args()
     arms = (*ARMS, "base") if args.base else ARMS
-    # arm -> the arm _turn runs, the charge program the store's writes call, its request ids' offset
-    runs: dict[str, tuple[str, Any, int]] = {arm: (arm, budget_writes, 0) for arm in ARMS}
-    if args.base:
-        runs["base"] = ("folded", _base_charges(args.base.resolve()), 10**6)  # ids apart from folded's
+    # arm -> the arm _turn runs, the charge program the store's writes call, its request ids'
+    # offset, whether PostgreSQL's admission carries the first reservation
+    runs: dict[str, tuple[str, Any, int, bool]] = {arm: (arm, budget_writes, 0, True) for arm in ARMS}
+    if args.base:  # request ids apart from admitted's
+        runs["base"] = ("admitted", _base_charges(args.base.resolve()), 10**6, False)
     request = ModelRequest(
         model="model",
         system="You are a helpful assistant.",
@@ -281,16 +305,23 @@ async def main() -> None:
         stores = (("SQLite", lite, None), ("PostgreSQL", pg, url))
         for _, store, store_url in stores:
             for arm in arms:  # warm: imports, caches, the statement cache
-                run, charges, offset = runs[arm]
+                run, charges, offset, carries = runs[arm]
                 _use(charges)
                 await _block(
-                    store, run, request, turns=20, steps=args.steps, url=store_url, base=offset - 100
+                    store,
+                    run,
+                    request,
+                    turns=20,
+                    steps=args.steps,
+                    url=store_url,
+                    base=offset - 100,
+                    carried=carries or store is lite,
                 )
         for r in range(args.rounds):
             for name, store, store_url in stores:
                 # Interleaved, each round in another order: a load change hits every arm alike.
                 for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
-                    run, charges, offset = runs[arm]
+                    run, charges, offset, carries = runs[arm]
                     _use(charges)
                     samples, walls, per_request = await _block(
                         store,
@@ -300,6 +331,7 @@ async def main() -> None:
                         steps=args.steps,
                         url=store_url,
                         base=offset + r * args.block,
+                        carried=carries or store is lite,
                     )
                     cpu.setdefault((name, arm), []).extend(samples)
                     wall.setdefault((name, arm), []).extend(walls)

@@ -7,6 +7,9 @@ way, and nothing stays reserved. A step's prompt estimate walks only the message
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -19,7 +22,7 @@ from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.cache_budget import CacheBudget
 from turnwire_server.engine.budget_admission import FirstStepEstimates
 from turnwire_server.engine.budget_settings import BudgetSettings
-from turnwire_server.store.base import BudgetCharge, BudgetKey, BudgetSpend
+from turnwire_server.store.base import BudgetCharge, BudgetGrant, BudgetKey, BudgetSpend, TurnAdmission
 
 CONVERSATION = BudgetKey("conversation", CONV)
 STEP = ScriptStep(text="Answer.", usage=ScriptedUsage(input_tokens=40, output_tokens=8), repeat=True)
@@ -101,6 +104,30 @@ async def test_a_step_the_admissions_reservation_does_not_cover_charges_on_its_o
     assert admitted is not None and admitted.ask is not None
     assert own.ask is not None and own.ask.prompt_tokens > admitted.ask.prompt_tokens
     assert own.spent == (0, 0.0)  # the admission's reservation settled at zero: nothing was sent on it
+    assert await _spend(h) == BudgetSpend(2 * 48, 0.0, 0, 0.0)
+
+
+async def test_an_admission_whose_grant_was_lost_settles_its_reservation_at_zero(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL's one flight carried the reservation and its commit's answer was lost
+    (``store/postgres/admission.py``, ``_own_start``): the reservation is stored, the admission's
+    ``budget`` an empty grant. The step charges on its own, settling the reservation at zero."""
+    h = await make_engine(scripts={"main": [STEP]}, budgets=_budgets())
+    assert end_of(await h.run("hi")).status == event_pb2.TURN_STATUS_COMPLETED
+    charges = Charges(h, monkeypatch)
+    admit = h.store.admit_turn
+
+    @contextlib.asynccontextmanager
+    async def answer_lost(*args: Any, **kwargs: Any) -> AsyncIterator[TurnAdmission]:
+        async with admit(*args, **kwargs) as admission:
+            assert admission.budget is not None and admission.budget.tokens > 0  # it reserved
+            yield dataclasses.replace(admission, budget=BudgetGrant())
+
+    monkeypatch.setattr(h.store, "admit_turn", answer_lost)
+    assert end_of(await h.run("again")).status == event_pb2.TURN_STATUS_COMPLETED
+    (own,) = charges.own
+    assert own.spent == (0, 0.0)
     assert await _spend(h) == BudgetSpend(2 * 48, 0.0, 0, 0.0)
 
 

@@ -1,5 +1,5 @@
 """A turn's first token reaches its reader before the rest of the model's answer is worked
-through (issue 33; engine/step_loop.py ``_first_token``, engine/channel.py ``taken``).
+through (issue 33; engine/step_stream.py ``_first_token``, engine/channel.py ``taken``).
 
 A model whose whole answer is already read (a short answer arrives in one read) yields its
 chunks without the turn's task ever waiting; without the hand-over, the reader got the first

@@ -25,6 +25,7 @@ from turnwire_server.store.base import (
     BudgetSpend,
     SubmissionRecord,
 )
+from turnwire_server.store.core.budget_rules import Reservation, settle
 from turnwire_server.store.errors import LeaseLost, MessageIdConflict
 from turnwire_server.store.postgres import PostgresStore
 
@@ -118,6 +119,114 @@ async def test_a_lost_attempts_reservation_is_settled_once_not_charged_twice(
     assert grant.spends[CONVERSATION] == BudgetSpend(3_000, 0.0, 3_000, 0.0)
     grant = await store.charge_budget(_charge(taken, budget, spent=(1_200, None)))
     assert grant.spends[CONVERSATION] == BudgetSpend(4_200, 0.0, 0, 0.0)
+
+
+async def test_the_final_writes_settlement_charges_a_lost_attempt_at_its_reservation_and_its_own_at_use(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    # The settlement's rule (budget_writes._SETTLE) on the final write's path (the settlement
+    # alone, one batch): a reservation of the lost attempt's epoch at what it reserved, whatever
+    # the use given; this attempt's at its use where known (tokens), at what it reserved where
+    # not (US dollars).
+    budgets = (
+        BudgetLimits(CONVERSATION, tokens=10_000, conversation_id="c"),
+        BudgetLimits(TENANT_DAY, usd=10.0),
+    )
+    ask = _ask(1_000, 2_000, usd_in=1e-3, usd_out=1e-3)  # 3 000 tokens, 3.0 US dollars
+    mine = await _started(store, "r1")
+    await store.charge_budget(_charge(mine, *budgets, ask=ask))
+    now = LAPSED if store_backend.name == "postgres" else T0
+    (taken,) = await store.claim_interrupted_turns("b", now, UNTIL, 10)
+    grant = await store.finish_turn(_ended(taken), None, budget=_charge(taken, *budgets, spent=(150, 0.01)))
+    assert grant is not None
+    for key in (CONVERSATION, TENANT_DAY):
+        state = grant.spends[key]
+        assert (state.spent_tokens, state.reserved_tokens, state.reserved_usd) == (3_000, 0, 0.0)
+        assert state.spent_usd == pytest.approx(3.0)
+    assert await store.budget_spends([CONVERSATION, TENANT_DAY]) == grant.spends
+    assert (await store.charge_budget(BudgetCharge("r1", "c", None, ()))).spends == {}  # nothing left
+
+    other = await _started(store, "r2", "c2")
+    own = (BudgetLimits(BudgetKey("conversation", "c2"), tokens=10_000, conversation_id="c2"), budgets[1])
+    await store.charge_budget(_charge(other, *own, ask=ask))
+    grant = await store.finish_turn(_ended(other), None, budget=_charge(other, *own, spent=(150, None)))
+    assert grant is not None
+    state = grant.spends[BudgetKey("conversation", "c2")]
+    assert (state.spent_tokens, state.reserved_tokens) == (150, 0)
+    assert state.spent_usd == pytest.approx(3.0)  # the unknown cost at what it reserved
+    assert grant.spends[TENANT_DAY].spent_usd == pytest.approx(6.0)
+
+
+async def test_an_abandoned_turns_settlement_charges_every_reservation_at_what_it_reserved(
+    store: Store,
+) -> None:
+    # settle_abandoned's charge: no lease, no use: each reservation at what it reserved, once.
+    mine = await _started(store, "r1")
+    budgets = (
+        BudgetLimits(CONVERSATION, tokens=10_000, conversation_id="c"),
+        BudgetLimits(TENANT_DAY, usd=1.0),
+    )
+    await store.charge_budget(_charge(mine, *budgets, ask=_ask(100, 100, usd_in=1e-3, usd_out=1e-3)))
+    grant = await store.charge_budget(BudgetCharge("r1", "c", None, ()))
+    for key in (CONVERSATION, TENANT_DAY):
+        state = grant.spends[key]
+        assert (state.spent_tokens, state.reserved_tokens, state.reserved_usd) == (200, 0, 0.0)
+        assert state.spent_usd == pytest.approx(0.2)
+    assert (await store.charge_budget(BudgetCharge("r1", "c", None, ()))).spends == {}
+    assert await store.budget_spends([CONVERSATION, TENANT_DAY]) == grant.spends
+
+
+async def test_a_settlement_reports_a_charged_budget_it_reserved_nothing_on(store: Store) -> None:
+    # The final settlement after midnight charges today's budget, on which the turn reserved
+    # nothing: its state (another turn's spend) is read, not reported as zero; no row is made.
+    other = await _started(store, "r0", "c0")
+    today = BudgetKey("tenant/day", "", "2026-01-03")
+    await store.charge_budget(_charge(other, BudgetLimits(today, tokens=5_000), ask=_ask(10, 10)))
+    turn = await _started(store, "r1")
+    conversation = BudgetLimits(CONVERSATION, tokens=10_000, conversation_id="c")
+    await store.charge_budget(_charge(turn, conversation, ask=_ask(100, 100)))
+    limits = (conversation, BudgetLimits(today, tokens=5_000), BudgetLimits(TENANT_DAY, tokens=5_000))
+    grant = await store.finish_turn(_ended(turn), None, budget=_charge(turn, *limits, spent=(150, None)))
+    assert grant is not None and grant.spends == {
+        CONVERSATION: BudgetSpend(150, 0.0, 0, 0.0),
+        today: BudgetSpend(0, 0.0, 20, 0.0),
+        TENANT_DAY: BudgetSpend(),
+    }
+    assert TENANT_DAY not in await store.budget_spends([TENANT_DAY])
+    # A deleted conversation's turn: nothing settled, nothing reported.
+    assert await store.delete_conversation("c0")
+    late = await store.charge_budget(_charge(other, BudgetLimits(today, tokens=5_000), spent=(1, None)))
+    assert late.spends == {}
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["own", "lost"])
+@pytest.mark.parametrize("spent", [(150, 0.25), (150, None), (None, 0.25), None], ids=str)
+async def test_the_sql_settlement_agrees_with_the_rule(
+    store: Store, store_backend: StoreBackend, lost: bool, spent: tuple[int | None, float | None] | None
+) -> None:
+    # A charge without an ask settles in SQL (budget_writes._SETTLE), one with an ask by
+    # budget_rules.settle: the same states from the same reservations, on the final write's path.
+    other = await _started(store, "r0", "c0")  # the day's row holds another turn's reservation too
+    budgets = (
+        BudgetLimits(CONVERSATION, tokens=10_000, conversation_id="c"),
+        BudgetLimits(TENANT_DAY, usd=10.0),
+    )
+    await store.charge_budget(_charge(other, budgets[1], ask=_ask(300, 100, usd_in=1e-3, usd_out=3e-3)))
+    turn = await _started(store, "r1")
+    reserved = await store.charge_budget(
+        _charge(turn, *budgets, ask=_ask(1_000, 2_000, usd_in=1e-3, usd_out=1e-3))
+    )
+    charging = turn
+    if lost:
+        now = LAPSED if store_backend.name == "postgres" else T0
+        (charging,) = [
+            t for t in await store.claim_interrupted_turns("b", now, UNTIL, 10) if t.request_id == "r1"
+        ]
+    stored = [Reservation(b.key, turn.lease_epoch, reserved.tokens, reserved.usd) for b in budgets]
+    expected = settle(reserved.spends, stored, epoch=charging.lease_epoch, spent=spent)
+    grant = await store.finish_turn(_ended(charging), None, budget=_charge(charging, *budgets, spent=spent))
+    assert grant is not None and grant.spends == expected
+    assert await store.budget_spends([b.key for b in budgets]) == expected
 
 
 def _ended(turn: TurnRecord) -> TurnRecord:
@@ -355,6 +464,31 @@ async def test_a_turns_first_reservation_rides_the_commit_of_its_input(store: St
     assert [m.id for m in await store.load_messages("c")] == ["u-r1", "u-r2"]
     settled = await store.charge_budget(_charge(second, budget, spent=(0, 0.0)))
     assert settled.spends[CONVERSATION] == BudgetSpend(0, 0.0, 0, 0.0)
+
+
+async def test_an_idle_conversations_admission_carries_the_first_reservation(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    """On the idle path too (PostgreSQL: the one-flight admission, its charge's reads answered with
+    the flight's, its writes sent with the COMMIT): the grant comes back, the reservation stored."""
+    budget = BudgetLimits(CONVERSATION, tokens=1_000, conversation_id="c")
+    turn = leased_turn("r1", "c", "a1", start_time=T0)
+    queued: list[bool] = []
+    async with store.admit_turn(
+        turn,
+        _input("r1"),
+        lease_seconds=30,
+        read_compaction=False,
+        queued=queued.append,
+        budget=_charge(turn, budget, ask=_ask(100, 300)),
+    ) as admission:
+        assert admission.budget is not None
+        assert (admission.budget.output_tokens, admission.budget.tokens) == (300, 400)
+        assert admission.history is None or [m.id for m in admission.history] == ["u-r1"]
+    if store_backend.name == "postgres":
+        assert queued == []  # the one flight: it never took the waiting path
+    assert (await store.budget_spends([CONVERSATION]))[CONVERSATION] == BudgetSpend(0, 0.0, 400, 0.0)
+    assert [m.id for m in await store.load_messages("c")] == ["u-r1"]
 
 
 async def test_an_admission_whose_reservation_is_refused_still_stores_the_input(store: Store) -> None:

@@ -21,11 +21,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 from support.engine_harness import CONV, EngineFactory, collect, end_of, text_of
 from support.waiting import wait_until
 
 from turnwire.testing import ScriptStep
 from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_server.engine.errors import ServerStopping
 from turnwire_server.engine.replica import Replica
 from turnwire_server.store.errors import StoreUnreachable
 
@@ -154,10 +156,9 @@ async def test_a_recovery_whose_turn_lock_fails_is_given_up(make_engine: EngineF
 
     h.store.turn_lock = refused  # type: ignore[method-assign]
     await h.engine.recover_turns(claimed)  # a detached run: it fails at its turn lock
-    released = await wait_until(
-        lambda: _give_up_orphans(h), timeout=10, what="the failed recovery is given up"
-    )
-    assert released == 1
+    await wait_until(lambda: h.engine.handle("r-lock") is None, timeout=10, what="the failed recovery ended")
+    await _ran_no_recovery(h, "r-lock")
+    assert await _give_up_orphans(h) == 1
     h.store.turn_lock = lock  # type: ignore[method-assign]
     await _recovered_once(h, "r-lock")
 
@@ -225,16 +226,11 @@ async def test_a_recovery_that_fails_to_start_is_recovered_by_the_next_tick(
     await _wait_answered(h, "r-refused")
 
 
-async def test_a_recovery_stopped_while_it_waits_for_its_lock_is_recovered_once(
-    make_engine: EngineFactory,
-) -> None:
-    """A recovery cancelled while queued for its conversation's lock (a cancel, a shutdown) is
-    left running in the store as a crash would leave it, its stream with no end: given up and
-    recovered, its stream ends once."""
-    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
-    claimed = await _a_stranded_turn_claimed(h, "r-queued")
-    held = asyncio.Event()
-    release = asyncio.Event()
+async def _a_recovery_in_line(h: Any, request_id: str) -> tuple[asyncio.Event, asyncio.Task[None]]:
+    """A stranded turn claimed and recovered while another holds its conversation's lock: its
+    recovery waits in line. Returns the event that lets the holder go, and the holder's task."""
+    claimed = await _a_stranded_turn_claimed(h, request_id)
+    held, release = asyncio.Event(), asyncio.Event()
 
     async def hold_the_lock() -> None:
         async with h.store.turn_lock(CONV, request_id="r-ahead"):
@@ -244,16 +240,71 @@ async def test_a_recovery_stopped_while_it_waits_for_its_lock_is_recovered_once(
     holder = asyncio.create_task(hold_the_lock())
     await held.wait()
     await h.engine.recover_turns(claimed)
+    assert h.engine.handle(request_id) is not None
+    return release, holder
+
+
+@pytest.mark.parametrize("cancelled_first", [False, True], ids=["shutdown", "cancel-then-shutdown"])
+async def test_a_recovery_stopped_by_a_shutdown_while_it_waits_for_its_lock_is_recovered_once(
+    make_engine: EngineFactory, cancelled_first: bool
+) -> None:
+    """A recovery a shutdown stops while queued for its conversation's lock is left running in
+    the store as a crash would leave it, its stream with no end, its recovery not counted
+    (nothing ran): given up and recovered, its stream ends once. A shutdown does not wait for
+    the line of a recovery ``CancelChat`` left to end in it (``cancelled_first``)."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
+    release, holder = await _a_recovery_in_line(h, "r-queued")
     handle = h.engine.handle("r-queued")
-    assert handle is not None and h.engine.cancel("r-queued")
+    if cancelled_first:
+        assert handle is not None and handle.cancel()
+    assert handle is not None and handle.cancel(ServerStopping())
     await wait_until(
         lambda: h.engine.handle("r-queued") is None, timeout=10, what="the queued recovery ended"
     )
+    await _ran_no_recovery(h, "r-queued")
     release.set()
     await holder
     replica = Replica(h.engine, resume=True)
     assert await replica.tick() == 1
     await _wait_answered(h, "r-queued")
+
+
+@pytest.mark.parametrize("in_line", [True, False], ids=["waiting-in-line", "before-it-ran"])
+async def test_cancel_chat_on_a_recovery_that_has_not_run_ends_it_aborted(
+    make_engine: EngineFactory, in_line: bool
+) -> None:
+    """``CancelChat`` on a recovery queued for its conversation's lock (``in_line``), or sent
+    right after the recovery started, is honoured as for a queued turn (docs/semantics.md §5,
+    Cancellation): the turn ends ``ABORTED`` when its turn comes, its question kept, its stream
+    ended once, and nothing recovers it again; the model is never called."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
+    if in_line:
+        release, holder = await _a_recovery_in_line(h, "r-cancelled")
+        assert await h.engine.cancel_anywhere("r-cancelled")
+        release.set()
+        await holder
+    else:
+        await h.engine.recover_turns(await _a_stranded_turn_claimed(h, "r-cancelled"))
+        assert await h.engine.cancel_anywhere("r-cancelled")
+    await wait_until(
+        lambda: h.engine.handle("r-cancelled") is None, timeout=10, what="the cancelled recovery ended"
+    )
+    turn = await h.store.get_turn("r-cancelled")
+    assert turn is not None and turn.state == "aborted"
+    assert await h.store.running_turns() == []
+    assert await Replica(h.engine, resume=True).tick() == 0
+    assert [text_of(m) for m in await h.store.load_messages(CONV)] == ["question"]
+    assert h.provider.calls == 0
+    stored = [event async for event in h.engine.replay("r-cancelled", 0)]
+    ends = [e.turn_end for e in stored if e.HasField("turn_end")]
+    assert [end.status for end in ends] == [event_pb2.TURN_STATUS_ABORTED]
+
+
+async def _ran_no_recovery(h: Any, request_id: str) -> None:
+    """``request_id`` is running in the store with no recovery counted (docs/semantics.md §8:
+    one that ran nothing is not)."""
+    (turn,) = await h.store.running_turns()
+    assert (turn.request_id, turn.recovery_count) == (request_id, 0)
 
 
 async def _wait_answered(h: Any, request_id: str) -> None:
@@ -267,3 +318,33 @@ async def _wait_answered(h: Any, request_id: str) -> None:
     assert messages is not None and [text_of(m) for m in messages] == ["question", "the answer"]
     stored = [event async for event in h.engine.replay(request_id, 0)]
     assert sum(1 for e in stored if e.HasField("turn_end")) == 1
+
+
+async def test_a_recovery_refused_for_its_request_id_in_use_spends_no_recovery(
+    make_engine: EngineFactory,
+) -> None:
+    """A claimed turn whose recovery is refused because its request id is in use here (another
+    attempt under it, queued: a client's retry) is not counted against ``recovery_budget``
+    (docs/semantics.md §8): that refusal ran nothing. Recovered once the other attempt is gone,
+    it is the turn's first recovery."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]}, recovery_budget=1)
+    claimed = await _a_stranded_turn_claimed(h, "r-in-use")
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def hold_the_lock() -> None:
+        async with h.store.turn_lock(CONV, request_id="r-ahead"):
+            held.set()
+            await release.wait()
+
+    holder = asyncio.create_task(hold_the_lock())
+    await held.wait()
+    retry = await h.start("question", request_id="r-in-use")  # queued behind the lock holder
+    await h.engine.recover_turns(claimed)  # refused: RequestIdInUse (logged)
+    await _ran_no_recovery(h, "r-in-use")
+    release.set()
+    await holder
+    assert end_of(await collect(retry)).status == event_pb2.TURN_STATUS_ERROR  # the id is taken
+    assert await Replica(h.engine, resume=True).tick() == 1
+    await _wait_answered(h, "r-in-use")
+    ended = await h.store.get_turn("r-in-use")
+    assert ended is not None and (ended.state, ended.recovery_count) == ("completed", 1)

@@ -51,6 +51,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from turnwire_server.config import Settings
+from turnwire_server.event_waits import set_within
 from turnwire_server.listen_check import ListenAddressError, check_listen_address, hold_listen_address
 from turnwire_server.metrics_endpoint import MetricsEndpoint, start_metrics_endpoint
 
@@ -212,9 +213,7 @@ class Supervisor:
                 _describe_exit(code),
                 delay,
             )
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._stopping.wait()
+            await set_within(self._stopping, delay)
             if self._stopping.is_set():
                 return True  # stopped during the backoff: nothing left to stop
             await self._start(worker)  # a worker that cannot start exits: the loop counts it

@@ -76,3 +76,25 @@ async def test_demo_inspect_without_a_built_page_says_how_to_build_it(
     output = capsys.readouterr().out
     assert "the inspector page is not built" in output and "make build-inspector" in output
     assert not (tmp_path / "turnwire-demo.log").exists()  # no sidecar was started
+
+
+async def test_a_demo_whose_store_is_held_names_the_way_to_run_it_elsewhere(tmp_path: Path) -> None:
+    """A fresh user's trial (stop 48): ``make demo`` beside a running ``turnwire serve`` in the same
+    folder failed with a hint at ``--workdir``, an option ``make demo`` did not pass on. The hint
+    now gives both spellings, and ``make demo DEMO_ARGS=…`` passes them."""
+    import asyncio
+
+    from turnwire_server.store.sqlite import SqliteStore
+
+    held = SqliteStore(tmp_path / "turnwire.db")  # what a running sidecar in this folder holds
+    await held.open()
+    try:
+        returncode, output = await asyncio.to_thread(_demo, tmp_path)
+    finally:
+        await held.close()
+    assert returncode == 1, output
+    assert "is in use by another turnwire process" in output
+    assert "turnwire demo --workdir DIR" in output
+    assert "make demo DEMO_ARGS='--workdir DIR'" in output
+    makefile = (Path(__file__).parents[2] / "Makefile").read_text()
+    assert "turnwire demo $(DEMO_ARGS)" in makefile

@@ -60,6 +60,7 @@ from turnwire_server.access_settings import TenantShareSettings
 from turnwire_server.api.caller import current_caller
 from turnwire_server.api.rpc_logging import Throttled, malformed_requests, short
 from turnwire_server.api.status import TurnwireStatusError, invalid_argument
+from turnwire_server.event_waits import set_within
 from turnwire_server.tenant_keys import tenant_of_key
 
 log = logging.getLogger("turnwire.api")
@@ -292,12 +293,7 @@ class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is unt
 
     async def wait_idle(self, timeout: float) -> bool:  # noqa: ASYNC109
         """Wait until no ChatService call runs, for at most ``timeout`` seconds; whether none does."""
-        try:
-            async with asyncio.timeout(timeout):
-                await self._idle.wait()
-        except TimeoutError:
-            return False
-        return True
+        return await set_within(self._idle, timeout)
 
     # --- refusals ----------------------------------------------------------------------
 

@@ -181,7 +181,9 @@ async def run_demo(
                 if "in use by another turnwire process" in logged:
                     # The demo's own store is the file in its directory: another directory frees it.
                     console.print(
-                        f"a sidecar already serves {workdir}: run the demo elsewhere with --workdir DIR"
+                        f"a sidecar already serves {workdir}: run the demo in another directory,"
+                        " `turnwire demo --workdir DIR` (from make: `make demo DEMO_ARGS='--workdir DIR'`)",
+                        soft_wrap=True,  # commands to copy: never broken across lines
                     )
                 return 1
             console.print("[green]sidecar is SERVING[/] (grpc.health.v1)\n")

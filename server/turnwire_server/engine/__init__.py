@@ -14,16 +14,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from turnwire_server.engine.engine import TurnEngine, TurnHandle
+    from turnwire_server.engine.engine import TurnEngine
     from turnwire_server.engine.request import TurnRequest
     from turnwire_server.engine.settings import EngineSettings
+    from turnwire_server.engine.turn_handle import TurnHandle
 
 __all__ = ["EngineSettings", "TurnEngine", "TurnHandle", "TurnRequest"]
 
 _HOMES = {
     "EngineSettings": "settings",
     "TurnEngine": "engine",
-    "TurnHandle": "engine",
+    "TurnHandle": "turn_handle",
     "TurnRequest": "request",
 }
 

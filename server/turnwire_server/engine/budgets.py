@@ -162,6 +162,7 @@ class StepBudgets:
         self._seen: tuple[tuple[BudgetLimits, ...], dict[BudgetKey, BudgetSpend]] | None = None
         self._final: BudgetCharge | None = None  # the final write's settlement, once asked for
         self._estimates = estimates
+        self._scoped: tuple[dt.date, tuple[BudgetLimits, ...]] | None = None  # _budgets' last answer
         self._admitted: BudgetGrant | None = None  # the admission's reservation, until a step takes it
         if admitted is not None:
             self._charged(admitted.budgets, None, admitted)
@@ -330,9 +331,14 @@ class StepBudgets:
             self._charged(charge.budgets, None, grant)
 
     def _budgets(self, now: dt.datetime) -> tuple[BudgetLimits, ...]:
+        # Kept for the UTC day (a period's budgets change only with it): each step and the
+        # final charge ask, and the answer is the same within a day.
+        day = now.astimezone(dt.UTC).date()
+        if self._scoped is not None and self._scoped[0] == day:
+            return self._scoped[1]
         # The turn's own row only when it has a limit, or may have one stored (a recovery does
         # not know whether its request lowered it): no row per turn for nothing.
-        return budgets_for(
+        budgets = budgets_for(
             self.settings,
             self.request_id,
             self.conversation_id,
@@ -341,6 +347,8 @@ class StepBudgets:
             principal=self.principal,
             with_turn=self.turn_limit.limited or self._recovered,
         )
+        self._scoped = (day, budgets)
+        return budgets
 
     async def _charge(
         self,

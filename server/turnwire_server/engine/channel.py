@@ -92,7 +92,7 @@ class EventChannel(Generic[T]):
         """Wait until the consumer has taken the item put last, for at most ``timeout_seconds``
         (at once when nothing is queued; on :meth:`detach` or :meth:`close`). For an RPC, its
         write has then started: a producer that would go on working without awaiting anything
-        lets the item reach the wire first (a turn's first token, step_loop.py)."""
+        lets the item reach the wire first (a turn's first token, step_stream.py)."""
         items = self._items
         if not items:
             return

@@ -31,13 +31,14 @@ from turnwire.types import last_step_text
 from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 from turnwire_server.engine.subagents import CHILD_MARK, local_id
 from turnwire_server.engine.turn_spec import parse_spec
+from turnwire_server.event_waits import set_within
 from turnwire_server.store.records import SubmissionRecord, TurnRecord
 
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-    from turnwire_server.engine.engine import TurnHandle
     from turnwire_server.engine.submissions import Submissions
+    from turnwire_server.engine.turn_handle import TurnHandle
     from turnwire_server.store.base import EngineStore
 
 log = logging.getLogger("turnwire.subagents")
@@ -88,10 +89,7 @@ class DetachedResults:
         run = handle.run
         if run.left_running or run.lease_lost is not None or not run.messages_persisted:
             return  # not over here: its recovery (here or elsewhere) delivers, or it never started
-        try:
-            async with asyncio.timeout(_PATIENCE_SECONDS):
-                await self._ready.wait()
-        except TimeoutError:
+        if not await set_within(self._ready, _PATIENCE_SECONDS):
             log.error("sub-agent turn %s: its answer was not delivered (no submissions)", handle.request_id)
             return
         submissions, store = self._submissions, self._store

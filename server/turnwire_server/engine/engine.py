@@ -11,43 +11,41 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import dataclasses
 import datetime as dt
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from turnwire.hooks import ConcurrentInput
 from turnwire.tools import Tool
-from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_client.v1 import event_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.budget_admission import admission_refusal
-from turnwire_server.engine.budgets import settle_abandoned
 from turnwire_server.engine.channel import EventChannel
+from turnwire_server.engine.crash_recovery import recover_turn
 from turnwire_server.engine.errors import (
     CancelledByShutdown,
     ConversationDeleted,
     NestedTurn,
     QueueFull,
     RequestIdInUse,
-    ServerRestarted,
     ServerStopping,
     ShuttingDown,
     StoppedByInput,
     TurnInProgress,
 )
-from turnwire_server.engine.events import DetachedResponse, EventWriter
+from turnwire_server.engine.events import EventWriter
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.resume import replay
 from turnwire_server.engine.settings import EngineSettings
 from turnwire_server.engine.stream_log import RECOVERY_SEQUENCE_GAP, StreamLog, Subscription
 from turnwire_server.engine.tracing import TRACING_OFF, Tracing
-from turnwire_server.engine.transcript import mark_unknown_starts, repair_unresolved_tool_calls
-from turnwire_server.engine.turn import ErrorStatus, Recovery, TurnRun
+from turnwire_server.engine.turn import TurnRun
+from turnwire_server.engine.turn_base import ErrorStatus, Recovery
+from turnwire_server.engine.turn_handle import TurnHandle
 from turnwire_server.engine.turn_slots import UNCOUNTED, TurnSlots
-from turnwire_server.engine.turn_spec import parse_spec
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.log_context import bind as bind_log_context
 from turnwire_server.providers.registry import ProviderRegistry
@@ -75,71 +73,6 @@ class SubagentHomes(Protocol):
     def started(self, handle: TurnHandle) -> None:
         """A sub-agent's turn started (a call, or the recovery of one)."""
         ...
-
-
-class TurnHandle:
-    """A started turn: iterate it for its responses (each wraps a ``TurnEvent``)."""
-
-    def __init__(
-        self,
-        run: TurnRun,
-        channel: EventChannel[Any],
-        task: asyncio.Task[None],
-        log: StreamLog,
-        *,
-        detached: bool = False,
-        slots: TurnSlots = UNCOUNTED,
-    ) -> None:
-        self.run = run
-        #: Started without a caller (a submission, a recovery): it runs again after a restart.
-        self.detached = detached
-        self.channel = channel
-        self.task = task
-        self.log = log
-        self.request_id = run.request.request_id
-        self.conversation_id = run.request.conversation_id
-        self._slots = slots
-        self._free_slot: Callable[[], None] | None = None
-        if detached:
-            self._hold_slot()
-
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self.channel.__aiter__()
-
-    def cancel(self, stop: BaseException | None = None) -> bool:
-        """Cancel the turn; it stores its partial reply and ends with TURN_STATUS_ABORTED
-        (``stop``: why, carried in its TurnEnd, e.g. :class:`CancelledByShutdown`).
-
-        False when that changes nothing (already stopped, or the reply is being stored).
-        """
-        return self.run.cancel(stop)
-
-    def detach(self) -> None:
-        """The caller left and the turn goes on without it (disconnect policy CONTINUE): its
-        events are no longer queued for the call, which no longer slows the turn, and it holds a
-        turn slot of its own until it ends (:mod:`~turnwire_server.engine.turn_slots`)."""
-        self.channel.detach()
-        self._hold_slot()
-
-    def _hold_slot(self) -> None:
-        """Count the turn as running without a caller, once, unless it is over already (its
-        task's end frees the slot, :meth:`free_slot`)."""
-        if self._free_slot is None and not self.task.done() and not self.run.ended:
-            self._free_slot = self._slots.hold_turn(self.conversation_id)
-
-    def free_slot(self) -> None:
-        """The turn ended: give back the slot :meth:`detach` or a detached start took (if any)."""
-        free, self._free_slot = self._free_slot, None
-        if free is not None:
-            free()
-
-    def release(self) -> None:
-        """The caller's stream ended: cancel the turn, or detach it when its request asked
-        the turn to continue without its caller (docs/semantics.md §5)."""
-        if self.run.request.disconnect == "continue":
-            self.detach()
-        else:
-            self.cancel()
 
 
 class TurnEngine:
@@ -635,115 +568,32 @@ class TurnEngine:
         """Recover ``turns``, claimed by this replica (see :meth:`recover`). A turn whose recovery
         does not start is running under this replica's lease with nothing running it: the next
         lease renewal gives it up (:meth:`release_orphaned`), so a claim recovers it (its
-        recovery counted: ``durability.recovery_budget`` bounds the attempts). Raises
+        recovery counted: ``durability.recovery_budget`` bounds the attempts; not when it ran
+        nothing, docs/semantics.md §8). Raises
         :class:`StoreError` at the first store failure (the others wait for the next claim); any
         other failure is logged and the next turn recovered."""
         for turn in turns:
             try:
-                await self._recover_turn(turn, resume)
+                await recover_turn(
+                    turn,
+                    resume,
+                    store=self.store,
+                    settings=self.settings,
+                    slots=self._recovery_slots,
+                    error_status=self.error_status,
+                    start=self._start_recovery,
+                )
             except StoreError:
                 raise
             except Exception:  # a refusal (RequestIdInUse, ShuttingDown) or a bug: not the others' fault
                 log.exception("turn %s: its recovery did not start; its lease is given up", turn.request_id)
 
-    async def _recover_turn(self, turn: TurnRecord, resume: bool) -> None:
-        """Recover one claimed ``turn`` (see :meth:`recover`). Raises :class:`StoreError` when the
-        store fails before its run started."""
-        slots = self._recovery_slots
-        messages = await self.store.load_messages(turn.conversation_id)
-        stored = next((m for m in messages if m.id == turn.assistant_message_id), None)
-        problem = self._unrecoverable(turn, resume)
-        spec = parse_spec(turn.spec or "") if problem is None else None
-        reply = None
-        if stored is not None:
-            reply = message_pb2.Message()  # the store's messages are shared: repair a copy
-            reply.CopyFrom(stored)
-            # A recovery decides its calls without a result once it knows their tools
-            # (interrupted_calls); a turn left interrupted gives them their interrupted result.
-            repair_unresolved_tool_calls([reply], keep_runnable=spec is not None)
-            if spec is not None and not spec.tool_starts:
-                mark_unknown_starts(reply)
-            if not any(p.WhichOneof("kind") != "step_start" for p in reply.parts):
-                reply = None
-        stream = await self.store.get_stream(turn.request_id)
-        last_sequence = stream.last_sequence_number if stream is not None else 0
-        if spec is not None:
-            record = dataclasses.replace(turn, recovery_count=turn.recovery_count + 1)
-            await self.store.finish_turn(record, reply)
-            request = TurnRequest(
-                conversation_id=turn.conversation_id,
-                request_id=turn.request_id,
-                messages=[],
-                body=spec.body,
-                model=turn.model,
-                continuation=True if reply is not None else spec.continuation,
-                response_type=DetachedResponse,
-                disconnect="continue",
-                client_tools=spec.client_tools,
-                entry="recovery",
-                trace_context=spec.trace_context,
-                principal=spec.principal,
-                subagent_path=spec.subagent_path,
-            )
-            await self.start(
-                request,
-                detached=True,
-                queue_limit=False,
-                recovery=Recovery(record, reply, attempt=record.recovery_count + 1, slots=slots),
-                last_sequence_number=last_sequence,
-            )
-            log.warning(
-                "recovering turn %s of conversation %s (recovery %d of %d, %s)",
-                turn.request_id,
-                turn.conversation_id,
-                record.recovery_count,
-                self.settings.durability.recovery_budget,
-                "continuing its reply" if reply is not None else "re-running it",
-            )
-            return
-        assert problem is not None  # no spec: not recoverable
-        error = self.error_status(problem, "turn")
-        record = dataclasses.replace(
-            turn, state="interrupted", end_time=dt.datetime.now(dt.UTC), error=error.SerializeToString()
+    async def _start_recovery(self, request: TurnRequest, recovery: Recovery, last_sequence: int) -> None:
+        """A recovery run of a claimed turn (:func:`~.crash_recovery.recover_turn`): detached, never
+        refused for a full queue, its stream going on after ``last_sequence``."""
+        await self.start(
+            request, detached=True, queue_limit=False, recovery=recovery, last_sequence_number=last_sequence
         )
-        end = event_pb2.TurnEvent(
-            conversation_id=turn.conversation_id,
-            request_id=turn.request_id,
-            sequence_number=last_sequence + RECOVERY_SEQUENCE_GAP,
-        )
-        end.turn_end.status = event_pb2.TURN_STATUS_INTERRUPTED
-        end.turn_end.error.CopyFrom(error)
-        if reply is not None:
-            end.turn_end.message.CopyFrom(reply)
-        # Its TurnEnd with its end state, in one transaction (docs/semantics.md §8).
-        await self.store.finish_turn(
-            record, reply, events=[(end.sequence_number, end.SerializeToString())], stream_ended=True
-        )
-        await settle_abandoned(self.store, turn.request_id, turn.conversation_id)
-        log.warning(
-            "turn %s of conversation %s left interrupted: %s",
-            turn.request_id,
-            turn.conversation_id,
-            problem,
-        )
-
-    def _unrecoverable(self, turn: TurnRecord, resume: bool) -> ServerRestarted | None:
-        """Why ``turn`` cannot be recovered, or None when it can."""
-        if not resume:
-            return ServerRestarted("recovery on start is off (durability.recover_on_start)")
-        if turn.recovery_count >= self.settings.durability.recovery_budget:
-            return ServerRestarted(
-                f"its recovery budget of {self.settings.durability.recovery_budget} is spent "
-                "(durability.recovery_budget)",
-                exhausted=True,
-            )
-        if turn.spec is None:
-            return ServerRestarted("it was stored by a version without recovery data")
-        try:
-            parse_spec(turn.spec)
-        except ValueError as error:
-            return ServerRestarted(f"its recovery data cannot be read: {error}")
-        return None
 
 
 def _stop_reason(stop: StoppedByInput) -> str:

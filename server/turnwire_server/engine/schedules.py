@@ -27,6 +27,7 @@ from typing import Literal
 
 from turnwire_server.engine.ids import RESERVED_PREFIX
 from turnwire_server.engine.schedule_times import ScheduleTiming
+from turnwire_server.event_waits import set_within
 from turnwire_server.store.records import SubmissionRecord
 from turnwire_server.store.schedules import ScheduleFire, ScheduleRecord, ScheduleStore
 
@@ -181,7 +182,5 @@ class Scheduler:
                 # Once per outage, not once per poll: a poll a second would flood the log.
                 log.log(logging.DEBUG if failing else logging.ERROR, "schedules: firing failed: %s", error)
                 failing = True
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._interval):
-                    await self._wake.wait()
+            await set_within(self._wake, self._interval)
             self._wake.clear()

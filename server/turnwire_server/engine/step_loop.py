@@ -13,71 +13,45 @@ the stall watchdog (``stream_stall_timeout_seconds``) ends it INTERRUPTED
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import datetime as dt
-import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from google.protobuf import struct_pb2
-
-from turnwire import types as chunks
 from turnwire.compaction import elide_outputs
 from turnwire.error_classes import finish_overflows
 from turnwire.hooks import (
     ChatErrorContext,
-    ChunkContext,
     StepContext,
     StepFinishContext,
     TurnConfig,
     TurnContext,
     TurnTimeout,
 )
-from turnwire.providers import ModelRequest, Provider, ProviderError
+from turnwire.providers import ModelRequest, Provider
 from turnwire.tools import definition_of
 from turnwire.types import ModelSettings
-from turnwire_client.v1 import event_pb2, message_pb2
+from turnwire_client.v1 import message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.approvals import announce_denials, run_approved_calls
-from turnwire_server.engine.budgets import StepBudgets, step_budgets, step_limit, unsettled
-from turnwire_server.engine.compaction import Compactor, input_start
+from turnwire_server.engine.budgets import step_budgets, step_limit, unsettled
+from turnwire_server.engine.compaction import input_start
 from turnwire_server.engine.continuation import continued
-from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, StreamStalled, TurnFailure
+from turnwire_server.engine.errors import ModelTimeout, StreamStalled, TurnFailure
 from turnwire_server.engine.ids import conversation_cache_key
 from turnwire_server.engine.interrupted_calls import resume_interrupted_calls
 from turnwire_server.engine.output_clamp import ClampedStep, clamped_step
 from turnwire_server.engine.pending_calls import OpenCalls, repair_pending, with_pending_placeholders
-from turnwire_server.engine.settings import EngineSettings
-from turnwire_server.engine.step_record import bounded_metadata
+from turnwire_server.engine.step_stream import StepStream
 from turnwire_server.engine.tool_calls import ToolCallRunner
 from turnwire_server.engine.turn_state import TurnWorkingState
 from turnwire_server.engine.turn_timeline import COMPACTION, MODEL, STEP
 from turnwire_server.hooks.chain import HookError, merge_config
-from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import TurnAdmission, TurnRunStore
-
-log = logging.getLogger("turnwire.turn")
-
-FIRST_TOKEN_HANDOVER_SECONDS = 0.25
-"""How long a turn's task waits, at most, for its RPC to take the first token before it goes on
-(:meth:`StepLoop._first_token`): a reader that does not take it by then is handled by the usual
-backpressure (docs/semantics.md §5)."""
-
-_FINISH_REASONS = {
-    "stop": event_pb2.FINISH_REASON_STOP,
-    "length": event_pb2.FINISH_REASON_LENGTH,
-    "tool-calls": event_pb2.FINISH_REASON_TOOL_CALLS,
-    "content-filter": event_pb2.FINISH_REASON_CONTENT_FILTER,
-    "error": event_pb2.FINISH_REASON_ERROR,
-    "other": event_pb2.FINISH_REASON_OTHER,
-}
-
-_RESOLVED = (message_pb2.TOOL_CALL_STATE_OUTPUT_AVAILABLE, message_pb2.TOOL_CALL_STATE_OUTPUT_ERROR)
+from turnwire_server.store.base import TurnAdmission
 
 
-class StepLoop:
+class StepLoop(StepStream):
     """Runs ``before_turn`` and the steps of one attempt of a turn.
 
     ``stop(error)`` stops the turn from inside: the stall watchdog passes a
@@ -87,34 +61,6 @@ class StepLoop:
     proactive guard (docs/semantics.md §9). ``budgets``: the attempt's budget charges when the
     turn's admission already reserved its first step (:mod:`.budget_admission`).
     """
-
-    def __init__(
-        self,
-        state: TurnWorkingState,
-        *,
-        store: TurnRunStore,
-        providers: ProviderRegistry,
-        settings: EngineSettings,
-        stop: Callable[[BaseException], object],
-        compactor: Compactor | None = None,
-        budgets: StepBudgets | None = None,
-    ) -> None:
-        self.state = state
-        self.store = store
-        self.providers = providers
-        self.settings = settings
-        self.stop = stop
-        self.compactor = compactor
-        # The current step's metric labels (engine/metrics.py).
-        self._provider_label = ""
-        self._model_label = ""
-        # The current step's model id and provider type, which price its usage (engine/cost.py).
-        self._model_id = ""
-        self._provider_type: str | None = None
-        self._metadata_view: struct_pb2.Struct | None = None  # the finished step's, bounded
-        # The attempt's charges: the admission's (its first reservation stored), else new ones
-        # (None: no budget configured).
-        self.budgets = budgets if budgets is not None else step_budgets(store, settings, state)
 
     async def run(self, admission: TurnAdmission | None = None) -> None:
         """Assemble, ``before_turn``, then the steps; ``admission`` is what the turn's input
@@ -509,21 +455,6 @@ class StepLoop:
 
         return runner
 
-    async def wait_for_reader(self) -> None:
-        """Backpressure: wait for the client to read a backlog. One that reads nothing that helps
-        within ``slow_reader_timeout_seconds`` has its turn stopped (SLOW_CONSUMER), or, with
-        disconnect policy CONTINUE, is let go: its call ends and the turn goes on without it
-        (it re-attaches with ResumeTurn; docs/semantics.md §5)."""
-        timeout = self.settings.limits.slow_reader_timeout_seconds
-        if not await self.state.writer.drained(timeout):
-            if self.state.request.disconnect == "continue":
-                reason = SlowConsumer(timeout, stopped=False)
-                log.warning("turn %s goes on without its caller: %s", self.state.request.request_id, reason)
-                self.state.writer.channel.detach(reason)
-                return
-            self.stop(SlowConsumer(timeout))
-            await asyncio.sleep(0)  # the stop cancels this task: let it land here
-
     def _model_messages(self, base: list[message_pb2.Message]) -> list[message_pb2.Message]:
         # A snapshot: the provider must not see the live message change under it.
         assistant = self.state.assistant
@@ -534,201 +465,6 @@ class StepLoop:
             # A recovery continues the stored partial reply in the same message (§1, §8).
             return continued(messages)
         return messages
-
-    def _price(self, usage: chunks.Usage) -> chunks.Cost | None:
-        """The cost of the current step's ``usage`` (None: unknown, docs/cost.md)."""
-        return self.settings.prices.cost(self._model_id, self._provider_type, usage)
-
-    def _step_result(
-        self, step_number: int, finish: chunks.FinishStep, cost: chunks.Cost | None
-    ) -> StepFinishContext:
-        turn = self.state
-        assistant = turn.assistant
-        assistant.close_all()
-        calls = assistant.step_tool_calls()
-        # Hidden reasoning stays between the engine and the model: hooks do not see it either.
-        reasoning = assistant.step_reasoning() if turn.send_reasoning else []
-        # One bounded record for the hooks, the event and the stored step (step_record.py).
-        metadata, view, dropped = bounded_metadata(finish.provider_metadata)
-        warnings = (*finish.warnings, *assistant.step_warnings(), *dropped)
-        assistant.record_step(
-            response_id=finish.response_id,
-            response_model=finish.response_model,
-            provider_metadata=view,
-            warnings=warnings,
-        )
-        self._metadata_view = view
-        return StepFinishContext(
-            step_number=step_number,
-            text=assistant.step_text(),
-            reasoning=reasoning,
-            reasoning_text="".join(r.text for r in reasoning),
-            tool_calls=calls,
-            tool_results=[*(c for c in calls if c.state in _RESOLVED), *assistant.step_late_results()],
-            finish_reason=finish.finish_reason,
-            raw_finish_reason=finish.raw_finish_reason,
-            usage=finish.usage,
-            response_id=finish.response_id,
-            response_model=finish.response_model,
-            provider_metadata=metadata,
-            warnings=warnings,
-            sources=assistant.step_sources(),
-            files=assistant.step_files(),
-            conversation_id=turn.request.conversation_id,
-            request_id=turn.request.request_id,
-            cost=cost,
-            budgets=self.budgets.states() if self.budgets is not None else (),
-        )
-
-    def _step_finish_event(self, result: StepFinishContext, finish: chunks.FinishStep) -> None:
-        event = self.state.writer.new().step_finish
-        event.step_number = result.step_number
-        event.finish_reason = _FINISH_REASONS.get(finish.finish_reason, event_pb2.FINISH_REASON_OTHER)
-        event.raw_finish_reason = finish.raw_finish_reason
-        finish.usage.copy_to(event.usage)
-        if result.cost is not None:
-            result.cost.copy_to(event.cost)
-        event.response_id = finish.response_id
-        event.response_model = finish.response_model
-        if self._metadata_view is not None and self._metadata_view.fields:
-            event.provider_metadata.CopyFrom(self._metadata_view)
-        event.warnings.extend(result.warnings)
-
-    async def _stream(
-        self,
-        stream: AsyncGenerator[Any, None],
-        step_number: int,
-        allowed: set[str],
-        runner: ToolCallRunner,
-        chunk_timeout: float | None,
-    ) -> chunks.FinishStep:
-        """Consume one model stream: events, message parts, on_chunk. Returns its FinishStep.
-
-        Chunks are dispatched on their exact type (cheaper than isinstance or
-        match on the hot path), hence ``Any`` for the stream's items.
-        """
-        turn = self.state
-        writer = turn.writer
-        assistant = turn.assistant
-        hooks = turn.hooks
-        observe = hooks.observes_chunks
-        send_reasoning = turn.send_reasoning
-        progress = turn.checkpoints.progress
-        request = turn.request
-        finish: chunks.FinishStep | None = None
-        partial: chunks.Usage | None = None
-        first_token = not turn.first_token_seen
-        loop = asyncio.get_running_loop()
-        try:
-            async with contextlib.aclosing(stream) as model_stream, asyncio.timeout(chunk_timeout) as gap:
-                async for chunk in model_stream:
-                    if chunk_timeout is not None:
-                        gap.reschedule(loop.time() + chunk_timeout)
-                    kind = type(chunk)
-                    # Ordered by frequency: deltas dominate.
-                    if kind is chunks.TextDelta:
-                        assistant.append(chunk.id, chunk.delta)
-                        writer.text_delta(chunk.id, chunk.delta)
-                        if first_token:
-                            first_token = await self._first_token(sent=True)
-                    elif kind is chunks.ReasoningDelta:
-                        # Hidden reasoning (send_reasoning=False) is kept for the model's
-                        # next step but neither streamed nor stored.
-                        assistant.append(chunk.id, chunk.delta)
-                        if send_reasoning:
-                            writer.reasoning_delta(chunk.id, chunk.delta)
-                        if first_token:
-                            first_token = await self._first_token(sent=send_reasoning)
-                    elif kind is chunks.ToolInputDelta:
-                        input_delta = writer.new().tool_input_delta
-                        input_delta.tool_call_id = chunk.tool_call_id
-                        input_delta.input_text_delta = chunk.delta
-                    elif kind is chunks.TextStart:
-                        assistant.open_block(chunk.id, "text")
-                        writer.new().text_start.id = chunk.id
-                    elif kind is chunks.TextEnd:
-                        assistant.close_block(chunk.id)
-                        writer.new().text_end.id = chunk.id
-                    elif kind is chunks.ReasoningStart:
-                        assistant.open_block(chunk.id, "reasoning")
-                        if send_reasoning:
-                            writer.new().reasoning_start.id = chunk.id
-                    elif kind is chunks.ReasoningEnd:
-                        assistant.close_block(chunk.id, chunk)
-                        if send_reasoning:
-                            writer.new().reasoning_end.id = chunk.id
-                    elif kind is chunks.ToolInputStart:
-                        executed = chunk.provider_executed
-                        assistant.start_tool_call(chunk.tool_call_id, chunk.tool_name, executed)
-                        input_start = writer.new().tool_input_start
-                        input_start.tool_call_id = chunk.tool_call_id
-                        input_start.tool_name = chunk.tool_name
-                        input_start.provider_executed = executed
-                    elif kind is chunks.ToolCall:
-                        runner.accept(chunk, allowed)
-                    elif kind is chunks.ToolResult:
-                        runner.provider_result(chunk)
-                    elif kind is chunks.Source:
-                        writer.new().source.CopyFrom(assistant.add_source(chunk))
-                    elif kind is chunks.File:
-                        writer.new().file.CopyFrom(assistant.add_file(chunk))
-                    elif kind is chunks.UsageUpdate:
-                        partial = chunk.usage
-                    elif kind is chunks.FinishStep:
-                        finish = chunk
-                    if observe:
-                        await hooks.on_chunk(
-                            ChunkContext(request.conversation_id, request.request_id, step_number, chunk)
-                        )
-                    progress()
-                    if writer.backlogged:
-                        await self.wait_for_reader()
-        except BaseException as error:
-            # Cut short (cancel, stall, in-stream error, timeout): the usage the provider
-            # reported so far still counts (docs/semantics.md §11).
-            if finish is None and partial is not None:
-                turn.usage.add(partial)
-                metrics.count_tokens(self._model_label, partial)
-                cost = self._price(partial)
-                turn.cost.add(cost)
-                metrics.count_cost(request.conversation_id, self._provider_label, self._model_label, cost)
-            if isinstance(error, ProviderError):
-                # Where a provider's text enters the turn: masked once for the client, the
-                # store, the span and the log alike (docs/security.md, "Secrets").
-                error.redact(self.settings.redact)
-                metrics.count_provider_error(self._provider_label, error)
-                raise TurnFailure("stream", error) from error
-            if isinstance(error, TimeoutError) and chunk_timeout is not None:
-                raise TurnFailure(
-                    "stream", ModelTimeout(f"no model output for {chunk_timeout:g} s (chunk timeout)")
-                ) from None
-            raise
-        if finish is None:
-            unfinished = ProviderError(
-                "the model stream ended without a finish", provider="engine", in_stream=True
-            )
-            metrics.count_provider_error(self._provider_label, unfinished)
-            raise TurnFailure("stream", unfinished)
-        return finish
-
-    async def _first_token(self, *, sent: bool) -> bool:
-        """Once per turn, its first token written: observe its time to first token, have the
-        turn's spans started once the client has been sent it (``Tracing.start_later``) and, when
-        it was ``sent`` as an event, let the RPC take it before this task goes on. Without that
-        wait a model stream whose next chunks are already read (a short answer arrives in one
-        read) is consumed to its end, and the step finished, before the RPC's task runs: the
-        first token would leave only then (bench/ttft.md, issue 33). False, for the caller's flag."""
-        turn = self.state
-        turn.first_token_seen = True
-        turn.timeline.first_token()
-        metrics.TIME_TO_FIRST_TOKEN.labels(self._model_label).observe(time.perf_counter() - turn.admitted)
-        channel = turn.writer.channel
-        start = turn.tracing.start_later()
-        if start is not None:
-            channel.when_taken(start)
-        if sent:
-            await channel.taken(FIRST_TOKEN_HANDOVER_SECONDS)
-        return False
 
 
 def _replaced(

@@ -39,7 +39,8 @@ from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.tenant_keys import SEPARATOR
 
 if TYPE_CHECKING:
-    from turnwire_server.engine.engine import TurnEngine, TurnHandle
+    from turnwire_server.engine.engine import TurnEngine
+    from turnwire_server.engine.turn_handle import TurnHandle
 
 log = logging.getLogger("turnwire.subagents")
 

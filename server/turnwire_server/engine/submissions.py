@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from turnwire.hooks import ConcurrentInputStrategy
-from turnwire_server.engine.engine import TurnEngine, TurnHandle
+from turnwire_server.engine.engine import TurnEngine
 from turnwire_server.engine.errors import (
     AdmissionRefused,
     InputNotStored,
@@ -34,7 +34,8 @@ from turnwire_server.engine.errors import (
     SubmissionNotFound,
 )
 from turnwire_server.engine.request import TurnRequest
-from turnwire_server.engine.turn import ErrorStatus
+from turnwire_server.engine.turn_base import ErrorStatus
+from turnwire_server.engine.turn_handle import TurnHandle
 from turnwire_server.store.base import SubmissionRecord, SubmissionState, SubmissionStore
 
 log = logging.getLogger("turnwire.submissions")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from turnwire.types import (
@@ -32,6 +32,7 @@ from turnwire.types import (
 )
 from turnwire.values import dumps
 from turnwire_client.v1 import event_pb2, hooks_pb2, message_pb2
+from turnwire_server.event_waits import set_within
 from turnwire_server.remote_hooks import metrics
 from turnwire_server.remote_hooks.convert import step_finish_reason
 
@@ -118,7 +119,7 @@ class ChunkStream:
     ``open_call`` opens the call (with its metadata); ``info`` goes in the first request;
     ``on_result(error)`` gets the call's end (None: the server answered) so the caller can
     count it and feed its breaker. :meth:`add` never blocks; :meth:`close` flushes, ends the
-    call and waits for the answer at most ``deadline_seconds``.
+    call and waits for the answer at most ``deadline_seconds``, robust to a cancel.
     """
 
     def __init__(
@@ -144,6 +145,7 @@ class ChunkStream:
         self._on_result = on_result
         self._failed = False
         self._step = -1
+        self._expiry: asyncio.TimerHandle | None = None  # the deadline armed by close()
         self.sent_events = 0
         self.sent_batches = 0
         self._task = asyncio.create_task(self._send(), name=f"OnChunks {info.request_id}")
@@ -170,18 +172,24 @@ class ChunkStream:
         if self._queue.qsize() >= self._max_events:
             self._full.set()
 
-    async def close(self) -> None:
-        """Send what is buffered, end the call and wait for its answer (at most the deadline)."""
-        with contextlib.suppress(asyncio.QueueFull):
-            self._queue.put_nowait(_END)
-        self._full.set()
+    def close(self) -> Coroutine[Any, Any, None]:
+        """End the stream now, and return the wait for its end: the sender sends what is
+        buffered, ends the call and waits for its answer, cancelled (the call with it, its end
+        reported as a timeout) ``deadline_seconds`` from now. The end is queued when this is
+        called, not when the wait starts, so a task running the wait that is cancelled before
+        it starts leaves nothing open. Cancelling the wait once it runs cancels the sender.
+        Idempotent."""
+        if self._expiry is None and not self._task.done():
+            with contextlib.suppress(asyncio.QueueFull):
+                self._queue.put_nowait(_END)
+            self._full.set()
+            self._expiry = asyncio.get_running_loop().call_later(self._deadline, self._task.cancel)
+        return self._sent()
+
+    async def _sent(self) -> None:
+        """Wait for the sender to end; cancelled, cancel it."""
         try:
-            async with asyncio.timeout(self._deadline):
-                await asyncio.shield(self._task)
-        except TimeoutError:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task})
         except asyncio.CancelledError:
             self._task.cancel()
             raise
@@ -194,17 +202,16 @@ class ChunkStream:
             first = True
             ended = False
             while not ended:
+                if self._expiry is not None and self._queue.empty():
+                    break  # closed, with its end dropped from a full buffer
                 item = await self._queue.get()
                 if item is _END:
                     break
                 batch = [item]
-                if self._queue.qsize() < self._max_events - 1:
-                    # Wait for a full batch, or the batch's time window, whichever comes first.
-                    # asyncio.timeout, not wait_for: Python 3.11's wait_for returns when the wait
-                    # ended as close() cancelled this task, and the call then hung unanswered.
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self._max_delay):
-                            await self._full.wait()
+                if self._expiry is None and self._queue.qsize() < self._max_events - 1:
+                    # Wait for a full batch, or the batch's time window, whichever comes first
+                    # (not once closed: the end is queued, nothing more comes).
+                    await set_within(self._full, self._max_delay)
                 self._full.clear()
                 while len(batch) < self._max_events and not self._queue.empty():
                     item = self._queue.get_nowait()
@@ -234,4 +241,7 @@ class ChunkStream:
             self._failed = True
             if call is not None:
                 call.cancel()
+        finally:
+            if self._expiry is not None:
+                self._expiry.cancel()
         self._on_result(error)

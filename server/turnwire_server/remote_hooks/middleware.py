@@ -227,11 +227,11 @@ class RemoteMiddleware(SessionCalls, Middleware):
 
     async def aclose(self) -> None:
         """Close the open ``OnChunks`` and ``HookSession`` calls and the channel."""
-        streams = [s for s in self._streams.values() if s is not None]
+        # Every stream ended before the first wait: a cancel during the waits leaves none open.
+        closing = [s.close() for s in self._streams.values() if s is not None]
         self._streams.clear()
         self._sessions.break_all()
-        for stream in streams:
-            await stream.close()
+        await asyncio.gather(*closing)
         if self._channel is not None:
             await self._channel.close()
             self._channel = None

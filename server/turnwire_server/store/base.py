@@ -236,10 +236,9 @@ class TurnStore(Protocol):
         record when ``read_compaction``).
 
         ``budget`` (a :meth:`BudgetStore.charge_budget` with an ask, no settlement: the turn's
-        first step's reservation) rides the input's commit where the backend can carry it, its
-        grant in ``TurnAdmission.budget``; None there when it did not (the caller reserves at the
-        step). It never refuses the admission: a grant that was refused reserved nothing
-        (docs/cost.md, "What it costs per request").
+        first step's reservation) rides the input's commit, its grant in
+        ``TurnAdmission.budget`` (None without ``budget``). It never refuses the admission: a
+        grant that was refused reserved nothing (docs/cost.md, "What it costs per request").
 
         The backend may do both in one step: PostgreSQL takes the ticket, checks that it heads
         the queue, writes the input and reads the history in one transaction sent in one flight

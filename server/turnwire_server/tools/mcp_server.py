@@ -42,6 +42,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, CallToolResult, TextContent
 
 from turnwire.tools import ToolError, ToolExecution
+from turnwire_server.event_waits import set_within
 from turnwire_server.tools.listing import OBJECT_SCHEMA, listing_problem
 from turnwire_server.tools.settings import McpServerSettings
 
@@ -133,10 +134,7 @@ class McpServer:
         once it is up."""
         self._task = asyncio.create_task(self._run(), name=f"MCP server {self.name}")
         timeout = self.settings.startup_timeout_seconds
-        try:
-            async with asyncio.timeout(timeout):
-                await self._attempted.wait()
-        except TimeoutError:
+        if not await set_within(self._attempted, timeout):
             log.warning("MCP server %r: not ready within %g s; its tools join once it is", self.name, timeout)
         return self.client is not None
 
@@ -186,11 +184,7 @@ class McpServer:
                     self._attempted.set()
                     delay = first
                     while not self._broken.is_set():
-                        # asyncio.timeout, not wait_for, which swallows a cancel that lands as
-                        # the wait ends (Python 3.11): the close would wait forever.
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout(REFRESH_INTERVAL_SECONDS):
-                                await self._broken.wait()
+                        await set_within(self._broken, REFRESH_INTERVAL_SECONDS)
                         if not self._broken.is_set():
                             await self._list(client)
                     log.warning("MCP server %r: its connection closed; restarting it", self.name)

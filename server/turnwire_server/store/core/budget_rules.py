@@ -5,7 +5,9 @@ A charge first settles the turn's reservations: each becomes spent, at the step'
 when it is this attempt's and the use is known, else at what it reserved (a step that ended
 without usage, a dollar amount unknown, or an earlier attempt's reservation that a crash or a
 takeover cut off: the provider may have billed it, and an unknown cost never counts as 0). Then
-it grants the step the most output tokens that fit every budget, at least ``min_output``.
+it grants the step the most output tokens that fit every budget, at least ``min_output``. A charge
+without an ask (nothing to grant) settles in SQL instead, by the same rule
+(``budget_writes._SETTLE``; the two are tested for agreement).
 """
 
 from __future__ import annotations

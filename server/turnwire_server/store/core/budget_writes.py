@@ -2,19 +2,28 @@
 :mod:`turnwire_server.store.core.sql`; the rules: docs/cost.md, "Budgets", and
 :mod:`.budget_rules`).
 
-A charge is one transaction of two batches, of two statements each (on PostgreSQL the writes
-fold into one). The first reads the turn's fencing token (its row locked, as :mod:`.fencing`
-does) with its stored reservations, or only the reservations when the charge rides a turn write
-that read and locked the token already (``fenced``); and takes the budget rows: the charged ones
-and those of the turn's reservations, in key order, created at zero when missing and locked by
-one upsert that returns them (``INSERT … ON CONFLICT DO UPDATE … RETURNING``: on PostgreSQL the
-update locks the row, an existing one or one a racing charge just created, and returns its
-latest committed state), so charges racing from several replicas for one budget take turns on
-its row and each sees the other's reservation (SQLite applies writes one at a time). Every charge
-locks the turn's row, then budget rows sorted; a conversation's deletion its conversation, its
-turns' rows, then budget rows: no two wait on each other in a cycle. The second batch writes the
-turn's reservations in place (an upsert; a reservation of a budget no longer charged deleted)
-and the budget rows back.
+A charge with an ask is one transaction of two batches, of two statements each (on PostgreSQL
+the writes fold into one). The first reads the turn's fencing token (its row locked, as
+:mod:`.fencing` does) with its stored reservations, or only the reservations when the charge
+rides a turn write that read and locked the token already (``fenced``); and takes the budget
+rows: the charged ones and those of the turn's reservations, in key order, created at zero when
+missing and locked by one upsert that returns them (``INSERT … ON CONFLICT DO UPDATE …
+RETURNING``: on PostgreSQL the update locks the row, an existing one or one a racing charge just
+created, and returns its latest committed state), so charges racing from several replicas for
+one budget take turns on its row and each sees the other's reservation (SQLite applies writes one
+at a time). The second batch writes the turn's reservations in place (an upsert; a reservation of
+a budget no longer charged deleted) and the budget rows back, settled by
+:func:`~.budget_rules.settle`.
+
+A charge without an ask (the turn's last settlement, riding its final write; a lost attempt's)
+has nothing to decide: one batch (after the token's read when not ``fenced``; on PostgreSQL
+after a read that locks the turn's reserved rows in key order) in which the database settles
+(:data:`_SETTLE`, ``UPDATE budget_spend … FROM`` the reservations, returning the rows' states)
+and deletes the reservations (on PostgreSQL in the same statement, a data-modifying ``WITH``).
+:data:`_SETTLE` is the rule of :func:`~.budget_rules.settle` in SQL, the two tested for
+agreement (``tests/test_store_budgets.py``). Every charge locks the turn's row, then budget rows
+sorted; a conversation's deletion its conversation, its turns' rows, then budget rows: no two
+wait on each other in a cycle.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from dataclasses import replace
 from typing import Any, Final, TypeVar
 
 from turnwire_server.store.core.budget_rules import Reservation, fit_output, settle
-from turnwire_server.store.core.fencing import holds_lease
+from turnwire_server.store.core.fencing import holds_lease, lease_read
 from turnwire_server.store.core.sql import Dialect, Program, Statement, folded
 from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetKey, BudgetLimits, BudgetSpend
 
@@ -79,6 +88,44 @@ _UPDATE_ROWS: Final = (
     " WHERE budget_spend.scope = v.column1 AND budget_spend.scope_key = v.column2"
     " AND budget_spend.period = v.column3"
 )
+_SETTLE: Final = (
+    # budget_rules.settle in SQL, for a charge without an ask (tested for agreement with it): each
+    # of the turn's reservations (r) moves from reserved to spent, at the step's actual use (the
+    # parameters: tokens, US dollars, NULL where unknown) when it is this attempt's (its lease
+    # epoch), at what it reserved otherwise; reserved never below 0 (a reservation written before
+    # a limit row was reset stays harmless). One reservation a row.
+    "UPDATE budget_spend SET"
+    " spent_tokens = spent_tokens + COALESCE(CASE WHEN r.epoch = ? THEN CAST(? AS BIGINT) END, r.tokens),"
+    " spent_usd = spent_usd + COALESCE(CASE WHEN r.epoch = ? THEN CAST(? AS DOUBLE PRECISION) END, r.usd),"
+    " reserved_tokens = CASE WHEN reserved_tokens > r.tokens THEN reserved_tokens - r.tokens ELSE 0 END,"
+    " reserved_usd = CASE WHEN reserved_usd > r.usd THEN reserved_usd - r.usd ELSE 0.0 END"
+    " FROM {source} AS r WHERE budget_spend.scope = r.scope AND budget_spend.scope_key = r.scope_key"
+    " AND budget_spend.period = r.period{guard}"
+    " RETURNING budget_spend.scope, budget_spend.scope_key, budget_spend.period,"
+    " budget_spend.spent_tokens, budget_spend.spent_usd, budget_spend.reserved_tokens,"
+    " budget_spend.reserved_usd, budget_spend.limit_tokens, budget_spend.limit_usd"
+)
+_RESERVED_ROWS: Final = (
+    "(SELECT scope, scope_key, period, epoch, tokens, usd FROM budget_reservations WHERE request_id = ?)"
+)
+_TAKEN_ROWS: Final = (
+    # PostgreSQL: the reservations deleted as they are settled (a data-modifying WITH; the
+    # update sees the rows as the statement found them), so no statement is left to delete them.
+    "DELETE FROM budget_reservations WHERE request_id = ?{guard}"
+    " RETURNING scope, scope_key, period, epoch, tokens, usd"
+)
+_RECORDED_SETTLE: Final = " AND EXISTS (SELECT 1 FROM turns WHERE request_id = ?)"
+_LOCK_RESERVED: Final = (
+    # PostgreSQL, before a settlement without the rows' upsert: the rows it updates locked in key
+    # order (the lock follows the sort), as every charge locks them.
+    "SELECT 1 FROM budget_spend WHERE (scope, scope_key, period) IN"
+    " (SELECT scope, scope_key, period FROM budget_reservations WHERE request_id = ?)"
+    " ORDER BY scope, scope_key, period"
+)
+_STATES: Final = (
+    f"SELECT scope, scope_key, period, {_SPEND_COLUMNS}, limit_tokens, limit_usd FROM budget_spend"
+    " WHERE (scope, scope_key, period) IN (VALUES {keys})"
+)
 _RESERVE: Final = (
     # In place: a turn's next step reserves on the rows its last step's reservation used.
     "INSERT INTO budget_reservations (request_id, scope, scope_key, period, conversation_id, epoch,"
@@ -122,15 +169,20 @@ def charge_budget(
     charge: BudgetCharge, dialect: Dialect, *, fenced: bool = False, admitting: bool = False
 ) -> Program[BudgetGrant]:
     """``BudgetStore.charge_budget``: settle ``charge.request_id``'s reservations and reserve
-    ``charge.ask`` in one transaction of two batches (on PostgreSQL two round trips): the reads
-    and row locks, then the writes. Raises :class:`LeaseLost` (writing nothing) when the turn's
-    token is no longer ``charge.lease``; a turn no longer recorded (its conversation was deleted)
-    is charged nothing. ``fenced``: the program this one is joined to (:func:`~.sql.joined`, its
-    statements first in each batch) reads and locks the turn's token under ``charge.lease`` and
-    raises when it was lost, so this one does not read it again. ``admitting``: the program it is
-    joined to is the turn's start (``start_turn``), which writes the turn's row in its last batch,
-    after this one's reads (``fenced`` implied: the token is the one that start writes)."""
+    ``charge.ask`` in one transaction. With an ask, two batches (on PostgreSQL two round trips):
+    the reads and row locks, then the writes, the settlement decided here
+    (:func:`~.budget_rules.settle`); without, one (:func:`_settled`: the settlement in SQL).
+    Raises :class:`LeaseLost` (writing nothing) when the turn's token is no longer
+    ``charge.lease``; a turn no longer recorded (its conversation was deleted) is charged nothing.
+    ``fenced``: the program this one is joined to (:func:`~.sql.joined`, its statements first in
+    each batch) reads and locks the turn's token under ``charge.lease`` and raises when it was
+    lost, so this one does not read it again. ``admitting``: the program it is joined to is the
+    turn's start (``start_turn``), which writes the turn's row in its last batch, after this
+    one's reads (``fenced`` implied: the token is the one that start writes)."""
     fenced = fenced or admitting
+    ask = charge.ask
+    if ask is None:
+        return (yield from _settled(charge, dialect, fenced=fenced))
     keys = sorted({budget.key for budget in charge.budgets})
     owners = {budget.key: budget.conversation_id for budget in charge.budgets}
     if fenced:
@@ -145,10 +197,10 @@ def charge_budget(
         params.append(charge.request_id)
     found = yield [first, Statement(_take_rows(len(keys), not admitting), params, fetch=True)]
     if not fenced and not holds_lease([row[:2] for row in found[0][:1]], charge.lease):
-        return BudgetGrant(output_tokens=charge.ask.max_output if charge.ask else 0)
+        return BudgetGrant(output_tokens=ask.max_output)
     rows = {BudgetKey(*row[:3]): row[3:] for row in found[1]}
     if fenced and len(rows) < len(keys):  # no row created: the turn is not recorded
-        return BudgetGrant(output_tokens=charge.ask.max_output if charge.ask else 0)
+        return BudgetGrant(output_tokens=ask.max_output)
     reservations = [
         Reservation(BudgetKey(scope, key, period), int(epoch), int(tokens), float(usd))
         for _, _, scope, key, period, epoch, tokens, usd in found[0]
@@ -162,31 +214,29 @@ def charge_budget(
     grant = BudgetGrant()
     writes: list[Statement] = []
     reserved: set[BudgetKey] = set()
-    ask = charge.ask
-    if ask is not None:
-        output, refused = fit_output(ask, budgets, spends)
-        if refused is None:
-            tokens = ask.prompt_tokens + output
-            usd = ask.prompt_usd + output * ask.usd_per_output_token
-            grant = BudgetGrant(output_tokens=output, tokens=tokens, usd=usd)
-            for budget in budgets:
-                spent_tokens, spent_usd, reserved_tokens, reserved_usd = _columns(spends[budget.key])
-                spends[budget.key] = BudgetSpend(
-                    spent_tokens, spent_usd, reserved_tokens + tokens, reserved_usd + usd
-                )
-            reserved = {budget.key for budget in budgets}
-            writes.append(
-                Statement(
-                    _reserve(len(budgets)),
-                    [
-                        value
-                        for b in budgets
-                        for value in (charge.request_id, *b.key, charge.conversation_id, epoch, tokens, usd)
-                    ],
-                )
+    output, refused = fit_output(ask, budgets, spends)
+    if refused is None:
+        tokens = ask.prompt_tokens + output
+        usd = ask.prompt_usd + output * ask.usd_per_output_token
+        grant = BudgetGrant(output_tokens=output, tokens=tokens, usd=usd)
+        for budget in budgets:
+            spent_tokens, spent_usd, reserved_tokens, reserved_usd = _columns(spends[budget.key])
+            spends[budget.key] = BudgetSpend(
+                spent_tokens, spent_usd, reserved_tokens + tokens, reserved_usd + usd
             )
-        else:
-            grant = BudgetGrant(refused=refused)
+        reserved = {budget.key for budget in budgets}
+        writes.append(
+            Statement(
+                _reserve(len(budgets)),
+                [
+                    value
+                    for b in budgets
+                    for value in (charge.request_id, *b.key, charge.conversation_id, epoch, tokens, usd)
+                ],
+            )
+        )
+    else:
+        grant = BudgetGrant(refused=refused)
     stale = sorted({r.key for r in reservations} - reserved)
     if stale and not reserved:
         writes.append(Statement(_UNRESERVE, (charge.request_id,)))
@@ -210,6 +260,48 @@ def charge_budget(
     return BudgetGrant(grant.output_tokens, grant.tokens, grant.usd, grant.refused, spends, budgets)
 
 
+def _settled(charge: BudgetCharge, dialect: Dialect, *, fenced: bool) -> Program[BudgetGrant]:
+    """:func:`charge_budget` without an ask (the turn's last settlement, a lost attempt's): the
+    settlement and the reservations' deletion in one batch (on PostgreSQL after the rows' lock in
+    key order), without the rows' upsert: a charged budget the turn had nothing reserved on (a
+    day begun since its last step) is read in a second batch, with whether the turn is recorded."""
+    epoch = charge.lease.epoch if charge.lease is not None else 0
+    reads = [] if fenced else [lease_read(charge.request_id, dialect)]
+    if dialect.lock_rows:
+        reads.append(Statement(_LOCK_RESERVED + dialect.lock_rows, (charge.request_id,)))
+    settlement = _settlement(charge, epoch, dialect)
+    found = yield [*reads, *settlement]
+    if not fenced and not holds_lease(found[0], charge.lease):
+        return BudgetGrant()
+    rows = {BudgetKey(*row[:3]): row[3:] for row in found[len(reads)]}
+    missing = sorted({budget.key for budget in charge.budgets} - rows.keys())
+    if missing:
+        recorded = Statement("SELECT 1 FROM turns WHERE request_id = ?", (charge.request_id,), fetch=True)
+        states = Statement(_states(len(missing)), [v for k in missing for v in k], fetch=True)
+        turn, more = yield [recorded, states]
+        if not turn:  # its conversation was deleted: nothing was charged
+            return BudgetGrant()
+        rows.update({k: (0, 0.0, 0, 0.0, None, None) for k in missing})
+        rows.update({BudgetKey(*row[:3]): row[3:] for row in more})
+    budgets = tuple(kept_limits(budget, *rows[budget.key][4:6]) for budget in charge.budgets)
+    return BudgetGrant(spends={k: _spend(row) for k, row in rows.items()}, budgets=budgets)
+
+
+def _settlement(charge: BudgetCharge, epoch: int, dialect: Dialect) -> list[Statement]:
+    """The statements settling ``charge.request_id``'s reservations (:data:`_SETTLE`: rows of the
+    settled budgets' states) and deleting them (on PostgreSQL one statement), only while the turn
+    is recorded (as :data:`_TAKE_ROWS` creates rows)."""
+    tokens, usd = charge.spent if charge.spent is not None else (None, None)
+    spent = (epoch, tokens, epoch, usd)
+    settling, unreserve = _settle_sql(dialect.writes_with)
+    if dialect.writes_with:
+        return [Statement(settling, (charge.request_id, charge.request_id, *spent), fetch=True)]
+    return [
+        Statement(settling, (*spent, charge.request_id, charge.request_id), fetch=True),
+        Statement(unreserve, (charge.request_id, charge.request_id)),
+    ]
+
+
 # A charge's statements by how many rows they name (the SQL built once per count).
 
 
@@ -222,6 +314,20 @@ def _take_rows(count: int, guarded: bool) -> str:
     charged, named = ", ".join(["(?, ?, ?, ?)"] * count), ", ".join(["(?, ?, ?)"] * count)
     others = f"{_OTHER_RESERVED} AND (scope, scope_key, period) NOT IN (VALUES {named})"
     return _TAKE_ROWS.format(keys=f"VALUES {charged} UNION ALL {others}", guard=guard)
+
+
+@functools.lru_cache(maxsize=2)
+def _settle_sql(writes_with: bool) -> tuple[str, str]:
+    # The settlement and (SQLite) the reservations' deletion, by dialect.
+    if writes_with:
+        taken = _TAKEN_ROWS.format(guard=_RECORDED_SETTLE)
+        return f"WITH gone AS ({taken}) " + _SETTLE.format(source="gone", guard=""), ""
+    return _SETTLE.format(source=_RESERVED_ROWS, guard=_RECORDED_SETTLE), _UNRESERVE + _RECORDED_SETTLE
+
+
+@functools.lru_cache(maxsize=32)
+def _states(count: int) -> str:
+    return _STATES.format(keys=", ".join(["(?, ?, ?)"] * count))
 
 
 @functools.lru_cache(maxsize=32)

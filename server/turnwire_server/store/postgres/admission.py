@@ -23,14 +23,15 @@ import psycopg
 import psycopg_pool
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import BudgetCharge, TurnAdmission, TurnRecord, renewed_lease
-from turnwire_server.store.core import turn_writes
+from turnwire_server.event_waits import set_within
+from turnwire_server.store.base import BudgetCharge, BudgetGrant, TurnAdmission, TurnRecord, renewed_lease
+from turnwire_server.store.core import budget_writes, turn_writes
 from turnwire_server.store.core.fork_rules import claim_reads
 from turnwire_server.store.core.reads import LOAD_COMPACTION_SQL
-from turnwire_server.store.core.rows import compaction_from_row
+from turnwire_server.store.core.rows import compaction_from_row, to_us
 from turnwire_server.store.core.sql import just
 from turnwire_server.store.core.turn_writes import StartTurn, StartTurnPlan, prepare_start_turn
-from turnwire_server.store.errors import StoreError
+from turnwire_server.store.errors import StoreError, StoreUnreachable
 from turnwire_server.store.metrics import COMMIT_DURATION
 from turnwire_server.store.postgres import db, turn_queue
 from turnwire_server.store.postgres.connection import PostgresConnection
@@ -46,6 +47,13 @@ _RELEASE_RETRY_SECONDS: Final = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 _SINGLE_COMMITS = COMMIT_DURATION.labels("postgresql", "single")
 _LOAD_COMPACTION: Final = db.native(LOAD_COMPACTION_SQL)
+_OWN_TICKET: Final = (
+    # The ticket of a running turn started by one attempt: its request id, owner and start time.
+    b"SELECT q.ticket FROM turns AS t JOIN turn_queue AS q"
+    b" ON q.conversation_id = t.conversation_id AND q.request_id = t.request_id"
+    b" WHERE t.request_id = %s AND t.owner IS NOT DISTINCT FROM %s AND t.start_time = %s"
+    b" AND t.state = 'running'"
+)
 _SUBMISSION_NOT_PENDING: Final = (
     # Fails the transaction (a cast no text passes) when the turn is a submission that is no
     # longer pending: nothing is written and the caller starts the turn the checking way.
@@ -147,9 +155,7 @@ class TurnQueue(PostgresConnection):
                     head = await self._head(conversation_id, lease_us)
                     if head == ticket:
                         break
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(max(lease_seconds / 3, 0.05)):
-                            await moved.wait()
+                    await set_within(moved, max(lease_seconds / 3, 0.05))
             yield
         finally:
             # Shielded: a cancelled turn must still give the lock up.
@@ -171,9 +177,10 @@ class TurnQueue(PostgresConnection):
         ahead, or the input needs :meth:`start_turn`'s checks: a retried request id, a re-sent
         message, a submission no longer pending) wait in line, then :meth:`start_turn`. Raises
         :class:`ValueError` for an invalid turn or message before anything is sent. ``budget``
-        rides :meth:`start_turn`'s transaction on the waiting path; the one flight does not carry
-        it (its statements are sent before any result is back, and a charge decides its writes on
-        the rows it read): ``TurnAdmission.budget`` is None then."""
+        rides the admitting transaction either way (``TurnAdmission.budget``, its grant): on the
+        waiting path :meth:`start_turn`'s; on the idle path the flight's, which then goes out
+        without its ``COMMIT`` (a charge decides its writes on the rows it read): the charge's
+        reads are answered with the flight's, its writes go out with the ``COMMIT``."""
         start = prepare_start_turn(turn, messages)
         return self._admit(
             turn,
@@ -202,7 +209,7 @@ class TurnQueue(PostgresConnection):
         conversation_id, request_id, owner = turn.conversation_id, turn.request_id, turn.owner
         lease_us = int(lease_seconds * 1_000_000)
         async with self._tickets.hold(conversation_id):  # this process's tickets in call order
-            flight = asyncio.ensure_future(self._admit_flight(turn, start, lease_us, read_compaction))
+            flight = asyncio.ensure_future(self._admit_flight(turn, start, lease_us, read_compaction, budget))
             try:
                 admitted = await asyncio.shield(flight)
             except asyncio.CancelledError:
@@ -225,14 +232,22 @@ class TurnQueue(PostgresConnection):
             yield await self._start_turn(renewed_lease(turn, lease_seconds), messages, budget)
 
     async def _admit_flight(
-        self, turn: TurnRecord, start: StartTurn, lease_us: int, read_compaction: bool
+        self,
+        turn: TurnRecord,
+        start: StartTurn,
+        lease_us: int,
+        read_compaction: bool,
+        budget: BudgetCharge | None,
     ) -> tuple[int, TurnAdmission] | None:
         """The one-flight admission: ``BEGIN``, the conversation's write lock, the queue lock, the
         ticket (failing the transaction unless it heads the queue), the input's writes
         (:func:`_start_new_turn`, failing it in the uncommon cases), the history and compaction
-        reads, ``COMMIT``, sent together; the server is waited for once. Returns the ticket and
-        what was read; None when the transaction failed (nothing stored, no ticket taken: the
-        caller takes the waiting path, which also reports a database that is down)."""
+        reads, ``COMMIT``, sent together; the server is waited for once. With ``budget`` (the
+        first reservation), its charge's reads go out before the ``COMMIT`` and are answered with
+        the flight's (one round trip for both), its writes with the ``COMMIT`` (a second). Returns
+        the ticket and what was read; None when the transaction failed (nothing stored, no ticket taken: the
+        caller takes the waiting path, which also reports a database that is down). A connection
+        lost on the way leaves the ``COMMIT``'s outcome unknown: :meth:`_own_start` tells it."""
         conversation_id = turn.conversation_id
         params = self._ticket_params(conversation_id, turn.request_id, turn.owner, lease_us)
         pool = self._require_pool("admit_turn")
@@ -254,18 +269,64 @@ class TurnQueue(PostgresConnection):
                         compaction = None
                         if read_compaction:
                             compaction = await conn.execute(_LOAD_COMPACTION, (conversation_id,))
-                except psycopg.Error:
+                        grant = None
+                        if budget is not None:  # the turn's row is the flight's: fenced
+                            grant = await run_program(
+                                conn, budget_writes.charge_budget(budget, DIALECT, fenced=True)
+                            )
+                except psycopg.Error as error:
                     await db.discard(conn)
-                    return None
-                _SINGLE_COMMITS.observe(time.perf_counter() - started)
-                taken = int((await ticket.fetchall())[0][0])
-                stored = self._decoded.messages(read, await history.fetchall())
-                record = None
-                if compaction is not None and (found := await compaction.fetchall()):
-                    record = compaction_from_row(found[0])
+                    if not self._is_gone(error, error.sqlstate):
+                        return None  # refused by the server: rolled back
+                    ticket = None
+                if ticket is not None:
+                    _SINGLE_COMMITS.observe(time.perf_counter() - started)
+                    taken = int((await ticket.fetchall())[0][0])
+                    stored = self._decoded.messages(read, await history.fetchall())
+                    record = None
+                    if compaction is not None and (found := await compaction.fetchall()):
+                        record = compaction_from_row(found[0])
+                    return taken, TurnAdmission(stored, record, compaction_read=read_compaction, budget=grant)
         except (psycopg.Error, psycopg_pool.PoolTimeout):
             return None
-        return taken, TurnAdmission(stored, record, compaction_read=read_compaction)
+        return await self._own_start(turn, read_compaction, carried=budget is not None)
+
+    async def _own_start(
+        self, turn: TurnRecord, read_compaction: bool, *, carried: bool
+    ) -> tuple[int, TurnAdmission] | None:
+        """The outcome of a start of ``turn`` whose connection was lost before its ``COMMIT``'s
+        answer came (docs/semantics.md §5, "A commit's lost answer"): when the stored turn of its
+        request id is this attempt's (``turn``'s owner and start time: a replica runs a request id
+        once at a time, and each attempt stamps its own start), it committed, and this returns
+        its ticket and the conversation read as :meth:`_admit_flight` does (the compaction record
+        when ``read_compaction``); None when nothing of it was stored. ``carried``: the flight
+        carried a first reservation, whose grant was lost with the answer: the admission's
+        ``budget`` is then an empty grant, which covers no step, so the first step charges on its
+        own and settles what was reserved at zero (nothing was sent on it), as when a grant does
+        not cover it (docs/cost.md, "What it costs per request"). Raises :class:`StoreError`
+        (``StoreUnreachable`` while the database is gone) when that cannot be told."""
+        conversation_id = turn.conversation_id
+        mine = (turn.request_id, turn.owner or None, to_us(turn.start_time, "start_time"))
+        try:
+            async with self._require_pool("admit_turn").connection() as conn:
+                found = await (await conn.execute(_OWN_TICKET, mine)).fetchall()
+                if not found:
+                    return None
+                read = self._decoded.read(conversation_id)
+                rows = await (await conn.execute(read.sql.encode(), read.params)).fetchall()
+                record = None
+                if read_compaction:
+                    kept = await (await conn.execute(_LOAD_COMPACTION, (conversation_id,))).fetchall()
+                    record = compaction_from_row(kept[0]) if kept else None
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise self._error(exc, "admit_turn") from None
+        log.info(
+            "start of %s: its connection was lost with the commit's answer; it had committed", turn.request_id
+        )
+        admission = TurnAdmission(
+            self._decoded.messages(read, rows), record, read_compaction, BudgetGrant() if carried else None
+        )
+        return int(found[0][0]), admission
 
     async def _take_ticket(
         self, conversation_id: str, request_id: str, owner: str, lease_us: int, first: bool = False
@@ -279,7 +340,7 @@ class TurnQueue(PostgresConnection):
         and ticket order is commit order (first in, first out), except that a ``first`` ticket
         takes the free number right behind the head (and the ``first`` tickets before it)."""
         params = self._ticket_params(conversation_id, request_id, owner, lease_us)
-        rows = await self._simple_query("turn_lock", turn_queue.TAKE_TICKET, {**params, "first": first})
+        rows = await self._ticket_query("turn_lock", turn_queue.TAKE_TICKET, {**params, "first": first})
         mine, earliest = int(rows[0][0]), rows[0][1]
         # The statement saw the queue as it was before it: a re-owned ticket is among those rows.
         return mine, mine if earliest is None else min(mine, int(earliest))
@@ -345,6 +406,27 @@ class TurnQueue(PostgresConnection):
             "stale": now_us - lease_us,
         }
 
+    async def _ticket_query(self, what: str, sql: bytes, params: Mapping[str, Any]) -> list[Any]:
+        """:meth:`_simple_query` of a statement taking a ticket (``params``: :meth:`_ticket_params`).
+        When its commit's answer was lost (``StoreUnreachable``, in flight) the ticket may have
+        been taken: it is given up (retried until the database takes it), or this replica's lease
+        renewals would keep it in line for good with no turn behind it (docs/semantics.md §5, "A
+        commit's lost answer")."""
+        try:
+            return await self._simple_query(what, sql, params)
+        except StoreUnreachable as error:
+            conversation_id, request_id, owner = params["c"], params["r"], params["owner"]
+            if error.in_flight and request_id:
+
+                async def body(conn: Conn, _: int) -> None:
+                    notify = (QUEUE_CHANNEL, conversation_id)
+                    await db.run(
+                        conn, turn_queue.RELEASE_OWN_PLACE, (conversation_id, request_id, owner, *notify)
+                    )
+
+                await self._give_up_place(f"{what} (answer lost) release", conversation_id, body)
+            raise
+
     async def _simple_query(self, what: str, sql: bytes, params: Mapping[str, Any]) -> list[Any]:
         """The rows of the last of ``sql``'s statements, sent as one simple query (client-side
         binding): one round trip and one implicit transaction, so the queue lock its statements
@@ -390,7 +472,7 @@ class TurnQueue(PostgresConnection):
                 await self._take_ticket(conversation_id, request_id, owner, lease_us, first)
                 return None
             params = self._ticket_params(conversation_id, request_id, owner, lease_us)
-            rows = await self._simple_query("reserve_place", turn_queue.TAKE_TICKET_IF_IDLE, params)
+            rows = await self._ticket_query("reserve_place", turn_queue.TAKE_TICKET_IF_IDLE, params)
         return None if rows[0][0] is None else str(rows[0][0])
 
     async def release_place(self, conversation_id: str, request_id: str) -> None:

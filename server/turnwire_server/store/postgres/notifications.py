@@ -5,10 +5,9 @@ reader following a turn another replica runs (docs/semantics.md §5, §7)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
+from turnwire_server.event_waits import set_within
 from turnwire_server.store.postgres import db
 from turnwire_server.store.postgres.connection import PostgresConnection
 from turnwire_server.store.postgres.db import Conn
@@ -55,7 +54,5 @@ class Notifications(PostgresConnection):
             stream = await self.get_stream(request_id)
             if stream is not None and (stream.end_time is not None or stream.last_sequence_number > after):
                 return True
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_seconds):
-                    await stored.wait()
+            await set_within(stored, timeout_seconds)
         return True

@@ -21,6 +21,7 @@ __all__ = [
     "HEAD",
     "QUEUE_LOCK_CLASS",
     "QUEUE_STEP",
+    "RELEASE_OWN_PLACE",
     "RELEASE_PLACE",
     "RELEASE_TICKET",
     "TAKE_TICKET",
@@ -59,6 +60,12 @@ RELEASE_PLACE: Final = (
     "WITH gone AS (DELETE FROM turn_queue WHERE conversation_id = %s AND request_id = %s RETURNING 1)"
     " SELECT pg_notify(%s, %s) FROM (SELECT 1 FROM gone LIMIT 1) AS deleted"
 )
+
+RELEASE_OWN_PLACE: Final = (
+    "WITH gone AS (DELETE FROM turn_queue WHERE conversation_id = %s AND request_id = %s AND owner = %s"
+    " RETURNING 1) SELECT pg_notify(%s, %s) FROM (SELECT 1 FROM gone LIMIT 1) AS deleted"
+)
+"""As :data:`RELEASE_PLACE`, only while its owner holds it: a ticket whose taking's answer was lost."""
 
 TAKE_TICKET_IF_IDLE: Final = (
     # As TAKE_TICKET, but nothing is taken while the conversation has any live ticket (its own
