@@ -37,6 +37,8 @@ def summarize(collapsed: Path, top: int) -> str:
     total = 0
     for line in collapsed.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
+        if not count_text.isdigit():
+            continue  # a frame name py-spy printed over several lines: a few samples lost
         count = int(count_text)
         frames = stack.split(";")
         total += count

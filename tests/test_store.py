@@ -662,6 +662,7 @@ async def test_migrations_run_once_and_are_recorded(store_backend: StoreBackend)
         (11, "0011_conversation_forks"),
         (12, "0012_schedules"),
         (13, "0013_webhooks"),
+        (14, "0014_writer_versions"),
     ]
     assert isinstance(rows[0][2], int)
     assert {

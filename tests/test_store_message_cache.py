@@ -121,6 +121,36 @@ async def test_another_writers_append_update_and_removal_are_seen_on_the_next_re
     assert _texts(await store.load_messages("c1")) == [("u1", "one"), ("u3", "three")]
 
 
+async def test_the_stores_own_writes_bump_the_counter_once_a_write(
+    store: Store, store_backend: StoreBackend
+) -> None:
+    """Migration 0014: a store write bumps ``history_version`` once, however many messages and
+    parts it writes, and writes them at that version (the per-row triggers skip them); what
+    another writer changes next is still versioned by trigger (the test above)."""
+    two_parts = _text("u2", "two")
+    two_parts.parts.add().text.text = " and more"
+    await store.start_turn(_turn("r1"), [_text("u1", "one"), two_parts])
+    assert _counters(store_backend) == (1, 0)
+    versions = "SELECT id, version FROM messages WHERE conversation_id = ? ORDER BY seq"
+    assert store_backend.sql(versions, ("c1",)) == [("u1", 1), ("u2", 1)]
+    assert store_backend.sql("SELECT DISTINCT version FROM parts WHERE conversation_id = ?", ("c1",)) == [
+        (1,)
+    ]
+    await store.load_messages("c1")
+    rewritten = _text("u2", "two, rewritten")
+    rewritten.parts.add().text.text = " and more"
+    await store.save_message("c1", rewritten)
+    assert _counters(store_backend) == (2, 0)
+    assert store_backend.sql(versions, ("c1",)) == [("u1", 1), ("u2", 2)]
+    assert _texts(await store.load_messages("c1")) == [("u1", "one"), ("u2", "two, rewritten and more")]
+    # Beside the store: a part changed with its version left as the store wrote it.
+    store_backend.sql(
+        "UPDATE parts SET kind = kind WHERE conversation_id = ? AND message_id = ?", ("c1", "u1")
+    )
+    version, _ = _counters(store_backend)
+    assert version > 2 and store_backend.sql(versions, ("c1",))[0] == ("u1", version)
+
+
 async def test_a_part_added_or_removed_beside_the_store_changes_its_message(
     store: Store, store_backend: StoreBackend
 ) -> None:

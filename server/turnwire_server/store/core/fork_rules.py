@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 MESSAGE_COLUMNS: Final = "id, seq, role, create_time, create_time_nanos, metadata"
-"""The ``messages`` columns a copy carries (its ``version`` is the triggers')."""
+"""The ``messages`` columns a copy carries (not ``version``: the copy is versioned by trigger)."""
 
 # Only a source's own source can be shadowed by a nearer one: the depth test first spares the
 # common single-level fork the subquery (PostgreSQL then plans it per row, not as a hash of every

@@ -1,10 +1,12 @@
 """Decoded messages kept between reads of a conversation, refreshed by a delta read (issue 17: a
 turn's cost should not grow with its history).
 
-Migration 0006 (``history_versions``, both backends) keeps, by triggers, a per-conversation change
-counter (``conversations.history_version``, bumped by every insert, update or delete of a message
-or a part), each message's counter value at its last change (``messages.version``) and a removal
-counter (``conversations.history_epoch``, bumped when a message goes). :data:`HISTORY_SQL` (one
+Migration 0006 (``history_versions``, both backends) keeps a per-conversation change counter
+(``conversations.history_version``, bumped by every insert, update or delete of a message or a
+part), each message's counter value at its last change (``messages.version``) and a removal
+counter (``conversations.history_epoch``, bumped when a message goes). The store's own message
+writes bump it once per write and write their rows at the new value; triggers version every row
+written without one (another replica, an operator; migration 0014). :data:`HISTORY_SQL` (one
 statement, so one snapshot) returns the conversation's counters and only the messages whose
 version is above the one the reader holds; when the epoch or the conversation's ``create_time``
 (a deleted and recreated conversation) differ from the held ones, it returns every message. So the

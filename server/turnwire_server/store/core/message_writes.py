@@ -25,7 +25,7 @@ from turnwire_server.store.core.fork_writes import delete_guard_reads, delete_gu
 from turnwire_server.store.core.rows import MessageRow, check_turn, message_insert_params, message_row, to_us
 from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks
 from turnwire_server.store.core.stream_writes import EventBatch, prepare_events, stream_read, stream_writes
-from turnwire_server.store.core.turn_writes import INSERT_MESSAGE, TOUCH_CONVERSATION
+from turnwire_server.store.core.turn_writes import CURRENT_VERSION, INSERT_MESSAGE, TOUCH_CONVERSATION
 from turnwire_server.store.core.webhook_writes import deliveries_on_end
 from turnwire_server.store.errors import MessageIdConflict, TurnNotFound
 
@@ -48,8 +48,8 @@ __all__ = [
 _CLAIMS: Final = 2  # statements of claim_reads for one message
 _STORED_ROLE: Final = "SELECT role FROM messages WHERE conversation_id = ? AND id = ?"
 _UPDATE_MESSAGE: Final = (
-    "UPDATE messages SET role = ?, create_time = ?, create_time_nanos = ?, metadata = ?"
-    " WHERE conversation_id = ? AND id = ?"
+    "UPDATE messages SET role = ?, create_time = ?, create_time_nanos = ?, metadata = ?,"
+    f" version = {CURRENT_VERSION} WHERE conversation_id = ? AND id = ?"
 )
 _END_SUBMISSION: Final = (
     "UPDATE submissions SET state = ?, end_time = ?, error = ? WHERE id = ? AND state = 'running'"
@@ -88,7 +88,15 @@ def upsert_writes(
         return [touch, inserted, *dialect.insert_parts(conversation_id, (row,))]
     updated = Statement(
         _UPDATE_MESSAGE,
-        (row.role, row.create_time_us, row.create_time_nanos, row.metadata, conversation_id, row.id),
+        (
+            row.role,
+            row.create_time_us,
+            row.create_time_nanos,
+            row.metadata,
+            conversation_id,
+            conversation_id,
+            row.id,
+        ),
     )
     return [touch, updated, *dialect.replace_parts(conversation_id, row)]
 

@@ -116,7 +116,7 @@ def message_row(message: message_pb2.Message) -> MessageRow:
 def message_insert_params(conversation_id: str, row: MessageRow) -> tuple[Any, ...]:
     """The parameters of both backends' message INSERT: ``(conversation_id, id, conversation_id,
     conversation_id (for the next-position subquery), role, create_time_us, create_time_nanos,
-    metadata)``."""
+    metadata, conversation_id (for the version))``."""
     return (
         conversation_id,
         row.id,
@@ -126,6 +126,7 @@ def message_insert_params(conversation_id: str, row: MessageRow) -> tuple[Any, .
         row.create_time_us,
         row.create_time_nanos,
         row.metadata,
+        conversation_id,
     )
 
 

@@ -88,12 +88,15 @@ class Dialect(Protocol):
 
     def insert_parts(self, conversation_id: str, rows: Sequence[Any]) -> Sequence[Statement]:
         """The statements that insert the parts of the new messages ``rows``
-        (:class:`~turnwire_server.store.core.rows.MessageRow`), ``idx`` from 0 in each."""
+        (:class:`~turnwire_server.store.core.rows.MessageRow`), ``idx`` from 0 in each, at the
+        conversation's history version (``turn_writes.CURRENT_VERSION``: only after the write's
+        ``TOUCH_CONVERSATION``, migration 0014)."""
         ...
 
     def replace_parts(self, conversation_id: str, row: Any) -> Sequence[Statement]:
         """The statements that make the stored message ``row.id``'s parts exactly ``row.parts``,
-        rewriting only changed ones."""
+        rewriting only changed ones (at the conversation's history version, as
+        :meth:`insert_parts`)."""
         ...
 
     # What a line shared by several processes (PostgreSQL's cross-replica turn queue) does in

@@ -32,6 +32,7 @@ from turnwire_server.store.errors import (
 from turnwire_server.store.records import BudgetCharge, BudgetGrant
 
 __all__ = [
+    "CURRENT_VERSION",
     "INSERT_MESSAGE",
     "TOUCH_CONVERSATION",
     "StartTurn",
@@ -43,25 +44,33 @@ __all__ = [
     "start_turn_writes",
 ]
 
+CURRENT_VERSION: Final = "(SELECT history_version FROM conversations WHERE id = ?)"
+"""The conversation ``?``'s history version, as a value: what a write that bumped it
+(:data:`TOUCH_CONVERSATION`) writes its message and part rows at (migration 0014)."""
+
 INSERT_MESSAGE: Final = (
     "INSERT INTO messages"
-    " (conversation_id, id, seq, role, create_time, create_time_nanos, metadata)"
+    " (conversation_id, id, seq, role, create_time, create_time_nanos, metadata, version)"
     " VALUES (?, ?, (SELECT CASE WHEN s.top_seq > s.floor_seq THEN s.top_seq ELSE s.floor_seq END + 1"
     " FROM (SELECT COALESCE((SELECT MAX(seq) FROM messages WHERE conversation_id = ?), 0) AS top_seq,"
     " COALESCE((SELECT seq_floor FROM conversations WHERE id = ?), 0) AS floor_seq) AS s),"
-    " ?, ?, ?, ?)"
+    f" ?, ?, ?, ?, {CURRENT_VERSION})"
 )
 """Append a message at the conversation's next position (:func:`message_insert_params`): after
 its last message and after its ``seq_floor`` (a fork's fork point; the last position a fork of
-it shares: docs/forks.md)."""
+it shares: docs/forks.md), at the conversation's history version: only after
+:data:`TOUCH_CONVERSATION` in the same transaction."""
 
 TOUCH_CONVERSATION: Final = (
-    "INSERT INTO conversations (id, create_time, update_time, message_count)"
-    " VALUES (?, ?, ?, ?)"
+    "INSERT INTO conversations (id, create_time, update_time, message_count, history_version)"
+    " VALUES (?, ?, ?, ?, 1)"
     " ON CONFLICT (id) DO UPDATE SET update_time = excluded.update_time,"
-    " message_count = conversations.message_count + excluded.message_count"
+    " message_count = conversations.message_count + excluded.message_count,"
+    " history_version = conversations.history_version + 1"
 )
-"""Create the conversation if missing; set its update time and add to its message count:
+"""Create the conversation if missing; set its update time, add to its message count and bump
+its history version once for the write's messages and parts, which it then writes at the new
+version (:data:`CURRENT_VERSION`; migration 0014: rows written so skip the per-row triggers):
 ``(conversation_id, now_us, now_us, added)``."""
 
 _INSERT_TURN: Final = (

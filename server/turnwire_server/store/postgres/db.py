@@ -190,8 +190,9 @@ async def run_program(conn: Conn, program: Program[T]) -> T:
 
 _PARTS_OF_ROWS: Final = (
     # The new messages' parts from arrays, one statement however many (idx from 0 per message).
-    "INSERT INTO parts (conversation_id, message_id, idx, kind, data)"
-    " SELECT %s, p.message_id, p.idx, p.kind, p.data"
+    "INSERT INTO parts (conversation_id, message_id, idx, kind, data, version)"
+    " SELECT %s, p.message_id, p.idx, p.kind, p.data,"
+    " (SELECT history_version FROM conversations WHERE id = %s)"
     " FROM unnest(%s::text[], %s::int[], %s::text[], %s::bytea[]) AS p(message_id, idx, kind, data)"
 )
 
@@ -245,18 +246,21 @@ class _PostgresDialect:
         if not parts:
             return ()
         message_ids, indexes, kinds, datas = (list(column) for column in zip(*parts, strict=True))
-        return (Statement(_PARTS_OF_ROWS, (conversation_id, message_ids, indexes, kinds, datas)),)
+        return (
+            Statement(_PARTS_OF_ROWS, (conversation_id, conversation_id, message_ids, indexes, kinds, datas)),
+        )
 
     def replace_parts(self, conversation_id: str, row: MessageRow) -> Sequence[Statement]:
         return (
             Statement(
                 "WITH gone AS (DELETE FROM parts"
                 " WHERE conversation_id = %(c)s AND message_id = %(m)s AND idx >= %(n)s)"
-                " INSERT INTO parts (conversation_id, message_id, idx, kind, data)"
-                " SELECT %(c)s, %(m)s, p.idx - 1, p.kind, p.data"
+                " INSERT INTO parts (conversation_id, message_id, idx, kind, data, version)"
+                " SELECT %(c)s, %(m)s, p.idx - 1, p.kind, p.data,"
+                " (SELECT history_version FROM conversations WHERE id = %(c)s)"
                 " FROM unnest(%(kinds)s::text[], %(datas)s::bytea[]) WITH ORDINALITY AS p(kind, data, idx)"
                 " ON CONFLICT (conversation_id, message_id, idx) DO UPDATE"
-                " SET kind = excluded.kind, data = excluded.data"
+                " SET kind = excluded.kind, data = excluded.data, version = excluded.version"
                 " WHERE parts.data IS DISTINCT FROM excluded.data",
                 {
                     "c": conversation_id,

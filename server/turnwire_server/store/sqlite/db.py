@@ -10,6 +10,7 @@ from typing import Any, Final, TypeVar
 
 from turnwire_server.store.core.rows import MessageRow
 from turnwire_server.store.core.sql import Program, Statement
+from turnwire_server.store.core.turn_writes import CURRENT_VERSION
 from turnwire_server.store.errors import StoreError, StoreFull, StoreReadOnly
 
 __all__ = ["DB_ERRORS", "DIALECT", "WriteFn", "run_program", "store_error"]
@@ -69,6 +70,12 @@ def run_program(conn: sqlite3.Connection, program: Program[T]) -> T:
         return result
 
 
+_INSERT_PART: Final = (
+    "INSERT INTO parts (conversation_id, message_id, idx, kind, data, version)"
+    f" VALUES (?, ?, ?, ?, ?, {CURRENT_VERSION})"
+)
+
+
 class _SqliteDialect:
     """SQLite's spelling (:class:`~turnwire_server.store.core.sql.Dialect`): one writer thread applies
     the writes one at a time, so nothing is locked; parts go in one ``executemany``; the
@@ -105,9 +112,9 @@ class _SqliteDialect:
     def insert_parts(self, conversation_id: str, rows: Sequence[MessageRow]) -> Sequence[Statement]:
         return (
             Statement(
-                "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (?, ?, ?, ?, ?)",
+                _INSERT_PART,
                 [
-                    (conversation_id, row.id, idx, kind, data)
+                    (conversation_id, row.id, idx, kind, data, conversation_id)
                     for row in rows
                     for idx, (kind, data) in enumerate(row.parts)
                 ],
@@ -118,11 +125,13 @@ class _SqliteDialect:
     def replace_parts(self, conversation_id: str, row: MessageRow) -> Sequence[Statement]:
         return (
             Statement(
-                "INSERT INTO parts (conversation_id, message_id, idx, kind, data) VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT (conversation_id, message_id, idx) DO UPDATE"
-                " SET kind = excluded.kind, data = excluded.data"
+                _INSERT_PART + " ON CONFLICT (conversation_id, message_id, idx) DO UPDATE"
+                " SET kind = excluded.kind, data = excluded.data, version = excluded.version"
                 " WHERE parts.data IS NOT excluded.data",
-                [(conversation_id, row.id, idx, kind, data) for idx, (kind, data) in enumerate(row.parts)],
+                [
+                    (conversation_id, row.id, idx, kind, data, conversation_id)
+                    for idx, (kind, data) in enumerate(row.parts)
+                ],
                 many=True,
             ),
             Statement(
