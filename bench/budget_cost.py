@@ -28,7 +28,8 @@ The added cost of an arm is its CPU per request minus the off arm's: this proces
 included) and, on PostgreSQL, the server backends' (``/proc/<pid>/stat`` of the database's
 sessions). Budgets: the turn's, the conversation's and the tenant's day, in tokens and US dollars
 (three rows locked per charge), a model priced by ``pricing.models``, ``--messages`` messages of
-400 bytes in each step's history. A request PASSes when budgets add at most 0.3 ms of CPU to it
+400 bytes in each step's history (``--scopes tenant`` or another subset: only those budgets,
+to show what each budget row adds). A request PASSes when budgets add at most 0.3 ms of CPU to it
 (client plus server). Run: ``.venv/bin/python bench/budget_cost.py [--steps 1] [--rounds 15] [--block 20]``.
 
 ``--base DIR`` (another checkout, e.g. main's) adds a fifth arm, **base**: the admitted arm with
@@ -78,13 +79,11 @@ from turnwire_server.store.core import writes as core_writes
 
 MODEL = "bench:model"
 PRICES = PriceBook(PricingSettings.model_validate({"models": {MODEL: {"input_mtok": 3, "output_mtok": 15}}}))
-BUDGETS = BudgetSettings.model_validate(
-    {
-        "turn": {"tokens": 10**12, "usd": 10**6},
-        "conversation": {"tokens": 10**12, "usd": 10**6},
-        "tenant": {"day": {"tokens": 10**12, "usd": 10**6}},
-    }
-)
+SCOPES = {
+    "turn": {"tokens": 10**12, "usd": 10**6},
+    "conversation": {"tokens": 10**12, "usd": 10**6},
+    "tenant": {"day": {"tokens": 10**12, "usd": 10**6}},
+}
 ALLOWANCE_US = 300.0
 ARMS = ("off", "separate", "folded", "admitted")
 RATES = PRICES.rates(MODEL, None)
@@ -142,10 +141,19 @@ def _taken(reply: message_pb2.Message) -> Callable[[], Awaitable[message_pb2.Mes
     return take
 
 
-async def _turn(store: Store, arm: str, steps: int, request: ModelRequest, n: int, *, carried: bool) -> None:
-    """One request of ``arm``: its admission (``admit_turn``, as the engine's; the admitted arm's
-    carries the first reservation when ``carried``), its steps' writes and its final write, the
-    lock held."""
+async def _turn(
+    store: Store,
+    arm: str,
+    steps: int,
+    request: ModelRequest,
+    n: int,
+    *,
+    carried: bool,
+    budgets: BudgetSettings,
+) -> None:
+    """One request of ``arm`` under ``budgets``: its admission (``admit_turn``, as the engine's;
+    the admitted arm's carries the first reservation when ``carried``), its steps' writes and its
+    final write, the lock held."""
     turn = TurnRecord(
         request_id=f"{arm}-r{n}",
         conversation_id=f"{arm}-c{n}",
@@ -170,12 +178,12 @@ async def _turn(store: Store, arm: str, steps: int, request: ModelRequest, n: in
             response_type=object,
         )
         first = admission_charge(
-            BUDGETS, ESTIMATES, asked, turn.lease, rates=RATES, now=dt.datetime.now(dt.UTC)
+            budgets, ESTIMATES, asked, turn.lease, rates=RATES, now=dt.datetime.now(dt.UTC)
         )
     async with store.admit_turn(
         turn, [user], lease_seconds=30, read_compaction=False, queued=_ignored, budget=first
     ) as admission:
-        await _steps(store, arm, steps, request, turn, admitted=admission.budget)
+        await _steps(store, arm, steps, request, turn, admitted=admission.budget, limits=budgets)
 
 
 def _served(arm: str, n: int, request: ModelRequest) -> None:
@@ -210,6 +218,7 @@ async def _steps(
     turn: TurnRecord,
     *,
     admitted: BudgetGrant | None,
+    limits: BudgetSettings,
 ) -> None:
     """The turn's steps' writes and its final write (see :func:`_turn`)."""
     reply = message_pb2.Message(id=turn.assistant_message_id, role=message_pb2.ROLE_ASSISTANT)
@@ -217,12 +226,12 @@ async def _steps(
     if arm != "off":
         budgets = StepBudgets(
             store,
-            BUDGETS,
+            limits,
             PRICES,
             request_id=turn.request_id,
             conversation_id=turn.conversation_id,
             lease=turn.lease,
-            turn_limit=BUDGETS.turn,
+            turn_limit=limits.turn,
             recovered=False,
             admitted=admitted,
             estimates=ESTIMATES if arm == "admitted" else None,
@@ -261,6 +270,7 @@ async def _block(
     steps: int,
     url: str | None,
     base: int,
+    budgets: BudgetSettings,
     carried: bool = True,
 ) -> tuple[list[float], list[float], float]:
     """``turns`` requests of ``arm`` (``carried``: see :func:`_turn`): each one's client CPU and
@@ -270,7 +280,7 @@ async def _block(
     for n in range(turns):
         _served(arm, base + n, request)
         cpu_before, wall_before = time.process_time(), time.perf_counter()
-        await _turn(store, arm, steps, request, base + n, carried=carried)
+        await _turn(store, arm, steps, request, base + n, carried=carried, budgets=budgets)
         cpu.append((time.process_time() - cpu_before) * 1e6)
         wall.append((time.perf_counter() - wall_before) * 1e6)
     server = ((backend_cpu_s(url) - server_before) / turns * 1e6) if url else 0.0
@@ -284,7 +294,17 @@ async def main() -> None:
     parser.add_argument("--steps", type=int, default=1, help="model steps per request")
     parser.add_argument("--messages", type=int, default=20, help="messages in each step's history")
     parser.add_argument("--base", type=Path, help="another checkout: its charge program as a fifth arm")
+    parser.add_argument(
+        "--scopes",
+        default="turn,conversation,tenant",
+        help="the budgets configured, comma-separated (turn, conversation, tenant: its day)",
+    )
     args = parser.parse_args()
+    scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
+    unknown = sorted(set(scopes) - SCOPES.keys())
+    if unknown or not scopes:
+        parser.error(f"--scopes: name one or more of {', '.join(SCOPES)} (got {args.scopes!r})")
+    budgets = BudgetSettings.model_validate({s: SCOPES[s] for s in scopes})
     arms = (*ARMS, "base") if args.base else ARMS
     # arm -> the arm _turn runs, the charge program the store's writes call, its request ids'
     # offset, whether PostgreSQL's admission carries the first reservation
@@ -316,6 +336,7 @@ async def main() -> None:
                     url=store_url,
                     base=offset - 100,
                     carried=carries or store is lite,
+                    budgets=budgets,
                 )
         for r in range(args.rounds):
             for name, store, store_url in stores:
@@ -332,6 +353,7 @@ async def main() -> None:
                         url=store_url,
                         base=offset + r * args.block,
                         carried=carries or store is lite,
+                        budgets=budgets,
                     )
                     cpu.setdefault((name, arm), []).extend(samples)
                     wall.setdefault((name, arm), []).extend(walls)
@@ -356,8 +378,9 @@ async def main() -> None:
             print(row + f"| {added:.0f} | {'PASS' if added <= ALLOWANCE_US else 'MISS'} |")
     print(
         f"\n{args.steps} model step(s) per request; medians of {args.rounds} interleaved blocks of "
-        f"{args.block} requests per arm (client: of the requests; server: of the blocks); budgets: turn, "
-        f"conversation, tenant/day (tokens and USD); {args.messages} messages of 400 bytes per step; "
+        f"{args.block} requests per arm (client: of the requests; server: of the blocks); budgets: "
+        f"{', '.join('tenant/day' if s == 'tenant' else s for s in scopes)} (tokens and USD); "
+        f"{args.messages} messages of 400 bytes per step; "
         f"load average {load:.1f}"
     )
 
