@@ -180,3 +180,52 @@ async def test_a_ticket_whose_answer_was_lost_is_given_up(
     finally:
         await store.close()
         await check.close()
+
+
+async def test_a_lost_tickets_late_release_spares_the_same_requests_retaken_ticket(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ticket's taking lost its answer while the database was failing, so its release is
+    retried in the background; meanwhile the request is retried (same request id, same replica)
+    and holds the conversation's lock. The late release must not delete that held ticket: else
+    the next request takes the lock while the first still holds it (two turns at once)."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    check = StoreBackend("postgres", url=pg_url)
+    real_query, real_write = store._simple_query, store._write_batched
+    database_back = asyncio.Event()
+
+    async def answer_lost(what: str, sql: bytes, params: Any) -> list[Any]:
+        await real_query(what, sql, params)
+        raise StoreUnreachable("connection lost with the answer", in_flight=True)
+
+    async def failing_release(what: str, body: Any, **kwargs: Any) -> Any:
+        if "answer lost" in what and not database_back.is_set():
+            raise StoreUnreachable("database unreachable")
+        return await real_write(what, body, **kwargs)
+
+    try:
+        monkeypatch.setattr(store, "_simple_query", answer_lost)
+        monkeypatch.setattr(store, "_write_batched", failing_release)
+        with pytest.raises(StoreUnreachable):
+            async with store.turn_lock("c", request_id="r1", owner="replica-a", lease_seconds=30):
+                raise AssertionError("the lock is not held when its taking failed")
+        monkeypatch.setattr(store, "_simple_query", real_query)
+        async with store.turn_lock("c", request_id="r1", owner="replica-a", lease_seconds=30):
+            database_back.set()  # the background release now commits
+            await wait_until(lambda: not store._releases, what="the late release ran")
+            assert check.sql("SELECT request_id FROM turn_queue") == [("r1",)], "the held ticket was deleted"
+            second = asyncio.ensure_future(_hold("c", "r2", store))
+            done, _ = await asyncio.wait({second}, timeout=2)
+            assert not done, "r2 took the conversation's lock while r1 still held it"
+            second.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await second
+    finally:
+        await store.close()
+        await check.close()
+
+
+async def _hold(conversation_id: str, request_id: str, store: PostgresStore) -> None:
+    async with store.turn_lock(conversation_id, request_id=request_id, owner="replica-a", lease_seconds=30):
+        pass

@@ -209,6 +209,7 @@ class TurnQueue(PostgresConnection):
         conversation_id, request_id, owner = turn.conversation_id, turn.request_id, turn.owner
         lease_us = int(lease_seconds * 1_000_000)
         async with self._tickets.hold(conversation_id):  # this process's tickets in call order
+            self._unreleased.discard((conversation_id, request_id))  # this taking owns the ticket now
             flight = asyncio.ensure_future(self._admit_flight(turn, start, lease_us, read_compaction, budget))
             try:
                 admitted = await asyncio.shield(flight)
@@ -367,26 +368,49 @@ class TurnQueue(PostgresConnection):
 
         await self._give_up_place("turn_lock release", conversation_id, body)
 
-    async def _give_up_place(self, what: str, conversation_id: str, body: Callable[[Conn, int], Any]) -> None:
-        """Commit ``body`` (a ticket's release); when the store fails it, retry in the background
-        until the database takes it. This replica renews its tickets' leases, so a ticket left
-        behind would hold the line forever (issue 34); the store closing ends the retries (the
-        ticket then lapses with this replica's leases)."""
+    async def _give_up_place(
+        self,
+        what: str,
+        conversation_id: str,
+        body: Callable[[Conn, int], Any],
+        still: Callable[[], bool] | None = None,
+    ) -> bool:
+        """Commit ``body`` (a ticket's release; True when it committed now); when the store fails
+        it, retry in the background until the database takes it. This replica renews its tickets'
+        leases, so a ticket left behind would hold the line forever (issue 34); the store closing
+        ends the retries (the ticket then lapses with this replica's leases). ``still``: whether a
+        retry is still wanted, asked before each under the conversation's ticket order
+        (:attr:`_tickets`), so no taking of this process runs between that answer and the
+        release's commit."""
         try:
             await self._write_batched(what, body, conversation_id=conversation_id)
         except StoreError as error:
             log.warning("%s of %s failed (%s); retrying", what, conversation_id, error)
-            task = asyncio.create_task(self._release_later(what, conversation_id, body), name=what)
+            task = asyncio.create_task(self._release_later(what, conversation_id, body, still), name=what)
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)
+            return False
+        return True
 
-    async def _release_later(self, what: str, conversation_id: str, body: Callable[[Conn, int], Any]) -> None:
+    async def _release_later(
+        self,
+        what: str,
+        conversation_id: str,
+        body: Callable[[Conn, int], Any],
+        still: Callable[[], bool] | None,
+    ) -> None:
         for attempt in itertools.count():
             await asyncio.sleep(_RELEASE_RETRY_SECONDS[min(attempt, len(_RELEASE_RETRY_SECONDS) - 1)])
             if self._closed:
                 return
             try:
-                await self._write_batched(what, body, conversation_id=conversation_id)
+                if still is None:
+                    await self._write_batched(what, body, conversation_id=conversation_id)
+                else:
+                    async with self._tickets.hold(conversation_id):
+                        if not still():
+                            return
+                        await self._write_batched(what, body, conversation_id=conversation_id)
             except StoreError:
                 continue
             log.info("%s of %s committed after %d retries", what, conversation_id, attempt + 1)
@@ -411,12 +435,18 @@ class TurnQueue(PostgresConnection):
         When its commit's answer was lost (``StoreUnreachable``, in flight) the ticket may have
         been taken: it is given up (retried until the database takes it), or this replica's lease
         renewals would keep it in line for good with no turn behind it (docs/semantics.md §5, "A
-        commit's lost answer")."""
+        commit's lost answer"). A release retried in the background gives up once a later taking
+        of the same request id's ticket by this process started (the caller's retry): that
+        taking owns the ticket, which the release would delete from under it. Callers hold
+        the conversation's :attr:`_tickets` order."""
+        conversation_id, request_id, owner = params["c"], params["r"], params["owner"]
+        key = (conversation_id, request_id)
+        self._unreleased.discard(key)  # this taking owns the ticket now
         try:
             return await self._simple_query(what, sql, params)
         except StoreUnreachable as error:
-            conversation_id, request_id, owner = params["c"], params["r"], params["owner"]
             if error.in_flight and request_id:
+                self._unreleased.add(key)
 
                 async def body(conn: Conn, _: int) -> None:
                     notify = (QUEUE_CHANNEL, conversation_id)
@@ -424,7 +454,10 @@ class TurnQueue(PostgresConnection):
                         conn, turn_queue.RELEASE_OWN_PLACE, (conversation_id, request_id, owner, *notify)
                     )
 
-                await self._give_up_place(f"{what} (answer lost) release", conversation_id, body)
+                if await self._give_up_place(
+                    f"{what} (answer lost) release", conversation_id, body, lambda: key in self._unreleased
+                ):
+                    self._unreleased.discard(key)
             raise
 
     async def _simple_query(self, what: str, sql: bytes, params: Mapping[str, Any]) -> list[Any]:
