@@ -226,6 +226,44 @@ async def test_a_lost_tickets_late_release_spares_the_same_requests_retaken_tick
         await check.close()
 
 
+async def test_a_lost_tickets_late_release_still_runs_after_a_retry_that_took_nothing(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """REJECT's admission (``reserve_place(only_if_idle=True)``) lost its answer with its ticket
+    taken; its retry finds that ticket live and takes nothing. The late release still gives the
+    lost ticket up: nothing of this process holds it."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    check = StoreBackend("postgres", url=pg_url)
+    real_query, real_write = store._simple_query, store._write_batched
+    database_back = asyncio.Event()
+
+    async def answer_lost(what: str, sql: bytes, params: Any) -> list[Any]:
+        await real_query(what, sql, params)
+        raise StoreUnreachable("connection lost with the answer", in_flight=True)
+
+    async def failing_release(what: str, body: Any, **kwargs: Any) -> Any:
+        if "answer lost" in what and not database_back.is_set():
+            raise StoreUnreachable("database unreachable")
+        return await real_write(what, body, **kwargs)
+
+    try:
+        monkeypatch.setattr(store, "_simple_query", answer_lost)
+        monkeypatch.setattr(store, "_write_batched", failing_release)
+        with pytest.raises(StoreUnreachable):
+            await store.reserve_place("c", "r1", owner="replica-a", lease_seconds=30, only_if_idle=True)
+        monkeypatch.setattr(store, "_simple_query", real_query)
+        head = await store.reserve_place("c", "r1", owner="replica-a", lease_seconds=30, only_if_idle=True)
+        assert head == "r1"  # its own lost ticket: nothing taken
+        database_back.set()
+        await wait_until(
+            lambda: check.sql("SELECT COUNT(*) FROM turn_queue") == [(0,)], what="the lost ticket is given up"
+        )
+    finally:
+        await store.close()
+        await check.close()
+
+
 async def _hold(conversation_id: str, request_id: str, store: PostgresStore) -> None:
     async with store.turn_lock(conversation_id, request_id=request_id, owner="replica-a", lease_seconds=30):
         pass

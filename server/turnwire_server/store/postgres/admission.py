@@ -209,7 +209,6 @@ class TurnQueue(PostgresConnection):
         conversation_id, request_id, owner = turn.conversation_id, turn.request_id, turn.owner
         lease_us = int(lease_seconds * 1_000_000)
         async with self._tickets.hold(conversation_id):  # this process's tickets in call order
-            self._unreleased.discard((conversation_id, request_id))  # this taking owns the ticket now
             flight = asyncio.ensure_future(self._admit_flight(turn, start, lease_us, read_compaction, budget))
             try:
                 admitted = await asyncio.shield(flight)
@@ -218,7 +217,9 @@ class TurnQueue(PostgresConnection):
                     if (done := await flight) is not None:
                         await asyncio.shield(self._release(conversation_id, done[0], owner))
                 raise
-            if admitted is None:
+            if admitted is not None:
+                self._unreleased.discard((conversation_id, request_id))  # its ticket is this taking's
+            else:
                 queued(True)
                 ticket, head = await self._enqueue(conversation_id, request_id, owner, lease_us, first)
         if admitted is not None:
@@ -341,7 +342,9 @@ class TurnQueue(PostgresConnection):
         and ticket order is commit order (first in, first out), except that a ``first`` ticket
         takes the free number right behind the head (and the ``first`` tickets before it)."""
         params = self._ticket_params(conversation_id, request_id, owner, lease_us)
-        rows = await self._ticket_query("turn_lock", turn_queue.TAKE_TICKET, {**params, "first": first})
+        rows = await self._ticket_query(
+            "turn_lock", turn_queue.TAKE_TICKET, {**params, "first": first}, lambda _: True
+        )
         mine, earliest = int(rows[0][0]), rows[0][1]
         # The statement saw the queue as it was before it: a re-owned ticket is among those rows.
         return mine, mine if earliest is None else min(mine, int(earliest))
@@ -430,20 +433,25 @@ class TurnQueue(PostgresConnection):
             "stale": now_us - lease_us,
         }
 
-    async def _ticket_query(self, what: str, sql: bytes, params: Mapping[str, Any]) -> list[Any]:
-        """:meth:`_simple_query` of a statement taking a ticket (``params``: :meth:`_ticket_params`).
-        When its commit's answer was lost (``StoreUnreachable``, in flight) the ticket may have
-        been taken: it is given up (retried until the database takes it), or this replica's lease
-        renewals would keep it in line for good with no turn behind it (docs/semantics.md §5, "A
-        commit's lost answer"). A release retried in the background gives up once a later taking
-        of the same request id's ticket by this process started (the caller's retry): that
-        taking owns the ticket, which the release would delete from under it. Callers hold
-        the conversation's :attr:`_tickets` order."""
+    async def _ticket_query(
+        self, what: str, sql: bytes, params: Mapping[str, Any], took: Callable[[list[Any]], bool]
+    ) -> list[Any]:
+        """:meth:`_simple_query` of a statement taking a ticket (``params``: :meth:`_ticket_params`;
+        ``took(rows)``: whether its answer says it took it). When its commit's answer was lost
+        (``StoreUnreachable``, in flight) the ticket may have been taken: it is given up (retried
+        until the database takes it), or this replica's lease renewals would keep it in line for
+        good with no turn behind it (docs/semantics.md §5, "A commit's lost answer"). A release
+        retried in the background gives up once a later taking of the same request id's ticket
+        by this process took it (the caller's retry): that ticket is the retry's, and deleting it
+        would let the next turn run beside it. Callers hold the conversation's :attr:`_tickets`
+        order, which the retries take too."""
         conversation_id, request_id, owner = params["c"], params["r"], params["owner"]
         key = (conversation_id, request_id)
-        self._unreleased.discard(key)  # this taking owns the ticket now
         try:
-            return await self._simple_query(what, sql, params)
+            rows = await self._simple_query(what, sql, params)
+            if took(rows):
+                self._unreleased.discard(key)
+            return rows
         except StoreUnreachable as error:
             if error.in_flight and request_id:
                 self._unreleased.add(key)
@@ -505,7 +513,9 @@ class TurnQueue(PostgresConnection):
                 await self._take_ticket(conversation_id, request_id, owner, lease_us, first)
                 return None
             params = self._ticket_params(conversation_id, request_id, owner, lease_us)
-            rows = await self._ticket_query("reserve_place", turn_queue.TAKE_TICKET_IF_IDLE, params)
+            rows = await self._ticket_query(
+                "reserve_place", turn_queue.TAKE_TICKET_IF_IDLE, params, lambda found: found[0][0] is None
+            )
         return None if rows[0][0] is None else str(rows[0][0])
 
     async def release_place(self, conversation_id: str, request_id: str) -> None:
