@@ -267,3 +267,66 @@ async def test_a_lost_tickets_late_release_still_runs_after_a_retry_that_took_no
 async def _hold(conversation_id: str, request_id: str, store: PostgresStore) -> None:
     async with store.turn_lock(conversation_id, request_id=request_id, owner="replica-a", lease_seconds=30):
         pass
+
+
+async def test_a_flight_cut_off_while_the_server_still_runs_it_is_admitted_once(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole flight, ``COMMIT`` included, reached the server, which waits for the
+    conversation's write lock; the client's connection is cut then (a partition, a client-side
+    timeout). Left alone, the server would commit it once the lock is free, after the store had
+    looked and found nothing, and the waiting path would then find its own request id stored
+    (``ALREADY_EXISTS`` for its own request, the turn stored and not run). The store ends that
+    session before it looks: the caller is admitted once, its input stored once."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    check = StoreBackend("postgres", url=pg_url)
+    holder = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+    await holder.execute("BEGIN")
+    await holder.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (db.CONVERSATION_LOCK_CLASS, "c"))
+    real_flight = db.flight
+    cut: list[int] = []
+
+    @contextlib.asynccontextmanager
+    async def flight(conn: Any) -> AsyncIterator[None]:
+        if cut:
+            async with real_flight(conn):
+                yield
+            return
+        cut.append(1)
+        with contextlib.suppress(psycopg.Error):
+            async with conn.pipeline():
+                await conn.execute(b"BEGIN")
+                yield
+                await conn.execute(b"COMMIT")
+                conn.pgconn.pipeline_sync()
+                conn.pgconn.nonblocking = 0
+                conn.pgconn.flush()  # the server has it all …
+                conn.pgconn.finish()  # … and the connection is cut before any answer
+        raise psycopg.OperationalError("consuming input failed: server closed the connection unexpectedly")
+
+    monkeypatch.setattr(db, "flight", flight)
+    admitted: list[list[str]] = []
+
+    async def admit() -> None:
+        turn = leased_turn("r1", "c", "replica-a", start_time=T0)
+        async with store.admit_turn(
+            turn, [_user("u1")], lease_seconds=30, read_compaction=False, queued=lambda _: None
+        ) as admission:
+            assert admission.history is not None
+            admitted.append([m.id for m in admission.history])
+
+    task = asyncio.ensure_future(admit())
+    try:
+        await wait_until(lambda: cut == [1] and check.sql("SELECT COUNT(*) FROM turn_queue") == [(1,)])
+        await holder.execute("COMMIT")  # the conversation's lock free: a live flight would commit now
+        await asyncio.wait_for(task, 30)
+        assert admitted == [["u1"]]
+        assert check.sql("SELECT request_id, state FROM turns") == [("r1", "running")]
+        assert check.sql("SELECT id FROM messages") == [("u1",)]
+        assert check.sql("SELECT COUNT(*) FROM turn_queue") == [(0,)]
+    finally:
+        task.cancel()
+        await holder.close()
+        await store.close()
+        await check.close()

@@ -54,6 +54,15 @@ _OWN_TICKET: Final = (
     b" WHERE t.request_id = %s AND t.owner IS NOT DISTINCT FROM %s AND t.start_time = %s"
     b" AND t.state = 'running'"
 )
+_END_FLIGHT_SESSION: Final = (
+    # The session of a flight whose connection was cut, if it still runs (one row), ended; not a
+    # session that took its pid over (started after the flight began).
+    b"SELECT pg_terminate_backend(pid, 1000) FROM pg_stat_activity"
+    b" WHERE pid = %s AND datname = current_database() AND pid <> pg_backend_pid()"
+    b" AND backend_start < now() - make_interval(secs => %s)"
+)
+_END_SESSION_SECONDS: Final = 5.0
+"""How long :meth:`TurnQueue._end_session` waits for a cut-off flight's session to end."""
 _SUBMISSION_NOT_PENDING: Final = (
     # Fails the transaction (a cast no text passes) when the turn is a submission that is no
     # longer pending: nothing is written and the caller starts the turn the checking way.
@@ -256,6 +265,7 @@ class TurnQueue(PostgresConnection):
         try:
             async with pool.connection() as conn:
                 started = time.perf_counter()
+                backend = conn.info.backend_pid  # the session that may still commit, once cut off
                 try:
                     # The write lock first, then the queue lock: taking a ticket never waits for
                     # a write (QUEUE_LOCK_CLASS), so no transaction holds them the other way round.
@@ -291,10 +301,11 @@ class TurnQueue(PostgresConnection):
                     return taken, TurnAdmission(stored, record, compaction_read=read_compaction, budget=grant)
         except (psycopg.Error, psycopg_pool.PoolTimeout):
             return None
-        return await self._own_start(turn, read_compaction, carried=budget is not None)
+        sent = (backend, time.perf_counter() - started)
+        return await self._own_start(turn, read_compaction, carried=budget is not None, sent=sent)
 
     async def _own_start(
-        self, turn: TurnRecord, read_compaction: bool, *, carried: bool
+        self, turn: TurnRecord, read_compaction: bool, *, carried: bool, sent: tuple[int, float]
     ) -> tuple[int, TurnAdmission] | None:
         """The outcome of a start of ``turn`` whose connection was lost before its ``COMMIT``'s
         answer came (docs/semantics.md §5, "A commit's lost answer"): when the stored turn of its
@@ -305,12 +316,19 @@ class TurnQueue(PostgresConnection):
         carried a first reservation, whose grant was lost with the answer: the admission's
         ``budget`` is then an empty grant, which covers no step, so the first step charges on its
         own and settles what was reserved at zero (nothing was sent on it), as when a grant does
-        not cover it (docs/cost.md, "What it costs per request"). Raises :class:`StoreError`
-        (``StoreUnreachable`` while the database is gone) when that cannot be told."""
+        not cover it (docs/cost.md, "What it costs per request"). ``sent``: the flight's
+        session (its backend's pid) and how many seconds ago the flight began. A cut connection
+        does not end that session: the server may still be running the flight (waiting for the
+        conversation's lock, say) and commit it after a look, so the session is ended first
+        (``pg_terminate_backend``, waiting for it) and only then is the look final. Raises
+        :class:`StoreError` (``StoreUnreachable`` while the database is gone) when that cannot be
+        told."""
         conversation_id = turn.conversation_id
         mine = (turn.request_id, turn.owner or None, to_us(turn.start_time, "start_time"))
+        backend, seconds = sent
         try:
             async with self._require_pool("admit_turn").connection() as conn:
+                await self._end_session(conn, backend, seconds)
                 found = await (await conn.execute(_OWN_TICKET, mine)).fetchall()
                 if not found:
                     return None
@@ -329,6 +347,27 @@ class TurnQueue(PostgresConnection):
             self._decoded.messages(read, rows), record, read_compaction, BudgetGrant() if carried else None
         )
         return int(found[0][0]), admission
+
+    async def _end_session(self, conn: Conn, backend: int, seconds: float) -> None:
+        """End the session ``backend`` (a pid) of a flight begun ``seconds`` ago, and wait for it
+        to be gone: its transaction can then no longer commit. A pid reused since (a session
+        started after the flight began) is spared. Raises :class:`StoreError` when it outlives
+        :data:`_END_SESSION_SECONDS`; lacking the privilege to end it (another role's session)
+        is logged and the look goes on. ``conn`` is in autocommit: each look is a new snapshot."""
+        deadline = time.perf_counter() + _END_SESSION_SECONDS
+        while True:
+            since = seconds + _END_SESSION_SECONDS - (deadline - time.perf_counter())
+            try:
+                rows = await (await conn.execute(_END_FLIGHT_SESSION, (backend, since))).fetchall()
+            except psycopg.errors.InsufficientPrivilege:
+                log.warning("the session of a cut-off admission could not be ended (privilege): read as is")
+                return
+            # No row: gone. False: exiting already (no longer a backend), or not yet: look again.
+            if not rows or rows[0][0]:
+                return
+            if time.perf_counter() > deadline:
+                raise StoreError("the session of a cut-off admission did not end: its outcome is unknown")
+            await asyncio.sleep(0.05)
 
     async def _take_ticket(
         self, conversation_id: str, request_id: str, owner: str, lease_us: int, first: bool = False
