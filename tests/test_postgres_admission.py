@@ -180,3 +180,153 @@ async def test_a_ticket_whose_answer_was_lost_is_given_up(
     finally:
         await store.close()
         await check.close()
+
+
+async def test_a_lost_tickets_late_release_spares_the_same_requests_retaken_ticket(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ticket's taking lost its answer while the database was failing, so its release is
+    retried in the background; meanwhile the request is retried (same request id, same replica)
+    and holds the conversation's lock. The late release must not delete that held ticket: else
+    the next request takes the lock while the first still holds it (two turns at once)."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    check = StoreBackend("postgres", url=pg_url)
+    real_query, real_write = store._simple_query, store._write_batched
+    database_back = asyncio.Event()
+
+    async def answer_lost(what: str, sql: bytes, params: Any) -> list[Any]:
+        await real_query(what, sql, params)
+        raise StoreUnreachable("connection lost with the answer", in_flight=True)
+
+    async def failing_release(what: str, body: Any, **kwargs: Any) -> Any:
+        if "answer lost" in what and not database_back.is_set():
+            raise StoreUnreachable("database unreachable")
+        return await real_write(what, body, **kwargs)
+
+    try:
+        monkeypatch.setattr(store, "_simple_query", answer_lost)
+        monkeypatch.setattr(store, "_write_batched", failing_release)
+        with pytest.raises(StoreUnreachable):
+            async with store.turn_lock("c", request_id="r1", owner="replica-a", lease_seconds=30):
+                raise AssertionError("the lock is not held when its taking failed")
+        monkeypatch.setattr(store, "_simple_query", real_query)
+        async with store.turn_lock("c", request_id="r1", owner="replica-a", lease_seconds=30):
+            database_back.set()  # the background release now commits
+            await wait_until(lambda: not store._releases, what="the late release ran")
+            assert check.sql("SELECT request_id FROM turn_queue") == [("r1",)], "the held ticket was deleted"
+            second = asyncio.ensure_future(_hold("c", "r2", store))
+            done, _ = await asyncio.wait({second}, timeout=2)
+            assert not done, "r2 took the conversation's lock while r1 still held it"
+            second.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await second
+    finally:
+        await store.close()
+        await check.close()
+
+
+async def test_a_lost_tickets_late_release_still_runs_after_a_retry_that_took_nothing(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """REJECT's admission (``reserve_place(only_if_idle=True)``) lost its answer with its ticket
+    taken; its retry finds that ticket live and takes nothing. The late release still gives the
+    lost ticket up: nothing of this process holds it."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    check = StoreBackend("postgres", url=pg_url)
+    real_query, real_write = store._simple_query, store._write_batched
+    database_back = asyncio.Event()
+
+    async def answer_lost(what: str, sql: bytes, params: Any) -> list[Any]:
+        await real_query(what, sql, params)
+        raise StoreUnreachable("connection lost with the answer", in_flight=True)
+
+    async def failing_release(what: str, body: Any, **kwargs: Any) -> Any:
+        if "answer lost" in what and not database_back.is_set():
+            raise StoreUnreachable("database unreachable")
+        return await real_write(what, body, **kwargs)
+
+    try:
+        monkeypatch.setattr(store, "_simple_query", answer_lost)
+        monkeypatch.setattr(store, "_write_batched", failing_release)
+        with pytest.raises(StoreUnreachable):
+            await store.reserve_place("c", "r1", owner="replica-a", lease_seconds=30, only_if_idle=True)
+        monkeypatch.setattr(store, "_simple_query", real_query)
+        head = await store.reserve_place("c", "r1", owner="replica-a", lease_seconds=30, only_if_idle=True)
+        assert head == "r1"  # its own lost ticket: nothing taken
+        database_back.set()
+        await wait_until(
+            lambda: check.sql("SELECT COUNT(*) FROM turn_queue") == [(0,)], what="the lost ticket is given up"
+        )
+    finally:
+        await store.close()
+        await check.close()
+
+
+async def _hold(conversation_id: str, request_id: str, store: PostgresStore) -> None:
+    async with store.turn_lock(conversation_id, request_id=request_id, owner="replica-a", lease_seconds=30):
+        pass
+
+
+async def test_a_flight_cut_off_while_the_server_still_runs_it_is_admitted_once(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole flight, ``COMMIT`` included, reached the server, which waits for the
+    conversation's write lock; the client's connection is cut then (a partition, a client-side
+    timeout). Left alone, the server would commit it once the lock is free, after the store had
+    looked and found nothing, and the waiting path would then find its own request id stored
+    (``ALREADY_EXISTS`` for its own request, the turn stored and not run). The store ends that
+    session before it looks: the caller is admitted once, its input stored once."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    check = StoreBackend("postgres", url=pg_url)
+    holder = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+    await holder.execute("BEGIN")
+    await holder.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (db.CONVERSATION_LOCK_CLASS, "c"))
+    real_flight = db.flight
+    cut: list[int] = []
+
+    @contextlib.asynccontextmanager
+    async def flight(conn: Any) -> AsyncIterator[None]:
+        if cut:
+            async with real_flight(conn):
+                yield
+            return
+        cut.append(1)
+        with contextlib.suppress(psycopg.Error):
+            async with conn.pipeline():
+                await conn.execute(b"BEGIN")
+                yield
+                await conn.execute(b"COMMIT")
+                conn.pgconn.pipeline_sync()
+                conn.pgconn.nonblocking = 0
+                conn.pgconn.flush()  # the server has it all …
+                conn.pgconn.finish()  # … and the connection is cut before any answer
+        raise psycopg.OperationalError("consuming input failed: server closed the connection unexpectedly")
+
+    monkeypatch.setattr(db, "flight", flight)
+    admitted: list[list[str]] = []
+
+    async def admit() -> None:
+        turn = leased_turn("r1", "c", "replica-a", start_time=T0)
+        async with store.admit_turn(
+            turn, [_user("u1")], lease_seconds=30, read_compaction=False, queued=lambda _: None
+        ) as admission:
+            assert admission.history is not None
+            admitted.append([m.id for m in admission.history])
+
+    task = asyncio.ensure_future(admit())
+    try:
+        await wait_until(lambda: cut == [1] and check.sql("SELECT COUNT(*) FROM turn_queue") == [(1,)])
+        await holder.execute("COMMIT")  # the conversation's lock free: a live flight would commit now
+        await asyncio.wait_for(task, 30)
+        assert admitted == [["u1"]]
+        assert check.sql("SELECT request_id, state FROM turns") == [("r1", "running")]
+        assert check.sql("SELECT id FROM messages") == [("u1",)]
+        assert check.sql("SELECT COUNT(*) FROM turn_queue") == [(0,)]
+    finally:
+        task.cancel()
+        await holder.close()
+        await store.close()
+        await check.close()

@@ -54,6 +54,15 @@ _OWN_TICKET: Final = (
     b" WHERE t.request_id = %s AND t.owner IS NOT DISTINCT FROM %s AND t.start_time = %s"
     b" AND t.state = 'running'"
 )
+_END_FLIGHT_SESSION: Final = (
+    # The session of a flight whose connection was cut, if it still runs (one row), ended; not a
+    # session that took its pid over (started after the flight began).
+    b"SELECT pg_terminate_backend(pid, 1000) FROM pg_stat_activity"
+    b" WHERE pid = %s AND datname = current_database() AND pid <> pg_backend_pid()"
+    b" AND backend_start < now() - make_interval(secs => %s)"
+)
+_END_SESSION_SECONDS: Final = 5.0
+"""How long :meth:`TurnQueue._end_session` waits for a cut-off flight's session to end."""
 _SUBMISSION_NOT_PENDING: Final = (
     # Fails the transaction (a cast no text passes) when the turn is a submission that is no
     # longer pending: nothing is written and the caller starts the turn the checking way.
@@ -217,7 +226,9 @@ class TurnQueue(PostgresConnection):
                     if (done := await flight) is not None:
                         await asyncio.shield(self._release(conversation_id, done[0], owner))
                 raise
-            if admitted is None:
+            if admitted is not None:
+                self._unreleased.discard((conversation_id, request_id))  # its ticket is this taking's
+            else:
                 queued(True)
                 ticket, head = await self._enqueue(conversation_id, request_id, owner, lease_us, first)
         if admitted is not None:
@@ -254,6 +265,7 @@ class TurnQueue(PostgresConnection):
         try:
             async with pool.connection() as conn:
                 started = time.perf_counter()
+                backend = conn.info.backend_pid  # the session that may still commit, once cut off
                 try:
                     # The write lock first, then the queue lock: taking a ticket never waits for
                     # a write (QUEUE_LOCK_CLASS), so no transaction holds them the other way round.
@@ -289,10 +301,11 @@ class TurnQueue(PostgresConnection):
                     return taken, TurnAdmission(stored, record, compaction_read=read_compaction, budget=grant)
         except (psycopg.Error, psycopg_pool.PoolTimeout):
             return None
-        return await self._own_start(turn, read_compaction, carried=budget is not None)
+        sent = (backend, time.perf_counter() - started)
+        return await self._own_start(turn, read_compaction, carried=budget is not None, sent=sent)
 
     async def _own_start(
-        self, turn: TurnRecord, read_compaction: bool, *, carried: bool
+        self, turn: TurnRecord, read_compaction: bool, *, carried: bool, sent: tuple[int, float]
     ) -> tuple[int, TurnAdmission] | None:
         """The outcome of a start of ``turn`` whose connection was lost before its ``COMMIT``'s
         answer came (docs/semantics.md §5, "A commit's lost answer"): when the stored turn of its
@@ -303,12 +316,19 @@ class TurnQueue(PostgresConnection):
         carried a first reservation, whose grant was lost with the answer: the admission's
         ``budget`` is then an empty grant, which covers no step, so the first step charges on its
         own and settles what was reserved at zero (nothing was sent on it), as when a grant does
-        not cover it (docs/cost.md, "What it costs per request"). Raises :class:`StoreError`
-        (``StoreUnreachable`` while the database is gone) when that cannot be told."""
+        not cover it (docs/cost.md, "What it costs per request"). ``sent``: the flight's
+        session (its backend's pid) and how many seconds ago the flight began. A cut connection
+        does not end that session: the server may still be running the flight (waiting for the
+        conversation's lock, say) and commit it after a look, so the session is ended first
+        (``pg_terminate_backend``, waiting for it) and only then is the look final. Raises
+        :class:`StoreError` (``StoreUnreachable`` while the database is gone) when that cannot be
+        told."""
         conversation_id = turn.conversation_id
         mine = (turn.request_id, turn.owner or None, to_us(turn.start_time, "start_time"))
+        backend, seconds = sent
         try:
             async with self._require_pool("admit_turn").connection() as conn:
+                await self._end_session(conn, backend, seconds)
                 found = await (await conn.execute(_OWN_TICKET, mine)).fetchall()
                 if not found:
                     return None
@@ -328,6 +348,27 @@ class TurnQueue(PostgresConnection):
         )
         return int(found[0][0]), admission
 
+    async def _end_session(self, conn: Conn, backend: int, seconds: float) -> None:
+        """End the session ``backend`` (a pid) of a flight begun ``seconds`` ago, and wait for it
+        to be gone: its transaction can then no longer commit. A pid reused since (a session
+        started after the flight began) is spared. Raises :class:`StoreError` when it outlives
+        :data:`_END_SESSION_SECONDS`; lacking the privilege to end it (another role's session)
+        is logged and the look goes on. ``conn`` is in autocommit: each look is a new snapshot."""
+        deadline = time.perf_counter() + _END_SESSION_SECONDS
+        while True:
+            since = seconds + _END_SESSION_SECONDS - (deadline - time.perf_counter())
+            try:
+                rows = await (await conn.execute(_END_FLIGHT_SESSION, (backend, since))).fetchall()
+            except psycopg.errors.InsufficientPrivilege:
+                log.warning("the session of a cut-off admission could not be ended (privilege): read as is")
+                return
+            # No row: gone. False: exiting already (no longer a backend), or not yet: look again.
+            if not rows or rows[0][0]:
+                return
+            if time.perf_counter() > deadline:
+                raise StoreError("the session of a cut-off admission did not end: its outcome is unknown")
+            await asyncio.sleep(0.05)
+
     async def _take_ticket(
         self, conversation_id: str, request_id: str, owner: str, lease_us: int, first: bool = False
     ) -> tuple[int, int]:
@@ -340,7 +381,9 @@ class TurnQueue(PostgresConnection):
         and ticket order is commit order (first in, first out), except that a ``first`` ticket
         takes the free number right behind the head (and the ``first`` tickets before it)."""
         params = self._ticket_params(conversation_id, request_id, owner, lease_us)
-        rows = await self._ticket_query("turn_lock", turn_queue.TAKE_TICKET, {**params, "first": first})
+        rows = await self._ticket_query(
+            "turn_lock", turn_queue.TAKE_TICKET, {**params, "first": first}, lambda _: True
+        )
         mine, earliest = int(rows[0][0]), rows[0][1]
         # The statement saw the queue as it was before it: a re-owned ticket is among those rows.
         return mine, mine if earliest is None else min(mine, int(earliest))
@@ -367,26 +410,49 @@ class TurnQueue(PostgresConnection):
 
         await self._give_up_place("turn_lock release", conversation_id, body)
 
-    async def _give_up_place(self, what: str, conversation_id: str, body: Callable[[Conn, int], Any]) -> None:
-        """Commit ``body`` (a ticket's release); when the store fails it, retry in the background
-        until the database takes it. This replica renews its tickets' leases, so a ticket left
-        behind would hold the line forever (issue 34); the store closing ends the retries (the
-        ticket then lapses with this replica's leases)."""
+    async def _give_up_place(
+        self,
+        what: str,
+        conversation_id: str,
+        body: Callable[[Conn, int], Any],
+        still: Callable[[], bool] | None = None,
+    ) -> bool:
+        """Commit ``body`` (a ticket's release; True when it committed now); when the store fails
+        it, retry in the background until the database takes it. This replica renews its tickets'
+        leases, so a ticket left behind would hold the line forever (issue 34); the store closing
+        ends the retries (the ticket then lapses with this replica's leases). ``still``: whether a
+        retry is still wanted, asked before each under the conversation's ticket order
+        (:attr:`_tickets`), so no taking of this process runs between that answer and the
+        release's commit."""
         try:
             await self._write_batched(what, body, conversation_id=conversation_id)
         except StoreError as error:
             log.warning("%s of %s failed (%s); retrying", what, conversation_id, error)
-            task = asyncio.create_task(self._release_later(what, conversation_id, body), name=what)
+            task = asyncio.create_task(self._release_later(what, conversation_id, body, still), name=what)
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)
+            return False
+        return True
 
-    async def _release_later(self, what: str, conversation_id: str, body: Callable[[Conn, int], Any]) -> None:
+    async def _release_later(
+        self,
+        what: str,
+        conversation_id: str,
+        body: Callable[[Conn, int], Any],
+        still: Callable[[], bool] | None,
+    ) -> None:
         for attempt in itertools.count():
             await asyncio.sleep(_RELEASE_RETRY_SECONDS[min(attempt, len(_RELEASE_RETRY_SECONDS) - 1)])
             if self._closed:
                 return
             try:
-                await self._write_batched(what, body, conversation_id=conversation_id)
+                if still is None:
+                    await self._write_batched(what, body, conversation_id=conversation_id)
+                else:
+                    async with self._tickets.hold(conversation_id):
+                        if not still():
+                            return
+                        await self._write_batched(what, body, conversation_id=conversation_id)
             except StoreError:
                 continue
             log.info("%s of %s committed after %d retries", what, conversation_id, attempt + 1)
@@ -406,17 +472,28 @@ class TurnQueue(PostgresConnection):
             "stale": now_us - lease_us,
         }
 
-    async def _ticket_query(self, what: str, sql: bytes, params: Mapping[str, Any]) -> list[Any]:
-        """:meth:`_simple_query` of a statement taking a ticket (``params``: :meth:`_ticket_params`).
-        When its commit's answer was lost (``StoreUnreachable``, in flight) the ticket may have
-        been taken: it is given up (retried until the database takes it), or this replica's lease
-        renewals would keep it in line for good with no turn behind it (docs/semantics.md §5, "A
-        commit's lost answer")."""
+    async def _ticket_query(
+        self, what: str, sql: bytes, params: Mapping[str, Any], took: Callable[[list[Any]], bool]
+    ) -> list[Any]:
+        """:meth:`_simple_query` of a statement taking a ticket (``params``: :meth:`_ticket_params`;
+        ``took(rows)``: whether its answer says it took it). When its commit's answer was lost
+        (``StoreUnreachable``, in flight) the ticket may have been taken: it is given up (retried
+        until the database takes it), or this replica's lease renewals would keep it in line for
+        good with no turn behind it (docs/semantics.md §5, "A commit's lost answer"). A release
+        retried in the background gives up once a later taking of the same request id's ticket
+        by this process took it (the caller's retry): that ticket is the retry's, and deleting it
+        would let the next turn run beside it. Callers hold the conversation's :attr:`_tickets`
+        order, which the retries take too."""
+        conversation_id, request_id, owner = params["c"], params["r"], params["owner"]
+        key = (conversation_id, request_id)
         try:
-            return await self._simple_query(what, sql, params)
+            rows = await self._simple_query(what, sql, params)
+            if took(rows):
+                self._unreleased.discard(key)
+            return rows
         except StoreUnreachable as error:
-            conversation_id, request_id, owner = params["c"], params["r"], params["owner"]
             if error.in_flight and request_id:
+                self._unreleased.add(key)
 
                 async def body(conn: Conn, _: int) -> None:
                     notify = (QUEUE_CHANNEL, conversation_id)
@@ -424,7 +501,10 @@ class TurnQueue(PostgresConnection):
                         conn, turn_queue.RELEASE_OWN_PLACE, (conversation_id, request_id, owner, *notify)
                     )
 
-                await self._give_up_place(f"{what} (answer lost) release", conversation_id, body)
+                if await self._give_up_place(
+                    f"{what} (answer lost) release", conversation_id, body, lambda: key in self._unreleased
+                ):
+                    self._unreleased.discard(key)
             raise
 
     async def _simple_query(self, what: str, sql: bytes, params: Mapping[str, Any]) -> list[Any]:
@@ -472,7 +552,9 @@ class TurnQueue(PostgresConnection):
                 await self._take_ticket(conversation_id, request_id, owner, lease_us, first)
                 return None
             params = self._ticket_params(conversation_id, request_id, owner, lease_us)
-            rows = await self._ticket_query("reserve_place", turn_queue.TAKE_TICKET_IF_IDLE, params)
+            rows = await self._ticket_query(
+                "reserve_place", turn_queue.TAKE_TICKET_IF_IDLE, params, lambda found: found[0][0] is None
+            )
         return None if rows[0][0] is None else str(rows[0][0])
 
     async def release_place(self, conversation_id: str, request_id: str) -> None:

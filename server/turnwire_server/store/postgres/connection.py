@@ -116,6 +116,10 @@ class PostgresConnection(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         # Decoded messages reused between a conversation's reads (issue 17).
         self._decoded = DecodedMessages("postgres")
         self._tickets = LocalTurnLocks()  # this process's tickets of a conversation go in call order
+        # (conversation, request id) of tickets whose taking lost its answer, their release
+        # retried in the background until a later taking that took the ticket removes the pair
+        # (TurnQueue._ticket_query); a pair left after its release committed releases nothing.
+        self._unreleased: set[tuple[str, str]] = set()
         self._group_commit = GroupCommit(self._require_pool, self._now_us, self._error)
         self._listener = Listener(self._listen_connection, on_back=self._check_pool)
         # Writes of one conversation are applied in call order (Store: checkpoints are applied in
