@@ -182,18 +182,13 @@ async def test_a_ticket_whose_answer_was_lost_is_given_up(
         await check.close()
 
 
-async def test_a_lost_tickets_late_release_spares_the_same_requests_retaken_ticket(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A ticket's taking lost its answer while the database was failing, so its release is
-    retried in the background; meanwhile the request is retried (same request id, same replica)
-    and holds the conversation's lock. The late release must not delete that held ticket: else
-    the next request takes the lock while the first still holds it (two turns at once)."""
-    store = PostgresStore(pg_url)
-    await store.open()
-    check = StoreBackend("postgres", url=pg_url)
+def _lose_answers_and_releases(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch, database_back: asyncio.Event
+) -> Any:
+    """From now on ``store``'s ticket queries commit and lose their answers, and the background
+    releases of a lost ticket fail until ``database_back`` is set. Returns the real query (put it
+    back with ``monkeypatch.setattr(store, "_simple_query", …)``)."""
     real_query, real_write = store._simple_query, store._write_batched
-    database_back = asyncio.Event()
 
     async def answer_lost(what: str, sql: bytes, params: Any) -> list[Any]:
         await real_query(what, sql, params)
@@ -204,9 +199,24 @@ async def test_a_lost_tickets_late_release_spares_the_same_requests_retaken_tick
             raise StoreUnreachable("database unreachable")
         return await real_write(what, body, **kwargs)
 
+    monkeypatch.setattr(store, "_simple_query", answer_lost)
+    monkeypatch.setattr(store, "_write_batched", failing_release)
+    return real_query
+
+
+async def test_a_lost_tickets_late_release_spares_the_same_requests_retaken_ticket(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ticket's taking lost its answer while the database was failing, so its release is
+    retried in the background; meanwhile the request is retried (same request id, same replica)
+    and holds the conversation's lock. The late release must not delete that held ticket: else
+    the next request takes the lock while the first still holds it (two turns at once)."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    check = StoreBackend("postgres", url=pg_url)
+    database_back = asyncio.Event()
     try:
-        monkeypatch.setattr(store, "_simple_query", answer_lost)
-        monkeypatch.setattr(store, "_write_batched", failing_release)
+        real_query = _lose_answers_and_releases(store, monkeypatch, database_back)
         with pytest.raises(StoreUnreachable):
             async with store.turn_lock("c", request_id="r1", owner="replica-a", lease_seconds=30):
                 raise AssertionError("the lock is not held when its taking failed")
@@ -216,8 +226,11 @@ async def test_a_lost_tickets_late_release_spares_the_same_requests_retaken_tick
             await wait_until(lambda: not store._releases, what="the late release ran")
             assert check.sql("SELECT request_id FROM turn_queue") == [("r1",)], "the held ticket was deleted"
             second = asyncio.ensure_future(_hold("c", "r2", store))
-            done, _ = await asyncio.wait({second}, timeout=2)
-            assert not done, "r2 took the conversation's lock while r1 still held it"
+            await wait_until(
+                lambda: check.sql("SELECT request_id FROM turn_queue ORDER BY ticket") == [("r1",), ("r2",)],
+                what="r2's ticket queued behind r1's",
+            )
+            assert not second.done(), "r2 took the conversation's lock while r1 still held it"
             second.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await second
@@ -235,21 +248,9 @@ async def test_a_lost_tickets_late_release_still_runs_after_a_retry_that_took_no
     store = PostgresStore(pg_url)
     await store.open()
     check = StoreBackend("postgres", url=pg_url)
-    real_query, real_write = store._simple_query, store._write_batched
     database_back = asyncio.Event()
-
-    async def answer_lost(what: str, sql: bytes, params: Any) -> list[Any]:
-        await real_query(what, sql, params)
-        raise StoreUnreachable("connection lost with the answer", in_flight=True)
-
-    async def failing_release(what: str, body: Any, **kwargs: Any) -> Any:
-        if "answer lost" in what and not database_back.is_set():
-            raise StoreUnreachable("database unreachable")
-        return await real_write(what, body, **kwargs)
-
     try:
-        monkeypatch.setattr(store, "_simple_query", answer_lost)
-        monkeypatch.setattr(store, "_write_batched", failing_release)
+        real_query = _lose_answers_and_releases(store, monkeypatch, database_back)
         with pytest.raises(StoreUnreachable):
             await store.reserve_place("c", "r1", owner="replica-a", lease_seconds=30, only_if_idle=True)
         monkeypatch.setattr(store, "_simple_query", real_query)
