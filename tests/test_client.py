@@ -177,6 +177,7 @@ class FakeChatService(chat_service_pb2_grpc.ChatServiceServicer):
     pages: dict[str, list[chat_service_pb2.Conversation]] = field(default_factory=dict)
     running: set[str] = field(default_factory=set)
     stream_cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    hanging: asyncio.Event = field(default_factory=asyncio.Event)  # set once hang_after is reached
 
     def _record(self, request: Any, context: grpc.aio.ServicerContext) -> None:
         self.requests.append(request)
@@ -195,6 +196,7 @@ class FakeChatService(chat_service_pb2_grpc.ChatServiceServicer):
         try:
             for index, event in enumerate(self.stream):
                 if self.hang_after is not None and index >= self.hang_after:
+                    self.hanging.set()
                     await asyncio.Event().wait()
                 yield event
         except asyncio.CancelledError:
@@ -447,6 +449,9 @@ async def test_leaving_the_stream_early_cancels_the_call(
     async with TurnwireClient(target) as client:
         stream = client.chat(CONV, "hi")
         got = [await anext(stream), await anext(stream)]
+        # The server waits for its next event (a cancel landing while it still wrote the last one
+        # ends its handler outside the stream's generator, which then never sees it).
+        await asyncio.wait_for(fake.hanging.wait(), timeout=5)
         await stream.aclose()
         await asyncio.wait_for(fake.stream_cancelled.wait(), timeout=5)
     assert [e.sequence_number for e in got] == [1, 2]

@@ -21,8 +21,12 @@ async def _serve(
     path = tmp_path / "turnwire.yaml"
     path.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
     store = tmp_path / "store.db"
+    # A free port unless the test names one: a sidecar on the default port (a developer's own,
+    # another suite's) would make every start fail at "port in use" before its own error.
+    named = "--listen" in extra or (isinstance(config, dict) and "listen" in config)
+    listen = () if named else ("--listen", f"127.0.0.1:{free_port()}")
     run = await run_turnwire(
-        "serve", "--config", str(path), "--store", f"sqlite:///{store}", *extra, env=env, timeout=60
+        "serve", "--config", str(path), "--store", f"sqlite:///{store}", *listen, *extra, env=env, timeout=60
     )
     assert run.code != 0, run
     assert "Traceback" not in run.stderr, run.stderr
