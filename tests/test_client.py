@@ -970,3 +970,36 @@ async def test_the_concurrent_input_strategy_is_sent_on_each_input_call(
         chat_service_pb2.CONCURRENT_INPUT_STRATEGY_ENQUEUE,
         chat_service_pb2.CONCURRENT_INPUT_STRATEGY_UNSPECIFIED,
     ]
+
+
+async def test_a_turns_own_budget_is_sent_on_the_calls_that_start_one(
+    service: tuple[FakeChatService, str],
+) -> None:
+    """``budget=`` (docs/cost.md, "Budgets": a request lowers its own) is sent as
+    ``TurnBudget``; unset sends none; a key the message lacks is refused before any call."""
+    fake, target = service
+    async with TurnwireClient(target) as client:
+        fake.stream = weather_turn()
+        await collect(client.chat(CONV, "hi", budget={"max_tokens": 500, "max_usd": 0.25}))
+        fake.stream = weather_turn()
+        await collect(client.save_messages(CONV, [], budget=chat_service_pb2.TurnBudget(max_usd=1.5)))
+        fake.stream = weather_turn()
+        await collect(client.chat(CONV, "hi"))
+        with pytest.raises(ValueError, match="max_tokens and max_usd, not \\['tokens'\\]"):
+            await collect(client.chat(CONV, "hi", budget={"tokens": 5}))
+    sent = [(r.HasField("budget"), r.budget.max_tokens, r.budget.max_usd) for r in fake.requests]
+    assert sent == [(True, 500, 0.25), (True, 0, 1.5), (False, 0, 0.0)]
+    assert not fake.requests[1].budget.HasField("max_tokens")
+
+
+def test_a_submissions_own_budget_is_in_its_request() -> None:
+    from turnwire_client._requests import submit_messages_request
+
+    def request(**budget: Any) -> chat_service_pb2.SubmitMessagesRequest:
+        none: dict[str, Any] = dict.fromkeys(
+            ("submission_id", "idempotency_key", "metadata", "body", "model")
+        )
+        return submit_messages_request(CONV, "later", client_tools=(), **none, **budget)
+
+    assert request(budget={"max_usd": 2}).budget == chat_service_pb2.TurnBudget(max_usd=2.0)
+    assert not request().HasField("budget")

@@ -13,12 +13,15 @@ from support.waiting import wait_until
 
 from turnwire.providers import ModelRequest
 from turnwire.testing import ScriptedProvider, ScriptedToolCall, ScriptStep, UnexpectedModelCall
-from turnwire.types import FinishStep, TextDelta
-from turnwire_client.v1 import event_pb2
+from turnwire.types import FinishStep, TextDelta, ToolCall
+from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.providers.settings import ProviderSettings, build_provider
 
 ENTRIES = TypeAdapter(dict[str, ProviderSettings])
 CALL = ScriptStep(tool_calls=[ScriptedToolCall(name="echo")])
+TWO_CALLS = [
+    ScriptStep(tool_calls=[ScriptedToolCall(name="echo"), ScriptedToolCall(name="echo", id="call_0_0")])
+]
 
 
 def request(step_number: int, model: str = "main") -> ModelRequest:
@@ -142,3 +145,33 @@ def test_the_yaml_entry_takes_strict_and_builds_a_strict_provider() -> None:
 def test_the_yaml_entry_refuses_bad_options(entry: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         ENTRIES.validate_python({"scripted": {"type": "scripted", **entry}})
+
+
+async def test_generated_call_ids_are_unique_in_the_transcript() -> None:
+    """Fresh-user trial (stop 49): every turn's steps number from 0, so the demo model gave each
+    turn's first call the id ``call_0_0``; a second turn's call waiting for approval then could
+    not be answered (the answer matched the first turn's call: TOOL_CALL_NOT_PENDING). A generated
+    id is now made unique against the request's transcript, as a real API's is; a script's own id
+    is kept as given."""
+    earlier = message_pb2.Message(id="a1", role=message_pb2.ROLE_ASSISTANT)
+    for taken in ("call_0_0", "call_0_0_2"):
+        earlier.parts.add().tool_call.tool_call_id = taken
+    provider = ScriptedProvider({"main": TWO_CALLS})
+    asked = ModelRequest(model="main", system="", messages=[earlier], tools=[], step_number=0)
+    assert await _call_ids(provider, asked) == ["call_0_0_3", "call_0_0"]
+    assert await _call_ids(provider, request(0)) == ["call_0_0", "call_0_0"]
+
+
+async def test_two_turns_calls_get_their_own_ids(make_engine: EngineFactory) -> None:
+    """The same through the engine: two turns of one conversation, each calling a tool in its first
+    step, store two calls with two ids."""
+    h = await make_engine(scripts={"main": [CALL, ScriptStep(text="done")]}, tools=[make_tool("echo", echo)])
+    for text in ("one", "two"):
+        assert end_of(await h.run(text)).status == event_pb2.TURN_STATUS_COMPLETED
+    stored = await h.store.load_messages(CONV)
+    ids = [p.tool_call.tool_call_id for m in stored for p in m.parts if p.WhichOneof("kind") == "tool_call"]
+    assert ids == ["call_0_0", "call_0_0_2"]
+
+
+async def _call_ids(provider: ScriptedProvider, asked: ModelRequest) -> list[str]:
+    return [chunk.tool_call_id async for chunk in provider.stream(asked) if isinstance(chunk, ToolCall)]

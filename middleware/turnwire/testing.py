@@ -73,7 +73,9 @@ _ESTIMATE = EstimateTokens()
 class ScriptedToolCall(BaseModel):
     """A tool call a script step makes. ``raw_input`` (not JSON) overrides ``input``.
     ``provider_executed``: a call the model's provider runs itself (a server tool), with
-    ``output`` as its result; the engine never runs it (``turnwire.types.ToolCall``)."""
+    ``output`` as its result; the engine never runs it (``turnwire.types.ToolCall``). ``id``:
+    the call's id as given; without one, ``call_<step>_<index>``, made unique against the
+    request's transcript (``_2``, ``_3`` …) as a real API's ids are."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -548,8 +550,9 @@ class ScriptedProvider:
             yield TextEnd(f"{prefix}-t")
         for chunk in scripted_parts(step.sources, step.files, prefix, f"{prefix}-t" if step.text else ""):
             yield chunk
+        taken = _tool_call_ids(request.messages) if step.tool_calls else set()
         for index, call in enumerate(step.tool_calls):
-            call_id = call.id or f"call_{request.step_number}_{index}"
+            call_id = call.id or _free_id(f"call_{request.step_number}_{index}", taken)
             raw = call.raw_input if call.raw_input is not None else dumps(call.input)
             if paced:
                 await pace()
@@ -604,3 +607,26 @@ class ScriptedProvider:
 
     async def aclose(self) -> None:
         """Nothing to release."""
+
+
+def _tool_call_ids(messages: Sequence[message_pb2.Message]) -> set[str]:
+    """The tool call ids of ``messages`` (the request's transcript)."""
+    return {
+        part.tool_call.tool_call_id
+        for message in messages
+        for part in message.parts
+        if part.WhichOneof("kind") == "tool_call"
+    }
+
+
+def _free_id(base: str, taken: set[str]) -> str:
+    """``base``, or the first of ``<base>_2``, ``<base>_3`` … not in ``taken`` (then taken): a
+    generated id is never one the transcript holds, as a real API's never is (docs/providers.md,
+    "Tool call ids"; each turn's steps number from 0, so its first call would otherwise repeat an
+    earlier turn's)."""
+    candidate, count = base, 1
+    while candidate in taken:
+        count += 1
+        candidate = f"{base}_{count}"
+    taken.add(candidate)
+    return candidate

@@ -184,3 +184,27 @@ async def test_a_step_falling_back_is_reserved_again_at_the_fallbacks_prices(
     assert 1_900 < anthropic.requests[0].json["max_tokens"] < 2_000
     sent = openai.requests[0].json
     assert 900 < sent.get("max_completion_tokens", sent.get("max_tokens", 0)) < 1_000
+
+
+async def test_a_request_lowers_its_own_budget_through_the_client(sidecar_factory: SidecarFactory) -> None:
+    """Fresh-user trial (stop 49): docs/cost.md says a request may lower its own budget, but the
+    Python client had no way to send one. ``budget=`` on a turn-running call now does: under a
+    configured turn budget that fits the script, a request's lower one ends the turn after its
+    first step with the reason; the same turn without it completes. (That a request never raises
+    the configured budget: tests/test_budgets_engine.py.)"""
+    config = {
+        "default_model": "scripted:weather",
+        "providers": {"scripted": {"scripts": {"weather": SCRIPT}}},
+        "budgets": {"turn": {"tokens": 100_000}, "assumed_max_output_tokens": 50},
+    }
+    sidecar = await sidecar_factory(config=config).start()
+    async with TurnwireClient(sidecar.target) as client:
+        lowered = await collect(client.chat("own-1", "weather in Paris?", budget={"max_tokens": 1_300}))
+        assert lowered.status == event_pb2.TURN_STATUS_ERROR, lowered
+        assert lowered.error is not None and "turn budget" in lowered.error.message
+        assert lowered.step_count == 1
+        configured = await collect(client.chat("own-2", "weather in Paris?"))
+        assert configured.status == event_pb2.TURN_STATUS_COMPLETED, configured
+        assert configured.step_count == 2
+        with pytest.raises(TypeError, match="take no budget"):
+            await collect(client.submit_tool_results("own-2", {"call": "x"}, budget={"max_tokens": 5}))

@@ -24,6 +24,10 @@ ClientToolSpec = chat_service_pb2.ClientTool | Mapping[str, Any]
 MessagesSpec = str | Sequence[message_pb2.Message]
 """Messages to send: a plain text (one user message with one text part), or messages."""
 
+TurnBudgetSpec = chat_service_pb2.TurnBudget | Mapping[str, float]
+"""A turn's own lower budget (``ChatRequest.budget``, docs/cost.md "Budgets"): the proto, or
+``{"max_tokens": …, "max_usd": …}`` (either key may be left out)."""
+
 WebhookSpec = str | Mapping[str, str] | webhook_pb2.WebhookTarget
 """A webhook target (docs/webhooks.md): a configured endpoint's name, ``{"url": …}`` for a
 per-request URL (when the server allows them), or the ``WebhookTarget`` itself."""
@@ -54,6 +58,10 @@ class TurnOptions(TypedDict, total=False):
             ABORTED and this runs next) or ``"rollback"`` (the running turn and its input are
             removed); None: the sidecar's ``limits.concurrent_input``. Not for
             ``continue_last_turn``, which brings no input.
+        budget: Lowers this turn's budget below the configured ``budgets.turn``, never raises
+            it (docs/cost.md, "Budgets"): ``{"max_tokens": int, "max_usd": float}`` (either
+            may be left out) or a ``TurnBudget``. Not for ``submit_tool_results`` and
+            ``submit_tool_approvals``, which continue a turn under the budget it had.
     """
 
     request_id: str | None
@@ -63,6 +71,7 @@ class TurnOptions(TypedDict, total=False):
     disconnect: DisconnectPolicy
     client_tools: Sequence[ClientToolSpec]
     concurrent_input: ConcurrentInputStrategy | None
+    budget: TurnBudgetSpec | None
 
 
 ConcurrentInputStrategy = Literal["enqueue", "reject", "interrupt", "rollback"]
@@ -162,10 +171,39 @@ def with_turn_options(request: _Request, options: TurnOptions) -> _Request:
         if isinstance(request, chat_service_pb2.ContinueLastTurnRequest):
             raise TypeError("continue_last_turn brings no new input: it takes no concurrent_input")
         request.concurrent_input_strategy = strategy(concurrent_input)
+    budget = options.get("budget")
+    if budget is not None:
+        if not isinstance(
+            request,
+            chat_service_pb2.ChatRequest
+            | chat_service_pb2.SaveMessagesRequest
+            | chat_service_pb2.ContinueLastTurnRequest,
+        ):
+            raise TypeError(
+                "tool results and approvals continue a turn under its budget: they take no budget"
+            )
+        request.budget.CopyFrom(turn_budget(budget))
     body = options.get("body")
     if body is not None:
         request.body.CopyFrom(struct(body))
     return request
+
+
+def turn_budget(spec: TurnBudgetSpec) -> chat_service_pb2.TurnBudget:
+    """``spec`` as a ``TurnBudget``. Raises :class:`ValueError` for a key other than
+    ``max_tokens`` and ``max_usd`` (the server checks the values: ``INVALID_ARGUMENT`` below 1
+    token or 0 dollars)."""
+    if isinstance(spec, chat_service_pb2.TurnBudget):
+        return spec
+    unknown = set(spec) - {"max_tokens", "max_usd"}
+    if unknown:
+        raise ValueError(f"budget takes max_tokens and max_usd, not {sorted(unknown)}")
+    budget = chat_service_pb2.TurnBudget()
+    if spec.get("max_tokens") is not None:
+        budget.max_tokens = int(spec["max_tokens"])
+    if spec.get("max_usd") is not None:
+        budget.max_usd = float(spec["max_usd"])
+    return budget
 
 
 def webhook_target(spec: WebhookSpec) -> webhook_pb2.WebhookTarget:
@@ -234,6 +272,7 @@ def submit_messages_request(
     client_tools: Sequence[ClientToolSpec],
     concurrent_input: ConcurrentInputStrategy | None = None,
     webhook: WebhookSpec | None = None,
+    budget: TurnBudgetSpec | None = None,
 ) -> chat_service_pb2.SubmitMessagesRequest:
     """The ``SubmitMessagesRequest`` of ``submit_messages`` (see there for the arguments)."""
     request = chat_service_pb2.SubmitMessagesRequest(
@@ -251,6 +290,8 @@ def submit_messages_request(
         request.body.CopyFrom(struct(body))
     if webhook is not None:
         request.webhook.CopyFrom(webhook_target(webhook))
+    if budget is not None:
+        request.budget.CopyFrom(turn_budget(budget))
     return request
 
 

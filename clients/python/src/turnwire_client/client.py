@@ -20,6 +20,7 @@ from turnwire_client._requests import (
     ConcurrentInputStrategy,
     DisconnectPolicy,
     MessagesSpec,
+    TurnBudgetSpec,
     TurnOptions,
     WebhookSpec,
     submit_messages_request,
@@ -422,11 +423,13 @@ class TurnwireClient(ScheduleCalls):
         client_tools: Sequence[ClientToolSpec] = (),
         concurrent_input: ConcurrentInputStrategy | None = None,
         webhook: WebhookSpec | None = None,
+        budget: TurnBudgetSpec | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline, sent to the server
     ) -> chat_service_pb2.SubmitMessagesResponse:
         """Durably submit messages for a turn that runs later, in order with the conversation's
         other turns. ``messages`` may be a plain text (one user message). ``webhook``: call this
         target when the submission ends (an endpoint's name, or ``{"url": …}``; docs/webhooks.md).
+        ``budget``: lowers its turn's budget, as on ``chat`` (:class:`TurnOptions`).
 
         Returns:
             The response: ``submission`` (its id is the turn's request id) and ``accepted``
@@ -449,6 +452,7 @@ class TurnwireClient(ScheduleCalls):
             client_tools=client_tools,
             concurrent_input=concurrent_input,
             webhook=webhook,
+            budget=budget,
         )
         response: chat_service_pb2.SubmitMessagesResponse = await self._unary(
             self._stub.SubmitMessages, request, timeout
