@@ -10,7 +10,7 @@ ends with exactly one :class:`~turnwire.types.FinishStep` unless it raises
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,6 +24,32 @@ CONTINUATION_PROMPT = (
 """The user message the engine adds (never stored) after a history that ends in an assistant
 message with content, so the model continues that reply (docs/semantics.md §1): a provider sees
 it as the last message of :attr:`ModelRequest.messages`."""
+
+
+def transcript_call_ids(messages: Iterable[message_pb2.Message]) -> set[str]:
+    """The tool call ids of every assistant message in ``messages`` (what a step's new calls must not
+    reuse: :func:`unique_id`)."""
+    return {
+        part.tool_call.tool_call_id
+        for message in messages
+        if message.role == message_pb2.ROLE_ASSISTANT
+        for part in message.parts
+        if part.WhichOneof("kind") == "tool_call"
+    }
+
+
+def unique_id(base: str, taken: set[str]) -> str:
+    """``base``, or the first of ``<base>_2``, ``<base>_3`` … not in ``taken``; the id returned is
+    added to ``taken``. How a tool call id a request's transcript (or an earlier call of the step)
+    already holds is made the call's own (docs/providers.md, "Tool call ids"; docs/semantics.md
+    §11): a provider whose API repeats ids, or that numbers them per response or per turn, gives
+    each call this id instead."""
+    candidate, count = base, 1
+    while candidate in taken:
+        count += 1
+        candidate = f"{base}_{count}"
+    taken.add(candidate)
+    return candidate
 
 
 @dataclass(slots=True)

@@ -43,7 +43,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from turnwire.compaction import SUMMARY_REQUEST_ID, EstimateTokens
 from turnwire.error_classes import never_retryable
-from turnwire.providers import CONTINUATION_PROMPT, ModelRequest, ProviderError
+from turnwire.providers import (
+    CONTINUATION_PROMPT,
+    ModelRequest,
+    ProviderError,
+    transcript_call_ids,
+    unique_id,
+)
 from turnwire.scripted_parts import ScriptedFile, ScriptedSource, scripted_parts
 from turnwire.types import (
     FinishReason,
@@ -550,9 +556,9 @@ class ScriptedProvider:
             yield TextEnd(f"{prefix}-t")
         for chunk in scripted_parts(step.sources, step.files, prefix, f"{prefix}-t" if step.text else ""):
             yield chunk
-        taken = _tool_call_ids(request.messages) if step.tool_calls else set()
+        taken = transcript_call_ids(request.messages) if step.tool_calls else set()
         for index, call in enumerate(step.tool_calls):
-            call_id = call.id or _free_id(f"call_{request.step_number}_{index}", taken)
+            call_id = call.id or unique_id(f"call_{request.step_number}_{index}", taken)
             raw = call.raw_input if call.raw_input is not None else dumps(call.input)
             if paced:
                 await pace()
@@ -607,26 +613,3 @@ class ScriptedProvider:
 
     async def aclose(self) -> None:
         """Nothing to release."""
-
-
-def _tool_call_ids(messages: Sequence[message_pb2.Message]) -> set[str]:
-    """The tool call ids of ``messages`` (the request's transcript)."""
-    return {
-        part.tool_call.tool_call_id
-        for message in messages
-        for part in message.parts
-        if part.WhichOneof("kind") == "tool_call"
-    }
-
-
-def _free_id(base: str, taken: set[str]) -> str:
-    """``base``, or the first of ``<base>_2``, ``<base>_3`` … not in ``taken`` (then taken): a
-    generated id is never one the transcript holds, as a real API's never is (docs/providers.md,
-    "Tool call ids"; each turn's steps number from 0, so its first call would otherwise repeat an
-    earlier turn's)."""
-    candidate, count = base, 1
-    while candidate in taken:
-        count += 1
-        candidate = f"{base}_{count}"
-    taken.add(candidate)
-    return candidate

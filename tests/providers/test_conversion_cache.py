@@ -164,7 +164,7 @@ def test_chat_messages_from_kept_conversions_equal_ones_converted_afresh() -> No
 
 
 def test_the_conversion_gathers_the_transcripts_call_ids() -> None:
-    from turnwire_server.providers.convert import transcript_call_ids
+    from turnwire.providers import transcript_call_ids
 
     history = _history()
     for _ in range(2):  # converted afresh, then from kept conversions

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 import orjson
 
 from turnwire.errors import INTERRUPTED_TOOL_ERROR
-from turnwire.providers import ProviderError
+from turnwire.providers import ProviderError, unique_id
 from turnwire.types import FinishReason, FinishStep, ModelChunk, ToolCall, Usage
 from turnwire.values import dumps, loads, parse_tool_input, tool_call_input, tool_call_output_json
 from turnwire_client.v1 import message_pb2
@@ -244,18 +244,6 @@ def provider_options(options: Mapping[str, Any], *keys: str) -> dict[str, Any]:
     return merged
 
 
-def transcript_call_ids(messages: Iterable[message_pb2.Message]) -> set[str]:
-    """The tool call ids of every assistant message in ``messages`` (what a step's new calls must not
-    reuse)."""
-    return {
-        part.tool_call.tool_call_id
-        for message in messages
-        if message.role == message_pb2.ROLE_ASSISTANT
-        for part in message.parts
-        if part.WhichOneof("kind") == "tool_call"
-    }
-
-
 class CallIds:
     """Gives every tool call of a step its own id (docs/semantics.md §11, tool call identity).
 
@@ -277,12 +265,7 @@ class CallIds:
 
     def assign(self, original: str, fallback: str) -> str:
         """The id of a new call whose provider id is ``original`` (``fallback`` when it has none)."""
-        base = original or fallback
-        candidate, count = base, 1
-        while candidate in self.taken:
-            count += 1
-            candidate = f"{base}_{count}"
-        self.taken.add(candidate)
+        candidate = unique_id(original or fallback, self.taken)
         if original and candidate != original:
             self.renamed[candidate] = original
         return candidate
@@ -300,13 +283,7 @@ class ReplayIds:
         self.used: set[str] = set()
 
     def __call__(self, original: str) -> str:
-        base = original or "call"
-        candidate, count = base, 1
-        while candidate in self.used:
-            count += 1
-            candidate = f"{base}_{count}"
-        self.used.add(candidate)
-        return candidate
+        return unique_id(original or "call", self.used)
 
 
 # --- stream state --------------------------------------------------------------

@@ -49,7 +49,7 @@ from typing import Any
 
 import openai
 
-from turnwire.providers import ModelRequest, ProviderError
+from turnwire.providers import ModelRequest, ProviderError, transcript_call_ids
 from turnwire.types import (
     FinishReason,
     ModelChunk,
@@ -65,7 +65,7 @@ from turnwire.types import (
 )
 from turnwire_server.providers import errors
 from turnwire_server.providers import openai_responses_items as built_in
-from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls, transcript_call_ids
+from turnwire_server.providers.convert import CallIds, PendingCall, finish_tool_calls
 from turnwire_server.providers.openai_annotations import annotation_source, image_file
 from turnwire_server.providers.openai_common import (
     OpenAIDecoder,
