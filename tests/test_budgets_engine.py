@@ -199,6 +199,21 @@ async def test_a_request_lowers_its_own_budget_and_never_raises_it(make_engine: 
     assert 150 < first < 200 and 4_900 < second < 5_000
 
 
+async def test_a_requests_own_budget_holds_with_none_configured(make_engine: EngineFactory) -> None:
+    """Fresh-user trial (stop 49): with no budget configured, a request's own ``budget`` was
+    ignored (budgets were off unless the config set one). It is the turn's limit then: the step's
+    output is clamped to it, and a limit the prompt alone exceeds ends the turn before its step."""
+    h = await make_engine(budgets=_budgets(assumed_max_output_tokens=10_000))
+    lowered = TurnRequest(**{**_fields(h.request("hi")), "budget": BudgetLimit(tokens=200)})
+    assert end_of(await _run(h, lowered)).status == event_pb2.TURN_STATUS_COMPLETED
+    (request,) = h.provider.requests
+    assert request.settings.max_output_tokens is not None and 150 < request.settings.max_output_tokens < 200
+    tiny = TurnRequest(**{**_fields(h.request("hi")), "budget": BudgetLimit(tokens=1)})
+    end = end_of(await _run(h, tiny))
+    assert end.status == event_pb2.TURN_STATUS_ERROR and "turn budget" in end.error.message
+    assert len(h.provider.requests) == 1, "the tiny turn's step was not sent"
+
+
 async def test_a_principals_spent_day_refuses_its_turns_not_anothers(make_engine: EngineFactory) -> None:
     h = await make_engine(
         scripts={

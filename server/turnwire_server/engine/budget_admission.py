@@ -30,7 +30,7 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server.cache_budget import CACHES, CacheRegion
 from turnwire_server.engine import metrics
 from turnwire_server.engine.budget_refusals import exhausted_text
-from turnwire_server.engine.budget_scopes import budgets_for, exhausted, lowered, resets_in
+from turnwire_server.engine.budget_scopes import applies, budgets_for, exhausted, lowered, resets_in
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.errors import BudgetRefused
 from turnwire_server.engine.request import TurnRequest
@@ -152,7 +152,7 @@ def admission_charge(
     model has no known price). None when no budget applies, when nothing estimates the prompt
     yet, or when a US dollar budget applies to an unpriced model (its first step refuses it, as
     before)."""
-    if not settings.enabled:
+    if not applies(settings, request.budget):
         return None
     turn_limit = lowered(settings.turn, request.budget)
     budgets = budgets_for(

@@ -36,6 +36,13 @@ def lowered(configured: BudgetLimit, requested: BudgetLimit | None) -> BudgetLim
     )
 
 
+def applies(settings: BudgetSettings, requested: BudgetLimit | None) -> bool:
+    """Whether any budget applies to a turn: one configured, or the request's own
+    (``requested``; docs/cost.md, "Budgets": a request lowers its budget, and with none
+    configured its own is the limit)."""
+    return settings.enabled or (requested is not None and requested.limited)
+
+
 def budgets_for(
     settings: BudgetSettings,
     request_id: str,

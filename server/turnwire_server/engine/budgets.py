@@ -38,7 +38,7 @@ from turnwire.types import BudgetState, Cost, Usage
 from turnwire_client.v1 import message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.budget_refusals import refusal_text, step_refusal_text
-from turnwire_server.engine.budget_scopes import budget_states, budgets_for, lowered, resets_in
+from turnwire_server.engine.budget_scopes import applies, budget_states, budgets_for, lowered, resets_in
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.errors import BudgetExhausted, TurnFailure
@@ -396,13 +396,14 @@ def step_budgets(
     always: bool = False,
     admitted: BudgetGrant | None = None,
 ) -> StepBudgets | None:
-    """The budget charges of the attempt ``state`` runs, or None when no budget is configured
-    (then budgets add nothing to a step: no estimate, no write) unless ``always`` (a
+    """The budget charges of the attempt ``state`` runs, or None when no budget applies (none
+    configured, none the request asked for: then budgets add nothing to a step, no estimate, no
+    write) unless ``always`` (a
     ``before_step`` limited a step: its budget is applied, still without a write) or
     ``admitted`` (the grant of the reservation the turn's admission stored)."""
-    if not settings.budgets.enabled and not always and admitted is None:
-        return None
     request = state.request
+    if not applies(settings.budgets, request.budget) and not always and admitted is None:
+        return None
     return StepBudgets(
         store,
         settings.budgets,

@@ -35,6 +35,7 @@ from contextlib import AbstractAsyncContextManager
 from turnwire_client.v1 import message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.budget_admission import admission_charge
+from turnwire_server.engine.budget_scopes import applies
 from turnwire_server.engine.budgets import settle, step_budgets
 from turnwire_server.engine.errors import (
     NothingToContinue,
@@ -136,7 +137,7 @@ class TurnRun(TurnAttempts):
         """The first step's reservation for the admission to carry (:mod:`.budget_admission`),
         priced at the turn's model; None when there is none to carry."""
         settings = self.settings
-        if not settings.budgets.enabled:
+        if not applies(settings.budgets, self.request.budget):
             return None
         try:
             provider, _ = self.providers.resolve(self.request.model)
