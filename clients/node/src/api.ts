@@ -4,6 +4,7 @@
 
 export { PARENT_REQUEST_ID, TurnwireCalls } from './calls.js';
 export type {
+  BudgetOptions,
   CallOpts,
   CallSettings,
   ClientToolInit,
@@ -12,6 +13,7 @@ export type {
   MessageInit,
   ToolApprovalInit,
   ToolResultInit,
+  TurnBudgetInit,
   TurnOptions,
 } from './calls.js';
 export { ERROR_DOMAIN, TurnwireError } from './errors.js';

@@ -88,6 +88,24 @@ export interface InputOptions extends TurnOptions {
   concurrentInputStrategy?: ConcurrentInputStrategy;
 }
 
+/** A turn's own lower budget (`ChatRequest.budget`, docs/cost.md "Budgets"). */
+export interface TurnBudgetInit {
+  /** Most tokens (input and output of every step, as the provider reports them); at least 1. */
+  maxTokens?: number | bigint;
+  /** Most US dollars the turn may spend; at least 0. */
+  maxUsd?: number;
+}
+
+/** The option of the calls that start a turn (Chat, SaveMessages, ContinueLastTurn). */
+export interface BudgetOptions {
+  /**
+   * Lowers this turn's budget below the configured `budgets.turn`, never raises it; with none
+   * configured it is the turn's limit (docs/cost.md, "Budgets"). A turn over it ends ERROR,
+   * reason BUDGET_EXHAUSTED.
+   */
+  budget?: TurnBudgetInit;
+}
+
 /** The result of one client-side tool call: a JSON `output`, or an `errorText` the model sees. */
 export interface ToolResultInit {
   toolCallId: string;
@@ -150,7 +168,7 @@ export abstract class TurnwireCalls {
    * Appends a user message with `text` to the conversation (created on first
    * use) and runs a turn: iterate its events, or `await ….collect()`.
    */
-  chat(conversationId: string, text: string, options: InputOptions = {}): TurnStream {
+  chat(conversationId: string, text: string, options: InputOptions & BudgetOptions = {}): TurnStream {
     const requestId = options.requestId || newRequestId();
     return this.turn(requestId, options, async (call) => {
       const message: MessageInit = {
@@ -158,12 +176,19 @@ export abstract class TurnwireCalls {
         role: Role.USER,
         parts: [{ kind: { case: 'text', value: { text } } }],
       };
-      return this.rpc.chat({ conversationId, message, ...inputFields(options), requestId }, call);
+      return this.rpc.chat(
+        { conversationId, message, ...inputFields(options), ...budgetField(options.budget), requestId },
+        call,
+      );
     });
   }
 
   /** Appends zero or more messages and runs a turn on the resulting history (SaveMessages). */
-  saveMessages(conversationId: string, messages: MessageInit[], options: InputOptions = {}): TurnStream {
+  saveMessages(
+    conversationId: string,
+    messages: MessageInit[],
+    options: InputOptions & BudgetOptions = {},
+  ): TurnStream {
     const requestId = options.requestId || newRequestId();
     return this.turn(requestId, options, async (call) => {
       const named = await Promise.all(
@@ -172,17 +197,26 @@ export abstract class TurnwireCalls {
         ),
       );
       return this.rpc.saveMessages(
-        { conversationId, messages: named, ...inputFields(options), requestId },
+        {
+          conversationId,
+          messages: named,
+          ...inputFields(options),
+          ...budgetField(options.budget),
+          requestId,
+        },
         call,
       );
     });
   }
 
   /** Lets the model continue after the last assistant message; SKIPPED when there is none. */
-  continueLastTurn(conversationId: string, options: TurnOptions = {}): TurnStream {
+  continueLastTurn(conversationId: string, options: TurnOptions & BudgetOptions = {}): TurnStream {
     const requestId = options.requestId || newRequestId();
     return this.turn(requestId, options, (call) =>
-      this.rpc.continueLastTurn({ conversationId, ...turnFields(options), requestId }, call),
+      this.rpc.continueLastTurn(
+        { conversationId, ...turnFields(options), ...budgetField(options.budget), requestId },
+        call,
+      ),
     );
   }
 
@@ -492,6 +526,12 @@ function turnFields(options: TurnOptions) {
     disconnectPolicy: options.disconnectPolicy,
     clientTools: options.clientTools ?? [],
   };
+}
+
+function budgetField(budget: TurnBudgetInit | undefined) {
+  if (budget === undefined) return {};
+  const maxTokens = budget.maxTokens === undefined ? undefined : BigInt(budget.maxTokens);
+  return { budget: { maxTokens, maxUsd: budget.maxUsd } };
 }
 
 function inputFields(options: InputOptions) {

@@ -275,6 +275,19 @@ test('an invalid conversation id: INVALID_ARGUMENT with ErrorInfo and a field vi
   assert.match(error.message, /^INVALID_ARGUMENT \[INVALID_FIELD\]: /);
 });
 
+test("a turn's own budget is sent: one the prompt exceeds ends the turn BUDGET_EXHAUSTED", async () => {
+  // docs/cost.md, "Budgets": a request lowers its own turn budget; with none configured (as here)
+  // it is the turn's limit. One token cannot hold the step's prompt: no step is sent.
+  const result = await client
+    .chat('ts-budget', 'hi', { model: 'scripted:answer', budget: { maxTokens: 1 } })
+    .collect();
+  assert.equal(result.status, 'ERROR');
+  assert.equal(result.error?.reason, 'BUDGET_EXHAUSTED');
+  assert.match(result.error?.message ?? '', /turn budget/);
+  const free = await client.chat('ts-budget', 'hi', { model: 'scripted:answer' }).collect();
+  assert.equal(free.status, 'COMPLETED');
+});
+
 test('an unknown conversation: NOT_FOUND with the reason and its metadata', async () => {
   await assert.rejects(client.getConversation('ts-nobody'), (error) => {
     assert.equal(error.code, 'NOT_FOUND');
