@@ -226,10 +226,9 @@ async def test_a_recovery_that_fails_to_start_is_recovered_by_the_next_tick(
     await _wait_answered(h, "r-refused")
 
 
-async def _a_recovery_in_line(h: Any, request_id: str) -> tuple[asyncio.Event, asyncio.Task[None]]:
-    """A stranded turn claimed and recovered while another holds its conversation's lock: its
-    recovery waits in line. Returns the event that lets the holder go, and the holder's task."""
-    claimed = await _a_stranded_turn_claimed(h, request_id)
+async def _the_lock_held(h: Any) -> tuple[asyncio.Event, asyncio.Task[None]]:
+    """Another turn (``r-ahead``) holds the conversation's lock until the returned event is set;
+    returns that event and the holder's task, once the lock is held."""
     held, release = asyncio.Event(), asyncio.Event()
 
     async def hold_the_lock() -> None:
@@ -239,6 +238,14 @@ async def _a_recovery_in_line(h: Any, request_id: str) -> tuple[asyncio.Event, a
 
     holder = asyncio.create_task(hold_the_lock())
     await held.wait()
+    return release, holder
+
+
+async def _a_recovery_in_line(h: Any, request_id: str) -> tuple[asyncio.Event, asyncio.Task[None]]:
+    """A stranded turn claimed and recovered while another holds its conversation's lock: its
+    recovery waits in line. Returns the event that lets the holder go, and the holder's task."""
+    claimed = await _a_stranded_turn_claimed(h, request_id)
+    release, holder = await _the_lock_held(h)
     await h.engine.recover_turns(claimed)
     assert h.engine.handle(request_id) is not None
     return release, holder
@@ -329,15 +336,7 @@ async def test_a_recovery_refused_for_its_request_id_in_use_spends_no_recovery(
     it is the turn's first recovery."""
     h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]}, recovery_budget=1)
     claimed = await _a_stranded_turn_claimed(h, "r-in-use")
-    held, release = asyncio.Event(), asyncio.Event()
-
-    async def hold_the_lock() -> None:
-        async with h.store.turn_lock(CONV, request_id="r-ahead"):
-            held.set()
-            await release.wait()
-
-    holder = asyncio.create_task(hold_the_lock())
-    await held.wait()
+    release, holder = await _the_lock_held(h)
     retry = await h.start("question", request_id="r-in-use")  # queued behind the lock holder
     await h.engine.recover_turns(claimed)  # refused: RequestIdInUse (logged)
     await _ran_no_recovery(h, "r-in-use")
