@@ -97,7 +97,9 @@ async def test_a_scrape_counts_the_turns_made(sidecar_factory: SidecarFactory) -
     assert failed.status == event_pb2.TURN_STATUS_ERROR
     assert saved.status == continued.status == event_pb2.TURN_STATUS_COMPLETED
 
-    samples = await _scrape_when(metrics_port, lambda s: total(s, "turnwire_turns_total") == 5)
+    # The client sees a call's status before the server's observer counts it as handled, and a
+    # turn's end before its metrics land: wait until every call is handled and every turn counted.
+    samples = await _scrape_when(metrics_port, _settled(turns=5, handled=8))
 
     # Turns by entry path and status, and their duration histogram.
     assert value(samples, "turnwire_turns_total", entry="chat", status="completed") == 2
@@ -158,6 +160,22 @@ async def test_a_scrape_counts_the_turns_made(sidecar_factory: SidecarFactory) -
     # No label holds a conversation or request id.
     ids = {"m1", "m2", "m3", *(t.request_id for t in (*tool_turns, failed, saved, continued))}
     assert not {v for _, labels in samples for _, v in labels} & ids
+
+
+def _settled(*, turns: int, handled: int) -> Callable[[Samples], bool]:
+    """Whether a scrape shows ``turns`` turns counted and at least ``handled`` calls of
+    ``ChatService`` handled, every call started handled, nothing streaming or queued."""
+
+    def settled(samples: Samples) -> bool:
+        return (
+            total(samples, "turnwire_turns_total") == turns
+            and total(samples, "grpc_server_handled_total", grpc_service=CHAT) >= handled
+            and total(samples, "grpc_server_started_total") == total(samples, "grpc_server_handled_total")
+            and total(samples, "turnwire_open_streams") == 0
+            and value(samples, "turnwire_queued_turns") == 0
+        )
+
+    return settled
 
 
 async def test_the_endpoint_is_off_unless_enabled(sidecar_factory: SidecarFactory) -> None:
@@ -232,7 +250,7 @@ async def _scrape_when(port: int, condition: Callable[[Samples], bool]) -> Sampl
         last = await asyncio.to_thread(scrape, port)
         return condition(last)
 
-    await wait_until(ready, timeout=10, what="the metrics to show the calls made")
+    await wait_until(ready, timeout=30, what="the metrics to show the calls made")
     return last
 
 

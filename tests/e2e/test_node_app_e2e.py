@@ -320,33 +320,31 @@ async def test_a_hook_server_killed_mid_call_gets_the_failure_mode_and_is_called
         assert result.ok, result.error
         assert outputs(result)[0]["city"] == "Paris"
 
-    # Back: the sidecar reconnects (at most every second) and the hooks answer again.
-    attempts = iter(range(1000))
+    await app_answers_again(system)
 
-    async def answered() -> bool:
-        request_id = f"{name}-after-{next(attempts)}"
+
+_BACK = itertools.count()
+"""Request ids of :func:`app_answers_again`'s turns, unique in the module."""
+
+
+async def app_answers_again(system: System) -> None:
+    """Wait until the restarted Node app answers the sidecar again as the hook server and as the
+    tool host: the sidecar reconnects each of its two channels on its own backoff (hooks at most
+    every second, tools up to 5 s), and in open mode a hook the channel cannot reach yet is
+    skipped, so a test that runs before both are back sees a turn without its hooks."""
+    app = system.app
+
+    async def hooks_answered() -> bool:
+        request_id = f"hooks-back-{next(_BACK)}"
         result = await system.turn(request_id, body={"user": "ada"})
         return result.ok and app.rpcs(request_id)[:3] == ["BeforeTurn", "BeforeStep", "BeforeToolCall"]
 
-    await wait_until(answered, timeout=20, interval=0.2, what="a turn whose hooks the restarted app answered")
-    # The same app is the tool host: its channel reconnects on its own backoff (up to 5 s); the
-    # next tests call its tools at once.
-    await tools_answer_again(system)
-
-
-_TOOLS_BACK = itertools.count()
-"""Request ids of :func:`tools_answer_again`'s turns, unique in the module."""
-
-
-async def tools_answer_again(system: System) -> None:
-    """Wait until a turn's call of the Node host's ``lookup_order`` runs (after a restart of the
-    app: the sidecar's channel to it reconnects with a backoff of its own)."""
-
-    async def ran() -> bool:
-        result = await system.turn(f"tools-back-{next(_TOOLS_BACK)}", model="scripted:lookup")
+    async def tool_ran() -> bool:
+        result = await system.turn(f"tools-back-{next(_BACK)}", model="scripted:lookup")
         return result.ok and outputs(result) == [{"order_id": "A-17", "status": "shipped", "carrier": "DHL"}]
 
-    await wait_until(ran, timeout=30, interval=0.2, what="a call the restarted host answered")
+    await wait_until(hooks_answered, timeout=30, interval=0.2, what="hooks the restarted app answered")
+    await wait_until(tool_ran, timeout=30, interval=0.2, what="a call the restarted host answered")
 
 
 # --- the tool host --------------------------------------------------------------------------
@@ -383,9 +381,9 @@ async def test_a_tool_host_that_dies_mid_call_fails_the_call_the_turn_goes_on_an
     assert "tool host 'node' is unavailable" in call.error_text
     assert result.text.endswith("Packed.")  # the model was called again after the failed call
 
-    # Back: the sidecar lists the restarted host's tools again, and its calls run.
+    # Back: the sidecar lists the restarted host's tools again, its calls run and its hooks answer.
     await wait_until(lambda: "ListTools" in [e["rpc"] for e in app.journal()[-50:]], timeout=20)
-    await tools_answer_again(open_system)
+    await app_answers_again(open_system)
 
 
 async def test_cancelling_the_turn_cancels_the_call_in_the_node_host(open_system: System) -> None:
