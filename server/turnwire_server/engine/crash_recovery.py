@@ -82,6 +82,7 @@ async def recover_turn(
             trace_context=spec.trace_context,
             principal=spec.principal,
             subagent_path=spec.subagent_path,
+            budget=spec.budget,
         )
         recovery = Recovery(record, reply, attempt=record.recovery_count + 1, slots=slots)
         try:

@@ -1,8 +1,8 @@
 """What a recovery needs to run a turn again, stored with the turn (``TurnRecord.spec``).
 
 The input messages are in the conversation and the model in the turn row; the rest of the
-request (hook ``body``, client tools, whether it continued, the caller's trace context) is kept
-here as JSON text,
+request (hook ``body``, client tools, whether it continued, the caller's trace context, the
+request's own turn budget) is kept here as JSON text,
 so a turn a crash interrupted can be run again by a process that never saw its request
 (docs/semantics.md §8).
 """
@@ -13,9 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from turnwire.subagents import SubagentCall
 from turnwire.tools import ClientTool
 from turnwire.values import dumps, loads
+from turnwire_server.engine.budget_settings import BudgetLimit
 from turnwire_server.engine.request import TurnRequest
 
 _VERSION = 1
@@ -30,7 +33,8 @@ class TurnSpec:
     sub-agent's own chain and tools, docs/subagents.md); ``tool_starts`` whether the turn ran
     under a sidecar that marks tool calls ``started`` before they run (a call without the mark
     then never ran; an older turn's are taken as started: docs/semantics.md §8, "Tool
-    effects")."""
+    effects"); ``budget`` the request's own turn budget (a recovery, or a takeover, holds the
+    turn to it as the first attempt was: docs/cost.md, "Budgets")."""
 
     body: Mapping[str, Any] = field(default_factory=dict)
     continuation: bool = False
@@ -39,6 +43,7 @@ class TurnSpec:
     principal: str = ""
     subagent_path: tuple[SubagentCall, ...] = ()
     tool_starts: bool = False
+    budget: BudgetLimit | None = None
 
 
 def spec_json(request: TurnRequest) -> str:
@@ -58,6 +63,8 @@ def spec_json(request: TurnRequest) -> str:
         spec["trace_context"] = dict(request.trace_context)
     if request.principal:
         spec["principal"] = request.principal
+    if request.budget is not None and request.budget.limited:
+        spec["budget"] = request.budget.model_dump(exclude_none=True)
     if request.subagent_path:
         spec["subagent_path"] = [
             [call.tool_call_id, call.subagent, call.conversation_id, call.request_id]
@@ -90,7 +97,14 @@ def parse_spec(text: str) -> TurnSpec:
         raise ValueError(
             "turn spec subagent_path is not a list of [tool_call_id, subagent, conversation, request]"
         )
+    budget = value.get("budget")
+    if budget is not None:
+        try:
+            budget = BudgetLimit.model_validate(budget)
+        except ValidationError as error:
+            raise ValueError(f"turn spec budget is not a budget limit: {error}") from None
     return TurnSpec(
+        budget=budget,
         subagent_path=tuple(SubagentCall(*call) for call in path),
         body=body,
         continuation=bool(value.get("continuation", False)),
