@@ -476,3 +476,23 @@ async def test_history_suggests_continue_for_a_call_approved_without_a_continuat
     continued = await run_turnwire("continue", conv, "--target", sidecar.target, "--model", "scripted:demo")
     assert continued.code == 0, continued
     assert any(line.startswith("← get_current_time: ") for line in continued.stdout.splitlines()), continued
+
+
+async def test_a_turn_budget_of_its_own_from_the_cli(sidecar: SidecarProcess) -> None:
+    """``--budget-tokens`` / ``--budget-usd`` send the turn's own budget (docs/cost.md, "Budgets";
+    none is configured here, so the request's is the turn's limit)."""
+    target = ("--target", sidecar.target, "--model", "scripted:answer")
+    # The prompt alone exceeds 1 token: the turn ends before its step.
+    tiny = await run_turnwire("chat", "cli-budget", "hello", "--budget-tokens", "1", *target)
+    assert tiny.code == 1 and "BUDGET_EXHAUSTED" in tiny.stdout and "turn budget" in tiny.stdout, tiny
+    assert "The answer." not in tiny.stdout
+    fits = await run_turnwire("chat", "cli-budget", "again", "--budget-tokens", "5000", *target)
+    assert fits.code == 0 and "The answer." in fits.stdout, fits
+    # A dollar limit reaches the sidecar: the scripted model has no price, so it cannot be
+    # reserved against one (docs/cost.md, "Unknown prices and dollar budgets").
+    dollars = await run_turnwire("chat", "cli-budget", "more", "--budget-usd", "1", *target)
+    assert dollars.code == 1 and "pricing.models" in dollars.stdout, dollars
+    tiny_continue = await run_turnwire("continue", "cli-budget", "--budget-tokens", "1", *target)
+    assert tiny_continue.code == 1 and "turn budget" in tiny_continue.stdout, tiny_continue
+    refused = await run_turnwire("chat", "cli-budget", "x", "--budget-usd", "-1", *target)
+    assert refused.code == 2 and "--budget-usd" in refused.stderr, refused

@@ -22,6 +22,23 @@ __all__ = ["approve", "cancel", "chat", "continue_", "conversations", "fork", "h
 
 ConversationArgument = Annotated[str, typer.Argument(metavar="CONVERSATION", help="Conversation id.")]
 ModelOption = Annotated[str | None, typer.Option(help="Model for this turn, provider:model.")]
+BudgetTokensOption = Annotated[
+    int | None,
+    typer.Option(
+        "--budget-tokens",
+        min=1,
+        help="This turn's own budget in tokens (input plus output): lowers the configured turn budget, "
+        "never raises it.",
+    ),
+]
+BudgetUsdOption = Annotated[
+    float | None,
+    typer.Option(
+        "--budget-usd",
+        min=0,
+        help="This turn's own budget in US dollars: lowers the configured turn budget, never raises it.",
+    ),
+]
 
 
 @client_command
@@ -36,6 +53,8 @@ def chat(
     sidecar: ConnectionOptions,
     model: ModelOption = None,
     body: Annotated[str | None, typer.Option(help="Per-turn JSON object for hooks.")] = None,
+    budget_tokens: BudgetTokensOption = None,
+    budget_usd: BudgetUsdOption = None,
 ) -> None:
     """Send one message and stream the reply.
 
@@ -44,12 +63,15 @@ def chat(
     spinner says what the turn waits for. Ctrl-C cancels the turn (the reply so far, if the model
     sent any, is stored) and exits 130. Errors go to stderr. Exit status 0 when the turn
     completed, 1 when it did not, 2 when the call was refused, 3 when the sidecar cannot be reached.
+    --budget-tokens and --budget-usd give the turn a budget of its own (docs/cost.md, "Budgets"):
+    a turn that meets it ends with BUDGET_EXHAUSTED, its reply so far stored.
     """
     from turnwire_server.cli.turns import run_chat
 
     text = _message_text(text)
     parsed_body = _body_object(body)
-    turn = run_chat(sidecar.connection(), conversation, text, model=model, body=parsed_body)
+    budget = _budget(budget_tokens, budget_usd)
+    turn = run_chat(sidecar.connection(), conversation, text, model=model, body=parsed_body, budget=budget)
     raise typer.Exit(_interruptible(turn))
 
 
@@ -81,6 +103,16 @@ def _body_object(body: str | None) -> dict[str, Any] | None:
     return parsed
 
 
+def _budget(tokens: int | None, usd: float | None) -> dict[str, float] | None:
+    """``--budget-tokens`` and ``--budget-usd`` as the client's ``budget`` (None: neither given)."""
+    budget: dict[str, float] = {}
+    if tokens is not None:
+        budget["max_tokens"] = tokens
+    if usd is not None:
+        budget["max_usd"] = usd
+    return budget or None
+
+
 def _interruptible(turn: Coroutine[Any, Any, int]) -> int:
     """Run a turn-rendering coroutine; Ctrl-C cancels it (the renderer says the turn was aborted)
     and gives exit status 130, as shells expect of SIGINT."""
@@ -92,18 +124,26 @@ def _interruptible(turn: Coroutine[Any, Any, int]) -> int:
 
 @client_command
 def continue_(
-    conversation: ConversationArgument, *, sidecar: ConnectionOptions, model: ModelOption = None
+    conversation: ConversationArgument,
+    *,
+    sidecar: ConnectionOptions,
+    model: ModelOption = None,
+    budget_tokens: BudgetTokensOption = None,
+    budget_usd: BudgetUsdOption = None,
 ) -> None:
     """Let the model continue after the last assistant message.
 
     Streams the continuation, a new assistant message, as chat does. When the last message is
     yours and has no reply yet (a turn cancelled before any), the model answers it instead (a turn
     on the history as it is). An empty conversation, or one ending in a system message, has
-    nothing to continue: the turn ends SKIPPED (exit status 1).
+    nothing to continue: the turn ends SKIPPED (exit status 1). --budget-tokens and --budget-usd
+    as for chat.
     """
     from turnwire_server.cli.turns import run_continue
 
-    raise typer.Exit(_interruptible(run_continue(sidecar.connection(), conversation, model=model)))
+    budget = _budget(budget_tokens, budget_usd)
+    turn = run_continue(sidecar.connection(), conversation, model=model, budget=budget)
+    raise typer.Exit(_interruptible(turn))
 
 
 @client_command

@@ -38,6 +38,7 @@ async def run_chat(
     *,
     model: str | None = None,
     body: Mapping[str, Any] | None = None,
+    budget: Mapping[str, float] | None = None,
     console: Console | None = None,
     err_console: Console | None = None,
 ) -> int:
@@ -59,6 +60,8 @@ async def run_chat(
         text: The user message.
         model: Optional ``provider:model`` for this turn.
         body: Optional JSON-like data for lifecycle hooks.
+        budget: Optional turn budget of its own, ``{"max_tokens": …, "max_usd": …}`` (lowers the
+            configured one; docs/cost.md, "Budgets").
         console: Where to print; a default stdout ``Console`` when ``None``.
         err_console: Where errors go, and the request id when ``console`` is not a terminal;
             stderr when ``None``.
@@ -74,7 +77,7 @@ async def run_chat(
         connection,
         conversation_id,
         lambda client, request_id: client.chat(
-            conversation_id, text, request_id=request_id, body=body, model=model
+            conversation_id, text, request_id=request_id, body=body, model=model, budget=budget
         ),
         console=console,
         err_console=err_console,
@@ -86,27 +89,32 @@ async def run_continue(
     conversation_id: str,
     *,
     model: str | None = None,
+    budget: Mapping[str, float] | None = None,
     console: Console | None = None,
     err_console: Console | None = None,
 ) -> int:
     """Let the model continue after the conversation's last assistant message (``ContinueLastTurn``)
     and render that turn as :func:`run_chat` does. A last user message without a reply is answered
     instead (``SaveMessages`` with no messages, same request id); a conversation that is empty or
-    ends in a system message ends ``SKIPPED`` (exit code 1). ``err_console`` and exit codes as for
-    :func:`run_chat`."""
+    ends in a system message ends ``SKIPPED`` (exit code 1). ``budget``, ``err_console`` and exit
+    codes as for :func:`run_chat`."""
 
     async def go_on(client: TurnwireClient, request_id: str) -> AsyncIterator[event_pb2.TurnEvent]:
         # A last user message without a reply (a turn cancelled before any) has nothing to
         # continue; what the person wants is its answer: a turn on the stored history as it is
         # (SaveMessages with no messages, docs/semantics.md §1), under the same request id.
         skipped: list[event_pb2.TurnEvent] = []
-        async for event in client.continue_last_turn(conversation_id, request_id=request_id, model=model):
+        turn = client.continue_last_turn(conversation_id, request_id=request_id, model=model, budget=budget)
+        async for event in turn:
             if _unanswered(event):
                 skipped.append(event)
                 continue
             yield event
         if skipped:
-            async for event in client.save_messages(conversation_id, [], request_id=request_id, model=model):
+            answer = client.save_messages(
+                conversation_id, [], request_id=request_id, model=model, budget=budget
+            )
+            async for event in answer:
                 yield event
 
     return await run_turn(connection, conversation_id, go_on, console=console, err_console=err_console)
