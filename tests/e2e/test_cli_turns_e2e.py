@@ -271,6 +271,7 @@ async def test_resume_follows_a_turn_by_its_request_id(sidecar: SidecarProcess) 
     assert whole.code == 0, whole
     assert "calculator" in whole.stdout and "Done." in whole.stdout
     assert whole.stdout.splitlines()[-1].startswith("COMPLETED · 2 steps")
+    assert "cancels it while it runs" not in whole.stderr, whole  # it ended: nothing to cancel
     last = done.events[-1].sequence_number
     tail = await run_turnwire("resume", "cli-resume-me", "--after", str(last - 1), "--target", sidecar.target)
     assert tail.code == 0, tail

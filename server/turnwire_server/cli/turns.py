@@ -195,7 +195,10 @@ async def run_turn(
     request_id = request_id or f"cli-{uuid.uuid4().hex[:16]}"
     out = console if console is not None else Console()
     err = or_stderr(err_console)
-    renderer = TurnRenderer(out, request_id, err_console=err, conversation_id=conversation_id)
+    # A followed turn's id is the one its caller gave, and the turn may have ended long ago: no
+    # "cancels it while it runs" line for it.
+    announce_to = None if following else err
+    renderer = TurnRenderer(out, request_id, err_console=announce_to, conversation_id=conversation_id)
     try:
         # Progress keepalives (a turn silent for limits.progress_interval_seconds) update the
         # spinner: a turn queued behind another says so instead of "waiting for the sidecar".
