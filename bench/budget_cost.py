@@ -73,9 +73,9 @@ from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.store import Store, TurnRecord
-from turnwire_server.store.base import BudgetGrant
 from turnwire_server.store.core import budget_writes, turn_writes
 from turnwire_server.store.core import writes as core_writes
+from turnwire_server.store.records import BudgetGrant
 
 MODEL = "bench:model"
 PRICES = PriceBook(PricingSettings.model_validate({"models": {MODEL: {"input_mtok": 3, "output_mtok": 15}}}))

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import BENCH_DIR, PYTHON, STREAM_MODEL, Table, free_port, percentile, print_tables, stream_text
 
-from turnwire_server.store.base import TurnAdmission
+from turnwire_server.store.records import TurnAdmission
 
 POSTGRES_URL = os.environ.get("TURNWIRE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 VARIANTS = ("sqlite", "postgres", "none")

@@ -22,7 +22,7 @@ from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.cache_budget import CacheBudget
 from turnwire_server.engine.budget_admission import FirstStepEstimates
 from turnwire_server.engine.budget_settings import BudgetSettings
-from turnwire_server.store.base import BudgetCharge, BudgetGrant, BudgetKey, BudgetSpend, TurnAdmission
+from turnwire_server.store.records import BudgetCharge, BudgetGrant, BudgetKey, BudgetSpend, TurnAdmission
 
 CONVERSATION = BudgetKey("conversation", CONV)
 STEP = ScriptStep(text="Answer.", usage=ScriptedUsage(input_tokens=40, output_tokens=8), repeat=True)

@@ -31,7 +31,7 @@ from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
 from turnwire_server.remote_hooks import RemoteMiddleware, convert
 from turnwire_server.remote_hooks.settings import RemoteHookSettings
-from turnwire_server.store.base import BudgetKey, BudgetSpend
+from turnwire_server.store.records import BudgetKey, BudgetSpend
 
 RATES = {"input_mtok": 3.0, "output_mtok": 15.0}
 PRICED = PriceBook(PricingSettings.model_validate({"models": {MODEL: RATES}}))

@@ -13,8 +13,8 @@ from turnwire_server.engine.budget_scopes import budgets_for, lowered, resets_in
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.cost_settings import PricingSettings
-from turnwire_server.store.base import BudgetAsk, BudgetKey, BudgetLimits, BudgetSpend
 from turnwire_server.store.core.budget_rules import Reservation, fit_output, settle
+from turnwire_server.store.records import BudgetAsk, BudgetKey, BudgetLimits, BudgetSpend
 
 KEY = BudgetKey("conversation", "c")
 OTHER = BudgetKey("tenant/day", "", "2026-12-02")

@@ -30,7 +30,7 @@ from turnwire_server.engine.errors import BudgetExhausted, BudgetRefused
 from turnwire_server.engine.events import DetachedResponse
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.turn_spec import parse_spec, spec_json
-from turnwire_server.store.base import BudgetAsk, BudgetCharge, BudgetKey, BudgetLimits, BudgetSpend
+from turnwire_server.store.records import BudgetAsk, BudgetCharge, BudgetKey, BudgetLimits, BudgetSpend
 from turnwire_server.store.sqlite import SqliteStore
 
 PRICED = PriceBook(

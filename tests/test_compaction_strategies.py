@@ -30,7 +30,7 @@ from turnwire_server.engine.compaction import apply_compaction, input_start
 from turnwire_server.engine.ids import assistant_message_id, attempt_message_id
 from turnwire_server.hooks.chain import HookError, MiddlewareChain
 from turnwire_server.providers.convert import tool_result
-from turnwire_server.store.base import CompactionRecord
+from turnwire_server.store.records import CompactionRecord
 
 USER, ASSISTANT = message_pb2.ROLE_USER, message_pb2.ROLE_ASSISTANT
 ESTIMATE = EstimateTokens()

@@ -23,7 +23,7 @@ from turnwire.subagents import SubagentCall
 from turnwire_client.v1 import chat_service_pb2, message_pb2
 from turnwire_server.engine.detached_subagents import DetachedResults, result_submission_id
 from turnwire_server.store import TurnRecord
-from turnwire_server.store.base import SubmissionRecord
+from turnwire_server.store.records import SubmissionRecord
 from turnwire_server.store.sqlite import SqliteStore
 
 EPOCH = dt.datetime.fromtimestamp(0, dt.UTC)

@@ -20,7 +20,9 @@ from support.stores import StoreBackend, leased_turn, postgres_database
 from support.waiting import wait_until
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import (
+from turnwire_server.store.errors import StoreUnreachable
+from turnwire_server.store.postgres import PostgresStore, db
+from turnwire_server.store.records import (
     BudgetAsk,
     BudgetCharge,
     BudgetGrant,
@@ -28,8 +30,6 @@ from turnwire_server.store.base import (
     BudgetLimits,
     BudgetSpend,
 )
-from turnwire_server.store.errors import StoreUnreachable
-from turnwire_server.store.postgres import PostgresStore, db
 
 pytestmark = pytest.mark.postgres
 

@@ -29,10 +29,10 @@ from turnwire_server.store import (
     TurnNotFound,
     TurnRecord,
 )
-from turnwire_server.store.base import CompactionRecord
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.page_tokens import decode_page_token, encode_page_token
 from turnwire_server.store.core.rows import to_us
+from turnwire_server.store.records import CompactionRecord
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=dt.UTC)
 

@@ -16,7 +16,10 @@ from support.waiting import wait_until
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import Store, TurnRecord
-from turnwire_server.store.base import (
+from turnwire_server.store.core.budget_rules import Reservation, settle
+from turnwire_server.store.errors import LeaseLost, MessageIdConflict
+from turnwire_server.store.postgres import PostgresStore
+from turnwire_server.store.records import (
     BudgetAsk,
     BudgetCharge,
     BudgetGrant,
@@ -25,9 +28,6 @@ from turnwire_server.store.base import (
     BudgetSpend,
     SubmissionRecord,
 )
-from turnwire_server.store.core.budget_rules import Reservation, settle
-from turnwire_server.store.errors import LeaseLost, MessageIdConflict
-from turnwire_server.store.postgres import PostgresStore
 
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 LAPSED = T0 + dt.timedelta(seconds=31)

@@ -13,10 +13,10 @@ from support.stores import StoreBackend
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import HeldTurn, InvalidPageToken, Store, TurnRecord
-from turnwire_server.store.base import SubmissionRecord
 from turnwire_server.store.core.page_tokens import decode_submission_token
 from turnwire_server.store.core.rows import to_us
 from turnwire_server.store.errors import SubmissionConflict, SubmissionNotPending, TooManySubmissions
+from turnwire_server.store.records import SubmissionRecord
 
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 

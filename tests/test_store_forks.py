@@ -15,8 +15,8 @@ from support.stores import StoreBackend
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import Store
-from turnwire_server.store.base import CompactionRecord
 from turnwire_server.store.errors import ConversationExists, ForkPointNotFound, ForkSourceNotFound
+from turnwire_server.store.records import CompactionRecord
 
 
 def _texts(messages: object) -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ from support.stores import StoreBackend
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import Store, TurnRecord
-from turnwire_server.store.base import TurnLease
+from turnwire_server.store.records import TurnLease
 
 
 def _text(

@@ -23,10 +23,10 @@ from turnwire_client.v1 import message_pb2
 from turnwire_server import cli
 from turnwire_server.config import ConfigError, load_settings
 from turnwire_server.store import StoreError, TurnRecord, open_store, redact_url
-from turnwire_server.store.base import CompactionRecord, ToolCallAnswer
 from turnwire_server.store.errors import StoreValueRefused, ToolCallNotPending
 from turnwire_server.store.postgres import QUEUE_STEP, PostgresStore
 from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
+from turnwire_server.store.records import CompactionRecord, ToolCallAnswer
 
 pytestmark = pytest.mark.postgres
 

@@ -18,9 +18,9 @@ from support.waiting import wait_until
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import TurnRecord
-from turnwire_server.store.base import StreamRecord, SubmissionRecord
 from turnwire_server.store.core.rows import to_us
 from turnwire_server.store.postgres import PostgresStore
+from turnwire_server.store.records import StreamRecord, SubmissionRecord
 
 pytestmark = pytest.mark.postgres
 

@@ -23,7 +23,7 @@ from turnwire_server.store import (
     TurnRecord,
     open_store,
 )
-from turnwire_server.store.base import CompactionRecord
+from turnwire_server.store.records import CompactionRecord
 from turnwire_server.store.sqlite import SqliteStore
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=dt.UTC)

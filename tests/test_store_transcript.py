@@ -19,9 +19,9 @@ from turnwire_server.store import (
     TurnRecord,
     UnknownMessage,
 )
-from turnwire_server.store.base import TurnLease
 from turnwire_server.store.core.rows import to_us
 from turnwire_server.store.core.stream_rows import pack_events
+from turnwire_server.store.records import TurnLease
 
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
 CONVERSATION_TABLES = {

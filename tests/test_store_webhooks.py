@@ -12,8 +12,8 @@ from support.store_turns import T0, started_turn
 from support.stores import StoreBackend
 
 from turnwire_server.store import InvalidPageToken, Store
-from turnwire_server.store.base import SubmissionRecord
 from turnwire_server.store.core.webhook_writes import delivery_id_of
+from turnwire_server.store.records import SubmissionRecord
 from turnwire_server.store.webhooks import AttemptResult
 
 LATER = T0 + dt.timedelta(days=3650)  # every row is due by then

@@ -17,13 +17,13 @@ import pytest
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.store import Store
-from turnwire_server.store.base import ToolCallAnswer
 from turnwire_server.store.errors import (
     ToolCallExpired,
     ToolCallNotFound,
     ToolCallNotPending,
     ToolCallsSpanMessages,
 )
+from turnwire_server.store.records import ToolCallAnswer
 from turnwire_server.store.waiting_calls import DENIED_BY_USER_TEXT
 
 CONVERSATION = "conv-tools"

@@ -29,7 +29,7 @@ from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.errors import TurnNotHere
 from turnwire_server.engine.resume import replay
 from turnwire_server.engine.stream_log import RECOVERY_SEQUENCE_GAP
-from turnwire_server.store.base import TurnRecord
+from turnwire_server.store.records import TurnRecord
 
 
 @dataclasses.dataclass

@@ -15,7 +15,7 @@ from support.engine_harness import CONV, EngineFactory, detail, end_of, kinds
 
 from turnwire.testing import ScriptedError, ScriptStep
 from turnwire_client.v1 import event_pb2, message_pb2
-from turnwire_server.store.base import TurnRecord
+from turnwire_server.store.records import TurnRecord
 
 
 async def test_a_turn_on_the_history_of_an_empty_conversation_is_skipped(make_engine: EngineFactory) -> None:

@@ -56,8 +56,9 @@ from turnwire_server.engine.budget_settings import BudgetLimit
 from turnwire_server.engine.ids import new_request_id
 from turnwire_server.engine.schedules import Scheduler
 from turnwire_server.engine.submissions import Submissions
-from turnwire_server.store.base import ConversationRecord, EngineStore, TurnRecord
+from turnwire_server.store.base import EngineStore
 from turnwire_server.store.errors import InvalidPageToken, StoreError
+from turnwire_server.store.records import ConversationRecord, TurnRecord
 from turnwire_server.turn_places import turn_places
 from turnwire_server.webhooks.settings import WebhookSettings
 

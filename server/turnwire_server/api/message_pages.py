@@ -8,7 +8,7 @@ readable back, always); one message is always returned, and a stored reply is bo
 Page tokens: version byte 1, the index of the page's first message (8 bytes) and 4 bytes of a
 SHA-256 of the conversation id (a token is for one conversation), base64url without padding.
 Messages are only appended or replaced in place, so an index stays a valid position. Any other
-token is :class:`~turnwire_server.store.base.InvalidPageToken`.
+token is :class:`~turnwire_server.store.errors.InvalidPageToken`.
 
 A turn without a stored reply (``Conversation.turns_without_reply``) is placed among the messages
 by its start time (:func:`turnwire_server.turn_places.turn_places`, which ``turnwire history``

@@ -7,7 +7,7 @@ import datetime as dt
 from google.protobuf import timestamp_pb2
 
 from turnwire_client.v1 import chat_service_pb2
-from turnwire_server.store.base import ConversationRecord
+from turnwire_server.store.records import ConversationRecord
 
 
 def timestamp(value: dt.datetime) -> timestamp_pb2.Timestamp:

@@ -50,8 +50,9 @@ from turnwire_server.engine.ids import (
 )
 from turnwire_server.engine.submissions import Submissions
 from turnwire_server.providers.registry import UnknownModel
-from turnwire_server.store.base import EngineStore, SubmissionRecord
+from turnwire_server.store.base import EngineStore
 from turnwire_server.store.errors import InvalidPageToken, StoreError
+from turnwire_server.store.records import SubmissionRecord
 from turnwire_server.webhooks.settings import WebhookSettings
 
 _STATES: dict[str, int] = {

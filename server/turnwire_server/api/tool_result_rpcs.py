@@ -2,7 +2,7 @@
 
 docs/semantics.md §6 and §12. The answers are validated (INVALID_ARGUMENT, nothing
 stored), then stored at once by one atomic store write
-(:meth:`~turnwire_server.store.base.Store.answer_tool_calls`) that refuses, storing
+(:meth:`~turnwire_server.store.transcripts.TranscriptStore.answer_tool_calls`) that refuses, storing
 nothing, an unknown call (NOT_FOUND ``TOOL_CALL_NOT_FOUND``), a call that does not wait
 for this answer (FAILED_PRECONDITION ``TOOL_CALL_NOT_PENDING``) and an expired one
 (FAILED_PRECONDITION ``EXPIRED``). That write also decides whether the answer completed
@@ -53,8 +53,9 @@ from turnwire_server.engine.errors import AdmissionRefused
 from turnwire_server.engine.ids import new_request_id
 from turnwire_server.engine.request import ToolDenial
 from turnwire_server.providers.registry import UnknownModel
-from turnwire_server.store.base import AnsweredToolCalls, EngineStore, ToolCallAnswer
+from turnwire_server.store.base import EngineStore
 from turnwire_server.store.errors import StoreError
+from turnwire_server.store.records import AnsweredToolCalls, ToolCallAnswer
 from turnwire_server.store.waiting_calls import DENIED_BY_USER_TEXT
 
 Violations = list[tuple[str, str]]

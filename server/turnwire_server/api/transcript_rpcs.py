@@ -20,8 +20,9 @@ from turnwire_server.api.validation import check_id, check_message, raise_if_any
 from turnwire_server.engine import TurnEngine
 from turnwire_server.engine.deletion import delete_conversation, delete_with_forks
 from turnwire_server.engine.ids import RESERVED_PREFIX, is_reserved
-from turnwire_server.store.base import AddMode, AddResult, EngineStore
+from turnwire_server.store.base import EngineStore
 from turnwire_server.store.errors import StoreError, UnknownMessage
+from turnwire_server.store.records import AddMode, AddResult
 
 _MODES: dict[int, AddMode] = {
     chat_service_pb2.ADD_MODE_UNSPECIFIED: "append",

@@ -22,8 +22,9 @@ from turnwire_server.api.status import (
 )
 from turnwire_server.api.turn_streams import abort
 from turnwire_server.api.validation import check_id, raise_if_any
-from turnwire_server.store.base import EngineStore, TurnRecord
+from turnwire_server.store.base import EngineStore
 from turnwire_server.store.errors import InvalidPageToken, StoreError
+from turnwire_server.store.records import TurnRecord
 
 _DEFAULT_PAGE_SIZE: Final = 100
 _MAX_PAGE_SIZE: Final = 1000

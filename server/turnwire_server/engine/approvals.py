@@ -23,7 +23,7 @@ from turnwire_server.engine.assistant_message import AssistantMessage
 from turnwire_server.engine.pending_calls import OpenCalls, is_approved
 from turnwire_server.engine.tool_calls import ToolCallRunner
 from turnwire_server.engine.turn_state import TurnWorkingState
-from turnwire_server.store.base import TurnStore
+from turnwire_server.store.turns import TurnStore
 
 RunnerFactory = Callable[[TurnWorkingState], ToolCallRunner]
 """Makes the tool runner for a turn state (the step loop's settings: timeout, backpressure, limits)."""

@@ -34,7 +34,8 @@ from turnwire_server.engine.budget_scopes import applies, budgets_for, exhausted
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.errors import BudgetRefused
 from turnwire_server.engine.request import TurnRequest
-from turnwire_server.store.base import BudgetAsk, BudgetCharge, BudgetSpend, BudgetStore, TurnLease
+from turnwire_server.store.budgets import BudgetStore
+from turnwire_server.store.records import BudgetAsk, BudgetCharge, BudgetSpend, TurnLease
 from turnwire_server.tenant_keys import tenant_of_key
 
 __all__ = ["FirstStepEstimates", "admission_charge", "admission_refusal"]

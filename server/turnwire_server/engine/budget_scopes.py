@@ -12,11 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from turnwire.types import BudgetState
 from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
-from turnwire_server.store.base import (
-    BudgetKey,
-    BudgetLimits,
-    BudgetSpend,
-)
+from turnwire_server.store.records import BudgetKey, BudgetLimits, BudgetSpend
 from turnwire_server.tenant_keys import tenant_of_key
 
 __all__ = ["budget_states", "budgets_for", "exhausted", "lowered", "resets_in"]

@@ -6,7 +6,7 @@ A step reserves its prompt (an estimate: :class:`turnwire.compaction.EstimateTok
 ``max_output_tokens`` (``budgets.assumed_max_output_tokens`` when unset), in tokens and, priced
 at the model's top-tier uncached rates (:meth:`PriceBook.rates`), in US dollars. The store grants
 the most output that fits every budget in the transaction that takes the reservation
-(:meth:`~turnwire_server.store.base.BudgetStore.charge_budget`); the step is sent with
+(:meth:`~turnwire_server.store.budgets.BudgetStore.charge_budget`); the step is sent with
 ``max_output_tokens`` clamped to it. No room for ``budgets.min_output_tokens`` (default 1): the turn ends
 (:class:`BudgetExhausted`). A model without a known price cannot be reserved against a US dollar
 budget: the step is refused the same way (never counted as free).
@@ -43,16 +43,16 @@ from turnwire_server.engine.budget_settings import BudgetLimit, BudgetSettings
 from turnwire_server.engine.cost import PriceBook
 from turnwire_server.engine.errors import BudgetExhausted, TurnFailure
 from turnwire_server.engine.turn_state import TurnWorkingState
-from turnwire_server.store.base import (
+from turnwire_server.store.budgets import BudgetStore
+from turnwire_server.store.records import (
     BudgetAsk,
     BudgetCharge,
     BudgetGrant,
     BudgetKey,
     BudgetLimits,
     BudgetSpend,
-    BudgetStore,
+    TurnLease,
 )
-from turnwire_server.store.records import TurnLease
 from turnwire_server.tenant_keys import tenant_of_key
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 (docs/semantics.md §9).
 
 :func:`apply_compaction` turns the stored messages and the conversation's
-:class:`~turnwire_server.store.base.CompactionRecord` into the view (summary + recent tail,
+:class:`~turnwire_server.store.records.CompactionRecord` into the view (summary + recent tail,
 dropped tool outputs). :class:`Compactor` runs the session's strategy on a view, stores the new
 record (the messages never change), emits ``ContextCompacted`` and counts it. The engine calls
 it for the three triggers: ``threshold`` (between turns, ``compact_after``), ``proactive``
@@ -36,7 +36,8 @@ from turnwire_server.engine.cost import CostTotal, PriceBook
 from turnwire_server.engine.events import EventWriter
 from turnwire_server.hooks.readonly import MessagesView
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import CompactionRecord, TranscriptStore, TurnAdmission
+from turnwire_server.store.records import CompactionRecord, TurnAdmission
+from turnwire_server.store.transcripts import TranscriptStore
 
 log = logging.getLogger("turnwire.compaction")
 

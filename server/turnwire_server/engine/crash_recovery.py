@@ -23,7 +23,8 @@ from turnwire_server.engine.stream_log import RECOVERY_SEQUENCE_GAP
 from turnwire_server.engine.transcript import mark_unknown_starts, repair_unresolved_tool_calls
 from turnwire_server.engine.turn_base import ErrorStatus, Recovery
 from turnwire_server.engine.turn_spec import parse_spec
-from turnwire_server.store.base import EngineStore, TurnRecord
+from turnwire_server.store.base import EngineStore
+from turnwire_server.store.records import TurnRecord
 
 log = logging.getLogger("turnwire.engine")
 

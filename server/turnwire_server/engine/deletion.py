@@ -36,7 +36,7 @@ async def delete_conversation(
     meanwhile; a turn admitted later starts a fresh conversation. With ``children`` (the default)
     the sub-agents' child conversations of a deleted conversation go with it
     (:func:`delete_children`; docs/subagents.md). Raises
-    :class:`~turnwire_server.store.base.StoreError` when the store fails.
+    :class:`~turnwire_server.store.errors.StoreError` when the store fails.
     """
     store = engine.store
     if updated_before is None:
@@ -78,7 +78,7 @@ async def delete_children(engine: TurnEngine, conversation_id: str) -> int:
     """Delete the sub-agents' child conversations of ``conversation_id``, every level (their ids
     start with its own and :data:`~turnwire_server.engine.subagents.CHILD_MARK`), each as
     ``DeleteConversation`` deletes (its turns cancelled first); returns how many went. Raises
-    :class:`~turnwire_server.store.base.StoreError`."""
+    :class:`~turnwire_server.store.errors.StoreError`."""
     prefix = f"{conversation_id}{CHILD_MARK}"
     deleted = 0
     while True:

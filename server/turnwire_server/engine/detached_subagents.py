@@ -113,7 +113,7 @@ class DetachedResults:
         parent conversation was deleted, or whose stored spec cannot be read, is skipped; an
         answer delivered meanwhile (here, by its own turn, or by another replica) is the same
         submission, so it arrives once. Call after :meth:`bind`; returns how many answers it
-        submitted. Raises the store's :class:`~turnwire_server.store.base.StoreError`."""
+        submitted. Raises the store's :class:`~turnwire_server.store.errors.StoreError`."""
         submissions, store = self._submissions, self._store
         assert submissions is not None and store is not None, "bind() first"
         submitted = 0

@@ -49,8 +49,9 @@ from turnwire_server.engine.turn_slots import UNCOUNTED, TurnSlots
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.log_context import bind as bind_log_context
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import EngineStore, HeldTurn, TurnRecord
+from turnwire_server.store.base import EngineStore
 from turnwire_server.store.errors import StoreError
+from turnwire_server.store.records import HeldTurn, TurnRecord
 
 log = logging.getLogger("turnwire.engine")
 

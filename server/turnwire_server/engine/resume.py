@@ -23,7 +23,8 @@ from collections.abc import AsyncIterator, Callable
 from turnwire_client.v1 import event_pb2
 from turnwire_server.engine.errors import TurnNotHere, TurnStreamNotFound
 from turnwire_server.engine.stream_log import Subscription
-from turnwire_server.store.base import ReplayStore, StreamRecord, TurnRecord
+from turnwire_server.store.base import ReplayStore
+from turnwire_server.store.records import StreamRecord, TurnRecord
 
 
 async def replay(
@@ -47,7 +48,7 @@ async def replay(
     (never started, deleted) or it ended more than ``retention_seconds`` ago (0: kept while
     stored), :class:`TurnNotHere` when it has not ended and nothing can follow it (one process
     per store: a crash not yet recovered), and
-    :class:`~turnwire_server.store.base.StoreError` when the store fails.
+    :class:`~turnwire_server.store.errors.StoreError` when the store fails.
     """
     last = after
     waited_at: int | None = None  # where the last wait for another replica's events began
@@ -118,7 +119,7 @@ async def recorded_end(turn: TurnRecord, last: int, store: ReplayStore) -> event
     ``last``) has none (see the module docstring): numbered ``last + 1``, with the recorded
     status and error and the stored reply; usage and step count are not recorded (zero), and
     ``metadata["from_turn_record"]`` is true. Raises
-    :class:`~turnwire_server.store.base.StoreError` when the store fails."""
+    :class:`~turnwire_server.store.errors.StoreError` when the store fails."""
     event = event_pb2.TurnEvent(
         conversation_id=turn.conversation_id, request_id=turn.request_id, sequence_number=last + 1
     )

@@ -48,7 +48,7 @@ from turnwire_server.engine.tool_calls import ToolCallRunner
 from turnwire_server.engine.turn_state import TurnWorkingState
 from turnwire_server.engine.turn_timeline import COMPACTION, MODEL, STEP
 from turnwire_server.hooks.chain import HookError, merge_config
-from turnwire_server.store.base import TurnAdmission
+from turnwire_server.store.records import TurnAdmission
 
 
 class StepLoop(StepStream):

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnwire_server.engine.channel import EventChannel
-from turnwire_server.store.base import StreamStore, TurnLease
 from turnwire_server.store.errors import LeaseLost
+from turnwire_server.store.records import TurnLease
+from turnwire_server.store.streams import StreamStore
 
 log = logging.getLogger("turnwire.stream_log")
 

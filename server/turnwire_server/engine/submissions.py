@@ -36,7 +36,8 @@ from turnwire_server.engine.errors import (
 from turnwire_server.engine.request import TurnRequest
 from turnwire_server.engine.turn_base import ErrorStatus
 from turnwire_server.engine.turn_handle import TurnHandle
-from turnwire_server.store.base import SubmissionRecord, SubmissionState, SubmissionStore
+from turnwire_server.store.records import SubmissionRecord, SubmissionState
+from turnwire_server.store.submissions import SubmissionStore
 
 log = logging.getLogger("turnwire.submissions")
 
@@ -94,9 +95,9 @@ class Submissions:
         applies likewise only to a turn started here at once (docs/semantics.md §5).
 
         Returns the stored record and whether this call created it. Raises the store's
-        :class:`~turnwire_server.store.base.SubmissionConflict`,
-        :class:`~turnwire_server.store.base.TooManySubmissions` or
-        :class:`~turnwire_server.store.base.StoreError`.
+        :class:`~turnwire_server.store.errors.SubmissionConflict`,
+        :class:`~turnwire_server.store.errors.TooManySubmissions` or
+        :class:`~turnwire_server.store.errors.StoreError`.
         """
         settings = self._engine.settings
         # Claimed here only with a free slot (taken before the first await, so concurrent calls
@@ -212,7 +213,7 @@ class Submissions:
         """Claim pending submissions no replica runs (left unclaimed, or their replica died), in
         acceptance order, up to this replica's free slots, and start their turns; called at
         start, on every lease tick (``engine.replica``) and by :meth:`serve`. Returns how many
-        started. Raises :class:`~turnwire_server.store.base.StoreError`."""
+        started. Raises :class:`~turnwire_server.store.errors.StoreError`."""
         settings = self._engine.settings
         started = 0
         async with self._claiming:

@@ -44,7 +44,7 @@ from turnwire_server.engine.errors import (
 from turnwire_server.engine.turn_attempts import TurnAttempts
 from turnwire_server.engine.turn_spec import spec_json
 from turnwire_server.engine.turn_timeline import QUEUE
-from turnwire_server.store.base import BudgetCharge, TurnAdmission, TurnRecord
+from turnwire_server.store.records import BudgetCharge, TurnAdmission, TurnRecord
 
 log = logging.getLogger("turnwire.turn")
 

@@ -46,9 +46,10 @@ from turnwire_server.engine.turn_timeline import TurnTimeline
 from turnwire_server.hooks.chain import MiddlewareChain
 from turnwire_server.hooks.timeline import HookTimeline
 from turnwire_server.providers.registry import ProviderRegistry
-from turnwire_server.store.base import TurnAdmission, TurnRecord, TurnRunStore
-from turnwire_server.store.base import TurnState as StoredTurnState
+from turnwire_server.store.base import TurnRunStore
 from turnwire_server.store.errors import LeaseLost
+from turnwire_server.store.records import TurnAdmission, TurnRecord
+from turnwire_server.store.records import TurnState as StoredTurnState
 
 log = logging.getLogger("turnwire.turn")
 

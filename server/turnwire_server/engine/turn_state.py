@@ -50,7 +50,8 @@ class BudgetSettlement(Protocol):
 
 @dataclass(slots=True)
 class TurnWorkingState:
-    """One running turn's working state (not its stored state, :data:`turnwire_server.store.base.TurnState`).
+    """One running turn's working state (not its stored state,
+    :data:`turnwire_server.store.records.TurnState`).
 
     ``tools`` is the turn's tool set (``before_turn`` may add to it);
     ``cancelled`` is set when the turn is cancelled or interrupted (tools and

@@ -7,16 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from turnwire_server.store.base import (
-    AddMode,
-    AddResult,
-    ConversationRecord,
-    HeldTurn,
-    ReachableStore,
-    Store,
-    TurnRecord,
-    TurnState,
-)
+from turnwire_server.store.base import ReachableStore, Store
 from turnwire_server.store.errors import (
     ConversationNotFound,
     InvalidPageToken,
@@ -34,6 +25,14 @@ from turnwire_server.store.errors import (
     UnknownMessage,
 )
 from turnwire_server.store.postgres_url import is_postgres_url, parse_postgres_url, redact_url
+from turnwire_server.store.records import (
+    AddMode,
+    AddResult,
+    ConversationRecord,
+    HeldTurn,
+    TurnRecord,
+    TurnState,
+)
 
 __all__ = [
     "AddMode",

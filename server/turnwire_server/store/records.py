@@ -116,8 +116,8 @@ class TurnRecord:
     every claim (takeover), so a write carrying :attr:`lease` is refused once another replica
     claimed the turn (docs/semantics.md §5, "Fencing"). ``cost_usd`` is what the turn cost in US
     dollars, written with its end (None: unknown, docs/cost.md), ``cost_source`` where its prices
-    came from; read by :meth:`~turnwire_server.store.base.Store.conversation_cost` and
-    :meth:`~turnwire_server.store.base.Store.list_turns`. ``timeline`` is the serialized
+    came from; read by :meth:`~turnwire_server.store.transcripts.TranscriptStore.conversation_cost` and
+    :meth:`~turnwire_server.store.transcripts.TranscriptStore.list_turns`. ``timeline`` is the serialized
     ``turnwire.v1.TurnTimeline`` of what took its time, written with its end (None: running, or
     ended before timelines were stored, docs/inspector.md); the store never decodes it.
     """

@@ -8,6 +8,7 @@ and the helpers both drivers share (:mod:`.message_cache`, :mod:`.local_lock`, :
 
 Only the drivers (:mod:`turnwire_server.store.sqlite`, :mod:`turnwire_server.store.postgres`)
 import this package; the engine and hooks see the store through the interface at the
-store's top level (:mod:`turnwire_server.store.base`, :mod:`~turnwire_server.store.records`,
-:mod:`~turnwire_server.store.errors`, :mod:`~turnwire_server.store.waiting_calls`).
+store's top level (:mod:`turnwire_server.store.base` and the role modules it joins,
+:mod:`~turnwire_server.store.records`, :mod:`~turnwire_server.store.errors`,
+:mod:`~turnwire_server.store.waiting_calls`).
 """

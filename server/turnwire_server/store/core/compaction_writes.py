@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from turnwire_server.store.base import TurnRecord
 from turnwire_server.store.core.fencing import holds_lease, lease_read
 from turnwire_server.store.core.fork_writes import delete_guard_reads, delete_guard_writes
 from turnwire_server.store.core.rows import COMPACTION_COLUMNS
 from turnwire_server.store.core.sql import Dialect, Program, Statement
 from turnwire_server.store.errors import TurnNotFound
+from turnwire_server.store.records import TurnRecord
 
 __all__ = ["discard_reply", "save_compaction"]
 

@@ -15,7 +15,6 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from turnwire_server.store.base import ConversationRecord
 from turnwire_server.store.core.fork_rules import (
     INHERITED,
     children_read,
@@ -27,6 +26,7 @@ from turnwire_server.store.core.reads import LOAD_COMPACTION_SQL
 from turnwire_server.store.core.rows import CONVERSATION_COLUMNS, conversation_from_row
 from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks
 from turnwire_server.store.errors import ConversationExists, ForkPointNotFound, ForkSourceNotFound
+from turnwire_server.store.records import ConversationRecord
 
 __all__ = [
     "delete_guard_reads",

@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
-from turnwire_server.store.base import HeldTurn, SubmissionRecord, TurnLease, TurnRecord
 from turnwire_server.store.core.rows import TURN_COLUMNS, time_from_us, to_us, turn_from_row
 from turnwire_server.store.core.sql import Dialect, Program, Statement
 from turnwire_server.store.core.submission_rows import SUBMISSION_COLUMNS, submission_from_row
+from turnwire_server.store.records import HeldTurn, SubmissionRecord, TurnLease, TurnRecord
 
 __all__ = ["claim_interrupted_turns", "claim_pending_submissions", "release_leases", "renew_leases"]
 

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import TurnLease, TurnRecord
 from turnwire_server.store.core.fencing import holds_lease, lease_read
 from turnwire_server.store.core.fork_rules import children_read, claim_reads, push_writes
 from turnwire_server.store.core.fork_writes import delete_guard_reads, delete_guard_writes
@@ -28,6 +27,7 @@ from turnwire_server.store.core.stream_writes import EventBatch, prepare_events,
 from turnwire_server.store.core.turn_writes import CURRENT_VERSION, INSERT_MESSAGE, TOUCH_CONVERSATION
 from turnwire_server.store.core.webhook_writes import deliveries_on_end
 from turnwire_server.store.errors import MessageIdConflict, TurnNotFound
+from turnwire_server.store.records import TurnLease, TurnRecord
 
 __all__ = [
     "FinishTurn",

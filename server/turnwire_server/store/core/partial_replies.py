@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Final
 
-from turnwire_server.store.base import TurnRecord
 from turnwire_server.store.core.rows import TURN_COLUMNS, turn_from_row
+from turnwire_server.store.records import TurnRecord
 
 PARTIAL_STATES: Final = ("running", "aborted", "error", "interrupted")
 

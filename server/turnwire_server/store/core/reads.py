@@ -11,15 +11,6 @@ from typing import Any, Final
 
 from turnwire.types import Cost
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import (
-    BudgetKey,
-    BudgetSpend,
-    CompactionRecord,
-    ConversationRecord,
-    StreamRecord,
-    SubmissionRecord,
-    TurnRecord,
-)
 from turnwire_server.store.core.budget_writes import read_spends, spends_from_rows
 from turnwire_server.store.core.fork_rules import DESCENDANTS_SQL
 from turnwire_server.store.core.message_cache import DecodedMessages
@@ -51,6 +42,15 @@ from turnwire_server.store.core.submission_rows import (
     submission_from_row,
     submission_page,
     submission_page_query,
+)
+from turnwire_server.store.records import (
+    BudgetKey,
+    BudgetSpend,
+    CompactionRecord,
+    ConversationRecord,
+    StreamRecord,
+    SubmissionRecord,
+    TurnRecord,
 )
 
 __all__ = ["LOAD_COMPACTION_SQL", "CoreReads"]
@@ -143,17 +143,17 @@ class CoreReads:
         return conversation_from_row(rows[0]) if rows else None
 
     async def fork_descendants(self, conversation_id: str) -> list[str]:
-        """See :meth:`~turnwire_server.store.base.MaintenanceStore.fork_descendants`."""
+        """See :meth:`~turnwire_server.store.maintenance.MaintenanceStore.fork_descendants`."""
         rows = await self._read("fork_descendants", DESCENDANTS_SQL, (conversation_id,))
         return sorted(row[0] for row in rows)
 
     async def partial_replies(self, conversation_id: str) -> dict[str, TurnRecord]:
-        """See :meth:`~turnwire_server.store.base.Store.partial_replies`."""
+        """See :meth:`~turnwire_server.store.transcripts.TranscriptStore.partial_replies`."""
         rows = await self._read("partial_replies", _PARTIAL_REPLIES_SQL, (conversation_id,))
         return partial_replies_of(rows)
 
     async def conversation_cost(self, conversation_id: str) -> Cost | None:
-        """See :meth:`~turnwire_server.store.base.Store.conversation_cost`."""
+        """See :meth:`~turnwire_server.store.transcripts.TranscriptStore.conversation_cost`."""
         rows = await self._read("conversation_cost", _CONVERSATION_COST_SQL, (conversation_id,))
         if not rows or any(usd is None for usd, _ in rows):
             return None
@@ -161,14 +161,14 @@ class CoreReads:
         return Cost(sum(usd for usd, _ in rows), ", ".join(sources))
 
     async def budget_spends(self, keys: Sequence[BudgetKey]) -> dict[BudgetKey, BudgetSpend]:
-        """See :meth:`~turnwire_server.store.base.BudgetStore.budget_spends`."""
+        """See :meth:`~turnwire_server.store.budgets.BudgetStore.budget_spends`."""
         if not keys:
             return {}
         sql, params = read_spends(keys)
         return spends_from_rows(await self._read("budget_spends", sql, params))
 
     async def turns_without_reply(self, conversation_id: str, limit: int) -> list[TurnRecord]:
-        """See :meth:`~turnwire_server.store.base.Store.turns_without_reply`; raises
+        """See :meth:`~turnwire_server.store.transcripts.TranscriptStore.turns_without_reply`; raises
         :class:`ValueError` when ``limit`` < 1."""
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
@@ -178,7 +178,7 @@ class CoreReads:
     async def list_turns(
         self, conversation_id: str, page_size: int, page_token: str, *, failed_only: bool = False
     ) -> tuple[list[TurnRecord], str]:
-        """See :meth:`~turnwire_server.store.base.TranscriptStore.list_turns`."""
+        """See :meth:`~turnwire_server.store.transcripts.TranscriptStore.list_turns`."""
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         where = ["conversation_id = ?"]

@@ -14,9 +14,9 @@ from typing import Any, Final, get_args
 from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import CompactionRecord, ConversationRecord, TurnRecord, TurnState
 from turnwire_server.store.core.fork_rules import INHERITED_FROM, INHERITED_WHERE
 from turnwire_server.store.errors import StoreCorrupted, StoreError
+from turnwire_server.store.records import CompactionRecord, ConversationRecord, TurnRecord, TurnState
 
 __all__ = [
     "COMPACTION_COLUMNS",

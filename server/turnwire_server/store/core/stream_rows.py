@@ -7,9 +7,9 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from turnwire_server.store.base import StreamRecord
 from turnwire_server.store.core.rows import time_from_us
 from turnwire_server.store.errors import StoreCorrupted
+from turnwire_server.store.records import StreamRecord
 
 __all__ = ["STREAM_COLUMNS", "events_from_rows", "pack_events", "stream_from_row", "unpack_events"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Final, get_args
 
-from turnwire_server.store.base import SubmissionRecord, SubmissionState
 from turnwire_server.store.core.page_tokens import decode_submission_token, encode_submission_token
 from turnwire_server.store.core.rows import time_from_us, to_us
+from turnwire_server.store.records import SubmissionRecord, SubmissionState
 
 __all__ = [
     "PREFIX_FILTER",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from turnwire_server.store.base import SubmissionRecord
 from turnwire_server.store.errors import SubmissionConflict
+from turnwire_server.store.records import SubmissionRecord
 
 
 def repeated_submission(

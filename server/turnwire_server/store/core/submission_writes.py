@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final, get_args
 
-from turnwire_server.store.base import SubmissionRecord, SubmissionState
 from turnwire_server.store.core.rows import to_us
 from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks
 from turnwire_server.store.core.submission_rows import SUBMISSION_COLUMNS, submission_from_row
 from turnwire_server.store.core.submission_rules import repeated_submission
 from turnwire_server.store.core.webhook_writes import deliveries_on_end
 from turnwire_server.store.errors import TooManySubmissions
+from turnwire_server.store.records import SubmissionRecord, SubmissionState
 
 __all__ = [
     "OPEN",

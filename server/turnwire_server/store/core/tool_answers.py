@@ -14,13 +14,13 @@ from collections.abc import Sequence
 
 from turnwire.values import loads, value_view
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import AnsweredToolCalls, ToolCallAnswer
 from turnwire_server.store.errors import (
     ToolCallExpired,
     ToolCallNotFound,
     ToolCallNotPending,
     ToolCallsSpanMessages,
 )
+from turnwire_server.store.records import AnsweredToolCalls, ToolCallAnswer
 from turnwire_server.store.waiting_calls import DENIED_BY_USER_TEXT, close_call, deny_call, is_waiting
 
 

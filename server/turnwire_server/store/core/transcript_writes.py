@@ -18,7 +18,6 @@ from typing import Any, Final
 from google.protobuf.message import DecodeError
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import AddMode, AddResult, AnsweredToolCalls, ToolCallAnswer
 from turnwire_server.store.core.budget_writes import conversation_deleted
 from turnwire_server.store.core.fork_rules import (
     CHILDREN_SQL,
@@ -49,6 +48,7 @@ from turnwire_server.store.errors import (
     StoreCorrupted,
     UnknownMessage,
 )
+from turnwire_server.store.records import AddMode, AddResult, AnsweredToolCalls, ToolCallAnswer
 from turnwire_server.store.waiting_calls import close_call, expired_text, is_waiting
 
 __all__ = [

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import TurnRecord
 from turnwire_server.store.core import budget_writes
 from turnwire_server.store.core.fork_rules import claim_reads
 from turnwire_server.store.core.rows import MessageRow, check_turn, message_insert_params, message_row, to_us
@@ -29,7 +28,7 @@ from turnwire_server.store.errors import (
     SubmissionNotPending,
     TurnAlreadyExists,
 )
-from turnwire_server.store.records import BudgetCharge, BudgetGrant
+from turnwire_server.store.records import BudgetCharge, BudgetGrant, TurnRecord
 
 __all__ = [
     "CURRENT_VERSION",

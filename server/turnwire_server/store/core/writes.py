@@ -5,7 +5,7 @@ its arguments in the caller's task (raising :class:`ValueError` before anything 
 builds its program (the statements and the rule: the ``*_writes`` modules of this package) and
 says how it may commit; the dialect adds what only a driver's database does in the same
 transaction (:class:`~turnwire_server.store.core.sql.Dialect`). The contracts are the role
-protocols' (:mod:`turnwire_server.store.base`).
+protocols' (the modules :mod:`turnwire_server.store.base` joins).
 
 How a write may commit is a :class:`Commit`, whose facts each driver reads as it needs.
 """
@@ -18,21 +18,6 @@ from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import (
-    AddMode,
-    AddResult,
-    AnsweredToolCalls,
-    BudgetCharge,
-    BudgetGrant,
-    CompactionRecord,
-    ConversationRecord,
-    HeldTurn,
-    SubmissionRecord,
-    SubmissionState,
-    ToolCallAnswer,
-    TurnLease,
-    TurnRecord,
-)
 from turnwire_server.store.core import (
     budget_writes,
     compaction_writes,
@@ -47,6 +32,21 @@ from turnwire_server.store.core import (
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.rows import compaction_params, to_us
 from turnwire_server.store.core.sql import Dialect, Program, joined
+from turnwire_server.store.records import (
+    AddMode,
+    AddResult,
+    AnsweredToolCalls,
+    BudgetCharge,
+    BudgetGrant,
+    CompactionRecord,
+    ConversationRecord,
+    HeldTurn,
+    SubmissionRecord,
+    SubmissionState,
+    ToolCallAnswer,
+    TurnLease,
+    TurnRecord,
+)
 
 __all__ = ["ALONE", "Commit", "CoreWrites"]
 

@@ -24,7 +24,6 @@ import psycopg_pool
 
 from turnwire_client.v1 import message_pb2
 from turnwire_server.event_waits import set_within
-from turnwire_server.store.base import BudgetCharge, BudgetGrant, TurnAdmission, TurnRecord, renewed_lease
 from turnwire_server.store.core import budget_writes, turn_writes
 from turnwire_server.store.core.fork_rules import claim_reads
 from turnwire_server.store.core.reads import LOAD_COMPACTION_SQL
@@ -37,6 +36,7 @@ from turnwire_server.store.postgres import db, turn_queue
 from turnwire_server.store.postgres.connection import PostgresConnection
 from turnwire_server.store.postgres.db import DIALECT, Conn, run_program
 from turnwire_server.store.postgres.replicas import QUEUE_CHANNEL
+from turnwire_server.store.records import BudgetCharge, BudgetGrant, TurnAdmission, TurnRecord, renewed_lease
 
 __all__ = ["TurnQueue"]
 
@@ -73,7 +73,7 @@ _SUBMISSION_NOT_PENDING: Final = (
 
 class TurnQueue(PostgresConnection):
     """The turn lock, reserved places and a turn's start (the contracts:
-    :mod:`turnwire_server.store.base`)."""
+    :mod:`turnwire_server.store.turns`, :mod:`turnwire_server.store.replicas`)."""
 
     async def start_turn(
         self, turn: TurnRecord, messages: Sequence[message_pb2.Message]

@@ -20,11 +20,11 @@ from typing import Any, Final, TypeAlias, TypeVar
 import psycopg
 from psycopg import errors as pg_errors
 
-from turnwire_server.store.base import SubmissionRecord
 from turnwire_server.store.core.rows import MessageRow
 from turnwire_server.store.core.sql import Program, Statement
 from turnwire_server.store.postgres import turn_queue
 from turnwire_server.store.postgres.replicas import EVENTS_CHANNEL
+from turnwire_server.store.records import SubmissionRecord
 
 __all__ = [
     "CONVERSATION_LOCK_CLASS",

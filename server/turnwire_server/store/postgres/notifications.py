@@ -17,7 +17,8 @@ __all__ = ["Notifications"]
 
 
 class Notifications(PostgresConnection):
-    """The cancel relay and the wake-ups (the contracts: :mod:`turnwire_server.store.base`)."""
+    """The cancel relay and the wake-ups (the contracts: :mod:`turnwire_server.store.replicas`,
+    :mod:`~turnwire_server.store.submissions`, :mod:`~turnwire_server.store.streams`)."""
 
     async def request_cancel(self, request_id: str, *, stop: str = "") -> bool:
         """Notifies every replica (payload: the request id, then a newline and ``stop`` when

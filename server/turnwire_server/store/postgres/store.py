@@ -28,12 +28,12 @@ import datetime as dt
 import psycopg
 import psycopg_pool
 
-from turnwire_server.store.base import TurnRecord
 from turnwire_server.store.core.rows import to_us
 from turnwire_server.store.postgres.admission import TurnQueue
 from turnwire_server.store.postgres.connection import DEFAULT_POOL_SIZE
 from turnwire_server.store.postgres.notifications import Notifications
 from turnwire_server.store.postgres.stuck_sessions import end_stuck_sessions
+from turnwire_server.store.records import TurnRecord
 
 __all__ = ["DEFAULT_POOL_SIZE", "PostgresStore"]
 
@@ -49,7 +49,7 @@ class PostgresStore(TurnQueue, Notifications):
     Errors: :class:`StoreError` when the database cannot be reached or fails (its message
     names the URL with the password masked, never the password), :class:`StoreCorrupted` for
     stored data that cannot be decoded, the domain errors of
-    :mod:`turnwire_server.store.base` as the SQLite store raises them, and
+    :mod:`turnwire_server.store.errors` as the SQLite store raises them, and
     :class:`ValueError` for a malformed URL (at construction) or an argument no backend could
     store. Besides the pool, the store holds one ``LISTEN`` connection. ``replica_id`` names
     the sessions for the replica whose turns they write (:func:`.stuck_sessions.session_name`;

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from turnwire_server.store.base import SubmissionRecord
 from turnwire_server.store.core.rows import to_us
 from turnwire_server.store.core.sql import Statement
 from turnwire_server.store.postgres.replicas import QUEUE_CHANNEL, SUBMISSIONS_CHANNEL
+from turnwire_server.store.records import SubmissionRecord
 
 __all__ = [
     "FIRST_SLOT",

@@ -23,7 +23,6 @@ import aiosqlite
 import filelock
 
 from turnwire_client.v1 import message_pb2
-from turnwire_server.store.base import BudgetCharge, BudgetGrant, TurnAdmission, TurnRecord, renewed_lease
 from turnwire_server.store.core import turn_writes
 from turnwire_server.store.core.local_lock import LocalTurnLocks
 from turnwire_server.store.core.message_cache import DecodedMessages
@@ -34,6 +33,7 @@ from turnwire_server.store.core.turn_writes import prepare_start_turn
 from turnwire_server.store.core.webhook_store import CoreWebhooks
 from turnwire_server.store.core.writes import ALONE, Commit, CoreWrites
 from turnwire_server.store.errors import StoreError, StoreInUse
+from turnwire_server.store.records import BudgetCharge, BudgetGrant, TurnAdmission, TurnRecord, renewed_lease
 from turnwire_server.store.sqlite.db import DB_ERRORS, DIALECT, run_program, store_error
 from turnwire_server.store.sqlite.migrations import Migration, load_migrations
 from turnwire_server.store.sqlite.writer import BUSY_TIMEOUT_MS, SqliteWriter
