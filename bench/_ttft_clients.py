@@ -111,6 +111,9 @@ class SidecarClient:
     def __init__(self, target: str) -> None:
         self.channel = grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS)
         self.stub = chat_service_pb2_grpc.ChatServiceStub(self.channel)
+        # Event batches, as the Python client reads them (docs/semantics.md §10); an older
+        # sidecar (a --base arm) ignores the header and sends an event a message.
+        self.metadata = (("turnwire-event-batches", "1"),)
 
     async def seed(self, conversation_id: str, turns: int) -> None:
         """``turns`` prior user/assistant pairs, one AddMessages call."""
@@ -139,14 +142,15 @@ class SidecarClient:
         start = time.perf_counter()
         first = 0.0
         text: list[str] = []
-        call = self.stub.Chat(request)
+        call = self.stub.Chat(request, metadata=self.metadata)
         async for response in call:
-            if response.event.WhichOneof("event") == "text_delta":
-                if not text:
-                    first = time.perf_counter() - start
-                    if stop_after_first:
-                        return first, 1
-                text.append(response.event.text_delta.delta)
+            for event in (response.event, *response.more_events):
+                if event.WhichOneof("event") == "text_delta":
+                    if not text:
+                        first = time.perf_counter() - start
+                        if stop_after_first:
+                            return first, 1
+                    text.append(event.text_delta.delta)
         if not text:
             raise RuntimeError(f"no text from the sidecar for {model}")
         return first, len("".join(text).split())

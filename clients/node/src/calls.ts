@@ -39,6 +39,13 @@ import type {
 /** The metadata key naming the turn a call is made from inside of (docs/semantics.md §5). */
 export const PARENT_REQUEST_ID = 'turnwire-parent-request-id';
 
+/**
+ * Sent on every turn stream: this client reads a response's `moreEvents` after its `event`, so the
+ * sidecar may send the events that are ready at once in one message (docs/semantics.md §10,
+ * "Event batches").
+ */
+export const EVENT_BATCHES = 'turnwire-event-batches';
+
 /** Options every call takes. */
 export interface CallOpts {
   /** Aborting it cancels the call (for a turn: the turn, server-side). */
@@ -474,19 +481,19 @@ export abstract class TurnwireCalls {
   private turn(
     requestId: string,
     options: CallOpts,
-    open: (
-      call: CallOptions,
-    ) => AsyncIterable<{ event?: TurnEvent }> | Promise<AsyncIterable<{ event?: TurnEvent }>>,
+    open: (call: CallOptions) => AsyncIterable<TurnResponse> | Promise<AsyncIterable<TurnResponse>>,
   ): TurnStream {
     const includeProgress = this.includeProgress;
     return new TurnStream(
       async function* (signal) {
-        for await (const { event } of await open({
+        for await (const { event, moreEvents } of await open({
           signal,
           timeoutMs: options.timeoutMs,
-          headers: headersOf(options),
+          headers: { ...headersOf(options), [EVENT_BATCHES]: '1' },
         })) {
-          if (event && (includeProgress || event.event.case !== 'progress')) yield event;
+          for (const one of event ? [event, ...moreEvents] : moreEvents) {
+            if (includeProgress || one.event.case !== 'progress') yield one;
+          }
         }
       },
       options.signal,
@@ -511,6 +518,12 @@ export abstract class TurnwireCalls {
   protected async explain(error: TurnwireError, _options: CallOpts): Promise<TurnwireError> {
     return error;
   }
+}
+
+/** A response of a turn stream: an event, and the events batched after it. */
+interface TurnResponse {
+  event?: TurnEvent;
+  moreEvents: TurnEvent[];
 }
 
 /** The metadata of a call: the parent turn's request id, when it is made from inside one. */

@@ -122,6 +122,23 @@ test('a chat whose model calls a tool: typed events, plain JSON input and output
   assert.equal(conversation.messages[3].id, result.message.id);
 });
 
+test('events the sidecar batched are handed out one by one, each once, in order', async () => {
+  // The client asks for event batches (docs/semantics.md §10): the demo model's chunks come at
+  // once, so several events share a message; ResumeTurn replays the stored stream one a message.
+  const events = [];
+  for await (const event of client.chat('ts-batches', 'What is 3 * 4?')) events.push(event);
+  assert.deepEqual(
+    events.map((event) => event.sequenceNumber),
+    events.map((_, i) => BigInt(i + 1)),
+  );
+  const replayed = [];
+  for await (const event of client.resumeTurn(events[0].requestId)) replayed.push(event);
+  assert.deepEqual(
+    events.map((event) => event.event.case),
+    replayed.map((event) => event.event.case),
+  );
+});
+
 /** The words of a reply of `scripted:long`: a start of its endless stream of WORDS. */
 function assertStreamedWords(words) {
   assert.ok(words.length > 0, 'no words stored');

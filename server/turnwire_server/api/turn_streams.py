@@ -12,7 +12,7 @@ from grpc_status import rpc_status
 from opentelemetry import propagate
 
 from turnwire.hooks import ConcurrentInputStrategy
-from turnwire_client.metadata import PARENT_REQUEST_METADATA
+from turnwire_client.metadata import EVENT_BATCHES_METADATA, PARENT_REQUEST_METADATA
 from turnwire_client.v1 import chat_service_pb2, event_pb2
 from turnwire_server.api.progress import Heartbeat, Silence
 from turnwire_server.api.status import TurnwireStatusError, status_error_of
@@ -35,6 +35,14 @@ _ENTRIES: dict[Any, TurnEntry] = {
 def entry_of(response_type: Callable[[], Any]) -> TurnEntry:
     """How a turn streamed as ``response_type`` (an RPC's response class) came in."""
     return _ENTRIES[response_type]
+
+
+BATCH_MAX_EVENTS = 64
+"""The most events one message of an event batch holds (docs/semantics.md §10)."""
+
+BATCH_MAX_BYTES = 256 * 1024
+"""The most bytes of events one message of an event batch holds (one larger event goes alone):
+far under gRPC's default 4 MiB limit on the messages a client receives."""
 
 
 Started = TurnHandle | Sequence[Any]
@@ -76,23 +84,34 @@ async def stream_turn(
         return
     handle = started
     heartbeat = _heartbeat(handle, progress_interval)
+    response_type: Any = handle.run.request.response_type
+    batched = wants_batches(context)
     try:
         first = True
         last = 0
-        async for response in handle.channel:
-            event = response.event
-            if heartbeat is not None:
-                if not event.sequence_number:  # a Progress keepalive: not part of the turn's stream
-                    if heartbeat.fresh():
-                        yield response
+        batches = handle.channel.batches(BATCH_MAX_EVENTS if batched else 1, BATCH_MAX_BYTES, _size)
+        async for ready in batches:
+            batch = ready
+            if heartbeat is not None and not batch[0].event.sequence_number:
+                # A Progress keepalive: not part of the turn's stream.
+                if heartbeat.fresh():
+                    yield batch[0]
+                batch = batch[1:]
+                if not batch:
                     continue
-                heartbeat.took(event)
+            response = batch[0]
+            event = response.event
             if first:
                 first = False
                 if event.HasField("turn_end") and event.turn_end.status == event_pb2.TURN_STATUS_ERROR:
                     # Failed before its input was stored (no TurnStart): the request was refused,
                     # so the call ends with that status, as every refusal does.
                     await context.abort_with_status(rpc_status.to_status(event.turn_end.error))
+            if len(batch) > 1:
+                response = _joined(response_type, batch)
+                event = response.more_events[-1] if response.more_events else response.event
+            if heartbeat is not None:
+                heartbeat.took(event)
             last = event.sequence_number
             yield response
         if handle.channel.detached_by is not None:
@@ -102,6 +121,32 @@ async def stream_turn(
         if heartbeat is not None:
             heartbeat.stop()
         handle.release()  # cancels the turn, or lets it go on (disconnect policy CONTINUE)
+
+
+def wants_batches(context: grpc.aio.ServicerContext[Any, Any]) -> bool:
+    """Whether the caller asked for event batches (``turnwire-event-batches: 1`` metadata)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == EVENT_BATCHES_METADATA:
+            return value in ("1", b"1")
+    return False
+
+
+def _size(response: Any) -> int:
+    size: int = response.event.ByteSize()
+    return size
+
+
+def _joined(response_type: Callable[[], Any], batch: Sequence[Any]) -> Any:
+    """One response of ``batch``'s events, the first as its ``event``, the rest as
+    ``more_events`` (a Progress keepalive among them left out: the turn is not silent). Copies:
+    the stream log and live ResumeTurn readers share the responses."""
+    joined = response_type()
+    joined.event.CopyFrom(batch[0].event)
+    more = joined.more_events
+    for response in batch[1:]:
+        if response.event.sequence_number:
+            more.add().CopyFrom(response.event)
+    return joined
 
 
 def _heartbeat(handle: TurnHandle, interval: float) -> Heartbeat[Any] | None:

@@ -13,6 +13,9 @@ The backlog counts events as the producer made them: an item the producer grew i
 while it was still unread (:meth:`~EventChannel.last_unread`, :meth:`~EventChannel.grew`:
 text deltas merged for a writer that is behind) counts once per event merged into it, so
 merging never lets a reader that stopped hold more than before.
+
+A consumer that sends several items in one message takes every item ready at once
+(:meth:`~EventChannel.batches`: event batches, docs/semantics.md §10).
 """
 
 from __future__ import annotations
@@ -155,17 +158,9 @@ class EventChannel(Generic[T]):
 
     async def __aiter__(self) -> AsyncIterator[T]:
         items = self._items
-        merged = self._merged
         while True:
             while items:
-                item = items.popleft()
-                self._backlog -= merged.pop(id(item), 0) + 1 if merged else 1
-                drain_waiter = self._drain_waiter
-                if drain_waiter is not None and self._backlog <= self._low_water and not drain_waiter.done():
-                    drain_waiter.set_result(None)
-                take = self._take
-                if take is not None and take[0] is item:
-                    _release(take[1])
+                item = self._took(items.popleft())
                 yield item
                 watch = self._watch
                 if watch is not None and watch[0] is item:
@@ -175,6 +170,46 @@ class EventChannel(Generic[T]):
                 return
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
+
+    async def batches(
+        self, max_items: int, max_bytes: int, size: Callable[[T], int]
+    ) -> AsyncIterator[list[T]]:
+        """Iterate as ``async for`` does, but take every item that is ready at once, in order, as
+        one list: for a consumer that sends several items in one message (event batches,
+        docs/semantics.md §10). A list holds at least one item, at most ``max_items``, and more
+        than one only while their ``size`` (bytes) adds up to at most ``max_bytes``."""
+        items = self._items
+        while True:
+            while items:
+                batch = [self._took(items.popleft())]
+                total = size(batch[0])
+                while items and len(batch) < max_items:
+                    total += size(items[0])
+                    if total > max_bytes:
+                        break
+                    batch.append(self._took(items.popleft()))
+                yield batch
+                watch = self._watch
+                if watch is not None and any(item is watch[0] for item in batch):
+                    self._watch = None
+                    asyncio.get_running_loop().call_soon(watch[1])
+            if self._closed:
+                return
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+
+    def _took(self, item: T) -> T:
+        """Bookkeeping of ``item`` taken by the consumer: the backlog, a producer waiting for the
+        drain or for this item (:meth:`taken`)."""
+        merged = self._merged
+        self._backlog -= merged.pop(id(item), 0) + 1 if merged else 1
+        drain_waiter = self._drain_waiter
+        if drain_waiter is not None and self._backlog <= self._low_water and not drain_waiter.done():
+            drain_waiter.set_result(None)
+        take = self._take
+        if take is not None and take[0] is item:
+            _release(take[1])
+        return item
 
 
 def _release(waiter: asyncio.Future[None]) -> None:

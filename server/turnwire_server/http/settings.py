@@ -23,6 +23,7 @@ PROTOCOL_REQUEST_HEADERS: tuple[str, ...] = (
     "traceparent",
     "tracestate",
     "turnwire-disconnect-policy",
+    "turnwire-event-batches",
     "turnwire-parent-request-id",
 )
 """Request headers a browser may send cross-origin (CORS ``Access-Control-Allow-Headers``): the

@@ -32,7 +32,7 @@ from turnwire_client._requests import (
 )
 from turnwire_client._schedules import ScheduleCalls
 from turnwire_client.errors import TurnwireError, explain_unreachable
-from turnwire_client.metadata import AUTHORIZATION_METADATA
+from turnwire_client.metadata import AUTHORIZATION_METADATA, EVENT_BATCHES_METADATA
 from turnwire_client.stream import TurnStream
 from turnwire_client.tls import TlsOptions
 from turnwire_client.v1 import chat_service_pb2, chat_service_pb2_grpc, message_pb2, webhook_pb2
@@ -103,6 +103,8 @@ class TurnwireClient(ScheduleCalls):
         self._include_progress = include_progress
         if token:
             self._metadata += ((AUTHORIZATION_METADATA, f"Bearer {token}"),)
+        # Turn streams read a response's batched events (docs/semantics.md §10, "Event batches").
+        self._stream_metadata = (*self._metadata, (EVENT_BATCHES_METADATA, "1"))
         # The stub's aio overload is not picked while grpc is untyped; say what it is.
         self._stub = cast(
             "chat_service_pb2_grpc.ChatServiceAsyncStub",
@@ -259,7 +261,7 @@ class TurnwireClient(ScheduleCalls):
 
     def _stream(self, method: Any, request: Any, options: TurnOptions) -> TurnStream:
         return TurnStream(
-            method(request, timeout=options.get("timeout"), metadata=self._metadata or None),
+            method(request, timeout=options.get("timeout"), metadata=self._stream_metadata),
             include_progress=self._include_progress,
             # A submission's id is its turn's request id (docs/semantics.md §7).
             request_id=getattr(request, "request_id", "") or getattr(request, "submission_id", ""),

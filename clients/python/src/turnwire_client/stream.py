@@ -12,6 +12,7 @@ loop's finalizer gets to it.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from types import TracebackType
 from typing import Any, Self
 
@@ -35,7 +36,7 @@ class TurnStream:
     what the sidecar wants.
     """
 
-    __slots__ = ("_answered", "_call", "_include_progress", "_security", "request_id")
+    __slots__ = ("_answered", "_call", "_include_progress", "_more", "_security", "request_id")
 
     def __init__(
         self,
@@ -53,6 +54,7 @@ class TurnStream:
         self._include_progress = include_progress
         self._security = security
         self._answered = False
+        self._more: deque[event_pb2.TurnEvent] = deque()  # a batch's events not yet returned
         self.request_id = request_id
         """The turn's request id, known before any event arrives: retry a failed turn under it
         with the same input, cancel it (``cancel_chat``) or re-attach (``resume_turn``)."""
@@ -66,6 +68,11 @@ class TurnStream:
         """The next event (``Progress`` keepalives skipped unless asked for);
         :class:`StopAsyncIteration` after the last one."""
         while True:
+            if self._more:
+                batched = self._more.popleft()
+                if self._include_progress or not batched.HasField("progress"):
+                    return batched
+                continue
             try:
                 response = await self._call.read()
             except grpc.aio.AioRpcError as error:
@@ -81,6 +88,8 @@ class TurnStream:
                 raise StopAsyncIteration
             self._answered = True
             event: event_pb2.TurnEvent = response.event
+            if response.more_events:  # an event batch (docs/semantics.md §10)
+                self._more.extend(response.more_events)
             if self._include_progress or not event.HasField("progress"):
                 return event
 

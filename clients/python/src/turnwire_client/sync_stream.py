@@ -5,6 +5,7 @@ is (tools/generate_sync_client.py)."""
 
 from __future__ import annotations
 
+from collections import deque
 from types import TracebackType
 from typing import Any, Self
 
@@ -30,7 +31,7 @@ class SyncTurnStream:
     :class:`~turnwire_client.stream.TurnStream`.
     """
 
-    __slots__ = ("_answered", "_call", "_include_progress", "_security", "request_id")
+    __slots__ = ("_answered", "_call", "_include_progress", "_more", "_security", "request_id")
 
     def __init__(
         self,
@@ -47,6 +48,7 @@ class SyncTurnStream:
         self._include_progress = include_progress
         self._security = security
         self._answered = False
+        self._more: deque[event_pb2.TurnEvent] = deque()  # a batch's events not yet returned
         self.request_id = request_id
         """The turn's request id, known before any event arrives: retry a failed turn under it
         with the same input, cancel it (``cancel_chat``) or re-attach (``resume_turn``)."""
@@ -60,6 +62,11 @@ class SyncTurnStream:
         """The next event (``Progress`` keepalives skipped unless asked for);
         :class:`StopIteration` after the last one."""
         while True:
+            if self._more:
+                batched = self._more.popleft()
+                if self._include_progress or not batched.HasField("progress"):
+                    return batched
+                continue
             try:
                 response = next(self._call)
             except grpc.RpcError as error:
@@ -72,6 +79,8 @@ class SyncTurnStream:
                 raise
             self._answered = True
             event: event_pb2.TurnEvent = response.event
+            if response.more_events:  # an event batch (docs/semantics.md §10)
+                self._more.extend(response.more_events)
             if self._include_progress or not event.HasField("progress"):
                 return event
 

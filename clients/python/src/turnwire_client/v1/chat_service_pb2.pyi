@@ -473,18 +473,28 @@ class ChatResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENT_FIELD_NUMBER: _builtins.int
+    MORE_EVENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def event(self) -> _event_pb2.TurnEvent:
         """The event."""
+
+    @_builtins.property
+    def more_events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.TurnEvent]:
+        """Further events of the same stream, in order after `event`: set only for
+        a caller that asked for event batches (request metadata
+        `turnwire-event-batches: 1`), when several events were ready to send at
+        once; empty otherwise. docs/semantics.md §10, "Event batches".
+        """
 
     def __init__(
         self,
         *,
         event: _event_pb2.TurnEvent | None = ...,
+        more_events: _abc.Iterable[_event_pb2.TurnEvent] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "more_events", b"more_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -564,18 +574,28 @@ class SaveMessagesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENT_FIELD_NUMBER: _builtins.int
+    MORE_EVENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def event(self) -> _event_pb2.TurnEvent:
         """The event."""
+
+    @_builtins.property
+    def more_events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.TurnEvent]:
+        """Further events of the same stream, in order after `event`: set only for
+        a caller that asked for event batches (request metadata
+        `turnwire-event-batches: 1`), when several events were ready to send at
+        once; empty otherwise. docs/semantics.md §10, "Event batches".
+        """
 
     def __init__(
         self,
         *,
         event: _event_pb2.TurnEvent | None = ...,
+        more_events: _abc.Iterable[_event_pb2.TurnEvent] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "more_events", b"more_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -642,18 +662,28 @@ class ContinueLastTurnResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENT_FIELD_NUMBER: _builtins.int
+    MORE_EVENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def event(self) -> _event_pb2.TurnEvent:
         """The event."""
+
+    @_builtins.property
+    def more_events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.TurnEvent]:
+        """Further events of the same stream, in order after `event`: set only for
+        a caller that asked for event batches (request metadata
+        `turnwire-event-batches: 1`), when several events were ready to send at
+        once; empty otherwise. docs/semantics.md §10, "Event batches".
+        """
 
     def __init__(
         self,
         *,
         event: _event_pb2.TurnEvent | None = ...,
+        more_events: _abc.Iterable[_event_pb2.TurnEvent] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "more_events", b"more_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1034,18 +1064,28 @@ class ResumeTurnResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENT_FIELD_NUMBER: _builtins.int
+    MORE_EVENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def event(self) -> _event_pb2.TurnEvent:
         """The event."""
+
+    @_builtins.property
+    def more_events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.TurnEvent]:
+        """Further events of the same stream, in order after `event`: set only for
+        a caller that asked for event batches (request metadata
+        `turnwire-event-batches: 1`), when several events were ready to send at
+        once; empty otherwise. docs/semantics.md §10, "Event batches".
+        """
 
     def __init__(
         self,
         *,
         event: _event_pb2.TurnEvent | None = ...,
+        more_events: _abc.Iterable[_event_pb2.TurnEvent] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "more_events", b"more_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1434,18 +1474,28 @@ class WatchSubmissionResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENT_FIELD_NUMBER: _builtins.int
+    MORE_EVENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def event(self) -> _event_pb2.TurnEvent:
         """The event."""
+
+    @_builtins.property
+    def more_events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.TurnEvent]:
+        """Further events of the same stream, in order after `event`: set only for
+        a caller that asked for event batches (request metadata
+        `turnwire-event-batches: 1`), when several events were ready to send at
+        once; empty otherwise. docs/semantics.md §10, "Event batches".
+        """
 
     def __init__(
         self,
         *,
         event: _event_pb2.TurnEvent | None = ...,
+        more_events: _abc.Iterable[_event_pb2.TurnEvent] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "more_events", b"more_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1686,18 +1736,28 @@ class SubmitToolResultsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENT_FIELD_NUMBER: _builtins.int
+    MORE_EVENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def event(self) -> _event_pb2.TurnEvent:
         """The event."""
+
+    @_builtins.property
+    def more_events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.TurnEvent]:
+        """Further events of the same stream, in order after `event`: set only for
+        a caller that asked for event batches (request metadata
+        `turnwire-event-batches: 1`), when several events were ready to send at
+        once; empty otherwise. docs/semantics.md §10, "Event batches".
+        """
 
     def __init__(
         self,
         *,
         event: _event_pb2.TurnEvent | None = ...,
+        more_events: _abc.Iterable[_event_pb2.TurnEvent] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "more_events", b"more_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1800,18 +1860,28 @@ class SubmitToolApprovalsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENT_FIELD_NUMBER: _builtins.int
+    MORE_EVENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def event(self) -> _event_pb2.TurnEvent:
         """The event."""
+
+    @_builtins.property
+    def more_events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.TurnEvent]:
+        """Further events of the same stream, in order after `event`: set only for
+        a caller that asked for event batches (request metadata
+        `turnwire-event-batches: 1`), when several events were ready to send at
+        once; empty otherwise. docs/semantics.md §10, "Event batches".
+        """
 
     def __init__(
         self,
         *,
         event: _event_pb2.TurnEvent | None = ...,
+        more_events: _abc.Iterable[_event_pb2.TurnEvent] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "more_events", b"more_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
