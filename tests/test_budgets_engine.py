@@ -379,7 +379,7 @@ async def _crashed_with_a_reservation(
         (
             {"tokens": 300},
             "0 of its 300 tokens used or reserved",
-            r"needs about \d+ tokens of prompt and at least 500 of output",
+            r"needs about \d+ tokens of prompt \(an estimate\) and at least 500 of output",
         ),
         # A dollar limit speaks in dollars: 500 output tokens at $15 per million are $0.0075.
         (

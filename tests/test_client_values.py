@@ -10,7 +10,8 @@ from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from turnwire_client import ChatMessage, ToolCall, TurnwireError
-from turnwire_client.v1 import chat_service_pb2, message_pb2
+from turnwire_client.result import collect_sync
+from turnwire_client.v1 import chat_service_pb2, event_pb2, message_pb2
 
 BIG = 2**64 + 1
 
@@ -198,3 +199,27 @@ def test_a_step_holds_its_sources_with_the_text_they_support_and_its_files() -> 
         "",
         5_000_000,
     )
+
+
+def test_a_results_cost_and_error_reason() -> None:
+    """``TurnResult.cost_usd`` is ``TurnEnd.cost.usd``, None when unset (an unknown cost, never
+    0); ``error_reason`` is the ErrorInfo reason of ``TurnEnd.error``, "" without one
+    (fresh-user trial: neither was reachable without the raw protos)."""
+    start = event_pb2.TurnEvent(conversation_id="c", request_id="r", sequence_number=1)
+    start.turn_start.message_id = "m"
+    priced = event_pb2.TurnEvent(conversation_id="c", request_id="r", sequence_number=2)
+    priced.turn_end.status = event_pb2.TURN_STATUS_COMPLETED
+    priced.turn_end.cost.usd = 0.00042
+    result = collect_sync([start, priced])
+    assert result.cost_usd == 0.00042 and result.error_reason == ""
+
+    failed = event_pb2.TurnEvent(conversation_id="c", request_id="r", sequence_number=2)
+    failed.turn_end.status = event_pb2.TURN_STATUS_ERROR
+    failed.turn_end.error.code = code_pb2.RESOURCE_EXHAUSTED
+    failed.turn_end.error.message = "the turn budget has no room for another model step"
+    failed.turn_end.error.details.add().Pack(
+        error_details_pb2.ErrorInfo(reason="BUDGET_EXHAUSTED", domain="turnwire.dev")
+    )
+    result = collect_sync([start, failed])
+    assert result.cost_usd is None  # unknown, not $0
+    assert result.error_reason == "BUDGET_EXHAUSTED"

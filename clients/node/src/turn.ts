@@ -92,6 +92,11 @@ export interface TurnResult {
   /** Usage of the whole turn (`TurnEnd.usage`). */
   usage: Usage;
   /**
+   * What the whole turn cost in US dollars (`TurnEnd.cost.usd`); `undefined` when the cost is
+   * unknown (a model without a price, a usage the provider did not report: docs/cost.md).
+   */
+  costUsd: number | undefined;
+  /**
    * `TurnEnd.error` as an error (returned, not thrown): why a turn ended `"ERROR"`, and also why
    * one ended `"ABORTED"`, `"INTERRUPTED"` or `"SKIPPED"` when the sidecar said (its `reason`,
    * e.g. `"STREAM_STALLED"`, `"NOTHING_TO_CONTINUE"`); `undefined` when it gave none.
@@ -390,6 +395,7 @@ class TurnFolder {
       sources: this.steps.flatMap((step) => step.sources),
       files: this.steps.flatMap((step) => step.files),
       usage: plainUsage(end.usage),
+      costUsd: end.cost?.usd,
       error: end.error ? TurnwireError.fromStatus(end.error) : undefined,
       message: end.message,
       metadata: (end.metadata ?? {}) as Record<string, JsonValue>,

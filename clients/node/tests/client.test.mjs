@@ -38,9 +38,12 @@ const CONFIG = {
           },
         ],
         answer: [{ text: 'You are in Paris.' }],
+        priced: [{ text: 'Priced.', usage: { input_tokens: 1000, output_tokens: 500 } }],
       },
     },
   },
+  // $2 per million input tokens, $8 per million output: 1000 in and 500 out cost $0.006.
+  pricing: { models: { 'scripted:priced': { input_mtok: 2.0, output_mtok: 8.0 } } },
 };
 
 let sidecar;
@@ -106,6 +109,7 @@ test('a chat whose model calls a tool: typed events, plain JSON input and output
   assert.match(result.steps[1].text, /6 \* 7 = 42/);
   assert.equal(result.text, `${result.steps[0].text}\n\n${result.steps[1].text}`);
   assert.ok(result.usage.totalTokens > 0 && typeof result.usage.totalTokens === 'number');
+  assert.equal(result.costUsd, undefined); // the scripted model has no price: unknown, never 0
   assert.equal(result.error, undefined);
 
   // The stored transcript: two user messages, two assistant replies; tool values as plain JSON.
@@ -120,6 +124,12 @@ test('a chat whose model calls a tool: typed events, plain JSON input and output
     [{ expression: '6 * 7', result: 42 }],
   );
   assert.equal(conversation.messages[3].id, result.message.id);
+});
+
+test("a turn's cost in US dollars, from the configured price", async () => {
+  const result = await client.chat('ts-priced', 'How much?', { model: 'scripted:priced' }).collect();
+  assert.equal(result.status, 'COMPLETED');
+  assert.ok(Math.abs(result.costUsd - 0.006) < 1e-12, String(result.costUsd));
 });
 
 test('events the sidecar batched are handed out one by one, each once, in order', async () => {

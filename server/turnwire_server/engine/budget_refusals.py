@@ -70,9 +70,11 @@ def step_refusal_text(tokens: int | None, usd: float | None, ask: BudgetAsk) -> 
 def _needs(unit: Unit, ask: BudgetAsk) -> str:
     least = ask.min_output
     if unit == "tokens":
-        return f"about {ask.prompt_tokens:,} tokens of prompt and at least {least:,} of output"
+        return f"about {ask.prompt_tokens:,} tokens of prompt (an estimate) and at least {least:,} of output"
     cost = ask.prompt_usd + least * ask.usd_per_output_token
+    tokens = "token" if least == 1 else "tokens"
     return (
-        f"about {dollars(cost)} at the model's price ({dollars(ask.prompt_usd)} of prompt and "
-        f"{dollars(least * ask.usd_per_output_token)} for at least {least:,} tokens of output)"
+        f"about {dollars(cost)} at the model's price ({dollars(ask.prompt_usd)} of prompt, an "
+        f"estimate, and {dollars(least * ask.usd_per_output_token)} for at least {least:,} {tokens} "
+        "of output)"
     )

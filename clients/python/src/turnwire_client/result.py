@@ -105,6 +105,20 @@ class TurnResult:
         """The files the reply holds (generated images …) in order; ``[]`` without a message."""
         return [file for step in self.steps for file in step.files]
 
+    @property
+    def cost_usd(self) -> float | None:
+        """What the whole turn cost in US dollars (``TurnEnd.cost.usd``); ``None`` when the cost is
+        unknown (a model without a price, a usage the provider did not report: docs/cost.md)."""
+        end = self.events[-1].turn_end if self.events else None
+        return end.cost.usd if end is not None and end.HasField("cost") else None
+
+    @property
+    def error_reason(self) -> str:
+        """The ``google.rpc.ErrorInfo`` reason of :attr:`error` (``"BUDGET_EXHAUSTED"``,
+        ``"STREAM_STALLED"`` …): why the turn did not complete, when the sidecar said; ``""``
+        otherwise (docs/api/rpcs.md, "Errors")."""
+        return "" if self.error is None else TurnwireError.from_status(self.error).reason
+
     def raise_for_error(self) -> None:
         """Raise :class:`TurnwireError` built from :attr:`error` when the turn ended in error."""
         if self.status == event_pb2.TURN_STATUS_ERROR:
