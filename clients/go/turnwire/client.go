@@ -94,7 +94,7 @@ func (c *Client) Chat(ctx context.Context, req *turnwirev1.ChatRequest, opts ...
 	if req.Message != nil && req.Message.Id == "" {
 		req.Message.Id = InputMessageID(req.RequestId, 0)
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := streamContext(ctx)
 	call, err := c.service.Chat(ctx, req, opts...)
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
@@ -111,7 +111,7 @@ func (c *Client) SaveMessages(ctx context.Context, req *turnwirev1.SaveMessagesR
 			message.Id = InputMessageID(req.RequestId, index)
 		}
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := streamContext(ctx)
 	call, err := c.service.SaveMessages(ctx, req, opts...)
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
@@ -122,7 +122,7 @@ func (c *Client) ContinueLastTurn(ctx context.Context, req *turnwirev1.ContinueL
 	if req.RequestId == "" {
 		req.RequestId = NewRequestID()
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := streamContext(ctx)
 	call, err := c.service.ContinueLastTurn(ctx, req, opts...)
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
@@ -131,7 +131,7 @@ func (c *Client) ContinueLastTurn(ctx context.Context, req *turnwirev1.ContinueL
 // req.AfterSequenceNumber, then the live ones until its TurnEnd. Cancelling
 // it never cancels the turn.
 func (c *Client) ResumeTurn(ctx context.Context, req *turnwirev1.ResumeTurnRequest, opts ...grpc.CallOption) (*Stream, error) {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := streamContext(ctx)
 	call, err := c.service.ResumeTurn(ctx, req, opts...)
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
@@ -149,7 +149,7 @@ func (c *Client) SubmitToolResults(ctx context.Context, req *turnwirev1.SubmitTo
 		req.RequestId = NewRequestID()
 	}
 	req.AutoContinue, opts = autoContinue(opts)
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := streamContext(ctx)
 	call, err := c.service.SubmitToolResults(ctx, req, opts...)
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
@@ -164,7 +164,7 @@ func (c *Client) SubmitToolApprovals(ctx context.Context, req *turnwirev1.Submit
 		req.RequestId = NewRequestID()
 	}
 	req.AutoContinue, opts = autoContinue(opts)
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := streamContext(ctx)
 	call, err := c.service.SubmitToolApprovals(ctx, req, opts...)
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }
@@ -199,7 +199,7 @@ func autoContinue(opts []grpc.CallOption) (bool, []grpc.CallOption) {
 // WatchSubmission streams the turn of a submission once it runs (events
 // after req.AfterSequenceNumber), then its TurnEnd.
 func (c *Client) WatchSubmission(ctx context.Context, req *turnwirev1.WatchSubmissionRequest, opts ...grpc.CallOption) (*Stream, error) {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := streamContext(ctx)
 	call, err := c.service.WatchSubmission(ctx, req, opts...)
 	return c.openStream(cancel, err, func() (eventResponse, error) { return call.Recv() })
 }

@@ -5,13 +5,30 @@ import (
 	"errors"
 	"io"
 
+	"google.golang.org/grpc/metadata"
+
 	turnwirev1 "turnwire.dev/go/gen/turnwire/v1"
 )
 
-// eventResponse is what every turn-running RPC streams: a message holding one
-// TurnEvent (ChatResponse, SaveMessagesResponse, ...).
+// EventBatchesMetadata is the metadata key by which a call asks for event
+// batches: the sidecar may then send the events that are ready at once in
+// one message, after its Event in MoreEvents (docs/semantics.md §10, "Event
+// batches"). Every Stream of this package asks, and hands the events out one
+// by one.
+const EventBatchesMetadata = "turnwire-event-batches"
+
+// eventResponse is what every turn-running RPC streams: a message holding a
+// TurnEvent and the events batched after it (ChatResponse,
+// SaveMessagesResponse, ...).
 type eventResponse interface {
 	GetEvent() *turnwirev1.TurnEvent
+	GetMoreEvents() []*turnwirev1.TurnEvent
+}
+
+// streamContext is the context of a turn-streaming call: cancellable (the
+// Stream's Close), asking for event batches.
+func streamContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithCancel(metadata.AppendToOutgoingContext(ctx, EventBatchesMetadata, "1"))
 }
 
 // Stream iterates over the events of one turn-running call:
@@ -32,6 +49,7 @@ type Stream struct {
 	cancel   context.CancelFunc
 	progress bool
 	event    *turnwirev1.TurnEvent
+	more     []*turnwirev1.TurnEvent // a batch's events not handed out yet
 	end      *turnwirev1.TurnEnd
 	err      error
 	done     bool
@@ -52,24 +70,41 @@ func (c *Client) openStream(cancel context.CancelFunc, err error, recv func() (e
 // error (then see Err). Progress keepalives are skipped unless the Client's
 // IncludeProgress was set.
 func (s *Stream) Next() bool {
-	if s.done {
-		return false
-	}
-	response, err := s.recv()
-	for err == nil && !s.progress && response.GetEvent().GetProgress() != nil {
-		response, err = s.recv()
-	}
-	if err != nil {
-		s.done = true
-		s.event = nil
-		if !errors.Is(err, io.EOF) {
-			s.err = err
+	for !s.done {
+		if len(s.more) > 0 {
+			event := s.more[0]
+			s.more = s.more[1:]
+			if s.take(event) {
+				return true
+			}
+			continue
 		}
-		s.cancel() // releases the call's context
+		response, err := s.recv()
+		if err != nil {
+			s.done = true
+			s.event = nil
+			if !errors.Is(err, io.EOF) {
+				s.err = err
+			}
+			s.cancel() // releases the call's context
+			return false
+		}
+		s.more = response.GetMoreEvents()
+		if s.take(response.GetEvent()) {
+			return true
+		}
+	}
+	return false
+}
+
+// take makes event the current one; false for a Progress keepalive the
+// Stream skips.
+func (s *Stream) take(event *turnwirev1.TurnEvent) bool {
+	if !s.progress && event.GetProgress() != nil {
 		return false
 	}
-	s.event = response.GetEvent()
-	if end := s.event.GetTurnEnd(); end != nil {
+	s.event = event
+	if end := event.GetTurnEnd(); end != nil {
 		s.end = end
 	}
 	return true
