@@ -187,3 +187,27 @@ async def test_every_door_runs_the_hook_chain_and_stores_the_turn(
     hooked = {line.split()[1].removeprefix("tenant-x/") for line in lines if line.endswith(" completed")}
     ai_sdk_request = stored["x-hooks-ai"].messages[-1].id.removeprefix("tw-a-")
     assert {reply.id, "x-hooks-ag-r", ai_sdk_request} <= hooked, lines
+
+
+async def test_a_door_never_gets_event_batches_whatever_its_client_sends(
+    sidecar: SidecarProcess, oa: openai.AsyncOpenAI
+) -> None:
+    """The AG-UI, AI SDK and OpenAI doors read a turn one event a response: a client that sends
+    ``turnwire-event-batches: 1`` (docs/semantics.md §10) to them gets every event all the same
+    (the doors' metadata drop the header; only the Connect door passes it on)."""
+    url = base_url(sidecar)
+    batches = {**HEADERS, "turnwire-event-batches": "1"}
+    runs = []
+    async with httpx.AsyncClient(timeout=30) as http:
+        for n, headers in enumerate((HEADERS, batches)):
+            body = run_input(f"x-batches-{n}", f"x-batches-run-{n}", "hello", "scripted:echo")
+            async with http.stream("POST", f"{url}/v1/ag-ui", headers=headers, json=body) as response:
+                runs.append([event["type"] async for event in sse_data(response)])
+    assert runs[0] == runs[1] and runs[1][-1] == "RUN_FINISHED", runs
+    kinds = []
+    for headers in ({}, {"turnwire-event-batches": "1"}):
+        stream = await oa.responses.create(
+            model="scripted:echo", input="hello", stream=True, extra_headers=headers
+        )
+        kinds.append([event.type async for event in stream])
+    assert kinds[0] == kinds[1] and "response.output_text.delta" in kinds[1], kinds

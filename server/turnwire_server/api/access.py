@@ -182,11 +182,14 @@ class _CallerContext:
         return getattr(self._context, name)
 
     async def write(self, message: Any) -> None:
-        """Send one response (unscoped), charging a ``StepFinish``'s tokens."""
+        """Send one response (unscoped), charging the tokens of each ``StepFinish`` it holds (its
+        ``event`` and, in an event batch, its ``more_events``)."""
         if self._limits is not None:
             event = getattr(message, "event", None)
-            if event is not None and event.HasField("step_finish"):
-                await self._limits.charge_tokens(self._caller, event.step_finish.usage.total_tokens)
+            if event is not None:
+                for one in (event, *message.more_events):
+                    if one.HasField("step_finish"):
+                        await self._limits.charge_tokens(self._caller, one.step_finish.usage.total_tokens)
         if self._tenancy is not None:
             self._tenancy.unscope(message)
         await self._context.write(message)

@@ -36,6 +36,8 @@ from typing import Any, NamedTuple
 import grpc
 from google.protobuf.message import Message
 
+from turnwire_client.metadata import EVENT_BATCHES_METADATA
+
 Metadata = tuple[tuple[str, str | bytes], ...]
 """gRPC invocation metadata: lowercase keys; ``bytes`` values for keys ending in ``-bin``."""
 
@@ -65,13 +67,18 @@ _NOT_METADATA = frozenset(
 """HTTP and protocol headers that are not call metadata (gRPC keeps these out of metadata too)."""
 
 
-def metadata_of(headers: Iterable[tuple[str, str]]) -> Metadata:
+def metadata_of(headers: Iterable[tuple[str, str]], *, event_batches: bool = False) -> Metadata:
     """The gRPC metadata of an HTTP request's ``headers`` (see the module docstring). A ``-bin``
-    header that is not base64 is dropped, as gRPC drops undecodable binary metadata."""
+    header that is not base64 is dropped, as gRPC drops undecodable binary metadata.
+    ``turnwire-event-batches`` is kept only with ``event_batches``: for the Connect door, whose
+    caller reads the responses as they are; a door that reads one event a response (OpenAI, AI
+    SDK, AG-UI) must never get a batch, whatever its HTTP client sends (docs/semantics.md §10)."""
     found: list[tuple[str, str | bytes]] = []
     for name, value in headers:
         key = name.lower()
         if key in _NOT_METADATA or key.startswith(":"):
+            continue
+        if key == EVENT_BATCHES_METADATA and not event_batches:
             continue
         if key.endswith("-bin"):
             try:

@@ -129,7 +129,7 @@ def _call_info(ctx: RequestContext[Any, Any]) -> DoorCallInfo:
     deadline = None if remaining is None else time.monotonic() + remaining / 1000
     address = ctx.client_address
     peer = f"ipv4:{address}" if address else "unknown"
-    return DoorCallInfo(metadata_of(ctx.request_headers.allitems()), peer, deadline)
+    return DoorCallInfo(metadata_of(ctx.request_headers.allitems(), event_batches=True), peer, deadline)
 
 
 def _method_info(service: ServiceDescriptor, method: MethodDescriptor) -> MethodInfo[Any, Any]:
