@@ -92,11 +92,13 @@ async def stream_turn(
         batches = handle.channel.batches(BATCH_MAX_EVENTS if batched else 1, BATCH_MAX_BYTES, _size)
         async for ready in batches:
             batch = ready
-            if heartbeat is not None and not batch[0].event.sequence_number:
-                # A Progress keepalive: not part of the turn's stream.
-                if heartbeat.fresh():
-                    yield batch[0]
-                batch = batch[1:]
+            if heartbeat is not None:
+                if not batch[0].event.sequence_number:
+                    # A Progress keepalive: not part of the turn's stream; sent alone.
+                    if heartbeat.fresh():
+                        yield batch[0]
+                    batch = batch[1:]
+                batch = _turn_events(heartbeat, batch)
                 if not batch:
                     continue
             response = batch[0]
@@ -109,9 +111,7 @@ async def stream_turn(
                     await context.abort_with_status(rpc_status.to_status(event.turn_end.error))
             if len(batch) > 1:
                 response = _joined(response_type, batch)
-                event = response.more_events[-1] if response.more_events else response.event
-            if heartbeat is not None:
-                heartbeat.took(event)
+                event = response.more_events[-1]
             last = event.sequence_number
             yield response
         if handle.channel.detached_by is not None:
@@ -136,16 +136,28 @@ def _size(response: Any) -> int:
     return size
 
 
+def _turn_events(heartbeat: Heartbeat[Any], batch: Sequence[Any]) -> Sequence[Any]:
+    """``batch``'s turn events, each one told to ``heartbeat`` (the phase of the next keepalive
+    follows all of them, docs/semantics.md §8); a Progress keepalive among them is dropped (queued
+    behind turn events: the turn is not silent) and told too, so that a later one is queued."""
+    events: list[Any] = []
+    for response in batch:
+        if response.event.sequence_number:
+            heartbeat.took(response.event)
+            events.append(response)
+        else:
+            heartbeat.fresh()
+    return events
+
+
 def _joined(response_type: Callable[[], Any], batch: Sequence[Any]) -> Any:
-    """One response of ``batch``'s events, the first as its ``event``, the rest as
-    ``more_events`` (a Progress keepalive among them left out: the turn is not silent). Copies:
-    the stream log and live ResumeTurn readers share the responses."""
+    """One response of ``batch``'s turn events, the first as its ``event``, the rest as
+    ``more_events``. Copies: the stream log and live ResumeTurn readers share the responses."""
     joined = response_type()
     joined.event.CopyFrom(batch[0].event)
     more = joined.more_events
     for response in batch[1:]:
-        if response.event.sequence_number:
-            more.add().CopyFrom(response.event)
+        more.add().CopyFrom(response.event)
     return joined
 
 
