@@ -26,7 +26,7 @@ class _Handle(TurnHandle):
 
     def __init__(self) -> None:  # no engine: only what stream_turn reads
         self.channel: EventChannel[Any] = EventChannel()
-        self.run = SimpleNamespace(request=SimpleNamespace(response_type=chat_service_pb2.ChatResponse))
+        self.run = SimpleNamespace(request=SimpleNamespace(response_type=chat_service_pb2.ChatResponse))  # type: ignore[assignment]
         self.request_id = "r"
         self.conversation_id = "c"
 
@@ -62,7 +62,7 @@ async def _stream(handle: _Handle) -> AsyncIterator[chat_service_pb2.ChatRespons
     async def start() -> TurnHandle:
         return handle
 
-    return stream_turn(_Context(), start, INTERVAL)  # type: ignore[arg-type]
+    return stream_turn(_Context(), start, INTERVAL)
 
 
 async def _next(stream: AsyncIterator[chat_service_pb2.ChatResponse]) -> chat_service_pb2.ChatResponse:

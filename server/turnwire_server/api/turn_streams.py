@@ -136,7 +136,7 @@ def _size(response: Any) -> int:
     return size
 
 
-def _turn_events(heartbeat: Heartbeat[Any], batch: Sequence[Any]) -> Sequence[Any]:
+def _turn_events(heartbeat: Heartbeat[Any], batch: Sequence[Any]) -> list[Any]:
     """``batch``'s turn events, each one told to ``heartbeat`` (the phase of the next keepalive
     follows all of them, docs/semantics.md §8); a Progress keepalive among them is dropped (queued
     behind turn events: the turn is not silent) and told too, so that a later one is queued."""
