@@ -101,3 +101,25 @@ async def test_a_keepalive_reports_what_every_event_of_a_batch_started() -> None
     assert progress.event.HasField("progress"), progress
     assert progress.event.progress.phase == event_pb2.PROGRESS_PHASE_TOOL  # "a" still runs
     handle.channel.close()
+
+
+async def test_a_batch_stays_within_the_bytes_given() -> None:
+    """Review of the change: the server sends no message over its own limit
+    (``limits.max_receive_message_bytes``, ``grpc.max_send_message_length``), so a batch holds at
+    most the bytes ChatService gives ``stream_turn`` (half that limit); one larger event alone."""
+    handle = _Handle()
+
+    async def start() -> TurnHandle:
+        return handle
+
+    stream = stream_turn(_Context(), start, 0.0, 2048)
+    handle.channel.put(_response("turn_start", 1))
+    await _next(stream)
+    for number in range(2, 8):  # six deltas of ~1,000 bytes, ready at once
+        handle.channel.put(_response("text_delta", number, delta="x" * 1000))
+    handle.channel.put(_response("text_delta", 8, delta="y" * 3000))  # over the bytes: alone
+    handle.channel.close()
+    sent = [response async for response in stream]
+    assert [event.sequence_number for response in sent for event in _events(response)] == list(range(2, 9))
+    assert all(sum(event.ByteSize() for event in _events(r)) <= 2048 for r in sent[:-1])
+    assert [len(_events(r)) for r in sent] == [2, 2, 2, 1]

@@ -462,6 +462,7 @@ async def _serve(
         default_model=settings.default_model,
         max_message_bytes=settings.limits.max_message_bytes,
         progress_interval=settings.limits.progress_interval_seconds,
+        max_send_bytes=settings.limits.max_receive_message_bytes,  # grpc.max_send_message_length
         scheduler=scheduler,
         webhooks=settings.webhooks,
     )

@@ -34,6 +34,7 @@ from turnwire_server.api.tool_result_rpcs import ToolResultRpcs
 from turnwire_server.api.transcript_rpcs import TranscriptRpcs
 from turnwire_server.api.turn_rpcs import TurnRpcs
 from turnwire_server.api.turn_streams import (
+    BATCH_MAX_BYTES,
     Started,
     abort,
     disconnect_of,
@@ -134,6 +135,7 @@ class ChatService(
         default_model: str,
         max_message_bytes: int,
         progress_interval: float = 0.0,
+        max_send_bytes: int = BATCH_MAX_BYTES * 2,
         scheduler: Scheduler | None = None,
         webhooks: WebhookSettings | None = None,
     ) -> None:
@@ -144,6 +146,8 @@ class ChatService(
         self.default_model = default_model
         self.max_message_bytes = max_message_bytes
         self.progress_interval = progress_interval
+        # An event batch stays well under the server's own limit on a message it sends.
+        self.batch_bytes = min(BATCH_MAX_BYTES, max_send_bytes // 2)
         self.scheduler = scheduler
 
     # --- turn-running RPCs ---------------------------------------------------
@@ -186,7 +190,7 @@ class ChatService(
                 budget=budget,
             )
 
-        async for response in _stream_turn(context, start, self.progress_interval):
+        async for response in _stream_turn(context, start, self.progress_interval, self.batch_bytes):
             yield response
 
     async def SaveMessages(
@@ -254,7 +258,7 @@ class ChatService(
                 budget=budget,
             )
 
-        async for response in _stream_turn(context, start, self.progress_interval):
+        async for response in _stream_turn(context, start, self.progress_interval, self.batch_bytes):
             yield response
 
     async def ContinueLastTurn(
@@ -286,7 +290,7 @@ class ChatService(
                 budget=budget,
             )
 
-        async for response in _stream_turn(context, start, self.progress_interval):
+        async for response in _stream_turn(context, start, self.progress_interval, self.batch_bytes):
             yield response
 
     def _check_common(self, conversation_id: str, request_id: str, violations: list[tuple[str, str]]) -> None:

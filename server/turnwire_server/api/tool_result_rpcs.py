@@ -72,13 +72,15 @@ _ANSWER_STATES = frozenset(
 
 class ToolResultRpcs:
     """The tool-answer RPCs of ``ChatService`` (a mixin: it uses the servicer's ``engine``,
-    ``store``, ``default_model``, ``max_message_bytes`` and ``progress_interval``)."""
+    ``store``, ``default_model``, ``max_message_bytes``, ``progress_interval`` and
+    ``batch_bytes``)."""
 
     engine: TurnEngine
     store: EngineStore
     default_model: str
     max_message_bytes: int
     progress_interval: float
+    batch_bytes: int
 
     async def SubmitToolResults(
         self,
@@ -116,7 +118,7 @@ class ToolResultRpcs:
                 concurrent_input=request.concurrent_input_strategy,
             )
 
-        async for response in stream_turn(context, start, self.progress_interval):
+        async for response in stream_turn(context, start, self.progress_interval, self.batch_bytes):
             yield response
 
     async def SubmitToolApprovals(
@@ -160,7 +162,7 @@ class ToolResultRpcs:
                 concurrent_input=request.concurrent_input_strategy,
             )
 
-        async for response in stream_turn(context, start, self.progress_interval):
+        async for response in stream_turn(context, start, self.progress_interval, self.batch_bytes):
             yield response
 
     # --- shared with SaveMessages ------------------------------------------------------

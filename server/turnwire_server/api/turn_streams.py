@@ -42,7 +42,8 @@ BATCH_MAX_EVENTS = 64
 
 BATCH_MAX_BYTES = 256 * 1024
 """The most bytes of events one message of an event batch holds (one larger event goes alone):
-far under gRPC's default 4 MiB limit on the messages a client receives."""
+far under gRPC's default 4 MiB limit on the messages a client receives; lower when the server's
+own send limit is (``limits.max_receive_message_bytes``: half of it)."""
 
 
 Started = TurnHandle | Sequence[Any]
@@ -59,6 +60,7 @@ async def stream_turn(
     context: grpc.aio.ServicerContext[Any, Any],
     start: Callable[[], Awaitable[Started]],
     progress_interval: float = 0.0,
+    batch_bytes: int = BATCH_MAX_BYTES,
 ) -> AsyncIterator[Any]:
     """Admit a turn with ``start`` and yield its responses.
 
@@ -71,7 +73,9 @@ async def stream_turn(
     channel is iterated directly: one generator less per event. ``progress_interval``
     (seconds, ``limits.progress_interval_seconds``; 0: off) is the silence after which a
     Progress keepalive is sent (:class:`~turnwire_server.api.progress.Heartbeat`). When ``start``
-    returns a list of responses instead of a turn, they are sent as they are.
+    returns a list of responses instead of a turn, they are sent as they are. A caller that asked
+    for event batches (:func:`wants_batches`) gets the events ready at once in one response, at
+    most :data:`BATCH_MAX_EVENTS` and ``batch_bytes`` of them (docs/semantics.md §10).
     """
     try:
         started = await start()
@@ -89,7 +93,7 @@ async def stream_turn(
     try:
         first = True
         last = 0
-        batches = handle.channel.batches(BATCH_MAX_EVENTS if batched else 1, BATCH_MAX_BYTES, _size)
+        batches = handle.channel.batches(BATCH_MAX_EVENTS if batched else 1, batch_bytes, _size)
         async for ready in batches:
             batch = ready
             if heartbeat is not None:

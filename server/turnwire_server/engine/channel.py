@@ -182,12 +182,13 @@ class EventChannel(Generic[T]):
         while True:
             while items:
                 batch = [self._took(items.popleft())]
-                total = size(batch[0])
-                while items and len(batch) < max_items:
-                    total += size(items[0])
-                    if total > max_bytes:
-                        break
-                    batch.append(self._took(items.popleft()))
+                if items and max_items > 1:  # sizes only when a second item could join
+                    total = size(batch[0])
+                    while items and len(batch) < max_items:
+                        total += size(items[0])
+                        if total > max_bytes:
+                            break
+                        batch.append(self._took(items.popleft()))
                 yield batch
                 watch = self._watch
                 if watch is not None and any(item is watch[0] for item in batch):
