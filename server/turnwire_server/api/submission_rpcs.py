@@ -352,8 +352,11 @@ async def _watch(
         current = await servicer.store.get_submission(record.submission_id) or record
         if current.state not in ("pending", "running"):
             break
-        # Waiting on another replica (or for a takeover): follow it until its turn starts.
+        # Being started here (stored or claimed, not yet known to the engine): look again once it
+        # is. Else waiting on another replica (or for a takeover): follow it until its turn starts.
         follow = servicer.engine.settings.durability.lease_seconds
+        if await servicer.submissions.started_here(record.submission_id, follow):
+            continue
         if not await servicer.store.wait_for_events(record.submission_id, after, follow):
             raise TurnStreamNotFound(
                 f"submission {record.submission_id!r} is {current.state} and not running on this server",

@@ -79,6 +79,9 @@ class Submissions:
         # slot): the next freed slot claims.
         self._missed = False
         self._wake = asyncio.Event()
+        # Submissions this replica took to run whose turn is not registered in the engine yet
+        # (stored, or claimed, and engine.start not returned): set once it is, or failed.
+        self._starting: dict[str, asyncio.Event] = {}
 
     async def submit(
         self,
@@ -112,19 +115,42 @@ class Submissions:
             )
         else:
             submission = dataclasses.replace(submission, owner="", lease_until=None)
+        starting = self._starting.setdefault(submission.submission_id, asyncio.Event()) if mine else None
         try:
-            record, created = await self._store.create_submission(submission, max_open=self._max_open)
-        except BaseException:
-            if mine:
+            try:
+                record, created = await self._store.create_submission(submission, max_open=self._max_open)
+            except BaseException:
+                if mine:
+                    self._free_slot()
+                raise
+            if mine and created:
+                await self._start(record, trace_context, concurrent_input)
+            elif mine:
                 self._free_slot()
-            raise
-        if mine and created:
-            await self._start(record, trace_context, concurrent_input)
-        elif mine:
-            self._free_slot()
-        elif created:
-            self._missed = True  # this replica's next free slot claims it, if nobody did
+            elif created:
+                self._missed = True  # this replica's next free slot claims it, if nobody did
+        finally:
+            if starting is not None:
+                self._started(submission.submission_id, starting)
         return record, created
+
+    def _started(self, submission_id: str, starting: asyncio.Event) -> None:
+        starting.set()
+        if self._starting.get(submission_id) is starting:
+            del self._starting[submission_id]
+
+    async def started_here(self, submission_id: str, timeout_seconds: float) -> bool:
+        """Wait (at most ``timeout_seconds``) for the turn of ``submission_id`` when this replica
+        stored or claimed it and is starting it: the store says ``pending`` or ``running`` before
+        the engine knows the turn. True when it was starting here (now it runs, or its start
+        failed), False when not (WatchSubmission then follows the store)."""
+        starting = self._starting.get(submission_id)
+        if starting is None:
+            return False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_seconds):
+                await starting.wait()
+        return True
 
     def _free_slot(self) -> None:
         self._slots -= 1
@@ -229,11 +255,20 @@ class Submissions:
                     )
                 finally:
                     self._slots -= free
-                for record in claimed:
-                    if self._engine.handle(record.submission_id) is None:
-                        self._slots += 1
-                        await self._start(record)
-                        started += 1
+                starting = {
+                    r.submission_id: self._starting.setdefault(r.submission_id, asyncio.Event())
+                    for r in claimed
+                }
+                try:
+                    for record in claimed:
+                        if self._engine.handle(record.submission_id) is None:
+                            self._slots += 1
+                            await self._start(record)
+                            started += 1
+                        self._started(record.submission_id, starting.pop(record.submission_id))
+                finally:
+                    for submission_id, event in starting.items():
+                        self._started(submission_id, event)
                 if len(claimed) < free:
                     self._missed = False  # none left unclaimed
                     break

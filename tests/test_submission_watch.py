@@ -1,0 +1,120 @@
+"""WatchSubmission of a submission this replica is starting (docs/semantics.md §7): the store says
+``pending`` or ``running`` before the engine knows the turn, and with one process per store there
+is no other replica to follow. CI (stop 50) saw a scheduled fire's WatchSubmission fail NOT_FOUND
+("is running and not running on this server") in that window; the watch now waits for the start.
+Real :class:`Submissions` and the API's ``_watch``, with the store and engine stood in for, so the
+window can be held open."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+from types import SimpleNamespace
+from typing import Any
+
+from turnwire_client.v1 import event_pb2
+from turnwire_server.api.submission_rpcs import _watch
+from turnwire_server.engine.errors import TurnStreamNotFound
+from turnwire_server.engine.submissions import Submissions
+from turnwire_server.store.records import SubmissionRecord
+
+RECORD = SubmissionRecord("s1", "c1", None, "pending", b"", dt.datetime.now(dt.UTC))
+
+
+class _Store:
+    """Stores a submission only when the test opens ``gate``."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+
+    async def create_submission(self, submission: SubmissionRecord, *, max_open: int) -> tuple[Any, bool]:
+        await self.gate.wait()
+        return submission, True
+
+
+class _Engine:
+    """Starts a turn only when the test opens ``gate``; the turn is then known (``running``)."""
+
+    draining = False
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.running: set[str] = set()
+        self.settings = SimpleNamespace(replica_id="me", durability=SimpleNamespace(lease_seconds=5.0))
+
+    async def start(self, request: Any, **_: Any) -> Any:
+        await self.gate.wait()
+        self.running.add(request)
+        return SimpleNamespace(task=asyncio.get_running_loop().create_future(), run=None)
+
+
+def _submissions(store: _Store, engine: _Engine) -> Submissions:
+    return Submissions(
+        engine,  # type: ignore[arg-type]
+        store,  # type: ignore[arg-type]
+        turn_request=lambda record: record.submission_id,  # type: ignore[arg-type,return-value]
+        max_open=10,
+        max_running=4,
+        error_status=lambda *_: None,  # type: ignore[arg-type]
+    )
+
+
+async def test_started_here_waits_while_this_replica_stores_and_starts_the_turn() -> None:
+    store, engine = _Store(), _Engine()
+    submissions = _submissions(store, engine)
+    submitted = asyncio.ensure_future(submissions.submit(RECORD))
+    await _turns_of_the_loop()  # submit() runs up to the store's gate
+    waiting = asyncio.ensure_future(submissions.started_here("s1", 30))
+    store.gate.set()  # stored: the store says pending, the engine knows nothing yet
+    await _turns_of_the_loop()
+    assert not waiting.done()
+    engine.gate.set()
+    assert await asyncio.wait_for(waiting, 5) is True
+    assert engine.running == {"s1"}
+    await submitted
+    assert await submissions.started_here("s1", 30) is False  # started: nothing to wait for
+    assert await submissions.started_here("elsewhere", 30) is False
+
+
+async def test_a_watch_in_the_window_follows_the_turn_once_it_started() -> None:
+    store, engine = _Store(), _Engine()
+    submissions = _submissions(store, engine)
+    store.gate.set()
+    submitted = asyncio.ensure_future(submissions.submit(RECORD))
+    await _turns_of_the_loop()
+    end = event_pb2.TurnEvent(conversation_id="c1", request_id="s1", sequence_number=1)
+    end.turn_end.status = event_pb2.TURN_STATUS_COMPLETED
+
+    async def replay(request_id: str, after: int) -> Any:
+        if request_id not in engine.running:  # not known here yet, no stream stored
+            raise TurnStreamNotFound("no stream", request_id=request_id)
+        yield end
+
+    async def get_submission(_: str) -> SubmissionRecord:
+        return dataclasses.replace(RECORD, state="running")
+
+    async def wait_for_events(*_: Any) -> bool:
+        return False  # one process per store: nobody else writes
+
+    servicer = SimpleNamespace(
+        engine=SimpleNamespace(replay=replay, settings=engine.settings),
+        store=SimpleNamespace(get_submission=get_submission, wait_for_events=wait_for_events),
+        submissions=submissions,
+    )
+    watched = asyncio.ensure_future(_collect(_watch(servicer, RECORD, 0)))
+    await _turns_of_the_loop()
+    assert not watched.done()  # before the fix: NOT_FOUND at once
+    engine.gate.set()
+    assert [e.sequence_number for e in await asyncio.wait_for(watched, 5)] == [1]
+    await submitted
+
+
+async def _collect(events: Any) -> list[event_pb2.TurnEvent]:
+    return [event async for event in events]
+
+
+async def _turns_of_the_loop() -> None:
+    """Let every task that can run without the test run (nothing here waits on I/O)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
