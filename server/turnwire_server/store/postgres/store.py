@@ -68,7 +68,8 @@ class PostgresStore(TurnQueue, Notifications):
         pool = self._require_pool("claim_interrupted_turns")
         try:
             async with pool.connection() as conn:
-                await end_stuck_sessions(conn, owner, to_us(now, "now"), (lease_until - now).total_seconds())
+                lease_s = (lease_until - now).total_seconds()
+                await end_stuck_sessions(conn, owner, to_us(now, "now"), lease_s, self._lapsed_replicas)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise self._error(exc, "claim_interrupted_turns") from None
         return await super().claim_interrupted_turns(owner, now, lease_until, limit)
