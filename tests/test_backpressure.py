@@ -68,7 +68,7 @@ async def test_a_stuck_reader_of_a_continue_turn_is_let_go_and_the_turn_finishes
     await wait_until(handle.task.done, timeout=10, what="the turn finishes without its reader")
     assert isinstance(handle.channel.detached_by, SlowConsumer)
     assert [response async for response in handle.channel] == [], "the let-go reader gets nothing more"
-    events = [event async for event in h.engine.replay("r-go", 0)]
+    events = [event async for batch in h.engine.replay("r-go", 0) for event in batch]
     assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
     assert [e.sequence_number for e in events] == list(range(1, len(events) + 1))
     streamed = "".join(e.text_delta.delta for e in events if e.WhichOneof("event") == "text_delta")

@@ -282,7 +282,7 @@ async def test_a_recovered_turn_settles_the_lost_attempts_reservation_once(
     )
     assert await h.engine.recover() == 1
     await wait_until(lambda: h.engine.running == 0, what="the recovery ends")
-    events = [event async for event in h.engine.replay("r-c-crash", 0)]
+    events = [event async for batch in h.engine.replay("r-c-crash", 0) for event in batch]
     assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
     alice = BudgetKey("principal/day", "/alice", dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"))
     spends = await h.store.budget_spends([conversation, alice])

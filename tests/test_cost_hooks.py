@@ -137,7 +137,7 @@ async def test_a_recovered_turn_has_an_unknown_cost(make_engine: EngineFactory, 
     )
     assert await h.engine.recover() == 1
     await wait_until(lambda: h.engine.running == 0, what="the recovery ends")
-    events = [event async for event in h.engine.replay("r-crash", 0)]
+    events = [event async for batch in h.engine.replay("r-crash", 0) for event in batch]
     assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED
     assert of_kind(events, "step_finish")[0].HasField("cost")  # its own step is priced
     assert not end_of(events).HasField("cost")

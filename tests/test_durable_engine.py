@@ -32,13 +32,13 @@ async def test_a_reader_that_falls_behind_reattaches_and_misses_nothing(
     handle = await h.start("go", model="scripted:slow", request_id="r-behind")
     caller = asyncio.ensure_future(collect(handle))
     reader = h.engine.replay("r-behind", 0)
-    first = await anext(reader)  # attached
+    (first,) = await anext(reader)  # attached (one event a list: no batches asked for)
     assert first.HasField("turn_start")
     # The reader stops reading while the turn runs on: far more than 16 events pass it.
     await wait_until(
         lambda: handle.log.last_sequence_number > first.sequence_number + 60, what="the turn runs on"
     )
-    rest = [event async for event in reader]
+    rest = [event async for batch in reader for event in batch]
     events = [first, *rest]
     assert [e.sequence_number for e in events] == list(range(1, len(events) + 1))
     assert [e.SerializeToString() for e in events] == [e.SerializeToString() for e in await caller]
@@ -52,9 +52,9 @@ async def test_a_finished_turn_is_read_from_the_store_and_an_unstarted_one_is_no
     h = await make_engine(scripts=SLOW)
     events = await collect(await h.start("go", model="scripted:slow", request_id="r-done"))
     await wait_until(lambda: h.engine.handle("r-done") is None, what="the turn's events are stored")
-    again = [event async for event in h.engine.replay("r-done", 0)]
+    again = [event async for batch in h.engine.replay("r-done", 0) for event in batch]
     assert [e.SerializeToString() for e in again] == [e.SerializeToString() for e in events]
-    tail = [event async for event in h.engine.replay("r-done", len(events) - 2)]
+    tail = [event async for batch in h.engine.replay("r-done", len(events) - 2) for event in batch]
     assert [e.sequence_number for e in tail] == [len(events) - 1, len(events)]
     # ContinueLastTurn on an empty conversation ends SKIPPED before any input is stored.
     skipped = await collect(
@@ -67,6 +67,27 @@ async def test_a_finished_turn_is_read_from_the_store_and_an_unstarted_one_is_no
     with pytest.raises(TurnStreamNotFound, match="never started"):
         async for _ in h.engine.replay("r-skip", 0):
             pass
+
+
+async def test_a_replay_gives_the_events_ready_at_once_in_lists_within_the_limits(
+    make_engine: EngineFactory,
+) -> None:
+    """Event batches on a re-attached stream (docs/semantics.md §10): from the store, and live
+    (the backlog and the channel), every event once and in order, at most the limits a list."""
+    h = await make_engine(scripts=SLOW, checkpoint_interval_ms=20)
+    handle = await h.start("go", model="scripted:slow", request_id="r-lists")
+    live = [batch async for batch in h.engine.replay("r-lists", 0, batch_events=8, batch_bytes=1 << 20)]
+    events = await collect(handle)
+    wire = [e.SerializeToString() for e in events]
+    assert [e.SerializeToString() for batch in live for e in batch] == wire
+    assert max(map(len, live)) <= 8
+    await wait_until(lambda: h.engine.handle("r-lists") is None, what="the turn's events are stored")
+    stored = [batch async for batch in h.engine.replay("r-lists", 3, batch_events=8, batch_bytes=1 << 20)]
+    assert [e.SerializeToString() for batch in stored for e in batch] == wire[3:]
+    assert [len(batch) for batch in stored[:-1]] == [8] * (len(stored) - 1), "read together: full lists"
+    # Past its first event, a list holds no more bytes than allowed: here one event each.
+    small = [batch async for batch in h.engine.replay("r-lists", 0, batch_events=8, batch_bytes=1)]
+    assert [len(batch) for batch in small] == [1] * len(events)
 
 
 async def test_recoveries_at_start_are_bounded_and_each_finishes_its_answer(

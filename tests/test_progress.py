@@ -30,6 +30,10 @@ def same(item: event_pb2.TurnEvent) -> event_pb2.TurnEvent:
     return item
 
 
+def alone(item: event_pb2.TurnEvent) -> list[event_pb2.TurnEvent]:
+    return [item]
+
+
 def test_the_phase_follows_the_stream() -> None:
     silence = Silence("", "r")
     assert silence.progress(1.5).progress.phase == QUEUED
@@ -65,7 +69,7 @@ async def test_a_stalled_replay_gets_progress_and_its_events_in_order() -> None:
         await asyncio.Event().wait()  # never: the stream ended with its TurnEnd
 
     seen: list[event_pb2.TurnEvent] = []
-    stream = keepalive(source(), 0.01, Silence("c", "r"), same, same)
+    stream = keepalive(source(), 0.01, Silence("c", "r"), alone, same)
     async for item in stream:
         seen.append(item)
         if len([e for e in seen if e.HasField("progress")]) == 3:
@@ -83,7 +87,7 @@ async def test_no_progress_after_the_turn_end_and_the_source_ends_the_stream() -
         yield event("turn_end", 1)
         await asyncio.sleep(0.05)  # a slow close after the TurnEnd: no Progress in it
 
-    items = [item async for item in keepalive(source(), 0.01, Silence("c", "r"), same, same)]
+    items = [item async for item in keepalive(source(), 0.01, Silence("c", "r"), alone, same)]
     assert [e.WhichOneof("event") for e in items] == ["turn_end"]
 
 
@@ -96,7 +100,7 @@ async def test_the_source_error_propagates_and_leaving_cancels_the_wait() -> Non
         raise Gone
 
     with pytest.raises(Gone):
-        async for _ in keepalive(failing(), 10, Silence("c", "r"), same, same):
+        async for _ in keepalive(failing(), 10, Silence("c", "r"), alone, same):
             pass
 
     finished = asyncio.Event()
@@ -108,7 +112,7 @@ async def test_the_source_error_propagates_and_leaving_cancels_the_wait() -> Non
         finally:
             finished.set()
 
-    stream = keepalive(endless(), 0.01, Silence("c", "r"), same, same)
+    stream = keepalive(endless(), 0.01, Silence("c", "r"), alone, same)
     assert (await anext(stream)).HasField("turn_start")
     assert (await anext(stream)).HasField("progress")  # waiting for the next event meanwhile
     await stream.aclose()

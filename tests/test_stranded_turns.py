@@ -302,7 +302,7 @@ async def test_cancel_chat_on_a_recovery_that_has_not_run_ends_it_aborted(
     assert await Replica(h.engine, resume=True).tick() == 0
     assert [text_of(m) for m in await h.store.load_messages(CONV)] == ["question"]
     assert h.provider.calls == 0
-    stored = [event async for event in h.engine.replay("r-cancelled", 0)]
+    stored = [event async for batch in h.engine.replay("r-cancelled", 0) for event in batch]
     ends = [e.turn_end for e in stored if e.HasField("turn_end")]
     assert [end.status for end in ends] == [event_pb2.TURN_STATUS_ABORTED]
 
@@ -323,7 +323,7 @@ async def _wait_answered(h: Any, request_id: str) -> None:
 
     messages = await wait_until(answered, timeout=10, what=f"{request_id}'s recovery answers")
     assert messages is not None and [text_of(m) for m in messages] == ["question", "the answer"]
-    stored = [event async for event in h.engine.replay(request_id, 0)]
+    stored = [event async for batch in h.engine.replay(request_id, 0) for event in batch]
     assert sum(1 for e in stored if e.HasField("turn_end")) == 1
 
 

@@ -86,10 +86,10 @@ async def test_a_watch_in_the_window_follows_the_turn_once_it_started() -> None:
     end = event_pb2.TurnEvent(conversation_id="c1", request_id="s1", sequence_number=1)
     end.turn_end.status = event_pb2.TURN_STATUS_COMPLETED
 
-    async def replay(request_id: str, after: int) -> Any:
+    async def replay(request_id: str, after: int, **_: int) -> Any:
         if request_id not in engine.running:  # not known here yet, no stream stored
             raise TurnStreamNotFound("no stream", request_id=request_id)
-        yield end
+        yield [end]
 
     async def get_submission(_: str) -> SubmissionRecord:
         return dataclasses.replace(RECORD, state="running")
@@ -102,7 +102,7 @@ async def test_a_watch_in_the_window_follows_the_turn_once_it_started() -> None:
         store=SimpleNamespace(get_submission=get_submission, wait_for_events=wait_for_events),
         submissions=submissions,
     )
-    watched = asyncio.ensure_future(_collect(_watch(servicer, RECORD, 0)))
+    watched = asyncio.ensure_future(_collect(_watch(servicer, RECORD, 0, 1, 0)))
     await _turns_of_the_loop()
     assert not watched.done()  # before the fix: NOT_FOUND at once
     engine.gate.set()
@@ -110,8 +110,8 @@ async def test_a_watch_in_the_window_follows_the_turn_once_it_started() -> None:
     await submitted
 
 
-async def _collect(events: Any) -> list[event_pb2.TurnEvent]:
-    return [event async for event in events]
+async def _collect(batches: Any) -> list[event_pb2.TurnEvent]:
+    return [event async for batch in batches for event in batch]
 
 
 async def _turns_of_the_loop() -> None:

@@ -138,7 +138,7 @@ async def test_a_recovery_runs_reruns_or_interrupts_each_call_by_its_start_and_t
     assert calls["c-done"].output_json == '{"done": "before the crash"}', "never run again"
     assert not any(c.interrupted for i, c in calls.items() if i != "c-send")
     # The client sees the interrupted outcome in the recovery's stream.
-    events = [event async for event in h.engine.replay("r-crash", 0)]
+    events = [event async for batch in h.engine.replay("r-crash", 0) for event in batch]
     errors = of_kind(events, "tool_output_error")
     assert [(e.tool_call_id, e.interrupted) for e in errors] == [("c-send", True)]
     assert end_of(events).status == event_pb2.TURN_STATUS_COMPLETED

@@ -229,9 +229,10 @@ async def test_an_ended_turn_whose_stream_lacks_its_turn_end_resumes_with_one_fr
 
     events = [
         event
-        async for event in replay(
+        async for batch in replay(
             "r-old", 0, store=h.store, subscribe=lambda _: None, retention_seconds=0, follow_seconds=0.05
         )
+        for event in batch
     ]
     assert kinds(events) == ["turn_start", "turn_end"]
     end = events[-1]
@@ -247,9 +248,10 @@ async def test_an_ended_turn_whose_stream_lacks_its_turn_end_resumes_with_one_fr
     h.store.wait_for_events = follows  # type: ignore[method-assign]
     followed = [
         event
-        async for event in replay(
+        async for batch in replay(
             "r-old", 0, store=h.store, subscribe=lambda _: None, retention_seconds=0, follow_seconds=0.05
         )
+        for event in batch
     ]
     assert followed == events
     del h.store.wait_for_events

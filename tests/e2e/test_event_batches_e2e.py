@@ -103,16 +103,40 @@ async def test_the_python_client_reads_batches(
 
 
 async def test_a_resumed_turn_replays_every_event_once(stub: chat_service_pb2_grpc.ChatServiceStub) -> None:
-    """ResumeTurn, with or without the header, gives the stored stream event by event as the
-    turn's own call saw it."""
+    """ResumeTurn gives the stored stream as the turn's own call saw it: one event a message
+    without the header, the events read together in fewer messages with it; from the start and
+    from the middle."""
     turn = events(await chat(stub, "batches-resumed", BATCHES))
     request_id = turn[0].request_id
-    for metadata in ((), BATCHES):
-        resumed = stub.ResumeTurn(
-            chat_service_pb2.ResumeTurnRequest(request_id=request_id), metadata=metadata
-        )
-        replayed = [e async for r in resumed for e in (r.event, *r.more_events)]
-        assert [shape(e) for e in replayed] == [shape(e) for e in turn]
+    for after in (0, 5):
+        messages = {}
+        for metadata in ((), BATCHES):
+            request = chat_service_pb2.ResumeTurnRequest(request_id=request_id, after_sequence_number=after)
+            responses = [r async for r in stub.ResumeTurn(request, metadata=metadata)]
+            assert [shape(e) for e in events(responses)] == [shape(e) for e in turn[after:]]
+            messages[bool(metadata)] = len(responses)
+        assert messages[False] == len(turn) - after, "one event a message without the header"
+        assert messages[True] < messages[False], "fewer messages with it"
+
+
+async def test_a_watched_submission_gets_its_events_in_batches(
+    stub: chat_service_pb2_grpc.ChatServiceStub,
+) -> None:
+    """WatchSubmission of a submitted turn, once ended (stored) and attached while it runs."""
+    message = message_pb2.Message(role=message_pb2.ROLE_USER)
+    message.parts.add().text.text = "What are 2 + 3 and 4 * 5?"
+    submitted = await stub.SubmitMessages(
+        chat_service_pb2.SubmitMessagesRequest(conversation_id="batches-watched", messages=[message])
+    )
+    watch = chat_service_pb2.WatchSubmissionRequest(submission_id=submitted.submission.submission_id)
+    live = [r async for r in stub.WatchSubmission(watch, metadata=BATCHES)]
+    again = [r async for r in stub.WatchSubmission(watch, metadata=BATCHES)]
+    one_by_one = [r async for r in stub.WatchSubmission(watch)]
+    reference = [shape(e) for e in events(one_by_one)]
+    assert reference[0] == ("turn_start", 1) and reference[-1][0] == "turn_end"
+    assert [shape(e) for e in events(live)] == reference
+    assert [shape(e) for e in events(again)] == reference
+    assert len(again) < len(one_by_one) == len(reference)
 
 
 def test_the_header_is_named_in_the_docs() -> None:

@@ -436,14 +436,27 @@ class ChatService(
             violations.append(("after_sequence_number", "must not be negative; 0 replays from the start"))
         if violations:
             await abort(context, invalid_argument(violations))
-        events = self.engine.replay(request.request_id, request.after_sequence_number)
+
+        def replay(batch_events: int, batch_bytes: int) -> AsyncIterator[list[event_pb2.TurnEvent]]:
+            return self.engine.replay(
+                request.request_id,
+                request.after_sequence_number,
+                batch_events=batch_events,
+                batch_bytes=batch_bytes,
+            )
+
         # Joined after its TurnStart unless replayed from the start; its conversation comes with
         # its first event.
         silence = Silence("", request.request_id, started=request.after_sequence_number > 0)
-        async for event in replay_stream(
-            events, context, progress_interval=self.progress_interval, silence=silence
+        async for response in replay_stream(
+            replay,
+            context,
+            chat_service_pb2.ResumeTurnResponse,
+            batch_bytes=self.batch_bytes,
+            progress_interval=self.progress_interval,
+            silence=silence,
         ):
-            yield chat_service_pb2.ResumeTurnResponse(event=event)
+            yield response
 
     async def CancelChat(
         self,

@@ -13,7 +13,7 @@ a clock read); a re-attached one (ResumeTurn, WatchSubmission), which may wait o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterable, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from turnwire_client.v1 import event_pb2
@@ -144,11 +144,11 @@ async def keepalive(
     items: AsyncIterable[R],
     interval: float,
     silence: Silence,
-    event_of: Callable[[R], event_pb2.TurnEvent],
+    events_of: Callable[[R], Iterable[event_pb2.TurnEvent]],
     wrap: Callable[[event_pb2.TurnEvent], R],
 ) -> AsyncGenerator[R, None]:
     """Yield ``items``; while the next one takes more than ``interval`` seconds (> 0) yield
-    ``wrap(progress)`` after each interval of silence. ``event_of`` gives an item's TurnEvent.
+    ``wrap(progress)`` after each interval of silence. ``events_of`` gives an item's TurnEvents.
 
     One waiting task per stream at a time, for the next item, and one timer: no polling.
     Nothing is sent after the TurnEnd. The source's errors propagate as they are. Leaving
@@ -170,7 +170,8 @@ async def keepalive(
                 item = await waiting
             except StopAsyncIteration:
                 return
-            silence.saw(event_of(item))
+            for event in events_of(item):
+                silence.saw(event)
             yield item
             since = loop.time()
             waiting = asyncio.ensure_future(anext(source))

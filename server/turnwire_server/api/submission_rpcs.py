@@ -325,26 +325,38 @@ class SubmissionRpcs:
                 ),
             )
         record = await _found(self, request.submission_id, context)
-        events = _watch(self, record, request.after_sequence_number)
+
+        def watch(batch_events: int, batch_bytes: int) -> AsyncIterator[list[event_pb2.TurnEvent]]:
+            return _watch(self, record, request.after_sequence_number, batch_events, batch_bytes)
+
         silence = Silence(
             record.conversation_id, record.submission_id, started=request.after_sequence_number > 0
         )
-        async for event in replay_stream(
-            events, context, progress_interval=self.progress_interval, silence=silence
+        async for response in replay_stream(
+            watch,
+            context,
+            chat_service_pb2.WatchSubmissionResponse,
+            batch_bytes=self.batch_bytes,
+            progress_interval=self.progress_interval,
+            silence=silence,
         ):
-            yield chat_service_pb2.WatchSubmissionResponse(event=event)
+            yield response
 
 
 async def _watch(
-    servicer: _Servicer, record: SubmissionRecord, after: int
-) -> AsyncIterator[event_pb2.TurnEvent]:
-    """The turn's stream; for a submission that ended without running (cancelled while pending,
-    refused when it started) a single TurnEnd made from its record."""
+    servicer: _Servicer, record: SubmissionRecord, after: int, batch_events: int, batch_bytes: int
+) -> AsyncIterator[list[event_pb2.TurnEvent]]:
+    """The turn's stream in lists of events ready at once (``TurnEngine.replay``); for a
+    submission that ended without running (cancelled while pending, refused when it started) a
+    single TurnEnd made from its record."""
     while True:
         try:
-            async for event in servicer.engine.replay(record.submission_id, after):
-                after = event.sequence_number
-                yield event
+            replay = servicer.engine.replay(
+                record.submission_id, after, batch_events=batch_events, batch_bytes=batch_bytes
+            )
+            async for batch in replay:
+                after = batch[-1].sequence_number
+                yield batch
             return
         except TurnStreamNotFound as missing:
             if missing.expired:
@@ -371,7 +383,7 @@ async def _watch(
     end.turn_end.status = status
     if current.error is not None:
         end.turn_end.error.CopyFrom(status_pb2.Status.FromString(current.error))
-    yield end
+    yield [end]
 
 
 async def _check_submission_id(submission_id: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:

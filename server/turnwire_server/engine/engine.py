@@ -455,10 +455,13 @@ class TurnEngine:
         """The running or queued turn with that request id, if this process has it."""
         return self._turns.get(request_id)
 
-    def replay(self, request_id: str, after_sequence_number: int) -> AsyncIterator[event_pb2.TurnEvent]:
+    def replay(
+        self, request_id: str, after_sequence_number: int, *, batch_events: int = 1, batch_bytes: int = 0
+    ) -> AsyncIterator[list[event_pb2.TurnEvent]]:
         """Re-attach to turn ``request_id``: its events after ``after_sequence_number``, then the
-        live ones until its TurnEnd (see :func:`turnwire_server.engine.resume.replay` for the
-        errors)."""
+        live ones until its TurnEnd, in lists of the events ready at once, at most
+        ``batch_events`` and ``batch_bytes`` a list (see :func:`turnwire_server.engine.resume.replay`
+        for the lists and the errors)."""
         return replay(
             request_id,
             after_sequence_number,
@@ -466,6 +469,8 @@ class TurnEngine:
             subscribe=self.subscribe,
             retention_seconds=self.settings.durability.event_retention_seconds,
             follow_seconds=self.settings.durability.lease_seconds,
+            batch_events=batch_events,
+            batch_bytes=batch_bytes,
         )
 
     def subscribe(self, request_id: str) -> Subscription | None:

@@ -18,7 +18,8 @@ never come.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
 
 from turnwire_client.v1 import event_pb2
 from turnwire_server.engine.errors import TurnNotHere, TurnStreamNotFound
@@ -35,9 +36,14 @@ async def replay(
     subscribe: Callable[[str], Subscription | None],
     retention_seconds: float,
     follow_seconds: float = 10.0,
-) -> AsyncIterator[event_pb2.TurnEvent]:
+    batch_events: int = 1,
+    batch_bytes: int = 0,
+) -> AsyncIterator[list[event_pb2.TurnEvent]]:
     """The events of turn ``request_id`` with sequence numbers above ``after``, then the live ones
-    until its TurnEnd.
+    until its TurnEnd, in lists of the events ready at once (read from the store together, in the
+    live turn's backlog, queued for this reader): at least one event a list, at most
+    ``batch_events``, and more than one only while their serialized sizes add up to at most
+    ``batch_bytes`` (event batches, docs/semantics.md §10; the defaults give one event a list).
 
     ``subscribe`` attaches to the turn when it runs in this process (``TurnEngine.subscribe``).
     A turn that runs on another replica is followed through the store (``wait_for_events``, up
@@ -52,22 +58,24 @@ async def replay(
     """
     last = after
     waited_at: int | None = None  # where the last wait for another replica's events began
+    limits = (batch_events, batch_bytes)
     while True:
         live = subscribe(request_id)
         if live is not None:
             try:
-                for data in await store.load_events(request_id, last, before=live.first_unstored):
-                    event = event_pb2.TurnEvent.FromString(data)
-                    last = event.sequence_number
-                    yield event
-                for response in live.backlog:
-                    if response.event.sequence_number > last:
-                        last = response.event.sequence_number
-                        yield response.event
-                async for response in live.channel:
-                    if response.event.sequence_number > last:
-                        last = response.event.sequence_number
-                        yield response.event
+                stored = await store.load_events(request_id, last, before=live.first_unstored)
+                for batch in _batches(stored, *limits):
+                    last = batch[-1].sequence_number
+                    yield batch
+                backlog = [r.event for r in live.backlog if r.event.sequence_number > last]
+                for batch in _batches(backlog, *limits):
+                    last = batch[-1].sequence_number
+                    yield batch
+                async for ready in live.channel.batches(batch_events, batch_bytes, _response_size):
+                    events = [r.event for r in ready if r.event.sequence_number > last]
+                    if events:
+                        last = events[-1].sequence_number
+                        yield events
             finally:
                 live.close()
             if not live.overflowed:
@@ -79,24 +87,49 @@ async def replay(
             if not await store.wait_for_events(request_id, last, follow_seconds):
                 raise TurnNotHere(request_id)
             continue
-        for data in await store.load_events(request_id, last):
-            event = event_pb2.TurnEvent.FromString(data)
-            last = event.sequence_number
-            yield event
+        for batch in _batches(await store.load_events(request_id, last), *limits):
+            last = batch[-1].sequence_number
+            yield batch
         if stream.end_time is not None:
             return
         # Not ended and not here: another replica runs it (or a crash awaits its recovery), or
         # it ended without its TurnEnd stored (see the module docstring).
         if waited_at == last and (ended := await _ended_turn(request_id, store)) is not None:
-            yield await recorded_end(ended, last, store)  # a whole wait brought nothing more
+            yield [await recorded_end(ended, last, store)]  # a whole wait brought nothing more
             return
         waited_at = last
         if not await store.wait_for_events(request_id, last, follow_seconds):
             # One process per store: nothing else will write this stream.
             if (ended := await _ended_turn(request_id, store)) is None:
                 raise TurnNotHere(request_id)
-            yield await recorded_end(ended, last, store)
+            yield [await recorded_end(ended, last, store)]
             return
+
+
+def _batches(
+    events: Sequence[bytes | event_pb2.TurnEvent], max_events: int, max_bytes: int
+) -> Iterator[list[event_pb2.TurnEvent]]:
+    """``events`` (stored ones serialized, or parsed), parsed, in lists of at most ``max_events``
+    and, past the first event of a list, ``max_bytes`` serialized bytes."""
+    batch: list[event_pb2.TurnEvent] = []
+    total = 0
+    for item in events:
+        if isinstance(item, bytes):
+            size, event = len(item), event_pb2.TurnEvent.FromString(item)
+        else:
+            size, event = (item.ByteSize() if max_events > 1 else 0), item
+        if batch and (len(batch) >= max_events or total + size > max_bytes):
+            yield batch
+            batch, total = [], 0
+        batch.append(event)
+        total += size
+    if batch:
+        yield batch
+
+
+def _response_size(response: Any) -> int:
+    size: int = response.event.ByteSize()
+    return size
 
 
 async def _ended_turn(request_id: str, store: ReplayStore) -> TurnRecord | None:
