@@ -104,9 +104,7 @@ async def test_a_keepalive_reports_what_every_event_of_a_batch_started() -> None
 
 
 async def test_a_batch_stays_within_the_bytes_given() -> None:
-    """Review of the change: the server sends no message over its own limit
-    (``limits.max_receive_message_bytes``, ``grpc.max_send_message_length``), so a batch holds at
-    most the bytes ChatService gives ``stream_turn`` (half that limit); one larger event alone."""
+    """A batch holds at most the bytes ChatService gives ``stream_turn``; one larger event alone."""
     handle = _Handle()
 
     async def start() -> TurnHandle:

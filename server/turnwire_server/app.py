@@ -273,7 +273,9 @@ def grpc_options(settings: Settings, *, shared_port: bool = False) -> list[tuple
     limits = settings.limits
     return [
         ("grpc.max_receive_message_length", limits.max_receive_message_bytes),
-        ("grpc.max_send_message_length", limits.max_receive_message_bytes),
+        # Sends are bounded by what the server builds (a reply, a page: 3 MiB; an event), not by
+        # the limit on what it takes: a lower receive limit must not fail a long reply's TurnEnd.
+        ("grpc.max_send_message_length", -1),
         ("grpc.server.max_pending_requests", _UNBOUNDED),
         ("grpc.server.max_pending_requests_hard_limit", _UNBOUNDED),
         ("grpc.server_max_unrequested_time_in_server", 30),
@@ -462,7 +464,6 @@ async def _serve(
         default_model=settings.default_model,
         max_message_bytes=settings.limits.max_message_bytes,
         progress_interval=settings.limits.progress_interval_seconds,
-        max_send_bytes=settings.limits.max_receive_message_bytes,  # grpc.max_send_message_length
         scheduler=scheduler,
         webhooks=settings.webhooks,
     )

@@ -33,3 +33,22 @@ async def test_a_request_over_the_sidecar_limit_ends_resource_exhausted(
         with pytest.raises(TurnwireError) as raised:
             sync_client.chat("oversized", "y" * 15_000_000, timeout=60).collect()
         assert raised.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, raised.value
+
+
+async def test_a_reply_longer_than_the_receive_limit_is_sent_whole(sidecar_factory: SidecarFactory) -> None:
+    """The receive limit bounds requests, not what the sidecar sends: a reply of 200 KB under a
+    64 KiB limit streams, ends COMPLETED with the whole reply in its TurnEnd, and reads back
+    (before: RESOURCE_EXHAUSTED at the TurnEnd, and on GetConversation)."""
+    text = " ".join(["word"] * 40_000)
+    sidecar = await sidecar_factory(
+        {
+            "limits": {"max_receive_message_bytes": 64 << 10, "max_message_bytes": 64 << 10},
+            "providers": {"scripted": {"scripts": {"long": [{"text": text, "chunk_size": 50_000}]}}},
+        }
+    ).start()
+    async with TurnwireClient(sidecar.target) as client:
+        result = await collect(client.chat("long-reply", "write a lot", model="scripted:long", timeout=60))
+        assert result.ok, result.error
+        assert result.text == text
+        stored = await client.get_conversation("long-reply")
+        assert "".join(p.text.text for p in stored.messages[-1].parts) == text

@@ -135,7 +135,6 @@ class ChatService(
         default_model: str,
         max_message_bytes: int,
         progress_interval: float = 0.0,
-        max_send_bytes: int = BATCH_MAX_BYTES * 2,
         scheduler: Scheduler | None = None,
         webhooks: WebhookSettings | None = None,
     ) -> None:
@@ -146,8 +145,7 @@ class ChatService(
         self.default_model = default_model
         self.max_message_bytes = max_message_bytes
         self.progress_interval = progress_interval
-        # An event batch stays well under the server's own limit on a message it sends.
-        self.batch_bytes = min(BATCH_MAX_BYTES, max_send_bytes // 2)
+        self.batch_bytes = BATCH_MAX_BYTES  # the most bytes of events one message of a batch holds
         self.scheduler = scheduler
 
     # --- turn-running RPCs ---------------------------------------------------

@@ -42,8 +42,7 @@ BATCH_MAX_EVENTS = 64
 
 BATCH_MAX_BYTES = 256 * 1024
 """The most bytes of events one message of an event batch holds (one larger event goes alone):
-far under gRPC's default 4 MiB limit on the messages a client receives; lower when the server's
-own send limit is (``limits.max_receive_message_bytes``: half of it)."""
+far under gRPC's default 4 MiB limit on the messages a client receives."""
 
 
 Started = TurnHandle | Sequence[Any]
