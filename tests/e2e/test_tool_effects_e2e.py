@@ -204,7 +204,16 @@ async def test_the_key_and_the_idempotent_declaration_reach_a_ts_kit_host_and_an
         "providers": {"scripted": {"scripts": SCRIPTS}},
         "tools": {
             "hosts": [{"name": "ts", "address": f"127.0.0.1:{ts_host.port}"}],
-            "mcp": [{"name": "tiny", "command": sys.executable, "args": [str(MCP_SERVER), str(record)]}],
+            "mcp": [
+                {
+                    "name": "tiny",
+                    "command": sys.executable,
+                    "args": [str(MCP_SERVER), str(record)],
+                    # The recovery needs the tool listed to know it idempotent: a start slower than
+                    # the default 10 s (a loaded CI machine) recovered its call as an unknown tool's.
+                    "startup_timeout_seconds": 60,
+                }
+            ],
         },
         "checkpoint": {"interval_ms": 20},
     }
@@ -226,6 +235,7 @@ async def test_the_key_and_the_idempotent_declaration_reach_a_ts_kit_host_and_an
     )
 
     second = await sidecar_factory(cfg).start()
+    assert listed.search(second.log_text()), "listed before the recovery: " + second.log_text()[-2000:]
     async with TurnwireClient(second.target) as client:
         events = [event async for event in client.resume_turn("r-remote")]
         assert events[-1].turn_end.status == event_pb2.TURN_STATUS_COMPLETED, events[-1]

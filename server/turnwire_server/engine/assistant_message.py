@@ -231,6 +231,15 @@ class AssistantMessage:
             call.state = message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE
         return call
 
+    def repeats_call(self, tool_call_id: str, *, streaming_ok: bool) -> bool:
+        """Whether a new call with ``tool_call_id`` would repeat an id this turn gave already
+        (docs/semantics.md §11: no two calls of a turn share one). ``streaming_ok``: a call whose
+        input is still streaming under that id is this call (its complete form), not a repeat."""
+        part = self._tool_parts.get(tool_call_id)
+        if part is None:
+            return False
+        return not (streaming_ok and part.tool_call.state == message_pb2.TOOL_CALL_STATE_INPUT_STREAMING)
+
     def tool_call(self, tool_call_id: str) -> message_pb2.ToolCallPart:
         """The stored part of call ``tool_call_id``."""
         return self._tool_parts[tool_call_id].tool_call

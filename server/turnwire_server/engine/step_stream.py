@@ -224,6 +224,8 @@ class StepStream:
                         if send_reasoning:
                             writer.new().reasoning_end.id = chunk.id
                     elif kind is chunks.ToolInputStart:
+                        if assistant.repeats_call(chunk.tool_call_id, streaming_ok=False):
+                            raise self._repeated_call_id(chunk.tool_call_id)
                         executed = chunk.provider_executed
                         assistant.start_tool_call(chunk.tool_call_id, chunk.tool_name, executed)
                         input_start = writer.new().tool_input_start
@@ -231,6 +233,8 @@ class StepStream:
                         input_start.tool_name = chunk.tool_name
                         input_start.provider_executed = executed
                     elif kind is chunks.ToolCall:
+                        if assistant.repeats_call(chunk.tool_call_id, streaming_ok=True):
+                            raise self._repeated_call_id(chunk.tool_call_id)
                         runner.accept(chunk, allowed)
                     elif kind is chunks.ToolResult:
                         runner.provider_result(chunk)
@@ -276,6 +280,18 @@ class StepStream:
             metrics.count_provider_error(self._provider_label, unfinished)
             raise TurnFailure("stream", unfinished)
         return finish
+
+    def _repeated_call_id(self, tool_call_id: str) -> ProviderError:
+        """A provider that gave a second call of the turn an id the turn has (docs/semantics.md
+        §11): its results would pair with the wrong call, so the step fails instead (the
+        provider adapters rename a repeat; a provider of one's own must too)."""
+        return ProviderError(
+            f"the model stream gave a second tool call of this turn the id {tool_call_id!r}: a provider"
+            " must give each call its own id (turnwire.providers.unique_id; docs/providers.md,"
+            " 'Tool call ids')",
+            provider=self._provider_label,
+            in_stream=True,
+        )
 
     async def _first_token(self, *, sent: bool) -> bool:
         """Once per turn, its first token written: observe its time to first token, have the
