@@ -133,25 +133,31 @@ def test_a_replica_id_too_long_for_a_session_name_is_refused() -> None:
         PostgresStore("postgresql://u@127.0.0.1/db", replica_id="x" * 55)
 
 
-async def test_a_session_stuck_on_the_conversation_is_ended_after_its_turn_was_claimed_away(
+async def test_a_turn_is_not_claimed_while_its_replica_is_inside_a_younger_transaction(
     pg_url: str, replica_b: PostgresStore
 ) -> None:
-    """A paused inside a write of the turn's conversation (here: the conversation's row, locked
-    as an insert's foreign key locks it), not the turn's row: the claim takes the turn while A's
-    transaction is still young, and A then owns no lapsed turn. Later claims still end A's
-    session once it is older than a lease, or B's writes of that conversation wait forever."""
+    """A paused inside a write of the turn's conversation (its row locked as an insert's foreign
+    key locks it), not of the turn's row. Claimed at once, the turn's recovery would wait on that
+    lock, and its claimant's lease loop with it, for as long as A is paused; so the claims pass it
+    over while A's transaction is younger than a lease, end A's session once it is older, and
+    then take the turn, whose conversation is free again."""
     await _running_turn(replica_b, "r5")
     frozen = await psycopg.AsyncConnection.connect(pg_url, application_name=session_name("replica-a"))
     await frozen.execute("BEGIN")
     await frozen.execute("SELECT 1 FROM conversations WHERE id = 'c-r5' FOR KEY SHARE")
     hour_lease = LAPSED + dt.timedelta(hours=1)  # the transaction is far younger than that
-    claimed = await replica_b.claim_interrupted_turns("replica-b", LAPSED, hour_lease, 10)
-    assert [turn.request_id for turn in claimed] == ["r5"]
-    assert not await _is_dead(frozen), "young: not ended yet"
+    assert await replica_b.claim_interrupted_turns("replica-b", LAPSED, hour_lease, 10) == []
+    assert not await _is_dead(frozen), "young: not ended"
+    claimed: list[str] = []
 
-    async def ended() -> bool:
-        assert await _claims(replica_b) == []  # nothing of A's left to claim
-        return await _is_dead(frozen)
+    async def taken_over() -> bool:
+        claimed.extend(await _claims(replica_b))
+        return bool(claimed)
 
-    await wait_until(ended, timeout=20, what="B's later claims end A's stuck session")
+    await wait_until(taken_over, timeout=20, what="B takes the turn once A's session is ended")
+    assert claimed == ["r5"]
+    assert await _is_dead(frozen), "A's stuck session was ended first"
     await frozen.close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # what B's recovery writes first
+        conn.execute("SET lock_timeout = '5s'")
+        conn.execute("SELECT 1 FROM conversations WHERE id = 'c-r5' FOR UPDATE")

@@ -86,14 +86,15 @@ def release_leases(turns: Sequence[HeldTurn]) -> Program[None]:
 
 
 def claim_interrupted_turns(
-    owner: str, lapsed_before_us: int | None, until_us: int, limit: int
+    owner: str, lapsed_before_us: int | None, until_us: int, limit: int, *, passed_over: Sequence[str] = ()
 ) -> Callable[[Dialect], Program[list[TurnRecord]]]:
-    """Claim up to ``limit`` (>= 1) running turns of other owners (module docstring: whose),
-    oldest first: each gets ``owner`` and the lease ``until_us`` (µs since the epoch) in one
-    statement, and its place in a shared line (the dialect's ``work_claimed``); returns them as
-    claimed, by start time then request id. Returns the program's maker (a driver that retries
-    a transaction runs a new program). Raises :class:`ValueError` for ``limit`` < 1 (at once)."""
-    return _claiming(_TURNS, owner, lapsed_before_us, until_us, limit)
+    """Claim up to ``limit`` (>= 1) running turns of other owners (module docstring: whose), but
+    none of the owners ``passed_over``, oldest first: each gets ``owner`` and the lease
+    ``until_us`` (µs since the epoch) in one statement, and its place in a shared line (the
+    dialect's ``work_claimed``); returns them as claimed, by start time then request id. Returns
+    the program's maker (a driver that retries a transaction runs a new program). Raises
+    :class:`ValueError` for ``limit`` < 1 (at once)."""
+    return _claiming(_TURNS, owner, lapsed_before_us, until_us, limit, passed_over=passed_over)
 
 
 def claim_pending_submissions(
@@ -142,11 +143,23 @@ _SUBMISSIONS: Final = _Claimable(
 
 
 def _claiming(
-    rows: _Claimable[R], owner: str, lapsed_before_us: int | None, until_us: int, limit: int
+    rows: _Claimable[R],
+    owner: str,
+    lapsed_before_us: int | None,
+    until_us: int,
+    limit: int,
+    *,
+    passed_over: Sequence[str] = (),
 ) -> Callable[[Dialect], Program[list[R]]]:
     if limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     lapsed, lapsed_params = ("", ()) if lapsed_before_us is None else (_LAPSED, (lapsed_before_us,))
+    if passed_over:
+        marks = ", ".join("?" * len(passed_over))
+        lapsed, lapsed_params = (
+            f"{lapsed} AND (owner IS NULL OR owner NOT IN ({marks}))",
+            (*lapsed_params, *passed_over),
+        )
 
     def program(dialect: Dialect) -> Program[list[R]]:
         found = yield [

@@ -351,8 +351,20 @@ class CoreWrites:
     async def claim_interrupted_turns(
         self, owner: str, now: dt.datetime, lease_until: dt.datetime, limit: int
     ) -> list[TurnRecord]:
+        return await self._claim_turns(owner, now, lease_until, limit)
+
+    async def _claim_turns(
+        self,
+        owner: str,
+        now: dt.datetime,
+        lease_until: dt.datetime,
+        limit: int,
+        passed_over: Sequence[str] = (),
+    ) -> list[TurnRecord]:
+        """:meth:`claim_interrupted_turns`, leaving the turns of the owners ``passed_over`` alone
+        (a driver's own reason: PostgreSQL's stuck sessions)."""
         make = lease_writes.claim_interrupted_turns(
-            owner, self._lapsed_before(now), to_us(lease_until, "lease_until"), limit
+            owner, self._lapsed_before(now), to_us(lease_until, "lease_until"), limit, passed_over=passed_over
         )
         return await self._commit("claim_interrupted_turns", lambda _: make(self._dialect))
 

@@ -33,7 +33,7 @@ from turnwire_server.store.postgres.batching import GroupCommit
 from turnwire_server.store.postgres.db import DIALECT, RACE_ERRORS, RETRIES, Conn, run_program
 from turnwire_server.store.postgres.migrations import apply_migrations, load_migrations
 from turnwire_server.store.postgres.replicas import Listener
-from turnwire_server.store.postgres.stuck_sessions import LapsedReplicas, session_name
+from turnwire_server.store.postgres.stuck_sessions import session_name
 from turnwire_server.store.postgres_url import PostgresTarget, parse_postgres_url
 
 __all__ = ["DEFAULT_POOL_SIZE", "PostgresConnection"]
@@ -109,7 +109,6 @@ class PostgresConnection(CoreWrites, CoreReads, CoreSchedules, CoreWebhooks):
         self._target: PostgresTarget = parse_postgres_url(url, password_env=password_env)
         # Sessions named for their replica, so a claim can end a paused one's (.stuck_sessions).
         self._session_name = None if replica_id is None else session_name(replica_id)
-        self._lapsed_replicas = LapsedReplicas()  # whose stuck sessions claims end
         self._pool_size = pool_size
         self._timeout_s = timeout_s
         self._pool: psycopg_pool.AsyncConnectionPool[Any] | None = None

@@ -62,14 +62,16 @@ class PostgresStore(TurnQueue, Notifications):
     ) -> list[TurnRecord]:
         """:meth:`Store.claim_interrupted_turns`, after ending the sessions of the replicas whose
         leases lapsed that are stuck inside a transaction for longer than a lease
-        (:func:`.stuck_sessions.end_stuck_sessions`): their row locks would keep the claim off
-        their turns. A turn whose lock goes with them is claimed by the next claim (a third of
-        a lease later), once the server has ended the session."""
+        (:func:`.stuck_sessions.end_stuck_sessions`): their locks would keep the claim off their
+        turns, or the claimant's recovery waiting. A turn whose row lock goes with them is claimed
+        by the next claim (a third of a lease later), once the server has ended the session; the
+        turns of a lapsed replica with a session inside a younger transaction are passed over
+        until it is old enough to end."""
         pool = self._require_pool("claim_interrupted_turns")
         try:
             async with pool.connection() as conn:
                 lease_s = (lease_until - now).total_seconds()
-                await end_stuck_sessions(conn, owner, to_us(now, "now"), lease_s, self._lapsed_replicas)
+                _, busy = await end_stuck_sessions(conn, owner, to_us(now, "now"), lease_s)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise self._error(exc, "claim_interrupted_turns") from None
-        return await super().claim_interrupted_turns(owner, now, lease_until, limit)
+        return await self._claim_turns(owner, now, lease_until, limit, busy)

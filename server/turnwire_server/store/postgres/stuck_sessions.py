@@ -18,12 +18,13 @@ its leases, is paused or cut off. Its locks go with it; the next claim takes the
 the replica, when it goes on, finds its connection gone and its lease taken (fencing refuses its
 writes).
 
-A stuck session need not hold the turn's row: paused inside a write of the turn's conversation
-(an insert's foreign-key lock on the conversation row, say), it leaves the turn claimable while
-its transaction is still younger than a lease, and once the claim moved the turn over, its
-replica owns no lapsed turn any more. The claimant would then wait on that lock for as long as
-the pause lasts. So the replicas a claim found lapsed stay lapsed for a few leases
-(:class:`LapsedReplicas`), and later claims end their sessions once those are old enough.
+A stuck session need not hold the turn's row: stopped inside a write of the turn's conversation
+(an insert's foreign-key lock on the conversation's row, say), it leaves the turn's row free for
+the claim, and the claimant's recovery would then wait on the conversation for as long as the
+pause lasts (its lease loop with it: no later claim would end the session). So a claim passes
+over the turns of a lapsed replica with a session still inside a transaction younger than a
+lease (:func:`end_stuck_sessions` names them); a later claim ends that session once it is older,
+then takes the turns.
 
 Ending another role's sessions needs that role's membership or ``pg_signal_backend`` (replicas
 normally share one role); without it the claim goes on and a warning says why.
@@ -32,14 +33,13 @@ normally share one role); without it the claim goes on and a warning says why.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Final
 
 import psycopg
 
 log = logging.getLogger("turnwire_server.store.postgres")
 
-__all__ = ["LapsedReplicas", "end_stuck_sessions", "session_name"]
+__all__ = ["end_stuck_sessions", "session_name"]
 
 _NAME_PREFIX: Final = "turnwire/"
 _NAME_BYTES: Final = 63
@@ -49,53 +49,18 @@ _END_STUCK: Final = b"""
 WITH lapsed AS (
     SELECT DISTINCT owner FROM turns
     WHERE state = 'running' AND owner IS NOT NULL AND owner <> %(me)s AND lease_until < %(lapsed)s
-), ended AS (
-    SELECT pg_terminate_backend(a.pid) AS done
+), inside AS (
+    SELECT a.pid, lapsed.owner, a.xact_start < now() - make_interval(secs => %(older_than_s)s) AS stuck
     FROM pg_stat_activity AS a
+    JOIN lapsed ON a.application_name = %(prefix)s || lapsed.owner
     WHERE a.datname = current_database()
       AND a.pid <> pg_backend_pid()
-      AND a.xact_start < now() - make_interval(secs => %(older_than_s)s)
-      AND a.application_name IN (
-          SELECT %(prefix)s || owner FROM lapsed
-          UNION SELECT %(prefix)s || o FROM unnest(%(recent)s::text[]) AS o WHERE o <> %(me)s
-      )
+      AND a.xact_start IS NOT NULL
+), ended AS (
+    SELECT pg_terminate_backend(pid) AS done FROM inside WHERE stuck
 )
-SELECT ARRAY(SELECT owner FROM lapsed), (SELECT COUNT(*) FROM ended WHERE done)
+SELECT ARRAY(SELECT DISTINCT owner FROM inside WHERE NOT stuck), (SELECT COUNT(*) FROM ended WHERE done)
 """
-
-_REMEMBERED_LEASES: Final = 4
-"""For how many leases a replica found lapsed stays so (:class:`LapsedReplicas`): its stuck
-session is ended once older than a lease, and claims run every third of one."""
-
-_REMEMBERED_MAX: Final = 256
-"""At most this many replicas are remembered (the ones found lapsed longest ago go first)."""
-
-
-class LapsedReplicas:
-    """The replicas a claim found with lapsed leases, remembered for :data:`_REMEMBERED_LEASES`
-    leases after they were last found so (at most :data:`_REMEMBERED_MAX`, about 70 bytes each):
-    the turns of a paused replica are claimed away before its stuck sessions are old enough to
-    end, and it then owns none that would name it lapsed. Not thread-safe (one event loop)."""
-
-    def __init__(self) -> None:
-        self._until: dict[str, float] = {}  # replica id -> monotonic seconds it is remembered until
-
-    def recent(self) -> list[str]:
-        """The replicas still remembered (expired ones are forgotten here)."""
-        now = time.monotonic()
-        for owner in [o for o, until in self._until.items() if until <= now]:
-            del self._until[owner]
-        return list(self._until)
-
-    def found(self, owners: list[str], lease_s: float) -> None:
-        """Remember ``owners`` (just found lapsed) for :data:`_REMEMBERED_LEASES` leases of
-        ``lease_s`` seconds from now."""
-        until = time.monotonic() + _REMEMBERED_LEASES * lease_s
-        for owner in owners:
-            self._until.pop(owner, None)  # re-inserted last: dict order is oldest first
-            self._until[owner] = until
-        while len(self._until) > _REMEMBERED_MAX:
-            del self._until[next(iter(self._until))]
 
 
 def session_name(replica_id: str) -> str:
@@ -109,32 +74,25 @@ def session_name(replica_id: str) -> str:
 
 
 async def end_stuck_sessions(
-    conn: Any, me: str, lapsed_before_us: int, older_than_s: float, lapsed: LapsedReplicas
-) -> int:
-    """End (``pg_terminate_backend``) the sessions of every replica other than ``me`` that have
-    been inside one transaction for more than ``older_than_s`` seconds (a lease), where the
-    replica holds a running turn whose lease lapsed before ``lapsed_before_us`` (µs since the
-    epoch) or is one ``lapsed`` still remembers; the replicas found lapsed are remembered
-    (:meth:`LapsedReplicas.found`). Returns how many sessions were ended. ``conn`` is an
-    autocommit connection. Lacking the privilege to end one is logged and counted as none;
-    other database errors propagate (:class:`psycopg.Error`)."""
-    params = {
-        "me": me,
-        "lapsed": lapsed_before_us,
-        "prefix": _NAME_PREFIX,
-        "older_than_s": older_than_s,
-        "recent": lapsed.recent(),
-    }
+    conn: Any, me: str, lapsed_before_us: int, older_than_s: float
+) -> tuple[int, list[str]]:
+    """End (``pg_terminate_backend``) the sessions of every replica other than ``me`` holding a
+    running turn whose lease lapsed before ``lapsed_before_us`` (µs since the epoch) that have
+    been inside one transaction for more than ``older_than_s`` seconds. Returns how many were
+    ended, and the lapsed replicas with a session inside a younger transaction: a claim passes
+    over their turns for now (the module docstring says why). ``conn`` is an autocommit
+    connection. Lacking the privilege to end one is logged and counted as none; other database
+    errors propagate (:class:`psycopg.Error`)."""
+    params = {"me": me, "lapsed": lapsed_before_us, "prefix": _NAME_PREFIX, "older_than_s": older_than_s}
     try:
-        owners, ended = await (await conn.execute(_END_STUCK, params)).fetchone()
+        busy, ended = await (await conn.execute(_END_STUCK, params)).fetchone()
     except psycopg.errors.InsufficientPrivilege:
         log.warning(
             "a replica whose lease lapsed holds a database session stuck inside a transaction, and this"
             " replica's role may not end it (it needs the other role's membership or pg_signal_backend):"
             " its turns wait until that session ends"
         )
-        return 0
-    lapsed.found(owners, older_than_s)
+        return 0, []
     if ended:
         log.warning(
             "ended %d database session(s) of a replica whose lease lapsed, stuck inside a transaction"
@@ -142,4 +100,4 @@ async def end_stuck_sessions(
             ended,
             older_than_s,
         )
-    return int(ended)
+    return int(ended), list(busy)
