@@ -231,14 +231,17 @@ class AssistantMessage:
             call.state = message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE
         return call
 
-    def repeats_call(self, tool_call_id: str, *, streaming_ok: bool) -> bool:
-        """Whether a new call with ``tool_call_id`` would repeat an id this turn gave already
-        (docs/semantics.md §11: no two calls of a turn share one). ``streaming_ok``: a call whose
-        input is still streaming under that id is this call (its complete form), not a repeat."""
+    def call_state(self, tool_call_id: str) -> bool | None:
+        """Whether the turn has a call ``tool_call_id``: None when not, True while its input
+        streams, False once it is complete."""
         part = self._tool_parts.get(tool_call_id)
         if part is None:
-            return False
-        return not (streaming_ok and part.tool_call.state == message_pb2.TOOL_CALL_STATE_INPUT_STREAMING)
+            return None
+        return part.tool_call.state == message_pb2.TOOL_CALL_STATE_INPUT_STREAMING
+
+    def tool_call_ids(self) -> list[str]:
+        """The ids of the turn's calls."""
+        return list(self._tool_parts)
 
     def tool_call(self, tool_call_id: str) -> message_pb2.ToolCallPart:
         """The stored part of call ``tool_call_id``."""

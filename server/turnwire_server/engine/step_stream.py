@@ -22,10 +22,11 @@ from turnwire.hooks import (
     ChunkContext,
     StepFinishContext,
 )
-from turnwire.providers import ProviderError
+from turnwire.providers import ProviderError, transcript_call_ids
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.budgets import StepBudgets, step_budgets
+from turnwire_server.engine.call_ids import StepCallIds
 from turnwire_server.engine.compaction import Compactor
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, TurnFailure
 from turnwire_server.engine.settings import EngineSettings
@@ -185,9 +186,15 @@ class StepStream:
         partial: chunks.Usage | None = None
         first_token = not turn.first_token_seen
         loop = asyncio.get_running_loop()
+        ids = StepCallIds(
+            assistant.call_state,
+            lambda: (*assistant.tool_call_ids(), *transcript_call_ids(turn.step_messages)),
+            self._provider_label,
+        )
         try:
             async with contextlib.aclosing(stream) as model_stream, asyncio.timeout(chunk_timeout) as gap:
-                async for chunk in model_stream:
+                async for received in model_stream:
+                    chunk: Any = received  # a tool call's under its id in the turn (StepCallIds)
                     if chunk_timeout is not None:
                         gap.reschedule(loop.time() + chunk_timeout)
                     kind = type(chunk)
@@ -206,6 +213,7 @@ class StepStream:
                         if first_token:
                             first_token = await self._first_token(sent=send_reasoning)
                     elif kind is chunks.ToolInputDelta:
+                        chunk = ids.delta(chunk)
                         input_delta = writer.new().tool_input_delta
                         input_delta.tool_call_id = chunk.tool_call_id
                         input_delta.input_text_delta = chunk.delta
@@ -224,8 +232,7 @@ class StepStream:
                         if send_reasoning:
                             writer.new().reasoning_end.id = chunk.id
                     elif kind is chunks.ToolInputStart:
-                        if assistant.repeats_call(chunk.tool_call_id, streaming_ok=False):
-                            raise self._repeated_call_id(chunk.tool_call_id)
+                        chunk = ids.start(chunk)
                         executed = chunk.provider_executed
                         assistant.start_tool_call(chunk.tool_call_id, chunk.tool_name, executed)
                         input_start = writer.new().tool_input_start
@@ -233,10 +240,10 @@ class StepStream:
                         input_start.tool_name = chunk.tool_name
                         input_start.provider_executed = executed
                     elif kind is chunks.ToolCall:
-                        if assistant.repeats_call(chunk.tool_call_id, streaming_ok=True):
-                            raise self._repeated_call_id(chunk.tool_call_id)
+                        chunk = ids.call(chunk)
                         runner.accept(chunk, allowed)
                     elif kind is chunks.ToolResult:
+                        chunk = ids.result(chunk)
                         runner.provider_result(chunk)
                     elif kind is chunks.Source:
                         writer.new().source.CopyFrom(assistant.add_source(chunk))
@@ -280,18 +287,6 @@ class StepStream:
             metrics.count_provider_error(self._provider_label, unfinished)
             raise TurnFailure("stream", unfinished)
         return finish
-
-    def _repeated_call_id(self, tool_call_id: str) -> ProviderError:
-        """A provider that gave a second call of the turn an id the turn has (docs/semantics.md
-        §11): its results would pair with the wrong call, so the step fails instead (the
-        provider adapters rename a repeat; a provider of one's own must too)."""
-        return ProviderError(
-            f"the model stream gave a second tool call of this turn the id {tool_call_id!r}: a provider"
-            " must give each call its own id (turnwire.providers.unique_id; docs/providers.md,"
-            " 'Tool call ids')",
-            provider=self._provider_label,
-            in_stream=True,
-        )
 
     async def _first_token(self, *, sent: bool) -> bool:
         """Once per turn, its first token written: observe its time to first token, have the
