@@ -347,3 +347,33 @@ async def test_a_recovery_refused_for_its_request_id_in_use_spends_no_recovery(
     await _wait_answered(h, "r-in-use")
     ended = await h.store.get_turn("r-in-use")
     assert ended is not None and (ended.state, ended.recovery_count) == ("completed", 1)
+
+
+async def test_a_recovery_waiting_on_its_first_write_keeps_the_lease_loop_going(
+    make_engine: EngineFactory,
+) -> None:
+    """A taken-over turn's recovery whose first write waits (the conversation's lock held by a
+    paused replica's session, a slow store) does not hold up the lease loop: the tick returns,
+    the next renews every lease, the waiting turn's included, and does not give that turn up
+    as one nothing runs; once the write goes through, the turn is answered once."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer")]})
+    await _a_stranded_turn_claimed(h, "r-slow-write")
+    finish_turn, written = h.store.finish_turn, asyncio.Event()
+
+    async def waits(*args: Any, **kwargs: Any) -> Any:
+        await written.wait()
+        return await finish_turn(*args, **kwargs)
+
+    h.store.finish_turn = waits  # type: ignore[method-assign]
+    replica = Replica(h.engine, resume=True)
+    assert await asyncio.wait_for(replica.tick(), 5) == 1, "given up, claimed again; not awaited"
+    (before,) = await h.store.running_turns()
+    assert await asyncio.wait_for(replica.tick(), 5) == 0
+    (after,) = await h.store.running_turns()
+    assert after.owner == h.engine.settings.replica_id, "not given up while its recovery starts"
+    assert after.lease_until is not None and before.lease_until is not None
+    assert after.lease_until >= before.lease_until, "renewed"
+    written.set()
+    await _wait_answered(h, "r-slow-write")
+    h.store.finish_turn = finish_turn  # type: ignore[method-assign]
+    await replica.stop()

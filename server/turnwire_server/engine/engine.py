@@ -114,6 +114,7 @@ class TurnEngine:
         self.chain = chain
         self.settings = settings
         self._turns: dict[str, TurnHandle] = {}
+        self._recovering: set[str] = set()  # claimed here, their recovery not started yet
         self._queued: Counter[str] = Counter()
         self._accepting = True
         self._recovery_slots = asyncio.Semaphore(settings.durability.max_concurrent_recoveries)
@@ -140,11 +141,16 @@ class TurnEngine:
         unavailable past ``durability.store_outage_seconds``), its input's commit or its claim
         was cut off after it landed, its recovery did not start (a store error, a refusal) or
         was stopped while it waited for its turn lock. The replica's lease loop calls this right
-        after a renewal, between its claims (a turn claimed here is running here before the next
-        renewal). Each release is fenced by the token and start the renewal found, so a turn that
-        ended or was taken over meanwhile is left as it is. Raises :class:`StoreError` (the next
-        renewal finds them again)."""
-        orphaned = [turn for turn in held if turn.lease.request_id not in self._turns]
+        after a renewal, between its claims; a turn claimed here whose recovery is still starting
+        (:meth:`recover_turns`, on a task of its own) is not given up. Each release is fenced by
+        the token and start the renewal found, so a turn that ended or was taken over meanwhile
+        is left as it is. Raises :class:`StoreError` (the next renewal finds them again)."""
+        recovering = self._recovering
+        orphaned = [
+            turn
+            for turn in held
+            if turn.lease.request_id not in self._turns and turn.lease.request_id not in recovering
+        ]
         if not orphaned:
             return 0
         await self.store.release_leases(orphaned)
@@ -578,6 +584,14 @@ class TurnEngine:
         nothing, docs/semantics.md §8). Raises
         :class:`StoreError` at the first store failure (the others wait for the next claim); any
         other failure is logged and the next turn recovered."""
+        ids = {turn.request_id for turn in turns} - self._recovering
+        self._recovering |= ids  # claimed here, not running yet: not orphans (release_orphaned)
+        try:
+            await self._recover_each(turns, resume)
+        finally:
+            self._recovering -= ids
+
+    async def _recover_each(self, turns: Sequence[TurnRecord], resume: bool) -> None:
         for turn in turns:
             try:
                 await recover_turn(

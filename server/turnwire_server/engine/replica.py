@@ -32,6 +32,7 @@ import time
 
 from turnwire_server.engine.engine import TurnEngine
 from turnwire_server.engine.submissions import Submissions
+from turnwire_server.store.records import TurnRecord
 
 log = logging.getLogger("turnwire.leases")
 
@@ -52,6 +53,7 @@ class Replica:
         self._resume = resume
         self._submissions = submissions
         self._tasks: list[asyncio.Task[None]] = []
+        self._recoveries: set[asyncio.Task[None]] = set()  # of turns taken over, not awaited by a tick
         self._cut_off = False  # the last renewal failed (the store unreachable)
         self._claims_from = 0.0  # time.monotonic() before which nothing is claimed
 
@@ -71,8 +73,9 @@ class Replica:
                 self._tasks.append(asyncio.create_task(self._submissions.serve(), name="submission claims"))
 
     async def stop(self) -> None:
-        """Stop them; turns still running keep their last lease until it lapses."""
-        tasks, self._tasks = self._tasks, []
+        """Stop them, and recoveries still starting; turns still running keep their last lease
+        until it lapses."""
+        tasks, self._tasks = [*self._tasks, *self._recoveries], []
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -81,7 +84,9 @@ class Replica:
 
     async def tick(self) -> int:
         """One renewal, then the claims of lapsed turns and pending submissions; returns how many
-        lapsed turns were taken over."""
+        lapsed turns were taken over. Their recoveries start on a task of their own: a recovery's
+        first write may wait (for the conversation's lock, a slow store), and the renewals of every
+        lease this replica holds, the recovering turns' included, must not wait with it."""
         engine = self._engine
         settings = engine.settings
         lease_seconds = settings.durability.lease_seconds
@@ -110,10 +115,18 @@ class Replica:
         claimed = await engine.store.claim_interrupted_turns(settings.replica_id, now, until, _CLAIM_BATCH)
         if claimed:
             log.warning("took over %d turn(s) whose replica stopped renewing its leases", len(claimed))
-            await engine.recover_turns(claimed, resume=self._resume)
+            task = asyncio.create_task(self._recover(claimed), name="turn recoveries")
+            self._recoveries.add(task)
+            task.add_done_callback(self._recoveries.discard)
         if self._submissions is not None and (started := await self._submissions.claim()):
             log.info("claimed %d pending submission(s) no replica ran", started)
         return len(claimed)
+
+    async def _recover(self, claimed: list[TurnRecord]) -> None:
+        try:
+            await self._engine.recover_turns(claimed, resume=self._resume)
+        except Exception as error:  # a store failure: the next renewal gives their leases up
+            log.error("recovering %d turn(s) taken over failed: %s", len(claimed), error)
 
     async def _run(self) -> None:
         while True:
