@@ -377,3 +377,53 @@ async def test_a_recovery_waiting_on_its_first_write_keeps_the_lease_loop_going(
     await _wait_answered(h, "r-slow-write")
     h.store.finish_turn = finish_turn  # type: ignore[method-assign]
     await replica.stop()
+
+
+async def test_a_refused_recovery_is_given_up_while_another_of_its_claim_still_waits(
+    make_engine: EngineFactory,
+) -> None:
+    """A claim of two turns: the first's recovery is refused (nothing runs it), the second's
+    first read waits. The next tick gives the first up at once, not after the second started."""
+    h = await make_engine(scripts={"main": [ScriptStep(text="the answer", repeat=True)]})
+    admit = h.store.admit_turn
+
+    @asynccontextmanager
+    async def landed_then_cut_off(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async with admit(*args, **kwargs):
+            raise StoreUnreachable("connection lost during COMMIT", in_flight=True)
+        yield  # never reached: a generator for asynccontextmanager
+
+    h.store.admit_turn = landed_then_cut_off  # type: ignore[method-assign]
+    for request_id in ("r-a-refused", "r-b-waits"):
+        await collect(await h.start("question", conversation_id=f"c-{request_id}", request_id=request_id))
+    h.store.admit_turn = admit  # type: ignore[method-assign]
+    assert await _give_up_orphans(h) == 2
+    start, load, release = h.engine.start, h.store.load_messages, h.store.release_leases
+    gate, released = asyncio.Event(), list[str]()
+
+    async def refused(request: Any, **kwargs: Any) -> Any:
+        if request.request_id == "r-a-refused":
+            raise RuntimeError("a recovery that does not start")
+        return await start(request, **kwargs)
+
+    async def waits(conversation_id: str) -> Any:
+        if conversation_id == "c-r-b-waits":
+            await gate.wait()
+        return await load(conversation_id)
+
+    async def recorded(turns: Any) -> None:
+        released.extend(turn.lease.request_id for turn in turns)
+        await release(turns)
+
+    h.engine.start, h.store.load_messages = refused, waits  # type: ignore[method-assign]
+    h.store.release_leases = recorded  # type: ignore[method-assign]
+    replica = Replica(h.engine, resume=True)
+    assert await replica.tick() == 2
+    await wait_until(lambda: "r-a-refused" not in h.engine._recovering, what="the refusal")
+    await asyncio.wait_for(replica.tick(), 5)
+    assert "r-a-refused" in released, "given up by the next renewal"
+    assert "r-b-waits" not in released, "still starting: kept"
+    gate.set()
+    h.engine.start, h.store.load_messages = start, load  # type: ignore[method-assign]
+    h.store.release_leases = release  # type: ignore[method-assign]
+    await replica.stop()

@@ -15,7 +15,7 @@ import datetime as dt
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
 from turnwire.hooks import ConcurrentInput
@@ -576,37 +576,44 @@ class TurnEngine:
         await self.recover_turns(turns, resume=resume)
         return len(turns)
 
-    async def recover_turns(self, turns: Sequence[TurnRecord], *, resume: bool = True) -> None:
-        """Recover ``turns``, claimed by this replica (see :meth:`recover`). A turn whose recovery
-        does not start is running under this replica's lease with nothing running it: the next
-        lease renewal gives it up (:meth:`release_orphaned`), so a claim recovers it (its
-        recovery counted: ``durability.recovery_budget`` bounds the attempts; not when it ran
-        nothing, docs/semantics.md §8). Raises
-        :class:`StoreError` at the first store failure (the others wait for the next claim); any
-        other failure is logged and the next turn recovered."""
+    def recover_turns(self, turns: Sequence[TurnRecord], *, resume: bool = True) -> Coroutine[Any, Any, None]:
+        """Recover ``turns``, claimed by this replica (see :meth:`recover`): await what this returns.
+        From this call until each one's recovery started, ended or was refused, the turn is not
+        given up as running nowhere (:meth:`release_orphaned`; the lease loop runs recoveries on
+        a task of their own). A turn whose recovery does not start is running under this
+        replica's lease with nothing running it: the next lease renewal gives it up, so a claim
+        recovers it (its recovery counted: ``durability.recovery_budget`` bounds the attempts;
+        not when it ran nothing, docs/semantics.md §8). Raises :class:`StoreError` at the first
+        store failure (the others wait for the next claim); any other failure is logged and the
+        next turn recovered."""
         ids = {turn.request_id for turn in turns} - self._recovering
         self._recovering |= ids  # claimed here, not running yet: not orphans (release_orphaned)
+        return self._recover_turns(turns, resume, ids)
+
+    async def _recover_turns(self, turns: Sequence[TurnRecord], resume: bool, ids: set[str]) -> None:
         try:
-            await self._recover_each(turns, resume)
+            for turn in turns:
+                try:
+                    await recover_turn(
+                        turn,
+                        resume,
+                        store=self.store,
+                        settings=self.settings,
+                        slots=self._recovery_slots,
+                        error_status=self.error_status,
+                        start=self._start_recovery,
+                    )
+                except StoreError:
+                    raise
+                except Exception:  # a refusal (RequestIdInUse, ShuttingDown) or a bug: not the others' fault
+                    log.exception(
+                        "turn %s: its recovery did not start; its lease is given up", turn.request_id
+                    )
+                finally:
+                    if turn.request_id in ids:  # started, ended or refused: an orphan again if not running
+                        self._recovering.discard(turn.request_id)
         finally:
             self._recovering -= ids
-
-    async def _recover_each(self, turns: Sequence[TurnRecord], resume: bool) -> None:
-        for turn in turns:
-            try:
-                await recover_turn(
-                    turn,
-                    resume,
-                    store=self.store,
-                    settings=self.settings,
-                    slots=self._recovery_slots,
-                    error_status=self.error_status,
-                    start=self._start_recovery,
-                )
-            except StoreError:
-                raise
-            except Exception:  # a refusal (RequestIdInUse, ShuttingDown) or a bug: not the others' fault
-                log.exception("turn %s: its recovery did not start; its lease is given up", turn.request_id)
 
     async def _start_recovery(self, request: TurnRequest, recovery: Recovery, last_sequence: int) -> None:
         """A recovery run of a claimed turn (:func:`~.crash_recovery.recover_turn`): detached, never

@@ -29,10 +29,11 @@ import contextlib
 import datetime as dt
 import logging
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 from turnwire_server.engine.engine import TurnEngine
 from turnwire_server.engine.submissions import Submissions
-from turnwire_server.store.records import TurnRecord
 
 log = logging.getLogger("turnwire.leases")
 
@@ -115,18 +116,19 @@ class Replica:
         claimed = await engine.store.claim_interrupted_turns(settings.replica_id, now, until, _CLAIM_BATCH)
         if claimed:
             log.warning("took over %d turn(s) whose replica stopped renewing its leases", len(claimed))
-            task = asyncio.create_task(self._recover(claimed), name="turn recoveries")
+            recovering = engine.recover_turns(claimed, resume=self._resume)  # marked at once
+            task = asyncio.create_task(self._recover(recovering, len(claimed)), name="turn recoveries")
             self._recoveries.add(task)
             task.add_done_callback(self._recoveries.discard)
         if self._submissions is not None and (started := await self._submissions.claim()):
             log.info("claimed %d pending submission(s) no replica ran", started)
         return len(claimed)
 
-    async def _recover(self, claimed: list[TurnRecord]) -> None:
+    async def _recover(self, recovering: Coroutine[Any, Any, None], count: int) -> None:
         try:
-            await self._engine.recover_turns(claimed, resume=self._resume)
+            await recovering
         except Exception as error:  # a store failure: the next renewal gives their leases up
-            log.error("recovering %d turn(s) taken over failed: %s", len(claimed), error)
+            log.error("recovering %d turn(s) taken over failed: %s", count, error)
 
     async def _run(self) -> None:
         while True:
