@@ -11,6 +11,7 @@ is ended: a replica whose lease is live, a young transaction, a session of no re
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import AsyncIterator, Iterator
 
@@ -149,9 +150,11 @@ async def test_a_turn_is_not_claimed_while_its_replica_is_inside_a_younger_trans
     assert await replica_b.claim_interrupted_turns("replica-b", LAPSED, hour_lease, 10) == []
     assert not await _is_dead(frozen), "young: not ended"
     claimed: list[str] = []
+    two_seconds = LAPSED + dt.timedelta(seconds=2)  # A lapsed a second ago: within that lease
 
     async def taken_over() -> bool:
-        claimed.extend(await _claims(replica_b))
+        turns = await replica_b.claim_interrupted_turns("replica-b", LAPSED, two_seconds, 10)
+        claimed.extend(turn.request_id for turn in turns)
         return bool(claimed)
 
     await wait_until(taken_over, timeout=20, what="B takes the turn once A's session is ended")
@@ -161,3 +164,55 @@ async def test_a_turn_is_not_claimed_while_its_replica_is_inside_a_younger_trans
     with psycopg.connect(pg_url, autocommit=True) as conn:  # what B's recovery writes first
         conn.execute("SET lock_timeout = '5s'")
         conn.execute("SELECT 1 FROM conversations WHERE id = 'c-r5' FOR UPDATE")
+
+
+async def test_a_lapsed_replica_still_writing_is_passed_over_for_a_lease_only(
+    pg_url: str, replica_b: PostgresStore
+) -> None:
+    """A replica whose leases lapsed but which keeps opening short transactions (alive, its lease
+    loop stalled) never has one old enough to end: its turns are passed over only within a lease
+    of its lapse, then taken over as before."""
+    await _running_turn(replica_b, "r6")  # A's lease ran until T0 + 30 s; LAPSED is a second later
+    writing = await psycopg.AsyncConnection.connect(pg_url, application_name=session_name("replica-a"))
+    await writing.execute("BEGIN")  # a young transaction of A at every claim below
+    try:
+        within = await replica_b.claim_interrupted_turns(
+            "replica-b", LAPSED, LAPSED + dt.timedelta(hours=1), 10
+        )  # a lease of an hour: A lapsed within it
+        assert within == [], "passed over within a lease of A's lapse"
+        assert await _claims(replica_b) == ["r6"], "taken over after it (a lease of 0.3 s, lapsed 1 s ago)"
+        assert not await _is_dead(writing), "a young transaction is not ended"
+    finally:
+        await writing.close()
+
+
+async def test_a_session_waiting_on_its_client_that_blocks_this_replica_is_ended(
+    pg_url: str, replica_b: PostgresStore
+) -> None:
+    """A replica paused again after its turn was taken over, inside a stale write that locked the
+    turn's row: it owns no lapsed turn, but it blocks this replica (here its renewal of that
+    turn). Waiting on its client for longer than a lease while this replica waits on it, its
+    session is ended by the next claim."""
+    await _running_turn(replica_b, "r7", owner="replica-b", lease_seconds=3600)
+    frozen = await _frozen_inside_a_write(pg_url, "r7", session_name("replica-a"))
+    renewing = await psycopg.AsyncConnection.connect(
+        pg_url, application_name=session_name("replica-b"), autocommit=True
+    )
+    renewal = asyncio.ensure_future(
+        renewing.execute("UPDATE turns SET lease_until = lease_until + 1 WHERE request_id = 'r7'")
+    )
+    pid = frozen.info.backend_pid
+    try:
+
+        async def ended() -> bool:  # asked from elsewhere: a statement on A's session would wake it
+            await _claims(replica_b)
+            with psycopg.connect(pg_url) as conn:
+                return (
+                    conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() is None
+                )
+
+        await wait_until(ended, timeout=20, what="B's claim ends A's session that blocks B")
+        await asyncio.wait_for(renewal, 10)  # B's renewal went through
+    finally:
+        await frozen.close()
+        await renewing.close()

@@ -21,10 +21,17 @@ writes).
 A stuck session need not hold the turn's row: stopped inside a write of the turn's conversation
 (an insert's foreign-key lock on the conversation's row, say), it leaves the turn's row free for
 the claim, and the claimant's recovery would then wait on the conversation for as long as the
-pause lasts (its lease loop with it: no later claim would end the session). So a claim passes
-over the turns of a lapsed replica with a session still inside a transaction younger than a
-lease (:func:`end_stuck_sessions` names them); a later claim ends that session once it is older,
-then takes the turns.
+pause lasts. So a claim passes over the turns of a lapsed replica with a session still inside
+a transaction younger than a lease (:func:`end_stuck_sessions` names them); a later claim ends
+that session once it is older, then takes the turns. Only within a lease of that replica's lapse:
+a transaction stuck since the pause is older than a lease by then, and a replica alive but not
+renewing (its short transactions never age) would otherwise keep its turns for good.
+
+A replica paused again after its turns were taken over (inside a stale write that locked a row
+this replica now writes) owns no lapsed turn any more. So a claim also ends the session of any
+other replica that blocks one of this replica's sessions while it has waited on its own client
+(``ClientRead``, or idle inside its transaction) for longer than a lease: a live replica answers
+its database within milliseconds.
 
 Ending another role's sessions needs that role's membership or ``pg_signal_backend`` (replicas
 normally share one role); without it the claim goes on and a warning says why.
@@ -47,19 +54,35 @@ _NAME_BYTES: Final = 63
 
 _END_STUCK: Final = b"""
 WITH lapsed AS (
-    SELECT DISTINCT owner FROM turns
-    WHERE state = 'running' AND owner IS NOT NULL AND owner <> %(me)s AND lease_until < %(lapsed)s
+    SELECT owner, MAX(lease_until) AS lease_until FROM turns
+    WHERE state = 'running' AND owner IS NOT NULL AND owner <> %(me)s
+    GROUP BY owner HAVING MIN(lease_until) < %(lapsed)s
 ), inside AS (
-    SELECT a.pid, lapsed.owner, a.xact_start < now() - make_interval(secs => %(older_than_s)s) AS stuck
+    SELECT a.pid, lapsed.owner, lapsed.lease_until,
+           a.xact_start < now() - make_interval(secs => %(older_than_s)s) AS stuck
     FROM pg_stat_activity AS a
     JOIN lapsed ON a.application_name = %(prefix)s || lapsed.owner
     WHERE a.datname = current_database()
       AND a.pid <> pg_backend_pid()
       AND a.xact_start IS NOT NULL
+), blocking_me AS (
+    SELECT DISTINCT unnest(pg_blocking_pids(w.pid)) AS pid
+    FROM pg_stat_activity AS w
+    WHERE w.datname = current_database() AND w.application_name = %(prefix)s || %(me)s
+      AND w.wait_event_type = 'Lock'
+), waiting_on_its_client AS (
+    SELECT a.pid FROM pg_stat_activity AS a JOIN blocking_me USING (pid)
+    WHERE a.application_name LIKE %(prefix)s || '%%' AND a.application_name <> %(prefix)s || %(me)s
+      AND (a.wait_event = 'ClientRead' OR a.state = 'idle in transaction')
+      AND a.state_change < now() - make_interval(secs => %(older_than_s)s)
 ), ended AS (
-    SELECT pg_terminate_backend(pid) AS done FROM inside WHERE stuck
+    SELECT pg_terminate_backend(pid) AS done
+    FROM (SELECT pid FROM inside WHERE stuck UNION SELECT pid FROM waiting_on_its_client) AS stuck
 )
-SELECT ARRAY(SELECT DISTINCT owner FROM inside WHERE NOT stuck), (SELECT COUNT(*) FROM ended WHERE done)
+SELECT ARRAY(
+    SELECT DISTINCT owner FROM inside
+    WHERE NOT stuck AND lease_until >= %(lapsed)s - %(lease_us)s
+), (SELECT COUNT(*) FROM ended WHERE done)
 """
 
 
@@ -78,12 +101,19 @@ async def end_stuck_sessions(
 ) -> tuple[int, list[str]]:
     """End (``pg_terminate_backend``) the sessions of every replica other than ``me`` holding a
     running turn whose lease lapsed before ``lapsed_before_us`` (µs since the epoch) that have
-    been inside one transaction for more than ``older_than_s`` seconds. Returns how many were
-    ended, and the lapsed replicas with a session inside a younger transaction: a claim passes
-    over their turns for now (the module docstring says why). ``conn`` is an autocommit
-    connection. Lacking the privilege to end one is logged and counted as none; other database
-    errors propagate (:class:`psycopg.Error`)."""
-    params = {"me": me, "lapsed": lapsed_before_us, "prefix": _NAME_PREFIX, "older_than_s": older_than_s}
+    been inside one transaction for more than ``older_than_s`` seconds (a lease), and those of any
+    other replica blocking a session of ``me`` after waiting on their client for longer than that.
+    Returns how many were ended, and the replicas whose lease lapsed less than a lease ago with a
+    session inside a younger transaction: a claim passes over their turns for now (the module
+    docstring says why). ``conn`` is an autocommit connection. Lacking the privilege to end one is
+    logged and counted as none; other database errors propagate (:class:`psycopg.Error`)."""
+    params = {
+        "me": me,
+        "lapsed": lapsed_before_us,
+        "prefix": _NAME_PREFIX,
+        "older_than_s": older_than_s,
+        "lease_us": int(older_than_s * 1_000_000),
+    }
     try:
         busy, ended = await (await conn.execute(_END_STUCK, params)).fetchone()
     except psycopg.errors.InsufficientPrivilege:
