@@ -122,3 +122,23 @@ async def test_a_streamed_call_completing_under_its_own_id_is_no_repeat(make_eng
     _, calls = await _run(make_engine, provider)
     assert [c.tool_call_id for c in calls] == ["call_0", "call_1"]
     assert sorted(RAN) == [(1, 2), (3, 4)]
+
+
+async def test_a_late_provider_result_goes_to_the_renamed_call(make_engine: EngineFactory) -> None:
+    """A provider-executed call renamed in a paused step (Anthropic's ``pause_turn``) gets its
+    result in the next step under the provider's id: it goes to the renamed call, not to the
+    turn's earlier call of that id."""
+    search: list[chunks.ModelChunk] = [
+        chunks.ToolInputStart("call_0", "web_search", provider_executed=True),
+        chunks.ToolCall("call_0", "web_search", {"q": "x"}, raw_input='{"q": "x"}', provider_executed=True),
+    ]
+    provider = Steps(
+        [*_call("call_0", 1, 2), TOOL_STEP],
+        [*search, chunks.FinishStep(chunks.FinishReason.OTHER, paused=True)],
+        [chunks.ToolResult("call_0", "web_search", output={"hits": 1}), *_answer("found")],
+    )
+    _, calls = await _run(make_engine, provider)
+    assert [(c.tool_call_id, c.tool_name, c.output_json) for c in calls] == [
+        ("call_0", "add", "3"),
+        ("call_0_2", "web_search", '{"hits":1}'),
+    ]

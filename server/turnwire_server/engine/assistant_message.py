@@ -239,6 +239,16 @@ class AssistantMessage:
             return None
         return part.tool_call.state == message_pb2.TOOL_CALL_STATE_INPUT_STREAMING
 
+    def awaits_provider_result(self, tool_call_id: str) -> bool:
+        """Whether call ``tool_call_id`` is one the provider runs and has no result yet."""
+        part = self._tool_parts.get(tool_call_id)
+        return (
+            part is not None
+            and part.tool_call.provider_executed
+            and part.tool_call.state
+            in (message_pb2.TOOL_CALL_STATE_INPUT_STREAMING, message_pb2.TOOL_CALL_STATE_INPUT_AVAILABLE)
+        )
+
     def tool_call_ids(self) -> list[str]:
         """The ids of the turn's calls."""
         return list(self._tool_parts)

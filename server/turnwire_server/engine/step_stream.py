@@ -26,7 +26,7 @@ from turnwire.providers import ProviderError, transcript_call_ids
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine import metrics
 from turnwire_server.engine.budgets import StepBudgets, step_budgets
-from turnwire_server.engine.call_ids import StepCallIds
+from turnwire_server.engine.call_ids import TurnCallIds
 from turnwire_server.engine.compaction import Compactor
 from turnwire_server.engine.errors import ModelTimeout, SlowConsumer, TurnFailure
 from turnwire_server.engine.settings import EngineSettings
@@ -186,15 +186,18 @@ class StepStream:
         partial: chunks.Usage | None = None
         first_token = not turn.first_token_seen
         loop = asyncio.get_running_loop()
-        ids = StepCallIds(
-            assistant.call_state,
-            lambda: (*assistant.tool_call_ids(), *transcript_call_ids(turn.step_messages)),
-            self._provider_label,
-        )
+        ids = turn.call_ids
+        if ids is None:
+            ids = turn.call_ids = TurnCallIds(
+                assistant.call_state,
+                assistant.awaits_provider_result,
+                lambda: (*assistant.tool_call_ids(), *transcript_call_ids(turn.step_messages)),
+            )
+        ids.provider = self._provider_label
         try:
             async with contextlib.aclosing(stream) as model_stream, asyncio.timeout(chunk_timeout) as gap:
                 async for received in model_stream:
-                    chunk: Any = received  # a tool call's under its id in the turn (StepCallIds)
+                    chunk: Any = received  # a tool call's under its id in the turn (TurnCallIds)
                     if chunk_timeout is not None:
                         gap.reschedule(loop.time() + chunk_timeout)
                     kind = type(chunk)

@@ -17,6 +17,7 @@ from turnwire.tools import Tool
 from turnwire.types import BudgetState, Usage
 from turnwire_client.v1 import message_pb2
 from turnwire_server.engine.assistant_message import AssistantMessage
+from turnwire_server.engine.call_ids import TurnCallIds
 from turnwire_server.engine.checkpoints import Checkpointer
 from turnwire_server.engine.cost import CostTotal
 from turnwire_server.engine.events import EventWriter
@@ -93,6 +94,7 @@ class TurnWorkingState:
     steps_started: int = 0
     send_reasoning: bool = True
     step_messages: Sequence[message_pb2.Message] = ()
+    call_ids: TurnCallIds | None = None  # made at the turn's first step (step_stream.py)
     attempt: int = 1
     continue_reply: bool = False
     view: Sequence[message_pb2.Message] = ()
