@@ -5,39 +5,19 @@ adapters give them (tests/providers/test_provider_executed_tools.py replays the 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from pydantic import BaseModel
+from support.chunk_steps import Steps
 from support.engine_harness import CONV, EngineFactory, end_of, of_kind
 
 from turnwire import types as chunks
 from turnwire.hooks import Middleware, StepFinishContext, ToolCallContext, ToolCallDecision
-from turnwire.providers import ModelRequest
 from turnwire.tools import ToolExecution, tool
 from turnwire_client.v1 import event_pb2, message_pb2
 from turnwire_server.engine.step_record import MAX_STEP_METADATA_BYTES
 
 SEARCH = "srvtoolu_01Search"
-
-
-class Steps:
-    """A provider (``chunks:<any>``) that streams one list of chunks per model call."""
-
-    def __init__(self, *steps: Sequence[chunks.ModelChunk]) -> None:
-        self.steps = list(steps)
-        self.requests: list[ModelRequest] = []
-
-    def has_model(self, model: str) -> bool:
-        return True
-
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[chunks.ModelChunk, None]:
-        self.requests.append(request)
-        for chunk in self.steps[len(self.requests) - 1]:
-            yield chunk
-
-    async def aclose(self) -> None:
-        return None
 
 
 class Recorder(Middleware):

@@ -7,35 +7,15 @@ call keeps its own input and result."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from pydantic import BaseModel
+from support.chunk_steps import Steps
 from support.engine_harness import CONV, EngineFactory, end_of, of_kind
 
 from turnwire import types as chunks
-from turnwire.providers import ModelRequest
 from turnwire.tools import ToolExecution, tool
 from turnwire_client.v1 import event_pb2, message_pb2
-
-
-class Steps:
-    """A provider (``chunks:<any>``) that streams one list of chunks per model call."""
-
-    def __init__(self, *steps: Sequence[chunks.ModelChunk]) -> None:
-        self.steps = list(steps)
-        self.requests: list[ModelRequest] = []
-
-    def has_model(self, model: str) -> bool:
-        return True
-
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[chunks.ModelChunk, None]:
-        self.requests.append(request)
-        for chunk in self.steps[len(self.requests) - 1]:
-            yield chunk
-
-    async def aclose(self) -> None:
-        return None
 
 
 class Numbers(BaseModel):

@@ -86,9 +86,9 @@ async def test_a_call_refused_before_anything_was_sent_is_not_stranded(make_engi
     assert await _give_up_orphans(h) == 0
 
 
-async def _a_stranded_turn_claimed(h: Any, request_id: str) -> list[Any]:
-    """A turn running in the store with nothing running it (its input's commit cut off after it
-    landed), its lease given up, then claimed by this replica for recovery."""
+async def _stranded(h: Any, request_id: str, conversation_id: str = CONV) -> None:
+    """A turn running in the store with nothing running it: its input's commit cut off after it
+    landed (never acknowledged), under this replica's lease."""
     admit = h.store.admit_turn
 
     @asynccontextmanager
@@ -98,10 +98,16 @@ async def _a_stranded_turn_claimed(h: Any, request_id: str) -> list[Any]:
         yield  # never reached: a generator for asynccontextmanager
 
     h.store.admit_turn = landed_then_cut_off
-    events = await collect(await h.start("question", request_id=request_id))
+    events = await collect(await h.start("question", conversation_id=conversation_id, request_id=request_id))
     assert end_of(events).status == event_pb2.TURN_STATUS_ERROR
     assert not any(e.HasField("turn_start") for e in events)  # never acknowledged
     h.store.admit_turn = admit
+
+
+async def _a_stranded_turn_claimed(h: Any, request_id: str) -> list[Any]:
+    """A stranded turn (:func:`_stranded`), its lease given up, then claimed by this replica for
+    recovery."""
+    await _stranded(h, request_id)
     (running,) = await h.store.running_turns()
     assert running.request_id == request_id
     assert await _give_up_orphans(h) == 1
@@ -385,18 +391,8 @@ async def test_a_refused_recovery_is_given_up_while_another_of_its_claim_still_w
     """A claim of two turns: the first's recovery is refused (nothing runs it), the second's
     first read waits. The next tick gives the first up at once, not after the second started."""
     h = await make_engine(scripts={"main": [ScriptStep(text="the answer", repeat=True)]})
-    admit = h.store.admit_turn
-
-    @asynccontextmanager
-    async def landed_then_cut_off(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        async with admit(*args, **kwargs):
-            raise StoreUnreachable("connection lost during COMMIT", in_flight=True)
-        yield  # never reached: a generator for asynccontextmanager
-
-    h.store.admit_turn = landed_then_cut_off  # type: ignore[method-assign]
     for request_id in ("r-a-refused", "r-b-waits"):
-        await collect(await h.start("question", conversation_id=f"c-{request_id}", request_id=request_id))
-    h.store.admit_turn = admit  # type: ignore[method-assign]
+        await _stranded(h, request_id, f"c-{request_id}")
     assert await _give_up_orphans(h) == 2
     start, load, release = h.engine.start, h.store.load_messages, h.store.release_leases
     gate, released = asyncio.Event(), list[str]()

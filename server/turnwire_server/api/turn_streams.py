@@ -20,6 +20,7 @@ from turnwire_server.api.tenancy import listing_prefix, scoped_key
 from turnwire_server.engine import TurnHandle
 from turnwire_server.engine.errors import AdmissionRefused
 from turnwire_server.engine.request import TurnEntry
+from turnwire_server.engine.stream_log import event_bytes
 from turnwire_server.providers.registry import UnknownModel
 from turnwire_server.store.errors import StoreError
 
@@ -92,7 +93,7 @@ async def stream_turn(
     try:
         first = True
         last = 0
-        batches = handle.channel.batches(BATCH_MAX_EVENTS if batched else 1, batch_bytes, _size)
+        batches = handle.channel.batches(BATCH_MAX_EVENTS if batched else 1, batch_bytes, event_bytes)
         async for ready in batches:
             batch = ready
             if heartbeat is not None:
@@ -132,11 +133,6 @@ def wants_batches(context: grpc.aio.ServicerContext[Any, Any]) -> bool:
         if key == EVENT_BATCHES_METADATA:
             return value in ("1", b"1")
     return False
-
-
-def _size(response: Any) -> int:
-    size: int = response.event.ByteSize()
-    return size
 
 
 def _turn_events(heartbeat: Heartbeat[Any], batch: Sequence[Any]) -> list[Any]:

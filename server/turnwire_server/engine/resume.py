@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
 
 from turnwire_client.v1 import event_pb2
 from turnwire_server.engine.errors import TurnNotHere, TurnStreamNotFound
-from turnwire_server.engine.stream_log import Subscription
+from turnwire_server.engine.stream_log import Subscription, event_bytes
 from turnwire_server.store.base import ReplayStore
 from turnwire_server.store.records import StreamRecord, TurnRecord
 
@@ -71,7 +70,7 @@ async def replay(
                 for batch in _batches(backlog, *limits):
                     last = batch[-1].sequence_number
                     yield batch
-                async for ready in live.channel.batches(batch_events, batch_bytes, _response_size):
+                async for ready in live.channel.batches(batch_events, batch_bytes, event_bytes):
                     events = [r.event for r in ready if r.event.sequence_number > last]
                     if events:
                         last = events[-1].sequence_number
@@ -125,11 +124,6 @@ def _batches(
         total += size
     if batch:
         yield batch
-
-
-def _response_size(response: Any) -> int:
-    size: int = response.event.ByteSize()
-    return size
 
 
 async def _ended_turn(request_id: str, store: ReplayStore) -> TurnRecord | None:

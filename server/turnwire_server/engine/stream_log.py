@@ -44,6 +44,13 @@ any number the lost attempt could have sent (at most this many were unstored), s
 saw lost events still receives the AttemptStart (docs/semantics.md §12)."""
 
 
+def event_bytes(response: Any) -> int:
+    """The serialized size of a stream response's ``event`` (bytes): what event batches count
+    (``EventChannel.batches``, docs/semantics.md §10)."""
+    size: int = response.event.ByteSize()
+    return size
+
+
 @dataclass(frozen=True, slots=True)
 class StreamTail:
     """What a turn's final write stores of its stream (:meth:`StreamLog.tail`): ``events``

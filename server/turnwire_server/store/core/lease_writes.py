@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
 from turnwire_server.store.core.rows import TURN_COLUMNS, time_from_us, to_us, turn_from_row
-from turnwire_server.store.core.sql import Dialect, Program, Statement
+from turnwire_server.store.core.sql import Dialect, Program, Statement, in_marks
 from turnwire_server.store.core.submission_rows import SUBMISSION_COLUMNS, submission_from_row
 from turnwire_server.store.records import HeldTurn, SubmissionRecord, TurnLease, TurnRecord
 
@@ -155,9 +155,8 @@ def _claiming(
         raise ValueError(f"limit must be >= 1, got {limit}")
     lapsed, lapsed_params = ("", ()) if lapsed_before_us is None else (_LAPSED, (lapsed_before_us,))
     if passed_over:
-        marks = ", ".join("?" * len(passed_over))
         lapsed, lapsed_params = (
-            f"{lapsed} AND (owner IS NULL OR owner NOT IN ({marks}))",
+            f"{lapsed} AND (owner IS NULL OR owner NOT IN ({in_marks(len(passed_over))}))",
             (*lapsed_params, *passed_over),
         )
 

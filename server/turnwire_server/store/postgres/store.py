@@ -71,7 +71,7 @@ class PostgresStore(TurnQueue, Notifications):
         try:
             async with pool.connection() as conn:
                 lease_s = (lease_until - now).total_seconds()
-                _, busy = await end_stuck_sessions(conn, owner, to_us(now, "now"), lease_s)
+                busy = await end_stuck_sessions(conn, owner, to_us(now, "now"), lease_s)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise self._error(exc, "claim_interrupted_turns") from None
         return await self._claim_turns(owner, now, lease_until, limit, busy)

@@ -96,17 +96,16 @@ def session_name(replica_id: str) -> str:
     return name
 
 
-async def end_stuck_sessions(
-    conn: Any, me: str, lapsed_before_us: int, older_than_s: float
-) -> tuple[int, list[str]]:
+async def end_stuck_sessions(conn: Any, me: str, lapsed_before_us: int, older_than_s: float) -> list[str]:
     """End (``pg_terminate_backend``) the sessions of every replica other than ``me`` holding a
     running turn whose lease lapsed before ``lapsed_before_us`` (µs since the epoch) that have
     been inside one transaction for more than ``older_than_s`` seconds (a lease), and those of any
     other replica blocking a session of ``me`` after waiting on their client for longer than that.
-    Returns how many were ended, and the replicas whose lease lapsed less than a lease ago with a
-    session inside a younger transaction: a claim passes over their turns for now (the module
-    docstring says why). ``conn`` is an autocommit connection. Lacking the privilege to end one is
-    logged and counted as none; other database errors propagate (:class:`psycopg.Error`)."""
+    Returns the replicas whose lease lapsed less than a lease ago with a session inside a younger
+    transaction: a claim passes over their turns for now (the module docstring says why); how
+    many sessions were ended is logged. ``conn`` is an autocommit connection. Lacking the
+    privilege to end one is logged and ends none; other database errors propagate
+    (:class:`psycopg.Error`)."""
     params = {
         "me": me,
         "lapsed": lapsed_before_us,
@@ -122,7 +121,7 @@ async def end_stuck_sessions(
             " replica's role may not end it (it needs the other role's membership or pg_signal_backend):"
             " its turns wait until that session ends"
         )
-        return 0, []
+        return []
     if ended:
         log.warning(
             "ended %d database session(s) of a replica whose lease lapsed, stuck inside a transaction"
@@ -130,4 +129,4 @@ async def end_stuck_sessions(
             ended,
             older_than_s,
         )
-    return int(ended), list(busy)
+    return list(busy)
